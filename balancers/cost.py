@@ -1,0 +1,108 @@
+"""Per-item cost model f(l) = per_item + linear·l + quadratic·l².
+
+Unpadded rank cost: sum(f(l) for l on rank).  Padded rank cost: count · f(max l on rank),
+0 for an empty rank.  Item costs are float64, computed elementwise in a fixed order of
+operations, so they are bit-identical on every rank; they are exact whenever the
+coefficients are integers and the costs stay below 2**53.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _check_coefficient(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"`{name}` must be finite and >= 0; got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """f(l) = per_item + linear·l + quadratic·l² with non-negative coefficients."""
+
+    per_item: float = 0.0
+    linear: float = 1.0
+    quadratic: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("per_item", "linear", "quadratic"):
+            object.__setattr__(self, name, _check_coefficient(name, getattr(self, name)))
+        if self.per_item == 0 and self.linear == 0 and self.quadratic == 0:
+            raise ValueError("CostModel needs at least one positive coefficient; all three are 0")
+
+    def item_costs(self, lengths: np.ndarray) -> np.ndarray:
+        """f(l) for every length, float64."""
+        lengths = np.asarray(lengths, dtype=np.float64)
+        return self.per_item + lengths * (self.linear + self.quadratic * lengths)
+
+    def __call__(self, length: float) -> float:
+        return float(self.item_costs(np.asarray([length]))[0])
+
+    def padded_cost(self, count: int, max_length: int) -> float:
+        """Cost of a padded rank holding `count` items whose longest is `max_length`."""
+        return 0.0 if count == 0 else count * self(max_length)
+
+    @classmethod
+    def from_transformer(
+        cls,
+        *,
+        num_layers: int,
+        hidden_size: int,
+        num_heads: int | None = None,
+        ffn_hidden_size: int | None = None,
+        causal: bool = True,
+        backward: bool = True,
+    ) -> "CostModel":
+        """FLOPs of a dense transformer over one sequence of length l.
+
+        Per layer and token, the matmuls (QKV + output projection 4h², MLP 2·h·ffn) cost
+        2·(4h² + 2h·ffn) FLOPs forward; attention scores and weighted values cost
+        2·2·l·h per token, halved when causal.  Backward costs twice the forward, so the
+        total is 3× forward when `backward` is set.  Returns FLOPs, so coefficients are
+        comparable across stages of one model.
+        """
+        for name, value in (("num_layers", num_layers), ("hidden_size", hidden_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive int; got {value!r}")
+        if num_heads is not None and (not isinstance(num_heads, int) or num_heads <= 0
+                                      or hidden_size % num_heads):
+            raise ValueError(
+                f"`num_heads` must be a positive int dividing hidden_size={hidden_size}; got {num_heads!r}")
+        ffn = 4 * hidden_size if ffn_hidden_size is None else ffn_hidden_size
+        if isinstance(ffn, bool) or not isinstance(ffn, int) or ffn <= 0:
+            raise ValueError(f"`ffn_hidden_size` must be a positive int; got {ffn_hidden_size!r}")
+        passes = 3 if backward else 1
+        linear = passes * num_layers * 2 * (4 * hidden_size * hidden_size + 2 * hidden_size * ffn)
+        quadratic = passes * num_layers * 4 * hidden_size * (0.5 if causal else 1.0)
+        return cls(per_item=0.0, linear=float(linear), quadratic=float(quadratic))
+
+    @classmethod
+    def fit(cls, lengths, seconds, *, per_item: bool = True, quadratic: bool = True) -> "CostModel":
+        """Least-squares fit with non-negative coefficients to measured (length, seconds)."""
+        lengths = np.asarray(lengths, dtype=np.float64)
+        seconds = np.asarray(seconds, dtype=np.float64)
+        if lengths.ndim != 1 or seconds.shape != lengths.shape:
+            raise ValueError(
+                f"`lengths` and `seconds` must be 1-D of equal size; got shapes {lengths.shape} and {seconds.shape}")
+        if not (np.all(np.isfinite(lengths)) and np.all(np.isfinite(seconds))):
+            raise ValueError("`lengths` and `seconds` must be finite")
+        if np.any(lengths < 0) or np.any(seconds < 0):
+            raise ValueError("`lengths` and `seconds` must be non-negative")
+        names = (["per_item"] if per_item else []) + ["linear"] + (["quadratic"] if quadratic else [])
+        powers = {"per_item": 0, "linear": 1, "quadratic": 2}
+        design = np.stack([lengths ** powers[name] for name in names], axis=1)
+        if lengths.size < design.shape[1]:
+            raise ValueError(f"need at least {design.shape[1]} measurements to fit; got {lengths.size}")
+        from scipy.optimize import nnls
+
+        scale = np.maximum(np.abs(design).max(axis=0), 1e-300)
+        coef, _ = nnls(design / scale, seconds)
+        coef = coef / scale
+        return cls(**{"per_item": 0.0, "quadratic": 0.0, **dict(zip(names, coef.tolist()))})

@@ -1,0 +1,99 @@
+"""The result of balancing: a frozen plan with its quality certificate."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cost import CostModel
+from .problem import Problem, Status, lower_bound, rank_loads, rank_tokens
+
+
+@dataclass(frozen=True, eq=False)
+class BalancePlan:
+    """Where every item goes, what each rank then costs, and how far from optimal that is.
+
+    `assignment[i]` is the rank of item i.  `loads[r]` is rank r's cost and `tokens[r]`
+    the tokens it holds (count · max length when padded).  `lower_bound` is a makespan no
+    plan can beat; `status` is `optimal` only when the makespan is proven optimal.
+    """
+
+    assignment: np.ndarray
+    loads: np.ndarray
+    tokens: np.ndarray
+    makespan: float
+    lower_bound: float
+    status: Status
+    algorithm: str
+    num_ranks: int
+    padded: bool
+    cost: CostModel
+    solve_seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def gap(self) -> float:
+        """makespan / lower_bound - 1 (0 when both are 0)."""
+        if self.lower_bound == 0:
+            return 0.0 if self.makespan == 0 else float("inf")
+        return self.makespan / self.lower_bound - 1.0
+
+    @property
+    def imbalance(self) -> float:
+        """makespan / mean load: 1.0 is perfect balance."""
+        mean = float(self.loads.sum()) / self.num_ranks
+        return self.makespan / mean if mean > 0 else 1.0
+
+    @property
+    def num_items(self) -> int:
+        return int(self.assignment.size)
+
+    def items_of(self, rank: int) -> np.ndarray:
+        """Indices of the items on `rank`, ascending."""
+        return np.flatnonzero(self.assignment == rank)
+
+    def digest(self) -> str:
+        """SHA-256 of the assignment: equal on every rank that computed the same plan."""
+        return hashlib.sha256(self.assignment.astype("<i8").tobytes()).hexdigest()
+
+
+def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorithm: str,
+              kernel_bound: float | None = None, solve_seconds: float = 0.0) -> BalancePlan:
+    """Check a kernel's assignment and wrap it with loads, bound and status.
+
+    A kernel that returns a malformed assignment or overflows the cap is a bug, so this
+    raises RuntimeError rather than hand a wrong plan to the caller.
+    """
+    assignment = np.asarray(assignment)
+    if assignment.shape != problem.lengths.shape or assignment.dtype.kind not in "iu":
+        raise RuntimeError(f"algorithm {algorithm!r} returned an assignment of shape "
+                           f"{assignment.shape} and dtype {assignment.dtype}; expected ({problem.num_items},) ints")
+    assignment = np.ascontiguousarray(assignment, dtype=np.int64)
+    if assignment.size and (assignment.min() < 0 or assignment.max() >= problem.num_ranks):
+        raise RuntimeError(f"algorithm {algorithm!r} assigned an item outside ranks [0, {problem.num_ranks})")
+    loads = rank_loads(problem, assignment)
+    tokens = rank_tokens(problem, assignment)
+    cap = problem.max_tokens_per_rank
+    if cap is not None and tokens.max() > cap:
+        rank = int(np.argmax(tokens))
+        raise RuntimeError(f"algorithm {algorithm!r} put {int(tokens[rank])} tokens on rank {rank}, "
+                           f"over max_tokens_per_rank={cap}")
+    makespan = float(loads.max())
+    bound = lower_bound(problem)
+    if kernel_bound is not None:
+        bound = max(bound, float(kernel_bound))
+    # Bounds are float sums in another order than the loads; never let rounding lift one
+    # above a makespan that was actually reached.
+    bound = min(bound, makespan)
+    if makespan == bound:
+        status = Status.OPTIMAL
+    elif status is Status.OPTIMAL:
+        raise RuntimeError(f"algorithm {algorithm!r} claimed optimality at makespan {makespan} "
+                           f"but only proved a bound of {bound}")
+    for array in (assignment, loads, tokens):
+        array.setflags(write=False)
+    return BalancePlan(assignment=assignment, loads=loads, tokens=tokens, makespan=makespan,
+                       lower_bound=bound, status=status, algorithm=algorithm,
+                       num_ranks=problem.num_ranks, padded=problem.padded, cost=problem.cost,
+                       solve_seconds=solve_seconds)

@@ -1,0 +1,215 @@
+"""The canonical balancing problem every kernel receives, its validation, loads and bounds.
+
+Items i = 0..n-1 with integer lengths l_i go to ranks 0..D-1.  Minimise
+max_r cost(r), where cost(r) = sum(f(l_i) for i on r) unpadded, or
+count(r) · f(max l_i on r) padded, subject to tokens(r) <= max_tokens_per_rank with
+tokens(r) = sum(l_i) unpadded, count(r) · max(l_i) padded.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from .cost import CostModel
+
+
+class Status(str, Enum):
+    """How much a plan is known to be worth."""
+
+    OPTIMAL = "optimal"  # makespan proven equal to the optimum
+    FEASIBLE = "feasible"  # a valid plan, optimality not proven
+    TIME_LIMIT = "time_limit"  # an exact solver stopped at its time limit with this incumbent
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class InfeasibleError(ValueError):
+    """No plan fits the memory cap; `min_cap` is the smallest cap known to be necessary."""
+
+    def __init__(self, message: str, min_cap: int):
+        super().__init__(message)
+        self.min_cap = int(min_cap)
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """Validated, canonical input of a kernel (kernels assume it is clean)."""
+
+    lengths: np.ndarray  # int64 (n,)
+    item_costs: np.ndarray  # float64 (n,), f(lengths)
+    num_ranks: int
+    cost: CostModel
+    padded: bool
+    max_tokens_per_rank: int | None
+    time_limit: float | None
+
+    @property
+    def num_items(self) -> int:
+        return int(self.lengths.size)
+
+
+class KernelResult(NamedTuple):
+    """What a kernel returns: a rank per item, how sure it is, and any bound it proved."""
+
+    assignment: np.ndarray
+    status: Status = Status.FEASIBLE
+    lower_bound: float | None = None
+
+
+Kernel = Callable[[Problem], KernelResult]
+
+
+def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
+    """Validate and canonicalise lengths to a 1-D int64 array of non-negative integers."""
+    if isinstance(lengths, (str, bytes)) or lengths is None:
+        raise TypeError(f"`{name}` must be a 1-D sequence of integers; got {type(lengths).__name__}")
+    array = np.asarray(lengths)
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError(f"`{name}` must not be empty")
+    if array.dtype == object or array.dtype.kind not in "biuf":
+        raise TypeError(f"`{name}` must hold integers; got dtype {array.dtype}")
+    if array.dtype.kind == "b":
+        raise TypeError(f"`{name}` must hold integers, not booleans")
+    if array.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(array))
+        if bad.size:
+            raise ValueError(f"`{name}` must be finite; got {array[bad[0]]} at index {bad[0]}")
+        bad = np.flatnonzero(array != np.floor(array))
+        if bad.size:
+            raise ValueError(f"`{name}` must be non-negative integers; got {array[bad[0]]} at index {bad[0]}")
+        if np.any(np.abs(array) >= 2.0**53):
+            raise ValueError(f"`{name}` must be below 2**53")
+    bad = np.flatnonzero(array < 0)
+    if bad.size:
+        raise ValueError(f"`{name}` must be non-negative integers; got {array[bad[0]]} at index {bad[0]}")
+    if array.dtype.kind == "u" and array.size and int(array.max()) >= 2**63:
+        raise ValueError(f"`{name}` must be below 2**63")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def as_num_ranks(num_ranks, name: str = "num_ranks") -> int:
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, numbers.Integral):
+        raise TypeError(f"`{name}` must be an int; got {type(num_ranks).__name__}")
+    if num_ranks <= 0:
+        raise ValueError(f"`{name}` must be >= 1; got {num_ranks}")
+    return int(num_ranks)
+
+
+def as_cap(cap, name: str = "max_tokens_per_rank") -> int | None:
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Integral):
+        raise TypeError(f"`{name}` must be an int or None; got {type(cap).__name__}")
+    if cap <= 0:
+        raise ValueError(f"`{name}` must be >= 1; got {cap}")
+    return int(cap)
+
+
+def as_time_limit(time_limit, name: str = "time_limit") -> float | None:
+    if time_limit is None:
+        return None
+    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real):
+        raise TypeError(f"`{name}` must be a number of seconds or None; got {type(time_limit).__name__}")
+    if not math.isfinite(time_limit) or time_limit <= 0:
+        raise ValueError(f"`{name}` must be a positive finite number of seconds; got {time_limit}")
+    return float(time_limit)
+
+
+def make_problem(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_rank=None,
+                 time_limit=None) -> Problem:
+    """Validate user input once and build the canonical Problem."""
+    lengths = as_lengths(lengths)
+    num_ranks = as_num_ranks(num_ranks)
+    if cost is None:
+        cost = CostModel()
+    if not isinstance(cost, CostModel):
+        raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
+    if not isinstance(padded, (bool, np.bool_)):
+        raise TypeError(f"`padded` must be a bool; got {type(padded).__name__}")
+    problem = Problem(
+        lengths=lengths,
+        item_costs=cost.item_costs(lengths),
+        num_ranks=num_ranks,
+        cost=cost,
+        padded=bool(padded),
+        max_tokens_per_rank=as_cap(max_tokens_per_rank),
+        time_limit=as_time_limit(time_limit),
+    )
+    check_cap_lower_bound(problem)
+    return problem
+
+
+def check_cap_lower_bound(problem: Problem) -> None:
+    """Raise InfeasibleError when the cap is below a bound every plan must exceed."""
+    cap = problem.max_tokens_per_rank
+    if cap is None:
+        return
+    largest = int(problem.lengths.max())
+    if largest > cap:
+        index = int(np.argmax(problem.lengths))
+        raise InfeasibleError(
+            f"`max_tokens_per_rank`={cap} is below the largest item ({largest} tokens at index {index}); "
+            f"a cap of at least {largest} is needed", min_cap=largest)
+    total = int(problem.lengths.sum())
+    needed = -(-total // problem.num_ranks)
+    if needed > cap:
+        raise InfeasibleError(
+            f"`max_tokens_per_rank`={cap} × {problem.num_ranks} ranks = {cap * problem.num_ranks} tokens "
+            f"< {total} tokens in total; a cap of at least {needed} is needed", min_cap=needed)
+
+
+def rank_counts(assignment: np.ndarray, num_ranks: int) -> np.ndarray:
+    return np.bincount(assignment, minlength=num_ranks).astype(np.int64)
+
+
+def rank_max_lengths(lengths: np.ndarray, assignment: np.ndarray, num_ranks: int) -> np.ndarray:
+    longest = np.zeros(num_ranks, dtype=np.int64)
+    np.maximum.at(longest, assignment, lengths)
+    return longest
+
+
+def rank_loads(problem: Problem, assignment: np.ndarray) -> np.ndarray:
+    """Cost per rank (float64), accumulated in item order so it is bit-reproducible."""
+    if problem.padded:
+        counts = rank_counts(assignment, problem.num_ranks)
+        longest = rank_max_lengths(problem.lengths, assignment, problem.num_ranks)
+        return np.where(counts > 0, counts * problem.cost.item_costs(longest), 0.0)
+    return np.bincount(assignment, weights=problem.item_costs, minlength=problem.num_ranks)
+
+
+def rank_tokens(problem: Problem, assignment: np.ndarray) -> np.ndarray:
+    """Tokens held per rank (int64): sum of lengths, or count · max length when padded."""
+    if problem.padded:
+        counts = rank_counts(assignment, problem.num_ranks)
+        return counts * rank_max_lengths(problem.lengths, assignment, problem.num_ranks)
+    tokens = np.zeros(problem.num_ranks, dtype=np.int64)
+    np.add.at(tokens, assignment, problem.lengths)
+    return tokens
+
+
+def lower_bound(problem: Problem) -> float:
+    """A makespan no plan can beat.
+
+    Unpadded: max(total / D, and for k >= 0 the k+1 smallest of the k·D+1 largest costs,
+    since some rank holds k+1 of them).  k = 0 is the largest item, k = 1 the classic
+    w_D + w_{D+1}.  Padded costs dominate unpadded ones (count · f(max) >= sum f), so the
+    same bound holds for both.
+    """
+    costs = np.sort(problem.item_costs)[::-1]
+    n, d = costs.size, problem.num_ranks
+    bound = math.fsum(costs.tolist()) / d
+    prefix = np.concatenate(([0.0], np.cumsum(costs)))
+    ks = np.arange(0, (n - 1) // d + 1)
+    tops = ks * d + 1  # the k+1 smallest of the top k·D+1 items are [top-k-1, top)
+    best = int(np.argmax(prefix[tops] - prefix[tops - ks - 1]))
+    group = costs[tops[best] - best - 1: tops[best]]
+    return float(max(bound, math.fsum(group.tolist())))

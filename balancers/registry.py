@@ -1,0 +1,11 @@
+"""Name → kernel.  Every kernel takes a validated `Problem` and returns a `KernelResult`."""
+
+from __future__ import annotations
+
+from . import identity, lpt
+from .problem import Kernel
+
+ALGORITHMS: dict[str, Kernel] = {
+    "identity": identity.solve,
+    "lpt": lpt.solve,
+}

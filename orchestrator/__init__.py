@@ -1,0 +1,1 @@
+"""orchmllm.orchestrator (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""orchmllm.runtime (see DESIGN.md)."""

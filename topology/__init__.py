@@ -1,0 +1,1 @@
+"""orchmllm.topology (see DESIGN.md)."""
