@@ -1,0 +1,93 @@
+"""The contract under every kernel: lower bounds are sound, plans are certified."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchmllm.balancers import CostModel, InfeasibleError, Status, make_problem
+from orchmllm.balancers.plan import make_plan
+from orchmllm.balancers.problem import lower_bound, rank_loads, rank_tokens
+
+COSTS = [CostModel(), CostModel(per_item=3, linear=1, quadratic=0.5)]
+
+
+def brute_force_optimum(problem):
+    best = np.inf
+    for assignment in itertools.product(range(problem.num_ranks), repeat=problem.num_items):
+        best = min(best, rank_loads(problem, np.array(assignment)).max())
+    return best
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("cost", COSTS, ids=["linear", "quadratic"])
+@given(lengths=st.lists(st.integers(0, 12), min_size=1, max_size=6), num_ranks=st.integers(1, 3))
+def test_lower_bound_never_exceeds_the_optimum(lengths, num_ranks, cost, padded):
+    problem = make_problem(lengths, num_ranks, cost=cost, padded=padded)
+    assert lower_bound(problem) <= brute_force_optimum(problem) + 1e-9
+
+
+def test_lower_bound_uses_the_pair_that_must_share_a_rank():
+    # 3 items of 10 on 2 ranks: two share a rank, so 20, above total / D = 15.
+    assert lower_bound(make_problem([10, 10, 10], 2)) == 20
+
+
+def test_padded_loads_and_tokens_use_count_times_longest():
+    problem = make_problem([4, 1, 2, 7], 2, padded=True, cost=CostModel(per_item=1))
+    assignment = np.array([0, 0, 0, 1])
+    np.testing.assert_array_equal(rank_tokens(problem, assignment), [12, 7])
+    np.testing.assert_array_equal(rank_loads(problem, assignment), [15.0, 8.0])
+
+
+def test_empty_padded_rank_costs_nothing():
+    problem = make_problem([5, 5], 3, padded=True, cost=CostModel(per_item=2))
+    np.testing.assert_array_equal(rank_loads(problem, np.array([0, 0])), [14.0, 0.0, 0.0])
+
+
+def test_plan_proves_optimality_when_makespan_meets_the_bound():
+    plan = make_plan(make_problem([3, 3, 2, 2], 2), np.array([0, 1, 0, 1]), Status.FEASIBLE, "test")
+    assert plan.status is Status.OPTIMAL and plan.gap == 0.0 and plan.makespan == 5.0
+
+
+def test_plan_is_frozen_and_digest_tracks_the_assignment():
+    problem = make_problem([3, 1, 2], 2)
+    plan = make_plan(problem, np.array([0, 1, 1]), Status.FEASIBLE, "test")
+    with pytest.raises(ValueError):
+        plan.assignment[0] = 1
+    other = make_plan(problem, np.array([1, 0, 0]), Status.FEASIBLE, "test")
+    assert plan.digest() != other.digest()
+    assert plan.digest() == make_plan(problem, np.array([0, 1, 1]), Status.FEASIBLE, "test").digest()
+
+
+@pytest.mark.parametrize("assignment, match", [
+    (np.array([0, 2, 1]), r"outside ranks \[0, 2\)"),
+    (np.array([0, 1]), "expected \\(3,\\) ints"),
+    (np.array([0.0, 1.0, 1.0]), "expected \\(3,\\) ints"),
+], ids=["out-of-range", "short", "float"])
+def test_malformed_kernel_output_is_a_bug_not_a_plan(assignment, match):
+    with pytest.raises(RuntimeError, match=match):
+        make_plan(make_problem([3, 1, 2], 2), assignment, Status.FEASIBLE, "broken")
+
+
+def test_kernel_overflowing_the_cap_is_caught():
+    problem = make_problem([3, 3, 2], 2, max_tokens_per_rank=5)
+    with pytest.raises(RuntimeError, match="over max_tokens_per_rank=5"):
+        make_plan(problem, np.array([0, 0, 1]), Status.FEASIBLE, "broken")
+
+
+def test_unproven_optimal_claim_is_rejected():
+    with pytest.raises(RuntimeError, match="claimed optimality"):
+        make_plan(make_problem([3, 3, 2, 2], 2), np.array([0, 0, 1, 1]), Status.OPTIMAL, "liar")
+
+
+@pytest.mark.parametrize("lengths, num_ranks, cap, min_cap", [
+    ([7, 1], 1, 7, 8),
+    ([7, 1], 2, 6, 7),
+    ([8, 8, 2], 2, 8, 9),
+], ids=["below-total", "below-largest", "below-average"])
+def test_cap_below_a_necessary_bound_names_the_smallest_cap(lengths, num_ranks, cap, min_cap):
+    with pytest.raises(InfeasibleError, match=f"at least {min_cap}") as info:
+        make_problem(lengths, num_ranks, max_tokens_per_rank=cap)
+    assert info.value.min_cap == min_cap
