@@ -1,1 +1,20 @@
-"""orchmllm.topology (see DESIGN.md)."""
+"""Topology-aware placement and communication (numpy/scipy/PuLP only; never torch).
+
+Public API:
+- `Topology(num_nodes, gpus_per_node, intra_node_bw_bytes_per_s=450e9,
+  inter_node_bw_bytes_per_s=50e9, latency_s=10e-6)`: frozen, validated; `.world_size`,
+  `.node_of(ranks)`, `.check_world_size(n)`; `Topology.preset(name, num_nodes)` and
+  `Topology.for_world_size(world_size, gpus_per_node=None, preset="h100")`, presets in
+  `PRESETS` ("h100", "a100", "gb200-nvl72", "pcie").
+- `traffic(sources, destinations, item_bytes, topology) -> Traffic`: bytes kept /
+  moved within a node / moved across nodes, per rank and per node.
+- `estimate_exchange(sources, destinations, item_bytes, topology, strategy) -> CommEstimate`:
+  modelled seconds and bytes of a "flat" all-to-all, a "nodewise" hierarchical
+  all-to-all or an "allgather" (see `comm_model` for the model).
+"""
+
+from .cluster import PRESETS, Topology
+from .comm_model import STRATEGIES, CommEstimate, estimate_exchange
+from .traffic import Traffic, traffic
+
+__all__ = ["PRESETS", "STRATEGIES", "CommEstimate", "Topology", "Traffic", "estimate_exchange", "traffic"]
