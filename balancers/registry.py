@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from . import identity, lpt
+from . import padded
 from .problem import Kernel
 
 ALGORITHMS: dict[str, Kernel] = {
     "identity": identity.solve,
     "lpt": lpt.solve,
+    "padded": padded.solve,
 }

@@ -1,0 +1,157 @@
+"""Exact min-max balancing for padded (fixed-shape) batches: sorted runs + exact parametric search.
+
+minimise max_r |r| · f(max_{i on r} l_i)  subject to  |r| · max_{i on r} l_i <= cap, i.e.
+
+    minimise max(loads) where loads[r] = len(items[r]) * f(max(lengths[i] for i in items[r]))
+    (0 for an empty rank) and len(items[r]) * max(lengths[i] for i in items[r]) <= cap.
+
+Structure (exchange argument).  Sort the items by length, longest first.  Take any
+optimal plan and the rank R holding the longest item, with c items.  Swap R's items for
+the c longest items overall: R keeps count c and maximum l_1, so its cost and tokens are
+unchanged; every other rank gives away items and receives ones no longer than them, so
+its count stays and its maximum cannot grow: cost and tokens do not increase (f is
+non-decreasing).  Repeat on the remaining ranks and items: an optimal plan exists in
+which every rank holds a contiguous run of the sorted items.  The same swap, read with
+costs rounded to float64 (rounding is monotone), holds for the exact float arithmetic in
+which `rank_loads` scores a plan, so the optimum found here is exact for that scoring.
+
+Algorithm.  For a makespan T, a run starting at sorted item i can take
+k = min(kT, floor(cap / l_i), items left) items, kT the largest k with k · f(l_i) <= T.
+Taking the longest feasible run first is optimal (what is left is a suffix of what any
+other choice leaves), so T is feasible iff the greedy needs <= D runs.  The optimum is
+one of the values k · f(l_i).  A bisection on T keeps both ends on such values: a
+feasible probe lowers the upper end to the makespan the greedy actually reached, an
+infeasible one raises the lower end to the next value at which one of its runs could
+grow (below that the greedy is unchanged, hence still infeasible).  It ends when the two
+ends meet, so the answer is exact with no floating-point tolerance.  Each probe costs
+O(min(D, number of runs and equal-length blocks)); with the O(n log n) sort the whole is
+O(n log n + D log(range)).  Source: the sorted-runs structure is the classic argument
+for bottleneck 1-D partitioning (Pinar & Aykanat 2004, "Fast optimal load balancing
+algorithms for 1D partitioning"); guarantee: optimal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .problem import InfeasibleError, KernelResult, Problem, Status, as_lengths, as_num_ranks, lower_bound
+
+
+class _Runs:
+    """Length-sorted items, their costs, and the greedy run structure for probing T."""
+
+    def __init__(self, sorted_lengths: np.ndarray, sorted_costs: np.ndarray, cap: int | None):
+        n = int(sorted_lengths.size)
+        self.num_items = n
+        self.costs = sorted_costs.tolist()
+        if cap is None:
+            room = np.full(n, n, dtype=np.int64)
+        else:
+            room = np.where(sorted_lengths > 0, cap // np.maximum(sorted_lengths, 1), n)
+        self.room = np.minimum(room, n).tolist()
+        # block_end[i]: one past the last item with the same length as item i.
+        change = np.flatnonzero(np.diff(sorted_lengths)) + 1
+        ends = np.append(change, n)
+        self.block_end = np.repeat(ends, np.diff(np.concatenate(([0], ends)))).tolist()
+
+    def probe(self, makespan: float, num_ranks: int,
+              starts: list[int] | None = None) -> tuple[bool, float, float]:
+        """Greedy runs under `makespan`: (feasible, makespan reached, next value to try).
+
+        When infeasible, every value below the third entry is infeasible too.  When
+        feasible, the second entry is a feasible value no larger than `makespan`.  Run
+        starts (sorted positions) are appended to `starts` when it is given.
+        """
+        costs, room, block_end, n = self.costs, self.room, self.block_end, self.num_items
+        start = runs = 0
+        reached = 0.0
+        next_value = math.inf
+        while start < n:
+            cost = costs[start]
+            limit = room[start]
+            if cost > 0 and makespan != math.inf:
+                count = int(makespan / cost)
+                while count < limit and (count + 1) * cost <= makespan:
+                    count += 1
+                while count > 0 and count * cost > makespan:
+                    count -= 1
+                if count < limit:
+                    next_value = min(next_value, (count + 1) * cost)
+                    limit = count
+                if limit == 0:
+                    return False, reached, next_value
+            left = n - start
+            if left <= limit:
+                if starts is not None:
+                    starts.append(start)
+                reached = max(reached, left * cost)
+                runs += 1
+                break
+            # every run starting inside this block of equal lengths takes `limit` items
+            full = min(-(-(block_end[start] - start) // limit), left // limit)
+            if starts is not None:
+                starts.extend(range(start, start + full * limit, limit))
+            runs += full
+            start += full * limit
+            reached = max(reached, limit * cost)
+            if runs > num_ranks:
+                return False, reached, next_value
+        return runs <= num_ranks, reached, next_value
+
+    def optimum(self, num_ranks: int, lower: float) -> float | None:
+        """Smallest feasible makespan (exact), or None when the cap alone needs > D runs."""
+        feasible, high, _ = self.probe(math.inf, num_ranks)
+        if not feasible:
+            return None
+        low = min(max(lower, self.costs[0]), high)
+        while low < high:
+            mid = low + (high - low) * 0.5
+            if not low <= mid < high:
+                mid = low
+            feasible, reached, next_value = self.probe(mid, num_ranks)
+            if feasible:
+                high = reached
+            else:
+                low = next_value
+        return high
+
+
+def _sort_descending(lengths: np.ndarray) -> np.ndarray:
+    """Order of items by length, longest first, ties by index (stable)."""
+    return np.argsort(-lengths, kind="stable")
+
+
+def min_cap(lengths, num_ranks) -> int:
+    """Smallest `max_tokens_per_rank` for which a padded plan exists (count · max l per rank)."""
+    lengths = as_lengths(lengths)
+    num_ranks = as_num_ranks(num_ranks)
+    sorted_lengths = lengths[_sort_descending(lengths)]
+    runs = _Runs(sorted_lengths, sorted_lengths.astype(np.float64), None)
+    return int(runs.optimum(num_ranks, float(sorted_lengths[0])))
+
+
+def solve(problem: Problem) -> KernelResult:
+    """Exact optimum of the padded cost; raises InfeasibleError naming the smallest cap."""
+    if not problem.padded:
+        raise ValueError("algorithm 'padded' solves the padded cost count · f(max l); "
+                         "pass padded=True, or choose an unpadded algorithm")
+    order = _sort_descending(problem.lengths)
+    runs = _Runs(problem.lengths[order], problem.item_costs[order], problem.max_tokens_per_rank)
+    # The bound is a float sum in another order; step down a little so it never excludes
+    # the exact optimum (it only speeds up the search).
+    lower = lower_bound(problem) * (1.0 - 1e-9)
+    best = runs.optimum(problem.num_ranks, lower)
+    if best is None:
+        needed = min_cap(problem.lengths, problem.num_ranks)
+        raise InfeasibleError(
+            f"no padded plan fits max_tokens_per_rank={problem.max_tokens_per_rank} on "
+            f"{problem.num_ranks} ranks (count · max length per rank); the smallest cap that "
+            f"works is {needed}", min_cap=needed)
+    starts: list[int] = []
+    runs.probe(best, problem.num_ranks, starts)
+    sizes = np.diff(np.append(starts, problem.num_items))
+    assignment = np.empty(problem.num_items, dtype=np.int64)
+    assignment[order] = np.repeat(np.arange(len(starts), dtype=np.int64), sizes)
+    return KernelResult(assignment, Status.OPTIMAL, lower_bound=best)
