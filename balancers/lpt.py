@@ -1,8 +1,21 @@
 """Longest processing time first (Graham 1969), the OrchMLLM paper's greedy.
 
 minimise max(loads) where loads[r] = sum(cost[i] for i on r): sort items by cost,
-largest first (ties by index), give each to the least-loaded rank (ties by rank).
+largest first (ties by index), give each to the least-loaded rank (ties by rank):
+
+    for i in sorted(items, key=lambda i: (-cost[i], i)):
+        r = min(range(D), key=lambda r: (loads[r], r)); loads[r] += cost[i]
+
 Guarantee: makespan <= (4/3 - 1/(3D)) · OPT for the unpadded cost.
+
+The unpadded kernel gives the bit-identical assignment of that heap loop, but places
+items a round at a time with numpy: with ranks sorted by (load, rank) and the next
+items sorted by cost, the k-th item goes to the k-th rank exactly when that rank stays
+ahead of every rank already topped up in the round (checked, ties included); the first
+item where that fails starts the next round.  Rounds that place few items fall back to
+a heap for one round, so the worst case stays O(n log D) per round of D items.
+With a memory cap, the least-loaded rank that still has room is taken.  Padded ranks
+cost count · f(max length); items go longest first to the rank whose cost grows least.
 """
 
 from __future__ import annotations
@@ -11,41 +24,161 @@ import heapq
 
 import numpy as np
 
-from .problem import InfeasibleError, KernelResult, Problem
+from .problem import InfeasibleError, KernelResult, Problem, rank_tokens
+
+
+def _integer_keys_fit(values: np.ndarray, count: int) -> bool:
+    """Whether non-negative `values` are integers small enough for value · count + index keys."""
+    return bool(values.size) and float(values.max()) * count < 2.0**62 and bool(
+        np.all(values == np.floor(values)))
+
+
+def sorted_order(costs: np.ndarray) -> np.ndarray:
+    """Item indices by cost, largest first, ties by index (the heap loop's order).
+
+    A stable argsort is slow; unique int64 keys (cost rank · n + index) sort fast.
+    """
+    n = costs.size
+    if _integer_keys_fit(costs, n):
+        keys = (int(costs.max()) - costs.astype(np.int64)) * n + np.arange(n)
+        return np.sort(keys) % n
+    order = np.argsort(-costs)
+    sorted_costs = costs[order]
+    group = np.concatenate(([0], np.cumsum(sorted_costs[1:] != sorted_costs[:-1])))
+    return np.sort(group * n + order) % n
+
+
+def _ranks_by_load(loads: np.ndarray, integer: bool) -> np.ndarray:
+    """Ranks by (load, rank) ascending."""
+    if integer:
+        return np.sort(loads.astype(np.int64) * loads.size + np.arange(loads.size)) % loads.size
+    return np.argsort(loads, kind="stable")
+
+
+def _round_length(loads_sorted: np.ndarray, ranks_sorted: np.ndarray, costs: np.ndarray) -> int:
+    """How many of `costs` the heap loop would give to the ranks in sorted order.
+
+    Item k goes to ranks_sorted[k] iff (loads_sorted[k], ranks_sorted[k]) is below
+    (loads_sorted[j] + costs[j], ranks_sorted[j]) for every j < k.
+    """
+    topped = loads_sorted + costs
+    prefix_min = np.minimum.accumulate(topped)[:-1]
+    waiting = loads_sorted[1:]
+    not_strict = np.flatnonzero(waiting >= prefix_min)
+    for k in (not_strict + 1).tolist():
+        if waiting[k - 1] > prefix_min[k - 1]:
+            return k
+        ties = ranks_sorted[:k][topped[:k] == waiting[k - 1]]
+        if ranks_sorted[k] > ties.min():
+            return k
+    return costs.size
+
+
+def _heap_round(loads: np.ndarray, costs: np.ndarray, items: np.ndarray,
+                assignment: np.ndarray) -> None:
+    heap = list(zip(loads.tolist(), range(loads.size)))
+    heapq.heapify(heap)
+    for item, cost in zip(items.tolist(), costs.tolist()):
+        load, rank = heapq.heappop(heap)
+        assignment[item] = rank
+        heapq.heappush(heap, (load + cost, rank))
+    for load, rank in heap:
+        loads[rank] = load
+
+
+def greedy_unpadded(costs: np.ndarray, num_ranks: int) -> np.ndarray:
+    """LPT assignment for additive costs, bit-identical to the heap loop."""
+    order = sorted_order(costs)
+    sorted_costs = costs[order]
+    assignment = np.empty(costs.size, dtype=np.int64)
+    loads = np.zeros(num_ranks)
+    n, position = costs.size, 0
+    # Loads stay exact integers below 2**53 when the costs are integers summing below it.
+    integer = _integer_keys_fit(costs, 1) and float(costs.sum()) * num_ranks < 2.0**62
+    while position < n:
+        stop = min(n, position + num_ranks)
+        ranks = _ranks_by_load(loads, integer)[: stop - position]
+        chunk = sorted_costs[position:stop]
+        placed = _round_length(loads[ranks], ranks, chunk)
+        if 8 * placed < stop - position:
+            _heap_round(loads, chunk, order[position:stop], assignment)
+            position = stop
+            continue
+        ranks = ranks[:placed]
+        assignment[order[position: position + placed]] = ranks
+        loads[ranks] += chunk[:placed]
+        position += placed
+    return assignment
+
+
+def _greedy_unpadded_capped(problem: Problem, cap: int) -> np.ndarray:
+    """Least-loaded rank with room for the item, ties by rank."""
+    heap = [(0.0, rank) for rank in range(problem.num_ranks)]
+    tokens = [0] * problem.num_ranks
+    assignment = np.empty(problem.num_items, dtype=np.int64)
+    lengths = problem.lengths.tolist()
+    costs = problem.item_costs.tolist()
+    for item in sorted_order(problem.item_costs).tolist():
+        length, full = lengths[item], []
+        while heap and tokens[heap[0][1]] + length > cap:
+            full.append(heapq.heappop(heap))
+        if not heap:
+            raise _no_room(problem, item, cap)
+        load, rank = heapq.heappop(heap)
+        assignment[item] = rank
+        tokens[rank] += length
+        heapq.heappush(heap, (load + costs[item], rank))
+        for entry in full:
+            heapq.heappush(heap, entry)
+    return assignment
+
+
+def _greedy_padded(problem: Problem, cap: int | None) -> np.ndarray:
+    """Longest first, to the rank whose padded cost count · f(max length) grows least.
+
+    Items come longest first, so a non-empty rank's longest item is fixed and adding an
+    item raises its cost to (count + 1) · f(longest); an empty rank would cost f(l).  Empty
+    ranks fill in index order.  A rank over the cap stays over it, so it leaves the heap.
+    """
+    lengths = problem.lengths
+    order = np.lexsort((np.arange(problem.num_items), -lengths))
+    unit = problem.cost.item_costs(lengths).tolist()
+    lengths_list = lengths.tolist()
+    assignment = np.empty(problem.num_items, dtype=np.int64)
+    heap: list[tuple[float, int, int, int, float]] = []  # (cost with one more item, rank, count, longest, f(longest))
+    next_empty = 0
+    for item in order.tolist():
+        while heap and cap is not None and (heap[0][2] + 1) * heap[0][3] > cap:
+            heapq.heappop(heap)
+        empty_key = (unit[item], next_empty) if next_empty < problem.num_ranks else None
+        if heap and (empty_key is None or heap[0][:2] < empty_key):
+            _, rank, count, longest, longest_cost = heapq.heappop(heap)
+        elif empty_key is not None:
+            rank, count, longest, longest_cost = next_empty, 0, lengths_list[item], unit[item]
+            next_empty += 1
+        else:
+            raise _no_room(problem, item, cap)
+        assignment[item] = rank
+        count += 1
+        heapq.heappush(heap, ((count + 1) * longest_cost, rank, count, longest, longest_cost))
+    return assignment
+
+
+def _no_room(problem: Problem, item: int, cap: int) -> InfeasibleError:
+    return InfeasibleError(
+        f"`lpt` found no rank with room for item {item} ({int(problem.lengths[item])} tokens) under "
+        f"max_tokens_per_rank={cap}; the cap may still be feasible: try algorithm='ilp' or a larger cap",
+        min_cap=cap + 1)
 
 
 def solve(problem: Problem) -> KernelResult:
-    order = np.lexsort((np.arange(problem.num_items), -problem.item_costs))
-    assignment = np.empty(problem.num_items, dtype=np.int64)
+    """LPT kernel: unpadded or padded, with or without a memory cap."""
     cap = problem.max_tokens_per_rank
-    if not problem.padded and cap is None:
-        heap = [(0.0, rank) for rank in range(problem.num_ranks)]
-        for item in order.tolist():
-            load, rank = heapq.heappop(heap)
-            assignment[item] = rank
-            heapq.heappush(heap, (load + float(problem.item_costs[item]), rank))
-        return KernelResult(assignment)
-    loads = np.zeros(problem.num_ranks)
-    counts = np.zeros(problem.num_ranks, dtype=np.int64)
-    longest = np.zeros(problem.num_ranks, dtype=np.int64)
-    tokens = np.zeros(problem.num_ranks, dtype=np.int64)
-    for item in order.tolist():
-        length = int(problem.lengths[item])
-        if problem.padded:
-            new_longest = np.maximum(longest, length)
-            new_tokens = (counts + 1) * new_longest
-            new_loads = (counts + 1) * problem.cost.item_costs(new_longest)
-        else:
-            new_tokens = tokens + length
-            new_loads = loads + problem.item_costs[item]
-        fits = new_tokens <= cap if cap is not None else np.ones(problem.num_ranks, dtype=bool)
-        if not fits.any():
-            raise InfeasibleError(
-                f"`lpt` found no rank with room for item {item} ({length} tokens) under "
-                f"max_tokens_per_rank={cap}; try algorithm='ilp' or a larger cap", min_cap=cap + 1)
-        rank = int(np.argmin(np.where(fits, new_loads, np.inf)))
-        assignment[item] = rank
-        loads[rank], tokens[rank] = new_loads[rank], new_tokens[rank]
-        counts[rank] += 1
-        longest[rank] = max(longest[rank], length)
+    if problem.padded:
+        return KernelResult(_greedy_padded(problem, cap))
+    assignment = greedy_unpadded(problem.item_costs, problem.num_ranks)
+    # The capped greedy makes the same choices as long as each chosen rank had room, which
+    # holds whenever the uncapped plan ends within the cap.
+    if cap is not None and rank_tokens(problem, assignment).max() > cap:
+        assignment = _greedy_unpadded_capped(problem, cap)
     return KernelResult(assignment)
