@@ -1,0 +1,298 @@
+"""The step plan: where every item of every stage runs, and how encoder outputs reach the LLM.
+
+Every rank computes the same `StepPlan` from the same `Batch` (lengths only), before any
+compute.  Conventions (all arrays int64, read-only; ranks 0..D-1):
+
+- Stage s has items k = 0..K_s-1: the segments of its modality in global segment order
+  (`item_segment[k]`), or all samples (LLM stage, `item_segment` = -1).  Item k moves from
+  `source[k]` (the rank that sampled it) to `destination[k]`.  On each rank the items run
+  in ascending item order: `rank_items[rank_offsets[r]:rank_offsets[r+1]]`.
+- Encoder rank r concatenates the inputs of its items in that order (input offsets in
+  encoder units: `item_input_offset`) and produces the concatenation of their embeddings
+  (`item_offset`, in LLM tokens).  LLM rank r packs its samples in that order into one
+  sequence; sample k starts at `item_offset[k]` of the LLM stage.
+- Composition Π_M ∘ Π_E⁻¹ (`route_*`, one entry per segment, global segment order):
+  segment s leaves encoder rank `route_encoder_rank[s]` at output offset
+  `route_encoder_offset[s]` and lands directly on LLM rank `route_llm_rank[s]` at packed
+  offset `route_llm_offset[s]` = sample offset + segment position, `route_tokens[s]` rows.
+
+How the runtime uses it (per step, on every rank):
+    plan = Orchestrator(stages, topology).plan(batch)          # identical on all ranks
+    1. fused input exchange (`plan.input_exchange()`): raw segment inputs to their
+       encoder rank and text tokens to their LLM rank, one all-to-all.
+    2. each encoder stage runs on `rank_items` of its `StagePlan` (inputs concatenated
+       in that order, offsets `item_input_offset`).
+    3. embedding exchange (`plan.embedding_exchange()`): rows
+       [route_encoder_offset, +route_tokens) of the encoder output go to `route_llm_rank`;
+       the backward pass sends the gradients the same way in reverse.
+    4. `plan.assembly(rank)` says where each received embedding and each text span goes
+       in the packed LLM sequence of this rank.
+A peer-style two-exchange scheme (embeddings home first, then on to the LLM rank) is
+available for comparison as `plan.two_exchange_scheme()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .samples import Batch
+from .stages import Stage
+
+
+def _frozen(array, dtype=np.int64) -> np.ndarray:
+    array = np.ascontiguousarray(array, dtype=dtype)
+    array.setflags(write=False)
+    return array
+
+
+def rank_layout(destination: np.ndarray, sizes: np.ndarray, num_ranks: int):
+    """CSR of items per rank in ascending item order, and each item's offset in its rank's buffer.
+
+    Returns (rank_offsets (D+1,), rank_items (K,), item_offset (K,)) where item_offset[k]
+    is the sum of `sizes` of the items before k on its rank.
+    """
+    order = np.argsort(destination, kind="stable")
+    counts = np.bincount(destination, minlength=num_ranks)
+    rank_offsets = np.concatenate(([0], np.cumsum(counts)))
+    sorted_sizes = sizes[order]
+    running = np.cumsum(sorted_sizes) - sorted_sizes
+    start_of_rank = np.concatenate(([0], np.cumsum(np.bincount(destination, weights=sizes, minlength=num_ranks)
+                                                      .astype(np.int64))))[:-1]
+    item_offset = np.empty_like(sizes)
+    item_offset[order] = running - start_of_rank[destination[order]]
+    return _frozen(rank_offsets), _frozen(order), _frozen(item_offset)
+
+
+@dataclass(frozen=True, eq=False)
+class StagePlan:
+    """One stage's items, where they run, and the quality of that balance.
+
+    `loads[r]` is rank r's cost under the stage's cost model (padded or not), `tokens[r]`
+    the tokens it holds (count · max length when padded); makespan = max(loads),
+    `lower_bound` a makespan no plan can beat; `algorithm` the kernel or strategy used.
+    """
+
+    stage: Stage
+    item_sample: np.ndarray
+    item_segment: np.ndarray
+    item_length: np.ndarray
+    source: np.ndarray
+    destination: np.ndarray
+    rank_offsets: np.ndarray
+    rank_items: np.ndarray
+    item_input_offset: np.ndarray
+    item_offset: np.ndarray
+    loads: np.ndarray
+    tokens: np.ndarray
+    makespan: float
+    lower_bound: float
+    algorithm: str
+    solve_seconds: float = 0.0
+
+    @property
+    def num_items(self) -> int:
+        return int(self.item_sample.size)
+
+    @property
+    def gap(self) -> float:
+        """makespan / lower_bound - 1 (0 when both are 0)."""
+        if self.lower_bound == 0:
+            return 0.0 if self.makespan == 0 else float("inf")
+        return self.makespan / self.lower_bound - 1.0
+
+    def items_on(self, rank: int) -> np.ndarray:
+        """Item indices on `rank`, in the order the rank processes them."""
+        return self.rank_items[self.rank_offsets[rank]:self.rank_offsets[rank + 1]]
+
+
+@dataclass(frozen=True, eq=False)
+class Exchange:
+    """One all-to-all: item i of `item_bytes[i]` bytes goes from `source[i]` to `destination[i]`."""
+
+    name: str
+    source: np.ndarray
+    destination: np.ndarray
+    item_bytes: np.ndarray
+
+    @property
+    def bytes_moved(self) -> float:
+        """Bytes that leave their rank."""
+        return float(self.item_bytes[self.source != self.destination].sum())
+
+
+@dataclass(frozen=True, eq=False)
+class AssemblyRecipe:
+    """How LLM rank `rank` builds its packed sequence of `num_tokens` tokens.
+
+    Samples `samples` (in order) start at `sample_offsets` and span `sample_lengths`.
+    Embedding e (sorted by `embedding_llm_offset`) is segment `embedding_segment[e]`,
+    encoded by stage `embedding_stage[e]` on rank `embedding_encoder_rank[e]` at output rows
+    [embedding_encoder_offset[e], +embedding_tokens[e]), written to packed rows
+    [embedding_llm_offset[e], +embedding_tokens[e]).  Text span t copies text tokens
+    [text_offset[t], +text_length[t]) of sample `text_sample[t]` to packed rows
+    [text_llm_offset[t], +text_length[t]).  Embeddings and text spans tile the sequence.
+    """
+
+    rank: int
+    num_tokens: int
+    samples: np.ndarray
+    sample_offsets: np.ndarray
+    sample_lengths: np.ndarray
+    embedding_segment: np.ndarray
+    embedding_stage: np.ndarray
+    embedding_encoder_rank: np.ndarray
+    embedding_encoder_offset: np.ndarray
+    embedding_llm_offset: np.ndarray
+    embedding_tokens: np.ndarray
+    text_sample: np.ndarray
+    text_offset: np.ndarray
+    text_llm_offset: np.ndarray
+    text_length: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class StepPlan:
+    """Plans of all stages of one step plus the composed encoder -> LLM route (see module doc)."""
+
+    batch: Batch
+    stages: tuple[Stage, ...]
+    stage_plans: tuple[StagePlan, ...]
+    route_stage: np.ndarray
+    route_encoder_rank: np.ndarray
+    route_encoder_offset: np.ndarray
+    route_llm_rank: np.ndarray
+    route_llm_offset: np.ndarray
+    route_tokens: np.ndarray
+    route_rank_offsets: np.ndarray
+    route_rank_order: np.ndarray
+    planning_seconds: float = 0.0
+
+    @property
+    def num_ranks(self) -> int:
+        return self.batch.num_ranks
+
+    @property
+    def llm(self) -> StagePlan:
+        """The LLM stage plan (always the last)."""
+        return self.stage_plans[-1]
+
+    def stage_plan(self, name: str) -> StagePlan:
+        """The plan of the stage called `name`."""
+        for plan in self.stage_plans:
+            if plan.stage.name == name:
+                return plan
+        raise ValueError(f"no stage named {name!r}; stages are {[s.name for s in self.stages]}")
+
+    def digest(self) -> str:
+        """SHA-256 of every destination and route: equal on ranks that computed the same plan."""
+        digest = hashlib.sha256()
+        for plan in self.stage_plans:
+            digest.update(plan.destination.astype("<i8").tobytes())
+        for array in (self.route_encoder_rank, self.route_encoder_offset, self.route_llm_rank, self.route_llm_offset):
+            digest.update(array.astype("<i8").tobytes())
+        return digest.hexdigest()
+
+    def input_exchange(self) -> Exchange:
+        """The fused input exchange: raw inputs of every encoder item and the text of every sample."""
+        parts = [(plan.source, plan.destination,
+                  plan.item_length * plan.stage.input_bytes_per_unit if not plan.stage.is_llm
+                  else self.batch.sample_text * plan.stage.input_bytes_per_unit)
+                 for plan in self.stage_plans]
+        return _concat("input", parts)
+
+    def embedding_exchange(self) -> Exchange:
+        """Encoder outputs straight to the LLM rank of their sample (Π_M ∘ Π_E⁻¹)."""
+        return Exchange("embedding", self.route_encoder_rank, self.route_llm_rank, self._embedding_bytes())
+
+    def two_exchange_scheme(self) -> tuple[Exchange, Exchange]:
+        """What peers do: embeddings back to the sampling rank (Π_E⁻¹), then on to the LLM rank (Π_M)."""
+        home = self.batch.sample_source[self.batch.segment_sample]
+        item_bytes = self._embedding_bytes()
+        return (Exchange("embedding home", self.route_encoder_rank, home, item_bytes),
+                Exchange("embedding to llm", home, self.route_llm_rank, item_bytes))
+
+    def _embedding_bytes(self) -> np.ndarray:
+        per_token = np.array([stage.output_bytes_per_token for stage in self.stages])
+        return _frozen(self.route_tokens * per_token[self.route_stage], np.float64)
+
+    def assembly(self, rank: int) -> AssemblyRecipe:
+        """The packed-sequence recipe of LLM rank `rank`."""
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.num_ranks:
+            raise ValueError(f"`rank` must be an int in [0, {self.num_ranks}); got {rank!r}")
+        llm = self.llm
+        samples = llm.items_on(rank)
+        lengths = llm.item_length[samples]
+        offsets = llm.item_offset[samples]
+        entries = self.route_rank_order[self.route_rank_offsets[rank]:self.route_rank_offsets[rank + 1]]
+        text_sample, text_offset, text_llm_offset, text_length = _text_spans(
+            samples, offsets, lengths, self.batch.segment_sample[entries],
+            self.route_llm_offset[entries], self.route_tokens[entries])
+        return AssemblyRecipe(
+            rank=int(rank), num_tokens=int(lengths.sum()), samples=samples, sample_offsets=offsets,
+            sample_lengths=lengths, embedding_segment=entries, embedding_stage=self.route_stage[entries],
+            embedding_encoder_rank=self.route_encoder_rank[entries],
+            embedding_encoder_offset=self.route_encoder_offset[entries],
+            embedding_llm_offset=self.route_llm_offset[entries], embedding_tokens=self.route_tokens[entries],
+            text_sample=text_sample, text_offset=text_offset, text_llm_offset=text_llm_offset,
+            text_length=text_length)
+
+
+def _concat(name: str, parts) -> Exchange:
+    return Exchange(name, _frozen(np.concatenate([p[0] for p in parts])),
+                    _frozen(np.concatenate([p[1] for p in parts])),
+                    _frozen(np.concatenate([np.asarray(p[2], dtype=np.float64) for p in parts]), np.float64))
+
+
+def _text_spans(samples, sample_offsets, sample_lengths, embedding_sample, embedding_offset, embedding_tokens):
+    """Gaps between the embeddings inside each sample, in packed order: the text spans.
+
+    A gap starts at a sample start or an embedding end and stops at the next embedding
+    start or the end of its sample (samples ascend and are packed in that order).
+    """
+    nonempty = embedding_tokens > 0  # an empty embedding bounds no gap
+    embedding_offset = embedding_offset[nonempty]
+    starts = np.concatenate([sample_offsets, embedding_offset + embedding_tokens[nonempty]])
+    owners = np.concatenate([samples, embedding_sample[nonempty]])
+    order = np.argsort(starts, kind="stable")
+    starts, owners = starts[order], owners[order]
+    sample_end = (sample_offsets + sample_lengths)[np.searchsorted(samples, owners)]
+    following = np.searchsorted(embedding_offset, starts, side="left")
+    next_embedding = np.append(embedding_offset, np.iinfo(np.int64).max)[following]
+    lengths = np.minimum(next_embedding, sample_end) - starts
+    keep = lengths > 0
+    starts, owners, lengths = starts[keep], owners[keep], lengths[keep]
+    running = np.cumsum(lengths) - lengths
+    first = np.flatnonzero(np.concatenate(([True], owners[1:] != owners[:-1])))
+    group = np.repeat(first, np.diff(np.append(first, lengths.size))) if lengths.size else first
+    return _frozen(owners), _frozen(running - running[group]), _frozen(starts), _frozen(lengths)
+
+
+def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...],
+            planning_seconds: float = 0.0) -> StepPlan:
+    """Build the StepPlan: route every segment from its encoder rank to its sample's LLM rank."""
+    num_segments = batch.num_segments
+    route_stage = np.full(num_segments, -1, dtype=np.int64)
+    encoder_rank = np.zeros(num_segments, dtype=np.int64)
+    encoder_offset = np.zeros(num_segments, dtype=np.int64)
+    for index, plan in enumerate(stage_plans[:-1]):
+        route_stage[plan.item_segment] = index
+        encoder_rank[plan.item_segment] = plan.destination
+        encoder_offset[plan.item_segment] = plan.item_offset
+    if num_segments and route_stage.min() < 0:
+        segment = int(np.argmin(route_stage))
+        raise ValueError(f"segment {segment} has modality {batch.modalities[batch.segment_modality[segment]]!r}, "
+                         f"which no stage encodes")
+    llm = stage_plans[-1]
+    owner = batch.segment_sample
+    llm_rank = llm.destination[owner]
+    llm_offset = llm.item_offset[owner] + batch.segment_position
+    order = np.lexsort((llm_offset, llm_rank))
+    counts = np.bincount(llm_rank, minlength=batch.num_ranks)
+    return StepPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=_frozen(route_stage),
+                    route_encoder_rank=_frozen(encoder_rank), route_encoder_offset=_frozen(encoder_offset),
+                    route_llm_rank=_frozen(llm_rank), route_llm_offset=_frozen(llm_offset),
+                    route_tokens=batch.segment_tokens, route_rank_offsets=_frozen(np.concatenate(([0], np.cumsum(counts)))),
+                    route_rank_order=_frozen(order), planning_seconds=planning_seconds)

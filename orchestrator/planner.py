@@ -1,0 +1,129 @@
+"""Multi-stage orchestration: balance every encoder stage and the LLM, compose the routes.
+
+For each stage s with items i (segments of its modality, or samples for the LLM):
+
+    minimise  max_r cost_s(r)   s.t. tokens_s(r) <= cap_s        (cost_s: the stage's CostModel)
+
+solved independently with the stage's own algorithm from `balancers.ALGORITHMS`, then the
+encoder outputs are routed straight to the LLM rank of their sample (Π_M ∘ Π_E⁻¹, see
+`plan.compose`).  Plain code:
+
+    llm_dest = balance(sample llm lengths, D, stage=llm)
+    for each encoder stage: dest = balance(segment lengths, D, stage=encoder)
+    route[segment] = (dest[segment], llm_dest[sample of segment])
+
+Which group of items lands on which rank is free for every stage; `Orchestrator` spends
+that freedom on locality when the balancer offers communication-aware balancing.  The
+options switch stages off to express the paper's ablations (see `strategies`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..balancers import ALGORITHMS, balance
+from ..balancers.plan import make_plan
+from ..balancers.problem import Status, make_problem
+from ..topology import Topology
+from .plan import StagePlan, StepPlan, compose, rank_layout
+from .samples import Batch
+from .stages import Stage, check_stages
+
+
+def stage_items(batch: Batch, stage: Stage):
+    """(item_sample, item_segment, item_length) of `stage`: its segments, or every sample for the LLM."""
+    if stage.is_llm:
+        return (np.arange(batch.num_samples, dtype=np.int64), np.full(batch.num_samples, -1, dtype=np.int64),
+                batch.sample_llm_length)
+    segments = batch.segments_of(stage.modality)
+    return batch.segment_sample[segments], segments, batch.segment_length[segments]
+
+
+def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: str,
+               lower_bound: float | None = None, solve_seconds: float = 0.0) -> StagePlan:
+    """Evaluate `destination` for `stage` (loads, tokens, bound) and lay items out per rank."""
+    item_sample, item_segment, item_length = stage_items(batch, stage)
+    num_ranks = batch.num_ranks
+    destination = np.ascontiguousarray(destination, dtype=np.int64)
+    if destination.shape != item_sample.shape:
+        raise ValueError(f"stage {stage.name!r}: `destination` must have one rank per item "
+                         f"({item_sample.size}); got shape {destination.shape}")
+    if item_sample.size:
+        problem = make_problem(item_length, num_ranks, cost=stage.cost, padded=stage.padded)
+        plan = make_plan(problem, destination, Status.FEASIBLE, algorithm, kernel_bound=lower_bound)
+        loads, tokens, makespan, bound = plan.loads, plan.tokens, plan.makespan, plan.lower_bound
+    else:
+        loads, tokens, makespan, bound = np.zeros(num_ranks), np.zeros(num_ranks, dtype=np.int64), 0.0, 0.0
+    output = item_length if stage.is_llm else batch.segment_tokens[item_segment]
+    rank_offsets, rank_items, item_offset = rank_layout(destination, output, num_ranks)
+    _, _, item_input_offset = rank_layout(destination, batch.sample_text if stage.is_llm else item_length,
+                                          num_ranks)
+    source = batch.sample_source[item_sample]
+    for array in (item_sample, item_segment, destination, source):
+        array.setflags(write=False)
+    return StagePlan(stage=stage, item_sample=item_sample, item_segment=item_segment, item_length=item_length,
+                     source=source, destination=destination, rank_offsets=rank_offsets, rank_items=rank_items,
+                     item_input_offset=item_input_offset, item_offset=item_offset, loads=loads, tokens=tokens,
+                     makespan=makespan, lower_bound=bound, algorithm=algorithm, solve_seconds=solve_seconds)
+
+
+class Orchestrator:
+    """Plans a step for `stages` (encoders then the LLM) on `topology` (or a number of ranks).
+
+    Args:
+        stages: `Stage` list, encoder stages first, the LLM stage last.
+        topology: a `Topology`, or an int number of ranks (one node).
+        balance_encoders / balance_llm: False keeps that stage's items on the rank that
+            sampled them (the ablations "llm_only" and "none").
+        uniform_algorithm: balance every stage with this algorithm, as if unpadded (the
+            ablation "one algorithm for all stages"); plans are still evaluated with each
+            stage's true cost model.
+    """
+
+    def __init__(self, stages, topology, *, balance_encoders: bool = True, balance_llm: bool = True,
+                 uniform_algorithm: str | None = None):
+        self.stages = check_stages(stages)
+        if isinstance(topology, (int, np.integer)) and not isinstance(topology, bool):
+            topology = Topology(1, int(topology))
+        if not isinstance(topology, Topology):
+            raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")
+        self.topology = topology
+        self.balance_encoders = bool(balance_encoders)
+        self.balance_llm = bool(balance_llm)
+        if uniform_algorithm is not None and uniform_algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown `uniform_algorithm` {uniform_algorithm!r}; choose one of {sorted(ALGORITHMS)}")
+        self.uniform_algorithm = uniform_algorithm
+
+    @property
+    def num_ranks(self) -> int:
+        return self.topology.world_size
+
+    def plan(self, batch: Batch) -> StepPlan:
+        """The StepPlan of `batch`: every stage balanced, encoder outputs routed to their LLM rank."""
+        if not isinstance(batch, Batch):
+            raise TypeError(f"`batch` must be a Batch; got {type(batch).__name__}")
+        self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
+        known = {stage.modality for stage in self.stages}
+        unknown = [name for code, name in enumerate(batch.modalities)
+                   if name not in known and np.any(batch.segment_modality == code)]
+        if unknown:
+            raise ValueError(f"unknown modality {unknown[0]!r}: no stage encodes it; stages cover "
+                             f"{sorted(known - {'llm'})}")
+        start = time.perf_counter()
+        plans = tuple(self._plan_stage(batch, stage) for stage in self.stages)
+        return compose(batch, self.stages, plans, planning_seconds=time.perf_counter() - start)
+
+    def _plan_stage(self, batch: Batch, stage: Stage) -> StagePlan:
+        item_sample, _, item_length = stage_items(batch, stage)
+        balanced = self.balance_llm if stage.is_llm else self.balance_encoders
+        if not balanced or item_sample.size == 0:
+            return stage_plan(batch, stage, batch.sample_source[item_sample], "none")
+        algorithm = self.uniform_algorithm or stage.algorithm
+        padded = False if self.uniform_algorithm else stage.padded
+        result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
+                         max_tokens_per_rank=stage.max_tokens_per_rank)
+        bound = result.lower_bound if padded == stage.padded else None
+        return stage_plan(batch, stage, result.assignment, algorithm, lower_bound=bound,
+                          solve_seconds=result.solve_seconds)

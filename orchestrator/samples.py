@@ -1,0 +1,252 @@
+"""Sample metadata of one training step: what every rank sampled, as lengths only.
+
+A sample is `text` text tokens plus zero or more modality segments.  Segment j of a
+sample has `length` encoder input units (image patches, audio frames), produces `tokens`
+embeddings for the LLM, and those embeddings occupy LLM positions
+[position, position + tokens) of the sample's LLM sequence, whose length is
+text + sum(tokens).  Text tokens fill the remaining positions in their original order.
+
+`Batch` is the columnar form every rank holds after the all-gather of lengths: flat
+int64 arrays per sample and per segment, so planning 16 384 ranks × 16 samples stays
+vectorised.  Sample i is row i; segments are stored sample by sample, in each sample's
+order of position.  `Batch.from_samples` builds it from `Sample` objects;
+`Batch.from_arrays` from arrays (what the runtime gathers).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _check_int(name: str, value, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an int; got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}; got {value}")
+    return int(value)
+
+
+def _check_name(name: str, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"`{name}` must be a non-empty str; got {value!r}")
+    if value == "llm":
+        raise ValueError(f"`{name}` must not be 'llm' (the name of the LLM stage)")
+    return value
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One modality sub-sequence: `length` encoder units -> `tokens` LLM embeddings at `position`.
+
+    `position` is the offset of the first embedding in the sample's LLM sequence; None
+    means "right after the previous segment" (0 for the first), so segments without
+    positions sit in order before the text.
+    """
+
+    modality: str
+    length: int
+    tokens: int
+    position: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_name("modality", self.modality)
+        object.__setattr__(self, "length", _check_int("length", self.length))
+        object.__setattr__(self, "tokens", _check_int("tokens", self.tokens))
+        if self.position is not None:
+            object.__setattr__(self, "position", _check_int("position", self.position))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """`text` text tokens, modality `segments`, sampled by rank `source`, identified by `id`."""
+
+    text: int
+    segments: tuple[Segment, ...] = ()
+    source: int = 0
+    id: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", _check_int("text", self.text))
+        object.__setattr__(self, "source", _check_int("source", self.source))
+        object.__setattr__(self, "id", _check_int("id", self.id))
+        segments = tuple(self.segments)
+        for segment in segments:
+            if not isinstance(segment, Segment):
+                raise TypeError(f"`segments` must hold Segment objects; got {type(segment).__name__}")
+        object.__setattr__(self, "segments", segments)
+        resolve_positions(segments, self.text)
+
+    @property
+    def llm_length(self) -> int:
+        """Length of the sample's LLM sequence: text + sum of segment tokens."""
+        return self.text + sum(segment.tokens for segment in self.segments)
+
+
+def resolve_positions(segments: tuple[Segment, ...], text: int) -> list[int]:
+    """Positions of `segments` (None -> right after the previous one), validated.
+
+    Segments must be listed in order of position, must not overlap, and must end inside
+    the LLM sequence of length text + sum(tokens).
+    """
+    total = text + sum(segment.tokens for segment in segments)
+    positions, end = [], 0
+    for j, segment in enumerate(segments):
+        position = end if segment.position is None else segment.position
+        if position < end:
+            raise ValueError(f"segment {j} starts at position {position}, inside the previous segment "
+                             f"(which ends at {end}); segments must be in order and must not overlap")
+        if position + segment.tokens > total:
+            raise ValueError(f"segment {j} spans LLM positions [{position}, {position + segment.tokens}) "
+                             f"past the sample's LLM sequence of {total} tokens (text {text} + segments)")
+        positions.append(position)
+        end = position + segment.tokens
+    return positions
+
+
+def _as_int_array(name: str, values, size: int | None = None) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
+    if size is not None and array.size != size:
+        raise ValueError(f"`{name}` must have {size} entries; got {array.size}")
+    if array.size and (array.dtype == object or array.dtype.kind not in "iu"):
+        raise TypeError(f"`{name}` must hold integers; got dtype {array.dtype}")
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    bad = np.flatnonzero(array < 0)
+    if bad.size:
+        raise ValueError(f"`{name}` must be non-negative; got {array[bad[0]]} at index {bad[0]}")
+    array.setflags(write=False)
+    return array
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """Columnar metadata of a global batch (all ranks), validated; arrays are read-only int64.
+
+    Per sample i: `sample_text[i]`, `sample_source[i]` (rank that sampled it), `sample_id[i]`.
+    Per segment s: `segment_sample[s]` (its sample, non-decreasing), `segment_modality[s]`
+    (index into `modalities`), `segment_length[s]`, `segment_tokens[s]`,
+    `segment_position[s]` (offset in the sample's LLM sequence).
+    """
+
+    num_ranks: int
+    modalities: tuple[str, ...]
+    sample_text: np.ndarray
+    sample_source: np.ndarray
+    sample_id: np.ndarray
+    segment_sample: np.ndarray
+    segment_modality: np.ndarray
+    segment_length: np.ndarray
+    segment_tokens: np.ndarray
+    segment_position: np.ndarray
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sample_text.size)
+
+    @property
+    def num_segments(self) -> int:
+        return int(self.segment_sample.size)
+
+    @property
+    def sample_llm_length(self) -> np.ndarray:
+        """text + sum of segment tokens, per sample."""
+        return self.sample_text + np.bincount(self.segment_sample, weights=self.segment_tokens,
+                                              minlength=self.num_samples).astype(np.int64)
+
+    def segments_of(self, modality: str) -> np.ndarray:
+        """Global indices of the segments of `modality`, ascending (empty if none)."""
+        if modality not in self.modalities:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.segment_modality == self.modalities.index(modality))
+
+    def sample(self, index: int) -> Sample:
+        """Sample `index` as a `Sample` object (for tests and inspection)."""
+        rows = np.flatnonzero(self.segment_sample == index)
+        segments = tuple(Segment(self.modalities[self.segment_modality[s]], int(self.segment_length[s]),
+                                 int(self.segment_tokens[s]), int(self.segment_position[s])) for s in rows)
+        return Sample(int(self.sample_text[index]), segments, int(self.sample_source[index]),
+                      int(self.sample_id[index]))
+
+    @classmethod
+    def from_samples(cls, samples, num_ranks: int) -> "Batch":
+        """Columnar batch of `samples` (sample i is row i) on `num_ranks` ranks."""
+        samples = list(samples)
+        for index, sample in enumerate(samples):
+            if not isinstance(sample, Sample):
+                raise TypeError(f"`samples` must hold Sample objects; got {type(sample).__name__} at index {index}")
+        modalities: list[str] = []
+        rows = []
+        for index, sample in enumerate(samples):
+            positions = resolve_positions(sample.segments, sample.text)
+            for segment, position in zip(sample.segments, positions):
+                if segment.modality not in modalities:
+                    modalities.append(segment.modality)
+                rows.append((index, modalities.index(segment.modality), segment.length, segment.tokens, position))
+        table = np.array(rows, dtype=np.int64).reshape(-1, 5)
+        return cls.from_arrays(
+            num_ranks=num_ranks, modalities=tuple(modalities),
+            sample_text=[s.text for s in samples], sample_source=[s.source for s in samples],
+            sample_id=[s.id for s in samples], segment_sample=table[:, 0], segment_modality=table[:, 1],
+            segment_length=table[:, 2], segment_tokens=table[:, 3], segment_position=table[:, 4])
+
+    @classmethod
+    def from_arrays(cls, *, num_ranks, modalities, sample_text, sample_source, sample_id=None,
+                    segment_sample=(), segment_modality=(), segment_length=(), segment_tokens=(),
+                    segment_position=None) -> "Batch":
+        """Validated batch from flat arrays; `segment_position` None packs segments before the text."""
+        num_ranks = _check_int("num_ranks", num_ranks, minimum=1)
+        modalities = tuple(modalities)
+        for name in modalities:
+            _check_name("modalities", name)
+        if len(set(modalities)) != len(modalities):
+            raise ValueError(f"`modalities` must be distinct; got {modalities}")
+        text = _as_int_array("sample_text", sample_text)
+        n = text.size
+        source = _as_int_array("sample_source", sample_source, n)
+        if n and source.max() >= num_ranks:
+            index = int(np.argmax(source))
+            raise ValueError(f"`sample_source` must be ranks in [0, {num_ranks}); got {source[index]} at index {index}")
+        ids = _as_int_array("sample_id", np.arange(n) if sample_id is None else sample_id, n)
+        owner = _as_int_array("segment_sample", segment_sample)
+        m = owner.size
+        modality = _as_int_array("segment_modality", segment_modality, m)
+        length = _as_int_array("segment_length", segment_length, m)
+        tokens = _as_int_array("segment_tokens", segment_tokens, m)
+        if m:
+            if owner.max() >= n:
+                index = int(np.argmax(owner))
+                raise ValueError(f"`segment_sample` must index samples in [0, {n}); got {owner[index]} at index {index}")
+            if np.any(np.diff(owner) < 0):
+                raise ValueError("`segment_sample` must be non-decreasing (segments listed sample by sample)")
+            if modality.max() >= len(modalities):
+                index = int(np.argmax(modality))
+                raise ValueError(f"`segment_modality` must index `modalities` (size {len(modalities)}); "
+                                 f"got {modality[index]} at index {index}")
+        first = np.searchsorted(owner, owner, side="left")
+        cumulative = np.cumsum(tokens) - tokens  # tokens of all earlier segments
+        if segment_position is None:
+            position = cumulative - cumulative[first] if m else cumulative
+            position.setflags(write=False)
+        else:
+            position = _as_int_array("segment_position", segment_position, m)
+        llm_length = text + np.bincount(owner, weights=tokens, minlength=n).astype(np.int64)
+        end = position + tokens
+        past = np.flatnonzero(end > llm_length[owner]) if m else owner
+        if past.size:
+            s = int(past[0])
+            raise ValueError(f"segment {s} (sample {owner[s]}) spans LLM positions [{position[s]}, {end[s]}) past "
+                             f"the sample's LLM sequence of {llm_length[owner[s]]} tokens "
+                             f"(text {text[owner[s]]} + segment tokens)")
+        same = owner[1:] == owner[:-1]
+        overlap = np.flatnonzero(same & (position[1:] < end[:-1])) if m else owner
+        if overlap.size:
+            s = int(overlap[0]) + 1
+            raise ValueError(f"segment {s} (sample {owner[s]}) starts at position {position[s]}, inside the "
+                             f"previous segment (ending at {end[s - 1]}); segments must be in order and not overlap")
+        return cls(num_ranks=num_ranks, modalities=modalities, sample_text=text, sample_source=source,
+                   sample_id=ids, segment_sample=owner, segment_modality=modality, segment_length=length,
+                   segment_tokens=tokens, segment_position=position)

@@ -1,0 +1,90 @@
+"""Stages of a multimodal model, declared as data: one per modality encoder, then the LLM.
+
+A stage's items are the segments of its modality (encoder stages) or the whole samples
+(the LLM stage, modality "llm"); an item's length is its encoder units (segment.length)
+or its LLM sequence length (text + segment tokens).  Each stage is balanced on its own:
+
+    cost(r) = sum(f(l) for items on r)            unpadded (packed / varlen attention)
+    cost(r) = count(r) · f(max l on r)            padded (fixed-shape batch)
+
+with f the stage's `CostModel`, its own `algorithm` from `balancers.ALGORITHMS` and its
+own memory cap in tokens per rank.  Bytes per unit tell the exchanges what moves: raw
+input bytes per encoder unit (per text token for the LLM stage) and embedding bytes per
+output token (encoder stages).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+from ..balancers import ALGORITHMS, CostModel
+
+LLM = "llm"
+
+
+def _check_bytes(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a number of bytes; got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"`{name}` must be finite and >= 0; got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: items of `modality` ("llm" for the backbone), balanced with its own model.
+
+    `input_bytes_per_unit`: bytes of raw input per encoder unit (pixels of one patch,
+    features of one frame) or per text token (LLM stage).  `output_bytes_per_token`:
+    bytes of one embedding sent to the LLM (0 for the LLM stage).
+    """
+
+    name: str
+    modality: str
+    cost: CostModel
+    padded: bool = False
+    algorithm: str = "lpt"
+    max_tokens_per_rank: int | None = None
+    input_bytes_per_unit: float = 0.0
+    output_bytes_per_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("name", "modality"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise TypeError(f"`{name}` must be a non-empty str; got {getattr(self, name)!r}")
+        if not isinstance(self.cost, CostModel):
+            raise TypeError(f"`cost` must be a CostModel; got {type(self.cost).__name__}")
+        if not isinstance(self.padded, bool):
+            raise TypeError(f"`padded` must be a bool; got {type(self.padded).__name__}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"stage {self.name!r}: unknown `algorithm` {self.algorithm!r}; "
+                             f"choose one of {sorted(ALGORITHMS)}")
+        cap = self.max_tokens_per_rank
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap <= 0):
+            raise ValueError(f"stage {self.name!r}: `max_tokens_per_rank` must be a positive int or None; got {cap!r}")
+        for name in ("input_bytes_per_unit", "output_bytes_per_token"):
+            object.__setattr__(self, name, _check_bytes(name, getattr(self, name)))
+        if self.is_llm and self.output_bytes_per_token:
+            raise ValueError("the LLM stage produces no embeddings: `output_bytes_per_token` must be 0")
+
+    @property
+    def is_llm(self) -> bool:
+        return self.modality == LLM
+
+
+def check_stages(stages) -> tuple[Stage, ...]:
+    """Validate a stage list: Stage objects, distinct names and modalities, exactly one LLM stage, last."""
+    stages = tuple(stages)
+    for stage in stages:
+        if not isinstance(stage, Stage):
+            raise TypeError(f"`stages` must hold Stage objects; got {type(stage).__name__}")
+    if not stages or not stages[-1].is_llm or sum(stage.is_llm for stage in stages) != 1:
+        raise ValueError("`stages` must list the encoder stages followed by exactly one LLM stage (modality 'llm')")
+    names = [stage.name for stage in stages]
+    modalities = [stage.modality for stage in stages]
+    if len(set(names)) != len(names) or len(set(modalities)) != len(modalities):
+        raise ValueError(f"`stages` need distinct names and modalities; got names {names}, modalities {modalities}")
+    return stages

@@ -1,0 +1,264 @@
+"""Multi-stage planning: composition simulated item by item, per-stage invariants, bad input."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchmllm.balancers import CostModel
+from orchmllm.orchestrator.planner import Orchestrator
+from orchmllm.orchestrator.samples import Batch, Sample, Segment
+from orchmllm.orchestrator.stages import Stage
+from orchmllm.topology import Topology
+
+STAGES = (
+    Stage("vision", "image", CostModel(linear=1.0, quadratic=0.01), algorithm="lpt",
+          input_bytes_per_unit=1176, output_bytes_per_token=8192),
+    Stage("audio", "audio", CostModel(linear=1.0), padded=True, algorithm="padded",
+          input_bytes_per_unit=512, output_bytes_per_token=8192),
+    Stage("llm", "llm", CostModel(linear=1.0, quadratic=0.001), algorithm="lpt", input_bytes_per_unit=4),
+)
+
+
+def random_batch(seed: int, num_ranks: int, per_rank: int, modalities=("image", "audio")) -> Batch:
+    rng = np.random.default_rng(seed)
+    samples = []
+    for index in range(num_ranks * per_rank):
+        segments, end = [], 0
+        for _ in range(int(rng.integers(0, 4))):
+            modality = modalities[int(rng.integers(len(modalities)))]
+            tokens = int(rng.integers(0, 30))
+            position = end + int(rng.integers(0, 5))
+            segments.append(Segment(modality, int(rng.integers(1, 200)), tokens, position))
+            end = position + tokens
+        text = max(end - sum(s.tokens for s in segments), 0) + int(rng.integers(0, 40))
+        samples.append(Sample(text, tuple(segments), source=index // per_rank, id=1000 + index))
+    return Batch.from_samples(samples, num_ranks)
+
+
+def reference_sequence(batch: Batch, sample: int) -> np.ndarray:
+    """Labels of the sample's LLM sequence: segment s token t -> (s+1)·10⁴+t, text token j -> -(j+1)."""
+    length = int(batch.sample_llm_length[sample])
+    labels = np.zeros(length, dtype=np.int64)
+    is_text = np.ones(length, dtype=bool)
+    for s in np.flatnonzero(batch.segment_sample == sample):
+        start, tokens = int(batch.segment_position[s]), int(batch.segment_tokens[s])
+        labels[start:start + tokens] = (s + 1) * 10_000 + np.arange(tokens)
+        is_text[start:start + tokens] = False
+    labels[is_text] = -(np.arange(int(is_text.sum())) + 1)
+    return labels
+
+
+def encoder_outputs(plan) -> dict:
+    """Every encoder rank's output buffer, built item by item in the rank's processing order."""
+    buffers = {}
+    for index, stage_plan in enumerate(plan.stage_plans[:-1]):
+        for rank in range(plan.num_ranks):
+            rows = []
+            for item in stage_plan.items_on(rank):
+                segment = int(stage_plan.item_segment[item])
+                assert int(stage_plan.item_offset[item]) == sum(len(r) for r in rows)
+                rows.append((segment + 1) * 10_000 + np.arange(int(plan.batch.segment_tokens[segment])))
+            buffers[index, rank] = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    return buffers
+
+
+def assemble(plan, rank: int, fetch) -> np.ndarray:
+    """Rank's packed LLM sequence from its recipe; `fetch(entry)` returns one embedding's rows."""
+    recipe = plan.assembly(rank)
+    packed = np.full(recipe.num_tokens, np.iinfo(np.int64).min, dtype=np.int64)
+    written = np.zeros(recipe.num_tokens, dtype=np.int64)
+    for e in range(recipe.embedding_segment.size):
+        start, tokens = int(recipe.embedding_llm_offset[e]), int(recipe.embedding_tokens[e])
+        packed[start:start + tokens] = fetch(recipe, e)
+        written[start:start + tokens] += 1
+    for t in range(recipe.text_sample.size):
+        start, length = int(recipe.text_llm_offset[t]), int(recipe.text_length[t])
+        packed[start:start + length] = -(int(recipe.text_offset[t]) + np.arange(length) + 1)
+        written[start:start + length] += 1
+    assert np.all(written == 1), "embeddings and text spans must tile the packed sequence exactly once"
+    return packed
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("num_ranks,per_rank", [(1, 5), (4, 3), (8, 2)])
+def test_every_embedding_arrives_once_at_the_recipe_offset(seed, num_ranks, per_rank):
+    batch = random_batch(seed, num_ranks, per_rank)
+    plan = Orchestrator(STAGES, num_ranks).plan(batch)
+    buffers = encoder_outputs(plan)
+
+    def direct(recipe, e):
+        stage, encoder_rank = int(recipe.embedding_stage[e]), int(recipe.embedding_encoder_rank[e])
+        start = int(recipe.embedding_encoder_offset[e])
+        return buffers[stage, encoder_rank][start:start + int(recipe.embedding_tokens[e])]
+
+    arrived = []
+    for rank in range(num_ranks):
+        packed = assemble(plan, rank, direct)
+        recipe = plan.assembly(rank)
+        arrived.extend(recipe.embedding_segment.tolist())
+        for sample, offset, length in zip(recipe.samples, recipe.sample_offsets, recipe.sample_lengths):
+            assert plan.llm.destination[sample] == rank
+            np.testing.assert_array_equal(packed[offset:offset + length], reference_sequence(batch, sample))
+    assert sorted(arrived) == list(range(batch.num_segments))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_exchange_and_two_exchanges_place_every_embedding_identically(seed):
+    batch = random_batch(seed, 4, 4)
+    plan = Orchestrator(STAGES, 4).plan(batch)
+    buffers = encoder_outputs(plan)
+    home_exchange, onward_exchange = plan.two_exchange_scheme()
+    # Exchange 1: each embedding back to the rank that sampled it, keyed by segment.
+    at_home = {}
+    for segment in range(batch.num_segments):
+        stage, rank = int(plan.route_stage[segment]), int(home_exchange.source[segment])
+        start = int(plan.route_encoder_offset[segment])
+        at_home[int(home_exchange.destination[segment]), segment] = \
+            buffers[stage, rank][start:start + int(plan.route_tokens[segment])]
+    assert len(at_home) == batch.num_segments
+    # Exchange 2: from home to the LLM rank of the sample.
+    at_llm = {(int(onward_exchange.destination[s]), s): at_home[int(onward_exchange.source[s]), s]
+              for s in range(batch.num_segments)}
+
+    def direct(recipe, e):
+        stage, encoder_rank = int(recipe.embedding_stage[e]), int(recipe.embedding_encoder_rank[e])
+        start = int(recipe.embedding_encoder_offset[e])
+        return buffers[stage, encoder_rank][start:start + int(recipe.embedding_tokens[e])]
+
+    for rank in range(4):
+        two = assemble(plan, rank, lambda recipe, e: at_llm[rank, int(recipe.embedding_segment[e])])
+        np.testing.assert_array_equal(assemble(plan, rank, direct), two)
+    moved_twice = sum(e.bytes_moved for e in plan.two_exchange_scheme())
+    assert plan.embedding_exchange().bytes_moved <= moved_twice
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_input_exchange_carries_every_input_once(seed):
+    batch = random_batch(seed, 4, 3)
+    plan = Orchestrator(STAGES, 4).plan(batch)
+    exchange = plan.input_exchange()
+    items = sum(p.num_items for p in plan.stage_plans)
+    assert exchange.source.size == items
+    expected = sum(float((p.item_length * p.stage.input_bytes_per_unit).sum()) for p in plan.stage_plans[:-1])
+    expected += float(batch.sample_text.sum()) * STAGES[-1].input_bytes_per_unit
+    assert exchange.item_bytes.sum() == pytest.approx(expected)
+    for stage_plan in plan.stage_plans[:-1]:
+        for rank in range(4):
+            items_here = stage_plan.items_on(rank)
+            lengths = stage_plan.item_length[items_here]
+            np.testing.assert_array_equal(stage_plan.item_input_offset[items_here], np.cumsum(lengths) - lengths)
+
+
+@given(seed=st.integers(0, 2**16), num_ranks=st.sampled_from([1, 2, 3, 8]),
+       per_rank=st.integers(1, 6))
+def test_stage_plans_keep_the_balancer_invariants(seed, num_ranks, per_rank):
+    batch = random_batch(seed, num_ranks, per_rank)
+    plan = Orchestrator(STAGES, num_ranks).plan(batch)
+    for stage_plan in plan.stage_plans:
+        k = stage_plan.num_items
+        assert np.all((stage_plan.destination >= 0) & (stage_plan.destination < num_ranks))
+        assert sorted(stage_plan.rank_items.tolist()) == list(range(k))
+        assert stage_plan.rank_offsets[-1] == k
+        assert stage_plan.makespan >= stage_plan.lower_bound - 1e-9
+        assert stage_plan.makespan == pytest.approx(float(stage_plan.loads.max()) if k else 0.0)
+        if not stage_plan.stage.padded and k:
+            costs = stage_plan.stage.cost.item_costs(stage_plan.item_length)
+            assert float(stage_plan.loads.sum()) == pytest.approx(float(costs.sum()))
+    assert plan.llm.num_items == batch.num_samples
+
+
+def test_same_metadata_gives_a_bit_identical_plan():
+    batch = random_batch(7, 8, 4)
+    first = Orchestrator(STAGES, 8).plan(batch)
+    again = Orchestrator(STAGES, 8).plan(random_batch(7, 8, 4))
+    assert first.digest() == again.digest()
+
+
+def test_memory_cap_is_respected_and_infeasible_cap_is_an_error():
+    batch = random_batch(3, 4, 4)
+    llm = STAGES[-1]
+    total = int(batch.sample_llm_length.sum())
+    cap = max(int(batch.sample_llm_length.max()), -(-total // 4)) + int(batch.sample_llm_length.max())
+    capped = (*STAGES[:-1], Stage("llm", "llm", llm.cost, algorithm="lpt", max_tokens_per_rank=cap))
+    plan = Orchestrator(capped, 4).plan(batch)
+    assert plan.llm.tokens.max() <= cap
+    tiny = (*STAGES[:-1], Stage("llm", "llm", llm.cost, algorithm="lpt", max_tokens_per_rank=1))
+    with pytest.raises(ValueError, match="max_tokens_per_rank"):
+        Orchestrator(tiny, 4).plan(batch)
+
+
+def test_stages_with_no_items_on_any_rank_work():
+    batch = random_batch(1, 4, 3, modalities=("image",))
+    plan = Orchestrator(STAGES, 4).plan(batch)
+    audio = plan.stage_plan("audio")
+    assert audio.num_items == 0 and audio.makespan == 0 and audio.gap == 0
+    text_only = Batch.from_samples([Sample(5, source=r) for r in range(4)], 4)
+    plan = Orchestrator(STAGES, 4).plan(text_only)
+    assert plan.embedding_exchange().item_bytes.size == 0
+    assert [plan.assembly(r).num_tokens for r in range(4)] == [5, 5, 5, 5]
+
+
+def test_ablation_switches_keep_items_home():
+    batch = random_batch(2, 4, 4)
+    plan = Orchestrator(STAGES, 4, balance_encoders=False).plan(batch)
+    for stage_plan in plan.stage_plans[:-1]:
+        np.testing.assert_array_equal(stage_plan.destination, stage_plan.source)
+    plan = Orchestrator(STAGES, 4, balance_encoders=False, balance_llm=False).plan(batch)
+    assert plan.embedding_exchange().bytes_moved == 0 and plan.input_exchange().bytes_moved == 0
+
+
+def test_segment_past_its_sequence_is_rejected():
+    with pytest.raises(ValueError, match="past the sample's LLM sequence"):
+        Sample(10, (Segment("image", 100, 20, position=15),))
+    with pytest.raises(ValueError, match="past the sample's LLM sequence"):
+        Batch.from_arrays(num_ranks=1, modalities=("image",), sample_text=[3], sample_source=[0],
+                          segment_sample=[0], segment_modality=[0], segment_length=[4], segment_tokens=[2],
+                          segment_position=[4])
+
+
+def test_overlapping_segments_are_rejected():
+    with pytest.raises(ValueError, match="inside the previous segment"):
+        Sample(10, (Segment("image", 8, 4, position=0), Segment("audio", 8, 4, position=2)))
+
+
+def test_unknown_modality_is_rejected():
+    batch = Batch.from_samples([Sample(3, (Segment("video", 10, 2),), source=0)], 1)
+    with pytest.raises(ValueError, match="unknown modality 'video'"):
+        Orchestrator(STAGES, 1).plan(batch)
+
+
+@pytest.mark.parametrize("field", ["text", "length", "tokens", "position"])
+def test_negative_sizes_are_rejected(field):
+    kwargs = {"text": 5, "length": 4, "tokens": 2, "position": 0}
+    kwargs[field] = -1
+    with pytest.raises(ValueError, match=f"`{field}` must be >= 0"):
+        Sample(kwargs["text"], (Segment("image", kwargs["length"], kwargs["tokens"], kwargs["position"]),))
+
+
+def test_batch_arrays_are_validated():
+    with pytest.raises(ValueError, match="`sample_source` must be ranks in \\[0, 2\\)"):
+        Batch.from_arrays(num_ranks=2, modalities=(), sample_text=[1, 2], sample_source=[0, 2])
+    with pytest.raises(ValueError, match="`segment_sample` must be non-decreasing"):
+        Batch.from_arrays(num_ranks=1, modalities=("image",), sample_text=[9, 9], sample_source=[0, 0],
+                          segment_sample=[1, 0], segment_modality=[0, 0], segment_length=[1, 1],
+                          segment_tokens=[1, 1])
+    with pytest.raises(ValueError, match="`segment_length` must be non-negative"):
+        Batch.from_arrays(num_ranks=1, modalities=("image",), sample_text=[9], sample_source=[0],
+                          segment_sample=[0], segment_modality=[0], segment_length=[-1], segment_tokens=[1])
+
+
+def test_stage_lists_are_validated():
+    with pytest.raises(ValueError, match="exactly one LLM stage"):
+        Orchestrator(STAGES[:-1], 2)
+    with pytest.raises(ValueError, match="unknown `algorithm`"):
+        Stage("vision", "image", CostModel(), algorithm="magic")
+    with pytest.raises(ValueError, match="1 nodes × 4 gpus = 4 != batch.num_ranks 2"):
+        Orchestrator(STAGES, 4).plan(random_batch(0, 2, 2))
+
+
+def test_topology_with_several_nodes_plans_like_any_other():
+    batch = random_batch(5, 16, 2)
+    plan = Orchestrator(STAGES, Topology(2, 8)).plan(batch)
+    assert plan.num_ranks == 16
+    assert sorted(np.concatenate([plan.assembly(r).samples for r in range(16)]).tolist()) == list(range(32))
