@@ -1,0 +1,61 @@
+"""Process-group helpers: rank and size of a group, the device its tensors live on.
+
+Every helper accepts `group=None`: without an initialised process group (or with a group
+of one rank) the runtime takes the same code path with no communication, so
+single-process code and unit tests run the exact functions a cluster runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed(group=None) -> bool:
+    """True when `group` (default: the world) spans more than one rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def group_size(group=None) -> int:
+    """Number of ranks in `group`; 1 without an initialised process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def group_rank(group=None) -> int:
+    """This process's rank inside `group`; 0 without an initialised process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    return dist.get_rank(group)
+
+
+def comm_device(group=None) -> torch.device:
+    """Device that collectives of `group` take tensors on: the current CUDA device for
+    NCCL, the CPU otherwise (gloo)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> tuple[int, int]:
+    """Initialise the default process group from torchrun's environment variables.
+
+    Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK for the GPU).  The
+    backend defaults to NCCL when CUDA is available, else gloo.  `timeout_s` bounds how
+    long a collective waits for a peer, so a rank that fails makes the others fail
+    instead of hanging.  Returns (rank, world_size).
+    """
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"init_distributed needs torchrun's environment; missing {missing} "
+                           f"(launch with `torchrun --nproc-per-node N ...`)")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()

@@ -1,0 +1,279 @@
+"""Payload exchange: move packed per-item tensors along a route, in one all-to-all.
+
+A route is a frozen `ExchangeMeta`: item i (global index, items listed rank by rank as the
+metadata all-gather lists them) sits on `source_ranks[i]` and must reach
+`dest_ranks[i]`.  On every rank, the items it holds are laid out in ascending global index
+(for the home layout that is the order the rank sampled them), both before and after an
+exchange.  A tensor is packed over items along dim 0: item i owns `item_rows[i]` rows
+(its tokens, patches or frames; 1 for per-item tensors such as grid sizes), any dtype,
+any trailing shape.
+
+    send: rows of local items sorted by (dest, index) -> bytes -> one all_to_all_single
+    recv: segments arrive by source rank -> reorder rows to ascending global index
+
+Because every rank knows the whole route and every item's row count from the metadata,
+all splits are computed locally before any payload moves (the split "exchange" is the
+metadata all-gather), and the inverse route (`meta.inverse()`) needs no communication to
+set up.  Several tensors, even on different routes (raw images to vision ranks, audio to
+audio ranks, text to LLM ranks), are fused into a single all-to-all of bytes.
+`exchange_with_grad` wraps the same exchange in an autograd Function whose backward
+sends the gradients back along the inverse route (one fused all-to-all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from .alltoall import FlatAllToAll
+
+
+def _as_ranks(values, name: str, world_size: int) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise TypeError(f"`{name}` must hold integer ranks; got dtype {array.dtype}")
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    bad = np.flatnonzero((array < 0) | (array >= world_size))
+    if bad.size:
+        raise ValueError(f"`{name}` must be ranks in [0, {world_size}); got {array[bad[0]]} at index {bad[0]}")
+    array.setflags(write=False)
+    return array
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + l) for every (s, l), int64."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    block_starts = np.cumsum(lengths) - lengths
+    return np.repeat(starts - block_starts, lengths) + np.arange(total, dtype=np.int64)
+
+
+def home_ranks(counts) -> np.ndarray:
+    """Source rank of every item when rank r contributed counts[r] items, rank by rank."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+
+
+@dataclass(frozen=True, eq=False)
+class ExchangeMeta:
+    """A frozen route: item i moves from `source_ranks[i]` to `dest_ranks[i]`.
+
+    Built identically on every rank; `rank` says which end this copy serves.
+    """
+
+    source_ranks: np.ndarray
+    dest_ranks: np.ndarray
+    rank: int
+    world_size: int
+    send_items: np.ndarray = field(init=False, repr=False)  # global ids of my items, send order
+    source_items: np.ndarray = field(init=False, repr=False)  # global ids of my items before
+    dest_items: np.ndarray = field(init=False, repr=False)  # global ids of my items after
+    arrival_order: np.ndarray = field(init=False, repr=False)  # dest_items[arrival_order] = arrival sequence
+
+    def __post_init__(self) -> None:
+        for name in ("rank", "world_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"`{name}` must be an int; got {type(value).__name__}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"`rank` must be in [0, world_size={self.world_size}); got {self.rank}")
+        source = _as_ranks(self.source_ranks, "source_ranks", self.world_size)
+        dest = _as_ranks(self.dest_ranks, "dest_ranks", self.world_size)
+        if source.shape != dest.shape:
+            raise ValueError(f"`source_ranks` and `dest_ranks` must have one entry per item; "
+                             f"got {source.size} and {dest.size}")
+        mine = np.flatnonzero(source == self.rank)
+        send_items = mine[np.argsort(dest[mine], kind="stable")]
+        dest_items = np.flatnonzero(dest == self.rank)
+        arrival_order = np.argsort(source[dest_items], kind="stable")
+        for name, value in (("source_ranks", source), ("dest_ranks", dest), ("send_items", send_items),
+                            ("source_items", mine), ("dest_items", dest_items),
+                            ("arrival_order", arrival_order)):
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "rank", int(self.rank))
+        object.__setattr__(self, "world_size", int(self.world_size))
+
+    @classmethod
+    def from_assignment(cls, assignment, counts, rank: int) -> "ExchangeMeta":
+        """Route from the home layout (rank r holds counts[r] items) to a plan's assignment."""
+        counts = np.asarray(counts, dtype=np.int64)
+        source = home_ranks(counts)
+        if np.asarray(assignment).shape != source.shape:
+            raise ValueError(f"`assignment` has {np.asarray(assignment).size} entries but `counts` "
+                             f"sum to {source.size} items")
+        return cls(source, assignment, rank, int(counts.size))
+
+    @property
+    def num_items(self) -> int:
+        return int(self.source_ranks.size)
+
+    def inverse(self) -> "ExchangeMeta":
+        """The route back: every item returns to where it came from, in the same layout."""
+        return ExchangeMeta(self.dest_ranks, self.source_ranks, self.rank, self.world_size)
+
+    def item_rows(self, rows) -> np.ndarray:
+        """Rows per item as a global int64 array (an int means that many rows per item)."""
+        if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool):
+            if rows < 0:
+                raise ValueError(f"`item_rows` must be >= 0; got {rows}")
+            return np.full(self.num_items, int(rows), dtype=np.int64)
+        array = np.asarray(rows)
+        if array.shape != (self.num_items,) or (array.size and array.dtype.kind not in "iu"):
+            raise ValueError(f"`item_rows` must be an int or one integer row count per item "
+                             f"({self.num_items}); got shape {array.shape}, dtype {array.dtype}")
+        if array.size and array.min() < 0:
+            raise ValueError("`item_rows` must be non-negative")
+        return array.astype(np.int64, copy=False)
+
+    def row_splits(self, rows: np.ndarray) -> np.ndarray:
+        """D×D matrix of rows sent from rank s to rank d."""
+        splits = np.zeros((self.world_size, self.world_size), dtype=np.int64)
+        np.add.at(splits, (self.source_ranks, self.dest_ranks), rows)
+        return splits
+
+    def send_row_index(self, rows: np.ndarray) -> np.ndarray:
+        """Rows of this rank's packed tensor, in the order they are sent."""
+        local_rows = rows[self.source_items]
+        offsets = np.cumsum(local_rows) - local_rows
+        position = np.searchsorted(self.source_items, self.send_items)
+        return ranges(offsets[position], local_rows[position])
+
+    def arrival_row_index(self, rows: np.ndarray) -> np.ndarray:
+        """For the output (ascending global index), the row of the arrival buffer to take."""
+        arrived_rows = rows[self.dest_items[self.arrival_order]]
+        arrival_offsets = np.cumsum(arrived_rows) - arrived_rows
+        offset_of_item = np.empty_like(arrival_offsets)
+        offset_of_item[self.arrival_order] = arrival_offsets
+        return ranges(offset_of_item, rows[self.dest_items])
+
+
+class Piece(NamedTuple):
+    """One tensor to move: its route, the packed tensor, and rows per item (int or array)."""
+
+    meta: ExchangeMeta
+    tensor: torch.Tensor
+    item_rows: object = 1
+
+
+def _take_rows(tensor: torch.Tensor, index: np.ndarray) -> torch.Tensor:
+    if index.size == tensor.shape[0] and np.array_equal(index, np.arange(index.size)):
+        return tensor
+    return tensor.index_select(0, torch.from_numpy(index).to(tensor.device))
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """(rows, *trailing) -> (rows, bytes_per_row) uint8 view."""
+    row_elements = int(np.prod(tensor.shape[1:], dtype=np.int64))
+    return tensor.contiguous().reshape(tensor.shape[0], row_elements).view(torch.uint8)
+
+
+def exchange(pieces: Sequence[Piece], transport=None) -> list[torch.Tensor]:
+    """Move every piece along its route in one fused all-to-all; returns one tensor per piece.
+
+    Output tensors hold the rows of the items that now sit on this rank, in ascending
+    global index, with the input's dtype and trailing shape.  Every rank must pass the
+    same pieces in the same order (same dtypes and trailing shapes).  `transport` is a
+    `FlatAllToAll` (default) or a `HierarchicalAllToAll`.
+    """
+    if transport is None:
+        transport = FlatAllToAll()
+    if not pieces:
+        return []
+    rank, size = pieces[0].meta.rank, pieces[0].meta.world_size
+    plans = []
+    for number, piece in enumerate(pieces):
+        meta, tensor = piece.meta, piece.tensor
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"piece {number}: expected a torch.Tensor; got {type(tensor).__name__}")
+        if (meta.rank, meta.world_size) != (rank, size):
+            raise ValueError(f"piece {number}: route is for rank {meta.rank} of {meta.world_size}, "
+                             f"piece 0's for rank {rank} of {size}")
+        if (meta.world_size, meta.rank) != (transport.size, transport.rank):
+            raise ValueError(f"piece {number}: route is for rank {meta.rank} of {meta.world_size} but the "
+                             f"transport's group has this process as rank {transport.rank} of {transport.size}")
+        if tensor.dim() == 0:
+            raise ValueError(f"piece {number}: tensor must have a leading item-row dimension; got a scalar")
+        rows = meta.item_rows(piece.item_rows)
+        expected = int(rows[meta.source_items].sum())
+        if tensor.shape[0] != expected:
+            raise ValueError(f"piece {number}: tensor has {tensor.shape[0]} rows but this rank's "
+                             f"{meta.source_items.size} items own {expected} rows")
+        row_bytes = int(np.prod(tensor.shape[1:], dtype=np.int64)) * tensor.element_size()
+        sent = _as_bytes(_take_rows(tensor, meta.send_row_index(rows)))
+        plans.append((meta, tensor, rows, meta.row_splits(rows), sent, row_bytes))
+
+    byte_splits = sum(splits * row_bytes for _, _, _, splits, _, row_bytes in plans)
+    chunks = [list(torch.split(sent, splits[rank].tolist())) for _, _, _, splits, sent, _ in plans]
+    buffer = torch.cat([per_piece[d].reshape(-1) for d in range(size) for per_piece in chunks])
+    arrived = transport(buffer, byte_splits)
+
+    per_source = torch.split(arrived, byte_splits[:, rank].tolist())
+    piece_bytes = [[int(splits[s, rank]) * row_bytes for _, _, _, splits, _, row_bytes in plans]
+                   for s in range(size)]
+    parts = [torch.split(segment, piece_bytes[s]) for s, segment in enumerate(per_source)]
+    outputs = []
+    for number, (meta, tensor, rows, _, _, row_bytes) in enumerate(plans):
+        num_rows = int(rows[meta.dest_items].sum())
+        if row_bytes == 0:
+            shaped = tensor.new_empty((num_rows, *tensor.shape[1:]))
+        else:
+            raw = torch.cat([parts[s][number] for s in range(size)])
+            shaped = raw.reshape(num_rows, row_bytes).view(tensor.dtype).reshape(num_rows, *tensor.shape[1:])
+        outputs.append(_take_rows(shaped, meta.arrival_row_index(rows)))
+    return outputs
+
+
+class _Exchange(torch.autograd.Function):
+    """Fused exchange whose backward sends gradients along the inverse routes."""
+
+    @staticmethod
+    def forward(ctx, routes, transport, *tensors):
+        outputs = exchange([Piece(meta, tensor, rows) for (meta, rows), tensor in zip(routes, tensors)],
+                           transport)
+        ctx.routes, ctx.transport = routes, transport
+        ctx.shapes = [(output.shape, output.dtype, output.device) for output in outputs]
+        ctx.mark_non_differentiable(*[o for o in outputs if not (o.is_floating_point() or o.is_complex())])
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # Every rank exchanges the gradient of every floating piece (zeros where autograd
+        # has none), so all ranks issue the same collective whatever their local graph.
+        differentiable = [n for n, (_, dtype, _) in enumerate(ctx.shapes) if dtype.is_floating_point or dtype.is_complex]
+        pieces = []
+        for n in differentiable:
+            shape, dtype, device = ctx.shapes[n]
+            grad = grads[n] if grads[n] is not None else torch.zeros(shape, dtype=dtype, device=device)
+            meta, rows = ctx.routes[n]
+            pieces.append(Piece(meta.inverse(), grad, rows))
+        returned = exchange(pieces, ctx.transport)
+        input_grads = [None] * len(ctx.shapes)
+        for n, grad in zip(differentiable, returned):
+            input_grads[n] = grad
+        return (None, None, *input_grads)
+
+
+def exchange_with_grad(pieces: Sequence[Piece], transport=None) -> list[torch.Tensor]:
+    """`exchange` that autograd can differentiate: backward moves the gradients home.
+
+    torch's functional `all_to_all_single_autograd` moves one tensor along one split
+    vector; this fuses several tensors on several routes, reorders rows, and runs the
+    inverse route (one all-to-all) in backward.  Every rank must backpropagate through
+    the outputs (an empty output included, e.g. a rank left with no items), or the
+    others wait for its backward collective until the process-group timeout.
+    """
+    if transport is None:
+        transport = FlatAllToAll()
+    if not pieces:
+        return []
+    routes = tuple((piece.meta, piece.item_rows) for piece in pieces)
+    return list(_Exchange.apply(routes, transport, *[piece.tensor for piece in pieces]))

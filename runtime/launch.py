@@ -1,0 +1,124 @@
+"""Run a function on N local processes joined in a gloo group, never hanging.
+
+Used by the tests and the demo.  Each child gets a fresh process group on a free TCP
+port of 127.0.0.1, runs `fn(rank, world_size, *args)` with one intra-op thread, and
+reports its return value or traceback through a queue.  A child that raises exits at
+once, closing its sockets, so its peers' collectives fail instead of waiting; the
+process-group timeout bounds the rest, and the parent kills every child that is still
+running at its own deadline.  Children are always joined or killed before returning.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+class SpawnError(RuntimeError):
+    """At least one rank failed or timed out; the message holds every rank's outcome."""
+
+    def __init__(self, message: str, outcomes: list):
+        super().__init__(message)
+        self.outcomes = outcomes
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """What one child did: its return value or its error, and when it finished."""
+
+    rank: int
+    ok: bool
+    value: object = None
+    error: str | None = None
+    seconds: float | None = None  # since the parent started the children; None if killed
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, results):
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        value = fn(rank, world_size, *args)
+        results.put((rank, True, value, None))
+    except BaseException:  # report everything, then leave so peers see closed sockets
+        results.put((rank, False, None, traceback.format_exc()))
+        results.close()
+        results.join_thread()
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 60.0,
+                  collective_timeout_s: float = 30.0, backend: str = "gloo",
+                  start_method: str = "fork") -> list[RankOutcome]:
+    """Run `fn(rank, world_size, *args)` on `world_size` processes; one outcome per rank.
+
+    Never raises for a rank's failure (see `spawn` for that) and never waits longer than
+    `timeout_s`: ranks still running then are killed and reported with `seconds=None`.
+    `fn`'s return value must be picklable.  `start_method="fork"` starts children in
+    milliseconds and needs no importable `fn`; use "spawn" where fork is unavailable.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"`world_size` must be a positive int; got {world_size!r}")
+    context = mp.get_context(start_method)
+    results = context.Queue()
+    port = free_port()
+    start = time.monotonic()
+    children = [context.Process(target=_child, daemon=True,
+                                args=(fn, rank, world_size, port, backend, collective_timeout_s, args, results))
+                for rank in range(world_size)]
+    outcomes: dict[int, RankOutcome] = {}
+    try:
+        for child in children:
+            child.start()
+        while len(outcomes) < world_size:
+            remaining = timeout_s - (time.monotonic() - start)
+            if remaining <= 0:
+                break
+            try:
+                rank, ok, value, error = results.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                for rank, child in enumerate(children):
+                    if rank not in outcomes and child.exitcode not in (None, 0):
+                        outcomes[rank] = RankOutcome(rank, False, error=f"exited with code {child.exitcode} "
+                                                     f"without reporting", seconds=time.monotonic() - start)
+                continue
+            outcomes[rank] = RankOutcome(rank, ok, value, error, time.monotonic() - start)
+    finally:
+        for child in children:
+            child.join(timeout=max(0.0, min(5.0, timeout_s - (time.monotonic() - start))))
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join()
+        results.close()
+    return [outcomes.get(rank, RankOutcome(rank, False, error=f"killed after the {timeout_s:.0f} s timeout"))
+            for rank in range(world_size)]
+
+
+def spawn(fn, world_size: int, **kwargs) -> list:
+    """`run_processes`, returning every rank's value or raising SpawnError with all tracebacks."""
+    outcomes = run_processes(fn, world_size, **kwargs)
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        detail = "\n".join(f"--- rank {o.rank}: {o.error}" for o in failed)
+        raise SpawnError(f"{len(failed)} of {world_size} ranks failed:\n{detail}", outcomes)
+    return [o.value for o in outcomes]

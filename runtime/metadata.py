@@ -1,0 +1,137 @@
+"""Metadata exchange: all-gather every rank's per-item integers, and check plan agreement.
+
+Each rank holds a (n_r, K) int64 table (lengths of its items, one column per stage or
+per packed tensor; n_r may be 0).  Two small all-gathers give every rank the whole
+(sum n_r, K) table, rows listed rank by rank: first the (n_r, K) shapes, then the tables
+padded to max n_r.  Every rank then runs the same deterministic solver on the same
+table, so every rank computes the same plan without sending a single payload byte.
+
+`check_agreement` all-gathers a 32-byte fingerprint of each rank's plan (and solver
+configuration) and raises `PlanMismatchError` naming the ranks that disagree: a rank
+with another solver version or config would otherwise send payloads nobody expects and
+deadlock or corrupt the exchange much later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .comm import comm_device, group_rank, group_size
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks computed different plans from the same metadata."""
+
+
+@dataclass(frozen=True, eq=False)
+class GatheredMetadata:
+    """Every rank's per-item table, rows listed rank by rank."""
+
+    values: np.ndarray  # (n, K) int64
+    counts: np.ndarray  # (D,) int64 rows contributed by each rank
+
+    @property
+    def num_items(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def source_ranks(self) -> np.ndarray:
+        """Rank that contributed each row."""
+        return np.repeat(np.arange(self.counts.size, dtype=np.int64), self.counts)
+
+    def column(self, index: int = 0) -> np.ndarray:
+        return self.values[:, index]
+
+
+def as_table(local, name: str = "lengths") -> np.ndarray:
+    """Validate a rank's per-item integers: (n,) or (n, K), may be empty; int64 (n, K)."""
+    if isinstance(local, torch.Tensor):
+        local = local.detach().cpu().numpy()
+    if isinstance(local, (str, bytes)) or local is None:
+        raise TypeError(f"`{name}` must be integers, one row per item; got {type(local).__name__}")
+    array = np.asarray(local)
+    if array.ndim == 1:
+        array = array.reshape(-1, 1)
+    if array.ndim != 2:
+        raise ValueError(f"`{name}` must be 1-D or 2-D (items × columns); got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise TypeError(f"`{name}` must hold integers; got dtype {array.dtype}")
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    if array.size and array.min() < 0:
+        index = np.argwhere(array < 0)[0]
+        raise ValueError(f"`{name}` must be non-negative; got {array[tuple(index)]} at {tuple(index.tolist())}")
+    return array
+
+
+def gather_metadata(local, group=None, num_columns: int | None = None) -> GatheredMetadata:
+    """All-gather each rank's (n_r, K) integer table (n_r may differ and be 0).
+
+    A collective: every rank of `group` must call it.  `num_columns` fixes K for a rank
+    with no items whose input is an empty 1-D array.
+    """
+    table = as_table(local)
+    if num_columns is not None and table.shape[0] == 0:
+        table = table.reshape(0, num_columns)
+    size = group_size(group)
+    if size == 1:
+        table.setflags(write=False)
+        return GatheredMetadata(table, np.array([table.shape[0]], dtype=np.int64))
+    device = comm_device(group)
+    shape = torch.tensor(table.shape, dtype=torch.int64, device=device)
+    shapes = [torch.empty_like(shape) for _ in range(size)]
+    dist.all_gather(shapes, shape, group=group)
+    shapes = np.stack([s.cpu().numpy() for s in shapes])
+    columns = shapes[:, 1]
+    if np.any(columns != columns[0]):
+        detail = ", ".join(f"rank {r}: {c}" for r, c in enumerate(columns.tolist()))
+        raise ValueError(f"ranks sent metadata with different numbers of columns ({detail}); "
+                         f"pass `num_columns` on ranks with no items")
+    counts = shapes[:, 0]
+    longest = int(counts.max())
+    padded = torch.zeros((longest, int(columns[0])), dtype=torch.int64, device=device)
+    padded[: table.shape[0]] = torch.from_numpy(table).to(device)
+    tables = [torch.empty_like(padded) for _ in range(size)]
+    dist.all_gather(tables, padded, group=group)
+    values = np.concatenate([t.cpu().numpy()[:c] for t, c in zip(tables, counts.tolist())])
+    values.setflags(write=False)
+    counts.setflags(write=False)
+    return GatheredMetadata(values, counts)
+
+
+def fingerprint(*parts) -> bytes:
+    """SHA-256 over the reprs of `parts` (plan digests, solver configuration)."""
+    hasher = hashlib.sha256()
+    for part in parts:
+        hasher.update(repr(part).encode())
+        hasher.update(b"\0")
+    return hasher.digest()
+
+
+def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:
+    """All-gather each rank's 32-byte digest; raise PlanMismatchError naming disagreeing ranks."""
+    if len(digest) != 32:
+        raise ValueError(f"`digest` must be 32 bytes (SHA-256); got {len(digest)}")
+    size = group_size(group)
+    if size == 1:
+        return
+    device = comm_device(group)
+    mine = torch.tensor(list(digest), dtype=torch.uint8, device=device)
+    digests = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(digests, mine, group=group)
+    values = [bytes(d.cpu().tolist()) for d in digests]
+    groups: dict[bytes, list[int]] = {}
+    for rank, value in enumerate(values):
+        groups.setdefault(value, []).append(rank)
+    if len(groups) > 1:
+        majority = max(groups.values(), key=lambda ranks: (len(ranks), -ranks[0]))
+        odd = sorted(r for ranks in groups.values() if ranks is not majority for r in ranks)
+        detail = "; ".join(f"ranks {ranks}: {value.hex()[:12]}" for value, ranks in groups.items())
+        raise PlanMismatchError(
+            f"{what} differs across ranks (seen from rank {group_rank(group)}): ranks {odd} disagree with "
+            f"ranks {majority} ({detail}); every rank must run the same solver, version and configuration "
+            f"on the same metadata")
