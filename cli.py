@@ -1,23 +1,676 @@
-"""The `orchmllm` command."""
+"""The `orchmllm` command: compare balancers, simulate a cluster, run the demo, plan a file.
+
+Exit codes scripts can rely on: 0 success; 2 bad input (a one-line message on stderr
+names the problem and what to do about it); 130 interrupted.  A bug in orchmllm itself
+exits 1 with a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
+import json
+import math
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from .balancers import ALGORITHMS, balance
+from .balancers import ALGORITHMS, CostModel, balance
+from .balancers.identity import home_ranks
+from .balancers.peers import PEER_LABELS, PEERS, run_peer
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad input from the command line or an input file; reported in one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (via UsageError) instead of usage + exit."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+# ---------------------------------------------------------------- input files
+
+
+def _parse_length(text: str, where: str) -> int:
+    text = text.strip()
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            raise UsageError(f"{where}: expected an integer length, got {text!r}") from None
+        if not math.isfinite(number) or number != math.floor(number):
+            raise UsageError(f"{where}: expected an integer length, got {text!r}") from None
+        value = int(number)
+    if value < 0:
+        raise UsageError(f"{where}: lengths must be non-negative, got {value}")
+    return value
+
+
+def _pick_column(header: list[str], column: str | None, path: Path) -> int:
+    if column is None:
+        if len(header) == 1:
+            return 0
+        raise UsageError(f"{path}: {len(header)} columns {header}; choose one with --column")
+    if column not in header:
+        raise UsageError(f"{path}: no column {column!r}; columns are {header}")
+    return header.index(column)
+
+
+def _read_csv(path: Path, column: str | None) -> list[int]:
+    rows = list(csv.reader(io.StringIO(path.read_text())))
+    rows = [(number, row) for number, row in enumerate(rows, start=1) if any(cell.strip() for cell in row)]
+    if not rows:
+        raise UsageError(f"{path}: no lengths in the file")
+    first = [cell.strip() for cell in rows[0][1]]
+    has_header = any(not cell.lstrip("-").replace(".", "", 1).isdigit() for cell in first)
+    if has_header:
+        index = _pick_column(first, column, path)
+        rows = rows[1:]
+    elif column is not None:
+        raise UsageError(f"{path}: --column {column!r} given but the file has no header line")
+    else:
+        index = 0
+    width = len(first)
+    lengths = []
+    for number, row in rows:
+        if len(row) != width:
+            raise UsageError(f"{path}:{number}: expected {width} comma-separated fields, got {len(row)}")
+        lengths.append(_parse_length(row[index], f"{path}:{number}"))
+    return lengths
+
+
+def _read_json_lines(path: Path, column: str | None) -> list[int]:
+    key = column or "length"
+    lengths = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"{where}: not valid JSON ({error.msg})") from None
+        if isinstance(value, dict):
+            if key not in value:
+                raise UsageError(f"{where}: object has no key {key!r} (keys: {sorted(value)}); use --column")
+            value = value[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{where}: expected an integer length, got {json.dumps(value)}")
+        lengths.append(_parse_length(repr(value), where))
+    if not lengths:
+        raise UsageError(f"{path}: no lengths in the file")
+    return lengths
+
+
+def _read_npy(path: Path) -> list[int] | np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except ValueError as error:
+        raise UsageError(f"{path}: not a plain numeric .npy array ({error})") from None
+    if not isinstance(array, np.ndarray) or array.ndim != 1:
+        raise UsageError(f"{path}: expected a 1-D array of lengths, got shape {getattr(array, 'shape', '?')}")
+    if array.dtype.kind not in "iuf":
+        raise UsageError(f"{path}: expected integer lengths, got dtype {array.dtype}")
+    bad = np.flatnonzero(~np.isfinite(array) | (array < 0) | (array != np.floor(array))) \
+        if array.dtype.kind == "f" else np.flatnonzero(array < 0)
+    if bad.size:
+        raise UsageError(f"{path}: index {bad[0]}: lengths must be non-negative integers, got {array[bad[0]]}")
+    if array.size == 0:
+        raise UsageError(f"{path}: no lengths in the file")
+    return array.astype(np.int64)
+
+
+def load_lengths(path, column: str | None = None) -> np.ndarray:
+    """Read item lengths from a .csv, .jsonl/.json (JSON lines) or .npy file, strictly.
+
+    CSV: one integer per line, or a header line and `column` (required when there are
+    several columns).  JSON lines: one integer or one object per line, taking key
+    `column` (default "length").  .npy: a 1-D integer array, loaded without pickle.
+    Raises UsageError naming the file and line of the first bad entry.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"lengths file {str(path)!r} not found")
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        if column is not None:
+            raise UsageError(f"{path}: --column applies to CSV and JSON lines files, not .npy")
+        return np.asarray(_read_npy(path), dtype=np.int64)
+    try:
+        if suffix == ".csv":
+            return np.asarray(_read_csv(path, column), dtype=np.int64)
+        if suffix in (".jsonl", ".json", ".ndjson"):
+            return np.asarray(_read_json_lines(path, column), dtype=np.int64)
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a text file") from None
+    raise UsageError(f"{path}: unknown file type {suffix!r}; use .csv, .jsonl or .npy")
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{name} must be comma-separated integers, e.g. 64,512; got {text!r}") from None
+    if not values:
+        raise UsageError(f"{name} must list at least one integer; got {text!r}")
+    bad = [value for value in values if value < 1]
+    if bad:
+        raise UsageError(f"{name} must be >= 1; got {bad[0]}")
+    return values
+
+
+def _cost_model(text: str | None) -> CostModel:
+    if text is None:
+        return CostModel()
+    try:
+        per_item, linear, quadratic = (float(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--cost must be three numbers PER_ITEM,LINEAR,QUADRATIC, e.g. 0,1,0.001; got {text!r}") from None
+    return CostModel(per_item=per_item, linear=linear, quadratic=quadratic)
+
+
+# ---------------------------------------------------------------- output helpers
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 120  # pipes and files: wide enough for the tables
+    return Console(stderr=stderr, highlight=False, width=width)
+
+
+@contextmanager
+def _progress(enabled: bool, total: int, description: str):
+    """A rich progress bar on stderr (when enabled and stderr is a terminal); yields advance()."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=_console(stderr=True), transient=True) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda: progress.advance(task)
+
+
+def _json_default(value):
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _print_json(payload) -> None:
+    json.dump(payload, sys.stdout, indent=2, default=_json_default, allow_nan=False)
+    sys.stdout.write("\n")
+
+
+# ---------------------------------------------------------------- compare
+
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """The items one stage balances in one step: lengths, the rank that sampled each, costs."""
+
+    name: str
+    lengths: np.ndarray
+    sources: np.ndarray
+    cost: CostModel
+    padded: bool
+    bytes_per_unit: float
+
+
+def _file_stages(lengths: np.ndarray, num_ranks: int, cost: CostModel, padded: bool,
+                 bytes_per_token: float) -> list[Stage]:
+    sources = home_ranks(lengths.size, num_ranks)
+    return [Stage("items", lengths, sources, cost, padded, bytes_per_token)]
+
+
+def _workload_stages(name: str, num_ranks: int, items_per_rank: int, seed: int,
+                     bytes_per_token: float) -> list[Stage]:
+    """Interim tri-modal mix until the orchestrator's embedded workloads land."""
+    if name != "default":
+        raise UsageError(f"unknown workload {name!r}; choose one of default, or pass --lengths FILE")
+    rng = np.random.default_rng(seed)
+    samples = num_ranks * items_per_rank
+    sample_source = home_ranks(samples, num_ranks)
+    kind = rng.choice(3, size=samples, p=[0.5, 0.3, 0.2])  # image-text, audio-text, text only
+    text = np.rint(rng.lognormal(6.0, 0.9, samples)).astype(np.int64) + 1
+    images = np.where(kind == 0, rng.integers(1, 5, samples), 0)
+    audio_frames = np.where(kind == 1, np.rint(rng.gamma(4.0, 300.0, samples)).astype(np.int64) + 50, 0)
+    image_source = np.repeat(sample_source, images)
+    image_patches = rng.choice([576, 1024, 2304], size=image_source.size, p=[0.5, 0.3, 0.2])
+    audio_mask = audio_frames > 0
+    llm = text + images * 256 + audio_frames // 4
+    vision_cost = CostModel.from_transformer(num_layers=32, hidden_size=1280, causal=False)
+    audio_cost = CostModel.from_transformer(num_layers=32, hidden_size=1280, causal=False)
+    llm_cost = CostModel.from_transformer(num_layers=80, hidden_size=8192)
+    return [
+        Stage("vision", image_patches.astype(np.int64), image_source, vision_cost, False, bytes_per_token),
+        Stage("audio", audio_frames[audio_mask], sample_source[audio_mask], audio_cost, False, bytes_per_token),
+        Stage("llm", llm, sample_source, llm_cost, False, bytes_per_token),
+    ]
+
+
+def _algorithm_names(text: str | None) -> list[str]:
+    """The algorithm and peer names in `text` (comma-separated), or the default set."""
+    known = list(ALGORITHMS) + list(PEERS)
+    if text is None:
+        return [name for name in ALGORITHMS if name not in NOT_BY_DEFAULT] + list(PEERS)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name.removeprefix("peer:") not in known:
+            raise UsageError(f"unknown algorithm {name!r}; choose from {', '.join(known)}")
+    return [name.removeprefix("peer:") for name in names]
+
+
+# identity repeats the "none" baseline; ilp is exact and exponential: both only when named.
+NOT_BY_DEFAULT = ("identity", "ilp")
+BASELINE = "none"  # every item stays on the rank that sampled it
+
+
+def _plan_for(name: str, stage: Stage, num_ranks: int, time_limit: float | None):
+    if name == BASELINE:
+        from .balancers import make_problem
+        from .balancers.plan import make_plan
+        from .balancers.problem import Status
+
+        problem = make_problem(stage.lengths, num_ranks, cost=stage.cost, padded=stage.padded)
+        return make_plan(problem, stage.sources, Status.FEASIBLE, BASELINE)
+    if name in PEERS:
+        return run_peer(name, stage.lengths, num_ranks, cost=stage.cost, padded=stage.padded)
+    return balance(stage.lengths, num_ranks, cost=stage.cost, padded=stage.padded, algorithm=name,
+                   time_limit=time_limit)
+
+
+def _topology(num_ranks: int, gpus_per_node: int):
+    from .topology import Topology
+
+    return Topology.for_world_size(num_ranks, gpus_per_node=min(gpus_per_node, num_ranks))
+
+
+def node_traffic_matrix(sources: np.ndarray, destinations: np.ndarray, item_bytes: np.ndarray,
+                        gpus_per_node: int, num_nodes: int) -> np.ndarray:
+    """Bytes sent from node i to node j (nodes x nodes); the diagonal stays within a node."""
+    matrix = np.zeros((num_nodes, num_nodes))
+    np.add.at(matrix, (sources // gpus_per_node, destinations // gpus_per_node), item_bytes)
+    return matrix
+
+
+RESULT_FIELDS = ("makespan", "lower_bound", "makespan_over_bound", "imbalance", "speedup_vs_none",
+                 "solve_seconds", "bytes_moved", "bytes_inter_node")
+
+
+def _compare_rows(configs, algorithms, explicit, args, advance):
+    """Run identity (the baseline) and every algorithm on every stage of every configuration."""
+    from .topology import traffic
+
+    rows, details = [], {}
+    for num_ranks, items_per_rank, stages in configs:
+        topology = _topology(num_ranks, args.gpus_per_node)
+        for stage in stages:
+            item_bytes = stage.lengths * stage.bytes_per_unit
+            baseline = None
+            for name in [BASELINE] + algorithms:
+                row = {"ranks": num_ranks, "items_per_rank": items_per_rank, "stage": stage.name,
+                       "algorithm": name, "kind": "peer" if name in PEERS else "orchmllm",
+                       "label": PEER_LABELS.get(name, ""), "num_items": int(stage.lengths.size)}
+                try:
+                    plan = _plan_for(name, stage, num_ranks, args.time_limit)
+                except ValueError as error:  # the algorithm does not apply to this stage
+                    if not explicit:
+                        advance()
+                        continue
+                    rows.append({**row, **dict.fromkeys(RESULT_FIELDS), "status": "n/a", "note": _one_line(error)})
+                    advance()
+                    continue
+                move = traffic(stage.sources, plan.assignment, item_bytes, topology)
+                baseline = plan.makespan if baseline is None else baseline
+                rows.append({
+                    **row, "makespan": plan.makespan, "lower_bound": plan.lower_bound,
+                    "makespan_over_bound": plan.makespan / plan.lower_bound if plan.lower_bound > 0 else 1.0,
+                    "imbalance": plan.imbalance,
+                    "speedup_vs_none": baseline / plan.makespan if plan.makespan > 0 else 1.0,
+                    "solve_seconds": plan.solve_seconds, "bytes_moved": move.bytes_moved,
+                    "bytes_inter_node": move.bytes_inter_node, "status": str(plan.status), "note": "",
+                })
+                details[(num_ranks, items_per_rank, stage.name, name)] = (stage, plan, topology)
+                advance()
+    return rows, details
+
+
+def _summaries(rows) -> list[dict]:
+    """Per configuration: slowest-rank work summed over stages, before vs the best plans."""
+    summaries = []
+    configs = sorted({(row["ranks"], row["items_per_rank"] or 0) for row in rows})
+    for num_ranks, items_per_rank in configs:
+        mine = [row for row in rows if row["ranks"] == num_ranks and (row["items_per_rank"] or 0) == items_per_rank]
+        stages = list(dict.fromkeys(row["stage"] for row in mine))
+        totals: dict[str, float] = {}
+        for row in mine:
+            totals[row["algorithm"]] = totals.get(row["algorithm"], 0.0) + (
+                math.inf if row["makespan"] is None else row["makespan"])
+        totals = {name: total for name, total in totals.items() if math.isfinite(total)}
+        ideal = sum(next(row["lower_bound"] for row in mine if row["stage"] == s and row["algorithm"] == BASELINE)
+                    for s in stages)
+        before = totals[BASELINE]
+        ours = {name: total for name, total in totals.items() if name not in PEERS and name != BASELINE}
+        peers = {name: total for name, total in totals.items() if name in PEERS}
+        summary = {"ranks": num_ranks, "items_per_rank": items_per_rank or None, "stages": stages,
+                   "work_before": before, "work_ideal": ideal}
+        for key, group in (("best", ours), ("best_peer", peers)):
+            if group:
+                name = min(group, key=lambda n: (group[n], n))
+                summary[key] = {"algorithm": name, "work": group[name],
+                                "speedup_vs_none": before / group[name] if group[name] > 0 else 1.0}
+        summaries.append(summary)
+    return summaries
+
+
+def _print_compare(rows, summaries, source: str) -> None:
+    from rich.table import Table
+
+    console = _console()
+    notes = []
+    for summary in summaries:
+        num_ranks, items_per_rank = summary["ranks"], summary["items_per_rank"]
+        head = f"D={num_ranks}" + (f", {items_per_rank} items/rank" if items_per_rank else "")
+        table = Table(title=f"{source}, {head}", title_justify="left", title_style="bold")
+        for header in ("stage", "algorithm", "items", "makespan/LB", "max/mean", "speed-up", "ms",
+                       "moved GB", "inter-node GB"):
+            table.add_column(header, justify="left" if header in ("stage", "algorithm") else "right")
+        mine = [row for row in rows if row["ranks"] == num_ranks and row["items_per_rank"] == items_per_rank]
+        for index, row in enumerate(mine):
+            if index and row["stage"] != mine[index - 1]["stage"]:
+                table.add_section()
+            name = row["algorithm"] + (" (peer)" if row["kind"] == "peer" else "")
+            cells = ["n/a"] * 6
+            if row["makespan"] is None:
+                notes.append(f"{row['algorithm']} on {row['stage']}: {row['note']}")
+            else:
+                cells = [f"{row['makespan_over_bound']:.3f}", f"{row['imbalance']:.3f}",
+                         f"{row['speedup_vs_none']:.2f}x", f"{1e3 * row['solve_seconds']:.1f}",
+                         f"{row['bytes_moved'] / 1e9:.3f}", f"{row['bytes_inter_node'] / 1e9:.3f}"]
+            style = "dim" if row["algorithm"] == BASELINE else None
+            table.add_row(row["stage"], name, str(row["num_items"]), *cells, style=style)
+        console.print(table)
+    for note in dict.fromkeys(notes):
+        console.print(f"n/a: {note}")
+    console.print(f"{BASELINE}: no balancing, every item stays on the rank that sampled it. "
+                  "makespan/LB: slowest rank's work over a lower bound no plan can beat.")
+    used = [name for name in PEERS if any(row["algorithm"] == name for row in rows)]
+    if used:
+        console.print("Peers, reimplemented from their published descriptions:")
+        for name in used:
+            console.print(f"  {name:<22} {PEER_LABELS[name]}")
+    console.print("\n[bold]Before / after[/bold] (slowest rank's work summed over stages; "
+                  "each stage waits for its slowest rank):")
+    for summary in summaries:
+        head = f"D={summary['ranks']}" + (f", {summary['items_per_rank']} items/rank" if summary["items_per_rank"] else "")
+        before, ideal = summary["work_before"], summary["work_ideal"]
+        console.print(f"  {head}: before (as sampled) {before:.4g} = {before / ideal:.2f}x the lower bound")
+        for key, what in (("best", "after"), ("best_peer", "best peer")):
+            if key in summary:
+                best = summary[key]
+                console.print(f"    {what:<9} {best['work']:.4g} = {best['work'] / ideal:.2f}x the lower bound with "
+                              f"{best['algorithm']}: step [bold]{best['speedup_vs_none']:.2f}x[/bold] faster")
+
+
+def _write_csv(rows, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _compare_plots(details, summaries, directory: Path) -> list[str]:
+    from . import plots
+
+    last = summaries[-1]
+    num_ranks, items_per_rank = last["ranks"], last["items_per_rank"]
+    best = last.get("best", last.get("best_peer"))["algorithm"]
+    loads = {}
+    for stage_name in last["stages"]:
+        _, before, _ = details[(num_ranks, items_per_rank, stage_name, BASELINE)]
+        _, after, _ = details[(num_ranks, items_per_rank, stage_name, best)]
+        loads[stage_name] = (before.loads, after.loads)
+    written = [plots.plot_rank_loads(loads, directory / "loads.png", labels=("as sampled", best),
+                                     title=f"Per-rank load, D={num_ranks}")]
+    stage, plan, topology = details[(num_ranks, items_per_rank, last["stages"][-1], best)]
+    matrix = node_traffic_matrix(stage.sources, plan.assignment, stage.lengths * stage.bytes_per_unit,
+                                 topology.gpus_per_node, topology.num_nodes)
+    written.append(plots.plot_traffic_heatmap(matrix, directory / "traffic.png",
+                                              title=f"{stage.name} stage, {best}, D={num_ranks}"))
+    return [str(path) for path in written]
+
+
+def cmd_compare(args) -> int:
+    """`orchmllm compare`: every balancer and peer on a workload or a lengths file."""
+    algorithms = _algorithm_names(args.algorithms)
+    ranks = _int_list(args.ranks, "--ranks")
+    items = _int_list(args.items_per_rank, "--items-per-rank")
+    if args.lengths is not None:
+        lengths = load_lengths(args.lengths, args.column)
+        cost = _cost_model(args.cost)
+        source = f"{args.lengths} ({lengths.size} items)"
+        configs = [(d, None, _file_stages(lengths, d, cost, args.padded, args.bytes_per_token)) for d in ranks]
+    else:
+        if args.cost is not None or args.padded:
+            raise UsageError("--cost and --padded apply to --lengths files; workloads define their own stage costs")
+        source = f"workload {args.workload!r}"
+        configs = [(d, k, _workload_stages(args.workload, d, k, args.seed, args.bytes_per_token))
+                   for d in ranks for k in items]
+    for num_ranks, _, _ in configs:
+        _topology(num_ranks, args.gpus_per_node)
+    total = sum(len(stages) for _, _, stages in configs) * (len(algorithms) + 1)
+    with _progress(not args.json, total, "balancing") as advance:
+        rows, details = _compare_rows(configs, algorithms, args.algorithms is not None, args, advance)
+    summaries = _summaries(rows)
+    written = []
+    if args.csv is not None:
+        _write_csv(rows, Path(args.csv))
+        written.append(args.csv)
+    if args.plot is not None:
+        written += _compare_plots(details, summaries, Path(args.plot))
+    if args.json:
+        _print_json({"command": "compare", "source": source, "rows": rows, "summary": summaries, "files": written})
+        return 0
+    _print_compare(rows, summaries, source)
+    for path in written:
+        _console().print(f"wrote {path}")
+    return 0
+
+
+# ---------------------------------------------------------------- plan
+
+
+def _plan_payload(plan) -> dict:
+    return {"algorithm": plan.algorithm, "num_ranks": plan.num_ranks, "num_items": plan.num_items,
+            "padded": plan.padded, "cost": {"per_item": plan.cost.per_item, "linear": plan.cost.linear,
+                                            "quadratic": plan.cost.quadratic},
+            "makespan": plan.makespan, "lower_bound": plan.lower_bound, "gap": plan.gap,
+            "imbalance": plan.imbalance, "status": str(plan.status), "solve_seconds": plan.solve_seconds,
+            "digest": plan.digest(), "assignment": plan.assignment, "loads": plan.loads, "tokens": plan.tokens}
+
+
+def _save_plan(plan, path: Path) -> None:
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".csv", ".npy"):
+        raise UsageError(f"--output {str(path)!r}: unknown file type {suffix!r}; use .json, .csv or .npy")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".npy":
+        np.save(path, np.asarray(plan.assignment), allow_pickle=False)
+    elif suffix == ".csv":
+        with path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["item", "rank"])
+            writer.writerows(enumerate(plan.assignment.tolist()))
+    else:
+        path.write_text(json.dumps(_plan_payload(plan), default=_json_default, allow_nan=False) + "\n")
+
+
+def cmd_plan(args) -> int:
+    """`orchmllm plan`: balance one lengths file and print or save the assignment."""
+    from .balancers import InfeasibleError
+
+    lengths = load_lengths(args.lengths, args.column)
+    name = _algorithm_names(args.algorithm)
+    if len(name) != 1:
+        raise UsageError(f"--algorithm takes one name; got {args.algorithm!r}")
+    stage = Stage("items", lengths, home_ranks(lengths.size, args.ranks), _cost_model(args.cost), args.padded, 0.0)
+    if args.ranks < 1:
+        raise UsageError(f"--ranks must be >= 1; got {args.ranks}")
+    try:
+        if name[0] in PEERS:
+            plan = run_peer(name[0], lengths, args.ranks, cost=stage.cost, padded=args.padded,
+                            max_tokens_per_rank=args.max_tokens)
+        else:
+            plan = balance(lengths, args.ranks, cost=stage.cost, padded=args.padded, algorithm=name[0],
+                           max_tokens_per_rank=args.max_tokens, time_limit=args.time_limit)
+    except InfeasibleError as error:
+        raise UsageError(f"{error} (smallest cap known to be needed: --max-tokens {error.min_cap})") from None
+    if args.output is not None:
+        _save_plan(plan, Path(args.output))
+    if args.json:
+        _print_json(_plan_payload(plan))
+        return 0
+    from rich.table import Table
+
+    console = _console()
+    if not args.quiet:
+        table = Table(title=f"{args.lengths}: {plan.num_items} items on {plan.num_ranks} ranks with {plan.algorithm}",
+                      title_justify="left")
+        for header in ("rank", "items", "tokens", "load", "load / mean"):
+            table.add_column(header, justify="right")
+        mean = float(plan.loads.mean()) or 1.0
+        counts = np.bincount(plan.assignment, minlength=plan.num_ranks)
+        for rank in range(plan.num_ranks):
+            table.add_row(str(rank), str(counts[rank]), str(plan.tokens[rank]), f"{plan.loads[rank]:.6g}",
+                          f"{plan.loads[rank] / mean:.3f}")
+        console.print(table)
+    console.print(f"makespan {plan.makespan:.6g}, lower bound {plan.lower_bound:.6g} (gap {plan.gap:.2%}), "
+                  f"status {plan.status}, {1e3 * plan.solve_seconds:.1f} ms, digest {plan.digest()[:16]}")
+    if args.output is not None:
+        console.print(f"wrote {args.output}")
+    return 0
+
+
+# ---------------------------------------------------------------- parser and main
+
+COMPARE_EXAMPLES = """examples:
+  orchmllm compare                                   # default tri-modal workload, D=64 and 512
+  orchmllm compare --ranks 8,64,2560 --items-per-rank 4,16
+  orchmllm compare --lengths lengths.csv --ranks 32 --cost 0,1,0.0005
+  orchmllm compare --lengths trace.csv --column ContextTokens --ranks 64 --json
+  orchmllm compare --algorithms lpt,karmarkar_karp,verl_kk --plot out/ --csv out/compare.csv
+"""
+
+PLAN_EXAMPLES = """examples:
+  orchmllm plan lengths.csv --ranks 8
+  orchmllm plan lengths.npy --ranks 64 --algorithm lpt --output plan.json --quiet
+  orchmllm plan lengths.jsonl --ranks 16 --padded --max-tokens 65536 --json
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the `orchmllm` command and its subcommands."""
+    parser = _Parser(prog="orchmllm", description=__doc__.split("\n")[0],
+                     epilog="run `orchmllm COMMAND --help` for the options and examples of each command",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"orchmllm {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    compare = commands.add_parser(
+        "compare", help="compare every balancer and peers' heuristics on a workload or lengths file",
+        description="Balance every stage of a workload (or a file of lengths) with every registered "
+                    "algorithm and the peers' heuristics; report makespan against the lower bound, "
+                    "solve time and bytes moved within and across nodes.",
+        epilog=COMPARE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = compare.add_mutually_exclusive_group()
+    source.add_argument("--workload", default="default", help="built-in workload name (default: %(default)s)")
+    source.add_argument("--lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy (one stage)")
+    compare.add_argument("--column", help="CSV column or JSON key holding the lengths (default: the only "
+                                          "column / 'length')")
+    compare.add_argument("-D", "--ranks", default="64,512", help="comma-separated data-parallel sizes D "
+                                                                 "(default: %(default)s)")
+    compare.add_argument("--items-per-rank", default="16", help="comma-separated samples per rank, "
+                                                                "workloads only (default: %(default)s)")
+    compare.add_argument("--algorithms", help="comma-separated algorithms and peers (default: all but "
+                                              f"{', '.join(NOT_BY_DEFAULT)}); "
+                                              f"known: {', '.join(list(ALGORITHMS) + list(PEERS))}")
+    compare.add_argument("--cost", metavar="A,B,C", help="lengths files: cost f(l) = A + B*l + C*l^2 "
+                                                         "(default: 0,1,0)")
+    compare.add_argument("--padded", action="store_true", help="lengths files: padded rank cost count*f(max l)")
+    compare.add_argument("--time-limit", type=float, default=2.0,
+                         help="seconds an exact solver may spend per stage (default: %(default)s)")
+    compare.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: %(default)s)")
+    compare.add_argument("--bytes-per-token", type=float, default=8192.0,
+                         help="bytes moved per length unit, for --lengths files (default: %(default)s, "
+                              "hidden 4096 in bf16)")
+    compare.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
+    compare.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    compare.add_argument("--csv", metavar="FILE", help="also write one row per run to this CSV file")
+    compare.add_argument("--plot", metavar="DIR", help="write loads.png and traffic.png to DIR (needs matplotlib)")
+    compare.set_defaults(handler=cmd_compare)
+
+    plan = commands.add_parser(
+        "plan", help="balance a lengths file and print or save the assignment",
+        description="Balance the items of a lengths file over D ranks and print the per-rank loads, "
+                    "or save the assignment (item -> rank) for another tool.",
+        epilog=PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan.add_argument("lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy")
+    plan.add_argument("-D", "--ranks", type=int, required=True, help="number of data-parallel ranks")
+    plan.add_argument("--algorithm", default="lpt", help="algorithm or peer name (default: %(default)s)")
+    plan.add_argument("--column", help="CSV column or JSON key holding the lengths")
+    plan.add_argument("--cost", metavar="A,B,C", help="cost f(l) = A + B*l + C*l^2 (default: 0,1,0)")
+    plan.add_argument("--padded", action="store_true", help="padded rank cost count*f(max l)")
+    plan.add_argument("--max-tokens", type=int, help="memory cap: tokens per rank")
+    plan.add_argument("--time-limit", type=float, help="seconds an exact solver may spend")
+    plan.add_argument("--output", "-o", metavar="FILE", help="save the plan: .json (full), .csv (item,rank) "
+                                                             "or .npy (assignment)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--quiet", "-q", action="store_true", help="print only the summary line")
+    plan.set_defaults(handler=cmd_plan)
+    return parser
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="orchmllm", description=__doc__)
-    parser.add_argument("--ranks", type=int, default=64)
-    parser.add_argument("--items-per-rank", type=int, default=16)
-    args = parser.parse_args(argv)
-    rng = np.random.default_rng(0)
-    lengths = np.rint(rng.lognormal(6.5, 1.0, args.ranks * args.items_per_rank)).astype(np.int64) + 1
-    print(f"{'algorithm':<16}{'makespan':>14}{'lower bound':>14}{'gap':>10}")
-    for name in ALGORITHMS:
-        plan = balance(lengths, args.ranks, algorithm=name)
-        print(f"{name:<16}{plan.makespan:>14.0f}{plan.lower_bound:>14.0f}{plan.gap:>10.2%}")
-    return 0
+    """Entry point of the `orchmllm` console script; returns the exit code."""
+    parser = build_parser()
+    command = "orchmllm"
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise UsageError("choose a command: compare, simulate, demo or plan (see `orchmllm --help`)")
+        command = f"orchmllm {args.command}"
+        return args.handler(args)
+    except (UsageError, ValueError, TypeError) as error:
+        print(f"{command}: error: {_one_line(error)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
