@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from . import identity, lpt
 from . import padded
+from . import ilp
 from .problem import Kernel
 
 ALGORITHMS: dict[str, Kernel] = {
     "identity": identity.solve,
     "lpt": lpt.solve,
     "padded": padded.solve,
+    "ilp": ilp.solve,
 }

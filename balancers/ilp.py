@@ -1,0 +1,223 @@
+"""Exact min-max balancing by integer programming (PuLP model solved by CBC), up to a time limit.
+
+minimise M  s.t.  sum_r x[i, r] = 1,  cost(r) <= M,  tokens(r) <= cap,  x binary, i.e.
+
+    minimise max(loads) where loads[r] = sum(cost[i] for i on r)          (unpadded)
+                           or loads[r] = len(items[r]) * f(max length on r) (padded)
+
+Unpadded: the textbook assignment model of P||Cmax.  Padded: a direct big-M model that
+does not rely on the sorted-runs structure `padded.py` exploits, so it can check it:
+with count_r = sum_i x[i, r] and m_r the number of items allowed on r, every item i on r
+forces f(l_i) · (count_r - m_r · (1 - x[i, r])) <= M and, under a cap, with
+k_i = floor(cap / l_i), count_r <= k_i + (m_r - k_i) · (1 - x[i, r]).  Symmetry
+breaking: ranks are labelled in order of their first item along the cost-sorted list, so
+the j-th item may only use ranks 0..j; M starts at the combinatorial `lower_bound`.  Integer costs stay as they are
+and M is then an integer variable (CBC rounds its bound up); other costs are scaled to a
+largest item cost of 1 for CBC's tolerances.  Plans are scored exactly by `rank_loads`.
+
+Guarantee: `optimal` only when CBC proves it (up to CBC's integrality and feasibility
+tolerances, 1e-6 and 1e-7 on the scaled costs, which is exact for integer costs); when
+the time limit stops it with an incumbent the status is `time_limit` and the bound CBC
+proved ("best possible", reduced by 1e-6 relative to cover its printing and tolerances)
+is passed on.  Determinism: CBC runs single-threaded with fixed seeds, so a proven
+optimum is reproducible for a given CBC build; plans cut by a (wall-clock) time limit
+depend on machine speed.  CBC is the binary bundled with PuLP; its files live in a
+private temporary directory that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pulp
+
+from . import lpt, padded
+from .problem import (InfeasibleError, KernelResult, Problem, Status, lower_bound, make_problem,
+                      rank_loads, rank_tokens)
+
+DEFAULT_TIME_LIMIT = 10.0
+"""Seconds CBC may search when `problem.time_limit` is None."""
+
+_SEED = 1
+_CBC_PATH = pulp.PULP_CBC_CMD.pulp_cbc_path
+_BEST_POSSIBLE = re.compile(r"best possible (\S+)\)")
+_BOUND_SLACK = 1e-6
+_OBJECTIVE_SLACK = 1e-7
+
+
+class _Model:
+    """The PuLP model of one problem and its assignment variables x[(item, rank)]."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        n, num_ranks = problem.num_items, problem.num_ranks
+        self.order = np.lexsort((np.arange(n), -problem.lengths, -problem.item_costs))
+        # Integer costs keep their scale and make the makespan integer, so CBC can round
+        # its bound up; others are scaled to a largest cost of 1 for CBC's tolerances.
+        integral = bool(np.all(problem.item_costs == np.round(problem.item_costs))) and \
+            float(problem.item_costs.sum()) * max(1, n) < 2.0**40
+        self.integral = integral
+        self.scale = 1.0 if integral else float(problem.item_costs.max()) or 1.0
+        costs = (problem.item_costs / self.scale).tolist()
+        lengths = problem.lengths.tolist()
+        cap = problem.max_tokens_per_rank
+        ranks_of = {int(item): range(min(position + 1, num_ranks)) for position, item in enumerate(self.order)}
+        self.lp = pulp.LpProblem("orchmllm_balance", pulp.LpMinimize)
+        bound = lower_bound(problem) * (1.0 - 1e-9) / self.scale
+        self.makespan = self.lp.add_variable("makespan", lowBound=bound,
+                                             cat=pulp.LpInteger if integral else pulp.LpContinuous)
+        self.lp += self.makespan
+        self.x = {(i, r): self.lp.add_variable(f"x_{i}_{r}", cat=pulp.LpBinary)
+                  for i in range(n) for r in ranks_of[i]}
+        for i in range(n):
+            self.lp += pulp.lpSum(self.x[i, r] for r in ranks_of[i]) == 1
+        for r in range(num_ranks):
+            members = [i for i in range(n) if (i, r) in self.x]
+            if not problem.padded:
+                self.lp += pulp.lpSum(costs[i] * self.x[i, r] for i in members) <= self.makespan
+                if cap is not None:
+                    self.lp += pulp.lpSum(lengths[i] * self.x[i, r] for i in members) <= cap
+                continue
+            count = pulp.lpSum(self.x[i, r] for i in members)
+            most = len(members)
+            for i in members:
+                self.lp += costs[i] * (count - most * (1 - self.x[i, r])) <= self.makespan
+                room = most if cap is None or lengths[i] == 0 else min(most, cap // lengths[i])
+                if room < most:
+                    self.lp += count <= room + (most - room) * (1 - self.x[i, r])
+
+    def set_start(self, assignment: np.ndarray) -> None:
+        """Warm start from a plan, relabelling its ranks to fit the symmetry breaking."""
+        label: dict[int, int] = {}
+        for item in self.order.tolist():
+            label.setdefault(int(assignment[item]), len(label))
+        for (i, r), var in self.x.items():
+            var.setInitialValue(1 if label[int(assignment[i])] == r else 0)
+        self.makespan.setInitialValue(float(rank_loads(self.problem, assignment).max()) / self.scale)
+
+    def solve(self, time_limit: float, warm_start: bool) -> tuple[str, np.ndarray | None, float | None]:
+        """Run CBC: ("optimal" | "stopped" | "infeasible", assignment or None, proven bound or None)."""
+        with tempfile.TemporaryDirectory(prefix="orchmllm_cbc_") as workdir:
+            log_path = Path(workdir) / "cbc.log"
+            solver = pulp.COIN_CMD(path=_CBC_PATH, msg=False, timeLimit=time_limit, threads=1,
+                                   gapRel=0, warmStart=warm_start, logPath=str(log_path),
+                                   options=[f"randomSeed {_SEED}", f"randomCbcSeed {_SEED}"])
+            solver.tmpDir = workdir
+            self.lp.solve(solver)
+            log = log_path.read_text(errors="replace") if log_path.exists() else ""
+        if self.lp.status == pulp.LpStatusInfeasible:
+            return "infeasible", None, None
+        found = self.lp.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+        assignment = self._read_assignment() if found else None
+        if self.lp.sol_status == pulp.LpSolutionOptimal and assignment is not None:
+            return "optimal", assignment, float(self.makespan.value()) * self.scale
+        return "stopped", assignment, self._proven_bound(log)
+
+    def _proven_bound(self, log: str) -> float | None:
+        """CBC's last "best possible" objective, made safe for its printing and tolerances."""
+        printed = _BEST_POSSIBLE.findall(log)
+        try:
+            bound = float(printed[-1]) * self.scale * (1.0 - _BOUND_SLACK) if printed else math.nan
+        except ValueError:
+            return None
+        if not math.isfinite(bound):
+            return None
+        return float(math.ceil(bound)) if self.integral else bound
+
+    def _read_assignment(self) -> np.ndarray | None:
+        """Rounded x; None when CBC's values do not form a plan within the cap."""
+        assignment = np.full(self.problem.num_items, -1, dtype=np.int64)
+        for (i, r), var in self.x.items():
+            if (var.value() or 0.0) > 0.5:
+                if assignment[i] >= 0:
+                    return None
+                assignment[i] = r
+        if assignment.min() < 0:
+            return None
+        cap = self.problem.max_tokens_per_rank
+        if cap is not None and rank_tokens(self.problem, assignment).max() > cap:
+            return None
+        return assignment
+
+
+def _makespan(problem: Problem, assignment: np.ndarray) -> float:
+    return float(rank_loads(problem, assignment).max())
+
+
+def _smallest_cap(problem: Problem, time_limit: float) -> tuple[int, bool]:
+    """(cap, exact): the smallest feasible cap, or a proven lower bound on it."""
+    if problem.padded:
+        return padded.min_cap(problem.lengths, problem.num_ranks), True
+    tokens_problem = make_problem(problem.lengths, problem.num_ranks, time_limit=time_limit)
+    result = solve(tokens_problem)
+    floor = problem.max_tokens_per_rank + 1
+    if result.status is Status.OPTIMAL:
+        return max(floor, int(round(_makespan(tokens_problem, result.assignment)))), True
+    return max(floor, math.ceil(result.lower_bound or 0)), False
+
+
+def _search(problem: Problem, start: np.ndarray | None, time_limit: float) -> KernelResult:
+    model = _Model(problem)
+    if start is not None:
+        model.set_start(start)
+    outcome, found, bound = model.solve(time_limit, warm_start=start is not None)
+    if outcome == "infeasible":
+        if start is not None:
+            return KernelResult(start, Status.FEASIBLE)
+        needed, exact = _smallest_cap(problem, time_limit)
+        what = "the smallest cap that works is" if exact else "a cap of at least"
+        raise InfeasibleError(
+            f"CBC proved that no plan fits max_tokens_per_rank={problem.max_tokens_per_rank} on "
+            f"{problem.num_ranks} ranks; {what} {needed}" + ("" if exact else " is needed"),
+            min_cap=needed)
+    candidates = [a for a in (found, start) if a is not None]
+    if not candidates:
+        raise TimeoutError(f"CBC found no plan within time_limit={time_limit} s and did not prove "
+                           f"the cap infeasible; raise `time_limit`")
+    best = min(candidates, key=lambda a: _makespan(problem, a))
+    makespan = _makespan(problem, best)
+    if outcome == "optimal" and makespan <= bound * (1.0 + _OBJECTIVE_SLACK):
+        return KernelResult(best, Status.OPTIMAL, lower_bound=makespan)
+    if outcome == "optimal":
+        return KernelResult(best, Status.FEASIBLE, lower_bound=bound * (1.0 - _BOUND_SLACK))
+    return KernelResult(best, Status.TIME_LIMIT, lower_bound=bound)
+
+
+def _time_limit(problem: Problem, time_limit: float | None) -> float:
+    if time_limit is not None:
+        return float(time_limit)
+    return problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT
+
+
+def solve(problem: Problem) -> KernelResult:
+    """Solve to proven optimality within the time limit, warm-started from LPT."""
+    try:
+        start = lpt.solve(problem).assignment
+    except InfeasibleError:
+        start = None
+    return _search(problem, start, _time_limit(problem, None))
+
+
+def improve(problem: Problem, start_assignment, time_limit: float | None = None) -> KernelResult:
+    """Warm-start CBC from a feasible plan; never returns a worse makespan than the start.
+
+    `time_limit` defaults to the problem's (or `DEFAULT_TIME_LIMIT`).  The result is
+    `optimal` when CBC proves the returned makespan optimal, else `time_limit`.
+    """
+    start = np.asarray(start_assignment)
+    if start.shape != problem.lengths.shape or start.dtype.kind not in "iu":
+        raise ValueError(f"`start_assignment` must be {problem.num_items} integer ranks; "
+                         f"got shape {start.shape} and dtype {start.dtype}")
+    start = start.astype(np.int64)
+    if start.min() < 0 or start.max() >= problem.num_ranks:
+        raise ValueError(f"`start_assignment` must hold ranks in [0, {problem.num_ranks})")
+    cap = problem.max_tokens_per_rank
+    if cap is not None and rank_tokens(problem, start).max() > cap:
+        raise ValueError(f"`start_assignment` exceeds max_tokens_per_rank={cap}")
+    if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise ValueError(f"`time_limit` must be a positive number of seconds; got {time_limit!r}")
+    return _search(problem, start, _time_limit(problem, time_limit))
