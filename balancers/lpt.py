@@ -27,7 +27,7 @@ import numpy as np
 from .problem import InfeasibleError, KernelResult, Problem, rank_tokens
 
 
-def _integer_keys_fit(values: np.ndarray, count: int) -> bool:
+def integer_keys_fit(values: np.ndarray, count: int) -> bool:
     """Whether non-negative `values` are integers small enough for value · count + index keys."""
     return bool(values.size) and float(values.max()) * count < 2.0**62 and bool(
         np.all(values == np.floor(values)))
@@ -39,7 +39,7 @@ def sorted_order(costs: np.ndarray) -> np.ndarray:
     A stable argsort is slow; unique int64 keys (cost rank · n + index) sort fast.
     """
     n = costs.size
-    if _integer_keys_fit(costs, n):
+    if integer_keys_fit(costs, n):
         keys = (int(costs.max()) - costs.astype(np.int64)) * n + np.arange(n)
         return np.sort(keys) % n
     order = np.argsort(-costs)
@@ -48,14 +48,19 @@ def sorted_order(costs: np.ndarray) -> np.ndarray:
     return np.sort(group * n + order) % n
 
 
-def _ranks_by_load(loads: np.ndarray, integer: bool) -> np.ndarray:
+def integer_loads(costs: np.ndarray, num_ranks: int) -> bool:
+    """Whether loads (sums of `costs`) make int64 keys load · D + rank that sort like (load, rank)."""
+    return integer_keys_fit(costs, 1) and float(costs.sum()) * num_ranks < 2.0**62
+
+
+def ranks_by_load(loads: np.ndarray, integer: bool) -> np.ndarray:
     """Ranks by (load, rank) ascending."""
     if integer:
         return np.sort(loads.astype(np.int64) * loads.size + np.arange(loads.size)) % loads.size
     return np.argsort(loads, kind="stable")
 
 
-def _round_length(loads_sorted: np.ndarray, ranks_sorted: np.ndarray, costs: np.ndarray) -> int:
+def round_length(loads_sorted: np.ndarray, ranks_sorted: np.ndarray, costs: np.ndarray) -> int:
     """How many of `costs` the heap loop would give to the ranks in sorted order.
 
     Item k goes to ranks_sorted[k] iff (loads_sorted[k], ranks_sorted[k]) is below
@@ -93,13 +98,12 @@ def greedy_unpadded(costs: np.ndarray, num_ranks: int) -> np.ndarray:
     assignment = np.empty(costs.size, dtype=np.int64)
     loads = np.zeros(num_ranks)
     n, position = costs.size, 0
-    # Loads stay exact integers below 2**53 when the costs are integers summing below it.
-    integer = _integer_keys_fit(costs, 1) and float(costs.sum()) * num_ranks < 2.0**62
+    integer = integer_loads(costs, num_ranks)
     while position < n:
         stop = min(n, position + num_ranks)
-        ranks = _ranks_by_load(loads, integer)[: stop - position]
+        ranks = ranks_by_load(loads, integer)[: stop - position]
         chunk = sorted_costs[position:stop]
-        placed = _round_length(loads[ranks], ranks, chunk)
+        placed = round_length(loads[ranks], ranks, chunk)
         if 8 * placed < stop - position:
             _heap_round(loads, chunk, order[position:stop], assignment)
             position = stop

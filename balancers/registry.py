@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import identity, lpt
 from . import padded
 from . import ilp
+from . import karmarkar_karp
 from .problem import Kernel
 
 ALGORITHMS: dict[str, Kernel] = {
@@ -12,4 +13,5 @@ ALGORITHMS: dict[str, Kernel] = {
     "lpt": lpt.solve,
     "padded": padded.solve,
     "ilp": ilp.solve,
+    "karmarkar_karp": karmarkar_karp.solve,
 }
