@@ -23,8 +23,8 @@ This implementation never builds the D-vectors the pseudocode implies for most p
   waiting item would have been chosen instead;
 - only two parts that together hold more than D subsets are paired densely.
 
-Ties: a waiting item beats a part of equal difference, an older part a newer one, and
-subsets tie by slot, so the plan is bit-identical everywhere.  Items are tracked by
+Ties: a part beats a waiting item of equal difference (so a run of equal items joins one
+part in a single step), an older part a newer one, and subsets tie by slot, so the plan is bit-identical everywhere.  Items are tracked by
 union-find: a subset is named after one of its items, and pairing subset b into a sets
 parent[b] = a.
 
@@ -106,29 +106,29 @@ class _Stream:
         self.integer = lpt.integer_loads(costs, num_ranks)
         self.parent = np.arange(costs.size)
 
-    def count_at_least(self, value: float) -> int:
-        """Waiting items with cost >= value."""
-        return int(np.searchsorted(self.negated, -value, side="right")) - self.next
+    def count_above(self, value: float) -> int:
+        """Waiting items with cost > value."""
+        return int(np.searchsorted(self.negated, -value, side="left")) - self.next
 
     def absorb(self, part: _Part, rival: float) -> _Part:
         """Give the next waiting item to `part`, then more while part and item stay the top two.
 
         `rival` is the largest difference among the other parts (-inf when none): an item
-        is taken only while its cost is >= rival (a waiting item wins ties) and the
-        part's difference exceeds both rival (the older part wins ties) and the cost
-        of the item after it (which would win a tie).
+        is taken only while its cost exceeds rival (a part wins ties), the part's
+        difference exceeds rival (the older part wins ties) and is at least the cost of
+        the item after it.
         """
-        stop = self.next + max(1, self.count_at_least(rival))
+        stop = self.next + max(1, self.count_above(rival))
         if part.items is not None:
             return self._append(part, rival, stop)
         return self._absorb_full(part, rival, stop)
 
     def _append(self, part: _Part, rival: float, stop: int) -> _Part:
         largest = part.top
+        # The difference of a part with free subsets is its largest item, at least any
+        # waiting cost: it keeps the lead while it exceeds the rival, until it is full.
         stop = min(stop, self.next + self.num_ranks - len(part.items))
-        # After the first item, the part continues only while its largest item exceeds the
-        # rival and the cost after the one it takes; costs equal to `largest` come first.
-        if largest <= rival or self.count_at_least(largest) >= 3:
+        if largest <= rival:
             stop = self.next + 1
         part.items.extend((-self.costs_list[pos], pos) for pos in range(self.next, stop))
         self.next = stop
@@ -147,7 +147,7 @@ class _Stream:
             following = np.full(placed, -np.inf)
             tail = self.costs[position + 1: position + 1 + placed]
             following[: tail.size] = tail
-            keeps = (difference > following) & (difference > rival)
+            keeps = (difference >= following) & (difference > rival)
             keeps[0] |= position == first
             failed = np.flatnonzero(~keeps)
             if failed.size:
@@ -167,12 +167,12 @@ def differencing(costs: np.ndarray, num_ranks: int) -> np.ndarray:
     n = stream.size
     if n == 1:
         return np.zeros(1, dtype=np.int64)
-    heap: list[tuple[float, int, _Part]] = []  # (-difference, n + age, part)
+    heap: list[tuple[float, int, _Part]] = []  # (-difference, age, part)
     age = 0
 
     def pop_largest() -> _Part | None:
         """The part with the largest difference, or None when the next waiting item is larger."""
-        if stream.next < n and (not heap or (-stream.costs_list[stream.next], stream.next) < heap[0][:2]):
+        if stream.next < n and (not heap or stream.costs_list[stream.next] > -heap[0][0]):
             return None
         return heapq.heappop(heap)[2]
 
@@ -194,7 +194,7 @@ def differencing(costs: np.ndarray, num_ranks: int) -> np.ndarray:
             merged = stream.absorb(part, -heap[0][0] if heap else -np.inf)
         else:
             merged = _combine(first, second, num_ranks, stream.parent)
-        heapq.heappush(heap, (-merged.difference(), n + age, merged))
+        heapq.heappush(heap, (-merged.difference(), age, merged))
         age += 1
     final = heap[0][2]
     names = [pos for _, pos in sorted(final.items)] if final.items is not None else final.ids
