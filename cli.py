@@ -303,14 +303,19 @@ def _plan_for(name: str, stage: Stage, num_ranks: int, time_limit: float | None)
 def _topology(num_ranks: int, gpus_per_node: int):
     from .topology import Topology
 
-    return Topology.for_world_size(num_ranks, gpus_per_node=min(gpus_per_node, num_ranks))
+    try:
+        return Topology.for_world_size(num_ranks, gpus_per_node=min(gpus_per_node, num_ranks))
+    except ValueError as error:
+        raise UsageError(f"--ranks {num_ranks}: {_one_line(error)}; choose D in whole nodes or set "
+                         f"--gpus-per-node") from None
 
 
 def node_traffic_matrix(sources: np.ndarray, destinations: np.ndarray, item_bytes: np.ndarray,
                         gpus_per_node: int, num_nodes: int) -> np.ndarray:
-    """Bytes sent from node i to node j (nodes x nodes); the diagonal stays within a node."""
+    """Bytes moved from node i to node j (nodes x nodes); items that stay on their rank count nowhere."""
     matrix = np.zeros((num_nodes, num_nodes))
-    np.add.at(matrix, (sources // gpus_per_node, destinations // gpus_per_node), item_bytes)
+    moved = sources != destinations
+    np.add.at(matrix, (sources[moved] // gpus_per_node, destinations[moved] // gpus_per_node), item_bytes[moved])
     return matrix
 
 

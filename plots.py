@@ -119,12 +119,12 @@ def plot_step_timeline(stage_seconds: Mapping[str, np.ndarray], path, *, title: 
 
 
 def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "") -> Path:
-    """Bytes sent from node i (row) to node j (column); the diagonal is intra-node traffic."""
+    """Bytes sent from node i (row) to node j (column); the diagonal is traffic within a node."""
     plt = _pyplot()
     matrix = np.asarray(node_bytes, dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
         raise ValueError(f"`node_bytes` must be a square nodes x nodes matrix; got shape {matrix.shape}")
-    unit, scale = ("GB", 1e9) if matrix.max() >= 1e9 else ("MB", 1e6)
+    unit, scale = ("GB", 1e9) if matrix.sum() >= 1e9 else ("MB", 1e6)
     figure, axis = plt.subplots(figsize=(6.4, 5.4))
     image = axis.imshow(matrix / scale, cmap="viridis", interpolation="nearest")
     colourbar = figure.colorbar(image, ax=axis)

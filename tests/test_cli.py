@@ -1,0 +1,205 @@
+"""The `orchmllm` command end to end, by subprocess: output, JSON schemas, files, exit codes."""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchmllm.balancers import ALGORITHMS
+from orchmllm.balancers.peers import PEERS
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def orchmllm(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "orchmllm", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def assert_png(path: Path):
+    image = pytest.importorskip("matplotlib.image")
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 5000, path
+    pixels = image.imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+    assert pixels[..., :3].std() > 0.05  # not a blank canvas
+
+
+@pytest.fixture(scope="module")
+def lengths_csv(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "trace.csv"
+    rng = np.random.default_rng(7)
+    rows = [(i, int(a), int(b)) for i, (a, b) in enumerate(zip(rng.integers(1, 4000, 96), rng.integers(1, 500, 96)))]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+        writer.writerows(rows)
+    return path
+
+
+def test_compare_prints_tables_and_a_before_after_summary():
+    result = orchmllm("compare", "--ranks", "8,16", "--items-per-rank", "4")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for text in ("D=8, 4 items/rank", "D=16, 4 items/rank", "vision", "audio", "llm", "Before / after",
+                 "faster", "lpt", *(f"{name} (peer)" for name in PEERS)):
+        assert text in out, text
+    assert "Traceback" not in result.stderr
+
+
+def test_compare_json_schema():
+    result = orchmllm("compare", "--ranks", "16", "--items-per-rank", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert set(payload) == {"command", "source", "rows", "summary", "files"}
+    rows = payload["rows"]
+    stages = {row["stage"] for row in rows}
+    assert stages == {"vision", "audio", "llm"}
+    algorithms = {row["algorithm"] for row in rows}
+    assert {"none", "lpt"} | set(PEERS) <= algorithms
+    for row in rows:
+        assert row["ranks"] == 16 and row["items_per_rank"] == 8
+        assert row["kind"] == ("peer" if row["algorithm"] in PEERS else "orchmllm")
+        assert row["makespan"] >= row["lower_bound"] > 0
+        assert row["makespan_over_bound"] == pytest.approx(row["makespan"] / row["lower_bound"])
+        assert 0 <= row["bytes_inter_node"] <= row["bytes_moved"]
+        assert row["solve_seconds"] >= 0 and row["status"] in ("optimal", "feasible", "time_limit")
+        if row["algorithm"] == "none":
+            assert row["bytes_moved"] == 0 and row["speedup_vs_none"] == 1.0
+    llm = [row for row in rows if row["stage"] == "llm"]
+    assert sum(row["num_items"] for row in llm) == len(llm) * 16 * 8
+    (summary,) = payload["summary"]
+    assert summary["stages"] == ["vision", "audio", "llm"]
+    assert summary["best"]["algorithm"] in ALGORITHMS and summary["best_peer"]["algorithm"] in PEERS
+    assert summary["work_before"] >= summary["best"]["work"] >= summary["work_ideal"] > 0
+
+
+def test_compare_lengths_file_writes_csv_and_plots(lengths_csv, tmp_path):
+    out = tmp_path / "out"
+    result = orchmllm("compare", "--lengths", lengths_csv, "--column", "ContextTokens", "--ranks", "8,16",
+                      "--algorithms", "lpt,verl_kk,identity", "--csv", out / "rows.csv", "--plot", out)
+    assert result.returncode == 0, result.stderr
+    assert "96 items" in result.stdout and "wrote" in result.stdout
+    with (out / "rows.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["ranks"], row["algorithm"]) for row in rows] == [
+        (d, a) for d in ("8", "16") for a in ("none", "lpt", "verl_kk", "identity")]
+    # a file's items arrive rank by rank, so identity keeps every item where it was sampled
+    assert all(float(row["bytes_moved"]) == 0 for row in rows if row["algorithm"] == "identity")
+    for name in ("loads.png", "traffic.png"):
+        assert_png(out / name)
+
+
+def test_compare_explicit_algorithm_that_does_not_apply_is_reported():
+    result = orchmllm("compare", "--ranks", "8", "--items-per-rank", "2", "--algorithms", "padded", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = [row for row in json.loads(result.stdout)["rows"] if row["algorithm"] == "padded"]
+    assert rows and all(row["status"] == "n/a" and row["makespan"] is None and row["note"] for row in rows)
+
+
+def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path):
+    result = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assignment = np.asarray(payload["assignment"])
+    assert assignment.shape == (96,) and assignment.min() >= 0 and assignment.max() < 8
+    assert payload["makespan"] == max(payload["loads"]) >= payload["lower_bound"]
+    assert payload["algorithm"] == "lpt" and len(payload["digest"]) == 64
+    for suffix in ("npy", "csv", "json"):
+        target = tmp_path / f"plan.{suffix}"
+        saved = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "8", "-o", target, "-q")
+        assert saved.returncode == 0, saved.stderr
+        assert "makespan" in saved.stdout and "rank" not in saved.stdout.split("makespan")[0]
+        if suffix == "npy":
+            loaded = np.load(target, allow_pickle=False)
+        elif suffix == "csv":
+            loaded = np.loadtxt(target, delimiter=",", skiprows=1, dtype=np.int64)[:, 1]
+        else:
+            loaded = np.asarray(json.loads(target.read_text())["assignment"])
+        assert np.array_equal(loaded, assignment), suffix
+    table = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "4", "--algorithm", "omnibal_2d")
+    assert table.returncode == 0 and "peer:omnibal_2d" in table.stdout and "load / mean" in table.stdout
+
+
+def test_plan_reads_json_lines_and_npy(tmp_path):
+    lengths = [5, 300, 7, 42, 1000, 3, 3, 64]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"length": n}) for n in lengths) + "\n")
+    np.save(tmp_path / "a.npy", np.asarray(lengths))
+    plans = [json.loads(orchmllm("plan", tmp_path / name, "-D", "3", "--json").stdout) for name in ("a.jsonl", "a.npy")]
+    assert plans[0]["assignment"] == plans[1]["assignment"] and plans[0]["num_items"] == 8
+
+
+def test_plan_and_compare_never_import_torch(lengths_csv):
+    code = ("import sys; from orchmllm.cli import main; "
+            f"main(['plan', {str(lengths_csv)!r}, '--column', 'ContextTokens', '-D', '2', '-q']); "
+            "main(['compare', '--ranks', '8', '--items-per-rank', '2', '--json']); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+BAD_INPUTS = {
+    "missing file": (["plan", "{tmp}/nope.csv", "-D", "2"], "not found"),
+    "malformed csv": (["plan", "{tmp}/bad.csv", "-D", "2"], "bad.csv:3: expected an integer length, got 'x7'"),
+    "ragged csv": (["plan", "{tmp}/ragged.csv", "-D", "2"], "ragged.csv:2: expected 1 comma-separated fields"),
+    "negative length": (["compare", "--lengths", "{tmp}/negative.csv"], "negative.csv:2: lengths must be non-negative"),
+    "negative npy": (["plan", "{tmp}/negative.npy", "-D", "2"], "index 1: lengths must be non-negative"),
+    "pickled npy": (["plan", "{tmp}/objects.npy", "-D", "2"], "not a plain numeric .npy"),
+    "bad json line": (["plan", "{tmp}/bad.jsonl", "-D", "2"], "bad.jsonl:2: not valid JSON"),
+    "unknown workload": (["compare", "--workload", "video-only"], "unknown workload 'video-only'"),
+    "unknown algorithm": (["compare", "--algorithms", "lpt,greedy"], "unknown algorithm 'greedy'"),
+    "unknown plan algorithm": (["plan", "{tmp}/good.csv", "-D", "2", "--algorithm", "magic"], "unknown algorithm"),
+    "D = 0 compare": (["compare", "--ranks", "0"], "--ranks must be >= 1; got 0"),
+    "D = 0 plan": (["plan", "{tmp}/good.csv", "-D", "0"], "--ranks must be >= 1; got 0"),
+    "D not an integer": (["compare", "--ranks", "8,x"], "--ranks must be comma-separated integers"),
+    "partial node": (["compare", "--ranks", "12"], "12 = 1 × 8 + 4"),
+    "infeasible cap": (["plan", "{tmp}/good.csv", "-D", "2", "--max-tokens", "3"], "--max-tokens"),
+    "unknown option": (["compare", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    "no command": ([], "choose a command"),
+    "bad output type": (["plan", "{tmp}/good.csv", "-D", "2", "-o", "{tmp}/plan.txt"], "unknown file type '.txt'"),
+    "column without header": (["plan", "{tmp}/good.csv", "-D", "2", "--column", "x"], "has no header line"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad")
+    (tmp / "bad.csv").write_text("3\n4\nx7\n")
+    (tmp / "ragged.csv").write_text("3\n4,5\n")
+    (tmp / "negative.csv").write_text("length\n-3\n4\n")
+    (tmp / "good.csv").write_text("3\n4\n5\n")
+    (tmp / "bad.jsonl").write_text('{"length": 3}\n{"length": \n')
+    np.save(tmp / "negative.npy", np.array([3, -1, 2]))
+    np.save(tmp / "objects.npy", np.array([3, "a", None], dtype=object), allow_pickle=True)
+    return tmp
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_2(case, bad_files):
+    args, message = BAD_INPUTS[case]
+    result = orchmllm(*(arg.format(tmp=bad_files) for arg in args))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("orchmllm") and "error: " in lines[0], result.stderr
+    assert message in lines[0]
+
+
+def test_help_shows_examples_and_commands():
+    top = orchmllm("--help")
+    assert top.returncode == 0 and all(name in top.stdout for name in ("compare", "plan"))
+    for command in ("compare", "plan"):
+        result = orchmllm(command, "--help")
+        assert result.returncode == 0 and "examples:" in result.stdout and f"orchmllm {command}" in result.stdout
+
+
+def test_console_script_is_installed():
+    script = shutil.which("orchmllm", path=str(Path(sys.executable).parent)) or shutil.which("orchmllm")
+    assert script, "the `orchmllm` console script is not on PATH: pip install -e ."
+    result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("orchmllm ")

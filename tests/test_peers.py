@@ -1,0 +1,112 @@
+"""Peers' heuristics: valid plans, their published rules, and a literal reference for verl's KK."""
+
+import heapq
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchmllm.balancers import CostModel, InfeasibleError, make_problem
+from orchmllm.balancers.peers import (PEER_LABELS, PEERS, megatron_pack_length, run_peer, verl_workload,
+                                      _karmarkar_karp)
+
+NAMES = sorted(PEERS)
+
+lengths_strategy = st.lists(st.integers(0, 5000), min_size=1, max_size=60)
+
+
+def verl_reference(weights, k, equal_size):
+    """verl's `karmarkar_karp` as its source describes it: dense states of k sets, sets as lists."""
+    sort = sorted((w, i) for i, w in enumerate(weights))
+    states = []
+    counter = 0
+
+    def push(sets):
+        nonlocal counter
+        sets.sort(key=lambda s: (s[0], len(s[1])), reverse=True)
+        heapq.heappush(states, (-(sets[0][0] - sets[-1][0]), -sets[0][0], counter, sets))
+        counter += 1
+
+    step = k if equal_size else 1
+    for start in range(0, len(sort), step):
+        sets = [[0.0, []] for _ in range(k)]
+        for slot, (w, i) in enumerate(sort[start:start + step]):
+            sets[slot] = [w, [i]]
+        push(sets)
+    while len(states) > 1:
+        a = heapq.heappop(states)[3]
+        b = heapq.heappop(states)[3]
+        push([[a[i][0] + b[k - 1 - i][0], a[i][1] + b[k - 1 - i][1]] for i in range(k)])
+    return sorted(sorted(items) for _, items in states[0][3] if items)
+
+
+@pytest.mark.parametrize("name", NAMES, ids=NAMES)
+@given(lengths=lengths_strategy, num_ranks=st.integers(1, 9))
+def test_every_peer_returns_a_certified_permutation(name, lengths, num_ranks):
+    plan = run_peer(name, lengths, num_ranks)
+    assert plan.assignment.shape == (len(lengths),)
+    assert plan.assignment.min() >= 0 and plan.assignment.max() < num_ranks
+    assert np.bincount(plan.assignment, weights=lengths, minlength=num_ranks).sum() == sum(lengths)
+    assert plan.makespan >= plan.lower_bound
+    assert plan.algorithm == f"peer:{name}"
+
+
+@pytest.mark.parametrize("name", NAMES, ids=NAMES)
+def test_peers_are_deterministic_and_labelled(name):
+    lengths = np.random.default_rng(3).integers(1, 4000, 500)
+    first, second = run_peer(name, lengths, 16), run_peer(name, lengths.copy(), 16)
+    assert first.digest() == second.digest()
+    assert PEER_LABELS[name] and name.split("_")[0].lower() in PEER_LABELS[name].lower()
+
+
+@given(data=st.data(), k=st.integers(1, 6), equal_size=st.booleans())
+def test_verl_kk_matches_the_literal_description(data, k, equal_size):
+    count = data.draw(st.integers(1, 6)) * k if equal_size else data.draw(st.integers(1, 25))
+    weights = data.draw(st.lists(st.integers(0, 10**9), min_size=count, max_size=count, unique=True))
+    assignment = _karmarkar_karp(np.asarray(weights, dtype=np.float64), k, equal_size)
+    mine = sorted(sorted(np.flatnonzero(assignment == r).tolist()) for r in range(k)
+                  if np.any(assignment == r))
+    assert mine == verl_reference([float(w) for w in weights], k, equal_size)
+
+
+@given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=12).map(lambda xs: xs * 4),
+       num_ranks=st.sampled_from([1, 2, 4]))
+def test_verl_and_llava_give_equal_counts_when_d_divides_n(lengths, num_ranks):
+    for name in ("verl_kk", "llava_length_grouped"):
+        counts = np.bincount(run_peer(name, lengths, num_ranks).assignment, minlength=num_ranks)
+        assert np.all(counts == len(lengths) // num_ranks), name
+
+
+def test_verl_kk_balances_its_own_workload_proxy():
+    lengths = np.random.default_rng(0).integers(100, 8000, 64)
+    problem = make_problem(lengths, 8, cost=CostModel(linear=24576, quadratic=1))
+    plan = run_peer("verl_kk", lengths, 8, cost=CostModel(linear=24576, quadratic=1))
+    assert np.allclose(problem.item_costs, verl_workload(problem.lengths))
+    assert plan.imbalance < 1.05
+
+
+def test_megatron_packs_fit_the_pack_length_in_sampling_order():
+    lengths = np.array([3000, 900, 200, 4000, 100, 100, 4096, 1])
+    capacity = megatron_pack_length(lengths)
+    assert capacity == 4096
+    plan = run_peer("megatron_nextfit", lengths, 2)
+    # packs [3000 900] [200] [4000] [100 100] [4096] [1]: next fit never looks back
+    assert plan.assignment.tolist() == [0, 0, 1, 0, 1, 1, 0, 1]
+
+
+def test_omnibal_respects_both_caps_when_everything_fits():
+    lengths = np.array([5, 5, 5, 5, 5, 5, 5, 5])
+    plan = run_peer("omnibal_2d", lengths, 4)
+    assert np.bincount(plan.assignment, minlength=4).tolist() == [2, 2, 2, 2]
+
+
+def test_peers_report_a_memory_cap_they_break():
+    lengths = [100, 1, 100, 1, 100, 1]  # packs of 101 tokens, dealt 2 to rank 0 and 1 to rank 1
+    with pytest.raises(InfeasibleError, match="megatron_nextfit. ignores memory caps.*202 tokens on rank 0"):
+        run_peer("megatron_nextfit", lengths, 2, max_tokens_per_rank=160)
+
+
+def test_unknown_peer_is_named():
+    with pytest.raises(ValueError, match="unknown peer 'deepspeed'"):
+        run_peer("deepspeed", [1, 2], 2)
