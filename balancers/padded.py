@@ -32,6 +32,7 @@ algorithms for 1D partitioning"); guarantee: optimal.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -40,21 +41,25 @@ from .problem import InfeasibleError, KernelResult, Problem, Status, as_lengths,
 
 
 class _Runs:
-    """Length-sorted items, their costs, and the greedy run structure for probing T."""
+    """Length-sorted items grouped in blocks of equal length, for probing makespans T.
+
+    Block b holds sorted positions [ends[b-1], ends[b]) with item cost costs[b], and a
+    rank led by one of its items may hold at most room[b] items under the cap.
+    """
 
     def __init__(self, sorted_lengths: np.ndarray, sorted_costs: np.ndarray, cap: int | None):
         n = int(sorted_lengths.size)
         self.num_items = n
-        self.costs = sorted_costs.tolist()
+        ends = np.append(np.flatnonzero(np.diff(sorted_lengths)) + 1, n)
+        firsts = ends - np.diff(np.concatenate(([0], ends)))
+        self.ends = ends.tolist()
+        self.costs = sorted_costs[firsts].tolist()
+        block_lengths = sorted_lengths[firsts]
         if cap is None:
-            room = np.full(n, n, dtype=np.int64)
+            room = np.full(ends.size, n, dtype=np.int64)
         else:
-            room = np.where(sorted_lengths > 0, cap // np.maximum(sorted_lengths, 1), n)
+            room = np.where(block_lengths > 0, cap // np.maximum(block_lengths, 1), n)
         self.room = np.minimum(room, n).tolist()
-        # block_end[i]: one past the last item with the same length as item i.
-        change = np.flatnonzero(np.diff(sorted_lengths)) + 1
-        ends = np.append(change, n)
-        self.block_end = np.repeat(ends, np.diff(np.concatenate(([0], ends)))).tolist()
 
     def probe(self, makespan: float, num_ranks: int,
               starts: list[int] | None = None) -> tuple[bool, float, float]:
@@ -64,13 +69,14 @@ class _Runs:
         feasible, the second entry is a feasible value no larger than `makespan`.  Run
         starts (sorted positions) are appended to `starts` when it is given.
         """
-        costs, room, block_end, n = self.costs, self.room, self.block_end, self.num_items
-        start = runs = 0
+        costs, room, ends, n = self.costs, self.room, self.ends, self.num_items
+        start = runs = block = 0
         reached = 0.0
         next_value = math.inf
         while start < n:
-            cost = costs[start]
-            limit = room[start]
+            block = bisect.bisect_right(ends, start, block)
+            cost = costs[block]
+            limit = room[block]
             if cost > 0 and makespan != math.inf:
                 count = int(makespan / cost)
                 while count < limit and (count + 1) * cost <= makespan:
@@ -90,7 +96,7 @@ class _Runs:
                 runs += 1
                 break
             # every run starting inside this block of equal lengths takes `limit` items
-            full = min(-(-(block_end[start] - start) // limit), left // limit)
+            full = min(-(-(ends[block] - start) // limit), left // limit)
             if starts is not None:
                 starts.extend(range(start, start + full * limit, limit))
             runs += full
@@ -106,15 +112,18 @@ class _Runs:
         if not feasible:
             return None
         low = min(max(lower, self.costs[0]), high)
+        # Gallop up from the lower bound (the optimum is usually just above it) until a
+        # probe is feasible, then bisect.
+        step = 2.0**-10
         while low < high:
-            mid = low + (high - low) * 0.5
+            mid = low + min(low * step, (high - low) * 0.5)
             if not low <= mid < high:
                 mid = low
             feasible, reached, next_value = self.probe(mid, num_ranks)
             if feasible:
-                high = reached
+                high, step = reached, math.inf
             else:
-                low = next_value
+                low, step = next_value, step * 4
         return high
 
 

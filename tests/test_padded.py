@@ -1,0 +1,219 @@
+"""The padded balancer is exact: checked against a DP over sorted runs and a brute force
+over all assignments (which also checks the sorted-runs structure itself)."""
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
+from orchmllm.balancers import padded
+from orchmllm.balancers.problem import rank_loads, rank_tokens
+
+COSTS = {
+    "tokens": CostModel(),
+    "affine": CostModel(per_item=3, linear=2),
+    "quadratic": CostModel(linear=1, quadratic=0.37),  # non-integer costs: exact float arithmetic
+    "per_item_only": CostModel(per_item=1, linear=0),
+}
+
+costs = st.sampled_from(sorted(COSTS)).map(COSTS.__getitem__)
+
+
+def brute_force(problem):
+    """Optimal padded makespan over all D^n assignments (None when no plan fits the cap)."""
+    item_costs = problem.cost.item_costs(problem.lengths).tolist()
+    lengths = problem.lengths.tolist()
+    cap = problem.max_tokens_per_rank
+    best = None
+    for assignment in itertools.product(range(problem.num_ranks), repeat=problem.num_items):
+        count = [0] * problem.num_ranks
+        longest = [-1] * problem.num_ranks
+        for item, rank in enumerate(assignment):
+            count[rank] += 1
+            if longest[rank] < 0 or lengths[item] > lengths[longest[rank]]:
+                longest[rank] = item
+        if cap is not None and any(c * lengths[i] > cap for c, i in zip(count, longest) if c):
+            continue
+        makespan = max(c * item_costs[i] for c, i in zip(count, longest) if c)
+        best = makespan if best is None else min(best, makespan)
+    return best
+
+
+def brute_force_min_cap(lengths, num_ranks):
+    """Smallest max over ranks of count · max length, over all assignments."""
+    best = None
+    for assignment in itertools.product(range(num_ranks), repeat=len(lengths)):
+        tokens = max(
+            sum(1 for r in assignment if r == rank) * max((l for l, r in zip(lengths, assignment) if r == rank), default=0)
+            for rank in range(num_ranks))
+        best = tokens if best is None else min(best, tokens)
+    return best
+
+
+def dp_over_sorted_runs(problem):
+    """O(n² D) DP: best[j][i] = optimum for the i longest items on j ranks, runs contiguous."""
+    order = np.argsort(-problem.lengths, kind="stable")
+    lengths = problem.lengths[order].tolist()
+    item_costs = problem.item_costs[order].tolist()
+    n, cap = problem.num_items, problem.max_tokens_per_rank
+    best = [0.0] + [math.inf] * n
+    for _ in range(problem.num_ranks):
+        nxt = [0.0] + [math.inf] * n
+        for end in range(1, n + 1):
+            for first in range(end):
+                size = end - first
+                if cap is not None and size * lengths[first] > cap:
+                    continue
+                nxt[end] = min(nxt[end], max(best[first], size * item_costs[first]))
+        best = [min(a, b) for a, b in zip(best, nxt)]
+    return None if best[n] == math.inf else best[n]
+
+
+def padded_problem(lengths, num_ranks, cost, cap=None):
+    return make_problem(lengths, num_ranks, cost=cost, padded=True, max_tokens_per_rank=cap)
+
+
+def check_plan(problem, result):
+    assignment = result.assignment
+    assert assignment.shape == (problem.num_items,)
+    assert assignment.min() >= 0 and assignment.max() < problem.num_ranks
+    makespan = float(rank_loads(problem, assignment).max())
+    assert result.status is Status.OPTIMAL
+    assert result.lower_bound == makespan
+    if problem.max_tokens_per_rank is not None:
+        assert rank_tokens(problem, assignment).max() <= problem.max_tokens_per_rank
+    return makespan
+
+
+@settings(max_examples=80)
+@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=6), num_ranks=st.integers(1, 3),
+       cost=costs, cap=st.none() | st.integers(1, 16))
+def test_matches_brute_force_including_infeasibility(lengths, num_ranks, cost, cap):
+    try:
+        problem = padded_problem(lengths, num_ranks, cost, cap)
+    except InfeasibleError:  # the contract's necessary bounds must only reject hopeless caps
+        uncapped = padded_problem(lengths, num_ranks, cost)
+        assert brute_force(dataclasses.replace(uncapped, max_tokens_per_rank=cap)) is None
+        return
+    optimum = brute_force(problem)
+    if optimum is None:
+        with pytest.raises(InfeasibleError, match="smallest cap that works"):
+            padded.solve(problem)
+    else:
+        assert check_plan(problem, padded.solve(problem)) == optimum
+
+
+@settings(max_examples=80)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=24), num_ranks=st.integers(1, 6),
+       cost=costs, cap=st.none() | st.integers(40, 200))
+def test_matches_dp_over_sorted_runs(lengths, num_ranks, cost, cap):
+    try:
+        problem = padded_problem(lengths, num_ranks, cost, cap)
+    except InfeasibleError:
+        return
+    optimum = dp_over_sorted_runs(problem)
+    if optimum is None:
+        with pytest.raises(InfeasibleError):
+            padded.solve(problem)
+    else:
+        assert check_plan(problem, padded.solve(problem)) == optimum
+
+
+@settings(max_examples=40)
+@given(lengths=st.lists(st.integers(0, 5), min_size=1, max_size=6), num_ranks=st.integers(1, 3))
+def test_min_cap_matches_brute_force(lengths, num_ranks):
+    needed = brute_force_min_cap(lengths, num_ranks)
+    assert padded.min_cap(lengths, num_ranks) == needed
+
+
+@settings(max_examples=40)
+@given(lengths=st.lists(st.integers(2, 9), min_size=2, max_size=20), num_ranks=st.integers(1, 5))
+def test_infeasible_error_names_the_smallest_cap(lengths, num_ranks):
+    needed = padded.min_cap(lengths, num_ranks)
+    problem = padded_problem(lengths, num_ranks, CostModel(), needed)
+    check_plan(problem, padded.solve(problem))
+    try:
+        tight = padded_problem(lengths, num_ranks, CostModel(), needed - 1)
+    except InfeasibleError as error:  # the contract's own necessary bounds caught it first
+        assert error.min_cap <= needed
+        return
+    with pytest.raises(InfeasibleError, match=f"smallest cap that works is {needed}") as caught:
+        padded.solve(tight)
+    assert caught.value.min_cap == needed
+
+
+@given(lengths=st.lists(st.integers(1, 50), min_size=1, max_size=40), num_ranks=st.integers(1, 8),
+       cost=costs, seed=st.integers(0, 2**32 - 1))
+def test_permuting_the_input_keeps_the_optimum(lengths, num_ranks, cost, seed):
+    permuted = np.random.default_rng(seed).permutation(lengths)
+    first = balance(lengths, num_ranks, cost=cost, padded=True, algorithm="padded")
+    second = balance(permuted, num_ranks, cost=cost, padded=True, algorithm="padded")
+    assert first.makespan == second.makespan
+
+
+@given(lengths=st.lists(st.integers(1, 50), min_size=1, max_size=40), num_ranks=st.integers(1, 8), cost=costs)
+def test_more_ranks_never_worse(lengths, num_ranks, cost):
+    fewer = balance(lengths, num_ranks, cost=cost, padded=True, algorithm="padded")
+    more = balance(lengths, num_ranks + 1, cost=cost, padded=True, algorithm="padded")
+    assert more.makespan <= fewer.makespan
+
+
+@given(lengths=st.lists(st.integers(0, 50), min_size=1, max_size=40), num_ranks=st.integers(1, 8),
+       scale=st.integers(2, 7))
+def test_scaling_lengths_scales_the_optimum(lengths, num_ranks, scale):
+    base = balance(lengths, num_ranks, padded=True, algorithm="padded")
+    scaled = balance([scale * l for l in lengths], num_ranks, padded=True, algorithm="padded")
+    assert scaled.makespan == scale * base.makespan
+
+
+@pytest.mark.parametrize("num_ranks", [64, 1000], ids=["D64", "D1000"])
+def test_large_instance_is_optimal_and_minimal(num_ranks):
+    """At sizes no oracle reaches: the optimum is feasible and one ulp below it is not."""
+    rng = np.random.default_rng(num_ranks)
+    lengths = np.round(rng.lognormal(5, 1, size=16 * num_ranks)).astype(np.int64) + 1
+    cost = CostModel(linear=1, quadratic=1 / 512)
+    plan = balance(lengths, num_ranks, cost=cost, padded=True, algorithm="padded")
+    assert plan.status is Status.OPTIMAL and plan.gap == 0
+    assert np.bincount(plan.assignment, minlength=num_ranks).sum() == lengths.size
+    problem = padded_problem(lengths, num_ranks, cost)
+    order = np.argsort(-lengths, kind="stable")
+    runs = padded._Runs(lengths[order], problem.item_costs[order], None)
+    assert runs.probe(plan.makespan, num_ranks)[0]
+    assert not runs.probe(math.nextafter(plan.makespan, 0), num_ranks)[0]
+
+
+def test_ranks_hold_contiguous_runs_of_sorted_items():
+    lengths = [5, 1, 9, 9, 3, 7, 2, 2, 8, 4]
+    plan = balance(lengths, 3, padded=True, algorithm="padded")
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    ranks_along_order = plan.assignment[order]
+    assert np.all(np.diff(ranks_along_order) >= 0)
+
+
+def test_same_input_gives_bit_identical_plan():
+    lengths = np.random.default_rng(7).integers(1, 6, size=500)  # many ties
+    first = balance(lengths, 37, padded=True, algorithm="padded", cost=COSTS["quadratic"])
+    second = balance(lengths.copy(), 37, padded=True, algorithm="padded", cost=COSTS["quadratic"])
+    assert first.digest() == second.digest()
+
+
+def test_zero_lengths_and_more_ranks_than_items():
+    plan = balance([0, 0, 4, 0], 6, padded=True, algorithm="padded")
+    assert plan.makespan == 4 and plan.status is Status.OPTIMAL
+
+
+def test_unpadded_problem_is_rejected():
+    with pytest.raises(ValueError, match="solves the padded cost.*pass padded=True"):
+        balance([3, 1, 2], 2, algorithm="padded")
+
+
+def test_min_cap_validates_input():
+    with pytest.raises(ValueError, match="`num_ranks` must be >= 1"):
+        padded.min_cap([1, 2], 0)
+    with pytest.raises(ValueError, match="`lengths` must be non-negative"):
+        padded.min_cap([1, -2], 2)
