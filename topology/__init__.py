@@ -11,10 +11,17 @@ Public API:
 - `estimate_exchange(sources, destinations, item_bytes, topology, strategy) -> CommEstimate`:
   modelled seconds and bytes of a "flat" all-to-all, a "nodewise" hierarchical
   all-to-all or an "allgather" (see `comm_model` for the model).
+- `place(group_of_item, sources, item_bytes, topology, method="lap", time_limit=None)
+  -> Placement`: a bijection of a balanced plan's groups onto ranks (`rank_of_group`,
+  `destinations`, `traffic`, `status`); methods in `PLACEMENTS`: "identity", "lap"
+  (exact max bytes kept on rank), "lap_node" (exact max bytes kept on node, then on
+  rank), "ilp" (the paper's node-wise min-max ILP, warm-started from "lap_node").
 """
 
 from .cluster import PRESETS, Topology
 from .comm_model import STRATEGIES, CommEstimate, estimate_exchange
+from .placement import PLACEMENTS, Placement, place
 from .traffic import Traffic, traffic
 
-__all__ = ["PRESETS", "STRATEGIES", "CommEstimate", "Topology", "Traffic", "estimate_exchange", "traffic"]
+__all__ = ["PLACEMENTS", "PRESETS", "STRATEGIES", "CommEstimate", "Placement", "Topology", "Traffic",
+           "estimate_exchange", "place", "traffic"]
