@@ -1,0 +1,58 @@
+"""The examples and the README's runnable snippets, each run as a subprocess and its output checked."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(args, timeout=180):
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def floats_after(text: str, label: str) -> list[float]:
+    return [float(value) for value in re.findall(rf"{label} ([0-9.]+)", text)]
+
+
+def test_custom_sampler_balances_every_step():
+    out = run(["examples/custom_sampler.py"])
+    as_sampled, balanced = floats_after(out, "as sampled"), floats_after(out, "post-balanced")
+    bounds = floats_after(out, "makespan / lower bound")
+    assert len(as_sampled) == len(balanced) == len(bounds) == 3
+    assert all(1.0 <= after <= before for before, after in zip(as_sampled, balanced))
+    assert all(1.0 <= bound < 1.05 for bound in bounds)
+    assert "rank 0 of the last step holds samples [" in out
+
+
+def test_calibrate_cost_model_fits_and_balances():
+    out = run(["examples/calibrate_cost_model.py"])
+    fitted = re.search(r"fitted f\(l\) = (\S+) \+ (\S+)\*l \+ (\S+)\*l\^2 seconds", out)
+    assert fitted and all(float(value) >= 0 for value in fitted.groups())
+    assert len(re.findall(r"l=\s*\d+\s+measured", out)) == 9
+    slowest = re.search(r"slowest rank ([0-9.]+) ms \(as sampled ([0-9.]+) ms, lower bound ([0-9.]+) ms\)", out)
+    after, before, bound = map(float, slowest.groups())
+    assert bound <= after <= before
+
+
+def readme_snippets():
+    text = (ROOT / "README.md").read_text()
+    return [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if block.startswith("import ")]
+
+
+@pytest.mark.parametrize("snippet", readme_snippets(), ids=lambda block: block.splitlines()[-1][:40])
+def test_readme_snippet_runs(snippet):
+    run(["-c", snippet])
+
+
+def test_readme_has_runnable_snippets_and_the_quick_start():
+    assert len(readme_snippets()) >= 2
+    text = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci in text  # the README's test command is exactly the CI command
+    assert "python3.11 -m pip install -e . && orchmllm compare" in text
