@@ -1,0 +1,167 @@
+"""The ILP balancer through real CBC: optimal vs brute force, honest time-limit status,
+infeasibility agreement, warm-started `improve`, and no files left behind."""
+
+import itertools
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
+from orchmllm.balancers import ilp, padded
+from orchmllm.balancers.problem import rank_loads, rank_tokens
+
+COSTS = {
+    "tokens": CostModel(),
+    "affine": CostModel(per_item=2, linear=1),
+    "quadratic": CostModel(linear=1, quadratic=0.37),  # non-integer costs: the scaled model
+}
+costs = st.sampled_from(sorted(COSTS)).map(COSTS.__getitem__)
+
+
+def brute_force(problem):
+    """(optimal makespan or None, smallest max tokens over all plans) over all D^n assignments."""
+    best, fewest_tokens = None, None
+    cap = problem.max_tokens_per_rank
+    for assignment in itertools.product(range(problem.num_ranks), repeat=problem.num_items):
+        assignment = np.asarray(assignment)
+        tokens = int(rank_tokens(problem, assignment).max())
+        fewest_tokens = tokens if fewest_tokens is None else min(fewest_tokens, tokens)
+        if cap is not None and tokens > cap:
+            continue
+        makespan = float(rank_loads(problem, assignment).max())
+        best = makespan if best is None else min(best, makespan)
+    return best, fewest_tokens
+
+
+def uncapped_twin(problem):
+    return make_problem(problem.lengths, problem.num_ranks, cost=problem.cost, padded=problem.padded)
+
+
+@settings(max_examples=60)
+@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=6), num_ranks=st.integers(1, 3),
+       cost=costs, is_padded=st.booleans(), cap=st.none() | st.integers(9, 24))
+def test_optimal_matches_brute_force_including_infeasibility(lengths, num_ranks, cost, is_padded, cap):
+    try:
+        problem = make_problem(lengths, num_ranks, cost=cost, padded=is_padded, max_tokens_per_rank=cap)
+    except InfeasibleError:
+        return
+    optimum, fewest_tokens = brute_force(problem)
+    if optimum is None:
+        with pytest.raises(InfeasibleError, match="CBC proved that no plan fits") as caught:
+            ilp.solve(problem)
+        assert caught.value.min_cap == fewest_tokens
+        return
+    result = ilp.solve(problem)
+    assert result.status is Status.OPTIMAL
+    assert float(rank_loads(problem, result.assignment).max()) == optimum == result.lower_bound
+    if cap is not None:
+        assert rank_tokens(problem, result.assignment).max() <= cap
+
+
+@settings(max_examples=20)
+@given(lengths=st.lists(st.integers(1, 30), min_size=4, max_size=10), num_ranks=st.integers(2, 3), cost=costs)
+def test_padded_model_agrees_with_the_padded_solver(lengths, num_ranks, cost):
+    """Two independent exact methods: the big-M ILP and sorted runs + parametric search."""
+    plan = balance(lengths, num_ranks, cost=cost, padded=True, algorithm="ilp", time_limit=20)
+    assert plan.status is Status.OPTIMAL
+    assert plan.makespan == padded.solve(make_problem(lengths, num_ranks, cost=cost, padded=True)).lower_bound
+
+
+def perfectly_divisible(num_ranks, per_rank_total, items_per_rank, seed):
+    """Lengths that split into `num_ranks` groups of exactly `per_rank_total` tokens."""
+    rng = np.random.default_rng(seed)
+    lengths = []
+    for _ in range(num_ranks):
+        cuts = np.sort(rng.choice(np.arange(1, per_rank_total), size=items_per_rank - 1, replace=False))
+        lengths.extend(np.diff(np.concatenate(([0], cuts, [per_rank_total]))).tolist())
+    return rng.permutation(lengths)
+
+
+@pytest.mark.parametrize("time_limit", [0.05, 0.5], ids=["50ms", "500ms"])
+def test_time_limit_is_reported_honestly(time_limit):
+    """An instance too big for the limit: never a wrong `optimal`; the bound stays sound."""
+    lengths = perfectly_divisible(num_ranks=10, per_rank_total=997, items_per_rank=7, seed=3)
+    plan = balance(lengths, 10, algorithm="ilp", time_limit=time_limit)
+    assert plan.status in (Status.OPTIMAL, Status.TIME_LIMIT)
+    assert plan.lower_bound <= 997 <= plan.makespan
+    assert np.bincount(plan.assignment, minlength=10).sum() == lengths.size
+    if plan.status is Status.OPTIMAL:
+        assert plan.makespan == 997
+
+
+def test_improve_never_returns_worse_than_the_start():
+    lengths = perfectly_divisible(num_ranks=8, per_rank_total=500, items_per_rank=6, seed=5)
+    problem = make_problem(lengths, 8)
+    start = np.random.default_rng(0).integers(0, 8, size=lengths.size)
+    start_makespan = float(rank_loads(problem, start).max())
+    result = ilp.improve(problem, start, time_limit=0.3)
+    improved = float(rank_loads(problem, result.assignment).max())
+    assert improved <= start_makespan
+    assert result.status in (Status.OPTIMAL, Status.TIME_LIMIT)
+    assert result.lower_bound is None or result.lower_bound <= 500
+
+
+def test_improve_reaches_a_known_optimum_from_a_random_start():
+    lengths = perfectly_divisible(num_ranks=4, per_rank_total=300, items_per_rank=4, seed=11)
+    problem = make_problem(lengths, 4)
+    start = np.random.default_rng(1).integers(0, 4, size=lengths.size)
+    result = ilp.improve(problem, start, time_limit=20)
+    assert result.status is Status.OPTIMAL and result.lower_bound == 300.0
+    assert float(rank_loads(problem, result.assignment).max()) == 300.0
+
+
+def test_improve_proves_optimality_of_an_optimal_start():
+    problem = make_problem([4, 4, 3, 3, 2, 2], 2)
+    start = np.array([0, 1, 0, 1, 0, 1])
+    result = ilp.improve(problem, start, time_limit=5)
+    assert result.status is Status.OPTIMAL and result.lower_bound == 9.0
+    assert float(rank_loads(problem, result.assignment).max()) == 9.0
+
+
+@pytest.mark.parametrize(("start", "message"), [
+    (np.array([0, 1]), "`start_assignment` must be 3 integer ranks"),
+    (np.array([0.0, 1.0, 0.0]), "`start_assignment` must be 3 integer ranks"),
+    (np.array([0, 2, 0]), r"ranks in \[0, 2\)"),
+    (np.array([0, 0, 0]), "exceeds max_tokens_per_rank=9"),
+], ids=["short", "float", "rank-out-of-range", "over-cap"])
+def test_improve_rejects_bad_starts(start, message):
+    problem = make_problem([5, 4, 3], 2, max_tokens_per_rank=9)
+    with pytest.raises(ValueError, match=message):
+        ilp.improve(problem, start)
+
+
+def test_improve_rejects_bad_time_limit():
+    problem = make_problem([5, 4, 3], 2)
+    with pytest.raises(ValueError, match="`time_limit` must be a positive number"):
+        ilp.improve(problem, np.array([0, 1, 1]), time_limit=0)
+
+
+def test_infeasible_cap_names_the_smallest_cap_that_works():
+    # 7+7 = 14 and 6+6+4 = 16, or 7+6 and 7+6+4 = 17: no split fits 15 tokens per rank
+    with pytest.raises(InfeasibleError, match="smallest cap that works is 16") as caught:
+        balance([7, 7, 6, 6, 4], 2, algorithm="ilp", max_tokens_per_rank=15)
+    assert caught.value.min_cap == 16
+    plan = balance([7, 7, 6, 6, 4], 2, algorithm="ilp", max_tokens_per_rank=16)
+    assert plan.tokens.max() <= 16
+
+
+def test_no_solver_files_are_left_behind(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("orchmllm_cbc_")}
+    balance([5, 4, 3, 3, 2], 2, algorithm="ilp")
+    balance([5, 4, 3, 3, 2], 2, algorithm="ilp", padded=True)
+    after = {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("orchmllm_cbc_")}
+    assert list(tmp_path.iterdir()) == []
+    assert after <= before
+
+
+def test_proven_plan_is_reproducible():
+    lengths = [9, 8, 8, 7, 5, 5, 4, 3, 3, 2]
+    first = balance(lengths, 3, algorithm="ilp")
+    second = balance(lengths, 3, algorithm="ilp")
+    assert first.status is Status.OPTIMAL
+    assert first.digest() == second.digest()
