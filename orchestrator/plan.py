@@ -48,22 +48,25 @@ def _frozen(array, dtype=np.int64) -> np.ndarray:
     return array
 
 
-def rank_layout(destination: np.ndarray, sizes: np.ndarray, num_ranks: int):
-    """CSR of items per rank in ascending item order, and each item's offset in its rank's buffer.
+def rank_order(ranks: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of items per rank, ascending item order within a rank: (rank_offsets (D+1,), order (K,)).
 
-    Returns (rank_offsets (D+1,), rank_items (K,), item_offset (K,)) where item_offset[k]
-    is the sum of `sizes` of the items before k on its rank.
+    A stable sort by rank; ranks fit 16 bits up to 65 536 ranks, where numpy sorts by radix.
     """
-    order = np.argsort(destination, kind="stable")
-    counts = np.bincount(destination, minlength=num_ranks)
-    rank_offsets = np.concatenate(([0], np.cumsum(counts)))
+    keys = ranks.astype(np.uint16) if num_ranks <= 2**16 else ranks
+    order = np.argsort(keys, kind="stable")
+    rank_offsets = np.concatenate(([0], np.cumsum(np.bincount(ranks, minlength=num_ranks))))
+    return _frozen(rank_offsets), _frozen(order)
+
+
+def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Offset of every item in its rank's buffer: the sum of `sizes` of the items before it on its rank."""
     sorted_sizes = sizes[order]
-    running = np.cumsum(sorted_sizes) - sorted_sizes
-    start_of_rank = np.concatenate(([0], np.cumsum(np.bincount(destination, weights=sizes, minlength=num_ranks)
-                                                      .astype(np.int64))))[:-1]
-    item_offset = np.empty_like(sizes)
-    item_offset[order] = running - start_of_rank[destination[order]]
-    return _frozen(rank_offsets), _frozen(order), _frozen(item_offset)
+    running = np.concatenate(([0], np.cumsum(sorted_sizes)))
+    counts = np.diff(rank_offsets)
+    offsets = np.empty_like(sizes)
+    offsets[order] = running[:-1] - np.repeat(running[rank_offsets[:-1]], counts)
+    return _frozen(offsets)
 
 
 @dataclass(frozen=True, eq=False)
@@ -289,10 +292,11 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
     owner = batch.segment_sample
     llm_rank = llm.destination[owner]
     llm_offset = llm.item_offset[owner] + batch.segment_position
-    order = np.lexsort((llm_offset, llm_rank))
-    counts = np.bincount(llm_rank, minlength=batch.num_ranks)
+    # Segments are listed sample by sample in order of position, and an LLM rank packs its
+    # samples in ascending order, so a stable sort by rank also sorts by packed offset.
+    route_rank_offsets, order = rank_order(llm_rank, batch.num_ranks)
     return StepPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=_frozen(route_stage),
                     route_encoder_rank=_frozen(encoder_rank), route_encoder_offset=_frozen(encoder_offset),
                     route_llm_rank=_frozen(llm_rank), route_llm_offset=_frozen(llm_offset),
-                    route_tokens=batch.segment_tokens, route_rank_offsets=_frozen(np.concatenate(([0], np.cumsum(counts)))),
-                    route_rank_order=_frozen(order), planning_seconds=planning_seconds)
+                    route_tokens=batch.segment_tokens, route_rank_offsets=route_rank_offsets,
+                    route_rank_order=order, planning_seconds=planning_seconds)

@@ -24,10 +24,10 @@ import time
 import numpy as np
 
 from ..balancers import ALGORITHMS, balance
-from ..balancers.plan import make_plan
+from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import Status, make_problem
 from ..topology import Topology
-from .plan import StagePlan, StepPlan, compose, rank_layout
+from .plan import StagePlan, StepPlan, compose, offsets_within_rank, rank_order
 from .samples import Batch
 from .stages import Stage, check_stages
 
@@ -42,31 +42,38 @@ def stage_items(batch: Batch, stage: Stage):
 
 
 def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: str,
-               lower_bound: float | None = None, solve_seconds: float = 0.0) -> StagePlan:
-    """Evaluate `destination` for `stage` (loads, tokens, bound) and lay items out per rank."""
+               balanced: BalancePlan | None = None) -> StagePlan:
+    """Evaluate `destination` for `stage` (loads, tokens, bound) and lay items out per rank.
+
+    `balanced`, when given, is the balancer's plan of this very assignment under this
+    stage's cost model, whose loads and bound are reused.
+    """
     item_sample, item_segment, item_length = stage_items(batch, stage)
     num_ranks = batch.num_ranks
     destination = np.ascontiguousarray(destination, dtype=np.int64)
     if destination.shape != item_sample.shape:
         raise ValueError(f"stage {stage.name!r}: `destination` must have one rank per item "
                          f"({item_sample.size}); got shape {destination.shape}")
-    if item_sample.size:
+    if balanced is None and item_sample.size:
         problem = make_problem(item_length, num_ranks, cost=stage.cost, padded=stage.padded)
-        plan = make_plan(problem, destination, Status.FEASIBLE, algorithm, kernel_bound=lower_bound)
-        loads, tokens, makespan, bound = plan.loads, plan.tokens, plan.makespan, plan.lower_bound
-    else:
+        balanced = make_plan(problem, destination, Status.FEASIBLE, algorithm)
+    if balanced is None:
         loads, tokens, makespan, bound = np.zeros(num_ranks), np.zeros(num_ranks, dtype=np.int64), 0.0, 0.0
+        seconds = 0.0
+    else:
+        loads, tokens, makespan, bound = balanced.loads, balanced.tokens, balanced.makespan, balanced.lower_bound
+        seconds = balanced.solve_seconds
+    rank_offsets, rank_items = rank_order(destination, num_ranks)
     output = item_length if stage.is_llm else batch.segment_tokens[item_segment]
-    rank_offsets, rank_items, item_offset = rank_layout(destination, output, num_ranks)
-    _, _, item_input_offset = rank_layout(destination, batch.sample_text if stage.is_llm else item_length,
-                                          num_ranks)
+    inputs = batch.sample_text if stage.is_llm else item_length
     source = batch.sample_source[item_sample]
     for array in (item_sample, item_segment, destination, source):
         array.setflags(write=False)
     return StagePlan(stage=stage, item_sample=item_sample, item_segment=item_segment, item_length=item_length,
                      source=source, destination=destination, rank_offsets=rank_offsets, rank_items=rank_items,
-                     item_input_offset=item_input_offset, item_offset=item_offset, loads=loads, tokens=tokens,
-                     makespan=makespan, lower_bound=bound, algorithm=algorithm, solve_seconds=solve_seconds)
+                     item_input_offset=offsets_within_rank(rank_offsets, rank_items, inputs),
+                     item_offset=offsets_within_rank(rank_offsets, rank_items, output), loads=loads, tokens=tokens,
+                     makespan=makespan, lower_bound=bound, algorithm=algorithm, solve_seconds=seconds)
 
 
 class Orchestrator:
@@ -124,6 +131,5 @@ class Orchestrator:
         padded = False if self.uniform_algorithm else stage.padded
         result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
                          max_tokens_per_rank=stage.max_tokens_per_rank)
-        bound = result.lower_bound if padded == stage.padded else None
-        return stage_plan(batch, stage, result.assignment, algorithm, lower_bound=bound,
-                          solve_seconds=result.solve_seconds)
+        return stage_plan(batch, stage, result.assignment, algorithm,
+                          balanced=result if padded == stage.padded else None)

@@ -1,0 +1,224 @@
+"""Cluster simulator: one training step of a multimodal model under each strategy.
+
+For a model (`models.MODELS`), a workload (`workloads.WORKLOADS` or a JSON-lines file)
+and a cluster of `gpus` H100s (`Topology.for_world_size`, 8 per node), every strategy
+(`strategies.STRATEGIES`) plans the same sampled batch, and the step is modelled as:
+
+    busy[s, r]     = hardware FLOPs of stage s on rank r / (peak · kernel efficiency)
+                     (stage cost model in FLOPs, padding included, × 4/3 for recomputation)
+    compute        = Σ_s max_r busy[s, r]      ZeRO-3 gathers every layer's parameters
+                                               collectively, so each stage waits for its
+                                               slowest rank
+    exchange       = Σ over exchanges of the topology comm model's seconds (forward
+                     exchanges + the embedding-gradient exchanges of the backward pass)
+    planning       = measured wall-clock of the real planner on this machine; hidden by
+                     prefetching behind the previous step's compute, only the excess counts
+    step           = compute + exchange + max(0, planning - compute)
+    MFU            = model FLOPs of the real (unpadded) tokens / (step · D · peak)
+    idle fraction  = 1 - Σ busy / (D · compute)
+    overhead       = (exchange + unhidden planning) / step
+    memory[r]      = static + Σ_s stored activations + max_s one-layer working set
+                     + exchange buffers (peak over the forward exchanges); OOM when the
+                     busiest rank exceeds the GPU memory
+
+Assumptions on the models and GPUs are in `models`; on workloads in `workloads`; on
+links in `topology.comm_model`.  Parameter all-gathers, gradient reduce-scatters and
+the optimizer step are the same for every strategy and are not modelled.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+
+import numpy as np
+
+from ..topology import Topology, estimate_exchange
+from .models import GIB, GPUS, MODELS, GPU, ModelConfig, list_models
+from .plan import Exchange, StepPlan
+from .strategies import STRATEGIES, Strategy, get_strategy, micro_batched
+from .workloads import list_workloads, load_workload_file, sample_workload
+
+RECOMPUTE_FACTOR = 4.0 / 3.0  # full activation recomputation: 4 forward-equivalents for 3 counted
+STATIC_RESERVE_BYTES = 4 * GIB
+OPTIMIZER_BYTES_PER_PARAM = 16.0
+
+__all__ = ["list_models", "list_workloads", "run_simulation", "simulate_step"]
+
+
+def cluster(gpus: int) -> Topology:
+    """H100 nodes of 8 GPUs; fewer than 8 GPUs form one node."""
+    if isinstance(gpus, bool) or not isinstance(gpus, numbers.Integral) or gpus < 1:
+        raise ValueError(f"`gpus` must be a positive int; got {gpus!r}")
+    if gpus < 8:
+        return Topology(1, int(gpus))
+    return Topology.for_world_size(int(gpus), preset="h100")
+
+
+def _exchanges(plan: StepPlan, strategy: Strategy) -> list[Exchange]:
+    """Forward exchanges of the step, in order, leaving out those that move nothing."""
+    embedding = [plan.embedding_exchange()] if strategy.composed else list(plan.two_exchange_scheme())
+    moving = [exchange for exchange in [plan.input_exchange(), *embedding]
+              if exchange.item_bytes.size and (strategy.exchange == "allgather" or exchange.bytes_moved > 0)]
+    return moving
+
+
+def simulate_step(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, topology: Topology,
+                  planning_seconds: float | None = None) -> dict:
+    """Model one step of `plan` (see the module docstring); JSON-serialisable figures.
+
+    `planning_seconds` defaults to the planner's own measurement `plan.planning_seconds`.
+    A strategy with `micro_batch_sizes` runs with the largest that fits in memory (the
+    smallest if none does), reported as "micro_batch_size".
+    """
+    if not strategy.micro_batch_sizes:
+        return _simulate(plan, strategy, model, gpu, topology, planning_seconds, None)
+    for size in sorted(strategy.micro_batch_sizes, reverse=True):
+        result = _simulate(plan, strategy, model, gpu, topology, planning_seconds, size)
+        if not result["oom"]:
+            break
+    return result
+
+
+def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, topology: Topology,
+              planning_seconds: float | None, micro_batch_size: int | None) -> dict:
+    num_ranks = plan.num_ranks
+    flops_per_second = gpu.peak_flops * gpu.kernel_efficiency
+    busy = np.zeros((len(plan.stage_plans), num_ranks))
+    stored = np.zeros(num_ranks)
+    working = np.zeros(num_ranks)
+    model_flops = 0.0
+    per_stage = {}
+    for index, stage_plan in enumerate(plan.stage_plans):
+        stage = stage_plan.stage
+        transformer = model.transformer_of(stage)
+        loads, tokens = stage_plan.loads, stage_plan.tokens
+        if micro_batch_size is not None:
+            loads, tokens = micro_batched(plan, stage_plan, micro_batch_size)
+        busy[index] = loads * RECOMPUTE_FACTOR / flops_per_second
+        real_flops = float(stage.cost.item_costs(stage_plan.item_length).sum()) if stage_plan.num_items else 0.0
+        model_flops += real_flops
+        stored += tokens * transformer.stored_bytes_per_token
+        working = np.maximum(working, tokens * transformer.working_bytes_per_token)
+        mean = float(loads.mean())
+        per_stage[stage.name] = {
+            "seconds": float(busy[index].max()),
+            "mean_seconds": float(busy[index].mean()),
+            "imbalance": float(loads.max() / mean) if mean > 0 else 1.0,
+            "gap_to_lower_bound": float(stage_plan.gap),
+            "algorithm": stage_plan.algorithm,
+            "padded": stage.padded,
+            "items": stage_plan.num_items,
+            "max_tokens_per_rank": int(tokens.max()),
+        }
+    compute = float(busy.max(axis=1).sum())
+    exchanges = _exchanges(plan, strategy)
+    exchange_seconds, buffers, bytes_moved, bytes_inter = 0.0, np.zeros(num_ranks), 0.0, 0.0
+    for exchange in exchanges:
+        forward = estimate_exchange(exchange.source, exchange.destination, exchange.item_bytes, topology,
+                                    strategy.exchange)
+        exchange_seconds += forward.seconds
+        buffers = np.maximum(buffers, forward.rank_peak_bytes)
+        bytes_moved += exchange.bytes_moved
+        bytes_inter += forward.bytes_inter_node
+        if exchange.name != "input":  # embedding gradients travel back the same way
+            backward = estimate_exchange(exchange.destination, exchange.source, exchange.item_bytes, topology,
+                                         strategy.exchange)
+            exchange_seconds += backward.seconds
+    static = (model.params * OPTIMIZER_BYTES_PER_PARAM / num_ranks
+              + 3 * 2.0 * max(t.layer_params for t in (model.llm, *(e.transformer for e in model.encoders)))
+              + STATIC_RESERVE_BYTES)
+    memory = static + stored + working + buffers
+    planning = plan.planning_seconds if planning_seconds is None else float(planning_seconds)
+    unhidden = max(0.0, planning - compute)
+    step = compute + exchange_seconds + unhidden
+    return {
+        "step_seconds": step,
+        "compute_seconds": compute,
+        "exchange_seconds": exchange_seconds,
+        "planning_seconds": planning,
+        "planning_unhidden_seconds": unhidden,
+        "overhead_fraction": (exchange_seconds + unhidden) / step if step > 0 else 0.0,
+        "idle_fraction": 1.0 - float(busy.sum()) / (num_ranks * compute) if compute > 0 else 0.0,
+        "mfu": model_flops / (step * num_ranks * gpu.peak_flops) if step > 0 else 0.0,
+        "exchanges_per_step": len(exchanges),
+        "exchange_strategy": strategy.exchange,
+        "bytes_moved": bytes_moved,
+        "bytes_inter_node": bytes_inter,
+        "memory_peak_gib": float(memory.max()) / GIB,
+        "memory_limit_gib": gpu.memory_bytes / GIB,
+        "oom": bool(memory.max() > gpu.memory_bytes),
+        "oom_ranks": int((memory > gpu.memory_bytes).sum()),
+        "micro_batch_size": micro_batch_size,
+        "per_stage": per_stage,
+    }
+
+
+def composition_comparison(plan: StepPlan, topology: Topology, exchange: str = "nodewise") -> dict:
+    """Bytes and modelled seconds of the composed embedding exchange vs the two-exchange scheme."""
+    one = plan.embedding_exchange()
+    two = plan.two_exchange_scheme()
+
+    def seconds(e: Exchange) -> float:
+        return estimate_exchange(e.source, e.destination, e.item_bytes, topology, exchange).seconds
+
+    return {"one_exchange_bytes_moved": one.bytes_moved, "one_exchange_seconds": seconds(one),
+            "two_exchange_bytes_moved": sum(e.bytes_moved for e in two),
+            "two_exchange_seconds": sum(seconds(e) for e in two)}
+
+
+def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "default", workload_file=None,
+                   samples_per_rank: int = 16, strategies=None, seed: int = 0) -> dict:
+    """Simulate one step of `model` on `gpus` H100s under each strategy; a JSON-serialisable dict.
+
+    Args:
+        model: a name in `list_models()` ("10b", "18b", "84b").
+        gpus: data-parallel ranks, one per GPU, in nodes of 8 (fewer than 8: one node).
+        workload: a name in `list_workloads()`; ignored when `workload_file` is given.
+        workload_file: path of a JSON-lines workload (see `workloads.load_workload_file`).
+        samples_per_rank: samples each rank draws per step.
+        strategies: names from `strategies.STRATEGIES` (default: all); "none" is always
+            simulated as the reference of `speedup_vs_none`.
+        seed: seed of the sampled batch.
+
+    Returns:
+        {"model", "model_params_billion", "gpus", "nodes", "workload", "samples_per_rank",
+         "seed", "composition": {...}, "strategies": {name: {"step_seconds",
+         "speedup_vs_none", "mfu", "overhead_fraction", "exchanges_per_step", "oom",
+         "planning_seconds", "exchange_seconds", "idle_fraction", "per_stage", ...}}}.
+    """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+    names = list(STRATEGIES) if strategies is None else list(strategies)
+    for name in names:
+        get_strategy(name)
+    topology = cluster(gpus)
+    config, gpu = MODELS[model], GPUS["h100"]
+    if workload_file is not None:
+        batch = load_workload_file(workload_file, samples_per_rank, topology.world_size)
+        workload_name = str(workload_file)
+    else:
+        batch = sample_workload(workload, topology.world_size, samples_per_rank, seed)
+        workload_name = workload
+    stages = config.stages()
+    results, plans = {}, {}
+    for name in dict.fromkeys(["none", *names]):
+        strategy = STRATEGIES[name]
+        start = time.perf_counter()
+        plans[name] = strategy.plan(stages, topology, batch)
+        planning = time.perf_counter() - start
+        results[name] = simulate_step(plans[name], strategy, config, gpu, topology, planning_seconds=planning)
+    reference = results["none"]["step_seconds"]
+    for result in results.values():
+        result["speedup_vs_none"] = reference / result["step_seconds"] if result["step_seconds"] > 0 else 1.0
+    return {
+        "model": model,
+        "model_params_billion": config.params / 1e9,
+        "gpus": topology.world_size,
+        "nodes": topology.num_nodes,
+        "workload": workload_name,
+        "samples_per_rank": samples_per_rank,
+        "seed": seed,
+        "composition": composition_comparison(plans["ours"], topology) if "ours" in plans else None,
+        "strategies": {name: results[name] for name in names},
+    }
