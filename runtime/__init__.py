@@ -1,1 +1,27 @@
-"""orchmllm.runtime (see DESIGN.md)."""
+"""orchmllm.runtime: the torch.distributed side of post-balancing (the only layer importing torch).
+
+- `gather_metadata`, `check_agreement`: all-gather per-item lengths; verify every rank's plan.
+- `ExchangeMeta`, `Piece`, `exchange`, `exchange_with_grad`: fused variable-split all-to-all
+  of packed tensors along frozen routes, autograd-aware (backward = inverse route).
+- `FlatAllToAll`, `HierarchicalAllToAll`: the transports (node-wise: gather within a node,
+  one message per node pair, scatter within the node).
+- `PostBalancingDispatcher`: single-stage wrapper around a batch dict.
+- `MultiStageRuntime`: encoders and LLM balanced from the orchestrator's StepPlan.
+- `Prefetcher`: plan step k+1 in a background thread on its own process group.
+- `normalize_loss`, `all_reduce_gradients`: the global reductions that keep gradients exact.
+- `demo.run_demo`: the multi-process demo (tiny vision + audio + text model).
+"""
+
+from .alltoall import FlatAllToAll
+from .dispatcher import DispatchPlan, PostBalancingDispatcher
+from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
+from .hierarchical import HierarchicalAllToAll, make_transport
+from .metadata import GatheredMetadata, PlanMismatchError, check_agreement, fingerprint, gather_metadata
+from .multistage import Assembled, Dispatched, MultiStageRuntime, StepRoutes
+from .prefetch import Prefetcher
+from .reduction import all_reduce_gradients, global_count, normalize_loss
+
+__all__ = ["Assembled", "DispatchPlan", "Dispatched", "ExchangeMeta", "FlatAllToAll", "GatheredMetadata",
+           "HierarchicalAllToAll", "MultiStageRuntime", "Piece", "PlanMismatchError", "PostBalancingDispatcher",
+           "Prefetcher", "StepRoutes", "all_reduce_gradients", "check_agreement", "exchange", "exchange_with_grad",
+           "fingerprint", "gather_metadata", "global_count", "make_transport", "normalize_loss"]

@@ -22,6 +22,7 @@ sends the gradients back along the inverse route (one fused all-to-all).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -176,18 +177,20 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(tensor.shape[0], row_elements).view(torch.uint8)
 
 
-def exchange(pieces: Sequence[Piece], transport=None) -> list[torch.Tensor]:
+def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None) -> list[torch.Tensor]:
     """Move every piece along its route in one fused all-to-all; returns one tensor per piece.
 
     Output tensors hold the rows of the items that now sit on this rank, in ascending
     global index, with the input's dtype and trailing shape.  Every rank must pass the
     same pieces in the same order (same dtypes and trailing shapes).  `transport` is a
-    `FlatAllToAll` (default) or a `HierarchicalAllToAll`.
+    `FlatAllToAll` (default) or a `HierarchicalAllToAll`.  `stats`, if given, accumulates
+    "exchange_seconds" (wall, packing included) and "exchange_bytes_sent" (to other ranks).
     """
     if transport is None:
         transport = FlatAllToAll()
     if not pieces:
         return []
+    start = time.perf_counter()
     rank, size = pieces[0].meta.rank, pieces[0].meta.world_size
     plans = []
     for number, piece in enumerate(pieces):
@@ -229,6 +232,10 @@ def exchange(pieces: Sequence[Piece], transport=None) -> list[torch.Tensor]:
             raw = torch.cat([parts[s][number] for s in range(size)])
             shaped = raw.reshape(num_rows, row_bytes).view(tensor.dtype).reshape(num_rows, *tensor.shape[1:])
         outputs.append(_take_rows(shaped, meta.arrival_row_index(rows)))
+    if stats is not None:
+        sent = int(byte_splits[rank].sum() - byte_splits[rank, rank])
+        stats["exchange_seconds"] = stats.get("exchange_seconds", 0.0) + time.perf_counter() - start
+        stats["exchange_bytes_sent"] = stats.get("exchange_bytes_sent", 0) + sent
     return outputs
 
 
@@ -236,10 +243,10 @@ class _Exchange(torch.autograd.Function):
     """Fused exchange whose backward sends gradients along the inverse routes."""
 
     @staticmethod
-    def forward(ctx, routes, transport, *tensors):
+    def forward(ctx, routes, transport, stats, *tensors):
         outputs = exchange([Piece(meta, tensor, rows) for (meta, rows), tensor in zip(routes, tensors)],
-                           transport)
-        ctx.routes, ctx.transport = routes, transport
+                           transport, stats)
+        ctx.routes, ctx.transport, ctx.stats = routes, transport, stats
         ctx.shapes = [(output.shape, output.dtype, output.device) for output in outputs]
         ctx.mark_non_differentiable(*[o for o in outputs if not (o.is_floating_point() or o.is_complex())])
         return tuple(outputs)
@@ -255,14 +262,14 @@ class _Exchange(torch.autograd.Function):
             grad = grads[n] if grads[n] is not None else torch.zeros(shape, dtype=dtype, device=device)
             meta, rows = ctx.routes[n]
             pieces.append(Piece(meta.inverse(), grad, rows))
-        returned = exchange(pieces, ctx.transport)
+        returned = exchange(pieces, ctx.transport, ctx.stats)
         input_grads = [None] * len(ctx.shapes)
         for n, grad in zip(differentiable, returned):
             input_grads[n] = grad
-        return (None, None, *input_grads)
+        return (None, None, None, *input_grads)
 
 
-def exchange_with_grad(pieces: Sequence[Piece], transport=None) -> list[torch.Tensor]:
+def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | None = None) -> list[torch.Tensor]:
     """`exchange` that autograd can differentiate: backward moves the gradients home.
 
     torch's functional `all_to_all_single_autograd` moves one tensor along one split
@@ -276,4 +283,4 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None) -> list[torch.Te
     if not pieces:
         return []
     routes = tuple((piece.meta, piece.item_rows) for piece in pieces)
-    return list(_Exchange.apply(routes, transport, *[piece.tensor for piece in pieces]))
+    return list(_Exchange.apply(routes, transport, stats, *[piece.tensor for piece in pieces]))

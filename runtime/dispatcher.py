@@ -1,0 +1,127 @@
+"""Single-stage post-balancing dispatcher: wrap a batch dict, not the model.
+
+    plan = dispatcher.plan(lengths)              # all-gather lengths, same plan on every rank
+    balanced = dispatcher.dispatch(batch, plan)  # one fused all-to-all of every tensor
+    ... model(balanced) ...
+    home = dispatcher.combine(outputs, plan)     # optional: per-item outputs back home
+
+`batch` maps names to tensors packed over this rank's items along dim 0: per-token
+tensors (input ids, labels, patches) own `lengths[i]` rows per item, per-item tensors
+(listed in `per_item_keys`: sample ids, grid sizes) one row.  After `dispatch` the rank
+holds the items the plan gave it, in ascending global index (see `exchange.py`), and
+`plan.local_lengths` says how long each is.  With `group=None` or one rank, every call
+runs the same path with no communication.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from ..balancers import BalancePlan, balance
+from .alltoall import FlatAllToAll
+from .comm import group_rank, group_size
+from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
+from .metadata import GatheredMetadata, check_agreement, fingerprint, gather_metadata
+
+
+@dataclass(frozen=True, eq=False)
+class DispatchPlan:
+    """One step's plan as every rank holds it: gathered lengths, balance, route."""
+
+    metadata: GatheredMetadata
+    balance: BalancePlan | None  # None when the global batch has no items
+    route: ExchangeMeta
+    planning_seconds: float
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Length of every item of the global batch, rank by rank."""
+        return self.metadata.column(0)
+
+    @property
+    def local_items(self) -> np.ndarray:
+        """Global indices of the items this rank holds after `dispatch`, ascending."""
+        return self.route.dest_items
+
+    @property
+    def local_lengths(self) -> np.ndarray:
+        return self.lengths[self.route.dest_items]
+
+
+class PostBalancingDispatcher:
+    """Balance one stage across the ranks of `group` and move its batch accordingly.
+
+    Args:
+        group: the data-parallel process group (None: the world, or no-op without one).
+        algorithm, cost, padded, max_tokens_per_rank, time_limit: passed to `balance()`;
+            every rank must use the same (a time-limited exact solver can differ between
+            ranks: keep `check_plan` on with it).
+        per_item_keys: batch keys with one row per item; all others have one row per token.
+        check_plan: all-gather a fingerprint of each rank's plan and configuration and
+            raise `PlanMismatchError` naming disagreeing ranks.
+        transport: `FlatAllToAll(group)` (default) or `HierarchicalAllToAll(gpus_per_node, group)`.
+    """
+
+    def __init__(self, *, group=None, algorithm: str = "lpt", cost=None, padded: bool = False,
+                 max_tokens_per_rank: int | None = None, time_limit: float | None = None,
+                 per_item_keys=(), check_plan: bool = False, transport=None):
+        self.group = group
+        self.balance_options = dict(algorithm=algorithm, cost=cost, padded=padded,
+                                    max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
+        if isinstance(per_item_keys, str):
+            raise TypeError("`per_item_keys` must be a collection of keys, not a str")
+        self.per_item_keys = frozenset(per_item_keys)
+        self.check_plan = bool(check_plan)
+        self.transport = FlatAllToAll(group) if transport is None else transport
+
+    def plan(self, lengths, *, metadata_group=None) -> DispatchPlan:
+        """Gather every rank's item lengths and compute the plan (a collective).
+
+        `metadata_group` runs the metadata collectives on another group (the prefetch
+        thread's); the route is still for this dispatcher's group.
+        """
+        group = self.group if metadata_group is None else metadata_group
+        start = time.perf_counter()
+        metadata = gather_metadata(lengths, group, num_columns=1)
+        if metadata.num_items:
+            plan = balance(metadata.column(0), int(metadata.counts.size), **self.balance_options)
+            assignment = plan.assignment
+        else:
+            plan, assignment = None, np.zeros(0, dtype=np.int64)
+        if self.check_plan:
+            check_agreement(fingerprint(sorted(self.balance_options.items(), key=lambda kv: kv[0]),
+                                        plan.digest() if plan else ""), group)
+        route = ExchangeMeta.from_assignment(assignment, metadata.counts, group_rank(self.group))
+        if route.world_size != group_size(self.group):
+            raise ValueError(f"metadata group has {route.world_size} ranks but the dispatcher's group has "
+                             f"{group_size(self.group)}")
+        return DispatchPlan(metadata, plan, route, time.perf_counter() - start)
+
+    def _pieces(self, batch: Mapping[str, torch.Tensor], route: ExchangeMeta, lengths: np.ndarray):
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"`batch` must be a mapping of names to tensors; got {type(batch).__name__}")
+        keys = sorted(batch)
+        return keys, [Piece(route, batch[key], 1 if key in self.per_item_keys else lengths) for key in keys]
+
+    def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *,
+                 differentiable: bool = False) -> dict[str, torch.Tensor]:
+        """Move every tensor of `batch` to the ranks the plan assigns its items (one all-to-all).
+
+        Keys are exchanged in sorted order, so every rank must pass the same keys.
+        `differentiable=True` lets gradients of the results flow back to the inputs.
+        """
+        keys, pieces = self._pieces(batch, plan.route, plan.lengths)
+        move = exchange_with_grad if differentiable else exchange
+        return dict(zip(keys, move(pieces, self.transport)))
+
+    def combine(self, outputs: Mapping[str, torch.Tensor], plan: DispatchPlan, *,
+                differentiable: bool = True) -> dict[str, torch.Tensor]:
+        """Send per-item or per-token outputs of the balanced items back to their home ranks."""
+        keys, pieces = self._pieces(outputs, plan.route.inverse(), plan.lengths)
+        move = exchange_with_grad if differentiable else exchange
+        return dict(zip(keys, move(pieces, self.transport)))

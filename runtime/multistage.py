@@ -1,0 +1,252 @@
+"""Multi-stage runtime: every encoder and the LLM balanced, two exchanges per step.
+
+Driven by the orchestrator's `StepPlan` (computed identically on every rank from the
+all-gathered lengths):
+
+    routes = runtime.plan(local_samples)                    # metadata all-gather + plan
+    moved = runtime.dispatch(routes, text=..., per_sample=..., inputs={modality: packed})
+        # one fused all-to-all: raw segment inputs to their encoder rank, text and
+        # per-sample tensors to their LLM rank
+    packed = runtime.forward(routes, moved, encoders={modality: fn}, text_embedding=fn)
+        # encoders run on their balanced items; their outputs go straight to the LLM
+        # rank of their sample (Π_M ∘ Π_E⁻¹, one autograd all-to-all whose backward sends
+        # the gradients back to the encoder ranks) and are assembled with the text
+        # embeddings into this rank's packed LLM sequence
+    loss = my_llm(packed.embeddings, packed.sample_lengths) ...
+
+Model-agnostic: an encoder is any callable `fn(inputs, lengths) -> embeddings`, packed over
+its items along dim 0 (`lengths[k]` input rows in, `Segment.tokens` rows out); the
+text embedding any callable on the packed text ids.  The runtime never sees the model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..orchestrator.plan import StepPlan
+from ..orchestrator.planner import Orchestrator
+from ..orchestrator.samples import Batch, Sample, resolve_positions
+from ..orchestrator.stages import check_stages
+from .alltoall import FlatAllToAll
+from .comm import group_rank, group_size
+from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
+from .metadata import check_agreement, fingerprint, gather_metadata
+
+SAMPLE_COLUMNS = 3  # text tokens, number of segments, sample id
+SEGMENT_COLUMNS = 4  # modality code, length, tokens, position
+
+
+def local_tables(samples: Sequence[Sample], modalities: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's metadata as two int64 tables: samples (text, #segments, id) and
+    segments (modality code, length, tokens, position), segments sample by sample."""
+    sample_rows, segment_rows = [], []
+    for index, sample in enumerate(samples):
+        if not isinstance(sample, Sample):
+            raise TypeError(f"`samples` must hold orchestrator Sample objects; got {type(sample).__name__} "
+                            f"at index {index}")
+        sample_rows.append((sample.text, len(sample.segments), sample.id))
+        positions = resolve_positions(sample.segments, sample.text)
+        for j, (segment, position) in enumerate(zip(sample.segments, positions)):
+            if segment.modality not in modalities:
+                raise ValueError(f"sample {index} segment {j} has modality {segment.modality!r}; the stages "
+                                 f"encode {list(modalities)}")
+            segment_rows.append((modalities.index(segment.modality), segment.length, segment.tokens, position))
+    return (np.array(sample_rows, dtype=np.int64).reshape(-1, SAMPLE_COLUMNS),
+            np.array(segment_rows, dtype=np.int64).reshape(-1, SEGMENT_COLUMNS))
+
+
+@dataclass(frozen=True, eq=False)
+class StepRoutes:
+    """A step plan with the exchange routes this rank uses."""
+
+    step: StepPlan
+    rank: int
+    input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage
+    text_route: ExchangeMeta  # samples to their LLM rank
+    embedding_routes: tuple[ExchangeMeta, ...]  # encoder rank -> LLM rank, one per encoder stage
+    planning_seconds: float
+
+    @property
+    def batch(self) -> Batch:
+        return self.step.batch
+
+
+@dataclass(frozen=True, eq=False)
+class Dispatched:
+    """What the input exchange delivered to this rank."""
+
+    inputs: dict  # modality -> packed raw inputs of the segments this rank encodes
+    input_lengths: dict  # modality -> int64 tensor of their lengths (encoder units)
+    text: dict  # name -> packed per-token tensors of this rank's LLM samples
+    per_sample: dict  # name -> one row per LLM sample of this rank
+
+
+@dataclass(frozen=True, eq=False)
+class Assembled:
+    """This rank's packed LLM input and where its pieces came from."""
+
+    embeddings: torch.Tensor  # (num_tokens, hidden): samples packed in ascending order
+    sample_lengths: torch.Tensor  # int64 (num_samples,)
+    samples: np.ndarray  # global sample indices, ascending
+    text_positions: torch.Tensor  # int64: packed row of every received text token
+
+    def scatter_text(self, values: torch.Tensor, fill) -> torch.Tensor:
+        """Place per-text-token `values` (e.g. labels) at their packed rows; `fill` elsewhere."""
+        out = values.new_full((self.embeddings.shape[0], *values.shape[1:]), fill)
+        return out.index_copy(0, self.text_positions, values)
+
+
+class MultiStageRuntime:
+    """Run a multimodal step with every stage balanced (see module docstring).
+
+    Args:
+        stages: orchestrator `Stage`s, encoder stages then the LLM stage.
+        group: the data-parallel process group (None: world, or no-op without one).
+        transport: `FlatAllToAll(group)` (default) or `HierarchicalAllToAll`.
+        check_plan: all-gather a fingerprint of every rank's plan; raise on mismatch.
+        topology: passed to `Orchestrator` (default: one node of the group's size).
+        orchestrator_options: e.g. balance_encoders=False, balance_llm=False (no balancing).
+    """
+
+    def __init__(self, stages, *, group=None, transport=None, check_plan: bool = False, topology=None,
+                 **orchestrator_options):
+        self.stages = check_stages(stages)
+        self.group = group
+        self.transport = FlatAllToAll(group) if transport is None else transport
+        self.check_plan = bool(check_plan)
+        self.orchestrator = Orchestrator(self.stages, group_size(group) if topology is None else topology,
+                                         **orchestrator_options)
+        self.options = tuple(sorted(orchestrator_options.items()))
+        self.modalities = tuple(stage.modality for stage in self.stages[:-1])
+
+    def gather_batch(self, samples: Sequence[Sample], metadata_group=None) -> Batch:
+        """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
+        group = self.group if metadata_group is None else metadata_group
+        sample_table, segment_table = local_tables(samples, self.modalities)
+        gathered_samples = gather_metadata(sample_table, group, num_columns=SAMPLE_COLUMNS)
+        gathered_segments = gather_metadata(segment_table, group, num_columns=SEGMENT_COLUMNS)
+        samples_all, segments_all = gathered_samples.values, gathered_segments.values
+        return Batch.from_arrays(
+            num_ranks=int(gathered_samples.counts.size), modalities=self.modalities,
+            sample_text=samples_all[:, 0], sample_source=gathered_samples.source_ranks,
+            sample_id=samples_all[:, 2],
+            segment_sample=np.repeat(np.arange(samples_all.shape[0], dtype=np.int64), samples_all[:, 1]),
+            segment_modality=segments_all[:, 0], segment_length=segments_all[:, 1],
+            segment_tokens=segments_all[:, 2], segment_position=segments_all[:, 3])
+
+    def plan(self, samples: Sequence[Sample], *, metadata_group=None) -> StepRoutes:
+        """Gather metadata, plan every stage, build this rank's routes (a collective)."""
+        start = time.perf_counter()
+        batch = self.gather_batch(samples, metadata_group)
+        step = self.orchestrator.plan(batch)
+        if self.check_plan:
+            check_agreement(fingerprint(self.stages, self.options, step.digest()),
+                            self.group if metadata_group is None else metadata_group, "step plan")
+        return self.routes(step, time.perf_counter() - start)
+
+    def routes(self, step: StepPlan, planning_seconds: float = 0.0) -> StepRoutes:
+        """This rank's exchange routes for a step plan (pure; no communication)."""
+        rank, size = group_rank(self.group), group_size(self.group)
+        if step.num_ranks != size:
+            raise ValueError(f"step plan is for {step.num_ranks} ranks but the group has {size}")
+        encoder_plans = step.stage_plans[:-1]
+        input_routes = tuple(ExchangeMeta(p.source, p.destination, rank, size) for p in encoder_plans)
+        embedding_routes = tuple(ExchangeMeta(p.destination, step.route_llm_rank[p.item_segment], rank, size)
+                                 for p in encoder_plans)
+        text_route = ExchangeMeta(step.llm.source, step.llm.destination, rank, size)
+        return StepRoutes(step, rank, input_routes, text_route, embedding_routes, planning_seconds)
+
+    def dispatch(self, routes: StepRoutes, *, text: Mapping[str, torch.Tensor],
+                 per_sample: Mapping[str, torch.Tensor] | None = None,
+                 inputs: Mapping[str, torch.Tensor] | None = None, stats: dict | None = None) -> Dispatched:
+        """The fused input exchange (one all-to-all).
+
+        `text`: per-token tensors packed over this rank's samples (rows = text tokens);
+        `per_sample`: one row per sample; `inputs`: modality -> raw inputs packed over this
+        rank's segments of that modality (rows = segment lengths).  Every rank passes the
+        same keys (a modality absent locally still needs an empty tensor of the right
+        trailing shape and dtype).
+        """
+        per_sample, inputs = dict(per_sample or {}), dict(inputs or {})
+        missing = [m for m, r in zip(self.modalities, routes.input_routes) if m not in inputs and r.num_items]
+        if missing:
+            raise ValueError(f"`inputs` lacks modality {missing[0]!r}, which the global batch contains")
+        batch, step = routes.batch, routes.step
+        pieces, names = [], []
+        for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
+            if modality in inputs:
+                pieces.append(Piece(route, inputs[modality], plan.item_length))
+                names.append(("inputs", modality))
+        for key in sorted(text):
+            pieces.append(Piece(routes.text_route, text[key], batch.sample_text))
+            names.append(("text", key))
+        for key in sorted(per_sample):
+            pieces.append(Piece(routes.text_route, per_sample[key], 1))
+            names.append(("per_sample", key))
+        moved = exchange(pieces, self.transport, stats)
+        result = {"inputs": {}, "text": {}, "per_sample": {}}
+        for (kind, key), tensor in zip(names, moved):
+            result[kind][key] = tensor
+        lengths = {modality: torch.from_numpy(plan.item_length[route.dest_items].copy())
+                   for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1])}
+        return Dispatched(result["inputs"], lengths, result["text"], result["per_sample"])
+
+    def forward(self, routes: StepRoutes, moved: Dispatched, *, encoders: Mapping[str, Callable],
+                text_embedding: Callable, text_key: str = "input_ids", stats: dict | None = None) -> Assembled:
+        """Encode balanced items, send embeddings to their LLM rank, assemble packed sequences.
+
+        Every encoder is called on every rank, with empty inputs where a rank has no items
+        of its modality, so every rank takes part in the embedding exchange and in its
+        backward.
+        """
+        step = routes.step
+        outputs = []
+        for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
+            if modality not in encoders:
+                raise ValueError(f"`encoders` lacks modality {modality!r}")
+            embedded = encoders[modality](moved.inputs[modality], moved.input_lengths[modality])
+            expected = int(step.batch.segment_tokens[plan.item_segment[route.dest_items]].sum())
+            if embedded.dim() != 2 or embedded.shape[0] != expected:
+                raise ValueError(f"encoder {modality!r} returned shape {tuple(embedded.shape)}; expected "
+                                 f"({expected}, hidden): one row per output token of its items")
+            outputs.append(embedded)
+        text_embedded = text_embedding(moved.text[text_key])
+        pieces = [Piece(route, tensor, step.batch.segment_tokens[plan.item_segment])
+                  for route, tensor, plan in zip(routes.embedding_routes, outputs, step.stage_plans[:-1])]
+        arrived = exchange_with_grad(pieces, self.transport, stats)
+        return self.assemble(routes, text_embedded, arrived)
+
+    def assemble(self, routes: StepRoutes, text_embedded: torch.Tensor,
+                 arrived: Sequence[torch.Tensor]) -> Assembled:
+        """Interleave text embeddings and received segment embeddings into packed sequences."""
+        step, rank = routes.step, routes.rank
+        recipe = step.assembly(rank)
+        llm = step.llm
+        text_start = llm.item_input_offset[recipe.text_sample] + recipe.text_offset
+        text_source = ranges(text_start, recipe.text_length)
+        text_destination = ranges(recipe.text_llm_offset, recipe.text_length)
+        destinations = [text_destination]
+        for route, plan in zip(routes.embedding_routes, step.stage_plans[:-1]):
+            segments = plan.item_segment[route.dest_items]
+            destinations.append(ranges(step.route_llm_offset[segments], step.batch.segment_tokens[segments]))
+        destination = np.concatenate(destinations)
+        if destination.size != recipe.num_tokens:
+            raise RuntimeError(f"assembly covers {destination.size} rows of a {recipe.num_tokens}-token sequence")
+        gather = np.empty(recipe.num_tokens, dtype=np.int64)
+        gather[destination] = np.arange(destination.size)
+        device = text_embedded.device
+        text_rows = text_embedded.index_select(0, torch.from_numpy(text_source).to(device))
+        combined = torch.cat([text_rows, *[a.to(text_embedded.dtype) for a in arrived]])
+        embeddings = combined.index_select(0, torch.from_numpy(gather).to(device))
+        if text_source.size != text_embedded.shape[0]:
+            raise RuntimeError(f"assembly places {text_source.size} of {text_embedded.shape[0]} text tokens")
+        text_positions = np.empty(text_source.size, dtype=np.int64)
+        text_positions[text_source] = text_destination
+        return Assembled(embeddings, torch.from_numpy(recipe.sample_lengths.copy()).to(device),
+                         recipe.samples, torch.from_numpy(text_positions).to(device))
+

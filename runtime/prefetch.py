@@ -1,0 +1,88 @@
+"""Plan step k+1 while step k computes: a background thread with its own process group.
+
+    prefetcher = Prefetcher(lambda samples, group: runtime.plan(samples, metadata_group=group))
+    prefetcher.submit(next_samples)      # right after step k's plan is taken
+    ... step k: exchanges, forward, backward (training thread, training group) ...
+    routes = prefetcher.result()         # step k+1's plan, usually ready already
+
+The thread's metadata all-gathers run on a separate gloo group created here (a
+collective over the world, at construction), so they never interleave with the training
+thread's collectives on the training group.  `hidden_fraction` reports how much of the
+planning time the training thread did not have to wait for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+import torch.distributed as dist
+
+
+class Prefetcher:
+    """Run `plan_fn(*args, group)` in a background thread, one request at a time.
+
+    `group`: the process group for the thread's collectives; default: a new gloo group
+    over the world when torch.distributed is initialised (every rank must construct its
+    Prefetcher at the same point), else None.
+    """
+
+    def __init__(self, plan_fn: Callable, group=None):
+        if not callable(plan_fn):
+            raise TypeError(f"`plan_fn` must be callable; got {type(plan_fn).__name__}")
+        if group is None and dist.is_available() and dist.is_initialized():
+            group = dist.new_group(backend="gloo")
+        self.plan_fn, self.group = plan_fn, group
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orchmllm-prefetch")
+        self._pending: Future | None = None
+        self._lock = threading.Lock()
+        self.planning_seconds = 0.0  # time spent planning in the thread
+        self.wait_seconds = 0.0  # time the caller waited in result()
+        self.requests = 0
+
+    def _run(self, args):
+        start = time.perf_counter()
+        try:
+            return self.plan_fn(*args, self.group)
+        finally:
+            with self._lock:
+                self.planning_seconds += time.perf_counter() - start
+
+    def submit(self, *args) -> None:
+        """Start planning for `args` (e.g. the next step's local samples)."""
+        if self._pending is not None:
+            raise RuntimeError("a prefetch is already pending; call result() first")
+        self._pending = self._executor.submit(self._run, args)
+        self.requests += 1
+
+    def result(self, timeout: float | None = None):
+        """The pending plan; waits for it (timed) and re-raises the thread's exception."""
+        if self._pending is None:
+            raise RuntimeError("no prefetch pending; call submit() first")
+        start = time.perf_counter()
+        try:
+            return self._pending.result(timeout)
+        finally:
+            self.wait_seconds += time.perf_counter() - start
+            self._pending = None
+
+    @property
+    def hidden_fraction(self) -> float:
+        """Share of planning time the caller did not wait for (1.0: fully hidden)."""
+        with self._lock:
+            planning = self.planning_seconds
+        if planning == 0:
+            return 1.0
+        return max(0.0, 1.0 - self.wait_seconds / planning)
+
+    def close(self) -> None:
+        """Stop the thread (waits for a running plan)."""
+        self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> "Prefetcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

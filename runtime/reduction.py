@@ -1,0 +1,77 @@
+"""Global reductions that keep post-balancing exact: loss normalisation and gradient sync.
+
+Why the loss must be normalised globally.  Data-parallel training minimises
+L = (1/N) · sum of per-token losses over the *global* batch (N loss tokens on all ranks).
+Its gradient is a plain sum over tokens, so it does not care which rank computed which
+token: moving samples between ranks changes only the order of additions.  A per-rank
+mean, L' = (1/D) · sum_r (1/N_r) · sum of rank r's token losses, weights every token by
+1/N_r, the token count of the rank it happens to sit on; rearranging samples changes the
+N_r and hence the gradient, so balanced and unbalanced runs would train different
+models.  `normalize_loss` divides the local sum by the all-reduced global count N, and
+scales it for the gradient reduction in use (DDP averages over D ranks, so "mean" multiplies
+by D), after which the reduced gradient is exactly that of L.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .comm import comm_device, group_size, is_distributed
+
+_REDUCTIONS = ("mean", "sum")
+
+
+def global_count(local_count, group=None) -> torch.Tensor:
+    """Sum over the ranks of `group` of a per-rank count (int or tensor); an int64 tensor."""
+    count = torch.as_tensor(local_count, dtype=torch.int64).reshape(()).to(comm_device(group)).clone()
+    if is_distributed(group):
+        dist.all_reduce(count, group=group)
+    return count
+
+
+def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
+                   gradient_reduction: str = "mean") -> torch.Tensor:
+    """Local loss summed over tokens, divided by the global number of loss tokens.
+
+    `gradient_reduction` is how gradients are then combined across ranks: "mean" (DDP,
+    FSDP: the result is multiplied by the world size to undo the average) or "sum"
+    (a plain all-reduce sum, as `all_reduce_gradients(..., op="sum")`).  Either way the
+    reduced gradient equals that of (sum of all token losses) / (global token count).
+    """
+    if gradient_reduction not in _REDUCTIONS:
+        raise ValueError(f"`gradient_reduction` must be one of {_REDUCTIONS}; got {gradient_reduction!r}")
+    if not isinstance(loss_sum, torch.Tensor):
+        raise TypeError(f"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__}")
+    total = global_count(num_loss_tokens, group).to(loss_sum.device)
+    scale = group_size(group) if gradient_reduction == "mean" else 1
+    return loss_sum * scale / total.clamp(min=1).to(loss_sum.dtype)
+
+
+def all_reduce_gradients(parameters, group=None, *, op: str = "sum") -> None:
+    """All-reduce `.grad` of every parameter in place ("sum" or "mean"), one flat buffer per dtype.
+
+    Parameters without a gradient contribute zeros, so every rank issues the same
+    collectives even when a module saw no items on some rank.
+    """
+    if op not in _REDUCTIONS:
+        raise ValueError(f"`op` must be one of {_REDUCTIONS}; got {op!r}")
+    parameters = [p for p in parameters if p.requires_grad]
+    for p in parameters:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if not is_distributed(group):
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in parameters:
+        by_dtype.setdefault(p.grad.dtype, []).append(p)
+    for dtype in sorted(by_dtype, key=str):
+        params = by_dtype[dtype]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, group=group)
+        if op == "mean":
+            flat /= group_size(group)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
