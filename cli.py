@@ -189,7 +189,7 @@ def _console(stderr: bool = False):
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 120  # pipes and files: wide enough for the tables
+    width = None if stream.isatty() else 132  # pipes and files: wide enough for the tables
     return Console(stderr=stderr, highlight=False, width=width)
 
 
@@ -226,47 +226,63 @@ def _print_json(payload) -> None:
 
 
 @dataclass(frozen=True, eq=False)
-class Stage:
-    """The items one stage balances in one step: lengths, the rank that sampled each, costs."""
+class StageItems:
+    """The items one stage balances in one step: lengths, the rank that sampled each, costs, bytes."""
 
     name: str
     lengths: np.ndarray
     sources: np.ndarray
     cost: CostModel
     padded: bool
-    bytes_per_unit: float
+    item_bytes: np.ndarray
 
 
 def _file_stages(lengths: np.ndarray, num_ranks: int, cost: CostModel, padded: bool,
-                 bytes_per_token: float) -> list[Stage]:
+                 bytes_per_token: float) -> list[StageItems]:
     sources = home_ranks(lengths.size, num_ranks)
-    return [Stage("items", lengths, sources, cost, padded, bytes_per_token)]
+    return [StageItems("items", lengths, sources, cost, padded, lengths * float(bytes_per_token))]
 
 
-def _workload_stages(name: str, num_ranks: int, items_per_rank: int, seed: int,
-                     bytes_per_token: float) -> list[Stage]:
-    """Interim tri-modal mix until the orchestrator's embedded workloads land."""
-    if name != "default":
-        raise UsageError(f"unknown workload {name!r}; choose one of default, or pass --lengths FILE")
-    rng = np.random.default_rng(seed)
-    samples = num_ranks * items_per_rank
-    sample_source = home_ranks(samples, num_ranks)
-    kind = rng.choice(3, size=samples, p=[0.5, 0.3, 0.2])  # image-text, audio-text, text only
-    text = np.rint(rng.lognormal(6.0, 0.9, samples)).astype(np.int64) + 1
-    images = np.where(kind == 0, rng.integers(1, 5, samples), 0)
-    audio_frames = np.where(kind == 1, np.rint(rng.gamma(4.0, 300.0, samples)).astype(np.int64) + 50, 0)
-    image_source = np.repeat(sample_source, images)
-    image_patches = rng.choice([576, 1024, 2304], size=image_source.size, p=[0.5, 0.3, 0.2])
-    audio_mask = audio_frames > 0
-    llm = text + images * 256 + audio_frames // 4
-    vision_cost = CostModel.from_transformer(num_layers=32, hidden_size=1280, causal=False)
-    audio_cost = CostModel.from_transformer(num_layers=32, hidden_size=1280, causal=False)
-    llm_cost = CostModel.from_transformer(num_layers=80, hidden_size=8192)
-    return [
-        Stage("vision", image_patches.astype(np.int64), image_source, vision_cost, False, bytes_per_token),
-        Stage("audio", audio_frames[audio_mask], sample_source[audio_mask], audio_cost, False, bytes_per_token),
-        Stage("llm", llm, sample_source, llm_cost, False, bytes_per_token),
-    ]
+def _model_stages(model: str):
+    from .orchestrator.models import MODELS
+
+    if model not in MODELS:
+        raise UsageError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    return MODELS[model].stages()
+
+
+def _workload_batch(args, num_ranks: int, samples_per_rank: int):
+    from .orchestrator.workloads import list_workloads, load_workload_file, sample_workload
+
+    if args.workload_file is not None:
+        if not Path(args.workload_file).is_file():
+            raise UsageError(f"workload file {args.workload_file!r} not found")
+        return load_workload_file(args.workload_file, samples_per_rank, num_ranks)
+    if args.workload not in list_workloads():
+        raise UsageError(f"unknown workload {args.workload!r}; choose one of {', '.join(list_workloads())} "
+                         f"or pass --lengths FILE / --workload-file FILE")
+    return sample_workload(args.workload, num_ranks, samples_per_rank, args.seed)
+
+
+def _workload_stages(batch, stages) -> list[StageItems]:
+    """Every stage's items of `batch`; bytes are an item's input (the LLM: text + embeddings it receives)."""
+    from .orchestrator.planner import stage_items
+
+    embedding_bytes = np.zeros(len(batch.modalities))
+    for stage in stages:
+        if not stage.is_llm and stage.modality in batch.modalities:
+            embedding_bytes[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
+    received = np.bincount(batch.segment_sample, minlength=batch.num_samples,
+                           weights=batch.segment_tokens * embedding_bytes[batch.segment_modality])
+    result = []
+    for stage in stages:
+        item_sample, _, item_length = stage_items(batch, stage)
+        item_bytes = (batch.sample_text * stage.input_bytes_per_unit + received if stage.is_llm
+                      else item_length * stage.input_bytes_per_unit)
+        if item_length.size:
+            result.append(StageItems(stage.name, np.asarray(item_length), batch.sample_source[item_sample],
+                                     stage.cost, stage.padded, np.asarray(item_bytes, dtype=np.float64)))
+    return result
 
 
 def _algorithm_names(text: str | None) -> list[str]:
@@ -286,7 +302,7 @@ NOT_BY_DEFAULT = ("identity", "ilp")
 BASELINE = "none"  # every item stays on the rank that sampled it
 
 
-def _plan_for(name: str, stage: Stage, num_ranks: int, time_limit: float | None):
+def _plan_for(name: str, stage: StageItems, num_ranks: int, time_limit: float | None):
     if name == BASELINE:
         from .balancers import make_problem
         from .balancers.plan import make_plan
@@ -331,7 +347,6 @@ def _compare_rows(configs, algorithms, explicit, args, advance):
     for num_ranks, items_per_rank, stages in configs:
         topology = _topology(num_ranks, args.gpus_per_node)
         for stage in stages:
-            item_bytes = stage.lengths * stage.bytes_per_unit
             baseline = None
             for name in [BASELINE] + algorithms:
                 row = {"ranks": num_ranks, "items_per_rank": items_per_rank, "stage": stage.name,
@@ -346,7 +361,7 @@ def _compare_rows(configs, algorithms, explicit, args, advance):
                     rows.append({**row, **dict.fromkeys(RESULT_FIELDS), "status": "n/a", "note": _one_line(error)})
                     advance()
                     continue
-                move = traffic(stage.sources, plan.assignment, item_bytes, topology)
+                move = traffic(stage.sources, plan.assignment, stage.item_bytes, topology)
                 baseline = plan.makespan if baseline is None else baseline
                 rows.append({
                     **row, "makespan": plan.makespan, "lower_bound": plan.lower_bound,
@@ -362,29 +377,38 @@ def _compare_rows(configs, algorithms, explicit, args, advance):
 
 
 def _summaries(rows) -> list[dict]:
-    """Per configuration: slowest-rank work summed over stages, before vs the best plans."""
+    """Per configuration: slowest-rank work summed over stages, as sampled vs the best plans.
+
+    "best" takes the best registered algorithm of every stage (stages are balanced
+    independently); "best_peer" the peer heuristic whose plans sum lowest over all stages.
+    """
     summaries = []
     configs = sorted({(row["ranks"], row["items_per_rank"] or 0) for row in rows})
     for num_ranks, items_per_rank in configs:
-        mine = [row for row in rows if row["ranks"] == num_ranks and (row["items_per_rank"] or 0) == items_per_rank]
+        mine = [row for row in rows if row["ranks"] == num_ranks and (row["items_per_rank"] or 0) == items_per_rank
+                and row["makespan"] is not None]
         stages = list(dict.fromkeys(row["stage"] for row in mine))
-        totals: dict[str, float] = {}
-        for row in mine:
-            totals[row["algorithm"]] = totals.get(row["algorithm"], 0.0) + (
-                math.inf if row["makespan"] is None else row["makespan"])
-        totals = {name: total for name, total in totals.items() if math.isfinite(total)}
-        ideal = sum(next(row["lower_bound"] for row in mine if row["stage"] == s and row["algorithm"] == BASELINE)
-                    for s in stages)
-        before = totals[BASELINE]
-        ours = {name: total for name, total in totals.items() if name not in PEERS and name != BASELINE}
-        peers = {name: total for name, total in totals.items() if name in PEERS}
+        baseline = {row["stage"]: row for row in mine if row["algorithm"] == BASELINE}
+        before = sum(row["makespan"] for row in baseline.values())
         summary = {"ranks": num_ranks, "items_per_rank": items_per_rank or None, "stages": stages,
-                   "work_before": before, "work_ideal": ideal}
-        for key, group in (("best", ours), ("best_peer", peers)):
-            if group:
-                name = min(group, key=lambda n: (group[n], n))
-                summary[key] = {"algorithm": name, "work": group[name],
-                                "speedup_vs_none": before / group[name] if group[name] > 0 else 1.0}
+                   "work_before": before, "work_ideal": sum(row["lower_bound"] for row in baseline.values())}
+        ours = [row for row in mine if row["kind"] == "orchmllm" and row["algorithm"] != BASELINE]
+        if ours:
+            chosen = {stage: min((row for row in ours if row["stage"] == stage),
+                                 key=lambda row: (row["makespan"], row["algorithm"]), default=baseline[stage])
+                      for stage in stages}
+            work = sum(row["makespan"] for row in chosen.values())
+            summary["best"] = {"algorithms": {stage: row["algorithm"] for stage, row in chosen.items()},
+                               "work": work, "speedup_vs_none": before / work if work > 0 else 1.0}
+        totals = {}
+        for name in PEERS:
+            peer_rows = [row for row in mine if row["algorithm"] == name]
+            if len(peer_rows) == len(stages):
+                totals[name] = sum(row["makespan"] for row in peer_rows)
+        if totals:
+            name = min(totals, key=lambda n: (totals[n], n))
+            summary["best_peer"] = {"algorithm": name, "work": totals[name],
+                                    "speedup_vs_none": before / totals[name] if totals[name] > 0 else 1.0}
         summaries.append(summary)
     return summaries
 
@@ -400,7 +424,8 @@ def _print_compare(rows, summaries, source: str) -> None:
         table = Table(title=f"{source}, {head}", title_justify="left", title_style="bold")
         for header in ("stage", "algorithm", "items", "makespan/LB", "max/mean", "speed-up", "ms",
                        "moved GB", "inter-node GB"):
-            table.add_column(header, justify="left" if header in ("stage", "algorithm") else "right")
+            table.add_column(header, justify="left" if header in ("stage", "algorithm") else "right",
+                             no_wrap=True)
         mine = [row for row in rows if row["ranks"] == num_ranks and row["items_per_rank"] == items_per_rank]
         for index, row in enumerate(mine):
             if index and row["stage"] != mine[index - 1]["stage"]:
@@ -434,8 +459,10 @@ def _print_compare(rows, summaries, source: str) -> None:
         for key, what in (("best", "after"), ("best_peer", "best peer")):
             if key in summary:
                 best = summary[key]
-                console.print(f"    {what:<9} {best['work']:.4g} = {best['work'] / ideal:.2f}x the lower bound with "
-                              f"{best['algorithm']}: step [bold]{best['speedup_vs_none']:.2f}x[/bold] faster")
+                names = best.get("algorithm") or ", ".join(f"{name} on {stage}"
+                                                           for stage, name in best["algorithms"].items())
+                console.print(f"    {what:<9} {best['work']:.4g} = {best['work'] / ideal:.2f}x the lower bound "
+                              f"-> step [bold]{best['speedup_vs_none']:.2f}x[/bold] faster ({names})")
 
 
 def _write_csv(rows, path: Path) -> None:
@@ -451,19 +478,22 @@ def _compare_plots(details, summaries, directory: Path) -> list[str]:
 
     last = summaries[-1]
     num_ranks, items_per_rank = last["ranks"], last["items_per_rank"]
-    best = last.get("best", last.get("best_peer"))["algorithm"]
+    chosen = last["best"]["algorithms"] if "best" in last else dict.fromkeys(last["stages"],
+                                                                               last["best_peer"]["algorithm"])
     loads = {}
-    for stage_name in last["stages"]:
+    for stage_name, name in chosen.items():
         _, before, _ = details[(num_ranks, items_per_rank, stage_name, BASELINE)]
-        _, after, _ = details[(num_ranks, items_per_rank, stage_name, best)]
+        _, after, _ = details[(num_ranks, items_per_rank, stage_name, name)]
         loads[stage_name] = (before.loads, after.loads)
-    written = [plots.plot_rank_loads(loads, directory / "loads.png", labels=("as sampled", best),
-                                     title=f"Per-rank load, D={num_ranks}")]
-    stage, plan, topology = details[(num_ranks, items_per_rank, last["stages"][-1], best)]
-    matrix = node_traffic_matrix(stage.sources, plan.assignment, stage.lengths * stage.bytes_per_unit,
+    written = [plots.plot_rank_loads(loads, directory / "loads.png", labels=("as sampled", "balanced"),
+                                     title=f"Per-rank load before / after balancing, D={num_ranks} "
+                                           f"({', '.join(dict.fromkeys(chosen.values()))})")]
+    stage_name = last["stages"][-1]
+    stage, plan, topology = details[(num_ranks, items_per_rank, stage_name, chosen[stage_name])]
+    matrix = node_traffic_matrix(stage.sources, plan.assignment, stage.item_bytes,
                                  topology.gpus_per_node, topology.num_nodes)
     written.append(plots.plot_traffic_heatmap(matrix, directory / "traffic.png",
-                                              title=f"{stage.name} stage, {best}, D={num_ranks}"))
+                                              title=f"{stage.name} stage, {chosen[stage_name]}, D={num_ranks}"))
     return [str(path) for path in written]
 
 
@@ -480,9 +510,9 @@ def cmd_compare(args) -> int:
     else:
         if args.cost is not None or args.padded:
             raise UsageError("--cost and --padded apply to --lengths files; workloads define their own stage costs")
-        source = f"workload {args.workload!r}"
-        configs = [(d, k, _workload_stages(args.workload, d, k, args.seed, args.bytes_per_token))
-                   for d in ranks for k in items]
+        source = f"workload {args.workload_file or args.workload!r} on the {args.model} model"
+        stages = _model_stages(args.model)
+        configs = [(d, k, _workload_stages(_workload_batch(args, d, k), stages)) for d in ranks for k in items]
     for num_ranks, _, _ in configs:
         _topology(num_ranks, args.gpus_per_node)
     total = sum(len(stages) for _, _, stages in configs) * (len(algorithms) + 1)
@@ -540,9 +570,9 @@ def cmd_plan(args) -> int:
     name = _algorithm_names(args.algorithm)
     if len(name) != 1:
         raise UsageError(f"--algorithm takes one name; got {args.algorithm!r}")
-    stage = Stage("items", lengths, home_ranks(lengths.size, args.ranks), _cost_model(args.cost), args.padded, 0.0)
     if args.ranks < 1:
         raise UsageError(f"--ranks must be >= 1; got {args.ranks}")
+    stage = _file_stages(lengths, args.ranks, _cost_model(args.cost), args.padded, 0.0)[0]
     try:
         if name[0] in PEERS:
             plan = run_peer(name[0], lengths, args.ranks, cost=stage.cost, padded=args.padded,
@@ -613,7 +643,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=COMPARE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = compare.add_mutually_exclusive_group()
     source.add_argument("--workload", default="default", help="built-in workload name (default: %(default)s)")
+    source.add_argument("--workload-file", metavar="FILE",
+                        help="JSON lines of multimodal samples, e.g. {\"text\": 212, \"segments\": "
+                             "[{\"modality\": \"image\", \"length\": 1024, \"tokens\": 256}]}")
     source.add_argument("--lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy (one stage)")
+    compare.add_argument("--model", default="84b", help="model whose stage costs and bytes a workload uses "
+                                                        "(default: %(default)s)")
     compare.add_argument("--column", help="CSV column or JSON key holding the lengths (default: the only "
                                           "column / 'length')")
     compare.add_argument("-D", "--ranks", default="64,512", help="comma-separated data-parallel sizes D "

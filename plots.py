@@ -44,7 +44,7 @@ def _save(figure, path) -> Path:
 
 def plot_rank_loads(stages: Mapping[str, tuple[np.ndarray, np.ndarray]], path, *,
                     labels: tuple[str, str] = ("before", "after"), title: str = "") -> Path:
-    """Per-rank load of every stage before and after balancing, as multiples of the mean.
+    """Per-rank load of every stage before and after balancing, as multiples of the mean before.
 
     `stages` maps a stage name to (loads before, loads after), one value per rank.  Ranks
     are sorted by their load before balancing, so the spread reads at a glance.
@@ -66,7 +66,7 @@ def plot_rank_loads(stages: Mapping[str, tuple[np.ndarray, np.ndarray]], path, *
         axis.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
         axis.set_xlim(-0.5, before.size - 0.5)
         axis.set_ylim(0, max(before.max(), after.max()) / mean * 1.08)
-        axis.set_ylabel(f"{name}\nload / mean")
+        axis.set_ylabel(f"{name}\nload / mean {labels[0]}")
         axis.legend(loc="upper right", fontsize=8, frameon=False)
     axes[-1, 0].set_xlabel("rank (sorted by load before balancing)")
     if title:

@@ -46,7 +46,7 @@ def test_compare_prints_tables_and_a_before_after_summary():
     result = orchmllm("compare", "--ranks", "8,16", "--items-per-rank", "4")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for text in ("D=8, 4 items/rank", "D=16, 4 items/rank", "vision", "audio", "llm", "Before / after",
+    for text in ("D=8, 4 items/rank", "D=16, 4 items/rank", "image encoder", "audio encoder", "llm", "Before / after",
                  "faster", "lpt", *(f"{name} (peer)" for name in PEERS)):
         assert text in out, text
     assert "Traceback" not in result.stderr
@@ -59,7 +59,7 @@ def test_compare_json_schema():
     assert set(payload) == {"command", "source", "rows", "summary", "files"}
     rows = payload["rows"]
     stages = {row["stage"] for row in rows}
-    assert stages == {"vision", "audio", "llm"}
+    assert stages == {"image encoder", "audio encoder", "llm"}
     algorithms = {row["algorithm"] for row in rows}
     assert {"none", "lpt"} | set(PEERS) <= algorithms
     for row in rows:
@@ -74,8 +74,16 @@ def test_compare_json_schema():
     llm = [row for row in rows if row["stage"] == "llm"]
     assert sum(row["num_items"] for row in llm) == len(llm) * 16 * 8
     (summary,) = payload["summary"]
-    assert summary["stages"] == ["vision", "audio", "llm"]
-    assert summary["best"]["algorithm"] in ALGORITHMS and summary["best_peer"]["algorithm"] in PEERS
+    assert summary["stages"] == ["image encoder", "audio encoder", "llm"]
+    chosen = summary["best"]["algorithms"]
+    assert list(chosen) == summary["stages"] and set(chosen.values()) <= set(ALGORITHMS)
+    for stage, name in chosen.items():  # the best registered algorithm of each stage
+        makespans = {row["algorithm"]: row["makespan"] for row in rows
+                     if row["stage"] == stage and row["kind"] == "orchmllm" and row["algorithm"] != "none"}
+        assert makespans[name] == min(makespans.values())
+    assert summary["best"]["work"] == pytest.approx(sum(
+        row["makespan"] for row in rows if (row["stage"], row["algorithm"]) in chosen.items()))
+    assert summary["best_peer"]["algorithm"] in PEERS
     assert summary["work_before"] >= summary["best"]["work"] >= summary["work_ideal"] > 0
 
 
@@ -95,11 +103,30 @@ def test_compare_lengths_file_writes_csv_and_plots(lengths_csv, tmp_path):
         assert_png(out / name)
 
 
-def test_compare_explicit_algorithm_that_does_not_apply_is_reported():
-    result = orchmllm("compare", "--ranks", "8", "--items-per-rank", "2", "--algorithms", "padded", "--json")
+def test_compare_workload_file_of_multimodal_samples(tmp_path):
+    rng = np.random.default_rng(5)
+    lines = []
+    for index in range(64):
+        modality, length, tokens = (("image", int(rng.choice([256, 1024, 4096])), 64) if index % 2
+                                    else ("audio", int(rng.integers(100, 3000)), 50))
+        lines.append(json.dumps({"text": int(rng.integers(10, 3000)),
+                                 "segments": [{"modality": modality, "length": length, "tokens": tokens}]}))
+    (tmp_path / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    result = orchmllm("compare", "--workload-file", tmp_path / "samples.jsonl", "-D", "8", "--items-per-rank", "8",
+                      "--algorithms", "lpt,llava_length_grouped", "--json")
     assert result.returncode == 0, result.stderr
-    rows = [row for row in json.loads(result.stdout)["rows"] if row["algorithm"] == "padded"]
-    assert rows and all(row["status"] == "n/a" and row["makespan"] is None and row["note"] for row in rows)
+    rows = json.loads(result.stdout)["rows"]
+    items = {row["stage"]: row["num_items"] for row in rows if row["algorithm"] == "none"}
+    assert items == {"image encoder": 32, "audio encoder": 32, "llm": 64}
+
+
+def test_compare_explicit_algorithm_that_does_not_apply_is_reported():
+    result = orchmllm("compare", "--ranks", "8", "--items-per-rank", "4", "--algorithms", "padded", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["stage"]: row for row in json.loads(result.stdout)["rows"] if row["algorithm"] == "padded"}
+    assert rows["audio encoder"]["makespan"] > 0  # the 84b model's audio encoder is padded
+    for stage in ("image encoder", "llm"):
+        assert rows[stage]["status"] == "n/a" and rows[stage]["makespan"] is None and "padded" in rows[stage]["note"]
 
 
 def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path):
@@ -152,6 +179,9 @@ BAD_INPUTS = {
     "pickled npy": (["plan", "{tmp}/objects.npy", "-D", "2"], "not a plain numeric .npy"),
     "bad json line": (["plan", "{tmp}/bad.jsonl", "-D", "2"], "bad.jsonl:2: not valid JSON"),
     "unknown workload": (["compare", "--workload", "video-only"], "unknown workload 'video-only'"),
+    "unknown model": (["compare", "--model", "1t"], "unknown model '1t'; choose one of"),
+    "bad workload line": (["compare", "--workload-file", "{tmp}/samples.jsonl", "-D", "1", "--items-per-rank", "2"],
+                          "line 2"),
     "unknown algorithm": (["compare", "--algorithms", "lpt,greedy"], "unknown algorithm 'greedy'"),
     "unknown plan algorithm": (["plan", "{tmp}/good.csv", "-D", "2", "--algorithm", "magic"], "unknown algorithm"),
     "D = 0 compare": (["compare", "--ranks", "0"], "--ranks must be >= 1; got 0"),
@@ -174,6 +204,8 @@ def bad_files(tmp_path_factory):
     (tmp / "negative.csv").write_text("length\n-3\n4\n")
     (tmp / "good.csv").write_text("3\n4\n5\n")
     (tmp / "bad.jsonl").write_text('{"length": 3}\n{"length": \n')
+    (tmp / "samples.jsonl").write_text('{"text": 20, "segments": [{"modality": "image", "length": 1024, '
+                                       '"tokens": 256}]}\n{"text": -4}\n')
     np.save(tmp / "negative.npy", np.array([3, -1, 2]))
     np.save(tmp / "objects.npy", np.array([3, "a", None], dtype=object), allow_pickle=True)
     return tmp
