@@ -19,6 +19,7 @@ options switch stages off to express the paper's ablations (see `strategies`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -26,7 +27,7 @@ import numpy as np
 from ..balancers import ALGORITHMS, balance
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import Status, make_problem
-from ..topology import Topology
+from ..topology import PLACEMENTS, Topology, place
 from .plan import StagePlan, StepPlan, compose, offsets_within_rank, rank_order
 from .samples import Batch
 from .stages import Stage, check_stages
@@ -82,6 +83,12 @@ class Orchestrator:
     Args:
         stages: `Stage` list, encoder stages first, the LLM stage last.
         topology: a `Topology`, or an int number of ranks (one node).
+        placement: how balanced groups are put onto ranks to keep bytes local: None keeps
+            the balancer's numbering; a method of `topology.PLACEMENTS` ("lap",
+            "lap_node", "ilp", "identity") relabels the groups.  The LLM stage is placed
+            first, keeping each sample's text and embeddings on the rank that sampled it;
+            then each encoder item is placed to stay with the LLM rank of its sample, so
+            that its embeddings need not move.
         balance_encoders / balance_llm: False keeps that stage's items on the rank that
             sampled them (the ablations "llm_only" and "none").
         uniform_algorithm: balance every stage with this algorithm, as if unpadded (the
@@ -89,14 +96,17 @@ class Orchestrator:
             stage's true cost model.
     """
 
-    def __init__(self, stages, topology, *, balance_encoders: bool = True, balance_llm: bool = True,
-                 uniform_algorithm: str | None = None):
+    def __init__(self, stages, topology, *, placement: str | None = None, balance_encoders: bool = True,
+                 balance_llm: bool = True, uniform_algorithm: str | None = None):
         self.stages = check_stages(stages)
         if isinstance(topology, (int, np.integer)) and not isinstance(topology, bool):
             topology = Topology(1, int(topology))
         if not isinstance(topology, Topology):
             raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")
         self.topology = topology
+        if placement is not None and placement not in PLACEMENTS:
+            raise ValueError(f"unknown `placement` {placement!r}; choose None or one of {sorted(PLACEMENTS)}")
+        self.placement = placement
         self.balance_encoders = bool(balance_encoders)
         self.balance_llm = bool(balance_llm)
         if uniform_algorithm is not None and uniform_algorithm not in ALGORITHMS:
@@ -119,10 +129,25 @@ class Orchestrator:
             raise ValueError(f"unknown modality {unknown[0]!r}: no stage encodes it; stages cover "
                              f"{sorted(known - {'llm'})}")
         start = time.perf_counter()
-        plans = tuple(self._plan_stage(batch, stage) for stage in self.stages)
+        *encoders, llm_stage = self.stages
+        embedding_bytes = self._embedding_bytes(batch)
+        sample_bytes = (batch.sample_text * llm_stage.input_bytes_per_unit
+                        + np.bincount(batch.segment_sample, weights=embedding_bytes, minlength=batch.num_samples))
+        llm = self._plan_stage(batch, llm_stage, batch.sample_source, sample_bytes)
+        plans = tuple(self._plan_stage(batch, stage, llm.destination[stage_items(batch, stage)[0]],
+                                       embedding_bytes[batch.segments_of(stage.modality)])
+                      for stage in encoders) + (llm,)
         return compose(batch, self.stages, plans, planning_seconds=time.perf_counter() - start)
 
-    def _plan_stage(self, batch: Batch, stage: Stage) -> StagePlan:
+    def _embedding_bytes(self, batch: Batch) -> np.ndarray:
+        per_token = np.zeros(len(batch.modalities))
+        for stage in self.stages[:-1]:
+            if stage.modality in batch.modalities:
+                per_token[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
+        return batch.segment_tokens * per_token[batch.segment_modality]
+
+    def _plan_stage(self, batch: Batch, stage: Stage, anchors: np.ndarray, anchor_bytes: np.ndarray) -> StagePlan:
+        """Balance one stage, then place its groups next to `anchors` (bytes `anchor_bytes` per item)."""
         item_sample, _, item_length = stage_items(batch, stage)
         balanced = self.balance_llm if stage.is_llm else self.balance_encoders
         if not balanced or item_sample.size == 0:
@@ -131,5 +156,12 @@ class Orchestrator:
         padded = False if self.uniform_algorithm else stage.padded
         result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
                          max_tokens_per_rank=stage.max_tokens_per_rank)
+        if self.placement is not None:
+            rank_of_group = place(result.assignment, anchors, anchor_bytes, self.topology,
+                                  method=self.placement).rank_of_group
+            loads, tokens = np.empty_like(result.loads), np.empty_like(result.tokens)
+            loads[rank_of_group], tokens[rank_of_group] = result.loads, result.tokens
+            result = dataclasses.replace(result, assignment=rank_of_group[result.assignment], loads=loads,
+                                         tokens=tokens)
         return stage_plan(batch, stage, result.assignment, algorithm,
                           balanced=result if padded == stage.padded else None)

@@ -1,0 +1,121 @@
+"""Cluster simulator: output schema, the ordering of the ablations, memory and micro-batches."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from orchmllm.orchestrator.models import GPUS, MODELS, list_models
+from orchmllm.orchestrator.simulator import cluster, run_simulation, simulate_step
+from orchmllm.orchestrator.strategies import STRATEGIES, get_strategy, micro_batched
+from orchmllm.orchestrator.workloads import list_workloads, sample_workload
+
+KEYS = {"step_seconds", "speedup_vs_none", "mfu", "overhead_fraction", "exchanges_per_step", "oom",
+        "planning_seconds", "exchange_seconds", "idle_fraction", "per_stage"}
+
+
+@pytest.fixture(scope="module", params=["default", "speech"])
+def small(request):
+    return run_simulation(model="10b", gpus=64, workload=request.param, samples_per_rank=8, seed=0)
+
+
+def test_output_schema_is_json_serialisable(small):
+    assert json.loads(json.dumps(small)) == small
+    assert {"model", "gpus", "workload", "strategies"} <= set(small)
+    assert set(small["strategies"]) == set(STRATEGIES)
+    for name, result in small["strategies"].items():
+        assert KEYS <= set(result), name
+        assert set(result["per_stage"]) == {"image encoder", "audio encoder", "llm"}
+        assert isinstance(result["oom"], bool)
+        assert 0 <= result["idle_fraction"] < 1 and 0 < result["mfu"] < 1
+        assert 0 <= result["overhead_fraction"] < 1
+        stages = sum(stage["seconds"] for stage in result["per_stage"].values())
+        assert result["compute_seconds"] == pytest.approx(stages)
+        assert result["step_seconds"] == pytest.approx(
+            result["compute_seconds"] + result["exchange_seconds"] + result["planning_unhidden_seconds"])
+
+
+def test_ablations_keep_the_papers_ordering(small):
+    results = small["strategies"]
+    ours = results["ours"]
+    assert ours["speedup_vs_none"] > 1.5
+    for name in ("none", "megatron", "length_grouped", "llm_only", "single_algorithm"):
+        assert results[name]["step_seconds"] > ours["step_seconds"], name
+    for name in ("allgather", "two_exchange"):
+        assert results[name]["exchange_seconds"] > ours["exchange_seconds"], name
+        assert results[name]["compute_seconds"] == pytest.approx(ours["compute_seconds"])
+    assert results["allgather"]["memory_peak_gib"] > ours["memory_peak_gib"]
+    assert results["llm_only"]["memory_peak_gib"] > ours["memory_peak_gib"]
+    assert [results[n]["exchanges_per_step"] for n in ("none", "length_grouped", "ours", "two_exchange")] == \
+        [0, 0, 2, 3]
+
+
+def test_single_algorithm_loses_on_the_padded_audio_stage():
+    results = run_simulation(model="10b", gpus=64, workload="speech", samples_per_rank=8,
+                             strategies=["single_algorithm", "ours"])["strategies"]
+    single = results["single_algorithm"]["per_stage"]["audio encoder"]
+    ours = results["ours"]["per_stage"]["audio encoder"]
+    assert single["seconds"] > 1.2 * ours["seconds"]
+    assert results["ours"]["per_stage"]["llm"]["seconds"] == pytest.approx(
+        results["single_algorithm"]["per_stage"]["llm"]["seconds"])
+
+
+def test_memory_overflow_is_flagged():
+    results = run_simulation(model="84b", gpus=64, samples_per_rank=24, strategies=["ours", "allgather"])
+    for result in results["strategies"].values():
+        assert result["oom"] == (result["memory_peak_gib"] > result["memory_limit_gib"])
+    assert results["strategies"]["allgather"]["oom"]
+
+
+def test_megatron_takes_the_largest_micro_batch_that_fits():
+    topology = cluster(16)
+    batch = sample_workload("default", 16, 16, seed=2)
+    megatron = get_strategy("megatron")
+    plan = megatron.plan(MODELS["18b"].stages(), topology, batch)
+    chosen = simulate_step(plan, megatron, MODELS["18b"], GPUS["h100"], topology)
+    assert not chosen["oom"] and 1 < chosen["micro_batch_size"] < max(megatron.micro_batch_sizes)
+    for size in megatron.micro_batch_sizes:
+        forced = simulate_step(plan, dataclasses.replace(megatron, micro_batch_sizes=(size,)), MODELS["18b"],
+                               GPUS["h100"], topology)
+        assert forced["oom"] == (size > chosen["micro_batch_size"]), size
+
+
+def test_micro_batches_of_one_cost_the_unpadded_sum():
+    topology = cluster(8)
+    batch = sample_workload("default", 8, 4, seed=1)
+    plan = get_strategy("none").plan(MODELS["10b"].stages(), topology, batch)
+    loads, _ = micro_batched(plan, plan.llm, 1)
+    np.testing.assert_allclose(loads, plan.llm.loads)
+    whole, _ = micro_batched(plan, plan.llm, 4)
+    assert np.all(whole >= loads - 1e-6 * loads)
+
+
+def test_workload_file_drives_the_simulation(tmp_path):
+    path = tmp_path / "w.jsonl"
+    lines = [json.dumps({"text": 100 + 37 * i, "segments": [{"modality": "image", "length": 64 * (i % 5 + 1),
+                                                              "tokens": 16 * (i % 5 + 1)}]}) for i in range(16)]
+    path.write_text("\n".join(lines))
+    result = run_simulation(model="10b", gpus=4, workload_file=str(path), samples_per_rank=4,
+                            strategies=["ours"])
+    assert result["workload"] == str(path)
+    assert result["strategies"]["ours"]["per_stage"]["image encoder"]["items"] == 16
+    assert result["strategies"]["ours"]["per_stage"]["audio encoder"]["items"] == 0
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="unknown model 'huge'"):
+        run_simulation(model="huge", gpus=8)
+    with pytest.raises(ValueError, match="unknown strategy 'fast'"):
+        run_simulation(model="10b", gpus=8, strategies=["fast"])
+    with pytest.raises(ValueError, match="not a whole number of nodes"):
+        run_simulation(model="10b", gpus=12)
+    with pytest.raises(ValueError, match="`gpus` must be a positive int"):
+        run_simulation(model="10b", gpus=0)
+
+
+def test_models_and_workloads_are_listed():
+    assert set(list_models()) == {"10b", "18b", "84b"}
+    for name, model in MODELS.items():
+        assert model.params / 1e9 == pytest.approx(float(name[:-1]), rel=0.15)
+    assert "default" in list_workloads()
