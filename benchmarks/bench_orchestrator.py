@@ -1,0 +1,88 @@
+"""Orchestrator and simulator: whole-step planning time, the simulated 84B run, composition.
+
+Run: python3.11 -m pytest benchmarks/bench_orchestrator.py --benchmark-only -q
+     (add --heavy for 16 384 ranks)
+"""
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from orchmllm.balancers import balance
+from orchmllm.orchestrator.models import MODELS
+from orchmllm.orchestrator.simulator import cluster, composition_comparison, run_simulation
+from orchmllm.orchestrator.strategies import get_strategy
+from orchmllm.orchestrator.workloads import sample_workload
+
+
+def best_of(fn, repeats):
+    """Best wall time of `repeats` calls (the baseline timed in the same run)."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
+def test_plan_whole_step(benchmark, request, num_ranks):
+    """Three stages (vision, audio, LLM) + composition for D ranks × 16 samples, strategy `ours`."""
+    if num_ranks > 2560 and not request.config.getoption("--heavy", default=False):
+        pytest.skip("D=16384 runs with --heavy")
+    topology = cluster(num_ranks)
+    batch = sample_workload("default", num_ranks, 16, seed=num_ranks)
+    stages = MODELS["84b"].stages()
+    ours = get_strategy("ours")
+    plan = benchmark.pedantic(ours.plan, args=(stages, topology, batch), rounds=5, iterations=1, warmup_rounds=1)
+    assert plan.llm.num_items == batch.num_samples
+    assert sorted(np.concatenate([p.item_segment for p in plan.stage_plans[:-1]]).tolist()) == \
+        list(range(batch.num_segments))
+    lpt_llm = best_of(lambda: balance(batch.sample_llm_length, num_ranks, cost=stages[-1].cost, algorithm="lpt"), 3)
+    benchmark.extra_info.update(
+        samples=batch.num_samples, segments=batch.num_segments,
+        **{f"gap_{p.stage.name.split()[0]}": p.gap for p in plan.stage_plans},
+        **{f"solve_ms_{p.stage.name.split()[0]}": 1e3 * p.solve_seconds for p in plan.stage_plans},
+        lpt_llm_only_ms=1e3 * lpt_llm, step_over_lpt_llm_only=benchmark.stats.stats.min / lpt_llm)
+
+
+@pytest.mark.parametrize("model", ["10b", "18b", "84b"])
+def test_simulate_2560_gpus(benchmark, model):
+    """Every strategy on 2560 simulated H100s, default mix, 16 samples per rank."""
+    result = benchmark.pedantic(run_simulation, kwargs=dict(model=model, gpus=2560), rounds=1, iterations=1)
+    strategies = result["strategies"]
+    ours = strategies["ours"]
+    assert ours["step_seconds"] < strategies["none"]["step_seconds"]
+    benchmark.extra_info.update(
+        {f"{name}_{key}": value[key] for name, value in strategies.items()
+         for key in ("speedup_vs_none", "mfu", "overhead_fraction", "oom", "memory_peak_gib", "exchanges_per_step")})
+    benchmark.extra_info.update(ours_planning_ms=1e3 * ours["planning_seconds"],
+                                megatron_micro_batch=strategies["megatron"]["micro_batch_size"],
+                                **{f"composition_{k}": v for k, v in result["composition"].items()})
+
+
+@pytest.mark.parametrize("samples_per_rank", [16, 20, 24])
+def test_memory_headroom_84b(benchmark, samples_per_rank):
+    """How memory grows with the batch: which strategies overflow 80 GiB first (84B, 2560 GPUs)."""
+    result = benchmark.pedantic(run_simulation, kwargs=dict(model="84b", gpus=2560, samples_per_rank=samples_per_rank,
+                                                            strategies=["llm_only", "length_grouped", "ours"]),
+                                rounds=1, iterations=1)
+    strategies = result["strategies"]
+    assert strategies["ours"]["memory_peak_gib"] < strategies["llm_only"]["memory_peak_gib"]
+    benchmark.extra_info.update({f"{name}_{key}": value[key] for name, value in strategies.items()
+                                 for key in ("memory_peak_gib", "oom", "speedup_vs_none")})
+
+
+def test_one_vs_two_embedding_exchanges(benchmark):
+    """Composed route (one exchange) vs embeddings home and on (two), bytes and modelled time."""
+    topology = cluster(2560)
+    batch = sample_workload("default", 2560, 16, seed=1)
+    plan = get_strategy("ours").plan(MODELS["84b"].stages(), topology, batch)
+    figures = benchmark.pedantic(composition_comparison, args=(plan, topology), rounds=3, iterations=1)
+    assert figures["one_exchange_bytes_moved"] <= figures["two_exchange_bytes_moved"]
+    benchmark.extra_info.update(figures, bytes_ratio=figures["two_exchange_bytes_moved"]
+                                / max(figures["one_exchange_bytes_moved"], 1.0),
+                                seconds_ratio=figures["two_exchange_seconds"] / max(figures["one_exchange_seconds"],
+                                                                                    1e-12))
