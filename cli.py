@@ -608,6 +608,110 @@ def cmd_plan(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- simulate
+
+
+def _simulated_rank_seconds(args, gpus: int, strategy: str) -> dict[str, np.ndarray]:
+    """Compute seconds per rank of every stage for one strategy, as the simulator models them."""
+    from .orchestrator import simulator
+    from .orchestrator.models import GPUS, MODELS
+    from .orchestrator.strategies import STRATEGIES
+    from .orchestrator.workloads import load_workload_file, sample_workload
+
+    topology = simulator.cluster(gpus)
+    if args.workload_file is not None:
+        batch = load_workload_file(args.workload_file, args.samples_per_rank, topology.world_size)
+    else:
+        batch = sample_workload(args.workload, topology.world_size, args.samples_per_rank, args.seed)
+    plan = STRATEGIES[strategy].plan(MODELS[args.model].stages(), topology, batch)
+    rate = GPUS["h100"].peak_flops * GPUS["h100"].kernel_efficiency
+    return {part.stage.name: part.loads * simulator.RECOMPUTE_FACTOR / rate for part in plan.stage_plans}
+
+
+def _print_simulation(runs) -> None:
+    from rich.table import Table
+
+    console = _console()
+    last = runs[-1]
+    table = Table(title=f"{last['model']} model ({last['model_params_billion']:.1f}B) on {last['gpus']} H100s "
+                        f"({last['nodes']} nodes), workload {last['workload']!r}, "
+                        f"{last['samples_per_rank']} samples per rank", title_justify="left", title_style="bold")
+    for header in ("strategy", "step s", "speed-up", "MFU", "exchange s", "plan ms", "overhead", "idle",
+                   "a2a", "GiB peak", "OOM"):
+        table.add_column(header, justify="left" if header == "strategy" else "right", no_wrap=True)
+    for name, result in last["strategies"].items():
+        table.add_row(name, f"{result['step_seconds']:.3f}", f"{result['speedup_vs_none']:.2f}x",
+                      f"{result['mfu']:.1%}", f"{result['exchange_seconds']:.3f}",
+                      f"{1e3 * result['planning_seconds']:.1f}", f"{result['overhead_fraction']:.2%}",
+                      f"{result['idle_fraction']:.1%}", str(result["exchanges_per_step"]),
+                      f"{result['memory_peak_gib']:.1f}", "OOM" if result["oom"] else "",
+                      style="bold red" if result["oom"] else None)
+    console.print(table)
+    if len(runs) > 1:
+        scaling = Table(title="speed-up vs none (MFU) against the GPU count", title_justify="left", title_style="bold")
+        scaling.add_column("strategy")
+        for run in runs:
+            scaling.add_column(f"{run['gpus']} GPUs", justify="right")
+        for name in last["strategies"]:
+            scaling.add_row(name, *(f"{run['strategies'][name]['speedup_vs_none']:.2f}x "
+                                    f"({run['strategies'][name]['mfu']:.1%})" for run in runs))
+        console.print(scaling)
+    best = max(last["strategies"], key=lambda name: (not last["strategies"][name]["oom"],
+                                                     last["strategies"][name]["speedup_vs_none"]))
+    result = last["strategies"][best]
+    console.print(f"Fastest without running out of memory: [bold]{best}[/bold], "
+                  f"{result['speedup_vs_none']:.2f}x the step of no balancing, MFU {result['mfu']:.1%}, "
+                  f"overhead {result['overhead_fraction']:.2%} of the step.")
+
+
+def cmd_simulate(args) -> int:
+    """`orchmllm simulate`: the cluster simulator's strategy table (and plots) for one or more GPU counts."""
+    from .orchestrator.simulator import run_simulation
+
+    gpus = _int_list(args.gpus, "--gpus")
+    strategies = None if args.strategies is None else [part.strip() for part in args.strategies.split(",")
+                                                       if part.strip()]
+    if args.workload_file is not None and not Path(args.workload_file).is_file():
+        raise UsageError(f"workload file {args.workload_file!r} not found")
+    _model_stages(args.model)
+    runs = []
+    with _progress(not args.json, len(gpus), "simulating") as advance:
+        for count in gpus:
+            runs.append(run_simulation(model=args.model, gpus=count, workload=args.workload,
+                                       workload_file=args.workload_file, samples_per_rank=args.samples_per_rank,
+                                       strategies=strategies, seed=args.seed))
+            advance()
+    written = []
+    if args.plot is not None:
+        from . import plots
+
+        directory = Path(args.plot)
+        last = runs[-1]
+        shown = [name for name in ("none", "ours") if name in last["strategies"]] or list(last["strategies"])[:1]
+        longest = max(last["strategies"][name]["compute_seconds"] for name in shown)
+        for name in shown:
+            result = last["strategies"][name]
+            written.append(plots.plot_step_timeline(
+                _simulated_rank_seconds(args, last["gpus"], name), directory / f"timeline_{name}.png",
+                max_seconds=longest, title=f"{name}: one step of the {last['model']} model on {last['gpus']} GPUs "
+                                           f"(+ {result['exchange_seconds']:.3g} s exchanges)"))
+        if len(runs) > 1:
+            names = list(last["strategies"])
+            written.append(plots.plot_scaling(
+                [run["gpus"] for run in runs],
+                {name: [run["strategies"][name]["speedup_vs_none"] for run in runs] for name in names},
+                {name: [run["strategies"][name]["mfu"] for run in runs] for name in names},
+                directory / "scaling.png",
+                oom={name: [run["strategies"][name]["oom"] for run in runs] for name in names}, title=f"{last['model']} model, workload {last['workload']!r}"))
+    if args.json:
+        _print_json({"command": "simulate", "runs": runs, "files": [str(path) for path in written]})
+        return 0
+    _print_simulation(runs)
+    for path in written:
+        _console().print(f"wrote {path}")
+    return 0
+
+
 # ---------------------------------------------------------------- parser and main
 
 COMPARE_EXAMPLES = """examples:
@@ -616,6 +720,13 @@ COMPARE_EXAMPLES = """examples:
   orchmllm compare --lengths lengths.csv --ranks 32 --cost 0,1,0.0005
   orchmllm compare --lengths trace.csv --column ContextTokens --ranks 64 --json
   orchmllm compare --algorithms lpt,karmarkar_karp,verl_kk --plot out/ --csv out/compare.csv
+"""
+
+SIMULATE_EXAMPLES = """examples:
+  orchmllm simulate                                  # 84b model, 2560 GPUs, default workload
+  orchmllm simulate --model 18b --gpus 64,256,1024 --plot out/
+  orchmllm simulate --strategies none,llm_only,ours --samples-per-rank 8 --json
+  orchmllm simulate --workload-file samples.jsonl --gpus 64
 """
 
 PLAN_EXAMPLES = """examples:
@@ -672,6 +783,26 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--csv", metavar="FILE", help="also write one row per run to this CSV file")
     compare.add_argument("--plot", metavar="DIR", help="write loads.png and traffic.png to DIR (needs matplotlib)")
     compare.set_defaults(handler=cmd_compare)
+
+    simulate = commands.add_parser(
+        "simulate", help="simulate one training step on a cluster under each balancing strategy",
+        description="Model one training step of a multimodal model on H100 nodes for each strategy of the "
+                    "OrchMLLM ablations (none, megatron, length_grouped, llm_only, single_algorithm, allgather, "
+                    "two_exchange, ours): step time, speed-up, MFU, overhead and memory.",
+        epilog=SIMULATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    simulate.add_argument("--model", default="84b", help="10b, 18b or 84b (default: %(default)s)")
+    simulate.add_argument("--gpus", default="2560", help="comma-separated GPU counts, nodes of 8 "
+                                                         "(default: %(default)s)")
+    sim_source = simulate.add_mutually_exclusive_group()
+    sim_source.add_argument("--workload", default="default", help="built-in workload name (default: %(default)s)")
+    sim_source.add_argument("--workload-file", metavar="FILE", help="JSON lines of multimodal samples")
+    simulate.add_argument("--samples-per-rank", type=int, default=16, help="samples per rank (default: %(default)s)")
+    simulate.add_argument("--strategies", help="comma-separated strategies (default: all)")
+    simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
+    simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    simulate.add_argument("--plot", metavar="DIR", help="write timeline_*.png (and scaling.png for several "
+                                                        "--gpus) to DIR (needs matplotlib)")
+    simulate.set_defaults(handler=cmd_simulate)
 
     plan = commands.add_parser(
         "plan", help="balance a lengths file and print or save the assignment",

@@ -75,13 +75,14 @@ def plot_rank_loads(stages: Mapping[str, tuple[np.ndarray, np.ndarray]], path, *
 
 
 def plot_step_timeline(stage_seconds: Mapping[str, np.ndarray], path, *, title: str = "",
-                       max_ranks: int = 32) -> Path:
+                       max_ranks: int = 32, max_seconds: float | None = None) -> Path:
     """Timeline of one step: every stage runs on all ranks, then all wait for the slowest.
 
     `stage_seconds` maps stage name -> compute seconds per rank, in execution order.  Each
     rank's bar shows its compute (coloured by stage) and its idle time (hatched) until the
     slowest rank finishes that stage.  With more than `max_ranks` ranks, evenly spaced
-    ranks are shown plus the slowest one of every stage.
+    ranks are shown plus the slowest one of every stage.  `max_seconds` fixes the time
+    axis, so timelines of several strategies compare at a glance.
     """
     plt = _pyplot()
     names = list(stage_seconds)
@@ -109,7 +110,8 @@ def plot_step_timeline(stage_seconds: Mapping[str, np.ndarray], path, *, title: 
     axis.set_yticks(np.arange(shown.size), [str(rank) for rank in shown], fontsize=7)
     axis.set_ylim(-0.6, shown.size - 0.4)
     axis.invert_yaxis()
-    axis.set_xlim(0, ends[-1] * 1.01 if ends[-1] > 0 else 1.0)
+    limit = max(ends[-1], max_seconds or 0.0)
+    axis.set_xlim(0, limit * 1.01 if limit > 0 else 1.0)
     axis.set_xlabel(f"seconds (step {ends[-1]:.3g} s, {idle:.1%} of rank-time idle)")
     axis.set_ylabel("rank")
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
@@ -139,24 +141,43 @@ def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "") -> Pa
 
 
 def plot_scaling(gpus: Sequence[int], speedup: Mapping[str, Sequence[float]],
-                 mfu: Mapping[str, Sequence[float]], path, *, title: str = "") -> Path:
-    """Speed-up over no balancing and MFU against GPU count, one line per strategy."""
+                 mfu: Mapping[str, Sequence[float]], path, *, oom: Mapping[str, Sequence[bool]] | None = None,
+                 highlight: str = "ours", title: str = "") -> Path:
+    """Speed-up over no balancing and MFU against GPU count, one line per strategy.
+
+    `oom` marks, per strategy and GPU count, runs that exceed GPU memory (red crosses);
+    the `highlight` strategy is drawn thicker.
+    """
     plt = _pyplot()
     gpus = np.asarray(gpus, dtype=np.float64)
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colours = plt.get_cmap("tab10")
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
     for index, name in enumerate(speedup):
-        colour = STAGE_COLOURS[index % len(STAGE_COLOURS)]
-        left.plot(gpus, np.asarray(speedup[name], dtype=np.float64), marker="o", color=colour, label=name)
-        right.plot(gpus, 100 * np.asarray(mfu[name], dtype=np.float64), marker="o", color=colour, label=name)
+        colour = "black" if name == highlight else colours(index % 10)
+        style = dict(marker="o", color=colour, linewidth=2.6 if name == highlight else 1.4)
+        left.plot(gpus, np.asarray(speedup[name], dtype=np.float64), label=name, **style)
+        right.plot(gpus, 100 * np.asarray(mfu[name], dtype=np.float64), **style)
+        failed = np.asarray(oom[name], dtype=bool) if oom is not None and name in oom else np.zeros(gpus.size, bool)
+        if failed.any():
+            left.plot(gpus[failed], np.asarray(speedup[name], dtype=np.float64)[failed], linestyle="none",
+                      marker="x", markersize=11, markeredgewidth=2.2, color="red")
+            right.plot(gpus[failed], 100 * np.asarray(mfu[name], dtype=np.float64)[failed], linestyle="none",
+                       marker="x", markersize=11, markeredgewidth=2.2, color="red")
     for axis, label in ((left, "speed-up vs no balancing (x)"), (right, "MFU (%)")):
         axis.set_xscale("log", base=2)
         axis.set_xticks(gpus, [str(int(g)) for g in gpus])
+        axis.minorticks_off()
         axis.set_xlabel("GPUs")
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)
     left.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
     right.set_ylim(bottom=0)
-    left.legend(fontsize=8, frameon=False)
+    if oom is not None and any(np.any(np.asarray(flags, dtype=bool)) for flags in oom.values()):
+        left.plot([], [], linestyle="none", marker="x", markersize=9, markeredgewidth=2.2, color="red",
+                  label="out of memory")
+    figure.legend(*left.get_legend_handles_labels(), loc="center left", bbox_to_anchor=(0.99, 0.5),
+                  fontsize=8, frameon=False)
     if title:
         figure.suptitle(title)
+    figure.tight_layout()
     return _save(figure, path)

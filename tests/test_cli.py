@@ -129,6 +129,53 @@ def test_compare_explicit_algorithm_that_does_not_apply_is_reported():
         assert rows[stage]["status"] == "n/a" and rows[stage]["makespan"] is None and "padded" in rows[stage]["note"]
 
 
+SIMULATION_KEYS = {"step_seconds", "speedup_vs_none", "mfu", "overhead_fraction", "exchanges_per_step", "oom",
+                   "planning_seconds", "exchange_seconds", "idle_fraction", "per_stage"}
+
+
+def test_simulate_json_schema_and_plots(tmp_path):
+    result = orchmllm("simulate", "--model", "10b", "--gpus", "8,16", "--samples-per-rank", "4",
+                      "--strategies", "llm_only,ours", "--json", "--plot", tmp_path)
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["command"] == "simulate" and [run["gpus"] for run in payload["runs"]] == [8, 16]
+    for run in payload["runs"]:
+        assert run["model"] == "10b" and set(run["strategies"]) == {"llm_only", "ours"}
+        for figures in run["strategies"].values():
+            assert SIMULATION_KEYS <= set(figures)
+            assert figures["step_seconds"] > 0 and 0 < figures["mfu"] < 1 and 0 <= figures["idle_fraction"] < 1
+            assert set(figures["per_stage"]) == {"image encoder", "audio encoder", "llm"}
+    assert sorted(Path(path).name for path in payload["files"]) == ["scaling.png", "timeline_ours.png"]
+    for path in payload["files"]:
+        assert_png(Path(path))
+
+
+def test_simulate_table_names_the_fastest_strategy():
+    result = orchmllm("simulate", "--model", "10b", "--gpus", "16", "--samples-per-rank", "4")
+    assert result.returncode == 0, result.stderr
+    for name in ("none", "megatron", "length_grouped", "llm_only", "single_algorithm", "allgather", "two_exchange",
+                 "ours", "Fastest without running out of memory"):
+        assert name in result.stdout, name
+
+
+def test_timeline_seconds_agree_with_the_simulator():
+    import argparse
+
+    from orchmllm.cli import _simulated_rank_seconds
+    from orchmllm.orchestrator.simulator import run_simulation
+
+    args = argparse.Namespace(model="10b", workload="default", workload_file=None, samples_per_rank=4, seed=3)
+    result = run_simulation(model="10b", gpus=16, samples_per_rank=4, strategies=["none", "ours"], seed=3)
+    for name in ("none", "ours"):
+        seconds = _simulated_rank_seconds(args, 16, name)
+        per_stage = result["strategies"][name]["per_stage"]
+        assert list(seconds) == list(per_stage)
+        for stage, values in seconds.items():
+            assert values.shape == (16,)
+            assert values.max() == pytest.approx(per_stage[stage]["seconds"], rel=1e-12)
+            assert values.mean() == pytest.approx(per_stage[stage]["mean_seconds"], rel=1e-12)
+
+
 def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path):
     result = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "8", "--json")
     assert result.returncode == 0, result.stderr
@@ -180,6 +227,9 @@ BAD_INPUTS = {
     "bad json line": (["plan", "{tmp}/bad.jsonl", "-D", "2"], "bad.jsonl:2: not valid JSON"),
     "unknown workload": (["compare", "--workload", "video-only"], "unknown workload 'video-only'"),
     "unknown model": (["compare", "--model", "1t"], "unknown model '1t'; choose one of"),
+    "unknown strategy": (["simulate", "--gpus", "8", "--strategies", "ours,magic"], "unknown strategy 'magic'"),
+    "simulate D = 0": (["simulate", "--gpus", "0"], "--gpus must be >= 1; got 0"),
+    "simulate unknown model": (["simulate", "--model", "7b"], "unknown model '7b'"),
     "bad workload line": (["compare", "--workload-file", "{tmp}/samples.jsonl", "-D", "1", "--items-per-rank", "2"],
                           "line 2"),
     "unknown algorithm": (["compare", "--algorithms", "lpt,greedy"], "unknown algorithm 'greedy'"),
@@ -225,7 +275,7 @@ def test_bad_input_is_one_line_and_exit_2(case, bad_files):
 def test_help_shows_examples_and_commands():
     top = orchmllm("--help")
     assert top.returncode == 0 and all(name in top.stdout for name in ("compare", "plan"))
-    for command in ("compare", "plan"):
+    for command in ("compare", "simulate", "plan"):
         result = orchmllm(command, "--help")
         assert result.returncode == 0 and "examples:" in result.stdout and f"orchmllm {command}" in result.stdout
 
