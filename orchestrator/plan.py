@@ -59,14 +59,17 @@ def rank_order(ranks: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarra
     return _frozen(rank_offsets), _frozen(order)
 
 
-def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Offset of every item in its rank's buffer: the sum of `sizes` of the items before it on its rank."""
-    sorted_sizes = sizes[order]
-    running = np.concatenate(([0], np.cumsum(sorted_sizes)))
+def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.ndarray) -> list[np.ndarray]:
+    """Offset of every item in its rank's buffer, for each array of item `sizes`: the sum of
+    the sizes of the items before it on its rank."""
+    stacked = np.stack(sizes, axis=1)[order]
+    running = np.cumsum(stacked, axis=0) - stacked
     counts = np.diff(rank_offsets)
-    offsets = np.empty_like(sizes)
-    offsets[order] = running[:-1] - np.repeat(running[rank_offsets[:-1]], counts)
-    return _frozen(offsets)
+    nonempty = rank_offsets[:-1][counts > 0]
+    running -= np.repeat(running[nonempty], counts[counts > 0], axis=0)
+    offsets = np.empty_like(stacked)
+    offsets[order] = running
+    return [_frozen(column) for column in offsets.T]
 
 
 @dataclass(frozen=True, eq=False)
@@ -292,9 +295,14 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
     owner = batch.segment_sample
     llm_rank = llm.destination[owner]
     llm_offset = llm.item_offset[owner] + batch.segment_position
-    # Segments are listed sample by sample in order of position, and an LLM rank packs its
-    # samples in ascending order, so a stable sort by rank also sorts by packed offset.
-    route_rank_offsets, order = rank_order(llm_rank, batch.num_ranks)
+    # Segments are listed sample by sample in order of position, so walking the LLM ranks'
+    # samples in packed order and listing each sample's segments sorts by packed offset.
+    per_sample = np.bincount(owner, minlength=batch.num_samples)
+    first = np.concatenate(([0], np.cumsum(per_sample)))[:-1]
+    counts = per_sample[llm.rank_items]
+    starts = np.repeat(first[llm.rank_items] - (np.cumsum(counts) - counts), counts)
+    order = _frozen(starts + np.arange(num_segments))
+    route_rank_offsets = _frozen(np.concatenate(([0], np.cumsum(np.bincount(llm_rank, minlength=batch.num_ranks)))))
     return StepPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=_frozen(route_stage),
                     route_encoder_rank=_frozen(encoder_rank), route_encoder_offset=_frozen(encoder_offset),
                     route_llm_rank=_frozen(llm_rank), route_llm_offset=_frozen(llm_offset),

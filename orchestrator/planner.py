@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,23 +34,31 @@ from .samples import Batch
 from .stages import Stage, check_stages
 
 
-def stage_items(batch: Batch, stage: Stage):
-    """(item_sample, item_segment, item_length) of `stage`: its segments, or every sample for the LLM."""
+class StageItems(NamedTuple):
+    """A stage's items: the sample of each, its global segment index (-1 for the LLM), its length."""
+
+    sample: np.ndarray
+    segment: np.ndarray
+    length: np.ndarray
+
+
+def stage_items(batch: Batch, stage: Stage) -> StageItems:
+    """The items of `stage`: its modality's segments, or every sample for the LLM."""
     if stage.is_llm:
-        return (np.arange(batch.num_samples, dtype=np.int64), np.full(batch.num_samples, -1, dtype=np.int64),
-                batch.sample_llm_length)
+        return StageItems(np.arange(batch.num_samples, dtype=np.int64), np.full(batch.num_samples, -1, dtype=np.int64),
+                          batch.sample_llm_length)
     segments = batch.segments_of(stage.modality)
-    return batch.segment_sample[segments], segments, batch.segment_length[segments]
+    return StageItems(batch.segment_sample[segments], segments, batch.segment_length[segments])
 
 
 def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: str,
-               balanced: BalancePlan | None = None) -> StagePlan:
+               balanced: BalancePlan | None = None, items: StageItems | None = None) -> StagePlan:
     """Evaluate `destination` for `stage` (loads, tokens, bound) and lay items out per rank.
 
     `balanced`, when given, is the balancer's plan of this very assignment under this
-    stage's cost model, whose loads and bound are reused.
+    stage's cost model, whose loads and bound are reused; `items` saves recomputing them.
     """
-    item_sample, item_segment, item_length = stage_items(batch, stage)
+    item_sample, item_segment, item_length = stage_items(batch, stage) if items is None else items
     num_ranks = batch.num_ranks
     destination = np.ascontiguousarray(destination, dtype=np.int64)
     if destination.shape != item_sample.shape:
@@ -70,10 +79,10 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     source = batch.sample_source[item_sample]
     for array in (item_sample, item_segment, destination, source):
         array.setflags(write=False)
+    item_input_offset, item_offset = offsets_within_rank(rank_offsets, rank_items, inputs, output)
     return StagePlan(stage=stage, item_sample=item_sample, item_segment=item_segment, item_length=item_length,
                      source=source, destination=destination, rank_offsets=rank_offsets, rank_items=rank_items,
-                     item_input_offset=offsets_within_rank(rank_offsets, rank_items, inputs),
-                     item_offset=offsets_within_rank(rank_offsets, rank_items, output), loads=loads, tokens=tokens,
+                     item_input_offset=item_input_offset, item_offset=item_offset, loads=loads, tokens=tokens,
                      makespan=makespan, lower_bound=bound, algorithm=algorithm, solve_seconds=seconds)
 
 
@@ -130,13 +139,8 @@ class Orchestrator:
                              f"{sorted(known - {'llm'})}")
         start = time.perf_counter()
         *encoders, llm_stage = self.stages
-        embedding_bytes = self._embedding_bytes(batch)
-        sample_bytes = (batch.sample_text * llm_stage.input_bytes_per_unit
-                        + np.bincount(batch.segment_sample, weights=embedding_bytes, minlength=batch.num_samples))
-        llm = self._plan_stage(batch, llm_stage, batch.sample_source, sample_bytes)
-        plans = tuple(self._plan_stage(batch, stage, llm.destination[stage_items(batch, stage)[0]],
-                                       embedding_bytes[batch.segments_of(stage.modality)])
-                      for stage in encoders) + (llm,)
+        llm = self._plan_stage(batch, llm_stage, stage_items(batch, llm_stage), None)
+        plans = tuple(self._plan_stage(batch, stage, stage_items(batch, stage), llm) for stage in encoders) + (llm,)
         return compose(batch, self.stages, plans, planning_seconds=time.perf_counter() - start)
 
     def _embedding_bytes(self, batch: Batch) -> np.ndarray:
@@ -146,17 +150,28 @@ class Orchestrator:
                 per_token[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
         return batch.segment_tokens * per_token[batch.segment_modality]
 
-    def _plan_stage(self, batch: Batch, stage: Stage, anchors: np.ndarray, anchor_bytes: np.ndarray) -> StagePlan:
-        """Balance one stage, then place its groups next to `anchors` (bytes `anchor_bytes` per item)."""
-        item_sample, _, item_length = stage_items(batch, stage)
+    def _anchors(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None):
+        """Where the stage's items should stay, and their bytes: the LLM stage keeps a sample's text
+        and embeddings on the rank that sampled it; an encoder item stays with its sample's LLM rank."""
+        embedding_bytes = self._embedding_bytes(batch)
+        if llm is None:
+            return batch.sample_source, (batch.sample_text * stage.input_bytes_per_unit
+                                         + np.bincount(batch.segment_sample, weights=embedding_bytes,
+                                                       minlength=batch.num_samples))
+        return llm.destination[items.sample], embedding_bytes[items.segment]
+
+    def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None) -> StagePlan:
+        """Balance one stage, then place its groups (`llm` is the LLM plan, None for the LLM stage)."""
+        item_sample, _, item_length = items
         balanced = self.balance_llm if stage.is_llm else self.balance_encoders
         if not balanced or item_sample.size == 0:
-            return stage_plan(batch, stage, batch.sample_source[item_sample], "none")
+            return stage_plan(batch, stage, batch.sample_source[item_sample], "none", items=items)
         algorithm = self.uniform_algorithm or stage.algorithm
         padded = False if self.uniform_algorithm else stage.padded
         result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
                          max_tokens_per_rank=stage.max_tokens_per_rank)
         if self.placement is not None:
+            anchors, anchor_bytes = self._anchors(batch, stage, items, llm)
             rank_of_group = place(result.assignment, anchors, anchor_bytes, self.topology,
                                   method=self.placement).rank_of_group
             loads, tokens = np.empty_like(result.loads), np.empty_like(result.tokens)
@@ -164,4 +179,4 @@ class Orchestrator:
             result = dataclasses.replace(result, assignment=rank_of_group[result.assignment], loads=loads,
                                          tokens=tokens)
         return stage_plan(batch, stage, result.assignment, algorithm,
-                          balanced=result if padded == stage.padded else None)
+                          balanced=result if padded == stage.padded else None, items=items)

@@ -15,6 +15,7 @@ order of position.  `Batch.from_samples` builds it from `Sample` objects;
 
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass
 
@@ -106,6 +107,12 @@ def resolve_positions(segments: tuple[Segment, ...], text: int) -> list[int]:
     return positions
 
 
+def _frozen_int(array: np.ndarray) -> np.ndarray:
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    array.setflags(write=False)
+    return array
+
+
 def _as_int_array(name: str, values, size: int | None = None) -> np.ndarray:
     array = np.asarray(values)
     if array.ndim != 1:
@@ -151,11 +158,11 @@ class Batch:
     def num_segments(self) -> int:
         return int(self.segment_sample.size)
 
-    @property
+    @functools.cached_property
     def sample_llm_length(self) -> np.ndarray:
-        """text + sum of segment tokens, per sample."""
-        return self.sample_text + np.bincount(self.segment_sample, weights=self.segment_tokens,
-                                              minlength=self.num_samples).astype(np.int64)
+        """text + sum of segment tokens, per sample (read-only, computed once)."""
+        return _frozen_int(self.sample_text + np.bincount(self.segment_sample, weights=self.segment_tokens,
+                                                          minlength=self.num_samples).astype(np.int64))
 
     def segments_of(self, modality: str) -> np.ndarray:
         """Global indices of the segments of `modality`, ascending (empty if none)."""
