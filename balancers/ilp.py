@@ -107,7 +107,11 @@ class _Model:
                                    gapRel=0, warmStart=warm_start, logPath=str(log_path),
                                    options=[f"randomSeed {_SEED}", f"randomCbcSeed {_SEED}"])
             solver.tmpDir = workdir
-            self.lp.solve(solver)
+            try:
+                self.lp.solve(solver)
+            except pulp.PulpSolverError as error:
+                raise RuntimeError(f"CBC failed on a {self.problem.num_items}-item, "
+                                   f"{self.problem.num_ranks}-rank model: {error}") from None
             log = log_path.read_text(errors="replace") if log_path.exists() else ""
         if self.lp.status == pulp.LpStatusInfeasible:
             return "infeasible", None, None

@@ -165,3 +165,9 @@ def test_proven_plan_is_reproducible():
     second = balance(lengths, 3, algorithm="ilp")
     assert first.status is Status.OPTIMAL
     assert first.digest() == second.digest()
+
+
+def test_solver_failure_is_translated_not_leaked(monkeypatch):
+    monkeypatch.setattr(ilp, "_CBC_PATH", "/bin/false")  # runs, exits 1, writes no solution
+    with pytest.raises(RuntimeError, match="CBC failed on a 3-item, 2-rank model"):
+        balance([5, 4, 3], 2, algorithm="ilp")
