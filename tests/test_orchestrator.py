@@ -80,11 +80,9 @@ def assemble(plan, rank: int, fetch) -> np.ndarray:
     return packed
 
 
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("num_ranks,per_rank", [(1, 5), (4, 3), (8, 2)])
-def test_every_embedding_arrives_once_at_the_recipe_offset(seed, num_ranks, per_rank):
-    batch = random_batch(seed, num_ranks, per_rank)
-    plan = Orchestrator(STAGES, num_ranks).plan(batch)
+def check_composition(plan) -> None:
+    """Every embedding arrives once, at the recipe's offset, and every sample's sequence is exact."""
+    batch = plan.batch
     buffers = encoder_outputs(plan)
 
     def direct(recipe, e):
@@ -93,7 +91,7 @@ def test_every_embedding_arrives_once_at_the_recipe_offset(seed, num_ranks, per_
         return buffers[stage, encoder_rank][start:start + int(recipe.embedding_tokens[e])]
 
     arrived = []
-    for rank in range(num_ranks):
+    for rank in range(plan.num_ranks):
         packed = assemble(plan, rank, direct)
         recipe = plan.assembly(rank)
         arrived.extend(recipe.embedding_segment.tolist())
@@ -101,6 +99,26 @@ def test_every_embedding_arrives_once_at_the_recipe_offset(seed, num_ranks, per_
             assert plan.llm.destination[sample] == rank
             np.testing.assert_array_equal(packed[offset:offset + length], reference_sequence(batch, sample))
     assert sorted(arrived) == list(range(batch.num_segments))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("num_ranks,per_rank", [(1, 5), (4, 3), (8, 2)])
+def test_every_embedding_arrives_once_at_the_recipe_offset(seed, num_ranks, per_rank):
+    check_composition(Orchestrator(STAGES, num_ranks).plan(random_batch(seed, num_ranks, per_rank)))
+
+
+@pytest.mark.parametrize("placement", ["identity", "lap", "lap_node"])
+def test_placement_only_relabels_groups_and_keeps_the_composition(placement):
+    batch = random_batch(4, 16, 3)
+    topology = Topology(2, 8)
+    plain = Orchestrator(STAGES, topology).plan(batch)
+    placed = Orchestrator(STAGES, topology, placement=placement).plan(batch)
+    for before, after in zip(plain.stage_plans, placed.stage_plans):
+        np.testing.assert_array_equal(np.sort(before.loads), np.sort(after.loads))
+        assert after.makespan == before.makespan
+    check_composition(placed)
+    if placement == "lap":  # exact: no relabelling keeps more embedding bytes on the LLM rank
+        assert placed.embedding_exchange().bytes_moved <= plain.embedding_exchange().bytes_moved
 
 
 @pytest.mark.parametrize("seed", range(4))
