@@ -10,6 +10,7 @@
 - `models`, `simulator`: model configs and the cluster simulator (`run_simulation`).
 """
 
+from .models import MODELS, default_stages
 from .plan import AssemblyRecipe, Exchange, StagePlan, StepPlan
 from .planner import Orchestrator
 from .samples import Batch, Sample, Segment
@@ -17,5 +18,5 @@ from .stages import Stage
 from .strategies import STRATEGIES, Strategy
 from .workloads import list_workloads, load_workload_file, sample_workload
 
-__all__ = ["STRATEGIES", "AssemblyRecipe", "Batch", "Exchange", "Orchestrator", "Sample", "Segment", "Stage",
-           "StagePlan", "StepPlan", "Strategy", "list_workloads", "load_workload_file", "sample_workload"]
+__all__ = ["MODELS", "STRATEGIES", "AssemblyRecipe", "Batch", "Exchange", "Orchestrator", "Sample", "Segment", "Stage",
+           "StagePlan", "StepPlan", "Strategy", "default_stages", "list_workloads", "load_workload_file", "sample_workload"]

@@ -163,3 +163,11 @@ def list_models() -> dict[str, str]:
     return {name: (f"{m.params / 1e9:.1f}B: LLM {m.llm.params / 1e9:.1f}B, "
                    + ", ".join(f"{e.modality} encoder {e.transformer.params / 1e9:.1f}B" for e in m.encoders))
             for name, m in MODELS.items()}
+
+
+def default_stages(model: str = "10b") -> tuple[Stage, ...]:
+    """The vision + audio + text stage set of `model` (see `MODELS`): FLOPs cost models, packed
+    vision encoder balanced by LPT, padded audio encoder balanced exactly ("padded"), LLM by LPT."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+    return MODELS[model].stages()

@@ -43,7 +43,7 @@ RECOMPUTE_FACTOR = 4.0 / 3.0  # full activation recomputation: 4 forward-equival
 STATIC_RESERVE_BYTES = 4 * GIB
 OPTIMIZER_BYTES_PER_PARAM = 16.0
 
-__all__ = ["list_models", "list_workloads", "run_simulation", "simulate_step"]
+__all__ = ["list_models", "list_workloads", "run_simulation", "simulate_step", "stage_rank_seconds"]
 
 
 def cluster(gpus: int) -> Topology:
@@ -80,11 +80,23 @@ def simulate_step(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: G
     return result
 
 
+def _loads_and_tokens(plan: StepPlan, stage_plan, micro_batch_size: int | None):
+    if micro_batch_size is None:
+        return stage_plan.loads, stage_plan.tokens
+    return micro_batched(plan, stage_plan, micro_batch_size)
+
+
+def stage_rank_seconds(plan: StepPlan, gpu: GPU, micro_batch_size: int | None = None) -> dict[str, np.ndarray]:
+    """Compute seconds of every rank in every stage, as the simulator models them (stage name -> (D,))."""
+    rate = gpu.peak_flops * gpu.kernel_efficiency
+    return {stage_plan.stage.name: _loads_and_tokens(plan, stage_plan, micro_batch_size)[0] * RECOMPUTE_FACTOR / rate
+            for stage_plan in plan.stage_plans}
+
+
 def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, topology: Topology,
               planning_seconds: float | None, micro_batch_size: int | None) -> dict:
     num_ranks = plan.num_ranks
-    flops_per_second = gpu.peak_flops * gpu.kernel_efficiency
-    busy = np.zeros((len(plan.stage_plans), num_ranks))
+    busy = np.stack(list(stage_rank_seconds(plan, gpu, micro_batch_size).values()))
     stored = np.zeros(num_ranks)
     working = np.zeros(num_ranks)
     model_flops = 0.0
@@ -92,10 +104,7 @@ def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, 
     for index, stage_plan in enumerate(plan.stage_plans):
         stage = stage_plan.stage
         transformer = model.transformer_of(stage)
-        loads, tokens = stage_plan.loads, stage_plan.tokens
-        if micro_batch_size is not None:
-            loads, tokens = micro_batched(plan, stage_plan, micro_batch_size)
-        busy[index] = loads * RECOMPUTE_FACTOR / flops_per_second
+        loads, tokens = _loads_and_tokens(plan, stage_plan, micro_batch_size)
         real_flops = float(stage.cost.item_costs(stage_plan.item_length).sum()) if stage_plan.num_items else 0.0
         model_flops += real_flops
         stored += tokens * transformer.stored_bytes_per_token

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from orchmllm.orchestrator.models import GPUS, MODELS, list_models
-from orchmllm.orchestrator.simulator import cluster, run_simulation, simulate_step
+from orchmllm.orchestrator.simulator import cluster, run_simulation, simulate_step, stage_rank_seconds
 from orchmllm.orchestrator.strategies import STRATEGIES, get_strategy, micro_batched
 from orchmllm.orchestrator.workloads import list_workloads, sample_workload
 
@@ -119,3 +119,16 @@ def test_models_and_workloads_are_listed():
     for name, model in MODELS.items():
         assert model.params / 1e9 == pytest.approx(float(name[:-1]), rel=0.15)
     assert "default" in list_workloads()
+
+
+@pytest.mark.parametrize("name", ["ours", "megatron"])
+def test_stage_rank_seconds_are_what_the_step_uses(name):
+    topology = cluster(16)
+    batch = sample_workload("default", 16, 8, seed=3)
+    strategy = get_strategy(name)
+    plan = strategy.plan(MODELS["10b"].stages(), topology, batch)
+    result = simulate_step(plan, strategy, MODELS["10b"], GPUS["h100"], topology)
+    seconds = stage_rank_seconds(plan, GPUS["h100"], result["micro_batch_size"])
+    for stage, per_rank in seconds.items():
+        assert per_rank.shape == (16,)
+        assert result["per_stage"][stage]["seconds"] == pytest.approx(float(per_rank.max()))
