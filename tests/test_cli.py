@@ -176,6 +176,18 @@ def test_timeline_seconds_agree_with_the_simulator():
             assert values.mean() == pytest.approx(per_stage[stage]["mean_seconds"], rel=1e-12)
 
 
+def test_demo_trains_on_gloo_ranks_and_reports_json():
+    result = orchmllm("demo", "--ranks", "2", "--steps", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ranks"] == 2 and report["steps"] == 2 and report["dtype"] == "float32"
+    assert report["samples_lost"] == 0 and report["samples_duplicated"] == 0
+    assert 0 <= report["grad_max_rel_diff"] <= 1e-4  # sums commute: only rounding differs
+    assert len(report["busy_seconds_per_rank_balanced"]) == len(report["busy_seconds_per_rank_unbalanced"]) == 2
+    assert report["busy_max_over_mean_balanced"] >= 1 and report["busy_max_over_mean_unbalanced"] >= 1
+    assert report["exchange_seconds"] > 0 and 0 <= report["planning_hidden_fraction"] <= 1
+
+
 def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path):
     result = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "8", "--json")
     assert result.returncode == 0, result.stderr
@@ -230,6 +242,8 @@ BAD_INPUTS = {
     "unknown strategy": (["simulate", "--gpus", "8", "--strategies", "ours,magic"], "unknown strategy 'magic'"),
     "simulate D = 0": (["simulate", "--gpus", "0"], "--gpus must be >= 1; got 0"),
     "simulate unknown model": (["simulate", "--model", "7b"], "unknown model '7b'"),
+    "demo no ranks": (["demo", "--ranks", "0"], "--ranks and --steps must be >= 1"),
+    "demo bad dtype": (["demo", "--dtype", "int8"], "invalid choice: 'int8'"),
     "bad workload line": (["compare", "--workload-file", "{tmp}/samples.jsonl", "-D", "1", "--items-per-rank", "2"],
                           "line 2"),
     "unknown algorithm": (["compare", "--algorithms", "lpt,greedy"], "unknown algorithm 'greedy'"),
@@ -275,7 +289,7 @@ def test_bad_input_is_one_line_and_exit_2(case, bad_files):
 def test_help_shows_examples_and_commands():
     top = orchmllm("--help")
     assert top.returncode == 0 and all(name in top.stdout for name in ("compare", "plan"))
-    for command in ("compare", "simulate", "plan"):
+    for command in ("compare", "simulate", "demo", "plan"):
         result = orchmllm(command, "--help")
         assert result.returncode == 0 and "examples:" in result.stdout and f"orchmllm {command}" in result.stdout
 
