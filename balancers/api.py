@@ -2,15 +2,42 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 
+from .locality import as_item_bytes, as_sources, balance_locally
 from .plan import BalancePlan, make_plan
-from .problem import make_problem
+from .problem import InfeasibleError, Status, make_problem, rank_tokens
 from .registry import ALGORITHMS
 
 
+def _gpus_per_node(topology, num_ranks: int) -> int:
+    """gpus_per_node of a duck-typed topology whose world size must equal num_ranks."""
+    if not (hasattr(topology, "gpus_per_node") and hasattr(topology, "world_size")):
+        raise TypeError(f"`topology` must have `gpus_per_node` and `world_size` (e.g. orchmllm.topology.Topology); "
+                        f"got {type(topology).__name__}")
+    gpus, world_size = topology.gpus_per_node, topology.world_size
+    if isinstance(gpus, bool) or not isinstance(gpus, numbers.Integral) or gpus <= 0 or world_size % gpus:
+        raise ValueError(f"`topology.gpus_per_node` must be a positive int dividing its world size {world_size}; "
+                         f"got {gpus!r}")
+    if world_size != num_ranks:
+        raise ValueError(f"`topology` has {world_size // gpus} nodes × {gpus} gpus = {world_size} "
+                         f"!= num_ranks {num_ranks}")
+    return int(gpus)
+
+
+def _as_slack(makespan_slack) -> float:
+    if isinstance(makespan_slack, bool) or not isinstance(makespan_slack, numbers.Real):
+        raise TypeError(f"`makespan_slack` must be a real number; got {type(makespan_slack).__name__}")
+    if not math.isfinite(makespan_slack) or makespan_slack < 0:
+        raise ValueError(f"`makespan_slack` must be finite and >= 0; got {makespan_slack}")
+    return float(makespan_slack)
+
+
 def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
-            max_tokens_per_rank=None, time_limit=None) -> BalancePlan:
+            max_tokens_per_rank=None, time_limit=None, sources=None, item_bytes=None,
+            topology=None, makespan_slack=0.002) -> BalancePlan:
     """Assign items of the given lengths to `num_ranks` ranks, minimising the makespan.
 
     Args:
@@ -21,6 +48,15 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
         algorithm: a name in `ALGORITHMS`.
         max_tokens_per_rank: memory cap on tokens per rank (count · max l when padded).
         time_limit: seconds an exact or anytime solver may spend.
+        sources: rank that holds each item now.  When given, the plan is
+            communication-aware: within (1 + makespan_slack) of the plain plan's makespan,
+            items stay on their rank, else on their node, as far as possible.  With
+            algorithm="identity" every item simply stays on its source rank.
+        item_bytes: bytes each item costs to move (default: its length).
+        topology: any object with `gpus_per_node` and `world_size` (e.g.
+            `orchmllm.topology.Topology`) whose world size is num_ranks; rank r is on node
+            r // gpus_per_node.  Without it every rank counts as its own node.
+        makespan_slack: relative makespan the communication-aware plan may add, >= 0.
 
     Returns:
         A frozen `BalancePlan`; `InfeasibleError` (a ValueError) when the cap cannot be met.
@@ -31,8 +67,36 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
         raise ValueError(f"unknown `algorithm` {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
     problem = make_problem(lengths, num_ranks, cost=cost, padded=padded,
                            max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
+    if sources is None:
+        for name, value in (("item_bytes", item_bytes), ("topology", topology)):
+            if value is not None:
+                raise ValueError(f"`{name}` needs `sources` (the rank that holds each item now)")
+    else:
+        sources = as_sources(sources, problem.num_items, problem.num_ranks)
+        item_bytes = as_item_bytes(problem.lengths if item_bytes is None else item_bytes, problem.num_items)
+        gpus_per_node = 1 if topology is None else _gpus_per_node(topology, problem.num_ranks)
+        makespan_slack = _as_slack(makespan_slack)
+        if algorithm == "identity":
+            return _keep_sources(problem, sources)
     start = time.perf_counter()
     result = ALGORITHMS[algorithm](problem)
+    assignment = result.assignment
+    if sources is not None:
+        assignment = balance_locally(problem, assignment, sources, item_bytes, gpus_per_node, makespan_slack)
     seconds = time.perf_counter() - start
-    return make_plan(problem, result.assignment, result.status, algorithm,
+    return make_plan(problem, assignment, result.status if sources is None else Status.FEASIBLE,
+                     algorithm if sources is None else f"{algorithm}+locality",
                      kernel_bound=result.lower_bound, solve_seconds=seconds)
+
+
+def _keep_sources(problem, sources) -> BalancePlan:
+    """The identity plan when sources are known: every item stays where it is."""
+    cap = problem.max_tokens_per_rank
+    tokens = rank_tokens(problem, sources)
+    if cap is not None and tokens.max() > cap:
+        rank = int(tokens.argmax())
+        raise InfeasibleError(
+            f"`identity` keeps every item on its source, and rank {rank} holds {int(tokens[rank])} tokens > "
+            f"max_tokens_per_rank={cap}; a cap of at least {int(tokens.max())} is needed",
+            min_cap=int(tokens.max()))
+    return make_plan(problem, sources, Status.FEASIBLE, "identity")

@@ -19,13 +19,15 @@ returned instead.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
-from .problem import Problem, rank_loads, rank_tokens
+from .lpt import sorted_order
+from .problem import Problem, rank_loads, rank_max_lengths, rank_tokens
 
 
 def as_sources(sources, num_items: int, num_ranks: int, name: str = "sources") -> np.ndarray:
@@ -144,3 +146,272 @@ def ranks_within_nodes(node_of_group: np.ndarray, group_of_item: np.ndarray, sou
         found = np.minimum(np.searchsorted(keys, block_keys), keys.size - 1)
         block_weights = np.where(keys[found] == block_keys, weights[found], 0.0)
     return _max_weight_bijection(block_groups, block_ranks, block_weights, num_ranks, unlisted_allowed=False)
+
+
+def _by_position(segment: np.ndarray, cost_rank: np.ndarray, candidates: np.ndarray) -> list[np.ndarray]:
+    """Candidates in rounds: round p holds every segment's p-th largest (ties by index) candidate.
+
+    `cost_rank[i]` is item i's position in the (-cost, index) order of all items.
+    """
+    n = cost_rank.size
+    item_of_rank = np.empty(n, dtype=np.int64)
+    item_of_rank[cost_rank] = np.arange(n)
+    keys = np.sort(segment[candidates] * n + cost_rank[candidates])
+    order, seg = item_of_rank[keys % n], keys // n
+    starts = np.flatnonzero(np.concatenate(([True], seg[1:] != seg[:-1]))) if order.size else order
+    counts = np.diff(np.append(starts, order.size))
+    by_count = np.argsort(-counts, kind="stable")
+    starts, counts = starts[by_count], counts[by_count]
+    rounds = []
+    for p in range(int(counts.max(initial=0))):
+        active = int(np.searchsorted(-counts, -p, side="left"))
+        rounds.append(order[np.sort(starts[:active]) + p])
+    return rounds
+
+
+class _State:
+    """Destinations, rank loads and rank tokens of a partial plan under a target and a cap."""
+
+    def __init__(self, problem: Problem, target: float):
+        self.costs, self.lengths = problem.item_costs, problem.lengths.astype(np.float64)
+        self.target = target
+        self.cap = np.inf if problem.max_tokens_per_rank is None else float(problem.max_tokens_per_rank)
+        self.cost_rank = np.empty(problem.num_items, dtype=np.int64)
+        self.cost_rank[sorted_order(self.costs)] = np.arange(problem.num_items)
+        self.destinations = np.full(problem.num_items, -1, dtype=np.int64)
+        self.loads = np.zeros(problem.num_ranks)
+        self.tokens = np.zeros(problem.num_ranks)
+
+    def fits(self, items: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        return ((self.loads[ranks] + self.costs[items] <= self.target)
+                & (self.tokens[ranks] + self.lengths[items] <= self.cap))
+
+    def take(self, items: np.ndarray) -> None:
+        """Remove placed items from their ranks."""
+        np.subtract.at(self.loads, self.destinations[items], self.costs[items])
+        np.subtract.at(self.tokens, self.destinations[items], self.lengths[items])
+        self.destinations[items] = -1
+
+    def put(self, items: np.ndarray, ranks: np.ndarray) -> None:
+        """Place items on ranks (each rank at most once per call)."""
+        self.destinations[items] = ranks
+        self.loads[ranks] += self.costs[items]
+        self.tokens[ranks] += self.lengths[items]
+
+
+def _keep_home(state: _State, sources: np.ndarray) -> None:
+    """Every rank keeps its own items, largest first, each one that still fits."""
+    for items in _by_position(sources, state.cost_rank, np.arange(sources.size, dtype=np.int64)):
+        ranks = sources[items]
+        fits = state.fits(items, ranks)
+        state.put(items[fits], ranks[fits])
+
+
+def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Largest first, each left-over item to the least-loaded rank of its node that fits.
+
+    Returns the items no rank of their node could take.
+    """
+    left = np.flatnonzero(state.destinations < 0)
+    node = sources // gpus_per_node
+    offsets = np.arange(gpus_per_node, dtype=np.int64)
+    overflow = []
+    for items in _by_position(node, state.cost_rank, left):
+        ranks = node[items, None] * gpus_per_node + offsets
+        fits = ((state.loads[ranks] + state.costs[items, None] <= state.target)
+                & (state.tokens[ranks] + state.lengths[items, None] <= state.cap))
+        chosen = ranks[np.arange(items.size), np.argmin(np.where(fits, state.loads[ranks], np.inf), axis=1)]
+        placed = fits.any(axis=1)
+        overflow.append(items[~placed])
+        state.put(items[placed], chosen[placed])
+    return np.concatenate(overflow) if overflow else left
+
+
+def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
+    """LPT in rounds over all ranks: the k-th largest item to the k-th least-loaded rank if it fits.
+
+    Items that do not fit wait for the next round; the round's largest item is always
+    placed (on the least-loaded rank with token room), possibly above the target.
+    """
+    waiting = overflow[np.argsort(state.cost_rank[overflow])]
+    num_ranks = state.loads.size
+    while waiting.size:
+        ranks = np.lexsort((np.arange(num_ranks), state.loads))[: waiting.size]
+        chunk = waiting[: ranks.size]
+        fits = state.fits(chunk, ranks)
+        if not fits[0]:
+            room = state.tokens + state.lengths[chunk[0]] <= state.cap
+            if not room.any():
+                raise _NoRoom
+            fits[0] = True
+            ranks[0] = int(np.argmin(np.where(room, state.loads, np.inf)))
+            if ranks[0] in ranks[1:][fits[1:]]:
+                fits[1:] &= ranks[1:] != ranks[0]
+        state.put(chunk[fits], ranks[fits])
+        waiting = np.concatenate([chunk[~fits], waiting[ranks.size:]])
+
+
+def _repair(state: _State, sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> None:
+    """Bring ranks above the target down by moves or swaps with any rank, fewest inter-node bytes first.
+
+    For the most loaded rank r and each item i on it, every item j elsewhere (a swap) and
+    every other rank (a move) is a candidate; it shifts delta = cost_i - cost_j from r to
+    the partner's rank.  Full fixes (both ranks end within the target) win, fewest added
+    inter-node bytes first, then smallest delta; without one, the candidate that lowers
+    max(r, partner rank) most.  Stops when no candidate improves.
+    """
+    home_node = sources // gpus_per_node
+    num_ranks, target, cap = state.loads.size, state.target, state.cap
+
+    def crossing(items: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        """Inter-node bytes of items when they sit on ranks (0 for the empty partner -1)."""
+        crosses = (items >= 0) & (ranks // gpus_per_node != home_node[items])
+        return np.where(crosses, item_bytes[items], 0.0)
+
+    for _ in range(4 * num_ranks):
+        rank = int(np.argmax(state.loads))
+        if state.loads[rank] <= target:
+            return
+        others = np.flatnonzero(state.destinations != rank)
+        move_ranks = np.delete(np.arange(num_ranks), rank)
+        partner = np.concatenate([others, np.full(move_ranks.size, -1)])
+        partner_rank = np.concatenate([state.destinations[others], move_ranks])
+        partner_cost = np.concatenate([state.costs[others], np.zeros(move_ranks.size)])
+        partner_tokens = np.concatenate([state.lengths[others], np.zeros(move_ranks.size)])
+        partner_added = crossing(partner, np.full(partner.size, rank)) - crossing(partner, partner_rank)
+        best = None
+        for item in np.flatnonzero(state.destinations == rank).tolist():
+            delta = state.costs[item] - partner_cost
+            delta_tokens = state.lengths[item] - partner_tokens
+            rank_after = state.loads[rank] - delta
+            partner_after = state.loads[partner_rank] + delta
+            valid = ((delta > 0) & (state.tokens[partner_rank] + delta_tokens <= cap)
+                     & (state.tokens[rank] - delta_tokens <= cap))
+            added = (crossing(np.full(partner.size, item), partner_rank)
+                     - crossing(np.array([item]), np.array([rank])) + partner_added)
+            full = valid & (rank_after <= target) & (partner_after <= target)
+            if full.any():
+                index = np.flatnonzero(full)
+                pick = int(index[np.lexsort((delta[index], added[index]))[0]])
+                key = (0, float(added[pick]), float(delta[pick]))
+            else:
+                peak = np.where(valid, np.maximum(rank_after, partner_after), np.inf)
+                pick = int(np.argmin(peak))
+                if not peak[pick] < state.loads[rank]:
+                    continue
+                key = (1, float(peak[pick]), float(added[pick]))
+            if best is None or key < best[0]:
+                best = (key, item, int(partner[pick]), int(partner_rank[pick]))
+        if best is None:
+            return
+        _, item, other, other_rank = best
+        state.take(np.array([item]))
+        state.put(np.array([item]), np.array([other_rank]))
+        if other >= 0:
+            state.take(np.array([other]))
+            state.put(np.array([other]), np.array([rank]))
+
+
+class _NoRoom(Exception):
+    """The locality heuristic found no rank with room; the caller falls back."""
+
+
+def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: np.ndarray,
+              gpus_per_node: int) -> np.ndarray:
+    """Keep home, take within the node, take anywhere, repair (unpadded cost)."""
+    state = _State(problem, target)
+    _keep_home(state, sources)
+    overflow = _take_in_node(state, sources, gpus_per_node)
+    _take_anywhere(state, overflow)
+    if state.loads.max() > target:
+        _repair(state, sources, item_bytes, gpus_per_node)
+    return state.destinations
+
+
+def _padded(problem: Problem, placed: np.ndarray, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Re-deal items into the padded slots of a placed plan: home rank, home node, own slot, best fit.
+
+    The placed plain plan gives rank r `count[r]` slots of length `longest[r]`; any items
+    with at most count[r] items no longer than longest[r] cost at most
+    count[r] · f(longest[r]) and hold at most count[r] · longest[r] tokens, so the
+    makespan and the caps can only improve.  Items go longest first (ties by index), so a
+    slot taken by one never leaves a later (shorter) item without one; an item that finds
+    no slot on its node keeps its slot in the placed plan if still free, else takes the
+    free slot of the smallest sufficient length (ties by rank).
+    """
+    num_ranks = problem.num_ranks
+    free = np.bincount(placed, minlength=num_ranks).tolist()
+    longest = rank_max_lengths(problem.lengths, placed, num_ranks).tolist()
+    by_length = sorted(range(num_ranks), key=lambda rank: (longest[rank], rank))
+    sorted_lengths = [longest[rank] for rank in by_length]
+    position_of = {rank: position for position, rank in enumerate(by_length)}
+    skip = list(range(num_ranks + 1))  # skip[p]: next position at or after p with a free slot
+
+    def next_free(position: int) -> int:
+        root = position
+        while skip[root] != root:
+            root = skip[root]
+        while skip[position] != root:
+            skip[position], position = root, skip[position]
+        return root
+
+    destinations = np.empty(problem.num_items, dtype=np.int64)
+    lengths, home_ranks, placed_ranks = problem.lengths.tolist(), sources.tolist(), placed.tolist()
+    for item in np.lexsort((np.arange(problem.num_items), -problem.lengths)).tolist():
+        length, home = lengths[item], home_ranks[item]
+        first = home - home % gpus_per_node
+        local = [r for r in range(first, first + gpus_per_node) if free[r] and longest[r] >= length]
+        if free[home] and longest[home] >= length:
+            rank = home
+        elif local:
+            rank = min(local, key=lambda r: (longest[r], r))
+        elif free[placed_ranks[item]]:
+            rank = placed_ranks[item]
+        else:
+            rank = by_length[next_free(bisect.bisect_left(sorted_lengths, length))]
+        destinations[item] = rank
+        free[rank] -= 1
+        if not free[rank]:
+            skip[position_of[rank]] = position_of[rank] + 1
+    return destinations
+
+
+def _inter_node_then_moved(destinations: np.ndarray, sources: np.ndarray, item_bytes: np.ndarray,
+                           gpus_per_node: int) -> tuple[float, float]:
+    crosses = destinations // gpus_per_node != sources // gpus_per_node
+    return float(item_bytes[crosses].sum()), float(item_bytes[destinations != sources].sum())
+
+
+def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray,
+                    item_bytes: np.ndarray, gpus_per_node: int, makespan_slack: float) -> np.ndarray:
+    """An assignment within (1 + makespan_slack) of the plain plan's makespan moving few bytes.
+
+    `sources` and `item_bytes` must be validated (`as_sources`, `as_item_bytes`) and
+    `gpus_per_node` must divide `problem.num_ranks`.  Unpadded: keep home, take within
+    the node, take anywhere, repair; padded: re-deal the plain plan's slots.  The plain
+    plan placed by `assign_groups` (same makespan) is returned instead whenever the
+    unpadded heuristic misses the target or the cap, and whenever the padded re-deal moves
+    more inter-node bytes than it.
+    """
+    target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
+    cap = problem.max_tokens_per_rank
+
+    def placed() -> np.ndarray:
+        return assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks,
+                             gpus_per_node)[plain_assignment]
+
+    if problem.padded:
+        fallback = placed()
+        candidate = _padded(problem, fallback, sources, gpus_per_node)
+        if _inter_node_then_moved(fallback, sources, item_bytes, gpus_per_node) < \
+                _inter_node_then_moved(candidate, sources, item_bytes, gpus_per_node):
+            return fallback
+        return candidate
+    try:
+        candidate = _unpadded(problem, target * (1.0 - 1e-12), sources, item_bytes, gpus_per_node)
+    except _NoRoom:
+        return placed()
+    if rank_loads(problem, candidate).max() > target or (
+            cap is not None and rank_tokens(problem, candidate).max() > cap):
+        return placed()
+    return candidate
