@@ -1,0 +1,223 @@
+"""Runtime tier 1 and 2: pure routing logic, and the no-process-group path (world size 1)."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchmllm.balancers import CostModel
+from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, Piece, PostBalancingDispatcher,
+                              Prefetcher, exchange, exchange_with_grad, gather_metadata, make_transport,
+                              normalize_loss)
+from orchmllm.runtime.calibration import fit_packed_cost
+from orchmllm.runtime.data import SyntheticMultimodal
+from orchmllm.runtime.exchange import home_ranks, ranges
+from orchmllm.runtime.metadata import as_table, check_agreement, fingerprint
+from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+
+
+@st.composite
+def routes(draw, max_ranks=4, max_items=12):
+    size = draw(st.integers(1, max_ranks))
+    n = draw(st.integers(0, max_items))
+    rank_lists = st.lists(st.integers(0, size - 1), min_size=n, max_size=n)
+    source = np.sort(np.array(draw(rank_lists), dtype=np.int64)) if draw(st.booleans()) else \
+        np.array(draw(rank_lists), dtype=np.int64)
+    dest = np.array(draw(rank_lists), dtype=np.int64)
+    rows = np.array(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), dtype=np.int64)
+    return size, source, dest, rows
+
+
+def simulate(size, source, dest, rows):
+    """Run every rank's half of an exchange in numpy: packed rows carry (item, row) labels."""
+    metas = [ExchangeMeta(source, dest, rank, size) for rank in range(size)]
+    held = []
+    for meta in metas:
+        items = meta.source_items
+        held.append(np.array([(i, j) for i in items for j in range(rows[i])], dtype=np.int64).reshape(-1, 2))
+    sent = [held[r][metas[r].send_row_index(rows)] for r in range(size)]
+    splits = metas[0].row_splits(rows)
+    segments = [np.split(sent[s], np.cumsum(splits[s])[:-1]) for s in range(size)]
+    arrived = [np.concatenate([segments[s][d] for s in range(size)]) for d in range(size)]
+    return [arrived[d][metas[d].arrival_row_index(rows)] for d in range(size)]
+
+
+@given(routes())
+def test_route_delivers_every_row_once_in_ascending_item_order(case):
+    size, source, dest, rows = case
+    for rank, output in enumerate(simulate(size, source, dest, rows)):
+        items = np.flatnonzero(dest == rank)
+        expected = np.array([(i, j) for i in items for j in range(rows[i])], dtype=np.int64).reshape(-1, 2)
+        np.testing.assert_array_equal(output, expected)
+
+
+@given(routes())
+def test_inverse_route_is_an_involution_and_swaps_the_ends(case):
+    size, source, dest, rows = case
+    meta = ExchangeMeta(source, dest, 0, size)
+    inverse = meta.inverse()
+    np.testing.assert_array_equal(inverse.source_ranks, dest)
+    np.testing.assert_array_equal(inverse.inverse().dest_ranks, dest)
+    np.testing.assert_array_equal(meta.row_splits(rows).T, inverse.row_splits(rows))
+    assert meta.row_splits(rows).sum() == rows.sum()
+
+
+def test_from_assignment_starts_from_the_home_layout():
+    meta = ExchangeMeta.from_assignment([2, 0, 1, 1, 0], counts=[2, 0, 3], rank=2)
+    np.testing.assert_array_equal(meta.source_ranks, [0, 0, 2, 2, 2])
+    np.testing.assert_array_equal(meta.source_items, [2, 3, 4])
+    np.testing.assert_array_equal(meta.dest_items, [0])
+    np.testing.assert_array_equal(home_ranks([0, 2, 1]), [1, 1, 2])
+    np.testing.assert_array_equal(ranges([5, 0], [2, 3]), [5, 6, 0, 1, 2])
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(source_ranks=[0, 3], dest_ranks=[0, 0], rank=0, world_size=2), ValueError, r"`source_ranks` must be ranks in \[0, 2\)"),
+    (dict(source_ranks=[0], dest_ranks=[0, 1], rank=0, world_size=2), ValueError, "one entry per item"),
+    (dict(source_ranks=[0.5], dest_ranks=[0], rank=0, world_size=2), TypeError, "integer ranks"),
+    (dict(source_ranks=[0], dest_ranks=[0], rank=2, world_size=2), ValueError, r"`rank` must be in \[0, world_size=2\)"),
+    (dict(source_ranks=[[0]], dest_ranks=[0], rank=0, world_size=1), ValueError, "must be 1-D"),
+], ids=["rank-out-of-range", "length-mismatch", "float-ranks", "bad-rank", "2-d"])
+def test_exchange_meta_rejects_bad_routes(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        ExchangeMeta(**kwargs)
+
+
+def test_exchange_rejects_tensors_that_do_not_match_the_route():
+    meta = ExchangeMeta([0, 0], [0, 0], 0, 1)
+    with pytest.raises(ValueError, match="tensor has 3 rows but this rank's 2 items own 4 rows"):
+        exchange([Piece(meta, torch.zeros(3), np.array([1, 3]))])
+    with pytest.raises(ValueError, match="one integer row count per item"):
+        exchange([Piece(meta, torch.zeros(3), np.array([1, 1, 1]))])
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        exchange([Piece(meta, [1.0, 2.0], 1)])
+    with pytest.raises(ValueError, match="route is for rank 0 of 2 but the transport's group has this process as rank 0 of 1"):
+        exchange([Piece(ExchangeMeta([0, 1], [1, 0], 0, 2), torch.zeros(1), 1)])
+
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int8, torch.bool, torch.complex64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).removeprefix("torch.") for d in DTYPES])
+def test_world_size_one_exchange_is_bit_identical_without_a_process_group(dtype):
+    rows = np.array([2, 0, 3])
+    meta = ExchangeMeta([0, 0, 0], [0, 0, 0], 0, 1)
+    data = (torch.randn(5, 2, 3) * 100).to(dtype)
+    per_item = torch.arange(3)
+    out, ids = exchange([Piece(meta, data, rows), Piece(meta, per_item, 1)])
+    assert out.dtype == dtype and out.shape == data.shape
+    assert torch.equal(out, data)
+    assert torch.equal(ids, per_item)
+
+
+def test_world_size_one_autograd_exchange_matches_local_gradient():
+    meta = ExchangeMeta([0, 0], [0, 0], 0, 1)
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(4, 3, dtype=torch.float64)
+    (out,) = exchange_with_grad([Piece(meta, x, np.array([1, 3]))])
+    (out * weights).sum().backward()
+    assert torch.equal(x.grad, weights)
+
+
+def test_dispatcher_world_size_one_keeps_everything_and_plans():
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", per_item_keys={"sample_id"}, check_plan=True)
+    plan = dispatcher.plan([3, 1, 2])
+    batch = {"tokens": torch.arange(6), "sample_id": torch.tensor([7, 8, 9])}
+    moved = dispatcher.dispatch(batch, plan)
+    assert torch.equal(moved["tokens"], batch["tokens"]) and torch.equal(moved["sample_id"], batch["sample_id"])
+    np.testing.assert_array_equal(plan.local_lengths, [3, 1, 2])
+    back = dispatcher.combine({"sample_id": moved["sample_id"]}, plan, differentiable=False)
+    assert torch.equal(back["sample_id"], batch["sample_id"])
+    empty = dispatcher.plan([])
+    assert empty.balance is None and empty.route.num_items == 0
+
+
+def test_metadata_validation_messages():
+    with pytest.raises(ValueError, match="must be non-negative; got -1"):
+        as_table([1, -1])
+    with pytest.raises(TypeError, match="must hold integers"):
+        as_table([1.5])
+    with pytest.raises(ValueError, match="1-D or 2-D"):
+        as_table(np.zeros((1, 1, 1), dtype=np.int64))
+    with pytest.raises(ValueError, match="32 bytes"):
+        check_agreement(b"short")
+    gathered = gather_metadata(np.zeros(0, dtype=np.int64), num_columns=2)
+    assert gathered.values.shape == (0, 2) and gathered.counts.tolist() == [0]
+    assert fingerprint("a", 1) != fingerprint("a", 2)
+
+
+def test_transport_validation_messages():
+    with pytest.raises(ValueError, match="`gpus_per_node` must be a positive int"):
+        HierarchicalAllToAll(0)
+    with pytest.raises(ValueError, match="unknown transport 'ring'"):
+        make_transport("ring")
+    with pytest.raises(ValueError, match="`gpus_per_node` is required"):
+        make_transport("hierarchical")
+    with pytest.raises(ValueError, match="rank 0's splits send 2"):
+        FlatAllToAll()(torch.zeros(3), np.array([[2]]))
+    single = HierarchicalAllToAll(1)
+    assert torch.equal(single(torch.arange(4), np.array([[4]])), torch.arange(4))
+
+
+def test_normalize_loss_divides_by_the_global_token_count():
+    loss = normalize_loss(torch.tensor(6.0), 3)
+    assert loss.item() == 2.0
+    with pytest.raises(ValueError, match="`gradient_reduction` must be one of"):
+        normalize_loss(torch.tensor(1.0), 1, gradient_reduction="max")
+    with pytest.raises(TypeError, match="`loss_sum` must be a torch.Tensor"):
+        normalize_loss(1.0, 1)
+
+
+def test_prefetcher_runs_in_the_background_and_reports_hidden_time():
+    with Prefetcher(lambda value, group: value * 2) as prefetcher:
+        with pytest.raises(RuntimeError, match="no prefetch pending"):
+            prefetcher.result()
+        prefetcher.submit(21)
+        with pytest.raises(RuntimeError, match="already pending"):
+            prefetcher.submit(1)
+        assert prefetcher.result() == 42
+        assert 0.0 <= prefetcher.hidden_fraction <= 1.0
+        prefetcher.submit(None)
+        with pytest.raises(TypeError):
+            prefetcher.result()
+
+
+def test_fit_packed_cost_recovers_exact_coefficients():
+    rng = np.random.default_rng(0)
+    truth = CostModel(per_item=3.0, linear=2.0, quadratic=0.5)
+    batches = [rng.integers(1, 50, rng.integers(1, 9)).tolist() for _ in range(12)]
+    seconds = [7.0 + sum(truth(l) for l in batch) for batch in batches]
+    fitted, error = fit_packed_cost(batches, seconds)
+    assert error < 1e-9
+    assert fitted.per_item == pytest.approx(3.0) and fitted.linear == pytest.approx(2.0)
+    assert fitted.quadratic == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="at least 4 timed batches"):
+        fit_packed_cost(batches[:2], seconds[:2])
+
+
+def test_synthetic_data_is_deterministic_and_consistent_with_its_metadata():
+    config = ModelConfig()
+    data = SyntheticMultimodal(config, samples_per_rank=6, seed=3)
+    first, again = data.local_batch(1, 2), data.local_batch(1, 2)
+    assert torch.equal(first.text["input_ids"], again.text["input_ids"])
+    assert first.text["input_ids"].shape[0] == sum(s.text for s in first.samples)
+    images = [g.length for s in first.samples for g in s.segments if g.modality == "image"]
+    assert first.inputs["image"].shape == (sum(images), config.patch_dim)
+    assert all(g.length == g.tokens * (config.pool if g.modality == "image" else config.stride)
+               for s in first.samples for g in s.segments)
+    assert len({s.id for s in first.samples} | {s.id for s in data.samples(1, 3)}) == 12
+    with pytest.raises(ValueError, match="`samples_per_rank` must be a non-negative int"):
+        SyntheticMultimodal(config, samples_per_rank=-1)
+
+
+def test_tiny_model_items_do_not_interact():
+    """An item's output is the same alone or packed with others (what equivalence rests on)."""
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(ModelConfig(llm_hidden=16, encoder_hidden=16, vocab=32)).double()
+    patches = torch.randn(24, model.config.patch_dim, dtype=torch.float64)
+    together = model.vision(patches, [8, 16])
+    alone = torch.cat([model.vision(patches[:8], [8]), model.vision(patches[8:], [16])])
+    torch.testing.assert_close(together, alone, rtol=1e-12, atol=1e-12)
+    embeddings = torch.randn(9, 16, dtype=torch.float64)
+    torch.testing.assert_close(model.llm(embeddings, [4, 5])[:4], model.llm(embeddings[:4], [4]), rtol=1e-12, atol=1e-12)
