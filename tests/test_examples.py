@@ -40,6 +40,17 @@ def test_calibrate_cost_model_fits_and_balances():
     assert bound <= after <= before
 
 
+def test_training_loop_with_the_dispatcher():
+    out = run(["examples/train_with_dispatcher.py"], timeout=300)
+    ratios = re.findall(r"max/mean ([0-9.]+) -> ([0-9.]+)", out)
+    assert len(ratios) == 3
+    assert all(1.0 <= float(after) <= float(before) for before, after in ratios)
+    losses = [float(value) for value in re.findall(r"loss ([0-9.]+)", out)]
+    assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)
+    diff, largest = map(float, re.search(r"max \|diff\| (\S+) \(largest gradient (\S+)\) on 4 ranks", out).groups())
+    assert largest > 0 and diff <= 1e-5 * largest  # sums commute: balancing changes only rounding
+
+
 def readme_snippets():
     text = (ROOT / "README.md").read_text()
     return [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if block.startswith("import ")]
