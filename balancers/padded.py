@@ -19,15 +19,17 @@ Algorithm.  For a makespan T, a run starting at sorted item i can take
 k = min(kT, floor(cap / l_i), items left) items, kT the largest k with k · f(l_i) <= T.
 Taking the longest feasible run first is optimal (what is left is a suffix of what any
 other choice leaves), so T is feasible iff the greedy needs <= D runs.  The optimum is
-one of the values k · f(l_i).  A bisection on T keeps both ends on such values: a
-feasible probe lowers the upper end to the makespan the greedy actually reached, an
-infeasible one raises the lower end to the next value at which one of its runs could
-grow (below that the greedy is unchanged, hence still infeasible).  It ends when the two
-ends meet, so the answer is exact with no floating-point tolerance.  Each probe costs
-O(min(D, number of runs and equal-length blocks)); with the O(n log n) sort the whole is
-O(n log n + D log(range)).  Source: the sorted-runs structure is the classic argument
-for bottleneck 1-D partitioning (Pinar & Aykanat 2004, "Fast optimal load balancing
-algorithms for 1D partitioning"); guarantee: optimal.
+one of the values k · f(l_i).  The search probes the lower bound max(f(l_1), sum f / D),
+gallops up from it, then bisects, always snapping both ends to such values: a feasible
+probe lowers the upper end to the makespan the greedy actually reached, an infeasible one
+raises the lower end to the next value at which one of its runs could grow (below that
+the greedy is unchanged, hence still infeasible).  It ends when the two ends meet, so the
+answer is exact with no floating-point tolerance.  A probe costs O(B) numpy work for the
+B distinct lengths plus a Python step per group of equal-size runs inside one block, at
+most min(D, runs); with the sort, O(n log n + (B + D) · probes), about 3-20 probes.
+Source: the sorted-runs structure is the classic argument for bottleneck 1-D
+partitioning (Pinar & Aykanat 2004, "Fast optimal load balancing algorithms for 1D
+partitioning"); guarantee: optimal.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import math
 
 import numpy as np
 
-from .problem import InfeasibleError, KernelResult, Problem, Status, as_lengths, as_num_ranks, lower_bound
+from .problem import InfeasibleError, KernelResult, Problem, Status, as_lengths, as_num_ranks
 
 
 class _Runs:
@@ -51,15 +53,38 @@ class _Runs:
         n = int(sorted_lengths.size)
         self.num_items = n
         ends = np.append(np.flatnonzero(np.diff(sorted_lengths)) + 1, n)
-        firsts = ends - np.diff(np.concatenate(([0], ends)))
+        self.sizes = np.diff(np.concatenate(([0], ends)))
+        firsts = ends - self.sizes
         self.ends = ends.tolist()
-        self.costs = sorted_costs[firsts].tolist()
+        self.costs = sorted_costs[firsts]
         block_lengths = sorted_lengths[firsts]
         if cap is None:
             room = np.full(ends.size, n, dtype=np.int64)
         else:
             room = np.where(block_lengths > 0, cap // np.maximum(block_lengths, 1), n)
-        self.room = np.minimum(room, n).tolist()
+        self.room = np.minimum(room, n)
+        self.positive = self.costs > 0
+
+    def counts(self, makespan: float) -> np.ndarray:
+        """Per block, the largest k <= room with k · cost <= makespan (exact float compare)."""
+        if makespan == math.inf:
+            return self.room.copy()
+        costs = self.costs
+        with np.errstate(divide="ignore", invalid="ignore"):
+            guess = np.where(self.positive, np.floor(makespan / costs), np.inf)
+        count = np.minimum(guess, self.room + 1).astype(np.int64)
+        # The quotient may be one off in floating point: step to the exact largest k.
+        while True:
+            over = self.positive & (count > 0) & (count * costs > makespan)
+            if not over.any():
+                break
+            count -= over
+        while True:
+            under = self.positive & (count < self.room) & ((count + 1) * costs <= makespan)
+            if not under.any():
+                break
+            count += under
+        return np.minimum(count, self.room)
 
     def probe(self, makespan: float, num_ranks: int,
               starts: list[int] | None = None) -> tuple[bool, float, float]:
@@ -69,52 +94,54 @@ class _Runs:
         feasible, the second entry is a feasible value no larger than `makespan`.  Run
         starts (sorted positions) are appended to `starts` when it is given.
         """
-        costs, room, ends, n = self.costs, self.room, self.ends, self.num_items
+        count = self.counts(makespan)
+        limits, ends, n = count.tolist(), self.ends, self.num_items
         start = runs = block = 0
-        reached = 0.0
-        next_value = math.inf
+        visited: list[int] = []  # blocks in which runs of their full `limit` start
+        last_run = 0.0
         while start < n:
             block = bisect.bisect_right(ends, start, block)
-            cost = costs[block]
-            limit = room[block]
-            if cost > 0 and makespan != math.inf:
-                count = int(makespan / cost)
-                while count < limit and (count + 1) * cost <= makespan:
-                    count += 1
-                while count > 0 and count * cost > makespan:
-                    count -= 1
-                if count < limit:
-                    next_value = min(next_value, (count + 1) * cost)
-                    limit = count
-                if limit == 0:
-                    return False, reached, next_value
+            limit = limits[block]
+            if limit == 0:
+                visited.append(block)
+                runs = num_ranks + 1
+                break
             left = n - start
             if left <= limit:
                 if starts is not None:
                     starts.append(start)
-                reached = max(reached, left * cost)
+                last_run = left * float(self.costs[block])
                 runs += 1
                 break
             # every run starting inside this block of equal lengths takes `limit` items
             full = min(-(-(ends[block] - start) // limit), left // limit)
             if starts is not None:
                 starts.extend(range(start, start + full * limit, limit))
+            visited.append(block)
             runs += full
             start += full * limit
-            reached = max(reached, limit * cost)
             if runs > num_ranks:
-                return False, reached, next_value
+                break
+        blocks = np.asarray(visited, dtype=np.int64)
+        costs, seen = self.costs[blocks], count[blocks]
+        reached = max(float((seen * costs).max(initial=0.0)), last_run)
+        grows = seen < self.room[blocks]  # runs the makespan cut short: they grow at (k+1)·cost
+        next_value = float(((seen[grows] + 1) * costs[grows]).min(initial=math.inf))
         return runs <= num_ranks, reached, next_value
 
-    def optimum(self, num_ranks: int, lower: float) -> float | None:
+    def optimum(self, num_ranks: int) -> float | None:
         """Smallest feasible makespan (exact), or None when the cap alone needs > D runs."""
         feasible, high, _ = self.probe(math.inf, num_ranks)
         if not feasible:
             return None
-        low = min(max(lower, self.costs[0]), high)
-        # Gallop up from the lower bound (the optimum is usually just above it) until a
-        # probe is feasible, then bisect.
-        step = 2.0**-10
+        # Every plan costs at least the longest item and the mean of sum f(l) (a padded
+        # rank costs at least the sum of its items).  The float sum may round up: step
+        # down a little so the bound never excludes the exact optimum.
+        total = math.fsum((self.sizes * self.costs).tolist()) / num_ranks
+        low = min(max(total * (1.0 - 1e-9), float(self.costs[0])), high)
+        # Try the lower bound itself, then gallop up from it (the optimum is usually just
+        # above it) until a probe is feasible, then bisect.
+        step = 0.0
         while low < high:
             mid = low + min(low * step, (high - low) * 0.5)
             if not low <= mid < high:
@@ -123,13 +150,17 @@ class _Runs:
             if feasible:
                 high, step = reached, math.inf
             else:
-                low, step = next_value, step * 4
+                low, step = next_value, max(step * 4, 2.0**-10)
         return high
 
 
 def _sort_descending(lengths: np.ndarray) -> np.ndarray:
     """Order of items by length, longest first, ties by index (stable)."""
-    return np.argsort(-lengths, kind="stable")
+    longest = int(lengths.max())
+    keys = longest - lengths
+    if longest < 2**16:
+        keys = keys.astype(np.uint16)  # numpy sorts 16-bit keys by radix: same order, ~4x faster
+    return np.argsort(keys, kind="stable")
 
 
 def min_cap(lengths, num_ranks) -> int:
@@ -138,7 +169,7 @@ def min_cap(lengths, num_ranks) -> int:
     num_ranks = as_num_ranks(num_ranks)
     sorted_lengths = lengths[_sort_descending(lengths)]
     runs = _Runs(sorted_lengths, sorted_lengths.astype(np.float64), None)
-    return int(runs.optimum(num_ranks, float(sorted_lengths[0])))
+    return int(runs.optimum(num_ranks))
 
 
 def solve(problem: Problem) -> KernelResult:
@@ -148,10 +179,7 @@ def solve(problem: Problem) -> KernelResult:
                          "pass padded=True, or choose an unpadded algorithm")
     order = _sort_descending(problem.lengths)
     runs = _Runs(problem.lengths[order], problem.item_costs[order], problem.max_tokens_per_rank)
-    # The bound is a float sum in another order; step down a little so it never excludes
-    # the exact optimum (it only speeds up the search).
-    lower = lower_bound(problem) * (1.0 - 1e-9)
-    best = runs.optimum(problem.num_ranks, lower)
+    best = runs.optimum(problem.num_ranks)
     if best is None:
         needed = min_cap(problem.lengths, problem.num_ranks)
         raise InfeasibleError(
