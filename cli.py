@@ -23,6 +23,7 @@ import numpy as np
 from .balancers import ALGORITHMS, CostModel, balance
 from .balancers.identity import home_ranks
 from .balancers.peers import PEER_LABELS, PEERS, run_peer
+from .plots import MissingDependencyError, require_matplotlib
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -499,6 +500,8 @@ def _compare_plots(details, summaries, directory: Path) -> list[str]:
 
 def cmd_compare(args) -> int:
     """`orchmllm compare`: every balancer and peer on a workload or a lengths file."""
+    if args.plot is not None:
+        require_matplotlib()
     algorithms = _algorithm_names(args.algorithms)
     ranks = _int_list(args.ranks, "--ranks")
     items = _int_list(args.items_per_rank, "--items-per-rank")
@@ -668,6 +671,8 @@ def cmd_simulate(args) -> int:
     """`orchmllm simulate`: the cluster simulator's strategy table (and plots) for one or more GPU counts."""
     from .orchestrator.simulator import run_simulation
 
+    if args.plot is not None:
+        require_matplotlib()
     gpus = _int_list(args.gpus, "--gpus")
     strategies = None if args.strategies is None else [part.strip() for part in args.strategies.split(",")
                                                        if part.strip()]
@@ -922,7 +927,7 @@ def main(argv=None) -> int:
             raise UsageError("choose a command: compare, simulate, demo or plan (see `orchmllm --help`)")
         command = f"orchmllm {args.command}"
         return args.handler(args)
-    except (UsageError, ValueError, TypeError) as error:
+    except (UsageError, ValueError, TypeError, MissingDependencyError) as error:
         print(f"{command}: error: {_one_line(error)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

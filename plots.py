@@ -33,6 +33,11 @@ def _pyplot():
     return plt
 
 
+def require_matplotlib() -> None:
+    """Raise MissingDependencyError now, before any work, when plots cannot be drawn."""
+    _pyplot()
+
+
 def _save(figure, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,78 @@
+"""orchmllm.plots: every figure is a readable, non-blank PNG; bad input and missing matplotlib are named."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from orchmllm import plots
+
+image = pytest.importorskip("matplotlib.image")
+
+
+def check_png(path):
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
+    pixels = image.imread(path)
+    assert pixels.ndim == 3 and min(pixels.shape[:2]) > 100 and pixels[..., :3].std() > 0.05
+
+
+def test_rank_loads(tmp_path):
+    rng = np.random.default_rng(0)
+    stages = {name: (rng.lognormal(0, 0.5, 64), np.full(64, 1.0) + rng.normal(0, 0.01, 64))
+              for name in ("image encoder", "llm")}
+    check_png(plots.plot_rank_loads(stages, tmp_path / "loads.png", labels=("as sampled", "lpt"), title="t"))
+
+
+@pytest.mark.parametrize("num_ranks", [4, 300], ids=["all ranks", "sampled ranks"])
+def test_step_timeline(tmp_path, num_ranks):
+    rng = np.random.default_rng(1)
+    stages = {"vision": rng.uniform(1, 3, num_ranks), "audio": rng.uniform(0, 1, num_ranks),
+              "llm": rng.uniform(5, 9, num_ranks)}
+    check_png(plots.plot_step_timeline(stages, tmp_path / "timeline.png", title="one step", max_seconds=20.0))
+
+
+def test_traffic_heatmap(tmp_path):
+    matrix = np.random.default_rng(2).uniform(0, 2e9, (8, 8))
+    check_png(plots.plot_traffic_heatmap(matrix, tmp_path / "traffic.png", title="llm"))
+
+
+def test_scaling(tmp_path):
+    gpus = [64, 256, 2560]
+    speedup = {"none": [1, 1, 1], "ours": [1.9, 2.0, 2.2], "allgather": [1.8, 1.7, 1.5]}
+    mfu = {"none": [0.2, 0.2, 0.19], "ours": [0.41, 0.41, 0.41], "allgather": [0.38, 0.36, 0.3]}
+    oom = {"none": [True, False, True], "ours": [False] * 3, "allgather": [False, False, True]}
+    check_png(plots.plot_scaling(gpus, speedup, mfu, tmp_path / "nested" / "scaling.png", oom=oom, title="84b"))
+
+
+def test_bad_input_is_named(tmp_path):
+    with pytest.raises(ValueError, match="`node_bytes` must be a square nodes x nodes matrix; got shape"):
+        plots.plot_traffic_heatmap(np.zeros((2, 3)), tmp_path / "x.png")
+    with pytest.raises(ValueError, match="`stages` must name at least one stage"):
+        plots.plot_rank_loads({}, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="`stage_seconds` must name at least one stage"):
+        plots.plot_step_timeline({}, tmp_path / "x.png")
+
+
+def test_missing_matplotlib_says_how_to_install(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from orchmllm import plots\n"
+            "try:\n"
+            f"    plots.plot_traffic_heatmap([[1.0]], {str(tmp_path / 'x.png')!r})\n"
+            "except plots.MissingDependencyError as error:\n"
+            "    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'orchmllm[plot]'" in result.stdout
+
+
+def test_cli_reports_missing_matplotlib_in_one_line(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from orchmllm.cli import main\n"
+            f"sys.exit(main(['compare', '--ranks', '8', '--items-per-rank', '2', '--plot', {str(tmp_path)!r}]))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "orchmllm compare: error: plots need matplotlib: python3.11 -m pip install 'orchmllm[plot]' "
+        "(or matplotlib>=3.7)"]
