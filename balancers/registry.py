@@ -6,6 +6,7 @@ from . import identity, lpt
 from . import padded
 from . import ilp
 from . import karmarkar_karp
+from . import auto
 from .problem import Kernel
 
 ALGORITHMS: dict[str, Kernel] = {
@@ -14,4 +15,5 @@ ALGORITHMS: dict[str, Kernel] = {
     "padded": padded.solve,
     "ilp": ilp.solve,
     "karmarkar_karp": karmarkar_karp.solve,
+    "auto": auto.solve,
 }

@@ -1,0 +1,48 @@
+"""The best plan found within a small, deterministic budget.
+
+minimise max(loads) where loads[r] = sum(cost[i] for i on r) (or count · f(max) padded):
+
+    if padded: return padded.solve(problem)                    # exact
+    starts = [lpt(problem), karmarkar_karp(problem)]
+    plans = starts + [local_search.improve(problem, s) for s in starts]
+    plan = min(plans, key=makespan)                            # ties: the earlier one
+    if problem.time_limit and the instance is small: plan = ilp.improve(problem, plan)
+
+Guarantee: makespan <= min(LPT, Karmarkar–Karp) on every instance, by construction, so
+also <= (4/3 - 1/(3D)) · OPT; padded plans are optimal.  Only the better start is
+improved when the instance is large (more than `BOTH_STARTS_MAX_ITEMS` items).  Local
+search is bounded by a work count, not a clock, so the plan is bit-identical on every
+machine.  The ILP step runs only when the caller grants a `time_limit`; CBC stopped by
+that (wall-clock) limit may return a machine-dependent plan, never a worse one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ilp, karmarkar_karp, local_search, lpt, padded
+from .problem import KernelResult, Problem, lower_bound, rank_loads
+
+BOTH_STARTS_MAX_ITEMS = 2048
+"""Improve both starts up to this many items; above, only the better one."""
+
+ILP_MAX_ITEMS = 200
+"""Warm-start the ILP (when a time limit is given) only up to this many items."""
+
+
+def solve(problem: Problem) -> KernelResult:
+    """Best of LPT and KK, improved by local search (and ILP when a time limit is granted)."""
+    if problem.padded:
+        return padded.solve(problem)
+    starts = [lpt.solve(problem).assignment, karmarkar_karp.solve(problem).assignment]
+    makespans = [float(rank_loads(problem, start).max()) for start in starts]
+    if problem.num_items > BOTH_STARTS_MAX_ITEMS:
+        starts = [starts[int(np.argmin(makespans))]]
+    plans = starts + [local_search.improve(problem, start, work_limit=local_search.DEFAULT_WORK // len(starts))
+                      for start in starts]
+    makespans = [float(rank_loads(problem, plan).max()) for plan in plans]
+    best = plans[int(np.argmin(makespans))]
+    if (problem.time_limit is not None and problem.num_items <= ILP_MAX_ITEMS
+            and min(makespans) > lower_bound(problem)):
+        return ilp.improve(problem, best, problem.time_limit)
+    return KernelResult(best)
