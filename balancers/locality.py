@@ -278,6 +278,8 @@ def _repair(state: _State, sources: np.ndarray, item_bytes: np.ndarray, gpus_per
         partner_rank = np.concatenate([state.destinations[others], move_ranks])
         partner_cost = np.concatenate([state.costs[others], np.zeros(move_ranks.size)])
         partner_tokens = np.concatenate([state.lengths[others], np.zeros(move_ranks.size)])
+        if partner.size == 0:
+            return
         partner_added = crossing(partner, np.full(partner.size, rank)) - crossing(partner, partner_rank)
         best = None
         for item in np.flatnonzero(state.destinations == rank).tolist():
@@ -408,7 +410,7 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.
             return fallback
         return candidate
     try:
-        candidate = _unpadded(problem, target * (1.0 - 1e-12), sources, item_bytes, gpus_per_node)
+        candidate = _unpadded(problem, target, sources, item_bytes, gpus_per_node)
     except _NoRoom:
         return placed()
     if rank_loads(problem, candidate).max() > target or (

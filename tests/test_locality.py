@@ -1,0 +1,188 @@
+"""Communication-aware balancing: valid plans within the makespan slack that move few bytes."""
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchmllm.balancers import ALGORITHMS, CostModel, balance
+from orchmllm.balancers.problem import make_problem, rank_loads
+from orchmllm.topology import Topology, place, traffic
+from orchmllm.topology.bounds import inter_node_lower_bound
+
+PLAIN = sorted(name for name in ALGORITHMS if name not in ("identity", "ilp"))
+
+
+def _workload(num_ranks, per_rank=8, seed=0):
+    """Multimodal-like LLM lengths: text, plus image tiles and audio for some samples."""
+    rng = np.random.default_rng(seed)
+    n = num_ranks * per_rank
+    text = np.minimum(np.exp(rng.normal(6.3, 0.9, n)).astype(np.int64) + 16, 4096)
+    tiles = rng.integers(1, 5, n) * 576 * (rng.random(n) < 0.5)
+    audio = np.minimum(np.exp(rng.normal(2.3, 0.6, n)) * 25, 750).astype(np.int64) * (rng.random(n) < 0.3)
+    return text + tiles + audio, np.repeat(np.arange(num_ranks), per_rank)
+
+
+def _check(plan, plain, lengths, slack, cap=None):
+    assert plan.assignment.shape == lengths.shape
+    assert plan.assignment.min() >= 0 and plan.assignment.max() < plan.num_ranks
+    assert plan.loads.sum() == pytest.approx(plain.loads.sum())
+    assert plan.makespan <= plain.makespan * (1 + slack)
+    if cap is not None:
+        assert plan.tokens.max() <= cap
+
+
+@pytest.mark.parametrize("algorithm", PLAIN, ids=PLAIN)
+def test_within_slack_of_the_plain_plan_and_mostly_on_node(algorithm):
+    lengths, sources = _workload(64)
+    topology = Topology(8, 8)
+    padded = algorithm == "padded"
+    plain = balance(lengths, 64, algorithm=algorithm, padded=padded)
+    plan = balance(lengths, 64, algorithm=algorithm, padded=padded, sources=sources, topology=topology)
+    _check(plan, plain, lengths, 0.002)
+    assert plan.algorithm == f"{algorithm}+locality"
+    local = traffic(sources, plan.assignment, lengths, topology)
+    placed = place(plain.assignment, sources, lengths, topology, "lap_node").traffic
+    assert local.bytes_inter_node <= placed.bytes_inter_node
+
+
+def test_unpadded_moves_a_small_fraction_across_nodes_near_its_lower_bound():
+    lengths, sources = _workload(128, per_rank=16, seed=3)
+    topology = Topology(16, 8)
+    item_bytes = lengths * 8192.0
+    plain = balance(lengths, 128, algorithm="lpt")
+    plan = balance(lengths, 128, algorithm="lpt", sources=sources, item_bytes=item_bytes, topology=topology)
+    move = traffic(sources, plan.assignment, item_bytes, topology)
+    bound = inter_node_lower_bound(lengths, sources, item_bytes, topology, plan.makespan)
+    assert plan.makespan <= plain.makespan * 1.002
+    assert move.inter_node_fraction <= 0.10
+    assert bound.bytes_inter_node <= move.bytes_inter_node <= 2 * bound.bytes_inter_node
+    assert move.busiest_node_inter_bytes <= 1.25 * bound.busiest_node_inter_bytes
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_memory_cap_is_respected(padded):
+    lengths, sources = _workload(32, seed=4)
+    algorithm = "padded" if padded else "lpt"
+    loose = balance(lengths, 32, algorithm=algorithm, padded=padded)
+    cap = int(loose.tokens.max())
+    plain = balance(lengths, 32, algorithm=algorithm, padded=padded, max_tokens_per_rank=cap)
+    plan = balance(lengths, 32, algorithm=algorithm, padded=padded, max_tokens_per_rank=cap,
+                   sources=sources, topology=Topology(4, 8))
+    _check(plan, plain, lengths, 0.002, cap=cap)
+
+
+def test_padded_never_exceeds_the_plain_makespan():
+    rng = np.random.default_rng(6)
+    lengths = np.where(rng.random(512) < 0.6, rng.integers(1, 5, 512) * 576, rng.integers(50, 1500, 512))
+    sources = rng.integers(0, 64, 512)
+    cost = CostModel(linear=1.0, quadratic=1e-3)
+    plain = balance(lengths, 64, algorithm="padded", padded=True, cost=cost)
+    plan = balance(lengths, 64, algorithm="padded", padded=True, cost=cost, sources=sources,
+                   topology=Topology(8, 8))
+    assert plan.makespan <= plain.makespan
+
+
+def test_zero_slack_keeps_the_plain_makespan():
+    lengths, sources = _workload(32, seed=8)
+    plain = balance(lengths, 32, algorithm="lpt")
+    plan = balance(lengths, 32, algorithm="lpt", sources=sources, topology=Topology(4, 8), makespan_slack=0)
+    assert plan.makespan <= plain.makespan
+
+
+def test_identity_keeps_items_on_their_sources():
+    lengths, _ = _workload(8, seed=9)
+    sources = np.random.default_rng(9).integers(0, 8, lengths.size)
+    plan = balance(lengths, 8, algorithm="identity", sources=sources, topology=Topology(2, 4))
+    assert plan.assignment.tolist() == sources.tolist()
+
+
+def test_without_topology_every_rank_is_its_own_node():
+    lengths, sources = _workload(16, seed=10)
+    plain = balance(lengths, 16, algorithm="lpt")
+    plan = balance(lengths, 16, algorithm="lpt", sources=sources)
+    _check(plan, plain, lengths, 0.002)
+    assert lengths[plan.assignment != sources].sum() < 0.2 * lengths.sum()
+
+
+def test_same_metadata_same_plan():
+    lengths, sources = _workload(64, seed=11)
+    first = balance(lengths, 64, algorithm="lpt", sources=sources, topology=Topology(8, 8))
+    again = balance(lengths.copy(), 64, algorithm="lpt", sources=sources.copy(), topology=Topology(8, 8))
+    assert first.digest() == again.digest()
+
+
+@given(st.sampled_from([(1, 1), (1, 4), (2, 2), (3, 2), (2, 4)]),
+       st.lists(st.integers(0, 60), min_size=1, max_size=40),
+       st.randoms(use_true_random=False),
+       st.sampled_from([0.0, 0.002, 0.1]),
+       st.booleans(), st.booleans())
+def test_property_valid_plans_on_random_small_instances(shape, lengths, random, slack, padded, capped):
+    num_nodes, gpus = shape
+    ranks = num_nodes * gpus
+    lengths = np.array(lengths)
+    sources = np.array([random.randrange(ranks) for _ in lengths])
+    item_bytes = np.array([random.randrange(50) for _ in lengths], dtype=float)
+    algorithm = "padded" if padded else "lpt"
+    plain = balance(lengths, ranks, algorithm=algorithm, padded=padded)
+    cap = int(plain.tokens.max()) if capped and plain.tokens.max() > 0 else None
+    if cap is not None:
+        plain = balance(lengths, ranks, algorithm=algorithm, padded=padded, max_tokens_per_rank=cap)
+    plan = balance(lengths, ranks, algorithm=algorithm, padded=padded, max_tokens_per_rank=cap,
+                   sources=sources, item_bytes=item_bytes, topology=Topology(num_nodes, gpus),
+                   makespan_slack=slack)
+    _check(plan, plain, lengths, slack, cap=cap)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lower_bound_holds_for_every_plan_of_that_makespan(seed):
+    """Brute force: no assignment within the makespan moves fewer bytes than the bounds."""
+    rng = np.random.default_rng(seed)
+    topology = Topology(2, 2)
+    lengths = rng.integers(1, 30, 7)
+    sources = rng.integers(0, 4, 7)
+    item_bytes = rng.integers(0, 20, 7).astype(float)
+    makespan = rank_loads(make_problem(lengths, 4), balance(lengths, 4, algorithm="lpt").assignment).max()
+    bound = inter_node_lower_bound(lengths, sources, item_bytes, topology, makespan)
+    every = np.array(list(itertools.product(range(4), repeat=7)))
+    loads = np.stack([np.bincount(row, weights=lengths, minlength=4) for row in every])
+    feasible = every[loads.max(axis=1) <= makespan]
+    moves = [traffic(sources, row, item_bytes, topology) for row in feasible]
+    assert min(move.bytes_inter_node for move in moves) >= bound.bytes_inter_node - 1e-9
+    assert min(move.busiest_node_inter_bytes for move in moves) >= bound.busiest_node_inter_bytes - 1e-9
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(sources=[0, 1, 9]), ValueError, r"`sources` must be ranks in \[0, 4\); got 9 at index 2"),
+    (dict(sources=[0, 1]), ValueError, r"`sources` must have one rank per item: 2 entries != 3 items"),
+    (dict(item_bytes=[1, -1, 1]), ValueError, "`item_bytes` must be finite and non-negative; got -1.0 at index 1"),
+    (dict(item_bytes=[1, float("nan"), 1]), ValueError, "`item_bytes` must be finite and non-negative; got nan"),
+    (dict(item_bytes=[1, 1]), ValueError, "`item_bytes` must have one entry per item: 2 entries != 3 items"),
+    (dict(topology=Topology(1, 8)), ValueError, r"`topology` has 1 nodes × 8 gpus = 8 != num_ranks 4"),
+    (dict(topology=SimpleNamespace(world_size=4)), TypeError, "`topology` must have `gpus_per_node` and `world_size`"),
+    (dict(topology=SimpleNamespace(world_size=4, gpus_per_node=3)), ValueError,
+     "`topology.gpus_per_node` must be a positive int dividing its world size 4"),
+    (dict(makespan_slack=-0.1), ValueError, "`makespan_slack` must be finite and >= 0"),
+    (dict(makespan_slack="small"), TypeError, "`makespan_slack` must be a real number"),
+])
+def test_bad_input_is_rejected(kwargs, error, message):
+    arguments = dict(sources=[0, 1, 2], topology=Topology(2, 2))
+    arguments.update(kwargs)
+    with pytest.raises(error, match=message):
+        balance([3, 4, 5], 4, algorithm="lpt", **arguments)
+
+
+@pytest.mark.parametrize("name", ["item_bytes", "topology"])
+def test_locality_arguments_need_sources(name):
+    value = [1, 1, 1] if name == "item_bytes" else Topology(2, 2)
+    with pytest.raises(ValueError, match=f"`{name}` needs `sources`"):
+        balance([3, 4, 5], 4, algorithm="lpt", **{name: value})
+
+
+@pytest.mark.parametrize("slack", [0.0, 0.002])
+def test_single_rank_keeps_everything(slack):
+    plan = balance([5, 9, 2], 1, algorithm="lpt", sources=[0, 0, 0], topology=Topology(1, 1), makespan_slack=slack)
+    assert plan.assignment.tolist() == [0, 0, 0]

@@ -1,0 +1,115 @@
+"""Placement of balanced groups onto ranks: bijections, exactness against brute force."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from orchmllm.balancers import Status, balance
+from orchmllm.topology import PLACEMENTS, Topology, place, traffic
+
+
+def _instance(topology, seed, num_items=None):
+    rng = np.random.default_rng(seed)
+    num_items = num_items or 3 * topology.world_size
+    groups = rng.integers(0, topology.world_size, num_items)
+    sources = rng.integers(0, topology.world_size, num_items)
+    return groups, sources, rng.integers(0, 20, num_items).astype(float)
+
+
+def _volumes(rank_of_group, groups, sources, item_bytes, topology):
+    move = traffic(sources, np.asarray(rank_of_group)[groups], item_bytes, topology)
+    return move
+
+
+@pytest.mark.parametrize("method", sorted(PLACEMENTS), ids=sorted(PLACEMENTS))
+def test_every_method_is_a_bijection_with_consistent_traffic(method):
+    topology = Topology(4, 2)
+    groups, sources, item_bytes = _instance(topology, seed=0)
+    placement = place(groups, sources, item_bytes, topology, method=method, time_limit=5)
+    assert sorted(placement.rank_of_group.tolist()) == list(range(topology.world_size))
+    assert placement.destinations.tolist() == placement.rank_of_group[groups].tolist()
+    expected = traffic(sources, placement.destinations, item_bytes, topology)
+    assert placement.traffic.bytes_inter_node == expected.bytes_inter_node
+    assert placement.traffic.bytes_kept == expected.bytes_kept
+    assert placement.method == method
+
+
+def test_identity_runs_group_g_on_rank_g():
+    topology = Topology(2, 2)
+    groups, sources, item_bytes = _instance(topology, seed=1)
+    assert place(groups, sources, item_bytes, topology, "identity").rank_of_group.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lap_keeps_the_most_bytes_on_their_rank(seed):
+    topology = Topology(3, 2)
+    groups, sources, item_bytes = _instance(topology, seed, num_items=int(2 + 3 * seed))
+    placement = place(groups, sources, item_bytes, topology, "lap")
+    best = max(_volumes(perm, groups, sources, item_bytes, topology).bytes_kept
+               for perm in itertools.permutations(range(6)))
+    assert placement.traffic.bytes_kept == best
+    assert placement.status is Status.OPTIMAL
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lap_node_keeps_the_most_bytes_on_their_node_then_rank(seed):
+    topology = Topology(3, 2)
+    groups, sources, item_bytes = _instance(topology, seed, num_items=int(2 + 3 * seed))
+    placement = place(groups, sources, item_bytes, topology, "lap_node")
+    moves = {perm: _volumes(perm, groups, sources, item_bytes, topology) for perm in itertools.permutations(range(6))}
+    assert placement.traffic.bytes_inter_node == min(move.bytes_inter_node for move in moves.values())
+    nodes = placement.rank_of_group // 2
+    same_nodes = [move.bytes_kept for perm, move in moves.items() if np.array_equal(np.array(perm) // 2, nodes)]
+    assert placement.traffic.bytes_kept == max(same_nodes)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ilp_minimises_the_busiest_node_then_the_total(seed):
+    topology = Topology(3, 2)
+    groups, sources, item_bytes = _instance(topology, seed + 10, num_items=10)
+    placement = place(groups, sources, item_bytes, topology, "ilp", time_limit=20)
+    best = min((move.busiest_node_inter_bytes, move.bytes_inter_node)
+               for move in (_volumes(perm, groups, sources, item_bytes, topology)
+                            for perm in itertools.permutations(range(6))))
+    found = (placement.traffic.busiest_node_inter_bytes, placement.traffic.bytes_inter_node)
+    assert found == best
+    assert placement.status is Status.OPTIMAL
+
+
+def test_ilp_is_never_worse_than_its_lap_node_warm_start():
+    topology = Topology(4, 4)
+    lengths = np.random.default_rng(5).integers(100, 4000, 16 * 8)
+    sources = np.repeat(np.arange(16), 8)
+    groups = balance(lengths, 16, algorithm="lpt").assignment
+    ilp = place(groups, sources, lengths, topology, "ilp", time_limit=2)
+    lap = place(groups, sources, lengths, topology, "lap_node")
+    assert (ilp.traffic.busiest_node_inter_bytes, ilp.traffic.bytes_inter_node) <= (
+        lap.traffic.busiest_node_inter_bytes, lap.traffic.bytes_inter_node)
+    assert ilp.status in (Status.OPTIMAL, Status.TIME_LIMIT)
+    assert ilp.solve_seconds < 2 + 3  # its limit plus CBC start-up and model building
+
+
+@pytest.mark.parametrize("method", sorted(PLACEMENTS), ids=sorted(PLACEMENTS))
+def test_same_input_same_placement(method):
+    topology = Topology(2, 4)
+    groups, sources, item_bytes = _instance(topology, seed=7)
+    first = place(groups, sources, item_bytes, topology, method, time_limit=5)
+    again = place(groups.copy(), sources.copy(), item_bytes.copy(), topology, method, time_limit=5)
+    assert first.rank_of_group.tolist() == again.rank_of_group.tolist()
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(method="hungarian"), ValueError, r"unknown placement `method` 'hungarian'; choose one of \["),
+    (dict(group_of_item=[0, 4]), ValueError, r"`group_of_item` must be ranks in \[0, 4\); got 4 at index 1"),
+    (dict(sources=[-1, 0]), ValueError, r"`sources` must be ranks in \[0, 4\); got -1 at index 0"),
+    (dict(item_bytes=[1.0, float("nan")]), ValueError, "`item_bytes` must be finite and non-negative"),
+    (dict(item_bytes=[1.0]), ValueError, "`item_bytes` must have one entry per item"),
+    (dict(time_limit=-1), ValueError, "`time_limit` must be a positive finite number"),
+    (dict(topology=4), TypeError, "`topology` must be a Topology"),
+])
+def test_bad_input_is_rejected(kwargs, error, message):
+    arguments = dict(group_of_item=[0, 1], sources=[1, 0], item_bytes=[1.0, 2.0], topology=Topology(2, 2))
+    arguments.update(kwargs)
+    with pytest.raises(error, match=message):
+        place(**arguments)
