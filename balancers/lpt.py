@@ -169,10 +169,17 @@ def _greedy_padded(problem: Problem, cap: int | None) -> np.ndarray:
 
 
 def _no_room(problem: Problem, item: int, cap: int) -> InfeasibleError:
+    """The greedy got stuck; the cap its uncapped plan needs is one at which it cannot."""
+    if problem.padded:
+        enough = int(rank_tokens(problem, _greedy_padded(problem, None)).max())
+        exact = "algorithm='padded' (exact)"
+    else:
+        enough = int(rank_tokens(problem, greedy_unpadded(problem.item_costs, problem.num_ranks)).max())
+        exact = "algorithm='ilp'"
     return InfeasibleError(
         f"`lpt` found no rank with room for item {item} ({int(problem.lengths[item])} tokens) under "
-        f"max_tokens_per_rank={cap}; the cap may still be feasible: try algorithm='ilp' or a larger cap",
-        min_cap=cap + 1)
+        f"max_tokens_per_rank={cap}; lpt fits under a cap of {enough}, and a smaller cap may still "
+        f"be feasible: try {exact}", min_cap=enough)
 
 
 def solve(problem: Problem) -> KernelResult:
