@@ -34,6 +34,9 @@ from .samples import Batch
 from .stages import Stage, check_stages
 
 
+LOCALITY = "locality"
+
+
 class StageItems(NamedTuple):
     """A stage's items: the sample of each, its global segment index (-1 for the LLM), its length."""
 
@@ -92,12 +95,15 @@ class Orchestrator:
     Args:
         stages: `Stage` list, encoder stages first, the LLM stage last.
         topology: a `Topology`, or an int number of ranks (one node).
-        placement: how balanced groups are put onto ranks to keep bytes local: None keeps
-            the balancer's numbering; a method of `topology.PLACEMENTS` ("lap",
-            "lap_node", "ilp", "identity") relabels the groups.  The LLM stage is placed
-            first, keeping each sample's text and embeddings on the rank that sampled it;
-            then each encoder item is placed to stay with the LLM rank of its sample, so
-            that its embeddings need not move.
+        placement: how bytes are kept local.  "locality" (default): communication-aware
+            balancing (`balance(..., sources=...)`), within (1 + makespan_slack) of the
+            plain makespan items stay on their anchor rank, else on its node; a method of
+            `topology.PLACEMENTS` ("lap", "lap_node", "ilp", "identity") relabels the
+            balanced groups instead; None keeps the balancer's numbering.  Anchors: the
+            LLM stage keeps each sample's text and embeddings on the rank that sampled
+            it; each encoder item stays with the LLM rank of its sample, so that its
+            embeddings need not move.
+        makespan_slack: relative makespan "locality" may add per stage to keep bytes local.
         balance_encoders / balance_llm: False keeps that stage's items on the rank that
             sampled them (the ablations "llm_only" and "none").
         uniform_algorithm: balance every stage with this algorithm, as if unpadded (the
@@ -105,17 +111,19 @@ class Orchestrator:
             stage's true cost model.
     """
 
-    def __init__(self, stages, topology, *, placement: str | None = None, balance_encoders: bool = True,
-                 balance_llm: bool = True, uniform_algorithm: str | None = None):
+    def __init__(self, stages, topology, *, placement: str | None = LOCALITY, makespan_slack: float = 0.002,
+                 balance_encoders: bool = True, balance_llm: bool = True, uniform_algorithm: str | None = None):
         self.stages = check_stages(stages)
         if isinstance(topology, (int, np.integer)) and not isinstance(topology, bool):
             topology = Topology(1, int(topology))
         if not isinstance(topology, Topology):
             raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")
         self.topology = topology
-        if placement is not None and placement not in PLACEMENTS:
-            raise ValueError(f"unknown `placement` {placement!r}; choose None or one of {sorted(PLACEMENTS)}")
+        if placement is not None and placement != LOCALITY and placement not in PLACEMENTS:
+            raise ValueError(f"unknown `placement` {placement!r}; choose None, {LOCALITY!r} or one of "
+                             f"{sorted(PLACEMENTS)}")
         self.placement = placement
+        self.makespan_slack = makespan_slack
         self.balance_encoders = bool(balance_encoders)
         self.balance_llm = bool(balance_llm)
         if uniform_algorithm is not None and uniform_algorithm not in ALGORITHMS:
@@ -168,9 +176,14 @@ class Orchestrator:
             return stage_plan(batch, stage, batch.sample_source[item_sample], "none", items=items)
         algorithm = self.uniform_algorithm or stage.algorithm
         padded = False if self.uniform_algorithm else stage.padded
+        local = {}
+        if self.placement == LOCALITY:
+            anchors, anchor_bytes = self._anchors(batch, stage, items, llm)
+            local = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology,
+                         makespan_slack=self.makespan_slack)
         result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
-                         max_tokens_per_rank=stage.max_tokens_per_rank)
-        if self.placement is not None:
+                         max_tokens_per_rank=stage.max_tokens_per_rank, **local)
+        if self.placement in PLACEMENTS:
             anchors, anchor_bytes = self._anchors(batch, stage, items, llm)
             rank_of_group = place(result.assignment, anchors, anchor_bytes, self.topology,
                                   method=self.placement).rank_of_group

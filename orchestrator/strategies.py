@@ -18,6 +18,8 @@ baselines:
     allgather         full orchestration, but payloads move by all-gather
     two_exchange      full orchestration, embeddings sent home and then on (VeOmni,
                       MindSpeed-MM) instead of straight to their LLM rank
+    no_placement      full orchestration without communication-aware placement: groups
+                      land on ranks as the balancer numbers them
     ours              full orchestration: each stage with its own cost model and
                       algorithm, communication-aware placement, one fused input
                       exchange + one embedding exchange, node-wise all-to-all
@@ -34,7 +36,7 @@ from ..balancers.peers import llava_length_grouped
 from ..balancers.problem import make_problem
 from ..topology import Topology
 from .plan import StagePlan, StepPlan
-from .planner import Orchestrator
+from .planner import LOCALITY, Orchestrator
 from .samples import Batch
 
 
@@ -52,6 +54,7 @@ class Strategy:
     micro_batch_sizes: tuple[int, ...] = ()
     exchange: str = "nodewise"
     composed: bool = True
+    placement: str | None = LOCALITY
 
     def plan(self, stages, topology: Topology, batch: Batch) -> StepPlan:
         """The StepPlan this strategy produces for `batch`."""
@@ -60,7 +63,7 @@ class Strategy:
             stages = tuple(dataclasses.replace(stage, padded=True) for stage in stages)
         if self.length_grouped:
             batch = length_grouped_batch(batch)
-        orchestrator = Orchestrator(stages, topology, balance_encoders=self.balance_encoders,
+        orchestrator = Orchestrator(stages, topology, placement=self.placement, balance_encoders=self.balance_encoders,
                                     balance_llm=self.balance_llm, uniform_algorithm=self.uniform_algorithm)
         return orchestrator.plan(batch)
 
@@ -109,6 +112,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              exchange="allgather"),
     Strategy("two_exchange", "full orchestration, embeddings sent home first, then to the LLM rank",
              composed=False),
+    Strategy("no_placement", "full orchestration, groups placed as numbered (no communication-aware placement)",
+             placement=None),
     Strategy("ours", "every stage balanced with its own model, communication-aware placement, "
                      "one fused input exchange + one embedding exchange, node-wise all-to-all"),
 )}

@@ -46,6 +46,7 @@ def test_ablations_keep_the_papers_ordering(small):
         assert results[name]["exchange_seconds"] > ours["exchange_seconds"], name
         assert results[name]["compute_seconds"] == pytest.approx(ours["compute_seconds"])
     assert results["allgather"]["memory_peak_gib"] > ours["memory_peak_gib"]
+    assert results["no_placement"]["bytes_inter_node"] > ours["bytes_inter_node"]
     assert results["llm_only"]["memory_peak_gib"] > ours["memory_peak_gib"]
     assert [results[n]["exchanges_per_step"] for n in ("none", "length_grouped", "ours", "two_exchange")] == \
         [0, 0, 2, 3]
