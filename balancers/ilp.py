@@ -198,9 +198,15 @@ def _time_limit(problem: Problem, time_limit: float | None) -> float:
 
 
 def solve(problem: Problem) -> KernelResult:
-    """Solve to proven optimality within the time limit, warm-started from LPT."""
+    """Solve to proven optimality within the time limit.
+
+    Warm start: LPT for the unpadded cost; for the padded cost the exact `padded` plan,
+    so CBC's job is the proof (the model still decides by itself whether a better plan
+    exists, and proves infeasibility without a start).
+    """
+    heuristic = padded.solve if problem.padded else lpt.solve
     try:
-        start = lpt.solve(problem).assignment
+        start = heuristic(problem).assignment
     except InfeasibleError:
         start = None
     return _search(problem, start, _time_limit(problem, None))

@@ -18,13 +18,13 @@ ENCODER_COST = CostModel(linear=1, quadratic=1 / 1024)  # attention term becomes
 
 
 def workload(name, size, seed):
-    """Encoder-like lengths: lognormal, uniform, or a few fixed tile sizes (heavy ties)."""
+    """Encoder-like lengths up to 8192: lognormal, uniform, or a few fixed tile sizes (ties)."""
     rng = np.random.default_rng(seed)
     if name == "lognormal":
-        return np.round(rng.lognormal(6, 1, size)).astype(np.int64) + 1
+        return np.minimum(np.round(rng.lognormal(6, 1, size)).astype(np.int64) + 1, 8192)
     if name == "uniform":
-        return rng.integers(1, 4097, size)
-    return rng.choice(np.array([256, 576, 1024, 2304]), size)
+        return rng.integers(1, 8193, size)
+    return rng.choice(np.array([256, 576, 1024, 2304]), size)  # e.g. image tiles of 4 sizes
 
 
 def best_of(fn, repeats):
