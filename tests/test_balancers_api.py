@@ -1,0 +1,189 @@
+"""Every registered algorithm through `balance()`: certified permutations, caps, determinism, bad input.
+
+Parametrized over the registry as it stands at run time, so a newly registered kernel is
+held to the same invariants without editing this file.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers import ALGORITHMS, CostModel, InfeasibleError, Status, balance, make_problem
+from orchmllm.balancers.problem import lower_bound, rank_loads, rank_tokens
+
+NAMES = sorted(ALGORITHMS)
+COSTS = {"linear": CostModel(), "quadratic": CostModel(per_item=3, linear=1, quadratic=0.5)}
+TIME_LIMIT = 20.0  # generous: tiny instances are proven long before it, so no wall-clock cut
+
+
+def all_assignments(num_items, num_ranks):
+    return np.array(list(itertools.product(range(num_ranks), repeat=num_items)), dtype=np.int64)
+
+
+def brute_force(problem):
+    """(optimal makespan, or inf when no plan meets the cap) by enumerating every plan."""
+    plans = all_assignments(problem.num_items, problem.num_ranks)
+    best = np.inf
+    for plan in plans:
+        tokens = rank_tokens(problem, plan)
+        if problem.max_tokens_per_rank is None or tokens.max() <= problem.max_tokens_per_rank:
+            best = min(best, float(rank_loads(problem, plan).max()))
+    return best
+
+
+def solve(name, lengths, num_ranks, *, padded=False, cap=None, cost=None):
+    """The plan, or None when the algorithm declines the cost kind (and says which to pass)."""
+    try:
+        return balance(lengths, num_ranks, algorithm=name, padded=padded, cost=cost,
+                       max_tokens_per_rank=cap, time_limit=TIME_LIMIT)
+    except InfeasibleError:
+        raise
+    except ValueError as error:
+        if "padded" not in str(error):
+            raise
+        return None
+
+
+def check_certified(plan, problem):
+    """The invariants every plan must satisfy."""
+    assert plan.assignment.shape == (problem.num_items,) and plan.assignment.dtype == np.int64
+    assert plan.assignment.min() >= 0 and plan.assignment.max() < problem.num_ranks
+    assert np.bincount(plan.assignment, minlength=problem.num_ranks).sum() == problem.num_items
+    np.testing.assert_array_equal(plan.loads, rank_loads(problem, plan.assignment))
+    np.testing.assert_array_equal(plan.tokens, rank_tokens(problem, plan.assignment))
+    if not problem.padded:
+        assert plan.loads.sum() == pytest.approx(problem.item_costs.sum(), rel=1e-12)
+        assert plan.tokens.sum() == problem.lengths.sum()
+    assert plan.makespan == plan.loads.max()
+    assert plan.makespan >= plan.lower_bound >= 0
+    assert plan.lower_bound >= min(lower_bound(problem), plan.makespan)
+    if problem.max_tokens_per_rank is not None:
+        assert plan.tokens.max() <= problem.max_tokens_per_rank
+
+
+small_lengths = st.lists(st.integers(0, 9), min_size=1, max_size=7)
+
+
+@pytest.mark.parametrize("cost", list(COSTS.values()), ids=list(COSTS))
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=15)
+@given(lengths=small_lengths, num_ranks=st.integers(1, 3), cap_slack=st.none() | st.integers(0, 12))
+def test_plan_is_a_certified_permutation_and_optimal_only_when_proven(name, padded, cost, lengths,
+                                                                       num_ranks, cap_slack):
+    cap = None if cap_slack is None else max(1, max(lengths)) + cap_slack
+    try:
+        problem = make_problem(lengths, num_ranks, cost=cost, padded=padded, max_tokens_per_rank=cap)
+    except InfeasibleError:
+        return  # the cap is below a necessary bound: rejected before any kernel runs
+    optimum = brute_force(problem)
+    try:
+        plan = solve(name, lengths, num_ranks, padded=padded, cap=cap, cost=cost)
+    except InfeasibleError as error:
+        assert error.min_cap > cap and f"max_tokens_per_rank={cap}" in str(error)
+        return
+    if plan is None:
+        assert not padded
+        return
+    assert optimum < np.inf, "a plan was returned for a cap no plan can meet"
+    check_certified(plan, problem)
+    assert plan.makespan >= optimum
+    if plan.status is Status.OPTIMAL:
+        assert plan.makespan == optimum
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("name", NAMES)
+def test_same_metadata_gives_a_bit_identical_plan(name, padded):
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 40, 14)
+    first = solve(name, lengths, 3, padded=padded)
+    if first is None:
+        return
+    second = solve(name, lengths.tolist(), 3, padded=padded)
+    third = solve(name, lengths.astype(np.int32), 3, padded=padded)
+    assert first.digest() == second.digest() == third.digest()
+    np.testing.assert_array_equal(first.loads, second.loads)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_permuting_the_input_keeps_a_proven_optimum(name):
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 30, 9)
+    plan = solve(name, lengths, 3)
+    shuffled = solve(name, lengths[rng.permutation(lengths.size)], 3)
+    if plan is None:
+        return
+    assert shuffled.makespan >= lower_bound(make_problem(lengths, 3))
+    if plan.status is Status.OPTIMAL and shuffled.status is Status.OPTIMAL:
+        assert plan.makespan == shuffled.makespan
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scaling_lengths_scales_a_proven_optimum(name):
+    lengths = np.array([7, 5, 5, 4, 3, 3, 2, 1])
+    plan = solve(name, lengths, 3)
+    scaled = solve(name, 10 * lengths, 3)
+    if plan is None:
+        return
+    assert scaled.lower_bound == pytest.approx(10 * plan.lower_bound)
+    if plan.status is Status.OPTIMAL and scaled.status is Status.OPTIMAL:
+        assert scaled.makespan == 10 * plan.makespan
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ranks_may_outnumber_items_and_stay_empty(name):
+    plan = solve(name, [5, 0, 3], 6)
+    if plan is None:
+        plan = solve(name, [5, 0, 3], 6, padded=True)
+    assert plan.num_items == 3 and plan.makespan == 5.0 and plan.status is Status.OPTIMAL
+    assert (plan.loads == 0).sum() >= 4
+
+
+BAD_INPUT = [
+    (dict(lengths=[3, -1, 2]), ValueError, r"`lengths` must be non-negative integers; got -1 at index 1"),
+    (dict(lengths=[3.0, float("nan")]), ValueError, r"`lengths` must be finite; got nan at index 1"),
+    (dict(lengths=[float("inf"), 1.0]), ValueError, r"`lengths` must be finite; got inf at index 0"),
+    (dict(lengths=[1.5, 2.0]), ValueError, r"`lengths` must be non-negative integers; got 1.5 at index 0"),
+    (dict(lengths=[]), ValueError, r"`lengths` must not be empty"),
+    (dict(lengths=[[1, 2], [3, 4]]), ValueError, r"`lengths` must be 1-D; got shape \(2, 2\)"),
+    (dict(lengths="123"), TypeError, r"`lengths` must be a 1-D sequence of integers"),
+    (dict(lengths=[True, False]), TypeError, r"`lengths` must hold integers, not booleans"),
+    (dict(num_ranks=0), ValueError, r"`num_ranks` must be >= 1; got 0"),
+    (dict(num_ranks=-2), ValueError, r"`num_ranks` must be >= 1; got -2"),
+    (dict(num_ranks=2.0), TypeError, r"`num_ranks` must be an int; got float"),
+    (dict(num_ranks=True), TypeError, r"`num_ranks` must be an int; got bool"),
+    (dict(max_tokens_per_rank=4), InfeasibleError, r"below the largest item \(9 tokens at index 1\)"),
+    (dict(max_tokens_per_rank=0), ValueError, r"`max_tokens_per_rank` must be >= 1; got 0"),
+    (dict(max_tokens_per_rank=9.5), TypeError, r"`max_tokens_per_rank` must be an int or None; got float"),
+    (dict(cost="linear"), TypeError, r"`cost` must be a CostModel or None; got str"),
+    (dict(padded="yes"), TypeError, r"`padded` must be a bool; got str"),
+    (dict(time_limit=-1), ValueError, r"`time_limit` must be a positive finite number of seconds; got -1"),
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("override, error, message", BAD_INPUT,
+                         ids=[f"{next(iter(o))}={next(iter(o.values()))!r}" for o, _, _ in BAD_INPUT])
+def test_bad_input_is_rejected_with_a_message_naming_it(name, override, error, message):
+    arguments = dict(lengths=[2, 9, 4], num_ranks=2, algorithm=name)
+    arguments.update(override)
+    with pytest.raises(error, match=message):
+        balance(arguments.pop("lengths"), arguments.pop("num_ranks"), **arguments)
+
+
+@pytest.mark.parametrize("algorithm, error, message", [
+    ("best", ValueError, r"unknown `algorithm` 'best'; choose one of \["),
+    ("LPT", ValueError, r"unknown `algorithm` 'LPT'"),
+    (3, TypeError, r"`algorithm` must be a str; got int"),
+])
+def test_unknown_algorithm_is_rejected(algorithm, error, message):
+    with pytest.raises(error, match=message):
+        balance([1, 2, 3], 2, algorithm=algorithm)
+
+
+def test_registry_holds_the_issue_algorithms():
+    assert {"identity", "lpt", "karmarkar_karp", "padded", "ilp", "auto"} <= set(ALGORITHMS)
