@@ -15,6 +15,7 @@ from orchmllm.orchestrator.models import MODELS
 from orchmllm.orchestrator.simulator import cluster, composition_comparison, run_simulation
 from orchmllm.orchestrator.strategies import get_strategy
 from orchmllm.orchestrator.workloads import sample_workload
+from orchmllm.topology import traffic
 
 
 def best_of(fn, repeats):
@@ -27,24 +28,37 @@ def best_of(fn, repeats):
     return best
 
 
+@pytest.mark.parametrize("strategy", ["ours", "no_placement"])
 @pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
-def test_plan_whole_step(benchmark, request, num_ranks):
-    """Three stages (vision, audio, LLM) + composition for D ranks × 16 samples, strategy `ours`."""
+def test_plan_whole_step(benchmark, request, num_ranks, strategy):
+    """Three stages (vision, audio, LLM) + placement + composition for D ranks × 16 samples.
+
+    `ours` places with communication-aware balancing; `no_placement` is the same plan
+    without it (groups land as the balancer numbers them).
+    """
     if num_ranks > 2560 and not request.config.getoption("--heavy", default=False):
         pytest.skip("D=16384 runs with --heavy")
     topology = cluster(num_ranks)
     batch = sample_workload("default", num_ranks, 16, seed=num_ranks)
     stages = MODELS["84b"].stages()
-    ours = get_strategy("ours")
-    plan = benchmark.pedantic(ours.plan, args=(stages, topology, batch), rounds=5, iterations=1, warmup_rounds=1)
+    plan = benchmark.pedantic(get_strategy(strategy).plan, args=(stages, topology, batch), rounds=5, iterations=1,
+                              warmup_rounds=1)
     assert plan.llm.num_items == batch.num_samples
     assert sorted(np.concatenate([p.item_segment for p in plan.stage_plans[:-1]]).tolist()) == \
         list(range(batch.num_segments))
     lpt_llm = best_of(lambda: balance(batch.sample_llm_length, num_ranks, cost=stages[-1].cost, algorithm="lpt"), 3)
+    embeddings = plan.embedding_exchange()
+    moved = traffic(embeddings.source, embeddings.destination, embeddings.item_bytes, topology)
+    inputs = plan.input_exchange()
+    moved_inputs = traffic(inputs.source, inputs.destination, inputs.item_bytes, topology)
     benchmark.extra_info.update(
         samples=batch.num_samples, segments=batch.num_segments,
         **{f"gap_{p.stage.name.split()[0]}": p.gap for p in plan.stage_plans},
         **{f"solve_ms_{p.stage.name.split()[0]}": 1e3 * p.solve_seconds for p in plan.stage_plans},
+        embedding_bytes_kept=moved.bytes_kept / moved.bytes_total,
+        embedding_bytes_inter_node=moved.inter_node_fraction,
+        input_bytes_kept=moved_inputs.bytes_kept / moved_inputs.bytes_total,
+        input_bytes_inter_node=moved_inputs.inter_node_fraction,
         lpt_llm_only_ms=1e3 * lpt_llm, step_over_lpt_llm_only=benchmark.stats.stats.min / lpt_llm)
 
 

@@ -103,6 +103,11 @@ class Orchestrator:
             LLM stage keeps each sample's text and embeddings on the rank that sampled
             it; each encoder item stays with the LLM rank of its sample, so that its
             embeddings need not move.
+        padded_placement: the same choice for padded stages, None by default: their exact
+            optimum groups contiguous runs of sorted lengths, and relabelling or
+            re-dealing them costs far more planning time (a slot re-deal and an
+            assignment problem, 60 ms at 2560 ranks) than the few percent of the step's
+            bytes they carry (BENCHMARKS.md, "Orchestrator and simulator").
         makespan_slack: relative makespan "locality" may add per stage to keep bytes local.
         balance_encoders / balance_llm: False keeps that stage's items on the rank that
             sampled them (the ablations "llm_only" and "none").
@@ -111,18 +116,20 @@ class Orchestrator:
             stage's true cost model.
     """
 
-    def __init__(self, stages, topology, *, placement: str | None = LOCALITY, makespan_slack: float = 0.002,
-                 balance_encoders: bool = True, balance_llm: bool = True, uniform_algorithm: str | None = None):
+    def __init__(self, stages, topology, *, placement: str | None = LOCALITY, padded_placement: str | None = None,
+                 makespan_slack: float = 0.002, balance_encoders: bool = True, balance_llm: bool = True,
+                 uniform_algorithm: str | None = None):
         self.stages = check_stages(stages)
         if isinstance(topology, (int, np.integer)) and not isinstance(topology, bool):
             topology = Topology(1, int(topology))
         if not isinstance(topology, Topology):
             raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")
         self.topology = topology
-        if placement is not None and placement != LOCALITY and placement not in PLACEMENTS:
-            raise ValueError(f"unknown `placement` {placement!r}; choose None, {LOCALITY!r} or one of "
-                             f"{sorted(PLACEMENTS)}")
+        for name, value in (("placement", placement), ("padded_placement", padded_placement)):
+            if value is not None and value != LOCALITY and value not in PLACEMENTS:
+                raise ValueError(f"unknown `{name}` {value!r}; choose None, {LOCALITY!r} or one of {sorted(PLACEMENTS)}")
         self.placement = placement
+        self.padded_placement = padded_placement
         self.makespan_slack = makespan_slack
         self.balance_encoders = bool(balance_encoders)
         self.balance_llm = bool(balance_llm)
@@ -176,17 +183,18 @@ class Orchestrator:
             return stage_plan(batch, stage, batch.sample_source[item_sample], "none", items=items)
         algorithm = self.uniform_algorithm or stage.algorithm
         padded = False if self.uniform_algorithm else stage.padded
+        placement = self.padded_placement if padded else self.placement
         local = {}
-        if self.placement == LOCALITY:
+        if placement == LOCALITY:
             anchors, anchor_bytes = self._anchors(batch, stage, items, llm)
             local = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology,
                          makespan_slack=self.makespan_slack)
         result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
                          max_tokens_per_rank=stage.max_tokens_per_rank, **local)
-        if self.placement in PLACEMENTS:
+        if placement in PLACEMENTS:
             anchors, anchor_bytes = self._anchors(batch, stage, items, llm)
             rank_of_group = place(result.assignment, anchors, anchor_bytes, self.topology,
-                                  method=self.placement).rank_of_group
+                                  method=placement).rank_of_group
             loads, tokens = np.empty_like(result.loads), np.empty_like(result.tokens)
             loads[rank_of_group], tokens[rank_of_group] = result.loads, result.tokens
             result = dataclasses.replace(result, assignment=rank_of_group[result.assignment], loads=loads,

@@ -112,7 +112,7 @@ def test_placement_only_relabels_groups_and_keeps_the_composition(placement):
     batch = random_batch(4, 16, 3)
     topology = Topology(2, 8)
     plain = Orchestrator(STAGES, topology, placement=None).plan(batch)
-    placed = Orchestrator(STAGES, topology, placement=placement).plan(batch)
+    placed = Orchestrator(STAGES, topology, placement=placement, padded_placement=placement).plan(batch)
     for before, after in zip(plain.stage_plans, placed.stage_plans):
         np.testing.assert_array_equal(np.sort(before.loads), np.sort(after.loads))
         assert after.makespan == before.makespan
@@ -156,7 +156,8 @@ def test_locality_stays_within_the_slack_and_keeps_the_composition(seed):
     batch = random_batch(seed, 16, 3)
     topology = Topology(2, 8)
     plain = Orchestrator(STAGES, topology, placement=None).plan(batch)
-    local = Orchestrator(STAGES, topology, placement="locality", makespan_slack=0.01).plan(batch)
+    local = Orchestrator(STAGES, topology, placement="locality", padded_placement="locality",
+                         makespan_slack=0.01).plan(batch)
     for before, after in zip(plain.stage_plans, local.stage_plans):
         assert after.makespan <= before.makespan * 1.01 + 1e-9
     check_composition(local)
@@ -166,7 +167,7 @@ def test_locality_moves_nothing_when_every_rank_already_holds_the_same_work():
     one_rank = [Sample(40, (Segment("image", 64, 16), Segment("audio", 30, 8))), Sample(7, (Segment("image", 9, 3),)),
                 Sample(120)]
     samples = [Sample(s.text, s.segments, source=rank) for rank in range(8) for s in one_rank]
-    plan = Orchestrator(STAGES, Topology(2, 4)).plan(Batch.from_samples(samples, 8))
+    plan = Orchestrator(STAGES, Topology(2, 4), padded_placement="locality").plan(Batch.from_samples(samples, 8))
     assert plan.input_exchange().bytes_moved == 0 and plan.embedding_exchange().bytes_moved == 0
 
 
