@@ -183,7 +183,7 @@ class Orchestrator:
             return stage_plan(batch, stage, batch.sample_source[item_sample], "none", items=items)
         algorithm = self.uniform_algorithm or stage.algorithm
         padded = False if self.uniform_algorithm else stage.padded
-        placement = self.padded_placement if padded else self.placement
+        placement = self.padded_placement if stage.padded else self.placement
         local = {}
         if placement == LOCALITY:
             anchors, anchor_bytes = self._anchors(batch, stage, items, llm)
