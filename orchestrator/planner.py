@@ -8,13 +8,17 @@ solved independently with the stage's own algorithm from `balancers.ALGORITHMS`,
 encoder outputs are routed straight to the LLM rank of their sample (Π_M ∘ Π_E⁻¹, see
 `plan.compose`).  Plain code:
 
-    llm_dest = balance(sample llm lengths, D, stage=llm)
-    for each encoder stage: dest = balance(segment lengths, D, stage=encoder)
+    llm_dest = balance(sample llm lengths, D, stage=llm, keep near: the sampling rank)
+    for each encoder stage:
+        dest = balance(segment lengths, D, stage=encoder, keep near: llm_dest of the sample)
     route[segment] = (dest[segment], llm_dest[sample of segment])
 
-Which group of items lands on which rank is free for every stage; `Orchestrator` spends
-that freedom on locality when the balancer offers communication-aware balancing.  The
-options switch stages off to express the paper's ablations (see `strategies`).
+Which group of items lands on which rank does not change a stage's makespan; the
+orchestrator spends that freedom on locality: communication-aware balancing (the
+balancers' `sources=` mode, within a makespan slack) or a relabelling of the groups
+(`topology.place`).  Options switch stages off to express the paper's ablations (see
+`strategies`).  Makespan guarantees are those of each stage's algorithm; the plan is
+deterministic (same batch -> bit-identical plan).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from ..topology import PLACEMENTS, Topology, place
 from .plan import StagePlan, StepPlan, compose, offsets_within_rank, rank_order
 from .samples import Batch
 from .stages import Stage, check_stages
-
 
 LOCALITY = "locality"
 
