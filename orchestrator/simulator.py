@@ -58,9 +58,8 @@ def cluster(gpus: int) -> Topology:
 def _exchanges(plan: StepPlan, strategy: Strategy) -> list[Exchange]:
     """Forward exchanges of the step, in order, leaving out those that move nothing."""
     embedding = [plan.embedding_exchange()] if strategy.composed else list(plan.two_exchange_scheme())
-    moving = [exchange for exchange in [plan.input_exchange(), *embedding]
-              if exchange.item_bytes.size and (strategy.exchange == "allgather" or exchange.bytes_moved > 0)]
-    return moving
+    return [exchange for exchange in [plan.input_exchange(), *embedding]
+            if exchange.item_bytes.size and (strategy.exchange == "allgather" or exchange.bytes_moved > 0)]
 
 
 def simulate_step(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, topology: Topology,
