@@ -8,7 +8,7 @@ import pytest
 
 from orchmllm.orchestrator.models import GPUS, MODELS, list_models
 from orchmllm.orchestrator.simulator import cluster, run_simulation, simulate_step, stage_rank_seconds
-from orchmllm.orchestrator.strategies import STRATEGIES, get_strategy, micro_batched
+from orchmllm.orchestrator.strategies import STRATEGIES, get_strategy, length_grouped_batch, micro_batched
 from orchmllm.orchestrator.workloads import list_workloads, sample_workload
 
 KEYS = {"step_seconds", "speedup_vs_none", "mfu", "overhead_fraction", "exchanges_per_step", "oom",
@@ -133,3 +133,13 @@ def test_stage_rank_seconds_are_what_the_step_uses(name):
     for stage, per_rank in seconds.items():
         assert per_rank.shape == (16,)
         assert result["per_stage"][stage]["seconds"] == pytest.approx(float(per_rank.max()))
+
+
+def test_length_grouped_sampling_deals_equal_counts_and_evens_out_tokens():
+    batch = sample_workload("default", 16, 8, seed=5)
+    grouped = length_grouped_batch(batch)
+    np.testing.assert_array_equal(np.bincount(grouped.sample_source, minlength=16), np.full(16, 8))
+    np.testing.assert_array_equal(grouped.sample_llm_length, batch.sample_llm_length)
+    tokens_before = np.bincount(batch.sample_source, weights=batch.sample_llm_length, minlength=16)
+    tokens_after = np.bincount(grouped.sample_source, weights=grouped.sample_llm_length, minlength=16)
+    assert tokens_after.max() < tokens_before.max()
