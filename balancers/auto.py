@@ -3,7 +3,8 @@
 minimise max(loads) where loads[r] = sum(cost[i] for i on r) (or count · f(max) padded):
 
     if padded: return padded.solve(problem)                    # exact
-    starts = [lpt(problem), karmarkar_karp(problem)]
+    starts = [lpt(problem), karmarkar_karp(problem)]             # those that fit the cap
+    (or else KK + local search on the tokens themselves, if that meets the cap)
     plans = starts + [local_search.improve(problem, s) for s in starts]
     plan = min(plans, key=makespan)                            # ties: the earlier one
     if problem.time_limit and the instance is small: plan = ilp.improve(problem, plan)
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ilp, karmarkar_karp, local_search, lpt, padded
-from .problem import KernelResult, Problem, lower_bound, rank_loads
+from .problem import InfeasibleError, KernelResult, Problem, lower_bound, make_problem, rank_loads, rank_tokens
 
 BOTH_STARTS_MAX_ITEMS = 2048
 """Improve both starts up to this many items; above, only the better one."""
@@ -34,7 +35,23 @@ def solve(problem: Problem) -> KernelResult:
     """Best of LPT and KK, improved by local search (and ILP when a time limit is granted)."""
     if problem.padded:
         return padded.solve(problem)
-    starts = [lpt.solve(problem).assignment, karmarkar_karp.solve(problem).assignment]
+    starts, refusal = [], None
+    for kernel in (lpt.solve, karmarkar_karp.solve):
+        try:
+            starts.append(kernel(problem).assignment)
+        except InfeasibleError as error:  # the greedy found no room; another start may
+            refusal = error
+    if not starts:
+        # Balance the tokens themselves; if that meets the cap it is a start.
+        tokens_problem = make_problem(problem.lengths, problem.num_ranks)
+        repaired = local_search.improve(tokens_problem, karmarkar_karp.differencing(
+            tokens_problem.item_costs, problem.num_ranks))
+        if rank_tokens(problem, repaired).max() <= problem.max_tokens_per_rank:
+            starts.append(repaired)
+        elif problem.time_limit is not None:
+            return ilp.solve(problem)
+        else:
+            raise refusal
     makespans = [float(rank_loads(problem, start).max()) for start in starts]
     if problem.num_items > BOTH_STARTS_MAX_ITEMS:
         starts = [starts[int(np.argmin(makespans))]]

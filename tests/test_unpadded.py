@@ -1,0 +1,289 @@
+"""Unpadded heuristics against independent references: heap LPT, dense KK, brute force."""
+
+import heapq
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
+from orchmllm.balancers import auto, karmarkar_karp, local_search, lpt
+from orchmllm.balancers.problem import rank_loads, rank_tokens
+
+COSTS = {
+    "linear": CostModel(),
+    "per_item_only": CostModel(per_item=1, linear=0),
+    "quadratic": CostModel(per_item=3, linear=1, quadratic=0.5),
+    "fractional": CostModel(per_item=0.1, linear=0.3, quadratic=0.01),
+}
+cost_models = st.sampled_from(list(COSTS.values()))
+# Narrow ranges force ties between items and between rank loads.
+tied_lengths = st.integers(1, 4).flatmap(
+    lambda top: st.lists(st.integers(0, top), min_size=1, max_size=80))
+any_lengths = st.one_of(tied_lengths, st.lists(st.integers(0, 1000), min_size=1, max_size=60))
+
+
+def heap_lpt(costs, num_ranks):
+    """The textbook loop: largest cost first (ties by index) onto the least-loaded rank (ties by rank)."""
+    order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
+    heap = [(0.0, rank) for rank in range(num_ranks)]
+    assignment = np.empty(costs.size, dtype=np.int64)
+    for item in order:
+        load, rank = heapq.heappop(heap)
+        assignment[item] = rank
+        heapq.heappush(heap, (load + float(costs[item]), rank))
+    return assignment
+
+
+def dense_kk(costs, num_ranks):
+    """Largest differencing on full D-vectors with the module's tie rules; returns sorted loads."""
+    order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
+    heap = [(-float(costs[i]), 1, k, [float(costs[i])] + [0.0] * (num_ranks - 1))
+            for k, i in enumerate(order)]  # waiting items lose ties to parts (0 before 1)
+    heapq.heapify(heap)
+    age = 0
+    while len(heap) > 1:
+        first, second = heapq.heappop(heap)[-1], heapq.heappop(heap)[-1]
+        merged = sorted(x + y for x, y in zip(sorted(first, reverse=True), sorted(second)))
+        heapq.heappush(heap, (-(merged[-1] - merged[0]), 0, age, merged))
+        age += 1
+    return sorted(heap[0][-1])
+
+
+def brute_force_makespan(problem):
+    plans = np.array(list(itertools.product(range(problem.num_ranks), repeat=problem.num_items)))
+    onehot = plans[:, :, None] == np.arange(problem.num_ranks)
+    loads = np.einsum("pir,i->pr", onehot, problem.item_costs)
+    return float(loads.max(axis=1).min())
+
+
+def makespan(problem, assignment):
+    return float(rank_loads(problem, assignment).max())
+
+
+@given(lengths=any_lengths, num_ranks=st.integers(1, 12), cost=cost_models)
+def test_fast_lpt_is_bit_identical_to_the_heap_loop(lengths, num_ranks, cost):
+    problem = make_problem(lengths, num_ranks, cost=cost)
+    np.testing.assert_array_equal(lpt.greedy_unpadded(problem.item_costs, num_ranks),
+                                  heap_lpt(problem.item_costs, num_ranks))
+
+
+@pytest.mark.parametrize("zeros", [0, 500], ids=["no_zero_items", "many_zero_items"])
+@pytest.mark.parametrize("num_ranks", [7, 64, 300])
+def test_fast_lpt_matches_the_heap_loop_on_larger_tied_instances(num_ranks, zeros):
+    rng = np.random.default_rng(num_ranks + zeros)
+    lengths = np.concatenate([rng.integers(1, 6, 20 * num_ranks), np.zeros(zeros, dtype=np.int64)])
+    lengths = lengths[rng.permutation(lengths.size)]
+    for cost in COSTS.values():
+        problem = make_problem(lengths, num_ranks, cost=cost)
+        np.testing.assert_array_equal(lpt.greedy_unpadded(problem.item_costs, num_ranks),
+                                      heap_lpt(problem.item_costs, num_ranks))
+
+
+@settings(max_examples=40)
+@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=7), num_ranks=st.integers(2, 3),
+       cost=cost_models)
+def test_lpt_is_within_graham_bound_of_the_optimum(lengths, num_ranks, cost):
+    problem = make_problem(lengths, num_ranks, cost=cost)
+    optimum = brute_force_makespan(problem)
+    ratio = 4 / 3 - 1 / (3 * num_ranks)
+    assert makespan(problem, lpt.solve(problem).assignment) <= ratio * optimum * (1 + 1e-12)
+
+
+@settings(max_examples=40)
+@given(lengths=st.lists(st.integers(1, 30), min_size=2, max_size=7), cost=cost_models)
+def test_two_way_kk_is_within_seven_sixths_of_the_optimum(lengths, cost):
+    # Fischetti & Martello (1987): the differencing method is within 7/6 for two ranks.
+    problem = make_problem(lengths, 2, cost=cost)
+    optimum = brute_force_makespan(problem)
+    assert makespan(problem, karmarkar_karp.solve(problem).assignment) <= 7 / 6 * optimum * (1 + 1e-12)
+
+
+@given(lengths=any_lengths, num_ranks=st.integers(2, 9), cost=cost_models)
+def test_fast_kk_reaches_the_loads_of_dense_differencing(lengths, num_ranks, cost):
+    problem = make_problem(lengths, num_ranks, cost=cost)
+    loads = rank_loads(problem, karmarkar_karp.differencing(problem.item_costs, num_ranks))
+    np.testing.assert_allclose(np.sort(loads), dense_kk(problem.item_costs, num_ranks), rtol=1e-12)
+
+
+@pytest.mark.parametrize("num_ranks", [16, 100])
+def test_fast_kk_matches_dense_differencing_on_wide_instances(num_ranks):
+    rng = np.random.default_rng(num_ranks)
+    for lengths in (rng.integers(1, 101, 3 * num_ranks), rng.integers(40, 44, 6 * num_ranks),
+                    rng.lognormal(5, 0.3, 8 * num_ranks).astype(np.int64)):
+        problem = make_problem(lengths, num_ranks)
+        loads = rank_loads(problem, karmarkar_karp.differencing(problem.item_costs, num_ranks))
+        np.testing.assert_array_equal(np.sort(loads), dense_kk(problem.item_costs, num_ranks))
+
+
+@given(lengths=any_lengths, num_ranks=st.integers(1, 9), cost=cost_models)
+def test_auto_is_never_worse_than_lpt_or_kk(lengths, num_ranks, cost):
+    problem = make_problem(lengths, num_ranks, cost=cost)
+    best = min(makespan(problem, lpt.solve(problem).assignment),
+               makespan(problem, karmarkar_karp.solve(problem).assignment))
+    assert makespan(problem, auto.solve(problem).assignment) <= best
+
+
+@given(lengths=st.lists(st.integers(1, 60), min_size=2, max_size=40), num_ranks=st.integers(2, 8),
+       seed=st.integers(0, 2**16), slack=st.integers(0, 40))
+def test_local_search_never_worsens_a_start_and_keeps_the_cap(lengths, num_ranks, seed, slack):
+    lengths = np.array(lengths)
+    start = np.random.default_rng(seed).integers(0, num_ranks, lengths.size)
+    loose = make_problem(lengths, num_ranks)
+    cap = int(rank_tokens(loose, start).max()) + slack
+    problem = make_problem(lengths, num_ranks, max_tokens_per_rank=cap)
+    improved = local_search.improve(problem, start)
+    assert improved.shape == start.shape and improved.min() >= 0 and improved.max() < num_ranks
+    assert makespan(problem, improved) <= makespan(problem, start)
+    assert rank_tokens(problem, improved).max() <= cap
+    np.testing.assert_array_equal(improved, local_search.improve(problem, start.copy()))
+
+
+@settings(max_examples=30)
+@given(costs=st.lists(st.integers(0, 50), min_size=1, max_size=7), ways=st.integers(2, 4),
+       slack=st.none() | st.integers(0, 60))
+def test_exact_split_matches_brute_force(costs, ways, slack):
+    costs = np.array(costs)
+    cap = None if slack is None else int(costs.max()) + slack
+    labels_all = np.array(list(itertools.product(range(ways), repeat=costs.size)))
+    onehot = labels_all[:, :, None] == np.arange(ways)
+    loads = np.einsum("pir,i->pr", onehot, costs.astype(float))
+    feasible = np.ones(len(labels_all), dtype=bool) if cap is None else (loads <= cap).all(axis=1)
+    value, labels = local_search._best_split(costs.astype(float), costs, cap, ways)
+    if not feasible.any():
+        assert value == np.inf
+        return
+    assert value == loads.max(axis=1)[feasible].min()
+    reached = np.bincount(labels, weights=costs, minlength=ways)
+    assert reached.max() == value and (cap is None or reached.max() <= cap)
+
+
+@pytest.mark.parametrize("name", ["lpt", "karmarkar_karp", "auto"])
+def test_scaling_integer_lengths_keeps_the_assignment(name):
+    rng = np.random.default_rng(9)
+    lengths = rng.integers(1, 100, 60)
+    plan = balance(lengths, 7, algorithm=name)
+    scaled = balance(13 * lengths, 7, algorithm=name)
+    np.testing.assert_array_equal(plan.assignment, scaled.assignment)
+    assert scaled.makespan == 13 * plan.makespan
+
+
+@pytest.mark.parametrize("name", ["lpt", "karmarkar_karp"])
+def test_uncapped_plan_is_kept_when_the_cap_does_not_bind(name):
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 500, 90)
+    plan = balance(lengths, 6, algorithm=name)
+    capped = balance(lengths, 6, algorithm=name, max_tokens_per_rank=int(plan.tokens.max()))
+    np.testing.assert_array_equal(plan.assignment, capped.assignment)
+
+
+def capped_lpt_reference(problem, cap):
+    """Largest cost first onto the least-loaded rank with room (ties by rank), by scanning."""
+    loads = np.zeros(problem.num_ranks)
+    tokens = np.zeros(problem.num_ranks, dtype=np.int64)
+    assignment = np.empty(problem.num_items, dtype=np.int64)
+    for item in sorted(range(problem.num_items), key=lambda i: (-problem.item_costs[i], i)):
+        room = np.flatnonzero(tokens + problem.lengths[item] <= cap)
+        if room.size == 0:
+            return None
+        rank = int(room[np.argmin(loads[room])])
+        assignment[item] = rank
+        loads[rank] += problem.item_costs[item]
+        tokens[rank] += problem.lengths[item]
+    return assignment
+
+
+def padded_lpt_reference(problem, cap):
+    """Longest first onto the rank whose padded cost grows least (ties by rank), by scanning."""
+    counts = np.zeros(problem.num_ranks, dtype=np.int64)
+    longest = np.zeros(problem.num_ranks, dtype=np.int64)
+    assignment = np.empty(problem.num_items, dtype=np.int64)
+    for item in sorted(range(problem.num_items), key=lambda i: (-problem.lengths[i], i)):
+        new_longest = np.maximum(longest, problem.lengths[item])
+        new_loads = (counts + 1) * problem.cost.item_costs(new_longest)
+        fits = np.ones(problem.num_ranks, bool) if cap is None else (counts + 1) * new_longest <= cap
+        if not fits.any():
+            return None
+        rank = int(np.argmin(np.where(fits, new_loads, np.inf)))
+        assignment[item] = rank
+        counts[rank] += 1
+        longest[rank] = new_longest[rank]
+    return assignment
+
+
+@given(lengths=any_lengths, num_ranks=st.integers(1, 8), cost=cost_models, padded=st.booleans(),
+       slack=st.integers(0, 200))
+def test_capped_and_padded_lpt_match_scanning_references(lengths, num_ranks, cost, padded, slack):
+    cap = max(1, max(lengths)) + slack
+    try:
+        problem = make_problem(lengths, num_ranks, cost=cost, padded=padded, max_tokens_per_rank=cap)
+    except InfeasibleError:
+        return
+    reference = (padded_lpt_reference if padded else capped_lpt_reference)(problem, cap)
+    if reference is None:
+        with pytest.raises(InfeasibleError, match=f"under max_tokens_per_rank={cap}; lpt fits under a cap of"):
+            lpt.solve(problem)
+        return
+    np.testing.assert_array_equal(lpt.solve(problem).assignment, reference)
+
+
+def test_lpt_infeasible_cap_names_a_cap_at_which_it_fits():
+    lengths = [6, 5, 5, 4]  # padded LPT: [6, 4] and [5, 5] hold 12 and 10 tokens
+    with pytest.raises(InfeasibleError, match="lpt fits under a cap of 12.*algorithm='padded'") as caught:
+        balance(lengths, 2, algorithm="lpt", max_tokens_per_rank=11, padded=True)
+    assert caught.value.min_cap == 12
+    assert balance(lengths, 2, algorithm="lpt", max_tokens_per_rank=12, padded=True).tokens.max() <= 12
+
+
+@given(lengths=st.lists(st.integers(1, 50), min_size=2, max_size=40), num_ranks=st.integers(2, 6),
+       slack=st.integers(0, 30))
+def test_kk_keeps_its_plan_under_the_cap_or_falls_back_to_capped_lpt(lengths, num_ranks, slack):
+    loose = make_problem(lengths, num_ranks)
+    free = karmarkar_karp.differencing(loose.item_costs, num_ranks)
+    cap = max(max(lengths), -(-sum(lengths) // num_ranks)) + slack
+    problem = make_problem(lengths, num_ranks, max_tokens_per_rank=cap)
+    if rank_tokens(problem, free).max() <= cap:
+        np.testing.assert_array_equal(karmarkar_karp.solve(problem).assignment, free)
+        return
+    try:
+        expected = lpt.solve(problem).assignment
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError, match=f"max_tokens_per_rank={cap}"):
+            karmarkar_karp.solve(problem)
+        return
+    np.testing.assert_array_equal(karmarkar_karp.solve(problem).assignment, expected)
+
+
+def test_auto_meets_a_cap_that_defeats_both_greedy_starts():
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 500, 90)
+    cap = int(balance(lengths, 6, algorithm="auto").tokens.max())
+    with pytest.raises(InfeasibleError):
+        balance(lengths, 6, algorithm="lpt", max_tokens_per_rank=cap)
+    with pytest.raises(InfeasibleError):
+        balance(lengths, 6, algorithm="karmarkar_karp", max_tokens_per_rank=cap)
+    plan = balance(lengths, 6, algorithm="auto", max_tokens_per_rank=cap)
+    assert plan.tokens.max() <= cap
+
+
+def test_auto_is_exact_for_padded_problems():
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(1, 200, 300)
+    plan = balance(lengths, 9, padded=True, algorithm="auto")
+    exact = balance(lengths, 9, padded=True, algorithm="padded")
+    assert plan.makespan == exact.makespan and plan.status is Status.OPTIMAL
+
+
+def test_auto_with_a_time_limit_proves_a_small_hard_instance():
+    lengths = [30, 70, 32, 63, 34, 59, 37, 54, 39, 51, 39, 50, 41, 50, 42, 47]
+    fast = balance(lengths, 8, algorithm="auto")
+    plan = balance(lengths, 8, algorithm="auto", time_limit=30)
+    assert plan.status is Status.OPTIMAL and plan.makespan <= fast.makespan
+
+
+def test_single_item_and_single_rank():
+    assert karmarkar_karp.differencing(np.array([5.0]), 3).tolist() == [0]
+    plan = balance([4, 2, 9], 1, algorithm="karmarkar_karp")
+    assert plan.assignment.tolist() == [0, 0, 0] and plan.status is Status.OPTIMAL
