@@ -102,11 +102,12 @@ class PostBalancingDispatcher:
                              f"{group_size(self.group)}")
         return DispatchPlan(metadata, plan, route, time.perf_counter() - start)
 
-    def _pieces(self, batch: Mapping[str, torch.Tensor], route: ExchangeMeta, lengths: np.ndarray):
+    @staticmethod
+    def _pieces(batch: Mapping[str, torch.Tensor], route: ExchangeMeta, lengths: np.ndarray, per_item_keys):
         if not isinstance(batch, Mapping):
             raise TypeError(f"`batch` must be a mapping of names to tensors; got {type(batch).__name__}")
         keys = sorted(batch)
-        return keys, [Piece(route, batch[key], 1 if key in self.per_item_keys else lengths) for key in keys]
+        return keys, [Piece(route, batch[key], 1 if key in per_item_keys else lengths) for key in keys]
 
     def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *,
                  differentiable: bool = False) -> dict[str, torch.Tensor]:
@@ -115,13 +116,17 @@ class PostBalancingDispatcher:
         Keys are exchanged in sorted order, so every rank must pass the same keys.
         `differentiable=True` lets gradients of the results flow back to the inputs.
         """
-        keys, pieces = self._pieces(batch, plan.route, plan.lengths)
+        keys, pieces = self._pieces(batch, plan.route, plan.lengths, self.per_item_keys)
         move = exchange_with_grad if differentiable else exchange
         return dict(zip(keys, move(pieces, self.transport)))
 
-    def combine(self, outputs: Mapping[str, torch.Tensor], plan: DispatchPlan, *,
+    def combine(self, outputs: Mapping[str, torch.Tensor], plan: DispatchPlan, *, per_item_keys=None,
                 differentiable: bool = True) -> dict[str, torch.Tensor]:
-        """Send per-item or per-token outputs of the balanced items back to their home ranks."""
-        keys, pieces = self._pieces(outputs, plan.route.inverse(), plan.lengths)
+        """Send per-item or per-token outputs of the balanced items back to their home ranks.
+
+        `per_item_keys` (default: the dispatcher's) name the outputs with one row per item.
+        """
+        per_item = self.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
+        keys, pieces = self._pieces(outputs, plan.route.inverse(), plan.lengths, per_item)
         move = exchange_with_grad if differentiable else exchange
         return dict(zip(keys, move(pieces, self.transport)))

@@ -174,6 +174,9 @@ def _take_rows(tensor: torch.Tensor, index: np.ndarray) -> torch.Tensor:
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """(rows, *trailing) -> (rows, bytes_per_row) uint8 view."""
     row_elements = int(np.prod(tensor.shape[1:], dtype=np.int64))
+    if tensor.numel() == 0:  # empty tensors may carry any strides (e.g. expanded gradients)
+        return torch.empty((tensor.shape[0], row_elements * tensor.element_size()), dtype=torch.uint8,
+                           device=tensor.device)
     return tensor.contiguous().reshape(tensor.shape[0], row_elements).view(torch.uint8)
 
 

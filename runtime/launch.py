@@ -115,9 +115,11 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
 
 
 def spawn(fn, world_size: int, **kwargs) -> list:
-    """`run_processes`, returning every rank's value or raising SpawnError with all tracebacks."""
+    """`run_processes`, returning every rank's value or raising SpawnError with all
+    tracebacks, the earliest failure (usually the cause) first."""
     outcomes = run_processes(fn, world_size, **kwargs)
-    failed = [o for o in outcomes if not o.ok]
+    failed = sorted((o for o in outcomes if not o.ok),
+                    key=lambda o: (o.seconds is None, o.seconds or 0.0))  # the first failure first
     if failed:
         detail = "\n".join(f"--- rank {o.rank}: {o.error}" for o in failed)
         raise SpawnError(f"{len(failed)} of {world_size} ranks failed:\n{detail}", outcomes)

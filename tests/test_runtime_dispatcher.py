@@ -1,0 +1,208 @@
+"""Runtime tier 3: the dispatcher, the multi-stage runtime and prefetch in real gloo groups."""
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from orchmllm.balancers import CostModel
+from orchmllm.runtime import (HierarchicalAllToAll, MultiStageRuntime, PostBalancingDispatcher, Prefetcher,
+                              all_reduce_gradients, normalize_loss)
+from orchmllm.runtime.data import IGNORE, SyntheticMultimodal
+from orchmllm.runtime.demo import demo_stages
+from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+
+LENGTHS = {0: [9, 1, 7, 12, 3], 1: [2, 2], 2: [], 3: [15, 4, 4]}  # rank 2 samples nothing
+
+
+class UserModel(nn.Module):
+    """A model the runtime knows nothing about: a GRU over each sequence, a per-token head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+        self.gru = nn.GRU(8, 8, batch_first=True)
+        self.head = nn.Linear(8, 50)
+
+    def forward(self, tokens, lengths):
+        outputs = [self.gru(self.embed(chunk)[None])[0][0] for chunk in tokens.split(lengths) if chunk.numel()]
+        hidden = torch.cat(outputs) if outputs else self.embed(tokens)
+        return self.head(hidden)
+
+
+def user_batch(rank):
+    lengths = LENGTHS[rank]
+    generator = torch.Generator().manual_seed(rank)
+    tokens = torch.randint(0, 50, (sum(lengths),), generator=generator)
+    labels = torch.randint(-1, 50, (sum(lengths),), generator=generator)  # -1: no loss on this token
+    return lengths, {"tokens": tokens, "labels": labels, "sample_id": torch.arange(len(lengths)) + 100 * rank}
+
+
+def user_loss_step(model, batch, lengths):
+    logits = model(batch["tokens"], [int(l) for l in lengths])
+    labels = batch["labels"]
+    loss_sum = nn.functional.cross_entropy(logits, labels, ignore_index=-1, reduction="sum")
+    normalize_loss(loss_sum, (labels >= 0).sum(), gradient_reduction="mean").backward()
+    all_reduce_gradients(model.parameters(), op="mean")
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def dispatcher_job(rank, size):
+    torch.manual_seed(0)
+    model = UserModel().double()
+    lengths, batch = user_batch(rank)
+    reference = user_loss_step(model, batch, lengths)
+    model.zero_grad(set_to_none=True)
+    results = {}
+    for name, transport in (("flat", None), ("hierarchical", HierarchicalAllToAll(2))):
+        dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(per_item=2, linear=1),
+                                             per_item_keys={"sample_id"}, check_plan=True, transport=transport)
+        plan = dispatcher.plan(lengths)
+        balanced = dispatcher.dispatch(batch, plan)
+        np.testing.assert_array_equal(plan.local_items, plan.balance.items_of(rank))
+        assert balanced["sample_id"].tolist() == [100 * int(plan.metadata.source_ranks[i]) +
+                                                  int(i - plan.metadata.counts[:plan.metadata.source_ranks[i]].sum())
+                                                  for i in plan.local_items]
+        grads = user_loss_step(model, balanced, plan.local_lengths)
+        model.zero_grad(set_to_none=True)
+        worst = max(((g - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, reference))
+        assert worst <= 1e-12, (name, worst)
+        results[name] = (plan.balance.makespan, float(plan.metadata.values.sum()))
+
+        # A per-item output computed on the balanced rank goes home through `combine`, and
+        # its gradient flows back to the balanced rank.
+        scores = model.head.weight.sum() * torch.arange(len(plan.local_items), dtype=torch.float64)
+        home = dispatcher.combine({"score": scores.reshape(-1, 1)}, plan, per_item_keys={"score"})["score"]
+        assert home.shape == (len(lengths), 1)
+        home.sum().backward()
+        assert model.head.weight.grad is not None
+        model.zero_grad(set_to_none=True)
+        results[name + "-home"] = (home.detach().reshape(-1) / model.head.weight.sum()).round().tolist()
+        results[name + "-sent"] = (plan.local_items.tolist(), plan.balance.assignment.tolist())
+    return results
+
+
+def test_dispatcher_wraps_a_foreign_training_loop_without_changing_gradients():
+    results = spawn(dispatcher_job, 4, timeout_s=120)
+    makespan = results[0]["flat"][0]
+    assert all(r["flat"][0] == makespan == r["hierarchical"][0] for r in results)
+    # 59 tokens + 2 per item over 4 ranks: mean load 19.75; LPT reaches 21.
+    assert makespan <= 21
+    for name in ("flat", "hierarchical"):
+        local_items, assignment = results[0][name + "-sent"]
+        # Item i's score is its position on its balanced rank; it must come home in order.
+        positions = {}
+        for rank in range(4):
+            for position, item in enumerate(np.flatnonzero(np.asarray(assignment) == rank)):
+                positions[int(item)] = position
+        counts = [len(LENGTHS[r]) for r in range(4)]
+        homes = [positions[i] for i in range(sum(counts))]
+        assert sum((r[name + "-home"] for r in results), []) == homes
+
+
+def prefetch_job(rank, size):
+    stages = demo_stages({m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")}, ModelConfig())
+    runtime = MultiStageRuntime(stages, check_plan=True)
+    data = SyntheticMultimodal(ModelConfig(), samples_per_rank=5, seed=1)
+    prefetcher = Prefetcher(lambda samples, group: runtime.plan(samples, metadata_group=group))
+    digests = []
+    for step in range(3):
+        prefetcher.submit(data.samples(step, rank))
+        # The training thread keeps issuing its own collectives meanwhile.
+        for _ in range(20):
+            value = torch.ones(1)
+            dist.all_reduce(value)
+            assert value.item() == size
+        prefetched = prefetcher.result(timeout=30)
+        synchronous = runtime.plan(data.samples(step, rank))
+        assert prefetched.step.digest() == synchronous.step.digest()
+        digests.append(prefetched.step.digest())
+    prefetcher.close()
+    return digests, prefetcher.hidden_fraction
+
+
+def test_prefetched_plans_equal_synchronous_plans_while_training_collectives_run():
+    results = spawn(prefetch_job, 3, timeout_s=120)
+    assert all(r[0] == results[0][0] for r in results)
+    assert all(0.0 <= r[1] <= 1.0 for r in results)
+
+
+def reference_sequence(model, sample, text_ids, patches, frames):
+    """The sample's LLM input built alone, on one process, from its raw tensors."""
+    text_embedded = model.llm.embed(text_ids)
+    pieces, covered = {}, np.zeros(sample.llm_length, dtype=bool)
+    image_at = audio_at = 0
+    for segment in sample.segments:
+        if segment.modality == "image":
+            encoded = model.vision(patches[image_at: image_at + segment.length], [segment.length])
+            image_at += segment.length
+        else:
+            encoded = model.audio(frames[audio_at: audio_at + segment.length], [segment.length])
+            audio_at += segment.length
+        position = segment.position
+        pieces[position] = encoded
+        covered[position: position + segment.tokens] = True
+    sequence = torch.zeros(sample.llm_length, text_embedded.shape[1], dtype=text_embedded.dtype)
+    sequence[torch.from_numpy(np.flatnonzero(~covered))] = text_embedded
+    for position, encoded in pieces.items():
+        sequence[position: position + encoded.shape[0]] = encoded
+    return sequence
+
+
+def split_local(batch):
+    """Per-sample tensors of a LocalBatch, in sample order."""
+    text_at = image_at = audio_at = 0
+    out = []
+    for sample in batch.samples:
+        images = sum(g.length for g in sample.segments if g.modality == "image")
+        audio = sum(g.length for g in sample.segments if g.modality == "audio")
+        out.append((batch.text["input_ids"][text_at: text_at + sample.text],
+                    batch.inputs["image"][image_at: image_at + images],
+                    batch.inputs["audio"][audio_at: audio_at + audio]))
+        text_at, image_at, audio_at = text_at + sample.text, image_at + images, audio_at + audio
+    return out
+
+
+def multistage_job(rank, size):
+    config = ModelConfig(llm_hidden=16, encoder_hidden=16, vocab=64)
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(config).double()
+    datasets = [SyntheticMultimodal(config, samples_per_rank=count, seed=5) for count in (3, 0, 4, 2)]
+    stages = demo_stages({m: CostModel(per_item=4, linear=1) for m in ("image", "audio", "llm")}, config)
+    batch = datasets[rank].local_batch(0, rank, torch.float64)
+    packed_by_transport = []
+    for transport in (None, HierarchicalAllToAll(2)):
+        runtime = MultiStageRuntime(stages, transport=transport, check_plan=True)
+        routes = runtime.plan(batch.samples)
+        moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs)
+        step = routes.step
+        assert moved.per_sample["sample_id"].tolist() == step.batch.sample_id[step.llm.items_on(rank)].tolist()
+        packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
+        labels = packed.scatter_text(moved.text["labels"], IGNORE)
+        assert (labels != IGNORE).sum() == (moved.text["labels"] != IGNORE).sum()
+        logits = model.llm(packed.embeddings, packed.sample_lengths)
+        normalize_loss(model.loss_sum(logits, labels), (labels != IGNORE).sum()).backward()
+        assert all(p.grad is not None for p in model.vision.parameters())
+        model.zero_grad(set_to_none=True)
+        packed_by_transport.append(packed)
+    flat, hierarchical = packed_by_transport
+    assert torch.equal(flat.embeddings, hierarchical.embeddings)
+
+    starts = np.concatenate(([0], np.cumsum(flat.sample_lengths.numpy())))
+    per_rank = {r: split_local(datasets[r].local_batch(0, r, torch.float64)) for r in range(size)}
+    sources = step.batch.sample_source
+    with torch.no_grad():
+        for k, sample_index in enumerate(flat.samples):
+            source = int(sources[sample_index])
+            local_index = int(sample_index - np.flatnonzero(sources == source)[0])
+            sample = datasets[source].samples(0, source)[local_index]
+            expected = reference_sequence(model, sample, *per_rank[source][local_index])
+            # (torch.testing would import sympy in every child: seconds of startup)
+            assert (flat.embeddings[starts[k]: starts[k + 1]] - expected).abs().max() <= 1e-12 * expected.abs().max()
+    return len(flat.samples)
+
+
+def test_multistage_assembly_equals_each_sample_built_alone():
+    checked = spawn(multistage_job, 4, timeout_s=120)
+    assert sum(checked) == 9  # every sample exactly once
