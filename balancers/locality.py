@@ -251,59 +251,78 @@ def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
         waiting = np.concatenate([chunk[~fits], waiting[ranks.size:]])
 
 
-def _repair(state: _State, sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> None:
-    """Bring ranks above the target down by moves or swaps with any rank, fewest inter-node bytes first.
+def _best_fix(state: _State, rank: int, pool: np.ndarray, home_node: np.ndarray, item_bytes: np.ndarray,
+              gpus_per_node: int):
+    """The best move or swap taking load off `rank` with partner ranks in `pool` (see `_repair`).
 
-    For the most loaded rank r and each item i on it, every item j elsewhere (a swap) and
-    every other rank (a move) is a candidate; it shifts delta = cost_i - cost_j from r to
-    the partner's rank.  Full fixes (both ranks end within the target) win, fewest added
-    inter-node bytes first, then smallest delta; without one, the candidate that lowers
-    max(r, partner rank) most.  Stops when no candidate improves.
+    Returns (key, item, partner item or -1, partner rank) or None; smaller keys are better.
     """
-    home_node = sources // gpus_per_node
-    num_ranks, target, cap = state.loads.size, state.target, state.cap
+    target, cap = state.target, state.cap
 
     def crossing(items: np.ndarray, ranks: np.ndarray) -> np.ndarray:
         """Inter-node bytes of items when they sit on ranks (0 for the empty partner -1)."""
         crosses = (items >= 0) & (ranks // gpus_per_node != home_node[items])
         return np.where(crosses, item_bytes[items], 0.0)
 
+    if pool.size == 0:
+        return None
+    in_pool = np.zeros(state.loads.size, dtype=bool)
+    in_pool[pool] = True
+    others = np.flatnonzero(in_pool[state.destinations])
+    partner = np.concatenate([others, np.full(pool.size, -1)])
+    partner_rank = np.concatenate([state.destinations[others], pool])
+    partner_cost = np.concatenate([state.costs[others], np.zeros(pool.size)])
+    partner_tokens = np.concatenate([state.lengths[others], np.zeros(pool.size)])
+    partner_added = crossing(partner, np.full(partner.size, rank)) - crossing(partner, partner_rank)
+    best = None
+    for item in np.flatnonzero(state.destinations == rank).tolist():
+        delta = state.costs[item] - partner_cost
+        delta_tokens = state.lengths[item] - partner_tokens
+        rank_after = state.loads[rank] - delta
+        partner_after = state.loads[partner_rank] + delta
+        valid = ((delta > 0) & (state.tokens[partner_rank] + delta_tokens <= cap)
+                 & (state.tokens[rank] - delta_tokens <= cap))
+        added = (crossing(np.full(partner.size, item), partner_rank)
+                 - crossing(np.array([item]), np.array([rank])) + partner_added)
+        full = valid & (rank_after <= target) & (partner_after <= target)
+        if full.any():
+            index = np.flatnonzero(full)
+            pick = int(index[np.lexsort((delta[index], added[index]))[0]])
+            key = (0, float(added[pick]), float(delta[pick]))
+        else:
+            peak = np.where(valid, np.maximum(rank_after, partner_after), np.inf)
+            pick = int(np.argmin(peak))
+            if not peak[pick] < state.loads[rank]:
+                continue
+            key = (1, float(peak[pick]), float(added[pick]))
+        if best is None or key < best[0]:
+            best = (key, item, int(partner[pick]), int(partner_rank[pick]))
+    return best
+
+
+def _repair(state: _State, sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> None:
+    """Bring ranks above the target down by moves or swaps, same node first, fewest inter-node bytes.
+
+    For the most loaded rank r and each item i on it, every item j on a partner rank (a
+    swap) and every partner rank itself (a move) is a candidate; it shifts
+    delta = cost_i - cost_j from r to the partner's rank.  Full fixes (both ranks end
+    within the target) win, fewest added inter-node bytes first, then smallest delta;
+    without one, the candidate that lowers max(r, partner rank) most.  Partners come from
+    r's node first, from every other rank when the node offers no full fix.  Stops when
+    no candidate improves.
+    """
+    home_node = sources // gpus_per_node
+    num_ranks = state.loads.size
     for _ in range(4 * num_ranks):
         rank = int(np.argmax(state.loads))
-        if state.loads[rank] <= target:
+        if state.loads[rank] <= state.target:
             return
-        others = np.flatnonzero(state.destinations != rank)
-        move_ranks = np.delete(np.arange(num_ranks), rank)
-        partner = np.concatenate([others, np.full(move_ranks.size, -1)])
-        partner_rank = np.concatenate([state.destinations[others], move_ranks])
-        partner_cost = np.concatenate([state.costs[others], np.zeros(move_ranks.size)])
-        partner_tokens = np.concatenate([state.lengths[others], np.zeros(move_ranks.size)])
-        if partner.size == 0:
-            return
-        partner_added = crossing(partner, np.full(partner.size, rank)) - crossing(partner, partner_rank)
-        best = None
-        for item in np.flatnonzero(state.destinations == rank).tolist():
-            delta = state.costs[item] - partner_cost
-            delta_tokens = state.lengths[item] - partner_tokens
-            rank_after = state.loads[rank] - delta
-            partner_after = state.loads[partner_rank] + delta
-            valid = ((delta > 0) & (state.tokens[partner_rank] + delta_tokens <= cap)
-                     & (state.tokens[rank] - delta_tokens <= cap))
-            added = (crossing(np.full(partner.size, item), partner_rank)
-                     - crossing(np.array([item]), np.array([rank])) + partner_added)
-            full = valid & (rank_after <= target) & (partner_after <= target)
-            if full.any():
-                index = np.flatnonzero(full)
-                pick = int(index[np.lexsort((delta[index], added[index]))[0]])
-                key = (0, float(added[pick]), float(delta[pick]))
-            else:
-                peak = np.where(valid, np.maximum(rank_after, partner_after), np.inf)
-                pick = int(np.argmin(peak))
-                if not peak[pick] < state.loads[rank]:
-                    continue
-                key = (1, float(peak[pick]), float(added[pick]))
-            if best is None or key < best[0]:
-                best = (key, item, int(partner[pick]), int(partner_rank[pick]))
+        first = rank - rank % gpus_per_node
+        node_pool = np.delete(np.arange(first, first + gpus_per_node), rank - first)
+        best = _best_fix(state, rank, node_pool, home_node, item_bytes, gpus_per_node)
+        if (best is None or best[0][0] > 0) and num_ranks > gpus_per_node:
+            best = _best_fix(state, rank, np.delete(np.arange(num_ranks), rank), home_node, item_bytes,
+                             gpus_per_node)
         if best is None:
             return
         _, item, other, other_rank = best

@@ -1,0 +1,160 @@
+"""Topology: communication-aware balancing, group placement (LAP, ILP) and exchange times.
+
+Run: python3.11 -m pytest benchmarks/bench_topology.py --benchmark-only -q
+     (add --heavy for D = 16384 × 16)
+
+Workload: 16 multimodal-like samples per rank (text lognormal up to 4096 tokens, half
+with 1-4 image tiles of 576 tokens, 30 % with up to 30 s of audio at 25 tokens/s),
+sampled at random by every rank; item bytes = tokens × 8 KiB (bf16 hidden states of
+width 4096); 8 GPUs per node (H100 preset).  Costs: "linear" f(l) = l, and "llm" the
+FLOPs of a 32-layer, 4096-wide transformer (linear + causal attention).
+"""
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from orchmllm.balancers import ALGORITHMS, CostModel, balance, make_problem
+from orchmllm.balancers.locality import balance_locally
+from orchmllm.balancers.problem import rank_loads
+from orchmllm.topology import Topology, estimate_exchange, place, traffic
+from orchmllm.topology.bounds import inter_node_lower_bound
+
+PLAIN = "auto" if "auto" in ALGORITHMS else "lpt"
+COSTS = {"linear": CostModel(), "llm": CostModel.from_transformer(num_layers=32, hidden_size=4096)}
+BYTES_PER_TOKEN = 8192
+PER_RANK = 16
+
+
+def workload(num_ranks, seed):
+    """(lengths, sources): every rank's randomly sampled multimodal LLM sequences."""
+    rng = np.random.default_rng(seed)
+    n = num_ranks * PER_RANK
+    text = np.minimum(np.exp(rng.normal(6.3, 0.9, n)).astype(np.int64) + 16, 4096)
+    tiles = rng.integers(1, 5, n) * 576 * (rng.random(n) < 0.5)
+    audio = np.minimum(np.exp(rng.normal(2.3, 0.6, n)) * 25, 750).astype(np.int64) * (rng.random(n) < 0.3)
+    return text + tiles + audio, np.repeat(np.arange(num_ranks), PER_RANK)
+
+
+def best_of(fn, repeats):
+    """Best wall time of `repeats` calls (a baseline timed in the same run)."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _sizes(request, num_ranks):
+    if num_ranks > 2560 and not request.config.getoption("--heavy", default=False):
+        pytest.skip("D=16384 runs with --heavy")
+
+
+@pytest.mark.parametrize("cost_name", sorted(COSTS))
+@pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
+def test_comm_aware_balance(benchmark, request, num_ranks, cost_name):
+    """balance(..., sources=, item_bytes=, topology=) against the plain balancer, same run."""
+    _sizes(request, num_ranks)
+    cost = COSTS[cost_name]
+    lengths, sources = workload(num_ranks, seed=num_ranks)
+    item_bytes = lengths * float(BYTES_PER_TOKEN)
+    topology = Topology.for_world_size(num_ranks)
+    plan = benchmark(balance, lengths, num_ranks, cost=cost, algorithm=PLAIN, sources=sources,
+                     item_bytes=item_bytes, topology=topology)
+    plain = balance(lengths, num_ranks, cost=cost, algorithm=PLAIN)
+    plain_seconds = best_of(lambda: balance(lengths, num_ranks, cost=cost, algorithm=PLAIN), repeats=5)
+    move = traffic(sources, plan.assignment, item_bytes, topology)
+    plain_move = traffic(sources, plain.assignment, item_bytes, topology)
+    placed_move = place(plain.assignment, sources, item_bytes, topology, "lap_node").traffic
+    bound = inter_node_lower_bound(plan.cost.item_costs(lengths), sources, item_bytes, topology, plan.makespan)
+    assert np.bincount(plan.assignment, minlength=num_ranks).sum() == lengths.size
+    assert plan.makespan <= plain.makespan * 1.002
+    assert move.inter_node_fraction <= 0.10
+    assert move.bytes_inter_node <= 2 * bound.bytes_inter_node
+    assert move.busiest_node_inter_bytes <= 1.25 * bound.busiest_node_inter_bytes
+    benchmark.extra_info.update(
+        plain=PLAIN, items=int(lengths.size),
+        makespan_over_plain=plan.makespan / plain.makespan,
+        inter_node_fraction=move.inter_node_fraction,
+        inter_node_over_bound=move.bytes_inter_node / bound.bytes_inter_node,
+        busiest_node_over_bound=move.busiest_node_inter_bytes / bound.busiest_node_inter_bytes,
+        kept_on_rank_fraction=move.bytes_kept / move.bytes_total,
+        plain_inter_node_fraction=plain_move.inter_node_fraction,
+        plain_lap_node_inter_node_fraction=placed_move.inter_node_fraction,
+        plain_seconds=plain_seconds,
+        time_over_plain=benchmark.stats.stats.min / plain_seconds)
+
+
+@pytest.mark.parametrize("cost_name", sorted(COSTS))
+@pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
+def test_locality_step(benchmark, request, num_ranks, cost_name):
+    """The communication-aware step alone, given the plain plan, against LPT timed in the same run."""
+    _sizes(request, num_ranks)
+    lengths, sources = workload(num_ranks, seed=num_ranks)
+    item_bytes = lengths * float(BYTES_PER_TOKEN)
+    problem = make_problem(lengths, num_ranks, cost=COSTS[cost_name])
+    plain = ALGORITHMS[PLAIN](problem).assignment
+    assignment = benchmark(balance_locally, problem, plain, sources, item_bytes, 8, 0.002)
+    assert rank_loads(problem, assignment).max() <= rank_loads(problem, plain).max() * 1.002
+    lpt_seconds = best_of(lambda: ALGORITHMS["lpt"](problem), repeats=5)
+    benchmark.extra_info.update(lpt_seconds=lpt_seconds, time_over_lpt=benchmark.stats.stats.min / lpt_seconds)
+
+
+@pytest.mark.parametrize("num_ranks", [256, 2560], ids=["D256", "D2560"])
+@pytest.mark.parametrize("method", ["lap", "lap_node"])
+def test_lap_placement(benchmark, num_ranks, method):
+    """Exact group -> rank placement of the plain plan (rank level, node level)."""
+    lengths, sources = workload(num_ranks, seed=num_ranks)
+    item_bytes = lengths * float(BYTES_PER_TOKEN)
+    topology = Topology.for_world_size(num_ranks)
+    groups = balance(lengths, num_ranks, cost=COSTS["llm"], algorithm=PLAIN).assignment
+    placement = benchmark(place, groups, sources, item_bytes, topology, method)
+    identity = place(groups, sources, item_bytes, topology, "identity").traffic
+    assert sorted(placement.rank_of_group.tolist()) == list(range(num_ranks))
+    assert placement.traffic.bytes_kept >= identity.bytes_kept
+    benchmark.extra_info.update(
+        kept_on_rank_fraction=placement.traffic.bytes_kept / placement.traffic.bytes_total,
+        inter_node_fraction=placement.traffic.inter_node_fraction,
+        identity_inter_node_fraction=identity.inter_node_fraction)
+
+
+def test_ilp_placement(benchmark):
+    """The paper's node-wise min-max ILP at D = 256 within its time limit, vs its lap_node start."""
+    num_ranks, time_limit = 256, 30.0
+    lengths, sources = workload(num_ranks, seed=num_ranks)
+    item_bytes = lengths * float(BYTES_PER_TOKEN)
+    topology = Topology.for_world_size(num_ranks)
+    groups = balance(lengths, num_ranks, cost=COSTS["llm"], algorithm=PLAIN).assignment
+    placement = benchmark.pedantic(place, args=(groups, sources, item_bytes, topology, "ilp", time_limit),
+                                   rounds=1, iterations=1)
+    lap = place(groups, sources, item_bytes, topology, "lap_node").traffic
+    ilp = placement.traffic
+    assert (ilp.busiest_node_inter_bytes, ilp.bytes_inter_node) <= (lap.busiest_node_inter_bytes, lap.bytes_inter_node)
+    assert placement.solve_seconds <= time_limit + 5
+    benchmark.extra_info.update(
+        status=str(placement.status), time_limit=time_limit,
+        busiest_node_over_lap_node=ilp.busiest_node_inter_bytes / lap.busiest_node_inter_bytes,
+        inter_node_over_lap_node=ilp.bytes_inter_node / lap.bytes_inter_node)
+
+
+@pytest.mark.parametrize("strategy", ["flat", "nodewise", "allgather"])
+def test_exchange_model(benchmark, strategy):
+    """Modelled exchange time at D = 2560 of the plain plan and the comm-aware one."""
+    num_ranks = 2560
+    lengths, sources = workload(num_ranks, seed=num_ranks)
+    item_bytes = lengths * float(BYTES_PER_TOKEN)
+    topology = Topology.for_world_size(num_ranks)
+    plain = balance(lengths, num_ranks, cost=COSTS["llm"], algorithm=PLAIN).assignment
+    local = balance(lengths, num_ranks, cost=COSTS["llm"], algorithm=PLAIN, sources=sources,
+                    item_bytes=item_bytes, topology=topology).assignment
+    estimate = benchmark(estimate_exchange, sources, local, item_bytes, topology, strategy)
+    plain_estimate = estimate_exchange(sources, plain, item_bytes, topology, strategy)
+    assert estimate.seconds > 0 and plain_estimate.seconds > 0
+    benchmark.extra_info.update(
+        comm_aware_seconds=estimate.seconds, plain_seconds=plain_estimate.seconds,
+        comm_aware_peak_bytes=float(estimate.rank_peak_bytes.max()),
+        plain_peak_bytes=float(plain_estimate.rank_peak_bytes.max()),
+        bottleneck=estimate.bottleneck)
