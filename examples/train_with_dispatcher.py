@@ -124,6 +124,8 @@ def main() -> None:
             show(report, world_size)
         torch.distributed.destroy_process_group()
     else:  # standalone: four local gloo processes
+        import torch._dynamo  # noqa: F401  the first optimizer imports it; do it once, before forking the ranks
+
         reports = spawn(train, 4, timeout_s=300.0)
         show(reports[0], 4)
 

@@ -12,6 +12,7 @@ import pytest
 
 from orchmllm.balancers import ALGORITHMS
 from orchmllm.balancers.peers import PEERS
+from orchmllm.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -177,10 +178,10 @@ def test_timeline_seconds_agree_with_the_simulator():
 
 
 def test_demo_trains_on_gloo_ranks_and_reports_json():
-    result = orchmllm("demo", "--ranks", "2", "--steps", "2", "--json")
+    result = orchmllm("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["ranks"] == 2 and report["steps"] == 2 and report["dtype"] == "float32"
+    assert report["ranks"] == 2 and report["steps"] == 1 and report["dtype"] == "float32"
     assert report["samples_lost"] == 0 and report["samples_duplicated"] == 0
     assert 0 <= report["grad_max_rel_diff"] <= 1e-4  # sums commute: only rounding differs
     assert len(report["busy_seconds_per_rank_balanced"]) == len(report["busy_seconds_per_rank_unbalanced"]) == 2
@@ -188,7 +189,7 @@ def test_demo_trains_on_gloo_ranks_and_reports_json():
     assert report["exchange_seconds"] > 0 and 0 <= report["planning_hidden_fraction"] <= 1
 
 
-def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path):
+def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path, capsys):
     result = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "8", "--json")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
@@ -198,9 +199,9 @@ def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path):
     assert payload["algorithm"] == "lpt" and len(payload["digest"]) == 64
     for suffix in ("npy", "csv", "json"):
         target = tmp_path / f"plan.{suffix}"
-        saved = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "8", "-o", target, "-q")
-        assert saved.returncode == 0, saved.stderr
-        assert "makespan" in saved.stdout and "rank" not in saved.stdout.split("makespan")[0]
+        code = main(["plan", str(lengths_csv), "--column", "ContextTokens", "-D", "8", "-o", str(target), "-q"])
+        out = capsys.readouterr().out
+        assert code == 0 and "makespan" in out and "rank" not in out.split("makespan")[0]
         if suffix == "npy":
             loaded = np.load(target, allow_pickle=False)
         elif suffix == "csv":
@@ -275,23 +276,37 @@ def bad_files(tmp_path_factory):
     return tmp
 
 
-@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
-def test_bad_input_is_one_line_and_exit_2(case, bad_files):
-    args, message = BAD_INPUTS[case]
-    result = orchmllm(*(arg.format(tmp=bad_files) for arg in args))
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("orchmllm") and "error: " in lines[0], result.stderr
+def check_one_line_error(code, stderr, message):
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("orchmllm") and "error: " in lines[0], stderr
     assert message in lines[0]
 
 
-def test_help_shows_examples_and_commands():
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_2(case, bad_files, capsys):
+    args, message = BAD_INPUTS[case]
+    code = main([arg.format(tmp=bad_files) for arg in args])
+    check_one_line_error(code, capsys.readouterr().err, message)
+
+
+@pytest.mark.parametrize("case", ["missing file", "malformed csv", "unknown workload", "D = 0 compare",
+                                  "unknown option", "no command"])
+def test_bad_input_exit_code_of_the_real_process(case, bad_files):
+    args, message = BAD_INPUTS[case]
+    result = orchmllm(*(arg.format(tmp=bad_files) for arg in args))
+    check_one_line_error(result.returncode, result.stderr, message)
+
+
+def test_help_shows_examples_and_commands(capsys):
     top = orchmllm("--help")
-    assert top.returncode == 0 and all(name in top.stdout for name in ("compare", "plan"))
+    assert top.returncode == 0 and all(name in top.stdout for name in ("compare", "simulate", "demo", "plan"))
     for command in ("compare", "simulate", "demo", "plan"):
-        result = orchmllm(command, "--help")
-        assert result.returncode == 0 and "examples:" in result.stdout and f"orchmllm {command}" in result.stdout
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert exit_info.value.code == 0 and "examples:" in out and f"orchmllm {command}" in out
 
 
 def test_console_script_is_installed():
