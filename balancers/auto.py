@@ -55,8 +55,7 @@ def solve(problem: Problem) -> KernelResult:
     makespans = [float(rank_loads(problem, start).max()) for start in starts]
     if problem.num_items > BOTH_STARTS_MAX_ITEMS:
         starts = [starts[int(np.argmin(makespans))]]
-    plans = starts + [local_search.improve(problem, start, work_limit=local_search.DEFAULT_WORK // len(starts))
-                      for start in starts]
+    plans = starts + [local_search.improve(problem, start) for start in starts]
     makespans = [float(rank_loads(problem, plan).max()) for plan in plans]
     best = plans[int(np.argmin(makespans))]
     if (problem.time_limit is not None and problem.num_items <= ILP_MAX_ITEMS

@@ -49,7 +49,7 @@ class _Part:
     __slots__ = ("items", "sums", "ids", "top")
 
     def __init__(self, items=None, top=None, sums=None, ids=None):
-        self.items = items  # list of (-cost, stream position), any order, while not full
+        self.items = items  # stream positions of its items, any order, while not full
         self.sums = sums  # full: float64 subset sums by slot
         self.ids = ids  # full: int64 subset names (a stream position) by slot
         self.top = float(sums.max()) if top is None else top  # the largest subset sum
@@ -57,35 +57,38 @@ class _Part:
     def difference(self) -> float:
         return self.top if self.items is not None else self.top - float(self.sums.min())
 
-    def ascending(self, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
-        """Subset sums and names by (sum, slot); empty subsets (name -1) first."""
+    def ascending(self, num_ranks: int, costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Subset sums and names by (sum, slot); empty subsets (name -1) first.
+
+        `costs` are the stream's, descending by position, so later positions sort first.
+        """
         if self.items is None:
             order = lpt.ranks_by_load(self.sums, False)
             return self.sums[order], self.ids[order]
         sums = np.zeros(num_ranks)
         ids = np.full(num_ranks, -1, dtype=np.int64)
-        items = sorted(self.items, reverse=True)
-        sums[num_ranks - len(items):] = [-negated for negated, _ in items]
-        ids[num_ranks - len(items):] = [pos for _, pos in items]
+        positions = np.sort(np.array(self.items, dtype=np.int64))[::-1]
+        sums[num_ranks - positions.size:] = costs[positions]
+        ids[num_ranks - positions.size:] = positions
         return sums, ids
 
 
-def _with_items(items: list[tuple[float, int]], top: float, num_ranks: int) -> _Part:
+def _with_items(items: list[int], top: float, num_ranks: int, costs: np.ndarray) -> _Part:
     part = _Part(items=items, top=top)
     if len(items) < num_ranks:
         return part
-    sums, ids = part.ascending(num_ranks)
+    sums, ids = part.ascending(num_ranks, costs)
     return _Part(sums=sums, ids=ids)
 
 
-def _combine(a: _Part, b: _Part, num_ranks: int, parent: np.ndarray) -> _Part:
+def _combine(a: _Part, b: _Part, num_ranks: int, costs: np.ndarray, parent: np.ndarray) -> _Part:
     """Pair a's largest subset with b's smallest, and so on."""
     if a.items is not None and b.items is not None and len(a.items) + len(b.items) <= num_ranks:
         large, small = (a, b) if len(a.items) >= len(b.items) else (b, a)
         large.items.extend(small.items)
-        return _with_items(large.items, max(a.top, b.top), num_ranks)
-    sums_a, ids_a = a.ascending(num_ranks)
-    sums_b, ids_b = b.ascending(num_ranks)
+        return _with_items(large.items, max(a.top, b.top), num_ranks, costs)
+    sums_a, ids_a = a.ascending(num_ranks, costs)
+    sums_b, ids_b = b.ascending(num_ranks, costs)
     sums_a, ids_a = sums_a[::-1], ids_a[::-1]
     both = (ids_a >= 0) & (ids_b >= 0)
     parent[ids_b[both]] = ids_a[both]
@@ -130,9 +133,9 @@ class _Stream:
         stop = min(stop, self.next + self.num_ranks - len(part.items))
         if largest <= rival:
             stop = self.next + 1
-        part.items.extend((-self.costs_list[pos], pos) for pos in range(self.next, stop))
+        part.items.extend(range(self.next, stop))
         self.next = stop
-        return _with_items(part.items, largest, self.num_ranks)
+        return _with_items(part.items, largest, self.num_ranks, self.costs)
 
     def _absorb_full(self, part: _Part, rival: float, stop: int) -> _Part:
         sums, first = part.sums, self.next
@@ -184,20 +187,19 @@ def differencing(costs: np.ndarray, num_ranks: int) -> np.ndarray:
         if first is None and second is None:
             position = stream.next - 1
             stream.next += 1
-            merged = _with_items([(-stream.costs_list[position], position),
-                                  (-stream.costs_list[position + 1], position + 1)],
-                                 stream.costs_list[position], num_ranks)
+            merged = _with_items([position, position + 1], stream.costs_list[position], num_ranks,
+                                 stream.costs)
         elif first is None or second is None:
             part = second if first is None else first
             if first is None:
                 stream.next -= 1
             merged = stream.absorb(part, -heap[0][0] if heap else -np.inf)
         else:
-            merged = _combine(first, second, num_ranks, stream.parent)
+            merged = _combine(first, second, num_ranks, stream.costs, stream.parent)
         heapq.heappush(heap, (-merged.difference(), age, merged))
         age += 1
     final = heap[0][2]
-    names = [pos for _, pos in sorted(final.items)] if final.items is not None else final.ids
+    names = sorted(final.items) if final.items is not None else final.ids
     parent = stream.parent
     while True:
         grand = parent[parent]

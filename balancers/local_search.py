@@ -33,7 +33,7 @@ import numpy as np
 from .problem import Problem, rank_loads
 
 
-DEFAULT_WORK = 1_000_000
+DEFAULT_WORK = 500_000
 """Default `work_limit`, in units of about 20 ns of numpy work on this code's paths."""
 
 _STEP_WORK = 5_000

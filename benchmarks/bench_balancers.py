@@ -1,0 +1,301 @@
+"""Unpadded balancers: speed (with same-run baselines), quality on random families, gap on hard instances.
+
+Run: python3.11 -m pytest benchmarks/bench_balancers.py --benchmark-only -q
+     (add --heavy for D = 16384 × 16 and the larger hard-instance set)
+Figures go to the "Balancers" section of BENCHMARKS.md.
+"""
+
+import heapq
+import math
+import time
+
+import numpy as np
+import pytest
+
+from orchmllm.balancers import ALGORITHMS, Status, make_problem
+from orchmllm.balancers import ilp, karmarkar_karp, lpt
+from orchmllm.balancers.plan import make_plan
+from orchmllm.balancers.problem import lower_bound, rank_loads
+
+ITEMS_PER_RANK = 16
+
+
+def heavy_option(request):
+    return request.config.getoption("--heavy", default=False)
+
+
+def best_of(fn, repeats):
+    """Best wall time of `repeats` calls."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+# ---------------------------------------------------------------- instance families
+
+def multimodal(rng, size):
+    """LLM-stage lengths of mixed samples: text, + 1-4 image tiles of 576, or + 2-30 s of audio."""
+    text = rng.lognormal(np.log(600), 0.9, size)
+    kind = rng.choice(3, size, p=[0.5, 0.3, 0.2])
+    image = 576 * rng.integers(1, 5, size) * (kind == 1)
+    audio = rng.uniform(2, 30, size) * 25 * (kind == 2)
+    return np.maximum(1, (text + image + audio).astype(np.int64))
+
+
+def heavy_tailed(rng, size):
+    """70 % lognormal around 300, 30 % Pareto(1.3) tail, capped at 64k."""
+    base = rng.lognormal(np.log(300), 0.6, size)
+    tail = (rng.pareto(1.3, size) + 1) * 200
+    return np.minimum(65536, np.where(rng.random(size) < 0.3, tail, base)).astype(np.int64) + 1
+
+
+def lognormal(rng, size):
+    return np.maximum(1, rng.lognormal(np.log(1000), 1.0, size).astype(np.int64))
+
+
+def balanced_lognormal(rng, size):
+    """Narrow lognormal: no single item dominates, so the makespan is set by balancing."""
+    return np.maximum(1, rng.lognormal(np.log(1000), 0.5, size).astype(np.int64))
+
+
+FAMILIES = {"multimodal": multimodal, "heavy_tailed": heavy_tailed, "lognormal": lognormal,
+            "balanced_lognormal": balanced_lognormal}
+
+
+def hard_instance(rng, num_ranks, items_per_rank, kind):
+    """Few items per rank: the regime where greedy heuristics leave a visible gap."""
+    size = int(round(num_ranks * items_per_rank))
+    if kind == "uniform":
+        return rng.integers(1, 101, size)
+    return np.maximum(1, np.rint(rng.normal(50, 15, size))).astype(np.int64)
+
+
+# ---------------------------------------------------------------- baselines (benchmark only)
+
+def heap_lpt(costs, num_ranks):
+    """Straightforward Python heapq LPT: the baseline the fast LPT must match and beat."""
+    order = np.lexsort((np.arange(costs.size), -costs))
+    heap = [(0.0, rank) for rank in range(num_ranks)]
+    assignment = np.empty(costs.size, dtype=np.int64)
+    for item in order.tolist():
+        load, rank = heapq.heappop(heap)
+        assignment[item] = rank
+        heapq.heappush(heap, (load + float(costs[item]), rank))
+    return assignment
+
+
+def list_kk(costs, num_ranks):
+    """Straightforward largest differencing on full D-lists (what verl-style code does).
+
+    Same tie rules as `karmarkar_karp` (waiting items by cost then index, parts before
+    waiting items of equal difference, older parts first), so the makespans agree exactly.
+    """
+    order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
+    heap = [(-float(costs[i]), 1, k, [float(costs[i])] + [0.0] * (num_ranks - 1))
+            for k, i in enumerate(order)]
+    heapq.heapify(heap)
+    age = 0
+    while len(heap) > 1:
+        first, second = heapq.heappop(heap)[-1], heapq.heappop(heap)[-1]
+        merged = sorted(x + y for x, y in zip(sorted(first, reverse=True), sorted(second)))
+        heapq.heappush(heap, (-(merged[-1] - merged[0]), 0, age, merged))
+        age += 1
+    return max(heap[0][-1])
+
+
+def move_swap_search(problem, assignment):
+    """Simple local search: best single move or swap off the heaviest rank, until none helps."""
+    assignment = assignment.copy()
+    costs = problem.item_costs
+    loads = rank_loads(problem, assignment)
+    while True:
+        heaviest = int(np.argmax(loads))
+        top = loads[heaviest]
+        own = np.flatnonzero(assignment == heaviest)
+        others = np.flatnonzero(assignment != heaviest)
+        lightest = int(np.argmin(loads))
+        move_values = np.maximum(top - costs[own], loads[lightest] + costs[own])
+        delta = costs[own][:, None] - costs[others][None, :]
+        swap_values = np.maximum(top - delta, loads[assignment[others]][None, :] + delta)
+        best_move = int(np.argmin(move_values)) if own.size else -1
+        best_swap = np.unravel_index(np.argmin(swap_values), swap_values.shape) if swap_values.size else None
+        move_value = move_values[best_move] if own.size else np.inf
+        swap_value = swap_values[best_swap] if best_swap is not None else np.inf
+        if min(move_value, swap_value) >= top:
+            return assignment
+        if move_value <= swap_value:
+            assignment[own[best_move]] = lightest
+        else:
+            item, other = own[best_swap[0]], others[best_swap[1]]
+            assignment[item], assignment[other] = assignment[other], heaviest
+        loads = rank_loads(problem, assignment)
+
+
+def makespan(problem, assignment):
+    return float(rank_loads(problem, assignment).max())
+
+
+# ---------------------------------------------------------------- speed grid
+
+SPEED_ALGORITHMS = ["identity", "lpt", "karmarkar_karp", "auto"]
+
+
+@pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
+@pytest.mark.parametrize("name", SPEED_ALGORITHMS)
+def test_speed(benchmark, request, name, num_ranks):
+    """One stage of D ranks × 16 multimodal items: kernel time, plan quality alongside."""
+    if num_ranks > 2560 and not heavy_option(request):
+        pytest.skip("D=16384 runs with --heavy")
+    lengths = multimodal(np.random.default_rng(num_ranks), ITEMS_PER_RANK * num_ranks)
+    problem = make_problem(lengths, num_ranks)
+    kernel = ALGORITHMS[name]
+    result = benchmark(kernel, problem)
+    plan = make_plan(problem, result.assignment, result.status, name, kernel_bound=result.lower_bound)
+    assert np.bincount(plan.assignment, minlength=num_ranks).sum() == lengths.size
+    benchmark.extra_info.update(items=int(lengths.size), makespan_over_bound=plan.makespan / plan.lower_bound,
+                                status=str(plan.status))
+
+
+@pytest.mark.parametrize("family", ["balanced_lognormal"])
+@pytest.mark.parametrize("num_ranks", [2560, 16384], ids=["D2560", "D16384"])
+@pytest.mark.parametrize("name", ["lpt", "karmarkar_karp", "auto"])
+def test_speed_balanced(benchmark, request, name, num_ranks, family):
+    """Same grid on narrow lengths, where no item dominates and KK/auto do real work."""
+    if num_ranks > 2560 and not heavy_option(request):
+        pytest.skip("D=16384 runs with --heavy")
+    lengths = FAMILIES[family](np.random.default_rng(num_ranks + 1), ITEMS_PER_RANK * num_ranks)
+    problem = make_problem(lengths, num_ranks)
+    result = benchmark(ALGORITHMS[name], problem)
+    plan = make_plan(problem, result.assignment, result.status, name, kernel_bound=result.lower_bound)
+    benchmark.extra_info.update(items=int(lengths.size), makespan_over_bound=plan.makespan / plan.lower_bound)
+
+
+@pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
+def test_lpt_vs_python_heap(benchmark, request, num_ranks):
+    """Fast LPT against the heapq loop timed in the same run: bit-identical, and the speed ratio."""
+    if num_ranks > 2560 and not heavy_option(request):
+        pytest.skip("D=16384 runs with --heavy")
+    lengths = multimodal(np.random.default_rng(num_ranks), ITEMS_PER_RANK * num_ranks)
+    problem = make_problem(lengths, num_ranks)
+    fast = benchmark(lpt.greedy_unpadded, problem.item_costs, num_ranks)
+    np.testing.assert_array_equal(fast, heap_lpt(problem.item_costs, num_ranks))
+    heap_seconds = best_of(lambda: heap_lpt(problem.item_costs, num_ranks), repeats=3)
+    benchmark.extra_info.update(items=int(lengths.size), heap_seconds=heap_seconds,
+                                heap_over_fast=heap_seconds / benchmark.stats.stats.min)
+
+
+@pytest.mark.parametrize("num_ranks", [16, 64, 256], ids=["D16", "D64", "D256"])
+def test_kk_vs_list_merging(benchmark, num_ranks):
+    """Fast KK against list-merging KK in the same run: equal makespan, the speed ratio.
+
+    The list version costs O(n · D log D); at D = 2560 × 16 it takes minutes, so it is
+    timed at small D and its growth reported.
+    """
+    lengths = balanced_lognormal(np.random.default_rng(num_ranks), ITEMS_PER_RANK * num_ranks)
+    problem = make_problem(lengths, num_ranks)
+    fast = benchmark(karmarkar_karp.differencing, problem.item_costs, num_ranks)
+    start = time.perf_counter()
+    slow_makespan = list_kk(problem.item_costs, num_ranks)
+    slow_seconds = time.perf_counter() - start
+    assert makespan(problem, fast) == slow_makespan
+    benchmark.extra_info.update(items=int(lengths.size), list_seconds=slow_seconds,
+                                list_over_fast=slow_seconds / benchmark.stats.stats.min)
+
+
+@pytest.mark.parametrize("name", ["lpt", "karmarkar_karp", "auto"])
+def test_growth_with_n(benchmark, name):
+    """Time at D = 256, 1024, 4096 (× 16 items); the fitted exponent of time ∝ n^k."""
+    sizes = [256, 1024, 4096]
+    problems = [make_problem(balanced_lognormal(np.random.default_rng(d), ITEMS_PER_RANK * d), d)
+                for d in sizes]
+    kernel = ALGORITHMS[name]
+    benchmark.pedantic(kernel, args=(problems[1],), rounds=3, iterations=1)
+    seconds = [best_of(lambda p=p: kernel(p), repeats=3) for p in problems]
+    exponent = np.polyfit(np.log([p.num_items for p in problems]), np.log(seconds), 1)[0]
+    benchmark.extra_info.update({f"seconds_n{p.num_items}": s for p, s in zip(problems, seconds)})
+    benchmark.extra_info["exponent"] = float(exponent)
+
+
+# ---------------------------------------------------------------- quality
+
+def test_quality_random_families(benchmark):
+    """auto <= min(LPT, KK) and makespan / bound over random instances (D 8..2560, 2..32 per rank)."""
+    rng = np.random.default_rng(2026)
+    instances = []
+    for index in range(120):
+        family = list(FAMILIES)[index % len(FAMILIES)]
+        num_ranks = int(rng.choice([8, 16, 64, 256, 1024, 2560]))
+        per_rank = int(rng.integers(2, 33))
+        instances.append(make_problem(FAMILIES[family](rng, num_ranks * per_rank), num_ranks))
+
+    def run():
+        return [makespan(p, ALGORITHMS["auto"](p).assignment) for p in instances]
+
+    autos = benchmark.pedantic(run, rounds=1, iterations=1)
+    lpts = [makespan(p, lpt.solve(p).assignment) for p in instances]
+    kks = [makespan(p, karmarkar_karp.solve(p).assignment) for p in instances]
+    bounds = [lower_bound(p) for p in instances]
+    not_worse = np.mean([a <= min(x, k) for a, x, k in zip(autos, lpts, kks)])
+    strictly_better = np.mean([a < min(x, k) for a, x, k in zip(autos, lpts, kks)])
+    ratios = np.array(autos) / np.array(bounds)
+    assert not_worse == 1.0
+    benchmark.extra_info.update(
+        instances=len(instances), auto_not_worse_than_lpt_and_kk=float(not_worse),
+        auto_strictly_better=float(strictly_better),
+        auto_median_over_bound=float(np.median(ratios)), auto_p90_over_bound=float(np.quantile(ratios, 0.9)),
+        lpt_median_over_bound=float(np.median(np.array(lpts) / bounds)),
+        kk_median_over_bound=float(np.median(np.array(kks) / bounds)))
+
+
+def test_quality_hard_instances_vs_ilp(benchmark, request):
+    """Few items per rank (n/D 2-3, uniform [1, 100] or normal(50, 15)): gap to the ILP-proven optimum."""
+    rng = np.random.default_rng(7)
+    grid = [(d, r, k) for d in (8, 10, 12) for r in (2, 2.5, 3) for k in ("uniform", "normal")]
+    repeats = 4 if heavy_option(request) else 1
+    solved = []
+    for num_ranks, per_rank, kind in grid * repeats:
+        problem = make_problem(hard_instance(rng, num_ranks, per_rank, kind), num_ranks, time_limit=10)
+        exact = ilp.solve(problem)
+        if exact.status is Status.OPTIMAL:
+            solved.append((problem, makespan(problem, exact.assignment)))
+
+    def run():
+        return [makespan(p, ALGORITHMS["auto"](p).assignment) for p, _ in solved]
+
+    autos = benchmark.pedantic(run, rounds=1, iterations=1)
+    optima = np.array([opt for _, opt in solved])
+    lpts = [makespan(p, lpt.solve(p).assignment) for p, _ in solved]
+    kks = [makespan(p, karmarkar_karp.solve(p).assignment) for p, _ in solved]
+    simple = [makespan(p, move_swap_search(p, lpt.solve(p).assignment)) for p, _ in solved]
+    assert all(a >= opt for a, opt in zip(autos, optima))
+
+    def mean_gap(values):
+        return float(np.mean(np.array(values) / optima - 1))
+
+    benchmark.extra_info.update(
+        instances=len(grid) * repeats, proven_by_ilp=len(solved),
+        auto_mean_gap=mean_gap(autos), auto_optimal_fraction=float(np.mean(np.array(autos) == optima)),
+        lpt_mean_gap=mean_gap(lpts), kk_mean_gap=mean_gap(kks), move_swap_mean_gap=mean_gap(simple))
+
+
+@pytest.mark.parametrize("num_ranks", [256, 2560], ids=["D256", "D2560"])
+def test_quality_hard_instances_at_scale(benchmark, num_ranks):
+    """The same families at large D: gap to the lower bound (no ILP proof at this size)."""
+    rng = np.random.default_rng(num_ranks)
+    problems = [make_problem(hard_instance(rng, num_ranks, r, k), num_ranks)
+                for r in (2, 2.5, 3) for k in ("uniform", "normal")]
+
+    def run():
+        return [makespan(p, ALGORITHMS["auto"](p).assignment) for p in problems]
+
+    autos = benchmark.pedantic(run, rounds=1, iterations=1)
+    bounds = np.array([lower_bound(p) for p in problems])
+    lpts = [makespan(p, lpt.solve(p).assignment) for p in problems]
+    kks = [makespan(p, karmarkar_karp.solve(p).assignment) for p in problems]
+    benchmark.extra_info.update(
+        instances=len(problems), auto_mean_gap_to_bound=float(np.mean(np.array(autos) / bounds - 1)),
+        lpt_mean_gap_to_bound=float(np.mean(np.array(lpts) / bounds - 1)),
+        kk_mean_gap_to_bound=float(np.mean(np.array(kks) / bounds - 1)))
