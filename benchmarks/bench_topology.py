@@ -53,19 +53,20 @@ def _sizes(request, num_ranks):
         pytest.skip("D=16384 runs with --heavy")
 
 
+@pytest.mark.parametrize("plain_name", sorted({"lpt", PLAIN}))
 @pytest.mark.parametrize("cost_name", sorted(COSTS))
 @pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
-def test_comm_aware_balance(benchmark, request, num_ranks, cost_name):
+def test_comm_aware_balance(benchmark, request, num_ranks, cost_name, plain_name):
     """balance(..., sources=, item_bytes=, topology=) against the plain balancer, same run."""
     _sizes(request, num_ranks)
     cost = COSTS[cost_name]
     lengths, sources = workload(num_ranks, seed=num_ranks)
     item_bytes = lengths * float(BYTES_PER_TOKEN)
     topology = Topology.for_world_size(num_ranks)
-    plan = benchmark(balance, lengths, num_ranks, cost=cost, algorithm=PLAIN, sources=sources,
+    plan = benchmark(balance, lengths, num_ranks, cost=cost, algorithm=plain_name, sources=sources,
                      item_bytes=item_bytes, topology=topology)
-    plain = balance(lengths, num_ranks, cost=cost, algorithm=PLAIN)
-    plain_seconds = best_of(lambda: balance(lengths, num_ranks, cost=cost, algorithm=PLAIN), repeats=5)
+    plain = balance(lengths, num_ranks, cost=cost, algorithm=plain_name)
+    plain_seconds = best_of(lambda: balance(lengths, num_ranks, cost=cost, algorithm=plain_name), repeats=5)
     move = traffic(sources, plan.assignment, item_bytes, topology)
     plain_move = traffic(sources, plain.assignment, item_bytes, topology)
     placed_move = place(plain.assignment, sources, item_bytes, topology, "lap_node").traffic
@@ -76,7 +77,7 @@ def test_comm_aware_balance(benchmark, request, num_ranks, cost_name):
     assert move.bytes_inter_node <= 2 * bound.bytes_inter_node
     assert move.busiest_node_inter_bytes <= 1.25 * bound.busiest_node_inter_bytes
     benchmark.extra_info.update(
-        plain=PLAIN, items=int(lengths.size),
+        items=int(lengths.size),
         makespan_over_plain=plan.makespan / plain.makespan,
         inter_node_fraction=move.inter_node_fraction,
         inter_node_over_bound=move.bytes_inter_node / bound.bytes_inter_node,
