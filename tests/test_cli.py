@@ -62,7 +62,7 @@ def test_compare_json_schema():
     stages = {row["stage"] for row in rows}
     assert stages == {"image encoder", "audio encoder", "llm"}
     algorithms = {row["algorithm"] for row in rows}
-    assert {"none", "lpt"} | set(PEERS) <= algorithms
+    assert {"none", "lpt", "auto", "auto+locality"} | set(PEERS) <= algorithms
     for row in rows:
         assert row["ranks"] == 16 and row["items_per_rank"] == 8
         assert row["kind"] == ("peer" if row["algorithm"] in PEERS else "orchmllm")
@@ -85,6 +85,13 @@ def test_compare_json_schema():
     assert summary["best"]["work"] == pytest.approx(sum(
         row["makespan"] for row in rows if (row["stage"], row["algorithm"]) in chosen.items()))
     assert summary["best_peer"]["algorithm"] in PEERS
+    (locality,) = summary["locality"]
+    assert locality["algorithm"] == "auto"
+    assert locality["bytes_inter_node_locality"] <= locality["bytes_inter_node"]
+    for stage in summary["stages"]:  # communication-aware plans stay within 0.2 % of the plain makespan
+        plain, aware = ({row["algorithm"]: row for row in rows if row["stage"] == stage}[name]
+                        for name in ("auto", "auto+locality"))
+        assert aware["makespan"] <= plain["makespan"] * 1.002 * (1 + 1e-12)
     assert summary["work_before"] >= summary["best"]["work"] >= summary["work_ideal"] > 0
 
 
@@ -196,7 +203,7 @@ def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path, capsys):
     assignment = np.asarray(payload["assignment"])
     assert assignment.shape == (96,) and assignment.min() >= 0 and assignment.max() < 8
     assert payload["makespan"] == max(payload["loads"]) >= payload["lower_bound"]
-    assert payload["algorithm"] == "lpt" and len(payload["digest"]) == 64
+    assert payload["algorithm"] == "auto" and len(payload["digest"]) == 64
     for suffix in ("npy", "csv", "json"):
         target = tmp_path / f"plan.{suffix}"
         code = main(["plan", str(lengths_csv), "--column", "ContextTokens", "-D", "8", "-o", str(target), "-q"])
@@ -211,6 +218,10 @@ def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path, capsys):
         assert np.array_equal(loaded, assignment), suffix
     table = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "4", "--algorithm", "omnibal_2d")
     assert table.returncode == 0 and "peer:omnibal_2d" in table.stdout and "load / mean" in table.stdout
+    code = main(["plan", str(lengths_csv), "--column", "ContextTokens", "-D", "16", "--algorithm", "lpt+locality",
+                 "--json"])
+    aware = json.loads(capsys.readouterr().out)
+    assert code == 0 and aware["algorithm"] == "lpt+locality" and len(aware["assignment"]) == 96
 
 
 def test_plan_reads_json_lines_and_npy(tmp_path):
