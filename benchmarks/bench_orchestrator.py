@@ -62,10 +62,12 @@ def test_plan_whole_step(benchmark, request, num_ranks, strategy):
         lpt_llm_only_ms=1e3 * lpt_llm, step_over_lpt_llm_only=benchmark.stats.stats.min / lpt_llm)
 
 
-@pytest.mark.parametrize("model", ["10b", "18b", "84b"])
-def test_simulate_2560_gpus(benchmark, model):
-    """Every strategy on 2560 simulated H100s, default mix, 16 samples per rank."""
-    result = benchmark.pedantic(run_simulation, kwargs=dict(model=model, gpus=2560), rounds=1, iterations=1)
+@pytest.mark.parametrize("model,workload", [("10b", "default"), ("18b", "default"), ("84b", "default"),
+                                            ("84b", "speech")])
+def test_simulate_2560_gpus(benchmark, model, workload):
+    """Every strategy on 2560 simulated H100s, 16 samples per rank."""
+    result = benchmark.pedantic(run_simulation, kwargs=dict(model=model, gpus=2560, workload=workload), rounds=1,
+                                iterations=1)
     strategies = result["strategies"]
     ours = strategies["ours"]
     assert ours["step_seconds"] < strategies["none"]["step_seconds"]
