@@ -1,20 +1,27 @@
 """Communication-aware balancing: reach the plain makespan while moving only what must move.
 
-Items start on `sources[i]`; moving item i to another rank costs `item_bytes[i]`, across
-nodes far more than within one.  Given a plain plan with makespan M (any kernel), find an
-assignment with makespan <= M · (1 + slack) that minimises, in this order, the bytes
-crossing nodes and the bytes leaving their rank:
+Items start on `sources[i]`; moving item i off its rank costs `item_bytes[i]`, across
+nodes far more than within one.  Given a plain plan of makespan M (any kernel), find
 
-    minimise  sum(item_bytes[i] for i if node[dest[i]] != node[sources[i]])   (then same-rank)
+    minimise  sum(item_bytes[i] for i if node(dest[i]) != node(sources[i]))   (then off-rank bytes)
     s.t.      max(loads(dest)) <= M · (1 + slack),  tokens(dest) <= cap
 
-Plain code: keep every item home; while some rank is over the target, it sheds items to
-under-loaded ranks of its own node first (cheapest bytes per cost first), then to other
-nodes; then swaps between node pairs undo inter-node moves where they fit.  A heuristic
-(the exact problem is a generalised assignment problem, NP-hard); the result is never
-returned above the plain makespan times (1 + slack): if the repair cannot reach the
-target, the plain plan re-labelled onto ranks (groups → ranks keeping the most bytes) is
-returned instead.
+Plain code (unpadded cost):
+    target = M * (1 + slack)
+    every rank keeps its own items, largest first, each one that still fits under target
+    the rest, largest first: to the least-loaded rank of its own node that fits
+    what no rank of its node takes: LPT rounds over all ranks (k-th largest -> k-th least loaded)
+    while a rank is above target: the move or swap that fixes it adding the fewest
+        inter-node bytes, partners from its own node first (repair)
+A heuristic (the exact problem is a generalised assignment problem, NP-hard; bounds on
+the inter-node bytes it must move are in `orchmllm.topology.bounds`); overloaded ranks
+shed only what does not fit and under-loaded ranks take it, same node first.  Padded
+cost: the plain plan's padded slots (count, longest length) per rank are re-dealt,
+longest item first, home rank, then home node, so the makespan never rises.  Whatever
+misses the target or the cap is replaced by the plain plan with its groups placed on
+ranks by an exact sparse linear assignment (`assign_groups`, also used by
+`orchmllm.topology.place`), so the result is never worse than the plain makespan times
+(1 + slack).  Original to orchmllm; the LAP is scipy's LAPJVsp (Jonker-Volgenant).
 """
 
 from __future__ import annotations
@@ -245,8 +252,7 @@ def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
                 raise _NoRoom
             fits[0] = True
             ranks[0] = int(np.argmin(np.where(room, state.loads, np.inf)))
-            if ranks[0] in ranks[1:][fits[1:]]:
-                fits[1:] &= ranks[1:] != ranks[0]
+            fits[1:] &= ranks[1:] != ranks[0]
         state.put(chunk[fits], ranks[fits])
         waiting = np.concatenate([chunk[~fits], waiting[ranks.size:]])
 

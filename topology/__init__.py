@@ -16,12 +16,18 @@ Public API:
   `destinations`, `traffic`, `status`); methods in `PLACEMENTS`: "identity", "lap"
   (exact max bytes kept on rank), "lap_node" (exact max bytes kept on node, then on
   rank), "ilp" (the paper's node-wise min-max ILP, warm-started from "lap_node").
+- `inter_node_lower_bound(item_costs, sources, item_bytes, topology, makespan)
+  -> InterNodeBound`: bytes any plan of that makespan must move across nodes, in total
+  and at the busiest node (see `bounds` for the derivation).
+- Communication-aware balancing itself lives in the balancers:
+  `orchmllm.balancers.balance(lengths, D, sources=, item_bytes=, topology=)`.
 """
 
+from .bounds import InterNodeBound, inter_node_lower_bound
 from .cluster import PRESETS, Topology
 from .comm_model import STRATEGIES, CommEstimate, estimate_exchange
 from .placement import PLACEMENTS, Placement, place
 from .traffic import Traffic, traffic
 
-__all__ = ["PLACEMENTS", "PRESETS", "STRATEGIES", "CommEstimate", "Placement", "Topology", "Traffic",
-           "estimate_exchange", "place", "traffic"]
+__all__ = ["PLACEMENTS", "PRESETS", "STRATEGIES", "CommEstimate", "InterNodeBound", "Placement", "Topology",
+           "Traffic", "estimate_exchange", "inter_node_lower_bound", "place", "traffic"]
