@@ -90,7 +90,11 @@ class SyntheticMultimodal:
 
     def local_batch(self, step: int, rank: int, dtype: torch.dtype = torch.float32) -> LocalBatch:
         """Metadata and tensors of rank `rank`'s samples at `step`."""
-        samples = self.samples(step, rank)
+        return self.tensors(self.samples(step, rank), dtype)
+
+    def tensors(self, samples, dtype: torch.dtype = torch.float32) -> LocalBatch:
+        """Tensors for any samples' metadata, content seeded by (seed, sample id) alone."""
+        samples = tuple(samples)
         ids, labels, patches, frames = [], [], [], []
         for sample in samples:
             rng = np.random.default_rng([self.seed, sample.id, 1])

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -139,24 +140,62 @@ def _train_step(runtime, routes, batch, model, device, clock, stats):
     return busy, moved.per_sample["sample_id"]
 
 
+@dataclass(frozen=True)
+class DemoOptions:
+    """How the demo runs: samples per rank and step, balancing algorithm, transport, and
+    where the stage cost models come from ("calibrated": timed on rank 0; "flops":
+    `CostModel.from_transformer` of each stage, no timing)."""
+
+    samples_per_rank: int = 16
+    algorithm: str = "lpt"
+    transport: str = "flat"
+    gpus_per_node: int | None = None
+    costs: str = "calibrated"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.samples_per_rank, bool) or not isinstance(self.samples_per_rank, int) \
+                or self.samples_per_rank < 0:
+            raise ValueError(f"`samples_per_rank` must be an int >= 0; got {self.samples_per_rank!r}")
+        if self.costs not in ("calibrated", "flops"):
+            raise ValueError(f"`costs` must be 'calibrated' or 'flops'; got {self.costs!r}")
+        if self.transport not in ("flat", "hierarchical"):
+            raise ValueError(f"`transport` must be 'flat' or 'hierarchical'; got {self.transport!r}")
+
+
+def flops_costs(config: ModelConfig) -> dict:
+    """Per-stage FLOP cost models of the tiny model, in each stage's length unit."""
+    vision = CostModel.from_transformer(num_layers=config.encoder_layers, hidden_size=config.encoder_hidden,
+                                        num_heads=config.heads, causal=False)
+    audio = CostModel.from_transformer(num_layers=config.encoder_layers, hidden_size=config.encoder_hidden,
+                                       num_heads=config.heads, causal=False)
+    llm = CostModel.from_transformer(num_layers=config.llm_layers, hidden_size=config.llm_hidden,
+                                     num_heads=config.heads, causal=True)
+    head = 3 * 2 * config.llm_hidden * config.vocab
+    return {"image": vision,
+            "audio": CostModel(linear=audio.linear / config.stride, quadratic=audio.quadratic / config.stride ** 2),
+            "llm": CostModel(linear=llm.linear + head, quadratic=llm.quadratic)}
+
+
 def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str = "float32",
-          samples_per_rank: int = 16, algorithm: str = "lpt", transport: str = "flat",
-          gpus_per_node: int | None = None) -> dict:
+          options: DemoOptions = DemoOptions()) -> dict:
     """The per-rank body of the demo (inside an initialised process group)."""
     device = comm_device()
     torch_dtype = DTYPES[dtype]
     torch.manual_seed(seed)
     config = ModelConfig()
     model = TinyMultimodalModel(config).to(device=device, dtype=torch_dtype)
-    data = SyntheticMultimodal(config, samples_per_rank, seed)
+    data = SyntheticMultimodal(config, options.samples_per_rank, seed)
     clock = _clock(device)
     warm_up(model, data, torch_dtype, device)
-    fitted = [calibrate(model, data, torch_dtype, device, seed=seed) if rank == 0 else None]
-    if world_size > 1:
-        dist.broadcast_object_list(fitted, src=0)
+    if options.costs == "flops":
+        fitted = [(flops_costs(config), {})]
+    else:
+        fitted = [calibrate(model, data, torch_dtype, device, seed=seed) if rank == 0 else None]
+        if world_size > 1:
+            dist.broadcast_object_list(fitted, src=0)
     costs, fit_errors = fitted[0]
-    stages = demo_stages(costs, config, algorithm, torch.finfo(torch_dtype).bits // 8)
-    mover = make_transport(transport, gpus_per_node=gpus_per_node)
+    stages = demo_stages(costs, config, options.algorithm, torch.finfo(torch_dtype).bits // 8)
+    mover = make_transport(options.transport, gpus_per_node=options.gpus_per_node)
     balanced = MultiStageRuntime(stages, transport=mover, check_plan=True)
     unbalanced = MultiStageRuntime(stages, transport=mover, balance_encoders=False, balance_llm=False)
     prefetcher = Prefetcher(lambda samples, group: balanced.plan(samples, metadata_group=group))
@@ -283,7 +322,7 @@ def summarize(records: list, ranks: int, steps: int, dtype: str) -> dict:
 
 def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float32", *,
              samples_per_rank: int = 16, algorithm: str = "lpt", transport: str = "flat",
-             gpus_per_node: int | None = None, timeout_s: float = 600.0) -> dict:
+             gpus_per_node: int | None = None, costs: str = "calibrated", timeout_s: float = 600.0) -> dict:
     """Spawn `ranks` CPU gloo processes, train `steps` steps with and without
     post-balancing on the same data, and return the JSON-serialisable report.
 
@@ -294,14 +333,15 @@ def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float3
     (over the prefetched steps 1..steps-1), overhead_fraction ((exchange + planning
     waited for) / balanced step wall time), steps, ranks.
     """
-    for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1), ("samples_per_rank", samples_per_rank, 0)):
+    options = DemoOptions(samples_per_rank, algorithm, transport, gpus_per_node, costs)
+    for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"`{name}` must be an int >= {low}; got {value!r}")
     if dtype not in DTYPES:
         raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}; got {dtype!r}")
     if transport == "hierarchical" and (gpus_per_node is None or ranks % gpus_per_node):
         raise ValueError(f"transport 'hierarchical' needs `gpus_per_node` dividing ranks={ranks}; got {gpus_per_node}")
-    records = spawn(train, ranks, args=(steps, seed, dtype, samples_per_rank, algorithm, transport, gpus_per_node),
+    records = spawn(train, ranks, args=(steps, seed, dtype, options),
                     timeout_s=timeout_s, collective_timeout_s=min(timeout_s, 120.0))
     return summarize(records, ranks, steps, dtype)
 
@@ -315,14 +355,15 @@ def main(argv=None) -> int:
     parser.add_argument("--samples-per-rank", type=int, default=16)
     parser.add_argument("--transport", choices=("flat", "hierarchical"), default="flat")
     parser.add_argument("--gpus-per-node", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    parser.add_argument("--costs", choices=("calibrated", "flops"), default="calibrated")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     rank, world_size = init_distributed()
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
     try:
-        record = train(rank, world_size, args.steps, args.seed, args.dtype, args.samples_per_rank, "lpt",
-                       args.transport, args.gpus_per_node)
+        record = train(rank, world_size, args.steps, args.seed, args.dtype,
+                       DemoOptions(args.samples_per_rank, "lpt", args.transport, args.gpus_per_node, args.costs))
         records = [None] * world_size
         dist.all_gather_object(records, record)
     finally:

@@ -225,19 +225,24 @@ class MultiStageRuntime:
                  arrived: Sequence[torch.Tensor]) -> Assembled:
         """Interleave text embeddings and received segment embeddings into packed sequences."""
         step, rank = routes.step, routes.rank
-        recipe = step.assembly(rank)
         llm = step.llm
-        text_start = llm.item_input_offset[recipe.text_sample] + recipe.text_offset
-        text_source = ranges(text_start, recipe.text_length)
-        text_destination = ranges(recipe.text_llm_offset, recipe.text_length)
+        if llm.items_on(rank).size:
+            recipe = step.assembly(rank)
+            samples, sample_lengths, num_tokens = recipe.samples, recipe.sample_lengths, recipe.num_tokens
+            text_start = llm.item_input_offset[recipe.text_sample] + recipe.text_offset
+            text_source = ranges(text_start, recipe.text_length)
+            text_destination = ranges(recipe.text_llm_offset, recipe.text_length)
+        else:  # no LLM samples here (the orchestrator's assembly() does not handle this case)
+            samples = sample_lengths = text_source = text_destination = np.zeros(0, dtype=np.int64)
+            num_tokens = 0
         destinations = [text_destination]
         for route, plan in zip(routes.embedding_routes, step.stage_plans[:-1]):
             segments = plan.item_segment[route.dest_items]
             destinations.append(ranges(step.route_llm_offset[segments], step.batch.segment_tokens[segments]))
         destination = np.concatenate(destinations)
-        if destination.size != recipe.num_tokens:
-            raise RuntimeError(f"assembly covers {destination.size} rows of a {recipe.num_tokens}-token sequence")
-        gather = np.empty(recipe.num_tokens, dtype=np.int64)
+        if destination.size != num_tokens:
+            raise RuntimeError(f"assembly covers {destination.size} rows of a {num_tokens}-token sequence")
+        gather = np.empty(num_tokens, dtype=np.int64)
         gather[destination] = np.arange(destination.size)
         device = text_embedded.device
         text_rows = text_embedded.index_select(0, torch.from_numpy(text_source).to(device))
@@ -247,6 +252,6 @@ class MultiStageRuntime:
             raise RuntimeError(f"assembly places {text_source.size} of {text_embedded.shape[0]} text tokens")
         text_positions = np.empty(text_source.size, dtype=np.int64)
         text_positions[text_source] = text_destination
-        return Assembled(embeddings, torch.from_numpy(recipe.sample_lengths.copy()).to(device),
-                         recipe.samples, torch.from_numpy(text_positions).to(device))
+        return Assembled(embeddings, torch.from_numpy(np.array(sample_lengths, dtype=np.int64)).to(device),
+                         samples, torch.from_numpy(text_positions).to(device))
 
