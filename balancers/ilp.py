@@ -14,6 +14,10 @@ breaking: ranks are labelled in order of their first item along the cost-sorted 
 the j-th item may only use ranks 0..j; M starts at the combinatorial `lower_bound`.  Integer costs stay as they are
 and M is then an integer variable (CBC rounds its bound up); other costs are scaled to a
 largest item cost of 1 for CBC's tolerances.  Plans are scored exactly by `rank_loads`.
+A start plan (LPT, the padded optimum, or the caller's) bounds M from above and is
+returned when CBC finds nothing better: CBC's own MIP start (-mips) is not used because
+CBC 2.10.3 intermittently segfaults when its time limit expires while it loads one (and
+on the instances measured it found the same plans).
 
 Guarantee: `optimal` only when CBC proves it (up to CBC's integrality and feasibility
 tolerances, 1e-6 and 1e-7 on the scaled costs, which is exact for integer costs); when
@@ -30,21 +34,27 @@ from __future__ import annotations
 import math
 import re
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import pulp
 
 from . import lpt, padded
-from .problem import (InfeasibleError, KernelResult, Problem, Status, lower_bound, make_problem,
-                      rank_loads, rank_tokens)
+from .problem import (InfeasibleError, KernelResult, Problem, Status, as_time_limit, lower_bound,
+                      make_problem, rank_loads, rank_tokens)
 
 DEFAULT_TIME_LIMIT = 10.0
 """Seconds CBC may search when `problem.time_limit` is None."""
 
+MAX_BINARIES = 25_000
+"""Largest model (assignment binaries) `ilp` builds; bigger problems raise ValueError."""
+
 _SEED = 1
 _CBC_PATH = pulp.PULP_CBC_CMD.pulp_cbc_path
 _BEST_POSSIBLE = re.compile(r"best possible (\S+)\)")
+_WALLCLOCK = re.compile(r"Wallclock seconds\):\s*([0-9.]+)")
+_MIN_CBC_SECONDS = 0.01
 _BOUND_SLACK = 1e-6
 _OBJECTIVE_SLACK = 1e-7
 
@@ -75,7 +85,7 @@ class _Model:
                   for i in range(n) for r in ranks_of[i]}
         for i in range(n):
             self.lp += pulp.lpSum(self.x[i, r] for r in ranks_of[i]) == 1
-        for r in range(num_ranks):
+        for r in range(min(n, num_ranks)):
             members = [i for i in range(n) if (i, r) in self.x]
             if not problem.padded:
                 self.lp += pulp.lpSum(costs[i] * self.x[i, r] for i in members) <= self.makespan
@@ -90,21 +100,17 @@ class _Model:
                 if room < most:
                     self.lp += count <= room + (most - room) * (1 - self.x[i, r])
 
-    def set_start(self, assignment: np.ndarray) -> None:
-        """Warm start from a plan, relabelling its ranks to fit the symmetry breaking."""
-        label: dict[int, int] = {}
-        for item in self.order.tolist():
-            label.setdefault(int(assignment[item]), len(label))
-        for (i, r), var in self.x.items():
-            var.setInitialValue(1 if label[int(assignment[i])] == r else 0)
-        self.makespan.setInitialValue(float(rank_loads(self.problem, assignment).max()) / self.scale)
+    def bound_by(self, assignment: np.ndarray) -> None:
+        """Search only plans at least as good as `assignment` (its makespan caps M)."""
+        makespan = float(rank_loads(self.problem, assignment).max()) / self.scale
+        self.makespan.upBound = makespan if self.integral else makespan * (1.0 + _OBJECTIVE_SLACK)
 
-    def solve(self, time_limit: float, warm_start: bool) -> tuple[str, np.ndarray | None, float | None]:
+    def solve(self, time_limit: float) -> tuple[str, np.ndarray | None, float | None]:
         """Run CBC: ("optimal" | "stopped" | "infeasible", assignment or None, proven bound or None)."""
         with tempfile.TemporaryDirectory(prefix="orchmllm_cbc_") as workdir:
             log_path = Path(workdir) / "cbc.log"
             solver = pulp.COIN_CMD(path=_CBC_PATH, msg=False, timeLimit=time_limit, threads=1,
-                                   gapRel=0, warmStart=warm_start, logPath=str(log_path),
+                                   gapRel=0, logPath=str(log_path),
                                    options=[f"randomSeed {_SEED}", f"randomCbcSeed {_SEED}"])
             solver.tmpDir = workdir
             try:
@@ -113,13 +119,17 @@ class _Model:
                 raise RuntimeError(f"CBC failed on a {self.problem.num_items}-item, "
                                    f"{self.problem.num_ranks}-rank model: {error}") from None
             log = log_path.read_text(errors="replace") if log_path.exists() else ""
-        if self.lp.status == pulp.LpStatusInfeasible:
-            return "infeasible", None, None
+        # CBC 2.10.3 may report "Pre-processing says infeasible" when its time limit cuts
+        # preprocessing short: believe a verdict only when CBC finished within its limit.
+        seconds = _WALLCLOCK.findall(log)
+        finished = bool(seconds) and float(seconds[-1]) < time_limit
         found = self.lp.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
         assignment = self._read_assignment() if found else None
-        if self.lp.sol_status == pulp.LpSolutionOptimal and assignment is not None:
+        if finished and self.lp.status == pulp.LpStatusInfeasible:
+            return "infeasible", None, None
+        if finished and self.lp.sol_status == pulp.LpSolutionOptimal and assignment is not None:
             return "optimal", assignment, float(self.makespan.value()) * self.scale
-        return "stopped", assignment, self._proven_bound(log)
+        return "stopped", assignment, self._proven_bound(log) if finished or found else None
 
     def _proven_bound(self, log: str) -> float | None:
         """CBC's last "best possible" objective, made safe for its printing and tolerances."""
@@ -164,11 +174,27 @@ def _smallest_cap(problem: Problem, time_limit: float) -> tuple[int, bool]:
     return max(floor, math.ceil(result.lower_bound or 0)), False
 
 
+def _check_size(problem: Problem) -> None:
+    """Refuse models too large to build and solve (PuLP alone would take minutes)."""
+    n, num_ranks = problem.num_items, problem.num_ranks
+    used = min(n, num_ranks)  # the j-th item may use ranks 0..j only (symmetry breaking)
+    binaries = used * (used + 1) // 2 + (n - used) * used
+    if binaries > MAX_BINARIES:
+        raise ValueError(
+            f"algorithm 'ilp' needs {binaries} binaries for {n} items × {num_ranks} ranks, over "
+            f"MAX_BINARIES={MAX_BINARIES}; use 'auto' (or 'padded' for padded batches)")
+
+
 def _search(problem: Problem, start: np.ndarray | None, time_limit: float) -> KernelResult:
+    """Build and solve within `time_limit` seconds in all (CBC gets what building left)."""
+    deadline = time.perf_counter() + time_limit
+    _check_size(problem)
+    if start is not None and _makespan(problem, start) <= lower_bound(problem):
+        return KernelResult(start, Status.OPTIMAL, lower_bound=_makespan(problem, start))
     model = _Model(problem)
     if start is not None:
-        model.set_start(start)
-    outcome, found, bound = model.solve(time_limit, warm_start=start is not None)
+        model.bound_by(start)
+    outcome, found, bound = model.solve(max(deadline - time.perf_counter(), _MIN_CBC_SECONDS))
     if outcome == "infeasible":
         if start is not None:
             return KernelResult(start, Status.FEASIBLE)
@@ -200,8 +226,8 @@ def _time_limit(problem: Problem, time_limit: float | None) -> float:
 def solve(problem: Problem) -> KernelResult:
     """Solve to proven optimality within the time limit.
 
-    Warm start: LPT for the unpadded cost; for the padded cost the exact `padded` plan,
-    so CBC's job is the proof (the model still decides by itself whether a better plan
+    Start: LPT for the unpadded cost; for the padded cost the exact `padded` plan, so
+    CBC's job is the proof (the model still decides by itself whether a better plan
     exists, and proves infeasibility without a start).
     """
     heuristic = padded.solve if problem.padded else lpt.solve
@@ -213,7 +239,7 @@ def solve(problem: Problem) -> KernelResult:
 
 
 def improve(problem: Problem, start_assignment, time_limit: float | None = None) -> KernelResult:
-    """Warm-start CBC from a feasible plan; never returns a worse makespan than the start.
+    """Search for a better plan than a feasible start; never returns a worse makespan.
 
     `time_limit` defaults to the problem's (or `DEFAULT_TIME_LIMIT`).  The result is
     `optimal` when CBC proves the returned makespan optimal, else `time_limit`.
@@ -228,6 +254,4 @@ def improve(problem: Problem, start_assignment, time_limit: float | None = None)
     cap = problem.max_tokens_per_rank
     if cap is not None and rank_tokens(problem, start).max() > cap:
         raise ValueError(f"`start_assignment` exceeds max_tokens_per_rank={cap}")
-    if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
-        raise ValueError(f"`time_limit` must be a positive number of seconds; got {time_limit!r}")
-    return _search(problem, start, _time_limit(problem, time_limit))
+    return _search(problem, start, _time_limit(problem, as_time_limit(time_limit)))

@@ -62,6 +62,25 @@ def test_optimal_matches_brute_force_including_infeasibility(lengths, num_ranks,
         assert rank_tokens(problem, result.assignment).max() <= cap
 
 
+@settings(max_examples=40)
+@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=6), num_ranks=st.integers(1, 3),
+       cost=costs, is_padded=st.booleans(), cap=st.none() | st.integers(9, 24))
+def test_model_alone_matches_brute_force(lengths, num_ranks, cost, is_padded, cap):
+    """CBC on the bare model, no start plan and no shortcut: its verdicts are the oracle's."""
+    try:
+        problem = make_problem(lengths, num_ranks, cost=cost, padded=is_padded, max_tokens_per_rank=cap)
+    except InfeasibleError:
+        return
+    optimum, _ = brute_force(problem)
+    outcome, assignment, objective = ilp._Model(problem).solve(time_limit=20)
+    if optimum is None:
+        assert outcome == "infeasible"
+        return
+    assert outcome == "optimal"
+    assert float(rank_loads(problem, assignment).max()) == optimum
+    assert objective == pytest.approx(optimum, rel=1e-7)
+
+
 @settings(max_examples=20)
 @given(lengths=st.lists(st.integers(1, 30), min_size=4, max_size=10), num_ranks=st.integers(2, 3), cost=costs)
 def test_padded_model_agrees_with_the_padded_solver(lengths, num_ranks, cost):
@@ -134,10 +153,28 @@ def test_improve_rejects_bad_starts(start, message):
         ilp.improve(problem, start)
 
 
+@pytest.mark.parametrize("time_limit", [0.01, 0.1, 5.0], ids=["10ms", "100ms", "5s"])
+def test_feasible_cap_is_never_reported_infeasible(time_limit):
+    """LPT fails this cap (no start plan), CBC alone must find {5, 5} and {4, 3, 3}."""
+    try:
+        plan = balance([5, 5, 4, 3, 3], 2, algorithm="ilp", max_tokens_per_rank=10, time_limit=time_limit)
+    except TimeoutError as error:  # allowed: no plan within the limit, nothing claimed
+        assert "did not prove" in str(error)
+        return
+    assert plan.makespan == 10 and plan.tokens.max() <= 10
+
+
 def test_improve_rejects_bad_time_limit():
     problem = make_problem([5, 4, 3], 2)
-    with pytest.raises(ValueError, match="`time_limit` must be a positive number"):
+    with pytest.raises(ValueError, match="`time_limit` must be a positive finite number"):
         ilp.improve(problem, np.array([0, 1, 1]), time_limit=0)
+    with pytest.raises(TypeError, match="`time_limit` must be a number of seconds"):
+        ilp.improve(problem, np.array([0, 1, 1]), time_limit="1")
+
+
+def test_too_large_a_model_is_refused_before_building_it():
+    with pytest.raises(ValueError, match=r"needs 10453120 binaries for 40960 items × 256 ranks"):
+        balance(np.ones(40960, dtype=np.int64), 256, algorithm="ilp")
 
 
 def test_infeasible_cap_names_the_smallest_cap_that_works():
@@ -169,5 +206,5 @@ def test_proven_plan_is_reproducible():
 
 def test_solver_failure_is_translated_not_leaked(monkeypatch):
     monkeypatch.setattr(ilp, "_CBC_PATH", "/bin/false")  # runs, exits 1, writes no solution
-    with pytest.raises(RuntimeError, match="CBC failed on a 3-item, 2-rank model"):
-        balance([5, 4, 3], 2, algorithm="ilp")
+    with pytest.raises(RuntimeError, match="CBC failed on a 5-item, 2-rank model"):
+        balance([3, 3, 2, 2, 2], 2, algorithm="ilp")  # LPT's 7 is not the bound 6: CBC must run
