@@ -11,9 +11,10 @@ with count_r = sum_i x[i, r] and m_r the number of items allowed on r, every ite
 forces f(l_i) · (count_r - m_r · (1 - x[i, r])) <= M and, under a cap, with
 k_i = floor(cap / l_i), count_r <= k_i + (m_r - k_i) · (1 - x[i, r]).  Symmetry
 breaking: ranks are labelled in order of their first item along the cost-sorted list, so
-the j-th item may only use ranks 0..j; M starts at the combinatorial `lower_bound`.  Integer costs stay as they are
-and M is then an integer variable (CBC rounds its bound up); other costs are scaled to a
-largest item cost of 1 for CBC's tolerances.  Plans are scored exactly by `rank_loads`.
+the j-th item may only use ranks 0..j; M starts at the combinatorial `lower_bound`.
+Integer costs stay as they are and M is then an integer variable (CBC rounds its bound
+up); other costs are scaled to a largest item cost of 1 for CBC's tolerances.  Plans are
+scored exactly by `rank_loads`.
 A start plan (LPT, the padded optimum, or the caller's) bounds M from above and is
 returned when CBC finds nothing better: CBC's own MIP start (-mips) is not used because
 CBC 2.10.3 intermittently segfaults when its time limit expires while it loads one (and
@@ -228,7 +229,9 @@ def solve(problem: Problem) -> KernelResult:
 
     Start: LPT for the unpadded cost; for the padded cost the exact `padded` plan, so
     CBC's job is the proof (the model still decides by itself whether a better plan
-    exists, and proves infeasibility without a start).
+    exists, and proves infeasibility without a start).  When CBC proves the cap
+    infeasible, one more solve (same limit) names the smallest cap that works.  Raises
+    TimeoutError when no plan was found and infeasibility was not proven in time.
     """
     heuristic = padded.solve if problem.padded else lpt.solve
     try:
