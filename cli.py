@@ -22,7 +22,7 @@ import numpy as np
 
 from .balancers import ALGORITHMS, CostModel, balance
 from .balancers.identity import home_ranks
-from .balancers.peers import PEER_LABELS, PEERS, run_peer
+from .balancers.peers import PEER_LABELS, PEERS, peer_mode, run_peer
 from .plots import MissingDependencyError, require_matplotlib
 
 EXIT_USAGE = 2
@@ -360,7 +360,8 @@ def _compare_rows(configs, algorithms, explicit, args, advance):
             for name in [BASELINE] + algorithms:
                 row = {"ranks": num_ranks, "items_per_rank": items_per_rank, "stage": stage.name,
                        "algorithm": name, "kind": "peer" if name in PEERS else "orchmllm",
-                       "label": PEER_LABELS.get(name, ""), "num_items": int(stage.lengths.size)}
+                       "label": PEER_LABELS.get(name, ""), "num_items": int(stage.lengths.size),
+                       "mode": peer_mode(name, stage.lengths.size, num_ranks) if name in PEERS else ""}
                 try:
                     plan = _plan_for(name, stage, num_ranks, args.time_limit, topology)
                 except ValueError as error:  # the algorithm does not apply to this stage
@@ -450,6 +451,8 @@ def _print_compare(rows, summaries, source: str) -> None:
             if index and row["stage"] != mine[index - 1]["stage"]:
                 table.add_section()
             name = row["algorithm"] + (" (peer)" if row["kind"] == "peer" else "")
+            if "does not divide" in row["mode"]:
+                name += " †"
             cells = ["n/a"] * 6
             if row["makespan"] is None:
                 notes.append(f"{row['algorithm']} on {row['stage']}: {row['note']}")
@@ -464,6 +467,10 @@ def _print_compare(rows, summaries, source: str) -> None:
         console.print(f"n/a: {note}")
     console.print(f"{BASELINE}: no balancing, every item stays on the rank that sampled it. "
                   "makespan/LB: slowest rank's work over a lower bound no plan can beat.")
+    fallback = sorted({row["algorithm"] for row in rows if "does not divide" in row["mode"]})
+    if fallback:
+        console.print(f"†: D does not divide the stage's item count, so {', '.join(fallback)} ran in "
+                      "its fallback mode (verl: equal_size=False; LLaVA: strided split).")
     used = [name for name in PEERS if any(row["algorithm"] == name for row in rows)]
     if used:
         console.print("Peers, reimplemented from their published descriptions:")

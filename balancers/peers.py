@@ -215,6 +215,22 @@ PEER_LABELS: dict[str, str] = {
 }
 
 
+def peer_mode(name: str, num_items: int, num_ranks: int) -> str:
+    """Which variant of peer `name` runs on n items and D ranks ("" when it has only one).
+
+    verl's equal-size Karmarkar–Karp and LLaVA's even chunks need D to divide n; otherwise
+    verl falls back to its equal_size=False mode and LLaVA deals the sorted samples strided.
+    """
+    if name not in PEERS:
+        raise ValueError(f"unknown peer {name!r}; choose one of {sorted(PEERS)}")
+    divides = num_items % num_ranks == 0
+    if name == "verl_kk":
+        return "equal_size" if divides else "equal_size=False (D does not divide n)"
+    if name == "llava_length_grouped":
+        return "even chunks" if divides else "strided (D does not divide n)"
+    return ""
+
+
 def run_peer(name: str, lengths, num_ranks, *, cost=None, padded=False,
              max_tokens_per_rank=None) -> BalancePlan:
     """Run the peer heuristic `name` on `lengths` and certify its plan under `cost`.

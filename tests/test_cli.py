@@ -66,6 +66,9 @@ def test_compare_json_schema():
     for row in rows:
         assert row["ranks"] == 16 and row["items_per_rank"] == 8
         assert row["kind"] == ("peer" if row["algorithm"] in PEERS else "orchmllm")
+        if row["algorithm"] == "verl_kk":  # equal-size KK only when D divides the stage's item count
+            assert row["mode"] == ("equal_size" if row["num_items"] % 16 == 0 else
+                                   "equal_size=False (D does not divide n)")
         assert row["makespan"] >= row["lower_bound"] > 0
         assert row["makespan_over_bound"] == pytest.approx(row["makespan"] / row["lower_bound"])
         assert 0 <= row["bytes_inter_node"] <= row["bytes_moved"]

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, make_problem
-from orchmllm.balancers.peers import (PEER_LABELS, PEERS, megatron_pack_length, run_peer, verl_workload,
-                                      _karmarkar_karp)
+from orchmllm.balancers.peers import (PEER_LABELS, PEERS, megatron_pack_length, peer_mode, run_peer,
+                                      verl_workload, _karmarkar_karp)
 
 NAMES = sorted(PEERS)
 
@@ -110,3 +110,15 @@ def test_peers_report_a_memory_cap_they_break():
 def test_unknown_peer_is_named():
     with pytest.raises(ValueError, match="unknown peer 'deepspeed'"):
         run_peer("deepspeed", [1, 2], 2)
+
+
+def test_peer_mode_names_the_fallback_when_d_does_not_divide_n():
+    assert peer_mode("verl_kk", 12, 4) == "equal_size"
+    assert peer_mode("verl_kk", 13, 4).startswith("equal_size=False")
+    assert peer_mode("llava_length_grouped", 13, 4).startswith("strided")
+    assert peer_mode("megatron_nextfit", 13, 4) == ""
+    lengths = np.arange(1, 14)
+    strided = run_peer("llava_length_grouped", lengths, 4).assignment
+    assert strided[np.argsort(-lengths, kind="stable")].tolist() == [0, 1, 2, 3] * 3 + [0]
+    with pytest.raises(ValueError, match="unknown peer 'x'"):
+        peer_mode("x", 1, 1)
