@@ -295,6 +295,35 @@ def test_stage_lists_are_validated():
         Orchestrator(STAGES, 4).plan(random_batch(0, 2, 2))
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(input_bytes_per_unit=-1.0), "`input_bytes_per_unit` must be finite and >= 0"),
+    (dict(output_bytes_per_token=float("nan")), "`output_bytes_per_token` must be finite and >= 0"),
+    (dict(max_tokens_per_rank=0), "`max_tokens_per_rank` must be a positive int or None"),
+])
+def test_stage_fields_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Stage("vision", "image", CostModel(), **kwargs)
+    with pytest.raises(ValueError, match="produces no embeddings"):
+        Stage("llm", "llm", CostModel(), output_bytes_per_token=2.0)
+
+
+def test_orchestrator_options_are_validated():
+    with pytest.raises(ValueError, match="unknown `placement` 'nearby'"):
+        Orchestrator(STAGES, 2, placement="nearby")
+    with pytest.raises(ValueError, match="unknown `uniform_algorithm` 'magic'"):
+        Orchestrator(STAGES, 2, uniform_algorithm="magic")
+    with pytest.raises(TypeError, match="`topology` must be a Topology or an int"):
+        Orchestrator(STAGES, "two")
+    with pytest.raises(TypeError, match="`batch` must be a Batch"):
+        Orchestrator(STAGES, 2).plan([Sample(3)])
+
+
+def test_assembly_rank_is_validated():
+    plan = Orchestrator(STAGES, 2).plan(random_batch(0, 2, 2))
+    with pytest.raises(ValueError, match="`rank` must be an int in \\[0, 2\\)"):
+        plan.assembly(2)
+
+
 def test_topology_with_several_nodes_plans_like_any_other():
     batch = random_batch(5, 16, 2)
     plan = Orchestrator(STAGES, Topology(2, 8)).plan(batch)
