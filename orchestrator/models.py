@@ -2,14 +2,18 @@
 
 The OrchMLLM paper trains 10B, 18B and 84B vision + audio + text models on H100s but the
 summary we have does not give their layer shapes, so these are approximations built from
-public models of the right size (parameters counted as L · (4h² + 2h·ffn) + vocab · h;
-gated SwiGLU MLPs with width w are written as an equivalent two-matrix ffn = 1.5 · w):
+public models of the right size.  Parameters are counted as L · (4h² + 2h·ffn) + 2 ·
+vocab · h (untied embeddings): attention as four h × h matrices (grouped-query attention
+is not modelled), a gated SwiGLU MLP of width w as an equivalent two-matrix ffn = 1.5 · w.
+For 84b the ffn (36864) is chosen so that a layer has the parameters of a Qwen2-72B layer
+(GQA attention + SwiGLU 29568, ≈ 0.87B); the encoder sizes are assumptions (the paper's
+encoders are not known to us) that make the totals 10B, 18B and 84B:
 
 | model | LLM (layers, hidden, ffn, vocab)            | vision encoder           | audio encoder            |
 |-------|---------------------------------------------|--------------------------|--------------------------|
 | 10b   | Llama-3-8B-like: 32, 4096, 21504, 128256    | ViT 0.6B: 32, 1280, 5120 | Whisper-large 0.6B: 32, 1280, 5120 |
 | 18b   | Llama-2-13B-like: 40, 5120, 20736, 32000    | ViT 2.5B: 40, 2304, 9216 | 2.5B: 40, 2304, 9216     |
-| 84b   | Qwen2-72B-like: 80, 8192, 36864, 152064     | InternViT-6B-like: 45, 3200, 12800 | 6B: 48, 3200, 12800 |
+| 84b   | Qwen2-72B-sized: 80, 8192, 36864, 152064    | InternViT-6B-like: 45, 3200, 12800 | 6B: 48, 3200, 12800 |
 
 Compute (FLOPs, forward + backward = 3× forward, `CostModel.from_transformer`): the LLM
 is causal with packed variable-length sequences (unpadded) plus the LM head 6·h·vocab per
