@@ -64,10 +64,10 @@ def test_lap_node_keeps_the_most_bytes_on_their_node_then_rank(seed):
     assert placement.traffic.bytes_kept == max(same_nodes)
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", [10, 11, 15, 18])  # 10, 15 and 18: lap_node's busiest node is not optimal
 def test_ilp_minimises_the_busiest_node_then_the_total(seed):
     topology = Topology(3, 2)
-    groups, sources, item_bytes = _instance(topology, seed + 10, num_items=10)
+    groups, sources, item_bytes = _instance(topology, seed, num_items=10)
     placement = place(groups, sources, item_bytes, topology, "ilp", time_limit=20)
     best = min((move.busiest_node_inter_bytes, move.bytes_inter_node)
                for move in (_volumes(perm, groups, sources, item_bytes, topology)
