@@ -60,6 +60,14 @@ def _parse_length(text: str, where: str) -> int:
     return value
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _pick_column(header: list[str], column: str | None, path: Path) -> int:
     if column is None:
         if len(header) == 1:
@@ -76,7 +84,7 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
     if not rows:
         raise UsageError(f"{path}: no lengths in the file")
     first = [cell.strip() for cell in rows[0][1]]
-    has_header = any(not cell.lstrip("-").replace(".", "", 1).isdigit() for cell in first)
+    has_header = not all(_is_number(cell) for cell in first)
     if has_header:
         index = _pick_column(first, column, path)
         rows = rows[1:]

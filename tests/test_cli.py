@@ -235,6 +235,12 @@ def test_plan_reads_json_lines_and_npy(tmp_path):
     assert plans[0]["assignment"] == plans[1]["assignment"] and plans[0]["num_items"] == 8
 
 
+def test_csv_without_header_keeps_its_first_value(tmp_path, capsys):
+    (tmp_path / "exp.csv").write_text("1e3\n20\n7\n")
+    assert main(["plan", str(tmp_path / "exp.csv"), "-D", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_items"] == 3
+
+
 def test_plan_and_compare_never_import_torch(lengths_csv):
     code = ("import sys; from orchmllm.cli import main; "
             f"main(['plan', {str(lengths_csv)!r}, '--column', 'ContextTokens', '-D', '2', '-q']); "
