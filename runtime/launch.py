@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
@@ -56,7 +57,7 @@ def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, resu
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=collective_timeout_s))
-        value = fn(rank, world_size, *args)
+        value = pickle.loads(pickle.dumps(fn(rank, world_size, *args)))  # fail here, not in the queue thread
         results.put((rank, True, value, None))
     except BaseException:  # report everything, then leave so peers see closed sockets
         results.put((rank, False, None, traceback.format_exc()))
@@ -97,7 +98,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                 rank, ok, value, error = results.get(timeout=min(remaining, 0.5))
             except queue.Empty:
                 for rank, child in enumerate(children):
-                    if rank not in outcomes and child.exitcode not in (None, 0):
+                    if rank not in outcomes and child.exitcode is not None:
                         outcomes[rank] = RankOutcome(rank, False, error=f"exited with code {child.exitcode} "
                                                      f"without reporting", seconds=time.monotonic() - start)
                 continue

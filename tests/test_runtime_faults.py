@@ -1,0 +1,123 @@
+"""Faults end in clear errors within bounded time, never in a hang."""
+
+import time
+
+import pytest
+import torch
+
+from orchmllm.balancers import CostModel
+from orchmllm.runtime import MultiStageRuntime, PlanMismatchError, PostBalancingDispatcher
+from orchmllm.runtime.data import SyntheticMultimodal
+from orchmllm.runtime.demo import demo_stages
+from orchmllm.runtime.launch import SpawnError, run_processes, spawn
+from orchmllm.runtime.model import ModelConfig
+
+LENGTHS = [[9, 1, 7], [12, 3, 2], [2, 15], [4, 4, 8]]
+
+
+def mismatched_dispatcher_job(rank, size, odd_option):
+    options = {"algorithm": "lpt", "cost": CostModel(linear=1)}
+    if rank == 1:
+        options.update(odd_option)
+    dispatcher = PostBalancingDispatcher(check_plan=True, **options)
+    try:
+        dispatcher.plan(LENGTHS[rank])
+    except PlanMismatchError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.parametrize("odd_option", [{"algorithm": "identity"}, {"cost": CostModel(linear=2)}],
+                         ids=["other-algorithm", "same-plan-other-cost"])
+def test_a_rank_with_another_solver_config_is_named_on_every_rank(odd_option):
+    messages = spawn(mismatched_dispatcher_job, 4, args=(odd_option,), timeout_s=60)
+    for message in messages:
+        assert "ranks [1] disagree with ranks [0, 2, 3]" in message, message
+
+
+def mismatched_stages_job(rank, size):
+    config = ModelConfig()
+    stages = demo_stages({m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")}, config,
+                         algorithm="identity" if rank == 2 else "lpt")
+    runtime = MultiStageRuntime(stages, check_plan=True)
+    try:
+        runtime.plan(SyntheticMultimodal(config, samples_per_rank=4).samples(0, rank))
+    except PlanMismatchError as error:
+        return str(error)
+    return "no error"
+
+
+def test_a_rank_with_other_stage_algorithms_is_named_by_the_step_plan_check():
+    for message in spawn(mismatched_stages_job, 3, timeout_s=60):
+        assert message.startswith("step plan differs across ranks") and "ranks [2] disagree" in message
+
+
+def failing_step_job(rank, size, fault):
+    dispatcher = PostBalancingDispatcher(per_item_keys={"id"})
+    plan = dispatcher.plan(LENGTHS[rank])
+    batch = {"x": torch.ones(sum(LENGTHS[rank]), 4), "id": torch.arange(len(LENGTHS[rank]))}
+    if rank == 2:
+        if fault == "raise":
+            raise RuntimeError("injected fault on rank 2")
+        time.sleep(60)  # alive but silent
+    for _ in range(3):
+        batch = dispatcher.dispatch(batch, plan)
+        batch = dispatcher.combine(batch, plan, differentiable=False)
+    return "finished"
+
+
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_a_failing_rank_makes_the_others_fail_within_the_collective_timeout(fault):
+    start = time.monotonic()
+    outcomes = run_processes(failing_step_job, 4, args=(fault,), timeout_s=8, collective_timeout_s=3)
+    elapsed = time.monotonic() - start
+    assert not any(o.ok for o in outcomes)
+    if fault == "raise":
+        assert "injected fault on rank 2" in outcomes[2].error
+    else:
+        assert outcomes[2].seconds is None and "killed after the 8 s timeout" in outcomes[2].error
+    for outcome in outcomes:
+        if outcome.rank != 2:
+            assert outcome.seconds is not None and outcome.seconds < 7, outcome
+            assert "Traceback" in outcome.error
+    assert elapsed < 15
+    with pytest.raises(SpawnError, match="rank 2"):
+        spawn(failing_step_job, 4, args=("raise",), timeout_s=8, collective_timeout_s=3)
+
+
+def exchange_without_backward_job(rank, size):
+    """A rank that skips backward through an autograd exchange leaves its peers waiting;
+    the collective timeout turns that into an error instead of a hang."""
+    dispatcher = PostBalancingDispatcher()
+    plan = dispatcher.plan(LENGTHS[rank])
+    x = torch.ones(sum(LENGTHS[rank]), 2, requires_grad=True)
+    y = dispatcher.dispatch({"x": x}, plan, differentiable=True)["x"]
+    if rank != 0:
+        y.sum().backward()
+    return "ok"
+
+
+def test_skipping_backward_on_one_rank_is_an_error_not_a_hang():
+    outcomes = run_processes(exchange_without_backward_job, 3, timeout_s=15, collective_timeout_s=3)
+    assert outcomes[0].ok
+    assert all(not o.ok and o.seconds is not None for o in outcomes[1:])
+
+
+def test_invalid_world_size_and_unpicklable_results_are_reported():
+    with pytest.raises(ValueError, match="`world_size` must be a positive int"):
+        run_processes(mismatched_dispatcher_job, 0)
+    start = time.monotonic()
+    outcomes = run_processes(lambda rank, size: (lambda: None), 1, timeout_s=20)
+    assert time.monotonic() - start < 10
+    assert not outcomes[0].ok and "pickle" in outcomes[0].error.lower()
+
+
+def test_demo_arguments_are_validated():
+    from orchmllm.runtime.demo import run_demo
+
+    with pytest.raises(ValueError, match="`ranks` must be an int >= 1"):
+        run_demo(ranks=0)
+    with pytest.raises(ValueError, match="`dtype` must be one of"):
+        run_demo(dtype="float16")
+    with pytest.raises(ValueError, match="needs `gpus_per_node` dividing ranks=4"):
+        run_demo(transport="hierarchical", gpus_per_node=3)
