@@ -880,8 +880,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--cost", metavar="A,B,C", help="lengths files: cost f(l) = A + B*l + C*l^2 "
                                                          "(default: 0,1,0)")
     compare.add_argument("--padded", action="store_true", help="lengths files: padded rank cost count*f(max l)")
-    compare.add_argument("--time-limit", type=float, default=2.0,
-                         help="seconds an exact solver may spend per stage (default: %(default)s)")
+    compare.add_argument("--time-limit", type=float,
+                         help="seconds an exact solver may spend per stage; also lets auto finish small "
+                              "stages with the ILP (default: none, so auto is deterministic; ilp then uses "
+                              "its own default)")
     compare.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: %(default)s)")
     compare.add_argument("--bytes-per-token", type=float, default=8192.0,
                          help="bytes moved per length unit, for --lengths files (default: %(default)s, "
