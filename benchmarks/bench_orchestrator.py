@@ -102,3 +102,18 @@ def test_one_vs_two_embedding_exchanges(benchmark):
                                 / max(figures["one_exchange_bytes_moved"], 1.0),
                                 seconds_ratio=figures["two_exchange_seconds"] / max(figures["one_exchange_seconds"],
                                                                                     1e-12))
+
+
+@pytest.mark.parametrize("gpus", [256, 2560, 16384], ids=["G256", "G2560", "G16384"])
+def test_overhead_scaling_84b(benchmark, request, gpus):
+    """How exchange time and planning grow with the cluster (84B, default mix, ours vs none)."""
+    if gpus > 2560 and not request.config.getoption("--heavy", default=False):
+        pytest.skip("16384 GPUs run with --heavy")
+    result = benchmark.pedantic(run_simulation, kwargs=dict(model="84b", gpus=gpus, strategies=["ours"]),
+                                rounds=1, iterations=1)
+    ours = result["strategies"]["ours"]
+    assert ours["overhead_fraction"] < 0.01
+    benchmark.extra_info.update(speedup_vs_none=ours["speedup_vs_none"], mfu=ours["mfu"],
+                                overhead_fraction=ours["overhead_fraction"],
+                                exchange_ms=1e3 * ours["exchange_seconds"], planning_ms=1e3 * ours["planning_seconds"],
+                                step_seconds=ours["step_seconds"], oom=ours["oom"])
