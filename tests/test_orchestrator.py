@@ -274,6 +274,19 @@ def test_negative_sizes_are_rejected(field):
         Sample(kwargs["text"], (Segment("image", kwargs["length"], kwargs["tokens"], kwargs["position"]),))
 
 
+def test_default_positions_pack_segments_before_the_text_in_both_constructors():
+    samples = [Sample(5, (Segment("image", 8, 3), Segment("audio", 4, 2)), source=0),
+               Sample(2, (Segment("audio", 6, 4),), source=1), Sample(9, source=1)]
+    from_samples = Batch.from_samples(samples, 2)
+    from_arrays = Batch.from_arrays(num_ranks=2, modalities=("image", "audio"), sample_text=[5, 2, 9],
+                                    sample_source=[0, 1, 1], segment_sample=[0, 0, 1], segment_modality=[0, 1, 1],
+                                    segment_length=[8, 4, 6], segment_tokens=[3, 2, 4])
+    np.testing.assert_array_equal(from_samples.segment_position, [0, 3, 0])
+    np.testing.assert_array_equal(from_arrays.segment_position, [0, 3, 0])
+    assert from_arrays.sample(0) == Sample(5, (Segment("image", 8, 3, 0), Segment("audio", 4, 2, 3)), source=0, id=0)
+    assert from_arrays.sample(2) == Sample(9, source=1, id=2)
+
+
 def test_batch_arrays_are_validated():
     with pytest.raises(ValueError, match="`sample_source` must be ranks in \\[0, 2\\)"):
         Batch.from_arrays(num_ranks=2, modalities=(), sample_text=[1, 2], sample_source=[0, 2])
