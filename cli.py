@@ -528,11 +528,14 @@ def _compare_plots(details, summaries, directory: Path) -> list[str]:
                                      title=f"Per-rank load before / after balancing, D={num_ranks} "
                                            f"({', '.join(dict.fromkeys(chosen.values()))})")]
     stage_name = last["stages"][-1]
-    stage, plan, topology = details[(num_ranks, items_per_rank, stage_name, chosen[stage_name])]
-    matrix = node_traffic_matrix(stage.sources, plan.assignment, stage.item_bytes,
-                                 topology.gpus_per_node, topology.num_nodes)
-    written.append(plots.plot_traffic_heatmap(matrix, directory / "traffic.png",
-                                              title=f"{stage.name} stage, {chosen[stage_name]}, D={num_ranks}"))
+    shown = [(chosen[stage_name], "traffic.png")] + [
+        (entry["algorithm"] + LOCALITY, "traffic_locality.png") for entry in last["locality"][:1]]
+    for name, filename in shown:
+        stage, plan, topology = details[(num_ranks, items_per_rank, stage_name, name)]
+        matrix = node_traffic_matrix(stage.sources, plan.assignment, stage.item_bytes,
+                                     topology.gpus_per_node, topology.num_nodes)
+        written.append(plots.plot_traffic_heatmap(matrix, directory / filename,
+                                                  title=f"{stage.name} stage, {name}, D={num_ranks}"))
     return [str(path) for path in written]
 
 
@@ -891,7 +894,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     compare.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     compare.add_argument("--csv", metavar="FILE", help="also write one row per run to this CSV file")
-    compare.add_argument("--plot", metavar="DIR", help="write loads.png and traffic.png to DIR (needs matplotlib)")
+    compare.add_argument("--plot", metavar="DIR", help="write loads.png, traffic.png (and traffic_locality.png "
+                                                       "with a +locality algorithm) to DIR (needs matplotlib)")
     compare.set_defaults(handler=cmd_compare)
 
     simulate = commands.add_parser(

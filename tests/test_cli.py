@@ -101,16 +101,16 @@ def test_compare_json_schema():
 def test_compare_lengths_file_writes_csv_and_plots(lengths_csv, tmp_path):
     out = tmp_path / "out"
     result = orchmllm("compare", "--lengths", lengths_csv, "--column", "ContextTokens", "--ranks", "8,16",
-                      "--algorithms", "lpt,verl_kk,identity", "--csv", out / "rows.csv", "--plot", out)
+                      "--algorithms", "lpt,verl_kk,identity,lpt+locality", "--csv", out / "rows.csv", "--plot", out)
     assert result.returncode == 0, result.stderr
     assert "96 items" in result.stdout and "wrote" in result.stdout
     with (out / "rows.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [(row["ranks"], row["algorithm"]) for row in rows] == [
-        (d, a) for d in ("8", "16") for a in ("none", "lpt", "verl_kk", "identity")]
+        (d, a) for d in ("8", "16") for a in ("none", "lpt", "verl_kk", "identity", "lpt+locality")]
     # a file's items arrive rank by rank, so identity keeps every item where it was sampled
     assert all(float(row["bytes_moved"]) == 0 for row in rows if row["algorithm"] == "identity")
-    for name in ("loads.png", "traffic.png"):
+    for name in ("loads.png", "traffic.png", "traffic_locality.png"):
         assert_png(out / name)
 
 
