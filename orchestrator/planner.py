@@ -173,12 +173,11 @@ class Orchestrator:
     def _anchors(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None):
         """Where the stage's items should stay, and their bytes: the LLM stage keeps a sample's text
         and embeddings on the rank that sampled it; an encoder item stays with its sample's LLM rank."""
-        embedding_bytes = self._embedding_bytes(batch)
         if llm is None:
             return batch.sample_source, (batch.sample_text * stage.input_bytes_per_unit
-                                         + np.bincount(batch.segment_sample, weights=embedding_bytes,
+                                         + np.bincount(batch.segment_sample, weights=self._embedding_bytes(batch),
                                                        minlength=batch.num_samples))
-        return llm.destination[items.sample], embedding_bytes[items.segment]
+        return llm.destination[items.sample], batch.segment_tokens[items.segment] * stage.output_bytes_per_token
 
     def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None) -> StagePlan:
         """Balance one stage, then place its groups (`llm` is the LLM plan, None for the LLM stage)."""
