@@ -23,11 +23,13 @@ import numpy as np
 
 
 def _check_int(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"`{name}` must be an int; got {type(value).__name__}")
+    if type(value) is not int:  # the common case skips the slow ABC check
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"`{name}` must be an int; got {type(value).__name__}")
+        value = int(value)
     if value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}; got {value}")
-    return int(value)
+    return value
 
 
 def _check_name(name: str, value) -> str:
