@@ -144,7 +144,7 @@ class _Stream:
             ranks = lpt.ranks_by_load(sums, self.integer)[: min(self.num_ranks, stop - position)]
             loads = sums[ranks]
             chunk = self.costs[position: position + ranks.size]
-            placed = lpt.round_length(loads, ranks, chunk)
+            placed = lpt.round_length(loads, ranks, chunk, self.integer)
             topped = loads[:placed] + chunk[:placed]
             difference = np.maximum.accumulate(np.concatenate(([part.top], topped[:-1]))) - loads[:placed]
             following = np.full(placed, -np.inf)

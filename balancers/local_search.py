@@ -39,6 +39,9 @@ DEFAULT_WORK = 500_000
 _STEP_WORK = 5_000
 """Work charged for one step's or one exact split's fixed overhead (about 100 µs)."""
 
+_PAIR_WORK = 5
+"""Work per item in one round of pairwise balancing (a few sorts and gathers)."""
+
 _CANDIDATE_WORK = 8
 """Work per (rank, Y) exchange candidate examined (about 20 vector operations)."""
 
@@ -231,6 +234,79 @@ def _best_group(state: _State, heaviest: int, partners: np.ndarray, ways: int, m
     return None, work
 
 
+def _stable_order(keys: np.ndarray, top: float) -> np.ndarray:
+    """argsort(keys, kind="stable") for keys in [0, top]; integer keys take a faster unique-key sort."""
+    size = keys.size
+    if size and (top + 1) * size < 2.0**62 and np.all(keys == np.floor(keys)):
+        return np.sort(keys.astype(np.int64) * size + np.arange(size)) % size
+    return np.argsort(keys, kind="stable")
+
+
+def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
+    """Pair the i-th heaviest rank with the i-th lightest; in every pair at once, make the
+    best move or swap that lowers the pair's maximum.  Returns how many pairs changed.
+
+    For an item x on the heavy rank the best partner y on the light one (or none) has
+    cost closest to cost(x) - (L_heavy - L_light) / 2: one searchsorted over all pairs'
+    items, keyed pair · span + cost.  Every change strictly lowers the sum of squared
+    loads, so repeated rounds end.
+    """
+    costs, lengths, num_ranks = problem.item_costs, problem.lengths, problem.num_ranks
+    count = num_ranks // 2
+    loads = np.bincount(assignment, weights=costs, minlength=num_ranks)
+    tokens = np.bincount(assignment, weights=lengths, minlength=num_ranks)
+    order = np.argsort(loads, kind="stable")
+    light, heavy = order[:count], order[::-1][:count]
+    pair = np.full(num_ranks, -1, dtype=np.int64)
+    pair[light] = pair[heavy] = np.arange(count)
+    on_heavy = np.zeros(num_ranks, dtype=bool)
+    on_heavy[heavy] = True
+    item_pair = pair[assignment]
+    y_items = np.flatnonzero((item_pair >= 0) & ~on_heavy[assignment])
+    y_ids = np.concatenate((y_items, np.full(count, -1, dtype=np.int64)))  # -1: move, no swap
+    y_pair = np.concatenate((item_pair[y_items], np.arange(count)))
+    y_cost = np.concatenate((costs[y_items], np.zeros(count)))
+    y_tokens = np.concatenate((lengths[y_items], np.zeros(count, dtype=np.int64)))
+    largest = float(costs.max())
+    span = 2.0 * largest + 1.0
+    keys = y_pair * span + y_cost
+    sorted_y = _stable_order(keys, count * span)
+    keys = keys[sorted_y]
+    x_items = np.flatnonzero((item_pair >= 0) & on_heavy[assignment])
+    x_items = x_items[_stable_order(item_pair[x_items].astype(np.float64), count)]  # by pair, then index
+    x_pair = item_pair[x_items]
+    high, low = loads[heavy][x_pair], loads[light][x_pair]
+    wanted = np.clip(costs[x_items] - (high - low) / 2, 0.0, largest)
+    above = np.searchsorted(keys, x_pair * span + wanted)
+    best_value = np.full(x_items.size, np.inf)
+    best_y = np.zeros(x_items.size, dtype=np.int64)
+    cap = problem.max_tokens_per_rank
+    for pick in (np.maximum(above - 1, 0), np.minimum(above, keys.size - 1)):
+        y = sorted_y[pick]
+        delta = costs[x_items] - y_cost[y]
+        value = np.maximum(high - delta, low + delta)
+        valid = y_pair[y] == x_pair
+        if cap is not None:
+            moved = lengths[x_items] - y_tokens[y]
+            valid &= (tokens[heavy][x_pair] - moved <= cap) & (tokens[light][x_pair] + moved <= cap)
+        value = np.where(valid, value, np.inf)
+        better = value < best_value
+        best_value = np.where(better, value, best_value)
+        best_y = np.where(better, y, best_y)
+    if x_items.size == 0:
+        return 0
+    starts = np.flatnonzero(np.diff(x_pair, prepend=-1))
+    group_best = np.minimum.reduceat(best_value, starts)
+    first = np.flatnonzero(best_value == np.repeat(group_best, np.diff(np.append(starts, x_pair.size))))
+    chosen = first[np.diff(x_pair[first], prepend=-1) != 0]  # the lowest-index best item per pair
+    chosen = chosen[best_value[chosen] < high[chosen]]
+    partners = y_ids[best_y[chosen]]
+    assignment[x_items[chosen]] = light[x_pair[chosen]]
+    swapped = partners >= 0
+    assignment[partners[swapped]] = heavy[x_pair[chosen][swapped]]
+    return int(chosen.size)
+
+
 def improve(problem: Problem, assignment: np.ndarray, work_limit: int = DEFAULT_WORK,
             max_partners: int | None = None, max_pool: int = 10) -> np.ndarray:
     """Exchange descent from `assignment`; returns a plan never worse than it (unpadded).
@@ -242,13 +318,16 @@ def improve(problem: Problem, assignment: np.ndarray, work_limit: int = DEFAULT_
     """
     if problem.padded:
         raise ValueError("local_search.improve handles the unpadded cost only")
-    state = _State(problem, assignment)
+    work = 0
+    paired = np.asarray(assignment, dtype=np.int64).copy()
+    while work < work_limit // 2 and _pair_round(problem, paired):
+        work += _STEP_WORK + _PAIR_WORK * problem.num_items
+    state = _State(problem, paired)
     # max(largest item, mean load): reaching it ends the search (rounding only ends it early).
     bound = max(float(problem.item_costs.max()), float(problem.item_costs.sum()) / problem.num_ranks)
     per_rank = max(1.0, problem.num_items / problem.num_ranks)
     if max_partners is None:
         max_partners = int(min(64, max(4, 4096 // (1 + per_rank + per_rank * (per_rank - 1) / 2))))
-    work = 0
     while work < work_limit:
         heaviest = int(np.argmax(state.loads))
         top = state.loads[heaviest]

@@ -60,13 +60,22 @@ def ranks_by_load(loads: np.ndarray, integer: bool) -> np.ndarray:
     return np.argsort(loads, kind="stable")
 
 
-def round_length(loads_sorted: np.ndarray, ranks_sorted: np.ndarray, costs: np.ndarray) -> int:
+def round_length(loads_sorted: np.ndarray, ranks_sorted: np.ndarray, costs: np.ndarray,
+                 integer: bool = False) -> int:
     """How many of `costs` the heap loop would give to the ranks in sorted order.
 
     Item k goes to ranks_sorted[k] iff (loads_sorted[k], ranks_sorted[k]) is below
-    (loads_sorted[j] + costs[j], ranks_sorted[j]) for every j < k.
+    (loads_sorted[j] + costs[j], ranks_sorted[j]) for every j < k.  With `integer` loads
+    (see `integer_loads`) the pairs become int64 keys load · D + rank and the check is one
+    prefix minimum; otherwise ties are resolved one by one.
     """
     topped = loads_sorted + costs
+    if integer:
+        scale = ranks_sorted.max() + 1
+        keys = topped.astype(np.int64) * scale + ranks_sorted
+        waiting_keys = loads_sorted[1:].astype(np.int64) * scale + ranks_sorted[1:]
+        failed = np.flatnonzero(waiting_keys > np.minimum.accumulate(keys)[:-1])
+        return int(failed[0]) + 1 if failed.size else costs.size
     prefix_min = np.minimum.accumulate(topped)[:-1]
     waiting = loads_sorted[1:]
     not_strict = np.flatnonzero(waiting >= prefix_min)
@@ -103,7 +112,7 @@ def greedy_unpadded(costs: np.ndarray, num_ranks: int) -> np.ndarray:
         stop = min(n, position + num_ranks)
         ranks = ranks_by_load(loads, integer)[: stop - position]
         chunk = sorted_costs[position:stop]
-        placed = round_length(loads[ranks], ranks, chunk)
+        placed = round_length(loads[ranks], ranks, chunk, integer)
         if 8 * placed < stop - position:
             _heap_round(loads, chunk, order[position:stop], assignment)
             position = stop
