@@ -271,8 +271,8 @@ def _text_spans(samples, sample_offsets, sample_lengths, embedding_sample, embed
     keep = lengths > 0
     starts, owners, lengths = starts[keep], owners[keep], lengths[keep]
     running = np.cumsum(lengths) - lengths
-    first = np.flatnonzero(np.concatenate(([True], owners[1:] != owners[:-1])))
-    group = np.repeat(first, np.diff(np.append(first, lengths.size))) if lengths.size else first
+    first = np.flatnonzero(np.diff(owners, prepend=-1) != 0)  # first span of each sample
+    group = np.repeat(first, np.diff(np.append(first, lengths.size)))
     return _frozen(owners), _frozen(running - running[group]), _frozen(starts), _frozen(lengths)
 
 

@@ -226,6 +226,15 @@ def test_memory_cap_is_respected_and_infeasible_cap_is_an_error():
         Orchestrator(tiny, 4).plan(batch)
 
 
+def test_rank_without_text_or_samples_assembles_regression_empty_text_spans():
+    samples = [Sample(0, (Segment("image", 8, 3),), source=0), Sample(0, (Segment("audio", 5, 2),), source=0)]
+    plan = Orchestrator(STAGES, 3, balance_llm=False).plan(Batch.from_samples(samples, 3))
+    check_composition(plan)
+    recipe = plan.assembly(0)
+    assert recipe.text_sample.size == 0 and recipe.num_tokens == 5
+    assert plan.assembly(2).num_tokens == 0
+
+
 def test_stages_with_no_items_on_any_rank_work():
     batch = random_batch(1, 4, 3, modalities=("image",))
     plan = Orchestrator(STAGES, 4).plan(batch)
