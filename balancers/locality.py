@@ -27,7 +27,6 @@ ranks by an exact sparse linear assignment (`assign_groups`, also used by
 from __future__ import annotations
 
 import bisect
-import heapq
 
 import numpy as np
 from scipy.sparse import csr_matrix
