@@ -864,22 +864,30 @@ def build_parser() -> argparse.ArgumentParser:
                     "solve time and bytes moved within and across nodes.",
         epilog=COMPARE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = compare.add_mutually_exclusive_group()
-    source.add_argument("--workload", default="default", help="built-in workload name (default: %(default)s)")
+    from .orchestrator.models import list_models
+    from .orchestrator.strategies import STRATEGIES
+    from .orchestrator.workloads import list_workloads
+
+    workloads = ", ".join(list_workloads())
+    models = ", ".join(list_models())
+    source.add_argument("--workload", default="default", help=f"built-in workload: {workloads} "
+                                                              "(default: %(default)s)")
     source.add_argument("--workload-file", metavar="FILE",
                         help="JSON lines of multimodal samples, e.g. {\"text\": 212, \"segments\": "
                              "[{\"modality\": \"image\", \"length\": 1024, \"tokens\": 256}]}")
     source.add_argument("--lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy (one stage)")
-    compare.add_argument("--model", default="84b", help="model whose stage costs and bytes a workload uses "
-                                                        "(default: %(default)s)")
+    compare.add_argument("--model", default="84b", help=f"model whose stage costs and bytes a workload uses: "
+                                                        f"{models} (default: %(default)s)")
     compare.add_argument("--column", help="CSV column or JSON key holding the lengths (default: the only "
                                           "column / 'length')")
     compare.add_argument("-D", "--ranks", default="64,512", help="comma-separated data-parallel sizes D "
                                                                  "(default: %(default)s)")
     compare.add_argument("--items-per-rank", default="16", help="comma-separated samples per rank, "
                                                                 "workloads only (default: %(default)s)")
-    compare.add_argument("--algorithms", help="comma-separated algorithms and peers (default: all but "
-                                              f"{', '.join(NOT_BY_DEFAULT)}); "
-                                              f"known: {', '.join(list(ALGORITHMS) + list(PEERS))}")
+    compare.add_argument("--algorithms", help="comma-separated algorithms, NAME+locality variants and peers "
+                                              f"(default: all but {', '.join(NOT_BY_DEFAULT)}, plus auto+locality); "
+                                              f"algorithms: {', '.join(ALGORITHMS)}; "
+                                              f"peers: {', '.join(PEERS)}")
     compare.add_argument("--cost", metavar="A,B,C", help="lengths files: cost f(l) = A + B*l + C*l^2 "
                                                          "(default: 0,1,0)")
     compare.add_argument("--padded", action="store_true", help="lengths files: padded rank cost count*f(max l)")
@@ -901,17 +909,19 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser(
         "simulate", help="simulate one training step on a cluster under each balancing strategy",
         description="Model one training step of a multimodal model on H100 nodes for each strategy of the "
-                    "OrchMLLM ablations (none, megatron, length_grouped, llm_only, single_algorithm, allgather, "
-                    "two_exchange, ours): step time, speed-up, MFU, overhead and memory.",
+                    "OrchMLLM ablations: step time, speed-up, MFU, overhead and memory.\n\nstrategies:\n" +
+                    "\n".join(f"  {name:<17} {strategy.description}" for name, strategy in STRATEGIES.items()),
         epilog=SIMULATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    simulate.add_argument("--model", default="84b", help="10b, 18b or 84b (default: %(default)s)")
+    simulate.add_argument("--model", default="84b", help=f"{models} (default: %(default)s)")
     simulate.add_argument("--gpus", default="2560", help="comma-separated GPU counts, nodes of 8 "
                                                          "(default: %(default)s)")
     sim_source = simulate.add_mutually_exclusive_group()
-    sim_source.add_argument("--workload", default="default", help="built-in workload name (default: %(default)s)")
+    sim_source.add_argument("--workload", default="default", help=f"built-in workload: {workloads} "
+                                                                  "(default: %(default)s)")
     sim_source.add_argument("--workload-file", metavar="FILE", help="JSON lines of multimodal samples")
     simulate.add_argument("--samples-per-rank", type=int, default=16, help="samples per rank (default: %(default)s)")
-    simulate.add_argument("--strategies", help="comma-separated strategies (default: all)")
+    simulate.add_argument("--strategies", help="comma-separated strategies (default: all; none is always "
+                                               "simulated as the reference)")
     simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     simulate.add_argument("--plot", metavar="DIR", help="write timeline_*.png (and scaling.png for several "
