@@ -182,10 +182,10 @@ def omnibal_2d(problem: Problem) -> KernelResult:
     assignment = np.full(n, -1, dtype=np.int64)
     cursor = 0
     for item, length in enumerate(problem.lengths.tolist()):
-        room = (counts < count_cap) & (tokens + length <= token_cap)
-        candidates = np.flatnonzero(np.roll(room, -cursor))
+        candidates = np.flatnonzero((counts < count_cap) & (tokens + length <= token_cap))
         if candidates.size:
-            rank = (cursor + int(candidates[0])) % d
+            after = int(np.searchsorted(candidates, cursor))
+            rank = int(candidates[after if after < candidates.size else 0])
             assignment[item] = rank
             counts[rank] += 1
             tokens[rank] += length
