@@ -383,9 +383,9 @@ def _compare_rows(configs, algorithms, explicit, args, advance):
                 baseline = plan.makespan if baseline is None else baseline
                 rows.append({
                     **row, "makespan": plan.makespan, "lower_bound": plan.lower_bound,
-                    "makespan_over_bound": plan.makespan / plan.lower_bound if plan.lower_bound > 0 else 1.0,
+                    "makespan_over_bound": _ratio(plan.makespan, plan.lower_bound),
                     "imbalance": plan.imbalance,
-                    "speedup_vs_none": baseline / plan.makespan if plan.makespan > 0 else 1.0,
+                    "speedup_vs_none": _ratio(baseline, plan.makespan),
                     "solve_seconds": plan.solve_seconds, "bytes_moved": move.bytes_moved,
                     "bytes_inter_node": move.bytes_inter_node, "status": str(plan.status), "note": "",
                 })
@@ -417,7 +417,7 @@ def _summaries(rows) -> list[dict]:
                       for stage in stages}
             work = sum(row["makespan"] for row in chosen.values())
             summary["best"] = {"algorithms": {stage: row["algorithm"] for stage, row in chosen.items()},
-                               "work": work, "speedup_vs_none": before / work if work > 0 else 1.0}
+                               "work": work, "speedup_vs_none": _ratio(before, work)}
         totals = {}
         for name in PEERS:
             peer_rows = [row for row in mine if row["algorithm"] == name]
@@ -426,7 +426,7 @@ def _summaries(rows) -> list[dict]:
         if totals:
             name = min(totals, key=lambda n: (totals[n], n))
             summary["best_peer"] = {"algorithm": name, "work": totals[name],
-                                    "speedup_vs_none": before / totals[name] if totals[name] > 0 else 1.0}
+                                    "speedup_vs_none": _ratio(before, totals[name])}
         summary["locality"] = []
         for aware in sorted({row["algorithm"] for row in mine if row["algorithm"].endswith(LOCALITY)}):
             plain = aware.removesuffix(LOCALITY)
@@ -439,6 +439,13 @@ def _summaries(rows) -> list[dict]:
                 summary["locality"].append(entry)
         summaries.append(summary)
     return summaries
+
+
+def _ratio(value: float, reference: float) -> float:
+    """value / reference, 1.0 when both are 0 (a step with no work is balanced)."""
+    if reference > 0:
+        return value / reference
+    return 1.0 if value == 0 else math.inf
 
 
 def _print_compare(rows, summaries, source: str) -> None:
@@ -489,16 +496,16 @@ def _print_compare(rows, summaries, source: str) -> None:
     for summary in summaries:
         head = f"D={summary['ranks']}" + (f", {summary['items_per_rank']} items/rank" if summary["items_per_rank"] else "")
         before, ideal = summary["work_before"], summary["work_ideal"]
-        console.print(f"  {head}: before (as sampled) {before:.4g} = {before / ideal:.2f}x the lower bound")
+        console.print(f"  {head}: before (as sampled) {before:.4g} = {_ratio(before, ideal):.2f}x the lower bound")
         for key, what in (("best", "after"), ("best_peer", "best peer")):
             if key in summary:
                 best = summary[key]
                 names = best.get("algorithm") or ", ".join(f"{name} on {stage}"
                                                            for stage, name in best["algorithms"].items())
-                console.print(f"    {what:<9} {best['work']:.4g} = {best['work'] / ideal:.2f}x the lower bound "
+                console.print(f"    {what:<9} {best['work']:.4g} = {_ratio(best['work'], ideal):.2f}x the lower bound "
                               f"-> step [bold]{best['speedup_vs_none']:.2f}x[/bold] faster ({names})")
         for entry in summary["locality"]:
-            console.print(f"    {entry['algorithm'] + LOCALITY}: work {entry['work_locality'] / entry['work'] - 1:+.2%} vs "
+            console.print(f"    {entry['algorithm'] + LOCALITY}: work {_ratio(entry['work_locality'], entry['work']) - 1:+.2%} vs "
                           f"{entry['algorithm']}, bytes moved {entry['bytes_moved'] / 1e9:.3g} -> "
                           f"{entry['bytes_moved_locality'] / 1e9:.3g} GB, across nodes "
                           f"{entry['bytes_inter_node'] / 1e9:.3g} -> {entry['bytes_inter_node_locality'] / 1e9:.3g} GB")

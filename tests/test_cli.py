@@ -235,6 +235,13 @@ def test_plan_reads_json_lines_and_npy(tmp_path):
     assert plans[0]["assignment"] == plans[1]["assignment"] and plans[0]["num_items"] == 8
 
 
+def test_compare_handles_a_step_without_work(tmp_path, capsys):
+    (tmp_path / "zeros.csv").write_text("0\n0\n0\n")
+    assert main(["compare", "--lengths", str(tmp_path / "zeros.csv"), "--ranks", "2", "--json"]) == 0
+    (summary,) = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["work_before"] == 0 and summary["best"]["speedup_vs_none"] == 1.0
+
+
 def test_csv_without_header_keeps_its_first_value(tmp_path, capsys):
     (tmp_path / "exp.csv").write_text("1e3\n20\n7\n")
     assert main(["plan", str(tmp_path / "exp.csv"), "-D", "2", "--json"]) == 0
