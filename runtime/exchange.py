@@ -29,7 +29,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .alltoall import FlatAllToAll
+from .alltoall import FlatAllToAll, Flows
 
 
 def _as_ranks(values, name: str, world_size: int) -> np.ndarray:
@@ -135,11 +135,15 @@ class ExchangeMeta:
             raise ValueError("`item_rows` must be non-negative")
         return array.astype(np.int64, copy=False)
 
-    def row_splits(self, rows: np.ndarray) -> np.ndarray:
-        """D×D matrix of rows sent from rank s to rank d."""
-        splits = np.zeros((self.world_size, self.world_size), dtype=np.int64)
-        np.add.at(splits, (self.source_ranks, self.dest_ranks), rows)
-        return splits
+    def send_counts(self, rows: np.ndarray) -> np.ndarray:
+        """Rows this rank sends to each rank."""
+        return np.bincount(self.dest_ranks[self.send_items], weights=rows[self.send_items],
+                           minlength=self.world_size).astype(np.int64)
+
+    def receive_counts(self, rows: np.ndarray) -> np.ndarray:
+        """Rows this rank receives from each rank."""
+        return np.bincount(self.source_ranks[self.dest_items], weights=rows[self.dest_items],
+                           minlength=self.world_size).astype(np.int64)
 
     def send_row_index(self, rows: np.ndarray) -> np.ndarray:
         """Rows of this rank's packed tensor, in the order they are sent."""
@@ -215,19 +219,20 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None)
                              f"{meta.source_items.size} items own {expected} rows")
         row_bytes = int(np.prod(tensor.shape[1:], dtype=np.int64)) * tensor.element_size()
         sent = _as_bytes(_take_rows(tensor, meta.send_row_index(rows)))
-        plans.append((meta, tensor, rows, meta.row_splits(rows), sent, row_bytes))
+        plans.append((meta, tensor, rows, sent, row_bytes))
 
-    byte_splits = sum(splits * row_bytes for _, _, _, splits, _, row_bytes in plans)
-    chunks = [list(torch.split(sent, splits[rank].tolist())) for _, _, _, splits, sent, _ in plans]
+    chunks = [list(torch.split(sent, meta.send_counts(rows).tolist())) for meta, _, rows, sent, _ in plans]
     buffer = torch.cat([per_piece[d].reshape(-1) for d in range(size) for per_piece in chunks])
-    arrived = transport(buffer, byte_splits)
+    flows = Flows(np.concatenate([meta.source_ranks for meta, *_ in plans]),
+                  np.concatenate([meta.dest_ranks for meta, *_ in plans]),
+                  np.concatenate([rows * row_bytes for _, _, rows, _, row_bytes in plans]), size)
+    arrived = transport(buffer, flows)
 
-    per_source = torch.split(arrived, byte_splits[:, rank].tolist())
-    piece_bytes = [[int(splits[s, rank]) * row_bytes for _, _, _, splits, _, row_bytes in plans]
-                   for s in range(size)]
-    parts = [torch.split(segment, piece_bytes[s]) for s, segment in enumerate(per_source)]
+    received = np.stack([meta.receive_counts(rows) * row_bytes for meta, _, rows, _, row_bytes in plans], axis=1)
+    per_source = torch.split(arrived, received.sum(axis=1).tolist())
+    parts = [torch.split(segment, received[s].tolist()) for s, segment in enumerate(per_source)]
     outputs = []
-    for number, (meta, tensor, rows, _, _, row_bytes) in enumerate(plans):
+    for number, (meta, tensor, rows, _, row_bytes) in enumerate(plans):
         num_rows = int(rows[meta.dest_items].sum())
         if row_bytes == 0:
             shaped = tensor.new_empty((num_rows, *tensor.shape[1:]))
@@ -236,7 +241,7 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None)
             shaped = raw.reshape(num_rows, row_bytes).view(tensor.dtype).reshape(num_rows, *tensor.shape[1:])
         outputs.append(_take_rows(shaped, meta.arrival_row_index(rows)))
     if stats is not None:
-        sent = int(byte_splits[rank].sum() - byte_splits[rank, rank])
+        sent = int(buffer.numel() - sum(chunks[p][rank].numel() for p in range(len(plans))))
         stats["exchange_seconds"] = stats.get("exchange_seconds", 0.0) + time.perf_counter() - start
         stats["exchange_bytes_sent"] = stats.get("exchange_bytes_sent", 0) + sent
     return outputs

@@ -22,21 +22,20 @@ rank of `group`.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from .alltoall import FlatAllToAll, check_splits
+from .alltoall import FlatAllToAll, Flows, check_buffer
 from .comm import group_rank, group_size
 
 
-def _regroup(buffer: torch.Tensor, have: list, want: list, sizes: np.ndarray) -> torch.Tensor:
+def _regroup(buffer: torch.Tensor, have: list, want: list, sizes: dict) -> torch.Tensor:
     """Reorder the (src, dst) segments of `buffer`, laid out as `have`, into `want`."""
     offsets, position = {}, 0
     for key in have:
         offsets[key] = position
-        position += int(sizes[key])
-    pieces = [buffer[offsets[key]: offsets[key] + int(sizes[key])] for key in want]
+        position += sizes.get(key, 0)
+    pieces = [buffer[offsets[key]: offsets[key] + sizes.get(key, 0)] for key in want if sizes.get(key, 0)]
     return torch.cat(pieces) if pieces else buffer[:0]
 
 
@@ -88,10 +87,10 @@ class HierarchicalAllToAll:
         return (node_a + node_b) % self.gpus_per_node
 
     def _exchange(self, subgroup, positions: list[int], buffer: torch.Tensor,
-                  send_keys: dict, recv_keys: dict, sizes: np.ndarray):
+                  send_keys: dict, recv_keys: dict, sizes: dict):
         """All-to-all inside one subgroup; keys list the (src, dst) segments per peer."""
-        send_splits = [sum(int(sizes[key]) for key in send_keys[p]) for p in positions]
-        recv_splits = [sum(int(sizes[key]) for key in recv_keys[p]) for p in positions]
+        send_splits = [sum(sizes.get(key, 0) for key in send_keys[p]) for p in positions]
+        recv_splits = [sum(sizes.get(key, 0) for key in recv_keys[p]) for p in positions]
         if subgroup is None:
             output = buffer
         else:
@@ -99,11 +98,10 @@ class HierarchicalAllToAll:
             dist.all_to_all_single(output, buffer, recv_splits, send_splits, group=subgroup)
         return output, [key for p in positions for key in recv_keys[p]]
 
-    def __call__(self, buffer: torch.Tensor, splits: np.ndarray) -> torch.Tensor:
+    def __call__(self, buffer: torch.Tensor, flows: Flows) -> torch.Tensor:
         """Send `buffer`'s segments to their ranks; return what arrives, in source order."""
-        splits = np.asarray(splits, dtype=np.int64)
         size, me, g = self.size, self.rank, self.gpus_per_node
-        check_splits(buffer, splits, me, size)
+        check_buffer(buffer, flows, me, size)
         if size == 1:
             return buffer
         a = self.node
@@ -113,6 +111,12 @@ class HierarchicalAllToAll:
 
         def relayed_nodes(node: int, rail: int) -> list[int]:
             return [b for b in range(self.num_nodes) if b != node and self.relay_rail(node, b) == rail]
+
+        # Only segments that touch this node or the nodes it relays for are ever looked up.
+        near = [rank_of(b, j) for b in [a] + relayed_nodes(a, self.local) for j in range(g)]
+        splits = flows.pairs(near, near)
+        splits.update(((me, d), int(n)) for d, n in enumerate(flows.row(me)) if n)
+        splits.update(((s, me), int(n)) for s, n in enumerate(flows.column(me)) if n)
 
         # Phase 1: inside node a, direct data and data to relay.
         node_group, node_positions = self.node_group

@@ -82,6 +82,19 @@ def exchange_job(rank, size):
     return {"checked_routes": 3, "transports": sorted(transports)}
 
 
+def six_rank_job(rank, size):
+    """3 nodes × 2 and 2 nodes × 3: ranks relay for more than one node pair."""
+    counts = [2, 3, 0, 4, 1, 2]
+    rows = np.array([1, 0, 2, 3, 1, 2, 2, 1, 0, 3, 2, 1])
+    meta = routes_for(rank, size, 4, counts)
+    tensor = item_rows(meta.source_items, rows, torch.float64, (2,))
+    outputs = [exchange([Piece(meta, tensor, rows)], transport)[0]
+               for transport in (FlatAllToAll(), HierarchicalAllToAll(2), HierarchicalAllToAll(3))]
+    expected = item_rows(meta.dest_items, rows, torch.float64, (2,))
+    assert all(torch.equal(output, expected) for output in outputs)
+    return len(outputs)
+
+
 def autograd_job(rank, size):
     lengths = np.random.default_rng(10 + rank).integers(0, 5, COUNTS[rank])
     rows = gather_metadata(lengths, num_columns=1).column(0)
@@ -118,6 +131,10 @@ def test_round_trip_is_bit_identical_for_every_dtype_route_and_transport():
     results = spawn(exchange_job, 4, timeout_s=90)
     assert all(r["checked_routes"] == 3 for r in results)
     assert results[0]["transports"] == ["flat", "hierarchical-1x4", "hierarchical-2x2", "hierarchical-4x1"]
+
+
+def test_nodewise_exchange_with_several_relayed_node_pairs():
+    assert spawn(six_rank_job, 6, timeout_s=90) == [3] * 6
 
 
 def test_autograd_exchange_returns_gradients_along_the_inverse_route():

@@ -10,6 +10,7 @@ from orchmllm.balancers import CostModel
 from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, Piece, PostBalancingDispatcher,
                               Prefetcher, exchange, exchange_with_grad, gather_metadata, make_transport,
                               normalize_loss)
+from orchmllm.runtime.alltoall import Flows
 from orchmllm.runtime.calibration import fit_packed_cost
 from orchmllm.runtime.data import SyntheticMultimodal
 from orchmllm.runtime.exchange import home_ranks, ranges
@@ -37,9 +38,10 @@ def simulate(size, source, dest, rows):
         items = meta.source_items
         held.append(np.array([(i, j) for i in items for j in range(rows[i])], dtype=np.int64).reshape(-1, 2))
     sent = [held[r][metas[r].send_row_index(rows)] for r in range(size)]
-    splits = metas[0].row_splits(rows)
-    segments = [np.split(sent[s], np.cumsum(splits[s])[:-1]) for s in range(size)]
+    segments = [np.split(sent[s], np.cumsum(metas[s].send_counts(rows))[:-1]) for s in range(size)]
     arrived = [np.concatenate([segments[s][d] for s in range(size)]) for d in range(size)]
+    for d in range(size):
+        assert [segments[s][d].shape[0] for s in range(size)] == metas[d].receive_counts(rows).tolist()
     return [arrived[d][metas[d].arrival_row_index(rows)] for d in range(size)]
 
 
@@ -59,8 +61,14 @@ def test_inverse_route_is_an_involution_and_swaps_the_ends(case):
     inverse = meta.inverse()
     np.testing.assert_array_equal(inverse.source_ranks, dest)
     np.testing.assert_array_equal(inverse.inverse().dest_ranks, dest)
-    np.testing.assert_array_equal(meta.row_splits(rows).T, inverse.row_splits(rows))
-    assert meta.row_splits(rows).sum() == rows.sum()
+    for rank in range(size):
+        forward, backward = ExchangeMeta(source, dest, rank, size), ExchangeMeta(dest, source, rank, size)
+        np.testing.assert_array_equal(forward.send_counts(rows), backward.receive_counts(rows))
+        np.testing.assert_array_equal(forward.inverse().send_items, backward.send_items)
+    flows = Flows(source, dest, rows, size)
+    assert sum(flows.row(r).sum() for r in range(size)) == rows.sum()
+    assert sum(flows.pairs(range(size), range(size)).values()) == rows.sum()
+    np.testing.assert_array_equal(flows.column(0), meta.receive_counts(rows))
 
 
 def test_from_assignment_starts_from_the_home_layout():
@@ -154,10 +162,12 @@ def test_transport_validation_messages():
         make_transport("ring")
     with pytest.raises(ValueError, match="`gpus_per_node` is required"):
         make_transport("hierarchical")
-    with pytest.raises(ValueError, match="rank 0's splits send 2"):
-        FlatAllToAll()(torch.zeros(3), np.array([[2]]))
+    with pytest.raises(ValueError, match="rank 0's flows send 2"):
+        FlatAllToAll()(torch.zeros(3), Flows.from_matrix([[2]]))
+    with pytest.raises(ValueError, match="flows are for 2 ranks but the group has 1"):
+        FlatAllToAll()(torch.zeros(3), Flows.from_matrix([[1, 2], [0, 0]]))
     single = HierarchicalAllToAll(1)
-    assert torch.equal(single(torch.arange(4), np.array([[4]])), torch.arange(4))
+    assert torch.equal(single(torch.arange(4), Flows.from_matrix([[4]])), torch.arange(4))
 
 
 def test_normalize_loss_divides_by_the_global_token_count():
