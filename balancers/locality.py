@@ -154,25 +154,33 @@ def ranks_within_nodes(node_of_group: np.ndarray, group_of_item: np.ndarray, sou
     return _max_weight_bijection(block_groups, block_ranks, block_weights, num_ranks, unlisted_allowed=False)
 
 
-def _by_position(segment: np.ndarray, cost_rank: np.ndarray, candidates: np.ndarray) -> list[np.ndarray]:
-    """Candidates in rounds: round p holds every segment's p-th largest (ties by index) candidate.
+def _offer_largest_that_fit(state: "_State", segment: np.ndarray, candidates: np.ndarray, room, place) -> None:
+    """Per segment, offer its candidates largest first (ties by index) to `place`, skipping
+    at once every candidate costlier than the segment's current room.
 
-    `cost_rank[i]` is item i's position in the (-cost, index) order of all items.
+    `room(segments)` gives each segment's cost room now; `place(items, segments)` places
+    what it can (one item per segment per call).  A segment is done when no candidate is
+    left that its room could take, so the rounds number about the items placed per
+    segment, not the items offered.
     """
-    n = cost_rank.size
-    item_of_rank = np.empty(n, dtype=np.int64)
-    item_of_rank[cost_rank] = np.arange(n)
-    keys = np.sort(segment[candidates] * n + cost_rank[candidates])
-    order, seg = item_of_rank[keys % n], keys // n
-    starts = np.flatnonzero(np.concatenate(([True], seg[1:] != seg[:-1]))) if order.size else order
-    counts = np.diff(np.append(starts, order.size))
-    by_count = np.argsort(-counts, kind="stable")
-    starts, counts = starts[by_count], counts[by_count]
-    rounds = []
-    for p in range(int(counts.max(initial=0))):
-        active = int(np.searchsorted(-counts, -p, side="left"))
-        rounds.append(order[np.sort(starts[:active]) + p])
-    return rounds
+    n = state.costs.size
+    keys = np.sort(segment[candidates] * n + state.cost_rank[candidates])
+    if keys.size == 0:
+        return
+    order, owner = state.item_of_rank[keys % n], keys // n
+    starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1])))
+    ends = np.append(starts[1:], keys.size)
+    segments, pointer = owner[starts], starts.copy()
+    while segments.size:
+        # First candidate at or after the pointer whose cost fits the room.
+        first_fitting_rank = np.searchsorted(state.negated_sorted_costs, -room(segments), side="left")
+        position = np.maximum(np.searchsorted(keys, segments * n + first_fitting_rank), pointer)
+        alive = position < ends
+        segments, position, ends = segments[alive], position[alive], ends[alive]
+        place(order[position], segments)
+        pointer = position + 1
+        left = pointer < ends
+        segments, pointer, ends = segments[left], pointer[left], ends[left]
 
 
 class _State:
@@ -182,8 +190,10 @@ class _State:
         self.costs, self.lengths = problem.item_costs, problem.lengths.astype(np.float64)
         self.target = target
         self.cap = np.inf if problem.max_tokens_per_rank is None else float(problem.max_tokens_per_rank)
+        self.item_of_rank = sorted_order(self.costs)  # items by cost, largest first, ties by index
         self.cost_rank = np.empty(problem.num_items, dtype=np.int64)
-        self.cost_rank[sorted_order(self.costs)] = np.arange(problem.num_items)
+        self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
+        self.negated_sorted_costs = -self.costs[self.item_of_rank]
         self.destinations = np.full(problem.num_items, -1, dtype=np.int64)
         self.loads = np.zeros(problem.num_ranks)
         self.tokens = np.zeros(problem.num_ranks)
@@ -207,10 +217,13 @@ class _State:
 
 def _keep_home(state: _State, sources: np.ndarray) -> None:
     """Every rank keeps its own items, largest first, each one that still fits."""
-    for items in _by_position(sources, state.cost_rank, np.arange(sources.size, dtype=np.int64)):
-        ranks = sources[items]
+
+    def keep(items: np.ndarray, ranks: np.ndarray) -> None:
         fits = state.fits(items, ranks)
         state.put(items[fits], ranks[fits])
+
+    _offer_largest_that_fit(state, sources, np.arange(sources.size, dtype=np.int64),
+                            lambda ranks: state.target - state.loads[ranks], keep)
 
 
 def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
@@ -218,19 +231,21 @@ def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.
 
     Returns the items no rank of their node could take.
     """
-    left = np.flatnonzero(state.destinations < 0)
     node = sources // gpus_per_node
     offsets = np.arange(gpus_per_node, dtype=np.int64)
-    overflow = []
-    for items in _by_position(node, state.cost_rank, left):
-        ranks = node[items, None] * gpus_per_node + offsets
+    node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
+
+    def take(items: np.ndarray, nodes: np.ndarray) -> None:
+        ranks = nodes[:, None] * gpus_per_node + offsets
         fits = ((state.loads[ranks] + state.costs[items, None] <= state.target)
                 & (state.tokens[ranks] + state.lengths[items, None] <= state.cap))
         chosen = ranks[np.arange(items.size), np.argmin(np.where(fits, state.loads[ranks], np.inf), axis=1)]
         placed = fits.any(axis=1)
-        overflow.append(items[~placed])
         state.put(items[placed], chosen[placed])
-    return np.concatenate(overflow) if overflow else left
+
+    _offer_largest_that_fit(state, node, np.flatnonzero(state.destinations < 0),
+                            lambda nodes: state.target - node_loads[nodes].min(axis=1), take)
+    return np.flatnonzero(state.destinations < 0)
 
 
 def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
