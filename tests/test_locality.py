@@ -186,3 +186,14 @@ def test_locality_arguments_need_sources(name):
 def test_single_rank_keeps_everything(slack):
     plan = balance([5, 9, 2], 1, algorithm="lpt", sources=[0, 0, 0], topology=Topology(1, 1), makespan_slack=slack)
     assert plan.assignment.tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_all_items_sampled_by_one_rank(padded):
+    """Skewed sources: one rank holds everything, so nearly all of it must leave."""
+    lengths, _ = _workload(64, seed=12)
+    sources = np.zeros(lengths.size, dtype=np.int64)
+    algorithm = "padded" if padded else "lpt"
+    plain = balance(lengths, 64, algorithm=algorithm, padded=padded)
+    plan = balance(lengths, 64, algorithm=algorithm, padded=padded, sources=sources, topology=Topology(8, 8))
+    _check(plan, plain, lengths, 0.002)
