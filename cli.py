@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import json
 import math
@@ -181,6 +182,11 @@ def _int_list(text: str, name: str) -> list[int]:
     return values
 
 
+def _check_time_limit(seconds: float | None) -> None:
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"--time-limit must be a positive number of seconds; got {seconds}")
+
+
 def _cost_model(text: str | None) -> CostModel:
     if text is None:
         return CostModel()
@@ -188,7 +194,10 @@ def _cost_model(text: str | None) -> CostModel:
         per_item, linear, quadratic = (float(part) for part in text.split(","))
     except ValueError:
         raise UsageError(f"--cost must be three numbers PER_ITEM,LINEAR,QUADRATIC, e.g. 0,1,0.001; got {text!r}") from None
-    return CostModel(per_item=per_item, linear=linear, quadratic=quadratic)
+    try:
+        return CostModel(per_item=per_item, linear=linear, quadratic=quadratic)
+    except ValueError as error:
+        raise UsageError(f"--cost {text!r}: {_one_line(error)}") from None
 
 
 # ---------------------------------------------------------------- output helpers
@@ -333,6 +342,22 @@ def _plan_for(name: str, stage: StageItems, num_ranks: int, time_limit: float | 
     return balance(stage.lengths, num_ranks, algorithm=name, **options)
 
 
+@functools.lru_cache(maxsize=None)
+def _does_not_apply(name: str, padded: bool) -> str:
+    """Why algorithm `name` cannot balance a stage of this padding ("" when it can).
+
+    Probed on a one-item problem, so the reason is the algorithm's own message (the
+    exact padded solver, for one, refuses unpadded costs).
+    """
+    if name in PEERS or name == BASELINE:
+        return ""
+    try:
+        balance([1], 1, padded=padded, algorithm=name.removesuffix(LOCALITY))
+    except ValueError as error:
+        return _one_line(error)
+    return ""
+
+
 def _topology(num_ranks: int, gpus_per_node: int):
     from .topology import Topology
 
@@ -370,15 +395,13 @@ def _compare_rows(configs, algorithms, explicit, args, advance):
                        "algorithm": name, "kind": "peer" if name in PEERS else "orchmllm",
                        "label": PEER_LABELS.get(name, ""), "num_items": int(stage.lengths.size),
                        "mode": peer_mode(name, stage.lengths.size, num_ranks) if name in PEERS else ""}
-                try:
-                    plan = _plan_for(name, stage, num_ranks, args.time_limit, topology)
-                except ValueError as error:  # the algorithm does not apply to this stage
-                    if not explicit:
-                        advance()
-                        continue
-                    rows.append({**row, **dict.fromkeys(RESULT_FIELDS), "status": "n/a", "note": _one_line(error)})
+                reason = _does_not_apply(name, stage.padded)
+                if reason:
+                    if explicit:
+                        rows.append({**row, **dict.fromkeys(RESULT_FIELDS), "status": "n/a", "note": reason})
                     advance()
                     continue
+                plan = _plan_for(name, stage, num_ranks, args.time_limit, topology)
                 move = traffic(stage.sources, plan.assignment, stage.item_bytes, topology)
                 baseline = plan.makespan if baseline is None else baseline
                 rows.append({
@@ -550,6 +573,7 @@ def cmd_compare(args) -> int:
     """`orchmllm compare`: every balancer and peer on a workload or a lengths file."""
     if args.plot is not None:
         require_matplotlib()
+    _check_time_limit(args.time_limit)
     algorithms = _algorithm_names(args.algorithms)
     ranks = _int_list(args.ranks, "--ranks")
     items = _int_list(args.items_per_rank, "--items-per-rank")
@@ -617,6 +641,7 @@ def cmd_plan(args) -> int:
     """`orchmllm plan`: balance one lengths file and print or save the assignment."""
     from .balancers import InfeasibleError
 
+    _check_time_limit(args.time_limit)
     lengths = load_lengths(args.lengths, args.column)
     name = _algorithm_names(args.algorithm)
     if len(name) != 1:
