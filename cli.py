@@ -1,8 +1,9 @@
 """The `orchmllm` command: compare balancers, simulate a cluster, run the demo, plan a file.
 
-Exit codes scripts can rely on: 0 success; 2 bad input (a one-line message on stderr
-names the problem and what to do about it); 130 interrupted.  A bug in orchmllm itself
-exits 1 with a traceback.
+Exit codes scripts can rely on: 0 success; 2 bad input or a missing optional dependency
+(a one-line message on stderr names the problem and what to do about it); 1 when the
+demo's checks fail, or for a bug in orchmllm itself (then with a traceback); 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import io
 import json
 import math
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +58,8 @@ def _parse_length(text: str, where: str) -> int:
         value = int(number)
     if value < 0:
         raise UsageError(f"{where}: lengths must be non-negative, got {value}")
+    if value >= 2**53:
+        raise UsageError(f"{where}: lengths must be below 2**53, got {value}")
     return value
 
 
@@ -125,19 +127,20 @@ def _read_json_lines(path: Path, column: str | None) -> list[int]:
     return lengths
 
 
-def _read_npy(path: Path) -> list[int] | np.ndarray:
+def _read_npy(path: Path) -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
-    except ValueError as error:
-        raise UsageError(f"{path}: not a plain numeric .npy array ({error})") from None
+    except (ValueError, OSError, EOFError) as error:
+        raise UsageError(f"{path}: not a plain numeric .npy array ({_one_line(error)})") from None
     if not isinstance(array, np.ndarray) or array.ndim != 1:
         raise UsageError(f"{path}: expected a 1-D array of lengths, got shape {getattr(array, 'shape', '?')}")
     if array.dtype.kind not in "iuf":
         raise UsageError(f"{path}: expected integer lengths, got dtype {array.dtype}")
-    bad = np.flatnonzero(~np.isfinite(array) | (array < 0) | (array != np.floor(array))) \
-        if array.dtype.kind == "f" else np.flatnonzero(array < 0)
+    bad = np.flatnonzero(~np.isfinite(array) | (array < 0) | (array != np.floor(array)) | (array >= 2.0**53)) \
+        if array.dtype.kind == "f" else np.flatnonzero((array < 0) | (array >= 2**53))
     if bad.size:
-        raise UsageError(f"{path}: index {bad[0]}: lengths must be non-negative integers, got {array[bad[0]]}")
+        raise UsageError(f"{path}: index {bad[0]}: lengths must be non-negative integers below 2**53, "
+                         f"got {array[bad[0]]}")
     if array.size == 0:
         raise UsageError(f"{path}: no lengths in the file")
     return array.astype(np.int64)
@@ -158,7 +161,7 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
     if suffix == ".npy":
         if column is not None:
             raise UsageError(f"{path}: --column applies to CSV and JSON lines files, not .npy")
-        return np.asarray(_read_npy(path), dtype=np.int64)
+        return _read_npy(path)
     try:
         if suffix == ".csv":
             return np.asarray(_read_csv(path, column), dtype=np.int64)

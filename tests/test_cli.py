@@ -264,6 +264,8 @@ BAD_INPUTS = {
     "negative length": (["compare", "--lengths", "{tmp}/negative.csv"], "negative.csv:2: lengths must be non-negative"),
     "negative npy": (["plan", "{tmp}/negative.npy", "-D", "2"], "index 1: lengths must be non-negative"),
     "pickled npy": (["plan", "{tmp}/objects.npy", "-D", "2"], "not a plain numeric .npy"),
+    "garbage npy": (["plan", "{tmp}/garbage.npy", "-D", "2"], "not a plain numeric .npy"),
+    "huge json length": (["plan", "{tmp}/huge.jsonl", "-D", "2"], "huge.jsonl:1: lengths must be below 2**53"),
     "bad json line": (["plan", "{tmp}/bad.jsonl", "-D", "2"], "bad.jsonl:2: not valid JSON"),
     "unknown workload": (["compare", "--workload", "video-only"], "unknown workload 'video-only'"),
     "unknown model": (["compare", "--model", "1t"], "unknown model '1t'; choose one of"),
@@ -303,6 +305,8 @@ def bad_files(tmp_path_factory):
     (tmp / "samples.jsonl").write_text('{"text": 20, "segments": [{"modality": "image", "length": 1024, '
                                        '"tokens": 256}]}\n{"text": -4}\n')
     np.save(tmp / "negative.npy", np.array([3, -1, 2]))
+    (tmp / "garbage.npy").write_bytes(b"this is not numpy")
+    (tmp / "huge.jsonl").write_text("1e20\n")
     np.save(tmp / "objects.npy", np.array([3, "a", None], dtype=object), allow_pickle=True)
     return tmp
 
