@@ -10,7 +10,7 @@ minimise max(loads) where loads[r] = sum(cost[i] for i on r) (or count · f(max)
     if problem.time_limit and the instance is small: plan = ilp.improve(problem, plan)
 
 Guarantee: makespan <= min(LPT, Karmarkar–Karp) on every instance, by construction, so
-also <= (4/3 - 1/(3D)) · OPT; padded plans are optimal.  Only the better start is
+also <= (4/3 - 1/(3D)) · OPT without a cap; padded plans are optimal.  Only the better start is
 improved when the instance is large (more than `BOTH_STARTS_MAX_ITEMS` items).  Local
 search is bounded by a work count, not a clock, so the plan is bit-identical on every
 machine.  The ILP step runs only when the caller grants a `time_limit`; CBC stopped by

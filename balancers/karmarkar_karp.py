@@ -81,12 +81,23 @@ def _with_items(items: list[int], top: float, num_ranks: int, costs: np.ndarray)
     return _Part(sums=sums, ids=ids)
 
 
-def _combine(a: _Part, b: _Part, num_ranks: int, costs: np.ndarray, parent: np.ndarray) -> _Part:
+def _combine(a: _Part, b: _Part, stream: "_Stream") -> _Part:
     """Pair a's largest subset with b's smallest, and so on."""
+    num_ranks, costs, parent = stream.num_ranks, stream.costs, stream.parent
     if a.items is not None and b.items is not None and len(a.items) + len(b.items) <= num_ranks:
         large, small = (a, b) if len(a.items) >= len(b.items) else (b, a)
         large.items.extend(small.items)
         return _with_items(large.items, max(a.top, b.top), num_ranks, costs)
+    if (a.items is None) != (b.items is None):
+        # A part with p single items meets a full one: only the full part's p smallest
+        # subsets change (the rest pair with empty subsets), so select just those.
+        full, partial = (a, b) if a.items is None else (b, a)
+        positions = np.sort(np.array(partial.items, dtype=np.int64))  # largest cost first
+        slots = lpt.smallest_ranks(full.sums, positions.size, stream.integer)
+        full.sums[slots] += costs[positions]
+        parent[positions] = full.ids[slots]
+        full.top = max(full.top, float(full.sums[slots].max()))
+        return full
     sums_a, ids_a = a.ascending(num_ranks, costs)
     sums_b, ids_b = b.ascending(num_ranks, costs)
     sums_a, ids_a = sums_a[::-1], ids_a[::-1]
@@ -138,10 +149,12 @@ class _Stream:
         return _with_items(part.items, largest, self.num_ranks, self.costs)
 
     def _absorb_full(self, part: _Part, rival: float, stop: int) -> _Part:
-        sums, first = part.sums, self.next
+        sums, first, window = part.sums, self.next, 256
         while self.next < stop:
             position = self.next
-            ranks = lpt.ranks_by_load(sums, self.integer)[: min(self.num_ranks, stop - position)]
+            # Runs are often short: select a window of the smallest subsets, doubled
+            # whenever a round fills it.
+            ranks = lpt.smallest_ranks(sums, min(self.num_ranks, stop - position, window), self.integer)
             loads = sums[ranks]
             chunk = self.costs[position: position + ranks.size]
             placed = lpt.round_length(loads, ranks, chunk, self.integer)
@@ -161,6 +174,7 @@ class _Stream:
             self.next += placed
             if failed.size:
                 break
+            window *= 2 if placed == ranks.size else 1
         return part
 
 
@@ -195,7 +209,7 @@ def differencing(costs: np.ndarray, num_ranks: int) -> np.ndarray:
                 stream.next -= 1
             merged = stream.absorb(part, -heap[0][0] if heap else -np.inf)
         else:
-            merged = _combine(first, second, num_ranks, stream.costs, stream.parent)
+            merged = _combine(first, second, stream)
         heapq.heappush(heap, (-merged.difference(), age, merged))
         age += 1
     final = heap[0][2]

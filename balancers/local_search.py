@@ -1,25 +1,29 @@
-"""Exchange local search: lighten the heaviest rank by trading up to two items with another rank.
+"""Local search for the unpadded makespan: pairwise balancing, exchanges, exact small re-splits.
 
 minimise max(loads) where loads[r] = sum(cost[i] for i on r), starting from a plan:
 
-    while True:
+    while some pair (i-th heaviest, i-th lightest) gains:       # all pairs at once, numpy
+        in each pair, the best move or swap that lowers the pair's max
+    while True:                                                  # exchange descent
         h = argmax(loads); M = loads[h]
         best = min over ranks r, X ⊆ items[h], Y ⊆ items[r], 1 <= |X| <= 2, |Y| <= 2, of
                max(M - cost(X) + cost(Y), loads[r] + cost(X) - cost(Y))
-        if best >= M: stop
-        move X to r and Y to h
+        if best < M: move X to r and Y to h; continue
+        re-split h with 2 (then 3) light ranks exactly if their items are few; else stop
 
-One step covers moves, swaps and 2-for-1, 1-for-2, 2-for-2 exchanges.  It is vectorised:
-the sums of X are sorted once per step, and for every candidate (r, Y) the ideal
-cost(X) = cost(Y) + (M - loads[r]) / 2 is looked up with searchsorted, so a step costs
-O((|X| + |Y candidates|) log |X|).  Partners are the lightest ranks (all of them when
-that stays cheap).  Every accepted step strictly lowers one rank that was at the
-makespan without raising another to it, so the sorted load vector decreases
-lexicographically and the search ends; a step budget bounds it deterministically.
-Source: the pairwise-interchange neighbourhood of Finn & Horowitz (1979) and the
-k-exchange descent surveyed by Frangioni, Necciari & Scutellà (2004); no guarantee beyond
-never returning a worse plan than the start.  Memory caps are respected: exchanges
-that would push a rank's tokens over the cap are skipped.
+The pair rounds are the cheap, parallel part: one searchsorted over all pairs finds,
+for every item x on a heavy rank, the partner whose cost is closest to
+cost(x) - (L_heavy - L_light) / 2.  The descent step is vectorised the same way: the
+sums of X are sorted once, and each candidate (r, Y) looks up its ideal
+cost(X) = cost(Y) + (M - loads[r]) / 2.  Re-splits are exact: a dynamic programme over
+subsets of the pooled items, O(3^size), for pools of <= 10 items (the few-items-per-rank
+regime where greedy plans are weakest).  Every accepted change lowers a rank that was at
+the maximum (or, in a pair round, the pair's maximum) without raising another to it,
+so the makespan never grows and the search ends; a work count (not a clock) bounds it,
+so the plan is bit-identical on every machine.  Memory caps are respected throughout.
+Sources: pairwise interchange (Finn & Horowitz 1979) and k-exchange neighbourhoods
+(Frangioni, Necciari & Scutellà 2004); no guarantee beyond never returning a plan worse
+than the start.
 """
 
 from __future__ import annotations

@@ -60,6 +60,16 @@ def ranks_by_load(loads: np.ndarray, integer: bool) -> np.ndarray:
     return np.argsort(loads, kind="stable")
 
 
+def smallest_ranks(loads: np.ndarray, count: int, integer: bool) -> np.ndarray:
+    """The first `count` of `ranks_by_load(loads)`, by partial selection when that is cheaper."""
+    size = loads.size
+    if integer and 4 * count < size:
+        keys = loads.astype(np.int64) * size + np.arange(size)  # unique: any selection agrees
+        chosen = np.argpartition(keys, count - 1)[:count]
+        return chosen[np.argsort(keys[chosen])]
+    return ranks_by_load(loads, integer)[:count]
+
+
 def round_length(loads_sorted: np.ndarray, ranks_sorted: np.ndarray, costs: np.ndarray,
                  integer: bool = False) -> int:
     """How many of `costs` the heap loop would give to the ranks in sorted order.
