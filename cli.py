@@ -565,9 +565,11 @@ def _compare_plots(details, summaries, directory: Path) -> list[str]:
         (entry["algorithm"] + LOCALITY, "traffic_locality.png") for entry in last["locality"][:1]]
     for name, filename in shown:
         stage, plan, topology = details[(num_ranks, items_per_rank, stage_name, name)]
+        one_node = topology.num_nodes == 1  # then show ranks: node-level traffic is a single cell
         matrix = node_traffic_matrix(stage.sources, plan.assignment, stage.item_bytes,
-                                     topology.gpus_per_node, topology.num_nodes)
-        written.append(plots.plot_traffic_heatmap(matrix, directory / filename,
+                                     1 if one_node else topology.gpus_per_node,
+                                     num_ranks if one_node else topology.num_nodes)
+        written.append(plots.plot_traffic_heatmap(matrix, directory / filename, level="rank" if one_node else "node",
                                                   title=f"{stage.name} stage, {name}, D={num_ranks}"))
     return [str(path) for path in written]
 

@@ -125,23 +125,32 @@ def plot_step_timeline(stage_seconds: Mapping[str, np.ndarray], path, *, title: 
     return _save(figure, path)
 
 
-def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "") -> Path:
-    """Bytes sent from node i (row) to node j (column); the diagonal is traffic within a node."""
+def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "", level: str = "node") -> Path:
+    """Bytes sent from node i (row) to node j (column); the diagonal is traffic within a node.
+
+    `level="rank"` draws a rank x rank matrix instead (useful when everything is one node).
+    """
     plt = _pyplot()
+    if level not in ("node", "rank"):
+        raise ValueError(f"`level` must be 'node' or 'rank'; got {level!r}")
     matrix = np.asarray(node_bytes, dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
-        raise ValueError(f"`node_bytes` must be a square nodes x nodes matrix; got shape {matrix.shape}")
+        raise ValueError(f"`node_bytes` must be a square {level}s x {level}s matrix; got shape {matrix.shape}")
     unit, scale = ("GB", 1e9) if matrix.sum() >= 1e9 else ("MB", 1e6)
     figure, axis = plt.subplots(figsize=(6.4, 5.4))
     image = axis.imshow(matrix / scale, cmap="viridis", interpolation="nearest")
     colourbar = figure.colorbar(image, ax=axis)
     colourbar.set_label(f"{unit} sent")
-    off_diagonal = matrix.sum() - np.trace(matrix)
-    axis.set_xlabel("destination node")
-    axis.set_ylabel("source node")
-    axis.set_title((title + "\n" if title else "") +
-                   f"inter-node {off_diagonal / scale:.3g} {unit}, intra-node {np.trace(matrix) / scale:.3g} {unit}",
-                   fontsize=10)
+    size = matrix.shape[0]
+    ticks = np.arange(size) if size <= 16 else np.unique(np.linspace(0, size - 1, 9).round().astype(int))
+    axis.set_xticks(ticks)
+    axis.set_yticks(ticks)
+    axis.set_xlabel(f"destination {level}")
+    axis.set_ylabel(f"source {level}")
+    off_diagonal, diagonal = matrix.sum() - np.trace(matrix), np.trace(matrix)
+    summary = (f"inter-node {off_diagonal / scale:.3g} {unit}, intra-node {diagonal / scale:.3g} {unit}"
+               if level == "node" else f"{off_diagonal / scale:.3g} {unit} moved between ranks")
+    axis.set_title((title + "\n" if title else "") + summary, fontsize=10)
     return _save(figure, path)
 
 

@@ -33,9 +33,10 @@ def test_step_timeline(tmp_path, num_ranks):
     check_png(plots.plot_step_timeline(stages, tmp_path / "timeline.png", title="one step", max_seconds=20.0))
 
 
-def test_traffic_heatmap(tmp_path):
-    matrix = np.random.default_rng(2).uniform(0, 2e9, (8, 8))
-    check_png(plots.plot_traffic_heatmap(matrix, tmp_path / "traffic.png", title="llm"))
+@pytest.mark.parametrize("level,size", [("node", 8), ("node", 64), ("rank", 8)])
+def test_traffic_heatmap(tmp_path, level, size):
+    matrix = np.random.default_rng(2).uniform(0, 2e9, (size, size))
+    check_png(plots.plot_traffic_heatmap(matrix, tmp_path / "traffic.png", title="llm", level=level))
 
 
 def test_scaling(tmp_path):
@@ -49,6 +50,8 @@ def test_scaling(tmp_path):
 def test_bad_input_is_named(tmp_path):
     with pytest.raises(ValueError, match="`node_bytes` must be a square nodes x nodes matrix; got shape"):
         plots.plot_traffic_heatmap(np.zeros((2, 3)), tmp_path / "x.png")
+    with pytest.raises(ValueError, match="`level` must be 'node' or 'rank'; got 'gpu'"):
+        plots.plot_traffic_heatmap(np.zeros((2, 2)), tmp_path / "x.png", level="gpu")
     with pytest.raises(ValueError, match="`stages` must name at least one stage"):
         plots.plot_rank_loads({}, tmp_path / "x.png")
     with pytest.raises(ValueError, match="`stage_seconds` must name at least one stage"):
