@@ -43,7 +43,7 @@ DEFAULT_WORK = 500_000
 _STEP_WORK = 5_000
 """Work charged for one step's or one exact split's fixed overhead (about 100 µs)."""
 
-_PAIR_WORK = 5
+_PAIR_WORK = 10
 """Work per item in one round of pairwise balancing (a few sorts and gathers)."""
 
 _CANDIDATE_WORK = 8
