@@ -656,7 +656,9 @@ def cmd_plan(args) -> int:
     stage = _file_stages(lengths, args.ranks, _cost_model(args.cost), args.padded, args.bytes_per_token)[0]
     topology = _topology(args.ranks, args.gpus_per_node) if name[0].endswith(LOCALITY) else None
     try:
-        plan = _plan_for(name[0], stage, args.ranks, args.time_limit, topology, args.max_tokens)
+        with _progress(not args.json, 1, f"balancing {lengths.size} items on {args.ranks} ranks") as advance:
+            plan = _plan_for(name[0], stage, args.ranks, args.time_limit, topology, args.max_tokens)
+            advance()
     except InfeasibleError as error:
         raise UsageError(f"{error} (smallest cap known to be needed: --max-tokens {error.min_cap})") from None
     if args.output is not None:
