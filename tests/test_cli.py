@@ -50,7 +50,7 @@ def test_compare_prints_tables_and_a_before_after_summary():
     for text in ("D=8, 4 items/rank", "D=16, 4 items/rank", "image encoder", "audio encoder", "llm", "Before / after",
                  "faster", "lpt", *(f"{name} (peer)" for name in PEERS)):
         assert text in out, text
-    assert "Traceback" not in result.stderr
+    assert result.stderr == ""  # no progress bar when stderr is not a terminal
 
 
 def test_compare_json_schema():
@@ -342,6 +342,44 @@ def test_help_shows_examples_and_commands(capsys):
             main([command, "--help"])
         out = capsys.readouterr().out
         assert exit_info.value.code == 0 and "examples:" in out and f"orchmllm {command}" in out
+
+
+def run_with_terminal_stderr(*args):
+    """Run the command with stderr on a pseudo-terminal (stdout stays a pipe); (rc, stdout, stderr)."""
+    import os
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "orchmllm", *args], stdout=subprocess.PIPE,
+                               stderr=slave, env={**os.environ, "TERM": "xterm", "COLUMNS": "100"})
+    os.close(slave)
+    chunks = []
+
+    def drain():
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    stdout = process.communicate(timeout=120)[0].decode()
+    reader.join(timeout=10)
+    os.close(master)
+    return process.returncode, stdout, b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_bar_only_on_a_terminal_and_never_with_json():
+    code, stdout, stderr = run_with_terminal_stderr("compare", "--ranks", "8", "--items-per-rank", "4")
+    assert code == 0 and "balancing" in stderr and "━" in stderr  # the bar, on stderr
+    assert "Before / after" in stdout and "━━━" not in stdout.split("┏")[0]
+    code, stdout, stderr = run_with_terminal_stderr("compare", "--ranks", "8", "--items-per-rank", "4", "--json")
+    assert code == 0 and "balancing" not in stderr and json.loads(stdout)["rows"]
 
 
 def test_console_script_is_installed():
