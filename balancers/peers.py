@@ -146,6 +146,9 @@ def megatron_nextfit(problem: Problem) -> KernelResult:
 def llava_length_grouped(problem: Problem) -> KernelResult:
     """LLaVA's `split_to_even_chunks` on the step's samples sorted by length, longest first.
 
+    LLaVA's mega-batch is world_size × batch_size samples, i.e. exactly one step's global
+    batch, so the step's items are that mega-batch.
+
     Each sample goes to the rank with the fewest tokens among those still short of n/D
     samples; when D does not divide n, LLaVA deals the sorted list out strided instead.
     """
