@@ -827,9 +827,10 @@ def _print_demo(report) -> list[str]:
     console.print(f"samples lost {report['samples_lost']}, duplicated {report['samples_duplicated']}")
     console.print(f"slowest rank's busy time / mean: unbalanced {report['busy_max_over_mean_unbalanced']:.3f}, "
                   f"balanced {report['busy_max_over_mean_balanced']:.3f}")
+    hidden = (f"{report['planning_hidden_fraction']:.1%} hidden by prefetch" if report["steps"] > 1
+              else "the first step's plan cannot be prefetched")
     console.print(f"exchange {1e3 * report['exchange_seconds']:.1f} ms, planning {1e3 * report['planning_seconds']:.1f} ms "
-                  f"({report['planning_hidden_fraction']:.1%} hidden by prefetch), overhead "
-                  f"{report['overhead_fraction']:.1%} of the balanced step")
+                  f"({hidden}), overhead {report['overhead_fraction']:.1%} of the balanced step")
     for problem in failed:
         console.print(f"[bold red]check failed:[/bold red] {problem}")
     return failed
