@@ -187,7 +187,7 @@ def test_timeline_seconds_agree_with_the_simulator():
             assert values.mean() == pytest.approx(per_stage[stage]["mean_seconds"], rel=1e-12)
 
 
-def test_demo_trains_on_gloo_ranks_and_reports_json():
+def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
     result = orchmllm("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -197,6 +197,15 @@ def test_demo_trains_on_gloo_ranks_and_reports_json():
     assert len(report["busy_seconds_per_rank_balanced"]) == len(report["busy_seconds_per_rank_unbalanced"]) == 2
     assert report["busy_max_over_mean_balanced"] >= 1 and report["busy_max_over_mean_unbalanced"] >= 1
     assert report["exchange_seconds"] > 0 and 0 <= report["planning_hidden_fraction"] <= 1
+    # the same report as a table, and the checks that decide the exit code
+    from orchmllm.cli import _print_demo
+
+    assert _print_demo(report) == []
+    out = capsys.readouterr().out
+    assert "busy s balanced" in out and "within float32 rounding tolerance" in out and "samples lost 0" in out
+    broken = {**report, "samples_duplicated": 1, "grad_max_rel_diff": 0.5}
+    assert _print_demo(broken) == ["gradients differ by 0.5 (relative) > 0.0001", "0 samples lost, 1 duplicated"]
+    assert "check failed" in capsys.readouterr().out
 
 
 def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path, capsys):
