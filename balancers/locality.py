@@ -26,14 +26,13 @@ ranks by an exact sparse linear assignment (`assign_groups`, also used by
 
 from __future__ import annotations
 
-import bisect
 
 import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
 from .lpt import sorted_order
-from .problem import Problem, rank_loads, rank_max_lengths, rank_tokens
+from .problem import Problem, rank_loads, rank_tokens
 
 
 def as_sources(sources, num_items: int, num_ranks: int, name: str = "sources") -> np.ndarray:
@@ -369,58 +368,64 @@ def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: 
     return state.destinations
 
 
-def _padded(problem: Problem, placed: np.ndarray, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
-    """Re-deal items into the padded slots of a placed plan: home rank, home node, own slot, best fit.
+def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start of the run of equal keys each entry belongs to, its position inside that run)."""
+    n = sorted_keys.size
+    starts = np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1]))) if n else sorted_keys
+    run_start = np.repeat(starts, np.diff(np.append(starts, n)))
+    return run_start, np.arange(n) - run_start
 
-    The placed plain plan gives rank r `count[r]` slots of length `longest[r]`; any items
-    with at most count[r] items no longer than longest[r] cost at most
-    count[r] · f(longest[r]) and hold at most count[r] · longest[r] tokens, so the
-    makespan and the caps can only improve.  Items go longest first (ties by index), so a
-    slot taken by one never leaves a later (shorter) item without one; an item that finds
-    no slot on its node keeps its slot in the placed plan if still free, else takes the
-    free slot of the smallest sufficient length (ties by rank).
+
+def _match_by_key(items: np.ndarray, item_keys: np.ndarray, slots: np.ndarray, slot_keys: np.ndarray,
+                  item_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pair items with slots of the same key, most bytes first: (matched items, their slots).
+
+    Within a key, items go in `item_rank` order (bytes descending, ties by index) and
+    slots in index order; the k-th item takes the k-th slot while slots last.
     """
-    num_ranks = problem.num_ranks
-    free = np.bincount(placed, minlength=num_ranks).tolist()
-    longest = rank_max_lengths(problem.lengths, placed, num_ranks).tolist()
-    by_length = sorted(range(num_ranks), key=lambda rank: (longest[rank], rank))
-    sorted_lengths = [longest[rank] for rank in by_length]
-    position_of = {rank: position for position, rank in enumerate(by_length)}
-    skip = list(range(num_ranks + 1))  # skip[p]: next position at or after p with a free slot
-
-    def next_free(position: int) -> int:
-        root = position
-        while skip[root] != root:
-            root = skip[root]
-        while skip[position] != root:
-            skip[position], position = root, skip[position]
-        return root
-
-    destinations = np.empty(problem.num_items, dtype=np.int64)
-    lengths, home_ranks, placed_ranks = problem.lengths.tolist(), sources.tolist(), placed.tolist()
-    for item in np.lexsort((np.arange(problem.num_items), -problem.lengths)).tolist():
-        length, home = lengths[item], home_ranks[item]
-        first = home - home % gpus_per_node
-        local = [r for r in range(first, first + gpus_per_node) if free[r] and longest[r] >= length]
-        if free[home] and longest[home] >= length:
-            rank = home
-        elif local:
-            rank = min(local, key=lambda r: (longest[r], r))
-        elif free[placed_ranks[item]]:
-            rank = placed_ranks[item]
-        else:
-            rank = by_length[next_free(bisect.bisect_left(sorted_lengths, length))]
-        destinations[item] = rank
-        free[rank] -= 1
-        if not free[rank]:
-            skip[position_of[rank]] = position_of[rank] + 1
-    return destinations
+    n = item_rank.size
+    items = items[np.argsort(item_keys[items] * n + item_rank[items])]  # unique keys: no ties
+    slots = slots[np.argsort(slot_keys[slots] * n + slots)]
+    keys, available = item_keys[items], slot_keys[slots]
+    _, position = _runs(keys)
+    first = np.searchsorted(available, keys, side="left")
+    count = np.searchsorted(available, keys, side="right") - first
+    taken = position < count
+    return items[taken], slots[first[taken] + position[taken]]
 
 
-def _inter_node_then_moved(destinations: np.ndarray, sources: np.ndarray, item_bytes: np.ndarray,
-                           gpus_per_node: int) -> tuple[float, float]:
-    crosses = destinations // gpus_per_node != sources // gpus_per_node
-    return float(item_bytes[crosses].sum()), float(item_bytes[destinations != sources].sum())
+def _swap_equal_items(lengths: np.ndarray, destinations: np.ndarray, sources: np.ndarray,
+                      item_bytes: np.ndarray, gpus_per_node: int, num_ranks: int) -> np.ndarray:
+    """Re-deal items of equal length among the places such items take, keeping the most bytes local.
+
+    Items of one length cost the same and hold the same tokens, so any permutation among
+    them leaves every rank's load and tokens (padded or not) unchanged.  Per length: the
+    items with the most bytes that the node's places can hold stay on their node; of
+    those, as many as the rank's places allow stay on their rank (most bytes first); the
+    rest of the node's kept items take its other places; everything else takes what is
+    left.  This maximises, per length, the bytes kept on their node (exactly), and keeps
+    on their rank as many of those as the rank's places allow.
+    """
+    n = lengths.size
+    length_class = np.unique(lengths, return_inverse=True)[1].astype(np.int64).ravel()
+    item_rank = np.empty(n, dtype=np.int64)
+    item_rank[np.lexsort((np.arange(n), -item_bytes))] = np.arange(n)
+    everything = np.arange(n, dtype=np.int64)
+    by_node = length_class * num_ranks + sources // gpus_per_node
+    # Which items stay on their node: the most bytes, as many as the node has places.
+    stay, _ = _match_by_key(everything, by_node, everything, length_class * num_ranks + destinations // gpus_per_node,
+                            item_rank)
+    result = np.full(n, -1, dtype=np.int64)
+    free = np.ones(n, dtype=bool)
+    levels = ((stay, length_class * num_ranks + sources, length_class * num_ranks + destinations),
+              (stay, by_node, length_class * num_ranks + destinations // gpus_per_node),
+              (everything, length_class, length_class))
+    for candidates, item_keys, slot_keys in levels:
+        waiting = candidates[result[candidates] < 0]
+        matched, slots = _match_by_key(waiting, item_keys, np.flatnonzero(free), slot_keys, item_rank)
+        result[matched] = destinations[slots]
+        free[slots] = False
+    return result
 
 
 def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray,
@@ -429,30 +434,20 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.
 
     `sources` and `item_bytes` must be validated (`as_sources`, `as_item_bytes`) and
     `gpus_per_node` must divide `problem.num_ranks`.  Unpadded: keep home, take within
-    the node, take anywhere, repair; padded: re-deal the plain plan's slots.  The plain
-    plan placed by `assign_groups` (same makespan) is returned instead whenever the
-    unpadded heuristic misses the target or the cap, and whenever the padded re-deal moves
-    more inter-node bytes than it.
+    the node, take anywhere, repair.  Padded, or when that misses the target or the cap:
+    the plain plan with its groups placed on ranks by `assign_groups`, then items of equal
+    length re-dealt among their places (`_swap_equal_items`: no rank's load or tokens
+    change).
     """
     target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
     cap = problem.max_tokens_per_rank
-
-    def placed() -> np.ndarray:
-        return assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks,
-                             gpus_per_node)[plain_assignment]
-
-    if problem.padded:
-        fallback = placed()
-        candidate = _padded(problem, fallback, sources, gpus_per_node)
-        if _inter_node_then_moved(fallback, sources, item_bytes, gpus_per_node) < \
-                _inter_node_then_moved(candidate, sources, item_bytes, gpus_per_node):
-            return fallback
-        return candidate
-    try:
-        candidate = _unpadded(problem, target, sources, item_bytes, gpus_per_node)
-    except _NoRoom:
-        return placed()
-    if rank_loads(problem, candidate).max() > target or (
-            cap is not None and rank_tokens(problem, candidate).max() > cap):
-        return placed()
-    return candidate
+    if not problem.padded:
+        try:
+            candidate = _unpadded(problem, target, sources, item_bytes, gpus_per_node)
+        except _NoRoom:
+            candidate = None
+        if candidate is not None and rank_loads(problem, candidate).max() <= target and (
+                cap is None or rank_tokens(problem, candidate).max() <= cap):
+            return candidate
+    placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node)[plain_assignment]
+    return _swap_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)

@@ -197,3 +197,27 @@ def test_all_items_sampled_by_one_rank(padded):
     plain = balance(lengths, 64, algorithm=algorithm, padded=padded)
     plan = balance(lengths, 64, algorithm=algorithm, padded=padded, sources=sources, topology=Topology(8, 8))
     _check(plan, plain, lengths, 0.002)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_equal_length_redeal_keeps_loads_and_the_most_bytes_on_node(seed):
+    """Against every permutation among equal-length items: same loads, fewest inter-node bytes."""
+    from orchmllm.balancers.locality import _swap_equal_items
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice([3, 5], 7)
+    sources, destinations = rng.integers(0, 4, 7), rng.integers(0, 4, 7)
+    item_bytes = rng.integers(0, 9, 7).astype(float)
+    topology = Topology(2, 2)
+    result = _swap_equal_items(lengths, destinations, sources, item_bytes, 2, 4)
+    problem = make_problem(lengths, 4, padded=True)
+    assert rank_loads(problem, result).tolist() == rank_loads(problem, destinations).tolist()
+    assert sorted(zip(lengths, result)) == sorted(zip(lengths, destinations))
+
+    def inter_node(assignment):
+        return traffic(sources, assignment, item_bytes, topology).bytes_inter_node
+
+    best = min(inter_node(np.array([destinations[order[i]] for i in range(7)]))
+               for order in itertools.permutations(range(7))
+               if all(lengths[order[i]] == lengths[i] for i in range(7)))
+    assert inter_node(result) == best
