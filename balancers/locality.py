@@ -16,16 +16,15 @@ Plain code (unpadded cost):
 A heuristic (the exact problem is a generalised assignment problem, NP-hard; bounds on
 the inter-node bytes it must move are in `orchmllm.topology.bounds`); overloaded ranks
 shed only what does not fit and under-loaded ranks take it, same node first.  Padded
-cost: the plain plan's padded slots (count, longest length) per rank are re-dealt,
-longest item first, home rank, then home node, so the makespan never rises.  Whatever
-misses the target or the cap is replaced by the plain plan with its groups placed on
-ranks by an exact sparse linear assignment (`assign_groups`, also used by
-`orchmllm.topology.place`), so the result is never worse than the plain makespan times
-(1 + slack).  Original to orchmllm; the LAP is scipy's LAPJVsp (Jonker-Volgenant).
+cost, or whenever the above misses the target or the cap: the plain plan itself, its
+groups placed on ranks by an exact sparse linear assignment (`assign_groups`, also used
+by `orchmllm.topology.place`), then items of equal length re-dealt among the places such
+items take (no rank's load or tokens change).  Either way the result is never worse than
+the plain makespan times (1 + slack).  Original to orchmllm; the LAP is scipy's LAPJVsp
+(Jonker-Volgenant).
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 from scipy.sparse import csr_matrix

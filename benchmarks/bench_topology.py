@@ -89,6 +89,30 @@ def test_comm_aware_balance(benchmark, request, num_ranks, cost_name, plain_name
         time_over_plain=benchmark.stats.stats.min / plain_seconds)
 
 
+@pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
+def test_comm_aware_padded(benchmark, request, num_ranks):
+    """Padded image-encoder stage (1-4 tiles of 576 patches per image, 16 images per rank)."""
+    _sizes(request, num_ranks)
+    rng = np.random.default_rng(num_ranks)
+    lengths = rng.integers(1, 5, 16 * num_ranks) * 576
+    sources = np.repeat(np.arange(num_ranks), 16)
+    item_bytes = lengths * 3.0 * 14 * 14 * 2  # bf16 RGB pixels of 14 × 14 patches
+    topology = Topology.for_world_size(num_ranks)
+    cost = CostModel(linear=1, quadratic=1 / 1024)
+    plan = benchmark(balance, lengths, num_ranks, cost=cost, padded=True, algorithm="padded", sources=sources,
+                     item_bytes=item_bytes, topology=topology)
+    plain = balance(lengths, num_ranks, cost=cost, padded=True, algorithm="padded")
+    assert plan.makespan <= plain.makespan
+    move = traffic(sources, plan.assignment, item_bytes, topology)
+    placed = place(plain.assignment, sources, item_bytes, topology, "lap_node").traffic
+    assert move.bytes_inter_node <= placed.bytes_inter_node
+    benchmark.extra_info.update(
+        inter_node_fraction=move.inter_node_fraction,
+        plain_inter_node_fraction=traffic(sources, plain.assignment, item_bytes, topology).inter_node_fraction,
+        plain_lap_node_inter_node_fraction=placed.inter_node_fraction,
+        plain_seconds=best_of(lambda: balance(lengths, num_ranks, cost=cost, padded=True, algorithm="padded"), 3))
+
+
 @pytest.mark.parametrize("cost_name", sorted(COSTS))
 @pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
 def test_locality_step(benchmark, request, num_ranks, cost_name):
