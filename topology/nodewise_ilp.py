@@ -13,10 +13,10 @@ z <= z* and minimises the total.  Solved with PuLP/CBC (one thread, fixed seed) 
 result is never worse than that start in (busiest node, total) order, and its status says
 `optimal` only when CBC proved both phases optimal, `time_limit` when the time ran out,
 `feasible` otherwise (e.g. phase 2 rejected by CBC's tolerances: phase 1's answer stands).
-A search cut by the time limit depends on the machine's speed, so ranks may disagree on
-it: solve on one rank and broadcast, or use the deterministic "lap_node".  The model has
-D · N binaries, meant for D up to a few hundred ranks.  Groups then take ranks within their
-node keeping the most bytes on their rank (exact per node).
+Groups then take ranks within their node keeping the most bytes on their rank (exact per
+node).  A search cut by the time limit depends on the machine's speed, so ranks may
+disagree on it: solve on one rank and broadcast, or use the deterministic "lap_node".
+The model has D · N binaries, meant for D up to a few hundred ranks.
 """
 
 from __future__ import annotations
