@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel
-from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, Piece, PostBalancingDispatcher,
-                              Prefetcher, exchange, exchange_with_grad, gather_metadata, make_transport,
-                              normalize_loss)
+from orchmllm.orchestrator.samples import Sample, Segment
+from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, MultiStageRuntime, Piece,
+                              PostBalancingDispatcher, Prefetcher, exchange, exchange_with_grad, gather_metadata,
+                              make_transport, normalize_loss)
 from orchmllm.runtime.alltoall import Flows
 from orchmllm.runtime.calibration import fit_packed_cost
 from orchmllm.runtime.data import SyntheticMultimodal
@@ -253,3 +254,46 @@ def test_calibrate_gpu_exits_cleanly_without_cuda_and_fits_on_cpu(capsys):
     assert CostModel(**report["cost_model"]).linear >= 0
     with pytest.raises(SystemExit):
         script.main(["--device", "cpu", "--lengths", "4,8"])
+
+
+def _tiny_runtime(**options):
+    from orchmllm.runtime.demo import demo_stages
+
+    config = ModelConfig(vocab=32, llm_hidden=8, encoder_hidden=8, heads=2, patch_dim=6, frame_dim=5)
+    stages = demo_stages({m: CostModel() for m in ("image", "audio", "llm")}, config)
+    return config, MultiStageRuntime(stages, **options)
+
+
+def test_multistage_world_size_one_runs_the_whole_path_and_validates_input():
+    config, runtime = _tiny_runtime(check_plan=True)
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(config)
+    local = SyntheticMultimodal(config, samples_per_rank=3, seed=2).local_batch(0, 0)
+    routes = runtime.plan(local.samples)
+    moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+    assert torch.equal(moved.text["input_ids"], local.text["input_ids"])
+    packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
+    assert packed.embeddings.shape == (sum(s.llm_length for s in local.samples), config.llm_hidden)
+    assert packed.samples.tolist() == [0, 1, 2]
+
+    with pytest.raises(ValueError, match="`inputs` lacks modality"):
+        runtime.dispatch(routes, text=local.text, inputs={})
+    with pytest.raises(ValueError, match="`encoders` lacks modality 'audio'"):
+        runtime.forward(routes, moved, encoders={"image": model.vision}, text_embedding=model.llm.embed)
+    with pytest.raises(ValueError, match="encoder 'image' returned shape"):
+        runtime.forward(routes, moved, encoders={**model.encoders(), "image": lambda x, lengths: x},
+                        text_embedding=model.llm.embed)
+    with pytest.raises(ValueError, match="has modality 'video'; the stages encode"):
+        runtime.plan([Sample(4, (Segment("video", 4, 2),))])
+    with pytest.raises(TypeError, match="orchestrator Sample objects"):
+        runtime.plan([{"text": 3}])
+
+
+def test_multistage_with_an_empty_global_batch_is_a_no_op():
+    config, runtime = _tiny_runtime()
+    model = TinyMultimodalModel(config)
+    empty = SyntheticMultimodal(config, samples_per_rank=0).local_batch(0, 0)
+    routes = runtime.plan(empty.samples)
+    moved = runtime.dispatch(routes, text=empty.text, per_sample=empty.per_sample, inputs=empty.inputs)
+    packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
+    assert packed.embeddings.shape == (0, config.llm_hidden) and packed.samples.size == 0
