@@ -63,10 +63,14 @@ def inter_node_lower_bound(item_costs, sources, item_bytes, topology: Topology, 
     node_cost = np.bincount(node, weights=costs, minlength=nodes)
     capacity = gpus * float(makespan)
     free = nodes * capacity - float(costs.sum())
-    send = np.array([_cheapest_bytes(node_cost[k] - capacity, costs[node == k], item_bytes[node == k])
-                     for k in range(nodes)])
-    recv = np.array([_cheapest_bytes(capacity - free - node_cost[k], costs[node != k], item_bytes[node != k])
-                     for k in range(nodes)])
+    send, recv = np.zeros(nodes), np.zeros(nodes)
+    # Only nodes over capacity must send, only nodes with more room than the slack must receive.
+    for k in np.flatnonzero(node_cost > capacity).tolist():
+        own = node == k
+        send[k] = _cheapest_bytes(node_cost[k] - capacity, costs[own], item_bytes[own])
+    for k in np.flatnonzero(capacity - free - node_cost > 0).tolist():
+        others = node != k
+        recv[k] = _cheapest_bytes(capacity - free - node_cost[k], costs[others], item_bytes[others])
     for array in (send, recv):
         array.setflags(write=False)
     total = float(send.sum())
