@@ -18,7 +18,8 @@ guarantees anything about the makespan; none is imported from the peer's code.
     omnibal_2d            OmniBal (arXiv 2407.20761) style: first fit in sampling order
                           under two caps per rank, samples <= ceil(n/D), tokens <= ceil(sum l/D)
 
-All are deterministic: ties break by item index, then by rank.  They ignore memory caps,
+All are deterministic: ties break by item index, then by rank (Karmarkar–Karp's equal
+partial sums keep their order within the state).  They ignore memory caps,
 as the originals do; a plan over `max_tokens_per_rank` raises InfeasibleError naming the peer.
 """
 
@@ -69,7 +70,7 @@ def _karmarkar_karp(weights: np.ndarray, num_ranks: int, equal_size: bool) -> np
     arrival = itertools.count()  # final tie-break: the older state first
 
     def push(sums: np.ndarray, labels: np.ndarray) -> None:
-        by_sum = np.lexsort((labels, -sums))
+        by_sum = np.argsort(-sums, kind="stable")  # equal sums keep their (deterministic) order
         sums, labels = sums[by_sum], labels[by_sum]
         low = sums[-1] if sums.size == k else 0.0
         heapq.heappush(heap, (-(sums[0] - low), -sums[0], next(arrival), sums, labels))
