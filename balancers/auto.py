@@ -3,7 +3,8 @@
 minimise max(loads) where loads[r] = sum(cost[i] for i on r) (or count · f(max) padded):
 
     if padded: return padded.solve(problem)                    # exact
-    starts = [lpt(problem), karmarkar_karp(problem)]             # those that fit the cap
+    starts = [lpt(problem), karmarkar_karp(problem)]             # those that fit the cap;
+                                                                 # one at the lower bound is returned
     (or else KK + local search on the tokens themselves, if that meets the cap)
     plans = starts + [local_search.improve(problem, s) for s in starts]
     plan = min(plans, key=makespan)                            # ties: the earlier one
@@ -35,12 +36,17 @@ def solve(problem: Problem) -> KernelResult:
     """Best of LPT and KK, improved by local search (and ILP when a time limit is granted)."""
     if problem.padded:
         return padded.solve(problem)
+    bound = lower_bound(problem)
     starts, refusal = [], None
     for kernel in (lpt.solve, karmarkar_karp.solve):
         try:
-            starts.append(kernel(problem).assignment)
+            start = kernel(problem).assignment
         except InfeasibleError as error:  # the greedy found no room; another start may
             refusal = error
+            continue
+        if rank_loads(problem, start).max() <= bound:  # proven optimal: nothing to improve
+            return KernelResult(start)
+        starts.append(start)
     if not starts:
         # Balance the tokens themselves; if that meets the cap it is a start.
         tokens_problem = make_problem(problem.lengths, problem.num_ranks)
@@ -58,7 +64,6 @@ def solve(problem: Problem) -> KernelResult:
     plans = starts + [local_search.improve(problem, start) for start in starts]
     makespans = [float(rank_loads(problem, plan).max()) for plan in plans]
     best = plans[int(np.argmin(makespans))]
-    if (problem.time_limit is not None and problem.num_items <= ILP_MAX_ITEMS
-            and min(makespans) > lower_bound(problem)):
+    if problem.time_limit is not None and problem.num_items <= ILP_MAX_ITEMS and min(makespans) > bound:
         return ilp.improve(problem, best, problem.time_limit)
     return KernelResult(best)

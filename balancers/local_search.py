@@ -322,13 +322,16 @@ def improve(problem: Problem, assignment: np.ndarray, work_limit: int = DEFAULT_
     """
     if problem.padded:
         raise ValueError("local_search.improve handles the unpadded cost only")
+    # max(largest item, mean load): reaching it ends the search (rounding only ends it early).
+    bound = max(float(problem.item_costs.max()), float(problem.item_costs.sum()) / problem.num_ranks)
+    start_makespan = rank_loads(problem, np.asarray(assignment)).max()
+    if start_makespan <= bound:
+        return np.asarray(assignment, dtype=np.int64)
     work = 0
     paired = np.asarray(assignment, dtype=np.int64).copy()
     while work < work_limit // 2 and _pair_round(problem, paired):
         work += _STEP_WORK + _PAIR_WORK * problem.num_items
     state = _State(problem, paired)
-    # max(largest item, mean load): reaching it ends the search (rounding only ends it early).
-    bound = max(float(problem.item_costs.max()), float(problem.item_costs.sum()) / problem.num_ranks)
     per_rank = max(1.0, problem.num_items / problem.num_ranks)
     if max_partners is None:
         max_partners = int(min(64, max(4, 4096 // (1 + per_rank + per_rank * (per_rank - 1) / 2))))
@@ -357,7 +360,6 @@ def improve(problem: Problem, assignment: np.ndarray, work_limit: int = DEFAULT_
             break
         _, ranks, pool, labels = group
         state.reassign(ranks, pool, labels)
-    start_makespan = rank_loads(problem, np.asarray(assignment)).max()
     if rank_loads(problem, state.assignment).max() > start_makespan:
         return np.asarray(assignment, dtype=np.int64)
     return state.assignment
