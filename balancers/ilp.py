@@ -15,10 +15,11 @@ the j-th item may only use ranks 0..j; M starts at the combinatorial `lower_boun
 Integer costs stay as they are and M is then an integer variable (CBC rounds its bound
 up); other costs are scaled to a largest item cost of 1 for CBC's tolerances.  Plans are
 scored exactly by `rank_loads`.
-A start plan (LPT, the padded optimum, or the caller's) bounds M from above and is
-returned when CBC finds nothing better: CBC's own MIP start (-mips) is not used because
-CBC 2.10.3 intermittently segfaults when its time limit expires while it loads one (and
-on the instances measured it found the same plans).
+A start plan (LPT, the padded optimum, or the caller's) is CBC's MIP start; it is
+returned when CBC finds nothing better.  CBC 2.10.3 intermittently
+segfaults when its time limit expires while it loads a MIP start: the solve is then
+retried once, in the time left, with the start as a strict cutoff only (M <= makespan - 1
+for integer costs, so that "infeasible" proves the start optimal).
 
 Guarantee: `optimal` only when CBC proves it (up to CBC's integrality and feasibility
 tolerances, 1e-6 and 1e-7 on the scaled costs, which is exact for integer costs); when
@@ -69,9 +70,7 @@ class _Model:
         self.order = np.lexsort((np.arange(n), -problem.lengths, -problem.item_costs))
         # Integer costs keep their scale and make the makespan integer, so CBC can round
         # its bound up; others are scaled to a largest cost of 1 for CBC's tolerances.
-        integral = bool(np.all(problem.item_costs == np.round(problem.item_costs))) and \
-            float(problem.item_costs.sum()) * max(1, n) < 2.0**40
-        self.integral = integral
+        integral = self.integral = _integral_costs(problem)
         self.scale = 1.0 if integral else float(problem.item_costs.max()) or 1.0
         costs = (problem.item_costs / self.scale).tolist()
         lengths = problem.lengths.tolist()
@@ -101,24 +100,44 @@ class _Model:
                 if room < most:
                     self.lp += count <= room + (most - room) * (1 - self.x[i, r])
 
-    def bound_by(self, assignment: np.ndarray) -> None:
-        """Search only plans at least as good as `assignment` (its makespan caps M)."""
-        makespan = float(rank_loads(self.problem, assignment).max()) / self.scale
-        self.makespan.upBound = makespan if self.integral else makespan * (1.0 + _OBJECTIVE_SLACK)
+    def start_from(self, assignment: np.ndarray | None, mip_start: bool) -> bool:
+        """Cap M by a start plan's makespan; True when only strictly better plans remain.
 
-    def solve(self, time_limit: float) -> tuple[str, np.ndarray | None, float | None]:
-        """Run CBC: ("optimal" | "stopped" | "infeasible", assignment or None, proven bound or None)."""
+        With `mip_start` CBC gets the plan as its incumbent (-mips) and M stays unbounded
+        (a bound equal to the incumbent slowed CBC's search in our measurements).
+        Without, integer makespans allow M <= makespan - 1, so that "infeasible" proves
+        the start optimal (an incumbent cutoff without -mips).
+        """
+        self.makespan.upBound = None
+        if assignment is None:
+            return False
+        makespan = float(rank_loads(self.problem, assignment).max()) / self.scale
+        if mip_start:
+            label: dict[int, int] = {}  # relabel ranks to fit the symmetry breaking
+            for item in self.order.tolist():
+                label.setdefault(int(assignment[item]), len(label))
+            for (i, r), var in self.x.items():
+                var.setInitialValue(1 if label[int(assignment[i])] == r else 0)
+            self.makespan.setInitialValue(makespan)
+            return False
+        if self.integral:
+            self.makespan.upBound = makespan - 1
+            return True
+        self.makespan.upBound = makespan * (1.0 + _OBJECTIVE_SLACK)
+        return False
+
+    def solve(self, time_limit: float, mip_start: bool) -> tuple[str, np.ndarray | None, float | None]:
+        """Run CBC: ("optimal" | "stopped" | "infeasible", assignment or None, proven bound or None).
+
+        Raises pulp.PulpSolverError when CBC dies without writing a solution.
+        """
         with tempfile.TemporaryDirectory(prefix="orchmllm_cbc_") as workdir:
             log_path = Path(workdir) / "cbc.log"
             solver = pulp.COIN_CMD(path=_CBC_PATH, msg=False, timeLimit=time_limit, threads=1,
-                                   gapRel=0, logPath=str(log_path),
+                                   gapRel=0, warmStart=mip_start, logPath=str(log_path),
                                    options=[f"randomSeed {_SEED}", f"randomCbcSeed {_SEED}"])
             solver.tmpDir = workdir
-            try:
-                self.lp.solve(solver)
-            except pulp.PulpSolverError as error:
-                raise RuntimeError(f"CBC failed on a {self.problem.num_items}-item, "
-                                   f"{self.problem.num_ranks}-rank model: {error}") from None
+            self.lp.solve(solver)
             log = log_path.read_text(errors="replace") if log_path.exists() else ""
         # CBC 2.10.3 may report "Pre-processing says infeasible" when its time limit cuts
         # preprocessing short: believe a verdict only when CBC finished within its limit.
@@ -163,6 +182,18 @@ def _makespan(problem: Problem, assignment: np.ndarray) -> float:
     return float(rank_loads(problem, assignment).max())
 
 
+def _integral_costs(problem: Problem) -> bool:
+    """Integer item costs of moderate size: every makespan is then an integer."""
+    costs = problem.item_costs
+    return bool(np.all(costs == np.round(costs))) and float(costs.sum()) * problem.num_items < 2.0**40
+
+
+def _proven_floor(problem: Problem) -> float:
+    """The combinatorial lower bound, rounded up when makespans are integers."""
+    bound = lower_bound(problem)
+    return float(math.ceil(bound * (1.0 - 1e-12))) if _integral_costs(problem) else bound
+
+
 def _smallest_cap(problem: Problem, time_limit: float) -> tuple[int, bool]:
     """(cap, exact): the smallest feasible cap, or a proven lower bound on it."""
     if problem.padded:
@@ -190,13 +221,30 @@ def _search(problem: Problem, start: np.ndarray | None, time_limit: float) -> Ke
     """Build and solve within `time_limit` seconds in all (CBC gets what building left)."""
     deadline = time.perf_counter() + time_limit
     _check_size(problem)
-    if start is not None and _makespan(problem, start) <= lower_bound(problem):
+    if start is not None and _makespan(problem, start) <= _proven_floor(problem):
         return KernelResult(start, Status.OPTIMAL, lower_bound=_makespan(problem, start))
     model = _Model(problem)
-    if start is not None:
-        model.bound_by(start)
-    outcome, found, bound = model.solve(max(deadline - time.perf_counter(), _MIN_CBC_SECONDS))
+    try:
+        model.start_from(start, mip_start=start is not None)
+        strictly_better = False
+        outcome, found, bound = model.solve(max(deadline - time.perf_counter(), _MIN_CBC_SECONDS),
+                                            mip_start=start is not None)
+    except pulp.PulpSolverError as crash:
+        if start is None:
+            raise RuntimeError(f"CBC failed on a {problem.num_items}-item, {problem.num_ranks}-rank "
+                               f"model: {crash}") from None
+        # CBC 2.10.3 can segfault when its time limit expires while it loads a MIP start:
+        # retry once with the start as a cutoff only, in the time that is left.
+        strictly_better = model.start_from(start, mip_start=False)
+        try:
+            outcome, found, bound = model.solve(max(deadline - time.perf_counter(), _MIN_CBC_SECONDS),
+                                                mip_start=False)
+        except pulp.PulpSolverError as error:
+            raise RuntimeError(f"CBC failed on a {problem.num_items}-item, {problem.num_ranks}-rank "
+                               f"model: {error}") from None
     if outcome == "infeasible":
+        if strictly_better:  # no plan beats the start: it is optimal
+            return KernelResult(start, Status.OPTIMAL, lower_bound=_makespan(problem, start))
         if start is not None:
             return KernelResult(start, Status.FEASIBLE)
         needed, exact = _smallest_cap(problem, time_limit)

@@ -72,7 +72,7 @@ def test_model_alone_matches_brute_force(lengths, num_ranks, cost, is_padded, ca
     except InfeasibleError:
         return
     optimum, _ = brute_force(problem)
-    outcome, assignment, objective = ilp._Model(problem).solve(time_limit=20)
+    outcome, assignment, objective = ilp._Model(problem).solve(time_limit=20, mip_start=False)
     if optimum is None:
         assert outcome == "infeasible"
         return
@@ -208,3 +208,19 @@ def test_solver_failure_is_translated_not_leaked(monkeypatch):
     monkeypatch.setattr(ilp, "_CBC_PATH", "/bin/false")  # runs, exits 1, writes no solution
     with pytest.raises(RuntimeError, match="CBC failed on a 5-item, 2-rank model"):
         balance([3, 3, 2, 2, 2], 2, algorithm="ilp")  # LPT's 7 is not the bound 6: CBC must run
+
+
+def test_crash_while_loading_the_start_is_retried_with_a_cutoff(tmp_path, monkeypatch):
+    """CBC 2.10.3 may segfault in its MIP start: a wrapper that crashes whenever one is
+    passed forces the retry path, which must still reach the proven optimum."""
+    wrapper = tmp_path / "cbc"
+    wrapper.write_text(f'#!/bin/sh\ncase " $* " in *" -mips "*) kill -SEGV $$ ;; esac\nexec {ilp._CBC_PATH} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(ilp, "_CBC_PATH", str(wrapper))
+    plan = balance([3, 3, 2, 2, 2], 2, algorithm="ilp", time_limit=20)  # LPT reaches 7, optimum 6
+    assert plan.status is Status.OPTIMAL and plan.makespan == 6
+    # An optimal start above the bound (13): the cutoff M <= 13 is infeasible, which proves it.
+    start = np.array([0, 1, 1, 0, 0])  # {8, 3, 3} = 14 and {8, 4} = 12
+    result = ilp.improve(make_problem([8, 8, 4, 3, 3], 2), start, time_limit=20)
+    assert result.status is Status.OPTIMAL and result.lower_bound == 14
+    assert np.array_equal(result.assignment, start)
