@@ -250,6 +250,7 @@ def test_quality_random_families(benchmark):
         kk_median_over_bound=float(np.median(np.array(kks) / bounds)))
 
 
+@pytest.mark.timeout(3600)  # --heavy proves up to 72 instances, up to 10 s each
 def test_quality_hard_instances_vs_ilp(benchmark, request):
     """Few items per rank (n/D 2-3, uniform [1, 100] or normal(50, 15)): gap to the ILP-proven optimum."""
     rng = np.random.default_rng(7)
