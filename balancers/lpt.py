@@ -12,10 +12,13 @@ The unpadded kernel gives the bit-identical assignment of that heap loop, but pl
 items a round at a time with numpy: with ranks sorted by (load, rank) and the next
 items sorted by cost, the k-th item goes to the k-th rank exactly when that rank stays
 ahead of every rank already topped up in the round (checked, ties included); the first
-item where that fails starts the next round.  Rounds that place few items fall back to
-a heap for one round, so the worst case stays O(n log D) per round of D items.
-With a memory cap, the least-loaded rank that still has room is taken.  Padded ranks
-cost count · f(max length); items go longest first to the rank whose cost grows least.
+item where that fails starts the next round.  A round that places fewer than D/8 items
+is redone as D steps of a heap, so the whole stays O(n log D).  Integer costs sort as
+unique int64 keys (cost · n + index, load · D + rank), much faster than stable sorts.
+With a memory cap, the least-loaded rank that still has room is taken (a heap that sets
+full ranks aside; the uncapped plan is kept when it already fits, since the choices are
+then the same).  Padded ranks cost count · f(max length); items go longest first to the
+rank whose cost grows least, in O(n log D) with a heap.
 """
 
 from __future__ import annotations
