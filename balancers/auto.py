@@ -4,11 +4,14 @@ minimise max(loads) where loads[r] = sum(cost[i] for i on r) (or count · f(max)
 
     if padded: return padded.solve(problem)                    # exact
     starts = [lpt(problem), karmarkar_karp(problem)]             # those that fit the cap;
-                                                                 # one at the lower bound is returned
+    if few items per rank: starts.append(multifit(problem))      # one at the bound is returned
     (or else KK + local search on the tokens themselves, if that meets the cap)
     plans = starts + [local_search.improve(problem, s) for s in starts]
     plan = min(plans, key=makespan)                            # ties: the earlier one
     if problem.time_limit and the instance is small: plan = ilp.improve(problem, plan)
+
+MULTIFIT packs to a target makespan and is far better than LPT and KK with two or three
+items per rank (where both put the D largest items on separate ranks first).
 
 Guarantee: makespan <= min(LPT, Karmarkar–Karp) on every instance, by construction, so
 also <= (4/3 - 1/(3D)) · OPT without a cap; padded plans are optimal.  Only the better start is
@@ -22,11 +25,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import ilp, karmarkar_karp, local_search, lpt, padded
+from . import ilp, karmarkar_karp, local_search, lpt, multifit, padded
 from .problem import InfeasibleError, KernelResult, Problem, lower_bound, make_problem, rank_loads, rank_tokens
 
 BOTH_STARTS_MAX_ITEMS = 2048
 """Improve both starts up to this many items; above, only the better one."""
+
+MULTIFIT_MAX_PER_RANK = 8
+MULTIFIT_MAX_ITEMS = 16384
+"""Add the MULTIFIT start (pure-Python packing probes) up to this many items per rank and in all."""
 
 ILP_MAX_ITEMS = 200
 """Warm-start the ILP (when a time limit is given) only up to this many items."""
@@ -38,7 +45,10 @@ def solve(problem: Problem) -> KernelResult:
         return padded.solve(problem)
     bound = lower_bound(problem)
     starts, refusal = [], None
-    for kernel in (lpt.solve, karmarkar_karp.solve):
+    kernels = [lpt.solve, karmarkar_karp.solve]
+    if problem.num_items <= MULTIFIT_MAX_ITEMS and problem.num_items <= MULTIFIT_MAX_PER_RANK * problem.num_ranks:
+        kernels.append(multifit.solve)
+    for kernel in kernels:
         try:
             start = kernel(problem).assignment
         except InfeasibleError as error:  # the greedy found no room; another start may

@@ -7,6 +7,7 @@ from . import padded
 from . import ilp
 from . import karmarkar_karp
 from . import auto
+from . import multifit
 from .problem import Kernel
 
 ALGORITHMS: dict[str, Kernel] = {
@@ -16,4 +17,5 @@ ALGORITHMS: dict[str, Kernel] = {
     "ilp": ilp.solve,
     "karmarkar_karp": karmarkar_karp.solve,
     "auto": auto.solve,
+    "multifit": multifit.solve,
 }

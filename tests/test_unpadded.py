@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
-from orchmllm.balancers import auto, karmarkar_karp, local_search, lpt
+from orchmllm.balancers import auto, karmarkar_karp, local_search, lpt, multifit
 from orchmllm.balancers.problem import rank_loads, rank_tokens
 
 COSTS = {
@@ -124,6 +124,31 @@ def test_auto_is_never_worse_than_lpt_or_kk(lengths, num_ranks, cost):
     best = min(makespan(problem, lpt.solve(problem).assignment),
                makespan(problem, karmarkar_karp.solve(problem).assignment))
     assert makespan(problem, auto.solve(problem).assignment) <= best
+
+
+@given(lengths=any_lengths, num_ranks=st.integers(1, 9), cost=cost_models)
+def test_multifit_is_never_worse_than_lpt(lengths, num_ranks, cost):
+    problem = make_problem(lengths, num_ranks, cost=cost)
+    assert makespan(problem, multifit.solve(problem).assignment) <= makespan(problem, lpt.solve(problem).assignment)
+
+
+@given(lengths=st.lists(st.integers(0, 100), min_size=1, max_size=60), num_ranks=st.integers(1, 9),
+       capacity=st.integers(1, 400))
+def test_packing_fills_at_most_d_bins_within_the_capacity(lengths, num_ranks, capacity):
+    problem = make_problem(lengths, num_ranks)
+    packed = multifit.pack(problem.item_costs, num_ranks, float(capacity))
+    if sum(lengths) > num_ranks * capacity or max(lengths) > capacity:
+        assert packed is None
+    if packed is not None:
+        assert packed.min() >= 0 and packed.max() < num_ranks
+        assert rank_loads(problem, packed).max() <= capacity
+
+
+def test_multifit_beats_lpt_with_few_items_per_rank():
+    # Uniform lengths, 2.5 items per rank: LPT strands the D largest items on separate ranks.
+    rng = np.random.default_rng(12)
+    problem = make_problem(rng.integers(1, 101, 160), 64)
+    assert makespan(problem, multifit.solve(problem).assignment) < makespan(problem, lpt.solve(problem).assignment)
 
 
 @given(lengths=st.lists(st.integers(1, 60), min_size=2, max_size=40), num_ranks=st.integers(2, 8),
