@@ -67,7 +67,7 @@ def test_padded_exact(benchmark, request, num_ranks, workload_name):
     assert lpt_plan.makespan >= plan.makespan
     benchmark.extra_info.update(
         items=int(lengths.size), makespan=plan.makespan,
-        makespan_over_unpadded_bound=plan.makespan / (float(plan.loads.sum()) / num_ranks),
+        makespan_over_mean_load=plan.imbalance,
         lpt_makespan_over_optimum=lpt_plan.makespan / plan.makespan,
         lpt_seconds=lpt_seconds, lpt_time_over_padded_time=lpt_seconds / benchmark.stats.stats.min)
 
