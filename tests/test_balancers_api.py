@@ -134,6 +134,19 @@ def test_scaling_lengths_scales_a_proven_optimum(name):
         assert scaled.makespan == 10 * plan.makespan
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("name", NAMES)
+def test_another_rank_never_raises_a_proven_optimum(name, padded):
+    lengths = np.array([9, 7, 6, 5, 5, 3, 2, 2, 1])
+    fewer = solve(name, lengths, 3, padded=padded)
+    more = solve(name, lengths, 4, padded=padded)
+    if fewer is None:
+        return
+    assert more.lower_bound <= fewer.lower_bound
+    if fewer.status is Status.OPTIMAL and more.status is Status.OPTIMAL:
+        assert more.makespan <= fewer.makespan
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_ranks_may_outnumber_items_and_stay_empty(name):
     plan = solve(name, [5, 0, 3], 6)
