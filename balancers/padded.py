@@ -25,8 +25,9 @@ probe lowers the upper end to the makespan the greedy actually reached, an infea
 raises the lower end to the next value at which one of its runs could grow (below that
 the greedy is unchanged, hence still infeasible).  It ends when the two ends meet, so the
 answer is exact with no floating-point tolerance.  A probe costs O(B) numpy work for the
-B distinct lengths plus a Python step per group of equal-size runs inside one block, at
-most min(D, runs); with the sort, O(n log n + (B + D) · probes), about 3-20 probes.
+B distinct lengths plus one Python step per stretch of consecutive blocks whose runs take
+the same number of items (at most min(D, B)); with the sort,
+O(n log n + (B + min(D, B)) · probes), about 3-20 probes.
 Source: the sorted-runs structure is the classic argument for bottleneck 1-D
 partitioning (Pinar & Aykanat 2004, "Fast optimal load balancing algorithms for 1D
 partitioning"); guarantee: optimal.
@@ -55,6 +56,7 @@ class _Runs:
         ends = np.append(np.flatnonzero(np.diff(sorted_lengths)) + 1, n)
         self.sizes = np.diff(np.concatenate(([0], ends)))
         firsts = ends - self.sizes
+        self.ends_array = ends
         self.ends = ends.tolist()
         self.costs = sorted_costs[firsts]
         block_lengths = sorted_lengths[firsts]
@@ -95,15 +97,23 @@ class _Runs:
         starts (sorted positions) are appended to `starts` when it is given.
         """
         count = self.counts(makespan)
-        limits, ends, n = count.tolist(), self.ends, self.num_items
-        start = runs = block = 0
-        visited: list[int] = []  # blocks in which runs of their full `limit` start
+        grows = count < self.room  # runs the makespan cuts short: they grow at (k+1)·cost
+        # Stretches: maximal ranges of blocks with the same run size and `grows`.  Runs
+        # starting anywhere in a stretch all take the same number of items, so the walk
+        # below jumps a whole stretch at a time.
+        changes = np.flatnonzero((count[1:] != count[:-1]) | (grows[1:] != grows[:-1])) + 1
+        stretch_end = self.ends_array[np.append(changes, count.size) - 1].tolist()
+        limits = count[np.concatenate(([0], changes))].tolist()
+        ends, n = self.ends, self.num_items
+        start = runs = block = stretch = 0
+        groups: list[tuple[int, int, int]] = []  # (first block, last block, run size) of full runs
         last_run = 0.0
         while start < n:
+            stretch = bisect.bisect_right(stretch_end, start, stretch)
             block = bisect.bisect_right(ends, start, block)
-            limit = limits[block]
+            limit = limits[stretch]
             if limit == 0:
-                visited.append(block)
+                groups.append((block, block, 0))
                 runs = num_ranks + 1
                 break
             left = n - start
@@ -113,20 +123,22 @@ class _Runs:
                 last_run = left * float(self.costs[block])
                 runs += 1
                 break
-            # every run starting inside this block of equal lengths takes `limit` items
-            full = min(-(-(ends[block] - start) // limit), left // limit)
+            full = min(-(-(stretch_end[stretch] - start) // limit), left // limit)
             if starts is not None:
                 starts.extend(range(start, start + full * limit, limit))
-            visited.append(block)
+            last_block = bisect.bisect_right(ends, start + (full - 1) * limit, block)
+            groups.append((block, last_block, limit))
             runs += full
             start += full * limit
+            block = last_block
             if runs > num_ranks:
                 break
-        blocks = np.asarray(visited, dtype=np.int64)
-        costs, seen = self.costs[blocks], count[blocks]
-        reached = max(float((seen * costs).max(initial=0.0)), last_run)
-        grows = seen < self.room[blocks]  # runs the makespan cut short: they grow at (k+1)·cost
-        next_value = float(((seen[grows] + 1) * costs[grows]).min(initial=math.inf))
+        first, last, size = np.asarray(groups, dtype=np.int64).reshape(-1, 3).T
+        # Costs fall along the sorted order: a group's costliest run starts in its first
+        # block, and its runs grow first where the cost is lowest, in its last block.
+        reached = max(float((size * self.costs[first]).max(initial=0.0)), last_run)
+        growing = grows[first]
+        next_value = float(((size[growing] + 1) * self.costs[last[growing]]).min(initial=math.inf))
         return runs <= num_ranks, reached, next_value
 
     def optimum(self, num_ranks: int) -> float | None:
