@@ -216,8 +216,9 @@ def parse_sample_line(text: str, line: int, source: int, sample_id: int) -> Samp
             raise ValueError(f"line {line}: {where} needs a 'modality' name (a non-empty string other than 'llm')")
         segments.append(Segment(modality, _field(line, where, entry, "length"), _field(line, where, entry, "tokens"),
                                 _field(line, where, entry, "position", required=False)))
+    text_tokens = _field(line, "the sample", record, "text")
     try:
-        return Sample(_field(line, "the sample", record, "text"), tuple(segments), source=source, id=sample_id)
+        return Sample(text_tokens, tuple(segments), source=source, id=sample_id)
     except ValueError as error:
         raise ValueError(f"line {line}: {error}") from None
 

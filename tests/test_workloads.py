@@ -106,7 +106,7 @@ def test_workload_file_deals_samples_in_file_order(tmp_path):
 ])
 def test_malformed_lines_are_reported_with_their_line_number(tmp_path, bad, message):
     path = write_lines(tmp_path, ['{"text": 1}', bad, '{"text": 2}'])
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match="^" + message):
         load_workload_file(path, samples_per_rank=3, num_ranks=1)
 
 
