@@ -48,9 +48,8 @@ def brute_force_min_cap(lengths, num_ranks):
     """Smallest max over ranks of count · max length, over all assignments."""
     best = None
     for assignment in itertools.product(range(num_ranks), repeat=len(lengths)):
-        tokens = max(
-            sum(1 for r in assignment if r == rank) * max((l for l, r in zip(lengths, assignment) if r == rank), default=0)
-            for rank in range(num_ranks))
+        held = [[l for l, r in zip(lengths, assignment) if r == rank] for rank in range(num_ranks)]
+        tokens = max(len(items) * max(items, default=0) for items in held)
         best = tokens if best is None else min(best, tokens)
     return best
 
