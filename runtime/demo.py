@@ -11,8 +11,9 @@ time (CPU time of the compute, `time.thread_time`, one intra-op thread per proce
 ranks sharing cores do not distort it), and checks that every sample id sent is received
 exactly once.  Then the optimizer steps with the balanced gradients.
 
-Stage cost models come from timing packed batches of each stage on rank 0
-(`calibration.py`), broadcast to all ranks so every rank plans with the same numbers.
+Stage cost models come from timing packed batches of each stage on every rank, pooled
+and fitted on rank 0 (`calibration.py`), then broadcast so every rank plans with the
+same numbers.
 
 On a cluster: `torchrun --nproc-per-node 8 -m orchmllm.runtime.demo --json` (NCCL when
 CUDA is available; busy time is then GPU wall time between synchronisations).
@@ -46,7 +47,7 @@ from .reduction import all_reduce_gradients, normalize_loss
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def demo_stages(costs: dict, config: ModelConfig, algorithm: str = "lpt", element_bytes: int = 4) -> tuple:
+def demo_stages(costs: dict, config: ModelConfig, algorithm: str = "auto", element_bytes: int = 4) -> tuple:
     """Vision, audio and LLM stages of the tiny model with the given cost models."""
     return (Stage("vision", "image", costs["image"], algorithm=algorithm,
                   input_bytes_per_unit=config.patch_dim * element_bytes,
@@ -94,17 +95,28 @@ def _stage_lengths(data: SyntheticMultimodal) -> dict:
             "llm": [s.llm_length for s in pool]}
 
 
-def calibrate(model: TinyMultimodalModel, data: SyntheticMultimodal, dtype: torch.dtype,
-              device: torch.device, batches: int = 8, seed: int = 0) -> tuple[dict, dict]:
-    """Fit each stage's cost model from timed forward+backward of packed batches of the
-    dataset's own items.  Returns ({modality: CostModel}, {modality: relative RMS error})."""
+def time_stages(model: TinyMultimodalModel, data: SyntheticMultimodal, dtype: torch.dtype,
+                device: torch.device, batches: int = 6, seed: int = 0) -> dict:
+    """Time forward+backward of packed batches of the dataset's own items, per stage:
+    {modality: (list of batch lengths, list of seconds)} (min of 2 timings each)."""
     rng, lengths, clock = np.random.default_rng(seed), _stage_lengths(data), _clock(device)
-    costs, errors = {}, {}
+    timings = {}
     for name, run in _stage_runs(model, dtype, device).items():
         sizes = rng.integers(1, 3 * max(data.samples_per_rank, 1) // 2 + 2, batches)
         drawn = [sorted(rng.choice(lengths[name], int(size)).tolist()) for size in sizes]
-        costs[name], errors[name] = fit_packed_cost(drawn, time_batches(run, drawn, repeats=3, clock=clock))
+        timings[name] = (drawn, time_batches(run, drawn, repeats=2, clock=clock))
     model.zero_grad(set_to_none=True)
+    return timings
+
+
+def calibrate(timings: list) -> tuple[dict, dict]:
+    """Fit each stage's cost model on the timings of every rank pooled (more points, and
+    one rank's co-scheduling noise averages out).  ({modality: CostModel}, {modality: RMS error})."""
+    costs, errors = {}, {}
+    for name in timings[0]:
+        batches = [b for rank_timings in timings for b in rank_timings[name][0]]
+        seconds = [t for rank_timings in timings for t in rank_timings[name][1]]
+        costs[name], errors[name] = fit_packed_cost(batches, seconds)
     return costs, errors
 
 
@@ -135,7 +147,7 @@ def _train_step(runtime, routes, batch, model, device, clock, stats):
     packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed, stats=stats)
     logits = model.llm(packed.embeddings, packed.sample_lengths)
     loss_sum = model.loss_sum(logits, packed.scatter_text(labels, IGNORE))
-    normalize_loss(loss_sum, (labels != IGNORE).sum(), gradient_reduction="sum").backward()
+    normalize_loss(loss_sum, (labels != IGNORE).sum(), runtime.group, gradient_reduction="sum").backward()
     busy = clock() - busy_start
     return busy, moved.per_sample["sample_id"]
 
@@ -143,13 +155,13 @@ def _train_step(runtime, routes, batch, model, device, clock, stats):
 @dataclass(frozen=True)
 class DemoOptions:
     """How the demo runs: samples per rank and step, balancing algorithm, transport, and
-    where the stage cost models come from ("calibrated": timed on rank 0; "flops":
+    where the stage cost models come from ("calibrated": timed on every rank; "flops":
     `CostModel.from_transformer` of each stage, no timing), and how many identical passes
     each busy time is the minimum of (CPU time only grows when co-scheduled processes
     evict caches or share a core, so the minimum filters that noise)."""
 
     samples_per_rank: int = 16
-    algorithm: str = "lpt"
+    algorithm: str = "auto"
     transport: str = "flat"
     gpus_per_node: int | None = None
     costs: str = "calibrated"
@@ -200,28 +212,45 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     model = TinyMultimodalModel(config).to(device=device, dtype=torch_dtype)
     data = SyntheticMultimodal(config, options.samples_per_rank, seed)
     clock = _clock(device)
-    warm_up(model, data, torch_dtype, device)
     if options.costs == "flops":
-        fitted = [(flops_costs(config), {})]
-    else:
-        fitted = [calibrate(model, data, torch_dtype, device, seed=seed) if rank == 0 else None]
+        warm_up(model, data, torch_dtype, device)
+        costs, fit_errors = flops_costs(config), {}
+    else:  # every rank times its own batches (warming itself up); rank 0 fits them all
+        timings = [time_stages(model, data, torch_dtype, device, seed=seed + 7919 * rank)]
+        if world_size > 1:
+            mine, timings = timings[0], [None] * world_size
+            dist.all_gather_object(timings, mine)
+        fitted = [calibrate(timings) if rank == 0 else None]
         if world_size > 1:
             dist.broadcast_object_list(fitted, src=0)
-    costs, fit_errors = fitted[0]
+        costs, fit_errors = fitted[0]
     stages = demo_stages(costs, config, options.algorithm, torch.finfo(torch_dtype).bits // 8)
     mover = make_transport(options.transport, gpus_per_node=options.gpus_per_node)
     balanced = MultiStageRuntime(stages, transport=mover, check_plan=True)
     unbalanced = MultiStageRuntime(stages, transport=mover, balance_encoders=False, balance_llm=False)
     prefetcher = Prefetcher(lambda samples, group: balanced.plan(samples, metadata_group=group))
+    # A group of one per rank: the same batch computed alone on every rank measures the
+    # busy-time noise floor (identical work, so any max/mean above 1 is measurement noise).
+    alone = None
+    for member in range(world_size):
+        group = dist.new_group([member]) if world_size > 1 else None
+        if member == rank:
+            alone = MultiStageRuntime(stages, group=group, transport=make_transport("flat", group))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     parameters = [p for p in model.parameters()]
     record = {"busy_unbalanced": [], "busy_balanced": [], "grad_diff": [], "ids_sent": [],
               "ids_unbalanced": [], "ids_balanced": [], "step_seconds": [], "exchange_seconds": [],
-              "plan_wait_seconds": [], "planning_seconds": [], "bytes_sent": [], "stage_imbalance": []}
+              "plan_wait_seconds": [], "planning_seconds": [], "bytes_sent": [], "stage_imbalance": [],
+              "busy_identical": []}
     next_routes = None
     for step in range(steps):
         batch = data.local_batch(step, rank, torch_dtype).to(device)
         record["ids_sent"].append(_sample_ids(batch.per_sample["sample_id"]))
+        same = data.local_batch(step, 0, torch_dtype).to(device)
+        same_routes = alone.plan(same.samples)
+        extra = _extra_passes(alone, same_routes, same, model, device, clock, options.repeats - 1)
+        record["busy_identical"].append(min(extra, _train_step(alone, same_routes, same, model, device, clock, None)[0]))
+        model.zero_grad(set_to_none=True)
 
         routes = unbalanced.plan(batch.samples)
         extra = _extra_passes(unbalanced, routes, batch, model, device, clock, options.repeats - 1)
@@ -310,6 +339,7 @@ def summarize(records: list, ranks: int, steps: int, dtype: str) -> dict:
             lost, duplicated = lost + step_lost, duplicated + step_duplicated
     busy_u = [_ratio([r["busy_unbalanced"][s] for r in records]) for s in range(steps)]
     busy_b = [_ratio([r["busy_balanced"][s] for r in records]) for s in range(steps)]
+    busy_same = [_ratio([r["busy_identical"][s] for r in records]) for s in range(steps)]
     step_seconds = float(np.mean([sum(r["step_seconds"]) for r in records]))
     exchange = float(np.mean([sum(r["exchange_seconds"]) for r in records]))
     wait = float(np.mean([sum(r["plan_wait_seconds"]) for r in records]))
@@ -320,6 +350,7 @@ def summarize(records: list, ranks: int, steps: int, dtype: str) -> dict:
         **{key: max(d[key] for r in records for d in r["grad_diff"]) for key in records[0]["grad_diff"][0]},
         "busy_max_over_mean_unbalanced": float(np.mean(busy_u)),
         "busy_max_over_mean_balanced": float(np.mean(busy_b)),
+        "busy_max_over_mean_identical_work": float(np.mean(busy_same)),
         "busy_max_over_mean_unbalanced_per_step": busy_u,
         "busy_max_over_mean_balanced_per_step": busy_b,
         "busy_seconds_per_rank_balanced": [float(sum(r["busy_balanced"])) for r in records],
@@ -339,7 +370,7 @@ def summarize(records: list, ranks: int, steps: int, dtype: str) -> dict:
 
 
 def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float32", *,
-             samples_per_rank: int = 16, algorithm: str = "lpt", transport: str = "flat",
+             samples_per_rank: int = 16, algorithm: str = "auto", transport: str = "flat",
              gpus_per_node: int | None = None, costs: str = "calibrated", repeats: int = 3,
              timeout_s: float = 600.0) -> dict:
     """Spawn `ranks` CPU gloo processes, train `steps` steps with and without
@@ -373,6 +404,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--samples-per-rank", type=int, default=16)
+    parser.add_argument("--algorithm", default="auto", help="balancer of every stage (default: %(default)s)")
     parser.add_argument("--transport", choices=("flat", "hierarchical"), default="flat")
     parser.add_argument("--gpus-per-node", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     parser.add_argument("--costs", choices=("calibrated", "flops"), default="calibrated")
@@ -384,8 +416,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)
     try:
         record = train(rank, world_size, args.steps, args.seed, args.dtype,
-                       DemoOptions(args.samples_per_rank, "lpt", args.transport, args.gpus_per_node, args.costs,
-                                   args.repeats))
+                       DemoOptions(args.samples_per_rank, args.algorithm, args.transport, args.gpus_per_node,
+                                   args.costs, args.repeats))
         records = [None] * world_size
         dist.all_gather_object(records, record)
     finally:
