@@ -258,7 +258,6 @@ def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
     costs, lengths, num_ranks = problem.item_costs, problem.lengths, problem.num_ranks
     count = num_ranks // 2
     loads = np.bincount(assignment, weights=costs, minlength=num_ranks)
-    tokens = np.bincount(assignment, weights=lengths, minlength=num_ranks)
     order = np.argsort(loads, kind="stable")
     light, heavy = order[:count], order[::-1][:count]
     pair = np.full(num_ranks, -1, dtype=np.int64)
@@ -277,7 +276,8 @@ def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
     sorted_y = _stable_order(keys, count * span)
     keys = keys[sorted_y]
     x_items = np.flatnonzero((item_pair >= 0) & on_heavy[assignment])
-    x_items = x_items[_stable_order(item_pair[x_items].astype(np.float64), count)]  # by pair, then index
+    size = x_items.size
+    x_items = x_items[np.sort(item_pair[x_items] * size + np.arange(size)) % max(size, 1)]  # by pair, index
     x_pair = item_pair[x_items]
     high, low = loads[heavy][x_pair], loads[light][x_pair]
     wanted = np.clip(costs[x_items] - (high - low) / 2, 0.0, largest)
@@ -291,6 +291,7 @@ def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
         value = np.maximum(high - delta, low + delta)
         valid = y_pair[y] == x_pair
         if cap is not None:
+            tokens = np.bincount(assignment, weights=lengths, minlength=num_ranks)
             moved = lengths[x_items] - y_tokens[y]
             valid &= (tokens[heavy][x_pair] - moved <= cap) & (tokens[light][x_pair] + moved <= cap)
         value = np.where(valid, value, np.inf)
