@@ -66,11 +66,17 @@ def ranks_by_load(loads: np.ndarray, integer: bool) -> np.ndarray:
 def smallest_ranks(loads: np.ndarray, count: int, integer: bool) -> np.ndarray:
     """The first `count` of `ranks_by_load(loads)`, by partial selection when that is cheaper."""
     size = loads.size
-    if integer and 4 * count < size:
+    if 4 * count >= size:
+        return ranks_by_load(loads, integer)[:count]
+    if integer:
         keys = loads.astype(np.int64) * size + np.arange(size)  # unique: any selection agrees
         chosen = np.argpartition(keys, count - 1)[:count]
         return chosen[np.argsort(keys[chosen])]
-    return ranks_by_load(loads, integer)[:count]
+    threshold = np.partition(loads, count - 1)[count - 1]
+    below = np.flatnonzero(loads < threshold)
+    tied = np.flatnonzero(loads == threshold)[: count - below.size]  # lowest ranks first
+    chosen = np.concatenate((below, tied))
+    return chosen[np.lexsort((chosen, loads[chosen]))]
 
 
 def round_length(loads_sorted: np.ndarray, ranks_sorted: np.ndarray, costs: np.ndarray,
