@@ -70,6 +70,16 @@ def test_fast_lpt_is_bit_identical_to_the_heap_loop(lengths, num_ranks, cost):
                                   heap_lpt(problem.item_costs, num_ranks))
 
 
+@given(loads=st.lists(st.integers(0, 6), min_size=1, max_size=60), count=st.integers(1, 60),
+       scale=st.sampled_from([1.0, 0.1]))
+def test_partial_selection_matches_the_full_order_with_ties(loads, count, scale):
+    loads = np.array(loads) * scale
+    count = min(count, loads.size)
+    integer = scale == 1.0
+    np.testing.assert_array_equal(lpt.smallest_ranks(loads, count, integer),
+                                  lpt.ranks_by_load(loads, integer)[:count])
+
+
 @pytest.mark.parametrize("zeros", [0, 500], ids=["no_zero_items", "many_zero_items"])
 @pytest.mark.parametrize("num_ranks", [7, 64, 300])
 def test_fast_lpt_matches_the_heap_loop_on_larger_tied_instances(num_ranks, zeros):
