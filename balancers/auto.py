@@ -14,8 +14,8 @@ MULTIFIT packs to a target makespan and is far better than LPT and KK with two o
 items per rank (where both put the D largest items on separate ranks first).
 
 Guarantee: makespan <= min(LPT, Karmarkar–Karp) on every instance, by construction, so
-also <= (4/3 - 1/(3D)) · OPT without a cap; padded plans are optimal.  Only the better start is
-improved when the instance is large (more than `BOTH_STARTS_MAX_ITEMS` items).  Local
+also <= (4/3 - 1/(3D)) · OPT without a cap; padded plans are optimal.  Only the best start is
+improved when the instance is large (more than `ALL_STARTS_MAX_ITEMS` items).  Local
 search is bounded by a work count, not a clock, so the plan is bit-identical on every
 machine.  The ILP step runs only when the caller grants a `time_limit`; CBC stopped by
 that (wall-clock) limit may return a machine-dependent plan, never a worse one.
@@ -28,8 +28,8 @@ import numpy as np
 from . import ilp, karmarkar_karp, local_search, lpt, multifit, padded
 from .problem import InfeasibleError, KernelResult, Problem, lower_bound, make_problem, rank_loads, rank_tokens
 
-BOTH_STARTS_MAX_ITEMS = 2048
-"""Improve both starts up to this many items; above, only the better one."""
+ALL_STARTS_MAX_ITEMS = 2048
+"""Improve every start up to this many items; above, only the best one."""
 
 MULTIFIT_MAX_PER_RANK = 8
 MULTIFIT_MAX_ITEMS = 16384
@@ -69,7 +69,7 @@ def solve(problem: Problem) -> KernelResult:
         else:
             raise refusal
     makespans = [float(rank_loads(problem, start).max()) for start in starts]
-    if problem.num_items > BOTH_STARTS_MAX_ITEMS:
+    if problem.num_items > ALL_STARTS_MAX_ITEMS:
         starts = [starts[int(np.argmin(makespans))]]
     plans = starts + [local_search.improve(problem, start) for start in starts]
     makespans = [float(rank_loads(problem, plan).max()) for plan in plans]
