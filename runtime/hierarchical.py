@@ -16,8 +16,9 @@ its G ranks (and their NICs) instead of funnelled through one leader:
 Intra-node data moves once (phase 1); inter-node data crosses the network once, in
 N·(N-1) messages instead of the flat all-to-all's N·(N-1)·G² (N nodes).  Inter-node bytes
 are the same as flat; what changes is message count and size.  Built from
-`torch.distributed.new_group` subgroups; constructing it is a collective call on every
-rank of `group`.
+`torch.distributed.new_group` subgroups with group-local synchronisation, so it works
+inside any data-parallel group of a larger world; constructing it is a collective call
+on every rank of `group` (and only those).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class HierarchicalAllToAll:
             if len(positions) == 1:
                 subgroup = None
             else:
-                subgroup = dist.new_group([members[p] for p in positions])
+                subgroup = dist.new_group([members[p] for p in positions], use_local_synchronization=True)
             if me in positions:
                 mine = (subgroup, positions)
         return mine

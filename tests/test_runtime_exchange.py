@@ -7,6 +7,7 @@ rank raises there, and `spawn` re-raises it here with every rank's traceback.
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, Piece, exchange, exchange_with_grad,
                               gather_metadata)
@@ -95,6 +96,23 @@ def six_rank_job(rank, size):
     return len(outputs)
 
 
+def data_parallel_subgroup_job(rank, size):
+    """Two data-parallel groups (even and odd world ranks), each with its own node-wise
+    transport: subgroups must not mix across the two groups."""
+    for parity in (0, 1):
+        group = dist.new_group([r for r in range(size) if r % 2 == parity])
+        if rank % 2 == parity:
+            mine = group
+    counts, rows = [2, 1, 3, 2], np.array([1, 2, 0, 3, 1, 2, 2, 1])
+    meta = ExchangeMeta.from_assignment(np.array([3, 2, 1, 0, 0, 1, 2, 3]), counts, dist.get_rank(mine))
+    tensor = item_rows(meta.source_items, rows, torch.float32, (2,), salt=rank % 2)
+    flat = exchange([Piece(meta, tensor, rows)], FlatAllToAll(mine))[0]
+    nodewise = exchange([Piece(meta, tensor, rows)], HierarchicalAllToAll(2, group=mine))[0]
+    assert torch.equal(flat, nodewise)
+    assert torch.equal(flat, item_rows(meta.dest_items, rows, torch.float32, (2,), salt=rank % 2))
+    return True
+
+
 def autograd_job(rank, size):
     lengths = np.random.default_rng(10 + rank).integers(0, 5, COUNTS[rank])
     rows = gather_metadata(lengths, num_columns=1).column(0)
@@ -135,6 +153,10 @@ def test_round_trip_is_bit_identical_for_every_dtype_route_and_transport():
 
 def test_nodewise_exchange_with_several_relayed_node_pairs():
     assert spawn(six_rank_job, 6, timeout_s=90) == [3] * 6
+
+
+def test_nodewise_exchange_inside_data_parallel_subgroups():
+    assert all(spawn(data_parallel_subgroup_job, 8, timeout_s=90))
 
 
 def test_autograd_exchange_returns_gradients_along_the_inverse_route():
