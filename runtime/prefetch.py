@@ -25,15 +25,20 @@ class Prefetcher:
     """Run `plan_fn(*args, group)` in a background thread, one request at a time.
 
     `group`: the process group for the thread's collectives; default: a new gloo group
-    over the world when torch.distributed is initialised (every rank must construct its
-    Prefetcher at the same point), else None.
+    with the ranks of `training_group` (the world when None) when torch.distributed is
+    initialised (every rank of it must construct its Prefetcher at the same point), else
+    None.
     """
 
-    def __init__(self, plan_fn: Callable, group=None):
+    def __init__(self, plan_fn: Callable, group=None, *, training_group=None):
         if not callable(plan_fn):
             raise TypeError(f"`plan_fn` must be callable; got {type(plan_fn).__name__}")
         if group is None and dist.is_available() and dist.is_initialized():
-            group = dist.new_group(backend="gloo")
+            if training_group is None:
+                group = dist.new_group(backend="gloo")
+            else:
+                group = dist.new_group(dist.get_process_group_ranks(training_group), backend="gloo",
+                                       use_local_synchronization=True)
         self.plan_fn, self.group = plan_fn, group
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orchmllm-prefetch")
         self._pending: Future | None = None

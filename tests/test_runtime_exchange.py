@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, Piece, exchange, exchange_with_grad,
-                              gather_metadata)
+from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, Piece, PostBalancingDispatcher,
+                              Prefetcher, exchange, exchange_with_grad, gather_metadata)
 from orchmllm.runtime.launch import spawn
 
 COUNTS = [3, 0, 5, 2]  # rank 1 samples nothing
@@ -110,6 +110,15 @@ def data_parallel_subgroup_job(rank, size):
     nodewise = exchange([Piece(meta, tensor, rows)], HierarchicalAllToAll(2, group=mine))[0]
     assert torch.equal(flat, nodewise)
     assert torch.equal(flat, item_rows(meta.dest_items, rows, torch.float32, (2,), salt=rank % 2))
+    # The prefetch thread's metadata group mirrors the data-parallel group, not the world.
+    dispatcher = PostBalancingDispatcher(group=mine)
+    local_lengths = rows[meta.source_items]
+    with Prefetcher(lambda lengths, group: dispatcher.plan(lengths, metadata_group=group),
+                    training_group=mine) as prefetcher:
+        prefetcher.submit(local_lengths)
+        prefetched = prefetcher.result(timeout=30)
+    assert prefetched.metadata.counts.tolist() == counts
+    assert prefetched.balance.digest() == dispatcher.plan(local_lengths).balance.digest()
     return True
 
 
