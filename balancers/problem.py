@@ -31,7 +31,13 @@ class Status(str, Enum):
 
 
 class InfeasibleError(ValueError):
-    """No plan fits the memory cap; `min_cap` is the smallest cap known to be necessary."""
+    """No plan fits the memory cap.
+
+    `min_cap` is a cap to try next.  Exact solvers and bound checks set it to the
+    smallest cap that could work (necessary); a heuristic that gave up sets it to a cap
+    at which it is certain to succeed (sufficient for that algorithm), and its message
+    says which.
+    """
 
     def __init__(self, message: str, min_cap: int):
         super().__init__(message)

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from . import identity, lpt
-from . import padded
-from . import ilp
-from . import karmarkar_karp
-from . import auto
-from . import multifit
+from . import auto, identity, ilp, karmarkar_karp, lpt, multifit, padded
 from .problem import Kernel
 
 ALGORITHMS: dict[str, Kernel] = {
