@@ -1,7 +1,15 @@
-"""orchmllm: batch post-balancing for multimodal LLM training."""
+"""orchmllm: batch post-balancing for multimodal LLM training.
+
+The solver layers are importable without torch; `orchmllm.runtime` (torch.distributed)
+is imported on its own.
+"""
 
 from .balancers import ALGORITHMS, BalancePlan, CostModel, InfeasibleError, balance
+from .orchestrator import Batch, Orchestrator, Sample, Segment, Stage, StepPlan, default_stages
+from .topology import Topology, estimate_exchange, place, traffic
 
 __version__ = "0.1.0"
 
-__all__ = ["ALGORITHMS", "BalancePlan", "CostModel", "InfeasibleError", "__version__", "balance"]
+__all__ = ["ALGORITHMS", "BalancePlan", "Batch", "CostModel", "InfeasibleError", "Orchestrator", "Sample",
+           "Segment", "Stage", "StepPlan", "Topology", "__version__", "balance", "default_stages",
+           "estimate_exchange", "place", "traffic"]
