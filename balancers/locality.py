@@ -152,33 +152,24 @@ def ranks_within_nodes(node_of_group: np.ndarray, group_of_item: np.ndarray, sou
     return _max_weight_bijection(block_groups, block_ranks, block_weights, num_ranks, unlisted_allowed=False)
 
 
-def _offer_largest_that_fit(state: "_State", segment: np.ndarray, candidates: np.ndarray, room, place) -> None:
-    """Per segment, offer its candidates largest first (ties by index) to `place`, skipping
-    at once every candidate costlier than the segment's current room.
+def _by_segment(state: "_State", segment: np.ndarray, candidates: np.ndarray):
+    """Candidates grouped by segment, largest first (ties by index) within one.
 
-    `room(segments)` gives each segment's cost room now; `place(items, segments)` places
-    what it can (one item per segment per call).  A segment is done when no candidate is
-    left that its room could take, so the rounds number about the items placed per
-    segment, not the items offered.
+    Returns (keys, items, starts, ends, segments): keys = segment · n + cost rank, sorted;
+    items[k] the item of keys[k]; segment segments[s] spans keys[starts[s]:ends[s]].
     """
     n = state.costs.size
     keys = np.sort(segment[candidates] * n + state.cost_rank[candidates])
-    if keys.size == 0:
-        return
-    order, owner = state.item_of_rank[keys % n], keys // n
-    starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1])))
-    ends = np.append(starts[1:], keys.size)
-    segments, pointer = owner[starts], starts.copy()
-    while segments.size:
-        # First candidate at or after the pointer whose cost fits the room.
-        first_fitting_rank = np.searchsorted(state.negated_sorted_costs, -room(segments), side="left")
-        position = np.maximum(np.searchsorted(keys, segments * n + first_fitting_rank), pointer)
-        alive = position < ends
-        segments, position, ends = segments[alive], position[alive], ends[alive]
-        place(order[position], segments)
-        pointer = position + 1
-        left = pointer < ends
-        segments, pointer, ends = segments[left], pointer[left], ends[left]
+    owner = keys // n
+    starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1]))) if keys.size else keys
+    return keys, state.item_of_rank[keys % n], starts, np.append(starts[1:], keys.size), owner[starts]
+
+
+def _first_fitting(state: "_State", keys: np.ndarray, segments: np.ndarray, pointer: np.ndarray,
+                   room: np.ndarray) -> np.ndarray:
+    """Per segment, the first key at or after `pointer` whose item's cost is at most `room`."""
+    first_fitting_rank = np.searchsorted(state.negated_sorted_costs, -room, side="left")
+    return np.maximum(np.searchsorted(keys, segments * state.costs.size + first_fitting_rank), pointer)
 
 
 class _State:
@@ -214,35 +205,83 @@ class _State:
 
 
 def _keep_home(state: _State, sources: np.ndarray) -> None:
-    """Every rank keeps its own items, largest first, each one that still fits."""
+    """Every rank keeps its own items, largest first, each one that still fits.
 
-    def keep(items: np.ndarray, ranks: np.ndarray) -> None:
-        fits = state.fits(items, ranks)
-        state.put(items[fits], ranks[fits])
-
-    _offer_largest_that_fit(state, sources, np.arange(sources.size, dtype=np.int64),
-                            lambda ranks: state.target - state.loads[ranks], keep)
+    In rounds, each rank keeps at once the run of its next items that fit together (by
+    prefix sums of cost and tokens, the cost a hair short of the room so that rounding
+    never lets one through that the item-by-item test would refuse) from the first one
+    that fits, so rounds number about the items a rank skips, not the items it keeps.
+    """
+    keys, order, pointer, ends, ranks = _by_segment(state, sources, np.arange(sources.size, dtype=np.int64))
+    cost_sums = np.concatenate(([0.0], np.cumsum(state.costs[order])))
+    token_sums = np.concatenate(([0.0], np.cumsum(state.lengths[order])))
+    margin = cost_sums.size * np.finfo(np.float64).eps * cost_sums[-1]  # bounds the prefix sums' rounding
+    while ranks.size:
+        room = state.target - state.loads[ranks]
+        position = _first_fitting(state, keys, ranks, pointer, room)
+        alive = position < ends
+        ranks, position, ends, room = ranks[alive], position[alive], ends[alive], room[alive]
+        run_end = np.minimum(
+            np.searchsorted(cost_sums, cost_sums[position] + room - margin, side="right") - 1,
+            np.searchsorted(token_sums, token_sums[position] + (state.cap - state.tokens[ranks]), side="right") - 1)
+        first = order[position]
+        run_end = np.minimum(np.maximum(run_end, position + state.fits(first, ranks)), ends)
+        count = run_end - position
+        kept = np.repeat(run_end - count.cumsum(), count) + np.arange(count.sum())
+        owners = np.repeat(ranks, count)
+        state.destinations[order[kept]] = owners
+        state.loads += np.bincount(owners, weights=state.costs[order[kept]], minlength=state.loads.size)
+        state.tokens += np.bincount(owners, weights=state.lengths[order[kept]], minlength=state.loads.size)
+        pointer = np.maximum(run_end, position + 1)
+        left = pointer < ends
+        ranks, pointer, ends = ranks[left], pointer[left], ends[left]
 
 
 def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
     """Largest first, each left-over item to the least-loaded rank of its node that fits.
 
-    Returns the items no rank of their node could take.
+    In rounds, each node places a run of its next items at once, the k-th on its k-th
+    least-loaded rank, while that is the rank the item-by-item loop would choose (the
+    least loaded, ties by rank, when the item comes, with room for it); the item that
+    ends a run starts the next round, alone on the least-loaded rank that has room when
+    it must skip the least-loaded one for its tokens.  Returns the items no rank of
+    their node could take.
     """
-    node = sources // gpus_per_node
-    offsets = np.arange(gpus_per_node, dtype=np.int64)
-    node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
-
-    def take(items: np.ndarray, nodes: np.ndarray) -> None:
-        ranks = nodes[:, None] * gpus_per_node + offsets
-        fits = ((state.loads[ranks] + state.costs[items, None] <= state.target)
-                & (state.tokens[ranks] + state.lengths[items, None] <= state.cap))
-        chosen = ranks[np.arange(items.size), np.argmin(np.where(fits, state.loads[ranks], np.inf), axis=1)]
-        placed = fits.any(axis=1)
-        state.put(items[placed], chosen[placed])
-
-    _offer_largest_that_fit(state, node, np.flatnonzero(state.destinations < 0),
-                            lambda nodes: state.target - node_loads[nodes].min(axis=1), take)
+    g = gpus_per_node
+    keys, order, pointer, ends, nodes = _by_segment(state, sources // g, np.flatnonzero(state.destinations < 0))
+    offsets = np.arange(g, dtype=np.int64)
+    earlier = np.tri(g, k=-1, dtype=bool)  # earlier[k, j]: item j comes before item k
+    while nodes.size:
+        node_loads = state.loads.reshape(-1, g)[nodes]
+        position = _first_fitting(state, keys, nodes, pointer, state.target - node_loads.min(axis=1))
+        alive = position < ends
+        nodes, position, ends, node_loads = nodes[alive], position[alive], ends[alive], node_loads[alive]
+        by_load = np.argsort(node_loads, axis=1, kind="stable")
+        ranks = nodes[:, None] * g + by_load
+        loads = np.take_along_axis(node_loads, by_load, axis=1)
+        slot = position[:, None] + offsets
+        in_range = slot < ends[:, None]
+        items = order[np.minimum(slot, order.size - 1)]
+        after = loads + np.where(in_range, state.costs[items], np.inf)
+        # Rank k is still the least loaded when item k comes: (load_k, rank_k) < (after_j, rank_j), j < k.
+        below = ((loads[:, :, None] < after[:, None, :])
+                 | ((loads[:, :, None] == after[:, None, :]) & (ranks[:, :, None] < ranks[:, None, :])))
+        run_ok = (np.all(below | ~earlier, axis=2) & in_range & (after <= state.target)
+                  & (state.tokens[ranks] + state.lengths[items] <= state.cap))
+        run = np.where(run_ok.all(axis=1), g, np.argmin(run_ok, axis=1))
+        placed = offsets < run[:, None]
+        state.put(items[placed], ranks[placed])
+        alone = np.flatnonzero(run == 0)
+        if alone.size:
+            item, node_ranks = items[alone, 0], nodes[alone, None] * g + offsets
+            fits = ((state.loads[node_ranks] + state.costs[item, None] <= state.target)
+                    & (state.tokens[node_ranks] + state.lengths[item, None] <= state.cap))
+            chosen = node_ranks[np.arange(item.size), np.argmin(np.where(fits, state.loads[node_ranks], np.inf), axis=1)]
+            room = fits.any(axis=1)
+            state.put(item[room], chosen[room])
+        pointer = position + np.maximum(run, 1)
+        left = pointer < ends
+        nodes, pointer, ends = nodes[left], pointer[left], ends[left]
     return np.flatnonzero(state.destinations < 0)
 
 
