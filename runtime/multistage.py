@@ -225,16 +225,11 @@ class MultiStageRuntime:
                  arrived: Sequence[torch.Tensor]) -> Assembled:
         """Interleave text embeddings and received segment embeddings into packed sequences."""
         step, rank = routes.step, routes.rank
-        llm = step.llm
-        if llm.items_on(rank).size:
-            recipe = step.assembly(rank)
-            samples, sample_lengths, num_tokens = recipe.samples, recipe.sample_lengths, recipe.num_tokens
-            text_start = llm.item_input_offset[recipe.text_sample] + recipe.text_offset
-            text_source = ranges(text_start, recipe.text_length)
-            text_destination = ranges(recipe.text_llm_offset, recipe.text_length)
-        else:  # no LLM samples here (the orchestrator's assembly() does not handle this case)
-            samples = sample_lengths = text_source = text_destination = np.zeros(0, dtype=np.int64)
-            num_tokens = 0
+        recipe = step.assembly(rank)
+        samples, sample_lengths, num_tokens = recipe.samples, recipe.sample_lengths, recipe.num_tokens
+        text_start = step.llm.item_input_offset[recipe.text_sample] + recipe.text_offset
+        text_source = ranges(text_start, recipe.text_length)
+        text_destination = ranges(recipe.text_llm_offset, recipe.text_length)
         destinations = [text_destination]
         for route, plan in zip(routes.embedding_routes, step.stage_plans[:-1]):
             segments = plan.item_segment[route.dest_items]
