@@ -67,7 +67,7 @@ class PostBalancingDispatcher:
         transport: `FlatAllToAll(group)` (default) or `HierarchicalAllToAll(gpus_per_node, group)`.
     """
 
-    def __init__(self, *, group=None, algorithm: str = "lpt", cost=None, padded: bool = False,
+    def __init__(self, *, group=None, algorithm: str = "auto", cost=None, padded: bool = False,
                  max_tokens_per_rank: int | None = None, time_limit: float | None = None,
                  per_item_keys=(), check_plan: bool = False, transport=None):
         self.group = group
