@@ -172,6 +172,35 @@ def _first_fitting(state: "_State", keys: np.ndarray, segments: np.ndarray, poin
     return np.maximum(np.searchsorted(keys, segments * state.costs.size + first_fitting_rank), pointer)
 
 
+def _by_cost(costs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """`sorted_order(costs)`, from the integer lengths when costs grow strictly with length
+    (integer keys sort about twice as fast as float costs)."""
+    order = sorted_order(lengths)
+    if np.all(np.diff(costs[order])[np.diff(lengths[order]) < 0] < 0):
+        return order
+    return sorted_order(costs)
+
+
+def _offer_largest_that_fit(state: "_State", segment: np.ndarray, candidates: np.ndarray, room, place) -> None:
+    """Per segment, offer its candidates largest first (ties by index) to `place`, skipping
+    at once every candidate costlier than the segment's current room.
+
+    `room(segments)` gives each segment's cost room now; `place(items, segments)` places
+    what it can (one item per segment per call).  A segment is done when no candidate is
+    left that its room could take, so the rounds number about the items placed per
+    segment, not the items offered.
+    """
+    keys, order, pointer, ends, segments = _by_segment(state, segment, candidates)
+    while segments.size:
+        position = _first_fitting(state, keys, segments, pointer, room(segments))
+        alive = position < ends
+        segments, position, ends = segments[alive], position[alive], ends[alive]
+        place(order[position], segments)
+        pointer = position + 1
+        left = pointer < ends
+        segments, pointer, ends = segments[left], pointer[left], ends[left]
+
+
 class _State:
     """Destinations, rank loads and rank tokens of a partial plan under a target and a cap."""
 
@@ -179,7 +208,7 @@ class _State:
         self.costs, self.lengths = problem.item_costs, problem.lengths.astype(np.float64)
         self.target = target
         self.cap = np.inf if problem.max_tokens_per_rank is None else float(problem.max_tokens_per_rank)
-        self.item_of_rank = sorted_order(self.costs)  # items by cost, largest first, ties by index
+        self.item_of_rank = _by_cost(self.costs, problem.lengths)  # largest first, ties by index
         self.cost_rank = np.empty(problem.num_items, dtype=np.int64)
         self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
         self.negated_sorted_costs = -self.costs[self.item_of_rank]
@@ -240,48 +269,22 @@ def _keep_home(state: _State, sources: np.ndarray) -> None:
 def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
     """Largest first, each left-over item to the least-loaded rank of its node that fits.
 
-    In rounds, each node places a run of its next items at once, the k-th on its k-th
-    least-loaded rank, while that is the rank the item-by-item loop would choose (the
-    least loaded, ties by rank, when the item comes, with room for it); the item that
-    ends a run starts the next round, alone on the least-loaded rank that has room when
-    it must skip the least-loaded one for its tokens.  Returns the items no rank of
-    their node could take.
+    Returns the items no rank of their node could take.
     """
-    g = gpus_per_node
-    keys, order, pointer, ends, nodes = _by_segment(state, sources // g, np.flatnonzero(state.destinations < 0))
-    offsets = np.arange(g, dtype=np.int64)
-    earlier = np.tri(g, k=-1, dtype=bool)  # earlier[k, j]: item j comes before item k
-    while nodes.size:
-        node_loads = state.loads.reshape(-1, g)[nodes]
-        position = _first_fitting(state, keys, nodes, pointer, state.target - node_loads.min(axis=1))
-        alive = position < ends
-        nodes, position, ends, node_loads = nodes[alive], position[alive], ends[alive], node_loads[alive]
-        by_load = np.argsort(node_loads, axis=1, kind="stable")
-        ranks = nodes[:, None] * g + by_load
-        loads = np.take_along_axis(node_loads, by_load, axis=1)
-        slot = position[:, None] + offsets
-        in_range = slot < ends[:, None]
-        items = order[np.minimum(slot, order.size - 1)]
-        after = loads + np.where(in_range, state.costs[items], np.inf)
-        # Rank k is still the least loaded when item k comes: (load_k, rank_k) < (after_j, rank_j), j < k.
-        below = ((loads[:, :, None] < after[:, None, :])
-                 | ((loads[:, :, None] == after[:, None, :]) & (ranks[:, :, None] < ranks[:, None, :])))
-        run_ok = (np.all(below | ~earlier, axis=2) & in_range & (after <= state.target)
-                  & (state.tokens[ranks] + state.lengths[items] <= state.cap))
-        run = np.where(run_ok.all(axis=1), g, np.argmin(run_ok, axis=1))
-        placed = offsets < run[:, None]
-        state.put(items[placed], ranks[placed])
-        alone = np.flatnonzero(run == 0)
-        if alone.size:
-            item, node_ranks = items[alone, 0], nodes[alone, None] * g + offsets
-            fits = ((state.loads[node_ranks] + state.costs[item, None] <= state.target)
-                    & (state.tokens[node_ranks] + state.lengths[item, None] <= state.cap))
-            chosen = node_ranks[np.arange(item.size), np.argmin(np.where(fits, state.loads[node_ranks], np.inf), axis=1)]
-            room = fits.any(axis=1)
-            state.put(item[room], chosen[room])
-        pointer = position + np.maximum(run, 1)
-        left = pointer < ends
-        nodes, pointer, ends = nodes[left], pointer[left], ends[left]
+    node = sources // gpus_per_node
+    offsets = np.arange(gpus_per_node, dtype=np.int64)
+    node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
+
+    def take(items: np.ndarray, nodes: np.ndarray) -> None:
+        ranks = nodes[:, None] * gpus_per_node + offsets
+        fits = ((state.loads[ranks] + state.costs[items, None] <= state.target)
+                & (state.tokens[ranks] + state.lengths[items, None] <= state.cap))
+        chosen = ranks[np.arange(items.size), np.argmin(np.where(fits, state.loads[ranks], np.inf), axis=1)]
+        placed = fits.any(axis=1)
+        state.put(items[placed], chosen[placed])
+
+    _offer_largest_that_fit(state, node, np.flatnonzero(state.destinations < 0),
+                            lambda nodes: state.target - node_loads[nodes].min(axis=1), take)
     return np.flatnonzero(state.destinations < 0)
 
 
