@@ -69,16 +69,16 @@ def failing_step_job(rank, size, fault):
 @pytest.mark.parametrize("fault", ["raise", "hang"])
 def test_a_failing_rank_makes_the_others_fail_within_the_collective_timeout(fault):
     start = time.monotonic()
-    outcomes = run_processes(failing_step_job, 4, args=(fault,), timeout_s=8, collective_timeout_s=3)
+    outcomes = run_processes(failing_step_job, 4, args=(fault,), timeout_s=10, collective_timeout_s=3)
     elapsed = time.monotonic() - start
     assert not any(o.ok for o in outcomes)
     if fault == "raise":
         assert "injected fault on rank 2" in outcomes[2].error
     else:
-        assert outcomes[2].seconds is None and "killed after the 8 s timeout" in outcomes[2].error
+        assert outcomes[2].seconds is None and "killed after the 10 s timeout" in outcomes[2].error
     for outcome in outcomes:
         if outcome.rank != 2:
-            assert outcome.seconds is not None and outcome.seconds < 7, outcome
+            assert outcome.seconds is not None and outcome.seconds < 9, outcome
             assert "Traceback" in outcome.error
     assert elapsed < 15
     with pytest.raises(SpawnError, match="rank 2"):
