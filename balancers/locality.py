@@ -469,10 +469,12 @@ def _repair(state: _State, sources: np.ndarray, item_bytes: np.ndarray, gpus_per
     within the target) win, fewest added inter-node bytes first, then smallest delta;
     without one, the candidate that lowers max(r, partner rank) most.  Partners come from
     r's node first (for all nodes at once, `_repair_in_node`), then, most loaded rank
-    first, from r's node, from the ranks with the most room (a full fix needs room for
-    delta >= load_r - target; at most `_ROOMY_PARTNERS` of them, searching all of
-    them costs a pass over every item per rank), from every other rank when those offer
-    no full fix.  Stops when no candidate improves.
+    first, from the other ranks roomiest first: the `_ROOMY_PARTNERS` roomiest, then
+    four times as many, and so on while no full fix is found and a rank left out could
+    still offer one (room >= load_r - target) or a better partial one (a partner p
+    lowers the peak to (load_r + load_p) / 2 at best), so a search passes over the items
+    of the few ranks that can help, not of every rank.  The first full fix found is
+    taken; partial fixes are the best over all ranks.  Stops when no candidate improves.
     """
     _repair_in_node(state, gpus_per_node)
     home_node = sources // gpus_per_node
@@ -485,12 +487,18 @@ def _repair(state: _State, sources: np.ndarray, item_bytes: np.ndarray, gpus_per
         rank = int(np.argmax(state.loads))
         if state.loads[rank] <= state.target:
             return
-        room = state.target - state.loads
-        roomy = np.flatnonzero(room >= state.loads[rank] - state.target)
-        best = _best_fix(state, members, rank, np.sort(roomy[np.lexsort((roomy, -room[roomy]))[:_ROOMY_PARTNERS]]),
-                         home_node, item_bytes, gpus_per_node)
-        if best is None or best[0][0] > 0:
-            best = _best_fix(state, members, rank, np.delete(everyone, rank), home_node, item_bytes, gpus_per_node)
+        others = np.delete(everyone, rank)
+        others = others[np.lexsort((others, state.loads[others]))]  # roomiest first
+        best, searched = None, 0
+        while searched < others.size and (best is None or best[0][0] > 0):
+            peak_to_beat = state.loads[rank] if best is None else best[0][1]
+            least = state.loads[others[searched]]
+            if state.target - least < state.loads[rank] - state.target and (
+                    (state.loads[rank] + least) / 2 > peak_to_beat
+                    or (best is None and (state.loads[rank] + least) / 2 >= peak_to_beat)):
+                break
+            searched = min(others.size, max(_ROOMY_PARTNERS, 4 * searched))
+            best = _best_fix(state, members, rank, np.sort(others[:searched]), home_node, item_bytes, gpus_per_node)
         if best is None:
             return
         _, item, other, other_rank = best

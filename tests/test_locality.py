@@ -266,6 +266,6 @@ def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_
     plan = balance(lengths, 128, cost=cost, algorithm="lpt", sources=sources, item_bytes=item_bytes,
                    topology=Topology(16, 8))
     _check(plan, plain, lengths, 0.002)
-    assert 0 < len(pools) and max(pools) <= locality._ROOMY_PARTNERS
+    assert 0 < len(pools) and max(pools) < 127  # never a search over every other rank
     placed = place(plain.assignment, sources, item_bytes, Topology(16, 8), "lap_node").traffic
     assert traffic(sources, plan.assignment, item_bytes, Topology(16, 8)).bytes_inter_node < placed.bytes_inter_node
