@@ -112,8 +112,7 @@ class Orchestrator:
             assignment problem, 60 ms at 2560 ranks) than the few percent of the step's
             bytes they carry (BENCHMARKS.md, "Orchestrator and simulator").
         makespan_slack: relative makespan "locality" may add per stage to keep bytes local
-            (0.005: at 0.002 the balancer's repair phase often needs seconds at 2560
-            ranks, see BENCHMARKS.md).
+            (the balancer's default, 0.002).
         balance_encoders / balance_llm: False keeps that stage's items on the rank that
             sampled them (the ablations "llm_only" and "none").
         uniform_algorithm: balance every stage with this algorithm, as if unpadded (the
@@ -122,7 +121,7 @@ class Orchestrator:
     """
 
     def __init__(self, stages, topology, *, placement: str | None = LOCALITY, padded_placement: str | None = None,
-                 makespan_slack: float = 0.005, balance_encoders: bool = True, balance_llm: bool = True,
+                 makespan_slack: float = 0.002, balance_encoders: bool = True, balance_llm: bool = True,
                  uniform_algorithm: str | None = None):
         self.stages = check_stages(stages)
         if isinstance(topology, (int, np.integer)) and not isinstance(topology, bool):
