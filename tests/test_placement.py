@@ -64,6 +64,48 @@ def test_lap_node_keeps_the_most_bytes_on_their_node_then_rank(seed):
     assert placement.traffic.bytes_kept == max(same_nodes)
 
 
+def _dense_best_kept(groups, sources, item_bytes, size):
+    """Most bytes kept on their rank over every bijection: scipy's dense assignment."""
+    from scipy.optimize import linear_sum_assignment
+
+    kept = np.zeros((size, size))
+    np.add.at(kept, (groups, sources), item_bytes)
+    rows, cols = linear_sum_assignment(kept, maximize=True)
+    return kept[rows, cols].sum()
+
+
+def _star(size):
+    """Every group draws only from ranks 0 and 1: all but two groups stay out of the matching."""
+    rng = np.random.default_rng(size)
+    groups = np.repeat(np.arange(size), 2)
+    return groups, np.tile([0, 1], size), rng.integers(1, 50, 2 * size).astype(float)
+
+
+def _paths(size):
+    """Pairs (2k, 2k+1): group 2k keeps 1 on rank 2k or 10 on rank 2k+1, group 2k+1 only 1 on
+    rank 2k+1: the best plan leaves half the groups out although a perfect matching exists."""
+    even = np.arange(0, size, 2)
+    groups = np.concatenate([even, even, even + 1])
+    sources = np.concatenate([even, even + 1, even + 1])
+    return groups, sources, np.concatenate([np.ones(even.size), np.full(even.size, 10.0), np.ones(even.size)])
+
+
+def _sparse(size):
+    rng = np.random.default_rng(size)
+    return rng.integers(0, size, 3 * size), rng.integers(0, size, 3 * size), rng.integers(0, 30, 3 * size) * 1.0
+
+
+@pytest.mark.parametrize("make", [_star, _paths, _sparse], ids=["star", "paths", "sparse"])
+@pytest.mark.parametrize("size", [6, 18, 40])
+def test_lap_matches_the_dense_assignment_however_many_groups_stay_out(make, size):
+    """The sparse LAP opens a few spare columns to every group and widens them while all are
+    taken; it must still reach the dense optimum when many groups stay out of the matching."""
+    groups, sources, item_bytes = make(size)
+    placement = place(groups, sources, item_bytes, Topology(1, size), "lap")
+    assert sorted(placement.rank_of_group.tolist()) == list(range(size))
+    assert placement.traffic.bytes_kept == pytest.approx(_dense_best_kept(groups, sources, item_bytes, size))
+
+
 @pytest.mark.parametrize("seed", [10, 11, 15, 18])  # 10, 15 and 18: lap_node's busiest node is not optimal
 def test_ilp_minimises_the_busiest_node_then_the_total(seed):
     topology = Topology(3, 2)
