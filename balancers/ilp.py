@@ -11,7 +11,8 @@ with count_r = sum_i x[i, r] and m_r the number of items allowed on r, every ite
 forces f(l_i) · (count_r - m_r · (1 - x[i, r])) <= M and, under a cap, with
 k_i = floor(cap / l_i), count_r <= k_i + (m_r - k_i) · (1 - x[i, r]).  Symmetry
 breaking: ranks are labelled in order of their first item along the cost-sorted list, so
-the j-th item may only use ranks 0..j; M starts at the combinatorial `lower_bound`.
+the j-th item may only use ranks 0..j, and items of equal length take ascending ranks
+along that list; M starts at the combinatorial `lower_bound`.
 Integer costs stay as they are and M is then an integer variable (CBC rounds its bound
 up); other costs are scaled to a largest item cost of 1 for CBC's tolerances.  Plans are
 scored exactly by `rank_loads`.
@@ -85,6 +86,13 @@ class _Model:
                   for i in range(n) for r in ranks_of[i]}
         for i in range(n):
             self.lp += pulp.lpSum(self.x[i, r] for r in ranks_of[i]) == 1
+        # Equal lengths are interchangeable items: along the sorted order their ranks ascend.
+        sorted_lengths = problem.lengths[self.order]
+        self.segment = np.concatenate(([0], np.cumsum(sorted_lengths[1:] != sorted_lengths[:-1])))
+        for position in np.flatnonzero(sorted_lengths[1:] == sorted_lengths[:-1]).tolist():
+            earlier, later = int(self.order[position]), int(self.order[position + 1])
+            self.lp += (pulp.lpSum(r * self.x[earlier, r] for r in ranks_of[earlier])
+                        <= pulp.lpSum(r * self.x[later, r] for r in ranks_of[later]))
         for r in range(min(n, num_ranks)):
             members = [i for i in range(n) if (i, r) in self.x]
             if not problem.padded:
@@ -113,11 +121,9 @@ class _Model:
             return False
         makespan = float(rank_loads(self.problem, assignment).max()) / self.scale
         if mip_start:
-            label: dict[int, int] = {}  # relabel ranks to fit the symmetry breaking
-            for item in self.order.tolist():
-                label.setdefault(int(assignment[item]), len(label))
+            ranks = self._canonical(assignment)
             for (i, r), var in self.x.items():
-                var.setInitialValue(1 if label[int(assignment[i])] == r else 0)
+                var.setInitialValue(1 if ranks[i] == r else 0)
             self.makespan.setInitialValue(makespan)
             return False
         if self.integral:
@@ -125,6 +131,21 @@ class _Model:
             return True
         self.makespan.upBound = makespan * (1.0 + _OBJECTIVE_SLACK)
         return False
+
+    def _canonical(self, assignment: np.ndarray) -> np.ndarray:
+        """The same plan relabelled to satisfy the symmetry breaking.
+
+        Ranks are renumbered by first appearance along the sorted order; then, inside
+        each run of equal lengths, the ranks are sorted (swapping equal items changes
+        nothing, and new ranks keep appearing in increasing order).
+        """
+        label: dict[int, int] = {}
+        for item in self.order.tolist():
+            label.setdefault(int(assignment[item]), len(label))
+        along = np.array([label[int(assignment[item])] for item in self.order.tolist()], dtype=np.int64)
+        ranks = np.empty_like(along)
+        ranks[self.order] = along[np.lexsort((along, self.segment))]
+        return ranks
 
     def solve(self, time_limit: float, mip_start: bool) -> tuple[str, np.ndarray | None, float | None]:
         """Run CBC: ("optimal" | "stopped" | "infeasible", assignment or None, proven bound or None).
