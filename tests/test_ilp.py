@@ -224,3 +224,18 @@ def test_crash_while_loading_the_start_is_retried_with_a_cutoff(tmp_path, monkey
     result = ilp.improve(make_problem([8, 8, 4, 3, 3], 2), start, time_limit=20)
     assert result.status is Status.OPTIMAL and result.lower_bound == 14
     assert np.array_equal(result.assignment, start)
+
+
+@given(lengths=st.lists(st.integers(1, 4), min_size=1, max_size=12), num_ranks=st.integers(1, 4),
+       seed=st.integers(0, 2**32 - 1), is_padded=st.booleans())
+def test_mip_start_is_relabelled_within_the_symmetry_breaking(lengths, num_ranks, seed, is_padded):
+    """The start CBC receives is the same plan up to rank names, inside the model's cuts."""
+    problem = make_problem(lengths, num_ranks, padded=is_padded)
+    model = ilp._Model(problem)
+    start = np.random.default_rng(seed).integers(0, num_ranks, size=len(lengths))
+    ranks = model._canonical(start)
+    assert sorted(rank_loads(problem, ranks)) == sorted(rank_loads(problem, start))
+    assert all((item, int(ranks[item])) in model.x for item in range(len(lengths)))
+    along = ranks[model.order]
+    same_length = problem.lengths[model.order][1:] == problem.lengths[model.order][:-1]
+    assert np.all(along[1:][same_length] >= along[:-1][same_length])
