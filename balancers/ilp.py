@@ -12,15 +12,18 @@ forces f(l_i) · (count_r - m_r · (1 - x[i, r])) <= M and, under a cap, with
 k_i = floor(cap / l_i), count_r <= k_i + (m_r - k_i) · (1 - x[i, r]).  Symmetry
 breaking: ranks are labelled in order of their first item along the cost-sorted list, so
 the j-th item may only use ranks 0..j, and items of equal length take ascending ranks
-along that list; M starts at the combinatorial `lower_bound`.
-Integer costs stay as they are and M is then an integer variable (CBC rounds its bound
-up); other costs are scaled to a largest item cost of 1 for CBC's tolerances.  Plans are
-scored exactly by `rank_loads`.
-A start plan (LPT, the padded optimum, or the caller's) is CBC's MIP start; it is
-returned when CBC finds nothing better.  CBC 2.10.3 intermittently
-segfaults when its time limit expires while it loads a MIP start: the solve is then
-retried once, in the time left, with the start as a strict cutoff only (M <= makespan - 1
-for integer costs, so that "infeasible" proves the start optimal).
+along that list; M starts at the combinatorial `lower_bound`.  Integer costs stay as
+they are and M is then an integer variable (CBC rounds its bound up); other costs are
+scaled to a largest item cost of 1 for CBC's tolerances.  Plans are scored exactly by
+`rank_loads`.
+
+A start plan (LPT, the padded optimum, or the caller's) is CBC's MIP start and is
+returned when CBC finds nothing better.  CBC 2.10.3 intermittently segfaults when its
+time limit expires while it loads a MIP start: the solve is then retried once, in the
+time left, with the start as a strict cutoff only (M <= makespan - 1 for integer costs,
+so that "infeasible" proves the start optimal).  CBC can also report "infeasible" when
+its time limit cuts preprocessing short, so a verdict counts only from a CBC run that
+ended within its limit.
 
 Guarantee: `optimal` only when CBC proves it (up to CBC's integrality and feasibility
 tolerances, 1e-6 and 1e-7 on the scaled costs, which is exact for integer costs); when
@@ -109,12 +112,12 @@ class _Model:
                     self.lp += count <= room + (most - room) * (1 - self.x[i, r])
 
     def start_from(self, assignment: np.ndarray | None, mip_start: bool) -> bool:
-        """Cap M by a start plan's makespan; True when only strictly better plans remain.
+        """Hand CBC a start plan; True when only strictly better plans remain.
 
         With `mip_start` CBC gets the plan as its incumbent (-mips) and M stays unbounded
         (a bound equal to the incumbent slowed CBC's search in our measurements).
-        Without, integer makespans allow M <= makespan - 1, so that "infeasible" proves
-        the start optimal (an incumbent cutoff without -mips).
+        Without, the plan's makespan caps M, strictly for integer makespans
+        (M <= makespan - 1), so that "infeasible" proves the start optimal.
         """
         self.makespan.upBound = None
         if assignment is None:
