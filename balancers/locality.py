@@ -232,8 +232,12 @@ class _State:
         self.tokens = np.zeros(problem.num_ranks)
 
     def fits(self, items: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-        return ((self.loads[ranks] + self.costs[items] <= self.target)
-                & (self.tokens[ranks] + self.lengths[items] <= self.cap))
+        """Whether each item fits on its rank under the target and the cap (rows of a 2-D `ranks`
+        when `items` has a trailing axis of 1)."""
+        fits = self.loads[ranks] + self.costs[items] <= self.target
+        if self.cap < np.inf:
+            fits &= self.tokens[ranks] + self.lengths[items] <= self.cap
+        return fits
 
     def take(self, items: np.ndarray) -> None:
         """Remove placed items from their ranks."""
@@ -258,16 +262,17 @@ def _keep_home(state: _State, sources: np.ndarray) -> None:
     """
     keys, order, pointer, ends, ranks = _by_segment(state, sources, np.arange(sources.size, dtype=np.int64))
     cost_sums = np.concatenate(([0.0], np.cumsum(state.costs[order])))
-    token_sums = np.concatenate(([0.0], np.cumsum(state.lengths[order])))
+    token_sums = np.concatenate(([0.0], np.cumsum(state.lengths[order]))) if state.cap < np.inf else None
     margin = cost_sums.size * np.finfo(np.float64).eps * cost_sums[-1]  # bounds the prefix sums' rounding
     while ranks.size:
         room = state.target - state.loads[ranks]
         position = _first_fitting(state, keys, ranks, pointer, room)
         alive = position < ends
         ranks, position, ends, room = ranks[alive], position[alive], ends[alive], room[alive]
-        run_end = np.minimum(
-            np.searchsorted(cost_sums, cost_sums[position] + room - margin, side="right") - 1,
-            np.searchsorted(token_sums, token_sums[position] + (state.cap - state.tokens[ranks]), side="right") - 1)
+        run_end = np.searchsorted(cost_sums, cost_sums[position] + room - margin, side="right") - 1
+        if token_sums is not None:
+            token_room = state.cap - state.tokens[ranks]
+            run_end = np.minimum(run_end, np.searchsorted(token_sums, token_sums[position] + token_room, side="right") - 1)
         first = order[position]
         run_end = np.minimum(np.maximum(run_end, position + state.fits(first, ranks)), ends)
         count = run_end - position
@@ -292,8 +297,7 @@ def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.
 
     def take(items: np.ndarray, nodes: np.ndarray) -> None:
         ranks = nodes[:, None] * gpus_per_node + offsets
-        fits = ((state.loads[ranks] + state.costs[items, None] <= state.target)
-                & (state.tokens[ranks] + state.lengths[items, None] <= state.cap))
+        fits = state.fits(items[:, None], ranks)
         chosen = ranks[np.arange(items.size), np.argmin(np.where(fits, state.loads[ranks], np.inf), axis=1)]
         placed = fits.any(axis=1)
         state.put(items[placed], chosen[placed])
@@ -301,6 +305,16 @@ def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.
     _offer_largest_that_fit(state, node, np.flatnonzero(state.destinations < 0),
                             lambda nodes: state.target - node_loads[nodes].min(axis=1), take)
     return np.flatnonzero(state.destinations < 0)
+
+
+def _least_loaded(loads: np.ndarray, count: int) -> np.ndarray:
+    """The `count` least-loaded ranks by (load, rank), by partial selection when few are wanted."""
+    if 4 * count >= loads.size:
+        return np.argsort(loads, kind="stable")[:count]
+    kth = np.partition(loads, count - 1)[count - 1]
+    below = np.flatnonzero(loads < kth)
+    chosen = np.concatenate([below, np.flatnonzero(loads == kth)[:count - below.size]])
+    return chosen[np.lexsort((chosen, loads[chosen]))]
 
 
 def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
@@ -313,7 +327,7 @@ def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
     waiting = overflow[np.argsort(state.cost_rank[overflow])]
     num_ranks = state.loads.size
     while waiting.size:
-        ranks = np.lexsort((np.arange(num_ranks), state.loads))[: waiting.size]
+        ranks = _least_loaded(state.loads, min(waiting.size, num_ranks))
         chunk = waiting[: ranks.size]
         fits = state.fits(chunk, ranks)
         # The leading items too costly for every rank's room fit nowhere, now or later:
