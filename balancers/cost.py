@@ -85,7 +85,12 @@ class CostModel:
 
     @classmethod
     def fit(cls, lengths, seconds, *, per_item: bool = True, quadratic: bool = True) -> "CostModel":
-        """Least-squares fit with non-negative coefficients to measured (length, seconds)."""
+        """Fit non-negative coefficients to measured (length, seconds) pairs.
+
+        Minimises the squared *relative* error sum(((f(l) - s) / s)**2): timing noise is
+        multiplicative, and an unweighted fit would let the long sequences dictate the
+        coefficients and leave short ones several per cent off.
+        """
         lengths = np.asarray(lengths, dtype=np.float64)
         seconds = np.asarray(seconds, dtype=np.float64)
         if lengths.ndim != 1 or seconds.shape != lengths.shape:
@@ -102,7 +107,12 @@ class CostModel:
             raise ValueError(f"need at least {design.shape[1]} measurements to fit; got {lengths.size}")
         from scipy.optimize import nnls
 
+        positive = seconds[seconds > 0]
+        if positive.size == 0:
+            raise ValueError("`seconds` must contain at least one positive timing")
+        weights = 1.0 / np.maximum(seconds, positive.min())
+        design = design * weights[:, None]
         scale = np.maximum(np.abs(design).max(axis=0), 1e-300)
-        coef, _ = nnls(design / scale, seconds)
+        coef, _ = nnls(design / scale, seconds * weights)
         coef = coef / scale
         return cls(**{"per_item": 0.0, "quadratic": 0.0, **dict(zip(names, coef.tolist()))})
