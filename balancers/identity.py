@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .problem import InfeasibleError, KernelResult, Problem, rank_tokens
+from .problem import KernelResult, Problem, require_within_cap
 
 
 def home_ranks(num_items: int, num_ranks: int) -> np.ndarray:
@@ -18,13 +18,5 @@ def home_ranks(num_items: int, num_ranks: int) -> np.ndarray:
 
 def solve(problem: Problem) -> KernelResult:
     assignment = home_ranks(problem.num_items, problem.num_ranks)
-    cap = problem.max_tokens_per_rank
-    if cap is not None:
-        tokens = rank_tokens(problem, assignment)
-        if tokens.max() > cap:
-            rank = int(np.argmax(tokens))
-            raise InfeasibleError(
-                f"`identity` keeps every item home, and rank {rank} holds {int(tokens[rank])} tokens > "
-                f"max_tokens_per_rank={cap}; a cap of at least {int(tokens.max())} is needed",
-                min_cap=int(tokens.max()))
+    require_within_cap(problem, assignment, "`identity` keeps every item home and")
     return KernelResult(assignment)

@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from .plan import BalancePlan, make_plan
-from .problem import InfeasibleError, Kernel, KernelResult, Problem, make_problem, rank_tokens
+from .problem import Kernel, KernelResult, Problem, make_problem, require_within_cap
 
 VERL_HIDDEN_FLOPS = 24576  # verl's calculate_workload: 6 · hidden 4096 (a 7B model) per token
 
@@ -44,14 +44,7 @@ def verl_workload(lengths: np.ndarray) -> np.ndarray:
 
 
 def _check_cap(name: str, problem: Problem, assignment: np.ndarray) -> KernelResult:
-    cap = problem.max_tokens_per_rank
-    if cap is not None:
-        tokens = rank_tokens(problem, assignment)
-        if tokens.max() > cap:
-            rank = int(np.argmax(tokens))
-            raise InfeasibleError(
-                f"peer `{name}` ignores memory caps and put {int(tokens[rank])} tokens on rank {rank} > "
-                f"max_tokens_per_rank={cap}", min_cap=int(tokens.max()))
+    require_within_cap(problem, assignment, f"peer `{name}` ignores memory caps and")
     return KernelResult(assignment)
 
 

@@ -173,6 +173,22 @@ def check_cap_lower_bound(problem: Problem) -> None:
             f"< {total} tokens in total; a cap of at least {needed} is needed", min_cap=needed)
 
 
+def require_within_cap(problem: Problem, assignment: np.ndarray, placement: str) -> None:
+    """Raise InfeasibleError when a placement that cannot adapt overflows the cap.
+
+    `placement` completes the sentence "<placement> puts N tokens on rank r".
+    """
+    cap = problem.max_tokens_per_rank
+    if cap is None:
+        return
+    tokens = rank_tokens(problem, assignment)
+    if tokens.max() > cap:
+        rank = int(np.argmax(tokens))
+        raise InfeasibleError(
+            f"{placement} puts {int(tokens[rank])} tokens on rank {rank} > max_tokens_per_rank={cap}; "
+            f"it needs a cap of at least {int(tokens.max())}", min_cap=int(tokens.max()))
+
+
 def rank_counts(assignment: np.ndarray, num_ranks: int) -> np.ndarray:
     return np.bincount(assignment, minlength=num_ranks).astype(np.int64)
 
