@@ -690,21 +690,29 @@ def cmd_plan(args) -> int:
 # ---------------------------------------------------------------- simulate
 
 
-def _simulated_rank_seconds(args, gpus: int, strategy: str) -> dict[str, np.ndarray]:
-    """Compute seconds per rank of every stage for one strategy, as the simulator models them."""
+def _simulated_rank_seconds(args, run: dict, strategy: str) -> dict[str, np.ndarray]:
+    """Compute seconds per rank of every stage for one strategy of a simulated `run`, as the simulator models them
+    (same batch: the run's samples per rank, micro-batch size included)."""
     from .orchestrator import simulator
     from .orchestrator.models import GPUS, MODELS
     from .orchestrator.strategies import STRATEGIES
-    from .orchestrator.workloads import load_workload_file, sample_workload
 
-    topology = simulator.cluster(gpus)
-    if args.workload_file is not None:
-        batch = load_workload_file(args.workload_file, args.samples_per_rank, topology.world_size)
-    else:
-        batch = sample_workload(args.workload, topology.world_size, args.samples_per_rank, args.seed)
+    topology = simulator.cluster(run["gpus"])
+    batch = _workload_batch(args, topology.world_size, run["samples_per_rank"])
     plan = STRATEGIES[strategy].plan(MODELS[args.model].stages(), topology, batch)
-    rate = GPUS["h100"].peak_flops * GPUS["h100"].kernel_efficiency
-    return {part.stage.name: part.loads * simulator.RECOMPUTE_FACTOR / rate for part in plan.stage_plans}
+    return simulator.stage_rank_seconds(plan, GPUS["h100"], run["strategies"][strategy]["micro_batch_size"])
+
+
+def _batch_rule(run: dict) -> str:
+    """How the run's samples per rank were chosen, for the table title."""
+    choice = run["samples_per_rank_choice"]
+    if choice["rule"] == "explicit":
+        return ""
+    fits = (f"{choice['reference_strategy']} fits in {choice['headroom']:.0%} of GPU memory, "
+            f"{choice['limit_gib']:.0f} GiB")
+    return {"memory": f" (largest at which {fits})", "grid end": f" (largest tried; {fits})",
+            "over memory at the smallest": f" (smallest tried; {choice['reference_strategy']} is over "
+                                           f"{choice['limit_gib']:.0f} GiB even so)"}[choice["limited_by"]]
 
 
 def _print_simulation(runs) -> None:
@@ -714,7 +722,8 @@ def _print_simulation(runs) -> None:
     last = runs[-1]
     table = Table(title=f"{last['model']} model ({last['model_params_billion']:.1f}B) on {last['gpus']} H100s "
                         f"({last['nodes']} nodes), workload {last['workload']!r}, "
-                        f"{last['samples_per_rank']} samples per rank", title_justify="left", title_style="bold")
+                        f"{last['samples_per_rank']} samples per rank{_batch_rule(last)}", title_justify="left",
+                  title_style="bold")
     for header in ("strategy", "step s", "speed-up", "MFU", "exchange s", "plan ms", "overhead", "idle",
                    "a2a", "GiB peak", "OOM"):
         table.add_column(header, justify="left" if header == "strategy" else "right", no_wrap=True)
@@ -773,7 +782,7 @@ def cmd_simulate(args) -> int:
         for name in shown:
             result = last["strategies"][name]
             written.append(plots.plot_step_timeline(
-                _simulated_rank_seconds(args, last["gpus"], name), directory / f"timeline_{name}.png",
+                _simulated_rank_seconds(args, last, name), directory / f"timeline_{name}.png",
                 max_seconds=longest, title=f"{name}: one step of the {last['model']} model on {last['gpus']} GPUs "
                                            f"(+ {result['exchange_seconds']:.3g} s exchanges)"))
         if len(runs) > 1:
@@ -783,7 +792,8 @@ def cmd_simulate(args) -> int:
                 {name: [run["strategies"][name]["speedup_vs_none"] for run in runs] for name in names},
                 {name: [run["strategies"][name]["mfu"] for run in runs] for name in names},
                 directory / "scaling.png",
-                oom={name: [run["strategies"][name]["oom"] for run in runs] for name in names}, title=f"{last['model']} model, workload {last['workload']!r}"))
+                oom={name: [run["strategies"][name]["oom"] for run in runs] for name in names},
+                title=f"{last['model']} model, workload {last['workload']!r}"))
     if args.json:
         _print_json({"command": "simulate", "runs": runs, "files": [str(path) for path in written]})
         return 0
@@ -865,7 +875,7 @@ COMPARE_EXAMPLES = """examples:
 """
 
 SIMULATE_EXAMPLES = """examples:
-  orchmllm simulate                                  # 84b model, 2560 GPUs, default workload
+  orchmllm simulate                                  # 84b model, 2560 GPUs, default workload, batch sized by memory
   orchmllm simulate --model 18b --gpus 64,256,1024 --plot out/
   orchmllm simulate --strategies none,llm_only,ours --samples-per-rank 8 --json
   orchmllm simulate --workload-file samples.jsonl --gpus 64
@@ -959,7 +969,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim_source.add_argument("--workload", default="default", help=f"built-in workload: {workloads} "
                                                                   "(default: %(default)s)")
     sim_source.add_argument("--workload-file", metavar="FILE", help="JSON lines of multimodal samples")
-    simulate.add_argument("--samples-per-rank", type=int, default=16, help="samples per rank (default: %(default)s)")
+    simulate.add_argument("--samples-per-rank", type=int, default=None,
+                          help="samples per rank (default: sized by memory like a training run: the largest of "
+                               "1, 2, 4, 8, ..., 64 at which ours fits in 90%% of GPU memory; every strategy "
+                               "then runs that same batch)")
     simulate.add_argument("--strategies", help="comma-separated strategies (default: all; none is always "
                                                "simulated as the reference)")
     simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")

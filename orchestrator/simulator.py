@@ -21,6 +21,19 @@ and a cluster of `gpus` H100s (`Topology.for_world_size`, 8 per node), every str
                      + exchange buffers (peak over the forward exchanges); OOM when the
                      busiest rank exceeds the GPU memory
 
+Batch size.  To stay clear of out-of-memory errors a training run sets its batch size by
+memory (OrchMLLM §1: the batch is sized so that the system being run fits).  Unless
+`samples_per_rank` is given, `run_simulation` does the same for full orchestration: it
+takes the largest samples per rank on `SAMPLES_PER_RANK_GRID` (1, 2, then multiples of 4
+up to 64) at which `ours` needs at most `MEMORY_HEADROOM` = 90 % of GPU memory on its
+busiest rank, found by bisection on the grid (peak memory grows with the batch), and runs
+every strategy on that same sampled batch, so strategies that balance less go over
+memory exactly where the paper says they do.  The 10 % left free is for the caching
+allocator's fragmentation, which grows with the variable-length activations churned
+every step (the fixed 4 GiB reserve in `models` covers the CUDA context and NCCL), and for
+the step-to-step spread of the busiest rank while the batch size stays fixed for a run
+(under 1 GiB for `ours`: 71.1–71.9 GiB over seeds 0–5 for 84b, 2560 GPUs, 28 per rank).
+
 Assumptions on the models and GPUs are in `models`; on workloads in `workloads`; on
 links in `topology.comm_model`.  Parameter all-gathers, gradient reduce-scatters and
 the optimizer step are the same for every strategy and are not modelled.
@@ -42,8 +55,12 @@ from .workloads import list_workloads, load_workload_file, sample_workload
 RECOMPUTE_FACTOR = 4.0 / 3.0  # full activation recomputation: 4 forward-equivalents for 3 counted
 STATIC_RESERVE_BYTES = 4 * GIB
 OPTIMIZER_BYTES_PER_PARAM = 16.0
+SAMPLES_PER_RANK_GRID = (1, 2, *range(4, 65, 4))
+MEMORY_HEADROOM = 0.9  # fraction of GPU memory the batch chooser lets `ours` use (module docstring)
+BATCH_REFERENCE = "ours"  # the strategy the default batch is sized for
 
-__all__ = ["list_models", "list_workloads", "run_simulation", "simulate_step", "stage_rank_seconds"]
+__all__ = ["choose_samples_per_rank", "list_models", "list_workloads", "run_simulation", "simulate_step",
+           "stage_rank_seconds"]
 
 
 def cluster(gpus: int) -> Topology:
@@ -175,8 +192,98 @@ def composition_comparison(plan: StepPlan, topology: Topology, exchange: str = "
             "two_exchange_seconds": sum(seconds(e) for e in two)}
 
 
+class _Probe:
+    """Sampled batches and `BATCH_REFERENCE`'s plan and step per samples-per-rank value, each built once."""
+
+    def __init__(self, batch_for, config: ModelConfig, gpu: GPU, topology: Topology):
+        self.batch_for, self.config, self.gpu, self.topology = batch_for, config, gpu, topology
+        self.stages = config.stages()
+        self.batches: dict[int, object] = {}
+        self.references: dict[int, tuple] = {}
+
+    def batch(self, samples_per_rank: int):
+        if samples_per_rank not in self.batches:
+            self.batches[samples_per_rank] = self.batch_for(samples_per_rank)
+        return self.batches[samples_per_rank]
+
+    def reference(self, samples_per_rank: int) -> tuple:
+        """(plan, measured planning seconds, simulated step) of `BATCH_REFERENCE` on that batch."""
+        if samples_per_rank not in self.references:
+            batch, strategy = self.batch(samples_per_rank), STRATEGIES[BATCH_REFERENCE]
+            start = time.perf_counter()
+            plan = strategy.plan(self.stages, self.topology, batch)
+            planning = time.perf_counter() - start
+            step = simulate_step(plan, strategy, self.config, self.gpu, self.topology, planning_seconds=planning)
+            self.references[samples_per_rank] = (plan, planning, step)
+        return self.references[samples_per_rank]
+
+
+def _choose(probe: _Probe, grid: tuple[int, ...], headroom: float) -> tuple[int, dict]:
+    """Bisect `grid` for the largest value whose reference step fits in `headroom` of GPU memory."""
+    limit = headroom * probe.gpu.memory_bytes / GIB
+    fits, over = -1, len(grid)  # grid[fits] fits (or none does), grid[over] does not (or is past the end)
+    probed = {}
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        peak = probe.reference(grid[middle])[2]["memory_peak_gib"]
+        probed[grid[middle]] = peak
+        fits, over = (middle, over) if peak <= limit else (fits, middle)
+    limited_by = "memory" if 0 <= fits < len(grid) - 1 else "grid end" if fits >= 0 else "over memory at the smallest"
+    return grid[max(fits, 0)], {"rule": "memory", "reference_strategy": BATCH_REFERENCE, "headroom": headroom,
+                                "limit_gib": limit, "grid": list(grid), "limited_by": limited_by,
+                                "probed_memory_gib": {str(k): probed[k] for k in sorted(probed)}}
+
+
+def _batch_source(workload: str, workload_file, num_ranks: int, seed: int):
+    """(name, samples_per_rank -> Batch, largest samples per rank the source can supply)."""
+    if workload_file is None:
+        return workload, lambda n: sample_workload(workload, num_ranks, n, seed), None
+    with open(workload_file, encoding="utf-8") as handle:
+        available = sum(1 for line in handle if line.strip())
+    return str(workload_file), lambda n: load_workload_file(workload_file, n, num_ranks), available // num_ranks
+
+
+def choose_samples_per_rank(model: str = "84b", gpus: int = 2560, workload: str = "default", workload_file=None,
+                            seed: int = 0, grid: tuple[int, ...] = SAMPLES_PER_RANK_GRID,
+                            headroom: float = MEMORY_HEADROOM) -> tuple[int, dict]:
+    """The memory-driven batch size of `run_simulation` (module docstring) and how it was found.
+
+    Returns (samples_per_rank, {"rule": "memory", "reference_strategy", "headroom",
+    "limit_gib", "grid", "limited_by", "probed_memory_gib": {value: peak GiB}}): the
+    largest grid value at which `BATCH_REFERENCE` fits in `headroom` of GPU memory and the
+    next grid value does not (limited_by "memory"), or the last grid value if it fits
+    ("grid end"), or the smallest if nothing fits ("over memory at the smallest").  Grid
+    values a workload file has too few samples for are left out.
+    """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+    topology = cluster(gpus)
+    _, batch_for, available = _batch_source(workload, workload_file, topology.world_size, seed)
+    probe = _Probe(batch_for, MODELS[model], GPUS["h100"], topology)
+    return _choose(probe, _checked_grid(grid, available, workload_file), _checked_headroom(headroom))
+
+
+def _checked_grid(grid, available: int | None, workload_file) -> tuple[int, ...]:
+    values = tuple(grid)
+    if not values or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in values) \
+            or list(values) != sorted(set(values)):
+        raise ValueError(f"`grid` must be strictly increasing positive ints; got {grid!r}")
+    if available is not None:
+        values = tuple(v for v in values if v <= available)
+        if not values:
+            raise ValueError(f"workload file {workload_file} has fewer samples than one per rank on the grid "
+                             f"{list(grid)}; pass samples_per_rank")
+    return values
+
+
+def _checked_headroom(headroom) -> float:
+    if isinstance(headroom, bool) or not isinstance(headroom, numbers.Real) or not 0 < headroom <= 1:
+        raise ValueError(f"`headroom` must be a fraction in (0, 1]; got {headroom!r}")
+    return float(headroom)
+
+
 def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "default", workload_file=None,
-                   samples_per_rank: int = 16, strategies=None, seed: int = 0) -> dict:
+                   samples_per_rank: int | None = None, strategies=None, seed: int = 0) -> dict:
     """Simulate one step of `model` on `gpus` H100s under each strategy; a JSON-serialisable dict.
 
     Args:
@@ -184,16 +291,20 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
         gpus: data-parallel ranks, one per GPU, in nodes of 8 (fewer than 8: one node).
         workload: a name in `list_workloads()`; ignored when `workload_file` is given.
         workload_file: path of a JSON-lines workload (see `workloads.load_workload_file`).
-        samples_per_rank: samples each rank draws per step.
+        samples_per_rank: samples each rank draws per step; None (default) sizes the batch
+            by memory, as training runs do: the largest value on `SAMPLES_PER_RANK_GRID` at
+            which `ours` fits in `MEMORY_HEADROOM` of GPU memory (`choose_samples_per_rank`).
+            Every strategy runs the same sampled batch either way.
         strategies: names from `strategies.STRATEGIES` (default: all); "none" is always
             simulated as the reference of `speedup_vs_none`.
         seed: seed of the sampled batch.
 
     Returns:
         {"model", "model_params_billion", "gpus", "nodes", "workload", "samples_per_rank",
-         "seed", "composition": {...}, "strategies": {name: {"step_seconds",
-         "speedup_vs_none", "mfu", "overhead_fraction", "exchanges_per_step", "oom",
-         "planning_seconds", "exchange_seconds", "idle_fraction", "per_stage", ...}}}.
+         "samples_per_rank_choice": {"rule": "explicit"} or the chooser's record (see
+         `choose_samples_per_rank`), "seed", "composition": {...}, "strategies": {name:
+         {"step_seconds", "speedup_vs_none", "mfu", "overhead_fraction", "exchanges_per_step",
+         "oom", "planning_seconds", "exchange_seconds", "idle_fraction", "per_stage", ...}}}.
     """
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
@@ -202,18 +313,22 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
         get_strategy(name)
     topology = cluster(gpus)
     config, gpu = MODELS[model], GPUS["h100"]
-    if workload_file is not None:
-        batch = load_workload_file(workload_file, samples_per_rank, topology.world_size)
-        workload_name = str(workload_file)
+    if samples_per_rank is not None and (isinstance(samples_per_rank, bool)
+                                         or not isinstance(samples_per_rank, numbers.Integral) or samples_per_rank < 1):
+        raise ValueError(f"`samples_per_rank` must be a positive int or None; got {samples_per_rank!r}")
+    workload_name, batch_for, available = _batch_source(workload, workload_file, topology.world_size, seed)
+    probe = _Probe(batch_for, config, gpu, topology)
+    if samples_per_rank is None:
+        samples_per_rank, choice = _choose(probe, _checked_grid(SAMPLES_PER_RANK_GRID, available, workload_file),
+                                           MEMORY_HEADROOM)
     else:
-        batch = sample_workload(workload, topology.world_size, samples_per_rank, seed)
-        workload_name = workload
-    stages = config.stages()
+        samples_per_rank, choice = int(samples_per_rank), {"rule": "explicit"}
+    batch = probe.batch(samples_per_rank)
     results, plans = {}, {}
     for name in dict.fromkeys(["none", *names]):
         strategy = STRATEGIES[name]
         start = time.perf_counter()
-        plans[name] = strategy.plan(stages, topology, batch)
+        plans[name] = strategy.plan(probe.stages, topology, batch)
         planning = time.perf_counter() - start
         results[name] = simulate_step(plans[name], strategy, config, gpu, topology, planning_seconds=planning)
     reference = results["none"]["step_seconds"]
@@ -226,6 +341,7 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
         "nodes": topology.num_nodes,
         "workload": workload_name,
         "samples_per_rank": samples_per_rank,
+        "samples_per_rank_choice": choice,
         "seed": seed,
         "composition": composition_comparison(plans["ours"], topology) if "ours" in plans else None,
         "strategies": {name: results[name] for name in names},

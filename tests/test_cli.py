@@ -152,6 +152,7 @@ def test_simulate_json_schema_and_plots(tmp_path):
     assert payload["command"] == "simulate" and [run["gpus"] for run in payload["runs"]] == [8, 16]
     for run in payload["runs"]:
         assert run["model"] == "10b" and set(run["strategies"]) == {"llm_only", "ours"}
+        assert run["samples_per_rank"] == 4 and run["samples_per_rank_choice"] == {"rule": "explicit"}
         for figures in run["strategies"].values():
             assert SIMULATION_KEYS <= set(figures)
             assert figures["step_seconds"] > 0 and 0 < figures["mfu"] < 1 and 0 <= figures["idle_fraction"] < 1
@@ -169,6 +170,19 @@ def test_simulate_table_names_the_fastest_strategy():
         assert name in result.stdout, name
 
 
+def test_simulate_sizes_the_batch_by_memory_by_default():
+    result = orchmllm("simulate", "--model", "10b", "--gpus", "8", "--strategies", "ours", "--json")
+    assert result.returncode == 0, result.stderr
+    (run,) = json.loads(result.stdout)["runs"]
+    choice = run["samples_per_rank_choice"]
+    assert choice["rule"] == "memory" and run["samples_per_rank"] in choice["grid"]
+    assert run["strategies"]["ours"]["memory_peak_gib"] <= choice["limit_gib"]
+    table = orchmllm("simulate", "--model", "10b", "--gpus", "8", "--strategies", "ours")
+    assert table.returncode == 0, table.stderr
+    title = " ".join(table.stdout.split())
+    assert f"{run['samples_per_rank']} samples per rank (" in title and "ours fits in 90% of GPU memory" in title
+
+
 def test_timeline_seconds_agree_with_the_simulator():
     import argparse
 
@@ -178,7 +192,7 @@ def test_timeline_seconds_agree_with_the_simulator():
     args = argparse.Namespace(model="10b", workload="default", workload_file=None, samples_per_rank=4, seed=3)
     result = run_simulation(model="10b", gpus=16, samples_per_rank=4, strategies=["none", "ours"], seed=3)
     for name in ("none", "ours"):
-        seconds = _simulated_rank_seconds(args, 16, name)
+        seconds = _simulated_rank_seconds(args, result, name)
         per_stage = result["strategies"][name]["per_stage"]
         assert list(seconds) == list(per_stage)
         for stage, values in seconds.items():

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from orchmllm.orchestrator.models import GPUS, MODELS, list_models
-from orchmllm.orchestrator.simulator import cluster, run_simulation, simulate_step, stage_rank_seconds
+from orchmllm.orchestrator.simulator import (SAMPLES_PER_RANK_GRID, choose_samples_per_rank, cluster, run_simulation,
+                                             simulate_step, stage_rank_seconds)
 from orchmllm.orchestrator.strategies import STRATEGIES, get_strategy, length_grouped_batch, micro_batched
 from orchmllm.orchestrator.workloads import list_workloads, sample_workload
 
@@ -22,7 +23,8 @@ def small(request):
 
 def test_output_schema_is_json_serialisable(small):
     assert json.loads(json.dumps(small)) == small
-    assert {"model", "gpus", "workload", "strategies"} <= set(small)
+    assert {"model", "gpus", "workload", "samples_per_rank", "samples_per_rank_choice", "strategies"} <= set(small)
+    assert small["samples_per_rank"] == 8 and small["samples_per_rank_choice"] == {"rule": "explicit"}
     assert set(small["strategies"]) == set(STRATEGIES)
     for name, result in small["strategies"].items():
         assert KEYS <= set(result), name
@@ -143,3 +145,92 @@ def test_length_grouped_sampling_deals_equal_counts_and_evens_out_tokens():
     tokens_before = np.bincount(batch.sample_source, weights=batch.sample_llm_length, minlength=16)
     tokens_after = np.bincount(grouped.sample_source, weights=grouped.sample_llm_length, minlength=16)
     assert tokens_after.max() < tokens_before.max()
+
+
+def _ours_peak_gib(model: str, gpus: int, samples_per_rank: int, **kwargs) -> float:
+    result = run_simulation(model=model, gpus=gpus, samples_per_rank=samples_per_rank, strategies=["ours"], **kwargs)
+    return result["strategies"]["ours"]["memory_peak_gib"]
+
+
+def test_batch_chooser_takes_the_largest_grid_value_where_ours_fits():
+    chosen, choice = choose_samples_per_rank(model="84b", gpus=64)
+    assert choice["rule"] == "memory" and choice["limited_by"] == "memory" and choice["reference_strategy"] == "ours"
+    assert choice["limit_gib"] == pytest.approx(0.9 * GPUS["h100"].memory_bytes / 2**30)
+    following = SAMPLES_PER_RANK_GRID[SAMPLES_PER_RANK_GRID.index(chosen) + 1]
+    assert _ours_peak_gib("84b", 64, chosen) <= choice["limit_gib"] < _ours_peak_gib("84b", 64, following)
+    for value, peak in choice["probed_memory_gib"].items():
+        assert peak == pytest.approx(_ours_peak_gib("84b", 64, int(value)))
+        assert (peak <= choice["limit_gib"]) == (int(value) <= chosen), value
+
+
+def test_batch_chooser_reports_the_grid_end_and_nothing_fitting():
+    chosen, choice = choose_samples_per_rank(model="10b", gpus=8, grid=(2, 4))
+    assert chosen == 4 and choice["limited_by"] == "grid end" and choice["grid"] == [2, 4]
+    assert choice["probed_memory_gib"]["4"] <= choice["limit_gib"]
+    chosen, choice = choose_samples_per_rank(model="84b", gpus=8, grid=(1, 2))
+    assert chosen == 1 and choice["limited_by"] == "over memory at the smallest"
+    assert choice["probed_memory_gib"]["1"] > choice["limit_gib"]
+
+
+def test_default_batch_is_the_chosen_one_for_every_strategy():
+    names = ["llm_only", "ours"]
+    default = run_simulation(model="84b", gpus=64, strategies=names)
+    chosen, choice = choose_samples_per_rank(model="84b", gpus=64)
+    assert default["samples_per_rank"] == chosen
+    assert {k: v for k, v in default["samples_per_rank_choice"].items() if k != "probed_memory_gib"} == \
+        {k: v for k, v in choice.items() if k != "probed_memory_gib"}
+    explicit = run_simulation(model="84b", gpus=64, samples_per_rank=chosen, strategies=names)
+    for name in names:
+        for key in ("compute_seconds", "exchange_seconds", "memory_peak_gib", "oom"):
+            assert default["strategies"][name][key] == explicit["strategies"][name][key], (name, key)
+        assert default["strategies"][name]["per_stage"]["llm"]["items"] == 64 * chosen
+
+
+def test_explicit_samples_per_rank_is_respected():
+    result = run_simulation(model="84b", gpus=64, samples_per_rank=4, strategies=["ours"])
+    assert result["samples_per_rank"] == 4 and result["samples_per_rank_choice"] == {"rule": "explicit"}
+    assert result["strategies"]["ours"]["per_stage"]["llm"]["items"] == 64 * 4
+
+
+def test_memory_sized_batch_on_a_workload_file_stays_within_the_file(tmp_path):
+    path = tmp_path / "w.jsonl"
+    path.write_text("\n".join(json.dumps({"text": 50 + 11 * i}) for i in range(20)))
+    result = run_simulation(model="10b", gpus=4, workload_file=str(path), strategies=["ours"])
+    assert result["samples_per_rank"] == 4 and result["samples_per_rank_choice"]["grid"] == [1, 2, 4]
+    with pytest.raises(ValueError, match="fewer samples than one per rank"):
+        run_simulation(model="10b", gpus=32, workload_file=str(path))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"samples_per_rank": 0}, "`samples_per_rank` must be a positive int or None"),
+    ({"samples_per_rank": 2.5}, "`samples_per_rank` must be a positive int or None"),
+], ids=["zero", "float"])
+def test_bad_samples_per_rank_is_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        run_simulation(model="10b", gpus=8, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"grid": ()}, "`grid` must be strictly increasing positive ints"),
+    ({"grid": (4, 2)}, "`grid` must be strictly increasing positive ints"),
+    ({"grid": (0, 4)}, "`grid` must be strictly increasing positive ints"),
+    ({"headroom": 0.0}, r"`headroom` must be a fraction in \(0, 1\]"),
+    ({"headroom": 1.5}, r"`headroom` must be a fraction in \(0, 1\]"),
+], ids=["empty", "decreasing", "zero", "no-room", "over-one"])
+def test_bad_chooser_arguments_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        choose_samples_per_rank(model="10b", gpus=8, **kwargs)
+
+
+def test_84b_on_2560_gpus_at_the_memory_sized_batch_shows_the_papers_ordering():
+    """The issue's targets, on the default batch (sized so that ours fits, as a training run sizes it)."""
+    result = run_simulation(model="84b", gpus=2560)
+    assert result["samples_per_rank_choice"]["limited_by"] == "memory"
+    runs = result["strategies"]
+    ours = runs["ours"]
+    assert not ours["oom"] and ours["memory_peak_gib"] <= result["samples_per_rank_choice"]["limit_gib"]
+    assert ours["speedup_vs_none"] >= 1.8 and ours["overhead_fraction"] <= 0.01
+    assert runs["llm_only"]["oom"] and runs["llm_only"]["step_seconds"] > ours["step_seconds"]
+    assert runs["allgather"]["oom"] or runs["allgather"]["step_seconds"] > ours["step_seconds"]
+    assert runs["single_algorithm"]["step_seconds"] > ours["step_seconds"]
+    assert runs["none"]["memory_peak_gib"] > ours["memory_peak_gib"]
