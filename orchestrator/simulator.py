@@ -22,7 +22,8 @@ and a cluster of `gpus` H100s (`Topology.for_world_size`, 8 per node), every str
                      busiest rank exceeds the GPU memory
 
 Batch size.  To stay clear of out-of-memory errors a training run sets its batch size by
-memory (OrchMLLM §1: the batch is sized so that the system being run fits).  Unless
+memory (the OrchMLLM paper's motivation: to avoid OOM a system must set its batch size by
+its largest token count, so the batch is sized for the system being run).  Unless
 `samples_per_rank` is given, `run_simulation` does the same for full orchestration: it
 takes the largest samples per rank on `SAMPLES_PER_RANK_GRID` (1, 2, then multiples of 4
 up to 64) at which `ours` needs at most `MEMORY_HEADROOM` = 90 % of GPU memory on its
