@@ -295,6 +295,8 @@ BAD_INPUTS = {
     "unknown strategy": (["simulate", "--gpus", "8", "--strategies", "ours,magic"], "unknown strategy 'magic'"),
     "simulate D = 0": (["simulate", "--gpus", "0"], "--gpus must be >= 1; got 0"),
     "simulate unknown model": (["simulate", "--model", "7b"], "unknown model '7b'"),
+    "simulate no samples": (["simulate", "--gpus", "8", "--samples-per-rank", "0"],
+                            "`samples_per_rank` must be a positive int or None; got 0"),
     "demo no ranks": (["demo", "--ranks", "0"], "--ranks and --steps must be >= 1"),
     "demo bad dtype": (["demo", "--dtype", "int8"], "invalid choice: 'int8'"),
     "bad workload line": (["compare", "--workload-file", "{tmp}/samples.jsonl", "-D", "1", "--items-per-rank", "2"],
