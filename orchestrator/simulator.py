@@ -194,29 +194,28 @@ def composition_comparison(plan: StepPlan, topology: Topology, exchange: str = "
 
 
 class _Probe:
-    """Sampled batches and `BATCH_REFERENCE`'s plan and step per samples-per-rank value, each built once."""
+    """Sampled batches (each drawn once, the chosen one reused) and `BATCH_REFERENCE`'s peak memory on them.
+
+    The strategies of `run_simulation` are then planned (and their planning timed) afresh
+    on the chosen batch, so its figures equal those of an explicit run at that size.
+    """
 
     def __init__(self, batch_for, config: ModelConfig, gpu: GPU, topology: Topology):
         self.batch_for, self.config, self.gpu, self.topology = batch_for, config, gpu, topology
         self.stages = config.stages()
         self.batches: dict[int, object] = {}
-        self.references: dict[int, tuple] = {}
 
     def batch(self, samples_per_rank: int):
         if samples_per_rank not in self.batches:
             self.batches[samples_per_rank] = self.batch_for(samples_per_rank)
         return self.batches[samples_per_rank]
 
-    def reference(self, samples_per_rank: int) -> tuple:
-        """(plan, measured planning seconds, simulated step) of `BATCH_REFERENCE` on that batch."""
-        if samples_per_rank not in self.references:
-            batch, strategy = self.batch(samples_per_rank), STRATEGIES[BATCH_REFERENCE]
-            start = time.perf_counter()
-            plan = strategy.plan(self.stages, self.topology, batch)
-            planning = time.perf_counter() - start
-            step = simulate_step(plan, strategy, self.config, self.gpu, self.topology, planning_seconds=planning)
-            self.references[samples_per_rank] = (plan, planning, step)
-        return self.references[samples_per_rank]
+    def peak_gib(self, samples_per_rank: int) -> float:
+        """Busiest rank's memory (GiB) under `BATCH_REFERENCE` on that batch."""
+        strategy = STRATEGIES[BATCH_REFERENCE]
+        plan = strategy.plan(self.stages, self.topology, self.batch(samples_per_rank))
+        return simulate_step(plan, strategy, self.config, self.gpu, self.topology,
+                             planning_seconds=0.0)["memory_peak_gib"]
 
 
 def _choose(probe: _Probe, grid: tuple[int, ...], headroom: float) -> tuple[int, dict]:
@@ -226,7 +225,7 @@ def _choose(probe: _Probe, grid: tuple[int, ...], headroom: float) -> tuple[int,
     probed = {}
     while over - fits > 1:
         middle = (fits + over) // 2
-        peak = probe.reference(grid[middle])[2]["memory_peak_gib"]
+        peak = probe.peak_gib(grid[middle])
         probed[grid[middle]] = peak
         fits, over = (middle, over) if peak <= limit else (fits, middle)
     limited_by = "memory" if 0 <= fits < len(grid) - 1 else "grid end" if fits >= 0 else "over memory at the smallest"
