@@ -78,45 +78,30 @@ def _max_weight_bijection(rows: np.ndarray, cols: np.ndarray, weights: np.ndarra
     """col_of_row of a bijection of range(size) onto itself maximising the summed weights.
 
     (rows, cols, weights) lists distinct pairs with weight >= 0.  With `unlisted_allowed`,
-    every other pair is allowed at weight 0: a maximum-weight matching on the listed pairs,
-    the rows it leaves out taking the free columns in ascending order.  It is found
-    exactly as a min-weight full matching (scipy's LAPJVsp, costs top - weight > 0) of
-    the rows into the columns plus k spare columns open to every row (a row on a spare
-    stays out of the matching): the best matching with at most k rows left out.  The
-    best weight of a matching of s pairs is concave in s, so when fewer than k spares
-    are used the matching is the best of any size; otherwise k grows fourfold.  (A
-    private spare per row is exact at once but makes the solver about 1.5× slower.)
+    every other pair is allowed at weight 0: a maximum-weight matching on the listed pairs
+    is found exactly as a min-weight full matching (scipy's LAPJVsp) of the rows into the
+    columns plus one private dummy column per row (costs top - weight > 0, so columns may
+    stay free), and rows left on their dummy take the free columns in ascending order.
     Otherwise only listed pairs are allowed, and they must admit a perfect matching.
     """
     top = float(weights.max(initial=0.0)) + 1.0
-    spare = min(size, _SPARE_COLUMNS) if unlisted_allowed else 0
-    while True:
-        everyone = np.repeat(np.arange(size, dtype=np.int64), spare)
-        matrix = csr_matrix((np.concatenate([top - weights, np.full(everyone.size, top)]),
-                             (np.concatenate([rows, everyone]),
-                              np.concatenate([cols, size + np.tile(np.arange(spare, dtype=np.int64), size)]))),
-                            shape=(size, size + spare))
-        try:
-            matched_rows, matched_cols = min_weight_full_bipartite_matching(matrix)
-        except ValueError as error:  # fewer than size - spare rows can be matched at all
-            if not spare or spare == size or "no full matching" not in str(error):
-                raise
-            spare = min(size, 4 * spare)
-            continue
-        if not spare or spare == size or np.count_nonzero(matched_cols >= size) < spare:
-            break
-        spare = min(size, 4 * spare)
+    costs = top - weights
+    width = size
+    if unlisted_allowed:
+        everyone = np.arange(size, dtype=np.int64)
+        rows, cols = np.concatenate([rows, everyone]), np.concatenate([cols, everyone + size])
+        costs = np.concatenate([costs, np.full(size, top)])
+        width = 2 * size
+    matrix = csr_matrix((costs, (rows, cols)), shape=(size, width))
+    matched_rows, matched_cols = min_weight_full_bipartite_matching(matrix)
     col_of_row = np.empty(size, dtype=np.int64)
     col_of_row[matched_rows] = matched_cols
-    out = col_of_row >= size
-    if out.any():
+    dummy = col_of_row >= size
+    if dummy.any():
         taken = np.zeros(size, dtype=bool)
-        taken[col_of_row[~out]] = True
-        col_of_row[out] = np.flatnonzero(~taken)
+        taken[col_of_row[~dummy]] = True
+        col_of_row[dummy] = np.flatnonzero(~taken)
     return col_of_row
-
-
-_SPARE_COLUMNS = 8
 
 
 def _pair_bytes(left: np.ndarray, right: np.ndarray, item_bytes: np.ndarray, width: int):

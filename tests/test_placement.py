@@ -98,8 +98,8 @@ def _sparse(size):
 @pytest.mark.parametrize("make", [_star, _paths, _sparse], ids=["star", "paths", "sparse"])
 @pytest.mark.parametrize("size", [6, 18, 40])
 def test_lap_matches_the_dense_assignment_however_many_groups_stay_out(make, size):
-    """The sparse LAP opens a few spare columns to every group and widens them while all are
-    taken; it must still reach the dense optimum when many groups stay out of the matching."""
+    """The sparse LAP lists only pairs that keep bytes; it must still reach the dense optimum
+    when many groups keep nothing (they take the ranks left over)."""
     groups, sources, item_bytes = make(size)
     placement = place(groups, sources, item_bytes, Topology(1, size), "lap")
     assert sorted(placement.rank_of_group.tolist()) == list(range(size))
