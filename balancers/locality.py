@@ -12,7 +12,8 @@ Plain code (unpadded cost):
     the rest, largest first: to the least-loaded rank of its own node that fits
     what no rank of its node takes: LPT rounds over all ranks (k-th largest -> k-th least loaded)
     while a rank is above target: the move or swap that fixes it adding the fewest
-        inter-node bytes, partners from its own node first (repair)
+        inter-node bytes, partners from its own node first (every node at once), then
+        from the roomiest ranks (repair)
 A heuristic (the exact problem is a generalised assignment problem, NP-hard; bounds on
 the inter-node bytes it must move are in `orchmllm.topology.bounds`); overloaded ranks
 shed only what does not fit and under-loaded ranks take it, same node first.  Padded
