@@ -6,7 +6,6 @@ Figures go to the "Balancers" section of BENCHMARKS.md.
 """
 
 import heapq
-import math
 import time
 
 import numpy as np
@@ -22,16 +21,6 @@ ITEMS_PER_RANK = 16
 
 def heavy_option(request):
     return request.config.getoption("--heavy", default=False)
-
-
-def best_of(fn, repeats):
-    """Best CPU time of `repeats` calls: steadier than wall time on a shared machine."""
-    best = math.inf
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
 
 
 # ---------------------------------------------------------------- instance families
@@ -174,7 +163,7 @@ def test_speed_balanced(benchmark, request, name, num_ranks, family):
 
 
 @pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
-def test_lpt_vs_python_heap(benchmark, request, num_ranks):
+def test_lpt_vs_python_heap(benchmark, best_of, request, num_ranks):
     """Fast LPT against the heapq loop timed in the same run: bit-identical, and the speed ratio."""
     if num_ranks > 2560 and not heavy_option(request):
         pytest.skip("D=16384 runs with --heavy")
@@ -182,14 +171,14 @@ def test_lpt_vs_python_heap(benchmark, request, num_ranks):
     problem = make_problem(lengths, num_ranks)
     fast = benchmark(lpt.greedy_unpadded, problem.item_costs, num_ranks)
     np.testing.assert_array_equal(fast, heap_lpt(problem.item_costs, num_ranks))
-    heap_seconds = best_of(lambda: heap_lpt(problem.item_costs, num_ranks), repeats=3)
-    fast_seconds = best_of(lambda: lpt.greedy_unpadded(problem.item_costs, num_ranks), repeats=5)
+    heap_seconds = best_of(lambda: heap_lpt(problem.item_costs, num_ranks), repeats=3, timer=time.process_time)
+    fast_seconds = best_of(lambda: lpt.greedy_unpadded(problem.item_costs, num_ranks), repeats=5, timer=time.process_time)
     benchmark.extra_info.update(items=int(lengths.size), heap_cpu_seconds=heap_seconds,
                                 fast_cpu_seconds=fast_seconds, heap_over_fast=heap_seconds / fast_seconds)
 
 
 @pytest.mark.parametrize("num_ranks", [16, 64, 256], ids=["D16", "D64", "D256"])
-def test_kk_vs_list_merging(benchmark, num_ranks):
+def test_kk_vs_list_merging(benchmark, best_of, num_ranks):
     """Fast KK against list-merging KK in the same run: equal makespan, the speed ratio.
 
     The list version costs O(n · D log D); at D = 2560 × 16 it takes minutes, so it is
@@ -202,20 +191,20 @@ def test_kk_vs_list_merging(benchmark, num_ranks):
     slow_makespan = list_kk(problem.item_costs, num_ranks)
     slow_seconds = time.process_time() - start
     assert makespan(problem, fast) == slow_makespan
-    fast_seconds = best_of(lambda: karmarkar_karp.differencing(problem.item_costs, num_ranks), repeats=5)
+    fast_seconds = best_of(lambda: karmarkar_karp.differencing(problem.item_costs, num_ranks), repeats=5, timer=time.process_time)
     benchmark.extra_info.update(items=int(lengths.size), list_cpu_seconds=slow_seconds,
                                 fast_cpu_seconds=fast_seconds, list_over_fast=slow_seconds / fast_seconds)
 
 
 @pytest.mark.parametrize("name", ["lpt", "karmarkar_karp", "auto"])
-def test_growth_with_n(benchmark, name):
+def test_growth_with_n(benchmark, best_of, name):
     """Time at D = 256, 1024, 4096 (× 16 items); the fitted exponent of time ∝ n^k."""
     sizes = [256, 1024, 4096]
     problems = [make_problem(balanced_lognormal(np.random.default_rng(d), ITEMS_PER_RANK * d), d)
                 for d in sizes]
     kernel = ALGORITHMS[name]
     benchmark.pedantic(kernel, args=(problems[1],), rounds=3, iterations=1)
-    seconds = [best_of(lambda p=p: kernel(p), repeats=3) for p in problems]  # CPU seconds
+    seconds = [best_of(lambda p=p: kernel(p), repeats=3, timer=time.process_time) for p in problems]  # CPU seconds
     exponent = np.polyfit(np.log([p.num_items for p in problems]), np.log(seconds), 1)[0]
     benchmark.extra_info.update({f"seconds_n{p.num_items}": s for p, s in zip(problems, seconds)})
     benchmark.extra_info["exponent"] = float(exponent)

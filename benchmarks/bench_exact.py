@@ -5,7 +5,6 @@ Run: python3.11 -m pytest benchmarks/bench_exact.py --benchmark-only -q
 """
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -27,16 +26,6 @@ def workload(name, size, seed):
     return rng.choice(np.array([256, 576, 1024, 2304]), size)  # e.g. image tiles of 4 sizes
 
 
-def best_of(fn, repeats):
-    """Best wall time of `repeats` calls (the baseline timed in the same run)."""
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def dp_over_sorted_runs(problem):
     """Reference O(n² D) DP over contiguous runs of the length-sorted items."""
     order = np.argsort(-problem.lengths, kind="stable")
@@ -53,7 +42,7 @@ def dp_over_sorted_runs(problem):
 
 @pytest.mark.parametrize("workload_name", ["lognormal", "uniform", "tied"])
 @pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
-def test_padded_exact(benchmark, request, num_ranks, workload_name):
+def test_padded_exact(benchmark, best_of, request, num_ranks, workload_name):
     """Exact padded optimum at 16 items per rank; LPT's padded greedy timed alongside."""
     if num_ranks > 2560 and not request.config.getoption("--heavy", default=False):
         pytest.skip("D=16384 runs with --heavy")
@@ -73,7 +62,7 @@ def test_padded_exact(benchmark, request, num_ranks, workload_name):
 
 
 @pytest.mark.parametrize("num_items", [48, 96], ids=["n48", "n96"])
-def test_padded_vs_dp(benchmark, num_items):
+def test_padded_vs_dp(benchmark, best_of, num_items):
     """Against the O(n² D) DP over sorted runs: same optimum, time ratio in the same run."""
     num_ranks = num_items // 6
     lengths = workload("lognormal", num_items, seed=num_items)

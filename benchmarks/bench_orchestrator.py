@@ -4,8 +4,6 @@ Run: python3.11 -m pytest benchmarks/bench_orchestrator.py --benchmark-only -q
      (add --heavy for 16 384 ranks)
 """
 
-import math
-import time
 
 import numpy as np
 import pytest
@@ -18,19 +16,9 @@ from orchmllm.orchestrator.workloads import sample_workload
 from orchmllm.topology import traffic
 
 
-def best_of(fn, repeats):
-    """Best wall time of `repeats` calls (the baseline timed in the same run)."""
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 @pytest.mark.parametrize("strategy", ["ours", "no_placement"])
 @pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
-def test_plan_whole_step(benchmark, request, num_ranks, strategy):
+def test_plan_whole_step(benchmark, best_of, request, num_ranks, strategy):
     """Three stages (vision, audio, LLM) + placement + composition for D ranks × 16 samples.
 
     `ours` places with communication-aware balancing; `no_placement` is the same plan

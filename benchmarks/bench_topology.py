@@ -10,8 +10,6 @@ width 4096); 8 GPUs per node (H100 preset).  Costs: "linear" f(l) = l, and "llm"
 FLOPs of a 32-layer, 4096-wide transformer (linear + causal attention).
 """
 
-import math
-import time
 
 import numpy as np
 import pytest
@@ -38,16 +36,6 @@ def workload(num_ranks, seed):
     return text + tiles + audio, np.repeat(np.arange(num_ranks), PER_RANK)
 
 
-def best_of(fn, repeats):
-    """Best wall time of `repeats` calls (a baseline timed in the same run)."""
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _sizes(request, num_ranks):
     if num_ranks > 2560 and not request.config.getoption("--heavy", default=False):
         pytest.skip("D=16384 runs with --heavy")
@@ -56,7 +44,7 @@ def _sizes(request, num_ranks):
 @pytest.mark.parametrize("plain_name", sorted({"lpt", PLAIN}))
 @pytest.mark.parametrize("cost_name", sorted(COSTS))
 @pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
-def test_comm_aware_balance(benchmark, request, num_ranks, cost_name, plain_name):
+def test_comm_aware_balance(benchmark, best_of, request, num_ranks, cost_name, plain_name):
     """balance(..., sources=, item_bytes=, topology=) against the plain balancer, same run."""
     _sizes(request, num_ranks)
     cost = COSTS[cost_name]
@@ -90,7 +78,7 @@ def test_comm_aware_balance(benchmark, request, num_ranks, cost_name, plain_name
 
 
 @pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
-def test_comm_aware_padded(benchmark, request, num_ranks):
+def test_comm_aware_padded(benchmark, best_of, request, num_ranks):
     """Padded image-encoder stage (1-4 tiles of 576 patches per image, 16 images per rank)."""
     _sizes(request, num_ranks)
     rng = np.random.default_rng(num_ranks)
@@ -115,7 +103,7 @@ def test_comm_aware_padded(benchmark, request, num_ranks):
 
 @pytest.mark.parametrize("cost_name", sorted(COSTS))
 @pytest.mark.parametrize("num_ranks", [256, 2560, 16384], ids=["D256", "D2560", "D16384"])
-def test_locality_step(benchmark, request, num_ranks, cost_name):
+def test_locality_step(benchmark, best_of, request, num_ranks, cost_name):
     """The communication-aware step alone, given the plain plan, against LPT timed in the same run."""
     _sizes(request, num_ranks)
     lengths, sources = workload(num_ranks, seed=num_ranks)
