@@ -31,7 +31,6 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
-from .lpt import sorted_order
 from .problem import Problem, rank_loads, rank_tokens
 
 
@@ -173,15 +172,6 @@ def _first_fitting(state: "_State", keys: np.ndarray, segments: np.ndarray, poin
     return np.maximum(np.searchsorted(keys, segments * state.costs.size + first_fitting_rank), pointer)
 
 
-def _by_cost(costs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """`sorted_order(costs)`, from the integer lengths when costs grow strictly with length
-    (integer keys sort about twice as fast as float costs)."""
-    order = sorted_order(lengths)
-    if np.all(np.diff(costs[order])[np.diff(lengths[order]) < 0] < 0):
-        return order
-    return sorted_order(costs)
-
-
 def _offer_largest_that_fit(state: "_State", segment: np.ndarray, candidates: np.ndarray, room, place) -> None:
     """Per segment, offer its candidates largest first (ties by index) to `place`, skipping
     at once every candidate costlier than the segment's current room.
@@ -209,7 +199,7 @@ class _State:
         self.costs, self.lengths = problem.item_costs, problem.lengths.astype(np.float64)
         self.target = target
         self.cap = np.inf if problem.max_tokens_per_rank is None else float(problem.max_tokens_per_rank)
-        self.item_of_rank = _by_cost(self.costs, problem.lengths)  # largest first, ties by index
+        self.item_of_rank = problem.cost_order  # largest first, ties by index
         self.cost_rank = np.empty(problem.num_items, dtype=np.int64)
         self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
         self.negated_sorted_costs = -self.costs[self.item_of_rank]

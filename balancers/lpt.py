@@ -27,28 +27,7 @@ import heapq
 
 import numpy as np
 
-from .problem import InfeasibleError, KernelResult, Problem, rank_tokens
-
-
-def integer_keys_fit(values: np.ndarray, count: int) -> bool:
-    """Whether non-negative `values` are integers small enough for value · count + index keys."""
-    return bool(values.size) and float(values.max()) * count < 2.0**62 and bool(
-        np.all(values == np.floor(values)))
-
-
-def sorted_order(costs: np.ndarray) -> np.ndarray:
-    """Item indices by cost, largest first, ties by index (the heap loop's order).
-
-    A stable argsort is slow; unique int64 keys (cost rank · n + index) sort fast.
-    """
-    n = costs.size
-    if integer_keys_fit(costs, n):
-        keys = (int(costs.max()) - costs.astype(np.int64)) * n + np.arange(n)
-        return np.sort(keys) % n
-    order = np.argsort(-costs)
-    sorted_costs = costs[order]
-    group = np.concatenate(([0], np.cumsum(sorted_costs[1:] != sorted_costs[:-1])))
-    return np.sort(group * n + order) % n
+from .problem import InfeasibleError, KernelResult, Problem, integer_keys_fit, rank_tokens, sorted_order
 
 
 def integer_loads(costs: np.ndarray, num_ranks: int) -> bool:
@@ -119,9 +98,10 @@ def _heap_round(loads: np.ndarray, costs: np.ndarray, items: np.ndarray,
         loads[rank] = load
 
 
-def greedy_unpadded(costs: np.ndarray, num_ranks: int) -> np.ndarray:
-    """LPT assignment for additive costs, bit-identical to the heap loop."""
-    order = sorted_order(costs)
+def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None) -> np.ndarray:
+    """LPT assignment for additive costs, bit-identical to the heap loop (`order`: `sorted_order(costs)`
+    when already known)."""
+    order = sorted_order(costs) if order is None else order
     sorted_costs = costs[order]
     assignment = np.empty(costs.size, dtype=np.int64)
     loads = np.zeros(num_ranks)
@@ -150,7 +130,7 @@ def _greedy_unpadded_capped(problem: Problem, cap: int) -> np.ndarray:
     assignment = np.empty(problem.num_items, dtype=np.int64)
     lengths = problem.lengths.tolist()
     costs = problem.item_costs.tolist()
-    for item in sorted_order(problem.item_costs).tolist():
+    for item in problem.cost_order.tolist():
         length, full = lengths[item], []
         while heap and tokens[heap[0][1]] + length > cap:
             full.append(heapq.heappop(heap))
@@ -202,7 +182,8 @@ def _no_room(problem: Problem, item: int, cap: int) -> InfeasibleError:
         enough = int(rank_tokens(problem, _greedy_padded(problem, None)).max())
         exact = "algorithm='padded' (exact)"
     else:
-        enough = int(rank_tokens(problem, greedy_unpadded(problem.item_costs, problem.num_ranks)).max())
+        plain = greedy_unpadded(problem.item_costs, problem.num_ranks, problem.cost_order)
+        enough = int(rank_tokens(problem, plain).max())
         exact = "algorithm='ilp'"
     return InfeasibleError(
         f"`lpt` found no rank with room for item {item} ({int(problem.lengths[item])} tokens) under "
@@ -215,7 +196,7 @@ def solve(problem: Problem) -> KernelResult:
     cap = problem.max_tokens_per_rank
     if problem.padded:
         return KernelResult(_greedy_padded(problem, cap))
-    assignment = greedy_unpadded(problem.item_costs, problem.num_ranks)
+    assignment = greedy_unpadded(problem.item_costs, problem.num_ranks, problem.cost_order)
     # The capped greedy makes the same choices as long as each chosen rank had room, which
     # holds whenever the uncapped plan ends within the cap.
     if cap is not None and rank_tokens(problem, assignment).max() > cap:

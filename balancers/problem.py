@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from functools import cached_property
 from enum import Enum
 from typing import Callable, NamedTuple
 
@@ -44,6 +45,27 @@ class InfeasibleError(ValueError):
         self.min_cap = int(min_cap)
 
 
+def integer_keys_fit(values: np.ndarray, count: int) -> bool:
+    """Whether non-negative `values` are integers small enough for value · count + index keys."""
+    return bool(values.size) and float(values.max()) * count < 2.0**62 and bool(
+        np.all(values == np.floor(values)))
+
+
+def sorted_order(costs: np.ndarray) -> np.ndarray:
+    """Item indices by cost, largest first, ties by index (the heap loop's order).
+
+    A stable argsort is slow; unique int64 keys (cost rank · n + index) sort fast.
+    """
+    n = costs.size
+    if integer_keys_fit(costs, n):
+        keys = (int(costs.max()) - costs.astype(np.int64)) * n + np.arange(n)
+        return np.sort(keys) % n
+    order = np.argsort(-costs)
+    sorted_costs = costs[order]
+    group = np.concatenate(([0], np.cumsum(sorted_costs[1:] != sorted_costs[:-1])))
+    return np.sort(group * n + order) % n
+
+
 @dataclass(frozen=True, eq=False)
 class Problem:
     """Validated, canonical input of a kernel (kernels assume it is clean)."""
@@ -55,6 +77,17 @@ class Problem:
     padded: bool
     max_tokens_per_rank: int | None
     time_limit: float | None
+
+    @cached_property
+    def cost_order(self) -> np.ndarray:
+        """`sorted_order(item_costs)`, computed once per problem (LPT, locality and the bound
+        share it); from the integer lengths when costs grow strictly with length (integer
+        keys sort about twice as fast as float costs)."""
+        order = sorted_order(self.lengths)
+        if not np.all(np.diff(self.item_costs[order])[np.diff(self.lengths[order]) < 0] < 0):
+            order = sorted_order(self.item_costs)
+        order.setflags(write=False)
+        return order
 
     @property
     def num_items(self) -> int:
@@ -226,7 +259,7 @@ def lower_bound(problem: Problem) -> float:
     w_D + w_{D+1}.  Padded costs dominate unpadded ones (count · f(max) >= sum f), so the
     same bound holds for both.
     """
-    costs = np.sort(problem.item_costs)[::-1]
+    costs = problem.item_costs[problem.cost_order]
     n, d = costs.size, problem.num_ranks
     bound = math.fsum(costs.tolist()) / d
     prefix = np.concatenate(([0.0], np.cumsum(costs)))
