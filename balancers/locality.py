@@ -159,7 +159,10 @@ def _by_segment(state: "_State", segment: np.ndarray, candidates: np.ndarray):
     items[k] the item of keys[k]; segment segments[s] spans keys[starts[s]:ends[s]].
     """
     n = state.costs.size
-    keys = np.sort(segment[candidates] * n + state.cost_rank[candidates])
+    keys = segment[candidates]  # built in place: fresh large arrays cost more than the arithmetic
+    keys *= n
+    keys += state.cost_rank[candidates]
+    keys.sort()
     owner = keys // n
     starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1]))) if keys.size else keys
     return keys, state.item_of_rank[keys % n], starts, np.append(starts[1:], keys.size), owner[starts]
