@@ -275,9 +275,9 @@ def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
 
     def take(items: np.ndarray, nodes: np.ndarray) -> None:
-        ranks = nodes[:, None] * gpus_per_node + offsets
-        fits = state.fits(items[:, None], ranks)
-        chosen = ranks[np.arange(items.size), np.argmin(np.where(fits, state.loads[ranks], np.inf), axis=1)]
+        first = nodes * gpus_per_node
+        fits = state.fits(items[:, None], first[:, None] + offsets)
+        chosen = first + np.argmin(np.where(fits, node_loads[nodes], np.inf), axis=1)
         placed = fits.any(axis=1)
         state.put(items[placed], chosen[placed])
 
