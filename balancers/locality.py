@@ -175,26 +175,6 @@ def _first_fitting(state: "_State", keys: np.ndarray, segments: np.ndarray, poin
     return np.maximum(np.searchsorted(keys, segments * state.costs.size + first_fitting_rank), pointer)
 
 
-def _offer_largest_that_fit(state: "_State", segment: np.ndarray, candidates: np.ndarray, room, place) -> None:
-    """Per segment, offer its candidates largest first (ties by index) to `place`, skipping
-    at once every candidate costlier than the segment's current room.
-
-    `room(segments)` gives each segment's cost room now; `place(items, segments)` places
-    what it can (one item per segment per call).  A segment is done when no candidate is
-    left that its room could take, so the rounds number about the items placed per
-    segment, not the items offered.
-    """
-    keys, order, pointer, ends, segments = _by_segment(state, segment, candidates)
-    while segments.size:
-        position = _first_fitting(state, keys, segments, pointer, room(segments))
-        alive = position < ends
-        segments, position, ends = segments[alive], position[alive], ends[alive]
-        place(order[position], segments)
-        pointer = position + 1
-        left = pointer < ends
-        segments, pointer, ends = segments[left], pointer[left], ends[left]
-
-
 class _State:
     """Destinations, rank loads and rank tokens of a partial plan under a target and a cap."""
 
@@ -234,15 +214,27 @@ class _State:
 def _keep_home(state: _State, sources: np.ndarray) -> None:
     """Every rank keeps its own items, largest first, each one that still fits.
 
-    In rounds, each rank keeps at once the run of its next items that fit together (by
-    prefix sums of cost and tokens, the cost a hair short of the room so that rounding
-    never lets one through that the item-by-item test would refuse) from the first one
-    that fits, so rounds number about the items a rank skips, not the items it keeps.
+    A rank whose items all fit keeps them at once (their summed cost a hair short of the
+    target, so that no order of summation lets one through that the item-by-item test
+    would refuse).  The others go in rounds: each keeps at once the run of its next
+    items that fit together (by prefix sums of cost and tokens, with the same margin)
+    from the first one that fits, so rounds number about the items a rank skips, not the
+    items it keeps.
     """
-    keys, order, pointer, ends, ranks = _by_segment(state, sources, np.arange(sources.size, dtype=np.int64))
+    num_ranks = state.loads.size
+    totals = np.bincount(sources, weights=state.costs, minlength=num_ranks)
+    margin = sources.size * np.finfo(np.float64).eps * float(totals.sum())  # bounds any summation's rounding
+    whole = totals <= state.target - margin
+    if state.cap < np.inf:
+        token_totals = np.bincount(sources, weights=state.lengths, minlength=num_ranks)
+        whole &= token_totals <= state.cap
+        state.tokens[whole] = token_totals[whole]
+    state.loads[whole] = totals[whole]
+    stays = whole[sources]
+    state.destinations[stays] = sources[stays]
+    keys, order, pointer, ends, ranks = _by_segment(state, sources, np.flatnonzero(~stays))
     cost_sums = np.concatenate(([0.0], np.cumsum(state.costs[order])))
     token_sums = np.concatenate(([0.0], np.cumsum(state.lengths[order]))) if state.cap < np.inf else None
-    margin = cost_sums.size * np.finfo(np.float64).eps * cost_sums[-1]  # bounds the prefix sums' rounding
     while ranks.size:
         room = state.target - state.loads[ranks]
         position = _first_fitting(state, keys, ranks, pointer, room)
@@ -268,21 +260,49 @@ def _keep_home(state: _State, sources: np.ndarray) -> None:
 def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
     """Largest first, each left-over item to the least-loaded rank of its node that fits.
 
-    Returns the items no rank of their node could take.
+    In rounds for every node at once, each an LPT round inside the node: with the node's
+    ranks by (load, rank), its k-th next item goes to the k-th rank as long as the
+    item-by-item loop would choose the same (the item fits that rank, and the rank is
+    still below every rank topped up before it in the round, strictly); the first item
+    where that fails starts the node's next round.  Items costlier than the room of the
+    node's least-loaded rank are skipped at once: no rank of the node can take them later.
+    With a memory cap, an item that fits that rank's cost room but not its tokens goes
+    to the least-loaded rank of the node that fits, if any.  Rounds number about the
+    items a node takes over its ranks.  Returns the items no rank of their node could take.
     """
-    node = sources // gpus_per_node
     offsets = np.arange(gpus_per_node, dtype=np.int64)
+    keys, order, pointer, ends, nodes = _by_segment(state, sources // gpus_per_node,
+                                                    np.flatnonzero(state.destinations < 0))
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
-
-    def take(items: np.ndarray, nodes: np.ndarray) -> None:
-        first = nodes * gpus_per_node
-        fits = state.fits(items[:, None], first[:, None] + offsets)
-        chosen = first + np.argmin(np.where(fits, node_loads[nodes], np.inf), axis=1)
-        placed = fits.any(axis=1)
-        state.put(items[placed], chosen[placed])
-
-    _offer_largest_that_fit(state, node, np.flatnonzero(state.destinations < 0),
-                            lambda nodes: state.target - node_loads[nodes].min(axis=1), take)
+    while nodes.size:
+        loads = node_loads[nodes]
+        by_load = np.argsort(loads, axis=1, kind="stable")
+        loads.sort(axis=1)
+        position = _first_fitting(state, keys, nodes, pointer, state.target - loads[:, 0])
+        alive = position < ends
+        nodes, position, ends, by_load, loads = nodes[alive], position[alive], ends[alive], by_load[alive], loads[alive]
+        window = position[:, None] + offsets
+        items = order[np.minimum(window, ends[:, None] - 1)]
+        ranks = nodes[:, None] * gpus_per_node + by_load
+        topped = loads + state.costs[items]
+        takes = (window < ends[:, None]) & (topped <= state.target)
+        if state.cap < np.inf:
+            takes &= state.tokens[ranks] + state.lengths[items] <= state.cap
+        takes[:, 1:] &= loads[:, 1:] < np.minimum.accumulate(topped, axis=1)[:, :-1]
+        count = np.where(takes.all(axis=1), gpus_per_node, np.argmin(takes, axis=1))
+        placed = offsets < count[:, None]
+        state.put(items[placed], ranks[placed])
+        stuck = np.flatnonzero(count == 0)  # the least-loaded rank lacks token room (or rounding)
+        if stuck.size:
+            item, row_ranks = items[stuck, 0], nodes[stuck, None] * gpus_per_node + offsets
+            fits = state.fits(item[:, None], row_ranks)
+            chosen = np.argmin(np.where(fits, state.loads[row_ranks], np.inf), axis=1)
+            placed = fits.any(axis=1)
+            state.put(item[placed], row_ranks[placed, chosen[placed]])
+            count[stuck] = 1
+        pointer = position + count
+        left = pointer < ends
+        nodes, pointer, ends = nodes[left], pointer[left], ends[left]
     return np.flatnonzero(state.destinations < 0)
 
 
