@@ -204,6 +204,12 @@ class _State:
         np.subtract.at(self.tokens, self.destinations[items], self.lengths[items])
         self.destinations[items] = -1
 
+    def put_runs(self, items: np.ndarray, ranks: np.ndarray) -> None:
+        """Place items on ranks (a rank any number of times)."""
+        self.destinations[items] = ranks
+        self.loads += np.bincount(ranks, weights=self.costs[items], minlength=self.loads.size)
+        self.tokens += np.bincount(ranks, weights=self.lengths[items], minlength=self.loads.size)
+
     def put(self, items: np.ndarray, ranks: np.ndarray) -> None:
         """Place items on ranks (each rank at most once per call)."""
         self.destinations[items] = ranks
@@ -257,20 +263,36 @@ def _keep_home(state: _State, sources: np.ndarray) -> None:
         ranks, pointer, ends = ranks[left], pointer[left], ends[left]
 
 
-def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
-    """Largest first, each left-over item to the least-loaded rank of its node that fits.
+def _deal_tables(window: int, num_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Dealing `window` items round robin over h ranks (item k to rank k mod h), per h in [0, num_ranks]
+    (row h; h = 0 deals like h = 1): the window positions rank by rank, each one's rank, and
+    the index (in that order) of its rank's first item."""
+    rank = np.arange(window)[None, :] % np.maximum(np.arange(num_ranks + 1), 1)[:, None]
+    order = np.argsort(rank, axis=1, kind="stable")
+    rank = np.take_along_axis(rank, order, axis=1)
+    first = np.stack([np.searchsorted(row, row, side="left") for row in rank])
+    return order, rank, first
 
-    In rounds for every node at once, each an LPT round inside the node: with the node's
-    ranks by (load, rank), its k-th next item goes to the k-th rank as long as the
-    item-by-item loop would choose the same (the item fits that rank, and the rank is
-    still below every rank topped up before it in the round, strictly); the first item
-    where that fails starts the node's next round.  Items costlier than the room of the
-    node's least-loaded rank are skipped at once: no rank of the node can take them later.
-    With a memory cap, an item that fits that rank's cost room but not its tokens goes
-    to the least-loaded rank of the node that fits, if any.  Rounds number about the
-    items a node takes over its ranks.  Returns the items no rank of their node could take.
+
+def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Largest first, the left-over items of each node dealt to its least-loaded ranks that fit.
+
+    In rounds for every node at once: with the node's ranks by (load, rank) and h of them
+    having room for its next item that fits any, the node's next `_WINDOW` · gpus_per_node
+    items are dealt round robin to those h ranks (the k-th to the (k mod h)-th), and the
+    node keeps the longest prefix of the deal in which every item fits its rank (the
+    items dealt to the rank before it included, their summed cost a hair short of the
+    target so that rounding never lets one through); the next round deals from the first
+    item that did not fit.  Items costlier than the room of the node's least-loaded rank
+    are skipped at once: no rank of the node can take them later.  This is LPT inside the
+    node (the least-loaded ranks take the largest items, turn by turn) with a handful of
+    rounds, not one per item.  With a memory cap, an item that fits the least-loaded
+    rank's cost room but not its tokens goes to the least-loaded rank of the node that
+    fits, if any.  Returns the items no rank of their node could take.
     """
-    offsets = np.arange(gpus_per_node, dtype=np.int64)
+    window_size = _WINDOW * gpus_per_node
+    deal_order, deal_rank, deal_first = _deal_tables(window_size, gpus_per_node)
+    margin = window_size * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     keys, order, pointer, ends, nodes = _by_segment(state, sources // gpus_per_node,
                                                     np.flatnonzero(state.destinations < 0))
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
@@ -281,20 +303,34 @@ def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.
         position = _first_fitting(state, keys, nodes, pointer, state.target - loads[:, 0])
         alive = position < ends
         nodes, position, ends, by_load, loads = nodes[alive], position[alive], ends[alive], by_load[alive], loads[alive]
-        window = position[:, None] + offsets
+        roomy = np.count_nonzero(loads + state.costs[order[position]][:, None] <= state.target, axis=1)
+        # The deal rank by rank: window positions, their rank columns, and each one's rank load
+        # after it (the rank's load plus a running sum less the running sum before the rank).
+        dealt, rank_column = deal_order[roomy], deal_rank[roomy]
+        window = position[:, None] + dealt
+        inside = window < ends[:, None]
         items = order[np.minimum(window, ends[:, None] - 1)]
-        ranks = nodes[:, None] * gpus_per_node + by_load
-        topped = loads + state.costs[items]
-        takes = (window < ends[:, None]) & (topped <= state.target)
+        row_start = np.arange(0, nodes.size * window_size, window_size)[:, None]
+        first = (row_start + deal_first[roomy]).ravel()
+        costs = np.where(inside, state.costs[items], 0.0)
+        running = np.cumsum(costs, axis=1)
+        before = running - costs
+        running -= before.ravel()[first].reshape(running.shape)
+        rank_flat = (row_start // window_size * gpus_per_node + rank_column).ravel()
+        fits = inside & (loads.ravel()[rank_flat].reshape(running.shape) + running <= state.target - margin)
+        ranks = nodes[:, None] * gpus_per_node + by_load.ravel()[rank_flat].reshape(running.shape)
         if state.cap < np.inf:
-            takes &= state.tokens[ranks] + state.lengths[items] <= state.cap
-        takes[:, 1:] &= loads[:, 1:] < np.minimum.accumulate(topped, axis=1)[:, :-1]
-        count = np.where(takes.all(axis=1), gpus_per_node, np.argmin(takes, axis=1))
-        placed = offsets < count[:, None]
-        state.put(items[placed], ranks[placed])
+            lengths = np.where(inside, state.lengths[items], 0.0)
+            running = np.cumsum(lengths, axis=1)
+            before = running - lengths
+            running -= before.ravel()[first].reshape(running.shape)
+            fits &= state.tokens[ranks] + running <= state.cap
+        count = np.where(fits, window_size, dealt).min(axis=1)  # the deal's first item that does not fit
+        kept = dealt < count[:, None]
+        state.put_runs(items[kept], ranks[kept])
         stuck = np.flatnonzero(count == 0)  # the least-loaded rank lacks token room (or rounding)
         if stuck.size:
-            item, row_ranks = items[stuck, 0], nodes[stuck, None] * gpus_per_node + offsets
+            item, row_ranks = order[position[stuck]], nodes[stuck, None] * gpus_per_node + np.arange(gpus_per_node)
             fits = state.fits(item[:, None], row_ranks)
             chosen = np.argmin(np.where(fits, state.loads[row_ranks], np.inf), axis=1)
             placed = fits.any(axis=1)
@@ -304,6 +340,9 @@ def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.
         left = pointer < ends
         nodes, pointer, ends = nodes[left], pointer[left], ends[left]
     return np.flatnonzero(state.destinations < 0)
+
+
+_WINDOW = 4  # items dealt per rank of a node per round, at most
 
 
 def _least_loaded(loads: np.ndarray, count: int) -> np.ndarray:

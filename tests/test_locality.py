@@ -271,8 +271,9 @@ def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_
     assert traffic(sources, plan.assignment, item_bytes, Topology(16, 8)).bytes_inter_node < placed.bytes_inter_node
 
 
-def _keep_home_then_take_in_node_item_by_item(costs, lengths, sources, num_ranks, gpus_per_node, target, cap):
-    """The plain code of locality's first two phases, one item at a time."""
+def _keep_home_then_deal_in_node(costs, lengths, sources, num_ranks, gpus_per_node, target, cap, window):
+    """The plain code of locality's first two phases: keep home item by item, then deal
+    each node's left-over items to its least-loaded ranks, node by node."""
     loads, tokens = [0.0] * num_ranks, [0] * num_ranks
     destinations = [-1] * costs.size
     order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
@@ -280,24 +281,46 @@ def _keep_home_then_take_in_node_item_by_item(costs, lengths, sources, num_ranks
         rank = int(sources[item])
         if loads[rank] + costs[item] <= target and tokens[rank] + lengths[item] <= cap:
             destinations[item], loads[rank], tokens[rank] = rank, loads[rank] + costs[item], tokens[rank] + lengths[item]
-    for item in order:
-        if destinations[item] >= 0:
-            continue
-        first = int(sources[item]) // gpus_per_node * gpus_per_node
-        fitting = [r for r in range(first, first + gpus_per_node)
-                   if loads[r] + costs[item] <= target and tokens[r] + lengths[item] <= cap]
-        if fitting:
-            rank = min(fitting, key=lambda r: (loads[r], r))
-            destinations[item], loads[rank], tokens[rank] = rank, loads[rank] + costs[item], tokens[rank] + lengths[item]
+
+    def put(item, rank):
+        destinations[item], loads[rank], tokens[rank] = rank, loads[rank] + costs[item], tokens[rank] + lengths[item]
+
+    margin = window * np.finfo(np.float64).eps * target
+    for node in range(num_ranks // gpus_per_node):
+        node_ranks = range(node * gpus_per_node, (node + 1) * gpus_per_node)
+        left = [i for i in order if destinations[i] < 0 and sources[i] // gpus_per_node == node]
+        while left:
+            ranks = sorted(node_ranks, key=lambda r: (loads[r], r))
+            while left and costs[left[0]] > target - loads[ranks[0]]:
+                left.pop(0)  # fits no rank of the node, now or later
+            if not left:
+                break
+            roomy = max(1, sum(loads[r] + costs[left[0]] <= target for r in ranks))
+            dealt = {r: (loads[r], tokens[r]) for r in ranks}
+            count = 0
+            for k, item in enumerate(left[:window]):
+                rank = ranks[k % roomy]
+                load, held = dealt[rank][0] + costs[item], dealt[rank][1] + lengths[item]
+                if load > target - margin or held > cap:
+                    break
+                dealt[rank], count = (load, held), count + 1
+            for k, item in enumerate(left[:count]):
+                put(item, ranks[k % roomy])
+            if count == 0:  # the least-loaded rank lacks token room: the least-loaded rank that fits
+                fitting = [r for r in ranks if loads[r] + costs[left[0]] <= target and tokens[r] + lengths[left[0]] <= cap]
+                if fitting:
+                    put(left[0], fitting[0])
+                count = 1
+            left = left[count:]
     return np.array(destinations)
 
 
 @pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
 @pytest.mark.parametrize("seed", range(12))
-def test_keep_home_and_take_in_node_match_the_item_by_item_loop(seed, capped):
-    """The vectorised rounds (whole ranks kept at once, runs of kept items, LPT rounds inside
-    a node) make exactly the choices of the item-by-item loop; small integer costs make
-    ties in cost and load common."""
+def test_keep_home_and_take_in_node_match_their_plain_code(seed, capped):
+    """The vectorised rounds (whole ranks kept at once, runs of kept items, every node's deal
+    at once) make exactly the choices of the plain loops; small integer costs make ties in
+    cost and load common."""
     from orchmllm.balancers import locality
 
     rng = np.random.default_rng(seed)
@@ -305,16 +328,14 @@ def test_keep_home_and_take_in_node_match_the_item_by_item_loop(seed, capped):
     num_ranks = gpus_per_node * int(rng.integers(1, 6))
     lengths = rng.integers(1, int(rng.choice([4, 30, 300])), int(rng.integers(1, 40 * num_ranks)))
     sources = np.minimum(rng.geometric(0.3, lengths.size) - 1, num_ranks - 1)  # skewed: low ranks overflow
-    problem = make_problem(lengths, num_ranks, cost=CostModel(per_item=1.0))
     target = float(rng.uniform(0.8, 1.2) * (lengths.sum() + lengths.size) / num_ranks)
     cap = int(lengths.sum() / num_ranks * 1.1) if capped else None
-    if capped:
-        problem = make_problem(lengths, num_ranks, cost=CostModel(per_item=1.0), max_tokens_per_rank=cap)
+    problem = make_problem(lengths, num_ranks, cost=CostModel(per_item=1.0), max_tokens_per_rank=cap)
     state = locality._State(problem, target)
     locality._keep_home(state, sources)
     locality._take_in_node(state, sources, gpus_per_node)
-    expected = _keep_home_then_take_in_node_item_by_item(problem.item_costs, lengths, sources, num_ranks,
-                                                         gpus_per_node, target, np.inf if cap is None else cap)
+    expected = _keep_home_then_deal_in_node(problem.item_costs, lengths, sources, num_ranks, gpus_per_node, target,
+                                            np.inf if cap is None else cap, locality._WINDOW * gpus_per_node)
     np.testing.assert_array_equal(state.destinations, expected)
     placed = state.destinations >= 0
     assert np.bincount(state.destinations[placed], weights=problem.item_costs[placed],
