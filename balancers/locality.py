@@ -9,7 +9,8 @@ nodes far more than within one.  Given a plain plan of makespan M (any kernel), 
 Plain code (unpadded cost):
     target = M * (1 + slack)
     every rank keeps its own items, largest first, each one that still fits under target
-    the rest, largest first: to the least-loaded rank of its own node that fits
+    the rest, largest first, per node: dealt round robin to the node's least-loaded ranks
+        that have room (up to 4 items per rank per round), while each fits its rank
     what no rank of its node takes: LPT rounds over all ranks (k-th largest -> k-th least loaded)
     while a rank is above target: the move or swap that fixes it adding the fewest
         inter-node bytes, partners from its own node first (every node at once), then
