@@ -357,33 +357,65 @@ def _least_loaded(loads: np.ndarray, count: int) -> np.ndarray:
 
 
 def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
-    """LPT in rounds over all ranks: the k-th largest item to the k-th least-loaded rank if it fits.
+    """Largest first, the items no rank of their node took, dealt to the least-loaded ranks that fit.
 
-    Items that do not fit wait for the next round; the round's largest item is always
-    placed (on the least-loaded rank with token room), possibly above the target, and so
-    are the items after it that fit on no rank (placed together: one round, not one each).
+    In rounds: with ranks by (load, rank) and h of them having room for the largest waiting
+    item, the next `_WINDOW` · h items are dealt round robin to those h ranks (the k-th to
+    the (k mod h)-th); each rank keeps the longest prefix of its deal that fits (summed
+    cost a hair short of the target, tokens within the cap) and the rest wait, in order,
+    for the next round.  A round that keeps nothing (no rank has room for the largest
+    waiting item, or no token room) is an LPT round instead (`_lpt_round`), which always
+    places the largest item, possibly above the target.
     """
     waiting = overflow[np.argsort(state.cost_rank[overflow])]
-    num_ranks = state.loads.size
+    margin = _WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     while waiting.size:
-        ranks = _least_loaded(state.loads, min(waiting.size, num_ranks))
-        chunk = waiting[: ranks.size]
-        fits = state.fits(chunk, ranks)
-        # The leading items too costly for every rank's room fit nowhere, now or later:
-        # each goes above the target on its rank of the round (token room permitting).
-        hopeless = ((state.costs[chunk] > state.target - state.loads[ranks[0]])
-                    & (state.tokens[ranks] + state.lengths[chunk] <= state.cap))
-        lead = int(np.argmin(hopeless)) if not hopeless.all() else hopeless.size
-        fits[:lead] = True
-        if not fits[0]:
-            room = state.tokens + state.lengths[chunk[0]] <= state.cap
-            if not room.any():
-                raise _NoRoom
-            fits[0] = True
-            ranks[0] = int(np.argmin(np.where(room, state.loads, np.inf)))
-            fits[1:] &= ranks[1:] != ranks[0]
-        state.put(chunk[fits], ranks[fits])
-        waiting = np.concatenate([chunk[~fits], waiting[ranks.size:]])
+        by_load = np.argsort(state.loads, kind="stable")
+        loads = state.loads[by_load]
+        roomy = int(np.count_nonzero(loads + state.costs[waiting[0]] <= state.target))
+        count = min(waiting.size, _WINDOW * roomy)
+        passes = -(-count // max(roomy, 1))
+        dealt = np.full(passes * roomy, -1, dtype=np.int64)  # pass by pass, rank by rank
+        dealt[:count] = waiting[:count]
+        dealt = dealt.reshape(passes, roomy)
+        inside = dealt >= 0
+        ranks = by_load[:roomy]
+        fits = loads[:roomy] + np.cumsum(np.where(inside, state.costs[dealt], 0.0), axis=0) <= state.target - margin
+        if state.cap < np.inf:
+            fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[dealt], 0.0), axis=0) <= state.cap
+        kept = (fits & inside).ravel()[:count]  # running sums only grow: a prefix of every rank's deal
+        if not kept.any():
+            waiting = _lpt_round(state, waiting)
+            continue
+        state.put_runs(waiting[:count][kept], np.tile(ranks, passes)[:count][kept])
+        waiting = np.concatenate([waiting[:count][~kept], waiting[count:]])
+
+
+def _lpt_round(state: _State, waiting: np.ndarray) -> np.ndarray:
+    """One LPT round over all ranks: the k-th largest waiting item to the k-th least-loaded rank
+    if it fits; returns the items still waiting.
+
+    The largest item is always placed (on the least-loaded rank with token room), possibly
+    above the target, and so are the items after it that fit on no rank (placed together).
+    """
+    ranks = _least_loaded(state.loads, min(waiting.size, state.loads.size))
+    chunk = waiting[: ranks.size]
+    fits = state.fits(chunk, ranks)
+    # The leading items too costly for every rank's room fit nowhere, now or later:
+    # each goes above the target on its rank of the round (token room permitting).
+    hopeless = ((state.costs[chunk] > state.target - state.loads[ranks[0]])
+                & (state.tokens[ranks] + state.lengths[chunk] <= state.cap))
+    lead = int(np.argmin(hopeless)) if not hopeless.all() else hopeless.size
+    fits[:lead] = True
+    if not fits[0]:
+        room = state.tokens + state.lengths[chunk[0]] <= state.cap
+        if not room.any():
+            raise _NoRoom
+        fits[0] = True
+        ranks[0] = int(np.argmin(np.where(room, state.loads, np.inf)))
+        fits[1:] &= ranks[1:] != ranks[0]
+    state.put(chunk[fits], ranks[fits])
+    return np.concatenate([chunk[~fits], waiting[ranks.size:]])
 
 
 def _best_fix(state: _State, members: list[np.ndarray], rank: int, pool: np.ndarray, home_node: np.ndarray,

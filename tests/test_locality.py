@@ -271,21 +271,37 @@ def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_
     assert traffic(sources, plan.assignment, item_bytes, Topology(16, 8)).bytes_inter_node < placed.bytes_inter_node
 
 
-def _keep_home_then_deal_in_node(costs, lengths, sources, num_ranks, gpus_per_node, target, cap, window):
-    """The plain code of locality's first two phases: keep home item by item, then deal
-    each node's left-over items to its least-loaded ranks, node by node."""
+def _first_three_phases(costs, lengths, sources, num_ranks, gpus_per_node, target, cap, window):
+    """The plain code of locality's first three phases: keep home item by item, deal each
+    node's left-over items to its least-loaded ranks node by node, then deal what is left
+    to the least-loaded ranks of all (an LPT round when a deal keeps nothing)."""
     loads, tokens = [0.0] * num_ranks, [0] * num_ranks
     destinations = [-1] * costs.size
     order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
-    for item in order:
-        rank = int(sources[item])
-        if loads[rank] + costs[item] <= target and tokens[rank] + lengths[item] <= cap:
-            destinations[item], loads[rank], tokens[rank] = rank, loads[rank] + costs[item], tokens[rank] + lengths[item]
 
     def put(item, rank):
         destinations[item], loads[rank], tokens[rank] = rank, loads[rank] + costs[item], tokens[rank] + lengths[item]
 
-    margin = window * np.finfo(np.float64).eps * target
+    def fits(item, rank):
+        return loads[rank] + costs[item] <= target and tokens[rank] + lengths[item] <= cap
+
+    def deal(items, ranks, per_rank):
+        """Items dealt round robin to ranks; per rank, the prefix of its deal that fits."""
+        margin = per_rank * np.finfo(np.float64).eps * target
+        kept, sums = [], {r: (loads[r], tokens[r]) for r in ranks}
+        for k, item in enumerate(items[:per_rank * len(ranks)]):
+            rank = ranks[k % len(ranks)]
+            if sums[rank] is None:  # the rank's deal stopped
+                continue
+            load, held = sums[rank][0] + costs[item], sums[rank][1] + lengths[item]
+            sums[rank] = (load, held) if load <= target - margin and held <= cap else None
+            if sums[rank] is not None:
+                kept.append((item, rank))
+        return kept
+
+    for item in order:
+        if fits(item, int(sources[item])):
+            put(item, int(sources[item]))
     for node in range(num_ranks // gpus_per_node):
         node_ranks = range(node * gpus_per_node, (node + 1) * gpus_per_node)
         left = [i for i in order if destinations[i] < 0 and sources[i] // gpus_per_node == node]
@@ -296,31 +312,50 @@ def _keep_home_then_deal_in_node(costs, lengths, sources, num_ranks, gpus_per_no
             if not left:
                 break
             roomy = max(1, sum(loads[r] + costs[left[0]] <= target for r in ranks))
-            dealt = {r: (loads[r], tokens[r]) for r in ranks}
-            count = 0
-            for k, item in enumerate(left[:window]):
-                rank = ranks[k % roomy]
-                load, held = dealt[rank][0] + costs[item], dealt[rank][1] + lengths[item]
-                if load > target - margin or held > cap:
-                    break
-                dealt[rank], count = (load, held), count + 1
-            for k, item in enumerate(left[:count]):
-                put(item, ranks[k % roomy])
+            kept = deal(left[:window], ranks[:roomy], window)
+            # the node keeps the deal's longest prefix that fits
+            count = next((k for k, (item, _) in enumerate(kept) if item != left[k]), len(kept))
+            for item, rank in kept[:count]:
+                put(item, rank)
             if count == 0:  # the least-loaded rank lacks token room: the least-loaded rank that fits
-                fitting = [r for r in ranks if loads[r] + costs[left[0]] <= target and tokens[r] + lengths[left[0]] <= cap]
+                fitting = [r for r in ranks if fits(left[0], r)]
                 if fitting:
                     put(left[0], fitting[0])
                 count = 1
             left = left[count:]
+    waiting = [i for i in order if destinations[i] < 0]
+    while waiting:
+        ranks = sorted(range(num_ranks), key=lambda r: (loads[r], r))
+        roomy = [r for r in ranks if loads[r] + costs[waiting[0]] <= target]
+        kept = deal(waiting, roomy, window // gpus_per_node) if roomy else []
+        if kept:
+            for item, rank in kept:
+                put(item, rank)
+            waiting = [i for i in waiting if destinations[i] < 0]
+            continue
+        chunk = ranks[:len(waiting)]  # an LPT round
+        decided = [fits(item, rank) for item, rank in zip(waiting, chunk)]
+        lead = 0
+        while (lead < len(chunk) and costs[waiting[lead]] > target - loads[chunk[0]]
+               and tokens[chunk[lead]] + lengths[waiting[lead]] <= cap):
+            lead += 1
+        decided[:lead] = [True] * lead
+        if not decided[0]:
+            chunk[0] = min((r for r in ranks if tokens[r] + lengths[waiting[0]] <= cap), key=lambda r: (loads[r], r))
+            decided = [True] + [d and r != chunk[0] for d, r in zip(decided[1:], chunk[1:])]
+        for item, rank, placed in zip(waiting, chunk, decided):
+            if placed:
+                put(item, rank)
+        waiting = [i for i in waiting if destinations[i] < 0]
     return np.array(destinations)
 
 
 @pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
 @pytest.mark.parametrize("seed", range(12))
-def test_keep_home_and_take_in_node_match_their_plain_code(seed, capped):
+def test_first_three_phases_match_their_plain_code(seed, capped):
     """The vectorised rounds (whole ranks kept at once, runs of kept items, every node's deal
-    at once) make exactly the choices of the plain loops; small integer costs make ties in
-    cost and load common."""
+    at once, the cluster-wide deal) make exactly the choices of the plain loops; small
+    integer costs make ties in cost and load common."""
     from orchmllm.balancers import locality
 
     rng = np.random.default_rng(seed)
@@ -329,14 +364,12 @@ def test_keep_home_and_take_in_node_match_their_plain_code(seed, capped):
     lengths = rng.integers(1, int(rng.choice([4, 30, 300])), int(rng.integers(1, 40 * num_ranks)))
     sources = np.minimum(rng.geometric(0.3, lengths.size) - 1, num_ranks - 1)  # skewed: low ranks overflow
     target = float(rng.uniform(0.8, 1.2) * (lengths.sum() + lengths.size) / num_ranks)
-    cap = int(lengths.sum() / num_ranks * 1.1) if capped else None
+    cap = int(lengths.sum() / num_ranks * 1.1) + int(lengths.max()) if capped else None
     problem = make_problem(lengths, num_ranks, cost=CostModel(per_item=1.0), max_tokens_per_rank=cap)
     state = locality._State(problem, target)
     locality._keep_home(state, sources)
-    locality._take_in_node(state, sources, gpus_per_node)
-    expected = _keep_home_then_deal_in_node(problem.item_costs, lengths, sources, num_ranks, gpus_per_node, target,
-                                            np.inf if cap is None else cap, locality._WINDOW * gpus_per_node)
+    locality._take_anywhere(state, locality._take_in_node(state, sources, gpus_per_node))
+    expected = _first_three_phases(problem.item_costs, lengths, sources, num_ranks, gpus_per_node, target,
+                                   np.inf if cap is None else cap, locality._WINDOW * gpus_per_node)
     np.testing.assert_array_equal(state.destinations, expected)
-    placed = state.destinations >= 0
-    assert np.bincount(state.destinations[placed], weights=problem.item_costs[placed],
-                       minlength=num_ranks) == pytest.approx(state.loads)
+    assert np.bincount(state.destinations, weights=problem.item_costs, minlength=num_ranks) == pytest.approx(state.loads)
