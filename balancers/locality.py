@@ -11,7 +11,8 @@ Plain code (unpadded cost):
     every rank keeps its own items, largest first, each one that still fits under target
     the rest, largest first, per node: dealt round robin to the node's least-loaded ranks
         that have room (up to 4 items per rank per round), while each fits its rank
-    what no rank of its node takes: LPT rounds over all ranks (k-th largest -> k-th least loaded)
+    what no rank of its node takes: dealt the same way to the least-loaded ranks of all
+        (an LPT round, k-th largest -> k-th least loaded, when nothing fits)
     while a rank is above target: the move or swap that fixes it adding the fewest
         inter-node bytes, partners from its own node first (every node at once), then
         from the roomiest ranks (repair)
