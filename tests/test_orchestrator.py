@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel
+from orchmllm.orchestrator.plan import offsets_within_rank, rank_order
 from orchmllm.orchestrator.planner import Orchestrator
 from orchmllm.orchestrator.samples import Batch, Sample, Segment
 from orchmllm.orchestrator.stages import Stage
@@ -204,6 +205,25 @@ def test_stage_plans_keep_the_balancer_invariants(seed, num_ranks, per_rank):
             costs = stage_plan.stage.cost.item_costs(stage_plan.item_length)
             assert float(stage_plan.loads.sum()) == pytest.approx(float(costs.sum()))
     assert plan.llm.num_items == batch.num_samples
+
+
+@given(num_ranks=st.integers(1, 9), ranks_and_sizes=st.lists(
+    st.tuples(st.integers(0, 8), st.integers(0, 5), st.integers(0, 3)), max_size=40))
+def test_rank_order_and_offsets_match_an_item_by_item_walk(num_ranks, ranks_and_sizes):
+    ranks = np.array([r % num_ranks for r, _, _ in ranks_and_sizes], dtype=np.int64)
+    first = np.array([a for _, a, _ in ranks_and_sizes], dtype=np.int64)
+    second = np.array([b for _, _, b in ranks_and_sizes], dtype=np.int64)
+    rank_offsets, order = rank_order(ranks, num_ranks)
+    first_offsets, second_offsets = offsets_within_rank(rank_offsets, order, first, second)
+    filled = np.zeros((num_ranks, 2), dtype=np.int64)
+    expected_order = []
+    for rank in range(num_ranks):
+        assert rank_offsets[rank] == len(expected_order)
+        for item in np.flatnonzero(ranks == rank):
+            expected_order.append(item)
+            assert (first_offsets[item], second_offsets[item]) == tuple(filled[rank])
+            filled[rank] += first[item], second[item]
+    assert order.tolist() == expected_order and rank_offsets[-1] == ranks.size
 
 
 def test_same_metadata_gives_a_bit_identical_plan():
