@@ -293,11 +293,14 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
             planning_seconds: float = 0.0) -> StepPlan:
     """Build the StepPlan: route every segment from its encoder rank to its sample's LLM rank."""
     num_segments = batch.num_segments
-    route_stage = np.full(num_segments, -1, dtype=np.int64)
+    stage_of_modality = np.full(len(batch.modalities), -1, dtype=np.int64)
+    for index, plan in enumerate(stage_plans[:-1]):
+        if plan.stage.modality in batch.modalities:
+            stage_of_modality[batch.modalities.index(plan.stage.modality)] = index
+    route_stage = stage_of_modality[batch.segment_modality]  # a stage's items are the segments of its modality
     encoder_rank = np.empty(num_segments, dtype=np.int64)  # every entry is written or the check below raises
     encoder_offset = np.empty(num_segments, dtype=np.int64)
-    for index, plan in enumerate(stage_plans[:-1]):
-        route_stage[plan.item_segment] = index
+    for plan in stage_plans[:-1]:
         encoder_rank[plan.item_segment] = plan.destination
         encoder_offset[plan.item_segment] = plan.item_offset
     if num_segments and route_stage.min() < 0:

@@ -57,14 +57,22 @@ def stage_items(batch: Batch, stage: Stage) -> StageItems:
     return StageItems(batch.segment_sample[segments], segments, batch.segment_length[segments])
 
 
+def item_tokens(batch: Batch, stage: Stage, items: StageItems) -> np.ndarray:
+    """The LLM tokens each item produces: a segment's embeddings, or a sample's whole sequence."""
+    return items.length if stage.is_llm else batch.segment_tokens[items.segment]
+
+
 def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: str,
-               balanced: BalancePlan | None = None, items: StageItems | None = None) -> StagePlan:
+               balanced: BalancePlan | None = None, items: StageItems | None = None,
+               outputs: np.ndarray | None = None) -> StagePlan:
     """Evaluate `destination` for `stage` (loads, tokens, bound) and lay items out per rank.
 
     `balanced`, when given, is the balancer's plan of this very assignment under this
-    stage's cost model, whose loads and bound are reused; `items` saves recomputing them.
+    stage's cost model, whose loads and bound are reused; `items` and `outputs`
+    (`item_tokens`) save recomputing them.
     """
-    item_sample, item_segment, item_length = stage_items(batch, stage) if items is None else items
+    items = stage_items(batch, stage) if items is None else items
+    item_sample, item_segment, item_length = items
     num_ranks = batch.num_ranks
     destination = np.ascontiguousarray(destination, dtype=np.int64)
     if destination.shape != item_sample.shape:
@@ -80,12 +88,12 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
         loads, tokens, makespan, bound = balanced.loads, balanced.tokens, balanced.makespan, balanced.lower_bound
         seconds = balanced.solve_seconds
     rank_offsets, rank_items = rank_order(destination, num_ranks)
-    output = item_length if stage.is_llm else batch.segment_tokens[item_segment]
+    outputs = item_tokens(batch, stage, items) if outputs is None else outputs
     inputs = batch.sample_text if stage.is_llm else item_length
-    source = batch.sample_source[item_sample]
+    source = batch.sample_source if stage.is_llm else batch.sample_source[item_sample]
     for array in (item_sample, item_segment, destination, source):
         array.setflags(write=False)
-    item_input_offset, item_offset = offsets_within_rank(rank_offsets, rank_items, inputs, output)
+    item_input_offset, item_offset = offsets_within_rank(rank_offsets, rank_items, inputs, outputs)
     return StagePlan(stage=stage, item_sample=item_sample, item_segment=item_segment, item_length=item_length,
                      source=source, destination=destination, rank_offsets=rank_offsets, rank_items=rank_items,
                      item_input_offset=item_input_offset, item_offset=item_offset, loads=loads, tokens=tokens,
@@ -162,21 +170,26 @@ class Orchestrator:
         plans = tuple(self._plan_stage(batch, stage, stage_items(batch, stage), llm) for stage in encoders) + (llm,)
         return compose(batch, self.stages, plans, planning_seconds=time.perf_counter() - start)
 
-    def _embedding_bytes(self, batch: Batch) -> np.ndarray:
+    def _sample_embedding_bytes(self, batch: Batch) -> np.ndarray:
+        """Bytes of every sample's embeddings: its embedding tokens times the encoders' bytes per
+        token, summed segment by segment only where encoders differ in bytes per token."""
         per_token = np.zeros(len(batch.modalities))
         for stage in self.stages[:-1]:
             if stage.modality in batch.modalities:
                 per_token[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
-        return batch.segment_tokens * per_token[batch.segment_modality]
+        if np.all(per_token == per_token[:1]):
+            return (batch.sample_llm_length - batch.sample_text) * (per_token[0] if per_token.size else 0.0)
+        return np.bincount(batch.segment_sample, weights=batch.segment_tokens * per_token[batch.segment_modality],
+                           minlength=batch.num_samples)
 
-    def _anchors(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None):
+    def _anchors(self, batch: Batch, stage: Stage, items: StageItems, outputs: np.ndarray, llm: StagePlan | None):
         """Where the stage's items should stay, and their bytes: the LLM stage keeps a sample's text
-        and embeddings on the rank that sampled it; an encoder item stays with its sample's LLM rank."""
+        and embeddings on the rank that sampled it; an encoder item (`outputs` embedding tokens)
+        stays with its sample's LLM rank."""
         if llm is None:
-            return batch.sample_source, (batch.sample_text * stage.input_bytes_per_unit
-                                         + np.bincount(batch.segment_sample, weights=self._embedding_bytes(batch),
-                                                       minlength=batch.num_samples))
-        return llm.destination[items.sample], batch.segment_tokens[items.segment] * stage.output_bytes_per_token
+            text_bytes = batch.sample_text * stage.input_bytes_per_unit
+            return batch.sample_source, text_bytes + self._sample_embedding_bytes(batch)
+        return llm.destination[items.sample], outputs * stage.output_bytes_per_token
 
     def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None) -> StagePlan:
         """Balance one stage, then place its groups (`llm` is the LLM plan, None for the LLM stage)."""
@@ -187,15 +200,16 @@ class Orchestrator:
         algorithm = self.uniform_algorithm or stage.algorithm
         padded = False if self.uniform_algorithm else stage.padded
         placement = self.padded_placement if stage.padded else self.placement
+        outputs = item_tokens(batch, stage, items)
         local = {}
         if placement == LOCALITY:
-            anchors, anchor_bytes = self._anchors(batch, stage, items, llm)
+            anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             local = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology,
                          makespan_slack=self.makespan_slack)
         result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
                          max_tokens_per_rank=stage.max_tokens_per_rank, **local)
         if placement in PLACEMENTS:
-            anchors, anchor_bytes = self._anchors(batch, stage, items, llm)
+            anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             rank_of_group = place(result.assignment, anchors, anchor_bytes, self.topology,
                                   method=placement).rank_of_group
             loads, tokens = np.empty_like(result.loads), np.empty_like(result.tokens)
@@ -203,4 +217,4 @@ class Orchestrator:
             result = dataclasses.replace(result, assignment=rank_of_group[result.assignment], loads=loads,
                                          tokens=tokens)
         return stage_plan(batch, stage, result.assignment, algorithm,
-                          balanced=result if padded == stage.padded else None, items=items)
+                          balanced=result if padded == stage.padded else None, items=items, outputs=outputs)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel
 from orchmllm.orchestrator.plan import offsets_within_rank, rank_order
-from orchmllm.orchestrator.planner import Orchestrator
+from orchmllm.orchestrator.planner import Orchestrator, stage_items
 from orchmllm.orchestrator.samples import Batch, Sample, Segment
 from orchmllm.orchestrator.stages import Stage
 from orchmllm.topology import Topology
@@ -224,6 +224,22 @@ def test_rank_order_and_offsets_match_an_item_by_item_walk(num_ranks, ranks_and_
             assert (first_offsets[item], second_offsets[item]) == tuple(filled[rank])
             filled[rank] += first[item], second[item]
     assert order.tolist() == expected_order and rank_offsets[-1] == ranks.size
+
+
+@pytest.mark.parametrize("audio_bytes_per_token", [8192, 1000], ids=["same_bytes", "mixed_bytes"])
+def test_llm_anchor_bytes_are_each_samples_text_and_embedding_bytes(audio_bytes_per_token):
+    stages = (STAGES[0], Stage("audio", "audio", CostModel(linear=1.0), output_bytes_per_token=audio_bytes_per_token),
+              STAGES[2])
+    batch = random_batch(3, 4, 5)
+    orchestrator = Orchestrator(stages, 4)
+    llm_stage = stages[-1]
+    anchors, anchor_bytes = orchestrator._anchors(batch, llm_stage, stage_items(batch, llm_stage), None, None)
+    per_token = {stage.modality: stage.output_bytes_per_token for stage in stages}
+    expected = [batch.sample_text[i] * llm_stage.input_bytes_per_unit
+                + sum(batch.segment_tokens[s] * per_token[batch.modalities[batch.segment_modality[s]]]
+                      for s in np.flatnonzero(batch.segment_sample == i)) for i in range(batch.num_samples)]
+    np.testing.assert_array_equal(anchors, batch.sample_source)
+    np.testing.assert_array_equal(anchor_bytes, expected)
 
 
 def test_same_metadata_gives_a_bit_identical_plan():
