@@ -314,10 +314,8 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
     llm_offset += batch.segment_position
     # Segments are listed sample by sample in order of position, so walking the LLM ranks'
     # samples in packed order and listing each sample's segments sorts by packed offset.
-    per_sample = np.bincount(owner, minlength=batch.num_samples)
-    first = np.cumsum(per_sample)
-    first -= per_sample
-    counts = per_sample[llm.rank_items]
+    first = batch.sample_segment_offsets  # first segment of each sample
+    counts = np.diff(first)[llm.rank_items]
     packed_end = np.concatenate(([0], np.cumsum(counts)))  # segments of the samples before, in packed order
     starts = first[llm.rank_items]
     starts -= packed_end[:-1]

@@ -115,6 +115,20 @@ def _frozen_int(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def _segment_offsets(segment_sample: np.ndarray, num_samples: int) -> np.ndarray:
+    """CSR of the segments per sample (segments listed sample by sample): offsets (num_samples + 1,)."""
+    offsets = np.zeros(num_samples + 1, dtype=np.int64)
+    np.cumsum(np.bincount(segment_sample, minlength=num_samples), out=offsets[1:])
+    offsets.setflags(write=False)
+    return offsets
+
+
+def _llm_lengths(text: np.ndarray, segment_tokens: np.ndarray, segment_offsets: np.ndarray) -> np.ndarray:
+    """text + the tokens of each sample's segments (exact integer sums)."""
+    tokens_before = np.concatenate(([0], np.cumsum(segment_tokens)))
+    return _frozen_int(text + (tokens_before[segment_offsets[1:]] - tokens_before[segment_offsets[:-1]]))
+
+
 def _as_int_array(name: str, values, size: int | None = None) -> np.ndarray:
     array = np.asarray(values)
     if array.ndim != 1:
@@ -163,8 +177,12 @@ class Batch:
     @functools.cached_property
     def sample_llm_length(self) -> np.ndarray:
         """text + sum of segment tokens, per sample (read-only, computed once)."""
-        return _frozen_int(self.sample_text + np.bincount(self.segment_sample, weights=self.segment_tokens,
-                                                          minlength=self.num_samples).astype(np.int64))
+        return _llm_lengths(self.sample_text, self.segment_tokens, self.sample_segment_offsets)
+
+    @functools.cached_property
+    def sample_segment_offsets(self) -> np.ndarray:
+        """Sample i owns segments [offsets[i], offsets[i + 1]) (read-only, computed once)."""
+        return _segment_offsets(self.segment_sample, self.num_samples)
 
     def segments_of(self, modality: str) -> np.ndarray:
         """Global indices of the segments of `modality`, ascending (empty if none)."""
@@ -235,14 +253,14 @@ class Batch:
                 index = int(np.argmax(modality))
                 raise ValueError(f"`segment_modality` must index `modalities` (size {len(modalities)}); "
                                  f"got {modality[index]} at index {index}")
-        first = np.searchsorted(owner, owner, side="left")
-        cumulative = np.cumsum(tokens) - tokens  # tokens of all earlier segments
+        offsets = _segment_offsets(owner, n)
         if segment_position is None:
-            position = cumulative - cumulative[first] if m else cumulative
+            cumulative = np.cumsum(tokens) - tokens  # tokens of all earlier segments
+            position = cumulative - cumulative[offsets[owner]]
             position.setflags(write=False)
         else:
             position = _as_int_array("segment_position", segment_position, m)
-        llm_length = text + np.bincount(owner, weights=tokens, minlength=n).astype(np.int64)
+        llm_length = _llm_lengths(text, tokens, offsets)
         end = position + tokens
         past = np.flatnonzero(end > llm_length[owner]) if m else owner
         if past.size:
@@ -256,6 +274,9 @@ class Batch:
             s = int(overlap[0]) + 1
             raise ValueError(f"segment {s} (sample {owner[s]}) starts at position {position[s]}, inside the "
                              f"previous segment (ending at {end[s - 1]}); segments must be in order and not overlap")
-        return cls(num_ranks=num_ranks, modalities=modalities, sample_text=text, sample_source=source,
-                   sample_id=ids, segment_sample=owner, segment_modality=modality, segment_length=length,
-                   segment_tokens=tokens, segment_position=position)
+        batch = cls(num_ranks=num_ranks, modalities=modalities, sample_text=text, sample_source=source,
+                    sample_id=ids, segment_sample=owner, segment_modality=modality, segment_length=length,
+                    segment_tokens=tokens, segment_position=position)
+        # Validation computed these cached properties already; the planner reads them.
+        batch.__dict__.update(sample_segment_offsets=offsets, sample_llm_length=llm_length)
+        return batch

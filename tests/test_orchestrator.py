@@ -1,5 +1,7 @@
 """Multi-stage planning: composition simulated item by item, per-stage invariants, bad input."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -330,6 +332,20 @@ def test_default_positions_pack_segments_before_the_text_in_both_constructors():
     np.testing.assert_array_equal(from_arrays.segment_position, [0, 3, 0])
     assert from_arrays.sample(0) == Sample(5, (Segment("image", 8, 3, 0), Segment("audio", 4, 2, 3)), source=0, id=0)
     assert from_arrays.sample(2) == Sample(9, source=1, id=2)
+
+
+@pytest.mark.parametrize("build", ["from_arrays", "constructor"])
+def test_per_sample_segment_offsets_and_llm_lengths_match_each_sample(build):
+    batch = random_batch(5, 3, 4)
+    if build == "constructor":  # no values left behind by validation: computed on first use
+        batch = dataclasses.replace(batch)
+    for index in range(batch.num_samples):
+        sample = batch.sample(index)
+        start, end = batch.sample_segment_offsets[index:index + 2]
+        np.testing.assert_array_equal(np.arange(start, end), np.flatnonzero(batch.segment_sample == index))
+        assert batch.sample_llm_length[index] == sample.llm_length
+    assert batch.sample_segment_offsets[-1] == batch.num_segments
+    assert not batch.sample_segment_offsets.flags.writeable and not batch.sample_llm_length.flags.writeable
 
 
 def test_batch_arrays_are_validated():
