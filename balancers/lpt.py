@@ -14,7 +14,10 @@ items sorted by cost, the k-th item goes to the k-th rank exactly when that rank
 ahead of every rank already topped up in the round (checked, ties included); the first
 item where that fails starts the next round.  A round that places fewer than D/8 items
 is redone as D steps of a heap, so the whole stays O(n log D).  Integer costs sort as
-unique int64 keys (cost · n + index, load · D + rank), much faster than stable sorts.
+unique int64 keys (cost · n + index, load · D + rank), much faster than stable sorts; when
+every load stays exact (below 2**53 once the costs' common power of two is divided out),
+each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum
+and one sort.
 With a memory cap, the least-loaded rank that still has room is taken (a heap that sets
 full ranks aside; the uncapped plan is kept when it already fits, since the choices are
 then the same).  Padded ranks cost count · f(max length); items go longest first to the
@@ -27,7 +30,8 @@ import heapq
 
 import numpy as np
 
-from .problem import InfeasibleError, KernelResult, Problem, integer_keys_fit, rank_tokens, sorted_order
+from .problem import (InfeasibleError, KernelResult, Problem, integer_keys_fit, integer_values, rank_tokens,
+                      sorted_order)
 
 
 def integer_loads(costs: np.ndarray, num_ranks: int) -> bool:
@@ -98,15 +102,75 @@ def _heap_round(loads: np.ndarray, costs: np.ndarray, items: np.ndarray,
         loads[rank] = load
 
 
+def _key_steps(sorted_costs: np.ndarray, num_ranks: int) -> tuple[np.ndarray, int] | None:
+    """Integer costs (largest first) as int64 key increments cost << shift, for keys
+    (load << shift) | rank, and the shift; None unless LPT then sums every load exactly and
+    its keys fit int64.
+
+    The costs are first divided by the largest power of two dividing them all: that is
+    exact and float rounding is scale-free, so the quotients' LPT makes the same choices.
+    A rank takes an item only as the least loaded, at most total / D, so no LPT load ever
+    passes total / D + max cost (Graham's argument; by induction each sum up to then is
+    exact below 2**53).  The float total is within a factor 1 ± n·2**-53 of the exact one:
+    twice the bound covers it.
+    """
+    integers = integer_values(sorted_costs)
+    if integers is None:
+        return None
+    bits = int(np.bitwise_or.reduce(integers))
+    divisor = bits & -bits if bits else 1
+    shift = max(num_ranks - 1, 1).bit_length()
+    most = 2.0 * (float(sorted_costs.sum()) / num_ranks + float(sorted_costs[0])) / divisor
+    if most >= 2.0**53 or most * 2.0**shift >= 2.0**62:
+        return None
+    integers >>= divisor.bit_length() - 1
+    integers <<= shift
+    return integers, shift
+
+
+def _greedy_by_keys(steps: np.ndarray, shift: int, num_ranks: int, order: np.ndarray) -> np.ndarray:
+    """The rounds of `greedy_unpadded` on exact integer loads, every rank held as one int64 key
+    (load << shift) | rank, kept sorted: a round is one prefix minimum, its update one sort."""
+    n, mask = steps.size, (1 << shift) - 1
+    keys = np.arange(num_ranks, dtype=np.int64)
+    assignment = np.empty(n, dtype=np.int64)
+    position = 0
+    while position < n:
+        size = min(n - position, num_ranks)
+        topped = keys[:size] + steps[position: position + size]
+        # Item k goes to the k-th key iff that key is below every key topped up before it.
+        failed = np.flatnonzero(keys[1:size] > np.minimum.accumulate(topped[:-1]))
+        placed = int(failed[0]) + 1 if failed.size else size
+        if 8 * placed < size:
+            loads = np.empty(num_ranks, dtype=np.int64)
+            loads[keys & mask] = keys >> shift
+            _heap_round(loads, steps[position: position + size] >> shift, order[position: position + size],
+                        assignment)
+            keys = np.sort((loads << shift) | np.arange(num_ranks))
+            position += size
+            continue
+        assignment[order[position: position + placed]] = keys[:placed] & mask
+        keys = np.sort(np.concatenate((topped[:placed], keys[placed:])), kind="stable")
+        position += placed
+    return assignment
+
+
 def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None) -> np.ndarray:
     """LPT assignment for additive costs, bit-identical to the heap loop (`order`: `sorted_order(costs)`
     when already known)."""
     order = sorted_order(costs) if order is None else order
-    sorted_costs = costs[order]
-    assignment = np.empty(costs.size, dtype=np.int64)
+    return _greedy_sorted(costs[order], num_ranks, order)
+
+
+def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray) -> np.ndarray:
+    """`greedy_unpadded` given the costs in `order` (largest first) already."""
+    key_steps = _key_steps(sorted_costs, num_ranks)
+    if key_steps is not None:
+        return _greedy_by_keys(*key_steps, num_ranks, order)
+    assignment = np.empty(sorted_costs.size, dtype=np.int64)
     loads = np.zeros(num_ranks)
-    n, position = costs.size, 0
-    integer = integer_loads(costs, num_ranks)
+    n, position = sorted_costs.size, 0
+    integer = integer_loads(sorted_costs, num_ranks)
     while position < n:
         stop = min(n, position + num_ranks)
         ranks = ranks_by_load(loads, integer)[: stop - position]
@@ -182,7 +246,7 @@ def _no_room(problem: Problem, item: int, cap: int) -> InfeasibleError:
         enough = int(rank_tokens(problem, _greedy_padded(problem, None)).max())
         exact = "algorithm='padded' (exact)"
     else:
-        plain = greedy_unpadded(problem.item_costs, problem.num_ranks, problem.cost_order)
+        plain = _greedy_sorted(problem.sorted_costs, problem.num_ranks, problem.cost_order)
         enough = int(rank_tokens(problem, plain).max())
         exact = "algorithm='ilp'"
     return InfeasibleError(
@@ -196,7 +260,7 @@ def solve(problem: Problem) -> KernelResult:
     cap = problem.max_tokens_per_rank
     if problem.padded:
         return KernelResult(_greedy_padded(problem, cap))
-    assignment = greedy_unpadded(problem.item_costs, problem.num_ranks, problem.cost_order)
+    assignment = _greedy_sorted(problem.sorted_costs, problem.num_ranks, problem.cost_order)
     # The capped greedy makes the same choices as long as each chosen rank had room, which
     # holds whenever the uncapped plan ends within the cap.
     if cap is not None and rank_tokens(problem, assignment).max() > cap:

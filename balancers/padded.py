@@ -40,7 +40,7 @@ import math
 
 import numpy as np
 
-from .problem import InfeasibleError, KernelResult, Problem, Status, as_lengths, as_num_ranks
+from .problem import InfeasibleError, KernelResult, Problem, Status, as_lengths, as_num_ranks, sorted_order
 
 
 class _Runs:
@@ -166,20 +166,11 @@ class _Runs:
         return high
 
 
-def _sort_descending(lengths: np.ndarray) -> np.ndarray:
-    """Order of items by length, longest first, ties by index (stable)."""
-    longest = int(lengths.max())
-    keys = longest - lengths
-    if longest < 2**16:
-        keys = keys.astype(np.uint16)  # numpy sorts 16-bit keys by radix: same order, ~4x faster
-    return np.argsort(keys, kind="stable")
-
-
 def min_cap(lengths, num_ranks) -> int:
     """Smallest `max_tokens_per_rank` for which a padded plan exists (count · max l per rank)."""
     lengths = as_lengths(lengths)
     num_ranks = as_num_ranks(num_ranks)
-    sorted_lengths = lengths[_sort_descending(lengths)]
+    sorted_lengths = lengths[sorted_order(lengths)]
     runs = _Runs(sorted_lengths, sorted_lengths.astype(np.float64), None)
     return int(runs.optimum(num_ranks))
 
@@ -189,7 +180,7 @@ def solve(problem: Problem) -> KernelResult:
     if not problem.padded:
         raise ValueError("algorithm 'padded' solves the padded cost count · f(max l); "
                          "pass padded=True, or choose an unpadded algorithm")
-    order = _sort_descending(problem.lengths)
+    order = problem.length_order
     runs = _Runs(problem.lengths[order], problem.item_costs[order], problem.max_tokens_per_rank)
     best = runs.optimum(problem.num_ranks)
     if best is None:

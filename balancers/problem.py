@@ -47,23 +47,54 @@ class InfeasibleError(ValueError):
 
 def integer_keys_fit(values: np.ndarray, count: int) -> bool:
     """Whether non-negative `values` are integers small enough for value · count + index keys."""
-    return bool(values.size) and float(values.max()) * count < 2.0**62 and bool(
-        np.all(values == np.floor(values)))
+    return bool(values.size) and float(values.max()) * count < 2.0**62 and (
+        values.dtype.kind in "iu" or bool(np.all(values == np.floor(values))))
 
 
 def sorted_order(costs: np.ndarray) -> np.ndarray:
     """Item indices by cost, largest first, ties by index (the heap loop's order).
 
-    A stable argsort is slow; unique int64 keys (cost rank · n + index) sort fast.
+    A stable argsort of floats is slow; integer costs sort as unique int64 keys (cost rank · n
+    + index), or below 2**16 as uint16 keys, which numpy's stable sort orders by radix.
     """
     n = costs.size
     if integer_keys_fit(costs, n):
-        keys = (int(costs.max()) - costs.astype(np.int64)) * n + np.arange(n)
+        largest = int(costs.max())
+        if largest < 2**16:
+            return np.argsort((largest - costs).astype(np.uint16), kind="stable")
+        keys = (largest - costs.astype(np.int64)) * n + np.arange(n)
         return np.sort(keys) % n
     order = np.argsort(-costs)
     sorted_costs = costs[order]
     group = np.concatenate(([0], np.cumsum(sorted_costs[1:] != sorted_costs[:-1])))
     return np.sort(group * n + order) % n
+
+
+def integer_values(values: np.ndarray) -> np.ndarray | None:
+    """Non-negative float `values` as int64 when all are integers below 2**63, else None."""
+    if not values.size or values.max() >= 2.0**63:
+        return None
+    integers = values.astype(np.int64)
+    return integers if bool(np.all(integers == values)) else None
+
+
+def exact_sum(values: np.ndarray) -> float:
+    """`math.fsum(values)`, the correctly rounded sum of non-negative float `values`.
+
+    Integers below 2**63 are summed exactly in int64 as high and low 32-bit halves (each
+    half's sum fits for fewer than 2**31 values) and rounded once by `float(int)`, several
+    times faster than fsum.
+    """
+    integers = integer_values(values) if values.size < 2**31 else None
+    if integers is None:
+        return math.fsum(memoryview(values))
+    high, low = int(np.sum(integers >> 32)), int(np.sum(integers & 0xFFFFFFFF))
+    return float((high << 32) + low)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,15 +110,25 @@ class Problem:
     time_limit: float | None
 
     @cached_property
+    def length_order(self) -> np.ndarray:
+        """`sorted_order(lengths)`: items by length, longest first, ties by index."""
+        return _read_only(sorted_order(self.lengths))
+
+    @cached_property
     def cost_order(self) -> np.ndarray:
         """`sorted_order(item_costs)`, computed once per problem (LPT, locality and the bound
-        share it); from the integer lengths when costs grow strictly with length (integer
-        keys sort about twice as fast as float costs)."""
-        order = sorted_order(self.lengths)
-        if not np.all(np.diff(self.item_costs[order])[np.diff(self.lengths[order]) < 0] < 0):
-            order = sorted_order(self.item_costs)
-        order.setflags(write=False)
+        share it).  It is the length order whenever costs drop wherever lengths do: costs
+        never fall as lengths grow (each float operation of `CostModel.item_costs` rounds
+        monotonically), so the two orders agree iff both have as many drops."""
+        order = self.length_order
+        if np.count_nonzero(np.diff(self.item_costs[order])) != np.count_nonzero(np.diff(self.lengths[order])):
+            order = _read_only(sorted_order(self.item_costs))
         return order
+
+    @cached_property
+    def sorted_costs(self) -> np.ndarray:
+        """`item_costs[cost_order]`, largest first."""
+        return _read_only(self.item_costs[self.cost_order])
 
     @property
     def num_items(self) -> int:
@@ -259,12 +300,16 @@ def lower_bound(problem: Problem) -> float:
     w_D + w_{D+1}.  Padded costs dominate unpadded ones (count · f(max) >= sum f), so the
     same bound holds for both.
     """
-    costs = problem.item_costs[problem.cost_order]
+    costs = problem.sorted_costs
     n, d = costs.size, problem.num_ranks
-    bound = math.fsum(memoryview(costs)) / d  # exact; a memoryview spares building a list
-    prefix = np.concatenate(([0.0], np.cumsum(costs)))
+    bound = exact_sum(costs) / d
     ks = np.arange(0, (n - 1) // d + 1)
     tops = ks * d + 1  # the k+1 smallest of the top k·D+1 items are [top-k-1, top)
+    # A group's fsum rounds a sum of k+1 costs each at most its first, so it is at most
+    # the rounded product (k+1) · first: when no product passes the mean, no group does.
+    if np.all((ks + 1) * costs[tops - ks - 1] <= bound):
+        return float(bound)
+    prefix = np.concatenate(([0.0], np.cumsum(costs)))
     best = int(np.argmax(prefix[tops] - prefix[tops - ks - 1]))
     group = costs[tops[best] - best - 1: tops[best]]
     return float(max(bound, math.fsum(memoryview(group))))

@@ -1,6 +1,7 @@
 """The contract under every kernel: lower bounds are sound, plans are certified."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, make_problem
 from orchmllm.balancers.plan import make_plan
-from orchmllm.balancers.problem import lower_bound, rank_loads, rank_tokens
+from orchmllm.balancers.problem import exact_sum, lower_bound, rank_loads, rank_tokens, sorted_order
 
 COSTS = [CostModel(), CostModel(per_item=3, linear=1, quadratic=0.5)]
 
@@ -27,6 +28,51 @@ def brute_force_optimum(problem):
 def test_lower_bound_never_exceeds_the_optimum(lengths, num_ranks, cost, padded):
     problem = make_problem(lengths, num_ranks, cost=cost, padded=padded)
     assert lower_bound(problem) <= brute_force_optimum(problem) + 1e-9
+
+
+integer_floats = st.lists(st.integers(0, 2**63 - 2**11), min_size=1, max_size=40).map(
+    lambda values: np.array(values, dtype=np.float64))
+any_floats = st.lists(st.floats(0, 2.0**70, allow_subnormal=False), min_size=1, max_size=40).map(np.array)
+
+
+@given(values=st.one_of(integer_floats, any_floats))
+def test_exact_sum_is_the_correctly_rounded_fsum(values):
+    assert exact_sum(values) == math.fsum(values.tolist())
+
+
+@pytest.mark.parametrize("values", [
+    [2.0**53, 1.0], [2.0**53, 1.0, 1.0], [2.0**53, 3.0], [2.0**62, 2.0**62, 2.0**62, 1.0], [0.0],
+], ids=["half-way-down", "two-halves", "half-way-up", "beyond-int64", "zero"])
+def test_exact_sum_rounds_half_way_sums_to_even(values):
+    assert exact_sum(np.array(values)) == math.fsum(values)
+
+
+def reference_lower_bound(problem):
+    """The bound by definition: max(total / D, the k+1 smallest of the k·D+1 largest costs)."""
+    costs = sorted(problem.item_costs.tolist(), reverse=True)
+    groups = [costs[k * problem.num_ranks - k: k * problem.num_ranks + 1]
+              for k in range((len(costs) - 1) // problem.num_ranks + 1)]
+    return max([math.fsum(costs) / problem.num_ranks] + [math.fsum(group) for group in groups])
+
+
+@pytest.mark.parametrize("cost", COSTS + [CostModel(linear=33177600000.0, quadratic=1728000.0)],
+                         ids=["linear", "quadratic", "flops"])
+@given(lengths=st.lists(st.integers(0, 3000), min_size=1, max_size=120), num_ranks=st.integers(1, 40))
+def test_lower_bound_is_the_largest_group_or_the_mean(lengths, num_ranks, cost):
+    assert lower_bound(make_problem(lengths, num_ranks, cost=cost)) == reference_lower_bound(
+        make_problem(lengths, num_ranks, cost=cost))
+
+
+@pytest.mark.parametrize("cost", COSTS + [CostModel(per_item=1, linear=0), CostModel(per_item=2.0**60, linear=1),
+                                          CostModel(linear=1e-320)],
+                         ids=["linear", "quadratic", "constant", "absorbed-by-per-item", "underflowing"])
+@given(lengths=st.lists(st.integers(0, 2**17), min_size=1, max_size=60))
+def test_cost_order_is_the_sorted_order_of_the_costs(lengths, cost):
+    problem = make_problem(lengths, 3, cost=cost)
+    by_cost = sorted(range(len(lengths)), key=lambda i: (-problem.item_costs[i], i))
+    np.testing.assert_array_equal(problem.cost_order, by_cost)
+    np.testing.assert_array_equal(sorted_order(problem.item_costs), by_cost)
+    np.testing.assert_array_equal(problem.sorted_costs, problem.item_costs[problem.cost_order])
 
 
 def test_lower_bound_uses_the_pair_that_must_share_a_rank():

@@ -92,6 +92,28 @@ def test_fast_lpt_matches_the_heap_loop_on_larger_tied_instances(num_ranks, zero
                                       heap_lpt(problem.item_costs, num_ranks))
 
 
+# Large integer costs: FLOP counts and powers of two (int64 keys after dividing out the
+# shared power of two), odd costs whose loads stay below 2**51 (keys), near 2**53 (float
+# loads, still exact) and above 2**53 (float loads that round), each with and without ties.
+LARGE_INTEGER_COSTS = {
+    "flops": CostModel(linear=33177600000.0, quadratic=1728000.0),
+    "power_of_two": CostModel(linear=2.0**40),
+    "odd_below_2**51": CostModel(per_item=2.0**47 + 1, linear=3.0),
+    "odd_near_2**53": CostModel(per_item=2.0**49 + 1, linear=3.0),
+    "odd_above_2**53": CostModel(per_item=2.0**51 + 1, linear=3.0),
+}
+
+
+@pytest.mark.parametrize("cost", LARGE_INTEGER_COSTS.values(), ids=LARGE_INTEGER_COSTS.keys())
+@pytest.mark.parametrize("num_ranks", [1, 3, 16, 300])
+def test_fast_lpt_matches_the_heap_loop_on_large_integer_costs(num_ranks, cost):
+    rng = np.random.default_rng(num_ranks)
+    for lengths in (rng.integers(1, 4000, 9 * num_ranks), rng.integers(1, 4, 9 * num_ranks)):
+        problem = make_problem(lengths, num_ranks, cost=cost)
+        np.testing.assert_array_equal(lpt.greedy_unpadded(problem.item_costs, num_ranks),
+                                      heap_lpt(problem.item_costs, num_ranks))
+
+
 @settings(max_examples=40)
 @given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=7), num_ranks=st.integers(2, 3),
        cost=cost_models)
