@@ -152,7 +152,8 @@ class Batch:
     Per sample i: `sample_text[i]`, `sample_source[i]` (rank that sampled it), `sample_id[i]`.
     Per segment s: `segment_sample[s]` (its sample, non-decreasing), `segment_modality[s]`
     (index into `modalities`), `segment_length[s]`, `segment_tokens[s]`,
-    `segment_position[s]` (offset in the sample's LLM sequence).
+    `segment_position[s]` (offset in the sample's LLM sequence).  Derived per sample, computed
+    once: `sample_llm_length`, `sample_segment_offsets`.
     """
 
     num_ranks: int
