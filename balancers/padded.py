@@ -20,14 +20,15 @@ k = min(kT, floor(cap / l_i), items left) items, kT the largest k with k · f(l_
 Taking the longest feasible run first is optimal (what is left is a suffix of what any
 other choice leaves), so T is feasible iff the greedy needs <= D runs.  The optimum is
 one of the values k · f(l_i).  The search probes the lower bound max(f(l_1), sum f / D),
-gallops up from it, then bisects, always snapping both ends to such values: a feasible
-probe lowers the upper end to the makespan the greedy actually reached, an infeasible one
-raises the lower end to the next value at which one of its runs could grow (below that
-the greedy is unchanged, hence still infeasible).  It ends when the two ends meet, so the
-answer is exact with no floating-point tolerance.  A probe costs O(B) numpy work for the
-B distinct lengths plus one Python step per stretch of consecutive blocks whose runs take
-the same number of items (at most min(D, B)); with the sort,
-O(n log n + (B + min(D, B)) · probes), about 3-20 probes.
+then where the greedy's run count would reach D were it inversely proportional to T (a
+secant step), galloping when probes keep falling on one side, always snapping both ends
+to such values: a feasible probe lowers the upper end to the makespan the greedy actually
+reached, an infeasible one raises the lower end to the next value at which one of its
+first D + 1 runs could grow (below that they are unchanged, hence still too many).  It
+ends when the two ends meet, so the answer is exact with no floating-point tolerance.  A
+probe costs O(B) numpy work for the B distinct lengths plus one Python step per stretch
+of consecutive blocks whose runs take the same number of items (at most B); with the
+sort, O(n log n + B · probes), about 3-20 probes (8 for the audio stage at 2560 ranks).
 Source: the sorted-runs structure is the classic argument for bottleneck 1-D
 partitioning (Pinar & Aykanat 2004, "Fast optimal load balancing algorithms for 1D
 partitioning"); guarantee: optimal.
@@ -89,8 +90,8 @@ class _Runs:
         return np.minimum(count, self.room)
 
     def probe(self, makespan: float, num_ranks: int,
-              starts: list[int] | None = None) -> tuple[bool, float, float]:
-        """Greedy runs under `makespan`: (feasible, makespan reached, next value to try).
+              starts: list[int] | None = None) -> tuple[bool, float, float, int]:
+        """Greedy runs under `makespan`: (feasible, makespan reached, next value to try, runs).
 
         When infeasible, every value below the third entry is infeasible too.  When
         feasible, the second entry is a feasible value no larger than `makespan`.  Run
@@ -107,6 +108,7 @@ class _Runs:
         ends, n = self.ends, self.num_items
         start = runs = block = stretch = 0
         groups: list[tuple[int, int, int]] = []  # (first block, last block, run size) of full runs
+        proof = None  # groups up to the (D+1)-th run, which alone prove infeasibility
         last_run = 0.0
         while start < n:
             stretch = bisect.bisect_right(stretch_end, start, stretch)
@@ -131,19 +133,19 @@ class _Runs:
             runs += full
             start += full * limit
             block = last_block
-            if runs > num_ranks:
-                break
-        first, last, size = np.asarray(groups, dtype=np.int64).reshape(-1, 3).T
+            if proof is None and runs > num_ranks:
+                proof = len(groups)
+        first, last, size = np.asarray(groups[:proof], dtype=np.int64).reshape(-1, 3).T
         # Costs fall along the sorted order: a group's costliest run starts in its first
         # block, and its runs grow first where the cost is lowest, in its last block.
         reached = max(float((size * self.costs[first]).max(initial=0.0)), last_run)
         growing = grows[first]
         next_value = float(((size[growing] + 1) * self.costs[last[growing]]).min(initial=math.inf))
-        return runs <= num_ranks, reached, next_value
+        return runs <= num_ranks, reached, next_value, runs
 
     def optimum(self, num_ranks: int) -> float | None:
         """Smallest feasible makespan (exact), or None when the cap alone needs > D runs."""
-        feasible, high, _ = self.probe(math.inf, num_ranks)
+        feasible, high, _, _ = self.probe(math.inf, num_ranks)
         if not feasible:
             return None
         # Every plan costs at least the longest item and the mean of sum f(l) (a padded
@@ -151,18 +153,20 @@ class _Runs:
         # down a little so the bound never excludes the exact optimum.
         total = math.fsum((self.sizes * self.costs).tolist()) / num_ranks
         low = min(max(total * (1.0 - 1e-9), float(self.costs[0])), high)
-        # Try the lower bound itself, then gallop up from it (the optimum is usually just
-        # above it) until a probe is feasible, then bisect.
-        step = 0.0
+        # Try the lower bound, then where the greedy's runs would number D were they
+        # inversely proportional to the makespan (a secant step: runs · makespan varies
+        # slowly), capped just below the best feasible value found, where an infeasible
+        # probe proves that value optimal.  Probes that keep falling on one side gallop
+        # away from it (steps growing 4x from 2**-10).
+        mid, last_feasible, step = low, None, 0.0
         while low < high:
-            mid = low + min(low * step, (high - low) * 0.5)
-            if not low <= mid < high:
-                mid = low
-            feasible, reached, next_value = self.probe(mid, num_ranks)
+            feasible, reached, next_value, runs = self.probe(mid, num_ranks)
+            step = step * 4 if feasible == last_feasible else 2.0**-10
             if feasible:
-                high, step = reached, math.inf
+                high, guess = reached, min(mid * runs / num_ranks, reached * (1.0 - step))
             else:
-                low, step = next_value, max(step * 4, 2.0**-10)
+                low, guess = next_value, max(mid * runs / num_ranks, next_value * (1.0 + step))
+            mid, last_feasible = max(low, min(guess, math.nextafter(high, 0.0))), feasible
         return high
 
 
