@@ -40,7 +40,11 @@ class CostModel:
     def item_costs(self, lengths: np.ndarray) -> np.ndarray:
         """f(l) for every length, float64."""
         lengths = np.asarray(lengths, dtype=np.float64)
-        return self.per_item + lengths * (self.linear + self.quadratic * lengths)
+        costs = self.quadratic * lengths  # then in place: per_item + l·(linear + quadratic·l)
+        costs += self.linear
+        costs *= lengths
+        costs += self.per_item
+        return costs
 
     def __call__(self, length: float) -> float:
         return float(self.item_costs(np.asarray([length]))[0])

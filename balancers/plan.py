@@ -80,12 +80,15 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
         raise RuntimeError(f"algorithm {algorithm!r} put {int(tokens[rank])} tokens on rank {rank}, "
                            f"over max_tokens_per_rank={cap}")
     makespan = float(loads.max())
-    bound = lower_bound(problem)
-    if kernel_bound is not None:
-        bound = max(bound, float(kernel_bound))
-    # Bounds are float sums in another order than the loads; never let rounding lift one
-    # above a makespan that was actually reached.
-    bound = min(bound, makespan)
+    if kernel_bound is not None and kernel_bound >= makespan:
+        bound = makespan  # the kernel proved its plan optimal: no other bound can add to that
+    else:
+        bound = lower_bound(problem)
+        if kernel_bound is not None:
+            bound = max(bound, float(kernel_bound))
+        # Bounds are float sums in another order than the loads; never let rounding lift
+        # one above a makespan that was actually reached.
+        bound = min(bound, makespan)
     if makespan == bound:
         status = Status.OPTIMAL
     elif status is Status.OPTIMAL:

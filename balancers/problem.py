@@ -117,11 +117,18 @@ class Problem:
     @cached_property
     def cost_order(self) -> np.ndarray:
         """`sorted_order(item_costs)`, computed once per problem (LPT, locality and the bound
-        share it).  It is the length order whenever costs drop wherever lengths do: costs
-        never fall as lengths grow (each float operation of `CostModel.item_costs` rounds
-        monotonically), so the two orders agree iff both have as many drops."""
+        share it).  Costs never fall as lengths grow (each float operation of
+        `CostModel.item_costs` rounds monotonically), so it is the length order iff costs
+        drop wherever lengths do.  That is counted along the sorted items, or, when fewer
+        lengths than items lie below the longest, asked of all of them (sufficient)."""
         order = self.length_order
-        if np.count_nonzero(np.diff(self.item_costs[order])) != np.count_nonzero(np.diff(self.lengths[order])):
+        longest = int(self.lengths[order[0]])
+        if longest < self.num_items:
+            lengths = np.arange(longest + 1)
+            costs = self.cost.item_costs(lengths)
+        else:
+            lengths, costs = self.lengths[order], self.item_costs[order]
+        if np.count_nonzero(np.diff(costs)) != np.count_nonzero(np.diff(lengths)):
             order = _read_only(sorted_order(self.item_costs))
         return order
 

@@ -66,7 +66,8 @@ def test_lower_bound_is_the_largest_group_or_the_mean(lengths, num_ranks, cost):
 @pytest.mark.parametrize("cost", COSTS + [CostModel(per_item=1, linear=0), CostModel(per_item=2.0**60, linear=1),
                                           CostModel(linear=1e-320)],
                          ids=["linear", "quadratic", "constant", "absorbed-by-per-item", "underflowing"])
-@given(lengths=st.lists(st.integers(0, 2**17), min_size=1, max_size=60))
+@given(lengths=st.one_of(st.lists(st.integers(0, 2**17), min_size=1, max_size=60),
+                         st.lists(st.integers(0, 20), min_size=1, max_size=60)))  # more items than lengths
 def test_cost_order_is_the_sorted_order_of_the_costs(lengths, cost):
     problem = make_problem(lengths, 3, cost=cost)
     by_cost = sorted(range(len(lengths)), key=lambda i: (-problem.item_costs[i], i))
