@@ -150,6 +150,7 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, num_ranks: int, order: np.nda
             position += size
             continue
         assignment[order[position: position + placed]] = keys[:placed] & mask
+        # Keys are unique, so every sort agrees; timsort (stable) gains from their sorted runs.
         keys = np.sort(np.concatenate((topped[:placed], keys[placed:])), kind="stable")
         position += placed
     return assignment

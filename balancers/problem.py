@@ -61,7 +61,8 @@ def sorted_order(costs: np.ndarray) -> np.ndarray:
     if integer_keys_fit(costs, n):
         largest = int(costs.max())
         if largest < 2**16:
-            return np.argsort((largest - costs).astype(np.uint16), kind="stable")
+            keys = costs.astype(np.uint16)
+            return np.argsort(np.subtract(largest, keys, out=keys), kind="stable")
         keys = (largest - costs.astype(np.int64)) * n + np.arange(n)
         return np.sort(keys) % n
     order = np.argsort(-costs)
@@ -175,8 +176,8 @@ def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
             raise ValueError(f"`{name}` must be non-negative integers; got {array[bad[0]]} at index {bad[0]}")
         if np.any(np.abs(array) >= 2.0**53):
             raise ValueError(f"`{name}` must be below 2**53")
-    bad = np.flatnonzero(array < 0)
-    if bad.size:
+    if array.min() < 0:
+        bad = np.flatnonzero(array < 0)
         raise ValueError(f"`{name}` must be non-negative integers; got {array[bad[0]]} at index {bad[0]}")
     if array.dtype.kind == "u" and array.size and int(array.max()) >= 2**63:
         raise ValueError(f"`{name}` must be below 2**63")
