@@ -21,8 +21,10 @@ Taking the longest feasible run first is optimal (what is left is a suffix of wh
 other choice leaves), so T is feasible iff the greedy needs <= D runs.  The optimum is
 one of the values k · f(l_i).  The search probes the lower bound max(f(l_1), sum f / D),
 then where the greedy's run count would reach D were it inversely proportional to T (a
-secant step), galloping when probes keep falling on one side, always snapping both ends
-to such values: a feasible probe lowers the upper end to the makespan the greedy actually
+secant step), galloping when probes keep falling on one side and bisecting once the
+optimum is bracketed whenever two probes have not halved the bracket (run counts are
+steps, so near the optimum the secant can crawl), always snapping both ends to such
+values: a feasible probe lowers the upper end to the makespan the greedy actually
 reached, an infeasible one raises the lower end to the next value at which one of its
 first D + 1 runs could grow (below that they are unchanged, hence still too many).  It
 ends when the two ends meet, so the answer is exact with no floating-point tolerance.  A
@@ -157,8 +159,9 @@ class _Runs:
         # inversely proportional to the makespan (a secant step: runs · makespan varies
         # slowly), capped just below the best feasible value found, where an infeasible
         # probe proves that value optimal.  Probes that keep falling on one side gallop
-        # away from it (steps growing 4x from 2**-10).
-        mid, last_feasible, step = low, None, 0.0
+        # away from it (steps growing 4x from 2**-10); a bracket that two probes did not
+        # halve is bisected.
+        mid, last_feasible, step, widths = low, None, 0.0, []
         while low < high:
             feasible, reached, next_value, runs = self.probe(mid, num_ranks)
             step = step * 4 if feasible == last_feasible else 2.0**-10
@@ -166,6 +169,10 @@ class _Runs:
                 high, guess = reached, min(mid * runs / num_ranks, reached * (1.0 - step))
             else:
                 low, guess = next_value, max(mid * runs / num_ranks, next_value * (1.0 + step))
+            if feasible or widths:  # both ends come from probes: the optimum is bracketed
+                widths.append(high - low)
+                if len(widths) > 2 and widths[-1] > 0.5 * widths[-3]:
+                    guess = low + (high - low) * 0.5
             mid, last_feasible = max(low, min(guess, math.nextafter(high, 0.0))), feasible
         return high
 
