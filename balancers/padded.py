@@ -30,7 +30,7 @@ first D + 1 runs could grow (below that they are unchanged, hence still too many
 ends when the two ends meet, so the answer is exact with no floating-point tolerance.  A
 probe costs O(B) numpy work for the B distinct lengths plus one Python step per stretch
 of consecutive blocks whose runs take the same number of items (at most B); with the
-sort, O(n log n + B · probes), about 3-20 probes (8 for the audio stage at 2560 ranks).
+sort, O(n log n + B · probes), about 3-25 probes (8 for the audio stage at 2560 ranks).
 Source: the sorted-runs structure is the classic argument for bottleneck 1-D
 partitioning (Pinar & Aykanat 2004, "Fast optimal load balancing algorithms for 1D
 partitioning"); guarantee: optimal.
