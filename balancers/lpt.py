@@ -13,7 +13,8 @@ items a round at a time with numpy: with ranks sorted by (load, rank) and the ne
 items sorted by cost, the k-th item goes to the k-th rank exactly when that rank stays
 ahead of every rank already topped up in the round (checked, ties included); the first
 item where that fails starts the next round.  A round that places fewer than D/8 items
-is redone as D steps of a heap, so the whole stays O(n log D).  Integer costs sort as
+is redone as D steps of a heap, so the whole stays O(n log D); below 32 ranks, where
+rounds hold only a few items, the heap loop runs alone.  Integer costs sort as
 unique int64 keys (cost · n + index, load · D + rank), much faster than stable sorts; when
 every load stays exact (below 2**53 once the costs' common power of two is divided out),
 each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum
@@ -156,6 +157,9 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, num_ranks: int, order: np.nda
     return assignment
 
 
+_ROUNDS_FROM_RANKS = 32  # below, one heap loop is faster (50 000 items on 4 ranks: 18 ms vs 145 ms)
+
+
 def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None) -> np.ndarray:
     """LPT assignment for additive costs, bit-identical to the heap loop (`order`: `sorted_order(costs)`
     when already known)."""
@@ -165,6 +169,10 @@ def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None 
 
 def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray) -> np.ndarray:
     """`greedy_unpadded` given the costs in `order` (largest first) already."""
+    if num_ranks < _ROUNDS_FROM_RANKS:  # rounds of a few items cost more than the heap loop itself
+        assignment = np.empty(sorted_costs.size, dtype=np.int64)
+        _heap_round(np.zeros(num_ranks), sorted_costs, order, assignment)
+        return assignment
     key_steps = _key_steps(sorted_costs, num_ranks)
     if key_steps is not None:
         return _greedy_by_keys(*key_steps, num_ranks, order)
