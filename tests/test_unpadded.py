@@ -63,8 +63,11 @@ def makespan(problem, assignment):
     return float(rank_loads(problem, assignment).max())
 
 
-@given(lengths=any_lengths, num_ranks=st.integers(1, 12), cost=cost_models)
-def test_fast_lpt_is_bit_identical_to_the_heap_loop(lengths, num_ranks, cost):
+@given(lengths=any_lengths, num_ranks=st.integers(1, 12), cost=cost_models, repeat=st.integers(1, 8))
+def test_fast_lpt_is_bit_identical_to_the_heap_loop(lengths, num_ranks, cost, repeat):
+    """On few ranks (the heap loop itself) and, with `num_ranks + 32`, on the numpy rounds."""
+    lengths = np.tile(lengths, repeat)
+    num_ranks = num_ranks + (32 if repeat % 2 else 0)
     problem = make_problem(lengths, num_ranks, cost=cost)
     np.testing.assert_array_equal(lpt.greedy_unpadded(problem.item_costs, num_ranks),
                                   heap_lpt(problem.item_costs, num_ranks))
