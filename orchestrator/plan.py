@@ -298,7 +298,7 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
         if plan.stage.modality in batch.modalities:
             stage_of_modality[batch.modalities.index(plan.stage.modality)] = index
     route_stage = stage_of_modality[batch.segment_modality]  # a stage's items are the segments of its modality
-    encoder_rank = np.empty(num_segments, dtype=np.int64)  # every entry is written or the check below raises
+    encoder_rank = np.full(num_segments, -1, dtype=np.int64)
     encoder_offset = np.empty(num_segments, dtype=np.int64)
     for plan in stage_plans[:-1]:
         encoder_rank[plan.item_segment] = plan.destination
@@ -307,6 +307,10 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
         segment = int(np.argmin(route_stage))
         raise ValueError(f"segment {segment} has modality {batch.modalities[batch.segment_modality[segment]]!r}, "
                          f"which no stage encodes")
+    if num_segments and encoder_rank.min() < 0:
+        segment = int(np.argmin(encoder_rank))
+        raise ValueError(f"segment {segment} ({batch.modalities[batch.segment_modality[segment]]!r}) is in no "
+                         f"stage plan: a stage plan must hold every segment of its modality")
     llm = stage_plans[-1]
     owner = batch.segment_sample
     llm_rank = llm.destination[owner]

@@ -313,6 +313,23 @@ def test_unknown_modality_is_rejected():
         Orchestrator(STAGES, 1).plan(batch)
 
 
+def test_composing_stage_plans_that_leave_out_a_segment_is_an_error():
+    """Regression: compose filled the routes of a segment no stage plan held with stale memory."""
+    from orchmllm.orchestrator.plan import compose
+    from orchmllm.orchestrator.planner import StageItems, stage_plan
+
+    batch = random_batch(1, 4, 4)
+    plans = []
+    for stage in STAGES:
+        items = stage_items(batch, stage)
+        if stage.modality == "image":
+            items = StageItems(*(array[1:] for array in items))
+        plans.append(stage_plan(batch, stage, batch.sample_source[items.sample], "none", items=items))
+    left_out = int(stage_items(batch, STAGES[0]).segment[0])
+    with pytest.raises(ValueError, match=f"segment {left_out} \\('image'\\) is in no stage plan"):
+        compose(batch, STAGES, tuple(plans))
+
+
 @pytest.mark.parametrize("field", ["text", "length", "tokens", "position"])
 def test_negative_sizes_are_rejected(field):
     kwargs = {"text": 5, "length": 4, "tokens": 2, "position": 0}
