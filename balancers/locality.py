@@ -10,7 +10,7 @@ Plain code (unpadded cost):
     target = M * (1 + slack)
     every rank keeps its own items, largest first, each one that still fits under target
     the rest, largest first, per node: dealt round robin to the node's least-loaded ranks
-        that have room (up to 4 items per rank per round), while each fits its rank
+        that have room (4 · gpus_per_node items per node per round), while each fits its rank
     what no rank of its node takes: dealt the same way to the least-loaded ranks of all
         (an LPT round, k-th largest -> k-th least loaded, when nothing fits)
     while a rank is above target: the move or swap that fixes it adding the fewest
@@ -33,6 +33,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
+from .lpt import smallest_ranks
 from .problem import Problem, rank_loads, rank_tokens
 
 
@@ -232,12 +233,9 @@ def _keep_home(state: _State, sources: np.ndarray) -> None:
     num_ranks = state.loads.size
     totals = np.bincount(sources, weights=state.costs, minlength=num_ranks)
     margin = sources.size * np.finfo(np.float64).eps * float(totals.sum())  # bounds any summation's rounding
-    whole = totals <= state.target - margin
-    if state.cap < np.inf:
-        token_totals = np.bincount(sources, weights=state.lengths, minlength=num_ranks)
-        whole &= token_totals <= state.cap
-        state.tokens[whole] = token_totals[whole]
-    state.loads[whole] = totals[whole]
+    token_totals = np.bincount(sources, weights=state.lengths, minlength=num_ranks)
+    whole = (totals <= state.target - margin) & (token_totals <= state.cap)
+    state.loads[whole], state.tokens[whole] = totals[whole], token_totals[whole]
     stays = whole[sources]
     state.destinations[stays] = sources[stays]
     keys, order, pointer, ends, ranks = _by_segment(state, sources, np.flatnonzero(~stays))
@@ -256,24 +254,32 @@ def _keep_home(state: _State, sources: np.ndarray) -> None:
         run_end = np.minimum(np.maximum(run_end, position + state.fits(first, ranks)), ends)
         count = run_end - position
         kept = np.repeat(run_end - count.cumsum(), count) + np.arange(count.sum())
-        owners = np.repeat(ranks, count)
-        state.destinations[order[kept]] = owners
-        state.loads += np.bincount(owners, weights=state.costs[order[kept]], minlength=state.loads.size)
-        state.tokens += np.bincount(owners, weights=state.lengths[order[kept]], minlength=state.loads.size)
+        state.put_runs(order[kept], np.repeat(ranks, count))
         pointer = np.maximum(run_end, position + 1)
         left = pointer < ends
         ranks, pointer, ends = ranks[left], pointer[left], ends[left]
 
 
-def _deal_tables(window: int, num_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Dealing `window` items round robin over h ranks (item k to rank k mod h), per h in [0, num_ranks]
-    (row h; h = 0 deals like h = 1): the window positions rank by rank, each one's rank, and
-    the index (in that order) of its rank's first item."""
-    rank = np.arange(window)[None, :] % np.maximum(np.arange(num_ranks + 1), 1)[:, None]
-    order = np.argsort(rank, axis=1, kind="stable")
-    rank = np.take_along_axis(rank, order, axis=1)
-    first = np.stack([np.searchsorted(row, row, side="left") for row in rank])
-    return order, rank, first
+def _round_robin(roomy: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`window` items dealt round robin over h = max(roomy, 1) ranks, one row per h (item k to
+    rank k mod h; h <= window), listed rank by rank: each one's position in the window, its
+    rank, and the index in that listing of its rank's first item."""
+    ranks = np.maximum(roomy, 1)[:, None]
+    index = np.arange(window)[None, :]
+    per_rank, longer = window // ranks, window % ranks  # the first `longer` ranks take one more
+    boundary = longer * (per_rank + 1)
+    in_longer = index < boundary
+    rank = np.where(in_longer, index // (per_rank + 1), longer + (index - boundary) // per_rank)
+    turn = np.where(in_longer, index % (per_rank + 1), (index - boundary) % per_rank)
+    return rank + turn * ranks, rank, rank * per_rank + np.minimum(rank, longer)
+
+
+def _running_sums(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per row of `values` (a deal listed rank by rank), each entry's running sum within its
+    rank; `first` holds, flat, the index of each entry's rank's first entry."""
+    running = np.cumsum(values, axis=1)
+    running -= (running - values).ravel()[first].reshape(running.shape)
+    return running
 
 
 def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
@@ -293,7 +299,6 @@ def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.
     fits, if any.  Returns the items no rank of their node could take.
     """
     window_size = _WINDOW * gpus_per_node
-    deal_order, deal_rank, deal_first = _deal_tables(window_size, gpus_per_node)
     margin = window_size * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     keys, order, pointer, ends, nodes = _by_segment(state, sources // gpus_per_node,
                                                     np.flatnonzero(state.destinations < 0))
@@ -306,27 +311,20 @@ def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.
         alive = position < ends
         nodes, position, ends, by_load, loads = nodes[alive], position[alive], ends[alive], by_load[alive], loads[alive]
         roomy = np.count_nonzero(loads + state.costs[order[position]][:, None] <= state.target, axis=1)
-        # The deal rank by rank: window positions, their rank columns, and each one's rank load
-        # after it (the rank's load plus a running sum less the running sum before the rank).
-        dealt, rank_column = deal_order[roomy], deal_rank[roomy]
+        # The deal rank by rank, each item with its rank's load after it.
+        dealt, rank_column, first = _round_robin(roomy, window_size)
         window = position[:, None] + dealt
         inside = window < ends[:, None]
         items = order[np.minimum(window, ends[:, None] - 1)]
-        row_start = np.arange(0, nodes.size * window_size, window_size)[:, None]
-        first = (row_start + deal_first[roomy]).ravel()
-        costs = np.where(inside, state.costs[items], 0.0)
-        running = np.cumsum(costs, axis=1)
-        before = running - costs
-        running -= before.ravel()[first].reshape(running.shape)
-        rank_flat = (row_start // window_size * gpus_per_node + rank_column).ravel()
-        fits = inside & (loads.ravel()[rank_flat].reshape(running.shape) + running <= state.target - margin)
-        ranks = nodes[:, None] * gpus_per_node + by_load.ravel()[rank_flat].reshape(running.shape)
+        row = np.arange(nodes.size)[:, None]
+        first = (row * window_size + first).ravel()
+        rank_flat = (row * gpus_per_node + rank_column).ravel()
+        after = loads.ravel()[rank_flat].reshape(items.shape) + _running_sums(
+            np.where(inside, state.costs[items], 0.0), first)
+        fits = inside & (after <= state.target - margin)
+        ranks = nodes[:, None] * gpus_per_node + by_load.ravel()[rank_flat].reshape(items.shape)
         if state.cap < np.inf:
-            lengths = np.where(inside, state.lengths[items], 0.0)
-            running = np.cumsum(lengths, axis=1)
-            before = running - lengths
-            running -= before.ravel()[first].reshape(running.shape)
-            fits &= state.tokens[ranks] + running <= state.cap
+            fits &= state.tokens[ranks] + _running_sums(np.where(inside, state.lengths[items], 0.0), first) <= state.cap
         count = np.where(fits, window_size, dealt).min(axis=1)  # the deal's first item that does not fit
         kept = dealt < count[:, None]
         state.put_runs(items[kept], ranks[kept])
@@ -344,17 +342,7 @@ def _take_in_node(state: _State, sources: np.ndarray, gpus_per_node: int) -> np.
     return np.flatnonzero(state.destinations < 0)
 
 
-_WINDOW = 4  # items dealt per rank of a node per round, at most
-
-
-def _least_loaded(loads: np.ndarray, count: int) -> np.ndarray:
-    """The `count` least-loaded ranks by (load, rank), by partial selection when few are wanted."""
-    if 4 * count >= loads.size:
-        return np.argsort(loads, kind="stable")[:count]
-    kth = np.partition(loads, count - 1)[count - 1]
-    below = np.flatnonzero(loads < kth)
-    chosen = np.concatenate([below, np.flatnonzero(loads == kth)[:count - below.size]])
-    return chosen[np.lexsort((chosen, loads[chosen]))]
+_WINDOW = 4  # a round deals _WINDOW · gpus_per_node items per node (_WINDOW · h over all ranks)
 
 
 def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
@@ -399,7 +387,7 @@ def _lpt_round(state: _State, waiting: np.ndarray) -> np.ndarray:
     The largest item is always placed (on the least-loaded rank with token room), possibly
     above the target, and so are the items after it that fit on no rank (placed together).
     """
-    ranks = _least_loaded(state.loads, min(waiting.size, state.loads.size))
+    ranks = smallest_ranks(state.loads, min(waiting.size, state.loads.size), integer=False)
     chunk = waiting[: ranks.size]
     fits = state.fits(chunk, ranks)
     # The leading items too costly for every rank's room fit nowhere, now or later:
@@ -698,7 +686,8 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.
     the node, take anywhere, repair.  Padded, or when that misses the target or the cap:
     the plain plan with its groups placed on ranks by `assign_groups`, then items of equal
     length re-dealt among their places (`_swap_equal_items`: no rank's load or tokens
-    change).
+    change, up to the order of a float sum; the re-deal is dropped if that lifts a rank
+    above the target).
     """
     target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
     cap = problem.max_tokens_per_rank
@@ -711,4 +700,6 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.
                 cap is None or rank_tokens(problem, candidate).max() <= cap):
             return candidate
     placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node)[plain_assignment]
-    return _swap_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)
+    swapped = _swap_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)
+    # Equal items hold equal costs, but a rank's float sum in another order can gain an ulp.
+    return swapped if rank_loads(problem, swapped).max() <= target else placed

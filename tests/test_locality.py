@@ -108,6 +108,20 @@ def test_without_topology_every_rank_is_its_own_node():
     assert lengths[plan.assignment != sources].sum() < 0.2 * lengths.sum()
 
 
+def test_zero_slack_never_exceeds_the_plain_makespan_by_float_summation_order():
+    """Regression: re-dealing equal items among their places keeps every rank's costs, but
+    summed in another item order a float load could rise by an ulp above a zero-slack target."""
+    rng = np.random.default_rng(3)
+    cost = CostModel(linear=1.0, quadratic=0.01)
+    for _ in range(12):
+        lengths = rng.integers(1, 6, 200) * 1000 + rng.integers(0, 3, 200)
+        sources, item_bytes = rng.integers(0, 16, 200), rng.uniform(1, 10, 200)
+        plain = balance(lengths, 16, cost=cost, algorithm="lpt")
+        local = balance(lengths, 16, cost=cost, algorithm="lpt", sources=sources, item_bytes=item_bytes,
+                        topology=Topology(4, 4), makespan_slack=0.0)
+        assert local.makespan <= plain.makespan
+
+
 def test_same_metadata_same_plan():
     lengths, sources = _workload(64, seed=11)
     first = balance(lengths, 64, algorithm="lpt", sources=sources, topology=Topology(8, 8))
