@@ -84,7 +84,7 @@ def test_partial_selection_matches_the_full_order_with_ties(loads, count, scale)
 
 
 @pytest.mark.parametrize("zeros", [0, 500], ids=["no_zero_items", "many_zero_items"])
-@pytest.mark.parametrize("num_ranks", [7, 64, 300])
+@pytest.mark.parametrize("num_ranks", [7, 33, 64, 300])  # below 32 ranks LPT is the heap loop itself
 def test_fast_lpt_matches_the_heap_loop_on_larger_tied_instances(num_ranks, zeros):
     rng = np.random.default_rng(num_ranks + zeros)
     lengths = np.concatenate([rng.integers(1, 6, 20 * num_ranks), np.zeros(zeros, dtype=np.int64)])
@@ -108,7 +108,7 @@ LARGE_INTEGER_COSTS = {
 
 
 @pytest.mark.parametrize("cost", LARGE_INTEGER_COSTS.values(), ids=LARGE_INTEGER_COSTS.keys())
-@pytest.mark.parametrize("num_ranks", [1, 3, 16, 300])
+@pytest.mark.parametrize("num_ranks", [1, 3, 32, 33, 300])  # below 32 ranks LPT is the heap loop itself
 def test_fast_lpt_matches_the_heap_loop_on_large_integer_costs(num_ranks, cost):
     rng = np.random.default_rng(num_ranks)
     for lengths in (rng.integers(1, 4000, 9 * num_ranks), rng.integers(1, 4, 9 * num_ranks)):
