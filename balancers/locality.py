@@ -188,7 +188,7 @@ class _State:
         self.item_of_rank = problem.cost_order  # largest first, ties by index
         self.cost_rank = np.empty(problem.num_items, dtype=np.int64)
         self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
-        self.negated_sorted_costs = -self.costs[self.item_of_rank]
+        self.negated_sorted_costs = -problem.sorted_costs
         self.destinations = np.full(problem.num_items, -1, dtype=np.int64)
         self.loads = np.zeros(problem.num_ranks)
         self.tokens = np.zeros(problem.num_ranks)
