@@ -29,6 +29,8 @@ the plain makespan times (1 + slack).  Original to orchmllm; the LAP is scipy's 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
@@ -260,18 +262,30 @@ def _keep_home(state: _State, sources: np.ndarray) -> None:
         ranks, pointer, ends = ranks[left], pointer[left], ends[left]
 
 
-def _round_robin(roomy: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`window` items dealt round robin over h = max(roomy, 1) ranks, one row per h (item k to
-    rank k mod h; h <= window), listed rank by rank: each one's position in the window, its
-    rank, and the index in that listing of its rank's first item."""
-    ranks = np.maximum(roomy, 1)[:, None]
-    index = np.arange(window)[None, :]
-    per_rank, longer = window // ranks, window % ranks  # the first `longer` ranks take one more
+@functools.lru_cache(maxsize=256)
+def _round_robin_row(window: int, ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`window` items dealt round robin over `ranks` ranks (item k to rank k mod ranks; ranks <=
+    window), listed rank by rank: each one's position in the window, its rank, and the index
+    in that listing of its rank's first item (read-only)."""
+    index = np.arange(window)
+    per_rank, longer = divmod(window, ranks)  # the first `longer` ranks take one more
     boundary = longer * (per_rank + 1)
     in_longer = index < boundary
     rank = np.where(in_longer, index // (per_rank + 1), longer + (index - boundary) // per_rank)
     turn = np.where(in_longer, index % (per_rank + 1), (index - boundary) % per_rank)
-    return rank + turn * ranks, rank, rank * per_rank + np.minimum(rank, longer)
+    rows = (rank + turn * ranks, rank, rank * per_rank + np.minimum(rank, longer))
+    for row in rows:
+        row.setflags(write=False)
+    return rows
+
+
+def _round_robin(roomy: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_round_robin_row` for h = max(roomy, 1) ranks, one row per entry of `roomy`."""
+    if roomy.size == 0:
+        return (np.zeros((0, window), dtype=np.int64),) * 3
+    counts, row = np.unique(np.maximum(roomy, 1), return_inverse=True)
+    tables = zip(*(_round_robin_row(window, int(count)) for count in counts))
+    return tuple(np.stack(table)[row.ravel()] for table in tables)
 
 
 def _running_sums(values: np.ndarray, first: np.ndarray) -> np.ndarray:
@@ -359,9 +373,9 @@ def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
     waiting = overflow[np.argsort(state.cost_rank[overflow])]
     margin = _WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     while waiting.size:
-        by_load = np.argsort(state.loads, kind="stable")
+        roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
+        by_load = smallest_ranks(state.loads, roomy, integer=False) if roomy else np.zeros(0, dtype=np.int64)
         loads = state.loads[by_load]
-        roomy = int(np.count_nonzero(loads + state.costs[waiting[0]] <= state.target))
         count = min(waiting.size, _WINDOW * roomy)
         passes = -(-count // max(roomy, 1))
         dealt = np.full(passes * roomy, -1, dtype=np.int64)  # pass by pass, rank by rank
