@@ -262,7 +262,7 @@ def _keep_home(state: _State, sources: np.ndarray) -> None:
         ranks, pointer, ends = ranks[left], pointer[left], ends[left]
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def _round_robin_row(window: int, ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`window` items dealt round robin over `ranks` ranks (item k to rank k mod ranks; ranks <=
     window), listed rank by rank: each one's position in the window, its rank, and the index
