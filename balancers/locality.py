@@ -374,16 +374,14 @@ def _take_anywhere(state: _State, overflow: np.ndarray) -> None:
     margin = _WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     while waiting.size:
         roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
-        by_load = smallest_ranks(state.loads, roomy, integer=False) if roomy else np.zeros(0, dtype=np.int64)
-        loads = state.loads[by_load]
+        ranks = smallest_ranks(state.loads, roomy, integer=False) if roomy else np.zeros(0, dtype=np.int64)
         count = min(waiting.size, _WINDOW * roomy)
         passes = -(-count // max(roomy, 1))
         dealt = np.full(passes * roomy, -1, dtype=np.int64)  # pass by pass, rank by rank
         dealt[:count] = waiting[:count]
         dealt = dealt.reshape(passes, roomy)
         inside = dealt >= 0
-        ranks = by_load[:roomy]
-        fits = loads[:roomy] + np.cumsum(np.where(inside, state.costs[dealt], 0.0), axis=0) <= state.target - margin
+        fits = state.loads[ranks] + np.cumsum(np.where(inside, state.costs[dealt], 0.0), axis=0) <= state.target - margin
         if state.cap < np.inf:
             fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[dealt], 0.0), axis=0) <= state.cap
         kept = (fits & inside).ravel()[:count]  # running sums only grow: a prefix of every rank's deal
