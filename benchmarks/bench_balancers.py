@@ -5,7 +5,6 @@ Run: python3.11 -m pytest benchmarks/bench_balancers.py --benchmark-only -q
 Figures go to the "Balancers" section of BENCHMARKS.md.
 """
 
-import heapq
 import time
 
 import numpy as np
@@ -15,6 +14,7 @@ from orchmllm.balancers import ALGORITHMS, Status, make_problem
 from orchmllm.balancers import ilp, karmarkar_karp, lpt
 from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import lower_bound, rank_loads
+from orchmllm.balancers.reference import dense_kk, heap_lpt
 
 ITEMS_PER_RANK = 16
 
@@ -62,38 +62,7 @@ def hard_instance(rng, num_ranks, items_per_rank, kind):
     return np.maximum(1, np.rint(rng.normal(50, 15, size))).astype(np.int64)
 
 
-# ---------------------------------------------------------------- baselines (benchmark only)
-
-def heap_lpt(costs, num_ranks):
-    """Straightforward Python heapq LPT: the baseline the fast LPT must match and beat."""
-    order = np.lexsort((np.arange(costs.size), -costs))
-    heap = [(0.0, rank) for rank in range(num_ranks)]
-    assignment = np.empty(costs.size, dtype=np.int64)
-    for item in order.tolist():
-        load, rank = heapq.heappop(heap)
-        assignment[item] = rank
-        heapq.heappush(heap, (load + float(costs[item]), rank))
-    return assignment
-
-
-def list_kk(costs, num_ranks):
-    """Straightforward largest differencing on full D-lists (what verl-style code does).
-
-    Same tie rules as `karmarkar_karp` (waiting items by cost then index, parts before
-    waiting items of equal difference, older parts first), so the makespans agree exactly.
-    """
-    order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
-    heap = [(-float(costs[i]), 1, k, [float(costs[i])] + [0.0] * (num_ranks - 1))
-            for k, i in enumerate(order)]
-    heapq.heapify(heap)
-    age = 0
-    while len(heap) > 1:
-        first, second = heapq.heappop(heap)[-1], heapq.heappop(heap)[-1]
-        merged = sorted(x + y for x, y in zip(sorted(first, reverse=True), sorted(second)))
-        heapq.heappush(heap, (-(merged[-1] - merged[0]), 0, age, merged))
-        age += 1
-    return max(heap[0][-1])
-
+# ------------------------------------- baselines (benchmark only; heap LPT and dense KK: balancers.reference)
 
 def move_swap_search(problem, assignment):
     """Simple local search: best single move or swap off the heaviest rank, until none helps."""
@@ -188,7 +157,7 @@ def test_kk_vs_list_merging(benchmark, best_of, num_ranks):
     problem = make_problem(lengths, num_ranks)
     fast = benchmark(karmarkar_karp.differencing, problem.item_costs, num_ranks)
     start = time.process_time()
-    slow_makespan = list_kk(problem.item_costs, num_ranks)
+    slow_makespan = max(dense_kk(problem.item_costs, num_ranks))
     slow_seconds = time.process_time() - start
     assert makespan(problem, fast) == slow_makespan
     fast_seconds = best_of(lambda: karmarkar_karp.differencing(problem.item_costs, num_ranks), repeats=5, timer=time.process_time)

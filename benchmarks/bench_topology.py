@@ -17,6 +17,7 @@ import pytest
 from orchmllm.balancers import ALGORITHMS, CostModel, balance, make_problem
 from orchmllm.balancers.locality import balance_locally
 from orchmllm.balancers.problem import rank_loads
+from orchmllm.orchestrator.workloads import llm_stage_lengths
 from orchmllm.topology import Topology, estimate_exchange, place, traffic
 from orchmllm.topology.bounds import inter_node_lower_bound
 
@@ -24,16 +25,6 @@ PLAIN = "auto" if "auto" in ALGORITHMS else "lpt"
 COSTS = {"linear": CostModel(), "llm": CostModel.from_transformer(num_layers=32, hidden_size=4096)}
 BYTES_PER_TOKEN = 8192
 PER_RANK = 16
-
-
-def workload(num_ranks, seed):
-    """(lengths, sources): every rank's randomly sampled multimodal LLM sequences."""
-    rng = np.random.default_rng(seed)
-    n = num_ranks * PER_RANK
-    text = np.minimum(np.exp(rng.normal(6.3, 0.9, n)).astype(np.int64) + 16, 4096)
-    tiles = rng.integers(1, 5, n) * 576 * (rng.random(n) < 0.5)
-    audio = np.minimum(np.exp(rng.normal(2.3, 0.6, n)) * 25, 750).astype(np.int64) * (rng.random(n) < 0.3)
-    return text + tiles + audio, np.repeat(np.arange(num_ranks), PER_RANK)
 
 
 def _sizes(request, num_ranks):
@@ -48,7 +39,7 @@ def test_comm_aware_balance(benchmark, best_of, request, num_ranks, cost_name, p
     """balance(..., sources=, item_bytes=, topology=) against the plain balancer, same run."""
     _sizes(request, num_ranks)
     cost = COSTS[cost_name]
-    lengths, sources = workload(num_ranks, seed=num_ranks)
+    lengths, sources = llm_stage_lengths(num_ranks, PER_RANK, seed=num_ranks)
     item_bytes = lengths * float(BYTES_PER_TOKEN)
     topology = Topology.for_world_size(num_ranks)
     plan = benchmark(balance, lengths, num_ranks, cost=cost, algorithm=plain_name, sources=sources,
@@ -106,7 +97,7 @@ def test_comm_aware_padded(benchmark, best_of, request, num_ranks):
 def test_locality_step(benchmark, best_of, request, num_ranks, cost_name):
     """The communication-aware step alone, given the plain plan, against LPT timed in the same run."""
     _sizes(request, num_ranks)
-    lengths, sources = workload(num_ranks, seed=num_ranks)
+    lengths, sources = llm_stage_lengths(num_ranks, PER_RANK, seed=num_ranks)
     item_bytes = lengths * float(BYTES_PER_TOKEN)
     problem = make_problem(lengths, num_ranks, cost=COSTS[cost_name])
     plain = ALGORITHMS[PLAIN](problem).assignment
@@ -120,7 +111,7 @@ def test_locality_step(benchmark, best_of, request, num_ranks, cost_name):
 @pytest.mark.parametrize("method", ["lap", "lap_node"])
 def test_lap_placement(benchmark, num_ranks, method):
     """Exact group -> rank placement of the plain plan (rank level, node level)."""
-    lengths, sources = workload(num_ranks, seed=num_ranks)
+    lengths, sources = llm_stage_lengths(num_ranks, PER_RANK, seed=num_ranks)
     item_bytes = lengths * float(BYTES_PER_TOKEN)
     topology = Topology.for_world_size(num_ranks)
     groups = balance(lengths, num_ranks, cost=COSTS["llm"], algorithm=PLAIN).assignment
@@ -137,7 +128,7 @@ def test_lap_placement(benchmark, num_ranks, method):
 def test_ilp_placement(benchmark):
     """The paper's node-wise min-max ILP at D = 256 within its time limit, vs its lap_node start."""
     num_ranks, time_limit = 256, 30.0
-    lengths, sources = workload(num_ranks, seed=num_ranks)
+    lengths, sources = llm_stage_lengths(num_ranks, PER_RANK, seed=num_ranks)
     item_bytes = lengths * float(BYTES_PER_TOKEN)
     topology = Topology.for_world_size(num_ranks)
     groups = balance(lengths, num_ranks, cost=COSTS["llm"], algorithm=PLAIN).assignment
@@ -157,7 +148,7 @@ def test_ilp_placement(benchmark):
 def test_exchange_model(benchmark, strategy):
     """Modelled exchange time at D = 2560 of the plain plan and the comm-aware one."""
     num_ranks = 2560
-    lengths, sources = workload(num_ranks, seed=num_ranks)
+    lengths, sources = llm_stage_lengths(num_ranks, PER_RANK, seed=num_ranks)
     item_bytes = lengths * float(BYTES_PER_TOKEN)
     topology = Topology.for_world_size(num_ranks)
     plain = balance(lengths, num_ranks, cost=COSTS["llm"], algorithm=PLAIN).assignment

@@ -134,6 +134,19 @@ WORKLOADS: dict[str, tuple[str, dict[str, float]]] = {
 }
 
 
+def llm_stage_lengths(num_ranks: int, per_rank: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, sources) of one LLM stage, `per_rank` sequences sampled by every rank: text
+    lognormal(6.3, 0.9) + 16 tokens, at most 4096; half with 1-4 image tiles of 576 tokens;
+    30 % with up to 30 s of audio at 25 tokens/s (a compact mix for balancer-level tests
+    and benchmarks, where `sample_workload` builds whole batches)."""
+    rng = np.random.default_rng(seed)
+    n = num_ranks * per_rank
+    text = np.minimum(np.exp(rng.normal(6.3, 0.9, n)).astype(np.int64) + 16, 4096)
+    tiles = rng.integers(1, 5, n) * 576 * (rng.random(n) < 0.5)
+    audio = np.minimum(np.exp(rng.normal(2.3, 0.6, n)) * 25, 750).astype(np.int64) * (rng.random(n) < 0.3)
+    return text + tiles + audio, np.repeat(np.arange(num_ranks), per_rank)
+
+
 def list_workloads() -> dict[str, str]:
     """Embedded workload names and their one-line descriptions."""
     return {name: description for name, (description, _) in WORKLOADS.items()}

@@ -10,20 +10,11 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import ALGORITHMS, CostModel, balance
 from orchmllm.balancers.problem import make_problem, rank_loads
+from orchmllm.orchestrator.workloads import llm_stage_lengths
 from orchmllm.topology import Topology, place, traffic
 from orchmllm.topology.bounds import inter_node_lower_bound
 
 PLAIN = sorted(name for name in ALGORITHMS if name not in ("identity", "ilp"))
-
-
-def _workload(num_ranks, per_rank=8, seed=0):
-    """Multimodal-like LLM lengths: text, plus image tiles and audio for some samples."""
-    rng = np.random.default_rng(seed)
-    n = num_ranks * per_rank
-    text = np.minimum(np.exp(rng.normal(6.3, 0.9, n)).astype(np.int64) + 16, 4096)
-    tiles = rng.integers(1, 5, n) * 576 * (rng.random(n) < 0.5)
-    audio = np.minimum(np.exp(rng.normal(2.3, 0.6, n)) * 25, 750).astype(np.int64) * (rng.random(n) < 0.3)
-    return text + tiles + audio, np.repeat(np.arange(num_ranks), per_rank)
 
 
 def _check(plan, plain, lengths, slack, cap=None):
@@ -37,7 +28,7 @@ def _check(plan, plain, lengths, slack, cap=None):
 
 @pytest.mark.parametrize("algorithm", PLAIN, ids=PLAIN)
 def test_within_slack_of_the_plain_plan_and_mostly_on_node(algorithm):
-    lengths, sources = _workload(64)
+    lengths, sources = llm_stage_lengths(64, 8, 0)
     topology = Topology(8, 8)
     padded = algorithm == "padded"
     plain = balance(lengths, 64, algorithm=algorithm, padded=padded)
@@ -50,7 +41,7 @@ def test_within_slack_of_the_plain_plan_and_mostly_on_node(algorithm):
 
 
 def test_unpadded_moves_a_small_fraction_across_nodes_near_its_lower_bound():
-    lengths, sources = _workload(128, per_rank=16, seed=3)
+    lengths, sources = llm_stage_lengths(128, 16, 3)
     topology = Topology(16, 8)
     item_bytes = lengths * 8192.0
     plain = balance(lengths, 128, algorithm="lpt")
@@ -65,7 +56,7 @@ def test_unpadded_moves_a_small_fraction_across_nodes_near_its_lower_bound():
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 def test_memory_cap_is_respected(padded):
-    lengths, sources = _workload(32, seed=4)
+    lengths, sources = llm_stage_lengths(32, 8, 4)
     algorithm = "padded" if padded else "lpt"
     loose = balance(lengths, 32, algorithm=algorithm, padded=padded)
     cap = int(loose.tokens.max())
@@ -87,21 +78,21 @@ def test_padded_never_exceeds_the_plain_makespan():
 
 
 def test_zero_slack_keeps_the_plain_makespan():
-    lengths, sources = _workload(32, seed=8)
+    lengths, sources = llm_stage_lengths(32, 8, 8)
     plain = balance(lengths, 32, algorithm="lpt")
     plan = balance(lengths, 32, algorithm="lpt", sources=sources, topology=Topology(4, 8), makespan_slack=0)
     assert plan.makespan <= plain.makespan
 
 
 def test_identity_keeps_items_on_their_sources():
-    lengths, _ = _workload(8, seed=9)
+    lengths, _ = llm_stage_lengths(8, 8, 9)
     sources = np.random.default_rng(9).integers(0, 8, lengths.size)
     plan = balance(lengths, 8, algorithm="identity", sources=sources, topology=Topology(2, 4))
     assert plan.assignment.tolist() == sources.tolist()
 
 
 def test_without_topology_every_rank_is_its_own_node():
-    lengths, sources = _workload(16, seed=10)
+    lengths, sources = llm_stage_lengths(16, 8, 10)
     plain = balance(lengths, 16, algorithm="lpt")
     plan = balance(lengths, 16, algorithm="lpt", sources=sources)
     _check(plan, plain, lengths, 0.002)
@@ -123,7 +114,7 @@ def test_zero_slack_never_exceeds_the_plain_makespan_by_float_summation_order():
 
 
 def test_same_metadata_same_plan():
-    lengths, sources = _workload(64, seed=11)
+    lengths, sources = llm_stage_lengths(64, 8, 11)
     first = balance(lengths, 64, algorithm="lpt", sources=sources, topology=Topology(8, 8))
     again = balance(lengths.copy(), 64, algorithm="lpt", sources=sources.copy(), topology=Topology(8, 8))
     assert first.digest() == again.digest()
@@ -205,7 +196,7 @@ def test_single_rank_keeps_everything(slack):
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 def test_all_items_sampled_by_one_rank(padded):
     """Skewed sources: one rank holds everything, so nearly all of it must leave."""
-    lengths, _ = _workload(64, seed=12)
+    lengths, _ = llm_stage_lengths(64, 8, 12)
     sources = np.zeros(lengths.size, dtype=np.int64)
     algorithm = "padded" if padded else "lpt"
     plain = balance(lengths, 64, algorithm=algorithm, padded=padded)

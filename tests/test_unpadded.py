@@ -1,6 +1,5 @@
 """Unpadded heuristics against independent references: heap LPT, dense KK, brute force."""
 
-import heapq
 import itertools
 
 import numpy as np
@@ -11,6 +10,7 @@ from hypothesis import strategies as st
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
 from orchmllm.balancers import auto, karmarkar_karp, local_search, lpt, multifit
 from orchmllm.balancers.problem import rank_loads, rank_tokens
+from orchmllm.balancers.reference import dense_kk, heap_lpt
 
 COSTS = {
     "linear": CostModel(),
@@ -23,33 +23,6 @@ cost_models = st.sampled_from(list(COSTS.values()))
 tied_lengths = st.integers(1, 4).flatmap(
     lambda top: st.lists(st.integers(0, top), min_size=1, max_size=80))
 any_lengths = st.one_of(tied_lengths, st.lists(st.integers(0, 1000), min_size=1, max_size=60))
-
-
-def heap_lpt(costs, num_ranks):
-    """The textbook loop: largest cost first (ties by index) onto the least-loaded rank (ties by rank)."""
-    order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
-    heap = [(0.0, rank) for rank in range(num_ranks)]
-    assignment = np.empty(costs.size, dtype=np.int64)
-    for item in order:
-        load, rank = heapq.heappop(heap)
-        assignment[item] = rank
-        heapq.heappush(heap, (load + float(costs[item]), rank))
-    return assignment
-
-
-def dense_kk(costs, num_ranks):
-    """Largest differencing on full D-vectors with the module's tie rules; returns sorted loads."""
-    order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
-    heap = [(-float(costs[i]), 1, k, [float(costs[i])] + [0.0] * (num_ranks - 1))
-            for k, i in enumerate(order)]  # waiting items lose ties to parts (0 before 1)
-    heapq.heapify(heap)
-    age = 0
-    while len(heap) > 1:
-        first, second = heapq.heappop(heap)[-1], heapq.heappop(heap)[-1]
-        merged = sorted(x + y for x, y in zip(sorted(first, reverse=True), sorted(second)))
-        heapq.heappush(heap, (-(merged[-1] - merged[0]), 0, age, merged))
-        age += 1
-    return sorted(heap[0][-1])
 
 
 def brute_force_makespan(problem):
