@@ -5,11 +5,11 @@ is imported on its own.
 """
 
 from .balancers import ALGORITHMS, BalancePlan, CostModel, InfeasibleError, balance
-from .orchestrator import Batch, Orchestrator, Sample, Segment, Stage, StepPlan, default_stages
+from .orchestrator import Batch, Orchestrator, Sample, Segment, Stage, StepPlan
 from .topology import Topology, estimate_exchange, place, traffic
 
 __version__ = "0.1.0"
 
 __all__ = ["ALGORITHMS", "BalancePlan", "Batch", "CostModel", "InfeasibleError", "Orchestrator", "Sample",
-           "Segment", "Stage", "StepPlan", "Topology", "__version__", "balance", "default_stages",
+           "Segment", "Stage", "StepPlan", "Topology", "__version__", "balance",
            "estimate_exchange", "place", "traffic"]

@@ -23,7 +23,7 @@ import numpy as np
 
 from .balancers import ALGORITHMS, CostModel, balance
 from .balancers.identity import home_ranks
-from .balancers.peers import PEER_LABELS, PEERS, peer_mode, run_peer
+from .study.peers import PEER_LABELS, PEERS, peer_mode, run_peer
 from .plots import MissingDependencyError, require_matplotlib
 
 EXIT_USAGE = 2
@@ -265,7 +265,7 @@ def _file_stages(lengths: np.ndarray, num_ranks: int, cost: CostModel, padded: b
 
 
 def _model_stages(model: str):
-    from .orchestrator.models import MODELS
+    from .study.models import MODELS
 
     if model not in MODELS:
         raise UsageError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
@@ -273,7 +273,7 @@ def _model_stages(model: str):
 
 
 def _workload_batch(args, num_ranks: int, samples_per_rank: int):
-    from .orchestrator.workloads import list_workloads, load_workload_file, sample_workload
+    from .study.workloads import list_workloads, load_workload_file, sample_workload
 
     if args.workload_file is not None:
         if not Path(args.workload_file).is_file():
@@ -693,9 +693,9 @@ def cmd_plan(args) -> int:
 def _simulated_rank_seconds(args, run: dict, strategy: str) -> dict[str, np.ndarray]:
     """Compute seconds per rank of every stage for one strategy of a simulated `run`, as the simulator models them
     (same batch: the run's samples per rank, micro-batch size included)."""
-    from .orchestrator import simulator
-    from .orchestrator.models import GPUS, MODELS
-    from .orchestrator.strategies import STRATEGIES
+    from .study import simulator
+    from .study.models import GPUS, MODELS
+    from .study.strategies import STRATEGIES
 
     topology = simulator.cluster(run["gpus"])
     batch = _workload_batch(args, topology.world_size, run["samples_per_rank"])
@@ -754,7 +754,7 @@ def _print_simulation(runs) -> None:
 
 def cmd_simulate(args) -> int:
     """`orchmllm simulate`: the cluster simulator's strategy table (and plots) for one or more GPU counts."""
-    from .orchestrator.simulator import run_simulation
+    from .study.simulator import run_simulation
 
     if args.plot is not None:
         require_matplotlib()
@@ -914,9 +914,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "solve time and bytes moved within and across nodes.",
         epilog=COMPARE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = compare.add_mutually_exclusive_group()
-    from .orchestrator.models import list_models
-    from .orchestrator.strategies import STRATEGIES
-    from .orchestrator.workloads import list_workloads
+    from .study.models import list_models
+    from .study.strategies import STRATEGIES
+    from .study.workloads import list_workloads
 
     workloads = ", ".join(list_workloads())
     models = ", ".join(list_models())

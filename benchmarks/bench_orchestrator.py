@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import balance
-from orchmllm.orchestrator.models import MODELS
+from orchmllm.study.models import MODELS
 from orchmllm.orchestrator.samples import Batch
-from orchmllm.orchestrator.simulator import cluster, composition_comparison, run_simulation
-from orchmllm.orchestrator.strategies import get_strategy
-from orchmllm.orchestrator.workloads import sample_workload
+from orchmllm.study.simulator import cluster, composition_comparison, run_simulation
+from orchmllm.study.strategies import get_strategy
+from orchmllm.study.workloads import sample_workload
 from orchmllm.topology import traffic
 
 

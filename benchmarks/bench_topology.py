@@ -17,7 +17,7 @@ import pytest
 from orchmllm.balancers import ALGORITHMS, CostModel, balance, make_problem
 from orchmllm.balancers.locality import balance_locally
 from orchmllm.balancers.problem import rank_loads
-from orchmllm.orchestrator.workloads import llm_stage_lengths
+from orchmllm.study.workloads import llm_stage_lengths
 from orchmllm.topology import Topology, estimate_exchange, place, traffic
 from orchmllm.topology.bounds import inter_node_lower_bound
 

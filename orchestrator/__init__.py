@@ -5,18 +5,16 @@
   algorithm, memory cap and bytes per unit).
 - `planner`: `Orchestrator(stages, topology).plan(batch) -> StepPlan`.
 - `plan`: `StepPlan`, `StagePlan`, `Exchange`, `AssemblyRecipe` (what the runtime consumes).
-- `strategies`: the ablations by name (`STRATEGIES`).
-- `workloads`: embedded synthetic multimodal mixes, `load_workload_file`.
-- `models`, `simulator`: model configs and the cluster simulator (`run_simulation`).
+
+This is the planning contract the runtime consumes.  Model configs, workloads, strategies
+and the simulator are study code: `orchmllm.study`, which imports this package, never the
+reverse.
 """
 
-from .models import MODELS, default_stages
 from .plan import AssemblyRecipe, Exchange, StagePlan, StepPlan
 from .planner import Orchestrator
 from .samples import Batch, Sample, Segment
 from .stages import Stage
-from .strategies import STRATEGIES, Strategy
-from .workloads import list_workloads, load_workload_file, sample_workload
 
-__all__ = ["MODELS", "STRATEGIES", "AssemblyRecipe", "Batch", "Exchange", "Orchestrator", "Sample", "Segment", "Stage",
-           "StagePlan", "StepPlan", "Strategy", "default_stages", "list_workloads", "load_workload_file", "sample_workload"]
+__all__ = ["AssemblyRecipe", "Batch", "Exchange", "Orchestrator", "Sample", "Segment", "Stage", "StagePlan",
+           "StepPlan"]

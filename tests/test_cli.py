@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import ALGORITHMS
-from orchmllm.balancers.peers import PEERS
+from orchmllm.study.peers import PEERS
 from orchmllm.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -187,7 +187,7 @@ def test_timeline_seconds_agree_with_the_simulator():
     import argparse
 
     from orchmllm.cli import _simulated_rank_seconds
-    from orchmllm.orchestrator.simulator import run_simulation
+    from orchmllm.study.simulator import run_simulation
 
     args = argparse.Namespace(model="10b", workload="default", workload_file=None, samples_per_rank=4, seed=3)
     result = run_simulation(model="10b", gpus=16, samples_per_rank=4, strategies=["none", "ours"], seed=3)

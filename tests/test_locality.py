@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import ALGORITHMS, CostModel, balance
 from orchmllm.balancers.problem import make_problem, rank_loads
-from orchmllm.orchestrator.workloads import llm_stage_lengths
+from orchmllm.study.workloads import llm_stage_lengths
 from orchmllm.topology import Topology, place, traffic
 from orchmllm.topology.bounds import inter_node_lower_bound
 
@@ -236,8 +236,8 @@ def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_
     search against every item of the cluster (14.5 s).  Now every node's over-target ranks
     are fixed at once inside the node, and the few left search the roomiest ranks."""
     from orchmllm.balancers import locality
-    from orchmllm.orchestrator.models import MODELS
-    from orchmllm.orchestrator.workloads import sample_workload
+    from orchmllm.study.models import MODELS
+    from orchmllm.study.workloads import sample_workload
 
     batch = sample_workload("default", 128, 16, 0)
     segments = batch.segments_of("image")

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, make_problem
-from orchmllm.balancers.peers import (PEER_LABELS, PEERS, megatron_pack_length, peer_mode, run_peer,
+from orchmllm.study.peers import (PEER_LABELS, PEERS, megatron_pack_length, peer_mode, run_peer,
                                       verl_workload, _karmarkar_karp)
 
 NAMES = sorted(PEERS)

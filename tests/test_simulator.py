@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from orchmllm.orchestrator.models import GPUS, MODELS, list_models
-from orchmllm.orchestrator.simulator import (SAMPLES_PER_RANK_GRID, choose_samples_per_rank, cluster, run_simulation,
+from orchmllm.study.models import GPUS, MODELS, list_models
+from orchmllm.study.simulator import (SAMPLES_PER_RANK_GRID, choose_samples_per_rank, cluster, run_simulation,
                                              simulate_step, stage_rank_seconds)
-from orchmllm.orchestrator.strategies import STRATEGIES, get_strategy, length_grouped_batch, micro_batched
-from orchmllm.orchestrator.workloads import list_workloads, sample_workload
+from orchmllm.study.strategies import STRATEGIES, get_strategy, length_grouped_batch, micro_batched
+from orchmllm.study.workloads import list_workloads, sample_workload
 
 KEYS = {"step_seconds", "speedup_vs_none", "mfu", "overhead_fraction", "exchanges_per_step", "oom",
         "planning_seconds", "exchange_seconds", "idle_fraction", "per_stage"}

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from orchmllm.orchestrator.workloads import (LIBRISPEECH_SECONDS, WENETSPEECH_SECONDS, WORKLOADS, list_workloads,
+from orchmllm.study.workloads import (LIBRISPEECH_SECONDS, WENETSPEECH_SECONDS, WORKLOADS, list_workloads,
                                              load_workload_file, quantile_sample, sample_workload,
                                              text_length_table)
 

@@ -31,8 +31,8 @@ import time
 
 import numpy as np
 
-from .plan import BalancePlan, make_plan
-from .problem import Kernel, KernelResult, Problem, make_problem, require_within_cap
+from ..balancers.plan import BalancePlan, make_plan
+from ..balancers.problem import Kernel, KernelResult, Problem, make_problem, require_within_cap
 
 VERL_HIDDEN_FLOPS = 24576  # verl's calculate_workload: 6 · hidden 4096 (a 7B model) per token
 

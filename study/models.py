@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..balancers import CostModel
-from .stages import LLM, Stage
+from ..orchestrator.stages import LLM, Stage
 
 GIB = 2**30
 

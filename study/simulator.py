@@ -47,9 +47,9 @@ import time
 
 import numpy as np
 
+from ..orchestrator.plan import Exchange, StepPlan
 from ..topology import Topology, estimate_exchange
 from .models import GIB, GPUS, MODELS, GPU, ModelConfig, list_models
-from .plan import Exchange, StepPlan
 from .strategies import STRATEGIES, Strategy, get_strategy, micro_batched
 from .workloads import list_workloads, load_workload_file, sample_workload
 

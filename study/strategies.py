@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..balancers.peers import llava_length_grouped
 from ..balancers.problem import make_problem
+from ..orchestrator.plan import StagePlan, StepPlan
+from ..orchestrator.planner import LOCALITY, Orchestrator
+from ..orchestrator.samples import Batch
 from ..topology import Topology
-from .plan import StagePlan, StepPlan
-from .planner import LOCALITY, Orchestrator
-from .samples import Batch
+from .peers import llava_length_grouped
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from importlib import resources
 
 import numpy as np
 
-from .samples import Batch, Sample, Segment
+from ..orchestrator.samples import Batch, Sample, Segment
 
 MODALITIES = ("image", "audio")
 IMAGE, AUDIO = 0, 1

@@ -1,0 +1,16 @@
+"""What researchers compare with, on top of the planning core (never imported by it).
+
+- `peers`: peers' balancing heuristics, reimplemented from their public descriptions.
+- `models`: model and GPU configurations (`MODELS`, `GPUS`, `default_stages`).
+- `workloads`: embedded synthetic multimodal mixes, `load_workload_file`.
+- `strategies`: the paper's ablations and peers' systems by name (`STRATEGIES`).
+- `simulator`: the cluster simulator of one training step (`run_simulation`).
+"""
+
+from .models import GPUS, MODELS, default_stages
+from .simulator import run_simulation
+from .strategies import STRATEGIES, Strategy
+from .workloads import list_workloads, load_workload_file, sample_workload
+
+__all__ = ["GPUS", "MODELS", "STRATEGIES", "Strategy", "default_stages", "list_workloads", "load_workload_file",
+           "run_simulation", "sample_workload"]
