@@ -60,6 +60,12 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
 
     Returns:
         A frozen `BalancePlan`; `InfeasibleError` (a ValueError) when the cap cannot be met.
+
+    >>> plan = balance([5, 4, 3, 3, 3], 2, algorithm="lpt")
+    >>> plan.assignment.tolist(), plan.loads.tolist(), plan.makespan, plan.lower_bound, str(plan.status)
+    ([0, 1, 1, 0, 1], [8.0, 10.0], 10.0, 9.0, 'feasible')
+    >>> str(balance([5, 4, 3, 3, 3], 2, algorithm="auto").status), balance([5, 4, 3, 3, 3], 2).makespan
+    ('optimal', 9.0)
     """
     if not isinstance(algorithm, str):
         raise TypeError(f"`algorithm` must be a str; got {type(algorithm).__name__}")
