@@ -23,6 +23,7 @@ import numpy as np
 
 from .balancers import ALGORITHMS, CostModel, balance
 from .balancers.identity import home_ranks
+from .balancers.validation import is_real
 from .study.peers import PEER_LABELS, PEERS, peer_mode, run_peer
 from .plots import MissingDependencyError, require_matplotlib
 
@@ -119,7 +120,7 @@ def _read_json_lines(path: Path, column: str | None) -> list[int]:
             if key not in value:
                 raise UsageError(f"{where}: object has no key {key!r} (keys: {sorted(value)}); use --column")
             value = value[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_real(value):
             raise UsageError(f"{where}: expected an integer length, got {json.dumps(value)}")
         lengths.append(_parse_length(repr(value), where))
     if not lengths:

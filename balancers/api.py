@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import time
 
 from .locality import as_item_bytes, as_sources, balance_locally
 from .plan import BalancePlan, make_plan
 from .problem import InfeasibleError, Status, make_problem, rank_tokens
 from .registry import ALGORITHMS
+from .validation import as_real, is_int
 
 
 def _gpus_per_node(topology, num_ranks: int) -> int:
@@ -18,21 +17,13 @@ def _gpus_per_node(topology, num_ranks: int) -> int:
         raise TypeError(f"`topology` must have `gpus_per_node` and `world_size` (e.g. orchmllm.topology.Topology); "
                         f"got {type(topology).__name__}")
     gpus, world_size = topology.gpus_per_node, topology.world_size
-    if isinstance(gpus, bool) or not isinstance(gpus, numbers.Integral) or gpus <= 0 or world_size % gpus:
+    if not is_int(gpus) or gpus <= 0 or world_size % gpus:
         raise ValueError(f"`topology.gpus_per_node` must be a positive int dividing its world size {world_size}; "
                          f"got {gpus!r}")
     if world_size != num_ranks:
         raise ValueError(f"`topology` has {world_size // gpus} nodes × {gpus} gpus = {world_size} "
                          f"!= num_ranks {num_ranks}")
     return int(gpus)
-
-
-def _as_slack(makespan_slack) -> float:
-    if isinstance(makespan_slack, bool) or not isinstance(makespan_slack, numbers.Real):
-        raise TypeError(f"`makespan_slack` must be a real number; got {type(makespan_slack).__name__}")
-    if not math.isfinite(makespan_slack) or makespan_slack < 0:
-        raise ValueError(f"`makespan_slack` must be finite and >= 0; got {makespan_slack}")
-    return float(makespan_slack)
 
 
 def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
@@ -81,7 +72,7 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
         sources = as_sources(sources, problem.num_items, problem.num_ranks)
         item_bytes = as_item_bytes(problem.lengths if item_bytes is None else item_bytes, problem.num_items)
         gpus_per_node = 1 if topology is None else _gpus_per_node(topology, problem.num_ranks)
-        makespan_slack = _as_slack(makespan_slack)
+        makespan_slack = as_real(makespan_slack, "makespan_slack")
         if algorithm == "identity":
             return _keep_sources(problem, sources)
     start = time.perf_counter()

@@ -8,19 +8,11 @@ coefficients are integers and the costs stay below 2**53.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-
-def _check_coefficient(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"`{name}` must be finite and >= 0; got {value}")
-    return value
+from .validation import as_real, is_int
 
 
 @dataclass(frozen=True)
@@ -33,7 +25,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for name in ("per_item", "linear", "quadratic"):
-            object.__setattr__(self, name, _check_coefficient(name, getattr(self, name)))
+            object.__setattr__(self, name, as_real(getattr(self, name), name))
         if self.per_item == 0 and self.linear == 0 and self.quadratic == 0:
             raise ValueError("CostModel needs at least one positive coefficient; all three are 0")
 
@@ -73,14 +65,14 @@ class CostModel:
         comparable across stages of one model.
         """
         for name, value in (("num_layers", num_layers), ("hidden_size", hidden_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ValueError(f"`{name}` must be a positive int; got {value!r}")
         if num_heads is not None and (not isinstance(num_heads, int) or num_heads <= 0
                                       or hidden_size % num_heads):
             raise ValueError(
                 f"`num_heads` must be a positive int dividing hidden_size={hidden_size}; got {num_heads!r}")
         ffn = 4 * hidden_size if ffn_hidden_size is None else ffn_hidden_size
-        if isinstance(ffn, bool) or not isinstance(ffn, int) or ffn <= 0:
+        if not is_int(ffn) or ffn <= 0:
             raise ValueError(f"`ffn_hidden_size` must be a positive int; got {ffn_hidden_size!r}")
         passes = 3 if backward else 1
         linear = passes * num_layers * 2 * (4 * hidden_size * hidden_size + 2 * hidden_size * ffn)

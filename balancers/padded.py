@@ -43,7 +43,8 @@ import math
 
 import numpy as np
 
-from .problem import InfeasibleError, KernelResult, Problem, Status, as_lengths, as_num_ranks, sorted_order
+from .problem import InfeasibleError, KernelResult, Problem, Status, as_lengths, sorted_order
+from .validation import as_int
 
 
 class _Runs:
@@ -180,7 +181,7 @@ class _Runs:
 def min_cap(lengths, num_ranks) -> int:
     """Smallest `max_tokens_per_rank` for which a padded plan exists (count · max l per rank)."""
     lengths = as_lengths(lengths)
-    num_ranks = as_num_ranks(num_ranks)
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
     sorted_lengths = lengths[sorted_order(lengths)]
     runs = _Runs(sorted_lengths, sorted_lengths.astype(np.float64), None)
     return int(runs.optimum(num_ranks))

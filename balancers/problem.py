@@ -9,7 +9,6 @@ tokens(r) = sum(l_i) unpadded, count(r) · max(l_i) padded.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from functools import cached_property
 from enum import Enum
@@ -18,6 +17,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .cost import CostModel
+from .validation import as_bool, as_int, is_real
 
 
 class Status(str, Enum):
@@ -184,28 +184,10 @@ def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
-def as_num_ranks(num_ranks, name: str = "num_ranks") -> int:
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, numbers.Integral):
-        raise TypeError(f"`{name}` must be an int; got {type(num_ranks).__name__}")
-    if num_ranks <= 0:
-        raise ValueError(f"`{name}` must be >= 1; got {num_ranks}")
-    return int(num_ranks)
-
-
-def as_cap(cap, name: str = "max_tokens_per_rank") -> int | None:
-    if cap is None:
-        return None
-    if isinstance(cap, bool) or not isinstance(cap, numbers.Integral):
-        raise TypeError(f"`{name}` must be an int or None; got {type(cap).__name__}")
-    if cap <= 0:
-        raise ValueError(f"`{name}` must be >= 1; got {cap}")
-    return int(cap)
-
-
 def as_time_limit(time_limit, name: str = "time_limit") -> float | None:
     if time_limit is None:
         return None
-    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real):
+    if not is_real(time_limit):
         raise TypeError(f"`{name}` must be a number of seconds or None; got {type(time_limit).__name__}")
     if not math.isfinite(time_limit) or time_limit <= 0:
         raise ValueError(f"`{name}` must be a positive finite number of seconds; got {time_limit}")
@@ -216,20 +198,18 @@ def make_problem(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_
                  time_limit=None) -> Problem:
     """Validate user input once and build the canonical Problem."""
     lengths = as_lengths(lengths)
-    num_ranks = as_num_ranks(num_ranks)
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
     if cost is None:
         cost = CostModel()
     if not isinstance(cost, CostModel):
         raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
-    if not isinstance(padded, (bool, np.bool_)):
-        raise TypeError(f"`padded` must be a bool; got {type(padded).__name__}")
     problem = Problem(
         lengths=lengths,
         item_costs=cost.item_costs(lengths),
         num_ranks=num_ranks,
         cost=cost,
-        padded=bool(padded),
-        max_tokens_per_rank=as_cap(max_tokens_per_rank),
+        padded=as_bool(padded, "padded"),
+        max_tokens_per_rank=as_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1, optional=True),
         time_limit=as_time_limit(time_limit),
     )
     check_cap_lower_bound(problem)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..balancers.validation import is_int
 from .samples import Batch
 from .stages import Stage
 
@@ -239,7 +240,7 @@ class StepPlan:
 
     def assembly(self, rank: int) -> AssemblyRecipe:
         """The packed-sequence recipe of LLM rank `rank`."""
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.num_ranks:
+        if not is_int(rank) or not 0 <= rank < self.num_ranks:
             raise ValueError(f"`rank` must be an int in [0, {self.num_ranks}); got {rank!r}")
         llm = self.llm
         samples = llm.items_on(rank)

@@ -32,6 +32,7 @@ import numpy as np
 from ..balancers import ALGORITHMS, balance
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import Status, make_problem
+from ..balancers.validation import is_int
 from ..topology import PLACEMENTS, Topology, place
 from .plan import StagePlan, StepPlan, compose, offsets_within_rank, rank_order
 from .samples import Batch
@@ -132,7 +133,7 @@ class Orchestrator:
                  makespan_slack: float = 0.002, balance_encoders: bool = True, balance_llm: bool = True,
                  uniform_algorithm: str | None = None):
         self.stages = check_stages(stages)
-        if isinstance(topology, (int, np.integer)) and not isinstance(topology, bool):
+        if is_int(topology):
             topology = Topology(1, int(topology))
         if not isinstance(topology, Topology):
             raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")

@@ -16,20 +16,11 @@ order of position.  `Batch.from_samples` builds it from `Sample` objects;
 from __future__ import annotations
 
 import functools
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-
-def _check_int(name: str, value, minimum: int = 0) -> int:
-    if type(value) is not int:  # the common case skips the slow ABC check
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"`{name}` must be an int; got {type(value).__name__}")
-        value = int(value)
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}; got {value}")
-    return value
+from ..balancers.validation import as_int
 
 
 def _check_name(name: str, value) -> str:
@@ -56,10 +47,10 @@ class Segment:
 
     def __post_init__(self) -> None:
         _check_name("modality", self.modality)
-        object.__setattr__(self, "length", _check_int("length", self.length))
-        object.__setattr__(self, "tokens", _check_int("tokens", self.tokens))
+        object.__setattr__(self, "length", as_int(self.length, "length", minimum=0))
+        object.__setattr__(self, "tokens", as_int(self.tokens, "tokens", minimum=0))
         if self.position is not None:
-            object.__setattr__(self, "position", _check_int("position", self.position))
+            object.__setattr__(self, "position", as_int(self.position, "position", minimum=0))
 
 
 @dataclass(frozen=True)
@@ -72,9 +63,9 @@ class Sample:
     id: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "text", _check_int("text", self.text))
-        object.__setattr__(self, "source", _check_int("source", self.source))
-        object.__setattr__(self, "id", _check_int("id", self.id))
+        object.__setattr__(self, "text", as_int(self.text, "text", minimum=0))
+        object.__setattr__(self, "source", as_int(self.source, "source", minimum=0))
+        object.__setattr__(self, "id", as_int(self.id, "id", minimum=0))
         segments = tuple(self.segments)
         for segment in segments:
             if not isinstance(segment, Segment):
@@ -226,7 +217,7 @@ class Batch:
                     segment_sample=(), segment_modality=(), segment_length=(), segment_tokens=(),
                     segment_position=None) -> "Batch":
         """Validated batch from flat arrays; `segment_position` None packs segments before the text."""
-        num_ranks = _check_int("num_ranks", num_ranks, minimum=1)
+        num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
         modalities = tuple(modalities)
         for name in modalities:
             _check_name("modalities", name)

@@ -15,22 +15,12 @@ output token (encoder stages).
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 from ..balancers import ALGORITHMS, CostModel
+from ..balancers.validation import as_bool, as_real, is_int
 
 LLM = "llm"
-
-
-def _check_bytes(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a number of bytes; got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"`{name}` must be finite and >= 0; got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -57,16 +47,15 @@ class Stage:
                 raise TypeError(f"`{name}` must be a non-empty str; got {getattr(self, name)!r}")
         if not isinstance(self.cost, CostModel):
             raise TypeError(f"`cost` must be a CostModel; got {type(self.cost).__name__}")
-        if not isinstance(self.padded, bool):
-            raise TypeError(f"`padded` must be a bool; got {type(self.padded).__name__}")
+        object.__setattr__(self, "padded", as_bool(self.padded, "padded"))
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"stage {self.name!r}: unknown `algorithm` {self.algorithm!r}; "
                              f"choose one of {sorted(ALGORITHMS)}")
         cap = self.max_tokens_per_rank
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap <= 0):
+        if cap is not None and (not is_int(cap) or cap <= 0):
             raise ValueError(f"stage {self.name!r}: `max_tokens_per_rank` must be a positive int or None; got {cap!r}")
         for name in ("input_bytes_per_unit", "output_bytes_per_token"):
-            object.__setattr__(self, name, _check_bytes(name, getattr(self, name)))
+            object.__setattr__(self, name, as_real(getattr(self, name), name))
         if self.is_llm and self.output_bytes_per_token:
             raise ValueError("the LLM stage produces no embeddings: `output_bytes_per_token` must be 0")
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..balancers.validation import is_int
 from ..orchestrator.samples import Sample, Segment
 from .model import ModelConfig
 
@@ -55,7 +56,7 @@ class SyntheticMultimodal:
     """Deterministic synthetic mini-batches for `samples_per_rank` samples per rank and step."""
 
     def __init__(self, config: ModelConfig = ModelConfig(), samples_per_rank: int = 16, seed: int = 0):
-        if isinstance(samples_per_rank, bool) or not isinstance(samples_per_rank, int) or samples_per_rank < 0:
+        if not is_int(samples_per_rank) or samples_per_rank < 0:
             raise ValueError(f"`samples_per_rank` must be a non-negative int; got {samples_per_rank!r}")
         self.config, self.samples_per_rank, self.seed = config, samples_per_rank, int(seed)
 

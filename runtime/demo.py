@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..balancers import CostModel
+from ..balancers.validation import is_int
 from ..orchestrator.stages import Stage
 from .calibration import fit_packed_cost, time_batches
 from .comm import comm_device, group_size, init_distributed
@@ -168,10 +169,9 @@ class DemoOptions:
     repeats: int = 3
 
     def __post_init__(self) -> None:
-        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+        if not is_int(self.repeats) or self.repeats < 1:
             raise ValueError(f"`repeats` must be an int >= 1; got {self.repeats!r}")
-        if isinstance(self.samples_per_rank, bool) or not isinstance(self.samples_per_rank, int) \
-                or self.samples_per_rank < 0:
+        if not is_int(self.samples_per_rank) or self.samples_per_rank < 0:
             raise ValueError(f"`samples_per_rank` must be an int >= 0; got {self.samples_per_rank!r}")
         if self.costs not in ("calibrated", "flops"):
             raise ValueError(f"`costs` must be 'calibrated' or 'flops'; got {self.costs!r}")
@@ -394,7 +394,7 @@ def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float3
     """
     options = DemoOptions(samples_per_rank, algorithm, transport, gpus_per_node, costs, repeats)
     for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_int(value) or value < low:
             raise ValueError(f"`{name}` must be an int >= {low}; got {value!r}")
     if dtype not in DTYPES:
         raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}; got {dtype!r}")

@@ -29,6 +29,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
+from ..balancers.validation import is_int
 from .alltoall import FlatAllToAll, Flows
 
 
@@ -82,7 +83,7 @@ class ExchangeMeta:
     def __post_init__(self) -> None:
         for name in ("rank", "world_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            if not is_int(value):
                 raise TypeError(f"`{name}` must be an int; got {type(value).__name__}")
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"`rank` must be in [0, world_size={self.world_size}); got {self.rank}")
@@ -123,7 +124,7 @@ class ExchangeMeta:
 
     def item_rows(self, rows) -> np.ndarray:
         """Rows per item as a global int64 array (an int means that many rows per item)."""
-        if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool):
+        if is_int(rows):
             if rows < 0:
                 raise ValueError(f"`item_rows` must be >= 0; got {rows}")
             return np.full(self.num_items, int(rows), dtype=np.int64)

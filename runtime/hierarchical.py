@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..balancers.validation import is_int
 from .alltoall import FlatAllToAll, Flows, check_buffer
 from .comm import group_rank, group_size
 
@@ -44,7 +45,7 @@ class HierarchicalAllToAll:
     """Node-wise all-to-all over `group`, nodes of `gpus_per_node` consecutive ranks."""
 
     def __init__(self, gpus_per_node: int, group=None):
-        if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        if not is_int(gpus_per_node) or gpus_per_node < 1:
             raise ValueError(f"`gpus_per_node` must be a positive int; got {gpus_per_node!r}")
         size = group_size(group)
         if size % gpus_per_node:

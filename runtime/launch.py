@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..balancers.validation import is_int
+
 
 class SpawnError(RuntimeError):
     """At least one rank failed or timed out; the message holds every rank's outcome."""
@@ -77,7 +79,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     `fn`'s return value must be picklable.  `start_method="fork"` starts children in
     milliseconds and needs no importable `fn`; use "spawn" where fork is unavailable.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if not is_int(world_size) or world_size < 1:
         raise ValueError(f"`world_size` must be a positive int; got {world_size!r}")
     context = mp.get_context(start_method)
     results = context.Queue()

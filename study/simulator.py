@@ -42,11 +42,11 @@ the optimizer step are the same for every strategy and are not modelled.
 
 from __future__ import annotations
 
-import numbers
 import time
 
 import numpy as np
 
+from ..balancers.validation import is_int, is_real
 from ..orchestrator.plan import Exchange, StepPlan
 from ..topology import Topology, estimate_exchange
 from .models import GIB, GPUS, MODELS, GPU, ModelConfig, list_models
@@ -66,7 +66,7 @@ __all__ = ["choose_samples_per_rank", "list_models", "list_workloads", "run_simu
 
 def cluster(gpus: int) -> Topology:
     """H100 nodes of 8 GPUs; fewer than 8 GPUs form one node."""
-    if isinstance(gpus, bool) or not isinstance(gpus, numbers.Integral) or gpus < 1:
+    if not is_int(gpus) or gpus < 1:
         raise ValueError(f"`gpus` must be a positive int; got {gpus!r}")
     if gpus < 8:
         return Topology(1, int(gpus))
@@ -265,7 +265,7 @@ def choose_samples_per_rank(model: str = "84b", gpus: int = 2560, workload: str 
 
 def _checked_grid(grid, available: int | None, workload_file) -> tuple[int, ...]:
     values = tuple(grid)
-    if not values or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in values) \
+    if not values or any(not is_int(v) or v < 1 for v in values) \
             or list(values) != sorted(set(values)):
         raise ValueError(f"`grid` must be strictly increasing positive ints; got {grid!r}")
     if available is not None:
@@ -277,7 +277,7 @@ def _checked_grid(grid, available: int | None, workload_file) -> tuple[int, ...]
 
 
 def _checked_headroom(headroom) -> float:
-    if isinstance(headroom, bool) or not isinstance(headroom, numbers.Real) or not 0 < headroom <= 1:
+    if not is_real(headroom) or not 0 < headroom <= 1:
         raise ValueError(f"`headroom` must be a fraction in (0, 1]; got {headroom!r}")
     return float(headroom)
 
@@ -313,8 +313,7 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
         get_strategy(name)
     topology = cluster(gpus)
     config, gpu = MODELS[model], GPUS["h100"]
-    if samples_per_rank is not None and (isinstance(samples_per_rank, bool)
-                                         or not isinstance(samples_per_rank, numbers.Integral) or samples_per_rank < 1):
+    if samples_per_rank is not None and (not is_int(samples_per_rank) or samples_per_rank < 1):
         raise ValueError(f"`samples_per_rank` must be a positive int or None; got {samples_per_rank!r}")
     workload_name, batch_for, available = _batch_source(workload, workload_file, topology.world_size, seed)
     probe = _Probe(batch_for, config, gpu, topology)

@@ -35,11 +35,11 @@ generative LLM inference using phase splitting", ISCA 2024; see data/README.md.
 from __future__ import annotations
 
 import json
-import numbers
 from importlib import resources
 
 import numpy as np
 
+from ..balancers.validation import is_int
 from ..orchestrator.samples import Batch, Sample, Segment
 
 MODALITIES = ("image", "audio")
@@ -157,7 +157,7 @@ def sample_workload(name: str, num_ranks: int, samples_per_rank: int, seed: int 
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}")
     for arg, value in (("num_ranks", num_ranks), ("samples_per_rank", samples_per_rank)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"`{arg}` must be a positive int; got {value!r}")
     rng = np.random.default_rng(seed)
     kinds_of = _Kind(rng, text_length_table())
@@ -197,7 +197,7 @@ def _field(line: int, where: str, record: dict, key: str, required: bool = True)
             raise ValueError(f"line {line}: {where} needs the key {key!r}")
         return None
     value = record[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value) or value < 0:
         raise ValueError(f"line {line}: {where} {key!r} must be a non-negative integer; got {value!r}")
     return value
 
@@ -247,7 +247,7 @@ def load_workload_file(path, samples_per_rank: int, num_ranks: int) -> Batch:
     Malformed lines raise ValueError naming the line number.
     """
     for arg, value in (("num_ranks", num_ranks), ("samples_per_rank", samples_per_rank)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"`{arg}` must be a positive int; got {value!r}")
     needed = num_ranks * samples_per_rank
     samples = []

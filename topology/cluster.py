@@ -8,11 +8,11 @@ per-GPU inter-node bandwidth out at once.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..balancers.validation import as_int, as_real
 
 # name -> (gpus_per_node, intra-node B/s per GPU, inter-node B/s per GPU, latency s)
 PRESETS: dict[str, tuple[int, float, float, float]] = {
@@ -25,24 +25,6 @@ PRESETS: dict[str, tuple[int, float, float, float]] = {
     # PCIe servers without NVLink (e.g. 8× L40S): PCIe 4 x16 ~25 GB/s, 100 Gb/s Ethernet.
     "pcie": (8, 25e9, 12.5e9, 20e-6),
 }
-
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"`{name}` must be an int; got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"`{name}` must be >= 1; got {value}")
-    return int(value)
-
-
-def _check_rate(name: str, value, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        requirement = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"`{name}` must be finite and {requirement}; got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -60,11 +42,11 @@ class Topology:
     latency_s: float = PRESETS["h100"][3]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "num_nodes", _check_positive_int("num_nodes", self.num_nodes))
-        object.__setattr__(self, "gpus_per_node", _check_positive_int("gpus_per_node", self.gpus_per_node))
+        object.__setattr__(self, "num_nodes", as_int(self.num_nodes, "num_nodes", minimum=1))
+        object.__setattr__(self, "gpus_per_node", as_int(self.gpus_per_node, "gpus_per_node", minimum=1))
         for name in ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s"):
-            object.__setattr__(self, name, _check_rate(name, getattr(self, name)))
-        object.__setattr__(self, "latency_s", _check_rate("latency_s", self.latency_s, allow_zero=True))
+            object.__setattr__(self, name, as_real(getattr(self, name), name, allow_zero=False))
+        object.__setattr__(self, "latency_s", as_real(self.latency_s, "latency_s"))
 
     @property
     def world_size(self) -> int:
@@ -102,11 +84,11 @@ class Topology:
     def for_world_size(cls, world_size: int, gpus_per_node: int | None = None,
                        preset: str = "h100") -> "Topology":
         """The topology of `world_size` ranks in full nodes (gpus_per_node defaults to the preset's)."""
-        world_size = _check_positive_int("world_size", world_size)
+        world_size = as_int(world_size, "world_size", minimum=1)
         if preset not in PRESETS:
             raise ValueError(f"unknown topology preset {preset!r}; choose one of {sorted(PRESETS)}")
         gpus, intra, inter, latency = PRESETS[preset]
-        gpus = gpus if gpus_per_node is None else _check_positive_int("gpus_per_node", gpus_per_node)
+        gpus = gpus if gpus_per_node is None else as_int(gpus_per_node, "gpus_per_node", minimum=1)
         if world_size % gpus:
             raise ValueError(f"world size {world_size} is not a whole number of nodes of {gpus} gpus: "
                              f"{world_size} = {world_size // gpus} × {gpus} + {world_size % gpus}")
