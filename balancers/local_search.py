@@ -38,7 +38,10 @@ from .problem import Problem, rank_loads
 
 
 DEFAULT_WORK = 500_000
-"""Default `work_limit`, in units of about 20 ns of numpy work on this code's paths."""
+"""Least default `work_limit`, in units of about 20 ns of numpy work on this code's paths."""
+
+WORK_PER_ITEM = 12
+"""Default `work_limit` per item above that (a pair round costs `_PAIR_WORK` per item)."""
 
 _STEP_WORK = 5_000
 """Work charged for one step's or one exact split's fixed overhead (about 100 µs)."""
@@ -49,16 +52,31 @@ _PAIR_WORK = 10
 _CANDIDATE_WORK = 8
 """Work per (rank, Y) exchange candidate examined (about 20 vector operations)."""
 
+MAX_PAIRS_PER_RANK = 8192
+"""Pairs of one rank's items an exchange step considers.  Up to 128 items per rank that is
+all of them; above, only pairs of items close in the rank's index order (a deterministic
+sample, about this many), so one step costs O(items per rank), not its square."""
 
-def _subsets_upto_two(items: np.ndarray, ranks: np.ndarray, include_empty_per_rank: np.ndarray | None):
-    """(rank, first, second) for the single items and same-rank pairs; -1 marks none.
+
+def _pair_offsets(items_per_rank: int) -> int:
+    """How far apart (in a rank's index order) the two items of a pair may lie: every pair
+    while a rank holds at most `MAX_PAIRS_PER_RANK` of them, else a window of about that many."""
+    if items_per_rank * (items_per_rank - 1) // 2 <= MAX_PAIRS_PER_RANK:
+        return max(items_per_rank - 1, 0)
+    return max(1, MAX_PAIRS_PER_RANK // items_per_rank)
+
+
+def _subsets_upto_two(items: np.ndarray, ranks: np.ndarray, include_empty_per_rank: np.ndarray | None,
+                      max_offset: int):
+    """(rank, first, second) for the single items and same-rank pairs at most `max_offset`
+    apart in `items`; -1 marks none.
 
     `items` must be grouped by rank (equal ranks adjacent).
     """
     firsts = [items]
     seconds = [np.full(items.size, -1, dtype=np.int64)]
     owners = [ranks]
-    for offset in range(1, items.size):
+    for offset in range(1, min(items.size, max_offset + 1)):
         same = ranks[offset:] == ranks[:-offset]
         if not same.any():
             break
@@ -127,7 +145,8 @@ def _best_exchange(state: _State, heaviest: int, partners: np.ndarray):
     own = state.items(heaviest)
     if own.size == 0:
         return None, _STEP_WORK
-    _, x_first, x_second = _subsets_upto_two(own, np.zeros(own.size, dtype=np.int64), None)
+    _, x_first, x_second = _subsets_upto_two(own, np.zeros(own.size, dtype=np.int64), None,
+                                             _pair_offsets(own.size))
     x_sum = state.costs_ext[x_first] + state.costs_ext[x_second]
     x_tokens = state.lengths_ext[x_first] + state.lengths_ext[x_second]
     order = np.argsort(x_sum, kind="stable")
@@ -136,7 +155,8 @@ def _best_exchange(state: _State, heaviest: int, partners: np.ndarray):
     groups = [state.items(r) for r in partners.tolist()]
     items = np.concatenate(groups)
     owners = np.repeat(partners, [group.size for group in groups])
-    y_rank, y_first, y_second = _subsets_upto_two(items, owners, partners)
+    y_rank, y_first, y_second = _subsets_upto_two(items, owners, partners,
+                                                  _pair_offsets(max(group.size for group in groups)))
     y_sum = state.costs_ext[y_first] + state.costs_ext[y_second]
     y_tokens = state.lengths_ext[y_first] + state.lengths_ext[y_second]
 
@@ -312,14 +332,26 @@ def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
     return int(chosen.size)
 
 
-def improve(problem: Problem, assignment: np.ndarray, work_limit: int = DEFAULT_WORK,
+def default_work(num_items: int) -> int:
+    """The default `work_limit` of `improve`: grows with n, so large inputs get a pair round
+    and a few exchange steps, and stays bounded by O(n) work.
+
+    >>> default_work(1000), default_work(1_000_000)
+    (500000, 12000000)
+    """
+    return max(DEFAULT_WORK, WORK_PER_ITEM * num_items)
+
+
+def improve(problem: Problem, assignment: np.ndarray, work_limit: int | None = None,
             max_partners: int | None = None, max_pool: int = 10) -> np.ndarray:
     """Exchange descent from `assignment`; returns a plan never worse than it (unpadded).
 
     When no exchange of up to two items helps, the heaviest rank is re-split exactly with
     two of the 8 lightest ranks, then three of the 6 lightest, whenever their items
     together number <= `max_pool`.  `work_limit` bounds the candidates examined (about
-    20 ns each), so the result does not depend on the machine's speed.
+    20 ns each; `default_work(n)` when None), so the result does not depend on the
+    machine's speed.  A step looks at O(items per rank) candidates (`MAX_PAIRS_PER_RANK`),
+    so memory stays O(n).
     """
     if problem.padded:
         raise ValueError("local_search.improve handles the unpadded cost only")
@@ -328,6 +360,7 @@ def improve(problem: Problem, assignment: np.ndarray, work_limit: int = DEFAULT_
     start_makespan = rank_loads(problem, np.asarray(assignment)).max()
     if start_makespan <= bound:
         return np.asarray(assignment, dtype=np.int64)
+    work_limit = default_work(problem.num_items) if work_limit is None else work_limit
     work = 0
     paired = np.asarray(assignment, dtype=np.int64).copy()
     while work < work_limit // 2 and _pair_round(problem, paired):

@@ -6,6 +6,7 @@ Figures go to the "Balancers" section of BENCHMARKS.md.
 """
 
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -177,6 +178,44 @@ def test_growth_with_n(benchmark, best_of, name):
     exponent = np.polyfit(np.log([p.num_items for p in problems]), np.log(seconds), 1)[0]
     benchmark.extra_info.update({f"seconds_n{p.num_items}": s for p, s in zip(problems, seconds)})
     benchmark.extra_info["exponent"] = float(exponent)
+
+
+def peak_bytes(fn, *args):
+    """Peak bytes traced (numpy buffers included) while fn(*args) runs, and its result."""
+    tracemalloc.start()
+    try:
+        result = fn(*args)
+        return tracemalloc.get_traced_memory()[1], result
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("num_items", [10**5, 10**6], ids=["n1e5", "n1e6"])
+def test_large_n_time_and_memory(benchmark, best_of, num_items):
+    """auto at n = 10^5 and 10^6 multimodal items on D = 64: wall time and peak traced memory
+    of a call on a fresh problem (its sorts included), LPT measured in the same run as the
+    baseline (issue 11: <= 0.5 s and <= 3 s, <= 2 GiB)."""
+    num_ranks = 64
+    lengths = multimodal(np.random.default_rng(num_items), num_items)
+
+    def solve(name):
+        return ALGORITHMS[name](make_problem(lengths, num_ranks))
+
+    result = benchmark.pedantic(solve, args=("auto",), rounds=1, iterations=1)
+    problem = make_problem(lengths, num_ranks)
+    auto_makespan, lpt_makespan = makespan(problem, result.assignment), makespan(problem, solve("lpt").assignment)
+    assert auto_makespan <= lpt_makespan
+    auto_seconds = best_of(lambda: solve("auto"), repeats=2)
+    lpt_seconds = best_of(lambda: solve("lpt"), repeats=3)
+    auto_peak, _ = peak_bytes(solve, "auto")
+    lpt_peak, _ = peak_bytes(solve, "lpt")
+    assert auto_peak < 2 * 2**30
+    bound = lower_bound(problem)
+    benchmark.extra_info.update(
+        items=num_items, auto_seconds=auto_seconds, lpt_seconds=lpt_seconds,
+        auto_over_lpt_time=auto_seconds / lpt_seconds, auto_peak_mib=auto_peak / 2**20,
+        lpt_peak_mib=lpt_peak / 2**20, auto_gap_to_bound=auto_makespan / bound - 1,
+        lpt_gap_to_bound=lpt_makespan / bound - 1)
 
 
 # ---------------------------------------------------------------- quality
