@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import io
 import json
 import math
@@ -21,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .balancers import ALGORITHMS, CostModel, balance
+from .balancers import ALGORITHMS, CostModel, Kind, algorithms, balance, get_algorithm
 from .balancers.identity import home_ranks
 from .balancers.validation import is_real
-from .study.peers import PEER_LABELS, PEERS, peer_mode, run_peer
+from .study.peers import peer_mode
 from .plots import MissingDependencyError, require_matplotlib
 
 EXIT_USAGE = 2
@@ -308,9 +307,11 @@ def _workload_stages(batch, stages) -> list[StageItems]:
 
 
 LOCALITY = "+locality"  # suffix: the communication-aware variant of a registered algorithm
-# identity repeats the "none" baseline; ilp is exact and exponential: both only when named.
-NOT_BY_DEFAULT = ("identity", "ilp")
 BASELINE = "none"  # every item stays on the rank that sampled it
+
+
+def _peer_names() -> list[str]:
+    return [record.name for record in algorithms(kind=Kind.PEER)]
 
 
 def _algorithm_names(text: str | None) -> list[str]:
@@ -319,11 +320,15 @@ def _algorithm_names(text: str | None) -> list[str]:
     A registered name with the suffix "+locality" runs communication-aware: within 0.2 % of
     the plain makespan, items stay on their rank, else on their node, as far as possible.
     """
-    known = list(ALGORITHMS) + [name + LOCALITY for name in ALGORITHMS if name != "identity"] + list(PEERS)
+    records = algorithms()
+    ours = [record for record in records if record.kind is not Kind.PEER]
+    known = ([record.name for record in ours] + [record.name + LOCALITY for record in ours
+                                                 if record.kind is not Kind.BASELINE] + _peer_names())
     if text is None:
-        plain = [name for name in ALGORITHMS if name not in NOT_BY_DEFAULT]
-        return plain + [f"auto{LOCALITY}"] * ("auto" in ALGORITHMS) + list(PEERS)
-    names = [part.strip().removeprefix("peer:") for part in text.split(",") if part.strip()]
+        plain = [record.name for record in ours if record.default]
+        return plain + [f"auto{LOCALITY}"] + [record.name for record in records if record.default
+                                              and record.kind is Kind.PEER]
+    names = [part.strip() for part in text.split(",") if part.strip()]
     for name in names:
         if name not in known:
             raise UsageError(f"unknown algorithm {name!r}; choose from {', '.join(known)}")
@@ -333,9 +338,6 @@ def _algorithm_names(text: str | None) -> list[str]:
 def _plan_for(name: str, stage: StageItems, num_ranks: int, time_limit: float | None, topology,
               max_tokens_per_rank: int | None = None):
     """The plan of algorithm, peer or baseline `name` for one stage's items."""
-    if name in PEERS:
-        return run_peer(name, stage.lengths, num_ranks, cost=stage.cost, padded=stage.padded,
-                        max_tokens_per_rank=max_tokens_per_rank)
     options = dict(cost=stage.cost, padded=stage.padded, time_limit=time_limit,
                    max_tokens_per_rank=max_tokens_per_rank)
     if name == BASELINE:
@@ -346,20 +348,9 @@ def _plan_for(name: str, stage: StageItems, num_ranks: int, time_limit: float | 
     return balance(stage.lengths, num_ranks, algorithm=name, **options)
 
 
-@functools.lru_cache(maxsize=None)
 def _does_not_apply(name: str, padded: bool) -> str:
-    """Why algorithm `name` cannot balance a stage of this padding ("" when it can).
-
-    Probed on a one-item problem, so the reason is the algorithm's own message (the
-    exact padded solver, for one, refuses unpadded costs).
-    """
-    if name in PEERS or name == BASELINE:
-        return ""
-    try:
-        balance([1], 1, padded=padded, algorithm=name.removesuffix(LOCALITY))
-    except ValueError as error:
-        return _one_line(error)
-    return ""
+    """Why algorithm `name` cannot balance a stage of this padding ("" when it can), from its record."""
+    return "" if name == BASELINE else get_algorithm(name.removesuffix(LOCALITY)).why_not(padded)
 
 
 def _topology(num_ranks: int, gpus_per_node: int):
@@ -389,16 +380,17 @@ def _compare_rows(configs, algorithms, explicit, args, advance):
     """Run identity (the baseline) and every algorithm on every stage of every configuration."""
     from .topology import traffic
 
-    rows, details = [], {}
+    rows, details, peers = [], {}, _peer_names()
     for num_ranks, items_per_rank, stages in configs:
         topology = _topology(num_ranks, args.gpus_per_node)
         for stage in stages:
             baseline = None
             for name in [BASELINE] + algorithms:
+                peer = name in peers
                 row = {"ranks": num_ranks, "items_per_rank": items_per_rank, "stage": stage.name,
-                       "algorithm": name, "kind": "peer" if name in PEERS else "orchmllm",
-                       "label": PEER_LABELS.get(name, ""), "num_items": int(stage.lengths.size),
-                       "mode": peer_mode(name, stage.lengths.size, num_ranks) if name in PEERS else ""}
+                       "algorithm": name, "kind": "peer" if peer else "orchmllm",
+                       "label": get_algorithm(name).description if peer else "", "num_items": int(stage.lengths.size),
+                       "mode": peer_mode(name, stage.lengths.size, num_ranks) if peer else ""}
                 reason = _does_not_apply(name, stage.padded)
                 if reason:
                     if explicit:
@@ -446,7 +438,7 @@ def _summaries(rows) -> list[dict]:
             summary["best"] = {"algorithms": {stage: row["algorithm"] for stage, row in chosen.items()},
                                "work": work, "speedup_vs_none": _ratio(before, work)}
         totals = {}
-        for name in PEERS:
+        for name in _peer_names():
             peer_rows = [row for row in mine if row["algorithm"] == name]
             if len(peer_rows) == len(stages):
                 totals[name] = sum(row["makespan"] for row in peer_rows)
@@ -513,11 +505,12 @@ def _print_compare(rows, summaries, source: str) -> None:
     if fallback:
         console.print(f"†: D does not divide the stage's item count, so {', '.join(fallback)} ran in "
                       "its fallback mode (verl: equal_size=False; LLaVA: strided split).")
-    used = [name for name in PEERS if any(row["algorithm"] == name for row in rows)]
+    used = [name for name in _peer_names() if any(row["algorithm"] == name for row in rows)]
     if used:
-        console.print("Peers, reimplemented from their published descriptions:")
+        console.print("Peers, reimplemented from their published descriptions (solve times are of these "
+                      "reimplementations):")
         for name in used:
-            console.print(f"  {name:<22} {PEER_LABELS[name]}")
+            console.print(f"  {name:<22} {get_algorithm(name).description}")
     console.print("\n[bold]Before / after[/bold] (slowest rank's work summed over stages; "
                   "each stage waits for its slowest rank):")
     for summary in summaries:
@@ -671,8 +664,9 @@ def cmd_plan(args) -> int:
 
     console = _console()
     if not args.quiet:
-        table = Table(title=f"{args.lengths}: {plan.num_items} items on {plan.num_ranks} ranks with {plan.algorithm}",
-                      title_justify="left")
+        kind = get_algorithm(name[0].removesuffix(LOCALITY)).kind
+        table = Table(title=f"{args.lengths}: {plan.num_items} items on {plan.num_ranks} ranks with {plan.algorithm} "
+                            f"({kind})", title_justify="left")
         for header in ("rank", "items", "tokens", "load", "load / mean"):
             table.add_column(header, justify="right")
         mean = float(plan.loads.mean()) or 1.0
@@ -936,9 +930,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--items-per-rank", default="16", help="comma-separated samples per rank, "
                                                                 "workloads only (default: %(default)s)")
     compare.add_argument("--algorithms", help="comma-separated algorithms, NAME+locality variants and peers "
-                                              f"(default: all but {', '.join(NOT_BY_DEFAULT)}, plus auto+locality); "
-                                              f"algorithms: {', '.join(ALGORITHMS)}; "
-                                              f"peers: {', '.join(PEERS)}")
+                                              "(default: those registered as default, plus auto+locality); "
+                                              f"algorithms: {', '.join(ALGORITHMS)}")
     compare.add_argument("--cost", metavar="A,B,C", help="lengths files: cost f(l) = A + B*l + C*l^2 "
                                                          "(default: 0,1,0)")
     compare.add_argument("--padded", action="store_true", help="lengths files: padded rank cost count*f(max l)")

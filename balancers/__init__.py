@@ -3,8 +3,9 @@
 from .api import balance
 from .cost import CostModel
 from .plan import BalancePlan
-from .problem import InfeasibleError, KernelResult, Problem, Status, make_problem
-from .registry import ALGORITHMS
+from .problem import InfeasibleError, KernelResult, Problem, Status, make_problem, require_within_cap
+from .registry import ALGORITHMS, Algorithm, Kind, algorithms, get_algorithm, register_algorithm
 
-__all__ = ["ALGORITHMS", "BalancePlan", "CostModel", "InfeasibleError", "KernelResult",
-           "Problem", "Status", "balance", "make_problem"]
+__all__ = ["ALGORITHMS", "Algorithm", "BalancePlan", "CostModel", "InfeasibleError", "Kind", "KernelResult",
+           "Problem", "Status", "algorithms", "balance", "get_algorithm", "make_problem", "register_algorithm",
+           "require_within_cap"]

@@ -7,7 +7,7 @@ import time
 from .locality import as_item_bytes, as_sources, balance_locally
 from .plan import BalancePlan, make_plan
 from .problem import InfeasibleError, Status, make_problem, rank_tokens
-from .registry import ALGORITHMS
+from .registry import get_algorithm
 from .validation import as_real, is_int
 
 
@@ -36,7 +36,7 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
         num_ranks: number of data-parallel ranks D >= 1.
         cost: per-item cost model f(l); default f(l) = l.
         padded: rank cost is count · f(max l) (fixed-shape batches) instead of sum f(l).
-        algorithm: a name in `ALGORITHMS`.
+        algorithm: a registered name (`orchmllm.balancers.algorithms()`), peers' and plugins' included.
         max_tokens_per_rank: memory cap on tokens per rank (count · max l when padded).
         time_limit: seconds an exact or anytime solver may spend.
         sources: rank that holds each item now.  When given, the plan is
@@ -58,12 +58,11 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
     >>> str(balance([5, 4, 3, 3, 3], 2, algorithm="auto").status), balance([5, 4, 3, 3, 3], 2).makespan
     ('optimal', 9.0)
     """
-    if not isinstance(algorithm, str):
-        raise TypeError(f"`algorithm` must be a str; got {type(algorithm).__name__}")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown `algorithm` {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
+    record = get_algorithm(algorithm)
     problem = make_problem(lengths, num_ranks, cost=cost, padded=padded,
                            max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
+    if not record.solves(problem.padded):
+        raise ValueError(record.why_not(problem.padded))
     if sources is None:
         for name, value in (("item_bytes", item_bytes), ("topology", topology)):
             if value is not None:
@@ -76,7 +75,7 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
         if algorithm == "identity":
             return _keep_sources(problem, sources)
     start = time.perf_counter()
-    result = ALGORITHMS[algorithm](problem)
+    result = record.kernel(problem)
     assignment = result.assignment
     if sources is not None:
         assignment = balance_locally(problem, assignment, sources, item_bytes, gpus_per_node, makespan_slack)

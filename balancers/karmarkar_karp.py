@@ -230,8 +230,9 @@ def differencing(costs: np.ndarray, num_ranks: int) -> np.ndarray:
 def solve(problem: Problem) -> KernelResult:
     """KK kernel; falls back to the capped LPT plan when the differencing plan overflows a cap."""
     if problem.num_ranks == 1:
-        return KernelResult(np.zeros(problem.num_items, dtype=np.int64))
-    assignment = differencing(problem.item_costs, problem.num_ranks)
+        assignment = np.zeros(problem.num_items, dtype=np.int64)
+    else:
+        assignment = differencing(problem.item_costs, problem.num_ranks)
     cap = problem.max_tokens_per_rank
     if cap is not None and rank_tokens(problem, assignment).max() > cap:
         return lpt.solve(problem)

@@ -189,9 +189,6 @@ def min_cap(lengths, num_ranks) -> int:
 
 def solve(problem: Problem) -> KernelResult:
     """Exact optimum of the padded cost; raises InfeasibleError naming the smallest cap."""
-    if not problem.padded:
-        raise ValueError("algorithm 'padded' solves the padded cost count · f(max l); "
-                         "pass padded=True, or choose an unpadded algorithm")
     order = problem.length_order
     runs = _Runs(problem.lengths[order], problem.item_costs[order], problem.max_tokens_per_rank)
     best = runs.optimum(problem.num_ranks)

@@ -3,9 +3,12 @@
 Every peer answers the same question as the balancers, minimise max(loads) with
 loads[r] = sum(cost[i] for i on r), but decides with its *own* proxy of the work (raw
 tokens, l², verl's 24576·l + l²) and its own rules (equal item counts, sampling order,
-packing).  Each is a kernel with the balancers' signature (Problem -> KernelResult), so its
-plan goes through the same certification (`make_plan`) and is judged by the caller's real
-cost model, exactly as the proxy would be judged on a real cluster.  None of them
+packing).  Each is a kernel with the balancers' signature (Problem -> KernelResult),
+registered as an algorithm of kind `peer` (importing this module registers them; the
+package's entry points in the group `orchmllm.algorithms` let `balance()` find them without
+that import), so `balance(lengths, D, algorithm="verl_kk")` certifies its plan like any
+other and judges it by the caller's real cost model, exactly as the proxy would be judged
+on a real cluster.  Solve times are those of these reimplementations, not of the peers' code.  None of them
 guarantees anything about the makespan; none is imported from the peer's code.
 
     verl_kk               verl `seqlen_balancing.py`: Karmarkar–Karp (largest differencing)
@@ -27,12 +30,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import time
 
 import numpy as np
 
-from ..balancers.plan import BalancePlan, make_plan
-from ..balancers.problem import Kernel, KernelResult, Problem, make_problem, require_within_cap
+from ..balancers.problem import KernelResult, Problem, require_within_cap
+from ..balancers.registry import Kind, register_algorithm
 
 VERL_HIDDEN_FLOPS = 24576  # verl's calculate_workload: 6 · hidden 4096 (a 7B model) per token
 
@@ -195,21 +197,26 @@ def omnibal_2d(problem: Problem) -> KernelResult:
     return _check_cap("omnibal_2d", problem, assignment)
 
 
-PEERS: dict[str, Kernel] = {
-    "verl_kk": verl_kk,
-    "veomni_lpt": veomni_lpt,
-    "megatron_nextfit": megatron_nextfit,
-    "llava_length_grouped": llava_length_grouped,
-    "omnibal_2d": omnibal_2d,
-}
-
-PEER_LABELS: dict[str, str] = {
-    "verl_kk": "verl: Karmarkar-Karp on 24576*l + l^2, equal counts when D | n",
-    "veomni_lpt": "VeOmni / MindSpeed-MM: longest first on l^2",
-    "megatron_nextfit": "Megatron-LM style: next-fit packing, packs round-robin",
-    "llava_length_grouped": "LLaVA / HF: length-grouped, n/D samples per rank",
-    "omnibal_2d": "OmniBal style: first fit under sample and token caps",
-}
+VERL_KK = register_algorithm(
+    "verl_kk", verl_kk, default=True, kind=Kind.PEER,
+    description="verl (reimplemented): Karmarkar-Karp on 24576*l + l^2, equal counts when D | n")
+VEOMNI_LPT = register_algorithm(
+    "veomni_lpt", veomni_lpt, default=True, kind=Kind.PEER,
+    description="VeOmni / MindSpeed-MM (reimplemented): longest first on l^2")
+MEGATRON_NEXTFIT = register_algorithm(
+    "megatron_nextfit", megatron_nextfit, default=True, kind=Kind.PEER,
+    description="Megatron-LM style (reimplemented): next-fit packing, packs round-robin")
+LLAVA_LENGTH_GROUPED = register_algorithm(
+    "llava_length_grouped", llava_length_grouped, default=True, kind=Kind.PEER,
+    description="LLaVA / HF (reimplemented): length-grouped, n/D samples per rank")
+OMNIBAL_2D = register_algorithm(
+    "omnibal_2d", omnibal_2d, default=True, kind=Kind.PEER,
+    description="OmniBal style (reimplemented; a loose per-step analogue of its offline dataset-level method): "
+                "first fit under sample and token caps")
+PEER_NAMES = tuple(record.name for record in (VERL_KK, VEOMNI_LPT, MEGATRON_NEXTFIT, LLAVA_LENGTH_GROUPED,
+                                              OMNIBAL_2D))
+"""The peers reimplemented here, registered as algorithms of kind `peer`: run one with
+`balance(lengths, D, algorithm="verl_kk")`."""
 
 
 def peer_mode(name: str, num_items: int, num_ranks: int) -> str:
@@ -217,29 +224,15 @@ def peer_mode(name: str, num_items: int, num_ranks: int) -> str:
 
     verl's equal-size Karmarkar–Karp and LLaVA's even chunks need D to divide n; otherwise
     verl falls back to its equal_size=False mode and LLaVA deals the sorted samples strided.
+
+    >>> peer_mode("verl_kk", 12, 4), peer_mode("verl_kk", 13, 4)
+    ('equal_size', 'equal_size=False (D does not divide n)')
     """
-    if name not in PEERS:
-        raise ValueError(f"unknown peer {name!r}; choose one of {sorted(PEERS)}")
+    if name not in PEER_NAMES:
+        raise ValueError(f"unknown peer {name!r}; choose one of {sorted(PEER_NAMES)}")
     divides = num_items % num_ranks == 0
     if name == "verl_kk":
         return "equal_size" if divides else "equal_size=False (D does not divide n)"
     if name == "llava_length_grouped":
         return "even chunks" if divides else "strided (D does not divide n)"
     return ""
-
-
-def run_peer(name: str, lengths, num_ranks, *, cost=None, padded=False,
-             max_tokens_per_rank=None) -> BalancePlan:
-    """Run the peer heuristic `name` on `lengths` and certify its plan under `cost`.
-
-    The plan's `algorithm` is ``"peer:<name>"``; its makespan is measured with `cost`, not
-    with the peer's own proxy.
-    """
-    if not isinstance(name, str) or name not in PEERS:
-        raise ValueError(f"unknown peer {name!r}; choose one of {sorted(PEERS)}")
-    problem = make_problem(lengths, num_ranks, cost=cost, padded=padded,
-                           max_tokens_per_rank=max_tokens_per_rank)
-    start = time.perf_counter()
-    result = PEERS[name](problem)
-    seconds = time.perf_counter() - start
-    return make_plan(problem, result.assignment, result.status, f"peer:{name}", solve_seconds=seconds)

@@ -1,7 +1,8 @@
 """Every registered algorithm through `balance()`: certified permutations, caps, determinism, bad input.
 
-Parametrized over the registry as it stands at run time, so a newly registered kernel is
-held to the same invariants without editing this file.
+Parametrized over the registry's records as they stand at collection (the peers' included,
+and any installed plugin's), each case only where its record says it applies, so a newly
+registered kernel is held to the same invariants without editing this file.
 """
 
 import itertools
@@ -11,10 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm.balancers import ALGORITHMS, CostModel, InfeasibleError, Status, balance, make_problem
+import orchmllm.study.peers  # noqa: F401  (registers the peers' records)
+from orchmllm.balancers import (ALGORITHMS, CostModel, InfeasibleError, Kind, Status, algorithms, balance,
+                                make_problem)
 from orchmllm.balancers.problem import lower_bound, rank_loads, rank_tokens
 
-NAMES = sorted(ALGORITHMS)
+RECORDS = algorithms()
+NAMES = [record.name for record in RECORDS]
+PADDINGS = [(record.name, padded) for record in RECORDS for padded in (False, True) if record.solves(padded)]
+PADDING_IDS = [f"{name}-{'padded' if padded else 'unpadded'}" for name, padded in PADDINGS]
+UNPADDED = [record.name for record in RECORDS if record.unpadded]
 COSTS = {"linear": CostModel(), "quadratic": CostModel(per_item=3, linear=1, quadratic=0.5)}
 TIME_LIMIT = 20.0  # generous: tiny instances are proven long before it, so no wall-clock cut
 
@@ -35,16 +42,8 @@ def brute_force(problem):
 
 
 def solve(name, lengths, num_ranks, *, padded=False, cap=None, cost=None):
-    """The plan, or None when the algorithm declines the cost kind (and says which to pass)."""
-    try:
-        return balance(lengths, num_ranks, algorithm=name, padded=padded, cost=cost,
-                       max_tokens_per_rank=cap, time_limit=TIME_LIMIT)
-    except InfeasibleError:
-        raise
-    except ValueError as error:
-        if "padded" not in str(error):
-            raise
-        return None
+    return balance(lengths, num_ranks, algorithm=name, padded=padded, cost=cost,
+                   max_tokens_per_rank=cap, time_limit=TIME_LIMIT)
 
 
 def check_certified(plan, problem):
@@ -68,8 +67,7 @@ small_lengths = st.lists(st.integers(0, 9), min_size=1, max_size=7)
 
 
 @pytest.mark.parametrize("cost", list(COSTS.values()), ids=list(COSTS))
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name, padded", PADDINGS, ids=PADDING_IDS)
 @settings(max_examples=15)
 @given(lengths=small_lengths, num_ranks=st.integers(1, 3), cap_slack=st.none() | st.integers(0, 12))
 def test_plan_is_a_certified_permutation_and_optimal_only_when_proven(name, padded, cost, lengths,
@@ -85,9 +83,6 @@ def test_plan_is_a_certified_permutation_and_optimal_only_when_proven(name, padd
     except InfeasibleError as error:
         assert error.min_cap > cap and f"max_tokens_per_rank={cap}" in str(error)
         return
-    if plan is None:
-        assert not padded
-        return
     assert optimum < np.inf, "a plan was returned for a cap no plan can meet"
     check_certified(plan, problem)
     assert plan.makespan >= optimum
@@ -95,63 +90,52 @@ def test_plan_is_a_certified_permutation_and_optimal_only_when_proven(name, padd
         assert plan.makespan == optimum
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name, padded", PADDINGS, ids=PADDING_IDS)
 def test_same_metadata_gives_a_bit_identical_plan(name, padded):
     rng = np.random.default_rng(3)
     lengths = rng.integers(1, 40, 14)
     first = solve(name, lengths, 3, padded=padded)
-    if first is None:
-        return
     second = solve(name, lengths.tolist(), 3, padded=padded)
     third = solve(name, lengths.astype(np.int32), 3, padded=padded)
     assert first.digest() == second.digest() == third.digest()
     np.testing.assert_array_equal(first.loads, second.loads)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", UNPADDED)
 def test_permuting_the_input_keeps_a_proven_optimum(name):
     rng = np.random.default_rng(5)
     lengths = rng.integers(1, 30, 9)
     plan = solve(name, lengths, 3)
     shuffled = solve(name, lengths[rng.permutation(lengths.size)], 3)
-    if plan is None:
-        return
     assert shuffled.makespan >= lower_bound(make_problem(lengths, 3))
     if plan.status is Status.OPTIMAL and shuffled.status is Status.OPTIMAL:
         assert plan.makespan == shuffled.makespan
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", UNPADDED)
 def test_scaling_lengths_scales_a_proven_optimum(name):
     lengths = np.array([7, 5, 5, 4, 3, 3, 2, 1])
     plan = solve(name, lengths, 3)
     scaled = solve(name, 10 * lengths, 3)
-    if plan is None:
-        return
     assert scaled.lower_bound == pytest.approx(10 * plan.lower_bound)
     if plan.status is Status.OPTIMAL and scaled.status is Status.OPTIMAL:
         assert scaled.makespan == 10 * plan.makespan
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name, padded", PADDINGS, ids=PADDING_IDS)
 def test_another_rank_never_raises_a_proven_optimum(name, padded):
     lengths = np.array([9, 7, 6, 5, 5, 3, 2, 2, 1])
     fewer = solve(name, lengths, 3, padded=padded)
     more = solve(name, lengths, 4, padded=padded)
-    if fewer is None:
-        return
     assert more.lower_bound <= fewer.lower_bound
     if fewer.status is Status.OPTIMAL and more.status is Status.OPTIMAL:
         assert more.makespan <= fewer.makespan
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_ranks_may_outnumber_items_and_stay_empty(name):
-    plan = solve(name, [5, 0, 3], 6)
-    if plan is None:
-        plan = solve(name, [5, 0, 3], 6, padded=True)
+@pytest.mark.parametrize("record", [record for record in RECORDS if record.kind is not Kind.PEER], ids=lambda r: r.name)
+def test_ranks_may_outnumber_items_and_stay_empty(record):
+    """Ours and the baseline leave the surplus ranks empty at the optimum (peers pack by their own rules)."""
+    plan = solve(record.name, [5, 0, 3], 6, padded=not record.unpadded)
     assert plan.num_items == 3 and plan.makespan == 5.0 and plan.status is Status.OPTIMAL
     assert (plan.loads == 0).sum() >= 4
 
@@ -200,3 +184,31 @@ def test_unknown_algorithm_is_rejected(algorithm, error, message):
 
 def test_registry_holds_the_issue_algorithms():
     assert {"identity", "lpt", "karmarkar_karp", "padded", "ilp", "auto"} <= set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("record", [record for record in RECORDS if not (record.padded and record.unpadded)],
+                         ids=lambda r: r.name)
+def test_an_algorithm_asked_the_other_kind_of_problem_says_what_it_solves(record):
+    with pytest.raises(ValueError, match=rf"algorithm {record.name!r} solves (un)?padded problems only.*pass padded="):
+        balance([3, 2, 1], 2, algorithm=record.name, padded=not record.padded)
+
+
+def test_the_records_say_what_each_algorithm_is():
+    by_name = {record.name: record for record in RECORDS}
+    assert by_name["padded"].exact and not by_name["padded"].unpadded and by_name["ilp"].exact
+    assert by_name["identity"].kind is Kind.BASELINE and not by_name["identity"].default
+    assert {name for name, record in by_name.items() if record.kind is Kind.PEER} >= {"verl_kk", "omnibal_2d"}
+    assert all(record.description for record in RECORDS)
+    assert ALGORITHMS["lpt"] is by_name["lpt"] and set(NAMES) <= set(ALGORITHMS)
+
+
+def test_algorithms_view_is_read_only_and_points_to_register_algorithm():
+    with pytest.raises(TypeError, match="read-only; add a kernel with orchmllm.register_algorithm"):
+        ALGORITHMS["mine"] = lambda problem: None
+    assert "mine" not in ALGORITHMS and 3 not in ALGORITHMS
+
+
+def test_karmarkar_karp_on_one_rank_checks_the_padded_cap():
+    """Regression: the one-rank shortcut skipped the cap, and make_plan raised RuntimeError."""
+    with pytest.raises(InfeasibleError, match="max_tokens_per_rank=1"):
+        balance([0, 1], 1, padded=True, algorithm="karmarkar_karp", max_tokens_per_rank=1)

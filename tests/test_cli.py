@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import ALGORITHMS
-from orchmllm.study.peers import PEERS
+from orchmllm.study.peers import PEER_NAMES as PEERS
 from orchmllm.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -243,7 +243,7 @@ def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path, capsys):
             loaded = np.asarray(json.loads(target.read_text())["assignment"])
         assert np.array_equal(loaded, assignment), suffix
     table = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "4", "--algorithm", "omnibal_2d")
-    assert table.returncode == 0 and "peer:omnibal_2d" in table.stdout and "load / mean" in table.stdout
+    assert table.returncode == 0 and "omnibal_2d" in table.stdout and "(peer)" in table.stdout and "load / mean" in table.stdout
     code = main(["plan", str(lengths_csv), "--column", "ContextTokens", "-D", "16", "--algorithm", "lpt+locality",
                  "--json"])
     aware = json.loads(capsys.readouterr().out)

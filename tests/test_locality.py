@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmllm.balancers import ALGORITHMS, CostModel, balance
+from orchmllm.balancers import CostModel, Kind, algorithms, balance
 from orchmllm.balancers.problem import make_problem, rank_loads
 from orchmllm.study.workloads import llm_stage_lengths
 from orchmllm.topology import Topology, place, traffic
 from orchmllm.topology.bounds import inter_node_lower_bound
 
-PLAIN = sorted(name for name in ALGORITHMS if name not in ("identity", "ilp"))
+PLAIN = sorted(record.name for record in algorithms(kind=Kind.OURS, default=True))
 
 
 def _check(plan, plain, lengths, slack, cap=None):

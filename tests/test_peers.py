@@ -7,11 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmllm.balancers import CostModel, InfeasibleError, make_problem
-from orchmllm.study.peers import (PEER_LABELS, PEERS, megatron_pack_length, peer_mode, run_peer,
-                                      verl_workload, _karmarkar_karp)
+from orchmllm.balancers import CostModel, InfeasibleError, Kind, balance, get_algorithm, make_problem
+from orchmllm.study.peers import PEER_NAMES, megatron_pack_length, peer_mode, verl_workload, _karmarkar_karp
 
-NAMES = sorted(PEERS)
+NAMES = sorted(PEER_NAMES)
+
+
+def run_peer(name, lengths, num_ranks, **options):
+    return balance(lengths, num_ranks, algorithm=name, **options)
 
 lengths_strategy = st.lists(st.integers(0, 5000), min_size=1, max_size=60)
 
@@ -49,7 +52,7 @@ def test_every_peer_returns_a_certified_permutation(name, lengths, num_ranks):
     assert plan.assignment.min() >= 0 and plan.assignment.max() < num_ranks
     assert np.bincount(plan.assignment, weights=lengths, minlength=num_ranks).sum() == sum(lengths)
     assert plan.makespan >= plan.lower_bound
-    assert plan.algorithm == f"peer:{name}"
+    assert plan.algorithm == name and get_algorithm(name).kind is Kind.PEER
 
 
 @pytest.mark.parametrize("name", NAMES, ids=NAMES)
@@ -57,7 +60,8 @@ def test_peers_are_deterministic_and_labelled(name):
     lengths = np.random.default_rng(3).integers(1, 4000, 500)
     first, second = run_peer(name, lengths, 16), run_peer(name, lengths.copy(), 16)
     assert first.digest() == second.digest()
-    assert PEER_LABELS[name] and name.split("_")[0].lower() in PEER_LABELS[name].lower()
+    description = get_algorithm(name).description
+    assert name.split("_")[0].lower() in description.lower() and "reimplemented" in description
 
 
 @given(data=st.data(), k=st.integers(1, 6), equal_size=st.booleans())
@@ -108,7 +112,7 @@ def test_peers_report_a_memory_cap_they_break():
 
 
 def test_unknown_peer_is_named():
-    with pytest.raises(ValueError, match="unknown peer 'deepspeed'"):
+    with pytest.raises(ValueError, match="unknown `algorithm` 'deepspeed'"):
         run_peer("deepspeed", [1, 2], 2)
 
 

@@ -1,0 +1,136 @@
+"""Algorithms from outside orchmllm: `register_algorithm` in process, and the README's plugin package
+built, pip-installed into a temporary directory and found through its `orchmllm.algorithms` entry point."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchmllm import register_algorithm
+from orchmllm.balancers import Algorithm, KernelResult, balance, get_algorithm
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_recipe() -> tuple[str, str]:
+    """The plugin module and the entry-point table of the README's "Add a balancer" section."""
+    section = README.read_text().split("## Add a balancer from your own package", 1)[1].split("\n## ", 1)[0]
+    module = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    entry_points = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    return module, entry_points
+
+
+def pip_install(source: Path, name: str, module: str, entry_points: str, target: Path) -> None:
+    """Build the package `name` holding `module.py` and install it (entry points included) into `target`."""
+    source.mkdir()
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        f'[project]\nname = "{name}"\nversion = "0.1"\n\n[tool.setuptools]\npy-modules = ["{module}"]\n\n'
+        + entry_points)
+    (source / f"{module}.py").write_text(PLUGIN_SOURCES[module])
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(target), str(source)], check=True, capture_output=True,
+                   timeout=240)
+
+
+PLUGIN_SOURCES = {"round_robin_balancer": readme_recipe()[0], "broken_balancer": "NOT_A_KERNEL = 42\n"}
+
+
+def run_with(target: Path, *args: str) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": path})
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plugin")
+    pip_install(root / "source", "round-robin-balancer", "round_robin_balancer", readme_recipe()[1], root / "site")
+    return root / "site"
+
+
+def test_the_readme_plugin_runs_in_balance_once_installed(plugin_site):
+    script = ("import json; from orchmllm import balance, InfeasibleError; "
+              "from orchmllm.balancers import get_algorithm, algorithms\n"
+              "plan = balance([5, 4, 3, 2, 1], 2, algorithm='round_robin')\n"
+              "try:\n    balance([5, 4, 3, 2, 1], 2, algorithm='round_robin', max_tokens_per_rank=8)\n"
+              "except InfeasibleError as error:\n    needed = error.min_cap\n"
+              "record = get_algorithm('round_robin')\n"
+              "print(json.dumps({'assignment': plan.assignment.tolist(), 'algorithm': plan.algorithm,"
+              " 'kind': str(record.kind), 'min_cap': needed, 'listed': 'round_robin' in [r.name for r in algorithms()]}))")
+    result = run_with(plugin_site, "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"assignment": [0, 1, 0, 1, 0], "algorithm": "round_robin",
+                                         "kind": "plugin", "min_cap": 9, "listed": True}
+
+
+def test_the_readme_plugin_is_an_orchmllm_plan_algorithm(plugin_site, tmp_path):
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("length\n" + "\n".join(map(str, [40, 7, 19, 3, 25, 11, 8, 30])) + "\n")
+    result = run_with(plugin_site, "-m", "orchmllm", "plan", str(lengths), "-D", "4", "--algorithm", "round_robin",
+                      "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["algorithm"] == "round_robin" and plan["assignment"] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert plan["loads"] == [65.0, 18.0, 27.0, 33.0]
+
+
+def test_without_the_package_the_name_is_unknown():
+    with pytest.raises(ValueError, match="unknown `algorithm` 'round_robin'"):
+        balance([1, 2], 2, algorithm="round_robin")
+
+
+def test_a_broken_entry_point_is_named(tmp_path):
+    pip_install(tmp_path / "source", "broken-balancer", "broken_balancer",
+                '[project.entry-points."orchmllm.algorithms"]\nnot_a_kernel = "broken_balancer:NOT_A_KERNEL"\n',
+                tmp_path / "site")
+    result = run_with(tmp_path / "site", "-c", "from orchmllm import balance; balance([1, 2], 2, algorithm='x')")
+    assert result.returncode == 1
+    assert ("TypeError: entry point 'not_a_kernel' = 'broken_balancer:NOT_A_KERNEL' in group 'orchmllm.algorithms' "
+            "must be an orchmllm Algorithm or a kernel; got int") in result.stderr
+
+
+def halves(problem):
+    """Items of the first half to rank 0, the rest to the last rank (a kernel for the tests below)."""
+    assignment = np.where(np.arange(problem.num_items) < problem.num_items // 2, 0, problem.num_ranks - 1)
+    return KernelResult(assignment.astype(np.int64))
+
+
+def test_register_algorithm_in_process_returns_the_record_and_is_idempotent():
+    record = register_algorithm("test_halves", halves, unpadded=True, padded=False, description="two halves")
+    assert record == Algorithm("test_halves", halves, padded=False, description="two halves")
+    assert register_algorithm("test_halves", halves, padded=False, description="two halves") is record
+    assert get_algorithm("test_halves") is record
+    assert balance([3, 1, 2, 2], 3, algorithm="test_halves").assignment.tolist() == [0, 0, 2, 2]
+    with pytest.raises(ValueError, match=r"algorithm 'test_halves' solves unpadded problems only .*padded=False"):
+        balance([3, 1, 2, 2], 3, algorithm="test_halves", padded=True)
+    with pytest.raises(ValueError, match="algorithm 'test_halves' is already registered"):
+        register_algorithm("test_halves", halves, description="another")
+    with pytest.raises(ValueError, match="algorithm 'lpt' is already registered"):
+        register_algorithm("lpt", halves)
+
+
+def test_a_kernel_that_ignores_the_cap_is_caught_by_make_plan():
+    register_algorithm("test_halves_uncapped", halves, description="two halves, caps ignored")
+    with pytest.raises(RuntimeError, match="'test_halves_uncapped' put 4 tokens on rank 0"):
+        balance([3, 1, 2, 2], 3, algorithm="test_halves_uncapped", max_tokens_per_rank=3)
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    (dict(name="has space"), ValueError, r"`name` must be a non-empty str of letters, digits"),
+    (dict(name=""), ValueError, r"`name` must be a non-empty str"),
+    (dict(kernel=3), TypeError, r"`kernel` of algorithm 'ok' must be callable"),
+    (dict(padded=False, unpadded=False), ValueError, r"must solve padded or unpadded problems"),
+    (dict(exact=1), TypeError, r"`exact` must be a bool; got int"),
+    (dict(kind="theirs"), ValueError, r"`kind` must be one of \['ours', 'peer', 'baseline', 'plugin'\]"),
+    (dict(description="two\nlines"), TypeError, r"`description` of algorithm 'ok' must be a one-line str"),
+])
+def test_register_algorithm_rejects_a_bad_record(arguments, error, message):
+    arguments = {"name": "ok", "kernel": halves, **arguments}
+    with pytest.raises(error, match=message):
+        register_algorithm(arguments.pop("name"), arguments.pop("kernel"), **arguments)
