@@ -98,7 +98,7 @@ class Algorithm:
         kind, cost, flag = (("unpadded", "sum f(l)", "padded=False") if padded
                             else ("padded", "count · f(max l)", "padded=True"))
         others = [record.name for record in algorithms(padded=padded)]
-        return (f"algorithm {self.name!r} solves {kind} problems only (rank cost {cost}); "
+        return (f"algorithm {self.name!r} solves the {kind} cost {cost} only; "
                 f"pass {flag}, or choose one of {others}")
 
 
