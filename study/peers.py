@@ -197,22 +197,16 @@ def omnibal_2d(problem: Problem) -> KernelResult:
     return _check_cap("omnibal_2d", problem, assignment)
 
 
-VERL_KK = register_algorithm(
-    "verl_kk", verl_kk, default=True, kind=Kind.PEER,
-    description="verl (reimplemented): Karmarkar-Karp on 24576*l + l^2, equal counts when D | n")
-VEOMNI_LPT = register_algorithm(
-    "veomni_lpt", veomni_lpt, default=True, kind=Kind.PEER,
-    description="VeOmni / MindSpeed-MM (reimplemented): longest first on l^2")
-MEGATRON_NEXTFIT = register_algorithm(
-    "megatron_nextfit", megatron_nextfit, default=True, kind=Kind.PEER,
-    description="Megatron-LM style (reimplemented): next-fit packing, packs round-robin")
-LLAVA_LENGTH_GROUPED = register_algorithm(
-    "llava_length_grouped", llava_length_grouped, default=True, kind=Kind.PEER,
-    description="LLaVA / HF (reimplemented): length-grouped, n/D samples per rank")
-OMNIBAL_2D = register_algorithm(
-    "omnibal_2d", omnibal_2d, default=True, kind=Kind.PEER,
-    description="OmniBal style (reimplemented; a loose per-step analogue of its offline dataset-level method): "
-                "first fit under sample and token caps")
+VERL_KK, VEOMNI_LPT, MEGATRON_NEXTFIT, LLAVA_LENGTH_GROUPED, OMNIBAL_2D = (
+    register_algorithm(kernel.__name__, kernel, default=True, kind=Kind.PEER, description=description)
+    for kernel, description in (
+        (verl_kk, "verl (reimplemented): Karmarkar-Karp on 24576*l + l^2, equal counts when D | n"),
+        (veomni_lpt, "VeOmni / MindSpeed-MM (reimplemented): longest first on l^2"),
+        (megatron_nextfit, "Megatron-LM style (reimplemented): next-fit packing, packs round-robin"),
+        (llava_length_grouped, "LLaVA / HF (reimplemented): length-grouped, n/D samples per rank"),
+        (omnibal_2d, "OmniBal style (reimplemented; a loose per-step analogue of its offline dataset-level "
+                     "method): first fit under sample and token caps"),
+    ))
 PEER_NAMES = tuple(record.name for record in (VERL_KK, VEOMNI_LPT, MEGATRON_NEXTFIT, LLAVA_LENGTH_GROUPED,
                                               OMNIBAL_2D))
 """The peers reimplemented here, registered as algorithms of kind `peer`: run one with
