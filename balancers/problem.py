@@ -79,6 +79,18 @@ def integer_values(values: np.ndarray) -> np.ndarray | None:
     return integers if bool(np.all(integers == values)) else None
 
 
+def integer_sum(integers: np.ndarray) -> int:
+    """The exact sum of non-negative int64 `integers`, as a Python int (no overflow).
+
+    Summed as high and low 32-bit halves, in chunks whose half sums fit int64.
+    """
+    total = 0
+    for start in range(0, integers.size, 2**30):
+        chunk = integers[start:start + 2**30]
+        total += (int(np.sum(chunk >> 32)) << 32) + int(np.sum(chunk & 0xFFFFFFFF))
+    return total
+
+
 def exact_sum(values: np.ndarray) -> float:
     """`math.fsum(values)`, the correctly rounded sum of non-negative float `values`.
 
@@ -89,8 +101,12 @@ def exact_sum(values: np.ndarray) -> float:
     integers = integer_values(values) if values.size < 2**31 else None
     if integers is None:
         return math.fsum(memoryview(values))
-    high, low = int(np.sum(integers >> 32)), int(np.sum(integers & 0xFFFFFFFF))
-    return float((high << 32) + low)
+    return float(integer_sum(integers))
+
+
+INT64_MAX = 2**63 - 1
+COST_LIMIT = 2.0**1023  # rank costs below this never overflow float64, whatever the summation order
+MAX_RANKS = 2**20  # per-rank arrays stay small (8 MiB each); the largest clusters hold ~10**5 GPUs
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -158,7 +174,10 @@ def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
     """Validate and canonicalise lengths to a 1-D int64 array of non-negative integers."""
     if isinstance(lengths, (str, bytes)) or lengths is None:
         raise TypeError(f"`{name}` must be a 1-D sequence of integers; got {type(lengths).__name__}")
-    array = np.asarray(lengths)
+    try:
+        array = np.asarray(lengths)
+    except ValueError:  # numpy: "setting an array element with a sequence"
+        raise ValueError(f"`{name}` must be a 1-D sequence of integers; got a ragged nested sequence") from None
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if array.size == 0:
@@ -199,21 +218,71 @@ def make_problem(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_
     """Validate user input once and build the canonical Problem."""
     lengths = as_lengths(lengths)
     num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
+    if num_ranks > MAX_RANKS:
+        raise ValueError(f"`num_ranks` must be at most 2**20 = {MAX_RANKS} (a plan holds arrays of loads and "
+                         f"tokens per rank); got {num_ranks}")
     if cost is None:
         cost = CostModel()
     if not isinstance(cost, CostModel):
         raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
+    padded = as_bool(padded, "padded")
+    check_token_range(lengths, padded)
+    with np.errstate(over="ignore"):  # an overflowing model is reported below
+        item_costs = cost.item_costs(lengths)
+    check_cost_range(item_costs, lengths, padded, f"`cost` {cost}")
     problem = Problem(
         lengths=lengths,
-        item_costs=cost.item_costs(lengths),
+        item_costs=item_costs,
         num_ranks=num_ranks,
         cost=cost,
-        padded=as_bool(padded, "padded"),
+        padded=padded,
         max_tokens_per_rank=as_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1, optional=True),
         time_limit=as_time_limit(time_limit),
     )
     check_cap_lower_bound(problem)
     return problem
+
+
+def check_token_range(lengths: np.ndarray, padded: bool) -> None:
+    """Raise ValueError unless every rank's tokens fit int64, so token sums stay exact.
+
+    A rank holds at most the sum of all lengths, or n · max l when padded.
+    """
+    if padded:
+        count, longest = lengths.size, int(lengths.max())
+        if count * longest > INT64_MAX:
+            raise ValueError(f"`lengths`: {count} items padded to the longest ({longest}) hold {count * longest} "
+                             f"tokens, beyond int64 (2**63 - 1): token counts must be exact")
+    elif lengths.size * int(lengths.max()) > INT64_MAX:
+        total = integer_sum(lengths)
+        if total > INT64_MAX:
+            raise ValueError(f"`lengths` sum to {total} tokens, beyond int64 (2**63 - 1): token counts must be exact")
+
+
+def check_cost_range(item_costs: np.ndarray, lengths: np.ndarray, padded: bool, source: str) -> None:
+    """Raise ValueError unless item costs and every rank's cost stay finite in float64.
+
+    `source` names where the costs come from (the cost model or the `costs` argument).
+    A rank costs at most the sum of all costs, or n · max cost when padded; both must stay
+    below 2**1023, so no float sum of them can overflow.
+    """
+    bad = np.flatnonzero(~np.isfinite(item_costs))
+    if bad.size:
+        index = int(bad[0])
+        raise ValueError(f"{source} gives item {index} (length {int(lengths[index])}) the cost "
+                         f"{item_costs[index]}; costs must be finite float64 (scale the costs down)")
+    worst = float(item_costs.max()) * item_costs.size
+    if worst < COST_LIMIT:
+        return
+    if not padded:
+        try:
+            worst = exact_sum(item_costs)
+        except OverflowError:  # fsum's intermediate overflow: the sum is beyond float64
+            worst = math.inf
+    if worst >= COST_LIMIT:
+        what = "n · max cost (padded)" if padded else "the sum of the costs"
+        raise ValueError(f"{source}: {what} is {worst:.6g}, at or beyond 2**1023: rank costs would overflow "
+                         f"float64 (scale the costs down)")
 
 
 def check_cap_lower_bound(problem: Problem) -> None:
@@ -227,7 +296,14 @@ def check_cap_lower_bound(problem: Problem) -> None:
         raise InfeasibleError(
             f"`max_tokens_per_rank`={cap} is below the largest item ({largest} tokens at index {index}); "
             f"a cap of at least {largest} is needed", min_cap=largest)
-    total = int(problem.lengths.sum())
+    total = integer_sum(problem.lengths)
+    if problem.padded and problem.num_ranks == 1:
+        count = problem.num_items
+        needed = count * largest
+        if needed > cap:
+            raise InfeasibleError(
+                f"`max_tokens_per_rank`={cap} is below the {needed} tokens of the one rank, which holds all {count} "
+                f"items padded to the longest ({largest}); a cap of at least {needed} is needed", min_cap=needed)
     needed = -(-total // problem.num_ranks)
     if needed > cap:
         raise InfeasibleError(

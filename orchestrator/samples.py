@@ -218,6 +218,9 @@ class Batch:
                     segment_position=None) -> "Batch":
         """Validated batch from flat arrays; `segment_position` None packs segments before the text."""
         num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
+        if isinstance(modalities, str):
+            raise TypeError(f"`modalities` must be a sequence of modality names, not one str; got {modalities!r} "
+                            f"(write ({modalities!r},) for one modality)")
         modalities = tuple(modalities)
         for name in modalities:
             _check_name("modalities", name)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmllm.balancers import CostModel, InfeasibleError, Status, make_problem
+from orchmllm.balancers import ALGORITHMS, CostModel, InfeasibleError, Status, balance, make_problem
 from orchmllm.balancers.plan import make_plan
-from orchmllm.balancers.problem import exact_sum, lower_bound, rank_loads, rank_tokens, sorted_order
+from orchmllm.balancers.problem import exact_sum, integer_sum, lower_bound, rank_loads, rank_tokens, sorted_order
 
 COSTS = [CostModel(), CostModel(per_item=3, linear=1, quadratic=0.5)]
 
@@ -138,3 +138,72 @@ def test_cap_below_a_necessary_bound_names_the_smallest_cap(lengths, num_ranks, 
     with pytest.raises(InfeasibleError, match=f"at least {min_cap}") as info:
         make_problem(lengths, num_ranks, max_tokens_per_rank=cap)
     assert info.value.min_cap == min_cap
+
+
+# Issue 11: sums exact or rejected, costs finite, clear errors for malformed input.
+
+def test_token_sum_beyond_int64_is_rejected_not_wrapped():
+    with pytest.raises(ValueError, match=r"`lengths` sum to 9223372036854775808 tokens, beyond int64"):
+        balance([2**62, 2**62], 1, max_tokens_per_rank=2**62)
+
+
+def test_padded_tokens_beyond_int64_are_rejected_not_wrapped():
+    with pytest.raises(ValueError, match=r"3 items padded to the longest \(4611686018427387904\) hold "
+                                         r"13835058055282163712 tokens, beyond int64"):
+        balance([2**62, 5, 2**61], 2, padded=True, max_tokens_per_rank=2**62)
+
+
+def test_token_sum_of_exactly_int64_max_is_exact():
+    plan = balance([2**62, 2**62 - 1], 1, max_tokens_per_rank=2**63 - 1)
+    assert plan.tokens.tolist() == [2**63 - 1]
+
+
+@pytest.mark.parametrize("algorithm", [name for name in sorted(ALGORITHMS) if name not in ("identity", "padded")])
+def test_cap_near_int64_is_never_exceeded_by_float_rounding(algorithm):
+    # 2**61 + 1 + 1 rounds to 2**61 in float64: a float token check would overshoot the cap.
+    cap = 2**61 + 1
+    plan = balance([2**61, 2**61 - 2, 1, 1], 2, algorithm=algorithm, max_tokens_per_rank=cap, time_limit=10)
+    assert int(plan.tokens.max()) <= cap and sum(plan.tokens.tolist()) == 2**62
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_item_cost_overflowing_to_inf_is_rejected_naming_the_cost_model(padded):
+    with pytest.raises(ValueError, match=r"`cost` CostModel\(per_item=0.0, linear=1.0, quadratic=1e\+300\) gives "
+                                         r"item 1 \(length 10000000000\) the cost inf; costs must be finite"):
+        balance([3, 10**10, 4], 2, cost=CostModel(quadratic=1e300), padded=padded)
+
+
+def test_cost_sum_overflowing_float64_is_rejected_not_an_fsum_overflow():
+    with pytest.raises(ValueError, match=r"`cost` CostModel\(.*quadratic=1e\+290\): the sum of the costs is inf, "
+                                         r"at or beyond 2\*\*1023"):
+        balance([10**9] * 3, 1, cost=CostModel(quadratic=1e290))
+
+
+def test_padded_rank_cost_that_could_overflow_is_rejected():
+    with pytest.raises(ValueError, match=r"n · max cost \(padded\) is 1\.5e\+308"):
+        balance([10**9, 1, 1], 2, cost=CostModel(quadratic=5e289), padded=True)
+
+
+def test_ragged_nested_lengths_are_a_clear_error_not_a_numpy_one():
+    with pytest.raises(ValueError, match="`lengths` must be a 1-D sequence of integers; got a ragged nested sequence"):
+        balance([[1, 2], [3]], 2)
+
+
+def test_rank_count_too_large_to_allocate_is_rejected_up_front():
+    with pytest.raises(ValueError, match=r"`num_ranks` must be at most 2\*\*20 = 1048576 .*; got 1000000000"):
+        balance([1, 2, 3], 10**9)
+    assert balance([1, 2, 3], 2**20).makespan == 3.0
+
+
+@pytest.mark.parametrize("algorithm", [name for name in sorted(ALGORITHMS) if name != "identity"])
+def test_padded_single_rank_over_the_cap_is_infeasible_not_a_kernel_bug(algorithm):
+    # karmarkar_karp returned everything on rank 0 unchecked, and make_plan raised RuntimeError.
+    with pytest.raises(InfeasibleError, match=r"below the 15 tokens of the one rank, which holds all 3 items padded "
+                                              r"to the longest \(5\); a cap of at least 15") as info:
+        balance([5, 4, 3], 1, padded=True, algorithm=algorithm, max_tokens_per_rank=12)
+    assert info.value.min_cap == 15
+
+
+def test_integer_sum_is_exact_beyond_int64():
+    values = np.array([2**63 - 1] * 5, dtype=np.int64)
+    assert integer_sum(values) == 5 * (2**63 - 1)
