@@ -302,8 +302,8 @@ def check_cap_lower_bound(problem: Problem) -> None:
         needed = count * largest
         if needed > cap:
             raise InfeasibleError(
-                f"`max_tokens_per_rank`={cap} is below the {needed} tokens of the one rank, which holds all {count} "
-                f"items padded to the longest ({largest}); a cap of at least {needed} is needed", min_cap=needed)
+                f"the one rank holds all {count} items padded to the longest ({largest}): {needed} tokens > "
+                f"max_tokens_per_rank={cap}; a cap of at least {needed} is needed", min_cap=needed)
     needed = -(-total // problem.num_ranks)
     if needed > cap:
         raise InfeasibleError(

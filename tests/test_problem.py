@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmllm.balancers import ALGORITHMS, CostModel, InfeasibleError, Status, balance, make_problem
+from orchmllm.balancers import CostModel, InfeasibleError, Kind, Status, algorithms, balance, make_problem
 from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import exact_sum, integer_sum, lower_bound, rank_loads, rank_tokens, sorted_order
 
@@ -158,7 +158,7 @@ def test_token_sum_of_exactly_int64_max_is_exact():
     assert plan.tokens.tolist() == [2**63 - 1]
 
 
-@pytest.mark.parametrize("algorithm", [name for name in sorted(ALGORITHMS) if name not in ("identity", "padded")])
+@pytest.mark.parametrize("algorithm", [record.name for record in algorithms(padded=False) if record.kind is not Kind.BASELINE])
 def test_cap_near_int64_is_never_exceeded_by_float_rounding(algorithm):
     # 2**61 + 1 + 1 rounds to 2**61 in float64: a float token check would overshoot the cap.
     cap = 2**61 + 1
@@ -195,11 +195,11 @@ def test_rank_count_too_large_to_allocate_is_rejected_up_front():
     assert balance([1, 2, 3], 2**20).makespan == 3.0
 
 
-@pytest.mark.parametrize("algorithm", [name for name in sorted(ALGORITHMS) if name != "identity"])
+@pytest.mark.parametrize("algorithm", [record.name for record in algorithms(padded=True) if record.kind is not Kind.BASELINE])
 def test_padded_single_rank_over_the_cap_is_infeasible_not_a_kernel_bug(algorithm):
     # karmarkar_karp returned everything on rank 0 unchecked, and make_plan raised RuntimeError.
-    with pytest.raises(InfeasibleError, match=r"below the 15 tokens of the one rank, which holds all 3 items padded "
-                                              r"to the longest \(5\); a cap of at least 15") as info:
+    with pytest.raises(InfeasibleError, match=r"the one rank holds all 3 items padded to the longest \(5\): 15 tokens "
+                                              r"> max_tokens_per_rank=12; a cap of at least 15") as info:
         balance([5, 4, 3], 1, padded=True, algorithm=algorithm, max_tokens_per_rank=12)
     assert info.value.min_cap == 15
 
