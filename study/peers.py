@@ -8,18 +8,22 @@ registered as an algorithm of kind `peer` (importing this module registers them;
 package's entry points in the group `orchmllm.algorithms` let `balance()` find them without
 that import), so `balance(lengths, D, algorithm="verl_kk")` certifies its plan like any
 other and judges it by the caller's real cost model, exactly as the proxy would be judged
-on a real cluster.  Solve times are those of these reimplementations, not of the peers' code.  None of them
-guarantees anything about the makespan; none is imported from the peer's code.
+on a real cluster.  Solve times are those of these reimplementations, not of the peers'
+code.  None of them guarantees anything about the makespan; none is imported from the
+peer's code.
 
     verl_kk               verl `seqlen_balancing.py`: Karmarkar–Karp (largest differencing)
                           on 24576·l + l², equal-size partitions when D divides n
     veomni_lpt            VeOmni / MindSpeed-MM: longest-first greedy on l²
-    megatron_nextfit      Megatron-LM style: next-fit packing in sampling order into
-                          sequences of a fixed length, packed sequences dealt round-robin
+    megatron_nextfit      Megatron-LM `DpBalancedScheduler`: next-fit packing in sampling
+                          order into sequences of a fixed length; while the pack count is
+                          not a multiple of D, the last pack holding two or more items
+                          sheds its last item into a pack of its own; pack p to rank p mod D
     llava_length_grouped  LLaVA / HF `get_length_grouped_indices`: sort by length, deal
                           each sample to the rank with the fewest tokens, n/D per rank
-    omnibal_2d            OmniBal (arXiv 2407.20761) style: first fit in sampling order
-                          under two caps per rank, samples <= ceil(n/D), tokens <= ceil(sum l/D)
+    omnibal_2d            OmniBal (arXiv 2407.20761) style, a loose per-step analogue of its
+                          offline, dataset-level grouping: first fit in sampling order under
+                          two caps per rank, samples <= ceil(n/D), tokens <= ceil(sum l/D)
 
 All are deterministic: ties break by item index, then by rank (Karmarkar–Karp's equal
 partial sums keep their order within the state).  They ignore memory caps,
@@ -127,16 +131,35 @@ def megatron_pack_length(lengths: np.ndarray) -> int:
 
 
 def megatron_nextfit(problem: Problem) -> KernelResult:
-    """Megatron-LM style packing: next fit in sampling order, packs dealt round-robin."""
+    """Megatron-LM's `DpBalancedScheduler`: next-fit packs, the tail split to a multiple of D packs.
+
+    Next fit in sampling order into packs of `megatron_pack_length`.  While the pack count
+    is not a multiple of D, the last of next fit's packs that still holds two or more items
+    gives its last item to a new pack appended at the end.  Pack p then runs on rank p mod D
+    (as micro-batch p // D).  Where there are too few items for that, Megatron asserts;
+    here the packs are dealt as they are (some ranks hold one pack fewer, or none).
+    """
     capacity = megatron_pack_length(problem.lengths)
-    pack = np.empty(problem.num_items, dtype=np.int64)
-    current, used = 0, 0
+    packs: list[list[int]] = [[]]
+    used = 0
     for item, length in enumerate(problem.lengths.tolist()):
-        if used + length > capacity and used > 0:
-            current, used = current + 1, 0
-        pack[item] = current
+        if used + length > capacity:
+            packs.append([])
+            used = 0
+        packs[-1].append(item)
         used += length
-    return _check_cap("megatron_nextfit", problem, pack % problem.num_ranks)
+    missing = -len(packs) % problem.num_ranks
+    shedding = len(packs) - 1
+    while missing and shedding >= 0:
+        if len(packs[shedding]) > 1:
+            packs.append([packs[shedding].pop()])
+            missing -= 1
+        else:
+            shedding -= 1
+    assignment = np.empty(problem.num_items, dtype=np.int64)
+    for number, items in enumerate(packs):
+        assignment[items] = number % problem.num_ranks
+    return _check_cap("megatron_nextfit", problem, assignment)
 
 
 def llava_length_grouped(problem: Problem) -> KernelResult:
@@ -202,7 +225,8 @@ VERL_KK, VEOMNI_LPT, MEGATRON_NEXTFIT, LLAVA_LENGTH_GROUPED, OMNIBAL_2D = (
     for kernel, description in (
         (verl_kk, "verl (reimplemented): Karmarkar-Karp on 24576*l + l^2, equal counts when D | n"),
         (veomni_lpt, "VeOmni / MindSpeed-MM (reimplemented): longest first on l^2"),
-        (megatron_nextfit, "Megatron-LM style (reimplemented): next-fit packing, packs round-robin"),
+        (megatron_nextfit, "Megatron-LM DpBalanced (reimplemented): next-fit packing, tail packs split to a "
+                           "multiple of D packs, pack p to rank p mod D"),
         (llava_length_grouped, "LLaVA / HF (reimplemented): length-grouped, n/D samples per rank"),
         (omnibal_2d, "OmniBal style (reimplemented; a loose per-step analogue of its offline dataset-level "
                      "method): first fit under sample and token caps"),

@@ -105,9 +105,31 @@ def test_omnibal_respects_both_caps_when_everything_fits():
     assert np.bincount(plan.assignment, minlength=4).tolist() == [2, 2, 2, 2]
 
 
+def test_megatron_splits_the_tail_packs_until_the_pack_count_is_a_multiple_of_d():
+    lengths = np.array([3000, 900, 200, 4000, 100, 100, 4096, 1])
+    # next fit: [3000 900] [200] [4000] [100 100] [4096] [1], 6 packs; D = 4 needs 8: the last
+    # pack with two items ([100 100]) sheds one, then the next with two ([3000 900]) sheds one
+    plan = run_peer("megatron_nextfit", lengths, 4)
+    # packs [0] [2] [3] [4] [6] [7] [5] [1], pack p on rank p mod 4
+    assert plan.assignment.tolist() == [0, 3, 1, 2, 3, 2, 0, 1]
+
+
+@given(lengths=lengths_strategy, num_ranks=st.integers(1, 9))
+def test_megatron_leaves_no_rank_empty_when_the_items_allow_a_multiple_of_d_packs(lengths, num_ranks):
+    packs, used = 1, 0  # next fit's pack count, before any split
+    for length in lengths:
+        if used + length > megatron_pack_length(np.asarray(lengths)):
+            packs, used = packs + 1, 0
+        used += length
+    counts = np.bincount(run_peer("megatron_nextfit", lengths, num_ranks).assignment, minlength=num_ranks)
+    if -(-packs // num_ranks) * num_ranks <= len(lengths):
+        assert np.all(counts > 0)
+
+
 def test_peers_report_a_memory_cap_they_break():
-    lengths = [100, 1, 100, 1, 100, 1]  # packs of 101 tokens, dealt 2 to rank 0 and 1 to rank 1
-    with pytest.raises(InfeasibleError, match="megatron_nextfit. ignores memory caps.*202 tokens on rank 0"):
+    # packs [100 1] x 3, then the third sheds its 1 to make 4 packs: rank 0 holds [100 1] and [100]
+    lengths = [100, 1, 100, 1, 100, 1]
+    with pytest.raises(InfeasibleError, match="megatron_nextfit. ignores memory caps.*201 tokens on rank 0"):
         run_peer("megatron_nextfit", lengths, 2, max_tokens_per_rank=160)
 
 
