@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from .locality import as_item_bytes, as_sources, balance_locally
+from .locality import balance_locally
 from .plan import BalancePlan, make_plan
 from .problem import InfeasibleError, Status, make_problem, rank_tokens
 from .registry import get_algorithm
-from .validation import as_real, is_int
+from .validation import as_item_bytes, as_real, as_sources, is_int
 
 
 def _gpus_per_node(topology, num_ranks: int) -> int:

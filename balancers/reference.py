@@ -1,9 +1,11 @@
-"""Plain-code references of the LPT and Karmarkar–Karp kernels, for tests and same-run baselines.
+"""Plain-code references of the LPT and Karmarkar–Karp kernels and of the communication-aware
+deal, for tests and same-run baselines.
 
 minimise max(loads) where loads[r] = sum(cost[i] for i on r), the textbook way, in pure
 Python: slow (O(n log D) heap steps; O(n · D log D) for differencing on full D-vectors),
-but with the tie rules of `lpt` and `karmarkar_karp`, so the fast kernels must reach
-exactly what these reach (the tests assert it; the benchmarks time them as baselines).
+but with the tie rules of `lpt`, `karmarkar_karp` and `locality_deal`, so the fast
+kernels must reach exactly what these reach (the tests assert it; the benchmarks time
+them as baselines).
 """
 
 from __future__ import annotations
@@ -41,3 +43,87 @@ def dense_kk(costs: np.ndarray, num_ranks: int) -> list[float]:
         heapq.heappush(heap, (-(merged[-1] - merged[0]), 0, age, merged))
         age += 1
     return sorted(heap[0][-1])
+
+
+def locality_first_phases(costs: np.ndarray, lengths: np.ndarray, sources: np.ndarray, num_ranks: int,
+                          gpus_per_node: int, target: float, cap: float, window: int) -> np.ndarray:
+    """The plain code of `locality_deal`'s three phases; returns the destinations (-1: unplaced).
+
+    Keep home item by item, deal each node's left-over items to its least-loaded ranks node
+    by node, then deal what is left to the least-loaded ranks of all (an LPT round when a
+    deal keeps nothing); `cap` is math.inf when there is none, `window` the items a node's
+    round deals (DEAL_WINDOW · gpus_per_node).
+    """
+    loads, tokens = [0.0] * num_ranks, [0] * num_ranks
+    destinations = [-1] * costs.size
+    order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
+
+    def put(item, rank):
+        destinations[item], loads[rank], tokens[rank] = rank, loads[rank] + costs[item], tokens[rank] + lengths[item]
+
+    def fits(item, rank):
+        return loads[rank] + costs[item] <= target and tokens[rank] + lengths[item] <= cap
+
+    def deal(items, ranks, per_rank):
+        """Items dealt round robin to ranks; per rank, the prefix of its deal that fits."""
+        margin = per_rank * np.finfo(np.float64).eps * target
+        kept, sums = [], {r: (loads[r], tokens[r]) for r in ranks}
+        for k, item in enumerate(items[:per_rank * len(ranks)]):
+            rank = ranks[k % len(ranks)]
+            if sums[rank] is None:  # the rank's deal stopped
+                continue
+            load, held = sums[rank][0] + costs[item], sums[rank][1] + lengths[item]
+            sums[rank] = (load, held) if load <= target - margin and held <= cap else None
+            if sums[rank] is not None:
+                kept.append((item, rank))
+        return kept
+
+    for item in order:
+        if fits(item, int(sources[item])):
+            put(item, int(sources[item]))
+    for node in range(num_ranks // gpus_per_node):
+        node_ranks = range(node * gpus_per_node, (node + 1) * gpus_per_node)
+        left = [i for i in order if destinations[i] < 0 and sources[i] // gpus_per_node == node]
+        while left:
+            ranks = sorted(node_ranks, key=lambda r: (loads[r], r))
+            while left and costs[left[0]] > target - loads[ranks[0]]:
+                left.pop(0)  # fits no rank of the node, now or later
+            if not left:
+                break
+            roomy = max(1, sum(loads[r] + costs[left[0]] <= target for r in ranks))
+            kept = deal(left[:window], ranks[:roomy], window)
+            # the node keeps the deal's longest prefix that fits
+            count = next((k for k, (item, _) in enumerate(kept) if item != left[k]), len(kept))
+            for item, rank in kept[:count]:
+                put(item, rank)
+            if count == 0:  # the least-loaded rank lacks token room: the least-loaded rank that fits
+                fitting = [r for r in ranks if fits(left[0], r)]
+                if fitting:
+                    put(left[0], fitting[0])
+                count = 1
+            left = left[count:]
+    waiting = [i for i in order if destinations[i] < 0]
+    while waiting:
+        ranks = sorted(range(num_ranks), key=lambda r: (loads[r], r))
+        roomy = [r for r in ranks if loads[r] + costs[waiting[0]] <= target]
+        kept = deal(waiting, roomy, window // gpus_per_node) if roomy else []
+        if kept:
+            for item, rank in kept:
+                put(item, rank)
+            waiting = [i for i in waiting if destinations[i] < 0]
+            continue
+        chunk = ranks[:len(waiting)]  # an LPT round
+        decided = [fits(item, rank) for item, rank in zip(waiting, chunk)]
+        lead = 0
+        while (lead < len(chunk) and costs[waiting[lead]] > target - loads[chunk[0]]
+               and tokens[chunk[lead]] + lengths[waiting[lead]] <= cap):
+            lead += 1
+        decided[:lead] = [True] * lead
+        if not decided[0]:
+            chunk[0] = min((r for r in ranks if tokens[r] + lengths[waiting[0]] <= cap), key=lambda r: (loads[r], r))
+            decided = [True] + [d and r != chunk[0] for d, r in zip(decided[1:], chunk[1:])]
+        for item, rank, placed in zip(waiting, chunk, decided):
+            if placed:
+                put(item, rank)
+        waiting = [i for i in waiting if destinations[i] < 0]
+    return np.array(destinations)

@@ -1,4 +1,4 @@
-"""One home for the scalar checks of user input: ints, non-negative reals, bools.
+"""One home for the checks of user input: ints, non-negative reals, bools, source ranks, byte counts.
 
 `is_int` / `is_real` are the predicates (a bool is neither, numpy scalars are both);
 `as_int`, `as_real` and `as_bool` check, canonicalise to a Python scalar and raise
@@ -79,3 +79,51 @@ def as_bool(value, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"`{name}` must be a bool; got {type(value).__name__}")
     return bool(value)
+
+
+def _one_per_item(values, num_items: int, name: str, what: str, entry: str) -> np.ndarray:
+    """`values` as a 1-D array with one `entry` per item (a sequence of `what`)."""
+    if isinstance(values, (str, bytes)) or values is None:
+        raise TypeError(f"`{name}` must be a 1-D sequence of {what}; got {type(values).__name__}")
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
+    if array.size != num_items:
+        raise ValueError(f"`{name}` must have one {entry} per item: {array.size} entries != {num_items} items")
+    return array
+
+
+def as_sources(sources, num_items: int, num_ranks: int, name: str = "sources") -> np.ndarray:
+    """Validate source ranks: 1-D integers in [0, num_ranks), one per item; int64 copy.
+
+    >>> as_sources([1, 0, 2.0], 3, 3).tolist()
+    [1, 0, 2]
+    >>> as_sources([0, 3], 2, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: `sources` must be ranks in [0, 2); got 3 at index 1
+    """
+    array = _one_per_item(sources, num_items, name, "rank indices", "rank")
+    if array.size and (array.dtype == object or array.dtype.kind not in "iu"):
+        if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.floor(array)):
+            array = array.astype(np.int64)
+        else:
+            raise TypeError(f"`{name}` must hold integer ranks; got dtype {array.dtype}")
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    bad = np.flatnonzero((array < 0) | (array >= num_ranks))
+    if bad.size:
+        raise ValueError(f"`{name}` must be ranks in [0, {num_ranks}); got {array[bad[0]]} at index {bad[0]}")
+    return array
+
+
+def as_item_bytes(item_bytes, num_items: int, name: str = "item_bytes") -> np.ndarray:
+    """Validate per-item byte counts: 1-D finite non-negative numbers; float64 copy."""
+    array = _one_per_item(item_bytes, num_items, name, "byte counts", "entry")
+    if array.size and (array.dtype == object or array.dtype.kind not in "iuf"):
+        raise TypeError(f"`{name}` must hold numbers; got dtype {array.dtype}")
+    array = np.ascontiguousarray(array, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
+    if bad.size:
+        raise ValueError(f"`{name}` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
+    return array
+

@@ -8,8 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmllm.balancers import CostModel, Kind, algorithms, balance
+from orchmllm.balancers import CostModel, Kind, algorithms, balance, locality_repair
+from orchmllm.balancers.locality_deal import DEAL_WINDOW, keep_home, take_anywhere, take_in_node
+from orchmllm.balancers.locality_repair import repair_in_node
+from orchmllm.balancers.partial_plan import PartialPlan
 from orchmllm.balancers.problem import make_problem, rank_loads
+from orchmllm.balancers.redeal import redeal_equal_items
+from orchmllm.balancers.reference import locality_first_phases
 from orchmllm.study.workloads import llm_stage_lengths
 from orchmllm.topology import Topology, place, traffic
 from orchmllm.topology.bounds import inter_node_lower_bound
@@ -207,14 +212,12 @@ def test_all_items_sampled_by_one_rank(padded):
 @pytest.mark.parametrize("seed", range(8))
 def test_equal_length_redeal_keeps_loads_and_the_most_bytes_on_node(seed):
     """Against every permutation among equal-length items: same loads, fewest inter-node bytes."""
-    from orchmllm.balancers.locality import _swap_equal_items
-
     rng = np.random.default_rng(seed)
     lengths = rng.choice([3, 5], 7)
     sources, destinations = rng.integers(0, 4, 7), rng.integers(0, 4, 7)
     item_bytes = rng.integers(0, 9, 7).astype(float)
     topology = Topology(2, 2)
-    result = _swap_equal_items(lengths, destinations, sources, item_bytes, 2, 4)
+    result = redeal_equal_items(lengths, destinations, sources, item_bytes, 2, 4)
     problem = make_problem(lengths, 4, padded=True)
     assert rank_loads(problem, result).tolist() == rank_loads(problem, destinations).tolist()
     assert sorted(zip(lengths, result)) == sorted(zip(lengths, destinations))
@@ -235,7 +238,6 @@ def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_
     the default mix) went a little over the target, and each was repaired alone by a
     search against every item of the cluster (14.5 s).  Now every node's over-target ranks
     are fixed at once inside the node, and the few left search the roomiest ranks."""
-    from orchmllm.balancers import locality
     from orchmllm.study.models import MODELS
     from orchmllm.study.workloads import sample_workload
 
@@ -247,11 +249,11 @@ def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_
     cost = MODELS["10b"].stages()[0].cost
     problem = make_problem(lengths, 128, cost=cost)
     plain = balance(lengths, 128, cost=cost, algorithm="lpt")
-    state = locality._State(problem, plain.makespan * 1.002)
-    locality._keep_home(state, sources)
-    locality._take_anywhere(state, locality._take_in_node(state, sources, 8))
+    state = PartialPlan(problem, plain.makespan * 1.002)
+    keep_home(state, sources)
+    take_anywhere(state, take_in_node(state, sources, 8))
     over_before = np.flatnonzero(state.loads > state.target)
-    locality._repair_in_node(state, 8)
+    repair_in_node(state, 8)
     over_after = np.flatnonzero(state.loads > state.target)
     assert over_before.size >= 10 and 0 < over_after.size < over_before.size
     assert np.bincount(state.destinations, weights=state.costs, minlength=128) == pytest.approx(state.loads)
@@ -265,8 +267,8 @@ def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_
                                   & (state.loads[mate] + delta <= state.target))
 
     pools = []
-    best_fix = locality._best_fix
-    monkeypatch.setattr(locality, "_best_fix", lambda state, members, rank, pool, *rest: (
+    best_fix = locality_repair.best_fix
+    monkeypatch.setattr(locality_repair, "best_fix", lambda state, members, rank, pool, *rest: (
         pools.append(pool.size), best_fix(state, members, rank, pool, *rest))[1])
     plan = balance(lengths, 128, cost=cost, algorithm="lpt", sources=sources, item_bytes=item_bytes,
                    topology=Topology(16, 8))
@@ -276,93 +278,12 @@ def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_
     assert traffic(sources, plan.assignment, item_bytes, Topology(16, 8)).bytes_inter_node < placed.bytes_inter_node
 
 
-def _first_three_phases(costs, lengths, sources, num_ranks, gpus_per_node, target, cap, window):
-    """The plain code of locality's first three phases: keep home item by item, deal each
-    node's left-over items to its least-loaded ranks node by node, then deal what is left
-    to the least-loaded ranks of all (an LPT round when a deal keeps nothing)."""
-    loads, tokens = [0.0] * num_ranks, [0] * num_ranks
-    destinations = [-1] * costs.size
-    order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
-
-    def put(item, rank):
-        destinations[item], loads[rank], tokens[rank] = rank, loads[rank] + costs[item], tokens[rank] + lengths[item]
-
-    def fits(item, rank):
-        return loads[rank] + costs[item] <= target and tokens[rank] + lengths[item] <= cap
-
-    def deal(items, ranks, per_rank):
-        """Items dealt round robin to ranks; per rank, the prefix of its deal that fits."""
-        margin = per_rank * np.finfo(np.float64).eps * target
-        kept, sums = [], {r: (loads[r], tokens[r]) for r in ranks}
-        for k, item in enumerate(items[:per_rank * len(ranks)]):
-            rank = ranks[k % len(ranks)]
-            if sums[rank] is None:  # the rank's deal stopped
-                continue
-            load, held = sums[rank][0] + costs[item], sums[rank][1] + lengths[item]
-            sums[rank] = (load, held) if load <= target - margin and held <= cap else None
-            if sums[rank] is not None:
-                kept.append((item, rank))
-        return kept
-
-    for item in order:
-        if fits(item, int(sources[item])):
-            put(item, int(sources[item]))
-    for node in range(num_ranks // gpus_per_node):
-        node_ranks = range(node * gpus_per_node, (node + 1) * gpus_per_node)
-        left = [i for i in order if destinations[i] < 0 and sources[i] // gpus_per_node == node]
-        while left:
-            ranks = sorted(node_ranks, key=lambda r: (loads[r], r))
-            while left and costs[left[0]] > target - loads[ranks[0]]:
-                left.pop(0)  # fits no rank of the node, now or later
-            if not left:
-                break
-            roomy = max(1, sum(loads[r] + costs[left[0]] <= target for r in ranks))
-            kept = deal(left[:window], ranks[:roomy], window)
-            # the node keeps the deal's longest prefix that fits
-            count = next((k for k, (item, _) in enumerate(kept) if item != left[k]), len(kept))
-            for item, rank in kept[:count]:
-                put(item, rank)
-            if count == 0:  # the least-loaded rank lacks token room: the least-loaded rank that fits
-                fitting = [r for r in ranks if fits(left[0], r)]
-                if fitting:
-                    put(left[0], fitting[0])
-                count = 1
-            left = left[count:]
-    waiting = [i for i in order if destinations[i] < 0]
-    while waiting:
-        ranks = sorted(range(num_ranks), key=lambda r: (loads[r], r))
-        roomy = [r for r in ranks if loads[r] + costs[waiting[0]] <= target]
-        kept = deal(waiting, roomy, window // gpus_per_node) if roomy else []
-        if kept:
-            for item, rank in kept:
-                put(item, rank)
-            waiting = [i for i in waiting if destinations[i] < 0]
-            continue
-        chunk = ranks[:len(waiting)]  # an LPT round
-        decided = [fits(item, rank) for item, rank in zip(waiting, chunk)]
-        lead = 0
-        while (lead < len(chunk) and costs[waiting[lead]] > target - loads[chunk[0]]
-               and tokens[chunk[lead]] + lengths[waiting[lead]] <= cap):
-            lead += 1
-        decided[:lead] = [True] * lead
-        if not decided[0]:
-            chunk[0] = min((r for r in ranks if tokens[r] + lengths[waiting[0]] <= cap), key=lambda r: (loads[r], r))
-            decided = [True] + [d and r != chunk[0] for d, r in zip(decided[1:], chunk[1:])]
-        for item, rank, placed in zip(waiting, chunk, decided):
-            if placed:
-                put(item, rank)
-        waiting = [i for i in waiting if destinations[i] < 0]
-    return np.array(destinations)
-
-
 @pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
 @pytest.mark.parametrize("seed", range(12))
 def test_first_three_phases_match_their_plain_code(seed, capped):
     """The vectorised rounds (whole ranks kept at once, runs of kept items, every node's deal
     at once, the cluster-wide deal) make exactly the choices of the plain loops; small
     integer costs make ties in cost and load common."""
-    from orchmllm.balancers import locality
-
     rng = np.random.default_rng(seed)
     gpus_per_node = int(rng.choice([1, 2, 4, 8]))
     num_ranks = gpus_per_node * int(rng.integers(1, 6))
@@ -371,10 +292,10 @@ def test_first_three_phases_match_their_plain_code(seed, capped):
     target = float(rng.uniform(0.8, 1.2) * (lengths.sum() + lengths.size) / num_ranks)
     cap = int(lengths.sum() / num_ranks * 1.1) + int(lengths.max()) if capped else None
     problem = make_problem(lengths, num_ranks, cost=CostModel(per_item=1.0), max_tokens_per_rank=cap)
-    state = locality._State(problem, target)
-    locality._keep_home(state, sources)
-    locality._take_anywhere(state, locality._take_in_node(state, sources, gpus_per_node))
-    expected = _first_three_phases(problem.item_costs, lengths, sources, num_ranks, gpus_per_node, target,
-                                   np.inf if cap is None else cap, locality._WINDOW * gpus_per_node)
+    state = PartialPlan(problem, target)
+    keep_home(state, sources)
+    take_anywhere(state, take_in_node(state, sources, gpus_per_node))
+    expected = locality_first_phases(problem.item_costs, lengths, sources, num_ranks, gpus_per_node, target,
+                                   np.inf if cap is None else cap, DEAL_WINDOW * gpus_per_node)
     np.testing.assert_array_equal(state.destinations, expected)
     assert np.bincount(state.destinations, weights=problem.item_costs, minlength=num_ranks) == pytest.approx(state.loads)

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import pulp
 
-from ..balancers.locality import assign_groups, ranks_within_nodes
+from ..balancers.lap import assign_groups, ranks_within_nodes
 from ..balancers.problem import Status
 from .cluster import Topology
 from .traffic import traffic_of

@@ -19,8 +19,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..balancers.locality import as_item_bytes, as_sources, assign_groups
+from ..balancers.lap import assign_groups
 from ..balancers.problem import Status, as_time_limit
+from ..balancers.validation import as_item_bytes, as_sources
 from . import nodewise_ilp
 from .cluster import Topology
 from .traffic import Traffic, traffic_of

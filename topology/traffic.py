@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..balancers.locality import as_item_bytes, as_sources
+from ..balancers.validation import as_item_bytes, as_sources
 from .cluster import Topology
 
 
