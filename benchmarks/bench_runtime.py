@@ -16,8 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from orchmllm.balancers import balance
-from orchmllm.runtime import ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, Piece, exchange
+from orchmllm.balancers import CostModel, balance
+from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, Piece, PostBalancingDispatcher,
+                              exchange, gather_metadata)
 from orchmllm.runtime.demo import run_demo
 from orchmllm.runtime.launch import spawn
 
@@ -61,6 +62,50 @@ def test_exchange_flat_vs_nodewise_4_ranks(benchmark):
     benchmark.extra_info.update({
         "flat_seconds": flat, "nodewise_seconds": nodewise, "nodewise_over_flat": nodewise / flat,
         "bytes_moved_between_ranks": moved, "flat_bytes_per_second": moved / flat})
+
+
+def agreement_overhead_job(rank, size, steps):
+    """Median seconds of one dispatcher step (lengths all-gather, plan, one all-to-all of a
+    per-token and a per-item tensor) today's way (no fingerprint, no schema guard), the
+    same again (the noise floor), and with the cross-rank checks, interleaved step by step
+    in rotating order so all three see the same load."""
+    rng = np.random.default_rng(rank)
+    lengths = rng.integers(64, 512, 16)
+    batch = {"x": torch.randn(int(lengths.sum()), 64), "id": torch.arange(16) + 100 * rank}
+    cost = CostModel(linear=1)
+    checked = PostBalancingDispatcher(algorithm="lpt", cost=cost, per_item_keys={"id"})
+    transport = FlatAllToAll()
+
+    def unchecked_step():
+        metadata = gather_metadata(lengths, num_columns=1)
+        plan = balance(metadata.column(0), size, algorithm="lpt", cost=cost)
+        route = ExchangeMeta.from_assignment(plan.assignment, metadata.counts, rank)
+        ids, x = exchange([Piece(route, batch["id"], 1), Piece(route, batch["x"], metadata.column(0))], transport)
+        return {"id": ids, "x": x}
+
+    def checked_step():
+        return checked.dispatch(batch, checked.plan(lengths))
+
+    arms = [("unchecked", unchecked_step), ("unchecked_again", unchecked_step), ("checked", checked_step)]
+    times = {name: [] for name, _ in arms}
+    for round_number in range(steps + 1):  # round 0 warms up (and is the guard's cold call)
+        moved = {}
+        for name, step in arms[round_number % 3:] + arms[: round_number % 3]:
+            dist.barrier()
+            start = time.perf_counter()
+            moved[name] = step()
+            times[name].append(time.perf_counter() - start)
+        assert all(torch.equal(moved["unchecked"][key], moved["checked"][key]) for key in batch)
+    return {name: statistics.median(values[1:]) for name, values in times.items()}
+
+
+def test_cross_rank_checks_cost_against_todays_dispatch_4_ranks(benchmark):
+    results = benchmark.pedantic(spawn, args=(agreement_overhead_job, 4), kwargs={"args": (60,), "timeout_s": 300},
+                                 rounds=1, iterations=1)
+    unchecked, again, checked = (max(r[name] for r in results) for name in ("unchecked", "unchecked_again", "checked"))
+    benchmark.extra_info.update({"unchecked_step_seconds": unchecked, "checked_step_seconds": checked,
+                                 "checked_over_unchecked": checked / unchecked,
+                                 "noise_floor_unchecked_again_over_unchecked": again / unchecked})
 
 
 def test_route_building_per_rank_at_2560_ranks(benchmark):

@@ -12,7 +12,7 @@ without balancing (algorithm "identity": every sequence stays home) to show that
 all-reduced gradients agree up to rounding: sums commute, only their order changes.
 
     python3.11 examples/train_with_dispatcher.py            # 4 CPU processes, gloo
-    torchrun --nproc-per-node 8 examples/train_with_dispatcher.py   # NCCL on GPUs
+    torchrun --nproc-per-node 8 examples/train_with_dispatcher.py   # NCCL on GPUs (gloo on CPUs)
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 import torch
+import torch._dynamo  # noqa: F401  the first optimizer step imports it; do it once, before forking ranks
 import torch.nn.functional as F
 from torch import nn
 
@@ -124,8 +125,6 @@ def main() -> None:
             show(report, world_size)
         torch.distributed.destroy_process_group()
     else:  # standalone: four local gloo processes
-        import torch._dynamo  # noqa: F401  the first optimizer imports it; do it once, before forking the ranks
-
         reports = spawn(train, 4, timeout_s=300.0)
         show(reports[0], 4)
 

@@ -1,6 +1,9 @@
 """orchmllm.runtime: the torch.distributed side of post-balancing (the only layer importing torch).
 
-- `gather_metadata`, `check_agreement`: all-gather per-item lengths; verify every rank's plan.
+- `gather_metadata`, `check_agreement`: all-gather per-item lengths (with a configuration
+  fingerprint); verify every rank's plan.
+- `SchemaGuard`, `ConfigMismatchError`, `SchemaMismatchError`: cross-rank agreement on
+  configuration and on what each exchange moves, checked on every rank (`agreement.py`).
 - `ExchangeMeta`, `Piece`, `exchange`, `exchange_with_grad`: fused variable-split all-to-all
   of packed tensors along frozen routes, autograd-aware (backward = inverse route).
 - `FlatAllToAll`, `HierarchicalAllToAll`: the transports (node-wise: gather within a node,
@@ -10,8 +13,17 @@
 - `Prefetcher`: plan step k+1 in a background thread on its own process group.
 - `normalize_loss`, `all_reduce_gradients`: the global reductions that keep gradients exact.
 - `demo.run_demo`: the multi-process demo (tiny vision + audio + text model).
+
+Needs torch: `pip install 'orchmllm[runtime]'`.
 """
 
+try:
+    import torch  # noqa: F401  (fail here, with the fix, rather than deep inside a submodule)
+except ImportError as error:  # pragma: no cover - exercised by a subprocess test that hides torch
+    raise ImportError("orchmllm.runtime needs torch, which is not installed: "
+                      "pip install 'orchmllm[runtime]' (or install your own torch build)") from error
+
+from .agreement import ConfigMismatchError, SchemaGuard, SchemaMismatchError
 from .alltoall import FlatAllToAll
 from .dispatcher import DispatchPlan, PostBalancingDispatcher
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
@@ -21,7 +33,8 @@ from .multistage import Assembled, Dispatched, MultiStageRuntime, StepRoutes
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, global_count, normalize_loss
 
-__all__ = ["Assembled", "DispatchPlan", "Dispatched", "ExchangeMeta", "FlatAllToAll", "GatheredMetadata",
-           "HierarchicalAllToAll", "MultiStageRuntime", "Piece", "PlanMismatchError", "PostBalancingDispatcher",
-           "Prefetcher", "StepRoutes", "all_reduce_gradients", "check_agreement", "exchange", "exchange_with_grad",
-           "fingerprint", "gather_metadata", "global_count", "make_transport", "normalize_loss"]
+__all__ = ["Assembled", "ConfigMismatchError", "DispatchPlan", "Dispatched", "ExchangeMeta", "FlatAllToAll",
+           "GatheredMetadata", "HierarchicalAllToAll", "MultiStageRuntime", "Piece", "PlanMismatchError",
+           "PostBalancingDispatcher", "Prefetcher", "SchemaGuard", "SchemaMismatchError", "StepRoutes",
+           "all_reduce_gradients", "check_agreement", "exchange", "exchange_with_grad", "fingerprint",
+           "gather_metadata", "global_count", "make_transport", "normalize_loss"]

@@ -22,15 +22,17 @@ from .comm import group_rank, group_size
 
 
 class Flows:
-    """Elements moving from `source[i]` to `dest[i]`, `size[i]` of them, on `world_size` ranks."""
+    """Elements moving from `source[i]` to `dest[i]`, `size[i]` of them, on `world_size` ranks,
+    plus `header` elements at the start of every (source, destination) segment."""
 
-    def __init__(self, source, dest, size, world_size: int):
+    def __init__(self, source, dest, size, world_size: int, header: int = 0):
         self.source = np.asarray(source, dtype=np.int64)
         self.dest = np.asarray(dest, dtype=np.int64)
         self.size = np.asarray(size, dtype=np.int64)
         if not self.source.shape == self.dest.shape == self.size.shape or self.source.ndim != 1:
             raise ValueError("`source`, `dest` and `size` must be 1-D arrays of equal length")
         self.world_size = int(world_size)
+        self.header = int(header)
 
     @classmethod
     def from_matrix(cls, splits) -> "Flows":
@@ -42,17 +44,20 @@ class Flows:
         return cls(source, dest, splits[source, dest], splits.shape[0])
 
     def row(self, rank: int) -> np.ndarray:
-        """Elements `rank` sends to each rank."""
+        """Elements `rank` sends to each rank, headers included."""
         mine = self.source == rank
-        return np.bincount(self.dest[mine], weights=self.size[mine], minlength=self.world_size).astype(np.int64)
+        sizes = np.bincount(self.dest[mine], weights=self.size[mine], minlength=self.world_size)
+        return sizes.astype(np.int64) + self.header
 
     def column(self, rank: int) -> np.ndarray:
-        """Elements `rank` receives from each rank."""
+        """Elements `rank` receives from each rank, headers included."""
         mine = self.dest == rank
-        return np.bincount(self.source[mine], weights=self.size[mine], minlength=self.world_size).astype(np.int64)
+        sizes = np.bincount(self.source[mine], weights=self.size[mine], minlength=self.world_size)
+        return sizes.astype(np.int64) + self.header
 
     def pairs(self, sources, dests) -> dict:
-        """{(s, d): elements} for sources in `sources` and destinations in `dests` (non-zero only)."""
+        """{(s, d): elements} for sources in `sources` and destinations in `dests` (non-zero
+        only, headers excluded)."""
         keep = np.isin(self.source, sources) & np.isin(self.dest, dests) & (self.size > 0)
         keys = self.source[keep] * self.world_size + self.dest[keep]
         unique, inverse = np.unique(keys, return_inverse=True)

@@ -11,6 +11,12 @@ tensors (input ids, labels, patches) own `lengths[i]` rows per item, per-item te
 holds the items the plan gave it, in ascending global index (see `exchange.py`), and
 `plan.local_lengths` says how long each is.  With `group=None` or one rank, every call
 runs the same path with no communication.
+
+Cross-rank agreement is checked on every rank at no extra round trip: the configuration's
+fingerprint rides with the lengths all-gather, and the schema of `batch` (keys, dtypes,
+trailing shapes, per-item or per-token) with the payload all-to-all (see `agreement.py`).
+Every call is a self-contained collective, so a step may call `plan`/`dispatch` once
+per micro-batch.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import numpy as np
 import torch
 
 from ..balancers import BalancePlan, balance
+from .agreement import SchemaGuard, fingerprint
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
-from .metadata import GatheredMetadata, check_agreement, fingerprint, gather_metadata
+from .metadata import GatheredMetadata, check_agreement, gather_metadata
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,22 +69,28 @@ class PostBalancingDispatcher:
             every rank must use the same (a time-limited exact solver can differ between
             ranks: keep `check_plan` on with it).
         per_item_keys: batch keys with one row per item; all others have one row per token.
-        check_plan: all-gather a fingerprint of each rank's plan and configuration and
-            raise `PlanMismatchError` naming disagreeing ranks.
+        check_plan: also all-gather a digest of each rank's plan and raise
+            `PlanMismatchError` naming disagreeing ranks (default: only with a
+            `time_limit`, whose solver may stop at different plans on different ranks;
+            configuration mismatches are caught whatever this says).
         transport: `FlatAllToAll(group)` (default) or `HierarchicalAllToAll(gpus_per_node, group)`.
     """
 
     def __init__(self, *, group=None, algorithm: str = "auto", cost=None, padded: bool = False,
                  max_tokens_per_rank: int | None = None, time_limit: float | None = None,
-                 per_item_keys=(), check_plan: bool = False, transport=None):
+                 per_item_keys=(), check_plan: bool | None = None, transport=None):
         self.group = group
         self.balance_options = dict(algorithm=algorithm, cost=cost, padded=padded,
                                     max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
         if isinstance(per_item_keys, str):
             raise TypeError("`per_item_keys` must be a collection of keys, not a str")
         self.per_item_keys = frozenset(per_item_keys)
-        self.check_plan = bool(check_plan)
+        self.check_plan = time_limit is not None if check_plan is None else bool(check_plan)
         self.transport = FlatAllToAll(group) if transport is None else transport
+        self.config_fingerprint = fingerprint(sorted(self.balance_options.items(), key=lambda kv: kv[0]),
+                                              sorted(self.per_item_keys), type(self.transport).__name__,
+                                              getattr(self.transport, "gpus_per_node", None))
+        self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
 
     def plan(self, lengths, *, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
@@ -87,38 +100,41 @@ class PostBalancingDispatcher:
         """
         group = self.group if metadata_group is None else metadata_group
         start = time.perf_counter()
-        metadata = gather_metadata(lengths, group, num_columns=1)
+        metadata = gather_metadata(lengths, group, num_columns=1, fingerprint=self.config_fingerprint,
+                                   what="dispatcher configuration")
         if metadata.num_items:
             plan = balance(metadata.column(0), int(metadata.counts.size), **self.balance_options)
             assignment = plan.assignment
         else:
             plan, assignment = None, np.zeros(0, dtype=np.int64)
         if self.check_plan:
-            check_agreement(fingerprint(sorted(self.balance_options.items(), key=lambda kv: kv[0]),
-                                        plan.digest() if plan else ""), group)
+            check_agreement(fingerprint(self.config_fingerprint, plan.digest() if plan else ""), group)
         route = ExchangeMeta.from_assignment(assignment, metadata.counts, group_rank(self.group))
         if route.world_size != group_size(self.group):
             raise ValueError(f"metadata group has {route.world_size} ranks but the dispatcher's group has "
                              f"{group_size(self.group)}")
         return DispatchPlan(metadata, plan, route, time.perf_counter() - start)
 
-    @staticmethod
-    def _pieces(batch: Mapping[str, torch.Tensor], route: ExchangeMeta, lengths: np.ndarray, per_item_keys):
+    def _move(self, batch: Mapping[str, torch.Tensor], route: ExchangeMeta, lengths: np.ndarray, per_item_keys,
+              site: str, differentiable: bool) -> dict[str, torch.Tensor]:
         if not isinstance(batch, Mapping):
             raise TypeError(f"`batch` must be a mapping of names to tensors; got {type(batch).__name__}")
         keys = sorted(batch)
-        return keys, [Piece(route, batch[key], 1 if key in per_item_keys else lengths) for key in keys]
+        pieces = [Piece(route, batch[key], 1 if key in per_item_keys else lengths, str(key)) for key in keys]
+        move = exchange_with_grad if differentiable else exchange
+        moved = move(pieces, self.transport, guard=self.guards[site],
+                     layout=lambda schema: (route, lengths if schema.rows_per_item == -1 else schema.rows_per_item))
+        return dict(zip(keys, moved))
 
     def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *,
                  differentiable: bool = False) -> dict[str, torch.Tensor]:
         """Move every tensor of `batch` to the ranks the plan assigns its items (one all-to-all).
 
-        Keys are exchanged in sorted order, so every rank must pass the same keys.
+        Every rank must pass the same keys, dtypes and trailing shapes; otherwise every
+        rank raises `SchemaMismatchError` naming the ranks that differ.
         `differentiable=True` lets gradients of the results flow back to the inputs.
         """
-        keys, pieces = self._pieces(batch, plan.route, plan.lengths, self.per_item_keys)
-        move = exchange_with_grad if differentiable else exchange
-        return dict(zip(keys, move(pieces, self.transport)))
+        return self._move(batch, plan.route, plan.lengths, self.per_item_keys, "dispatch", differentiable)
 
     def combine(self, outputs: Mapping[str, torch.Tensor], plan: DispatchPlan, *, per_item_keys=None,
                 differentiable: bool = True) -> dict[str, torch.Tensor]:
@@ -127,6 +143,4 @@ class PostBalancingDispatcher:
         `per_item_keys` (default: the dispatcher's) name the outputs with one row per item.
         """
         per_item = self.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
-        keys, pieces = self._pieces(outputs, plan.route.inverse(), plan.lengths, per_item)
-        move = exchange_with_grad if differentiable else exchange
-        return dict(zip(keys, move(pieces, self.transport)))
+        return self._move(outputs, plan.route.inverse(), plan.lengths, per_item, "combine", differentiable)

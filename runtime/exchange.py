@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from ..balancers.validation import is_int
+from .agreement import PieceSchema, SchemaGuard, schema_word
 from .alltoall import FlatAllToAll, Flows
+
+HEADER_BYTES = 8  # the schema word on every (source, destination) segment of a guarded exchange
 
 
 def _as_ranks(values, name: str, world_size: int) -> np.ndarray:
@@ -163,11 +166,13 @@ class ExchangeMeta:
 
 
 class Piece(NamedTuple):
-    """One tensor to move: its route, the packed tensor, and rows per item (int or array)."""
+    """One tensor to move: its route, the packed tensor, rows per item (int or array), and
+    a name (for the schema check and its messages)."""
 
     meta: ExchangeMeta
     tensor: torch.Tensor
     item_rows: object = 1
+    name: str = ""
 
 
 def _take_rows(tensor: torch.Tensor, index: np.ndarray) -> torch.Tensor:
@@ -185,19 +190,62 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(tensor.shape[0], row_elements).view(torch.uint8)
 
 
-def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None) -> list[torch.Tensor]:
+def schema_of(pieces: Sequence[Piece]) -> tuple[PieceSchema, ...]:
+    """The schema of `pieces` (unnamed pieces are named by position)."""
+    return tuple(PieceSchema.of(piece.name or f"#{number}", piece.tensor, piece.item_rows)
+                 for number, piece in enumerate(pieces))
+
+
+def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None, *,
+             guard: SchemaGuard | None = None, layout: Callable | None = None) -> list[torch.Tensor]:
     """Move every piece along its route in one fused all-to-all; returns one tensor per piece.
 
     Output tensors hold the rows of the items that now sit on this rank, in ascending
     global index, with the input's dtype and trailing shape.  Every rank must pass the
-    same pieces in the same order (same dtypes and trailing shapes).  `transport` is a
-    `FlatAllToAll` (default) or a `HierarchicalAllToAll`.  `stats`, if given, accumulates
-    "exchange_seconds" (wall, packing included) and "exchange_bytes_sent" (to other ranks).
+    same pieces in the same order (same dtypes and trailing shapes): give a `guard`
+    (one `SchemaGuard` per call site, kept across steps) to have that checked on every
+    rank (see `agreement.py`); `layout(piece_schema) -> (meta, item_rows)` says where a
+    piece of the agreed schema that this rank lacks would go (default: the local piece
+    of that name).  `transport` is a `FlatAllToAll` (default) or a
+    `HierarchicalAllToAll`.  `stats`, if given, accumulates "exchange_seconds" (wall,
+    packing included) and "exchange_bytes_sent" (to other ranks).
     """
     if transport is None:
         transport = FlatAllToAll()
     if not pieces:
         return []
+    if guard is None or transport.size == 1:
+        return _exchange(pieces, transport, stats, None)[0]
+    schema = schema_of(pieces)
+    if guard.agreed is None:
+        guard.agree(schema, transport.group)
+    agreed = guard.agreed
+    sent = pieces if schema == agreed else _conforming(pieces, agreed, layout)
+    outputs, words = _exchange(sent, transport, stats, schema_word(schema))
+    if len(set(words)) == 1 and words[0] == schema_word(agreed):
+        return outputs
+    guard.check(words, schema, transport.group)  # raises unless every rank changed the same way
+    guard.agreed = schema
+    return _exchange(pieces, transport, stats, schema_word(schema))[0]
+
+
+def _conforming(pieces: Sequence[Piece], agreed: Sequence[PieceSchema], layout) -> list[Piece]:
+    """Zero pieces of the agreed schema: what a deviating rank sends so that every
+    segment keeps the size its receiver expects (the header then names the deviation)."""
+    by_name = {schema.name: piece for schema, piece in zip(schema_of(pieces), pieces)}
+    device = pieces[0].tensor.device
+    conforming = []
+    for schema in agreed:
+        local = by_name.get(schema.name)
+        meta, item_rows = (local.meta, local.item_rows) if local is not None else layout(schema)
+        rows = int(meta.item_rows(item_rows)[meta.source_items].sum())
+        conforming.append(Piece(meta, schema.zeros(rows, device), item_rows, schema.name))
+    return conforming
+
+
+def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, header: int | None):
+    """The fused exchange; with `header`, every (source, destination) segment starts with
+    that int64 word.  Returns (outputs, the word each source sent or [])."""
     start = time.perf_counter()
     rank, size = pieces[0].meta.rank, pieces[0].meta.world_size
     plans = []
@@ -222,16 +270,26 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None)
         sent = _as_bytes(_take_rows(tensor, meta.send_row_index(rows)))
         plans.append((meta, tensor, rows, sent, row_bytes))
 
+    header_bytes = 0 if header is None else HEADER_BYTES
     chunks = [list(torch.split(sent, meta.send_counts(rows).tolist())) for meta, _, rows, sent, _ in plans]
-    buffer = torch.cat([per_piece[d].reshape(-1) for d in range(size) for per_piece in chunks])
+    prefix = [] if header is None else list(torch.tensor([header], dtype=torch.int64).view(torch.uint8)
+                                            .to(pieces[0].tensor.device).expand(size, HEADER_BYTES))
+    buffer = torch.cat([part for d in range(size)
+                        for part in ([prefix[d]] if prefix else []) + [chunk[d].reshape(-1) for chunk in chunks]])
     flows = Flows(np.concatenate([meta.source_ranks for meta, *_ in plans]),
                   np.concatenate([meta.dest_ranks for meta, *_ in plans]),
-                  np.concatenate([rows * row_bytes for _, _, rows, _, row_bytes in plans]), size)
+                  np.concatenate([rows * row_bytes for _, _, rows, _, row_bytes in plans]), size, header_bytes)
     arrived = transport(buffer, flows)
 
     received = np.stack([meta.receive_counts(rows) * row_bytes for meta, _, rows, _, row_bytes in plans], axis=1)
-    per_source = torch.split(arrived, received.sum(axis=1).tolist())
-    parts = [torch.split(segment, received[s].tolist()) for s, segment in enumerate(per_source)]
+    segment_sizes = received.sum(axis=1) + header_bytes
+    per_source = torch.split(arrived, segment_sizes.tolist())
+    words = []
+    if header_bytes:
+        starts = np.cumsum(segment_sizes) - segment_sizes
+        index = torch.from_numpy((starts[:, None] + np.arange(HEADER_BYTES)).reshape(-1)).to(arrived.device)
+        words = arrived.index_select(0, index).view(torch.int64).tolist()
+    parts = [torch.split(segment[header_bytes:], received[s].tolist()) for s, segment in enumerate(per_source)]
     outputs = []
     for number, (meta, tensor, rows, _, row_bytes) in enumerate(plans):
         num_rows = int(rows[meta.dest_items].sum())
@@ -242,19 +300,19 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None)
             shaped = raw.reshape(num_rows, row_bytes).view(tensor.dtype).reshape(num_rows, *tensor.shape[1:])
         outputs.append(_take_rows(shaped, meta.arrival_row_index(rows)))
     if stats is not None:
-        sent = int(buffer.numel() - sum(chunks[p][rank].numel() for p in range(len(plans))))
+        sent = int(buffer.numel() - sum(chunks[p][rank].numel() for p in range(len(plans))) - header_bytes * size)
         stats["exchange_seconds"] = stats.get("exchange_seconds", 0.0) + time.perf_counter() - start
         stats["exchange_bytes_sent"] = stats.get("exchange_bytes_sent", 0) + sent
-    return outputs
+    return outputs, words
 
 
 class _Exchange(torch.autograd.Function):
     """Fused exchange whose backward sends gradients along the inverse routes."""
 
     @staticmethod
-    def forward(ctx, routes, transport, stats, *tensors):
-        outputs = exchange([Piece(meta, tensor, rows) for (meta, rows), tensor in zip(routes, tensors)],
-                           transport, stats)
+    def forward(ctx, routes, transport, stats, guard, layout, *tensors):
+        outputs = exchange([Piece(meta, tensor, rows, name) for (meta, rows, name), tensor in zip(routes, tensors)],
+                           transport, stats, guard=guard, layout=layout)
         ctx.routes, ctx.transport, ctx.stats = routes, transport, stats
         ctx.shapes = [(output.shape, output.dtype, output.device) for output in outputs]
         ctx.mark_non_differentiable(*[o for o in outputs if not (o.is_floating_point() or o.is_complex())])
@@ -269,16 +327,17 @@ class _Exchange(torch.autograd.Function):
         for n in differentiable:
             shape, dtype, device = ctx.shapes[n]
             grad = grads[n] if grads[n] is not None else torch.zeros(shape, dtype=dtype, device=device)
-            meta, rows = ctx.routes[n]
+            meta, rows, _ = ctx.routes[n]
             pieces.append(Piece(meta.inverse(), grad, rows))
         returned = exchange(pieces, ctx.transport, ctx.stats)
         input_grads = [None] * len(ctx.shapes)
         for n, grad in zip(differentiable, returned):
             input_grads[n] = grad
-        return (None, None, None, *input_grads)
+        return (None, None, None, None, None, *input_grads)
 
 
-def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | None = None) -> list[torch.Tensor]:
+def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | None = None, *,
+                       guard: SchemaGuard | None = None, layout: Callable | None = None) -> list[torch.Tensor]:
     """`exchange` that autograd can differentiate: backward moves the gradients home.
 
     torch's functional `all_to_all_single_autograd` moves one tensor along one split
@@ -291,5 +350,5 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
         transport = FlatAllToAll()
     if not pieces:
         return []
-    routes = tuple((piece.meta, piece.item_rows) for piece in pieces)
-    return list(_Exchange.apply(routes, transport, stats, *[piece.tensor for piece in pieces]))
+    routes = tuple((piece.meta, piece.item_rows, piece.name) for piece in pieces)
+    return list(_Exchange.apply(routes, transport, stats, guard, layout, *[piece.tensor for piece in pieces]))

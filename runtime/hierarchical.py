@@ -18,7 +18,8 @@ N·(N-1) messages instead of the flat all-to-all's N·(N-1)·G² (N nodes).  Int
 are the same as flat; what changes is message count and size.  Built from
 `torch.distributed.new_group` subgroups with group-local synchronisation, so it works
 inside any data-parallel group of a larger world; constructing it is a collective call
-on every rank of `group` (and only those).
+on every rank of `group` (and only those), which first all-gathers `gpus_per_node` so
+that ranks built with different layouts raise instead of blocking in `new_group`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import is_int
+from .agreement import disagreement
 from .alltoall import FlatAllToAll, Flows, check_buffer
-from .comm import group_rank, group_size
+from .comm import comm_device, group_rank, group_size
 
 
 def _regroup(buffer: torch.Tensor, have: list, want: list, sizes: dict) -> torch.Tensor:
@@ -41,11 +43,39 @@ def _regroup(buffer: torch.Tensor, have: list, want: list, sizes: dict) -> torch
     return torch.cat(pieces) if pieces else buffer[:0]
 
 
+def _agree_on_layout(gpus_per_node: int, group) -> None:
+    """All-gather every rank's `gpus_per_node` before any subgroup is created: ranks that
+    disagree would wait forever inside `new_group`; here every rank raises, naming them."""
+    size = group_size(group)
+    if size == 1:
+        return
+    mine = torch.tensor([gpus_per_node], dtype=torch.int64, device=comm_device(group))
+    gathered = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(gathered, mine, group=group)
+    problem = disagreement([int(value.item()) for value in gathered], "HierarchicalAllToAll's `gpus_per_node`",
+                           group_rank(group), show=lambda value: "invalid" if value < 0 else str(value))
+    if problem:
+        raise ValueError(f"{problem}; every rank of the group must build the transport with the same layout")
+
+
+class _SegmentSizes(dict):
+    """{(src, dst): payload elements}; `get` adds the header every segment starts with."""
+
+    def __init__(self, payload: dict, header: int):
+        super().__init__(payload)
+        self.header = header
+
+    def get(self, key, default=0):
+        return super().get(key, default) + self.header
+
+
 class HierarchicalAllToAll:
     """Node-wise all-to-all over `group`, nodes of `gpus_per_node` consecutive ranks."""
 
     def __init__(self, gpus_per_node: int, group=None):
-        if not is_int(gpus_per_node) or gpus_per_node < 1:
+        valid = is_int(gpus_per_node) and gpus_per_node >= 1
+        _agree_on_layout(int(gpus_per_node) if valid else -1, group)
+        if not valid:
             raise ValueError(f"`gpus_per_node` must be a positive int; got {gpus_per_node!r}")
         size = group_size(group)
         if size % gpus_per_node:
@@ -116,9 +146,10 @@ class HierarchicalAllToAll:
 
         # Only segments that touch this node or the nodes it relays for are ever looked up.
         near = [rank_of(b, j) for b in [a] + relayed_nodes(a, self.local) for j in range(g)]
-        splits = flows.pairs(near, near)
-        splits.update(((me, d), int(n)) for d, n in enumerate(flows.row(me)) if n)
-        splits.update(((s, me), int(n)) for s, n in enumerate(flows.column(me)) if n)
+        payload = flows.pairs(near, near)
+        payload.update(((me, d), int(n)) for d, n in enumerate(flows.row(me) - flows.header) if n)
+        payload.update(((s, me), int(n)) for s, n in enumerate(flows.column(me) - flows.header) if n)
+        splits = _SegmentSizes(payload, flows.header)
 
         # Phase 1: inside node a, direct data and data to relay.
         node_group, node_positions = self.node_group

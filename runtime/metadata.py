@@ -6,26 +6,26 @@ per packed tensor; n_r may be 0).  Two small all-gathers give every rank the who
 padded to max n_r.  Every rank then runs the same deterministic solver on the same
 table, so every rank computes the same plan without sending a single payload byte.
 
-`check_agreement` all-gathers a 32-byte fingerprint of each rank's plan (and solver
-configuration) and raises `PlanMismatchError` naming the ranks that disagree: a rank
-with another solver version or config would otherwise send payloads nobody expects and
-deadlock or corrupt the exchange much later.
+`gather_metadata(..., fingerprint=...)` carries a 32-byte fingerprint of each rank's
+configuration in the first (shape) all-gather, at no extra round trip, and raises
+`ConfigMismatchError` on every rank naming the ranks that plan with other settings.
+`check_agreement` all-gathers a digest of each rank's plan, for solvers that may differ
+between ranks even with the same configuration (time-limited exact solvers).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from .agreement import ConfigMismatchError, PlanMismatchError, disagreement, fingerprint, words_of
 from .comm import comm_device, group_rank, group_size
 
-
-class PlanMismatchError(RuntimeError):
-    """Ranks computed different plans from the same metadata."""
+__all__ = ["ConfigMismatchError", "GatheredMetadata", "PlanMismatchError", "as_table", "check_agreement",
+           "fingerprint", "gather_metadata"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,24 +68,37 @@ def as_table(local, name: str = "lengths") -> np.ndarray:
     return array
 
 
-def gather_metadata(local, group=None, num_columns: int | None = None) -> GatheredMetadata:
+def gather_metadata(local, group=None, num_columns: int | None = None, *, fingerprint: bytes | None = None,
+                    what: str = "configuration") -> GatheredMetadata:
     """All-gather each rank's (n_r, K) integer table (n_r may differ and be 0).
 
     A collective: every rank of `group` must call it.  `num_columns` fixes K for a rank
-    with no items whose input is an empty 1-D array.
+    with no items whose input is an empty 1-D array.  `fingerprint` (32 bytes, e.g.
+    `fingerprint(algorithm, cost, caps)`) rides with the table's shape; ranks whose
+    fingerprints differ raise `ConfigMismatchError` on every rank, naming them.
+
+    >>> gather_metadata([3, 1, 2]).values[:, 0].tolist()  # one process: no communication
+    [3, 1, 2]
     """
     table = as_table(local)
     if num_columns is not None and table.shape[0] == 0:
         table = table.reshape(0, num_columns)
+    words = np.zeros(0, dtype=np.int64) if fingerprint is None else words_of(fingerprint)
     size = group_size(group)
     if size == 1:
         table.setflags(write=False)
         return GatheredMetadata(table, np.array([table.shape[0]], dtype=np.int64))
     device = comm_device(group)
-    shape = torch.tensor(table.shape, dtype=torch.int64, device=device)
+    shape = torch.from_numpy(np.concatenate([np.array(table.shape, dtype=np.int64), words])).to(device)
     shapes = [torch.empty_like(shape) for _ in range(size)]
     dist.all_gather(shapes, shape, group=group)
     shapes = np.stack([s.cpu().numpy() for s in shapes])
+    if words.size:
+        problem = disagreement([row[2:].tobytes() for row in shapes], what, group_rank(group),
+                               show=lambda value: value.hex()[:12])
+        if problem:
+            raise ConfigMismatchError(f"{problem}; every rank must plan with the same algorithm, cost model, "
+                                      f"caps and stage declarations")
     columns = shapes[:, 1]
     if np.any(columns != columns[0]):
         detail = ", ".join(f"rank {r}: {c}" for r, c in enumerate(columns.tolist()))
@@ -103,15 +116,6 @@ def gather_metadata(local, group=None, num_columns: int | None = None) -> Gather
     return GatheredMetadata(values, counts)
 
 
-def fingerprint(*parts) -> bytes:
-    """SHA-256 over the reprs of `parts` (plan digests, solver configuration)."""
-    hasher = hashlib.sha256()
-    for part in parts:
-        hasher.update(repr(part).encode())
-        hasher.update(b"\0")
-    return hasher.digest()
-
-
 def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:
     """All-gather each rank's 32-byte digest; raise PlanMismatchError naming disagreeing ranks."""
     if len(digest) != 32:
@@ -123,15 +127,8 @@ def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:
     mine = torch.tensor(list(digest), dtype=torch.uint8, device=device)
     digests = [torch.empty_like(mine) for _ in range(size)]
     dist.all_gather(digests, mine, group=group)
-    values = [bytes(d.cpu().tolist()) for d in digests]
-    groups: dict[bytes, list[int]] = {}
-    for rank, value in enumerate(values):
-        groups.setdefault(value, []).append(rank)
-    if len(groups) > 1:
-        majority = max(groups.values(), key=lambda ranks: (len(ranks), -ranks[0]))
-        odd = sorted(r for ranks in groups.values() if ranks is not majority for r in ranks)
-        detail = "; ".join(f"ranks {ranks}: {value.hex()[:12]}" for value, ranks in groups.items())
-        raise PlanMismatchError(
-            f"{what} differs across ranks (seen from rank {group_rank(group)}): ranks {odd} disagree with "
-            f"ranks {majority} ({detail}); every rank must run the same solver, version and configuration "
-            f"on the same metadata")
+    problem = disagreement([bytes(d.cpu().tolist()) for d in digests], what, group_rank(group),
+                           show=lambda value: value.hex()[:12])
+    if problem:
+        raise PlanMismatchError(f"{problem}; every rank must run the same solver, version and configuration "
+                                f"on the same metadata")

@@ -17,6 +17,11 @@ all-gathered lengths):
 Model-agnostic: an encoder is any callable `fn(inputs, lengths) -> embeddings`, packed over
 its items along dim 0 (`lengths[k]` input rows in, `Segment.tokens` rows out); the
 text embedding any callable on the packed text ids.  The runtime never sees the model.
+
+Cross-rank agreement rides on collectives the step makes anyway: a fingerprint of the
+stages and options with the first metadata all-gather (`ConfigMismatchError`), the
+schema of the dispatched tensors and of the encoders' outputs with their all-to-alls
+(`SchemaMismatchError`); see `agreement.py`.
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ from ..orchestrator.plan import StepPlan
 from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample, resolve_positions
 from ..orchestrator.stages import check_stages
+from .agreement import SchemaGuard, fingerprint
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
-from .metadata import check_agreement, fingerprint, gather_metadata
+from .metadata import check_agreement, gather_metadata
 
 SAMPLE_COLUMNS = 3  # text tokens, number of segments, sample id
 SEGMENT_COLUMNS = 4  # modality code, length, tokens, position
@@ -108,7 +114,8 @@ class MultiStageRuntime:
         stages: orchestrator `Stage`s, encoder stages then the LLM stage.
         group: the data-parallel process group (None: world, or no-op without one).
         transport: `FlatAllToAll(group)` (default) or `HierarchicalAllToAll`.
-        check_plan: all-gather a fingerprint of every rank's plan; raise on mismatch.
+        check_plan: also all-gather a digest of every rank's step plan; raise on mismatch
+            (for time-limited solvers; configuration mismatches are always caught).
         topology: passed to `Orchestrator` (default: one node of the group's size).
         orchestrator_options: e.g. balance_encoders=False, balance_llm=False (no balancing).
     """
@@ -123,12 +130,17 @@ class MultiStageRuntime:
                                          **orchestrator_options)
         self.options = tuple(sorted(orchestrator_options.items()))
         self.modalities = tuple(stage.modality for stage in self.stages[:-1])
+        self.config_fingerprint = fingerprint(self.stages, self.options, repr(topology),
+                                              type(self.transport).__name__,
+                                              getattr(self.transport, "gpus_per_node", None))
+        self.guards = {"dispatch": SchemaGuard("dispatch"), "embeddings": SchemaGuard("encoder outputs")}
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
         group = self.group if metadata_group is None else metadata_group
         sample_table, segment_table = local_tables(samples, self.modalities)
-        gathered_samples = gather_metadata(sample_table, group, num_columns=SAMPLE_COLUMNS)
+        gathered_samples = gather_metadata(sample_table, group, num_columns=SAMPLE_COLUMNS,
+                                           fingerprint=self.config_fingerprint, what="stage configuration")
         gathered_segments = gather_metadata(segment_table, group, num_columns=SEGMENT_COLUMNS)
         samples_all, segments_all = gathered_samples.values, gathered_segments.values
         return Batch.from_arrays(
@@ -145,7 +157,7 @@ class MultiStageRuntime:
         batch = self.gather_batch(samples, metadata_group)
         step = self.orchestrator.plan(batch)
         if self.check_plan:
-            check_agreement(fingerprint(self.stages, self.options, step.digest()),
+            check_agreement(fingerprint(self.config_fingerprint, step.digest()),
                             self.group if metadata_group is None else metadata_group, "step plan")
         return self.routes(step, time.perf_counter() - start)
 
@@ -177,18 +189,22 @@ class MultiStageRuntime:
         if missing:
             raise ValueError(f"`inputs` lacks modality {missing[0]!r}, which the global batch contains")
         batch, step = routes.batch, routes.step
-        pieces, names = [], []
+        where = {("text", None): (routes.text_route, batch.sample_text), ("per_sample", None): (routes.text_route, 1)}
         for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
-            if modality in inputs:
-                pieces.append(Piece(route, inputs[modality], plan.item_length))
-                names.append(("inputs", modality))
-        for key in sorted(text):
-            pieces.append(Piece(routes.text_route, text[key], batch.sample_text))
-            names.append(("text", key))
-        for key in sorted(per_sample):
-            pieces.append(Piece(routes.text_route, per_sample[key], 1))
-            names.append(("per_sample", key))
-        moved = exchange(pieces, self.transport, stats)
+            where[("inputs", modality)] = (route, plan.item_length)
+        pieces, names = [], []
+        for kind, tensors in (("inputs", inputs), ("text", text), ("per_sample", per_sample)):
+            for key in (self.modalities if kind == "inputs" else sorted(tensors)):
+                if key in tensors:
+                    route, rows = where[(kind, key if kind == "inputs" else None)]
+                    pieces.append(Piece(route, tensors[key], rows, f"{kind}:{key}"))
+                    names.append((kind, key))
+
+        def layout(schema):
+            kind, key = schema.name.split(":", 1)
+            return where.get((kind, key if kind == "inputs" else None), (routes.text_route, 1))
+
+        moved = exchange(pieces, self.transport, stats, guard=self.guards["dispatch"], layout=layout)
         result = {"inputs": {}, "text": {}, "per_sample": {}}
         for (kind, key), tensor in zip(names, moved):
             result[kind][key] = tensor
@@ -216,9 +232,10 @@ class MultiStageRuntime:
                                  f"({expected}, hidden): one row per output token of its items")
             outputs.append(embedded)
         text_embedded = text_embedding(moved.text[text_key])
-        pieces = [Piece(route, tensor, step.batch.segment_tokens[plan.item_segment])
-                  for route, tensor, plan in zip(routes.embedding_routes, outputs, step.stage_plans[:-1])]
-        arrived = exchange_with_grad(pieces, self.transport, stats)
+        pieces = [Piece(route, tensor, step.batch.segment_tokens[plan.item_segment], f"embeddings:{modality}")
+                  for route, tensor, plan, modality in zip(routes.embedding_routes, outputs, step.stage_plans[:-1],
+                                                           self.modalities)]
+        arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"])
         return self.assemble(routes, text_embedded, arrived)
 
     def assemble(self, routes: StepRoutes, text_embedded: torch.Tensor,

@@ -40,15 +40,27 @@ def test_calibrate_cost_model_fits_and_balances():
     assert bound <= after <= before
 
 
-def test_training_loop_with_the_dispatcher():
-    out = run(["examples/train_with_dispatcher.py"], timeout=300)
+def check_training_output(out: str, ranks: int) -> None:
     ratios = re.findall(r"max/mean ([0-9.]+) -> ([0-9.]+)", out)
     assert len(ratios) == 3
     assert all(1.0 <= float(after) <= float(before) for before, after in ratios)
     losses = [float(value) for value in re.findall(r"loss ([0-9.]+)", out)]
     assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)
-    diff, largest = map(float, re.search(r"max \|diff\| (\S+) \(largest gradient (\S+)\) on 4 ranks", out).groups())
+    diff, largest = map(float, re.search(rf"max \|diff\| (\S+) \(largest gradient (\S+)\) on {ranks} ranks",
+                                         out).groups())
     assert largest > 0 and diff <= 1e-5 * largest  # sums commute: balancing changes only rounding
+
+
+def test_training_loop_with_the_dispatcher():
+    check_training_output(run(["examples/train_with_dispatcher.py"], timeout=300), ranks=4)
+
+
+def test_regression_training_example_under_torchrun_exited_1_after_training():
+    """Cause: `import torch._dynamo` inside main() made `torch` a local name there, so the
+    torchrun branch's `torch.distributed.destroy_process_group()` raised UnboundLocalError."""
+    out = run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "examples/train_with_dispatcher.py"], timeout=300)
+    check_training_output(out, ranks=2)
 
 
 def readme_snippets():

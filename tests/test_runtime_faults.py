@@ -35,11 +35,20 @@ def test_a_rank_with_another_solver_config_is_named_on_every_rank(odd_option):
         assert "ranks [1] disagree with ranks [0, 2, 3]" in message, message
 
 
-def mismatched_stages_job(rank, size):
+def mismatched_stages_job(rank, size, where):
+    """Rank 2 plans its stages with the identity algorithm: declared in its stages (the
+    configuration fingerprint sees it), or swapped in behind the same declaration (as a
+    time-limited solver stopping early would differ: only the step-plan digest sees it)."""
     config = ModelConfig()
-    stages = demo_stages({m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")}, config,
-                         algorithm="identity" if rank == 2 else "lpt")
-    runtime = MultiStageRuntime(stages, check_plan=True)
+
+    def stages(algorithm):
+        return demo_stages({m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")}, config,
+                           algorithm=algorithm)
+
+    declared = "identity" if rank == 2 and where == "declared" else "lpt"
+    runtime = MultiStageRuntime(stages(declared), check_plan=where == "behind the declaration")
+    if rank == 2 and where == "behind the declaration":
+        runtime.orchestrator = MultiStageRuntime(stages("identity")).orchestrator
     try:
         runtime.plan(SyntheticMultimodal(config, samples_per_rank=4).samples(0, rank))
     except PlanMismatchError as error:
@@ -48,8 +57,13 @@ def mismatched_stages_job(rank, size):
 
 
 def test_a_rank_with_other_stage_algorithms_is_named_by_the_step_plan_check():
-    for message in spawn(mismatched_stages_job, 3, timeout_s=60):
+    for message in spawn(mismatched_stages_job, 3, args=("behind the declaration",), timeout_s=60):
         assert message.startswith("step plan differs across ranks") and "ranks [2] disagree" in message
+
+
+def test_a_rank_declaring_other_stage_algorithms_is_named_by_the_config_fingerprint_without_check_plan():
+    for message in spawn(mismatched_stages_job, 3, args=("declared",), timeout_s=60):
+        assert message.startswith("stage configuration differs across ranks") and "ranks [2] disagree" in message
 
 
 def failing_step_job(rank, size, fault):

@@ -297,3 +297,29 @@ def test_multistage_with_an_empty_global_batch_is_a_no_op():
     moved = runtime.dispatch(routes, text=empty.text, per_sample=empty.per_sample, inputs=empty.inputs)
     packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
     assert packed.embeddings.shape == (0, config.llm_hidden) and packed.samples.size == 0
+
+
+HIDE_TORCH = """
+import sys
+class HideTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, HideTorch())
+"""
+
+
+def test_regression_runtime_without_torch_failed_deep_inside_a_submodule():
+    """Cause: `orchmllm.runtime` imported torch from its first submodule, so a user without
+    torch saw a bare ModuleNotFoundError; now it says what to install."""
+    import subprocess
+    import sys
+
+    core = subprocess.run([sys.executable, "-c", HIDE_TORCH + "import orchmllm; print(orchmllm.balance([3, 2, 1], 2)"
+                                                          ".makespan)"], capture_output=True, text=True, timeout=120)
+    assert core.returncode == 0 and core.stdout.strip() == "3.0", core.stderr  # the core needs no torch
+    runtime = subprocess.run([sys.executable, "-c", HIDE_TORCH + "import orchmllm.runtime"],
+                             capture_output=True, text=True, timeout=120)
+    assert runtime.returncode == 1
+    assert "ImportError: orchmllm.runtime needs torch, which is not installed: pip install 'orchmllm[runtime]'" \
+        in runtime.stderr

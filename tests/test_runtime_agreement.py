@@ -1,0 +1,241 @@
+"""Cross-rank mismatches end in one clear error on every rank, within the collective timeout.
+
+Each job runs a few steps on a real gloo group; from some step on, rank 1 (or every
+rank) passes something the others do not.  Every rank catches what it raised and returns
+it, so the tests see each rank's outcome; a rank that hung or crashed fails them.
+"""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from orchmllm.balancers import CostModel
+from orchmllm.runtime import (ConfigMismatchError, ExchangeMeta, FlatAllToAll, HierarchicalAllToAll,
+                              MultiStageRuntime, Piece, PostBalancingDispatcher, SchemaGuard, SchemaMismatchError,
+                              exchange)
+from orchmllm.runtime.data import SyntheticMultimodal
+from orchmllm.runtime.demo import demo_stages
+from orchmllm.runtime.launch import run_processes
+from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+
+LENGTHS = [[3, 1, 2], [2, 2], [4], [1, 1, 1]]
+COLLECTIVE_TIMEOUT_S = 20
+
+
+def _batch(rank):
+    rows = sum(LENGTHS[rank])
+    return {"x": torch.arange(2 * rows, dtype=torch.float32).reshape(rows, 2) + 100 * rank,
+            "id": torch.arange(len(LENGTHS[rank])) + 10 * rank}
+
+
+ODD_BATCHES = {  # what rank 1 passes instead, from the deviating step on
+    "float32 vs int32": lambda b: {**b, "x": b["x"].to(torch.int32)},
+    "float32 vs float64": lambda b: {**b, "x": b["x"].to(torch.float64)},
+    "trailing shape": lambda b: {**b, "x": b["x"].reshape(-1, 2, 1)},
+    "extra key": lambda b: {**b, "mask": torch.ones(b["x"].shape[0], dtype=torch.bool)},
+    "missing key": lambda b: {"x": b["x"]},
+    "renamed key": lambda b: {"x": b["x"], "ids": b["id"]},
+}
+
+
+def outcome(run):
+    try:
+        return ("ok", run())
+    except (SchemaMismatchError, ConfigMismatchError, ValueError) as error:
+        return (type(error).__name__, str(error))
+
+
+def dispatch_job(rank, size, case, first_odd_step, odd_ranks):
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
+
+    def steps():
+        received = []
+        for step in range(3):
+            plan = dispatcher.plan(LENGTHS[rank])
+            batch = _batch(rank)
+            if step >= first_odd_step and rank in odd_ranks:
+                batch = ODD_BATCHES[case](batch)
+            moved = dispatcher.dispatch(batch, plan)
+            received.append((moved["x"].dtype, moved["x"].double().sum().item(), sorted(moved["id"].tolist())))
+        return received
+
+    return outcome(steps)
+
+
+def assert_every_rank_names_rank_1(outcomes, error_type, started):
+    elapsed = time.monotonic() - started
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        kind, message = o.value
+        assert kind == error_type, (o.rank, o.value)
+        assert "ranks [1] disagree with ranks [0, 2, 3]" in message, message
+    assert elapsed < COLLECTIVE_TIMEOUT_S, elapsed
+
+
+@pytest.mark.parametrize("first_odd_step", [0, 2], ids=["first-dispatch", "after-two-agreed-steps"])
+@pytest.mark.parametrize("case", sorted(ODD_BATCHES))
+def test_a_rank_dispatching_another_schema_is_named_on_every_rank(case, first_odd_step):
+    started = time.monotonic()
+    outcomes = run_processes(dispatch_job, 4, args=(case, first_odd_step, {1}), timeout_s=60,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "SchemaMismatchError", started)
+    assert "dispatch: the schema of the pieces differs" in outcomes[0].value[1]
+
+
+def test_every_rank_switching_dtype_together_is_not_an_error():
+    """All ranks change x to float64 at step 1: the guarded exchange redoes the step under
+    the new schema and delivers the same values."""
+    results = [o.value for o in run_processes(dispatch_job, 4, args=("float32 vs float64", 1, {0, 1, 2, 3}),
+                                               timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)]
+    for kind, steps in results:
+        assert kind == "ok"
+        assert [dtype for dtype, *_ in steps] == [torch.float32, torch.float64, torch.float64]
+        assert steps[0][1:] == steps[1][1:] == steps[2][1:]
+    assert sorted(i for _, steps in results for i in steps[0][2]) == sorted(i for r in range(4) for i in
+                                                                          (np.arange(len(LENGTHS[r])) + 10 * r))
+
+
+def test_regression_float64_on_one_rank_was_returned_as_reinterpreted_float32_bits():
+    """Cause: splits were sized by each rank's own dtype, so a float64 rank's bytes reached
+    float32 ranks as garbage (or aborted gloo).  Now nobody returns a tensor."""
+    outcomes = run_processes(dispatch_job, 4, args=("float32 vs float64", 0, {1}), timeout_s=60,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert [o.value[0] for o in outcomes] == ["SchemaMismatchError"] * 4
+    assert "x: float64[2] (per token)" in outcomes[0].value[1] and "x: float32[2] (per token)" in outcomes[0].value[1]
+
+
+CONFIGS = {  # what rank 1 plans with instead (check_plan stays at its default, off)
+    "algorithm": {"algorithm": "identity"},
+    "cost model": {"cost": CostModel(linear=1, quadratic=1)},
+    "cap": {"max_tokens_per_rank": 10**6},
+    "per-item keys": {"per_item_keys": set()},
+}
+
+
+def config_job(rank, size, case):
+    options = {"algorithm": "lpt", "cost": CostModel(linear=1), "per_item_keys": {"id"}}
+    if rank == 1:
+        options.update(CONFIGS[case])
+    dispatcher = PostBalancingDispatcher(**options)
+    return outcome(lambda: dispatcher.dispatch(_batch(rank), dispatcher.plan(LENGTHS[rank])))
+
+
+@pytest.mark.parametrize("case", sorted(CONFIGS))
+def test_regression_a_rank_with_another_config_returned_garbage_ids_without_check_plan(case):
+    """Cause: with check_plan=False nothing compared configurations, so a rank planning
+    with another algorithm or cost model routed items its peers did not expect."""
+    started = time.monotonic()
+    outcomes = run_processes(config_job, 4, args=(case,), timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "ConfigMismatchError", started)
+    assert outcomes[2].value[1].startswith("dispatcher configuration differs across ranks (seen from rank 2)")
+
+
+def stage_config_job(rank, size):
+    config = ModelConfig()
+    costs = {m: CostModel(per_item=1, linear=2 if rank == 1 and m == "audio" else 1) for m in ("image", "audio", "llm")}
+    runtime = MultiStageRuntime(demo_stages(costs, config, algorithm="lpt"))
+    return outcome(lambda: runtime.plan(SyntheticMultimodal(config, samples_per_rank=3).samples(0, rank)))
+
+
+def test_a_rank_declaring_another_stage_cost_model_is_named_on_every_rank():
+    started = time.monotonic()
+    outcomes = run_processes(stage_config_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "ConfigMismatchError", started)
+
+
+def encoder_dtype_job(rank, size):
+    """Rank 1's vision encoder returns float64 embeddings at the second step."""
+    config = ModelConfig(llm_hidden=16, encoder_hidden=16, vocab=32)
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(config)
+    data = SyntheticMultimodal(config, samples_per_rank=3)
+    runtime = MultiStageRuntime(demo_stages({m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")},
+                                            config, algorithm="lpt"))
+
+    def steps():
+        for step in range(2):
+            batch = data.local_batch(step, rank)
+            routes = runtime.plan(batch.samples)
+            moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs)
+            encoders = dict(model.encoders())
+            if rank == 1 and step == 1:
+                encoders["image"] = lambda inputs, lengths: model.vision(inputs, lengths).double()
+            packed = runtime.forward(routes, moved, encoders=encoders, text_embedding=model.llm.embed)
+            packed.embeddings.sum().backward()
+        return "trained"
+
+    return outcome(steps)
+
+
+def test_a_rank_whose_encoder_returns_another_dtype_is_named_on_every_rank():
+    started = time.monotonic()
+    outcomes = run_processes(encoder_dtype_job, 4, timeout_s=90, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "SchemaMismatchError", started)
+    assert "encoder outputs: the schema of the pieces differs" in outcomes[3].value[1]
+
+
+NODEWISE_ASSIGNMENT = np.array([3, 2, 1, 0, 0, 1, 2, 3])  # item i holds the value 10 * (i // 2) + i % 2
+
+
+def hierarchical_schema_job(rank, size):
+    """The schema header rides through the node-wise transport's three phases too."""
+    transport = HierarchicalAllToAll(2)
+    guard = SchemaGuard("node-wise exchange")
+    meta = ExchangeMeta.from_assignment(NODEWISE_ASSIGNMENT, [2, 2, 2, 2], rank)
+    results = []
+
+    def steps():
+        for step in range(3):
+            dtype = torch.float64 if step == 2 and rank == 1 else torch.float32
+            tensor = torch.arange(2, dtype=dtype) + 10 * rank
+            (out,) = exchange([Piece(meta, tensor.reshape(2, 1), 1, "x")], transport, guard=guard)
+            results.append(out.reshape(-1).tolist())
+        return results
+
+    kind, value = outcome(steps)
+    return kind, value, results
+
+
+def test_schema_mismatch_through_the_nodewise_transport_is_named_on_every_rank():
+    started = time.monotonic()
+    outcomes = run_processes(hierarchical_schema_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    for o in outcomes:
+        kind, message, delivered = o.value
+        assert kind == "SchemaMismatchError" and "ranks [1] disagree" in message
+        assert len(delivered) == 2 and delivered[0] == delivered[1]  # the agreed steps arrived intact
+    for o in outcomes:
+        items = np.flatnonzero(NODEWISE_ASSIGNMENT == o.rank)
+        assert o.value[2][0] == (10 * (items // 2) + items % 2).tolist()
+    assert time.monotonic() - started < COLLECTIVE_TIMEOUT_S
+
+
+def layout_job(rank, size):
+    return outcome(lambda: HierarchicalAllToAll(4 if rank == 1 else 2).num_nodes)
+
+
+def test_regression_nodewise_transport_with_other_gpus_per_node_blocked_every_rank_forever():
+    """Cause: each rank created the subgroups of its own layout, and `new_group` waited for
+    members that never came (the collective timeout does not bound it)."""
+    started = time.monotonic()
+    outcomes = run_processes(layout_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "ValueError", started)
+    assert "HierarchicalAllToAll's `gpus_per_node` differs across ranks" in outcomes[0].value[1]
+    assert "ranks [0, 2, 3]: 2; ranks [1]: 4" in outcomes[0].value[1]
+
+
+def invalid_layout_job(rank, size):
+    return outcome(lambda: HierarchicalAllToAll(3 if rank == 1 else 2).num_nodes)
+
+
+def test_a_layout_only_one_rank_finds_invalid_is_named_on_every_rank_not_raised_alone():
+    outcomes = run_processes(invalid_layout_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok and o.value[0] == "ValueError" and "ranks [1] disagree" in o.value[1] for o in outcomes)
+
+
+def test_world_size_one_guard_and_fingerprint_need_no_process_group():
+    meta = ExchangeMeta.from_assignment([0, 0], [2], 0)
+    guard = SchemaGuard()
+    (out,) = exchange([Piece(meta, torch.ones(2, 3), 1, "x")], FlatAllToAll(), guard=guard)
+    assert torch.equal(out, torch.ones(2, 3)) and guard.agreed is None  # nothing to agree with
