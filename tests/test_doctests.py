@@ -9,7 +9,7 @@ import pytest
 
 import orchmllm
 
-SKIP_WITHOUT = {"orchmllm.runtime": "torch", "orchmllm.cli.plots": "matplotlib"}
+SKIP_WITHOUT = {"orchmllm.runtime": "torch", "orchmllm.cli.plots": "matplotlib", "orchmllm.testing": "hypothesis"}
 
 
 def modules_with_examples():

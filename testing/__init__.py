@@ -1,0 +1,21 @@
+"""Property-testing toolkit for balancers: strategies, invariant checks, oracles, conformance.
+
+Needs numpy and hypothesis only (never torch).  orchmllm's own tests check its solvers
+with exactly these, and the same checks run against any user's kernel:
+
+>>> from orchmllm import balance
+>>> from orchmllm.testing import brute_force, check_plan
+>>> plan = balance([5, 4, 3, 3, 3], 2, algorithm="lpt")
+>>> check_plan(plan, [5, 4, 3, 3, 3], 2)           # certified, and not better than the optimum
+>>> plan.makespan, brute_force([5, 4, 3, 3, 3], 2).makespan
+(10.0, 9.0)
+"""
+
+from .checks import check_plan
+from .conformance import ConformanceError, ConformanceReport, check_conformance
+from .oracles import BRUTE_FORCE_MAX_PLANS, Optimum, brute_force, exact, padded_optimum
+from .strategies import COST_MODELS, BalanceCase, load_profile, multimodal_batches, problems, topologies
+
+__all__ = ["BRUTE_FORCE_MAX_PLANS", "COST_MODELS", "BalanceCase", "ConformanceError", "ConformanceReport",
+           "Optimum", "brute_force", "check_conformance", "check_plan", "exact", "load_profile",
+           "multimodal_batches", "padded_optimum", "problems", "topologies"]

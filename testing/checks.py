@@ -1,0 +1,112 @@
+"""`check_plan`: every invariant of a `BalancePlan`, recomputed from the input alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..balancers import BalancePlan, CostModel, Status
+from .oracles import BRUTE_FORCE_MAX_PLANS, Optimum, brute_force, exact
+
+_AUTO = object()
+
+
+def _fail(plan: BalancePlan, message: str) -> None:
+    raise AssertionError(f"plan of {plan.algorithm!r} ({plan.num_items} items, {plan.num_ranks} ranks): {message}")
+
+
+def _oracle(lengths, num_ranks, cost, padded, cap, costs, equal_counts, groups) -> Optimum | None:
+    """The optimum when it is cheap: the padded DP, or brute force on tiny instances."""
+    constrained = costs is not None or equal_counts or groups is not None
+    if padded and not constrained:
+        return exact(lengths, num_ranks, cost=cost, padded=True, max_tokens_per_rank=cap)
+    if num_ranks ** len(lengths) > BRUTE_FORCE_MAX_PLANS // 16:
+        return None
+    return brute_force(lengths, num_ranks, cost=cost, padded=padded, max_tokens_per_rank=cap,
+                       costs=costs, equal_counts=equal_counts, groups=groups)
+
+
+def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=False, max_tokens_per_rank=None,
+               costs=None, equal_counts=False, groups=None, optimum=_AUTO) -> None:
+    """Raise AssertionError unless `plan` is a certified plan of this input.
+
+    Checked from the input alone: one rank in [0, D) per item; loads (summed in item
+    order) and tokens exact; makespan = max load; 0 <= lower bound <= makespan and at least
+    max(total / D, largest cost) unconstrained; the cap, equal counts and groups held;
+    `optimal` iff makespan == bound.  Against `optimum` (default: the padded DP, or brute
+    force when D**n is small; None skips it): makespan >= optimum >= bound, equal when
+    the status is optimal.  The options are `balance()`'s.
+
+    >>> from orchmllm import balance
+    >>> check_plan(balance([5, 4, 3, 3, 3], 2, algorithm="lpt"), [5, 4, 3, 3, 3], 2)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    cost = CostModel() if cost is None else cost
+    n = lengths.size
+    assignment = np.asarray(plan.assignment)
+    if plan.num_ranks != num_ranks or plan.padded != padded or plan.cost != cost:
+        _fail(plan, f"was made for {plan.num_ranks} ranks, padded={plan.padded}, cost={plan.cost}; "
+                    f"expected {num_ranks}, padded={padded}, cost={cost}")
+    if assignment.shape != (n,) or assignment.dtype != np.int64:
+        _fail(plan, f"assignment has shape {assignment.shape} and dtype {assignment.dtype}; expected ({n},) int64")
+    outside = np.flatnonzero((assignment < 0) | (assignment >= num_ranks))
+    if outside.size:
+        _fail(plan, f"item {outside[0]} goes to rank {assignment[outside[0]]}, outside [0, {num_ranks})")
+    item_costs = cost.item_costs(lengths) if costs is None else np.asarray(costs, dtype=np.float64)
+    counts = np.zeros(num_ranks, dtype=np.int64)
+    longest = np.zeros(num_ranks, dtype=np.int64)
+    sums = np.zeros(num_ranks, dtype=np.int64)
+    loads = np.zeros(num_ranks, dtype=np.float64)
+    for item, rank in enumerate(assignment.tolist()):
+        counts[rank] += 1
+        longest[rank] = max(longest[rank], lengths[item])
+        sums[rank] += lengths[item]
+        loads[rank] += item_costs[item]
+    if padded:
+        tokens = counts * longest
+        loads = np.array([c * cost(int(m)) if c else 0.0 for c, m in zip(counts, longest)])
+    else:
+        tokens = sums
+    for name, expected, reported in (("loads", loads, plan.loads), ("tokens", tokens, plan.tokens)):
+        wrong = np.flatnonzero(np.asarray(reported) != expected)
+        if np.shape(reported) != (num_ranks,) or wrong.size:
+            rank = int(wrong[0]) if wrong.size else 0
+            _fail(plan, f"{name} {np.asarray(reported).tolist()} differ from the items' {expected.tolist()} "
+                        f"(first at rank {rank})")
+    makespan = float(loads.max())
+    bound = plan.lower_bound
+    if plan.makespan != makespan:
+        _fail(plan, f"makespan {plan.makespan} != the largest load {makespan}")
+    if not 0 <= bound <= makespan:
+        _fail(plan, f"lower bound {bound} is not in [0, makespan {makespan}]")
+    if costs is None and not equal_counts and groups is None:
+        trivial = max(math.fsum(item_costs.tolist()) / num_ranks, float(item_costs.max()))
+        if bound < min(trivial, makespan) * (1 - 1e-12):
+            _fail(plan, f"lower bound {bound} is below max(total / D, largest cost) = {trivial}")
+    if (plan.status is Status.OPTIMAL) != (makespan == bound):
+        _fail(plan, f"status {plan.status} with makespan {makespan} and bound {bound}")
+    cap = max_tokens_per_rank
+    if cap is not None and tokens.max() > cap:
+        _fail(plan, f"rank {int(tokens.argmax())} holds {int(tokens.max())} tokens > max_tokens_per_rank={cap}")
+    if equal_counts and (counts.min() < n // num_ranks or counts.max() > -(-n // num_ranks)):
+        _fail(plan, f"item counts per rank {counts.tolist()} are not all floor or ceil of {n}/{num_ranks}")
+    if groups is not None:
+        groups = np.asarray(groups)
+        for group in np.unique(groups):
+            ranks = np.unique(assignment[groups == group])
+            if ranks.size > 1:
+                _fail(plan, f"group {group} is split over ranks {ranks.tolist()}")
+    if optimum is _AUTO:
+        optimum = _oracle(lengths, num_ranks, cost, padded, cap, costs, equal_counts, groups)
+    if optimum is None:
+        return
+    if not optimum.feasible:
+        _fail(plan, f"{optimum.method} finds no plan within the cap and constraints, yet this plan exists")
+    if makespan < optimum.makespan:
+        _fail(plan, f"makespan {makespan} beats the optimum {optimum.makespan} of {optimum.method}")
+    if plan.status is Status.OPTIMAL and makespan != optimum.makespan:
+        _fail(plan, f"claims optimality at makespan {makespan} but the optimum ({optimum.method}) is "
+                    f"{optimum.makespan}")
+    if bound > optimum.makespan:
+        _fail(plan, f"lower bound {bound} exceeds the optimum {optimum.makespan} of {optimum.method}")

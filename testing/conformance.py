@@ -1,0 +1,307 @@
+"""`check_conformance`: the whole property suite against one algorithm or kernel.
+
+A kernel (Problem -> KernelResult, the contract of `orchmllm.register_algorithm`) conforms
+when, on inputs drawn by `problems()`:
+
+    certified       every plan passes `check_plan` against the exact optimum: one rank
+                    per item, exact loads and tokens, sound bound, `optimal` only when it is
+    caps            plans meet the cap, or InfeasibleError with a `min_cap` above the cap
+                    from which retrying reaches a plan; an exact kernel refuses only caps
+                    that no plan meets
+    deterministic   the same input (list, int64 or int32 array) gives the bit-identical
+                    plan, also in another process with another hash seed
+    metamorphic     permuting the items keeps the makespan (unless order_invariant=False,
+                    for baselines that keep the sampled order); no bound of one run
+                    exceeds another run's makespan of the same instance; proven optima
+                    scale with the lengths and never rise with another rank
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from ..balancers import ALGORITHMS, BalancePlan, CostModel, InfeasibleError, Status, make_problem
+from ..balancers.plan import make_plan
+from .checks import check_plan
+from .oracles import exact as exact_optimum
+from .strategies import COST_MODELS, BalanceCase, problems
+
+RETRIES = 8
+"""Refusals `check_conformance` follows along `min_cap` before it calls the cap unusable."""
+
+PROCESS_CASES = 8
+"""Seeded inputs whose plans are compared across processes."""
+
+
+class ConformanceError(AssertionError):
+    """A kernel broke a property; the message names it, the input and what was seen."""
+
+
+@dataclass(frozen=True)
+class ConformanceReport:
+    """What `check_conformance` checked (all of it passed)."""
+
+    algorithm: str
+    kinds: tuple[str, ...]
+    plans_certified: int
+    plans_optimal: int
+    refusals_followed: int
+    metamorphic_checks: int
+    processes_compared: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class _Target:
+    """The kernel under test, its name, and what it declares."""
+
+    def __init__(self, target, padded, exact, order_invariant, time_limit):
+        name = target if isinstance(target, str) else getattr(target, "__name__", type(target).__name__)
+        if isinstance(target, str):
+            if target not in ALGORITHMS:
+                raise ValueError(f"unknown algorithm {target!r}; choose one of {sorted(ALGORITHMS)}")
+            target = ALGORITHMS[target]
+        if not callable(target):
+            raise TypeError(f"`algorithm_or_kernel` must be a registered name or a kernel "
+                            f"(Problem -> KernelResult); got {type(target).__name__}")
+        self.kernel = target
+        self.name = getattr(target, "name", name)
+        kinds = [kind for kind, declared in ((False, getattr(target, "unpadded", True)),
+                                             (True, getattr(target, "padded", True))) if declared]
+        self.kinds = kinds if padded is None else [padded]
+        self.exact = getattr(target, "exact", False) if exact is None else exact
+        # The baseline keeps the sampled order, and peers' rules are theirs (next fit in order).
+        ours = str(getattr(target, "kind", "plugin")) in ("ours", "plugin")
+        self.order_invariant = ours if order_invariant is None else order_invariant
+        self.time_limit = time_limit
+
+    def run(self, case: BalanceCase, lengths=None) -> BalancePlan | InfeasibleError:
+        """The certified plan of `case` (or of `lengths` in its place), or the refusal."""
+        lengths = case.lengths if lengths is None else lengths
+        try:
+            problem = make_problem(lengths, case.num_ranks, time_limit=self.time_limit, **case.options)
+            result = self.kernel(problem)
+        except InfeasibleError as refusal:
+            return refusal
+        try:
+            return make_plan(problem, result.assignment, result.status, self.name, kernel_bound=result.lower_bound)
+        except RuntimeError as error:
+            what = "ignores the memory cap" if "max_tokens_per_rank" in str(error) else "returned a broken plan"
+            raise ConformanceError(f"{self.name} {what}: {error}; input {_describe(case, lengths)}") from None
+
+
+def _describe(case: BalanceCase, lengths=None) -> str:
+    lengths = list(case.lengths if lengths is None else np.asarray(lengths).tolist())
+    return (f"lengths={lengths}, num_ranks={case.num_ranks}, cost={case.cost}, padded={case.padded}, "
+            f"max_tokens_per_rank={case.max_tokens_per_rank}")
+
+
+def _fingerprint(outcome) -> tuple:
+    if isinstance(outcome, InfeasibleError):
+        return ("infeasible", outcome.min_cap, str(outcome))
+    return ("plan", outcome.digest(), outcome.loads.tobytes().hex(), str(outcome.status), outcome.lower_bound)
+
+
+def _check_refusal(target: _Target, case: BalanceCase, refusal: InfeasibleError, optimum) -> None:
+    cap = case.max_tokens_per_rank
+    where = _describe(case)
+    if cap is None:
+        raise ConformanceError(f"{target.name} raised InfeasibleError without a memory cap: {refusal}; input {where}")
+    if target.exact and optimum.feasible:
+        raise ConformanceError(f"{target.name} is declared exact but refused max_tokens_per_rank={cap}, which the "
+                               f"plan {optimum.assignment.tolist()} meets; input {where}")
+    for _ in range(RETRIES):
+        if refusal.min_cap <= cap:
+            raise ConformanceError(f"{target.name} refused max_tokens_per_rank={cap} with min_cap={refusal.min_cap}, "
+                                   f"not a larger cap to try next: {refusal}; input {where}")
+        case = replace(case, max_tokens_per_rank=refusal.min_cap)
+        cap = case.max_tokens_per_rank
+        outcome = target.run(case)
+        if not isinstance(outcome, InfeasibleError):
+            _certify(target, case, outcome)
+            return
+        refusal = outcome
+    raise ConformanceError(f"{target.name} still refuses after {RETRIES} retries along min_cap (last cap {cap}): "
+                           f"{refusal}; input {where}")
+
+
+def _certify(target: _Target, case: BalanceCase, plan: BalancePlan, optimum="compute") -> None:
+    if optimum == "compute":
+        optimum = exact_optimum(case.lengths, case.num_ranks, **case.options)
+    try:
+        check_plan(plan, case.lengths, case.num_ranks, optimum=optimum, **case.options)
+    except AssertionError as error:
+        raise ConformanceError(f"{target.name}: {error}; input {_describe(case)}") from None
+    if target.exact and plan.status is not Status.OPTIMAL:
+        raise ConformanceError(f"{target.name} is declared exact but returned status {plan.status} at makespan "
+                               f"{plan.makespan} (optimum {optimum.makespan}); input {_describe(case)}")
+
+
+def _settings(examples: int):
+    return settings(max_examples=examples, derandomize=True, database=None, deadline=None, report_multiple_bugs=False,
+                    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+                    suppress_health_check=list(HealthCheck))
+
+
+def _uncapped_plan(target: _Target, case: BalanceCase, lengths=None) -> BalancePlan:
+    outcome = target.run(case, lengths)
+    if isinstance(outcome, InfeasibleError):
+        raise ConformanceError(f"{target.name} raised InfeasibleError without a memory cap: {outcome}; "
+                               f"input {_describe(case, lengths)}")
+    return outcome
+
+
+def _metamorphic(target: _Target, case: BalanceCase, permutation: list[int]) -> int:
+    """Permuted, scaled and one-more-rank runs of `case` (no cap); returns checks made."""
+    plan = _uncapped_plan(target, case)
+    lengths = np.asarray(case.lengths)
+    runs = {"permuted": (case, lengths[permutation]), "one more rank": (replace(case, num_ranks=case.num_ranks + 1),
+                                                                        lengths)}
+    if case.cost == CostModel():
+        runs["lengths doubled"] = (case, 2 * lengths)
+    where = _describe(case)
+    for label, (other_case, other_lengths) in runs.items():
+        other = _uncapped_plan(target, other_case, other_lengths)
+        scale = 2.0 if label == "lengths doubled" else 1.0
+        first_bound, first_makespan = scale * plan.lower_bound, scale * plan.makespan
+        if label != "one more rank" and (other.lower_bound > first_makespan or first_bound > other.makespan):
+            raise ConformanceError(f"{target.name}: bounds contradict makespans ({label}): bound {plan.lower_bound}"
+                                   f" and makespan {plan.makespan} as given, bound {other.lower_bound} and makespan "
+                                   f"{other.makespan} {label}; input {where}")
+        if label == "one more rank" and other.lower_bound > plan.makespan:
+            raise ConformanceError(f"{target.name}: bound {other.lower_bound} on {other_case.num_ranks} ranks exceeds "
+                                   f"the makespan {plan.makespan} reached on {case.num_ranks}; input {where}")
+        both_optimal = plan.status is Status.OPTIMAL and other.status is Status.OPTIMAL
+        if both_optimal and label != "one more rank" and other.makespan != first_makespan:
+            raise ConformanceError(f"{target.name}: proven optima disagree ({label}): {first_makespan} expected, "
+                                   f"{other.makespan} proven; input {where}")
+        if both_optimal and label == "one more rank" and other.makespan > plan.makespan:
+            raise ConformanceError(f"{target.name}: proven optimum rose from {plan.makespan} to {other.makespan} "
+                                   f"with one more rank; input {where}")
+        if label == "permuted" and target.order_invariant and other.makespan != plan.makespan:
+            raise ConformanceError(
+                f"{target.name} depends on input order: makespan {plan.makespan} on the items as given, "
+                f"{other.makespan} on the same items permuted by {permutation}; a balancer's plan quality must "
+                f"not depend on the order of the items (pass order_invariant=False for a baseline that keeps "
+                f"the sampled order); input {where}")
+    return len(runs)
+
+
+def _process_cases(target: _Target, max_items: int, max_ranks: int) -> list[BalanceCase]:
+    rng = np.random.default_rng(20240531)
+    cases = []
+    for index in range(PROCESS_CASES):
+        lengths = rng.integers(0, 4 + 100 * (index % 2), size=int(rng.integers(1, 2 * max_items + 1)))
+        cases.append(BalanceCase(tuple(lengths.tolist()), int(rng.integers(1, max_ranks + 1)),
+                                 list(COST_MODELS.values())[index % len(COST_MODELS)],
+                                 target.kinds[index % len(target.kinds)], None))
+    return cases
+
+
+def _fingerprints(target: _Target, cases) -> list[tuple]:
+    return [_fingerprint(target.run(case)) for case in cases]
+
+
+def _child_main() -> None:
+    """Entry of the process that recomputes the fingerprints (input pickled on stdin)."""
+    target, cases = pickle.load(sys.stdin.buffer)
+    json.dump(_fingerprints(target, cases), sys.stdout)
+
+
+def _compare_processes(target: _Target, cases) -> None:
+    try:
+        payload = pickle.dumps((target, cases))
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise TypeError(f"cannot check {target.name} across processes: its kernel cannot be pickled ({error}); "
+                        f"define it at module level, or pass processes=False") from None
+    seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
+    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    child = subprocess.run([sys.executable, "-c", "from orchmllm.testing.conformance import _child_main; "
+                            "_child_main()"], input=payload, capture_output=True, env=env, timeout=600)
+    if child.returncode:
+        raise ConformanceError(f"{target.name}: the second process failed:\n{child.stderr.decode()[-2000:]}")
+    theirs = [tuple(item) for item in json.loads(child.stdout)]
+    for case, mine, other in zip(cases, _fingerprints(target, cases), theirs):
+        if mine != other:
+            raise ConformanceError(f"{target.name} is not deterministic across processes: {mine[:2]} here, "
+                                   f"{other[:2]} in a process with PYTHONHASHSEED={seed}; input {_describe(case)}")
+
+
+def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int = 3, examples: int = 40,
+                      padded: bool | None = None, exact: bool | None = None, order_invariant: bool | None = None,
+                      processes: bool = True, time_limit: float | None = None) -> ConformanceReport:
+    """Run the property suite on a registered algorithm (by name) or a bare kernel.
+
+    Raises `ConformanceError` (an AssertionError) naming the broken property and the
+    smallest input Hypothesis found.  `padded`, `exact` and `order_invariant` default to
+    what the registry record declares (both kinds, heuristic, order-invariant for a bare
+    kernel; the baseline and peers' heuristics may depend on the sampled order).  Inputs have up to `max_items` items
+    (twice that for the metamorphic runs) on up to `max_ranks` ranks; `examples` per
+    property.  `processes` also compares plans with a second Python process (the kernel
+    must then be importable by reference).
+
+    >>> check_conformance("lpt", examples=5, processes=False).kinds
+    ('unpadded', 'padded')
+    """
+    target = _Target(algorithm_or_kernel, padded, exact, order_invariant, time_limit)
+    counts = {"certified": 0, "optimal": 0, "refusals": 0, "metamorphic": 0}
+    kinds = st.sampled_from(target.kinds)
+
+    @_settings(examples)
+    @given(kinds.flatmap(lambda kind: problems(max_items=max_items, max_ranks=max_ranks, padded=kind)))
+    def certified(case):
+        outcome = target.run(case)
+        optimum = exact_optimum(case.lengths, case.num_ranks, **case.options)
+        if isinstance(outcome, InfeasibleError):
+            counts["refusals"] += 1
+            _check_refusal(target, case, outcome, optimum)
+            return
+        if not optimum.feasible:
+            raise ConformanceError(f"{target.name} returned a plan although no plan meets the cap; "
+                                   f"input {_describe(case)}")
+        _certify(target, case, outcome, optimum)
+        counts["certified"] += 1
+        counts["optimal"] += outcome.status is Status.OPTIMAL
+
+    @_settings(examples)
+    @given(kinds.flatmap(lambda kind: problems(max_items=2 * max_items, max_ranks=max_ranks, padded=kind)))
+    def deterministic(case):
+        outcomes = [target.run(case, lengths) for lengths in
+                    (list(case.lengths), np.array(case.lengths), np.array(case.lengths, dtype=np.int32),
+                     list(case.lengths))]
+        prints = [_fingerprint(outcome) for outcome in outcomes]
+        if any(print_ != prints[0] for print_ in prints):
+            raise ConformanceError(f"{target.name} is not deterministic: the same input gave "
+                                   f"{[p[:2] for p in prints]} on four runs; input {_describe(case)}")
+
+    metamorphic_cases = kinds.flatmap(lambda kind: problems(
+        max_items=2 * max_items, max_ranks=max_ranks, padded=kind, caps=False,
+        costs=[COST_MODELS["tokens"], COST_MODELS["affine"]]))
+
+    @_settings(max(1, examples // 2))
+    @given(metamorphic_cases.flatmap(lambda case: st.tuples(st.just(case),
+                                                            st.permutations(range(len(case.lengths))))))
+    def metamorphic(drawn):
+        counts["metamorphic"] += _metamorphic(target, *drawn)
+
+    certified()
+    deterministic()
+    metamorphic()
+    compared = 0
+    if processes:
+        cases = _process_cases(target, max_items, max_ranks)
+        _compare_processes(target, cases)
+        compared = len(cases)
+    return ConformanceReport(target.name, tuple("padded" if kind else "unpadded" for kind in target.kinds),
+                             counts["certified"], counts["optimal"], counts["refusals"], counts["metamorphic"],
+                             compared)

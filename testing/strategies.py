@@ -1,0 +1,142 @@
+"""Hypothesis strategies that build balancing inputs by construction (never by filtering).
+
+    problems()            lengths with ties, heavy tails and zeros; rank counts; cost
+                          models; caps from roomy to tight to infeasible; padded or not
+    multimodal_batches()  orchestrator `Batch`es of text + image / audio samples
+    topologies()          `Topology`s of a few nodes
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from ..balancers import CostModel
+from ..orchestrator import Batch, Sample, Segment
+from ..topology import Topology
+
+COST_MODELS = {
+    "tokens": CostModel(),
+    "affine": CostModel(per_item=3, linear=2),
+    "quadratic": CostModel(linear=1, quadratic=0.37),  # non-integer costs
+    "per_item_only": CostModel(per_item=1, linear=0),  # every item costs the same
+}
+"""The cost models `problems()` draws from, by name."""
+
+
+@dataclass(frozen=True)
+class BalanceCase:
+    """One input of `balance`: `balance(case.lengths, case.num_ranks, **case.options)`."""
+
+    lengths: tuple[int, ...]
+    num_ranks: int
+    cost: CostModel
+    padded: bool
+    max_tokens_per_rank: int | None
+
+    @property
+    def options(self) -> dict:
+        return {"cost": self.cost, "padded": self.padded, "max_tokens_per_rank": self.max_tokens_per_rank}
+
+
+def _lengths(size: int) -> st.SearchStrategy[list[int]]:
+    sized = {"min_size": size, "max_size": size}
+    tied = st.integers(1, 4).flatmap(lambda top: st.lists(st.integers(0, top), **sized))
+    heavy_tailed = st.lists(st.integers(0, 20).map(lambda half_octaves: int(2 ** (half_octaves / 2))), **sized)
+    spread = st.lists(st.integers(0, 1000), **sized)
+    return st.one_of(tied, heavy_tailed, spread)
+
+
+@st.composite
+def _problems(draw, max_items, min_items, max_ranks, padded, caps, costs):
+    # The size is drawn first and uniformly: Hypothesis's own list sizes favour tiny lists.
+    lengths = draw(_lengths(draw(st.sampled_from(range(min_items, max_items + 1)))))
+    num_ranks = draw(st.sampled_from(range(1, max_ranks + 1)))
+    cap = None
+    if caps and draw(st.booleans()):
+        # Around the necessary bound max(largest, ceil(total / D)): below it (rejected up
+        # front), at it (tight: feasible or not), and above it by up to two items.
+        necessary = max(max(lengths), -(-sum(lengths) // num_ranks), 1)
+        cap = max(1, necessary + draw(st.integers(-2, 2 * max(lengths) + 2)))
+    return BalanceCase(tuple(lengths), num_ranks, draw(st.sampled_from(costs)),
+                       draw(st.booleans()) if padded is None else padded, cap)
+
+
+def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, padded: bool | None = None,
+             caps: bool = True, costs=None) -> st.SearchStrategy[BalanceCase]:
+    """`BalanceCase`s small enough for `brute_force` at the defaults (4**8 plans).
+
+    `padded` None draws both kinds; `caps` False never sets `max_tokens_per_rank`;
+    `costs` is a list of `CostModel`s (default: `COST_MODELS`).
+
+    >>> from hypothesis import given, settings
+    >>> from orchmllm import balance
+    >>> from orchmllm.testing import check_plan
+    >>> @settings(max_examples=20, derandomize=True, database=None)
+    ... @given(problems(padded=True, caps=False))
+    ... def test_padded_plans_are_certified(case):
+    ...     check_plan(balance(case.lengths, case.num_ranks, algorithm="padded", **case.options),
+    ...                case.lengths, case.num_ranks, **case.options)
+    >>> test_padded_plans_are_certified()
+    """
+    models = list(COST_MODELS.values()) if costs is None else list(costs)
+    return _problems(max_items, min_items, max_ranks, padded, caps, models)
+
+
+@st.composite
+def _samples(draw, num_ranks, modalities, max_segments):
+    segment = st.builds(lambda modality, length, ratio: Segment(modality, length, max(1, length // ratio)),
+                        st.sampled_from(modalities), st.integers(1, 4096), st.sampled_from([1, 4, 16]))
+    return Sample(text=draw(st.integers(0, 2048)),
+                  segments=tuple(draw(st.lists(segment, max_size=max_segments))),
+                  source=draw(st.integers(0, num_ranks - 1)))
+
+
+@st.composite
+def _batches(draw, max_samples, max_ranks, modalities, max_segments):
+    num_ranks = draw(st.sampled_from(range(1, max_ranks + 1)))
+    samples = draw(st.lists(_samples(num_ranks, modalities, max_segments), min_size=1, max_size=max_samples))
+    samples = [Sample(s.text, s.segments, s.source, index) for index, s in enumerate(samples)]
+    return Batch.from_samples(samples, num_ranks)
+
+
+def multimodal_batches(*, max_samples: int = 16, max_ranks: int = 4, modalities=("image", "audio"),
+                       max_segments: int = 3) -> st.SearchStrategy[Batch]:
+    """`Batch`es of samples with text and up to `max_segments` modality segments each.
+
+    >>> from hypothesis import given, settings
+    >>> @settings(max_examples=10, derandomize=True, database=None)
+    ... @given(multimodal_batches(max_ranks=2))
+    ... def test_every_sample_comes_from_a_rank(batch):
+    ...     assert batch.num_samples >= 1 and batch.sample_source.max() < batch.num_ranks
+    >>> test_every_sample_comes_from_a_rank()
+    """
+    return _batches(max_samples, max_ranks, tuple(modalities), max_segments)
+
+
+def topologies(*, max_nodes: int = 4, gpus_per_node=(1, 2, 4, 8)) -> st.SearchStrategy[Topology]:
+    """`Topology(num_nodes, gpus_per_node)` with 1..max_nodes nodes.
+
+    >>> from hypothesis import given, settings
+    >>> @settings(max_examples=10, derandomize=True, database=None)
+    ... @given(topologies(max_nodes=2))
+    ... def test_world_size(topology):
+    ...     assert topology.world_size == topology.num_nodes * topology.gpus_per_node <= 16
+    >>> test_world_size()
+    """
+    return st.builds(Topology, num_nodes=st.integers(1, max_nodes), gpus_per_node=st.sampled_from(gpus_per_node))
+
+
+def load_profile(name: str | None = None) -> None:
+    """Register the deterministic "ci" and exploratory "dev" profiles; load `name`.
+
+    `name` defaults to $HYPOTHESIS_PROFILE, else "ci": derandomized, no deadline, 60
+    examples, the failing example's blob printed.  "dev" runs 300 random examples.
+    """
+    settings.register_profile("ci", derandomize=True, deadline=None, max_examples=60, print_blob=True,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("dev", deadline=None, max_examples=300)
+    settings.load_profile(name or os.environ.get("HYPOTHESIS_PROFILE", "ci"))

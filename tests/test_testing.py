@@ -1,0 +1,201 @@
+"""orchmllm.testing: the oracles agree with each other, check_plan catches tampered plans,
+the strategies reach what they promise, and check_conformance passes every registered
+algorithm while it catches deliberately broken kernels with a message naming the fault."""
+
+import dataclasses
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers import ALGORITHMS, InfeasibleError, KernelResult, Status, balance, make_problem
+from orchmllm.balancers.lpt import greedy_unpadded
+from orchmllm.balancers.problem import require_within_cap
+from orchmllm.testing import (ConformanceError, brute_force, check_conformance, check_plan, exact, oracles,
+                              padded_optimum, problems)
+
+NAMES = sorted(ALGORITHMS)
+
+
+@settings(max_examples=80)
+@given(case=problems(max_items=6, max_ranks=3, padded=True))
+def test_padded_dp_agrees_with_brute_force_including_infeasibility(case):
+    """Brute force over all plans also checks the sorted-runs structure the DP relies on."""
+    everything = brute_force(case.lengths, case.num_ranks, **case.options)
+    runs = padded_optimum(case.lengths, case.num_ranks, cost=case.cost, max_tokens_per_rank=case.max_tokens_per_rank)
+    assert (everything.makespan, everything.min_cap) == (runs.makespan, runs.min_cap)
+
+
+@settings(max_examples=15)
+@given(case=problems(max_items=9, max_ranks=3, padded=False, caps=False))
+def test_exact_beyond_brute_force_sizes_agrees_with_brute_force(case):
+    optimum = brute_force(case.lengths, case.num_ranks, cost=case.cost)
+    original = oracles.BRUTE_FORCE_MAX_PLANS
+    oracles.BRUTE_FORCE_MAX_PLANS = 1  # force the exact solver's path
+    try:
+        proven = exact(case.lengths, case.num_ranks, cost=case.cost)
+    finally:
+        oracles.BRUTE_FORCE_MAX_PLANS = original
+    assert proven.method == "ilp" and proven.makespan == optimum.makespan
+
+
+def test_brute_force_refuses_instances_too_large_to_enumerate():
+    with pytest.raises(ValueError, match=r"brute force over 4\*\*11 = 4194304 plans exceeds"):
+        brute_force([1] * 11, 4)
+
+
+def test_brute_force_constraints_by_hand():
+    assert brute_force([6, 1, 1, 1], 2).makespan == 6.0
+    assert brute_force([6, 1, 1, 1], 2, equal_counts=True).makespan == 7.0
+    assert brute_force([6, 1, 1, 1], 2, groups=[0, 1, 2, 0]).makespan == 7.0
+    assert brute_force([6, 1, 1, 1], 2, costs=[1, 5, 5, 1]).makespan == 6.0
+    # groups that force more than ceil(n/D) items together make equal counts impossible
+    nothing = brute_force([1, 1, 1, 1], 2, equal_counts=True, groups=[0, 0, 0, 1])
+    assert not nothing.feasible and nothing.min_cap is None
+
+
+def tampered(plan, **changes):
+    return dataclasses.replace(plan, **changes)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda plan: tampered(plan, loads=plan.loads + 1), r"loads \[.*\] differ from the items'"),
+    (lambda plan: tampered(plan, tokens=plan.tokens[::-1].copy()), r"tokens \[.*\] differ"),
+    (lambda plan: tampered(plan, makespan=plan.makespan - 1), "makespan 9.0 != the largest load 10.0"),
+    (lambda plan: tampered(plan, lower_bound=9.5), r"lower bound 9.5 exceeds the optimum 9.0"),
+    (lambda plan: tampered(plan, lower_bound=1.0), r"lower bound 1.0 is below max\(total / D, largest cost\)"),
+    (lambda plan: tampered(plan, status=Status.OPTIMAL), "status optimal with makespan 10.0 and bound 9.0"),
+    (lambda plan: tampered(plan, assignment=np.array([0, 1, 1, 0, 2])), "item 4 goes to rank 2, outside"),
+    (lambda plan: tampered(plan, num_ranks=3), "was made for 3 ranks"),
+], ids=["loads", "tokens", "makespan", "bound-above-optimum", "bound-too-weak", "status", "rank-range", "ranks"])
+def test_check_plan_catches_a_tampered_plan(change, message):
+    lengths = [5, 4, 3, 3, 3]
+    plan = balance(lengths, 2, algorithm="lpt")
+    check_plan(plan, lengths, 2)
+    with pytest.raises(AssertionError, match=message):
+        check_plan(change(plan), lengths, 2)
+
+
+def test_check_plan_checks_caps_and_constraints():
+    plan = balance([5, 4, 3, 3, 3], 2, algorithm="lpt")  # ranks hold 8 and 10 tokens, 2 and 3 items
+    with pytest.raises(AssertionError, match="rank 1 holds 10 tokens > max_tokens_per_rank=9"):
+        check_plan(plan, [5, 4, 3, 3, 3], 2, max_tokens_per_rank=9, optimum=None)
+    with pytest.raises(AssertionError, match=r"group 7 is split over ranks \[0, 1\]"):
+        check_plan(plan, [5, 4, 3, 3, 3], 2, groups=[7, 7, 1, 2, 3])
+    check_plan(plan, [5, 4, 3, 3, 3], 2, equal_counts=True)
+    lopsided = balance([5, 1, 1, 1, 1], 2, algorithm="lpt")  # 5 alone, four 1s together
+    with pytest.raises(AssertionError, match=r"item counts per rank \[1, 4\] are not all floor or ceil of 5/2"):
+        check_plan(lopsided, [5, 1, 1, 1, 1], 2, equal_counts=True)
+
+
+def test_problems_reach_roomy_tight_and_infeasible_caps_and_heavy_tails():
+    def rejected(case):
+        try:
+            make_problem(case.lengths, case.num_ranks, **case.options)
+        except InfeasibleError:
+            return True
+        return False
+
+    assert rejected(find(problems(), rejected))
+    tight = find(problems(padded=False), lambda case: case.max_tokens_per_rank is not None and not rejected(case)
+                 and not brute_force(case.lengths, case.num_ranks, **case.options).feasible)
+    assert tight.max_tokens_per_rank >= max(tight.lengths)
+    assert max(find(problems(), lambda case: max(case.lengths) >= 512).lengths) >= 512
+    assert len(set(find(problems(), lambda case: len(case.lengths) >= 6 and len(set(case.lengths)) <= 2).lengths)) <= 2
+
+
+# -- check_conformance on every registered algorithm ------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_registered_algorithm_conforms(name):
+    report = check_conformance(name, examples=20)
+    assert report.algorithm == name and report.plans_certified > 0 and report.processes_compared > 0
+
+
+# -- ... and on deliberately broken kernels ---------------------------------------------
+
+def lpt_assignment(problem):
+    return greedy_unpadded(problem.item_costs, problem.num_ranks)
+
+
+def claims_false_optimality(problem):
+    """Deals items round robin and claims the plan optimal."""
+    assignment = np.arange(problem.num_items, dtype=np.int64) % problem.num_ranks
+    require_within_cap(problem, assignment, "round robin")
+    makespan = float(np.bincount(assignment, weights=problem.item_costs, minlength=problem.num_ranks).max())
+    return KernelResult(assignment, Status.OPTIMAL, lower_bound=makespan)
+
+
+def everything_on_rank_zero(problem):
+    """Ignores the cap."""
+    return KernelResult(np.zeros(problem.num_items, dtype=np.int64))
+
+
+def refuses_without_a_larger_cap(problem):
+    """Gives up under any cap and names the same cap as the one to try."""
+    if problem.max_tokens_per_rank is not None:
+        raise InfeasibleError("no room", min_cap=problem.max_tokens_per_rank)
+    return KernelResult(lpt_assignment(problem))
+
+
+def random_ranks(problem):
+    """An unseeded generator: another plan on every call."""
+    assignment = np.random.default_rng().integers(0, problem.num_ranks, problem.num_items)
+    require_within_cap(problem, assignment, "random ranks")
+    return KernelResult(assignment)
+
+
+def list_scheduling_in_input_order(problem):
+    """Each item, as given, to the least loaded rank: LPT without the sort."""
+    loads = np.zeros(problem.num_ranks)
+    assignment = np.empty(problem.num_items, dtype=np.int64)
+    for item, item_cost in enumerate(problem.item_costs):
+        assignment[item] = int(np.argmin(loads))
+        loads[assignment[item]] += item_cost
+    require_within_cap(problem, assignment, "list scheduling")
+    return KernelResult(assignment)
+
+
+@pytest.mark.parametrize("kernel, message", [
+    (claims_false_optimality, r"claims optimality at makespan \S+ but the optimum \(brute_force\) is"),
+    (everything_on_rank_zero, r"everything_on_rank_zero ignores the memory cap: .* over max_tokens_per_rank="),
+    (refuses_without_a_larger_cap, r"refused max_tokens_per_rank=\d+ with min_cap=\d+, not a larger cap"),
+    (random_ranks, "random_ranks is not deterministic: the same input gave"),
+    (list_scheduling_in_input_order, r"list_scheduling_in_input_order depends on input order: makespan"),
+], ids=["false-optimality", "ignores-caps", "unusable-min-cap", "non-deterministic", "input-order"])
+def test_broken_kernel_fails_with_a_message_naming_its_fault(kernel, message):
+    with pytest.raises(ConformanceError, match=message):
+        check_conformance(kernel, padded=False, processes=False, examples=30)
+
+
+HASH_ORDERED = textwrap.dedent('''
+    import numpy as np
+    from orchmllm.balancers import KernelResult
+    from orchmllm.balancers.lpt import greedy_unpadded
+    from orchmllm.balancers.problem import require_within_cap
+
+    def hash_ordered_ranks(problem):
+        """LPT, with ranks relabelled in the order of their names' str hashes (per process)."""
+        labels = sorted(range(problem.num_ranks), key=lambda rank: hash(f"rank {rank}"))
+        assignment = np.array(labels, dtype=np.int64)[greedy_unpadded(problem.item_costs, problem.num_ranks)]
+        require_within_cap(problem, assignment, "hash-ordered LPT")
+        return KernelResult(assignment)
+''')
+
+
+def test_kernel_that_depends_on_the_hash_seed_fails_across_processes(tmp_path, monkeypatch):
+    (tmp_path / "hash_ordered_kernel.py").write_text(HASH_ORDERED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "hash_ordered_kernel", raising=False)
+    from hash_ordered_kernel import hash_ordered_ranks
+
+    with pytest.raises(ConformanceError, match="hash_ordered_ranks is not deterministic across processes"):
+        check_conformance(hash_ordered_ranks, padded=False, examples=10, max_ranks=4)
+
+
+def test_a_kernel_that_cannot_be_pickled_is_named_for_the_process_check():
+    with pytest.raises(TypeError, match="define it at module level, or pass processes=False"):
+        check_conformance(lambda problem: KernelResult(lpt_assignment(problem)), padded=False, examples=3)
