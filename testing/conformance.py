@@ -165,8 +165,8 @@ def _metamorphic(target: _Target, case: BalanceCase, permutation: list[int]) -> 
     """Permuted, scaled and one-more-rank runs of `case` (no cap); returns checks made."""
     plan = _uncapped_plan(target, case)
     lengths = np.asarray(case.lengths)
-    runs = {"permuted": (case, lengths[permutation]), "one more rank": (replace(case, num_ranks=case.num_ranks + 1),
-                                                                        lengths)}
+    runs = {"permuted": (case, lengths[permutation]), "reversed": (case, lengths[::-1]),
+            "one more rank": (replace(case, num_ranks=case.num_ranks + 1), lengths)}
     if case.cost == CostModel():
         runs["lengths doubled"] = (case, 2 * lengths)
     where = _describe(case)
@@ -188,10 +188,11 @@ def _metamorphic(target: _Target, case: BalanceCase, permutation: list[int]) -> 
         if both_optimal and label == "one more rank" and other.makespan > plan.makespan:
             raise ConformanceError(f"{target.name}: proven optimum rose from {plan.makespan} to {other.makespan} "
                                    f"with one more rank; input {where}")
-        if label == "permuted" and target.order_invariant and other.makespan != plan.makespan:
+        if label in ("permuted", "reversed") and target.order_invariant and other.makespan != plan.makespan:
+            order = permutation if label == "permuted" else "reversal"
             raise ConformanceError(
                 f"{target.name} depends on input order: makespan {plan.makespan} on the items as given, "
-                f"{other.makespan} on the same items permuted by {permutation}; a balancer's plan quality must "
+                f"{other.makespan} on the same items permuted by {order}; a balancer's plan quality must "
                 f"not depend on the order of the items (pass order_invariant=False for a baseline that keeps "
                 f"the sampled order); input {where}")
     return len(runs)
@@ -285,10 +286,10 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
                                    f"{[p[:2] for p in prints]} on four runs; input {_describe(case)}")
 
     metamorphic_cases = kinds.flatmap(lambda kind: problems(
-        max_items=2 * max_items, max_ranks=max_ranks, padded=kind, caps=False,
+        max_items=2 * max_items, min_items=2, max_ranks=max(2, max_ranks), min_ranks=2, padded=kind, caps=False,
         costs=[COST_MODELS["tokens"], COST_MODELS["affine"]]))
 
-    @_settings(max(1, examples // 2))
+    @_settings(examples)
     @given(metamorphic_cases.flatmap(lambda case: st.tuples(st.just(case),
                                                             st.permutations(range(len(case.lengths))))))
     def metamorphic(drawn):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers import CostModel, InfeasibleError, Status, balance
+from ..balancers.problem import as_lengths, as_num_ranks
 
 BRUTE_FORCE_MAX_PLANS = 2**20
 """Largest D**n `brute_force` enumerates; larger instances raise ValueError."""
@@ -47,20 +48,6 @@ class Optimum:
     def to_json(self) -> dict:
         return {"makespan": self.makespan, "min_cap": self.min_cap, "method": self.method,
                 "assignment": None if self.assignment is None else self.assignment.tolist()}
-
-
-def _lengths(lengths) -> np.ndarray:
-    array = np.asarray(lengths)
-    if array.ndim != 1 or array.size == 0 or array.dtype.kind not in "iuf" or np.any(array < 0) \
-            or np.any(array != np.floor(array)):
-        raise ValueError(f"`lengths` must be a non-empty 1-D list of non-negative integers; got {lengths!r}")
-    return array.astype(np.int64)
-
-
-def _num_ranks(num_ranks) -> int:
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
-        raise ValueError(f"`num_ranks` must be an int >= 1; got {num_ranks!r}")
-    return int(num_ranks)
 
 
 def _item_costs(lengths: np.ndarray, cost, costs) -> np.ndarray:
@@ -111,7 +98,7 @@ def brute_force(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_r
     ...  for constraint in ({}, {"equal_counts": True}, {"groups": [0, 1, 1, 0]})]
     [6.0, 7.0, 7.0]
     """
-    lengths, num_ranks = _lengths(lengths), _num_ranks(num_ranks)
+    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
     if padded and costs is not None:
         raise ValueError("`costs` (explicit per-item costs) apply to the unpadded cost only")
     item_costs = _item_costs(lengths, cost, costs)
@@ -182,7 +169,7 @@ def padded_optimum(lengths, num_ranks, *, cost=None, max_tokens_per_rank=None) -
     >>> optimum.makespan, optimum.assignment.tolist(), optimum.min_cap
     (12.0, [1, 1, 1, 0], 12)
     """
-    lengths, num_ranks = _lengths(lengths), _num_ranks(num_ranks)
+    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
     order = sorted(range(lengths.size), key=lambda i: (-int(lengths[i]), i))
     sorted_lengths = [int(lengths[i]) for i in order]
     item_costs = (CostModel() if cost is None else cost).item_costs(np.array(sorted_lengths)).tolist()
@@ -219,7 +206,7 @@ def exact(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_rank=No
     >>> exact([5, 4, 3, 3, 3], 2).makespan, exact([9, 2, 2], 2, padded=True).makespan
     (9.0, 9.0)
     """
-    lengths, num_ranks = _lengths(lengths), _num_ranks(num_ranks)
+    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
     if padded:
         return padded_optimum(lengths, num_ranks, cost=cost, max_tokens_per_rank=max_tokens_per_rank)
     if num_ranks**lengths.size <= BRUTE_FORCE_MAX_PLANS // 16:

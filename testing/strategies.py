@@ -51,10 +51,10 @@ def _lengths(size: int) -> st.SearchStrategy[list[int]]:
 
 
 @st.composite
-def _problems(draw, max_items, min_items, max_ranks, padded, caps, costs):
+def _problems(draw, max_items, min_items, max_ranks, min_ranks, padded, caps, costs):
     # The size is drawn first and uniformly: Hypothesis's own list sizes favour tiny lists.
     lengths = draw(_lengths(draw(st.sampled_from(range(min_items, max_items + 1)))))
-    num_ranks = draw(st.sampled_from(range(1, max_ranks + 1)))
+    num_ranks = draw(st.sampled_from(range(min_ranks, max_ranks + 1)))
     cap = None
     if caps and draw(st.booleans()):
         # Around the necessary bound max(largest, ceil(total / D)): below it (rejected up
@@ -65,8 +65,8 @@ def _problems(draw, max_items, min_items, max_ranks, padded, caps, costs):
                        draw(st.booleans()) if padded is None else padded, cap)
 
 
-def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, padded: bool | None = None,
-             caps: bool = True, costs=None) -> st.SearchStrategy[BalanceCase]:
+def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_ranks: int = 1,
+             padded: bool | None = None, caps: bool = True, costs=None) -> st.SearchStrategy[BalanceCase]:
     """`BalanceCase`s small enough for `brute_force` at the defaults (4**8 plans).
 
     `padded` None draws both kinds; `caps` False never sets `max_tokens_per_rank`;
@@ -83,7 +83,7 @@ def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, padd
     >>> test_padded_plans_are_certified()
     """
     models = list(COST_MODELS.values()) if costs is None else list(costs)
-    return _problems(max_items, min_items, max_ranks, padded, caps, models)
+    return _problems(max_items, min_items, max_ranks, min_ranks, padded, caps, models)
 
 
 @st.composite
@@ -97,7 +97,7 @@ def _samples(draw, num_ranks, modalities, max_segments):
 
 @st.composite
 def _batches(draw, max_samples, max_ranks, modalities, max_segments):
-    num_ranks = draw(st.sampled_from(range(1, max_ranks + 1)))
+    num_ranks = draw(st.sampled_from(range(min_ranks, max_ranks + 1)))
     samples = draw(st.lists(_samples(num_ranks, modalities, max_segments), min_size=1, max_size=max_samples))
     samples = [Sample(s.text, s.segments, s.source, index) for index, s in enumerate(samples)]
     return Batch.from_samples(samples, num_ranks)
