@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers import CostModel, InfeasibleError, Status, balance
-from ..balancers.problem import as_lengths, as_num_ranks
+from ..balancers.problem import as_lengths
+from ..balancers.validation import as_int
 
 BRUTE_FORCE_MAX_PLANS = 2**20
 """Largest D**n `brute_force` enumerates; larger instances raise ValueError."""
@@ -98,7 +99,7 @@ def brute_force(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_r
     ...  for constraint in ({}, {"equal_counts": True}, {"groups": [0, 1, 1, 0]})]
     [6.0, 7.0, 7.0]
     """
-    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
+    lengths, num_ranks = as_lengths(lengths), as_int(num_ranks, "num_ranks", minimum=1)
     if padded and costs is not None:
         raise ValueError("`costs` (explicit per-item costs) apply to the unpadded cost only")
     item_costs = _item_costs(lengths, cost, costs)
@@ -169,7 +170,7 @@ def padded_optimum(lengths, num_ranks, *, cost=None, max_tokens_per_rank=None) -
     >>> optimum.makespan, optimum.assignment.tolist(), optimum.min_cap
     (12.0, [1, 1, 1, 0], 12)
     """
-    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
+    lengths, num_ranks = as_lengths(lengths), as_int(num_ranks, "num_ranks", minimum=1)
     order = sorted(range(lengths.size), key=lambda i: (-int(lengths[i]), i))
     sorted_lengths = [int(lengths[i]) for i in order]
     item_costs = (CostModel() if cost is None else cost).item_costs(np.array(sorted_lengths)).tolist()
@@ -206,7 +207,7 @@ def exact(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_rank=No
     >>> exact([5, 4, 3, 3, 3], 2).makespan, exact([9, 2, 2], 2, padded=True).makespan
     (9.0, 9.0)
     """
-    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
+    lengths, num_ranks = as_lengths(lengths), as_int(num_ranks, "num_ranks", minimum=1)
     if padded:
         return padded_optimum(lengths, num_ranks, cost=cost, max_tokens_per_rank=max_tokens_per_rank)
     if num_ranks**lengths.size <= BRUTE_FORCE_MAX_PLANS // 16:
