@@ -97,7 +97,7 @@ def _samples(draw, num_ranks, modalities, max_segments):
 
 @st.composite
 def _batches(draw, max_samples, max_ranks, modalities, max_segments):
-    num_ranks = draw(st.sampled_from(range(min_ranks, max_ranks + 1)))
+    num_ranks = draw(st.integers(1, max_ranks))
     samples = draw(st.lists(_samples(num_ranks, modalities, max_segments), min_size=1, max_size=max_samples))
     samples = [Sample(s.text, s.segments, s.source, index) for index, s in enumerate(samples)]
     return Batch.from_samples(samples, num_ranks)
