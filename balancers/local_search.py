@@ -28,12 +28,12 @@ than the start.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
 import numpy as np
 
+from .group_search import exact_split
 from .problem import Problem, rank_loads
 
 
@@ -180,64 +180,6 @@ def _best_exchange(state: _State, heaviest: int, partners: np.ndarray):
     return (None if best is None else (best_value, *best)), work
 
 
-def _subset_sums(values: np.ndarray) -> np.ndarray:
-    """sums[mask] = sum of values[b] for the bits b set in mask."""
-    sums = np.zeros(1 << values.size, dtype=values.dtype)
-    for bit, value in enumerate(values.tolist()):
-        sums[1 << bit: 2 << bit] = sums[: 1 << bit] + value
-    return sums
-
-
-@functools.lru_cache(maxsize=16)
-def _split_table(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every (U, S) with S ⊆ U ⊆ {0..size-1}, grouped by U, and where each U's group starts."""
-    digits = np.arange(3 ** size)
-    union = np.zeros(digits.size, dtype=np.int64)
-    part = np.zeros(digits.size, dtype=np.int64)
-    for bit in range(size):
-        digit = (digits // 3 ** bit) % 3
-        union |= (digit > 0).astype(np.int64) << bit
-        part |= (digit == 1).astype(np.int64) << bit
-    order = np.lexsort((part, union))
-    union, part = union[order], part[order]
-    starts = np.searchsorted(union, np.arange(1 << size))
-    return union, part, starts
-
-
-def _best_split(costs: np.ndarray, tokens: np.ndarray, cap: int | None, ways: int):
-    """Exact split of a pool of items over `ways` ranks: (makespan, rank label per item).
-
-    Dynamic programme over subsets: best[k][U] = min over S ⊆ U of
-    max(sum(S), best[k-1][U \\ S]), O(3^size) per level.
-    """
-    size = costs.size
-    sums, token_sums = _subset_sums(costs), _subset_sums(tokens)
-    union, part, starts = _split_table(size)
-    one = sums if cap is None else np.where(token_sums <= cap, sums, np.inf)
-    levels, choices = [one], []
-    for _ in range(ways - 1):
-        value = np.maximum(one[part], levels[-1][union ^ part])
-        best = np.minimum.reduceat(value, starts)
-        is_best = value == best[union]
-        first = np.flatnonzero(is_best)
-        keep = np.ones(first.size, dtype=bool)
-        keep[1:] = union[first[1:]] != union[first[:-1]]
-        choice = np.zeros(1 << size, dtype=np.int64)
-        choice[union[first[keep]]] = part[first[keep]]
-        levels.append(best)
-        choices.append(choice)
-    labels = np.empty(size, dtype=np.int64)
-    bits = 1 << np.arange(size)
-    rest = (1 << size) - 1
-    makespan = float(levels[-1][rest])
-    for label, choice in enumerate(reversed(choices)):
-        taken = int(choice[rest])
-        labels[(taken & bits) > 0] = label
-        rest ^= taken
-    labels[(rest & bits) > 0] = ways - 1
-    return makespan, labels
-
-
 def _best_group(state: _State, heaviest: int, partners: np.ndarray, ways: int, max_pool: int):
     """The first exact re-split of `heaviest` with `ways - 1` of `partners` that lightens it.
 
@@ -251,7 +193,7 @@ def _best_group(state: _State, heaviest: int, partners: np.ndarray, ways: int, m
         if pool.size > max_pool:
             continue
         work += _STEP_WORK + (ways - 1) * 3 ** pool.size
-        value, labels = _best_split(state.costs[pool], state.problem.lengths[pool],
+        value, labels = exact_split(state.costs[pool], state.problem.lengths[pool],
                                     state.problem.max_tokens_per_rank, ways)
         if value < top:
             return (value, ranks, pool, labels), work

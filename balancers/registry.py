@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from . import auto, identity, ilp, karmarkar_karp, lpt, multifit, padded
+from . import auto, identity, ilp, karmarkar_karp, lpt, multifit, padded, slack
 from .problem import Kernel, KernelResult, Problem
 from .validation import as_bool
 
@@ -241,9 +241,11 @@ for _record in (
     Algorithm("karmarkar_karp", karmarkar_karp.solve, default=True, kind=Kind.OURS,
               description="Karmarkar-Karp largest differencing, k-way"),
     Algorithm("auto", auto.solve, default=True, kind=Kind.OURS,
-              description="best of LPT, Karmarkar-Karp and MULTIFIT, improved by local search"),
+              description="best of LPT, Karmarkar-Karp, MULTIFIT and SLACK, improved by local search"),
     Algorithm("multifit", multifit.solve, default=True, kind=Kind.OURS,
               description="MULTIFIT: first-fit-decreasing packing bisected on the makespan"),
+    Algorithm("slack", slack.solve, kind=Kind.OURS,
+              description="SLACK: LPT on tuples of D items, widest spread first (Della Croce & Scatamacchia)"),
 ):
     _add(_record)
 del _record

@@ -1,12 +1,17 @@
-"""`auto` and its local search: bounded work and memory on large inputs (issue 11)."""
+"""`auto` and its local searches: bounded work and memory on large inputs (issue 11), the SLACK
+start and the exact pair/triple search for few items per rank (issue 14)."""
 
+import itertools
 import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from orchmllm.balancers import make_problem
-from orchmllm.balancers import auto, local_search, lpt
+from orchmllm.balancers import balance, make_problem
+from orchmllm.balancers import auto, group_search, local_search, lpt, slack
+from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.balancers.problem import rank_loads, rank_tokens
 
 
@@ -67,3 +72,83 @@ def test_windowed_pairs_never_worsen_a_start_and_keep_the_cap(monkeypatch, seed)
     assert makespan(problem, improved) <= makespan(problem, start)
     assert rank_tokens(problem, improved).max() <= cap
     np.testing.assert_array_equal(improved, local_search.improve(problem, start.copy()))
+
+
+# ------------------------------------------------- few items per rank (issue 14): SLACK, pair/triple search
+
+def slack_reference(costs, num_ranks):
+    """SLACK as the paper states it: LPT order, tuples of D (last padded with zeros), tuples by
+    spread descending (stable), list scheduling to the least-loaded rank (ties by rank)."""
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    tuples = [order[k:k + num_ranks] for k in range(0, len(order), num_ranks)]
+
+    def spread(group):
+        smallest = costs[group[-1]] if len(group) == num_ranks else 0.0
+        return costs[group[0]] - smallest
+
+    loads, assignment = [0.0] * num_ranks, [0] * len(costs)
+    for group in sorted(tuples, key=lambda group: -spread(group)):
+        for item in group:
+            rank = min(range(num_ranks), key=lambda r: (loads[r], r))
+            assignment[item] = rank
+            loads[rank] += costs[item]
+    return assignment
+
+
+@given(lengths=st.lists(st.integers(0, 60), min_size=1, max_size=40), num_ranks=st.integers(1, 9))
+def test_slack_is_the_papers_tuple_ordered_list_scheduling(lengths, num_ranks):
+    problem = make_problem(lengths, num_ranks)
+    assert slack.solve(problem).assignment.tolist() == slack_reference(problem.item_costs.tolist(), num_ranks)
+
+
+@settings(max_examples=30)
+@given(lengths=st.lists(st.integers(1, 40), min_size=2, max_size=7), num_ranks=st.integers(2, 3))
+def test_slack_is_within_lpts_guarantee_of_the_optimum(lengths, num_ranks):
+    problem = make_problem(lengths, num_ranks)
+    plans = np.array(list(itertools.product(range(num_ranks), repeat=len(lengths))))
+    optimum = min(np.bincount(plan, weights=problem.item_costs, minlength=num_ranks).max() for plan in plans)
+    assert makespan(problem, slack.solve(problem).assignment) <= (4 / 3 - 1 / (3 * num_ranks)) * optimum
+
+
+@given(lengths=st.lists(st.integers(1, 60), min_size=2, max_size=30), num_ranks=st.integers(2, 8),
+       seed=st.integers(0, 2**16), slack_tokens=st.none() | st.integers(0, 40))
+def test_group_search_never_worsens_a_start_and_keeps_the_cap(lengths, num_ranks, seed, slack_tokens):
+    lengths = np.array(lengths)
+    start = np.random.default_rng(seed).integers(0, num_ranks, lengths.size)
+    cap = None if slack_tokens is None else int(rank_tokens(make_problem(lengths, num_ranks), start).max()) + slack_tokens
+    problem = make_problem(lengths, num_ranks, max_tokens_per_rank=cap)
+    improved, _ = group_search.improve(problem, start, 10**6)
+    assert makespan(problem, improved) <= makespan(problem, start)
+    assert cap is None or rank_tokens(problem, improved).max() <= cap
+    np.testing.assert_array_equal(improved, group_search.improve(problem, start.copy(), 10**6)[0])
+
+
+@settings(max_examples=25)
+@given(lengths=st.lists(st.integers(1, 50), min_size=4, max_size=14), num_ranks=st.integers(2, 5),
+       seed=st.integers(0, 2**16))
+def test_group_search_leaves_no_pair_an_exact_resplit_would_lower(lengths, num_ranks, seed):
+    problem = make_problem(lengths, num_ranks)
+    start = np.random.default_rng(seed).integers(0, num_ranks, len(lengths))
+    improved, spent = group_search.improve(problem, start, 10**9)
+    loads = rank_loads(problem, improved)
+    for a, b in itertools.combinations(range(num_ranks), 2):
+        pool = np.flatnonzero((improved == a) | (improved == b))
+        costs = problem.item_costs[pool]
+        sums = [costs[list(keep)].sum() for size in range(pool.size + 1)
+                for keep in itertools.combinations(range(pool.size), size)]
+        best = min(max(s, costs.sum() - s) for s in sums)
+        assert best >= max(loads[a], loads[b])
+
+
+def test_auto_proves_a_hard_family_instance_that_the_exchange_descent_left_one_above():
+    # uniform U[1, 100], 60 items on 20 ranks: LPT/KK/MULTIFIT + exchange descent ended at 136;
+    # the pair and triple search reaches 135 = ceil(total / D), so the plan is proven optimal.
+    times = make_instance("uniform_100", 20, 3.0).times
+    plan = balance(times, 20, algorithm="auto")
+    assert plan.makespan == 135 == np.ceil(times.sum() / 20)
+
+
+def test_auto_with_few_items_per_rank_is_bit_identical_across_calls():
+    times = make_instance("uniform_10000", 30, 2.5).times
+    first = balance(times, 30, algorithm="auto")
+    assert first.digest() == balance(times.copy(), 30, algorithm="auto").digest()

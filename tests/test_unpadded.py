@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
-from orchmllm.balancers import auto, karmarkar_karp, local_search, lpt, multifit
+from orchmllm.balancers import auto, group_search, karmarkar_karp, local_search, lpt, multifit
 from orchmllm.balancers.problem import rank_loads, rank_tokens
 from orchmllm.balancers.reference import dense_kk, heap_lpt
 
@@ -184,7 +184,7 @@ def test_exact_split_matches_brute_force(costs, ways, slack):
     onehot = labels_all[:, :, None] == np.arange(ways)
     loads = np.einsum("pir,i->pr", onehot, costs.astype(float))
     feasible = np.ones(len(labels_all), dtype=bool) if cap is None else (loads <= cap).all(axis=1)
-    value, labels = local_search._best_split(costs.astype(float), costs, cap, ways)
+    value, labels = group_search.exact_split(costs.astype(float), costs, cap, ways)
     if not feasible.any():
         assert value == np.inf
         return
