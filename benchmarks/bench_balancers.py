@@ -16,6 +16,7 @@ from orchmllm.balancers import ilp, karmarkar_karp, lpt
 from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import lower_bound, rank_loads
 from orchmllm.balancers.reference import dense_kk, heap_lpt
+from orchmllm.benchmarks.pcmax_families import instances as pcmax_instances
 
 ITEMS_PER_RANK = 16
 
@@ -299,3 +300,43 @@ def test_quality_hard_instances_at_scale(benchmark, num_ranks):
         instances=len(problems), auto_mean_gap_to_bound=float(np.mean(np.array(autos) / bounds - 1)),
         lpt_mean_gap_to_bound=float(np.mean(np.array(lpts) / bounds - 1)),
         kk_mean_gap_to_bound=float(np.mean(np.array(kks) / bounds - 1)))
+
+
+HARD_FAMILIES = ("uniform_100", "uniform_1000", "uniform_10000")
+
+
+@pytest.mark.timeout(7200)  # --heavy proves up to 144 instances, up to 10 s each
+def test_quality_pcmax_families_vs_proven_optima(benchmark, request):
+    """The classical hard families (U[1,100], U[1,1000], U[1,10000]; n/m 2-3; m 5-10, or
+    5-50 and seeds 0-1 with --heavy): gap to the optimum proven by the exact oracle (`exact`
+    when registered, else `ilp`; 10 s each, unproven instances left out and counted), and
+    auto's CPU time per instance, for auto, LPT, KK and MULTIFIT in the same run."""
+    machines = (5, 10, 20, 30, 40, 50) if heavy_option(request) else (5, 10)
+    seeds = (0, 1) if heavy_option(request) else (0,)
+    oracle = "exact" if "exact" in ALGORITHMS else "ilp"
+    solved = []
+    for instance in pcmax_instances(families=HARD_FAMILIES, machines=machines, seeds=seeds):
+        problem = make_problem(instance.times, instance.num_machines, time_limit=10)
+        proof = ALGORITHMS[oracle](problem)
+        if proof.status is Status.OPTIMAL:
+            solved.append((make_problem(instance.times, instance.num_machines), makespan(problem, proof.assignment)))
+
+    def run():
+        times, plans = [], []
+        for problem, _ in solved:
+            start = time.process_time()
+            plans.append(makespan(problem, ALGORITHMS["auto"](problem).assignment))
+            times.append(time.process_time() - start)
+        return plans, times
+
+    autos, seconds = benchmark.pedantic(run, rounds=1, iterations=1)
+    optima = np.array([optimum for _, optimum in solved])
+    assert all(a >= optimum for a, optimum in zip(autos, optima))
+    figures = {"instances": 12 * len(machines) * len(seeds), "proven": len(solved), "oracle": oracle,
+               "auto_mean_cpu_ms": 1e3 * float(np.mean(seconds)), "auto_max_cpu_ms": 1e3 * float(np.max(seconds))}
+    for name in ("auto", "lpt", "karmarkar_karp", "multifit"):
+        values = autos if name == "auto" else [makespan(p, ALGORITHMS[name](p).assignment) for p, _ in solved]
+        figures[f"{name}_mean_gap"] = float(np.mean(np.array(values) / optima - 1))
+        figures[f"{name}_optimal_fraction"] = float(np.mean(np.array(values) == optima))
+    benchmark.extra_info.update(figures)
+
