@@ -214,17 +214,26 @@ def differencing(costs: np.ndarray, num_ranks: int) -> np.ndarray:
         age += 1
     final = heap[0][2]
     names = sorted(final.items) if final.items is not None else final.ids
-    parent = stream.parent
-    while True:
-        grand = parent[parent]
-        if np.array_equal(grand, parent):
-            break
-        parent = grand
+    parent = find_roots(stream.parent)
     rank_of_name = np.zeros(n, dtype=np.int64)
     rank_of_name[np.asarray(names, dtype=np.int64)] = np.arange(len(names))
     assignment = np.empty(n, dtype=np.int64)
     assignment[stream.order] = rank_of_name[parent]
     return assignment
+
+
+def find_roots(parent: np.ndarray) -> np.ndarray:
+    """Every element's root in a union-find forest of parent pointers (a root points to itself),
+    by pointer jumping: O(n log depth) numpy work.
+
+    >>> find_roots(np.array([0, 0, 1, 2, 4])).tolist()
+    [0, 0, 0, 0, 4]
+    """
+    while True:
+        grand = parent[parent]
+        if np.array_equal(grand, parent):
+            return grand
+        parent = grand
 
 
 def solve(problem: Problem) -> KernelResult:

@@ -11,6 +11,17 @@ from .cost import CostModel
 from .problem import Problem, Status, lower_bound, rank_loads, rank_tokens
 
 
+def relative_gap(makespan: float, lower_bound: float) -> float:
+    """makespan / lower_bound - 1: how far above a bound no plan can beat (0 when both are 0).
+
+    >>> relative_gap(10.0, 8.0), relative_gap(0.0, 0.0), relative_gap(1.0, 0.0)
+    (0.25, 0.0, inf)
+    """
+    if lower_bound == 0:
+        return 0.0 if makespan == 0 else float("inf")
+    return makespan / lower_bound - 1.0
+
+
 @dataclass(frozen=True, eq=False)
 class BalancePlan:
     """Where every item goes, what each rank then costs, and how far from optimal that is.
@@ -35,9 +46,7 @@ class BalancePlan:
     @property
     def gap(self) -> float:
         """makespan / lower_bound - 1 (0 when both are 0)."""
-        if self.lower_bound == 0:
-            return 0.0 if self.makespan == 0 else float("inf")
-        return self.makespan / self.lower_bound - 1.0
+        return relative_gap(self.makespan, self.lower_bound)
 
     @property
     def imbalance(self) -> float:

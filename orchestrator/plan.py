@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..balancers.plan import relative_gap
 from ..balancers.validation import is_int
 from .samples import Batch
 from .stages import Stage
@@ -119,9 +120,7 @@ class StagePlan:
     @property
     def gap(self) -> float:
         """makespan / lower_bound - 1 (0 when both are 0)."""
-        if self.lower_bound == 0:
-            return 0.0 if self.makespan == 0 else float("inf")
-        return self.makespan / self.lower_bound - 1.0
+        return relative_gap(self.makespan, self.lower_bound)
 
     def items_on(self, rank: int) -> np.ndarray:
         """Item indices on `rank`, in the order the rank processes them."""

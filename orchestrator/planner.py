@@ -49,6 +49,29 @@ class StageItems(NamedTuple):
     length: np.ndarray
 
 
+def sample_embedding_bytes(batch: Batch, stages) -> np.ndarray:
+    """Bytes of every sample's embeddings: its embedding tokens times the bytes per token of the
+    encoder `stages`, summed segment by segment only where encoders differ in bytes per token."""
+    per_token = np.zeros(len(batch.modalities))
+    for stage in stages:
+        if not stage.is_llm and stage.modality in batch.modalities:
+            per_token[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
+    if np.all(per_token == per_token[:1]):
+        return (batch.sample_llm_length - batch.sample_text) * (per_token[0] if per_token.size else 0.0)
+    return np.bincount(batch.segment_sample, weights=batch.segment_tokens * per_token[batch.segment_modality],
+                       minlength=batch.num_samples)
+
+
+def input_bytes(batch: Batch, stages, stage: Stage) -> np.ndarray:
+    """Bytes each item of `stage` (of `stages`) brings into it, float64: an encoder segment its
+    length times the stage's input bytes per unit; an LLM sample its text the same way, plus the
+    embeddings it receives (`sample_embedding_bytes`).  The LLM stage's items stay near the
+    rank that sampled them by these bytes."""
+    if stage.is_llm:
+        return batch.sample_text * stage.input_bytes_per_unit + sample_embedding_bytes(batch, stages)
+    return np.asarray(stage_items(batch, stage).length * stage.input_bytes_per_unit, dtype=np.float64)
+
+
 def stage_items(batch: Batch, stage: Stage) -> StageItems:
     """The items of `stage`: its modality's segments, or every sample for the LLM."""
     if stage.is_llm:
@@ -171,25 +194,12 @@ class Orchestrator:
         plans = tuple(self._plan_stage(batch, stage, stage_items(batch, stage), llm) for stage in encoders) + (llm,)
         return compose(batch, self.stages, plans, planning_seconds=time.perf_counter() - start)
 
-    def _sample_embedding_bytes(self, batch: Batch) -> np.ndarray:
-        """Bytes of every sample's embeddings: its embedding tokens times the encoders' bytes per
-        token, summed segment by segment only where encoders differ in bytes per token."""
-        per_token = np.zeros(len(batch.modalities))
-        for stage in self.stages[:-1]:
-            if stage.modality in batch.modalities:
-                per_token[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
-        if np.all(per_token == per_token[:1]):
-            return (batch.sample_llm_length - batch.sample_text) * (per_token[0] if per_token.size else 0.0)
-        return np.bincount(batch.segment_sample, weights=batch.segment_tokens * per_token[batch.segment_modality],
-                           minlength=batch.num_samples)
-
     def _anchors(self, batch: Batch, stage: Stage, items: StageItems, outputs: np.ndarray, llm: StagePlan | None):
         """Where the stage's items should stay, and their bytes: the LLM stage keeps a sample's text
         and embeddings on the rank that sampled it; an encoder item (`outputs` embedding tokens)
         stays with its sample's LLM rank."""
         if llm is None:
-            text_bytes = batch.sample_text * stage.input_bytes_per_unit
-            return batch.sample_source, text_bytes + self._sample_embedding_bytes(batch)
+            return batch.sample_source, input_bytes(batch, self.stages, stage)
         return llm.destination[items.sample], outputs * stage.output_bytes_per_token
 
     def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None) -> StagePlan:

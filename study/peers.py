@@ -37,6 +37,7 @@ import itertools
 
 import numpy as np
 
+from ..balancers.karmarkar_karp import find_roots
 from ..balancers.problem import KernelResult, Problem, require_within_cap
 from ..balancers.registry import Kind, register_algorithm
 
@@ -91,14 +92,9 @@ def _karmarkar_karp(weights: np.ndarray, num_ranks: int, equal_size: bool) -> np
         labels = np.concatenate((labels_a, labels_b[:q - both]))
         push(sums, labels)
     *_, _, final_labels = heap[0]
-    while True:  # pointer jumping: every label to the root that absorbed it
-        grand = parent[parent]
-        if np.array_equal(grand, parent):
-            break
-        parent = grand
     rank_of_root = np.empty(n, dtype=np.int64)
     rank_of_root[final_labels] = np.arange(final_labels.size)
-    return rank_of_root[parent]
+    return rank_of_root[find_roots(parent)]  # every label to the root that absorbed it
 
 
 def verl_kk(problem: Problem) -> KernelResult:

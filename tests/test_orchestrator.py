@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel
 from orchmllm.orchestrator.plan import offsets_within_rank, rank_order
-from orchmllm.orchestrator.planner import Orchestrator, stage_items
+from orchmllm.orchestrator.planner import Orchestrator, input_bytes, stage_items
 from orchmllm.orchestrator.samples import Batch, Sample, Segment
 from orchmllm.orchestrator.stages import Stage
 from orchmllm.topology import Topology
@@ -420,3 +420,17 @@ def test_topology_with_several_nodes_plans_like_any_other():
     plan = Orchestrator(STAGES, Topology(2, 8)).plan(batch)
     assert plan.num_ranks == 16
     assert sorted(np.concatenate([plan.assembly(r).samples for r in range(16)]).tolist()) == list(range(32))
+
+
+@pytest.mark.parametrize("audio_bytes", [8192, 3000], ids=["equal_per_token", "per_segment"])
+def test_input_bytes_are_an_items_input_and_a_samples_text_plus_received_embeddings(audio_bytes):
+    stages = (STAGES[0], dataclasses.replace(STAGES[1], output_bytes_per_token=audio_bytes), STAGES[2])
+    batch = random_batch(4, 4, 6)
+    for stage in stages[:2]:
+        np.testing.assert_array_equal(input_bytes(batch, stages, stage),
+                                      stage_items(batch, stage).length * float(stage.input_bytes_per_unit))
+    per_token = {"image": 8192, "audio": audio_bytes}
+    received = np.zeros(batch.num_samples)
+    for segment, sample in enumerate(batch.segment_sample.tolist()):
+        received[sample] += batch.segment_tokens[segment] * per_token[batch.modalities[batch.segment_modality[segment]]]
+    np.testing.assert_array_equal(input_bytes(batch, stages, stages[2]), batch.sample_text * 4 + received)
