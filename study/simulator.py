@@ -51,7 +51,7 @@ from ..orchestrator.plan import Exchange, StepPlan
 from ..topology import Topology, estimate_exchange
 from .models import GIB, GPUS, MODELS, GPU, ModelConfig, list_models
 from .strategies import STRATEGIES, Strategy, get_strategy, micro_batched
-from .workloads import list_workloads, load_workload_file, sample_workload
+from .workloads import WORKLOADS, check_workload_file, list_workloads, load_workload_file, sample_workload
 
 RECOMPUTE_FACTOR = 4.0 / 3.0  # full activation recomputation: 4 forward-equivalents for 3 counted
 STATIC_RESERVE_BYTES = 4 * GIB
@@ -60,7 +60,7 @@ SAMPLES_PER_RANK_GRID = (1, 2, *range(4, 65, 4))
 MEMORY_HEADROOM = 0.9  # fraction of GPU memory the batch chooser lets `ours` use (module docstring)
 BATCH_REFERENCE = "ours"  # the strategy the default batch is sized for
 
-__all__ = ["choose_samples_per_rank", "list_models", "list_workloads", "run_simulation", "simulate_step",
+__all__ = ["check_simulation", "choose_samples_per_rank", "list_models", "list_workloads", "run_simulation", "simulate_step",
            "stage_rank_seconds"]
 
 
@@ -234,13 +234,45 @@ def _choose(probe: _Probe, grid: tuple[int, ...], headroom: float) -> tuple[int,
                                 "probed_memory_gib": {str(k): probed[k] for k in sorted(probed)}}
 
 
-def _batch_source(workload: str, workload_file, num_ranks: int, seed: int):
+def _batch_source(workload: str, workload_file, num_ranks: int, seed: int, available: int | None):
     """(name, samples_per_rank -> Batch, largest samples per rank the source can supply)."""
     if workload_file is None:
         return workload, lambda n: sample_workload(workload, num_ranks, n, seed), None
-    with open(workload_file, encoding="utf-8") as handle:
-        available = sum(1 for line in handle if line.strip())
     return str(workload_file), lambda n: load_workload_file(workload_file, n, num_ranks), available // num_ranks
+
+
+def check_simulation(model: str = "84b", gpus: int = 2560, workload: str = "default", workload_file=None,
+                     samples_per_rank: int | None = None, strategies=None) -> int | None:
+    """Validate the arguments of `run_simulation` before any work; ValueError naming the first bad one.
+
+    A workload file is read whole: every line must be a valid sample whose segments the
+    model encodes, and there must be enough samples for `gpus` ranks.  Returns the file's
+    number of samples (None for a built-in workload).
+
+    >>> check_simulation(model="10b", gpus=8, strategies=["ours", "magic"])
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown strategy 'magic'; choose from [...]
+    """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+    for name in [] if strategies is None else strategies:
+        get_strategy(name)
+    num_ranks = cluster(gpus).world_size
+    if samples_per_rank is not None and (not is_int(samples_per_rank) or samples_per_rank < 1):
+        raise ValueError(f"`samples_per_rank` must be a positive int or None; got {samples_per_rank!r}")
+    if workload_file is None:
+        if workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
+        return None
+    modalities = [stage.modality for stage in MODELS[model].stages() if not stage.is_llm]
+    available = check_workload_file(workload_file, modalities)
+    if samples_per_rank is None:
+        _checked_grid(SAMPLES_PER_RANK_GRID, available // num_ranks, workload_file)
+    elif available < num_ranks * samples_per_rank:
+        raise ValueError(f"workload file {workload_file} has {available} samples; {num_ranks} ranks × "
+                         f"{samples_per_rank} samples per rank need {num_ranks * samples_per_rank}")
+    return available
 
 
 def choose_samples_per_rank(model: str = "84b", gpus: int = 2560, workload: str = "default", workload_file=None,
@@ -255,10 +287,9 @@ def choose_samples_per_rank(model: str = "84b", gpus: int = 2560, workload: str 
     ("grid end"), or the smallest if nothing fits ("over memory at the smallest").  Grid
     values a workload file has too few samples for are left out.
     """
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+    available = check_simulation(model, gpus, workload, workload_file)
     topology = cluster(gpus)
-    _, batch_for, available = _batch_source(workload, workload_file, topology.world_size, seed)
+    _, batch_for, available = _batch_source(workload, workload_file, topology.world_size, seed, available)
     probe = _Probe(batch_for, MODELS[model], GPUS["h100"], topology)
     return _choose(probe, _checked_grid(grid, available, workload_file), _checked_headroom(headroom))
 
@@ -306,16 +337,11 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
          {"step_seconds", "speedup_vs_none", "mfu", "overhead_fraction", "exchanges_per_step",
          "oom", "planning_seconds", "exchange_seconds", "idle_fraction", "per_stage", ...}}}.
     """
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+    available = check_simulation(model, gpus, workload, workload_file, samples_per_rank, strategies)
     names = list(STRATEGIES) if strategies is None else list(strategies)
-    for name in names:
-        get_strategy(name)
     topology = cluster(gpus)
     config, gpu = MODELS[model], GPUS["h100"]
-    if samples_per_rank is not None and (not is_int(samples_per_rank) or samples_per_rank < 1):
-        raise ValueError(f"`samples_per_rank` must be a positive int or None; got {samples_per_rank!r}")
-    workload_name, batch_for, available = _batch_source(workload, workload_file, topology.world_size, seed)
+    workload_name, batch_for, available = _batch_source(workload, workload_file, topology.world_size, seed, available)
     probe = _Probe(batch_for, config, gpu, topology)
     if samples_per_rank is None:
         samples_per_rank, choice = _choose(probe, _checked_grid(SAMPLES_PER_RANK_GRID, available, workload_file),

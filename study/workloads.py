@@ -202,8 +202,18 @@ def _field(line: int, where: str, record: dict, key: str, required: bool = True)
     return value
 
 
-def parse_sample_line(text: str, line: int, source: int, sample_id: int) -> Sample:
-    """One JSON-lines record -> Sample; every error names `line`."""
+def parse_sample_line(text: str, line: int, source: int, sample_id: int, modalities=None) -> Sample:
+    """One JSON-lines record -> Sample; every error names `line`.
+
+    With `modalities` (the names a model's encoders take), a segment of any other
+    modality is an error: no stage would balance it.
+
+    >>> parse_sample_line('{"text": 7, "segments": [{"modality": "video", "length": 8, "tokens": 2}]}', 3, 0, 0,
+    ...                   modalities=["image", "audio"])
+    Traceback (most recent call last):
+    ...
+    ValueError: line 3: segment 0 has modality 'video', which no stage encodes; stages encode ['audio', 'image']
+    """
     try:
         record = json.loads(text)
     except json.JSONDecodeError as error:
@@ -227,6 +237,9 @@ def parse_sample_line(text: str, line: int, source: int, sample_id: int) -> Samp
         modality = entry.get("modality")
         if not isinstance(modality, str) or not modality or modality == "llm":
             raise ValueError(f"line {line}: {where} needs a 'modality' name (a non-empty string other than 'llm')")
+        if modalities is not None and modality not in modalities:
+            raise ValueError(f"line {line}: {where} has modality {modality!r}, which no stage encodes; "
+                             f"stages encode {sorted(modalities)}")
         segments.append(Segment(modality, _field(line, where, entry, "length"), _field(line, where, entry, "tokens"),
                                 _field(line, where, entry, "position", required=False)))
     text_tokens = _field(line, "the sample", record, "text")
@@ -234,6 +247,26 @@ def parse_sample_line(text: str, line: int, source: int, sample_id: int) -> Samp
         return Sample(text_tokens, tuple(segments), source=source, id=sample_id)
     except ValueError as error:
         raise ValueError(f"line {line}: {error}") from None
+
+
+def _read_samples(path, samples_per_rank: int, modalities=None) -> list[Sample]:
+    """Every sample of a JSON-lines file, each line validated; sample i on rank i // samples_per_rank."""
+    samples = []
+    with open(path, encoding="utf-8-sig") as handle:
+        for number, text in enumerate(handle, start=1):
+            if text.strip():
+                index = len(samples)
+                samples.append(parse_sample_line(text, number, index // samples_per_rank, index, modalities))
+    return samples
+
+
+def check_workload_file(path, modalities=None) -> int:
+    """Validate every line of a JSON-lines workload file; return its number of samples.
+
+    `modalities`, when given, are the only segment modalities allowed (see
+    `parse_sample_line`).  Raises ValueError naming the first bad line.
+    """
+    return len(_read_samples(path, 1, modalities))
 
 
 def load_workload_file(path, samples_per_rank: int, num_ranks: int) -> Batch:
@@ -244,22 +277,15 @@ def load_workload_file(path, samples_per_rank: int, num_ranks: int) -> Batch:
     `position` is optional (default: right after the previous segment, so segments sit in
     order before the text).  Blank lines are skipped.  The first num_ranks ·
     samples_per_rank samples are used, samples_per_rank per rank; fewer is an error.
-    Malformed lines raise ValueError naming the line number.
+    Every line is validated, used or not: malformed lines raise ValueError naming the
+    line number.
     """
     for arg, value in (("num_ranks", num_ranks), ("samples_per_rank", samples_per_rank)):
         if not is_int(value) or value < 1:
             raise ValueError(f"`{arg}` must be a positive int; got {value!r}")
     needed = num_ranks * samples_per_rank
-    samples = []
-    with open(path, encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            index = len(samples)
-            samples.append(parse_sample_line(text, number, index // samples_per_rank, index))
-            if len(samples) == needed:
-                break
+    samples = _read_samples(path, samples_per_rank)
     if len(samples) < needed:
         raise ValueError(f"workload file {path} has {len(samples)} samples; {num_ranks} ranks × "
                          f"{samples_per_rank} samples per rank need {needed}")
-    return Batch.from_samples(samples, num_ranks)
+    return Batch.from_samples(samples[:needed], num_ranks)

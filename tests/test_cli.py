@@ -186,7 +186,7 @@ def test_simulate_sizes_the_batch_by_memory_by_default():
 def test_timeline_seconds_agree_with_the_simulator():
     import argparse
 
-    from orchmllm.cli import _simulated_rank_seconds
+    from orchmllm.cli.simulate import _rank_seconds as _simulated_rank_seconds
     from orchmllm.study.simulator import run_simulation
 
     args = argparse.Namespace(model="10b", workload="default", workload_file=None, samples_per_rank=4, seed=3)
@@ -212,7 +212,7 @@ def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
     assert report["busy_max_over_mean_balanced"] >= 1 and report["busy_max_over_mean_unbalanced"] >= 1
     assert report["exchange_seconds"] > 0 and 0 <= report["planning_hidden_fraction"] <= 1
     # the same report as a table, and the checks that decide the exit code
-    from orchmllm.cli import _print_demo
+    from orchmllm.cli.demo import print_demo as _print_demo
 
     assert _print_demo(report) == []
     out = capsys.readouterr().out
@@ -412,3 +412,102 @@ def test_console_script_is_installed():
     assert script, "the `orchmllm` console script is not on PATH: pip install -e ."
     result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("orchmllm ")
+
+
+# ---------------------------------------------------------------- regressions (issue 11), named after their cause
+
+
+def test_csv_starting_with_a_utf8_byte_order_mark_keeps_its_first_value(tmp_path, capsys):
+    (tmp_path / "excel.csv").write_bytes("\ufeff1000\n20\n7\n".encode())
+    assert main(["plan", str(tmp_path / "excel.csv"), "-D", "1", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["num_items"] == 3 and payload["makespan"] == 1027
+    (tmp_path / "header.csv").write_bytes("\ufefflength,other\n5,1\n6,1\n".encode())
+    assert main(["plan", str(tmp_path / "header.csv"), "-D", "1", "--column", "length", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == 11
+
+
+def write_samples(path, lines):
+    path.write_text("\n".join(json.dumps(line) if isinstance(line, dict) else line for line in lines) + "\n")
+    return path
+
+
+def test_compare_workload_file_segment_of_a_modality_no_stage_encodes_is_rejected(tmp_path, capsys):
+    path = write_samples(tmp_path / "video.jsonl", [
+        {"text": 20}, {"text": 30, "segments": [{"modality": "video", "length": 64, "tokens": 16}]}])
+    code = main(["compare", "--workload-file", str(path), "-D", "1", "--items-per-rank", "2"])
+    check_one_line_error(code, capsys.readouterr().err, "line 2: segment 0 has modality 'video', which no stage "
+                                                         "encodes; stages encode ['audio', 'image']")
+
+
+def test_simulate_workload_file_segment_of_a_modality_no_stage_encodes_names_its_line(tmp_path, capsys):
+    path = write_samples(tmp_path / "video.jsonl", [{"text": 20}] * 7 + [
+        {"text": 30, "segments": [{"modality": "video", "length": 64, "tokens": 16}]}])
+    code = main(["simulate", "--workload-file", str(path), "--gpus", "8", "--samples-per-rank", "1"])
+    check_one_line_error(code, capsys.readouterr().err, "line 8: segment 0 has modality 'video'")
+
+
+@pytest.mark.parametrize("command", [["compare", "-D", "1", "--items-per-rank", "2"],
+                                     ["simulate", "--gpus", "1", "--samples-per-rank", "2"]], ids=["compare", "simulate"])
+def test_workload_file_lines_beyond_the_samples_a_run_uses_are_validated(tmp_path, capsys, command):
+    path = write_samples(tmp_path / "w.jsonl", [{"text": 20}, {"text": 30}, {"text": 40}, {"text": -1}])
+    code = main([*command, "--workload-file", str(path)])
+    check_one_line_error(code, capsys.readouterr().err, "line 4: the sample 'text' must be a non-negative integer")
+
+
+@pytest.mark.parametrize("option", ["-o", "--csv", "--plot"])
+def test_output_to_an_unwritable_path_is_one_line_and_exit_2(lengths_csv, tmp_path, capsys, option):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+    target = blocker / ("out" if option == "--plot" else "plan.json")
+    if option == "-o":
+        args = ["plan", str(lengths_csv), "--column", "ContextTokens", "-D", "2", "-o", str(target)]
+    else:
+        if option == "--plot":
+            pytest.importorskip("matplotlib")
+        args = ["compare", "--lengths", str(lengths_csv), "--column", "ContextTokens", "-D", "2",
+                "--algorithms", "lpt", option, str(target)]
+    code = main(args)
+    named = {"-o": "--output"}.get(option, option)
+    check_one_line_error(code, capsys.readouterr().err, f"{named} {str(target)!r}: cannot write (")
+
+
+def test_stdout_closed_by_its_reader_ends_quietly_with_exit_141(lengths_csv):
+    """`orchmllm compare --json | head` once ended in a BrokenPipeError traceback."""
+    code = ("import os, sys\n"
+            "read_end, write_end = os.pipe()\n"
+            "os.close(read_end)  # the reader is gone, as `head` is once it has its lines\n"
+            "os.dup2(write_end, sys.stdout.fileno())\n"
+            "from orchmllm.cli import main\n"
+            f"sys.exit(main(['compare', '--lengths', {str(lengths_csv)!r}, '--column', 'ContextTokens', '-D', '2', "
+            "'--json']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 141 and result.stderr == "", result.stderr
+
+
+def test_demo_with_zero_samples_per_rank_is_one_line_and_exit_2(capsys):
+    check_one_line_error(main(["demo", "--samples-per-rank", "0"]), capsys.readouterr().err,
+                         "--samples-per-rank must be >= 1; got 0")
+
+
+def test_demo_without_torch_installed_says_how_to_install_it():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from orchmllm.cli import main\n"
+            "sys.exit(main(['demo', '--ranks', '1', '--steps', '1']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    check_one_line_error(result.returncode, result.stderr, "the demo needs torch: python3.11 -m pip install "
+                                                           "'orchmllm[runtime]'")
+
+
+def test_a_value_error_inside_orchmllm_is_a_bug_with_its_traceback_not_a_usage_error():
+    """`main` once caught every ValueError/TypeError as bad input (exit 2), hiding bugs' tracebacks."""
+    code = ("import sys\n"
+            "import orchmllm.cli.compare as compare\n"
+            "def broken(*args, **kwargs):\n"
+            "    raise ValueError('a bug deep inside')\n"
+            "compare.run_comparison = broken\n"
+            "from orchmllm.cli import main\n"
+            "sys.exit(main(['compare', '--ranks', '8', '--items-per-rank', '2']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and result.stderr.strip().endswith("ValueError: a bug deep inside")

@@ -1,4 +1,4 @@
-"""orchmllm.plots: every figure is a readable, non-blank PNG; bad input and missing matplotlib are named."""
+"""orchmllm.cli.plots: every figure is a readable, non-blank PNG; bad input and missing matplotlib are named."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from orchmllm import plots
+from orchmllm.cli import plots
 
 image = pytest.importorskip("matplotlib.image")
 
@@ -60,7 +60,7 @@ def test_bad_input_is_named(tmp_path):
 
 def test_missing_matplotlib_says_how_to_install(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from orchmllm import plots\n"
+            "from orchmllm.cli import plots\n"
             "try:\n"
             f"    plots.plot_traffic_heatmap([[1.0]], {str(tmp_path / 'x.png')!r})\n"
             "except plots.MissingDependencyError as error:\n"

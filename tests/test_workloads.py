@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from orchmllm.study.workloads import (LIBRISPEECH_SECONDS, WENETSPEECH_SECONDS, WORKLOADS, list_workloads,
-                                             load_workload_file, quantile_sample, sample_workload,
-                                             text_length_table)
+from orchmllm.study.workloads import (LIBRISPEECH_SECONDS, WENETSPEECH_SECONDS, WORKLOADS, check_workload_file,
+                                      list_workloads, load_workload_file, quantile_sample, sample_workload,
+                                      text_length_table)
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS), ids=str)
@@ -122,3 +122,19 @@ def test_bad_arguments_are_rejected(tmp_path):
         load_workload_file(path, samples_per_rank=0, num_ranks=1)
     with pytest.raises(ValueError, match="unknown workload 'nope'"):
         sample_workload("nope", 1, 1)
+
+
+def test_lines_beyond_the_samples_used_are_validated_too(tmp_path):
+    """A bad line past the num_ranks × samples_per_rank a run reads once passed unnoticed."""
+    path = write_lines(tmp_path, ['{"text": 1}', '{"text": 2}', '{"text": -1}'])
+    with pytest.raises(ValueError, match="^line 3: the sample 'text' must be a non-negative integer"):
+        load_workload_file(path, samples_per_rank=1, num_ranks=2)
+    assert check_workload_file(write_lines(tmp_path, ['{"text": 1}', '', '{"text": 2}'])) == 2
+
+
+def test_segment_of_a_modality_outside_the_given_ones_names_its_line(tmp_path):
+    path = write_lines(tmp_path, ['{"text": 1}', '{"text": 2, "segments": [{"modality": "video", "length": 4, '
+                                                 '"tokens": 1}]}'])
+    with pytest.raises(ValueError, match="^line 2: segment 0 has modality 'video', which no stage encodes"):
+        check_workload_file(path, modalities=("image", "audio"))
+    assert check_workload_file(path) == 2

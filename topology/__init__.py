@@ -7,7 +7,8 @@ Public API:
   `Topology.for_world_size(world_size, gpus_per_node=None, preset="h100")`, presets in
   `PRESETS` ("h100", "a100", "gb200-nvl72", "pcie").
 - `traffic(sources, destinations, item_bytes, topology) -> Traffic`: bytes kept /
-  moved within a node / moved across nodes, per rank and per node.
+  moved within a node / moved across nodes, per rank and per node;
+  `traffic_matrix(..., level="node")`: the node-to-node (or rank-to-rank) byte matrix.
 - `estimate_exchange(sources, destinations, item_bytes, topology, strategy) -> CommEstimate`:
   modelled seconds and bytes of a "flat" all-to-all, a "nodewise" hierarchical
   all-to-all or an "allgather" (see `comm_model` for the model).
@@ -27,7 +28,8 @@ from .bounds import InterNodeBound, inter_node_lower_bound
 from .cluster import PRESETS, Topology
 from .comm_model import STRATEGIES, CommEstimate, estimate_exchange
 from .placement import PLACEMENTS, Placement, place
-from .traffic import Traffic, traffic
+from .traffic import Traffic, traffic, traffic_matrix
 
 __all__ = ["PLACEMENTS", "PRESETS", "STRATEGIES", "CommEstimate", "InterNodeBound", "Placement", "Topology",
-           "Traffic", "estimate_exchange", "inter_node_lower_bound", "place", "traffic"]
+           "Traffic", "estimate_exchange", "inter_node_lower_bound", "place", "traffic",
+           "traffic_matrix"]

@@ -95,3 +95,24 @@ def traffic_of(sources: np.ndarray, destinations: np.ndarray, item_bytes: np.nda
     return Traffic(bytes_total=total, bytes_kept=float(item_bytes[~moved].sum()),
                    bytes_intra_node=float(item_bytes[moved & ~crosses].sum()),
                    bytes_inter_node=inter, **arrays)
+
+
+def traffic_matrix(sources, destinations, item_bytes, topology: Topology, level: str = "node") -> np.ndarray:
+    """Bytes sent from node (or rank) i to node (or rank) j; items that stay on their rank count nowhere.
+
+    `level` is "node" (num_nodes x num_nodes; the diagonal is traffic within a node) or
+    "rank" (world_size x world_size).
+
+    >>> topology = Topology(num_nodes=2, gpus_per_node=2)
+    >>> traffic_matrix([0, 1, 3], [2, 1, 2], [5.0, 7.0, 1.0], topology).tolist()
+    [[0.0, 5.0], [0.0, 1.0]]
+    """
+    if level not in ("node", "rank"):
+        raise ValueError(f"`level` must be 'node' or 'rank'; got {level!r}")
+    sources, destinations, item_bytes = validate_move(sources, destinations, item_bytes, topology)
+    width = 1 if level == "rank" else topology.gpus_per_node
+    size = topology.world_size // width
+    moved = sources != destinations
+    matrix = np.zeros((size, size))
+    np.add.at(matrix, (sources[moved] // width, destinations[moved] // width), item_bytes[moved])
+    return matrix

@@ -13,9 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-
-class MissingDependencyError(ImportError):
-    """An optional dependency (matplotlib for plots) is not installed."""
+from .errors import MissingDependencyError
 
 
 STAGE_COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3")

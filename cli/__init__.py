@@ -1,0 +1,72 @@
+"""The `orchmllm` command: compare balancers, simulate a cluster, run the demo, plan a file.
+
+Exit codes scripts can rely on: 0 success; 2 bad input or a missing optional dependency
+(a one-line message on stderr names the problem and what to do about it); 1 when the
+demo's checks fail, or for a bug in orchmllm itself (then with a traceback); 130
+interrupted; 141 when the reader of stdout closed it early (`orchmllm compare --json | head`).
+
+One module per subcommand (`compare`, `simulate`, `demo`, `plan`), each with its
+`add_parser` and `run`; `arguments` and `files` validate what the user gives (raising
+`errors.UsageError`), `render` prints tables and JSON, `plots` draws the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import compare, demo, plan, simulate
+from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser, MissingDependencyError,
+                     UsageError, one_line)
+
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+
+SUBCOMMANDS = (compare, simulate, demo, plan)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the `orchmllm` command and its subcommands."""
+    from .. import __version__
+
+    parser = ArgumentParser(prog="orchmllm", description=__doc__.split("\n")[0],
+                            epilog="run `orchmllm COMMAND --help` for the options and examples of each command",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"orchmllm {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.add_parser(commands)
+    return parser
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail on the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def main(argv=None) -> int:
+    """Entry point of the `orchmllm` console script; returns the exit code.
+
+    Only a UsageError (bad arguments or input files) or a missing optional dependency is
+    reported as one line with exit 2; any other exception is a bug and propagates with
+    its traceback (exit 1).
+    """
+    parser = build_parser()
+    command = "orchmllm"
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise UsageError("choose a command: compare, simulate, demo or plan (see `orchmllm --help`)")
+        command = f"orchmllm {args.command}"
+        return args.handler(args)
+    except (UsageError, MissingDependencyError) as error:
+        print(f"{command}: error: {one_line(error)}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

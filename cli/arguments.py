@@ -1,0 +1,115 @@
+"""Validators of the `orchmllm` command's option values; each raises UsageError naming the option.
+
+>>> int_list("64, 512", "--ranks")
+[64, 512]
+>>> int_list("8,x", "--ranks")
+Traceback (most recent call last):
+...
+orchmllm.cli.errors.UsageError: --ranks must be comma-separated integers, e.g. 64,512; got '8,x'
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from ..balancers import CostModel
+from ..study.compare import algorithm_names, compare_topology
+from .errors import UsageError, one_line, usage_errors
+from .files import require_file
+
+
+def subcommand(commands, name: str, summary: str, description: str, examples: str) -> argparse.ArgumentParser:
+    """Add subcommand `name` with its one-line `summary`, `description` and `examples` epilog."""
+    return commands.add_parser(name, help=summary, description=description, epilog=examples,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def int_list(text: str, name: str) -> list[int]:
+    """Comma-separated integers >= 1."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{name} must be comma-separated integers, e.g. 64,512; got {text!r}") from None
+    if not values:
+        raise UsageError(f"{name} must list at least one integer; got {text!r}")
+    bad = [value for value in values if value < 1]
+    if bad:
+        raise UsageError(f"{name} must be >= 1; got {bad[0]}")
+    return values
+
+
+def positive_int(value: int | None, name: str) -> None:
+    """UsageError unless `value` (when given) is >= 1."""
+    if value is not None and value < 1:
+        raise UsageError(f"{name} must be >= 1; got {value}")
+
+
+def check_time_limit(seconds: float | None) -> None:
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"--time-limit must be a positive number of seconds; got {seconds}")
+
+
+def cost_model(text: str | None) -> CostModel:
+    """--cost PER_ITEM,LINEAR,QUADRATIC (default: f(l) = l)."""
+    if text is None:
+        return CostModel()
+    try:
+        per_item, linear, quadratic = (float(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--cost must be three numbers PER_ITEM,LINEAR,QUADRATIC, e.g. 0,1,0.001; got {text!r}") from None
+    with usage_errors(f"--cost {text!r}"):
+        return CostModel(per_item=per_item, linear=linear, quadratic=quadratic)
+
+
+def algorithms(text: str | None, option: str = "--algorithms") -> list[str]:
+    """The algorithm, +locality and peer names of `text`, or compare's default set."""
+    with usage_errors(option):
+        return algorithm_names(text)
+
+
+def topology(num_ranks: int, gpus_per_node: int):
+    """The whole-node cluster of `num_ranks` GPUs that compare and plan use."""
+    try:
+        return compare_topology(num_ranks, gpus_per_node)
+    except ValueError as error:
+        raise UsageError(f"--ranks {num_ranks}: {one_line(error)}; choose D in whole nodes or set "
+                         f"--gpus-per-node") from None
+
+
+def model_stages(model: str):
+    """The stages of a named model; UsageError for an unknown name."""
+    from ..study.models import MODELS
+
+    if model not in MODELS:
+        raise UsageError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    return MODELS[model].stages()
+
+
+def check_workload_source(args, stages) -> int | None:
+    """UsageError for an unknown workload, or a workload file with a bad line anywhere in it.
+
+    Returns the number of samples in the workload file (None for a built-in workload).
+    """
+    from ..study.workloads import check_workload_file, list_workloads
+
+    if args.workload_file is not None:
+        require_file(args.workload_file, "workload file")
+        with usage_errors(str(args.workload_file)):
+            return check_workload_file(args.workload_file, modalities=[s.modality for s in stages if not s.is_llm])
+    if args.workload not in list_workloads():
+        raise UsageError(f"unknown workload {args.workload!r}; choose one of {', '.join(list_workloads())} "
+                         f"or pass --lengths FILE / --workload-file FILE")
+    return None
+
+
+def workload_batch(args, num_ranks: int, samples_per_rank: int, available: int | None):
+    """The batch of a validated workload source with `available` samples (`check_workload_source`)."""
+    from ..study.workloads import load_workload_file, sample_workload
+
+    if args.workload_file is None:
+        return sample_workload(args.workload, num_ranks, samples_per_rank, args.seed)
+    if num_ranks * samples_per_rank > available:
+        raise UsageError(f"workload file {args.workload_file} has {available} samples; {num_ranks} ranks × "
+                         f"{samples_per_rank} samples per rank need {num_ranks * samples_per_rank}")
+    return load_workload_file(args.workload_file, samples_per_rank, num_ranks)

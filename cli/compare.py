@@ -1,0 +1,146 @@
+"""`orchmllm compare`: every balancer and peer on a workload or a lengths file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..balancers import ALGORITHMS
+from ..study.compare import BASELINE, LOCALITY_SUFFIX, CompareConfig, file_stages, run_comparison, workload_stages
+from . import arguments, render
+from .errors import UsageError
+from .files import load_lengths, write_rows_csv, writing
+
+EXAMPLES = """examples:
+  orchmllm compare                                   # default tri-modal workload, D=64 and 512
+  orchmllm compare --ranks 8,64,2560 --items-per-rank 4,16
+  orchmllm compare --lengths lengths.csv --ranks 32 --cost 0,1,0.0005
+  orchmllm compare --lengths trace.csv --column ContextTokens --ranks 64 --json
+  orchmllm compare --algorithms lpt,karmarkar_karp,verl_kk --plot out/ --csv out/compare.csv
+"""
+
+
+def add_parser(commands) -> None:
+    from ..study.models import list_models
+    from ..study.workloads import list_workloads
+
+    compare = arguments.subcommand(
+        commands, "compare", "compare every balancer and peers' heuristics on a workload or lengths file",
+        "Balance every stage of a workload (or a file of lengths) with every registered "
+        "algorithm and the peers' heuristics; report makespan against the lower bound, "
+        "solve time and bytes moved within and across nodes.",
+        EXAMPLES)
+    source = compare.add_mutually_exclusive_group()
+    source.add_argument("--workload", default="default", help=f"built-in workload: {', '.join(list_workloads())} "
+                                                              "(default: %(default)s)")
+    source.add_argument("--workload-file", metavar="FILE",
+                        help="JSON lines of multimodal samples, e.g. {\"text\": 212, \"segments\": "
+                             "[{\"modality\": \"image\", \"length\": 1024, \"tokens\": 256}]}")
+    source.add_argument("--lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy (one stage)")
+    compare.add_argument("--model", default="84b", help=f"model whose stage costs and bytes a workload uses: "
+                                                        f"{', '.join(list_models())} (default: %(default)s)")
+    compare.add_argument("--column", help="CSV column or JSON key holding the lengths (default: the only "
+                                          "column / 'length')")
+    compare.add_argument("-D", "--ranks", default="64,512", help="comma-separated data-parallel sizes D "
+                                                                 "(default: %(default)s)")
+    compare.add_argument("--items-per-rank", default="16", help="comma-separated samples per rank, "
+                                                                "workloads only (default: %(default)s)")
+    compare.add_argument("--algorithms", help="comma-separated algorithms, NAME+locality variants and peers "
+                                              "(default: those registered as default, plus auto+locality); "
+                                              f"algorithms: {', '.join(ALGORITHMS)}")
+    compare.add_argument("--cost", metavar="A,B,C", help="lengths files: cost f(l) = A + B*l + C*l^2 "
+                                                         "(default: 0,1,0)")
+    compare.add_argument("--padded", action="store_true", help="lengths files: padded rank cost count*f(max l)")
+    compare.add_argument("--time-limit", type=float,
+                         help="seconds an exact solver may spend per stage; also lets auto finish small "
+                              "stages with the ILP (default: none, so auto is deterministic; ilp then uses "
+                              "its own default)")
+    compare.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: %(default)s)")
+    compare.add_argument("--bytes-per-token", type=float, default=8192.0,
+                         help="bytes moved per length unit, for --lengths files (default: %(default)s, "
+                              "hidden 4096 in bf16)")
+    compare.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
+    compare.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    compare.add_argument("--csv", metavar="FILE", help="also write one row per run to this CSV file")
+    compare.add_argument("--plot", metavar="DIR", help="write loads.png, traffic.png (and traffic_locality.png "
+                                                       "with a +locality algorithm) to DIR (needs matplotlib)")
+    compare.set_defaults(handler=run)
+
+
+def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
+    """The configurations to compare on, and a description of their source."""
+    if args.lengths is not None:
+        lengths = load_lengths(args.lengths, args.column)
+        cost = arguments.cost_model(args.cost)
+        configs = [CompareConfig(d, None, file_stages(lengths, d, cost, args.padded, args.bytes_per_token))
+                   for d in ranks]
+        return configs, f"{args.lengths} ({lengths.size} items)"
+    if args.cost is not None or args.padded:
+        raise UsageError("--cost and --padded apply to --lengths files; workloads define their own stage costs")
+    stages = arguments.model_stages(args.model)
+    available = arguments.check_workload_source(args, stages)
+    items = arguments.int_list(args.items_per_rank, "--items-per-rank")
+    configs = [CompareConfig(d, k, workload_stages(arguments.workload_batch(args, d, k, available), stages))
+               for d in ranks for k in items]
+    return configs, f"workload {args.workload_file or args.workload!r} on the {args.model} model"
+
+
+def figures(comparison, directory: Path) -> list[str]:
+    """loads.png, traffic.png (and traffic_locality.png) of the last configuration."""
+    from ..topology import traffic_matrix
+    from . import plots
+
+    last = comparison.summaries[-1]
+    num_ranks, items_per_rank = last.ranks, last.items_per_rank
+    chosen = dict(last.best.algorithms) if last.best is not None else dict.fromkeys(last.stages,
+                                                                                   last.best_peer.algorithm)
+    loads = {}
+    for stage_name, name in chosen.items():
+        before = comparison.runs[(num_ranks, items_per_rank, stage_name, BASELINE)].plan
+        after = comparison.runs[(num_ranks, items_per_rank, stage_name, name)].plan
+        loads[stage_name] = (before.loads, after.loads)
+    with writing("--plot", directory):
+        written = [plots.plot_rank_loads(loads, directory / "loads.png", labels=("as sampled", "balanced"),
+                                         title=f"Per-rank load before / after balancing, D={num_ranks} "
+                                               f"({', '.join(dict.fromkeys(chosen.values()))})")]
+        stage_name = last.stages[-1]
+        shown = [(chosen[stage_name], "traffic.png")] + [
+            (entry.algorithm + LOCALITY_SUFFIX, "traffic_locality.png") for entry in last.locality[:1]]
+        for name, filename in shown:
+            run = comparison.runs[(num_ranks, items_per_rank, stage_name, name)]
+            level = "rank" if run.topology.num_nodes == 1 else "node"  # one node: a single cell at node level
+            matrix = traffic_matrix(run.stage.sources, run.plan.assignment, run.stage.item_bytes, run.topology, level)
+            written.append(plots.plot_traffic_heatmap(matrix, directory / filename, level=level,
+                                                      title=f"{run.stage.name} stage, {name}, D={num_ranks}"))
+    return [str(path) for path in written]
+
+
+def run(args) -> int:
+    """`orchmllm compare`: every balancer and peer on a workload or a lengths file."""
+    if args.plot is not None:
+        from .plots import require_matplotlib
+
+        require_matplotlib()
+    arguments.check_time_limit(args.time_limit)
+    algorithms = arguments.algorithms(args.algorithms)
+    ranks = arguments.int_list(args.ranks, "--ranks")
+    arguments.int_list(args.items_per_rank, "--items-per-rank")
+    arguments.positive_int(args.gpus_per_node, "--gpus-per-node")
+    for num_ranks in ranks:
+        arguments.topology(num_ranks, args.gpus_per_node)
+    configs, source = configs_of(args, ranks)
+    total = sum(len(config.stages) for config in configs) * (len(algorithms) + 1)
+    with render.progress(not args.json, total, "balancing") as advance:
+        comparison = run_comparison(configs, algorithms, gpus_per_node=args.gpus_per_node, time_limit=args.time_limit,
+                                    report_not_applicable=args.algorithms is not None, advance=advance)
+    written = []
+    if args.csv is not None:
+        write_rows_csv([row.to_json() for row in comparison.rows], args.csv)
+        written.append(args.csv)
+    if args.plot is not None:
+        written += figures(comparison, Path(args.plot))
+    if args.json:
+        render.print_json({"command": "compare", "source": source, **comparison.to_json(), "files": written})
+        return 0
+    render.print_compare(comparison, source)
+    render.print_written(written)
+    return 0

@@ -1,0 +1,53 @@
+"""What the `orchmllm` command reports as a user's mistake (exit 2) rather than a bug (exit 1).
+
+Only argument and file validation raise `UsageError`; a ValueError or TypeError from
+inside orchmllm is a bug and keeps its traceback.  `usage_errors(what)` turns the
+ValueError of one named validation call (a library validator checking user input) into a
+UsageError, so the conversion stays as narrow as the check.
+
+>>> with usage_errors("--gpus 0"):
+...     raise ValueError("`gpus` must be a positive int; got 0")
+Traceback (most recent call last):
+...
+orchmllm.cli.errors.UsageError: --gpus 0: `gpus` must be a positive int; got 0
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the demo's checks failed, or a bug in orchmllm (with its traceback)
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a reader closing the pipe early gives a C tool
+
+
+class UsageError(Exception):
+    """Bad input from the command line or an input file; reported in one line, exit 2."""
+
+
+class MissingDependencyError(ImportError):
+    """An optional dependency (matplotlib for plots, torch for the demo) is not installed."""
+
+
+def one_line(error: BaseException) -> str:
+    """The message of `error` on one line (its type name when it has none)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+@contextmanager
+def usage_errors(what: str = ""):
+    """Report a ValueError/TypeError of the validation inside this block as a UsageError about `what`."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"{what}: {one_line(error)}" if what else one_line(error)) from None
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (via UsageError) instead of usage + exit."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")

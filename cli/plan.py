@@ -1,0 +1,99 @@
+"""`orchmllm plan`: balance one lengths file and print or save the assignment."""
+
+from __future__ import annotations
+
+
+from ..study.compare import LOCALITY_SUFFIX, file_stages, plan_for
+from . import arguments, render
+from .errors import UsageError, one_line
+from .files import check_plan_path, load_lengths, save_plan
+
+EXAMPLES = """examples:
+  orchmllm plan lengths.csv --ranks 8
+  orchmllm plan lengths.npy --ranks 64 --algorithm lpt --output plan.json --quiet
+  orchmllm plan lengths.jsonl --ranks 16 --padded --max-tokens 65536 --json
+  orchmllm plan lengths.csv --ranks 64 --algorithm auto+locality --gpus-per-node 8
+"""
+
+
+def add_parser(commands) -> None:
+    from ..balancers import ALGORITHMS
+
+    plan = arguments.subcommand(
+        commands, "plan", "balance a lengths file and print or save the assignment",
+        "Balance the items of a lengths file over D ranks and print the per-rank loads, "
+        "or save the assignment (item -> rank) for another tool.",
+        EXAMPLES)
+    plan.add_argument("lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy")
+    plan.add_argument("-D", "--ranks", type=int, required=True, help="number of data-parallel ranks")
+    plan.add_argument("--algorithm", default="auto" if "auto" in ALGORITHMS else "lpt",
+                      help="algorithm or peer name; NAME+locality keeps items near the rank that listed "
+                           "them, the file's items being listed rank by rank (default: %(default)s)")
+    plan.add_argument("--column", help="CSV column or JSON key holding the lengths")
+    plan.add_argument("--cost", metavar="A,B,C", help="cost f(l) = A + B*l + C*l^2 (default: 0,1,0)")
+    plan.add_argument("--padded", action="store_true", help="padded rank cost count*f(max l)")
+    plan.add_argument("--max-tokens", type=int, help="memory cap: tokens per rank")
+    plan.add_argument("--time-limit", type=float, help="seconds an exact solver may spend")
+    plan.add_argument("--gpus-per-node", type=int, default=8,
+                      help="with a +locality algorithm: GPUs per node (default: %(default)s)")
+    plan.add_argument("--bytes-per-token", type=float, default=8192.0,
+                      help="with a +locality algorithm: bytes moved per length unit (default: %(default)s)")
+    plan.add_argument("--output", "-o", metavar="FILE", help="save the plan: .json (full), .csv (item,rank) "
+                                                             "or .npy (assignment)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--quiet", "-q", action="store_true", help="print only the summary line")
+    plan.set_defaults(handler=run)
+
+
+def plan_payload(plan) -> dict:
+    """The JSON form of a plan, as `--json` prints it and `-o plan.json` saves it."""
+    return {"algorithm": plan.algorithm, "num_ranks": plan.num_ranks, "num_items": plan.num_items,
+            "padded": plan.padded, "cost": {"per_item": plan.cost.per_item, "linear": plan.cost.linear,
+                                            "quadratic": plan.cost.quadratic},
+            "makespan": plan.makespan, "lower_bound": plan.lower_bound, "gap": plan.gap,
+            "imbalance": plan.imbalance, "status": str(plan.status), "solve_seconds": plan.solve_seconds,
+            "digest": plan.digest(), "assignment": plan.assignment, "loads": plan.loads, "tokens": plan.tokens}
+
+
+def _cap_error(error) -> UsageError:
+    return UsageError(f"{one_line(error)} (smallest cap known to be needed: --max-tokens {error.min_cap})")
+
+
+def run(args) -> int:
+    """`orchmllm plan`: balance one lengths file and print or save the assignment."""
+    from ..balancers import InfeasibleError, get_algorithm
+    from ..balancers.problem import make_problem
+
+    arguments.check_time_limit(args.time_limit)
+    lengths = load_lengths(args.lengths, args.column)
+    name = arguments.algorithms(args.algorithm, "--algorithm")
+    if len(name) != 1:
+        raise UsageError(f"--algorithm takes one name; got {args.algorithm!r}")
+    arguments.positive_int(args.ranks, "--ranks")
+    if args.output is not None:
+        check_plan_path(args.output)
+    stage = file_stages(lengths, args.ranks, arguments.cost_model(args.cost), args.padded, args.bytes_per_token)[0]
+    topology = arguments.topology(args.ranks, args.gpus_per_node) if name[0].endswith(LOCALITY_SUFFIX) else None
+    try:
+        make_problem(stage.lengths, args.ranks, cost=stage.cost, padded=stage.padded,
+                     max_tokens_per_rank=args.max_tokens)  # the balancers' own input checks, before any work
+    except InfeasibleError as error:
+        raise _cap_error(error) from None
+    except (ValueError, TypeError) as error:
+        raise UsageError(one_line(error)) from None
+    try:
+        with render.progress(not args.json, 1, f"balancing {lengths.size} items on {args.ranks} ranks") as advance:
+            plan = plan_for(name[0], stage, args.ranks, args.time_limit, topology, args.max_tokens)
+            advance()
+    except InfeasibleError as error:  # a cap only the solve itself finds too small
+        raise _cap_error(error) from None
+    payload = plan_payload(plan)
+    if args.output is not None:
+        save_plan(plan, render.to_json_text(payload), args.output)
+    if args.json:
+        render.print_json(payload)
+        return 0
+    render.print_plan(plan, args.lengths, args.quiet, str(get_algorithm(name[0].removesuffix(LOCALITY_SUFFIX)).kind))
+    if args.output is not None:
+        render.print_written([args.output])
+    return 0

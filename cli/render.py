@@ -1,0 +1,199 @@
+"""What the `orchmllm` command prints: rich tables, progress bars on stderr, JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+
+from ..balancers import get_algorithm
+from ..study.compare import BASELINE, LOCALITY_SUFFIX, PEER_TIMING, peer_names, ratio
+
+
+def console(stderr: bool = False):
+    """A rich console on stdout (or stderr); 132 columns when not a terminal, wide enough for the tables."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 132)
+
+
+@contextmanager
+def progress(enabled: bool, total: int, description: str):
+    """A rich progress bar on stderr (when enabled and stderr is a terminal); yields advance()."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda: bar.advance(task)
+
+
+def _json_default(value):
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def to_json_text(payload, indent: int | None = None) -> str:
+    """`payload` as strict JSON (numpy scalars and arrays as numbers and lists, no NaN)."""
+    return json.dumps(payload, indent=indent, default=_json_default, allow_nan=False)
+
+
+def print_json(payload) -> None:
+    sys.stdout.write(to_json_text(payload, indent=2) + "\n")
+
+
+def print_written(paths) -> None:
+    for path in paths:
+        console().print(f"wrote {path}")
+
+
+def _config_head(ranks: int, items_per_rank: int | None) -> str:
+    return f"D={ranks}" + (f", {items_per_rank} items/rank" if items_per_rank else "")
+
+
+def _compare_table(comparison, summary, source: str, notes: list[str]):
+    from rich.table import Table
+
+    table = Table(title=f"{source}, {_config_head(summary.ranks, summary.items_per_rank)}", title_justify="left",
+                  title_style="bold")
+    for header in ("stage", "algorithm", "items", "makespan/LB", "max/mean", "speed-up", "ms",
+                   "moved GB", "inter-node GB"):
+        table.add_column(header, justify="left" if header in ("stage", "algorithm") else "right", no_wrap=True)
+    mine = [row for row in comparison.rows if row.ranks == summary.ranks and row.items_per_rank == summary.items_per_rank]
+    for index, row in enumerate(mine):
+        if index and row.stage != mine[index - 1].stage:
+            table.add_section()
+        name = row.algorithm + (" (peer)" if row.kind == "peer" else "")
+        if "does not divide" in row.mode:
+            name += " †"
+        cells = ["n/a"] * 6
+        if not row.applies:
+            notes.append(f"{row.algorithm} on {row.stage}: {row.note}")
+        else:
+            timed = "*" if row.timed == PEER_TIMING else ""
+            cells = [f"{row.makespan_over_bound:.3f}", f"{row.imbalance:.3f}", f"{row.speedup_vs_none:.2f}x",
+                     f"{1e3 * row.solve_seconds:.1f}{timed}", f"{row.bytes_moved / 1e9:.3f}",
+                     f"{row.bytes_inter_node / 1e9:.3f}"]
+        table.add_row(row.stage, name, str(row.num_items), *cells, style="dim" if row.algorithm == BASELINE else None)
+    return table
+
+
+def print_compare(comparison, source: str) -> None:
+    """The tables of `orchmllm compare`, one per configuration, then the before / after summary."""
+    out = console()
+    notes: list[str] = []
+    for summary in comparison.summaries:
+        out.print(_compare_table(comparison, summary, source, notes))
+    for note in dict.fromkeys(notes):
+        out.print(f"n/a: {note}")
+    out.print(f"{BASELINE}: no balancing, every item stays on the rank that sampled it. "
+              "makespan/LB: slowest rank's work over a lower bound no plan can beat.")
+    fallback = sorted({row.algorithm for row in comparison.rows if "does not divide" in row.mode})
+    if fallback:
+        out.print(f"†: D does not divide the stage's item count, so {', '.join(fallback)} ran in "
+                  "its fallback mode (verl: equal_size=False; LLaVA: strided split).")
+    used = [name for name in peer_names() if any(row.algorithm == name for row in comparison.rows)]
+    if used:
+        out.print("Peers, reimplemented from their published descriptions (ms*: the solve time of our "
+                  "reimplementation, not of the peer's own code):")
+        for name in used:
+            out.print(f"  {name:<22} {get_algorithm(name).description}")
+    out.print("\n[bold]Before / after[/bold] (slowest rank's work summed over stages; "
+              "each stage waits for its slowest rank):")
+    for summary in comparison.summaries:
+        before, ideal = summary.work_before, summary.work_ideal
+        out.print(f"  {_config_head(summary.ranks, summary.items_per_rank)}: before (as sampled) {before:.4g} = "
+                  f"{ratio(before, ideal):.2f}x the lower bound")
+        for best, what in ((summary.best, "after"), (summary.best_peer, "best peer")):
+            if best is not None:
+                names = getattr(best, "algorithm", None) or ", ".join(
+                    f"{name} on {stage}" for stage, name in best.algorithms.items())
+                out.print(f"    {what:<9} {best.work:.4g} = {ratio(best.work, ideal):.2f}x the lower bound "
+                          f"-> step [bold]{best.speedup_vs_none:.2f}x[/bold] faster ({names})")
+        for entry in summary.locality:
+            out.print(f"    {entry.algorithm + LOCALITY_SUFFIX}: work {ratio(entry.work_locality, entry.work) - 1:+.2%} "
+                      f"vs {entry.algorithm}, bytes moved {entry.bytes_moved / 1e9:.3g} -> "
+                      f"{entry.bytes_moved_locality / 1e9:.3g} GB, across nodes "
+                      f"{entry.bytes_inter_node / 1e9:.3g} -> {entry.bytes_inter_node_locality / 1e9:.3g} GB")
+
+
+def print_plan(plan, source: str, quiet: bool, kind: str) -> None:
+    """Per-rank items, tokens and loads of one plan (unless `quiet`), then its summary line;
+    `kind` is the algorithm's (ours, peer, baseline, plugin)."""
+    from rich.table import Table
+
+    out = console()
+    if not quiet:
+        table = Table(title=f"{source}: {plan.num_items} items on {plan.num_ranks} ranks with {plan.algorithm} "
+                            f"({kind})", title_justify="left")
+        for header in ("rank", "items", "tokens", "load", "load / mean"):
+            table.add_column(header, justify="right")
+        mean = float(plan.loads.mean()) or 1.0
+        counts = np.bincount(plan.assignment, minlength=plan.num_ranks)
+        for rank in range(plan.num_ranks):
+            table.add_row(str(rank), str(counts[rank]), str(plan.tokens[rank]), f"{plan.loads[rank]:.6g}",
+                          f"{plan.loads[rank] / mean:.3f}")
+        out.print(table)
+    out.print(f"makespan {plan.makespan:.6g}, lower bound {plan.lower_bound:.6g} (gap {plan.gap:.2%}), "
+              f"status {plan.status}, {1e3 * plan.solve_seconds:.1f} ms, digest {plan.digest()[:16]}")
+
+
+def _batch_rule(run: dict) -> str:
+    """How the run's samples per rank were chosen, for the table title."""
+    choice = run["samples_per_rank_choice"]
+    if choice["rule"] == "explicit":
+        return ""
+    fits = (f"{choice['reference_strategy']} fits in {choice['headroom']:.0%} of GPU memory, "
+            f"{choice['limit_gib']:.0f} GiB")
+    return {"memory": f" (largest at which {fits})", "grid end": f" (largest tried; {fits})",
+            "over memory at the smallest": f" (smallest tried; {choice['reference_strategy']} is over "
+                                           f"{choice['limit_gib']:.0f} GiB even so)"}[choice["limited_by"]]
+
+
+def print_simulation(runs) -> None:
+    """The strategy table of the last run, a scaling table over all runs, and the fastest strategy."""
+    from rich.table import Table
+
+    out = console()
+    last = runs[-1]
+    table = Table(title=f"{last['model']} model ({last['model_params_billion']:.1f}B) on {last['gpus']} H100s "
+                        f"({last['nodes']} nodes), workload {last['workload']!r}, "
+                        f"{last['samples_per_rank']} samples per rank{_batch_rule(last)}", title_justify="left",
+                  title_style="bold")
+    for header in ("strategy", "step s", "speed-up", "MFU", "exchange s", "plan ms", "overhead", "idle",
+                   "a2a", "GiB peak", "OOM"):
+        table.add_column(header, justify="left" if header == "strategy" else "right", no_wrap=True)
+    for name, result in last["strategies"].items():
+        table.add_row(name, f"{result['step_seconds']:.3f}", f"{result['speedup_vs_none']:.2f}x",
+                      f"{result['mfu']:.1%}", f"{result['exchange_seconds']:.3f}",
+                      f"{1e3 * result['planning_seconds']:.1f}", f"{result['overhead_fraction']:.2%}",
+                      f"{result['idle_fraction']:.1%}", str(result["exchanges_per_step"]),
+                      f"{result['memory_peak_gib']:.1f}", "OOM" if result["oom"] else "",
+                      style="bold red" if result["oom"] else None)
+    out.print(table)
+    if len(runs) > 1:
+        scaling = Table(title="speed-up vs none (MFU) against the GPU count", title_justify="left", title_style="bold")
+        scaling.add_column("strategy")
+        for run in runs:
+            scaling.add_column(f"{run['gpus']} GPUs", justify="right")
+        for name in last["strategies"]:
+            scaling.add_row(name, *(f"{run['strategies'][name]['speedup_vs_none']:.2f}x "
+                                    f"({run['strategies'][name]['mfu']:.1%})" for run in runs))
+        out.print(scaling)
+    best = max(last["strategies"], key=lambda name: (not last["strategies"][name]["oom"],
+                                                     last["strategies"][name]["speedup_vs_none"]))
+    result = last["strategies"][best]
+    out.print(f"Fastest without running out of memory: [bold]{best}[/bold], "
+              f"{result['speedup_vs_none']:.2f}x the step of no balancing, MFU {result['mfu']:.1%}, "
+              f"overhead {result['overhead_fraction']:.2%} of the step.")

@@ -1,0 +1,121 @@
+"""`orchmllm simulate`: the cluster simulator's strategy table (and plots) for one or more GPU counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import arguments, render
+from .errors import usage_errors
+from .files import require_file, writing
+
+EXAMPLES = """examples:
+  orchmllm simulate                                  # 84b model, 2560 GPUs, default workload, batch sized by memory
+  orchmllm simulate --model 18b --gpus 64,256,1024 --plot out/
+  orchmllm simulate --strategies none,llm_only,ours --samples-per-rank 8 --json
+  orchmllm simulate --workload-file samples.jsonl --gpus 64
+"""
+
+
+def add_parser(commands) -> None:
+    from ..study.models import list_models
+    from ..study.strategies import STRATEGIES
+    from ..study.workloads import list_workloads
+
+    simulate = arguments.subcommand(
+        commands, "simulate", "simulate one training step on a cluster under each balancing strategy",
+        "Model one training step of a multimodal model on H100 nodes for each strategy of the "
+        "OrchMLLM ablations: step time, speed-up, MFU, overhead and memory.\n\nstrategies:\n" +
+        "\n".join(f"  {name:<17} {strategy.description}" for name, strategy in STRATEGIES.items()),
+        EXAMPLES)
+    simulate.add_argument("--model", default="84b", help=f"{', '.join(list_models())} (default: %(default)s)")
+    simulate.add_argument("--gpus", default="2560", help="comma-separated GPU counts, nodes of 8 "
+                                                         "(default: %(default)s)")
+    source = simulate.add_mutually_exclusive_group()
+    source.add_argument("--workload", default="default", help=f"built-in workload: {', '.join(list_workloads())} "
+                                                              "(default: %(default)s)")
+    source.add_argument("--workload-file", metavar="FILE", help="JSON lines of multimodal samples")
+    simulate.add_argument("--samples-per-rank", type=int, default=None,
+                          help="samples per rank (default: sized by memory like a training run: the largest of "
+                               "1, 2, 4, 8, ..., 64 at which ours fits in 90%% of GPU memory; every strategy "
+                               "then runs that same batch)")
+    simulate.add_argument("--strategies", help="comma-separated strategies (default: all; none is always "
+                                               "simulated as the reference)")
+    simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
+    simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    simulate.add_argument("--plot", metavar="DIR", help="write timeline_*.png (and scaling.png for several "
+                                                        "--gpus) to DIR (needs matplotlib)")
+    simulate.set_defaults(handler=run)
+
+
+def _rank_seconds(args, run: dict, strategy: str):
+    """Seconds per rank of every stage for one strategy of a simulated `run`, as the simulator models them."""
+    from ..study import simulator
+    from ..study.models import GPUS, MODELS
+    from ..study.strategies import STRATEGIES
+
+    topology = simulator.cluster(run["gpus"])
+    available = arguments.check_workload_source(args, MODELS[args.model].stages())
+    batch = arguments.workload_batch(args, topology.world_size, run["samples_per_rank"], available)
+    plan = STRATEGIES[strategy].plan(MODELS[args.model].stages(), topology, batch)
+    return simulator.stage_rank_seconds(plan, GPUS["h100"], run["strategies"][strategy]["micro_batch_size"])
+
+
+def figures(args, runs, directory: Path) -> list[str]:
+    """timeline_none.png / timeline_ours.png of the last run, scaling.png over several runs."""
+    from . import plots
+
+    last = runs[-1]
+    shown = [name for name in ("none", "ours") if name in last["strategies"]] or list(last["strategies"])[:1]
+    longest = max(last["strategies"][name]["compute_seconds"] for name in shown)
+    written = []
+    with writing("--plot", directory):
+        for name in shown:
+            result = last["strategies"][name]
+            written.append(plots.plot_step_timeline(
+                _rank_seconds(args, last, name), directory / f"timeline_{name}.png",
+                max_seconds=longest, title=f"{name}: one step of the {last['model']} model on {last['gpus']} GPUs "
+                                           f"(+ {result['exchange_seconds']:.3g} s exchanges)"))
+        if len(runs) > 1:
+            names = list(last["strategies"])
+            written.append(plots.plot_scaling(
+                [run["gpus"] for run in runs],
+                {name: [run["strategies"][name]["speedup_vs_none"] for run in runs] for name in names},
+                {name: [run["strategies"][name]["mfu"] for run in runs] for name in names},
+                directory / "scaling.png",
+                oom={name: [run["strategies"][name]["oom"] for run in runs] for name in names},
+                title=f"{last['model']} model, workload {last['workload']!r}"))
+    return [str(path) for path in written]
+
+
+def run(args) -> int:
+    """`orchmllm simulate`: the cluster simulator's strategy table (and plots) for one or more GPU counts."""
+    from ..study.simulator import check_simulation, run_simulation
+
+    if args.plot is not None:
+        from .plots import require_matplotlib
+
+        require_matplotlib()
+    gpus = arguments.int_list(args.gpus, "--gpus")
+    strategies = None if args.strategies is None else [part.strip() for part in args.strategies.split(",")
+                                                       if part.strip()]
+    arguments.model_stages(args.model)
+    if args.workload_file is not None:
+        require_file(args.workload_file, "workload file")
+    for count in gpus:
+        with usage_errors(f"--gpus {count}"):
+            check_simulation(model=args.model, gpus=count, workload=args.workload, workload_file=args.workload_file,
+                             samples_per_rank=args.samples_per_rank, strategies=strategies)
+    runs = []
+    with render.progress(not args.json, len(gpus), "simulating") as advance:
+        for count in gpus:
+            runs.append(run_simulation(model=args.model, gpus=count, workload=args.workload,
+                                       workload_file=args.workload_file, samples_per_rank=args.samples_per_rank,
+                                       strategies=strategies, seed=args.seed))
+            advance()
+    written = figures(args, runs, Path(args.plot)) if args.plot is not None else []
+    if args.json:
+        render.print_json({"command": "simulate", "runs": runs, "files": written})
+        return 0
+    render.print_simulation(runs)
+    render.print_written(written)
+    return 0

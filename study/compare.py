@@ -1,0 +1,367 @@
+"""The comparison engine of `orchmllm compare`: every balancer and peer on the same stages.
+
+For each configuration (D ranks, samples per rank, the stages' items) every algorithm
+balances every stage; a row records the makespan against the lower bound, the speed-up
+over leaving every item where it was sampled (`BASELINE`), the solve time and the bytes
+the plan moves within and across nodes.  Peers' solve times are those of our
+reimplementations (`study.peers`), not of the peers' own code; rows say so (`timed`).
+
+>>> stage = file_stages(np.array([5, 1, 4, 2, 3, 3]), 2, CostModel(), False, 1.0)[0]
+>>> comparison = run_comparison([CompareConfig(2, None, (stage,))], ["lpt"], gpus_per_node=8)
+>>> [(row.algorithm, row.makespan, row.speedup_vs_none) for row in comparison.rows]
+[('none', 10.0, 1.0), ('lpt', 9.0, 1.111...)]
+>>> comparison.summaries[0].best.algorithms
+{'items': 'lpt'}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..balancers import CostModel, Kind, algorithms, balance, get_algorithm
+from ..balancers.identity import home_ranks
+from ..balancers.plan import BalancePlan
+from ..topology import Topology, traffic
+from .peers import peer_mode
+
+BASELINE = "none"  # every item stays on the rank that sampled it
+LOCALITY_SUFFIX = "+locality"  # the communication-aware variant of a registered algorithm
+PEER_TIMING = "our reimplementation"  # what a peer's solve_seconds measure
+
+
+@dataclass(frozen=True, eq=False)
+class CompareStage:
+    """The items one stage balances in one step: lengths, the rank that sampled each, costs, bytes."""
+
+    name: str
+    lengths: np.ndarray
+    sources: np.ndarray
+    cost: CostModel
+    padded: bool
+    item_bytes: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class CompareConfig:
+    """One configuration to compare on: D ranks, samples per rank (None for a lengths file), stages."""
+
+    num_ranks: int
+    items_per_rank: int | None
+    stages: tuple[CompareStage, ...]
+
+
+def file_stages(lengths: np.ndarray, num_ranks: int, cost: CostModel, padded: bool,
+                bytes_per_token: float) -> tuple[CompareStage, ...]:
+    """A lengths file as one stage, its items listed rank by rank (as an all-gather lists them)."""
+    sources = home_ranks(lengths.size, num_ranks)
+    return (CompareStage("items", lengths, sources, cost, padded, lengths * float(bytes_per_token)),)
+
+
+def workload_stages(batch, stages) -> tuple[CompareStage, ...]:
+    """Every stage's items of `batch`; bytes are an item's input (the LLM: text + embeddings it receives)."""
+    from ..orchestrator.planner import stage_items
+
+    embedding_bytes = np.zeros(len(batch.modalities))
+    for stage in stages:
+        if not stage.is_llm and stage.modality in batch.modalities:
+            embedding_bytes[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
+    received = np.bincount(batch.segment_sample, minlength=batch.num_samples,
+                           weights=batch.segment_tokens * embedding_bytes[batch.segment_modality])
+    result = []
+    for stage in stages:
+        item_sample, _, item_length = stage_items(batch, stage)
+        item_bytes = (batch.sample_text * stage.input_bytes_per_unit + received if stage.is_llm
+                      else item_length * stage.input_bytes_per_unit)
+        if item_length.size:
+            result.append(CompareStage(stage.name, np.asarray(item_length), batch.sample_source[item_sample],
+                                       stage.cost, stage.padded, np.asarray(item_bytes, dtype=np.float64)))
+    return tuple(result)
+
+
+def peer_names() -> list[str]:
+    """The registered peers' heuristics (kind `peer`), in registration order."""
+    return [record.name for record in algorithms(kind=Kind.PEER)]
+
+
+def known_names() -> list[str]:
+    """Every name `compare` accepts: algorithms, their +locality variants, peers."""
+    records = algorithms()
+    ours = [record for record in records if record.kind is not Kind.PEER]
+    return ([record.name for record in ours] + [record.name + LOCALITY_SUFFIX for record in ours
+                                                if record.kind is not Kind.BASELINE] + peer_names())
+
+
+def algorithm_names(text: str | None) -> list[str]:
+    """The algorithm and peer names in `text` (comma-separated), or the default set: the
+    records registered as default, plus auto+locality.
+
+    A registered name with the suffix "+locality" runs communication-aware: within 0.2 % of
+    the plain makespan, items stay on their rank, else on their node, as far as possible.
+
+    >>> algorithm_names("lpt, verl_kk,lpt")
+    ['lpt', 'verl_kk']
+    """
+    if text is None:
+        records = algorithms(default=True)
+        return ([record.name for record in records if record.kind is not Kind.PEER] + [f"auto{LOCALITY_SUFFIX}"]
+                + [record.name for record in records if record.kind is Kind.PEER])
+    known = known_names()
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def compare_topology(num_ranks: int, gpus_per_node: int) -> Topology:
+    """Whole nodes of `gpus_per_node` GPUs (one node when D is smaller)."""
+    return Topology.for_world_size(num_ranks, gpus_per_node=min(gpus_per_node, num_ranks))
+
+
+def plan_for(name: str, stage: CompareStage, num_ranks: int, time_limit: float | None, topology,
+             max_tokens_per_rank: int | None = None) -> BalancePlan:
+    """The plan of algorithm, peer or baseline `name` for one stage's items."""
+    options = dict(cost=stage.cost, padded=stage.padded, time_limit=time_limit,
+                   max_tokens_per_rank=max_tokens_per_rank)
+    if name == BASELINE:
+        return balance(stage.lengths, num_ranks, algorithm="identity", sources=stage.sources, **options)
+    if name.endswith(LOCALITY_SUFFIX):
+        return balance(stage.lengths, num_ranks, algorithm=name.removesuffix(LOCALITY_SUFFIX), sources=stage.sources,
+                       item_bytes=stage.item_bytes, topology=topology, **options)
+    return balance(stage.lengths, num_ranks, algorithm=name, **options)
+
+
+def does_not_apply(name: str, padded: bool) -> str:
+    """Why algorithm `name` cannot balance a stage of this padding ("" when it can), from its record."""
+    return "" if name == BASELINE else get_algorithm(name.removesuffix(LOCALITY_SUFFIX)).why_not(padded)
+
+
+def ratio(value: float, reference: float) -> float:
+    """value / reference, 1.0 when both are 0 (a step with no work is balanced).
+
+    >>> ratio(3.0, 2.0), ratio(0.0, 0.0), ratio(1.0, 0.0)
+    (1.5, 1.0, inf)
+    """
+    if reference > 0:
+        return value / reference
+    return 1.0 if value == 0 else math.inf
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One algorithm on one stage of one configuration; the figures are None when it does not apply."""
+
+    ranks: int
+    items_per_rank: int | None
+    stage: str
+    algorithm: str
+    kind: str  # "orchmllm" or "peer"
+    label: str  # a peer's one-line description
+    num_items: int
+    mode: str  # the variant a peer ran ("" when it has one)
+    makespan: float | None = None
+    lower_bound: float | None = None
+    makespan_over_bound: float | None = None
+    imbalance: float | None = None
+    speedup_vs_none: float | None = None
+    solve_seconds: float | None = None
+    bytes_moved: float | None = None
+    bytes_inter_node: float | None = None
+    status: str = "n/a"
+    note: str = ""
+    timed: str = "orchmllm"  # whose code solve_seconds measure: "orchmllm" or PEER_TIMING
+
+    @property
+    def applies(self) -> bool:
+        return self.makespan is not None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class BestPlans:
+    """The best registered algorithm of every stage and the step's summed slowest-rank work."""
+
+    algorithms: Mapping[str, str]
+    work: float
+    speedup_vs_none: float
+
+    def to_json(self) -> dict:
+        return {"algorithms": dict(self.algorithms), "work": self.work, "speedup_vs_none": self.speedup_vs_none}
+
+
+@dataclass(frozen=True)
+class BestPeer:
+    """The peer whose plans sum lowest over all stages."""
+
+    algorithm: str
+    work: float
+    speedup_vs_none: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class LocalityEffect:
+    """An algorithm against its +locality variant, summed over stages: work and bytes."""
+
+    algorithm: str
+    work: float
+    bytes_moved: float
+    bytes_inter_node: float
+    work_locality: float
+    bytes_moved_locality: float
+    bytes_inter_node_locality: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class CompareSummary:
+    """Per configuration: slowest-rank work summed over stages, as sampled vs the best plans."""
+
+    ranks: int
+    items_per_rank: int | None
+    stages: tuple[str, ...]
+    work_before: float
+    work_ideal: float
+    best: BestPlans | None = None
+    best_peer: BestPeer | None = None
+    locality: tuple[LocalityEffect, ...] = ()
+
+    def to_json(self) -> dict:
+        payload = {"ranks": self.ranks, "items_per_rank": self.items_per_rank, "stages": list(self.stages),
+                   "work_before": self.work_before, "work_ideal": self.work_ideal}
+        for key, value in (("best", self.best), ("best_peer", self.best_peer)):
+            if value is not None:
+                payload[key] = value.to_json()
+        payload["locality"] = [entry.to_json() for entry in self.locality]
+        return payload
+
+
+@dataclass(frozen=True, eq=False)
+class StageRun:
+    """What a row's figures came from, for plots: the stage, the plan, the topology."""
+
+    stage: CompareStage
+    plan: BalancePlan
+    topology: Topology
+
+
+@dataclass(frozen=True, eq=False)
+class Comparison:
+    """Rows of every run, a summary per configuration, and the runs behind the rows.
+
+    `runs` is keyed by (ranks, items_per_rank, stage name, algorithm).
+    """
+
+    rows: tuple[CompareRow, ...]
+    summaries: tuple[CompareSummary, ...]
+    runs: Mapping[tuple, StageRun] = field(repr=False)
+
+    def to_json(self) -> dict:
+        return {"rows": [row.to_json() for row in self.rows], "summary": [s.to_json() for s in self.summaries]}
+
+
+def run_comparison(configs: Sequence[CompareConfig], algorithms: Sequence[str], *, gpus_per_node: int,
+                   time_limit: float | None = None, report_not_applicable: bool = False,
+                   advance: Callable[[], None] = lambda: None) -> Comparison:
+    """Run the baseline and every algorithm on every stage of every configuration.
+
+    An algorithm that cannot balance a stage (a padded-only solver on an unpadded stage)
+    is left out, or reported as an "n/a" row with the reason when `report_not_applicable`.
+    `advance()` is called once per (stage, algorithm), for a progress bar.
+    """
+    rows, runs, peers = [], {}, peer_names()
+    for config in configs:
+        topology = compare_topology(config.num_ranks, gpus_per_node)
+        for stage in config.stages:
+            baseline = None
+            for name in [BASELINE, *algorithms]:
+                peer = name in peers
+                head = dict(ranks=config.num_ranks, items_per_rank=config.items_per_rank, stage=stage.name,
+                            algorithm=name, kind="peer" if peer else "orchmllm",
+                            label=get_algorithm(name).description if peer else "",
+                            num_items=int(stage.lengths.size),
+                            mode=peer_mode(name, stage.lengths.size, config.num_ranks) if peer else "",
+                            timed=PEER_TIMING if peer else "orchmllm")
+                reason = does_not_apply(name, stage.padded)
+                if reason:
+                    if report_not_applicable:
+                        rows.append(CompareRow(**head, note=reason))
+                    advance()
+                    continue
+                plan = plan_for(name, stage, config.num_ranks, time_limit, topology)
+                move = traffic(stage.sources, plan.assignment, stage.item_bytes, topology)
+                baseline = plan.makespan if baseline is None else baseline
+                rows.append(CompareRow(
+                    **head, makespan=plan.makespan, lower_bound=plan.lower_bound,
+                    makespan_over_bound=ratio(plan.makespan, plan.lower_bound), imbalance=plan.imbalance,
+                    speedup_vs_none=ratio(baseline, plan.makespan), solve_seconds=plan.solve_seconds,
+                    bytes_moved=move.bytes_moved, bytes_inter_node=move.bytes_inter_node, status=str(plan.status)))
+                runs[(config.num_ranks, config.items_per_rank, stage.name, name)] = StageRun(stage, plan, topology)
+                advance()
+    return Comparison(tuple(rows), summarize(rows), runs)
+
+
+def _best_plans(mine: list[CompareRow], stages: list[str], baseline: dict, before: float) -> BestPlans | None:
+    ours = [row for row in mine if row.kind == "orchmllm" and row.algorithm != BASELINE]
+    if not ours:
+        return None
+    chosen = {stage: min((row for row in ours if row.stage == stage),
+                         key=lambda row: (row.makespan, row.algorithm), default=baseline[stage])
+              for stage in stages}
+    work = sum(row.makespan for row in chosen.values())
+    return BestPlans({stage: row.algorithm for stage, row in chosen.items()}, work, ratio(before, work))
+
+
+def _best_peer(mine: list[CompareRow], stages: list[str], before: float) -> BestPeer | None:
+    totals = {}
+    for name in peer_names():
+        peer_rows = [row for row in mine if row.algorithm == name]
+        if len(peer_rows) == len(stages):
+            totals[name] = sum(row.makespan for row in peer_rows)
+    if not totals:
+        return None
+    name = min(totals, key=lambda n: (totals[n], n))
+    return BestPeer(name, totals[name], ratio(before, totals[name]))
+
+
+def _locality_effects(mine: list[CompareRow], stages: list[str]) -> tuple[LocalityEffect, ...]:
+    effects = []
+    for aware in sorted({row.algorithm for row in mine if row.algorithm.endswith(LOCALITY_SUFFIX)}):
+        plain = aware.removesuffix(LOCALITY_SUFFIX)
+        groups = [[row for row in mine if row.algorithm == name] for name in (plain, aware)]
+        if len(groups[0]) == len(groups[1]) == len(stages):
+            sums = [[sum(getattr(row, key) for row in group) for key in ("makespan", "bytes_moved", "bytes_inter_node")]
+                    for group in groups]
+            effects.append(LocalityEffect(plain, *sums[0], *sums[1]))
+    return tuple(effects)
+
+
+def summarize(rows: Sequence[CompareRow]) -> tuple[CompareSummary, ...]:
+    """Per configuration: slowest-rank work summed over stages, as sampled vs the best plans.
+
+    "best" takes the best registered algorithm of every stage (stages are balanced
+    independently); "best_peer" the peer heuristic whose plans sum lowest over all stages.
+    """
+    summaries = []
+    for num_ranks, items_per_rank in sorted({(row.ranks, row.items_per_rank or 0) for row in rows}):
+        mine = [row for row in rows if row.ranks == num_ranks and (row.items_per_rank or 0) == items_per_rank
+                and row.applies]
+        stages = list(dict.fromkeys(row.stage for row in mine))
+        baseline = {row.stage: row for row in mine if row.algorithm == BASELINE}
+        before = sum(row.makespan for row in baseline.values())
+        summaries.append(CompareSummary(
+            num_ranks, items_per_rank or None, tuple(stages), before, sum(row.lower_bound for row in baseline.values()),
+            _best_plans(mine, stages, baseline, before), _best_peer(mine, stages, before),
+            _locality_effects(mine, stages)))
+    return tuple(summaries)
