@@ -64,7 +64,7 @@ def test_plan_whole_step(benchmark, best_of, request, num_ranks, strategy):
 def test_simulate_2560_gpus(benchmark, model, workload):
     """Every strategy on 2560 simulated H100s, 16 samples per rank."""
     result = benchmark.pedantic(run_simulation, kwargs=dict(model=model, gpus=2560, workload=workload), rounds=1,
-                                iterations=1)
+                                iterations=1).to_json()
     strategies = result["strategies"]
     ours = strategies["ours"]
     assert ours["step_seconds"] < strategies["none"]["step_seconds"]
@@ -81,7 +81,7 @@ def test_memory_headroom_84b(benchmark, samples_per_rank):
     """How memory grows with the batch: which strategies overflow 80 GiB first (84B, 2560 GPUs)."""
     result = benchmark.pedantic(run_simulation, kwargs=dict(model="84b", gpus=2560, samples_per_rank=samples_per_rank,
                                                             strategies=["llm_only", "length_grouped", "ours"]),
-                                rounds=1, iterations=1)
+                                rounds=1, iterations=1).to_json()
     strategies = result["strategies"]
     assert strategies["ours"]["memory_peak_gib"] < strategies["llm_only"]["memory_peak_gib"]
     benchmark.extra_info.update({f"{name}_{key}": value[key] for name, value in strategies.items()
@@ -93,7 +93,7 @@ def test_one_vs_two_embedding_exchanges(benchmark):
     topology = cluster(2560)
     batch = sample_workload("default", 2560, 16, seed=1)
     plan = get_strategy("ours").plan(MODELS["84b"].stages(), topology, batch)
-    figures = benchmark.pedantic(composition_comparison, args=(plan, topology), rounds=3, iterations=1)
+    figures = benchmark.pedantic(composition_comparison, args=(plan, topology), rounds=3, iterations=1).to_json()
     assert figures["one_exchange_bytes_moved"] <= figures["two_exchange_bytes_moved"]
     benchmark.extra_info.update(figures, bytes_ratio=figures["two_exchange_bytes_moved"]
                                 / max(figures["one_exchange_bytes_moved"], 1.0),
@@ -107,7 +107,7 @@ def test_overhead_scaling_84b(benchmark, request, gpus):
     if gpus > 2560 and not request.config.getoption("--heavy", default=False):
         pytest.skip("16384 GPUs run with --heavy")
     result = benchmark.pedantic(run_simulation, kwargs=dict(model="84b", gpus=gpus, strategies=["ours"]),
-                                rounds=1, iterations=1)
+                                rounds=1, iterations=1).to_json()
     ours = result["strategies"]["ours"]
     assert ours["overhead_fraction"] < 0.01
     benchmark.extra_info.update(speedup_vs_none=ours["speedup_vs_none"], mfu=ours["mfu"],

@@ -84,33 +84,43 @@ def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
     return configs, f"workload {args.workload_file or args.workload!r} on the {args.model} model"
 
 
+def _chosen(summary) -> dict[str, str]:
+    """Per stage, the algorithm whose plan the figures show: the best registered one (else the best peer)."""
+    if summary.best is not None:
+        return dict(summary.best.algorithms)
+    return dict.fromkeys(summary.stages, summary.best_peer.algorithm)
+
+
 def figures(comparison, directory: Path) -> list[str]:
-    """loads.png, traffic.png (and traffic_locality.png) of the last configuration."""
+    """loads.png (one column per configuration), traffic.png and traffic_locality.png (the last
+    configuration's last stage, on one colour scale)."""
     from ..topology import traffic_matrix
     from . import plots
 
+    columns, names = {}, []
+    for summary in comparison.summaries:
+        chosen = _chosen(summary)
+        key = (summary.ranks, summary.items_per_rank)
+        columns[f"D={summary.ranks}" + (f", {summary.items_per_rank} items/rank" if summary.items_per_rank else "")] = {
+            stage: (comparison.runs[(*key, stage, BASELINE)].plan.loads, comparison.runs[(*key, stage, name)].plan.loads)
+            for stage, name in chosen.items()}
+        names += chosen.values()
     last = comparison.summaries[-1]
-    num_ranks, items_per_rank = last.ranks, last.items_per_rank
-    chosen = dict(last.best.algorithms) if last.best is not None else dict.fromkeys(last.stages,
-                                                                                   last.best_peer.algorithm)
-    loads = {}
-    for stage_name, name in chosen.items():
-        before = comparison.runs[(num_ranks, items_per_rank, stage_name, BASELINE)].plan
-        after = comparison.runs[(num_ranks, items_per_rank, stage_name, name)].plan
-        loads[stage_name] = (before.loads, after.loads)
+    stage_name = last.stages[-1]
+    shown = [(_chosen(last)[stage_name], "traffic.png")] + [
+        (entry.algorithm + LOCALITY_SUFFIX, "traffic_locality.png") for entry in last.locality[:1]]
+    runs = [comparison.runs[(last.ranks, last.items_per_rank, stage_name, name)] for name, _ in shown]
+    level = "rank" if runs[0].topology.num_nodes == 1 else "node"  # one node: a single cell at node level
+    matrices = [traffic_matrix(run.stage.sources, run.plan.assignment, run.stage.item_bytes, run.topology, level)
+                for run in runs]
+    top = max(float(matrix.max()) for matrix in matrices)
     with writing("--plot", directory):
-        written = [plots.plot_rank_loads(loads, directory / "loads.png", labels=("as sampled", "balanced"),
-                                         title=f"Per-rank load before / after balancing, D={num_ranks} "
-                                               f"({', '.join(dict.fromkeys(chosen.values()))})")]
-        stage_name = last.stages[-1]
-        shown = [(chosen[stage_name], "traffic.png")] + [
-            (entry.algorithm + LOCALITY_SUFFIX, "traffic_locality.png") for entry in last.locality[:1]]
-        for name, filename in shown:
-            run = comparison.runs[(num_ranks, items_per_rank, stage_name, name)]
-            level = "rank" if run.topology.num_nodes == 1 else "node"  # one node: a single cell at node level
-            matrix = traffic_matrix(run.stage.sources, run.plan.assignment, run.stage.item_bytes, run.topology, level)
-            written.append(plots.plot_traffic_heatmap(matrix, directory / filename, level=level,
-                                                      title=f"{run.stage.name} stage, {name}, D={num_ranks}"))
+        written = [plots.plot_rank_load_grid(columns, directory / "loads.png", labels=("as sampled", "balanced"),
+                                             title="Per-rank load before / after balancing "
+                                                   f"({', '.join(dict.fromkeys(names))})")]
+        for (name, filename), matrix in zip(shown, matrices):
+            written.append(plots.plot_traffic_heatmap(matrix, directory / filename, level=level, max_bytes=top,
+                                                      title=f"{stage_name} stage, {name}, D={last.ranks}"))
     return [str(path) for path in written]
 
 

@@ -47,45 +47,86 @@ def _save(figure, path) -> Path:
 
 def plot_rank_loads(stages: Mapping[str, tuple[np.ndarray, np.ndarray]], path, *,
                     labels: tuple[str, str] = ("before", "after"), title: str = "") -> Path:
-    """Per-rank load of every stage before and after balancing, as multiples of the mean before.
+    """Per-rank load of every stage before and after balancing (one configuration).
 
-    `stages` maps a stage name to (loads before, loads after), one value per rank.  Ranks
-    are sorted by their load before balancing, so the spread reads at a glance.
+    `stages` maps a stage name to (loads before, loads after), one value per rank; see
+    `plot_rank_load_grid`.
+    """
+    return plot_rank_load_grid({"": stages}, path, labels=labels, title=title)
+
+
+def plot_rank_load_grid(columns: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]], path, *,
+                        labels: tuple[str, str] = ("before", "after"), title: str = "") -> Path:
+    """Small multiples: one column per configuration (e.g. "D=64"), one row per stage.
+
+    `columns` maps a column title to {stage name: (loads before, loads after)}.  Each
+    curve is drawn as multiples of its own mean, so "max 1.28x mean" in the legend is the
+    max/mean a table reports for that plan.  Ranks are sorted by their load before
+    balancing, so the spread reads at a glance.
     """
     plt = _pyplot()
-    names = list(stages)
+    names = list(dict.fromkeys(name for stages in columns.values() for name in stages))
     if not names:
         raise ValueError("`stages` must name at least one stage")
-    figure, axes = plt.subplots(len(names), 1, figsize=(9, 2.4 * len(names) + 0.6), squeeze=False)
-    for axis, name in zip(axes[:, 0], names):
-        before, after = (np.asarray(loads, dtype=np.float64) for loads in stages[name])
-        mean = before.mean() if before.mean() > 0 else 1.0
-        order = np.argsort(-before, kind="stable")
-        ranks = np.arange(before.size)
-        axis.fill_between(ranks, before[order] / mean, step="mid", color="#B0B0B0", alpha=0.8,
-                          label=f"{labels[0]} (max {before.max() / mean:.2f}x mean)")
-        axis.step(ranks, after[order] / mean, where="mid", color="#C44E52", linewidth=1.4,
-                  label=f"{labels[1]} (max {after.max() / mean:.2f}x mean)")
-        axis.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
-        axis.set_xlim(-0.5, before.size - 0.5)
-        axis.set_ylim(0, max(before.max(), after.max()) / mean * 1.08)
-        axis.set_ylabel(f"{name}\nload / mean {labels[0]}")
-        axis.legend(loc="upper right", fontsize=8, frameon=False)
-    axes[-1, 0].set_xlabel("rank (sorted by load before balancing)")
+    figure, axes = plt.subplots(len(names), len(columns), figsize=(max(9, 4.6 * len(columns)), 2.4 * len(names) + 0.8),
+                                squeeze=False)
+    for column, (heading, stages) in enumerate(columns.items()):
+        for row, name in enumerate(names):
+            axis = axes[row, column]
+            if name not in stages:
+                axis.set_axis_off()
+                continue
+            before, after = (np.asarray(loads, dtype=np.float64) for loads in stages[name])
+            before, after = before / _mean_or_one(before), after / _mean_or_one(after)
+            order = np.argsort(-before, kind="stable")
+            ranks = np.arange(before.size)
+            axis.fill_between(ranks, before[order], step="mid", color="#B0B0B0", alpha=0.8,
+                              label=f"{labels[0]} (max {before.max():.2f}x mean)")
+            axis.step(ranks, after[order], where="mid", color="#C44E52", linewidth=1.4,
+                      label=f"{labels[1]} (max {after.max():.2f}x mean)")
+            axis.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
+            axis.set_xlim(-0.5, before.size - 0.5)
+            axis.set_ylim(0, max(before.max(), after.max(), 1.0) * 1.08)
+            if column == 0:
+                axis.set_ylabel(f"{name}\nload / its mean")
+            if row == 0 and heading:
+                axis.set_title(heading, fontsize=10)
+            axis.legend(loc="upper right", fontsize=8, frameon=False)
+        axes[-1, column].set_xlabel("rank (sorted by load before balancing)")
     if title:
         figure.suptitle(title)
+    figure.tight_layout()
     return _save(figure, path)
 
 
+def _mean_or_one(values: np.ndarray) -> float:
+    mean = float(values.mean()) if values.size else 0.0
+    return mean if mean > 0 else 1.0
+
+
+def timeline_ranks(stage_seconds: Sequence[Mapping[str, np.ndarray]], max_ranks: int = 32) -> np.ndarray:
+    """The ranks that timelines of several strategies all show: every rank when there are at
+    most `max_ranks`, else evenly spaced ranks plus the slowest rank of every stage of every
+    strategy (so their timelines show the same, labelled subset)."""
+    matrices = [np.stack([np.asarray(seconds[name], dtype=np.float64) for name in seconds]) for seconds in stage_seconds]
+    num_ranks = matrices[0].shape[1]
+    if num_ranks <= max_ranks:
+        return np.arange(num_ranks)
+    slowest = np.unique(np.concatenate([np.argmax(matrix, axis=1) for matrix in matrices]))
+    spaced = np.linspace(0, num_ranks - 1, max(max_ranks - slowest.size, 2)).round().astype(np.int64)
+    return np.unique(np.concatenate((spaced, slowest)))
+
+
 def plot_step_timeline(stage_seconds: Mapping[str, np.ndarray], path, *, title: str = "",
-                       max_ranks: int = 32, max_seconds: float | None = None) -> Path:
+                       max_ranks: int = 32, max_seconds: float | None = None, ranks=None) -> Path:
     """Timeline of one step: every stage runs on all ranks, then all wait for the slowest.
 
     `stage_seconds` maps stage name -> compute seconds per rank, in execution order.  Each
     rank's bar shows its compute (coloured by stage) and its idle time (hatched) until the
-    slowest rank finishes that stage.  With more than `max_ranks` ranks, evenly spaced
-    ranks are shown plus the slowest one of every stage.  `max_seconds` fixes the time
-    axis, so timelines of several strategies compare at a glance.
+    slowest rank finishes that stage.  `ranks` chooses the ranks shown (default
+    `timeline_ranks([stage_seconds], max_ranks)`; pass the same to timelines that should
+    compare); the axis says which subset it is.  `max_seconds` fixes the time axis, so
+    timelines of several strategies compare at a glance.
     """
     plt = _pyplot()
     names = list(stage_seconds)
@@ -93,11 +134,7 @@ def plot_step_timeline(stage_seconds: Mapping[str, np.ndarray], path, *, title: 
         raise ValueError("`stage_seconds` must name at least one stage")
     matrix = np.stack([np.asarray(stage_seconds[name], dtype=np.float64) for name in names])
     num_ranks = matrix.shape[1]
-    shown = np.arange(num_ranks)
-    if num_ranks > max_ranks:
-        slowest = np.argmax(matrix, axis=1)
-        spaced = np.linspace(0, num_ranks - 1, max_ranks - len(names)).round().astype(np.int64)
-        shown = np.unique(np.concatenate((spaced, slowest)))
+    shown = timeline_ranks([stage_seconds], max_ranks) if ranks is None else np.asarray(ranks, dtype=np.int64)
     ends = np.concatenate(([0.0], np.cumsum(matrix.max(axis=1))))
     figure, axis = plt.subplots(figsize=(10, 0.22 * shown.size + 1.6))
     for row, rank in enumerate(shown):
@@ -115,18 +152,22 @@ def plot_step_timeline(stage_seconds: Mapping[str, np.ndarray], path, *, title: 
     axis.invert_yaxis()
     limit = max(ends[-1], max_seconds or 0.0)
     axis.set_xlim(0, limit * 1.01 if limit > 0 else 1.0)
-    axis.set_xlabel(f"seconds (step {ends[-1]:.3g} s, {idle:.1%} of rank-time idle)")
-    axis.set_ylabel("rank")
+    axis.set_xlabel(f"seconds (step {ends[-1]:.3g} s, {idle:.1%} of rank-time idle, all {num_ranks} ranks)")
+    axis.set_ylabel("rank" if shown.size == num_ranks else
+                    f"rank ({shown.size} of {num_ranks} shown: evenly spaced\nand the slowest of each stage)")
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     if title:
         axis.set_title(title)
     return _save(figure, path)
 
 
-def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "", level: str = "node") -> Path:
+def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "", level: str = "node",
+                         max_bytes: float | None = None) -> Path:
     """Bytes sent from node i (row) to node j (column); the diagonal is traffic within a node.
 
     `level="rank"` draws a rank x rank matrix instead (useful when everything is one node).
+    The colour scale starts at 0 and ends at `max_bytes` (default: the largest cell): give
+    several heat maps the same `max_bytes` and their colours compare.
     """
     plt = _pyplot()
     if level not in ("node", "rank"):
@@ -134,9 +175,11 @@ def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "", level
     matrix = np.asarray(node_bytes, dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
         raise ValueError(f"`node_bytes` must be a square {level}s x {level}s matrix; got shape {matrix.shape}")
-    unit, scale = ("GB", 1e9) if matrix.sum() >= 1e9 else ("MB", 1e6)
+    top = float(matrix.max()) if max_bytes is None else float(max_bytes)
+    unit, scale = ("GB", 1e9) if top >= 1e9 else ("MB", 1e6)
     figure, axis = plt.subplots(figsize=(6.4, 5.4))
-    image = axis.imshow(matrix / scale, cmap="viridis", interpolation="nearest")
+    image = axis.imshow(matrix / scale, cmap="viridis", interpolation="nearest", vmin=0.0,
+                        vmax=top / scale if top > 0 else 1.0)
     colourbar = figure.colorbar(image, ax=axis)
     colourbar.set_label(f"{unit} sent")
     size = matrix.shape[0]
@@ -152,34 +195,51 @@ def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "", level
     return _save(figure, path)
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
+LINE_STYLES = ("-", "--", "-.", ":")
+DODGE_OCTAVES = 0.06  # sideways offset between neighbouring strategies' lines, in octaves of the GPU axis
+
+
 def plot_scaling(gpus: Sequence[int], speedup: Mapping[str, Sequence[float]],
                  mfu: Mapping[str, Sequence[float]], path, *, oom: Mapping[str, Sequence[bool]] | None = None,
-                 highlight: str = "ours", title: str = "") -> Path:
+                 highlight: str = "ours", title: str = "", samples_per_rank: Sequence[int] | None = None) -> Path:
     """Speed-up over no balancing and MFU against GPU count, one line per strategy.
 
-    `oom` marks, per strategy and GPU count, runs that exceed GPU memory (red crosses);
-    the `highlight` strategy is drawn thicker.
+    Every strategy has its own colour, marker and dash, hollow markers of decreasing size,
+    and a small sideways offset, so strategies that coincide stay visible side by side;
+    `highlight` is drawn thicker, beneath the others.  `oom` marks, per strategy and GPU count, runs that
+    exceed GPU memory (red crosses).  `samples_per_rank` (one per GPU count) labels the
+    x axis with the batch each run used, which may change with the GPU count.
     """
     plt = _pyplot()
     gpus = np.asarray(gpus, dtype=np.float64)
     colours = plt.get_cmap("tab10")
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     for index, name in enumerate(speedup):
-        colour = "black" if name == highlight else colours(index % 10)
-        style = dict(marker="o", color=colour, linewidth=2.6 if name == highlight else 1.4)
-        left.plot(gpus, np.asarray(speedup[name], dtype=np.float64), label=name, **style)
-        right.plot(gpus, 100 * np.asarray(mfu[name], dtype=np.float64), **style)
+        x = gpus * 2.0 ** (DODGE_OCTAVES * (index - (len(speedup) - 1) / 2))
+        mine = name == highlight
+        style = dict(color="black" if mine else colours(index % 10), marker=MARKERS[index % len(MARKERS)],
+                     linestyle=LINE_STYLES[index % len(LINE_STYLES)], markersize=max(12 - 0.8 * index, 4),
+                     fillstyle="full" if mine else "none", markeredgewidth=1.4, linewidth=3.2 if mine else 1.3, zorder=1 if mine else 2,
+                     alpha=0.55 if mine else 1.0)
+        left.plot(x, np.asarray(speedup[name], dtype=np.float64), label=name, **style)
+        right.plot(x, 100 * np.asarray(mfu[name], dtype=np.float64), **style)
         failed = np.asarray(oom[name], dtype=bool) if oom is not None and name in oom else np.zeros(gpus.size, bool)
         if failed.any():
-            left.plot(gpus[failed], np.asarray(speedup[name], dtype=np.float64)[failed], linestyle="none",
-                      marker="x", markersize=11, markeredgewidth=2.2, color="red")
-            right.plot(gpus[failed], 100 * np.asarray(mfu[name], dtype=np.float64)[failed], linestyle="none",
-                       marker="x", markersize=11, markeredgewidth=2.2, color="red")
+            left.plot(x[failed], np.asarray(speedup[name], dtype=np.float64)[failed], linestyle="none",
+                      marker="x", markersize=11, markeredgewidth=2.2, color="red", zorder=3)
+            right.plot(x[failed], 100 * np.asarray(mfu[name], dtype=np.float64)[failed], linestyle="none",
+                       marker="x", markersize=11, markeredgewidth=2.2, color="red", zorder=3)
+    ticks, xlabel = [str(int(g)) for g in gpus], "GPUs (lines slightly offset sideways to keep them apart)"
+    if samples_per_rank is not None:
+        ticks = [f"{tick}\n{count}/rank" for tick, count in zip(ticks, samples_per_rank)]
+        xlabel = ("GPUs, samples per rank (the same at every count)" if len(set(samples_per_rank)) == 1 else
+                  "GPUs, samples per rank (the batch per rank changes with the GPU count)")
     for axis, label in ((left, "speed-up vs no balancing (x)"), (right, "MFU (%)")):
         axis.set_xscale("log", base=2)
-        axis.set_xticks(gpus, [str(int(g)) for g in gpus])
+        axis.set_xticks(gpus, ticks)
         axis.minorticks_off()
-        axis.set_xlabel("GPUs")
+        axis.set_xlabel(xlabel)
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)
     left.axhline(1.0, color="black", linestyle=":", linewidth=0.8)

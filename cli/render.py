@@ -149,16 +149,15 @@ def print_plan(plan, source: str, quiet: bool, kind: str) -> None:
               f"status {plan.status}, {1e3 * plan.solve_seconds:.1f} ms, digest {plan.digest()[:16]}")
 
 
-def _batch_rule(run: dict) -> str:
+def _batch_rule(run) -> str:
     """How the run's samples per rank were chosen, for the table title."""
-    choice = run["samples_per_rank_choice"]
-    if choice["rule"] == "explicit":
+    choice = run.samples_per_rank_choice
+    if choice.rule == "explicit":
         return ""
-    fits = (f"{choice['reference_strategy']} fits in {choice['headroom']:.0%} of GPU memory, "
-            f"{choice['limit_gib']:.0f} GiB")
+    fits = f"{choice.reference_strategy} fits in {choice.headroom:.0%} of GPU memory, {choice.limit_gib:.0f} GiB"
     return {"memory": f" (largest at which {fits})", "grid end": f" (largest tried; {fits})",
-            "over memory at the smallest": f" (smallest tried; {choice['reference_strategy']} is over "
-                                           f"{choice['limit_gib']:.0f} GiB even so)"}[choice["limited_by"]]
+            "over memory at the smallest": f" (smallest tried; {choice.reference_strategy} is over "
+                                           f"{choice.limit_gib:.0f} GiB even so)"}[choice.limited_by]
 
 
 def print_simulation(runs) -> None:
@@ -167,33 +166,31 @@ def print_simulation(runs) -> None:
 
     out = console()
     last = runs[-1]
-    table = Table(title=f"{last['model']} model ({last['model_params_billion']:.1f}B) on {last['gpus']} H100s "
-                        f"({last['nodes']} nodes), workload {last['workload']!r}, "
-                        f"{last['samples_per_rank']} samples per rank{_batch_rule(last)}", title_justify="left",
+    table = Table(title=f"{last.model} model ({last.model_params_billion:.1f}B) on {last.gpus} H100s "
+                        f"({last.nodes} nodes), workload {last.workload!r}, "
+                        f"{last.samples_per_rank} samples per rank{_batch_rule(last)}", title_justify="left",
                   title_style="bold")
     for header in ("strategy", "step s", "speed-up", "MFU", "exchange s", "plan ms", "overhead", "idle",
                    "a2a", "GiB peak", "OOM"):
         table.add_column(header, justify="left" if header == "strategy" else "right", no_wrap=True)
-    for name, result in last["strategies"].items():
-        table.add_row(name, f"{result['step_seconds']:.3f}", f"{result['speedup_vs_none']:.2f}x",
-                      f"{result['mfu']:.1%}", f"{result['exchange_seconds']:.3f}",
-                      f"{1e3 * result['planning_seconds']:.1f}", f"{result['overhead_fraction']:.2%}",
-                      f"{result['idle_fraction']:.1%}", str(result["exchanges_per_step"]),
-                      f"{result['memory_peak_gib']:.1f}", "OOM" if result["oom"] else "",
-                      style="bold red" if result["oom"] else None)
+    for name, result in last.strategies.items():
+        table.add_row(name, f"{result.step_seconds:.3f}", f"{result.speedup_vs_none:.2f}x", f"{result.mfu:.1%}",
+                      f"{result.exchange_seconds:.3f}", f"{1e3 * result.planning_seconds:.1f}",
+                      f"{result.overhead_fraction:.2%}", f"{result.idle_fraction:.1%}", str(result.exchanges_per_step),
+                      f"{result.memory_peak_gib:.1f}", "OOM" if result.oom else "",
+                      style="bold red" if result.oom else None)
     out.print(table)
     if len(runs) > 1:
         scaling = Table(title="speed-up vs none (MFU) against the GPU count", title_justify="left", title_style="bold")
         scaling.add_column("strategy")
         for run in runs:
-            scaling.add_column(f"{run['gpus']} GPUs", justify="right")
-        for name in last["strategies"]:
-            scaling.add_row(name, *(f"{run['strategies'][name]['speedup_vs_none']:.2f}x "
-                                    f"({run['strategies'][name]['mfu']:.1%})" for run in runs))
+            scaling.add_column(f"{run.gpus} GPUs, {run.samples_per_rank}/rank", justify="right")
+        for name in last.strategies:
+            scaling.add_row(name, *(f"{run.strategies[name].speedup_vs_none:.2f}x ({run.strategies[name].mfu:.1%})"
+                                    for run in runs))
         out.print(scaling)
-    best = max(last["strategies"], key=lambda name: (not last["strategies"][name]["oom"],
-                                                     last["strategies"][name]["speedup_vs_none"]))
-    result = last["strategies"][best]
+    best = max(last.strategies, key=lambda name: (not last.strategies[name].oom, last.strategies[name].speedup_vs_none))
+    result = last.strategies[best]
     out.print(f"Fastest without running out of memory: [bold]{best}[/bold], "
-              f"{result['speedup_vs_none']:.2f}x the step of no balancing, MFU {result['mfu']:.1%}, "
-              f"overhead {result['overhead_fraction']:.2%} of the step.")
+              f"{result.speedup_vs_none:.2f}x the step of no balancing, MFU {result.mfu:.1%}, "
+              f"overhead {result.overhead_fraction:.2%} of the step.")

@@ -47,43 +47,33 @@ def add_parser(commands) -> None:
     simulate.set_defaults(handler=run)
 
 
-def _rank_seconds(args, run: dict, strategy: str):
-    """Seconds per rank of every stage for one strategy of a simulated `run`, as the simulator models them."""
-    from ..study import simulator
-    from ..study.models import GPUS, MODELS
-    from ..study.strategies import STRATEGIES
-
-    topology = simulator.cluster(run["gpus"])
-    available = arguments.check_workload_source(args, MODELS[args.model].stages())
-    batch = arguments.workload_batch(args, topology.world_size, run["samples_per_rank"], available)
-    plan = STRATEGIES[strategy].plan(MODELS[args.model].stages(), topology, batch)
-    return simulator.stage_rank_seconds(plan, GPUS["h100"], run["strategies"][strategy]["micro_batch_size"])
-
-
-def figures(args, runs, directory: Path) -> list[str]:
-    """timeline_none.png / timeline_ours.png of the last run, scaling.png over several runs."""
+def figures(runs, directory: Path) -> list[str]:
+    """timeline_none.png / timeline_ours.png of the last run (the same ranks shown in each),
+    scaling.png over several runs."""
     from . import plots
 
     last = runs[-1]
-    shown = [name for name in ("none", "ours") if name in last["strategies"]] or list(last["strategies"])[:1]
-    longest = max(last["strategies"][name]["compute_seconds"] for name in shown)
+    shown = [name for name in ("none", "ours") if name in last.strategies] or list(last.strategies)[:1]
+    longest = max(last.strategies[name].compute_seconds for name in shown)
+    ranks = plots.timeline_ranks([last.strategies[name].rank_seconds for name in shown])
     written = []
     with writing("--plot", directory):
         for name in shown:
-            result = last["strategies"][name]
+            result = last.strategies[name]
             written.append(plots.plot_step_timeline(
-                _rank_seconds(args, last, name), directory / f"timeline_{name}.png",
-                max_seconds=longest, title=f"{name}: one step of the {last['model']} model on {last['gpus']} GPUs "
-                                           f"(+ {result['exchange_seconds']:.3g} s exchanges)"))
+                result.rank_seconds, directory / f"timeline_{name}.png", max_seconds=longest, ranks=ranks,
+                title=f"{name}: one step of the {last.model} model on {last.gpus} GPUs "
+                      f"(+ {result.exchange_seconds:.3g} s exchanges)"))
         if len(runs) > 1:
-            names = list(last["strategies"])
+            names = list(last.strategies)
             written.append(plots.plot_scaling(
-                [run["gpus"] for run in runs],
-                {name: [run["strategies"][name]["speedup_vs_none"] for run in runs] for name in names},
-                {name: [run["strategies"][name]["mfu"] for run in runs] for name in names},
+                [run.gpus for run in runs],
+                {name: [run.strategies[name].speedup_vs_none for run in runs] for name in names},
+                {name: [run.strategies[name].mfu for run in runs] for name in names},
                 directory / "scaling.png",
-                oom={name: [run["strategies"][name]["oom"] for run in runs] for name in names},
-                title=f"{last['model']} model, workload {last['workload']!r}"))
+                oom={name: [run.strategies[name].oom for run in runs] for name in names},
+                samples_per_rank=[run.samples_per_rank for run in runs],
+                title=f"{last.model} model, workload {last.workload!r}"))
     return [str(path) for path in written]
 
 
@@ -112,9 +102,9 @@ def run(args) -> int:
                                        workload_file=args.workload_file, samples_per_rank=args.samples_per_rank,
                                        strategies=strategies, seed=args.seed))
             advance()
-    written = figures(args, runs, Path(args.plot)) if args.plot is not None else []
+    written = figures(runs, Path(args.plot)) if args.plot is not None else []
     if args.json:
-        render.print_json({"command": "simulate", "runs": runs, "files": written})
+        render.print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": written})
         return 0
     render.print_simulation(runs)
     render.print_written(written)

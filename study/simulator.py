@@ -42,7 +42,10 @@ the optimizer step are the same for every strategy and are not modelled.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -60,8 +63,125 @@ SAMPLES_PER_RANK_GRID = (1, 2, *range(4, 65, 4))
 MEMORY_HEADROOM = 0.9  # fraction of GPU memory the batch chooser lets `ours` use (module docstring)
 BATCH_REFERENCE = "ours"  # the strategy the default batch is sized for
 
-__all__ = ["check_simulation", "choose_samples_per_rank", "list_models", "list_workloads", "run_simulation", "simulate_step",
+__all__ = ["BatchChoice", "CompositionFigures", "SimulationRun", "StageFigures", "StepFigures", "check_simulation",
+           "choose_samples_per_rank", "list_models", "list_workloads", "run_simulation", "simulate_step",
            "stage_rank_seconds"]
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """One stage of a simulated step: its slowest and mean rank, balance and plan."""
+
+    seconds: float
+    mean_seconds: float
+    imbalance: float
+    gap_to_lower_bound: float
+    algorithm: str
+    padded: bool
+    items: int
+    max_tokens_per_rank: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, eq=False)
+class StepFigures:
+    """One simulated step under one strategy (the module docstring defines every figure).
+
+    `rank_seconds[stage]` holds every rank's compute seconds in that stage, as the step
+    uses them (for timelines; left out of `to_json()`).  `speedup_vs_none` is set by
+    `run_simulation` (None from `simulate_step` alone).
+    """
+
+    step_seconds: float
+    compute_seconds: float
+    exchange_seconds: float
+    planning_seconds: float
+    planning_unhidden_seconds: float
+    overhead_fraction: float
+    idle_fraction: float
+    mfu: float
+    exchanges_per_step: int
+    exchange_strategy: str
+    bytes_moved: float
+    bytes_inter_node: float
+    memory_peak_gib: float
+    memory_limit_gib: float
+    oom: bool
+    oom_ranks: int
+    micro_batch_size: int | None
+    per_stage: Mapping[str, StageFigures]
+    rank_seconds: Mapping[str, np.ndarray] = field(repr=False)
+    speedup_vs_none: float | None = None
+
+    def to_json(self) -> dict:
+        payload = {item.name: getattr(self, item.name) for item in dataclasses.fields(self)
+                   if item.name not in ("rank_seconds", "speedup_vs_none")}
+        payload["per_stage"] = {name: figures.to_json() for name, figures in self.per_stage.items()}
+        if self.speedup_vs_none is not None:
+            payload["speedup_vs_none"] = self.speedup_vs_none
+        return payload
+
+
+@dataclass(frozen=True)
+class CompositionFigures:
+    """The composed embedding exchange (one) against the two-exchange scheme: bytes and seconds."""
+
+    one_exchange_bytes_moved: float
+    one_exchange_seconds: float
+    two_exchange_bytes_moved: float
+    two_exchange_seconds: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """How samples per rank were chosen: "explicit", or by "memory" (then every other field is set).
+
+    `limited_by`: "memory" (the next grid value does not fit), "grid end" (the last grid
+    value fits) or "over memory at the smallest"; `probed_memory_gib` maps each probed
+    grid value (as a string) to `reference_strategy`'s peak GiB.
+    """
+
+    rule: str
+    reference_strategy: str | None = None
+    headroom: float | None = None
+    limit_gib: float | None = None
+    grid: tuple[int, ...] | None = None
+    limited_by: str | None = None
+    probed_memory_gib: Mapping[str, float] | None = None
+
+    def to_json(self) -> dict:
+        if self.rule == "explicit":
+            return {"rule": "explicit"}
+        return {**dataclasses.asdict(self), "grid": list(self.grid), "probed_memory_gib": dict(self.probed_memory_gib)}
+
+
+@dataclass(frozen=True, eq=False)
+class SimulationRun:
+    """`run_simulation`'s result: the cluster, the batch and every strategy's step."""
+
+    model: str
+    model_params_billion: float
+    gpus: int
+    nodes: int
+    workload: str
+    samples_per_rank: int
+    samples_per_rank_choice: BatchChoice
+    seed: int
+    composition: CompositionFigures | None
+    strategies: Mapping[str, StepFigures]
+
+    def to_json(self) -> dict:
+        """The JSON form `orchmllm simulate --json` prints (per-rank seconds left out)."""
+        return {"model": self.model, "model_params_billion": self.model_params_billion, "gpus": self.gpus,
+                "nodes": self.nodes, "workload": self.workload, "samples_per_rank": self.samples_per_rank,
+                "samples_per_rank_choice": self.samples_per_rank_choice.to_json(), "seed": self.seed,
+                "composition": None if self.composition is None else self.composition.to_json(),
+                "strategies": {name: figures.to_json() for name, figures in self.strategies.items()}}
 
 
 def cluster(gpus: int) -> Topology:
@@ -81,8 +201,8 @@ def _exchanges(plan: StepPlan, strategy: Strategy) -> list[Exchange]:
 
 
 def simulate_step(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, topology: Topology,
-                  planning_seconds: float | None = None) -> dict:
-    """Model one step of `plan` (see the module docstring); JSON-serialisable figures.
+                  planning_seconds: float | None = None) -> StepFigures:
+    """Model one step of `plan` (see the module docstring).
 
     `planning_seconds` defaults to the planner's own measurement `plan.planning_seconds`.
     A strategy with `micro_batch_sizes` runs with the largest that fits in memory (the
@@ -92,7 +212,7 @@ def simulate_step(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: G
         return _simulate(plan, strategy, model, gpu, topology, planning_seconds, None)
     for size in sorted(strategy.micro_batch_sizes, reverse=True):
         result = _simulate(plan, strategy, model, gpu, topology, planning_seconds, size)
-        if not result["oom"]:
+        if not result.oom:
             break
     return result
 
@@ -111,9 +231,12 @@ def stage_rank_seconds(plan: StepPlan, gpu: GPU, micro_batch_size: int | None = 
 
 
 def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, topology: Topology,
-              planning_seconds: float | None, micro_batch_size: int | None) -> dict:
+              planning_seconds: float | None, micro_batch_size: int | None) -> StepFigures:
     num_ranks = plan.num_ranks
-    busy = np.stack(list(stage_rank_seconds(plan, gpu, micro_batch_size).values()))
+    rank_seconds = stage_rank_seconds(plan, gpu, micro_batch_size)
+    for seconds in rank_seconds.values():
+        seconds.setflags(write=False)
+    busy = np.stack(list(rank_seconds.values()))
     stored = np.zeros(num_ranks)
     working = np.zeros(num_ranks)
     model_flops = 0.0
@@ -127,16 +250,11 @@ def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, 
         stored += tokens * transformer.stored_bytes_per_token
         working = np.maximum(working, tokens * transformer.working_bytes_per_token)
         mean = float(loads.mean())
-        per_stage[stage.name] = {
-            "seconds": float(busy[index].max()),
-            "mean_seconds": float(busy[index].mean()),
-            "imbalance": float(loads.max() / mean) if mean > 0 else 1.0,
-            "gap_to_lower_bound": float(stage_plan.gap),
-            "algorithm": stage_plan.algorithm,
-            "padded": stage.padded,
-            "items": stage_plan.num_items,
-            "max_tokens_per_rank": int(tokens.max()),
-        }
+        per_stage[stage.name] = StageFigures(
+            seconds=float(busy[index].max()), mean_seconds=float(busy[index].mean()),
+            imbalance=float(loads.max() / mean) if mean > 0 else 1.0, gap_to_lower_bound=float(stage_plan.gap),
+            algorithm=stage_plan.algorithm, padded=stage.padded, items=stage_plan.num_items,
+            max_tokens_per_rank=int(tokens.max()))
     compute = float(busy.max(axis=1).sum())
     exchanges = _exchanges(plan, strategy)
     exchange_seconds, buffers, bytes_moved, bytes_inter = 0.0, np.zeros(num_ranks), 0.0, 0.0
@@ -158,29 +276,30 @@ def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, 
     planning = plan.planning_seconds if planning_seconds is None else float(planning_seconds)
     unhidden = max(0.0, planning - compute)
     step = compute + exchange_seconds + unhidden
-    return {
-        "step_seconds": step,
-        "compute_seconds": compute,
-        "exchange_seconds": exchange_seconds,
-        "planning_seconds": planning,
-        "planning_unhidden_seconds": unhidden,
-        "overhead_fraction": (exchange_seconds + unhidden) / step if step > 0 else 0.0,
-        "idle_fraction": 1.0 - float(busy.sum()) / (num_ranks * compute) if compute > 0 else 0.0,
-        "mfu": model_flops / (step * num_ranks * gpu.peak_flops) if step > 0 else 0.0,
-        "exchanges_per_step": len(exchanges),
-        "exchange_strategy": strategy.exchange,
-        "bytes_moved": bytes_moved,
-        "bytes_inter_node": bytes_inter,
-        "memory_peak_gib": float(memory.max()) / GIB,
-        "memory_limit_gib": gpu.memory_bytes / GIB,
-        "oom": bool(memory.max() > gpu.memory_bytes),
-        "oom_ranks": int((memory > gpu.memory_bytes).sum()),
-        "micro_batch_size": micro_batch_size,
-        "per_stage": per_stage,
-    }
+    return StepFigures(
+        step_seconds=step,
+        compute_seconds=compute,
+        exchange_seconds=exchange_seconds,
+        planning_seconds=planning,
+        planning_unhidden_seconds=unhidden,
+        overhead_fraction=(exchange_seconds + unhidden) / step if step > 0 else 0.0,
+        idle_fraction=1.0 - float(busy.sum()) / (num_ranks * compute) if compute > 0 else 0.0,
+        mfu=model_flops / (step * num_ranks * gpu.peak_flops) if step > 0 else 0.0,
+        exchanges_per_step=len(exchanges),
+        exchange_strategy=strategy.exchange,
+        bytes_moved=bytes_moved,
+        bytes_inter_node=bytes_inter,
+        memory_peak_gib=float(memory.max()) / GIB,
+        memory_limit_gib=gpu.memory_bytes / GIB,
+        oom=bool(memory.max() > gpu.memory_bytes),
+        oom_ranks=int((memory > gpu.memory_bytes).sum()),
+        micro_batch_size=micro_batch_size,
+        per_stage=per_stage,
+        rank_seconds=rank_seconds,
+    )
 
 
-def composition_comparison(plan: StepPlan, topology: Topology, exchange: str = "nodewise") -> dict:
+def composition_comparison(plan: StepPlan, topology: Topology, exchange: str = "nodewise") -> CompositionFigures:
     """Bytes and modelled seconds of the composed embedding exchange vs the two-exchange scheme."""
     one = plan.embedding_exchange()
     two = plan.two_exchange_scheme()
@@ -188,9 +307,9 @@ def composition_comparison(plan: StepPlan, topology: Topology, exchange: str = "
     def seconds(e: Exchange) -> float:
         return estimate_exchange(e.source, e.destination, e.item_bytes, topology, exchange).seconds
 
-    return {"one_exchange_bytes_moved": one.bytes_moved, "one_exchange_seconds": seconds(one),
-            "two_exchange_bytes_moved": sum(e.bytes_moved for e in two),
-            "two_exchange_seconds": sum(seconds(e) for e in two)}
+    return CompositionFigures(one_exchange_bytes_moved=one.bytes_moved, one_exchange_seconds=seconds(one),
+                              two_exchange_bytes_moved=sum(e.bytes_moved for e in two),
+                              two_exchange_seconds=sum(seconds(e) for e in two))
 
 
 class _Probe:
@@ -215,10 +334,10 @@ class _Probe:
         strategy = STRATEGIES[BATCH_REFERENCE]
         plan = strategy.plan(self.stages, self.topology, self.batch(samples_per_rank))
         return simulate_step(plan, strategy, self.config, self.gpu, self.topology,
-                             planning_seconds=0.0)["memory_peak_gib"]
+                             planning_seconds=0.0).memory_peak_gib
 
 
-def _choose(probe: _Probe, grid: tuple[int, ...], headroom: float) -> tuple[int, dict]:
+def _choose(probe: _Probe, grid: tuple[int, ...], headroom: float) -> tuple[int, BatchChoice]:
     """Bisect `grid` for the largest value whose reference step fits in `headroom` of GPU memory."""
     limit = headroom * probe.gpu.memory_bytes / GIB
     fits, over = -1, len(grid)  # grid[fits] fits (or none does), grid[over] does not (or is past the end)
@@ -229,9 +348,8 @@ def _choose(probe: _Probe, grid: tuple[int, ...], headroom: float) -> tuple[int,
         probed[grid[middle]] = peak
         fits, over = (middle, over) if peak <= limit else (fits, middle)
     limited_by = "memory" if 0 <= fits < len(grid) - 1 else "grid end" if fits >= 0 else "over memory at the smallest"
-    return grid[max(fits, 0)], {"rule": "memory", "reference_strategy": BATCH_REFERENCE, "headroom": headroom,
-                                "limit_gib": limit, "grid": list(grid), "limited_by": limited_by,
-                                "probed_memory_gib": {str(k): probed[k] for k in sorted(probed)}}
+    return grid[max(fits, 0)], BatchChoice("memory", BATCH_REFERENCE, headroom, limit, tuple(grid), limited_by,
+                                           {str(k): probed[k] for k in sorted(probed)})
 
 
 def _batch_source(workload: str, workload_file, num_ranks: int, seed: int, available: int | None):
@@ -277,12 +395,10 @@ def check_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defa
 
 def choose_samples_per_rank(model: str = "84b", gpus: int = 2560, workload: str = "default", workload_file=None,
                             seed: int = 0, grid: tuple[int, ...] = SAMPLES_PER_RANK_GRID,
-                            headroom: float = MEMORY_HEADROOM) -> tuple[int, dict]:
+                            headroom: float = MEMORY_HEADROOM) -> tuple[int, BatchChoice]:
     """The memory-driven batch size of `run_simulation` (module docstring) and how it was found.
 
-    Returns (samples_per_rank, {"rule": "memory", "reference_strategy", "headroom",
-    "limit_gib", "grid", "limited_by", "probed_memory_gib": {value: peak GiB}}): the
-    largest grid value at which `BATCH_REFERENCE` fits in `headroom` of GPU memory and the
+    Returns (samples_per_rank, a BatchChoice of rule "memory"): the largest grid value at which `BATCH_REFERENCE` fits in `headroom` of GPU memory and the
     next grid value does not (limited_by "memory"), or the last grid value if it fits
     ("grid end"), or the smallest if nothing fits ("over memory at the smallest").  Grid
     values a workload file has too few samples for are left out.
@@ -314,8 +430,8 @@ def _checked_headroom(headroom) -> float:
 
 
 def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "default", workload_file=None,
-                   samples_per_rank: int | None = None, strategies=None, seed: int = 0) -> dict:
-    """Simulate one step of `model` on `gpus` H100s under each strategy; a JSON-serialisable dict.
+                   samples_per_rank: int | None = None, strategies=None, seed: int = 0) -> SimulationRun:
+    """Simulate one step of `model` on `gpus` H100s under each strategy.
 
     Args:
         model: a name in `list_models()` ("10b", "18b", "84b").
@@ -331,11 +447,11 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
         seed: seed of the sampled batch.
 
     Returns:
-        {"model", "model_params_billion", "gpus", "nodes", "workload", "samples_per_rank",
-         "samples_per_rank_choice": {"rule": "explicit"} or the chooser's record (see
-         `choose_samples_per_rank`), "seed", "composition": {...}, "strategies": {name:
-         {"step_seconds", "speedup_vs_none", "mfu", "overhead_fraction", "exchanges_per_step",
-         "oom", "planning_seconds", "exchange_seconds", "idle_fraction", "per_stage", ...}}}.
+        A SimulationRun (its `to_json()` is what `orchmllm simulate --json` prints):
+        model, gpus, nodes, workload, samples_per_rank and how it was chosen
+        (`BatchChoice`), the composition figures of `ours`, and per strategy a
+        StepFigures (step_seconds, speedup_vs_none, mfu, overhead_fraction,
+        exchanges_per_step, oom, ..., per_stage, and every rank's seconds per stage).
     """
     available = check_simulation(model, gpus, workload, workload_file, samples_per_rank, strategies)
     names = list(STRATEGIES) if strategies is None else list(strategies)
@@ -347,7 +463,7 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
         samples_per_rank, choice = _choose(probe, _checked_grid(SAMPLES_PER_RANK_GRID, available, workload_file),
                                            MEMORY_HEADROOM)
     else:
-        samples_per_rank, choice = int(samples_per_rank), {"rule": "explicit"}
+        samples_per_rank, choice = int(samples_per_rank), BatchChoice("explicit")
     batch = probe.batch(samples_per_rank)
     results, plans = {}, {}
     for name in dict.fromkeys(["none", *names]):
@@ -356,18 +472,12 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
         plans[name] = strategy.plan(probe.stages, topology, batch)
         planning = time.perf_counter() - start
         results[name] = simulate_step(plans[name], strategy, config, gpu, topology, planning_seconds=planning)
-    reference = results["none"]["step_seconds"]
-    for result in results.values():
-        result["speedup_vs_none"] = reference / result["step_seconds"] if result["step_seconds"] > 0 else 1.0
-    return {
-        "model": model,
-        "model_params_billion": config.params / 1e9,
-        "gpus": topology.world_size,
-        "nodes": topology.num_nodes,
-        "workload": workload_name,
-        "samples_per_rank": samples_per_rank,
-        "samples_per_rank_choice": choice,
-        "seed": seed,
-        "composition": composition_comparison(plans["ours"], topology) if "ours" in plans else None,
-        "strategies": {name: results[name] for name in names},
-    }
+    reference = results["none"].step_seconds
+    results = {name: dataclasses.replace(result, speedup_vs_none=reference / result.step_seconds
+                                         if result.step_seconds > 0 else 1.0)
+               for name, result in results.items()}
+    return SimulationRun(
+        model=model, model_params_billion=config.params / 1e9, gpus=topology.world_size, nodes=topology.num_nodes,
+        workload=workload_name, samples_per_rank=samples_per_rank, samples_per_rank_choice=choice, seed=seed,
+        composition=composition_comparison(plans["ours"], topology) if "ours" in plans else None,
+        strategies={name: results[name] for name in names})

@@ -184,16 +184,12 @@ def test_simulate_sizes_the_batch_by_memory_by_default():
 
 
 def test_timeline_seconds_agree_with_the_simulator():
-    import argparse
-
-    from orchmllm.cli.simulate import _rank_seconds as _simulated_rank_seconds
     from orchmllm.study.simulator import run_simulation
 
-    args = argparse.Namespace(model="10b", workload="default", workload_file=None, samples_per_rank=4, seed=3)
     result = run_simulation(model="10b", gpus=16, samples_per_rank=4, strategies=["none", "ours"], seed=3)
     for name in ("none", "ours"):
-        seconds = _simulated_rank_seconds(args, result, name)
-        per_stage = result["strategies"][name]["per_stage"]
+        seconds = result.strategies[name].rank_seconds  # what the timelines draw: no batch re-sampled or re-planned
+        per_stage = result.to_json()["strategies"][name]["per_stage"]
         assert list(seconds) == list(per_stage)
         for stage, values in seconds.items():
             assert values.shape == (16,)

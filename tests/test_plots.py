@@ -79,3 +79,29 @@ def test_cli_reports_missing_matplotlib_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "orchmllm compare: error: plots need matplotlib: python3.11 -m pip install 'orchmllm[plot]' "
         "(or matplotlib>=3.7)"]
+
+
+def test_timelines_of_several_strategies_show_the_same_ranks_with_every_stages_slowest():
+    rng = np.random.default_rng(3)
+    none = {"vision": rng.uniform(1, 3, 300), "llm": rng.uniform(5, 9, 300)}
+    ours = {"vision": np.full(300, 2.0), "llm": np.full(300, 7.0)}
+    ours["llm"][123] = 7.5
+    shown = plots.timeline_ranks([none, ours], max_ranks=32)
+    assert shown.size <= 32 and np.all(np.diff(shown) > 0) and {0, 299, 123} <= set(shown.tolist())
+    assert {int(np.argmax(seconds)) for seconds in none.values()} <= set(shown.tolist())
+    np.testing.assert_array_equal(plots.timeline_ranks([ours], max_ranks=400), np.arange(300))
+
+
+def test_rank_load_grid_has_a_column_per_configuration(tmp_path):
+    rng = np.random.default_rng(4)
+    columns = {f"D={d}": {"llm": (rng.lognormal(0, 0.5, d), np.full(d, 1.0)),
+                          "image encoder": (rng.lognormal(0, 0.7, d), rng.uniform(0.9, 1.1, d))} for d in (8, 64)}
+    path = plots.plot_rank_load_grid(columns, tmp_path / "loads.png", labels=("as sampled", "balanced"))
+    check_png(path)
+    assert image.imread(path).shape[1] > 900  # two columns of panels
+
+
+def test_traffic_heatmaps_on_a_shared_scale(tmp_path):
+    matrix = np.random.default_rng(5).uniform(0, 1e8, (8, 8))
+    check_png(plots.plot_traffic_heatmap(matrix, tmp_path / "shared.png", max_bytes=4e9))
+    check_png(plots.plot_traffic_heatmap(np.zeros((8, 8)), tmp_path / "nothing.png", max_bytes=0.0))

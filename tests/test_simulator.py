@@ -18,7 +18,7 @@ KEYS = {"step_seconds", "speedup_vs_none", "mfu", "overhead_fraction", "exchange
 
 @pytest.fixture(scope="module", params=["default", "speech"])
 def small(request):
-    return run_simulation(model="10b", gpus=64, workload=request.param, samples_per_rank=8, seed=0)
+    return run_simulation(model="10b", gpus=64, workload=request.param, samples_per_rank=8, seed=0).to_json()
 
 
 def test_output_schema_is_json_serialisable(small):
@@ -56,7 +56,7 @@ def test_ablations_keep_the_papers_ordering(small):
 
 def test_single_algorithm_loses_on_the_padded_audio_stage():
     results = run_simulation(model="10b", gpus=64, workload="speech", samples_per_rank=8,
-                             strategies=["single_algorithm", "ours"])["strategies"]
+                             strategies=["single_algorithm", "ours"]).to_json()["strategies"]
     single = results["single_algorithm"]["per_stage"]["audio encoder"]
     ours = results["ours"]["per_stage"]["audio encoder"]
     assert single["seconds"] > 1.2 * ours["seconds"]
@@ -65,7 +65,7 @@ def test_single_algorithm_loses_on_the_padded_audio_stage():
 
 
 def test_memory_overflow_is_flagged():
-    results = run_simulation(model="84b", gpus=64, samples_per_rank=24, strategies=["ours", "allgather"])
+    results = run_simulation(model="84b", gpus=64, samples_per_rank=24, strategies=["ours", "allgather"]).to_json()
     for result in results["strategies"].values():
         assert result["oom"] == (result["memory_peak_gib"] > result["memory_limit_gib"])
     assert results["strategies"]["allgather"]["oom"]
@@ -76,11 +76,11 @@ def test_megatron_takes_the_largest_micro_batch_that_fits():
     batch = sample_workload("default", 16, 16, seed=2)
     megatron = get_strategy("megatron")
     plan = megatron.plan(MODELS["18b"].stages(), topology, batch)
-    chosen = simulate_step(plan, megatron, MODELS["18b"], GPUS["h100"], topology)
+    chosen = simulate_step(plan, megatron, MODELS["18b"], GPUS["h100"], topology).to_json()
     assert not chosen["oom"] and 1 < chosen["micro_batch_size"] < max(megatron.micro_batch_sizes)
     for size in megatron.micro_batch_sizes:
         forced = simulate_step(plan, dataclasses.replace(megatron, micro_batch_sizes=(size,)), MODELS["18b"],
-                               GPUS["h100"], topology)
+                               GPUS["h100"], topology).to_json()
         assert forced["oom"] == (size > chosen["micro_batch_size"]), size
 
 
@@ -100,7 +100,7 @@ def test_workload_file_drives_the_simulation(tmp_path):
                                                               "tokens": 16 * (i % 5 + 1)}]}) for i in range(16)]
     path.write_text("\n".join(lines))
     result = run_simulation(model="10b", gpus=4, workload_file=str(path), samples_per_rank=4,
-                            strategies=["ours"])
+                            strategies=["ours"]).to_json()
     assert result["workload"] == str(path)
     assert result["strategies"]["ours"]["per_stage"]["image encoder"]["items"] == 16
     assert result["strategies"]["ours"]["per_stage"]["audio encoder"]["items"] == 0
@@ -130,7 +130,7 @@ def test_stage_rank_seconds_are_what_the_step_uses(name):
     batch = sample_workload("default", 16, 8, seed=3)
     strategy = get_strategy(name)
     plan = strategy.plan(MODELS["10b"].stages(), topology, batch)
-    result = simulate_step(plan, strategy, MODELS["10b"], GPUS["h100"], topology)
+    result = simulate_step(plan, strategy, MODELS["10b"], GPUS["h100"], topology).to_json()
     seconds = stage_rank_seconds(plan, GPUS["h100"], result["micro_batch_size"])
     for stage, per_rank in seconds.items():
         assert per_rank.shape == (16,)
@@ -148,12 +148,14 @@ def test_length_grouped_sampling_deals_equal_counts_and_evens_out_tokens():
 
 
 def _ours_peak_gib(model: str, gpus: int, samples_per_rank: int, **kwargs) -> float:
-    result = run_simulation(model=model, gpus=gpus, samples_per_rank=samples_per_rank, strategies=["ours"], **kwargs)
+    result = run_simulation(model=model, gpus=gpus, samples_per_rank=samples_per_rank, strategies=["ours"],
+                            **kwargs).to_json()
     return result["strategies"]["ours"]["memory_peak_gib"]
 
 
 def test_batch_chooser_takes_the_largest_grid_value_where_ours_fits():
     chosen, choice = choose_samples_per_rank(model="84b", gpus=64)
+    choice = choice.to_json()
     assert choice["rule"] == "memory" and choice["limited_by"] == "memory" and choice["reference_strategy"] == "ours"
     assert choice["limit_gib"] == pytest.approx(0.9 * GPUS["h100"].memory_bytes / 2**30)
     following = SAMPLES_PER_RANK_GRID[SAMPLES_PER_RANK_GRID.index(chosen) + 1]
@@ -165,21 +167,24 @@ def test_batch_chooser_takes_the_largest_grid_value_where_ours_fits():
 
 def test_batch_chooser_reports_the_grid_end_and_nothing_fitting():
     chosen, choice = choose_samples_per_rank(model="10b", gpus=8, grid=(2, 4))
+    choice = choice.to_json()
     assert chosen == 4 and choice["limited_by"] == "grid end" and choice["grid"] == [2, 4]
     assert choice["probed_memory_gib"]["4"] <= choice["limit_gib"]
     chosen, choice = choose_samples_per_rank(model="84b", gpus=8, grid=(1, 2))
+    choice = choice.to_json()
     assert chosen == 1 and choice["limited_by"] == "over memory at the smallest"
     assert choice["probed_memory_gib"]["1"] > choice["limit_gib"]
 
 
 def test_default_batch_is_the_chosen_one_for_every_strategy():
     names = ["llm_only", "ours"]
-    default = run_simulation(model="84b", gpus=64, strategies=names)
+    default = run_simulation(model="84b", gpus=64, strategies=names).to_json()
     chosen, choice = choose_samples_per_rank(model="84b", gpus=64)
+    choice = choice.to_json()
     assert default["samples_per_rank"] == chosen
     assert {k: v for k, v in default["samples_per_rank_choice"].items() if k != "probed_memory_gib"} == \
         {k: v for k, v in choice.items() if k != "probed_memory_gib"}
-    explicit = run_simulation(model="84b", gpus=64, samples_per_rank=chosen, strategies=names)
+    explicit = run_simulation(model="84b", gpus=64, samples_per_rank=chosen, strategies=names).to_json()
     for name in names:
         for key in ("compute_seconds", "exchange_seconds", "memory_peak_gib", "oom"):
             assert default["strategies"][name][key] == explicit["strategies"][name][key], (name, key)
@@ -187,7 +192,7 @@ def test_default_batch_is_the_chosen_one_for_every_strategy():
 
 
 def test_explicit_samples_per_rank_is_respected():
-    result = run_simulation(model="84b", gpus=64, samples_per_rank=4, strategies=["ours"])
+    result = run_simulation(model="84b", gpus=64, samples_per_rank=4, strategies=["ours"]).to_json()
     assert result["samples_per_rank"] == 4 and result["samples_per_rank_choice"] == {"rule": "explicit"}
     assert result["strategies"]["ours"]["per_stage"]["llm"]["items"] == 64 * 4
 
@@ -195,7 +200,7 @@ def test_explicit_samples_per_rank_is_respected():
 def test_memory_sized_batch_on_a_workload_file_stays_within_the_file(tmp_path):
     path = tmp_path / "w.jsonl"
     path.write_text("\n".join(json.dumps({"text": 50 + 11 * i}) for i in range(20)))
-    result = run_simulation(model="10b", gpus=4, workload_file=str(path), strategies=["ours"])
+    result = run_simulation(model="10b", gpus=4, workload_file=str(path), strategies=["ours"]).to_json()
     assert result["samples_per_rank"] == 4 and result["samples_per_rank_choice"]["grid"] == [1, 2, 4]
     with pytest.raises(ValueError, match="fewer samples than one per rank"):
         run_simulation(model="10b", gpus=32, workload_file=str(path))
@@ -224,7 +229,7 @@ def test_bad_chooser_arguments_are_rejected(kwargs, match):
 
 def test_84b_on_2560_gpus_at_the_memory_sized_batch_shows_the_papers_ordering():
     """The issue's targets, on the default batch (sized so that ours fits, as a training run sizes it)."""
-    result = run_simulation(model="84b", gpus=2560)
+    result = run_simulation(model="84b", gpus=2560).to_json()
     assert result["samples_per_rank_choice"]["limited_by"] == "memory"
     runs = result["strategies"]
     ours = runs["ours"]
@@ -234,3 +239,15 @@ def test_84b_on_2560_gpus_at_the_memory_sized_batch_shows_the_papers_ordering():
     assert runs["allgather"]["oom"] or runs["allgather"]["step_seconds"] > ours["step_seconds"]
     assert runs["single_algorithm"]["step_seconds"] > ours["step_seconds"]
     assert runs["none"]["memory_peak_gib"] > ours["memory_peak_gib"]
+
+
+def test_results_are_frozen_and_keep_every_ranks_seconds(small):
+    result = run_simulation(model="10b", gpus=16, samples_per_rank=4, strategies=["ours"], seed=1)
+    ours = result.strategies["ours"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ours.step_seconds = 0.0
+    assert set(ours.rank_seconds) == set(ours.per_stage) and not ours.rank_seconds["llm"].flags.writeable
+    payload = result.to_json()
+    assert "rank_seconds" not in payload["strategies"]["ours"] and json.loads(json.dumps(payload)) == payload
+    assert payload["strategies"]["ours"]["compute_seconds"] == pytest.approx(
+        sum(float(seconds.max()) for seconds in ours.rank_seconds.values()))
