@@ -299,4 +299,7 @@ def improve(problem: Problem, assignment: np.ndarray, work_limit: int,
     if problem.padded:
         raise ValueError("group_search.improve handles the unpadded cost only")
     state = _Ranks(problem, assignment)
-    return state.assignment, _descend(state, work_limit, target)
+    work = _descend(state, work_limit, target)
+    if rank_loads(problem, state.assignment).max() > rank_loads(problem, np.asarray(assignment)).max():
+        return np.asarray(assignment, dtype=np.int64), work  # float rounding only: never worse
+    return state.assignment, work

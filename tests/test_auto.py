@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm.balancers import balance, make_problem
+from orchmllm.balancers import CostModel, balance, make_problem
 from orchmllm.balancers import auto, group_search, local_search, lpt, slack
 from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.balancers.problem import rank_loads, rank_tokens
@@ -111,12 +111,13 @@ def test_slack_is_within_lpts_guarantee_of_the_optimum(lengths, num_ranks):
 
 
 @given(lengths=st.lists(st.integers(1, 60), min_size=2, max_size=30), num_ranks=st.integers(2, 8),
-       seed=st.integers(0, 2**16), slack_tokens=st.none() | st.integers(0, 40))
-def test_group_search_never_worsens_a_start_and_keeps_the_cap(lengths, num_ranks, seed, slack_tokens):
+       seed=st.integers(0, 2**16), slack_tokens=st.none() | st.integers(0, 40),
+       cost=st.sampled_from([CostModel(), CostModel(per_item=0.1, linear=0.3, quadratic=0.01)]))
+def test_group_search_never_worsens_a_start_and_keeps_the_cap(lengths, num_ranks, seed, slack_tokens, cost):
     lengths = np.array(lengths)
     start = np.random.default_rng(seed).integers(0, num_ranks, lengths.size)
     cap = None if slack_tokens is None else int(rank_tokens(make_problem(lengths, num_ranks), start).max()) + slack_tokens
-    problem = make_problem(lengths, num_ranks, max_tokens_per_rank=cap)
+    problem = make_problem(lengths, num_ranks, cost=cost, max_tokens_per_rank=cap)
     improved, _ = group_search.improve(problem, start, 10**6)
     assert makespan(problem, improved) <= makespan(problem, start)
     assert cap is None or rank_tokens(problem, improved).max() <= cap
