@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
+from .groups import as_groups, group_problem
 from .locality import balance_locally
 from .plan import BalancePlan, make_plan
-from .problem import InfeasibleError, Status, make_problem, rank_tokens
-from .registry import get_algorithm
+from .problem import InfeasibleError, Status, make_problem, rank_loads, rank_tokens
+from .registry import algorithms, get_algorithm
 from .validation import as_item_bytes, as_real, as_sources, is_int
 
 
@@ -26,8 +27,8 @@ def _gpus_per_node(topology, num_ranks: int) -> int:
     return int(gpus)
 
 
-def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
-            max_tokens_per_rank=None, time_limit=None, sources=None, item_bytes=None,
+def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_counts=False, groups=None,
+            algorithm="auto", max_tokens_per_rank=None, time_limit=None, sources=None, item_bytes=None,
             topology=None, makespan_slack=0.002) -> BalancePlan:
     """Assign items of the given lengths to `num_ranks` ranks, minimising the makespan.
 
@@ -35,8 +36,19 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
         lengths: 1-D non-negative integer lengths, one per item (tokens, patches, frames).
         num_ranks: number of data-parallel ranks D >= 1.
         cost: per-item cost model f(l); default f(l) = l.
+        costs: per-item costs instead of a model (unpadded only; not with `cost`): a packed
+            document's sum of f over its documents, a loss-masked sample's effective
+            tokens.  `lengths` stay what the memory cap counts.
         padded: rank cost is count · f(max l) (fixed-shape batches) instead of sum f(l).
-        algorithm: a registered name (`orchmllm.balancers.algorithms()`), peers' and plugins' included.
+        equal_counts: every rank holds floor(n / D) or ceil(n / D) items (verl's equal-size
+            dispatch, LLaVA's sampler); algorithms "auto", "lpt", "karmarkar_karp" (their
+            equal-count variants; padded problems exactly), "padded" and "identity"; not with `sources`
+            or `groups`.
+        groups: a group id per item (ints or strs); items of one group land on one rank.
+            Any unpadded algorithm balances one super-item per group; not with
+            `padded`, `equal_counts` or `sources`.
+        algorithm: a registered name (`orchmllm.balancers.algorithms()`), peers' and plugins' included;
+            its record says whether it supports `equal_counts`.
         max_tokens_per_rank: memory cap on tokens per rank (count · max l when padded).
         time_limit: seconds an exact or anytime solver may spend.
         sources: rank that holds each item now.  When given, the plan is
@@ -57,12 +69,40 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
     ([0, 1, 1, 0, 1], [8.0, 10.0], 10.0, 9.0, 'feasible')
     >>> str(balance([5, 4, 3, 3, 3], 2, algorithm="auto").status), balance([5, 4, 3, 3, 3], 2).makespan
     ('optimal', 9.0)
+
+    Constraints: two items per rank (the rank with 10 must take a 1 too), a keep-together
+    group, and explicit costs (here, tokens that carry loss) beside the lengths the cap counts:
+
+    >>> plan = balance([10, 1, 1, 1], 2, equal_counts=True)
+    >>> plan.assignment.tolist(), plan.makespan, plan.lower_bound
+    ([0, 1, 1, 0], 11.0, 11.0)
+    >>> balance([5, 5, 5, 1, 1, 1, 4, 4], 2, groups=["a", "a", "a", "b", "b", "b", "c", "c"]).assignment.tolist()
+    [0, 0, 0, 1, 1, 1, 1, 1]
+    >>> plan = balance([100, 100, 10], 2, costs=[30.0, 90.0, 10.0], max_tokens_per_rank=110)
+    >>> plan.loads.tolist(), plan.tokens.tolist()
+    ([90.0, 40.0], [100, 110])
     """
     record = get_algorithm(algorithm)
-    problem = make_problem(lengths, num_ranks, cost=cost, padded=padded,
+    problem = make_problem(lengths, num_ranks, cost=cost, costs=costs, padded=padded, equal_counts=equal_counts,
                            max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
     if not record.solves(problem.padded):
         raise ValueError(record.why_not(problem.padded))
+    kernel = record.kernel
+    if problem.equal_counts:
+        if sources is not None:
+            raise ValueError("`equal_counts=True` cannot be combined with `sources`: the communication-aware pass "
+                             "moves items without keeping the counts")
+        if record.equal_counts is None:
+            able = [other.name for other in algorithms(padded=problem.padded) if other.equal_counts is not None]
+            raise ValueError(f"algorithm {algorithm!r} does not support `equal_counts=True`; choose one of {able}")
+        kernel = record.equal_counts
+    if groups is not None:
+        for name, conflict in (("padded=True", problem.padded), ("equal_counts=True", problem.equal_counts),
+                               ("sources", sources is not None)):
+            if conflict:
+                raise ValueError(f"`groups` cannot be combined with `{name}`: groups are balanced as super-items "
+                                 f"of summed costs, unpadded, counted as one item each, from no source rank")
+        return _balance_groups(problem, as_groups(groups, problem.num_items), kernel, algorithm)
     if sources is None:
         for name, value in (("item_bytes", item_bytes), ("topology", topology)):
             if value is not None:
@@ -75,7 +115,7 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
         if algorithm == "identity":
             return _keep_sources(problem, sources)
     start = time.perf_counter()
-    result = record.kernel(problem)
+    result = kernel(problem)
     assignment = result.assignment
     if sources is not None:
         assignment = balance_locally(problem, assignment, sources, item_bytes, gpus_per_node, makespan_slack)
@@ -83,6 +123,20 @@ def balance(lengths, num_ranks, *, cost=None, padded=False, algorithm="auto",
     return make_plan(problem, assignment, result.status if sources is None else Status.FEASIBLE,
                      algorithm if sources is None else f"{algorithm}+locality",
                      kernel_bound=result.lower_bound, solve_seconds=seconds)
+
+
+def _balance_groups(problem, labels, kernel, algorithm: str) -> BalancePlan:
+    """Balance one super-item per group, then send every item to its group's rank."""
+    target = group_problem(problem, labels)
+    start = time.perf_counter()
+    result = kernel(target)
+    seconds = time.perf_counter() - start
+    grouped = make_plan(target, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound)
+    assignment = grouped.assignment[labels]
+    status = grouped.status
+    if status is Status.OPTIMAL and rank_loads(problem, assignment).max() > grouped.makespan:
+        status = Status.FEASIBLE  # item loads summed in another order rounded above the proven optimum
+    return make_plan(problem, assignment, status, algorithm, kernel_bound=grouped.lower_bound, solve_seconds=seconds)
 
 
 def _keep_sources(problem, sources) -> BalancePlan:

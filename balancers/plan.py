@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cost import CostModel
-from .problem import Problem, Status, lower_bound, rank_loads, rank_tokens
+from .problem import Problem, Status, lower_bound, rank_loads, rank_tokens, require_equal_counts
 
 
 def relative_gap(makespan: float, lower_bound: float) -> float:
@@ -40,7 +40,7 @@ class BalancePlan:
     algorithm: str
     num_ranks: int
     padded: bool
-    cost: CostModel
+    cost: CostModel | None  # None when the item costs were given per item
     solve_seconds: float = field(default=0.0, compare=False)
 
     @property
@@ -88,6 +88,8 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
         rank = int(np.argmax(tokens))
         raise RuntimeError(f"algorithm {algorithm!r} put {int(tokens[rank])} tokens on rank {rank}, "
                            f"over max_tokens_per_rank={cap}")
+    if problem.equal_counts:
+        require_equal_counts(problem, assignment, algorithm)
     makespan = float(loads.max())
     if kernel_bound is not None and kernel_bound >= makespan:
         bound = makespan  # the kernel proved its plan optimal: no other bound can add to that

@@ -1,9 +1,11 @@
 """The canonical balancing problem every kernel receives, its validation, loads and bounds.
 
 Items i = 0..n-1 with integer lengths l_i go to ranks 0..D-1.  Minimise
-max_r cost(r), where cost(r) = sum(f(l_i) for i on r) unpadded, or
+max_r cost(r), where cost(r) = sum(c_i for i on r) unpadded, or
 count(r) · f(max l_i on r) padded, subject to tokens(r) <= max_tokens_per_rank with
-tokens(r) = sum(l_i) unpadded, count(r) · max(l_i) padded.
+tokens(r) = sum(l_i) unpadded, count(r) · max(l_i) padded.  The item costs c_i are
+f(l_i) for a `CostModel` f, or given per item (unpadded only).  With `equal_counts`,
+every rank also holds floor(n / D) or ceil(n / D) items.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .cost import CostModel
-from .validation import as_bool, as_int, is_real
+from .validation import as_array, as_bool, as_int, is_real
 
 
 class Status(str, Enum):
@@ -119,12 +121,13 @@ class Problem:
     """Validated, canonical input of a kernel (kernels assume it is clean)."""
 
     lengths: np.ndarray  # int64 (n,)
-    item_costs: np.ndarray  # float64 (n,), f(lengths)
+    item_costs: np.ndarray  # float64 (n,), f(lengths) or the costs given per item
     num_ranks: int
-    cost: CostModel
+    cost: CostModel | None  # None when the item costs were given per item
     padded: bool
     max_tokens_per_rank: int | None
     time_limit: float | None
+    equal_counts: bool = False  # every rank holds floor(n / D) or ceil(n / D) items
 
     @cached_property
     def length_order(self) -> np.ndarray:
@@ -137,7 +140,10 @@ class Problem:
         share it).  Costs never fall as lengths grow (each float operation of
         `CostModel.item_costs` rounds monotonically), so it is the length order iff costs
         drop wherever lengths do.  That is counted along the sorted items, or, when fewer
-        lengths than items lie below the longest, asked of all of them (sufficient)."""
+        lengths than items lie below the longest, asked of all of them (sufficient).
+        Costs given per item are sorted themselves."""
+        if self.cost is None:
+            return _read_only(sorted_order(self.item_costs))
         order = self.length_order
         longest = int(self.lengths[order[0]])
         if longest < self.num_items:
@@ -172,12 +178,7 @@ Kernel = Callable[[Problem], KernelResult]
 
 def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
     """Validate and canonicalise lengths to a 1-D int64 array of non-negative integers."""
-    if isinstance(lengths, (str, bytes)) or lengths is None:
-        raise TypeError(f"`{name}` must be a 1-D sequence of integers; got {type(lengths).__name__}")
-    try:
-        array = np.asarray(lengths)
-    except ValueError:  # numpy: "setting an array element with a sequence"
-        raise ValueError(f"`{name}` must be a 1-D sequence of integers; got a ragged nested sequence") from None
+    array = as_array(lengths, name, "integers")
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if array.size == 0:
@@ -213,23 +214,51 @@ def as_time_limit(time_limit, name: str = "time_limit") -> float | None:
     return float(time_limit)
 
 
-def make_problem(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_rank=None,
-                 time_limit=None) -> Problem:
-    """Validate user input once and build the canonical Problem."""
+def as_costs(costs, lengths: np.ndarray) -> np.ndarray:
+    """Validate per-item `costs` (one finite non-negative real per item) to float64."""
+    array = as_array(costs, "costs", "reals")
+    if array.dtype == object or array.dtype.kind not in "iuf":
+        raise TypeError(f"`costs` must hold real numbers; got dtype {array.dtype}")
+    if array.shape != lengths.shape:
+        raise ValueError(f"`costs` must hold one cost per item, shape {lengths.shape}; got shape {array.shape}")
+    array = np.ascontiguousarray(array, dtype=np.float64)
+    bad = np.flatnonzero(~(array >= 0))  # negative or nan
+    if bad.size:
+        raise ValueError(f"`costs` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
+    return array
+
+
+def make_problem(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_counts=False,
+                 max_tokens_per_rank=None, time_limit=None) -> Problem:
+    """Validate user input once and build the canonical Problem.
+
+    `costs` gives the item costs directly (unpadded only), instead of a `cost` model of
+    the lengths: packed documents cost the sum over their documents, loss-masked samples
+    their effective tokens; `lengths` stay what the memory cap counts.
+    """
     lengths = as_lengths(lengths)
     num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
     if num_ranks > MAX_RANKS:
         raise ValueError(f"`num_ranks` must be at most 2**20 = {MAX_RANKS} (a plan holds arrays of loads and "
                          f"tokens per rank); got {num_ranks}")
-    if cost is None:
-        cost = CostModel()
-    if not isinstance(cost, CostModel):
-        raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
     padded = as_bool(padded, "padded")
     check_token_range(lengths, padded)
-    with np.errstate(over="ignore"):  # an overflowing model is reported below
-        item_costs = cost.item_costs(lengths)
-    check_cost_range(item_costs, lengths, padded, f"`cost` {cost}")
+    if costs is not None:
+        if cost is not None:
+            raise ValueError("pass `cost` (a model of the lengths) or `costs` (one cost per item), not both")
+        if padded:
+            raise ValueError("`costs` cannot be combined with `padded=True`: a padded rank costs count · f(longest "
+                             "length), a function of the lengths; pass a `cost` model instead")
+        item_costs = as_costs(costs, lengths)
+        check_cost_range(item_costs, lengths, padded, "`costs`")
+    else:
+        if cost is None:
+            cost = CostModel()
+        if not isinstance(cost, CostModel):
+            raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
+        with np.errstate(over="ignore"):  # an overflowing model is reported below
+            item_costs = cost.item_costs(lengths)
+        check_cost_range(item_costs, lengths, padded, f"`cost` {cost}")
     problem = Problem(
         lengths=lengths,
         item_costs=item_costs,
@@ -238,6 +267,7 @@ def make_problem(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_
         padded=padded,
         max_tokens_per_rank=as_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1, optional=True),
         time_limit=as_time_limit(time_limit),
+        equal_counts=as_bool(equal_counts, "equal_counts"),
     )
     check_cap_lower_bound(problem)
     return problem
@@ -367,6 +397,8 @@ def lower_bound(problem: Problem) -> float:
     costs = problem.sorted_costs
     n, d = costs.size, problem.num_ranks
     bound = exact_sum(costs) / d
+    if problem.equal_counts:
+        return _equal_counts_bound(costs, d, bound)
     ks = np.arange(0, (n - 1) // d + 1)
     tops = ks * d + 1  # the k+1 smallest of the top k·D+1 items are [top-k-1, top)
     # A group's fsum rounds a sum of k+1 costs each at most its first, so it is at most
@@ -377,3 +409,60 @@ def lower_bound(problem: Problem) -> float:
     best = int(np.argmax(prefix[tops] - prefix[tops - ks - 1]))
     group = costs[tops[best] - best - 1: tops[best]]
     return float(max(bound, math.fsum(memoryview(group))))
+
+
+def count_limits(num_items: int, num_ranks: int) -> tuple[int, int]:
+    """(q, r) of equal counts: every rank holds q = n // D or q + 1 items, r = n - q·D of them q + 1."""
+    return num_items // num_ranks, num_items % num_ranks
+
+
+def _equal_counts_bound(costs: np.ndarray, d: int, mean: float) -> float:
+    """The bound under equal counts, for costs sorted largest first and their mean per rank.
+
+    For k >= 0 some rank holds k+1 of the k·D+1 largest costs and, with at least q items,
+    m = q - k - 1 more: at least the k+1 smallest of those plus the m smallest of the
+    rest.  The r ranks of q + 1 items hold at least the r·(q+1) smallest costs between
+    them, the D - r others the (D - r)·q smallest: each set's mean is a bound too.
+    """
+    n = costs.size
+    q, r = count_limits(n, d)
+    prefix = np.concatenate(([0.0], np.cumsum(costs)))
+    ks = np.arange(0, (n - 1) // d + 1)
+    tops = ks * d + 1
+    extra = np.maximum(q - ks - 1, 0)
+    # Enough items below the top set: its k+1 smallest and the m smallest overall; else the q smallest overall.
+    below = n - tops >= extra
+    starts = np.where(below, tops - ks - 1, n - q)
+    ends = np.where(below, tops, n)
+    candidates = [(prefix[ends] - prefix[starts] + np.where(below, prefix[n] - prefix[n - extra], 0.0),
+                   list(zip(starts.tolist(), ends.tolist(), np.where(below, n - extra, n).tolist())))]
+    sets = []  # (first sorted position of the smallest costs, how many ranks share them)
+    if r:
+        sets.append((n - r * (q + 1), r))
+    if q and d > r:
+        sets.append((n - (d - r) * q, d - r))
+    best_value, best_parts, best_ranks = mean, None, 1
+    for values, parts in candidates:
+        index = int(np.argmax(values))
+        if values[index] > best_value:
+            start, end, low = parts[index]
+            best_value, best_parts, best_ranks = float(values[index]), (start, end, low), 1
+    for start, ranks in sets:
+        value = (prefix[n] - prefix[start]) / ranks
+        if value > best_value:
+            best_value, best_parts, best_ranks = float(value), (start, n, n), ranks
+    if best_parts is None:
+        return float(mean)
+    start, end, low = best_parts
+    exact = math.fsum(memoryview(costs[start:end])) + math.fsum(memoryview(costs[low:n]))
+    return float(max(mean, exact / best_ranks))
+
+
+def require_equal_counts(problem: Problem, assignment: np.ndarray, algorithm: str) -> None:
+    """Raise RuntimeError when a kernel broke `equal_counts` (a bug, never a plan)."""
+    counts = rank_counts(assignment, problem.num_ranks)
+    q, r = count_limits(problem.num_items, problem.num_ranks)
+    if counts.min() < q or counts.max() > q + 1:
+        rank = int(np.argmin(counts)) if counts.min() < q else int(np.argmax(counts))
+        raise RuntimeError(f"algorithm {algorithm!r} put {int(counts[rank])} items on rank {rank}; "
+                           f"`equal_counts` allows {q} or {q + 1}")

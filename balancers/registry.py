@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from . import auto, identity, ilp, karmarkar_karp, lpt, multifit, padded, slack
+from . import auto, equal_counts, identity, ilp, karmarkar_karp, lpt, multifit, padded, slack
 from .problem import Kernel, KernelResult, Problem
 from .validation import as_bool
 
@@ -54,6 +54,8 @@ class Algorithm:
 
     `exact`: its plans are proven optimal (status `optimal`) unless its time limit stops it.
     `default`: `orchmllm compare` runs it when no `--algorithms` are named.
+    `equal_counts`: the kernel run under `equal_counts=True` (floor / ceil(n / D) items per
+    rank); None when the algorithm refuses that constraint.
     """
 
     name: str
@@ -64,13 +66,16 @@ class Algorithm:
     default: bool = False
     kind: Kind = Kind.PLUGIN
     description: str = ""
+    equal_counts: Kernel | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.replace("_", "a").replace("-", "a").isalnum():
             raise ValueError(f"`name` must be a non-empty str of letters, digits, '_' and '-'; got {self.name!r}")
-        if not callable(self.kernel):
-            raise TypeError(f"`kernel` of algorithm {self.name!r} must be callable (Problem -> KernelResult); "
-                            f"got {type(self.kernel).__name__}")
+        for field in ("kernel", "equal_counts"):
+            kernel = getattr(self, field)
+            if not callable(kernel) and (field == "kernel" or kernel is not None):
+                raise TypeError(f"`{field}` of algorithm {self.name!r} must be callable (Problem -> KernelResult); "
+                                f"got {type(kernel).__name__}")
         for flag in ("padded", "unpadded", "exact", "default"):
             object.__setattr__(self, flag, as_bool(getattr(self, flag), flag))
         if not (self.padded or self.unpadded):
@@ -118,7 +123,7 @@ def _add(record: Algorithm) -> Algorithm:
 
 def register_algorithm(name: str, kernel: Kernel, *, padded: bool = True, unpadded: bool = True,
                        exact: bool = False, description: str = "", kind: Kind | str = Kind.PLUGIN,
-                       default: bool = False) -> Algorithm:
+                       default: bool = False, equal_counts: Kernel | None = None) -> Algorithm:
     """Register `kernel` (Problem -> KernelResult) as algorithm `name` and return its record.
 
     The kernel then runs in `balance()`, the orchestrator's stages, the runtime and
@@ -137,7 +142,7 @@ def register_algorithm(name: str, kernel: Kernel, *, padded: bool = True, unpadd
     [0, 1, 0]
     """
     return _add(Algorithm(name, kernel, padded=padded, unpadded=unpadded, exact=exact, default=default,
-                          kind=kind, description=description))
+                          kind=kind, description=description, equal_counts=equal_counts))
 
 
 def _load_plugins() -> None:
@@ -231,17 +236,22 @@ ALGORITHMS: Mapping[str, Algorithm] = _AlgorithmsView()
 
 for _record in (
     Algorithm("identity", identity.solve, kind=Kind.BASELINE,
-              description="no balancing: item i stays on the rank that listed it"),
+              description="no balancing: item i stays on the rank that listed it",
+              equal_counts=identity.solve),  # home ranks are contiguous chunks of floor / ceil(n / D) items
     Algorithm("lpt", lpt.solve, default=True, kind=Kind.OURS,
-              description="longest processing time first; <= (4/3 - 1/(3D)) x optimum unpadded"),
+              description="longest processing time first; <= (4/3 - 1/(3D)) x optimum unpadded",
+              equal_counts=equal_counts.solve_lpt),
     Algorithm("padded", padded.solve, unpadded=False, exact=True, default=True, kind=Kind.OURS,
-              description="exact padded optimum: sorted runs and a parametric search on the makespan"),
+              description="exact padded optimum: sorted runs and a parametric search on the makespan",
+              equal_counts=equal_counts.solve_padded),
     Algorithm("ilp", ilp.solve, exact=True, kind=Kind.OURS,
               description="exact integer program (CBC), warm-started; stops at its time limit"),
     Algorithm("karmarkar_karp", karmarkar_karp.solve, default=True, kind=Kind.OURS,
-              description="Karmarkar-Karp largest differencing, k-way"),
+              description="Karmarkar-Karp largest differencing, k-way",
+              equal_counts=equal_counts.solve_karmarkar_karp),
     Algorithm("auto", auto.solve, default=True, kind=Kind.OURS,
-              description="best of LPT, Karmarkar-Karp, MULTIFIT and SLACK, improved by local search"),
+              description="best of LPT, Karmarkar-Karp, MULTIFIT and SLACK, improved by local search",
+              equal_counts=equal_counts.solve),
     Algorithm("multifit", multifit.solve, default=True, kind=Kind.OURS,
               description="MULTIFIT: first-fit-decreasing packing bisected on the makespan"),
     Algorithm("slack", slack.solve, kind=Kind.OURS,

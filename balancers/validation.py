@@ -70,6 +70,24 @@ def as_real(value, name: str, *, allow_zero: bool = True) -> float:
     return value
 
 
+def as_array(values, name: str, what: str) -> np.ndarray:
+    """`values` as a numpy array; TypeError for a str or None, ValueError for ragged nesting.
+
+    `what` completes "`name` must be a 1-D sequence of ...".
+
+    >>> as_array([[1, 2], [3]], "lengths", "integers")
+    Traceback (most recent call last):
+    ...
+    ValueError: `lengths` must be a 1-D sequence of integers; got a ragged nested sequence
+    """
+    if isinstance(values, (str, bytes)) or values is None:
+        raise TypeError(f"`{name}` must be a 1-D sequence of {what}; got {type(values).__name__}")
+    try:
+        return np.asarray(values)
+    except ValueError:  # numpy: "setting an array element with a sequence"
+        raise ValueError(f"`{name}` must be a 1-D sequence of {what}; got a ragged nested sequence") from None
+
+
 def as_bool(value, name: str) -> bool:
     """`value` as a bool (numpy bools included; ints are not bools).
 
