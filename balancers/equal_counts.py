@@ -16,7 +16,7 @@ as verl's dispatch (equal-size partitions) and LLaVA's sampler require.  Kernels
   merged, heaviest rank with lightest, until one is left;
 - `improve`: count-preserving local search on the heaviest rank: swap one of its items
   for a lighter one of another rank, or move one to a rank of q items when it holds q + 1;
-- `solve`: the best of both, improved (ties: LPT's);
+- `solve`: the better of both (ties: LPT's), improved;
 - `padded`: exact for padded costs: the sorted-runs argument of `padded.py` keeps the
   counts, and a greedy feasibility check (a run of q + 1 wherever it fits) is exact.
 Every step breaks ties by index and is bounded by a work count, so plans are
@@ -33,7 +33,7 @@ import numpy as np
 
 from .problem import InfeasibleError, KernelResult, Problem, Status, count_limits, rank_loads, rank_tokens
 
-SEARCH_RANKS = 32
+SEARCH_RANKS = 8
 """Partner ranks one local-search step considers: the lightest ones."""
 
 WORK_PER_ITEM = 4
@@ -230,7 +230,7 @@ def solve_karmarkar_karp(problem: Problem) -> KernelResult:
 
 
 def solve(problem: Problem) -> KernelResult:
-    """Best of equal-count LPT and BLDM, each improved by count-preserving local search.
+    """The better of equal-count LPT and BLDM, improved by count-preserving local search.
 
     >>> from orchmllm.balancers import make_problem
     >>> solve(make_problem([5, 4, 3, 3, 3, 1, 1], 2, equal_counts=True)).assignment.tolist()
@@ -243,9 +243,11 @@ def solve(problem: Problem) -> KernelResult:
     cap = problem.max_tokens_per_rank
     if cap is None or rank_tokens(problem, differenced).max() <= cap:
         starts.append(differenced)
-    plans = [improve(problem, start) for start in starts]
-    makespans = [float(rank_loads(problem, plan).max()) for plan in plans]
-    return KernelResult(plans[int(np.argmin(makespans))])
+    makespans = [float(rank_loads(problem, start).max()) for start in starts]
+    best = starts[int(np.argmin(makespans))]
+    improved = improve(problem, best)
+    # The search tracks loads incrementally: keep its plan only if the exact loads agree it is no worse.
+    return KernelResult(improved if rank_loads(problem, improved).max() <= min(makespans) else best)
 
 
 def _padded_runs(sorted_lengths: list[int], sorted_costs: list[float], num_ranks: int, q: int, r: int,
