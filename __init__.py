@@ -4,12 +4,13 @@ The solver layers are importable without torch; `orchmllm.runtime` (torch.distri
 is imported on its own.
 """
 
-from .balancers import ALGORITHMS, BalancePlan, CostModel, InfeasibleError, balance, register_algorithm
+from .balancers import (ALGORITHMS, BalancePlan, CostModel, InfeasibleError, MicroBatchPlan, balance,
+                        balance_microbatches, register_algorithm)
 from .orchestrator import Batch, Orchestrator, Sample, Segment, Stage, StepPlan
 from .topology import Topology, estimate_exchange, place, traffic
 
 __version__ = "0.1.0"
 
-__all__ = ["ALGORITHMS", "BalancePlan", "Batch", "CostModel", "InfeasibleError", "Orchestrator", "Sample",
-           "Segment", "Stage", "StepPlan", "Topology", "__version__", "balance",
+__all__ = ["ALGORITHMS", "BalancePlan", "Batch", "CostModel", "InfeasibleError", "MicroBatchPlan", "Orchestrator",
+           "Sample", "Segment", "Stage", "StepPlan", "Topology", "__version__", "balance", "balance_microbatches",
            "estimate_exchange", "place", "register_algorithm", "traffic"]

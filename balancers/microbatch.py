@@ -1,0 +1,257 @@
+"""`balance_microbatches()`: plan every rank's gradient-accumulation micro-batches jointly.
+
+A step runs M micro-batches on every one of D ranks, each under a token budget T, and
+FSDP / ZeRO-3 synchronise all ranks in every micro-batch, so a step costs the sum over
+micro-batches of the slowest rank.  Items i (lengths l_i, costs c_i) get a cell (r, m):
+
+    minimise  Σ_m max_r load(r, m) + M · microbatch_overhead
+    s.t.      tokens(r, m) <= T                      for every cell
+    load(r, m) = Σ_{i in (r, m)} c_i   (padded: count · max c),
+    tokens(r, m) = Σ_{i in (r, m)} l_i (padded: count · max l)
+
+Plain code:
+
+    step_cost = sum(max(load[m][r] for r in range(D)) for m in range(M)) + M * overhead
+    assert all(tokens[m][r] <= T for m in range(M) for r in range(D))
+
+M is the same on every rank by construction.  Every plan carries a certified lower
+bound (`microbatch_bounds`), its gap and a status (`optimal` only when proven).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+
+import numpy as np
+
+from . import microbatch_exact, microbatch_greedy
+from .api import _gpus_per_node
+from .cost import CostModel
+from .locality import as_item_bytes, as_sources, assign_groups, balance_locally
+from .microbatch_bounds import min_bins
+from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, cell_accounts, make_microbatch_plan,
+                              step_cost)
+from .problem import InfeasibleError, Problem, Status, as_lengths, as_num_ranks, as_time_limit
+
+WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
+DEFAULT_WORK = 2_000_000
+EXTRA_MICROBATCHES = 2  # beyond the fewest that fit, tried when the plan is not proven optimal
+
+
+def _auto(problem: MicroBatchProblem, num_microbatches: int):
+    if problem.num_items <= microbatch_exact.MAX_ITEMS:
+        return microbatch_exact.solve(problem, num_microbatches)
+    return microbatch_greedy.solve(problem, num_microbatches)
+
+
+MICROBATCH_ALGORITHMS: dict[str, MicroBatchKernel] = {
+    "auto": _auto,
+    "greedy": microbatch_greedy.solve,
+    "exact": microbatch_exact.solve,
+}
+
+
+def _as_overhead(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`microbatch_overhead` must be a real number; got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"`microbatch_overhead` must be finite and >= 0; got {value}")
+    return float(value)
+
+
+def _as_budget(value) -> int:
+    if value is None:
+        raise TypeError("`max_tokens_per_microbatch` is required: the token budget T of one micro-batch on one rank")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`max_tokens_per_microbatch` must be an int; got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"`max_tokens_per_microbatch` must be >= 1; got {value}")
+    return int(value)
+
+
+def _as_costs(costs, num_items: int) -> np.ndarray:
+    array = np.asarray(costs)
+    if array.ndim != 1 or array.size != num_items:
+        raise ValueError(f"`costs` must be 1-D with one cost per item: shape {array.shape} != ({num_items},)")
+    if array.dtype == object or array.dtype.kind not in "iuf":
+        raise TypeError(f"`costs` must hold real numbers; got dtype {array.dtype}")
+    array = np.ascontiguousarray(array, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
+    if bad.size:
+        raise ValueError(f"`costs` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
+    return array
+
+
+def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None,
+                            padded=False, microbatch_overhead=0.0, time_limit=None) -> MicroBatchProblem:
+    """Validate user input once and build the canonical MicroBatchProblem."""
+    lengths = as_lengths(lengths)
+    num_ranks = as_num_ranks(num_ranks)
+    budget = _as_budget(max_tokens_per_microbatch)
+    if cost is not None and costs is not None:
+        raise ValueError("give `cost` (a CostModel) or `costs` (one per item), not both")
+    if costs is None:
+        if cost is None:
+            cost = CostModel()
+        if not isinstance(cost, CostModel):
+            raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
+        item_costs = cost.item_costs(lengths)
+    else:
+        item_costs = _as_costs(costs, lengths.size)
+    if not isinstance(padded, (bool, np.bool_)):
+        raise TypeError(f"`padded` must be a bool; got {type(padded).__name__}")
+    longest = int(np.argmax(lengths))
+    if lengths[longest] > budget:
+        raise InfeasibleError(
+            f"item {longest} has {int(lengths[longest])} tokens > max_tokens_per_microbatch={budget}; no micro-batch "
+            f"can hold it: a budget of at least {int(lengths[longest])} is needed", min_cap=int(lengths[longest]))
+    limit = as_time_limit(time_limit)
+    for array in (lengths, item_costs):
+        array.setflags(write=False)
+    return MicroBatchProblem(lengths=lengths, item_costs=item_costs, num_ranks=num_ranks, max_tokens=budget,
+                             padded=bool(padded), microbatch_overhead=_as_overhead(microbatch_overhead),
+                             work_limit=DEFAULT_WORK if limit is None else int(limit * WORK_PER_SECOND))
+
+
+def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`num_microbatches` must be a positive int or None; got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"`num_microbatches` must be a positive int; got {value}")
+    fewest = problem.min_microbatches
+    if value < fewest:
+        bins = min_bins(problem.lengths, problem.max_tokens)
+        raise InfeasibleError(
+            f"`num_microbatches`={value} is too few: the items need at least {bins} cells of "
+            f"max_tokens_per_microbatch={problem.max_tokens} tokens, so at least {fewest} micro-batches on "
+            f"{problem.num_ranks} ranks", min_cap=fewest)
+    return int(value)
+
+
+def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int | None):
+    """(result, M, floor M, proven bound) for M as given, or for the M that pays best.
+
+    With M free, a kernel's `optimal` holds for its M only: the bound over all M is the
+    least proven optimum of the M tried from the fewest up without a gap, or the cost
+    bound plus the overhead of the next M, whichever is lower.
+    """
+    if num_microbatches is not None:
+        result = kernel(problem, num_microbatches)
+        if result is None:
+            always = -(-problem.num_items // problem.num_ranks)
+            raise InfeasibleError(
+                f"`num_microbatches`={num_microbatches}: the algorithm found no packing of the items into "
+                f"{num_microbatches} × {problem.num_ranks} cells of {problem.max_tokens} tokens; "
+                f"{always} micro-batches always fit", min_cap=always)
+        return result, num_microbatches, None, None
+    fewest = problem.min_microbatches
+    overhead, floor = problem.microbatch_overhead, problem.cost_bound
+    always = max(fewest, -(-problem.num_items // problem.num_ranks))  # one item per cell fits
+    proven, chained = [], True
+    best, best_total, m = None, math.inf, fewest
+    while m <= always and (best is None or m <= best[1] + EXTRA_MICROBATCHES):
+        if best is not None and math.fsum([floor, m * overhead]) >= best_total:
+            break  # no plan with this many micro-batches, or more, can pay
+        result = kernel(problem, m)
+        total = math.inf if result is None else _total(problem, result, m)
+        chained = chained and result is not None and result.status is Status.OPTIMAL
+        if chained:
+            proven.append(total)
+        if total < best_total:
+            best, best_total = (result, m), total
+        m += 1
+    bound = min(proven + [math.fsum([floor, (fewest + len(proven)) * overhead])]) if proven else None
+    return best[0]._replace(status=Status.FEASIBLE), best[1], fewest, bound
+
+
+def _total(problem: MicroBatchProblem, result, num_microbatches: int) -> float:
+    loads, _ = cell_accounts(problem, result.rank, result.microbatch, num_microbatches)
+    return step_cost(loads, problem.microbatch_overhead)
+
+
+def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sources: np.ndarray,
+                item_bytes: np.ndarray, gpus_per_node: int, cost: CostModel | None) -> np.ndarray:
+    """Ranks per item, micro-batch by micro-batch, moving few bytes without raising any micro-batch's max.
+
+    Unpadded: `balance_locally` with zero slack on the micro-batch's items (its cap T);
+    padded: the micro-batch's cells placed on ranks by `assign_groups` (loads unchanged).
+    """
+    rank = np.array(result.rank, dtype=np.int64)
+    for m in range(num_microbatches):
+        members = np.flatnonzero(result.microbatch == m)
+        if not members.size:
+            continue
+        if problem.padded:
+            placed = assign_groups(rank[members], sources[members], item_bytes[members], problem.num_ranks,
+                                   gpus_per_node)
+            rank[members] = placed[rank[members]]
+            continue
+        sub = Problem(lengths=problem.lengths[members], item_costs=problem.item_costs[members],
+                      num_ranks=problem.num_ranks, cost=CostModel() if cost is None else cost, padded=False,
+                      max_tokens_per_rank=problem.max_tokens, time_limit=None)
+        rank[members] = balance_locally(sub, rank[members], sources[members], item_bytes[members], gpus_per_node,
+                                        0.0)
+    return rank
+
+
+def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None, padded=False,
+                         num_microbatches=None, microbatch_overhead=0.0, algorithm="auto", sources=None,
+                         item_bytes=None, topology=None, time_limit=None) -> MicroBatchPlan:
+    """Assign every item a cell (rank, micro-batch) minimising Σ_m max_r load + M · overhead.
+
+    Args:
+        lengths: 1-D non-negative integer lengths (tokens), one per item.
+        num_ranks: data-parallel ranks D >= 1.
+        max_tokens_per_microbatch: token budget T of one cell (one rank, one micro-batch).
+        cost: per-item cost model f(l) (default f(l) = l); or `costs`, one cost per item.
+        padded: a cell costs count · max cost and holds count · max length tokens.
+        num_microbatches: M; None takes the fewest that fit, or more when that lowers the
+            step cost including `microbatch_overhead` (at most two more).
+        microbatch_overhead: cost of one more micro-batch (same units as the costs).
+        algorithm: a name in `MICROBATCH_ALGORITHMS` ("auto": exact search for small
+            instances, else the joint greedy with local search).
+        sources, item_bytes, topology: as in `balance`; within every micro-batch the items
+            stay on their rank, else their node, as far as that micro-batch's max allows.
+        time_limit: seconds of work an exact or anytime search may spend, converted to an
+            operation budget (`WORK_PER_SECOND`) so plans never depend on the clock.
+
+    Returns:
+        A frozen `MicroBatchPlan`.  InfeasibleError (a ValueError) when an item is longer
+        than T or `num_microbatches` is below the provable minimum.
+
+    >>> plan = balance_microbatches([6, 5, 4, 3, 2, 2], 2, max_tokens_per_microbatch=8)
+    >>> plan.num_microbatches, plan.step_cost, plan.lower_bound, str(plan.status)
+    (2, 11.0, 11.0, 'optimal')
+    >>> plan.cell_tokens.tolist(), plan.items_of(rank=0, microbatch=1).tolist()
+    ([[6, 6], [5, 5]], [1])
+    """
+    if not isinstance(algorithm, str):
+        raise TypeError(f"`algorithm` must be a str; got {type(algorithm).__name__}")
+    if algorithm not in MICROBATCH_ALGORITHMS:
+        raise ValueError(f"unknown `algorithm` {algorithm!r}; choose one of {sorted(MICROBATCH_ALGORITHMS)}")
+    problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=max_tokens_per_microbatch,
+                                      cost=cost, costs=costs, padded=padded,
+                                      microbatch_overhead=microbatch_overhead, time_limit=time_limit)
+    fixed = _as_num_microbatches(num_microbatches, problem)
+    if sources is None:
+        for name, value in (("item_bytes", item_bytes), ("topology", topology)):
+            if value is not None:
+                raise ValueError(f"`{name}` needs `sources` (the rank that holds each item now)")
+    else:
+        sources = as_sources(sources, problem.num_items, problem.num_ranks)
+        item_bytes = as_item_bytes(problem.lengths if item_bytes is None else item_bytes, problem.num_items)
+        gpus_per_node = 1 if topology is None else _gpus_per_node(topology, problem.num_ranks)
+    start = time.perf_counter()
+    result, m, floor_m, proven = _solve(problem, MICROBATCH_ALGORITHMS[algorithm], fixed)
+    name = algorithm
+    if sources is not None:
+        rank = _keep_local(problem, result, m, sources, item_bytes, gpus_per_node, cost)
+        result = result._replace(rank=rank, status=Status.FEASIBLE)
+        name = f"{algorithm}+locality"
+    seconds = time.perf_counter() - start
+    return make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,
+                                solve_seconds=seconds)

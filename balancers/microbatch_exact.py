@@ -1,0 +1,100 @@
+"""Exact micro-batch cells for small instances: depth-first branch and bound.
+
+minimise Σ_m max_r load(r, m) s.t. tokens(r, m) <= T, for a given M (see `microbatch`).
+Items go in cost order, largest first, each into every cell with room in turn, except
+cells that are copies of an earlier one: an empty cell of a micro-batch after its first
+empty cell, a whole empty micro-batch after the first, a cell whose (load, tokens, count,
+largest item) equals an earlier cell's of the same micro-batch.  A branch is cut when its
+Σ_m level, or the certified bound, reaches the incumbent (the heuristic's plan).  Every
+node counts against the problem's work budget: when it runs out the incumbent comes back
+as `feasible`, otherwise as proven `optimal` (or None: proven that nothing fits, or no
+packing found within the budget).  Original to orchmllm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import microbatch_greedy
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_accounts, step_cost
+from .problem import Status, sorted_order
+
+MAX_ITEMS = 16  # beyond this the search rarely finishes; `auto` uses the heuristic
+
+
+class _Budget(Exception):
+    pass
+
+
+def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+    """The optimum for M = num_microbatches when proven within the work budget, else the incumbent."""
+    start = microbatch_greedy.solve(problem, num_microbatches)
+    best_cost = np.inf
+    if start is not None:
+        loads, _ = cell_accounts(problem, start.rank, start.microbatch, num_microbatches)
+        best_cost = step_cost(loads, 0.0)
+    floor = problem.cost_bound
+    if best_cost <= floor:
+        return start._replace(status=Status.OPTIMAL, lower_bound=best_cost)
+    d, cap, padded = problem.num_ranks, problem.max_tokens, problem.padded
+    order = sorted_order(problem.item_costs).tolist()
+    costs = problem.item_costs.tolist()
+    lengths = problem.lengths.tolist()
+    cell_load = [[0.0] * d for _ in range(num_microbatches)]
+    cell_tokens = [[0] * d for _ in range(num_microbatches)]
+    cell_count = [[0] * d for _ in range(num_microbatches)]
+    cell_top = [[(0.0, 0)] * d for _ in range(num_microbatches)]
+    level = [0.0] * num_microbatches
+    placed = [0] * problem.num_items
+    best = {"cost": best_cost, "cells": None}
+    nodes = [problem.work_limit]
+
+    def descend(depth: int, partial: float) -> None:
+        nodes[0] -= 1
+        if nodes[0] < 0:
+            raise _Budget
+        if depth == len(order):
+            if partial < best["cost"]:
+                best["cost"], best["cells"] = partial, list(placed)
+            return
+        item = order[depth]
+        cost, length = costs[item], lengths[item]
+        seen_empty_microbatch = False
+        for m in range(num_microbatches):
+            if not any(cell_count[m]):
+                if seen_empty_microbatch:
+                    continue
+                seen_empty_microbatch = True
+            seen = set()
+            for r in range(d):
+                state = (cell_load[m][r], cell_tokens[m][r], cell_count[m][r], cell_top[m][r])
+                if state in seen:
+                    continue
+                seen.add(state)
+                count = cell_count[m][r] + 1
+                top_cost, top_length = max(cell_top[m][r][0], cost), max(cell_top[m][r][1], length)
+                tokens = count * top_length if padded else cell_tokens[m][r] + length
+                if tokens > cap:
+                    continue
+                load = count * top_cost if padded else cell_load[m][r] + cost
+                new_partial = partial + max(0.0, load - level[m])
+                if max(new_partial, floor) >= best["cost"]:
+                    continue
+                saved = (cell_load[m][r], cell_tokens[m][r], cell_count[m][r], cell_top[m][r], level[m])
+                cell_load[m][r], cell_tokens[m][r], cell_count[m][r] = load, tokens, count
+                cell_top[m][r], level[m] = (top_cost, top_length), max(level[m], load)
+                placed[item] = m * d + r
+                descend(depth + 1, new_partial)
+                (cell_load[m][r], cell_tokens[m][r], cell_count[m][r], cell_top[m][r], level[m]) = saved
+
+    try:
+        descend(0, 0.0)
+    except _Budget:
+        if best["cells"] is None:
+            return start
+        return microbatch_greedy.split(np.array(best["cells"], dtype=np.int64), d)
+    if best["cells"] is None:  # nothing beats the incumbent; without one, nothing fits
+        return None if start is None else start._replace(status=Status.OPTIMAL, lower_bound=best_cost)
+    found = microbatch_greedy.split(np.array(best["cells"], dtype=np.int64), d)
+    loads, _ = cell_accounts(problem, found.rank, found.microbatch, num_microbatches)
+    return found._replace(status=Status.OPTIMAL, lower_bound=step_cost(loads, 0.0))

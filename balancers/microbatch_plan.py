@@ -1,0 +1,195 @@
+"""The micro-batch problem every micro-batch kernel receives, and the certified plan it becomes."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from .microbatch_bounds import min_microbatches, step_cost_bound
+from .problem import Status
+
+
+@dataclass(frozen=True, eq=False)
+class MicroBatchProblem:
+    """Validated, canonical input of a micro-batch kernel (kernels assume it is clean)."""
+
+    lengths: np.ndarray  # int64 (n,), tokens each item holds
+    item_costs: np.ndarray  # float64 (n,), its cost
+    num_ranks: int
+    max_tokens: int  # T, per cell
+    padded: bool  # cell cost count · max c, cell tokens count · max l
+    microbatch_overhead: float
+    work_limit: int  # operations an exact or anytime search may spend
+
+    @property
+    def num_items(self) -> int:
+        return int(self.lengths.size)
+
+    @property
+    def min_microbatches(self) -> int:
+        """The fewest micro-batches any plan needs (`microbatch_bounds.min_microbatches`)."""
+        return min_microbatches(self.lengths, self.num_ranks, self.max_tokens)
+
+    @property
+    def cost_bound(self) -> float:
+        """Σ_m max_r load(r, m) no plan beats, overhead excluded (`microbatch_bounds`)."""
+        return step_cost_bound(self.item_costs, self.lengths, self.num_ranks, self.max_tokens)
+
+
+class MicroBatchResult(NamedTuple):
+    """What a micro-batch kernel returns: a cell per item, how sure it is, a bound it proved."""
+
+    rank: np.ndarray
+    microbatch: np.ndarray
+    status: Status = Status.FEASIBLE
+    lower_bound: float | None = None  # on Σ_m max_r load, overhead excluded
+
+
+MicroBatchKernel = Callable[[MicroBatchProblem, int], "MicroBatchResult | None"]
+
+
+def cell_accounts(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray,
+                  num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """(loads, tokens) of every cell, shape (M, D), accumulated in item order (bit-reproducible)."""
+    cells = num_microbatches * problem.num_ranks
+    cell = microbatch * problem.num_ranks + rank
+    shape = (num_microbatches, problem.num_ranks)
+    if problem.padded:
+        counts = np.bincount(cell, minlength=cells)
+        top_cost = np.zeros(cells)
+        np.maximum.at(top_cost, cell, problem.item_costs)
+        top_length = np.zeros(cells, dtype=np.int64)
+        np.maximum.at(top_length, cell, problem.lengths)
+        return (counts * top_cost).reshape(shape), (counts * top_length).reshape(shape)
+    loads = np.bincount(cell, weights=problem.item_costs, minlength=cells)
+    tokens = np.zeros(cells, dtype=np.int64)
+    np.add.at(tokens, cell, problem.lengths)
+    return loads.reshape(shape), tokens.reshape(shape)
+
+
+def step_cost(cell_loads: np.ndarray, overhead: float) -> float:
+    """Σ_m max_r cell_loads[m, r] + M · overhead, correctly rounded."""
+    maxima = cell_loads.max(axis=1) if cell_loads.size else np.zeros(0)
+    return math.fsum(maxima.tolist() + [cell_loads.shape[0] * overhead])
+
+
+@dataclass(frozen=True, eq=False)
+class MicroBatchPlan:
+    """Every item's cell (rank, micro-batch), the cells' loads and tokens, and a certificate.
+
+    Item i runs on rank `rank[i]` in micro-batch `microbatch[i]`; every rank runs the same
+    `num_microbatches` micro-batches (some may be empty on some ranks).  `cell_loads[m, r]`
+    and `cell_tokens[m, r]` are that cell's cost and tokens (count · max when padded), every
+    one within `max_tokens_per_microbatch`.  `step_cost` = Σ_m max_r cell_loads[m, r] +
+    num_microbatches · microbatch_overhead; no plan of these items beats `lower_bound` (with
+    `num_microbatches` free or as given); `status` is optimal only when that is proven.
+    """
+
+    rank: np.ndarray
+    microbatch: np.ndarray
+    num_microbatches: int
+    num_ranks: int
+    cell_loads: np.ndarray
+    cell_tokens: np.ndarray
+    step_cost: float
+    lower_bound: float
+    status: Status
+    algorithm: str
+    max_tokens_per_microbatch: int
+    microbatch_overhead: float
+    padded: bool
+    solve_seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def gap(self) -> float:
+        """step_cost / lower_bound - 1 (0 when both are 0)."""
+        if self.lower_bound == 0:
+            return 0.0 if self.step_cost == 0 else float("inf")
+        return self.step_cost / self.lower_bound - 1.0
+
+    @property
+    def num_items(self) -> int:
+        return int(self.rank.size)
+
+    @property
+    def microbatch_costs(self) -> np.ndarray:
+        """max_r cell_loads[m, r] per micro-batch: what each micro-batch's synchronised step costs."""
+        return self.cell_loads.max(axis=1)
+
+    def items_of(self, rank: int, microbatch: int) -> np.ndarray:
+        """Indices of the items in cell (rank, microbatch), ascending."""
+        return np.flatnonzero((self.rank == rank) & (self.microbatch == microbatch))
+
+    def digest(self) -> str:
+        """SHA-256 of (M, rank, microbatch): equal on every rank that computed the same plan."""
+        digest = hashlib.sha256(np.int64(self.num_microbatches).astype("<i8").tobytes())
+        digest.update(self.rank.astype("<i8").tobytes())
+        digest.update(self.microbatch.astype("<i8").tobytes())
+        return digest.hexdigest()
+
+    def to_json(self) -> dict:
+        """The plan's figures and cells as plain JSON types."""
+        return {"algorithm": self.algorithm, "num_ranks": self.num_ranks, "num_microbatches": self.num_microbatches,
+                "max_tokens_per_microbatch": self.max_tokens_per_microbatch,
+                "microbatch_overhead": self.microbatch_overhead, "padded": self.padded,
+                "step_cost": self.step_cost, "lower_bound": self.lower_bound, "gap": self.gap,
+                "status": str(self.status), "solve_seconds": self.solve_seconds,
+                "rank": self.rank.tolist(), "microbatch": self.microbatch.tolist(),
+                "cell_loads": self.cell_loads.tolist(), "cell_tokens": self.cell_tokens.tolist()}
+
+
+def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
+                         algorithm: str, *, floor_microbatches: int | None = None,
+                         proven_bound: float | None = None, solve_seconds: float = 0.0) -> MicroBatchPlan:
+    """Check a kernel's cells and wrap them with loads, tokens, bound and status.
+
+    The bound is `problem.cost_bound` + floor_microbatches · overhead (the proven fewest
+    micro-batches when M was chosen freely; M itself, the default, when fixed), or
+    `proven_bound` (a step cost with overhead the caller proved) when larger; with M fixed,
+    a bound the kernel proved counts too.  A malformed result, or a cell over the budget,
+    is a bug of the kernel: RuntimeError, never a wrong plan handed on.
+    """
+    rank, microbatch = (np.asarray(a) for a in (result.rank, result.microbatch))
+    n = problem.num_items
+    for name, values, limit in (("rank", rank, problem.num_ranks), ("microbatch", microbatch, num_microbatches)):
+        if values.shape != (n,) or values.dtype.kind not in "iu":
+            raise RuntimeError(f"algorithm {algorithm!r} returned `{name}` of shape {values.shape} and dtype "
+                               f"{values.dtype}; expected ({n},) ints")
+        if n and (values.min() < 0 or values.max() >= limit):
+            raise RuntimeError(f"algorithm {algorithm!r} put an item outside {name}s [0, {limit})")
+    rank = np.ascontiguousarray(rank, dtype=np.int64)
+    microbatch = np.ascontiguousarray(microbatch, dtype=np.int64)
+    loads, tokens = cell_accounts(problem, rank, microbatch, num_microbatches)
+    if tokens.size and tokens.max() > problem.max_tokens:
+        m, r = np.unravel_index(int(np.argmax(tokens)), tokens.shape)
+        raise RuntimeError(f"algorithm {algorithm!r} put {int(tokens[m, r])} tokens in cell (rank {r}, micro-batch "
+                           f"{m}), over max_tokens_per_microbatch={problem.max_tokens}")
+    overhead = problem.microbatch_overhead
+    cost = step_cost(loads, overhead)
+    fixed = floor_microbatches is None
+    floor_m = num_microbatches if fixed else floor_microbatches
+    bound = math.fsum([problem.cost_bound, floor_m * overhead])
+    if fixed and result.lower_bound is not None:
+        bound = max(bound, math.fsum([float(result.lower_bound), num_microbatches * overhead]))
+    if proven_bound is not None:
+        bound = max(bound, float(proven_bound))
+    # Bounds are float sums in another order than the plan's; never let rounding lift one
+    # above a step cost that was actually reached.
+    bound = min(bound, cost)
+    status = result.status
+    if cost == bound:
+        status = Status.OPTIMAL
+    elif status is Status.OPTIMAL:
+        raise RuntimeError(f"algorithm {algorithm!r} claimed optimality at step cost {cost} "
+                           f"but only proved a bound of {bound}")
+    for array in (rank, microbatch, loads, tokens):
+        array.setflags(write=False)
+    return MicroBatchPlan(rank=rank, microbatch=microbatch, num_microbatches=num_microbatches,
+                          num_ranks=problem.num_ranks, cell_loads=loads, cell_tokens=tokens, step_cost=cost,
+                          lower_bound=bound, status=status, algorithm=algorithm,
+                          max_tokens_per_microbatch=problem.max_tokens, microbatch_overhead=overhead,
+                          padded=problem.padded, solve_seconds=solve_seconds)

@@ -1,0 +1,226 @@
+"""balance_microbatches: invariants, bounds and optimality against brute force, metamorphic properties, bad input."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchmllm import CostModel, InfeasibleError, MicroBatchPlan, Topology, balance_microbatches
+from orchmllm.balancers import MICROBATCH_ALGORITHMS
+from orchmllm.balancers.microbatch_bounds import min_bins, min_microbatches
+
+ALGORITHM_NAMES = sorted(MICROBATCH_ALGORITHMS)
+
+
+def brute_force(lengths, costs, num_ranks, budget, num_microbatches, padded=False):
+    """min over every cell assignment of Σ_m max_r load (None when nothing fits)."""
+    cells = num_microbatches * num_ranks
+    best = None
+    for assignment in itertools.product(range(cells), repeat=len(lengths)):
+        loads, tokens = [0.0] * cells, [0] * cells
+        for cell in range(cells):
+            members = [i for i, c in enumerate(assignment) if c == cell]
+            if not members:
+                continue
+            if padded:
+                loads[cell] = len(members) * max(costs[i] for i in members)
+                tokens[cell] = len(members) * max(lengths[i] for i in members)
+            else:
+                loads[cell] = math.fsum(costs[i] for i in members)
+                tokens[cell] = sum(lengths[i] for i in members)
+        if max(tokens) > budget:
+            continue
+        value = math.fsum(max(loads[m * num_ranks:(m + 1) * num_ranks]) for m in range(num_microbatches))
+        best = value if best is None else min(best, value)
+    return best
+
+
+def fewest_feasible(lengths, num_ranks, budget, padded=False):
+    """The smallest M with any feasible assignment, by brute force."""
+    costs = [float(x) for x in lengths]
+    for m in itertools.count(1):
+        if brute_force(lengths, costs, num_ranks, budget, m, padded) is not None:
+            return m
+
+
+def check_invariants(plan: MicroBatchPlan, lengths, num_ranks, budget, costs):
+    lengths = np.asarray(lengths)
+    n = lengths.size
+    assert plan.rank.dtype == np.int64 and plan.microbatch.dtype == np.int64
+    assert plan.rank.shape == plan.microbatch.shape == (n,)
+    assert plan.cell_loads.shape == plan.cell_tokens.shape == (plan.num_microbatches, num_ranks)
+    assert np.all((0 <= plan.rank) & (plan.rank < num_ranks))
+    assert np.all((0 <= plan.microbatch) & (plan.microbatch < plan.num_microbatches))
+    seen = np.concatenate([plan.items_of(r, m) for m in range(plan.num_microbatches) for r in range(num_ranks)])
+    assert np.array_equal(np.sort(seen), np.arange(n))  # every item in exactly one cell
+    assert plan.cell_tokens.max() <= budget
+    if not plan.padded:
+        assert math.isclose(plan.cell_loads.sum(), math.fsum(costs), rel_tol=1e-12)
+        assert plan.cell_tokens.sum() == lengths.sum()
+    expected = math.fsum(plan.cell_loads.max(axis=1).tolist() + [plan.num_microbatches * plan.microbatch_overhead])
+    assert plan.step_cost == expected
+    assert plan.lower_bound <= plan.step_cost
+    assert (str(plan.status) == "optimal") == (plan.step_cost == plan.lower_bound)
+
+
+tiny = st.integers(1, 5).flatmap(lambda n: st.tuples(
+    st.lists(st.integers(1, 9), min_size=n, max_size=n), st.integers(1, 2), st.integers(9, 14)))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@given(case=tiny, padded=st.booleans())
+def test_invariants_and_bound_against_brute_force(algorithm, case, padded):
+    lengths, num_ranks, budget = case
+    plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, padded=padded,
+                                algorithm=algorithm)
+    costs = [float(x) for x in lengths]
+    check_invariants(plan, lengths, num_ranks, budget, costs)
+    fewest = fewest_feasible(lengths, num_ranks, budget, padded)
+    assert min_microbatches(np.array(lengths), num_ranks, budget) <= fewest <= plan.num_microbatches
+    optimum = min(brute_force(lengths, costs, num_ranks, budget, m, padded)
+                  for m in range(fewest, plan.num_microbatches + 1))
+    assert plan.lower_bound <= optimum <= plan.step_cost
+    if str(plan.status) == "optimal":
+        assert plan.step_cost == optimum
+
+
+@given(case=tiny, padded=st.booleans(), extra=st.integers(0, 1))
+def test_exact_is_optimal_for_a_given_num_microbatches(case, padded, extra):
+    lengths, num_ranks, budget = case
+    costs = [float(x) ** 2 for x in lengths]
+    m = fewest_feasible(lengths, num_ranks, budget, padded) + extra
+    plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, costs=costs, padded=padded,
+                                num_microbatches=m, algorithm="exact")
+    check_invariants(plan, lengths, num_ranks, budget, costs)
+    assert plan.num_microbatches == m
+    assert str(plan.status) == "optimal"
+    assert plan.step_cost == brute_force(lengths, costs, num_ranks, budget, m, padded)
+
+
+@given(case=tiny, overhead=st.sampled_from([0.0, 1.0, 5.0]))
+def test_free_num_microbatches_pays_for_the_overhead(case, overhead):
+    lengths, num_ranks, budget = case
+    plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget,
+                                microbatch_overhead=overhead, algorithm="exact")
+    costs = [float(x) for x in lengths]
+    fewest = fewest_feasible(lengths, num_ranks, budget)
+    totals = [brute_force(lengths, costs, num_ranks, budget, m) + m * overhead
+              for m in range(fewest, fewest + 3)]
+    assert plan.step_cost == min(totals)
+    assert plan.lower_bound <= min(totals)
+
+
+@given(case=tiny, seed=st.integers(0, 2**16))
+def test_permuting_the_items_keeps_the_optimum(case, seed):
+    lengths, num_ranks, budget = case
+    permuted = np.random.default_rng(seed).permutation(lengths)
+    plans = [balance_microbatches(x, num_ranks, max_tokens_per_microbatch=budget, algorithm="exact")
+             for x in (lengths, permuted)]
+    assert plans[0].step_cost == plans[1].step_cost
+    assert plans[0].num_microbatches == plans[1].num_microbatches
+
+
+@given(case=tiny, raise_by=st.integers(1, 6))
+def test_raising_the_budget_never_raises_the_optimum(case, raise_by):
+    lengths, num_ranks, budget = case
+    low = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, algorithm="exact")
+    high = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget + raise_by,
+                                num_microbatches=low.num_microbatches, algorithm="exact")
+    assert high.step_cost <= low.step_cost
+
+
+def test_same_input_gives_the_bit_identical_plan():
+    lengths = np.random.default_rng(3).integers(1, 4000, 300)
+    plans = [balance_microbatches(lengths, 8, max_tokens_per_microbatch=8192, cost=CostModel(quadratic=1e-3))
+             for _ in range(2)]
+    assert plans[0].digest() == plans[1].digest()
+    first, second = (dict(plan.to_json(), solve_seconds=None) for plan in plans)
+    assert first == second
+
+
+def test_realistic_mix_is_close_to_the_bound():
+    lengths = np.random.default_rng(4).lognormal(6.5, 1.0, 512).astype(np.int64).clip(16, 6000)
+    cost = CostModel(linear=4.2e11, quadratic=3.9e6)  # an 84B LLM's FLOPs per token and token pair
+    plan = balance_microbatches(lengths, 8, max_tokens_per_microbatch=8192, cost=cost)
+    check_invariants(plan, lengths, 8, 8192, cost.item_costs(lengths))
+    assert plan.gap < 0.005
+    assert plan.num_microbatches == min_microbatches(lengths, 8, 8192)
+
+
+def test_communication_aware_mode_keeps_the_step_cost_and_moves_fewer_bytes():
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(50, 3000, 256)
+    sources = np.repeat(np.arange(16), 16)
+    plain = balance_microbatches(lengths, 16, max_tokens_per_microbatch=8192)
+    local = balance_microbatches(lengths, 16, max_tokens_per_microbatch=8192, sources=sources,
+                                 topology=Topology(2, 8))
+    check_invariants(local, lengths, 16, 8192, lengths.astype(float))
+    assert local.algorithm == "auto+locality"
+    assert local.num_microbatches == plain.num_microbatches
+    assert np.array_equal(local.microbatch, plain.microbatch)
+    assert local.step_cost <= plain.step_cost
+    moved = lambda plan: int(lengths[plan.rank != sources].sum())  # noqa: E731
+    assert moved(local) < moved(plain)
+
+
+def test_min_bins_counts_items_longer_than_half_the_budget():
+    assert min_bins(np.array([6, 6, 6, 6, 1]), 10) == 4
+    assert min_microbatches(np.array([6, 6, 6, 6, 1]), 2, 10) == 2
+
+
+@pytest.mark.parametrize("budget, match", [(0, r"`max_tokens_per_microbatch` must be >= 1"),
+                                           (-5, r"`max_tokens_per_microbatch` must be >= 1")])
+def test_nonpositive_budget_is_rejected(budget, match):
+    with pytest.raises(ValueError, match=match):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=budget)
+
+
+def test_missing_or_non_int_budget_is_rejected():
+    with pytest.raises(TypeError, match="`max_tokens_per_microbatch` is required"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=None)
+    with pytest.raises(TypeError, match="`max_tokens_per_microbatch` must be an int"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8.0)
+
+
+def test_item_longer_than_the_budget_names_the_item_and_the_budget_needed():
+    with pytest.raises(InfeasibleError, match=r"item 2 has 9000 tokens > max_tokens_per_microbatch=8192.*"
+                                              r"at least 9000") as error:
+        balance_microbatches([10, 20, 9000, 30], 2, max_tokens_per_microbatch=8192)
+    assert error.value.min_cap == 9000
+
+
+def test_too_few_microbatches_names_the_smallest_feasible_count():
+    with pytest.raises(InfeasibleError, match=r"`num_microbatches`=1 is too few.*at least 2 micro-batches") as error:
+        balance_microbatches([6, 6, 6, 6, 1], 2, max_tokens_per_microbatch=10, num_microbatches=1)
+    assert error.value.min_cap == 2
+
+
+@pytest.mark.parametrize("value, error, match", [
+    (0, ValueError, "`num_microbatches` must be a positive int; got 0"),
+    (-1, ValueError, "`num_microbatches` must be a positive int; got -1"),
+    (2.0, TypeError, "`num_microbatches` must be a positive int or None; got float"),
+    (True, TypeError, "`num_microbatches` must be a positive int or None; got bool"),
+])
+def test_num_microbatches_must_be_a_positive_int(value, error, match):
+    with pytest.raises(error, match=match):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, num_microbatches=value)
+
+
+def test_other_bad_input_names_the_argument():
+    with pytest.raises(ValueError, match="give `cost`"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, cost=CostModel(), costs=[1.0, 2.0])
+    with pytest.raises(ValueError, match="`costs` must be finite and non-negative; got -1.0 at index 1"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, costs=[1.0, -1.0])
+    with pytest.raises(ValueError, match=r"`costs` must be 1-D with one cost per item"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, costs=[1.0])
+    with pytest.raises(ValueError, match="`microbatch_overhead` must be finite and >= 0"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, microbatch_overhead=-1.0)
+    with pytest.raises(ValueError, match="unknown `algorithm`"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, algorithm="nope")
+    with pytest.raises(ValueError, match="`topology` needs `sources`"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, topology=Topology(1, 2))
+    with pytest.raises(ValueError, match="`lengths` must be non-negative integers; got -3 at index 1"):
+        balance_microbatches([1, -3], 2, max_tokens_per_microbatch=8)
