@@ -36,7 +36,7 @@ from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProble
 from .problem import InfeasibleError, Problem, Status, as_lengths, as_num_ranks, as_time_limit
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
-DEFAULT_WORK = 2_000_000
+DEFAULT_WORK = 1_000_000
 EXTRA_MICROBATCHES = 2  # beyond the fewest that fit, tried when the plan is not proven optimal
 
 

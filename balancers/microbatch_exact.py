@@ -6,7 +6,7 @@ cells that are copies of an earlier one: an empty cell of a micro-batch after it
 empty cell, a whole empty micro-batch after the first, a cell whose (load, tokens, count,
 largest item) equals an earlier cell's of the same micro-batch.  A branch is cut when its
 Σ_m level, or the certified bound, reaches the incumbent (the heuristic's plan).  Every
-node counts against the problem's work budget: when it runs out the incumbent comes back
+node counts M·D operations against the problem's work budget: when it runs out the incumbent comes back
 as `feasible`, otherwise as proven `optimal` (or None: proven that nothing fits, or no
 packing found within the budget).  Original to orchmllm.
 """
@@ -19,7 +19,7 @@ from . import microbatch_greedy
 from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_accounts, step_cost
 from .problem import Status, sorted_order
 
-MAX_ITEMS = 16  # beyond this the search rarely finishes; `auto` uses the heuristic
+MAX_ITEMS = 12  # `auto` searches exactly up to this many items, else runs the heuristic
 
 
 class _Budget(Exception):
@@ -49,8 +49,10 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
     best = {"cost": best_cost, "cells": None}
     nodes = [problem.work_limit]
 
+    cells = num_microbatches * d
+
     def descend(depth: int, partial: float) -> None:
-        nodes[0] -= 1
+        nodes[0] -= cells  # a node looks at every cell once
         if nodes[0] < 0:
             raise _Budget
         if depth == len(order):

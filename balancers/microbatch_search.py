@@ -21,6 +21,8 @@ import numpy as np
 from .microbatch_greedy import regroup
 from .microbatch_plan import MicroBatchProblem
 
+RELATIVE_GAIN = 1e-12
+
 
 class _Search:
     def __init__(self, problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int):
@@ -81,8 +83,13 @@ class _Search:
         return best
 
     def step(self) -> tuple[bool, int]:
-        """Apply the best change out of some micro-batch's most loaded cell; (changed, work)."""
+        """Apply the best change out of some micro-batch's most loaded cell; (changed, work).
+
+        A change must gain more than rounding could fake (RELATIVE_GAIN of the total
+        cost), so float sums in another order never make the search cycle.
+        """
         d = self.problem.num_ranks
+        least_gain = RELATIVE_GAIN * float(self.loads.sum())
         work = 0
         by_level = np.lexsort((np.arange(self.levels.size), -self.levels))
         for m in by_level.tolist():
@@ -92,7 +99,7 @@ class _Search:
                 continue  # a tied maximum cannot fall by changing one cell
             change, item, target, swapped = self.best_change(m * d + a)
             work += (int(np.count_nonzero(self.cell_of == m * d + a)) + 1) * (self.problem.num_items + self.size)
-            if change < 0:
+            if change < -least_gain:
                 self.cell_of[item] = target
                 if swapped >= 0:
                     self.cell_of[swapped] = m * d + a
