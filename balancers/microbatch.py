@@ -21,7 +21,6 @@ bound (`microbatch_bounds`), its gap and a status (`optimal` only when proven).
 from __future__ import annotations
 
 import math
-import numbers
 import time
 
 import numpy as np
@@ -33,7 +32,8 @@ from .locality import as_item_bytes, as_sources, assign_groups, balance_locally
 from .microbatch_bounds import min_bins
 from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, cell_accounts, make_microbatch_plan,
                               step_cost)
-from .problem import InfeasibleError, Problem, Status, as_lengths, as_num_ranks, as_time_limit
+from .problem import InfeasibleError, Problem, Status, as_lengths, as_time_limit
+from .validation import as_bool, as_int, as_real
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
 DEFAULT_WORK = 1_000_000
@@ -53,22 +53,10 @@ MICROBATCH_ALGORITHMS: dict[str, MicroBatchKernel] = {
 }
 
 
-def _as_overhead(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`microbatch_overhead` must be a real number; got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"`microbatch_overhead` must be finite and >= 0; got {value}")
-    return float(value)
-
-
 def _as_budget(value) -> int:
     if value is None:
         raise TypeError("`max_tokens_per_microbatch` is required: the token budget T of one micro-batch on one rank")
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"`max_tokens_per_microbatch` must be an int; got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"`max_tokens_per_microbatch` must be >= 1; got {value}")
-    return int(value)
+    return as_int(value, "max_tokens_per_microbatch", minimum=1)
 
 
 def _as_costs(costs, num_items: int) -> np.ndarray:
@@ -88,7 +76,7 @@ def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, co
                             padded=False, microbatch_overhead=0.0, time_limit=None) -> MicroBatchProblem:
     """Validate user input once and build the canonical MicroBatchProblem."""
     lengths = as_lengths(lengths)
-    num_ranks = as_num_ranks(num_ranks)
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
     budget = _as_budget(max_tokens_per_microbatch)
     if cost is not None and costs is not None:
         raise ValueError("give `cost` (a CostModel) or `costs` (one per item), not both")
@@ -100,8 +88,7 @@ def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, co
         item_costs = cost.item_costs(lengths)
     else:
         item_costs = _as_costs(costs, lengths.size)
-    if not isinstance(padded, (bool, np.bool_)):
-        raise TypeError(f"`padded` must be a bool; got {type(padded).__name__}")
+    padded = as_bool(padded, "padded")
     longest = int(np.argmax(lengths))
     if lengths[longest] > budget:
         raise InfeasibleError(
@@ -111,17 +98,14 @@ def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, co
     for array in (lengths, item_costs):
         array.setflags(write=False)
     return MicroBatchProblem(lengths=lengths, item_costs=item_costs, num_ranks=num_ranks, max_tokens=budget,
-                             padded=bool(padded), microbatch_overhead=_as_overhead(microbatch_overhead),
+                             padded=padded, microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"),
                              work_limit=DEFAULT_WORK if limit is None else int(limit * WORK_PER_SECOND))
 
 
 def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:
+    value = as_int(value, "num_microbatches", minimum=1, optional=True)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"`num_microbatches` must be a positive int or None; got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"`num_microbatches` must be a positive int; got {value}")
     fewest = problem.min_microbatches
     if value < fewest:
         bins = min_bins(problem.lengths, problem.max_tokens)
@@ -129,7 +113,7 @@ def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:
             f"`num_microbatches`={value} is too few: the items need at least {bins} cells of "
             f"max_tokens_per_microbatch={problem.max_tokens} tokens, so at least {fewest} micro-batches on "
             f"{problem.num_ranks} ranks", min_cap=fewest)
-    return int(value)
+    return value
 
 
 def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int | None):

@@ -199,10 +199,10 @@ def test_too_few_microbatches_names_the_smallest_feasible_count():
 
 
 @pytest.mark.parametrize("value, error, match", [
-    (0, ValueError, "`num_microbatches` must be a positive int; got 0"),
-    (-1, ValueError, "`num_microbatches` must be a positive int; got -1"),
-    (2.0, TypeError, "`num_microbatches` must be a positive int or None; got float"),
-    (True, TypeError, "`num_microbatches` must be a positive int or None; got bool"),
+    (0, ValueError, "`num_microbatches` must be >= 1; got 0"),
+    (-1, ValueError, "`num_microbatches` must be >= 1; got -1"),
+    (2.0, TypeError, "`num_microbatches` must be an int or None; got float"),
+    (True, TypeError, "`num_microbatches` must be an int or None; got bool"),
 ])
 def test_num_microbatches_must_be_a_positive_int(value, error, match):
     with pytest.raises(error, match=match):
