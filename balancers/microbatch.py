@@ -25,30 +25,51 @@ import time
 
 import numpy as np
 
-from . import microbatch_exact, microbatch_greedy
+from . import microbatch_cells, microbatch_exact, microbatch_greedy
 from .api import _gpus_per_node
 from .cost import CostModel
-from .locality import as_item_bytes, as_sources, assign_groups, balance_locally
+from .lap import assign_groups
+from .locality import balance_locally
 from .microbatch_bounds import min_bins
-from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, cell_accounts, make_microbatch_plan,
-                              step_cost)
-from .problem import InfeasibleError, Problem, Status, as_lengths, as_time_limit
-from .validation import as_bool, as_int, as_real
+from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, cell_accounts,
+                              make_microbatch_plan, step_cost)
+from .problem import InfeasibleError, Status, as_lengths, as_time_limit
+from .validation import as_bool, as_int, as_item_bytes, as_real, as_sources
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
 DEFAULT_WORK = 1_000_000
+GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
 EXTRA_MICROBATCHES = 2  # beyond the fewest that fit, tried when the plan is not proven optimal
+PAYING_GAP = 0.01  # ... and only while the bound leaves more than this fraction to gain
 
 
 def _auto(problem: MicroBatchProblem, num_microbatches: int):
+    """Exact search for the smallest instances, the better of the joint greedy and the cell
+    LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above."""
     if problem.num_items <= microbatch_exact.MAX_ITEMS:
         return microbatch_exact.solve(problem, num_microbatches)
-    return microbatch_greedy.solve(problem, num_microbatches)
+    if problem.padded:
+        return microbatch_greedy.solve(problem, num_microbatches)
+    kernels = [microbatch_cells.solve]
+    if problem.num_items * num_microbatches * problem.num_ranks <= GREEDY_MAX_WORK:
+        kernels.append(microbatch_greedy.solve)
+    best, best_cost = None, math.inf
+    for kernel in kernels:
+        result = kernel(problem, num_microbatches)
+        if result is None:
+            continue
+        cost = _total(problem, result, num_microbatches)
+        if cost < best_cost:
+            best, best_cost = result, cost
+    if best is None and microbatch_greedy.solve not in kernels:
+        return microbatch_greedy.solve(problem, num_microbatches)  # LPT found no room; the greedy may
+    return best
 
 
 MICROBATCH_ALGORITHMS: dict[str, MicroBatchKernel] = {
     "auto": _auto,
     "greedy": microbatch_greedy.solve,
+    "cells": microbatch_cells.solve,
     "exact": microbatch_exact.solve,
 }
 
@@ -137,14 +158,17 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
     always = max(fewest, -(-problem.num_items // problem.num_ranks))  # one item per cell fits
     proven, chained = [], True
     best, best_total, m = None, math.inf, fewest
-    while m <= always and (best is None or m <= best[1] + EXTRA_MICROBATCHES):
-        if best is not None and math.fsum([floor, m * overhead]) >= best_total:
-            break  # no plan with this many micro-batches, or more, can pay
+    first = None
+    while m <= always and (first is None or m <= first + EXTRA_MICROBATCHES):
+        if best is not None and math.fsum([floor, m * overhead]) * (1 + PAYING_GAP) >= best_total:
+            break  # no plan with this many micro-batches, or more, can pay enough
         result = kernel(problem, m)
         total = math.inf if result is None else _total(problem, result, m)
         chained = chained and result is not None and result.status is Status.OPTIMAL
         if chained:
             proven.append(total)
+        if result is not None and first is None:
+            first = m
         if total < best_total:
             best, best_total = (result, m), total
         m += 1
@@ -158,7 +182,7 @@ def _total(problem: MicroBatchProblem, result, num_microbatches: int) -> float:
 
 
 def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sources: np.ndarray,
-                item_bytes: np.ndarray, gpus_per_node: int, cost: CostModel | None) -> np.ndarray:
+                item_bytes: np.ndarray, gpus_per_node: int) -> np.ndarray:
     """Ranks per item, micro-batch by micro-batch, moving few bytes without raising any micro-batch's max.
 
     Unpadded: `balance_locally` with zero slack on the micro-batch's items (its cap T);
@@ -174,9 +198,8 @@ def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sourc
                                    gpus_per_node)
             rank[members] = placed[rank[members]]
             continue
-        sub = Problem(lengths=problem.lengths[members], item_costs=problem.item_costs[members],
-                      num_ranks=problem.num_ranks, cost=CostModel() if cost is None else cost, padded=False,
-                      max_tokens_per_rank=problem.max_tokens, time_limit=None)
+        sub = balancing_problem(problem.lengths[members], problem.item_costs[members], problem.num_ranks,
+                                problem.max_tokens)
         rank[members] = balance_locally(sub, rank[members], sources[members], item_bytes[members], gpus_per_node,
                                         0.0)
     return rank
@@ -194,10 +217,12 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         cost: per-item cost model f(l) (default f(l) = l); or `costs`, one cost per item.
         padded: a cell costs count · max cost and holds count · max length tokens.
         num_microbatches: M; None takes the fewest that fit, or more when that lowers the
-            step cost including `microbatch_overhead` (at most two more).
+            step cost including `microbatch_overhead` (at most two more, tried only while
+            the bound leaves more than `PAYING_GAP` of the step cost to gain).
         microbatch_overhead: cost of one more micro-batch (same units as the costs).
         algorithm: a name in `MICROBATCH_ALGORITHMS` ("auto": exact search for small
-            instances, else the joint greedy with local search).
+            instances, else the better of the joint greedy and the cell LPT, each followed by
+            local search; the cell LPT alone for large instances).
         sources, item_bytes, topology: as in `balance`; within every micro-batch the items
             stay on their rank, else their node, as far as that micro-batch's max allows.
         time_limit: seconds of work an exact or anytime search may spend, converted to an
@@ -233,7 +258,7 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     result, m, floor_m, proven = _solve(problem, MICROBATCH_ALGORITHMS[algorithm], fixed)
     name = algorithm
     if sources is not None:
-        rank = _keep_local(problem, result, m, sources, item_bytes, gpus_per_node, cost)
+        rank = _keep_local(problem, result, m, sources, item_bytes, gpus_per_node)
         result = result._replace(rank=rank, status=Status.FEASIBLE)
         name = f"{algorithm}+locality"
     seconds = time.perf_counter() - start

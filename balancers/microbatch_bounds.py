@@ -23,6 +23,8 @@ import math
 
 import numpy as np
 
+from .problem import exact_sum
+
 
 def min_bins(lengths: np.ndarray, capacity: int) -> int:
     """Martello–Toth L2: a number of bins of `capacity` every packing of `lengths` needs.
@@ -64,7 +66,7 @@ def step_cost_bound(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, capa
     >>> step_cost_bound(np.array([6., 6., 6., 2.]), np.array([6, 6, 6, 2]), 2, 10)
     12.0
     """
-    mean = math.fsum(memoryview(np.ascontiguousarray(costs, dtype=np.float64))) / num_ranks
+    mean = exact_sum(np.ascontiguousarray(costs, dtype=np.float64)) / num_ranks
     conflicting = np.sort(costs[lengths > capacity / 2])[::-1]
     leaders = math.fsum(memoryview(np.ascontiguousarray(conflicting[::num_ranks])))
     return float(max(mean, leaders, float(costs.max()) if costs.size else 0.0))

@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 from .microbatch_bounds import min_microbatches, step_cost_bound
-from .problem import Status
+from .cost import CostModel
+from .problem import Problem, Status, sorted_order
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,15 +31,38 @@ class MicroBatchProblem:
     def num_items(self) -> int:
         return int(self.lengths.size)
 
-    @property
+    @cached_property
+    def cost_order(self) -> np.ndarray:
+        """Items by cost, largest first, ties by index."""
+        order = sorted_order(self.item_costs)
+        order.setflags(write=False)
+        return order
+
+    @cached_property
     def min_microbatches(self) -> int:
         """The fewest micro-batches any plan needs (`microbatch_bounds.min_microbatches`)."""
         return min_microbatches(self.lengths, self.num_ranks, self.max_tokens)
 
-    @property
+    @cached_property
     def cost_bound(self) -> float:
         """Σ_m max_r load(r, m) no plan beats, overhead excluded (`microbatch_bounds`)."""
         return step_cost_bound(self.item_costs, self.lengths, self.num_ranks, self.max_tokens)
+
+
+def balancing_problem(lengths: np.ndarray, costs: np.ndarray, num_ranks: int, cap: int,
+                      order: np.ndarray | None = None) -> Problem:
+    """An unpadded P||Cmax `Problem` over these items (for its kernels), costs taken as given.
+
+    `Problem` derives its cost order from its cost model when costs rise with lengths; these
+    costs need not (explicit costs, pinned placeholders), so their own order (`order`, else
+    `sorted_order(costs)`) is set here.
+    """
+    problem = Problem(lengths=lengths, item_costs=costs, num_ranks=num_ranks, cost=CostModel(), padded=False,
+                      max_tokens_per_rank=cap, time_limit=None)
+    order = sorted_order(costs) if order is None else order
+    order.setflags(write=False)
+    problem.__dict__["cost_order"] = order  # the cached property, computed from the costs themselves
+    return problem
 
 
 class MicroBatchResult(NamedTuple):
@@ -66,9 +91,8 @@ def cell_accounts(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.n
         np.maximum.at(top_length, cell, problem.lengths)
         return (counts * top_cost).reshape(shape), (counts * top_length).reshape(shape)
     loads = np.bincount(cell, weights=problem.item_costs, minlength=cells)
-    tokens = np.zeros(cells, dtype=np.int64)
-    np.add.at(tokens, cell, problem.lengths)
-    return loads.reshape(shape), tokens.reshape(shape)
+    tokens = np.bincount(cell, weights=problem.lengths, minlength=cells)  # exact: sums of ints below 2**53
+    return loads.reshape(shape), tokens.astype(np.int64).reshape(shape)
 
 
 def step_cost(cell_loads: np.ndarray, overhead: float) -> float:

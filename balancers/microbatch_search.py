@@ -9,8 +9,9 @@ cell b and every item j elsewhere, the change that lowers the objective most:
     change = (new max of a's micro-batch - L) + (rise of b's micro-batch max, if another)
 
 subject to both cells' tokens <= T; ties by the lowest index.  Between passes the cells
-are regrouped (`microbatch_greedy.regroup`).  Every step costs O(n + M·D) operations,
-counted against the problem's work budget, so the result never depends on the clock.
+are regrouped (`microbatch_greedy.regroup`).  Every item tried costs n + M·D + STEP_WORK
+operations of the problem's work budget, so the result never depends on the clock; when
+the budget buys fewer than MIN_STEPS steps (2560 ranks × 32 items), only the regrouping runs.
 Unpadded cells only (a padded cell's cost is not additive); padded plans are regrouped.
 """
 
@@ -22,6 +23,8 @@ from .microbatch_greedy import regroup
 from .microbatch_plan import MicroBatchProblem
 
 RELATIVE_GAIN = 1e-12
+STEP_WORK = 2_000  # an item's evaluation costs this much beyond its n + M·D array elements (numpy calls)
+MIN_STEPS = 8
 
 
 class _Search:
@@ -98,7 +101,7 @@ class _Search:
             if d > 1 and np.count_nonzero(block == block[a]) > 1:
                 continue  # a tied maximum cannot fall by changing one cell
             change, item, target, swapped = self.best_change(m * d + a)
-            work += (int(np.count_nonzero(self.cell_of == m * d + a)) + 1) * (self.problem.num_items + self.size)
+            work += (int(np.count_nonzero(self.cell_of == m * d + a)) + 1) * (self.problem.num_items + self.size + STEP_WORK)
             if change < -least_gain:
                 self.cell_of[item] = target
                 if swapped >= 0:
@@ -111,9 +114,10 @@ class _Search:
 def improve(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int) -> np.ndarray:
     """Regroup and search until nothing helps or the work budget is spent; cells per item."""
     cell_of = regroup(problem, cell_of, num_microbatches)
-    if problem.padded or problem.num_items == 0:
-        return cell_of
     budget = problem.work_limit
+    step_work = (problem.num_items + num_microbatches * problem.num_ranks + STEP_WORK) * 8
+    if problem.padded or problem.num_items == 0 or step_work * MIN_STEPS > budget:
+        return cell_of  # a budget for fewer than MIN_STEPS steps of ~8 items is not worth starting
     while budget > 0:
         search = _Search(problem, cell_of, num_microbatches)
         changed = False

@@ -38,10 +38,10 @@ import time
 
 import numpy as np
 
-from ..balancers.locality import as_sources
 from ..balancers.microbatch import make_microbatch_problem
 from ..balancers.microbatch_plan import MicroBatchPlan, MicroBatchProblem, MicroBatchResult, make_microbatch_plan
 from ..balancers.problem import sorted_order
+from ..balancers.validation import as_sources
 from .peers import _karmarkar_karp, verl_workload
 
 MEGATRON_BALANCE_SLACK = 0.05  # next_hdp_group's delta
