@@ -101,7 +101,8 @@ class _Search:
             if d > 1 and np.count_nonzero(block == block[a]) > 1:
                 continue  # a tied maximum cannot fall by changing one cell
             change, item, target, swapped = self.best_change(m * d + a)
-            work += (int(np.count_nonzero(self.cell_of == m * d + a)) + 1) * (self.problem.num_items + self.size + STEP_WORK)
+            tried = int(np.count_nonzero(self.cell_of == m * d + a)) + 1
+            work += tried * (self.problem.num_items + self.size + STEP_WORK)
             if change < -least_gain:
                 self.cell_of[item] = target
                 if swapped >= 0:
