@@ -108,31 +108,28 @@ def megatron_hybrid(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[Mi
     microbatch = np.empty(problem.num_items, dtype=np.int64)
     group = 0
     while waiting:
-        heap = [(0.0, r) for r in range(d)]
-        tokens, counts, busy = [0] * d, [0] * d, 0
-        loads = [0.0] * d
+        heap = [(0.0, r) for r in range(d)]  # (l² load, rank): the least loaded on top
+        tokens, counts, busy, top = [0] * d, [0] * d, 0, 0.0
         leftover = []
         for position, item in enumerate(waiting):
             length = int(problem.lengths[item])
             skipped = []
             while heap and tokens[heap[0][1]] + length > cap:
                 skipped.append(heapq.heappop(heap))
-            if not heap:
+            if heap:
+                load, r = heapq.heappop(heap)
+                rank[item], microbatch[item] = r, group
+                busy += counts[r] == 0
+                counts[r] += 1
+                tokens[r] += length
+                load += float(proxy[item])
+                top = max(top, load)
+                heapq.heappush(heap, (load, r))
+            else:
                 leftover.append(item)
-                for entry in skipped:
-                    heapq.heappush(heap, entry)
-                continue
-            load, r = heapq.heappop(heap)
             for entry in skipped:
                 heapq.heappush(heap, entry)
-            rank[item], microbatch[item] = r, group
-            loads[r] = load + float(proxy[item])
-            tokens[r] += length
-            busy += counts[r] == 0
-            counts[r] += 1
-            heapq.heappush(heap, (loads[r], r))
-            top = max(loads)
-            if busy == d and top - min(loads) <= MEGATRON_BALANCE_SLACK * top:
+            if heap and busy == d and top - heap[0][0] <= MEGATRON_BALANCE_SLACK * top:
                 leftover.extend(waiting[position + 1:])
                 break
         waiting = leftover

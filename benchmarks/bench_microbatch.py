@@ -1,0 +1,87 @@
+"""Micro-batched balancing: step cost against the bound and the reimplemented peers, and planning time.
+
+Run: python3.11 -m pytest benchmarks/bench_microbatch.py -q -s
+     (add --heavy for D = 2560 with every peer, and 32 samples per rank)
+Figures go to the "Micro-batches" section of BENCHMARKS.md.
+
+Instances: the LLM-stage lengths of `sample_workload` (default, vision and speech mixes:
+text + images + audio, heavy tails), D ranks × samples per rank, budget T; cost: the 84B
+model's LLM FLOPs (`MODELS["84b"]`).  Every plan, ours and the peers', is certified
+against the same bound (over every M), so step_cost / lower_bound compares on one footing.
+"""
+
+import numpy as np
+import pytest
+
+from orchmllm import balance, balance_microbatches
+from orchmllm.study.microbatch_peers import MICROBATCH_PEERS
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import sample_workload
+
+COST = MODELS["84b"].llm.cost(causal=True)
+WORKLOADS = ("default", "vision", "speech")
+BUDGETS = (8192, 16384, 32768, 65536)
+
+
+def heavy_option(request):
+    return request.config.getoption("--heavy", default=False)
+
+
+def grid(heavy):
+    ranks = (8, 64, 512, 2560) if heavy else (8, 64, 512)
+    per_rank = (16, 32, 64) if heavy else (16, 64)
+    return [(w, d, s, t) for w in WORKLOADS for d in ranks for s in per_rank for t in BUDGETS
+            if d * s <= 100_000]
+
+
+def check(plan, lengths, num_ranks, budget):
+    assert np.array_equal(np.sort(np.concatenate([plan.items_of(r, m) for m in range(plan.num_microbatches)
+                                                  for r in range(num_ranks)])), np.arange(lengths.size))
+    assert plan.cell_tokens.max() <= budget and plan.lower_bound <= plan.step_cost
+
+
+@pytest.mark.timeout(3600)
+def test_step_cost_against_the_bound_and_the_peers(request):
+    rows, ratios, wins, m_above = [], [], 0, 0
+    for seed, (workload, num_ranks, per_rank, budget) in enumerate(grid(heavy_option(request))):
+        batch = sample_workload(workload, num_ranks, per_rank, seed=seed)
+        lengths = batch.sample_llm_length
+        ours = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=COST)
+        check(ours, lengths, num_ranks, budget)
+        peers = {name: run(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=COST,
+                           sources=batch.sample_source) for name, run in MICROBATCH_PEERS.items()}
+        for plan in peers.values():
+            check(plan, lengths, num_ranks, budget)
+        ratio = ours.step_cost / ours.lower_bound
+        ratios.append(ratio)
+        wins += all(ours.step_cost <= plan.step_cost for plan in peers.values())
+        m_above += ours.num_microbatches > min(plan.num_microbatches for plan in peers.values())
+        rows.append(f"| {workload} | {num_ranks} | {per_rank} | {budget} | {ours.num_microbatches} | {ratio:.4f} | "
+                    + " | ".join(f"{plan.num_microbatches}: {plan.step_cost / plan.lower_bound:.4f}"
+                                 for plan in peers.values()) + f" | {ours.solve_seconds * 1e3:.1f} |")
+    print("\n| workload | D | per rank | T | M | ours | " + " | ".join(MICROBATCH_PEERS) + " | ours ms |")
+    print("|" + "---|" * (7 + len(MICROBATCH_PEERS)))
+    print("\n".join(rows))
+    median = float(np.median(ratios))
+    print(f"\nmedian ours step_cost / lower_bound {median:.5f} (max {max(ratios):.5f}); ours <= every peer on "
+          f"{wins}/{len(ratios)}; ours M above the fewest of the peers' M on {m_above}")
+    assert median <= 1.005
+    assert wins >= 0.95 * len(ratios)
+    assert m_above == 0
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_planning_time_at_2560_ranks(benchmark, best_of, budget):
+    """2560 ranks × 32 samples; baseline in the same run: one plain step's `balance(..., "lpt")`."""
+    batch = sample_workload("default", 2560, 32, seed=7)
+    lengths = batch.sample_llm_length
+    baseline = best_of(lambda: balance(lengths, 2560, cost=COST, algorithm="lpt"), 5)
+    plan = benchmark.pedantic(balance_microbatches, args=(lengths, 2560),
+                              kwargs=dict(max_tokens_per_microbatch=budget, cost=COST), rounds=5, iterations=1)
+    check(plan, lengths, 2560, budget)
+    seconds = benchmark.stats.stats.min
+    benchmark.extra_info.update(baseline_lpt_seconds=baseline, ratio_to_lpt=seconds / baseline,
+                                num_microbatches=plan.num_microbatches, gap=plan.gap)
+    print(f"\nT={budget}: balance_microbatches {seconds * 1e3:.1f} ms min (M={plan.num_microbatches}, "
+          f"gap {plan.gap:.5f}); plain-step lpt {baseline * 1e3:.1f} ms; ratio {seconds / baseline:.2f}")
+
