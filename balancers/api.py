@@ -120,9 +120,8 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
     if sources is not None:
         assignment = balance_locally(problem, assignment, sources, item_bytes, gpus_per_node, makespan_slack)
     seconds = time.perf_counter() - start
-    return make_plan(problem, assignment, result.status if sources is None else Status.FEASIBLE,
-                     algorithm if sources is None else f"{algorithm}+locality",
-                     kernel_bound=result.lower_bound, solve_seconds=seconds)
+    return make_plan(problem, assignment, result.status if sources is None else Status.FEASIBLE, algorithm,
+                     kernel_bound=result.lower_bound, solve_seconds=seconds, communication_aware=sources is not None)
 
 
 def _balance_groups(problem, labels, kernel, algorithm: str) -> BalancePlan:

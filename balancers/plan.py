@@ -29,6 +29,8 @@ class BalancePlan:
     `assignment[i]` is the rank of item i.  `loads[r]` is rank r's cost and `tokens[r]`
     the tokens it holds (count · max length when padded).  `lower_bound` is a makespan no
     plan can beat; `status` is `optimal` only when the makespan is proven optimal.
+    `algorithm` is the registered name; `communication_aware` says whether the plan then went
+    through the communication-aware pass (`balance(..., sources=...)`).
     """
 
     assignment: np.ndarray
@@ -41,6 +43,7 @@ class BalancePlan:
     num_ranks: int
     padded: bool
     cost: CostModel | None  # None when the item costs were given per item
+    communication_aware: bool = False
     solve_seconds: float = field(default=0.0, compare=False)
 
     @property
@@ -68,7 +71,8 @@ class BalancePlan:
 
 
 def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorithm: str,
-              kernel_bound: float | None = None, solve_seconds: float = 0.0) -> BalancePlan:
+              kernel_bound: float | None = None, solve_seconds: float = 0.0,
+              communication_aware: bool = False) -> BalancePlan:
     """Check a kernel's assignment and wrap it with loads, bound and status.
 
     A kernel that returns a malformed assignment or overflows the cap is a bug, so this
@@ -110,4 +114,4 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
     return BalancePlan(assignment=assignment, loads=loads, tokens=tokens, makespan=makespan,
                        lower_bound=bound, status=status, algorithm=algorithm,
                        num_ranks=problem.num_ranks, padded=problem.padded, cost=problem.cost,
-                       solve_seconds=solve_seconds)
+                       communication_aware=communication_aware, solve_seconds=solve_seconds)
