@@ -11,12 +11,19 @@ import numpy as np
 from .problem import KernelResult, Problem, require_within_cap
 
 
-def home_ranks(num_items: int, num_ranks: int) -> np.ndarray:
-    """Rank that sampled item i when n items are dealt out in D contiguous chunks."""
+def chunk_sources(num_items: int, num_ranks: int) -> np.ndarray:
+    """Rank that sampled item i when n items are dealt out in D contiguous chunks.
+
+    (`orchmllm.runtime.exchange.home_ranks` is another question: the rank of each item given
+    how many items every rank listed.)
+
+    >>> chunk_sources(5, 2).tolist()
+    [0, 0, 0, 1, 1]
+    """
     return (np.arange(num_items, dtype=np.int64) * num_ranks) // num_items
 
 
 def solve(problem: Problem) -> KernelResult:
-    assignment = home_ranks(problem.num_items, problem.num_ranks)
+    assignment = chunk_sources(problem.num_items, problem.num_ranks)
     require_within_cap(problem, assignment, "`identity` keeps every item home and")
     return KernelResult(assignment)

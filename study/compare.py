@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..balancers import CostModel, Kind, algorithms, balance, get_algorithm
-from ..balancers.identity import home_ranks
+from ..balancers.identity import chunk_sources
 from ..balancers.plan import BalancePlan
 from ..topology import Topology, traffic
 from .peers import peer_mode
@@ -58,7 +58,7 @@ class CompareConfig:
 def file_stages(lengths: np.ndarray, num_ranks: int, cost: CostModel, padded: bool,
                 bytes_per_token: float) -> tuple[CompareStage, ...]:
     """A lengths file as one stage, its items listed rank by rank (as an all-gather lists them)."""
-    sources = home_ranks(lengths.size, num_ranks)
+    sources = chunk_sources(lengths.size, num_ranks)
     return (CompareStage("items", lengths, sources, cost, padded, lengths * float(bytes_per_token)),)
 
 
