@@ -47,7 +47,8 @@ def add_parser(commands) -> None:
 
 def plan_payload(plan) -> dict:
     """The JSON form of a plan, as `--json` prints it and `-o plan.json` saves it."""
-    return {"algorithm": plan.algorithm + (LOCALITY_SUFFIX if plan.communication_aware else ""), "num_ranks": plan.num_ranks, "num_items": plan.num_items,
+    name = plan.algorithm + (LOCALITY_SUFFIX if plan.communication_aware else "")
+    return {"algorithm": name, "num_ranks": plan.num_ranks, "num_items": plan.num_items,
             "padded": plan.padded, "cost": {"per_item": plan.cost.per_item, "linear": plan.cost.linear,
                                             "quadratic": plan.cost.quadratic},
             "makespan": plan.makespan, "lower_bound": plan.lower_bound, "gap": plan.gap,

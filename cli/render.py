@@ -135,8 +135,9 @@ def print_plan(plan, source: str, quiet: bool, kind: str) -> None:
 
     out = console()
     if not quiet:
-        table = Table(title=f"{source}: {plan.num_items} items on {plan.num_ranks} ranks with {plan.algorithm + (LOCALITY_SUFFIX if plan.communication_aware else "")} "
-                            f"({kind})", title_justify="left")
+        name = plan.algorithm + (LOCALITY_SUFFIX if plan.communication_aware else "")
+        table = Table(title=f"{source}: {plan.num_items} items on {plan.num_ranks} ranks with {name} ({kind})",
+                      title_justify="left")
         for header in ("rank", "items", "tokens", "load", "load / mean"):
             table.add_column(header, justify="right")
         mean = float(plan.loads.mean()) or 1.0
