@@ -46,12 +46,12 @@ from pathlib import Path
 import numpy as np
 import pulp
 
-from . import lpt, padded
+from . import exact, lpt, padded
 from .problem import (InfeasibleError, KernelResult, Problem, Status, as_time_limit, lower_bound,
                       make_problem, rank_loads, rank_tokens)
 
 DEFAULT_TIME_LIMIT = 10.0
-"""Seconds CBC may search when `problem.time_limit` is None."""
+"""Seconds an exact solver (CBC here, `exact`, the node-wise ILP) may search when given no time limit."""
 
 MAX_BINARIES = 25_000
 """Largest model (assignment binaries) `ilp` builds; bigger problems raise ValueError."""
@@ -155,14 +155,7 @@ class _Model:
 
         Raises pulp.PulpSolverError when CBC dies without writing a solution.
         """
-        with tempfile.TemporaryDirectory(prefix="orchmllm_cbc_") as workdir:
-            log_path = Path(workdir) / "cbc.log"
-            solver = pulp.COIN_CMD(path=_CBC_PATH, msg=False, timeLimit=time_limit, threads=1,
-                                   gapRel=0, warmStart=mip_start, logPath=str(log_path),
-                                   options=[f"randomSeed {_SEED}", f"randomCbcSeed {_SEED}"])
-            solver.tmpDir = workdir
-            self.lp.solve(solver)
-            log = log_path.read_text(errors="replace") if log_path.exists() else ""
+        log = run_cbc(self.lp, time_limit, warm_start=mip_start)
         # CBC 2.10.3 may report "Pre-processing says infeasible" when its time limit cuts
         # preprocessing short: believe a verdict only when CBC finished within its limit.
         seconds = _WALLCLOCK.findall(log)
@@ -200,6 +193,21 @@ class _Model:
         if cap is not None and rank_tokens(self.problem, assignment).max() > cap:
             return None
         return assignment
+
+
+def run_cbc(lp: pulp.LpProblem, time_limit: float, warm_start: bool) -> str:
+    """Solve `lp` with PuLP's bundled CBC, the one place the package calls it: one thread,
+    fixed seeds, no gap, at least 0.01 s, files in a private temporary directory that is
+    removed afterwards.  Returns CBC's log (empty if CBC wrote none); raises
+    pulp.PulpSolverError when CBC dies without writing a solution."""
+    with tempfile.TemporaryDirectory(prefix="orchmllm_cbc_") as workdir:
+        log_path = Path(workdir) / "cbc.log"
+        solver = pulp.COIN_CMD(path=_CBC_PATH, msg=False, timeLimit=max(time_limit, _MIN_CBC_SECONDS), threads=1,
+                               gapRel=0, warmStart=warm_start, logPath=str(log_path),
+                               options=[f"randomSeed {_SEED}", f"randomCbcSeed {_SEED}"])
+        solver.tmpDir = workdir
+        lp.solve(solver)
+        return log_path.read_text(errors="replace") if log_path.exists() else ""
 
 
 def _makespan(problem: Problem, assignment: np.ndarray) -> float:
@@ -290,7 +298,8 @@ def _search(problem: Problem, start: np.ndarray | None, time_limit: float) -> Ke
     return KernelResult(best, Status.TIME_LIMIT, lower_bound=bound)
 
 
-def _time_limit(problem: Problem, time_limit: float | None) -> float:
+def time_limit_of(problem: Problem, time_limit: float | None = None) -> float:
+    """`time_limit` if given, else the problem's, else `DEFAULT_TIME_LIMIT` (seconds)."""
     if time_limit is not None:
         return float(time_limit)
     return problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT
@@ -310,7 +319,11 @@ def solve(problem: Problem) -> KernelResult:
         start = heuristic(problem).assignment
     except InfeasibleError:
         start = None
-    return _search(problem, start, _time_limit(problem, None))
+    if start is not None and not problem.padded:
+        proven = exact.prove_small(problem, start)
+        if proven is not None:
+            return proven
+    return _search(problem, start, time_limit_of(problem, None))
 
 
 def improve(problem: Problem, start_assignment, time_limit: float | None = None) -> KernelResult:
@@ -329,4 +342,4 @@ def improve(problem: Problem, start_assignment, time_limit: float | None = None)
     cap = problem.max_tokens_per_rank
     if cap is not None and rank_tokens(problem, start).max() > cap:
         raise ValueError(f"`start_assignment` exceeds max_tokens_per_rank={cap}")
-    return _search(problem, start, _time_limit(problem, as_time_limit(time_limit)))
+    return _search(problem, start, time_limit_of(problem, as_time_limit(time_limit)))

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from . import auto, equal_counts, identity, ilp, karmarkar_karp, lpt, multifit, padded, slack
+from . import auto, equal_counts, exact, identity, ilp, karmarkar_karp, lpt, multifit, padded, slack
 from .problem import Kernel, KernelResult, Problem
 from .validation import as_bool
 
@@ -246,6 +246,9 @@ for _record in (
               equal_counts=equal_counts.solve_padded),
     Algorithm("ilp", ilp.solve, exact=True, kind=Kind.OURS,
               description="exact integer program (CBC), warm-started; stops at its time limit"),
+    Algorithm("exact", exact.solve, exact=True, kind=Kind.OURS,
+              description="exact P||Cmax: L2 and pattern-LP bounds, bin completion (padded: 'padded'); "
+                          "stops at its time limit"),
     Algorithm("karmarkar_karp", karmarkar_karp.solve, default=True, kind=Kind.OURS,
               description="Karmarkar-Karp largest differencing, k-way",
               equal_counts=equal_counts.solve_karmarkar_karp),

@@ -1,17 +1,23 @@
-"""Exact solvers: the padded balancer's time and optimality, and the ILP's solve time vs n.
+"""Exact solvers: the padded balancer's time and optimality, the ILP's solve time vs n, the exact
+P||Cmax solver on the classical families (CBC as the same-run baseline), and the oracle's stall count.
 
 Run: python3.11 -m pytest benchmarks/bench_exact.py --benchmark-only -q
-     (add --heavy for D = 16384 × 16 and the larger ILP sizes)
+     (add --heavy for D = 16384 × 16, the larger ILP sizes and the whole family grid, n <= 150)
+Figures go to the "Exact solver" section of BENCHMARKS.md.
 """
 
 import math
+import statistics
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from orchmllm.balancers import CostModel, Status, balance, make_problem
-from orchmllm.balancers import ilp, padded
-from orchmllm.balancers.problem import rank_loads
+from orchmllm.balancers import exact, ilp, lpt, padded
+from orchmllm.balancers.problem import lower_bound, rank_loads
+from orchmllm.benchmarks import pcmax_families
 
 ENCODER_COST = CostModel(linear=1, quadratic=1 / 1024)  # attention term becomes visible past ~1k
 
@@ -111,3 +117,121 @@ def test_ilp_time_vs_n(benchmark, request, num_items, is_padded):
     benchmark.extra_info.update(status=str(result.status), makespan=makespan,
                                 lpt_over_ilp=lpt_plan.makespan / makespan,
                                 proven_bound=result.lower_bound)
+
+
+# ------------------------------------------------ the exact P||Cmax solver on the classical families
+
+def family_grid(request):
+    """n <= 60 by default (m <= 20); the whole grid (n <= 150) with --heavy."""
+    grid = pcmax_families.instances()
+    if request.config.getoption("--heavy", default=False):
+        return grid
+    return [instance for instance in grid if instance.num_machines <= 20]
+
+
+def test_exact_on_the_families(benchmark, request):
+    """Proven fraction and time of `exact` (10 s each), CBC's `ilp` (10 s each) as the same-run baseline."""
+    grid = family_grid(request)
+    problems = [make_problem(instance.times, instance.num_machines, time_limit=10) for instance in grid]
+
+    def run():
+        rows = []
+        for problem in problems:
+            start = time.perf_counter()
+            result = exact.solve(problem)
+            rows.append((result, time.perf_counter() - start))
+        return rows
+
+    rows = benchmark.pedantic(run, rounds=1, iterations=1)
+    by_family: dict[str, list] = {}
+    for instance, problem, (result, seconds) in zip(grid, problems, rows):
+        makespan = float(rank_loads(problem, result.assignment).max())
+        assert result.lower_bound <= makespan and result.lower_bound >= lower_bound(problem) - 1e-9
+        start = time.perf_counter()
+        by_cbc = ilp.solve(problem)
+        cbc_seconds = time.perf_counter() - start
+        if by_cbc.status is Status.OPTIMAL and result.status is Status.OPTIMAL:
+            assert makespan == float(rank_loads(problem, by_cbc.assignment).max())
+        by_family.setdefault(instance.family, []).append(
+            (result.status is Status.OPTIMAL, seconds, by_cbc.status is Status.OPTIMAL, cbc_seconds))
+    for family, cells in by_family.items():
+        benchmark.extra_info[family] = {
+            "instances": len(cells),
+            "exact_proven": sum(c[0] for c in cells), "exact_mean_s": statistics.fmean(c[1] for c in cells),
+            "exact_max_s": max(c[1] for c in cells),
+            "cbc_proven": sum(c[2] for c in cells), "cbc_mean_s": statistics.fmean(c[3] for c in cells)}
+    cells = [c for family in by_family.values() for c in family]
+    benchmark.extra_info["all"] = {"instances": len(cells), "exact_proven": sum(c[0] for c in cells),
+                                   "cbc_proven": sum(c[2] for c in cells)}
+
+
+# ------------------------------------------------ the oracle must not stall (issue 11)
+
+def test_oracle_stall_count(benchmark, monkeypatch):
+    """10 000 random instances with n <= 12 through `ilp`: calls over 1 s (stalls) and calls that reach CBC."""
+    rng = np.random.default_rng(11)
+    cases = []
+    for _ in range(10_000):
+        num_items = int(rng.integers(1, 13))
+        cases.append((rng.integers(0, int(rng.choice([10, 1000, 10**6])) + 1, num_items).tolist(),
+                      int(rng.integers(1, 7))))
+    cbc_calls = []
+    real_cbc = ilp.run_cbc
+    monkeypatch.setattr(ilp, "run_cbc", lambda *args, **kwargs: cbc_calls.append(1) or real_cbc(*args, **kwargs))
+
+    def run():
+        slowest, stalls = 0.0, 0
+        for lengths, num_ranks in cases:
+            start = time.perf_counter()
+            plan = balance(lengths, num_ranks, algorithm="ilp")
+            seconds = time.perf_counter() - start
+            assert plan.status is Status.OPTIMAL
+            slowest, stalls = max(slowest, seconds), stalls + (seconds > 1.0)
+        return slowest, stalls
+
+    slowest, stalls = benchmark.pedantic(run, rounds=1, iterations=1)
+    assert stalls == 0
+    benchmark.extra_info.update(instances=len(cases), stalls_over_1s=stalls, slowest_s=slowest,
+                                cbc_calls=len(cbc_calls))
+
+
+def test_cbc_alone_stall_count(benchmark):
+    """The MILP path itself (`ilp.improve`, CBC from LPT's start) on 1 000 of those instances, 2 s limit:
+    how often CBC stalls when nothing spares it."""
+    rng = np.random.default_rng(12)
+    problems = []
+    while len(problems) < 1000:
+        lengths = rng.integers(0, 1001, int(rng.integers(2, 13)))
+        problems.append(make_problem(lengths, int(rng.integers(2, 5)), time_limit=2))
+
+    def run():
+        outcomes = []
+        for problem in problems:
+            start = time.perf_counter()
+            result = ilp.improve(problem, lpt.solve(problem).assignment)
+            outcomes.append((result.status, time.perf_counter() - start))
+        return outcomes
+
+    outcomes = benchmark.pedantic(run, rounds=1, iterations=1)
+    assert all(status in (Status.OPTIMAL, Status.TIME_LIMIT) for status, _ in outcomes)
+    benchmark.extra_info.update(instances=len(problems),
+                                stalls=sum(status is Status.TIME_LIMIT for status, _ in outcomes),
+                                slowest_s=max(seconds for _, seconds in outcomes))
+
+
+README_SNIPPET_RUNS = 200
+
+
+def test_readme_property_snippet(benchmark):
+    """The README's Hypothesis snippet (section "Property-test"), run 200 times in a row."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### 2. Property-test"):]
+    snippet = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 9)]
+
+    def run():
+        for _ in range(README_SNIPPET_RUNS):
+            exec(compile(snippet, "README.md", "exec"), {})
+        return README_SNIPPET_RUNS
+
+    assert benchmark.pedantic(run, rounds=1, iterations=1) == README_SNIPPET_RUNS
+    benchmark.extra_info.update(runs_passed=README_SNIPPET_RUNS)

@@ -2,7 +2,6 @@
 infeasibility agreement, warm-started `improve`, and no files left behind."""
 
 import itertools
-import os
 import tempfile
 
 import numpy as np
@@ -11,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
-from orchmllm.balancers import ilp, padded
+from orchmllm.balancers import ilp, lpt, padded
 from orchmllm.balancers.problem import rank_loads, rank_tokens
 
 COSTS = {
@@ -187,13 +186,16 @@ def test_infeasible_cap_names_the_smallest_cap_that_works():
 
 
 def test_no_solver_files_are_left_behind(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    before = {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("orchmllm_cbc_")}
-    balance([5, 4, 3, 3, 2], 2, algorithm="ilp")
+    # A private temporary directory: other processes on the machine may run CBC meanwhile.
+    work, scratch = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    scratch.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    problem = make_problem([3, 3, 2, 2, 2], 2)
+    assert ilp.improve(problem, lpt.solve(problem).assignment).status is Status.OPTIMAL  # CBC itself
     balance([5, 4, 3, 3, 2], 2, algorithm="ilp", padded=True)
-    after = {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("orchmllm_cbc_")}
-    assert list(tmp_path.iterdir()) == []
-    assert after <= before
+    assert list(work.iterdir()) == [] and list(scratch.iterdir()) == []
 
 
 def test_proven_plan_is_reproducible():
@@ -207,7 +209,8 @@ def test_proven_plan_is_reproducible():
 def test_solver_failure_is_translated_not_leaked(monkeypatch):
     monkeypatch.setattr(ilp, "_CBC_PATH", "/bin/false")  # runs, exits 1, writes no solution
     with pytest.raises(RuntimeError, match="CBC failed on a 5-item, 2-rank model"):
-        balance([3, 3, 2, 2, 2], 2, algorithm="ilp")  # LPT's 7 is not the bound 6: CBC must run
+        problem = make_problem([3, 3, 2, 2, 2], 2)
+        ilp.improve(problem, lpt.solve(problem).assignment)  # LPT's 7 is not the bound 6: CBC must run
 
 
 def test_crash_while_loading_the_start_is_retried_with_a_cutoff(tmp_path, monkeypatch):
@@ -217,8 +220,9 @@ def test_crash_while_loading_the_start_is_retried_with_a_cutoff(tmp_path, monkey
     wrapper.write_text(f'#!/bin/sh\ncase " $* " in *" -mips "*) kill -SEGV $$ ;; esac\nexec {ilp._CBC_PATH} "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setattr(ilp, "_CBC_PATH", str(wrapper))
-    plan = balance([3, 3, 2, 2, 2], 2, algorithm="ilp", time_limit=20)  # LPT reaches 7, optimum 6
-    assert plan.status is Status.OPTIMAL and plan.makespan == 6
+    problem = make_problem([3, 3, 2, 2, 2], 2)
+    plan = ilp.improve(problem, lpt.solve(problem).assignment, time_limit=20)  # LPT reaches 7, optimum 6
+    assert plan.status is Status.OPTIMAL and rank_loads(problem, plan.assignment).max() == 6
     # An optimal start above the bound (13): the cutoff M <= 13 is infeasible, which proves it.
     start = np.array([0, 1, 1, 0, 0])  # {8, 3, 3} = 14 and {8, 4} = 12
     result = ilp.improve(make_problem([8, 8, 4, 3, 3], 2), start, time_limit=20)

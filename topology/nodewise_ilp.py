@@ -8,10 +8,10 @@ nodes and receives sum_g (T_g - W[g, k]) x[g, k]:
     minimise  max_k max(send_k, recv_k), then sum_k send_k (total inter-node bytes)
 
 Plain code: phase 1 minimises z subject to z >= send_k, z >= recv_k; phase 2 fixes
-z <= z* and minimises the total.  Solved with PuLP/CBC (one thread, fixed seed) within
-`time_limit` (10 s when None), warm-started from `lap_node` (exact minimum total); the
-result is never worse than that start in (busiest node, total) order, and its status says
-`optimal` only when CBC proved both phases optimal, `time_limit` when the time ran out,
+z <= z* and minimises the total.  Solved with PuLP/CBC (`balancers.ilp.run_cbc`: one thread,
+fixed seed) within `time_limit` (`ilp.DEFAULT_TIME_LIMIT` when None), warm-started from
+`lap_node` (exact minimum total); the result is never worse than that start in (busiest
+node, total) order, and its status says `optimal` only when CBC proved both phases optimal, `time_limit` when the time ran out,
 `feasible` otherwise (e.g. phase 2 rejected by CBC's tolerances: phase 1's answer stands).
 Groups then take ranks within their node keeping the most bytes on their rank (exact per
 node).  A search cut by the time limit depends on the machine's speed, so ranks may
@@ -21,22 +21,16 @@ The model has D · N binaries, meant for D up to a few hundred ranks.
 
 from __future__ import annotations
 
-import tempfile
 import time
 
 import numpy as np
 import pulp
 
+from ..balancers.ilp import DEFAULT_TIME_LIMIT, run_cbc
 from ..balancers.lap import assign_groups, ranks_within_nodes
 from ..balancers.problem import Status
 from .cluster import Topology
 from .traffic import traffic_of
-
-DEFAULT_TIME_LIMIT = 10.0
-"""Seconds CBC may search (both phases together) when `time_limit` is None."""
-
-_SEED = 1
-_CBC_PATH = pulp.PULP_CBC_CMD.pulp_cbc_path
 
 
 def _node_volumes(node_of_group: np.ndarray, group_of_item: np.ndarray, sources: np.ndarray,
@@ -50,12 +44,7 @@ def _node_volumes(node_of_group: np.ndarray, group_of_item: np.ndarray, sources:
 
 def _run(lp: pulp.LpProblem, time_limit: float) -> str:
     """Solve with CBC: "optimal" (proven), "stopped" (time limit) or "failed" (e.g. infeasible)."""
-    with tempfile.TemporaryDirectory(prefix="orchmllm_cbc_") as workdir:
-        solver = pulp.COIN_CMD(path=_CBC_PATH, msg=False, timeLimit=max(time_limit, 0.01), threads=1,
-                               gapRel=0, warmStart=True,
-                               options=[f"randomSeed {_SEED}", f"randomCbcSeed {_SEED}"])
-        solver.tmpDir = workdir
-        lp.solve(solver)
+    run_cbc(lp, time_limit, warm_start=True)
     if lp.sol_status == pulp.LpSolutionOptimal:
         return "optimal"
     if lp.sol_status in (pulp.LpSolutionIntegerFeasible, pulp.LpSolutionNoSolutionFound):

@@ -1,0 +1,148 @@
+"""The exact P||Cmax solver: agreement with brute force and CBC, honest status, caps, floats, determinism."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from orchmllm.balancers import ALGORITHMS, CostModel, Status, balance, ilp, make_problem
+from orchmllm.balancers import exact
+from orchmllm.balancers.exact_bounds import PatternLP, l2_bins, simple_bound
+from orchmllm.balancers.problem import lower_bound, rank_loads, rank_tokens
+from orchmllm.benchmarks.pcmax_families import make_instance
+
+
+def brute_force(problem):
+    """The optimum over every assignment (D**n of them), with the cap."""
+    best = np.inf
+    cap = problem.max_tokens_per_rank
+    for ranks in itertools.product(range(problem.num_ranks), repeat=problem.num_items):
+        assignment = np.array(ranks)
+        if cap is not None and rank_tokens(problem, assignment).max() > cap:
+            continue
+        best = min(best, float(rank_loads(problem, assignment).max()))
+    return best
+
+
+def check_plan(plan, problem):
+    assert plan.assignment.shape == (problem.num_items,)
+    assert plan.assignment.min() >= 0 and plan.assignment.max() < problem.num_ranks
+    assert plan.lower_bound <= plan.makespan + 1e-9 and plan.lower_bound >= lower_bound(problem) - 1e-9
+    if problem.max_tokens_per_rank is not None:
+        assert plan.tokens.max() <= problem.max_tokens_per_rank
+
+
+def random_cases(seed, count, max_items=7):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        n = int(rng.integers(1, max_items + 1))
+        yield rng.integers(0, int(rng.choice([5, 100, 1000])) + 1, n), int(rng.integers(1, 4))
+
+
+def test_exact_is_registered():
+    record = ALGORITHMS["exact"]
+    assert record.kernel is exact.solve and record.exact and record.solves(padded=True) and record.solves(padded=False)
+
+
+@pytest.mark.parametrize("cost", [CostModel(), CostModel(linear=1, quadratic=1 / 1024), CostModel(per_item=3)],
+                         ids=["linear", "dyadic_quadratic", "per_item"])
+def test_agrees_with_brute_force(cost):
+    for lengths, ranks in random_cases(1, 60):
+        problem = make_problem(lengths, ranks, cost=cost)
+        plan = balance(lengths, ranks, cost=cost, algorithm="exact")
+        check_plan(plan, problem)
+        assert plan.status is Status.OPTIMAL and plan.makespan == brute_force(problem)
+
+
+def test_non_dyadic_costs_go_to_the_milp_with_its_status():
+    cost = CostModel(linear=0.1)
+    lengths = [7, 5, 4, 3, 3, 1]
+    plan = balance(lengths, 2, cost=cost, algorithm="exact")
+    assert exact.integer_costs(make_problem(lengths, 2, cost=cost).item_costs) is None
+    assert plan.status is Status.OPTIMAL
+    assert plan.makespan == pytest.approx(brute_force(make_problem(lengths, 2, cost=cost)))
+
+
+def test_binding_cap_goes_to_the_milp_and_is_respected():
+    lengths, cost = [9, 8, 1, 1, 1, 1], CostModel(per_item=10, linear=0)  # cost counts items, cap counts tokens
+    problem = make_problem(lengths, 3, cost=cost, max_tokens_per_rank=9)
+    assert exact._cap_can_bind(problem, 30.0)
+    plan = balance(lengths, 3, cost=cost, algorithm="exact", max_tokens_per_rank=9)
+    check_plan(plan, problem)
+    assert plan.status is Status.OPTIMAL and plan.makespan == brute_force(problem) == 30.0
+    assert balance(lengths, 3, cost=cost, algorithm="exact").makespan == 20.0
+
+
+def test_agrees_with_cbc_where_cbc_finishes():
+    compared = 0
+    for seed in range(6):
+        lengths = np.random.default_rng(seed).integers(1, 101, 18)
+        problem = make_problem(lengths, 6, time_limit=10)
+        by_cbc = ilp.solve(problem)
+        plan = balance(lengths, 6, algorithm="exact", time_limit=10)
+        assert plan.status is Status.OPTIMAL
+        if by_cbc.status is Status.OPTIMAL:
+            compared += 1
+            assert plan.makespan == float(rank_loads(problem, by_cbc.assignment).max())
+    assert compared >= 3
+
+
+def test_proves_a_hard_family_instance_and_is_deterministic():
+    instance = make_instance("uniform_100", 20, 3.0)
+    first = balance(instance.times, 20, algorithm="exact", time_limit=60)
+    again = balance(instance.times, 20, algorithm="exact", time_limit=60)
+    assert first.status is Status.OPTIMAL and first.gap == 0
+    assert first.makespan < balance(instance.times, 20, algorithm="lpt").makespan
+    assert first.digest() == again.digest()
+
+
+def test_time_limit_stop_is_honest():
+    instance = make_instance("uniform_10000", 50, 3.0)
+    problem = make_problem(instance.times, 50, time_limit=0.05)
+    plan = balance(instance.times, 50, algorithm="exact", time_limit=0.05)
+    check_plan(plan, problem)
+    assert plan.makespan <= balance(instance.times, 50, algorithm="auto").makespan
+    if plan.status is not Status.OPTIMAL:
+        assert plan.status is Status.TIME_LIMIT and plan.lower_bound < plan.makespan
+
+
+def test_padded_problems_use_the_exact_padded_kernel():
+    plan = balance([5, 4, 3, 3, 3, 9], 2, padded=True, algorithm="exact")
+    assert plan.status is Status.OPTIMAL
+    assert plan.makespan == balance([5, 4, 3, 3, 3, 9], 2, padded=True, algorithm="padded").makespan
+
+
+def test_bounds_never_exceed_the_optimum():
+    for lengths, ranks in random_cases(2, 80, max_items=8):
+        w = np.sort(lengths)[::-1]
+        optimum = int(brute_force(make_problem(lengths, ranks)))
+        assert simple_bound(w, ranks) <= optimum
+        assert l2_bins(w, optimum) <= ranks
+        if optimum > 0:
+            assert PatternLP(w, optimum, {}).bins(ranks, 200, np.inf) <= ranks
+
+
+def test_pattern_lp_refutes_what_l2_cannot():
+    w = np.sort(make_instance("uniform_1000", 30, 2.0).times)[::-1]
+    assert l2_bins(w, 1082) <= 30  # L2 lets 1082 through; the optimum is 1090
+    assert PatternLP(w, 1082, {}).bins(30, 400, np.inf) > 30
+
+
+def test_ilp_oracle_proves_the_stalling_instance_without_cbc(monkeypatch):
+    """[495, 533, 44, 804, 927] on 2 ranks stalled CBC for its whole time limit 1 in 300 runs."""
+    def no_cbc(*args, **kwargs):
+        raise AssertionError("the MILP solver was called")
+
+    monkeypatch.setattr(ilp, "run_cbc", no_cbc)
+    for _ in range(20):
+        plan = balance([495, 533, 44, 804, 927], 2, algorithm="ilp")
+        assert plan.status is Status.OPTIMAL and plan.makespan == 1422.0
+
+
+def test_small_instances_skip_the_milp_only_when_proven():
+    for lengths, ranks in random_cases(3, 200, max_items=12):
+        problem = make_problem(lengths, ranks)
+        result = exact.prove_small(problem, np.zeros(problem.num_items, dtype=np.int64))
+        assert result is not None and result.status is Status.OPTIMAL
+        assert result.lower_bound == float(rank_loads(problem, result.assignment).max())
+    assert exact.prove_small(make_problem(np.arange(20), 3), np.zeros(20, dtype=np.int64)) is None
