@@ -11,7 +11,8 @@ Plain code: phase 1 minimises z subject to z >= send_k, z >= recv_k; phase 2 fix
 z <= z* and minimises the total.  Solved with PuLP/CBC (`balancers.ilp.run_cbc`: one thread,
 fixed seed) within `time_limit` (`ilp.DEFAULT_TIME_LIMIT` when None), warm-started from
 `lap_node` (exact minimum total); the result is never worse than that start in (busiest
-node, total) order, and its status says `optimal` only when CBC proved both phases optimal, `time_limit` when the time ran out,
+node, total) order, and its status says `optimal` only when CBC proved both phases optimal,
+`time_limit` when the time ran out,
 `feasible` otherwise (e.g. phase 2 rejected by CBC's tolerances: phase 1's answer stands).
 Groups then take ranks within their node keeping the most bytes on their rank (exact per
 node).  A search cut by the time limit depends on the machine's speed, so ranks may
