@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..balancers.validation import is_int
 from .comm import comm_device, group_rank, group_size
 
 
@@ -98,8 +99,8 @@ class PieceSchema:
 
     @classmethod
     def of(cls, name: str, tensor: torch.Tensor, item_rows) -> "PieceSchema":
-        fixed = isinstance(item_rows, (int, np.integer)) and not isinstance(item_rows, bool)
-        return cls(str(name), tensor.dtype, tuple(int(n) for n in tensor.shape[1:]), int(item_rows) if fixed else -1)
+        rows_per_item = int(item_rows) if is_int(item_rows) else -1
+        return cls(str(name), tensor.dtype, tuple(int(n) for n in tensor.shape[1:]), rows_per_item)
 
     def zeros(self, rows: int, device) -> torch.Tensor:
         """A zero tensor of this schema with `rows` rows (sent by a deviating rank)."""

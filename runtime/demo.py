@@ -15,16 +15,17 @@ Stage cost models come from timing packed batches of each stage on every rank, p
 and fitted on rank 0 (`calibration.py`), then broadcast so every rank plans with the
 same numbers.
 
-On a cluster: `torchrun --nproc-per-node 8 -m orchmllm.runtime.demo --json` (NCCL when
-CUDA is available; busy time is then GPU wall time between synchronisations).
+After the run, every rank's recorded per-stage work is replayed in isolation, one rank
+at a time (`replay.py`): those busy figures are what the pass/fail check
+(`DemoReport.failed_checks`, `demo_report.py`) uses, since on a shared machine
+contention between the ranks can exceed the imbalance being measured.
+
+On a cluster: `torchrun --nproc-per-node 8 -m orchmllm demo --json` (NCCL when CUDA is
+available; busy time is then GPU wall time between synchronisations).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -38,12 +39,14 @@ from ..orchestrator.stages import Stage
 from .calibration import fit_packed_cost, time_batches
 from .comm import comm_device, group_size, init_distributed
 from .data import IGNORE, SyntheticMultimodal
+from .demo_report import DemoReport, summarize
 from .hierarchical import make_transport
 from .launch import spawn
 from .model import ModelConfig, TinyMultimodalModel
 from .multistage import MultiStageRuntime
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, normalize_loss
+from .replay import WorkRecorder, replay_in_isolation
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -140,17 +143,27 @@ def _sample_ids(ids: torch.Tensor, group=None) -> list[int]:
     return sorted(i for part in gathered for i in part)
 
 
-def _train_step(runtime, routes, batch, model, device, clock, stats):
-    """One forward/backward through `runtime`; returns (busy seconds, sample ids received)."""
+def _train_step(runtime, routes, batch, model, device, clock, stats, recorder: WorkRecorder | None = None):
+    """One forward/backward through `runtime`; returns (busy seconds, sample ids received).
+    `recorder` keeps the tensors every stage ran on, for the isolated replay."""
     moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs, stats=stats)
     labels = moved.text["labels"]
+    encoders = model.encoders() if recorder is None else recorder.encoders(model)
     busy_start = clock()
-    packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed, stats=stats)
+    packed = runtime.forward(routes, moved, encoders=encoders, text_embedding=model.llm.embed, stats=stats)
     logits = model.llm(packed.embeddings, packed.sample_lengths)
-    loss_sum = model.loss_sum(logits, packed.scatter_text(labels, IGNORE))
+    packed_labels = packed.scatter_text(labels, IGNORE)
+    loss_sum = model.loss_sum(logits, packed_labels)
     normalize_loss(loss_sum, (labels != IGNORE).sum(), runtime.group, gradient_reduction="sum").backward()
     busy = clock() - busy_start
+    if recorder is not None:
+        recorder.llm(packed.embeddings, packed.sample_lengths, packed_labels)
     return busy, moved.per_sample["sample_id"]
+
+
+def _planned_loads(routes) -> list[float]:
+    """Per rank, the step's planned cost: the stage plans' loads summed over stages."""
+    return np.sum([plan.loads for plan in routes.step.stage_plans], axis=0).tolist()
 
 
 @dataclass(frozen=True)
@@ -159,7 +172,8 @@ class DemoOptions:
     where the stage cost models come from ("calibrated": timed on every rank; "flops":
     `CostModel.from_transformer` of each stage, no timing), and how many identical passes
     each busy time is the minimum of (CPU time only grows when co-scheduled processes
-    evict caches or share a core, so the minimum filters that noise)."""
+    evict caches or share a core, so the minimum filters that noise), and of how many
+    runs each stage's isolated replay time is (`replay.py`)."""
 
     samples_per_rank: int = 16
     algorithm: str = "auto"
@@ -167,10 +181,12 @@ class DemoOptions:
     gpus_per_node: int | None = None
     costs: str = "calibrated"
     repeats: int = 3
+    replay_repeats: int = 5
 
     def __post_init__(self) -> None:
-        if not is_int(self.repeats) or self.repeats < 1:
-            raise ValueError(f"`repeats` must be an int >= 1; got {self.repeats!r}")
+        for name in ("repeats", "replay_repeats"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be an int >= 1; got {getattr(self, name)!r}")
         if not is_int(self.samples_per_rank) or self.samples_per_rank < 0:
             raise ValueError(f"`samples_per_rank` must be an int >= 0; got {self.samples_per_rank!r}")
         if self.costs not in ("calibrated", "flops"):
@@ -241,7 +257,9 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     record = {"busy_unbalanced": [], "busy_balanced": [], "grad_diff": [], "ids_sent": [],
               "ids_unbalanced": [], "ids_balanced": [], "step_seconds": [], "exchange_seconds": [],
               "plan_wait_seconds": [], "planning_seconds": [], "bytes_sent": [], "stage_imbalance": [],
-              "busy_identical": []}
+              "busy_identical": [], "planned_balanced": [], "planned_unbalanced": []}
+    recorded = {}  # (mode, step) -> the StageWork of that pass, replayed in isolation afterwards
+    concurrent_start = time.perf_counter()
     next_routes = None
     for step in range(steps):
         batch = data.local_batch(step, rank, torch_dtype).to(device)
@@ -249,12 +267,16 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
         same = data.local_batch(step, 0, torch_dtype).to(device)
         same_routes = alone.plan(same.samples)
         extra = _extra_passes(alone, same_routes, same, model, device, clock, options.repeats - 1)
-        record["busy_identical"].append(min(extra, _train_step(alone, same_routes, same, model, device, clock, None)[0]))
+        recorded["identical", step] = WorkRecorder()
+        busy, _ = _train_step(alone, same_routes, same, model, device, clock, None, recorded["identical", step])
+        record["busy_identical"].append(min(extra, busy))
         model.zero_grad(set_to_none=True)
 
         routes = unbalanced.plan(batch.samples)
+        record["planned_unbalanced"].append(_planned_loads(routes))
         extra = _extra_passes(unbalanced, routes, batch, model, device, clock, options.repeats - 1)
-        busy, ids = _train_step(unbalanced, routes, batch, model, device, clock, None)
+        recorded["unbalanced", step] = WorkRecorder()
+        busy, ids = _train_step(unbalanced, routes, batch, model, device, clock, None, recorded["unbalanced", step])
         record["busy_unbalanced"].append(min(busy, extra))
         record["ids_unbalanced"].append(_sample_ids(ids))
         all_reduce_gradients(parameters, op="sum")
@@ -273,7 +295,8 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
         if step + 1 < steps:
             planning_before, wait_before = prefetcher.planning_seconds, prefetcher.wait_seconds
             prefetcher.submit(data.samples(step + 1, rank))
-        busy, ids = _train_step(balanced, routes, batch, model, device, clock, stats)
+        recorded["balanced", step] = WorkRecorder()
+        busy, ids = _train_step(balanced, routes, batch, model, device, clock, stats, recorded["balanced", step])
         all_reduce_gradients(parameters, op="sum")
         if step + 1 < steps:
             following = prefetcher.result()
@@ -288,10 +311,22 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
         record["planning_seconds"].append(planning)
         record["stage_imbalance"].append({p.stage.name: float(p.makespan / max(p.loads.mean(), 1e-300))
                                           for p in routes.step.stage_plans})
+        record["planned_balanced"].append(_planned_loads(routes))
         record["grad_diff"].append(compare_gradients(reference, [p.grad for p in parameters]))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     prefetcher.close()
+    record["concurrent_seconds"] = time.perf_counter() - concurrent_start
+    replay_start = time.perf_counter()
+    work = {key: r.work for key, r in recorded.items()}
+    if rank == 0:  # rank 0's own batch is the identical work: the same tensors, replayed once
+        work.update({("identical", step): [] for step in range(steps)})
+    isolated = replay_in_isolation(model, work, clock, rank, world_size, options.replay_repeats)
+    if rank == 0:
+        isolated.update({("identical", step): isolated["unbalanced", step] for step in range(steps)})
+    record["replay_seconds"] = time.perf_counter() - replay_start
+    for mode in ("balanced", "unbalanced", "identical"):
+        record[f"isolated_{mode}"] = [isolated[mode, step] for step in range(steps)]
     record["fit_errors"] = fit_errors
     record["costs"] = {name: [c.per_item, c.linear, c.quadratic] for name, c in costs.items()}
     return record
@@ -317,125 +352,54 @@ def compare_gradients(reference, other) -> dict:
             "grad_max_rel_diff_per_tensor": max(per_tensor, default=0.0)}
 
 
-def _ratio(values) -> float:
-    values = np.asarray(values, dtype=np.float64)
-    return float(values.max() / values.mean()) if values.mean() > 0 else 1.0
-
-
-def _id_errors(sent: list, received: list) -> tuple[int, int]:
-    """(lost, duplicated) sample ids between two sorted global id lists."""
-    sent_ids, received_ids = np.asarray(sent), np.asarray(received)
-    lost = int(np.setdiff1d(sent_ids, received_ids).size)
-    duplicated = int(received_ids.size - np.unique(received_ids).size)
-    return lost, duplicated
-
-
-def summarize(records: list, ranks: int, steps: int, dtype: str) -> dict:
-    """The demo's JSON report from every rank's record."""
-    lost = duplicated = 0
-    for step in range(steps):
-        for mode in ("ids_unbalanced", "ids_balanced"):
-            step_lost, step_duplicated = _id_errors(records[0]["ids_sent"][step], records[0][mode][step])
-            lost, duplicated = lost + step_lost, duplicated + step_duplicated
-    busy_u = [_ratio([r["busy_unbalanced"][s] for r in records]) for s in range(steps)]
-    busy_b = [_ratio([r["busy_balanced"][s] for r in records]) for s in range(steps)]
-    busy_same = [_ratio([r["busy_identical"][s] for r in records]) for s in range(steps)]
-    step_seconds = float(np.mean([sum(r["step_seconds"]) for r in records]))
-    exchange = float(np.mean([sum(r["exchange_seconds"]) for r in records]))
-    # Every rank leaves a collective together, so a rank's exchange time is its wait for
-    # the last one to arrive plus the exchange itself; per step, the least-waiting rank
-    # bounds the exchange's own cost from above.
-    exchange_least = float(sum(min(r["exchange_seconds"][s] for r in records) for s in range(steps)))
-    wait = float(np.mean([sum(r["plan_wait_seconds"]) for r in records]))
-    prefetched_planning = float(np.mean([sum(r["planning_seconds"][1:]) for r in records]))
-    prefetched_wait = float(np.mean([sum(r["plan_wait_seconds"][1:]) for r in records]))
-    return {
-        "ranks": ranks, "steps": steps, "dtype": dtype,
-        **{key: max(d[key] for r in records for d in r["grad_diff"]) for key in records[0]["grad_diff"][0]},
-        "busy_max_over_mean_unbalanced": float(np.mean(busy_u)),
-        "busy_max_over_mean_balanced": float(np.mean(busy_b)),
-        "busy_max_over_mean_identical_work": float(np.mean(busy_same)),
-        "busy_max_over_mean_unbalanced_per_step": busy_u,
-        "busy_max_over_mean_balanced_per_step": busy_b,
-        "busy_seconds_per_rank_balanced": [float(sum(r["busy_balanced"])) for r in records],
-        "busy_seconds_per_rank_unbalanced": [float(sum(r["busy_unbalanced"])) for r in records],
-        "stage_makespan_over_mean_planned": records[0]["stage_imbalance"],
-        "samples_lost": lost, "samples_duplicated": duplicated,
-        "exchange_seconds": exchange,
-        "exchange_seconds_least_waiting_rank": exchange_least,
-        "exchange_bytes_sent": int(sum(sum(r["bytes_sent"]) for r in records)),
-        "planning_seconds": float(np.mean([sum(r["planning_seconds"]) for r in records])),
-        "planning_wait_seconds": wait,
-        "planning_hidden_fraction": (max(0.0, 1.0 - prefetched_wait / prefetched_planning)
-                                     if prefetched_planning > 0 else 0.0),
-        "step_seconds": step_seconds,
-        "overhead_fraction": (exchange + wait) / step_seconds if step_seconds > 0 else 0.0,
-        "overhead_fraction_least_waiting_rank": (exchange_least + wait) / step_seconds if step_seconds > 0 else 0.0,
-        "cost_models": records[0]["costs"], "cost_fit_rel_rms": records[0]["fit_errors"],
-    }
-
-
-def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float32", *,
-             samples_per_rank: int = 16, algorithm: str = "auto", transport: str = "flat",
-             gpus_per_node: int | None = None, costs: str = "calibrated", repeats: int = 3,
-             timeout_s: float = 600.0) -> dict:
-    """Spawn `ranks` CPU gloo processes, train `steps` steps with and without
-    post-balancing on the same data, and return the JSON-serialisable report.
-
-    Each busy time is the minimum over `repeats` identical passes of the step.  Keys
-    include grad_max_abs_diff, grad_max_rel_diff (max |Δ| / max |g| over the whole
-    all-reduced gradient, worst step; see `compare_gradients` for the others), busy_max_over_mean_unbalanced / _balanced (mean over
-    steps of max/mean per-rank CPU time of the compute), samples_lost,
-    samples_duplicated, exchange_seconds, planning_seconds, planning_hidden_fraction
-    (over the prefetched steps 1..steps-1), overhead_fraction ((exchange + planning
-    waited for) / balanced step wall time, exchange averaged over ranks, so it includes
-    waiting for the slowest rank; `..._least_waiting_rank` uses per step the rank that
-    waited least, an upper bound on the exchange's own cost), steps, ranks.
-    """
-    options = DemoOptions(samples_per_rank, algorithm, transport, gpus_per_node, costs, repeats)
+def check_run(ranks: int, steps: int, dtype: str, options: DemoOptions) -> None:
+    """Raise ValueError for a demo run that cannot start (before any process is spawned)."""
     for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1)):
         if not is_int(value) or value < low:
             raise ValueError(f"`{name}` must be an int >= {low}; got {value!r}")
     if dtype not in DTYPES:
         raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}; got {dtype!r}")
-    if transport == "hierarchical" and (gpus_per_node is None or ranks % gpus_per_node):
-        raise ValueError(f"transport 'hierarchical' needs `gpus_per_node` dividing ranks={ranks}; got {gpus_per_node}")
+    if options.transport == "hierarchical" and (options.gpus_per_node is None or ranks % options.gpus_per_node):
+        raise ValueError(f"transport 'hierarchical' needs `gpus_per_node` dividing ranks={ranks}; "
+                         f"got {options.gpus_per_node}")
+
+
+def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float32", *,
+             samples_per_rank: int = 16, algorithm: str = "auto", transport: str = "flat",
+             gpus_per_node: int | None = None, costs: str = "calibrated", repeats: int = 3,
+             replay_repeats: int = 5, options: DemoOptions | None = None, timeout_s: float = 600.0) -> DemoReport:
+    """Spawn `ranks` CPU gloo processes, train `steps` steps with and without
+    post-balancing on the same data, replay every rank's work in isolation, and return
+    the report (`DemoReport`; `report.failed_checks()` is the pass/fail verdict).
+
+    Each concurrent busy time is the minimum over `repeats` identical passes of the
+    step, each isolated stage time the minimum over `replay_repeats` runs; `options`, if
+    given, replaces those keyword arguments.
+    """
+    if options is None:
+        options = DemoOptions(samples_per_rank, algorithm, transport, gpus_per_node, costs, repeats, replay_repeats)
+    check_run(ranks, steps, dtype, options)
+    start = time.perf_counter()
     records = spawn(train, ranks, args=(steps, seed, dtype, options),
                     timeout_s=timeout_s, collective_timeout_s=min(timeout_s, 120.0))
-    return summarize(records, ranks, steps, dtype)
+    return summarize(records, ranks, steps, dtype, time.perf_counter() - start)
 
 
-def main(argv=None) -> int:
-    """torchrun entry point: `torchrun --nproc-per-node N -m orchmllm.runtime.demo [--json]`."""
-    parser = argparse.ArgumentParser(prog="python -m orchmllm.runtime.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--samples-per-rank", type=int, default=16)
-    parser.add_argument("--algorithm", default="auto", help="balancer of every stage (default: %(default)s)")
-    parser.add_argument("--transport", choices=("flat", "hierarchical"), default="flat")
-    parser.add_argument("--gpus-per-node", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    parser.add_argument("--costs", choices=("calibrated", "flops"), default="calibrated")
-    parser.add_argument("--repeats", type=int, default=3, help="busy time = min over this many passes")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
+def run_demo_in_process_group(steps: int = 3, seed: int = 0, dtype: str = "float32", *,
+                              options: DemoOptions = DemoOptions()) -> DemoReport | None:
+    """The demo on the ranks torchrun started (`torchrun --nproc-per-node N -m orchmllm
+    demo`): NCCL when CUDA is available, else gloo.  The report on rank 0, None elsewhere."""
+    start = time.perf_counter()
     rank, world_size = init_distributed()
+    check_run(world_size, steps, dtype, options)
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
     try:
-        record = train(rank, world_size, args.steps, args.seed, args.dtype,
-                       DemoOptions(args.samples_per_rank, args.algorithm, args.transport, args.gpus_per_node,
-                                   args.costs, args.repeats))
+        record = train(rank, world_size, steps, seed, dtype, options)
         records = [None] * world_size
         dist.all_gather_object(records, record)
     finally:
         dist.destroy_process_group()
-    if rank == 0:
-        report = summarize(records, world_size, args.steps, args.dtype)
-        print(json.dumps(report, indent=2) if args.json else
-              "\n".join(f"{key}: {value}" for key, value in report.items()))
-    return 0
+    return summarize(records, world_size, steps, dtype, time.perf_counter() - start) if rank == 0 else None
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,14 @@
 """Gradient equivalence: rearranging samples between ranks leaves the all-reduced gradient
 unchanged, as a Hypothesis property over random batches and random plans of every stage.
-
 The property runs *inside* every process of one spawned gloo group: each rank executes
 the same derandomised examples in the same order (no shrinking, so no rank-dependent
 replays), taking its own part of each global batch; the collectives line up.
 """
 
+import json
+
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -107,9 +109,17 @@ def test_gradients_do_not_depend_on_where_samples_run():
 
 def test_demo_float64_is_exact_and_loses_no_sample():
     report = run_demo(ranks=2, steps=2, seed=1, dtype="float64", samples_per_rank=3, costs="flops", repeats=1,
-                      timeout_s=120)
-    assert report["grad_max_rel_diff"] <= 1e-12
-    assert report["samples_lost"] == 0 and report["samples_duplicated"] == 0
-    assert report["steps"] == 2 and report["ranks"] == 2
-    assert 0.0 <= report["planning_hidden_fraction"] <= 1.0
-    assert report["busy_max_over_mean_balanced"] >= 1.0 and report["busy_max_over_mean_unbalanced"] >= 1.0
+                      replay_repeats=2, timeout_s=120)
+    assert report.grad_max_rel_diff <= 1e-12
+    assert report.samples_lost == 0 and report.samples_duplicated == 0
+    assert report.steps == 2 and report.ranks == 2
+    assert 0.0 <= report.planning_hidden_fraction <= 1.0
+    assert report.busy_max_over_mean_balanced >= 1.0 and report.busy_max_over_mean_unbalanced >= 1.0
+    for kind in ("balanced", "unbalanced", "identical_work"):
+        per_step = getattr(report, f"busy_max_over_mean_{kind}_isolated_per_step")
+        assert len(per_step) == 2 and all(ratio >= 1.0 for ratio in per_step)
+        assert getattr(report, f"busy_max_over_mean_{kind}_isolated") == pytest.approx(np.mean(per_step))
+    assert all(seconds > 0 for seconds in report.busy_seconds_per_rank_balanced_isolated)
+    assert report.busy_max_over_mean_balanced_planned <= report.busy_max_over_mean_unbalanced_planned
+    assert 0 < report.replay_seconds < report.wall_seconds and 0 < report.concurrent_seconds < report.wall_seconds
+    assert json.loads(json.dumps(report.to_json())) == report.to_json()

@@ -1,0 +1,177 @@
+"""The demo's result: a frozen report built from every rank's record, and its pass/fail check.
+
+Busy-time figures come in three kinds, side by side:
+- `..._isolated`: each rank's recorded per-stage work replayed with no other rank
+  running (`replay.py`); what the check uses, since contention cannot enter it;
+- the concurrent figures (no suffix): CPU time of the compute while every rank runs,
+  as the training itself ran (contention between ranks included);
+- `..._planned`: the cost models' prediction, the step plan's per-rank load summed over
+  stages.
+The `identical_work` figures (every rank running the same batch) are the noise floor of
+each measurement: max/mean above 1 there is measurement noise, not imbalance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# Largest relative gradient difference between the balanced and unbalanced runs that is
+# still summation-order rounding (sums commute; only their order changes).
+GRADIENT_TOLERANCE = {"float32": 1e-6, "float64": 1e-12}
+BALANCED_ISOLATED_TARGET = 1.05  # isolated busy max/mean of the balanced step
+
+
+def max_over_mean(values) -> float:
+    """max / mean of per-rank values (1.0 when they are all zero).
+
+    >>> max_over_mean([2.0, 1.0, 3.0])
+    1.5
+    """
+    values = np.asarray(values, dtype=np.float64)
+    return float(values.max() / values.mean()) if values.mean() > 0 else 1.0
+
+
+def _id_errors(sent: list, received: list) -> tuple[int, int]:
+    """(lost, duplicated) sample ids between two sorted global id lists."""
+    sent_ids, received_ids = np.asarray(sent), np.asarray(received)
+    lost = int(np.setdiff1d(sent_ids, received_ids).size)
+    duplicated = int(received_ids.size - np.unique(received_ids).size)
+    return lost, duplicated
+
+
+@dataclass(frozen=True)
+class DemoReport:
+    """What `run_demo` measured (see the module docstring for the kinds of busy figures).
+
+    Gradient fields: the worst step's difference between the balanced and unbalanced
+    all-reduced gradients (`demo.compare_gradients`).  Busy ratios: max/mean over ranks
+    per step, and their mean over steps.  Times in seconds; planning and exchange summed
+    over steps and averaged over ranks (`..._least_waiting_rank`: per step the rank that
+    waited least, an upper bound on the exchange's own cost).
+    """
+
+    ranks: int
+    steps: int
+    dtype: str
+    grad_max_abs_diff: float
+    grad_max_rel_diff: float
+    grad_rel_l2: float
+    grad_max_rel_diff_per_tensor: float
+    busy_max_over_mean_unbalanced: float
+    busy_max_over_mean_balanced: float
+    busy_max_over_mean_identical_work: float
+    busy_max_over_mean_unbalanced_per_step: list
+    busy_max_over_mean_balanced_per_step: list
+    busy_max_over_mean_identical_work_per_step: list
+    busy_max_over_mean_unbalanced_isolated: float
+    busy_max_over_mean_balanced_isolated: float
+    busy_max_over_mean_identical_work_isolated: float
+    busy_max_over_mean_unbalanced_isolated_per_step: list
+    busy_max_over_mean_balanced_isolated_per_step: list
+    busy_max_over_mean_identical_work_isolated_per_step: list
+    busy_max_over_mean_unbalanced_planned: float
+    busy_max_over_mean_balanced_planned: float
+    busy_max_over_mean_unbalanced_planned_per_step: list
+    busy_max_over_mean_balanced_planned_per_step: list
+    busy_seconds_per_rank_balanced: list
+    busy_seconds_per_rank_unbalanced: list
+    busy_seconds_per_rank_balanced_isolated: list
+    busy_seconds_per_rank_unbalanced_isolated: list
+    stage_makespan_over_mean_planned: list
+    samples_lost: int
+    samples_duplicated: int
+    exchange_seconds: float
+    exchange_seconds_least_waiting_rank: float
+    exchange_bytes_sent: int
+    planning_seconds: float
+    planning_wait_seconds: float
+    planning_hidden_fraction: float
+    step_seconds: float
+    overhead_fraction: float
+    overhead_fraction_least_waiting_rank: float
+    concurrent_seconds: float
+    replay_seconds: float
+    wall_seconds: float
+    cost_models: dict
+    cost_fit_rel_rms: dict
+
+    def to_json(self) -> dict:
+        """The report as JSON-serialisable data (the keys are the field names)."""
+        return asdict(self)
+
+    def failed_checks(self) -> list[str]:
+        """The checks that fail, each as a sentence (empty: the demo passed).
+
+        Gradients within the dtype's rounding tolerance; no sample lost or duplicated;
+        with more than one rank, the isolated balanced busy max/mean at most
+        BALANCED_ISOLATED_TARGET and below the isolated unbalanced one.
+        """
+        failed = []
+        tolerance = GRADIENT_TOLERANCE[self.dtype]
+        if self.grad_max_rel_diff > tolerance:
+            failed.append(f"gradients differ by {self.grad_max_rel_diff:.3g} (relative) > {tolerance:g}")
+        if self.samples_lost or self.samples_duplicated:
+            failed.append(f"{self.samples_lost} samples lost, {self.samples_duplicated} duplicated")
+        balanced, unbalanced = self.busy_max_over_mean_balanced_isolated, self.busy_max_over_mean_unbalanced_isolated
+        if self.ranks > 1 and balanced > BALANCED_ISOLATED_TARGET:
+            failed.append(f"isolated busy max/mean balanced {balanced:.3f} > {BALANCED_ISOLATED_TARGET} (noise floor "
+                          f"{self.busy_max_over_mean_identical_work_isolated:.3f})")
+        if self.ranks > 1 and balanced >= unbalanced:
+            failed.append(f"isolated busy max/mean balanced {balanced:.3f} is not below unbalanced {unbalanced:.3f}")
+        return failed
+
+
+def summarize(records: list, ranks: int, steps: int, dtype: str, wall_seconds: float) -> DemoReport:
+    """The demo's report from every rank's record (`demo.train`'s return value) and the
+    whole run's wall time (start-up, calibration, training and replay)."""
+    lost = duplicated = 0
+    for step in range(steps):
+        for mode in ("ids_unbalanced", "ids_balanced"):
+            step_lost, step_duplicated = _id_errors(records[0]["ids_sent"][step], records[0][mode][step])
+            lost, duplicated = lost + step_lost, duplicated + step_duplicated
+
+    def per_step(key):
+        return [max_over_mean([r[key][s] for r in records]) for s in range(steps)]
+
+    ratios = {f"{name}{suffix}": per_step(key) for name, suffix, key in (
+        ("unbalanced", "", "busy_unbalanced"), ("balanced", "", "busy_balanced"),
+        ("identical_work", "", "busy_identical"), ("unbalanced", "_isolated", "isolated_unbalanced"),
+        ("balanced", "_isolated", "isolated_balanced"), ("identical_work", "_isolated", "isolated_identical"))}
+    planned = {mode: [max_over_mean(loads) for loads in records[0][f"planned_{mode}"]]
+               for mode in ("unbalanced", "balanced")}
+    step_seconds = float(np.mean([sum(r["step_seconds"]) for r in records]))
+    exchange = float(np.mean([sum(r["exchange_seconds"]) for r in records]))
+    # Every rank leaves a collective together, so a rank's exchange time is its wait for
+    # the last one to arrive plus the exchange itself; per step, the least-waiting rank
+    # bounds the exchange's own cost from above.
+    exchange_least = float(sum(min(r["exchange_seconds"][s] for r in records) for s in range(steps)))
+    wait = float(np.mean([sum(r["plan_wait_seconds"]) for r in records]))
+    prefetched_planning = float(np.mean([sum(r["planning_seconds"][1:]) for r in records]))
+    prefetched_wait = float(np.mean([sum(r["plan_wait_seconds"][1:]) for r in records]))
+    return DemoReport(
+        ranks=ranks, steps=steps, dtype=dtype,
+        **{key: max(d[key] for r in records for d in r["grad_diff"]) for key in records[0]["grad_diff"][0]},
+        **{f"busy_max_over_mean_{key}": float(np.mean(values)) for key, values in ratios.items()},
+        **{f"busy_max_over_mean_{key}_per_step": values for key, values in ratios.items()},
+        **{f"busy_max_over_mean_{mode}_planned": float(np.mean(values)) for mode, values in planned.items()},
+        **{f"busy_max_over_mean_{mode}_planned_per_step": values for mode, values in planned.items()},
+        busy_seconds_per_rank_balanced=[float(sum(r["busy_balanced"])) for r in records],
+        busy_seconds_per_rank_unbalanced=[float(sum(r["busy_unbalanced"])) for r in records],
+        busy_seconds_per_rank_balanced_isolated=[float(sum(r["isolated_balanced"])) for r in records],
+        busy_seconds_per_rank_unbalanced_isolated=[float(sum(r["isolated_unbalanced"])) for r in records],
+        stage_makespan_over_mean_planned=records[0]["stage_imbalance"],
+        samples_lost=lost, samples_duplicated=duplicated,
+        exchange_seconds=exchange, exchange_seconds_least_waiting_rank=exchange_least,
+        exchange_bytes_sent=int(sum(sum(r["bytes_sent"]) for r in records)),
+        planning_seconds=float(np.mean([sum(r["planning_seconds"]) for r in records])),
+        planning_wait_seconds=wait,
+        planning_hidden_fraction=(max(0.0, 1.0 - prefetched_wait / prefetched_planning)
+                                  if prefetched_planning > 0 else 0.0),
+        step_seconds=step_seconds,
+        overhead_fraction=(exchange + wait) / step_seconds if step_seconds > 0 else 0.0,
+        overhead_fraction_least_waiting_rank=(exchange_least + wait) / step_seconds if step_seconds > 0 else 0.0,
+        concurrent_seconds=float(max(r["concurrent_seconds"] for r in records)),
+        replay_seconds=float(max(r["replay_seconds"] for r in records)), wall_seconds=float(wall_seconds),
+        cost_models=records[0]["costs"], cost_fit_rel_rms=records[0]["fit_errors"])

@@ -1,0 +1,69 @@
+"""The demo's report and its one pass/fail check (tier 1: no process group), and the
+isolated replay on a real gloo group."""
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from orchmllm.runtime.demo_report import BALANCED_ISOLATED_TARGET, DemoReport
+from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.replay import StageWork, replay_in_isolation
+
+
+def passing_report(**changes) -> DemoReport:
+    fields = {field.name: 0.0 for field in dataclasses.fields(DemoReport)}
+    fields.update(ranks=4, steps=1, dtype="float32", samples_lost=0, samples_duplicated=0, exchange_bytes_sent=0,
+                  busy_max_over_mean_balanced_isolated=1.02, busy_max_over_mean_unbalanced_isolated=1.2,
+                  busy_max_over_mean_identical_work_isolated=1.01, cost_models={}, cost_fit_rel_rms={})
+    fields.update(changes)
+    return DemoReport(**fields)
+
+
+def test_the_check_passes_a_balanced_report_and_names_every_failure():
+    assert passing_report().failed_checks() == []
+    failed = passing_report(grad_max_rel_diff=0.5, samples_duplicated=1, busy_max_over_mean_balanced_isolated=1.3,
+                            busy_max_over_mean_unbalanced_isolated=1.25).failed_checks()
+    assert failed == ["gradients differ by 0.5 (relative) > 1e-06", "0 samples lost, 1 duplicated",
+                      f"isolated busy max/mean balanced 1.300 > {BALANCED_ISOLATED_TARGET} (noise floor 1.010)",
+                      "isolated busy max/mean balanced 1.300 is not below unbalanced 1.250"]
+
+
+def test_the_check_uses_the_isolated_figures_not_the_concurrent_ones():
+    assert passing_report(busy_max_over_mean_balanced=1.4, busy_max_over_mean_unbalanced=1.1).failed_checks() == []
+    assert passing_report(ranks=1, busy_max_over_mean_balanced_isolated=1.0,
+                          busy_max_over_mean_unbalanced_isolated=1.0).failed_checks() == []  # nothing to balance
+
+
+def test_report_is_frozen_and_its_json_keys_are_the_fields():
+    report = passing_report()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.ranks = 2
+    assert list(report.to_json()) == [field.name for field in dataclasses.fields(DemoReport)]
+
+
+def replay_job(rank, size):
+    """Rank r's recorded LLM work is 4**r copies of one sequence: its isolated busy time
+    must grow with r although the ranks take turns (one at a time, interleaved)."""
+    config = ModelConfig(llm_hidden=32, vocab=64)
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(config)
+    lengths = torch.full((4 ** rank,), 256, dtype=torch.int64)
+    rows = int(lengths.sum())
+    work = {("balanced", 0): [StageWork("llm", torch.randn(rows, 32), lengths, torch.randint(0, 64, (rows,)))],
+            ("balanced", 1): []}
+    seconds = replay_in_isolation(model, work, time.thread_time, rank, size, repetitions=5)
+    assert all(p.grad is None for p in model.parameters())
+    return seconds
+
+
+def test_isolated_replay_takes_turns_and_measures_each_ranks_own_work():
+    results = spawn(replay_job, 3, timeout_s=120)
+    assert all(set(r) == {("balanced", 0), ("balanced", 1)} and r["balanced", 1] == 0.0 for r in results)
+    busy = np.array([r["balanced", 0] for r in results])
+    assert np.all(busy[1:] > 1.5 * busy[:-1]), busy  # 4x the work each
+    with pytest.raises(ValueError, match="`repetitions` must be an int >= 1"):
+        replay_in_isolation(None, {}, None, 0, 1, repetitions=0)
