@@ -1,8 +1,10 @@
-"""`orchmllm demo`: a thin front end to `orchmllm.runtime.demo` (gloo ranks on this machine)."""
+"""`orchmllm demo`: the one front end to `orchmllm.runtime.demo` (gloo ranks on this machine,
+or the ranks torchrun started)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from . import arguments, render
 from .errors import EXIT_FAILED, EXIT_OK, MissingDependencyError, UsageError
@@ -10,99 +12,136 @@ from .errors import EXIT_FAILED, EXIT_OK, MissingDependencyError, UsageError
 EXAMPLES = """examples:
   orchmllm demo                                      # 4 CPU gloo ranks, 3 steps
   orchmllm demo --ranks 2 --steps 2 --dtype float64 --json
+  orchmllm demo --costs flops --repeats 1            # FLOP cost models, one concurrent pass: quicker
 on a GPU cluster, the same training step under torchrun and NCCL:
-  torchrun --nproc-per-node 8 -m orchmllm.runtime.demo --json
-exit code 1 when a check fails (gradients differ beyond rounding, a sample lost or duplicated)
+  torchrun --nproc-per-node 8 -m orchmllm demo --json
+exit code 1 when a check fails: gradients differ beyond rounding, a sample lost or duplicated,
+or the isolated busy max/mean of the balanced step above 1.05 or not below the unbalanced one
 """
-
-# Largest relative gradient difference between the balanced and unbalanced runs that is
-# still summation-order rounding (sums commute; only their order changes).
-GRADIENT_TOLERANCE = {"float32": 1e-6, "float64": 1e-12}  # the equivalence targets
 
 
 def add_parser(commands) -> None:
     demo = arguments.subcommand(
         commands, "demo", "train a tiny vision+audio+text model on local gloo ranks, balanced and not",
-        "Spawn CPU processes in a gloo group and train the tiny multimodal model on the same "
-        "batches with and without post-balancing: compare gradients, per-rank busy time, lost "
-        "samples, exchange and planning time.",
+        "Spawn CPU processes in a gloo group (or join the ranks torchrun started) and train the "
+        "tiny multimodal model on the same batches with and without post-balancing: compare "
+        "gradients, lost samples, exchange and planning time, and per-rank busy time, measured "
+        "while every rank runs (concurrent) and replayed one rank at a time (isolated).",
         EXAMPLES)
-    demo.add_argument("--ranks", type=int, default=4, help="processes (default: %(default)s)")
+    demo.add_argument("--ranks", type=int, default=4, help="processes, unless under torchrun (default: %(default)s)")
     demo.add_argument("--steps", type=int, default=3, help="training steps (default: %(default)s)")
     demo.add_argument("--samples-per-rank", type=int, default=16, help="samples per rank (default: %(default)s)")
-    demo.add_argument("--dtype", choices=sorted(GRADIENT_TOLERANCE), default="float32",
+    demo.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                       help="parameter dtype (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="data seed (default: %(default)s)")
+    demo.add_argument("--algorithm", default="auto", help="balancer of every stage (default: %(default)s)")
+    demo.add_argument("--transport", choices=("flat", "hierarchical"), default="flat",
+                      help="all-to-all: flat or node-wise (default: %(default)s)")
+    demo.add_argument("--gpus-per-node", type=int, default=None,
+                      help="ranks per node of the node-wise transport (default: torchrun's LOCAL_WORLD_SIZE)")
+    demo.add_argument("--costs", choices=("calibrated", "flops"), default="calibrated",
+                      help="stage cost models: timed on every rank, or FLOP formulas (default: %(default)s)")
+    demo.add_argument("--repeats", type=int, default=3,
+                      help="concurrent busy time = min over this many passes (default: %(default)s)")
+    demo.add_argument("--replay-repeats", type=int, default=5,
+                      help="isolated stage time = min over this many replays (default: %(default)s)")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
     demo.set_defaults(handler=run)
 
 
-def failed_checks(report) -> list[str]:
-    """The demo's checks that failed: gradients beyond rounding, samples lost or duplicated."""
-    tolerance = GRADIENT_TOLERANCE[report["dtype"]]
-    failed = []
-    if report["grad_max_rel_diff"] > tolerance:
-        failed.append(f"gradients differ by {report['grad_max_rel_diff']:.3g} (relative) > {tolerance:g}")
-    if report["samples_lost"] or report["samples_duplicated"]:
-        failed.append(f"{report['samples_lost']} samples lost, {report['samples_duplicated']} duplicated")
-    return failed
-
-
 def print_demo(report) -> list[str]:
-    """Print the demo report; return the checks that failed."""
+    """Print the demo report (a `DemoReport`), saying which busy figure is which; return
+    the checks that failed."""
     from rich.table import Table
 
+    from ..runtime.demo_report import BALANCED_ISOLATED_TARGET, GRADIENT_TOLERANCE
+
     out = render.console()
-    out.print(f"[bold]{report['ranks']} gloo ranks x {report['steps']} steps ({report['dtype']}): the same "
-              "batches with and without post-balancing[/bold]")
-    table = Table()
+    out.print(f"[bold]{report.ranks} ranks x {report.steps} steps ({report.dtype}): the same batches with and "
+              "without post-balancing[/bold]")
+    table = Table(title="busy seconds per rank (CPU time of forward + backward, summed over steps)")
     table.add_column("rank", justify="right")
-    table.add_column("busy s unbalanced", justify="right")
-    table.add_column("busy s balanced", justify="right")
-    for rank, (before, after) in enumerate(zip(report["busy_seconds_per_rank_unbalanced"],
-                                               report["busy_seconds_per_rank_balanced"])):
-        table.add_row(str(rank), f"{before:.3f}", f"{after:.3f}")
+    for name in ("unbalanced, isolated", "balanced, isolated", "unbalanced, concurrent", "balanced, concurrent"):
+        table.add_column(name, justify="right")
+    for rank, row in enumerate(zip(report.busy_seconds_per_rank_unbalanced_isolated,
+                                   report.busy_seconds_per_rank_balanced_isolated,
+                                   report.busy_seconds_per_rank_unbalanced, report.busy_seconds_per_rank_balanced)):
+        table.add_row(str(rank), *[f"{value:.3f}" for value in row])
     out.print(table)
-    tolerance = GRADIENT_TOLERANCE[report["dtype"]]
-    failed = failed_checks(report)
-    out.print(f"gradients, balanced vs unbalanced: max |diff| {report['grad_max_abs_diff']:.3g}, relative "
-              f"{report['grad_max_rel_diff']:.3g} ({'within' if report['grad_max_rel_diff'] <= tolerance else 'ABOVE'} "
-              f"{report['dtype']} rounding tolerance {tolerance:g})")
-    out.print(f"samples lost {report['samples_lost']}, duplicated {report['samples_duplicated']}")
-    out.print(f"slowest rank's busy time / mean: unbalanced {report['busy_max_over_mean_unbalanced']:.3f}, "
-              f"balanced {report['busy_max_over_mean_balanced']:.3f}")
-    hidden = (f"{report['planning_hidden_fraction']:.1%} hidden by prefetch" if report["steps"] > 1
+    tolerance = GRADIENT_TOLERANCE[report.dtype]
+    out.print(f"gradients, balanced vs unbalanced: max |diff| {report.grad_max_abs_diff:.3g}, relative "
+              f"{report.grad_max_rel_diff:.3g} ({'within' if report.grad_max_rel_diff <= tolerance else 'ABOVE'} "
+              f"{report.dtype} rounding tolerance {tolerance:g})")
+    out.print(f"samples lost {report.samples_lost}, duplicated {report.samples_duplicated}")
+
+    def steps(values):
+        return ", ".join(f"{value:.3f}" for value in values)
+
+    out.print("slowest rank's busy time / mean (mean over steps; per step in brackets):")
+    out.print(f"  isolated (each rank's recorded work replayed alone, min of repeated runs; the check uses these): "
+              f"balanced {report.busy_max_over_mean_balanced_isolated:.3f} "
+              f"({steps(report.busy_max_over_mean_balanced_isolated_per_step)}), unbalanced "
+              f"{report.busy_max_over_mean_unbalanced_isolated:.3f} "
+              f"({steps(report.busy_max_over_mean_unbalanced_isolated_per_step)}), noise floor (identical work) "
+              f"{report.busy_max_over_mean_identical_work_isolated:.3f}")
+    out.print(f"  concurrent (every rank at once, as trained; contention included): balanced "
+              f"{report.busy_max_over_mean_balanced:.3f}, unbalanced {report.busy_max_over_mean_unbalanced:.3f}, "
+              f"noise floor {report.busy_max_over_mean_identical_work:.3f}")
+    out.print(f"  planned (the cost models' prediction): balanced {report.busy_max_over_mean_balanced_planned:.3f}, "
+              f"unbalanced {report.busy_max_over_mean_unbalanced_planned:.3f}")
+    out.print(f"  target: isolated balanced <= {BALANCED_ISOLATED_TARGET} and below isolated unbalanced")
+    hidden = (f"{report.planning_hidden_fraction:.1%} hidden by prefetch" if report.steps > 1
               else "the first step's plan cannot be prefetched")
-    out.print(f"exchange {1e3 * report['exchange_seconds']:.1f} ms, planning {1e3 * report['planning_seconds']:.1f} ms "
-              f"({hidden}), overhead {report['overhead_fraction']:.1%} of the balanced step")
+    out.print(f"exchange {1e3 * report.exchange_seconds:.1f} ms, planning {1e3 * report.planning_seconds:.1f} ms "
+              f"({hidden}), overhead {report.overhead_fraction:.1%} of the balanced step")
+    out.print(f"wall {report.wall_seconds:.1f} s: training {report.concurrent_seconds:.1f} s, isolated replay "
+              f"{report.replay_seconds:.1f} s")
+    failed = report.failed_checks()
     for problem in failed:
         out.print(f"[bold red]check failed:[/bold red] {problem}")
     return failed
 
 
-def _run_demo():
-    """`runtime.demo.run_demo`, or MissingDependencyError when torch is not installed."""
+def _demo_module():
+    """`orchmllm.runtime.demo`, or MissingDependencyError when torch is not installed."""
     try:
-        from ..runtime.demo import run_demo
+        from ..runtime import demo
     except ImportError as error:
         if importlib.util.find_spec("torch") is not None:
             raise
         raise MissingDependencyError("the demo needs torch: python3.11 -m pip install 'orchmllm[runtime]'") from error
-    return run_demo
+    return demo
 
 
 def run(args) -> int:
-    """`orchmllm demo`: train the tiny multimodal model on local gloo ranks with and without balancing."""
+    """`orchmllm demo`: train the tiny multimodal model with and without balancing."""
     if args.ranks < 1 or args.steps < 1:
         raise UsageError(f"--ranks and --steps must be >= 1; got --ranks {args.ranks} --steps {args.steps}")
     if args.samples_per_rank < 1:
         raise UsageError(f"--samples-per-rank must be >= 1; got {args.samples_per_rank}")
-    run_demo = _run_demo()
-    with render.progress(not args.json, 1, f"training on {args.ranks} gloo ranks") as advance:
-        report = run_demo(ranks=args.ranks, steps=args.steps, seed=args.seed, dtype=args.dtype,
-                          samples_per_rank=args.samples_per_rank)
-        advance()
+    if args.repeats < 1 or args.replay_repeats < 1:
+        raise UsageError(f"--repeats and --replay-repeats must be >= 1; got {args.repeats} and {args.replay_repeats}")
+    demo = _demo_module()
+    torchrun = "RANK" in os.environ
+    gpus_per_node = args.gpus_per_node
+    if gpus_per_node is None and args.transport == "hierarchical":
+        gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    try:  # the options' own validation (e.g. --gpus-per-node not dividing --ranks) is a usage error
+        options = demo.DemoOptions(args.samples_per_rank, args.algorithm, args.transport, gpus_per_node, args.costs,
+                                   args.repeats, args.replay_repeats)
+        if not torchrun:
+            demo.check_run(args.ranks, args.steps, args.dtype, options)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    if torchrun:
+        report = demo.run_demo_in_process_group(args.steps, args.seed, args.dtype, options=options)
+    else:
+        with render.progress(not args.json, 1, f"training on {args.ranks} gloo ranks") as advance:
+            report = demo.run_demo(args.ranks, args.steps, args.seed, args.dtype, options=options)
+            advance()
+    if report is None:  # a torchrun rank other than 0: rank 0 prints and decides
+        return EXIT_OK
     if args.json:
-        render.print_json(report)
-        return EXIT_FAILED if failed_checks(report) else EXIT_OK
+        render.print_json(report.to_json())
+        return EXIT_FAILED if report.failed_checks() else EXIT_OK
     return EXIT_FAILED if print_demo(report) else EXIT_OK

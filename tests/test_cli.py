@@ -1,6 +1,7 @@
 """The `orchmllm` command end to end, by subprocess: output, JSON schemas, files, exit codes."""
 
 import csv
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -198,23 +199,29 @@ def test_timeline_seconds_agree_with_the_simulator():
 
 
 def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
-    result = orchmllm("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json")
-    assert result.returncode == 0, result.stderr
+    result = orchmllm("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json",
+                      "--costs", "flops", "--repeats", "1", "--replay-repeats", "2")
     report = json.loads(result.stdout)
+    from orchmllm.runtime.demo_report import DemoReport
+
+    typed = DemoReport(**report)
+    assert result.returncode == (1 if typed.failed_checks() else 0), result.stderr  # the report's own verdict
     assert report["ranks"] == 2 and report["steps"] == 1 and report["dtype"] == "float32"
     assert report["samples_lost"] == 0 and report["samples_duplicated"] == 0
     assert 0 <= report["grad_max_rel_diff"] <= 1e-6  # sums commute: only rounding differs (issue 5 target)
     assert len(report["busy_seconds_per_rank_balanced"]) == len(report["busy_seconds_per_rank_unbalanced"]) == 2
     assert report["busy_max_over_mean_balanced"] >= 1 and report["busy_max_over_mean_unbalanced"] >= 1
+    assert report["busy_max_over_mean_balanced_isolated"] >= 1 and report["replay_seconds"] > 0
     assert report["exchange_seconds"] > 0 and 0 <= report["planning_hidden_fraction"] <= 1
-    # the same report as a table, and the checks that decide the exit code
-    from orchmllm.cli.demo import print_demo as _print_demo
+    # the same report as text, and the checks that decide the exit code
+    from orchmllm.cli.demo import print_demo
 
-    assert _print_demo(report) == []
+    assert print_demo(typed) == typed.failed_checks()
     out = capsys.readouterr().out
-    assert "busy s balanced" in out and "within float32 rounding tolerance" in out and "samples lost 0" in out
-    broken = {**report, "samples_duplicated": 1, "grad_max_rel_diff": 0.5}
-    assert _print_demo(broken) == ["gradients differ by 0.5 (relative) > 1e-06", "0 samples lost, 1 duplicated"]
+    assert "balanced, isolated" in out and "within float32 rounding tolerance" in out and "samples lost 0" in out
+    assert "isolated (each rank's recorded work replayed alone, min of repeated runs; the check uses these)" in out
+    broken = dataclasses.replace(typed, samples_duplicated=1, grad_max_rel_diff=0.5)
+    assert print_demo(broken)[:2] == ["gradients differ by 0.5 (relative) > 1e-06", "0 samples lost, 1 duplicated"]
     assert "check failed" in capsys.readouterr().out
 
 
@@ -295,6 +302,8 @@ BAD_INPUTS = {
                             "`samples_per_rank` must be a positive int or None; got 0"),
     "demo no ranks": (["demo", "--ranks", "0"], "--ranks and --steps must be >= 1"),
     "demo bad dtype": (["demo", "--dtype", "int8"], "invalid choice: 'int8'"),
+    "demo nodes not dividing ranks": (["demo", "--transport", "hierarchical", "--gpus-per-node", "3"],
+                                      "needs `gpus_per_node` dividing ranks=4"),
     "bad workload line": (["compare", "--workload-file", "{tmp}/samples.jsonl", "-D", "1", "--items-per-rank", "2"],
                           "line 2"),
     "unknown algorithm": (["compare", "--algorithms", "lpt,greedy"], "unknown algorithm 'greedy'"),
