@@ -5,16 +5,18 @@
   algorithm, memory cap and bytes per unit).
 - `planner`: `Orchestrator(stages, topology).plan(batch) -> StepPlan`.
 - `plan`: `StepPlan`, `StagePlan`, `Exchange`, `AssemblyRecipe` (what the runtime consumes).
+- `microbatch`: `MicroBatchStepPlan`, a step as M gradient-accumulation micro-batches.
 
 This is the planning contract the runtime consumes.  Model configs, workloads, strategies
 and the simulator are study code: `orchmllm.study`, which imports this package, never the
 reverse.
 """
 
+from .microbatch import MicroBatchStepPlan
 from .plan import AssemblyRecipe, Exchange, StagePlan, StepPlan
 from .planner import Orchestrator
 from .samples import Batch, Sample, Segment
 from .stages import Stage
 
-__all__ = ["AssemblyRecipe", "Batch", "Exchange", "Orchestrator", "Sample", "Segment", "Stage", "StagePlan",
-           "StepPlan"]
+__all__ = ["AssemblyRecipe", "Batch", "Exchange", "MicroBatchStepPlan", "Orchestrator", "Sample", "Segment", "Stage",
+           "StagePlan", "StepPlan"]

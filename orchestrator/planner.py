@@ -18,7 +18,8 @@ orchestrator spends that freedom on locality: communication-aware balancing (the
 balancers' `sources=` mode, within a makespan slack) or a relabelling of the groups
 (`topology.place`).  Options switch stages off to express the paper's ablations (see
 `strategies`).  Makespan guarantees are those of each stage's algorithm; the plan is
-deterministic (same batch -> bit-identical plan).
+deterministic (same batch -> bit-identical plan).  With `max_tokens_per_microbatch` a step
+is planned as M gradient-accumulation micro-batches (`orchestrator.microbatch`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..balancers import ALGORITHMS, balance
+from ..balancers import ALGORITHMS, balance, balance_microbatches
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import Status, make_problem
-from ..balancers.validation import is_int
+from ..balancers.validation import as_real, is_int
 from ..topology import PLACEMENTS, Topology, place
+from .microbatch import MicroBatchStepPlan
 from .plan import StagePlan, StepPlan, compose, offsets_within_rank, rank_order
 from .samples import Batch
 from .stages import Stage, check_stages
@@ -145,16 +147,33 @@ class Orchestrator:
             bytes they carry (BENCHMARKS.md, "Orchestrator and simulator").
         makespan_slack: relative makespan "locality" may add per stage to keep bytes local
             (the balancer's default, 0.002).
+        seconds_per_cost: seconds one unit of the stages' cost takes on a rank (e.g.
+            1 / achieved FLOP/s for FLOP cost models).  When given, "locality" spends on a
+            stage at most the slack its bytes are worth: min(makespan_slack, E / C), where
+            E = Σ anchor bytes / D / bandwidth (inter-node; intra-node on one node) is what
+            a rank spends exchanging an average share of the stage's bytes and
+            C = seconds_per_cost · Σ cost / D the least it computes, so the makespan added
+            costs no more than that exchange (large models on fast links: near 0; small
+            models, slow links: the full slack).  None (default): `makespan_slack` always.
         balance_encoders / balance_llm: False keeps that stage's items on the rank that
             sampled them (the ablations "llm_only" and "none").
         uniform_algorithm: balance every stage with this algorithm, as if unpadded (the
             ablation "one algorithm for all stages"); plans are still evaluated with each
             stage's true cost model.
+        max_tokens_per_microbatch: plan the step as M gradient-accumulation micro-batches of
+            at most this many LLM tokens per rank (`plan` then returns a `MicroBatchStepPlan`,
+            see `orchestrator.microbatch`); None plans one forward pass per rank.
+        num_microbatches, microbatch_overhead, microbatch_algorithm: passed to
+            `balance_microbatches` (None: the smallest M that pays; cost of one more
+            micro-batch in LLM cost units; the micro-batch algorithm).
     """
 
     def __init__(self, stages, topology, *, placement: str | None = LOCALITY, padded_placement: str | None = None,
-                 makespan_slack: float = 0.002, balance_encoders: bool = True, balance_llm: bool = True,
-                 uniform_algorithm: str | None = None):
+                 makespan_slack: float = 0.002, seconds_per_cost: float | None = None,
+                 balance_encoders: bool = True, balance_llm: bool = True,
+                 uniform_algorithm: str | None = None, max_tokens_per_microbatch: int | None = None,
+                 num_microbatches: int | None = None, microbatch_overhead: float = 0.0,
+                 microbatch_algorithm: str = "auto"):
         self.stages = check_stages(stages)
         if is_int(topology):
             topology = Topology(1, int(topology))
@@ -167,18 +186,27 @@ class Orchestrator:
         self.placement = placement
         self.padded_placement = padded_placement
         self.makespan_slack = makespan_slack
+        self.seconds_per_cost = None if seconds_per_cost is None else as_real(seconds_per_cost, "seconds_per_cost",
+                                                                              allow_zero=False)
         self.balance_encoders = bool(balance_encoders)
         self.balance_llm = bool(balance_llm)
         if uniform_algorithm is not None and uniform_algorithm not in ALGORITHMS:
             raise ValueError(f"unknown `uniform_algorithm` {uniform_algorithm!r}; choose one of {sorted(ALGORITHMS)}")
         self.uniform_algorithm = uniform_algorithm
+        if max_tokens_per_microbatch is None and num_microbatches is not None:
+            raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
+        self.microbatching = None if max_tokens_per_microbatch is None else dict(
+            max_tokens_per_microbatch=max_tokens_per_microbatch, num_microbatches=num_microbatches,
+            microbatch_overhead=microbatch_overhead, algorithm=microbatch_algorithm)
 
     @property
     def num_ranks(self) -> int:
         return self.topology.world_size
 
-    def plan(self, batch: Batch) -> StepPlan:
-        """The StepPlan of `batch`: every stage balanced, encoder outputs routed to their LLM rank."""
+    def plan(self, batch: Batch) -> StepPlan | MicroBatchStepPlan:
+        """The StepPlan of `batch`: every stage balanced, encoder outputs routed to their LLM rank.
+
+        With `max_tokens_per_microbatch`, the `MicroBatchStepPlan` of its micro-batches."""
         if not isinstance(batch, Batch):
             raise TypeError(f"`batch` must be a Batch; got {type(batch).__name__}")
         self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
@@ -189,10 +217,49 @@ class Orchestrator:
             raise ValueError(f"unknown modality {unknown[0]!r}: no stage encodes it; stages cover "
                              f"{sorted(known - {'llm'})}")
         start = time.perf_counter()
+        if self.microbatching is not None:
+            return self._plan_microbatches(batch, start)
         *encoders, llm_stage = self.stages
         llm = self._plan_stage(batch, llm_stage, stage_items(batch, llm_stage), None)
         plans = tuple(self._plan_stage(batch, stage, stage_items(batch, stage), llm) for stage in encoders) + (llm,)
         return compose(batch, self.stages, plans, planning_seconds=time.perf_counter() - start)
+
+    def _plan_microbatches(self, batch: Batch, start: float) -> MicroBatchStepPlan:
+        """Cells (rank, micro-batch) for whole samples, then every micro-batch's encoders balanced
+        across the ranks and routed to the LLM rank of their sample (see `orchestrator.microbatch`)."""
+        *encoders, llm_stage = self.stages
+        options = dict(self.microbatching)
+        cap = llm_stage.max_tokens_per_rank
+        if cap is not None:
+            options["max_tokens_per_microbatch"] = min(cap, options["max_tokens_per_microbatch"])
+        if self.placement == LOCALITY and self.balance_llm:
+            items = stage_items(batch, llm_stage)
+            anchors, anchor_bytes = self._anchors(batch, llm_stage, items, item_tokens(batch, llm_stage, items), None)
+            options.update(sources=anchors, item_bytes=anchor_bytes, topology=self.topology)
+        cells = balance_microbatches(batch.sample_llm_length, batch.num_ranks, cost=llm_stage.cost, **options)
+        return self.plan_cells(batch, cells, start=start)
+
+    def plan_cells(self, batch: Batch, cells, *, start: float | None = None) -> MicroBatchStepPlan:
+        """The micro-batched plan of `batch` whose samples already have cells (a `MicroBatchPlan` of
+        the LLM stage over its samples, e.g. a peer's): every micro-batch's encoder stages are
+        balanced across the ranks (with `balance_encoders`; otherwise each segment runs on its
+        sample's LLM rank, where the whole sample moved), outputs routed to their LLM rank."""
+        start = time.perf_counter() if start is None else start
+        *encoders, llm_stage = self.stages
+        samples, plans = [], []
+        for microbatch in range(cells.num_microbatches):
+            members = np.flatnonzero(cells.microbatch == microbatch)
+            sub = batch.take(members)
+            llm = stage_plan(sub, llm_stage, cells.rank[members], cells.algorithm, items=stage_items(sub, llm_stage))
+            stage_plans = []
+            for stage in encoders:
+                items = stage_items(sub, stage)
+                stage_plans.append(self._plan_stage(sub, stage, items, llm) if self.balance_encoders else
+                                   stage_plan(sub, stage, llm.destination[items.sample], "none", items=items))
+            samples.append(members)
+            plans.append(compose(sub, self.stages, (*stage_plans, llm)))
+        return MicroBatchStepPlan(batch=batch, stages=self.stages, cells=cells, microbatch_samples=tuple(samples),
+                                  microbatches=tuple(plans), planning_seconds=time.perf_counter() - start)
 
     def _anchors(self, batch: Batch, stage: Stage, items: StageItems, outputs: np.ndarray, llm: StagePlan | None):
         """Where the stage's items should stay, and their bytes: the LLM stage keeps a sample's text
@@ -201,6 +268,16 @@ class Orchestrator:
         if llm is None:
             return batch.sample_source, input_bytes(batch, self.stages, stage)
         return llm.destination[items.sample], outputs * stage.output_bytes_per_token
+
+    def _slack(self, stage: Stage, lengths: np.ndarray, anchor_bytes: np.ndarray, num_ranks: int) -> float:
+        """The makespan slack "locality" may spend on a stage (see `seconds_per_cost`)."""
+        if self.seconds_per_cost is None:
+            return self.makespan_slack
+        compute = self.seconds_per_cost * float(stage.cost.item_costs(lengths).sum()) / num_ranks
+        topology = self.topology
+        bandwidth = topology.inter_node_bw_bytes_per_s if topology.num_nodes > 1 else topology.intra_node_bw_bytes_per_s
+        exchange = float(np.sum(anchor_bytes)) / num_ranks / bandwidth
+        return min(self.makespan_slack, exchange / compute) if compute > 0 else self.makespan_slack
 
     def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None) -> StagePlan:
         """Balance one stage, then place its groups (`llm` is the LLM plan, None for the LLM stage)."""
@@ -216,7 +293,7 @@ class Orchestrator:
         if placement == LOCALITY:
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             local = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology,
-                         makespan_slack=self.makespan_slack)
+                         makespan_slack=self._slack(stage, item_length, anchor_bytes, batch.num_ranks))
         result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
                          max_tokens_per_rank=stage.max_tokens_per_rank, **local)
         if placement in PLACEMENTS:

@@ -182,6 +182,34 @@ class Batch:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(self.segment_modality == self.modalities.index(modality))
 
+    def segments_of_samples(self, samples) -> np.ndarray:
+        """Global indices of every segment of the given samples (ascending distinct indices), in order."""
+        samples = np.asarray(samples, dtype=np.int64)
+        if samples.ndim != 1 or (samples.size and (np.any(np.diff(samples) <= 0) or samples[0] < 0
+                                                   or samples[-1] >= self.num_samples)):
+            raise ValueError(f"`samples` must be ascending distinct sample indices in [0, {self.num_samples})")
+        offsets = self.sample_segment_offsets
+        counts = offsets[samples + 1] - offsets[samples]
+        return np.repeat(offsets[samples] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+
+    def take(self, samples) -> "Batch":
+        """The batch of the given samples (ascending global indices) with all their segments, in order.
+
+        Sample k of the result is sample `samples[k]` of this batch, from the same source rank.
+        """
+        samples = np.asarray(samples, dtype=np.int64)
+        segments = self.segments_of_samples(samples)
+        counts = np.diff(self.sample_segment_offsets)[samples]
+        batch = Batch(num_ranks=self.num_ranks, modalities=self.modalities, sample_text=self.sample_text[samples],
+                      sample_source=self.sample_source[samples], sample_id=self.sample_id[samples],
+                      segment_sample=np.repeat(np.arange(samples.size, dtype=np.int64), counts),
+                      segment_modality=self.segment_modality[segments], segment_length=self.segment_length[segments],
+                      segment_tokens=self.segment_tokens[segments], segment_position=self.segment_position[segments])
+        for array in (batch.sample_text, batch.sample_source, batch.sample_id, batch.segment_sample,
+                      batch.segment_modality, batch.segment_length, batch.segment_tokens, batch.segment_position):
+            array.setflags(write=False)
+        return batch
+
     def sample(self, index: int) -> Sample:
         """Sample `index` as a `Sample` object (for tests and inspection)."""
         rows = np.flatnonzero(self.segment_sample == index)

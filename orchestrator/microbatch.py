@@ -1,0 +1,141 @@
+"""Micro-batched step plans: a step as M gradient-accumulation micro-batches under a token budget.
+
+FSDP / ZeRO-3 synchronise every rank in every layer of every micro-batch, so a step of M
+micro-batches costs
+
+    step = Σ_m Σ_s max_r cost_s(r, m)        (s: the stages, r: the ranks)
+
+and every rank must run the same M.  The orchestrator plans it in two levels:
+
+    cells = balance_microbatches(sample LLM lengths, D, max_tokens_per_microbatch=T)
+        # every sample, with all its segments, gets a cell (rank r, micro-batch m);
+        # the LLM stage of micro-batch m runs sample i on rank cells.rank[i]
+    for m in range(M):
+        sub = batch.take(samples of micro-batch m)
+        each encoder stage of `sub` is post-balanced across the ranks as in a plain step,
+        its outputs routed straight to the LLM rank of their sample (one embedding exchange
+        per micro-batch)
+
+Encoder stages need no joint planning: within a micro-batch they are balanced across all
+ranks again, so Σ_m max_r enc(r, m) stays close to Σ_m (enc total of m) / D = enc total / D
+whatever the grouping, up to the granularity of the largest items.  The certified bound of
+an encoder stage is therefore max(Σ c / D, max c) over the whole step; that of the LLM stage
+is the micro-batch plan's own.
+
+The raw inputs of the whole step move in one fused exchange (`input_exchange()`), every item
+straight to the rank that runs it in its micro-batch, when memory allows holding all of a
+rank's micro-batches at once; otherwise the runtime exchanges each micro-batch's inputs
+before it runs (`MicroBatchStepPlan.microbatches[m].input_exchange()`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..balancers.problem import exact_sum
+from .plan import Exchange, StepPlan
+from .samples import Batch
+from .stages import Stage
+
+
+@dataclass(frozen=True, eq=False)
+class MicroBatchStepPlan:
+    """A step of `num_microbatches` micro-batches: the cells of its samples and one StepPlan each.
+
+    `cells` is the balancers' `MicroBatchPlan` of the LLM stage over the step's samples
+    (`cells.rank[i]`, `cells.microbatch[i]`).  `microbatch_samples[m]` and
+    `microbatch_segments[m]` are the global sample and segment indices of micro-batch m
+    (ascending) and `microbatches[m]` its StepPlan, over `batch.take(microbatch_samples[m])`:
+    sample k and segment j inside it are `microbatch_samples[m][k]`, `microbatch_segments[m][j]`.
+    """
+
+    batch: Batch
+    stages: tuple[Stage, ...]
+    cells: object  # balancers.MicroBatchPlan
+    microbatch_samples: tuple[np.ndarray, ...]
+    microbatches: tuple[StepPlan, ...]
+    planning_seconds: float = 0.0
+
+    @property
+    def num_microbatches(self) -> int:
+        return len(self.microbatches)
+
+    @functools.cached_property
+    def microbatch_segments(self) -> tuple[np.ndarray, ...]:
+        return tuple(self.batch.segments_of_samples(samples) for samples in self.microbatch_samples)
+
+    @property
+    def num_ranks(self) -> int:
+        return self.batch.num_ranks
+
+    def stage_step_costs(self) -> dict[str, float]:
+        """Σ_m max_r cost_s(r, m) of every stage s (stage name -> cost)."""
+        return {stage.name: float(sum(plan.stage_plans[index].makespan for plan in self.microbatches))
+                for index, stage in enumerate(self.stages)}
+
+    @property
+    def step_cost(self) -> float:
+        """Σ_m Σ_s max_r cost_s(r, m) + M · microbatch_overhead: what the synchronised micro-batches cost."""
+        overhead = self.num_microbatches * self.cells.microbatch_overhead
+        return float(sum(self.stage_step_costs().values())) + overhead
+
+    def stage_lower_bounds(self) -> dict[str, float]:
+        """A bound on Σ_m max_r cost_s(r, m) that holds for every grouping into micro-batches."""
+        bounds = {}
+        for stage in self.stages[:-1]:
+            lengths = self.batch.segment_length[self.batch.segments_of(stage.modality)]
+            costs = stage.cost.item_costs(lengths)
+            bounds[stage.name] = max(exact_sum(costs) / self.num_ranks, float(costs.max())) if costs.size else 0.0
+        bounds[self.stages[-1].name] = float(self.cells.lower_bound)  # M_min · overhead included
+        return bounds
+
+    @property
+    def lower_bound(self) -> float:
+        return float(sum(self.stage_lower_bounds().values()))
+
+    @property
+    def gap(self) -> float:
+        """step_cost / lower_bound - 1 (0 when both are 0)."""
+        bound = self.lower_bound
+        if bound == 0:
+            return 0.0 if self.step_cost == 0 else float("inf")
+        return self.step_cost / bound - 1.0
+
+    def microbatch_of_samples(self) -> np.ndarray:
+        """The micro-batch of every sample of the step (int64, read-only)."""
+        return self.cells.microbatch
+
+    def stage_destinations(self, index: int) -> np.ndarray:
+        """The rank that runs every item of stage `index` in its micro-batch, over the whole step's items
+        (global segment order for an encoder stage, samples for the LLM)."""
+        stage = self.stages[index]
+        if stage.is_llm:
+            return self.cells.rank
+        destination = np.full(self.batch.num_segments, -1, dtype=np.int64)
+        for segments, plan in zip(self.microbatch_segments, self.microbatches):
+            stage_plan = plan.stage_plans[index]
+            destination[segments[stage_plan.item_segment]] = stage_plan.destination
+        return destination[self.batch.segments_of(stage.modality)]
+
+    def digest(self) -> str:
+        """SHA-256 of the cells and of every micro-batch's plan: equal on ranks that computed the same plan."""
+        digest = hashlib.sha256(self.cells.digest().encode())
+        for plan in self.microbatches:
+            digest.update(plan.digest().encode())
+        return digest.hexdigest()
+
+    def input_exchange(self) -> Exchange:
+        """The fused input exchange of the whole step: every segment's raw input and every sample's
+        text straight to the rank that runs it in its micro-batch, in one all-to-all."""
+        parts = [plan.input_exchange() for plan in self.microbatches]
+        return Exchange("input", np.concatenate([part.source for part in parts]),
+                        np.concatenate([part.destination for part in parts]),
+                        np.concatenate([part.item_bytes for part in parts]))
+
+    def embedding_exchanges(self) -> tuple[Exchange, ...]:
+        """One embedding exchange per micro-batch (encoder rank -> LLM rank of the sample)."""
+        return tuple(plan.embedding_exchange() for plan in self.microbatches)

@@ -1,0 +1,105 @@
+"""Micro-batched step plans: cells for whole samples, every micro-batch's stages balanced and composed."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm import Orchestrator, Topology
+from orchmllm.orchestrator import MicroBatchStepPlan
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import sample_workload
+
+STAGES = MODELS["10b"].stages()
+
+
+def plan_of(num_ranks, samples_per_rank, budget, seed=0, **options):
+    batch = sample_workload("default", num_ranks, samples_per_rank, seed=seed)
+    topology = Topology.for_world_size(num_ranks) if num_ranks >= 8 else Topology(1, num_ranks)
+    return batch, Orchestrator(STAGES, topology, max_tokens_per_microbatch=budget, **options).plan(batch)
+
+
+def check_step(batch, plan: MicroBatchStepPlan, budget: int):
+    """Every invariant of a micro-batched step, recomputed from the batch."""
+    assert isinstance(plan, MicroBatchStepPlan)
+    cells = plan.cells
+    assert plan.num_microbatches == cells.num_microbatches == len(plan.microbatch_samples)
+    seen = np.concatenate(plan.microbatch_samples)
+    assert np.array_equal(np.sort(seen), np.arange(batch.num_samples))  # each sample in exactly one micro-batch
+    for index, (members, micro) in enumerate(zip(plan.microbatch_samples, plan.microbatches)):
+        assert np.all(np.diff(members) > 0) and np.all(cells.microbatch[members] == index)
+        assert micro.batch.num_samples == members.size
+        assert np.array_equal(micro.batch.sample_text, batch.sample_text[members])
+        assert np.array_equal(micro.batch.sample_source, batch.sample_source[members])
+        assert np.array_equal(micro.llm.destination, cells.rank[members])
+        tokens = np.bincount(micro.llm.destination, weights=micro.batch.sample_llm_length,
+                             minlength=batch.num_ranks)
+        assert tokens.max() <= budget
+        for stage_plan in micro.stage_plans[:-1]:  # every segment of the micro-batch's samples, once
+            segments = micro.batch.segments_of(stage_plan.stage.modality)
+            assert np.array_equal(stage_plan.item_segment, segments)
+            assert stage_plan.makespan >= stage_plan.lower_bound * (1 - 1e-12)
+        # encoder outputs go straight to the LLM rank of their sample in this micro-batch
+        assert np.array_equal(micro.route_llm_rank, micro.llm.destination[micro.batch.segment_sample])
+    assert sum(micro.batch.num_segments for micro in plan.microbatches) == batch.num_segments
+    assert plan.step_cost >= plan.lower_bound * (1 - 1e-12)
+    assert plan.step_cost == pytest.approx(sum(plan.stage_step_costs().values()))  # no overhead by default
+    exchange = plan.input_exchange()
+    assert exchange.source.size == batch.num_samples + batch.num_segments
+    assert len(plan.embedding_exchanges()) == plan.num_microbatches
+
+
+@pytest.mark.parametrize("num_ranks, samples_per_rank, budget", [(4, 8, 8192), (8, 16, 16384), (16, 12, 4096 * 3)])
+def test_micro_batched_step_keeps_every_invariant(num_ranks, samples_per_rank, budget):
+    batch, plan = plan_of(num_ranks, samples_per_rank, budget)
+    check_step(batch, plan, budget)
+    assert plan.num_microbatches >= 2
+
+
+@settings(max_examples=15)
+@given(seed=st.integers(0, 10**6), num_ranks=st.sampled_from([2, 3, 8]), samples_per_rank=st.integers(1, 10),
+       budget=st.sampled_from([8192, 12000, 32768]))
+def test_micro_batched_step_invariants_hold_on_random_batches(seed, num_ranks, samples_per_rank, budget):
+    batch = sample_workload("default", num_ranks, samples_per_rank, seed=seed)
+    budget = max(budget, int(batch.sample_llm_length.max()))
+    topology = Topology.for_world_size(num_ranks) if num_ranks >= 8 else Topology(1, num_ranks)
+    plan = Orchestrator(STAGES, topology, max_tokens_per_microbatch=budget).plan(batch)
+    check_step(batch, plan, budget)
+
+
+def test_same_batch_gives_a_bit_identical_micro_batched_plan():
+    _, first = plan_of(8, 16, 16384, seed=3)
+    _, second = plan_of(8, 16, 16384, seed=3)
+    assert first.digest() == second.digest()
+    _, other = plan_of(8, 16, 16384, seed=4)
+    assert other.digest() != first.digest()
+
+
+def test_a_forced_micro_batch_count_is_honoured_on_every_rank():
+    batch, plan = plan_of(4, 8, 65536, num_microbatches=3)
+    assert plan.num_microbatches == 3
+    check_step(batch, plan, 65536)
+
+
+def test_unbalanced_encoders_run_where_their_sample_runs():
+    batch, plan = plan_of(8, 8, 16384, balance_encoders=False)
+    for micro in plan.microbatches:
+        for stage_plan in micro.stage_plans[:-1]:
+            assert np.array_equal(stage_plan.destination, micro.llm.destination[stage_plan.item_sample])
+        assert micro.embedding_exchange().bytes_moved == 0
+
+
+def test_num_microbatches_without_a_budget_is_rejected():
+    with pytest.raises(ValueError, match="`num_microbatches` needs `max_tokens_per_microbatch`"):
+        Orchestrator(STAGES, 4, num_microbatches=2)
+
+
+def test_batch_take_keeps_samples_and_their_segments_in_order():
+    batch = sample_workload("default", 4, 6, seed=1)
+    members = np.array([0, 3, 4, 11, 20])
+    sub = batch.take(members)
+    for k, index in enumerate(members):
+        assert sub.sample(k).segments == batch.sample(int(index)).segments
+        assert sub.sample(k).text == batch.sample(int(index)).text
+    with pytest.raises(ValueError, match="ascending distinct sample indices"):
+        batch.take([3, 1])
