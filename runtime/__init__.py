@@ -10,6 +10,8 @@
   one message per node pair, scatter within the node).
 - `PostBalancingDispatcher`: single-stage wrapper around a batch dict.
 - `MultiStageRuntime`: encoders and LLM balanced from the orchestrator's StepPlan.
+- `MicroBatch`, `accumulate`, `gradient_sync`: gradient accumulation over post-balanced
+  micro-batches (`dispatcher.microbatches(...)`, `runtime.microbatches(...)`; `microbatch.py`).
 - `Prefetcher`: plan step k+1 in a background thread on its own process group.
 - `normalize_loss`, `all_reduce_gradients`: the global reductions that keep gradients exact.
 - `demo.run_demo`: the multi-process demo (tiny vision + audio + text model).
@@ -29,12 +31,14 @@ from .dispatcher import DispatchPlan, PostBalancingDispatcher
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .hierarchical import HierarchicalAllToAll, make_transport
 from .metadata import GatheredMetadata, PlanMismatchError, check_agreement, fingerprint, gather_metadata
-from .multistage import Assembled, Dispatched, MultiStageRuntime, StepRoutes
+from .microbatch import MicroBatch, accumulate, gradient_sync
+from .multistage import Assembled, Dispatched, MicroBatchInputs, MicroBatchRoutes, MultiStageRuntime, StepRoutes
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, global_count, normalize_loss
 
 __all__ = ["Assembled", "ConfigMismatchError", "DispatchPlan", "Dispatched", "ExchangeMeta", "FlatAllToAll",
-           "GatheredMetadata", "HierarchicalAllToAll", "MultiStageRuntime", "Piece", "PlanMismatchError",
-           "PostBalancingDispatcher", "Prefetcher", "SchemaGuard", "SchemaMismatchError", "StepRoutes",
-           "all_reduce_gradients", "check_agreement", "exchange", "exchange_with_grad", "fingerprint",
-           "gather_metadata", "global_count", "make_transport", "normalize_loss"]
+           "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "MicroBatchInputs", "MicroBatchRoutes",
+           "MultiStageRuntime", "Piece", "PlanMismatchError", "PostBalancingDispatcher", "Prefetcher", "SchemaGuard",
+           "SchemaMismatchError", "StepRoutes", "accumulate", "all_reduce_gradients", "check_agreement", "exchange",
+           "exchange_with_grad", "fingerprint", "gather_metadata", "global_count", "gradient_sync", "make_transport",
+           "normalize_loss"]

@@ -28,20 +28,25 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ..balancers import BalancePlan, balance
+from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
 from .agreement import SchemaGuard, fingerprint
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
-from .metadata import GatheredMetadata, check_agreement, gather_metadata
+from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata
+from .microbatch import MicroBatch, iterate, split_rows
 
 
 @dataclass(frozen=True, eq=False)
 class DispatchPlan:
-    """One step's plan as every rank holds it: gathered lengths, balance, route."""
+    """One step's plan as every rank holds it: gathered lengths and loss tokens, balance, route.
+
+    `balance` is a `BalancePlan`, or with a micro-batch budget the `MicroBatchPlan` of the
+    step's cells (`microbatch[i]` of every item); None when the global batch has no items.
+    """
 
     metadata: GatheredMetadata
-    balance: BalancePlan | None  # None when the global batch has no items
+    balance: BalancePlan | MicroBatchPlan | None
     route: ExchangeMeta
     planning_seconds: float
 
@@ -49,6 +54,22 @@ class DispatchPlan:
     def lengths(self) -> np.ndarray:
         """Length of every item of the global batch, rank by rank."""
         return self.metadata.column(0)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Loss tokens of the whole step on every rank (the global loss denominator)."""
+        return int(self.metadata.column(1).sum())
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.balance.num_microbatches if isinstance(self.balance, MicroBatchPlan) else 1
+
+    @property
+    def item_microbatch(self) -> np.ndarray:
+        """The micro-batch of every item of the global batch (all 0 without a budget)."""
+        if isinstance(self.balance, MicroBatchPlan):
+            return self.balance.microbatch
+        return np.zeros(self.route.num_items, dtype=np.int64)
 
     @property
     def local_items(self) -> np.ndarray:
@@ -74,35 +95,66 @@ class PostBalancingDispatcher:
             `time_limit`, whose solver may stop at different plans on different ranks;
             configuration mismatches are caught whatever this says).
         transport: `FlatAllToAll(group)` (default) or `HierarchicalAllToAll(gpus_per_node, group)`.
+        max_tokens_per_microbatch: plan the step as gradient-accumulation micro-batches of at
+            most this many tokens per rank (`balance_microbatches`; see `runtime.microbatch`
+            for the loop); `num_microbatches`, `microbatch_overhead` and
+            `microbatch_algorithm` are passed to it.  Replaces `max_tokens_per_rank`.
     """
 
     def __init__(self, *, group=None, algorithm: str = "auto", cost=None, padded: bool = False,
                  max_tokens_per_rank: int | None = None, time_limit: float | None = None,
-                 per_item_keys=(), check_plan: bool | None = None, transport=None):
+                 per_item_keys=(), check_plan: bool | None = None, transport=None,
+                 max_tokens_per_microbatch: int | None = None, num_microbatches: int | None = None,
+                 microbatch_overhead: float = 0.0, microbatch_algorithm: str = "auto"):
         self.group = group
         self.balance_options = dict(algorithm=algorithm, cost=cost, padded=padded,
                                     max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
+        self.microbatch_options = None
+        if max_tokens_per_microbatch is not None:
+            if max_tokens_per_rank is not None:
+                raise ValueError("`max_tokens_per_rank` and `max_tokens_per_microbatch` exclude each other: with "
+                                 "micro-batches the per-micro-batch budget bounds what a rank holds")
+            self.microbatch_options = dict(max_tokens_per_microbatch=max_tokens_per_microbatch,
+                                           num_microbatches=num_microbatches, microbatch_overhead=microbatch_overhead,
+                                           algorithm=microbatch_algorithm, cost=cost, padded=padded,
+                                           time_limit=time_limit)
+        elif num_microbatches is not None:
+            raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
         if isinstance(per_item_keys, str):
             raise TypeError("`per_item_keys` must be a collection of keys, not a str")
         self.per_item_keys = frozenset(per_item_keys)
         self.check_plan = time_limit is not None if check_plan is None else bool(check_plan)
         self.transport = FlatAllToAll(group) if transport is None else transport
         self.config_fingerprint = fingerprint(sorted(self.balance_options.items(), key=lambda kv: kv[0]),
+                                              sorted((self.microbatch_options or {}).items()),
                                               sorted(self.per_item_keys), type(self.transport).__name__,
                                               getattr(self.transport, "gpus_per_node", None))
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
 
-    def plan(self, lengths, *, metadata_group=None) -> DispatchPlan:
+    def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
 
-        `metadata_group` runs the metadata collectives on another group (the prefetch
-        thread's); the route is still for this dispatcher's group.
+        `loss_tokens` (default: `lengths`) are the tokens of each item that count in the
+        loss; their sum over every rank rides in the same all-gather and normalises the
+        loss of every micro-batch (`normalize_loss(loss_sum, micro)`).  `metadata_group`
+        runs the metadata collectives on another group (the prefetch thread's); the route
+        is still for this dispatcher's group.
         """
         group = self.group if metadata_group is None else metadata_group
         start = time.perf_counter()
-        metadata = gather_metadata(lengths, group, num_columns=1, fingerprint=self.config_fingerprint,
-                                   what="dispatcher configuration")
-        if metadata.num_items:
+        lengths = as_table(lengths)
+        if lengths.shape[1] != 1:
+            raise ValueError(f"`lengths` must be 1-D, one length per item; got shape {lengths.shape}")
+        losses = lengths if loss_tokens is None else as_table(loss_tokens, "loss_tokens")
+        if losses.shape != lengths.shape:
+            raise ValueError(f"`loss_tokens` must have one count per item ({lengths.shape[0]}); "
+                             f"got shape {losses.shape}")
+        metadata = gather_metadata(np.hstack([lengths, losses]), group, num_columns=2,
+                                   fingerprint=self.config_fingerprint, what="dispatcher configuration")
+        if metadata.num_items and self.microbatch_options is not None:
+            plan = balance_microbatches(metadata.column(0), int(metadata.counts.size), **self.microbatch_options)
+            assignment = plan.rank
+        elif metadata.num_items:
             plan = balance(metadata.column(0), int(metadata.counts.size), **self.balance_options)
             assignment = plan.assignment
         else:
@@ -135,6 +187,24 @@ class PostBalancingDispatcher:
         `differentiable=True` lets gradients of the results flow back to the inputs.
         """
         return self._move(batch, plan.route, plan.lengths, self.per_item_keys, "dispatch", differentiable)
+
+    def microbatches(self, plan: DispatchPlan, moved: Mapping[str, torch.Tensor]):
+        """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
+
+        Every rank yields the plan's `num_microbatches` (1 without a budget), an empty one
+        with empty tensors, so all take part in every collective of every micro-batch;
+        `micro.data` maps each key to the rows of the micro-batch's items, in ascending
+        global index.
+        """
+        items = plan.local_items
+        microbatch = plan.item_microbatch[items]
+        count, size = plan.num_microbatches, group_size(self.group)
+        rows = {key: np.ones(items.size, dtype=np.int64) if key in self.per_item_keys else plan.lengths[items]
+                for key in moved}
+        parts = {key: split_rows(tensor, rows[key], microbatch, count) for key, tensor in moved.items()}
+        return iterate(MicroBatch(index, count, items[microbatch == index],
+                                  {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size)
+                       for index in range(count))
 
     def combine(self, outputs: Mapping[str, torch.Tensor], plan: DispatchPlan, *, per_item_keys=None,
                 differentiable: bool = True) -> dict[str, torch.Tensor]:

@@ -14,6 +14,16 @@ all-gathered lengths):
         # embeddings into this rank's packed LLM sequence
     loss = my_llm(packed.embeddings, packed.sample_lengths) ...
 
+With `max_tokens_per_microbatch=T` the step is M gradient-accumulation micro-batches (see
+`orchestrator.microbatch`), the same M on every rank:
+
+    routes = runtime.plan(local_samples, loss_tokens=...)   # MicroBatchRoutes
+    moved = runtime.dispatch(routes, text=..., inputs=...)   # the whole step, one all-to-all
+    for micro in runtime.microbatches(routes, moved):
+        with accumulate(model, micro):                       # gradient sync on the last only
+            packed = runtime.forward(micro.routes, micro.data, encoders=..., text_embedding=...)
+            normalize_loss(loss_sum(packed), micro).backward()  # / loss tokens of the whole step
+
 Model-agnostic: an encoder is any callable `fn(inputs, lengths) -> embeddings`, packed over
 its items along dim 0 (`lengths[k]` input rows in, `Segment.tokens` rows out); the
 text embedding any callable on the packed text ids.  The runtime never sees the model.
@@ -33,6 +43,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..orchestrator.microbatch import MicroBatchStepPlan
 from ..orchestrator.plan import StepPlan
 from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample, resolve_positions
@@ -41,21 +52,30 @@ from .agreement import SchemaGuard, fingerprint
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
-from .metadata import check_agreement, gather_metadata
+from .metadata import as_table, check_agreement, gather_metadata
+from .microbatch import MicroBatch, iterate, split_rows
 
-SAMPLE_COLUMNS = 3  # text tokens, number of segments, sample id
+SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
 SEGMENT_COLUMNS = 4  # modality code, length, tokens, position
 
 
-def local_tables(samples: Sequence[Sample], modalities: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """This rank's metadata as two int64 tables: samples (text, #segments, id) and
-    segments (modality code, length, tokens, position), segments sample by sample."""
+def local_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_tokens=None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's metadata as two int64 tables: samples (text, #segments, id, loss tokens) and
+    segments (modality code, length, tokens, position), segments sample by sample.
+
+    `loss_tokens[k]` is how many tokens of sample k count in the loss (default: its text)."""
+    if loss_tokens is not None:
+        loss_tokens = as_table(loss_tokens, "loss_tokens")[:, 0]
+        if loss_tokens.size != len(samples):
+            raise ValueError(f"`loss_tokens` must have one count per sample ({len(samples)}); got {loss_tokens.size}")
     sample_rows, segment_rows = [], []
     for index, sample in enumerate(samples):
         if not isinstance(sample, Sample):
             raise TypeError(f"`samples` must hold orchestrator Sample objects; got {type(sample).__name__} "
                             f"at index {index}")
-        sample_rows.append((sample.text, len(sample.segments), sample.id))
+        sample_rows.append((sample.text, len(sample.segments), sample.id,
+                            sample.text if loss_tokens is None else int(loss_tokens[index])))
         positions = resolve_positions(sample.segments, sample.text)
         for j, (segment, position) in enumerate(zip(sample.segments, positions)):
             if segment.modality not in modalities:
@@ -83,6 +103,29 @@ class StepRoutes:
 
 
 @dataclass(frozen=True, eq=False)
+class MicroBatchRoutes:
+    """A micro-batched step plan with this rank's routes: one `StepRoutes` per micro-batch, and
+    the whole step's input routes (every item straight to the rank that runs it in its
+    micro-batch) for the fused input exchange."""
+
+    step: MicroBatchStepPlan
+    rank: int
+    microbatches: tuple[StepRoutes, ...]
+    input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage, over the step's segments of its modality
+    text_route: ExchangeMeta  # the step's samples to their LLM rank
+    num_loss_tokens: int  # loss tokens of the whole step on every rank
+    planning_seconds: float
+
+    @property
+    def batch(self) -> Batch:
+        return self.step.batch
+
+    @property
+    def num_microbatches(self) -> int:
+        return len(self.microbatches)
+
+
+@dataclass(frozen=True, eq=False)
 class Dispatched:
     """What the input exchange delivered to this rank."""
 
@@ -90,6 +133,17 @@ class Dispatched:
     input_lengths: dict  # modality -> int64 tensor of their lengths (encoder units)
     text: dict  # name -> packed per-token tensors of this rank's LLM samples
     per_sample: dict  # name -> one row per LLM sample of this rank
+
+
+@dataclass(frozen=True, eq=False)
+class MicroBatchInputs:
+    """What `dispatch` returned for a micro-batched step: per micro-batch, its `Dispatched` (fused
+    exchange done) or this rank's local tensors of it (`exchanged` False: moved one by one)."""
+
+    routes: MicroBatchRoutes
+    parts: tuple
+    exchanged: bool
+    stats: dict | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,13 +171,18 @@ class MultiStageRuntime:
         check_plan: also all-gather a digest of every rank's step plan; raise on mismatch
             (for time-limited solvers; configuration mismatches are always caught).
         topology: passed to `Orchestrator` (default: one node of the group's size).
-        orchestrator_options: e.g. balance_encoders=False, balance_llm=False (no balancing).
+        fused_input_exchange: with micro-batches, move the raw inputs of the whole step in
+            one all-to-all before the first micro-batch (True, the default), or each
+            micro-batch's inputs just before it runs (False: less memory, M exchanges).
+        orchestrator_options: e.g. balance_encoders=False, balance_llm=False (no balancing),
+            max_tokens_per_microbatch=T (gradient accumulation: see `microbatches`).
     """
 
     def __init__(self, stages, *, group=None, transport=None, check_plan: bool = False, topology=None,
-                 **orchestrator_options):
+                 fused_input_exchange: bool = True, **orchestrator_options):
         self.stages = check_stages(stages)
         self.group = group
+        self.fused_input_exchange = bool(fused_input_exchange)
         self.transport = FlatAllToAll(group) if transport is None else transport
         self.check_plan = bool(check_plan)
         self.orchestrator = Orchestrator(self.stages, group_size(group) if topology is None else topology,
@@ -135,10 +194,14 @@ class MultiStageRuntime:
                                               getattr(self.transport, "gpus_per_node", None))
         self.guards = {"dispatch": SchemaGuard("dispatch"), "embeddings": SchemaGuard("encoder outputs")}
 
-    def gather_batch(self, samples: Sequence[Sample], metadata_group=None) -> Batch:
+    def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
+        return self._gather(samples, metadata_group, loss_tokens)[0]
+
+    def _gather(self, samples, metadata_group, loss_tokens) -> tuple[Batch, int]:
+        """The global `Batch` and the loss tokens of all its samples, from one metadata all-gather."""
         group = self.group if metadata_group is None else metadata_group
-        sample_table, segment_table = local_tables(samples, self.modalities)
+        sample_table, segment_table = local_tables(samples, self.modalities, loss_tokens)
         gathered_samples = gather_metadata(sample_table, group, num_columns=SAMPLE_COLUMNS,
                                            fingerprint=self.config_fingerprint, what="stage configuration")
         gathered_segments = gather_metadata(segment_table, group, num_columns=SEGMENT_COLUMNS)
@@ -149,17 +212,38 @@ class MultiStageRuntime:
             sample_id=samples_all[:, 2],
             segment_sample=np.repeat(np.arange(samples_all.shape[0], dtype=np.int64), samples_all[:, 1]),
             segment_modality=segments_all[:, 0], segment_length=segments_all[:, 1],
-            segment_tokens=segments_all[:, 2], segment_position=segments_all[:, 3])
+            segment_tokens=segments_all[:, 2], segment_position=segments_all[:, 3]), int(samples_all[:, 3].sum())
 
-    def plan(self, samples: Sequence[Sample], *, metadata_group=None) -> StepRoutes:
-        """Gather metadata, plan every stage, build this rank's routes (a collective)."""
+    def plan(self, samples: Sequence[Sample], *, loss_tokens=None, metadata_group=None
+             ) -> StepRoutes | MicroBatchRoutes:
+        """Gather metadata, plan every stage, build this rank's routes (a collective).
+
+        With `max_tokens_per_microbatch`, the `MicroBatchRoutes` of the step's micro-batches;
+        `loss_tokens` (one count per local sample, default its text tokens) ride in the same
+        all-gather and give the step's global loss denominator.
+        """
         start = time.perf_counter()
-        batch = self.gather_batch(samples, metadata_group)
+        batch, num_loss_tokens = self._gather(samples, metadata_group, loss_tokens)
         step = self.orchestrator.plan(batch)
         if self.check_plan:
             check_agreement(fingerprint(self.config_fingerprint, step.digest()),
                             self.group if metadata_group is None else metadata_group, "step plan")
+        if isinstance(step, MicroBatchStepPlan):
+            return self.microbatch_routes(step, num_loss_tokens, time.perf_counter() - start)
         return self.routes(step, time.perf_counter() - start)
+
+    def microbatch_routes(self, step: MicroBatchStepPlan, num_loss_tokens: int,
+                          planning_seconds: float = 0.0) -> MicroBatchRoutes:
+        """This rank's routes for a micro-batched step plan (pure; no communication)."""
+        rank, size = group_rank(self.group), group_size(self.group)
+        batch = step.batch
+        segment_source = batch.sample_source[batch.segment_sample]
+        input_routes = tuple(ExchangeMeta(segment_source[batch.segments_of(stage.modality)],
+                                          step.stage_destinations(index), rank, size)
+                             for index, stage in enumerate(self.stages[:-1]))
+        return MicroBatchRoutes(step, rank, tuple(self.routes(plan) for plan in step.microbatches), input_routes,
+                                ExchangeMeta(batch.sample_source, step.cells.rank, rank, size), int(num_loss_tokens),
+                                planning_seconds)
 
     def routes(self, step: StepPlan, planning_seconds: float = 0.0) -> StepRoutes:
         """This rank's exchange routes for a step plan (pure; no communication)."""
@@ -173,10 +257,12 @@ class MultiStageRuntime:
         text_route = ExchangeMeta(step.llm.source, step.llm.destination, rank, size)
         return StepRoutes(step, rank, input_routes, text_route, embedding_routes, planning_seconds)
 
-    def dispatch(self, routes: StepRoutes, *, text: Mapping[str, torch.Tensor],
+    def dispatch(self, routes: StepRoutes | MicroBatchRoutes, *, text: Mapping[str, torch.Tensor],
                  per_sample: Mapping[str, torch.Tensor] | None = None,
-                 inputs: Mapping[str, torch.Tensor] | None = None, stats: dict | None = None) -> Dispatched:
-        """The fused input exchange (one all-to-all).
+                 inputs: Mapping[str, torch.Tensor] | None = None,
+                 stats: dict | None = None) -> Dispatched | MicroBatchInputs:
+        """The fused input exchange (one all-to-all); for `MicroBatchRoutes`, of the whole step
+        (or none yet without `fused_input_exchange`), to be iterated with `microbatches`.
 
         `text`: per-token tensors packed over this rank's samples (rows = text tokens);
         `per_sample`: one row per sample; `inputs`: modality -> raw inputs packed over this
@@ -184,14 +270,26 @@ class MultiStageRuntime:
         same keys (a modality absent locally still needs an empty tensor of the right
         trailing shape and dtype).
         """
+        if isinstance(routes, MicroBatchRoutes):
+            return self._dispatch_microbatches(routes, text, per_sample, inputs, stats)
+        step = routes.step
+        result = self._exchange_inputs(routes.text_route, step.batch.sample_text, routes.input_routes,
+                                       [plan.item_length for plan in step.stage_plans[:-1]], text, per_sample,
+                                       inputs, stats)
+        lengths = {modality: torch.from_numpy(plan.item_length[route.dest_items].copy())
+                   for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1])}
+        return Dispatched(result["inputs"], lengths, result["text"], result["per_sample"])
+
+    def _exchange_inputs(self, text_route: ExchangeMeta, text_rows, input_routes, input_rows, text, per_sample,
+                         inputs, stats) -> dict:
+        """Inputs, text and per-sample tensors along their routes in one fused all-to-all."""
         per_sample, inputs = dict(per_sample or {}), dict(inputs or {})
-        missing = [m for m, r in zip(self.modalities, routes.input_routes) if m not in inputs and r.num_items]
+        missing = [m for m, r in zip(self.modalities, input_routes) if m not in inputs and r.num_items]
         if missing:
             raise ValueError(f"`inputs` lacks modality {missing[0]!r}, which the global batch contains")
-        batch, step = routes.batch, routes.step
-        where = {("text", None): (routes.text_route, batch.sample_text), ("per_sample", None): (routes.text_route, 1)}
-        for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
-            where[("inputs", modality)] = (route, plan.item_length)
+        where = {("text", None): (text_route, text_rows), ("per_sample", None): (text_route, 1)}
+        for modality, route, rows in zip(self.modalities, input_routes, input_rows):
+            where[("inputs", modality)] = (route, rows)
         pieces, names = [], []
         for kind, tensors in (("inputs", inputs), ("text", text), ("per_sample", per_sample)):
             for key in (self.modalities if kind == "inputs" else sorted(tensors)):
@@ -202,15 +300,72 @@ class MultiStageRuntime:
 
         def layout(schema):
             kind, key = schema.name.split(":", 1)
-            return where.get((kind, key if kind == "inputs" else None), (routes.text_route, 1))
+            return where.get((kind, key if kind == "inputs" else None), (text_route, 1))
 
         moved = exchange(pieces, self.transport, stats, guard=self.guards["dispatch"], layout=layout)
         result = {"inputs": {}, "text": {}, "per_sample": {}}
         for (kind, key), tensor in zip(names, moved):
             result[kind][key] = tensor
-        lengths = {modality: torch.from_numpy(plan.item_length[route.dest_items].copy())
-                   for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1])}
-        return Dispatched(result["inputs"], lengths, result["text"], result["per_sample"])
+        return result
+
+    def _dispatch_microbatches(self, routes: MicroBatchRoutes, text, per_sample, inputs, stats
+                               ) -> "MicroBatchInputs":
+        """Fused: the whole step's inputs in one all-to-all, then split per micro-batch.  Otherwise
+        the local tensors split per micro-batch, each exchanged when `microbatches` reaches it."""
+        step, batch, count = routes.step, routes.batch, routes.num_microbatches
+        sample_microbatch = step.cells.microbatch
+        segment_microbatch = sample_microbatch[batch.segment_sample]
+        modality_segments = [batch.segments_of(modality) for modality in self.modalities]
+        if self.fused_input_exchange:
+            held = (routes.text_route.dest_items, [route.dest_items for route in routes.input_routes])
+            result = self._exchange_inputs(routes.text_route, batch.sample_text, routes.input_routes,
+                                           [batch.segment_length[segments] for segments in modality_segments],
+                                           text, per_sample, inputs, stats)
+        else:
+            held = (routes.text_route.source_items, [route.source_items for route in routes.input_routes])
+            result = {"text": dict(text), "per_sample": dict(per_sample or {}), "inputs": dict(inputs or {})}
+        samples, segments_held = held
+        sample_parts = sample_microbatch[samples]
+        split = {"text": {key: split_rows(tensor, batch.sample_text[samples], sample_parts, count)
+                          for key, tensor in result["text"].items()},
+                 "per_sample": {key: split_rows(tensor, np.ones(samples.size, dtype=np.int64), sample_parts, count)
+                                for key, tensor in result["per_sample"].items()},
+                 "inputs": {}}
+        for modality, segments, held_items in zip(self.modalities, modality_segments, segments_held):
+            if modality in result["inputs"]:
+                items = segments[held_items]
+                split["inputs"][modality] = split_rows(result["inputs"][modality], batch.segment_length[items],
+                                                       segment_microbatch[items], count)
+        parts = [{kind: {key: pieces[index] for key, pieces in split[kind].items()} for kind in split}
+                 for index in range(count)]
+        if not self.fused_input_exchange:
+            return MicroBatchInputs(routes, tuple(parts), exchanged=False, stats=stats)
+        dispatched = []
+        for part, micro in zip(parts, routes.microbatches):
+            lengths = {modality: torch.from_numpy(plan.item_length[route.dest_items].copy())
+                       for modality, route, plan in zip(self.modalities, micro.input_routes,
+                                                        micro.step.stage_plans[:-1])}
+            dispatched.append(Dispatched(part["inputs"], lengths, part["text"], part["per_sample"]))
+        return MicroBatchInputs(routes, tuple(dispatched), exchanged=True, stats=stats)
+
+    def microbatches(self, routes: MicroBatchRoutes, moved: "MicroBatchInputs"):
+        """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
+
+        `micro.routes` and `micro.data` go to `forward`; every rank yields the same number,
+        an empty micro-batch included, so all take part in every collective.  Without the
+        fused input exchange each micro-batch's inputs are exchanged here, before it runs.
+        """
+        if not isinstance(routes, MicroBatchRoutes) or not isinstance(moved, MicroBatchInputs) \
+                or moved.routes is not routes:
+            raise TypeError("`microbatches` takes the MicroBatchRoutes of `plan` and what `dispatch` returned for them")
+        size = group_size(self.group)
+
+        def generate():
+            for index, (micro, part) in enumerate(zip(routes.microbatches, moved.parts)):
+                data = part if moved.exchanged else self.dispatch(micro, stats=moved.stats, **part)
+                items = routes.step.microbatch_samples[index]
+                yield MicroBatch(index, routes.num_microbatches, items, data, routes.num_loss_tokens, size, micro)
+        return iterate(generate())
 
     def forward(self, routes: StepRoutes, moved: Dispatched, *, encoders: Mapping[str, Callable],
                 text_embedding: Callable, text_key: str = "input_ids", stats: dict | None = None) -> Assembled:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import comm_device, group_size, is_distributed
+from .microbatch import MicroBatch, active_microbatch
 
 _REDUCTIONS = ("mean", "sum")
 
@@ -38,11 +39,23 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
     FSDP: the result is multiplied by the world size to undo the average) or "sum"
     (a plain all-reduce sum, as `all_reduce_gradients(..., op="sum")`).  Either way the
     reduced gradient equals that of (sum of all token losses) / (global token count).
+
+    In a micro-batched step pass the `MicroBatch` as `num_loss_tokens`: its loss is divided
+    by the loss tokens of the whole step, known from the gathered metadata, with no
+    collective (see `runtime.microbatch`); a plain count there raises.
     """
     if gradient_reduction not in _REDUCTIONS:
         raise ValueError(f"`gradient_reduction` must be one of {_REDUCTIONS}; got {gradient_reduction!r}")
     if not isinstance(loss_sum, torch.Tensor):
         raise TypeError(f"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__}")
+    if isinstance(num_loss_tokens, MicroBatch):
+        return loss_sum * num_loss_tokens.loss_scale(gradient_reduction)
+    active = active_microbatch()
+    if active is not None and active[1] > 1:
+        raise ValueError(f"normalize_loss with a count inside micro-batch {active[0]} of {active[1]}: dividing each "
+                         f"micro-batch by its own loss tokens weights tokens by the micro-batch they sit in; pass "
+                         f"the micro-batch instead, `normalize_loss(loss_sum, micro)`, which divides by the loss "
+                         f"tokens of the whole step (all ranks, all micro-batches) with no collective")
     total = global_count(num_loss_tokens, group).to(loss_sum.device)
     scale = group_size(group) if gradient_reduction == "mean" else 1
     return loss_sum * scale / total.clamp(min=1).to(loss_sum.dtype)

@@ -1,0 +1,119 @@
+"""Gradient accumulation over post-balanced micro-batches: iteration, loss scale, gradient sync.
+
+A micro-batched step (`max_tokens_per_microbatch` on the dispatcher or the multi-stage
+runtime) is planned once from the gathered metadata: every item gets a cell (rank,
+micro-batch), every rank runs the same number M of micro-batches (different counts
+deadlock FSDP), and a rank whose micro-batch is empty still runs it, with empty tensors, so
+it takes part in every collective.  The right loop:
+
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens)  # one all-gather, the whole step
+    moved = dispatcher.dispatch(batch, plan)                  # one all-to-all, the whole step
+    for micro in dispatcher.microbatches(plan, moved):
+        with accumulate(model, micro):                        # no gradient sync but on the last
+            loss_sum = model(micro.data).sum()
+            normalize_loss(loss_sum, micro).backward()        # / the step's global loss tokens
+
+The loss of every micro-batch is divided by the loss tokens of the whole step (all ranks,
+all micro-batches), which the metadata all-gather already carried, so no collective is
+needed and the accumulated gradient equals that of one pass over the global batch.
+Dividing each micro-batch by its own count (what `normalize_loss(loss, local_count)` would
+do) weights tokens by the size of the micro-batch they happen to sit in: inside a
+micro-batch loop of M > 1 that call raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .exchange import ranges
+
+_active = threading.local()
+
+
+@dataclass(frozen=True, eq=False)
+class MicroBatch:
+    """Micro-batch `index` of `num_microbatches` on this rank.
+
+    `data` is what the rank runs (a dict of tensors for the dispatcher, a `Dispatched` for the
+    multi-stage runtime); `items` the global indices of its items (ascending); `routes` the
+    multi-stage routes of this micro-batch (None for the dispatcher); `num_loss_tokens` the
+    loss tokens of the whole step on all ranks, the denominator of every micro-batch's loss.
+    """
+
+    index: int
+    num_microbatches: int
+    items: np.ndarray
+    data: object
+    num_loss_tokens: int
+    world_size: int
+    routes: object = None
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.num_microbatches - 1
+
+    def loss_scale(self, gradient_reduction: str = "mean") -> float:
+        """Factor turning a locally summed loss into its share of the step's global mean loss."""
+        scale = self.world_size if gradient_reduction == "mean" else 1
+        return scale / max(self.num_loss_tokens, 1)
+
+
+def active_microbatch() -> tuple[int, int] | None:
+    """(index, count) of the micro-batch the current thread's loop body runs, or None."""
+    return getattr(_active, "current", None)
+
+
+def iterate(microbatches):
+    """Yield the micro-batches, recording which one runs (so per-micro-batch loss normalisation raises)."""
+    previous = active_microbatch()
+    try:
+        for micro in microbatches:
+            _active.current = (micro.index, micro.num_microbatches)
+            yield micro
+    finally:
+        _active.current = previous
+
+
+def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
+               ) -> list[torch.Tensor]:
+    """Split a tensor packed over items (item k owns `rows[k]` rows, in order) by `microbatch[k]`,
+    keeping the item order within each part; one (possibly empty) tensor per micro-batch."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if tensor.shape[0] != int(rows.sum()):
+        raise ValueError(f"tensor has {tensor.shape[0]} rows but its {rows.size} items own {int(rows.sum())}")
+    starts = np.cumsum(rows) - rows
+    parts = []
+    for index in range(num_microbatches):
+        members = np.flatnonzero(microbatch == index)
+        part_rows = ranges(starts[members], rows[members])
+        parts.append(tensor.index_select(0, torch.from_numpy(part_rows).to(tensor.device)))
+    return parts
+
+
+@contextlib.contextmanager
+def gradient_sync(model, enabled: bool):
+    """Run the body with gradient synchronisation on or off, for DDP (`no_sync()`) and FSDP2
+    (`set_requires_gradient_sync`); other modules (plain or hand-reduced) are left alone."""
+    if enabled:
+        yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    elif hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def accumulate(model, micro: MicroBatch):
+    """`gradient_sync(model, micro.is_last)`: gradients are reduced once, in the last micro-batch."""
+    return gradient_sync(model, micro.is_last)

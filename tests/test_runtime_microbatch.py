@@ -1,0 +1,200 @@
+"""Gradient accumulation over post-balanced micro-batches, in real gloo groups: DDP, FSDP2 and the
+multi-stage runtime give the gradients of one pass over the global batch."""
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from orchmllm.balancers import CostModel
+from orchmllm.runtime import MultiStageRuntime, PostBalancingDispatcher, all_reduce_gradients, normalize_loss
+from orchmllm.runtime.data import IGNORE, SyntheticMultimodal
+from orchmllm.runtime.demo import compare_gradients, demo_stages
+from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.microbatch import accumulate, split_rows
+from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+
+LENGTHS = {0: [9, 1, 7, 12, 3, 5], 1: [2, 2], 2: [], 3: [15, 4, 4, 11]}  # rank 2 samples nothing
+BUDGET = 16  # tokens per rank and micro-batch: 73 tokens on 4 ranks need at least 2 micro-batches
+
+
+class TokenModel(nn.Module):
+    """Per-token model whose every parameter takes part even in an empty micro-batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+        self.hidden = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 50)
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.hidden(self.embed(tokens))))
+
+
+def rank_batch(rank):
+    lengths = LENGTHS[rank]
+    generator = torch.Generator().manual_seed(rank)
+    tokens = torch.randint(0, 50, (sum(lengths),), generator=generator)
+    labels = torch.randint(-1, 50, (sum(lengths),), generator=generator)  # -1: no loss on this token
+    return lengths, tokens, labels
+
+
+def loss_tokens(lengths, labels):
+    return [int(part.ge(0).sum()) for part in labels.split(lengths)] if lengths else []
+
+
+def reference_gradients():
+    """One pass over the global batch in one process: sum of token losses / global loss tokens."""
+    torch.manual_seed(0)
+    model = TokenModel().double()
+    tokens = torch.cat([rank_batch(r)[1] for r in LENGTHS])
+    labels = torch.cat([rank_batch(r)[2] for r in LENGTHS])
+    loss = nn.functional.cross_entropy(model(tokens), labels, ignore_index=-1, reduction="sum")
+    (loss / labels.ge(0).sum()).backward()
+    return [p.grad.numpy().copy() for p in model.parameters()]
+
+
+def accumulated(model, wrapped, rank, num_microbatches):
+    """A micro-batched step through the dispatcher; returns (micro-batch count, my items per micro)."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET, num_microbatches=num_microbatches)
+    lengths, tokens, labels = rank_batch(rank)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+    sizes = []
+    for micro in dispatcher.microbatches(plan, moved):
+        with accumulate(wrapped, micro):
+            logits = wrapped(micro.data["tokens"])
+            loss_sum = nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1, reduction="sum")
+            normalize_loss(loss_sum, micro).backward()
+        sizes.append(int(micro.items.size))
+        assert int(plan.lengths[micro.items].sum()) <= BUDGET
+    return plan.num_microbatches, sizes
+
+
+def ddp_job(rank, size, num_microbatches):
+    torch.manual_seed(0)
+    model = TokenModel().double()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    count, sizes = accumulated(model, ddp, rank, num_microbatches)
+    return count, sizes, [p.grad.numpy().copy() for p in model.parameters()]
+
+
+def fsdp_job(rank, size, num_microbatches):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = TokenModel().double()
+    fully_shard(model)
+    count, sizes = accumulated(model, model, rank, num_microbatches)
+    return count, sizes, [p.grad.full_tensor().numpy().copy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 6], ids=["smallest_m", "m6_with_empty_cells"])
+@pytest.mark.parametrize("job", [ddp_job, fsdp_job], ids=["ddp", "fsdp2"])
+def test_accumulated_micro_batches_give_the_global_gradient(job, num_microbatches):
+    results = spawn(job, len(LENGTHS), args=(num_microbatches,), timeout_s=120)
+    counts = {count for count, _, _ in results}
+    assert len(counts) == 1 and counts.pop() >= (num_microbatches or 2)  # every rank ran the same M >= 2
+    sizes = [size for _, per_micro, _ in results for size in per_micro]
+    assert sum(sizes) == sum(len(v) for v in LENGTHS.values())  # every sample once
+    if num_microbatches == 6:  # 14 items in 24 cells: empty micro-batches ran every collective too
+        assert 0 in sizes
+    reference = reference_gradients()
+    for _, _, grads in results:
+        worst = max(float(np.abs(g - r).max() / np.abs(r).max()) for g, r in zip(grads, reference))
+        assert worst <= 1e-12
+
+
+def misuse_job(rank, size):
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    lengths, tokens, labels = rank_batch(rank)
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+    messages = []
+    for micro in dispatcher.microbatches(plan, moved):
+        try:
+            normalize_loss(torch.zeros((), dtype=torch.float64), micro.data["labels"].ge(0).sum())
+        except ValueError as error:
+            messages.append(str(error))
+    return messages, plan.num_microbatches
+
+
+def test_per_micro_batch_loss_normalisation_raises_on_every_rank():
+    for messages, count in spawn(misuse_job, len(LENGTHS), timeout_s=60):
+        assert count >= 2 and len(messages) == count
+        assert all("normalize_loss(loss_sum, micro)" in message for message in messages)
+
+
+CONFIG = ModelConfig(vocab=32, llm_hidden=8, encoder_hidden=8, heads=2, patch_dim=6, frame_dim=5, pool=2, stride=2)
+STAGES = demo_stages({m: CostModel() for m in ("image", "audio", "llm")}, CONFIG)
+
+
+def multistage_gradients(model, runtime, samples, local, *, microbatched):
+    loss_counts = [int(part.ne(IGNORE).sum()) for part in local.text["labels"].split([s.text for s in samples])]
+    routes = runtime.plan(samples, loss_tokens=loss_counts)
+    moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+    steps = runtime.microbatches(routes, moved) if microbatched else [None]
+    count = 0
+    for micro in steps:
+        step_routes, data = (routes, moved) if micro is None else (micro.routes, micro.data)
+        packed = runtime.forward(step_routes, data, encoders=model.encoders(), text_embedding=model.llm.embed)
+        labels = packed.scatter_text(data.text["labels"], IGNORE)
+        loss_sum = model.loss_sum(model.llm(packed.embeddings, packed.sample_lengths), labels)
+        denominator = micro if micro is not None else (labels != IGNORE).sum()
+        normalize_loss(loss_sum, denominator, gradient_reduction="sum").backward()
+        count += 1
+    all_reduce_gradients(model.parameters(), op="sum")
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads, count
+
+
+def multistage_job(rank, size, fused):
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(CONFIG).double()
+    data = SyntheticMultimodal(CONFIG, samples_per_rank=5, seed=0)
+    samples = data.samples(0, rank)
+    local = data.tensors(samples, torch.float64)
+    reference, _ = multistage_gradients(model, MultiStageRuntime(STAGES, balance_llm=False, balance_encoders=False),
+                                        samples, local, microbatched=False)
+    budget = int(max(s.llm_length for r in range(size) for s in data.samples(0, r)))
+    runtime = MultiStageRuntime(STAGES, max_tokens_per_microbatch=budget, fused_input_exchange=fused)
+    grads, count = multistage_gradients(model, runtime, samples, local, microbatched=True)
+    return count, compare_gradients(reference, grads)["grad_max_rel_diff"]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_input_exchange", "per_micro_batch_exchange"])
+def test_multi_stage_micro_batches_give_the_unbalanced_gradient(fused):
+    results = spawn(multistage_job, 3, args=(fused,), timeout_s=120)
+    counts = {count for count, _ in results}
+    assert len(counts) == 1 and counts.pop() >= 2
+    assert max(diff for _, diff in results) <= 1e-12
+
+
+def test_split_rows_keeps_item_order_within_each_micro_batch():
+    tensor = torch.arange(10)
+    parts = split_rows(tensor, np.array([3, 0, 2, 5]), np.array([1, 0, 1, 0]), 3)
+    assert [p.tolist() for p in parts] == [[5, 6, 7, 8, 9], [0, 1, 2, 3, 4], []]
+    with pytest.raises(ValueError, match="tensor has 10 rows but its 2 items own 4"):
+        split_rows(tensor, np.array([1, 3]), np.array([0, 0]), 1)
+
+
+def test_micro_batch_options_are_validated():
+    with pytest.raises(ValueError, match="`num_microbatches` needs `max_tokens_per_microbatch`"):
+        PostBalancingDispatcher(num_microbatches=2)
+    with pytest.raises(ValueError, match="exclude each other"):
+        PostBalancingDispatcher(max_tokens_per_rank=10, max_tokens_per_microbatch=10)
+
+
+def test_one_process_micro_batches_cover_the_batch():
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
+    lengths = [4, 6, 3, 7, 2]
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"x": torch.arange(sum(lengths))}, plan)
+    parts = list(dispatcher.microbatches(plan, moved))
+    assert len(parts) == plan.num_microbatches >= 3 and parts[-1].is_last and not parts[0].is_last
+    assert sorted(np.concatenate([m.items for m in parts]).tolist()) == list(range(5))
+    assert sorted(torch.cat([m.data["x"] for m in parts]).tolist()) == list(range(sum(lengths)))
+    assert all(int(np.asarray(lengths)[m.items].sum()) <= 10 for m in parts)
+    assert dist.is_initialized() is False
