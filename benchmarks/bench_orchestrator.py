@@ -1,4 +1,5 @@
-"""Orchestrator and simulator: whole-step planning time, the simulated 84B run, composition.
+"""Orchestrator and simulator: whole-step planning time (plain and micro-batched), the simulated 84B
+run (plain and micro-batched), composition.
 
 Run: python3.11 -m pytest benchmarks/bench_orchestrator.py --benchmark-only -q
      (add --heavy for 16 384 ranks)
@@ -8,9 +9,11 @@ Run: python3.11 -m pytest benchmarks/bench_orchestrator.py --benchmark-only -q
 import numpy as np
 import pytest
 
-from orchmllm.balancers import balance
-from orchmllm.study.models import MODELS
+from orchmllm import Orchestrator
+from orchmllm.balancers import balance, balance_microbatches
 from orchmllm.orchestrator.samples import Batch
+from orchmllm.study.microbatch_sim import run_microbatch_simulation
+from orchmllm.study.models import MODELS
 from orchmllm.study.simulator import cluster, composition_comparison, run_simulation
 from orchmllm.study.strategies import get_strategy
 from orchmllm.study.workloads import sample_workload
@@ -114,3 +117,35 @@ def test_overhead_scaling_84b(benchmark, request, gpus):
                                 overhead_fraction=ours["overhead_fraction"],
                                 exchange_ms=1e3 * ours["exchange_seconds"], planning_ms=1e3 * ours["planning_seconds"],
                                 step_seconds=ours["step_seconds"], oom=ours["oom"])
+
+
+@pytest.mark.parametrize("budget", [8192, 16384, 65536], ids=["T8k", "T16k", "T64k"])
+def test_plan_micro_batched_step(benchmark, best_of, budget):
+    """A micro-batched step at D = 2560 × 32 samples: cells for whole samples (balance_microbatches),
+    then every micro-batch's three stages balanced, placed and composed; the cells alone timed too."""
+    num_ranks = 2560
+    topology = cluster(num_ranks)
+    batch = sample_workload("default", num_ranks, 32, seed=num_ranks)
+    stages = MODELS["84b"].stages()
+    orchestrator = Orchestrator(stages, topology, max_tokens_per_microbatch=budget)
+    plan = benchmark.pedantic(orchestrator.plan, args=(batch,), rounds=3, iterations=1, warmup_rounds=1)
+    assert sorted(np.concatenate(plan.microbatch_samples).tolist()) == list(range(batch.num_samples))
+    cells_only = best_of(lambda: balance_microbatches(batch.sample_llm_length, num_ranks, cost=stages[-1].cost,
+                                                      max_tokens_per_microbatch=budget), 3)
+    benchmark.extra_info.update(num_microbatches=plan.num_microbatches, step_cost_over_bound=plan.step_cost
+                                / plan.lower_bound, cells_gap=plan.cells.gap, cells_ms=1e3 * cells_only,
+                                step_over_cells=benchmark.stats.stats.min / cells_only)
+
+
+@pytest.mark.parametrize("budget", [8192, 16384], ids=["T8k", "T16k"])
+def test_simulate_micro_batched_84b_2560(benchmark, budget):
+    """84B on 2560 simulated H100s, 32 samples per rank, as M micro-batches under T: ours vs the peers."""
+    results = benchmark.pedantic(run_microbatch_simulation, kwargs=dict(model="84b", gpus=2560,
+                                                                        max_tokens_per_microbatch=budget),
+                                 rounds=1, iterations=1).strategies
+    ours, verl = results["ours"], results["verl_dynamic_bsz"]
+    assert ours.step_seconds < verl.step_seconds
+    benchmark.extra_info.update({f"{name}_{key}": getattr(result, key) for name, result in results.items()
+                                 for key in ("step_seconds", "speedup_vs_none", "num_microbatches", "mfu",
+                                             "step_cost_over_bound", "param_gather_exposed_seconds")},
+                                ours_faster_than_verl=verl.step_seconds / ours.step_seconds - 1.0)

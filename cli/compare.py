@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..balancers import ALGORITHMS
-from ..study.compare import BASELINE, LOCALITY_SUFFIX, CompareConfig, file_stages, run_comparison, workload_stages
+from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_microbatches, file_stages,
+                             run_comparison, workload_stages)
 from . import arguments, render
-from .errors import UsageError
+from .errors import UsageError, usage_errors
 from .files import load_lengths, write_rows_csv, writing
 
 EXAMPLES = """examples:
@@ -16,6 +17,7 @@ EXAMPLES = """examples:
   orchmllm compare --lengths lengths.csv --ranks 32 --cost 0,1,0.0005
   orchmllm compare --lengths trace.csv --column ContextTokens --ranks 64 --json
   orchmllm compare --algorithms lpt,karmarkar_karp,verl_kk --plot out/ --csv out/compare.csv
+  orchmllm compare --max-tokens-per-microbatch 16384 --plot out/   # + micro-batched planning, cells.png
 """
 
 
@@ -58,6 +60,10 @@ def add_parser(commands) -> None:
     compare.add_argument("--bytes-per-token", type=float, default=8192.0,
                          help="bytes moved per length unit, for --lengths files (default: %(default)s, "
                               "hidden 4096 in bf16)")
+    compare.add_argument("--max-tokens-per-microbatch", type=int, metavar="T",
+                         help="also plan the last stage (the LLM) as gradient-accumulation micro-batches of at most "
+                              "T tokens per rank: ours and the reimplemented peers' micro-batching, "
+                              "with Σ_m max_r cost / bound and M (and cells.png with --plot)")
     compare.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     compare.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     compare.add_argument("--csv", metavar="FILE", help="also write one row per run to this CSV file")
@@ -124,6 +130,19 @@ def figures(comparison, directory: Path) -> list[str]:
     return [str(path) for path in written]
 
 
+def cell_figure(plans, config, directory: Path) -> str:
+    """cells.png: the M × D cell loads of the last configuration as sampled (each rank fills its own
+    micro-batches in order) and as ours plans them, on one colour scale."""
+    from . import plots
+
+    key = (config.num_ranks, config.items_per_rank)
+    with writing("--plot", directory):
+        return str(plots.plot_cell_loads({"as sampled (per-rank fill)": plans[(*key, "none")].cell_loads,
+                                          "ours": plans[(*key, "ours")].cell_loads}, directory / "cells.png",
+                                         title=f"{config.stages[-1].name} stage, D={config.num_ranks}: cost of every "
+                                               f"(micro-batch, rank) cell"))
+
+
 def run(args) -> int:
     """`orchmllm compare`: every balancer and peer on a workload or a lengths file."""
     if args.plot is not None:
@@ -142,15 +161,25 @@ def run(args) -> int:
     with render.progress(not args.json, total, "balancing") as advance:
         comparison = run_comparison(configs, algorithms, gpus_per_node=args.gpus_per_node, time_limit=args.time_limit,
                                     report_not_applicable=args.algorithms is not None, advance=advance)
+    microbatches = None
+    if args.max_tokens_per_microbatch is not None:
+        arguments.positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
+        with usage_errors("--max-tokens-per-microbatch"):
+            microbatches = compare_microbatches(configs, args.max_tokens_per_microbatch)
     written = []
     if args.csv is not None:
         write_rows_csv([row.to_json() for row in comparison.rows], args.csv)
         written.append(args.csv)
     if args.plot is not None:
         written += figures(comparison, Path(args.plot))
+        if microbatches is not None:
+            written.append(cell_figure(microbatches[1], configs[-1], Path(args.plot)))
     if args.json:
-        render.print_json({"command": "compare", "source": source, **comparison.to_json(), "files": written})
+        extra = {} if microbatches is None else {"microbatches": [row.to_json() for row in microbatches[0]]}
+        render.print_json({"command": "compare", "source": source, **comparison.to_json(), **extra, "files": written})
         return 0
     render.print_compare(comparison, source)
+    if microbatches is not None:
+        render.print_microbatch_rows(microbatches[0])
     render.print_written(written)
     return 0

@@ -253,3 +253,22 @@ def plot_scaling(gpus: Sequence[int], speedup: Mapping[str, Sequence[float]],
         figure.suptitle(title)
     figure.tight_layout()
     return _save(figure, path)
+
+
+def plot_cell_loads(panels: Mapping[str, np.ndarray], path, *, title: str = "") -> Path:
+    """Heat maps of (micro-batch × rank) cell costs, one panel per plan, on one colour scale from 0;
+    each row's max is what the synchronised micro-batch costs."""
+    plt = _pyplot()
+    top = max(float(loads.max()) for loads in panels.values()) or 1.0
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for axis, (label, loads) in zip(axes[0], panels.items()):
+        image = axis.imshow(loads, aspect="auto", cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest")
+        step = float(loads.max(axis=1).sum())
+        axis.set_title(f"{label}: M={loads.shape[0]}, Σ_m max_r = {step:.3g}")
+        axis.set_xlabel("rank")
+        axis.set_ylabel("micro-batch")
+        axis.set_yticks(range(loads.shape[0]))
+        figure.colorbar(image, ax=axis, label="cell cost")
+    if title:
+        figure.suptitle(title)
+    return _save(figure, path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import arguments, render
-from .errors import usage_errors
+from .errors import UsageError, usage_errors
 from .files import require_file, writing
 
 EXAMPLES = """examples:
@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   orchmllm simulate --model 18b --gpus 64,256,1024 --plot out/
   orchmllm simulate --strategies none,llm_only,ours --samples-per-rank 8 --json
   orchmllm simulate --workload-file samples.jsonl --gpus 64
+  orchmllm simulate --max-tokens-per-microbatch 16384 --gpus 256,2560   # gradient accumulation under T
 """
 
 
@@ -40,6 +41,10 @@ def add_parser(commands) -> None:
                                "then runs that same batch)")
     simulate.add_argument("--strategies", help="comma-separated strategies (default: all; none is always "
                                                "simulated as the reference)")
+    simulate.add_argument("--max-tokens-per-microbatch", type=int, metavar="T",
+                          help="simulate the step as gradient-accumulation micro-batches of at most T LLM tokens "
+                               "per rank, under the strategies none, verl_dynamic_bsz, megatron_hybrid, sorted_grid "
+                               "and ours (default --samples-per-rank then 32)")
     simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     simulate.add_argument("--plot", metavar="DIR", help="write timeline_*.png (and scaling.png for several "
@@ -86,6 +91,8 @@ def run(args) -> int:
 
         require_matplotlib()
     gpus = arguments.int_list(args.gpus, "--gpus")
+    if args.max_tokens_per_microbatch is not None:
+        return run_microbatched(args, gpus)
     strategies = None if args.strategies is None else [part.strip() for part in args.strategies.split(",")
                                                        if part.strip()]
     arguments.model_stages(args.model)
@@ -108,4 +115,37 @@ def run(args) -> int:
         return 0
     render.print_simulation(runs)
     render.print_written(written)
+    return 0
+
+
+def run_microbatched(args, gpus: list[int]) -> int:
+    """`orchmllm simulate --max-tokens-per-microbatch T`: the micro-batched strategies' table."""
+    from ..study.microbatch_sim import DEFAULT_SAMPLES_PER_RANK, STRATEGIES, run_microbatch_simulation
+
+    arguments.positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
+    arguments.positive_int(args.samples_per_rank, "--samples-per-rank")
+    arguments.model_stages(args.model)
+    for option, value in (("--workload-file", args.workload_file), ("--plot", args.plot)):
+        if value is not None:
+            raise UsageError(f"{option} is not available with --max-tokens-per-microbatch")
+    strategies = STRATEGIES if args.strategies is None else [part.strip() for part in args.strategies.split(",")
+                                                             if part.strip()]
+    unknown = [name for name in strategies if name not in STRATEGIES]
+    if unknown:
+        raise UsageError(f"unknown micro-batch strategy {unknown[0]!r} in --strategies; choose from "
+                         f"{', '.join(STRATEGIES)}")
+    samples = DEFAULT_SAMPLES_PER_RANK if args.samples_per_rank is None else args.samples_per_rank
+    runs = []
+    with render.progress(not args.json, len(gpus), "simulating") as advance:
+        for count in gpus:
+            with usage_errors(f"--gpus {count}"):
+                runs.append(run_microbatch_simulation(args.model, count, max_tokens_per_microbatch=
+                                                      args.max_tokens_per_microbatch, workload=args.workload,
+                                                      samples_per_rank=samples, strategies=strategies,
+                                                      seed=args.seed))
+            advance()
+    if args.json:
+        render.print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": []})
+        return 0
+    render.print_microbatch_simulation(runs)
     return 0

@@ -5,6 +5,8 @@
 - `workloads`: embedded synthetic multimodal mixes, `load_workload_file`.
 - `strategies`: the paper's ablations and peers' systems by name (`STRATEGIES`).
 - `simulator`: the cluster simulator of one training step (`run_simulation`).
+- `microbatch_peers`, `microbatch_sim`: peers' micro-batching reimplemented, and the simulator
+  of a step as M gradient-accumulation micro-batches (`run_microbatch_simulation`).
 """
 
 from .models import GPUS, MODELS, default_stages

@@ -23,10 +23,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..balancers import CostModel, Kind, algorithms, balance, get_algorithm
+from ..balancers import CostModel, Kind, algorithms, balance, balance_microbatches, get_algorithm
 from ..balancers.identity import chunk_sources
 from ..balancers.plan import BalancePlan
 from ..topology import Topology, traffic
+from .microbatch_peers import MICROBATCH_PEERS
 from .peers import peer_mode
 
 BASELINE = "none"  # every item stays on the rank that sampled it
@@ -365,3 +366,50 @@ def summarize(rows: Sequence[CompareRow]) -> tuple[CompareSummary, ...]:
             _best_plans(mine, stages, baseline, before), _best_peer(mine, stages, before),
             _locality_effects(mine, stages)))
     return tuple(summaries)
+
+
+@dataclass(frozen=True)
+class MicroBatchRow:
+    """One micro-batch algorithm (ours or a reimplemented peer) on one configuration's last stage:
+    its micro-batch count M and Σ_m max_r cost over the certified bound."""
+
+    ranks: int
+    items_per_rank: int | None
+    stage: str
+    algorithm: str
+    kind: str  # "orchmllm" or "peer"
+    max_tokens_per_microbatch: int
+    num_microbatches: int
+    step_cost: float
+    lower_bound: float
+    step_cost_over_bound: float
+    solve_seconds: float
+    timed: str = "orchmllm"
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def compare_microbatches(configs: Sequence[CompareConfig], max_tokens_per_microbatch: int
+                         ) -> tuple[tuple[MicroBatchRow, ...], dict]:
+    """`balance_microbatches` and every reimplemented micro-batch peer on the last stage (the LLM, or a
+    lengths file's only stage) of every configuration; the rows, and the plans by
+    (ranks, items_per_rank, algorithm) for plots.  "none" is the naive per-rank sequential fill;
+    the peers do not model padding, so a padded stage runs ours alone."""
+    rows, plans = [], {}
+    for config in configs:
+        stage = config.stages[-1]
+        runs = {"ours": balance_microbatches} if stage.padded else {**MICROBATCH_PEERS, "ours": balance_microbatches}
+        for name, run in runs.items():
+            kind = "orchmllm" if name == "ours" else "peer"
+            options = dict(max_tokens_per_microbatch=max_tokens_per_microbatch, cost=stage.cost)
+            options.update(padded=stage.padded) if kind == "orchmllm" else options.update(sources=stage.sources)
+            plan = run(stage.lengths, config.num_ranks, **options)
+            plans[(config.num_ranks, config.items_per_rank, name)] = plan
+            rows.append(MicroBatchRow(
+                ranks=config.num_ranks, items_per_rank=config.items_per_rank, stage=stage.name, algorithm=name,
+                kind=kind, max_tokens_per_microbatch=max_tokens_per_microbatch,
+                num_microbatches=plan.num_microbatches, step_cost=plan.step_cost, lower_bound=plan.lower_bound,
+                step_cost_over_bound=ratio(plan.step_cost, plan.lower_bound), solve_seconds=plan.solve_seconds,
+                timed=PEER_TIMING if kind == "peer" else "orchmllm"))
+    return tuple(rows), plans

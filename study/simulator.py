@@ -184,6 +184,11 @@ class SimulationRun:
                 "strategies": {name: figures.to_json() for name, figures in self.strategies.items()}}
 
 
+def seconds_per_cost(gpu: GPU) -> float:
+    """Seconds one FLOP of a stage cost model takes on a rank, recomputation included."""
+    return RECOMPUTE_FACTOR / (gpu.peak_flops * gpu.kernel_efficiency)
+
+
 def cluster(gpus: int) -> Topology:
     """H100 nodes of 8 GPUs; fewer than 8 GPUs form one node."""
     if not is_int(gpus) or gpus < 1:
@@ -332,7 +337,8 @@ class _Probe:
     def peak_gib(self, samples_per_rank: int) -> float:
         """Busiest rank's memory (GiB) under `BATCH_REFERENCE` on that batch."""
         strategy = STRATEGIES[BATCH_REFERENCE]
-        plan = strategy.plan(self.stages, self.topology, self.batch(samples_per_rank))
+        plan = strategy.plan(self.stages, self.topology, self.batch(samples_per_rank),
+                             seconds_per_cost=seconds_per_cost(self.gpu))
         return simulate_step(plan, strategy, self.config, self.gpu, self.topology,
                              planning_seconds=0.0).memory_peak_gib
 
@@ -469,7 +475,7 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
     for name in dict.fromkeys(["none", *names]):
         strategy = STRATEGIES[name]
         start = time.perf_counter()
-        plans[name] = strategy.plan(probe.stages, topology, batch)
+        plans[name] = strategy.plan(probe.stages, topology, batch, seconds_per_cost=seconds_per_cost(gpu))
         planning = time.perf_counter() - start
         results[name] = simulate_step(plans[name], strategy, config, gpu, topology, planning_seconds=planning)
     reference = results["none"].step_seconds

@@ -56,15 +56,16 @@ class Strategy:
     composed: bool = True
     placement: str | None = LOCALITY
 
-    def plan(self, stages, topology: Topology, batch: Batch) -> StepPlan:
-        """The StepPlan this strategy produces for `batch`."""
+    def plan(self, stages, topology: Topology, batch: Batch, seconds_per_cost: float | None = None) -> StepPlan:
+        """The StepPlan this strategy produces for `batch` (`seconds_per_cost`: see `Orchestrator`)."""
         stages = tuple(stages)
         if self.padded:
             stages = tuple(dataclasses.replace(stage, padded=True) for stage in stages)
         if self.length_grouped:
             batch = length_grouped_batch(batch)
         orchestrator = Orchestrator(stages, topology, placement=self.placement, balance_encoders=self.balance_encoders,
-                                    balance_llm=self.balance_llm, uniform_algorithm=self.uniform_algorithm)
+                                    balance_llm=self.balance_llm, uniform_algorithm=self.uniform_algorithm,
+                                    seconds_per_cost=seconds_per_cost)
         return orchestrator.plan(batch)
 
 
