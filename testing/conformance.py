@@ -226,17 +226,23 @@ def _compare_processes(target: _Target, cases) -> None:
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         raise TypeError(f"cannot check {target.name} across processes: its kernel cannot be pickled ({error}); "
                         f"define it at module level, or pass processes=False") from None
-    seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
-    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    child = subprocess.run([sys.executable, "-c", "from orchmllm.testing.conformance import _child_main; "
-                            "_child_main()"], input=payload, capture_output=True, env=env, timeout=600)
-    if child.returncode:
-        raise ConformanceError(f"{target.name}: the second process failed:\n{child.stderr.decode()[-2000:]}")
-    theirs = [tuple(item) for item in json.loads(child.stdout)]
-    for case, mine, other in zip(cases, _fingerprints(target, cases), theirs):
-        if mine != other:
-            raise ConformanceError(f"{target.name} is not deterministic across processes: {mine[:2]} here, "
-                                   f"{other[:2]} in a process with PYTHONHASHSEED={seed}; input {_describe(case)}")
+    # Two children with fixed, different hash seeds: whatever this process's seed, a kernel that
+    # depends on it differs between them on the same cases every time (no lucky agreement).
+    results = {}
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        child = subprocess.run([sys.executable, "-c", "from orchmllm.testing.conformance import _child_main; "
+                                "_child_main()"], input=payload, capture_output=True, env=env, timeout=600)
+        if child.returncode:
+            raise ConformanceError(f"{target.name}: the process with PYTHONHASHSEED={seed} failed:\n"
+                                   f"{child.stderr.decode()[-2000:]}")
+        results[seed] = [tuple(item) for item in json.loads(child.stdout)]
+    for case, mine, first, second in zip(cases, _fingerprints(target, cases), results["1"], results["2"]):
+        for seed, other in (("1", first), ("2", second)):
+            if mine != other:
+                raise ConformanceError(f"{target.name} is not deterministic across processes: {mine[:2]} here, "
+                                       f"{other[:2]} in a process with PYTHONHASHSEED={seed}; input "
+                                       f"{_describe(case)}")
 
 
 def _first(group: BaseExceptionGroup) -> ConformanceError:

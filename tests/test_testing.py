@@ -3,6 +3,7 @@ the strategies reach what they promise, and check_conformance passes every regis
 algorithm while it catches deliberately broken kernels with a message naming the fault."""
 
 import dataclasses
+import itertools
 import sys
 import textwrap
 
@@ -143,11 +144,15 @@ def refuses_without_a_larger_cap(problem):
     return KernelResult(lpt_assignment(problem))
 
 
-def random_ranks(problem):
-    """An unseeded generator: another plan on every call (LPT under a cap, so only the randomness is wrong)."""
+CALLS = itertools.count()
+
+
+def shifting_ranks(problem):
+    """Another plan on every call, as from an unseeded generator, but surely so: a round robin that
+    starts one rank further on each call (LPT under a cap, so only the non-determinism is wrong)."""
     if problem.max_tokens_per_rank is not None:
         return lpt.solve(problem)
-    return KernelResult(np.random.default_rng().integers(0, problem.num_ranks, problem.num_items))
+    return KernelResult((np.arange(problem.num_items) + next(CALLS)) % problem.num_ranks)
 
 
 def list_scheduling_in_input_order(problem):
@@ -165,7 +170,7 @@ def list_scheduling_in_input_order(problem):
     (claims_false_optimality, r"claims optimality at makespan \S+ but the optimum \(brute_force\) is"),
     (everything_on_rank_zero, r"everything_on_rank_zero ignores the memory cap: .* over max_tokens_per_rank="),
     (refuses_without_a_larger_cap, r"refused max_tokens_per_rank=\d+ with min_cap=\d+, not a larger cap"),
-    (random_ranks, "random_ranks is not deterministic: the same input gave"),
+    (shifting_ranks, "shifting_ranks is not deterministic: the same input gave"),
     (list_scheduling_in_input_order, r"list_scheduling_in_input_order depends on input order: makespan"),
 ], ids=["false-optimality", "ignores-caps", "unusable-min-cap", "non-deterministic", "input-order"])
 def test_broken_kernel_fails_with_a_message_naming_its_fault(kernel, message):
@@ -200,4 +205,4 @@ def test_kernel_that_depends_on_the_hash_seed_fails_across_processes(tmp_path, m
 
 def test_a_kernel_that_cannot_be_pickled_is_named_for_the_process_check():
     with pytest.raises(TypeError, match="define it at module level, or pass processes=False"):
-        check_conformance(lambda problem: KernelResult(lpt_assignment(problem)), padded=False, examples=3)
+        check_conformance(lambda problem: lpt.solve(problem), padded=False, examples=3)
