@@ -35,7 +35,7 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
     >>> get_seqlen_balanced_partitions([5, 4, 3, 3, 3], 2, equal_size=False)
     [[0, 1], [2, 3, 4]]
     >>> get_seqlen_balanced_partitions([8, 1, 1, 1, 1, 1, 1, 1], 2, equal_size=True)
-    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    [[0, 5, 6, 7], [1, 2, 3, 4]]
     """
     lengths = as_lengths(seqlen_list, "seqlen_list")
     k = as_int(k_partitions, "k_partitions", minimum=1)
