@@ -64,23 +64,16 @@ def file_stages(lengths: np.ndarray, num_ranks: int, cost: CostModel, padded: bo
 
 
 def workload_stages(batch, stages) -> tuple[CompareStage, ...]:
-    """Every stage's items of `batch`; bytes are an item's input (the LLM: text + embeddings it receives)."""
-    from ..orchestrator.planner import stage_items
+    """Every stage's items of `batch`; bytes are an item's input (the LLM: text + embeddings it
+    receives), as the planner counts them (`orchestrator.planner.input_bytes`)."""
+    from ..orchestrator.planner import input_bytes, stage_items
 
-    embedding_bytes = np.zeros(len(batch.modalities))
-    for stage in stages:
-        if not stage.is_llm and stage.modality in batch.modalities:
-            embedding_bytes[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
-    received = np.bincount(batch.segment_sample, minlength=batch.num_samples,
-                           weights=batch.segment_tokens * embedding_bytes[batch.segment_modality])
     result = []
     for stage in stages:
         item_sample, _, item_length = stage_items(batch, stage)
-        item_bytes = (batch.sample_text * stage.input_bytes_per_unit + received if stage.is_llm
-                      else item_length * stage.input_bytes_per_unit)
         if item_length.size:
             result.append(CompareStage(stage.name, np.asarray(item_length), batch.sample_source[item_sample],
-                                       stage.cost, stage.padded, np.asarray(item_bytes, dtype=np.float64)))
+                                       stage.cost, stage.padded, input_bytes(batch, stages, stage)))
     return tuple(result)
 
 
