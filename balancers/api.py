@@ -27,6 +27,19 @@ def _gpus_per_node(topology, num_ranks: int) -> int:
     return int(gpus)
 
 
+def communication_inputs(problem, sources, item_bytes, topology):
+    """Validated (sources, item_bytes, gpus_per_node) of the communication-aware mode; all None
+    without `sources`, where `item_bytes` and `topology` must not be given either."""
+    if sources is None:
+        for name, value in (("item_bytes", item_bytes), ("topology", topology)):
+            if value is not None:
+                raise ValueError(f"`{name}` needs `sources` (the rank that holds each item now)")
+        return None, None, None
+    sources = as_sources(sources, problem.num_items, problem.num_ranks)
+    item_bytes = as_item_bytes(problem.lengths if item_bytes is None else item_bytes, problem.num_items)
+    return sources, item_bytes, 1 if topology is None else _gpus_per_node(topology, problem.num_ranks)
+
+
 def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_counts=False, groups=None,
             algorithm="auto", max_tokens_per_rank=None, time_limit=None, sources=None, item_bytes=None,
             topology=None, makespan_slack=0.002) -> BalancePlan:
@@ -103,14 +116,8 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
                 raise ValueError(f"`groups` cannot be combined with `{name}`: groups are balanced as super-items "
                                  f"of summed costs, unpadded, counted as one item each, from no source rank")
         return _balance_groups(problem, as_groups(groups, problem.num_items), kernel, algorithm)
-    if sources is None:
-        for name, value in (("item_bytes", item_bytes), ("topology", topology)):
-            if value is not None:
-                raise ValueError(f"`{name}` needs `sources` (the rank that holds each item now)")
-    else:
-        sources = as_sources(sources, problem.num_items, problem.num_ranks)
-        item_bytes = as_item_bytes(problem.lengths if item_bytes is None else item_bytes, problem.num_items)
-        gpus_per_node = 1 if topology is None else _gpus_per_node(topology, problem.num_ranks)
+    sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
+    if sources is not None:
         makespan_slack = as_real(makespan_slack, "makespan_slack")
         if algorithm == "identity":
             return _keep_sources(problem, sources)

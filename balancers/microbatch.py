@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from . import microbatch_cells, microbatch_exact, microbatch_greedy
-from .api import _gpus_per_node
+from .api import communication_inputs
 from .cost import CostModel
 from .lap import assign_groups
 from .locality import balance_locally
@@ -34,7 +34,7 @@ from .microbatch_bounds import min_bins
 from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, cell_accounts,
                               make_microbatch_plan, step_cost)
 from .problem import InfeasibleError, Status, as_lengths, as_time_limit
-from .validation import as_bool, as_int, as_item_bytes, as_real, as_sources
+from .validation import as_bool, as_int, as_real
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
 DEFAULT_WORK = 1_000_000
@@ -246,14 +246,7 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
                                       cost=cost, costs=costs, padded=padded,
                                       microbatch_overhead=microbatch_overhead, time_limit=time_limit)
     fixed = _as_num_microbatches(num_microbatches, problem)
-    if sources is None:
-        for name, value in (("item_bytes", item_bytes), ("topology", topology)):
-            if value is not None:
-                raise ValueError(f"`{name}` needs `sources` (the rank that holds each item now)")
-    else:
-        sources = as_sources(sources, problem.num_items, problem.num_ranks)
-        item_bytes = as_item_bytes(problem.lengths if item_bytes is None else item_bytes, problem.num_items)
-        gpus_per_node = 1 if topology is None else _gpus_per_node(topology, problem.num_ranks)
+    sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
     start = time.perf_counter()
     result, m, floor_m, proven = _solve(problem, MICROBATCH_ALGORITHMS[algorithm], fixed)
     name = algorithm
