@@ -108,9 +108,13 @@ def _describe(case: BalanceCase, lengths=None) -> str:
 
 
 def _fingerprint(outcome) -> tuple:
+    """What must be bit-identical for the same input: the refusal, or the plan and its loads.
+
+    The certificate (status, bound) is left out: a MILP stopped by its wall-clock time limit
+    (`ilp`) may return the same plan with another proven bound from run to run."""
     if isinstance(outcome, InfeasibleError):
         return ("infeasible", outcome.min_cap, str(outcome))
-    return ("plan", outcome.digest(), outcome.loads.tobytes().hex(), str(outcome.status), outcome.lower_bound)
+    return ("plan", outcome.digest(), outcome.loads.tobytes().hex())
 
 
 def _check_refusal(target: _Target, case: BalanceCase, refusal: InfeasibleError, optimum) -> None:
