@@ -6,7 +6,8 @@ also used by Dell'Amico, Iori, Martello & Monaci 2008; our own code from the pap
 descriptions):
 
     upper = auto's plan (LPT, KK, MULTIFIT + local search)
-    if n <= COMBINATORIAL_MAX_ITEMS: branch and bound on the makespan proves it (no LP)
+    if n <= COMBINATORIAL_MAX_ITEMS: branch and bound on the makespan proves it (no LP;
+                                     memory caps tracked, infeasibility proven too)
     lower = simple bound, lifted by scanning C while L2(C) > D or bin completion refutes C
     lower = raised by the pattern LP (Gilmore-Gomory): gallop up, then bisect
     while lower < upper:                         # is C = lower feasible?
@@ -19,9 +20,9 @@ Bin completion (`_Search.pack`) and the bounds are described where they are defi
 
 Exactness: costs are made integers by the smallest power-of-two scale that does it (exact
 in floats, so f(l) = l + l**2/1024 is exact); costs that no such scale makes integers
-below 2**50, and memory caps that can bind (tokens per rank <= cap may cut a plan of
-makespan below the start's), are handed to `ilp.improve` (CBC), whose status then
-applies.  Status: `optimal` only when the bound meets the plan; `time_limit` with the
+below 2**50, and (above `COMBINATORIAL_MAX_ITEMS` items) memory caps that can bind
+(tokens per rank <= cap may cut a plan of makespan below the start's), are handed to
+`ilp.improve` (CBC), whose status then applies.  Status: `optimal` only when the bound meets the plan; `time_limit` with the
 proven bound when the time runs out.  Determinism: every step has a work budget (nodes,
 LP rounds, MILP nodes), so a plan proven optimal is the same on every machine; the wall
 clock only stops the search, and a stopped search returns its incumbent (then
@@ -304,26 +305,39 @@ def prove(problem: Problem, start: np.ndarray, time_limit: float) -> KernelResul
     return KernelResult(best, Status.TIME_LIMIT, lower_bound=lower / scale)
 
 
-def branch_and_bound(w: list[int], m: int, lower: int, start: list[int], node_limit: int) -> tuple[list[int], bool]:
+def branch_and_bound(w: list[int], m: int, lower: int, start: list[int] | None, node_limit: int,
+                     tokens: list[int] | None = None, cap: int | None = None) -> tuple[list[int] | None, bool]:
     """Minimise the makespan of integer costs `w` (sorted descending) on `m` machines from
-    the plan `start` (a machine per item): (best plan found, whether it is proven optimal).
+    the plan `start` (a machine per item, or None): (best plan found, whether it is proven
+    optimal).  With `tokens` and `cap`, a machine may hold at most `cap` tokens; a proven
+    search that found no plan (None, True) proves the cap infeasible.
 
-    Items go largest first to machines of distinct loads, least loaded first; a branch dies
-    when it reaches the incumbent or when the room below it on all machines cannot hold
-    the items left.  Stops at `lower` or after `node_limit` nodes (not proven then).
+    Items go largest first to machines of distinct (load, tokens), least loaded first; a
+    branch dies when it reaches the incumbent, when the room below it on all machines
+    cannot hold the items left, or when the token room left cannot hold their tokens.
+    Stops at `lower` or after `node_limit` nodes (not proven then).
 
     >>> branch_and_bound([3, 3, 2, 2, 2], 2, 6, [0, 1, 0, 1, 0], 1000)
     ([0, 0, 1, 1, 1], True)
+    >>> branch_and_bound([7, 7, 6, 6, 4], 2, 15, None, 1000, tokens=[7, 7, 6, 6, 4], cap=15)
+    (None, True)
     """
     n = len(w)
     suffix = [0] * (n + 1)
     for i in range(n - 1, -1, -1):
         suffix[i] = suffix[i + 1] + w[i]
-    loads = [0] * m
-    for item, machine in enumerate(start):
-        loads[machine] += w[item]
-    best, best_plan = max(loads), list(start)
-    loads, where, nodes = [0] * m, [0] * n, [0]
+    token_suffix = [0] * (n + 1)
+    if cap is not None:
+        for i in range(n - 1, -1, -1):
+            token_suffix[i] = token_suffix[i + 1] + tokens[i]
+    if start is None:
+        best, best_plan = suffix[0] + 1, None
+    else:
+        loads = [0] * m
+        for item, machine in enumerate(start):
+            loads[machine] += w[item]
+        best, best_plan = max(loads), list(start)
+    loads, held, where, nodes = [0] * m, [0] * m, [0] * n, [0]
 
     def place(i: int, makespan: int) -> bool:
         nonlocal best, best_plan
@@ -336,19 +350,27 @@ def branch_and_bound(w: list[int], m: int, lower: int, start: list[int], node_li
         target = best - 1
         if sum(target - load for load in loads if load < target) < suffix[i]:
             return False
+        if cap is not None and cap * m - sum(held) < token_suffix[i]:
+            return False
         seen = set()
         for machine in sorted(range(m), key=loads.__getitem__):
             load = loads[machine]
             if load + w[i] > target:
                 break
-            if load in seen:
+            if cap is not None and held[machine] + tokens[i] > cap:
                 continue
-            seen.add(load)
+            if (load, held[machine]) in seen:
+                continue
+            seen.add((load, held[machine]))
             loads[machine] += w[i]
+            if cap is not None:
+                held[machine] += tokens[i]
             where[i] = machine
             if place(i + 1, max(makespan, load + w[i])):
                 return True
             loads[machine] = load
+            if cap is not None:
+                held[machine] -= tokens[i]
             if best - 1 < target:
                 target = best - 1
         return False
@@ -358,33 +380,43 @@ def branch_and_bound(w: list[int], m: int, lower: int, start: list[int], node_li
     try:
         place(0, 0)
     except _Budget:
-        return best_plan, best <= lower
+        return best_plan, best_plan is not None and best <= lower
     return best_plan, True
 
 
-def prove_small(problem: Problem, start: np.ndarray) -> KernelResult | None:
-    """The optimum of a small instance by branch and bound alone (no LP, no MILP), or None.
+def prove_small(problem: Problem, start: np.ndarray | None) -> KernelResult | None:
+    """The optimum of a small unpadded instance by branch and bound alone (no LP, no
+    MILP), or None.  `start` is a plan within the cap, or None when none is known.
 
-    None when the instance has more than `COMBINATORIAL_MAX_ITEMS` items, costs that no
-    power of two makes integers, a cap that can bind, or needs more than `SMALL_NODES`
+    Memory caps are honoured (tokens per rank are tracked whenever the cap could bind);
+    a search that proves no plan fits the cap raises InfeasibleError with the smallest
+    cap that works.  None when the instance has more than `COMBINATORIAL_MAX_ITEMS`
+    items, costs that no power of two makes integers, or needs more than `SMALL_NODES`
     nodes.  Deterministic: no clock is read.
 
     >>> problem = make_problem([495, 533, 44, 804, 927], 2)
     >>> result = prove_small(problem, np.array([0, 1, 1, 0, 1]))
     >>> str(result.status), result.lower_bound, result.assignment.tolist()
     ('optimal', 1422.0, [0, 1, 1, 1, 0])
+    >>> prove_small(make_problem([7, 7, 6, 6, 4], 2, max_tokens_per_rank=15), None)
+    Traceback (most recent call last):
+    ...
+    orchmllm.balancers.problem.InfeasibleError: branch and bound proved that no plan fits max_tokens_per_rank=15 on 2 ranks; the smallest cap that works is 16
     """
-    makespan = float(rank_loads(problem, start).max())
-    if (problem.num_items > COMBINATORIAL_MAX_ITEMS or integer_costs(problem.item_costs) is None
-            or _cap_can_bind(problem, makespan)):
+    if problem.padded or problem.num_items > COMBINATORIAL_MAX_ITEMS or integer_costs(problem.item_costs) is None:
         return None
     scaled, scale = integer_costs(problem.item_costs)
     order = problem.cost_order
     w = scaled[order]
+    capped = start is None or _cap_can_bind(problem, float(rank_loads(problem, start).max()))
+    tokens = problem.lengths[order].tolist() if capped else None
     plan, proven = branch_and_bound(w.tolist(), problem.num_ranks, simple_bound(w, problem.num_ranks),
-                                    start[order].tolist(), SMALL_NODES)
+                                    None if start is None else start[order].tolist(), SMALL_NODES,
+                                    tokens=tokens, cap=problem.max_tokens_per_rank if capped else None)
     if not proven:
         return None
+    if plan is None:
+        raise ilp.infeasible(problem, ilp.time_limit_of(problem), "branch and bound")
     assignment = _bins_to_assignment(plan, order)
     return KernelResult(assignment, Status.OPTIMAL, lower_bound=float(rank_loads(problem, assignment).max()))
 
@@ -405,10 +437,9 @@ def solve(problem: Problem) -> KernelResult:
         start = auto.solve(dataclasses.replace(problem, time_limit=None)).assignment
     except InfeasibleError:  # auto found no plan under the cap: the MILP decides
         return ilp.solve(problem)
-    makespan = float(rank_loads(problem, start).max())
-    if integer_costs(problem.item_costs) is None or _cap_can_bind(problem, makespan):
-        return ilp.improve(problem, start, time_limit)
     small = prove_small(problem, start)
     if small is not None:
         return small
+    if integer_costs(problem.item_costs) is None or _cap_can_bind(problem, float(rank_loads(problem, start).max())):
+        return ilp.improve(problem, start, time_limit)
     return prove(problem, start, max(time_limit - (time.perf_counter() - started), 1e-3))

@@ -238,6 +238,17 @@ def _smallest_cap(problem: Problem, time_limit: float) -> tuple[int, bool]:
     return max(floor, math.ceil(result.lower_bound or 0)), False
 
 
+def infeasible(problem: Problem, time_limit: float, prover: str) -> InfeasibleError:
+    """The error for a cap `prover` proved infeasible, naming the smallest cap that works
+    (or a proven lower bound on it when that solve is cut by `time_limit`)."""
+    needed, exact = _smallest_cap(problem, time_limit)
+    what = "the smallest cap that works is" if exact else "a cap of at least"
+    return InfeasibleError(
+        f"{prover} proved that no plan fits max_tokens_per_rank={problem.max_tokens_per_rank} on "
+        f"{problem.num_ranks} ranks; {what} {needed}" + ("" if exact else " is needed"),
+        min_cap=needed)
+
+
 def _check_size(problem: Problem) -> None:
     """Refuse models too large to build and solve (PuLP alone would take minutes)."""
     n, num_ranks = problem.num_items, problem.num_ranks
@@ -279,12 +290,7 @@ def _search(problem: Problem, start: np.ndarray | None, time_limit: float) -> Ke
             return KernelResult(start, Status.OPTIMAL, lower_bound=_makespan(problem, start))
         if start is not None:
             return KernelResult(start, Status.FEASIBLE)
-        needed, exact = _smallest_cap(problem, time_limit)
-        what = "the smallest cap that works is" if exact else "a cap of at least"
-        raise InfeasibleError(
-            f"CBC proved that no plan fits max_tokens_per_rank={problem.max_tokens_per_rank} on "
-            f"{problem.num_ranks} ranks; {what} {needed}" + ("" if exact else " is needed"),
-            min_cap=needed)
+        raise infeasible(problem, time_limit, "CBC")
     candidates = [a for a in (found, start) if a is not None]
     if not candidates:
         raise TimeoutError(f"CBC found no plan within time_limit={time_limit} s and did not prove "
@@ -311,7 +317,9 @@ def solve(problem: Problem) -> KernelResult:
     Start: LPT for the unpadded cost; for the padded cost the exact `padded` plan, so
     CBC's job is the proof (the model still decides by itself whether a better plan
     exists, and proves infeasibility without a start).  When CBC proves the cap
-    infeasible, one more solve (same limit) names the smallest cap that works.  Raises
+    infeasible, one more solve (same limit) names the smallest cap that works.  Up to
+`exact.COMBINATORIAL_MAX_ITEMS` unpadded items, branch and bound decides first (caps
+included) and CBC is not started.  Raises
     TimeoutError when no plan was found and infeasibility was not proven in time.
     """
     heuristic = padded.solve if problem.padded else lpt.solve
@@ -319,10 +327,9 @@ def solve(problem: Problem) -> KernelResult:
         start = heuristic(problem).assignment
     except InfeasibleError:
         start = None
-    if start is not None and not problem.padded:
-        proven = exact.prove_small(problem, start)
-        if proven is not None:
-            return proven
+    proven = exact.prove_small(problem, start)
+    if proven is not None:
+        return proven
     return _search(problem, start, time_limit_of(problem, None))
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
 from orchmllm.balancers import ilp, lpt, padded
 from orchmllm.balancers.problem import rank_loads, rank_tokens
+from orchmllm import testing
 
 COSTS = {
     "tokens": CostModel(),
@@ -183,6 +184,35 @@ def test_infeasible_cap_names_the_smallest_cap_that_works():
     assert caught.value.min_cap == 16
     plan = balance([7, 7, 6, 6, 4], 2, algorithm="ilp", max_tokens_per_rank=16)
     assert plan.tokens.max() <= 16
+
+
+@pytest.mark.parametrize("algorithm", ["ilp", "exact"])
+def test_capped_small_instances_are_decided_by_branch_and_bound_without_cbc(algorithm, monkeypatch):
+    """CBC's 10 s limit cut [7, 7, 6, 6, 4] on 2 ranks under a cap of 15 in a CI run: up to
+    16 unpadded items the caps are branch and bound's to decide, feasible or not."""
+    def no_cbc(*args, **kwargs):
+        raise AssertionError("the MILP solver was called")
+
+    monkeypatch.setattr(ilp, "run_cbc", no_cbc)
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        lengths = rng.integers(1, int(rng.choice([8, 100])) + 1, int(rng.integers(1, 8))).tolist()
+        ranks = int(rng.integers(1, 4))
+        floor = testing.brute_force(lengths, ranks, cost=CostModel(per_item=0, linear=1)).makespan  # smallest cap
+        cap = int(floor) + int(rng.integers(-2, 3))
+        if cap < max(lengths):
+            continue
+        optimum = testing.brute_force(lengths, ranks, max_tokens_per_rank=cap)
+        if not optimum.feasible:
+            with pytest.raises(InfeasibleError) as caught:
+                balance(lengths, ranks, algorithm=algorithm, max_tokens_per_rank=cap)
+            # the smallest cap when a solver proved it, else (the up-front checks) a bound on it
+            exact_cap = "smallest cap that works" in str(caught.value)
+            assert caught.value.min_cap == floor if exact_cap else cap < caught.value.min_cap <= floor
+            continue
+        plan = balance(lengths, ranks, algorithm=algorithm, max_tokens_per_rank=cap)
+        assert plan.status is Status.OPTIMAL and plan.tokens.max() <= cap
+        assert plan.makespan == optimum.makespan
 
 
 def test_no_solver_files_are_left_behind(tmp_path, monkeypatch):
