@@ -12,6 +12,7 @@ import numpy as np
 from .partial_plan import PartialPlan
 
 ROOMY_PARTNERS = 16  # roomiest ranks searched first for a partner from another node
+ACROSS_CANDIDATES = (16, 256)  # smallest swaps per item tried by the passes of `repair_across_nodes`
 
 
 def best_fix(state: PartialPlan, members: list[np.ndarray], rank: int, pool: np.ndarray, home_node: np.ndarray,
@@ -88,37 +89,98 @@ def _search_sorted(keys: np.ndarray, needles: np.ndarray) -> np.ndarray:
     return position
 
 
+def _ascending(state: PartialPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Items by cost ascending (ties by index descending), their costs, and each item's position."""
+    ascending = state.item_of_rank[::-1]
+    position = np.empty(ascending.size, dtype=np.int64)
+    position[ascending] = np.arange(ascending.size)
+    return ascending, state.costs[ascending], position
+
+
+def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, partner_rank: np.ndarray,
+                 ranks: np.ndarray) -> np.ndarray:
+    """Apply a round of full fixes to the over-target `ranks` (most loaded first) and return those
+    without any valid candidate.
+
+    Row k of `partner` / `partner_rank` lists the candidates for `items[k]` (on an over-target
+    rank r): a swap with item j on rank p, or a move to p (j = -1).  A candidate is valid when
+    both ranks end within the target and the cap.  Every rank takes its smallest valid
+    delta = cost_i - cost_j (ties by column, then item); where fixes meet on a partner rank the
+    most loaded rank wins and the others take their best on ranks no fix of the round touched.
+    """
+    item_rank = state.destinations[items]
+    order_of = np.full(state.loads.size, -1, dtype=np.int64)
+    order_of[ranks] = np.arange(ranks.size)
+    known = partner >= 0
+    delta = state.costs[items, None] - np.where(known, state.costs[np.maximum(partner, 0)], 0.0)
+    delta_tokens = state.lengths[items, None] - np.where(known, state.lengths[np.maximum(partner, 0)], 0.0)
+    valid = ((partner_rank != item_rank[:, None]) & (delta > 0)
+             & (state.loads[item_rank, None] - delta <= state.target)
+             & (state.loads[partner_rank] + delta <= state.target)
+             & (state.tokens[partner_rank] + delta_tokens <= state.cap)
+             & (state.tokens[item_rank, None] - delta_tokens <= state.cap))
+    delta = np.where(valid, delta, np.inf)
+    hopeless = np.setdiff1d(ranks, item_rank[np.isfinite(delta).any(axis=1)])
+    used = np.zeros(state.loads.size, dtype=bool)  # ranks a fix of this round changed
+    chosen = []
+    while items.size:
+        column = np.argmin(delta, axis=1)
+        row_delta = delta[np.arange(items.size), column]
+        order = np.lexsort((row_delta, item_rank))  # per rank, its item with the smallest delta
+        first = order[np.concatenate(([True], item_rank[order][1:] != item_rank[order][:-1]))]
+        fixed = first[np.isfinite(row_delta[first])]
+        if fixed.size == 0:
+            break
+        fixed = fixed[np.argsort(order_of[item_rank[fixed]], kind="stable")]
+        _, keep = np.unique(partner_rank[fixed, column[fixed]], return_index=True)
+        fixed = fixed[np.sort(keep)]
+        chosen.append((items[fixed], partner_rank[fixed, column[fixed]], partner[fixed, column[fixed]],
+                       item_rank[fixed]))
+        used[item_rank[fixed]] = True
+        used[partner_rank[fixed, column[fixed]]] = True
+        delta[used[partner_rank]] = np.inf
+        alive = ~used[item_rank] & np.isfinite(delta).any(axis=1)  # rows that may still give a fix
+        items, item_rank, partner, partner_rank, delta = (
+            items[alive], item_rank[alive], partner[alive], partner_rank[alive], delta[alive])
+    if chosen:
+        moved, destination, back, back_rank = (np.concatenate(part) for part in zip(*chosen))
+        swapped = back >= 0
+        state.take(np.concatenate([moved, back[swapped]]))
+        state.put(moved, destination)
+        state.put(back[swapped], back_rank[swapped])
+    return hopeless
+
+
+def _over_target(state: PartialPlan, stuck: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(over-target ranks not stuck, most loaded first with ties by rank; the items on them)."""
+    over = np.flatnonzero((state.loads > state.target) & ~stuck)
+    over = over[np.lexsort((over, -state.loads[over]))]
+    on_over = np.zeros(state.loads.size, dtype=bool)
+    on_over[over] = True
+    return over, np.flatnonzero(on_over[state.destinations])
+
+
 def repair_in_node(state: PartialPlan, gpus_per_node: int) -> None:
-    """Rounds of full fixes inside nodes for every node at once (the first phase of `repair`).
+    """Rounds of full fixes inside nodes for every over-target rank at once (the first phase of
+    `repair`).
 
     Inside a node a move or swap changes no inter-node bytes, so the best full fix of an
-    over-target rank r is the smallest delta = cost_i - cost_j >= load_r - target that
-    the partner rank p has room for: per item i on r and partner rank p, the largest
-    item j on p with cost_j <= cost_i - (load_r - target), or no item (a move).  Each
-    round fixes the most loaded over-target rank of every node that has a fix; a rank
-    without one is left to `repair`.
+    over-target rank r is the smallest delta = cost_i - cost_j >= load_r - target that a
+    partner rank p of its node has room for: per item i on r and partner p, the largest item
+    j on p with cost_j <= cost_i - (load_r - target), or no item (a move); `_apply_fixes`
+    takes them.  A rank without one is left to the next phases.
     """
+    ascending, ascending_costs, ascending_rank = _ascending(state)
     n, num_ranks = state.costs.size, state.loads.size
-    ascending = state.item_of_rank[::-1]  # by cost ascending, ties by index descending
-    ascending_costs = state.costs[ascending]
-    ascending_rank = np.empty(n, dtype=np.int64)
-    ascending_rank[ascending] = np.arange(n)
     offsets = np.arange(gpus_per_node, dtype=np.int64)
     stuck = np.zeros(num_ranks, dtype=bool)
     while True:
-        over = np.flatnonzero((state.loads > state.target) & ~stuck)
+        over, items = _over_target(state, stuck)
         if over.size == 0:
             return
-        # The most loaded over-target rank of each node (ties by rank).
-        over = over[np.lexsort((over, -state.loads[over], over // gpus_per_node))]
-        node = over // gpus_per_node
-        ranks = over[np.concatenate(([True], node[1:] != node[:-1]))]
-        chosen = np.zeros(num_ranks, dtype=bool)
-        chosen[ranks] = True
-        items = np.flatnonzero(chosen[state.destinations])
         item_rank = state.destinations[items]
         in_node = np.zeros(num_ranks // gpus_per_node, dtype=bool)
-        in_node[ranks // gpus_per_node] = True
+        in_node[over // gpus_per_node] = True
         held = np.flatnonzero(in_node[state.destinations // gpus_per_node])
         keys = np.sort(state.destinations[held] * n + ascending_rank[held])
         partner_rank = (item_rank - item_rank % gpus_per_node)[:, None] + offsets
@@ -126,34 +188,34 @@ def repair_in_node(state: PartialPlan, gpus_per_node: int) -> None:
         count = np.searchsorted(ascending_costs, limit, side="right")  # items with cost <= limit
         position = _search_sorted(keys, (partner_rank * n + count[:, None]).ravel()).reshape(partner_rank.shape) - 1
         found = keys[np.maximum(position, 0)]
-        has_partner = (position >= 0) & (found // n == partner_rank)
-        partner = np.where(has_partner, ascending[found % n], -1)
-        partner_cost = np.where(has_partner, state.costs[partner], 0.0)
-        partner_tokens = np.where(has_partner, state.lengths[partner], 0.0)
-        delta = state.costs[items, None] - partner_cost
-        delta_tokens = state.lengths[items, None] - partner_tokens
-        valid = ((partner_rank != item_rank[:, None]) & (delta > 0)
-                 & (state.loads[item_rank, None] - delta <= state.target)
-                 & (state.loads[partner_rank] + delta <= state.target)
-                 & (state.tokens[partner_rank] + delta_tokens <= state.cap)
-                 & (state.tokens[item_rank, None] - delta_tokens <= state.cap))
-        delta = np.where(valid, delta, np.inf)
-        column = np.argmin(delta, axis=1)  # per item, the first partner rank on ties
-        line = np.arange(items.size)
-        row_delta = delta[line, column]
-        # Per rank, its item with the smallest delta (ties by item index).
-        order = np.lexsort((row_delta, item_rank))
-        first = order[np.concatenate(([True], item_rank[order][1:] != item_rank[order][:-1]))]
-        fixed = first[np.isfinite(row_delta[first])]
-        stuck[item_rank[first[~np.isfinite(row_delta[first])]]] = True
-        if fixed.size == 0:
-            continue
-        moved, destination = items[fixed], partner_rank[fixed, column[fixed]]
-        back, back_rank = partner[fixed, column[fixed]], item_rank[fixed]
-        swapped = back >= 0
-        state.take(np.concatenate([moved, back[swapped]]))
-        state.put(moved, destination)
-        state.put(back[swapped], back_rank[swapped])
+        partner = np.where((position >= 0) & (found // n == partner_rank), ascending[found % n], -1)
+        stuck[_apply_fixes(state, items, partner, partner_rank, over)] = True
+
+
+def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
+    """Rounds of full fixes for every over-target rank at once, partners anywhere (the second
+    phase of `repair`).
+
+    For every item i on an over-target rank r, the candidates are the `candidates` largest
+    items j (any rank) with cost_j <= cost_i - (load_r - target), i.e. the smallest swaps that
+    bring r within the target, and the move of i to the roomiest rank; `_apply_fixes` takes
+    them.  A rank without a valid candidate is left to the byte-aware search of `repair`.
+    """
+    ascending, ascending_costs, _ = _ascending(state)
+    stuck = np.zeros(state.loads.size, dtype=bool)
+    offsets = np.arange(candidates, dtype=np.int64)
+    while True:
+        over, items = _over_target(state, stuck)
+        if over.size == 0:
+            return
+        item_rank = state.destinations[items]
+        limit = state.costs[items] - (state.loads[item_rank] - state.target)
+        top = np.searchsorted(ascending_costs, limit, side="right")[:, None] - 1 - offsets
+        # Columns: the candidate swaps, then the move to the roomiest rank (partner -1).
+        partner = np.concatenate([np.where(top >= 0, ascending[np.maximum(top, 0)], -1),
+                                  np.full((items.size, 1), -1)], axis=1)
+        partner_rank = np.where(partner >= 0, state.destinations[np.maximum(partner, 0)], int(np.argmin(state.loads)))
+        stuck[_apply_fixes(state, items, partner, partner_rank, over)] = True
 
 
 def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> None:
@@ -173,6 +235,8 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     taken; partial fixes are the best over all ranks.  Stops when no candidate improves.
     """
     repair_in_node(state, gpus_per_node)
+    for candidates in ACROSS_CANDIDATES:
+        repair_across_nodes(state, candidates)
     home_node = sources // gpus_per_node
     num_ranks = state.loads.size
     everyone = np.arange(num_ranks)
