@@ -25,53 +25,21 @@ import time
 
 import numpy as np
 
-from . import microbatch_cells, microbatch_exact, microbatch_greedy
+from . import registry
 from .api import communication_inputs
 from .cost import CostModel
 from .lap import assign_groups
 from .locality import balance_locally
 from .microbatch_bounds import min_bins
-from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, cell_accounts,
-                              make_microbatch_plan, step_cost)
+from .microbatch_auto import plan_cost
+from .microbatch_plan import MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, make_microbatch_plan
 from .problem import InfeasibleError, Status, as_lengths, as_time_limit
 from .validation import as_bool, as_int, as_real
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
 DEFAULT_WORK = 1_000_000
-GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
 EXTRA_MICROBATCHES = 2  # beyond the fewest that fit, tried when the plan is not proven optimal
 PAYING_GAP = 0.01  # ... and only while the bound leaves more than this fraction to gain
-
-
-def _auto(problem: MicroBatchProblem, num_microbatches: int):
-    """Exact search for the smallest instances, the better of the joint greedy and the cell
-    LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above."""
-    if problem.num_items <= microbatch_exact.MAX_ITEMS:
-        return microbatch_exact.solve(problem, num_microbatches)
-    if problem.padded:
-        return microbatch_greedy.solve(problem, num_microbatches)
-    kernels = [microbatch_cells.solve]
-    if problem.num_items * num_microbatches * problem.num_ranks <= GREEDY_MAX_WORK:
-        kernels.append(microbatch_greedy.solve)
-    best, best_cost = None, math.inf
-    for kernel in kernels:
-        result = kernel(problem, num_microbatches)
-        if result is None:
-            continue
-        cost = _total(problem, result, num_microbatches)
-        if cost < best_cost:
-            best, best_cost = result, cost
-    if best is None and microbatch_greedy.solve not in kernels:
-        return microbatch_greedy.solve(problem, num_microbatches)  # LPT found no room; the greedy may
-    return best
-
-
-MICROBATCH_ALGORITHMS: dict[str, MicroBatchKernel] = {
-    "auto": _auto,
-    "greedy": microbatch_greedy.solve,
-    "cells": microbatch_cells.solve,
-    "exact": microbatch_exact.solve,
-}
 
 
 def _as_budget(value) -> int:
@@ -163,7 +131,7 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
         if best is not None and math.fsum([floor, m * overhead]) * (1 + PAYING_GAP) >= best_total:
             break  # no plan with this many micro-batches, or more, can pay enough
         result = kernel(problem, m)
-        total = math.inf if result is None else _total(problem, result, m)
+        total = math.inf if result is None else plan_cost(problem, result, m)
         chained = chained and result is not None and result.status is Status.OPTIMAL
         if chained:
             proven.append(total)
@@ -174,11 +142,6 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
         m += 1
     bound = min(proven + [math.fsum([floor, (fewest + len(proven)) * overhead])]) if proven else None
     return best[0]._replace(status=Status.FEASIBLE), best[1], fewest, bound
-
-
-def _total(problem: MicroBatchProblem, result, num_microbatches: int) -> float:
-    loads, _ = cell_accounts(problem, result.rank, result.microbatch, num_microbatches)
-    return step_cost(loads, problem.microbatch_overhead)
 
 
 def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sources: np.ndarray,
@@ -220,7 +183,8 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             step cost including `microbatch_overhead` (at most two more, tried only while
             the bound leaves more than `PAYING_GAP` of the step cost to gain).
         microbatch_overhead: cost of one more micro-batch (same units as the costs).
-        algorithm: a name in `MICROBATCH_ALGORITHMS` ("auto": exact search for small
+        algorithm: a name in `MICROBATCH_ALGORITHMS`, the registry's micro-batch records
+            (`register_microbatch_algorithm` adds one; "auto": exact search for small
             instances, else the better of the joint greedy and the cell LPT, each followed by
             local search; the cell LPT alone for large instances).
         sources, item_bytes, topology: as in `balance`; within every micro-batch the items
@@ -238,17 +202,16 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     >>> plan.cell_tokens.tolist(), plan.items_of(rank=0, microbatch=1).tolist()
     ([[6, 6], [5, 5]], [1])
     """
-    if not isinstance(algorithm, str):
-        raise TypeError(f"`algorithm` must be a str; got {type(algorithm).__name__}")
-    if algorithm not in MICROBATCH_ALGORITHMS:
-        raise ValueError(f"unknown `algorithm` {algorithm!r}; choose one of {sorted(MICROBATCH_ALGORITHMS)}")
+    record = registry.get_microbatch_algorithm(algorithm)
     problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=max_tokens_per_microbatch,
                                       cost=cost, costs=costs, padded=padded,
                                       microbatch_overhead=microbatch_overhead, time_limit=time_limit)
+    if not record.solves(problem.padded):
+        raise ValueError(record.why_not(problem.padded))
     fixed = _as_num_microbatches(num_microbatches, problem)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
     start = time.perf_counter()
-    result, m, floor_m, proven = _solve(problem, MICROBATCH_ALGORITHMS[algorithm], fixed)
+    result, m, floor_m, proven = _solve(problem, record.kernel, fixed)
     name = algorithm
     if sources is not None:
         rank = _keep_local(problem, result, m, sources, item_bytes, gpus_per_node)

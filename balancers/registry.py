@@ -11,6 +11,11 @@ Other packages add algorithms without touching orchmllm's files, either by calli
 `Algorithm` record or a kernel).  Entry points are loaded lazily, the first time a name is
 not found or the registry is listed.
 
+Micro-batch kernels (`balance_microbatches`: a cell (rank, micro-batch) per item) have their
+own records, `MicroBatchAlgorithm`, added with `register_microbatch_algorithm` or by an
+entry point of the same group whose object is such a record; `MICROBATCH_ALGORITHMS` is
+their read-only view.
+
 `ALGORITHMS` is a read-only view name -> `Algorithm`; a record is called like its kernel:
 
 >>> from orchmllm.balancers import ALGORITHMS, make_problem
@@ -29,7 +34,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from . import auto, equal_counts, exact, identity, ilp, karmarkar_karp, lpt, multifit, padded, slack
+from . import (auto, equal_counts, exact, identity, ilp, karmarkar_karp, lpt, microbatch_auto, microbatch_cells,
+               microbatch_exact, microbatch_greedy, multifit, padded, slack)
+from .microbatch_plan import MicroBatchKernel, MicroBatchProblem, MicroBatchResult
 from .problem import Kernel, KernelResult, Problem
 from .validation import as_bool
 
@@ -69,25 +76,7 @@ class Algorithm:
     equal_counts: Kernel | None = None
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name.replace("_", "a").replace("-", "a").isalnum():
-            raise ValueError(f"`name` must be a non-empty str of letters, digits, '_' and '-'; got {self.name!r}")
-        for field in ("kernel", "equal_counts"):
-            kernel = getattr(self, field)
-            if not callable(kernel) and (field == "kernel" or kernel is not None):
-                raise TypeError(f"`{field}` of algorithm {self.name!r} must be callable (Problem -> KernelResult); "
-                                f"got {type(kernel).__name__}")
-        for flag in ("padded", "unpadded", "exact", "default"):
-            object.__setattr__(self, flag, as_bool(getattr(self, flag), flag))
-        if not (self.padded or self.unpadded):
-            raise ValueError(f"algorithm {self.name!r} must solve padded or unpadded problems (or both)")
-        if not isinstance(self.kind, Kind):
-            try:
-                object.__setattr__(self, "kind", Kind(self.kind))
-            except ValueError:
-                raise ValueError(f"`kind` must be one of {[kind.value for kind in Kind]}; "
-                                 f"got {self.kind!r}") from None
-        if not isinstance(self.description, str) or "\n" in self.description:
-            raise TypeError(f"`description` of algorithm {self.name!r} must be a one-line str")
+        _check_record(self, ("kernel", "equal_counts"), "Problem -> KernelResult", ("padded", "unpadded", "exact", "default"))
 
     def __call__(self, problem: Problem) -> KernelResult:
         return self.kernel(problem)
@@ -98,27 +87,91 @@ class Algorithm:
 
     def why_not(self, padded: bool) -> str:
         """Why it cannot balance a problem of this padding, naming what can ("" when it can)."""
-        if self.solves(padded):
-            return ""
-        kind, cost, flag = (("unpadded", "sum f(l)", "padded=False") if padded
-                            else ("padded", "count · f(max l)", "padded=True"))
-        others = [record.name for record in algorithms(padded=padded)]
-        return (f"algorithm {self.name!r} solves the {kind} cost {cost} only; "
-                f"pass {flag}, or choose one of {others}")
+        return _why_not(self, padded, algorithms(padded=padded))
+
+
+@dataclass(frozen=True)
+class MicroBatchAlgorithm:
+    """What one micro-batch kernel is and does; called on a `MicroBatchProblem` and a count M of
+    micro-batches, it runs its kernel (a cell per item, or None when it finds no packing).
+
+    `exact`: it proves its plans optimal for the M it is given (status `optimal`) within its
+    work budget; `balance_microbatches` chooses M around it.
+
+    >>> record = MICROBATCH_ALGORITHMS["cells"]
+    >>> record.kind.value, record.exact, record.solves(padded=True)
+    ('ours', False, True)
+    """
+
+    name: str
+    kernel: MicroBatchKernel
+    padded: bool = True
+    unpadded: bool = True
+    exact: bool = False
+    kind: Kind = Kind.PLUGIN
+    description: str = ""
+
+    def __post_init__(self):
+        _check_record(self, ("kernel",), "(MicroBatchProblem, M) -> MicroBatchResult | None", ("padded", "unpadded", "exact"))
+
+    def __call__(self, problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+        return self.kernel(problem, num_microbatches)
+
+    def solves(self, padded: bool) -> bool:
+        """Whether it plans padded (True) or unpadded (False) cells."""
+        return self.padded if padded else self.unpadded
+
+    def why_not(self, padded: bool) -> str:
+        """Why it cannot plan cells of this padding, naming what can ("" when it can)."""
+        return _why_not(self, padded, microbatch_algorithms(padded=padded))
+
+
+def _check_record(record, kernels: tuple[str, ...], signature: str, flags: tuple[str, ...]) -> None:
+    """Validate a record's fields in place (flags become bools, `kind` a Kind)."""
+    name = record.name
+    if not isinstance(name, str) or not name.replace("_", "a").replace("-", "a").isalnum():
+        raise ValueError(f"`name` must be a non-empty str of letters, digits, '_' and '-'; got {name!r}")
+    for field in kernels:
+        kernel = getattr(record, field)
+        if not callable(kernel) and (field == "kernel" or kernel is not None):
+            raise TypeError(f"`{field}` of algorithm {name!r} must be callable ({signature}); "
+                            f"got {type(kernel).__name__}")
+    for flag in flags:
+        object.__setattr__(record, flag, as_bool(getattr(record, flag), flag))
+    if not (record.padded or record.unpadded):
+        raise ValueError(f"algorithm {name!r} must solve padded or unpadded problems (or both)")
+    if not isinstance(record.kind, Kind):
+        try:
+            object.__setattr__(record, "kind", Kind(record.kind))
+        except ValueError:
+            raise ValueError(f"`kind` must be one of {[kind.value for kind in Kind]}; got {record.kind!r}") from None
+    if not isinstance(record.description, str) or "\n" in record.description:
+        raise TypeError(f"`description` of algorithm {name!r} must be a one-line str")
+
+
+def _why_not(record, padded: bool, able) -> str:
+    if record.solves(padded):
+        return ""
+    kind, cost, flag = (("unpadded", "sum f(l)", "padded=False") if padded
+                        else ("padded", "count · f(max l)", "padded=True"))
+    return (f"algorithm {record.name!r} solves the {kind} cost {cost} only; "
+            f"pass {flag}, or choose one of {[other.name for other in able]}")
 
 
 _records: dict[str, Algorithm] = {}
+_microbatch_records: dict[str, MicroBatchAlgorithm] = {}
 _lock = threading.RLock()
 _plugins_loaded = False
 
 
-def _add(record: Algorithm) -> Algorithm:
+def _add(record: Algorithm | MicroBatchAlgorithm) -> Algorithm | MicroBatchAlgorithm:
+    records = _microbatch_records if isinstance(record, MicroBatchAlgorithm) else _records
     with _lock:
-        known = _records.get(record.name)
+        known = records.get(record.name)
         if known is not None and known != record:
             raise ValueError(f"algorithm {record.name!r} is already registered ({known.kind}: "
                              f"{known.description}); choose another name")
-        return _records.setdefault(record.name, record)
+        return records.setdefault(record.name, record)
 
 
 def register_algorithm(name: str, kernel: Kernel, *, padded: bool = True, unpadded: bool = True,
@@ -145,6 +198,31 @@ def register_algorithm(name: str, kernel: Kernel, *, padded: bool = True, unpadd
                           kind=kind, description=description, equal_counts=equal_counts))
 
 
+def register_microbatch_algorithm(name: str, kernel: MicroBatchKernel, *, padded: bool = True, unpadded: bool = True,
+                                  exact: bool = False, description: str = "",
+                                  kind: Kind | str = Kind.PLUGIN) -> MicroBatchAlgorithm:
+    """Register `kernel` ((MicroBatchProblem, M) -> MicroBatchResult | None) as micro-batch
+    algorithm `name` and return its record; `balance_microbatches(..., algorithm=name)`, the
+    orchestrator's and the runtime's `microbatch_algorithm` then run it.  The kernel must
+    keep every cell within `problem.max_tokens` (or return None when it finds no packing).
+
+    >>> import numpy as np
+    >>> from orchmllm.balancers import balance_microbatches
+    >>> from orchmllm.balancers.microbatch_plan import MicroBatchResult
+    >>> def one_per_cell(problem, num_microbatches):  # item i to cell i, if there are enough cells
+    ...     if problem.num_items > num_microbatches * problem.num_ranks:
+    ...         return None
+    ...     cell = np.arange(problem.num_items, dtype=np.int64)
+    ...     return MicroBatchResult(cell % problem.num_ranks, cell // problem.num_ranks)
+    >>> register_microbatch_algorithm("one_per_cell_doc", one_per_cell, description="item i to cell i").kind.value
+    'plugin'
+    >>> balance_microbatches([5, 4, 3], 2, max_tokens_per_microbatch=8, algorithm="one_per_cell_doc").num_microbatches
+    2
+    """
+    return _add(MicroBatchAlgorithm(name, kernel, padded=padded, unpadded=unpadded, exact=exact, kind=kind,
+                                    description=description))
+
+
 def _load_plugins() -> None:
     """Register every entry point of the group `orchmllm.algorithms` (once)."""
     global _plugins_loaded
@@ -155,7 +233,7 @@ def _load_plugins() -> None:
         try:
             for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 target = entry.load()
-                if isinstance(target, Algorithm):
+                if isinstance(target, (Algorithm, MicroBatchAlgorithm)):
                     if target.name != entry.name:
                         raise ValueError(f"entry point {entry.name!r} = {entry.value!r} in group "
                                          f"{ENTRY_POINT_GROUP!r} names algorithm {target.name!r}; the names must agree")
@@ -164,19 +242,21 @@ def _load_plugins() -> None:
                     register_algorithm(entry.name, target)
                 else:
                     raise TypeError(f"entry point {entry.name!r} = {entry.value!r} in group {ENTRY_POINT_GROUP!r} "
-                                    f"must be an orchmllm Algorithm or a kernel; got {type(target).__name__}")
+                                    f"must be an orchmllm Algorithm, a MicroBatchAlgorithm or a kernel; "
+                                    f"got {type(target).__name__}")
         except BaseException:
             _plugins_loaded = False
             raise
 
 
-def _find(name) -> Algorithm | None:
+def _find(name, records: dict | None = None):
+    records = _records if records is None else records
     if not isinstance(name, str):
         raise TypeError(f"`algorithm` must be a str; got {type(name).__name__}")
-    record = _records.get(name)
+    record = records.get(name)
     if record is None:
         _load_plugins()
-        record = _records.get(name)
+        record = records.get(name)
     return record
 
 
@@ -189,6 +269,18 @@ def get_algorithm(name: str) -> Algorithm:
     record = _find(name)
     if record is None:
         raise ValueError(f"unknown `algorithm` {name!r}; choose one of {sorted(_records)}")
+    return record
+
+
+def get_microbatch_algorithm(name: str) -> MicroBatchAlgorithm:
+    """The record of micro-batch algorithm `name`; ValueError naming the known ones when there is none.
+
+    >>> get_microbatch_algorithm("exact").exact
+    True
+    """
+    record = _find(name, _microbatch_records)
+    if record is None:
+        raise ValueError(f"unknown `algorithm` {name!r}; choose one of {sorted(_microbatch_records)}")
     return record
 
 
@@ -207,32 +299,51 @@ def algorithms(*, padded: bool | None = None, kind: Kind | str | None = None,
                  and (default is None or record.default == default))
 
 
-class _AlgorithmsView(Mapping):
-    """Read-only name -> `Algorithm` view of the registry (add with `register_algorithm`)."""
+def microbatch_algorithms(*, padded: bool | None = None, kind: Kind | str | None = None
+                          ) -> tuple[MicroBatchAlgorithm, ...]:
+    """Every registered micro-batch record in registration order, optionally only those that
+    plan padded (or unpadded) cells, or of one kind.
 
-    def __getitem__(self, name: str) -> Algorithm:
-        record = _find(name) if isinstance(name, str) else None
+    >>> [record.name for record in microbatch_algorithms(kind="ours")]
+    ['auto', 'greedy', 'cells', 'exact']
+    """
+    _load_plugins()
+    kind = None if kind is None else Kind(kind)
+    return tuple(record for record in list(_microbatch_records.values())
+                 if (padded is None or record.solves(padded)) and (kind is None or record.kind is kind))
+
+
+class _View(Mapping):
+    """Read-only name -> record view of one table of the registry."""
+
+    def __init__(self, title: str, records: dict, listing, register: str):
+        self._title, self._records, self._listing, self._register = title, records, listing, register
+
+    def __getitem__(self, name: str):
+        record = _find(name, self._records) if isinstance(name, str) else None
         if record is None:
             raise KeyError(name)
         return record
 
     def __iter__(self) -> Iterator[str]:
-        return iter([record.name for record in algorithms()])
+        return iter([record.name for record in self._listing()])
 
     def __len__(self) -> int:
-        return len(algorithms())
+        return len(self._listing())
 
     def __setitem__(self, name, kernel):
-        raise TypeError("ALGORITHMS is read-only; add a kernel with orchmllm.register_algorithm(name, kernel, ...)")
+        raise TypeError(f"{self._title} is read-only; add a kernel with orchmllm.{self._register}(name, kernel, ...)")
 
     def __delitem__(self, name):
-        raise TypeError("ALGORITHMS is read-only")
+        raise TypeError(f"{self._title} is read-only")
 
     def __repr__(self) -> str:
-        return f"ALGORITHMS({list(self)})"
+        return f"{self._title}({list(self)})"
 
 
-ALGORITHMS: Mapping[str, Algorithm] = _AlgorithmsView()
+ALGORITHMS: Mapping[str, Algorithm] = _View("ALGORITHMS", _records, algorithms, "register_algorithm")
+MICROBATCH_ALGORITHMS: Mapping[str, MicroBatchAlgorithm] = _View(
+    "MICROBATCH_ALGORITHMS", _microbatch_records, microbatch_algorithms, "register_microbatch_algorithm")
 
 for _record in (
     Algorithm("identity", identity.solve, kind=Kind.BASELINE,
@@ -259,6 +370,14 @@ for _record in (
               description="MULTIFIT: first-fit-decreasing packing bisected on the makespan"),
     Algorithm("slack", slack.solve, kind=Kind.OURS,
               description="SLACK: LPT on tuples of D items, widest spread first (Della Croce & Scatamacchia)"),
+    MicroBatchAlgorithm("auto", microbatch_auto.solve, kind=Kind.OURS,
+                        description="exact search when small, else the better of the joint greedy and the cell LPT"),
+    MicroBatchAlgorithm("greedy", microbatch_greedy.solve, kind=Kind.OURS,
+                        description="joint greedy: each item, largest first, to the cell raising the step cost least"),
+    MicroBatchAlgorithm("cells", microbatch_cells.solve, kind=Kind.OURS,
+                        description="LPT over all M x D cells from water-filling levels, regrouped and searched"),
+    MicroBatchAlgorithm("exact", microbatch_exact.solve, exact=True, kind=Kind.OURS,
+                        description="branch and bound over cells for a given M, within a work budget"),
 ):
     _add(_record)
 del _record

@@ -92,7 +92,7 @@ def test_a_broken_entry_point_is_named(tmp_path):
     result = run_with(tmp_path / "site", "-c", "from orchmllm import balance; balance([1, 2], 2, algorithm='x')")
     assert result.returncode == 1
     assert ("TypeError: entry point 'not_a_kernel' = 'broken_balancer:NOT_A_KERNEL' in group 'orchmllm.algorithms' "
-            "must be an orchmllm Algorithm or a kernel; got int") in result.stderr
+            "must be an orchmllm Algorithm, a MicroBatchAlgorithm or a kernel; got int") in result.stderr
 
 
 def halves(problem):

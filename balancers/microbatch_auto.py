@@ -1,0 +1,45 @@
+"""The `auto` micro-batch kernel: the best of the others for the instance's size.
+
+    n <= microbatch_exact.MAX_ITEMS: the exact search
+    padded: the joint greedy
+    else: the cell LPT, and the joint greedy too up to GREEDY_MAX_WORK item × cell pairs,
+          the plan of lower step cost (the first on ties)
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import microbatch_cells, microbatch_exact, microbatch_greedy
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_accounts, step_cost
+
+GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
+
+
+def plan_cost(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int) -> float:
+    """Σ_m max_r load(r, m) + M · overhead of a kernel's result."""
+    loads, _ = cell_accounts(problem, result.rank, result.microbatch, num_microbatches)
+    return step_cost(loads, problem.microbatch_overhead)
+
+
+def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+    """Exact search for the smallest instances, the better of the joint greedy and the cell
+    LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above."""
+    if problem.num_items <= microbatch_exact.MAX_ITEMS:
+        return microbatch_exact.solve(problem, num_microbatches)
+    if problem.padded:
+        return microbatch_greedy.solve(problem, num_microbatches)
+    kernels = [microbatch_cells.solve]
+    if problem.num_items * num_microbatches * problem.num_ranks <= GREEDY_MAX_WORK:
+        kernels.append(microbatch_greedy.solve)
+    best, best_cost = None, math.inf
+    for kernel in kernels:
+        result = kernel(problem, num_microbatches)
+        if result is None:
+            continue
+        cost = plan_cost(problem, result, num_microbatches)
+        if cost < best_cost:
+            best, best_cost = result, cost
+    if best is None and microbatch_greedy.solve not in kernels:
+        return microbatch_greedy.solve(problem, num_microbatches)  # LPT found no room; the greedy may
+    return best

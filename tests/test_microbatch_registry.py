@@ -1,0 +1,113 @@
+"""Micro-batch kernels as registry records: ours listed, plugins registered in process or found
+through an `orchmllm.algorithms` entry point, and a kernel that breaks the budget caught."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from orchmllm import MICROBATCH_ALGORITHMS, Orchestrator, Stage, Topology, register_microbatch_algorithm
+from orchmllm.balancers import (CostModel, Kind, MicroBatchAlgorithm, balance_microbatches, get_microbatch_algorithm,
+                                microbatch_algorithms)
+from orchmllm.balancers.microbatch_plan import MicroBatchResult
+from orchmllm.orchestrator import Batch
+
+
+def one_per_cell(problem, num_microbatches):
+    """Item i to cell i (rank i mod D, micro-batch i // D), when there are enough cells."""
+    if problem.num_items > num_microbatches * problem.num_ranks:
+        return None
+    cell = np.arange(problem.num_items, dtype=np.int64)
+    return MicroBatchResult(cell % problem.num_ranks, cell // problem.num_ranks)
+
+
+def all_in_one(problem, num_microbatches):
+    """Every item in cell (0, 0): breaks any budget the items exceed."""
+    zeros = np.zeros(problem.num_items, dtype=np.int64)
+    return MicroBatchResult(zeros, zeros)
+
+
+def test_our_kernels_are_records_with_what_they_solve():
+    ours = {record.name: record for record in microbatch_algorithms(kind=Kind.OURS)}
+    assert list(ours) == ["auto", "greedy", "cells", "exact"]
+    assert [name for name, record in ours.items() if record.exact] == ["exact"]
+    assert all(record.solves(padded=True) and record.solves(padded=False) for record in ours.values())
+    assert get_microbatch_algorithm("cells") is MICROBATCH_ALGORITHMS["cells"] is ours["cells"]
+    with pytest.raises(TypeError, match="read-only; add a kernel with orchmllm.register_microbatch_algorithm"):
+        MICROBATCH_ALGORITHMS["mine"] = one_per_cell
+    with pytest.raises(ValueError, match=r"unknown `algorithm` 'nope'; choose one of \['auto', 'cells'"):
+        balance_microbatches([3, 2], 2, max_tokens_per_microbatch=4, algorithm="nope")
+
+
+def test_a_registered_kernel_runs_in_balance_microbatches_and_the_orchestrator():
+    record = register_microbatch_algorithm("test_one_per_cell", one_per_cell, description="item i to cell i")
+    assert record == MicroBatchAlgorithm("test_one_per_cell", one_per_cell, description="item i to cell i")
+    assert register_microbatch_algorithm("test_one_per_cell", one_per_cell, description="item i to cell i") is record
+    plan = balance_microbatches([5, 4, 3, 3, 1], 2, max_tokens_per_microbatch=8, algorithm="test_one_per_cell")
+    assert plan.num_microbatches == 3 and plan.rank.tolist() == [0, 1, 0, 1, 0]
+    assert plan.microbatch.tolist() == [0, 0, 1, 1, 2] and plan.algorithm == "test_one_per_cell"
+    batch = Batch.from_arrays(num_ranks=2, modalities=("image",), sample_text=[5, 4, 3, 3], sample_source=[0, 0, 1, 1],
+                              segment_sample=[0, 1], segment_modality=[0, 0], segment_length=[2, 1],
+                              segment_tokens=[2, 1])
+    stages = (Stage("vit", "image", CostModel()), Stage("llm", "llm", CostModel()))
+    step = Orchestrator(stages, Topology(1, 2), max_tokens_per_microbatch=8,
+                        microbatch_algorithm="test_one_per_cell").plan(batch)
+    assert step.cells.algorithm.startswith("test_one_per_cell") and step.num_microbatches == 2
+    with pytest.raises(ValueError, match="algorithm 'test_one_per_cell' is already registered"):
+        register_microbatch_algorithm("test_one_per_cell", all_in_one)
+    with pytest.raises(ValueError, match="algorithm 'auto' is already registered"):
+        register_microbatch_algorithm("auto", all_in_one)
+
+
+def test_a_kernel_over_the_budget_or_the_wrong_padding_is_caught():
+    register_microbatch_algorithm("test_all_in_one", all_in_one, padded=False, description="one cell for all")
+    with pytest.raises(RuntimeError, match=r"'test_all_in_one' put 9 tokens in cell \(rank 0, micro-batch 0\), "
+                                           r"over max_tokens_per_microbatch=8"):
+        balance_microbatches([5, 4], 2, max_tokens_per_microbatch=8, algorithm="test_all_in_one")
+    with pytest.raises(ValueError, match=r"'test_all_in_one' solves the unpadded cost sum f\(l\) only; pass "
+                                         r"padded=False, or choose one of \['auto', 'greedy', 'cells', 'exact'"):
+        balance_microbatches([5, 4], 2, max_tokens_per_microbatch=8, padded=True, algorithm="test_all_in_one")
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    (dict(name="has space"), ValueError, r"`name` must be a non-empty str of letters, digits"),
+    (dict(kernel="cells"), TypeError, r"`kernel` of algorithm 'ok' must be callable \(\(MicroBatchProblem, M\)"),
+    (dict(padded=False, unpadded=False), ValueError, r"must solve padded or unpadded problems"),
+    (dict(kind="theirs"), ValueError, r"`kind` must be one of"),
+])
+def test_a_bad_record_is_refused(arguments, error, message):
+    with pytest.raises(error, match=message):
+        register_microbatch_algorithm(**{"name": "ok", "kernel": one_per_cell, **arguments})
+
+
+def test_an_entry_point_adds_a_microbatch_record_from_another_package(tmp_path):
+    """A distribution on the path (its dist-info declares the entry point) whose object is a
+    MicroBatchAlgorithm record: found by name in a fresh process, without touching orchmllm."""
+    (tmp_path / "cell_plugin.py").write_text(
+        "import numpy as np\n"
+        "from orchmllm.balancers import Kind, MicroBatchAlgorithm\n"
+        "from orchmllm.balancers.microbatch_plan import MicroBatchResult\n\n"
+        "def reverse_cells(problem, num_microbatches):\n"
+        "    if problem.num_items > num_microbatches * problem.num_ranks:\n"
+        "        return None\n"
+        "    cell = np.arange(problem.num_items, dtype=np.int64)[::-1].copy()\n"
+        "    return MicroBatchResult(cell % problem.num_ranks, cell // problem.num_ranks)\n\n"
+        "RECORD = MicroBatchAlgorithm('reverse_cells', reverse_cells, kind=Kind.PLUGIN, description='last item first')\n")
+    info = tmp_path / "cell_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cell-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[orchmllm.algorithms]\nreverse_cells = cell_plugin:RECORD\n")
+    script = ("import json\nfrom orchmllm import balance_microbatches\nfrom orchmllm.balancers import microbatch_algorithms\n"
+              "plan = balance_microbatches([5, 4, 3], 2, max_tokens_per_microbatch=8, algorithm='reverse_cells')\n"
+              "print(json.dumps({'rank': plan.rank.tolist(), 'microbatch': plan.microbatch.tolist(),\n"
+              "                  'kinds': {r.name: r.kind.value for r in microbatch_algorithms()}}))\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["rank"] == [0, 1, 0] and result["microbatch"] == [1, 0, 0]
+    assert result["kinds"]["reverse_cells"] == "plugin" and result["kinds"]["auto"] == "ours"
