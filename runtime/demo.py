@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -42,8 +43,9 @@ from .data import IGNORE, SyntheticMultimodal
 from .demo_report import DemoReport, summarize
 from .hierarchical import make_transport
 from .launch import spawn
+from .microbatch import MicroBatch
 from .model import ModelConfig, TinyMultimodalModel
-from .multistage import MultiStageRuntime
+from .multistage import MicroBatchRoutes, MultiStageRuntime
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, normalize_loss
 from .replay import WorkRecorder, replay_in_isolation
@@ -143,27 +145,57 @@ def _sample_ids(ids: torch.Tensor, group=None) -> list[int]:
     return sorted(i for part in gathered for i in part)
 
 
-def _train_step(runtime, routes, batch, model, device, clock, stats, recorder: WorkRecorder | None = None):
-    """One forward/backward through `runtime`; returns (busy seconds, sample ids received).
-    `recorder` keeps the tensors every stage ran on, for the isolated replay."""
+def _train_step(runtime, routes, batch, model, clock, stats, recorders: Callable | None = None):
+    """One forward/backward through `runtime`, micro-batch by micro-batch for `MicroBatchRoutes`
+    (gradients accumulate; every micro-batch's loss is divided by the loss tokens of the whole
+    step); returns (busy seconds of every micro-batch, one for a plain step; sample ids received).
+    `recorders(index)` gives the WorkRecorder keeping the tensors micro-batch `index` ran on,
+    for the isolated replay."""
     moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs, stats=stats)
-    labels = moved.text["labels"]
-    encoders = model.encoders() if recorder is None else recorder.encoders(model)
-    busy_start = clock()
-    packed = runtime.forward(routes, moved, encoders=encoders, text_embedding=model.llm.embed, stats=stats)
-    logits = model.llm(packed.embeddings, packed.sample_lengths)
-    packed_labels = packed.scatter_text(labels, IGNORE)
-    loss_sum = model.loss_sum(logits, packed_labels)
-    normalize_loss(loss_sum, (labels != IGNORE).sum(), runtime.group, gradient_reduction="sum").backward()
-    busy = clock() - busy_start
-    if recorder is not None:
-        recorder.llm(packed.embeddings, packed.sample_lengths, packed_labels)
-    return busy, moved.per_sample["sample_id"]
+    parts = (runtime.microbatches(routes, moved) if isinstance(routes, MicroBatchRoutes)
+             else [MicroBatch(0, 1, np.empty(0, dtype=np.int64), moved, 0, group_size(runtime.group), routes)])
+    busy, ids = [], []
+    for micro in parts:
+        recorder = None if recorders is None else recorders(micro.index)
+        labels = micro.data.text["labels"]
+        encoders = model.encoders() if recorder is None else recorder.encoders(model)
+        busy_start = clock()
+        packed = runtime.forward(micro.routes, micro.data, encoders=encoders, text_embedding=model.llm.embed,
+                                 stats=stats)
+        logits = model.llm(packed.embeddings, packed.sample_lengths)
+        packed_labels = packed.scatter_text(labels, IGNORE)
+        loss_sum = model.loss_sum(logits, packed_labels)
+        denominator = micro if isinstance(routes, MicroBatchRoutes) else (labels != IGNORE).sum()
+        normalize_loss(loss_sum, denominator, runtime.group, gradient_reduction="sum").backward()
+        busy.append(clock() - busy_start)
+        if recorder is not None:
+            recorder.llm(packed.embeddings, packed.sample_lengths, packed_labels)
+        ids.append(micro.data.per_sample["sample_id"])
+    return busy, torch.cat(ids)
 
 
-def _planned_loads(routes) -> list[float]:
-    """Per rank, the step's planned cost: the stage plans' loads summed over stages."""
-    return np.sum([plan.loads for plan in routes.step.stage_plans], axis=0).tolist()
+def _loss_tokens(batch) -> list[int]:
+    """Loss tokens of every local sample (labels other than IGNORE), for the step's loss denominator."""
+    return [int(part.ne(IGNORE).sum()) for part in batch.text["labels"].split([s.text for s in batch.samples])]
+
+
+def _step_plans(routes) -> tuple:
+    """The StepPlans of a step: one, or one per micro-batch."""
+    return routes.step.microbatches if isinstance(routes, MicroBatchRoutes) else (routes.step,)
+
+
+def _planned_loads(routes) -> list[list[float]]:
+    """Per micro-batch (one for a plain step), per rank, the planned cost: the stage plans' loads
+    summed over stages."""
+    return [np.sum([plan.loads for plan in step.stage_plans], axis=0).tolist() for step in _step_plans(routes)]
+
+
+def _stage_imbalance(routes) -> dict:
+    """Per stage, Σ_m makespan / Σ_m mean load over the step's micro-batches (one for a plain step)."""
+    plans = _step_plans(routes)
+    return {stage.stage.name: float(sum(p.stage_plans[i].makespan for p in plans)
+                                    / max(sum(p.stage_plans[i].loads.mean() for p in plans), 1e-300))
+            for i, stage in enumerate(plans[0].stage_plans)}
 
 
 @dataclass(frozen=True)
@@ -173,7 +205,9 @@ class DemoOptions:
     `CostModel.from_transformer` of each stage, no timing), and how many identical passes
     each busy time is the minimum of (CPU time only grows when co-scheduled processes
     evict caches or share a core, so the minimum filters that noise), and of how many
-    runs each stage's isolated replay time is (`replay.py`)."""
+    runs each stage's isolated replay time is (`replay.py`).  `max_tokens_per_microbatch`:
+    the balanced step runs as gradient-accumulation micro-batches of at most this many LLM
+    tokens per rank (the unbalanced reference stays one pass per rank); None: one pass."""
 
     samples_per_rank: int = 16
     algorithm: str = "auto"
@@ -182,8 +216,13 @@ class DemoOptions:
     costs: str = "calibrated"
     repeats: int = 3
     replay_repeats: int = 5
+    max_tokens_per_microbatch: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_tokens_per_microbatch is not None and (not is_int(self.max_tokens_per_microbatch)
+                                                           or self.max_tokens_per_microbatch < 1):
+            raise ValueError(f"`max_tokens_per_microbatch` must be an int >= 1 or None; "
+                             f"got {self.max_tokens_per_microbatch!r}")
         for name in ("repeats", "replay_repeats"):
             if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be an int >= 1; got {getattr(self, name)!r}")
@@ -209,13 +248,19 @@ def flops_costs(config: ModelConfig) -> dict:
             "llm": CostModel(linear=llm.linear + head, quadratic=llm.quadratic)}
 
 
-def _extra_passes(runtime, routes, batch, model, device, clock, passes: int) -> float:
-    """Run `passes` more identical steps (gradients discarded); their least busy time."""
-    best = float("inf")
+def _extra_passes(runtime, routes, batch, model, clock, passes: int) -> list[float]:
+    """Run `passes` more identical steps (gradients discarded); per micro-batch, their least busy time."""
+    best = None
     for _ in range(passes):
-        best = min(best, _train_step(runtime, routes, batch, model, device, clock, None)[0])
+        busy = _train_step(runtime, routes, batch, model, clock, None)[0]
+        best = busy if best is None else np.minimum(best, busy).tolist()
         model.zero_grad(set_to_none=True)
     return best
+
+
+def _least(busy: list, extra: list | None) -> list[float]:
+    """Per micro-batch, the least of a pass's busy times and those of the extra passes."""
+    return busy if extra is None else np.minimum(busy, extra).tolist()
 
 
 def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str = "float32",
@@ -242,9 +287,12 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
         costs, fit_errors = fitted[0]
     stages = demo_stages(costs, config, options.algorithm, torch.finfo(torch_dtype).bits // 8)
     mover = make_transport(options.transport, gpus_per_node=options.gpus_per_node)
-    balanced = MultiStageRuntime(stages, transport=mover, check_plan=True)
+    microbatching = {} if options.max_tokens_per_microbatch is None else {
+        "max_tokens_per_microbatch": options.max_tokens_per_microbatch}
+    balanced = MultiStageRuntime(stages, transport=mover, check_plan=True, **microbatching)
     unbalanced = MultiStageRuntime(stages, transport=mover, balance_encoders=False, balance_llm=False)
-    prefetcher = Prefetcher(lambda samples, group: balanced.plan(samples, metadata_group=group))
+    prefetcher = Prefetcher(lambda samples, loss_tokens, group: balanced.plan(samples, loss_tokens=loss_tokens,
+                                                                             metadata_group=group))
     # A group of one per rank: the same batch computed alone on every rank measures the
     # busy-time noise floor (identical work, so any max/mean above 1 is measurement noise).
     alone = None
@@ -257,7 +305,7 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     record = {"busy_unbalanced": [], "busy_balanced": [], "grad_diff": [], "ids_sent": [],
               "ids_unbalanced": [], "ids_balanced": [], "step_seconds": [], "exchange_seconds": [],
               "plan_wait_seconds": [], "planning_seconds": [], "bytes_sent": [], "stage_imbalance": [],
-              "busy_identical": [], "planned_balanced": [], "planned_unbalanced": []}
+              "busy_identical": [], "planned_balanced": [], "planned_unbalanced": [], "num_microbatches": []}
     recorded = {}  # (mode, step) -> the StageWork of that pass, replayed in isolation afterwards
     concurrent_start = time.perf_counter()
     next_routes = None
@@ -266,18 +314,18 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
         record["ids_sent"].append(_sample_ids(batch.per_sample["sample_id"]))
         same = data.local_batch(step, 0, torch_dtype).to(device)
         same_routes = alone.plan(same.samples)
-        extra = _extra_passes(alone, same_routes, same, model, device, clock, options.repeats - 1)
+        extra = _extra_passes(alone, same_routes, same, model, clock, options.repeats - 1)
         recorded["identical", step] = WorkRecorder()
-        busy, _ = _train_step(alone, same_routes, same, model, device, clock, None, recorded["identical", step])
-        record["busy_identical"].append(min(extra, busy))
+        busy, _ = _train_step(alone, same_routes, same, model, clock, None, lambda _: recorded["identical", step])
+        record["busy_identical"].append(_least(busy, extra)[0])
         model.zero_grad(set_to_none=True)
 
         routes = unbalanced.plan(batch.samples)
         record["planned_unbalanced"].append(_planned_loads(routes))
-        extra = _extra_passes(unbalanced, routes, batch, model, device, clock, options.repeats - 1)
+        extra = _extra_passes(unbalanced, routes, batch, model, clock, options.repeats - 1)
         recorded["unbalanced", step] = WorkRecorder()
-        busy, ids = _train_step(unbalanced, routes, batch, model, device, clock, None, recorded["unbalanced", step])
-        record["busy_unbalanced"].append(min(busy, extra))
+        busy, ids = _train_step(unbalanced, routes, batch, model, clock, None, lambda _: recorded["unbalanced", step])
+        record["busy_unbalanced"].append(_least(busy, extra)[0])
         record["ids_unbalanced"].append(_sample_ids(ids))
         all_reduce_gradients(parameters, op="sum")
         reference = [p.grad.clone() for p in parameters]
@@ -286,31 +334,38 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
         stats: dict = {}
         if next_routes is None:  # the first step has nothing to overlap with
             plan_start = time.perf_counter()
-            routes = balanced.plan(batch.samples)
+            routes = balanced.plan(batch.samples, loss_tokens=_loss_tokens(batch))
             wait, planning = time.perf_counter() - plan_start, routes.planning_seconds
         else:
             routes, wait, planning = next_routes
-        extra = _extra_passes(balanced, routes, batch, model, device, clock, options.repeats - 1)
+        extra = _extra_passes(balanced, routes, batch, model, clock, options.repeats - 1)
+        following_batch = data.local_batch(step + 1, rank, torch_dtype) if step + 1 < steps else None
         step_start = time.perf_counter() - wait
         if step + 1 < steps:
             planning_before, wait_before = prefetcher.planning_seconds, prefetcher.wait_seconds
-            prefetcher.submit(data.samples(step + 1, rank))
-        recorded["balanced", step] = WorkRecorder()
-        busy, ids = _train_step(balanced, routes, batch, model, device, clock, stats, recorded["balanced", step])
+            prefetcher.submit(following_batch.samples, _loss_tokens(following_batch))
+        cells = {}  # micro-batch index -> its WorkRecorder
+
+        def cell(index, cells=cells):
+            return cells.setdefault(index, WorkRecorder())
+
+        busy, ids = _train_step(balanced, routes, batch, model, clock, stats, cell)
+        for index, recorder in cells.items():
+            recorded["balanced", step, index] = recorder
         all_reduce_gradients(parameters, op="sum")
         if step + 1 < steps:
             following = prefetcher.result()
             next_routes = (following, prefetcher.wait_seconds - wait_before,
                            prefetcher.planning_seconds - planning_before)
         record["step_seconds"].append(time.perf_counter() - step_start)
-        record["busy_balanced"].append(min(busy, extra))
+        record["busy_balanced"].append(_least(busy, extra))
+        record["num_microbatches"].append(len(busy))
         record["ids_balanced"].append(_sample_ids(ids))
         record["exchange_seconds"].append(stats.get("exchange_seconds", 0.0))
         record["bytes_sent"].append(stats.get("exchange_bytes_sent", 0))
         record["plan_wait_seconds"].append(wait)
         record["planning_seconds"].append(planning)
-        record["stage_imbalance"].append({p.stage.name: float(p.makespan / max(p.loads.mean(), 1e-300))
-                                          for p in routes.step.stage_plans})
+        record["stage_imbalance"].append(_stage_imbalance(routes))
         record["planned_balanced"].append(_planned_loads(routes))
         record["grad_diff"].append(compare_gradients(reference, [p.grad for p in parameters]))
         optimizer.step()
@@ -325,8 +380,10 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     if rank == 0:
         isolated.update({("identical", step): isolated["unbalanced", step] for step in range(steps)})
     record["replay_seconds"] = time.perf_counter() - replay_start
-    for mode in ("balanced", "unbalanced", "identical"):
+    for mode in ("unbalanced", "identical"):
         record[f"isolated_{mode}"] = [isolated[mode, step] for step in range(steps)]
+    record["isolated_balanced"] = [[isolated["balanced", step, index] for index in range(count)]
+                                   for step, count in enumerate(record["num_microbatches"])]
     record["fit_errors"] = fit_errors
     record["costs"] = {name: [c.per_item, c.linear, c.quadratic] for name, c in costs.items()}
     return record
@@ -352,8 +409,9 @@ def compare_gradients(reference, other) -> dict:
             "grad_max_rel_diff_per_tensor": max(per_tensor, default=0.0)}
 
 
-def check_run(ranks: int, steps: int, dtype: str, options: DemoOptions) -> None:
-    """Raise ValueError for a demo run that cannot start (before any process is spawned)."""
+def check_run(ranks: int, steps: int, dtype: str, options: DemoOptions, seed: int = 0) -> None:
+    """Raise ValueError for a demo run that cannot start (before any process is spawned),
+    e.g. a micro-batch budget below the longest sample of the run (from the metadata alone)."""
     for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1)):
         if not is_int(value) or value < low:
             raise ValueError(f"`{name}` must be an int >= {low}; got {value!r}")
@@ -362,27 +420,39 @@ def check_run(ranks: int, steps: int, dtype: str, options: DemoOptions) -> None:
     if options.transport == "hierarchical" and (options.gpus_per_node is None or ranks % options.gpus_per_node):
         raise ValueError(f"transport 'hierarchical' needs `gpus_per_node` dividing ranks={ranks}; "
                          f"got {options.gpus_per_node}")
+    budget = options.max_tokens_per_microbatch
+    if budget is not None:
+        data = SyntheticMultimodal(ModelConfig(), options.samples_per_rank, seed)
+        longest = max(((sample.llm_length, step, rank) for step in range(steps) for rank in range(ranks)
+                       for sample in data.samples(step, rank)), default=(0, 0, 0))
+        if longest[0] > budget:
+            raise ValueError(f"`max_tokens_per_microbatch` must hold the longest sample: {longest[0]} LLM tokens "
+                             f"(step {longest[1]}, rank {longest[2]}) is the smallest budget that works; "
+                             f"got {budget}")
 
 
 def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float32", *,
              samples_per_rank: int = 16, algorithm: str = "auto", transport: str = "flat",
              gpus_per_node: int | None = None, costs: str = "calibrated", repeats: int = 3,
-             replay_repeats: int = 5, options: DemoOptions | None = None, timeout_s: float = 600.0) -> DemoReport:
+             replay_repeats: int = 5, max_tokens_per_microbatch: int | None = None,
+             options: DemoOptions | None = None, timeout_s: float = 600.0) -> DemoReport:
     """Spawn `ranks` CPU gloo processes, train `steps` steps with and without
     post-balancing on the same data, replay every rank's work in isolation, and return
     the report (`DemoReport`; `report.failed_checks()` is the pass/fail verdict).
 
     Each concurrent busy time is the minimum over `repeats` identical passes of the
-    step, each isolated stage time the minimum over `replay_repeats` runs; `options`, if
-    given, replaces those keyword arguments.
+    step, each isolated stage time the minimum over `replay_repeats` runs; with
+    `max_tokens_per_microbatch` the balanced step is micro-batched (gradient accumulation).
+    `options`, if given, replaces those keyword arguments.
     """
     if options is None:
-        options = DemoOptions(samples_per_rank, algorithm, transport, gpus_per_node, costs, repeats, replay_repeats)
-    check_run(ranks, steps, dtype, options)
+        options = DemoOptions(samples_per_rank, algorithm, transport, gpus_per_node, costs, repeats, replay_repeats,
+                              max_tokens_per_microbatch)
+    check_run(ranks, steps, dtype, options, seed)
     start = time.perf_counter()
     records = spawn(train, ranks, args=(steps, seed, dtype, options),
                     timeout_s=timeout_s, collective_timeout_s=min(timeout_s, 120.0))
-    return summarize(records, ranks, steps, dtype, time.perf_counter() - start)
+    return summarize(records, ranks, steps, dtype, time.perf_counter() - start, options.max_tokens_per_microbatch)
 
 
 def run_demo_in_process_group(steps: int = 3, seed: int = 0, dtype: str = "float32", *,
@@ -391,7 +461,7 @@ def run_demo_in_process_group(steps: int = 3, seed: int = 0, dtype: str = "float
     demo`): NCCL when CUDA is available, else gloo.  The report on rank 0, None elsewhere."""
     start = time.perf_counter()
     rank, world_size = init_distributed()
-    check_run(world_size, steps, dtype, options)
+    check_run(world_size, steps, dtype, options, seed)
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
     try:
@@ -400,6 +470,7 @@ def run_demo_in_process_group(steps: int = 3, seed: int = 0, dtype: str = "float
         dist.all_gather_object(records, record)
     finally:
         dist.destroy_process_group()
-    return summarize(records, world_size, steps, dtype, time.perf_counter() - start) if rank == 0 else None
+    return (summarize(records, world_size, steps, dtype, time.perf_counter() - start,
+                      options.max_tokens_per_microbatch) if rank == 0 else None)
 
 

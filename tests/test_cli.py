@@ -225,6 +225,39 @@ def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
     assert "check failed" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_demo_with_gradient_accumulation_matches_the_unbalanced_one_pass_gradient(dtype, capsys):
+    """Issue 12: the balanced step as M >= 2 micro-batches on 2 gloo ranks gives the gradient of
+    the unbalanced, un-micro-batched step (float64 within 1e-12, float32 1e-5 relative), no
+    sample lost or duplicated, and per-micro-batch busy figures."""
+    result = orchmllm("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json", "--dtype", dtype,
+                      "--costs", "flops", "--repeats", "1", "--replay-repeats", "1",
+                      "--max-tokens-per-microbatch", "800")
+    report = json.loads(result.stdout)
+    from orchmllm.runtime.demo_report import DemoReport
+
+    typed = DemoReport(**report)
+    assert result.returncode == (1 if typed.failed_checks() else 0), result.stderr
+    assert report["max_tokens_per_microbatch"] == 800 and report["num_microbatches"][0] >= 2
+    if dtype == "float64":
+        assert report["grad_max_abs_diff"] <= 1e-12 and report["grad_max_rel_diff"] <= 1e-12
+    else:
+        assert report["grad_max_rel_diff"] <= 1e-5
+    assert report["samples_lost"] == 0 and report["samples_duplicated"] == 0
+    for suffix in ("", "_isolated", "_planned"):
+        cells = report[f"microbatch_busy_max_over_mean{suffix}_per_cell"]
+        assert len(cells) == 1 and len(cells[0]) == report["num_microbatches"][0]
+        assert all(value >= 1 for value in cells[0])
+        # Σ_m max_r / Σ_m mean_r lies between the best and the worst micro-batch's max / mean
+        assert min(cells[0]) - 1e-12 <= report[f"microbatch_busy_max_over_mean{suffix}"] <= max(cells[0]) + 1e-12
+    from orchmllm.cli.demo import print_demo
+
+    assert print_demo(typed) == typed.failed_checks()
+    out = capsys.readouterr().out
+    assert "micro-batched balanced step (<= 800 tokens per rank and micro-batch" in out
+    assert "per micro-batch, slowest rank / mean, isolated: step 0:" in out
+
+
 def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path, capsys):
     result = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "8", "--json")
     assert result.returncode == 0, result.stderr
@@ -304,6 +337,11 @@ BAD_INPUTS = {
     "demo bad dtype": (["demo", "--dtype", "int8"], "invalid choice: 'int8'"),
     "demo nodes not dividing ranks": (["demo", "--transport", "hierarchical", "--gpus-per-node", "3"],
                                       "needs `gpus_per_node` dividing ranks=4"),
+    "demo micro-batch budget 0": (["demo", "--max-tokens-per-microbatch", "0"],
+                                  "--max-tokens-per-microbatch must be >= 1; got 0"),
+    "demo micro-batch budget below the longest sample": (
+        ["demo", "--max-tokens-per-microbatch", "100"],
+        "must hold the longest sample: 509 LLM tokens (step 2, rank 3) is the smallest budget"),
     "bad workload line": (["compare", "--workload-file", "{tmp}/samples.jsonl", "-D", "1", "--items-per-rank", "2"],
                           "line 2"),
     "unknown algorithm": (["compare", "--algorithms", "lpt,greedy"], "unknown algorithm 'greedy'"),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchmllm.runtime.demo_report import BALANCED_ISOLATED_TARGET, DemoReport
+from orchmllm.runtime.demo_report import BALANCED_ISOLATED_TARGET, DemoReport, synchronised_max_over_mean
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
 from orchmllm.runtime.replay import StageWork, replay_in_isolation
@@ -18,7 +18,9 @@ def passing_report(**changes) -> DemoReport:
     fields = {field.name: 0.0 for field in dataclasses.fields(DemoReport)}
     fields.update(ranks=4, steps=1, dtype="float32", samples_lost=0, samples_duplicated=0, exchange_bytes_sent=0,
                   busy_max_over_mean_balanced_isolated=1.02, busy_max_over_mean_unbalanced_isolated=1.2,
-                  busy_max_over_mean_identical_work_isolated=1.01, cost_models={}, cost_fit_rel_rms={})
+                  busy_max_over_mean_identical_work_isolated=1.01, cost_models={}, cost_fit_rel_rms={},
+                  num_microbatches=[1], max_tokens_per_microbatch=None)
+    fields.update({field.name: None for field in dataclasses.fields(DemoReport) if field.name.startswith("microbatch_")})
     fields.update(changes)
     return DemoReport(**fields)
 
@@ -36,6 +38,23 @@ def test_the_check_uses_the_isolated_figures_not_the_concurrent_ones():
     assert passing_report(busy_max_over_mean_balanced=1.4, busy_max_over_mean_unbalanced=1.1).failed_checks() == []
     assert passing_report(ranks=1, busy_max_over_mean_balanced_isolated=1.0,
                           busy_max_over_mean_unbalanced_isolated=1.0).failed_checks() == []  # nothing to balance
+
+
+def test_a_micro_batched_report_is_checked_on_its_synchronised_figure_and_float32_accumulation_tolerance():
+    micro = passing_report(max_tokens_per_microbatch=512, num_microbatches=[3], grad_max_rel_diff=5e-6,
+                           microbatch_busy_max_over_mean_isolated=1.03)
+    assert micro.failed_checks() == []  # 5e-6: within float32 rounding over 3 accumulated micro-batches
+    assert passing_report(grad_max_rel_diff=5e-6).failed_checks() == ["gradients differ by 5e-06 (relative) > 1e-06"]
+    slow = dataclasses.replace(micro, microbatch_busy_max_over_mean_isolated=1.3)  # per-rank sums 1.02 do not hide it
+    assert slow.failed_checks() == [f"isolated busy max/mean balanced 1.300 > {BALANCED_ISOLATED_TARGET} "
+                                    "(noise floor 1.010)",
+                                    "isolated busy max/mean balanced 1.300 is not below unbalanced 1.200"]
+
+
+def test_synchronised_max_over_mean_charges_every_micro_batch_its_slowest_rank():
+    # per-rank sums are equal (3 and 3), yet each micro-batch waits for its slowest rank
+    assert synchronised_max_over_mean([[2.0, 1.0], [1.0, 2.0]]) == pytest.approx(4.0 / 3.0)
+    assert synchronised_max_over_mean([[0.0, 0.0]]) == 1.0
 
 
 def test_report_is_frozen_and_its_json_keys_are_the_fields():
