@@ -12,6 +12,7 @@ import numpy as np
 from .partial_plan import PartialPlan
 
 ROOMY_PARTNERS = 16  # roomiest ranks searched first for a partner from another node
+REPAIR_SEARCHES = 128  # byte-aware searches (`best_fix` rounds) before `repair` gives up
 ACROSS_CANDIDATES = (16, 256)  # smallest swaps per item tried by the passes of `repair_across_nodes`
 
 
@@ -232,7 +233,9 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     still offer one (room >= load_r - target) or a better partial one (a partner p
     lowers the peak to (load_r + load_p) / 2 at best), so a search passes over the items
     of the few ranks that can help, not of every rank.  The first full fix found is
-    taken; partial fixes are the best over all ranks.  Stops when no candidate improves.
+    taken; partial fixes are the best over all ranks.  Stops when no candidate improves,
+    or after `REPAIR_SEARCHES` searches (the caller then falls back to placing the plain
+    plan: `locality.balance_locally`).
     """
     repair_in_node(state, gpus_per_node)
     for candidates in ACROSS_CANDIDATES:
@@ -243,7 +246,7 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     by_rank = np.argsort(state.destinations, kind="stable")
     bounds = np.searchsorted(state.destinations[by_rank], np.arange(num_ranks + 1)).tolist()
     members = [by_rank[bounds[r]:bounds[r + 1]] for r in range(num_ranks)]
-    for _ in range(4 * num_ranks):
+    for _ in range(min(4 * num_ranks, REPAIR_SEARCHES)):
         rank = int(np.argmax(state.loads))
         if state.loads[rank] <= state.target:
             return

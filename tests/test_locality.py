@@ -304,3 +304,27 @@ def test_first_three_phases_match_their_plain_code(seed, capped):
                                    np.inf if cap is None else cap, DEAL_WINDOW * gpus_per_node)
     np.testing.assert_array_equal(state.destinations, expected)
     assert np.bincount(state.destinations, weights=problem.item_costs, minlength=num_ranks) == pytest.approx(state.loads)
+
+
+def test_regression_micro_batched_cells_ran_thousands_of_byte_aware_searches(monkeypatch):
+    """Cause: at zero slack under a tight token budget (the cells of a micro-batched step at
+    T = 8k on 2560 ranks) no single move or swap fixes most over-target ranks, and `repair`
+    ran up to 4·D searches (3072 in one step, 1.5 s).  Now it stops after REPAIR_SEARCHES and
+    the plain plan is placed instead; the plan stays within the target either way."""
+    lengths, sources = llm_stage_lengths(64, 8, 4)
+    cap = int(lengths.max()) * 3
+    plain = balance(lengths, 64, algorithm="lpt", max_tokens_per_rank=cap)
+    searches = []
+    best_fix = locality_repair.best_fix
+    monkeypatch.setattr(locality_repair, "best_fix", lambda *args: (searches.append(1), best_fix(*args))[1])
+
+    def run():
+        searches.clear()
+        plan = balance(lengths, 64, algorithm="lpt", max_tokens_per_rank=cap, sources=sources,
+                       item_bytes=lengths * 4096.0, topology=Topology(8, 8), makespan_slack=0.0)
+        _check(plan, plain, lengths, 0.0, cap)
+        return len(searches)
+
+    assert run() > 2
+    monkeypatch.setattr(locality_repair, "REPAIR_SEARCHES", 2)
+    assert run() == 2
