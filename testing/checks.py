@@ -27,22 +27,29 @@ def _oracle(lengths, num_ranks, cost, padded, cap, costs, equal_counts, groups) 
                        costs=costs, equal_counts=equal_counts, groups=groups)
 
 
+def _necessary_bound(item_costs: np.ndarray, num_ranks: int) -> float:
+    """max(total / D, for every k the k+1 smallest of the k·D+1 largest costs): some rank holds them."""
+    ordered = sorted(item_costs.tolist(), reverse=True)
+    held = [math.fsum(ordered[k * num_ranks - k:k * num_ranks + 1]) for k in range((len(ordered) - 1) // num_ranks + 1)]
+    return max([math.fsum(ordered) / num_ranks] + held)
+
+
 def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=False, max_tokens_per_rank=None,
                costs=None, equal_counts=False, groups=None, optimum=_AUTO) -> None:
     """Raise AssertionError unless `plan` is a certified plan of this input.
 
     Checked from the input alone: one rank in [0, D) per item; loads (summed in item
-    order) and tokens exact; makespan = max load; 0 <= lower bound <= makespan and at least
-    max(total / D, largest cost) unconstrained; the cap, equal counts and groups held;
-    `optimal` iff makespan == bound.  Against `optimum` (default: the padded DP, or brute
-    force when D**n is small; None skips it): makespan >= optimum >= bound, equal when
-    the status is optimal.  The options are `balance()`'s.
+    order) and tokens exact; makespan = max load; 0 <= lower bound <= makespan and, without
+    constraints, at least max(total / D, the k+1 smallest of the k·D+1 largest costs); the
+    cap, equal counts and groups held; `optimal` iff makespan == bound.  Against `optimum`
+    (default: the padded DP, or brute force when D**n is small; None skips it): makespan >=
+    optimum >= bound, equal when the status is optimal.  The options are `balance()`'s.
 
     >>> from orchmllm import balance
     >>> check_plan(balance([5, 4, 3, 3, 3], 2, algorithm="lpt"), [5, 4, 3, 3, 3], 2)
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    cost = CostModel() if cost is None else cost
+    cost = CostModel() if cost is None and costs is None else cost  # explicit costs: the plan has no model
     n = lengths.size
     assignment = np.asarray(plan.assignment)
     if plan.num_ranks != num_ranks or plan.padded != padded or plan.cost != cost:
@@ -81,9 +88,10 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
     if not 0 <= bound <= makespan:
         _fail(plan, f"lower bound {bound} is not in [0, makespan {makespan}]")
     if costs is None and not equal_counts and groups is None:
-        trivial = max(math.fsum(item_costs.tolist()) / num_ranks, float(item_costs.max()))
-        if bound < min(trivial, makespan) * (1 - 1e-12):
-            _fail(plan, f"lower bound {bound} is below max(total / D, largest cost) = {trivial}")
+        necessary = _necessary_bound(item_costs, num_ranks)
+        if bound < min(necessary, makespan) * (1 - 1e-12):
+            _fail(plan, f"lower bound {bound} is below max(total / D, the k+1 smallest of the k·D+1 largest "
+                        f"costs) = {necessary}")
     if (plan.status is Status.OPTIMAL) != (makespan == bound):
         _fail(plan, f"status {plan.status} with makespan {makespan} and bound {bound}")
     cap = max_tokens_per_rank

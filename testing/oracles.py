@@ -6,6 +6,7 @@ count(r) · f(max l_i on r) (padded), subject to tokens(r) <= max_tokens_per_ran
 are summed in item order, as `BalancePlan.loads` is, so optima compare with `==`.
 
     brute_force      all D**n assignments; also explicit `costs`, `equal_counts`, `groups`
+    brute_force_of   the same for a kernel's `Problem`
     padded_optimum   O(n² D) DP over runs of the length-sorted items (padded cost)
     exact            the dependable exact answer: the padded DP, brute force when tiny,
                      else the registry's exact solver, which must prove optimality
@@ -62,6 +63,8 @@ def _item_costs(lengths: np.ndarray, cost, costs) -> np.ndarray:
 
 def _all_plans(num_items: int, num_ranks: int):
     """Every assignment, in chunks of rows; item 0 is the fastest-changing digit."""
+    num_items = as_int(num_items, "num_items", minimum=0)
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
     total = num_ranks**num_items
     if total > BRUTE_FORCE_MAX_PLANS:
         raise ValueError(f"brute force over {num_ranks}**{num_items} = {total} plans exceeds "
@@ -70,6 +73,18 @@ def _all_plans(num_items: int, num_ranks: int):
     for start in range(0, total, _CHUNK):
         codes = np.arange(start, min(start + _CHUNK, total), dtype=np.int64)
         yield (codes[:, None] // powers) % num_ranks
+
+
+def all_assignments(num_items: int, num_ranks: int) -> np.ndarray:
+    """Every assignment of `num_items` items to `num_ranks` ranks: a (D**n, n) int64 array.
+
+    Row k is k written in base D, item 0 the fastest-changing digit (the order `brute_force`
+    enumerates in); beyond `BRUTE_FORCE_MAX_PLANS` rows this raises ValueError.
+
+    >>> all_assignments(2, 2).tolist()
+    [[0, 0], [1, 0], [0, 1], [1, 1]]
+    """
+    return np.concatenate(list(_all_plans(num_items, num_ranks)))
 
 
 def _per_rank(plans: np.ndarray, num_ranks: int, values: np.ndarray, reduce) -> np.ndarray:
@@ -138,6 +153,19 @@ def brute_force(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_r
         return Optimum(None, None, fewest_tokens, "brute_force")
     best_plan.setflags(write=False)
     return Optimum(best, best_plan, fewest_tokens, "brute_force")
+
+
+def brute_force_of(problem) -> Optimum:
+    """`brute_force` of a kernel's `Problem`: its lengths, ranks, costs, padding, cap and equal counts.
+
+    >>> from orchmllm.balancers import make_problem
+    >>> brute_force_of(make_problem([5, 4, 3, 3, 3], 2, costs=[1, 1, 1, 1, 9])).makespan
+    9.0
+    """
+    explicit = problem.cost is None
+    return brute_force(problem.lengths, problem.num_ranks, cost=problem.cost, padded=problem.padded,
+                       max_tokens_per_rank=problem.max_tokens_per_rank, equal_counts=problem.equal_counts,
+                       costs=problem.item_costs if explicit else None)
 
 
 def _sorted_runs_dp(run_costs, num_ranks: int):

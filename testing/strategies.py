@@ -134,7 +134,12 @@ def load_profile(name: str | None = None) -> None:
     """Register the deterministic "ci" and exploratory "dev" profiles; load `name`.
 
     `name` defaults to $HYPOTHESIS_PROFILE, else "ci": derandomized, no deadline, 60
-    examples, the failing example's blob printed.  "dev" runs 300 random examples.
+    examples, the failing example's blob printed.  "dev" runs 300 random examples.  Call
+    it from a `conftest.py` (orchmllm's own tests do).
+
+    >>> load_profile()
+    >>> settings.get_profile("ci").max_examples, settings.get_profile("ci").derandomize
+    (60, True)
     """
     settings.register_profile("ci", derandomize=True, deadline=None, max_examples=60, print_blob=True,
                               suppress_health_check=[HealthCheck.too_slow])

@@ -1,12 +1,5 @@
-"""Shared test configuration: a deterministic Hypothesis profile by default."""
+"""Shared test configuration: the toolkit's deterministic Hypothesis profile by default."""
 
-import os
+from orchmllm.testing import load_profile
 
-from hypothesis import HealthCheck, settings
-
-settings.register_profile(
-    "ci", derandomize=True, deadline=None, max_examples=60, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile("dev", deadline=None, max_examples=300)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+load_profile()

@@ -13,6 +13,7 @@ from orchmllm.balancers import CostModel, balance, make_problem
 from orchmllm.balancers import auto, group_search, local_search, lpt, slack
 from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.balancers.problem import rank_loads, rank_tokens
+from orchmllm.testing import brute_force
 
 
 def makespan(problem, assignment):
@@ -105,8 +106,7 @@ def test_slack_is_the_papers_tuple_ordered_list_scheduling(lengths, num_ranks):
 @given(lengths=st.lists(st.integers(1, 40), min_size=2, max_size=7), num_ranks=st.integers(2, 3))
 def test_slack_is_within_lpts_guarantee_of_the_optimum(lengths, num_ranks):
     problem = make_problem(lengths, num_ranks)
-    plans = np.array(list(itertools.product(range(num_ranks), repeat=len(lengths))))
-    optimum = min(np.bincount(plan, weights=problem.item_costs, minlength=num_ranks).max() for plan in plans)
+    optimum = brute_force(lengths, num_ranks).makespan
     assert makespan(problem, slack.solve(problem).assignment) <= (4 / 3 - 1 / (3 * num_ranks)) * optimum
 
 

@@ -5,8 +5,6 @@ and any installed plugin's), each case only where its record says it applies, so
 registered kernel is held to the same invariants without editing this file.
 """
 
-import itertools
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,7 +13,8 @@ from hypothesis import strategies as st
 import orchmllm.study.peers  # noqa: F401  (registers the peers' records)
 from orchmllm.balancers import (ALGORITHMS, CostModel, InfeasibleError, Kind, Status, algorithms, balance,
                                 make_problem)
-from orchmllm.balancers.problem import lower_bound, rank_loads, rank_tokens
+from orchmllm.balancers.problem import lower_bound
+from orchmllm.testing import brute_force_of, check_plan
 
 RECORDS = algorithms()
 NAMES = [record.name for record in RECORDS]
@@ -26,41 +25,9 @@ COSTS = {"linear": CostModel(), "quadratic": CostModel(per_item=3, linear=1, qua
 TIME_LIMIT = 20.0  # generous: tiny instances are proven long before it, so no wall-clock cut
 
 
-def all_assignments(num_items, num_ranks):
-    return np.array(list(itertools.product(range(num_ranks), repeat=num_items)), dtype=np.int64)
-
-
-def brute_force(problem):
-    """(optimal makespan, or inf when no plan meets the cap) by enumerating every plan."""
-    plans = all_assignments(problem.num_items, problem.num_ranks)
-    best = np.inf
-    for plan in plans:
-        tokens = rank_tokens(problem, plan)
-        if problem.max_tokens_per_rank is None or tokens.max() <= problem.max_tokens_per_rank:
-            best = min(best, float(rank_loads(problem, plan).max()))
-    return best
-
-
 def solve(name, lengths, num_ranks, *, padded=False, cap=None, cost=None):
     return balance(lengths, num_ranks, algorithm=name, padded=padded, cost=cost,
                    max_tokens_per_rank=cap, time_limit=TIME_LIMIT)
-
-
-def check_certified(plan, problem):
-    """The invariants every plan must satisfy."""
-    assert plan.assignment.shape == (problem.num_items,) and plan.assignment.dtype == np.int64
-    assert plan.assignment.min() >= 0 and plan.assignment.max() < problem.num_ranks
-    assert np.bincount(plan.assignment, minlength=problem.num_ranks).sum() == problem.num_items
-    np.testing.assert_array_equal(plan.loads, rank_loads(problem, plan.assignment))
-    np.testing.assert_array_equal(plan.tokens, rank_tokens(problem, plan.assignment))
-    if not problem.padded:
-        assert plan.loads.sum() == pytest.approx(problem.item_costs.sum(), rel=1e-12)
-        assert plan.tokens.sum() == problem.lengths.sum()
-    assert plan.makespan == plan.loads.max()
-    assert plan.makespan >= plan.lower_bound >= 0
-    assert plan.lower_bound >= min(lower_bound(problem), plan.makespan)
-    if problem.max_tokens_per_rank is not None:
-        assert plan.tokens.max() <= problem.max_tokens_per_rank
 
 
 small_lengths = st.lists(st.integers(0, 9), min_size=1, max_size=7)
@@ -77,17 +44,16 @@ def test_plan_is_a_certified_permutation_and_optimal_only_when_proven(name, padd
         problem = make_problem(lengths, num_ranks, cost=cost, padded=padded, max_tokens_per_rank=cap)
     except InfeasibleError:
         return  # the cap is below a necessary bound: rejected before any kernel runs
-    optimum = brute_force(problem)
+    optimum = brute_force_of(problem)
     try:
         plan = solve(name, lengths, num_ranks, padded=padded, cap=cap, cost=cost)
     except InfeasibleError as error:
         assert error.min_cap > cap and f"max_tokens_per_rank={cap}" in str(error)
         return
-    assert optimum < np.inf, "a plan was returned for a cap no plan can meet"
-    check_certified(plan, problem)
-    assert plan.makespan >= optimum
-    if plan.status is Status.OPTIMAL:
-        assert plan.makespan == optimum
+    assert optimum.feasible, "a plan was returned for a cap no plan can meet"
+    # certified, makespan >= optimum >= bound, and equal when the plan claims optimality
+    check_plan(plan, lengths, num_ranks, cost=cost, padded=padded, max_tokens_per_rank=cap, optimum=optimum)
+    assert plan.lower_bound >= min(lower_bound(problem), plan.makespan)
 
 
 @pytest.mark.parametrize("name, padded", PADDINGS, ids=PADDING_IDS)

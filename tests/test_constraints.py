@@ -5,8 +5,6 @@ rank) and `groups=` (keep-together groups).  Costs are integers, so every float 
 exact and makespans compare with ==.
 """
 
-import itertools
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,6 +12,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, algorithms, balance, make_problem
 from orchmllm.balancers.problem import lower_bound
+from orchmllm.testing import brute_force, check_plan
 
 COSTS = [CostModel(), CostModel(per_item=3, linear=1, quadratic=1)]
 EQUAL_COUNT_UNPADDED = [record.name for record in algorithms(padded=False) if record.equal_counts is not None]
@@ -22,36 +21,10 @@ UNPADDED = [record.name for record in algorithms(padded=False)]
 EXACT = {record.name for record in algorithms() if record.exact}
 
 
-def brute_force(lengths, num_ranks, item_costs, *, padded=False, cost=None, cap=None, equal_counts=False,
-                groups=None):
-    """The optimal makespan over all D**n assignments that meet the constraints, or None."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    n = lengths.size
-    plans = np.array(list(itertools.product(range(num_ranks), repeat=n)), dtype=np.int64)
-    on = plans[:, :, None] == np.arange(num_ranks)[None, None, :]  # (plans, items, ranks)
-    counts = on.sum(axis=1)
-    if padded:
-        longest = np.where(on, lengths[None, :, None], 0).max(axis=1)
-        tokens = counts * longest
-        loads = np.where(counts > 0, counts * cost.item_costs(longest), 0.0)
-    else:
-        tokens = (on * lengths[None, :, None]).sum(axis=1)
-        loads = (on * np.asarray(item_costs, dtype=np.float64)[None, :, None]).sum(axis=1)
-    allowed = np.ones(plans.shape[0], dtype=bool)
-    if cap is not None:
-        allowed &= tokens.max(axis=1) <= cap
-    if equal_counts:
-        allowed &= (counts.min(axis=1) >= n // num_ranks) & (counts.max(axis=1) <= -(-n // num_ranks))
-    if groups is not None:
-        groups = np.asarray(groups)
-        same = groups[:, None] == groups[None, :]
-        allowed &= np.all(~same[None] | (plans[:, :, None] == plans[:, None, :]), axis=(1, 2))
-    return float(loads.max(axis=1)[allowed].min()) if allowed.any() else None
-
-
-def check_against_the_oracle(plan_or_error, optimum, exact: bool, retry):
-    """The shared verdict: infeasibility agreed, bound <= optimum <= makespan, claims proven."""
-    if optimum is None:
+def check_against_the_oracle(plan_or_error, optimum, exact: bool, retry, lengths, num_ranks, **options):
+    """The shared verdict: infeasibility agreed, the plan certified by `check_plan` (constraints held,
+    bound <= optimum <= makespan, claims proven), and an exact algorithm's plan optimal."""
+    if not optimum.feasible:
         assert isinstance(plan_or_error, InfeasibleError)
         return
     if isinstance(plan_or_error, InfeasibleError):  # a heuristic may give up, naming a cap it meets
@@ -59,9 +32,9 @@ def check_against_the_oracle(plan_or_error, optimum, exact: bool, retry):
         assert int(retry(plan_or_error.min_cap).tokens.max()) <= plan_or_error.min_cap
         return
     plan = plan_or_error
-    assert plan.lower_bound <= optimum <= plan.makespan
-    if plan.status is Status.OPTIMAL or exact:
-        assert plan.makespan == optimum
+    check_plan(plan, lengths, num_ranks, optimum=optimum, **options)
+    if exact:
+        assert plan.makespan == optimum.makespan
 
 
 def attempt(call):
@@ -87,16 +60,13 @@ def test_equal_counts_agree_with_brute_force(lengths, num_ranks, cost, padded, c
         return balance(lengths, num_ranks, cost=cost, padded=padded, equal_counts=True, algorithm=algorithm,
                        max_tokens_per_rank=max_tokens_per_rank)
 
-    optimum = brute_force(lengths, num_ranks, cost.item_costs(np.array(lengths)), padded=padded, cost=cost,
-                          cap=cap, equal_counts=True)
+    options = dict(cost=cost, padded=padded, max_tokens_per_rank=cap, equal_counts=True)
+    optimum = brute_force(lengths, num_ranks, **options)
     outcome = attempt(lambda: run(cap))
-    if optimum is not None:
+    if optimum.feasible:
         problem = make_problem(lengths, num_ranks, cost=cost, padded=padded, equal_counts=True)
-        assert lower_bound(problem) <= optimum
-    if not isinstance(outcome, InfeasibleError):
-        counts = np.bincount(outcome.assignment, minlength=num_ranks)
-        assert counts.min() >= len(lengths) // num_ranks and counts.max() <= -(-len(lengths) // num_ranks)
-    check_against_the_oracle(outcome, optimum, exact=padded and algorithm != "identity", retry=run)
+        assert lower_bound(problem) <= optimum.makespan
+    check_against_the_oracle(outcome, optimum, padded and algorithm != "identity", run, lengths, num_ranks, **options)
 
 
 @settings(max_examples=500)
@@ -112,11 +82,10 @@ def test_explicit_costs_agree_with_brute_force(lengths, num_ranks, data, cap_sla
 
     outcome = attempt(lambda: run(cap))
     if not isinstance(outcome, InfeasibleError):
-        np.testing.assert_array_equal(outcome.loads, np.bincount(outcome.assignment, weights=costs,
-                                                                 minlength=num_ranks))
         assert outcome.cost is None
-    optimum = brute_force(lengths, num_ranks, costs, cap=cap)
-    check_against_the_oracle(outcome, optimum, exact=algorithm in EXACT, retry=run)
+    options = dict(costs=costs, max_tokens_per_rank=cap)
+    optimum = brute_force(lengths, num_ranks, **options)
+    check_against_the_oracle(outcome, optimum, algorithm in EXACT, run, lengths, num_ranks, **options)
 
 
 @settings(max_examples=500)
@@ -130,12 +99,10 @@ def test_groups_agree_with_brute_force(lengths, num_ranks, cost, data, cap_slack
         return balance(lengths, num_ranks, cost=cost, groups=groups, algorithm=algorithm,
                        max_tokens_per_rank=max_tokens_per_rank, time_limit=20 if algorithm in EXACT else None)
 
+    options = dict(cost=cost, max_tokens_per_rank=cap, groups=groups)
+    optimum = brute_force(lengths, num_ranks, **options)
     outcome = attempt(lambda: run(cap))
-    if not isinstance(outcome, InfeasibleError):
-        for group in set(groups):
-            assert len({int(outcome.assignment[i]) for i, g in enumerate(groups) if g == group}) == 1
-    optimum = brute_force(lengths, num_ranks, cost.item_costs(np.array(lengths)), cap=cap, groups=groups)
-    check_against_the_oracle(outcome, optimum, exact=algorithm in EXACT, retry=run)
+    check_against_the_oracle(outcome, optimum, algorithm in EXACT, run, lengths, num_ranks, **options)
 
 
 def test_equal_counts_deal_floor_and_ceil_items_and_are_bit_deterministic():

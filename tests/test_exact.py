@@ -1,35 +1,21 @@
 """The exact P||Cmax solver: agreement with brute force and CBC, honest status, caps, floats, determinism."""
 
-import itertools
-
 import numpy as np
 import pytest
 
 from orchmllm.balancers import ALGORITHMS, CostModel, Status, balance, ilp, make_problem
 from orchmllm.balancers import exact
 from orchmllm.balancers.exact_bounds import PatternLP, l2_bins, simple_bound
-from orchmllm.balancers.problem import lower_bound, rank_loads, rank_tokens
+from orchmllm.balancers.problem import lower_bound, rank_loads
 from orchmllm.benchmarks.pcmax_families import make_instance
+from orchmllm.testing import brute_force, brute_force_of, check_plan
 
 
-def brute_force(problem):
-    """The optimum over every assignment (D**n of them), with the cap."""
-    best = np.inf
-    cap = problem.max_tokens_per_rank
-    for ranks in itertools.product(range(problem.num_ranks), repeat=problem.num_items):
-        assignment = np.array(ranks)
-        if cap is not None and rank_tokens(problem, assignment).max() > cap:
-            continue
-        best = min(best, float(rank_loads(problem, assignment).max()))
-    return best
-
-
-def check_plan(plan, problem):
-    assert plan.assignment.shape == (problem.num_items,)
-    assert plan.assignment.min() >= 0 and plan.assignment.max() < problem.num_ranks
-    assert plan.lower_bound <= plan.makespan + 1e-9 and plan.lower_bound >= lower_bound(problem) - 1e-9
-    if problem.max_tokens_per_rank is not None:
-        assert plan.tokens.max() <= problem.max_tokens_per_rank
+def certify(plan, problem):
+    """`check_plan` (certified; at brute-force sizes also against the optimum) and the contract's bound."""
+    check_plan(plan, problem.lengths, problem.num_ranks, cost=problem.cost,
+               max_tokens_per_rank=problem.max_tokens_per_rank)
+    assert plan.lower_bound >= lower_bound(problem) - 1e-9
 
 
 def random_cases(seed, count, max_items=7):
@@ -50,8 +36,8 @@ def test_agrees_with_brute_force(cost):
     for lengths, ranks in random_cases(1, 60):
         problem = make_problem(lengths, ranks, cost=cost)
         plan = balance(lengths, ranks, cost=cost, algorithm="exact")
-        check_plan(plan, problem)
-        assert plan.status is Status.OPTIMAL and plan.makespan == brute_force(problem)
+        certify(plan, problem)
+        assert plan.status is Status.OPTIMAL and plan.makespan == brute_force_of(problem).makespan
 
 
 def test_non_dyadic_costs_go_to_the_milp_with_its_status():
@@ -60,7 +46,7 @@ def test_non_dyadic_costs_go_to_the_milp_with_its_status():
     plan = balance(lengths, 2, cost=cost, algorithm="exact")
     assert exact.integer_costs(make_problem(lengths, 2, cost=cost).item_costs) is None
     assert plan.status is Status.OPTIMAL
-    assert plan.makespan == pytest.approx(brute_force(make_problem(lengths, 2, cost=cost)))
+    assert plan.makespan == pytest.approx(brute_force(lengths, 2, cost=cost).makespan)
 
 
 def test_binding_cap_goes_to_the_milp_and_is_respected():
@@ -68,8 +54,8 @@ def test_binding_cap_goes_to_the_milp_and_is_respected():
     problem = make_problem(lengths, 3, cost=cost, max_tokens_per_rank=9)
     assert exact._cap_can_bind(problem, 30.0)
     plan = balance(lengths, 3, cost=cost, algorithm="exact", max_tokens_per_rank=9)
-    check_plan(plan, problem)
-    assert plan.status is Status.OPTIMAL and plan.makespan == brute_force(problem) == 30.0
+    certify(plan, problem)
+    assert plan.status is Status.OPTIMAL and plan.makespan == brute_force_of(problem).makespan == 30.0
     assert balance(lengths, 3, cost=cost, algorithm="exact").makespan == 20.0
 
 
@@ -100,7 +86,7 @@ def test_time_limit_stop_is_honest():
     instance = make_instance("uniform_10000", 50, 3.0)
     problem = make_problem(instance.times, 50, time_limit=0.05)
     plan = balance(instance.times, 50, algorithm="exact", time_limit=0.05)
-    check_plan(plan, problem)
+    certify(plan, problem)
     assert plan.makespan <= balance(instance.times, 50, algorithm="auto").makespan
     if plan.status is not Status.OPTIMAL:
         assert plan.status is Status.TIME_LIMIT and plan.lower_bound < plan.makespan
@@ -115,7 +101,7 @@ def test_padded_problems_use_the_exact_padded_kernel():
 def test_bounds_never_exceed_the_optimum():
     for lengths, ranks in random_cases(2, 80, max_items=8):
         w = np.sort(lengths)[::-1]
-        optimum = int(brute_force(make_problem(lengths, ranks)))
+        optimum = int(brute_force(lengths, ranks).makespan)
         assert simple_bound(w, ranks) <= optimum
         assert l2_bins(w, optimum) <= ranks
         if optimum > 0:

@@ -1,7 +1,6 @@
 """The ILP balancer through real CBC: optimal vs brute force, honest time-limit status,
 infeasibility agreement, warm-started `improve`, and no files left behind."""
 
-import itertools
 import tempfile
 
 import numpy as np
@@ -12,7 +11,7 @@ from hypothesis import strategies as st
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
 from orchmllm.balancers import ilp, lpt, padded
 from orchmllm.balancers.problem import rank_loads, rank_tokens
-from orchmllm import testing
+from orchmllm.testing import brute_force, brute_force_of
 
 COSTS = {
     "tokens": CostModel(),
@@ -20,21 +19,6 @@ COSTS = {
     "quadratic": CostModel(linear=1, quadratic=0.37),  # non-integer costs: the scaled model
 }
 costs = st.sampled_from(sorted(COSTS)).map(COSTS.__getitem__)
-
-
-def brute_force(problem):
-    """(optimal makespan or None, smallest max tokens over all plans) over all D^n assignments."""
-    best, fewest_tokens = None, None
-    cap = problem.max_tokens_per_rank
-    for assignment in itertools.product(range(problem.num_ranks), repeat=problem.num_items):
-        assignment = np.asarray(assignment)
-        tokens = int(rank_tokens(problem, assignment).max())
-        fewest_tokens = tokens if fewest_tokens is None else min(fewest_tokens, tokens)
-        if cap is not None and tokens > cap:
-            continue
-        makespan = float(rank_loads(problem, assignment).max())
-        best = makespan if best is None else min(best, makespan)
-    return best, fewest_tokens
 
 
 def uncapped_twin(problem):
@@ -49,15 +33,15 @@ def test_optimal_matches_brute_force_including_infeasibility(lengths, num_ranks,
         problem = make_problem(lengths, num_ranks, cost=cost, padded=is_padded, max_tokens_per_rank=cap)
     except InfeasibleError:
         return
-    optimum, fewest_tokens = brute_force(problem)
-    if optimum is None:
+    oracle = brute_force_of(problem)
+    if not oracle.feasible:
         with pytest.raises(InfeasibleError, match="CBC proved that no plan fits") as caught:
             ilp.solve(problem)
-        assert caught.value.min_cap == fewest_tokens
+        assert caught.value.min_cap == oracle.min_cap
         return
     result = ilp.solve(problem)
     assert result.status is Status.OPTIMAL
-    assert float(rank_loads(problem, result.assignment).max()) == optimum == result.lower_bound
+    assert float(rank_loads(problem, result.assignment).max()) == oracle.makespan == result.lower_bound
     if cap is not None:
         assert rank_tokens(problem, result.assignment).max() <= cap
 
@@ -71,7 +55,7 @@ def test_model_alone_matches_brute_force(lengths, num_ranks, cost, is_padded, ca
         problem = make_problem(lengths, num_ranks, cost=cost, padded=is_padded, max_tokens_per_rank=cap)
     except InfeasibleError:
         return
-    optimum, _ = brute_force(problem)
+    optimum = brute_force_of(problem).makespan
     outcome, assignment, objective = ilp._Model(problem).solve(time_limit=20, mip_start=False)
     if optimum is None:
         assert outcome == "infeasible"
@@ -198,11 +182,11 @@ def test_capped_small_instances_are_decided_by_branch_and_bound_without_cbc(algo
     for _ in range(300):
         lengths = rng.integers(1, int(rng.choice([8, 100])) + 1, int(rng.integers(1, 8))).tolist()
         ranks = int(rng.integers(1, 4))
-        floor = testing.brute_force(lengths, ranks, cost=CostModel(per_item=0, linear=1)).makespan  # smallest cap
+        floor = brute_force(lengths, ranks, cost=CostModel(per_item=0, linear=1)).makespan  # smallest cap
         cap = int(floor) + int(rng.integers(-2, 3))
         if cap < max(lengths):
             continue
-        optimum = testing.brute_force(lengths, ranks, max_tokens_per_rank=cap)
+        optimum = brute_force(lengths, ranks, max_tokens_per_rank=cap)
         if not optimum.feasible:
             with pytest.raises(InfeasibleError) as caught:
                 balance(lengths, ranks, algorithm=algorithm, max_tokens_per_rank=cap)

@@ -16,6 +16,7 @@ from orchmllm.balancers.problem import make_problem, rank_loads
 from orchmllm.balancers.redeal import redeal_equal_items
 from orchmllm.balancers.reference import locality_first_phases
 from orchmllm.study.workloads import llm_stage_lengths
+from orchmllm.testing import all_assignments
 from orchmllm.topology import Topology, place, traffic
 from orchmllm.topology.bounds import inter_node_lower_bound
 
@@ -157,7 +158,7 @@ def test_lower_bound_holds_for_every_plan_of_that_makespan(seed):
     item_bytes = rng.integers(0, 20, 7).astype(float)
     makespan = rank_loads(make_problem(lengths, 4), balance(lengths, 4, algorithm="lpt").assignment).max()
     bound = inter_node_lower_bound(lengths, sources, item_bytes, topology, makespan)
-    every = np.array(list(itertools.product(range(4), repeat=7)))
+    every = all_assignments(7, 4)
     loads = np.stack([np.bincount(row, weights=lengths, minlength=4) for row in every])
     feasible = every[loads.max(axis=1) <= makespan]
     moves = [traffic(sources, row, item_bytes, topology) for row in feasible]

@@ -1,6 +1,5 @@
 """balance_microbatches: invariants, bounds and optimality against brute force, metamorphic properties, bad input."""
 
-import itertools
 import math
 
 import numpy as np
@@ -11,59 +10,18 @@ from hypothesis import strategies as st
 from orchmllm import CostModel, InfeasibleError, MicroBatchPlan, Topology, balance_microbatches
 from orchmllm.balancers import MICROBATCH_ALGORITHMS
 from orchmllm.balancers.microbatch_bounds import min_bins, min_microbatches
+from orchmllm.testing import brute_force_microbatches, check_microbatch_plan, fewest_microbatches
 
 ALGORITHM_NAMES = sorted(MICROBATCH_ALGORITHMS)
 
 
-def brute_force(lengths, costs, num_ranks, budget, num_microbatches, padded=False):
-    """min over every cell assignment of Σ_m max_r load (None when nothing fits)."""
-    cells = num_microbatches * num_ranks
-    best = None
-    for assignment in itertools.product(range(cells), repeat=len(lengths)):
-        loads, tokens = [0.0] * cells, [0] * cells
-        for cell in range(cells):
-            members = [i for i, c in enumerate(assignment) if c == cell]
-            if not members:
-                continue
-            if padded:
-                loads[cell] = len(members) * max(costs[i] for i in members)
-                tokens[cell] = len(members) * max(lengths[i] for i in members)
-            else:
-                loads[cell] = math.fsum(costs[i] for i in members)
-                tokens[cell] = sum(lengths[i] for i in members)
-        if max(tokens) > budget:
-            continue
-        value = math.fsum(max(loads[m * num_ranks:(m + 1) * num_ranks]) for m in range(num_microbatches))
-        best = value if best is None else min(best, value)
-    return best
-
-
-def fewest_feasible(lengths, num_ranks, budget, padded=False):
-    """The smallest M with any feasible assignment, by brute force."""
-    costs = [float(x) for x in lengths]
-    for m in itertools.count(1):
-        if brute_force(lengths, costs, num_ranks, budget, m, padded) is not None:
-            return m
-
-
-def check_invariants(plan: MicroBatchPlan, lengths, num_ranks, budget, costs):
-    lengths = np.asarray(lengths)
-    n = lengths.size
-    assert plan.rank.dtype == np.int64 and plan.microbatch.dtype == np.int64
-    assert plan.rank.shape == plan.microbatch.shape == (n,)
-    assert plan.cell_loads.shape == plan.cell_tokens.shape == (plan.num_microbatches, num_ranks)
-    assert np.all((0 <= plan.rank) & (plan.rank < num_ranks))
-    assert np.all((0 <= plan.microbatch) & (plan.microbatch < plan.num_microbatches))
-    seen = np.concatenate([plan.items_of(r, m) for m in range(plan.num_microbatches) for r in range(num_ranks)])
-    assert np.array_equal(np.sort(seen), np.arange(n))  # every item in exactly one cell
-    assert plan.cell_tokens.max() <= budget
-    if not plan.padded:
+def check_invariants(plan: MicroBatchPlan, lengths, num_ranks, budget, costs, padded=False):
+    """`check_microbatch_plan` (certified: every item in one cell, cells exact and within T, step cost
+    and status honest) and the global totals: unpadded cells hold every cost and token."""
+    check_microbatch_plan(plan, lengths, num_ranks, budget, costs=costs, padded=padded)
+    if not padded:
         assert math.isclose(plan.cell_loads.sum(), math.fsum(costs), rel_tol=1e-12)
-        assert plan.cell_tokens.sum() == lengths.sum()
-    expected = math.fsum(plan.cell_loads.max(axis=1).tolist() + [plan.num_microbatches * plan.microbatch_overhead])
-    assert plan.step_cost == expected
-    assert plan.lower_bound <= plan.step_cost
-    assert (str(plan.status) == "optimal") == (plan.step_cost == plan.lower_bound)
+        assert plan.cell_tokens.sum() == np.sum(lengths)
 
 
 tiny = st.integers(1, 5).flatmap(lambda n: st.tuples(
@@ -77,10 +35,10 @@ def test_invariants_and_bound_against_brute_force(algorithm, case, padded):
     plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, padded=padded,
                                 algorithm=algorithm)
     costs = [float(x) for x in lengths]
-    check_invariants(plan, lengths, num_ranks, budget, costs)
-    fewest = fewest_feasible(lengths, num_ranks, budget, padded)
+    check_invariants(plan, lengths, num_ranks, budget, costs, padded)
+    fewest = fewest_microbatches(lengths, num_ranks, budget, padded=padded)
     assert min_microbatches(np.array(lengths), num_ranks, budget) <= fewest <= plan.num_microbatches
-    optimum = min(brute_force(lengths, costs, num_ranks, budget, m, padded)
+    optimum = min(brute_force_microbatches(lengths, num_ranks, budget, m, costs=costs, padded=padded).step_cost
                   for m in range(fewest, plan.num_microbatches + 1))
     assert plan.lower_bound <= optimum <= plan.step_cost
     if str(plan.status) == "optimal":
@@ -91,13 +49,14 @@ def test_invariants_and_bound_against_brute_force(algorithm, case, padded):
 def test_exact_is_optimal_for_a_given_num_microbatches(case, padded, extra):
     lengths, num_ranks, budget = case
     costs = [float(x) ** 2 for x in lengths]
-    m = fewest_feasible(lengths, num_ranks, budget, padded) + extra
+    m = fewest_microbatches(lengths, num_ranks, budget, padded=padded) + extra
     plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, costs=costs, padded=padded,
                                 num_microbatches=m, algorithm="exact")
-    check_invariants(plan, lengths, num_ranks, budget, costs)
+    optimum = brute_force_microbatches(lengths, num_ranks, budget, m, costs=costs, padded=padded)
+    check_microbatch_plan(plan, lengths, num_ranks, budget, costs=costs, padded=padded, optimum=optimum)
     assert plan.num_microbatches == m
     assert str(plan.status) == "optimal"
-    assert plan.step_cost == brute_force(lengths, costs, num_ranks, budget, m, padded)
+    assert plan.step_cost == optimum.step_cost
 
 
 @given(case=tiny, overhead=st.sampled_from([0.0, 1.0, 5.0]))
@@ -105,9 +64,8 @@ def test_free_num_microbatches_pays_for_the_overhead(case, overhead):
     lengths, num_ranks, budget = case
     plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget,
                                 microbatch_overhead=overhead, algorithm="exact")
-    costs = [float(x) for x in lengths]
-    fewest = fewest_feasible(lengths, num_ranks, budget)
-    totals = [brute_force(lengths, costs, num_ranks, budget, m) + m * overhead
+    fewest = fewest_microbatches(lengths, num_ranks, budget)
+    totals = [brute_force_microbatches(lengths, num_ranks, budget, m, microbatch_overhead=overhead).step_cost
               for m in range(fewest, fewest + 3)]
     assert plan.step_cost == min(totals)
     assert plan.lower_bound <= min(totals)

@@ -1,8 +1,6 @@
 """The padded balancer is exact: checked against a DP over sorted runs and a brute force
 over all assignments (which also checks the sorted-runs structure itself)."""
 
-import dataclasses
-import itertools
 import math
 
 import numpy as np
@@ -12,7 +10,8 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
 from orchmllm.balancers import padded
-from orchmllm.balancers.problem import rank_loads, rank_tokens
+from orchmllm.balancers.plan import make_plan
+from orchmllm.testing import brute_force, brute_force_of, check_plan, padded_optimum
 
 COSTS = {
     "tokens": CostModel(),
@@ -24,69 +23,18 @@ COSTS = {
 costs = st.sampled_from(sorted(COSTS)).map(COSTS.__getitem__)
 
 
-def brute_force(problem):
-    """Optimal padded makespan over all D^n assignments (None when no plan fits the cap)."""
-    item_costs = problem.cost.item_costs(problem.lengths).tolist()
-    lengths = problem.lengths.tolist()
-    cap = problem.max_tokens_per_rank
-    best = None
-    for assignment in itertools.product(range(problem.num_ranks), repeat=problem.num_items):
-        count = [0] * problem.num_ranks
-        longest = [-1] * problem.num_ranks
-        for item, rank in enumerate(assignment):
-            count[rank] += 1
-            if longest[rank] < 0 or lengths[item] > lengths[longest[rank]]:
-                longest[rank] = item
-        if cap is not None and any(c * lengths[i] > cap for c, i in zip(count, longest) if c):
-            continue
-        makespan = max(c * item_costs[i] for c, i in zip(count, longest) if c)
-        best = makespan if best is None else min(best, makespan)
-    return best
-
-
-def brute_force_min_cap(lengths, num_ranks):
-    """Smallest max over ranks of count · max length, over all assignments."""
-    best = None
-    for assignment in itertools.product(range(num_ranks), repeat=len(lengths)):
-        held = [[l for l, r in zip(lengths, assignment) if r == rank] for rank in range(num_ranks)]
-        tokens = max(len(items) * max(items, default=0) for items in held)
-        best = tokens if best is None else min(best, tokens)
-    return best
-
-
-def dp_over_sorted_runs(problem):
-    """O(n² D) DP: best[j][i] = optimum for the i longest items on j ranks, runs contiguous."""
-    order = np.argsort(-problem.lengths, kind="stable")
-    lengths = problem.lengths[order].tolist()
-    item_costs = problem.item_costs[order].tolist()
-    n, cap = problem.num_items, problem.max_tokens_per_rank
-    best = [0.0] + [math.inf] * n
-    for _ in range(problem.num_ranks):
-        nxt = [0.0] + [math.inf] * n
-        for end in range(1, n + 1):
-            for first in range(end):
-                size = end - first
-                if cap is not None and size * lengths[first] > cap:
-                    continue
-                nxt[end] = min(nxt[end], max(best[first], size * item_costs[first]))
-        best = [min(a, b) for a, b in zip(best, nxt)]
-    return None if best[n] == math.inf else best[n]
-
-
 def padded_problem(lengths, num_ranks, cost, cap=None):
     return make_problem(lengths, num_ranks, cost=cost, padded=True, max_tokens_per_rank=cap)
 
 
-def check_plan(problem, result):
-    assignment = result.assignment
-    assert assignment.shape == (problem.num_items,)
-    assert assignment.min() >= 0 and assignment.max() < problem.num_ranks
-    makespan = float(rank_loads(problem, assignment).max())
-    assert result.status is Status.OPTIMAL
-    assert result.lower_bound == makespan
-    if problem.max_tokens_per_rank is not None:
-        assert rank_tokens(problem, assignment).max() <= problem.max_tokens_per_rank
-    return makespan
+def certified_makespan(problem, result, optimum=None):
+    """The kernel's makespan, once `check_plan` certifies its plan (against `optimum` when given) and
+    the kernel proved it optimal."""
+    plan = make_plan(problem, result.assignment, result.status, "padded", kernel_bound=result.lower_bound)
+    check_plan(plan, problem.lengths, problem.num_ranks, cost=problem.cost, padded=True,
+               max_tokens_per_rank=problem.max_tokens_per_rank, optimum=optimum)
+    assert result.status is Status.OPTIMAL and result.lower_bound == plan.makespan
+    return plan.makespan
 
 
 @settings(max_examples=80)
@@ -96,15 +44,14 @@ def test_matches_brute_force_including_infeasibility(lengths, num_ranks, cost, c
     try:
         problem = padded_problem(lengths, num_ranks, cost, cap)
     except InfeasibleError:  # the contract's necessary bounds must only reject hopeless caps
-        uncapped = padded_problem(lengths, num_ranks, cost)
-        assert brute_force(dataclasses.replace(uncapped, max_tokens_per_rank=cap)) is None
+        assert not brute_force(lengths, num_ranks, cost=cost, padded=True, max_tokens_per_rank=cap).feasible
         return
-    optimum = brute_force(problem)
-    if optimum is None:
+    optimum = brute_force_of(problem)
+    if not optimum.feasible:
         with pytest.raises(InfeasibleError, match="smallest cap that works"):
             padded.solve(problem)
     else:
-        assert check_plan(problem, padded.solve(problem)) == optimum
+        assert certified_makespan(problem, padded.solve(problem), optimum) == optimum.makespan
 
 
 @settings(max_examples=80)
@@ -115,18 +62,18 @@ def test_matches_dp_over_sorted_runs(lengths, num_ranks, cost, cap):
         problem = padded_problem(lengths, num_ranks, cost, cap)
     except InfeasibleError:
         return
-    optimum = dp_over_sorted_runs(problem)
-    if optimum is None:
+    optimum = padded_optimum(lengths, num_ranks, cost=cost, max_tokens_per_rank=cap)
+    if not optimum.feasible:
         with pytest.raises(InfeasibleError):
             padded.solve(problem)
     else:
-        assert check_plan(problem, padded.solve(problem)) == optimum
+        assert certified_makespan(problem, padded.solve(problem), optimum) == optimum.makespan
 
 
 @settings(max_examples=40)
 @given(lengths=st.lists(st.integers(0, 5), min_size=1, max_size=6), num_ranks=st.integers(1, 3))
 def test_min_cap_matches_brute_force(lengths, num_ranks):
-    needed = brute_force_min_cap(lengths, num_ranks)
+    needed = brute_force(lengths, num_ranks, padded=True).min_cap
     assert padded.min_cap(lengths, num_ranks) == needed
 
 
@@ -135,7 +82,7 @@ def test_min_cap_matches_brute_force(lengths, num_ranks):
 def test_infeasible_error_names_the_smallest_cap(lengths, num_ranks):
     needed = padded.min_cap(lengths, num_ranks)
     problem = padded_problem(lengths, num_ranks, CostModel(), needed)
-    check_plan(problem, padded.solve(problem))
+    certified_makespan(problem, padded.solve(problem))
     try:
         tight = padded_problem(lengths, num_ranks, CostModel(), needed - 1)
     except InfeasibleError as error:  # the contract's own necessary bounds caught it first

@@ -1,6 +1,5 @@
 """The contract under every kernel: lower bounds are sound, plans are certified."""
 
-import itertools
 import math
 
 import numpy as np
@@ -11,15 +10,9 @@ from hypothesis import strategies as st
 from orchmllm.balancers import CostModel, InfeasibleError, Kind, Status, algorithms, balance, make_problem
 from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import exact_sum, integer_sum, lower_bound, rank_loads, rank_tokens, sorted_order
+from orchmllm.testing import brute_force_of
 
 COSTS = [CostModel(), CostModel(per_item=3, linear=1, quadratic=0.5)]
-
-
-def brute_force_optimum(problem):
-    best = np.inf
-    for assignment in itertools.product(range(problem.num_ranks), repeat=problem.num_items):
-        best = min(best, rank_loads(problem, np.array(assignment)).max())
-    return best
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
@@ -27,7 +20,7 @@ def brute_force_optimum(problem):
 @given(lengths=st.lists(st.integers(0, 12), min_size=1, max_size=6), num_ranks=st.integers(1, 3))
 def test_lower_bound_never_exceeds_the_optimum(lengths, num_ranks, cost, padded):
     problem = make_problem(lengths, num_ranks, cost=cost, padded=padded)
-    assert lower_bound(problem) <= brute_force_optimum(problem) + 1e-9
+    assert lower_bound(problem) <= brute_force_of(problem).makespan + 1e-9
 
 
 integer_floats = st.lists(st.integers(0, 2**63 - 2**11), min_size=1, max_size=40).map(

@@ -13,11 +13,13 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 import orchmllm.study.peers  # noqa: F401  (registers the peers' heuristics, which must conform too)
+from orchmllm import balance_microbatches
 from orchmllm.balancers import ALGORITHMS, InfeasibleError, KernelResult, Status, balance, make_problem
 from orchmllm.balancers import lpt
 from orchmllm.balancers.lpt import greedy_unpadded
 from orchmllm.balancers.problem import require_within_cap
-from orchmllm.testing import (ConformanceError, brute_force, check_conformance, check_plan, exact, oracles,
+from orchmllm.testing import (ConformanceError, brute_force, brute_force_microbatches, check_conformance,
+                              check_microbatch_plan, check_plan, exact, fewest_microbatches, oracles,
                               padded_optimum, problems)
 
 NAMES = sorted(ALGORITHMS)
@@ -69,7 +71,7 @@ def tampered(plan, **changes):
     (lambda plan: tampered(plan, tokens=plan.tokens[::-1].copy()), r"tokens \[.*\] differ"),
     (lambda plan: tampered(plan, makespan=plan.makespan - 1), "makespan 9.0 != the largest load 10.0"),
     (lambda plan: tampered(plan, lower_bound=9.5), r"lower bound 9.5 exceeds the optimum 9.0"),
-    (lambda plan: tampered(plan, lower_bound=1.0), r"lower bound 1.0 is below max\(total / D, largest cost\)"),
+    (lambda plan: tampered(plan, lower_bound=1.0), r"lower bound 1.0 is below max\(total / D, the k\+1 smallest"),
     (lambda plan: tampered(plan, status=Status.OPTIMAL), "status optimal with makespan 10.0 and bound 9.0"),
     (lambda plan: tampered(plan, assignment=np.array([0, 1, 1, 0, 2])), "item 4 goes to rank 2, outside"),
     (lambda plan: tampered(plan, num_ranks=3), "was made for 3 ranks"),
@@ -92,6 +94,40 @@ def test_check_plan_checks_caps_and_constraints():
     lopsided = balance([5, 1, 1, 1, 1], 2, algorithm="lpt")  # 5 alone, four 1s together
     with pytest.raises(AssertionError, match=r"item counts per rank \[1, 4\] are not all floor or ceil of 5/2"):
         check_plan(lopsided, [5, 1, 1, 1, 1], 2, equal_counts=True)
+
+
+def test_check_plan_accepts_a_plan_of_explicit_costs():
+    plan = balance([5, 4, 3, 3], 2, costs=[1, 2, 3, 4])  # such a plan has no cost model
+    check_plan(plan, [5, 4, 3, 3], 2, costs=[1, 2, 3, 4])
+    with pytest.raises(AssertionError, match="was made for 2 ranks, padded=False, cost=None"):
+        check_plan(plan, [5, 4, 3, 3], 2)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda plan: tampered(plan, cell_loads=plan.cell_loads + 1), r"cell loads \[.*\] differ from the items'"),
+    (lambda plan: tampered(plan, step_cost=plan.step_cost - 1), r"step cost 10.0 != Σ_m max_r load"),
+    (lambda plan: tampered(plan, rank=np.zeros(6, dtype=np.int64), microbatch=np.zeros(6, dtype=np.int64),
+                           cell_loads=np.array([[22.0, 0.0], [0.0, 0.0]]), cell_tokens=np.array([[22, 0], [0, 0]]),
+                           step_cost=22.0),
+     r"cell \(rank 0, micro-batch 0\) holds 22 tokens > max_tokens_per_microbatch=8"),
+    (lambda plan: tampered(plan, status=Status.FEASIBLE), "status feasible with step cost 11.0 and bound 11.0"),
+], ids=["cell-loads", "step-cost", "budget", "status"])
+def test_check_microbatch_plan_catches_a_tampered_plan(change, message):
+    lengths = [6, 5, 4, 3, 2, 2]
+    plan = balance_microbatches(lengths, 2, max_tokens_per_microbatch=8)
+    optimum = brute_force_microbatches(lengths, 2, 8, plan.num_microbatches)
+    check_microbatch_plan(plan, lengths, 2, 8, optimum=optimum)
+    with pytest.raises(AssertionError, match=message):
+        check_microbatch_plan(change(plan), lengths, 2, 8)
+
+
+def test_micro_batch_oracle_agrees_with_the_one_rank_oracle_at_one_micro_batch():
+    """With M = 1 a step is one plan over the ranks: the two brute forces must agree, caps included."""
+    for lengths, ranks, budget in (([5, 4, 3, 3, 3], 2, 9), ([5, 4, 3, 3, 3], 2, 8), ([7, 1, 1, 2], 3, 7)):
+        one = brute_force(lengths, ranks, max_tokens_per_rank=budget)
+        step = brute_force_microbatches(lengths, ranks, budget, 1)
+        assert step.step_cost == one.makespan and (step.rank is None) == (one.assignment is None)
+    assert fewest_microbatches([5, 4, 3, 3, 3], 2, 8) == 2
 
 
 def test_problems_reach_roomy_tight_and_infeasible_caps_and_heavy_tails():

@@ -1,7 +1,5 @@
 """Unpadded heuristics against independent references: heap LPT, dense KK, brute force."""
 
-import itertools
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,6 +9,7 @@ from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make
 from orchmllm.balancers import auto, group_search, karmarkar_karp, local_search, lpt, multifit
 from orchmllm.balancers.problem import rank_loads, rank_tokens
 from orchmllm.balancers.reference import dense_kk, heap_lpt
+from orchmllm.testing import brute_force, brute_force_of
 
 COSTS = {
     "linear": CostModel(),
@@ -23,13 +22,6 @@ cost_models = st.sampled_from(list(COSTS.values()))
 tied_lengths = st.integers(1, 4).flatmap(
     lambda top: st.lists(st.integers(0, top), min_size=1, max_size=80))
 any_lengths = st.one_of(tied_lengths, st.lists(st.integers(0, 1000), min_size=1, max_size=60))
-
-
-def brute_force_makespan(problem):
-    plans = np.array(list(itertools.product(range(problem.num_ranks), repeat=problem.num_items)))
-    onehot = plans[:, :, None] == np.arange(problem.num_ranks)
-    loads = np.einsum("pir,i->pr", onehot, problem.item_costs)
-    return float(loads.max(axis=1).min())
 
 
 def makespan(problem, assignment):
@@ -95,7 +87,7 @@ def test_fast_lpt_matches_the_heap_loop_on_large_integer_costs(num_ranks, cost):
        cost=cost_models)
 def test_lpt_is_within_graham_bound_of_the_optimum(lengths, num_ranks, cost):
     problem = make_problem(lengths, num_ranks, cost=cost)
-    optimum = brute_force_makespan(problem)
+    optimum = brute_force_of(problem).makespan
     ratio = 4 / 3 - 1 / (3 * num_ranks)
     assert makespan(problem, lpt.solve(problem).assignment) <= ratio * optimum * (1 + 1e-12)
 
@@ -105,7 +97,7 @@ def test_lpt_is_within_graham_bound_of_the_optimum(lengths, num_ranks, cost):
 def test_two_way_kk_is_within_seven_sixths_of_the_optimum(lengths, cost):
     # Fischetti & Martello (1987): the differencing method is within 7/6 for two ranks.
     problem = make_problem(lengths, 2, cost=cost)
-    optimum = brute_force_makespan(problem)
+    optimum = brute_force_of(problem).makespan
     assert makespan(problem, karmarkar_karp.solve(problem).assignment) <= 7 / 6 * optimum * (1 + 1e-12)
 
 
@@ -180,15 +172,12 @@ def test_local_search_never_worsens_a_start_and_keeps_the_cap(lengths, num_ranks
 def test_exact_split_matches_brute_force(costs, ways, slack):
     costs = np.array(costs)
     cap = None if slack is None else int(costs.max()) + slack
-    labels_all = np.array(list(itertools.product(range(ways), repeat=costs.size)))
-    onehot = labels_all[:, :, None] == np.arange(ways)
-    loads = np.einsum("pir,i->pr", onehot, costs.astype(float))
-    feasible = np.ones(len(labels_all), dtype=bool) if cap is None else (loads <= cap).all(axis=1)
+    optimum = brute_force(costs, ways, max_tokens_per_rank=cap)  # the costs are also the tokens
     value, labels = group_search.exact_split(costs.astype(float), costs, cap, ways)
-    if not feasible.any():
+    if not optimum.feasible:
         assert value == np.inf
         return
-    assert value == loads.max(axis=1)[feasible].min()
+    assert value == optimum.makespan
     reached = np.bincount(labels, weights=costs, minlength=ways)
     assert reached.max() == value and (cap is None or reached.max() <= cap)
 

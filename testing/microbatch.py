@@ -1,0 +1,175 @@
+"""Micro-batched plans: the brute-force oracle and the invariant check of `balance_microbatches`.
+
+A step of M micro-batches on D ranks has M · D cells (rank, micro-batch); it costs
+Σ_m max_r load(r, m) + M · overhead, where load = Σ c_i of the cell's items (unpadded) or
+count · max c_i (padded), and every cell holds at most T tokens (Σ l_i, or count · max l_i).
+
+    brute_force_microbatches   every assignment of the items to the M · D cells
+    fewest_microbatches        the smallest M at which some assignment fits T
+    check_microbatch_plan      every invariant of a `MicroBatchPlan`, recomputed from the input
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..balancers import MicroBatchPlan, Status
+from ..balancers.problem import as_lengths
+from ..balancers.validation import as_int
+from .oracles import _all_plans, _item_costs, _per_rank
+
+
+@dataclass(frozen=True, eq=False)
+class MicroBatchOptimum:
+    """The optimal step cost at `num_microbatches` micro-batches and one plan reaching it.
+
+    `step_cost`, `rank` and `microbatch` are None when no assignment fits the budget.
+    """
+
+    step_cost: float | None
+    rank: np.ndarray | None
+    microbatch: np.ndarray | None
+    num_microbatches: int
+    method: str = "brute_force_microbatches"
+
+    @property
+    def feasible(self) -> bool:
+        return self.step_cost is not None
+
+    def to_json(self) -> dict:
+        return {"step_cost": self.step_cost, "num_microbatches": self.num_microbatches, "method": self.method,
+                "rank": None if self.rank is None else self.rank.tolist(),
+                "microbatch": None if self.microbatch is None else self.microbatch.tolist()}
+
+
+def _cell_accounts(plans: np.ndarray, cells: int, lengths: np.ndarray, item_costs: np.ndarray, padded: bool):
+    """(loads, tokens) of every cell of every plan, (P, cells), accumulated in item order."""
+    if not padded:
+        return _per_rank(plans, cells, item_costs, np.add), _per_rank(plans, cells, lengths, np.add)
+    counts = _per_rank(plans, cells, np.ones(lengths.size, dtype=np.int64), np.add)
+    return (counts * _per_rank(plans, cells, item_costs, np.maximum),
+            counts * _per_rank(plans, cells, lengths, np.maximum))
+
+
+def brute_force_microbatches(lengths, num_ranks, max_tokens_per_microbatch, num_microbatches, *, cost=None,
+                             costs=None, padded=False, microbatch_overhead=0.0) -> MicroBatchOptimum:
+    """The optimum over all (M · D)**n assignments of the items to cells, within the budget.
+
+    Item i goes to rank `rank[i]`, micro-batch `microbatch[i]`; the step cost is summed as
+    `MicroBatchPlan.step_cost` is (cells in item order, then a correctly rounded Σ_m), so
+    optima compare with `==`; the first optimal assignment in enumeration order is returned.
+    `cost` / `costs` as in `balance_microbatches` (padded cells cost count · max item cost).
+
+    >>> optimum = brute_force_microbatches([6, 5, 4, 3, 2, 2], 2, 8, 2)
+    >>> optimum.step_cost, optimum.rank.tolist(), optimum.microbatch.tolist()
+    (11.0, [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 1, 0])
+    >>> brute_force_microbatches([6, 5, 4, 3, 2, 2], 2, 8, 1).feasible
+    False
+    """
+    lengths = as_lengths(lengths)
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
+    budget = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
+    m = as_int(num_microbatches, "num_microbatches", minimum=1)
+    item_costs = _item_costs(lengths, cost, costs)
+    cells = m * num_ranks
+    best, best_plan = math.inf, None
+    for plans in _all_plans(lengths.size, cells):
+        loads, tokens = _cell_accounts(plans, cells, lengths, item_costs, padded)
+        fits = tokens.max(axis=1) <= budget
+        if not fits.any():
+            continue
+        maxima = loads.reshape(-1, m, num_ranks).max(axis=2)
+        rough = np.where(fits, maxima.sum(axis=1), math.inf)
+        # np.sum may round differently from fsum: settle the near-minimal rows exactly.
+        for row in np.flatnonzero(rough <= rough.min() * (1 + 1e-9)):
+            value = math.fsum(maxima[row].tolist() + [m * microbatch_overhead])
+            if value < best:
+                best, best_plan = value, plans[row].copy()
+    if best_plan is None:
+        return MicroBatchOptimum(None, None, None, m)
+    rank, microbatch = best_plan % num_ranks, best_plan // num_ranks
+    for array in (rank, microbatch):
+        array.setflags(write=False)
+    return MicroBatchOptimum(best, rank, microbatch, m)
+
+
+def fewest_microbatches(lengths, num_ranks, max_tokens_per_microbatch, *, padded=False) -> int:
+    """The smallest M at which some assignment of the items to M · D cells fits the budget.
+
+    >>> fewest_microbatches([6, 5, 4, 3, 2, 2], 2, 8)
+    2
+    """
+    lengths = as_lengths(lengths)
+    budget = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
+    if int(lengths.max()) > budget:
+        raise ValueError(f"no number of micro-batches fits: an item holds {int(lengths.max())} tokens > "
+                         f"max_tokens_per_microbatch={budget}")
+    for m in range(1, lengths.size + 1):  # one item per cell always fits
+        if brute_force_microbatches(lengths, num_ranks, budget, m, padded=padded).feasible:
+            return m
+    raise AssertionError("unreachable: one item per micro-batch fits the budget")
+
+
+def _fail(plan: MicroBatchPlan, message: str) -> None:
+    raise AssertionError(f"micro-batch plan of {plan.algorithm!r} ({plan.num_items} items, {plan.num_ranks} ranks, "
+                         f"{plan.num_microbatches} micro-batches): {message}")
+
+
+def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tokens_per_microbatch: int, *,
+                          cost=None, costs=None, padded=False, optimum: MicroBatchOptimum | None = None) -> None:
+    """Raise AssertionError unless `plan` is a certified micro-batch plan of this input.
+
+    Checked from the input alone: one cell (rank in [0, D), micro-batch in [0, M)) per item;
+    cell loads (in item order) and tokens exact; every cell within the budget; step cost =
+    Σ_m max_r load + M · overhead; 0 <= bound <= step cost; `optimal` iff they are equal.
+    Against `optimum` (at the plan's M): step cost >= optimum >= bound, equal when optimal.
+
+    >>> from orchmllm import balance_microbatches
+    >>> plan = balance_microbatches([6, 5, 4, 3, 2, 2], 2, max_tokens_per_microbatch=8)
+    >>> check_microbatch_plan(plan, [6, 5, 4, 3, 2, 2], 2, 8,
+    ...                       optimum=brute_force_microbatches([6, 5, 4, 3, 2, 2], 2, 8, plan.num_microbatches))
+    """
+    lengths = as_lengths(lengths)
+    n, m = lengths.size, plan.num_microbatches
+    expected = (num_ranks, max_tokens_per_microbatch, padded)
+    if (plan.num_ranks, plan.max_tokens_per_microbatch, plan.padded) != expected:
+        _fail(plan, f"was made for (num_ranks, max_tokens_per_microbatch, padded) = "
+                    f"{(plan.num_ranks, plan.max_tokens_per_microbatch, plan.padded)}; expected {expected}")
+    for name, values, limit in (("rank", plan.rank, num_ranks), ("microbatch", plan.microbatch, m)):
+        values = np.asarray(values)
+        if values.shape != (n,) or values.dtype != np.int64:
+            _fail(plan, f"`{name}` has shape {values.shape} and dtype {values.dtype}; expected ({n},) int64")
+        outside = np.flatnonzero((values < 0) | (values >= limit))
+        if outside.size:
+            _fail(plan, f"item {outside[0]} has {name} {values[outside[0]]}, outside [0, {limit})")
+    cell = plan.microbatch * num_ranks + plan.rank
+    loads, tokens = (a.reshape(m, num_ranks) for a in _cell_accounts(
+        cell[None, :], m * num_ranks, lengths, _item_costs(lengths, cost, costs), padded))
+    for name, recomputed, reported in (("cell loads", loads, plan.cell_loads), ("cell tokens", tokens,
+                                                                                plan.cell_tokens)):
+        if np.shape(reported) != (m, num_ranks) or np.any(np.asarray(reported) != recomputed):
+            _fail(plan, f"{name} {np.asarray(reported).tolist()} differ from the items' {recomputed.tolist()}")
+    if tokens.max() > max_tokens_per_microbatch:
+        r_m = np.unravel_index(int(tokens.argmax()), tokens.shape)
+        _fail(plan, f"cell (rank {r_m[1]}, micro-batch {r_m[0]}) holds {int(tokens.max())} tokens > "
+                    f"max_tokens_per_microbatch={max_tokens_per_microbatch}")
+    step = math.fsum(loads.max(axis=1).tolist() + [m * plan.microbatch_overhead])
+    if plan.step_cost != step:
+        _fail(plan, f"step cost {plan.step_cost} != Σ_m max_r load + M · overhead = {step}")
+    if not 0 <= plan.lower_bound <= step:
+        _fail(plan, f"lower bound {plan.lower_bound} is not in [0, step cost {step}]")
+    if (plan.status is Status.OPTIMAL) != (step == plan.lower_bound):
+        _fail(plan, f"status {plan.status} with step cost {step} and bound {plan.lower_bound}")
+    if optimum is None:
+        return
+    if optimum.num_microbatches != m:
+        raise ValueError(f"`optimum` is for {optimum.num_microbatches} micro-batches; the plan has {m}")
+    if not optimum.feasible:
+        _fail(plan, f"{optimum.method} finds no assignment within the budget at M = {m}, yet this plan exists")
+    if step < optimum.step_cost or plan.lower_bound > optimum.step_cost:
+        _fail(plan, f"step cost {step} and bound {plan.lower_bound} do not bracket the optimum {optimum.step_cost}")
+    if plan.status is Status.OPTIMAL and step != optimum.step_cost:
+        _fail(plan, f"claims optimality at step cost {step} but the optimum at M = {m} is {optimum.step_cost}")
