@@ -10,6 +10,11 @@ and load only its own share: post-balancing with zero exchange and no data movem
 
 Over an epoch every sample is yielded exactly once across the ranks, and the union of the
 ranks' shares of a step is its random global batch.
+
+With a token budget T per micro-batch (gradient accumulation), the step is planned as
+cells instead, `balance_microbatches(lengths[batch], num_replicas, max_tokens_per_microbatch=T)`,
+and the sampler yields the rank's M micro-batches of every step one after another, each a
+list of indices within T; M is the same on every rank (FSDP synchronises every micro-batch).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from torch.utils.data import Sampler
 
-from ..balancers import BalancePlan, CostModel, balance
+from ..balancers import BalancePlan, CostModel, MicroBatchPlan, balance, balance_microbatches
 from ..balancers.problem import as_lengths
 from ..balancers.validation import as_bool, as_int
 
@@ -30,6 +35,12 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     count (`orchmllm.runtime.normalize_loss`).  Like `DistributedSampler`, call
     `set_epoch(epoch)` before each epoch for a new shuffle.
 
+    With `max_tokens_per_microbatch` T, every yielded list is one micro-batch: the step's M
+    micro-batches follow each other (every rank yields the same M, some lists possibly
+    empty, so the `collate_fn` must accept an empty list and the model still run its
+    collectives), and `microbatches_per_step()` tells the gradient-accumulation loop where
+    each step ends.  The epoch is then planned ahead on first use (`len` counts micro-batches).
+
     Args:
         lengths: length of every dataset sample (tokens), index i for sample i.
         num_replicas: data-parallel ranks D; rank: this rank, in [0, D).
@@ -37,8 +48,11 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         seed: the shuffle seed, the same on every rank.
         drop_last: drop the epoch's last, incomplete global batch; else balance it too
             (then it must hold at least D samples).
+        max_tokens_per_microbatch: token budget T of one micro-batch on one rank (every
+            sample must fit); None yields the whole share of a step at once.
         cost: the work of a sample of length l (default: l).
-        algorithm: a registered balancer (default "auto", deterministic).
+        algorithm: a registered balancer, or with T a micro-batch algorithm (default
+            "auto", deterministic).
 
     >>> lengths = [9, 1, 1, 1, 5, 3, 3, 1]
     >>> ranks = [BalancedDistributedSampler(lengths, num_replicas=2, rank=rank, global_batch_size=4)
@@ -47,10 +61,15 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     [[5, 5], [9, 5]]
     >>> sorted(next(iter(ranks[0])) + next(iter(ranks[1]))) == sorted(ranks[0].global_batches()[0])
     True
+    >>> micro = [BalancedDistributedSampler(lengths, num_replicas=2, rank=rank, global_batch_size=8,
+    ...                                     max_tokens_per_microbatch=9) for rank in range(2)]
+    >>> [(sampler.microbatches_per_step(), [[lengths[i] for i in m] for m in sampler]) for sampler in micro]
+    [([2], [[9], [3]]), ([2], [[1, 5, 3], [1, 1, 1]])]
     """
 
     def __init__(self, lengths, *, num_replicas: int, rank: int, global_batch_size: int, seed: int = 0,
-                 drop_last: bool = True, cost: CostModel | None = None, algorithm: str = "auto"):
+                 drop_last: bool = True, max_tokens_per_microbatch: int | None = None,
+                 cost: CostModel | None = None, algorithm: str = "auto"):
         self.lengths = as_lengths(lengths)
         self.num_replicas = as_int(num_replicas, "num_replicas", minimum=1)
         self.rank = as_int(rank, "rank", minimum=0)
@@ -66,29 +85,64 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             raise ValueError(f"drop_last=False leaves a last global batch of {remainder} samples "
                              f"({self.lengths.size} % {self.global_batch_size}) for {self.num_replicas} replicas; "
                              f"pass drop_last=True or a global_batch_size that leaves at least one per replica")
+        self.max_tokens_per_microbatch = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1,
+                                                optional=True)
+        longest = int(np.argmax(self.lengths))
+        if self.max_tokens_per_microbatch is not None and self.lengths[longest] > self.max_tokens_per_microbatch:
+            raise ValueError(f"`max_tokens_per_microbatch`={self.max_tokens_per_microbatch} is below the "
+                             f"{int(self.lengths[longest])} tokens of sample {longest}; every sample must fit "
+                             f"one micro-batch")
         self.cost = cost
         self.algorithm = algorithm
         self.epoch = 0
+        self._planned: tuple[int, list[MicroBatchPlan]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle differently in `epoch` (the same on every rank)."""
         self.epoch = as_int(epoch, "epoch", minimum=0)
 
-    def __len__(self) -> int:
-        """Steps per epoch."""
+    @property
+    def steps(self) -> int:
+        """Steps (global batches) per epoch."""
         full, remainder = divmod(self.lengths.size, self.global_batch_size)
         return full + (0 if self.drop_last or not remainder else 1)
+
+    def __len__(self) -> int:
+        """Batches yielded per epoch: steps, or with a token budget the micro-batches of all steps."""
+        if self.max_tokens_per_microbatch is None:
+            return self.steps
+        return sum(self.microbatches_per_step())
 
     def global_batches(self) -> list[np.ndarray]:
         """Dataset indices of this epoch's global batches, as drawn (a permutation seeded by (seed, epoch))."""
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.lengths.size)
         size = self.global_batch_size
-        return [order[step * size:(step + 1) * size] for step in range(len(self))]
+        return [order[step * size:(step + 1) * size] for step in range(self.steps)]
 
-    def plan(self, batch: np.ndarray) -> BalancePlan:
-        """The plan of one global batch, the same on every rank."""
-        return balance(self.lengths[batch], self.num_replicas, cost=self.cost, algorithm=self.algorithm)
+    def plan(self, batch: np.ndarray) -> BalancePlan | MicroBatchPlan:
+        """The plan of one global batch, the same on every rank (cells with a token budget)."""
+        if self.max_tokens_per_microbatch is None:
+            return balance(self.lengths[batch], self.num_replicas, cost=self.cost, algorithm=self.algorithm)
+        return balance_microbatches(self.lengths[batch], self.num_replicas, cost=self.cost, algorithm=self.algorithm,
+                                    max_tokens_per_microbatch=self.max_tokens_per_microbatch)
+
+    def _epoch_plans(self) -> list[MicroBatchPlan]:
+        if self._planned is None or self._planned[0] != self.epoch:
+            self._planned = (self.epoch, [self.plan(batch) for batch in self.global_batches()])
+        return self._planned[1]
+
+    def microbatches_per_step(self) -> list[int]:
+        """M of every step of this epoch (the same on every rank); needs `max_tokens_per_microbatch`."""
+        if self.max_tokens_per_microbatch is None:
+            raise ValueError("`microbatches_per_step` needs `max_tokens_per_microbatch`: without a token budget "
+                             "every step is one batch")
+        return [plan.num_microbatches for plan in self._epoch_plans()]
 
     def __iter__(self):
-        for batch in self.global_batches():
-            yield batch[self.plan(batch).items_of(self.rank)].tolist()
+        if self.max_tokens_per_microbatch is None:
+            for batch in self.global_batches():
+                yield batch[self.plan(batch).items_of(self.rank)].tolist()
+            return
+        for batch, plan in zip(self.global_batches(), self._epoch_plans()):
+            for microbatch in range(plan.num_microbatches):
+                yield batch[plan.items_of(self.rank, microbatch)].tolist()
