@@ -83,7 +83,8 @@ def print_demo(report) -> list[str]:
         return ", ".join(f"{value:.3f}" for value in values)
 
     out.print("slowest rank's busy time / mean (mean over steps; per step in brackets):")
-    out.print(f"  isolated (each rank's recorded work replayed alone, min of repeated runs; the check uses these): "
+    out.print(f"  isolated (every rank's recorded work replayed by one process, one work at a time, thread CPU "
+              f"time, trimmed mean share of {report.replay_repeats} rounds; the check uses these): "
               f"balanced {report.busy_max_over_mean_balanced_isolated:.3f} "
               f"({steps(report.busy_max_over_mean_balanced_isolated_per_step)}), unbalanced "
               f"{report.busy_max_over_mean_unbalanced_isolated:.3f} "
@@ -99,7 +100,8 @@ def print_demo(report) -> list[str]:
                   f"micro-batch; micro-batches per step {report.num_microbatches}): sum over micro-batches of the "
                   f"slowest rank's busy time / sum of the means (what synchronised micro-batches cost), isolated "
                   f"{report.microbatch_busy_max_over_mean_isolated:.3f} "
-                  f"({steps(report.microbatch_busy_max_over_mean_isolated_per_step)}), concurrent "
+                  f"({steps(report.microbatch_busy_max_over_mean_isolated_per_step)}), noise floor (identical cells) "
+                  f"{report.microbatch_busy_max_over_mean_identical_work_isolated:.3f}, concurrent "
                   f"{report.microbatch_busy_max_over_mean:.3f}, planned {report.microbatch_busy_max_over_mean_planned:.3f}")
         out.print("  per micro-batch, slowest rank / mean, isolated: " + "; ".join(
             f"step {step}: {steps(cells)}" for step, cells in
@@ -112,7 +114,7 @@ def print_demo(report) -> list[str]:
     out.print(f"exchange {1e3 * report.exchange_seconds:.1f} ms, planning {1e3 * report.planning_seconds:.1f} ms "
               f"({hidden}), overhead {report.overhead_fraction:.1%} of the balanced step")
     out.print(f"wall {report.wall_seconds:.1f} s: training {report.concurrent_seconds:.1f} s, isolated replay "
-              f"{report.replay_seconds:.1f} s")
+              f"{report.replay_seconds:.1f} s ({report.replay_share:.0%} of the rest)")
     failed = report.failed_checks()
     for problem in failed:
         out.print(f"[bold red]check failed:[/bold red] {problem}")

@@ -315,8 +315,7 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
         same = data.local_batch(step, 0, torch_dtype).to(device)
         same_routes = alone.plan(same.samples)
         extra = _extra_passes(alone, same_routes, same, model, clock, options.repeats - 1)
-        recorded["identical", step] = WorkRecorder()
-        busy, _ = _train_step(alone, same_routes, same, model, clock, None, lambda _: recorded["identical", step])
+        busy, _ = _train_step(alone, same_routes, same, model, clock, None)
         record["busy_identical"].append(_least(busy, extra)[0])
         model.zero_grad(set_to_none=True)
 
@@ -373,17 +372,23 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     prefetcher.close()
     record["concurrent_seconds"] = time.perf_counter() - concurrent_start
     replay_start = time.perf_counter()
-    work = {key: r.work for key, r in recorded.items()}
-    if rank == 0:  # rank 0's own batch is the identical work: the same tensors, replayed once
-        work.update({("identical", step): [] for step in range(steps)})
-    isolated = replay_in_isolation(model, work, clock, rank, world_size, options.replay_repeats)
-    if rank == 0:
-        isolated.update({("identical", step): isolated["unbalanced", step] for step in range(steps)})
+    # The identical work is rank 0's batch on every rank: its unbalanced pass (the same tensors);
+    # per micro-batch cell, rank 0's cell of the balanced step.
+    copies = {("identical", step): ("unbalanced", step) for step in range(steps)}
+    if options.max_tokens_per_microbatch is not None:
+        copies.update({("identical", step, index): ("balanced", step, index)
+                       for step, count in enumerate(record["num_microbatches"]) for index in range(count)})
+    isolated = replay_in_isolation(model, {key: r.work for key, r in recorded.items()}, clock, rank, world_size,
+                                   options.replay_repeats, copies)
     record["replay_seconds"] = time.perf_counter() - replay_start
+    record["replay_repeats"] = options.replay_repeats
     for mode in ("unbalanced", "identical"):
         record[f"isolated_{mode}"] = [isolated[mode, step] for step in range(steps)]
     record["isolated_balanced"] = [[isolated["balanced", step, index] for index in range(count)]
                                    for step, count in enumerate(record["num_microbatches"])]
+    if options.max_tokens_per_microbatch is not None:
+        record["isolated_identical_cells"] = [[isolated["identical", step, index] for index in range(count)]
+                                              for step, count in enumerate(record["num_microbatches"])]
     record["fit_errors"] = fit_errors
     record["costs"] = {name: [c.per_item, c.linear, c.quadratic] for name, c in costs.items()}
     return record

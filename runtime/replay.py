@@ -1,31 +1,57 @@
-"""Replay each rank's recorded per-stage work in isolation: busy time without contention.
+"""Replay every rank's recorded per-stage work in isolation: busy time without contention.
 
 The demo's concurrent busy times are CPU times of ranks that share the machine's cores
-with each other (and, on a shared machine, with everyone else): cache and core
-contention inflate them unevenly, and on a 2-core machine that noise exceeds the
-imbalance being measured.  So every rank records the exact tensors each stage ran on
-(encoder inputs and lengths; the LLM's packed embeddings, sample lengths and labels),
-and after the run the ranks take turns, one at a time while the others wait at a
-barrier, to re-run the same kernels (forward and backward) on those tensors with one
-intra-op thread: a stage's time is the minimum over `repetitions` runs (interleaved
-with the other ranks' turns), a rank's busy time the sum over its stages.
+with each other (and, on a shared machine, with everyone else).  So every rank records the
+exact tensors each stage ran on (encoder inputs and lengths; the LLM's packed embeddings,
+sample lengths and labels), and after the run one process, rank 0, replays all of them, one
+at a time, with one intra-op thread, the same kernels forward and backward, while the other
+ranks wait.  One process, because every rank's work then runs on the same parameters,
+allocator and memory layout.
+
+Thread CPU time alone is not contention-proof on a shared virtual machine: what the
+hypervisor's other tenants run changes how fast the same instructions retire, in spells
+of seconds (on the 2-core VM this was written on, one fixed matmul loop ran at 0.87 and
+1.18 of its median in alternating spells, ~2 % within a spell), and glibc returns freed
+blocks to the kernel, so every replay of a large stage took ~10 000 page faults again
+(10-15 % of its CPU time, varying).  Hence:
+
+- the replaying process keeps freed memory (`mallopt`: no trimming, no mmap for large
+  blocks) and runs the largest work of every stage once untimed, so first-touch costs are
+  paid before any measurement;
+- a *round* times every rank's work of one (key, stage) back to back, in an order rotated
+  from round to round, so the ranks it compares run within about a second of each other,
+  at the same speed; a work's time is its share of its round's mean, averaged over the
+  rounds with the highest and lowest fifth of the shares left out (a spell changing
+  mid-round spoils that round only), times the median round mean;
+- the rounds of all (key, stage) groups are interleaved, so each group samples the whole
+  replay's spells.
 
 >>> work = StageWork("llm", torch.zeros(3, 2), torch.tensor([3]), torch.zeros(3, dtype=torch.int64))
 >>> work.stage, work.num_rows
 ('llm', 3)
+>>> estimate_from_rounds([[2.0, 1.0], [4.0, 2.0], [2.0, 1.0], [2.0, 1.0], [2.0, 1.0]])  # one round at half speed
+[2.0, 1.0]
 """
 
 from __future__ import annotations
 
-import math
+import ctypes
+import ctypes.util
+import datetime
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..balancers.validation import is_int
 from .model import TinyMultimodalModel
+
+# How long the waiting ranks wait for rank 0's replay; the launcher's own timeout ends a
+# stuck run before this.
+REPLAY_WAIT = datetime.timedelta(hours=2)
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,35 +96,100 @@ def run_stage(model: TinyMultimodalModel, work: StageWork) -> None:
         model.encoders()[work.stage](work.inputs, work.lengths).sum().backward()
 
 
-def replay_in_isolation(model: TinyMultimodalModel, recorded: dict, clock: Callable[[], float], rank: int,
-                        world_size: int, repetitions: int = 5) -> dict:
-    """Ranks take turns replaying their recorded work ({key: [StageWork]}, the same keys
-    on every rank) one at a time; {key: busy seconds} (a collective over the world).
+def estimate_from_rounds(seconds, trim: float = 0.2) -> list[float]:
+    """Per work, its time at the replay's typical speed, from rounds (rows) timing the same works
+    (columns) back to back: the work's share of its round's mean, averaged over the rounds
+    without the `trim` fraction of highest and of lowest shares, times the median round mean.
+    (On the 2-core VM under load the trimmed mean of 5 rounds gave a lower noise floor than
+    their median or minimum.)"""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    means = seconds.mean(axis=1, keepdims=True)
+    shares = np.sort(np.divide(seconds, means, out=np.zeros_like(seconds), where=means > 0), axis=0)
+    cut = int(trim * shares.shape[0])
+    return (shares[cut:shares.shape[0] - cut].mean(axis=0) * float(np.median(means))).tolist()
 
-    The turns interleave: repetition by repetition and key by key, each rank in turn runs
-    that key's stages once, so every rank's repetitions sample the same spells of
-    whatever else loads the machine, and the minimum picks each rank's quietest run.
-    """
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed memory in the process (no trimming, no mmap for large blocks),
+    so a replayed stage does not page-fault its buffers in again; False where not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 1 << 30)) and bool(mallopt(m_trim_threshold, (1 << 31) - 1))
+
+
+def replay_local(model: TinyMultimodalModel, works: dict, clock: Callable[[], float], repetitions: int = 5) -> dict:
+    """Replay {key: [per-rank list of StageWork]} in this process (see the module docstring);
+    {key: [busy seconds per rank]}.  Every rank's list of a key holds the same stages in the
+    same order (every rank runs every encoder, with empty inputs where it has no items)."""
     if not is_int(repetitions) or repetitions < 1:
         raise ValueError(f"`repetitions` must be an int >= 1; got {repetitions!r}")
-    keys = sorted(recorded)
-    best = {key: [math.inf] * len(recorded[key]) for key in keys}
+    groups = []  # (key, stage index): one round times every rank's work of that stage
+    for key in sorted(works):
+        stages = {tuple(work.stage for work in rank_work) for rank_work in works[key]}
+        if len(stages) != 1:
+            raise ValueError(f"recorded work of {key!r} has different stages on different ranks: {sorted(stages)}")
+        groups += [(key, index) for index in range(len(stages.pop()))]
+    seconds = {group: np.zeros((repetitions, len(works[group[0]]))) for group in groups}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for _ in range(repetitions):
-            for key in keys:
-                for turn in range(world_size):
-                    if world_size > 1:
-                        dist.barrier()
-                    if turn == rank:
-                        for index, work in enumerate(recorded[key]):
-                            start = clock()
-                            run_stage(model, work)
-                            best[key][index] = min(best[key][index], clock() - start)
-        if world_size > 1:
-            dist.barrier()
+        keep_freed_memory()
+        largest = {}
+        for key, index in groups:
+            for rank_work in works[key]:
+                work = rank_work[index]
+                if work.num_rows > largest.get(work.stage, (-1, None))[0]:
+                    largest[work.stage] = (work.num_rows, work)
+        for _, work in largest.values():  # first touch of the heap, lazy initialisation
+            run_stage(model, work)
+        for repetition in range(repetitions):
+            for key, index in groups:
+                size = len(works[key])
+                for turn in range(size):
+                    rank = (turn + repetition) % size
+                    start = clock()
+                    run_stage(model, works[key][rank][index])
+                    seconds[key, index][repetition, rank] = clock() - start
     finally:
         torch.set_num_threads(threads)
         model.zero_grad(set_to_none=True)
-    return {key: float(sum(best[key])) for key in keys}
+    busy = {key: np.zeros(len(works[key])) for key in works}
+    for (key, index), timed in seconds.items():
+        busy[key] += estimate_from_rounds(timed)
+    return {key: values.tolist() for key, values in busy.items()}
+
+
+def replay_in_isolation(model: TinyMultimodalModel, recorded: dict, clock: Callable[[], float], rank: int,
+                        world_size: int, repetitions: int = 5, copies: dict | None = None) -> dict:
+    """Every rank's recorded work ({key: [StageWork]}, the same keys on every rank) is sent to
+    rank 0, which replays it all (`replay_local`) while the others wait; {key: this rank's busy
+    seconds} on every rank (a collective over the world).
+
+    `copies` {key: source key}: `key`'s work on every rank is rank 0's work of `source key`
+    (identical work on every rank: the noise floor of the measurement).
+    """
+    if not is_int(repetitions) or repetitions < 1:
+        raise ValueError(f"`repetitions` must be an int >= 1; got {repetitions!r}")
+    copies = dict(copies or {})
+    mine = {key: work for key, work in recorded.items() if key not in copies}
+    if world_size > 1:
+        wait = dist.new_group(backend="gloo", timeout=REPLAY_WAIT)
+        gathered = [None] * world_size if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0, group=wait)
+    else:
+        wait, gathered = None, [mine]
+    result = [None]
+    if rank == 0:
+        works = {key: [part[key] for part in gathered] for key in mine}
+        works.update({key: [works[source][0]] * world_size for key, source in copies.items()})
+        result[0] = replay_local(model, works, clock, repetitions)
+    if world_size > 1:
+        dist.broadcast_object_list(result, src=0, group=wait)
+        dist.destroy_process_group(wait)
+    return {key: float(values[rank]) for key, values in result[0].items()}
