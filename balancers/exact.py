@@ -12,11 +12,12 @@ descriptions):
     lower = raised by the pattern LP (Gilmore-Gomory): gallop up, then bisect
     while lower < upper:                         # is C = lower feasible?
         L2, bin completion or the pattern LP refutes C -> lower += 1
-        the integer master over the LP's patterns or bin completion packs C -> upper = C
+        a dive on the LP (`exact_dive`, once per C), the integer master over the LP's
+        patterns or bin completion packs C -> upper = C
         neither within the work budget -> budget x 4 (until the time limit)
 
 Bin completion (`_Search.pack`) and the bounds are described where they are defined
-(`exact_bounds` holds L2 and the pattern LP).
+(`exact_bounds` holds L2 and the pattern LP, `exact_dive` the LP dive).
 
 Exactness: costs are made integers by the smallest power-of-two scale that does it (exact
 in floats, so f(l) = l + l**2/1024 is exact); costs that no such scale makes integers
@@ -31,6 +32,7 @@ machine-dependent, never worse than `auto`'s plan).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import time
@@ -40,6 +42,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from . import auto, ilp, padded
 from .exact_bounds import PatternLP, item_types, l2_bins, simple_bound
+from .exact_dive import assign, dive
 from .problem import InfeasibleError, KernelResult, Problem, Status, make_problem, rank_loads
 
 COMBINATORIAL_MAX_ITEMS = 16
@@ -50,6 +53,9 @@ SMALL_NODES = 1_000_000
 
 BASE_NODES = 20_000
 """Branch-and-bound nodes of the first attempt at a capacity; each retry has 4× more."""
+
+FINISH_NODES = 20_000
+"""Branch-and-bound nodes that may complete a dive's last items."""
 
 _LP_ROUNDS = 400
 _QUICK_NODES = 2_000
@@ -105,6 +111,7 @@ class _Search:
         self.suffix = np.concatenate((np.cumsum(w[::-1])[::-1], [0])).tolist()
         self.pool: dict[bytes, np.ndarray] = {}
         self.lps: dict[int, PatternLP] = {}
+        self.dived: set[int] = set()
 
     # ---------------------------------------------------------------- bin completion
     def pack(self, capacity: int, node_limit: int) -> tuple[str, list[int] | None]:
@@ -117,6 +124,7 @@ class _Search:
         """
         sizes, type_of, demand = item_types(self.w)
         sizes, counts = sizes.tolist(), demand.tolist()
+        descending = [-size for size in sizes]
         num_types = len(sizes)
         slack = self.m * capacity - self.suffix[0]
         if slack < 0 or sizes[0] > capacity:
@@ -128,12 +136,16 @@ class _Search:
             return next((sizes[t] for t in range(num_types - 1, -1, -1) if counts[t]), capacity + 1)
 
         def subsets(first: int, low: int, high: int, chosen: list[int], found: list):
-            """Maximal multisets of types >= `first` with sum in [low, high]: (room left, types)."""
+            """Maximal multisets of types >= `first` with sum in [low, high]: (room left, types).
+            Every call is one unit of the node budget (the sets can number in the millions)."""
+            nodes[0] += 1
+            if nodes[0] > node_limit:
+                raise _Budget
             if low <= 0 and smallest_left() > high:
                 found.append((high, tuple(chosen)))
-            for t in range(first, num_types):
+            for t in range(max(first, bisect.bisect_left(descending, -high)), num_types):
                 size = sizes[t]
-                if counts[t] == 0 or size > high:
+                if counts[t] == 0:
                     continue
                 counts[t] -= 1
                 chosen.append(t)
@@ -232,10 +244,28 @@ class _Search:
             return "infeasible", None
         if lp.bins(self.m, rounds, self.deadline, converge=True) > self.m:
             return "infeasible", None
+        if capacity not in self.dived:  # the dives are deterministic: once per capacity
+            self.dived.add(capacity)
+            for rounding in (True, False):
+                bins = dive(self.w, capacity, self.m, lp.columns, self.deadline, self.finish(capacity), rounding)
+                if bins is not None:
+                    return "feasible", assign(bins, self.w)
         where = self.master(lp, node_limit=budget // 20)
         if where is not None:
             return "feasible", where
         return self.pack(capacity, budget)
+
+    def finish(self, capacity: int):
+        """The exact end of a dive: `branch_and_bound` packs the items left into the bins left."""
+        def pack_rest(items: np.ndarray, num_bins: int) -> list[list[int]] | None:
+            plan, _ = branch_and_bound(items.tolist(), num_bins, capacity, None, FINISH_NODES)
+            if plan is None:
+                return None
+            bins = [[] for _ in range(num_bins)]
+            for cost, where in zip(items.tolist(), plan):
+                bins[where].append(cost)
+            return bins if max(map(sum, bins)) <= capacity else None
+        return pack_rest
 
     def raise_lower(self, lower: int, upper: int) -> int:
         """The smallest capacity not proven infeasible by L2 or quick packing (a scan up

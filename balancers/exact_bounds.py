@@ -24,9 +24,12 @@ import time
 
 import numpy as np
 from scipy.optimize import linprog
+from scipy.sparse import csc_array
 
 _MARGIN = 1e-9
 _COLUMNS_PER_ROUND = 20
+_SMOOTHING = 0.8
+"""Wentges dual smoothing: price at this mix of the best (Farley) duals so far and the LP's."""
 MAX_PRICING_CELLS = 8_000_000
 """Largest knapsack table (items × (C + 1)) the pattern LP builds; beyond it the LP bound is skipped."""
 
@@ -146,37 +149,46 @@ class PatternLP:
         self.sizes, self.type_of, self.demand = item_types(w)
         singles = np.eye(self.sizes.size, dtype=np.int64)
         self.columns = [c for c in pool.values() if int(c @ self.sizes) <= capacity] + list(singles)
+        self._keys = {column.tobytes() for column in self.columns}
         self.converged = False
+        self.solution: np.ndarray | None = None
+        """x of the last LP solved, over the first len(x) columns."""
 
     def bins(self, num_bins: int, max_rounds: int, deadline: float, converge: bool = False) -> float:
         """A proven lower bound on the bins needed, from at most `max_rounds` LP solves
         before the `deadline` (perf_counter seconds).  Stops once it exceeds `num_bins`
         (infeasible), once the LP's value is at most `num_bins` (no proof can come) unless
         `converge` asks for all columns, or when the LP has converged."""
-        best = 0.0
+        best, center, smooth = 0.0, None, True
         if self.w.size * (self.capacity + 1) > MAX_PRICING_CELLS:
             return best
         for _ in range(max_rounds):
             if time.perf_counter() > deadline:
                 break
-            matrix = np.array(self.columns, dtype=float).T
-            lp = linprog(np.ones(matrix.shape[1]), A_ub=-matrix, b_ub=-self.demand.astype(float),
+            matrix = csc_array(-np.array(self.columns, dtype=float).T)
+            lp = linprog(np.ones(matrix.shape[1]), A_ub=matrix, b_ub=-self.demand.astype(float),
                          bounds=(0, None), method="highs")
             if lp.status != 0 or (not converge and lp.fun <= num_bins * (1 - _MARGIN)):
                 break
             duals = np.maximum(0.0, -lp.ineqlin.marginals)
-            value, masks = knapsack(self.w, duals[self.type_of], self.capacity, count=_COLUMNS_PER_ROUND)
-            if value > 0:
-                best = max(best, float(duals @ self.demand) / value * (1 - _MARGIN))
+            self.solution = lp.x
+            priced = duals if center is None or not smooth else _SMOOTHING * center + (1 - _SMOOTHING) * duals
+            value, masks = knapsack(self.w, priced[self.type_of], self.capacity, count=_COLUMNS_PER_ROUND)
+            if value > 0 and float(priced @ self.demand) / value * (1 - _MARGIN) > best:
+                best, center = float(priced @ self.demand) / value * (1 - _MARGIN), priced
             if best > num_bins:
                 return best
-            if value <= 1 + _MARGIN:
-                self.converged = True
-                return best
+            added = 0
             for mask in masks:
                 column = np.bincount(self.type_of[mask], minlength=self.sizes.size)
                 key = column.tobytes()
-                if key not in self.pool:
-                    self.pool[key] = column
+                if float(column @ duals) > 1 + _MARGIN and key not in self._keys:
+                    self.pool.setdefault(key, column)
+                    self._keys.add(key)
                     self.columns.append(column)
+                    added += 1
+            if added == 0 and priced is duals:
+                self.converged = True
+                return best
+            smooth = added > 0  # a smoothed price that found nothing: price the LP's own duals next
         return best

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import ALGORITHMS, CostModel, Status, balance, ilp, make_problem
-from orchmllm.balancers import exact
+from orchmllm.balancers import exact, exact_dive
 from orchmllm.balancers.exact_bounds import PatternLP, l2_bins, simple_bound
 from orchmllm.balancers.problem import lower_bound, rank_loads
 from orchmllm.benchmarks.pcmax_families import make_instance
@@ -132,3 +132,44 @@ def test_small_instances_skip_the_milp_only_when_proven():
         assert result is not None and result.status is Status.OPTIMAL
         assert result.lower_bound == float(rank_loads(problem, result.assignment).max())
     assert exact.prove_small(make_problem(np.arange(20), 3), np.zeros(20, dtype=np.int64)) is None
+
+
+def check_bins(bins, w, capacity, num_bins):
+    assert bins is not None and len(bins) <= num_bins
+    assert sorted(cost for costs in bins for cost in costs) == sorted(w.tolist())
+    assert max(sum(costs) for costs in bins) <= capacity
+
+
+@pytest.mark.parametrize("rounding", [True, False], ids=["residual_rounding", "largest_column"])
+def test_dive_packs_at_the_bound_where_bin_completion_gives_up(rounding):
+    """uniform_1000 m40 r2.5: the LP allows exactly 40 bins at 1200 and bin completion finds no
+    packing within its budget; the dive finds one, so 1200 (the lifted bound) is the optimum."""
+    w = np.sort(make_instance("uniform_1000", 40, 2.5).times)[::-1]
+    search = exact._Search(w, 40, np.inf)
+    assert search.pack(1200, 20_000)[0] == "unknown"
+    lp = search.lp_bound(1200)
+    assert lp.bins(40, 400, np.inf, converge=True) <= 40
+    bins = exact_dive.dive(w, 1200, 40, lp.columns, np.inf, search.finish(1200), rounding)
+    check_bins(bins, w, 1200, 40)
+    where = exact_dive.assign(bins, w)
+    assert sorted(np.bincount(where, weights=w).tolist()) == sorted(sum(costs) for costs in bins)
+
+
+def test_dive_never_claims_an_impossible_packing():
+    for lengths, ranks in random_cases(4, 60, max_items=8):
+        w = np.sort(lengths)[::-1]
+        optimum = int(brute_force(make_problem(lengths, ranks)))
+        if optimum == 0:
+            continue
+        assert exact_dive.dive(w, optimum - 1, ranks, [], np.inf) is None
+        bins = exact_dive.dive(w, optimum, ranks, [], np.inf)
+        if bins is not None:
+            check_bins(bins, w, optimum, ranks)
+
+
+def test_proves_the_instance_that_needed_the_dive():
+    """uniform_1000 m50 r3: ceil(sum / 50) = 1493 is the optimum; before the dive the search
+    stopped at 1496 with the bound 1493 (bin completion and the integer master found nothing)."""
+    instance = make_instance("uniform_1000", 50, 3.0)
+    plan = balance(instance.times, 50, algorithm="exact", time_limit=120)
+    assert plan.status is Status.OPTIMAL and plan.makespan == 1493.0
