@@ -16,9 +16,9 @@ from .conformance import ConformanceError, ConformanceReport, check_conformance
 from .microbatch import MicroBatchOptimum, brute_force_microbatches, check_microbatch_plan, fewest_microbatches
 from .oracles import (BRUTE_FORCE_MAX_PLANS, Optimum, all_assignments, brute_force, brute_force_of, exact,
                       padded_optimum)
-from .strategies import COST_MODELS, BalanceCase, load_profile, multimodal_batches, problems, topologies
+from .strategies import COST_MODELS, CONSTRAINTS, BalanceCase, load_profile, multimodal_batches, problems, topologies
 
-__all__ = ["BRUTE_FORCE_MAX_PLANS", "COST_MODELS", "BalanceCase", "ConformanceError", "ConformanceReport",
-           "MicroBatchOptimum", "Optimum", "all_assignments", "brute_force", "brute_force_microbatches",
+__all__ = ["BRUTE_FORCE_MAX_PLANS", "CONSTRAINTS", "COST_MODELS", "BalanceCase", "ConformanceError",
+           "ConformanceReport", "MicroBatchOptimum", "Optimum", "all_assignments", "brute_force", "brute_force_microbatches",
            "brute_force_of", "check_conformance", "check_microbatch_plan", "check_plan", "exact",
            "fewest_microbatches", "load_profile", "multimodal_batches", "padded_optimum", "problems", "topologies"]

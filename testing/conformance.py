@@ -14,6 +14,14 @@ when, on inputs drawn by `problems()`:
                     for baselines that keep the sampled order); no bound of one run
                     exceeds another run's makespan of the same instance; proven optima
                     scale with the lengths and never rise with another rank
+    constrained     with explicit `costs`, `equal_counts=True` (the record's equal-counts
+                    kernel) and `groups`, as `balance()` runs them: certified against
+                    brute force under the constraint, which the plan holds; an exact
+                    kernel reaches the constrained optimum
+
+Groups never reach a kernel: `balance()` balances one super-item per group (summed length,
+summed cost, so `problem.cost` is None) and sends every item to its group's rank.  What a
+kernel must honour for them, as for `costs=`, is `problem.item_costs`.
 """
 
 from __future__ import annotations
@@ -31,10 +39,13 @@ from hypothesis.errors import FlakyFailure
 from hypothesis import strategies as st
 
 from ..balancers import ALGORITHMS, BalancePlan, CostModel, InfeasibleError, Status, make_problem
+from ..balancers.api import _balance_groups
+from ..balancers.groups import as_groups
 from ..balancers.plan import make_plan
 from .checks import check_plan
+from .oracles import brute_force
 from .oracles import exact as exact_optimum
-from .strategies import COST_MODELS, BalanceCase, problems
+from .strategies import COST_MODELS, CONSTRAINTS, BalanceCase, problems
 
 RETRIES = 8
 """Refusals `check_conformance` follows along `min_cap` before it calls the cap unusable."""
@@ -58,6 +69,8 @@ class ConformanceReport:
     refusals_followed: int
     metamorphic_checks: int
     processes_compared: int
+    constraints: tuple[str, ...] = ()
+    constrained_plans: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -66,7 +79,7 @@ class ConformanceReport:
 class _Target:
     """The kernel under test, its name, and what it declares."""
 
-    def __init__(self, target, padded, exact, order_invariant, time_limit):
+    def __init__(self, target, padded, exact, order_invariant, time_limit, constraints):
         name = target if isinstance(target, str) else getattr(target, "__name__", type(target).__name__)
         if isinstance(target, str):
             if target not in ALGORITHMS:
@@ -85,26 +98,61 @@ class _Target:
         ours = str(getattr(target, "kind", "plugin")) in ("ours", "plugin")
         self.order_invariant = ours if order_invariant is None else order_invariant
         self.time_limit = time_limit
+        # An Algorithm record may carry the kernel it runs under equal_counts=True.
+        self.equal_counts = getattr(target, "equal_counts", None)
+        able = {name for name, applies in (("costs", False in self.kinds), ("groups", False in self.kinds),
+                                           ("equal_counts", self.equal_counts is not None)) if applies}
+        asked = set(CONSTRAINTS if constraints is None else constraints)
+        unknown = sorted(asked - set(CONSTRAINTS))
+        if unknown:
+            raise ValueError(f"`constraints` must be names in {CONSTRAINTS}; got {unknown}")
+        if constraints is not None and asked - able:
+            raise ValueError(f"{self.name} cannot be checked under {sorted(asked - able)}: costs and groups need "
+                             f"an unpadded kernel, equal_counts a record with an `equal_counts` kernel")
+        self.constraints = tuple(name for name in CONSTRAINTS if name in asked & able)
 
     def run(self, case: BalanceCase, lengths=None) -> BalancePlan | InfeasibleError:
-        """The certified plan of `case` (or of `lengths` in its place), or the refusal."""
+        """The certified plan of `case` (or of `lengths` in its place), or the refusal, as `balance()` makes it."""
         lengths = case.lengths if lengths is None else lengths
+        options = dict(case.options)
+        groups = options.pop("groups", None)
+        kernel = self.equal_counts if case.equal_counts else self.kernel
         try:
-            problem = make_problem(lengths, case.num_ranks, time_limit=self.time_limit, **case.options)
-            result = self.kernel(problem)
+            problem = make_problem(lengths, case.num_ranks, time_limit=self.time_limit, **options)
+            if groups is not None:
+                return _balance_groups(problem, as_groups(groups, problem.num_items), kernel, self.name)
+            result = kernel(problem)
         except InfeasibleError as refusal:
             return refusal
+        except RuntimeError as error:  # make_plan's verdict on the groups' plan
+            raise self._broken(case, lengths, error) from None
         try:
             return make_plan(problem, result.assignment, result.status, self.name, kernel_bound=result.lower_bound)
         except RuntimeError as error:
-            what = "ignores the memory cap" if "max_tokens_per_rank" in str(error) else "returned a broken plan"
-            raise ConformanceError(f"{self.name} {what}: {error}; input {_describe(case, lengths)}") from None
+            raise self._broken(case, lengths, error) from None
+
+    def _broken(self, case: BalanceCase, lengths, error: RuntimeError) -> ConformanceError:
+        what = next((what for clue, what in (("max_tokens_per_rank", "ignores the memory cap"),
+                                             ("`equal_counts` allows", "ignores `equal_counts=True`"))
+                     if clue in str(error)), "returned a broken plan")
+        return ConformanceError(f"{self.name} {what}: {error}; input {_describe(case, lengths)}")
 
 
 def _describe(case: BalanceCase, lengths=None) -> str:
     lengths = list(case.lengths if lengths is None else np.asarray(lengths).tolist())
-    return (f"lengths={lengths}, num_ranks={case.num_ranks}, cost={case.cost}, padded={case.padded}, "
-            f"max_tokens_per_rank={case.max_tokens_per_rank}")
+    described = (f"lengths={lengths}, num_ranks={case.num_ranks}, cost={case.cost}, padded={case.padded}, "
+                 f"max_tokens_per_rank={case.max_tokens_per_rank}")
+    if case.constraint is not None:
+        value = getattr(case, case.constraint)
+        described += f", {case.constraint}={list(value) if isinstance(value, tuple) else value}"
+    return described
+
+
+def _optimum(case: BalanceCase):
+    """The exact optimum of `case`: `exact`, or brute force under a constraint."""
+    if case.constraint is None:
+        return exact_optimum(case.lengths, case.num_ranks, **case.options)
+    return brute_force(case.lengths, case.num_ranks, **case.options)
 
 
 def _fingerprint(outcome) -> tuple:
@@ -142,11 +190,18 @@ def _check_refusal(target: _Target, case: BalanceCase, refusal: InfeasibleError,
 
 def _certify(target: _Target, case: BalanceCase, plan: BalancePlan, optimum="compute") -> None:
     if optimum == "compute":
-        optimum = exact_optimum(case.lengths, case.num_ranks, **case.options)
+        optimum = _optimum(case)
     try:
         check_plan(plan, case.lengths, case.num_ranks, optimum=optimum, **case.options)
     except AssertionError as error:
         raise ConformanceError(f"{target.name}: {error}; input {_describe(case)}") from None
+    if case.constraint is not None:
+        # Under a constraint the bound may stay below the optimum, so exactness is the makespan's
+        # (within rounding: groups sum an item's cost into its group first).
+        if target.exact and plan.makespan > optimum.makespan * (1 + 1e-12):
+            raise ConformanceError(f"{target.name} is declared exact but reached makespan {plan.makespan} above "
+                                   f"the optimum {optimum.makespan} under {case.constraint}; input {_describe(case)}")
+        return
     if target.exact and plan.status is not Status.OPTIMAL:
         raise ConformanceError(f"{target.name} is declared exact but returned status {plan.status} at makespan "
                                f"{plan.makespan} (optimum {optimum.makespan}); input {_describe(case)}")
@@ -256,7 +311,8 @@ def _first(group: BaseExceptionGroup) -> ConformanceError:
 
 def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int = 3, examples: int = 40,
                       padded: bool | None = None, exact: bool | None = None, order_invariant: bool | None = None,
-                      processes: bool = True, time_limit: float | None = None) -> ConformanceReport:
+                      processes: bool = True, time_limit: float | None = None,
+                      constraints=None) -> ConformanceReport:
     """Run the property suite on a registered algorithm (by name) or a bare kernel.
 
     Raises `ConformanceError` (an AssertionError) naming the broken property and the
@@ -265,30 +321,37 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
     kernel; the baseline and peers' heuristics may depend on the sampled order).  Inputs have up to `max_items` items
     (twice that for the metamorphic runs) on up to `max_ranks` ranks; `examples` per
     property.  `processes` also compares plans with a second Python process (the kernel
-    must then be importable by reference).
+    must then be importable by reference).  `constraints` (names in `CONSTRAINTS`) picks
+    the constrained cases; by default every one the target supports: `costs` and `groups`
+    for unpadded kernels, `equal_counts` for a record with an `equal_counts` kernel (pass
+    the `Algorithm` record, e.g. `register_algorithm`'s, to check that kernel).
 
-    >>> check_conformance("lpt", examples=5, processes=False).kinds
-    ('unpadded', 'padded')
+    >>> report = check_conformance("lpt", examples=5, processes=False)
+    >>> report.kinds, report.constraints
+    (('unpadded', 'padded'), ('costs', 'equal_counts', 'groups'))
     """
-    target = _Target(algorithm_or_kernel, padded, exact, order_invariant, time_limit)
-    counts = {"certified": 0, "optimal": 0, "refusals": 0, "metamorphic": 0}
+    target = _Target(algorithm_or_kernel, padded, exact, order_invariant, time_limit, constraints)
+    counts = {"certified": 0, "optimal": 0, "refusals": 0, "metamorphic": 0, "constrained": 0}
     kinds = st.sampled_from(target.kinds)
 
-    @_settings(examples)
-    @given(kinds.flatmap(lambda kind: problems(max_items=max_items, max_ranks=max_ranks, padded=kind)))
-    def certified(case):
+    def check_case(case, count: str):
         outcome = target.run(case)
-        optimum = exact_optimum(case.lengths, case.num_ranks, **case.options)
+        optimum = _optimum(case)
         if isinstance(outcome, InfeasibleError):
             counts["refusals"] += 1
             _check_refusal(target, case, outcome, optimum)
             return
         if not optimum.feasible:
-            raise ConformanceError(f"{target.name} returned a plan although no plan meets the cap; "
-                                   f"input {_describe(case)}")
+            raise ConformanceError(f"{target.name} returned a plan although no plan meets the cap"
+                                   f"{' and the constraint' if case.constraint else ''}; input {_describe(case)}")
         _certify(target, case, outcome, optimum)
-        counts["certified"] += 1
+        counts[count] += 1
         counts["optimal"] += outcome.status is Status.OPTIMAL
+
+    @_settings(examples)
+    @given(kinds.flatmap(lambda kind: problems(max_items=max_items, max_ranks=max_ranks, padded=kind)))
+    def certified(case):
+        check_case(case, "certified")
 
     @_settings(examples)
     @given(kinds.flatmap(lambda kind: problems(max_items=2 * max_items, max_ranks=max_ranks, padded=kind)))
@@ -311,7 +374,18 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
     def metamorphic(drawn):
         counts["metamorphic"] += _metamorphic(target, *drawn)
 
-    for run_property in (certified, deterministic, metamorphic):
+    # Integer cost models: groups sum costs per group first, and integer sums are exact.
+    constrained_kinds = [(kind, names) for kind in target.kinds
+                         if (names := [name for name in target.constraints if not kind or name == "equal_counts"])]
+
+    @_settings(examples)
+    @given(st.sampled_from(constrained_kinds or [(False, [])]).flatmap(lambda drawn: problems(
+        max_items=max_items, max_ranks=max_ranks, padded=drawn[0], constraints=drawn[1],
+        costs=[COST_MODELS["tokens"], COST_MODELS["affine"]])))
+    def constrained(case):
+        check_case(case, "constrained")
+
+    for run_property in (certified, deterministic, metamorphic) + ((constrained,) if constrained_kinds else ()):
         try:
             run_property()
         except FlakyFailure as flaky:  # a non-reproducible kernel fails and passes on the same input
@@ -326,4 +400,4 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
         compared = len(cases)
     return ConformanceReport(target.name, tuple("padded" if kind else "unpadded" for kind in target.kinds),
                              counts["certified"], counts["optimal"], counts["refusals"], counts["metamorphic"],
-                             compared)
+                             compared, target.constraints, counts["constrained"])

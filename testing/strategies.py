@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -27,19 +27,38 @@ COST_MODELS = {
 """The cost models `problems()` draws from, by name."""
 
 
+CONSTRAINTS = ("costs", "equal_counts", "groups")
+"""The constraints of `balance` that `problems(constraints=...)` can draw."""
+
+
 @dataclass(frozen=True)
 class BalanceCase:
-    """One input of `balance`: `balance(case.lengths, case.num_ranks, **case.options)`."""
+    """One input of `balance`: `balance(case.lengths, case.num_ranks, **case.options)`.
+
+    At most one constraint is set: explicit `costs` (then `cost` is None), `equal_counts`,
+    or keep-together `groups`; `options` names only the constraint that is set.
+    """
 
     lengths: tuple[int, ...]
     num_ranks: int
-    cost: CostModel
+    cost: CostModel | None
     padded: bool
     max_tokens_per_rank: int | None
+    costs: tuple[int, ...] | None = None
+    equal_counts: bool = False
+    groups: tuple[int, ...] | None = None
+
+    @property
+    def constraint(self) -> str | None:
+        """The constraint that is set ("costs", "equal_counts", "groups"), or None."""
+        return next((name for name in CONSTRAINTS if getattr(self, name) not in (None, False)), None)
 
     @property
     def options(self) -> dict:
-        return {"cost": self.cost, "padded": self.padded, "max_tokens_per_rank": self.max_tokens_per_rank}
+        options = {"cost": self.cost, "padded": self.padded, "max_tokens_per_rank": self.max_tokens_per_rank}
+        if self.constraint is not None:
+            options[self.constraint] = getattr(self, self.constraint)
+        return options
 
 
 def _lengths(size: int) -> st.SearchStrategy[list[int]]:
@@ -51,9 +70,10 @@ def _lengths(size: int) -> st.SearchStrategy[list[int]]:
 
 
 @st.composite
-def _problems(draw, max_items, min_items, max_ranks, min_ranks, padded, caps, costs):
+def _problems(draw, max_items, min_items, max_ranks, min_ranks, padded, caps, costs, constraints):
     # The size is drawn first and uniformly: Hypothesis's own list sizes favour tiny lists.
-    lengths = draw(_lengths(draw(st.sampled_from(range(min_items, max_items + 1)))))
+    size = draw(st.sampled_from(range(min_items, max_items + 1)))
+    lengths = draw(_lengths(size))
     num_ranks = draw(st.sampled_from(range(min_ranks, max_ranks + 1)))
     cap = None
     if caps and draw(st.booleans()):
@@ -61,16 +81,32 @@ def _problems(draw, max_items, min_items, max_ranks, min_ranks, padded, caps, co
         # front), at it (tight: feasible or not), and above it by up to two items.
         necessary = max(max(lengths), -(-sum(lengths) // num_ranks), 1)
         cap = max(1, necessary + draw(st.integers(-2, 2 * max(lengths) + 2)))
-    return BalanceCase(tuple(lengths), num_ranks, draw(st.sampled_from(costs)),
+    constraint = draw(st.sampled_from(constraints)) if constraints else None
+    if constraint in ("costs", "groups"):  # balanced unpadded only
+        padded = False
+    case = BalanceCase(tuple(lengths), num_ranks, draw(st.sampled_from(costs)),
                        draw(st.booleans()) if padded is None else padded, cap)
+    if constraint == "costs":  # integers: sums are exact, so optima compare with ==
+        return replace(case, cost=None, costs=tuple(draw(st.lists(st.integers(0, 30), min_size=size, max_size=size))))
+    if constraint == "groups":  # a few ids, so groups of several items are common
+        return replace(case, groups=tuple(draw(st.lists(st.integers(0, 3), min_size=size, max_size=size))))
+    return replace(case, equal_counts=constraint == "equal_counts")
 
 
 def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_ranks: int = 1,
-             padded: bool | None = None, caps: bool = True, costs=None) -> st.SearchStrategy[BalanceCase]:
+             padded: bool | None = None, caps: bool = True, costs=None,
+             constraints=()) -> st.SearchStrategy[BalanceCase]:
     """`BalanceCase`s small enough for `brute_force` at the defaults (4**8 plans).
 
     `padded` None draws both kinds; `caps` False never sets `max_tokens_per_rank`;
-    `costs` is a list of `CostModel`s (default: `COST_MODELS`).
+    `costs` is a list of `CostModel`s (default: `COST_MODELS`).  `constraints`, names from
+    `CONSTRAINTS`, gives every case one of them: explicit integer `costs`, `equal_counts`,
+    or `groups` of up to four ids (costs and groups cases are unpadded).
+
+    >>> from hypothesis import find
+    >>> find(problems(constraints=["groups"]), lambda case: len(set(case.groups)) < len(case.groups)).options
+    {'cost': CostModel(per_item=0.0, linear=1.0, quadratic=0.0), 'padded': False, 'max_tokens_per_rank': None, \
+'groups': (0, 0)}
 
     >>> from hypothesis import given, settings
     >>> from orchmllm import balance
@@ -83,7 +119,13 @@ def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_
     >>> test_padded_plans_are_certified()
     """
     models = list(COST_MODELS.values()) if costs is None else list(costs)
-    return _problems(max_items, min_items, max_ranks, min_ranks, padded, caps, models)
+    constraints = tuple(constraints)
+    unknown = sorted(set(constraints) - set(CONSTRAINTS))
+    if unknown:
+        raise ValueError(f"`constraints` must be names in {CONSTRAINTS}; got {unknown}")
+    if padded and set(constraints) - {"equal_counts"}:
+        raise ValueError("`costs` and `groups` constraints are unpadded: pass padded=None or False with them")
+    return _problems(max_items, min_items, max_ranks, min_ranks, padded, caps, models, constraints)
 
 
 @st.composite

@@ -17,6 +17,7 @@ from orchmllm import balance_microbatches
 from orchmllm.balancers import ALGORITHMS, InfeasibleError, KernelResult, Status, balance, make_problem
 from orchmllm.balancers import lpt
 from orchmllm.balancers.lpt import greedy_unpadded
+from orchmllm.balancers.registry import Algorithm
 from orchmllm.balancers.problem import require_within_cap
 from orchmllm.testing import (ConformanceError, brute_force, brute_force_microbatches, check_conformance,
                               check_microbatch_plan, check_plan, exact, fewest_microbatches, oracles,
@@ -152,6 +153,10 @@ def test_problems_reach_roomy_tight_and_infeasible_caps_and_heavy_tails():
 def test_every_registered_algorithm_conforms(name):
     report = check_conformance(name, examples=15)
     assert report.algorithm == name and report.plans_certified > 0 and report.processes_compared > 0
+    record = ALGORITHMS[name]
+    expected = [constraint for constraint, applies in (("costs", record.unpadded), ("equal_counts",
+                record.equal_counts is not None), ("groups", record.unpadded)) if applies]
+    assert list(report.constraints) == expected and (report.constrained_plans > 0 or not expected)
 
 
 # -- ... and on deliberately broken kernels ---------------------------------------------
@@ -212,6 +217,48 @@ def list_scheduling_in_input_order(problem):
 def test_broken_kernel_fails_with_a_message_naming_its_fault(kernel, message):
     with pytest.raises(ConformanceError, match=message):
         check_conformance(kernel, padded=False, processes=False, examples=30)
+
+
+def optimal_by_its_own_costs(problem):
+    """Proves its plan optimal for the costs f(length) of the problem's model (the default one when
+    `problem.cost` is None): it ignores `problem.item_costs`, the form in which explicit costs reach a
+    kernel, and groups too, as super-items of summed costs.  Exact on unconstrained problems."""
+    optimum = brute_force(problem.lengths, problem.num_ranks, cost=problem.cost,
+                          max_tokens_per_rank=problem.max_tokens_per_rank)
+    if not optimum.feasible:
+        raise InfeasibleError("no plan fits the cap", min_cap=optimum.min_cap)
+    return KernelResult(np.array(optimum.assignment), Status.OPTIMAL, lower_bound=optimum.makespan)
+
+
+IGNORES_EQUAL_COUNTS = Algorithm("lpt_ignoring_equal_counts", lpt.solve, equal_counts=lpt.solve,
+                                 description="runs plain LPT under equal_counts=True")
+
+
+@pytest.mark.parametrize("target, constraint, message", [
+    (IGNORES_EQUAL_COUNTS, "equal_counts",
+     r"lpt_ignoring_equal_counts ignores `equal_counts=True`: .* put \d+ items on rank \d+; `equal_counts` allows "
+     r".*equal_counts=True"),
+    (optimal_by_its_own_costs, "costs",
+     r"optimal_by_its_own_costs\b.* claim(s|ed) optimality at makespan .*, costs=\["),
+    (optimal_by_its_own_costs, "groups",
+     r"optimal_by_its_own_costs\b.* claim(s|ed) optimality at makespan .*, groups=\["),
+], ids=["ignores-equal-counts", "ignores-explicit-costs", "ignores-group-costs"])
+def test_kernel_that_ignores_a_constraint_fails_naming_it(target, constraint, message):
+    if target is optimal_by_its_own_costs:  # conforms where there is no constraint (at brute-force sizes)
+        check_conformance(target, padded=False, processes=False, examples=10, max_items=4, constraints=())
+    with pytest.raises(ConformanceError, match=message):
+        check_conformance(target, padded=False, processes=False, examples=30, max_items=4, constraints=[constraint])
+
+
+def test_constraints_a_target_cannot_take_are_refused():
+    with pytest.raises(ValueError, match=r"lpt_kernel cannot be checked under \['equal_counts'\]"):
+        check_conformance(lpt_kernel, padded=False, constraints=["equal_counts"])
+    with pytest.raises(ValueError, match=r"`constraints` must be names in \('costs', 'equal_counts', 'groups'\)"):
+        check_conformance("lpt", constraints=["sorted"])
+
+
+def lpt_kernel(problem):
+    return lpt.solve(problem)
 
 
 HASH_ORDERED = textwrap.dedent('''
