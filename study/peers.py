@@ -13,7 +13,10 @@ code.  None of them guarantees anything about the makespan; none is imported fro
 peer's code.
 
     verl_kk               verl `seqlen_balancing.py`: Karmarkar–Karp (largest differencing)
-                          on 24576·l + l², equal-size partitions when D divides n
+                          on 24576·l + l², equal-size partitions when D divides n (what
+                          verl's `_balance_batch` runs); `verl_seqlen_partitions` is the
+                          same Karmarkar–Karp on the values given, verl's
+                          `get_seqlen_balanced_partitions` itself
     veomni_lpt            VeOmni / MindSpeed-MM: longest-first greedy on l²
     megatron_nextfit      Megatron-LM `DpBalancedScheduler`: next-fit packing in sampling
                           order into sequences of a fixed length; while the pack count is
@@ -38,8 +41,9 @@ import itertools
 import numpy as np
 
 from ..balancers.karmarkar_karp import find_roots
-from ..balancers.problem import KernelResult, Problem, require_within_cap
+from ..balancers.problem import KernelResult, Problem, as_lengths, require_within_cap
 from ..balancers.registry import Kind, register_algorithm
+from ..balancers.validation import as_bool, as_int
 
 VERL_HIDDEN_FLOPS = 24576  # verl's calculate_workload: 6 · hidden 4096 (a 7B model) per token
 
@@ -95,6 +99,29 @@ def _karmarkar_karp(weights: np.ndarray, num_ranks: int, equal_size: bool) -> np
     rank_of_root = np.empty(n, dtype=np.int64)
     rank_of_root[final_labels] = np.arange(final_labels.size)
     return rank_of_root[find_roots(parent)]  # every label to the root that absorbed it
+
+
+def verl_seqlen_partitions(seqlen_list, k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """verl's `get_seqlen_balanced_partitions` (reimplemented): Karmarkar–Karp on `seqlen_list` as given.
+
+    k lists of indices, each sorted; with `equal_size` every list holds n / k items, and,
+    as verl asserts, k must divide n.  This is the baseline of the drop-in
+    `orchmllm.integrations.verl.get_seqlen_balanced_partitions`: the same values, the same
+    sizes (`verl_kk` instead balances verl's workload 24576·l + l² with equal sizes).
+
+    >>> verl_seqlen_partitions([5, 4, 3, 3, 3], 2, equal_size=False)  # sums 10 and 8 (the optimum is 9)
+    [[1, 3, 4], [0, 2]]
+    >>> verl_seqlen_partitions([8, 1, 1, 1, 1, 1, 1, 1], 2, equal_size=True)
+    [[0, 2, 4, 6], [1, 3, 5, 7]]
+    """
+    values = as_lengths(seqlen_list, "seqlen_list")
+    k = as_int(k_partitions, "k_partitions", minimum=1)
+    if values.size < k:
+        raise ValueError(f"`seqlen_list` has {values.size} items < k_partitions={k}; verl asserts one per partition")
+    if as_bool(equal_size, "equal_size") and values.size % k:
+        raise ValueError(f"`equal_size` needs k_partitions={k} to divide the {values.size} items, as verl asserts")
+    ranks = _karmarkar_karp(values.astype(np.float64), k, equal_size)
+    return [np.flatnonzero(ranks == rank).tolist() for rank in range(k)]
 
 
 def verl_kk(problem: Problem) -> KernelResult:
