@@ -124,7 +124,7 @@ class _Target:
             result = kernel(problem)
         except InfeasibleError as refusal:
             return refusal
-        except RuntimeError as error:  # make_plan's verdict on the groups' plan
+        except RuntimeError as error:  # the kernel's own, or make_plan's verdict on the groups' plan
             raise self._broken(case, lengths, error) from None
         try:
             return make_plan(problem, result.assignment, result.status, self.name, kernel_bound=result.lower_bound)
