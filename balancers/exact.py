@@ -196,8 +196,9 @@ class _Search:
 
     # ---------------------------------------------------------------- LP and integer master
     def lp_bound(self, capacity: int) -> PatternLP:
-        if capacity not in self.lps:
-            self.lps[capacity] = PatternLP(self.w, capacity, self.pool)
+        if capacity not in self.lps:  # warm-started from the duals of the nearest capacity solved
+            near = min(self.lps, key=lambda solved: (abs(solved - capacity), solved), default=None)
+            self.lps[capacity] = PatternLP(self.w, capacity, self.pool, None if near is None else self.lps[near].center)
         return self.lps[capacity]
 
     def master(self, lp: PatternLP, node_limit: int) -> list[int] | None:
@@ -246,8 +247,9 @@ class _Search:
             return "infeasible", None
         if capacity not in self.dived:  # the dives are deterministic: once per capacity
             self.dived.add(capacity)
-            for rounding in (True, False):
-                bins = dive(self.w, capacity, self.m, lp.columns, self.deadline, self.finish(capacity), rounding)
+            # the LP's columns, then one column per step, then the columns of this capacity alone
+            for columns, rounding in ((lp.columns, True), (lp.columns, False), ([], True)):
+                bins = dive(self.w, capacity, self.m, columns, self.deadline, self.finish(capacity), rounding)
                 if bins is not None:
                     return "feasible", assign(bins, self.w)
         where = self.master(lp, node_limit=budget // 20)

@@ -144,8 +144,11 @@ class PatternLP:
     fits C fits every larger C), and grows with the columns this LP prices.
     """
 
-    def __init__(self, w: np.ndarray, capacity: int, pool: dict[bytes, np.ndarray]):
+    def __init__(self, w: np.ndarray, capacity: int, pool: dict[bytes, np.ndarray],
+                 center: np.ndarray | None = None):
         self.w, self.capacity, self.pool = w, capacity, pool
+        self.center = center
+        """Duals (one per type) of the best Farley bound so far; another capacity's are a warm start."""
         self.sizes, self.type_of, self.demand = item_types(w)
         singles = np.eye(self.sizes.size, dtype=np.int64)
         self.columns = [c for c in pool.values() if int(c @ self.sizes) <= capacity] + list(singles)
@@ -159,9 +162,14 @@ class PatternLP:
         before the `deadline` (perf_counter seconds).  Stops once it exceeds `num_bins`
         (infeasible), once the LP's value is at most `num_bins` (no proof can come) unless
         `converge` asks for all columns, or when the LP has converged."""
-        best, center, smooth = 0.0, None, True
+        best, smooth = 0.0, True
         if self.w.size * (self.capacity + 1) > MAX_PRICING_CELLS:
             return best
+        if self.center is not None:  # Farley's bound at the warm-start duals costs one knapsack
+            value = knapsack(self.w, self.center[self.type_of], self.capacity)[0]
+            best = float(self.center @ self.demand) / value * (1 - _MARGIN) if value > 0 else 0.0
+            if best > num_bins:
+                return best
         for _ in range(max_rounds):
             if time.perf_counter() > deadline:
                 break
@@ -172,10 +180,11 @@ class PatternLP:
                 break
             duals = np.maximum(0.0, -lp.ineqlin.marginals)
             self.solution = lp.x
+            center = self.center
             priced = duals if center is None or not smooth else _SMOOTHING * center + (1 - _SMOOTHING) * duals
             value, masks = knapsack(self.w, priced[self.type_of], self.capacity, count=_COLUMNS_PER_ROUND)
             if value > 0 and float(priced @ self.demand) / value * (1 - _MARGIN) > best:
-                best, center = float(priced @ self.demand) / value * (1 - _MARGIN), priced
+                best, self.center = float(priced @ self.demand) / value * (1 - _MARGIN), priced
             if best > num_bins:
                 return best
             added = 0

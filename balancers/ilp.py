@@ -45,6 +45,8 @@ from pathlib import Path
 
 import numpy as np
 import pulp
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import csr_array
 
 from . import exact, lpt, padded
 from .problem import (InfeasibleError, KernelResult, Problem, Status, as_time_limit, lower_bound,
@@ -168,6 +170,47 @@ class _Model:
             return "optimal", assignment, float(self.makespan.value()) * self.scale
         return "stopped", assignment, self._proven_bound(log) if finished or found else None
 
+    def solve_highs(self, time_limit: float) -> tuple[str, np.ndarray | None, float | None]:
+        """The same model by HiGHS (`scipy.optimize.milp`, in process, no MIP start: a start
+        enters as the cutoff of `start_from(..., mip_start=False)`); same verdicts as `solve`."""
+        variables = self.lp.variables()
+        column = {var.name: k for k, var in enumerate(variables)}
+        objective = np.zeros(len(variables))
+        for var, coefficient in self.lp.objective.items():
+            objective[column[var.name]] = coefficient
+        rows, cols, values, lower, upper = [], [], [], [], []
+        for row, constraint in enumerate(self.lp.constraints.values()):
+            for var, coefficient in constraint.items():
+                rows.append(row)
+                cols.append(column[var.name])
+                values.append(coefficient)
+            rhs = -constraint.constant
+            lower.append(-np.inf if constraint.sense == pulp.LpConstraintLE else rhs)
+            upper.append(np.inf if constraint.sense == pulp.LpConstraintGE else rhs)
+        matrix = csr_array((values, (rows, cols)), shape=(len(lower), len(variables)))
+        bounds = Bounds([-np.inf if var.lowBound is None else var.lowBound for var in variables],
+                        [np.inf if var.upBound is None else var.upBound for var in variables])
+        integral = [var.cat in (pulp.LpInteger, pulp.LpBinary) for var in variables]
+        started = time.perf_counter()
+        result = milp(objective, integrality=integral, bounds=bounds,
+                      constraints=LinearConstraint(matrix, lower, upper),
+                      options={"time_limit": max(time_limit, _MIN_CBC_SECONDS), "mip_rel_gap": 0})
+        finished = time.perf_counter() - started < time_limit
+        if result.status == 2 and finished:
+            return "infeasible", None, None
+        assignment = None
+        if result.x is not None:
+            for var, value in zip(variables, result.x.tolist()):
+                var.varValue = value
+            assignment = self._read_assignment()
+        bound = getattr(result, "mip_dual_bound", None)
+        bound = None if bound is None or not math.isfinite(bound) else float(bound) * self.scale * (1.0 - _BOUND_SLACK)
+        if bound is not None and self.integral:
+            bound = float(math.ceil(bound))
+        if result.status == 0 and assignment is not None:
+            return "optimal", assignment, float(result.fun) * self.scale
+        return "stopped", assignment, bound
+
     def _proven_bound(self, log: str) -> float | None:
         """CBC's last "best possible" objective, made safe for its printing and tolerances."""
         printed = _BEST_POSSIBLE.findall(log)
@@ -260,13 +303,17 @@ def _check_size(problem: Problem) -> None:
             f"MAX_BINARIES={MAX_BINARIES}; use 'auto' (or 'padded' for padded batches)")
 
 
-def _search(problem: Problem, start: np.ndarray | None, time_limit: float) -> KernelResult:
-    """Build and solve within `time_limit` seconds in all (CBC gets what building left)."""
+def _search(problem: Problem, start: np.ndarray | None, time_limit: float, solver: str = "cbc") -> KernelResult:
+    """Build and solve within `time_limit` seconds in all (the solver gets what building left)."""
     deadline = time.perf_counter() + time_limit
     _check_size(problem)
     if start is not None and _makespan(problem, start) <= _proven_floor(problem):
         return KernelResult(start, Status.OPTIMAL, lower_bound=_makespan(problem, start))
     model = _Model(problem)
+    if solver == "highs":
+        strictly_better = model.start_from(start, mip_start=False)
+        outcome, found, bound = model.solve_highs(max(deadline - time.perf_counter(), _MIN_CBC_SECONDS))
+        return _verdict(problem, start, time_limit, outcome, found, bound, strictly_better, "HiGHS")
     try:
         model.start_from(start, mip_start=start is not None)
         strictly_better = False
@@ -285,15 +332,21 @@ def _search(problem: Problem, start: np.ndarray | None, time_limit: float) -> Ke
         except pulp.PulpSolverError as error:
             raise RuntimeError(f"CBC failed on a {problem.num_items}-item, {problem.num_ranks}-rank "
                                f"model: {error}") from None
+    return _verdict(problem, start, time_limit, outcome, found, bound, strictly_better, "CBC")
+
+
+def _verdict(problem: Problem, start: np.ndarray | None, time_limit: float, outcome: str, found: np.ndarray | None,
+             bound: float | None, strictly_better: bool, prover: str) -> KernelResult:
+    """The result of one MILP run: its outcome, the plan it found, its bound, and the start."""
     if outcome == "infeasible":
         if strictly_better:  # no plan beats the start: it is optimal
             return KernelResult(start, Status.OPTIMAL, lower_bound=_makespan(problem, start))
         if start is not None:
             return KernelResult(start, Status.FEASIBLE)
-        raise infeasible(problem, time_limit, "CBC")
+        raise infeasible(problem, time_limit, prover)
     candidates = [a for a in (found, start) if a is not None]
     if not candidates:
-        raise TimeoutError(f"CBC found no plan within time_limit={time_limit} s and did not prove "
+        raise TimeoutError(f"{prover} found no plan within time_limit={time_limit} s and did not prove "
                            f"the cap infeasible; raise `time_limit`")
     best = min(candidates, key=lambda a: _makespan(problem, a))
     makespan = _makespan(problem, best)

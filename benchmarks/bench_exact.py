@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchmllm.balancers import CostModel, Status, balance, make_problem
+from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
 from orchmllm.balancers import exact, ilp, lpt, padded
 from orchmllm.balancers.problem import lower_bound, rank_loads
 from orchmllm.benchmarks import pcmax_families
@@ -190,34 +190,140 @@ def test_exact_on_the_families(benchmark, request):
               f"{row['instances']} (wall median {row['cbc_wall_median_s']:.2f} s, max {row['cbc_wall_max_s']:.2f} s)")
 
 
+# ------------------------------------------------ the MILP path: CBC against HiGHS (issue 11)
+
+def milp_cases(heavy):
+    """(kind, problem, start) for the instances that still reach a MILP solver: unpadded n in
+    17..60 without and with a binding token cap, padded big-M models, caps proven infeasible."""
+    sizes, seeds = ((17, 20, 24, 30, 40, 60), range(3)) if heavy else ((17, 20, 24), range(2))
+    cases = []
+    for n in sizes:
+        for seed in seeds:
+            rng = np.random.default_rng([n, seed])
+            lengths = rng.integers(1, 101, n)
+            problem = make_problem(lengths, max(2, n // 3), time_limit=10)
+            cases.append(("unpadded", problem, lpt.solve(problem).assignment))
+            # costs grow with the square, the cap counts tokens: 5 % above the token balance
+            cap = max(int(lengths.max()), math.ceil(1.05 * lengths.sum() / problem.num_ranks))
+            capped = make_problem(lengths, problem.num_ranks, cost=CostModel(linear=1, quadratic=1 / 64),
+                                  max_tokens_per_rank=cap, time_limit=10)
+            try:
+                start = lpt.solve(capped).assignment
+            except InfeasibleError:
+                start = None
+            cases.append(("tight_cap", capped, start))
+            units = rng.integers(1, 31, n)
+            units[-1] += (1 - int(units.sum())) % 3  # sum(units) = 1 mod 3: every rank sum is a multiple of 3
+            tokens = 3 * units
+            cases.append(("infeasible_cap", make_problem(tokens, 3, max_tokens_per_rank=int(tokens.sum()) // 3,
+                                                         time_limit=10), None))
+    for n in sizes[:3]:
+        for seed in seeds:
+            lengths = np.random.default_rng([n, seed, 1]).integers(1, 101, n - 5)
+            problem = make_problem(lengths, max(2, (n - 5) // 4), padded=True, time_limit=10)
+            cases.append(("padded", problem, padded.solve(problem).assignment))
+    return cases
+
+
+def run_milp(problem, start, solver):
+    """(verdict, makespan or None, seconds): one `ilp` MILP search by `solver`."""
+    begin = time.perf_counter()
+    try:
+        result = ilp._search(problem, start, 10.0, solver)
+    except InfeasibleError:
+        return "infeasible", None, time.perf_counter() - begin
+    except TimeoutError:  # no plan found, infeasibility not proven
+        return "stalled", None, time.perf_counter() - begin
+    verdict = "proven" if result.status is Status.OPTIMAL else "stalled"
+    return verdict, float(rank_loads(problem, result.assignment).max()), time.perf_counter() - begin
+
+
+@pytest.mark.timeout(7200)
+def test_milp_backends_same_run(benchmark, request):
+    """CBC (PuLP's bundled binary) and HiGHS (scipy.optimize.milp) on the same `ilp` models, 10 s
+    each, alternated instance by instance: proven / stalled / infeasible counts, time, agreement."""
+    cases = milp_cases(request.config.getoption("--heavy", default=False))
+
+    def run():
+        return [(run_milp(problem, start, "cbc"), run_milp(problem, start, "highs")) for _, problem, start in cases]
+
+    rows = benchmark.pedantic(run, rounds=1, iterations=1)
+    summary: dict[str, dict] = {}
+    for (kind, _, _), (cbc, highs) in zip(cases, rows):
+        if cbc[0] != "stalled" and highs[0] != "stalled":
+            assert cbc[0] == highs[0] and cbc[1] == highs[1], (kind, cbc, highs)
+        if "infeasible" in (cbc[0], highs[0]):
+            assert {cbc[0], highs[0]} <= {"infeasible", "stalled"} or cbc[0] == highs[0]
+        cell = summary.setdefault(kind, {"instances": 0})
+        cell["instances"] += 1
+        for name, (verdict, _, seconds) in (("cbc", cbc), ("highs", highs)):
+            cell[f"{name}_{verdict}"] = cell.get(f"{name}_{verdict}", 0) + 1
+            cell.setdefault(f"{name}_seconds", []).append(seconds)
+    for kind, cell in summary.items():
+        for name in ("cbc", "highs"):
+            seconds = cell.pop(f"{name}_seconds")
+            cell[f"{name}_median_s"], cell[f"{name}_max_s"] = statistics.median(seconds), max(seconds)
+        print(kind, cell)
+    benchmark.extra_info.update(summary=summary, load_average=os.getloadavg())
+
+
 # ------------------------------------------------ the oracle must not stall (issue 11)
 
-def test_oracle_stall_count(benchmark, monkeypatch):
-    """10 000 random instances with n <= 12 through `ilp`: calls over 1 s (stalls) and calls that reach CBC."""
+STALL_COST = CostModel(linear=1, quadratic=1 / 64)
+"""Cost of the capped stall-count cases: plans then trade cost against tokens."""
+
+
+def stall_cases():
+    """10 000 random instances with n <= 12, D <= 6: a third without a cap, a third with the
+    smallest cap that works (tight), a third with one token less (infeasible)."""
     rng = np.random.default_rng(11)
     cases = []
-    for _ in range(10_000):
+    for index in range(10_000):
         num_items = int(rng.integers(1, 13))
-        cases.append((rng.integers(0, int(rng.choice([10, 1000, 10**6])) + 1, num_items).tolist(),
-                      int(rng.integers(1, 7))))
+        lengths = rng.integers(0, int(rng.choice([10, 1000, 10**6])) + 1, num_items).tolist()
+        num_ranks = int(rng.integers(1, 7))
+        kind = ("none", "tight", "infeasible")[index % 3]
+        if kind == "none" or max(lengths) == 0:
+            cases.append(("none", lengths, num_ranks, None))
+            continue
+        smallest = int(balance(lengths, num_ranks, algorithm="ilp").makespan)  # the tokens' own optimum
+        if smallest == 1:
+            kind = "tight"  # no cap below 1
+        cases.append((kind, lengths, num_ranks, smallest if kind == "tight" else smallest - 1))
+    return cases
+
+
+def test_oracle_stall_count(benchmark, monkeypatch):
+    """10 000 random instances with n <= 12 through `ilp` (no cap, tight caps, infeasible caps):
+    stalls (calls over 1 s of CPU: wall time on a shared machine measures the load), wrong
+    verdicts (asserted), and calls that reach CBC (none may: a CBC stall is in its own process)."""
+    cases = stall_cases()
     cbc_calls = []
     real_cbc = ilp.run_cbc
     monkeypatch.setattr(ilp, "run_cbc", lambda *args, **kwargs: cbc_calls.append(1) or real_cbc(*args, **kwargs))
 
     def run():
-        slowest, stalls = 0.0, 0
-        for lengths, num_ranks in cases:
-            start = time.perf_counter()
-            plan = balance(lengths, num_ranks, algorithm="ilp")
-            seconds = time.perf_counter() - start
-            assert plan.status is Status.OPTIMAL
-            slowest, stalls = max(slowest, seconds), stalls + (seconds > 1.0)
-        return slowest, stalls
+        slowest, slowest_cpu, stalls = 0.0, 0.0, 0
+        for kind, lengths, num_ranks, cap in cases:
+            cost = CostModel() if cap is None else STALL_COST
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                plan = balance(lengths, num_ranks, cost=cost, algorithm="ilp", max_tokens_per_rank=cap)
+                assert kind != "infeasible" and plan.status is Status.OPTIMAL
+            except InfeasibleError as error:
+                assert kind == "infeasible" and error.min_cap == cap + 1
+            cpu = time.process_time() - cpu
+            slowest, slowest_cpu = max(slowest, time.perf_counter() - wall), max(slowest_cpu, cpu)
+            stalls += cpu > 1.0
+        return slowest, slowest_cpu, stalls
 
-    slowest, stalls = benchmark.pedantic(run, rounds=1, iterations=1)
-    assert stalls == 0
-    benchmark.extra_info.update(instances=len(cases), stalls_over_1s=stalls, slowest_s=slowest,
-                                cbc_calls=len(cbc_calls))
+    calls_before = len(cbc_calls)
+    slowest, slowest_cpu, stalls = benchmark.pedantic(run, rounds=1, iterations=1)
+    assert stalls == 0 and len(cbc_calls) == calls_before
+    benchmark.extra_info.update(instances=len(cases), stalls_over_1s_cpu=stalls, slowest_wall_s=slowest,
+                                slowest_cpu_s=slowest_cpu, cbc_calls=len(cbc_calls) - calls_before,
+                                load_average=os.getloadavg(),
+                                by_kind={kind: sum(c[0] == kind for c in cases) for kind in ("none", "tight", "infeasible")})
 
 
 def test_cbc_alone_stall_count(benchmark):
