@@ -158,7 +158,7 @@ def test_dive_packs_at_the_bound_where_bin_completion_gives_up(rounding):
 def test_dive_never_claims_an_impossible_packing():
     for lengths, ranks in random_cases(4, 60, max_items=8):
         w = np.sort(lengths)[::-1]
-        optimum = int(brute_force(make_problem(lengths, ranks)))
+        optimum = int(brute_force(lengths, ranks).makespan)
         if optimum == 0:
             continue
         assert exact_dive.dive(w, optimum - 1, ranks, [], np.inf) is None
