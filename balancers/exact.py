@@ -78,6 +78,18 @@ def integer_costs(costs: np.ndarray) -> tuple[np.ndarray, float] | None:
     return None
 
 
+def exact_integers(costs: np.ndarray) -> np.ndarray:
+    """The finite non-negative float costs times their common power-of-two denominator, as
+    exact Python integers (object array): the scale of `integer_costs`, without its bound.
+
+    >>> exact_integers(np.array([1.5, 2.25])).tolist(), exact_integers(np.array([0.1, 0.2])).tolist()
+    ([6, 9], [3602879701896397, 7205759403792794])
+    """
+    ratios = [value.as_integer_ratio() for value in costs.tolist()]
+    denominator = max((den for _, den in ratios), default=1)
+    return np.array([num * (denominator // den) for num, den in ratios], dtype=object)
+
+
 def _cap_can_bind(problem: Problem, below: float) -> bool:
     """Whether some rank of cost < `below` could hold more tokens than the cap.
 
@@ -422,9 +434,11 @@ def prove_small(problem: Problem, start: np.ndarray | None) -> KernelResult | No
 
     Memory caps are honoured (tokens per rank are tracked whenever the cap could bind);
     a search that proves no plan fits the cap raises InfeasibleError with the smallest
-    cap that works.  None when the instance has more than `COMBINATORIAL_MAX_ITEMS`
-    items, costs that no power of two makes integers, or needs more than `SMALL_NODES`
-    nodes.  Deterministic: no clock is read.
+    cap that works.  Any finite costs: a float is a dyadic rational, so `exact_integers`
+    makes them Python integers exactly and the search compares exact sums (for costs such
+    as 0.1·l the reported makespan is their float sum, within its rounding).  None when
+    the instance has more than `COMBINATORIAL_MAX_ITEMS` items or needs more than
+    `SMALL_NODES` nodes.  Deterministic: no clock is read.
 
     >>> problem = make_problem([495, 533, 44, 804, 927], 2)
     >>> result = prove_small(problem, np.array([0, 1, 1, 0, 1]))
@@ -435,11 +449,10 @@ def prove_small(problem: Problem, start: np.ndarray | None) -> KernelResult | No
     ...
     orchmllm.balancers.problem.InfeasibleError: branch and bound proved that no plan fits max_tokens_per_rank=15 on 2 ranks; the smallest cap that works is 16
     """
-    if problem.padded or problem.num_items > COMBINATORIAL_MAX_ITEMS or integer_costs(problem.item_costs) is None:
+    if problem.padded or problem.num_items > COMBINATORIAL_MAX_ITEMS:
         return None
-    scaled, scale = integer_costs(problem.item_costs)
     order = problem.cost_order
-    w = scaled[order]
+    w = exact_integers(problem.item_costs[order])
     capped = start is None or _cap_can_bind(problem, float(rank_loads(problem, start).max()))
     tokens = problem.lengths[order].tolist() if capped else None
     plan, proven = branch_and_bound(w.tolist(), problem.num_ranks, simple_bound(w, problem.num_ranks),
