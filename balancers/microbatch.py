@@ -33,7 +33,7 @@ from .locality import balance_locally
 from .microbatch_bounds import min_bins
 from .microbatch_auto import plan_cost
 from .microbatch_plan import MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, make_microbatch_plan
-from .problem import InfeasibleError, Status, as_lengths, as_time_limit
+from .problem import InfeasibleError, Status, as_costs, as_lengths, as_time_limit, check_cost_range
 from .validation import as_bool, as_int, as_real
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
@@ -48,19 +48,6 @@ def _as_budget(value) -> int:
     return as_int(value, "max_tokens_per_microbatch", minimum=1)
 
 
-def _as_costs(costs, num_items: int) -> np.ndarray:
-    array = np.asarray(costs)
-    if array.ndim != 1 or array.size != num_items:
-        raise ValueError(f"`costs` must be 1-D with one cost per item: shape {array.shape} != ({num_items},)")
-    if array.dtype == object or array.dtype.kind not in "iuf":
-        raise TypeError(f"`costs` must hold real numbers; got dtype {array.dtype}")
-    array = np.ascontiguousarray(array, dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
-    if bad.size:
-        raise ValueError(f"`costs` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
-    return array
-
-
 def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None,
                             padded=False, microbatch_overhead=0.0, time_limit=None) -> MicroBatchProblem:
     """Validate user input once and build the canonical MicroBatchProblem."""
@@ -69,15 +56,18 @@ def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, co
     budget = _as_budget(max_tokens_per_microbatch)
     if cost is not None and costs is not None:
         raise ValueError("give `cost` (a CostModel) or `costs` (one per item), not both")
+    padded = as_bool(padded, "padded")
     if costs is None:
         if cost is None:
             cost = CostModel()
         if not isinstance(cost, CostModel):
             raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
-        item_costs = cost.item_costs(lengths)
+        with np.errstate(over="ignore"):  # an overflowing model is reported below
+            item_costs = cost.item_costs(lengths)
+        check_cost_range(item_costs, lengths, padded, f"`cost` {cost}")
     else:
-        item_costs = _as_costs(costs, lengths.size)
-    padded = as_bool(padded, "padded")
+        item_costs = as_costs(costs, lengths)
+        check_cost_range(item_costs, lengths, padded, "`costs`")
     longest = int(np.argmax(lengths))
     if lengths[longest] > budget:
         raise InfeasibleError(

@@ -172,7 +172,7 @@ def test_other_bad_input_names_the_argument():
         balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, cost=CostModel(), costs=[1.0, 2.0])
     with pytest.raises(ValueError, match="`costs` must be finite and non-negative; got -1.0 at index 1"):
         balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, costs=[1.0, -1.0])
-    with pytest.raises(ValueError, match=r"`costs` must be 1-D with one cost per item"):
+    with pytest.raises(ValueError, match=r"`costs` must hold one cost per item"):
         balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, costs=[1.0])
     with pytest.raises(ValueError, match="`microbatch_overhead` must be finite and >= 0"):
         balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, microbatch_overhead=-1.0)
@@ -182,3 +182,12 @@ def test_other_bad_input_names_the_argument():
         balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, topology=Topology(1, 2))
     with pytest.raises(ValueError, match="`lengths` must be non-negative integers; got -3 at index 1"):
         balance_microbatches([1, -3], 2, max_tokens_per_microbatch=8)
+
+
+def test_regression_overflowing_cost_models_reached_the_microbatch_kernels():
+    """Cause: `make_microbatch_problem` took a model's costs unchecked (inf for quadratic 1e300),
+    where `balance` rejects them; both now share `check_cost_range`."""
+    with pytest.raises(ValueError, match=r"gives item 0 \(length 1000000\) the cost inf; costs must be finite"):
+        balance_microbatches([10**6, 2], 2, max_tokens_per_microbatch=10**7, cost=CostModel(quadratic=1e300))
+    with pytest.raises(ValueError, match=r"`costs`: the sum of the costs is .* at or beyond 2\*\*1023"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, costs=[1.5e308, 1.5e308])
