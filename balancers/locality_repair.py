@@ -91,11 +91,9 @@ def _search_sorted(keys: np.ndarray, needles: np.ndarray) -> np.ndarray:
 
 
 def _ascending(state: PartialPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Items by cost ascending (ties by index descending), their costs, and each item's position."""
-    ascending = state.item_of_rank[::-1]
-    position = np.empty(ascending.size, dtype=np.int64)
-    position[ascending] = np.arange(ascending.size)
-    return ascending, state.costs[ascending], position
+    """Items by cost ascending (ties by index descending), their costs, and each item's
+    position: the plan's largest-first order read backwards."""
+    return state.item_of_rank[::-1], -state.negated_sorted_costs[::-1], state.costs.size - 1 - state.cost_rank
 
 
 def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, partner_rank: np.ndarray,
