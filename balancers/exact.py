@@ -23,7 +23,7 @@ Exactness: costs are made integers by the smallest power-of-two scale that does 
 in floats, so f(l) = l + l**2/1024 is exact); costs that no such scale makes integers
 below 2**50, and (above `COMBINATORIAL_MAX_ITEMS` items) memory caps that can bind
 (tokens per rank <= cap may cut a plan of makespan below the start's), are handed to
-`ilp.improve` (CBC), whose status then applies.  Status: `optimal` only when the bound meets the plan; `time_limit` with the
+`ilp.improve` (HiGHS), whose status then applies.  Status: `optimal` only when the bound meets the plan; `time_limit` with the
 proven bound when the time runs out.  Determinism: every step has a work budget (nodes,
 LP rounds, MILP nodes), so a plan proven optimal is the same on every machine; the wall
 clock only stops the search, and a stopped search returns its incumbent (then
@@ -38,9 +38,9 @@ import math
 import time
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint
 
-from . import auto, ilp, padded
+from . import auto, ilp, milp, padded
 from .exact_bounds import PatternLP, item_types, l2_bins, simple_bound
 from .exact_dive import assign, dive
 from .problem import InfeasibleError, KernelResult, Problem, Status, make_problem, rank_loads
@@ -219,11 +219,11 @@ class _Search:
         left = self.deadline - time.perf_counter()
         if left <= 0:
             raise _Stopped
-        result = milp(np.zeros(columns.shape[1]), integrality=np.ones(columns.shape[1]),
-                      bounds=Bounds(0, self.m),
-                      constraints=[LinearConstraint(columns, lb=lp.demand.astype(float)),
-                                   LinearConstraint(np.ones((1, columns.shape[1])), ub=self.m)],
-                      options={"node_limit": node_limit, "time_limit": left, "presolve": True})
+        result = milp.solve_milp(np.zeros(columns.shape[1]), integrality=np.ones(columns.shape[1]),
+                                 bounds=Bounds(0, self.m),
+                                 constraints=[LinearConstraint(columns, lb=lp.demand.astype(float)),
+                                              LinearConstraint(np.ones((1, columns.shape[1])), ub=self.m)],
+                                 node_limit=node_limit, time_limit=left)
         if result.status == 1 and time.perf_counter() >= self.deadline:
             raise _Stopped  # cut by the clock: whatever it found would be machine-dependent
         if result.x is None:

@@ -356,7 +356,7 @@ for _record in (
               description="exact padded optimum: sorted runs and a parametric search on the makespan",
               equal_counts=equal_counts.solve_padded),
     Algorithm("ilp", ilp.solve, exact=True, kind=Kind.OURS,
-              description="exact integer program (CBC), warm-started; stops at its time limit"),
+              description="exact integer program (HiGHS) with a start plan as its cutoff; stops at its time limit"),
     Algorithm("exact", exact.solve, exact=True, kind=Kind.OURS,
               description="exact P||Cmax: L2 and pattern-LP bounds, bin completion (padded: 'padded'); "
                           "stops at its time limit"),

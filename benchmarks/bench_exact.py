@@ -1,5 +1,6 @@
 """Exact solvers: the padded balancer's time and optimality, the ILP's solve time vs n, the exact
-P||Cmax solver on the classical families (CBC as the same-run baseline), and the oracle's stall count.
+P||Cmax solver on the classical families (the `ilp` MILP as the same-run baseline), CBC against HiGHS
+on the MILP models, and the oracle's stall count.
 
 Run: python3.11 -m pytest benchmarks/bench_exact.py --benchmark-only -q
      (add --heavy for D = 16384 × 16, the larger ILP sizes and the whole family grid, n <= 150)
@@ -14,10 +15,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pulp
 import pytest
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
-from orchmllm.balancers import exact, ilp, lpt, padded
+from orchmllm.balancers import exact, ilp, lpt, milp, padded
 from orchmllm.balancers.problem import lower_bound, rank_loads
 from orchmllm.benchmarks import pcmax_families
 
@@ -104,7 +106,7 @@ def test_padded_equals_optimum_count(benchmark):
 @pytest.mark.parametrize("is_padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("num_items", [8, 12, 16, 20, 24, 32, 48], ids=lambda n: f"n{n}")
 def test_ilp_time_vs_n(benchmark, request, num_items, is_padded):
-    """CBC to proven optimality (10 s limit) on hard instances: n/D = 3, lengths uniform in [1, 100]."""
+    """`ilp` (HiGHS) to proven optimality (10 s limit) on hard instances: n/D = 3, lengths uniform in [1, 100]."""
     if num_items > 24 and not request.config.getoption("--heavy", default=False):
         pytest.skip("n > 24 runs with --heavy")
     num_ranks = max(2, num_items // 3)
@@ -141,42 +143,42 @@ def timed(solver, problem):
     return result, time.perf_counter() - wall, time.process_time() - cpu + child_cpu
 
 
-def cbc_from_lpt(problem):
-    """CBC on `ilp`'s model from LPT's plan (`ilp.solve` itself decides n <= 16 by branch and bound)."""
+def milp_from_lpt(problem):
+    """HiGHS on `ilp`'s model from LPT's plan (`ilp.solve` itself decides n <= 16 by branch and bound)."""
     return ilp.improve(problem, lpt.solve(problem).assignment)
 
 
 @pytest.mark.timeout(7200)  # --heavy: 144 instances, up to 10 s for each solver
 def test_exact_on_the_families(benchmark, request):
-    """Proven fraction, wall and CPU time of `exact` and of CBC on `ilp`'s model (10 s each), solver by
+    """Proven fraction, wall and CPU time of `exact` and of HiGHS on `ilp`'s model (10 s each), solver by
     solver on each instance in the same run; proofs cross-checked (each one's bound <= the
     other's plan, equal optima where both prove)."""
     grid = family_grid(request)
     problems = [make_problem(instance.times, instance.num_machines, time_limit=10) for instance in grid]
 
     def run():
-        return [(timed(exact.solve, problem), timed(cbc_from_lpt, problem)) for problem in problems]
+        return [(timed(exact.solve, problem), timed(milp_from_lpt, problem)) for problem in problems]
 
     rows = benchmark.pedantic(run, rounds=1, iterations=1)
     by_family: dict[str, list] = {}
     for instance, problem, pair in zip(grid, problems, rows):
-        (ours, ours_wall, ours_cpu), (cbc, cbc_wall, cbc_cpu) = pair
+        (ours, ours_wall, ours_cpu), (by_ilp, ilp_wall, ilp_cpu) = pair
         ours_makespan = float(rank_loads(problem, ours.assignment).max())
-        cbc_makespan = float(rank_loads(problem, cbc.assignment).max())
-        assert lower_bound(problem) - 1e-9 <= ours.lower_bound <= min(ours_makespan, cbc_makespan)
-        if cbc.lower_bound is not None:
-            assert cbc.lower_bound <= ours_makespan * (1 + 1e-9)
-        if cbc.status is Status.OPTIMAL and ours.status is Status.OPTIMAL:
-            assert ours_makespan == cbc_makespan
+        milp_makespan = float(rank_loads(problem, by_ilp.assignment).max())
+        assert lower_bound(problem) - 1e-9 <= ours.lower_bound <= min(ours_makespan, milp_makespan)
+        if by_ilp.lower_bound is not None:
+            assert by_ilp.lower_bound <= ours_makespan * (1 + 1e-9)
+        if by_ilp.status is Status.OPTIMAL and ours.status is Status.OPTIMAL:
+            assert ours_makespan == milp_makespan
         by_family.setdefault(instance.family, []).append(dict(
             name=instance.name, exact_proven=ours.status is Status.OPTIMAL, exact_wall_s=ours_wall,
             exact_cpu_s=ours_cpu, exact_bound=ours.lower_bound, exact_makespan=ours_makespan,
-            cbc_proven=cbc.status is Status.OPTIMAL, cbc_wall_s=cbc_wall, cbc_cpu_s=cbc_cpu,
-            cbc_bound=cbc.lower_bound, cbc_makespan=cbc_makespan))
+            milp_proven=by_ilp.status is Status.OPTIMAL, milp_wall_s=ilp_wall, milp_cpu_s=ilp_cpu,
+            milp_bound=by_ilp.lower_bound, milp_makespan=milp_makespan))
     summary = {}
     for family, cells in [*by_family.items(), ("all", [c for cells in by_family.values() for c in cells])]:
         summary[family] = {"instances": len(cells)}
-        for solver in ("exact", "cbc"):
+        for solver in ("exact", "milp"):
             walls = [c[f"{solver}_wall_s"] for c in cells]
             summary[family].update({
                 f"{solver}_proven": sum(c[f"{solver}_proven"] for c in cells),
@@ -186,8 +188,8 @@ def test_exact_on_the_families(benchmark, request):
                                 load_average=os.getloadavg())
     for family, row in summary.items():
         print(f"{family:14} exact {row['exact_proven']:3}/{row['instances']} (wall median {row['exact_wall_median_s']:.2f} s,"
-              f" max {row['exact_wall_max_s']:.2f} s, CPU max {row['exact_cpu_max_s']:.2f} s)   CBC {row['cbc_proven']:3}/"
-              f"{row['instances']} (wall median {row['cbc_wall_median_s']:.2f} s, max {row['cbc_wall_max_s']:.2f} s)")
+              f" max {row['exact_wall_max_s']:.2f} s, CPU max {row['exact_cpu_max_s']:.2f} s)   ilp {row['milp_proven']:3}/"
+              f"{row['instances']} (wall median {row['milp_wall_median_s']:.2f} s, max {row['milp_wall_max_s']:.2f} s)")
 
 
 # ------------------------------------------------ the MILP path: CBC against HiGHS (issue 11)
@@ -225,11 +227,51 @@ def milp_cases(heavy):
     return cases
 
 
+def cbc_on_the_model(problem, start, time_limit):
+    """PuLP's CBC (`milp.run_cbc`: one thread, fixed seeds) on `ilp`'s very model and cutoff, rebuilt
+    row by row from its arrays: the same-run baseline HiGHS replaced.  A KernelResult, as `ilp._search`."""
+    model = ilp._Model(problem)
+    strictly_better = model.cut_off(start)
+    lp = pulp.LpProblem("ilp_model", pulp.LpMinimize)
+    variables = [lp.add_variable(f"v{j}", lowBound=None if not math.isfinite(lo) else float(lo),
+                                 upBound=None if not math.isfinite(hi) else float(hi),
+                                 cat=pulp.LpInteger if integral else pulp.LpContinuous)
+                 for j, (lo, hi, integral) in enumerate(zip(model.lower, model.upper, model.integrality))]
+    lp += variables[0]
+    matrix = model.matrix.tocsr()
+    for row in range(matrix.shape[0]):
+        cells = slice(matrix.indptr[row], matrix.indptr[row + 1])
+        expression = pulp.LpAffineExpression(
+            [(variables[j], float(v)) for j, v in zip(matrix.indices[cells].tolist(), matrix.data[cells].tolist())])
+        lower, upper = float(model.row_lower[row]), float(model.row_upper[row])
+        if lower == upper:
+            lp += expression == lower
+            continue
+        if math.isfinite(upper):
+            lp += expression <= upper
+        if math.isfinite(lower):
+            lp += expression >= lower
+    begin = time.perf_counter()
+    milp.run_cbc(lp, time_limit, warm_start=False)
+    finished = time.perf_counter() - begin < time_limit  # CBC's "infeasible" is no proof when its limit cut it
+    values = np.array([var.value() or 0.0 for var in variables])
+    found = model._read_assignment(values) if lp.sol_status in (pulp.LpSolutionOptimal,
+                                                                pulp.LpSolutionIntegerFeasible) else None
+    if finished and lp.status == pulp.LpStatusInfeasible:
+        outcome = "infeasible"
+    elif finished and lp.sol_status == pulp.LpSolutionOptimal and found is not None:
+        outcome = "optimal"
+    else:
+        outcome = "stopped"
+    bound = float(values[0]) * model.scale if outcome == "optimal" else None
+    return ilp._verdict(problem, start, time_limit, outcome, found, bound, strictly_better)
+
+
 def run_milp(problem, start, solver):
-    """(verdict, makespan or None, seconds): one `ilp` MILP search by `solver`."""
+    """(verdict, makespan or None, seconds): one MILP search by `solver` ("highs": `ilp`'s own)."""
     begin = time.perf_counter()
     try:
-        result = ilp._search(problem, start, 10.0, solver)
+        result = ilp._search(problem, start, 10.0) if solver == "highs" else cbc_on_the_model(problem, start, 10.0)
     except InfeasibleError:
         return "infeasible", None, time.perf_counter() - begin
     except TimeoutError:  # no plan found, infeasibility not proven
@@ -240,7 +282,7 @@ def run_milp(problem, start, solver):
 
 @pytest.mark.timeout(7200)
 def test_milp_backends_same_run(benchmark, request):
-    """CBC (PuLP's bundled binary) and HiGHS (scipy.optimize.milp) on the same `ilp` models, 10 s
+    """CBC (PuLP's bundled binary) and HiGHS (scipy.optimize.milp, `ilp`'s solver) on the same `ilp` models, 10 s
     each, alternated instance by instance: proven / stalled / infeasible counts, time, agreement."""
     cases = milp_cases(request.config.getoption("--heavy", default=False))
 
@@ -296,11 +338,11 @@ def stall_cases():
 def test_oracle_stall_count(benchmark, monkeypatch):
     """10 000 random instances with n <= 12 through `ilp` (no cap, tight caps, infeasible caps):
     stalls (calls over 1 s of CPU: wall time on a shared machine measures the load), wrong
-    verdicts (asserted), and calls that reach CBC (none may: a CBC stall is in its own process)."""
+    verdicts (asserted), and calls that reach the MILP solver (none may: branch and bound decides n <= 16)."""
     cases = stall_cases()
-    cbc_calls = []
-    real_cbc = ilp.run_cbc
-    monkeypatch.setattr(ilp, "run_cbc", lambda *args, **kwargs: cbc_calls.append(1) or real_cbc(*args, **kwargs))
+    milp_calls = []
+    real_milp = milp.solve_milp
+    monkeypatch.setattr(milp, "solve_milp", lambda *args, **kwargs: milp_calls.append(1) or real_milp(*args, **kwargs))
 
     def run():
         slowest, slowest_cpu, stalls = 0.0, 0.0, 0
@@ -317,18 +359,18 @@ def test_oracle_stall_count(benchmark, monkeypatch):
             stalls += cpu > 1.0
         return slowest, slowest_cpu, stalls
 
-    calls_before = len(cbc_calls)
+    calls_before = len(milp_calls)
     slowest, slowest_cpu, stalls = benchmark.pedantic(run, rounds=1, iterations=1)
-    assert stalls == 0 and len(cbc_calls) == calls_before
+    assert stalls == 0 and len(milp_calls) == calls_before
     benchmark.extra_info.update(instances=len(cases), stalls_over_1s_cpu=stalls, slowest_wall_s=slowest,
-                                slowest_cpu_s=slowest_cpu, cbc_calls=len(cbc_calls) - calls_before,
+                                slowest_cpu_s=slowest_cpu, milp_calls=len(milp_calls) - calls_before,
                                 load_average=os.getloadavg(),
                                 by_kind={kind: sum(c[0] == kind for c in cases) for kind in ("none", "tight", "infeasible")})
 
 
-def test_cbc_alone_stall_count(benchmark):
-    """The MILP path itself (`ilp.improve`, CBC from LPT's start) on 1 000 of those instances, 2 s limit:
-    how often CBC stalls when nothing spares it."""
+def test_milp_alone_stall_count(benchmark):
+    """The MILP path itself (`ilp.improve`, HiGHS from LPT's start) on 1 000 of those instances, 2 s limit:
+    how often HiGHS stalls when nothing spares it."""
     rng = np.random.default_rng(12)
     problems = []
     while len(problems) < 1000:

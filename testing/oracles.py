@@ -243,7 +243,7 @@ def exact(lengths, num_ranks, *, cost=None, padded=False, max_tokens_per_rank=No
     try:
         plan = balance(lengths, num_ranks, cost=cost, algorithm=EXACT_ALGORITHM,
                        max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
-    except InfeasibleError:  # a necessary bound or CBC's proof: no plan fits the cap
+    except InfeasibleError:  # a necessary bound or the solver's proof: no plan fits the cap
         return Optimum(None, None, None, EXACT_ALGORITHM)
     if plan.status is not Status.OPTIMAL:
         raise RuntimeError(f"`{EXACT_ALGORITHM}` stopped at {time_limit} s with gap {plan.gap:.3g}; "

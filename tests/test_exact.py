@@ -1,10 +1,10 @@
-"""The exact P||Cmax solver: agreement with brute force and CBC, honest status, caps, floats, determinism."""
+"""The exact P||Cmax solver: agreement with brute force and the `ilp` MILP (HiGHS), honest status, caps, floats, determinism."""
 
 import numpy as np
 import pytest
 
 from orchmllm.balancers import ALGORITHMS, CostModel, Status, balance, ilp, make_problem
-from orchmllm.balancers import exact, exact_dive
+from orchmllm.balancers import exact, exact_dive, milp
 from orchmllm.balancers.exact_bounds import PatternLP, l2_bins, simple_bound
 from orchmllm.balancers.problem import lower_bound, rank_loads
 from orchmllm.benchmarks.pcmax_families import make_instance
@@ -45,10 +45,10 @@ def test_regression_non_dyadic_costs_stalled_cbc_on_six_items(algorithm, monkeyp
     """Cause: costs 0.1·l need a scale above 2**50, so the small instance went to CBC, which
     hit its 10 s limit in a clean-clone CI run.  Floats are dyadic rationals: branch and
     bound now decides them on exact integers, without CBC."""
-    def no_cbc(*args, **kwargs):
+    def no_milp(*args, **kwargs):
         raise AssertionError("the MILP solver was called")
 
-    monkeypatch.setattr(ilp, "run_cbc", no_cbc)
+    monkeypatch.setattr(milp, "solve_milp", no_milp)
     cost = CostModel(linear=0.1)
     assert exact.integer_costs(make_problem([7, 5, 4, 3, 3, 1], 2, cost=cost).item_costs) is None
     rng = np.random.default_rng(5)
@@ -70,17 +70,17 @@ def test_binding_cap_is_decided_and_respected():
     assert balance(lengths, 3, cost=cost, algorithm="exact").makespan == 20.0
 
 
-def test_agrees_with_cbc_where_cbc_finishes():
+def test_agrees_with_the_milp_where_it_finishes():
     compared = 0
     for seed in range(6):
         lengths = np.random.default_rng(seed).integers(1, 101, 18)
         problem = make_problem(lengths, 6, time_limit=10)
-        by_cbc = ilp.solve(problem)
+        by_milp = ilp.solve(problem)
         plan = balance(lengths, 6, algorithm="exact", time_limit=10)
         assert plan.status is Status.OPTIMAL
-        if by_cbc.status is Status.OPTIMAL:
+        if by_milp.status is Status.OPTIMAL:
             compared += 1
-            assert plan.makespan == float(rank_loads(problem, by_cbc.assignment).max())
+            assert plan.makespan == float(rank_loads(problem, by_milp.assignment).max())
     assert compared >= 3
 
 
@@ -127,10 +127,10 @@ def test_pattern_lp_refutes_what_l2_cannot():
 
 def test_ilp_oracle_proves_the_stalling_instance_without_cbc(monkeypatch):
     """[495, 533, 44, 804, 927] on 2 ranks stalled CBC for its whole time limit 1 in 300 runs."""
-    def no_cbc(*args, **kwargs):
+    def no_milp(*args, **kwargs):
         raise AssertionError("the MILP solver was called")
 
-    monkeypatch.setattr(ilp, "run_cbc", no_cbc)
+    monkeypatch.setattr(milp, "solve_milp", no_milp)
     for _ in range(20):
         plan = balance([495, 533, 44, 804, 927], 2, algorithm="ilp")
         assert plan.status is Status.OPTIMAL and plan.makespan == 1422.0
