@@ -37,6 +37,7 @@ import numpy as np
 
 from .lap import assign_groups
 from .locality_deal import NoRoom, keep_home, take_anywhere, take_in_node
+from .locality_fill import fill_locally, filler_share
 from .locality_repair import repair
 from .partial_plan import PartialPlan
 from .problem import Problem, rank_loads, rank_tokens
@@ -44,19 +45,25 @@ from .redeal import redeal_equal_items
 
 
 def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: np.ndarray,
-              gpus_per_node: int) -> np.ndarray:
-    """Keep home, take within the node, take anywhere, repair (unpadded cost)."""
+              gpus_per_node: int, fill: bool) -> np.ndarray:
+    """Keep home, take within the node, take anywhere, repair (unpadded cost); with `fill`, when
+    the first three phases miss the target, the deal of `locality_fill` instead of the repair."""
     state = PartialPlan(problem, target)
     keep_home(state, sources)
     overflow = take_in_node(state, sources, gpus_per_node)
     take_anywhere(state, overflow)
-    if state.loads.max() > target:
+    if state.loads.max() > target and fill:
+        total = float(problem.item_costs.sum())
+        slack = target * problem.num_ranks / total - 1.0 if total > 0 else 0.0  # room above the mean load
+        state = PartialPlan(problem, target)
+        fill_locally(state, sources, item_bytes, 1, gpus_per_node, filler_share(slack))
+    elif state.loads.max() > target:
         repair(state, sources, item_bytes, gpus_per_node)
     return state.destinations
 
 
 def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray,
-                    item_bytes: np.ndarray, gpus_per_node: int, makespan_slack: float) -> np.ndarray:
+                    item_bytes: np.ndarray, gpus_per_node: int, makespan_slack: float, fill: bool = False) -> np.ndarray:
     """An assignment within (1 + makespan_slack) of the plain plan's makespan moving few bytes.
 
     `sources` and `item_bytes` must be validated (`as_sources`, `as_item_bytes`) and
@@ -65,13 +72,14 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.
     the plain plan with its groups placed on ranks by `assign_groups`, then items of equal
     length re-dealt among their places (`redeal_equal_items`: no rank's load or tokens
     change, up to the order of a float sum; the re-deal is dropped if that lifts a rank
-    above the target).
+    above the target).  `fill`: the unpadded deal keeps its smallest items as filler
+    (`locality_fill`), tight enough that repair rarely runs, for a few more bytes moved.
     """
     target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
     cap = problem.max_tokens_per_rank
     if not problem.padded:
         try:
-            candidate = _unpadded(problem, target, sources, item_bytes, gpus_per_node)
+            candidate = _unpadded(problem, target, sources, item_bytes, gpus_per_node, fill)
         except NoRoom:
             candidate = None
         if candidate is not None and rank_loads(problem, candidate).max() <= target and (

@@ -50,8 +50,9 @@ def _first_fitting(state: PartialPlan, keys: np.ndarray, segments: np.ndarray, p
     return np.maximum(np.searchsorted(keys, segments * state.costs.size + first_fitting_rank), pointer)
 
 
-def keep_home(state: PartialPlan, sources: np.ndarray) -> None:
-    """Every rank keeps its own items, largest first, each one that still fits.
+def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None = None) -> None:
+    """Every rank keeps its own items (`items`, ascending, default all), largest first, each one
+    that still fits.
 
     A rank whose items all fit keeps them at once (their summed cost a hair short of the
     target, so that no order of summation lets one through that the item-by-item test
@@ -61,14 +62,22 @@ def keep_home(state: PartialPlan, sources: np.ndarray) -> None:
     items it keeps.
     """
     num_ranks = state.loads.size
-    totals = np.bincount(sources, weights=state.costs, minlength=num_ranks)
-    margin = sources.size * np.finfo(np.float64).eps * float(totals.sum())  # bounds any summation's rounding
-    token_totals = np.bincount(sources, weights=state.lengths, minlength=num_ranks)
-    whole = (totals <= state.target - margin) & (token_totals <= state.cap)
-    state.loads[whole], state.tokens[whole] = totals[whole], token_totals[whole]
-    stays = whole[sources]
-    state.destinations[stays] = sources[stays]
-    keys, order, pointer, ends, ranks = _by_segment(state, sources, np.flatnonzero(~stays))
+    homes = sources if items is None else sources[items]
+    costs, lengths = (state.costs, state.lengths) if items is None else (state.costs[items], state.lengths[items])
+    totals = np.bincount(homes, weights=costs, minlength=num_ranks)
+    margin = homes.size * np.finfo(np.float64).eps * float(totals.sum())  # bounds any summation's rounding
+    token_totals = np.bincount(homes, weights=lengths, minlength=num_ranks)
+    whole = (state.loads + totals <= state.target - margin) & (state.tokens + token_totals <= state.cap)
+    state.loads[whole] += totals[whole]
+    state.tokens[whole] += token_totals[whole]
+    stays = whole[homes]
+    rest = np.flatnonzero(~stays)
+    if items is None:
+        state.destinations[stays] = sources[stays]
+    else:
+        state.destinations[items[stays]] = homes[stays]
+        rest = items[rest]
+    keys, order, pointer, ends, ranks = _by_segment(state, sources, rest)
     cost_sums = np.concatenate(([0.0], np.cumsum(state.costs[order])))
     token_sums = np.concatenate(([0.0], np.cumsum(state.lengths[order]))) if state.cap < np.inf else None
     while ranks.size:
@@ -126,7 +135,8 @@ def _running_sums(values: np.ndarray, first: np.ndarray) -> np.ndarray:
 
 
 
-def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int) -> np.ndarray:
+def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
+                 items: np.ndarray | None = None) -> np.ndarray:
     """Largest first, the left-over items of each node dealt to its least-loaded ranks that fit.
 
     In rounds for every node at once: with the node's ranks by (load, rank) and h of them
@@ -140,12 +150,13 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int) ->
     node (the least-loaded ranks take the largest items, turn by turn) with a handful of
     rounds, not one per item.  With a memory cap, an item that fits the least-loaded
     rank's cost room but not its tokens goes to the least-loaded rank of the node that
-    fits, if any.  Returns the items no rank of their node could take.
+    fits, if any.  `items` (ascending; default: every unplaced one) are those dealt.  Returns
+    those no rank of their node could take.
     """
     window_size = DEAL_WINDOW * gpus_per_node
     margin = window_size * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
-    keys, order, pointer, ends, nodes = _by_segment(state, sources // gpus_per_node,
-                                                    np.flatnonzero(state.destinations < 0))
+    unplaced = np.flatnonzero(state.destinations < 0) if items is None else items
+    keys, order, pointer, ends, nodes = _by_segment(state, sources // gpus_per_node, unplaced)
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
     while nodes.size:
         loads = node_loads[nodes]
@@ -183,7 +194,7 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int) ->
         pointer = position + count
         left = pointer < ends
         nodes, pointer, ends = nodes[left], pointer[left], ends[left]
-    return np.flatnonzero(state.destinations < 0)
+    return unplaced[state.destinations[unplaced] < 0]
 
 
 

@@ -31,6 +31,7 @@ from .cost import CostModel
 from .lap import assign_groups
 from .locality import balance_locally
 from .microbatch_bounds import min_bins
+from .microbatch_locality import keep_cells_local
 from .microbatch_auto import plan_cost
 from .microbatch_plan import MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, make_microbatch_plan
 from .problem import InfeasibleError, Status, as_costs, as_lengths, as_time_limit, check_cost_range
@@ -177,8 +178,10 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             (`register_microbatch_algorithm` adds one; "auto": exact search for small
             instances, else the better of the joint greedy and the cell LPT, each followed by
             local search; the cell LPT alone for large instances).
-        sources, item_bytes, topology: as in `balance`; within every micro-batch the items
-            stay on their rank, else their node, as far as that micro-batch's max allows.
+        sources, item_bytes, topology: as in `balance`; items stay on their rank (in any of its
+            micro-batches), else their node, as far as every micro-batch's max allows
+            (`microbatch_locality`: all cells dealt at once; when that misses a micro-batch's
+            max, each micro-batch is kept local on its own, its items in it).
         time_limit: seconds of work an exact or anytime search may spend, converted to an
             operation budget (`WORK_PER_SECOND`) so plans never depend on the clock.
 
@@ -204,8 +207,10 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     result, m, floor_m, proven = _solve(problem, record.kernel, fixed)
     name = algorithm
     if sources is not None:
-        rank = _keep_local(problem, result, m, sources, item_bytes, gpus_per_node)
-        result = result._replace(rank=rank, status=Status.FEASIBLE)
+        local = None if problem.padded else keep_cells_local(problem, result, m, sources, item_bytes, gpus_per_node)
+        if local is None:
+            local = result._replace(rank=_keep_local(problem, result, m, sources, item_bytes, gpus_per_node))
+        result = local._replace(status=Status.FEASIBLE)
         name = f"{algorithm}+locality"
     seconds = time.perf_counter() - start
     return make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,

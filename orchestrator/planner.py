@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..balancers import ALGORITHMS, balance, balance_microbatches
+from ..balancers.locality import balance_locally
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import Status, make_problem
 from ..balancers.validation import as_real, is_int
@@ -254,7 +255,7 @@ class Orchestrator:
             stage_plans = []
             for stage in encoders:
                 items = stage_items(sub, stage)
-                stage_plans.append(self._plan_stage(sub, stage, items, llm) if self.balance_encoders else
+                stage_plans.append(self._plan_stage(sub, stage, items, llm, fill=True) if self.balance_encoders else
                                    stage_plan(sub, stage, llm.destination[items.sample], "none", items=items))
             samples.append(members)
             plans.append(compose(sub, self.stages, (*stage_plans, llm)))
@@ -279,8 +280,24 @@ class Orchestrator:
         exchange = float(np.sum(anchor_bytes)) / num_ranks / bandwidth
         return min(self.makespan_slack, exchange / compute) if compute > 0 else self.makespan_slack
 
-    def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None) -> StagePlan:
-        """Balance one stage, then place its groups (`llm` is the LLM plan, None for the LLM stage)."""
+    def _balance_filled(self, lengths: np.ndarray, stage: Stage, algorithm: str, *, sources: np.ndarray,
+                        item_bytes: np.ndarray, topology: Topology, makespan_slack: float) -> BalancePlan:
+        """`balance(..., sources=...)` of an unpadded stage whose communication-aware deal keeps the
+        smallest items as filler (`balancers.locality_fill`): a micro-batch's stages are small
+        problems where the plain deal leaves ranks above the target for a costly repair."""
+        num_ranks = topology.world_size
+        plain = balance(lengths, num_ranks, cost=stage.cost, algorithm=algorithm,
+                        max_tokens_per_rank=stage.max_tokens_per_rank)
+        problem = make_problem(lengths, num_ranks, cost=stage.cost, max_tokens_per_rank=stage.max_tokens_per_rank)
+        assignment = balance_locally(problem, plain.assignment, sources, np.asarray(item_bytes, dtype=np.float64),
+                                     topology.gpus_per_node, makespan_slack, fill=True)
+        return make_plan(problem, assignment, Status.FEASIBLE, algorithm, kernel_bound=plain.lower_bound,
+                         solve_seconds=plain.solve_seconds, communication_aware=True)
+
+    def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None,
+                    fill: bool = False) -> StagePlan:
+        """Balance one stage, then place its groups (`llm` is the LLM plan, None for the LLM stage);
+        `fill`: "locality" deals with a filler (`_balance_filled`)."""
         item_sample, _, item_length = items
         balanced = self.balance_llm if stage.is_llm else self.balance_encoders
         if not balanced or item_sample.size == 0:
@@ -294,8 +311,11 @@ class Orchestrator:
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             local = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology,
                          makespan_slack=self._slack(stage, item_length, anchor_bytes, batch.num_ranks))
-        result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
-                         max_tokens_per_rank=stage.max_tokens_per_rank, **local)
+        if local and fill and not padded:
+            result = self._balance_filled(item_length, stage, algorithm, **local)
+        else:
+            result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
+                             max_tokens_per_rank=stage.max_tokens_per_rank, **local)
         if placement in PLACEMENTS:
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             rank_of_group = place(result.assignment, anchors, anchor_bytes, self.topology,

@@ -1,0 +1,56 @@
+"""Communication-aware micro-batch plans: every item near its source, no micro-batch's max raised.
+
+Given a plain plan of M micro-batches whose micro-batch m costs t_m = max_r load(r, m), find
+
+    minimise  sum(item_bytes[i] for i if node(rank[i]) != node(sources[i]))
+    s.t.      load(r, m) <= t_m,  tokens(r, m) <= T      for every cell (r, m)
+
+so the step cost Σ_m t_m is kept.  An item may stay on its rank in any of its M
+micro-batches, so the M·D cells are balanced as one problem: cell c = r·M + m starts at
+load max(t) - t_m, so that one target max(t) is t_m for every cell.  Plain code:
+
+    filler = the smallest items, FILLER_SHARE of the total cost (they carry few bytes)
+    each rank's other items, largest first, dealt to its own cells (roomiest first, snake
+        order); each cell keeps the longest run of its deal that fits
+    what is left, the same per node (its ranks' cells), then to the least-loaded cells of all
+    the filler, largest first, to the least-loaded cells that fit (LPT: tops every cell up)
+    repair (`locality_repair`) if a cell is still above its t_m
+    every cell within its t_m and T (recomputed in item order), else None: the caller falls back
+
+The filler is what makes the packing tight: dealt last, small items fill the rooms the
+deals leave, as they do in plain LPT.  Original to orchmllm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .locality_deal import NoRoom
+from .locality_fill import filler_share, fill_locally
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cell_accounts
+from .partial_plan import PartialPlan
+
+
+def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
+                     sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> MicroBatchResult | None:
+    """Cells of `result`'s step cost or less that keep items on their source rank, else their node;
+    None when the deal and repair miss a micro-batch's max (unpadded problems only)."""
+    m = num_microbatches
+    plain_loads, _ = cell_accounts(problem, result.rank, result.microbatch, m)
+    maxima = plain_loads.max(axis=1)
+    target = float(maxima.max())
+    cells = balancing_problem(problem.lengths, problem.item_costs, m * problem.num_ranks, problem.max_tokens,
+                              problem.cost_order)
+    state = PartialPlan(cells, target)
+    state.loads += np.tile(target - maxima, problem.num_ranks)  # cell r·M + m starts at max(t) - t_m
+    total = float(problem.item_costs.sum())
+    slack = problem.num_ranks * float(maxima.sum()) / total - 1.0 if total > 0 else 0.0  # room above the mean
+    try:
+        fill_locally(state, sources * m, item_bytes, m, gpus_per_node, filler_share(slack))
+    except NoRoom:
+        return None
+    rank, microbatch = np.divmod(state.destinations, m)
+    loads, tokens = cell_accounts(problem, rank, microbatch, m)
+    if np.any(loads.max(axis=1) > maxima) or tokens.max() > problem.max_tokens:
+        return None
+    return result._replace(rank=rank, microbatch=microbatch)
