@@ -21,7 +21,8 @@ from .locality_deal import keep_home, take_anywhere, take_in_node
 from .locality_repair import repair
 from .partial_plan import PartialPlan
 
-TIERS = np.array([2.0, 4.0])  # items longer than cap / 2, then cap / 4, then the rest
+TIERS = (2, 4)  # items longer than cap / 2, then cap / 4, then the rest
+FINE_TIERS = (2, 4, 8, 16)  # for caps so tight that the coarse tiers leave no token room
 FILLER_SHARE = 0.003  # the least share of the total cost dealt last as filler
 MAX_FILLER_SHARE = 0.01  # the most: coarse items (few per rank) leave a wide slack no filler closes
 
@@ -37,23 +38,21 @@ def filler_share(slack: float) -> float:
 
 
 def fill_locally(state: PartialPlan, home: np.ndarray, item_bytes: np.ndarray, cells_per_rank: int,
-                 gpus_per_node: int, share: float) -> None:
+                 gpus_per_node: int, share: float, tiers: tuple[int, ...] = TIERS) -> None:
     """Place every item of `state` (none placed yet) near `home` (its source cell: `home //
     cells_per_rank` is its rank, `home // (cells_per_rank · gpus_per_node)` its node), within the
     target where the deal and the repair manage; `locality_deal.NoRoom` when no cell has token
-    room for an item."""
+    room for an item.  With a cap, items longer than cap / tiers[0], then cap / tiers[1], ...
+    are dealt first, tier by tier."""
     order = state.item_of_rank
     ascending = state.costs[order[::-1]]
     count = int(np.searchsorted(np.cumsum(ascending), share * float(ascending.sum())))
     filler = np.zeros(order.size, dtype=bool)
     filler[order[order.size - count:]] = True
     per_node = cells_per_rank * gpus_per_node
-    if state.cap < np.inf:
-        tier = np.searchsorted(-state.cap / TIERS, -state.lengths, side="right")
-        tiers = [np.flatnonzero((tier == k) & ~filler) for k in range(TIERS.size + 1)]
-    else:
-        tiers = [np.flatnonzero(~filler)]
-    for items in tiers:
+    tiers = tiers if state.cap < np.inf else ()
+    tier = np.searchsorted(-state.cap / np.asarray(tiers, dtype=np.float64), -state.lengths, side="right")
+    for items in (np.flatnonzero((tier == k) & ~filler) for k in range(len(tiers) + 1)):
         if cells_per_rank == 1:  # keep_home: the same choices as a deal to one cell, in far fewer rounds
             keep_home(state, home, items)
             left = items[state.destinations[items] < 0]

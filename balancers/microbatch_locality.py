@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .locality_deal import NoRoom
-from .locality_fill import filler_share, fill_locally
+from .locality_fill import FINE_TIERS, TIERS, filler_share, fill_locally
 from .microbatch_plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cell_accounts
 from .partial_plan import PartialPlan
 
@@ -41,16 +41,17 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
     target = float(maxima.max())
     cells = balancing_problem(problem.lengths, problem.item_costs, m * problem.num_ranks, problem.max_tokens,
                               problem.cost_order)
-    state = PartialPlan(cells, target)
-    state.loads += np.tile(target - maxima, problem.num_ranks)  # cell r·M + m starts at max(t) - t_m
     total = float(problem.item_costs.sum())
     slack = problem.num_ranks * float(maxima.sum()) / total - 1.0 if total > 0 else 0.0  # room above the mean
-    try:
-        fill_locally(state, sources * m, item_bytes, m, gpus_per_node, filler_share(slack))
-    except NoRoom:
-        return None
-    rank, microbatch = np.divmod(state.destinations, m)
-    loads, tokens = cell_accounts(problem, rank, microbatch, m)
-    if np.any(loads.max(axis=1) > maxima) or tokens.max() > problem.max_tokens:
-        return None
-    return result._replace(rank=rank, microbatch=microbatch)
+    for tiers in (TIERS, FINE_TIERS):
+        state = PartialPlan(cells, target)
+        state.loads += np.tile(target - maxima, problem.num_ranks)  # cell r·M + m starts at max(t) - t_m
+        try:
+            fill_locally(state, sources * m, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
+        except NoRoom:
+            continue
+        rank, microbatch = np.divmod(state.destinations, m)
+        loads, tokens = cell_accounts(problem, rank, microbatch, m)
+        if np.all(loads.max(axis=1) <= maxima) and tokens.max() <= problem.max_tokens:
+            return result._replace(rank=rank, microbatch=microbatch)
+    return None

@@ -1,0 +1,174 @@
+"""Communication-aware micro-batch plans: all cells dealt at once, the filler deal, their fallbacks."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm import Orchestrator, Topology
+from orchmllm.balancers import CostModel, balance, balance_microbatches
+from orchmllm.balancers import locality, locality_fill, locality_repair, microbatch_locality
+from orchmllm.balancers.locality import balance_locally
+from orchmllm.balancers.locality_deal import keep_home
+from orchmllm.balancers.microbatch import _keep_local, _solve, make_microbatch_problem
+from orchmllm.balancers.microbatch_locality import keep_cells_local
+from orchmllm.balancers.microbatch_plan import cell_accounts
+from orchmllm.balancers.partial_plan import PartialPlan
+from orchmllm.balancers.problem import make_problem, rank_loads
+from orchmllm.balancers.registry import get_microbatch_algorithm
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import llm_stage_lengths, sample_workload
+from orchmllm.testing import check_microbatch_plan
+
+COST = CostModel(linear=4.2e11, quadratic=3.9e6)  # an 84B LLM's FLOPs per token and token pair
+GPUS_PER_NODE = 8
+
+
+def plain_cells(lengths, num_ranks, budget):
+    problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=COST)
+    result, m, _, _ = _solve(problem, get_microbatch_algorithm("auto").kernel, None)
+    return problem, result, m
+
+
+def inter_node_bytes(item_bytes, rank, sources):
+    return float(item_bytes[rank // GPUS_PER_NODE != sources // GPUS_PER_NODE].sum())
+
+
+def step_instance(num_ranks, per_rank, budget, seed):
+    lengths, sources = llm_stage_lengths(num_ranks, per_rank, seed)
+    return np.minimum(lengths, budget), sources
+
+
+@pytest.mark.parametrize("num_ranks, per_rank, budget, seed", [(64, 32, 16384, 1), (64, 16, 6144, 2), (64, 32, 8192, 0)],
+                         ids=["T16k", "T6k", "T8k-tight"])
+def test_cells_dealt_at_once_keep_every_microbatch_max_and_move_fewer_bytes(num_ranks, per_rank, budget, seed):
+    lengths, sources = step_instance(num_ranks, per_rank, budget, seed)
+    item_bytes = lengths * 16384.0
+    problem, result, m = plain_cells(lengths, num_ranks, budget)
+    local = keep_cells_local(problem, result, m, sources, item_bytes, GPUS_PER_NODE)
+    assert local is not None
+    plain_loads, _ = cell_accounts(problem, result.rank, result.microbatch, m)
+    loads, tokens = cell_accounts(problem, local.rank, local.microbatch, m)
+    assert np.all(loads.max(axis=1) <= plain_loads.max(axis=1))
+    assert tokens.max() <= budget
+    per_microbatch = _keep_local(problem, result, m, sources, item_bytes, GPUS_PER_NODE)
+    assert (inter_node_bytes(item_bytes, local.rank, sources)
+            < inter_node_bytes(item_bytes, per_microbatch, sources)
+            < inter_node_bytes(item_bytes, result.rank, sources))
+    plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=COST, sources=sources,
+                                item_bytes=item_bytes, topology=Topology(num_ranks // GPUS_PER_NODE, GPUS_PER_NODE))
+    check_microbatch_plan(plan, lengths, num_ranks, budget, cost=COST)
+    assert plan.algorithm == "auto+locality"
+    assert np.array_equal(plan.rank, local.rank) and np.array_equal(plan.microbatch, local.microbatch)
+    assert plan.step_cost <= balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget,
+                                                  cost=COST).step_cost
+
+
+def test_regression_token_tight_cells_ran_out_of_token_room_without_wide_items_first(monkeypatch):
+    """Cause: at T = 8k (cells 88 % full of tokens) the deal by cost filled every cell's tokens
+    before the last items of 1-2k tokens were placed, and no cell had room for them (NoRoom:
+    the slow per-micro-batch fallback ran).  Wide items are now dealt first, tier by tier."""
+    lengths, sources = step_instance(64, 32, 8192, 0)
+    problem, result, m = plain_cells(lengths, 64, 8192)
+    monkeypatch.setattr(microbatch_locality, "TIERS", ())
+    monkeypatch.setattr(microbatch_locality, "FINE_TIERS", ())
+    assert keep_cells_local(problem, result, m, sources, lengths * 1.0, GPUS_PER_NODE) is None
+    monkeypatch.undo()
+    assert keep_cells_local(problem, result, m, sources, lengths * 1.0, GPUS_PER_NODE) is not None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([(1, 2), (2, 2), (2, 4), (3, 2)]), st.lists(st.integers(1, 60), min_size=1, max_size=48),
+       st.randoms(use_true_random=False), st.sampled_from([60, 90, 200]))
+def test_property_joint_cells_are_valid_or_declined(shape, lengths, random, budget):
+    num_nodes, gpus = shape
+    ranks = num_nodes * gpus
+    lengths = np.array(lengths)
+    sources = np.array([random.randrange(ranks) for _ in lengths])
+    item_bytes = np.array([random.randrange(50) for _ in lengths], dtype=float)
+    problem = make_microbatch_problem(lengths, ranks, max_tokens_per_microbatch=budget)
+    result, m, _, _ = _solve(problem, get_microbatch_algorithm("auto").kernel, None)
+    local = keep_cells_local(problem, result, m, sources, item_bytes, gpus)
+    if local is not None:
+        plain_loads, _ = cell_accounts(problem, result.rank, result.microbatch, m)
+        loads, tokens = cell_accounts(problem, local.rank, local.microbatch, m)
+        assert np.all(loads.max(axis=1) <= plain_loads.max(axis=1)) and tokens.max() <= budget
+    plan = balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget, sources=sources,
+                                item_bytes=item_bytes, topology=Topology(num_nodes, gpus))
+    check_microbatch_plan(plan, lengths, ranks, budget)
+    assert plan.step_cost <= balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget).step_cost
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([(1, 4), (2, 2), (2, 4), (4, 2)]), st.lists(st.integers(0, 60), min_size=1, max_size=60),
+       st.randoms(use_true_random=False), st.sampled_from([0.0, 0.002, 0.05]), st.booleans())
+def test_property_filled_deal_stays_within_the_target_and_the_cap(shape, lengths, random, slack, capped):
+    num_nodes, gpus = shape
+    ranks = num_nodes * gpus
+    lengths = np.array(lengths)
+    sources = np.array([random.randrange(ranks) for _ in lengths])
+    item_bytes = np.array([random.randrange(50) for _ in lengths], dtype=float)
+    plain = balance(lengths, ranks, algorithm="lpt")
+    cap = int(plain.tokens.max()) if capped and plain.tokens.max() > 0 else None
+    problem = make_problem(lengths, ranks, max_tokens_per_rank=cap)
+    plain = balance(lengths, ranks, algorithm="lpt", max_tokens_per_rank=cap)
+    assignment = balance_locally(problem, plain.assignment, sources, item_bytes, gpus, slack, fill=True)
+    assert assignment.shape == lengths.shape and assignment.min() >= 0 and assignment.max() < ranks
+    assert rank_loads(problem, assignment).max() <= plain.makespan * (1 + slack)
+    if cap is not None:
+        assert np.bincount(assignment, weights=lengths, minlength=ranks).max() <= cap
+
+
+def test_filled_deal_meets_the_target_where_the_plain_phases_need_the_repair(monkeypatch):
+    """A micro-batch's vision stage (coarse tiles, 0.2 % slack): the plain phases leave ranks above
+    the target; with `fill` the filler deal meets it without the repair's searches."""
+    batch = sample_workload("default", 256, 16, seed=3)
+    segments = batch.segments_of("image")
+    lengths = batch.segment_length[segments]
+    sources = batch.sample_source[batch.segment_sample[segments]]
+    stage = MODELS["84b"].stages()[0]
+    problem = make_problem(lengths, 256, cost=stage.cost)
+    plain = balance(lengths, 256, cost=stage.cost, algorithm="lpt")
+    repairs = []
+
+    def counted(*args):
+        repairs.append(1)
+        locality_repair.repair(*args)
+
+    for module in (locality, locality_fill):
+        monkeypatch.setattr(module, "repair", counted)
+    plain_local = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002)
+    assert repairs, "the plain phases met the target: the instance no longer shows the difference"
+    repairs.clear()
+    filled = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill=True)
+    assert not repairs
+    for assignment in (plain_local, filled):
+        assert rank_loads(problem, assignment).max() <= plain.makespan * 1.002
+
+
+def test_keep_home_of_every_item_listed_equals_keep_home_of_all():
+    lengths, sources = llm_stage_lengths(16, 8, 5)
+    problem = make_problem(lengths, 16, cost=COST, max_tokens_per_rank=int(lengths.sum() // 12))
+    target = float(rank_loads(problem, balance(lengths, 16, cost=COST).assignment).max())
+    states = [PartialPlan(problem, target) for _ in range(2)]
+    keep_home(states[0], sources)
+    keep_home(states[1], sources, np.arange(lengths.size))
+    np.testing.assert_array_equal(states[0].destinations, states[1].destinations)
+    np.testing.assert_array_equal(states[0].loads, states[1].loads)
+
+
+def test_micro_batched_step_moves_fewer_inter_node_bytes_than_without_placement():
+    batch = sample_workload("default", 64, 32, seed=7)
+    topology = Topology.for_world_size(64)
+    stages = MODELS["84b"].stages()
+    local = Orchestrator(stages, topology, max_tokens_per_microbatch=16384).plan(batch)
+    plain = Orchestrator(stages, topology, max_tokens_per_microbatch=16384, placement=None).plan(batch)
+    g = topology.gpus_per_node
+
+    def inter(exchange):
+        return float(exchange.item_bytes[exchange.source // g != exchange.destination // g].sum())
+
+    assert inter(local.input_exchange()) < 0.5 * inter(plain.input_exchange())
+    assert sum(map(inter, local.embedding_exchanges())) < 0.5 * sum(map(inter, plain.embedding_exchanges()))
+    assert local.cells.algorithm == "auto+locality"
+    assert local.step_cost <= plain.step_cost * 1.002
