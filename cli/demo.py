@@ -46,7 +46,8 @@ def add_parser(commands) -> None:
     demo.add_argument("--repeats", type=int, default=3,
                       help="concurrent busy time = min over this many passes (default: %(default)s)")
     demo.add_argument("--replay-repeats", type=int, default=5,
-                      help="isolated stage time = min over this many replays (default: %(default)s)")
+                      help="rounds of the isolated replay, every rank's work timed once in each "
+                           "(default: %(default)s)")
     demo.add_argument("--max-tokens-per-microbatch", type=int, default=None, metavar="T",
                       help="run the balanced step as gradient-accumulation micro-batches of at most T LLM tokens "
                            "per rank, compared with the unbalanced un-micro-batched step (default: one pass)")
@@ -113,7 +114,8 @@ def print_demo(report) -> list[str]:
               else "the first step's plan cannot be prefetched")
     out.print(f"exchange {1e3 * report.exchange_seconds:.1f} ms, planning {1e3 * report.planning_seconds:.1f} ms "
               f"({hidden}), overhead {report.overhead_fraction:.1%} of the balanced step")
-    out.print(f"wall {report.wall_seconds:.1f} s: training {report.concurrent_seconds:.1f} s, isolated replay "
+    out.print(f"wall {report.wall_seconds:.1f} s: cost-model calibration {report.calibration_seconds:.1f} s, training "
+              f"{report.concurrent_seconds:.1f} s, isolated replay "
               f"{report.replay_seconds:.1f} s ({report.replay_share:.0%} of the rest)")
     failed = report.failed_checks()
     for problem in failed:

@@ -10,8 +10,7 @@ per-item cost as the stage really incurs it when items are packed together.
 
 from __future__ import annotations
 
-import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -35,18 +34,3 @@ def fit_packed_cost(batches: Sequence[Sequence[int]], seconds: Sequence[float]) 
     if per_item == linear == quadratic == 0:
         linear = float(target.mean() / max(design[:, 2].mean(), 1.0))
     return CostModel(per_item=per_item, linear=linear, quadratic=quadratic), error
-
-
-def time_batches(run: Callable[[Sequence[int]], None], batches: Sequence[Sequence[int]], *,
-                 repeats: int = 3, clock: Callable[[], float] = time.thread_time) -> list[float]:
-    """Minimum over `repeats` of `clock` time of `run(lengths)` for every batch (one warm-up call)."""
-    run(batches[0])
-    times = []
-    for lengths in batches:
-        best = float("inf")
-        for _ in range(repeats):
-            start = clock()
-            run(lengths)
-            best = min(best, clock() - start)
-        times.append(best)
-    return times

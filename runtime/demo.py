@@ -11,9 +11,9 @@ time (CPU time of the compute, `time.thread_time`, one intra-op thread per proce
 ranks sharing cores do not distort it), and checks that every sample id sent is received
 exactly once.  Then the optimizer steps with the balanced gradients.
 
-Stage cost models come from timing packed batches of each stage on every rank, pooled
-and fitted on rank 0 (`calibration.py`), then broadcast so every rank plans with the
-same numbers.
+Stage cost models come from timing packed batches of each stage, rank-sized, drawn by
+every rank and timed by rank 0 in isolation as the replay times recorded work, fitted on
+rank 0 (`calibration.py`) and broadcast so every rank plans with the same numbers.
 
 After the run, every rank's recorded per-stage work is replayed in isolation, one rank
 at a time (`replay.py`): those busy figures are what the pass/fail check
@@ -37,7 +37,7 @@ import torch.distributed as dist
 from ..balancers import CostModel
 from ..balancers.validation import is_int
 from ..orchestrator.stages import Stage
-from .calibration import fit_packed_cost, time_batches
+from .calibration import fit_packed_cost
 from .comm import comm_device, group_size, init_distributed
 from .data import IGNORE, SyntheticMultimodal
 from .demo_report import DemoReport, summarize
@@ -48,7 +48,8 @@ from .model import ModelConfig, TinyMultimodalModel
 from .multistage import MicroBatchRoutes, MultiStageRuntime
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, normalize_loss
-from .replay import WorkRecorder, replay_in_isolation
+from .replay import (StageWork, WorkRecorder, keep_freed_memory, on_rank_zero, replay_in_isolation, replay_local,
+                     run_stage)
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -74,25 +75,6 @@ def _clock(device: torch.device):
     return time.thread_time
 
 
-def _stage_runs(model: TinyMultimodalModel, dtype: torch.dtype, device: torch.device) -> dict:
-    """Per stage, a function running forward+backward on a packed batch of the given lengths."""
-    config = model.config
-
-    def encoder_run(module, width):
-        def run(batch):
-            inputs = torch.randn(int(sum(batch)), width, dtype=dtype, device=device)
-            module(inputs, batch).sum().backward()
-        return run
-
-    def llm_run(batch):
-        embeddings = torch.randn(int(sum(batch)), config.llm_hidden, dtype=dtype, device=device)
-        labels = torch.randint(0, config.vocab, (int(sum(batch)),), device=device)
-        model.loss_sum(model.llm(embeddings, batch), labels).backward()
-
-    return {"image": encoder_run(model.vision, config.patch_dim), "audio": encoder_run(model.audio, config.frame_dim),
-            "llm": llm_run}
-
-
 def _stage_lengths(data: SyntheticMultimodal) -> dict:
     """Item lengths of every stage in 16 rank-batches of the dataset (steps no run uses)."""
     pool = [s for step in range(1000, 1004) for r in range(4) for s in data.samples(step, r)]
@@ -101,37 +83,73 @@ def _stage_lengths(data: SyntheticMultimodal) -> dict:
             "llm": [s.llm_length for s in pool]}
 
 
-def time_stages(model: TinyMultimodalModel, data: SyntheticMultimodal, dtype: torch.dtype,
-                device: torch.device, batches: int = 6, seed: int = 0) -> dict:
-    """Time forward+backward of packed batches of the dataset's own items, per stage:
-    {modality: (list of batch lengths, list of seconds)} (min of 2 timings each)."""
-    rng, lengths, clock = np.random.default_rng(seed), _stage_lengths(data), _clock(device)
-    timings = {}
-    for name, run in _stage_runs(model, dtype, device).items():
-        sizes = rng.integers(1, 3 * max(data.samples_per_rank, 1) // 2 + 2, batches)
-        drawn = [sorted(rng.choice(lengths[name], int(size)).tolist()) for size in sizes]
-        timings[name] = (drawn, time_batches(run, drawn, repeats=2, clock=clock))
-    model.zero_grad(set_to_none=True)
-    return timings
+def stage_work(model: TinyMultimodalModel, stage: str, lengths, dtype: torch.dtype, device: torch.device,
+               generator: torch.Generator) -> StageWork:
+    """Random inputs of one stage ("image", "audio" or "llm") on a packed batch of the given item lengths.
+
+    >>> work = stage_work(TinyMultimodalModel(ModelConfig()), "llm", [3, 5], torch.float32, torch.device("cpu"),
+    ...                   torch.Generator().manual_seed(0))
+    >>> work.num_rows, work.lengths.tolist(), work.labels.shape
+    (8, [3, 5], torch.Size([8]))
+    """
+    config, rows = model.config, int(sum(lengths))
+    width = {"image": config.patch_dim, "audio": config.frame_dim, "llm": config.llm_hidden}[stage]
+    inputs = torch.randn(rows, width, generator=generator, dtype=dtype).to(device)
+    labels = (torch.randint(0, config.vocab, (rows,), generator=generator).to(device) if stage == "llm" else None)
+    return StageWork(stage, inputs, torch.tensor(list(lengths), dtype=torch.int64), labels)
 
 
-def calibrate(timings: list) -> tuple[dict, dict]:
-    """Fit each stage's cost model on the timings of every rank pooled (more points, and
-    one rank's co-scheduling noise averages out).  ({modality: CostModel}, {modality: RMS error})."""
-    costs, errors = {}, {}
-    for name in timings[0]:
-        batches = [b for rank_timings in timings for b in rank_timings[name][0]]
-        seconds = [t for rank_timings in timings for t in rank_timings[name][1]]
-        costs[name], errors[name] = fit_packed_cost(batches, seconds)
-    return costs, errors
+def calibration_batches(data: SyntheticMultimodal, count: int, seed: int) -> dict:
+    """Per stage, `count` packed batches of the dataset's own items, each of a rank's size
+    give or take half (a stage's items per rank-batch of `_stage_lengths`): the cost model is
+    fitted where the step plans use it.
+
+    >>> batches = calibration_batches(SyntheticMultimodal(ModelConfig(), 4, 0), 3, seed=0)
+    >>> sorted(batches), [2 <= len(batch) <= 7 for batch in batches["llm"]]
+    (['audio', 'image', 'llm'], [True, True, True])
+    """
+    rng, lengths = np.random.default_rng(seed), _stage_lengths(data)
+    batches = {}
+    for name, pool in lengths.items():
+        per_rank = len(pool) / 16
+        sizes = rng.integers(max(1, round(per_rank / 2)), round(3 * per_rank / 2) + 2, count)
+        batches[name] = [sorted(rng.choice(pool, int(size)).tolist()) for size in sizes]
+    return batches
+
+
+def calibrate_in_isolation(model: TinyMultimodalModel, data: SyntheticMultimodal, dtype: torch.dtype,
+                           device: torch.device, rank: int, world_size: int, seed: int = 0, batches: int = 12,
+                           rounds: int = 3) -> tuple[dict, dict]:
+    """Rank 0 times `batches` rank-sized packed batches per stage the way the isolated replay
+    times recorded work (`replay.replay_local`: one process, one work at a time, every batch of
+    a stage in each of `rounds` rounds) while the other ranks wait, and fits each stage's cost
+    model on them: the plan is then balanced by the clock of the isolated figures that check
+    it, with no contention between ranks in the timings.  ({modality: CostModel}, {modality:
+    RMS error}) on every rank (a collective over the world)."""
+    def fit():
+        drawn = calibration_batches(data, batches, seed)
+        generator = torch.Generator().manual_seed(seed)
+        works = {name: [[stage_work(model, name, lengths, dtype, device, generator)] for lengths in stage_batches]
+                 for name, stage_batches in drawn.items()}
+        seconds = replay_local(model, works, _clock(device), rounds)
+        return calibrate({name: (drawn[name], seconds[name]) for name in drawn})
+
+    return on_rank_zero(fit, rank, world_size)
+
+
+def calibrate(timings: dict) -> tuple[dict, dict]:
+    """Fit each stage's cost model: timings[modality] = (list of batch lengths, list of seconds).
+    ({modality: CostModel}, {modality: RMS error})."""
+    fitted = {name: fit_packed_cost(batches, seconds) for name, (batches, seconds) in timings.items()}
+    return {name: fit[0] for name, fit in fitted.items()}, {name: fit[1] for name, fit in fitted.items()}
 
 
 def warm_up(model: TinyMultimodalModel, data: SyntheticMultimodal, dtype: torch.dtype, device: torch.device) -> None:
     """One forward+backward per stage on a rank-sized batch: first-touch costs (allocator,
     page faults, lazy init) would otherwise land in the first measured step."""
-    lengths = _stage_lengths(data)
-    for name, run in _stage_runs(model, dtype, device).items():
-        run(lengths[name][: max(1, len(lengths[name]) // 16)])
+    generator = torch.Generator().manual_seed(0)
+    for name, lengths in _stage_lengths(data).items():
+        run_stage(model, stage_work(model, name, lengths[: max(1, len(lengths) // 16)], dtype, device, generator))
     model.zero_grad(set_to_none=True)
 
 
@@ -273,18 +291,14 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     model = TinyMultimodalModel(config).to(device=device, dtype=torch_dtype)
     data = SyntheticMultimodal(config, options.samples_per_rank, seed)
     clock = _clock(device)
+    keep_freed_memory()  # on every rank: rank 0's replays keep freed memory, so the ranks' allocators agree
+    warm_up(model, data, torch_dtype, device)
+    calibration_start = time.perf_counter()
     if options.costs == "flops":
-        warm_up(model, data, torch_dtype, device)
         costs, fit_errors = flops_costs(config), {}
-    else:  # every rank times its own batches (warming itself up); rank 0 fits them all
-        timings = [time_stages(model, data, torch_dtype, device, seed=seed + 7919 * rank)]
-        if world_size > 1:
-            mine, timings = timings[0], [None] * world_size
-            dist.all_gather_object(timings, mine)
-        fitted = [calibrate(timings) if rank == 0 else None]
-        if world_size > 1:
-            dist.broadcast_object_list(fitted, src=0)
-        costs, fit_errors = fitted[0]
+    else:
+        costs, fit_errors = calibrate_in_isolation(model, data, torch_dtype, device, rank, world_size, seed)
+    calibration_seconds = time.perf_counter() - calibration_start
     stages = demo_stages(costs, config, options.algorithm, torch.finfo(torch_dtype).bits // 8)
     mover = make_transport(options.transport, gpus_per_node=options.gpus_per_node)
     microbatching = {} if options.max_tokens_per_microbatch is None else {
@@ -389,6 +403,7 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     if options.max_tokens_per_microbatch is not None:
         record["isolated_identical_cells"] = [[isolated["identical", step, index] for index in range(count)]
                                               for step, count in enumerate(record["num_microbatches"])]
+    record["calibration_seconds"] = calibration_seconds
     record["fit_errors"] = fit_errors
     record["costs"] = {name: [c.per_item, c.linear, c.quadratic] for name, c in costs.items()}
     return record

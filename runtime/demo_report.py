@@ -111,6 +111,7 @@ class DemoReport:
     step_seconds: float
     overhead_fraction: float
     overhead_fraction_least_waiting_rank: float
+    calibration_seconds: float  # timing the cost models' batches (rank 0, in isolation; 0 with FLOP costs)
     concurrent_seconds: float
     replay_seconds: float
     replay_share: float  # replay_seconds / (wall_seconds - replay_seconds): what the replay adds
@@ -246,6 +247,7 @@ def summarize(records: list, ranks: int, steps: int, dtype: str, wall_seconds: f
         step_seconds=step_seconds,
         overhead_fraction=(exchange + wait) / step_seconds if step_seconds > 0 else 0.0,
         overhead_fraction_least_waiting_rank=(exchange_least + wait) / step_seconds if step_seconds > 0 else 0.0,
+        calibration_seconds=float(max(r["calibration_seconds"] for r in records)),
         concurrent_seconds=float(max(r["concurrent_seconds"] for r in records)),
         replay_seconds=replay, wall_seconds=float(wall_seconds),
         replay_share=replay / (wall_seconds - replay) if wall_seconds > replay else float("inf"),

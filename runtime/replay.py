@@ -24,7 +24,10 @@ blocks to the kernel, so every replay of a large stage took ~10 000 page faults 
   rounds with the highest and lowest fifth of the shares left out (a spell changing
   mid-round spoils that round only), times the median round mean;
 - the rounds of all (key, stage) groups are interleaved, so each group samples the whole
-  replay's spells.
+  replay's spells;
+- the noise floor's identical work (D copies of rank 0's work of a key) is timed in that
+  key's own rounds, D - 1 more columns beside the D ranks' works, rank 0's column shared:
+  measured beside the work it qualifies, one run per round cheaper.
 
 >>> work = StageWork("llm", torch.zeros(3, 2), torch.tensor([3]), torch.zeros(3, dtype=torch.int64))
 >>> work.stage, work.num_rows
@@ -123,46 +126,79 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 1 << 30)) and bool(mallopt(m_trim_threshold, (1 << 31) - 1))
 
 
-def replay_local(model: TinyMultimodalModel, works: dict, clock: Callable[[], float], repetitions: int = 5) -> dict:
+def replay_local(model: TinyMultimodalModel, works: dict, clock: Callable[[], float], repetitions: int = 5,
+                 copies: dict | None = None) -> dict:
     """Replay {key: [per-rank list of StageWork]} in this process (see the module docstring);
     {key: [busy seconds per rank]}.  Every rank's list of a key holds the same stages in the
-    same order (every rank runs every encoder, with empty inputs where it has no items)."""
+    same order (every rank runs every encoder, with empty inputs where it has no items).
+
+    `copies` {key: source key}: `key` is identical work on every rank, rank 0's work of `source
+    key`, timed in the source's own rounds (D - 1 more columns beside the source's D; rank 0's
+    column is the source's), so the noise floor is measured beside the work it qualifies.
+    """
     if not is_int(repetitions) or repetitions < 1:
         raise ValueError(f"`repetitions` must be an int >= 1; got {repetitions!r}")
-    groups = []  # (key, stage index): one round times every rank's work of that stage
-    for key in sorted(works):
-        stages = {tuple(work.stage for work in rank_work) for rank_work in works[key]}
+    copies = dict(copies or {})
+    columns = {key: list(works[key]) for key in works}  # per key: the works timed in its rounds
+    extra = {}  # copy key -> (source key, first column of its copies)
+    for key, source in sorted(copies.items()):
+        if source not in works:
+            raise ValueError(f"`copies` maps {key!r} to {source!r}, which has no recorded work")
+        extra[key] = (source, len(columns[source]))
+        columns[source] += [works[source][0]] * (len(works[source]) - 1)
+    groups = []  # (key, stage index): one round times every column's work of that stage
+    for key in sorted(columns):
+        stages = {tuple(work.stage for work in column) for column in columns[key]}
         if len(stages) != 1:
             raise ValueError(f"recorded work of {key!r} has different stages on different ranks: {sorted(stages)}")
         groups += [(key, index) for index in range(len(stages.pop()))]
-    seconds = {group: np.zeros((repetitions, len(works[group[0]]))) for group in groups}
+    seconds = {group: np.zeros((repetitions, len(columns[group[0]]))) for group in groups}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         keep_freed_memory()
         largest = {}
         for key, index in groups:
-            for rank_work in works[key]:
-                work = rank_work[index]
+            for column in columns[key]:
+                work = column[index]
                 if work.num_rows > largest.get(work.stage, (-1, None))[0]:
                     largest[work.stage] = (work.num_rows, work)
         for _, work in largest.values():  # first touch of the heap, lazy initialisation
             run_stage(model, work)
         for repetition in range(repetitions):
             for key, index in groups:
-                size = len(works[key])
+                size = len(columns[key])
                 for turn in range(size):
-                    rank = (turn + repetition) % size
+                    column = (turn + repetition) % size
                     start = clock()
-                    run_stage(model, works[key][rank][index])
-                    seconds[key, index][repetition, rank] = clock() - start
+                    run_stage(model, columns[key][column][index])
+                    seconds[key, index][repetition, column] = clock() - start
     finally:
         torch.set_num_threads(threads)
         model.zero_grad(set_to_none=True)
-    busy = {key: np.zeros(len(works[key])) for key in works}
+    busy = {key: np.zeros(len(columns[key])) for key in columns}
     for (key, index), timed in seconds.items():
         busy[key] += estimate_from_rounds(timed)
-    return {key: values.tolist() for key, values in busy.items()}
+    result = {key: busy[key][:len(works[key])].tolist() for key in works}
+    for key, (source, first) in extra.items():
+        size = len(works[source])
+        result[key] = [float(busy[source][0])] + busy[source][first:first + size - 1].tolist()
+    return result
+
+
+def on_rank_zero(compute: Callable[[], object], rank: int, world_size: int):
+    """`compute()` on rank 0 while the other ranks wait (up to REPLAY_WAIT, on a group of their
+    own), its result on every rank (a collective over the world).
+
+    >>> on_rank_zero(lambda: 42, rank=0, world_size=1)
+    42
+    """
+    result = [compute() if rank == 0 else None]
+    if world_size > 1:
+        wait = dist.new_group(backend="gloo", timeout=REPLAY_WAIT)
+        dist.broadcast_object_list(result, src=0, group=wait)
+        dist.destroy_process_group(wait)
+    return result[0]
 
 
 def replay_in_isolation(model: TinyMultimodalModel, recorded: dict, clock: Callable[[], float], rank: int,
@@ -172,24 +208,22 @@ def replay_in_isolation(model: TinyMultimodalModel, recorded: dict, clock: Calla
     seconds} on every rank (a collective over the world).
 
     `copies` {key: source key}: `key`'s work on every rank is rank 0's work of `source key`
-    (identical work on every rank: the noise floor of the measurement).
+    (identical work on every rank: the noise floor of the measurement; see `replay_local`).
     """
     if not is_int(repetitions) or repetitions < 1:
         raise ValueError(f"`repetitions` must be an int >= 1; got {repetitions!r}")
     copies = dict(copies or {})
     mine = {key: work for key, work in recorded.items() if key not in copies}
     if world_size > 1:
-        wait = dist.new_group(backend="gloo", timeout=REPLAY_WAIT)
+        gather = dist.new_group(backend="gloo", timeout=REPLAY_WAIT)
         gathered = [None] * world_size if rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0, group=wait)
+        dist.gather_object(mine, gathered, dst=0, group=gather)
+        dist.destroy_process_group(gather)
     else:
-        wait, gathered = None, [mine]
-    result = [None]
-    if rank == 0:
-        works = {key: [part[key] for part in gathered] for key in mine}
-        works.update({key: [works[source][0]] * world_size for key, source in copies.items()})
-        result[0] = replay_local(model, works, clock, repetitions)
-    if world_size > 1:
-        dist.broadcast_object_list(result, src=0, group=wait)
-        dist.destroy_process_group(wait)
-    return {key: float(values[rank]) for key, values in result[0].items()}
+        gathered = [mine]
+
+    def replay():
+        return replay_local(model, {key: [part[key] for part in gathered] for key in mine}, clock, repetitions,
+                            copies)
+
+    return {key: float(values[rank]) for key, values in on_rank_zero(replay, rank, world_size).items()}

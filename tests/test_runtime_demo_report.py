@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from orchmllm.balancers import CostModel
+from orchmllm.runtime.data import SyntheticMultimodal
+from orchmllm.runtime.demo import calibrate_in_isolation, calibration_batches
 from orchmllm.runtime.demo_report import BALANCED_ISOLATED_TARGET, DemoReport, synchronised_max_over_mean
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
@@ -97,14 +100,18 @@ def test_a_round_at_another_speed_does_not_move_the_estimate():
     assert estimate_from_rounds(rounds) == pytest.approx([2.0, 1.0, 3.0], rel=0.02)
 
 
-def test_one_process_replays_every_ranks_work_and_copies_for_the_noise_floor():
-    config = ModelConfig(llm_hidden=16, vocab=32)
+def small_llm_model() -> TinyMultimodalModel:
     torch.manual_seed(0)
-    model = TinyMultimodalModel(config)
+    return TinyMultimodalModel(ModelConfig(llm_hidden=16, vocab=32))
 
-    def llm_work(rows):
-        return [StageWork("llm", torch.randn(rows, 16), torch.tensor([rows]), torch.randint(0, 32, (rows,)))]
 
+def llm_work(rows):
+    """One rank's recorded work of `small_llm_model`: a single LLM sequence of `rows` tokens."""
+    return [StageWork("llm", torch.randn(rows, 16), torch.tensor([rows]), torch.randint(0, 32, (rows,)))]
+
+
+def test_one_process_replays_every_ranks_work_and_copies_for_the_noise_floor():
+    model = small_llm_model()
     works = {("balanced", 0): [llm_work(64), llm_work(1024)], ("identical", 0): [llm_work(64)] * 2}
     busy = replay_local(model, works, time.thread_time, repetitions=5)
     assert set(busy) == set(works) and all(len(v) == 2 and min(v) > 0 for v in busy.values())
@@ -113,3 +120,36 @@ def test_one_process_replays_every_ranks_work_and_copies_for_the_noise_floor():
     mismatched = {("balanced", 0): [llm_work(8), []]}
     with pytest.raises(ValueError, match=r"recorded work of \('balanced', 0\) has different stages on different ranks"):
         replay_local(model, mismatched, time.thread_time)
+
+
+def test_a_noise_floor_copy_is_timed_in_its_sources_rounds_sharing_rank_0s_column():
+    model = small_llm_model()
+    works = {("unbalanced", 0): [llm_work(64), llm_work(1024), llm_work(256)]}
+    busy = replay_local(model, works, time.thread_time, repetitions=5, copies={("identical", 0): ("unbalanced", 0)})
+    assert set(busy) == {("unbalanced", 0), ("identical", 0)} and len(busy["identical", 0]) == 3
+    assert busy["identical", 0][0] == busy["unbalanced", 0][0]  # rank 0's column is the source's own
+    assert max(busy["identical", 0]) < busy["unbalanced", 0][1] / 2  # copies of the small work, not the large
+    with pytest.raises(ValueError, match=r"`copies` maps \('identical', 1\) to \('unbalanced', 1\), which has no"):
+        replay_local(model, works, time.thread_time, copies={("identical", 1): ("unbalanced", 1)})
+
+
+def calibration_job(rank, size):
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(ModelConfig())
+    costs, errors = calibrate_in_isolation(model, SyntheticMultimodal(ModelConfig(), 4, 0), torch.float32,
+                                           torch.device("cpu"), rank, size, seed=3)
+    assert all(p.grad is None for p in model.parameters())
+    return {name: (c.per_item, c.linear, c.quadratic) for name, c in costs.items()}, errors
+
+
+def test_calibration_batches_are_rank_sized_and_rank_0_fits_the_same_models_for_every_rank():
+    data = SyntheticMultimodal(ModelConfig(), 4, 0)
+    batches = calibration_batches(data, 12, seed=3)
+    assert set(batches) == {"image", "audio", "llm"} and all(len(b) == 12 for b in batches.values())
+    assert all(2 <= len(batch) <= 7 for batch in batches["llm"])  # 4 samples per rank, give or take half
+    assert batches == calibration_batches(data, 12, seed=3)
+    results = spawn(calibration_job, 2, timeout_s=120)
+    assert results[0] == results[1] and set(results[0][0]) == {"image", "audio", "llm"}
+    llm = CostModel(*results[0][0]["llm"])
+    small, large = sorted(batches["llm"], key=sum)[0], sorted(batches["llm"], key=sum)[-1]
+    assert sum(llm(l) for l in large) > sum(llm(l) for l in small) > 0
