@@ -40,7 +40,9 @@ from .validation import as_bool, as_int, as_real
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
 DEFAULT_WORK = 1_000_000
 EXTRA_MICROBATCHES = 2  # beyond the fewest that fit, tried when the plan is not proven optimal
-PAYING_GAP = 0.01  # ... and only while the bound leaves more than this fraction to gain
+PAYING_GAP = 0.01  # ... only while the bound leaves more than this fraction to gain; the fewest M
+# whose plan is within this fraction of the cheapest is taken: a micro-batch also costs what the
+# model does not see (one more pass over every layer's parameters under FSDP, launches)
 
 
 def _as_budget(value) -> int:
@@ -115,24 +117,25 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
     fewest = problem.min_microbatches
     overhead, floor = problem.microbatch_overhead, problem.cost_bound
     always = max(fewest, -(-problem.num_items // problem.num_ranks))  # one item per cell fits
-    proven, chained = [], True
-    best, best_total, m = None, math.inf, fewest
-    first = None
+    proven, chained, found = [], True, []
+    best_total, m, first = math.inf, fewest, None
     while m <= always and (first is None or m <= first + EXTRA_MICROBATCHES):
-        if best is not None and math.fsum([floor, m * overhead]) * (1 + PAYING_GAP) >= best_total:
+        if found and math.fsum([floor, m * overhead]) * (1 + PAYING_GAP) >= best_total:
             break  # no plan with this many micro-batches, or more, can pay enough
         result = kernel(problem, m)
         total = math.inf if result is None else plan_cost(problem, result, m)
         chained = chained and result is not None and result.status is Status.OPTIMAL
         if chained:
             proven.append(total)
-        if result is not None and first is None:
-            first = m
-        if total < best_total:
-            best, best_total = (result, m), total
+        if result is not None:
+            first = m if first is None else first
+            found.append((result, m, total))
+            best_total = min(best_total, total)
         m += 1
+    # the fewest micro-batches whose plan is within PAYING_GAP of the cheapest found
+    result, m, _ = next(plan for plan in found if plan[2] <= best_total * (1 + PAYING_GAP))
     bound = min(proven + [math.fsum([floor, (fewest + len(proven)) * overhead])]) if proven else None
-    return best[0]._replace(status=Status.FEASIBLE), best[1], fewest, bound
+    return result._replace(status=Status.FEASIBLE), m, fewest, bound
 
 
 def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sources: np.ndarray,
@@ -171,8 +174,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         cost: per-item cost model f(l) (default f(l) = l); or `costs`, one cost per item.
         padded: a cell costs count · max cost and holds count · max length tokens.
         num_microbatches: M; None takes the fewest that fit, or more when that lowers the
-            step cost including `microbatch_overhead` (at most two more, tried only while
-            the bound leaves more than `PAYING_GAP` of the step cost to gain).
+            step cost including `microbatch_overhead` by more than `PAYING_GAP`: the fewest M
+            whose plan is within that fraction of the cheapest of those tried (at most two
+            more than the fewest that fit, tried only while the bound leaves more to gain).
         microbatch_overhead: cost of one more micro-batch (same units as the costs).
         algorithm: a name in `MICROBATCH_ALGORITHMS`, the registry's micro-batch records
             (`register_microbatch_algorithm` adds one; "auto": exact search for small

@@ -5,6 +5,8 @@ minimise Σ_m max_r load(r, m) s.t. tokens(r, m) <= T, for a given M (see `micro
     cells = lpt(items, M·D ranks, cap T)     # every cell near Σ c / (M·D), largest first
     (every cell starting at L_0 - L_m, L the water-filling levels of the micro-batches,
         each at least its largest item, so the largest items share one level)
+    (LPT finds no room under T: cells = best-fit decreasing on the tokens, the densest
+        packing, from which the search rebalances the costs)
     regroup: sort the cells by load, cut into micro-batches of D
     local search (`microbatch_search.improve`) within the work budget
 
@@ -17,6 +19,8 @@ to orchmllm; LPT is Graham's (1969).
 """
 
 from __future__ import annotations
+
+import bisect
 
 import numpy as np
 
@@ -66,9 +70,33 @@ def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.nda
         return None
 
 
+def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray | None:
+    """Best-fit decreasing on the tokens over the M·D cells (cell m·D + r per item), or None
+    when even that leaves an item without room: every item, longest first (ties by index),
+    goes to the cell with the least room that still takes it (ties by cell).
+
+    >>> from orchmllm.balancers.microbatch import make_microbatch_problem
+    >>> problem = make_microbatch_problem([6, 5, 4, 3, 2], 1, max_tokens_per_microbatch=10)
+    >>> tight_cells(problem, 2).tolist(), tight_cells(problem, 1)
+    ([0, 1, 0, 1, 1], None)
+    """
+    rooms = [(problem.max_tokens, cell) for cell in range(num_microbatches * problem.num_ranks)]
+    cell_of = np.empty(problem.num_items, dtype=np.int64)
+    lengths = problem.lengths
+    for item in sorted_order(lengths).tolist():
+        length = int(lengths[item])
+        where = bisect.bisect_left(rooms, (length, -1))
+        if where == len(rooms):
+            return None
+        room, cell = rooms.pop(where)
+        cell_of[item] = cell
+        bisect.insort(rooms, (room - length, cell))
+    return cell_of
+
+
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
-    """LPT over all cells from the water-filling levels (plain LPT when they are flat),
-    regrouped and improved within the work budget.  Padded cells (count · max c, not a sum)
+    """LPT over all cells from the water-filling levels (plain LPT when they are flat; the
+    tight token packing when LPT finds no room), regrouped and improved within the work budget.  Padded cells (count · max c, not a sum)
     are the joint greedy's (`microbatch_greedy.solve`)."""
     if problem.padded:
         return greedy_solve(problem, num_microbatches)
@@ -77,6 +105,8 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
     start = lpt_cells(problem, num_microbatches, offsets)
     if start is None and offsets is not None:
         start = lpt_cells(problem, num_microbatches)
+    if start is None:
+        start = tight_cells(problem, num_microbatches)
     if start is None:
         return None
     return split(improve(problem, start, num_microbatches), problem.num_ranks)
