@@ -117,13 +117,19 @@ def _round_robin_row(window: int, ranks: int) -> tuple[np.ndarray, np.ndarray, n
     return rows
 
 
-def _round_robin(roomy: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`_round_robin_row` for h = max(roomy, 1) ranks, one row per entry of `roomy`."""
-    if roomy.size == 0:
-        return (np.zeros((0, window), dtype=np.int64),) * 3
-    counts, row = np.unique(np.maximum(roomy, 1), return_inverse=True)
-    tables = zip(*(_round_robin_row(window, int(count)) for count in counts))
-    return tuple(np.stack(table)[row.ravel()] for table in tables)
+@functools.lru_cache(maxsize=64)
+def _round_robin_table(window: int, most_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_round_robin_row` stacked for h = 0..most_ranks ranks (row 0 that of one rank)."""
+    tables = tuple(np.stack(table) for table in zip(*(_round_robin_row(window, max(h, 1))
+                                                      for h in range(most_ranks + 1))))
+    for table in tables:
+        table.setflags(write=False)
+    return tables
+
+
+def _round_robin(roomy: np.ndarray, window: int, most_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_round_robin_row` for h = max(roomy, 1) ranks (roomy <= most_ranks), one row per entry of `roomy`."""
+    return tuple(table[roomy] for table in _round_robin_table(window, most_ranks))
 
 
 def _running_sums(values: np.ndarray, first: np.ndarray) -> np.ndarray:
@@ -167,7 +173,7 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
         nodes, position, ends, by_load, loads = nodes[alive], position[alive], ends[alive], by_load[alive], loads[alive]
         roomy = np.count_nonzero(loads + state.costs[order[position]][:, None] <= state.target, axis=1)
         # The deal rank by rank, each item with its rank's load after it.
-        dealt, rank_column, first = _round_robin(roomy, window_size)
+        dealt, rank_column, first = _round_robin(roomy, window_size, gpus_per_node)
         window = position[:, None] + dealt
         inside = window < ends[:, None]
         items = order[np.minimum(window, ends[:, None] - 1)]

@@ -34,6 +34,7 @@ from ..balancers import ALGORITHMS, balance, balance_microbatches
 from ..balancers.locality import balance_locally
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import Status, make_problem
+from ..balancers.registry import get_algorithm
 from ..balancers.validation import as_real, is_int
 from ..topology import PLACEMENTS, Topology, place
 from .microbatch import MicroBatchStepPlan
@@ -285,14 +286,14 @@ class Orchestrator:
         """`balance(..., sources=...)` of an unpadded stage whose communication-aware deal keeps the
         smallest items as filler (`balancers.locality_fill`): a micro-batch's stages are small
         problems where the plain deal leaves ranks above the target for a costly repair."""
-        num_ranks = topology.world_size
-        plain = balance(lengths, num_ranks, cost=stage.cost, algorithm=algorithm,
-                        max_tokens_per_rank=stage.max_tokens_per_rank)
-        problem = make_problem(lengths, num_ranks, cost=stage.cost, max_tokens_per_rank=stage.max_tokens_per_rank)
+        problem = make_problem(lengths, topology.world_size, cost=stage.cost,
+                               max_tokens_per_rank=stage.max_tokens_per_rank)
+        start = time.perf_counter()
+        plain = get_algorithm(algorithm).kernel(problem)
         assignment = balance_locally(problem, plain.assignment, sources, np.asarray(item_bytes, dtype=np.float64),
                                      topology.gpus_per_node, makespan_slack, fill=True)
         return make_plan(problem, assignment, Status.FEASIBLE, algorithm, kernel_bound=plain.lower_bound,
-                         solve_seconds=plain.solve_seconds, communication_aware=True)
+                         solve_seconds=time.perf_counter() - start, communication_aware=True)
 
     def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None,
                     fill: bool = False) -> StagePlan:
