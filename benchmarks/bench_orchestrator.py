@@ -122,7 +122,9 @@ def test_overhead_scaling_84b(benchmark, request, gpus):
 @pytest.mark.parametrize("budget", [8192, 16384, 65536], ids=["T8k", "T16k", "T64k"])
 def test_plan_micro_batched_step(benchmark, best_of, budget):
     """A micro-batched step at D = 2560 × 32 samples: cells for whole samples (balance_microbatches),
-    then every micro-batch's three stages balanced, placed and composed; the cells alone timed too."""
+    then every micro-batch's three stages balanced, placed and composed; the cells alone and the
+    step without placement (`placement=None`, the same-run baseline) timed too, and the inter-node
+    bytes of both plans' exchanges reported."""
     num_ranks = 2560
     topology = cluster(num_ranks)
     batch = sample_workload("default", num_ranks, 32, seed=num_ranks)
@@ -132,9 +134,22 @@ def test_plan_micro_batched_step(benchmark, best_of, budget):
     assert sorted(np.concatenate(plan.microbatch_samples).tolist()) == list(range(batch.num_samples))
     cells_only = best_of(lambda: balance_microbatches(batch.sample_llm_length, num_ranks, cost=stages[-1].cost,
                                                       max_tokens_per_microbatch=budget), 3)
+    unplaced = Orchestrator(stages, topology, max_tokens_per_microbatch=budget, placement=None)
+    unplaced_seconds = best_of(lambda: unplaced.plan(batch), 3)
+    unplaced_plan = unplaced.plan(batch)
+
+    def inter_node_gb(exchanges):
+        return sum(traffic(e.source, e.destination, e.item_bytes, topology).bytes_inter_node for e in exchanges) / 1e9
+
     benchmark.extra_info.update(num_microbatches=plan.num_microbatches, step_cost_over_bound=plan.step_cost
                                 / plan.lower_bound, cells_gap=plan.cells.gap, cells_ms=1e3 * cells_only,
-                                step_over_cells=benchmark.stats.stats.min / cells_only)
+                                step_over_cells=benchmark.stats.stats.min / cells_only,
+                                unplaced_ms=1e3 * unplaced_seconds,
+                                step_over_unplaced=benchmark.stats.stats.min / unplaced_seconds,
+                                input_inter_node_gb=inter_node_gb([plan.input_exchange()]),
+                                embedding_inter_node_gb=inter_node_gb(plan.embedding_exchanges()),
+                                unplaced_input_inter_node_gb=inter_node_gb([unplaced_plan.input_exchange()]),
+                                unplaced_embedding_inter_node_gb=inter_node_gb(unplaced_plan.embedding_exchanges()))
 
 
 @pytest.mark.parametrize("budget", [8192, 16384], ids=["T8k", "T16k"])
