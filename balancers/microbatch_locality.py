@@ -7,18 +7,19 @@ Given a plain plan of M micro-batches whose micro-batch m costs t_m = max_r load
 
 so the step cost Σ_m t_m is kept.  An item may stay on its rank in any of its M
 micro-batches, so the M·D cells are balanced as one problem: cell c = r·M + m starts at
-load max(t) - t_m, so that one target max(t) is t_m for every cell.  Plain code:
+load max(t) - t_m, so that one target max(t) is t_m for every cell, and the filler deal of
+`locality_fill` runs on it with each rank's M cells as its first group:
 
-    filler = the smallest items, FILLER_SHARE of the total cost (they carry few bytes)
-    each rank's other items, largest first, dealt to its own cells (roomiest first, snake
-        order); each cell keeps the longest run of its deal that fits
-    what is left, the same per node (its ranks' cells), then to the least-loaded cells of all
-    the filler, largest first, to the least-loaded cells that fit (LPT: tops every cell up)
-    repair (`locality_repair`) if a cell is still above its t_m
-    every cell within its t_m and T (recomputed in item order), else None: the caller falls back
+    filler = the smallest items, 0.3-1 % of the total cost (they carry few bytes)
+    items longer than T / 2, then T / 4, then the rest (T / 8, T / 16 too on a second try
+            when the first runs out of token room), largest first, each tier in turn:
+        to the least-loaded of their rank's own cells that fit, then of their node's, then of all
+    the filler, largest first, to the least-loaded cells (it tops every cell up)
+    repair if a cell is still above its t_m
+    every cell within its t_m and T (recomputed in item order), else None: the caller then
+        keeps each micro-batch local on its own (`microbatch._keep_local`)
 
-The filler is what makes the packing tight: dealt last, small items fill the rooms the
-deals leave, as they do in plain LPT.  Original to orchmllm.
+Original to orchmllm.
 """
 
 from __future__ import annotations

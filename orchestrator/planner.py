@@ -283,9 +283,10 @@ class Orchestrator:
 
     def _balance_filled(self, lengths: np.ndarray, stage: Stage, algorithm: str, *, sources: np.ndarray,
                         item_bytes: np.ndarray, topology: Topology, makespan_slack: float) -> BalancePlan:
-        """`balance(..., sources=...)` of an unpadded stage whose communication-aware deal keeps the
-        smallest items as filler (`balancers.locality_fill`): a micro-batch's stages are small
-        problems where the plain deal leaves ranks above the target for a costly repair."""
+        """`balance(..., sources=...)` of an unpadded stage, where the plain phases of the
+        communication-aware deal miss the target, redone as the filler deal
+        (`balancers.locality_fill`) instead of repaired: a micro-batch's stages are small
+        problems where the repair's rounds cost several times the deal."""
         problem = make_problem(lengths, topology.world_size, cost=stage.cost,
                                max_tokens_per_rank=stage.max_tokens_per_rank)
         start = time.perf_counter()
