@@ -9,7 +9,8 @@ minimise max(loads) where loads[r] = sum(cost[i] for i on r) (or count · f(max)
     (or else KK + local search on the tokens themselves, if that meets the cap)
     if <= 4 items per rank:                                      # and n <= GROUP_MAX_ITEMS
         plan = best of group_search.improve(s) for s in starts by makespan, one shared
-               budget, until one reaches the bound (ceil of it for integer costs)
+               budget, until one reaches the bound (for integer costs: ceil of it, lifted
+               by Martello & Toth's L2 bin-packing bound)
     else:
         plans = starts + [local_search.improve(problem, s) for s in starts]
         plan = min(plans, key=makespan)                        # ties: the earlier one
@@ -36,6 +37,7 @@ import math
 import numpy as np
 
 from . import group_search, ilp, karmarkar_karp, local_search, lpt, multifit, padded, slack
+from .exact_bounds import l2_bins
 from .problem import (InfeasibleError, KernelResult, Problem, integer_values, lower_bound, make_problem, rank_loads,
                       rank_tokens)
 
@@ -107,12 +109,38 @@ def solve(problem: Problem) -> KernelResult:
     return KernelResult(best)
 
 
+def lifted_bound(costs: np.ndarray, num_ranks: int, lower: int, upper: int) -> int:
+    """A lower bound on the makespan of integer `costs` in [lower, upper]: `lower` (a bound),
+    raised past every capacity C that Martello & Toth's L2 proves needs more than
+    `num_ranks` bins, found by bisection up to `upper` (a makespan some plan reaches).
+
+    The search stops there: with two or three items per rank the optimum often lies above
+    ceil(total / D) where L2 proves it, so a plan reaching it needs no further search.
+
+    >>> lifted_bound(np.array([6, 6, 6, 5, 5]), 3, 10, 12)   # at 10 no 5 fits beside a 6: 4 bins
+    11
+    """
+    if float(costs.sum()) >= 2.0**62:  # L2's prefix sums stay within int64
+        return lower
+    descending = np.sort(costs)[::-1]
+    while lower < upper:
+        middle = (lower + upper) // 2
+        if l2_bins(descending, middle) > num_ranks:  # C = middle is infeasible, so is every C below it
+            lower = middle + 1
+        else:
+            upper = middle
+    return lower
+
+
 def _group_search(problem: Problem, starts: list, makespans: list, bound: float) -> np.ndarray:
     """The best start after the pair and triple search, starts taken best first (ties: in
     order) under one shared work budget, until one reaches the bound."""
     target = bound
-    if integer_values(problem.item_costs) is not None:
-        target = float(math.ceil(bound))  # integer loads: the optimum is at least ceil(bound)
+    integers = integer_values(problem.item_costs)
+    if integers is not None:  # integer loads: the optimum is at least ceil(bound), and L2 may lift it
+        target = float(lifted_bound(integers, problem.num_ranks, math.ceil(bound), int(min(makespans))))
+        if min(makespans) <= target:
+            return starts[int(np.argmin(makespans))]
     budget = GROUP_WORK + GROUP_WORK_PER_ITEM * problem.num_items
     best, best_makespan = None, math.inf
     for index in sorted(range(len(starts)), key=lambda k: (makespans[k], k)):

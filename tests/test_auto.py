@@ -153,3 +153,23 @@ def test_auto_with_few_items_per_rank_is_bit_identical_across_calls():
     times = make_instance("uniform_10000", 30, 2.5).times
     first = balance(times, 30, algorithm="auto")
     assert first.digest() == balance(times.copy(), 30, algorithm="auto").digest()
+
+
+@settings(max_examples=40)
+@given(lengths=st.lists(st.integers(1, 60), min_size=2, max_size=8), num_ranks=st.integers(2, 4))
+def test_lifted_bound_never_passes_the_brute_force_optimum(lengths, num_ranks):
+    problem = make_problem(lengths, num_ranks)
+    optimum = brute_force(lengths, num_ranks).makespan
+    upper = int(makespan(problem, lpt.solve(problem).assignment))
+    lower = int(np.ceil(np.sum(lengths) / num_ranks))
+    assert lower <= auto.lifted_bound(np.array(lengths), num_ranks, min(lower, upper), upper) <= optimum
+
+
+def test_auto_stops_at_the_l2_bound_above_the_mean_on_a_hard_family_instance():
+    # U[1, 1000], 45 items on 20 ranks: the optimum 1419 is far above ceil(total / D) = 1343;
+    # L2 proves 1419, so the search ends where the plan reaches it.
+    times = make_instance("uniform_1000", 20, 2.25).times
+    lower = int(np.ceil(times.sum() / 20))
+    assert lower == 1343
+    assert auto.lifted_bound(times, 20, lower, 1500) == 1419
+    assert balance(times, 20, algorithm="auto").makespan == 1419
