@@ -4,11 +4,9 @@ minimise max(loads) where loads[r] = sum(cost[i] for i on r), from a plan:
 
     while work is left:
         h = heaviest rank
-        if some rank r has a re-split of items(h) + items(r) with max < loads[h]:
-            re-split the pair (h, r) that lowers it most; continue
         if some pairs (a, b) have a re-split with max < max(loads[a], loads[b]):
-            re-split them, largest gain first, disjoint (balancing the others makes
-            room for h later); continue
+            re-split them, largest gain first, disjoint (h's best pair among them;
+            balancing the others makes room for h later); continue
         if some triple (h, r, s), r and s among the lightest, splits with max < loads[h]:
             re-split it; continue
         stop
@@ -21,7 +19,8 @@ triple is an exact dynamic programme over the subsets of its pool (O(3^size)).  
 accepted change lowers the larger load of its group without lifting another rank to it,
 so the loads sorted descending fall lexicographically: the search ends, and the makespan
 never grows.  A work count (subset sums and table entries examined, not a clock) bounds
-it, so the plan is bit-identical on every machine.  Memory caps are respected.
+it, so the plan is bit-identical on every machine; it charges each numpy call's fixed
+overhead too, so that work tracks CPU time at every size.  Memory caps are respected.
 
 After Schwerdfeger & Walter (2016, 2018), who balance workloads by re-solving machine
 pairs and triples as subset-sum problems; our own code, aimed at the makespan.
@@ -44,15 +43,20 @@ more offer only their subsets of the first `MAX_SUBSET_ITEMS` items by cost."""
 MAX_TRIPLE_POOL = 10
 """Triples are re-solved only when they hold at most this many items (3^10 table entries)."""
 
-TRIPLE_PARTNERS = 6
-"""Triples join the heaviest rank with two of this many lightest ranks (6: 15 triples;
-8 and 4-rank groups measured no better within the same budget)."""
+TRIPLE_PARTNERS = 4
+"""Triples join the heaviest rank with two of this many lightest ranks (4: 6 triples; they
+rarely succeed where the pairs failed, and 6 or 8 partners cost work the starts use better)."""
 
-MAX_QUERIES = 1 << 17
-"""Subset sums one all-pairs evaluation may look up (it takes the heaviest ranks first)."""
+MAX_QUERIES = 1 << 14
+"""Subset sums one all-pairs evaluation may look up (it takes the heaviest ranks first), so
+one evaluation costs a few ms even from a start whose light ranks hold many small items."""
 
-_CALL_WORK = 200
-"""Work charged per pair or triple evaluation's fixed overhead (numpy calls), in subset sums."""
+_CALL_WORK = 3000
+"""Work charged per pair evaluation's fixed overhead (~40 numpy calls, ~150 µs, where one
+unit of work is ~50 ns), so that instances with few subsets do not run far past their time."""
+
+_TRIPLE_WORK = 1500
+"""Work charged per triple dynamic programme's fixed overhead."""
 
 
 def subset_sums(values: np.ndarray) -> np.ndarray:
@@ -255,7 +259,7 @@ def _improve_triple(state: _Ranks, heaviest: int):
         pool = np.array(state.members[heaviest] + state.members[r] + state.members[s], dtype=np.int64)
         if pool.size > MAX_TRIPLE_POOL:
             continue
-        work += _CALL_WORK + 2 * 3 ** pool.size
+        work += _TRIPLE_WORK + 2 * 3 ** pool.size
         value, labels = exact_split(state.costs[pool], state.lengths[pool],
                                     state.problem.max_tokens_per_rank, 3)
         if value < loads[heaviest]:
@@ -273,10 +277,6 @@ def _descend(state: _Ranks, work_limit: int, target: float) -> int:
         heaviest = int(order[0])
         if state.loads[heaviest] <= target:
             break
-        done, spent = _improve_pairs(state, order[:1], MAX_QUERIES)
-        work += spent
-        if done:
-            continue
         done, spent = _improve_pairs(state, order, MAX_QUERIES)
         work += spent
         if done:

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, balance, make_problem
-from orchmllm.balancers import auto, group_search, local_search, lpt, slack
+from orchmllm.balancers import auto, group_search, local_search, lpt, min_slack, slack
 from orchmllm.benchmarks.pcmax_families import make_instance
-from orchmllm.balancers.problem import rank_loads, rank_tokens
+from orchmllm.balancers.problem import lower_bound, rank_loads, rank_tokens
 from orchmllm.testing import brute_force
 
 
@@ -173,3 +173,37 @@ def test_auto_stops_at_the_l2_bound_above_the_mean_on_a_hard_family_instance():
     assert lower == 1343
     assert auto.lifted_bound(times, 20, lower, 1500) == 1419
     assert balance(times, 20, algorithm="auto").makespan == 1419
+
+
+@given(costs=st.lists(st.integers(1, 30), min_size=1, max_size=10).map(sorted), num_ranks=st.integers(1, 4),
+       room=st.integers(0, 40))
+def test_min_slack_fills_each_rank_with_the_best_subset_beside_the_largest_item_left(costs, num_ranks, room):
+    costs = np.array(costs[::-1])
+    capacity = int(costs.max()) + room
+    assignment = min_slack.pack(costs, num_ranks, capacity)
+    assert assignment.shape == costs.shape and 0 <= assignment.min() and assignment.max() < num_ranks
+    left = list(range(costs.size))
+    for rank in range(num_ranks):  # rank r was filled from the items ranks < r left, or took leftovers only
+        if not left:
+            break
+        first, rest = left[0], left[1:]
+        best = max(sum(costs[list(keep)]) for size in range(len(rest) + 1)
+                   for keep in itertools.combinations(rest, size) if sum(costs[list(keep)]) <= capacity - costs[first])
+        held = [item for item in left if assignment[item] == rank]
+        assert first in held
+        assert costs[held].sum() >= costs[first] + best  # the fill, plus any leftovers it took later
+        left = [item for item in left if assignment[item] != rank]
+
+
+def test_min_slack_declines_packings_beyond_its_work_limits():
+    assert min_slack.pack(np.full(100, 10**7), 10, 10**8) is None  # bitsets of 10^8 bits
+    assert min_slack.pack(np.ones(1000, dtype=np.int64), 100, 10) is None  # 10^5 steps
+    assert min_slack.pack(np.ones(100, dtype=np.int64), 100, 10) is not None
+
+
+def test_auto_proves_a_hard_instance_only_the_min_slack_start_leads_to():
+    # U[1, 100], 100 items on 40 ranks: from the LPT-like starts the pair and triple search
+    # ended at 127; from a minimum-slack packing it reaches 126 = ceil(lower bound): optimal.
+    times = make_instance("uniform_100", 40, 2.5).times
+    assert np.ceil(lower_bound(make_problem(times, 40))) == 126
+    assert balance(times, 40, algorithm="auto").makespan == 126
