@@ -31,7 +31,7 @@ Guarantee: makespan <= min(LPT, Karmarkar–Karp) on every instance, by construc
 also <= (4/3 - 1/(3D)) · OPT without a cap; padded plans are optimal.  Only the best start is
 improved when the instance is large (more than `ALL_STARTS_MAX_ITEMS` items).  Local
 search is bounded by a work count, not a clock, so the plan is bit-identical on every
-machine.  The ILP step runs only when the caller grants a `time_limit`; CBC stopped by
+machine.  The ILP step runs only when the caller grants a `time_limit`; HiGHS stopped by
 that (wall-clock) limit may return a machine-dependent plan, never a worse one.
 """
 
