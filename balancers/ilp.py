@@ -81,11 +81,11 @@ class _Model:
         self.rank = np.arange(self.item.size) - (self.first[self.item] - 1)
         rows = _Rows()
         for i in range(n):
-            rows.add(self.first[i] + np.arange(self.ranks_of[i]), np.ones(self.ranks_of[i]), 1.0, 1.0)
+            rows.add(self.columns(i), np.ones(self.ranks_of[i]), 1.0, 1.0)
         # Equal lengths are interchangeable items: along the sorted order their ranks ascend.
         sorted_lengths = problem.lengths[self.order]
-        for position_ in np.flatnonzero(sorted_lengths[1:] == sorted_lengths[:-1]).tolist():
-            earlier, later = int(self.order[position_]), int(self.order[position_ + 1])
+        for k in np.flatnonzero(sorted_lengths[1:] == sorted_lengths[:-1]).tolist():
+            earlier, later = int(self.order[k]), int(self.order[k + 1])
             rows.add(np.concatenate((self.columns(earlier), self.columns(later))),
                      np.concatenate((np.arange(self.ranks_of[earlier]), -np.arange(self.ranks_of[later]))),
                      -np.inf, 0.0)

@@ -117,9 +117,9 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
     fewest = problem.min_microbatches
     overhead, floor = problem.microbatch_overhead, problem.cost_bound
     always = max(fewest, -(-problem.num_items // problem.num_ranks))  # one item per cell fits
-    proven, chained, found = [], True, []
-    best_total, m, first = math.inf, fewest, None
-    while m <= always and (first is None or m <= first + EXTRA_MICROBATCHES):
+    proven, chained, found = [], True, []  # found: (result, M, total) of every M that packed
+    best_total, m = math.inf, fewest
+    while m <= always and (not found or m <= found[0][1] + EXTRA_MICROBATCHES):
         if found and math.fsum([floor, m * overhead]) * (1 + PAYING_GAP) >= best_total:
             break  # no plan with this many micro-batches, or more, can pay enough
         result = kernel(problem, m)
@@ -128,7 +128,6 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
         if chained:
             proven.append(total)
         if result is not None:
-            first = m if first is None else first
             found.append((result, m, total))
             best_total = min(best_total, total)
         m += 1

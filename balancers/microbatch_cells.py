@@ -96,8 +96,9 @@ def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray
 
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     """LPT over all cells from the water-filling levels (plain LPT when they are flat; the
-    tight token packing when LPT finds no room), regrouped and improved within the work budget.  Padded cells (count · max c, not a sum)
-    are the joint greedy's (`microbatch_greedy.solve`)."""
+    tight token packing when LPT finds no room), regrouped and improved within the work
+    budget.  Padded cells (count · max c, not a sum) are the joint greedy's
+    (`microbatch_greedy.solve`)."""
     if problem.padded:
         return greedy_solve(problem, num_microbatches)
     targets = levels(problem, num_microbatches)
