@@ -14,7 +14,8 @@ minimise max(loads) where loads[r] = sum(cost[i] for i on r), from a plan:
 A pair is solved over every subset of its union at once: with X ⊆ items(a) leaving a and
 Y ⊆ items(b) arriving, a's load becomes L_a - d with d = sum(X) - sum(Y), so for every
 (b, Y) the best X has sum(X) nearest to sum(Y) + (L_a - L_b) / 2: one searchsorted of
-every (a, b, Y) into the ranks' sorted subset sums gives every pair's best re-split.  A
+every (a, b, Y) into the ranks' sorted subset sums gives every pair's best re-split; a
+pair keeps its re-split until a move touches one of its ranks (a cache, not a change of plan).  A
 triple is an exact dynamic programme over the subsets of its pool (O(3^size)).  Every
 accepted change lowers the larger load of its group without lifting another rank to it,
 so the loads sorted descending fall lexicographically: the search ends, and the makespan
@@ -60,14 +61,17 @@ _TRIPLE_WORK = 1500
 
 
 def subset_sums(values: np.ndarray) -> np.ndarray:
-    """sums[mask] = sum of values[b] for the bits b set in mask.
+    """sums[..., mask] = sum of values[..., b] for the bits b set in mask (one row per leading index).
 
     >>> subset_sums(np.array([1, 2, 4])).tolist()
     [0, 1, 2, 3, 4, 5, 6, 7]
+    >>> subset_sums(np.array([[1, 2], [5, 3]])).tolist()
+    [[0, 1, 2, 3], [0, 5, 3, 8]]
     """
-    sums = np.zeros(1 << values.size, dtype=values.dtype)
-    for bit, value in enumerate(values.tolist()):
-        sums[1 << bit: 2 << bit] = sums[: 1 << bit] + value
+    size = values.shape[-1]
+    sums = np.zeros(values.shape[:-1] + (1 << size,), dtype=values.dtype)
+    for bit in range(size):
+        sums[..., 1 << bit: 2 << bit] = sums[..., : 1 << bit] + values[..., bit, None]
     return sums
 
 
@@ -125,68 +129,101 @@ def exact_split(costs: np.ndarray, tokens: np.ndarray, cap: int | None, ways: in
 
 
 class _Ranks:
-    """Items per rank (ascending index), loads and tokens, and each rank's subset sums, cached."""
+    """Items per rank (ascending index), loads and tokens; each rank's subset sums and each
+    pair's best re-split, cached until a move touches them."""
 
     def __init__(self, problem: Problem, assignment: np.ndarray):
         self.problem = problem
         self.costs, self.lengths = problem.item_costs, problem.lengths
+        self.cost_list, self.length_list = self.costs.tolist(), self.lengths.tolist()
         self.assignment = np.asarray(assignment, dtype=np.int64).copy()
-        self.members = [[] for _ in range(problem.num_ranks)]
+        num_ranks = problem.num_ranks
+        self.members = [[] for _ in range(num_ranks)]
         for item, rank in enumerate(self.assignment.tolist()):
             self.members[rank].append(item)
         self.loads = rank_loads(problem, self.assignment)
         self.tokens = np.bincount(self.assignment, weights=self.lengths,
-                                  minlength=problem.num_ranks).astype(np.int64)
-        self._subsets: dict[int, tuple] = {}
+                                  minlength=num_ranks).astype(np.int64)
+        self._tables: list = [None] * num_ranks
+        self.pair_known = np.zeros((num_ranks, num_ranks), dtype=bool)
+        self.pair_value = np.full((num_ranks, num_ranks), np.inf)
+        self.pair_x = np.zeros((num_ranks, num_ranks), dtype=np.int64)
+        self.pair_y = np.zeros((num_ranks, num_ranks), dtype=np.int64)
 
-    def subsets(self, rank: int):
-        """(sums, token sums, masks, items) of the rank's subsets, sums ascending (ties by mask);
-        bit b of a mask is items[b]."""
-        cached = self._subsets.get(rank)
-        if cached is None:
-            items = np.array(self.members[rank], dtype=np.int64)
-            if items.size > MAX_SUBSET_ITEMS:
-                items = items[np.lexsort((items, -self.costs[items]))[:MAX_SUBSET_ITEMS]]
-            sums = subset_sums(self.costs[items])
-            tokens = subset_sums(self.lengths[items])
-            masks = np.argsort(sums, kind="stable")
-            cached = (sums[masks], tokens[masks], masks, items)
-            self._subsets[rank] = cached
-        return cached
+    def tables(self) -> list:
+        """Per rank (sums, token sums, masks, items) of its subsets, sums ascending (ties by
+        mask; bit b of a mask is items[b]); stale ones are rebuilt, ranks of equal item count together."""
+        groups: dict[int, list] = {}
+        for rank, table in enumerate(self._tables):
+            if table is None:
+                items = self.members[rank]
+                if len(items) > MAX_SUBSET_ITEMS:
+                    chosen = np.array(items, dtype=np.int64)
+                    items = chosen[np.lexsort((chosen, -self.costs[chosen]))[:MAX_SUBSET_ITEMS]].tolist()
+                groups.setdefault(len(items), []).append((rank, items))
+        for size, group in groups.items():
+            items = np.array([row for _, row in group], dtype=np.int64).reshape(len(group), size)
+            sums, tokens = subset_sums(self.costs[items]), subset_sums(self.lengths[items])
+            masks = np.argsort(sums, axis=1, kind="stable")
+            sums, tokens = np.take_along_axis(sums, masks, 1), np.take_along_axis(tokens, masks, 1)
+            for row, (rank, _) in enumerate(group):
+                self._tables[rank] = (sums[row], tokens[row], masks[row], items[row].tolist())
+        return self._tables
 
-    def move(self, ranks, items: np.ndarray, targets: np.ndarray) -> None:
-        """Give items[k] to targets[k]; every changed rank is in `ranks`."""
+    def subset_items(self, rank: int) -> list:
+        """The items whose bits the rank's (current) table masks name."""
+        return self._tables[rank][3]
+
+    def move(self, ranks, items: list, targets: list) -> None:
+        """Give items[k] to targets[k]; every changed rank is in `ranks` (their caches go stale)."""
         self.assignment[items] = targets
-        pool = sorted(itertools.chain.from_iterable(self.members[rank] for rank in ranks))
+        moved = dict(zip(items, targets))
         for rank in ranks:
-            self.members[rank] = []
-        for item in pool:
-            self.members[int(self.assignment[item])].append(item)
-        for rank in ranks:
-            members = self.members[rank]
-            self.loads[rank] = math.fsum(self.costs[members].tolist())
-            self.tokens[rank] = int(self.lengths[members].sum())
-            self._subsets.pop(rank, None)
+            kept = [item for item in self.members[rank] if item not in moved]
+            members = sorted(kept + [item for item, target in moved.items() if target == rank])
+            self.members[rank] = members
+            self.loads[rank] = math.fsum([self.cost_list[item] for item in members])
+            self.tokens[rank] = sum([self.length_list[item] for item in members])
+            self._tables[rank] = None
+            self.pair_known[rank] = False
+            self.pair_known[:, rank] = False
 
 
 def _pair_moves(state: _Ranks, heavy: np.ndarray, max_queries: int):
     """The best exact re-split of every pair (a, b), a in `heavy` and L_b < L_a.
 
     Returns (a, b, value, X mask, Y mask) per pair (value: the pair's new maximum) and
-    the work spent.  `heavy` is cut to as many first ranks as surely fit `max_queries`.
+    the work spent; pairs no move touched since they were solved come from the cache.
+    `heavy` is cut to as many first ranks as surely fit `max_queries`.
+    """
+    loads = state.loads
+    tables = state.tables()
+    size = np.array([table[0].size for table in tables])
+    heavy = heavy[: max(1, max_queries // int(size.sum()))]  # each looks up at most every subset
+    wanted = np.zeros(state.pair_known.shape, dtype=bool)
+    wanted[heavy] = loads[None, :] < loads[heavy][:, None]
+    pair_a, pair_b = np.nonzero(wanted)
+    if pair_a.size == 0:
+        return None, _CALL_WORK
+    new_a, new_b = np.nonzero(wanted & ~state.pair_known)
+    if new_a.size:
+        _solve_pairs(state, tables, size, new_a, new_b)
+    work = _CALL_WORK + int(size.sum()) + 4 * int(size[pair_b].sum())  # as if every pair were solved afresh
+    return (pair_a, pair_b, state.pair_value[pair_a, pair_b], state.pair_x[pair_a, pair_b],
+            state.pair_y[pair_a, pair_b]), work
+
+
+def _solve_pairs(state: _Ranks, tables: list, size: np.ndarray, pair_a: np.ndarray, pair_b: np.ndarray) -> None:
+    """Solve the pairs (a, b) exactly into the cache.
+
+    For every (pair, Y ⊆ items(b)) the best X ⊆ items(a) has sum nearest to
+    sum(Y) + (L_a - L_b) / 2: one searchsorted of all of them into the ranks' sorted sums.
     """
     loads, num_ranks = state.loads, state.loads.size
-    tables = [state.subsets(rank) for rank in range(num_ranks)]
-    size = np.array([table[0].size for table in tables])
     x_start = np.concatenate(([0], np.cumsum(size)[:-1]))
     x_sums = np.concatenate([table[0] for table in tables])
     x_tokens = np.concatenate([table[1] for table in tables])
     x_masks = np.concatenate([table[2] for table in tables])
-    heavy = heavy[: max(1, max_queries // int(size.sum()))]  # each looks up at most every subset
-    pair_a, pair_b = np.nonzero(loads[None, :] < loads[heavy][:, None])
-    pair_a = heavy[pair_a]
-    if pair_a.size == 0:
-        return None, _CALL_WORK
     counts = size[pair_b]
     offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
     owner = np.repeat(np.arange(pair_a.size), counts)
@@ -213,17 +250,16 @@ def _pair_moves(state: _Ranks, heavy: np.ndarray, max_queries: int):
     pair_best = np.minimum.reduceat(best, offsets)
     hit = np.flatnonzero(best == pair_best[owner])
     chosen = hit[np.searchsorted(owner[hit], np.arange(pair_a.size))]  # first candidate reaching it
-    work = _CALL_WORK + x_sums.size + 4 * owner.size
-    return (pair_a, pair_b, pair_best, x_masks[best_x[chosen]], x_masks[y[chosen]]), work
+    state.pair_value[pair_a, pair_b] = pair_best
+    state.pair_x[pair_a, pair_b] = x_masks[best_x[chosen]]
+    state.pair_y[pair_a, pair_b] = x_masks[y[chosen]]
+    state.pair_known[pair_a, pair_b] = True
 
 
 def _apply_pair(state: _Ranks, a: int, b: int, x_mask: int, y_mask: int) -> None:
-    x_items, y_items = state.subsets(a)[3], state.subsets(b)[3]
-    out = x_items[(x_mask >> np.arange(x_items.size)) & 1 == 1]
-    back = y_items[(y_mask >> np.arange(y_items.size)) & 1 == 1]
-    items = np.concatenate((out, back))
-    targets = np.concatenate((np.full(out.size, b), np.full(back.size, a)))
-    state.move((a, b), items, targets)
+    out = [item for bit, item in enumerate(state.subset_items(a)) if x_mask >> bit & 1]
+    back = [item for bit, item in enumerate(state.subset_items(b)) if y_mask >> bit & 1]
+    state.move((a, b), out + back, [b] * len(out) + [a] * len(back))
 
 
 def _improve_pairs(state: _Ranks, heavy: np.ndarray, max_queries: int):
@@ -236,13 +272,12 @@ def _improve_pairs(state: _Ranks, heavy: np.ndarray, max_queries: int):
     gain = state.loads[pair_a] - value
     order = np.lexsort((pair_b, pair_a, -gain))
     order = order[gain[order] > 0]
-    used = np.zeros(state.loads.size, dtype=bool)
-    applied = []
-    for k in order.tolist():
-        a, b = int(pair_a[k]), int(pair_b[k])
-        if not (used[a] or used[b]):
-            used[a] = used[b] = True
-            applied.append((a, b, int(x_masks[k]), int(y_masks[k])))
+    used, applied = set(), []
+    for a, b, x_mask, y_mask in zip(pair_a[order].tolist(), pair_b[order].tolist(),
+                                    x_masks[order].tolist(), y_masks[order].tolist()):
+        if a not in used and b not in used:
+            used.update((a, b))
+            applied.append((a, b, x_mask, y_mask))
     for move in applied:
         _apply_pair(state, *move)
     return len(applied), work
@@ -256,14 +291,14 @@ def _improve_triple(state: _Ranks, heaviest: int):
     partners = lighter[np.argsort(loads[lighter], kind="stable")[:TRIPLE_PARTNERS]]
     for r, s in itertools.combinations(partners.tolist(), 2):
         ranks = (heaviest, r, s)
-        pool = np.array(state.members[heaviest] + state.members[r] + state.members[s], dtype=np.int64)
-        if pool.size > MAX_TRIPLE_POOL:
+        pool = state.members[heaviest] + state.members[r] + state.members[s]
+        if len(pool) > MAX_TRIPLE_POOL:
             continue
-        work += _TRIPLE_WORK + 2 * 3 ** pool.size
+        work += _TRIPLE_WORK + 2 * 3 ** len(pool)
         value, labels = exact_split(state.costs[pool], state.lengths[pool],
                                     state.problem.max_tokens_per_rank, 3)
         if value < loads[heaviest]:
-            state.move(ranks, pool, np.array(ranks)[labels])
+            state.move(ranks, pool, [ranks[label] for label in labels.tolist()])
             return True, work
     return False, work
 

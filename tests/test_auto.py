@@ -141,6 +141,30 @@ def test_group_search_leaves_no_pair_an_exact_resplit_would_lower(lengths, num_r
         assert best >= max(loads[a], loads[b])
 
 
+@settings(max_examples=30)
+@given(lengths=st.lists(st.integers(1, 50), min_size=3, max_size=20), num_ranks=st.integers(2, 6),
+       seed=st.integers(0, 2**16), slack_tokens=st.none() | st.integers(0, 30))
+def test_group_search_cached_pair_splits_equal_splits_solved_afresh(lengths, num_ranks, seed, slack_tokens):
+    # Pairs no move touched keep their cached re-split; after moves, the answer must be what a
+    # fresh state (no cache) computes.
+    rng = np.random.default_rng(seed)
+    start = rng.integers(0, num_ranks, len(lengths))
+    cap = None if slack_tokens is None else int(rank_tokens(make_problem(lengths, num_ranks), start).max()) + slack_tokens
+    problem = make_problem(lengths, num_ranks, max_tokens_per_rank=cap)
+    state = group_search._Ranks(problem, start)
+    for _ in range(4):
+        order = np.argsort(-state.loads, kind="stable")
+        cached, _ = group_search._pair_moves(state, order, group_search.MAX_QUERIES)
+        fresh, _ = group_search._pair_moves(group_search._Ranks(problem, state.assignment), order,
+                                            group_search.MAX_QUERIES)
+        assert (cached is None) == (fresh is None)
+        for got, want in zip(cached or (), fresh or ()):
+            np.testing.assert_array_equal(got, want)
+        item = int(rng.integers(0, len(lengths)))
+        source, target = int(state.assignment[item]), int(rng.integers(0, num_ranks))
+        state.move((source, target) if source != target else (source,), [item], [target])
+
+
 def test_auto_proves_a_hard_family_instance_that_the_exchange_descent_left_one_above():
     # uniform U[1, 100], 60 items on 20 ranks: LPT/KK/MULTIFIT + exchange descent ended at 136;
     # the pair and triple search reaches 135 = ceil(total / D), so the plan is proven optimal.
