@@ -33,6 +33,8 @@ equal-length re-deal); inputs are checked by `validation.as_sources` / `as_item_
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .lap import assign_groups
@@ -43,27 +45,40 @@ from .partial_plan import PartialPlan
 from .problem import Problem, rank_loads, rank_tokens
 from .redeal import redeal_equal_items
 
+FILL_ON_MISS, FILL_ONLY = "on_miss", "only"
+FILLS = (None, FILL_ON_MISS, FILL_ONLY)
+
 
 def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: np.ndarray,
-              gpus_per_node: int, fill: bool) -> np.ndarray:
-    """Keep home, take within the node, take anywhere, repair (unpadded cost); with `fill`, when
-    the first three phases miss the target, the deal of `locality_fill` instead of the repair."""
+              gpus_per_node: int, fill: str | None) -> tuple[np.ndarray, bool]:
+    """Keep home, take within the node, take anywhere, repair (unpadded cost); with `fill`, the deal of
+    `locality_fill` instead of the repair, after the three phases missed the target ("on_miss") or
+    without them ("only").  Returns the destinations and whether the filler deal made them."""
     state = PartialPlan(problem, target)
-    keep_home(state, sources)
-    overflow = take_in_node(state, sources, gpus_per_node)
-    take_anywhere(state, overflow)
-    if state.loads.max() > target and fill:
-        total = float(problem.item_costs.sum())
-        slack = target * problem.num_ranks / total - 1.0 if total > 0 else 0.0  # room above the mean load
+    if fill != FILL_ONLY:
+        keep_home(state, sources)
+        overflow = take_in_node(state, sources, gpus_per_node)
+        take_anywhere(state, overflow)
+        if state.loads.max() <= target or fill is None:
+            if state.loads.max() > target:
+                repair(state, sources, item_bytes, gpus_per_node)
+            return state.destinations, False
         state = PartialPlan(problem, target)
-        fill_locally(state, sources, item_bytes, 1, gpus_per_node, filler_share(slack))
-    elif state.loads.max() > target:
-        repair(state, sources, item_bytes, gpus_per_node)
-    return state.destinations
+    total = float(problem.item_costs.sum())
+    slack = target * problem.num_ranks / total - 1.0 if total > 0 else 0.0  # room above the mean load
+    fill_locally(state, sources, item_bytes, 1, gpus_per_node, filler_share(slack))
+    return state.destinations, True
 
 
-def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray,
-                    item_bytes: np.ndarray, gpus_per_node: int, makespan_slack: float, fill: bool = False) -> np.ndarray:
+class LocalDeal(NamedTuple):
+    """A communication-aware assignment, and whether the filler deal of `locality_fill` made it."""
+
+    assignment: np.ndarray
+    filled: bool
+
+
+def deal_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray, item_bytes: np.ndarray,
+                 gpus_per_node: int, makespan_slack: float, fill: str | None = None) -> LocalDeal:
     """An assignment within (1 + makespan_slack) of the plain plan's makespan moving few bytes.
 
     `sources` and `item_bytes` must be validated (`as_sources`, `as_item_bytes`) and
@@ -72,20 +87,33 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.
     the plain plan with its groups placed on ranks by `assign_groups`, then items of equal
     length re-dealt among their places (`redeal_equal_items`: no rank's load or tokens
     change, up to the order of a float sum; the re-deal is dropped if that lifts a rank
-    above the target).  `fill`: the unpadded deal keeps its smallest items as filler
+    above the target).  `fill` ("on_miss": where the first three phases miss the target;
+    "only": at once): the unpadded deal keeps its smallest items as filler
     (`locality_fill`), tight enough that repair rarely runs, for a few more bytes moved.
     """
+    if fill not in FILLS:
+        raise ValueError(f"`fill` must be one of {FILLS}; got {fill!r}")
     target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
     cap = problem.max_tokens_per_rank
     if not problem.padded:
         try:
-            candidate = _unpadded(problem, target, sources, item_bytes, gpus_per_node, fill)
+            candidate, filled = _unpadded(problem, target, sources, item_bytes, gpus_per_node, fill)
         except NoRoom:
-            candidate = None
+            candidate, filled = None, fill is not None
         if candidate is not None and rank_loads(problem, candidate).max() <= target and (
                 cap is None or rank_tokens(problem, candidate).max() <= cap):
-            return candidate
+            return LocalDeal(candidate, filled)
+    else:
+        filled = False
     placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node)[plain_assignment]
     swapped = redeal_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)
     # Equal items hold equal costs, but a rank's float sum in another order can gain an ulp.
-    return swapped if rank_loads(problem, swapped).max() <= target else placed
+    return LocalDeal(swapped if rank_loads(problem, swapped).max() <= target else placed, filled)
+
+
+def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray,
+                    item_bytes: np.ndarray, gpus_per_node: int, makespan_slack: float,
+                    fill: str | None = None) -> np.ndarray:
+    """The assignment of `deal_locally`."""
+    return deal_locally(problem, plain_assignment, sources, item_bytes, gpus_per_node, makespan_slack,
+                        fill).assignment

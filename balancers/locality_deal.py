@@ -171,14 +171,18 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
         position = _first_fitting(state, keys, nodes, pointer, state.target - loads[:, 0])
         alive = position < ends
         nodes, position, ends, by_load, loads = nodes[alive], position[alive], ends[alive], by_load[alive], loads[alive]
+        if not nodes.size:
+            break
         roomy = np.count_nonzero(loads + state.costs[order[position]][:, None] <= state.target, axis=1)
-        # The deal rank by rank, each item with its rank's load after it.
-        dealt, rank_column, first = _round_robin(roomy, window_size, gpus_per_node)
+        # The deal rank by rank, each item with its rank's load after it; a window no longer than
+        # the most items any node has left (a power of two, for the cache) deals the same.
+        width = min(window_size, max(gpus_per_node, 1 << int((ends - position).max() - 1).bit_length()))
+        dealt, rank_column, first = _round_robin(roomy, width, gpus_per_node)
         window = position[:, None] + dealt
         inside = window < ends[:, None]
         items = order[np.minimum(window, ends[:, None] - 1)]
         row = np.arange(nodes.size)[:, None]
-        first = (row * window_size + first).ravel()
+        first = (row * width + first).ravel()
         rank_flat = (row * gpus_per_node + rank_column).ravel()
         after = loads.ravel()[rank_flat].reshape(items.shape) + _running_sums(
             np.where(inside, state.costs[items], 0.0), first)

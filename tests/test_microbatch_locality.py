@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from orchmllm import Orchestrator, Topology
 from orchmllm.balancers import CostModel, balance, balance_microbatches
 from orchmllm.balancers import locality, locality_fill, locality_repair, microbatch_locality
-from orchmllm.balancers.locality import balance_locally
+from orchmllm.balancers.locality import balance_locally, deal_locally
 from orchmllm.balancers.locality_deal import keep_home
 from orchmllm.balancers.microbatch import _keep_local, _solve, make_microbatch_problem
 from orchmllm.balancers.microbatch_locality import keep_cells_local
@@ -101,8 +101,9 @@ def test_property_joint_cells_are_valid_or_declined(shape, lengths, random, budg
 
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from([(1, 4), (2, 2), (2, 4), (4, 2)]), st.lists(st.integers(0, 60), min_size=1, max_size=60),
-       st.randoms(use_true_random=False), st.sampled_from([0.0, 0.002, 0.05]), st.booleans())
-def test_property_filled_deal_stays_within_the_target_and_the_cap(shape, lengths, random, slack, capped):
+       st.randoms(use_true_random=False), st.sampled_from([0.0, 0.002, 0.05]), st.booleans(),
+       st.sampled_from(["on_miss", "only"]))
+def test_property_filled_deal_stays_within_the_target_and_the_cap(shape, lengths, random, slack, capped, fill):
     num_nodes, gpus = shape
     ranks = num_nodes * gpus
     lengths = np.array(lengths)
@@ -112,7 +113,7 @@ def test_property_filled_deal_stays_within_the_target_and_the_cap(shape, lengths
     cap = int(plain.tokens.max()) if capped and plain.tokens.max() > 0 else None
     problem = make_problem(lengths, ranks, max_tokens_per_rank=cap)
     plain = balance(lengths, ranks, algorithm="lpt", max_tokens_per_rank=cap)
-    assignment = balance_locally(problem, plain.assignment, sources, item_bytes, gpus, slack, fill=True)
+    assignment = balance_locally(problem, plain.assignment, sources, item_bytes, gpus, slack, fill=fill)
     assert assignment.shape == lengths.shape and assignment.min() >= 0 and assignment.max() < ranks
     assert rank_loads(problem, assignment).max() <= plain.makespan * (1 + slack)
     if cap is not None:
@@ -140,10 +141,48 @@ def test_filled_deal_meets_the_target_where_the_plain_phases_need_the_repair(mon
     plain_local = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002)
     assert repairs, "the plain phases met the target: the instance no longer shows the difference"
     repairs.clear()
-    filled = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill=True)
+    filled = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="on_miss")
     assert not repairs
     for assignment in (plain_local, filled):
         assert rank_loads(problem, assignment).max() <= plain.makespan * 1.002
+    # The plain phases missed, so "on_miss" made the filler deal, which "only" makes at once.
+    at_once = deal_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="only")
+    on_miss = deal_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="on_miss")
+    assert at_once.filled and on_miss.filled
+    np.testing.assert_array_equal(at_once.assignment, filled)
+    np.testing.assert_array_equal(on_miss.assignment, filled)
+
+
+def test_on_miss_keeps_the_plain_phases_where_they_meet_the_target():
+    lengths, sources = llm_stage_lengths(64, 16, 3)
+    problem = make_problem(lengths, 64, cost=COST)
+    plain = balance(lengths, 64, cost=COST, algorithm="lpt")
+    deal = deal_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.05, fill="on_miss")
+    assert not deal.filled
+    np.testing.assert_array_equal(deal.assignment, balance_locally(problem, plain.assignment, sources,
+                                                                   lengths * 1.0, GPUS_PER_NODE, 0.05))
+    with pytest.raises(ValueError, match="`fill` must be one of"):
+        deal_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.05, fill=True)
+
+
+def test_micro_batches_after_a_miss_take_the_filler_deal_at_once(monkeypatch):
+    """Once a stage's plain phases missed a micro-batch, its later micro-batches of the step skip them."""
+    from orchmllm.orchestrator import planner
+
+    calls = []
+
+    def recorded(problem, *args, fill=None):
+        deal = locality.deal_locally(problem, *args, fill=fill)
+        calls.append((fill, deal.filled))
+        return deal
+
+    monkeypatch.setattr(planner, "deal_locally", recorded)
+    batch = sample_workload("default", 256, 32, seed=0)
+    plan = Orchestrator(MODELS["84b"].stages(), Topology.for_world_size(256), max_tokens_per_microbatch=8192).plan(batch)
+    assert len(calls) == plan.num_microbatches >= 3  # one unpadded encoder stage per micro-batch
+    first_miss = next(k for k, (_, filled) in enumerate(calls) if filled)
+    assert calls[0][0] == "on_miss" and first_miss < len(calls) - 1, "no miss before the last micro-batch"
+    assert [fill for fill, _ in calls] == ["on_miss"] * (first_miss + 1) + ["only"] * (len(calls) - first_miss - 1)
 
 
 def test_keep_home_of_every_item_listed_equals_keep_home_of_all():
