@@ -252,7 +252,7 @@ class Orchestrator:
         fills = {}  # per encoder stage: the filler deal at once, once its plain phases missed a micro-batch
         for microbatch in range(cells.num_microbatches):
             members = np.flatnonzero(cells.microbatch == microbatch)
-            sub = batch.take(members)
+            sub = batch if members.size == batch.num_samples else batch.take(members)  # M = 1: the batch itself
             llm = stage_plan(sub, llm_stage, cells.rank[members], cells.algorithm, items=stage_items(sub, llm_stage))
             stage_plans = []
             for stage in encoders:
