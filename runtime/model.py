@@ -10,11 +10,17 @@ that makes post-balancing leave the gradient unchanged.
     audio:  frames (F, frame_dim) -> stack `stride` frames -> blocks -> projector
             -> (F / stride, llm_hidden)
     llm:    token embedding; causal blocks over the packed LLM sequences -> logits
+
+Every module's forward is the composition of its `segments(lengths)`, single-tensor steps
+of a few milliseconds each (a block is its attention and its MLP), so the isolated replay
+can time a stage piece by piece (`replay.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +29,13 @@ from torch import nn
 
 def _lengths_list(lengths) -> list[int]:
     return [int(length) for length in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
+
+
+def compose(segments: list[Callable], x: torch.Tensor) -> torch.Tensor:
+    """The segments applied in order: what the module's forward computes."""
+    for segment in segments:
+        x = segment(x)
+    return x
 
 
 class Block(nn.Module):
@@ -37,6 +50,13 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
     def forward(self, x: torch.Tensor, lengths) -> torch.Tensor:
+        return compose(self.segments(lengths), x)
+
+    def segments(self, lengths) -> list[Callable]:
+        """Attention (with its residual), then the MLP (with its residual)."""
+        return [partial(self.attend, lengths=lengths), self.feed_forward]
+
+    def attend(self, x: torch.Tensor, lengths) -> torch.Tensor:
         tokens, hidden = x.shape
         q, k, v = self.qkv(self.norm1(x)).reshape(tokens, 3, self.heads, hidden // self.heads).unbind(1)
         sizes = _lengths_list(lengths)
@@ -44,7 +64,9 @@ class Block(nn.Module):
                                                    is_causal=self.causal).transpose(0, 1)
                     for qs, ks, vs in zip(q.split(sizes), k.split(sizes), v.split(sizes)) if qs.shape[0]]
         mixed = torch.cat(attended).reshape(tokens, hidden) if attended else x.new_zeros(0, hidden)
-        x = x + self.out(mixed)
+        return x + self.out(mixed)
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.mlp(self.norm2(x))
 
 
@@ -59,11 +81,14 @@ class TinyVisionEncoder(nn.Module):
         self.projector = nn.Sequential(nn.Linear(hidden, llm_hidden), nn.GELU(), nn.Linear(llm_hidden, llm_hidden))
 
     def forward(self, patches: torch.Tensor, lengths) -> torch.Tensor:
-        x = self.embed(patches)
-        for block in self.blocks:
-            x = block(x, lengths)
-        pooled = x.reshape(-1, self.pool, x.shape[-1]).mean(dim=1)
-        return self.projector(pooled)
+        return compose(self.segments(lengths), patches)
+
+    def segments(self, lengths) -> list[Callable]:
+        return [self.embed, *(segment for block in self.blocks for segment in block.segments(lengths)),
+                self.pool_project]
+
+    def pool_project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projector(x.reshape(-1, self.pool, x.shape[-1]).mean(dim=1))
 
 
 class TinyAudioEncoder(nn.Module):
@@ -78,11 +103,15 @@ class TinyAudioEncoder(nn.Module):
         self.projector = nn.Linear(hidden, llm_hidden)
 
     def forward(self, frames: torch.Tensor, lengths) -> torch.Tensor:
-        x = self.embed(frames.reshape(-1, self.stride * frames.shape[-1]))
+        return compose(self.segments(lengths), frames)
+
+    def segments(self, lengths) -> list[Callable]:
         steps = [length // self.stride for length in _lengths_list(lengths)]
-        for block in self.blocks:
-            x = block(x, steps)
-        return self.projector(x)
+        return [self.embed_frames, *(segment for block in self.blocks for segment in block.segments(steps)),
+                self.projector]
+
+    def embed_frames(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.embed(frames.reshape(-1, self.stride * frames.shape[-1]))
 
 
 class TinyDecoderLM(nn.Module):
@@ -96,9 +125,12 @@ class TinyDecoderLM(nn.Module):
         self.head = nn.Linear(hidden, vocab, bias=False)
 
     def forward(self, embeddings: torch.Tensor, lengths) -> torch.Tensor:
-        x = embeddings
-        for block in self.blocks:
-            x = block(x, lengths)
+        return compose(self.segments(lengths), embeddings)
+
+    def segments(self, lengths) -> list[Callable]:
+        return [*(segment for block in self.blocks for segment in block.segments(lengths)), self.logits]
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(x))
 
 

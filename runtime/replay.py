@@ -9,25 +9,32 @@ ranks wait.  One process, because every rank's work then runs on the same parame
 allocator and memory layout.
 
 Thread CPU time alone is not contention-proof on a shared virtual machine: what the
-hypervisor's other tenants run changes how fast the same instructions retire, in spells
-of seconds (on the 2-core VM this was written on, one fixed matmul loop ran at 0.87 and
-1.18 of its median in alternating spells, ~2 % within a spell), and glibc returns freed
-blocks to the kernel, so every replay of a large stage took ~10 000 page faults again
-(10-15 % of its CPU time, varying).  Hence:
+hypervisor's other tenants and the other core run changes how fast the same instructions
+retire, in spells of tens of milliseconds to seconds (on the 2-core VM this was written on,
+one rank-sized LLM stage took 241-402 ms over ten runs at load ~1, slowed evenly over its
+whole length, not by a few preemptions), and glibc returns freed blocks to the kernel, so
+every replay of a large stage took ~10 000 page faults again.  Hence:
 
 - the replaying process keeps freed memory (`mallopt`: no trimming, no mmap for large
   blocks) and runs the largest work of every stage once untimed, so first-touch costs are
   paid before any measurement;
-- a *round* times every rank's work of one (key, stage) back to back, in an order rotated
-  from round to round, so the ranks it compares run within about a second of each other,
-  at the same speed; a work's time is its share of its round's mean, averaged over the
-  rounds with the highest and lowest fifth of the shares left out (a spell changing
-  mid-round spoils that round only), times the median round mean;
+- a stage is replayed piece by piece: its forward is a chain of segments of a few
+  milliseconds (`TinyMultimodalModel` segments: a block's attention, its MLP, ...), and a
+  *round* runs every rank's work of one (key, stage) in lockstep, slot by slot: the forward
+  of segment 0 of every rank's work, then segment 1, ..., then the backward of the last
+  segment of every work, ..., down to segment 0 (each segment's input is its predecessor's
+  output, detached; its backward is given the gradient its successor's backward left
+  there: the same kernels on the same tensors as the whole stage).  The pieces a slot
+  compares run within a few tens of milliseconds of each other, at the same speed, in an
+  order rotated from slot to slot and round to round;
+- a piece's time is its share of its slot's mean, averaged over the rounds with the
+  highest and lowest fifth of the shares left out, times the slot's median mean; a work's
+  time is the sum over its slots;
 - the rounds of all (key, stage) groups are interleaved, so each group samples the whole
   replay's spells;
-- the noise floor's identical work (D copies of rank 0's work of a key) is timed in that
-  key's own rounds, D - 1 more columns beside the D ranks' works, rank 0's column shared:
-  measured beside the work it qualifies, one run per round cheaper.
+- the noise floor's identical work (D copies of rank 0's work of a key, each copy on
+  tensors of its own) is timed in that key's own rounds, D - 1 more columns beside the D
+  ranks' works, rank 0's column shared: measured beside the work it qualifies.
 
 >>> work = StageWork("llm", torch.zeros(3, 2), torch.tensor([3]), torch.zeros(3, dtype=torch.int64))
 >>> work.stage, work.num_rows
@@ -50,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import is_int
-from .model import TinyMultimodalModel
+from .model import TinyMultimodalModel, compose
 
 # How long the waiting ranks wait for rank 0's replay; the launcher's own timeout ends a
 # stuck run before this.
@@ -90,13 +97,70 @@ class WorkRecorder:
         self.work.append(StageWork("llm", embeddings.detach().clone(), lengths.clone(), labels.clone()))
 
 
+def stage_segments(model: TinyMultimodalModel, work: StageWork) -> list[Callable]:
+    """The stage's forward as the model's chain of segments, the last one ending in the scalar
+    whose backward is the stage's: the LLM's summed loss, or an encoder's output sum (its
+    output gradient is ones)."""
+    if work.stage == "llm":
+        segments = model.llm.segments(work.lengths)
+        head = segments[-1]
+        return segments[:-1] + [lambda x: model.loss_sum(head(x), work.labels)]
+    segments = model.encoders()[work.stage].segments(work.lengths)
+    last = segments[-1]
+    return segments[:-1] + [lambda x: last(x).sum()]
+
+
+def _stage_input(work: StageWork) -> torch.Tensor:
+    """A fresh copy of what the stage's first segment runs on (the LLM's embeddings need their gradient)."""
+    return work.inputs.clone().requires_grad_(work.stage == "llm")
+
+
 def run_stage(model: TinyMultimodalModel, work: StageWork) -> None:
     """Forward and backward of one recorded stage (the encoder's output gradient is ones)."""
-    if work.stage == "llm":
-        embeddings = work.inputs.clone().requires_grad_(True)
-        model.loss_sum(model.llm(embeddings, work.lengths), work.labels).backward()
-    else:
-        model.encoders()[work.stage](work.inputs, work.lengths).sum().backward()
+    compose(stage_segments(model, work), _stage_input(work)).backward()
+
+
+def time_round(model: TinyMultimodalModel, works: list[StageWork], clock: Callable[[], float],
+               shift: int = 0) -> np.ndarray:
+    """One round of the same stage's `works` in lockstep (module docstring): seconds of every
+    (slot, work), slots being the forward of every segment, then the backward of every
+    segment in reverse; slot s runs the works in the order rotated by `shift` + s.
+
+    >>> model = TinyMultimodalModel()
+    >>> works = [StageWork("llm", torch.zeros(rows, 128), torch.tensor([rows]), torch.zeros(rows, dtype=torch.int64))
+    ...          for rows in (4, 8)]
+    >>> time_round(model, works, clock=lambda: 0.0).shape  # 5 segments: 2 blocks x (attention, MLP), the head
+    (10, 2)
+    """
+    chains = [stage_segments(model, work) for work in works]
+    count, size = len(chains[0]), len(works)
+    seconds = np.zeros((2 * count, size))
+    # Where a work's tensors lie moves its speed by ~1 % on the VM: every round copies the inputs
+    # in its own order behind a spacer of its own size, so no work keeps a lucky address.
+    spacer = torch.empty(256 * (1 + shift % 7), dtype=torch.uint8)
+    current = [None] * size
+    for turn in range(size):
+        current[(turn + shift) % size] = _stage_input(works[(turn + shift) % size])
+    inputs, outputs = [[None] * count for _ in works], [[None] * count for _ in works]
+    for slot in range(count):
+        for turn in range(size):
+            column = (turn + shift + slot) % size
+            x = current[column] if slot == 0 else current[column].detach().requires_grad_(True)
+            start = clock()
+            y = chains[column][slot](x)
+            seconds[slot, column] = clock() - start
+            inputs[column][slot], outputs[column][slot], current[column] = x, y, y
+    gradients = [None] * size
+    for slot in reversed(range(count)):
+        for turn in range(size):
+            column = (turn + shift + slot) % size
+            start = clock()
+            outputs[column][slot].backward(gradients[column])
+            seconds[2 * count - 1 - slot, column] = clock() - start
+            gradients[column] = inputs[column][slot].grad if slot else None
+            inputs[column][slot] = outputs[column][slot] = None
+    del spacer
+    return seconds
 
 
 def estimate_from_rounds(seconds, trim: float = 0.2) -> list[float]:
@@ -145,14 +209,14 @@ def replay_local(model: TinyMultimodalModel, works: dict, clock: Callable[[], fl
         if source not in works:
             raise ValueError(f"`copies` maps {key!r} to {source!r}, which has no recorded work")
         extra[key] = (source, len(columns[source]))
-        columns[source] += [works[source][0]] * (len(works[source]) - 1)
+        columns[source] += [[_own_copy(work) for work in works[source][0]] for _ in range(len(works[source]) - 1)]
     groups = []  # (key, stage index): one round times every column's work of that stage
     for key in sorted(columns):
         stages = {tuple(work.stage for work in column) for column in columns[key]}
         if len(stages) != 1:
             raise ValueError(f"recorded work of {key!r} has different stages on different ranks: {sorted(stages)}")
         groups += [(key, index) for index in range(len(stages.pop()))]
-    seconds = {group: np.zeros((repetitions, len(columns[group[0]]))) for group in groups}
+    seconds = {group: [] for group in groups}  # per group, per round: (slot, column) seconds
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -164,26 +228,30 @@ def replay_local(model: TinyMultimodalModel, works: dict, clock: Callable[[], fl
                 if work.num_rows > largest.get(work.stage, (-1, None))[0]:
                     largest[work.stage] = (work.num_rows, work)
         for _, work in largest.values():  # first touch of the heap, lazy initialisation
-            run_stage(model, work)
+            time_round(model, [work], clock)
         for repetition in range(repetitions):
             for key, index in groups:
-                size = len(columns[key])
-                for turn in range(size):
-                    column = (turn + repetition) % size
-                    start = clock()
-                    run_stage(model, columns[key][column][index])
-                    seconds[key, index][repetition, column] = clock() - start
+                seconds[key, index].append(time_round(model, [column[index] for column in columns[key]], clock,
+                                                      repetition))
     finally:
         torch.set_num_threads(threads)
         model.zero_grad(set_to_none=True)
     busy = {key: np.zeros(len(columns[key])) for key in columns}
-    for (key, index), timed in seconds.items():
-        busy[key] += estimate_from_rounds(timed)
+    for (key, _), rounds in seconds.items():
+        rounds = np.stack(rounds)  # (round, slot, column)
+        for slot in range(rounds.shape[1]):
+            busy[key] += estimate_from_rounds(rounds[:, slot])
     result = {key: busy[key][:len(works[key])].tolist() for key in works}
     for key, (source, first) in extra.items():
         size = len(works[source])
         result[key] = [float(busy[source][0])] + busy[source][first:first + size - 1].tolist()
     return result
+
+
+def _own_copy(work: StageWork) -> StageWork:
+    """The same work on tensors of its own (a copy must not find rank 0's inputs in cache)."""
+    return StageWork(work.stage, work.inputs.clone(), work.lengths.clone(),
+                     None if work.labels is None else work.labels.clone())
 
 
 def on_rank_zero(compute: Callable[[], object], rank: int, world_size: int):

@@ -14,7 +14,8 @@ from orchmllm.runtime.demo import calibrate_in_isolation, calibration_batches
 from orchmllm.runtime.demo_report import BALANCED_ISOLATED_TARGET, DemoReport, synchronised_max_over_mean
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
-from orchmllm.runtime.replay import StageWork, estimate_from_rounds, replay_in_isolation, replay_local
+from orchmllm.runtime.replay import (StageWork, estimate_from_rounds, replay_in_isolation, replay_local, run_stage,
+                                    time_round)
 
 
 def passing_report(**changes) -> DemoReport:
@@ -131,6 +132,56 @@ def test_a_noise_floor_copy_is_timed_in_its_sources_rounds_sharing_rank_0s_colum
     assert max(busy["identical", 0]) < busy["unbalanced", 0][1] / 2  # copies of the small work, not the large
     with pytest.raises(ValueError, match=r"`copies` maps \('identical', 1\) to \('unbalanced', 1\), which has no"):
         replay_local(model, works, time.thread_time, copies={("identical", 1): ("unbalanced", 1)})
+
+
+def encoder_and_llm_works(dtype):
+    """Two ranks' recorded work of every stage of the demo model: images, audio clips, LLM sequences."""
+    generator = torch.Generator().manual_seed(0)
+    config = ModelConfig()
+
+    def work(stage, lengths, width):
+        rows = sum(lengths)
+        labels = torch.randint(0, config.vocab, (rows,), generator=generator) if stage == "llm" else None
+        return StageWork(stage, torch.randn(rows, width, generator=generator, dtype=dtype),
+                         torch.tensor(lengths, dtype=torch.int64),
+                         labels)
+
+    return [[work("image", [64, 128], config.patch_dim), work("audio", [80, 160], config.frame_dim),
+             work("llm", [100, 37, 60], config.llm_hidden)],
+            [work("image", [32], config.patch_dim), work("audio", [], config.frame_dim),
+             work("llm", [250], config.llm_hidden)]]
+
+
+def test_a_round_in_lockstep_runs_every_stage_as_a_whole_would():
+    """Segment by segment, every work's forward then every backward in reverse: the parameters'
+    gradients are the whole stages' (bit-identical for one work; up to the order of the sums for several)."""
+    for dtype in (torch.float32, torch.float64):
+        works = encoder_and_llm_works(dtype)
+        gradients = []
+        for lockstep in (False, True):
+            torch.manual_seed(0)
+            model = TinyMultimodalModel(ModelConfig()).to(dtype)
+            for stage in range(3):
+                if lockstep:
+                    seconds = time_round(model, [works[0][stage]], time.thread_time)
+                    assert seconds.shape[1] == 1 and np.all(seconds >= 0)
+                else:
+                    run_stage(model, works[0][stage])
+            gradients.append([p.grad for p in model.parameters() if p.grad is not None])
+        assert len(gradients[0]) == len(gradients[1]) > 0 and all(torch.equal(a, b) for a, b in zip(*gradients))
+    gradients = []
+    for lockstep in (False, True):
+        torch.manual_seed(0)
+        model = TinyMultimodalModel(ModelConfig()).to(torch.float64)
+        for stage in range(3):
+            if lockstep:
+                time_round(model, [works[0][stage], works[1][stage]], time.thread_time, shift=1)
+            else:
+                run_stage(model, works[0][stage])
+                run_stage(model, works[1][stage])
+        gradients.append([p.grad for p in model.parameters() if p.grad is not None])
+    assert len(gradients[0]) == len(gradients[1]) > 0
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-14) for a, b in zip(*gradients))
 
 
 def calibration_job(rank, size):
