@@ -71,7 +71,9 @@ def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: 
 
 
 class LocalDeal(NamedTuple):
-    """A communication-aware assignment, and whether the filler deal of `locality_fill` made it."""
+    """A communication-aware assignment, and whether the filler deal of `locality_fill` was asked for:
+    `fill="only"`, or `"on_miss"` where the plain phases missed the target or ran out of token room
+    (the plain plan placed by the LAP may then have made the assignment)."""
 
     assignment: np.ndarray
     filled: bool
