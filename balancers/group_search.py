@@ -13,15 +13,16 @@ minimise max(loads) where loads[r] = sum(cost[i] for i on r), from a plan:
 
 A pair is solved over every subset of its union at once: with X ⊆ items(a) leaving a and
 Y ⊆ items(b) arriving, a's load becomes L_a - d with d = sum(X) - sum(Y), so for every
-(b, Y) the best X has sum(X) nearest to sum(Y) + (L_a - L_b) / 2: one searchsorted of
-every (a, b, Y) into the ranks' sorted subset sums gives every pair's best re-split; a
-pair keeps its re-split until a move touches one of its ranks (a cache, not a change of plan).  A
-triple is an exact dynamic programme over the subsets of its pool (O(3^size)).  Every
-accepted change lowers the larger load of its group without lifting another rank to it,
+(b, Y) the best X has sum(X) nearest to sum(Y) + (L_a - L_b) / 2: one vectorised binary
+search of every (a, b, Y) in a's sorted subset sums (one flat table of every rank's subsets)
+gives every pair's best re-split; a pair keeps its re-split until a move touches one of its
+ranks.  A triple is an exact dynamic programme over the subsets of its pool (O(3^size)).
+Every accepted change lowers the larger load of its group without lifting another rank to it,
 so the loads sorted descending fall lexicographically: the search ends, and the makespan
-never grows.  A work count (subset sums and table entries examined, not a clock) bounds
-it, so the plan is bit-identical on every machine; it charges each numpy call's fixed
-overhead too, so that work tracks CPU time at every size.  Memory caps are respected.
+never grows.  A work count (not a clock) bounds it, so the plan is bit-identical on every
+machine; every part (table rebuilds, lookups, each step's numpy calls, each applied move,
+each triple) is charged its cost as measured in the search, so that work tracks CPU time at
+every size.  Memory caps are respected.
 
 After Schwerdfeger & Walter (2016, 2018), who balance workloads by re-solving machine
 pairs and triples as subset-sum problems; our own code, aimed at the makespan.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,34 +46,39 @@ more offer only their subsets of the first `MAX_SUBSET_ITEMS` items by cost."""
 MAX_TRIPLE_POOL = 10
 """Triples are re-solved only when they hold at most this many items (3^10 table entries)."""
 
-TRIPLE_PARTNERS = 4
-"""Triples join the heaviest rank with two of this many lightest ranks (4: 6 triples; they
-rarely succeed where the pairs failed, and 6 or 8 partners cost work the starts use better)."""
+TRIPLE_PARTNERS = 6
+"""Triples join the heaviest rank with two of this many lightest ranks (6: 15 triples; on the
+hard families 6 prove one held-out optimum more than 4 and keep the others, now that every part
+is charged its cost)."""
 
 MAX_QUERIES = 1 << 14
 """Subset sums one all-pairs evaluation may look up (it takes the heaviest ranks first), so
 one evaluation costs a few ms even from a start whose light ranks hold many small items."""
 
-_CALL_WORK = 3000
-"""Work charged per pair evaluation's fixed overhead (~40 numpy calls, ~150 µs, where one
-unit of work is ~50 ns), so that instances with few subsets do not run far past their time."""
+_STEP_WORK = 3000
+"""Work charged per pair step's fixed overhead (the subset table, choosing and solving the
+pairs: ~100 numpy calls), where one unit of work is ~50 ns of CPU on the 2-core VM (~100 ns
+under a load of 5).  Every part is charged its cost as measured in the search itself (a
+least-squares fit over the hard families), so that the budget bounds time at every size."""
 
-_TRIPLE_WORK = 1500
-"""Work charged per triple dynamic programme's fixed overhead."""
+_MOVE_WORK = 800
+"""Work of applying one pair's re-split: its Python bookkeeping and the pairs it voids (re-solved in
+the next step), fitted as one cost."""
+
+_TRIPLE_WORK = 1900
+"""Work charged per triple dynamic programme's fixed overhead, plus a quarter unit per
+table entry (3^pool)."""
 
 
 def subset_sums(values: np.ndarray) -> np.ndarray:
-    """sums[..., mask] = sum of values[..., b] for the bits b set in mask (one row per leading index).
+    """sums[mask] = sum of values[b] for the bits b set in mask.
 
     >>> subset_sums(np.array([1, 2, 4])).tolist()
     [0, 1, 2, 3, 4, 5, 6, 7]
-    >>> subset_sums(np.array([[1, 2], [5, 3]])).tolist()
-    [[0, 1, 2, 3], [0, 5, 3, 8]]
     """
-    size = values.shape[-1]
-    sums = np.zeros(values.shape[:-1] + (1 << size,), dtype=values.dtype)
-    for bit in range(size):
-        sums[..., 1 << bit: 2 << bit] = sums[..., : 1 << bit] + values[..., bit, None]
+    sums = np.zeros(1 << values.size, dtype=values.dtype)
+    for bit, value in enumerate(values.tolist()):
+        sums[1 << bit: 2 << bit] = sums[: 1 << bit] + value
     return sums
 
 
@@ -128,9 +135,23 @@ def exact_split(costs: np.ndarray, tokens: np.ndarray, cap: int | None, ways: in
     return makespan, labels
 
 
+class _Table(NamedTuple):
+    """Every rank's subsets, flat: rank r's entries are start[r] .. start[r] + size[r] - 1, sums
+    ascending (ties by mask); bit b of a mask is items[item_start[r] + b] (its first
+    `MAX_SUBSET_ITEMS` items by cost, ascending index)."""
+
+    start: np.ndarray
+    size: np.ndarray
+    sums: np.ndarray
+    tokens: np.ndarray | None  # None without a memory cap
+    masks: np.ndarray
+    items: np.ndarray
+    item_start: np.ndarray
+
+
 class _Ranks:
-    """Items per rank (ascending index), loads and tokens; each rank's subset sums and each
-    pair's best re-split, cached until a move touches them."""
+    """Items per rank (ascending index), loads and tokens; the subset table and each pair's
+    best re-split, cached until a move touches them."""
 
     def __init__(self, problem: Problem, assignment: np.ndarray):
         self.problem = problem
@@ -144,35 +165,45 @@ class _Ranks:
         self.loads = rank_loads(problem, self.assignment)
         self.tokens = np.bincount(self.assignment, weights=self.lengths,
                                   minlength=num_ranks).astype(np.int64)
-        self._tables: list = [None] * num_ranks
+        self._table: _Table | None = None
         self.pair_known = np.zeros((num_ranks, num_ranks), dtype=bool)
         self.pair_value = np.full((num_ranks, num_ranks), np.inf)
         self.pair_x = np.zeros((num_ranks, num_ranks), dtype=np.int64)
         self.pair_y = np.zeros((num_ranks, num_ranks), dtype=np.int64)
 
-    def tables(self) -> list:
-        """Per rank (sums, token sums, masks, items) of its subsets, sums ascending (ties by
-        mask; bit b of a mask is items[b]); stale ones are rebuilt, ranks of equal item count together."""
-        groups: dict[int, list] = {}
-        for rank, table in enumerate(self._tables):
-            if table is None:
-                items = self.members[rank]
-                if len(items) > MAX_SUBSET_ITEMS:
-                    chosen = np.array(items, dtype=np.int64)
-                    items = chosen[np.lexsort((chosen, -self.costs[chosen]))[:MAX_SUBSET_ITEMS]].tolist()
-                groups.setdefault(len(items), []).append((rank, items))
-        for size, group in groups.items():
-            items = np.array([row for _, row in group], dtype=np.int64).reshape(len(group), size)
-            sums, tokens = subset_sums(self.costs[items]), subset_sums(self.lengths[items])
-            masks = np.argsort(sums, axis=1, kind="stable")
-            sums, tokens = np.take_along_axis(sums, masks, 1), np.take_along_axis(tokens, masks, 1)
-            for row, (rank, _) in enumerate(group):
-                self._tables[rank] = (sums[row], tokens[row], masks[row], items[row].tolist())
-        return self._tables
-
-    def subset_items(self, rank: int) -> list:
-        """The items whose bits the rank's (current) table masks name."""
-        return self._tables[rank][3]
+    def table(self) -> tuple[_Table, int]:
+        """The subset table of the current plan (rebuilt, all ranks at once, after a move)
+        and the work that cost."""
+        if self._table is not None:
+            return self._table, 0
+        assignment, num_ranks = self.assignment, self.loads.size
+        counts = np.bincount(assignment, minlength=num_ranks)
+        kept = np.argsort(assignment, kind="stable")  # by rank, ascending index
+        if counts.max() > MAX_SUBSET_ITEMS:
+            order = np.lexsort((np.arange(assignment.size), -self.costs, assignment))  # by rank, largest first
+            first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            kept = order[np.arange(order.size) - first[assignment[order]] < MAX_SUBSET_ITEMS]
+            kept = kept[np.lexsort((kept, assignment[kept]))]
+        held = np.minimum(counts, MAX_SUBSET_ITEMS)
+        item_start = np.concatenate(([0], np.cumsum(held)[:-1]))
+        size = 1 << held
+        start = np.concatenate(([0], np.cumsum(size)[:-1]))
+        owner = np.repeat(np.arange(num_ranks), size)
+        masks = np.arange(owner.size) - start[owner]
+        sums = np.zeros(owner.size, dtype=self.costs.dtype)
+        with_tokens = self.problem.max_tokens_per_rank is not None  # token sums matter only under a cap
+        tokens = np.zeros(owner.size, dtype=np.int64) if with_tokens else None
+        base = item_start[owner]
+        for bit in range(int(held.max())):  # bits in ascending order: the sums of `subset_sums`
+            has = np.flatnonzero((masks >> bit) & 1)
+            item = kept[base[has] + bit]
+            sums[has] += self.costs[item]
+            if with_tokens:
+                tokens[has] += self.lengths[item]
+        order = np.lexsort((sums, owner))
+        self._table = _Table(start, size, sums[order], tokens[order] if with_tokens else None, masks[order],
+                             kept, item_start)
+        return self._table, int(held.max()) * owner.size
 
     def move(self, ranks, items: list, targets: list) -> None:
         """Give items[k] to targets[k]; every changed rank is in `ranks` (their caches go stale)."""
@@ -184,12 +215,30 @@ class _Ranks:
             self.members[rank] = members
             self.loads[rank] = math.fsum([self.cost_list[item] for item in members])
             self.tokens[rank] = sum([self.length_list[item] for item in members])
-            self._tables[rank] = None
             self.pair_known[rank] = False
             self.pair_known[:, rank] = False
+        self._table = None
 
 
-def _pair_moves(state: _Ranks, heavy: np.ndarray, max_queries: int):
+def _lower_bound(values: np.ndarray, first: np.ndarray, length: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Per query k, the first index i in first[k] .. first[k] + length[k] - 1 with
+    values[i] >= queries[k] (first[k] + length[k] if none), each segment ascending.
+
+    A branch-free binary search, all queries at once (log2(max length) vector steps): numpy's
+    searchsorted mispredicts a branch per level on unsorted queries, several times slower here.
+
+    >>> _lower_bound(np.array([1, 3, 5, 0, 9]), np.array([0, 0, 3]), np.array([3, 3, 2]), np.array([4, 9, 1]))
+    array([2, 3, 4])
+    """
+    base, length = first.copy(), length.copy()
+    for _ in range(int(length.max() - 1).bit_length()):  # ceil(log2(max length)) halvings
+        half = length >> 1
+        base = np.where(values[base + half] < queries, base + half, base)
+        length -= half
+    return base + (values[base] < queries)
+
+
+def _pair_moves(state: _Ranks, table: _Table, heavy: np.ndarray, max_queries: int):
     """The best exact re-split of every pair (a, b), a in `heavy` and L_b < L_a.
 
     Returns (a, b, value, X mask, Y mask) per pair (value: the pair's new maximum) and
@@ -197,75 +246,74 @@ def _pair_moves(state: _Ranks, heavy: np.ndarray, max_queries: int):
     `heavy` is cut to as many first ranks as surely fit `max_queries`.
     """
     loads = state.loads
-    tables = state.tables()
-    size = np.array([table[0].size for table in tables])
-    heavy = heavy[: max(1, max_queries // int(size.sum()))]  # each looks up at most every subset
+    heavy = heavy[: max(1, max_queries // int(table.size.sum()))]  # each looks up at most every subset
     wanted = np.zeros(state.pair_known.shape, dtype=bool)
     wanted[heavy] = loads[None, :] < loads[heavy][:, None]
     pair_a, pair_b = np.nonzero(wanted)
     if pair_a.size == 0:
-        return None, _CALL_WORK
+        return None, 0
     new_a, new_b = np.nonzero(wanted & ~state.pair_known)
+    work = 0
     if new_a.size:
-        _solve_pairs(state, tables, size, new_a, new_b)
-    work = _CALL_WORK + int(size.sum()) + 4 * int(size[pair_b].sum())  # as if every pair were solved afresh
+        work += _solve_pairs(state, table, new_a, new_b)
     return (pair_a, pair_b, state.pair_value[pair_a, pair_b], state.pair_x[pair_a, pair_b],
             state.pair_y[pair_a, pair_b]), work
 
 
-def _solve_pairs(state: _Ranks, tables: list, size: np.ndarray, pair_a: np.ndarray, pair_b: np.ndarray) -> None:
-    """Solve the pairs (a, b) exactly into the cache.
+def _solve_pairs(state: _Ranks, table: _Table, pair_a: np.ndarray, pair_b: np.ndarray) -> int:
+    """Solve the pairs (a, b) exactly into the cache; returns the work spent.
 
     For every (pair, Y ⊆ items(b)) the best X ⊆ items(a) has sum nearest to
-    sum(Y) + (L_a - L_b) / 2: one searchsorted of all of them into the ranks' sorted sums.
+    sum(Y) + (L_a - L_b) / 2: one binary search of all of them in a's sorted sums.
     """
-    loads, num_ranks = state.loads, state.loads.size
-    x_start = np.concatenate(([0], np.cumsum(size)[:-1]))
-    x_sums = np.concatenate([table[0] for table in tables])
-    x_tokens = np.concatenate([table[1] for table in tables])
-    x_masks = np.concatenate([table[2] for table in tables])
-    counts = size[pair_b]
+    loads, sums = state.loads, table.sums
+    counts = table.size[pair_b]
     offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
     owner = np.repeat(np.arange(pair_a.size), counts)
-    y = np.repeat(x_start[pair_b] - offsets, counts) + np.arange(owner.size)
+    y = np.repeat(table.start[pair_b] - offsets, counts) + np.arange(owner.size)
     a, b = pair_a[owner], pair_b[owner]
     high, low = loads[a], loads[b]
-    span = 2.0 * float(x_sums.max() + (loads.max() - loads.min())) + 1.0
-    keys = np.repeat(np.arange(num_ranks) * span, size) + x_sums
-    above = np.searchsorted(keys, a * span + x_sums[y] + (high - low) / 2)
-    first, last = x_start[a], x_start[a] + size[a] - 1
+    first, length = table.start[a], table.size[a]
+    steps = int(table.size.max()).bit_length()
+    above = _lower_bound(sums, first, length, sums[y] + (high - low) / 2)
     cap = state.problem.max_tokens_per_rank
-    best = np.full(owner.size, np.inf)
-    best_x = np.zeros(owner.size, dtype=np.int64)
-    for pick in (np.clip(above - 1, first, last), np.clip(above, first, last)):
-        delta = x_sums[pick] - x_sums[y]
+    picks, values = (np.maximum(above - 1, first), np.minimum(above, first + length - 1)), []
+    for pick in picks:  # the sums on either side of the ideal
+        delta = sums[pick] - sums[y]
         value = np.maximum(high - delta, low + delta)
         if cap is not None:
-            moved = x_tokens[pick] - x_tokens[y]
-            fits = (state.tokens[a] - moved <= cap) & (state.tokens[b] + moved <= cap)
-            value = np.where(fits, value, np.inf)
-        better = value < best
-        best = np.where(better, value, best)
-        best_x = np.where(better, pick, best_x)
+            moved = table.tokens[pick] - table.tokens[y]
+            value[(state.tokens[a] - moved > cap) | (state.tokens[b] + moved > cap)] = np.inf
+        values.append(value)
+    above_wins = values[1] < values[0]
+    best = np.where(above_wins, values[1], values[0])
+    best_x = np.where(above_wins, picks[1], picks[0])
     pair_best = np.minimum.reduceat(best, offsets)
     hit = np.flatnonzero(best == pair_best[owner])
     chosen = hit[np.searchsorted(owner[hit], np.arange(pair_a.size))]  # first candidate reaching it
     state.pair_value[pair_a, pair_b] = pair_best
-    state.pair_x[pair_a, pair_b] = x_masks[best_x[chosen]]
-    state.pair_y[pair_a, pair_b] = x_masks[y[chosen]]
+    state.pair_x[pair_a, pair_b] = table.masks[best_x[chosen]]
+    state.pair_y[pair_a, pair_b] = table.masks[y[chosen]]
     state.pair_known[pair_a, pair_b] = True
+    return owner.size * steps // 8
 
 
-def _apply_pair(state: _Ranks, a: int, b: int, x_mask: int, y_mask: int) -> None:
-    out = [item for bit, item in enumerate(state.subset_items(a)) if x_mask >> bit & 1]
-    back = [item for bit, item in enumerate(state.subset_items(b)) if y_mask >> bit & 1]
+def _apply_pair(state: _Ranks, table: _Table, a: int, b: int, x_mask: int, y_mask: int) -> None:
+    """Move X (bits of x_mask) from a to b and Y (bits of y_mask) from b to a; the table is
+    the one the masks were read from (a's and b's rows still current)."""
+    x_items = table.items[table.item_start[a]: table.item_start[a] + x_mask.bit_length()].tolist()
+    y_items = table.items[table.item_start[b]: table.item_start[b] + y_mask.bit_length()].tolist()
+    out = [item for bit, item in enumerate(x_items) if x_mask >> bit & 1]
+    back = [item for bit, item in enumerate(y_items) if y_mask >> bit & 1]
     state.move((a, b), out + back, [b] * len(out) + [a] * len(back))
 
 
 def _improve_pairs(state: _Ranks, heavy: np.ndarray, max_queries: int):
     """Re-split the improving pairs with a rank in `heavy`, largest gain first, disjoint;
     returns how many and the work spent."""
-    moves, work = _pair_moves(state, heavy, max_queries)
+    table, work = state.table()
+    moves, spent = _pair_moves(state, table, heavy, max_queries)
+    work += _STEP_WORK + spent
     if moves is None:
         return 0, work
     pair_a, pair_b, value, x_masks, y_masks = moves
@@ -279,8 +327,8 @@ def _improve_pairs(state: _Ranks, heavy: np.ndarray, max_queries: int):
             used.update((a, b))
             applied.append((a, b, x_mask, y_mask))
     for move in applied:
-        _apply_pair(state, *move)
-    return len(applied), work
+        _apply_pair(state, table, *move)
+    return len(applied), work + _MOVE_WORK * len(applied)
 
 
 def _improve_triple(state: _Ranks, heaviest: int):
@@ -294,7 +342,7 @@ def _improve_triple(state: _Ranks, heaviest: int):
         pool = state.members[heaviest] + state.members[r] + state.members[s]
         if len(pool) > MAX_TRIPLE_POOL:
             continue
-        work += _TRIPLE_WORK + 2 * 3 ** len(pool)
+        work += _TRIPLE_WORK + 3 ** len(pool) // 4
         value, labels = exact_split(state.costs[pool], state.lengths[pool],
                                     state.problem.max_tokens_per_rank, 3)
         if value < loads[heaviest]:
