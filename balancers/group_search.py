@@ -108,9 +108,9 @@ def exact_split(costs: np.ndarray, tokens: np.ndarray, cap: int | None, ways: in
     (6.0, array([0, 0, 1, 1, 1]))
     """
     size = costs.size
-    sums, token_sums = subset_sums(costs), subset_sums(tokens)
+    sums = subset_sums(costs)
     union, part, starts = _split_table(size)
-    one = sums if cap is None else np.where(token_sums <= cap, sums, np.inf)
+    one = sums if cap is None else np.where(subset_sums(tokens) <= cap, sums, np.inf)
     levels, choices = [one], []
     for _ in range(ways - 1):
         value = np.maximum(one[part], levels[-1][union ^ part])
@@ -331,9 +331,10 @@ def _improve_pairs(state: _Ranks, heavy: np.ndarray, max_queries: int):
     return len(applied), work + _MOVE_WORK * len(applied)
 
 
-def _improve_triple(state: _Ranks, heaviest: int):
+def _improve_triple(state: _Ranks, heaviest: int, work_limit: int):
     """The first triple (heaviest, r, s), r and s among the lightest, whose exact split
-    lowers the heaviest load; returns whether one was applied and the work spent."""
+    lowers the heaviest load, trying triples while the work spent is under `work_limit`;
+    returns whether one was applied and the work spent."""
     loads, work = state.loads, 0
     lighter = np.flatnonzero(loads < loads[heaviest])
     partners = lighter[np.argsort(loads[lighter], kind="stable")[:TRIPLE_PARTNERS]]
@@ -342,6 +343,8 @@ def _improve_triple(state: _Ranks, heaviest: int):
         pool = state.members[heaviest] + state.members[r] + state.members[s]
         if len(pool) > MAX_TRIPLE_POOL:
             continue
+        if work >= work_limit:
+            break
         work += _TRIPLE_WORK + 3 ** len(pool) // 4
         value, labels = exact_split(state.costs[pool], state.lengths[pool],
                                     state.problem.max_tokens_per_rank, 3)
@@ -364,7 +367,7 @@ def _descend(state: _Ranks, work_limit: int, target: float) -> int:
         work += spent
         if done:
             continue
-        done, spent = _improve_triple(state, heaviest)
+        done, spent = _improve_triple(state, heaviest, work_limit - work)
         work += spent
         if not done:
             break
