@@ -84,8 +84,9 @@ def print_demo(report) -> list[str]:
         return ", ".join(f"{value:.3f}" for value in values)
 
     out.print("slowest rank's busy time / mean (mean over steps; per step in brackets):")
-    out.print(f"  isolated (every rank's recorded work replayed by one process, one work at a time, thread CPU "
-              f"time, trimmed mean share of {report.replay_repeats} rounds; the check uses these): "
+    out.print(f"  isolated (every rank's recorded work replayed by one process, one piece of one work at a time, "
+              f"the ranks' pieces side by side, thread CPU time, trimmed mean share of {report.replay_repeats} "
+              f"rounds; the check uses these): "
               f"balanced {report.busy_max_over_mean_balanced_isolated:.3f} "
               f"({steps(report.busy_max_over_mean_balanced_isolated_per_step)}), unbalanced "
               f"{report.busy_max_over_mean_unbalanced_isolated:.3f} "

@@ -222,8 +222,8 @@ class DemoOptions:
     where the stage cost models come from ("calibrated": timed on every rank; "flops":
     `CostModel.from_transformer` of each stage, no timing), and how many identical passes
     each busy time is the minimum of (CPU time only grows when co-scheduled processes
-    evict caches or share a core, so the minimum filters that noise), and of how many
-    runs each stage's isolated replay time is (`replay.py`).  `max_tokens_per_microbatch`:
+    evict caches or share a core, so the minimum filters that noise), and in how many
+    rounds the isolated replay times every rank's work (`replay.py`).  `max_tokens_per_microbatch`:
     the balanced step runs as gradient-accumulation micro-batches of at most this many LLM
     tokens per rank (the unbalanced reference stays one pass per rank); None: one pass."""
 
@@ -461,7 +461,7 @@ def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float3
     the report (`DemoReport`; `report.failed_checks()` is the pass/fail verdict).
 
     Each concurrent busy time is the minimum over `repeats` identical passes of the
-    step, each isolated stage time the minimum over `replay_repeats` runs; with
+    step, each isolated stage time an average over `replay_repeats` rounds; with
     `max_tokens_per_microbatch` the balanced step is micro-batched (gradient accumulation).
     `options`, if given, replaces those keyword arguments.
     """

@@ -219,8 +219,9 @@ def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
     assert print_demo(typed) == typed.failed_checks()
     out = capsys.readouterr().out
     assert "balanced, isolated" in out and "within float32 rounding tolerance" in out and "samples lost 0" in out
-    assert ("isolated (every rank's recorded work replayed by one process, one work at a time, thread CPU time, "
-            "trimmed mean share of 2 rounds; the check uses these)") in " ".join(out.split())  # unwrapped
+    assert ("isolated (every rank's recorded work replayed by one process, one piece of one work at a time, the "
+            "ranks' pieces side by side, thread CPU time, trimmed mean share of 2 rounds; the check uses these)"
+            ) in " ".join(out.split())  # unwrapped
     broken = dataclasses.replace(typed, samples_duplicated=1, grad_max_rel_diff=0.5)
     assert print_demo(broken)[:2] == ["gradients differ by 0.5 (relative) > 1e-06", "0 samples lost, 1 duplicated"]
     assert "check failed" in capsys.readouterr().out
