@@ -11,7 +11,7 @@ allocator and memory layout.
 Thread CPU time alone is not contention-proof on a shared virtual machine: what the
 hypervisor's other tenants and the other core run changes how fast the same instructions
 retire, in spells of tens of milliseconds to seconds (on the 2-core VM this was written on,
-one rank-sized LLM stage took 241-402 ms over ten runs at load ~1, slowed evenly over its
+one rank-sized LLM stage took 241-402 ms over forty runs at load ~1, slowed evenly over its
 whole length, not by a few preemptions), and glibc returns freed blocks to the kernel, so
 every replay of a large stage took ~10 000 page faults again.  Hence:
 
