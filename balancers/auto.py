@@ -156,9 +156,9 @@ def _group_search(problem: Problem, starts: list, makespans: list, bound: float)
             return starts[int(np.argmin(makespans))]
     ordered = [starts[k] for k in sorted(range(len(starts)), key=lambda k: (makespans[k], k))]
     if integers is not None:
+        cap = problem.max_tokens_per_rank
         for position, capacity in ((1, int(target)), (2, int(target) + int(target) // FILL_STEP)):
             filled = min_slack.pack(integers, problem.num_ranks, capacity)
-            cap = problem.max_tokens_per_rank
             if filled is not None and (cap is None or rank_tokens(problem, filled).max() <= cap):
                 ordered.insert(position, filled)
     budget = GROUP_WORK + GROUP_WORK_PER_ITEM * problem.num_items

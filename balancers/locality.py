@@ -57,11 +57,11 @@ def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: 
     state = PartialPlan(problem, target)
     if fill != FILL_ONLY:
         keep_home(state, sources)
-        overflow = take_in_node(state, sources, gpus_per_node)
-        take_anywhere(state, overflow)
-        if state.loads.max() <= target or fill is None:
-            if state.loads.max() > target:
-                repair(state, sources, item_bytes, gpus_per_node)
+        take_anywhere(state, take_in_node(state, sources, gpus_per_node))
+        missed = state.loads.max() > target
+        if missed and fill is None:
+            repair(state, sources, item_bytes, gpus_per_node)
+        if not missed or fill is None:
             return state.destinations, False
         state = PartialPlan(problem, target)
     total = float(problem.item_costs.sum())
@@ -97,6 +97,7 @@ def deal_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.nda
         raise ValueError(f"`fill` must be one of {FILLS}; got {fill!r}")
     target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
     cap = problem.max_tokens_per_rank
+    filled = False
     if not problem.padded:
         try:
             candidate, filled = _unpadded(problem, target, sources, item_bytes, gpus_per_node, fill)
@@ -105,8 +106,6 @@ def deal_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.nda
         if candidate is not None and rank_loads(problem, candidate).max() <= target and (
                 cap is None or rank_tokens(problem, candidate).max() <= cap):
             return LocalDeal(candidate, filled)
-    else:
-        filled = False
     placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node)[plain_assignment]
     swapped = redeal_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)
     # Equal items hold equal costs, but a rank's float sum in another order can gain an ulp.

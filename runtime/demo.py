@@ -121,11 +121,11 @@ def calibrate_in_isolation(model: TinyMultimodalModel, data: SyntheticMultimodal
                            device: torch.device, rank: int, world_size: int, seed: int = 0, batches: int = 12,
                            rounds: int = 3) -> tuple[dict, dict]:
     """Rank 0 times `batches` rank-sized packed batches per stage the way the isolated replay
-    times recorded work (`replay.replay_local`: one process, one work at a time, every batch of
-    a stage in each of `rounds` rounds) while the other ranks wait, and fits each stage's cost
-    model on them: the plan is then balanced by the clock of the isolated figures that check
-    it, with no contention between ranks in the timings.  ({modality: CostModel}, {modality:
-    RMS error}) on every rank (a collective over the world)."""
+    times recorded work (`replay.replay_local`: one process, the works of a stage in lockstep
+    piece by piece, every batch of a stage in each of `rounds` rounds) while the other ranks
+    wait, and fits each stage's cost model on them: the plan is then balanced by the clock of
+    the isolated figures that check it, with no contention between ranks in the timings.
+    ({modality: CostModel}, {modality: RMS error}) on every rank (a collective over the world)."""
     def fit():
         drawn = calibration_batches(data, batches, seed)
         generator = torch.Generator().manual_seed(seed)
@@ -219,8 +219,9 @@ def _stage_imbalance(routes) -> dict:
 @dataclass(frozen=True)
 class DemoOptions:
     """How the demo runs: samples per rank and step, balancing algorithm, transport, and
-    where the stage cost models come from ("calibrated": timed on every rank; "flops":
-    `CostModel.from_transformer` of each stage, no timing), and how many identical passes
+    where the stage cost models come from ("calibrated": timed by rank 0 in isolation,
+    `calibrate_in_isolation`; "flops": `CostModel.from_transformer` of each stage, no
+    timing), and how many identical passes
     each busy time is the minimum of (CPU time only grows when co-scheduled processes
     evict caches or share a core, so the minimum filters that noise), and in how many
     rounds the isolated replay times every rank's work (`replay.py`).  `max_tokens_per_microbatch`:
