@@ -250,9 +250,9 @@ class Orchestrator:
         *encoders, llm_stage = self.stages
         samples, plans = [], []
         fills = {}  # per encoder stage: the filler deal at once, once its plain phases missed a micro-batch
-        for microbatch in range(cells.num_microbatches):
-            members = np.flatnonzero(cells.microbatch == microbatch)
-            sub = batch if members.size == batch.num_samples else batch.take(members)  # M = 1: the batch itself
+        parts = (((np.arange(batch.num_samples), batch),) if cells.num_microbatches == 1 else
+                 batch.split(cells.microbatch, cells.num_microbatches))
+        for members, sub in parts:
             llm = stage_plan(sub, llm_stage, cells.rank[members], cells.algorithm, items=stage_items(sub, llm_stage))
             stage_plans = []
             for stage in encoders:

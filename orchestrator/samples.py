@@ -210,6 +210,48 @@ class Batch:
             array.setflags(write=False)
         return batch
 
+    def split(self, group, num_groups: int) -> tuple[tuple[np.ndarray, "Batch"], ...]:
+        """For every group g < `num_groups`: its samples (`np.flatnonzero(group == g)`) and their
+        batch, equal to `take` of them, from one stable permutation of this batch's arrays.
+
+        Every sample's group is given (`group`, int, one per sample).  The batches are views
+        into one permuted copy: M takes would each read all of every segment array (a group's
+        segments lie spread over it), the permutation reads it once.
+        """
+        group = np.asarray(group)
+        if group.shape != (self.num_samples,) or (group.size and group.dtype.kind not in "iu"):
+            raise ValueError(f"`group` must hold one int per sample ({self.num_samples}); got shape {group.shape}, "
+                             f"dtype {group.dtype}")
+        num_groups = as_int(num_groups, "num_groups", minimum=1)
+        if group.size and (group.min() < 0 or group.max() >= num_groups):
+            raise ValueError(f"`group` must hold groups in [0, {num_groups}); got {group.min()}..{group.max()}")
+        keys = group.astype(np.uint16) if num_groups <= 2**16 else group  # a stable sort of uint16: radix
+        order = np.argsort(keys, kind="stable")
+        sample_bounds = np.concatenate(([0], np.cumsum(np.bincount(group, minlength=num_groups))))
+        offsets = self.sample_segment_offsets
+        counts = np.diff(offsets)[order]
+        segment_offsets = np.concatenate(([0], np.cumsum(counts)))
+        segments = np.repeat(offsets[:-1][order] - segment_offsets[:-1], counts) + np.arange(segment_offsets[-1])
+        local_sample = np.repeat(np.arange(order.size) - sample_bounds[group[order]], counts)
+        columns = dict(sample_text=self.sample_text[order], sample_source=self.sample_source[order],
+                       sample_id=self.sample_id[order], segment_sample=local_sample,
+                       segment_modality=self.segment_modality[segments], segment_length=self.segment_length[segments],
+                       segment_tokens=self.segment_tokens[segments], segment_position=self.segment_position[segments])
+        llm_length = self.sample_llm_length[order]
+        for array in (order, llm_length, *columns.values()):
+            array.setflags(write=False)
+        parts = []
+        for first, end in zip(sample_bounds[:-1].tolist(), sample_bounds[1:].tolist()):
+            first_segment, end_segment = int(segment_offsets[first]), int(segment_offsets[end])
+            part = Batch(num_ranks=self.num_ranks, modalities=self.modalities, **{
+                name: column[first:end] if name.startswith("sample_") else column[first_segment:end_segment]
+                for name, column in columns.items()})
+            part_offsets = segment_offsets[first:end + 1] - first_segment
+            part_offsets.setflags(write=False)
+            part.__dict__.update(sample_segment_offsets=part_offsets, sample_llm_length=llm_length[first:end])
+            parts.append((order[first:end], part))
+        return tuple(parts)
+
     def sample(self, index: int) -> Sample:
         """Sample `index` as a `Sample` object (for tests and inspection)."""
         rows = np.flatnonzero(self.segment_sample == index)

@@ -103,3 +103,34 @@ def test_batch_take_keeps_samples_and_their_segments_in_order():
         assert sub.sample(k).text == batch.sample(int(index)).text
     with pytest.raises(ValueError, match="ascending distinct sample indices"):
         batch.take([3, 1])
+
+
+BATCH_COLUMNS = ("sample_text", "sample_source", "sample_id", "segment_sample", "segment_modality", "segment_length",
+                 "segment_tokens", "segment_position", "sample_segment_offsets", "sample_llm_length")
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), num_groups=st.integers(1, 6), data=st.data())
+def test_batch_split_gives_every_group_what_take_gives(seed, num_groups, data):
+    batch = sample_workload("default", 4, data.draw(st.integers(1, 8)), seed=seed)
+    group = np.array(data.draw(st.lists(st.integers(0, num_groups - 1), min_size=batch.num_samples,
+                                        max_size=batch.num_samples)), dtype=np.int64)
+    parts = batch.split(group, num_groups)
+    assert len(parts) == num_groups
+    for index, (members, part) in enumerate(parts):
+        assert np.array_equal(members, np.flatnonzero(group == index))
+        taken = batch.take(members)
+        for name in BATCH_COLUMNS:
+            column = getattr(part, name)
+            assert column.dtype == np.int64 and not column.flags.writeable
+            assert np.array_equal(column, getattr(taken, name)), name
+
+
+def test_batch_split_rejects_groups_that_are_not_one_per_sample_in_range():
+    batch = sample_workload("default", 4, 3, seed=1)
+    with pytest.raises(ValueError, match="one int per sample"):
+        batch.split(np.zeros(batch.num_samples - 1, dtype=np.int64), 2)
+    with pytest.raises(ValueError, match="one int per sample"):
+        batch.split(np.zeros(batch.num_samples), 2)
+    with pytest.raises(ValueError, match=r"groups in \[0, 2\)"):
+        batch.split(np.full(batch.num_samples, 2), 2)
