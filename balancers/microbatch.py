@@ -81,7 +81,8 @@ def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, co
         array.setflags(write=False)
     return MicroBatchProblem(lengths=lengths, item_costs=item_costs, num_ranks=num_ranks, max_tokens=budget,
                              padded=padded, microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"),
-                             work_limit=DEFAULT_WORK if limit is None else int(limit * WORK_PER_SECOND))
+                             work_limit=DEFAULT_WORK if limit is None else int(limit * WORK_PER_SECOND),
+                             cost=cost)
 
 
 def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:

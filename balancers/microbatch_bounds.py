@@ -42,7 +42,8 @@ def min_bins(lengths: np.ndarray, capacity: int) -> int:
     small = lengths[lengths <= half][::-1]  # ascending
     if large.size == 0:
         return best
-    thresholds = np.unique(np.concatenate(([0], small)))
+    thresholds = np.concatenate(([0], small))  # ascending: its distinct values without np.unique's hashing
+    thresholds = thresholds[np.concatenate(([True], thresholds[1:] != thresholds[:-1]))]
     # per threshold a: J1 = large items > T - a, J2 = large items <= T - a, J3 = small items >= a
     large_asc = large[::-1]
     large_prefix = np.concatenate(([0], np.cumsum(large_asc)))

@@ -12,7 +12,7 @@ import numpy as np
 
 from .microbatch_bounds import min_microbatches, step_cost_bound
 from .cost import CostModel
-from .problem import Problem, Status, sorted_order
+from .problem import Problem, Status, cost_order, sorted_order
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,6 +26,7 @@ class MicroBatchProblem:
     padded: bool  # cell cost count · max c, cell tokens count · max l
     microbatch_overhead: float
     work_limit: int  # operations an exact or anytime search may spend
+    cost: CostModel | None = None  # the model that gave `item_costs`, None when given per item
 
     @property
     def num_items(self) -> int:
@@ -33,10 +34,12 @@ class MicroBatchProblem:
 
     @cached_property
     def cost_order(self) -> np.ndarray:
-        """Items by cost, largest first, ties by index."""
-        order = sorted_order(self.item_costs)
-        order.setflags(write=False)
-        return order
+        """Items by cost, largest first, ties by index (`problem.cost_order` with a cost model)."""
+        if self.cost is None:
+            order = sorted_order(self.item_costs)
+            order.setflags(write=False)
+            return order
+        return cost_order(self.lengths, self.item_costs, self.cost)
 
     @cached_property
     def min_microbatches(self) -> int:

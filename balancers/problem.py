@@ -73,6 +73,31 @@ def sorted_order(costs: np.ndarray) -> np.ndarray:
     return np.sort(group * n + order) % n
 
 
+def cost_order(lengths: np.ndarray, item_costs: np.ndarray, cost: CostModel,
+               length_order: np.ndarray | None = None) -> np.ndarray:
+    """`sorted_order(item_costs)` (read-only) of the costs `cost` gives `lengths`, from the
+    length order where it is the same.
+
+    Costs of a `cost` model never fall as lengths grow (each float operation of
+    `CostModel.item_costs` rounds monotonically), so it is the length order (`length_order`,
+    computed if None; a radix sort below 2**16) iff costs drop wherever lengths do.  That is
+    counted along the sorted items, or, when fewer lengths than items lie below the
+    longest, asked of all of them (sufficient).
+    """
+    if not lengths.size:
+        return _read_only(sorted_order(item_costs))
+    order = _read_only(sorted_order(lengths)) if length_order is None else length_order
+    longest = int(lengths[order[0]])
+    if longest < lengths.size:
+        lengths = np.arange(longest + 1)
+        costs = cost.item_costs(lengths)
+    else:
+        lengths, costs = lengths[order], item_costs[order]
+    if np.count_nonzero(np.diff(costs)) != np.count_nonzero(np.diff(lengths)):
+        order = _read_only(sorted_order(item_costs))
+    return order
+
+
 def integer_values(values: np.ndarray) -> np.ndarray | None:
     """Non-negative float `values` as int64 when all are integers below 2**63, else None."""
     if not values.size or values.max() >= 2.0**63:
@@ -137,23 +162,10 @@ class Problem:
     @cached_property
     def cost_order(self) -> np.ndarray:
         """`sorted_order(item_costs)`, computed once per problem (LPT, locality and the bound
-        share it).  Costs never fall as lengths grow (each float operation of
-        `CostModel.item_costs` rounds monotonically), so it is the length order iff costs
-        drop wherever lengths do.  That is counted along the sorted items, or, when fewer
-        lengths than items lie below the longest, asked of all of them (sufficient).
-        Costs given per item are sorted themselves."""
+        share it; `cost_order`)."""
         if self.cost is None:
             return _read_only(sorted_order(self.item_costs))
-        order = self.length_order
-        longest = int(self.lengths[order[0]])
-        if longest < self.num_items:
-            lengths = np.arange(longest + 1)
-            costs = self.cost.item_costs(lengths)
-        else:
-            lengths, costs = self.lengths[order], self.item_costs[order]
-        if np.count_nonzero(np.diff(costs)) != np.count_nonzero(np.diff(lengths)):
-            order = _read_only(sorted_order(self.item_costs))
-        return order
+        return cost_order(self.lengths, self.item_costs, self.cost, self.length_order)
 
     @cached_property
     def sorted_costs(self) -> np.ndarray:

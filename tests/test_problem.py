@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from orchmllm.balancers import CostModel, InfeasibleError, Kind, Status, algorithms, balance, make_problem
 from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import exact_sum, integer_sum, lower_bound, rank_loads, rank_tokens, sorted_order
+from orchmllm.balancers.microbatch import make_microbatch_problem
 from orchmllm.testing import brute_force_of
 
 COSTS = [CostModel(), CostModel(per_item=3, linear=1, quadratic=0.5)]
@@ -67,6 +68,8 @@ def test_cost_order_is_the_sorted_order_of_the_costs(lengths, cost):
     np.testing.assert_array_equal(problem.cost_order, by_cost)
     np.testing.assert_array_equal(sorted_order(problem.item_costs), by_cost)
     np.testing.assert_array_equal(problem.sorted_costs, problem.item_costs[problem.cost_order])
+    cells = make_microbatch_problem(lengths, 3, max_tokens_per_microbatch=max(max(lengths), 1), cost=cost)
+    np.testing.assert_array_equal(cells.cost_order, by_cost)  # the micro-batch problem's shares the shortcut
 
 
 def test_lower_bound_uses_the_pair_that_must_share_a_rank():
