@@ -36,7 +36,7 @@ def levels(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray:
     """Target load of each micro-batch's cells, most loaded first: water-filling of Σ c over
     the micro-batches, each at least the largest item it must hold (the (j·D)-th largest)."""
     d = problem.num_ranks
-    costs = np.sort(problem.item_costs)[::-1]
+    costs = problem.item_costs[problem.cost_order]  # descending, as a sort would give, from the known order
     remaining = float(costs.sum())
     targets = np.zeros(num_microbatches)
     for m in range(num_microbatches):
