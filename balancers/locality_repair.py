@@ -110,37 +110,48 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
     item_rank = state.destinations[items]
     order_of = np.full(state.loads.size, -1, dtype=np.int64)
     order_of[ranks] = np.arange(ranks.size)
-    known = partner >= 0
-    delta = state.costs[items, None] - np.where(known, state.costs[np.maximum(partner, 0)], 0.0)
-    delta_tokens = state.lengths[items, None] - np.where(known, state.lengths[np.maximum(partner, 0)], 0.0)
+    delta = state.costs[items, None] - np.append(state.costs, 0.0)[partner]  # partner -1: a move, cost 0
     valid = ((partner_rank != item_rank[:, None]) & (delta > 0)
              & (state.loads[item_rank, None] - delta <= state.target)
-             & (state.loads[partner_rank] + delta <= state.target)
-             & (state.tokens[partner_rank] + delta_tokens <= state.cap)
-             & (state.tokens[item_rank, None] - delta_tokens <= state.cap))
+             & (state.loads[partner_rank] + delta <= state.target))
+    if state.cap < np.inf:
+        delta_tokens = state.lengths[items, None] - np.append(state.lengths, 0.0)[partner]
+        valid &= ((state.tokens[partner_rank] + delta_tokens <= state.cap)
+                  & (state.tokens[item_rank, None] - delta_tokens <= state.cap))
     delta = np.where(valid, delta, np.inf)
     hopeless = np.setdiff1d(ranks, item_rank[np.isfinite(delta).any(axis=1)])
     used = np.zeros(state.loads.size, dtype=bool)  # ranks a fix of this round changed
     chosen = []
-    while items.size:
-        column = np.argmin(delta, axis=1)
-        row_delta = delta[np.arange(items.size), column]
-        order = np.lexsort((row_delta, item_rank))  # per rank, its item with the smallest delta
-        first = order[np.concatenate(([True], item_rank[order][1:] != item_rank[order][:-1]))]
+    # Rows still alive and each one's best column: a fix masks the columns of the ranks it
+    # changed, so only the rows whose best column it masked need their minimum again.
+    rows = np.arange(items.size)
+    column = np.argmin(delta, axis=1)
+    row_delta = delta[rows, column]
+    while rows.size:
+        rank_of = item_rank[rows]
+        order = np.lexsort((row_delta, rank_of))  # per rank, its item with the smallest delta
+        first = order[np.concatenate(([True], rank_of[order][1:] != rank_of[order][:-1]))]
         fixed = first[np.isfinite(row_delta[first])]
         if fixed.size == 0:
             break
-        fixed = fixed[np.argsort(order_of[item_rank[fixed]], kind="stable")]
-        _, keep = np.unique(partner_rank[fixed, column[fixed]], return_index=True)
+        fixed = fixed[np.argsort(order_of[rank_of[fixed]], kind="stable")]
+        _, keep = np.unique(partner_rank[rows[fixed], column[fixed]], return_index=True)
         fixed = fixed[np.sort(keep)]
-        chosen.append((items[fixed], partner_rank[fixed, column[fixed]], partner[fixed, column[fixed]],
-                       item_rank[fixed]))
-        used[item_rank[fixed]] = True
-        used[partner_rank[fixed, column[fixed]]] = True
-        delta[used[partner_rank]] = np.inf
-        alive = ~used[item_rank] & np.isfinite(delta).any(axis=1)  # rows that may still give a fix
-        items, item_rank, partner, partner_rank, delta = (
-            items[alive], item_rank[alive], partner[alive], partner_rank[alive], delta[alive])
+        fixed_rows, fixed_columns = rows[fixed], column[fixed]
+        chosen.append((items[fixed_rows], partner_rank[fixed_rows, fixed_columns], partner[fixed_rows, fixed_columns],
+                       item_rank[fixed_rows]))
+        used[item_rank[fixed_rows]] = True
+        used[partner_rank[fixed_rows, fixed_columns]] = True
+        alive = ~used[item_rank[rows]]
+        rows, column, row_delta = rows[alive], column[alive], row_delta[alive]
+        stale = np.flatnonzero(used[partner_rank[rows, column]])
+        block = delta[rows[stale]]
+        block[used[partner_rank[rows[stale]]]] = np.inf
+        delta[rows[stale]] = block
+        column[stale] = np.argmin(block, axis=1)
+        row_delta[stale] = block[np.arange(stale.size), column[stale]]
+        alive = np.isfinite(row_delta)  # rows that may still give a fix
+        rows, column, row_delta = rows[alive], column[alive], row_delta[alive]
     if chosen:
         moved, destination, back, back_rank = (np.concatenate(part) for part in zip(*chosen))
         swapped = back >= 0
@@ -238,6 +249,8 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     repair_in_node(state, gpus_per_node)
     for candidates in ACROSS_CANDIDATES:
         repair_across_nodes(state, candidates)
+    if state.loads.max() <= state.target:
+        return
     home_node = sources // gpus_per_node
     num_ranks = state.loads.size
     everyone = np.arange(num_ranks)
