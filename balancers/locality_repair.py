@@ -122,10 +122,13 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
     hopeless = np.setdiff1d(ranks, item_rank[np.isfinite(delta).any(axis=1)])
     used = np.zeros(state.loads.size, dtype=bool)  # ranks a fix of this round changed
     chosen = []
-    # Rows still alive and each one's best column: a fix masks the columns of the ranks it
-    # changed, so only the rows whose best column it masked need their minimum again.
-    rows = np.arange(items.size)
-    column = np.argmin(delta, axis=1)
+    # Each row's columns by (delta, column): its best is the first whose rank no fix of the round
+    # changed, so a fix only moves on the rows whose best it took.
+    by_delta = np.argsort(delta, axis=1, kind="stable")
+    width = delta.shape[1]
+    rows = np.arange(items.size)  # the rows still alive
+    pointer = np.zeros(items.size, dtype=np.int64)  # each one's best, in by_delta
+    column = by_delta[:, 0]
     row_delta = delta[rows, column]
     while rows.size:
         rank_of = item_rank[rows]
@@ -143,15 +146,18 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
         used[item_rank[fixed_rows]] = True
         used[partner_rank[fixed_rows, fixed_columns]] = True
         alive = ~used[item_rank[rows]]
-        rows, column, row_delta = rows[alive], column[alive], row_delta[alive]
+        rows, pointer, column, row_delta = rows[alive], pointer[alive], column[alive], row_delta[alive]
         stale = np.flatnonzero(used[partner_rank[rows, column]])
-        block = delta[rows[stale]]
-        block[used[partner_rank[rows[stale]]]] = np.inf
-        delta[rows[stale]] = block
-        column[stale] = np.argmin(block, axis=1)
-        row_delta[stale] = block[np.arange(stale.size), column[stale]]
+        while stale.size:
+            pointer[stale] += 1
+            ended = pointer[stale] == width
+            row_delta[stale[ended]] = np.inf
+            stale = stale[~ended]
+            column[stale] = by_delta[rows[stale], pointer[stale]]
+            row_delta[stale] = delta[rows[stale], column[stale]]
+            stale = stale[np.isfinite(row_delta[stale]) & used[partner_rank[rows[stale], column[stale]]]]
         alive = np.isfinite(row_delta)  # rows that may still give a fix
-        rows, column, row_delta = rows[alive], column[alive], row_delta[alive]
+        rows, pointer, column, row_delta = rows[alive], pointer[alive], column[alive], row_delta[alive]
     if chosen:
         moved, destination, back, back_rank = (np.concatenate(part) for part in zip(*chosen))
         swapped = back >= 0
