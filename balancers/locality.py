@@ -33,8 +33,6 @@ equal-length re-deal); inputs are checked by `validation.as_sources` / `as_item_
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from .lap import assign_groups
@@ -50,11 +48,16 @@ FILLS = (None, FILL_ON_MISS, FILL_ONLY)
 
 
 def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: np.ndarray,
-              gpus_per_node: int, fill: str | None) -> tuple[np.ndarray, bool]:
+              gpus_per_node: int, fill: str | None) -> np.ndarray:
     """Keep home, take within the node, take anywhere, repair (unpadded cost); with `fill`, the deal of
     `locality_fill` instead of the repair, after the three phases missed the target ("on_miss") or
-    without them ("only").  Returns the destinations and whether the filler deal made them."""
+    without them ("only", and "on_miss" where the target leaves a rank less room above the mean
+    load than the smallest item: the three phases' last deals cannot level the ranks then, they
+    miss).  Returns the destinations."""
     state = PartialPlan(problem, target)
+    total = float(problem.item_costs.sum())
+    if fill == FILL_ON_MISS and total > 0 and target - total / problem.num_ranks < problem.sorted_costs[-1]:
+        fill = FILL_ONLY
     if fill != FILL_ONLY:
         keep_home(state, sources)
         take_anywhere(state, take_in_node(state, sources, gpus_per_node))
@@ -62,25 +65,15 @@ def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: 
         if missed and fill is None:
             repair(state, sources, item_bytes, gpus_per_node)
         if not missed or fill is None:
-            return state.destinations, False
+            return state.destinations
         state = PartialPlan(problem, target)
-    total = float(problem.item_costs.sum())
     slack = target * problem.num_ranks / total - 1.0 if total > 0 else 0.0  # room above the mean load
     fill_locally(state, sources, item_bytes, 1, gpus_per_node, filler_share(slack))
-    return state.destinations, True
+    return state.destinations
 
 
-class LocalDeal(NamedTuple):
-    """A communication-aware assignment, and whether the filler deal of `locality_fill` was asked for:
-    `fill="only"`, or `"on_miss"` where the plain phases missed the target or ran out of token room
-    (the plain plan placed by the LAP may then have made the assignment)."""
-
-    assignment: np.ndarray
-    filled: bool
-
-
-def deal_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray, item_bytes: np.ndarray,
-                 gpus_per_node: int, makespan_slack: float, fill: str | None = None) -> LocalDeal:
+def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray, item_bytes: np.ndarray,
+                    gpus_per_node: int, makespan_slack: float, fill: str | None = None) -> np.ndarray:
     """An assignment within (1 + makespan_slack) of the plain plan's makespan moving few bytes.
 
     `sources` and `item_bytes` must be validated (`as_sources`, `as_item_bytes`) and
@@ -89,32 +82,24 @@ def deal_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.nda
     the plain plan with its groups placed on ranks by `assign_groups`, then items of equal
     length re-dealt among their places (`redeal_equal_items`: no rank's load or tokens
     change, up to the order of a float sum; the re-deal is dropped if that lifts a rank
-    above the target).  `fill` ("on_miss": where the first three phases miss the target;
-    "only": at once): the unpadded deal keeps its smallest items as filler
-    (`locality_fill`), tight enough that repair rarely runs, for a few more bytes moved.
+    above the target).  `fill` ("on_miss": where the first three phases miss the target, or
+    would: the target leaves less room above the mean load than the smallest item; "only": at
+    once): the unpadded deal keeps its smallest items as filler (`locality_fill`), tight enough
+    that repair rarely runs, for a few more bytes moved.
     """
     if fill not in FILLS:
         raise ValueError(f"`fill` must be one of {FILLS}; got {fill!r}")
     target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
     cap = problem.max_tokens_per_rank
-    filled = False
     if not problem.padded:
         try:
-            candidate, filled = _unpadded(problem, target, sources, item_bytes, gpus_per_node, fill)
+            candidate = _unpadded(problem, target, sources, item_bytes, gpus_per_node, fill)
         except NoRoom:
-            candidate, filled = None, fill is not None
+            candidate = None
         if candidate is not None and rank_loads(problem, candidate).max() <= target and (
                 cap is None or rank_tokens(problem, candidate).max() <= cap):
-            return LocalDeal(candidate, filled)
+            return candidate
     placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node)[plain_assignment]
     swapped = redeal_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)
     # Equal items hold equal costs, but a rank's float sum in another order can gain an ulp.
-    return LocalDeal(swapped if rank_loads(problem, swapped).max() <= target else placed, filled)
-
-
-def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray,
-                    item_bytes: np.ndarray, gpus_per_node: int, makespan_slack: float,
-                    fill: str | None = None) -> np.ndarray:
-    """The assignment of `deal_locally`."""
-    return deal_locally(problem, plain_assignment, sources, item_bytes, gpus_per_node, makespan_slack,
-                        fill).assignment
+    return swapped if rank_loads(problem, swapped).max() <= target else placed

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..balancers import ALGORITHMS, balance, balance_microbatches
-from ..balancers.locality import FILL_ON_MISS, FILL_ONLY, deal_locally
+from ..balancers.locality import FILL_ON_MISS, balance_locally
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import Status, make_problem
 from ..balancers.registry import get_algorithm
@@ -249,7 +249,6 @@ class Orchestrator:
         start = time.perf_counter() if start is None else start
         *encoders, llm_stage = self.stages
         samples, plans = [], []
-        fills = {}  # per encoder stage: the filler deal at once, once its plain phases missed a micro-batch
         parts = (((np.arange(batch.num_samples), batch),) if cells.num_microbatches == 1 else
                  batch.split(cells.microbatch, cells.num_microbatches))
         for members, sub in parts:
@@ -257,7 +256,7 @@ class Orchestrator:
             stage_plans = []
             for stage in encoders:
                 items = stage_items(sub, stage)
-                stage_plans.append(self._plan_stage(sub, stage, items, llm, fills=fills) if self.balance_encoders else
+                stage_plans.append(self._plan_stage(sub, stage, items, llm, filled=True) if self.balance_encoders else
                                    stage_plan(sub, stage, llm.destination[items.sample], "none", items=items))
             samples.append(members)
             plans.append(compose(sub, self.stages, (*stage_plans, llm)))
@@ -282,30 +281,25 @@ class Orchestrator:
         exchange = float(np.sum(anchor_bytes)) / num_ranks / bandwidth
         return min(self.makespan_slack, exchange / compute) if compute > 0 else self.makespan_slack
 
-    def _balance_filled(self, lengths: np.ndarray, stage: Stage, algorithm: str, fills: dict, *,
-                        sources: np.ndarray, item_bytes: np.ndarray, topology: Topology,
-                        makespan_slack: float) -> BalancePlan:
+    def _balance_filled(self, lengths: np.ndarray, stage: Stage, algorithm: str, *, sources: np.ndarray,
+                        item_bytes: np.ndarray, topology: Topology, makespan_slack: float) -> BalancePlan:
         """`balance(..., sources=...)` of an unpadded stage, where the plain phases of the
-        communication-aware deal miss the target, redone as the filler deal
-        (`balancers.locality_fill`) instead of repaired: a micro-batch's stages are small
-        problems where the repair's rounds cost several times the deal.  Once the plain
-        phases missed one micro-batch of a stage (`fills`, by stage name), the next ones
-        of that step take the filler deal at once: micro-batches of one step are alike."""
+        communication-aware deal miss the target (or would: `balance_locally`'s fill="on_miss"),
+        made as the filler deal (`balancers.locality_fill`) instead of repaired: a micro-batch's
+        stages are small problems where the repair's rounds cost several times the deal."""
         problem = make_problem(lengths, topology.world_size, cost=stage.cost,
                                max_tokens_per_rank=stage.max_tokens_per_rank)
         start = time.perf_counter()
         plain = get_algorithm(algorithm).kernel(problem)
-        deal = deal_locally(problem, plain.assignment, sources, np.asarray(item_bytes, dtype=np.float64),
-                            topology.gpus_per_node, makespan_slack, fill=fills.get(stage.name, FILL_ON_MISS))
-        if deal.filled:
-            fills[stage.name] = FILL_ONLY
-        return make_plan(problem, deal.assignment, Status.FEASIBLE, algorithm, kernel_bound=plain.lower_bound,
+        assignment = balance_locally(problem, plain.assignment, sources, np.asarray(item_bytes, dtype=np.float64),
+                                     topology.gpus_per_node, makespan_slack, fill=FILL_ON_MISS)
+        return make_plan(problem, assignment, Status.FEASIBLE, algorithm, kernel_bound=plain.lower_bound,
                          solve_seconds=time.perf_counter() - start, communication_aware=True)
 
     def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None,
-                    fills: dict | None = None) -> StagePlan:
+                    filled: bool = False) -> StagePlan:
         """Balance one stage, then place its groups (`llm` is the LLM plan, None for the LLM stage);
-        with `fills` (a micro-batch's stage), "locality" deals with a filler (`_balance_filled`)."""
+        `filled` (a micro-batch's stage): "locality" deals with a filler (`_balance_filled`)."""
         item_sample, _, item_length = items
         balanced = self.balance_llm if stage.is_llm else self.balance_encoders
         if not balanced or item_sample.size == 0:
@@ -319,8 +313,8 @@ class Orchestrator:
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             local = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology,
                          makespan_slack=self._slack(stage, item_length, anchor_bytes, batch.num_ranks))
-        if local and fills is not None and not padded:
-            result = self._balance_filled(item_length, stage, algorithm, fills, **local)
+        if local and filled and not padded:
+            result = self._balance_filled(item_length, stage, algorithm, **local)
         else:
             result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
                              max_tokens_per_rank=stage.max_tokens_per_rank, **local)

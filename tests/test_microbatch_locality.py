@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from orchmllm import Orchestrator, Topology
 from orchmllm.balancers import CostModel, balance, balance_microbatches
 from orchmllm.balancers import locality, locality_fill, locality_repair, microbatch_locality
-from orchmllm.balancers.locality import balance_locally, deal_locally
+from orchmllm.balancers.locality import balance_locally
 from orchmllm.balancers.locality_deal import keep_home
 from orchmllm.balancers.microbatch import _keep_local, _solve, make_microbatch_problem
 from orchmllm.balancers.microbatch_locality import keep_cells_local
@@ -146,43 +146,41 @@ def test_filled_deal_meets_the_target_where_the_plain_phases_need_the_repair(mon
     for assignment in (plain_local, filled):
         assert rank_loads(problem, assignment).max() <= plain.makespan * 1.002
     # The plain phases missed, so "on_miss" made the filler deal, which "only" makes at once.
-    at_once = deal_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="only")
-    on_miss = deal_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="on_miss")
-    assert at_once.filled and on_miss.filled
-    np.testing.assert_array_equal(at_once.assignment, filled)
-    np.testing.assert_array_equal(on_miss.assignment, filled)
+    at_once = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="only")
+    np.testing.assert_array_equal(at_once, filled)
 
 
 def test_on_miss_keeps_the_plain_phases_where_they_meet_the_target():
     lengths, sources = llm_stage_lengths(64, 16, 3)
     problem = make_problem(lengths, 64, cost=COST)
     plain = balance(lengths, 64, cost=COST, algorithm="lpt")
-    deal = deal_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.05, fill="on_miss")
-    assert not deal.filled
-    np.testing.assert_array_equal(deal.assignment, balance_locally(problem, plain.assignment, sources,
-                                                                   lengths * 1.0, GPUS_PER_NODE, 0.05))
+    deal = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.05, fill="on_miss")
+    np.testing.assert_array_equal(deal, balance_locally(problem, plain.assignment, sources, lengths * 1.0,
+                                                        GPUS_PER_NODE, 0.05))
     with pytest.raises(ValueError, match="`fill` must be one of"):
-        deal_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.05, fill=True)
+        balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.05, fill=True)
 
 
-def test_micro_batches_after_a_miss_take_the_filler_deal_at_once(monkeypatch):
-    """Once a stage's plain phases missed a micro-batch, its later micro-batches of the step skip them."""
-    from orchmllm.orchestrator import planner
+def test_on_miss_skips_the_plain_phases_where_the_items_are_coarser_than_the_room_above_the_mean(monkeypatch):
+    """A micro-batch's vision stage whose target leaves every rank less room above the mean load
+    than its smallest tile: "on_miss" deals with the filler at once (the plain phases would miss)."""
+    batch = sample_workload("default", 256, 16, seed=3)
+    segments = batch.segments_of("image")
+    lengths = batch.segment_length[segments]
+    sources = batch.sample_source[batch.segment_sample[segments]]
+    cost = MODELS["84b"].stages()[0].cost
+    problem = make_problem(lengths, 256, cost=cost)
+    plain = balance(lengths, 256, cost=cost, algorithm="lpt")
+    mean = problem.item_costs.sum() / 256
+    assert plain.makespan * 1.002 - mean < problem.item_costs.min(), "the instance no longer has coarse items"
+    at_once = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="only")
 
-    calls = []
+    def plain_phase(*args):
+        raise AssertionError("the plain phases ran")
 
-    def recorded(problem, *args, fill=None):
-        deal = locality.deal_locally(problem, *args, fill=fill)
-        calls.append((fill, deal.filled))
-        return deal
-
-    monkeypatch.setattr(planner, "deal_locally", recorded)
-    batch = sample_workload("default", 256, 32, seed=0)
-    plan = Orchestrator(MODELS["84b"].stages(), Topology.for_world_size(256), max_tokens_per_microbatch=8192).plan(batch)
-    assert len(calls) == plan.num_microbatches >= 3  # one unpadded encoder stage per micro-batch
-    first_miss = next(k for k, (_, filled) in enumerate(calls) if filled)
-    assert calls[0][0] == "on_miss" and first_miss < len(calls) - 1, "no miss before the last micro-batch"
-    assert [fill for fill, _ in calls] == ["on_miss"] * (first_miss + 1) + ["only"] * (len(calls) - first_miss - 1)
+    monkeypatch.setattr(locality, "keep_home", plain_phase)
+    on_miss = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="on_miss")
+    np.testing.assert_array_equal(on_miss, at_once)
 
 
 def test_keep_home_of_every_item_listed_equals_keep_home_of_all():
