@@ -219,7 +219,7 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray) -> None:
     waiting item, or no token room) is an LPT round instead (`_lpt_round`), which always
     places the largest item, possibly above the target.
     """
-    waiting = overflow[np.argsort(state.cost_rank[overflow])]
+    waiting = state.item_of_rank[np.sort(state.cost_rank[overflow])]  # cost ranks are distinct
     margin = DEAL_WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     while waiting.size:
         roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
