@@ -7,18 +7,25 @@ Given a plain plan of M micro-batches whose micro-batch m costs t_m = max_r load
 
 so the step cost Σ_m t_m is kept.  An item may stay on its rank in any of its M
 micro-batches, so the M·D cells are balanced as one problem: cell c = r·M + m starts at
-load max(t) - t_m, so that one target max(t) is t_m for every cell, and the filler deal of
-`locality_fill` runs on it with each rank's M cells as its first group:
+load max(t) - t_m, so that one target max(t) is t_m for every cell, and the items are
+dealt in the phases of `locality_fill`'s filler deal, each rank's M cells its first group:
 
     filler = the smallest items, 0.3-1 % of the total cost (they carry few bytes)
     items longer than T / 2, then T / 4, then the rest (T / 8, T / 16 too on a second try
             when the first runs out of token room), largest first, each tier in turn:
-        to the least-loaded of their rank's own cells that fit, then of their node's, then of all
+        to the roomiest of their rank's own cells that fit (LPT inside the rank),
+        then to the first of their node's cells that fits (first fit inside the node),
+        then to the least-loaded of all (`locality_deal.take_anywhere`)
     the filler, largest first, to the least-loaded cells (it tops every cell up)
     repair if a cell is still above its t_m
     every cell within its t_m and T (recomputed in item order), else None: the caller then
         keeps each micro-batch local on its own (`microbatch._keep_local`)
 
+The rank and node deals run for all ranks (nodes) at once, an item of each per turn
+(`group_deal`), from one sort of the items by (tier, source rank, cost).  LPT keeps a
+rank's cells level in cost and tokens; first fit packs a node's left-overs into few cells,
+so fewer leave the node.  With M = 1 a rank's one cell keeps its items as
+`locality_deal.keep_home` does (the same rule, in fewer rounds).
 Original to orchmllm.
 """
 
@@ -26,10 +33,44 @@ from __future__ import annotations
 
 import numpy as np
 
-from .locality_deal import NoRoom
-from .locality_fill import FINE_TIERS, TIERS, filler_share, fill_locally
+from .group_deal import by_group, deal_in_groups
+from .locality_deal import NoRoom, keep_home, take_anywhere
+from .locality_fill import FINE_TIERS, TIERS, filler_share
+from .locality_repair import repair
 from .microbatch_plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cell_accounts
 from .partial_plan import PartialPlan
+
+
+def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, num_microbatches: int,
+                gpus_per_node: int, share: float, tiers: tuple[int, ...]) -> None:
+    """Place every item of `state` (its cells r·M + m) near its source rank, tier by tier, the
+    filler last (see the module docstring); `NoRoom` when no cell has token room for an item."""
+    n, num_ranks = state.costs.size, state.loads.size // num_microbatches
+    # Cells are dealt up to a hair below the target: no summation order of a cell's items then
+    # lifts its load above its micro-batch's max (the deal adds them largest first, from max(t) - t_m).
+    limit = state.target - 2 * (n + 1) * np.finfo(np.float64).eps * state.target
+    ascending = -state.negated_sorted_costs[::-1]
+    filler = state.item_of_rank[n - int(np.searchsorted(np.cumsum(ascending), share * float(ascending.sum()))):]
+    tier = np.searchsorted(-state.cap / np.asarray(tiers, dtype=np.float64), -state.lengths, side="right")
+    tier[filler] = len(tiers) + 1
+    # One sort for every tier: by (tier, source rank, cost), each tier a slice.
+    ordered, owner = by_group(state, tier * num_ranks + sources, np.arange(n))
+    bounds = np.searchsorted(owner, np.arange(len(tiers) + 2) * num_ranks)
+    nodes = sources // gpus_per_node
+    for k in range(len(tiers) + 1):
+        tier_items = slice(bounds[k], bounds[k + 1])
+        if num_microbatches == 1:  # one cell per rank: keep_home's runs, far fewer rounds than turns
+            keep_home(state, sources, ordered[tier_items])
+            left = ordered[tier_items][state.destinations[ordered[tier_items]] < 0]
+        else:
+            left = deal_in_groups(state, ordered[tier_items], owner[tier_items] - k * num_ranks, num_microbatches,
+                                  limit, least_loaded=True)
+        left = deal_in_groups(state, *by_group(state, nodes, left), num_microbatches * gpus_per_node, limit,
+                              least_loaded=False)
+        take_anywhere(state, left)
+    take_anywhere(state, filler)
+    if state.loads.max() > state.target:
+        repair(state, sources * num_microbatches, item_bytes, num_microbatches * gpus_per_node)
 
 
 def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
@@ -48,7 +89,7 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
         state = PartialPlan(cells, target)
         state.loads += np.tile(target - maxima, problem.num_ranks)  # cell r·M + m starts at max(t) - t_m
         try:
-            fill_locally(state, sources * m, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
+            _deal_cells(state, sources, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
         except NoRoom:
             continue
         rank, microbatch = np.divmod(state.destinations, m)

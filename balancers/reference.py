@@ -1,9 +1,9 @@
-"""Plain-code references of the LPT and Karmarkar–Karp kernels and of the communication-aware
-deal, for tests and same-run baselines.
+"""Plain-code references of the LPT and Karmarkar–Karp kernels, of the communication-aware
+deal and of the micro-batch cells' group deal, for tests and same-run baselines.
 
 minimise max(loads) where loads[r] = sum(cost[i] for i on r), the textbook way, in pure
 Python: slow (O(n log D) heap steps; O(n · D log D) for differencing on full D-vectors),
-but with the tie rules of `lpt`, `karmarkar_karp` and `locality_deal`, so the fast
+but with the tie rules of `lpt`, `karmarkar_karp`, `locality_deal` and `group_deal`, so the fast
 kernels must reach exactly what these reach (the tests assert it; the benchmarks time
 them as baselines).
 """
@@ -127,3 +127,28 @@ def locality_first_phases(costs: np.ndarray, lengths: np.ndarray, sources: np.nd
                 put(item, rank)
         waiting = [i for i in waiting if destinations[i] < 0]
     return np.array(destinations)
+
+
+def group_deal(costs: np.ndarray, lengths: np.ndarray, groups: np.ndarray, cells_per_group: int,
+               loads: np.ndarray, tokens: np.ndarray, limit: float, cap: float, items: np.ndarray,
+               least_loaded: bool) -> np.ndarray:
+    """The plain code of `group_deal.deal_in_groups`; returns the destinations (-1: not dealt or
+    left over).
+
+    Each item of `items`, largest first (ties by index), goes to a cell of its group (cells
+    g·G .. g·G + G - 1) with cost room (limit - load) and token room (cap - tokens) for it:
+    the roomiest (ties by cell) when `least_loaded`, else the first; none: it is left over.
+    """
+    room = [limit - float(load) for load in loads]
+    token_room = [cap - float(held) for held in tokens]
+    destinations = [-1] * costs.size
+    for item in sorted(items.tolist(), key=lambda i: (-costs[i], i)):
+        first = int(groups[item]) * cells_per_group
+        fitting = [c for c in range(first, first + cells_per_group)
+                   if costs[item] <= room[c] and lengths[item] <= token_room[c]]
+        if fitting:
+            cell = max(fitting, key=lambda c: (room[c], -c)) if least_loaded else fitting[0]
+            room[cell] -= float(costs[item])
+            token_room[cell] -= float(lengths[item])
+            destinations[item] = cell
+    return np.array(destinations, dtype=np.int64)

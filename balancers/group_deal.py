@@ -1,0 +1,107 @@
+"""Deals inside groups of cells, every group at once: the phases of `microbatch_locality`.
+
+Group g owns the cells g·G .. g·G + G - 1 (a rank's M micro-batch cells, or a node's
+M · gpus_per_node).  Each group's items go largest first to a cell of their group where
+they fit:
+
+    room = [limit - load[c] for c in cells]; token_room = [cap - tokens[c] for c in cells]
+    for i in sorted(items, key=lambda i: (-cost[i], i)):
+        fitting = [c for c in cells_of(group[i]) if cost[i] <= room[c] and length[i] <= token_room[c]]
+        if fitting:      # else i is left over
+            c = max(fitting, key=lambda c: (room[c], -c)) if least_loaded else fitting[0]
+            room[c], token_room[c] = room[c] - cost[i], token_room[c] - length[i]
+    then every item dealt goes on its cell (loads and tokens summed by cell)
+
+`least_loaded`: LPT inside the group (the roomiest cell, i.e. worst fit: the cells end
+level); otherwise first fit (first-fit decreasing: the first cells fill up, the last keep their room for larger items
+dealt later).  Groups share no cell, so the t-th items of all groups are placed in one
+vectorised turn over a (groups, G) array: turns number the items of the largest group, not
+all items.  Groups with more than `MAX_TURNS` items (skewed sources) are dealt by
+`locality_deal.take_in_node`'s windows instead.  Plain code: `reference.group_deal`.
+Original to orchmllm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .locality_deal import take_in_node
+from .partial_plan import PartialPlan
+
+MAX_TURNS = 128  # more items in one group: windows (a turn costs ~0.05 ms however few groups it serves)
+
+
+def by_group(state: PartialPlan, groups: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`items` ordered by (groups[item], cost rank), each group's largest first with ties by
+    index, and the group of each (non-decreasing), from one sort of packed int64 keys."""
+    shift = state.costs.size.bit_length()
+    keys = groups[items] << shift
+    keys |= state.cost_rank[items]
+    keys.sort()
+    return state.item_of_rank[keys & ((1 << shift) - 1)], keys >> shift
+
+
+def deal_in_groups(state: PartialPlan, ordered: np.ndarray, owner: np.ndarray, cells_per_group: int,
+                   limit: float, least_loaded: bool) -> np.ndarray:
+    """Deal `ordered` items (group owner[k] for ordered[k], as `by_group` orders them; cell c is
+    in group c // cells_per_group) as the module docstring's loop does; returns the items left
+    over.
+
+    >>> from orchmllm.balancers.problem import make_problem
+    >>> state = PartialPlan(make_problem([5, 4, 3, 3, 2], 4), target=6.0)
+    >>> ordered, owner = by_group(state, np.array([0, 0, 0, 1, 1]), np.arange(5))  # cells 0, 1 and 2, 3
+    >>> left = deal_in_groups(state, ordered, owner, 2, 6.0, least_loaded=False)
+    >>> state.destinations.tolist(), state.loads.tolist(), left.tolist()
+    ([0, 1, -1, 2, 2], [5.0, 4.0, 5.0, 0.0], [2])
+    """
+    starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1]))) if owner.size else owner
+    counts = np.diff(np.append(starts, owner.size))
+    left = []
+    crowded = counts > MAX_TURNS
+    if crowded.any():
+        in_crowded = np.repeat(crowded, counts)
+        home = np.zeros(state.costs.size, dtype=np.int64)  # a cell of the item's group, as take_in_node reads it
+        home[ordered] = owner * cells_per_group
+        left.append(take_in_node(state, home, cells_per_group, np.sort(ordered[in_crowded])))
+        ordered, owner, counts = ordered[~in_crowded], owner[~in_crowded], counts[~crowded]
+        starts = np.cumsum(counts) - counts
+    if ordered.size:
+        by_count = np.argsort(-counts, kind="stable")  # the groups still dealt at turn t are a prefix
+        starts, counts = starts[by_count], counts[by_count]
+        first_cell = owner[starts] * cells_per_group
+        cells = first_cell[:, None] + np.arange(cells_per_group)  # a row per group
+        turns = int(counts[0])
+        dealing = np.searchsorted(-counts, -np.arange(turns), side="left")  # groups with more than t items
+        item = ordered[np.minimum(starts + np.arange(turns)[:, None], ordered.size - 1)]  # turn by turn
+        cost, length = state.costs[item], state.lengths[item]
+        chosen = _turns(cost, length, limit - state.loads[cells], state.cap - state.tokens[cells], dealing,
+                        least_loaded)
+        dealt = np.arange(turns)[:, None] < counts
+        kept = dealt & (chosen >= 0)
+        cell = (first_cell + chosen)[kept]
+        state.destinations[item[kept]] = cell
+        state.loads += np.bincount(cell, weights=cost[kept], minlength=state.loads.size)
+        state.tokens += np.bincount(cell, weights=length[kept], minlength=state.loads.size)
+        left.append(item[dealt & (chosen < 0)])
+    return np.concatenate(left) if left else ordered
+
+
+def _turns(cost: np.ndarray, length: np.ndarray, room: np.ndarray, token_room: np.ndarray, dealing: np.ndarray,
+           least_loaded: bool) -> np.ndarray:
+    """Turn t deals the item of cost[t, j] and length[t, j] to the j-th group (a row of `room`
+    and `token_room`, its cells' cost and token room, updated in place) for j < dealing[t];
+    returns each item's cell in its group, -1 where none fits."""
+    flat_room, flat_token_room = room.reshape(-1), token_room.reshape(-1)
+    base = np.arange(room.shape[0]) * room.shape[1]
+    chosen = np.full(cost.shape, -1, dtype=np.int64)
+    for turn, k in enumerate(dealing.tolist()):
+        turn_cost, turn_length = cost[turn, :k], length[turn, :k]
+        fits = (turn_cost[:, None] <= room[:k]) & (turn_length[:, None] <= token_room[:k])
+        cell = np.argmax(np.where(fits, room[:k], -np.inf), axis=1) if least_loaded else np.argmax(fits, axis=1)
+        flat = base[:k] + cell
+        placed = fits.reshape(-1)[flat]
+        # An item that fits nowhere takes 0 from a cell: x - 0.0 == x, no bit changes.
+        flat_room[flat] -= np.where(placed, turn_cost, 0.0)
+        flat_token_room[flat] -= np.where(placed, turn_length, 0.0)
+        chosen[turn, :k] = np.where(placed, cell, -1)
+    return chosen
