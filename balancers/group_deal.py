@@ -32,10 +32,11 @@ MAX_TURNS = 128  # more items in one group: windows (a turn costs ~0.05 ms howev
 
 
 def by_group(state: PartialPlan, groups: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`items` ordered by (groups[item], cost rank), each group's largest first with ties by
-    index, and the group of each (non-decreasing), from one sort of packed int64 keys."""
+    """`items` ordered by (group, cost rank), each group's largest first with ties by index
+    (groups[k] the group of items[k]), and the group of each (non-decreasing), from one sort of
+    packed int64 keys."""
     shift = state.costs.size.bit_length()
-    keys = groups[items] << shift
+    keys = groups << shift
     keys |= state.cost_rank[items]
     keys.sort()
     return state.item_of_rank[keys & ((1 << shift) - 1)], keys >> shift
@@ -66,42 +67,49 @@ def deal_in_groups(state: PartialPlan, ordered: np.ndarray, owner: np.ndarray, c
         ordered, owner, counts = ordered[~in_crowded], owner[~in_crowded], counts[~crowded]
         starts = np.cumsum(counts) - counts
     if ordered.size:
-        by_count = np.argsort(-counts, kind="stable")  # the groups still dealt at turn t are a prefix
-        starts, counts = starts[by_count], counts[by_count]
-        first_cell = owner[starts] * cells_per_group
-        cells = first_cell[:, None] + np.arange(cells_per_group)  # a row per group
-        turns = int(counts[0])
-        dealing = np.searchsorted(-counts, -np.arange(turns), side="left")  # groups with more than t items
-        item = ordered[np.minimum(starts + np.arange(turns)[:, None], ordered.size - 1)]  # turn by turn
-        cost, length = state.costs[item], state.lengths[item]
-        chosen = _turns(cost, length, limit - state.loads[cells], state.cap - state.tokens[cells], dealing,
-                        least_loaded)
-        dealt = np.arange(turns)[:, None] < counts
-        kept = dealt & (chosen >= 0)
-        cell = (first_cell + chosen)[kept]
-        state.destinations[item[kept]] = cell
-        state.loads += np.bincount(cell, weights=cost[kept], minlength=state.loads.size)
-        state.tokens += np.bincount(cell, weights=length[kept], minlength=state.loads.size)
-        left.append(item[dealt & (chosen < 0)])
+        left.append(_deal_by_turns(state, ordered, owner[starts], starts, counts, cells_per_group, limit,
+                                   least_loaded))
     return np.concatenate(left) if left else ordered
+
+
+def _deal_by_turns(state: PartialPlan, ordered: np.ndarray, groups: np.ndarray, starts: np.ndarray,
+                   counts: np.ndarray, cells_per_group: int, limit: float, least_loaded: bool) -> np.ndarray:
+    """Deal the runs ordered[starts[j]:starts[j] + counts[j]] (group groups[j]) by turns; returns
+    the items left over."""
+    by_count = np.argsort(-counts, kind="stable")  # the groups still dealt at turn t are a prefix
+    starts, counts = starts[by_count], counts[by_count]
+    first_cell = groups[by_count] * cells_per_group
+    cells = first_cell[:, None] + np.arange(cells_per_group)  # a row per group
+    turns = int(counts[0])
+    dealing = np.searchsorted(-counts, -np.arange(turns), side="left")  # groups with more than t items
+    item = ordered[np.minimum(starts + np.arange(turns)[:, None], ordered.size - 1)]  # turn by turn
+    cost, length = state.costs[item], state.lengths[item]
+    chosen = _turns(cost, length, limit - state.loads[cells], state.cap - state.tokens[cells], dealing, least_loaded)
+    kept = chosen >= 0
+    cell = (first_cell + chosen)[kept]
+    state.destinations[item[kept]] = cell
+    state.loads += np.bincount(cell, weights=cost[kept], minlength=state.loads.size)
+    state.tokens += np.bincount(cell, weights=length[kept], minlength=state.loads.size)
+    return item[chosen == -1]
 
 
 def _turns(cost: np.ndarray, length: np.ndarray, room: np.ndarray, token_room: np.ndarray, dealing: np.ndarray,
            least_loaded: bool) -> np.ndarray:
     """Turn t deals the item of cost[t, j] and length[t, j] to the j-th group (a row of `room`
     and `token_room`, its cells' cost and token room, updated in place) for j < dealing[t];
-    returns each item's cell in its group, -1 where none fits."""
+    returns each item's cell in its group, -1 where none fits (-2 where not dealt)."""
     flat_room, flat_token_room = room.reshape(-1), token_room.reshape(-1)
     base = np.arange(room.shape[0]) * room.shape[1]
-    chosen = np.full(cost.shape, -1, dtype=np.int64)
+    chosen = np.full(cost.shape, -2, dtype=np.int64)
     for turn, k in enumerate(dealing.tolist()):
-        turn_cost, turn_length = cost[turn, :k], length[turn, :k]
-        fits = (turn_cost[:, None] <= room[:k]) & (turn_length[:, None] <= token_room[:k])
-        cell = np.argmax(np.where(fits, room[:k], -np.inf), axis=1) if least_loaded else np.argmax(fits, axis=1)
+        turn_cost, turn_length, cells_room = cost[turn, :k], length[turn, :k], room[:k]
+        fits = turn_cost[:, None] <= cells_room
+        fits &= turn_length[:, None] <= token_room[:k]
+        cell = (np.where(fits, cells_room, -np.inf) if least_loaded else fits).argmax(axis=1)
         flat = base[:k] + cell
         placed = fits.reshape(-1)[flat]
         # An item that fits nowhere takes 0 from a cell: x - 0.0 == x, no bit changes.
-        flat_room[flat] -= np.where(placed, turn_cost, 0.0)
-        flat_token_room[flat] -= np.where(placed, turn_length, 0.0)
+        flat_room[flat] -= turn_cost * placed
+        flat_token_room[flat] -= turn_length * placed
         chosen[turn, :k] = np.where(placed, cell, -1)
     return chosen

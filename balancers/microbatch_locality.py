@@ -56,7 +56,6 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
     # One sort for every tier: by (tier, source rank, cost), each tier a slice.
     ordered, owner = by_group(state, tier * num_ranks + sources, np.arange(n))
     bounds = np.searchsorted(owner, np.arange(len(tiers) + 2) * num_ranks)
-    nodes = sources // gpus_per_node
     for k in range(len(tiers) + 1):
         tier_items = slice(bounds[k], bounds[k + 1])
         if num_microbatches == 1:  # one cell per rank: keep_home's runs, far fewer rounds than turns
@@ -65,8 +64,8 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
         else:
             left = deal_in_groups(state, ordered[tier_items], owner[tier_items] - k * num_ranks, num_microbatches,
                                   limit, least_loaded=True)
-        left = deal_in_groups(state, *by_group(state, nodes, left), num_microbatches * gpus_per_node, limit,
-                              least_loaded=False)
+        left = deal_in_groups(state, *by_group(state, sources[left] // gpus_per_node, left),
+                              num_microbatches * gpus_per_node, limit, least_loaded=False)
         take_anywhere(state, left)
     take_anywhere(state, filler)
     if state.loads.max() > state.target:

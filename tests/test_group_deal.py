@@ -38,7 +38,7 @@ def test_property_turns_make_the_plain_loops_choices(deal, least_loaded):
     loads, tokens = state.loads.copy(), state.tokens.copy()
     expected = plain_group_deal(state.costs, state.lengths, groups, per_group, loads, tokens, state.target, state.cap,
                                 dealt, least_loaded)
-    left = deal_in_groups(state, *by_group(state, groups, dealt), per_group, state.target, least_loaded)
+    left = deal_in_groups(state, *by_group(state, groups[dealt], dealt), per_group, state.target, least_loaded)
     np.testing.assert_array_equal(state.destinations, expected)
     assert sorted(left.tolist()) == [i for i in dealt.tolist() if expected[i] < 0]
     placed = expected >= 0
@@ -59,7 +59,7 @@ def test_property_crowded_groups_take_windows_and_the_others_keep_the_plain_choi
         loads, tokens = state.loads.copy(), state.tokens.copy()
         expected = plain_group_deal(state.costs, state.lengths, groups, per_group, loads, tokens, state.target,
                                     state.cap, dealt, least_loaded)
-        left = deal_in_groups(state, *by_group(state, groups, dealt), per_group, state.target, least_loaded)
+        left = deal_in_groups(state, *by_group(state, groups[dealt], dealt), per_group, state.target, least_loaded)
     crowded = crowded_groups[groups]
     calm = ~crowded
     np.testing.assert_array_equal(state.destinations[calm], expected[calm])
@@ -86,5 +86,5 @@ def test_least_loaded_levels_a_groups_cells_where_first_fit_fills_the_first():
 
 def test_by_group_orders_each_groups_items_largest_first_ties_by_index():
     state = PartialPlan(make_problem([3, 5, 3, 1, 5, 2], 2), target=0.0)
-    ordered, owner = by_group(state, np.array([1, 0, 1, 1, 0, 0]), np.array([0, 1, 2, 3, 4, 5]))
+    ordered, owner = by_group(state, np.array([1, 0, 1, 1, 0, 0]), np.arange(6))
     assert ordered.tolist() == [1, 4, 5, 0, 2, 3] and owner.tolist() == [0, 0, 0, 1, 1, 1]
