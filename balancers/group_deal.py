@@ -13,11 +13,12 @@ they fit:
     then every item dealt goes on its cell (loads and tokens summed by cell)
 
 `least_loaded`: LPT inside the group (the roomiest cell, i.e. worst fit: the cells end
-level); otherwise first fit (first-fit decreasing: the first cells fill up, the last keep their room for larger items
-dealt later).  Groups share no cell, so the t-th items of all groups are placed in one
-vectorised turn over a (groups, G) array: turns number the items of the largest group, not
-all items.  Groups with more than `MAX_TURNS` items (skewed sources) are dealt by
-`locality_deal.take_in_node`'s windows instead.  Plain code: `reference.group_deal`.
+level); otherwise first fit (first-fit decreasing: the first cells fill up, the last keep
+their room for larger items dealt later).  Groups share no cell, so the t-th items of all
+groups are placed in one vectorised turn over a (groups, G) array: turns number the items
+of the largest group, not all items.  Groups with more than `MAX_TURNS` items (skewed
+sources) are dealt by `locality_deal.take_in_node`'s windows instead (under the plan's
+target).  Plain code: `reference.group_deal`.
 Original to orchmllm.
 """
 

@@ -55,8 +55,8 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
     tier[filler] = len(tiers) + 1
     # One sort for every tier: by (tier, source rank, cost), each tier a slice.
     ordered, owner = by_group(state, tier * num_ranks + sources, np.arange(n))
-    bounds = np.searchsorted(owner, np.arange(len(tiers) + 2) * num_ranks)
-    for k in range(len(tiers) + 1):
+    bounds = np.searchsorted(owner, np.arange(len(tiers) + 2) * num_ranks)  # tier k: ordered[bounds[k]:bounds[k + 1]]
+    for k in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():  # the tiers that hold items
         tier_items = slice(bounds[k], bounds[k + 1])
         if num_microbatches == 1:  # one cell per rank: keep_home's runs, far fewer rounds than turns
             keep_home(state, sources, ordered[tier_items])
@@ -77,8 +77,8 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
     """Cells of `result`'s step cost or less that keep items on their source rank, else their node;
     None when the deal and repair miss a micro-batch's max (unpadded problems only)."""
     m = num_microbatches
-    plain_loads, _ = cell_accounts(problem, result.rank, result.microbatch, m)
-    maxima = plain_loads.max(axis=1)
+    cell = result.microbatch * problem.num_ranks + result.rank  # the plain loads as `cell_accounts` sums them
+    maxima = np.bincount(cell, weights=problem.item_costs, minlength=m * problem.num_ranks).reshape(m, -1).max(axis=1)
     target = float(maxima.max())
     cells = balancing_problem(problem.lengths, problem.item_costs, m * problem.num_ranks, problem.max_tokens,
                               problem.cost_order)

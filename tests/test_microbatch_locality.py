@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from orchmllm import Orchestrator, Topology
 from orchmllm.balancers import CostModel, balance, balance_microbatches
-from orchmllm.balancers import locality, locality_fill, locality_repair, microbatch_locality
+from orchmllm.balancers import group_deal, locality, locality_deal, locality_fill, locality_repair, microbatch_locality
 from orchmllm.balancers.locality import balance_locally
 from orchmllm.balancers.locality_deal import keep_home
 from orchmllm.balancers.microbatch import _keep_local, _solve, make_microbatch_problem
@@ -209,3 +209,41 @@ def test_micro_batched_step_moves_fewer_inter_node_bytes_than_without_placement(
     assert sum(map(inter, local.embedding_exchanges())) < 0.5 * sum(map(inter, plain.embedding_exchanges()))
     assert local.cells.algorithm == "auto+locality"
     assert local.step_cost <= plain.step_cost * 1.002
+
+
+def assert_cells_keep_every_microbatch_max(problem, result, local, m, budget):
+    plain_loads, _ = cell_accounts(problem, result.rank, result.microbatch, m)
+    loads, tokens = cell_accounts(problem, local.rank, local.microbatch, m)
+    assert np.all(loads.max(axis=1) <= plain_loads.max(axis=1)) and tokens.max() <= budget
+
+
+def test_one_microbatch_keeps_home_then_packs_the_node():
+    """M = 1: a rank's one cell keeps its items as `keep_home` does, the rest go to the node's cells."""
+    lengths, sources = step_instance(64, 32, 65536, 1)
+    item_bytes = lengths * 16384.0
+    problem, result, m = plain_cells(lengths, 64, 65536)
+    assert m == 1
+    local = keep_cells_local(problem, result, m, sources, item_bytes, GPUS_PER_NODE)
+    assert local is not None
+    assert_cells_keep_every_microbatch_max(problem, result, local, m, 65536)
+    assert inter_node_bytes(item_bytes, local.rank, sources) < 0.05 * inter_node_bytes(item_bytes, result.rank, sources)
+
+
+def test_a_crowded_source_is_dealt_by_windows_and_its_cells_stay_valid(monkeypatch):
+    """A third of the items sampled on rank 0 (hundreds in one rank, one node): more than
+    `group_deal.MAX_TURNS` turns, so that rank and node are dealt by `take_in_node`'s windows."""
+    lengths, sources = step_instance(64, 32, 16384, 4)
+    sources = np.where(np.arange(sources.size) % 3 == 0, 0, sources)
+    problem, result, m = plain_cells(lengths, 64, 16384)
+    windows = []
+
+    def spied(state, home, cells_per_group, items):
+        windows.append((cells_per_group, items.size))
+        return locality_deal.take_in_node(state, home, cells_per_group, items)
+
+    monkeypatch.setattr(group_deal, "take_in_node", spied)
+    local = keep_cells_local(problem, result, m, sources, lengths * 1.0, GPUS_PER_NODE)
+    assert [cells for cells, _ in windows] == [m, m * GPUS_PER_NODE]  # rank 0, then node 0
+    assert all(count > group_deal.MAX_TURNS for _, count in windows)
+    assert local is not None
+    assert_cells_keep_every_microbatch_max(problem, result, local, m, 16384)
