@@ -63,13 +63,16 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
     """
     num_ranks = state.loads.size
     homes = sources if items is None else sources[items]
-    costs, lengths = (state.costs, state.lengths) if items is None else (state.costs[items], state.lengths[items])
+    costs = state.costs if items is None else state.costs[items]
     totals = np.bincount(homes, weights=costs, minlength=num_ranks)
     margin = homes.size * np.finfo(np.float64).eps * float(totals.sum())  # bounds any summation's rounding
-    token_totals = np.bincount(homes, weights=lengths, minlength=num_ranks)
-    whole = (state.loads + totals <= state.target - margin) & (state.tokens + token_totals <= state.cap)
+    whole = state.loads + totals <= state.target - margin
+    if state.cap < np.inf:
+        lengths = state.lengths if items is None else state.lengths[items]
+        token_totals = np.bincount(homes, weights=lengths, minlength=num_ranks)
+        whole &= state.tokens + token_totals <= state.cap
+        state.tokens[whole] += token_totals[whole]
     state.loads[whole] += totals[whole]
-    state.tokens[whole] += token_totals[whole]
     stays = whole[homes]
     rest = np.flatnonzero(~stays)
     if items is None:

@@ -119,7 +119,6 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
         valid &= ((state.tokens[partner_rank] + delta_tokens <= state.cap)
                   & (state.tokens[item_rank, None] - delta_tokens <= state.cap))
     delta = np.where(valid, delta, np.inf)
-    hopeless = np.setdiff1d(ranks, item_rank[np.isfinite(delta).any(axis=1)])
     used = np.zeros(state.loads.size, dtype=bool)  # ranks a fix of this round changed
     chosen = []
     # Each row's columns by (delta, column): its best is the first whose rank no fix of the round
@@ -130,6 +129,9 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
     pointer = np.zeros(items.size, dtype=np.int64)  # each one's best, in by_delta
     column = by_delta[:, 0]
     row_delta = delta[rows, column]
+    candid = np.zeros(state.loads.size, dtype=bool)
+    candid[item_rank[np.isfinite(row_delta)]] = True
+    hopeless = ranks[~candid[ranks]]
     while rows.size:
         rank_of = item_rank[rows]
         order = np.lexsort((row_delta, rank_of))  # per rank, its item with the smallest delta

@@ -1,8 +1,9 @@
 """A partial plan under a makespan target and a token cap, as the communication-aware phases build it.
 
-Destinations (-1 while unplaced), rank loads and rank tokens, kept consistent by `take`,
-`put` and `put_runs`; items are also indexed by their cost rank (largest first, ties by
-index) so that phases can search sorted runs of them.
+Destinations (-1 while unplaced), rank loads and rank tokens (counted only under a cap: zeros
+without one, where no check reads them), kept consistent by `take`, `put` and `put_runs`; items
+are also indexed by their cost rank (largest first, ties by index) so that phases can search
+sorted runs of them.
 """
 
 from __future__ import annotations
@@ -38,20 +39,23 @@ class PartialPlan:
     def take(self, items: np.ndarray) -> None:
         """Remove placed items from their ranks."""
         np.subtract.at(self.loads, self.destinations[items], self.costs[items])
-        np.subtract.at(self.tokens, self.destinations[items], self.lengths[items])
+        if self.cap < np.inf:
+            np.subtract.at(self.tokens, self.destinations[items], self.lengths[items])
         self.destinations[items] = -1
 
     def put_runs(self, items: np.ndarray, ranks: np.ndarray) -> None:
         """Place items on ranks (a rank any number of times)."""
         self.destinations[items] = ranks
         self.loads += np.bincount(ranks, weights=self.costs[items], minlength=self.loads.size)
-        self.tokens += np.bincount(ranks, weights=self.lengths[items], minlength=self.loads.size)
+        if self.cap < np.inf:
+            self.tokens += np.bincount(ranks, weights=self.lengths[items], minlength=self.loads.size)
 
     def put(self, items: np.ndarray, ranks: np.ndarray) -> None:
         """Place items on ranks (each rank at most once per call)."""
         self.destinations[items] = ranks
         self.loads[ranks] += self.costs[items]
-        self.tokens[ranks] += self.lengths[items]
+        if self.cap < np.inf:
+            self.tokens[ranks] += self.lengths[items]
 
 
 def runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
