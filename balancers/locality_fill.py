@@ -45,7 +45,7 @@ def fill_locally(state: PartialPlan, home: np.ndarray, item_bytes: np.ndarray, c
     room for an item.  With a cap, items longer than cap / tiers[0], then cap / tiers[1], ...
     are dealt first, tier by tier."""
     order = state.item_of_rank
-    ascending = state.costs[order[::-1]]
+    ascending = -state.negated_sorted_costs[::-1]  # the costs in `order`, read backwards
     count = int(np.searchsorted(np.cumsum(ascending), share * float(ascending.sum())))
     filler = np.zeros(order.size, dtype=bool)
     filler[order[order.size - count:]] = True

@@ -75,21 +75,6 @@ def best_fix(state: PartialPlan, members: list[np.ndarray], rank: int, pool: np.
     return best_full if best_full is not None else best_partial
 
 
-def _search_sorted(keys: np.ndarray, needles: np.ndarray) -> np.ndarray:
-    """np.searchsorted(keys, needles) for non-negative int64 needles, searched in sorted order.
-
-    Sorted needles let each search start where the last one ended (several times faster
-    than scattered ones); needle · count + index keys sort as fast as the needles alone.
-    """
-    count = needles.size
-    if count == 0 or float(needles.max()) * count >= 2.0**62:
-        return np.searchsorted(keys, needles)
-    packed = np.sort(needles * count + np.arange(count))
-    position = np.empty(count, dtype=np.int64)
-    position[packed % count] = np.searchsorted(keys, packed // count)
-    return position
-
-
 def _ascending(state: PartialPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Items by cost ascending (ties by index descending), their costs, and each item's
     position: the plan's largest-first order read backwards."""
@@ -204,7 +189,14 @@ def repair_in_node(state: PartialPlan, gpus_per_node: int) -> None:
         partner_rank = (item_rank - item_rank % gpus_per_node)[:, None] + offsets
         limit = state.costs[items] - (state.loads[item_rank] - state.target)
         count = np.searchsorted(ascending_costs, limit, side="right")  # items with cost <= limit
-        position = _search_sorted(keys, (partner_rank * n + count[:, None]).ravel()).reshape(partner_rank.shape) - 1
+        # Rows by (node, count): every column's needles ascend, and sorted needles search several
+        # times faster than scattered ones (each search starts where the last one ended).
+        by = np.lexsort((count, item_rank // gpus_per_node))
+        needles = partner_rank[by] * n + count[by, None]
+        position = np.empty_like(needles)
+        for column in range(gpus_per_node):
+            position[by, column] = np.searchsorted(keys, needles[:, column])
+        position -= 1
         found = keys[np.maximum(position, 0)]
         partner = np.where((position >= 0) & (found // n == partner_rank), ascending[found % n], -1)
         stuck[_apply_fixes(state, items, partner, partner_rank, over)] = True
