@@ -38,9 +38,9 @@ def _by_segment(state: PartialPlan, segment: np.ndarray, candidates: np.ndarray)
     keys *= n
     keys += state.cost_rank[candidates]
     keys.sort()
-    owner = keys // n
+    owner, cost_rank = np.divmod(keys, n)
     starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1]))) if keys.size else keys
-    return keys, state.item_of_rank[keys % n], starts, np.append(starts[1:], keys.size), owner[starts]
+    return keys, state.item_of_rank[cost_rank], starts, np.append(starts[1:], keys.size), owner[starts]
 
 
 def _first_fitting(state: PartialPlan, keys: np.ndarray, segments: np.ndarray, pointer: np.ndarray,
