@@ -1,5 +1,6 @@
 """Plain-code references of the LPT and Karmarkar–Karp kernels, of the communication-aware
-deal and of the micro-batch cells' group deal, for tests and same-run baselines.
+deal and its rounds of full fixes, and of the micro-batch cells' group deal, for tests and
+same-run baselines.
 
 minimise max(loads) where loads[r] = sum(cost[i] for i on r), the textbook way, in pure
 Python: slow (O(n log D) heap steps; O(n · D log D) for differencing on full D-vectors),
@@ -152,3 +153,42 @@ def group_deal(costs: np.ndarray, lengths: np.ndarray, groups: np.ndarray, cells
             token_room[cell] -= float(lengths[item])
             destinations[item] = cell
     return np.array(destinations, dtype=np.int64)
+
+
+def full_fixes_round(costs: np.ndarray, loads: np.ndarray, target: float, items: np.ndarray, item_rank: np.ndarray,
+                     partner: np.ndarray, partner_rank: np.ndarray, ranks: np.ndarray) -> tuple[list, list]:
+    """One round of full fixes of `locality_repair` (no cap), in plain loops: row k offers moving
+    `items[k]` off its over-target rank `item_rank[k]` by a swap with `partner[k, c]` (or a move,
+    -1) on `partner_rank[k, c]`.  Until no rank has a candidate left, every rank not yet changed
+    takes its best valid one (smallest delta, then row, then column) on a partner rank not yet
+    changed, the ranks most loaded first (`ranks` order) winning a partner rank they share.
+    Returns the fixes (item, partner rank, partner item, item rank) in the order taken and the
+    ranks without any valid candidate."""
+    valid = {}
+    for row, item in enumerate(items.tolist()):
+        rank = int(item_rank[row])
+        for column in range(partner.shape[1]):
+            other, other_rank = int(partner[row, column]), int(partner_rank[row, column])
+            delta = float(costs[item]) - (float(costs[other]) if other >= 0 else 0.0)
+            if other_rank != rank and delta > 0 and loads[rank] - delta <= target and loads[other_rank] + delta <= target:
+                valid[row, column] = delta
+    hopeless = sorted(set(ranks.tolist()) - {int(item_rank[row]) for row, _ in valid})
+    position = {rank: k for k, rank in enumerate(ranks.tolist())}
+    changed, fixes = set(), []
+    while True:
+        best = {}
+        for (row, column), delta in valid.items():
+            rank, other_rank = int(item_rank[row]), int(partner_rank[row, column])
+            if rank not in changed and other_rank not in changed:
+                best[rank] = min(best.get(rank, (np.inf,)), (delta, row, column))
+        if not best:
+            return fixes, hopeless
+        taken = set()
+        for rank in sorted(best, key=position.get):
+            _, row, column = best[rank]
+            other_rank = int(partner_rank[row, column])
+            if other_rank not in taken:
+                taken.add(other_rank)
+                changed.add(rank)
+                fixes.append((int(items[row]), other_rank, int(partner[row, column]), rank))
+        changed |= taken

@@ -14,7 +14,7 @@ from orchmllm.balancers.locality_repair import ACROSS_CANDIDATES, repair_across_
 from orchmllm.balancers.partial_plan import PartialPlan
 from orchmllm.balancers.problem import make_problem, rank_loads
 from orchmllm.balancers.redeal import redeal_equal_items
-from orchmllm.balancers.reference import locality_first_phases
+from orchmllm.balancers.reference import full_fixes_round, locality_first_phases
 from orchmllm.study.workloads import llm_stage_lengths
 from orchmllm.testing import all_assignments
 from orchmllm.topology import Topology, place, traffic
@@ -329,3 +329,37 @@ def test_regression_micro_batched_cells_ran_thousands_of_byte_aware_searches(mon
     assert run() > 2
     monkeypatch.setattr(locality_repair, "REPAIR_SEARCHES", 2)
     assert run() == 2
+
+
+@pytest.mark.parametrize("width", [1, 3, 9, 40])
+@pytest.mark.parametrize("seed", range(10))
+def test_a_round_of_full_fixes_matches_its_plain_code(seed, width):
+    """`_apply_fixes` (each row's candidates sorted once, a pointer moved past the ranks a fix
+    took) takes exactly the fixes of the plain round; few partner ranks and small integer costs
+    make ranks compete for partners over many rounds, and ties in delta common."""
+    rng = np.random.default_rng(seed)
+    num_ranks = int(rng.integers(4, 24))
+    lengths = rng.integers(1, 12, int(rng.integers(num_ranks, 12 * num_ranks)))
+    problem = make_problem(lengths, num_ranks, cost=CostModel(per_item=0.0, linear=1.0))
+    state = PartialPlan(problem, float(lengths.sum()) / num_ranks + 1.0)
+    state.put_runs(np.arange(lengths.size), rng.integers(0, num_ranks, lengths.size))
+    over = np.flatnonzero(state.loads > state.target)
+    if over.size == 0:
+        over = np.array([int(np.argmax(state.loads))])
+        state.target = float(state.loads[over[0]]) - 1.0
+    over = over[np.lexsort((over, -state.loads[over]))]
+    items = np.flatnonzero(np.isin(state.destinations, over))
+    partner = rng.integers(-1, lengths.size, (items.size, width))
+    partner_rank = np.where(partner >= 0, state.destinations[np.maximum(partner, 0)],
+                            rng.integers(0, num_ranks, (items.size, width)))
+    fixes, hopeless = full_fixes_round(state.costs, state.loads.copy(), state.target, items,
+                                       state.destinations[items], partner, partner_rank, over)
+    expected = state.destinations.copy()
+    for item, rank, other, _ in fixes:
+        expected[item] = rank
+    for item, _, other, item_rank in fixes:
+        if other >= 0:
+            expected[other] = item_rank
+    assert sorted(locality_repair._apply_fixes(state, items, partner, partner_rank, over).tolist()) == hopeless
+    np.testing.assert_array_equal(state.destinations, expected)
+    assert state.loads == pytest.approx(np.bincount(expected, weights=state.costs, minlength=num_ranks))
