@@ -68,7 +68,7 @@ def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: 
             return state.destinations
         state = PartialPlan(problem, target)
     slack = target * problem.num_ranks / total - 1.0 if total > 0 else 0.0  # room above the mean load
-    fill_locally(state, sources, item_bytes, 1, gpus_per_node, filler_share(slack))
+    fill_locally(state, sources, item_bytes, gpus_per_node, filler_share(slack))
     return state.destinations
 
 

@@ -2,11 +2,11 @@
 
     filler = the smallest items, `filler_share` of the total cost (they carry few bytes)
     for the items longer than cap / 2, then cap / 4, then the rest (wide items first, while
-            cells still have the token room they need), largest first:
-        to the least-loaded of their own rank's cells that fit (`cells_per_rank` of them),
-        then of their node's, then of all (`locality_deal.take_in_node` / `take_anywhere`)
-    the filler, largest first, to the least-loaded cells (LPT: it tops every cell up)
-    repair (`locality_repair`) while a cell is above the target
+            ranks still have the token room they need), largest first:
+        kept on their own rank while they fit (`locality_deal.keep_home`), then to the
+        least-loaded ranks of their node that fit, then of all (`take_in_node` / `take_anywhere`)
+    the filler, largest first, to the least-loaded ranks (LPT: it tops every rank up)
+    repair (`locality_repair`) while a rank is above the target
 
 Dealt last, small items fill the rooms the deals leave, as the last items of plain LPT
 do, so the deal meets a target with almost no slack where the plain phases leave ranks
@@ -37,28 +37,22 @@ def filler_share(slack: float) -> float:
     return min(max(FILLER_SHARE, 2.0 * slack), MAX_FILLER_SHARE)
 
 
-def fill_locally(state: PartialPlan, home: np.ndarray, item_bytes: np.ndarray, cells_per_rank: int,
-                 gpus_per_node: int, share: float, tiers: tuple[int, ...] = TIERS) -> None:
-    """Place every item of `state` (none placed yet) near `home` (its source cell: `home //
-    cells_per_rank` is its rank, `home // (cells_per_rank · gpus_per_node)` its node), within the
-    target where the deal and the repair manage; `locality_deal.NoRoom` when no cell has token
-    room for an item.  With a cap, items longer than cap / tiers[0], then cap / tiers[1], ...
+def fill_locally(state: PartialPlan, home: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int,
+                 share: float) -> None:
+    """Place every item of `state` (none placed yet) near `home` (its source rank), within the
+    target where the deal and the repair manage; `locality_deal.NoRoom` when no rank has token
+    room for an item.  With a cap, items longer than cap / TIERS[0], then cap / TIERS[1], ...
     are dealt first, tier by tier."""
     order = state.item_of_rank
     ascending = -state.negated_sorted_costs[::-1]  # the costs in `order`, read backwards
     count = int(np.searchsorted(np.cumsum(ascending), share * float(ascending.sum())))
     filler = np.zeros(order.size, dtype=bool)
     filler[order[order.size - count:]] = True
-    per_node = cells_per_rank * gpus_per_node
-    tiers = tiers if state.cap < np.inf else ()
+    tiers = TIERS if state.cap < np.inf else ()
     tier = np.searchsorted(-state.cap / np.asarray(tiers, dtype=np.float64), -state.lengths, side="right")
     for items in (np.flatnonzero((tier == k) & ~filler) for k in range(len(tiers) + 1)):
-        if cells_per_rank == 1:  # keep_home: the same choices as a deal to one cell, in far fewer rounds
-            keep_home(state, home, items)
-            left = items[state.destinations[items] < 0]
-        else:
-            left = take_in_node(state, home, cells_per_rank, items)
-        take_anywhere(state, take_in_node(state, home, per_node, left))
+        keep_home(state, home, items)
+        take_anywhere(state, take_in_node(state, home, gpus_per_node, items[state.destinations[items] < 0]))
     take_anywhere(state, np.flatnonzero(filler))
     if state.loads.max() > state.target:
-        repair(state, home, item_bytes, per_node)
+        repair(state, home, item_bytes, gpus_per_node)

@@ -1,8 +1,8 @@
 """A partial plan under a makespan target and a token cap, as the communication-aware phases build it.
 
-Destinations (-1 while unplaced), rank loads and rank tokens (counted only under a cap: zeros
-without one, where no check reads them), kept consistent by `take`, `put` and `put_runs`; items
-are also indexed by their cost rank (largest first, ties by index) so that phases can search
+Destinations (-1 while unplaced), rank loads and rank tokens (`take`, `put` and `put_runs`
+count tokens only under a cap: without one no check reads them), kept consistent; items are
+also indexed by their cost rank (largest first, ties by index) so that phases can search
 sorted runs of them.
 """
 
