@@ -24,8 +24,8 @@ dealt in the phases of `locality_fill`'s filler deal, each rank's M cells its fi
 The rank and node deals run for all ranks (nodes) at once, an item of each per turn
 (`group_deal`), from one sort of the items by (tier, source rank, cost).  LPT keeps a
 rank's cells level in cost and tokens; first fit packs a node's left-overs into few cells,
-so fewer leave the node.  With M = 1 a rank's one cell keeps its items as
-`locality_deal.keep_home` does (the same rule, in fewer rounds).
+so fewer leave the node.  With M = 1 (a cell per rank) `locality_fill.fill_locally` deals
+them as in a plain step (`keep_home`'s runs are cheaper than turns over one cell).
 Original to orchmllm.
 """
 
@@ -34,8 +34,8 @@ from __future__ import annotations
 import numpy as np
 
 from .group_deal import by_group, deal_in_groups
-from .locality_deal import NoRoom, keep_home, take_anywhere
-from .locality_fill import FINE_TIERS, TIERS, filler_share
+from .locality_deal import NoRoom, take_anywhere
+from .locality_fill import FINE_TIERS, TIERS, fill_locally, filler_share
 from .locality_repair import repair
 from .microbatch_plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cell_accounts
 from .partial_plan import PartialPlan
@@ -58,12 +58,8 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
     bounds = np.searchsorted(owner, np.arange(len(tiers) + 2) * num_ranks)  # tier k: ordered[bounds[k]:bounds[k + 1]]
     for k in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():  # the tiers that hold items
         tier_items = slice(bounds[k], bounds[k + 1])
-        if num_microbatches == 1:  # one cell per rank: keep_home's runs, far fewer rounds than turns
-            keep_home(state, sources, ordered[tier_items])
-            left = ordered[tier_items][state.destinations[ordered[tier_items]] < 0]
-        else:
-            left = deal_in_groups(state, ordered[tier_items], owner[tier_items] - k * num_ranks, num_microbatches,
-                                  limit, least_loaded=True)
+        left = deal_in_groups(state, ordered[tier_items], owner[tier_items] - k * num_ranks, num_microbatches,
+                              limit, least_loaded=True)
         left = deal_in_groups(state, *by_group(state, sources[left] // gpus_per_node, left),
                               num_microbatches * gpus_per_node, limit, least_loaded=False)
         take_anywhere(state, left)
@@ -88,7 +84,10 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
         state = PartialPlan(cells, target)
         state.loads += np.tile(target - maxima, problem.num_ranks)  # cell r·M + m starts at max(t) - t_m
         try:
-            _deal_cells(state, sources, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
+            if m == 1:  # a cell per rank: the filler deal of a plain step (keep_home's runs, the node's windows)
+                fill_locally(state, sources, item_bytes, 1, gpus_per_node, filler_share(slack), tiers)
+            else:
+                _deal_cells(state, sources, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
         except NoRoom:
             continue
         rank, microbatch = np.divmod(state.destinations, m)

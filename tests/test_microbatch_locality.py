@@ -217,8 +217,8 @@ def assert_cells_keep_every_microbatch_max(problem, result, local, m, budget):
     assert np.all(loads.max(axis=1) <= plain_loads.max(axis=1)) and tokens.max() <= budget
 
 
-def test_one_microbatch_keeps_home_then_packs_the_node():
-    """M = 1: a rank's one cell keeps its items as `keep_home` does, the rest go to the node's cells."""
+def test_one_microbatch_takes_the_filler_deal_of_a_plain_step():
+    """M = 1: a cell per rank, dealt by `locality_fill.fill_locally` (keep home, then the node's windows)."""
     lengths, sources = step_instance(64, 32, 65536, 1)
     item_bytes = lengths * 16384.0
     problem, result, m = plain_cells(lengths, 64, 65536)
