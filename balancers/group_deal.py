@@ -103,12 +103,18 @@ def _turns(cost: np.ndarray, length: np.ndarray, room: np.ndarray, token_room: n
     base = np.arange(room.shape[0]) * room.shape[1]
     chosen = np.full(cost.shape, -2, dtype=np.int64)
     for turn, k in enumerate(dealing.tolist()):
-        turn_cost, turn_length, cells_room = cost[turn, :k], length[turn, :k], room[:k]
-        fits = turn_cost[:, None] <= cells_room
-        fits &= turn_length[:, None] <= token_room[:k]
-        cell = (np.where(fits, cells_room, -np.inf) if least_loaded else fits).argmax(axis=1)
+        turn_cost, turn_length = cost[turn, :k], length[turn, :k]
+        # The rule's cell by cost room alone; where that one lacks token room, the rule's cell
+        # among those with both (rare: token-tight cells).
+        cell = (room[:k] if least_loaded else turn_cost[:, None] <= room[:k]).argmax(axis=1)
         flat = base[:k] + cell
-        placed = fits.reshape(-1)[flat]
+        placed = turn_cost <= flat_room[flat]
+        short = np.flatnonzero(placed & (turn_length > flat_token_room[flat]))
+        if short.size:
+            fits = (turn_cost[short, None] <= room[short]) & (turn_length[short, None] <= token_room[short])
+            cell[short] = (np.where(fits, room[short], -np.inf) if least_loaded else fits).argmax(axis=1)
+            placed[short] = fits[np.arange(short.size), cell[short]]
+            flat = base[:k] + cell
         # An item that fits nowhere takes 0 from a cell: x - 0.0 == x, no bit changes.
         flat_room[flat] -= turn_cost * placed
         flat_token_room[flat] -= turn_length * placed
