@@ -25,7 +25,8 @@ The rank and node deals run for all ranks (nodes) at once, an item of each per t
 (`group_deal`), from one sort of the items by (tier, source rank, cost).  LPT keeps a
 rank's cells level in cost and tokens; first fit packs a node's left-overs into few cells,
 so fewer leave the node.  With M = 1 (a cell per rank) `locality_fill.fill_locally` deals
-them as in a plain step (`keep_home`'s runs are cheaper than turns over one cell).
+them as in a plain step (`keep_home`'s runs are cheaper than turns over one cell), with its
+own tiers and no second try.
 Original to orchmllm.
 """
 
@@ -80,12 +81,12 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
                               problem.cost_order)
     total = float(problem.item_costs.sum())
     slack = problem.num_ranks * float(maxima.sum()) / total - 1.0 if total > 0 else 0.0  # room above the mean
-    for tiers in (TIERS, FINE_TIERS):
+    for tiers in (TIERS,) if m == 1 else (TIERS, FINE_TIERS):
         state = PartialPlan(cells, target)
         state.loads += np.tile(target - maxima, problem.num_ranks)  # cell r·M + m starts at max(t) - t_m
         try:
             if m == 1:  # a cell per rank: the filler deal of a plain step (keep_home's runs, the node's windows)
-                fill_locally(state, sources, item_bytes, 1, gpus_per_node, filler_share(slack), tiers)
+                fill_locally(state, sources, item_bytes, gpus_per_node, filler_share(slack))
             else:
                 _deal_cells(state, sources, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
         except NoRoom:
