@@ -37,19 +37,29 @@ def filler_share(slack: float) -> float:
     return min(max(FILLER_SHARE, 2.0 * slack), MAX_FILLER_SHARE)
 
 
+def filler_items(state: PartialPlan, share: float) -> np.ndarray:
+    """The filler: the smallest items, `share` of the total cost (the tail of the cost order)."""
+    ascending = -state.negated_sorted_costs[::-1]  # the costs in cost order, read backwards
+    count = int(np.searchsorted(np.cumsum(ascending), share * float(ascending.sum())))
+    return state.item_of_rank[state.item_of_rank.size - count:]
+
+
+def length_tiers(state: PartialPlan, tiers: tuple[int, ...]) -> np.ndarray:
+    """Each item's tier: k for the items longer than cap / tiers[k] (the first such k), len(tiers)
+    for the rest."""
+    return np.searchsorted(-state.cap / np.asarray(tiers, dtype=np.float64), -state.lengths, side="right")
+
+
 def fill_locally(state: PartialPlan, home: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int,
                  share: float) -> None:
     """Place every item of `state` (none placed yet) near `home` (its source rank), within the
     target where the deal and the repair manage; `locality_deal.NoRoom` when no rank has token
     room for an item.  With a cap, items longer than cap / TIERS[0], then cap / TIERS[1], ...
     are dealt first, tier by tier."""
-    order = state.item_of_rank
-    ascending = -state.negated_sorted_costs[::-1]  # the costs in `order`, read backwards
-    count = int(np.searchsorted(np.cumsum(ascending), share * float(ascending.sum())))
-    filler = np.zeros(order.size, dtype=bool)
-    filler[order[order.size - count:]] = True
+    filler = np.zeros(state.costs.size, dtype=bool)
+    filler[filler_items(state, share)] = True
     tiers = TIERS if state.cap < np.inf else ()
-    tier = np.searchsorted(-state.cap / np.asarray(tiers, dtype=np.float64), -state.lengths, side="right")
+    tier = length_tiers(state, tiers)
     for items in (np.flatnonzero((tier == k) & ~filler) for k in range(len(tiers) + 1)):
         keep_home(state, home, items)
         take_anywhere(state, take_in_node(state, home, gpus_per_node, items[state.destinations[items] < 0]))

@@ -36,7 +36,7 @@ import numpy as np
 
 from .group_deal import by_group, deal_in_groups
 from .locality_deal import NoRoom, take_anywhere
-from .locality_fill import FINE_TIERS, TIERS, fill_locally, filler_share
+from .locality_fill import FINE_TIERS, TIERS, fill_locally, filler_items, filler_share, length_tiers
 from .locality_repair import repair
 from .microbatch_plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cell_accounts
 from .partial_plan import PartialPlan
@@ -50,9 +50,8 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
     # Cells are dealt up to a hair below the target: no summation order of a cell's items then
     # lifts its load above its micro-batch's max (the deal adds them largest first, from max(t) - t_m).
     limit = state.target - 2 * (n + 1) * np.finfo(np.float64).eps * state.target
-    ascending = -state.negated_sorted_costs[::-1]
-    filler = state.item_of_rank[n - int(np.searchsorted(np.cumsum(ascending), share * float(ascending.sum()))):]
-    tier = np.searchsorted(-state.cap / np.asarray(tiers, dtype=np.float64), -state.lengths, side="right")
+    filler = filler_items(state, share)
+    tier = length_tiers(state, tiers)
     tier[filler] = len(tiers) + 1
     # One sort for every tier: by (tier, source rank, cost), each tier a slice.
     ordered, owner = by_group(state, tier * num_ranks + sources, np.arange(n))
