@@ -81,42 +81,45 @@ def _deal_by_turns(state: PartialPlan, ordered: np.ndarray, groups: np.ndarray, 
     starts, counts = starts[by_count], counts[by_count]
     first_cell = groups[by_count] * cells_per_group
     cells = first_cell[:, None] + np.arange(cells_per_group)  # a row per group
-    turns = int(counts[0])
-    dealing = np.searchsorted(-counts, -np.arange(turns), side="left")  # groups with more than t items
-    item = ordered[np.minimum(starts + np.arange(turns)[:, None], ordered.size - 1)]  # turn by turn
-    cost, length = state.costs[item], state.lengths[item]
-    chosen = _turns(cost, length, limit - state.loads[cells], state.cap - state.tokens[cells], dealing, least_loaded)
-    kept = chosen >= 0
-    cell = (first_cell + chosen)[kept]
-    state.destinations[item[kept]] = cell
-    state.loads += np.bincount(cell, weights=cost[kept], minlength=state.loads.size)
-    state.tokens += np.bincount(cell, weights=length[kept], minlength=state.loads.size)
-    return item[chosen == -1]
+    dealing = np.searchsorted(-counts, -np.arange(int(counts[0])), side="left")  # groups with more than t items
+    cost, length = state.costs[ordered], state.lengths[ordered]
+    cell = _turns(cost, length, starts, first_cell, limit - state.loads[cells], state.cap - state.tokens[cells],
+                  dealing, least_loaded)
+    kept = cell >= 0
+    placed = cell[kept]  # each cell's items in turn order, as the loop adds them
+    state.destinations[ordered[kept]] = placed
+    state.loads += np.bincount(placed, weights=cost[kept], minlength=state.loads.size)
+    state.tokens += np.bincount(placed, weights=length[kept], minlength=state.loads.size)
+    return ordered[~kept]
 
 
-def _turns(cost: np.ndarray, length: np.ndarray, room: np.ndarray, token_room: np.ndarray, dealing: np.ndarray,
-           least_loaded: bool) -> np.ndarray:
-    """Turn t deals the item of cost[t, j] and length[t, j] to the j-th group (a row of `room`
-    and `token_room`, its cells' cost and token room, updated in place) for j < dealing[t];
-    returns each item's cell in its group, -1 where none fits (-2 where not dealt)."""
+def _turns(cost: np.ndarray, length: np.ndarray, starts: np.ndarray, first_cell: np.ndarray, room: np.ndarray,
+           token_room: np.ndarray, dealing: np.ndarray, least_loaded: bool) -> np.ndarray:
+    """Turn t deals the item at position starts[j] + t (cost[.], length[.]) to the j-th group (a
+    row of `room` and `token_room`, its cells' cost and token room, updated in place; its first
+    cell first_cell[j]) for j < dealing[t]; returns each position's cell, -1 where none fits."""
     flat_room, flat_token_room = room.reshape(-1), token_room.reshape(-1)
     base = np.arange(room.shape[0]) * room.shape[1]
-    chosen = np.full(cost.shape, -2, dtype=np.int64)
+    chosen = np.empty(cost.size, dtype=np.int64)
     for turn, k in enumerate(dealing.tolist()):
-        turn_cost, turn_length = cost[turn, :k], length[turn, :k]
+        at = starts[:k] + turn
+        turn_cost, turn_length = cost[at], length[at]
         # The rule's cell by cost room alone; where that one lacks token room, the rule's cell
         # among those with both (rare: token-tight cells).
         cell = (room[:k] if least_loaded else turn_cost[:, None] <= room[:k]).argmax(axis=1)
         flat = base[:k] + cell
-        placed = turn_cost <= flat_room[flat]
-        short = np.flatnonzero(placed & (turn_length > flat_token_room[flat]))
-        if short.size:
+        cell_room, cell_token_room = flat_room[flat], flat_token_room[flat]
+        placed = turn_cost <= cell_room
+        short = placed & (turn_length > cell_token_room)
+        if short.any():
+            short = np.flatnonzero(short)
             fits = (turn_cost[short, None] <= room[short]) & (turn_length[short, None] <= token_room[short])
             cell[short] = (np.where(fits, room[short], -np.inf) if least_loaded else fits).argmax(axis=1)
             placed[short] = fits[np.arange(short.size), cell[short]]
-            flat = base[:k] + cell
+            flat[short] = base[short] + cell[short]
+            cell_room[short], cell_token_room[short] = flat_room[flat[short]], flat_token_room[flat[short]]
         # An item that fits nowhere takes 0 from a cell: x - 0.0 == x, no bit changes.
-        flat_room[flat] -= turn_cost * placed
-        flat_token_room[flat] -= turn_length * placed
-        chosen[turn, :k] = np.where(placed, cell, -1)
+        flat_room[flat] = cell_room - turn_cost * placed
+        flat_token_room[flat] = cell_token_room - turn_length * placed
+        chosen[at] = np.where(placed, first_cell[:k] + cell, -1)
     return chosen

@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import math
-
 from . import microbatch_cells, microbatch_exact, microbatch_greedy
 from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_accounts, step_cost
 
@@ -32,14 +30,10 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
     kernels = [microbatch_cells.solve]
     if problem.num_items * num_microbatches * problem.num_ranks <= GREEDY_MAX_WORK:
         kernels.append(microbatch_greedy.solve)
-    best, best_cost = None, math.inf
-    for kernel in kernels:
-        result = kernel(problem, num_microbatches)
-        if result is None:
-            continue
-        cost = plan_cost(problem, result, num_microbatches)
-        if cost < best_cost:
-            best, best_cost = result, cost
-    if best is None and microbatch_greedy.solve not in kernels:
-        return microbatch_greedy.solve(problem, num_microbatches)  # LPT found no room; the greedy may
-    return best
+    results = [result for result in (kernel(problem, num_microbatches) for kernel in kernels) if result is not None]
+    if not results:
+        # LPT found no room; the greedy may
+        return None if microbatch_greedy.solve in kernels else microbatch_greedy.solve(problem, num_microbatches)
+    if len(results) == 1:
+        return results[0]  # nothing to compare it with
+    return min(results, key=lambda result: plan_cost(problem, result, num_microbatches))  # the first on ties

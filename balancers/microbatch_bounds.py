@@ -26,13 +26,16 @@ import numpy as np
 from .problem import exact_sum
 
 
-def min_bins(lengths: np.ndarray, capacity: int) -> int:
-    """Martello–Toth L2: a number of bins of `capacity` every packing of `lengths` needs.
+def min_bins(lengths: np.ndarray, capacity: int, longest_first: np.ndarray | None = None) -> int:
+    """Martello–Toth L2: a number of bins of `capacity` every packing of `lengths` needs
+    (`longest_first`: the same lengths sorted longest first, when known, spares the sort).
 
     >>> min_bins(np.array([6, 6, 6, 2, 2]), 10), min_bins(np.array([5, 5, 5]), 10)
     (3, 2)
     """
-    lengths = np.sort(lengths[lengths > 0])[::-1]
+    if longest_first is None:
+        longest_first = np.sort(lengths)[::-1]
+    lengths = longest_first[:np.searchsorted(-longest_first, 0)]  # the positive ones
     if lengths.size == 0:
         return 0
     total = int(lengths.sum())
@@ -56,9 +59,10 @@ def min_bins(lengths: np.ndarray, capacity: int) -> int:
     return max(best, int(large.size + extra.max()))
 
 
-def min_microbatches(lengths: np.ndarray, num_ranks: int, capacity: int) -> int:
+def min_microbatches(lengths: np.ndarray, num_ranks: int, capacity: int,
+                     longest_first: np.ndarray | None = None) -> int:
     """Fewest micro-batches any plan of D ranks with token budget `capacity` can use (>= 1)."""
-    return max(1, -(-min_bins(lengths, capacity) // num_ranks))
+    return max(1, -(-min_bins(lengths, capacity, longest_first) // num_ranks))
 
 
 def step_cost_bound(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, capacity: int) -> float:

@@ -27,7 +27,7 @@ import numpy as np
 from . import lpt
 from .microbatch_greedy import solve as greedy_solve
 from .microbatch_greedy import split
-from .microbatch_plan import MicroBatchProblem, MicroBatchResult, balancing_problem
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cells_problem
 from .microbatch_search import improve
 from .problem import InfeasibleError, sorted_order
 
@@ -36,7 +36,7 @@ def levels(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray:
     """Target load of each micro-batch's cells, most loaded first: water-filling of Σ c over
     the micro-batches, each at least the largest item it must hold (the (j·D)-th largest)."""
     d = problem.num_ranks
-    costs = problem.item_costs[problem.cost_order]  # descending, as a sort would give, from the known order
+    costs = problem.sorted_costs
     remaining = float(costs.sum())
     targets = np.zeros(num_microbatches)
     for m in range(num_microbatches):
@@ -54,16 +54,22 @@ def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.nda
     placeholder per cell, all larger than every item (so LPT's first round places one
     each), ahead of the items, dropped afterwards.
     """
-    size = num_microbatches * problem.num_ranks
-    lengths, costs, order, pinned = problem.lengths, problem.item_costs, problem.cost_order, 0
-    if offsets is not None:
-        base = 2.0 * float(costs.sum()) + 1.0
-        placeholders = base + np.repeat(offsets, problem.num_ranks)
-        lengths = np.concatenate((np.zeros(size, dtype=np.int64), lengths))
-        costs = np.concatenate((placeholders, costs))
-        order = np.concatenate((sorted_order(placeholders), size + order))  # placeholders outweigh every item
+    d = problem.num_ranks
+    size = num_microbatches * d
+    if offsets is None:
+        cells, pinned = cells_problem(problem, size), 0
+    else:
+        base = 2.0 * float(problem.item_costs.sum()) + 1.0
+        placeholder = base + offsets  # one per micro-batch, for each of its D cells
+        # Their order as `sorted_order` gives it (largest first, ties by index): the micro-batches
+        # by (-placeholder, m), each one's cells in index order; ahead of every item.
+        by_placeholder = np.lexsort((np.arange(num_microbatches), -placeholder))
+        order = np.concatenate(((by_placeholder[:, None] * d + np.arange(d)).ravel(), size + problem.cost_order))
+        cells = balancing_problem(np.concatenate((np.zeros(size, dtype=np.int64), problem.lengths)),
+                                  np.concatenate((np.repeat(placeholder, d), problem.item_costs)), size,
+                                  problem.max_tokens, order,
+                                  np.concatenate((np.repeat(placeholder[by_placeholder], d), problem.sorted_costs)))
         pinned = size
-    cells = balancing_problem(lengths, costs, size, problem.max_tokens, order)
     try:
         return lpt.solve(cells).assignment[pinned:]
     except InfeasibleError:

@@ -38,7 +38,7 @@ from .group_deal import by_group, deal_in_groups
 from .locality_deal import NoRoom, take_anywhere
 from .locality_fill import FINE_TIERS, TIERS, fill_locally, filler_items, filler_share, length_tiers
 from .locality_repair import repair
-from .microbatch_plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cell_accounts
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_accounts, cells_problem
 from .partial_plan import PartialPlan
 
 
@@ -76,8 +76,7 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
     cell = result.microbatch * problem.num_ranks + result.rank  # the plain loads as `cell_accounts` sums them
     maxima = np.bincount(cell, weights=problem.item_costs, minlength=m * problem.num_ranks).reshape(m, -1).max(axis=1)
     target = float(maxima.max())
-    cells = balancing_problem(problem.lengths, problem.item_costs, m * problem.num_ranks, problem.max_tokens,
-                              problem.cost_order)
+    cells = cells_problem(problem, m * problem.num_ranks)
     total = float(problem.item_costs.sum())
     slack = problem.num_ranks * float(maxima.sum()) / total - 1.0 if total > 0 else 0.0  # room above the mean
     for tiers in (TIERS,) if m == 1 else (TIERS, FINE_TIERS):

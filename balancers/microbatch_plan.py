@@ -33,18 +33,35 @@ class MicroBatchProblem:
         return int(self.lengths.size)
 
     @cached_property
+    def length_order(self) -> np.ndarray:
+        """Items by length, longest first, ties by index (read-only)."""
+        order = sorted_order(self.lengths)
+        order.setflags(write=False)
+        return order
+
+    @cached_property
     def cost_order(self) -> np.ndarray:
-        """Items by cost, largest first, ties by index (`problem.cost_order` with a cost model)."""
+        """Items by cost, largest first, ties by index (`problem.cost_order` with a cost model:
+        the length order where it is the same)."""
         if self.cost is None:
             order = sorted_order(self.item_costs)
             order.setflags(write=False)
             return order
-        return cost_order(self.lengths, self.item_costs, self.cost)
+        return cost_order(self.lengths, self.item_costs, self.cost, self.length_order)
+
+    @cached_property
+    def sorted_costs(self) -> np.ndarray:
+        """`item_costs[cost_order]`, largest first (read-only)."""
+        costs = self.item_costs[self.cost_order]
+        costs.setflags(write=False)
+        return costs
 
     @cached_property
     def min_microbatches(self) -> int:
-        """The fewest micro-batches any plan needs (`microbatch_bounds.min_microbatches`)."""
-        return min_microbatches(self.lengths, self.num_ranks, self.max_tokens)
+        """The fewest micro-batches any plan needs (`microbatch_bounds.min_microbatches`; the
+        lengths in the length order when a cost model computed that already)."""
+        longest_first = None if self.cost is None else self.lengths[self.length_order]
+        return min_microbatches(self.lengths, self.num_ranks, self.max_tokens, longest_first)
 
     @cached_property
     def cost_bound(self) -> float:
@@ -53,19 +70,28 @@ class MicroBatchProblem:
 
 
 def balancing_problem(lengths: np.ndarray, costs: np.ndarray, num_ranks: int, cap: int,
-                      order: np.ndarray | None = None) -> Problem:
+                      order: np.ndarray | None = None, sorted_costs: np.ndarray | None = None) -> Problem:
     """An unpadded P||Cmax `Problem` over these items (for its kernels), costs taken as given.
 
     `Problem` derives its cost order from its cost model when costs rise with lengths; these
     costs need not (explicit costs, pinned placeholders), so their own order (`order`, else
-    `sorted_order(costs)`) is set here.
+    `sorted_order(costs)`) is set here, and `costs[order]` when the caller has it.
     """
     problem = Problem(lengths=lengths, item_costs=costs, num_ranks=num_ranks, cost=CostModel(), padded=False,
                       max_tokens_per_rank=cap, time_limit=None)
     order = sorted_order(costs) if order is None else order
     order.setflags(write=False)
-    problem.__dict__["cost_order"] = order  # the cached property, computed from the costs themselves
+    problem.__dict__["cost_order"] = order  # the cached properties, computed from the costs themselves
+    if sorted_costs is not None:
+        problem.__dict__["sorted_costs"] = sorted_costs
     return problem
+
+
+def cells_problem(problem: MicroBatchProblem, num_cells: int) -> Problem:
+    """`balancing_problem` of all of `problem`'s items over `num_cells` cells of its budget,
+    its cost order and sorted costs shared."""
+    return balancing_problem(problem.lengths, problem.item_costs, num_cells, problem.max_tokens, problem.cost_order,
+                             problem.sorted_costs)
 
 
 class MicroBatchResult(NamedTuple):
