@@ -18,7 +18,7 @@ rounds hold only a few items, the heap loop runs alone.  Integer costs sort as
 unique int64 keys (cost · n + index, load · D + rank), much faster than stable sorts; when
 every load stays exact (below 2**53 once the costs' common power of two is divided out),
 each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum
-and one sort.
+and one sort (full rounds of equal costs keep the keys' order: a run of them is one step).
 With a memory cap, the least-loaded rank that still has room is taken (a heap that sets
 full ranks aside; the uncapped plan is kept when it already fits, since the choices are
 then the same).  Padded ranks cost count · f(max length); items go longest first to the
@@ -131,7 +131,8 @@ def _key_steps(sorted_costs: np.ndarray, num_ranks: int) -> tuple[np.ndarray, in
 
 def _greedy_by_keys(steps: np.ndarray, shift: int, num_ranks: int, order: np.ndarray) -> np.ndarray:
     """The rounds of `greedy_unpadded` on exact integer loads, every rank held as one int64 key
-    (load << shift) | rank, kept sorted: a round is one prefix minimum, its update one sort."""
+    (load << shift) | rank, kept sorted: a round is one prefix minimum, its update one sort (none
+    for full rounds of one step, which repeat while the step does)."""
     n, mask = steps.size, (1 << shift) - 1
     keys = np.arange(num_ranks, dtype=np.int64)
     assignment = np.empty(n, dtype=np.int64)
@@ -149,6 +150,17 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, num_ranks: int, order: np.nda
                         assignment)
             keys = np.sort((loads << shift) | np.arange(num_ranks))
             position += size
+            continue
+        if placed == num_ranks and steps[position + placed - 1] == steps[position]:
+            # Every rank took the same step: the keys keep their order, so the next full blocks of
+            # that step repeat this round (each rank one item, in the same order) at once.
+            rounds = 1
+            while (position + (rounds + 1) * num_ranks <= n
+                   and steps[position + (rounds + 1) * num_ranks - 1] == steps[position]):
+                rounds += 1
+            assignment[order[position: position + rounds * num_ranks]] = np.tile(keys & mask, rounds)
+            keys = keys + rounds * steps[position]
+            position += rounds * num_ranks
             continue
         assignment[order[position: position + placed]] = keys[:placed] & mask
         # Keys are unique, so every sort agrees; timsort (stable) gains from their sorted runs.
