@@ -27,27 +27,35 @@ class NoRoom(Exception):
     """The deal found no rank with room; the caller falls back."""
 
 
-def _by_segment(state: PartialPlan, segment: np.ndarray, candidates: np.ndarray):
-    """Candidates grouped by segment, largest first (ties by index) within one.
+def _by_segment(state: PartialPlan, keys: np.ndarray, candidates: np.ndarray):
+    """Candidates grouped by segment, largest first (ties by index) within one; `keys` holds each
+    candidate's segment (a fresh int64 array: it becomes the keys, in place, as fresh large arrays
+    cost more than the arithmetic).
 
-    Returns (keys, items, starts, ends, segments): keys = segment · n + cost rank, sorted;
-    items[k] the item of keys[k]; segment segments[s] spans keys[starts[s]:ends[s]].
+    Returns (keys, items, starts, ends, segments): keys = segment << state.rank_bits | cost rank,
+    sorted; items[k] the item of keys[k]; segment segments[s] spans keys[starts[s]:ends[s]].
     """
-    n = state.costs.size
-    keys = segment[candidates]  # built in place: fresh large arrays cost more than the arithmetic
-    keys *= n
-    keys += state.cost_rank[candidates]
+    keys <<= state.rank_bits
+    keys |= state.cost_rank[candidates]
     keys.sort()
-    owner, cost_rank = np.divmod(keys, n)
+    owner = keys >> state.rank_bits
     starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1]))) if keys.size else keys
-    return keys, state.item_of_rank[cost_rank], starts, np.append(starts[1:], keys.size), owner[starts]
+    return (keys, state.item_of_rank[keys & ((1 << state.rank_bits) - 1)], starts, np.append(starts[1:], keys.size),
+            owner[starts])
 
 
 def _first_fitting(state: PartialPlan, keys: np.ndarray, segments: np.ndarray, pointer: np.ndarray,
                    room: np.ndarray) -> np.ndarray:
     """Per segment, the first key at or after `pointer` whose item's cost is at most `room`."""
     first_fitting_rank = np.searchsorted(state.negated_sorted_costs, -room, side="left")
-    return np.maximum(np.searchsorted(keys, segments * state.costs.size + first_fitting_rank), pointer)
+    return np.maximum(np.searchsorted(keys, (segments << state.rank_bits) + first_fitting_rank), pointer)
+
+
+def _prefix_sums(values: np.ndarray) -> np.ndarray:
+    """0, then the running sums of `values` (written in place of a concatenated copy)."""
+    sums = np.zeros(values.size + 1)
+    np.cumsum(values, out=sums[1:])
+    return sums
 
 
 def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None = None) -> None:
@@ -76,13 +84,13 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
     stays = whole[homes]
     rest = np.flatnonzero(~stays)
     if items is None:
-        state.destinations[stays] = sources[stays]
+        np.copyto(state.destinations, sources, where=stays)
     else:
         state.destinations[items[stays]] = homes[stays]
         rest = items[rest]
-    keys, order, pointer, ends, ranks = _by_segment(state, sources, rest)
-    cost_sums = np.concatenate(([0.0], np.cumsum(state.costs[order])))
-    token_sums = np.concatenate(([0.0], np.cumsum(state.lengths[order]))) if state.cap < np.inf else None
+    keys, order, pointer, ends, ranks = _by_segment(state, sources[rest], rest)
+    cost_sums = _prefix_sums(state.costs[order])
+    token_sums = _prefix_sums(state.lengths[order]) if state.cap < np.inf else None
     while ranks.size:
         room = state.target - state.loads[ranks]
         position = _first_fitting(state, keys, ranks, pointer, room)
@@ -165,7 +173,9 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
     window_size = DEAL_WINDOW * gpus_per_node
     margin = window_size * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     unplaced = np.flatnonzero(state.destinations < 0) if items is None else items
-    keys, order, pointer, ends, nodes = _by_segment(state, sources // gpus_per_node, unplaced)
+    node_of = sources[unplaced]
+    node_of //= gpus_per_node
+    keys, order, pointer, ends, nodes = _by_segment(state, node_of, unplaced)
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
     while nodes.size:
         loads = node_loads[nodes]

@@ -23,6 +23,7 @@ class PartialPlan:
         self.item_of_rank = problem.cost_order  # largest first, ties by index
         self.cost_rank = np.empty(problem.num_items, dtype=np.int64)
         self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
+        self.rank_bits = problem.num_items.bit_length()  # cost ranks fit this many bits
         self.negated_sorted_costs = -problem.sorted_costs
         self.destinations = np.full(problem.num_items, -1, dtype=np.int64)
         self.loads = np.zeros(problem.num_ranks)
