@@ -83,21 +83,22 @@ def _deal_by_turns(state: PartialPlan, ordered: np.ndarray, groups: np.ndarray, 
     cells = first_cell[:, None] + np.arange(cells_per_group)  # a row per group
     dealing = np.searchsorted(-counts, -np.arange(int(counts[0])), side="left")  # groups with more than t items
     cost, length = state.costs[ordered], state.lengths[ordered]
-    cell = _turns(cost, length, starts, first_cell, limit - state.loads[cells], state.cap - state.tokens[cells],
-                  dealing, least_loaded)
-    kept = cell >= 0
-    placed = cell[kept]  # each cell's items in turn order, as the loop adds them
+    flat = _turns(cost, length, starts, limit - state.loads[cells], state.cap - state.tokens[cells], dealing,
+                  least_loaded)
+    kept = flat >= 0
+    placed = cells.reshape(-1)[flat[kept]]  # each cell's items in turn order, as the loop adds them
     state.destinations[ordered[kept]] = placed
     state.loads += np.bincount(placed, weights=cost[kept], minlength=state.loads.size)
     state.tokens += np.bincount(placed, weights=length[kept], minlength=state.loads.size)
     return ordered[~kept]
 
 
-def _turns(cost: np.ndarray, length: np.ndarray, starts: np.ndarray, first_cell: np.ndarray, room: np.ndarray,
-           token_room: np.ndarray, dealing: np.ndarray, least_loaded: bool) -> np.ndarray:
+def _turns(cost: np.ndarray, length: np.ndarray, starts: np.ndarray, room: np.ndarray, token_room: np.ndarray,
+           dealing: np.ndarray, least_loaded: bool) -> np.ndarray:
     """Turn t deals the item at position starts[j] + t (cost[.], length[.]) to the j-th group (a
-    row of `room` and `token_room`, its cells' cost and token room, updated in place; its first
-    cell first_cell[j]) for j < dealing[t]; returns each position's cell, -1 where none fits."""
+    row of `room` and `token_room`, its cells' cost and token room, updated in place) for
+    j < dealing[t]; returns each position's cell as an index into `room` flattened, -1 where
+    none fits."""
     flat_room, flat_token_room = room.reshape(-1), token_room.reshape(-1)
     base = np.arange(room.shape[0]) * room.shape[1]
     chosen = np.empty(cost.size, dtype=np.int64)
@@ -110,16 +111,20 @@ def _turns(cost: np.ndarray, length: np.ndarray, starts: np.ndarray, first_cell:
         flat = base[:k] + cell
         cell_room, cell_token_room = flat_room[flat], flat_token_room[flat]
         placed = turn_cost <= cell_room
-        short = placed & (turn_length > cell_token_room)
-        if short.any():
-            short = np.flatnonzero(short)
+        short = turn_length > cell_token_room
+        if np.count_nonzero(short):
+            short = np.flatnonzero(short & placed)
             fits = (turn_cost[short, None] <= room[short]) & (turn_length[short, None] <= token_room[short])
             cell[short] = (np.where(fits, room[short], -np.inf) if least_loaded else fits).argmax(axis=1)
             placed[short] = fits[np.arange(short.size), cell[short]]
             flat[short] = base[short] + cell[short]
             cell_room[short], cell_token_room[short] = flat_room[flat[short]], flat_token_room[flat[short]]
-        # An item that fits nowhere takes 0 from a cell: x - 0.0 == x, no bit changes.
-        flat_room[flat] = cell_room - turn_cost * placed
-        flat_token_room[flat] = cell_token_room - turn_length * placed
-        chosen[at] = np.where(placed, first_cell[:k] + cell, -1)
+        if np.count_nonzero(placed) == k:
+            flat_room[flat] = cell_room - turn_cost
+            flat_token_room[flat] = cell_token_room - turn_length
+            chosen[at] = flat
+        else:  # an item that fits nowhere takes 0 from a cell: x - 0.0 == x, no bit changes
+            flat_room[flat] = cell_room - turn_cost * placed
+            flat_token_room[flat] = cell_token_room - turn_length * placed
+            chosen[at] = np.where(placed, flat, -1)
     return chosen
