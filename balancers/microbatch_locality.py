@@ -38,7 +38,7 @@ from .group_deal import by_group, deal_in_groups
 from .locality_deal import NoRoom, take_anywhere
 from .locality_fill import FINE_TIERS, TIERS, fill_locally, filler_items, filler_share, length_tiers
 from .locality_repair import repair
-from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_accounts, cells_problem
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cells_problem
 from .partial_plan import PartialPlan
 
 
@@ -89,8 +89,10 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
                 _deal_cells(state, sources, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
         except NoRoom:
             continue
-        rank, microbatch = np.divmod(state.destinations, m)
-        loads, tokens = cell_accounts(problem, rank, microbatch, m)
-        if np.all(loads.max(axis=1) <= maxima) and tokens.max() <= problem.max_tokens:
+        # Cell loads summed in item order, as `cell_accounts` sums the plan's; tokens are sums of
+        # integers, exact in the deal's order too.
+        loads = np.bincount(state.destinations, weights=problem.item_costs, minlength=state.loads.size)
+        if np.all(loads.reshape(-1, m).max(axis=0) <= maxima) and state.tokens.max() <= problem.max_tokens:
+            rank, microbatch = np.divmod(state.destinations, m)
             return result._replace(rank=rank, microbatch=microbatch)
     return None
