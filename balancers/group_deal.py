@@ -32,13 +32,13 @@ from .partial_plan import PartialPlan
 MAX_TURNS = 128  # more items in one group: windows (a turn costs ~0.05 ms however few groups it serves)
 
 
-def by_group(state: PartialPlan, groups: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`items` ordered by (group, cost rank), each group's largest first with ties by index
-    (groups[k] the group of items[k]), and the group of each (non-decreasing), from one sort of
-    packed int64 keys."""
+def by_group(state: PartialPlan, groups: np.ndarray, items: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """`items` (None: all, groups[i] the group of item i) ordered by (group, cost rank), each
+    group's largest first with ties by index (groups[k] the group of items[k]), and the group of
+    each (non-decreasing), from one sort of packed int64 keys."""
     shift = state.costs.size.bit_length()
     keys = groups << shift
-    keys |= state.cost_rank[items]
+    keys |= state.cost_rank if items is None else state.cost_rank[items]
     keys.sort()
     return state.item_of_rank[keys & ((1 << shift) - 1)], keys >> shift
 

@@ -54,7 +54,7 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
     tier = length_tiers(state, tiers)
     tier[filler] = len(tiers) + 1
     # One sort for every tier: by (tier, source rank, cost), each tier a slice.
-    ordered, owner = by_group(state, tier * num_ranks + sources, np.arange(n))
+    ordered, owner = by_group(state, tier * num_ranks + sources, None)
     bounds = np.searchsorted(owner, np.arange(len(tiers) + 2) * num_ranks)  # tier k: ordered[bounds[k]:bounds[k + 1]]
     for k in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():  # the tiers that hold items
         tier_items = slice(bounds[k], bounds[k + 1])
