@@ -9,15 +9,17 @@
 from __future__ import annotations
 
 from . import microbatch_cells, microbatch_exact, microbatch_greedy
-from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_accounts, step_cost
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, step_cost
 
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
 
 
 def plan_cost(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int) -> float:
-    """Σ_m max_r load(r, m) + M · overhead of a kernel's result."""
-    loads, _ = cell_accounts(problem, result.rank, result.microbatch, num_microbatches)
-    return step_cost(loads, problem.microbatch_overhead)
+    """Σ_m max_r load(r, m) + M · overhead of a kernel's result (the loads as `cell_accounts`
+    sums them; the tokens are not needed)."""
+    size = num_microbatches * problem.num_ranks
+    loads = microbatch_greedy.cell_loads(problem, result.microbatch * problem.num_ranks + result.rank, size)
+    return step_cost(loads.reshape(num_microbatches, problem.num_ranks), problem.microbatch_overhead)
 
 
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
