@@ -42,7 +42,7 @@ def communication_inputs(problem, sources, item_bytes, topology):
 
 def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_counts=False, groups=None,
             algorithm="auto", max_tokens_per_rank=None, time_limit=None, sources=None, item_bytes=None,
-            topology=None, makespan_slack=0.002) -> BalancePlan:
+            topology=None, makespan_slack=0.002, fill=None) -> BalancePlan:
     """Assign items of the given lengths to `num_ranks` ranks, minimising the makespan.
 
     Args:
@@ -73,6 +73,11 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
             `orchmllm.topology.Topology`) whose world size is num_ranks; rank r is on node
             r // gpus_per_node.  Without it every rank counts as its own node.
         makespan_slack: relative makespan the communication-aware plan may add, >= 0.
+        fill: with `sources`, how the communication-aware deal meets its target where its first
+            phases do not (`balancers.locality`): None repairs; "on_miss" deals again keeping the
+            smallest items as filler (`balancers.locality_fill`: a few more bytes moved, no
+            repair's searches), at once where the target leaves less room above the mean load
+            than the smallest item; "only" always deals with the filler.
 
     Returns:
         A frozen `BalancePlan`; `InfeasibleError` (a ValueError) when the cap cannot be met.
@@ -117,6 +122,8 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
                                  f"of summed costs, unpadded, counted as one item each, from no source rank")
         return _balance_groups(problem, as_groups(groups, problem.num_items), kernel, algorithm)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
+    if sources is None and fill is not None:
+        raise ValueError(f"`fill` needs `sources` (it shapes the communication-aware deal); got fill={fill!r}")
     if sources is not None:
         makespan_slack = as_real(makespan_slack, "makespan_slack")
         if algorithm == "identity":
@@ -125,7 +132,7 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
     result = kernel(problem)
     assignment = result.assignment
     if sources is not None:
-        assignment = balance_locally(problem, assignment, sources, item_bytes, gpus_per_node, makespan_slack)
+        assignment = balance_locally(problem, assignment, sources, item_bytes, gpus_per_node, makespan_slack, fill)
     seconds = time.perf_counter() - start
     return make_plan(problem, assignment, result.status if sources is None else Status.FEASIBLE, algorithm,
                      kernel_bound=result.lower_bound, solve_seconds=seconds, communication_aware=sources is not None)

@@ -31,10 +31,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..balancers import ALGORITHMS, balance, balance_microbatches
-from ..balancers.locality import FILL_ON_MISS, balance_locally
+from ..balancers.locality import FILL_ON_MISS
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import Status, make_problem
-from ..balancers.registry import get_algorithm
 from ..balancers.validation import as_real, is_int
 from ..topology import PLACEMENTS, Topology, place
 from .microbatch import MicroBatchStepPlan
@@ -281,25 +280,11 @@ class Orchestrator:
         exchange = float(np.sum(anchor_bytes)) / num_ranks / bandwidth
         return min(self.makespan_slack, exchange / compute) if compute > 0 else self.makespan_slack
 
-    def _balance_filled(self, lengths: np.ndarray, stage: Stage, algorithm: str, *, sources: np.ndarray,
-                        item_bytes: np.ndarray, topology: Topology, makespan_slack: float) -> BalancePlan:
-        """`balance(..., sources=...)` of an unpadded stage, where the plain phases of the
-        communication-aware deal miss the target (or would: `balance_locally`'s fill="on_miss"),
-        made as the filler deal (`balancers.locality_fill`) instead of repaired: a micro-batch's
-        stages are small problems where the repair's rounds cost several times the deal."""
-        problem = make_problem(lengths, topology.world_size, cost=stage.cost,
-                               max_tokens_per_rank=stage.max_tokens_per_rank)
-        start = time.perf_counter()
-        plain = get_algorithm(algorithm).kernel(problem)
-        assignment = balance_locally(problem, plain.assignment, sources, np.asarray(item_bytes, dtype=np.float64),
-                                     topology.gpus_per_node, makespan_slack, fill=FILL_ON_MISS)
-        return make_plan(problem, assignment, Status.FEASIBLE, algorithm, kernel_bound=plain.lower_bound,
-                         solve_seconds=time.perf_counter() - start, communication_aware=True)
-
     def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None,
                     filled: bool = False) -> StagePlan:
         """Balance one stage, then place its groups (`llm` is the LLM plan, None for the LLM stage);
-        `filled` (a micro-batch's stage): "locality" deals with a filler (`_balance_filled`)."""
+        `filled` (a micro-batch's stage): "locality" deals with fill="on_miss" (`balancers.balance`): a
+        micro-batch's stages are small problems where the repair's rounds cost several times the deal."""
         item_sample, _, item_length = items
         balanced = self.balance_llm if stage.is_llm else self.balance_encoders
         if not balanced or item_sample.size == 0:
@@ -312,12 +297,10 @@ class Orchestrator:
         if placement == LOCALITY:
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             local = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology,
-                         makespan_slack=self._slack(stage, item_length, anchor_bytes, batch.num_ranks))
-        if local and filled and not padded:
-            result = self._balance_filled(item_length, stage, algorithm, **local)
-        else:
-            result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
-                             max_tokens_per_rank=stage.max_tokens_per_rank, **local)
+                         makespan_slack=self._slack(stage, item_length, anchor_bytes, batch.num_ranks),
+                         fill=FILL_ON_MISS if filled and not padded else None)
+        result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
+                         max_tokens_per_rank=stage.max_tokens_per_rank, **local)
         if placement in PLACEMENTS:
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             rank_of_group = place(result.assignment, anchors, anchor_bytes, self.topology,

@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 from orchmllm.balancers import CostModel, Kind, algorithms, balance, locality_repair
 from orchmllm.balancers.locality_deal import DEAL_WINDOW, keep_home, take_anywhere, take_in_node
 from orchmllm.balancers.locality_repair import ACROSS_CANDIDATES, repair_across_nodes, repair_in_node
+from orchmllm.balancers.locality import balance_locally
 from orchmllm.balancers.partial_plan import PartialPlan
 from orchmllm.balancers.problem import make_problem, rank_loads
 from orchmllm.balancers.redeal import redeal_equal_items
 from orchmllm.balancers.reference import full_fixes_round, locality_first_phases
-from orchmllm.study.workloads import llm_stage_lengths
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import llm_stage_lengths, sample_workload
 from orchmllm.testing import all_assignments
 from orchmllm.topology import Topology, place, traffic
 from orchmllm.topology.bounds import inter_node_lower_bound
@@ -178,6 +180,7 @@ def test_lower_bound_holds_for_every_plan_of_that_makespan(seed):
      "`topology.gpus_per_node` must be a positive int dividing its world size 4"),
     (dict(makespan_slack=-0.1), ValueError, "`makespan_slack` must be finite and >= 0"),
     (dict(makespan_slack="small"), TypeError, "`makespan_slack` must be a real number"),
+    (dict(fill="sometimes"), ValueError, r"`fill` must be one of \(None, 'on_miss', 'only'\); got 'sometimes'"),
 ])
 def test_bad_input_is_rejected(kwargs, error, message):
     arguments = dict(sources=[0, 1, 2], topology=Topology(2, 2))
@@ -186,11 +189,30 @@ def test_bad_input_is_rejected(kwargs, error, message):
         balance([3, 4, 5], 4, algorithm="lpt", **arguments)
 
 
-@pytest.mark.parametrize("name", ["item_bytes", "topology"])
+@pytest.mark.parametrize("name", ["item_bytes", "topology", "fill"])
 def test_locality_arguments_need_sources(name):
-    value = [1, 1, 1] if name == "item_bytes" else Topology(2, 2)
+    value = {"item_bytes": [1, 1, 1], "topology": Topology(2, 2), "fill": "on_miss"}[name]
     with pytest.raises(ValueError, match=f"`{name}` needs `sources`"):
         balance([3, 4, 5], 4, algorithm="lpt", **{name: value})
+
+
+@pytest.mark.parametrize("fill", [None, "on_miss", "only"])
+def test_balance_deals_with_the_fill_it_is_given(fill):
+    """`balance(..., sources=, fill=)` is the plain kernel, then `balance_locally` with that fill
+    (a micro-batch's vision stage: coarse tiles, 0.2 % slack, where the filler deal differs from the
+    repaired one, so a fill left unused fails)."""
+    batch = sample_workload("default", 256, 16, seed=3)
+    segments = batch.segments_of("image")
+    lengths = batch.segment_length[segments]
+    sources = batch.sample_source[batch.segment_sample[segments]]
+    cost = MODELS["84b"].stages()[0].cost
+    plain = balance(lengths, 256, cost=cost, algorithm="lpt")
+    expected = balance_locally(make_problem(lengths, 256, cost=cost), plain.assignment, sources, lengths * 1.0,
+                               8, 0.002, fill=fill)
+    plan = balance(lengths, 256, cost=cost, algorithm="lpt", sources=sources, item_bytes=lengths * 1.0,
+                   topology=Topology(32, 8), makespan_slack=0.002, fill=fill)
+    np.testing.assert_array_equal(plan.assignment, expected)
+    assert plan.communication_aware and plan.makespan <= plain.makespan * 1.002
 
 
 @pytest.mark.parametrize("slack", [0.0, 0.002])
