@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from .groups import as_groups, group_problem
-from .locality import balance_locally
+from .locality import FILLS, balance_locally
 from .plan import BalancePlan, make_plan
 from .problem import InfeasibleError, Status, make_problem, rank_loads, rank_tokens
 from .registry import algorithms, get_algorithm
@@ -73,11 +73,11 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
             `orchmllm.topology.Topology`) whose world size is num_ranks; rank r is on node
             r // gpus_per_node.  Without it every rank counts as its own node.
         makespan_slack: relative makespan the communication-aware plan may add, >= 0.
-        fill: with `sources`, how the communication-aware deal meets its target where its first
-            phases do not (`balancers.locality`): None repairs; "on_miss" deals again keeping the
-            smallest items as filler (`balancers.locality_fill`: a few more bytes moved, no
-            repair's searches), at once where the target leaves less room above the mean load
-            than the smallest item; "only" always deals with the filler.
+        fill: with `sources`, unpadded only: how the communication-aware deal meets its target
+            where its first phases do not (`balancers.locality`): None repairs; "on_miss" deals
+            again keeping the smallest items as filler (`balancers.locality_fill`: a few more
+            bytes moved, no repair's searches), at once where the target leaves less room above
+            the mean load than the smallest item; "only" always deals with the filler.
 
     Returns:
         A frozen `BalancePlan`; `InfeasibleError` (a ValueError) when the cap cannot be met.
@@ -105,6 +105,13 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
                            max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
     if not record.solves(problem.padded):
         raise ValueError(record.why_not(problem.padded))
+    if fill not in FILLS:
+        raise ValueError(f"`fill` must be one of {FILLS}; got {fill!r}")
+    if fill is not None and sources is None:
+        raise ValueError(f"`fill` needs `sources` (it shapes the communication-aware deal); got fill={fill!r}")
+    if fill is not None and problem.padded:
+        raise ValueError(f"`fill` applies to unpadded costs only (a padded plan's groups are placed by the exact "
+                         f"LAP); got fill={fill!r} with padded=True")
     kernel = record.kernel
     if problem.equal_counts:
         if sources is not None:
@@ -122,8 +129,6 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
                                  f"of summed costs, unpadded, counted as one item each, from no source rank")
         return _balance_groups(problem, as_groups(groups, problem.num_items), kernel, algorithm)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
-    if sources is None and fill is not None:
-        raise ValueError(f"`fill` needs `sources` (it shapes the communication-aware deal); got fill={fill!r}")
     if sources is not None:
         makespan_slack = as_real(makespan_slack, "makespan_slack")
         if algorithm == "identity":

@@ -196,23 +196,42 @@ def test_locality_arguments_need_sources(name):
         balance([3, 4, 5], 4, algorithm="lpt", **{name: value})
 
 
-@pytest.mark.parametrize("fill", [None, "on_miss", "only"])
-def test_balance_deals_with_the_fill_it_is_given(fill):
-    """`balance(..., sources=, fill=)` is the plain kernel, then `balance_locally` with that fill
-    (a micro-batch's vision stage: coarse tiles, 0.2 % slack, where the filler deal differs from the
-    repaired one, so a fill left unused fails)."""
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(algorithm="padded", padded=True, sources=[0, 1, 2], fill="on_miss"), "`fill` applies to unpadded costs only"),
+    (dict(algorithm="identity", sources=[0, 1, 2], fill="bogus"), "`fill` must be one of"),
+    (dict(groups=[0, 0, 1], fill="bogus"), "`fill` must be one of"),
+    (dict(groups=[0, 0, 1], fill="only"), "`fill` needs `sources`"),
+])
+def test_fill_is_checked_on_every_path(kwargs, message):
+    """`fill` is rejected where it would be ignored (padded plans, no sources) or is not a fill,
+    also on the paths that return before the deal (identity, groups)."""
+    with pytest.raises(ValueError, match=message):
+        balance([3, 4, 5], 4, **kwargs)
+
+
+@pytest.mark.parametrize("slack", [0.002, 0.05])
+def test_balance_deals_with_the_fill_it_is_given(slack):
+    """`balance(..., sources=, fill=)` is the plain kernel, then `balance_locally` with that fill, on
+    a micro-batch's vision stage (coarse tiles): at 0.2 % slack "on_miss" deals with the filler at
+    once (as "only"), at 5 % it keeps the plain phases (as None); the other fill gives another plan
+    on each, so a fill left unused fails."""
     batch = sample_workload("default", 256, 16, seed=3)
     segments = batch.segments_of("image")
     lengths = batch.segment_length[segments]
     sources = batch.sample_source[batch.segment_sample[segments]]
     cost = MODELS["84b"].stages()[0].cost
     plain = balance(lengths, 256, cost=cost, algorithm="lpt")
-    expected = balance_locally(make_problem(lengths, 256, cost=cost), plain.assignment, sources, lengths * 1.0,
-                               8, 0.002, fill=fill)
-    plan = balance(lengths, 256, cost=cost, algorithm="lpt", sources=sources, item_bytes=lengths * 1.0,
-                   topology=Topology(32, 8), makespan_slack=0.002, fill=fill)
-    np.testing.assert_array_equal(plan.assignment, expected)
-    assert plan.communication_aware and plan.makespan <= plain.makespan * 1.002
+    problem = make_problem(lengths, 256, cost=cost)
+    plans = {}
+    for fill in (None, "on_miss", "only"):
+        plans[fill] = balance(lengths, 256, cost=cost, algorithm="lpt", sources=sources, item_bytes=lengths * 1.0,
+                              topology=Topology(32, 8), makespan_slack=slack, fill=fill)
+        expected = balance_locally(problem, plain.assignment, sources, lengths * 1.0, 8, slack, fill=fill)
+        np.testing.assert_array_equal(plans[fill].assignment, expected)
+        assert plans[fill].communication_aware and plans[fill].makespan <= plain.makespan * (1 + slack)
+    same, other = ("only", None) if slack == 0.002 else (None, "only")
+    np.testing.assert_array_equal(plans["on_miss"].assignment, plans[same].assignment)
+    assert not np.array_equal(plans["on_miss"].assignment, plans[other].assignment)
 
 
 @pytest.mark.parametrize("slack", [0.0, 0.002])

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm import Orchestrator, Topology
-from orchmllm.orchestrator import MicroBatchStepPlan
+from orchmllm.balancers import balance
+from orchmllm.orchestrator import MicroBatchStepPlan, planner
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
 
@@ -87,6 +88,25 @@ def test_unbalanced_encoders_run_where_their_sample_runs():
         for stage_plan in micro.stage_plans[:-1]:
             assert np.array_equal(stage_plan.destination, micro.llm.destination[stage_plan.item_sample])
         assert micro.embedding_exchange().bytes_moved == 0
+
+
+def test_micro_batch_stages_deal_with_the_filler_on_a_miss(monkeypatch):
+    """A micro-batch's unpadded encoder stage deals with fill="on_miss" (its small problems would
+    pay more for the repair than for the deal); padded stages and plain steps with fill=None."""
+    fills = []
+
+    def recorded(*args, **kwargs):
+        fills.append((kwargs["padded"], kwargs.get("fill")))
+        return balance(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "balance", recorded)
+    batch, plan = plan_of(64, 16, 16384, seed=2)
+    assert plan.num_microbatches >= 2
+    assert sorted(set(fills)) == [(False, "on_miss"), (True, None)]
+    assert fills.count((False, "on_miss")) == plan.num_microbatches  # the vision stage of every micro-batch
+    fills.clear()
+    Orchestrator(STAGES, Topology.for_world_size(64)).plan(batch)
+    assert fills and all(fill is None for _, fill in fills)
 
 
 def test_num_microbatches_without_a_budget_is_rejected():

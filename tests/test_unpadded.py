@@ -311,15 +311,22 @@ def test_single_item_and_single_rank():
     assert plan.assignment.tolist() == [0, 0, 0] and plan.status is Status.OPTIMAL
 
 
+# The cost models whose loads LPT sums as integer keys (`lpt._greedy_by_keys`, where full rounds repeat).
+KEYED_COSTS = {name: models[name] for models, names in ((COSTS, ("linear", "per_item_only")),
+                                                        (LARGE_INTEGER_COSTS, ("flops", "power_of_two",
+                                                                               "odd_below_2**51")))
+               for name in names}
+
+
+@pytest.mark.parametrize("cost", KEYED_COSTS.values(), ids=KEYED_COSTS.keys())
 @pytest.mark.parametrize("num_ranks", [32, 33, 300])
-def test_fast_lpt_repeats_full_rounds_of_equal_costs_like_the_heap_loop(num_ranks):
+def test_fast_lpt_repeats_full_rounds_of_equal_costs_like_the_heap_loop(num_ranks, cost):
     """Runs of equal costs spanning several full rounds (one step for all of them), between
     and after rounds that are not full."""
     rng = np.random.default_rng(num_ranks)
     lengths = np.concatenate([rng.integers(50, 60, num_ranks // 2), np.full(5 * num_ranks + 3, 40),
                               rng.integers(20, 40, num_ranks), np.full(3 * num_ranks, 7), [3, 2, 1]])
     lengths = lengths[rng.permutation(lengths.size)]
-    for cost in (*COSTS.values(), *LARGE_INTEGER_COSTS.values()):
-        problem = make_problem(lengths, num_ranks, cost=cost)
-        np.testing.assert_array_equal(lpt.greedy_unpadded(problem.item_costs, num_ranks),
-                                      heap_lpt(problem.item_costs, num_ranks))
+    problem = make_problem(lengths, num_ranks, cost=cost)
+    np.testing.assert_array_equal(lpt.greedy_unpadded(problem.item_costs, num_ranks),
+                                  heap_lpt(problem.item_costs, num_ranks))
