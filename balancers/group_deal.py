@@ -36,11 +36,10 @@ def by_group(state: PartialPlan, groups: np.ndarray, items: np.ndarray | None) -
     """`items` (None: all, groups[i] the group of item i) ordered by (group, cost rank), each
     group's largest first with ties by index (groups[k] the group of items[k]), and the group of
     each (non-decreasing), from one sort of packed int64 keys."""
-    shift = state.costs.size.bit_length()
-    keys = groups << shift
+    keys = groups << state.rank_bits
     keys |= state.cost_rank if items is None else state.cost_rank[items]
     keys.sort()
-    return state.item_of_rank[keys & ((1 << shift) - 1)], keys >> shift
+    return state.item_of_rank[keys & ((1 << state.rank_bits) - 1)], keys >> state.rank_bits
 
 
 def deal_in_groups(state: PartialPlan, ordered: np.ndarray, owner: np.ndarray, cells_per_group: int,

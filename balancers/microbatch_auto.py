@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from . import microbatch_cells, microbatch_exact, microbatch_greedy
-from .microbatch_plan import MicroBatchProblem, MicroBatchResult, step_cost
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_loads, step_cost
 
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
 
@@ -18,7 +18,7 @@ def plan_cost(problem: MicroBatchProblem, result: MicroBatchResult, num_microbat
     """Σ_m max_r load(r, m) + M · overhead of a kernel's result (the loads as `cell_accounts`
     sums them; the tokens are not needed)."""
     size = num_microbatches * problem.num_ranks
-    loads = microbatch_greedy.cell_loads(problem, result.microbatch * problem.num_ranks + result.rank, size)
+    loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank, size)
     return step_cost(loads.reshape(num_microbatches, problem.num_ranks), problem.microbatch_overhead)
 
 
@@ -34,7 +34,7 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
         kernels.append(microbatch_greedy.solve)
     results = [result for result in (kernel(problem, num_microbatches) for kernel in kernels) if result is not None]
     if not results:
-        # LPT found no room; the greedy may
+        # the cell LPT found no room under the budget; the joint greedy may still find some
         return None if microbatch_greedy.solve in kernels else microbatch_greedy.solve(problem, num_microbatches)
     if len(results) == 1:
         return results[0]  # nothing to compare it with

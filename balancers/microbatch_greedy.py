@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .microbatch_plan import MicroBatchProblem, MicroBatchResult
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_loads
 from .problem import sorted_order
 
 
@@ -86,15 +86,6 @@ def regroup(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: i
     position = np.empty_like(order)
     position[order] = np.arange(order.size)
     return position[cell_of]
-
-
-def cell_loads(problem: MicroBatchProblem, cell_of: np.ndarray, size: int) -> np.ndarray:
-    if problem.padded:
-        counts = np.bincount(cell_of, minlength=size)
-        top = np.zeros(size)
-        np.maximum.at(top, cell_of, problem.item_costs)
-        return counts * top
-    return np.bincount(cell_of, weights=problem.item_costs, minlength=size)
 
 
 def split(cell_of: np.ndarray, num_ranks: int) -> MicroBatchResult:

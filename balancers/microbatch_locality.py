@@ -38,7 +38,7 @@ from .group_deal import by_group, deal_in_groups
 from .locality_deal import NoRoom, take_anywhere
 from .locality_fill import FINE_TIERS, TIERS, fill_locally, filler_items, filler_share, length_tiers
 from .locality_repair import repair
-from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cells_problem
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_loads, cells_problem
 from .partial_plan import PartialPlan
 
 
@@ -74,7 +74,7 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
     None when the deal and repair miss a micro-batch's max (unpadded problems only)."""
     m = num_microbatches
     cell = result.microbatch * problem.num_ranks + result.rank  # the plain loads as `cell_accounts` sums them
-    maxima = np.bincount(cell, weights=problem.item_costs, minlength=m * problem.num_ranks).reshape(m, -1).max(axis=1)
+    maxima = cell_loads(problem, cell, m * problem.num_ranks).reshape(m, -1).max(axis=1)
     target = float(maxima.max())
     cells = cells_problem(problem, m * problem.num_ranks)
     total = float(problem.item_costs.sum())
@@ -91,7 +91,7 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
             continue
         # Cell loads summed in item order, as `cell_accounts` sums the plan's; tokens are sums of
         # integers, exact in the deal's order too.
-        loads = np.bincount(state.destinations, weights=problem.item_costs, minlength=state.loads.size)
+        loads = cell_loads(problem, state.destinations, state.loads.size)
         if np.all(loads.reshape(-1, m).max(axis=0) <= maxima) and state.tokens.max() <= problem.max_tokens:
             rank, microbatch = np.divmod(state.destinations, m)
             return result._replace(rank=rank, microbatch=microbatch)

@@ -12,7 +12,7 @@ import numpy as np
 
 from .microbatch_bounds import min_microbatches, step_cost_bound
 from .cost import CostModel
-from .problem import Problem, Status, cost_order, sorted_order
+from .problem import Problem, Status, read_only, cost_order, sorted_order
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,26 +35,20 @@ class MicroBatchProblem:
     @cached_property
     def length_order(self) -> np.ndarray:
         """Items by length, longest first, ties by index (read-only)."""
-        order = sorted_order(self.lengths)
-        order.setflags(write=False)
-        return order
+        return read_only(sorted_order(self.lengths))
 
     @cached_property
     def cost_order(self) -> np.ndarray:
         """Items by cost, largest first, ties by index (`problem.cost_order` with a cost model:
         the length order where it is the same)."""
         if self.cost is None:
-            order = sorted_order(self.item_costs)
-            order.setflags(write=False)
-            return order
+            return read_only(sorted_order(self.item_costs))
         return cost_order(self.lengths, self.item_costs, self.cost, self.length_order)
 
     @cached_property
     def sorted_costs(self) -> np.ndarray:
         """`item_costs[cost_order]`, largest first (read-only)."""
-        costs = self.item_costs[self.cost_order]
-        costs.setflags(write=False)
-        return costs
+        return read_only(self.item_costs[self.cost_order])
 
     @cached_property
     def min_microbatches(self) -> int:
@@ -79,11 +73,10 @@ def balancing_problem(lengths: np.ndarray, costs: np.ndarray, num_ranks: int, ca
     """
     problem = Problem(lengths=lengths, item_costs=costs, num_ranks=num_ranks, cost=CostModel(), padded=False,
                       max_tokens_per_rank=cap, time_limit=None)
-    order = sorted_order(costs) if order is None else order
-    order.setflags(write=False)
-    problem.__dict__["cost_order"] = order  # the cached properties, computed from the costs themselves
+    # The cached properties, computed from the costs themselves.
+    problem.__dict__["cost_order"] = read_only(sorted_order(costs) if order is None else order)
     if sorted_costs is not None:
-        problem.__dict__["sorted_costs"] = sorted_costs
+        problem.__dict__["sorted_costs"] = read_only(sorted_costs)
     return problem
 
 
@@ -106,22 +99,30 @@ class MicroBatchResult(NamedTuple):
 MicroBatchKernel = Callable[[MicroBatchProblem, int], "MicroBatchResult | None"]
 
 
+def cell_loads(problem: MicroBatchProblem, cell_of: np.ndarray, size: int) -> np.ndarray:
+    """The cost of each of `size` cells, item i in cell cell_of[i] (count · max cost when padded),
+    accumulated in item order (bit-reproducible)."""
+    if problem.padded:
+        counts = np.bincount(cell_of, minlength=size)
+        top = np.zeros(size)
+        np.maximum.at(top, cell_of, problem.item_costs)
+        return counts * top
+    return np.bincount(cell_of, weights=problem.item_costs, minlength=size)
+
+
 def cell_accounts(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray,
                   num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
     """(loads, tokens) of every cell, shape (M, D), accumulated in item order (bit-reproducible)."""
     cells = num_microbatches * problem.num_ranks
     cell = microbatch * problem.num_ranks + rank
     shape = (num_microbatches, problem.num_ranks)
+    loads = cell_loads(problem, cell, cells).reshape(shape)
     if problem.padded:
-        counts = np.bincount(cell, minlength=cells)
-        top_cost = np.zeros(cells)
-        np.maximum.at(top_cost, cell, problem.item_costs)
         top_length = np.zeros(cells, dtype=np.int64)
         np.maximum.at(top_length, cell, problem.lengths)
-        return (counts * top_cost).reshape(shape), (counts * top_length).reshape(shape)
-    loads = np.bincount(cell, weights=problem.item_costs, minlength=cells)
+        return loads, (np.bincount(cell, minlength=cells) * top_length).reshape(shape)
     tokens = np.bincount(cell, weights=problem.lengths, minlength=cells)  # exact: sums of ints below 2**53
-    return loads.reshape(shape), tokens.astype(np.int64).reshape(shape)
+    return loads, tokens.astype(np.int64).reshape(shape)
 
 
 def step_cost(cell_loads: np.ndarray, overhead: float) -> float:

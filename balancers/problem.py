@@ -85,8 +85,8 @@ def cost_order(lengths: np.ndarray, item_costs: np.ndarray, cost: CostModel,
     longest, asked of all of them (sufficient).
     """
     if not lengths.size:
-        return _read_only(sorted_order(item_costs))
-    order = _read_only(sorted_order(lengths)) if length_order is None else length_order
+        return read_only(sorted_order(item_costs))
+    order = read_only(sorted_order(lengths)) if length_order is None else length_order
     longest = int(lengths[order[0]])
     if longest < lengths.size:
         lengths = np.arange(longest + 1)
@@ -94,7 +94,7 @@ def cost_order(lengths: np.ndarray, item_costs: np.ndarray, cost: CostModel,
     else:
         lengths, costs = lengths[order], item_costs[order]
     if np.count_nonzero(np.diff(costs)) != np.count_nonzero(np.diff(lengths)):
-        order = _read_only(sorted_order(item_costs))
+        order = read_only(sorted_order(item_costs))
     return order
 
 
@@ -136,7 +136,8 @@ COST_LIMIT = 2.0**1023  # rank costs below this never overflow float64, whatever
 MAX_RANKS = 2**20  # per-rank arrays stay small (8 MiB each); the largest clusters hold ~10**5 GPUs
 
 
-def _read_only(array: np.ndarray) -> np.ndarray:
+def read_only(array: np.ndarray) -> np.ndarray:
+    """`array`, made read-only in place (cached orders and costs are shared, never written)."""
     array.setflags(write=False)
     return array
 
@@ -157,20 +158,20 @@ class Problem:
     @cached_property
     def length_order(self) -> np.ndarray:
         """`sorted_order(lengths)`: items by length, longest first, ties by index."""
-        return _read_only(sorted_order(self.lengths))
+        return read_only(sorted_order(self.lengths))
 
     @cached_property
     def cost_order(self) -> np.ndarray:
         """`sorted_order(item_costs)`, computed once per problem (LPT, locality and the bound
         share it; `cost_order`)."""
         if self.cost is None:
-            return _read_only(sorted_order(self.item_costs))
+            return read_only(sorted_order(self.item_costs))
         return cost_order(self.lengths, self.item_costs, self.cost, self.length_order)
 
     @cached_property
     def sorted_costs(self) -> np.ndarray:
         """`item_costs[cost_order]`, largest first."""
-        return _read_only(self.item_costs[self.cost_order])
+        return read_only(self.item_costs[self.cost_order])
 
     @property
     def num_items(self) -> int:
