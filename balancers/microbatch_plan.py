@@ -12,12 +12,13 @@ import numpy as np
 
 from .microbatch_bounds import min_microbatches, step_cost_bound
 from .cost import CostModel
-from .problem import Problem, Status, read_only, cost_order, sorted_order
+from .problem import Problem, SortedItems, Status, read_only, sorted_order
 
 
 @dataclass(frozen=True, eq=False)
-class MicroBatchProblem:
-    """Validated, canonical input of a micro-batch kernel (kernels assume it is clean)."""
+class MicroBatchProblem(SortedItems):
+    """Validated, canonical input of a micro-batch kernel (kernels assume it is clean); its
+    items' orders (`length_order`, `cost_order`, `sorted_costs`) as a `Problem`'s."""
 
     lengths: np.ndarray  # int64 (n,), tokens each item holds
     item_costs: np.ndarray  # float64 (n,), its cost
@@ -31,24 +32,6 @@ class MicroBatchProblem:
     @property
     def num_items(self) -> int:
         return int(self.lengths.size)
-
-    @cached_property
-    def length_order(self) -> np.ndarray:
-        """Items by length, longest first, ties by index (read-only)."""
-        return read_only(sorted_order(self.lengths))
-
-    @cached_property
-    def cost_order(self) -> np.ndarray:
-        """Items by cost, largest first, ties by index (`problem.cost_order` with a cost model:
-        the length order where it is the same)."""
-        if self.cost is None:
-            return read_only(sorted_order(self.item_costs))
-        return cost_order(self.lengths, self.item_costs, self.cost, self.length_order)
-
-    @cached_property
-    def sorted_costs(self) -> np.ndarray:
-        """`item_costs[cost_order]`, largest first (read-only)."""
-        return read_only(self.item_costs[self.cost_order])
 
     @cached_property
     def min_microbatches(self) -> int:

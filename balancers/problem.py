@@ -142,8 +142,31 @@ def read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
+class SortedItems:
+    """The orders of a problem's items, each computed once (read-only): a `Problem`'s or a
+    `MicroBatchProblem`'s `lengths`, `item_costs` and `cost` (None when costs are given per item)."""
+
+    @cached_property
+    def length_order(self) -> np.ndarray:
+        """`sorted_order(lengths)`: items by length, longest first, ties by index."""
+        return read_only(sorted_order(self.lengths))
+
+    @cached_property
+    def cost_order(self) -> np.ndarray:
+        """`sorted_order(item_costs)`, computed once per problem (LPT, locality and the bound
+        share it; with a cost model `cost_order`: the length order where it is the same)."""
+        if self.cost is None:
+            return read_only(sorted_order(self.item_costs))
+        return cost_order(self.lengths, self.item_costs, self.cost, self.length_order)
+
+    @cached_property
+    def sorted_costs(self) -> np.ndarray:
+        """`item_costs[cost_order]`, largest first."""
+        return read_only(self.item_costs[self.cost_order])
+
+
 @dataclass(frozen=True, eq=False)
-class Problem:
+class Problem(SortedItems):
     """Validated, canonical input of a kernel (kernels assume it is clean)."""
 
     lengths: np.ndarray  # int64 (n,)
@@ -154,24 +177,6 @@ class Problem:
     max_tokens_per_rank: int | None
     time_limit: float | None
     equal_counts: bool = False  # every rank holds floor(n / D) or ceil(n / D) items
-
-    @cached_property
-    def length_order(self) -> np.ndarray:
-        """`sorted_order(lengths)`: items by length, longest first, ties by index."""
-        return read_only(sorted_order(self.lengths))
-
-    @cached_property
-    def cost_order(self) -> np.ndarray:
-        """`sorted_order(item_costs)`, computed once per problem (LPT, locality and the bound
-        share it; `cost_order`)."""
-        if self.cost is None:
-            return read_only(sorted_order(self.item_costs))
-        return cost_order(self.lengths, self.item_costs, self.cost, self.length_order)
-
-    @cached_property
-    def sorted_costs(self) -> np.ndarray:
-        """`item_costs[cost_order]`, largest first."""
-        return read_only(self.item_costs[self.cost_order])
 
     @property
     def num_items(self) -> int:

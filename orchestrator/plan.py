@@ -50,17 +50,6 @@ def _frozen(array, dtype=np.int64) -> np.ndarray:
     return array
 
 
-def rank_order(ranks: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR of items per rank, ascending item order within a rank: (rank_offsets (D+1,), order (K,)).
-
-    A stable sort by rank; ranks fit 16 bits up to 65 536 ranks, where numpy sorts by radix.
-    """
-    keys = ranks.astype(np.uint16) if num_ranks <= 2**16 else ranks
-    order = np.argsort(keys, kind="stable")
-    rank_offsets = np.concatenate(([0], np.cumsum(np.bincount(ranks, minlength=num_ranks))))
-    return _frozen(rank_offsets), _frozen(order)
-
-
 def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.ndarray) -> list[np.ndarray]:
     """Offset of every item in its rank's buffer, for each array of item `sizes`: the sum of
     the sizes of the items before it on its rank.

@@ -37,8 +37,8 @@ from ..balancers.problem import Status, make_problem
 from ..balancers.validation import as_real, is_int
 from ..topology import PLACEMENTS, Topology, place
 from .microbatch import MicroBatchStepPlan
-from .plan import StagePlan, StepPlan, compose, offsets_within_rank, rank_order
-from .samples import Batch
+from .plan import StagePlan, StepPlan, compose, offsets_within_rank
+from .samples import Batch, group_order
 from .stages import Stage, check_stages
 
 LOCALITY = "locality"
@@ -114,7 +114,7 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     else:
         loads, tokens, makespan, bound = balanced.loads, balanced.tokens, balanced.makespan, balanced.lower_bound
         seconds = balanced.solve_seconds
-    rank_offsets, rank_items = rank_order(destination, num_ranks)
+    rank_offsets, rank_items = group_order(destination, num_ranks)
     outputs = item_tokens(batch, stage, items) if outputs is None else outputs
     inputs = batch.sample_text if stage.is_llm else item_length
     source = batch.sample_source if stage.is_llm else batch.sample_source[item_sample]

@@ -120,6 +120,18 @@ def _llm_lengths(text: np.ndarray, segment_tokens: np.ndarray, segment_offsets: 
     return _frozen_int(text + (tokens_before[segment_offsets[1:]] - tokens_before[segment_offsets[:-1]]))
 
 
+def group_order(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of items per group (a rank, a micro-batch), ascending item order within a group:
+    (offsets (num_groups + 1,), order (K,)), read-only int64.
+
+    A stable sort by group; groups fit 16 bits up to 65 536 of them, where numpy sorts by radix.
+    """
+    keys = groups.astype(np.uint16) if num_groups <= 2**16 else groups
+    order = np.argsort(keys, kind="stable")
+    offsets = np.concatenate(([0], np.cumsum(np.bincount(groups, minlength=num_groups))))
+    return _frozen_int(offsets), _frozen_int(order)
+
+
 def _as_int_array(name: str, values, size: int | None = None) -> np.ndarray:
     array = np.asarray(values)
     if array.ndim != 1:
@@ -225,9 +237,7 @@ class Batch:
         num_groups = as_int(num_groups, "num_groups", minimum=1)
         if group.size and (group.min() < 0 or group.max() >= num_groups):
             raise ValueError(f"`group` must hold groups in [0, {num_groups}); got {group.min()}..{group.max()}")
-        keys = group.astype(np.uint16) if num_groups <= 2**16 else group  # a stable sort of uint16: radix
-        order = np.argsort(keys, kind="stable")
-        sample_bounds = np.concatenate(([0], np.cumsum(np.bincount(group, minlength=num_groups))))
+        sample_bounds, order = group_order(group, num_groups)
         offsets = self.sample_segment_offsets
         counts = np.diff(offsets)[order]
         segment_offsets = np.concatenate(([0], np.cumsum(counts)))
@@ -238,7 +248,7 @@ class Batch:
                        segment_modality=self.segment_modality[segments], segment_length=self.segment_length[segments],
                        segment_tokens=self.segment_tokens[segments], segment_position=self.segment_position[segments])
         llm_length = self.sample_llm_length[order]
-        for array in (order, llm_length, *columns.values()):
+        for array in (llm_length, *columns.values()):
             array.setflags(write=False)
         parts = []
         for first, end in zip(sample_bounds[:-1].tolist(), sample_bounds[1:].tolist()):

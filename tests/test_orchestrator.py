@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel
-from orchmllm.orchestrator.plan import offsets_within_rank, rank_order
+from orchmllm.orchestrator.plan import offsets_within_rank
+from orchmllm.orchestrator.samples import group_order
 from orchmllm.orchestrator.planner import Orchestrator, input_bytes, stage_items
 from orchmllm.orchestrator.samples import Batch, Sample, Segment
 from orchmllm.orchestrator.stages import Stage
@@ -215,7 +216,7 @@ def test_rank_order_and_offsets_match_an_item_by_item_walk(num_ranks, ranks_and_
     ranks = np.array([r % num_ranks for r, _, _ in ranks_and_sizes], dtype=np.int64)
     first = np.array([a for _, a, _ in ranks_and_sizes], dtype=np.int64)
     second = np.array([b for _, _, b in ranks_and_sizes], dtype=np.int64)
-    rank_offsets, order = rank_order(ranks, num_ranks)
+    rank_offsets, order = group_order(ranks, num_ranks)
     first_offsets, second_offsets = offsets_within_rank(rank_offsets, order, first, second)
     filled = np.zeros((num_ranks, 2), dtype=np.int64)
     expected_order = []
