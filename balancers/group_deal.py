@@ -35,10 +35,8 @@ MAX_TURNS = 128  # more items in one group: windows (a turn costs ~0.05 ms howev
 def by_group(state: PartialPlan, groups: np.ndarray, items: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """`items` (None: all, groups[i] the group of item i) ordered by (group, cost rank), each
     group's largest first with ties by index (groups[k] the group of items[k]), and the group of
-    each (non-decreasing), from one sort of packed int64 keys."""
-    keys = groups << state.rank_bits
-    keys |= state.cost_rank if items is None else state.cost_rank[items]
-    keys.sort()
+    each (non-decreasing), from one sort of packed keys (`PartialPlan.group_keys`)."""
+    keys = state.group_keys(groups, items)
     return state.item_of_rank[keys & ((1 << state.rank_bits) - 1)], keys >> state.rank_bits
 
 

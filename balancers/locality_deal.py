@@ -27,17 +27,15 @@ class NoRoom(Exception):
     """The deal found no rank with room; the caller falls back."""
 
 
-def _by_segment(state: PartialPlan, keys: np.ndarray, candidates: np.ndarray):
-    """Candidates grouped by segment, largest first (ties by index) within one; `keys` holds each
-    candidate's segment (a fresh int64 array: it becomes the keys, in place, as fresh large arrays
-    cost more than the arithmetic).
+def _by_segment(state: PartialPlan, segments: np.ndarray, candidates: np.ndarray):
+    """Candidates grouped by segment, largest first (ties by index) within one; `segments` holds
+    each candidate's segment.
 
     Returns (keys, items, starts, ends, segments): keys = segment << state.rank_bits | cost rank,
-    sorted; items[k] the item of keys[k]; segment segments[s] spans keys[starts[s]:ends[s]].
+    sorted (`PartialPlan.group_keys`); items[k] the item of keys[k]; segment segments[s] spans
+    keys[starts[s]:ends[s]].
     """
-    keys <<= state.rank_bits
-    keys |= state.cost_rank[candidates]
-    keys.sort()
+    keys = state.group_keys(segments, candidates)
     owner = keys >> state.rank_bits
     starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1]))) if keys.size else keys
     return (keys, state.item_of_rank[keys & ((1 << state.rank_bits) - 1)], starts, np.append(starts[1:], keys.size),
@@ -48,7 +46,8 @@ def _first_fitting(state: PartialPlan, keys: np.ndarray, segments: np.ndarray, p
                    room: np.ndarray) -> np.ndarray:
     """Per segment, the first key at or after `pointer` whose item's cost is at most `room`."""
     first_fitting_rank = np.searchsorted(state.negated_sorted_costs, -room, side="left")
-    return np.maximum(np.searchsorted(keys, (segments << state.rank_bits) + first_fitting_rank), pointer)
+    needles = (segments.astype(np.int64) << state.rank_bits) + first_fitting_rank
+    return np.maximum(np.searchsorted(keys, needles.astype(keys.dtype, copy=False)), pointer)
 
 
 def _prefix_sums(values: np.ndarray) -> np.ndarray:
@@ -173,9 +172,7 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
     window_size = DEAL_WINDOW * gpus_per_node
     margin = window_size * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     unplaced = np.flatnonzero(state.destinations < 0) if items is None else items
-    node_of = sources[unplaced]
-    node_of //= gpus_per_node
-    keys, order, pointer, ends, nodes = _by_segment(state, node_of, unplaced)
+    keys, order, pointer, ends, nodes = _by_segment(state, sources[unplaced] // gpus_per_node, unplaced)
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
     while nodes.size:
         loads = node_loads[nodes]
