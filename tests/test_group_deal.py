@@ -88,3 +88,17 @@ def test_by_group_orders_each_groups_items_largest_first_ties_by_index():
     state = PartialPlan(make_problem([3, 5, 3, 1, 5, 2], 2), target=0.0)
     ordered, owner = by_group(state, np.array([1, 0, 1, 1, 0, 0]), np.arange(6))
     assert ordered.tolist() == [1, 4, 5, 0, 2, 3] and owner.tolist() == [0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("largest_group", [3, 2**28])
+def test_group_keys_order_by_group_then_cost_rank_in_int32_where_they_fit_else_int64(largest_group):
+    """Keys group << rank_bits | cost rank: int32 while every key fits 31 bits (groups up to 3, 6
+    items: 3 bits of cost rank), int64 beyond (group 2**28 shifted by 3 bits passes 2**31); the same
+    order either way."""
+    state = PartialPlan(make_problem([3, 5, 3, 1, 5, 2], 2), target=0.0)
+    groups = np.array([1, 0, 1, 1, 0, largest_group])
+    keys = state.group_keys(groups, np.arange(6))
+    assert keys.dtype == (np.int32 if largest_group == 3 else np.int64)
+    assert (keys >> state.rank_bits).tolist() == sorted(groups.tolist())
+    ordered = state.item_of_rank[keys & ((1 << state.rank_bits) - 1)]
+    assert ordered.tolist() == [1, 4, 0, 2, 3, 5]
