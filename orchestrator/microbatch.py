@@ -36,10 +36,48 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..balancers.microbatch_plan import MicroBatchPlan
 from ..balancers.problem import exact_sum
 from .plan import Exchange, StepPlan
 from .samples import Batch
 from .stages import Stage
+
+
+def check_cells(batch: Batch, cells, max_tokens: int | None) -> None:
+    """Raise unless `cells` is a MicroBatchPlan of `batch`'s samples on its ranks whose every cell
+    holds, of this batch's LLM tokens, what the plan counts and at most `max_tokens` (None: the
+    plan's own budget): cells planned for other lengths, ranks or a larger budget are refused."""
+    if not isinstance(cells, MicroBatchPlan):
+        raise TypeError(f"`cells` must be a MicroBatchPlan (`balance_microbatches` or a peer's); got "
+                        f"{type(cells).__name__}")
+    if cells.num_items != batch.num_samples or cells.num_ranks != batch.num_ranks:
+        raise ValueError(f"`cells` place {cells.num_items} items on {cells.num_ranks} ranks; the batch has "
+                         f"{batch.num_samples} samples on {batch.num_ranks} ranks (one cell per sample)")
+    m, num_ranks = cells.num_microbatches, batch.num_ranks
+    if cells.rank.size and (cells.rank.min() < 0 or cells.rank.max() >= num_ranks or cells.microbatch.min() < 0
+                            or cells.microbatch.max() >= m):
+        raise ValueError(f"`cells` hold a rank outside [0, {num_ranks}) or a micro-batch outside [0, {m})")
+    cell = cells.microbatch * num_ranks + cells.rank
+    lengths = batch.sample_llm_length
+    counts = np.bincount(cell, minlength=m * num_ranks)
+    if cells.padded:
+        longest = np.zeros(m * num_ranks, dtype=np.int64)
+        np.maximum.at(longest, cell, lengths)
+        tokens = counts * longest
+    else:
+        tokens = np.zeros(m * num_ranks, dtype=np.int64)
+        np.add.at(tokens, cell, lengths)
+    tokens = tokens.reshape(m, num_ranks)
+    if not np.array_equal(tokens, cells.cell_tokens):
+        r_m = np.unravel_index(int(np.argmax(tokens != cells.cell_tokens)), tokens.shape)
+        raise ValueError(f"`cells` were planned for other lengths: cell (rank {r_m[1]}, micro-batch {r_m[0]}) "
+                         f"holds {int(tokens[r_m])} of this batch's LLM tokens, the plan counts "
+                         f"{int(cells.cell_tokens[r_m])}")
+    budget = cells.max_tokens_per_microbatch if max_tokens is None else max_tokens
+    if tokens.size and int(tokens.max()) > budget:
+        r_m = np.unravel_index(int(np.argmax(tokens)), tokens.shape)
+        raise ValueError(f"`cells` put {int(tokens[r_m])} LLM tokens in cell (rank {r_m[1]}, micro-batch {r_m[0]}), "
+                         f"over the budget of {budget} tokens per micro-batch")
 
 
 @dataclass(frozen=True, eq=False)

@@ -30,13 +30,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..balancers import ALGORITHMS, balance, balance_microbatches
+from ..balancers import ALGORITHMS, MICROBATCH_ALGORITHMS, balance, balance_microbatches
 from ..balancers.locality import FILL_ON_MISS
 from ..balancers.plan import BalancePlan, make_plan
-from ..balancers.problem import Status, make_problem
-from ..balancers.validation import as_real, is_int
+from ..balancers.problem import InfeasibleError, Status, make_problem
+from ..balancers.validation import as_int, as_real, is_int
 from ..topology import PLACEMENTS, Topology, place
-from .microbatch import MicroBatchStepPlan
+from .microbatch import MicroBatchStepPlan, check_cells
 from .plan import StagePlan, StepPlan, compose, offsets_within_rank
 from .samples import Batch, group_order
 from .stages import Stage, check_stages
@@ -196,9 +196,20 @@ class Orchestrator:
         self.uniform_algorithm = uniform_algorithm
         if max_tokens_per_microbatch is None and num_microbatches is not None:
             raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
-        self.microbatching = None if max_tokens_per_microbatch is None else dict(
-            max_tokens_per_microbatch=max_tokens_per_microbatch, num_microbatches=num_microbatches,
-            microbatch_overhead=microbatch_overhead, algorithm=microbatch_algorithm)
+        self.microbatching = None
+        if max_tokens_per_microbatch is not None:
+            if not self.balance_llm:
+                raise ValueError("`balance_llm=False` cannot plan micro-batches (the cells balance the LLM stage); to "
+                                 "keep samples on their ranks, pass cells that do to `plan_cells` (e.g. the study's "
+                                 "per-rank sequential fill)")
+            if microbatch_algorithm not in MICROBATCH_ALGORITHMS:
+                raise ValueError(f"unknown `microbatch_algorithm` {microbatch_algorithm!r}; choose one of "
+                                 f"{sorted(MICROBATCH_ALGORITHMS)}")
+            self.microbatching = dict(
+                max_tokens_per_microbatch=as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1),
+                num_microbatches=as_int(num_microbatches, "num_microbatches", minimum=1, optional=True),
+                microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"),
+                algorithm=microbatch_algorithm)
 
     @property
     def num_ranks(self) -> int:
@@ -229,16 +240,29 @@ class Orchestrator:
         """Cells (rank, micro-batch) for whole samples, then every micro-batch's encoders balanced
         across the ranks and routed to the LLM rank of their sample (see `orchestrator.microbatch`)."""
         *encoders, llm_stage = self.stages
-        options = dict(self.microbatching)
-        cap = llm_stage.max_tokens_per_rank
-        if cap is not None:
-            options["max_tokens_per_microbatch"] = min(cap, options["max_tokens_per_microbatch"])
-        if self.placement == LOCALITY and self.balance_llm:
+        options = dict(self.microbatching, max_tokens_per_microbatch=self._cell_budget())
+        if self.placement == LOCALITY:
             items = stage_items(batch, llm_stage)
             anchors, anchor_bytes = self._anchors(batch, llm_stage, items, item_tokens(batch, llm_stage, items), None)
             options.update(sources=anchors, item_bytes=anchor_bytes, topology=self.topology)
-        cells = balance_microbatches(batch.sample_llm_length, batch.num_ranks, cost=llm_stage.cost, **options)
+        try:
+            cells = balance_microbatches(batch.sample_llm_length, batch.num_ranks, cost=llm_stage.cost, **options)
+        except (InfeasibleError, ValueError) as error:
+            if options["max_tokens_per_microbatch"] == self.microbatching["max_tokens_per_microbatch"]:
+                raise
+            note = (f"{error} (a micro-batch cell holds at most {options['max_tokens_per_microbatch']} tokens: the LLM "
+                    f"stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
+                    f"max_tokens_per_microbatch={self.microbatching['max_tokens_per_microbatch']})")
+            if isinstance(error, InfeasibleError):
+                raise InfeasibleError(note, error.min_cap) from error
+            raise ValueError(note) from error
         return self.plan_cells(batch, cells, start=start)
+
+    def _cell_budget(self) -> int:
+        """The tokens a micro-batch cell may hold: max_tokens_per_microbatch, or the LLM stage's
+        max_tokens_per_rank where that is lower."""
+        budget, cap = self.microbatching["max_tokens_per_microbatch"], self.stages[-1].max_tokens_per_rank
+        return budget if cap is None else min(cap, budget)
 
     def plan_cells(self, batch: Batch, cells, *, start: float | None = None) -> MicroBatchStepPlan:
         """The micro-batched plan of `batch` whose samples already have cells (a `MicroBatchPlan` of
@@ -246,6 +270,8 @@ class Orchestrator:
         balanced across the ranks (with `balance_encoders`; otherwise each segment runs on its
         sample's LLM rank, where the whole sample moved), outputs routed to their LLM rank."""
         start = time.perf_counter() if start is None else start
+        self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
+        check_cells(batch, cells, None if self.microbatching is None else self._cell_budget())
         *encoders, llm_stage = self.stages
         samples, plans = [], []
         parts = (((np.arange(batch.num_samples), batch),) if cells.num_microbatches == 1 else

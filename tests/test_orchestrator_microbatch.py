@@ -5,8 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm import Orchestrator, Topology
-from orchmllm.balancers import balance
+import dataclasses
+
+from orchmllm import InfeasibleError, Orchestrator, Topology
+from orchmllm.balancers import balance, balance_microbatches
 from orchmllm.orchestrator import MicroBatchStepPlan, planner
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
@@ -112,6 +114,59 @@ def test_micro_batch_stages_deal_with_the_filler_on_a_miss(monkeypatch):
 def test_num_microbatches_without_a_budget_is_rejected():
     with pytest.raises(ValueError, match="`num_microbatches` needs `max_tokens_per_microbatch`"):
         Orchestrator(STAGES, 4, num_microbatches=2)
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(max_tokens_per_microbatch=0), ValueError, "`max_tokens_per_microbatch` must be >= 1; got 0"),
+    (dict(max_tokens_per_microbatch=8192.0), TypeError, "`max_tokens_per_microbatch` must be an int"),
+    (dict(max_tokens_per_microbatch=8192, num_microbatches=2.0), TypeError, "`num_microbatches` must be an int or None"),
+    (dict(max_tokens_per_microbatch=8192, microbatch_overhead=float("nan")), ValueError,
+     "`microbatch_overhead` must be finite and >= 0; got nan"),
+    (dict(max_tokens_per_microbatch=8192, microbatch_algorithm="zzz"), ValueError,
+     "unknown `microbatch_algorithm` 'zzz'; choose one of"),
+    (dict(max_tokens_per_microbatch=8192, balance_llm=False), ValueError,
+     r"`balance_llm=False` cannot plan micro-batches .* pass cells that do to `plan_cells`"),
+])
+def test_micro_batch_options_are_checked_when_the_orchestrator_is_built(options, error, message):
+    """Bad micro-batch options fail at construction, as `placement` does, not at the first plan; and
+    balance_llm=False, which the cells would silently ignore, is refused."""
+    with pytest.raises(error, match=message):
+        Orchestrator(STAGES, 4, **options)
+
+
+def test_plan_cells_refuses_cells_that_are_not_of_this_batch():
+    """Cells of other samples, ranks, lengths or a larger budget than the orchestrator's are refused
+    with the reason, before any micro-batch is planned."""
+    batch = sample_workload("default", 4, 8, seed=1)
+    lengths, budget = batch.sample_llm_length, 8100  # one micro-batch of all 32 samples needs 8108 tokens
+    orchestrator = Orchestrator(STAGES, 4, max_tokens_per_microbatch=budget)
+    assert orchestrator.plan_cells(batch, balance_microbatches(lengths, 4, max_tokens_per_microbatch=budget))
+    cases = [
+        (None, TypeError, "`cells` must be a MicroBatchPlan"),
+        (balance_microbatches(lengths[:-3], 4, max_tokens_per_microbatch=budget), ValueError,
+         "`cells` place 29 items on 4 ranks; the batch has 32 samples on 4 ranks"),
+        (balance_microbatches(lengths, 8, max_tokens_per_microbatch=budget), ValueError,
+         "`cells` place 32 items on 8 ranks"),
+        (balance_microbatches(np.ones_like(lengths), 4, max_tokens_per_microbatch=budget), ValueError,
+         r"`cells` were planned for other lengths: cell \(rank 0, micro-batch 0\) holds \d+ of this batch's LLM"),
+        (balance_microbatches(lengths, 4, max_tokens_per_microbatch=10**6), ValueError,
+         r"`cells` put 8108 LLM tokens in cell \(rank 0, micro-batch 0\), over the budget of 8100 tokens"),
+    ]
+    for cells, error, message in cases:
+        with pytest.raises(error, match=message):
+            orchestrator.plan_cells(batch, cells)
+    # With no budget of its own the orchestrator holds the cells to theirs (the study's peers).
+    assert Orchestrator(STAGES, 4).plan_cells(batch, cases[-1][0]).num_microbatches == 1
+
+
+def test_an_llm_cap_below_the_budget_is_named_in_the_error():
+    """The LLM stage's max_tokens_per_rank below max_tokens_per_microbatch bounds every cell; an
+    error under it says so instead of quoting a max_tokens_per_microbatch the user never gave."""
+    batch = sample_workload("default", 4, 8, seed=1)
+    stages = (*STAGES[:-1], dataclasses.replace(STAGES[-1], max_tokens_per_rank=3000))
+    with pytest.raises(InfeasibleError, match=r"the LLM stage 'llm' has max_tokens_per_rank=3000, below "
+                                              r"max_tokens_per_microbatch=8192"):
+        Orchestrator(stages, 4, max_tokens_per_microbatch=8192).plan(batch)
 
 
 def test_batch_take_keeps_samples_and_their_segments_in_order():
