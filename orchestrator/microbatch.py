@@ -37,10 +37,46 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers.microbatch_plan import MicroBatchPlan
-from ..balancers.problem import exact_sum
+from ..balancers.problem import InfeasibleError, exact_sum
 from .plan import Exchange, StepPlan
 from .samples import Batch
 from .stages import Stage
+
+
+def capped_cell_lengths(batch: Batch, stages, budget: int) -> np.ndarray | None:
+    """Each sample's tokens in a cell of `budget` tokens when encoder `stages` cap a rank's tokens
+    per micro-batch (`max_tokens_per_rank` c_s): max(its LLM tokens, ⌈min(e_s, c_s) · budget / c_s⌉
+    for every capped stage s), e_s its tokens of s (padded: its segments × the stage's longest).
+    A cell within the budget then holds at most c_s of every capped stage, so where no sample holds
+    more than c_s the segments can always run on their sample's rank; a sample holding more fills
+    its cell alone and its segments need other ranks' room (the micro-batch's stage then says so
+    when it finds none).  None when no stage with items is capped.
+
+    >>> from orchmllm import CostModel
+    >>> batch = Batch.from_arrays(num_ranks=2, modalities=("image",), sample_text=[100, 900], sample_source=[0, 1],
+    ...                           segment_sample=[0], segment_modality=[0], segment_length=[600], segment_tokens=[150])
+    >>> vision = Stage("vision", "image", CostModel(), max_tokens_per_rank=1000)
+    >>> capped_cell_lengths(batch, [vision], 1200).tolist()  # 600 of 1000 image tokens: 720 of 1200
+    [720, 900]
+    """
+    lengths = None
+    for stage in stages:
+        cap = stage.max_tokens_per_rank
+        segments = batch.segments_of(stage.modality)
+        if stage.is_llm or cap is None or not segments.size:
+            continue
+        owners = batch.segment_sample[segments]
+        if stage.padded:
+            tokens = np.bincount(owners, minlength=batch.num_samples) * int(batch.segment_length[segments].max())
+        else:
+            tokens = np.zeros(batch.num_samples, dtype=np.int64)
+            np.add.at(tokens, owners, batch.segment_length[segments])
+        if min(cap, int(tokens.max())) * budget >= 2**62:
+            raise ValueError(f"stage {stage.name!r}: max_tokens_per_rank={cap} × max_tokens_per_microbatch={budget} "
+                             f"passes 2**62; cell tokens must stay exact")
+        scaled = (np.minimum(tokens, cap) * budget + cap - 1) // cap
+        lengths = np.maximum(batch.sample_llm_length if lengths is None else lengths, scaled)
+    return lengths
 
 
 def check_cells(batch: Batch, cells, max_tokens: int | None) -> None:

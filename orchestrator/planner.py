@@ -32,11 +32,13 @@ import numpy as np
 
 from ..balancers import ALGORITHMS, MICROBATCH_ALGORITHMS, balance, balance_microbatches
 from ..balancers.locality import FILL_ON_MISS
+from ..balancers.microbatch import make_microbatch_problem
+from ..balancers.microbatch_plan import MicroBatchResult, make_microbatch_plan
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..balancers.validation import as_int, as_real, is_int
 from ..topology import PLACEMENTS, Topology, place
-from .microbatch import MicroBatchStepPlan, check_cells
+from .microbatch import MicroBatchStepPlan, capped_cell_lengths, check_cells
 from .plan import StagePlan, StepPlan, compose, offsets_within_rank
 from .samples import Batch, group_order
 from .stages import Stage, check_stages
@@ -246,17 +248,39 @@ class Orchestrator:
             anchors, anchor_bytes = self._anchors(batch, llm_stage, items, item_tokens(batch, llm_stage, items), None)
             options.update(sources=anchors, item_bytes=anchor_bytes, topology=self.topology)
         try:
-            cells = balance_microbatches(batch.sample_llm_length, batch.num_ranks, cost=llm_stage.cost, **options)
+            cells = self._cells(batch, options)
         except (InfeasibleError, ValueError) as error:
-            if options["max_tokens_per_microbatch"] == self.microbatching["max_tokens_per_microbatch"]:
+            budget, given = options["max_tokens_per_microbatch"], self.microbatching["max_tokens_per_microbatch"]
+            why = [f"the LLM stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
+                   f"max_tokens_per_microbatch={given}: a cell holds at most {budget} tokens"] if budget < given else []
+            why += [f"stage {stage.name!r} caps a rank at max_tokens_per_rank={stage.max_tokens_per_rank}: a "
+                    f"sample's cell tokens count its share of that cap too (`capped_cell_lengths`)"
+                    for stage in encoders if stage.max_tokens_per_rank is not None]
+            if not why:
                 raise
-            note = (f"{error} (a micro-batch cell holds at most {options['max_tokens_per_microbatch']} tokens: the LLM "
-                    f"stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
-                    f"max_tokens_per_microbatch={self.microbatching['max_tokens_per_microbatch']})")
+            note = f"{error} ({'; '.join(why)})"
             if isinstance(error, InfeasibleError):
                 raise InfeasibleError(note, error.min_cap) from error
             raise ValueError(note) from error
         return self.plan_cells(batch, cells, start=start)
+
+    def _cells(self, batch: Batch, options: dict):
+        """`balance_microbatches` of the samples' LLM tokens; where encoder stages cap a rank's tokens,
+        of `capped_cell_lengths` instead (the LLM costs kept), its cells then accounted in LLM tokens
+        with the LLM problem's own bound (a relaxation of the capped one: still a bound)."""
+        llm_stage, lengths = self.stages[-1], batch.sample_llm_length
+        capped = capped_cell_lengths(batch, self.stages[:-1], options["max_tokens_per_microbatch"])
+        if capped is None:
+            return balance_microbatches(lengths, batch.num_ranks, cost=llm_stage.cost, **options)
+        costs = llm_stage.cost.item_costs(lengths)
+        found = balance_microbatches(capped, batch.num_ranks, costs=costs, **options)
+        problem = make_microbatch_problem(lengths, batch.num_ranks, costs=costs,
+                                          max_tokens_per_microbatch=options["max_tokens_per_microbatch"],
+                                          microbatch_overhead=options["microbatch_overhead"])
+        fixed = options["num_microbatches"] is not None
+        return make_microbatch_plan(problem, MicroBatchResult(found.rank, found.microbatch), found.num_microbatches,
+                                    found.algorithm, floor_microbatches=None if fixed else problem.min_microbatches,
+                                    solve_seconds=found.solve_seconds)
 
     def _cell_budget(self) -> int:
         """The tokens a micro-batch cell may hold: max_tokens_per_microbatch, or the LLM stage's
@@ -278,15 +302,35 @@ class Orchestrator:
                  batch.split(cells.microbatch, cells.num_microbatches))
         for members, sub in parts:
             llm = stage_plan(sub, llm_stage, cells.rank[members], cells.algorithm, items=stage_items(sub, llm_stage))
-            stage_plans = []
-            for stage in encoders:
-                items = stage_items(sub, stage)
-                stage_plans.append(self._plan_stage(sub, stage, items, llm, filled=True) if self.balance_encoders else
-                                   stage_plan(sub, stage, llm.destination[items.sample], "none", items=items))
+            stage_plans = [self._microbatch_stage(sub, stage, llm, len(samples)) for stage in encoders]
             samples.append(members)
             plans.append(compose(sub, self.stages, (*stage_plans, llm)))
         return MicroBatchStepPlan(batch=batch, stages=self.stages, cells=cells, microbatch_samples=tuple(samples),
                                   microbatches=tuple(plans), planning_seconds=time.perf_counter() - start)
+
+    def _microbatch_stage(self, sub: Batch, stage: Stage, llm: StagePlan, index: int) -> StagePlan:
+        """Micro-batch `index`'s encoder `stage`: balanced (`balance_encoders`), or where that finds no
+        plan under the stage's cap, and without `balance_encoders`, each segment on its sample's LLM
+        rank, which cells planned for the cap (`capped_cell_lengths`) keep within it."""
+        items = stage_items(sub, stage)
+        failure = None
+        if self.balance_encoders:
+            try:
+                return self._plan_stage(sub, stage, items, llm, filled=True)
+            except InfeasibleError as error:
+                if stage.max_tokens_per_rank is None:
+                    raise
+                failure = error
+        home = stage_plan(sub, stage, llm.destination[items.sample], "none", items=items)
+        cap = stage.max_tokens_per_rank
+        if cap is not None and home.tokens.size and int(home.tokens.max()) > cap:
+            rank = int(np.argmax(home.tokens))
+            balanced = "" if failure is None else f"balancing it failed ({failure}); "
+            raise InfeasibleError(
+                f"micro-batch {index}, stage {stage.name!r}: {balanced}its segments on their samples' ranks put "
+                f"{int(home.tokens[rank])} tokens on rank {rank}, over max_tokens_per_rank={cap} (cells not planned "
+                f"for this cap)", min_cap=int(home.tokens[rank])) from failure
+        return home
 
     def _anchors(self, batch: Batch, stage: Stage, items: StageItems, outputs: np.ndarray, llm: StagePlan | None):
         """Where the stage's items should stay, and their bytes: the LLM stage keeps a sample's text

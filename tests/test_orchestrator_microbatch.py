@@ -119,7 +119,8 @@ def test_num_microbatches_without_a_budget_is_rejected():
 @pytest.mark.parametrize("options, error, message", [
     (dict(max_tokens_per_microbatch=0), ValueError, "`max_tokens_per_microbatch` must be >= 1; got 0"),
     (dict(max_tokens_per_microbatch=8192.0), TypeError, "`max_tokens_per_microbatch` must be an int"),
-    (dict(max_tokens_per_microbatch=8192, num_microbatches=2.0), TypeError, "`num_microbatches` must be an int or None"),
+    (dict(max_tokens_per_microbatch=8192, num_microbatches=2.0), TypeError,
+     "`num_microbatches` must be an int or None"),
     (dict(max_tokens_per_microbatch=8192, microbatch_overhead=float("nan")), ValueError,
      "`microbatch_overhead` must be finite and >= 0; got nan"),
     (dict(max_tokens_per_microbatch=8192, microbatch_algorithm="zzz"), ValueError,
@@ -165,8 +166,48 @@ def test_an_llm_cap_below_the_budget_is_named_in_the_error():
     batch = sample_workload("default", 4, 8, seed=1)
     stages = (*STAGES[:-1], dataclasses.replace(STAGES[-1], max_tokens_per_rank=3000))
     with pytest.raises(InfeasibleError, match=r"the LLM stage 'llm' has max_tokens_per_rank=3000, below "
-                                              r"max_tokens_per_microbatch=8192"):
+                                              r"max_tokens_per_microbatch=8192: a cell holds at most 3000 tokens"):
         Orchestrator(stages, 4, max_tokens_per_microbatch=8192).plan(batch)
+
+
+def capped(image=None, audio=None):
+    """The 10B stages with per-rank (per micro-batch) token caps on the encoders."""
+    image_stage, audio_stage, llm_stage = STAGES
+    return (dataclasses.replace(image_stage, max_tokens_per_rank=image),
+            dataclasses.replace(audio_stage, max_tokens_per_rank=audio), llm_stage)
+
+
+@pytest.mark.parametrize("caps, num_microbatches", [(dict(image=6000), None), (dict(image=6000), 4),
+                                                    (dict(image=12000, audio=3000), None)])
+def test_encoder_budgets_hold_in_every_micro_batch(caps, num_microbatches):
+    """An encoder stage's max_tokens_per_rank bounds its tokens on every rank in every micro-batch:
+    the cells count each sample's share of the cap (one document holds 11 520 image tokens, more
+    than a rank's 6 000: its tiles spread over ranks), so every micro-batch's stage fits."""
+    batch = sample_workload("default", 4, 8, seed=1)
+    budget = 8192
+    orchestrator = Orchestrator(capped(**caps), 4, max_tokens_per_microbatch=budget, num_microbatches=num_microbatches)
+    plan = orchestrator.plan(batch)
+    check_step(batch, plan, budget)
+    image = batch.segment_length[batch.segments_of("image")]
+    assert plan.num_microbatches >= -(-int(image.sum()) // (4 * caps["image"]))
+    for micro in plan.microbatches:
+        for stage_plan in micro.stage_plans[:-1]:
+            cap = stage_plan.stage.max_tokens_per_rank
+            assert cap is None or stage_plan.tokens.max() <= cap
+
+
+def test_an_encoder_budget_no_micro_batch_meets_names_the_micro_batch_and_stage():
+    """Cells not planned for an encoder cap (here one micro-batch of every sample, through
+    `plan_cells`), or a cap below the longest image, fail naming the micro-batch and the stage."""
+    batch = sample_workload("default", 4, 8, seed=1)
+    whole = balance_microbatches(batch.sample_llm_length, 4, max_tokens_per_microbatch=10**6)
+    with pytest.raises(InfeasibleError, match=r"micro-batch 0, stage 'image encoder': balancing it failed .* its "
+                                              r"segments on their samples' ranks put \d+ tokens on rank \d+, over "
+                                              r"max_tokens_per_rank=6000 \(cells not planned for this cap\)"):
+        Orchestrator(capped(image=6000), 4).plan_cells(batch, whole)
+    with pytest.raises(InfeasibleError, match=r"micro-batch \d+, stage 'image encoder': balancing it failed "
+                                              r"\(`max_tokens_per_rank`=5623 is below the largest item"):
+        Orchestrator(capped(image=5623), 4, max_tokens_per_microbatch=8192).plan(batch)
 
 
 def test_batch_take_keeps_samples_and_their_segments_in_order():
