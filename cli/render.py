@@ -236,3 +236,5 @@ def print_microbatch_rows(rows) -> None:
     out.print(table)
     out.print("M: micro-batches on every rank; Σ_m max_r / LB: the synchronised step cost over its certified bound; "
               "none: each rank fills its own micro-batches in sampling order; ms*: our reimplementation's time.")
+    if all(row.kind != "peer" for row in rows):
+        out.print("No peer rows: the reimplemented micro-batch peers do not model padded stages (count · f(max l)).")

@@ -98,3 +98,19 @@ def test_compare_command_adds_the_micro_batched_algorithms(capsys, tmp_path):
     assert main(["compare", "--ranks", "16", "--items-per-rank", "8", "--algorithms", "lpt",
                  "--max-tokens-per-microbatch", "16384", "--plot", str(tmp_path)]) == 0
     assert (tmp_path / "cells.png").stat().st_size > 0
+
+
+def test_compare_says_why_a_padded_stage_has_no_peer_rows(capsys, tmp_path):
+    """The reimplemented peers do not model padded stages: `compare --padded` runs ours alone and
+    says so instead of dropping the peers' rows silently."""
+    from orchmllm.cli import main
+
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("tokens\n" + "\n".join(str(100 + 37 * k % 900) for k in range(64)) + "\n")
+    assert main(["compare", "--lengths", str(lengths), "--column", "tokens", "--ranks", "4", "--padded",
+                 "--algorithms", "padded", "--max-tokens-per-microbatch", "4000"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "No peer rows: the reimplemented micro-batch peers do not model padded stages" in out
+    assert main(["compare", "--lengths", str(lengths), "--column", "tokens", "--ranks", "4", "--padded",
+                 "--algorithms", "padded", "--max-tokens-per-microbatch", "4000", "--json"]) == 0
+    assert {row["algorithm"] for row in json.loads(capsys.readouterr().out)["microbatches"]} == {"ours"}
