@@ -328,8 +328,8 @@ class Orchestrator:
             balanced = "" if failure is None else f"balancing it failed ({failure}); "
             raise InfeasibleError(
                 f"micro-batch {index}, stage {stage.name!r}: {balanced}its segments on their samples' ranks put "
-                f"{int(home.tokens[rank])} tokens on rank {rank}, over max_tokens_per_rank={cap} (cells not planned "
-                f"for this cap)", min_cap=int(home.tokens[rank])) from failure
+                f"{int(home.tokens[rank])} tokens on rank {rank}, over max_tokens_per_rank={cap} (cells that are not "
+                f"planned for the cap, or a sample holding more than it)", min_cap=int(home.tokens[rank])) from failure
         return home
 
     def _anchors(self, batch: Batch, stage: Stage, items: StageItems, outputs: np.ndarray, llm: StagePlan | None):
