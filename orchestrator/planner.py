@@ -270,7 +270,7 @@ class Orchestrator:
         with the LLM problem's own bound (a relaxation of the capped one: still a bound)."""
         llm_stage, lengths = self.stages[-1], batch.sample_llm_length
         capped = capped_cell_lengths(batch, self.stages[:-1], options["max_tokens_per_microbatch"])
-        if capped is None:
+        if capped is None or np.array_equal(capped, lengths):  # no cap counts more than the LLM tokens
             return balance_microbatches(lengths, batch.num_ranks, cost=llm_stage.cost, **options)
         costs = llm_stage.cost.item_costs(lengths)
         found = balance_microbatches(capped, batch.num_ranks, costs=costs, **options)

@@ -196,6 +196,13 @@ def test_encoder_budgets_hold_in_every_micro_batch(caps, num_microbatches):
             assert cap is None or stage_plan.tokens.max() <= cap
 
 
+def test_encoder_budgets_that_never_bind_leave_the_plan_bit_identical():
+    batch = sample_workload("default", 8, 16, seed=3)
+    plain = Orchestrator(STAGES, 8, max_tokens_per_microbatch=16384).plan(batch)
+    loose = Orchestrator(capped(image=10**9, audio=10**9), 8, max_tokens_per_microbatch=16384).plan(batch)
+    assert loose.digest() == plain.digest() and loose.cells.digest() == plain.cells.digest()
+
+
 def test_an_encoder_budget_no_micro_batch_meets_names_the_micro_batch_and_stage():
     """Cells not planned for an encoder cap (here one micro-batch of every sample, through
     `plan_cells`), or a cap below the longest image, fail naming the micro-batch and the stage."""
