@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from .problem import InfeasibleError, KernelResult, Problem, Status, as_lengths, sorted_order
+from .problem import INT64_MAX, InfeasibleError, KernelResult, Problem, Status, as_lengths, sorted_order
 from .validation import as_int
 
 
@@ -66,8 +66,8 @@ class _Runs:
         block_lengths = sorted_lengths[firsts]
         if cap is None:
             room = np.full(ends.size, n, dtype=np.int64)
-        else:
-            room = np.where(block_lengths > 0, cap // np.maximum(block_lengths, 1), n)
+        else:  # a cap past int64 binds no rank: every padded rank's tokens fit int64 (`check_token_range`)
+            room = np.where(block_lengths > 0, min(cap, INT64_MAX) // np.maximum(block_lengths, 1), n)
         self.room = np.minimum(room, n)
         self.positive = self.costs > 0
 

@@ -36,84 +36,119 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..balancers.microbatch_plan import MicroBatchPlan
+from ..balancers.microbatch import make_microbatch_problem
+from ..balancers.microbatch_plan import MicroBatchPlan, cell_accounts, step_cost
 from ..balancers.problem import InfeasibleError, exact_sum
 from .plan import Exchange, StepPlan
 from .samples import Batch
 from .stages import Stage
 
 
+class StageCapError(InfeasibleError):
+    """A micro-batch's encoder stage found no plan within its `max_tokens_per_rank` (`stage`: its
+    name, `microbatch`: the index)."""
+
+    def __init__(self, message: str, min_cap: int, stage: str, microbatch: int):
+        super().__init__(message, min_cap)
+        self.stage, self.microbatch = stage, microbatch
+
+
 def capped_cell_lengths(batch: Batch, stages, budget: int) -> np.ndarray | None:
-    """Each sample's tokens in a cell of `budget` tokens when encoder `stages` cap a rank's tokens
-    per micro-batch (`max_tokens_per_rank` c_s): max(its LLM tokens, ⌈min(e_s, c_s) · budget / c_s⌉
-    for every capped stage s), e_s its tokens of s (padded: its segments × the stage's longest).
-    A cell within the budget then holds at most c_s of every capped stage, so where no sample holds
-    more than c_s the segments can always run on their sample's rank; a sample holding more fills
-    its cell alone and its segments need other ranks' room (the micro-batch's stage then says so
-    when it finds none).  None when no stage with items is capped.
+    """Each sample's tokens in a cell of `budget` tokens that counts encoder `stages`' caps on a
+    rank's tokens per micro-batch (`max_tokens_per_rank` c_s): max(its LLM tokens,
+    ⌈min(e_s, c_s) · budget / c_s⌉ for every capped stage s), e_s its tokens of s (padded: its
+    segments × the stage's longest).  A cell within the budget then holds at most c_s of every
+    capped stage, so where no sample holds more than c_s the segments can always run on their
+    sample's rank; a sample holding more fills its cell alone and its segments need other ranks'
+    room.  None when no cap could bind (none below its stage's tokens in the batch).
 
     >>> from orchmllm import CostModel
     >>> batch = Batch.from_arrays(num_ranks=2, modalities=("image",), sample_text=[100, 900], sample_source=[0, 1],
-    ...                           segment_sample=[0], segment_modality=[0], segment_length=[600], segment_tokens=[150])
+    ...                           segment_sample=[0, 1], segment_modality=[0, 0], segment_length=[600, 500],
+    ...                           segment_tokens=[150, 100])
     >>> vision = Stage("vision", "image", CostModel(), max_tokens_per_rank=1000)
     >>> capped_cell_lengths(batch, [vision], 1200).tolist()  # 600 of 1000 image tokens: 720 of 1200
-    [720, 900]
+    [720, 1000]
     """
     lengths = None
     for stage in stages:
-        cap = stage.max_tokens_per_rank
         segments = batch.segments_of(stage.modality)
-        if stage.is_llm or cap is None or not segments.size:
+        if stage.is_llm or stage.max_tokens_per_rank is None or not segments.size:
             continue
-        owners = batch.segment_sample[segments]
+        cap, owners = int(stage.max_tokens_per_rank), batch.segment_sample[segments]
         if stage.padded:
             tokens = np.bincount(owners, minlength=batch.num_samples) * int(batch.segment_length[segments].max())
         else:
             tokens = np.zeros(batch.num_samples, dtype=np.int64)
             np.add.at(tokens, owners, batch.segment_length[segments])
-        if min(cap, int(tokens.max())) * budget >= 2**62:
-            raise ValueError(f"stage {stage.name!r}: max_tokens_per_rank={cap} × max_tokens_per_microbatch={budget} "
-                             f"passes 2**62; cell tokens must stay exact")
-        scaled = (np.minimum(tokens, cap) * budget + cap - 1) // cap
-        lengths = np.maximum(batch.sample_llm_length if lengths is None else lengths, scaled)
+        if cap >= int(tokens.sum()):  # one rank may hold the stage's every token
+            continue
+        shares, inverse = np.unique(np.minimum(tokens, cap), return_inverse=True)
+        scaled = np.array([-(-share * budget // cap) for share in shares.tolist()], dtype=np.int64)  # exact, <= budget
+        lengths = np.maximum(batch.sample_llm_length if lengths is None else lengths, scaled[inverse.ravel()])
     return lengths
 
 
-def check_cells(batch: Batch, cells, max_tokens: int | None) -> None:
-    """Raise unless `cells` is a MicroBatchPlan of `batch`'s samples on its ranks whose every cell
-    holds, of this batch's LLM tokens, what the plan counts and at most `max_tokens` (None: the
-    plan's own budget): cells planned for other lengths, ranks or a larger budget are refused."""
+def _check_fields(cells: MicroBatchPlan, num_items: int, num_ranks: int) -> None:
+    """Shapes and dtypes of a MicroBatchPlan's arrays (a hand-built one may disagree with itself)."""
+    m = cells.num_microbatches
+    if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or m < 1:
+        raise ValueError(f"`cells.num_microbatches` must be a positive int; got {m!r}")
+    for name, shape, kind in (("rank", (num_items,), "iu"), ("microbatch", (num_items,), "iu"),
+                              ("cell_loads", (m, num_ranks), "f"), ("cell_tokens", (m, num_ranks), "iu")):
+        value = getattr(cells, name)
+        if not isinstance(value, np.ndarray) or value.shape != shape or value.dtype.kind not in kind:
+            what = "ints" if "i" in kind else "floats"
+            raise ValueError(f"`cells.{name}` must be a numpy array of shape {shape} ({what}); got "
+                             f"{type(value).__name__} {getattr(value, 'shape', '')}")
+
+
+def check_cells(batch: Batch, cells, llm: Stage, max_tokens: int | None) -> None:
+    """Raise unless `cells` is a MicroBatchPlan of `batch`'s samples on its ranks for the LLM stage
+    `llm`: its cells' loads, tokens and step cost those of this batch's samples under `llm`'s cost
+    (padded or not), its bound not above its step cost, every cell within `max_tokens` (None: the
+    plan's own budget) and the LLM stage's `max_tokens_per_rank`.  Cells planned for other samples,
+    ranks, lengths, costs or a larger budget are refused."""
     if not isinstance(cells, MicroBatchPlan):
         raise TypeError(f"`cells` must be a MicroBatchPlan (`balance_microbatches` or a peer's); got "
                         f"{type(cells).__name__}")
     if cells.num_items != batch.num_samples or cells.num_ranks != batch.num_ranks:
         raise ValueError(f"`cells` place {cells.num_items} items on {cells.num_ranks} ranks; the batch has "
                          f"{batch.num_samples} samples on {batch.num_ranks} ranks (one cell per sample)")
-    m, num_ranks = cells.num_microbatches, batch.num_ranks
+    _check_fields(cells, batch.num_samples, batch.num_ranks)
+    m, num_ranks = int(cells.num_microbatches), batch.num_ranks
     if cells.rank.size and (cells.rank.min() < 0 or cells.rank.max() >= num_ranks or cells.microbatch.min() < 0
                             or cells.microbatch.max() >= m):
         raise ValueError(f"`cells` hold a rank outside [0, {num_ranks}) or a micro-batch outside [0, {m})")
-    cell = cells.microbatch * num_ranks + cells.rank
-    lengths = batch.sample_llm_length
-    counts = np.bincount(cell, minlength=m * num_ranks)
-    if cells.padded:
-        longest = np.zeros(m * num_ranks, dtype=np.int64)
-        np.maximum.at(longest, cell, lengths)
-        tokens = counts * longest
-    else:
-        tokens = np.zeros(m * num_ranks, dtype=np.int64)
-        np.add.at(tokens, cell, lengths)
-    tokens = tokens.reshape(m, num_ranks)
+    if cells.padded != llm.padded:
+        raise ValueError(f"`cells` were planned {'padded' if cells.padded else 'unpadded'}; the LLM stage "
+                         f"{llm.name!r} is {'padded' if llm.padded else 'unpadded'}")
+    budget = cells.max_tokens_per_microbatch if max_tokens is None else max_tokens
+    limit = f"the budget of {budget} tokens per micro-batch"
+    if llm.max_tokens_per_rank is not None and llm.max_tokens_per_rank < budget:
+        budget = llm.max_tokens_per_rank
+        limit = f"the LLM stage {llm.name!r}'s max_tokens_per_rank={budget}"
+    tokens = batch.sample_llm_length
+    if tokens.size and int(tokens.max()) > budget:
+        raise ValueError(f"sample {int(np.argmax(tokens))} holds {int(tokens.max())} LLM tokens, over {limit}")
+    problem = make_microbatch_problem(tokens, num_ranks, cost=llm.cost, padded=llm.padded,
+                                      max_tokens_per_microbatch=budget, microbatch_overhead=cells.microbatch_overhead)
+    loads, tokens = cell_accounts(problem, cells.rank.astype(np.int64), cells.microbatch.astype(np.int64), m)
     if not np.array_equal(tokens, cells.cell_tokens):
         r_m = np.unravel_index(int(np.argmax(tokens != cells.cell_tokens)), tokens.shape)
         raise ValueError(f"`cells` were planned for other lengths: cell (rank {r_m[1]}, micro-batch {r_m[0]}) "
                          f"holds {int(tokens[r_m])} of this batch's LLM tokens, the plan counts "
                          f"{int(cells.cell_tokens[r_m])}")
-    budget = cells.max_tokens_per_microbatch if max_tokens is None else max_tokens
+    cost = step_cost(loads, problem.microbatch_overhead)
+    if not np.array_equal(loads, cells.cell_loads) or cost != cells.step_cost:
+        raise ValueError(f"`cells` were planned under another cost: their step cost is {cells.step_cost}, this "
+                         f"batch's under the LLM stage {llm.name!r}'s cost {cost}")
+    if not cells.lower_bound <= cost:
+        raise ValueError(f"`cells` claim a lower bound {cells.lower_bound} above their step cost {cost}")
     if tokens.size and int(tokens.max()) > budget:
         r_m = np.unravel_index(int(np.argmax(tokens)), tokens.shape)
         raise ValueError(f"`cells` put {int(tokens[r_m])} LLM tokens in cell (rank {r_m[1]}, micro-batch {r_m[0]}), "
-                         f"over the budget of {budget} tokens per micro-batch")
+                         f"over {limit}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -35,10 +35,10 @@ from ..balancers.locality import FILL_ON_MISS
 from ..balancers.microbatch import make_microbatch_problem
 from ..balancers.microbatch_plan import MicroBatchResult, make_microbatch_plan
 from ..balancers.plan import BalancePlan, make_plan
-from ..balancers.problem import InfeasibleError, Status, make_problem
+from ..balancers.problem import INT64_MAX, InfeasibleError, Status, make_problem
 from ..balancers.validation import as_int, as_real, is_int
 from ..topology import PLACEMENTS, Topology, place
-from .microbatch import MicroBatchStepPlan, capped_cell_lengths, check_cells
+from .microbatch import MicroBatchStepPlan, StageCapError, capped_cell_lengths, check_cells
 from .plan import StagePlan, StepPlan, compose, offsets_within_rank
 from .samples import Batch, group_order
 from .stages import Stage, check_stages
@@ -196,10 +196,17 @@ class Orchestrator:
         if uniform_algorithm is not None and uniform_algorithm not in ALGORITHMS:
             raise ValueError(f"unknown `uniform_algorithm` {uniform_algorithm!r}; choose one of {sorted(ALGORITHMS)}")
         self.uniform_algorithm = uniform_algorithm
-        if max_tokens_per_microbatch is None and num_microbatches is not None:
-            raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
+        given = [name for name, value, default in (("num_microbatches", num_microbatches, None),
+                                                   ("microbatch_overhead", microbatch_overhead, 0.0),
+                                                   ("microbatch_algorithm", microbatch_algorithm, "auto"))
+                 if value is not default and value != default]
+        if max_tokens_per_microbatch is None and given:
+            raise ValueError(f"`{given[0]}` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
         self.microbatching = None
         if max_tokens_per_microbatch is not None:
+            if as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1) > INT64_MAX:
+                raise ValueError(f"`max_tokens_per_microbatch` must be below 2**63 (token sums are int64); got "
+                                 f"{max_tokens_per_microbatch}")
             if not self.balance_llm:
                 raise ValueError("`balance_llm=False` cannot plan micro-batches (the cells balance the LLM stage); to "
                                  "keep samples on their ranks, pass cells that do to `plan_cells` (e.g. the study's "
@@ -240,7 +247,9 @@ class Orchestrator:
 
     def _plan_microbatches(self, batch: Batch, start: float) -> MicroBatchStepPlan:
         """Cells (rank, micro-batch) for whole samples, then every micro-batch's encoders balanced
-        across the ranks and routed to the LLM rank of their sample (see `orchestrator.microbatch`)."""
+        across the ranks and routed to the LLM rank of their sample (see `orchestrator.microbatch`).
+        Where an encoder's cap (`max_tokens_per_rank`) leaves a micro-batch no plan, the cells are
+        planned again counting every sample's share of the caps (`capped_cell_lengths`)."""
         *encoders, llm_stage = self.stages
         options = dict(self.microbatching, max_tokens_per_microbatch=self._cell_budget())
         if self.placement == LOCALITY:
@@ -248,34 +257,46 @@ class Orchestrator:
             anchors, anchor_bytes = self._anchors(batch, llm_stage, items, item_tokens(batch, llm_stage, items), None)
             options.update(sources=anchors, item_bytes=anchor_bytes, topology=self.topology)
         try:
-            cells = self._cells(batch, options)
+            return self.plan_cells(batch, self._cells(batch, options), start=start)
+        except StageCapError as error:
+            capped = capped_cell_lengths(batch, encoders, options["max_tokens_per_microbatch"])
+            if llm_stage.padded or capped is None or np.array_equal(capped, batch.sample_llm_length):
+                raise
+            failure = error
+        why = (f"stage {failure.stage!r} found no plan within its cap in micro-batch {failure.microbatch} ({failure}), "
+               f"so every sample's cell tokens count its share of the encoders' caps (`capped_cell_lengths`)",)
+        cells = self._cells(batch, options, capped, why)
+        try:
+            return self.plan_cells(batch, cells, start=start)
+        except StageCapError as error:
+            raise StageCapError(f"{error}, also with cells that count every sample's share of the encoders' caps "
+                                f"(a sample holding more than a cap needs room on other ranks of its micro-batch)",
+                                error.min_cap, error.stage, error.microbatch) from failure
+
+    def _cells(self, batch: Batch, options: dict, capped: np.ndarray | None = None, why: tuple[str, ...] = ()):
+        """`balance_microbatches` of the samples' LLM tokens, or of their `capped_cell_lengths` with the
+        LLM costs kept (the cells then accounted in LLM tokens with the LLM problem's own bound, a
+        relaxation of the capped one: still a bound).  An error says `why` it arose, and names the
+        LLM stage's cap where that bounds the cells."""
+        llm_stage, tokens = self.stages[-1], batch.sample_llm_length
+        budget, given = options["max_tokens_per_microbatch"], self.microbatching["max_tokens_per_microbatch"]
+        if budget < given:
+            why = (f"the LLM stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
+                   f"max_tokens_per_microbatch={given}: a cell holds at most {budget} tokens", *why)
+        try:
+            if capped is None:
+                return balance_microbatches(tokens, batch.num_ranks, cost=llm_stage.cost, padded=llm_stage.padded,
+                                            **options)
+            costs = llm_stage.cost.item_costs(tokens)
+            found = balance_microbatches(capped, batch.num_ranks, costs=costs, **options)
         except (InfeasibleError, ValueError) as error:
-            budget, given = options["max_tokens_per_microbatch"], self.microbatching["max_tokens_per_microbatch"]
-            why = [f"the LLM stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
-                   f"max_tokens_per_microbatch={given}: a cell holds at most {budget} tokens"] if budget < given else []
-            why += [f"stage {stage.name!r} caps a rank at max_tokens_per_rank={stage.max_tokens_per_rank}: a "
-                    f"sample's cell tokens count its share of that cap too (`capped_cell_lengths`)"
-                    for stage in encoders if stage.max_tokens_per_rank is not None]
             if not why:
                 raise
             note = f"{error} ({'; '.join(why)})"
             if isinstance(error, InfeasibleError):
                 raise InfeasibleError(note, error.min_cap) from error
             raise ValueError(note) from error
-        return self.plan_cells(batch, cells, start=start)
-
-    def _cells(self, batch: Batch, options: dict):
-        """`balance_microbatches` of the samples' LLM tokens; where encoder stages cap a rank's tokens,
-        of `capped_cell_lengths` instead (the LLM costs kept), its cells then accounted in LLM tokens
-        with the LLM problem's own bound (a relaxation of the capped one: still a bound)."""
-        llm_stage, lengths = self.stages[-1], batch.sample_llm_length
-        capped = capped_cell_lengths(batch, self.stages[:-1], options["max_tokens_per_microbatch"])
-        if capped is None or np.array_equal(capped, lengths):  # no cap counts more than the LLM tokens
-            return balance_microbatches(lengths, batch.num_ranks, cost=llm_stage.cost, **options)
-        costs = llm_stage.cost.item_costs(lengths)
-        found = balance_microbatches(capped, batch.num_ranks, costs=costs, **options)
-        problem = make_microbatch_problem(lengths, batch.num_ranks, costs=costs,
-                                          max_tokens_per_microbatch=options["max_tokens_per_microbatch"],
+        problem = make_microbatch_problem(tokens, batch.num_ranks, costs=costs, max_tokens_per_microbatch=budget,
                                           microbatch_overhead=options["microbatch_overhead"])
         fixed = options["num_microbatches"] is not None
         return make_microbatch_plan(problem, MicroBatchResult(found.rank, found.microbatch), found.num_microbatches,
@@ -295,7 +316,7 @@ class Orchestrator:
         sample's LLM rank, where the whole sample moved), outputs routed to their LLM rank."""
         start = time.perf_counter() if start is None else start
         self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
-        check_cells(batch, cells, None if self.microbatching is None else self._cell_budget())
+        check_cells(batch, cells, self.stages[-1], None if self.microbatching is None else self._cell_budget())
         *encoders, llm_stage = self.stages
         samples, plans = [], []
         parts = (((np.arange(batch.num_samples), batch),) if cells.num_microbatches == 1 else
@@ -326,10 +347,11 @@ class Orchestrator:
         if cap is not None and home.tokens.size and int(home.tokens.max()) > cap:
             rank = int(np.argmax(home.tokens))
             balanced = "" if failure is None else f"balancing it failed ({failure}); "
-            raise InfeasibleError(
+            raise StageCapError(
                 f"micro-batch {index}, stage {stage.name!r}: {balanced}its segments on their samples' ranks put "
                 f"{int(home.tokens[rank])} tokens on rank {rank}, over max_tokens_per_rank={cap} (cells that are not "
-                f"planned for the cap, or a sample holding more than it)", min_cap=int(home.tokens[rank])) from failure
+                f"planned for the cap, or a sample holding more than it)", int(home.tokens[rank]), stage.name,
+                index) from failure
         return home
 
     def _anchors(self, batch: Batch, stage: Stage, items: StageItems, outputs: np.ndarray, llm: StagePlan | None):
@@ -379,5 +401,12 @@ class Orchestrator:
             loads[rank_of_group], tokens[rank_of_group] = result.loads, result.tokens
             result = dataclasses.replace(result, assignment=rank_of_group[result.assignment], loads=loads,
                                          tokens=tokens)
-        return stage_plan(batch, stage, result.assignment, algorithm,
+        plan = stage_plan(batch, stage, result.assignment, algorithm,
                           balanced=result if padded == stage.padded else None, items=items, outputs=outputs)
+        cap = stage.max_tokens_per_rank
+        if cap is not None and plan.tokens.size and int(plan.tokens.max()) > cap:  # balanced unpadded, run padded
+            rank = int(np.argmax(plan.tokens))
+            raise InfeasibleError(f"stage {stage.name!r}: uniform_algorithm {algorithm!r} balanced it unpadded and "
+                                  f"put {int(plan.tokens[rank])} tokens (count · longest) on rank {rank}, over its "
+                                  f"max_tokens_per_rank={cap}", min_cap=int(plan.tokens[rank]))
+        return plan

@@ -136,28 +136,41 @@ def test_micro_batch_options_are_checked_when_the_orchestrator_is_built(options,
 
 
 def test_plan_cells_refuses_cells_that_are_not_of_this_batch():
-    """Cells of other samples, ranks, lengths or a larger budget than the orchestrator's are refused
-    with the reason, before any micro-batch is planned."""
+    """Cells of other samples, ranks, lengths, costs or a larger budget than the orchestrator's (or
+    the LLM stage's cap) are refused with the reason, before any micro-batch is planned."""
     batch = sample_workload("default", 4, 8, seed=1)
-    lengths, budget = batch.sample_llm_length, 8100  # one micro-batch of all 32 samples needs 8108 tokens
+    lengths, budget, cost = batch.sample_llm_length, 8100, STAGES[-1].cost  # one micro-batch needs > 8100
+
+    def cells(values=lengths, ranks=4, **options):
+        return balance_microbatches(values, ranks, **{"max_tokens_per_microbatch": budget, "cost": cost, **options})
+
     orchestrator = Orchestrator(STAGES, 4, max_tokens_per_microbatch=budget)
-    assert orchestrator.plan_cells(batch, balance_microbatches(lengths, 4, max_tokens_per_microbatch=budget))
+    assert orchestrator.plan_cells(batch, cells())
+    whole = cells(max_tokens_per_microbatch=10**6)
     cases = [
         (None, TypeError, "`cells` must be a MicroBatchPlan"),
-        (balance_microbatches(lengths[:-3], 4, max_tokens_per_microbatch=budget), ValueError,
-         "`cells` place 29 items on 4 ranks; the batch has 32 samples on 4 ranks"),
-        (balance_microbatches(lengths, 8, max_tokens_per_microbatch=budget), ValueError,
-         "`cells` place 32 items on 8 ranks"),
-        (balance_microbatches(np.ones_like(lengths), 4, max_tokens_per_microbatch=budget), ValueError,
+        (cells(lengths[:-3]), ValueError, "`cells` place 29 items on 4 ranks; the batch has 32 samples on 4 ranks"),
+        (cells(ranks=8), ValueError, "`cells` place 32 items on 8 ranks"),
+        (cells(np.ones_like(lengths)), ValueError,
          r"`cells` were planned for other lengths: cell \(rank 0, micro-batch 0\) holds \d+ of this batch's LLM"),
-        (balance_microbatches(lengths, 4, max_tokens_per_microbatch=10**6), ValueError,
-         r"`cells` put 8108 LLM tokens in cell \(rank 0, micro-batch 0\), over the budget of 8100 tokens"),
+        (cells(cost=None), ValueError,
+         r"`cells` were planned under another cost: their step cost is [\d.]+, this batch.s under the LLM"),
+        (dataclasses.replace(whole, lower_bound=2 * whole.step_cost), ValueError,
+         "`cells` claim a lower bound .* above their step cost"),
+        (dataclasses.replace(whole, cell_tokens=whole.cell_tokens[:, :2]), ValueError,
+         r"`cells.cell_tokens` must be a numpy array of shape \(1, 4\)"),
+        (dataclasses.replace(whole, rank=whole.rank.astype(float)), ValueError, "`cells.rank` must be a numpy array"),
+        (whole, ValueError, r"`cells` put \d+ LLM tokens in cell \(rank \d, micro-batch 0\), over the budget of 8100"),
     ]
-    for cells, error, message in cases:
+    for given, error, message in cases:
         with pytest.raises(error, match=message):
-            orchestrator.plan_cells(batch, cells)
-    # With no budget of its own the orchestrator holds the cells to theirs (the study's peers).
-    assert Orchestrator(STAGES, 4).plan_cells(batch, cases[-1][0]).num_microbatches == 1
+            orchestrator.plan_cells(batch, given)
+    # With no budget of its own the orchestrator holds the cells to theirs (the study's peers) and
+    # to the LLM stage's cap.
+    assert Orchestrator(STAGES, 4).plan_cells(batch, whole).num_microbatches == 1
+    llm_capped = (*STAGES[:-1], dataclasses.replace(STAGES[-1], max_tokens_per_rank=8100))
+    with pytest.raises(ValueError, match="over the LLM stage 'llm''s max_tokens_per_rank=8100"):
+        Orchestrator(llm_capped, 4).plan_cells(batch, whole)
 
 
 def test_an_llm_cap_below_the_budget_is_named_in_the_error():
@@ -207,7 +220,7 @@ def test_an_encoder_budget_no_micro_batch_meets_names_the_micro_batch_and_stage(
     """Cells not planned for an encoder cap (here one micro-batch of every sample, through
     `plan_cells`), or a cap below the longest image, fail naming the micro-batch and the stage."""
     batch = sample_workload("default", 4, 8, seed=1)
-    whole = balance_microbatches(batch.sample_llm_length, 4, max_tokens_per_microbatch=10**6)
+    whole = balance_microbatches(batch.sample_llm_length, 4, max_tokens_per_microbatch=10**6, cost=STAGES[-1].cost)
     with pytest.raises(InfeasibleError, match=r"micro-batch 0, stage 'image encoder': balancing it failed .* its "
                                               r"segments on their samples' ranks put \d+ tokens on rank \d+, over "
                                               r"max_tokens_per_rank=6000 \(cells that are not planned for the cap, "
@@ -258,3 +271,64 @@ def test_batch_split_rejects_groups_that_are_not_one_per_sample_in_range():
         batch.split(np.zeros(batch.num_samples), 2)
     with pytest.raises(ValueError, match=r"groups in \[0, 2\)"):
         batch.split(np.full(batch.num_samples, 2), 2)
+
+
+@pytest.mark.parametrize("mix, audio_cap", [("speech", 5000), ("speech", 2**63), ("default", 10**6)])
+def test_an_encoder_budget_the_plain_cells_already_meet_keeps_their_plan(mix, audio_cap):
+    """The cells are planned on LLM tokens first; only a micro-batch that then finds no plan within
+    an encoder's cap makes them count the caps: a cap the plain cells meet (or one no rank could
+    ever pass, up to 2**63) leaves the plan bit-identical."""
+    batch = sample_workload(mix, 4, 8, seed=8)
+    plain = Orchestrator(STAGES, 4, max_tokens_per_microbatch=16384).plan(batch)
+    audio = [micro.stage_plans[1].tokens.max(initial=0) for micro in plain.microbatches]
+    assert max(audio) <= audio_cap
+    plan = Orchestrator(capped(audio=audio_cap), 4, max_tokens_per_microbatch=16384).plan(batch)
+    assert plan.digest() == plain.digest()
+
+
+def test_a_cap_the_plain_cells_miss_is_met_by_cells_that_count_it():
+    batch = sample_workload("speech", 4, 8, seed=8)
+    plain = Orchestrator(STAGES, 4, max_tokens_per_microbatch=16384).plan(batch)
+    assert max(micro.stage_plans[1].tokens.max() for micro in plain.microbatches) > 2000
+    plan = Orchestrator(capped(audio=2000), 4, max_tokens_per_microbatch=16384).plan(batch)
+    check_step(batch, plan, 16384)
+    assert all(micro.stage_plans[1].tokens.max() <= 2000 for micro in plan.microbatches)
+
+
+def test_a_padded_stage_balanced_unpadded_by_uniform_algorithm_still_holds_its_cap():
+    """uniform_algorithm balances the padded audio stage as unpadded; its real tokens (count ·
+    longest) are checked against the cap: a plain step refuses clearly, a micro-batch runs the
+    segments on their samples' ranks instead (p13 of the probe put 6125 tokens under a 6000 cap)."""
+    batch = sample_workload("speech", 4, 16, seed=5)
+    stages = capped(audio=6000)
+    plan = Orchestrator(stages, 4, max_tokens_per_microbatch=16384, uniform_algorithm="lpt").plan(batch)
+    check_step(batch, plan, 16384)
+    assert all(micro.stage_plans[1].tokens.max() <= 6000 for micro in plan.microbatches)
+    with pytest.raises(InfeasibleError, match=r"stage 'audio encoder': uniform_algorithm 'lpt' balanced it unpadded "
+                                              r"and put \d+ tokens \(count · longest\) on rank \d, over its "
+                                              r"max_tokens_per_rank=2000"):
+        Orchestrator(capped(audio=2000), 4, uniform_algorithm="lpt").plan(sample_workload("speech", 4, 4, seed=5))
+
+
+def test_a_padded_llm_stage_gets_padded_cells():
+    """The cells of a padded LLM stage hold count · longest tokens within T (they were planned
+    unpadded: 35 576 tokens in one cell of a 16 384 budget)."""
+    batch = sample_workload("default", 4, 8, seed=9)
+    stages = (*STAGES[:-1], dataclasses.replace(STAGES[-1], padded=True, algorithm="padded"))
+    plan = Orchestrator(stages, 4, max_tokens_per_microbatch=16384).plan(batch)
+    assert plan.cells.padded and plan.cells.cell_tokens.max() <= 16384
+    for micro in plan.microbatches:
+        assert micro.llm.tokens.max() <= 16384  # count · longest, as the padded stage holds them
+    unpadded = balance_microbatches(batch.sample_llm_length, 4, max_tokens_per_microbatch=16384, cost=STAGES[-1].cost)
+    with pytest.raises(ValueError, match="`cells` were planned unpadded; the LLM stage 'llm' is padded"):
+        Orchestrator(stages, 4).plan_cells(batch, unpadded)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(microbatch_overhead=0.5), "`microbatch_overhead` needs `max_tokens_per_microbatch`"),
+    (dict(microbatch_algorithm="greedy"), "`microbatch_algorithm` needs `max_tokens_per_microbatch`"),
+    (dict(max_tokens_per_microbatch=2**70), r"`max_tokens_per_microbatch` must be below 2\*\*63"),
+])
+def test_micro_batch_options_without_a_usable_budget_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        Orchestrator(STAGES, 4, **options)

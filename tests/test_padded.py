@@ -163,3 +163,11 @@ def test_min_cap_validates_input():
         padded.min_cap([1, 2], 0)
     with pytest.raises(ValueError, match="`lengths` must be non-negative"):
         padded.min_cap([1, -2], 2)
+
+
+def test_a_cap_past_int64_binds_nothing():
+    """A cap of 2**63 or more gives the uncapped optimum (it raised OverflowError inside the runs)."""
+    uncapped = balance([5, 3, 3, 2], 2, padded=True, algorithm="padded")
+    for cap in (2**63, 2**80):
+        plan = balance([5, 3, 3, 2], 2, padded=True, algorithm="padded", max_tokens_per_rank=cap)
+        assert plan.makespan == uncapped.makespan and np.array_equal(plan.assignment, uncapped.assignment)
