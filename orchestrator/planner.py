@@ -257,7 +257,7 @@ class Orchestrator:
             anchors, anchor_bytes = self._anchors(batch, llm_stage, items, item_tokens(batch, llm_stage, items), None)
             options.update(sources=anchors, item_bytes=anchor_bytes, topology=self.topology)
         try:
-            return self.plan_cells(batch, self._cells(batch, options), start=start)
+            return self._plan_cells(batch, self._cells(batch, options), start)
         except StageCapError as error:
             capped = capped_cell_lengths(batch, encoders, options["max_tokens_per_microbatch"])
             if llm_stage.padded or capped is None or np.array_equal(capped, batch.sample_llm_length):
@@ -267,7 +267,7 @@ class Orchestrator:
                f"so every sample's cell tokens count its share of the encoders' caps (`capped_cell_lengths`)",)
         cells = self._cells(batch, options, capped, why)
         try:
-            return self.plan_cells(batch, cells, start=start)
+            return self._plan_cells(batch, cells, start)
         except StageCapError as error:
             raise StageCapError(f"{error}, also with cells that count every sample's share of the encoders' caps "
                                 f"(a sample holding more than a cap needs room on other ranks of its micro-batch)",
@@ -315,8 +315,14 @@ class Orchestrator:
         balanced across the ranks (with `balance_encoders`; otherwise each segment runs on its
         sample's LLM rank, where the whole sample moved), outputs routed to their LLM rank."""
         start = time.perf_counter() if start is None else start
+        if not isinstance(batch, Batch):
+            raise TypeError(f"`batch` must be a Batch; got {type(batch).__name__}")
         self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
         check_cells(batch, cells, self.stages[-1], None if self.microbatching is None else self._cell_budget())
+        return self._plan_cells(batch, cells, start)
+
+    def _plan_cells(self, batch: Batch, cells, start: float) -> MicroBatchStepPlan:
+        """`plan_cells` of cells known to be the batch's (`_cells`' own)."""
         *encoders, llm_stage = self.stages
         samples, plans = [], []
         parts = (((np.arange(batch.num_samples), batch),) if cells.num_microbatches == 1 else
