@@ -33,8 +33,10 @@ from .locality import balance_locally
 from .microbatch_bounds import min_bins
 from .microbatch_locality import keep_cells_local
 from .microbatch_auto import plan_cost
-from .microbatch_plan import MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, make_microbatch_plan
-from .problem import InfeasibleError, Status, as_costs, as_lengths, as_time_limit, check_cost_range
+from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, float_sum,
+                              make_microbatch_plan)
+from .problem import (INT64_MAX, InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
+                      check_cost_range, check_token_range)
 from .validation import as_bool, as_int, as_real
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
@@ -43,23 +45,29 @@ EXTRA_MICROBATCHES = 2  # beyond the fewest that fit, tried when the plan is not
 PAYING_GAP = 0.01  # ... only while the bound leaves more than this fraction to gain; the fewest M
 # whose plan is within this fraction of the cheapest is taken: a micro-batch also costs what the
 # model does not see (one more pass over every layer's parameters under FSDP, launches)
+MAX_CELLS = 2**22  # M · D: a plan holds M × D arrays of loads and tokens (32 MiB each at most)
 
 
 def _as_budget(value) -> int:
     if value is None:
         raise TypeError("`max_tokens_per_microbatch` is required: the token budget T of one micro-batch on one rank")
-    return as_int(value, "max_tokens_per_microbatch", minimum=1)
+    budget = as_int(value, "max_tokens_per_microbatch", minimum=1)
+    if budget > INT64_MAX:
+        raise ValueError(f"`max_tokens_per_microbatch` must be at most 2**63 - 1 (token counts are exact int64); "
+                         f"got {budget}")
+    return budget
 
 
 def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None,
                             padded=False, microbatch_overhead=0.0, time_limit=None) -> MicroBatchProblem:
     """Validate user input once and build the canonical MicroBatchProblem."""
     lengths = as_lengths(lengths)
-    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
+    num_ranks = as_num_ranks(num_ranks)
     budget = _as_budget(max_tokens_per_microbatch)
     if cost is not None and costs is not None:
         raise ValueError("give `cost` (a CostModel) or `costs` (one per item), not both")
     padded = as_bool(padded, "padded")
+    check_token_range(lengths, padded)
     if costs is None:
         if cost is None:
             cost = CostModel()
@@ -96,7 +104,24 @@ def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:
             f"`num_microbatches`={value} is too few: the items need at least {bins} cells of "
             f"max_tokens_per_microbatch={problem.max_tokens} tokens, so at least {fewest} micro-batches on "
             f"{problem.num_ranks} ranks", min_cap=fewest)
+    most = MAX_CELLS // problem.num_ranks
+    if value > most:
+        raise ValueError(f"`num_microbatches`={value} on {problem.num_ranks} ranks makes {value * problem.num_ranks} "
+                         f"cells, beyond 2**22 = {MAX_CELLS} (a plan holds M × D arrays of loads and tokens): at "
+                         f"most {most} micro-batches on {problem.num_ranks} ranks")
     return value
+
+
+def _most_microbatches(problem: MicroBatchProblem) -> int:
+    """The most micro-batches a free M tries: one item per cell always fits, and M · D <= MAX_CELLS
+    (ValueError when even the fewest that fit make more cells)."""
+    fewest, d = problem.min_microbatches, problem.num_ranks
+    most = MAX_CELLS // d
+    if fewest > most:
+        raise ValueError(f"`max_tokens_per_microbatch`={problem.max_tokens} is too small for these items on {d} "
+                         f"ranks: they need at least {fewest} micro-batches, {fewest * d} cells, beyond 2**22 = "
+                         f"{MAX_CELLS} (a plan holds M × D arrays); at most {most} micro-batches on {d} ranks")
+    return min(max(fewest, -(-problem.num_items // d)), most)
 
 
 def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int | None):
@@ -117,11 +142,11 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
         return result, num_microbatches, None, None
     fewest = problem.min_microbatches
     overhead, floor = problem.microbatch_overhead, problem.cost_bound
-    always = max(fewest, -(-problem.num_items // problem.num_ranks))  # one item per cell fits
+    always = _most_microbatches(problem)
     proven, chained, found = [], True, []  # found: (result, M, total) of every M that packed
     best_total, m = math.inf, fewest
     while m <= always and (not found or m <= found[0][1] + EXTRA_MICROBATCHES):
-        if found and math.fsum([floor, m * overhead]) * (1 + PAYING_GAP) >= best_total:
+        if found and float_sum([floor, m * overhead]) * (1 + PAYING_GAP) >= best_total:
             break  # no plan with this many micro-batches, or more, can pay enough
         result = kernel(problem, m)
         total = math.inf if result is None else plan_cost(problem, result, m)
@@ -134,7 +159,7 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
         m += 1
     # the fewest micro-batches whose plan is within PAYING_GAP of the cheapest found
     result, m, _ = next(plan for plan in found if plan[2] <= best_total * (1 + PAYING_GAP))
-    bound = min(proven + [math.fsum([floor, (fewest + len(proven)) * overhead])]) if proven else None
+    bound = min(proven + [float_sum([floor, (fewest + len(proven)) * overhead])]) if proven else None
     return result._replace(status=Status.FEASIBLE), m, fewest, bound
 
 
@@ -191,7 +216,8 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
 
     Returns:
         A frozen `MicroBatchPlan`.  InfeasibleError (a ValueError) when an item is longer
-        than T or `num_microbatches` is below the provable minimum.
+        than T or `num_microbatches` is below the provable minimum; ValueError when token
+        sums could leave int64, the step cost leaves float64, or M · D passes MAX_CELLS.
 
     >>> plan = balance_microbatches([6, 5, 4, 3, 2, 2], 2, max_tokens_per_microbatch=8)
     >>> plan.num_microbatches, plan.step_cost, plan.lower_bound, str(plan.status)

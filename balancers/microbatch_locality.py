@@ -38,7 +38,7 @@ from .group_deal import by_group, deal_in_groups
 from .locality_deal import NoRoom, take_anywhere
 from .locality_fill import FINE_TIERS, TIERS, fill_locally, filler_items, filler_share, length_tiers
 from .locality_repair import repair
-from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_loads, cells_problem
+from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
 from .partial_plan import PartialPlan
 
 
@@ -89,10 +89,11 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
                 _deal_cells(state, sources, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
         except NoRoom:
             continue
-        # Cell loads summed in item order, as `cell_accounts` sums the plan's; tokens are sums of
-        # integers, exact in the deal's order too.
+        # Cell loads summed in item order, as `cell_accounts` sums the plan's; tokens exactly (the
+        # deal's float sums round beyond 2**53).
         loads = cell_loads(problem, state.destinations, state.loads.size)
-        if np.all(loads.reshape(-1, m).max(axis=0) <= maxima) and state.tokens.max() <= problem.max_tokens:
+        tokens = cell_token_sums(problem, state.destinations, state.loads.size)
+        if np.all(loads.reshape(-1, m).max(axis=0) <= maxima) and tokens.max() <= problem.max_tokens:
             rank, microbatch = np.divmod(state.destinations, m)
             return result._replace(rank=rank, microbatch=microbatch)
     return None

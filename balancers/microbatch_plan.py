@@ -12,7 +12,9 @@ import numpy as np
 
 from .microbatch_bounds import min_microbatches, step_cost_bound
 from .cost import CostModel
-from .problem import Problem, SortedItems, Status, read_only, sorted_order
+from .problem import Problem, SortedItems, Status, integer_sum, read_only, sorted_order
+
+FLOAT_EXACT = 2**53  # integer sums below this are exact in float64
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +41,11 @@ class MicroBatchProblem(SortedItems):
         lengths in the length order when a cost model computed that already)."""
         longest_first = None if self.cost is None else self.lengths[self.length_order]
         return min_microbatches(self.lengths, self.num_ranks, self.max_tokens, longest_first)
+
+    @cached_property
+    def total_tokens(self) -> int:
+        """Σ l, exact (at most 2**63 - 1: `check_token_range`)."""
+        return integer_sum(self.lengths)
 
     @cached_property
     def cost_bound(self) -> float:
@@ -93,6 +100,16 @@ def cell_loads(problem: MicroBatchProblem, cell_of: np.ndarray, size: int) -> np
     return np.bincount(cell_of, weights=problem.item_costs, minlength=size)
 
 
+def cell_token_sums(problem: MicroBatchProblem, cell_of: np.ndarray, size: int) -> np.ndarray:
+    """Σ l of each of `size` cells, item i in cell cell_of[i], exact in int64: a float bincount
+    while every sum stays below 2**53, else int64 adds (no sum exceeds Σ l <= 2**63 - 1)."""
+    if problem.total_tokens < FLOAT_EXACT:
+        return np.bincount(cell_of, weights=problem.lengths, minlength=size).astype(np.int64)
+    tokens = np.zeros(size, dtype=np.int64)
+    np.add.at(tokens, cell_of, problem.lengths)
+    return tokens
+
+
 def cell_accounts(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray,
                   num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
     """(loads, tokens) of every cell, shape (M, D), accumulated in item order (bit-reproducible)."""
@@ -104,14 +121,35 @@ def cell_accounts(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.n
         top_length = np.zeros(cells, dtype=np.int64)
         np.maximum.at(top_length, cell, problem.lengths)
         return loads, (np.bincount(cell, minlength=cells) * top_length).reshape(shape)
-    tokens = np.bincount(cell, weights=problem.lengths, minlength=cells)  # exact: sums of ints below 2**53
-    return loads, tokens.astype(np.int64).reshape(shape)
+    return loads, cell_token_sums(problem, cell, cells).reshape(shape)
+
+
+def float_sum(values: list[float]) -> float:
+    """`math.fsum(values)`, inf where the sum (or fsum's partial sums) is beyond float64.
+
+    >>> float_sum([1.0, 2.0]), float_sum([1e308, 1e308])
+    (3.0, inf)
+    """
+    try:
+        return math.fsum(values)
+    except OverflowError:  # fsum's intermediate overflow: the sum is beyond float64
+        return math.inf
 
 
 def step_cost(cell_loads: np.ndarray, overhead: float) -> float:
-    """Σ_m max_r cell_loads[m, r] + M · overhead, correctly rounded."""
+    """Σ_m max_r cell_loads[m, r] + M · overhead, correctly rounded (inf beyond float64)."""
     maxima = cell_loads.max(axis=1) if cell_loads.size else np.zeros(0)
-    return math.fsum(maxima.tolist() + [cell_loads.shape[0] * overhead])
+    return float_sum(maxima.tolist() + [cell_loads.shape[0] * overhead])
+
+
+def check_step_cost(cost: float, cell_loads: np.ndarray, overhead: float) -> None:
+    """Raise ValueError unless a plan's step cost is finite in float64."""
+    if not math.isfinite(cost):
+        m = cell_loads.shape[0]
+        maxima = float_sum(cell_loads.max(axis=1).tolist()) if cell_loads.size else 0.0
+        raise ValueError(f"the step cost of {m} micro-batches is beyond float64: Σ_m max_r load = {maxima:.6g} plus "
+                         f"{m} · `microbatch_overhead` = {m} · {overhead:.6g}; scale `costs` (or the `cost` model) "
+                         f"and `microbatch_overhead` down")
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,7 +226,8 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     micro-batches when M was chosen freely; M itself, the default, when fixed), or
     `proven_bound` (a step cost with overhead the caller proved) when larger; with M fixed,
     a bound the kernel proved counts too.  A malformed result, or a cell over the budget,
-    is a bug of the kernel: RuntimeError, never a wrong plan handed on.
+    is a bug of the kernel: RuntimeError, never a wrong plan handed on; a step cost beyond
+    float64 is the input's (ValueError).
     """
     rank, microbatch = (np.asarray(a) for a in (result.rank, result.microbatch))
     n = problem.num_items
@@ -207,11 +246,12 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
                            f"{m}), over max_tokens_per_microbatch={problem.max_tokens}")
     overhead = problem.microbatch_overhead
     cost = step_cost(loads, overhead)
+    check_step_cost(cost, loads, overhead)
     fixed = floor_microbatches is None
     floor_m = num_microbatches if fixed else floor_microbatches
-    bound = math.fsum([problem.cost_bound, floor_m * overhead])
+    bound = float_sum([problem.cost_bound, floor_m * overhead])
     if fixed and result.lower_bound is not None:
-        bound = max(bound, math.fsum([float(result.lower_bound), num_microbatches * overhead]))
+        bound = max(bound, float_sum([float(result.lower_bound), num_microbatches * overhead]))
     if proven_bound is not None:
         bound = max(bound, float(proven_bound))
     # Bounds are float sums in another order than the plan's; never let rounding lift one

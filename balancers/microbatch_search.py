@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .microbatch_greedy import regroup
-from .microbatch_plan import MicroBatchProblem
+from .microbatch_plan import MicroBatchProblem, cell_token_sums
 
 RELATIVE_GAIN = 1e-12
 STEP_WORK = 2_000  # an item's evaluation costs this much beyond its n + M·D array elements (numpy calls)
@@ -37,7 +37,7 @@ class _Search:
 
     def refresh(self) -> None:
         self.loads = np.bincount(self.cell_of, weights=self.problem.item_costs, minlength=self.size)
-        self.tokens = np.bincount(self.cell_of, weights=self.problem.lengths, minlength=self.size).astype(np.int64)
+        self.tokens = cell_token_sums(self.problem, self.cell_of, self.size)
         self.levels = self.loads.reshape(-1, self.problem.num_ranks).max(axis=1)
 
     def best_change(self, a: int) -> tuple[float, int, int, int]:

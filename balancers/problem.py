@@ -222,6 +222,21 @@ def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
+def as_num_ranks(num_ranks) -> int:
+    """`num_ranks` as an int in [1, MAX_RANKS].
+
+    >>> as_num_ranks(2**21)
+    Traceback (most recent call last):
+    ...
+    ValueError: `num_ranks` must be at most 2**20 = 1048576 (...); got 2097152
+    """
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
+    if num_ranks > MAX_RANKS:
+        raise ValueError(f"`num_ranks` must be at most 2**20 = {MAX_RANKS} (a plan holds arrays of loads and "
+                         f"tokens per rank); got {num_ranks}")
+    return num_ranks
+
+
 def as_time_limit(time_limit, name: str = "time_limit") -> float | None:
     if time_limit is None:
         return None
@@ -255,10 +270,7 @@ def make_problem(lengths, num_ranks, *, cost=None, costs=None, padded=False, equ
     their effective tokens; `lengths` stay what the memory cap counts.
     """
     lengths = as_lengths(lengths)
-    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
-    if num_ranks > MAX_RANKS:
-        raise ValueError(f"`num_ranks` must be at most 2**20 = {MAX_RANKS} (a plan holds arrays of loads and "
-                         f"tokens per rank); got {num_ranks}")
+    num_ranks = as_num_ranks(num_ranks)
     padded = as_bool(padded, "padded")
     check_token_range(lengths, padded)
     if costs is not None:

@@ -1,0 +1,70 @@
+"""balance_microbatches at the edges of its input: exact token sums, finite step costs, size caps."""
+
+import numpy as np
+import pytest
+
+from orchmllm import balance_microbatches
+from orchmllm.balancers.microbatch import MAX_CELLS
+
+
+@pytest.mark.parametrize("budget, padded, match", [
+    (2**62, False, r"`lengths` sum to 13835058055282163712 tokens, beyond int64"),
+    (2**63 - 1, True, r"`lengths`: 3 items padded to the longest \(4611686018427387904\) hold .* beyond int64"),
+])
+def test_regression_token_sums_beyond_int64_wrapped_around(budget, padded, match):
+    """Cause: `make_microbatch_problem` never called `check_token_range` (as `balance` does), so
+    two items of 2**62 tokens shared a cell of budget 2**62 whose int64 sum read -2**63."""
+    with pytest.raises(ValueError, match=match):
+        balance_microbatches([2**62] * 3, 2, max_tokens_per_microbatch=budget, padded=padded)
+
+
+def test_budget_beyond_int64_is_rejected():
+    with pytest.raises(ValueError, match=r"`max_tokens_per_microbatch` must be at most 2\*\*63 - 1"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=2**63)
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "exact", "greedy", "cells"])
+def test_regression_float_token_sums_rounded_a_cell_over_the_budget(algorithm):
+    """Cause: cell tokens were float bincounts, rounded beyond 2**53, so the local search and the
+    plan's own check saw items 0 and 3 (T + 2 tokens) as fitting in T = 2**55."""
+    budget = 2**55
+    lengths = [5, 6, 6, budget - 3, budget - 7, budget - 1]
+    plan = balance_microbatches(lengths, 2, max_tokens_per_microbatch=budget, costs=[5., 4., 3., 4., 5., 7.],
+                                algorithm=algorithm)
+    for m in range(plan.num_microbatches):
+        for r in range(2):
+            held = sum(lengths[i] for i in plan.items_of(r, m).tolist())  # Python ints: exact
+            assert held == int(plan.cell_tokens[m, r]) <= budget
+
+
+@pytest.mark.parametrize("options", [{}, {"num_microbatches": 3}])
+def test_regression_large_overhead_gave_an_infinite_optimal_step_cost(options):
+    """Cause: 3 · 6e307 overflows float64; the plan said step_cost = lower_bound = inf, optimal."""
+    with pytest.raises(ValueError, match=r"step cost of 3 micro-batches is beyond float64.*`microbatch_overhead`"):
+        balance_microbatches([8, 8, 8], 1, max_tokens_per_microbatch=8, microbatch_overhead=6e307, **options)
+
+
+def test_step_cost_whose_partial_sums_overflow_is_rejected():
+    """fsum raises OverflowError on an intermediate overflow; that too is a step cost beyond float64."""
+    with pytest.raises(ValueError, match=r"step cost of 2 micro-batches is beyond float64.*scale `costs`"):
+        balance_microbatches([8, 8], 1, max_tokens_per_microbatch=8, costs=[4e307, 4e307], microbatch_overhead=5e307)
+
+
+def test_num_ranks_is_capped_as_in_balance():
+    with pytest.raises(ValueError, match=r"`num_ranks` must be at most 2\*\*20 = 1048576 .*got 1000000000000"):
+        balance_microbatches([1, 2], 10**12, max_tokens_per_microbatch=8)
+
+
+@pytest.mark.parametrize("count", [10**9, 2**63])
+def test_num_microbatches_is_capped_by_the_cells_a_plan_holds(count):
+    most = MAX_CELLS // 2
+    with pytest.raises(ValueError, match=rf"`num_microbatches`={count} on 2 ranks makes {2 * count} cells, beyond "
+                                         rf"2\*\*22 = {MAX_CELLS} .*at most {most} micro-batches on 2 ranks"):
+        balance_microbatches([1, 2], 2, max_tokens_per_microbatch=8, num_microbatches=count)
+
+
+def test_free_num_microbatches_needing_too_many_cells_is_rejected():
+    lengths = np.ones(MAX_CELLS + 1, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"`max_tokens_per_microbatch`=1 is too small .* at least 4194305 "
+                                         r"micro-batches, 4194305 cells, beyond 2\*\*22"):
+        balance_microbatches(lengths, 1, max_tokens_per_microbatch=1)
