@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from . import registry
+from . import microbatch_exact, registry
 from .api import communication_inputs
 from .cost import CostModel
 from .lap import assign_groups
@@ -95,17 +95,8 @@ def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, co
 
 def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:
     value = as_int(value, "num_microbatches", minimum=1, optional=True)
-    if value is None:
-        return None
-    fewest = problem.min_microbatches
-    if value < fewest:
-        bins = min_bins(problem.lengths, problem.max_tokens)
-        raise InfeasibleError(
-            f"`num_microbatches`={value} is too few: the items need at least {bins} cells of "
-            f"max_tokens_per_microbatch={problem.max_tokens} tokens, so at least {fewest} micro-batches on "
-            f"{problem.num_ranks} ranks", min_cap=fewest)
     most = MAX_CELLS // problem.num_ranks
-    if value > most:
+    if value is not None and value > most:
         raise ValueError(f"`num_microbatches`={value} on {problem.num_ranks} ranks makes {value * problem.num_ranks} "
                          f"cells, beyond 2**22 = {MAX_CELLS} (a plan holds M × D arrays of loads and tokens): at "
                          f"most {most} micro-batches on {problem.num_ranks} ranks")
@@ -124,29 +115,75 @@ def _most_microbatches(problem: MicroBatchProblem) -> int:
     return min(max(fewest, -(-problem.num_items // d)), most)
 
 
-def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int | None):
+def _packed_by_none(problem: MicroBatchProblem, algorithm: str) -> InfeasibleError:
+    fewest, most = problem.min_microbatches, _most_microbatches(problem)
+    return InfeasibleError(f"algorithm {algorithm!r} found no packing of the items for any `num_microbatches` from "
+                           f"{fewest} to {most}, though one item per cell fits in {most}: the algorithm failed, not "
+                           f"the budget; choose another `algorithm`", min_cap=most)
+
+
+def _fewest_that_fit(problem: MicroBatchProblem, kernel: MicroBatchKernel, algorithm: str,
+                     failed: int) -> tuple[int, str]:
+    """(M, what is known of it): the fewest micro-batches `kernel` packs the items into (from the
+    provable fewest up, as a free M does, skipping `failed`), and whether fewer are proven too few."""
+    fewest = problem.min_microbatches
+    known = next((m for m in range(fewest, _most_microbatches(problem) + 1)
+                  if m != failed and kernel(problem, m) is not None), None)
+    if known is None:
+        raise _packed_by_none(problem, algorithm)
+    if known == fewest:
+        return known, f"{known} fit, the fewest possible"
+    if all(microbatch_exact.packing_exists(problem, m) is False for m in range(fewest, known)):
+        return known, f"{known} fit, the fewest possible (exhaustive search: {known - 1} do not)"
+    return known, (f"algorithm {algorithm!r} packs them into {known} (as with num_microbatches=None); fewer are "
+                   f"not proven impossible")
+
+
+def _solve_fixed(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int, algorithm: str,
+                 exact: bool):
+    """The kernel's result for M as given; InfeasibleError naming the fewest M that fit when it has none."""
+    fewest = problem.min_microbatches
+    if num_microbatches < fewest:
+        bins = min_bins(problem.lengths, problem.max_tokens)
+        known, what = _fewest_that_fit(problem, kernel, algorithm, num_microbatches)
+        raise InfeasibleError(
+            f"`num_microbatches`={num_microbatches} is too few: the items need at least {bins} cells of "
+            f"max_tokens_per_microbatch={problem.max_tokens} tokens, so at least {fewest} micro-batches on "
+            f"{problem.num_ranks} ranks; {what}", min_cap=known)
+    result = kernel(problem, num_microbatches)
+    if result is not None:
+        return result
+    failed = (f"`num_microbatches`={num_microbatches}: algorithm {algorithm!r} found no packing of the items into "
+              f"{num_microbatches} × {problem.num_ranks} cells of {problem.max_tokens} tokens")
+    exists = microbatch_exact.packing_exists(problem, num_microbatches)
+    if exists:
+        hint = "a larger `time_limit`" if exact else "algorithm='exact'"
+        raise InfeasibleError(f"{failed}, though one exists (exhaustive search): try {hint}", min_cap=num_microbatches)
+    known, what = _fewest_that_fit(problem, kernel, algorithm, num_microbatches)
+    proof = " (none exists: exhaustive search)" if exists is False else ""
+    raise InfeasibleError(f"{failed}{proof}; {what}", min_cap=known)
+
+
+def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int | None, *,
+           algorithm: str = "auto", exact: bool = False):
     """(result, M, floor M, proven bound) for M as given, or for the M that pays best.
 
     With M free, a kernel's `optimal` holds for its M only: the bound over all M is the
     least proven optimum of the M tried from the fewest up without a gap, or the cost
-    bound plus the overhead of the next M, whichever is lower.
+    bound plus the overhead of the next M, whichever is lower.  An `exact` kernel tries
+    every M up to one item per cell while the bound leaves room, and the least step cost
+    wins (the fewest M on ties); the others take the fewest M within PAYING_GAP.
     """
     if num_microbatches is not None:
-        result = kernel(problem, num_microbatches)
-        if result is None:
-            always = -(-problem.num_items // problem.num_ranks)
-            raise InfeasibleError(
-                f"`num_microbatches`={num_microbatches}: the algorithm found no packing of the items into "
-                f"{num_microbatches} × {problem.num_ranks} cells of {problem.max_tokens} tokens; "
-                f"{always} micro-batches always fit", min_cap=always)
-        return result, num_microbatches, None, None
+        return _solve_fixed(problem, kernel, num_microbatches, algorithm, exact), num_microbatches, None, None
     fewest = problem.min_microbatches
     overhead, floor = problem.microbatch_overhead, problem.cost_bound
     always = _most_microbatches(problem)
+    paying = 0.0 if exact else PAYING_GAP
     proven, chained, found = [], True, []  # found: (result, M, total) of every M that packed
     best_total, m = math.inf, fewest
-    while m <= always and (not found or m <= found[0][1] + EXTRA_MICROBATCHES):
-        if found and float_sum([floor, m * overhead]) * (1 + PAYING_GAP) >= best_total:
+    while m <= always and (exact or not found or m <= found[0][1] + EXTRA_MICROBATCHES):
+        if found and float_sum([floor, m * overhead]) * (1 + paying) >= best_total:
             break  # no plan with this many micro-batches, or more, can pay enough
         result = kernel(problem, m)
         total = math.inf if result is None else plan_cost(problem, result, m)
@@ -157,8 +194,10 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
             found.append((result, m, total))
             best_total = min(best_total, total)
         m += 1
-    # the fewest micro-batches whose plan is within PAYING_GAP of the cheapest found
-    result, m, _ = next(plan for plan in found if plan[2] <= best_total * (1 + PAYING_GAP))
+    if not found:
+        raise _packed_by_none(problem, algorithm)
+    # the fewest micro-batches whose plan is within `paying` of the cheapest found
+    result, m, _ = next(plan for plan in found if plan[2] <= best_total * (1 + paying))
     bound = min(proven + [float_sum([floor, (fewest + len(proven)) * overhead])]) if proven else None
     return result._replace(status=Status.FEASIBLE), m, fewest, bound
 
@@ -202,6 +241,10 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             step cost including `microbatch_overhead` by more than `PAYING_GAP`: the fewest M
             whose plan is within that fraction of the cheapest of those tried (at most two
             more than the fewest that fit, tried only while the bound leaves more to gain).
+            An exact algorithm (`algorithm="exact"`) takes the least step cost over every M
+            up to one item per cell (the fewest M on ties), so raising T never raises it.
+            Too few for the items: InfeasibleError naming the fewest M that fit (and whether
+            fewer are proven impossible).
         microbatch_overhead: cost of one more micro-batch (same units as the costs).
         algorithm: a name in `MICROBATCH_ALGORITHMS`, the registry's micro-batch records
             (`register_microbatch_algorithm` adds one; "auto": exact search for small
@@ -234,7 +277,7 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     fixed = _as_num_microbatches(num_microbatches, problem)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
     start = time.perf_counter()
-    result, m, floor_m, proven = _solve(problem, record.kernel, fixed)
+    result, m, floor_m, proven = _solve(problem, record.kernel, fixed, algorithm=algorithm, exact=record.exact)
     name = algorithm
     if sources is not None:
         local = None if problem.padded else keep_cells_local(problem, result, m, sources, item_bytes, gpus_per_node)

@@ -8,7 +8,9 @@ largest item) equals an earlier cell's of the same micro-batch.  A branch is cut
 Σ_m level, or the certified bound, reaches the incumbent (the heuristic's plan).  Every
 node counts M·D operations against the problem's work budget: when it runs out the incumbent comes back
 as `feasible`, otherwise as proven `optimal` (or None: proven that nothing fits, or no
-packing found within the budget).  Original to orchmllm.
+packing found within the budget).  `packing_exists` settles whether any packing fits at all
+(the M·D cells as interchangeable bins), for the errors that name the fewest M that fit.
+Original to orchmllm.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_accounts,
 from .problem import Status, sorted_order
 
 MAX_ITEMS = 12  # `auto` searches exactly up to this many items, else runs the heuristic
+MAX_DEPTH = 400  # `packing_exists` recurses once per item; Python's stack holds 1000 frames
 
 
 class _Budget(Exception):
@@ -100,3 +103,55 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
     found = microbatch_greedy.split(np.array(best["cells"], dtype=np.int64), d)
     loads, _ = cell_accounts(problem, found.rank, found.microbatch, num_microbatches)
     return found._replace(status=Status.OPTIMAL, lower_bound=step_cost(loads, 0.0))
+
+
+def packing_exists(problem: MicroBatchProblem, num_microbatches: int) -> bool | None:
+    """Whether the items fit into M × D cells of the budget at all, by exhaustive search: True or
+    False when settled, None when the work budget runs out first (or would: more than
+    MAX_DEPTH items, or one node per item costs more than the budget).
+
+    Only tokens matter, so the cells are M·D interchangeable bins: items longest first, each
+    into every cell with room whose state (tokens; padded: count and longest) no earlier cell
+    shares.  Every node counts M·D operations, as in `solve`.
+
+    >>> from orchmllm.balancers.microbatch import make_microbatch_problem
+    >>> problem = make_microbatch_problem([4] * 7, 1, max_tokens_per_microbatch=10)
+    >>> packing_exists(problem, 3), packing_exists(problem, 4)
+    (False, True)
+    """
+    cells = num_microbatches * problem.num_ranks
+    if problem.num_items > MAX_DEPTH or problem.num_items * cells > problem.work_limit:
+        return None
+    lengths = problem.lengths[problem.length_order].tolist()
+    cap, padded = problem.max_tokens, problem.padded
+    tokens, count, top = [0] * cells, [0] * cells, [0] * cells
+    work = [problem.work_limit]
+
+    def place(depth: int) -> bool:
+        work[0] -= cells
+        if work[0] < 0:
+            raise _Budget
+        if depth == len(lengths):
+            return True
+        length = lengths[depth]
+        seen = set()
+        for cell in range(cells):
+            state = (count[cell], top[cell]) if padded else tokens[cell]
+            if state in seen:
+                continue
+            seen.add(state)
+            longest = top[cell] if count[cell] else length  # longest first: a cell's first item
+            held = (count[cell] + 1) * longest if padded else tokens[cell] + length
+            if held > cap:
+                continue
+            saved = (tokens[cell], count[cell], top[cell])
+            tokens[cell], count[cell], top[cell] = held, count[cell] + 1, longest
+            if place(depth + 1):
+                return True
+            tokens[cell], count[cell], top[cell] = saved
+        return False
+
+    try:
+        return place(0)
+    except _Budget:
+        return None

@@ -13,6 +13,7 @@ import numpy as np
 from .microbatch_bounds import min_microbatches, step_cost_bound
 from .cost import CostModel
 from .problem import Problem, SortedItems, Status, integer_sum, read_only, sorted_order
+from .validation import as_index
 
 FLOAT_EXACT = 2**53  # integer sums below this are exact in float64
 
@@ -196,7 +197,9 @@ class MicroBatchPlan:
         return self.cell_loads.max(axis=1)
 
     def items_of(self, rank: int, microbatch: int) -> np.ndarray:
-        """Indices of the items in cell (rank, microbatch), ascending."""
+        """Indices of the items in cell (rank, microbatch), ascending (each an int in range)."""
+        rank = as_index(rank, "rank", self.num_ranks, "num_ranks")
+        microbatch = as_index(microbatch, "microbatch", self.num_microbatches, "num_microbatches")
         return np.flatnonzero((self.rank == rank) & (self.microbatch == microbatch))
 
     def digest(self) -> str:

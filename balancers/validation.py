@@ -1,4 +1,4 @@
-"""One home for the checks of user input: ints, non-negative reals, bools, source ranks, byte counts.
+"""One home for the checks of user input: ints, indices, non-negative reals, bools, source ranks, byte counts.
 
 `is_int` / `is_real` are the predicates (a bool is neither, numpy scalars are both);
 `as_int`, `as_real` and `as_bool` check, canonicalise to a Python scalar and raise
@@ -49,6 +49,20 @@ def as_int(value, name: str, *, minimum: int | None = None, optional: bool = Fal
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}; got {value}")
+    return value
+
+
+def as_index(value, name: str, size: int, size_name: str) -> int:
+    """`value` as an int in [0, size): a rank, a micro-batch (`size_name` names the count).
+
+    >>> as_index(5, "rank", 2, "num_ranks")
+    Traceback (most recent call last):
+    ...
+    ValueError: `rank` must be in [0, num_ranks=2); got 5
+    """
+    value = as_int(value, name)
+    if not 0 <= value < size:
+        raise ValueError(f"`{name}` must be in [0, {size_name}={size}); got {value}")
     return value
 
 

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from orchmllm import CostModel, InfeasibleError, MicroBatchPlan, Topology, balance_microbatches
@@ -67,7 +67,7 @@ def test_exact_is_optimal_for_a_given_num_microbatches(case, padded, extra):
 def test_free_num_microbatches_pays_for_the_overhead(case, overhead):
     lengths, num_ranks, budget = case
     plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget,
-                                microbatch_overhead=overhead, algorithm="exact")
+                                microbatch_overhead=overhead, algorithm="auto")
     fewest = fewest_microbatches(lengths, num_ranks, budget)
     totals = [brute_force_microbatches(lengths, num_ranks, budget, m, microbatch_overhead=overhead).step_cost
               for m in range(fewest, fewest + 3)]
@@ -75,6 +75,43 @@ def test_free_num_microbatches_pays_for_the_overhead(case, overhead):
     chosen = next(k for k, total in enumerate(totals) if total <= min(totals) * (1 + PAYING_GAP))
     assert (plan.num_microbatches, plan.step_cost) == (fewest + chosen, totals[chosen])
     assert plan.lower_bound <= min(totals)
+
+
+near_equal_costs = st.lists(st.integers(0, 2), min_size=5, max_size=5)  # 100 + these: ties between counts
+
+
+@given(case=tiny, costs=near_equal_costs, overhead=st.sampled_from([0.0, 1.0, 5.0]))
+@example(case=([2, 3, 6, 9], 2, 11), costs=[1, 2, 2, 1, 0], overhead=0.0)
+def test_exact_with_free_num_microbatches_takes_the_least_step_cost(case, costs, overhead):
+    lengths, num_ranks, budget = case
+    costs = [100.0 + c for c in costs[:len(lengths)]]
+    plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, costs=costs,
+                                microbatch_overhead=overhead, algorithm="exact")
+    fewest = fewest_microbatches(lengths, num_ranks, budget)
+    most = max(fewest, -(-len(lengths) // num_ranks))  # one item per cell
+    totals = [brute_force_microbatches(lengths, num_ranks, budget, m, costs=costs,
+                                       microbatch_overhead=overhead).step_cost for m in range(fewest, most + 1)]
+    chosen = totals.index(min(totals))  # the fewest micro-batches on ties
+    assert (plan.num_microbatches, plan.step_cost) == (fewest + chosen, totals[chosen])
+
+
+def test_regression_exact_took_fewer_microbatches_at_a_known_higher_cost():
+    """Cause: the PAYING_GAP preference for fewer micro-batches applied in exact mode, at zero
+    overhead: T = 11 took M = 1 at 204 over M = 2 at 203, above T = 10's optimum."""
+    plans = [balance_microbatches([2, 3, 6, 9], 2, costs=[101., 102., 102., 101.], algorithm="exact",
+                                  max_tokens_per_microbatch=budget) for budget in (10, 11)]
+    assert [(plan.num_microbatches, plan.step_cost, str(plan.status)) for plan in plans] == [(2, 203.0, "optimal")] * 2
+
+
+@given(case=tiny, costs=near_equal_costs, raise_by=st.integers(1, 6), overhead=st.sampled_from([0.0, 1.0]))
+@example(case=([2, 3, 6, 9], 2, 10), costs=[1, 2, 2, 1, 0], raise_by=1, overhead=0.0)
+def test_raising_the_budget_never_raises_the_exact_optimum_over_num_microbatches(case, costs, raise_by, overhead):
+    lengths, num_ranks, budget = case
+    costs = [100.0 + c for c in costs[:len(lengths)]]
+    low, high = (balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=t, costs=costs,
+                                      microbatch_overhead=overhead, algorithm="exact")
+                 for t in (budget, budget + raise_by))
+    assert high.step_cost <= low.step_cost
 
 
 @given(case=tiny, seed=st.integers(0, 2**16))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from orchmllm import balance_microbatches
+from orchmllm import InfeasibleError, balance_microbatches
 from orchmllm.balancers.microbatch import MAX_CELLS
 
 
@@ -68,3 +68,52 @@ def test_free_num_microbatches_needing_too_many_cells_is_rejected():
     with pytest.raises(ValueError, match=r"`max_tokens_per_microbatch`=1 is too small .* at least 4194305 "
                                          r"micro-batches, 4194305 cells, beyond 2\*\*22"):
         balance_microbatches(lengths, 1, max_tokens_per_microbatch=1)
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "greedy", "cells", "exact"])
+def test_regression_too_few_microbatches_named_a_count_that_does_not_fit(algorithm):
+    """Cause: the error named the bin-packing bound (3) as the count needed, and at 3 it said
+    "7 micro-batches always fit"; 3 are proven too few, 4 fit, and a free M takes 4."""
+    kwargs = dict(max_tokens_per_microbatch=10, algorithm=algorithm)
+    with pytest.raises(InfeasibleError, match=r"`num_microbatches`=1 is too few: .* at least 3 micro-batches on 1 "
+                                              r"ranks; 4 fit, the fewest possible \(exhaustive search: 3 do not\)$"
+                       ) as error:
+        balance_microbatches([4] * 7, 1, num_microbatches=1, **kwargs)
+    assert error.value.min_cap == 4
+    with pytest.raises(InfeasibleError, match=rf"`num_microbatches`=3: algorithm '{algorithm}' found no packing of "
+                                              r"the items into 3 × 1 cells of 10 tokens \(none exists: exhaustive "
+                                              r"search\); 4 fit, the fewest possible") as error:
+        balance_microbatches([4] * 7, 1, num_microbatches=3, **kwargs)
+    assert error.value.min_cap == 4 == balance_microbatches([4] * 7, 1, **kwargs).num_microbatches
+
+
+def test_too_few_microbatches_at_the_bound_says_the_bound_is_met():
+    with pytest.raises(InfeasibleError, match=r"at least 2 micro-batches on 2 ranks; 2 fit, the fewest possible$"):
+        balance_microbatches([6, 6, 6, 6, 1], 2, max_tokens_per_microbatch=10, num_microbatches=1)
+
+
+def test_regression_a_heuristic_that_packs_nothing_implied_infeasibility():
+    """Cause: greedy's failure at M = 1 read as "no packing"; exact finds one at 1."""
+    kwargs = dict(max_tokens_per_microbatch=4, costs=[4., 5., 4., 1., 3.], microbatch_overhead=0.5,
+                  num_microbatches=1)
+    with pytest.raises(InfeasibleError, match=r"algorithm 'greedy' found no packing of the items into 1 × 2 cells of "
+                                              r"4 tokens, though one exists \(exhaustive search\): try "
+                                              r"algorithm='exact'") as error:
+        balance_microbatches([1, 2, 0, 0, 4], 2, algorithm="greedy", **kwargs)
+    assert error.value.min_cap == 1
+    assert balance_microbatches([1, 2, 0, 0, 4], 2, algorithm="exact", **kwargs).num_microbatches == 1
+
+
+@pytest.mark.parametrize("rank, microbatch, error, match", [
+    (5, 0, ValueError, r"`rank` must be in \[0, num_ranks=2\); got 5"),
+    (-1, 0, ValueError, r"`rank` must be in \[0, num_ranks=2\); got -1"),
+    ("0", 0, TypeError, "`rank` must be an int; got str"),
+    (True, 0, TypeError, "`rank` must be an int; got bool"),
+    (0, 2, ValueError, r"`microbatch` must be in \[0, num_microbatches=2\); got 2"),
+    (0, 1.0, TypeError, "`microbatch` must be an int; got float"),
+])
+def test_regression_items_of_out_of_range_or_not_an_int_gave_an_empty_cell(rank, microbatch, error, match):
+    """Cause: `items_of` compared the arrays with any value: rank 5 of 2 gave [] and True gave rank 1."""
+    plan = balance_microbatches([6, 5, 4, 3, 2, 2], 2, max_tokens_per_microbatch=8)
+    with pytest.raises(error, match=match):
+        plan.items_of(rank, microbatch)

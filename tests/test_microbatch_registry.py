@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from orchmllm import MICROBATCH_ALGORITHMS, Orchestrator, Stage, Topology, register_microbatch_algorithm
+from orchmllm import (MICROBATCH_ALGORITHMS, InfeasibleError, Orchestrator, Stage, Topology,
+                      register_microbatch_algorithm)
 from orchmllm.balancers import (CostModel, Kind, MicroBatchAlgorithm, balance_microbatches, get_microbatch_algorithm,
                                 microbatch_algorithms)
 from orchmllm.balancers.microbatch_plan import MicroBatchResult
@@ -111,3 +112,21 @@ def test_an_entry_point_adds_a_microbatch_record_from_another_package(tmp_path):
     result = json.loads(done.stdout)
     assert result["rank"] == [0, 1, 0] and result["microbatch"] == [1, 0, 0]
     assert result["kinds"]["reverse_cells"] == "plugin" and result["kinds"]["auto"] == "ours"
+
+
+def never_packs(problem, num_microbatches):
+    """No packing for any M."""
+    return None
+
+
+def test_regression_a_kernel_that_never_packs_raised_a_bare_stop_iteration():
+    """Cause: with M free the choice of M read the first plan found, of none; with M given the
+    error said "2 micro-batches always fit" right after failing at 2."""
+    register_microbatch_algorithm("test_never_packs", never_packs, description="no packing for any M")
+    with pytest.raises(InfeasibleError, match=r"algorithm 'test_never_packs' found no packing of the items for any "
+                                              r"`num_microbatches` from 1 to 2, though one item per cell fits in 2"):
+        balance_microbatches([1, 2, 3], 2, max_tokens_per_microbatch=8, algorithm="test_never_packs")
+    with pytest.raises(InfeasibleError, match=r"`num_microbatches`=2: algorithm 'test_never_packs' found no packing "
+                                              r".* though one exists \(exhaustive search\): try algorithm='exact'"):
+        balance_microbatches([1, 2, 3], 2, max_tokens_per_microbatch=8, algorithm="test_never_packs",
+                             num_microbatches=2)
