@@ -20,6 +20,7 @@ bound (`microbatch_bounds`), its gap and a status (`optimal` only when proven).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -89,8 +90,23 @@ def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, co
         array.setflags(write=False)
     return MicroBatchProblem(lengths=lengths, item_costs=item_costs, num_ranks=num_ranks, max_tokens=budget,
                              padded=padded, microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"),
-                             work_limit=DEFAULT_WORK if limit is None else int(limit * WORK_PER_SECOND),
-                             cost=cost)
+                             work_limit=_work_limit(limit), cost=cost, time_limit=limit)
+
+
+def _work_limit(time_limit: float | None) -> int:
+    return DEFAULT_WORK if time_limit is None else int(time_limit * WORK_PER_SECOND)
+
+
+def _time_share(problem: MicroBatchProblem, calls: int) -> MicroBatchProblem:
+    """`problem` with 1 / `calls` of its time limit (as many kernel calls share it), its cached
+    orders kept."""
+    if problem.time_limit is None or calls <= 1:
+        return problem
+    share = problem.time_limit / calls
+    shared = dataclasses.replace(problem, time_limit=share, work_limit=_work_limit(share))
+    shared.__dict__.update({key: value for key, value in problem.__dict__.items()
+                            if key not in shared.__dict__})  # cached properties: same items
+    return shared
 
 
 def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:
@@ -180,6 +196,7 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
     overhead, floor = problem.microbatch_overhead, problem.cost_bound
     always = _most_microbatches(problem)
     paying = 0.0 if exact else PAYING_GAP
+    problem = _time_share(problem, always - fewest + 1 if exact else min(always - fewest, EXTRA_MICROBATCHES) + 1)
     proven, chained, found = [], True, []  # found: (result, M, total) of every M that packed
     best_total, m = math.inf, fewest
     while m <= always and (exact or not found or m <= found[0][1] + EXTRA_MICROBATCHES):
@@ -254,8 +271,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             micro-batches), else their node, as far as every micro-batch's max allows
             (`microbatch_locality`: all cells dealt at once; when that misses a micro-batch's
             max, each micro-batch is kept local on its own, its items in it).
-        time_limit: seconds of work an exact or anytime search may spend, converted to an
-            operation budget (`WORK_PER_SECOND`) so plans never depend on the clock.
+        time_limit: seconds of work an exact or anytime search may spend, all M tried
+            together, converted to operation budgets (`WORK_PER_SECOND`, the exact search's
+            `CELLS_PER_SECOND`) so plans never depend on the clock.
 
     Returns:
         A frozen `MicroBatchPlan`.  InfeasibleError (a ValueError) when an item is longer

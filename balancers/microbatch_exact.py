@@ -6,8 +6,8 @@ cells that are copies of an earlier one: an empty cell of a micro-batch after it
 empty cell, a whole empty micro-batch after the first, a cell whose (load, tokens, count,
 largest item) equals an earlier cell's of the same micro-batch.  A branch is cut when its
 Σ_m level, or the certified bound, reaches the incumbent (the heuristic's plan).  Every
-node counts M·D operations against the problem's work budget: when it runs out the incumbent comes back
-as `feasible`, otherwise as proven `optimal` (or None: proven that nothing fits, or no
+node counts M·D cells against the budget (`cell_budget`: the work budget, or the time limit
+at CELLS_PER_SECOND): when it runs out the incumbent comes back as `feasible`, otherwise as proven `optimal` (or None: proven that nothing fits, or no
 packing found within the budget).  `packing_exists` settles whether any packing fits at all
 (the M·D cells as interchangeable bins), for the errors that name the fewest M that fit.
 Original to orchmllm.
@@ -23,6 +23,14 @@ from .problem import Status, sorted_order
 
 MAX_ITEMS = 12  # `auto` searches exactly up to this many items, else runs the heuristic
 MAX_DEPTH = 400  # `packing_exists` recurses once per item; Python's stack holds 1000 frames
+CELLS_PER_SECOND = 500_000  # cells a node looks at per second of `time_limit` (Python, this VM under load)
+
+
+def cell_budget(problem: MicroBatchProblem) -> int:
+    """Cells the search may look at: the work budget, or `time_limit` at CELLS_PER_SECOND."""
+    if problem.time_limit is None:
+        return problem.work_limit
+    return int(problem.time_limit * CELLS_PER_SECOND)
 
 
 class _Budget(Exception):
@@ -50,7 +58,7 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
     level = [0.0] * num_microbatches
     placed = [0] * problem.num_items
     best = {"cost": best_cost, "cells": None}
-    nodes = [problem.work_limit]
+    nodes = [cell_budget(problem)]
 
     cells = num_microbatches * d
 
@@ -120,12 +128,13 @@ def packing_exists(problem: MicroBatchProblem, num_microbatches: int) -> bool | 
     (False, True)
     """
     cells = num_microbatches * problem.num_ranks
-    if problem.num_items > MAX_DEPTH or problem.num_items * cells > problem.work_limit:
+    budget = cell_budget(problem)
+    if problem.num_items > MAX_DEPTH or problem.num_items * cells > budget:
         return None
     lengths = problem.lengths[problem.length_order].tolist()
     cap, padded = problem.max_tokens, problem.padded
     tokens, count, top = [0] * cells, [0] * cells, [0] * cells
-    work = [problem.work_limit]
+    work = [budget]
 
     def place(depth: int) -> bool:
         work[0] -= cells

@@ -29,8 +29,9 @@ class MicroBatchProblem(SortedItems):
     max_tokens: int  # T, per cell
     padded: bool  # cell cost count · max c, cell tokens count · max l
     microbatch_overhead: float
-    work_limit: int  # operations an exact or anytime search may spend
+    work_limit: int  # operations an anytime search may spend
     cost: CostModel | None = None  # the model that gave `item_costs`, None when given per item
+    time_limit: float | None = None  # seconds, when given: each kernel converts it to its own operations
 
     @property
     def num_items(self) -> int:

@@ -1,5 +1,7 @@
 """balance_microbatches at the edges of its input: exact token sums, finite step costs, size caps."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -117,3 +119,16 @@ def test_regression_items_of_out_of_range_or_not_an_int_gave_an_empty_cell(rank,
     plan = balance_microbatches([6, 5, 4, 3, 2, 2], 2, max_tokens_per_microbatch=8)
     with pytest.raises(error, match=match):
         plan.items_of(rank, microbatch)
+
+
+@pytest.mark.parametrize("num_microbatches", [3, None])
+def test_regression_exact_search_overshot_its_time_limit_38_fold(num_microbatches):
+    """Cause: the exact search's node budget used WORK_PER_SECOND (numpy operations), ~38x the
+    cells its Python loop visits per second, and every M tried had the whole limit; it now
+    converts at CELLS_PER_SECOND and the M tried share the limit (0.2 s took ~7 s)."""
+    lengths = np.random.default_rng(0).integers(1, 1000, 40)
+    start = time.perf_counter()
+    plan = balance_microbatches(lengths, 4, max_tokens_per_microbatch=2000, algorithm="exact", time_limit=0.2,
+                                num_microbatches=num_microbatches)
+    assert time.perf_counter() - start < 2.0
+    assert plan.num_microbatches == 3 and plan.gap < 0.02
