@@ -187,8 +187,9 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
     With M free, a kernel's `optimal` holds for its M only: the bound over all M is the
     least proven optimum of the M tried from the fewest up without a gap, or the cost
     bound plus the overhead of the next M, whichever is lower.  An `exact` kernel tries
-    every M up to one item per cell while the bound leaves room, and the least step cost
-    wins (the fewest M on ties); the others take the fewest M within PAYING_GAP.
+    every M up to one item per cell while the bound leaves room and it proves each optimum
+    (else as the others, at most EXTRA_MICROBATCHES beyond the fewest that fit), and the
+    least step cost wins (the fewest M on ties); the others take the fewest M within PAYING_GAP.
     """
     if num_microbatches is not None:
         return _solve_fixed(problem, kernel, num_microbatches, algorithm, exact), num_microbatches, None, None
@@ -199,7 +200,7 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
     problem = _time_share(problem, always - fewest + 1 if exact else min(always - fewest, EXTRA_MICROBATCHES) + 1)
     proven, chained, found = [], True, []  # found: (result, M, total) of every M that packed
     best_total, m = math.inf, fewest
-    while m <= always and (exact or not found or m <= found[0][1] + EXTRA_MICROBATCHES):
+    while m <= always and ((exact and chained) or not found or m <= found[0][1] + EXTRA_MICROBATCHES):
         if found and float_sum([floor, m * overhead]) * (1 + paying) >= best_total:
             break  # no plan with this many micro-batches, or more, can pay enough
         result = kernel(problem, m)
@@ -258,8 +259,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             step cost including `microbatch_overhead` by more than `PAYING_GAP`: the fewest M
             whose plan is within that fraction of the cheapest of those tried (at most two
             more than the fewest that fit, tried only while the bound leaves more to gain).
-            An exact algorithm (`algorithm="exact"`) takes the least step cost over every M
-            up to one item per cell (the fewest M on ties), so raising T never raises it.
+            An exact algorithm (`algorithm="exact"`) takes the least step cost of the M it
+            tries (the fewest on ties): every M up to one item per cell while it proves each
+            optimum, so raising T never raises a proven optimum.
             Too few for the items: InfeasibleError naming the fewest M that fit (and whether
             fewer are proven impossible).
         microbatch_overhead: cost of one more micro-batch (same units as the costs).
