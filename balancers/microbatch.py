@@ -205,7 +205,10 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
             break  # no plan with this many micro-batches, or more, can pay enough
         result = kernel(problem, m)
         total = math.inf if result is None else plan_cost(problem, result, m)
-        chained = chained and result is not None and result.status is Status.OPTIMAL
+        if result is None:  # an exact kernel's None is a proof only when no packing exists at all
+            chained = chained and exact and microbatch_exact.packing_exists(problem, m) is False
+        else:
+            chained = chained and result.status is Status.OPTIMAL
         if chained:
             proven.append(total)
         if result is not None:
@@ -253,7 +256,8 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         lengths: 1-D non-negative integer lengths (tokens), one per item.
         num_ranks: data-parallel ranks D >= 1.
         max_tokens_per_microbatch: token budget T of one cell (one rank, one micro-batch).
-        cost: per-item cost model f(l) (default f(l) = l); or `costs`, one cost per item.
+        cost: per-item cost model f(l) (default f(l) = l); or `costs`, one cost per item
+            (padded too, unlike `balance`: a padded cell costs count · max of its costs).
         padded: a cell costs count · max cost and holds count · max length tokens.
         num_microbatches: M; None takes the fewest that fit, or more when that lowers the
             step cost including `microbatch_overhead` by more than `PAYING_GAP`: the fewest M
