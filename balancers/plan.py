@@ -9,6 +9,7 @@ import numpy as np
 
 from .cost import CostModel
 from .problem import Problem, Status, lower_bound, rank_loads, rank_tokens, require_equal_counts
+from .validation import as_index
 
 
 def relative_gap(makespan: float, lower_bound: float) -> float:
@@ -62,8 +63,8 @@ class BalancePlan:
         return int(self.assignment.size)
 
     def items_of(self, rank: int) -> np.ndarray:
-        """Indices of the items on `rank`, ascending."""
-        return np.flatnonzero(self.assignment == rank)
+        """Indices of the items on `rank` (an int in range), ascending."""
+        return np.flatnonzero(self.assignment == as_index(rank, "rank", self.num_ranks, "num_ranks"))
 
     def digest(self) -> str:
         """SHA-256 of the assignment: equal on every rank that computed the same plan."""

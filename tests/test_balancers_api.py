@@ -178,3 +178,15 @@ def test_karmarkar_karp_on_one_rank_checks_the_padded_cap():
     """Regression: the one-rank shortcut skipped the cap, and make_plan raised RuntimeError."""
     with pytest.raises(InfeasibleError, match="max_tokens_per_rank=1"):
         balance([0, 1], 1, padded=True, algorithm="karmarkar_karp", max_tokens_per_rank=1)
+
+
+@pytest.mark.parametrize("rank, error, match", [(5, ValueError, r"`rank` must be in \[0, num_ranks=2\); got 5"),
+                                                (-1, ValueError, r"`rank` must be in \[0, num_ranks=2\)"),
+                                                (True, TypeError, "`rank` must be an int"),
+                                                ("0", TypeError, "`rank` must be an int")])
+def test_items_of_takes_a_rank_in_range_only(rank, error, match):
+    """Out-of-range ranks gave an empty list and True gave rank 1's items."""
+    plan = balance([5, 4, 3], 2)
+    assert sorted(plan.items_of(0).tolist() + plan.items_of(np.int64(1)).tolist()) == [0, 1, 2]
+    with pytest.raises(error, match=match):
+        plan.items_of(rank)
