@@ -26,7 +26,8 @@ def _max_weight_bijection(rows: np.ndarray, cols: np.ndarray, weights: np.ndarra
     stay free), and rows left on their dummy take the free columns in ascending order.
     Otherwise only listed pairs are allowed, and they must admit a perfect matching.
     """
-    top = float(weights.max(initial=0.0)) + 1.0
+    top = float(weights.max(initial=0.0))
+    top += max(1.0, float(np.spacing(top)))  # every cost > 0: scipy drops explicit zeros, i.e. the edge
     costs = top - weights
     width = size
     if unlisted_allowed:
