@@ -58,6 +58,18 @@ def fingerprint(*parts) -> bytes:
     return hasher.digest()
 
 
+def canonical(value):
+    """An option's value as ranks fingerprint it: numbers as floats (16, 16.0 and np.int64(16) plan
+    alike), other values as given.
+
+    >>> canonical(np.int64(16)) == canonical(16) == canonical(16.0), canonical(True), canonical("lpt")
+    (True, True, 'lpt')
+    """
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    return value
+
+
 def disagreement(values: Sequence, what: str, rank: int, show=str) -> str | None:
     """None when every rank's value is equal; else a message naming the odd ranks.
 

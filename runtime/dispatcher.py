@@ -28,12 +28,14 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
-from .agreement import SchemaGuard, fingerprint
+from ..balancers import MICROBATCH_ALGORITHMS, BalancePlan, MicroBatchPlan, balance, balance_microbatches
+from ..balancers.problem import INT64_MAX
+from ..balancers.validation import as_bool, as_int, as_real
+from .agreement import SchemaGuard, canonical, fingerprint
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
-from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata
+from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, split_rows
 
 
@@ -49,6 +51,7 @@ class DispatchPlan:
     balance: BalancePlan | MicroBatchPlan | None
     route: ExchangeMeta
     planning_seconds: float
+    empty_microbatches: int = 1  # the micro-batches of a step with no items (`num_microbatches` when fixed)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -62,7 +65,9 @@ class DispatchPlan:
 
     @property
     def num_microbatches(self) -> int:
-        return self.balance.num_microbatches if isinstance(self.balance, MicroBatchPlan) else 1
+        if isinstance(self.balance, MicroBatchPlan):
+            return self.balance.num_microbatches
+        return self.empty_microbatches if self.balance is None else 1
 
     @property
     def item_microbatch(self) -> np.ndarray:
@@ -79,6 +84,23 @@ class DispatchPlan:
     @property
     def local_lengths(self) -> np.ndarray:
         return self.lengths[self.route.dest_items]
+
+
+def _local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's (n, 1) lengths and loss tokens, checked: one count per item, each at most the
+    item's length (a loss token is one of its tokens)."""
+    lengths = as_table(lengths)
+    if lengths.shape[1] != 1:
+        raise ValueError(f"`lengths` must be 1-D, one length per item; got shape {lengths.shape}")
+    losses = lengths if loss_tokens is None else as_table(loss_tokens, "loss_tokens")
+    if losses.shape != lengths.shape:
+        raise ValueError(f"`loss_tokens` must have one count per item ({lengths.shape[0]}); got shape {losses.shape}")
+    over = np.flatnonzero(losses[:, 0] > lengths[:, 0])
+    if over.size:
+        item = int(over[0])
+        raise ValueError(f"`loss_tokens` must be at most each item's length: item {item} has {int(losses[item, 0])} "
+                         f"loss tokens of {int(lengths[item, 0])}")
+    return lengths, losses
 
 
 class PostBalancingDispatcher:
@@ -114,10 +136,19 @@ class PostBalancingDispatcher:
             if max_tokens_per_rank is not None:
                 raise ValueError("`max_tokens_per_rank` and `max_tokens_per_microbatch` exclude each other: with "
                                  "micro-batches the per-micro-batch budget bounds what a rank holds")
-            self.microbatch_options = dict(max_tokens_per_microbatch=max_tokens_per_microbatch,
-                                           num_microbatches=num_microbatches, microbatch_overhead=microbatch_overhead,
-                                           algorithm=microbatch_algorithm, cost=cost, padded=padded,
-                                           time_limit=time_limit)
+            budget = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
+            if budget > INT64_MAX:
+                raise ValueError(f"`max_tokens_per_microbatch` must be below 2**63 (token sums are int64); got "
+                                 f"{budget}")
+            if microbatch_algorithm not in MICROBATCH_ALGORITHMS:
+                raise ValueError(f"unknown `microbatch_algorithm` {microbatch_algorithm!r}; choose one of "
+                                 f"{sorted(MICROBATCH_ALGORITHMS)}")
+            # Canonical values: ranks fingerprint them, and 16 and np.int64(16) plan alike.
+            self.microbatch_options = dict(
+                max_tokens_per_microbatch=budget,
+                num_microbatches=as_int(num_microbatches, "num_microbatches", minimum=1, optional=True),
+                microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"),
+                algorithm=str(microbatch_algorithm), cost=cost, padded=as_bool(padded, "padded"), time_limit=time_limit)
         elif num_microbatches is not None:
             raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
         if isinstance(per_item_keys, str):
@@ -125,10 +156,11 @@ class PostBalancingDispatcher:
         self.per_item_keys = frozenset(per_item_keys)
         self.check_plan = time_limit is not None if check_plan is None else bool(check_plan)
         self.transport = FlatAllToAll(group) if transport is None else transport
-        self.config_fingerprint = fingerprint(sorted(self.balance_options.items(), key=lambda kv: kv[0]),
-                                              sorted((self.microbatch_options or {}).items()),
+        options = [sorted((key, canonical(value)) for key, value in table.items())
+                   for table in (self.balance_options, self.microbatch_options or {})]
+        self.config_fingerprint = fingerprint(*options,
                                               sorted(self.per_item_keys), type(self.transport).__name__,
-                                              getattr(self.transport, "gpus_per_node", None))
+                                              getattr(self.transport, "gpus_per_node", None), self.check_plan)
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
@@ -142,13 +174,11 @@ class PostBalancingDispatcher:
         """
         group = self.group if metadata_group is None else metadata_group
         start = time.perf_counter()
-        lengths = as_table(lengths)
-        if lengths.shape[1] != 1:
-            raise ValueError(f"`lengths` must be 1-D, one length per item; got shape {lengths.shape}")
-        losses = lengths if loss_tokens is None else as_table(loss_tokens, "loss_tokens")
-        if losses.shape != lengths.shape:
-            raise ValueError(f"`loss_tokens` must have one count per item ({lengths.shape[0]}); "
-                             f"got shape {losses.shape}")
+        try:
+            lengths, losses = _local_tables(lengths, loss_tokens)
+        except (TypeError, ValueError):
+            join_failed(group, 2)  # the other ranks raise too, instead of waiting in the gather
+            raise
         metadata = gather_metadata(np.hstack([lengths, losses]), group, num_columns=2,
                                    fingerprint=self.config_fingerprint, what="dispatcher configuration")
         if metadata.num_items and self.microbatch_options is not None:
@@ -165,7 +195,8 @@ class PostBalancingDispatcher:
         if route.world_size != group_size(self.group):
             raise ValueError(f"metadata group has {route.world_size} ranks but the dispatcher's group has "
                              f"{group_size(self.group)}")
-        return DispatchPlan(metadata, plan, route, time.perf_counter() - start)
+        empty = (self.microbatch_options or {}).get("num_microbatches") or 1
+        return DispatchPlan(metadata, plan, route, time.perf_counter() - start, empty)
 
     def _move(self, batch: Mapping[str, torch.Tensor], route: ExchangeMeta, lengths: np.ndarray, per_item_keys,
               site: str, differentiable: bool) -> dict[str, torch.Tensor]:

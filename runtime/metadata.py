@@ -15,6 +15,7 @@ between ranks even with the same configuration (time-limited exact solvers).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,8 +25,8 @@ import torch.distributed as dist
 from .agreement import ConfigMismatchError, PlanMismatchError, disagreement, fingerprint, words_of
 from .comm import comm_device, group_rank, group_size
 
-__all__ = ["ConfigMismatchError", "GatheredMetadata", "PlanMismatchError", "as_table", "check_agreement",
-           "fingerprint", "gather_metadata"]
+__all__ = ["ConfigMismatchError", "GatheredMetadata", "PeerInputError", "PlanMismatchError", "as_table",
+           "check_agreement", "fingerprint", "gather_metadata", "join_failed"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +95,10 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     dist.all_gather(shapes, shape, group=group)
     shapes = np.stack([s.cpu().numpy() for s in shapes])
     if words.size:
+        failed = [rank for rank, row in enumerate(shapes) if not row[2:].any()]
+        if failed:
+            raise PeerInputError(f"ranks {failed} failed their own input checks (each raised why); rank "
+                                 f"{group_rank(group)} stops with them")
         problem = disagreement([row[2:].tobytes() for row in shapes], what, group_rank(group),
                                show=lambda value: value.hex()[:12])
         if problem:
@@ -114,6 +119,22 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     values.setflags(write=False)
     counts.setflags(write=False)
     return GatheredMetadata(values, counts)
+
+
+FAILED_INPUT = bytes(32)  # the fingerprint of a rank whose own input failed its checks
+
+
+class PeerInputError(ValueError):
+    """Another rank's input failed its checks: that rank raised the reason; this one stops too."""
+
+
+def join_failed(group, num_columns: int) -> None:
+    """Take part in the `gather_metadata` of a step whose input failed this rank's checks, as
+    `FAILED_INPUT`, so that the other ranks raise `PeerInputError` instead of waiting for it
+    (the caller then raises its own error)."""
+    if group_size(group) > 1:
+        with contextlib.suppress(PeerInputError):
+            gather_metadata(np.zeros((0, num_columns), dtype=np.int64), group, num_columns, fingerprint=FAILED_INPUT)
 
 
 def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:

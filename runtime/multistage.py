@@ -48,11 +48,11 @@ from ..orchestrator.plan import StepPlan
 from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample, resolve_positions
 from ..orchestrator.stages import check_stages
-from .agreement import SchemaGuard, fingerprint
+from .agreement import SchemaGuard, canonical, fingerprint
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
-from .metadata import as_table, check_agreement, gather_metadata
+from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, split_rows
 
 SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
@@ -74,8 +74,12 @@ def local_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_toke
         if not isinstance(sample, Sample):
             raise TypeError(f"`samples` must hold orchestrator Sample objects; got {type(sample).__name__} "
                             f"at index {index}")
-        sample_rows.append((sample.text, len(sample.segments), sample.id,
-                            sample.text if loss_tokens is None else int(loss_tokens[index])))
+        losses = sample.text if loss_tokens is None else int(loss_tokens[index])
+        tokens = sample.text + sum(segment.tokens for segment in sample.segments)
+        if losses > tokens:
+            raise ValueError(f"`loss_tokens` must be at most each sample's LLM tokens: sample {index} has {losses} "
+                             f"loss tokens of {tokens}")
+        sample_rows.append((sample.text, len(sample.segments), sample.id, losses))
         positions = resolve_positions(sample.segments, sample.text)
         for j, (segment, position) in enumerate(zip(sample.segments, positions)):
             if segment.modality not in modalities:
@@ -187,11 +191,12 @@ class MultiStageRuntime:
         self.check_plan = bool(check_plan)
         self.orchestrator = Orchestrator(self.stages, group_size(group) if topology is None else topology,
                                          **orchestrator_options)
-        self.options = tuple(sorted(orchestrator_options.items()))
+        self.options = tuple(sorted((key, canonical(value)) for key, value in orchestrator_options.items()))
         self.modalities = tuple(stage.modality for stage in self.stages[:-1])
         self.config_fingerprint = fingerprint(self.stages, self.options, repr(topology),
                                               type(self.transport).__name__,
-                                              getattr(self.transport, "gpus_per_node", None))
+                                              getattr(self.transport, "gpus_per_node", None), self.check_plan,
+                                              self.fused_input_exchange)
         self.guards = {"dispatch": SchemaGuard("dispatch"), "embeddings": SchemaGuard("encoder outputs")}
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
@@ -201,7 +206,11 @@ class MultiStageRuntime:
     def _gather(self, samples, metadata_group, loss_tokens) -> tuple[Batch, int]:
         """The global `Batch` and the loss tokens of all its samples, from one metadata all-gather."""
         group = self.group if metadata_group is None else metadata_group
-        sample_table, segment_table = local_tables(samples, self.modalities, loss_tokens)
+        try:
+            sample_table, segment_table = local_tables(samples, self.modalities, loss_tokens)
+        except (TypeError, ValueError):
+            join_failed(group, SAMPLE_COLUMNS)  # the other ranks raise too, instead of waiting in the gather
+            raise
         gathered_samples = gather_metadata(sample_table, group, num_columns=SAMPLE_COLUMNS,
                                            fingerprint=self.config_fingerprint, what="stage configuration")
         gathered_segments = gather_metadata(segment_table, group, num_columns=SEGMENT_COLUMNS)
@@ -363,7 +372,8 @@ class MultiStageRuntime:
         def generate():
             for index, (micro, part) in enumerate(zip(routes.microbatches, moved.parts)):
                 data = part if moved.exchanged else self.dispatch(micro, stats=moved.stats, **part)
-                items = routes.step.microbatch_samples[index]
+                members = routes.step.microbatch_samples[index]
+                items = members[routes.step.cells.rank[members] == routes.rank]  # this rank's LLM samples
                 yield MicroBatch(index, routes.num_microbatches, items, data, routes.num_loss_tokens, size, micro)
         return iterate(generate())
 

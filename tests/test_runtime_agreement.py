@@ -111,6 +111,7 @@ CONFIGS = {  # what rank 1 plans with instead (check_plan stays at its default, 
     "cost model": {"cost": CostModel(linear=1, quadratic=1)},
     "cap": {"max_tokens_per_rank": 10**6},
     "per-item keys": {"per_item_keys": set()},
+    "check_plan": {"check_plan": True},  # rank 1 alone ran the digest all-gather: gloo aborted the others
 }
 
 
@@ -239,3 +240,62 @@ def test_world_size_one_guard_and_fingerprint_need_no_process_group():
     guard = SchemaGuard()
     (out,) = exchange([Piece(meta, torch.ones(2, 3), 1, "x")], FlatAllToAll(), guard=guard)
     assert torch.equal(out, torch.ones(2, 3)) and guard.agreed is None  # nothing to agree with
+
+
+def fused_job(rank, size):
+    """Rank 1 exchanges each micro-batch's inputs on its own, the others fused for the step."""
+    config = ModelConfig()
+    runtime = MultiStageRuntime(demo_stages({m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")},
+                                            config, algorithm="lpt"), max_tokens_per_microbatch=4096,
+                                fused_input_exchange=rank != 1)
+    return outcome(lambda: runtime.plan(SyntheticMultimodal(config, samples_per_rank=3).samples(0, rank)))
+
+
+def test_regression_a_rank_exchanging_inputs_unfused_aborted_its_peers():
+    """Cause: `fused_input_exchange` was not in the fingerprint, so the ranks' exchanges differed
+    and gloo aborted ("Connection reset by peer")."""
+    started = time.monotonic()
+    outcomes = run_processes(fused_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "ConfigMismatchError", started)
+
+
+def bad_input_job(rank, size, runtime_kind):
+    """Rank 1's loss tokens have one count too few: it raises why, the others stop with it."""
+    if runtime_kind == "dispatcher":
+        dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1))
+        losses = LENGTHS[rank][:-1] if rank == 1 else LENGTHS[rank]
+        return outcome(lambda: dispatcher.plan(LENGTHS[rank], loss_tokens=losses))
+    config = ModelConfig()
+    runtime = MultiStageRuntime(demo_stages({m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")},
+                                            config, algorithm="lpt"), max_tokens_per_microbatch=4096)
+    samples = SyntheticMultimodal(config, samples_per_rank=3).samples(0, rank)
+    losses = [1] * (len(samples) - (rank == 1))
+    return outcome(lambda: runtime.plan(samples, loss_tokens=losses))
+
+
+@pytest.mark.parametrize("runtime_kind", ["dispatcher", "multistage"])
+def test_regression_a_rank_whose_own_input_fails_its_checks_left_the_others_waiting(runtime_kind):
+    """Cause: the rank raised before the metadata all-gather and its peers waited for it until the
+    process group's timeout (30 min by default); now it joins the gather as failed."""
+    started = time.monotonic()
+    outcomes = run_processes(bad_input_job, 4, args=(runtime_kind,), timeout_s=60,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    kinds = [o.value[0] for o in outcomes]
+    assert kinds == ["PeerInputError", "ValueError", "PeerInputError", "PeerInputError"], outcomes
+    assert "`loss_tokens` must have one count per" in outcomes[1].value[1]
+    assert "ranks [1] failed their own input checks" in outcomes[0].value[1]
+    assert time.monotonic() - started < COLLECTIVE_TIMEOUT_S
+
+
+def equal_options_job(rank, size):
+    """The same micro-batch options spelt differently on rank 1 (np.int64, an int overhead)."""
+    budget, overhead = (np.int64(16), 0) if rank == 1 else (16, 0.0)
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), max_tokens_per_microbatch=budget,
+                                         microbatch_overhead=overhead)
+    return outcome(lambda: dispatcher.plan(LENGTHS[rank]).balance.digest())
+
+
+def test_regression_equal_options_spelt_differently_were_a_config_mismatch():
+    outcomes = run_processes(equal_options_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert [o.value[0] for o in outcomes] == ["ok"] * 4 and len({o.value[1] for o in outcomes}) == 1

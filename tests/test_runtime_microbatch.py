@@ -187,6 +187,62 @@ def test_micro_batch_options_are_validated():
         PostBalancingDispatcher(max_tokens_per_rank=10, max_tokens_per_microbatch=10)
 
 
+@pytest.mark.parametrize("options, error, message", [
+    (dict(max_tokens_per_microbatch=0), ValueError, "`max_tokens_per_microbatch` must be >= 1; got 0"),
+    (dict(max_tokens_per_microbatch="x"), TypeError, "`max_tokens_per_microbatch` must be an int"),
+    (dict(max_tokens_per_microbatch=2**64), ValueError, r"`max_tokens_per_microbatch` must be below 2\*\*63"),
+    (dict(max_tokens_per_microbatch=16, num_microbatches=0), ValueError, "`num_microbatches` must be >= 1; got 0"),
+    (dict(max_tokens_per_microbatch=16, microbatch_overhead=-1.0), ValueError, "`microbatch_overhead` must be finite"),
+    (dict(max_tokens_per_microbatch=16, microbatch_algorithm="zzz"), ValueError,
+     "unknown `microbatch_algorithm` 'zzz'"),
+])
+def test_the_dispatcher_checks_its_micro_batch_options_when_built(options, error, message):
+    """They were checked only by `plan()`, and not at all on a step with no items anywhere."""
+    with pytest.raises(error, match=message):
+        PostBalancingDispatcher(**options)
+
+
+def test_an_empty_step_runs_the_fixed_micro_batch_count():
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=16, num_microbatches=4)
+    plan = dispatcher.plan([])
+    parts = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.zeros(0)}, plan)))
+    assert plan.num_microbatches == len(parts) == 4 and all(m.items.size == 0 for m in parts)
+
+
+def test_loss_tokens_beyond_an_items_tokens_are_refused():
+    """A loss token is one of the item's tokens: more would inflate the step's loss denominator."""
+    with pytest.raises(ValueError, match="`loss_tokens` must be at most each item's length: item 1 has 9 loss tokens "
+                                         "of 5"):
+        PostBalancingDispatcher(max_tokens_per_microbatch=16).plan([3, 5], loss_tokens=[3, 9])
+    samples = SyntheticMultimodal(CONFIG, samples_per_rank=2, seed=0).samples(0, 0)
+    too_many = [samples[0].llm_length + 1, 0]
+    with pytest.raises(ValueError, match="`loss_tokens` must be at most each sample's LLM tokens: sample 0 has"):
+        MultiStageRuntime(STAGES, max_tokens_per_microbatch=10**6).plan(samples, loss_tokens=too_many)
+
+
+def items_job(rank, size):
+    data = SyntheticMultimodal(CONFIG, samples_per_rank=4, seed=0)
+    samples = data.samples(0, rank)
+    runtime = MultiStageRuntime(STAGES, max_tokens_per_microbatch=int(max(s.llm_length for r in range(size)
+                                                                              for s in data.samples(0, r))))
+    routes = runtime.plan(samples)
+    local = data.tensors(samples, torch.float64)
+    moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+    return [(micro.items.tolist(), routes.step.cells.rank[micro.items].tolist()) for micro in
+            runtime.microbatches(routes, moved)]
+
+
+def test_a_multi_stage_micro_batch_lists_this_ranks_samples_only():
+    """`micro.items` listed every rank's samples of the micro-batch (summing over ranks counted each D times)."""
+    results = spawn(items_job, 2, timeout_s=120)
+    for rank, micros in enumerate(results):
+        assert all(set(ranks) <= {rank} for _, ranks in micros)
+    for index in range(len(results[0])):
+        union = sorted(item for micros in results for item in micros[index][0])
+        assert len(union) == len(set(union))
+    assert sorted(item for micros in results for items, _ in micros for item in items) == list(range(8))
+
+
 def test_one_process_micro_batches_cover_the_batch():
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
     lengths = [4, 6, 3, 7, 2]
