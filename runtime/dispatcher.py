@@ -36,7 +36,7 @@ from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, iterate, split_rows
+from .microbatch import MicroBatch, iterate, new_step, split_rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,6 +174,7 @@ class PostBalancingDispatcher:
         """
         group = self.group if metadata_group is None else metadata_group
         start = time.perf_counter()
+        new_step()
         try:
             lengths, losses = _local_tables(lengths, loss_tokens)
         except (TypeError, ValueError):

@@ -69,7 +69,11 @@ def active_microbatch() -> tuple[int, int] | None:
 
 
 def iterate(microbatches):
-    """Yield the micro-batches, recording which one runs (so per-micro-batch loss normalisation raises)."""
+    """Yield the micro-batches, recording which one runs (so per-micro-batch loss normalisation raises).
+
+    A loop left by `break` keeps its last micro-batch recorded until the generator is closed
+    or the next step's `plan()` (`new_step`); `accumulate` records its micro-batch for its body
+    whatever the loop (e.g. over a list of the micro-batches)."""
     previous = active_microbatch()
     try:
         for micro in microbatches:
@@ -77,6 +81,11 @@ def iterate(microbatches):
             yield micro
     finally:
         _active.current = previous
+
+
+def new_step() -> None:
+    """Forget any micro-batch recorded by an earlier step's loop (each `plan()` starts a step)."""
+    _active.current = None
 
 
 def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
@@ -114,6 +123,16 @@ def gradient_sync(model, enabled: bool):
         yield
 
 
+@contextlib.contextmanager
 def accumulate(model, micro: MicroBatch):
-    """`gradient_sync(model, micro.is_last)`: gradients are reduced once, in the last micro-batch."""
-    return gradient_sync(model, micro.is_last)
+    """`gradient_sync(model, micro.is_last)`: gradients are reduced once, in the last micro-batch;
+    the body runs as micro-batch `micro` (`normalize_loss` with a count raises there)."""
+    if not isinstance(micro, MicroBatch):
+        raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
+    previous = active_microbatch()
+    _active.current = (micro.index, micro.num_microbatches)
+    try:
+        with gradient_sync(model, micro.is_last):
+            yield
+    finally:
+        _active.current = previous

@@ -53,7 +53,7 @@ from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, iterate, split_rows
+from .microbatch import MicroBatch, iterate, new_step, split_rows
 
 SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
 SEGMENT_COLUMNS = 4  # modality code, length, tokens, position
@@ -232,6 +232,7 @@ class MultiStageRuntime:
         all-gather and give the step's global loss denominator.
         """
         start = time.perf_counter()
+        new_step()
         batch, num_loss_tokens = self._gather(samples, metadata_group, loss_tokens)
         step = self.orchestrator.plan(batch)
         if self.check_plan:

@@ -254,3 +254,29 @@ def test_one_process_micro_batches_cover_the_batch():
     assert sorted(torch.cat([m.data["x"] for m in parts]).tolist()) == list(range(sum(lengths)))
     assert all(int(np.asarray(lengths)[m.items].sum()) <= 10 for m in parts)
     assert dist.is_initialized() is False
+
+
+def test_per_micro_batch_normalisation_raises_in_accumulate_whatever_the_loop():
+    """Collected first (`list(...)`), the micro-batches ran after the generator had finished and a
+    per-micro-batch count passed silently; inside `accumulate` it raises.  A loop left by `break`
+    no longer leaks into the next step: `plan()` starts afresh."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
+    lengths = [4, 6, 3, 7, 2]
+    plan = dispatcher.plan(lengths)
+    micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.arange(sum(lengths))}, plan)))
+    assert len(micros) >= 3
+    model = nn.Linear(1, 1)
+    for micro in micros:
+        with accumulate(model, micro), pytest.raises(ValueError, match="normalize_loss with a count inside micro"):
+            normalize_loss(torch.zeros(()), 6)
+    normalize_loss(torch.zeros(()), 6)  # outside any micro-batch: a plain count is right
+    loop = dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.arange(sum(lengths))}, plan))
+    for _ in loop:
+        break
+    with pytest.raises(ValueError, match="normalize_loss with a count inside micro-batch 0"):
+        normalize_loss(torch.zeros(()), 6)  # the loop is still open: its micro-batch still counts
+    PostBalancingDispatcher().plan([3, 2])  # the next step
+    assert float(normalize_loss(torch.ones(()), 2)) == 0.5
+    with pytest.raises(TypeError, match="`micro` must be a MicroBatch"):
+        with accumulate(model, 3):
+            pass
