@@ -33,7 +33,7 @@ import numpy as np
 from ..balancers import ALGORITHMS, MICROBATCH_ALGORITHMS, balance, balance_microbatches
 from ..balancers.locality import FILL_ON_MISS
 from ..balancers.microbatch import make_microbatch_problem
-from ..balancers.microbatch_plan import MicroBatchResult, make_microbatch_plan
+from ..balancers.microbatch_plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import INT64_MAX, InfeasibleError, Status, make_problem
 from ..balancers.validation import as_int, as_real, is_int
@@ -252,6 +252,16 @@ class Orchestrator:
         planned again counting every sample's share of the caps (`capped_cell_lengths`)."""
         *encoders, llm_stage = self.stages
         options = dict(self.microbatching, max_tokens_per_microbatch=self._cell_budget())
+        if batch.num_samples == 0:  # a step with no sample anywhere still runs its micro-batches
+            m, overhead = options["num_microbatches"] or 1, options["microbatch_overhead"]
+            cells = MicroBatchPlan(
+                rank=np.zeros(0, dtype=np.int64), microbatch=np.zeros(0, dtype=np.int64), num_microbatches=m,
+                num_ranks=batch.num_ranks, cell_loads=np.zeros((m, batch.num_ranks)),
+                cell_tokens=np.zeros((m, batch.num_ranks), dtype=np.int64), step_cost=m * overhead,
+                lower_bound=m * overhead, status=Status.OPTIMAL, algorithm=options["algorithm"],
+                max_tokens_per_microbatch=options["max_tokens_per_microbatch"], microbatch_overhead=overhead,
+                padded=llm_stage.padded)
+            return self._plan_cells(batch, cells, start)
         if self.placement == LOCALITY:
             items = stage_items(batch, llm_stage)
             anchors, anchor_bytes = self._anchors(batch, llm_stage, items, item_tokens(batch, llm_stage, items), None)

@@ -280,3 +280,17 @@ def test_per_micro_batch_normalisation_raises_in_accumulate_whatever_the_loop():
     with pytest.raises(TypeError, match="`micro` must be a MicroBatch"):
         with accumulate(model, 3):
             pass
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 2])
+def test_a_multi_stage_step_with_no_sample_anywhere_runs_its_micro_batches(num_microbatches):
+    """It raised "`lengths` must not be empty", an argument the caller never passed."""
+    local = SyntheticMultimodal(CONFIG, samples_per_rank=2, seed=0).tensors([], torch.float64)
+    model = TinyMultimodalModel(CONFIG).double()
+    runtime = MultiStageRuntime(STAGES, max_tokens_per_microbatch=64, num_microbatches=num_microbatches)
+    routes = runtime.plan(())
+    moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+    shapes = [runtime.forward(micro.routes, micro.data, encoders=model.encoders(),
+                              text_embedding=model.llm.embed).embeddings.shape[0]
+              for micro in runtime.microbatches(routes, moved)]
+    assert shapes == [0] * (num_microbatches or 1) and routes.step.step_cost == routes.step.lower_bound == 0
