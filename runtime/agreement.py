@@ -154,18 +154,21 @@ class SchemaGuard:
         self.check(words, schema, group)
         self.agreed = schema
 
-    def check(self, words: Sequence[int], schema: tuple[PieceSchema, ...], group) -> None:
+    def check(self, words: Sequence[int], schema: tuple[PieceSchema, ...], group, described: str | None = None
+              ) -> None:
         """Raise SchemaMismatchError on every rank when the gathered words differ.
 
         Every rank sees the same words, so every rank takes part in the one
-        `all_gather_object` that collects the schemas for the message.
+        `all_gather_object` that collects the schemas for the message; `described` stands for
+        this rank's schema there (a rank whose own pieces failed their checks says why).
         """
         if disagreement(list(words), "", 0) is None:
             return
-        schemas = [describe(schema)]
+        mine = describe(schema) if described is None else described
+        schemas = [mine]
         if group_size(group) > 1:
             schemas = [None] * group_size(group)
-            dist.all_gather_object(schemas, describe(schema), group=group)
+            dist.all_gather_object(schemas, mine, group=group)
         raise SchemaMismatchError(
             disagreement(schemas, f"{self.what}: the schema of the pieces", group_rank(group)) +
             "; every rank must pass the same keys, dtypes, trailing shapes and per-item keys")

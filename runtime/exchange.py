@@ -220,6 +220,10 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
     if guard.agreed is None:
         guard.agree(schema, transport.group)
     agreed = guard.agreed
+    invalid = _row_problem(pieces)
+    if invalid is not None:  # send zeros of the expected size, then every rank names this one's problem
+        words = _exchange(_conforming(pieces, agreed, layout), transport, stats, INVALID_WORD)[1]
+        guard.check(words, schema, transport.group, described=f"invalid input: {invalid}")
     sent = pieces if schema == agreed else _conforming(pieces, agreed, layout)
     outputs, words = _exchange(sent, transport, stats, schema_word(schema))
     if len(set(words)) == 1 and words[0] == schema_word(agreed):
@@ -227,6 +231,22 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
     guard.check(words, schema, transport.group)  # raises unless every rank changed the same way
     guard.agreed = schema
     return _exchange(pieces, transport, stats, schema_word(schema))[0]
+
+
+INVALID_WORD = -1  # the header a rank sends when its own pieces fail their checks (never a schema's word)
+
+
+def _row_problem(pieces: Sequence[Piece]) -> str | None:
+    """What is wrong with a piece's row count on this rank (`_exchange` would raise it), or None."""
+    for number, piece in enumerate(pieces):
+        tensor, meta = piece.tensor, piece.meta
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+            continue  # raised by `_exchange` alike on every rank's own call
+        expected = int(meta.item_rows(piece.item_rows)[meta.source_items].sum())
+        if tensor.shape[0] != expected:
+            return (f"piece {number} ({piece.name or '?'}): tensor has {tensor.shape[0]} rows but this rank's "
+                    f"{meta.source_items.size} items own {expected} rows")
+    return None
 
 
 def _conforming(pieces: Sequence[Piece], agreed: Sequence[PieceSchema], layout) -> list[Piece]:

@@ -37,6 +37,7 @@ ODD_BATCHES = {  # what rank 1 passes instead, from the deviating step on
     "extra key": lambda b: {**b, "mask": torch.ones(b["x"].shape[0], dtype=torch.bool)},
     "missing key": lambda b: {"x": b["x"]},
     "renamed key": lambda b: {"x": b["x"], "ids": b["id"]},
+    "one row short": lambda b: {**b, "x": b["x"][:-1]},  # rank 1 raised alone, its peers waited for it
 }
 
 
