@@ -30,7 +30,8 @@ from .alltoall import FlatAllToAll
 from .dispatcher import DispatchPlan, PostBalancingDispatcher
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .hierarchical import HierarchicalAllToAll, make_transport
-from .metadata import GatheredMetadata, PeerInputError, PlanMismatchError, check_agreement, fingerprint, gather_metadata
+from .metadata import (GatheredMetadata, PeerInputError, PlanMismatchError, check_agreement, fingerprint,
+                       gather_metadata)
 from .microbatch import MicroBatch, accumulate, gradient_sync
 from .multistage import Assembled, Dispatched, MicroBatchInputs, MicroBatchRoutes, MultiStageRuntime, StepRoutes
 from .prefetch import Prefetcher
@@ -39,6 +40,6 @@ from .reduction import all_reduce_gradients, global_count, normalize_loss
 __all__ = ["Assembled", "ConfigMismatchError", "DispatchPlan", "Dispatched", "ExchangeMeta", "FlatAllToAll",
            "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "MicroBatchInputs", "MicroBatchRoutes",
            "MultiStageRuntime", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher",
-           "Prefetcher", "SchemaGuard", "SchemaMismatchError", "StepRoutes", "accumulate", "all_reduce_gradients", "check_agreement", "exchange",
-           "exchange_with_grad", "fingerprint", "gather_metadata", "global_count", "gradient_sync", "make_transport",
-           "normalize_loss"]
+           "Prefetcher", "SchemaGuard", "SchemaMismatchError", "StepRoutes", "accumulate", "all_reduce_gradients",
+           "check_agreement", "exchange", "exchange_with_grad", "fingerprint", "gather_metadata", "global_count",
+           "gradient_sync", "make_transport", "normalize_loss"]
