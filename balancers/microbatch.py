@@ -133,9 +133,11 @@ def _most_microbatches(problem: MicroBatchProblem) -> int:
 
 def _packed_by_none(problem: MicroBatchProblem, algorithm: str) -> InfeasibleError:
     fewest, most = problem.min_microbatches, _most_microbatches(problem)
+    one_per_cell = -(-problem.num_items // problem.num_ranks)
+    why = (f"though one item per cell fits in {one_per_cell}: the algorithm failed, not the budget"
+           if one_per_cell <= most else f"the most that M · D <= 2**22 = {MAX_CELLS} cells allows")
     return InfeasibleError(f"algorithm {algorithm!r} found no packing of the items for any `num_microbatches` from "
-                           f"{fewest} to {most}, though one item per cell fits in {most}: the algorithm failed, not "
-                           f"the budget; choose another `algorithm`", min_cap=most)
+                           f"{fewest} to {most}, {why}; choose another `algorithm`", min_cap=most)
 
 
 def _fewest_that_fit(problem: MicroBatchProblem, kernel: MicroBatchKernel, algorithm: str,

@@ -59,15 +59,18 @@ def fingerprint(*parts) -> bytes:
 
 
 def canonical(value):
-    """An option's value as ranks fingerprint it: numbers as floats (16, 16.0 and np.int64(16) plan
-    alike), other values as given.
+    """An option's value as ranks fingerprint it: integral numbers as Python ints (16, 16.0 and
+    np.int64(16) plan alike; 2**53 and 2**53 + 1 stay apart), other numbers as floats, other
+    values as given.
 
-    >>> canonical(np.int64(16)) == canonical(16) == canonical(16.0), canonical(True), canonical("lpt")
-    (True, True, 'lpt')
+    >>> canonical(np.int64(16)) == canonical(16) == canonical(16.0), canonical(0.5), canonical(True), canonical("lpt")
+    (True, 0.5, True, 'lpt')
     """
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
-        return float(value)
-    return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def disagreement(values: Sequence, what: str, rank: int, show=str) -> str | None:

@@ -228,6 +228,7 @@ class PostBalancingDispatcher:
         `micro.data` maps each key to the rows of the micro-batch's items, in ascending
         global index.
         """
+        new_step()  # on the thread that runs the step (a prefetcher plans on another)
         items = plan.local_items
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)

@@ -224,6 +224,7 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
     if invalid is not None:  # send zeros of the expected size, then every rank names this one's problem
         words = _exchange(_conforming(pieces, agreed, layout), transport, stats, INVALID_WORD)[1]
         guard.check(words, schema, transport.group, described=f"invalid input: {invalid}")
+        raise ValueError(invalid)  # every rank's input was invalid: each raises its own
     sent = pieces if schema == agreed else _conforming(pieces, agreed, layout)
     outputs, words = _exchange(sent, transport, stats, schema_word(schema))
     if len(set(words)) == 1 and words[0] == schema_word(agreed):

@@ -72,8 +72,8 @@ def iterate(microbatches):
     """Yield the micro-batches, recording which one runs (so per-micro-batch loss normalisation raises).
 
     A loop left by `break` keeps its last micro-batch recorded until the generator is closed
-    or the next step's `plan()` (`new_step`); `accumulate` records its micro-batch for its body
-    whatever the loop (e.g. over a list of the micro-batches)."""
+    or the next `plan()` or `microbatches()` on this thread (`new_step`); `accumulate` records
+    its micro-batch for its body whatever the loop (e.g. over a list of the micro-batches)."""
     previous = active_microbatch()
     try:
         for micro in microbatches:
@@ -84,7 +84,8 @@ def iterate(microbatches):
 
 
 def new_step() -> None:
-    """Forget any micro-batch recorded by an earlier step's loop (each `plan()` starts a step)."""
+    """Forget any micro-batch this thread recorded in an earlier step's loop (each `plan()` and
+    `microbatches()` starts afresh)."""
     _active.current = None
 
 

@@ -369,6 +369,7 @@ class MultiStageRuntime:
                 or moved.routes is not routes:
             raise TypeError("`microbatches` takes the MicroBatchRoutes of `plan` and what `dispatch` returned for them")
         size = group_size(self.group)
+        new_step()  # on the thread that runs the step (a prefetcher plans on another)
 
         def generate():
             for index, (micro, part) in enumerate(zip(routes.microbatches, moved.parts)):

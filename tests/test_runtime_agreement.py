@@ -300,3 +300,40 @@ def equal_options_job(rank, size):
 def test_regression_equal_options_spelt_differently_were_a_config_mismatch():
     outcomes = run_processes(equal_options_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
     assert [o.value[0] for o in outcomes] == ["ok"] * 4 and len({o.value[1] for o in outcomes}) == 1
+
+
+def all_invalid_job(rank, size):
+    """After one good step every rank passes x one row short, and rank 0 also switches it to float64."""
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
+
+    def steps():
+        for step in range(2):
+            plan = dispatcher.plan(LENGTHS[rank])
+            batch = _batch(rank)
+            if step == 1:
+                batch = {**batch, "x": batch["x"][:-1].double() if rank == 0 else batch["x"][:-1]}
+            dispatcher.dispatch(batch, plan)
+        return "dispatched"
+
+    return outcome(steps)
+
+
+def test_regression_every_rank_invalid_and_one_also_changing_schema_left_that_one_waiting():
+    """Cause: every rank sent the invalid-input header, so the check passed; rank 0, whose schema
+    also changed, then entered the exchange again while the others raised."""
+    started = time.monotonic()
+    outcomes = run_processes(all_invalid_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert [o.value[0] for o in outcomes] == ["ValueError"] * 4
+    assert all("tensor has" in o.value[1] and "rows but this rank's" in o.value[1] for o in outcomes)
+    assert time.monotonic() - started < COLLECTIVE_TIMEOUT_S
+
+
+def test_fingerprints_keep_distinct_integers_apart_and_take_any_int():
+    """Options were fingerprinted as floats: 2**53 and 2**53 + 1 collided, 10**400 overflowed."""
+    caps = [PostBalancingDispatcher(max_tokens_per_rank=cap).config_fingerprint for cap in (2**53, 2**53 + 1)]
+    assert caps[0] != caps[1]
+    assert PostBalancingDispatcher(max_tokens_per_rank=10**400).config_fingerprint
+    spelt = [PostBalancingDispatcher(max_tokens_per_microbatch=16, microbatch_overhead=overhead).config_fingerprint
+             for overhead in (0, 0.0, np.float64(0))]
+    assert len(set(spelt)) == 1

@@ -294,3 +294,19 @@ def test_a_multi_stage_step_with_no_sample_anywhere_runs_its_micro_batches(num_m
                               text_embedding=model.llm.embed).embeddings.shape[0]
               for micro in runtime.microbatches(routes, moved)]
     assert shapes == [0] * (num_microbatches or 1) and routes.step.step_cost == routes.step.lower_bound == 0
+
+
+def test_a_new_micro_batch_loop_forgets_one_left_by_break():
+    """The planning may run on a prefetcher's thread: `microbatches()` on the training thread starts
+    the step afresh too."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
+    lengths = [4, 6, 3, 7, 2]
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"x": torch.arange(sum(lengths))}, plan)
+    loop = dispatcher.microbatches(plan, moved)
+    next(loop)  # then left, as by `break`
+    with pytest.raises(ValueError, match="normalize_loss with a count inside micro-batch 0"):
+        normalize_loss(torch.zeros(()), 6)
+    again = dispatcher.microbatches(plan, moved)  # the next step's loop, planned elsewhere
+    assert float(normalize_loss(torch.ones(()), 2)) == 0.5
+    assert len(list(again)) == plan.num_microbatches
