@@ -5,8 +5,8 @@
 Alternating processes cannot show a change of a few percent on a VM whose speed drifts by
 ±30 % from minute to minute; here both trees are imported side by side (each checkout linked
 under its own package name in a temporary directory: the package imports itself relatively),
-and every plan of one tree is followed by the same plan of the other, so both see the same
-minutes.  The step is `Orchestrator(MODELS["84b"].stages(), cluster(2560),
+and every plan of one tree is followed by the same plan of the other (which goes first
+alternates), so both see the same minutes.  The step is `Orchestrator(MODELS["84b"].stages(), cluster(2560),
 max_tokens_per_microbatch=T).plan(sample_workload("default", 2560, 32, seed=2560))`, timed in
 process time after one warm-up plan; the two plans' digests must agree (else the change is not
 a pure speed change, and the script says so).  Prints, per T, each tree's min and median and
@@ -59,9 +59,9 @@ def main(argv=None) -> int:
             digests = {name: steps[name, budget][0].plan(steps[name, budget][1]).digest() for name in trees}
             if digests["orchbase"] != digests["orchnew"]:
                 print(f"T {budget}: the trees plan differently ({digests}); timing anyway")
-        for _ in range(args.pairs):
+        for pair in range(args.pairs):
             for budget in budgets:
-                for name in trees:
+                for name in (list(trees) if pair % 2 == 0 else list(reversed(trees))):  # no fixed order
                     orchestrator, batch = steps[name, budget]
                     start = time.process_time()
                     orchestrator.plan(batch)
