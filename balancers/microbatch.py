@@ -59,6 +59,23 @@ def _as_budget(value) -> int:
     return budget
 
 
+def microbatch_options(max_tokens_per_microbatch, num_microbatches=None, microbatch_overhead=0.0,
+                       algorithm="auto", *, algorithm_name: str = "algorithm") -> dict:
+    """`balance_microbatches`' micro-batch options, checked and canonical (plain ints and floats),
+    for callers that hold them before any lengths (the orchestrator, the runtime's dispatcher);
+    `algorithm_name` is what the caller calls its algorithm argument.
+
+    >>> microbatch_options(np.int64(16), microbatch_overhead=0)
+    {'max_tokens_per_microbatch': 16, 'num_microbatches': None, 'microbatch_overhead': 0.0, 'algorithm': 'auto'}
+    """
+    if algorithm not in registry.MICROBATCH_ALGORITHMS:
+        raise ValueError(f"unknown `{algorithm_name}` {algorithm!r}; choose one of "
+                         f"{sorted(registry.MICROBATCH_ALGORITHMS)}")
+    return dict(max_tokens_per_microbatch=_as_budget(max_tokens_per_microbatch),
+                num_microbatches=as_int(num_microbatches, "num_microbatches", minimum=1, optional=True),
+                microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"), algorithm=str(algorithm))
+
+
 def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None,
                             padded=False, microbatch_overhead=0.0, time_limit=None) -> MicroBatchProblem:
     """Validate user input once and build the canonical MicroBatchProblem."""

@@ -128,10 +128,10 @@ def check_cells(batch: Batch, cells, llm: Stage, max_tokens: int | None) -> None
     if llm.max_tokens_per_rank is not None and llm.max_tokens_per_rank < budget:
         budget = llm.max_tokens_per_rank
         limit = f"the LLM stage {llm.name!r}'s max_tokens_per_rank={budget}"
-    tokens = batch.sample_llm_length
-    if tokens.size and int(tokens.max()) > budget:
-        raise ValueError(f"sample {int(np.argmax(tokens))} holds {int(tokens.max())} LLM tokens, over {limit}")
-    problem = make_microbatch_problem(tokens, num_ranks, cost=llm.cost, padded=llm.padded,
+    lengths = batch.sample_llm_length
+    if lengths.size and int(lengths.max()) > budget:
+        raise ValueError(f"sample {int(np.argmax(lengths))} holds {int(lengths.max())} LLM tokens, over {limit}")
+    problem = make_microbatch_problem(lengths, num_ranks, cost=llm.cost, padded=llm.padded,
                                       max_tokens_per_microbatch=budget, microbatch_overhead=cells.microbatch_overhead)
     loads, tokens = cell_accounts(problem, cells.rank.astype(np.int64), cells.microbatch.astype(np.int64), m)
     if not np.array_equal(tokens, cells.cell_tokens):

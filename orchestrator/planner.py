@@ -30,13 +30,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..balancers import ALGORITHMS, MICROBATCH_ALGORITHMS, balance, balance_microbatches
+from ..balancers import ALGORITHMS, balance, balance_microbatches
 from ..balancers.locality import FILL_ON_MISS
-from ..balancers.microbatch import make_microbatch_problem
+from ..balancers.microbatch import make_microbatch_problem, microbatch_options
 from ..balancers.microbatch_plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
 from ..balancers.plan import BalancePlan, make_plan
-from ..balancers.problem import INT64_MAX, InfeasibleError, Status, make_problem
-from ..balancers.validation import as_int, as_real, is_int
+from ..balancers.problem import InfeasibleError, Status, make_problem
+from ..balancers.validation import as_real, is_int
 from ..topology import PLACEMENTS, Topology, place
 from .microbatch import MicroBatchStepPlan, StageCapError, capped_cell_lengths, check_cells
 from .plan import StagePlan, StepPlan, compose, offsets_within_rank
@@ -204,21 +204,12 @@ class Orchestrator:
             raise ValueError(f"`{given[0]}` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
         self.microbatching = None
         if max_tokens_per_microbatch is not None:
-            if as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1) > INT64_MAX:
-                raise ValueError(f"`max_tokens_per_microbatch` must be below 2**63 (token sums are int64); got "
-                                 f"{max_tokens_per_microbatch}")
             if not self.balance_llm:
                 raise ValueError("`balance_llm=False` cannot plan micro-batches (the cells balance the LLM stage); to "
                                  "keep samples on their ranks, pass cells that do to `plan_cells` (e.g. the study's "
                                  "per-rank sequential fill)")
-            if microbatch_algorithm not in MICROBATCH_ALGORITHMS:
-                raise ValueError(f"unknown `microbatch_algorithm` {microbatch_algorithm!r}; choose one of "
-                                 f"{sorted(MICROBATCH_ALGORITHMS)}")
-            self.microbatching = dict(
-                max_tokens_per_microbatch=as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1),
-                num_microbatches=as_int(num_microbatches, "num_microbatches", minimum=1, optional=True),
-                microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"),
-                algorithm=microbatch_algorithm)
+            self.microbatching = microbatch_options(max_tokens_per_microbatch, num_microbatches, microbatch_overhead,
+                                                    microbatch_algorithm, algorithm_name="microbatch_algorithm")
 
     @property
     def num_ranks(self) -> int:

@@ -28,9 +28,9 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ..balancers import MICROBATCH_ALGORITHMS, BalancePlan, MicroBatchPlan, balance, balance_microbatches
-from ..balancers.problem import INT64_MAX
-from ..balancers.validation import as_bool, as_int, as_real
+from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
+from ..balancers.microbatch import microbatch_options
+from ..balancers.validation import as_bool
 from .agreement import SchemaGuard, canonical, fingerprint
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
@@ -136,19 +136,10 @@ class PostBalancingDispatcher:
             if max_tokens_per_rank is not None:
                 raise ValueError("`max_tokens_per_rank` and `max_tokens_per_microbatch` exclude each other: with "
                                  "micro-batches the per-micro-batch budget bounds what a rank holds")
-            budget = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
-            if budget > INT64_MAX:
-                raise ValueError(f"`max_tokens_per_microbatch` must be below 2**63 (token sums are int64); got "
-                                 f"{budget}")
-            if microbatch_algorithm not in MICROBATCH_ALGORITHMS:
-                raise ValueError(f"unknown `microbatch_algorithm` {microbatch_algorithm!r}; choose one of "
-                                 f"{sorted(MICROBATCH_ALGORITHMS)}")
-            # Canonical values: ranks fingerprint them, and 16 and np.int64(16) plan alike.
             self.microbatch_options = dict(
-                max_tokens_per_microbatch=budget,
-                num_microbatches=as_int(num_microbatches, "num_microbatches", minimum=1, optional=True),
-                microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"),
-                algorithm=str(microbatch_algorithm), cost=cost, padded=as_bool(padded, "padded"), time_limit=time_limit)
+                microbatch_options(max_tokens_per_microbatch, num_microbatches, microbatch_overhead,
+                                   microbatch_algorithm, algorithm_name="microbatch_algorithm"),
+                cost=cost, padded=as_bool(padded, "padded"), time_limit=time_limit)
         elif num_microbatches is not None:
             raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
         if isinstance(per_item_keys, str):

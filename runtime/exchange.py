@@ -237,16 +237,22 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
 INVALID_WORD = -1  # the header a rank sends when its own pieces fail their checks (never a schema's word)
 
 
+def _rows_problem(number: int, piece: Piece, rows: np.ndarray) -> str | None:
+    """What is wrong with piece `number`'s row count on this rank (its items own `rows[item]`), or None."""
+    expected = int(rows[piece.meta.source_items].sum())
+    if piece.tensor.shape[0] == expected:
+        return None
+    return (f"piece {number} ({piece.name or '?'}): tensor has {piece.tensor.shape[0]} rows but this rank's "
+            f"{piece.meta.source_items.size} items own {expected} rows")
+
+
 def _row_problem(pieces: Sequence[Piece]) -> str | None:
-    """What is wrong with a piece's row count on this rank (`_exchange` would raise it), or None."""
+    """The first piece's row-count problem on this rank (`_exchange` would raise it), or None."""
     for number, piece in enumerate(pieces):
-        tensor, meta = piece.tensor, piece.meta
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-            continue  # raised by `_exchange` alike on every rank's own call
-        expected = int(meta.item_rows(piece.item_rows)[meta.source_items].sum())
-        if tensor.shape[0] != expected:
-            return (f"piece {number} ({piece.name or '?'}): tensor has {tensor.shape[0]} rows but this rank's "
-                    f"{meta.source_items.size} items own {expected} rows")
+        if isinstance(piece.tensor, torch.Tensor) and piece.tensor.dim():  # else `_exchange` raises alike everywhere
+            problem = _rows_problem(number, piece, piece.meta.item_rows(piece.item_rows))
+            if problem is not None:
+                return problem
     return None
 
 
@@ -283,10 +289,9 @@ def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, header: in
         if tensor.dim() == 0:
             raise ValueError(f"piece {number}: tensor must have a leading item-row dimension; got a scalar")
         rows = meta.item_rows(piece.item_rows)
-        expected = int(rows[meta.source_items].sum())
-        if tensor.shape[0] != expected:
-            raise ValueError(f"piece {number}: tensor has {tensor.shape[0]} rows but this rank's "
-                             f"{meta.source_items.size} items own {expected} rows")
+        problem = _rows_problem(number, piece, rows)
+        if problem is not None:
+            raise ValueError(problem)
         row_bytes = int(np.prod(tensor.shape[1:], dtype=np.int64)) * tensor.element_size()
         sent = _as_bytes(_take_rows(tensor, meta.send_row_index(rows)))
         plans.append((meta, tensor, rows, sent, row_bytes))

@@ -75,10 +75,9 @@ def local_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_toke
             raise TypeError(f"`samples` must hold orchestrator Sample objects; got {type(sample).__name__} "
                             f"at index {index}")
         losses = sample.text if loss_tokens is None else int(loss_tokens[index])
-        tokens = sample.text + sum(segment.tokens for segment in sample.segments)
-        if losses > tokens:
+        if losses > sample.llm_length:
             raise ValueError(f"`loss_tokens` must be at most each sample's LLM tokens: sample {index} has {losses} "
-                             f"loss tokens of {tokens}")
+                             f"loss tokens of {sample.llm_length}")
         sample_rows.append((sample.text, len(sample.segments), sample.id, losses))
         positions = resolve_positions(sample.segments, sample.text)
         for j, (segment, position) in enumerate(zip(sample.segments, positions)):

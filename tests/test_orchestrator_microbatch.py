@@ -327,7 +327,7 @@ def test_a_padded_llm_stage_gets_padded_cells():
 @pytest.mark.parametrize("options, message", [
     (dict(microbatch_overhead=0.5), "`microbatch_overhead` needs `max_tokens_per_microbatch`"),
     (dict(microbatch_algorithm="greedy"), "`microbatch_algorithm` needs `max_tokens_per_microbatch`"),
-    (dict(max_tokens_per_microbatch=2**70), r"`max_tokens_per_microbatch` must be below 2\*\*63"),
+    (dict(max_tokens_per_microbatch=2**70), r"`max_tokens_per_microbatch` must be at most 2\*\*63 - 1"),
 ])
 def test_micro_batch_options_without_a_usable_budget_are_refused(options, message):
     with pytest.raises(ValueError, match=message):

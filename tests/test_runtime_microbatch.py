@@ -190,7 +190,7 @@ def test_micro_batch_options_are_validated():
 @pytest.mark.parametrize("options, error, message", [
     (dict(max_tokens_per_microbatch=0), ValueError, "`max_tokens_per_microbatch` must be >= 1; got 0"),
     (dict(max_tokens_per_microbatch="x"), TypeError, "`max_tokens_per_microbatch` must be an int"),
-    (dict(max_tokens_per_microbatch=2**64), ValueError, r"`max_tokens_per_microbatch` must be below 2\*\*63"),
+    (dict(max_tokens_per_microbatch=2**64), ValueError, r"`max_tokens_per_microbatch` must be at most 2\*\*63 - 1"),
     (dict(max_tokens_per_microbatch=16, num_microbatches=0), ValueError, "`num_microbatches` must be >= 1; got 0"),
     (dict(max_tokens_per_microbatch=16, microbatch_overhead=-1.0), ValueError, "`microbatch_overhead` must be finite"),
     (dict(max_tokens_per_microbatch=16, microbatch_algorithm="zzz"), ValueError,
