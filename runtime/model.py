@@ -3,7 +3,9 @@
 For tests and the demo only: the runtime never imports it.  Every module works on
 sequences packed along dim 0 with their lengths, and attention runs per sequence, so an
 item's output does not depend on which other items share its rank: exactly the property
-that makes post-balancing leave the gradient unchanged.
+that makes post-balancing leave the gradient unchanged.  Every parameter takes part in
+every call, empty input included (a rank holding no item of a stage still runs it), so
+FSDP2 and DDP reduce the same gradients on every rank: the runtime's contract for encoders.
 
     vision: patches (P, patch_dim) -> blocks (bidirectional) -> mean of `pool` patches
             -> projector -> (P / pool, llm_hidden)
@@ -63,8 +65,9 @@ class Block(nn.Module):
         attended = [F.scaled_dot_product_attention(qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
                                                    is_causal=self.causal).transpose(0, 1)
                     for qs, ks, vs in zip(q.split(sizes), k.split(sizes), v.split(sizes)) if qs.shape[0]]
-        mixed = torch.cat(attended).reshape(tokens, hidden) if attended else x.new_zeros(0, hidden)
-        return x + self.out(mixed)
+        # no sequence: v's zero rows keep qkv in the graph, so every parameter gets a (zero) gradient
+        mixed = torch.cat(attended) if attended else v
+        return x + self.out(mixed.reshape(tokens, hidden))
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.mlp(self.norm2(x))
