@@ -79,3 +79,37 @@ def test_readme_has_runnable_snippets_and_the_quick_start():
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci in text  # the README's test command is exactly the CI command
     assert "python3.11 -m pip install -e . && orchmllm compare" in text
+
+
+def test_multimodal_fsdp2_example_under_torchrun_matches_one_float64_pass():
+    """Encoders, token embedding and LLM each `fully_shard`ed, the root too, the runtime inside the
+    root's forward: step 0's gradients equal one pass over the global batch in one process."""
+    out = run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+               "examples/train_multimodal_fsdp.py"], timeout=300)
+    losses = [float(value) for value in re.findall(r"step \d: loss ([0-9.]+)", out)]
+    assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)
+    balance = [tuple(map(float, pair)) for pair in re.findall(r"(?:vision|audio|llm) ([0-9.]+) -> ([0-9.]+)", out)]
+    assert len(balance) == 9 and all(before >= 1.0 and after >= 1.0 for before, after in balance)
+    assert sum(after for _, after in balance) < sum(before for before, _ in balance)
+    diff, largest = map(float, re.search(r"max \|diff\| (\S+) \(largest gradient (\S+)\) on 3 ranks", out).groups())
+    assert largest > 0 and diff <= 1e-12 * largest
+
+
+def code_lines(text: str) -> list[str]:
+    """Non-blank lines without comments or indentation."""
+    return [line.split("  #")[0].strip() for line in text.splitlines() if line.split("  #")[0].strip()]
+
+
+def test_readme_fsdp2_pattern_is_the_example_the_tests_run():
+    """The README's multi-stage pattern (`text_embedding=llm.embed` with only `fully_shard(llm)`)
+    failed under FSDP2 with "mixed torch.Tensor and DTensor": its lines are now the example's, in order."""
+    text = (ROOT / "README.md").read_text()
+    block = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "fully_shard(model)" in block)
+    example = code_lines((ROOT / "examples" / "train_multimodal_fsdp.py").read_text())
+    position = 0
+    for line in code_lines(block):
+        if line.startswith(("import ", "from ")):
+            assert line in example, line
+            continue
+        assert line in example[position:], f"README line not in the example (in order): {line}"
+        position = example.index(line, position) + 1
