@@ -17,15 +17,41 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..balancers.validation import as_int
 from .comm import comm_device, group_size, is_distributed
 from .microbatch import MicroBatch, active_microbatch
 
 _REDUCTIONS = ("mean", "sum")
 
 
-def global_count(local_count, group=None) -> torch.Tensor:
-    """Sum over the ranks of `group` of a per-rank count (int or tensor); an int64 tensor."""
-    count = torch.as_tensor(local_count, dtype=torch.int64).reshape(()).to(comm_device(group)).clone()
+def as_count(count, name: str) -> torch.Tensor:
+    """A rank's count checked: a non-negative int, or a one-element tensor of an integer dtype; an int64
+    scalar tensor.  A tensor on an accelerator is not read back (that would cost a device sync), so its
+    sign is left unchecked there.
+
+    >>> as_count(torch.tensor([3]), "count").tolist()
+    3
+    >>> as_count(2.5, "count")
+    Traceback (most recent call last):
+    ...
+    TypeError: `count` must be an int; got float
+    """
+    if not isinstance(count, torch.Tensor):
+        return torch.tensor(as_int(count, name, minimum=0), dtype=torch.int64)
+    if count.numel() != 1:
+        raise ValueError(f"`{name}` must be one count; got a tensor of shape {tuple(count.shape)}")
+    if count.dtype.is_floating_point or count.dtype.is_complex or count.dtype == torch.bool:
+        raise TypeError(f"`{name}` must be an integer count; got a {count.dtype} tensor (count with an integer "
+                        f"dtype, e.g. `mask.sum()`)")
+    if count.device.type == "cpu":
+        as_int(int(count.item()), name, minimum=0)
+    return count.detach().reshape(()).to(torch.int64)
+
+
+def global_count(local_count, group=None, *, name: str = "local_count") -> torch.Tensor:
+    """Sum over the ranks of `group` of a per-rank count (a non-negative int or a one-element integer
+    tensor, checked by `as_count` under `name`); an int64 tensor."""
+    count = as_count(local_count, name).to(comm_device(group)).clone()
     if is_distributed(group):
         dist.all_reduce(count, group=group)
     return count
@@ -39,6 +65,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
     FSDP: the result is multiplied by the world size to undo the average) or "sum"
     (a plain all-reduce sum, as `all_reduce_gradients(..., op="sum")`).  Either way the
     reduced gradient equals that of (sum of all token losses) / (global token count).
+    `num_loss_tokens` is this rank's count: a non-negative int or a one-element integer tensor.
 
     In a micro-batched step pass the `MicroBatch` as `num_loss_tokens`: its loss is divided
     by the loss tokens of the whole step, known from the gathered metadata, with no
@@ -56,7 +83,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
                          f"micro-batch by its own loss tokens weights tokens by the micro-batch they sit in; pass "
                          f"the micro-batch instead, `normalize_loss(loss_sum, micro)`, which divides by the loss "
                          f"tokens of the whole step (all ranks, all micro-batches) with no collective")
-    total = global_count(num_loss_tokens, group).to(loss_sum.device)
+    total = global_count(num_loss_tokens, group, name="num_loss_tokens").to(loss_sum.device)
     scale = group_size(group) if gradient_reduction == "mean" else 1
     return loss_sum * scale / total.clamp(min=1).to(loss_sum.dtype)
 
