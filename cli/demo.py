@@ -131,7 +131,7 @@ def _demo_module():
     except ImportError as error:
         if importlib.util.find_spec("torch") is not None:
             raise
-        raise MissingDependencyError("the demo needs torch: python3.11 -m pip install 'orchmllm[runtime]'") from error
+        raise MissingDependencyError("the demo needs torch: python3.11 -m pip install 'torch>=2.4,<3'") from error
     return demo
 
 

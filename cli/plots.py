@@ -24,7 +24,7 @@ def _pyplot():
         import matplotlib
     except ImportError as error:
         raise MissingDependencyError(
-            "plots need matplotlib: python3.11 -m pip install 'orchmllm[plot]' (or matplotlib>=3.7)") from error
+            "plots need matplotlib: python3.11 -m pip install 'matplotlib>=3.7'") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -16,14 +16,15 @@
 - `normalize_loss`, `all_reduce_gradients`: the global reductions that keep gradients exact.
 - `demo.run_demo`: the multi-process demo (tiny vision + audio + text model).
 
-Needs torch: `pip install 'orchmllm[runtime]'`.
+Needs torch: `python3.11 -m pip install 'torch>=2.4,<3'` or your own CUDA build (in the orchmllm
+checkout, `python3.11 -m pip install -e '.[runtime]'` installs the same).
 """
 
 try:
     import torch  # noqa: F401  (fail here, with the fix, rather than deep inside a submodule)
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test that hides torch
     raise ImportError("orchmllm.runtime needs torch, which is not installed: "
-                      "pip install 'orchmllm[runtime]' (or install your own torch build)") from error
+                      "python3.11 -m pip install 'torch>=2.4,<3' (or install your own torch build)") from error
 
 from .agreement import ConfigMismatchError, SchemaGuard, SchemaMismatchError
 from .alltoall import FlatAllToAll

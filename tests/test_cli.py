@@ -542,7 +542,7 @@ def test_demo_without_torch_installed_says_how_to_install_it():
             "sys.exit(main(['demo', '--ranks', '1', '--steps', '1']))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     check_one_line_error(result.returncode, result.stderr, "the demo needs torch: python3.11 -m pip install "
-                                                           "'orchmllm[runtime]'")
+                                                           "'torch>=2.4,<3'")
 
 
 def test_a_value_error_inside_orchmllm_is_a_bug_with_its_traceback_not_a_usage_error():
