@@ -59,7 +59,9 @@ def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, resu
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=collective_timeout_s))
-        value = pickle.loads(pickle.dumps(fn(rank, world_size, *args)))  # fail here, not in the queue thread
+        # Pickled here, by value: the queue would pass tensors as shared-memory handles that die with
+        # this process (the parent then failed with FileNotFoundError), and would fail in its thread.
+        value = pickle.dumps(fn(rank, world_size, *args))
         results.put((rank, True, value, None))
     except BaseException:  # report everything, then leave so peers see closed sockets
         results.put((rank, False, None, traceback.format_exc()))
@@ -76,7 +78,8 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
 
     Never raises for a rank's failure (see `spawn` for that) and never waits longer than
     `timeout_s`: ranks still running then are killed and reported with `seconds=None`.
-    `fn`'s return value must be picklable.  `start_method="fork"` starts children in
+    `fn`'s return value must be picklable (tensors travel by value, not as shared-memory
+    handles that would die with the child).  `start_method="fork"` starts children in
     milliseconds and needs no importable `fn`; use "spawn" where fork is unavailable.
     """
     if not is_int(world_size) or world_size < 1:
@@ -104,6 +107,13 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                         outcomes[rank] = RankOutcome(rank, False, error=f"exited with code {child.exitcode} "
                                                      f"without reporting", seconds=time.monotonic() - start)
                 continue
+            if ok:
+                try:
+                    value = pickle.loads(value)
+                except Exception as problem:  # e.g. a class the parent cannot import under "spawn"
+                    ok, value, error = False, None, (f"its return value could not be unpickled in the parent "
+                                                     f"({type(problem).__name__}: {problem}); `fn` must return "
+                                                     f"values the parent can unpickle")
             outcomes[rank] = RankOutcome(rank, ok, value, error, time.monotonic() - start)
     finally:
         for child in children:

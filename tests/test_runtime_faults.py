@@ -135,3 +135,28 @@ def test_demo_arguments_are_validated():
         run_demo(dtype="float16")
     with pytest.raises(ValueError, match="needs `gpus_per_node` dividing ranks=4"):
         run_demo(transport="hierarchical", gpus_per_node=3)
+
+
+def tensors_job(rank, size):
+    return [torch.full((1000, 100), float(rank)) for _ in range(5)]
+
+
+def test_regression_a_job_returning_tensors_failed_in_the_parent():
+    """Cause: the queue pickled tensors as shared-memory handles, which died with the child: the
+    parent got FileNotFoundError, EOFError or ConnectionResetError.  Values now travel by value."""
+    for rank, value in enumerate(spawn(tensors_job, 4, timeout_s=60)):
+        assert len(value) == 5 and all(torch.equal(t, torch.full((1000, 100), float(rank))) for t in value)
+
+
+def _refuse_to_load():
+    raise ImportError("no such class here")
+
+
+class LoadsOnlyInTheChild:
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+
+def test_a_value_the_parent_cannot_unpickle_is_that_rank_s_error():
+    (outcome,) = run_processes(lambda rank, size: LoadsOnlyInTheChild(), 1, timeout_s=20)
+    assert not outcome.ok and "could not be unpickled in the parent (ImportError: no such class here)" in outcome.error
