@@ -46,14 +46,21 @@ class SchemaMismatchError(ValueError):
 
 
 def fingerprint(*parts) -> bytes:
-    """SHA-256 over the reprs of `parts` (plan digests, solver configuration).
+    """SHA-256 over the reprs of `parts` (plan digests, solver configuration); numpy arrays
+    by dtype, shape and bytes (a repr elides the middle of a long array).
 
     >>> len(fingerprint("lpt", 1.0)), fingerprint("lpt") == fingerprint("lpt")
     (32, True)
+    >>> fingerprint(np.zeros(2000)) == fingerprint(np.eye(1, 2000).ravel())
+    False
     """
     hasher = hashlib.sha256()
     for part in parts:
-        hasher.update(repr(part).encode())
+        if isinstance(part, np.ndarray):
+            hasher.update(repr((part.dtype.str, part.shape)).encode())
+            hasher.update(np.ascontiguousarray(part).data)
+        else:
+            hasher.update(repr(part).encode())
         hasher.update(b"\0")
     return hasher.digest()
 

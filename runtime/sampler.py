@@ -15,16 +15,27 @@ With a token budget T per micro-batch (gradient accumulation), the step is plann
 cells instead, `balance_microbatches(lengths[batch], num_replicas, max_tokens_per_microbatch=T)`,
 and the sampler yields the rank's M micro-batches of every step one after another, each a
 list of indices within T; M is the same on every rank (FSDP synchronises every micro-batch).
+
+Every rank must draw from the same dataset with the same settings: a rank whose lengths,
+seed, epoch or cost model differ plans other batches, and the shares then duplicate, drop
+or invent samples without any error.  So, when a process group is initialised, every
+`iter(sampler)` (once per epoch) all-gathers a fingerprint of each setting and every rank
+raises `ConfigMismatchError` naming the settings and the ranks that differ: one small
+collective per epoch, none per step.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from ..balancers import BalancePlan, CostModel, MicroBatchPlan, balance, balance_microbatches
-from ..balancers.problem import as_lengths
+from ..balancers.problem import as_lengths, integer_sum
 from ..balancers.validation import as_bool, as_int
+from .agreement import ConfigMismatchError, disagreement, fingerprint, words_of
+from .comm import comm_device, group_rank, group_size, is_distributed
 
 
 class BalancedDistributedSampler(Sampler[list[int]]):
@@ -53,6 +64,15 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         cost: the work of a sample of length l (default: l).
         algorithm: a registered balancer, or with T a micro-batch algorithm (default
             "auto", deterministic).
+        check_agreement: when a process group is initialised, every `iter(sampler)` checks
+            that the ranks of `group` share the dataset's lengths, the seed, the epoch and
+            every option, and that they hold the ranks [0, num_replicas) equally often, else
+            raises `ConfigMismatchError` on every rank naming what differs and where.  It is
+            a collective: every process of `group` must iterate the sampler as often as the
+            others (once per epoch, as a training loop does).  False skips it (a rank that
+            iterates alone, e.g. to log shares).
+        group: the processes that iterate this sampler (default: the world); with tensor
+            or pipeline parallelism, those that load data, each of its DP rank.
 
     >>> lengths = [9, 1, 1, 1, 5, 3, 3, 1]
     >>> ranks = [BalancedDistributedSampler(lengths, num_replicas=2, rank=rank, global_batch_size=4)
@@ -69,7 +89,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
 
     def __init__(self, lengths, *, num_replicas: int, rank: int, global_batch_size: int, seed: int = 0,
                  drop_last: bool = True, max_tokens_per_microbatch: int | None = None,
-                 cost: CostModel | None = None, algorithm: str = "auto"):
+                 cost: CostModel | None = None, algorithm: str = "auto", check_agreement: bool = True,
+                 group=None):
         self.lengths = as_lengths(lengths)
         self.num_replicas = as_int(num_replicas, "num_replicas", minimum=1)
         self.rank = as_int(rank, "rank", minimum=0)
@@ -94,6 +115,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                              f"one micro-batch")
         self.cost = cost
         self.algorithm = algorithm
+        self.check_agreement = as_bool(check_agreement, "check_agreement")
+        self.group = group
         self.epoch = 0
         self._planned: tuple[int, list[MicroBatchPlan]] | None = None
 
@@ -138,7 +161,55 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                              "every step is one batch")
         return [plan.num_microbatches for plan in self._epoch_plans()]
 
+    def _settings(self) -> dict[str, object]:
+        """What every rank must share to draw the same batches, by argument name."""
+        return {"len(lengths)": self.lengths.size, "lengths": self.lengths, "seed": self.seed, "epoch": self.epoch,
+                "num_replicas": self.num_replicas, "global_batch_size": self.global_batch_size,
+                "drop_last": self.drop_last, "max_tokens_per_microbatch": self.max_tokens_per_microbatch,
+                "cost": CostModel() if self.cost is None else self.cost, "algorithm": self.algorithm}
+
+    def check_ranks_agree(self) -> None:
+        """All-gather one fingerprint per setting, and the rank; raise `ConfigMismatchError` on
+        every rank naming the settings that differ (a collective of `group`; no-op alone)."""
+        if not is_distributed(self.group):
+            return
+        settings = self._settings()
+        mine = np.concatenate([words_of(fingerprint(value)) for value in settings.values()] + [[self.rank]])
+        gathered = [torch.empty(mine.size, dtype=torch.int64, device=comm_device(self.group))
+                    for _ in range(group_size(self.group))]
+        dist.all_gather(gathered, torch.from_numpy(mine).to(gathered[0].device), group=self.group)
+        rows = np.stack([row.cpu().numpy() for row in gathered])
+        differing = [name for field, name in enumerate(settings)
+                     if np.any(rows[:, 4 * field:4 * field + 4] != rows[0, 4 * field:4 * field + 4])]
+        problems = [self._rank_problem(rows[:, -1].tolist())]
+        if differing:  # the same rows on every rank: all of them gather the descriptions here
+            shown = [None] * group_size(self.group)
+            dist.all_gather_object(shown, {name: _describe(settings[name]) for name in differing}, group=self.group)
+            problems += [disagreement([seen[name] for seen in shown], f"BalancedDistributedSampler's `{name}`",
+                                      group_rank(self.group)) for name in differing]
+        problems = [problem for problem in problems if problem]
+        if problems:
+            raise ConfigMismatchError("; ".join(problems) + "; every rank must pass the same dataset and options (and "
+                                      "call set_epoch alike), else the shares duplicate or drop samples")
+
+    def _rank_problem(self, ranks: list[int]) -> str | None:
+        """None when the gathered `rank`s hold [0, num_replicas) equally often; else what is wrong."""
+        size, replicas = len(ranks), self.num_replicas
+        holders = {rank: [process for process, held in enumerate(ranks) if held == rank] for rank in range(replicas)}
+        if size % replicas == 0 and all(len(processes) == size // replicas for processes in holders.values()):
+            return None
+        detail = ", ".join(f"rank {rank}: processes {processes}" for rank, processes in holders.items()
+                           if len(processes) != size // replicas)
+        return (f"BalancedDistributedSampler's `rank`: the {size} processes of the group must hold every rank in "
+                f"[0, num_replicas={replicas}) equally often (seen from rank {group_rank(self.group)}: {detail})")
+
     def __iter__(self):
+        """This rank's shares of the epoch's steps, after `check_ranks_agree` (see `check_agreement`)."""
+        if self.check_agreement:
+            self.check_ranks_agree()
+        return self._shares()
+
+    def _shares(self):
         if self.max_tokens_per_microbatch is None:
             for batch in self.global_batches():
                 yield batch[self.plan(batch).items_of(self.rank)].tolist()
@@ -146,3 +217,10 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         for batch, plan in zip(self.global_batches(), self._epoch_plans()):
             for microbatch in range(plan.num_microbatches):
                 yield batch[plan.items_of(self.rank, microbatch)].tolist()
+
+
+def _describe(value) -> str:
+    """A setting as a mismatch message shows it (lengths by count, sum and fingerprint)."""
+    if isinstance(value, np.ndarray):
+        return f"{value.size} lengths summing to {integer_sum(value)}, sha256 {fingerprint(value).hex()[:12]}"
+    return repr(value)

@@ -13,6 +13,11 @@ import pytest
 
 pytest.importorskip("torch")
 
+import torch.distributed as dist  # noqa: E402
+
+from orchmllm.balancers import CostModel  # noqa: E402
+from orchmllm.runtime import ConfigMismatchError  # noqa: E402
+from orchmllm.runtime.launch import run_processes  # noqa: E402
 from orchmllm.runtime.sampler import BalancedDistributedSampler  # noqa: E402
 from orchmllm.study.workloads import sample_workload  # noqa: E402
 
@@ -196,3 +201,123 @@ def test_hf_trainer_subclass_builds_the_balanced_dataloader():
     finally:
         sys.path.remove(str(ROOT / "examples"))
     assert make_trainer_class().get_train_dataloader.__qualname__.startswith("make_trainer_class.")
+
+
+LENGTHS_48 = np.arange(1, 49) * 7 % 61 + 1
+
+
+def _lengths_one_sample_longer(rank):
+    return np.append(LENGTHS_48, 5) if rank == 1 else LENGTHS_48
+
+
+def _lengths_one_length_off(rank):
+    lengths = LENGTHS_48.copy()
+    lengths[17] += rank == 1
+    return lengths
+
+
+# What process 1 of 3 passes differently (a function of the process's rank); the other options agree.
+DISAGREEMENTS = {
+    "agree": dict(),
+    "one sample longer": dict(lengths=_lengths_one_sample_longer),
+    "one sample's length": dict(lengths=_lengths_one_length_off),
+    "seed": dict(seed=lambda rank: 5 if rank == 1 else 0),
+    "cost model": dict(cost=lambda rank: CostModel(quadratic=1e-3) if rank == 1 else None),
+    "algorithm": dict(algorithm=lambda rank: "lpt" if rank == 1 else "auto"),
+    "budget": dict(max_tokens_per_microbatch=lambda rank: 200 if rank == 1 else 400),
+    "epoch": dict(epoch=lambda rank: 1 if rank == 1 else 0),
+    "rank": dict(rank=lambda rank: 0 if rank == 1 else rank),
+    "opt-out, seed": dict(seed=lambda rank: 5 if rank == 1 else 0, check_agreement=lambda rank: False),
+}
+
+
+def disagreeing_sampler_job(rank, size):
+    """Every case on one gloo group of 3 processes; each process returns what it yielded or raised."""
+    outcomes = {}
+    for case, odd in DISAGREEMENTS.items():
+        options = dict(lengths=LENGTHS_48, rank=rank, seed=0, epoch=0, global_batch_size=12)
+        options.update({key: choose(rank) for key, choose in odd.items()})
+        epoch = options.pop("epoch")
+        sampler = BalancedDistributedSampler(options.pop("lengths"), num_replicas=size, **options)
+        sampler.set_epoch(epoch)
+        try:
+            outcomes[case] = ("ok", list(sampler), [batch.tolist() for batch in sampler.global_batches()])
+        except ConfigMismatchError as error:
+            outcomes[case] = (type(error).__name__, str(error))
+    # Only processes 0 and 1 iterate: their sampler checks on their own group, process 2 stays out.
+    pair = dist.new_group([0, 1])
+    if rank < 2:
+        outcomes["subgroup"] = ("ok", list(BalancedDistributedSampler(LENGTHS_48, num_replicas=2, rank=rank,
+                                                                      global_batch_size=12, group=pair)))
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def disagreement_outcomes():
+    outcomes = run_processes(disagreeing_sampler_job, 3, timeout_s=120, collective_timeout_s=30)
+    assert all(outcome.ok for outcome in outcomes), [outcome.error for outcome in outcomes]
+    return [outcome.value for outcome in outcomes]
+
+
+@pytest.mark.parametrize("case, settings", [
+    ("one sample longer", ["len(lengths)", "lengths"]),
+    ("one sample's length", ["lengths"]),
+    ("seed", ["seed"]),
+    ("cost model", ["cost"]),
+    ("algorithm", ["algorithm"]),
+    ("budget", ["max_tokens_per_microbatch"]),
+    ("epoch", ["epoch"]),
+])
+def test_ranks_that_disagree_on_a_setting_all_raise_naming_it(disagreement_outcomes, case, settings):
+    """Cause: each rank planned its own batches unchecked, so the shares silently duplicated, dropped or
+    invented samples; the check once per epoch names the setting and the odd rank on every rank."""
+    for rank, outcomes in enumerate(disagreement_outcomes):
+        kind, message = outcomes[case]
+        assert kind == "ConfigMismatchError"
+        named = re.findall(r"BalancedDistributedSampler's `([^`]+)` differs across ranks \(seen from rank (\d)\): "
+                           r"ranks \[1\] disagree with ranks \[0, 2\]", message)
+        assert named == [(setting, str(rank)) for setting in settings], message
+        assert message.endswith("else the shares duplicate or drop samples")
+
+
+def test_the_disagreeing_values_are_shown(disagreement_outcomes):
+    messages = {case: disagreement_outcomes[0][case][1] for case in ("seed", "cost model", "one sample's length")}
+    assert "(ranks [0, 2]: 0; ranks [1]: 5)" in messages["seed"]
+    assert ("(ranks [0, 2]: CostModel(per_item=0.0, linear=1.0, quadratic=0.0); "
+            "ranks [1]: CostModel(per_item=0.0, linear=1.0, quadratic=0.001))") in messages["cost model"]
+    total = int(LENGTHS_48.sum())
+    assert re.search(rf"ranks \[0, 2\]: 48 lengths summing to {total}, sha256 [0-9a-f]{{12}}; "
+                     rf"ranks \[1\]: 48 lengths summing to {total + 1}, sha256 [0-9a-f]{{12}}\)",
+                     messages["one sample's length"])
+
+
+def test_two_processes_with_one_rank_all_raise_naming_them(disagreement_outcomes):
+    for rank, outcomes in enumerate(disagreement_outcomes):
+        assert outcomes["rank"] == ("ConfigMismatchError", (
+            "BalancedDistributedSampler's `rank`: the 3 processes of the group must hold every rank in "
+            f"[0, num_replicas=3) equally often (seen from rank {rank}: rank 0: processes [0, 1], rank 1: processes "
+            "[]); every rank must pass the same dataset and options (and call set_epoch alike), else the shares "
+            "duplicate or drop samples"))
+
+
+def test_ranks_that_agree_yield_each_step_of_their_global_batch_once(disagreement_outcomes):
+    ranks = [outcomes["agree"] for outcomes in disagreement_outcomes]
+    assert all(kind == "ok" for kind, _, _ in ranks)
+    batches = ranks[0][2]
+    for step, batch in enumerate(batches):
+        assert sorted(index for _, shares, _ in ranks for index in shares[step]) == sorted(batch)
+    assert sorted(index for batch in batches for index in batch) == list(range(48))
+
+
+def test_opting_out_skips_the_check_and_its_silent_loss(disagreement_outcomes):
+    """With check_agreement=False the ranks are trusted: here rank 1's other seed loses and duplicates samples."""
+    ranks = [outcomes["opt-out, seed"] for outcomes in disagreement_outcomes]
+    assert all(kind == "ok" for kind, _, _ in ranks)
+    seen = [index for _, shares, _ in ranks for step in shares for index in step]
+    assert len(set(seen)) < 48 < len(seen)  # samples lost, others yielded twice
+
+
+def test_the_check_runs_on_the_group_given(disagreement_outcomes):
+    shares = [outcomes["subgroup"][1] for outcomes in disagreement_outcomes[:2]]
+    assert "subgroup" not in disagreement_outcomes[2]
+    assert sorted(index for rank_shares in shares for step in rank_shares for index in step) == list(range(48))
