@@ -184,6 +184,29 @@ def test_normalize_loss_divides_by_the_global_token_count():
         normalize_loss(1.0, 1)
 
 
+@pytest.mark.parametrize("count, error, message", [
+    (-5, ValueError, r"`num_loss_tokens` must be >= 0; got -5"),  # was returned undivided
+    (2.5, TypeError, r"`num_loss_tokens` must be an int"),  # was truncated to 2
+    (True, TypeError, r"`num_loss_tokens` must be an int"),
+    (torch.tensor([3, 4]), ValueError, r"`num_loss_tokens` must be one count; got a tensor of shape \(2,\)"),
+    (torch.tensor(2.5), TypeError, r"`num_loss_tokens` must be an integer count; got a torch.float32 tensor"),
+    (torch.tensor(-1), ValueError, r"`num_loss_tokens` must be >= 0; got -1"),
+    ("3", TypeError, r"`num_loss_tokens` must be an int"),
+])
+def test_regression_normalize_loss_took_negative_fractional_and_misshapen_counts(count, error, message):
+    """Cause: the count went through `torch.as_tensor(count, dtype=int64).reshape(())` unchecked: -5
+    was clamped to 1 (the loss came back undivided), 2.5 truncated to 2, a (2,) tensor raised torch's
+    "shape '[]' is invalid"."""
+    with pytest.raises(error, match=message):
+        normalize_loss(torch.tensor(6.0), count)
+
+
+def test_normalize_loss_takes_one_element_integer_counts():
+    for count in (3, np.int64(3), torch.tensor(3), torch.tensor([3], dtype=torch.int32)):
+        assert normalize_loss(torch.tensor(6.0), count).item() == 2.0
+    assert normalize_loss(torch.tensor(6.0), 0).item() == 6.0  # no loss token anywhere: nothing to divide
+
+
 def test_prefetcher_runs_in_the_background_and_reports_hidden_time():
     with Prefetcher(lambda value, group: value * 2) as prefetcher:
         with pytest.raises(RuntimeError, match="no prefetch pending"):
