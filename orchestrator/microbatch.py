@@ -160,6 +160,10 @@ class MicroBatchStepPlan:
     `microbatch_segments[m]` are the global sample and segment indices of micro-batch m
     (ascending) and `microbatches[m]` its StepPlan, over `batch.take(microbatch_samples[m])`:
     sample k and segment j inside it are `microbatch_samples[m][k]`, `microbatch_segments[m][j]`.
+
+    What the plan holds or costs is a property (`step_cost`, `stage_step_costs`, `lower_bound`,
+    `microbatch_of_samples`, ...); what takes an argument or builds an object is a method
+    (`stage_destinations(index)`, `digest()`, `input_exchange()`), as on `StepPlan`.
     """
 
     batch: Batch
@@ -181,6 +185,7 @@ class MicroBatchStepPlan:
     def num_ranks(self) -> int:
         return self.batch.num_ranks
 
+    @property
     def stage_step_costs(self) -> dict[str, float]:
         """Σ_m max_r cost_s(r, m) of every stage s (stage name -> cost)."""
         return {stage.name: float(sum(plan.stage_plans[index].makespan for plan in self.microbatches))
@@ -190,8 +195,9 @@ class MicroBatchStepPlan:
     def step_cost(self) -> float:
         """Σ_m Σ_s max_r cost_s(r, m) + M · microbatch_overhead: what the synchronised micro-batches cost."""
         overhead = self.num_microbatches * self.cells.microbatch_overhead
-        return float(sum(self.stage_step_costs().values())) + overhead
+        return float(sum(self.stage_step_costs.values())) + overhead
 
+    @property
     def stage_lower_bounds(self) -> dict[str, float]:
         """A bound on Σ_m max_r cost_s(r, m) that holds for every grouping into micro-batches."""
         bounds = {}
@@ -204,7 +210,7 @@ class MicroBatchStepPlan:
 
     @property
     def lower_bound(self) -> float:
-        return float(sum(self.stage_lower_bounds().values()))
+        return float(sum(self.stage_lower_bounds.values()))
 
     @property
     def gap(self) -> float:
@@ -214,6 +220,7 @@ class MicroBatchStepPlan:
             return 0.0 if self.step_cost == 0 else float("inf")
         return self.step_cost / bound - 1.0
 
+    @property
     def microbatch_of_samples(self) -> np.ndarray:
         """The micro-batch of every sample of the step (int64, read-only)."""
         return self.cells.microbatch

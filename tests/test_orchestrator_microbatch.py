@@ -46,7 +46,9 @@ def check_step(batch, plan: MicroBatchStepPlan, budget: int):
         assert np.array_equal(micro.route_llm_rank, micro.llm.destination[micro.batch.segment_sample])
     assert sum(micro.batch.num_segments for micro in plan.microbatches) == batch.num_segments
     assert plan.step_cost >= plan.lower_bound * (1 - 1e-12)
-    assert plan.step_cost == pytest.approx(sum(plan.stage_step_costs().values()))  # no overhead by default
+    assert plan.step_cost == pytest.approx(sum(plan.stage_step_costs.values()))  # no overhead by default
+    assert plan.lower_bound == sum(plan.stage_lower_bounds.values())  # properties, as step_cost (were methods)
+    assert np.array_equal(plan.microbatch_of_samples, cells.microbatch)
     exchange = plan.input_exchange()
     assert exchange.source.size == batch.num_samples + batch.num_segments
     assert len(plan.embedding_exchanges()) == plan.num_microbatches
