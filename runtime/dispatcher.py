@@ -217,7 +217,12 @@ class PostBalancingDispatcher:
         Every rank yields the plan's `num_microbatches` (1 without a budget), an empty one
         with empty tensors, so all take part in every collective of every micro-batch;
         `micro.data` maps each key to the rows of the micro-batch's items, in ascending
-        global index.
+        global index, and `micro.lengths` gives each item's length, what packed attention needs:
+
+            for micro in dispatcher.microbatches(plan, moved):
+                with accumulate(model, micro):
+                    loss_sum = model(micro.data["input_ids"], micro.lengths)  # cu_seqlens from the lengths
+                    normalize_loss(loss_sum, micro).backward()
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         items = plan.local_items
@@ -226,8 +231,10 @@ class PostBalancingDispatcher:
         rows = {key: np.ones(items.size, dtype=np.int64) if key in self.per_item_keys else plan.lengths[items]
                 for key in moved}
         parts = {key: split_rows(tensor, rows[key], microbatch, count) for key, tensor in moved.items()}
+        lengths = torch.from_numpy(plan.lengths[items].copy())
         return iterate(MicroBatch(index, count, items[microbatch == index],
-                                  {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size)
+                                  {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size,
+                                  lengths=lengths[torch.from_numpy(microbatch == index)])
                        for index in range(count))
 
     def combine(self, outputs: Mapping[str, torch.Tensor], plan: DispatchPlan, *, per_item_keys=None,

@@ -10,7 +10,7 @@ it takes part in every collective.  The right loop:
     moved = dispatcher.dispatch(batch, plan)                  # one all-to-all, the whole step
     for micro in dispatcher.microbatches(plan, moved):
         with accumulate(model, micro):                        # no gradient sync but on the last
-            loss_sum = model(micro.data).sum()
+            loss_sum = model(micro.data["input_ids"], micro.lengths)  # packed: one length per sample
             normalize_loss(loss_sum, micro).backward()        # / the step's global loss tokens
 
 The loss of every micro-batch is divided by the loss tokens of the whole step (all ranks,
@@ -42,7 +42,9 @@ class MicroBatch:
     `data` is what the rank runs (a dict of tensors for the dispatcher, a `Dispatched` for the
     multi-stage runtime); `items` the global indices of its items (ascending); `routes` the
     multi-stage routes of this micro-batch (None for the dispatcher); `num_loss_tokens` the
-    loss tokens of the whole step on all ranks, the denominator of every micro-batch's loss.
+    loss tokens of the whole step on all ranks, the denominator of every micro-batch's loss;
+    `lengths` the tokens of each of `items` (their LLM tokens in the multi-stage runtime), an int64
+    CPU tensor: the per-sample lengths packed attention needs (cu_seqlens = 0 then their cumsum).
     """
 
     index: int
@@ -52,6 +54,7 @@ class MicroBatch:
     num_loss_tokens: int
     world_size: int
     routes: object = None
+    lengths: torch.Tensor | None = None  # None only in a MicroBatch built by hand without them
 
     @property
     def is_last(self) -> bool:

@@ -375,7 +375,9 @@ class MultiStageRuntime:
                 data = part if moved.exchanged else self.dispatch(micro, stats=moved.stats, **part)
                 members = routes.step.microbatch_samples[index]
                 items = members[routes.step.cells.rank[members] == routes.rank]  # this rank's LLM samples
-                yield MicroBatch(index, routes.num_microbatches, items, data, routes.num_loss_tokens, size, micro)
+                lengths = torch.from_numpy(routes.batch.sample_llm_length[items].astype(np.int64))
+                yield MicroBatch(index, routes.num_microbatches, items, data, routes.num_loss_tokens, size, micro,
+                                 lengths)
         return iterate(generate())
 
     def forward(self, routes: StepRoutes, moved: Dispatched, *, encoders: Mapping[str, Callable],

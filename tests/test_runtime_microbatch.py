@@ -69,6 +69,9 @@ def accumulated(model, wrapped, rank, num_microbatches):
             normalize_loss(loss_sum, micro).backward()
         sizes.append(int(micro.items.size))
         assert int(plan.lengths[micro.items].sum()) <= BUDGET
+        # packed attention's per-sample lengths (there were none): the micro-batch's tokens, item by item
+        assert micro.lengths.tolist() == plan.lengths[micro.items].tolist()
+        assert micro.lengths.dtype == torch.int64 and int(micro.lengths.sum()) == micro.data["tokens"].shape[0]
     return plan.num_microbatches, sizes
 
 
@@ -139,6 +142,8 @@ def multistage_gradients(model, runtime, samples, local, *, microbatched):
     for micro in steps:
         step_routes, data = (routes, moved) if micro is None else (micro.routes, micro.data)
         packed = runtime.forward(step_routes, data, encoders=model.encoders(), text_embedding=model.llm.embed)
+        if micro is not None:  # the LLM lengths packed attention needs, known before the forward
+            assert torch.equal(micro.lengths, packed.sample_lengths)
         labels = packed.scatter_text(data.text["labels"], IGNORE)
         loss_sum = model.loss_sum(model.llm(packed.embeddings, packed.sample_lengths), labels)
         denominator = micro if micro is not None else (labels != IGNORE).sum()
