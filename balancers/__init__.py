@@ -1,6 +1,7 @@
 """Pure min-max balancers (numpy/scipy/PuLP only; never torch)."""
 
 from .api import balance
+from .context_parallel import ContextParallel, ContextParallelPlan
 from .cost import CostModel
 from .microbatch import balance_microbatches
 from .microbatch_plan import MicroBatchPlan
@@ -9,7 +10,8 @@ from .problem import InfeasibleError, KernelResult, Problem, Status, make_proble
 from .registry import (ALGORITHMS, MICROBATCH_ALGORITHMS, Algorithm, Kind, MicroBatchAlgorithm, algorithms, get_algorithm,
                        get_microbatch_algorithm, microbatch_algorithms, register_algorithm, register_microbatch_algorithm)
 
-__all__ = ["ALGORITHMS", "Algorithm", "BalancePlan", "CostModel", "InfeasibleError", "Kind", "KernelResult",
+__all__ = ["ALGORITHMS", "Algorithm", "BalancePlan", "ContextParallel", "ContextParallelPlan", "CostModel",
+           "InfeasibleError", "Kind", "KernelResult",
            "MICROBATCH_ALGORITHMS", "MicroBatchAlgorithm", "MicroBatchPlan", "Problem", "Status", "algorithms",
            "balance", "balance_microbatches", "get_algorithm", "get_microbatch_algorithm", "make_problem",
            "microbatch_algorithms", "register_algorithm", "register_microbatch_algorithm", "require_within_cap"]

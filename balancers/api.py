@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from .context_parallel.split import balance_split
 from .groups import as_groups, group_problem
 from .locality import FILLS, balance_locally
 from .plan import BalancePlan, make_plan
@@ -42,7 +43,7 @@ def communication_inputs(problem, sources, item_bytes, topology):
 
 def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_counts=False, groups=None,
             algorithm="auto", max_tokens_per_rank=None, time_limit=None, sources=None, item_bytes=None,
-            topology=None, makespan_slack=0.002, fill=None) -> BalancePlan:
+            topology=None, makespan_slack=0.002, fill=None, context_parallel=None) -> BalancePlan:
     """Assign items of the given lengths to `num_ranks` ranks, minimising the makespan.
 
     Args:
@@ -100,6 +101,13 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
     >>> plan.loads.tolist(), plan.tokens.tolist()
     ([90.0, 40.0], [100, 110])
     """
+    if context_parallel is not None:
+        if topology is not None:
+            _gpus_per_node(topology, num_ranks)
+        return balance_split(lengths, num_ranks, context_parallel, cost=cost, algorithm=algorithm,
+                             max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit, topology=topology,
+                             unsupported={"costs": costs, "padded": padded, "equal_counts": equal_counts,
+                                          "groups": groups, "sources": sources, "item_bytes": item_bytes, "fill": fill})
     record = get_algorithm(algorithm)
     problem = make_problem(lengths, num_ranks, cost=cost, costs=costs, padded=padded, equal_counts=equal_counts,
                            max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)

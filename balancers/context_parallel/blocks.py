@@ -1,0 +1,46 @@
+"""Aligned blocks of ranks: where a context-parallel group of c ranks may sit.
+
+A group of degree c is the block [s, s + c) with s a multiple of c, so a runtime can build
+the groups of every degree once at start-up (never per step).  Rank r is on node r // g; a
+block is inside a node when its first and last rank are, and only such blocks are used
+unless inter-node groups are allowed.  Groups of one plan never share a rank.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def within_node(starts, degree, gpus_per_node: int) -> np.ndarray:
+    """Whether each block [start, start + degree) lies inside one node.
+
+    >>> within_node([0, 4, 8], 4, 6).tolist()
+    [True, False, True]
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    return starts // gpus_per_node == (starts + np.asarray(degree) - 1) // gpus_per_node
+
+
+def free_blocks(taken: np.ndarray, degree: int, gpus_per_node: int, allow_inter_node: bool) -> np.ndarray:
+    """Starts of the aligned blocks of `degree` ranks none of which is `taken`, ascending;
+    inside a node (those first, then crossing ones where allowed).
+
+    >>> free_blocks(np.array([True, False, False, False, False, False, False, False]), 2, 4, False).tolist()
+    [2, 4, 6]
+    """
+    count = taken.size // degree
+    starts = np.arange(count, dtype=np.int64) * degree
+    free = ~taken[: count * degree].reshape(count, degree).any(axis=1)
+    inside = within_node(starts, degree, gpus_per_node)
+    if not allow_inter_node:
+        return starts[free & inside]
+    return np.concatenate((starts[free & inside], starts[free & ~inside]))
+
+
+def groups_disjoint(starts: np.ndarray, degrees: np.ndarray, num_ranks: int) -> bool:
+    """Whether the distinct blocks (start, degree) cover no rank twice."""
+    blocks = np.unique(np.stack((starts, degrees), axis=1), axis=0) if starts.size else np.zeros((0, 2), np.int64)
+    cover = np.zeros(num_ranks, dtype=np.int64)
+    for start, degree in blocks.tolist():
+        cover[start: start + degree] += 1
+    return bool(cover.max(initial=0) <= 1)

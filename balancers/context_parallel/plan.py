@@ -1,0 +1,125 @@
+"""`ContextParallelPlan`: a `BalancePlan` whose items may run split over aligned groups of ranks."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..plan import BalancePlan
+from ..problem import Problem, Status
+from ..validation import as_index
+from .blocks import groups_disjoint, within_node
+from .layout import shard_tokens
+from .spec import ContextParallel
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ContextParallelPlan(BalancePlan):
+    """Where every item runs, at which degree, and what each rank then costs.
+
+    Item i runs on the `degree[i]` ranks `item_ranks(i)` = assignment[i], assignment[i] + 1, ...
+    (an aligned block; rank k of it holds zigzag shard k, `layout.py`), each spending
+    `item_time[i]` on it (its unsplit cost when the degree is 1).  `loads`, `tokens`,
+    `makespan`, `lower_bound` (valid for every plan that may split) and `status` count split
+    items on every rank of their group.  With no item split it is the `BalancePlan` of the
+    same assignment, digest included.
+    """
+
+    degree: np.ndarray
+    item_time: np.ndarray
+    context_parallel: ContextParallel
+
+    @property
+    def split_items(self) -> np.ndarray:
+        """Indices of the items that run split (degree above 1), ascending."""
+        return np.flatnonzero(self.degree > 1)
+
+    def item_ranks(self, item: int) -> np.ndarray:
+        """The ranks holding item `item`'s shards, in shard order."""
+        item = as_index(item, "item", self.num_items, "num_items")
+        return self.assignment[item] + np.arange(self.degree[item], dtype=np.int64)
+
+    def items_of(self, rank: int) -> np.ndarray:
+        """Indices of the items with a shard on `rank` (an int in range), ascending."""
+        rank = as_index(rank, "rank", self.num_ranks, "num_ranks")
+        return np.flatnonzero((self.assignment <= rank) & (rank < self.assignment + self.degree))
+
+    def digest(self) -> str:
+        """SHA-256 of the assignment, and of the degrees when some item is split."""
+        if not self.split_items.size:
+            return super().digest()
+        data = self.assignment.astype("<i8").tobytes() + self.degree.astype("<i8").tobytes()
+        return hashlib.sha256(data).hexdigest()
+
+
+def rank_pairs(start: np.ndarray, degree: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(item, rank) of every shard, in item order then shard order."""
+    items = np.repeat(np.arange(start.size), degree)
+    offsets = np.arange(items.size) - np.repeat(np.cumsum(degree) - degree, degree)
+    return items, start[items] + offsets
+
+
+def split_times(problem: Problem, spec: ContextParallel, start: np.ndarray, degree: np.ndarray,
+                gpus_per_node: int) -> np.ndarray:
+    """Each item's per-rank time on its block: f(l) unsplit, `spec.time` of its group split."""
+    times = problem.item_costs.copy()
+    split = np.flatnonzero(degree > 1)
+    inside = within_node(start[split], degree[split], gpus_per_node)
+    times[split] = spec.item_times(problem.cost, problem.lengths[split], degree[split], inside)
+    return times
+
+
+def rank_accounts(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray,
+                  degree: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(loads, tokens) per rank of items on blocks (start, degree), degree 0 leaving an item out,
+    and every item's per-rank time (`split_times`).
+
+    Loads are summed in item order then shard order, so with no item split they are exactly
+    `problem.rank_loads`; a split item puts its layout's shard tokens on each rank.
+    """
+    item_time = split_times(problem, spec, start, degree, gpus_per_node)
+    items, ranks = rank_pairs(start, degree)
+    loads = np.bincount(ranks, weights=item_time[items], minlength=problem.num_ranks)
+    shards = problem.lengths[items]
+    for c in np.unique(degree[degree > 1]).tolist():
+        pairs = np.flatnonzero(degree[items] == c)
+        shards[pairs] = shard_tokens(problem.lengths[items[pairs[::c]]], c).ravel()
+    tokens = np.zeros(problem.num_ranks, dtype=np.int64)
+    np.add.at(tokens, ranks, shards)
+    return loads, tokens, item_time
+
+
+def certify(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
+            status: Status, algorithm: str, bound: float, solve_seconds: float = 0.0) -> ContextParallelPlan:
+    """Check a split plan (aligned blocks, in node where required, one group per rank, token
+    budget) and wrap it with loads, tokens, the given bound and the status it earns.
+
+    A violation is a planner bug, so it raises RuntimeError rather than hand out the plan.
+    """
+    start = np.ascontiguousarray(start, dtype=np.int64)
+    degree = np.ascontiguousarray(degree, dtype=np.int64)
+    d = problem.num_ranks
+    split = degree > 1
+    if (np.any(~np.isin(degree, spec.degrees)) or np.any(start % degree) or start.min() < 0
+            or np.any(start + degree > d)):
+        raise RuntimeError(f"{algorithm!r} placed an item outside the aligned blocks of degrees {spec.degrees}")
+    if not spec.allow_inter_node and not within_node(start[split], degree[split], gpus_per_node).all():
+        raise RuntimeError(f"{algorithm!r} put a group across nodes of {gpus_per_node} gpus")
+    if not groups_disjoint(start[split], degree[split], d):
+        raise RuntimeError(f"{algorithm!r} put a rank in two context-parallel groups")
+    loads, tokens, item_time = rank_accounts(problem, spec, gpus_per_node, start, degree)
+    cap = problem.max_tokens_per_rank
+    if cap is not None and tokens.max() > cap:
+        rank = int(np.argmax(tokens))
+        raise RuntimeError(f"{algorithm!r} put {int(tokens[rank])} tokens on rank {rank}, over max_tokens_per_rank={cap}")
+    makespan = float(loads.max())
+    bound = min(float(bound), makespan)  # float sums in another order never lift a bound above a plan reached
+    if makespan == bound:
+        status = Status.OPTIMAL
+    for array in (start, degree, item_time, loads, tokens):
+        array.setflags(write=False)
+    return ContextParallelPlan(assignment=start, loads=loads, tokens=tokens, makespan=makespan, lower_bound=bound,
+                               status=status, algorithm=algorithm, num_ranks=d, padded=False, cost=problem.cost,
+                               solve_seconds=solve_seconds, degree=degree, item_time=item_time, context_parallel=spec)

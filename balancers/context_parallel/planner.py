@@ -1,0 +1,202 @@
+"""The split planner: the canonical allotment at the bound, groups on aligned blocks, the rest dealt.
+
+    T* = canonical bound (`bound.py`)
+    for T in T*, T*·(1 + 1/64), T*·(1 + 2/64), ... (while groups overflow the free blocks):
+        degree[i] = smallest degree whose time fits T (only items long for the step split)
+        per degree c, largest first: its items, longest time first, into the first group of c
+            ranks that stays within T and the token budget (first-fit decreasing), each group
+            on the next free aligned block of c ranks inside a node; an item whose group found
+            no free block joins the least-loaded group of its degree or above
+        keep the layout whose estimate max(largest group time, water level) is least
+    the unsplit items, largest first, dealt round robin to the ranks with room under T (a
+        group's ranks start with its time), the rest in LPT rounds (`locality_deal.take_anywhere`)
+
+Several split items of one degree may share a group; no rank is in two groups.  The local
+search that follows is `search.py`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..locality_deal import NoRoom, take_anywhere
+from ..partial_plan import PartialPlan
+from ..problem import InfeasibleError, Problem
+from .blocks import free_blocks
+from .bound import Allotment
+from .plan import rank_accounts
+from .spec import ContextParallel
+
+LAYOUT_SHARE = 1 / 4
+"""Unsplit items costing more than this share of the target are laid out with the groups (best
+fit, longest first), the others dealt after them."""
+
+LADDER_STEP = 1 / 64
+LADDER_STEPS = 8
+"""Targets T*·(1 + k·LADDER_STEP), k < LADDER_STEPS, tried while groups overflow the free blocks."""
+
+
+class TimeTable:
+    """Per-rank times of some items at every allowed degree, on a block inside a node where
+    the degree fits one (computed once, looked up by item and degree)."""
+
+    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, items: np.ndarray):
+        degrees = np.array(spec.degrees, dtype=np.int64)
+        self.column = {c: k for k, c in enumerate(spec.degrees)}
+        self.row = np.full(problem.num_items, -1, dtype=np.int64)
+        self.row[items] = np.arange(items.size)
+        self.table = spec.item_times(problem.cost, problem.lengths[items][:, None], degrees[None, :],
+                                     (degrees <= gpus_per_node)[None, :])
+
+    def __call__(self, items: np.ndarray, degree: int) -> np.ndarray:
+        return self.table[self.row[items], self.column[degree]]
+
+
+class _Blocks:
+    """Per-rank loads and tokens of the layout being built, and its groups' blocks."""
+
+    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable,
+                 target: float):
+        self.problem, self.spec, self.gpus_per_node, self.times, self.target = problem, spec, gpus_per_node, times, target
+        self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
+        self.ranks = np.arange(problem.num_ranks)
+        self.loads = np.zeros(problem.num_ranks)
+        self.tokens = np.zeros(problem.num_ranks, dtype=np.int64)
+        self.taken = np.zeros(problem.num_ranks, dtype=bool)  # ranks of a group
+        self.groups: dict[int, list[int]] = {}  # degree -> block starts, opened in order
+        self.placed: dict[int, tuple[int, int]] = {}  # item -> (block start, degree)
+        self.overflow = False
+
+    def _candidates(self, item: int, degree: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, int]:
+        """(peak load of each block after the item, whether its tokens fit; the item's time and shard)."""
+        time = float(self.times(np.array([item]), degree)[0])
+        shard = -(-int(self.problem.lengths[item]) // degree)
+        if degree == 1:
+            return self.loads[starts] + time, self.tokens[starts] + shard <= self.cap, time, shard
+        blocks = starts[:, None] + np.arange(degree)
+        return (self.loads[blocks].max(axis=1) + time, (self.tokens[blocks] + shard <= self.cap).all(axis=1),
+                time, shard)
+
+    def place(self, item: int, degree: int) -> int:
+        """Block start for `item` at `degree`: best fit (the fullest block with room under the
+        target) among the degree's open blocks (every rank for degree 1), else the next free
+        block, else the least-loaded block of the degree or a larger one (-1: no token room)."""
+        opened = self.groups.setdefault(degree, [])
+        starts = self.ranks if degree == 1 else np.array(opened, dtype=np.int64)
+        peak, fits, time, shard = self._candidates(item, degree, starts)
+        room = fits & (peak <= self.target)
+        if room.any():
+            return self._add(item, int(starts[np.argmax(np.where(room, peak, -math.inf))]), degree, time, shard)
+        if degree > 1:
+            free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node)
+            if free.size:
+                start = int(free[0])
+                self.taken[start: start + degree] = True
+                opened.append(start)
+                return self._add(item, start, degree, time, shard)
+        self.overflow = True
+        best = (math.inf, -1, 0)
+        for c in sorted(self.groups):
+            if c >= degree and (c == 1 or self.groups[c]):
+                starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
+                peak, fits, _, _ = self._candidates(item, c, starts)
+                peak = np.where(fits, peak, math.inf)
+                k = int(np.argmin(peak))
+                best = min(best, (float(peak[k]), int(starts[k]), c))
+        _, start, c = best
+        if start < 0:
+            return -1
+        _, _, time, shard = self._candidates(item, c, np.array([start]))
+        return self._add(item, start, c, time, shard)
+
+    def _add(self, item: int, start: int, degree: int, time: float, shard: int) -> int:
+        self.loads[start: start + degree] += time
+        self.tokens[start: start + degree] += shard
+        self.placed[item] = (start, degree)
+        return start
+
+
+def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable, degree: np.ndarray,
+                 long: np.ndarray, target: float) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """(block start of every laid-out item, -1 for the rest; every item's degree; whether some
+    item found no block with room under the target), or None when one found no token room.
+
+    Laid out: the split items and the unsplit `long` ones, degree by degree from the largest,
+    longest time first; a degree-1 block is one rank.
+    """
+    blocks = _Blocks(problem, spec, gpus_per_node, times, target)
+    for c in sorted(set(degree[degree > 1].tolist()), reverse=True) + [1]:
+        items = np.flatnonzero(degree == c) if c > 1 else long[degree[long] == 1]
+        order = np.lexsort((items, -times(items, c)))
+        for item in items[order].tolist():
+            if blocks.place(item, c) < 0:
+                return None
+    start = np.full(degree.size, -1, dtype=np.int64)
+    degree = degree.copy()
+    for item, (s, c) in blocks.placed.items():
+        start[item], degree[item] = s, c
+    return start, degree, blocks.overflow
+
+
+def water_level(loads: np.ndarray, work: float) -> float:
+    """The level h with sum(max(0, h - loads)) = work: where ranks starting at `loads` end when
+    `work` is spread perfectly.
+
+    >>> water_level(np.array([0.0, 0.0, 6.0]), 4.0), water_level(np.array([0.0, 0.0, 1.0]), 5.0)
+    (2.0, 2.0)
+    """
+    ascending = np.sort(loads)
+    below = np.arange(1, ascending.size + 1) * ascending - np.cumsum(ascending)  # work to lift the first k to the k-th
+    k = int(np.searchsorted(below, work, side="right"))  # ranks the level covers
+    return float((work + ascending[:k].sum()) / k)
+
+
+def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment,
+           bound: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(block starts, degrees, target) of the best layout on the ladder above the bound."""
+    best, best_estimate = None, math.inf
+    long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > LAYOUT_SHARE * bound))
+    times = TimeTable(problem, spec, gpus_per_node, long)
+    for step in range(LADDER_STEPS):
+        target = bound * (1 + step * LADDER_STEP)
+        placed = place_groups(problem, spec, gpus_per_node, times, allotment.degrees_at(target), long, target)
+        if placed is None:
+            continue
+        start, degree, overflow = placed
+        laid = start >= 0
+        loads, _, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0), np.where(laid, degree, 0))
+        estimate = max(float(loads.max()), water_level(loads, float(problem.item_costs[~laid].sum())))
+        if estimate >= best_estimate or not overflow:  # a wider target did not pay, or none is needed
+            best, best_estimate = min((best, best_estimate), ((start, degree, target), estimate), key=lambda b: b[1])
+            break
+        best, best_estimate = (start, degree, target), estimate
+    if best is None:
+        raise InfeasibleError(f"no layout of the split items' groups fits max_tokens_per_rank="
+                              f"{problem.max_tokens_per_rank}: their shards alone overflow the ranks",
+                              min_cap=2 * problem.max_tokens_per_rank)
+    return best
+
+
+def fill(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
+         target: float) -> np.ndarray:
+    """The block starts with a rank for every item not laid out (start -1): dealt to the room
+    left under `target` (`locality_deal.take_anywhere`)."""
+    laid = start >= 0
+    loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0), np.where(laid, degree, 0))
+    rest = np.flatnonzero(~laid)
+    sub = Problem(lengths=problem.lengths[rest], item_costs=problem.item_costs[rest], num_ranks=problem.num_ranks,
+                  cost=problem.cost, padded=False, max_tokens_per_rank=problem.max_tokens_per_rank, time_limit=None)
+    state = PartialPlan(sub, target)
+    state.loads += loads
+    state.tokens += tokens
+    try:
+        take_anywhere(state, np.arange(rest.size))
+    except NoRoom:
+        raise InfeasibleError(f"the split plan's deal found no rank with token room for an unsplit item under "
+                              f"max_tokens_per_rank={problem.max_tokens_per_rank}",
+                              min_cap=int(tokens.max()) + int(problem.lengths[rest].max())) from None
+    start = start.copy()
+    start[rest] = state.destinations
+    return start

@@ -1,0 +1,155 @@
+"""Local search on a split plan, from its makespan rank: move an item, split it, or widen a group.
+
+    while moves < MAX_MOVES and makespan > bound:
+        r = the most loaded rank (lowest index on ties), M = its load
+        candidates, each lowering r:
+            an unsplit item of r to the least-loaded rank with token room
+            an item of r (unsplit, or split in r's group) onto a block at any allowed degree:
+                a free aligned block (no rank in a group) or an existing group's block
+            r's group widened to the aligned block of twice its degree (its other half free)
+        take the candidate whose affected ranks end lowest, if all of them end below M
+
+Every move takes r below M and puts no rank at M or above, so the number of ranks at the
+makespan falls and the search ends; a move count (not a clock) bounds it, so the plan is the
+same on every machine.  No guarantee beyond never returning a worse plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..problem import Problem
+from .blocks import free_blocks, within_node
+from .layout import shard_tokens
+from .plan import rank_accounts
+from .spec import ContextParallel
+
+MAX_MOVES = 64
+"""Moves the search makes at most."""
+
+
+class _State:
+    """A split plan being improved: blocks, loads, tokens and the ranks' groups."""
+
+    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, start, degree, bound: float):
+        self.problem, self.spec, self.gpus_per_node, self.bound = problem, spec, gpus_per_node, bound
+        self.start, self.degree = start.copy(), degree.copy()
+        self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
+        self.split_degrees = [c for c in spec.degrees if c > 1]
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Loads, tokens and item times from the blocks; which ranks are in a group."""
+        self.loads, self.tokens, self.times = rank_accounts(self.problem, self.spec, self.gpus_per_node,
+                                                            self.start, self.degree)
+        self.in_group = np.zeros(self.problem.num_ranks, dtype=bool)
+        split = self.degree > 1
+        groups = np.unique(np.stack((self.degree[split], self.start[split]), axis=1), axis=0).tolist()
+        self.group_starts = {c: np.array([s for k, s in groups if k == c], dtype=np.int64) for c in self.split_degrees}
+        for c, s in groups:
+            self.in_group[s: s + c] = True
+
+    def shard(self, item: int, degree: int) -> np.ndarray:
+        return shard_tokens(self.problem.lengths[item:item + 1], degree)[0]
+
+    def blocks(self, item: int, loads: np.ndarray, tokens: np.ndarray, own: tuple[int, int] | None):
+        """Best (peak, start, degree) over the blocks item `item` could run on, with `loads` and
+        `tokens` the ranks' accounts without it; `own` its current group, which it may rejoin."""
+        best = (math.inf, -1, 0)
+        for c in self.split_degrees:
+            taken = self.in_group.copy()
+            if own is not None:
+                taken[own[0]: own[0] + own[1]] = False
+            starts = np.concatenate((free_blocks(taken, c, self.gpus_per_node, self.spec.allow_inter_node),
+                                     self.group_starts[c]))
+            if not starts.size:
+                continue
+            inside = within_node(starts, c, self.gpus_per_node)
+            time = self.spec.item_times(self.problem.cost, np.full(starts.size, self.problem.lengths[item]),
+                                        np.full(starts.size, c), inside)
+            ranks = starts[:, None] + np.arange(c)
+            peak = (loads[ranks] + time[:, None]).max(axis=1)
+            peak[(tokens[ranks] + self.shard(item, c) > self.cap).any(axis=1)] = math.inf
+            k = int(np.argmin(peak))
+            if peak[k] < best[0]:
+                best = (float(peak[k]), int(starts[k]), c)
+        return best
+
+    def candidates(self, rank: int):
+        """(peak of the ranks it changes, item or -1, start, degree) of every move lowering `rank`."""
+        loads, tokens = self.loads, self.tokens
+        out = []
+        unsplit = np.flatnonzero((self.start == rank) & (self.degree == 1))
+        for item in unsplit.tolist():
+            cost, length = self.times[item], int(self.problem.lengths[item])
+            after, after_tokens = loads.copy(), tokens.copy()
+            after[rank] -= cost
+            after_tokens[rank] -= length
+            room = np.where(after_tokens + length <= self.cap, after, math.inf)
+            room[rank] = math.inf
+            q = int(np.argmin(room))
+            out.append((max(after[rank], room[q] + cost), item, q, 1))
+            peak, s, c = self.blocks(item, after, after_tokens, None)
+            out.append((max(peak, after[rank]), item, s, c))
+        if self.in_group[rank]:
+            out.extend(self._group_moves(rank))
+        return out
+
+    def _group_moves(self, rank: int):
+        """Moves of the items of `rank`'s group, and its widening."""
+        members = np.flatnonzero((self.degree > 1) & (self.start <= rank) & (rank < self.start + self.degree))
+        s, c = int(self.start[members[0]]), int(self.degree[members[0]])
+        group = np.arange(s, s + c)
+        out = []
+        for item in members.tolist():
+            after, after_tokens = self.loads.copy(), self.tokens.copy()
+            after[group] -= self.times[item]
+            after_tokens[group] -= self.shard(item, c)
+            peak, new_s, new_c = self.blocks(item, after, after_tokens, (s, c) if members.size == 1 else None)
+            out.append((max(peak, after[group].max()), item, new_s, new_c))
+        wide = 2 * c
+        base = s - s % wide
+        if wide in self.spec.degrees and base + wide <= self.problem.num_ranks and (
+                self.spec.allow_inter_node or within_node(base, wide, self.gpus_per_node)):
+            other = np.setdiff1d(np.arange(base, base + wide), group)
+            if not self.in_group[other].any():
+                out.append(self._widen(members, group, base, wide))
+        return out
+
+    def _widen(self, members: np.ndarray, group: np.ndarray, base: int, wide: int):
+        """The move that runs the whole group on the aligned block of twice its degree."""
+        start, degree = self.start.copy(), self.degree.copy()
+        start[members], degree[members] = base, wide
+        loads, tokens, _ = rank_accounts(self.problem, self.spec, self.gpus_per_node, start, degree)
+        ranks = np.arange(base, base + wide)
+        peak = math.inf if (tokens[ranks] > self.cap).any() else float(loads[ranks].max())
+        return peak, -2, base, wide
+
+    def apply(self, item: int, start: int, degree: int, rank: int) -> None:
+        if item == -2:  # widen the group of `rank`
+            members = np.flatnonzero((self.degree > 1) & (self.start <= rank) & (rank < self.start + self.degree))
+            self.start[members], self.degree[members] = start, degree
+        else:
+            self.start[item], self.degree[item] = start, degree
+        self.refresh()
+
+
+def improve(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
+            bound: float) -> tuple[np.ndarray, np.ndarray]:
+    """The (block starts, degrees) after the local search from the given plan."""
+    state = _State(problem, spec, gpus_per_node, start, degree, bound)
+    for _ in range(MAX_MOVES):
+        rank = int(np.argmax(state.loads))
+        makespan = float(state.loads[rank])
+        if makespan <= bound:
+            break
+        moves = state.candidates(rank)
+        if not moves:
+            break
+        peak, item, new_start, new_degree = min(moves, key=lambda move: move[0])
+        if not peak < makespan:
+            break
+        state.apply(item, new_start, new_degree, rank)
+    return state.start, state.degree
