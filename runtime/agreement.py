@@ -21,9 +21,10 @@ ranks that disagree with the majority.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -80,6 +81,16 @@ def canonical(value):
     return int(value) if float(value).is_integer() else float(value)
 
 
+def _groups(values: Sequence, show) -> tuple[dict, list[int], str]:
+    """Ranks by value (first-seen order), the majority's ranks (ties: the group holding the lowest
+    rank) and the groups as a message shows them."""
+    groups: dict = {}
+    for index, value in enumerate(values):
+        groups.setdefault(value, []).append(index)
+    majority = max(groups.values(), key=lambda ranks: (len(ranks), -ranks[0]))
+    return groups, majority, "; ".join(f"ranks {ranks}: {show(value)}" for value, ranks in groups.items())
+
+
 def disagreement(values: Sequence, what: str, rank: int, show=str) -> str | None:
     """None when every rank's value is equal; else a message naming the odd ranks.
 
@@ -88,15 +99,47 @@ def disagreement(values: Sequence, what: str, rank: int, show=str) -> str | None
     >>> print(disagreement([b"a", b"b", b"a"], "plan", 0, show=bytes.hex))
     plan differs across ranks (seen from rank 0): ranks [1] disagree with ranks [0, 2] (ranks [0, 2]: 61; ranks [1]: 62)
     """
-    groups: dict = {}
-    for index, value in enumerate(values):
-        groups.setdefault(value, []).append(index)
+    groups, majority, detail = _groups(values, show)
     if len(groups) == 1:
         return None
-    majority = max(groups.values(), key=lambda ranks: (len(ranks), -ranks[0]))
     odd = sorted(r for ranks in groups.values() if ranks is not majority for r in ranks)
-    detail = "; ".join(f"ranks {ranks}: {show(value)}" for value, ranks in groups.items())
     return f"{what} differs across ranks (seen from rank {rank}): ranks {odd} disagree with ranks {majority} ({detail})"
+
+
+def option_table(options: Mapping[str, object]) -> dict[str, object]:
+    """Options by name as ranks fingerprint and compare them: canonical values, and a tuple of
+    dataclasses (the stages) one entry per field, so a mismatch names the field.
+
+    >>> from orchmllm.orchestrator.stages import Stage
+    >>> from orchmllm.balancers import CostModel
+    >>> table = option_table({"stages": (Stage("llm", "llm", CostModel()),), "budget": np.int64(16)})
+    >>> table["stages[0].algorithm"], table["budget"]
+    ('lpt', 16)
+    """
+    table = {}
+    for name, value in options.items():
+        if isinstance(value, tuple) and value and all(dataclasses.is_dataclass(item) for item in value):
+            for index, item in enumerate(value):
+                table.update((f"{name}[{index}].{field.name}", canonical(getattr(item, field.name)))
+                             for field in dataclasses.fields(item))
+        else:
+            table[name] = canonical(value)
+    return table
+
+
+def options_that_differ(shown: Sequence[Mapping[str, str]]) -> str:
+    """The options whose shown values differ across ranks (one table per rank), with the ranks of each.
+
+    >>> options_that_differ([{"algorithm": "'lpt'", "cap": "8"}, {"algorithm": "'kk'", "cap": "8"}])
+    "`algorithm` (ranks [0]: 'lpt'; ranks [1]: 'kk')"
+    """
+    names = list(dict.fromkeys(name for table in shown for name in table))
+    differing = []
+    for name in names:
+        groups, _, detail = _groups([table.get(name, "(absent)") for table in shown], str)
+        if len(groups) > 1:
+            differing.append(f"`{name}` ({detail})")
+    return ", ".join(differing) or "none in their reprs (another orchmllm version on some ranks?)"
 
 
 def words_of(digest: bytes) -> np.ndarray:

@@ -31,7 +31,7 @@ import torch
 from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
 from ..balancers.microbatch import microbatch_options
 from ..balancers.validation import as_bool
-from .agreement import SchemaGuard, canonical, fingerprint
+from .agreement import SchemaGuard, fingerprint, option_table
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
@@ -147,11 +147,14 @@ class PostBalancingDispatcher:
         self.per_item_keys = frozenset(per_item_keys)
         self.check_plan = time_limit is not None if check_plan is None else bool(check_plan)
         self.transport = FlatAllToAll(group) if transport is None else transport
-        options = [sorted((key, canonical(value)) for key, value in table.items())
-                   for table in (self.balance_options, self.microbatch_options or {})]
-        self.config_fingerprint = fingerprint(*options,
-                                              sorted(self.per_item_keys), type(self.transport).__name__,
-                                              getattr(self.transport, "gpus_per_node", None), self.check_plan)
+        microbatching = {} if self.microbatch_options is None else {
+            "max_tokens_per_microbatch": max_tokens_per_microbatch, "num_microbatches": num_microbatches,
+            "microbatch_overhead": microbatch_overhead, "microbatch_algorithm": microbatch_algorithm}
+        self.config_options = option_table({  # what every rank must share, by argument name
+            **self.balance_options, **microbatching, "per_item_keys": sorted(self.per_item_keys, key=repr),
+            "transport": type(self.transport).__name__, "gpus_per_node": getattr(self.transport, "gpus_per_node", None),
+            "check_plan": self.check_plan})
+        self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
@@ -172,7 +175,8 @@ class PostBalancingDispatcher:
             join_failed(group, 2)  # the other ranks raise too, instead of waiting in the gather
             raise
         metadata = gather_metadata(np.hstack([lengths, losses]), group, num_columns=2,
-                                   fingerprint=self.config_fingerprint, what="dispatcher configuration")
+                                   fingerprint=self.config_fingerprint, what="dispatcher configuration",
+                                   options=self.config_options)
         if metadata.num_items and self.microbatch_options is not None:
             plan = balance_microbatches(metadata.column(0), int(metadata.counts.size), **self.microbatch_options)
             assignment = plan.rank

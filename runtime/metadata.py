@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .agreement import ConfigMismatchError, PlanMismatchError, disagreement, fingerprint, words_of
+from .agreement import ConfigMismatchError, PlanMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import comm_device, group_rank, group_size
 
 __all__ = ["ConfigMismatchError", "GatheredMetadata", "PeerInputError", "PlanMismatchError", "as_table",
@@ -70,13 +71,15 @@ def as_table(local, name: str = "lengths") -> np.ndarray:
 
 
 def gather_metadata(local, group=None, num_columns: int | None = None, *, fingerprint: bytes | None = None,
-                    what: str = "configuration") -> GatheredMetadata:
+                    what: str = "configuration", options: Mapping[str, object] | None = None) -> GatheredMetadata:
     """All-gather each rank's (n_r, K) integer table (n_r may differ and be 0).
 
     A collective: every rank of `group` must call it.  `num_columns` fixes K for a rank
     with no items whose input is an empty 1-D array.  `fingerprint` (32 bytes, e.g.
     `fingerprint(algorithm, cost, caps)`) rides with the table's shape; ranks whose
-    fingerprints differ raise `ConfigMismatchError` on every rank, naming them.
+    fingerprints differ raise `ConfigMismatchError` on every rank, naming them and, with `options`
+    (the options the fingerprint was computed from, by name), the options that differ: only then
+    are they gathered.
 
     >>> gather_metadata([3, 1, 2]).values[:, 0].tolist()  # one process: no communication
     [3, 1, 2]
@@ -102,6 +105,10 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
         problem = disagreement([row[2:].tobytes() for row in shapes], what, group_rank(group),
                                show=lambda value: value.hex()[:12])
         if problem:
+            if options is not None:  # every rank saw the mismatch: all of them gather the options
+                shown = [None] * size
+                dist.all_gather_object(shown, {name: repr(value) for name, value in options.items()}, group=group)
+                problem += f"; options that differ: {options_that_differ(shown)}"
             raise ConfigMismatchError(f"{problem}; every rank must plan with the same algorithm, cost model, "
                                       f"caps and stage declarations")
     columns = shapes[:, 1]

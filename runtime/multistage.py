@@ -48,7 +48,7 @@ from ..orchestrator.plan import StepPlan
 from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample, resolve_positions
 from ..orchestrator.stages import check_stages
-from .agreement import SchemaGuard, canonical, fingerprint
+from .agreement import SchemaGuard, fingerprint, option_table
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
@@ -190,12 +190,12 @@ class MultiStageRuntime:
         self.check_plan = bool(check_plan)
         self.orchestrator = Orchestrator(self.stages, group_size(group) if topology is None else topology,
                                          **orchestrator_options)
-        self.options = tuple(sorted((key, canonical(value)) for key, value in orchestrator_options.items()))
         self.modalities = tuple(stage.modality for stage in self.stages[:-1])
-        self.config_fingerprint = fingerprint(self.stages, self.options, repr(topology),
-                                              type(self.transport).__name__,
-                                              getattr(self.transport, "gpus_per_node", None), self.check_plan,
-                                              self.fused_input_exchange)
+        self.config_options = option_table({  # what every rank must share, by argument name
+            "stages": self.stages, **dict(sorted(orchestrator_options.items())), "topology": repr(topology),
+            "transport": type(self.transport).__name__, "gpus_per_node": getattr(self.transport, "gpus_per_node", None),
+            "check_plan": self.check_plan, "fused_input_exchange": self.fused_input_exchange})
+        self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "embeddings": SchemaGuard("encoder outputs")}
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
@@ -211,7 +211,8 @@ class MultiStageRuntime:
             join_failed(group, SAMPLE_COLUMNS)  # the other ranks raise too, instead of waiting in the gather
             raise
         gathered_samples = gather_metadata(sample_table, group, num_columns=SAMPLE_COLUMNS,
-                                           fingerprint=self.config_fingerprint, what="stage configuration")
+                                           fingerprint=self.config_fingerprint, what="stage configuration",
+                                           options=self.config_options)
         gathered_segments = gather_metadata(segment_table, group, num_columns=SEGMENT_COLUMNS)
         samples_all, segments_all = gathered_samples.values, gathered_segments.values
         return Batch.from_arrays(

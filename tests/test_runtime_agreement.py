@@ -114,6 +114,14 @@ CONFIGS = {  # what rank 1 plans with instead (check_plan stays at its default, 
     "per-item keys": {"per_item_keys": set()},
     "check_plan": {"check_plan": True},  # rank 1 alone ran the digest all-gather: gloo aborted the others
 }
+DIFFERING_OPTION = {  # how the error names it (it showed two hashes only)
+    "algorithm": "`algorithm` (ranks [0, 2, 3]: 'lpt'; ranks [1]: 'identity')",
+    "cost model": "`cost` (ranks [0, 2, 3]: CostModel(per_item=0.0, linear=1.0, quadratic=0.0); ranks [1]: "
+                  "CostModel(per_item=0.0, linear=1.0, quadratic=1.0))",
+    "cap": "`max_tokens_per_rank` (ranks [0, 2, 3]: None; ranks [1]: 1000000)",
+    "per-item keys": "`per_item_keys` (ranks [0, 2, 3]: ['id']; ranks [1]: [])",
+    "check_plan": "`check_plan` (ranks [0, 2, 3]: False; ranks [1]: True)",
+}
 
 
 def config_job(rank, size, case):
@@ -132,6 +140,8 @@ def test_regression_a_rank_with_another_config_returned_garbage_ids_without_chec
     outcomes = run_processes(config_job, 4, args=(case,), timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
     assert_every_rank_names_rank_1(outcomes, "ConfigMismatchError", started)
     assert outcomes[2].value[1].startswith("dispatcher configuration differs across ranks (seen from rank 2)")
+    for o in outcomes:  # the options that differ, named on every rank
+        assert f"options that differ: {DIFFERING_OPTION[case]};" in o.value[1], o.value[1]
 
 
 def stage_config_job(rank, size):
@@ -145,6 +155,9 @@ def test_a_rank_declaring_another_stage_cost_model_is_named_on_every_rank():
     started = time.monotonic()
     outcomes = run_processes(stage_config_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
     assert_every_rank_names_rank_1(outcomes, "ConfigMismatchError", started)
+    for o in outcomes:  # the stage and the field that differ (the message showed two hashes only)
+        assert ("options that differ: `stages[1].cost` (ranks [0, 2, 3]: CostModel(per_item=1.0, linear=1.0, "
+                "quadratic=0.0); ranks [1]: CostModel(per_item=1.0, linear=2.0, quadratic=0.0));") in o.value[1]
 
 
 def encoder_dtype_job(rank, size):
