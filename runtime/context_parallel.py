@@ -76,7 +76,7 @@ class SplitItem:
     >>> SplitItem(item=7, length=10, group=(2, 2))
     Traceback (most recent call last):
     ...
-    ValueError: `group` of split item 7 must hold distinct ranks; got (2, 2)
+    ValueError: `group` of split item 7 must hold one or more distinct ranks; got (2, 2)
     """
 
     item: int
@@ -91,7 +91,7 @@ class SplitItem:
                             f"{type(self.group).__name__}")
         group = tuple(as_int(rank, f"group of split item {self.item}", minimum=0) for rank in self.group)
         if not group or len(set(group)) != len(group):
-            raise ValueError(f"`group` of split item {self.item} must hold distinct ranks; got {group}")
+            raise ValueError(f"`group` of split item {self.item} must hold one or more distinct ranks; got {group}")
         object.__setattr__(self, "group", group)
 
     @property
@@ -236,7 +236,7 @@ def _agree(digest: bytes, group) -> None:
     if failed and digest != FAILED_INPUT:
         raise PeerInputError(f"ranks {failed} failed their own context-parallel layout checks (each raised why); "
                              f"rank {group_rank(group)} stops with them")
-    problem = None if failed else disagreement(digests, "context-parallel split items", group_rank(group),
+    problem = None if failed else disagreement(digests, "context-parallel `splits`", group_rank(group),
                                                show=lambda value: value.hex()[:12])
     if problem:
         raise PlanMismatchError(f"{problem}; every rank must pass the same `splits` (the plan's split items)")

@@ -4,6 +4,8 @@ unsplit sequences and several groups in one call, padding, GQA, inside DDP and F
 errors (never a hang) when a rank's layout is wrong or a peer dies."""
 
 import math
+import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from torch import nn
 
 from orchmllm.balancers.context_parallel.layout import shard_positions
 from orchmllm.runtime.context_parallel import ContextParallelLayout, SplitItem, context_parallel_attention
-from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.launch import run_processes, spawn
 
 HIDDEN, HEADS, KV_HEADS, DIM = 4, 2, 1, 3
 
@@ -57,8 +59,8 @@ def reference(items, data, seed, causal, dtype):
     weights = projections(seed, dtype)
     inputs = [x.to(dtype).requires_grad_() for x, _, _ in data]
     loss = sum((naive_attention(*project(x, weights), padding, causal) * w.to(dtype)).sum()
-               for x, (_, w, padding) in zip(inputs, data))
-    grads = torch.autograd.grad(loss, weights + inputs)
+               for x, (_, w, padding) in zip(inputs, data) if len(x)) + 0.0 * weights[0].sum()  # items may be empty
+    grads = torch.autograd.grad(loss, weights + inputs, allow_unused=True, materialize_grads=True)
     return loss.detach(), grads[:3], grads[3:]
 
 
@@ -80,48 +82,253 @@ def rank_layout(items, rank):
     return ContextParallelLayout.build(sequences, splits), held
 
 
-def check_plan(rank, items, seed, causal, padded, dtype=torch.float64):
-    """Run one plan on this rank; every rank returns (errors vs the reference, the tokens it held)."""
-    data = item_data(seed, [length for length, _ in items], padded)
-    layout, held = rank_layout(items, rank)
-    weights = projections(seed, dtype)
+def errors_against(expected, loss, weight_grads, input_grads, held):
+    """Largest relative error of a loss, the projections' gradients and the held tokens' input gradients."""
+    ref_loss, ref_weights, ref_inputs = expected
+    ref_x = torch.cat([ref_inputs[i][pos] for i, pos in held]) if held else input_grads
+    return max([relative_error(loss.double(), ref_loss), relative_error(input_grads.double(), ref_x)]
+               + [relative_error(g.double(), r) for g, r in zip(weight_grads, ref_weights)])
+
+
+@dataclass(frozen=True)
+class Case:
+    """A plan (items as (length, group): a group of one rank is an unsplit sequence) and its options."""
+
+    items: tuple
+    seed: int
+    causal: bool = True
+    padded: bool = False
+    dtype: torch.dtype = torch.float64
+
+
+def run_case(rank, case):
+    """This rank's part of `case`: the global loss and projection gradients (all-reduced), its inputs'
+    gradients and the tokens it held."""
+    data = item_data(case.seed, [length for length, _ in case.items], case.padded)
+    layout, held = rank_layout(case.items, rank)
+    weights = projections(case.seed, case.dtype)
     pick = lambda part: torch.cat([data[i][part][pos] for i, pos in held]) if held else data[0][part][:0]  # noqa: E731
-    x = pick(0).to(dtype).requires_grad_()
-    out = context_parallel_attention(*project(x, weights), layout, causal=causal,
-                                     key_padding_mask=pick(2) if padded else None)
-    loss = (out * pick(1).to(dtype)).sum()
+    x = pick(0).to(case.dtype).requires_grad_()
+    out = context_parallel_attention(*project(x, weights), layout, causal=case.causal,
+                                     key_padding_mask=pick(2) if case.padded else None)
+    loss = (out * pick(1).to(case.dtype)).sum()
     loss.backward()
-    for tensor in [loss.detach()] + [w.grad for w in weights]:
+    loss = loss.detach()
+    for tensor in [loss] + [w.grad for w in weights]:
         dist.all_reduce(tensor)
-    ref_loss, ref_weights, ref_inputs = reference(items, data, seed, causal, torch.float64)
-    ref_x = torch.cat([ref_inputs[i][pos] for i, pos in held]) if held else x.grad
-    errors = [relative_error(loss.detach().double(), ref_loss)]
-    errors += [relative_error(w.grad.double(), r) for w, r in zip(weights, ref_weights)]
-    errors.append(relative_error(x.grad.double(), ref_x))
-    return max(errors), [(i, pos.tolist()) for i, pos in held]
+    return loss, [w.grad for w in weights], x.grad, held
 
 
-def assert_every_token_once(results, items):
+def verify(case, per_rank):
+    """Every token held once; the largest error of any rank against the float64 reference, and that of
+    the unsplit computation written out in the case's dtype."""
     held = {}
-    for _, tokens in results:
+    for _, _, _, tokens in per_rank:
         for item, positions in tokens:
-            held.setdefault(item, []).extend(positions)
-    assert sorted(held) == list(range(len(items)))
-    assert all(sorted(held[i]) == list(range(length)) for i, (length, _) in enumerate(items))
+            held.setdefault(item, []).extend(positions.tolist())
+    assert sorted(held) == list(range(len(case.items)))
+    assert all(sorted(held[i]) == list(range(length)) for i, (length, _) in enumerate(case.items))
+    data = item_data(case.seed, [length for length, _ in case.items], case.padded)
+    expected = reference(case.items, data, case.seed, case.causal, torch.float64)
+    error = max(errors_against(expected, *result) for result in per_rank)
+    plain_loss, plain_weights, plain_inputs = reference(case.items, data, case.seed, case.causal, case.dtype)
+    plain = errors_against(expected, plain_loss, plain_weights, torch.cat(plain_inputs), [(i, np.arange(length))
+                           for i, (length, _) in enumerate(case.items)])
+    return error, plain
 
 
-def whole_group_job(rank, size, padded_cases):
-    return [check_plan(rank, [(13, tuple(range(size)))], seed, causal, padded)
-            for seed, (causal, padded) in enumerate(padded_cases)]
+def cases_job(rank, size, cases):
+    return [run_case(rank, case) for case in cases]
 
 
-CASES = [(True, False), (True, True), (False, True)]
+def run_cases(cases, size):
+    """Run `cases` in one launch of `size` gloo ranks; (error, plain error) per case."""
+    per_rank = spawn(cases_job, size, args=(cases,), timeout_s=180)
+    return [verify(case, [results[index] for results in per_rank]) for index, case in enumerate(cases)]
+
+
+OPTIONS = [(True, False), (True, True), (False, True)]  # (causal, padded)
 
 
 @pytest.mark.parametrize("degree", [2, 4, 8])
 def test_one_item_split_over_the_world_matches_the_unsplit_reference(degree):
-    per_rank = spawn(whole_group_job, degree, args=(CASES,), timeout_s=120)
-    for case in range(len(CASES)):
-        results = [rank_results[case] for rank_results in per_rank]
-        assert_every_token_once(results, [(13, tuple(range(degree)))])
-        assert max(error for error, _ in results) <= 1e-12
+    cases = [Case(((13, tuple(range(degree))),), seed, *options) for seed, options in enumerate(OPTIONS)]
+    assert max(error for error, _ in run_cases(cases, degree)) <= 1e-12
+
+
+# several split items at degrees 4 and 2 in different groups (one listed out of rank order, one with
+# an empty shard), beside unsplit sequences on the same ranks
+MIXED = ((11, (0, 1, 2, 3)), (7, (2, 3)), (5, (0,)), (6, (2,)), (3, (1, 0)), (1, (3, 1)), (4, (1,)))
+
+
+def test_shards_and_unsplit_sequences_of_several_groups_in_one_call():
+    cases = [Case(MIXED, seed, *options) for seed, options in enumerate(OPTIONS)]
+    for error, _ in run_cases(cases, 4):
+        assert error <= 1e-12
+
+
+def test_float32_adds_no_more_than_the_rounding_of_the_unsplit_computation():
+    (error, plain), = run_cases([Case(MIXED, 7, True, True, torch.float32)], 4)
+    assert 0 < error <= 4 * plain < 64 * 2.0**-24
+
+
+def random_plan(rng, size):
+    """Items of 0-12 tokens, each unsplit on a random rank or split over a random group (any degree up to
+    the world, ranks in any order); some ranks hold nothing."""
+    items = []
+    for _ in range(rng.integers(1, 2 * size + 1)):
+        degree = int(rng.choice([d for d in (1, 2, 3, 4, 8) if d <= size]))
+        items.append((int(rng.integers(0, 13)), tuple(int(r) for r in rng.permutation(size)[:degree])))
+    return tuple(items)
+
+
+@pytest.mark.parametrize("size, count", [(2, 25), (3, 20), (5, 12), (8, 10)])
+def test_random_layouts_lose_no_token_and_match_the_reference(size, count):
+    rng = np.random.default_rng(size)
+    cases = [Case(random_plan(rng, size), seed, bool(rng.integers(2)), bool(rng.integers(2))) for seed in range(count)]
+    assert max(error for error, _ in run_cases(cases, size)) <= 1e-12
+
+
+class TinyAttentionModel(nn.Module):
+    """One attention layer (fused q/k/v projection, grouped-query heads, output projection)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM)
+        self.out = nn.Linear(HEADS * DIM, HIDDEN)
+
+    def forward(self, x, attend):
+        q, k, v = self.qkv(x).split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], dim=1)
+        attended = attend(q.reshape(len(x), HEADS, DIM), k.reshape(len(x), KV_HEADS, DIM),
+                          v.reshape(len(x), KV_HEADS, DIM))
+        return self.out(attended.reshape(len(x), HEADS * DIM))
+
+
+def model_reference(items, seed):
+    """The model's summed loss over the unsplit items in one process, and its parameters' gradients."""
+    torch.manual_seed(0)
+    model = TinyAttentionModel().double()
+    data = item_data(seed, [length for length, _ in items], True)
+    loss = sum((model(x, lambda q, k, v: naive_attention(q, k, v, padding, True)) * w[:, 0, :1]).sum()
+               for x, w, padding in data)
+    loss.backward()
+    return [p.grad for p in model.parameters()]
+
+
+def wrapped_job(rank, size, items, seed, wrapper):
+    torch.manual_seed(0)
+    model = TinyAttentionModel().double()
+    if wrapper == "ddp":
+        wrapped = nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+        wrapped = fully_shard(model)
+    data = item_data(seed, [length for length, _ in items], True)
+    layout, held = rank_layout(items, rank)
+    pick = lambda part: torch.cat([data[i][part][pos] for i, pos in held])  # noqa: E731
+    attend = lambda q, k, v: context_parallel_attention(q, k, v, layout, key_padding_mask=pick(2))  # noqa: E731
+    (wrapped(pick(0), attend) * pick(1)[:, 0, :1]).sum().backward()
+    grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in model.parameters()]
+    return [g * size for g in grads]  # both wrappers average over the ranks; the loss is a sum
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_inside_ddp_and_fsdp2_the_gradients_are_the_unsplit_models(wrapper):
+    results = spawn(wrapped_job, 4, args=(MIXED, 3, wrapper), timeout_s=120)
+    expected = model_reference(MIXED, 3)
+    for grads in results:
+        assert max(relative_error(g, r) for g, r in zip(grads, expected)) <= 1e-12
+
+
+def outcome(call):
+    """(error type, message) of `call`, or None when it succeeds: ranks report errors, never hang."""
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the test compares every rank's error
+        return type(error).__name__, str(error)
+    return None
+
+
+def wrong_layouts_job(rank, size):
+    """Scenarios in turn; in each every rank must raise (so the ranks stay in step)."""
+    item = SplitItem(7, 6, (0, 1))
+    other, alone = SplitItem(7, 5, (0, 1)), SplitItem(8, 4, (0,))
+    scenarios = {
+        "absent": ([item] if rank == 0 else [3], [item]),
+        "other_splits": ([item], [item]) if rank == 0 else ([other], [other]),
+        "not_in_group": ([item, alone], [item, alone]),  # rank 1 holds rank 0's item too
+        "held_twice": ([item, item] if rank == 1 else [item], [item]),
+        "beyond_world": ([2], [SplitItem(9, 4, (0, 2))]),
+    }
+    return {name: outcome(lambda: ContextParallelLayout.build(*args)) for name, args in scenarios.items()}
+
+
+def test_a_wrong_layout_is_an_error_on_every_rank():
+    first, second = spawn(wrong_layouts_job, 2, timeout_s=60)
+    assert first["absent"] == ("PeerInputError", "ranks [1] failed their own context-parallel layout checks "
+                                                 "(each raised why); rank 0 stops with them")
+    assert second["absent"] == ("ValueError", "rank 1: rank 1 is named in the group (0, 1) of split item 7 but "
+                                              "`sequences` holds 0 shards of it (must hold exactly one)")
+    for result in (first, second):
+        assert result["other_splits"][0] == "PlanMismatchError"
+        assert "context-parallel `splits` differs across ranks" in result["other_splits"][1]
+        assert result["beyond_world"] == ("ValueError", f"rank {result is second:d}: split item 9's group (0, 2) "
+                                                        f"names ranks beyond the 2 ranks of the process group")
+    assert second["not_in_group"] == ("ValueError", "rank 1: `sequences` holds a shard of split item 8, whose "
+                                                    "group (0,) does not name rank 1")
+    assert first["not_in_group"][0] == first["held_twice"][0] == "PeerInputError"
+    assert "holds 2 shards of it" in second["held_twice"][1]
+
+
+def dead_peer_job(rank, size, stuck):
+    split = SplitItem(7, 6, (0, 1))
+    layout = ContextParallelLayout.build([split], [split])
+    x = torch.ones(3, 1, 2)
+    if rank == 1:  # never reaches the attention call: exits (sockets close) or outlives the timeout
+        if stuck:
+            time.sleep(3)
+            return None
+        raise RuntimeError("rank 1 stops")
+    return outcome(lambda: context_parallel_attention(x, x, x, layout))
+
+
+@pytest.mark.parametrize("stuck", [False, True], ids=["exited", "stuck"])
+def test_a_dead_peer_is_an_error_naming_its_group(stuck):
+    first = run_processes(dead_peer_job, 2, args=(stuck,), timeout_s=60, collective_timeout_s=1)[0]
+    kind, message = first.value
+    assert kind == "ContextParallelError"
+    assert message.startswith("context-parallel attention on rank 0: the K/V exchange (forward) with its group "
+                              "peers failed (rank 1: split item 7 on group (0, 1)); a peer died or did not reach "
+                              "this call within the process group's timeout")
+    assert ("Timed out" if stuck else "Connection closed") in message
+
+
+def single_rank(sequences, splits):
+    return lambda: ContextParallelLayout.build(sequences, splits)
+
+
+ITEM = SplitItem(0, 4, (0,))
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: SplitItem(1, -1, (0, 1)), ValueError, r"`length of split item 1` must be >= 0; got -1"),
+    (lambda: SplitItem(1, 4, ()), ValueError, r"`group` of split item 1 must hold one or more distinct ranks"),
+    (lambda: SplitItem(1, 4, "01"), TypeError, r"`group` of split item 1 must be a sequence of ranks; got str"),
+    (single_rank([ITEM], []), ValueError, r"rank 0: `sequences` holds a shard of split item 0 that `splits` does "),
+    (single_rank([ITEM], [ITEM, ITEM]), ValueError, r"rank 0: `splits` must name each item once; got items \[0, 0\]"),
+    (single_rank([-1], []), ValueError, r"rank 0: `sequences entry` must be >= 0; got -1"),
+    (single_rank([3], None), TypeError, r"rank 0: `splits` must be a sequence of SplitItems; got NoneType"),
+    (lambda: context_parallel_attention(torch.ones(3, 1, 2), torch.ones(3, 1, 2), torch.ones(3, 1, 2),
+                                        ContextParallelLayout.build([4], [])),
+     ValueError, r"rank 0: `query` has 3 rows but the layout packs 4 tokens \(sequences of \[4\]\)"),
+    (lambda: context_parallel_attention(torch.ones(4, 2, 2), torch.ones(4, 2, 2), torch.ones(4, 1, 2),
+                                        ContextParallelLayout.build([4], [])), ValueError, r"must have the same heads"),
+    (lambda: context_parallel_attention(torch.ones(4, 1, 2), torch.ones(4, 1, 2), torch.ones(4, 1, 2),
+                                        ContextParallelLayout.build([4], []), key_padding_mask=torch.ones(4)),
+     ValueError, r"`key_padding_mask` must be a bool tensor of shape \(4,\)"),
+    (lambda: context_parallel_attention(torch.ones(4, 1, 2), torch.ones(4, 1, 2), torch.ones(4, 1, 2), [4]),
+     TypeError, r"`layout` must be a ContextParallelLayout; got list"),
+])
+def test_bad_input_is_a_clear_error(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
