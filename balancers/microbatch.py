@@ -34,8 +34,8 @@ from .locality import balance_locally
 from .microbatch_bounds import min_bins
 from .microbatch_locality import keep_cells_local
 from .microbatch_auto import plan_cost
-from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, float_sum,
-                              make_microbatch_plan)
+from .microbatch_plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, checked_kernel,
+                              float_sum, make_microbatch_plan)
 from .problem import (INT64_MAX, InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
                       check_cost_range, check_token_range)
 from .validation import as_bool, as_int, as_real
@@ -320,7 +320,8 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     fixed = _as_num_microbatches(num_microbatches, problem)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
     start = time.perf_counter()
-    result, m, floor_m, proven = _solve(problem, record.kernel, fixed, algorithm=algorithm, exact=record.exact)
+    result, m, floor_m, proven = _solve(problem, checked_kernel(record.kernel, algorithm), fixed, algorithm=algorithm,
+                                        exact=record.exact)
     name = algorithm
     if sources is not None:
         local = None if problem.padded else keep_cells_local(problem, result, m, sources, item_bytes, gpus_per_node)

@@ -12,10 +12,9 @@ import numpy as np
 
 from .microbatch_bounds import min_microbatches, step_cost_bound
 from .cost import CostModel
+from .plan import FLOAT_EXACT, claimed_bound, integral, kernel_status, rounded_up
 from .problem import Problem, SortedItems, Status, integer_sum, read_only, sorted_order
-from .validation import as_index
-
-FLOAT_EXACT = 2**53  # integer sums below this are exact in float64
+from .validation import as_index, is_real
 
 
 @dataclass(frozen=True, eq=False)
@@ -221,6 +220,68 @@ class MicroBatchPlan:
                 "cell_loads": self.cell_loads.tolist(), "cell_tokens": self.cell_tokens.tolist()}
 
 
+def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algorithm: str) -> MicroBatchResult:
+    """A micro-batch kernel's `result` for M = `num_microbatches`, its cells int64, checked for form.
+
+    Anything but a `MicroBatchResult` of (n,) integer cells in range, a `Status` and a real
+    bound or None is a bug of the kernel: RuntimeError naming it and what is wrong, never a
+    numpy error in what reads the cells next.
+    """
+    if not isinstance(result, MicroBatchResult):
+        raise RuntimeError(f"algorithm {algorithm!r} returned a {type(result).__name__} for num_microbatches="
+                           f"{num_microbatches}; expected a MicroBatchResult (or None: no packing)")
+    n = problem.num_items
+    cells = []
+    for name, values, limit in (("rank", result.rank, problem.num_ranks),
+                                ("microbatch", result.microbatch, num_microbatches)):
+        try:
+            values = np.asarray(values)
+        except (TypeError, ValueError) as error:  # a ragged list
+            raise RuntimeError(f"algorithm {algorithm!r} returned `{name}` that is no array ({error}); "
+                               f"expected ({n},) ints") from None
+        if values.shape != (n,) or values.dtype.kind not in "iu":
+            raise RuntimeError(f"algorithm {algorithm!r} returned `{name}` of shape {values.shape} and dtype "
+                               f"{values.dtype}; expected ({n},) ints")
+        if n and (values.min() < 0 or values.max() >= limit):
+            item = int(np.flatnonzero((values < 0) | (values >= limit))[0])
+            raise RuntimeError(f"algorithm {algorithm!r} put item {item} in {name} {values[item]}, outside [0, {limit}) "
+                               f"for num_microbatches={num_microbatches} on {problem.num_ranks} ranks")
+        cells.append(np.ascontiguousarray(values, dtype=np.int64))
+    status = kernel_status(result.status, algorithm)
+    if result.lower_bound is not None and (not is_real(result.lower_bound) or math.isnan(result.lower_bound)):
+        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={result.lower_bound!r}; expected a real "
+                           f"number or None")
+    return MicroBatchResult(cells[0], cells[1], status, result.lower_bound)
+
+
+def checked_kernel(kernel: MicroBatchKernel, algorithm: str) -> MicroBatchKernel:
+    """`kernel`, every result it returns checked (`check_result`) and its bound held to the result's
+    own step cost (`claimed_bound`), as the choice of M reads every result it tries."""
+    def run(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+        result = kernel(problem, num_microbatches)
+        if result is None:
+            return None
+        result = check_result(problem, result, num_microbatches, algorithm)
+        if result.lower_bound is not None:
+            loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank,
+                               num_microbatches * problem.num_ranks)
+            _claimed_step_bound(problem, result, loads.reshape(num_microbatches, problem.num_ranks), algorithm)
+        return result
+    return run
+
+
+def _claimed_step_bound(problem: MicroBatchProblem, result: MicroBatchResult, loads: np.ndarray,
+                        algorithm: str) -> float | None:
+    """The kernel's bound on Σ_m max_r load (`claimed_bound`: at most its result's), plus its M's
+    overhead; None without one."""
+    if result.lower_bound is None:
+        return None
+    m = loads.shape[0]
+    claimed = claimed_bound(result.lower_bound, step_cost(loads, 0.0), algorithm, problem.num_items + m,
+                            "Σ_m max_r load")
+    return float_sum([claimed, m * problem.microbatch_overhead])
+
+
 def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
                          algorithm: str, *, floor_microbatches: int | None = None,
                          proven_bound: float | None = None, solve_seconds: float = 0.0) -> MicroBatchPlan:
@@ -228,21 +289,14 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
 
     The bound is `problem.cost_bound` + floor_microbatches · overhead (the proven fewest
     micro-batches when M was chosen freely; M itself, the default, when fixed), or
-    `proven_bound` (a step cost with overhead the caller proved) when larger; with M fixed,
-    a bound the kernel proved counts too.  A malformed result, or a cell over the budget,
-    is a bug of the kernel: RuntimeError, never a wrong plan handed on; a step cost beyond
-    float64 is the input's (ValueError).
+    `proven_bound` (a step cost with overhead the caller proved) when larger, rounded up where
+    every cost is an integer (`rounded_up`); with M fixed, a bound the kernel proved counts
+    too.  A malformed result (`check_result`), a cell over the budget, or a kernel's bound
+    above its own step cost is a bug of the kernel: RuntimeError, never a wrong plan handed
+    on; a step cost beyond float64 is the input's (ValueError).
     """
-    rank, microbatch = (np.asarray(a) for a in (result.rank, result.microbatch))
-    n = problem.num_items
-    for name, values, limit in (("rank", rank, problem.num_ranks), ("microbatch", microbatch, num_microbatches)):
-        if values.shape != (n,) or values.dtype.kind not in "iu":
-            raise RuntimeError(f"algorithm {algorithm!r} returned `{name}` of shape {values.shape} and dtype "
-                               f"{values.dtype}; expected ({n},) ints")
-        if n and (values.min() < 0 or values.max() >= limit):
-            raise RuntimeError(f"algorithm {algorithm!r} put an item outside {name}s [0, {limit})")
-    rank = np.ascontiguousarray(rank, dtype=np.int64)
-    microbatch = np.ascontiguousarray(microbatch, dtype=np.int64)
+    result = check_result(problem, result, num_microbatches, algorithm)
+    rank, microbatch = result.rank, result.microbatch
     loads, tokens = cell_accounts(problem, rank, microbatch, num_microbatches)
     if tokens.size and tokens.max() > problem.max_tokens:
         m, r = np.unravel_index(int(np.argmax(tokens)), tokens.shape)
@@ -251,13 +305,16 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     overhead = problem.microbatch_overhead
     cost = step_cost(loads, overhead)
     check_step_cost(cost, loads, overhead)
+    claimed = _claimed_step_bound(problem, result, loads, algorithm)
     fixed = floor_microbatches is None
     floor_m = num_microbatches if fixed else floor_microbatches
     bound = float_sum([problem.cost_bound, floor_m * overhead])
-    if fixed and result.lower_bound is not None:
-        bound = max(bound, float_sum([float(result.lower_bound), num_microbatches * overhead]))
     if proven_bound is not None:
         bound = max(bound, float(proven_bound))
+    bound = rounded_up(bound, cost, problem.num_ranks,
+                       lambda: float(overhead).is_integer() and integral(problem.item_costs))
+    if fixed and claimed is not None:
+        bound = max(bound, claimed)
     # Bounds are float sums in another order than the plan's; never let rounding lift one
     # above a step cost that was actually reached.
     bound = min(bound, cost)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from .cost import CostModel
-from .problem import Problem, Status, lower_bound, rank_loads, rank_tokens, require_equal_counts
-from .validation import as_index
+from .problem import (Problem, Status, integer_values, lower_bound, rank_loads, rank_tokens,
+                      require_equal_counts)
+from .validation import as_index, is_real
+
+FLOAT_EXACT = 2**53  # integer sums below this are exact in float64
 
 
 def relative_gap(makespan: float, lower_bound: float) -> float:
@@ -71,14 +76,78 @@ class BalancePlan:
         return hashlib.sha256(self.assignment.astype("<i8").tobytes()).hexdigest()
 
 
+def kernel_status(status, algorithm: str) -> Status:
+    """A kernel's `status` as a `Status`; RuntimeError naming the kernel when it is none."""
+    try:
+        return Status(status)
+    except ValueError:
+        raise RuntimeError(f"algorithm {algorithm!r} returned status {status!r}; expected one of "
+                           f"{[str(known) for known in Status]}") from None
+
+
+def claimed_bound(claimed, cost: float, algorithm: str, terms: int, what: str = "makespan") -> float | None:
+    """A kernel's `lower_bound` (None when it claims none) as a float at most `cost`, its own plan's.
+
+    No plan beats a lower bound, so one above the cost its plan reaches is a false certificate:
+    RuntimeError naming the kernel, beyond what float rounding explains (bound and cost summed
+    in other orders, `terms` additions each: a relative terms · 2**-52).  What is left, up to
+    the cost, is the kernel's claim: a bound equal to its plan's cost claims the plan optimal,
+    as `check_conformance` verifies against the exact optimum.
+
+    >>> claimed_bound(10.000000000000002, 10.0, "exact", terms=4), claimed_bound(None, 10.0, "lpt", terms=4)
+    (10.0, None)
+    """
+    if claimed is None:
+        return None
+    if not is_real(claimed) or math.isnan(claimed):
+        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r}; expected a real number or None")
+    claimed = float(claimed)
+    if claimed > cost * (1.0 + terms * 2.0**-52):
+        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r} above the {what} {cost!r} of "
+                           f"its own plan: a bound no plan can beat cannot exceed a cost that a plan reaches, so the "
+                           f"kernel's certificate is false")
+    return min(claimed, cost)
+
+
+def integral(costs: np.ndarray) -> bool:
+    """Whether every cost is an integer (a float64 array).
+
+    >>> integral(np.array([3.0, 0.0])), integral(np.array([2.5]))
+    (True, False)
+    """
+    return not costs.size or integer_values(costs) is not None
+
+
+def rounded_up(bound: float, cost: float, num_ranks: int, integral_costs: Callable[[], bool]) -> float:
+    """`bound` raised to the next integer where every plan's cost is one (bound 101074.75 proves
+    a makespan of 101075 optimal).
+
+    Only where `integral_costs()` (every item cost, and overhead, an integer) and num_ranks ·
+    `cost` < 2**53: every load, sum and bound is then exact (Σ of all costs <= D · cost) but
+    for the bound's last rounding, which never lifts it above the integer it lies below, so
+    no plan costs less than its ceiling.  Kernels' own bounds are not rounded: their float
+    error is theirs.
+
+    >>> rounded_up(101074.75, 101075.0, 4, lambda: True), rounded_up(9.5, 10.0, 2, lambda: False)
+    (101075.0, 9.5)
+    """
+    if bound >= cost or bound == math.floor(bound) or num_ranks * cost >= FLOAT_EXACT or not integral_costs():
+        return bound
+    return float(math.ceil(bound))
+
+
 def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorithm: str,
               kernel_bound: float | None = None, solve_seconds: float = 0.0,
               communication_aware: bool = False) -> BalancePlan:
     """Check a kernel's assignment and wrap it with loads, bound and status.
 
-    A kernel that returns a malformed assignment or overflows the cap is a bug, so this
-    raises RuntimeError rather than hand a wrong plan to the caller.
+    A kernel that returns a malformed assignment, overflows the cap or certifies a bound above
+    its own makespan is a bug, so this raises RuntimeError rather than hand a wrong plan to the
+    caller.  The bound is the larger of `lower_bound(problem)` (rounded up where costs are
+    integers: `rounded_up`) and the kernel's (`claimed_bound`); the status is optimal when it
+    equals the makespan.
     """
+    status = kernel_status(status, algorithm)
     assignment = np.asarray(assignment)
     if assignment.shape != problem.lengths.shape or assignment.dtype.kind not in "iu":
         raise RuntimeError(f"algorithm {algorithm!r} returned an assignment of shape "
@@ -96,15 +165,14 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
     if problem.equal_counts:
         require_equal_counts(problem, assignment, algorithm)
     makespan = float(loads.max())
-    if kernel_bound is not None and kernel_bound >= makespan:
+    claimed = claimed_bound(kernel_bound, makespan, algorithm, problem.num_items + 1)
+    if claimed == makespan:
         bound = makespan  # the kernel proved its plan optimal: no other bound can add to that
     else:
-        bound = lower_bound(problem)
-        if kernel_bound is not None:
-            bound = max(bound, float(kernel_bound))
+        bound = rounded_up(lower_bound(problem), makespan, problem.num_ranks, lambda: integral(problem.item_costs))
         # Bounds are float sums in another order than the loads; never let rounding lift
         # one above a makespan that was actually reached.
-        bound = min(bound, makespan)
+        bound = min(bound if claimed is None else max(bound, claimed), makespan)
     if makespan == bound:
         status = Status.OPTIMAL
     elif status is Status.OPTIMAL:

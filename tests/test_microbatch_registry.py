@@ -12,7 +12,7 @@ import pytest
 from orchmllm import (MICROBATCH_ALGORITHMS, InfeasibleError, Orchestrator, Stage, Topology,
                       register_microbatch_algorithm)
 from orchmllm.balancers import (CostModel, Kind, MicroBatchAlgorithm, balance_microbatches, get_microbatch_algorithm,
-                                microbatch_algorithms)
+                                microbatch_algorithms, registry)
 from orchmllm.balancers.microbatch_plan import MicroBatchResult
 from orchmllm.orchestrator import Batch
 
@@ -130,3 +130,47 @@ def test_regression_a_kernel_that_never_packs_raised_a_bare_stop_iteration():
                                               r".* though one exists \(exhaustive search\): try algorithm='exact'"):
         balance_microbatches([1, 2, 3], 2, max_tokens_per_microbatch=8, algorithm="test_never_packs",
                              num_microbatches=2)
+
+
+def returning(result):
+    """A kernel that returns `result(problem, num_microbatches)` for every M."""
+    def kernel(problem, num_microbatches):
+        return result(problem, num_microbatches)
+    return kernel
+
+
+def cells(n, m=0):
+    return np.zeros(n, dtype=np.int64) + m
+
+
+MALFORMED = {
+    "short-rank": (lambda p, m: MicroBatchResult(cells(p.num_items - 1), cells(p.num_items)),
+                   r"returned `rank` of shape \(2,\) and dtype int64; expected \(3,\) ints"),
+    "2-d-microbatch": (lambda p, m: MicroBatchResult(cells(p.num_items), cells(p.num_items)[None, :]),
+                       r"returned `microbatch` of shape \(1, 3\) and dtype int64; expected \(3,\) ints"),
+    "float-rank": (lambda p, m: MicroBatchResult(cells(p.num_items) + 0.0, cells(p.num_items)),
+                   r"returned `rank` of shape \(3,\) and dtype float64; expected \(3,\) ints"),
+    "ragged": (lambda p, m: MicroBatchResult([0, [1, 2], 0], cells(p.num_items)),
+               r"returned `rank` that is no array \(.*\); expected \(3,\) ints"),
+    "microbatch-out-of-range": (lambda p, m: MicroBatchResult(cells(p.num_items), cells(p.num_items, m)),
+                                r"put item 0 in microbatch (\d), outside \[0, \1\) for num_microbatches=\1 on 2 ranks"),
+    "tuple": (lambda p, m: (cells(p.num_items), cells(p.num_items)),
+              r"returned a tuple for num_microbatches=\d; expected a MicroBatchResult \(or None: no packing\)"),
+    "status": (lambda p, m: MicroBatchResult(cells(p.num_items), cells(p.num_items), "best"),
+               r"returned status 'best'; expected one of \['optimal', 'feasible', 'time_limit'\]"),
+    "nan-bound": (lambda p, m: MicroBatchResult(cells(p.num_items), cells(p.num_items), lower_bound=float("nan")),
+                  r"returned lower_bound=nan; expected a real number or None"),
+}
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 2], ids=["free-M", "fixed-M"])
+@pytest.mark.parametrize("fault", sorted(MALFORMED))
+def test_regression_a_malformed_kernel_result_raised_a_numpy_error(monkeypatch, fault, num_microbatches):
+    """Cause: with M free the step cost of each M's result was summed before any check of its
+    form, so a kernel's wrong lengths or shapes surfaced as numpy's broadcast or index errors."""
+    result, message = MALFORMED[fault]
+    record = MicroBatchAlgorithm("test_malformed", returning(result), description="a malformed result")
+    monkeypatch.setitem(registry._microbatch_records, record.name, record)
+    with pytest.raises(RuntimeError, match=rf"^algorithm 'test_malformed' {message}"):
+        balance_microbatches([3, 2, 1], 2, max_tokens_per_microbatch=8, algorithm="test_malformed",
+                             num_microbatches=num_microbatches)

@@ -1,0 +1,146 @@
+"""A plan's certificate (bound and status) is checked, not taken on a kernel's word: a bound
+above the plan's own cost is a false certificate refused naming the kernel, the built-in exact
+kernels' proofs stay `optimal`, and bounds round up to the next integer where every cost is one."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from orchmllm.balancers import (Algorithm, CostModel, KernelResult, MicroBatchAlgorithm, Status, balance,
+                                balance_microbatches, lpt, make_problem, microbatch_greedy, registry)
+from orchmllm.balancers.plan import make_plan, rounded_up
+from orchmllm.testing import brute_force, brute_force_microbatches
+
+LENGTHS = [3, 3, 2, 2, 2]  # LPT: {3, 2, 2} = 7 on 2 ranks; optimum 6 ({3, 3} and {2, 2, 2})
+
+
+@pytest.fixture
+def register(monkeypatch):
+    """Register a record for one test only."""
+    def add(record):
+        table = registry._microbatch_records if isinstance(record, MicroBatchAlgorithm) else registry._records
+        monkeypatch.setitem(table, record.name, record)
+        return record.name
+    return add
+
+
+def lpt_certified_by(bound):
+    def kernel(problem):
+        return KernelResult(lpt.solve(problem).assignment, lower_bound=bound)
+    return kernel
+
+
+def greedy_certified_by(bound):
+    def kernel(problem, num_microbatches):
+        result = microbatch_greedy.solve(problem, num_microbatches)
+        return None if result is None else result._replace(lower_bound=bound)
+    return kernel
+
+
+@pytest.mark.parametrize("bound", [math.inf, 1e18, 8.0], ids=["inf", "1e18", "one-above"])
+def test_regression_a_kernel_bound_above_its_makespan_made_the_plan_optimal(register, bound):
+    """Cause: make_plan took any kernel bound at or above the makespan for a proof of optimality,
+    so a plugin's `lower_bound=inf` labelled a plan far above the optimum `optimal`."""
+    name = register(Algorithm("test_lpt_false_bound", lpt_certified_by(bound), description="LPT, false bound"))
+    assert balance(LENGTHS, 2, algorithm="lpt").makespan == 7.0 > brute_force(LENGTHS, 2).makespan
+    with pytest.raises(RuntimeError, match=rf"algorithm 'test_lpt_false_bound' returned lower_bound="
+                                           rf"{re.escape(repr(bound))} above the makespan 7.0 of its own plan: .* certificate is false"):
+        balance(LENGTHS, 2, algorithm=name)
+
+
+@pytest.mark.parametrize("bound", [math.nan, "90", np.array([90.0])], ids=["nan", "str", "array"])
+def test_a_kernel_bound_that_is_no_number_is_refused_naming_the_kernel(bound):
+    problem = make_problem(LENGTHS, 3)
+    with pytest.raises(RuntimeError, match=r"algorithm 'mine' returned lower_bound=.* expected a real number or None"):
+        make_plan(problem, lpt.solve(problem).assignment, Status.FEASIBLE, "mine", kernel_bound=bound)
+
+
+def test_a_kernel_status_that_is_no_status_is_refused_naming_the_kernel():
+    problem = make_problem(LENGTHS, 3)
+    with pytest.raises(RuntimeError, match=r"algorithm 'mine' returned status 'best'; expected one of \['optimal'"):
+        make_plan(problem, lpt.solve(problem).assignment, "best", "mine")
+
+
+def test_a_kernel_bound_within_float_rounding_of_its_makespan_proves_it():
+    """Bounds and loads are float sums in other orders: a bound one ulp above is the kernel's proof."""
+    problem = make_problem([1, 2, 3], 2, cost=CostModel(linear=0.1))
+    assignment = np.array([0, 0, 1])
+    makespan = 0.1 + 0.2  # 0.30000000000000004, the loads' sum
+    plan = make_plan(problem, assignment, Status.OPTIMAL, "mine", kernel_bound=math.nextafter(makespan, 1.0))
+    assert plan.makespan == plan.lower_bound == makespan and plan.status is Status.OPTIMAL
+
+
+@pytest.mark.parametrize("name", ["exact", "ilp", "padded"])
+def test_the_built_in_exact_kernels_still_prove_their_plans(name):
+    padded = name == "padded"
+    plan = balance([23, 19, 17, 13, 11, 7, 5, 3, 2], 3, algorithm=name, padded=padded,
+                   cost=CostModel(linear=1.5, quadratic=0.01))
+    assert plan.status is Status.OPTIMAL and plan.lower_bound == plan.makespan
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 2], ids=["free-M", "fixed-M"])
+def test_regression_a_microbatch_kernel_bound_above_its_step_cost_made_the_plan_optimal(register, num_microbatches):
+    """Cause: with M fixed, make_microbatch_plan clamped any kernel bound to the step cost, so a
+    micro-batch kernel's `lower_bound=1e18` labelled its plan `optimal`."""
+    name = register(MicroBatchAlgorithm("test_greedy_false_bound", greedy_certified_by(1e18), description="false"))
+    with pytest.raises(RuntimeError, match=r"algorithm 'test_greedy_false_bound' returned lower_bound=1e\+18 above "
+                                           r"the Σ_m max_r load \S+ of its own plan"):
+        balance_microbatches(LENGTHS, 2, max_tokens_per_microbatch=6, algorithm=name,
+                             num_microbatches=num_microbatches)
+
+
+def test_the_exact_microbatch_kernel_still_proves_its_plans():
+    plan = balance_microbatches([6, 5, 4, 3, 2, 2], 2, max_tokens_per_microbatch=8, num_microbatches=2,
+                                algorithm="exact", microbatch_overhead=0.25, cost=CostModel(linear=1.5))
+    assert plan.status is Status.OPTIMAL and plan.lower_bound == plan.step_cost
+    assert plan.step_cost == brute_force_microbatches([6, 5, 4, 3, 2, 2], 2, 8, 2, cost=CostModel(linear=1.5),
+                                                      microbatch_overhead=0.25).step_cost
+
+
+# -- integer costs: bounds round up ------------------------------------------------------
+
+ROUNDING = [5, 4, 3, 3, 2]  # total 17 on 2 ranks: bound 8.5, optimum 9 ({5, 4} and {3, 3, 2})
+
+
+@pytest.mark.parametrize("algorithm, options", [
+    ("lpt", {}), ("multifit", {"cost": CostModel(per_item=1, linear=2)}), ("lpt", {"costs": [5, 4, 3, 3, 2]}),
+    ("lpt", {"equal_counts": True})], ids=["tokens", "integer-model", "costs", "equal-counts"])
+def test_regression_a_fractional_bound_left_an_optimal_plan_feasible(algorithm, options):
+    """Cause: the bound total / D = 8.5 was kept as it was, though with integer costs no plan
+    costs less than 9: LPT's optimal plan of makespan 9 was labelled `feasible` (MULTIFIT's of
+    20 with costs 1 + 2·l, bound 19.5)."""
+    plan = balance(ROUNDING, 2, algorithm=algorithm, **options)
+    optimum = brute_force(ROUNDING, 2, **options)
+    assert plan.makespan == optimum.makespan and plan.lower_bound == plan.makespan
+    assert plan.status is Status.OPTIMAL
+
+
+@pytest.mark.parametrize("options, bound, makespan", [
+    ({"costs": [5, 4, 3, 3, 1.5]}, 8.25, 8.5),  # a fractional cost: 8.5 is optimal, 9 would not be a bound
+    ({"cost": CostModel(linear=1, quadratic=0.5)}, 24.25, 25.0),
+], ids=["fractional-costs", "fractional-model"])
+def test_a_bound_stays_fractional_where_a_cost_is_fractional(options, bound, makespan):
+    plan = balance(ROUNDING, 2, algorithm="lpt", **options)
+    assert (plan.lower_bound, plan.makespan, plan.status) == (bound, makespan, Status.FEASIBLE)
+    assert brute_force(ROUNDING, 2, **options).makespan >= plan.lower_bound
+
+
+def test_no_rounding_where_a_sum_could_be_inexact():
+    """num_ranks · makespan at or above 2**53: some sum behind the bound may have rounded."""
+    assert rounded_up(4.5, 2.0**52, 2, lambda: True) == 4.5
+    assert rounded_up(4.5, 2.0**52, 1, lambda: True) == 5.0
+
+
+@pytest.mark.parametrize("overhead, status", [(0.0, Status.OPTIMAL), (2.0, Status.OPTIMAL),
+                                              (0.5, Status.FEASIBLE)], ids=["none", "integer", "fractional"])
+def test_regression_a_fractional_microbatch_bound_left_an_optimal_plan_feasible(overhead, status):
+    """Cause: the same, for micro-batched steps: Σ c / D = 8.5 (plus M · overhead) was kept;
+    with integer costs and overhead every step costs an integer."""
+    plan = balance_microbatches(ROUNDING, 2, max_tokens_per_microbatch=100, algorithm="greedy",
+                                microbatch_overhead=overhead)
+    optimum = brute_force_microbatches(ROUNDING, 2, 100, 1, microbatch_overhead=overhead)
+    assert plan.num_microbatches == 1 and plan.step_cost == optimum.step_cost == 9.0 + overhead
+    assert plan.status is status
+    assert plan.lower_bound == (plan.step_cost if status is Status.OPTIMAL else 8.5 + overhead)
