@@ -9,7 +9,11 @@ Other packages add algorithms without touching orchmllm's files, either by calli
 `register_algorithm(name, kernel, ...)` or by declaring an entry point in the group
 ``orchmllm.algorithms`` (the entry point's name is the algorithm's, its object an
 `Algorithm` record or a kernel).  Entry points are loaded lazily, the first time a name is
-not found or the registry is listed.
+not found or the registry is listed; one that fails to import, or whose name clashes with a
+registered algorithm, is skipped with a warning naming its distribution, so it never breaks
+another algorithm.  Names are reserved from the start: the built-in algorithms' and every
+entry point's (orchmllm's own, the peers', first), so `register_algorithm` cannot take a name
+that an entry point will bring; only the entry point's own module registers under it.
 
 Micro-batch kernels (`balance_microbatches`: a cell (rank, micro-batch) per item) have their
 own records, `MicroBatchAlgorithm`, added with `register_microbatch_algorithm` or by an
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -41,6 +46,7 @@ from .problem import Kernel, KernelResult, Problem
 from .validation import as_bool
 
 ENTRY_POINT_GROUP = "orchmllm.algorithms"
+DISTRIBUTION = "orchmllm"  # whose entry points (the peers') reserve their names before any other's
 
 
 class Kind(str, Enum):
@@ -162,15 +168,49 @@ _records: dict[str, Algorithm] = {}
 _microbatch_records: dict[str, MicroBatchAlgorithm] = {}
 _lock = threading.RLock()
 _plugins_loaded = False
+_entry_points: tuple[importlib.metadata.EntryPoint, ...] | None = None
+_loading: importlib.metadata.EntryPoint | None = None  # the entry point being loaded
 
 
-def _add(record: Algorithm | MicroBatchAlgorithm) -> Algorithm | MicroBatchAlgorithm:
+def _distribution(entry: importlib.metadata.EntryPoint) -> str:
+    return entry.dist.name if entry.dist is not None else "an unknown distribution"
+
+
+def _describe(entry: importlib.metadata.EntryPoint) -> str:
+    return (f"the entry point {entry.name} = {entry.value} of distribution {_distribution(entry)} "
+            f"(group {ENTRY_POINT_GROUP!r})")
+
+
+def _group_entry_points() -> tuple[importlib.metadata.EntryPoint, ...]:
+    """The entry points of the group `orchmllm.algorithms`, orchmllm's own first (read once)."""
+    global _entry_points
+    with _lock:
+        if _entry_points is None:
+            found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+            _entry_points = tuple(sorted(found, key=lambda entry: _distribution(entry) != DISTRIBUTION))
+        return _entry_points
+
+
+def _check_reserved(record: Algorithm | MicroBatchAlgorithm) -> None:
+    """Refuse `record` when an entry point reserves its name and the record is not that entry
+    point's: registered while it loads, or a kernel of the module it names."""
+    entry = next((entry for entry in _group_entry_points() if entry.name == record.name), None)
+    if entry is None or entry is _loading or getattr(record.kernel, "__module__", None) == entry.module:
+        return
+    if _loading is not None and _distribution(_loading) == _distribution(entry):
+        return  # the distribution's own modules, imported by one of its entry points
+    raise ValueError(f"algorithm name {record.name!r} is reserved by {_describe(entry)}; choose another name")
+
+
+def _add(record: Algorithm | MicroBatchAlgorithm, reserved: bool = True) -> Algorithm | MicroBatchAlgorithm:
     records = _microbatch_records if isinstance(record, MicroBatchAlgorithm) else _records
     with _lock:
         known = records.get(record.name)
         if known is not None and known != record:
             raise ValueError(f"algorithm {record.name!r} is already registered ({known.kind}: "
                              f"{known.description}); choose another name")
+        if known is None and reserved:
+            _check_reserved(record)
         return records.setdefault(record.name, record)
 
 
@@ -223,30 +263,40 @@ def register_microbatch_algorithm(name: str, kernel: MicroBatchKernel, *, padded
                                     description=description))
 
 
+def _load_entry_point(entry: importlib.metadata.EntryPoint) -> None:
+    target = entry.load()
+    if isinstance(target, (Algorithm, MicroBatchAlgorithm)):
+        if target.name != entry.name:
+            raise ValueError(f"it names algorithm {target.name!r}; the names must agree")
+        _add(target)
+    elif callable(target):
+        register_algorithm(entry.name, target)
+    else:
+        raise TypeError(f"it must be an orchmllm Algorithm, a MicroBatchAlgorithm or a kernel; "
+                        f"got {type(target).__name__}")
+
+
 def _load_plugins() -> None:
-    """Register every entry point of the group `orchmllm.algorithms` (once)."""
-    global _plugins_loaded
+    """Register every entry point of the group `orchmllm.algorithms` (once); warn of and skip
+    each that fails to import or clashes, naming it and its distribution."""
+    global _plugins_loaded, _loading
     with _lock:
         if _plugins_loaded:
             return
         _plugins_loaded = True  # a plugin that lists the registry while loading sees what is there so far
         try:
-            for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-                target = entry.load()
-                if isinstance(target, (Algorithm, MicroBatchAlgorithm)):
-                    if target.name != entry.name:
-                        raise ValueError(f"entry point {entry.name!r} = {entry.value!r} in group "
-                                         f"{ENTRY_POINT_GROUP!r} names algorithm {target.name!r}; the names must agree")
-                    _add(target)
-                elif callable(target):
-                    register_algorithm(entry.name, target)
-                else:
-                    raise TypeError(f"entry point {entry.name!r} = {entry.value!r} in group {ENTRY_POINT_GROUP!r} "
-                                    f"must be an orchmllm Algorithm, a MicroBatchAlgorithm or a kernel; "
-                                    f"got {type(target).__name__}")
-        except BaseException:
+            for entry in _group_entry_points():
+                _loading = entry
+                try:
+                    _load_entry_point(entry)
+                except Exception as error:  # any plugin's bug: reported, never another algorithm's failure
+                    warnings.warn(f"orchmllm skipped {_describe(entry)}: {type(error).__name__}: {error}",
+                                  RuntimeWarning, stacklevel=4)
+        except BaseException:  # interrupted: load again next time
             _plugins_loaded = False
             raise
+        finally:
+            _loading = None
 
 
 def _find(name, records: dict | None = None):
@@ -379,5 +429,5 @@ for _record in (
     MicroBatchAlgorithm("exact", microbatch_exact.solve, exact=True, kind=Kind.OURS,
                         description="branch and bound over cells for a given M, within a work budget"),
 ):
-    _add(_record)
+    _add(_record, reserved=False)
 del _record

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchmllm import register_algorithm
+from orchmllm import register_algorithm, register_microbatch_algorithm
 from orchmllm.balancers import Algorithm, KernelResult, balance, get_algorithm
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -90,9 +90,85 @@ def test_a_broken_entry_point_is_named(tmp_path):
                 '[project.entry-points."orchmllm.algorithms"]\nnot_a_kernel = "broken_balancer:NOT_A_KERNEL"\n',
                 tmp_path / "site")
     result = run_with(tmp_path / "site", "-c", "from orchmllm import balance; balance([1, 2], 2, algorithm='x')")
-    assert result.returncode == 1
-    assert ("TypeError: entry point 'not_a_kernel' = 'broken_balancer:NOT_A_KERNEL' in group 'orchmllm.algorithms' "
-            "must be an orchmllm Algorithm, a MicroBatchAlgorithm or a kernel; got int") in result.stderr
+    assert result.returncode == 1 and "ValueError: unknown `algorithm` 'x'; choose one of" in result.stderr
+    assert ("RuntimeWarning: orchmllm skipped the entry point not_a_kernel = broken_balancer:NOT_A_KERNEL of "
+            "distribution broken-balancer (group 'orchmllm.algorithms'): TypeError: it must be an orchmllm "
+            "Algorithm, a MicroBatchAlgorithm or a kernel; got int") in result.stderr
+
+
+def fake_distribution(path: Path, name: str, module: str, source: str, entry_points: str) -> Path:
+    """A distribution on `path` (a module and a dist-info declaring its entry points), no pip needed."""
+    (path / f"{module}.py").write_text(source)
+    info = path / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[orchmllm.algorithms]\n" + entry_points)
+    return path
+
+
+CLASHING = (
+    "import numpy as np\nfrom orchmllm.balancers import KernelResult\n\n"
+    "def first_rank(problem):\n    return KernelResult(np.zeros(problem.num_items, dtype=np.int64))\n")
+
+
+def test_regression_entry_points_that_clash_or_fail_broke_every_listing(tmp_path):
+    """Cause: the first entry point that failed to import, or whose name was taken, raised out of
+    the loader, so every listing of the registry (compare, plan's choices, an unknown name)
+    raised with it.  Each is now skipped with a warning naming it and its distribution."""
+    fake_distribution(tmp_path, "clashing-plugins", "clashing_plugins", CLASHING,
+                      "lpt = clashing_plugins:first_rank\nverl_kk = clashing_plugins:first_rank\n"
+                      "gone = clashing_plugins_gone:kernel\nfirst_rank = clashing_plugins:first_rank\n")
+    script = ("import json, warnings\nwarnings.simplefilter('always')\n"
+              "from orchmllm.balancers import ALGORITHMS, balance, get_algorithm\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    names = list(ALGORITHMS)\n"
+              "print(json.dumps({'lpt': balance([3, 2, 1], 2, algorithm='lpt').assignment.tolist(),\n"
+              "                  'first_rank': balance([3, 2, 1], 2, algorithm='first_rank').assignment.tolist(),\n"
+              "                  'verl_kk': str(get_algorithm('verl_kk').kind), 'listed': names,\n"
+              "                  'warnings': sorted(str(w.message) for w in caught)}))\n")
+    result = run_with(tmp_path, "-c", script)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["lpt"] == [0, 1, 1] and seen["first_rank"] == [0, 0, 0] and seen["verl_kk"] == "peer"
+    assert {"lpt", "verl_kk", "first_rank"} <= set(seen["listed"]) and "gone" not in seen["listed"]
+    where = "of distribution clashing-plugins (group 'orchmllm.algorithms')"
+    assert seen["warnings"] == [
+        f"orchmllm skipped the entry point gone = clashing_plugins_gone:kernel {where}: ModuleNotFoundError: No "
+        f"module named 'clashing_plugins_gone'",
+        f"orchmllm skipped the entry point lpt = clashing_plugins:first_rank {where}: ValueError: algorithm 'lpt' "
+        f"is already registered (ours: longest processing time first; <= (4/3 - 1/(3D)) x optimum unpadded); "
+        f"choose another name",
+        f"orchmllm skipped the entry point verl_kk = clashing_plugins:first_rank {where}: ValueError: algorithm "
+        f"'verl_kk' is already registered (peer: verl (reimplemented): Karmarkar-Karp on 24576*l + l^2, equal "
+        f"counts when D | n); choose another name"]
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("length\n" + "\n".join(map(str, [40, 7, 19, 3, 25, 11, 8, 30])) + "\n")
+    for command in (["plan", str(lengths), "-D", "2", "--algorithm", "lpt", "--json"],
+                    ["compare", "--lengths", str(lengths), "-D", "2", "--json"]):
+        done = run_with(tmp_path, "-m", "orchmllm", *command)
+        assert done.returncode == 0 and "orchmllm skipped the entry point gone" in done.stderr, done.stderr
+
+
+def test_regression_a_peer_name_could_be_taken_before_the_entry_points_loaded():
+    """Cause: names were only checked against what was registered, and the peers register on
+    first listing: `register_algorithm('verl_kk', k)` succeeded, and every listing then raised."""
+    script = ("from orchmllm.balancers import ALGORITHMS, lpt, register_algorithm\n"
+              "try:\n    register_algorithm('verl_kk', lpt.solve)\nexcept ValueError as error:\n    print(error)\n"
+              "print(ALGORITHMS['verl_kk'].kind, len(ALGORITHMS) > 10)\n")
+    result = run_with(Path(__file__).parent, "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "algorithm name 'verl_kk' is reserved by the entry point verl_kk = orchmllm.study.peers:VERL_KK of "
+        "distribution orchmllm (group 'orchmllm.algorithms'); choose another name", "peer True"]
+
+
+def test_a_reserved_name_is_refused_in_process_too():
+    with pytest.raises(ValueError, match="algorithm 'verl_kk' is already registered|algorithm name 'verl_kk' is "
+                                         "reserved by the entry point verl_kk"):
+        register_algorithm("verl_kk", halves)
+    with pytest.raises(ValueError, match="algorithm name 'omnibal_2d' is reserved by the entry point omnibal_2d = "
+                                         "orchmllm.study.peers:OMNIBAL_2D of distribution orchmllm"):
+        register_microbatch_algorithm("omnibal_2d", lambda problem, num_microbatches: None)
 
 
 def halves(problem):
