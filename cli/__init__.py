@@ -16,25 +16,27 @@ import argparse
 import os
 import sys
 
-from . import compare, demo, plan, simulate
 from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser, MissingDependencyError,
                      UsageError, one_line)
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
-SUBCOMMANDS = (compare, simulate, demo, plan)
-
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of the `orchmllm` command and its subcommands."""
+    """The argparse parser of the `orchmllm` command and its subcommands.
+
+    The subcommands (numpy, scipy and the solvers behind them) are imported here, not at
+    module import, so that `main` catches a Ctrl-C during these imports too.
+    """
     from .. import __version__
+    from . import compare, demo, plan, simulate
 
     parser = ArgumentParser(prog="orchmllm", description=__doc__.split("\n")[0],
                             epilog="run `orchmllm COMMAND --help` for the options and examples of each command",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"orchmllm {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in SUBCOMMANDS:
+    for module in (compare, simulate, demo, plan):
         module.add_parser(commands)
     return parser
 
@@ -53,10 +55,9 @@ def main(argv=None) -> int:
     reported as one line with exit 2; any other exception is a bug and propagates with
     its traceback (exit 1).
     """
-    parser = build_parser()
     command = "orchmllm"
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
         if args.command is None:
             raise UsageError("choose a command: compare, simulate, demo or plan (see `orchmllm --help`)")
         command = f"orchmllm {args.command}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
+from functools import cache
 
 import numpy as np
 
@@ -12,12 +13,24 @@ from ..balancers import get_algorithm
 from ..study.compare import BASELINE, LOCALITY_SUFFIX, PEER_TIMING, peer_names, ratio
 
 
-def console(stderr: bool = False):
-    """A rich console on stdout (or stderr); 132 columns when not a terminal, wide enough for the tables."""
+@cache
+def _console_class():
     from rich.console import Console
 
+    class PipeConsole(Console):
+        """rich's Console, but a reader closing the pipe raises BrokenPipeError (rich exits 1 silently),
+        which the command's `main` ends with exit 141."""
+
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return PipeConsole
+
+
+def console(stderr: bool = False):
+    """A rich console on stdout (or stderr); 132 columns when not a terminal, wide enough for the tables."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 132)
+    return _console_class()(stderr=stderr, highlight=False, width=None if stream.isatty() else 132)
 
 
 @contextmanager
