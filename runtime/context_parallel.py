@@ -147,10 +147,10 @@ class ContextParallelLayout:
     """
 
     rank: int
-    world_size: int
     sequences: tuple
     splits: tuple[SplitItem, ...]
     lengths: tuple[int, ...]
+    group: object = None  # the process group whose ranks `splits` names (None: the world)
     exchanges: dict = field(default_factory=dict)  # causal -> _Exchange, made on first use
 
     @classmethod
@@ -158,50 +158,18 @@ class ContextParallelLayout:
         """Check this rank's `sequences` against `splits` (every split item of the micro-batch, the same on
         every rank), then agree on every rank of `group`: a collective, every rank calls it, in a split
         group or not."""
-        rank, world_size = group_rank(group), group_size(group)
+        rank = group_rank(group)
         try:
-            layout = cls._checked(rank, world_size, sequences, splits)
-            digest = fingerprint(tuple((s.item, s.length, s.group) for s in layout.splits))
+            sequences, splits = _checked(rank, group_size(group), sequences, splits)
+            digest = fingerprint(tuple((s.item, s.length, s.group) for s in splits))
         except (TypeError, ValueError) as error:
             _agree(FAILED_INPUT, group)
             raise type(error)(f"rank {rank}: {error}") from None
         _agree(digest, group)
-        return layout
-
-    @classmethod
-    def _checked(cls, rank, world_size, sequences, splits) -> "ContextParallelLayout":
-        if isinstance(sequences, (str, bytes)) or not hasattr(sequences, "__iter__"):
-            raise TypeError(f"`sequences` must be a sequence of lengths and SplitItems; got {type(sequences).__name__}")
-        sequences = tuple(entry if isinstance(entry, SplitItem) else as_int(entry, "sequences entry", minimum=0)
-                          for entry in sequences)
-        held = [entry for entry in sequences if isinstance(entry, SplitItem)]
-        if isinstance(splits, (str, bytes)) or not hasattr(splits, "__iter__"):
-            raise TypeError(f"`splits` must be a sequence of SplitItems; got {type(splits).__name__}")
-        splits = tuple(splits)
-        if not all(isinstance(split, SplitItem) for split in splits):
-            raise TypeError("`splits` must hold SplitItems")
-        ids = [split.item for split in splits]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"`splits` must name each item once; got items {ids}")
-        for split in splits:
-            if max(split.group) >= world_size:
-                raise ValueError(f"split item {split.item}'s group {split.group} names ranks beyond the "
-                                 f"{world_size} ranks of the process group")
-        for entry in held:
-            if entry not in splits:
-                raise ValueError(f"`sequences` holds a shard of split item {entry.item} that `splits` does not list")
-            if rank not in entry.group:
-                raise ValueError(f"`sequences` holds a shard of split item {entry.item}, whose group "
-                                 f"{entry.group} does not name rank {rank}")
-        for split in splits:
-            count = held.count(split)
-            if rank in split.group and count != 1:
-                raise ValueError(f"rank {rank} is named in the group {split.group} of split item {split.item} "
-                                 f"but `sequences` holds {count} shards of it (must hold exactly one)")
         lengths = tuple(entry if is_int(entry) else
                         len(shard_positions(entry.length, entry.degree, entry.group.index(rank)))
                         for entry in sequences)
-        return cls(rank, world_size, sequences, splits, lengths)
+        return cls(rank, sequences, splits, lengths, group)
 
     @property
     def num_tokens(self) -> int:
@@ -219,6 +187,41 @@ class ContextParallelLayout:
         if causal not in self.exchanges:
             self.exchanges[causal] = _plan_exchange(self, causal)
         return self.exchanges[causal]
+
+
+def _as_tuple(values, name: str, what: str) -> tuple:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"`{name}` must be a sequence of {what}; got {type(values).__name__}")
+    return tuple(values)
+
+
+def _checked(rank: int, world_size: int, sequences, splits) -> tuple[tuple, tuple]:
+    """This rank's sequences (ints, SplitItems) and the split items, checked against each other."""
+    sequences = tuple(entry if isinstance(entry, SplitItem) else as_int(entry, "sequences entry", minimum=0)
+                      for entry in _as_tuple(sequences, "sequences", "lengths and SplitItems"))
+    splits = _as_tuple(splits, "splits", "SplitItems")
+    if not all(isinstance(split, SplitItem) for split in splits):
+        raise TypeError("`splits` must hold SplitItems")
+    ids = [split.item for split in splits]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"`splits` must name each item once; got items {ids}")
+    for split in splits:
+        if max(split.group) >= world_size:
+            raise ValueError(f"split item {split.item}'s group {split.group} names ranks beyond the "
+                             f"{world_size} ranks of the process group")
+    held = [entry for entry in sequences if isinstance(entry, SplitItem)]
+    for entry in held:
+        if entry not in splits:
+            raise ValueError(f"`sequences` holds a shard of split item {entry.item} that `splits` does not list")
+        if rank not in entry.group:
+            raise ValueError(f"`sequences` holds a shard of split item {entry.item}, whose group "
+                             f"{entry.group} does not name rank {rank}")
+    for split in splits:
+        count = held.count(split)
+        if rank in split.group and count != 1:
+            raise ValueError(f"rank {rank} is named in the group {split.group} of split item {split.item} "
+                             f"but `sequences` holds {count} shards of it (must hold exactly one)")
+    return sequences, splits
 
 
 def _agree(digest: bytes, group) -> None:
@@ -348,15 +351,15 @@ def _attend(query, key, value, valid, run: _Run, causal: bool, scale) -> torch.T
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                layout: ContextParallelLayout, *, causal: bool = True,
-                               key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
-                               group=None) -> torch.Tensor:
+                               key_padding_mask: torch.Tensor | None = None,
+                               scale: float | None = None) -> torch.Tensor:
     """Attention of this rank's packed sequences, each split item over its whole item; (tokens, heads, dim_v).
 
     `query` (tokens, heads, dim), `key` (tokens, kv_heads, dim), `value` (tokens, kv_heads, dim_v),
     packed in `layout`'s order; kv_heads divides heads (grouped-query attention). `key_padding_mask`
     (tokens,) bool, True where a token is padding: no query attends to it (a query with no key left
-    gets zeros). The ranks of a split item's group call it together, with the same `causal`; `group`
-    is the process group `layout` was built on.
+    gets zeros). The ranks of a split item's group call it together, with the same `causal`, and all
+    or none with a `key_padding_mask`.
 
     >>> split = SplitItem(item=0, length=4, group=(0,))
     >>> layout = ContextParallelLayout.build([2, split], [split])
@@ -371,7 +374,7 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     if exchange.buffer_rows or exchange.send_rows:
         padding_column = (torch.ones(tokens, 1) if valid is None else valid[:, None]).to(key.dtype).to(key.device)
         rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1), padding_column], dim=1)
-        buffer = _GatherKeys.apply(rows, exchange, group)
+        buffer = _GatherKeys.apply(rows, exchange, layout.group)
         gathered = (buffer[:, :key[0].numel()].reshape(-1, *key.shape[1:]),
                     buffer[:, key[0].numel():-1].reshape(-1, *value.shape[1:]),
                     None if valid is None else buffer[:, -1] > 0)

@@ -69,7 +69,7 @@ def relative_error(got, expected):
     return float((got - expected).abs().max()) / scale if expected.numel() and scale else 0.0
 
 
-def rank_layout(items, rank):
+def rank_layout(items, rank, process_group=None):
     """This rank's sequences for `items` [(length, group)]: a group of one rank is an unsplit sequence."""
     splits = [SplitItem(index, length, group) for index, (length, group) in enumerate(items) if len(group) > 1]
     sequences, held = [], []
@@ -79,7 +79,7 @@ def rank_layout(items, rank):
             sequences.append(length if split is None else split)
             held.append((index, np.arange(length) if split is None else
                          shard_positions(length, len(group), group.index(rank))))
-    return ContextParallelLayout.build(sequences, splits), held
+    return ContextParallelLayout.build(sequences, splits, group=process_group), held
 
 
 def errors_against(expected, loss, weight_grads, input_grads, held):
@@ -101,11 +101,11 @@ class Case:
     dtype: torch.dtype = torch.float64
 
 
-def run_case(rank, case):
+def run_case(rank, case, group=None):
     """This rank's part of `case`: the global loss and projection gradients (all-reduced), its inputs'
     gradients and the tokens it held."""
     data = item_data(case.seed, [length for length, _ in case.items], case.padded)
-    layout, held = rank_layout(case.items, rank)
+    layout, held = rank_layout(case.items, rank, group)
     weights = projections(case.seed, case.dtype)
     pick = lambda part: torch.cat([data[i][part][pos] for i, pos in held]) if held else data[0][part][:0]  # noqa: E731
     x = pick(0).to(case.dtype).requires_grad_()
@@ -115,7 +115,7 @@ def run_case(rank, case):
     loss.backward()
     loss = loss.detach()
     for tensor in [loss] + [w.grad for w in weights]:
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=group)
     return loss, [w.grad for w in weights], x.grad, held
 
 
@@ -165,6 +165,18 @@ def test_shards_and_unsplit_sequences_of_several_groups_in_one_call():
     cases = [Case(MIXED, seed, *options) for seed, options in enumerate(OPTIONS)]
     for error, _ in run_cases(cases, 4):
         assert error <= 1e-12
+
+
+def subgroup_job(rank, size, case):
+    group = dist.new_group([1, 2])  # once, at start-up; rank 0 is in no group and sends nothing
+    return None if rank == 0 else run_case(dist.get_rank(group), case, group)
+
+
+def test_a_layout_on_a_sub_group_numbers_its_ranks_within_it():
+    case = Case(((9, (1, 0)), (4, (0,)), (5, (0, 1))), 5, True, True)
+    results = spawn(subgroup_job, 3, args=(case,), timeout_s=60)
+    error, _ = verify(case, results[1:])
+    assert results[0] is None and error <= 1e-12
 
 
 def test_float32_adds_no_more_than_the_rounding_of_the_unsplit_computation():
