@@ -17,9 +17,11 @@ balanced, with Karmarkar–Karp, for its DP ranks (`equal_size=True`) and its mi
 Each plan is the better of Karmarkar–Karp (verl's algorithm; the balanced variant with
 `equal_size`) and LPT, with free sizes then improved by a short local search: never worse
 than Karmarkar–Karp, much better where that is weak (equal sizes on long-tailed
-workloads), and faster than verl's at verl's sizes (`benchmarks/bench_verl.py`).  On purpose, values must be finite and
-non-negative (verl balances NaN or negative values into arbitrary partitions, or asserts
-on an empty one), and no partition is ever empty (verl asserts when its merges leave one).
+workloads), and faster than verl's at verl's sizes (`benchmarks/bench_verl.py`); for the
+best plan at any cost, `balance(seqlen_list, k, equal_counts=equal_size)` searches longer.
+On purpose, values must be finite and non-negative (verl balances NaN or negative values
+into arbitrary partitions, or asserts on an empty one), and no partition is ever empty
+(verl asserts when its merges leave one).
 
     from orchmllm.integrations.verl import get_seqlen_balanced_partitions
     # in place of: from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
