@@ -34,7 +34,7 @@ from torch.utils.data import Sampler
 from ..balancers import BalancePlan, CostModel, MicroBatchPlan, balance, balance_microbatches
 from ..balancers.problem import as_lengths, integer_sum
 from ..balancers.validation import as_bool, as_int
-from .agreement import ConfigMismatchError, disagreement, fingerprint, words_of
+from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import comm_device, group_rank, group_size, is_distributed
 
 
@@ -169,24 +169,24 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                 "cost": CostModel() if self.cost is None else self.cost, "algorithm": self.algorithm}
 
     def check_ranks_agree(self) -> None:
-        """All-gather one fingerprint per setting, and the rank; raise `ConfigMismatchError` on
-        every rank naming the settings that differ (a collective of `group`; no-op alone)."""
+        """All-gather a fingerprint of the settings, and the rank; raise `ConfigMismatchError` on every
+        rank naming the settings that differ (a collective of `group`; no-op alone)."""
         if not is_distributed(self.group):
             return
         settings = self._settings()
-        mine = np.concatenate([words_of(fingerprint(value)) for value in settings.values()] + [[self.rank]])
-        gathered = [torch.empty(mine.size, dtype=torch.int64, device=comm_device(self.group))
-                    for _ in range(group_size(self.group))]
-        dist.all_gather(gathered, torch.from_numpy(mine).to(gathered[0].device), group=self.group)
+        digest = fingerprint(*(part for setting in settings.items() for part in setting))
+        mine = torch.from_numpy(np.append(words_of(digest), self.rank)).to(comm_device(self.group))
+        gathered = [torch.empty_like(mine) for _ in range(group_size(self.group))]
+        dist.all_gather(gathered, mine, group=self.group)
         rows = np.stack([row.cpu().numpy() for row in gathered])
-        differing = [name for field, name in enumerate(settings)
-                     if np.any(rows[:, 4 * field:4 * field + 4] != rows[0, 4 * field:4 * field + 4])]
         problems = [self._rank_problem(rows[:, -1].tolist())]
-        if differing:  # the same rows on every rank: all of them gather the descriptions here
+        differ = disagreement([row[:-1].tobytes() for row in rows], "BalancedDistributedSampler configuration",
+                              group_rank(self.group), show=lambda value: value.hex()[:12])
+        if differ:  # the same rows on every rank: all of them gather the settings here
             shown = [None] * group_size(self.group)
-            dist.all_gather_object(shown, {name: _describe(settings[name]) for name in differing}, group=self.group)
-            problems += [disagreement([seen[name] for seen in shown], f"BalancedDistributedSampler's `{name}`",
-                                      group_rank(self.group)) for name in differing]
+            dist.all_gather_object(shown, {name: _describe(value) for name, value in settings.items()},
+                                   group=self.group)
+            problems.append(f"{differ}; settings that differ: {options_that_differ(shown)}")
         problems = [problem for problem in problems if problem]
         if problems:
             raise ConfigMismatchError("; ".join(problems) + "; every rank must pass the same dataset and options (and "

@@ -274,9 +274,10 @@ def test_ranks_that_disagree_on_a_setting_all_raise_naming_it(disagreement_outco
     for rank, outcomes in enumerate(disagreement_outcomes):
         kind, message = outcomes[case]
         assert kind == "ConfigMismatchError"
-        named = re.findall(r"BalancedDistributedSampler's `([^`]+)` differs across ranks \(seen from rank (\d)\): "
-                           r"ranks \[1\] disagree with ranks \[0, 2\]", message)
-        assert named == [(setting, str(rank)) for setting in settings], message
+        assert re.match(rf"BalancedDistributedSampler configuration differs across ranks \(seen from rank {rank}\): "
+                        rf"ranks \[1\] disagree with ranks \[0, 2\] \(.*\); settings that differ: `", message)
+        named = re.findall(r"`([^`]+)` \(ranks \[0, 2\]: [^;]*; ranks \[1\]: [^)]*\)", message)
+        assert named == settings, message
         assert message.endswith("else the shares duplicate or drop samples")
 
 
