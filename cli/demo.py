@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+import time
 
 from . import arguments, render
 from .errors import EXIT_FAILED, EXIT_OK, MissingDependencyError, UsageError
@@ -77,7 +79,7 @@ def print_demo(report) -> list[str]:
     tolerance = report.gradient_tolerance
     out.print(f"gradients, balanced vs unbalanced: max |diff| {report.grad_max_abs_diff:.3g}, relative "
               f"{report.grad_max_rel_diff:.3g} ({'within' if report.grad_max_rel_diff <= tolerance else 'ABOVE'} "
-              f"{report.dtype} rounding tolerance {tolerance:g})")
+              f"{report.dtype} rounding tolerance {tolerance:.2g} for sums of {report.gradient_terms} terms)")
     out.print(f"samples lost {report.samples_lost}, duplicated {report.samples_duplicated}")
 
     def steps(values):
@@ -135,6 +137,16 @@ def _demo_module():
     return demo
 
 
+def stage_printer():
+    """`progress(message)` for the demo: each stage on stderr with the seconds since the start, one
+    line each, --json included (a run takes minutes; stdout stays the report alone)."""
+    start = time.perf_counter()
+
+    def say(message: str) -> None:
+        print(f"orchmllm demo: {time.perf_counter() - start:6.1f} s  {message}", file=sys.stderr, flush=True)
+    return say
+
+
 def run(args) -> int:
     """`orchmllm demo`: train the tiny multimodal model with and without balancing."""
     if args.ranks < 1 or args.steps < 1:
@@ -157,14 +169,14 @@ def run(args) -> int:
             demo.check_run(args.ranks, args.steps, args.dtype, options, args.seed)
     except ValueError as error:
         raise UsageError(str(error)) from error
+    say = stage_printer()
     if torchrun:
-        report = demo.run_demo_in_process_group(args.steps, args.seed, args.dtype, options=options)
+        report = demo.run_demo_in_process_group(args.steps, args.seed, args.dtype, options=options, progress=say)
     else:
-        with render.progress(not args.json, 1, f"training on {args.ranks} gloo ranks") as advance:
-            report = demo.run_demo(args.ranks, args.steps, args.seed, args.dtype, options=options)
-            advance()
+        report = demo.run_demo(args.ranks, args.steps, args.seed, args.dtype, options=options, progress=say)
     if report is None:  # a torchrun rank other than 0: rank 0 prints and decides
         return EXIT_OK
+    say("done")
     if args.json:
         render.print_json(report.to_json())
         return EXIT_FAILED if report.failed_checks() else EXIT_OK

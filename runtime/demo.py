@@ -34,12 +34,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..balancers import CostModel
 from ..balancers.validation import is_int
 from ..orchestrator.stages import Stage
-from .calibration import fit_packed_cost
 from .comm import comm_device, group_size, init_distributed
 from .data import IGNORE, SyntheticMultimodal
+from .demo_costs import busy_clock, calibrate_in_isolation, flops_costs, warm_up
 from .demo_report import DemoReport, summarize
 from .hierarchical import make_transport
 from .launch import spawn
@@ -48,8 +47,7 @@ from .model import ModelConfig, TinyMultimodalModel
 from .multistage import MicroBatchRoutes, MultiStageRuntime
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, normalize_loss
-from .replay import (StageWork, WorkRecorder, keep_freed_memory, on_rank_zero, replay_in_isolation, replay_local,
-                     run_stage)
+from .replay import WorkRecorder, keep_freed_memory, replay_in_isolation
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -63,94 +61,6 @@ def demo_stages(costs: dict, config: ModelConfig, algorithm: str = "auto", eleme
                   input_bytes_per_unit=config.frame_dim * element_bytes,
                   output_bytes_per_token=config.llm_hidden * element_bytes),
             Stage("llm", "llm", costs["llm"], algorithm=algorithm, input_bytes_per_unit=8))
-
-
-def _clock(device: torch.device):
-    """CPU time of this thread on CPU; synchronised wall time on CUDA."""
-    if device.type == "cuda":
-        def clock():
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
-        return clock
-    return time.thread_time
-
-
-def _stage_lengths(data: SyntheticMultimodal) -> dict:
-    """Item lengths of every stage in 16 rank-batches of the dataset (steps no run uses)."""
-    pool = [s for step in range(1000, 1004) for r in range(4) for s in data.samples(step, r)]
-    return {"image": [g.length for s in pool for g in s.segments if g.modality == "image"],
-            "audio": [g.length for s in pool for g in s.segments if g.modality == "audio"],
-            "llm": [s.llm_length for s in pool]}
-
-
-def stage_work(model: TinyMultimodalModel, stage: str, lengths, dtype: torch.dtype, device: torch.device,
-               generator: torch.Generator) -> StageWork:
-    """Random inputs of one stage ("image", "audio" or "llm") on a packed batch of the given item lengths.
-
-    >>> work = stage_work(TinyMultimodalModel(ModelConfig()), "llm", [3, 5], torch.float32, torch.device("cpu"),
-    ...                   torch.Generator().manual_seed(0))
-    >>> work.num_rows, work.lengths.tolist(), work.labels.shape
-    (8, [3, 5], torch.Size([8]))
-    """
-    config, rows = model.config, int(sum(lengths))
-    width = {"image": config.patch_dim, "audio": config.frame_dim, "llm": config.llm_hidden}[stage]
-    inputs = torch.randn(rows, width, generator=generator, dtype=dtype).to(device)
-    labels = (torch.randint(0, config.vocab, (rows,), generator=generator).to(device) if stage == "llm" else None)
-    return StageWork(stage, inputs, torch.tensor(list(lengths), dtype=torch.int64), labels)
-
-
-def calibration_batches(data: SyntheticMultimodal, count: int, seed: int) -> dict:
-    """Per stage, `count` packed batches of the dataset's own items, each of a rank's size
-    give or take half (a stage's items per rank-batch of `_stage_lengths`): the cost model is
-    fitted where the step plans use it.
-
-    >>> batches = calibration_batches(SyntheticMultimodal(ModelConfig(), 4, 0), 3, seed=0)
-    >>> sorted(batches), [2 <= len(batch) <= 7 for batch in batches["llm"]]
-    (['audio', 'image', 'llm'], [True, True, True])
-    """
-    rng, lengths = np.random.default_rng(seed), _stage_lengths(data)
-    batches = {}
-    for name, pool in lengths.items():
-        per_rank = len(pool) / 16
-        sizes = rng.integers(max(1, round(per_rank / 2)), round(3 * per_rank / 2) + 2, count)
-        batches[name] = [sorted(rng.choice(pool, int(size)).tolist()) for size in sizes]
-    return batches
-
-
-def calibrate_in_isolation(model: TinyMultimodalModel, data: SyntheticMultimodal, dtype: torch.dtype,
-                           device: torch.device, rank: int, world_size: int, seed: int = 0, batches: int = 12,
-                           rounds: int = 3) -> tuple[dict, dict]:
-    """Rank 0 times `batches` rank-sized packed batches per stage the way the isolated replay
-    times recorded work (`replay.replay_local`: one process, the works of a stage in lockstep
-    piece by piece, every batch of a stage in each of `rounds` rounds) while the other ranks
-    wait, and fits each stage's cost model on them: the plan is then balanced by the clock of
-    the isolated figures that check it, with no contention between ranks in the timings.
-    ({modality: CostModel}, {modality: RMS error}) on every rank (a collective over the world)."""
-    def fit():
-        drawn = calibration_batches(data, batches, seed)
-        generator = torch.Generator().manual_seed(seed)
-        works = {name: [[stage_work(model, name, lengths, dtype, device, generator)] for lengths in stage_batches]
-                 for name, stage_batches in drawn.items()}
-        seconds = replay_local(model, works, _clock(device), rounds)
-        return calibrate({name: (drawn[name], seconds[name]) for name in drawn})
-
-    return on_rank_zero(fit, rank, world_size)
-
-
-def calibrate(timings: dict) -> tuple[dict, dict]:
-    """Fit each stage's cost model: timings[modality] = (list of batch lengths, list of seconds).
-    ({modality: CostModel}, {modality: RMS error})."""
-    fitted = {name: fit_packed_cost(batches, seconds) for name, (batches, seconds) in timings.items()}
-    return {name: fit[0] for name, fit in fitted.items()}, {name: fit[1] for name, fit in fitted.items()}
-
-
-def warm_up(model: TinyMultimodalModel, data: SyntheticMultimodal, dtype: torch.dtype, device: torch.device) -> None:
-    """One forward+backward per stage on a rank-sized batch: first-touch costs (allocator,
-    page faults, lazy init) would otherwise land in the first measured step."""
-    generator = torch.Generator().manual_seed(0)
-    for name, lengths in _stage_lengths(data).items():
-        run_stage(model, stage_work(model, name, lengths[: max(1, len(lengths) // 16)], dtype, device, generator))
-    model.zero_grad(set_to_none=True)
 
 
 def _sample_ids(ids: torch.Tensor, group=None) -> list[int]:
@@ -253,20 +163,6 @@ class DemoOptions:
             raise ValueError(f"`transport` must be 'flat' or 'hierarchical'; got {self.transport!r}")
 
 
-def flops_costs(config: ModelConfig) -> dict:
-    """Per-stage FLOP cost models of the tiny model, in each stage's length unit."""
-    vision = CostModel.from_transformer(num_layers=config.encoder_layers, hidden_size=config.encoder_hidden,
-                                        num_heads=config.heads, causal=False)
-    audio = CostModel.from_transformer(num_layers=config.encoder_layers, hidden_size=config.encoder_hidden,
-                                       num_heads=config.heads, causal=False)
-    llm = CostModel.from_transformer(num_layers=config.llm_layers, hidden_size=config.llm_hidden,
-                                     num_heads=config.heads, causal=True)
-    head = 3 * 2 * config.llm_hidden * config.vocab
-    return {"image": vision,
-            "audio": CostModel(linear=audio.linear / config.stride, quadratic=audio.quadratic / config.stride ** 2),
-            "llm": CostModel(linear=llm.linear + head, quadratic=llm.quadratic)}
-
-
 def _extra_passes(runtime, routes, batch, model, clock, passes: int) -> list[float]:
     """Run `passes` more identical steps (gradients discarded); per micro-batch, their least busy time."""
     best = None
@@ -282,22 +178,33 @@ def _least(busy: list, extra: list | None) -> list[float]:
     return busy if extra is None else np.minimum(busy, extra).tolist()
 
 
+def gradient_terms(batch) -> int:
+    """The most rows one weight gradient of the tiny model sums over in a step of this global
+    `Batch`: its LLM tokens, image patches or audio frames (`demo_report.rounding_tolerance`)."""
+    encoder_rows = [int(batch.segment_length[batch.segments_of(modality)].sum()) for modality in batch.modalities]
+    return max([int(batch.sample_llm_length.sum()), *encoder_rows])
+
+
 def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str = "float32",
-          options: DemoOptions = DemoOptions()) -> dict:
-    """The per-rank body of the demo (inside an initialised process group)."""
+          options: DemoOptions = DemoOptions(), progress: Callable[[str], None] | None = None) -> dict:
+    """The per-rank body of the demo (inside an initialised process group); rank 0 tells
+    `progress` each stage of the run as it starts."""
+    say = progress if progress is not None and rank == 0 else (lambda message: None)
     device = comm_device()
     torch_dtype = DTYPES[dtype]
     torch.manual_seed(seed)
     config = ModelConfig()
     model = TinyMultimodalModel(config).to(device=device, dtype=torch_dtype)
     data = SyntheticMultimodal(config, options.samples_per_rank, seed)
-    clock = _clock(device)
+    clock = busy_clock(device)
     keep_freed_memory()  # on every rank: rank 0's replays keep freed memory, so the ranks' allocators agree
+    say("warming up")
     warm_up(model, data, torch_dtype, device)
     calibration_start = time.perf_counter()
     if options.costs == "flops":
         costs, fit_errors = flops_costs(config), {}
     else:
+        say("timing the stage cost models (rank 0, in isolation)")
         costs, fit_errors = calibrate_in_isolation(model, data, torch_dtype, device, rank, world_size, seed)
     calibration_seconds = time.perf_counter() - calibration_start
     stages = demo_stages(costs, config, options.algorithm, torch.finfo(torch_dtype).bits // 8)
@@ -320,11 +227,13 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     record = {"busy_unbalanced": [], "busy_balanced": [], "grad_diff": [], "ids_sent": [],
               "ids_unbalanced": [], "ids_balanced": [], "step_seconds": [], "exchange_seconds": [],
               "plan_wait_seconds": [], "planning_seconds": [], "bytes_sent": [], "stage_imbalance": [],
-              "busy_identical": [], "planned_balanced": [], "planned_unbalanced": [], "num_microbatches": []}
+              "busy_identical": [], "planned_balanced": [], "planned_unbalanced": [], "num_microbatches": [],
+              "gradient_terms": []}
     recorded = {}  # (mode, step) -> the StageWork of that pass, replayed in isolation afterwards
     concurrent_start = time.perf_counter()
     next_routes = None
     for step in range(steps):
+        say(f"step {step + 1} of {steps}: training unbalanced and balanced")
         batch = data.local_batch(step, rank, torch_dtype).to(device)
         record["ids_sent"].append(_sample_ids(batch.per_sample["sample_id"]))
         same = data.local_batch(step, 0, torch_dtype).to(device)
@@ -336,6 +245,7 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
 
         routes = unbalanced.plan(batch.samples)
         record["planned_unbalanced"].append(_planned_loads(routes))
+        record["gradient_terms"].append(gradient_terms(routes.batch))
         extra = _extra_passes(unbalanced, routes, batch, model, clock, options.repeats - 1)
         recorded["unbalanced", step] = WorkRecorder()
         busy, ids = _train_step(unbalanced, routes, batch, model, clock, None, lambda _: recorded["unbalanced", step])
@@ -387,6 +297,7 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     prefetcher.close()
     record["concurrent_seconds"] = time.perf_counter() - concurrent_start
     replay_start = time.perf_counter()
+    say("replaying every rank's work in isolation")
     # The identical work is rank 0's batch on every rank: its unbalanced pass (the same tensors);
     # per micro-batch cell, rank 0's cell of the balanced step.
     copies = {("identical", step): ("unbalanced", step) for step in range(steps)}
@@ -456,7 +367,8 @@ def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float3
              samples_per_rank: int = 16, algorithm: str = "auto", transport: str = "flat",
              gpus_per_node: int | None = None, costs: str = "calibrated", repeats: int = 3,
              replay_repeats: int = 5, max_tokens_per_microbatch: int | None = None,
-             options: DemoOptions | None = None, timeout_s: float = 600.0) -> DemoReport:
+             options: DemoOptions | None = None, timeout_s: float = 600.0,
+             progress: Callable[[str], None] | None = None) -> DemoReport:
     """Spawn `ranks` CPU gloo processes, train `steps` steps with and without
     post-balancing on the same data, replay every rank's work in isolation, and return
     the report (`DemoReport`; `report.failed_checks()` is the pass/fail verdict).
@@ -464,20 +376,24 @@ def run_demo(ranks: int = 4, steps: int = 3, seed: int = 0, dtype: str = "float3
     Each concurrent busy time is the minimum over `repeats` identical passes of the
     step, each isolated stage time an average over `replay_repeats` rounds; with
     `max_tokens_per_microbatch` the balanced step is micro-batched (gradient accumulation).
-    `options`, if given, replaces those keyword arguments.
+    `options`, if given, replaces those keyword arguments; `progress(message)` hears each
+    stage of the run as it starts (from rank 0's process).
     """
     if options is None:
         options = DemoOptions(samples_per_rank, algorithm, transport, gpus_per_node, costs, repeats, replay_repeats,
                               max_tokens_per_microbatch)
     check_run(ranks, steps, dtype, options, seed)
     start = time.perf_counter()
-    records = spawn(train, ranks, args=(steps, seed, dtype, options),
+    if progress is not None:
+        progress(f"starting {ranks} gloo ranks")
+    records = spawn(train, ranks, args=(steps, seed, dtype, options, progress),
                     timeout_s=timeout_s, collective_timeout_s=min(timeout_s, 120.0))
     return summarize(records, ranks, steps, dtype, time.perf_counter() - start, options.max_tokens_per_microbatch)
 
 
 def run_demo_in_process_group(steps: int = 3, seed: int = 0, dtype: str = "float32", *,
-                              options: DemoOptions = DemoOptions()) -> DemoReport | None:
+                              options: DemoOptions = DemoOptions(),
+                              progress: Callable[[str], None] | None = None) -> DemoReport | None:
     """The demo on the ranks torchrun started (`torchrun --nproc-per-node N -m orchmllm
     demo`): NCCL when CUDA is available, else gloo.  The report on rank 0, None elsewhere."""
     start = time.perf_counter()
@@ -486,7 +402,7 @@ def run_demo_in_process_group(steps: int = 3, seed: int = 0, dtype: str = "float
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
     try:
-        record = train(rank, world_size, steps, seed, dtype, options)
+        record = train(rank, world_size, steps, seed, dtype, options, progress)
         records = [None] * world_size
         dist.all_gather_object(records, record)
     finally:
