@@ -162,7 +162,8 @@ def train(rank: int, world_size: int) -> dict:
 
 def show(report: dict, world_size: int) -> None:
     for step, figures in enumerate(report["steps"]):
-        stages = ", ".join(f"{name} {before:.2f} -> {after:.2f}" for name, (before, after) in figures["balance"].items())
+        stages = ", ".join(f"{name} {before:.2f} -> {after:.2f}"
+                           for name, (before, after) in figures["balance"].items())
         print(f"step {step}: loss {figures['loss']:.4f}  slowest rank / mean, as sampled -> balanced: {stages}")
     print(f"step 0 gradients, FSDP2 vs one process in float64: max |diff| {report['grad_max_abs_diff']:.3g} "
           f"(largest gradient {report['grad_max_abs']:.3g}) on {world_size} ranks")
