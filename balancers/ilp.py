@@ -48,12 +48,13 @@ from scipy.sparse import csr_array
 from . import exact, lpt, milp, padded
 from .problem import (InfeasibleError, KernelResult, Problem, Status, as_time_limit, lower_bound,
                       make_problem, rank_loads, rank_tokens)
+from .validation import SizeLimitError
 
 DEFAULT_TIME_LIMIT = 10.0
 """Seconds an exact solver (HiGHS here, `exact`, the node-wise ILP) may search when given no time limit."""
 
 MAX_BINARIES = 25_000
-"""Largest model (assignment binaries) `ilp` builds; bigger problems raise ValueError."""
+"""Largest model (assignment binaries) `ilp` builds; bigger problems raise SizeLimitError (a ValueError)."""
 
 _MIN_SECONDS = 0.01
 _BOUND_SLACK = 1e-6
@@ -235,7 +236,7 @@ def _check_size(problem: Problem) -> None:
     used = min(n, num_ranks)  # the j-th item may use ranks 0..j only (symmetry breaking)
     binaries = used * (used + 1) // 2 + (n - used) * used
     if binaries > MAX_BINARIES:
-        raise ValueError(
+        raise SizeLimitError(
             f"algorithm 'ilp' needs {binaries} binaries for {n} items × {num_ranks} ranks, over "
             f"MAX_BINARIES={MAX_BINARIES}; use 'auto' (or 'padded' for padded batches)")
 

@@ -3,7 +3,8 @@
 `is_int` / `is_real` are the predicates (a bool is neither, numpy scalars are both);
 `as_int`, `as_real` and `as_bool` check, canonicalise to a Python scalar and raise
 TypeError for the wrong type, ValueError for a value out of range, with messages that
-name the argument and the requirement.
+name the argument and the requirement.  `SizeLimitError` is the ValueError of an input
+beyond one of orchmllm's size limits.
 """
 
 from __future__ import annotations
@@ -12,6 +13,14 @@ import math
 import numbers
 
 import numpy as np
+
+
+class SizeLimitError(ValueError):
+    """An input beyond a size limit of orchmllm (an exact model's variables, a sampled step's samples).
+
+    The message names the limit and what to use instead; the command reports it as bad
+    input (exit 2), and `compare` as an algorithm that does not apply to that stage.
+    """
 
 
 def is_int(value) -> bool:

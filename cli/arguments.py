@@ -39,6 +39,28 @@ def int_list(text: str, name: str) -> list[int]:
     return values
 
 
+def rank_count(value: int, option: str) -> int:
+    """A rank (or GPU) count: >= 1 and at most the balancers' 2**20 (`problem.MAX_RANKS`)."""
+    from ..balancers.problem import as_num_ranks
+
+    positive_int(value, option)
+    with usage_errors(f"{option} {value}"):
+        return as_num_ranks(value)
+
+
+def rank_list(text: str, option: str) -> list[int]:
+    """Comma-separated rank (or GPU) counts, each as `rank_count` checks it."""
+    return [rank_count(value, option) for value in int_list(text, option)]
+
+
+def batch_size(num_ranks: int, samples_per_rank: int, option: str) -> None:
+    """UsageError naming `option` when a step of `num_ranks` × `samples_per_rank` samples is too large to draw."""
+    from ..study.simulator import check_batch_size
+
+    with usage_errors(f"{option} {samples_per_rank}"):
+        check_batch_size(num_ranks, samples_per_rank)
+
+
 def positive_int(value: int | None, name: str) -> None:
     """UsageError unless `value` (when given) is >= 1."""
     if value is not None and value < 1:

@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import math
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -55,6 +56,22 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _is_column_name(text: str) -> bool:
+    """A header field: not a number, nor what a mistyped number looks like (`8l2`, `-`, `.5x`)."""
+    return bool(text) and not _is_number(text) and text[0] not in "0123456789+-."
+
+
+def _has_header(first: list[str], where: str) -> bool:
+    """Whether the first line (its stripped fields) is a header of column names; UsageError when it
+    is neither names nor numbers, naming its first field that is not a column name."""
+    if all(_is_number(field) for field in first):
+        return False
+    if all(_is_column_name(field) for field in first):
+        return True
+    odd = next(field for field in first if not _is_column_name(field))
+    raise UsageError(f"{where}: expected an integer length or a header line of column names, got {odd!r}")
+
+
 def _pick_column(header: list[str], column: str | None, path: Path) -> int:
     if column is None:
         if len(header) == 1:
@@ -65,27 +82,51 @@ def _pick_column(header: list[str], column: str | None, path: Path) -> int:
     return header.index(column)
 
 
+def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
+    """The non-blank rows of a CSV file with their line numbers; UsageError naming the line of a bad one."""
+    reader = csv.reader(io.StringIO(path.read_text(encoding=TEXT_ENCODING)))
+    try:
+        return [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]
+    except csv.Error as error:  # a field over csv.field_size_limit(), a NUL byte, ...
+        raise UsageError(f"{path}:{reader.line_num}: not a valid CSV line ({one_line(error)})") from None
+
+
 def _read_csv(path: Path, column: str | None) -> list[int]:
-    rows = list(csv.reader(io.StringIO(path.read_text(encoding=TEXT_ENCODING))))
-    rows = [(number, row) for number, row in enumerate(rows, start=1) if any(cell.strip() for cell in row)]
+    rows = _csv_rows(path)
     if not rows:
         raise UsageError(f"{path}: no lengths in the file")
     first = [cell.strip() for cell in rows[0][1]]
-    has_header = not all(_is_number(cell) for cell in first)
-    if has_header:
+    width = len(first)
+    if _has_header(first, f"{path}:{rows[0][0]}"):
         index = _pick_column(first, column, path)
         rows = rows[1:]
     elif column is not None:
         raise UsageError(f"{path}: --column {column!r} given but the file has no header line")
+    elif width > 1:
+        raise UsageError(f"{path}:{rows[0][0]}: {width} comma-separated fields and no header line; a file of "
+                         f"several columns needs a header line naming them, and --column to choose one")
     else:
         index = 0
-    width = len(first)
     lengths = []
     for number, row in rows:
         if len(row) != width:
             raise UsageError(f"{path}:{number}: expected {width} comma-separated fields, got {len(row)}")
         lengths.append(_parse_length(row[index], f"{path}:{number}"))
     return lengths
+
+
+def _parse_json(line: str, where: str):
+    """One JSON value; UsageError (naming `where`) for bad JSON, an integer past Python's digit
+    limit or nesting past its recursion limit."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{where}: not valid JSON ({error.msg})") from None
+    except ValueError:  # int("1" * 5000): the integer's digits pass sys.get_int_max_str_digits()
+        raise UsageError(f"{where}: a number of more than {sys.get_int_max_str_digits()} digits; lengths must "
+                         f"be below 2**53") from None
+    except RecursionError:
+        raise UsageError(f"{where}: not valid JSON (nested too deeply; a line holds a length or an object)") from None
 
 
 def _read_json_lines(path: Path, column: str | None) -> list[int]:
@@ -95,10 +136,7 @@ def _read_json_lines(path: Path, column: str | None) -> list[int]:
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise UsageError(f"{where}: not valid JSON ({error.msg})") from None
+        value = _parse_json(line, where)
         if isinstance(value, dict):
             if key not in value:
                 raise UsageError(f"{where}: object has no key {key!r} (keys: {sorted(value)}); use --column")
@@ -111,7 +149,28 @@ def _read_json_lines(path: Path, column: str | None) -> list[int]:
     return lengths
 
 
+def _check_npy_size(path: Path) -> None:
+    """UsageError when the .npy header claims more bytes than the file holds (checked before
+    np.load allocates them: a header of 10**12 items in a 100-byte file)."""
+    with path.open("rb") as handle:
+        try:
+            version = np.lib.format.read_magic(handle)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                return  # np.load names the version it cannot read
+            shape, _, dtype = read_header(handle)
+        except (ValueError, OSError, EOFError):
+            return  # np.load reports the broken header
+        claimed = math.prod(shape) * dtype.itemsize
+        held = path.stat().st_size - handle.tell()
+    if claimed > held:
+        raise UsageError(f"{path}: the header claims shape {shape}, {claimed} bytes, but the file holds {held} "
+                         f"after it")
+
+
 def _read_npy(path: Path) -> np.ndarray:
+    _check_npy_size(path)
     try:
         array = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
@@ -162,6 +221,14 @@ def require_file(path, what: str) -> None:
         raise UsageError(f"{what} {str(path)!r} not found")
 
 
+def check_parent(option: str, path, made=None) -> None:
+    """UsageError when the directory `path` goes into does not exist (and is not `made`, the
+    --plot directory this run makes): a mistyped path must not create directories anywhere."""
+    parent = Path(path).parent
+    if not parent.exists() and (made is None or parent != Path(made)):
+        raise UsageError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
+
+
 @contextmanager
 def writing(option: str, path):
     """Report an OSError while writing `path` (given with `option`) as a one-line UsageError."""
@@ -175,7 +242,6 @@ def writing(option: str, path):
 def write_rows_csv(rows: list[dict], path, option: str = "--csv") -> None:
     """One CSV line per row (dicts of the same keys), with a header line."""
     with writing(option, path) as target:
-        target.parent.mkdir(parents=True, exist_ok=True)
         with target.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()
@@ -186,17 +252,18 @@ PLAN_SUFFIXES = (".json", ".csv", ".npy")
 
 
 def check_plan_path(path) -> None:
-    """UsageError for an --output file type `save_plan` cannot write (checked before balancing)."""
+    """UsageError for an --output file type `save_plan` cannot write, or into a missing directory
+    (checked before balancing)."""
     suffix = Path(path).suffix.lower()
     if suffix not in PLAN_SUFFIXES:
         raise UsageError(f"--output {str(path)!r}: unknown file type {suffix!r}; use .json, .csv or .npy")
+    check_parent("--output", path)
 
 
 def save_plan(plan, payload_json: str, path) -> None:
     """Write `plan`: .npy (the assignment), .csv (item,rank lines) or .json (`payload_json`)."""
     check_plan_path(path)
     with writing("--output", path) as target:
-        target.parent.mkdir(parents=True, exist_ok=True)
         suffix = target.suffix.lower()
         if suffix == ".npy":
             np.save(target, np.asarray(plan.assignment), allow_pickle=False)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-
+from ..balancers.validation import SizeLimitError
 from ..study.compare import LOCALITY_SUFFIX, file_stages, plan_for
 from . import arguments, render
-from .errors import UsageError, one_line
+from .errors import UsageError, one_line, usage_errors
 from .files import check_plan_path, load_lengths, save_plan
 
 EXAMPLES = """examples:
@@ -60,20 +60,35 @@ def _cap_error(error) -> UsageError:
     return UsageError(f"{one_line(error)} (smallest cap known to be needed: --max-tokens {error.min_cap})")
 
 
+def _check_applies(option_value: str, name: str, padded: bool) -> None:
+    """UsageError when algorithm `name` balances only the other cost (padded or unpadded) than --padded says."""
+    from ..balancers import algorithms, get_algorithm
+
+    if get_algorithm(name.removesuffix(LOCALITY_SUFFIX)).solves(padded):
+        return
+    kind, fix = ("unpadded", "drop --padded") if padded else ("padded", "add --padded")
+    able = ", ".join(record.name for record in algorithms(padded=padded))
+    raise UsageError(f"--algorithm {option_value}: algorithm {name.removesuffix(LOCALITY_SUFFIX)!r} balances "
+                     f"{kind} batches only; {fix}, or choose one of {able}")
+
+
 def run(args) -> int:
     """`orchmllm plan`: balance one lengths file and print or save the assignment."""
     from ..balancers import InfeasibleError, get_algorithm
     from ..balancers.problem import make_problem
 
     arguments.check_time_limit(args.time_limit)
+    arguments.rank_count(args.ranks, "--ranks")
     lengths = load_lengths(args.lengths, args.column)
     name = arguments.algorithms(args.algorithm, "--algorithm")
     if len(name) != 1:
         raise UsageError(f"--algorithm takes one name; got {args.algorithm!r}")
-    arguments.positive_int(args.ranks, "--ranks")
+    _check_applies(args.algorithm, name[0], args.padded)
     if args.output is not None:
         check_plan_path(args.output)
-    stage = file_stages(lengths, args.ranks, arguments.cost_model(args.cost), args.padded, args.bytes_per_token)[0]
+    cost = arguments.cost_model(args.cost)
+    with usage_errors("--bytes-per-token"):
+        stage = file_stages(lengths, args.ranks, cost, args.padded, args.bytes_per_token)[0]
     topology = arguments.topology(args.ranks, args.gpus_per_node) if name[0].endswith(LOCALITY_SUFFIX) else None
     try:
         make_problem(stage.lengths, args.ranks, cost=stage.cost, padded=stage.padded,
@@ -88,6 +103,8 @@ def run(args) -> int:
             advance()
     except InfeasibleError as error:  # a cap only the solve itself finds too small
         raise _cap_error(error) from None
+    except SizeLimitError as error:  # an exact model too large for these items
+        raise UsageError(f"--algorithm {args.algorithm}: {one_line(error)}") from None
     payload = plan_payload(plan)
     if args.output is not None:
         save_plan(plan, render.to_json_text(payload), args.output)

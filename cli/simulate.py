@@ -6,7 +6,7 @@ from pathlib import Path
 
 from . import arguments, render
 from .errors import UsageError, usage_errors
-from .files import require_file, writing
+from .files import check_parent, require_file, writing
 
 EXAMPLES = """examples:
   orchmllm simulate                                  # 84b model, 2560 GPUs, default workload, batch sized by memory
@@ -90,7 +90,9 @@ def run(args) -> int:
         from .plots import require_matplotlib
 
         require_matplotlib()
-    gpus = arguments.int_list(args.gpus, "--gpus")
+    gpus = arguments.rank_list(args.gpus, "--gpus")
+    if args.plot is not None:
+        check_parent("--plot", args.plot)
     if args.max_tokens_per_microbatch is not None:
         return run_microbatched(args, gpus)
     strategies = None if args.strategies is None else [part.strip() for part in args.strategies.split(",")
@@ -99,6 +101,8 @@ def run(args) -> int:
     if args.workload_file is not None:
         require_file(args.workload_file, "workload file")
     for count in gpus:
+        if args.samples_per_rank is not None:
+            arguments.batch_size(count, args.samples_per_rank, "--samples-per-rank")
         with usage_errors(f"--gpus {count}"):
             check_simulation(model=args.model, gpus=count, workload=args.workload, workload_file=args.workload_file,
                              samples_per_rank=args.samples_per_rank, strategies=strategies)
@@ -135,6 +139,8 @@ def run_microbatched(args, gpus: list[int]) -> int:
         raise UsageError(f"unknown micro-batch strategy {unknown[0]!r} in --strategies; choose from "
                          f"{', '.join(STRATEGIES)}")
     samples = DEFAULT_SAMPLES_PER_RANK if args.samples_per_rank is None else args.samples_per_rank
+    for count in gpus:
+        arguments.batch_size(count, samples, "--samples-per-rank")
     runs = []
     with render.progress(not args.json, len(gpus), "simulating") as advance:
         for count in gpus:

@@ -26,6 +26,7 @@ import numpy as np
 from ..balancers import CostModel, Kind, algorithms, balance, balance_microbatches, get_algorithm
 from ..balancers.identity import chunk_sources
 from ..balancers.plan import BalancePlan
+from ..balancers.validation import SizeLimitError, as_real
 from ..topology import Topology, traffic
 from .microbatch_peers import MICROBATCH_PEERS
 from .peers import peer_mode
@@ -58,9 +59,18 @@ class CompareConfig:
 
 def file_stages(lengths: np.ndarray, num_ranks: int, cost: CostModel, padded: bool,
                 bytes_per_token: float) -> tuple[CompareStage, ...]:
-    """A lengths file as one stage, its items listed rank by rank (as an all-gather lists them)."""
-    sources = chunk_sources(lengths.size, num_ranks)
-    return (CompareStage("items", lengths, sources, cost, padded, lengths * float(bytes_per_token)),)
+    """A lengths file as one stage, its items listed rank by rank (as an all-gather lists them).
+
+    ValueError when `bytes_per_token` is not finite and >= 0, or times the longest length
+    overflows float64 (the planners' traffic sums would be inf).
+    """
+    bytes_per_token = as_real(bytes_per_token, "bytes_per_token")
+    with np.errstate(over="ignore"):
+        item_bytes = lengths * bytes_per_token
+    if item_bytes.size and not np.isfinite(item_bytes.max()):
+        raise ValueError(f"`bytes_per_token` = {bytes_per_token} times the longest length {lengths.max()} "
+                         f"overflows float64")
+    return (CompareStage("items", lengths, chunk_sources(lengths.size, num_ranks), cost, padded, item_bytes),)
 
 
 def workload_stages(batch, stages) -> tuple[CompareStage, ...]:
@@ -270,8 +280,9 @@ def run_comparison(configs: Sequence[CompareConfig], algorithms: Sequence[str], 
                    advance: Callable[[], None] = lambda: None) -> Comparison:
     """Run the baseline and every algorithm on every stage of every configuration.
 
-    An algorithm that cannot balance a stage (a padded-only solver on an unpadded stage)
-    is left out, or reported as an "n/a" row with the reason when `report_not_applicable`.
+    An algorithm that cannot balance a stage (a padded-only solver on an unpadded stage, an
+    exact model beyond its size limit) is left out, or reported as an "n/a" row with the
+    reason when `report_not_applicable`.
     `advance()` is called once per (stage, algorithm), for a progress bar.
     """
     rows, runs, peers = [], {}, peer_names()
@@ -287,13 +298,17 @@ def run_comparison(configs: Sequence[CompareConfig], algorithms: Sequence[str], 
                             num_items=int(stage.lengths.size),
                             mode=peer_mode(name, stage.lengths.size, config.num_ranks) if peer else "",
                             timed=PEER_TIMING if peer else "orchmllm")
-                reason = does_not_apply(name, stage.padded)
-                if reason:
+                plan, reason = None, does_not_apply(name, stage.padded)
+                if not reason:
+                    try:
+                        plan = plan_for(name, stage, config.num_ranks, time_limit, topology)
+                    except SizeLimitError as error:
+                        reason = " ".join(str(error).split())
+                if plan is None:
                     if report_not_applicable:
                         rows.append(CompareRow(**head, note=reason))
                     advance()
                     continue
-                plan = plan_for(name, stage, config.num_ranks, time_limit, topology)
                 move = traffic(stage.sources, plan.assignment, stage.item_bytes, topology)
                 baseline = plan.makespan if baseline is None else baseline
                 rows.append(CompareRow(

@@ -49,7 +49,9 @@ from typing import Mapping
 
 import numpy as np
 
-from ..balancers.validation import is_int, is_real
+from ..balancers.microbatch import MAX_CELLS
+from ..balancers.problem import as_num_ranks
+from ..balancers.validation import SizeLimitError, is_int, is_real
 from ..orchestrator.plan import Exchange, StepPlan
 from ..topology import Topology, estimate_exchange
 from .models import GIB, GPUS, MODELS, GPU, ModelConfig, list_models
@@ -61,6 +63,7 @@ STATIC_RESERVE_BYTES = 4 * GIB
 OPTIMIZER_BYTES_PER_PARAM = 16.0
 SAMPLES_PER_RANK_GRID = (1, 2, *range(4, 65, 4))
 MEMORY_HEADROOM = 0.9  # fraction of GPU memory the batch chooser lets `ours` use (module docstring)
+MAX_STEP_SAMPLES = MAX_CELLS  # D × samples per rank a simulated or compared step draws: 2**22, as a plan's cells
 BATCH_REFERENCE = "ours"  # the strategy the default batch is sized for
 
 __all__ = ["BatchChoice", "CompositionFigures", "SimulationRun", "StageFigures", "StepFigures", "check_simulation",
@@ -190,9 +193,10 @@ def seconds_per_cost(gpu: GPU) -> float:
 
 
 def cluster(gpus: int) -> Topology:
-    """H100 nodes of 8 GPUs; fewer than 8 GPUs form one node."""
+    """H100 nodes of 8 GPUs; fewer than 8 GPUs form one node; at most `MAX_RANKS` (2**20) GPUs."""
     if not is_int(gpus) or gpus < 1:
         raise ValueError(f"`gpus` must be a positive int; got {gpus!r}")
+    as_num_ranks(gpus)
     if gpus < 8:
         return Topology(1, int(gpus))
     return Topology.for_world_size(int(gpus), preset="h100")
@@ -358,11 +362,24 @@ def _choose(probe: _Probe, grid: tuple[int, ...], headroom: float) -> tuple[int,
                                            {str(k): probed[k] for k in sorted(probed)})
 
 
+def check_batch_size(num_ranks: int, samples_per_rank: int) -> None:
+    """SizeLimitError when a step of `num_ranks` × `samples_per_rank` samples passes
+    `MAX_STEP_SAMPLES`, checked before sampling allocates them."""
+    samples = num_ranks * samples_per_rank
+    if samples > MAX_STEP_SAMPLES:
+        raise SizeLimitError(f"{num_ranks} ranks × {samples_per_rank} samples per rank make {samples} samples, "
+                             f"beyond 2**22 = {MAX_STEP_SAMPLES}, the most one simulated or compared step draws; "
+                             f"use fewer ranks or samples per rank")
+
+
 def _batch_source(workload: str, workload_file, num_ranks: int, seed: int, available: int | None):
-    """(name, samples_per_rank -> Batch, largest samples per rank the source can supply)."""
+    """(name, samples_per_rank -> Batch, largest samples per rank the source can supply within
+    `MAX_STEP_SAMPLES`)."""
+    most = MAX_STEP_SAMPLES // num_ranks
     if workload_file is None:
-        return workload, lambda n: sample_workload(workload, num_ranks, n, seed), None
-    return str(workload_file), lambda n: load_workload_file(workload_file, n, num_ranks), available // num_ranks
+        return workload, lambda n: sample_workload(workload, num_ranks, n, seed), most
+    return (str(workload_file), lambda n: load_workload_file(workload_file, n, num_ranks),
+            min(available // num_ranks, most))
 
 
 def check_simulation(model: str = "84b", gpus: int = 2560, workload: str = "default", workload_file=None,
@@ -385,6 +402,8 @@ def check_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defa
     num_ranks = cluster(gpus).world_size
     if samples_per_rank is not None and (not is_int(samples_per_rank) or samples_per_rank < 1):
         raise ValueError(f"`samples_per_rank` must be a positive int or None; got {samples_per_rank!r}")
+    if samples_per_rank is not None:
+        check_batch_size(num_ranks, samples_per_rank)
     if workload_file is None:
         if workload not in WORKLOADS:
             raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")

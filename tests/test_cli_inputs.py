@@ -1,0 +1,189 @@
+"""Regressions of issue 24: inputs the `orchmllm` command misread or crashed on, each now a one-line
+error naming the input (exit 2); a closed stdout and an early Ctrl-C end quietly.  Named after their cause."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from orchmllm.cli import main
+
+
+def check_one_line_error(code, stderr, message):
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("orchmllm") and "error: " in lines[0], stderr
+    assert message in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("inputs")
+    (tmp / "good.csv").write_text("3\n4\n5\n6\n")
+    (tmp / "index_length.csv").write_text("0,812\n1,77\n2,300\n")
+    (tmp / "typo.csv").write_text("8l2\n77\n300\n")
+    (tmp / "mixed_header.csv").write_text("length,7\n5,1\n")
+    (tmp / "long_field.csv").write_text("3\n" + "1" * 140_000 + "\n")
+    (tmp / "many_digits.jsonl").write_text("3\n" + "1" * 5000 + "\n")
+    (tmp / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with (tmp / "huge_header.npy").open("wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, {"descr": "<i8", "fortran_order": False, "shape": (10**12,)})
+        handle.write(bytes(64))
+    np.savetxt(tmp / "4000.csv", np.random.default_rng(0).integers(1, 4000, 4000), fmt="%d")
+    return tmp
+
+
+CASES = {
+    # CSV rows of index,length without a header balanced the indices, with exit 0
+    "csv of two columns without a header": (
+        ["plan", "{tmp}/index_length.csv", "-D", "2"],
+        "index_length.csv:1: 2 comma-separated fields and no header line; a file of several columns needs a header"),
+    # a typo on line 1 was taken for a header and that item silently dropped
+    "csv whose first line is a mistyped number": (
+        ["plan", "{tmp}/typo.csv", "-D", "2"],
+        "typo.csv:1: expected an integer length or a header line of column names, got '8l2'"),
+    "csv whose first line mixes names and numbers": (
+        ["plan", "{tmp}/mixed_header.csv", "-D", "2", "--column", "length"],
+        "mixed_header.csv:1: expected an integer length or a header line of column names, got '7'"),
+    # the balancers' ValueError on item bytes escaped with a traceback
+    "negative bytes per token": (["plan", "{tmp}/good.csv", "-D", "2", "--algorithm", "lpt+locality",
+                                  "--bytes-per-token", "-1"], "--bytes-per-token: `bytes_per_token` must be finite"),
+    "nan bytes per token": (["plan", "{tmp}/good.csv", "-D", "2", "--bytes-per-token", "nan"],
+                            "--bytes-per-token: `bytes_per_token` must be finite and >= 0; got nan"),
+    "infinite bytes per token": (["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--bytes-per-token", "inf"],
+                                 "--bytes-per-token: `bytes_per_token` must be finite and >= 0; got inf"),
+    "bytes per token overflowing an item's bytes": (
+        ["plan", "{tmp}/good.csv", "-D", "2", "--algorithm", "lpt+locality", "--bytes-per-token", "1e308"],
+        "--bytes-per-token: `bytes_per_token` = 1e+308 times the longest length 6 overflows float64"),
+    # the balancers refused a padded-only algorithm on an unpadded file with a traceback
+    "padded algorithm on an unpadded file": (
+        ["plan", "{tmp}/good.csv", "-D", "2", "--algorithm", "padded"],
+        "--algorithm padded: algorithm 'padded' balances padded batches only; add --padded, or choose one of "
+        "identity, lpt,"),
+    "padded+locality on an unpadded file": (
+        ["plan", "{tmp}/good.csv", "-D", "8", "--algorithm", "padded+locality"],
+        "--algorithm padded+locality: algorithm 'padded' balances padded batches only; add --padded"),
+    # sizes: numpy's OverflowError, the balancers' ValueError, or allocations that could never fit
+    "ranks beyond int64": (["plan", "{tmp}/good.csv", "-D", str(10**30)],
+                           f"--ranks {10**30}: `num_ranks` must be at most 2**20 = 1048576"),
+    "compare ranks beyond the cap": (["compare", "--ranks", "2097152"],
+                                     "--ranks 2097152: `num_ranks` must be at most 2**20 = 1048576"),
+    "ilp model beyond its size limit": (
+        ["plan", "{tmp}/4000.csv", "-D", "16", "--algorithm", "ilp"],
+        "algorithm 'ilp' needs 63880 binaries for 4000 items × 16 ranks, over MAX_BINARIES=25000; use 'auto'"),
+    "csv field beyond the csv reader's limit": (["plan", "{tmp}/long_field.csv", "-D", "2"],
+                                                "long_field.csv:2: not a valid CSV line (field larger than field "
+                                                "limit (131072))"),
+    "json integer of 5000 digits": (["plan", "{tmp}/many_digits.jsonl", "-D", "2"],
+                                    "many_digits.jsonl:2: a number of more than 4300 digits"),
+    "json nested 10**5 deep": (["plan", "{tmp}/deep.jsonl", "-D", "2"],
+                               "deep.jsonl:1: not valid JSON (nested too deeply"),
+    "npy header claiming 10**12 items": (["plan", "{tmp}/huge_header.npy", "-D", "2"],
+                                         "huge_header.npy: the header claims shape (1000000000000,), 8000000000000 "
+                                         "bytes, but the file holds 64 after it"),
+    "simulate a billion gpus": (["simulate", "--gpus", str(10**9)],
+                                "--gpus 1000000000: `num_ranks` must be at most 2**20 = 1048576"),
+    "simulate micro-batched on a billion gpus": (
+        ["simulate", "--gpus", str(10**9), "--max-tokens-per-microbatch", "16384"],
+        "--gpus 1000000000: `num_ranks` must be at most 2**20"),
+    "simulate a batch beyond the samples cap": (
+        ["simulate", "--gpus", "1048576", "--samples-per-rank", "8"],
+        "--samples-per-rank 8: 1048576 ranks × 8 samples per rank make 8388608 samples, beyond 2**22 = 4194304"),
+    "compare 10**8 items per rank": (
+        ["compare", "-D", "8", "--items-per-rank", "100000000"],
+        "--items-per-rank 100000000: 8 ranks × 100000000 samples per rank make 800000000 samples, beyond 2**22"),
+    # -o created the missing directories (at the filesystem root) and exited 0
+    "output into a missing directory": (["plan", "{tmp}/good.csv", "-D", "2", "-o", "{tmp}/missing/dir/p.json"],
+                                        "--output '{tmp}/missing/dir/p.json': directory '{tmp}/missing/dir' does "
+                                        "not exist"),
+    "csv into a missing directory": (["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--algorithms", "lpt",
+                                      "--csv", "{tmp}/missing/rows.csv"],
+                                     "--csv '{tmp}/missing/rows.csv': directory '{tmp}/missing' does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_input_is_one_line_naming_it_with_exit_2(case, files, capsys):
+    args, message = CASES[case]
+    code = main([arg.format(tmp=files) for arg in args])
+    check_one_line_error(code, capsys.readouterr().err, message.format(tmp=files))
+    assert not (files / "missing").exists()
+
+
+def test_csv_header_of_names_and_a_single_column_still_read(tmp_path, capsys):
+    (tmp_path / "named.csv").write_text("length\n5\n6\n")
+    (tmp_path / "plain.csv").write_text("5\n6\n7e0\n")
+    (tmp_path / "columns.csv").write_text("index,length\n0,5\n1,6\n")
+    for args in (["named.csv"], ["plain.csv"], ["columns.csv", "--column", "length"]):
+        assert main(["plan", str(tmp_path / args[0]), *args[1:], "-D", "1", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["makespan"] == (18 if args[0] == "plain.csv" else 11)
+
+
+def test_compare_reports_an_ilp_too_large_for_a_stage_as_not_applicable(files, capsys):
+    """compare --algorithms ilp,lpt on 4000 items × 16 ranks ended in the ILP's ValueError traceback."""
+    assert main(["compare", "--lengths", str(files / "4000.csv"), "-D", "16", "--algorithms", "ilp,lpt",
+                 "--json"]) == 0
+    rows = {row["algorithm"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["ilp"]["makespan"] is None and "over MAX_BINARIES=25000" in rows["ilp"]["note"]
+    assert rows["lpt"]["makespan"] > 0
+
+
+def test_plot_directory_is_made_but_its_parent_must_exist(files, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "missing" / "plots"
+    code = main(["compare", "--lengths", str(files / "good.csv"), "-D", "2", "--algorithms", "lpt",
+                 "--plot", str(target)])
+    check_one_line_error(code, capsys.readouterr().err, f"--plot {str(target)!r}: directory "
+                                                        f"{str(target.parent)!r} does not exist")
+    assert not target.parent.exists()
+
+
+def run_with_closed_stdout(args):
+    code = ("import os, sys\n"
+            "read_end, write_end = os.pipe()\n"
+            "os.close(read_end)  # the reader is gone, as `head -c 10` is once it has its bytes\n"
+            "os.dup2(write_end, sys.stdout.fileno())\n"
+            "from orchmllm.cli import main\n"
+            f"sys.exit(main({args!r}))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_table_printed_to_a_closed_stdout_ends_quietly_with_exit_141(files):
+    """`plan ... | head -c 10` exited 1 with no message: rich's console turned the broken pipe into exit 1."""
+    result = run_with_closed_stdout(["plan", str(files / "good.csv"), "-D", "2"])
+    assert result.returncode == 141 and result.stderr == "", result.stderr
+
+
+def test_interrupt_during_start_up_imports_is_one_line_and_exit_130():
+    """Ctrl-C while `import orchmllm` loaded numpy and scipy printed a 52-line traceback.
+
+    `-X importtime` reports each import as it completes; the signal goes out once numpy is in,
+    while the rest of orchmllm's imports are still to come.
+    """
+    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "orchmllm", "compare", "-D", "8"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:
+        if line.split("|")[-1].strip() == "numpy":
+            break
+    else:
+        pytest.fail("the command ended without importing numpy")
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=60)
+    messages = [line for line in rest.splitlines() if not line.startswith("import time:")]
+    assert process.returncode == 130, rest
+    assert len(messages) == 1 and messages[0] in ("orchmllm: interrupted", "orchmllm compare: interrupted"), messages
+
+
+def test_simulator_refuses_sizes_that_cannot_fit_before_sampling():
+    """The API path of `simulate --gpus 10**9`: sampling 28 values per GPU asked numpy for 209 GiB."""
+    from orchmllm.balancers.validation import SizeLimitError
+    from orchmllm.study.simulator import check_simulation, run_simulation
+
+    with pytest.raises(ValueError, match=r"`num_ranks` must be at most 2\*\*20 = 1048576"):
+        run_simulation(gpus=10**9)
+    with pytest.raises(SizeLimitError, match=r"1048576 ranks × 8 samples per rank make 8388608 samples, beyond "
+                                             r"2\*\*22 = 4194304"):
+        check_simulation(gpus=2**20, samples_per_rank=8)
