@@ -30,5 +30,6 @@ algorithm), `plan` (the certified `ContextParallelPlan`), `split` (the entry poi
 from .bound import Allotment
 from .plan import ContextParallelPlan
 from .spec import ContextParallel
+from .split import certify_split
 
-__all__ = ["Allotment", "ContextParallel", "ContextParallelPlan"]
+__all__ = ["Allotment", "ContextParallel", "ContextParallelPlan", "certify_split"]

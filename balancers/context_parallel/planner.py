@@ -1,7 +1,8 @@
 """The split planner: the canonical allotment at the bound, groups on aligned blocks, the rest dealt.
 
     T* = canonical bound (`bound.py`)
-    for T in T*, T*·(1 + 1/64), T*·(1 + 2/64), ... (while groups overflow the free blocks):
+    for T in T*, T*·(1 + 1/64), ..., T*·(1 + 7/64), then the items' times above (while groups
+            overflow the free blocks, as long as the estimate below improves):
         degree[i] = smallest degree whose time fits T (only items long for the step split)
         per degree c, largest first: its items, longest time first, into the first group of c
             ranks that stays within T and the token budget (first-fit decreasing), each group
@@ -9,7 +10,8 @@
             no free block joins the least-loaded group of its degree or above
         keep the layout whose estimate max(largest group time, water level) is least
     the unsplit items, largest first, dealt round robin to the ranks with room under T (a
-        group's ranks start with its time), the rest in LPT rounds (`locality_deal.take_anywhere`)
+        group's ranks start with its time), the rest in LPT rounds (`locality_deal.take_anywhere`);
+        where no rank has token room for one, every item laid out as above instead
 
 Several split items of one degree may share a group; no rank is in two groups.  The local
 search that follows is `search.py`.
@@ -25,6 +27,7 @@ from ..locality_deal import NoRoom, take_anywhere
 from ..partial_plan import PartialPlan
 from ..problem import InfeasibleError, Problem
 from .blocks import free_blocks
+from .layout import shard_tokens
 from .bound import Allotment
 from .plan import rank_accounts
 from .spec import ContextParallel
@@ -35,7 +38,9 @@ fit, longest first), the others dealt after them."""
 
 LADDER_STEP = 1 / 64
 LADDER_STEPS = 8
-"""Targets T*·(1 + k·LADDER_STEP), k < LADDER_STEPS, tried while groups overflow the free blocks."""
+LADDER_BREAKPOINTS = 32
+"""Targets T*·(1 + k·LADDER_STEP), k < LADDER_STEPS, then up to LADDER_BREAKPOINTS item times above
+them, tried while the groups overflow the free blocks."""
 
 
 class TimeTable:
@@ -69,12 +74,13 @@ class _Blocks:
         self.placed: dict[int, tuple[int, int]] = {}  # item -> (block start, degree)
         self.overflow = False
 
-    def _candidates(self, item: int, degree: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, int]:
-        """(peak load of each block after the item, whether its tokens fit; the item's time and shard)."""
+    def _candidates(self, item: int, degree: int, starts: np.ndarray):
+        """(peak load of each block after the item, whether its shards' tokens fit; the item's time
+        and its shards' tokens)."""
         time = float(self.times(np.array([item]), degree)[0])
-        shard = -(-int(self.problem.lengths[item]) // degree)
+        shard = shard_tokens(self.problem.lengths[item:item + 1], degree)[0]
         if degree == 1:
-            return self.loads[starts] + time, self.tokens[starts] + shard <= self.cap, time, shard
+            return self.loads[starts] + time, self.tokens[starts] + shard[0] <= self.cap, time, shard
         blocks = starts[:, None] + np.arange(degree)
         return (self.loads[blocks].max(axis=1) + time, (self.tokens[blocks] + shard <= self.cap).all(axis=1),
                 time, shard)
@@ -111,7 +117,7 @@ class _Blocks:
         _, _, time, shard = self._candidates(item, c, np.array([start]))
         return self._add(item, start, c, time, shard)
 
-    def _add(self, item: int, start: int, degree: int, time: float, shard: int) -> int:
+    def _add(self, item: int, start: int, degree: int, time: float, shard: np.ndarray) -> int:
         self.loads[start: start + degree] += time
         self.tokens[start: start + degree] += shard
         self.placed[item] = (start, degree)
@@ -140,6 +146,15 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
     return start, degree, blocks.overflow
 
 
+def _targets(allotment: Allotment, bound: float) -> list[float]:
+    """The ladder: T*·(1 + k·LADDER_STEP) for k < LADDER_STEPS, then the items' own times above it
+    (where some canonical degree drops), at most LADDER_BREAKPOINTS of them."""
+    ladder = [bound * (1 + step * LADDER_STEP) for step in range(LADDER_STEPS)]
+    times = np.where(allotment.allowed, allotment.times, np.inf)
+    above = np.unique(times[(times > ladder[-1]) & np.isfinite(times)])[:LADDER_BREAKPOINTS]
+    return ladder + above.tolist()
+
+
 def water_level(loads: np.ndarray, work: float) -> float:
     """The level h with sum(max(0, h - loads)) = work: where ranks starting at `loads` end when
     `work` is spread perfectly.
@@ -153,14 +168,16 @@ def water_level(loads: np.ndarray, work: float) -> float:
     return float((work + ascending[:k].sum()) / k)
 
 
-def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment,
-           bound: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """(block starts, degrees, target) of the best layout on the ladder above the bound."""
+def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment, bound: float,
+           everything: bool = False) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """(block starts, degrees, target) of the best layout on the ladder above the bound (None when
+    none has token room): the split items and the unsplit ones dearer than LAYOUT_SHARE of the
+    bound (`everything`: all items) laid out, the others' starts -1."""
     best, best_estimate = None, math.inf
-    long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > LAYOUT_SHARE * bound))
+    long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > LAYOUT_SHARE * bound)
+                          | everything)
     times = TimeTable(problem, spec, gpus_per_node, long)
-    for step in range(LADDER_STEPS):
-        target = bound * (1 + step * LADDER_STEP)
+    for target in _targets(allotment, bound):
         placed = place_groups(problem, spec, gpus_per_node, times, allotment.degrees_at(target), long, target)
         if placed is None:
             continue
@@ -168,21 +185,18 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
         laid = start >= 0
         loads, _, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0), np.where(laid, degree, 0))
         estimate = max(float(loads.max()), water_level(loads, float(problem.item_costs[~laid].sum())))
-        if estimate >= best_estimate or not overflow:  # a wider target did not pay, or none is needed
-            best, best_estimate = min((best, best_estimate), ((start, degree, target), estimate), key=lambda b: b[1])
+        if estimate >= best_estimate:  # a wider target did not pay
             break
         best, best_estimate = (start, degree, target), estimate
-    if best is None:
-        raise InfeasibleError(f"no layout of the split items' groups fits max_tokens_per_rank="
-                              f"{problem.max_tokens_per_rank}: their shards alone overflow the ranks",
-                              min_cap=2 * problem.max_tokens_per_rank)
+        if not overflow:
+            break
     return best
 
 
 def fill(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
-         target: float) -> np.ndarray:
+         target: float) -> np.ndarray | None:
     """The block starts with a rank for every item not laid out (start -1): dealt to the room
-    left under `target` (`locality_deal.take_anywhere`)."""
+    left under `target` (`locality_deal.take_anywhere`); None when the deal finds no token room."""
     laid = start >= 0
     loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0), np.where(laid, degree, 0))
     rest = np.flatnonzero(~laid)
@@ -194,9 +208,25 @@ def fill(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.
     try:
         take_anywhere(state, np.arange(rest.size))
     except NoRoom:
-        raise InfeasibleError(f"the split plan's deal found no rank with token room for an unsplit item under "
-                              f"max_tokens_per_rank={problem.max_tokens_per_rank}",
-                              min_cap=int(tokens.max()) + int(problem.lengths[rest].max())) from None
+        return None
     start = start.copy()
     start[rest] = state.destinations
     return start
+
+
+def split_layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment,
+                 bound: float) -> tuple[np.ndarray, np.ndarray]:
+    """(block starts, degrees) of every item: the long ones laid out, the rest dealt; where the
+    deal finds no token room, every item laid out (an unsplit item that fits no rank then joins
+    a group, split).  InfeasibleError when no layout meets the budget."""
+    for everything in (False, True):
+        laid = layout(problem, spec, gpus_per_node, allotment, bound, everything)
+        if laid is None:
+            continue
+        start, degree, target = laid
+        start = fill(problem, spec, gpus_per_node, start, degree, target)
+        if start is not None:
+            return start, degree
+    cap = problem.max_tokens_per_rank
+    raise InfeasibleError(f"the split planner found no layout of the items within max_tokens_per_rank={cap}; "
+                          f"a larger budget, larger degrees or `allow_inter_node` may fit", min_cap=2 * cap)

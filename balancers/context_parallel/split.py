@@ -1,12 +1,17 @@
 """`balance(..., context_parallel=spec)`: validate once, plan with splitting where it pays, certify.
 
+    if C = {1}: return today's plan (the named algorithm), bit for bit
     T* = canonical bound over every plan that may split
-    if C = {1}:                      today's plan (the named algorithm), bit for bit
-    elif some item is longer than T* at degree 1 (a giant):
-        S = split plan (planner + search); P = today's plan, unless S beats its lower bound
-        the split plan when S · (1 + min_gain) < P, else today's
-    else:                            today's plan, unless it is more than min_gain above T*
-                                     and the local search (which may split) beats it so
+    S = the split planner's plan if some item is longer than T* unsplit (a giant)
+    P = today's plan (when every item fits the budget unsplit), unless S · (1 + min_gain) is
+        below today's lower bound (then no unsplit plan can compete)
+    if no S and P > T* · (1 + min_gain): S = the local search from P (which may split)
+    on tiny instances (<= EXACT_MAX_ITEMS items, <= EXACT_MAX_RANKS ranks): the exact search
+        too, which replaces S when better and proves the optimum when it finishes
+    return S if it splits an item and S · (1 + min_gain) < P (or there is no P), else P
+
+So a plan splits only when that pays by more than min_gain, and without a giant it is today's
+plan unless today's is more than min_gain above the bound and splitting beats it.
 """
 
 from __future__ import annotations
@@ -19,15 +24,19 @@ import numpy as np
 from ..plan import make_plan
 from ..problem import InfeasibleError, Problem, Status, check_cap_lower_bound, exact_sum, lower_bound, make_problem
 from ..registry import get_algorithm
-from ..validation import as_int
+from ..validation import as_int, as_sources
 from .bound import Allotment
 from .plan import ContextParallelPlan, certify
-from .planner import fill, layout
+from .exact import exact_split
+from .planner import split_layout
 from .search import improve
 from .spec import ContextParallel
 
 SPLIT_ALGORITHM = "context_parallel"
-"""The `algorithm` of a plan that splits items (a plan that does not names the kernel that made it)."""
+"""The `algorithm` of a plan made by the split planner (today's plans keep their kernel's name)."""
+
+EXACT_MAX_ITEMS, EXACT_MAX_RANKS = 8, 8
+"""Instances this small also get the exact search (`exact.py`), which proves optima."""
 
 
 def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -> np.ndarray:
@@ -124,31 +133,91 @@ def balance_split(lengths, num_ranks, context_parallel, *, cost, algorithm, max_
     degrees = allowed_degrees(spec, problem.num_ranks, gpus)
     if not spec.splits:
         return _wrap(_plain(capped, record, algorithm), capped, spec, gpus, None)
-    start_clock = time.perf_counter()
-    allotment = allot(problem, spec, degrees, gpus, cap)
+    return _plan_split(capped, spec, record, algorithm, allot(problem, spec, degrees, gpus, cap))
+
+
+def _plan_split(problem: Problem, spec: ContextParallel, record, algorithm: str,
+                allotment: Allotment) -> ContextParallelPlan:
+    """The best of today's plan, the split planner's and (on small instances) the exact search's,
+    today's unless another is min_gain better (see the module docstring)."""
+    clock = time.perf_counter()
+    gpus, cap, gain = spec.gpus_per_node, problem.max_tokens_per_rank, 1 + spec.min_gain
     bound = allotment.bound()
-    giants = bool((allotment.degrees_at(bound) > 1).any())
-    if giants:
-        split = _split_plan(capped, spec, gpus, allotment, bound, start_clock)
-        unsplit_fits = degrees[0] == 1 and (cap is None or int(problem.lengths.max()) <= cap)
-        if not unsplit_fits or split.makespan * (1 + spec.min_gain) < lower_bound(capped):
-            return split
-        plain = _plain(capped, record, algorithm)
-        return split if split.makespan * (1 + spec.min_gain) < plain.makespan else _wrap(plain, capped, spec, gpus, bound)
-    plain = _wrap(_plain(capped, record, algorithm), capped, spec, gpus, bound)
-    if plain.makespan <= (1 + spec.min_gain) * bound:
-        return plain
-    start, degree = improve(capped, spec, gpus, plain.assignment, plain.degree, bound)
-    split = certify(capped, spec, gpus, start, degree, Status.FEASIBLE, SPLIT_ALGORITHM, bound,
-                    plain.solve_seconds + time.perf_counter() - start_clock)
-    return split if split.split_items.size and split.makespan * (1 + spec.min_gain) < plain.makespan else plain
+    unsplit_fits = spec.degrees[0] == 1 and (cap is None or int(problem.lengths.max()) <= cap)
+    split, plain, refusal = None, None, None
+    if (allotment.degrees_at(bound) > 1).any():
+        split, refusal = _planned(problem, spec, allotment, bound, clock)
+    if unsplit_fits and (split is None or split.makespan * gain >= lower_bound(problem)):
+        try:
+            plain = _wrap(_plain(problem, record, algorithm), problem, spec, gpus, bound)
+        except InfeasibleError as error:  # the kernel found no room; splitting may make some
+            refusal = error
+            split, refusal = (split, refusal) if split is not None else _planned(problem, spec, allotment, bound, clock)
+        if plain is not None and split is None and plain.makespan > gain * bound:  # the search may split
+            split = _certified(problem, spec, improve(problem, spec, gpus, plain.assignment, plain.degree, bound),
+                               bound, clock)
+    proven = None
+    if problem.num_items <= EXACT_MAX_ITEMS and problem.num_ranks <= EXACT_MAX_RANKS:
+        start, degree, finished = exact_split(problem, spec, gpus)
+        if start is not None:
+            proven = _certified(problem, spec, (start, degree), bound, clock)
+            split = proven if split is None or proven.makespan < split.makespan else split
+            proven = proven if finished else None
+        elif finished and refusal is not None:
+            raise refusal
+    splits = split is not None and split.split_items.size > 0
+    best = split if plain is None or (splits and split.makespan * gain < plain.makespan) else plain
+    if best is None:
+        raise refusal
+    if proven is not None and best.makespan == proven.makespan:  # proven optimal: the optimum bounds every plan
+        return certify(problem, spec, gpus, best.assignment, best.degree, best.status, best.algorithm, best.makespan,
+                       best.solve_seconds)
+    return best
 
 
-def _split_plan(problem: Problem, spec: ContextParallel, gpus: int, allotment: Allotment, bound: float,
-                start_clock: float) -> ContextParallelPlan:
-    """The planner's plan: layout on the ladder, the unsplit items dealt, then the local search."""
-    start, degree, target = layout(problem, spec, gpus, allotment, bound)
-    start = fill(problem, spec, gpus, start, degree, target)
-    start, degree = improve(problem, spec, gpus, start, degree, bound)
-    return certify(problem, spec, gpus, start, degree, Status.FEASIBLE, SPLIT_ALGORITHM, bound,
-                   time.perf_counter() - start_clock)
+def _planned(problem: Problem, spec: ContextParallel, allotment: Allotment, bound: float,
+             clock: float) -> tuple[ContextParallelPlan | None, InfeasibleError | None]:
+    """(the split planner's plan after the local search, None; or None, its refusal)."""
+    try:
+        start, degree = split_layout(problem, spec, spec.gpus_per_node, allotment, bound)
+    except InfeasibleError as error:
+        return None, error
+    blocks = improve(problem, spec, spec.gpus_per_node, start, degree, bound)
+    return _certified(problem, spec, blocks, bound, clock), None
+
+
+def _certified(problem: Problem, spec: ContextParallel, blocks: tuple[np.ndarray, np.ndarray], bound: float,
+               clock: float) -> ContextParallelPlan:
+    """A split plan (block starts, degrees) certified with `bound`, timed from `clock`."""
+    start, degree = blocks
+    return certify(problem, spec, spec.gpus_per_node, start, degree, Status.FEASIBLE, SPLIT_ALGORITHM, bound,
+                   time.perf_counter() - clock)
+
+
+def certify_split(lengths, num_ranks, spec: ContextParallel, start, degree, *, cost=None, max_tokens_per_rank=None,
+                  algorithm: str = "given") -> ContextParallelPlan:
+    """Any split plan (block start and degree per item) certified like the planner's: times from
+    `spec`, loads, tokens, the canonical bound; ValueError when a block is not one the spec allows.
+
+    >>> spec = ContextParallel(degrees=(1, 2), latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
+    >>> plan = certify_split([40, 5, 5], 2, spec, [0, 0, 1], [2, 1, 1])
+    >>> plan.loads.tolist(), plan.degree.tolist()
+    ([25.0, 25.0], [2, 1, 1])
+    """
+    problem = make_problem(lengths, num_ranks, cost=cost)
+    cap = as_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1, optional=True)
+    problem = replace(problem, max_tokens_per_rank=cap)
+    start = as_sources(start, problem.num_items, problem.num_ranks, "start")
+    degree = as_sources(degree, problem.num_items, problem.num_ranks + 1, "degree")
+    degrees = allowed_degrees(spec, problem.num_ranks, spec.gpus_per_node)
+    bad = np.flatnonzero(~np.isin(degree, degrees) | (start % np.maximum(degree, 1) != 0)
+                         | (start + degree > problem.num_ranks))
+    if bad.size:
+        item = int(bad[0])
+        raise ValueError(f"item {item} at degree {int(degree[item])} from rank {int(start[item])} is not on an aligned "
+                         f"block of {problem.num_ranks} ranks at a degree of {spec.degrees}")
+    bound = allot(problem, spec, degrees, spec.gpus_per_node, cap).bound()
+    try:
+        return certify(problem, spec, spec.gpus_per_node, start, degree, Status.FEASIBLE, algorithm, bound)
+    except RuntimeError as error:
+        raise ValueError(f"the split plan is not realisable: {error}") from None

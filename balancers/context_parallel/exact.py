@@ -1,0 +1,103 @@
+"""Exact search for small split plans: depth-first over every item's degrees and aligned blocks.
+
+    best = incumbent
+    place(k): for every block (s, c) item k may take (degrees ascending, blocks by start):
+        skip it if it clashes (another group on its ranks), overflows the budget, or its peak >= best
+        place(k + 1)
+    when every item is placed: best = max(loads)
+
+Items are placed in index order, so every rank's load is summed exactly as the plan sums it
+and a proven optimum compares with `==`.  A lower bound prunes: max(peak, (Σ loads + the least
+work left) / D) >= best.
+A node count (not a clock) bounds the search: the answer is proven only when it finishes within it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..problem import Problem
+from .layout import shard_tokens
+from .spec import ContextParallel
+
+EXACT_NODES = 20_000
+"""Search nodes at most; beyond, the best plan found is returned unproven."""
+
+
+def _options(problem: Problem, spec: ContextParallel, gpus_per_node: int, item: int) -> list[tuple]:
+    """(start, degree, time, shard tokens) of every aligned block item `item` may run on."""
+    cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
+    options = []
+    for c in spec.degrees:
+        shard = shard_tokens(problem.lengths[item:item + 1], c)[0]
+        if shard.max() > cap or c > problem.num_ranks:
+            continue
+        starts = np.arange(0, problem.num_ranks - c + 1, c)
+        inside = starts // gpus_per_node == (starts + c - 1) // gpus_per_node
+        if c > 1 and not spec.allow_inter_node:
+            starts, inside = starts[inside], inside[inside]
+        times = spec.item_times(problem.cost, np.full(starts.size, problem.lengths[item]), np.full(starts.size, c),
+                                inside)
+        options += [(int(s), c, float(t), shard) for s, t in zip(starts.tolist(), times.tolist())]
+    return options
+
+
+class _Search:
+    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, incumbent: float):
+        d = problem.num_ranks
+        self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
+        self.options = [_options(problem, spec, gpus_per_node, i) for i in range(problem.num_items)]
+        least = [min(c * t for _, c, t, _ in options) if options else math.inf for options in self.options]
+        self.rest = np.concatenate((np.cumsum(least[::-1])[::-1], [0.0]))  # least work of items k..n-1
+        self.loads, self.tokens = [0.0] * d, [0] * d
+        self.owner = [None] * d  # (start, degree) of the group holding each rank
+        self.choice = [None] * problem.num_items
+        self.best, self.best_choice, self.nodes, self.num_ranks = incumbent, None, 0, d
+
+    def _fits(self, start: int, degree: int, time: float, shard) -> bool:
+        ranks = range(start, start + degree)
+        if degree > 1 and any(self.owner[r] not in (None, (start, degree)) for r in ranks):
+            return False
+        return all(self.tokens[r] + shard[k] <= self.cap and self.loads[r] + time < self.best
+                   for k, r in enumerate(ranks))
+
+    def run(self, item: int, total: float) -> None:
+        self.nodes += 1
+        if self.nodes > EXACT_NODES:
+            return
+        if item == len(self.options):
+            self.best, self.best_choice = max(self.loads), list(self.choice)
+            return
+        if (total + self.rest[item]) / self.num_ranks >= self.best:
+            return
+        for start, degree, time, shard in self.options[item]:
+            if not self._fits(start, degree, time, shard):
+                continue
+            ranks = range(start, start + degree)
+            saved = [(self.loads[r], self.tokens[r], self.owner[r]) for r in ranks]  # restored exactly
+            for k, r in enumerate(ranks):
+                self.loads[r] += time
+                self.tokens[r] += int(shard[k])
+                if degree > 1:
+                    self.owner[r] = (start, degree)
+            self.choice[item] = (start, degree)
+            self.run(item + 1, total + degree * time)
+            for r, (load, tokens, owner) in zip(ranks, saved):
+                self.loads[r], self.tokens[r], self.owner[r] = load, tokens, owner
+            if self.nodes > EXACT_NODES:
+                return
+
+
+def exact_split(problem: Problem, spec: ContextParallel, gpus_per_node: int,
+                incumbent: float = math.inf) -> tuple[np.ndarray | None, np.ndarray | None, bool]:
+    """(block starts, degrees) of the best plan below `incumbent` (None, None when none is), and
+    whether the search finished, proving that no plan does better."""
+    search = _Search(problem, spec, gpus_per_node, incumbent)
+    search.run(0, 0.0)
+    proven = search.nodes <= EXACT_NODES
+    if search.best_choice is None:
+        return None, None, proven
+    choice = np.array(search.best_choice, dtype=np.int64)
+    return choice[:, 0], choice[:, 1], proven

@@ -1,0 +1,167 @@
+"""Oracles and checks for plans that split items over context-parallel groups.
+
+    brute_force_split   every item on every aligned block of every allowed degree (D = 1..8,
+                        a handful of items): the optimal makespan, independently of the planner
+    check_split_plan    every invariant of a `ContextParallelPlan`, recomputed from the input:
+                        each item's tokens on exactly the ranks of its group (zigzag shards),
+                        groups aligned, inside a node unless allowed, one group per rank,
+                        loads and tokens exact, the budget held, bound <= optimum <= makespan,
+                        `optimal` only when the makespan is the bound or the optimum
+
+The model is the spec's: item i on the block [s, s + c) costs every rank of it
+`spec.time(cost, [l_i], c, within_node)` and holds `layout.shard_tokens(l_i, c)` tokens;
+loads are summed in item order, as the plan sums them, so optima compare with `==`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..balancers import ContextParallel, ContextParallelPlan, CostModel, Status
+from ..balancers.context_parallel.layout import shard_tokens
+from ..balancers.problem import as_lengths
+from ..balancers.validation import as_int
+
+SPLIT_BRUTE_FORCE_MAX_PLANS = 2**17
+"""Largest number of (block, degree) combinations `brute_force_split` enumerates."""
+
+
+@dataclass(frozen=True, eq=False)
+class SplitOptimum:
+    """The optimal makespan over every split plan, and one plan reaching it (None: none fits the budget)."""
+
+    makespan: float | None
+    start: np.ndarray | None
+    degree: np.ndarray | None
+    plans: int  # combinations enumerated
+
+
+def _options(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost: CostModel):
+    """Per item, its (start, degree, per-rank loads (D,), per-rank tokens (D,)) options."""
+    g = spec.gpus_per_node
+    per_item = []
+    for length in lengths.tolist():
+        options = []
+        for c in spec.degrees:
+            for s in range(0, num_ranks - c + 1, c):
+                inside = s // g == (s + c - 1) // g
+                if c > 1 and not inside and not spec.allow_inter_node:
+                    continue
+                loads = np.zeros(num_ranks)
+                loads[s:s + c] = spec.time(cost, [length], c, within_node=inside)[0]
+                tokens = np.zeros(num_ranks, dtype=np.int64)
+                tokens[s:s + c] = shard_tokens([length], c)[0]
+                options.append((s, c, loads, tokens))
+        per_item.append(options)
+    return per_item
+
+
+def _clash(a, b) -> bool:
+    """Whether two split options sit on different but overlapping blocks."""
+    (s1, c1), (s2, c2) = a[:2], b[:2]
+    return c1 > 1 and c2 > 1 and (s1, c1) != (s2, c2) and s1 < s2 + c2 and s2 < s1 + c1
+
+
+def brute_force_split(lengths, num_ranks, spec: ContextParallel, *, cost=None,
+                      max_tokens_per_rank=None) -> SplitOptimum:
+    """The optimum over every choice of degree and aligned block for every item.
+
+    >>> spec = ContextParallel(degrees=(1, 2), latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
+    >>> optimum = brute_force_split([5, 5, 5], 2, spec)          # one item split over both ranks
+    >>> optimum.makespan, sorted(optimum.degree.tolist())
+    (7.5, [1, 1, 2])
+    """
+    lengths = as_lengths(lengths)
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
+    cost = CostModel() if cost is None else cost
+    per_item = _options(lengths, num_ranks, spec, cost)
+    total = math.prod(len(options) for options in per_item)
+    if total > SPLIT_BRUTE_FORCE_MAX_PLANS:
+        raise ValueError(f"brute force over {total} split plans exceeds SPLIT_BRUTE_FORCE_MAX_PLANS = "
+                         f"{SPLIT_BRUTE_FORCE_MAX_PLANS}; use fewer items, ranks or degrees")
+    cap = math.inf if max_tokens_per_rank is None else max_tokens_per_rank
+    best, best_plan = math.inf, None
+    for plan in itertools.product(*per_item):
+        if any(_clash(a, b) for a, b in itertools.combinations(plan, 2)):
+            continue
+        loads = np.zeros(num_ranks)
+        tokens = np.zeros(num_ranks, dtype=np.int64)
+        for option in plan:  # item order, as the plan sums
+            loads += option[2]
+            tokens += option[3]
+        if tokens.max() <= cap and loads.max() < best:
+            best, best_plan = float(loads.max()), plan
+    if best_plan is None:
+        return SplitOptimum(None, None, None, total)
+    return SplitOptimum(best, np.array([o[0] for o in best_plan]), np.array([o[1] for o in best_plan]), total)
+
+
+def _fail(plan: ContextParallelPlan, message: str) -> None:
+    raise AssertionError(f"split plan of {plan.algorithm!r} ({plan.num_items} items, {plan.num_ranks} ranks): "
+                         f"{message}")
+
+
+def _check_groups(plan: ContextParallelPlan, spec: ContextParallel, num_ranks: int) -> None:
+    """Degrees allowed; blocks aligned, in range, inside a node unless allowed; one group per rank."""
+    owner = np.full(num_ranks, -1, dtype=np.int64)
+    for item in range(plan.num_items):
+        s, c = int(plan.assignment[item]), int(plan.degree[item])
+        ranks = plan.item_ranks(item)
+        if c not in spec.degrees or s % c or s < 0 or s + c > num_ranks or ranks.tolist() != list(range(s, s + c)):
+            _fail(plan, f"item {item} is on ranks {ranks.tolist()} at degree {c}: not an aligned block of "
+                        f"{spec.degrees}")
+        if c > 1 and not spec.allow_inter_node and s // spec.gpus_per_node != (s + c - 1) // spec.gpus_per_node:
+            _fail(plan, f"item {item}'s group {ranks.tolist()} crosses nodes of {spec.gpus_per_node} gpus")
+        if c > 1:
+            key = s * (num_ranks + 1) + c
+            clash = owner[s:s + c][(owner[s:s + c] >= 0) & (owner[s:s + c] != key)]
+            if clash.size:
+                _fail(plan, f"item {item}'s group {ranks.tolist()} overlaps another group")
+            owner[s:s + c] = key
+
+
+def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: ContextParallel, *, cost=None,
+                     max_tokens_per_rank=None, optimum: SplitOptimum | None = None) -> None:
+    """Raise AssertionError unless `plan` is a certified split plan of this input (see the module).
+
+    >>> from orchmllm import balance
+    >>> spec = ContextParallel(degrees=(1, 2), latency_s=0.0, seconds_per_cost=1.0)
+    >>> plan = balance([40, 5, 5], 2, context_parallel=spec)
+    >>> check_split_plan(plan, [40, 5, 5], 2, spec, optimum=brute_force_split([40, 5, 5], 2, spec))
+    """
+    lengths = as_lengths(lengths)
+    cost = CostModel() if cost is None else cost
+    n = lengths.size
+    if plan.num_ranks != num_ranks or plan.cost != cost or plan.assignment.shape != (n,) or plan.degree.shape != (n,):
+        _fail(plan, f"was made for {plan.num_ranks} ranks and {plan.num_items} items with cost {plan.cost}")
+    _check_groups(plan, spec, num_ranks)
+    loads = np.zeros(num_ranks)
+    tokens = np.zeros(num_ranks, dtype=np.int64)
+    g = spec.gpus_per_node
+    for item in range(n):
+        s, c = int(plan.assignment[item]), int(plan.degree[item])
+        time = spec.time(cost, [lengths[item]], c, within_node=s // g == (s + c - 1) // g)[0]
+        shards = shard_tokens([lengths[item]], c)[0]
+        if int(shards.sum()) != int(lengths[item]) or plan.item_time[item] != time:
+            _fail(plan, f"item {item}: shards {shards.tolist()} of {int(lengths[item])} tokens, time "
+                        f"{plan.item_time[item]} (expected {time})")
+        loads[s:s + c] += time
+        tokens[s:s + c] += shards
+    if not np.array_equal(loads, plan.loads) or not np.array_equal(tokens, plan.tokens):
+        _fail(plan, f"loads {plan.loads.tolist()} / tokens {plan.tokens.tolist()} != recomputed "
+                    f"{loads.tolist()} / {tokens.tolist()}")
+    if max_tokens_per_rank is not None and tokens.max() > max_tokens_per_rank:
+        _fail(plan, f"holds {int(tokens.max())} tokens on a rank > max_tokens_per_rank={max_tokens_per_rank}")
+    if plan.makespan != loads.max() or not 0 <= plan.lower_bound <= plan.makespan:
+        _fail(plan, f"makespan {plan.makespan} / bound {plan.lower_bound} against max load {loads.max()}")
+    if optimum is not None and optimum.makespan is not None:
+        if not plan.lower_bound <= optimum.makespan <= plan.makespan:
+            _fail(plan, f"bound {plan.lower_bound} <= optimum {optimum.makespan} <= makespan {plan.makespan} fails")
+        if plan.status is Status.OPTIMAL and plan.makespan != optimum.makespan:
+            _fail(plan, f"claims optimal at {plan.makespan}, the optimum is {optimum.makespan}")
+    if plan.status is Status.OPTIMAL and plan.makespan != plan.lower_bound and optimum is None:
+        _fail(plan, f"claims optimal at {plan.makespan} above its bound {plan.lower_bound}")

@@ -1,0 +1,94 @@
+"""The split planner against brute force over assignments × degrees × aligned groups on tiny instances,
+and its plans' invariants, determinism and never-worse-than-unsplit guarantee on larger ones."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm import ContextParallel, CostModel, InfeasibleError, balance
+from orchmllm.testing.context_parallel import brute_force_split, check_split_plan
+
+FLOPS = CostModel(linear=4.26e11, quadratic=3.9e6)
+
+
+@st.composite
+def tiny_cases(draw):
+    """(lengths, D, spec, cost, budget): up to 4 items on up to 4 ranks, nodes of 1, 2 or 4 gpus,
+    split costs from free (ideal splitting) to dear, a budget from none to tight."""
+    num_ranks = draw(st.integers(1, 4))
+    gpus = draw(st.sampled_from([1, 2, 4]))
+    inter = draw(st.booleans())
+    widest = num_ranks if inter else min(num_ranks, gpus)
+    degrees = [1] + [c for c in (2, 4) if c <= widest and draw(st.booleans())]
+    spec = ContextParallel(degrees=degrees, gpus_per_node=gpus, allow_inter_node=inter, seconds_per_cost=1.0,
+                           latency_s=draw(st.sampled_from([0.0, 1e-3])), kv_bytes_per_token=draw(st.sampled_from(
+                               [0.0, 1e-4])), overlap=draw(st.sampled_from([0.0, 0.8])),
+                           half_efficiency_tokens=draw(st.sampled_from([0.0, 4.0])),
+                           inter_node_bw_bytes_per_s=draw(st.sampled_from([450e9, 1e6])))
+    lengths = draw(st.lists(st.one_of(st.integers(0, 12), st.integers(20, 90)), min_size=1, max_size=4))
+    cost = CostModel(linear=1.0, quadratic=draw(st.sampled_from([0.0, 0.05])))
+    budget = None
+    if draw(st.booleans()):
+        budget = draw(st.integers(max(1, -(-max(lengths) // degrees[-1])), max(1, sum(lengths))))
+    return lengths, num_ranks, spec, cost, budget
+
+
+@settings(max_examples=80)
+@given(case=tiny_cases())
+def test_plans_are_certified_against_brute_force(case):
+    lengths, num_ranks, spec, cost, budget = case
+    optimum = brute_force_split(lengths, num_ranks, spec, cost=cost, max_tokens_per_rank=budget)
+    try:
+        plan = balance(lengths, num_ranks, cost=cost, context_parallel=spec, max_tokens_per_rank=budget)
+    except InfeasibleError:
+        assert optimum.makespan is None, "the planner refused a budget some plan meets"
+        return
+    check_split_plan(plan, lengths, num_ranks, spec, cost=cost, max_tokens_per_rank=budget, optimum=optimum)
+
+
+@settings(max_examples=40)
+@given(case=tiny_cases())
+def test_never_worse_than_the_unsplit_plan(case):
+    lengths, num_ranks, spec, cost, budget = case
+    try:
+        plain = balance(lengths, num_ranks, cost=cost, max_tokens_per_rank=budget)
+    except InfeasibleError:
+        return
+    assert balance(lengths, num_ranks, cost=cost, context_parallel=spec,
+                   max_tokens_per_rank=budget).makespan <= plain.makespan
+
+
+def _giant_mix(num_ranks, per_rank, seed, giants):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(64, 4096, num_ranks * per_rank)
+    lengths[rng.choice(lengths.size, giants, replace=False)] = rng.integers(32768, 262144, giants)
+    return lengths
+
+
+@pytest.mark.parametrize("num_ranks, per_rank, giants, gpus", [(64, 8, 3, 8), (64, 16, 20, 8), (48, 8, 6, 6),
+                                                               (128, 32, 40, 4)])
+def test_giant_mixes_are_split_certified_and_repeatable(num_ranks, per_rank, giants, gpus):
+    lengths = _giant_mix(num_ranks, per_rank, num_ranks + giants, giants)
+    spec = ContextParallel(degrees=(1, 2, 4) if gpus < 8 else (1, 2, 4, 8), gpus_per_node=gpus)
+    plan = balance(lengths, num_ranks, cost=FLOPS, context_parallel=spec)
+    check_split_plan(plan, lengths, num_ranks, spec, cost=FLOPS)
+    assert plan.split_items.size and plan.gap <= 0.03
+    assert plan.makespan < balance(lengths, num_ranks, cost=FLOPS).makespan
+    again = balance(lengths.tolist(), num_ranks, cost=FLOPS, context_parallel=spec)
+    assert again.digest() == plan.digest() and np.array_equal(again.loads, plan.loads)
+
+
+def test_budget_held_with_giants():
+    lengths = _giant_mix(64, 16, 7, 10)
+    budget = 65536
+    plan = balance(lengths, 64, cost=FLOPS, context_parallel=ContextParallel(), max_tokens_per_rank=budget)
+    check_split_plan(plan, lengths, 64, ContextParallel(), cost=FLOPS, max_tokens_per_rank=budget)
+
+
+def test_inter_node_groups_only_where_allowed():
+    lengths = np.array([200000, 200000] + [1000] * 30)
+    spec = ContextParallel(degrees=(1, 2, 4, 8, 16), gpus_per_node=4, allow_inter_node=True)
+    plan = balance(lengths, 32, cost=FLOPS, context_parallel=spec)
+    check_split_plan(plan, lengths, 32, spec, cost=FLOPS)
+    assert plan.degree[:2].min() > 4  # the giants need more ranks than a node holds
