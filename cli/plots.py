@@ -1,7 +1,9 @@
 """PNG figures for `orchmllm compare` and `orchmllm simulate` (matplotlib, an optional extra).
 
-Every function takes plain numbers (numpy arrays, dicts of them) and writes one PNG to
-`path`, returning the path.  matplotlib is imported on first use, with the Agg backend,
+Every `plot_*` function takes plain numbers (numpy arrays, dicts of them) and writes one PNG
+to `path`, returning the path; its `*_figure` twin returns the matplotlib Figure instead (what
+the tests measure: axis limits, units, text that must not overlap).  Byte counts are in GB, as
+the tables print them.  matplotlib is imported on first use, with the Agg backend,
 so a solver-only install never needs it; without it the functions raise
 `MissingDependencyError` saying how to install it.
 """
@@ -45,24 +47,31 @@ def _save(figure, path) -> Path:
     return path
 
 
-def plot_rank_loads(stages: Mapping[str, tuple[np.ndarray, np.ndarray]], path, *,
+def plot_rank_loads(stages: Mapping[str, tuple], path, *,
                     labels: tuple[str, str] = ("before", "after"), title: str = "") -> Path:
     """Per-rank load of every stage before and after balancing (one configuration).
 
-    `stages` maps a stage name to (loads before, loads after), one value per rank; see
-    `plot_rank_load_grid`.
+    `stages` maps a stage name to (loads before, loads after[, algorithm]), one value per
+    rank; see `plot_rank_load_grid`.
     """
     return plot_rank_load_grid({"": stages}, path, labels=labels, title=title)
 
 
-def plot_rank_load_grid(columns: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]], path, *,
+def plot_rank_load_grid(columns: Mapping[str, Mapping[str, tuple]], path, *,
                         labels: tuple[str, str] = ("before", "after"), title: str = "") -> Path:
+    """`rank_load_grid_figure` written to `path`."""
+    return _save(rank_load_grid_figure(columns, labels=labels, title=title), path)
+
+
+def rank_load_grid_figure(columns: Mapping[str, Mapping[str, tuple]], *,
+                          labels: tuple[str, str] = ("before", "after"), title: str = ""):
     """Small multiples: one column per configuration (e.g. "D=64"), one row per stage.
 
-    `columns` maps a column title to {stage name: (loads before, loads after)}.  Each
-    curve is drawn as multiples of its own mean, so "max 1.28x mean" in the legend is the
-    max/mean a table reports for that plan.  Ranks are sorted by their load before
-    balancing, so the spread reads at a glance.
+    `columns` maps a column title to {stage name: (loads before, loads after[, algorithm])};
+    the algorithm that balanced a panel's plan, when given, names its curve.  Each curve is
+    drawn as multiples of its own mean, so "max 1.28x mean" in the legend is the max/mean a
+    table reports for that plan.  Ranks are sorted by their load before balancing, so the
+    spread reads at a glance.
     """
     plt = _pyplot()
     names = list(dict.fromkeys(name for stages in columns.values() for name in stages))
@@ -76,14 +85,15 @@ def plot_rank_load_grid(columns: Mapping[str, Mapping[str, tuple[np.ndarray, np.
             if name not in stages:
                 axis.set_axis_off()
                 continue
-            before, after = (np.asarray(loads, dtype=np.float64) for loads in stages[name])
+            before, after = (np.asarray(loads, dtype=np.float64) for loads in stages[name][:2])
             before, after = before / _mean_or_one(before), after / _mean_or_one(after)
+            balanced = labels[1] if len(stages[name]) < 3 else f"{labels[1]} by {stages[name][2]}"
             order = np.argsort(-before, kind="stable")
             ranks = np.arange(before.size)
             axis.fill_between(ranks, before[order], step="mid", color="#B0B0B0", alpha=0.8,
                               label=f"{labels[0]} (max {before.max():.2f}x mean)")
             axis.step(ranks, after[order], where="mid", color="#C44E52", linewidth=1.4,
-                      label=f"{labels[1]} (max {after.max():.2f}x mean)")
+                      label=f"{balanced} (max {after.max():.2f}x mean)")
             axis.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
             axis.set_xlim(-0.5, before.size - 0.5)
             axis.set_ylim(0, max(before.max(), after.max(), 1.0) * 1.08)
@@ -96,7 +106,7 @@ def plot_rank_load_grid(columns: Mapping[str, Mapping[str, tuple[np.ndarray, np.
     if title:
         figure.suptitle(title)
     figure.tight_layout()
-    return _save(figure, path)
+    return figure
 
 
 def _mean_or_one(values: np.ndarray) -> float:
@@ -119,6 +129,13 @@ def timeline_ranks(stage_seconds: Sequence[Mapping[str, np.ndarray]], max_ranks:
 
 def plot_step_timeline(stage_seconds: Mapping[str, np.ndarray], path, *, title: str = "",
                        max_ranks: int = 32, max_seconds: float | None = None, ranks=None) -> Path:
+    """`step_timeline_figure` written to `path`."""
+    return _save(step_timeline_figure(stage_seconds, title=title, max_ranks=max_ranks, max_seconds=max_seconds,
+                                      ranks=ranks), path)
+
+
+def step_timeline_figure(stage_seconds: Mapping[str, np.ndarray], *, title: str = "", max_ranks: int = 32,
+                         max_seconds: float | None = None, ranks=None):
     """Timeline of one step: every stage runs on all ranks, then all wait for the slowest.
 
     `stage_seconds` maps stage name -> compute seconds per rank, in execution order.  Each
@@ -155,14 +172,33 @@ def plot_step_timeline(stage_seconds: Mapping[str, np.ndarray], path, *, title: 
     axis.set_xlabel(f"seconds (step {ends[-1]:.3g} s, {idle:.1%} of rank-time idle, all {num_ranks} ranks)")
     axis.set_ylabel("rank" if shown.size == num_ranks else
                     f"rank ({shown.size} of {num_ranks} shown: evenly spaced\nand the slowest of each stage)")
-    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    handles = dict(zip(*reversed(axis.get_legend_handles_labels())))  # the stages in order, then idle
+    axis.legend([handles[name] for name in (*names, "idle")], [*names, "idle"], loc="upper left",
+                bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     if title:
         axis.set_title(title)
-    return _save(figure, path)
+    return figure
 
 
 def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "", level: str = "node",
                          max_bytes: float | None = None) -> Path:
+    """`traffic_heatmap_figure` written to `path`."""
+    return _save(traffic_heatmap_figure(node_bytes, title=title, level=level, max_bytes=max_bytes), path)
+
+
+def regular_ticks(size: int, most: int = 8) -> np.ndarray:
+    """Indices 0..size-1 at one round step (1, 2, 4, 5, 8, 10, 16, 20, ...), at most `most` of them.
+
+    >>> regular_ticks(8).tolist(), regular_ticks(64).tolist(), regular_ticks(320).tolist()[-1]
+    ([0, 1, 2, 3, 4, 5, 6, 7], [0, 8, 16, 24, 32, 40, 48, 56], 300)
+    """
+    steps = sorted({m * 10 ** k for m in (1, 2, 5) for k in range(19)} | {2 ** k for k in range(63)})
+    step = next(step for step in steps if -(-size // step) <= most)
+    return np.arange(0, size, step)
+
+
+def traffic_heatmap_figure(node_bytes: np.ndarray, *, title: str = "", level: str = "node",
+                           max_bytes: float | None = None):
     """Bytes sent from node i (row) to node j (column); the diagonal is traffic within a node.
 
     `level="rank"` draws a rank x rank matrix instead (useful when everything is one node).
@@ -176,23 +212,21 @@ def plot_traffic_heatmap(node_bytes: np.ndarray, path, *, title: str = "", level
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
         raise ValueError(f"`node_bytes` must be a square {level}s x {level}s matrix; got shape {matrix.shape}")
     top = float(matrix.max()) if max_bytes is None else float(max_bytes)
-    unit, scale = ("GB", 1e9) if top >= 1e9 else ("MB", 1e6)
     figure, axis = plt.subplots(figsize=(6.4, 5.4))
-    image = axis.imshow(matrix / scale, cmap="viridis", interpolation="nearest", vmin=0.0,
-                        vmax=top / scale if top > 0 else 1.0)
+    image = axis.imshow(matrix / 1e9, cmap="viridis", interpolation="nearest", vmin=0.0,
+                        vmax=top / 1e9 if top > 0 else 1.0)
     colourbar = figure.colorbar(image, ax=axis)
-    colourbar.set_label(f"{unit} sent")
-    size = matrix.shape[0]
-    ticks = np.arange(size) if size <= 16 else np.unique(np.linspace(0, size - 1, 9).round().astype(int))
+    colourbar.set_label(f"GB sent by a source {level} to a destination {level}")
+    ticks = regular_ticks(matrix.shape[0])
     axis.set_xticks(ticks)
     axis.set_yticks(ticks)
     axis.set_xlabel(f"destination {level}")
     axis.set_ylabel(f"source {level}")
     off_diagonal, diagonal = matrix.sum() - np.trace(matrix), np.trace(matrix)
-    summary = (f"inter-node {off_diagonal / scale:.3g} {unit}, intra-node {diagonal / scale:.3g} {unit}"
-               if level == "node" else f"{off_diagonal / scale:.3g} {unit} moved between ranks")
+    summary = (f"inter-node {off_diagonal / 1e9:.3f} GB, intra-node {diagonal / 1e9:.3f} GB"
+               if level == "node" else f"{off_diagonal / 1e9:.3f} GB moved between ranks")
     axis.set_title((title + "\n" if title else "") + summary, fontsize=10)
-    return _save(figure, path)
+    return figure
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
@@ -203,13 +237,22 @@ DODGE_OCTAVES = 0.06  # sideways offset between neighbouring strategies' lines, 
 def plot_scaling(gpus: Sequence[int], speedup: Mapping[str, Sequence[float]],
                  mfu: Mapping[str, Sequence[float]], path, *, oom: Mapping[str, Sequence[bool]] | None = None,
                  highlight: str = "ours", title: str = "", samples_per_rank: Sequence[int] | None = None) -> Path:
+    """`scaling_figure` written to `path`."""
+    return _save(scaling_figure(gpus, speedup, mfu, oom=oom, highlight=highlight, title=title,
+                                samples_per_rank=samples_per_rank), path)
+
+
+def scaling_figure(gpus: Sequence[int], speedup: Mapping[str, Sequence[float]], mfu: Mapping[str, Sequence[float]],
+                   *, oom: Mapping[str, Sequence[bool]] | None = None, highlight: str = "ours", title: str = "",
+                   samples_per_rank: Sequence[int] | None = None):
     """Speed-up over no balancing and MFU against GPU count, one line per strategy.
 
     Every strategy has its own colour, marker and dash, hollow markers of decreasing size,
     and a small sideways offset, so strategies that coincide stay visible side by side;
     `highlight` is drawn thicker, beneath the others.  `oom` marks, per strategy and GPU count, runs that
     exceed GPU memory (red crosses).  `samples_per_rank` (one per GPU count) labels the
-    x axis with the batch each run used, which may change with the GPU count.
+    x axis with the batch each run used, which may change with the GPU count.  Both axes start
+    at 0, so a line's height is proportional to its speed-up or MFU.
     """
     plt = _pyplot()
     gpus = np.asarray(gpus, dtype=np.float64)
@@ -243,6 +286,7 @@ def plot_scaling(gpus: Sequence[int], speedup: Mapping[str, Sequence[float]],
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)
     left.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
+    left.set_ylim(bottom=0)
     right.set_ylim(bottom=0)
     if oom is not None and any(np.any(np.asarray(flags, dtype=bool)) for flags in oom.values()):
         left.plot([], [], linestyle="none", marker="x", markersize=9, markeredgewidth=2.2, color="red",
@@ -252,23 +296,33 @@ def plot_scaling(gpus: Sequence[int], speedup: Mapping[str, Sequence[float]],
     if title:
         figure.suptitle(title)
     figure.tight_layout()
-    return _save(figure, path)
+    return figure
 
 
 def plot_cell_loads(panels: Mapping[str, np.ndarray], path, *, title: str = "") -> Path:
-    """Heat maps of (micro-batch × rank) cell costs, one panel per plan, on one colour scale from 0;
-    each row's max is what the synchronised micro-batch costs."""
+    """`cell_loads_figure` written to `path`."""
+    return _save(cell_loads_figure(panels, title=title), path)
+
+
+def cell_loads_figure(panels: Mapping[str, np.ndarray], *, title: str = ""):
+    """Heat maps of (micro-batch × rank) cell costs, one panel per plan, on one colour scale from 0
+    (one colour bar, its unit a power of ten named in its label); each row's max is what the
+    synchronised micro-batch costs."""
     plt = _pyplot()
     top = max(float(loads.max()) for loads in panels.values()) or 1.0
-    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    exponent = int(np.floor(np.log10(top)))
+    scale, unit = 10.0 ** exponent, rf" ($\times 10^{{{exponent}}}$)" if exponent else ""
+    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 1, 4.4), squeeze=False,
+                                layout="constrained")
     for axis, (label, loads) in zip(axes[0], panels.items()):
-        image = axis.imshow(loads, aspect="auto", cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest")
+        image = axis.imshow(loads / scale, aspect="auto", cmap="viridis", vmin=0.0, vmax=top / scale,
+                            interpolation="nearest")
         step = float(loads.max(axis=1).sum())
-        axis.set_title(f"{label}: M={loads.shape[0]}, Σ_m max_r = {step:.3g}")
+        axis.set_title(f"{label}\nM={loads.shape[0]}, step cost Σ_m max_r = {step / scale:#.3g}{unit}", fontsize=10)
         axis.set_xlabel("rank")
         axis.set_ylabel("micro-batch")
         axis.set_yticks(range(loads.shape[0]))
-        figure.colorbar(image, ax=axis, label="cell cost")
+    figure.colorbar(image, ax=axes[0].tolist(), label=f"cell cost{unit}")
     if title:
         figure.suptitle(title)
-    return _save(figure, path)
+    return figure

@@ -104,3 +104,89 @@ def test_traffic_heatmaps_on_a_shared_scale(tmp_path):
     matrix = np.random.default_rng(5).uniform(0, 1e8, (8, 8))
     check_png(plots.plot_traffic_heatmap(matrix, tmp_path / "shared.png", max_bytes=4e9))
     check_png(plots.plot_traffic_heatmap(np.zeros((8, 8)), tmp_path / "nothing.png", max_bytes=0.0))
+
+
+def text_boxes(figure):
+    """Window extents of every text a drawn figure shows, with its text (tick labels of ticks
+    outside the axis limits are not drawn)."""
+    from matplotlib.text import Text
+
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    hidden = {id(label) for axis in figure.axes for scale in (axis.xaxis, axis.yaxis)
+              for tick in scale.get_major_ticks() + scale.get_minor_ticks()
+              if not min(scale.get_view_interval()) <= tick.get_loc() <= max(scale.get_view_interval())
+              for label in (tick.label1, tick.label2)}
+    return [(text.get_text(), text.get_window_extent(renderer)) for text in figure.findobj(Text)
+            if text.get_visible() and text.get_text().strip() and id(text) not in hidden]
+
+
+def overlapping_texts(figure):
+    """Pairs of texts whose boxes share more than a pixel each way."""
+    boxes = text_boxes(figure)
+    return [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:]
+            if min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0) > 1 and
+            min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0) > 1]
+
+
+def test_regression_cells_title_overlapped_the_panel_titles_and_the_colour_bar_offset():
+    """Cause: the suptitle sat over the panel titles (no layout made room for it), and each colour
+    bar's '1e15' offset text sat over its panel's title."""
+    rng = np.random.default_rng(6)
+    panels = {"as sampled (per-rank fill)": rng.uniform(0, 7e15, (3, 64)), "ours": np.full((2, 64), 3.8e15)}
+    figure = plots.cell_loads_figure(panels, title="llm stage, D=64: cost of every (micro-batch, rank) cell")
+    assert overlapping_texts(figure) == []
+    texts = [text for text, _ in text_boxes(figure)]
+    assert not any(text.startswith("1e") for text in texts)  # no offset text: the unit is in the labels
+    assert "cell cost ($\\times 10^{15}$)" in texts and len(figure.axes) == 3  # one shared colour bar
+    assert any("step cost Σ_m max_r = " in text and "$\\times 10^{15}$" in text for text in texts)
+
+
+def test_regression_scaling_speed_up_axis_started_where_the_data_did():
+    """Cause: only the MFU axis was pinned at 0; the speed-up axis started at 0.4 or 0.95, as the
+    lowest line happened to lie, so heights did not read as ratios."""
+    speedup = {"none": [1, 1], "megatron": [0.45, 0.5], "ours": [1.9, 2.0]}
+    mfu = {"none": [0.2, 0.2], "megatron": [0.1, 0.1], "ours": [0.4, 0.4]}
+    figure = plots.scaling_figure([64, 256], speedup, mfu)
+    speedup_axis, mfu_axis = figure.axes
+    assert speedup_axis.get_ylim()[0] == 0 and mfu_axis.get_ylim()[0] == 0
+    assert speedup_axis.get_ylim()[1] >= 2.0
+    assert overlapping_texts(figure) == []
+
+
+@pytest.mark.parametrize("size", [8, 64, 320])
+def test_regression_traffic_used_megabytes_and_irregular_ticks(size):
+    """Cause: below 1 GB the heat map switched to MB (the tables print GB) and its ticks were
+    linspace(0, size - 1, 9) rounded: 0, 8, 16, 24, 32, 39, 47, 55, 63."""
+    matrix = np.random.default_rng(7).uniform(0, 3e8, (size, size))
+    figure = plots.traffic_heatmap_figure(matrix, title="llm stage", level="node")
+    axis, colour_bar = figure.axes
+    texts = [text for text, _ in text_boxes(figure)]
+    assert "MB" not in " ".join(texts) and "GB sent" in colour_bar.get_ylabel()
+    off_diagonal = matrix.sum() - np.trace(matrix)
+    assert f"inter-node {off_diagonal / 1e9:.3f} GB, intra-node {np.trace(matrix) / 1e9:.3f} GB" in axis.get_title()
+    for ticks in (axis.get_xticks(), axis.get_yticks()):
+        steps = np.diff(ticks)
+        assert ticks[0] == 0 and ticks[-1] <= size - 1 and len(set(steps)) == 1 and len(ticks) <= 8
+    assert overlapping_texts(figure) == []
+
+
+def test_load_panels_name_the_algorithm_that_balanced_them():
+    """The figure's title listed every chosen algorithm at once ("auto, multifit"): which stage
+    used which was not said."""
+    rng = np.random.default_rng(8)
+    columns = {"D=8": {"llm": (rng.lognormal(0, 0.5, 8), np.ones(8), "multifit"),
+                       "image encoder": (rng.lognormal(0, 0.5, 8), np.ones(8), "auto")}}
+    figure = plots.rank_load_grid_figure(columns, labels=("as sampled", "balanced"))
+    legends = [[text.get_text() for text in axis.get_legend().get_texts()] for axis in figure.axes]
+    assert legends[0][1].startswith("balanced by multifit (max 1.00x mean)")
+    assert legends[1][1].startswith("balanced by auto (max 1.00x mean)")
+    assert overlapping_texts(figure) == []
+
+
+def test_timeline_legend_lists_the_stages_in_order_then_idle():
+    stages = {"image encoder": np.array([1.0, 2.0]), "audio encoder": np.array([0.5, 0.2]), "llm": np.array([3.0, 4.0])}
+    figure = plots.step_timeline_figure(stages, title="none: one step")
+    assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()] == [
+        "image encoder", "audio encoder", "llm", "idle"]
+    assert overlapping_texts(figure) == []
