@@ -9,7 +9,7 @@ from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_m
                              run_comparison, workload_stages)
 from . import arguments, render
 from .errors import UsageError, usage_errors
-from .files import load_lengths, write_rows_csv, writing
+from .files import check_parent, load_lengths, write_rows_csv, writing
 
 EXAMPLES = """examples:
   orchmllm compare                                   # default tri-modal workload, D=64 and 512
@@ -77,14 +77,18 @@ def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
     if args.lengths is not None:
         lengths = load_lengths(args.lengths, args.column)
         cost = arguments.cost_model(args.cost)
-        configs = [CompareConfig(d, None, file_stages(lengths, d, cost, args.padded, args.bytes_per_token))
-                   for d in ranks]
+        with usage_errors("--bytes-per-token"):
+            configs = [CompareConfig(d, None, file_stages(lengths, d, cost, args.padded, args.bytes_per_token))
+                       for d in ranks]
         return configs, f"{args.lengths} ({lengths.size} items)"
     if args.cost is not None or args.padded:
         raise UsageError("--cost and --padded apply to --lengths files; workloads define their own stage costs")
     stages = arguments.model_stages(args.model)
     available = arguments.check_workload_source(args, stages)
     items = arguments.int_list(args.items_per_rank, "--items-per-rank")
+    for d in ranks:
+        for k in items:
+            arguments.batch_size(d, k, "--items-per-rank")
     configs = [CompareConfig(d, k, workload_stages(arguments.workload_batch(args, d, k, available), stages))
                for d in ranks for k in items]
     return configs, f"workload {args.workload_file or args.workload!r} on the {args.model} model"
@@ -149,11 +153,15 @@ def run(args) -> int:
         require_matplotlib()
     arguments.check_time_limit(args.time_limit)
     algorithms = arguments.algorithms(args.algorithms)
-    ranks = arguments.int_list(args.ranks, "--ranks")
+    ranks = arguments.rank_list(args.ranks, "--ranks")
     arguments.int_list(args.items_per_rank, "--items-per-rank")
     arguments.positive_int(args.gpus_per_node, "--gpus-per-node")
     for num_ranks in ranks:
         arguments.topology(num_ranks, args.gpus_per_node)
+    if args.plot is not None:
+        check_parent("--plot", args.plot)
+    if args.csv is not None:
+        check_parent("--csv", args.csv, made=args.plot)
     configs, source = configs_of(args, ranks)
     total = sum(len(config.stages) for config in configs) * (len(algorithms) + 1)
     with render.progress(not args.json, total, "balancing") as advance:
@@ -165,6 +173,9 @@ def run(args) -> int:
         with usage_errors("--max-tokens-per-microbatch"):
             microbatches = compare_microbatches(configs, args.max_tokens_per_microbatch)
     written = []
+    if args.plot is not None:  # first: --csv may go into it
+        with writing("--plot", args.plot) as directory:
+            directory.mkdir(exist_ok=True)
     if args.csv is not None:
         write_rows_csv([row.to_json() for row in comparison.rows], args.csv)
         written.append(args.csv)
