@@ -113,3 +113,33 @@ def test_readme_fsdp2_pattern_is_the_example_the_tests_run():
             continue
         assert line in example[position:], f"README line not in the example (in order): {line}"
         position = example.index(line, position) + 1
+
+
+def test_regression_readme_micro_batch_snippet_gave_the_model_no_sample_lengths():
+    """Cause: the snippet called `loss_sum(model, micro.data)`: packed attention needs each
+    sample's length, which it did not show.  The snippet runs here as written, on one process,
+    and the model sees every sample's tokens with their lengths."""
+    import torch
+    from torch import nn
+
+    text = (ROOT / "README.md").read_text()
+    snippet = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S)
+                   if "dispatcher.microbatches(plan, moved)" in block)
+
+    class PackedModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Embedding(11, 11)
+            self.seen = []
+
+        def forward(self, ids, lengths):
+            self.seen += [part.tolist() for part in ids.split(lengths.tolist())]
+            return self.head(ids)
+
+    lengths = [5, 1, 7]
+    ids = torch.arange(sum(lengths)) % 11
+    model = PackedModel()
+    exec(snippet, {"local_lengths": lengths, "local_loss_tokens": lengths, "model": model,
+                   "batch": {"input_ids": ids, "labels": ids.roll(-1)}})
+    assert sorted(model.seen) == sorted(part.tolist() for part in ids.split(lengths))
+    assert all(p.grad is not None for p in model.parameters())
