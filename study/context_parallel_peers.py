@@ -123,10 +123,10 @@ class _Wave:
         return self.most, min(heap[0][0] for heap in self.by_size.values() if heap)
 
 
-def _buckets(pending: list[int], degree: np.ndarray, work: np.ndarray) -> list[deque]:
+def _buckets(pending: list[int], degree: list[int], work: list[float]) -> list[deque]:
     """Pending items (longest first) cut into one run per distinct degree of about equal work."""
-    k = len({int(degree[i]) for i in pending})
-    target = float(work[pending].sum()) / k
+    k = len({degree[i] for i in pending})
+    target = math.fsum(work[i] for i in pending) / k
     buckets, current, current_work = [], [], 0.0
     for position, item in enumerate(pending):
         # Megatron's rule, as written: close when over budget or when "saving items for the buckets
@@ -136,22 +136,22 @@ def _buckets(pending: list[int], degree: np.ndarray, work: np.ndarray) -> list[d
             buckets.append(deque(current))
             current, current_work = [], 0.0
         current.append(item)
-        current_work += float(work[item])
+        current_work += work[item]
     return buckets + [deque(current)]
 
 
-def _build_wave(pending: list[int], degree: np.ndarray, work: np.ndarray, lengths: np.ndarray, num_ranks: int,
+def _build_wave(pending: list[int], degree: list[int], work: list[float], lengths: np.ndarray, num_ranks: int,
                 widest: int) -> tuple[_Wave, list[int]]:
     """One wave from the pending items (longest first): the wave and the items left over."""
     buckets = _buckets(pending, degree, work)
     wave, first, check = _Wave(num_ranks), None, False
     while buckets:
-        bucket = next((b for b in buckets if b and wave.fits(int(degree[b[0]]))), None)
+        bucket = next((b for b in buckets if b and wave.fits(degree[b[0]])), None)
         if bucket is None:
             break
         item = bucket.popleft()
-        size = int(degree[item])
-        wave.place(item, size, float(work[item]))
+        size = degree[item]
+        wave.place(item, size, work[item])
         while buckets and not buckets[0]:
             buckets.pop(0)
         first = size if first is None else first
@@ -166,7 +166,7 @@ def _build_wave(pending: list[int], degree: np.ndarray, work: np.ndarray, length
     return wave, left
 
 
-def _trim(wave: _Wave, work: np.ndarray, left: list[int]) -> None:
+def _trim(wave: _Wave, work: list[float], left: list[int]) -> None:
     """Send the most loaded group's latest item back while that narrows the spread."""
     while True:
         most, least = max(wave.load), 0.0 if wave.free else min(wave.load)
@@ -177,7 +177,7 @@ def _trim(wave: _Wave, work: np.ndarray, left: list[int]) -> None:
             return
         item = wave.items[group][-1]
         loads = list(wave.load)
-        loads[group] -= float(work[item])
+        loads[group] -= work[item]
         if max(loads) - (0.0 if wave.free else min(loads)) >= most - least:
             return
         wave.items[group].pop()
@@ -197,24 +197,31 @@ def _fill_idle(wave: _Wave, lengths: np.ndarray, widest: int) -> None:
         wave.load[group] = float(sum(int(lengths[i]) ** 2 for i in wave.items[group])) / (2 * smallest)
 
 
-def megatron_dynamic_cp(lengths, num_ranks, spec: ContextParallel, capacity: int, *, cost=None) -> WavePlan:
-    """Megatron-LM's dynamic context parallelism (see the module docstring), as waves of split plans."""
+def megatron_waves(lengths, num_ranks, spec: ContextParallel, capacity: int) -> list[tuple[np.ndarray, ...]]:
+    """Megatron's schedule alone (what its planner computes): per wave, (items, block start, degree)."""
     lengths = as_lengths(lengths)
     num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
     capacity = as_int(capacity, "capacity", minimum=1)
     widest = min(spec.degrees[-1], num_ranks)
     need = -(-lengths // capacity)
     degree = np.minimum(np.where(need <= 1, 1, 1 << np.ceil(np.log2(np.maximum(need, 1))).astype(np.int64)), widest)
-    work = lengths.astype(np.float64) ** 2 / degree
+    work = (lengths.astype(np.float64) ** 2 / degree).tolist()
+    degree = degree.tolist()
     pending = np.lexsort((np.arange(lengths.size), -lengths)).tolist()
-    waves, members = [], []
+    waves = []
     while pending:
         wave, pending = _build_wave(pending, degree, work, lengths, num_ranks, widest)
-        items, start, size = _lay_out(wave, num_ranks, spec)
-        waves.append(certify_split(lengths[items], num_ranks, spec, start, size, cost=cost,
-                                   algorithm="megatron_dynamic_cp"))
-        members.append(items)
-    return WavePlan(tuple(waves), tuple(members))
+        waves.append(_lay_out(wave, num_ranks, spec))
+    return waves
+
+
+def megatron_dynamic_cp(lengths, num_ranks, spec: ContextParallel, capacity: int, *, cost=None) -> WavePlan:
+    """Megatron-LM's dynamic context parallelism (see the module docstring), as waves of split plans."""
+    lengths = as_lengths(lengths)
+    waves = megatron_waves(lengths, num_ranks, spec, capacity)
+    plans = tuple(certify_split(lengths[items], num_ranks, spec, start, size, cost=cost,
+                                algorithm="megatron_dynamic_cp") for items, start, size in waves)
+    return WavePlan(plans, tuple(items for items, _, _ in waves))
 
 
 def _lay_out(wave: _Wave, num_ranks: int, spec: ContextParallel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -44,8 +44,8 @@ them, tried while the groups overflow the free blocks."""
 
 
 class TimeTable:
-    """Per-rank times of some items at every allowed degree, on a block inside a node where
-    the degree fits one (computed once, looked up by item and degree)."""
+    """Per-rank times and shard tokens of some items at every allowed degree, on a block inside a
+    node where the degree fits one (computed once, looked up by item and degree)."""
 
     def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, items: np.ndarray):
         degrees = np.array(spec.degrees, dtype=np.int64)
@@ -54,9 +54,14 @@ class TimeTable:
         self.row[items] = np.arange(items.size)
         self.table = spec.item_times(problem.cost, problem.lengths[items][:, None], degrees[None, :],
                                      (degrees <= gpus_per_node)[None, :])
+        self.shards = {c: shard_tokens(problem.lengths[items], c) for c in spec.degrees}
 
     def __call__(self, items: np.ndarray, degree: int) -> np.ndarray:
         return self.table[self.row[items], self.column[degree]]
+
+    def shard(self, item: int, degree: int) -> np.ndarray:
+        """Tokens of each of the item's shards at `degree`."""
+        return self.shards[degree][self.row[item]]
 
 
 class _Blocks:
@@ -71,14 +76,19 @@ class _Blocks:
         self.tokens = np.zeros(problem.num_ranks, dtype=np.int64)
         self.taken = np.zeros(problem.num_ranks, dtype=bool)  # ranks of a group
         self.groups: dict[int, list[int]] = {}  # degree -> block starts, opened in order
+        self.free: list[int] = []  # free blocks of the degree being laid out, ascending
         self.placed: dict[int, tuple[int, int]] = {}  # item -> (block start, degree)
         self.overflow = False
+
+    def open(self, degree: int) -> None:
+        """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
+        self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
 
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
         """(peak load of each block after the item, whether its shards' tokens fit; the item's time
         and its shards' tokens)."""
-        time = float(self.times(np.array([item]), degree)[0])
-        shard = shard_tokens(self.problem.lengths[item:item + 1], degree)[0]
+        time = float(self.times.table[self.times.row[item], self.times.column[degree]])
+        shard = self.times.shard(item, degree)
         if degree == 1:
             return self.loads[starts] + time, self.tokens[starts] + shard[0] <= self.cap, time, shard
         blocks = starts[:, None] + np.arange(degree)
@@ -95,13 +105,11 @@ class _Blocks:
         room = fits & (peak <= self.target)
         if room.any():
             return self._add(item, int(starts[np.argmax(np.where(room, peak, -math.inf))]), degree, time, shard)
-        if degree > 1:
-            free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node)
-            if free.size:
-                start = int(free[0])
-                self.taken[start: start + degree] = True
-                opened.append(start)
-                return self._add(item, start, degree, time, shard)
+        if degree > 1 and self.free:
+            start = self.free.pop()
+            self.taken[start: start + degree] = True
+            opened.append(start)
+            return self._add(item, start, degree, time, shard)
         self.overflow = True
         best = (math.inf, -1, 0)
         for c in sorted(self.groups):
@@ -135,6 +143,7 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
     blocks = _Blocks(problem, spec, gpus_per_node, times, target)
     for c in sorted(set(degree[degree > 1].tolist()), reverse=True) + [1]:
         items = np.flatnonzero(degree == c) if c > 1 else long[degree[long] == 1]
+        blocks.open(c)
         order = np.lexsort((items, -times(items, c)))
         for item in items[order].tolist():
             if blocks.place(item, c) < 0:

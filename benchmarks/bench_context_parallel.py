@@ -1,0 +1,134 @@
+"""Giant items: the split planner's step against its certified bound and the reimplemented peers, and its time.
+
+Run: python3.11 -m pytest benchmarks/bench_context_parallel.py -q -s
+     (add --heavy for D = 2560, 16 items per rank and more seeds)
+Figures go to the "Giant items" section of BENCHMARKS.md.
+
+Instances (giant-heavy mixes): the LLM-stage lengths of `llm_stage_lengths` (text lognormal, image
+tiles, audio; at most about 7k tokens), D ranks × 8–32 items per rank, with a share of the items
+(GIANT_SHARES) replaced by giants of one family:
+- documents: log-uniform in [32k, 256k] tokens (long documents).  The planner was developed
+  and tuned on this family, seeds < 100.
+- videos: 64–512 frames of 256 tokens plus a 32–256-token prompt (16k–131k tokens).  Held out.
+- long_tail: 16k · (1 + Pareto(1.2)) tokens, capped at 256k (a heavy tail).  Held out.
+Seeds >= 100 are held out for every family.  Cost: the 84B model's LLM FLOPs (`MODELS["84b"]`);
+spec: `ContextParallel()` (degrees 1, 2, 4, 8, H100/H200 defaults).  Every plan is judged by the
+same time model: ours, no splitting (`auto`), static CP at the best of degrees 2/4/8, and
+Megatron-LM's dynamic CP (`study.context_parallel_peers`) at its configured per-rank capacity
+MEGATRON_CAPACITY and at the best of MEGATRON_CAPACITIES (tuned per instance, in its favour).
+Where the longest giant at degree 8 alone sets the bound, every planner that splits it 8 ways
+ties (ratio 1.000): those instances show no planner's skill, only that none is worse.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+from orchmllm import ContextParallel, balance
+from orchmllm.study.context_parallel_peers import megatron_dynamic_cp, megatron_waves, no_split, static_cp
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import llm_stage_lengths
+from orchmllm.testing.context_parallel import check_split_plan
+
+COST = MODELS["84b"].llm.cost(causal=True)
+SPEC = ContextParallel()
+GIANT_SHARES = (0.0025, 0.01, 0.02)
+MEGATRON_CAPACITY = 16384
+MEGATRON_CAPACITIES = (8192, 16384, 32768)
+TUNED_FAMILY, TUNED_SEEDS, HELD_OUT_SEEDS = "documents", range(0, 100), range(100, 200)
+
+
+def giants(family: str, rng: np.random.Generator, count: int) -> np.ndarray:
+    """`count` giant lengths of `family` (see the module docstring)."""
+    if family == "documents":
+        return np.exp(rng.uniform(np.log(32768), np.log(262144), count)).astype(np.int64)
+    if family == "videos":
+        return 256 * rng.integers(64, 513, count) + rng.integers(32, 257, count)
+    if family == "long_tail":
+        return np.minimum(16384 * (1 + rng.pareto(1.2, count)), 262144).astype(np.int64)
+    raise ValueError(f"unknown giant family {family!r}")
+
+
+def giant_mix(family: str, num_ranks: int, per_rank: int, share: float, seed: int) -> np.ndarray:
+    """The base mix with round(share · n) items (at least one) replaced by giants of `family`."""
+    lengths, _ = llm_stage_lengths(num_ranks, per_rank, seed)
+    rng = np.random.default_rng(1_000_003 * seed + 7)
+    count = max(1, round(share * lengths.size))
+    lengths[rng.choice(lengths.size, count, replace=False)] = giants(family, rng, count)
+    return lengths
+
+
+def grid(heavy: bool):
+    ranks = (64, 512, 2560) if heavy else (64, 512)
+    per_rank = (8, 16, 32) if heavy else (8, 32)
+    seeds = (0, 1, 100, 101, 102) if heavy else (0, 100)
+    return [(family, d, s, share, seed) for family in ("documents", "videos", "long_tail") for d in ranks
+            for s in per_rank for share in GIANT_SHARES for seed in seeds if d * s <= 41_000]
+
+
+def held_out(family: str, seed: int) -> bool:
+    return family != TUNED_FAMILY or seed in HELD_OUT_SEEDS
+
+
+def _summary(name: str, values: list[float]) -> str:
+    return f"{name}: median {np.median(values):.4f}, worst {max(values):.4f}, n = {len(values)}"
+
+
+@pytest.mark.timeout(7200)
+def test_step_against_the_bound_and_the_peers(request):
+    heavy = request.config.getoption("--heavy", default=False)
+    rows, bound_ratio, megatron_ratio, megatron_best_ratio, held = [], [], [], [], []
+    for family, num_ranks, per_rank, share, seed in grid(heavy):
+        lengths = giant_mix(family, num_ranks, per_rank, share, seed)
+        ours = balance(lengths, num_ranks, cost=COST, context_parallel=SPEC)
+        check_split_plan(ours, lengths, num_ranks, SPEC, cost=COST)
+        plain = no_split(lengths, num_ranks, SPEC, cost=COST)
+        assert ours.makespan <= plain.makespan
+        static = min(static_cp(lengths, num_ranks, SPEC, c, cost=COST).makespan for c in (2, 4, 8))
+        megatron = {capacity: megatron_dynamic_cp(lengths, num_ranks, SPEC, capacity, cost=COST).step_cost
+                    for capacity in MEGATRON_CAPACITIES}
+        bound_ratio.append(ours.makespan / ours.lower_bound)
+        megatron_ratio.append(ours.makespan / megatron[MEGATRON_CAPACITY])
+        megatron_best_ratio.append(ours.makespan / min(megatron.values()))
+        held.append(held_out(family, seed))
+        rows.append(f"| {family} | {seed} | {num_ranks} | {per_rank} | {share:g} | {ours.split_items.size} | "
+                    f"{bound_ratio[-1]:.4f} | {ours.makespan / plain.makespan:.3f} | {ours.makespan / static:.3f} | "
+                    f"{megatron_ratio[-1]:.3f} | {megatron_best_ratio[-1]:.3f} | {ours.solve_seconds * 1e3:.0f} |")
+    print("\n| family | seed | D | per rank | giants | split | ours / bound | ours / no split | ours / static CP | "
+          "ours / Megatron 16k | ours / Megatron best | ours ms |")
+    print("|" + "---|" * 12)
+    print("\n".join(rows))
+    held = np.array(held)
+    for label, mask in (("all", np.ones_like(held)), ("tuned", ~held), ("held out", held)):
+        pick = lambda values: [v for v, keep in zip(values, mask) if keep]  # noqa: E731
+        print(f"\n{label}: " + "; ".join(_summary(name, pick(values)) for name, values in (
+            ("ours / bound", bound_ratio), ("ours / Megatron 16k", megatron_ratio),
+            ("ours / Megatron best capacity", megatron_best_ratio))))
+    assert np.median(bound_ratio) <= 1.03 and max(bound_ratio) <= 1.10
+    # Megatron as configured: the issue's target; tuned per instance in its favour: never better than ours.
+    assert np.median(megatron_ratio) <= 0.90 and max(megatron_best_ratio) <= 1.0
+
+
+@pytest.mark.parametrize("num_ranks, per_rank", [(64, 16), (512, 32), (2560, 16)])
+def test_without_giants_the_plans_are_todays(num_ranks, per_rank):
+    for seed in range(3):
+        lengths, _ = llm_stage_lengths(num_ranks, per_rank, seed)
+        plan = balance(lengths, num_ranks, cost=COST, context_parallel=SPEC)
+        assert plan.digest() == balance(lengths, num_ranks, cost=COST).digest() and not plan.split_items.size
+
+
+def test_planning_time_at_2560_ranks(best_of):
+    """D = 2560 × 16 items with C = {1, 2, 4, 8} on a documents mix (1 % giants); baselines in the
+    same run (CPU seconds): plain `balance` on the same lengths and on the mix without giants, and
+    the reimplemented Megatron scheduler (its schedule alone, capacity 16k)."""
+    lengths = giant_mix("documents", 2560, 16, 0.01, seed=7)
+    base, _ = llm_stage_lengths(2560, 16, 7)
+    ours = best_of(lambda: balance(lengths, 2560, cost=COST, context_parallel=SPEC), 5, timer=time.process_time)
+    plain = best_of(lambda: balance(lengths, 2560, cost=COST), 5, timer=time.process_time)
+    plain_base = best_of(lambda: balance(base, 2560, cost=COST), 5, timer=time.process_time)
+    megatron = best_of(lambda: megatron_waves(lengths, 2560, SPEC, MEGATRON_CAPACITY), 3, timer=time.process_time)
+    print(f"\nD = 2560 × 16, C = {SPEC.degrees}: ours {ours * 1e3:.1f} ms; plain balance same lengths "
+          f"{plain * 1e3:.1f} ms, without giants {plain_base * 1e3:.1f} ms (ours / that {ours / plain_base:.2f}); "
+          f"Megatron schedule {megatron * 1e3:.1f} ms ({megatron / ours:.1f}× ours)")
+    assert ours <= 2 * plain_base and megatron >= 5 * ours  # the targets (≤ 100 ms, ≥ 10×) are read idle
