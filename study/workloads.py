@@ -8,6 +8,11 @@ Modalities: "image" (vision encoder: images, document tiles, video frames) and "
 Sample kinds (encoder units -> LLM tokens; all segments precede the text):
 - chat: text only, context + generated tokens of a real conversation request, resampled
   from `data/azure_conv_lengths.csv` (mean 1375, median 1416, p99 4299 tokens).
+- code: text only, context + generated tokens of a real coding-assistant request, resampled
+  from `data/azure_code_lengths.csv` (mean 2076, median 1486, p99 7461, max 7733 tokens).
+- long_tail: text only, a synthetic long-tailed mix: 85 % lognormal (median 512 tokens,
+  σ = 1.0), 15 % Pareto (α = 1.1 from 2048 tokens), at least 16 and truncated to an 8k
+  context (LONG_TAIL_MAX = 8192 tokens, so any one sample fits the benchmarks' budgets).
 - image_qa: one image at dynamic resolution (Qwen2-VL style): height and width
   log-uniform in [224, 1344] px, rounded down to multiples of 28; 14-px patches
   (256..9216 patches), 2×2 patch merge -> patches / 4 tokens.  Text: a prompt uniform in
@@ -53,16 +58,31 @@ AUDIO_POSITIONS_PER_SECOND = 50
 AUDIO_POSITIONS_PER_TOKEN = 4
 PATCH_PIXELS = 14
 MERGE = 4  # 2×2 patches -> one token
+LONG_TAIL_MAX = 8192  # tokens: the long-tailed mix is truncated to an 8k context
 
 
-def text_length_table() -> np.ndarray:
-    """(4096, 2) int64 [context_tokens, generated_tokens] from the Azure conversation trace (CC-BY 4.0).
+TRACES = ("conv", "code")  # the Azure LLM inference traces shipped in data/ (samples of 4096 requests)
+
+
+def trace_table(name: str = "conv") -> np.ndarray:
+    """(4096, 2) int64 [context_tokens, generated_tokens] of an Azure LLM inference trace (CC-BY 4.0):
+    "conv" (conversation service) or "code" (coding assistant).
 
     Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting",
     ISCA 2024; Azure Public Dataset.  See data/README.md for the sampling.
+
+    >>> trace_table("code").shape
+    (4096, 2)
     """
-    with resources.files(__package__).joinpath("data/azure_conv_lengths.csv").open("r") as handle:
+    if name not in TRACES:
+        raise ValueError(f"unknown trace {name!r}; choose one of {list(TRACES)}")
+    with resources.files(__package__).joinpath(f"data/azure_{name}_lengths.csv").open("r") as handle:
         return np.loadtxt(handle, delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+
+
+def text_length_table() -> np.ndarray:
+    """`trace_table("conv")`: the conversation trace that the multimodal kinds draw text from."""
+    return trace_table("conv")
 
 
 def quantile_sample(rng: np.random.Generator, knots, size: int) -> np.ndarray:
@@ -81,9 +101,21 @@ class _Kind:
     def answer(self, n: int) -> np.ndarray:
         return self.table[self.rng.integers(0, len(self.table), n), 1]
 
+    def _text_only(self, text):
+        return text, np.zeros(text.size, dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0)
+
     def chat(self, n):
-        rows = self.table[self.rng.integers(0, len(self.table), n)]
-        return rows.sum(axis=1), np.zeros(n, dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0)
+        return self._text_only(self.table[self.rng.integers(0, len(self.table), n)].sum(axis=1))
+
+    def code(self, n):
+        table = trace_table("code")
+        return self._text_only(table[self.rng.integers(0, len(table), n)].sum(axis=1))
+
+    def long_tail(self, n):
+        body = np.exp(self.rng.normal(np.log(512), 1.0, n))
+        tail = 2048 * (1 - self.rng.random(n)) ** (-1 / 1.1)  # Pareto, α = 1.1, from 2048
+        text = np.where(self.rng.random(n) < 0.15, tail, body)
+        return self._text_only(np.clip(text, 16, LONG_TAIL_MAX).astype(np.int64))
 
     def image_qa(self, n):
         side = np.exp(self.rng.uniform(np.log(224), np.log(1344), size=(n, 2)))
@@ -121,7 +153,7 @@ class _Kind:
         return text, frames, np.full(total, IMAGE), np.full(total, 576), np.full(total, 576 // MERGE)
 
 
-KINDS = ("chat", "image_qa", "document", "asr", "audio_qa", "video")
+KINDS = ("chat", "image_qa", "document", "asr", "audio_qa", "video", "code", "long_tail")
 
 # name -> (description, {kind: weight})
 WORKLOADS: dict[str, tuple[str, dict[str, float]]] = {

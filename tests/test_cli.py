@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -207,6 +208,14 @@ def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
     typed = DemoReport(**report)
     assert result.returncode == (1 if typed.failed_checks() else 0), result.stderr  # the report's own verdict
     assert report["ranks"] == 2 and report["steps"] == 1 and report["dtype"] == "float32"
+    # a regression: under --json the demo ran for minutes without a word (its rich bar showed only
+    # on a terminal without --json); now each stage with the seconds elapsed, on stderr
+    progress = [re.fullmatch(r"orchmllm demo: +(\d+\.\d) s  (.+)", line) for line in result.stderr.splitlines()]
+    assert all(progress), result.stderr
+    assert [match.group(2) for match in progress] == [
+        "starting 2 gloo ranks", "warming up", "step 1 of 1: training unbalanced and balanced",
+        "replaying every rank's work in isolation", "done"]
+    assert [float(match.group(1)) for match in progress] == sorted(float(match.group(1)) for match in progress)
     assert report["samples_lost"] == 0 and report["samples_duplicated"] == 0
     assert 0 <= report["grad_max_rel_diff"] <= typed.gradient_tolerance / 10  # sums commute: only rounding differs
     assert len(report["busy_seconds_per_rank_balanced"]) == len(report["busy_seconds_per_rank_unbalanced"]) == 2
