@@ -4,13 +4,15 @@
 `as_int`, `as_real` and `as_bool` check, canonicalise to a Python scalar and raise
 TypeError for the wrong type, ValueError for a value out of range, with messages that
 name the argument and the requirement.  `SizeLimitError` is the ValueError of an input
-beyond one of orchmllm's size limits.
+beyond one of orchmllm's size limits; `json_value` decodes one line of a user's JSON file.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+import sys
 
 import numpy as np
 
@@ -168,3 +170,21 @@ def as_item_bytes(item_bytes, num_items: int, name: str = "item_bytes") -> np.nd
         raise ValueError(f"`{name}` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
     return array
 
+
+def json_value(text: str, where: str):
+    """One JSON value decoded from `text`; ValueError naming `where` (a file and line) for bad JSON,
+    an integer past Python's digit limit or nesting past its recursion limit.
+
+    >>> json_value('{"length": ', "lengths.jsonl:2")
+    Traceback (most recent call last):
+    ...
+    ValueError: lengths.jsonl:2: not valid JSON (Expecting value)
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
+    except ValueError:  # int("1" * 5000): more digits than sys.get_int_max_str_digits()
+        raise ValueError(f"{where}: a number of more than {sys.get_int_max_str_digits()} digits") from None
+    except RecursionError:
+        raise ValueError(f"{where}: not valid JSON (nested too deeply)") from None

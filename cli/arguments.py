@@ -67,6 +67,22 @@ def positive_int(value: int | None, name: str) -> None:
         raise UsageError(f"{name} must be >= 1; got {value}")
 
 
+def check_seed(seed: int) -> None:
+    """UsageError unless --seed is one numpy's generators take (an integer >= 0)."""
+    if seed < 0:
+        raise UsageError(f"--seed must be >= 0; got {seed}")
+
+
+def name_list(text: str | None, option: str) -> list[str] | None:
+    """The comma-separated names of `text` (None when not given); UsageError when it lists none."""
+    if text is None:
+        return None
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise UsageError(f"{option} must list at least one name; got {text!r}")
+    return names
+
+
 def check_time_limit(seconds: float | None) -> None:
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise UsageError(f"--time-limit must be a positive number of seconds; got {seconds}")

@@ -154,6 +154,7 @@ def run(args) -> int:
     arguments.check_time_limit(args.time_limit)
     algorithms = arguments.algorithms(args.algorithms)
     ranks = arguments.rank_list(args.ranks, "--ranks")
+    arguments.check_seed(args.seed)
     arguments.int_list(args.items_per_rank, "--items-per-rank")
     arguments.positive_int(args.gpus_per_node, "--gpus-per-node")
     for num_ranks in ranks:

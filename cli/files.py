@@ -16,13 +16,12 @@ import csv
 import io
 import json
 import math
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from ..balancers.validation import is_real
+from ..balancers.validation import is_real, json_value
 from .errors import UsageError, one_line
 
 TEXT_ENCODING = "utf-8-sig"  # UTF-8, ignoring the byte-order mark spreadsheets write first
@@ -115,20 +114,6 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
     return lengths
 
 
-def _parse_json(line: str, where: str):
-    """One JSON value; UsageError (naming `where`) for bad JSON, an integer past Python's digit
-    limit or nesting past its recursion limit."""
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{where}: not valid JSON ({error.msg})") from None
-    except ValueError:  # int("1" * 5000): the integer's digits pass sys.get_int_max_str_digits()
-        raise UsageError(f"{where}: a number of more than {sys.get_int_max_str_digits()} digits; lengths must "
-                         f"be below 2**53") from None
-    except RecursionError:
-        raise UsageError(f"{where}: not valid JSON (nested too deeply; a line holds a length or an object)") from None
-
-
 def _read_json_lines(path: Path, column: str | None) -> list[int]:
     key = column or "length"
     lengths = []
@@ -136,7 +121,10 @@ def _read_json_lines(path: Path, column: str | None) -> list[int]:
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        value = _parse_json(line, where)
+        try:
+            value = json_value(line, where)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         if isinstance(value, dict):
             if key not in value:
                 raise UsageError(f"{where}: object has no key {key!r} (keys: {sorted(value)}); use --column")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from . import arguments, render
 from .errors import UsageError, usage_errors
-from .files import check_parent, require_file, writing
+from .files import check_parent, writing
 
 EXAMPLES = """examples:
   orchmllm simulate                                  # 84b model, 2560 GPUs, default workload, batch sized by memory
@@ -91,15 +91,15 @@ def run(args) -> int:
 
         require_matplotlib()
     gpus = arguments.rank_list(args.gpus, "--gpus")
+    arguments.check_seed(args.seed)
     if args.plot is not None:
         check_parent("--plot", args.plot)
     if args.max_tokens_per_microbatch is not None:
         return run_microbatched(args, gpus)
-    strategies = None if args.strategies is None else [part.strip() for part in args.strategies.split(",")
-                                                       if part.strip()]
-    arguments.model_stages(args.model)
-    if args.workload_file is not None:
-        require_file(args.workload_file, "workload file")
+    strategies = arguments.name_list(args.strategies, "--strategies")
+    stages = arguments.model_stages(args.model)
+    if args.workload_file is not None:  # its bad lines named with the file, whatever --gpus
+        arguments.check_workload_source(args, stages)
     for count in gpus:
         if args.samples_per_rank is not None:
             arguments.batch_size(count, args.samples_per_rank, "--samples-per-rank")
@@ -132,8 +132,7 @@ def run_microbatched(args, gpus: list[int]) -> int:
     for option, value in (("--workload-file", args.workload_file), ("--plot", args.plot)):
         if value is not None:
             raise UsageError(f"{option} is not available with --max-tokens-per-microbatch")
-    strategies = STRATEGIES if args.strategies is None else [part.strip() for part in args.strategies.split(",")
-                                                             if part.strip()]
+    strategies = arguments.name_list(args.strategies, "--strategies") or STRATEGIES
     unknown = [name for name in strategies if name not in STRATEGIES]
     if unknown:
         raise UsageError(f"unknown micro-batch strategy {unknown[0]!r} in --strategies; choose from "

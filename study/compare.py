@@ -116,6 +116,8 @@ def algorithm_names(text: str | None) -> list[str]:
                 + [record.name for record in records if record.kind is Kind.PEER])
     known = known_names()
     names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ValueError(f"name at least one algorithm; got {text!r}")
     for name in names:
         if name not in known:
             raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(known)}")

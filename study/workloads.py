@@ -39,12 +39,11 @@ generative LLM inference using phase splitting", ISCA 2024; see data/README.md.
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 
 import numpy as np
 
-from ..balancers.validation import is_int
+from ..balancers.validation import is_int, json_value
 from ..orchestrator.samples import Batch, Sample, Segment
 
 MODALITIES = ("image", "audio")
@@ -231,6 +230,8 @@ def _field(line: int, where: str, record: dict, key: str, required: bool = True)
     value = record[key]
     if not is_int(value) or value < 0:
         raise ValueError(f"line {line}: {where} {key!r} must be a non-negative integer; got {value!r}")
+    if value >= 2**53:  # token counts sum exactly in float64 costs and int64 arrays
+        raise ValueError(f"line {line}: {where} {key!r} must be below 2**53; got {value}")
     return value
 
 
@@ -246,10 +247,7 @@ def parse_sample_line(text: str, line: int, source: int, sample_id: int, modalit
     ...
     ValueError: line 3: segment 0 has modality 'video', which no stage encodes; stages encode ['audio', 'image']
     """
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"line {line}: not valid JSON ({error.msg})") from None
+    record = json_value(text, f"line {line}")
     if not isinstance(record, dict):
         raise ValueError(f"line {line}: expected a JSON object like {{\"text\": 212, \"segments\": [...]}}")
     unknown = sorted(set(record) - {"text", "segments"})

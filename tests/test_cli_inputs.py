@@ -33,6 +33,8 @@ def files(tmp_path_factory):
         np.lib.format.write_array_header_1_0(handle, {"descr": "<i8", "fortran_order": False, "shape": (10**12,)})
         handle.write(bytes(64))
     np.savetxt(tmp / "4000.csv", np.random.default_rng(0).integers(1, 4000, 4000), fmt="%d")
+    (tmp / "deep_sample.jsonl").write_text('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    (tmp / "huge_text.jsonl").write_text('{"text": 99999999999999999999999}\n')
     return tmp
 
 
@@ -80,7 +82,7 @@ CASES = {
     "json integer of 5000 digits": (["plan", "{tmp}/many_digits.jsonl", "-D", "2"],
                                     "many_digits.jsonl:2: a number of more than 4300 digits"),
     "json nested 10**5 deep": (["plan", "{tmp}/deep.jsonl", "-D", "2"],
-                               "deep.jsonl:1: not valid JSON (nested too deeply"),
+                               "deep.jsonl:1: not valid JSON (nested too deeply)"),
     "npy header claiming 10**12 items": (["plan", "{tmp}/huge_header.npy", "-D", "2"],
                                          "huge_header.npy: the header claims shape (1000000000000,), 8000000000000 "
                                          "bytes, but the file holds 64 after it"),
@@ -95,6 +97,18 @@ CASES = {
     "compare 10**8 items per rank": (
         ["compare", "-D", "8", "--items-per-rank", "100000000"],
         "--items-per-rank 100000000: 8 ranks × 100000000 samples per rank make 800000000 samples, beyond 2**22"),
+    # found by a probe of our own: numpy's "expected non-negative integer", max() of no strategies, the
+    # json module's RecursionError, Batch's TypeError on an int64 overflow
+    "negative seed": (["compare", "-D", "8", "--seed", "-1"], "--seed must be >= 0; got -1"),
+    "simulate negative seed": (["simulate", "--gpus", "8", "--seed", "-1"], "--seed must be >= 0; got -1"),
+    "no strategies": (["simulate", "--gpus", "8", "--strategies", ","], "--strategies must list at least one name"),
+    "no algorithms": (["compare", "-D", "8", "--algorithms", ","], "--algorithms: name at least one algorithm"),
+    "workload line nested 10**5 deep": (
+        ["compare", "-D", "1", "--items-per-rank", "1", "--workload-file", "{tmp}/deep_sample.jsonl"],
+        "deep_sample.jsonl: line 1: not valid JSON (nested too deeply)"),
+    "workload text beyond int64": (
+        ["simulate", "--gpus", "1", "--samples-per-rank", "1", "--workload-file", "{tmp}/huge_text.jsonl"],
+        "huge_text.jsonl: line 1: the sample 'text' must be below 2**53; got 99999999999999999999999"),
     # -o created the missing directories (at the filesystem root) and exited 0
     "output into a missing directory": (["plan", "{tmp}/good.csv", "-D", "2", "-o", "{tmp}/missing/dir/p.json"],
                                         "--output '{tmp}/missing/dir/p.json': directory '{tmp}/missing/dir' does "
