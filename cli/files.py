@@ -167,6 +167,8 @@ def _read_npy(path: Path) -> np.ndarray:
         raise UsageError(f"{path}: expected a 1-D array of lengths, got shape {getattr(array, 'shape', '?')}")
     if array.dtype.kind not in "iuf":
         raise UsageError(f"{path}: expected integer lengths, got dtype {array.dtype}")
+    if array.dtype.kind == "f" and array.dtype.itemsize < 8:  # float16 cannot hold 2**53 to compare with
+        array = array.astype(np.float64)
     bad = np.flatnonzero(~np.isfinite(array) | (array < 0) | (array != np.floor(array)) | (array >= float(MAX_LENGTH))) \
         if array.dtype.kind == "f" else np.flatnonzero((array < 0) | (array >= MAX_LENGTH))
     if bad.size:

@@ -5,6 +5,7 @@ import json
 import signal
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -134,6 +135,15 @@ def test_csv_header_of_names_and_a_single_column_still_read(tmp_path, capsys):
     for args in (["named.csv"], ["plain.csv"], ["columns.csv", "--column", "length"]):
         assert main(["plan", str(tmp_path / args[0]), *args[1:], "-D", "1", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["makespan"] == (18 if args[0] == "plain.csv" else 11)
+
+
+def test_float16_npy_is_read_without_an_overflow_warning(tmp_path, capsys):
+    """2**53, the bound a length is checked against, overflowed float16 with a RuntimeWarning on stderr."""
+    np.save(tmp_path / "half.npy", np.array([3, 4, 5], dtype=np.float16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["plan", str(tmp_path / "half.npy"), "-D", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == 12
 
 
 def test_compare_reports_an_ilp_too_large_for_a_stage_as_not_applicable(files, capsys):
