@@ -276,15 +276,19 @@ def _plan_exchange(layout: ContextParallelLayout, causal: bool) -> _Exchange:
                 key_end = int(mine[last - 1]) + 1 if causal else entry.length
                 runs.append(_Run(start + int(first), start + int(last), base, key_end, True))
         start += length
-    join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
-    return _Exchange(tuple(runs), {p: join(v) for p, v in send.items()}, {p: join(v) for p, v in recv.items()},
-                     join(own_rows), join(own_index), buffer_rows, {p: ", ".join(v) for p, v in peer_items.items()})
+    return _Exchange(tuple(runs), {p: _concat(v) for p, v in send.items()}, {p: _concat(v) for p, v in recv.items()},
+                     _concat(own_rows), _concat(own_index), buffer_rows,
+                     {p: ", ".join(v) for p, v in peer_items.items()})
+
+
+def _concat(parts: list) -> np.ndarray:
+    return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
 
 
 def _p2p(sends: dict, recvs: dict, exchange: _Exchange, group, phase: str) -> None:
     """Post every send and receive of one call at once (`batch_isend_irecv`) and wait for them."""
     ops = []
-    for peer in sorted(set(sends) | set(recvs)):
+    for peer in sorted(sends):  # the same peers both ways (some messages may be empty)
         target = peer if group is None else dist.get_global_rank(group, peer)
         if sends[peer].numel():
             ops.append(dist.P2POp(dist.isend, sends[peer], target, group))
