@@ -99,6 +99,8 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
     if _has_header(first, f"{path}:{rows[0][0]}"):
         index = _pick_column(first, column, path)
         rows = rows[1:]
+        if not rows:
+            raise UsageError(f"{path}: no lengths in the file, only a header line")
     elif column is not None:
         raise UsageError(f"{path}: --column {column!r} given but the file has no header line")
     elif width > 1:

@@ -27,6 +27,7 @@ def files(tmp_path_factory):
     (tmp / "index_length.csv").write_text("0,812\n1,77\n2,300\n")
     (tmp / "typo.csv").write_text("8l2\n77\n300\n")
     (tmp / "mixed_header.csv").write_text("length,7\n5,1\n")
+    (tmp / "header_only.csv").write_text("length\n")
     (tmp / "long_field.csv").write_text("3\n" + "1" * 140_000 + "\n")
     (tmp / "many_digits.jsonl").write_text("3\n" + "1" * 5000 + "\n")
     (tmp / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
@@ -61,6 +62,8 @@ CASES = {
     "bytes per token overflowing an item's bytes": (
         ["plan", "{tmp}/good.csv", "-D", "2", "--algorithm", "lpt+locality", "--bytes-per-token", "1e308"],
         "--bytes-per-token: `bytes_per_token` = 1e+308 times the longest length 6 overflows float64"),
+    "csv of a header line only": (["plan", "{tmp}/header_only.csv", "-D", "2"],
+                                  "header_only.csv: no lengths in the file, only a header line"),
     # the balancers refused a padded-only algorithm on an unpadded file with a traceback
     "padded algorithm on an unpadded file": (
         ["plan", "{tmp}/good.csv", "-D", "2", "--algorithm", "padded"],
