@@ -19,9 +19,9 @@ unique int64 keys (cost · n + index, load · D + rank), much faster than stable
 every load stays exact (below 2**53 once the costs' common power of two is divided out),
 each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum
 and one sort (full rounds of equal costs keep the keys' order: a run of them is one step).
-With a memory cap, the least-loaded rank that still has room is taken (a heap that sets
-full ranks aside; the uncapped plan is kept when it already fits, since the choices are
-then the same).  Padded ranks cost count · f(max length); items go longest first to the
+With a memory cap, the least-loaded rank that still has room is taken (`lpt_capped`: the
+uncapped plan up to its first overflow, then rounds that never offer a full rank twice; the
+uncapped plan is kept when it already fits, since the choices are then the same).  Padded ranks cost count · f(max length); items go longest first to the
 rank whose cost grows least, in O(n log D) with a heap.
 """
 
@@ -208,28 +208,6 @@ def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray) 
     return assignment
 
 
-def _greedy_unpadded_capped(problem: Problem, cap: int) -> np.ndarray:
-    """Least-loaded rank with room for the item, ties by rank."""
-    heap = [(0.0, rank) for rank in range(problem.num_ranks)]
-    tokens = [0] * problem.num_ranks
-    assignment = np.empty(problem.num_items, dtype=np.int64)
-    lengths = problem.lengths.tolist()
-    costs = problem.item_costs.tolist()
-    for item in problem.cost_order.tolist():
-        length, full = lengths[item], []
-        while heap and tokens[heap[0][1]] + length > cap:
-            full.append(heapq.heappop(heap))
-        if not heap:
-            raise _no_room(problem, item, cap)
-        load, rank = heapq.heappop(heap)
-        assignment[item] = rank
-        tokens[rank] += length
-        heapq.heappush(heap, (load + costs[item], rank))
-        for entry in full:
-            heapq.heappush(heap, entry)
-    return assignment
-
-
 def _greedy_padded(problem: Problem, cap: int | None) -> np.ndarray:
     """Longest first, to the rank whose padded cost count · f(max length) grows least.
 
@@ -285,5 +263,7 @@ def solve(problem: Problem) -> KernelResult:
     # The capped greedy makes the same choices as long as each chosen rank had room, which
     # holds whenever the uncapped plan ends within the cap.
     if cap is not None and rank_tokens(problem, assignment).max() > cap:
-        assignment = _greedy_unpadded_capped(problem, cap)
+        from .lpt_capped import greedy_capped  # it builds on this module's rounds
+
+        assignment = greedy_capped(problem, cap, assignment, _no_room)
     return KernelResult(assignment)

@@ -411,8 +411,16 @@ def rank_tokens(problem: Problem, assignment: np.ndarray) -> np.ndarray:
     if problem.padded:
         counts = rank_counts(assignment, problem.num_ranks)
         return counts * rank_max_lengths(problem.lengths, assignment, problem.num_ranks)
-    tokens = np.zeros(problem.num_ranks, dtype=np.int64)
-    np.add.at(tokens, assignment, problem.lengths)
+    return token_sums(assignment, problem.lengths, problem.num_ranks)
+
+
+def token_sums(ranks: np.ndarray, lengths: np.ndarray, size: int) -> np.ndarray:
+    """Σ lengths per rank (`size` ranks, item i on ranks[i]), exact int64: a float bincount (many
+    times faster than np.add.at) while the sums stay below 2**53, int64 adds beyond."""
+    if lengths.size * float(lengths.max(initial=0)) < 2.0**53:
+        return np.bincount(ranks, weights=lengths, minlength=size).astype(np.int64)
+    tokens = np.zeros(size, dtype=np.int64)
+    np.add.at(tokens, ranks, lengths)
     return tokens
 
 

@@ -1,4 +1,4 @@
-"""Plain-code references of the LPT and Karmarkar–Karp kernels, of the communication-aware
+"""Plain-code references of the LPT (plain and capped) and Karmarkar–Karp kernels, of the communication-aware
 deal and its rounds of full fixes, and of the micro-batch cells' group deal, for tests and
 same-run baselines.
 
@@ -26,6 +26,23 @@ def heap_lpt(costs: np.ndarray, num_ranks: int) -> np.ndarray:
         load, rank = heapq.heappop(heap)
         assignment[item] = rank
         heapq.heappush(heap, (load + float(costs[item]), rank))
+    return assignment
+
+
+def capped_lpt(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, cap: int) -> np.ndarray | None:
+    """LPT under a token cap, by scanning: largest cost first (ties by index) onto the least-loaded
+    rank with room (ties by rank); returns the assignment, or None when an item finds no room."""
+    loads = np.zeros(num_ranks)
+    tokens = np.zeros(num_ranks, dtype=np.int64)
+    assignment = np.empty(costs.size, dtype=np.int64)
+    for item in np.lexsort((np.arange(costs.size), -costs)).tolist():
+        room = np.flatnonzero(tokens + lengths[item] <= cap)
+        if room.size == 0:
+            return None
+        rank = int(room[np.argmin(loads[room])])
+        assignment[item] = rank
+        loads[rank] += costs[item]
+        tokens[rank] += lengths[item]
     return assignment
 
 
