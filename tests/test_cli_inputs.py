@@ -184,13 +184,17 @@ def test_table_printed_to_a_closed_stdout_ends_quietly_with_exit_141(files):
     assert result.returncode == 141 and result.stderr == "", result.stderr
 
 
-def test_interrupt_during_start_up_imports_is_one_line_and_exit_130():
+CONSOLE_SCRIPT = "import sys; from orchmllm.cli import main; sys.exit(main())"  # what pip's `orchmllm` script runs
+
+
+@pytest.mark.parametrize("launcher", [["-m", "orchmllm"], ["-c", CONSOLE_SCRIPT]], ids=["python -m", "console script"])
+def test_interrupt_during_start_up_imports_is_one_line_and_exit_130(launcher):
     """Ctrl-C while `import orchmllm` loaded numpy and scipy printed a 52-line traceback.
 
     `-X importtime` reports each import as it completes; the signal goes out once numpy is in,
     while the rest of orchmllm's imports are still to come.
     """
-    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "orchmllm", "compare", "-D", "8"],
+    process = subprocess.Popen([sys.executable, "-X", "importtime", *launcher, "compare", "-D", "8"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in process.stderr:
         if line.split("|")[-1].strip() == "numpy":
