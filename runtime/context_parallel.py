@@ -346,7 +346,8 @@ def _attend(query, key, value, valid, run: _Run, causal: bool, scale) -> torch.T
     if valid is not None:  # padding: an explicit mask (fully masked rows give zeros, as SDPA does)
         mask = valid[keys].unsqueeze(0).expand(length, -1)
         if causal:
-            mask = mask & torch.ones(length, run.key_end, dtype=torch.bool, device=mask.device).tril(run.key_end - length)
+            lower_right = torch.ones(length, run.key_end, dtype=torch.bool, device=mask.device)
+            mask = mask & lower_right.tril(run.key_end - length)
     else:
         mask = causal_lower_right(length, run.key_end) if causal else None
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[0] != k.shape[0])
