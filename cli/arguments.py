@@ -55,7 +55,7 @@ def rank_list(text: str, option: str) -> list[int]:
 
 def batch_size(num_ranks: int, samples_per_rank: int, option: str) -> None:
     """UsageError naming `option` when a step of `num_ranks` × `samples_per_rank` samples is too large to draw."""
-    from ..study.simulator import check_batch_size
+    from ..study.compare import check_batch_size
 
     with usage_errors(f"{option} {samples_per_rank}"):
         check_batch_size(num_ranks, samples_per_rank)

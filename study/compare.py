@@ -25,6 +25,7 @@ import numpy as np
 
 from ..balancers import CostModel, Kind, algorithms, balance, balance_microbatches, get_algorithm
 from ..balancers.identity import chunk_sources
+from ..balancers.microbatch import MAX_CELLS
 from ..balancers.plan import BalancePlan
 from ..balancers.validation import SizeLimitError, as_real
 from ..topology import Topology, traffic
@@ -32,6 +33,7 @@ from .microbatch_peers import MICROBATCH_PEERS
 from .peers import peer_mode
 
 BASELINE = "none"  # every item stays on the rank that sampled it
+MAX_STEP_SAMPLES = MAX_CELLS  # D × samples per rank a compared or simulated step draws: 2**22, as a plan's cells
 LOCALITY_SUFFIX = "+locality"  # the communication-aware variant of a registered algorithm
 PEER_TIMING = "our reimplementation"  # what a peer's solve_seconds measure
 
@@ -71,6 +73,16 @@ def file_stages(lengths: np.ndarray, num_ranks: int, cost: CostModel, padded: bo
         raise ValueError(f"`bytes_per_token` = {bytes_per_token} times the longest length {lengths.max()} "
                          f"overflows float64")
     return (CompareStage("items", lengths, chunk_sources(lengths.size, num_ranks), cost, padded, item_bytes),)
+
+
+def check_batch_size(num_ranks: int, samples_per_rank: int) -> None:
+    """SizeLimitError when a step of `num_ranks` × `samples_per_rank` samples passes
+    `MAX_STEP_SAMPLES`, checked before sampling allocates them."""
+    samples = num_ranks * samples_per_rank
+    if samples > MAX_STEP_SAMPLES:
+        raise SizeLimitError(f"{num_ranks} ranks × {samples_per_rank} samples per rank make {samples} samples, "
+                             f"beyond 2**22 = {MAX_STEP_SAMPLES}, the most one compared or simulated step draws; "
+                             f"use fewer ranks or samples per rank")
 
 
 def workload_stages(batch, stages) -> tuple[CompareStage, ...]:

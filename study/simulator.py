@@ -49,11 +49,11 @@ from typing import Mapping
 
 import numpy as np
 
-from ..balancers.microbatch import MAX_CELLS
 from ..balancers.problem import as_num_ranks
-from ..balancers.validation import SizeLimitError, is_int, is_real
+from ..balancers.validation import is_int, is_real
 from ..orchestrator.plan import Exchange, StepPlan
 from ..topology import Topology, estimate_exchange
+from .compare import MAX_STEP_SAMPLES, check_batch_size
 from .models import GIB, GPUS, MODELS, GPU, ModelConfig, list_models
 from .strategies import STRATEGIES, Strategy, get_strategy, micro_batched
 from .workloads import WORKLOADS, check_workload_file, list_workloads, load_workload_file, sample_workload
@@ -63,7 +63,6 @@ STATIC_RESERVE_BYTES = 4 * GIB
 OPTIMIZER_BYTES_PER_PARAM = 16.0
 SAMPLES_PER_RANK_GRID = (1, 2, *range(4, 65, 4))
 MEMORY_HEADROOM = 0.9  # fraction of GPU memory the batch chooser lets `ours` use (module docstring)
-MAX_STEP_SAMPLES = MAX_CELLS  # D × samples per rank a simulated or compared step draws: 2**22, as a plan's cells
 BATCH_REFERENCE = "ours"  # the strategy the default batch is sized for
 
 __all__ = ["BatchChoice", "CompositionFigures", "SimulationRun", "StageFigures", "StepFigures", "check_simulation",
@@ -360,16 +359,6 @@ def _choose(probe: _Probe, grid: tuple[int, ...], headroom: float) -> tuple[int,
     limited_by = "memory" if 0 <= fits < len(grid) - 1 else "grid end" if fits >= 0 else "over memory at the smallest"
     return grid[max(fits, 0)], BatchChoice("memory", BATCH_REFERENCE, headroom, limit, tuple(grid), limited_by,
                                            {str(k): probed[k] for k in sorted(probed)})
-
-
-def check_batch_size(num_ranks: int, samples_per_rank: int) -> None:
-    """SizeLimitError when a step of `num_ranks` × `samples_per_rank` samples passes
-    `MAX_STEP_SAMPLES`, checked before sampling allocates them."""
-    samples = num_ranks * samples_per_rank
-    if samples > MAX_STEP_SAMPLES:
-        raise SizeLimitError(f"{num_ranks} ranks × {samples_per_rank} samples per rank make {samples} samples, "
-                             f"beyond 2**22 = {MAX_STEP_SAMPLES}, the most one simulated or compared step draws; "
-                             f"use fewer ranks or samples per rank")
 
 
 def _batch_source(workload: str, workload_file, num_ranks: int, seed: int, available: int | None):
