@@ -2,14 +2,16 @@
 
 - `gather_metadata`, `check_agreement`: all-gather per-item lengths (with a configuration
   fingerprint); verify every rank's plan.
-- `SchemaGuard`, `ConfigMismatchError`, `SchemaMismatchError`: cross-rank agreement on
-  configuration and on what each exchange moves, checked on every rank (`agreement.py`).
+- `SchemaGuard`, `ConfigMismatchError`, `PlanMismatchError`, `SchemaMismatchError`: cross-rank
+  agreement on configuration, on the plan each exchange follows and on what it moves, checked
+  on every rank (`agreement.py`).
 - `ExchangeMeta`, `Piece`, `exchange`, `exchange_with_grad`: fused variable-split all-to-all
   of packed tensors along frozen routes, autograd-aware (backward = inverse route).
 - `FlatAllToAll`, `HierarchicalAllToAll`: the transports (node-wise: gather within a node,
   one message per node pair, scatter within the node).
 - `PostBalancingDispatcher`: single-stage wrapper around a batch dict.
-- `MultiStageRuntime`: encoders and LLM balanced from the orchestrator's StepPlan.
+- `MultiStageRuntime`: encoders and LLM balanced from the orchestrator's StepPlan;
+  `EncoderContractError`: an encoder whose output leaves out parameters on some rank (`encoders.py`).
 - `MicroBatch`, `accumulate`, `gradient_sync`: gradient accumulation over post-balanced
   micro-batches (`dispatcher.microbatches(...)`, `runtime.microbatches(...)`; `microbatch.py`).
 - `Prefetcher`: plan step k+1 in a background thread on its own process group.
@@ -29,6 +31,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
 from .agreement import ConfigMismatchError, SchemaGuard, SchemaMismatchError
 from .alltoall import FlatAllToAll
 from .dispatcher import DispatchPlan, PostBalancingDispatcher
+from .encoders import EncoderContractError
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .hierarchical import HierarchicalAllToAll, make_transport
 from .metadata import (GatheredMetadata, PeerInputError, PlanMismatchError, check_agreement, fingerprint,
@@ -38,9 +41,9 @@ from .multistage import Assembled, Dispatched, MicroBatchInputs, MicroBatchRoute
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, global_count, normalize_loss
 
-__all__ = ["Assembled", "ConfigMismatchError", "DispatchPlan", "Dispatched", "ExchangeMeta", "FlatAllToAll",
-           "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "MicroBatchInputs", "MicroBatchRoutes",
-           "MultiStageRuntime", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher",
+__all__ = ["Assembled", "ConfigMismatchError", "DispatchPlan", "Dispatched", "EncoderContractError",
+           "ExchangeMeta", "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch",
+           "MicroBatchInputs", "MicroBatchRoutes", "MultiStageRuntime", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher",
            "Prefetcher", "SchemaGuard", "SchemaMismatchError", "StepRoutes", "accumulate", "all_reduce_gradients",
            "check_agreement", "exchange", "exchange_with_grad", "fingerprint", "gather_metadata", "global_count",
            "gradient_sync", "make_transport", "normalize_loss"]

@@ -1,22 +1,28 @@
-"""Cross-rank agreement: configuration fingerprints and exchange schemas, checked on every rank.
+"""Cross-rank agreement: configuration fingerprints and exchange headers, checked on every rank.
 
-Two things every rank must share before payload bytes are interpreted:
+Three things every rank must share before payload bytes are interpreted:
 
 - the configuration (algorithm, cost model, caps, stage declarations): a 32-byte
   fingerprint rides in the metadata all-gather the plan makes anyway
   (`gather_metadata(..., fingerprint=...)`), so a rank planning with other settings is
-  named on every rank before any plan is used;
+  named on every rank before any plan is used, with the options that differ;
+- the plan an exchange follows: every route carries the identity of its step's plan
+  (derived from what the metadata all-gather gathered), so a rank exchanging along an earlier
+  step's or another micro-batch's plan is named instead of moving wrong rows;
 - the schema of what an exchange moves (per piece: name, dtype, trailing shape, rows per
-  item): a `SchemaGuard` per exchange site.  Its first call all-gathers one 8-byte
-  schema word; afterwards the word rides as an 8-byte header on every (source,
-  destination) segment of the payload all-to-all itself, every segment sized by the
-  agreed schema (a rank whose tensors deviate sends zeros of the agreed shape instead),
-  so a mismatch is seen by every rank from the headers before any byte is reinterpreted,
-  with no extra round trip.  When every rank changes its schema the same way (a new
-  dtype for all), the exchange is redone once under the new schema.
+  item).
 
-Every rank sees the same gathered words, so every rank raises the same error, naming the
-ranks that disagree with the majority.
+A `SchemaGuard` per exchange site checks the last two before any payload moves: one
+all-reduce of four words (the schema word and the plan word, each with its complement, so
+that one maximum gives both the smallest and the largest value of every rank).  The payload
+all-to-all's segment sizes follow from the plan, so a rank on another plan would otherwise
+send segments of sizes its peers do not expect (gloo aborts every process, or fills
+silently); the check costs one small collective and no bytes of payload.  A rank whose own
+input fails its checks sends an invalid word, so every rank raises, naming it and why.
+Ranks that all change their schema the same way (a new dtype for all) simply agree.
+
+Every rank sees the same reduced and gathered words, so every rank raises the same error,
+naming the ranks that disagree with the majority.
 """
 
 from __future__ import annotations
@@ -142,6 +148,12 @@ def options_that_differ(shown: Sequence[Mapping[str, str]]) -> str:
     return ", ".join(differing) or "none in their reprs (another orchmllm version on some ranks?)"
 
 
+def plan_word(*parts) -> int:
+    """A plan's identity as one signed 64-bit word: the first 8 bytes of `fingerprint(*parts)` (the
+    configuration's fingerprint and what the metadata all-gather gathered), equal on every rank."""
+    return int(words_of(fingerprint(*parts))[0])
+
+
 def words_of(digest: bytes) -> np.ndarray:
     """A 32-byte digest as four int64 words (to ride in an int64 all-gather)."""
     if len(digest) != 32:
@@ -185,43 +197,54 @@ def describe(schema: Sequence[PieceSchema]) -> str:
     return "{" + ", ".join(map(str, schema)) + "}"
 
 
-class SchemaGuard:
-    """The schema one exchange site agreed on, kept across steps (see module docstring).
+INVALID_WORD = -1  # the schema word of a rank whose own pieces failed their checks (never a schema's word)
 
-    Every rank must own one guard per exchange site and call the site the same number
-    of times (the collective discipline every exchange already needs).
-    """
+
+class SchemaGuard:
+    """The agreement check of one exchange site (see module docstring); `what` names the site in
+    its errors.  Every rank must call the site the same number of times (the collective discipline
+    every exchange already needs)."""
 
     def __init__(self, what: str = "exchange"):
         self.what = what
-        self.agreed: tuple[PieceSchema, ...] | None = None
 
-    def agree(self, schema: tuple[PieceSchema, ...], group) -> None:
-        """The cold path: all-gather every rank's schema word (one small collective)."""
-        words = [schema_word(schema)]
-        if group_size(group) > 1:
-            mine = torch.tensor(words, dtype=torch.int64, device=comm_device(group))
-            gathered = [torch.empty_like(mine) for _ in range(group_size(group))]
-            dist.all_gather(gathered, mine, group=group)
-            words = [int(w.item()) for w in gathered]
-        self.check(words, schema, group)
-        self.agreed = schema
+    def agree(self, schema: tuple[PieceSchema, ...], plan_id: int, group, problem: Exception | None = None) -> None:
+        """Check that every rank of `group` exchanges pieces of the same schema along the same plan
+        (one all-reduce of four int64 words); raise on every rank unless so.
 
-    def check(self, words: Sequence[int], schema: tuple[PieceSchema, ...], group, described: str | None = None
-              ) -> None:
-        """Raise SchemaMismatchError on every rank when the gathered words differ.
-
-        Every rank sees the same words, so every rank takes part in the one
-        `all_gather_object` that collects the schemas for the message; `described` stands for
-        this rank's schema there (a rank whose own pieces failed their checks says why).
-        """
-        if disagreement(list(words), "", 0) is None:
+        `problem` is this rank's own reason not to exchange: the other ranks raise naming it, and when
+        every rank has one, each raises its own."""
+        words = np.array([INVALID_WORD if problem is not None else schema_word(schema), plan_id], dtype=np.int64)
+        folded = torch.from_numpy(np.concatenate([words, ~words])).to(comm_device(group))
+        dist.all_reduce(folded, op=dist.ReduceOp.MAX, group=group)
+        largest = folded.cpu().numpy()
+        if np.array_equal(largest[:2], ~largest[2:]):  # every rank's largest word is its smallest too
+            if problem is not None:
+                raise problem
             return
-        mine = describe(schema) if described is None else described
-        schemas = [mine]
-        if group_size(group) > 1:
-            schemas = [None] * group_size(group)
-            dist.all_gather_object(schemas, mine, group=group)
-        raise SchemaMismatchError(
-            disagreement(schemas, f"{self.what}: the schema of the pieces", group_rank(group)) +
-            "; every rank must pass the same keys, dtypes, trailing shapes and per-item keys")
+        gathered = [torch.empty_like(folded[:2]) for _ in range(group_size(group))]
+        dist.all_gather(gathered, torch.from_numpy(words).to(folded.device), group=group)
+        rows = np.stack([row.cpu().numpy() for row in gathered])
+        rank = group_rank(group)
+        plans = disagreement(rows[:, 1].tolist(), f"{self.what}: the plan", rank,
+                             show=lambda word: f"{word & (2**64 - 1):016x}"[:12])
+        if plans:
+            raise PlanMismatchError(f"{plans}; pass every exchange the plan of this step (and of this micro-batch): "
+                                    f"a rank kept another step's plan or routes, or built its own")
+        mine = (f"invalid input: {problem}", type(problem)) if problem is not None else (describe(schema), None)
+        shown = [None] * group_size(group)
+        dist.all_gather_object(shown, mine, group=group)
+        raise self._error([text for text, _ in shown], [kind for _, kind in shown], rank) from problem
+
+    def _error(self, texts: Sequence[str], kinds: Sequence, rank: int) -> Exception:
+        """The error every rank raises: `SchemaMismatchError` for schemas that differ or a rank's bad row
+        count (a plain ValueError); else the first failing rank's kind of error, naming the ranks and why."""
+        failed = [r for r, kind in enumerate(kinds) if kind is not None]
+        if not failed or kinds[failed[0]] is ValueError:
+            return SchemaMismatchError(
+                disagreement(texts, f"{self.what}: the schema of the pieces", rank) +
+                "; every rank must pass the same keys, dtypes, trailing shapes and per-item keys")
+        others = [r for r in range(len(kinds)) if r not in failed]
+        detail = "; ".join(f"rank {r}: {texts[r]}" for r in failed)
+        return kinds[failed[0]](f"{self.what} (seen from rank {rank}): ranks {failed} disagree with ranks {others}: "
+                                f"{detail}")

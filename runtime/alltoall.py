@@ -22,17 +22,15 @@ from .comm import group_rank, group_size
 
 
 class Flows:
-    """Elements moving from `source[i]` to `dest[i]`, `size[i]` of them, on `world_size` ranks,
-    plus `header` elements at the start of every (source, destination) segment."""
+    """Elements moving from `source[i]` to `dest[i]`, `size[i]` of them, on `world_size` ranks."""
 
-    def __init__(self, source, dest, size, world_size: int, header: int = 0):
+    def __init__(self, source, dest, size, world_size: int):
         self.source = np.asarray(source, dtype=np.int64)
         self.dest = np.asarray(dest, dtype=np.int64)
         self.size = np.asarray(size, dtype=np.int64)
         if not self.source.shape == self.dest.shape == self.size.shape or self.source.ndim != 1:
             raise ValueError("`source`, `dest` and `size` must be 1-D arrays of equal length")
         self.world_size = int(world_size)
-        self.header = int(header)
 
     @classmethod
     def from_matrix(cls, splits) -> "Flows":
@@ -44,20 +42,17 @@ class Flows:
         return cls(source, dest, splits[source, dest], splits.shape[0])
 
     def row(self, rank: int) -> np.ndarray:
-        """Elements `rank` sends to each rank, headers included."""
+        """Elements `rank` sends to each rank."""
         mine = self.source == rank
-        sizes = np.bincount(self.dest[mine], weights=self.size[mine], minlength=self.world_size)
-        return sizes.astype(np.int64) + self.header
+        return np.bincount(self.dest[mine], weights=self.size[mine], minlength=self.world_size).astype(np.int64)
 
     def column(self, rank: int) -> np.ndarray:
-        """Elements `rank` receives from each rank, headers included."""
+        """Elements `rank` receives from each rank."""
         mine = self.dest == rank
-        sizes = np.bincount(self.source[mine], weights=self.size[mine], minlength=self.world_size)
-        return sizes.astype(np.int64) + self.header
+        return np.bincount(self.source[mine], weights=self.size[mine], minlength=self.world_size).astype(np.int64)
 
     def pairs(self, sources, dests) -> dict:
-        """{(s, d): elements} for sources in `sources` and destinations in `dests` (non-zero
-        only, headers excluded)."""
+        """{(s, d): elements} for sources in `sources` and destinations in `dests` (non-zero only)."""
         keep = np.isin(self.source, sources) & np.isin(self.dest, dests) & (self.size > 0)
         keys = self.source[keep] * self.world_size + self.dest[keep]
         unique, inverse = np.unique(keys, return_inverse=True)

@@ -12,9 +12,11 @@ holds the items the plan gave it, in ascending global index (see `exchange.py`),
 `plan.local_lengths` says how long each is.  With `group=None` or one rank, every call
 runs the same path with no communication.
 
-Cross-rank agreement is checked on every rank at no extra round trip: the configuration's
-fingerprint rides with the lengths all-gather, and the schema of `batch` (keys, dtypes,
-trailing shapes, per-item or per-token) with the payload all-to-all (see `agreement.py`).
+Cross-rank agreement is checked on every rank: the configuration's fingerprint rides with
+the lengths all-gather (a mismatch names the options that differ), and the schema of `batch`
+(keys, dtypes, trailing shapes, per-item or per-token) and the identity of the plan (a rank
+dispatching along an earlier step's plan) are checked by one small all-reduce before the
+payload all-to-all (see `agreement.py`).
 Every call is a self-contained collective, so a step may call `plan`/`dispatch` once
 per micro-batch.
 """
@@ -31,7 +33,7 @@ import torch
 from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
 from ..balancers.microbatch import microbatch_options
 from ..balancers.validation import as_bool
-from .agreement import SchemaGuard, fingerprint, option_table
+from .agreement import SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
@@ -187,7 +189,8 @@ class PostBalancingDispatcher:
             plan, assignment = None, np.zeros(0, dtype=np.int64)
         if self.check_plan:
             check_agreement(fingerprint(self.config_fingerprint, plan.digest() if plan else ""), group)
-        route = ExchangeMeta.from_assignment(assignment, metadata.counts, group_rank(self.group))
+        plan_id = plan_word(self.config_fingerprint, metadata.counts, metadata.values)
+        route = ExchangeMeta.from_assignment(assignment, metadata.counts, group_rank(self.group), plan_id)
         if route.world_size != group_size(self.group):
             raise ValueError(f"metadata group has {route.world_size} ranks but the dispatcher's group has "
                              f"{group_size(self.group)}")
@@ -201,16 +204,15 @@ class PostBalancingDispatcher:
         keys = sorted(batch)
         pieces = [Piece(route, batch[key], 1 if key in per_item_keys else lengths, str(key)) for key in keys]
         move = exchange_with_grad if differentiable else exchange
-        moved = move(pieces, self.transport, guard=self.guards[site],
-                     layout=lambda schema: (route, lengths if schema.rows_per_item == -1 else schema.rows_per_item))
-        return dict(zip(keys, moved))
+        return dict(zip(keys, move(pieces, self.transport, guard=self.guards[site])))
 
     def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *,
                  differentiable: bool = False) -> dict[str, torch.Tensor]:
         """Move every tensor of `batch` to the ranks the plan assigns its items (one all-to-all).
 
-        Every rank must pass the same keys, dtypes and trailing shapes; otherwise every
-        rank raises `SchemaMismatchError` naming the ranks that differ.
+        Every rank must pass the same keys, dtypes and trailing shapes, and this step's plan;
+        otherwise every rank raises `SchemaMismatchError` or `PlanMismatchError` naming the
+        ranks that differ (a plan kept from an earlier step included).
         `differentiable=True` lets gradients of the results flow back to the inputs.
         """
         return self._move(batch, plan.route, plan.lengths, self.per_item_keys, "dispatch", differentiable)

@@ -18,22 +18,26 @@ set up.  Several tensors, even on different routes (raw images to vision ranks, 
 audio ranks, text to LLM ranks), are fused into a single all-to-all of bytes.
 `exchange_with_grad` wraps the same exchange in an autograd Function whose backward
 sends the gradients back along the inverse route (one fused all-to-all).
+
+A route carries the identity of the plan it was built from (`plan_id`, which the runtime
+derives from what the metadata all-gather gathered), so a guarded exchange can check, before
+any payload moves, that every rank follows the same plan (see `agreement.py`): a rank that
+exchanges along an earlier step's plan would otherwise move wrong rows silently when the row
+counts happen to match, and abort every process in gloo when they do not.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from ..balancers.validation import is_int
-from .agreement import PieceSchema, SchemaGuard, schema_word
+from .agreement import PieceSchema, SchemaGuard
 from .alltoall import FlatAllToAll, Flows
-
-HEADER_BYTES = 8  # the schema word on every (source, destination) segment of a guarded exchange
 
 
 def _as_ranks(values, name: str, world_size: int) -> np.ndarray:
@@ -71,20 +75,23 @@ def home_ranks(counts) -> np.ndarray:
 class ExchangeMeta:
     """A frozen route: item i moves from `source_ranks[i]` to `dest_ranks[i]`.
 
-    Built identically on every rank; `rank` says which end this copy serves.
+    Built identically on every rank; `rank` says which end this copy serves; `plan_id` is the
+    identity of the plan it follows (a signed 64-bit word; 0: none given), equal on every rank
+    for the same step, checked by guarded exchanges.
     """
 
     source_ranks: np.ndarray
     dest_ranks: np.ndarray
     rank: int
     world_size: int
+    plan_id: int = 0
     send_items: np.ndarray = field(init=False, repr=False)  # global ids of my items, send order
     source_items: np.ndarray = field(init=False, repr=False)  # global ids of my items before
     dest_items: np.ndarray = field(init=False, repr=False)  # global ids of my items after
     arrival_order: np.ndarray = field(init=False, repr=False)  # dest_items[arrival_order] = arrival sequence
 
     def __post_init__(self) -> None:
-        for name in ("rank", "world_size"):
+        for name in ("rank", "world_size", "plan_id"):
             value = getattr(self, name)
             if not is_int(value):
                 raise TypeError(f"`{name}` must be an int; got {type(value).__name__}")
@@ -106,16 +113,17 @@ class ExchangeMeta:
             object.__setattr__(self, name, value)
         object.__setattr__(self, "rank", int(self.rank))
         object.__setattr__(self, "world_size", int(self.world_size))
+        object.__setattr__(self, "plan_id", int(self.plan_id))
 
     @classmethod
-    def from_assignment(cls, assignment, counts, rank: int) -> "ExchangeMeta":
+    def from_assignment(cls, assignment, counts, rank: int, plan_id: int = 0) -> "ExchangeMeta":
         """Route from the home layout (rank r holds counts[r] items) to a plan's assignment."""
         counts = np.asarray(counts, dtype=np.int64)
         source = home_ranks(counts)
         if np.asarray(assignment).shape != source.shape:
             raise ValueError(f"`assignment` has {np.asarray(assignment).size} entries but `counts` "
                              f"sum to {source.size} items")
-        return cls(source, assignment, rank, int(counts.size))
+        return cls(source, assignment, rank, int(counts.size), plan_id)
 
     @property
     def num_items(self) -> int:
@@ -123,7 +131,7 @@ class ExchangeMeta:
 
     def inverse(self) -> "ExchangeMeta":
         """The route back: every item returns to where it came from, in the same layout."""
-        return ExchangeMeta(self.dest_ranks, self.source_ranks, self.rank, self.world_size)
+        return ExchangeMeta(self.dest_ranks, self.source_ranks, self.rank, self.world_size, self.plan_id)
 
     def item_rows(self, rows) -> np.ndarray:
         """Rows per item as a global int64 array (an int means that many rows per item)."""
@@ -197,44 +205,31 @@ def schema_of(pieces: Sequence[Piece]) -> tuple[PieceSchema, ...]:
 
 
 def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None, *,
-             guard: SchemaGuard | None = None, layout: Callable | None = None) -> list[torch.Tensor]:
+             guard: SchemaGuard | None = None, problem: Exception | None = None) -> list[torch.Tensor]:
     """Move every piece along its route in one fused all-to-all; returns one tensor per piece.
 
     Output tensors hold the rows of the items that now sit on this rank, in ascending
     global index, with the input's dtype and trailing shape.  Every rank must pass the
-    same pieces in the same order (same dtypes and trailing shapes): give a `guard`
-    (one `SchemaGuard` per call site, kept across steps) to have that checked on every
-    rank (see `agreement.py`); `layout(piece_schema) -> (meta, item_rows)` says where a
-    piece of the agreed schema that this rank lacks would go (default: the local piece
-    of that name).  `transport` is a `FlatAllToAll` (default) or a
-    `HierarchicalAllToAll`.  `stats`, if given, accumulates "exchange_seconds" (wall,
-    packing included) and "exchange_bytes_sent" (to other ranks).
+    same pieces in the same order (same dtypes and trailing shapes), along routes of the same
+    plan: give a `guard` (one `SchemaGuard` per call site) to have that checked on every rank
+    before any payload moves (see `agreement.py`); `problem` is this rank's own reason not to
+    exchange (e.g. an encoder that broke its contract): with a guard, every rank then raises,
+    naming this rank.  `transport` is a `FlatAllToAll` (default) or a `HierarchicalAllToAll`.
+    `stats`, if given, accumulates "exchange_seconds" (wall, packing included) and
+    "exchange_bytes_sent" (to other ranks).
     """
     if transport is None:
         transport = FlatAllToAll()
     if not pieces:
+        if problem is not None:
+            raise problem
         return []
-    if guard is None or transport.size == 1:
-        return _exchange(pieces, transport, stats, None)[0]
-    schema = schema_of(pieces)
-    if guard.agreed is None:
-        guard.agree(schema, transport.group)
-    agreed = guard.agreed
-    invalid = _row_problem(pieces)
-    if invalid is not None:  # send zeros of the expected size, then every rank names this one's problem
-        words = _exchange(_conforming(pieces, agreed, layout), transport, stats, INVALID_WORD)[1]
-        guard.check(words, schema, transport.group, described=f"invalid input: {invalid}")
-        raise ValueError(invalid)  # every rank's input was invalid: each raises its own
-    sent = pieces if schema == agreed else _conforming(pieces, agreed, layout)
-    outputs, words = _exchange(sent, transport, stats, schema_word(schema))
-    if len(set(words)) == 1 and words[0] == schema_word(agreed):
-        return outputs
-    guard.check(words, schema, transport.group)  # raises unless every rank changed the same way
-    guard.agreed = schema
-    return _exchange(pieces, transport, stats, schema_word(schema))[0]
-
-
-INVALID_WORD = -1  # the header a rank sends when its own pieces fail their checks (never a schema's word)
+    problem = _problem(pieces, transport) if problem is None else problem
+    if guard is not None and transport.size > 1:
+        guard.agree(schema_of(pieces) if problem is None else (), pieces[0].meta.plan_id, transport.group, problem)
+    elif problem is not None:
+        raise problem
+    return _exchange(pieces, transport, stats)
 
 
 def _rows_problem(number: int, piece: Piece, rows: np.ndarray) -> str | None:
@@ -246,76 +241,56 @@ def _rows_problem(number: int, piece: Piece, rows: np.ndarray) -> str | None:
             f"{piece.meta.source_items.size} items own {expected} rows")
 
 
-def _row_problem(pieces: Sequence[Piece]) -> str | None:
-    """The first piece's row-count problem on this rank (`_exchange` would raise it), or None."""
-    for number, piece in enumerate(pieces):
-        if isinstance(piece.tensor, torch.Tensor) and piece.tensor.dim():  # else `_exchange` raises alike everywhere
-            problem = _rows_problem(number, piece, piece.meta.item_rows(piece.item_rows))
-            if problem is not None:
-                return problem
-    return None
-
-
-def _conforming(pieces: Sequence[Piece], agreed: Sequence[PieceSchema], layout) -> list[Piece]:
-    """Zero pieces of the agreed schema: what a deviating rank sends so that every
-    segment keeps the size its receiver expects (the header then names the deviation)."""
-    by_name = {schema.name: piece for schema, piece in zip(schema_of(pieces), pieces)}
-    device = pieces[0].tensor.device
-    conforming = []
-    for schema in agreed:
-        local = by_name.get(schema.name)
-        meta, item_rows = (local.meta, local.item_rows) if local is not None else layout(schema)
-        rows = int(meta.item_rows(item_rows)[meta.source_items].sum())
-        conforming.append(Piece(meta, schema.zeros(rows, device), item_rows, schema.name))
-    return conforming
-
-
-def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, header: int | None):
-    """The fused exchange; with `header`, every (source, destination) segment starts with
-    that int64 word.  Returns (outputs, the word each source sent or [])."""
-    start = time.perf_counter()
-    rank, size = pieces[0].meta.rank, pieces[0].meta.world_size
-    plans = []
+def _problem(pieces: Sequence[Piece], transport) -> Exception | None:
+    """Why this rank's pieces cannot be exchanged (routes for another rank or plan than piece 0's,
+    no tensor, the wrong row count), or None."""
+    first = pieces[0].meta
     for number, piece in enumerate(pieces):
         meta, tensor = piece.meta, piece.tensor
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"piece {number}: expected a torch.Tensor; got {type(tensor).__name__}")
-        if (meta.rank, meta.world_size) != (rank, size):
-            raise ValueError(f"piece {number}: route is for rank {meta.rank} of {meta.world_size}, "
-                             f"piece 0's for rank {rank} of {size}")
+            return TypeError(f"piece {number}: expected a torch.Tensor; got {type(tensor).__name__}")
+        if (meta.rank, meta.world_size) != (first.rank, first.world_size):
+            return ValueError(f"piece {number}: route is for rank {meta.rank} of {meta.world_size}, "
+                              f"piece 0's for rank {first.rank} of {first.world_size}")
         if (meta.world_size, meta.rank) != (transport.size, transport.rank):
-            raise ValueError(f"piece {number}: route is for rank {meta.rank} of {meta.world_size} but the "
-                             f"transport's group has this process as rank {transport.rank} of {transport.size}")
+            return ValueError(f"piece {number}: route is for rank {meta.rank} of {meta.world_size} but the "
+                              f"transport's group has this process as rank {transport.rank} of {transport.size}")
+        if meta.plan_id != first.plan_id:
+            return ValueError(f"piece {number}: route follows plan {meta.plan_id}, piece 0's plan {first.plan_id}: "
+                              f"the pieces of one exchange follow one step's plan")
         if tensor.dim() == 0:
-            raise ValueError(f"piece {number}: tensor must have a leading item-row dimension; got a scalar")
-        rows = meta.item_rows(piece.item_rows)
-        problem = _rows_problem(number, piece, rows)
+            return ValueError(f"piece {number}: tensor must have a leading item-row dimension; got a scalar")
+        try:
+            problem = _rows_problem(number, piece, meta.item_rows(piece.item_rows))
+        except ValueError as error:
+            return error
         if problem is not None:
-            raise ValueError(problem)
+            return ValueError(problem)
+    return None
+
+
+def _exchange(pieces: Sequence[Piece], transport, stats: dict | None) -> list[torch.Tensor]:
+    """The fused exchange of pieces `_problem` found nothing wrong with."""
+    start = time.perf_counter()
+    rank, size = pieces[0].meta.rank, pieces[0].meta.world_size
+    plans = []
+    for piece in pieces:
+        meta, tensor = piece.meta, piece.tensor
+        rows = meta.item_rows(piece.item_rows)
         row_bytes = int(np.prod(tensor.shape[1:], dtype=np.int64)) * tensor.element_size()
         sent = _as_bytes(_take_rows(tensor, meta.send_row_index(rows)))
         plans.append((meta, tensor, rows, sent, row_bytes))
 
-    header_bytes = 0 if header is None else HEADER_BYTES
     chunks = [list(torch.split(sent, meta.send_counts(rows).tolist())) for meta, _, rows, sent, _ in plans]
-    prefix = [] if header is None else list(torch.tensor([header], dtype=torch.int64).view(torch.uint8)
-                                            .to(pieces[0].tensor.device).expand(size, HEADER_BYTES))
-    buffer = torch.cat([part for d in range(size)
-                        for part in ([prefix[d]] if prefix else []) + [chunk[d].reshape(-1) for chunk in chunks]])
+    buffer = torch.cat([chunk[d].reshape(-1) for d in range(size) for chunk in chunks])
     flows = Flows(np.concatenate([meta.source_ranks for meta, *_ in plans]),
                   np.concatenate([meta.dest_ranks for meta, *_ in plans]),
-                  np.concatenate([rows * row_bytes for _, _, rows, _, row_bytes in plans]), size, header_bytes)
+                  np.concatenate([rows * row_bytes for _, _, rows, _, row_bytes in plans]), size)
     arrived = transport(buffer, flows)
 
     received = np.stack([meta.receive_counts(rows) * row_bytes for meta, _, rows, _, row_bytes in plans], axis=1)
-    segment_sizes = received.sum(axis=1) + header_bytes
-    per_source = torch.split(arrived, segment_sizes.tolist())
-    words = []
-    if header_bytes:
-        starts = np.cumsum(segment_sizes) - segment_sizes
-        index = torch.from_numpy((starts[:, None] + np.arange(HEADER_BYTES)).reshape(-1)).to(arrived.device)
-        words = arrived.index_select(0, index).view(torch.int64).tolist()
-    parts = [torch.split(segment[header_bytes:], received[s].tolist()) for s, segment in enumerate(per_source)]
+    per_source = torch.split(arrived, received.sum(axis=1).tolist())
+    parts = [torch.split(segment, received[s].tolist()) for s, segment in enumerate(per_source)]
     outputs = []
     for number, (meta, tensor, rows, _, row_bytes) in enumerate(plans):
         num_rows = int(rows[meta.dest_items].sum())
@@ -326,19 +301,19 @@ def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, header: in
             shaped = raw.reshape(num_rows, row_bytes).view(tensor.dtype).reshape(num_rows, *tensor.shape[1:])
         outputs.append(_take_rows(shaped, meta.arrival_row_index(rows)))
     if stats is not None:
-        sent = int(buffer.numel() - sum(chunks[p][rank].numel() for p in range(len(plans))) - header_bytes * size)
+        sent = int(buffer.numel() - sum(chunks[p][rank].numel() for p in range(len(plans))))
         stats["exchange_seconds"] = stats.get("exchange_seconds", 0.0) + time.perf_counter() - start
         stats["exchange_bytes_sent"] = stats.get("exchange_bytes_sent", 0) + sent
-    return outputs, words
+    return outputs
 
 
 class _Exchange(torch.autograd.Function):
     """Fused exchange whose backward sends gradients along the inverse routes."""
 
     @staticmethod
-    def forward(ctx, routes, transport, stats, guard, layout, *tensors):
+    def forward(ctx, routes, transport, stats, guard, problem, *tensors):
         outputs = exchange([Piece(meta, tensor, rows, name) for (meta, rows, name), tensor in zip(routes, tensors)],
-                           transport, stats, guard=guard, layout=layout)
+                           transport, stats, guard=guard, problem=problem)
         ctx.routes, ctx.transport, ctx.stats = routes, transport, stats
         ctx.shapes = [(output.shape, output.dtype, output.device) for output in outputs]
         ctx.mark_non_differentiable(*[o for o in outputs if not (o.is_floating_point() or o.is_complex())])
@@ -363,7 +338,7 @@ class _Exchange(torch.autograd.Function):
 
 
 def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | None = None, *,
-                       guard: SchemaGuard | None = None, layout: Callable | None = None) -> list[torch.Tensor]:
+                       guard: SchemaGuard | None = None, problem: Exception | None = None) -> list[torch.Tensor]:
     """`exchange` that autograd can differentiate: backward moves the gradients home.
 
     torch's functional `all_to_all_single_autograd` moves one tensor along one split
@@ -375,6 +350,6 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
     if transport is None:
         transport = FlatAllToAll()
     if not pieces:
-        return []
+        return exchange(pieces, transport, stats, guard=guard, problem=problem)
     routes = tuple((piece.meta, piece.item_rows, piece.name) for piece in pieces)
-    return list(_Exchange.apply(routes, transport, stats, guard, layout, *[piece.tensor for piece in pieces]))
+    return list(_Exchange.apply(routes, transport, stats, guard, problem, *[piece.tensor for piece in pieces]))

@@ -58,17 +58,6 @@ def _agree_on_layout(gpus_per_node: int, group) -> None:
         raise ValueError(f"{problem}; every rank of the group must build the transport with the same layout")
 
 
-class _SegmentSizes(dict):
-    """{(src, dst): payload elements}; `get` adds the header every segment starts with."""
-
-    def __init__(self, payload: dict, header: int):
-        super().__init__(payload)
-        self.header = header
-
-    def get(self, key, default=0):
-        return super().get(key, default) + self.header
-
-
 class HierarchicalAllToAll:
     """Node-wise all-to-all over `group`, nodes of `gpus_per_node` consecutive ranks."""
 
@@ -146,10 +135,9 @@ class HierarchicalAllToAll:
 
         # Only segments that touch this node or the nodes it relays for are ever looked up.
         near = [rank_of(b, j) for b in [a] + relayed_nodes(a, self.local) for j in range(g)]
-        payload = flows.pairs(near, near)
-        payload.update(((me, d), int(n)) for d, n in enumerate(flows.row(me) - flows.header) if n)
-        payload.update(((s, me), int(n)) for s, n in enumerate(flows.column(me) - flows.header) if n)
-        splits = _SegmentSizes(payload, flows.header)
+        splits = flows.pairs(near, near)  # {(src, dst): elements}, absent when none
+        splits.update(((me, d), int(n)) for d, n in enumerate(flows.row(me)) if n)
+        splits.update(((s, me), int(n)) for s, n in enumerate(flows.column(me)) if n)
 
         # Phase 1: inside node a, direct data and data to relay.
         node_group, node_positions = self.node_group

@@ -28,10 +28,17 @@ Model-agnostic: an encoder is any callable `fn(inputs, lengths) -> embeddings`, 
 its items along dim 0 (`lengths[k]` input rows in, `Segment.tokens` rows out); the
 text embedding any callable on the packed text ids.  The runtime never sees the model.
 
-Cross-rank agreement rides on collectives the step makes anyway: a fingerprint of the
-stages and options with the first metadata all-gather (`ConfigMismatchError`), the
-schema of the dispatched tensors and of the encoders' outputs with their all-to-alls
-(`SchemaMismatchError`); see `agreement.py`.
+The encoder contract: every encoder is called on every rank, with empty inputs (0 rows)
+where a rank holds none of its modality, and its output must depend on every trainable
+parameter there too (run the layers on the empty tensor; never return early), because DDP
+and FSDP reduce every parameter's gradient on every rank.  The runtime checks it on each
+encoder's first call and on every call with empty inputs (`check_encoders`, see `encoders.py`)
+and raises `EncoderContractError` on every rank, naming the rank and the parameters.
+
+Cross-rank agreement is checked on every rank: a fingerprint of the stages and options
+with the first metadata all-gather (`ConfigMismatchError`, naming the options), the plan's
+identity and the schema of the dispatched tensors and of the encoders' outputs before
+their all-to-alls (`PlanMismatchError`, `SchemaMismatchError`); see `agreement.py`.
 """
 
 from __future__ import annotations
@@ -43,14 +50,16 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..balancers.validation import as_bool
 from ..orchestrator.microbatch import MicroBatchStepPlan
 from ..orchestrator.plan import StepPlan
 from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample, resolve_positions
 from ..orchestrator.stages import check_stages
-from .agreement import SchemaGuard, fingerprint, option_table
+from .agreement import SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
+from .encoders import checked_call, contract_problem
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, new_step, split_rows
@@ -177,12 +186,18 @@ class MultiStageRuntime:
         fused_input_exchange: with micro-batches, move the raw inputs of the whole step in
             one all-to-all before the first micro-batch (True, the default), or each
             micro-batch's inputs just before it runs (False: less memory, M exchanges).
+        check_encoders: check the encoder contract (module docstring) on each encoder's and the
+            text embedding's first call and on every call with empty input, where an early return
+            would leave parameters out: their outputs' autograd graphs must reach every trainable
+            parameter of the module (an `nn.Module` or its bound method; other callables are not
+            checked), else every rank raises `EncoderContractError`.  False where unused
+            parameters are harmless (gradients reduced by hand, DDP with find_unused_parameters).
         orchestrator_options: e.g. balance_encoders=False, balance_llm=False (no balancing),
             max_tokens_per_microbatch=T (gradient accumulation: see `microbatches`).
     """
 
     def __init__(self, stages, *, group=None, transport=None, check_plan: bool = False, topology=None,
-                 fused_input_exchange: bool = True, **orchestrator_options):
+                 fused_input_exchange: bool = True, check_encoders: bool = True, **orchestrator_options):
         self.stages = check_stages(stages)
         self.group = group
         self.fused_input_exchange = bool(fused_input_exchange)
@@ -197,13 +212,16 @@ class MultiStageRuntime:
             "check_plan": self.check_plan, "fused_input_exchange": self.fused_input_exchange})
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "embeddings": SchemaGuard("encoder outputs")}
+        self.check_encoders = as_bool(check_encoders, "check_encoders")
+        self._checked: set[str] = set()  # the encoders (and the text embedding) whose first call was checked
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
         return self._gather(samples, metadata_group, loss_tokens)[0]
 
-    def _gather(self, samples, metadata_group, loss_tokens) -> tuple[Batch, int]:
-        """The global `Batch` and the loss tokens of all its samples, from one metadata all-gather."""
+    def _gather(self, samples, metadata_group, loss_tokens) -> tuple[Batch, int, int]:
+        """The global `Batch`, the loss tokens of all its samples and the plan's identity (the same on
+        every rank: the configuration and what was gathered), from the metadata all-gathers."""
         group = self.group if metadata_group is None else metadata_group
         try:
             sample_table, segment_table = local_tables(samples, self.modalities, loss_tokens)
@@ -215,13 +233,16 @@ class MultiStageRuntime:
                                            options=self.config_options)
         gathered_segments = gather_metadata(segment_table, group, num_columns=SEGMENT_COLUMNS)
         samples_all, segments_all = gathered_samples.values, gathered_segments.values
+        plan_id = plan_word(self.config_fingerprint, gathered_samples.counts, samples_all, gathered_segments.counts,
+                            segments_all)
         return Batch.from_arrays(
             num_ranks=int(gathered_samples.counts.size), modalities=self.modalities,
             sample_text=samples_all[:, 0], sample_source=gathered_samples.source_ranks,
             sample_id=samples_all[:, 2],
             segment_sample=np.repeat(np.arange(samples_all.shape[0], dtype=np.int64), samples_all[:, 1]),
             segment_modality=segments_all[:, 0], segment_length=segments_all[:, 1],
-            segment_tokens=segments_all[:, 2], segment_position=segments_all[:, 3]), int(samples_all[:, 3].sum())
+            segment_tokens=segments_all[:, 2], segment_position=segments_all[:, 3]), int(samples_all[:, 3].sum()), \
+            plan_id
 
     def plan(self, samples: Sequence[Sample], *, loss_tokens=None, metadata_group=None
              ) -> StepRoutes | MicroBatchRoutes:
@@ -233,38 +254,44 @@ class MultiStageRuntime:
         """
         start = time.perf_counter()
         new_step()
-        batch, num_loss_tokens = self._gather(samples, metadata_group, loss_tokens)
+        batch, num_loss_tokens, plan_id = self._gather(samples, metadata_group, loss_tokens)
         step = self.orchestrator.plan(batch)
         if self.check_plan:
             check_agreement(fingerprint(self.config_fingerprint, step.digest()),
                             self.group if metadata_group is None else metadata_group, "step plan")
         if isinstance(step, MicroBatchStepPlan):
-            return self.microbatch_routes(step, num_loss_tokens, time.perf_counter() - start)
-        return self.routes(step, time.perf_counter() - start)
+            return self.microbatch_routes(step, num_loss_tokens, time.perf_counter() - start, plan_id)
+        return self.routes(step, time.perf_counter() - start, plan_id)
 
     def microbatch_routes(self, step: MicroBatchStepPlan, num_loss_tokens: int,
-                          planning_seconds: float = 0.0) -> MicroBatchRoutes:
-        """This rank's routes for a micro-batched step plan (pure; no communication)."""
+                          planning_seconds: float = 0.0, plan_id: int = 0) -> MicroBatchRoutes:
+        """This rank's routes for a micro-batched step plan (pure; no communication).
+
+        `plan_id` is the step's identity, which every exchange of it checks (`plan` derives it from
+        the gathered metadata); micro-batch m's routes carry one derived from it and m."""
         rank, size = group_rank(self.group), group_size(self.group)
         batch = step.batch
         segment_source = batch.sample_source[batch.segment_sample]
         input_routes = tuple(ExchangeMeta(segment_source[batch.segments_of(stage.modality)],
-                                          step.stage_destinations(index), rank, size)
+                                          step.stage_destinations(index), rank, size, plan_id)
                              for index, stage in enumerate(self.stages[:-1]))
-        return MicroBatchRoutes(step, rank, tuple(self.routes(plan) for plan in step.microbatches), input_routes,
-                                ExchangeMeta(batch.sample_source, step.cells.rank, rank, size), int(num_loss_tokens),
-                                planning_seconds)
+        microbatches = tuple(self.routes(plan, plan_id=plan_word(plan_id, index) if plan_id else 0)
+                             for index, plan in enumerate(step.microbatches))
+        return MicroBatchRoutes(step, rank, microbatches, input_routes,
+                                ExchangeMeta(batch.sample_source, step.cells.rank, rank, size, plan_id),
+                                int(num_loss_tokens), planning_seconds)
 
-    def routes(self, step: StepPlan, planning_seconds: float = 0.0) -> StepRoutes:
-        """This rank's exchange routes for a step plan (pure; no communication)."""
+    def routes(self, step: StepPlan, planning_seconds: float = 0.0, plan_id: int = 0) -> StepRoutes:
+        """This rank's exchange routes for a step plan (pure; no communication); `plan_id` as in
+        `microbatch_routes`."""
         rank, size = group_rank(self.group), group_size(self.group)
         if step.num_ranks != size:
             raise ValueError(f"step plan is for {step.num_ranks} ranks but the group has {size}")
         encoder_plans = step.stage_plans[:-1]
-        input_routes = tuple(ExchangeMeta(p.source, p.destination, rank, size) for p in encoder_plans)
-        embedding_routes = tuple(ExchangeMeta(p.destination, step.route_llm_rank[p.item_segment], rank, size)
+        input_routes = tuple(ExchangeMeta(p.source, p.destination, rank, size, plan_id) for p in encoder_plans)
+        embedding_routes = tuple(ExchangeMeta(p.destination, step.route_llm_rank[p.item_segment], rank, size, plan_id)
                                  for p in encoder_plans)
-        text_route = ExchangeMeta(step.llm.source, step.llm.destination, rank, size)
+        text_route = ExchangeMeta(step.llm.source, step.llm.destination, rank, size, plan_id)
         return StepRoutes(step, rank, input_routes, text_route, embedding_routes, planning_seconds)
 
     def dispatch(self, routes: StepRoutes | MicroBatchRoutes, *, text: Mapping[str, torch.Tensor],
@@ -295,8 +322,8 @@ class MultiStageRuntime:
         """Inputs, text and per-sample tensors along their routes in one fused all-to-all."""
         per_sample, inputs = dict(per_sample or {}), dict(inputs or {})
         missing = [m for m, r in zip(self.modalities, input_routes) if m not in inputs and r.num_items]
-        if missing:
-            raise ValueError(f"`inputs` lacks modality {missing[0]!r}, which the global batch contains")
+        problem = (ValueError(f"`inputs` lacks modality {missing[0]!r}, which the global batch contains")
+                   if missing else None)  # every rank raises it, naming this one
         where = {("text", None): (text_route, text_rows), ("per_sample", None): (text_route, 1)}
         for modality, route, rows in zip(self.modalities, input_routes, input_rows):
             where[("inputs", modality)] = (route, rows)
@@ -307,12 +334,7 @@ class MultiStageRuntime:
                     route, rows = where[(kind, key if kind == "inputs" else None)]
                     pieces.append(Piece(route, tensors[key], rows, f"{kind}:{key}"))
                     names.append((kind, key))
-
-        def layout(schema):
-            kind, key = schema.name.split(":", 1)
-            return where.get((kind, key if kind == "inputs" else None), (text_route, 1))
-
-        moved = exchange(pieces, self.transport, stats, guard=self.guards["dispatch"], layout=layout)
+        moved = exchange(pieces, self.transport, stats, guard=self.guards["dispatch"], problem=problem)
         result = {"inputs": {}, "text": {}, "per_sample": {}}
         for (kind, key), tensor in zip(names, moved):
             result[kind][key] = tensor
@@ -387,25 +409,42 @@ class MultiStageRuntime:
 
         Every encoder is called on every rank, with empty inputs where a rank has no items
         of its modality, so every rank takes part in the embedding exchange and in its
-        backward.
+        backward; its output must depend on every parameter there too (the encoder contract,
+        module docstring).  A rank whose encoders break it, or return the wrong shape, is named
+        on every rank before the exchange.
         """
-        step = routes.step
-        outputs = []
+        step, problems, outputs = routes.step, [], []
         for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
-            if modality not in encoders:
-                raise ValueError(f"`encoders` lacks modality {modality!r}")
-            embedded = encoders[modality](moved.inputs[modality], moved.input_lengths[modality])
             expected = int(step.batch.segment_tokens[plan.item_segment[route.dest_items]].sum())
+            if modality not in encoders:
+                problems.append(ValueError(f"`encoders` lacks modality {modality!r}"))
+                outputs.append(torch.empty(0))
+                continue
+            embedded = self._call(f"encoder {modality!r}", encoders[modality], moved.inputs[modality],
+                                  moved.input_lengths[modality], problems=problems, num_items=route.dest_items.size)
             if embedded.dim() != 2 or embedded.shape[0] != expected:
-                raise ValueError(f"encoder {modality!r} returned shape {tuple(embedded.shape)}; expected "
-                                 f"({expected}, hidden): one row per output token of its items")
+                problems.append(ValueError(f"encoder {modality!r} returned shape {tuple(embedded.shape)}; expected "
+                                           f"({expected}, hidden): one row per output token of its items"))
             outputs.append(embedded)
-        text_embedded = text_embedding(moved.text[text_key])
+        text_embedded = self._call("`text_embedding`", text_embedding, moved.text[text_key], problems=problems,
+                                   num_items=routes.text_route.dest_items.size)
         pieces = [Piece(route, tensor, step.batch.segment_tokens[plan.item_segment], f"embeddings:{modality}")
                   for route, tensor, plan, modality in zip(routes.embedding_routes, outputs, step.stage_plans[:-1],
                                                            self.modalities)]
-        arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"])
+        arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"],
+                                     problem=problems[0] if problems else None)
         return self.assemble(routes, text_embedded, arrived)
+
+    def _call(self, what: str, function: Callable, *args, problems: list, num_items: int):
+        """`function(*args)`, checking the encoder contract on the first call of `what` and on empty
+        input (`check_encoders`); a broken contract joins `problems`."""
+        if not self.check_encoders or (what in self._checked and num_items):
+            return function(*args)
+        output, unused = checked_call(function, *args)
+        self._checked.add(what)
+        if unused:
+            problems.append(contract_problem(what, group_rank(self.group), num_items, unused))
+        return output
 
     def assemble(self, routes: StepRoutes, text_embedded: torch.Tensor,
                  arrived: Sequence[torch.Tensor]) -> Assembled:

@@ -13,7 +13,8 @@ import torch
 
 from orchmllm.balancers import CostModel
 from orchmllm.runtime import (ConfigMismatchError, ExchangeMeta, FlatAllToAll, HierarchicalAllToAll,
-                              MultiStageRuntime, Piece, PostBalancingDispatcher, SchemaGuard, SchemaMismatchError,
+                              MultiStageRuntime, Piece, PlanMismatchError, PostBalancingDispatcher, SchemaGuard,
+                              SchemaMismatchError,
                               exchange)
 from orchmllm.runtime.data import SyntheticMultimodal
 from orchmllm.runtime.demo import demo_stages
@@ -44,7 +45,7 @@ ODD_BATCHES = {  # what rank 1 passes instead, from the deviating step on
 def outcome(run):
     try:
         return ("ok", run())
-    except (SchemaMismatchError, ConfigMismatchError, ValueError) as error:
+    except (SchemaMismatchError, PlanMismatchError, ValueError) as error:
         return (type(error).__name__, str(error))
 
 
@@ -160,8 +161,12 @@ def test_a_rank_declaring_another_stage_cost_model_is_named_on_every_rank():
                 "quadratic=0.0); ranks [1]: CostModel(per_item=1.0, linear=2.0, quadratic=0.0));") in o.value[1]
 
 
-def encoder_dtype_job(rank, size):
-    """Rank 1's vision encoder returns float64 embeddings at the second step."""
+ODD_ENCODER_OUTPUTS = {"float64": lambda out: out.double(),
+                       "one row more": lambda out: torch.cat([out, out.new_zeros(1, out.shape[1])])}
+
+
+def encoder_dtype_job(rank, size, odd="float64"):
+    """Rank 1's vision encoder returns float64 embeddings (or one row more) at the second step."""
     config = ModelConfig(llm_hidden=16, encoder_hidden=16, vocab=32)
     torch.manual_seed(0)
     model = TinyMultimodalModel(config)
@@ -176,7 +181,7 @@ def encoder_dtype_job(rank, size):
             moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs)
             encoders = dict(model.encoders())
             if rank == 1 and step == 1:
-                encoders["image"] = lambda inputs, lengths: model.vision(inputs, lengths).double()
+                encoders["image"] = lambda inputs, lengths: ODD_ENCODER_OUTPUTS[odd](model.vision(inputs, lengths))
             packed = runtime.forward(routes, moved, encoders=encoders, text_embedding=model.llm.embed)
             packed.embeddings.sum().backward()
         return "trained"
@@ -191,11 +196,21 @@ def test_a_rank_whose_encoder_returns_another_dtype_is_named_on_every_rank():
     assert "encoder outputs: the schema of the pieces differs" in outcomes[3].value[1]
 
 
+def test_regression_an_encoder_returning_a_row_too_many_on_one_rank_raised_there_alone():
+    """Cause: `forward` checked the encoder's output shape before the embedding exchange and raised on
+    that rank alone; its peers waited in the exchange until the collective timeout."""
+    started = time.monotonic()
+    outcomes = run_processes(encoder_dtype_job, 4, args=("one row more",), timeout_s=90,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "SchemaMismatchError", started)
+    assert "ranks [1]: invalid input: encoder 'image' returned shape" in outcomes[0].value[1]
+
+
 NODEWISE_ASSIGNMENT = np.array([3, 2, 1, 0, 0, 1, 2, 3])  # item i holds the value 10 * (i // 2) + i % 2
 
 
 def hierarchical_schema_job(rank, size):
-    """The schema header rides through the node-wise transport's three phases too."""
+    """The schema check guards the node-wise transport's three phases too."""
     transport = HierarchicalAllToAll(2)
     guard = SchemaGuard("node-wise exchange")
     meta = ExchangeMeta.from_assignment(NODEWISE_ASSIGNMENT, [2, 2, 2, 2], rank)
@@ -253,7 +268,7 @@ def test_world_size_one_guard_and_fingerprint_need_no_process_group():
     meta = ExchangeMeta.from_assignment([0, 0], [2], 0)
     guard = SchemaGuard()
     (out,) = exchange([Piece(meta, torch.ones(2, 3), 1, "x")], FlatAllToAll(), guard=guard)
-    assert torch.equal(out, torch.ones(2, 3)) and guard.agreed is None  # nothing to agree with
+    assert torch.equal(out, torch.ones(2, 3))  # alone: nothing to agree with, no process group needed
 
 
 def fused_job(rank, size):
@@ -350,3 +365,99 @@ def test_fingerprints_keep_distinct_integers_apart_and_take_any_int():
     spelt = [PostBalancingDispatcher(max_tokens_per_microbatch=16, microbatch_overhead=overhead).config_fingerprint
              for overhead in (0, 0.0, np.float64(0))]
     assert len(set(spelt)) == 1
+
+
+STALE_STEPS = {  # every rank's lengths at steps 0 and 1; rank 1 dispatches step 1 along step 0's plan
+    # its two items swap lengths: the plans swap their destinations, every row count matches (moved wrong rows)
+    "same row counts": ([[9, 1, 7], [5, 3], [2, 15], [4, 4, 8]], [[9, 1, 7], [3, 5], [2, 15], [4, 4, 8]]),
+    # its items grow: the row counts differ (gloo aborted every rank with SIGABRT)
+    "other row counts": ([[9, 1, 7], [5, 3], [2, 15], [4, 4, 8]], [[9, 1, 7], [5, 12], [2, 15], [4, 4, 8]]),
+}
+
+
+def stale_plan_job(rank, size, case):
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
+
+    def steps():
+        plans = []
+        for step, lengths in enumerate(STALE_STEPS[case]):
+            plans.append(dispatcher.plan(lengths[rank]))
+            plan = plans[0] if rank == 1 else plans[-1]
+            batch = {"id": torch.arange(len(lengths[rank])) + 10 * rank + 100 * step,
+                     "x": torch.ones(sum(lengths[rank]), 2)}
+            moved = dispatcher.dispatch(batch, plan)
+        return sorted(moved["id"].tolist())
+
+    return outcome(steps)
+
+
+@pytest.mark.parametrize("case", sorted(STALE_STEPS))
+def test_regression_a_rank_dispatching_along_last_step_s_plan_is_named_on_every_rank(case):
+    """Cause: nothing in the exchange said which plan a rank followed: with matching row counts the
+    stale rank's rows landed where the current plan puts other items, with no error; with other
+    counts gloo aborted every process (SIGABRT).  The plan's identity, agreed at the metadata
+    gather, is now checked before any payload moves."""
+    started = time.monotonic()
+    outcomes = run_processes(stale_plan_job, 4, args=(case,), timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "PlanMismatchError", started)
+    assert "dispatch: the plan differs across ranks" in outcomes[0].value[1]
+    assert "pass every exchange the plan of this step" in outcomes[0].value[1]
+
+
+def stale_routes_job(rank, size, where):
+    """Rank 1 dispatches step 1 along step 0's routes, or runs micro-batch 1 along micro-batch 0's routes."""
+    config = ModelConfig(llm_hidden=16, encoder_hidden=16, vocab=32)
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(config)
+    data = SyntheticMultimodal(config, samples_per_rank=3)
+    budget = None if where == "step" else max(s.llm_length for r in range(size) for s in data.samples(0, r))
+    runtime = MultiStageRuntime(demo_stages({m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")},
+                                            config, algorithm="lpt"), max_tokens_per_microbatch=budget)
+
+    def steps():
+        first = None
+        for step in range(2):
+            batch = data.local_batch(step, rank)
+            routes = runtime.plan(batch.samples)
+            first = first or routes
+            stale = rank == 1 and where == "step" and step == 1
+            moved = runtime.dispatch(first if stale else routes, text=batch.text, per_sample=batch.per_sample,
+                                     inputs=batch.inputs)
+            micros = [(routes, moved)] if where == "step" else \
+                [(micro.routes, micro.data) for micro in runtime.microbatches(routes, moved)]
+            for index, (micro_routes, part) in enumerate(micros):
+                if rank == 1 and where == "micro-batch" and index == 1:
+                    micro_routes = micros[0][0]
+                packed = runtime.forward(micro_routes, part, encoders=model.encoders(),
+                                         text_embedding=model.llm.embed)
+                packed.embeddings.sum().backward()
+        return "trained"
+
+    return outcome(steps)
+
+
+@pytest.mark.parametrize("where", ["step", "micro-batch"])
+def test_a_rank_running_another_step_s_or_micro_batch_s_routes_is_named_on_every_rank(where):
+    started = time.monotonic()
+    outcomes = run_processes(stale_routes_job, 4, args=(where,), timeout_s=90,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "PlanMismatchError", started)
+
+
+def missing_input_job(rank, size):
+    config = ModelConfig(llm_hidden=16, encoder_hidden=16, vocab=32)
+    data = SyntheticMultimodal(config, samples_per_rank=3)
+    runtime = MultiStageRuntime(demo_stages({m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")},
+                                            config, algorithm="lpt"))
+    batch = data.local_batch(0, rank)
+    inputs = {m: t for m, t in batch.inputs.items() if not (rank == 1 and m == "audio")}
+    return outcome(lambda: runtime.dispatch(runtime.plan(batch.samples), text=batch.text, inputs=inputs))
+
+
+def test_regression_a_rank_dispatching_without_a_modality_s_inputs_raised_there_alone():
+    """Cause: the missing key was refused before the exchange on that rank alone; its peers waited in
+    the all-to-all until the collective timeout."""
+    started = time.monotonic()
+    outcomes = run_processes(missing_input_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "SchemaMismatchError", started)
+    assert "ranks [1]: invalid input: `inputs` lacks modality 'audio'" in outcomes[0].value[1]

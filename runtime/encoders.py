@@ -1,0 +1,107 @@
+"""The encoder contract: on every rank, every parameter of an encoder takes part in its output.
+
+The runtime calls every encoder on every rank, with empty inputs where a rank holds none of
+its modality (so that every rank takes part in the embedding exchange and its backward).  An
+encoder that returns early on empty input (`if x.numel() == 0: return x.new_zeros(0, d)`)
+leaves its parameters out of that rank's graph, and the gradient reduction then goes wrong
+without a word: DDP reduces gradients bucket by bucket as they become ready, so the ranks'
+all-reduces pair up different buckets (gradients off by a relative 2.16 in the issue's trial,
+and the reducer fails a step later); FSDP2's reduce-scatters differ in size and gloo aborts.
+
+`checked_call` runs an encoder and says which of its parameters its output does not reach
+through the autograd graph (a walk of `grad_fn`, a few milliseconds once).  Under FSDP2 the
+graph holds the unsharded parameters the module uses during its forward, not the sharded ones
+it holds afterwards: a global forward hook records, while the encoder runs, the parameters
+each of its modules holds as its forward returns.  The runtime checks each encoder's first
+call and every call with empty inputs, and carries the verdict in the header of the embedding
+exchange, so every rank raises `EncoderContractError` naming the rank, the encoder and the
+parameters (see `MultiStageRuntime`'s `check_encoders`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class EncoderContractError(ValueError):
+    """An encoder's output did not depend on some of its parameters on some rank."""
+
+
+def module_of(encoder: Callable) -> nn.Module | None:
+    """The module whose parameters `encoder` uses: itself, or the module of a bound method; None
+    for other callables (whose parameters the runtime cannot see)."""
+    if isinstance(encoder, nn.Module):
+        return encoder
+    owner = getattr(encoder, "__self__", None)
+    return owner if isinstance(owner, nn.Module) else None
+
+
+@contextlib.contextmanager
+def _recording(module: nn.Module):
+    """Yield {id(parameter): name}: `module`'s parameters now, and those each of its modules holds
+    as its forward returns while the body runs (FSDP2 swaps unsharded ones in for the forward)."""
+    names = {id(parameter): name for name, parameter in module.named_parameters()}
+    prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
+
+    def record(submodule, args, output):
+        prefix = prefixes.get(submodule)
+        if prefix is not None:
+            names.update((id(parameter), prefix + name) for name, parameter in submodule.named_parameters())
+
+    handle = nn.modules.module.register_module_forward_hook(record)
+    try:
+        yield names
+    finally:
+        handle.remove()
+
+
+def _reached(output: torch.Tensor, names: dict[int, str], wanted: set[str]) -> set[str] | None:
+    """The names in `wanted` of the leaves `output`'s graph reaches (the walk stops once all are
+    found); None when a reentrant checkpoint hides the parameters it used."""
+    reached: set[str] = set()
+    stack, seen = [output.grad_fn], set()
+    while stack and reached != wanted:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "CheckpointFunctionBackward":
+            return None
+        variable = getattr(node, "variable", None)
+        if variable is not None and names.get(id(variable)) in wanted:
+            reached.add(names[id(variable)])
+        stack.extend(function for function, _ in node.next_functions)
+    return reached
+
+
+def checked_call(encoder: Callable, *args) -> tuple[torch.Tensor, list[str]]:
+    """`encoder(*args)` and the names of the trainable parameters of its module that the output
+    does not depend on ([] when it cannot tell: no module, no gradient recorded, a reentrant
+    checkpoint)."""
+    module = module_of(encoder)
+    if module is None or not torch.is_grad_enabled():
+        return encoder(*args), []
+    wanted = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
+    with _recording(module) as names:
+        output = encoder(*args)
+    if not wanted or not isinstance(output, torch.Tensor):
+        return output, []
+    reached = _reached(output, names, wanted) if output.grad_fn is not None else set()
+    return output, [] if reached is None else sorted(wanted - reached)
+
+
+def contract_problem(what: str, rank: int, num_items: int, unused: list[str]) -> EncoderContractError:
+    """The error naming an encoder whose output left out parameters `unused` on `rank`."""
+    shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+    return EncoderContractError(
+        f"{what} on rank {rank} ({num_items} items) returned an output that does not depend on its parameters "
+        f"{shown}: the runtime calls every encoder on every rank, with empty inputs where a rank holds none of its "
+        f"modality, and DDP and FSDP reduce every parameter's gradient on every rank (one left out gives wrong "
+        f"gradients under DDP, aborts FSDP); compute the output from every parameter on empty inputs too (run the "
+        f"layers on the empty tensor instead of returning early); set requires_grad=False on parameters it never "
+        f"uses, or pass check_encoders=False where unused parameters are harmless (gradients reduced by hand, DDP "
+        f"with find_unused_parameters=True)")

@@ -1,0 +1,156 @@
+"""The encoder contract under DDP and FSDP2 (`fully_shard`) on real gloo ranks: an encoder that
+returns early on empty input is named on every rank before any gradient is reduced; one that
+keeps the contract trains to the single-process gradient."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from orchmllm.balancers import CostModel
+from orchmllm.orchestrator.samples import Sample, Segment
+from orchmllm.orchestrator.stages import Stage
+from orchmllm.runtime import EncoderContractError, MultiStageRuntime, normalize_loss
+from orchmllm.runtime.encoders import checked_call
+from orchmllm.runtime.launch import run_processes
+
+STAGES = (Stage("vision", "image", CostModel(per_item=1, linear=1)), Stage("llm", "llm", CostModel(linear=1)))
+TEXT = {0: [5, 4], 1: [3, 6], 2: [2, 7], 3: [6, 3]}  # text tokens of each rank's samples
+IMAGE_ROWS = 3  # rank 0's first sample holds the batch's only image: three ranks encode nothing
+COLLECTIVE_TIMEOUT_S = 20
+
+
+class Encoder(nn.Module):
+    def __init__(self, early_return: bool):
+        super().__init__()
+        self.early_return = early_return
+        self.proj = nn.Linear(4, 8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, patches, lengths):
+        if self.early_return and patches.shape[0] == 0:
+            return patches.new_zeros(0, 8)  # the natural thing to write, which leaves proj and out unused
+        return self.out(torch.tanh(self.proj(patches)))
+
+
+class Model(nn.Module):
+    """The runtime runs inside the root module's forward, as a DDP or FSDP2 training loop calls it; each
+    token sees its sample's earlier tokens (a running sum), so the text's loss depends on the image."""
+
+    def __init__(self, early_return: bool):
+        super().__init__()
+        self.vision = Encoder(early_return)
+        self.embed = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, runtime, routes, moved):
+        packed = runtime.forward(routes, moved, encoders={"image": self.vision}, text_embedding=self.embed)
+        labels = packed.scatter_text(moved.text["labels"], -100)
+        mixed = torch.cat([part.cumsum(0) for part in packed.embeddings.split(packed.sample_lengths.tolist())])
+        return F.cross_entropy(self.head(mixed), labels, ignore_index=-100, reduction="sum")  # text after the image
+
+
+def samples_of(rank):
+    return [Sample(text=text, segments=(Segment("image", IMAGE_ROWS, IMAGE_ROWS),) if (rank, k) == (0, 0) else (),
+                   source=rank, id=10 * rank + k) for k, text in enumerate(TEXT[rank])]
+
+
+def tensors_of(rank):
+    generator = torch.Generator().manual_seed(rank)
+    tokens = sum(TEXT[rank])
+    text = {"input_ids": torch.randint(0, 16, (tokens,), generator=generator),
+            "labels": torch.randint(0, 16, (tokens,), generator=generator)}
+    image = torch.randn(IMAGE_ROWS if rank == 0 else 0, 4, generator=generator, dtype=torch.float64)
+    return text, {"image": image}
+
+
+def train_step(model, runtime, rank):
+    routes = runtime.plan(samples_of(rank))
+    text, inputs = tensors_of(rank)
+    moved = runtime.dispatch(routes, text=text, inputs=inputs)
+    loss_sum = model(runtime, routes, moved)
+    normalize_loss(loss_sum, int(moved.text["labels"].numel())).backward()
+
+
+def contract_job(rank, size, wrapper, early_return):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Model(early_return).double()
+    if wrapper == "ddp":
+        wrapped = nn.parallel.DistributedDataParallel(model)
+    else:
+        fully_shard(model.vision)
+        wrapped = fully_shard(model)
+    runtime = MultiStageRuntime(STAGES)
+    try:
+        for _ in range(2):
+            train_step(wrapped, runtime, rank)
+    except EncoderContractError as error:
+        return "EncoderContractError", str(error)
+    grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in model.parameters()]
+    return "trained", [g.numpy().copy() for g in grads]
+
+
+def reference_gradients():
+    """Two steps of the whole batch in this process (no process group: the runtime's one-rank path)."""
+    torch.manual_seed(0)
+    model = Model(early_return=False).double()
+    runtime = MultiStageRuntime(STAGES)
+    samples = [sample for rank in TEXT for sample in samples_of(rank)]
+    tensors = [tensors_of(rank) for rank in TEXT]
+    text = {key: torch.cat([t[key] for t, _ in tensors]) for key in ("input_ids", "labels")}
+    inputs = {"image": torch.cat([i["image"] for _, i in tensors])}
+    for _ in range(2):
+        routes = runtime.plan(samples)
+        moved = runtime.dispatch(routes, text=text, inputs=inputs)
+        normalize_loss(model(runtime, routes, moved), int(text["labels"].numel())).backward()
+    return [p.grad.numpy().copy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_regression_an_encoder_returning_early_on_empty_input_is_named_on_every_rank(wrapper):
+    """Cause: the runtime calls every encoder on every rank, with empty inputs on ranks holding none of
+    its modality; an early return left its parameters unused there, and DDP's gradients came out off
+    by a relative 2.16 with no error (the reducer failed a step later), FSDP2's reduce-scatter aborted
+    gloo.  Now the first forward names the encoder, the rank and the parameters on every rank."""
+    outcomes = run_processes(contract_job, 4, args=(wrapper, True), timeout_s=90,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        kind, message = o.value
+        assert kind == "EncoderContractError", o.value
+        assert re.search(r"ranks \[\d, \d, \d\] disagree with ranks \[\d\]", message)  # the 3 with no image
+        assert "encoder 'image' on rank" in message and "(0 items)" in message
+        assert "out.bias, out.weight, proj.bias, proj.weight" in message
+        assert "instead of returning early" in message
+    finished = [o.seconds for o in outcomes]  # no rank waited for the collective timeout (load delays only the start)
+    assert max(finished) - min(finished) < COLLECTIVE_TIMEOUT_S
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_an_encoder_keeping_the_contract_trains_to_the_single_process_gradient(wrapper):
+    """The check sees FSDP2's unsharded parameters in the graph (no false alarm) and changes nothing."""
+    outcomes = run_processes(contract_job, 4, args=(wrapper, False), timeout_s=90,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok and o.value[0] == "trained" for o in outcomes), [o.error or o.value for o in outcomes]
+    reference = reference_gradients()
+    for o in outcomes:
+        worst = max(float(np.abs(g - r).max() / np.abs(r).max()) for g, r in zip(o.value[1], reference))
+        assert worst <= 1e-12
+
+
+def test_checked_call_names_unused_parameters_and_trusts_what_it_cannot_see():
+    encoder = Encoder(early_return=True).double()
+    empty = torch.zeros(0, 4, dtype=torch.float64)
+    assert checked_call(encoder, empty, [])[1] == ["out.bias", "out.weight", "proj.bias", "proj.weight"]
+    assert checked_call(encoder.forward, empty, [])[1] == ["out.bias", "out.weight", "proj.bias", "proj.weight"]
+    assert checked_call(encoder, torch.ones(2, 4, dtype=torch.float64), [2])[1] == []
+    assert checked_call(lambda x, lengths: encoder(x, lengths), empty, [])[1] == []  # no module to check
+    with torch.no_grad():
+        assert checked_call(encoder, empty, [])[1] == []  # no backward, no reduction to spoil
+    frozen = Encoder(early_return=True).requires_grad_(False)
+    assert checked_call(frozen, empty.float(), [])[1] == []
