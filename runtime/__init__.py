@@ -41,9 +41,9 @@ from .multistage import Assembled, Dispatched, MicroBatchInputs, MicroBatchRoute
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, global_count, normalize_loss
 
-__all__ = ["Assembled", "ConfigMismatchError", "DispatchPlan", "Dispatched", "EncoderContractError",
-           "ExchangeMeta", "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch",
-           "MicroBatchInputs", "MicroBatchRoutes", "MultiStageRuntime", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher",
-           "Prefetcher", "SchemaGuard", "SchemaMismatchError", "StepRoutes", "accumulate", "all_reduce_gradients",
-           "check_agreement", "exchange", "exchange_with_grad", "fingerprint", "gather_metadata", "global_count",
-           "gradient_sync", "make_transport", "normalize_loss"]
+__all__ = ["Assembled", "ConfigMismatchError", "DispatchPlan", "Dispatched", "EncoderContractError", "ExchangeMeta",
+           "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "MicroBatchInputs",
+           "MicroBatchRoutes", "MultiStageRuntime", "PeerInputError", "Piece", "PlanMismatchError",
+           "PostBalancingDispatcher", "Prefetcher", "SchemaGuard", "SchemaMismatchError", "StepRoutes", "accumulate",
+           "all_reduce_gradients", "check_agreement", "exchange", "exchange_with_grad", "fingerprint",
+           "gather_metadata", "global_count", "gradient_sync", "make_transport", "normalize_loss"]
