@@ -34,7 +34,7 @@ from orchmllm.testing.context_parallel import check_split_plan
 COST = MODELS["84b"].llm.cost(causal=True)
 SPEC = ContextParallel()
 GIANT_SHARES = (0.0025, 0.01, 0.02)
-MEGATRON_CAPACITY = 16384
+MEGATRON_CAPACITY = 32768  # 256k / 8: the longest giant needs exactly the widest degree
 MEGATRON_CAPACITIES = (8192, 16384, 32768)
 TUNED_FAMILY, TUNED_SEEDS, HELD_OUT_SEEDS = "documents", range(0, 100), range(100, 200)
 
@@ -78,7 +78,7 @@ def _summary(name: str, values: list[float]) -> str:
 @pytest.mark.timeout(7200)
 def test_step_against_the_bound_and_the_peers(request):
     heavy = request.config.getoption("--heavy", default=False)
-    rows, bound_ratio, megatron_ratio, megatron_best_ratio, held = [], [], [], [], []
+    rows, bound_ratio, megatron_ratio, megatron_best_ratio, held, skill = [], [], [], [], [], []
     for family, num_ranks, per_rank, share, seed in grid(heavy):
         lengths = giant_mix(family, num_ranks, per_rank, share, seed)
         ours = balance(lengths, num_ranks, cost=COST, context_parallel=SPEC)
@@ -92,18 +92,21 @@ def test_step_against_the_bound_and_the_peers(request):
         megatron_ratio.append(ours.makespan / megatron[MEGATRON_CAPACITY])
         megatron_best_ratio.append(ours.makespan / min(megatron.values()))
         held.append(held_out(family, seed))
+        # Where the longest item's time at the widest degree is the bound, every planner splitting it so ties.
+        skill.append(ours.lower_bound > SPEC.time(COST, [lengths.max()], SPEC.degrees[-1])[0] * (1 + 1e-9))
         rows.append(f"| {family} | {seed} | {num_ranks} | {per_rank} | {share:g} | {ours.split_items.size} | "
                     f"{bound_ratio[-1]:.4f} | {ours.makespan / plain.makespan:.3f} | {ours.makespan / static:.3f} | "
                     f"{megatron_ratio[-1]:.3f} | {megatron_best_ratio[-1]:.3f} | {ours.solve_seconds * 1e3:.0f} |")
     print("\n| family | seed | D | per rank | giants | split | ours / bound | ours / no split | ours / static CP | "
-          "ours / Megatron 16k | ours / Megatron best | ours ms |")
+          "ours / Megatron 32k | ours / Megatron best | ours ms |")
     print("|" + "---|" * 12)
     print("\n".join(rows))
-    held = np.array(held)
-    for label, mask in (("all", np.ones_like(held)), ("tuned", ~held), ("held out", held)):
+    held, skill = np.array(held), np.array(skill)
+    for label, mask in (("all", np.ones_like(held)), ("tuned", ~held), ("held out", held),
+                        ("bound not set by the longest item", skill), ("held out, not set by the longest", held & skill)):
         pick = lambda values: [v for v, keep in zip(values, mask) if keep]  # noqa: E731
         print(f"\n{label}: " + "; ".join(_summary(name, pick(values)) for name, values in (
-            ("ours / bound", bound_ratio), ("ours / Megatron 16k", megatron_ratio),
+            ("ours / bound", bound_ratio), ("ours / Megatron 32k", megatron_ratio),
             ("ours / Megatron best capacity", megatron_best_ratio))))
     assert np.median(bound_ratio) <= 1.03 and max(bound_ratio) <= 1.10
     # Megatron as configured: the target; tuned per instance in its favour: never better than ours.

@@ -92,3 +92,24 @@ def test_inter_node_groups_only_where_allowed():
     plan = balance(lengths, 32, cost=FLOPS, context_parallel=spec)
     check_split_plan(plan, lengths, 32, spec, cost=FLOPS)
     assert plan.degree[:2].min() > 4  # the giants need more ranks than a node holds
+
+
+@pytest.mark.parametrize("lengths, num_ranks, degrees, budget", [
+    ([3, 28], 2, (1, 2), 16),          # the 28 splits; then only a split 3 fits beside its shards
+    ([37, 47, 47], 4, (1, 2), 42),     # the 37 fits a group's ranks only by its exact shard tokens (19/18)
+    ([20, 20, 20], 4, (1, 2, 4), 15),  # three items in one group of 4 (two groups of 2 overflow)
+    ([8, 5, 5], 2, (1, 2), 9),         # every item fits unsplit, yet only a split 8 meets the budget
+    ([20, 21], 3, (1, 2), 20),         # one block of 2 in 3 ranks: the 20 stays whole beside it
+])
+def test_budgets_only_splitting_meets_are_met(lengths, num_ranks, degrees, budget):
+    """Regressions: each instance was refused (InfeasibleError) by an earlier planner."""
+    spec = ContextParallel(degrees=degrees, gpus_per_node=1, allow_inter_node=True, seconds_per_cost=1.0,
+                           latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
+    plan = balance(lengths, num_ranks, context_parallel=spec, max_tokens_per_rank=budget)
+    check_split_plan(plan, lengths, num_ranks, spec, max_tokens_per_rank=budget,
+                     optimum=brute_force_split(lengths, num_ranks, spec, max_tokens_per_rank=budget))
+
+
+def test_options_given_as_arrays_are_refused_clearly():
+    with pytest.raises(ValueError, match=r"`groups` cannot be combined with `context_parallel`"):
+        balance([3, 4], 2, context_parallel=ContextParallel(degrees=(1, 2)), groups=np.array([0, 1]))

@@ -28,6 +28,9 @@ Defaults, from public figures (every one overridable, to be calibrated on GPUs):
   the first step and synchronisation leave exposed.
 - half_efficiency_tokens 256: attention and GEMM kernels reach half their long-sequence
   throughput around a few hundred tokens (η(4096) = 0.94, η(512) = 0.67).
+- min_gain 0.01: a plan that splits replaces today's only when its makespan is below today's
+  / (1 + min_gain), since splitting has costs the model leaves out (a harder runtime path,
+  exposure to a slow group member).
 """
 
 from __future__ import annotations

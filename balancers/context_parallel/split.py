@@ -119,7 +119,7 @@ def balance_split(lengths, num_ranks, context_parallel, *, cost, algorithm, max_
     if not isinstance(context_parallel, ContextParallel):
         raise TypeError(f"`context_parallel` must be a ContextParallel; got {type(context_parallel).__name__}")
     for name, value in unsupported.items():
-        if value not in (None, False):
+        if value is not None and value is not False:
             raise ValueError(f"`{name}` cannot be combined with `context_parallel` (split items need a `cost` model "
                              f"of their lengths, unpadded, without item groups, equal counts or sources)")
     spec = context_parallel if topology is None else context_parallel.on(topology)
