@@ -113,3 +113,13 @@ def test_budgets_only_splitting_meets_are_met(lengths, num_ranks, degrees, budge
 def test_options_given_as_arrays_are_refused_clearly():
     with pytest.raises(ValueError, match=r"`groups` cannot be combined with `context_parallel`"):
         balance([3, 4], 2, context_parallel=ContextParallel(degrees=(1, 2)), groups=np.array([0, 1]))
+
+
+@pytest.mark.parametrize("degrees", [(2,), (4,), (2, 4)])
+def test_every_item_splits_when_degree_one_is_not_allowed(degrees):
+    """Regression: a spec without degree 1 (static context parallelism) raised KeyError in the layout."""
+    lengths = np.random.default_rng(0).integers(1, 50000, 40)
+    spec = ContextParallel(degrees=degrees)
+    plan = balance(lengths, 8, cost=FLOPS, context_parallel=spec)
+    check_split_plan(plan, lengths, 8, spec, cost=FLOPS)
+    assert plan.degree.min() >= degrees[0] and plan.gap <= 0.01

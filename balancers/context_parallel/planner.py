@@ -141,7 +141,7 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
     longest time first; a degree-1 block is one rank.
     """
     blocks = _Blocks(problem, spec, gpus_per_node, times, target)
-    for c in sorted(set(degree[degree > 1].tolist()), reverse=True) + [1]:
+    for c in sorted(set(degree[degree > 1].tolist()), reverse=True) + [1] * (spec.degrees[0] == 1):
         items = np.flatnonzero(degree == c) if c > 1 else long[degree[long] == 1]
         blocks.open(c)
         order = np.lexsort((items, -times(items, c)))
