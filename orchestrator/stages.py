@@ -51,6 +51,8 @@ class Stage:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"stage {self.name!r}: unknown `algorithm` {self.algorithm!r}; "
                              f"choose one of {sorted(ALGORITHMS)}")
+        if not ALGORITHMS[self.algorithm].solves(self.padded):
+            raise ValueError(f"stage {self.name!r}: {ALGORITHMS[self.algorithm].why_not(self.padded)}")
         cap = self.max_tokens_per_rank
         if cap is not None and (not is_int(cap) or cap <= 0):
             raise ValueError(f"stage {self.name!r}: `max_tokens_per_rank` must be a positive int or None; got {cap!r}")

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..balancers import CostModel
 from ..balancers.validation import is_int
 from ..orchestrator.stages import Stage
 from .comm import comm_device, group_size, init_distributed
@@ -50,6 +51,8 @@ from .reduction import all_reduce_gradients, normalize_loss
 from .replay import WorkRecorder, keep_freed_memory, replay_in_isolation
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+MAX_SPAWNED_RANKS = 64
+"""Ranks `run_demo` spawns at most: each is a CPU process importing torch on this machine."""
 
 
 def demo_stages(costs: dict, config: ModelConfig, algorithm: str = "auto", element_bytes: int = 4) -> tuple:
@@ -161,6 +164,7 @@ class DemoOptions:
             raise ValueError(f"`costs` must be 'calibrated' or 'flops'; got {self.costs!r}")
         if self.transport not in ("flat", "hierarchical"):
             raise ValueError(f"`transport` must be 'flat' or 'hierarchical'; got {self.transport!r}")
+        demo_stages({modality: CostModel() for modality in ("image", "audio", "llm")}, ModelConfig(), self.algorithm)
 
 
 def _extra_passes(runtime, routes, batch, model, clock, passes: int) -> list[float]:
@@ -341,12 +345,17 @@ def compare_gradients(reference, other) -> dict:
             "grad_max_rel_diff_per_tensor": max(per_tensor, default=0.0)}
 
 
-def check_run(ranks: int, steps: int, dtype: str, options: DemoOptions, seed: int = 0) -> None:
+def check_run(ranks: int, steps: int, dtype: str, options: DemoOptions, seed: int = 0, *,
+              spawned: bool = True) -> None:
     """Raise ValueError for a demo run that cannot start (before any process is spawned),
-    e.g. a micro-batch budget below the longest sample of the run (from the metadata alone)."""
-    for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1)):
+    e.g. a micro-batch budget below the longest sample of the run (from the metadata alone),
+    or more `spawned` ranks than `MAX_SPAWNED_RANKS`."""
+    for name, value, low in (("ranks", ranks, 1), ("steps", steps, 1), ("seed", seed, 0)):
         if not is_int(value) or value < low:
             raise ValueError(f"`{name}` must be an int >= {low}; got {value!r}")
+    if spawned and ranks > MAX_SPAWNED_RANKS:
+        raise ValueError(f"`ranks` must be at most {MAX_SPAWNED_RANKS} spawned CPU processes on this machine; got "
+                         f"{ranks} (start more ranks with torchrun)")
     if dtype not in DTYPES:
         raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}; got {dtype!r}")
     if options.transport == "hierarchical" and (options.gpus_per_node is None or ranks % options.gpus_per_node):
@@ -398,7 +407,7 @@ def run_demo_in_process_group(steps: int = 3, seed: int = 0, dtype: str = "float
     demo`): NCCL when CUDA is available, else gloo.  The report on rank 0, None elsewhere."""
     start = time.perf_counter()
     rank, world_size = init_distributed()
-    check_run(world_size, steps, dtype, options, seed)
+    check_run(world_size, steps, dtype, options, seed, spawned=False)
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
     try:

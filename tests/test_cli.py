@@ -350,6 +350,11 @@ BAD_INPUTS = {
     "demo bad dtype": (["demo", "--dtype", "int8"], "invalid choice: 'int8'"),
     "demo nodes not dividing ranks": (["demo", "--transport", "hierarchical", "--gpus-per-node", "3"],
                                       "needs `gpus_per_node` dividing ranks=4"),
+    "demo unknown algorithm": (["demo", "--algorithm", "magic"], "stage 'vision': unknown `algorithm` 'magic'"),
+    "demo padded-only algorithm": (["demo", "--algorithm", "padded"],
+                                   "stage 'vision': algorithm 'padded' solves the padded cost"),
+    "demo negative seed": (["demo", "--seed", "-1"], "`seed` must be an int >= 0; got -1"),
+    "demo more ranks than it spawns": (["demo", "--ranks", "100000"], "`ranks` must be at most 64 spawned"),
     "demo micro-batch budget 0": (["demo", "--max-tokens-per-microbatch", "0"],
                                   "--max-tokens-per-microbatch must be >= 1; got 0"),
     "demo micro-batch budget below the longest sample": (

@@ -383,6 +383,8 @@ def test_stage_lists_are_validated():
         Orchestrator(STAGES[:-1], 2)
     with pytest.raises(ValueError, match="unknown `algorithm`"):
         Stage("vision", "image", CostModel(), algorithm="magic")
+    with pytest.raises(ValueError, match="stage 'vision': algorithm 'padded' solves the padded cost"):
+        Stage("vision", "image", CostModel(), algorithm="padded")  # a stage unpadded: its plan raised, on every step
     with pytest.raises(ValueError, match="1 nodes × 4 gpus = 4 != batch.num_ranks 2"):
         Orchestrator(STAGES, 4).plan(random_batch(0, 2, 2))
 
