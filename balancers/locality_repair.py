@@ -243,16 +243,22 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     lowers the peak to (load_r + load_p) / 2 at best), so a search passes over the items
     of the few ranks that can help, not of every rank.  The first full fix found is
     taken; partial fixes are the best over all ranks.  Stops when no candidate improves,
-    or after `REPAIR_SEARCHES` searches (the caller then falls back to placing the plain
-    plan: `locality.balance_locally`).
+    or after `REPAIR_SEARCHES` searches, or before them when more ranks are above the target
+    than they could fix (the caller then falls back to placing the plain plan:
+    `locality.balance_locally`).
     """
     repair_in_node(state, gpus_per_node)
     for candidates in ACROSS_CANDIDATES:
         repair_across_nodes(state, candidates)
     if state.loads.max() <= state.target:
         return
-    home_node = sources // gpus_per_node
     num_ranks = state.loads.size
+    # A search brings one rank (the most loaded) within the target at most: with more ranks above it
+    # by more than rounding, some stay above and the caller drops the plan, so the searches are spared.
+    rounding = 4 * (state.costs.size + 1) * np.finfo(np.float64).eps * state.target
+    if np.count_nonzero(state.loads > state.target + rounding) > min(4 * num_ranks, REPAIR_SEARCHES):
+        return
+    home_node = sources // gpus_per_node
     everyone = np.arange(num_ranks)
     by_rank = np.argsort(state.destinations, kind="stable")
     bounds = np.searchsorted(state.destinations[by_rank], np.arange(num_ranks + 1)).tolist()
