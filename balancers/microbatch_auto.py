@@ -4,12 +4,19 @@
     padded: the joint greedy
     else: the cell LPT, and the joint greedy too up to GREEDY_MAX_WORK item × cell pairs,
           the plan of lower step cost (the first on ties)
+    M = 1 (a cell per rank, a plain step under the cap T): also `balance`'s default plan of the
+          same items with max_tokens_per_rank = T, searched further, so one micro-batch is never
+          worse than the plain step's planner
 """
 
 from __future__ import annotations
 
-from . import microbatch_cells, microbatch_exact, microbatch_greedy
+import numpy as np
+
+from . import auto, microbatch_cells, microbatch_exact, microbatch_greedy
 from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_loads, step_cost
+from .microbatch_search import improve
+from .problem import InfeasibleError, make_problem
 
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
 
@@ -22,9 +29,36 @@ def plan_cost(problem: MicroBatchProblem, result: MicroBatchResult, num_microbat
     return step_cost(loads.reshape(num_microbatches, problem.num_ranks), problem.microbatch_overhead)
 
 
+def plain_step(problem: MicroBatchProblem) -> MicroBatchResult | None:
+    """One micro-batch as a plain step: `balance(lengths, D, max_tokens_per_rank=T)`'s plan (its
+    default kernel, `auto`), searched as the cells are; None when it finds no room under T, or
+    for padded cells of explicit costs (which `balance` does not take)."""
+    if problem.padded and problem.cost is None:
+        return None
+    source = dict(costs=problem.item_costs) if problem.cost is None else dict(cost=problem.cost)
+    try:
+        plain = make_problem(problem.lengths, problem.num_ranks, padded=problem.padded,
+                             max_tokens_per_rank=problem.max_tokens, **source)
+        assignment = auto.solve(plain).assignment
+    except InfeasibleError:
+        return None
+    return MicroBatchResult(rank=improve(problem, assignment, 1), microbatch=np.zeros_like(assignment))
+
+
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     """Exact search for the smallest instances, the better of the joint greedy and the cell
-    LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above."""
+    LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above; with
+    one micro-batch, `plain_step` too; the plan of least step cost (the first on ties)."""
+    result = _solve(problem, num_microbatches)
+    if num_microbatches != 1:
+        return result
+    plain = plain_step(problem)
+    if plain is None or (result is not None and plan_cost(problem, result, 1) <= plan_cost(problem, plain, 1)):
+        return result
+    return plain
+
+
+def _solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     if problem.num_items <= microbatch_exact.MAX_ITEMS:
         return microbatch_exact.solve(problem, num_microbatches)
     if problem.padded:
