@@ -14,11 +14,16 @@ with exactly these, and the same checks run against any user's kernel:
 from .checks import check_plan
 from .conformance import ConformanceError, ConformanceReport, check_conformance
 from .microbatch import MicroBatchOptimum, brute_force_microbatches, check_microbatch_plan, fewest_microbatches
+from .microbatch_conformance import (MicroBatchCase, MicroBatchConformanceReport, check_microbatch_conformance,
+                                     microbatch_cases)
 from .oracles import (BRUTE_FORCE_MAX_PLANS, Optimum, all_assignments, brute_force, brute_force_of, exact,
                       padded_optimum)
-from .strategies import COST_MODELS, CONSTRAINTS, BalanceCase, load_profile, multimodal_batches, problems, topologies
+from .strategies import (COST_MODELS, CONSTRAINTS, BalanceCase, hard_cases, load_profile, multimodal_batches, problems,
+                         topologies)
 
 __all__ = ["BRUTE_FORCE_MAX_PLANS", "CONSTRAINTS", "COST_MODELS", "BalanceCase", "ConformanceError",
-           "ConformanceReport", "MicroBatchOptimum", "Optimum", "all_assignments", "brute_force", "brute_force_microbatches",
-           "brute_force_of", "check_conformance", "check_microbatch_plan", "check_plan", "exact",
-           "fewest_microbatches", "load_profile", "multimodal_batches", "padded_optimum", "problems", "topologies"]
+           "ConformanceReport", "MicroBatchCase", "MicroBatchConformanceReport", "MicroBatchOptimum", "Optimum",
+           "all_assignments", "brute_force", "brute_force_microbatches", "brute_force_of", "check_conformance",
+           "check_microbatch_conformance", "check_microbatch_plan", "check_plan", "exact", "fewest_microbatches",
+           "hard_cases", "load_profile", "microbatch_cases", "multimodal_batches", "padded_optimum", "problems",
+           "topologies"]

@@ -9,11 +9,18 @@ when, on inputs drawn by `problems()`:
                     from which retrying reaches a plan; an exact kernel refuses only caps
                     that no plan meets
     deterministic   the same input (list, int64 or int32 array) gives the bit-identical
-                    plan, also in another process with another hash seed
+                    plan, call after call (`harness.REPEAT_CALLS`: a plan that differs in 1 %
+                    of calls is caught with probability 99.9 %), also in another process
+                    with another hash seed
     metamorphic     permuting the items keeps the makespan (unless order_invariant=False,
                     for baselines that keep the sampled order); no bound of one run
                     exceeds another run's makespan of the same instance; proven optima
                     scale with the lengths and never rise with another rank
+    larger          the determinism runs (up to twice the items) are certified too, against
+                    the exact optimum wherever the exact solver proves it within
+                    `ORACLE_SECONDS`; both sizes also run Graham's instances on which list
+                    scheduling is furthest from the optimum (`strategies.hard_cases`), not
+                    left to chance
     constrained     with explicit `costs`, `equal_counts=True` (the record's equal-counts
                     kernel) and `groups`, as `balance()` runs them: certified against
                     brute force under the constraint, which the plan holds; an exact
@@ -22,40 +29,40 @@ when, on inputs drawn by `problems()`:
 Groups never reach a kernel: `balance()` balances one super-item per group (summed length,
 summed cost, so `problem.cost` is None) and sends every item to its group's rank.  What a
 kernel must honour for them, as for `costs=`, is `problem.item_costs`.
+
+A micro-batch record (`MicroBatchAlgorithm`, or the name of one that is no balancing
+algorithm's) runs `check_microbatch_conformance` instead.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import pickle
-import subprocess
-import sys
+import functools
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis.errors import FlakyFailure
+from hypothesis import given
 from hypothesis import strategies as st
 
-from ..balancers import ALGORITHMS, BalancePlan, CostModel, InfeasibleError, Status, make_problem
+from ..balancers import (ALGORITHMS, MICROBATCH_ALGORITHMS, BalancePlan, CostModel, InfeasibleError,
+                         MicroBatchAlgorithm, Status, make_problem)
 from ..balancers.api import _balance_groups
 from ..balancers.groups import as_groups
 from ..balancers.plan import make_plan
 from .checks import check_plan
+from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, check_repeats, check_suite_arguments,
+                      compare_processes, fingerprint, run_properties, with_examples)
+from .harness import suite_settings as _settings  # a property's source seeds its derandomized examples: kept as it was
+from .microbatch_conformance import MicroBatchConformanceReport, check_microbatch_conformance
 from .oracles import brute_force
 from .oracles import exact as exact_optimum
-from .strategies import COST_MODELS, CONSTRAINTS, BalanceCase, problems
+from .strategies import COST_MODELS, CONSTRAINTS, BalanceCase, hard_cases, problems
 
 RETRIES = 8
 """Refusals `check_conformance` follows along `min_cap` before it calls the cap unusable."""
 
-PROCESS_CASES = 8
-"""Seeded inputs whose plans are compared across processes."""
-
-
-class ConformanceError(AssertionError):
-    """A kernel broke a property; the message names it, the input and what was seen."""
+ORACLE_SECONDS = 2.0
+"""What the exact solver may spend proving the optimum of a larger run (beyond brute force);
+a plan is certified against it only where it proves it in that time."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ class ConformanceReport:
     processes_compared: int
     constraints: tuple[str, ...] = ()
     constrained_plans: int = 0
+    repeated_calls: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -131,6 +139,9 @@ class _Target:
         except RuntimeError as error:
             raise self._broken(case, lengths, error) from None
 
+    def describe(self, case: BalanceCase) -> str:
+        return _describe(case)
+
     def _broken(self, case: BalanceCase, lengths, error: RuntimeError) -> ConformanceError:
         what = next((what for clue, what in (("max_tokens_per_rank", "ignores the memory cap"),
                                              ("`equal_counts` allows", "ignores `equal_counts=True`"))
@@ -153,16 +164,6 @@ def _optimum(case: BalanceCase):
     if case.constraint is None:
         return exact_optimum(case.lengths, case.num_ranks, **case.options)
     return brute_force(case.lengths, case.num_ranks, **case.options)
-
-
-def _fingerprint(outcome) -> tuple:
-    """What must be bit-identical for the same input: the refusal, or the plan and its loads.
-
-    The certificate (status, bound) is left out: a MILP stopped by its wall-clock time limit
-    (`ilp`) may return the same plan with another proven bound from run to run."""
-    if isinstance(outcome, InfeasibleError):
-        return ("infeasible", outcome.min_cap, str(outcome))
-    return ("plan", outcome.digest(), outcome.loads.tobytes().hex())
 
 
 def _check_refusal(target: _Target, case: BalanceCase, refusal: InfeasibleError, optimum) -> None:
@@ -207,10 +208,22 @@ def _certify(target: _Target, case: BalanceCase, plan: BalancePlan, optimum="com
                                f"{plan.makespan} (optimum {optimum.makespan}); input {_describe(case)}")
 
 
-def _settings(examples: int):
-    return settings(max_examples=examples, derandomize=True, database=None, deadline=None, report_multiple_bugs=False,
-                    phases=[Phase.explicit, Phase.generate, Phase.shrink],
-                    suppress_health_check=list(HealthCheck))
+@functools.lru_cache(maxsize=4096)
+def _proven_optimum(case: BalanceCase):
+    """The optimum of an unconstrained `case` where it is proven (brute force or the padded DP
+    when small, else the exact solver within ORACLE_SECONDS), else None; cached, as the suites
+    of several kernels draw the same cases."""
+    try:
+        return exact_optimum(case.lengths, case.num_ranks, time_limit=ORACLE_SECONDS, **case.options)
+    except (RuntimeError, TimeoutError, ValueError):  # not proven in time, or too large a model
+        return None
+
+
+def _certify_where_proven(target: _Target, case: BalanceCase, plan: BalancePlan) -> None:
+    """`_certify` a plan of a larger run against its optimum, where one is proven."""
+    optimum = _proven_optimum(case)
+    if optimum is not None:
+        _certify(target, case, plan, optimum)
 
 
 def _uncapped_plan(target: _Target, case: BalanceCase, lengths=None) -> BalancePlan:
@@ -258,78 +271,58 @@ def _metamorphic(target: _Target, case: BalanceCase, permutation: list[int]) -> 
     return len(runs)
 
 
-def _process_cases(target: _Target, max_items: int, max_ranks: int) -> list[BalanceCase]:
-    rng = np.random.default_rng(20240531)
+def _seeded_cases(target: _Target, count: int, max_items: int, max_ranks: int, seed: int) -> list[BalanceCase]:
+    """`count` cases of 2 to 2 · max_items items on 2 to max(2, max_ranks) ranks, tied or spread
+    lengths, every cost model and kind in turn, no cap."""
+    rng = np.random.default_rng(seed)
     cases = []
-    for index in range(PROCESS_CASES):
-        lengths = rng.integers(0, 4 + 100 * (index % 2), size=int(rng.integers(1, 2 * max_items + 1)))
-        cases.append(BalanceCase(tuple(lengths.tolist()), int(rng.integers(1, max_ranks + 1)),
+    for index in range(count):
+        lengths = rng.integers(0, 4 + 100 * (index % 2), size=int(rng.integers(2, 2 * max_items + 1)))
+        cases.append(BalanceCase(tuple(lengths.tolist()), int(rng.integers(2, max(2, max_ranks) + 1)),
                                  list(COST_MODELS.values())[index % len(COST_MODELS)],
                                  target.kinds[index % len(target.kinds)], None))
     return cases
 
 
-def _fingerprints(target: _Target, cases) -> list[tuple]:
-    return [_fingerprint(target.run(case)) for case in cases]
-
-
-def _child_main() -> None:
-    """Entry of the process that recomputes the fingerprints (input pickled on stdin)."""
-    target, cases = pickle.load(sys.stdin.buffer)
-    json.dump(_fingerprints(target, cases), sys.stdout)
-
-
-def _compare_processes(target: _Target, cases) -> None:
-    try:
-        payload = pickle.dumps((target, cases))
-    except (pickle.PicklingError, AttributeError, TypeError) as error:
-        raise TypeError(f"cannot check {target.name} across processes: its kernel cannot be pickled ({error}); "
-                        f"define it at module level, or pass processes=False") from None
-    # Two children with fixed, different hash seeds: whatever this process's seed, a kernel that
-    # depends on it differs between them on the same cases every time (no lucky agreement).
-    results = {}
-    for seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        child = subprocess.run([sys.executable, "-c", "from orchmllm.testing.conformance import _child_main; "
-                                "_child_main()"], input=payload, capture_output=True, env=env, timeout=600)
-        if child.returncode:
-            raise ConformanceError(f"{target.name}: the process with PYTHONHASHSEED={seed} failed:\n"
-                                   f"{child.stderr.decode()[-2000:]}")
-        results[seed] = [tuple(item) for item in json.loads(child.stdout)]
-    for case, mine, first, second in zip(cases, _fingerprints(target, cases), results["1"], results["2"]):
-        for seed, other in (("1", first), ("2", second)):
-            if mine != other:
-                raise ConformanceError(f"{target.name} is not deterministic across processes: {mine[:2]} here, "
-                                       f"{other[:2]} in a process with PYTHONHASHSEED={seed}; input "
-                                       f"{_describe(case)}")
-
-
-def _first(group: BaseExceptionGroup) -> ConformanceError:
-    first = group.exceptions[0]
-    return _first(first) if isinstance(first, BaseExceptionGroup) else first
-
-
 def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int = 3, examples: int = 40,
                       padded: bool | None = None, exact: bool | None = None, order_invariant: bool | None = None,
                       processes: bool = True, time_limit: float | None = None,
-                      constraints=None) -> ConformanceReport:
+                      constraints=None) -> ConformanceReport | MicroBatchConformanceReport:
     """Run the property suite on a registered algorithm (by name) or a bare kernel.
 
     Raises `ConformanceError` (an AssertionError) naming the broken property and the
     smallest input Hypothesis found.  `padded`, `exact` and `order_invariant` default to
     what the registry record declares (both kinds, heuristic, order-invariant for a bare
     kernel; the baseline and peers' heuristics may depend on the sampled order).  Inputs have up to `max_items` items
-    (twice that for the metamorphic runs) on up to `max_ranks` ranks; `examples` per
-    property.  `processes` also compares plans with a second Python process (the kernel
-    must then be importable by reference).  `constraints` (names in `CONSTRAINTS`) picks
+    (twice that for the metamorphic and determinism runs, the latter certified where the exact
+    solver proves the optimum within `ORACLE_SECONDS`) on up to `max_ranks` ranks; `examples` per
+    property.  Every determinism case also runs again and again outside Hypothesis
+    (`harness.REPEAT_CALLS` calls in all: a kernel whose plan differs in 1 % of calls is caught
+    with probability 99.9 %).  `processes` also compares plans with two other Python processes
+    (the kernel must then be importable from a module: one defined in `__main__` needs
+    processes=False).  `constraints` (names in `CONSTRAINTS`) picks
     the constrained cases; by default every one the target supports: `costs` and `groups`
     for unpadded kernels, `equal_counts` for a record with an `equal_counts` kernel (pass
-    the `Algorithm` record, e.g. `register_algorithm`'s, to check that kernel).
+    the `Algorithm` record, e.g. `register_algorithm`'s, to check that kernel).  A micro-batch
+    record (or the name of one that no balancing algorithm has) runs
+    `check_microbatch_conformance` with these arguments.
 
     >>> report = check_conformance("lpt", examples=5, processes=False)
-    >>> report.kinds, report.constraints
-    (('unpadded', 'padded'), ('costs', 'equal_counts', 'groups'))
+    >>> report.kinds, report.constraints, report.repeated_calls
+    (('unpadded', 'padded'), ('costs', 'equal_counts', 'groups'), 700)
     """
+    microbatch = (isinstance(algorithm_or_kernel, MicroBatchAlgorithm)
+                  or isinstance(algorithm_or_kernel, str) and algorithm_or_kernel not in ALGORITHMS
+                  and algorithm_or_kernel in MICROBATCH_ALGORITHMS)
+    if microbatch:
+        if order_invariant is not None or constraints is not None:
+            raise ValueError("`order_invariant` and `constraints` apply to balancing kernels only; a micro-batch "
+                             "kernel runs check_microbatch_conformance")
+        return check_microbatch_conformance(algorithm_or_kernel, max_items=max_items, max_ranks=max_ranks,
+                                            examples=examples, padded=padded, exact=exact, processes=processes,
+                                            time_limit=time_limit)
+    max_items, max_ranks, examples, processes, time_limit = check_suite_arguments(max_items, max_ranks, examples,
+                                                                                  processes, time_limit)
     target = _Target(algorithm_or_kernel, padded, exact, order_invariant, time_limit, constraints)
     counts = {"certified": 0, "optimal": 0, "refusals": 0, "metamorphic": 0, "constrained": 0}
     kinds = st.sampled_from(target.kinds)
@@ -349,20 +342,24 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
         counts["optimal"] += outcome.status is Status.OPTIMAL
 
     @_settings(examples)
+    @with_examples(hard_cases(max_items, max_ranks, target.kinds))
     @given(kinds.flatmap(lambda kind: problems(max_items=max_items, max_ranks=max_ranks, padded=kind)))
     def certified(case):
         check_case(case, "certified")
 
     @_settings(examples)
+    @with_examples(hard_cases(2 * max_items, max_ranks, target.kinds))
     @given(kinds.flatmap(lambda kind: problems(max_items=2 * max_items, max_ranks=max_ranks, padded=kind)))
     def deterministic(case):
         outcomes = [target.run(case, lengths) for lengths in
                     (list(case.lengths), np.array(case.lengths), np.array(case.lengths, dtype=np.int32),
                      list(case.lengths))]
-        prints = [_fingerprint(outcome) for outcome in outcomes]
+        prints = [fingerprint(outcome) for outcome in outcomes]
         if any(print_ != prints[0] for print_ in prints):
             raise ConformanceError(f"{target.name} is not deterministic: the same input gave "
                                    f"{[p[:2] for p in prints]} on four runs; input {_describe(case)}")
+        if isinstance(outcomes[0], BalancePlan):
+            _certify_where_proven(target, case, outcomes[0])
 
     metamorphic_cases = kinds.flatmap(lambda kind: problems(
         max_items=2 * max_items, min_items=2, max_ranks=max(2, max_ranks), min_ranks=2, padded=kind, caps=False,
@@ -385,19 +382,11 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
     def constrained(case):
         check_case(case, "constrained")
 
-    for run_property in (certified, deterministic, metamorphic) + ((constrained,) if constrained_kinds else ()):
-        try:
-            run_property()
-        except FlakyFailure as flaky:  # a non-reproducible kernel fails and passes on the same input
-            found = flaky.subgroup(ConformanceError)
-            if found is None:
-                raise
-            raise _first(found) from None
+    run_properties((certified, deterministic, metamorphic) + ((constrained,) if constrained_kinds else ()))
+    repeated = check_repeats(target, _seeded_cases(target, REPEAT_CASES, max_items, max_ranks, seed=20240601))
     compared = 0
     if processes:
-        cases = _process_cases(target, max_items, max_ranks)
-        _compare_processes(target, cases)
-        compared = len(cases)
+        compared = compare_processes(target, _seeded_cases(target, PROCESS_CASES, max_items, max_ranks, seed=20240531))
     return ConformanceReport(target.name, tuple("padded" if kind else "unpadded" for kind in target.kinds),
                              counts["certified"], counts["optimal"], counts["refusals"], counts["metamorphic"],
-                             compared, target.constraints, counts["constrained"])
+                             compared, target.constraints, counts["constrained"], repeated)

@@ -2,6 +2,7 @@
 
     problems()            lengths with ties, heavy tails and zeros; rank counts; cost
                           models; caps from roomy to tight to infeasible; padded or not
+    hard_cases()          Graham's instances, where list scheduling is furthest from optimal
     multimodal_batches()  orchestrator `Batch`es of text + image / audio samples
     topologies()          `Topology`s of a few nodes
 """
@@ -91,6 +92,20 @@ def _problems(draw, max_items, min_items, max_ranks, min_ranks, padded, caps, co
     if constraint == "groups":  # a few ids, so groups of several items are common
         return replace(case, groups=tuple(draw(st.lists(st.integers(0, 3), min_size=size, max_size=size))))
     return replace(case, equal_counts=constraint == "equal_counts")
+
+
+def hard_cases(max_items: int = 8, max_ranks: int = 4, padded=(False,)) -> list[BalanceCase]:
+    """Graham's instances for D = 2 .. max_ranks with 2D + 1 <= max_items items: two items of
+    each length 2D - 1 down to D + 1, three of D, on D ranks, no cap, of each kind in `padded`.
+    LPT's makespan is 4D - 1, the optimum 3D (his 4/3 - 1/(3D) bound, reached): properties
+    run them first rather than wait for chance to draw them.
+
+    >>> [(case.lengths, case.num_ranks) for case in hard_cases(7, 3)]
+    [((3, 3, 2, 2, 2), 2), ((5, 5, 4, 4, 3, 3, 3), 3)]
+    """
+    return [BalanceCase(tuple(length for length in range(2 * d - 1, d, -1) for _ in range(2)) + (d, d, d), d,
+                        COST_MODELS["tokens"], kind, None)
+            for d in range(2, max_ranks + 1) if 2 * d + 1 <= max_items for kind in padded]
 
 
 def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_ranks: int = 1,
