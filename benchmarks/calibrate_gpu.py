@@ -7,7 +7,7 @@ and print the coefficients, the fit error and the throughput the FLOP model impl
     python3.11 benchmarks/calibrate_gpu.py --device cpu --hidden 64 --heads 4 --lengths 16,32,64,128
 
 Without a CUDA device (and without --device cpu) it prints a message and exits 0.
-Timings use CUDA events after warm-up; the block is `orchmllm.runtime.model.Block`
+Timings use CUDA events after warm-up; the block is `orchmllm.runtime.demo.model.Block`
 (pre-norm attention + 4h MLP, causal attention per packed sequence via SDPA).
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from orchmllm.balancers import CostModel
-from orchmllm.runtime.model import Block
+from orchmllm.runtime.demo.model import Block
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

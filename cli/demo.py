@@ -62,7 +62,7 @@ def print_demo(report) -> list[str]:
     the checks that failed."""
     from rich.table import Table
 
-    from ..runtime.demo_report import BALANCED_ISOLATED_TARGET
+    from ..runtime.demo.report import BALANCED_ISOLATED_TARGET
 
     out = render.console()
     out.print(f"[bold]{report.ranks} ranks x {report.steps} steps ({report.dtype}): the same batches with and "

@@ -17,7 +17,7 @@ runs: `text_embedding=llm.embed` with only `fully_shard(llm)` calls the embeddin
 sharded as a module of its own (as torchtitan shards `tok_embeddings`).  FSDP2 sets itself up
 from the first sharded module that runs, which must be the root: hence the runtime inside the
 root's forward.  And every encoder uses every parameter on every call, empty input included
-(`orchmllm.runtime.model`), because a rank holding none of a stage's items still runs it.
+(`orchmllm.runtime.demo.model`), because a rank holding none of a stage's items still runs it.
 
 Step 0's gradients are compared with one pass over the global batch in one process, in
 float64 and without the runtime: each sample's segments encoded alone and spliced into its
@@ -44,9 +44,9 @@ from orchmllm import CostModel
 from orchmllm.orchestrator import Stage
 from orchmllm.runtime import MultiStageRuntime, Prefetcher, normalize_loss
 from orchmllm.runtime.comm import comm_device, init_distributed, is_distributed
-from orchmllm.runtime.data import IGNORE, SyntheticMultimodal
+from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.launch import spawn
-from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 CONFIG = ModelConfig(vocab=64, llm_hidden=16, encoder_hidden=16, heads=2, patch_dim=12, frame_dim=10, pool=2, stride=2)
 SAMPLES_PER_RANK, STEPS = 6, 3

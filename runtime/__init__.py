@@ -16,7 +16,7 @@
   micro-batches (`dispatcher.microbatches(...)`, `runtime.microbatches(...)`; `microbatch.py`).
 - `Prefetcher`: plan step k+1 in a background thread on its own process group.
 - `normalize_loss`, `all_reduce_gradients`: the global reductions that keep gradients exact.
-- `demo.run_demo`: the multi-process demo (tiny vision + audio + text model).
+- `demo/`: the multi-process demo in its own room (tiny vision + audio + text model, `demo.run_demo`).
 
 Needs torch: `python3.11 -m pip install 'torch>=2.4,<3'` or your own CUDA build (in the orchmllm
 checkout, `python3.11 -m pip install -e '.[runtime]'` installs the same).

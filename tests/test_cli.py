@@ -203,7 +203,7 @@ def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
     result = orchmllm("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json",
                       "--costs", "flops", "--repeats", "1", "--replay-repeats", "2")
     report = json.loads(result.stdout)
-    from orchmllm.runtime.demo_report import DemoReport
+    from orchmllm.runtime.demo.report import DemoReport
 
     typed = DemoReport(**report)
     assert result.returncode == (1 if typed.failed_checks() else 0), result.stderr  # the report's own verdict
@@ -246,7 +246,7 @@ def test_demo_with_gradient_accumulation_matches_the_unbalanced_one_pass_gradien
                       "--costs", "flops", "--repeats", "1", "--replay-repeats", "1",
                       "--max-tokens-per-microbatch", "800")
     report = json.loads(result.stdout)
-    from orchmllm.runtime.demo_report import DemoReport
+    from orchmllm.runtime.demo.report import DemoReport
 
     typed = DemoReport(**report)
     assert result.returncode == (1 if typed.failed_checks() else 0), result.stderr

@@ -16,10 +16,10 @@ from orchmllm.runtime import (ConfigMismatchError, ExchangeMeta, FlatAllToAll, H
                               MultiStageRuntime, Piece, PlanMismatchError, PostBalancingDispatcher, SchemaGuard,
                               SchemaMismatchError,
                               exchange)
-from orchmllm.runtime.data import SyntheticMultimodal
+from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.launch import run_processes
-from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 LENGTHS = [[3, 1, 2], [2, 2], [4], [1, 1, 1]]
 COLLECTIVE_TIMEOUT_S = 20

@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from orchmllm.balancers import CostModel
-from orchmllm.runtime.data import SyntheticMultimodal
-from orchmllm.runtime.demo_costs import calibrate_in_isolation, calibration_batches
+from orchmllm.runtime.demo.data import SyntheticMultimodal
+from orchmllm.runtime.demo.costs import calibrate_in_isolation, calibration_batches
 from orchmllm.runtime import MultiStageRuntime, all_reduce_gradients, normalize_loss
-from orchmllm.runtime.data import IGNORE
+from orchmllm.runtime.demo.data import IGNORE
 from orchmllm.runtime.demo import compare_gradients, demo_stages, gradient_terms
-from orchmllm.runtime.demo_costs import flops_costs
-from orchmllm.runtime.demo_report import (BALANCED_ISOLATED_TARGET, DemoReport, rounding_tolerance,
+from orchmllm.runtime.demo.costs import flops_costs
+from orchmllm.runtime.demo.report import (BALANCED_ISOLATED_TARGET, DemoReport, rounding_tolerance,
                                           synchronised_max_over_mean)
 from orchmllm.runtime.launch import spawn
-from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
-from orchmllm.runtime.replay import (StageWork, estimate_from_rounds, replay_in_isolation, replay_local, run_stage,
+from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.demo.replay import (StageWork, estimate_from_rounds, replay_in_isolation, replay_local, run_stage,
                                     time_round)
 
 

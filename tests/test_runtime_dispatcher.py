@@ -8,10 +8,10 @@ from torch import nn
 from orchmllm.balancers import CostModel
 from orchmllm.runtime import (HierarchicalAllToAll, MultiStageRuntime, PostBalancingDispatcher, Prefetcher,
                               all_reduce_gradients, normalize_loss)
-from orchmllm.runtime.data import IGNORE, SyntheticMultimodal
+from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.launch import spawn
-from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 LENGTHS = {0: [9, 1, 7, 12, 3], 1: [2, 2], 2: [], 3: [15, 4, 4]}  # rank 2 samples nothing
 

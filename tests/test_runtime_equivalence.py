@@ -18,10 +18,10 @@ from orchmllm.orchestrator.plan import compose
 from orchmllm.orchestrator.planner import stage_plan
 from orchmllm.orchestrator.samples import Batch, Sample, Segment
 from orchmllm.runtime import MultiStageRuntime, all_reduce_gradients, normalize_loss
-from orchmllm.runtime.data import IGNORE, SyntheticMultimodal
+from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.demo import compare_gradients, demo_stages, run_demo
 from orchmllm.runtime.launch import spawn
-from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 RANKS = 3
 CONFIG = ModelConfig(vocab=32, llm_hidden=8, encoder_hidden=8, heads=2, patch_dim=6, frame_dim=5, pool=2, stride=2)

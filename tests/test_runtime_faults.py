@@ -7,10 +7,10 @@ import torch
 
 from orchmllm.balancers import CostModel
 from orchmllm.runtime import MultiStageRuntime, PlanMismatchError, PostBalancingDispatcher
-from orchmllm.runtime.data import SyntheticMultimodal
+from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.launch import SpawnError, run_processes, spawn
-from orchmllm.runtime.model import ModelConfig
+from orchmllm.runtime.demo.model import ModelConfig
 
 LENGTHS = [[9, 1, 7], [12, 3, 2], [2, 15], [4, 4, 8]]
 

@@ -16,11 +16,11 @@ from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, 
                               PostBalancingDispatcher, Prefetcher, exchange, exchange_with_grad, gather_metadata,
                               make_transport, normalize_loss)
 from orchmllm.runtime.alltoall import Flows
-from orchmllm.runtime.calibration import fit_packed_cost
-from orchmllm.runtime.data import SyntheticMultimodal
+from orchmllm.runtime.demo.calibration import fit_packed_cost
+from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.exchange import home_ranks, ranges
 from orchmllm.runtime.metadata import as_table, check_agreement, fingerprint
-from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 
 @st.composite

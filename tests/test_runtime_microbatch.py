@@ -9,11 +9,11 @@ from torch import nn
 
 from orchmllm.balancers import CostModel
 from orchmllm.runtime import MultiStageRuntime, PostBalancingDispatcher, all_reduce_gradients, normalize_loss
-from orchmllm.runtime.data import IGNORE, SyntheticMultimodal
+from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.demo import compare_gradients, demo_stages
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.microbatch import accumulate, split_rows
-from orchmllm.runtime.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 LENGTHS = {0: [9, 1, 7, 12, 3, 5], 1: [2, 2], 2: [], 3: [15, 4, 4, 11]}  # rank 2 samples nothing
 BUDGET = 16  # tokens per rank and micro-batch: 73 tokens on 4 ranks need at least 2 micro-batches

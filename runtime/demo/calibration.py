@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from ..balancers import CostModel
+from ...balancers import CostModel
 
 
 def fit_packed_cost(batches: Sequence[Sequence[int]], seconds: Sequence[float]) -> tuple[CostModel, float]:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from ..balancers import CostModel
+from ...balancers import CostModel
 from .calibration import fit_packed_cost
 from .data import SyntheticMultimodal
 from .model import ModelConfig, TinyMultimodalModel

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..balancers.validation import is_int
-from ..orchestrator.samples import Sample, Segment
+from ...balancers.validation import is_int
+from ...orchestrator.samples import Sample, Segment
 from .model import ModelConfig
 
 KINDS = (("chat", 0.35), ("image_qa", 0.30), ("audio_qa", 0.20), ("interleaved", 0.15))

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..balancers.validation import is_int
+from ...balancers.validation import is_int
 from .model import TinyMultimodalModel, compose
 
 # How long the waiting ranks wait for rank 0's replay; the launcher's own timeout ends a

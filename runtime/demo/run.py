@@ -17,7 +17,7 @@ rank 0 (`calibration.py`) and broadcast so every rank plans with the same number
 
 After the run, every rank's recorded per-stage work is replayed in isolation, one rank
 at a time (`replay.py`): those busy figures are what the pass/fail check
-(`DemoReport.failed_checks`, `demo_report.py`) uses, since on a shared machine
+(`DemoReport.failed_checks`, `report.py`) uses, since on a shared machine
 contention between the ranks can exceed the imbalance being measured.
 
 On a cluster: `torchrun --nproc-per-node 8 -m orchmllm demo --json` (NCCL when CUDA is
@@ -34,21 +34,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..balancers import CostModel
-from ..balancers.validation import is_int
-from ..orchestrator.stages import Stage
-from .comm import comm_device, group_size, init_distributed
+from ...balancers import CostModel
+from ...balancers.validation import is_int
+from ...orchestrator.stages import Stage
+from ..comm import comm_device, group_size, init_distributed
+from ..hierarchical import make_transport
+from ..launch import spawn
+from ..microbatch import MicroBatch
+from ..multistage import MicroBatchRoutes, MultiStageRuntime
+from ..prefetch import Prefetcher
+from ..reduction import all_reduce_gradients, normalize_loss
+from .costs import busy_clock, calibrate_in_isolation, flops_costs, warm_up
 from .data import IGNORE, SyntheticMultimodal
-from .demo_costs import busy_clock, calibrate_in_isolation, flops_costs, warm_up
-from .demo_report import DemoReport, summarize
-from .hierarchical import make_transport
-from .launch import spawn
-from .microbatch import MicroBatch
 from .model import ModelConfig, TinyMultimodalModel
-from .multistage import MicroBatchRoutes, MultiStageRuntime
-from .prefetch import Prefetcher
-from .reduction import all_reduce_gradients, normalize_loss
 from .replay import WorkRecorder, keep_freed_memory, replay_in_isolation
+from .report import DemoReport, summarize
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MAX_SPAWNED_RANKS = 64
@@ -184,16 +184,33 @@ def _least(busy: list, extra: list | None) -> list[float]:
 
 def gradient_terms(batch) -> int:
     """The most rows one weight gradient of the tiny model sums over in a step of this global
-    `Batch`: its LLM tokens, image patches or audio frames (`demo_report.rounding_tolerance`)."""
+    `Batch`: its LLM tokens, image patches or audio frames (`report.rounding_tolerance`)."""
     encoder_rows = [int(batch.segment_length[batch.segments_of(modality)].sum()) for modality in batch.modalities]
     return max([int(batch.sample_llm_length.sum()), *encoder_rows])
 
 
-def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str = "float32",
-          options: DemoOptions = DemoOptions(), progress: Callable[[str], None] | None = None) -> dict:
-    """The per-rank body of the demo (inside an initialised process group); rank 0 tells
-    `progress` each stage of the run as it starts."""
-    say = progress if progress is not None and rank == 0 else (lambda message: None)
+@dataclass
+class _Trainer:
+    """What every step of a rank's demo run uses: the model, its data, the three runtimes
+    (balanced, unbalanced, and `alone`: a group of one, for the busy-time noise floor)."""
+
+    rank: int
+    model: TinyMultimodalModel
+    data: SyntheticMultimodal
+    dtype: torch.dtype
+    device: torch.device
+    clock: Callable[[], float]
+    balanced: MultiStageRuntime
+    unbalanced: MultiStageRuntime
+    alone: MultiStageRuntime
+    prefetcher: Prefetcher
+    optimizer: torch.optim.Optimizer
+    repeats: int
+
+
+def _trainer(rank: int, world_size: int, seed: int, dtype: str, options: DemoOptions, say) -> tuple:
+    """Build the model and its runtimes, timing the stage cost models first; returns the
+    `_Trainer`, the cost models, their fit errors and the seconds the costs took."""
     device = comm_device()
     torch_dtype = DTYPES[dtype]
     torch.manual_seed(seed)
@@ -227,89 +244,95 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
         if member == rank:
             alone = MultiStageRuntime(stages, group=group, transport=make_transport("flat", group))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    parameters = [p for p in model.parameters()]
-    record = {"busy_unbalanced": [], "busy_balanced": [], "grad_diff": [], "ids_sent": [],
-              "ids_unbalanced": [], "ids_balanced": [], "step_seconds": [], "exchange_seconds": [],
-              "plan_wait_seconds": [], "planning_seconds": [], "bytes_sent": [], "stage_imbalance": [],
-              "busy_identical": [], "planned_balanced": [], "planned_unbalanced": [], "num_microbatches": [],
-              "gradient_terms": []}
-    recorded = {}  # (mode, step) -> the StageWork of that pass, replayed in isolation afterwards
-    concurrent_start = time.perf_counter()
-    next_routes = None
-    for step in range(steps):
-        say(f"step {step + 1} of {steps}: training unbalanced and balanced")
-        batch = data.local_batch(step, rank, torch_dtype).to(device)
-        record["ids_sent"].append(_sample_ids(batch.per_sample["sample_id"]))
-        same = data.local_batch(step, 0, torch_dtype).to(device)
-        same_routes = alone.plan(same.samples)
-        extra = _extra_passes(alone, same_routes, same, model, clock, options.repeats - 1)
-        busy, _ = _train_step(alone, same_routes, same, model, clock, None)
-        record["busy_identical"].append(_least(busy, extra)[0])
-        model.zero_grad(set_to_none=True)
+    trainer = _Trainer(rank, model, data, torch_dtype, device, clock, balanced, unbalanced, alone, prefetcher,
+                       optimizer, options.repeats)
+    return trainer, costs, fit_errors, calibration_seconds
 
-        routes = unbalanced.plan(batch.samples)
-        record["planned_unbalanced"].append(_planned_loads(routes))
-        record["gradient_terms"].append(gradient_terms(routes.batch))
-        extra = _extra_passes(unbalanced, routes, batch, model, clock, options.repeats - 1)
-        recorded["unbalanced", step] = WorkRecorder()
-        busy, ids = _train_step(unbalanced, routes, batch, model, clock, None, lambda _: recorded["unbalanced", step])
-        record["busy_unbalanced"].append(_least(busy, extra)[0])
-        record["ids_unbalanced"].append(_sample_ids(ids))
-        all_reduce_gradients(parameters, op="sum")
-        reference = [p.grad.clone() for p in parameters]
-        optimizer.zero_grad(set_to_none=True)
 
-        stats: dict = {}
-        if next_routes is None:  # the first step has nothing to overlap with
-            plan_start = time.perf_counter()
-            routes = balanced.plan(batch.samples, loss_tokens=_loss_tokens(batch))
-            wait, planning = time.perf_counter() - plan_start, routes.planning_seconds
-        else:
-            routes, wait, planning = next_routes
-        extra = _extra_passes(balanced, routes, batch, model, clock, options.repeats - 1)
-        following_batch = data.local_batch(step + 1, rank, torch_dtype) if step + 1 < steps else None
-        step_start = time.perf_counter() - wait
-        if step + 1 < steps:
-            planning_before, wait_before = prefetcher.planning_seconds, prefetcher.wait_seconds
-            prefetcher.submit(following_batch.samples, _loss_tokens(following_batch))
-        cells = {}  # micro-batch index -> its WorkRecorder
+def _reference_step(trainer: _Trainer, step: int, batch, record: dict, recorded: dict) -> list:
+    """The noise floor (rank 0's batch alone on every rank) and the unbalanced step of `batch`;
+    returns the unbalanced step's all-reduced gradients, the reference of the balanced one."""
+    model, clock, extra_passes = trainer.model, trainer.clock, trainer.repeats - 1
+    same = trainer.data.local_batch(step, 0, trainer.dtype).to(trainer.device)
+    same_routes = trainer.alone.plan(same.samples)
+    extra = _extra_passes(trainer.alone, same_routes, same, model, clock, extra_passes)
+    busy, _ = _train_step(trainer.alone, same_routes, same, model, clock, None)
+    record["busy_identical"].append(_least(busy, extra)[0])
+    model.zero_grad(set_to_none=True)
 
-        def cell(index, cells=cells):
-            return cells.setdefault(index, WorkRecorder())
+    routes = trainer.unbalanced.plan(batch.samples)
+    record["planned_unbalanced"].append(_planned_loads(routes))
+    record["gradient_terms"].append(gradient_terms(routes.batch))
+    extra = _extra_passes(trainer.unbalanced, routes, batch, model, clock, extra_passes)
+    recorded["unbalanced", step] = WorkRecorder()
+    busy, ids = _train_step(trainer.unbalanced, routes, batch, model, clock, None,
+                            lambda _: recorded["unbalanced", step])
+    record["busy_unbalanced"].append(_least(busy, extra)[0])
+    record["ids_unbalanced"].append(_sample_ids(ids))
+    parameters = list(model.parameters())
+    all_reduce_gradients(parameters, op="sum")
+    reference = [p.grad.clone() for p in parameters]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return reference
 
-        busy, ids = _train_step(balanced, routes, batch, model, clock, stats, cell)
-        for index, recorder in cells.items():
-            recorded["balanced", step, index] = recorder
-        all_reduce_gradients(parameters, op="sum")
-        if step + 1 < steps:
-            following = prefetcher.result()
-            next_routes = (following, prefetcher.wait_seconds - wait_before,
-                           prefetcher.planning_seconds - planning_before)
-        record["step_seconds"].append(time.perf_counter() - step_start)
-        record["busy_balanced"].append(_least(busy, extra))
-        record["num_microbatches"].append(len(busy))
-        record["ids_balanced"].append(_sample_ids(ids))
-        record["exchange_seconds"].append(stats.get("exchange_seconds", 0.0))
-        record["bytes_sent"].append(stats.get("exchange_bytes_sent", 0))
-        record["plan_wait_seconds"].append(wait)
-        record["planning_seconds"].append(planning)
-        record["stage_imbalance"].append(_stage_imbalance(routes))
-        record["planned_balanced"].append(_planned_loads(routes))
-        record["grad_diff"].append(compare_gradients(reference, [p.grad for p in parameters]))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    prefetcher.close()
-    record["concurrent_seconds"] = time.perf_counter() - concurrent_start
+
+def _balanced_step(trainer: _Trainer, step: int, steps: int, batch, planned, record: dict, recorded: dict,
+                   reference: list):
+    """The balanced step of `batch` (its routes `planned` by the prefetcher as (routes, wait,
+    planning seconds), or None: planned here), the next step's plan prefetched meanwhile;
+    records it, steps the optimizer and returns the next step's `planned`."""
+    model, prefetcher, stats = trainer.model, trainer.prefetcher, {}
+    if planned is None:  # the first step has nothing to overlap with
+        plan_start = time.perf_counter()
+        routes = trainer.balanced.plan(batch.samples, loss_tokens=_loss_tokens(batch))
+        wait, planning = time.perf_counter() - plan_start, routes.planning_seconds
+    else:
+        routes, wait, planning = planned
+    extra = _extra_passes(trainer.balanced, routes, batch, model, trainer.clock, trainer.repeats - 1)
+    following_batch = trainer.data.local_batch(step + 1, trainer.rank, trainer.dtype) if step + 1 < steps else None
+    step_start = time.perf_counter() - wait
+    if step + 1 < steps:
+        planning_before, wait_before = prefetcher.planning_seconds, prefetcher.wait_seconds
+        prefetcher.submit(following_batch.samples, _loss_tokens(following_batch))
+    cells = {}  # micro-batch index -> its WorkRecorder
+    busy, ids = _train_step(trainer.balanced, routes, batch, model, trainer.clock, stats,
+                            lambda index: cells.setdefault(index, WorkRecorder()))
+    for index, recorder in cells.items():
+        recorded["balanced", step, index] = recorder
+    parameters = list(model.parameters())
+    all_reduce_gradients(parameters, op="sum")
+    following = None
+    if step + 1 < steps:
+        following = (prefetcher.result(), prefetcher.wait_seconds - wait_before,
+                     prefetcher.planning_seconds - planning_before)
+    record["step_seconds"].append(time.perf_counter() - step_start)
+    record["busy_balanced"].append(_least(busy, extra))
+    record["num_microbatches"].append(len(busy))
+    record["ids_balanced"].append(_sample_ids(ids))
+    record["exchange_seconds"].append(stats.get("exchange_seconds", 0.0))
+    record["bytes_sent"].append(stats.get("exchange_bytes_sent", 0))
+    record["plan_wait_seconds"].append(wait)
+    record["planning_seconds"].append(planning)
+    record["stage_imbalance"].append(_stage_imbalance(routes))
+    record["planned_balanced"].append(_planned_loads(routes))
+    record["grad_diff"].append(compare_gradients(reference, [p.grad for p in parameters]))
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return following
+
+
+def _replay(trainer: _Trainer, world_size: int, steps: int, options: DemoOptions, record: dict,
+            recorded: dict) -> None:
+    """Replay every rank's recorded work in isolation into `record` (the busy figures the check uses)."""
     replay_start = time.perf_counter()
-    say("replaying every rank's work in isolation")
     # The identical work is rank 0's batch on every rank: its unbalanced pass (the same tensors);
     # per micro-batch cell, rank 0's cell of the balanced step.
     copies = {("identical", step): ("unbalanced", step) for step in range(steps)}
     if options.max_tokens_per_microbatch is not None:
         copies.update({("identical", step, index): ("balanced", step, index)
                        for step, count in enumerate(record["num_microbatches"]) for index in range(count)})
-    isolated = replay_in_isolation(model, {key: r.work for key, r in recorded.items()}, clock, rank, world_size,
-                                   options.replay_repeats, copies)
+    isolated = replay_in_isolation(trainer.model, {key: r.work for key, r in recorded.items()}, trainer.clock,
+                                   trainer.rank, world_size, options.replay_repeats, copies)
     record["replay_seconds"] = time.perf_counter() - replay_start
     record["replay_repeats"] = options.replay_repeats
     for mode in ("unbalanced", "identical"):
@@ -319,6 +342,32 @@ def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str 
     if options.max_tokens_per_microbatch is not None:
         record["isolated_identical_cells"] = [[isolated["identical", step, index] for index in range(count)]
                                               for step, count in enumerate(record["num_microbatches"])]
+
+
+def train(rank: int, world_size: int, steps: int = 3, seed: int = 0, dtype: str = "float32",
+          options: DemoOptions = DemoOptions(), progress: Callable[[str], None] | None = None) -> dict:
+    """The per-rank body of the demo (inside an initialised process group); rank 0 tells
+    `progress` each stage of the run as it starts."""
+    say = progress if progress is not None and rank == 0 else (lambda message: None)
+    trainer, costs, fit_errors, calibration_seconds = _trainer(rank, world_size, seed, dtype, options, say)
+    record = {"busy_unbalanced": [], "busy_balanced": [], "grad_diff": [], "ids_sent": [],
+              "ids_unbalanced": [], "ids_balanced": [], "step_seconds": [], "exchange_seconds": [],
+              "plan_wait_seconds": [], "planning_seconds": [], "bytes_sent": [], "stage_imbalance": [],
+              "busy_identical": [], "planned_balanced": [], "planned_unbalanced": [], "num_microbatches": [],
+              "gradient_terms": []}
+    recorded = {}  # (mode, step) -> the StageWork of that pass, replayed in isolation afterwards
+    concurrent_start = time.perf_counter()
+    planned = None
+    for step in range(steps):
+        say(f"step {step + 1} of {steps}: training unbalanced and balanced")
+        batch = trainer.data.local_batch(step, rank, trainer.dtype).to(trainer.device)
+        record["ids_sent"].append(_sample_ids(batch.per_sample["sample_id"]))
+        reference = _reference_step(trainer, step, batch, record, recorded)
+        planned = _balanced_step(trainer, step, steps, batch, planned, record, recorded, reference)
+    trainer.prefetcher.close()
+    record["concurrent_seconds"] = time.perf_counter() - concurrent_start
+    say("replaying every rank's work in isolation")
+    _replay(trainer, world_size, steps, options, record, recorded)
     record["calibration_seconds"] = calibration_seconds
     record["fit_errors"] = fit_errors
     record["costs"] = {name: [c.per_item, c.linear, c.quadratic] for name, c in costs.items()}
