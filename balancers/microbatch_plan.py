@@ -244,8 +244,8 @@ def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algo
                                f"{values.dtype}; expected ({n},) ints")
         if n and (values.min() < 0 or values.max() >= limit):
             item = int(np.flatnonzero((values < 0) | (values >= limit))[0])
-            raise RuntimeError(f"algorithm {algorithm!r} put item {item} in {name} {values[item]}, outside [0, {limit}) "
-                               f"for num_microbatches={num_microbatches} on {problem.num_ranks} ranks")
+            raise RuntimeError(f"algorithm {algorithm!r} put item {item} in {name} {values[item]}, outside "
+                               f"[0, {limit}) for num_microbatches={num_microbatches} on {problem.num_ranks} ranks")
         cells.append(np.ascontiguousarray(values, dtype=np.int64))
     status = kernel_status(result.status, algorithm)
     if result.lower_bound is not None and (not is_real(result.lower_bound) or math.isnan(result.lower_bound)):

@@ -46,7 +46,8 @@ def test_regression_a_kernel_bound_above_its_makespan_made_the_plan_optimal(regi
     name = register(Algorithm("test_lpt_false_bound", lpt_certified_by(bound), description="LPT, false bound"))
     assert balance(LENGTHS, 2, algorithm="lpt").makespan == 7.0 > brute_force(LENGTHS, 2).makespan
     with pytest.raises(RuntimeError, match=rf"algorithm 'test_lpt_false_bound' returned lower_bound="
-                                           rf"{re.escape(repr(bound))} above the makespan 7.0 of its own plan: .* certificate is false"):
+                                           rf"{re.escape(repr(bound))} above the makespan 7.0 of its own plan: "
+                                           r".* certificate is false"):
         balance(LENGTHS, 2, algorithm=name)
 
 
