@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from . import microbatch_exact, registry
+from . import microbatch_auto, microbatch_exact, registry
 from .api import communication_inputs
 from .cost import CostModel
 from .lap import assign_groups
@@ -291,7 +291,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         algorithm: a name in `MICROBATCH_ALGORITHMS`, the registry's micro-batch records
             (`register_microbatch_algorithm` adds one; "auto": exact search for small
             instances, else the better of the joint greedy and the cell LPT, each followed by
-            local search; the cell LPT alone for large instances).
+            local search; the cell LPT alone for large instances; with one micro-batch and no
+            `sources`, `balance`'s plan under max_tokens_per_rank=T too, so M = 1 never does
+            worse than a plain step).
         sources, item_bytes, topology: as in `balance`; items stay on their rank (in any of its
             micro-batches), else their node, as far as every micro-batch's max allows
             (`microbatch_locality`: all cells dealt at once; when that misses a micro-batch's
@@ -319,8 +321,11 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         raise ValueError(record.why_not(problem.padded))
     fixed = _as_num_microbatches(num_microbatches, problem)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
+    kernel = record.kernel
+    if sources is not None and kernel is microbatch_auto.solve:
+        kernel = microbatch_auto.solve_for_locality  # loads the communication-aware pass can work with
     start = time.perf_counter()
-    result, m, floor_m, proven = _solve(problem, checked_kernel(record.kernel, algorithm), fixed, algorithm=algorithm,
+    result, m, floor_m, proven = _solve(problem, checked_kernel(kernel, algorithm), fixed, algorithm=algorithm,
                                         exact=record.exact)
     name = algorithm
     if sources is not None:
