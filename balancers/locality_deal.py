@@ -24,7 +24,8 @@ DEAL_WINDOW = 4  # a round deals DEAL_WINDOW · gpus_per_node items per node (DE
 
 
 class NoRoom(Exception):
-    """The deal found no rank with room; the caller falls back."""
+    """The deal found no rank with room, or gave up (`take_anywhere`'s `max_lpt_rounds`); the caller
+    falls back."""
 
 
 def _by_segment(state: PartialPlan, segments: np.ndarray, candidates: np.ndarray):
@@ -218,7 +219,7 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
 
 
 
-def take_anywhere(state: PartialPlan, overflow: np.ndarray) -> None:
+def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int | None = None) -> None:
     """Largest first, the items no rank of their node took, dealt to the least-loaded ranks that fit.
 
     In rounds: with ranks by (load, rank) and h of them having room for the largest waiting
@@ -227,10 +228,12 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray) -> None:
     cost a hair short of the target, tokens within the cap) and the rest wait, in order,
     for the next round.  A round that keeps nothing (no rank has room for the largest
     waiting item, or no token room) is an LPT round instead (`_lpt_round`), which always
-    places the largest item, possibly above the target.
+    places the largest item, possibly above the target.  Where token room binds, LPT rounds may
+    place one item each (O(n · D)): past `max_lpt_rounds` of them the deal gives up (NoRoom).
     """
     waiting = state.item_of_rank[np.sort(state.cost_rank[overflow])]  # cost ranks are distinct
     margin = DEAL_WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
+    lpt_rounds = 0
     while waiting.size:
         roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
         ranks = smallest_ranks(state.loads, roomy, integer=False) if roomy else np.zeros(0, dtype=np.int64)
@@ -245,6 +248,9 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray) -> None:
             fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[dealt], 0.0), axis=0) <= state.cap
         kept = (fits & inside).ravel()[:count]  # running sums only grow: a prefix of every rank's deal
         if not kept.any():
+            lpt_rounds += 1
+            if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
+                raise NoRoom
             waiting = _lpt_round(state, waiting)
             continue
         state.put_runs(waiting[:count][kept], np.tile(ranks, passes)[:count][kept])

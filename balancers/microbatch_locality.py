@@ -17,6 +17,7 @@ dealt in the phases of `locality_fill`'s filler deal, each rank's M cells its fi
         then to the first of their node's cells that fits (first fit inside the node),
         then to the least-loaded of all (`locality_deal.take_anywhere`)
     the filler, largest first, to the least-loaded cells (it tops every cell up)
+    (past MAX_LPT_ROUNDS LPT rounds of `take_anywhere` the deal gives up: token room binds)
     repair if a cell is still above its t_m
     every cell within its t_m and T (recomputed in item order), else None: the caller then
         keeps each micro-batch local on its own (`microbatch._keep_local`)
@@ -41,6 +42,11 @@ from .locality_repair import repair
 from .microbatch_plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
 from .partial_plan import PartialPlan
 
+MAX_LPT_ROUNDS = 256  # LPT rounds of one `take_anywhere` before the cells deal gives up: where token room
+# binds they place about one item each, O(D) apiece (2 700 rounds, 1 s, at D = 2560 × 32 on the code trace,
+# T = 8k); a deal that needs more misses anyway (at most 40 on the synthetic and 34 on the successful trace
+# deals of D up to 2560 × 32)
+
 
 def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, num_microbatches: int,
                 gpus_per_node: int, share: float, tiers: tuple[int, ...]) -> None:
@@ -62,8 +68,8 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
                               limit, least_loaded=True)
         left = deal_in_groups(state, *by_group(state, sources[left] // gpus_per_node, left),
                               num_microbatches * gpus_per_node, limit, least_loaded=False)
-        take_anywhere(state, left)
-    take_anywhere(state, filler)
+        take_anywhere(state, left, MAX_LPT_ROUNDS)
+    take_anywhere(state, filler, MAX_LPT_ROUNDS)
     if state.loads.max() > state.target:
         repair(state, sources * num_microbatches, item_bytes, num_microbatches * gpus_per_node)
 

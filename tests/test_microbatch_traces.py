@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm.balancers import CostModel, InfeasibleError, balance, balance_microbatches
+from orchmllm.balancers import (CostModel, InfeasibleError, balance, balance_microbatches, locality_deal,
+                                microbatch_locality)
 from orchmllm.study.models import MODELS
 from orchmllm.study.simulator import cluster
 from orchmllm.study.workloads import sample_workload, trace_table
@@ -66,3 +67,32 @@ def test_one_microbatch_with_sources_keeps_its_items_near_home():
         destination[plan.items_of(rank, 0)] = rank
     moved = traffic(batch.sample_source, destination, batch.sample_llm_length.astype(float), topology)
     assert plan.num_microbatches == 1 and moved.inter_node_fraction < 0.05
+
+
+def test_cells_deal_gives_up_where_token_room_makes_lpt_rounds_place_one_item(monkeypatch):
+    """Regression: on the code trace (D = 512 × 32, T = 8k, every cell nearly full of tokens) the cells'
+    communication-aware deal ran 331 LPT rounds in one `take_anywhere`, each O(M · D) for about one
+    item, then missed anyway; it now gives up after MAX_LPT_ROUNDS and the plan is kept local micro-batch
+    by micro-batch, as before."""
+    rounds, most = [0], [0]
+    lpt_round, take_anywhere = locality_deal._lpt_round, microbatch_locality.take_anywhere
+
+    def counted_round(state, waiting):
+        rounds[0] += 1
+        return lpt_round(state, waiting)
+
+    def counted_take_anywhere(*args):
+        rounds[0] = 0
+        try:
+            take_anywhere(*args)
+        finally:
+            most[0] = max(most[0], rounds[0])
+
+    monkeypatch.setattr(locality_deal, "_lpt_round", counted_round)
+    monkeypatch.setattr(microbatch_locality, "take_anywhere", counted_take_anywhere)
+    batch = sample_workload("code", 512, 32, seed=512)
+    plain = balance_microbatches(batch.sample_llm_length, 512, max_tokens_per_microbatch=8192, cost=COST)
+    plan = balance_microbatches(batch.sample_llm_length, 512, max_tokens_per_microbatch=8192, cost=COST,
+                                sources=batch.sample_source, topology=cluster(512))
+    assert most[0] <= microbatch_locality.MAX_LPT_ROUNDS
+    assert plan.cell_tokens.max() <= 8192 and plan.step_cost <= plain.step_cost
