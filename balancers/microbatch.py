@@ -322,8 +322,8 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     fixed = _as_num_microbatches(num_microbatches, problem)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
     kernel = record.kernel
-    if sources is not None and kernel is microbatch_auto.solve:
-        kernel = microbatch_auto.solve_for_locality  # loads the communication-aware pass can work with
+    if sources is None and kernel is microbatch_auto.solve:
+        kernel = microbatch_auto.solve_with_plain_step  # M = 1 at least `balance`'s plan (not with sources)
     start = time.perf_counter()
     result, m, floor_m, proven = _solve(problem, checked_kernel(kernel, algorithm), fixed, algorithm=algorithm,
                                         exact=record.exact)

@@ -4,11 +4,12 @@
     padded: the joint greedy
     else: the cell LPT, and the joint greedy too up to GREEDY_MAX_WORK item × cell pairs,
           the plan of lower step cost (the first on ties)
-    M = 1 (a cell per rank, a plain step under the cap T): also `balance`'s default plan of the
-          same items with max_tokens_per_rank = T, searched further, so one micro-batch is never
-          worse than the plain step's planner (`solve`; `solve_for_locality` leaves it out: its
-          loads, level to a few 1e-5, leave a communication-aware pass that may not raise the
-          step no room, and its fallback moved ~80 % of the bytes across nodes instead of ~3 %)
+    M = 1 (a cell per rank, a plain step under the cap T), `solve_with_plain_step` only: also
+          `balance`'s default plan of the same items with max_tokens_per_rank = T, searched
+          further, so one micro-batch is never worse than the plain step's planner
+          (`balance_microbatches` without `sources`; with them it runs `solve`: that plan's loads,
+          level to a few 1e-5, leave a communication-aware pass that may not raise the step no
+          room, and its fallback moved ~80 % of the bytes across nodes instead of ~3 %)
 """
 
 from __future__ import annotations
@@ -47,10 +48,9 @@ def plain_step(problem: MicroBatchProblem) -> MicroBatchResult | None:
     return MicroBatchResult(rank=improve(problem, assignment, 1), microbatch=np.zeros_like(assignment))
 
 
-def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
-    """`solve_for_locality`'s plan, and with one micro-batch `plain_step`'s when cheaper (the first
-    on ties)."""
-    result = solve_for_locality(problem, num_microbatches)
+def solve_with_plain_step(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+    """`solve`'s plan, and with one micro-batch `plain_step`'s when cheaper (the first on ties)."""
+    result = solve(problem, num_microbatches)
     if num_microbatches != 1:
         return result
     plain = plain_step(problem)
@@ -59,7 +59,7 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
     return plain
 
 
-def solve_for_locality(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     """Exact search for the smallest instances, the better of the joint greedy and the cell
     LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above; the
     plan of least step cost (the first on ties)."""
