@@ -21,8 +21,9 @@ each rank is a single sorted key (load << shift) | rank and a round is one prefi
 and one sort (full rounds of equal costs keep the keys' order: a run of them is one step).
 With a memory cap, the least-loaded rank that still has room is taken (`lpt_capped`: the
 uncapped plan up to its first overflow, then rounds that never offer a full rank twice; the
-uncapped plan is kept when it already fits, since the choices are then the same).  Padded ranks cost count · f(max length); items go longest first to the
-rank whose cost grows least, in O(n log D) with a heap.
+uncapped plan is kept when it already fits, since the choices are then the same).  Padded
+ranks cost count · f(max length); items go longest first to the rank whose cost grows least,
+in O(n log D) with a heap.
 """
 
 from __future__ import annotations

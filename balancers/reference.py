@@ -1,6 +1,6 @@
-"""Plain-code references of the LPT (plain and capped) and Karmarkar–Karp kernels, of the communication-aware
-deal and its rounds of full fixes, and of the micro-batch cells' group deal, for tests and
-same-run baselines.
+"""Plain-code references of the LPT (plain and capped) and Karmarkar–Karp kernels, of the
+communication-aware deal and its rounds of full fixes, and of the micro-batch cells' group
+deal, for tests and same-run baselines.
 
 minimise max(loads) where loads[r] = sum(cost[i] for i on r), the textbook way, in pure
 Python: slow (O(n log D) heap steps; O(n · D log D) for differencing on full D-vectors),
