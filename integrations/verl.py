@@ -80,7 +80,10 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
         lengths = np.zeros(array.size, dtype=np.int64)  # only a memory cap counts them; none here
     else:
         lengths, costs = as_lengths(array, "seqlen_list"), None
-    problem = make_problem(lengths, k, costs=costs, equal_counts=equal_size)
+    try:
+        problem = make_problem(lengths, k, costs=costs, equal_counts=equal_size)
+    except ValueError as error:  # the sums' checks name the balancers' arguments; the caller passed `seqlen_list`
+        raise ValueError(f"`seqlen_list`: {error}") from error
     assignment = _balanced(problem)
     return _partitions(_fill_empty(assignment, problem.item_costs, k), problem.item_costs, k)
 

@@ -131,7 +131,10 @@ def test_verls_partitions_keep_its_contract_and_assertions():
     (([1.0, float("inf")], 1, False), ValueError, "`seqlen_list` must be finite and non-negative; got inf at index 1"),
     (([[1, 2], [3, 4]], 1, False), ValueError, r"`seqlen_list` must be 1-D; got shape \(2, 2\)"),
     (("1234", 1, False), TypeError, "`seqlen_list` must be a 1-D sequence of numbers; got str"),
-], ids=["k-float", "equal-size-str", "nan", "negative", "inf", "2-d", "str"])
+    # the sums' checks named the balancers' `lengths` and `costs`, arguments a verl caller never passed
+    (([2**62, 2**62, 1], 2, False), ValueError, r"^`seqlen_list`: .* sum to 9223372036854775809 tokens, beyond int64"),
+    (([1e308, 1e308, 1.0], 2, False), ValueError, r"^`seqlen_list`: .* the sum of the costs is inf"),
+], ids=["k-float", "equal-size-str", "nan", "negative", "inf", "2-d", "str", "int-sum-overflow", "float-sum-overflow"])
 def test_bad_arguments_name_themselves(arguments, error, message):
     with pytest.raises(error, match=message):
         get_seqlen_balanced_partitions(*arguments)
