@@ -9,7 +9,7 @@ from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_m
                              run_comparison, workload_stages)
 from . import arguments, render
 from .errors import UsageError, usage_errors
-from .files import check_parent, load_lengths, write_rows_csv, writing
+from .files import check_not_input, check_parent, load_lengths, write_rows_csv, writing
 
 EXAMPLES = """examples:
   orchmllm compare                                   # default tri-modal workload, D=64 and 512
@@ -163,6 +163,7 @@ def run(args) -> int:
         check_parent("--plot", args.plot)
     if args.csv is not None:
         check_parent("--csv", args.csv, made=args.plot)
+        check_not_input("--csv", args.csv, [args.lengths, args.workload_file])
     configs, source = configs_of(args, ranks)
     total = sum(len(config.stages) for config in configs) * (len(algorithms) + 1)
     with render.progress(not args.json, total, "balancing") as advance:

@@ -15,6 +15,7 @@ orchmllm.cli.errors.UsageError: --gpus 0: `gpus` must be a positive int; got 0
 from __future__ import annotations
 
 import argparse
+import re
 from contextlib import contextmanager
 
 EXIT_OK = 0
@@ -35,6 +36,19 @@ class MissingDependencyError(ImportError):
 def one_line(error: BaseException) -> str:
     """The message of `error` on one line (its type name when it has none)."""
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def naming_flag(error: BaseException, flags: dict[str, str]) -> str:
+    """The one-line message of `error`, led by the command-line flag of the first API argument it names
+    (`flags` maps `max_tokens_per_rank` to "--max-tokens 0"), as `usage_errors` leads with `what`: for a
+    call that checks several arguments at once.
+
+    >>> naming_flag(ValueError("`max_tokens_per_rank` must be >= 1; got 0"), {"max_tokens_per_rank": "--max-tokens 0"})
+    '--max-tokens 0: `max_tokens_per_rank` must be >= 1; got 0'
+    """
+    message = one_line(error)
+    flag = next((flags[name] for name in re.findall(r"\w+", message) if name in flags), None)
+    return message if flag is None else f"{flag}: {message}"
 
 
 @contextmanager

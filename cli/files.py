@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import math
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -139,10 +140,15 @@ def _read_json_lines(path: Path, column: str | None) -> list[int]:
     return lengths
 
 
-def _check_npy_size(path: Path) -> None:
-    """UsageError when the .npy header claims more bytes than the file holds (checked before
+def _check_npy_header(path: Path) -> None:
+    """UsageError when the file is not a .npy file of plain values (np.load would speak of pickles and
+    `allow_pickle`), or when its header claims more bytes than the file holds (checked before
     np.load allocates them: a header of 10**12 items in a 100-byte file)."""
     with path.open("rb") as handle:
+        if handle.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
+            raise UsageError(f"{path}: not a plain numeric .npy array (the file does not start with the .npy "
+                             f"header numpy.save writes)")
+        handle.seek(0)
         try:
             version = np.lib.format.read_magic(handle)
             read_header = {(1, 0): np.lib.format.read_array_header_1_0,
@@ -152,6 +158,8 @@ def _check_npy_size(path: Path) -> None:
             shape, _, dtype = read_header(handle)
         except (ValueError, OSError, EOFError):
             return  # np.load reports the broken header
+        if dtype.hasobject:
+            raise UsageError(f"{path}: not a plain numeric .npy array (it holds Python objects, dtype {dtype})")
         claimed = math.prod(shape) * dtype.itemsize
         held = path.stat().st_size - handle.tell()
     if claimed > held:
@@ -160,7 +168,7 @@ def _check_npy_size(path: Path) -> None:
 
 
 def _read_npy(path: Path) -> np.ndarray:
-    _check_npy_size(path)
+    _check_npy_header(path)
     try:
         array = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
@@ -219,6 +227,14 @@ def check_parent(option: str, path, made=None) -> None:
     parent = Path(path).parent
     if not parent.exists() and (made is None or parent != Path(made)):
         raise UsageError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
+
+
+def check_not_input(option: str, path, inputs) -> None:
+    """UsageError when the output `path` (given with `option`) is one of the `inputs` files, by any name
+    (`./ok.csv`, a link): writing it would replace the input with the output."""
+    for source in inputs:
+        if source is not None and Path(path).exists() and Path(source).exists() and os.path.samefile(path, source):
+            raise UsageError(f"{option} {str(path)!r} is the input file {str(source)!r}; choose another output file")
 
 
 @contextmanager

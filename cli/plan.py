@@ -5,8 +5,8 @@ from __future__ import annotations
 from ..balancers.validation import SizeLimitError
 from ..study.compare import LOCALITY_SUFFIX, file_stages, plan_for
 from . import arguments, render
-from .errors import UsageError, one_line, usage_errors
-from .files import check_plan_path, load_lengths, save_plan
+from .errors import UsageError, naming_flag, one_line, usage_errors
+from .files import check_not_input, check_plan_path, load_lengths, save_plan
 
 EXAMPLES = """examples:
   orchmllm plan lengths.csv --ranks 8
@@ -56,8 +56,14 @@ def plan_payload(plan) -> dict:
             "digest": plan.digest(), "assignment": plan.assignment, "loads": plan.loads, "tokens": plan.tokens}
 
 
-def _cap_error(error) -> UsageError:
-    return UsageError(f"{one_line(error)} (smallest cap known to be needed: --max-tokens {error.min_cap})")
+def _flags(args) -> dict[str, str]:
+    """The options of `plan` by the name of the balancers' argument they give (see `naming_flag`)."""
+    return {"max_tokens_per_rank": f"--max-tokens {args.max_tokens}", "num_ranks": f"--ranks {args.ranks}"}
+
+
+def _cap_error(error, args) -> UsageError:
+    return UsageError(f"{naming_flag(error, _flags(args))} (smallest cap known to be needed: --max-tokens "
+                      f"{error.min_cap})")
 
 
 def _check_applies(option_value: str, name: str, padded: bool) -> None:
@@ -86,6 +92,7 @@ def run(args) -> int:
     _check_applies(args.algorithm, name[0], args.padded)
     if args.output is not None:
         check_plan_path(args.output)
+        check_not_input("--output", args.output, [args.lengths])
     cost = arguments.cost_model(args.cost)
     with usage_errors("--bytes-per-token"):
         stage = file_stages(lengths, args.ranks, cost, args.padded, args.bytes_per_token)[0]
@@ -94,15 +101,15 @@ def run(args) -> int:
         make_problem(stage.lengths, args.ranks, cost=stage.cost, padded=stage.padded,
                      max_tokens_per_rank=args.max_tokens)  # the balancers' own input checks, before any work
     except InfeasibleError as error:
-        raise _cap_error(error) from None
+        raise _cap_error(error, args) from None
     except (ValueError, TypeError) as error:
-        raise UsageError(one_line(error)) from None
+        raise UsageError(naming_flag(error, _flags(args))) from None
     try:
         with render.progress(not args.json, 1, f"balancing {lengths.size} items on {args.ranks} ranks") as advance:
             plan = plan_for(name[0], stage, args.ranks, args.time_limit, topology, args.max_tokens)
             advance()
     except InfeasibleError as error:  # a cap only the solve itself finds too small
-        raise _cap_error(error) from None
+        raise _cap_error(error, args) from None
     except SizeLimitError as error:  # an exact model too large for these items
         raise UsageError(f"--algorithm {args.algorithm}: {one_line(error)}") from None
     payload = plan_payload(plan)

@@ -2,6 +2,7 @@
 error naming the input (exit 2); a closed stdout and an early Ctrl-C end quietly.  Named after their cause."""
 
 import json
+import pickle
 import signal
 import subprocess
 import sys
@@ -37,6 +38,9 @@ def files(tmp_path_factory):
     np.savetxt(tmp / "4000.csv", np.random.default_rng(0).integers(1, 4000, 4000), fmt="%d")
     (tmp / "deep_sample.jsonl").write_text('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     (tmp / "huge_text.jsonl").write_text('{"text": 99999999999999999999999}\n')
+    (tmp / "hello.npy").write_bytes(b"hello")
+    (tmp / "pickled.npy").write_bytes(pickle.dumps([3, 4, 5]))
+    np.save(tmp / "objects.npy", np.array([3, "4"], dtype=object), allow_pickle=True)
     return tmp
 
 
@@ -90,6 +94,19 @@ CASES = {
     "npy header claiming 10**12 items": (["plan", "{tmp}/huge_header.npy", "-D", "2"],
                                          "huge_header.npy: the header claims shape (1000000000000,), 8000000000000 "
                                          "bytes, but the file holds 64 after it"),
+    # np.load's text spoke of pickled data and allow_pickle for any file without the .npy header
+    "npy file holding text": (["plan", "{tmp}/hello.npy", "-D", "2"],
+                              "hello.npy: not a plain numeric .npy array (the file does not start with the .npy "
+                              "header numpy.save writes)"),
+    "npy file holding a pickle": (["plan", "{tmp}/pickled.npy", "-D", "2"],
+                                  "pickled.npy: not a plain numeric .npy array (the file does not start"),
+    "npy array of objects": (["plan", "{tmp}/objects.npy", "-D", "2"],
+                             "objects.npy: not a plain numeric .npy array (it holds Python objects, dtype object)"),
+    # the balancers' argument name, not the option the user typed
+    "cap of zero tokens": (["plan", "{tmp}/good.csv", "-D", "2", "--max-tokens", "0"],
+                           "error: --max-tokens 0: `max_tokens_per_rank` must be >= 1; got 0"),
+    "padded cap below every plan": (["plan", "{tmp}/good.csv", "-D", "2", "--padded", "--max-tokens", "10"],
+                                    "error: --max-tokens 10: no padded plan fits max_tokens_per_rank=10"),
     "simulate a billion gpus": (["simulate", "--gpus", str(10**9)],
                                 "--gpus 1000000000: `num_ranks` must be at most 2**20 = 1048576"),
     "simulate micro-batched on a billion gpus": (
@@ -129,6 +146,21 @@ def test_bad_input_is_one_line_naming_it_with_exit_2(case, files, capsys):
     code = main([arg.format(tmp=files) for arg in args])
     check_one_line_error(code, capsys.readouterr().err, message.format(tmp=files))
     assert not (files / "missing").exists()
+
+
+@pytest.mark.parametrize("command,output", [("plan", "-o ok.csv"), ("plan", "--output ./ok.csv"),
+                                            ("plan", "-o link.csv"), ("compare", "--csv ok.csv")])
+def test_output_file_that_is_the_input_file_is_refused(command, output, tmp_path, monkeypatch, capsys):
+    # -o ok.csv replaced the lengths file ok.csv with the plan, exit 0
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.csv").write_text("length\n5\n3\n4\n")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "ok.csv")
+    source = ["plan", "ok.csv"] if command == "plan" else ["compare", "--lengths", "ok.csv", "--algorithms", "lpt"]
+    code = main([*source, "-D", "2", *output.split()])
+    option, path = output.split()
+    option = {"-o": "--output"}.get(option, option)
+    check_one_line_error(code, capsys.readouterr().err, f"{option} {path!r} is the input file 'ok.csv'")
+    assert (tmp_path / "ok.csv").read_text() == "length\n5\n3\n4\n"
 
 
 def test_csv_header_of_names_and_a_single_column_still_read(tmp_path, capsys):
