@@ -108,9 +108,17 @@ def as_array(values, name: str, what: str) -> np.ndarray:
     if isinstance(values, (str, bytes)) or values is None:
         raise TypeError(f"`{name}` must be a 1-D sequence of {what}; got {type(values).__name__}")
     try:
-        return np.asarray(values)
+        array = np.asarray(values)
     except ValueError:  # numpy: "setting an array element with a sequence"
         raise ValueError(f"`{name}` must be a 1-D sequence of {what}; got a ragged nested sequence") from None
+    if array.dtype == object and array.ndim == 0:  # a generator, a set, a mapping: numpy wraps it whole
+        raise TypeError(f"`{name}` must be a 1-D sequence of {what}; got {type(values).__name__} "
+                        f"(pass a list or an array)")
+    if array.dtype == object:
+        for index, value in enumerate(array.flat):
+            if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
+                raise ValueError(f"`{name}` must be {what} within 64 bits; got {value} at index {index}")
+    return array
 
 
 def as_bool(value, name: str) -> bool:

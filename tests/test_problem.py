@@ -185,6 +185,18 @@ def test_ragged_nested_lengths_are_a_clear_error_not_a_numpy_one():
         balance([[1, 2], [3]], 2)
 
 
+@pytest.mark.parametrize("lengths, error, message", [
+    ((length for length in [1, 2, 3]), TypeError, r"`lengths` must be a 1-D sequence of integers; got generator"),
+    ({1, 2, 3}, TypeError, r"got set \(pass a list or an array\)"),
+    ([2**64, 3], ValueError, r"`lengths` must be integers within 64 bits; got 18446744073709551616 at index 0"),
+], ids=["generator", "set", "beyond-64-bits"])
+def test_lengths_numpy_cannot_hold_are_named_not_reported_by_shape_or_dtype(lengths, error, message):
+    """A generator read as a 0-d object array ("must be 1-D; got shape ()") and Python ints past 64 bits
+    ("got dtype object") were reported as numpy saw them, not as the caller wrote them."""
+    with pytest.raises(error, match=message):
+        balance(lengths, 2)
+
+
 def test_rank_count_too_large_to_allocate_is_rejected_up_front():
     with pytest.raises(ValueError, match=r"`num_ranks` must be at most 2\*\*20 = 1048576 .*; got 1000000000"):
         balance([1, 2, 3], 10**9)
