@@ -22,9 +22,10 @@ As plain code:
     makespan = max(loads)
 
 Rooms: `spec` (the degrees and split-cost parameters), `layout` (the zigzag shards), `bound`
-(the canonical-allotment lower bound), `blocks` (aligned groups), `planner` and `search` (the
-algorithm), `plan` (the certified `ContextParallelPlan`), `split` (the entry point behind
-`balance`).  The micro-batched step and the orchestrator build on this one plan shape.
+(the canonical-allotment lower bound), `blocks` (aligned groups), `planner`, `search` and
+`exact` (the algorithm: layout and deal, local search, exact search on tiny instances), `plan`
+(the certified `ContextParallelPlan`), `split` (the entry point behind `balance`, and
+`certify_split` for any given split plan).  The micro-batched step and the orchestrator build on this one plan shape.
 """
 
 from .bound import Allotment
