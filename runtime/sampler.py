@@ -33,9 +33,22 @@ from torch.utils.data import Sampler
 
 from ..balancers import BalancePlan, CostModel, MicroBatchPlan, balance, balance_microbatches
 from ..balancers.problem import as_lengths, integer_sum
+from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
 from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import comm_device, group_rank, group_size, is_distributed
+
+
+def _sampler_algorithm(name, max_tokens_per_microbatch):
+    """`name` checked when the sampler is built: a micro-batch algorithm with a budget, else a balancer of
+    unpadded samples (the sampler plans sums of lengths; it has no padded mode)."""
+    if max_tokens_per_microbatch is not None:
+        return get_microbatch_algorithm(name).name
+    record = get_algorithm(name)
+    if not record.solves(padded=False):
+        raise ValueError(f"`algorithm` {name!r} balances padded batches only; the sampler balances sums of "
+                         f"lengths: choose an unpadded one, e.g. 'auto' or 'lpt'")
+    return record.name
 
 
 class BalancedDistributedSampler(Sampler[list[int]]):
@@ -114,7 +127,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                              f"{int(self.lengths[longest])} tokens of sample {longest}; every sample must fit "
                              f"one micro-batch")
         self.cost = cost
-        self.algorithm = algorithm
+        self.algorithm = _sampler_algorithm(algorithm, self.max_tokens_per_microbatch)
         self.check_agreement = as_bool(check_agreement, "check_agreement")
         self.group = group
         self.epoch = 0

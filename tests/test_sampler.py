@@ -153,8 +153,13 @@ def test_separate_processes_compute_the_same_shares():
     (dict(max_tokens_per_microbatch=99), ValueError,
      r"`max_tokens_per_microbatch`=99 is below the 100 tokens of sample 99; every sample must fit one micro-batch"),
     (dict(max_tokens_per_microbatch=0), ValueError, r"`max_tokens_per_microbatch` must be >= 1; got 0"),
+    # it advised "pass padded=True", an argument the sampler does not have, at the first iter()
+    (dict(algorithm="padded"), ValueError, r"`algorithm` 'padded' balances padded batches only; the sampler balances"),
+    (dict(algorithm="nope"), ValueError, r"unknown `algorithm` 'nope'"),
+    (dict(algorithm="lpt", max_tokens_per_microbatch=200), ValueError, r"unknown `algorithm` 'lpt'"),
 ], ids=["rank", "batch-below-replicas", "batch-above-dataset", "remainder-below-replicas", "float-replicas",
-        "drop-last-str", "budget-below-a-sample", "budget-zero"])
+        "drop-last-str", "budget-below-a-sample", "budget-zero", "padded-only-algorithm", "unknown-algorithm",
+        "balancer-as-microbatch-algorithm"])
 def test_bad_arguments_are_rejected_naming_them(options, error, message):
     arguments = dict(num_replicas=REPLICAS, rank=0, global_batch_size=16)
     arguments.update(options)
