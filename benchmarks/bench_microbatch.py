@@ -5,9 +5,12 @@ Run: python3.11 -m pytest benchmarks/bench_microbatch.py -q -s
 Figures go to the "Micro-batches" section of BENCHMARKS.md.
 
 Instances: the LLM-stage lengths of `sample_workload` (default, vision and speech mixes:
-text + images + audio, heavy tails), D ranks × samples per rank, budget T; cost: the 84B
-model's LLM FLOPs (`MODELS["84b"]`).  Every plan, ours and the peers', is certified
-against the same bound (over every M), so step_cost / lower_bound compares on one footing.
+text + images + audio, heavy tails; and real request lengths: "chat" and "code", the Azure
+conversation and coding traces' context + generated tokens, and "long_tail", a lognormal +
+Pareto mix truncated to 8k), D ranks × samples per rank, budget T; cost: the 84B model's LLM
+FLOPs (`MODELS["84b"]`).  Every plan, ours and the peers', is certified against the same
+bound (over every M), so step_cost / lower_bound compares on one footing.  Planning time at
+D = 2560 × 32 is reported per workload with its ratio to the default mix's in the same run.
 """
 
 import numpy as np
@@ -19,7 +22,8 @@ from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
 
 COST = MODELS["84b"].llm.cost(causal=True)
-WORKLOADS = ("default", "vision", "speech")
+WORKLOADS = ("default", "vision", "speech", "chat", "code", "long_tail")
+TIMED_WORKLOADS = ("default", "chat", "code", "long_tail")
 BUDGETS = (8192, 16384, 32768, 65536)
 
 
@@ -70,18 +74,24 @@ def test_step_cost_against_the_bound_and_the_peers(request):
     assert m_above == 0
 
 
-@pytest.mark.parametrize("budget", BUDGETS)
-def test_planning_time_at_2560_ranks(benchmark, best_of, budget):
-    """2560 ranks × 32 samples; baseline in the same run: one plain step's `balance(..., "lpt")`."""
-    batch = sample_workload("default", 2560, 32, seed=7)
-    lengths = batch.sample_llm_length
+@pytest.mark.parametrize("workload", TIMED_WORKLOADS)
+@pytest.mark.parametrize("budget", (8192, 16384, 65536))
+def test_planning_time_at_2560_ranks(benchmark, best_of, budget, workload):
+    """2560 ranks × 32 samples of `workload`; baselines in the same run: the default mix's
+    `balance_microbatches` (the ratio must stay within 10×) and one plain step's `balance(..., "lpt")`."""
+    lengths = sample_workload(workload, 2560, 32, seed=7).sample_llm_length
+    default = sample_workload("default", 2560, 32, seed=7).sample_llm_length
     baseline = best_of(lambda: balance(lengths, 2560, cost=COST, algorithm="lpt"), 5)
+    default_seconds = best_of(lambda: balance_microbatches(default, 2560, max_tokens_per_microbatch=budget, cost=COST),
+                              5)
     plan = benchmark.pedantic(balance_microbatches, args=(lengths, 2560),
                               kwargs=dict(max_tokens_per_microbatch=budget, cost=COST), rounds=5, iterations=1)
     check(plan, lengths, 2560, budget)
     seconds = benchmark.stats.stats.min
     benchmark.extra_info.update(baseline_lpt_seconds=baseline, ratio_to_lpt=seconds / baseline,
+                                default_seconds=default_seconds, ratio_to_default=seconds / default_seconds,
                                 num_microbatches=plan.num_microbatches, gap=plan.gap)
-    print(f"\nT={budget}: balance_microbatches {seconds * 1e3:.1f} ms min (M={plan.num_microbatches}, "
-          f"gap {plan.gap:.5f}); plain-step lpt {baseline * 1e3:.1f} ms; ratio {seconds / baseline:.2f}")
-
+    print(f"\n{workload} T={budget}: balance_microbatches {seconds * 1e3:.1f} ms min (M={plan.num_microbatches}, "
+          f"gap {plan.gap:.5f}); default mix {default_seconds * 1e3:.1f} ms, ratio {seconds / default_seconds:.2f}; "
+          f"plain-step lpt {baseline * 1e3:.1f} ms, ratio {seconds / baseline:.2f}")
+    assert seconds <= 10 * default_seconds
