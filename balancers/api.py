@@ -7,7 +7,7 @@ import time
 from .context_parallel.split import balance_split
 from .groups import as_groups, group_problem
 from .locality import FILLS, balance_locally
-from .plan import BalancePlan, make_plan
+from .plan import BalancePlan, make_plan, run_kernel
 from .problem import InfeasibleError, Status, make_problem, rank_loads, rank_tokens
 from .registry import algorithms, get_algorithm
 from .validation import as_item_bytes, as_real, as_sources, is_int
@@ -142,7 +142,7 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
         if algorithm == "identity":
             return _keep_sources(problem, sources)
     start = time.perf_counter()
-    result = kernel(problem)
+    result = run_kernel(kernel, problem, algorithm)
     assignment = result.assignment
     if sources is not None:
         assignment = balance_locally(problem, assignment, sources, item_bytes, gpus_per_node, makespan_slack, fill)
@@ -155,7 +155,7 @@ def _balance_groups(problem, labels, kernel, algorithm: str) -> BalancePlan:
     """Balance one super-item per group, then send every item to its group's rank."""
     target = group_problem(problem, labels)
     start = time.perf_counter()
-    result = kernel(target)
+    result = run_kernel(kernel, target, algorithm)
     seconds = time.perf_counter() - start
     grouped = make_plan(target, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound)
     assignment = grouped.assignment[labels]

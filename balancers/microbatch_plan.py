@@ -12,7 +12,7 @@ import numpy as np
 
 from .microbatch_bounds import min_microbatches, step_cost_bound
 from .cost import CostModel
-from .plan import FLOAT_EXACT, claimed_bound, integral, kernel_status, rounded_up
+from .plan import FLOAT_EXACT, claimed_bound, integral, kernel_status, require_result, rounded_up
 from .problem import Problem, SortedItems, Status, integer_sum, read_only, sorted_order
 from .validation import as_index, is_real
 
@@ -227,9 +227,8 @@ def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algo
     bound or None is a bug of the kernel: RuntimeError naming it and what is wrong, never a
     numpy error in what reads the cells next.
     """
-    if not isinstance(result, MicroBatchResult):
-        raise RuntimeError(f"algorithm {algorithm!r} returned a {type(result).__name__} for num_microbatches="
-                           f"{num_microbatches}; expected a MicroBatchResult (or None: no packing)")
+    require_result(result, MicroBatchResult, algorithm, f" for num_microbatches={num_microbatches}",
+                   " (or None: no packing)")
     n = problem.num_items
     cells = []
     for name, values, limit in (("rank", result.rank, problem.num_ranks),

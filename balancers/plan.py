@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from .cost import CostModel
-from .problem import (Problem, Status, integer_values, lower_bound, rank_loads, rank_tokens,
+from .problem import (Kernel, KernelResult, Problem, Status, integer_values, lower_bound, rank_loads, rank_tokens,
                       require_equal_counts)
 from .validation import as_index, is_real
 
@@ -74,6 +74,22 @@ class BalancePlan:
     def digest(self) -> str:
         """SHA-256 of the assignment: equal on every rank that computed the same plan."""
         return hashlib.sha256(self.assignment.astype("<i8").tobytes()).hexdigest()
+
+
+def require_result(result, expected: type, algorithm: str, called: str = "", also: str = "") -> None:
+    """RuntimeError naming the kernel unless its `result` is an `expected` (a KernelResult, a
+    MicroBatchResult): a plugin's None or tuple, never an AttributeError where it is read.
+    `called` says for what it was called, `also` what else it may return."""
+    if not isinstance(result, expected):
+        got = "None" if result is None else f"a {type(result).__name__}"
+        raise RuntimeError(f"algorithm {algorithm!r} returned {got}{called}; expected a {expected.__name__}{also}")
+
+
+def run_kernel(kernel: Kernel, problem: Problem, algorithm: str) -> KernelResult:
+    """`kernel(problem)`, checked to be a KernelResult (`require_result`)."""
+    result = kernel(problem)
+    require_result(result, KernelResult, algorithm)
+    return result
 
 
 def kernel_status(status, algorithm: str) -> Status:

@@ -47,7 +47,7 @@ from ..balancers import (ALGORITHMS, MICROBATCH_ALGORITHMS, BalancePlan, CostMod
                          MicroBatchAlgorithm, Status, make_problem)
 from ..balancers.api import _balance_groups
 from ..balancers.groups import as_groups
-from ..balancers.plan import make_plan
+from ..balancers.plan import make_plan, run_kernel
 from .checks import check_plan
 from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, check_repeats, check_suite_arguments,
                       compare_processes, fingerprint, run_properties, with_examples)
@@ -129,7 +129,7 @@ class _Target:
             problem = make_problem(lengths, case.num_ranks, time_limit=self.time_limit, **options)
             if groups is not None:
                 return _balance_groups(problem, as_groups(groups, problem.num_items), kernel, self.name)
-            result = kernel(problem)
+            result = run_kernel(kernel, problem, self.name)
         except InfeasibleError as refusal:
             return refusal
         except RuntimeError as error:  # the kernel's own, or make_plan's verdict on the groups' plan

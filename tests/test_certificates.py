@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from orchmllm.balancers import (Algorithm, CostModel, KernelResult, MicroBatchAlgorithm, Status, balance,
-                                balance_microbatches, lpt, make_problem, microbatch_greedy, registry)
+from orchmllm.balancers import (Algorithm, ContextParallel, CostModel, KernelResult, MicroBatchAlgorithm, Status,
+                                balance, balance_microbatches, lpt, make_problem, microbatch_greedy, registry)
 from orchmllm.balancers.plan import make_plan, rounded_up
 from orchmllm.testing import brute_force, brute_force_microbatches
 
@@ -62,6 +62,21 @@ def test_a_kernel_status_that_is_no_status_is_refused_naming_the_kernel():
     problem = make_problem(LENGTHS, 3)
     with pytest.raises(RuntimeError, match=r"algorithm 'mine' returned status 'best'; expected one of \['optimal'"):
         make_plan(problem, lpt.solve(problem).assignment, "best", "mine")
+
+
+@pytest.mark.parametrize("returned, got", [(None, "None"), ((np.zeros(5, np.int64), "feasible", None), "a tuple"),
+                                           (np.zeros(5, np.int64), "a ndarray")], ids=["None", "tuple", "ndarray"])
+@pytest.mark.parametrize("options", [{}, {"groups": [0, 0, 1, 2, 3]},
+                                     {"context_parallel": ContextParallel(degrees=(1, 2))}],
+                         ids=["plain", "groups", "context-parallel"])
+def test_regression_a_plain_kernel_returning_no_kernel_result_raised_an_attribute_error(register, returned, got,
+                                                                                       options):
+    """Cause: balance read `result.assignment` unchecked, so a plugin returning None, a tuple or
+    its bare assignment raised `'NoneType' object has no attribute 'assignment'`, no kernel named."""
+    name = register(Algorithm("test_returns_no_result", lambda problem: returned, description="returns no result"))
+    with pytest.raises(RuntimeError, match=rf"algorithm 'test_returns_no_result' returned {got}; expected a "
+                                           r"KernelResult$"):
+        balance(LENGTHS, 2, algorithm=name, **options)
 
 
 def test_a_kernel_bound_within_float_rounding_of_its_makespan_proves_it():

@@ -213,13 +213,20 @@ def list_scheduling_in_input_order(problem):
     return KernelResult(assignment)
 
 
+def returns_its_bare_assignment(problem):
+    """LPT's assignment without the KernelResult around it (check_conformance raised an AttributeError)."""
+    return lpt_assignment(problem)
+
+
 @pytest.mark.parametrize("kernel, message", [
     (claims_false_optimality, r"claims optimality at makespan \S+ but the optimum \(brute_force\) is"),
     (everything_on_rank_zero, r"everything_on_rank_zero ignores the memory cap: .* over max_tokens_per_rank="),
     (refuses_without_a_larger_cap, r"refused max_tokens_per_rank=\d+ with min_cap=\d+, not a larger cap"),
     (shifting_ranks, "shifting_ranks is not deterministic: the same input gave"),
     (list_scheduling_in_input_order, r"list_scheduling_in_input_order depends on input order: makespan"),
-], ids=["false-optimality", "ignores-caps", "unusable-min-cap", "non-deterministic", "input-order"])
+    (returns_its_bare_assignment, r"returns_its_bare_assignment returned a broken plan: algorithm "
+                                  r"'returns_its_bare_assignment' returned a ndarray; expected a KernelResult; input"),
+], ids=["false-optimality", "ignores-caps", "unusable-min-cap", "non-deterministic", "input-order", "bare-assignment"])
 def test_broken_kernel_fails_with_a_message_naming_its_fault(kernel, message):
     with pytest.raises(ConformanceError, match=message):
         check_conformance(kernel, padded=False, processes=False, examples=30)

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..plan import make_plan
+from ..plan import make_plan, run_kernel
 from ..problem import InfeasibleError, Problem, Status, check_cap_lower_bound, exact_sum, lower_bound, make_problem
 from ..registry import get_algorithm
 from ..validation import as_int, as_sources
@@ -95,7 +95,7 @@ def _plain(problem: Problem, record, algorithm: str):
     """Today's plan of the named kernel, as `balance` makes it without `context_parallel`."""
     check_cap_lower_bound(problem)
     start = time.perf_counter()
-    result = record.kernel(problem)
+    result = run_kernel(record.kernel, problem, algorithm)
     return make_plan(problem, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound,
                      solve_seconds=time.perf_counter() - start)
 
