@@ -109,7 +109,7 @@ def reference_gradients(data: SyntheticMultimodal, world_size: int) -> dict[str,
 def balance_figures(routes) -> dict[str, tuple[float, float]]:
     """Per stage, the slowest rank's cost over the mean: as sampled, and as planned."""
     figures = {}
-    for plan in routes.step.stage_plans:
+    for plan in routes.step.microbatches[0].stage_plans:  # a step of one pass (no token budget)
         home = np.bincount(plan.source, weights=plan.stage.cost.item_costs(plan.item_length),
                            minlength=plan.loads.size)
         if home.sum() > 0:
@@ -146,8 +146,9 @@ def train(rank: int, world_size: int) -> dict:
                 prefetcher.submit(data.samples(step + 1, rank))  # plan the next step while this one runs
             local = data.local_batch(step, rank, torch.float64).to(comm_device())  # text: input_ids, labels
             moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
-            loss_sum, loss_tokens = model(routes, moved)
-            normalize_loss(loss_sum, loss_tokens).backward()  # FSDP2 averages: normalize_loss undoes it
+            for micro in runtime.microbatches(routes, moved):  # one pass per step without a token budget
+                loss_sum, loss_tokens = model(micro.routes, micro.data)
+                normalize_loss(loss_sum, loss_tokens).backward()  # FSDP2 averages: normalize_loss undoes it
             if step == 0:
                 grads = {name: p.grad.full_tensor().cpu() for name, p in model.named_parameters()}  # a collective
             optimizer.step()

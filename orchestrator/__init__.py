@@ -4,19 +4,20 @@
 - `stages`: `Stage` (a modality encoder or the LLM, with its own cost model, padding,
   algorithm, memory cap and bytes per unit).
 - `planner`: `Orchestrator(stages, topology).plan(batch) -> StepPlan`.
-- `plan`: `StepPlan`, `StagePlan`, `Exchange`, `AssemblyRecipe` (what the runtime consumes).
-- `microbatch`: `MicroBatchStepPlan`, a step as M gradient-accumulation micro-batches.
+- `step`: `StepPlan`, a step of M >= 1 passes (gradient-accumulation micro-batches; one
+  without a token budget), what the runtime consumes.
+- `plan`: `PassPlan` (one pass: its `StagePlan`s and routes), `Exchange`, `AssemblyRecipe`.
 
 This is the planning contract the runtime consumes.  Model configs, workloads, strategies
 and the simulator are study code: `orchmllm.study`, which imports this package, never the
 reverse.
 """
 
-from .microbatch import MicroBatchStepPlan
-from .plan import AssemblyRecipe, Exchange, StagePlan, StepPlan
+from .plan import AssemblyRecipe, Exchange, PassPlan, StagePlan
 from .planner import Orchestrator
 from .samples import Batch, Sample, Segment
 from .stages import Stage
+from .step import StepPlan
 
-__all__ = ["AssemblyRecipe", "Batch", "Exchange", "MicroBatchStepPlan", "Orchestrator", "Sample", "Segment", "Stage",
+__all__ = ["AssemblyRecipe", "Batch", "Exchange", "Orchestrator", "PassPlan", "Sample", "Segment", "Stage",
            "StagePlan", "StepPlan"]

@@ -1,7 +1,10 @@
-"""The step plan: where every item of every stage runs, and how encoder outputs reach the LLM.
+"""The plan of one pass (a micro-batch of a step): where every item of every stage runs, and how
+encoder outputs reach the LLM.
 
-Every rank computes the same `StepPlan` from the same `Batch` (lengths only), before any
-compute.  Conventions (all arrays int64, read-only; ranks 0..D-1):
+Every rank computes the same `StepPlan` (`step.py`: its micro-batches, each a `PassPlan`) from
+the same `Batch` (lengths only), before any compute; a step of one micro-batch holds one
+`PassPlan` of the whole batch.  Conventions of a `PassPlan` (all arrays int64, read-only;
+ranks 0..D-1):
 
 - Stage s has items k = 0..K_s-1: the segments of its modality in global segment order
   (`item_segment[k]`), or all samples (LLM stage, `item_segment` = -1).  Item k moves from
@@ -17,9 +20,10 @@ compute.  Conventions (all arrays int64, read-only; ranks 0..D-1):
   offset `route_llm_offset[s]` = sample offset + segment position, `route_tokens[s]` rows.
 
 How the runtime uses it (per step, on every rank):
-    plan = Orchestrator(stages, topology).plan(batch)          # identical on all ranks
-    1. fused input exchange (`plan.input_exchange()`): raw segment inputs to their
+    step = Orchestrator(stages, topology).plan(batch)          # identical on all ranks
+    1. fused input exchange (`step.input_exchange()`): raw segment inputs to their
        encoder rank and text tokens to their LLM rank, one all-to-all.
+    then for each `plan` of `step.microbatches`:
     2. each encoder stage runs on `rank_items` of its `StagePlan` (inputs concatenated
        in that order, offsets `item_input_offset`).
     3. embedding exchange (`plan.embedding_exchange()`): rows
@@ -162,8 +166,9 @@ class AssemblyRecipe:
 
 
 @dataclass(frozen=True, eq=False)
-class StepPlan:
-    """Plans of all stages of one step plus the composed encoder -> LLM route (see module doc)."""
+class PassPlan:
+    """Plans of all stages of one pass (a micro-batch, or a step of one) plus the composed
+    encoder -> LLM route (see module doc)."""
 
     batch: Batch
     stages: tuple[Stage, ...]
@@ -176,7 +181,6 @@ class StepPlan:
     route_tokens: np.ndarray
     route_rank_offsets: np.ndarray
     route_rank_order: np.ndarray
-    planning_seconds: float = 0.0
 
     @property
     def num_ranks(self) -> int:
@@ -278,9 +282,8 @@ def _text_spans(samples, sample_offsets, sample_lengths, embedding_sample, embed
     return _frozen(owners), _frozen(running - running[group]), _frozen(starts), _frozen(lengths)
 
 
-def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...],
-            planning_seconds: float = 0.0) -> StepPlan:
-    """Build the StepPlan: route every segment from its encoder rank to its sample's LLM rank."""
+def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...]) -> PassPlan:
+    """Build the PassPlan: route every segment from its encoder rank to its sample's LLM rank."""
     num_segments = batch.num_segments
     stage_of_modality = np.full(len(batch.modalities), -1, dtype=np.int64)
     for index, plan in enumerate(stage_plans[:-1]):
@@ -315,8 +318,8 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
     order = np.repeat(starts, counts)
     order += np.arange(num_segments)
     route_rank_offsets = packed_end[llm.rank_offsets]
-    return StepPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=_frozen(route_stage),
+    return PassPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=_frozen(route_stage),
                     route_encoder_rank=_frozen(encoder_rank), route_encoder_offset=_frozen(encoder_offset),
                     route_llm_rank=_frozen(llm_rank), route_llm_offset=_frozen(llm_offset),
                     route_tokens=batch.segment_tokens, route_rank_offsets=_frozen(route_rank_offsets),
-                    route_rank_order=_frozen(order), planning_seconds=planning_seconds)
+                    route_rank_order=_frozen(order))

@@ -19,7 +19,7 @@ balancers' `sources=` mode, within a makespan slack) or a relabelling of the gro
 (`topology.place`).  Options switch stages off to express the paper's ablations (see
 `strategies`).  Makespan guarantees are those of each stage's algorithm; the plan is
 deterministic (same batch -> bit-identical plan).  With `max_tokens_per_microbatch` a step
-is planned as M gradient-accumulation micro-batches (`orchestrator.microbatch`).
+is planned as M gradient-accumulation micro-batches (`orchestrator.step`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..balancers.validation import as_real, is_int
 from ..topology import PLACEMENTS, Topology, place
-from .microbatch import MicroBatchStepPlan, StageCapError, capped_cell_lengths, check_cells
-from .plan import StagePlan, StepPlan, compose, offsets_within_rank
+from .plan import StagePlan, compose, offsets_within_rank
 from .samples import Batch, group_order
 from .stages import Stage, check_stages
+from .step import StageCapError, StepPlan, capped_cell_lengths, check_cells
 
 LOCALITY = "locality"
 
@@ -164,8 +164,8 @@ class Orchestrator:
             ablation "one algorithm for all stages"); plans are still evaluated with each
             stage's true cost model.
         max_tokens_per_microbatch: plan the step as M gradient-accumulation micro-batches of
-            at most this many LLM tokens per rank (`plan` then returns a `MicroBatchStepPlan`,
-            see `orchestrator.microbatch`); None plans one forward pass per rank.
+            at most this many LLM tokens per rank (a `StepPlan` of M passes, see
+            `orchestrator.step`); None plans one forward pass per rank (a step of one pass).
         num_microbatches, microbatch_overhead, microbatch_algorithm: passed to
             `balance_microbatches` (None: the smallest M that pays; cost of one more
             micro-batch in LLM cost units; the micro-batch algorithm).
@@ -215,10 +215,9 @@ class Orchestrator:
     def num_ranks(self) -> int:
         return self.topology.world_size
 
-    def plan(self, batch: Batch) -> StepPlan | MicroBatchStepPlan:
-        """The StepPlan of `batch`: every stage balanced, encoder outputs routed to their LLM rank.
-
-        With `max_tokens_per_microbatch`, the `MicroBatchStepPlan` of its micro-batches."""
+    def plan(self, batch: Batch) -> StepPlan:
+        """The StepPlan of `batch`: every stage balanced, encoder outputs routed to their LLM rank, in
+        one pass, or with `max_tokens_per_microbatch` in the micro-batches of its cells."""
         if not isinstance(batch, Batch):
             raise TypeError(f"`batch` must be a Batch; got {type(batch).__name__}")
         self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
@@ -234,11 +233,13 @@ class Orchestrator:
         *encoders, llm_stage = self.stages
         llm = self._plan_stage(batch, llm_stage, stage_items(batch, llm_stage), None)
         plans = tuple(self._plan_stage(batch, stage, stage_items(batch, stage), llm) for stage in encoders) + (llm,)
-        return compose(batch, self.stages, plans, planning_seconds=time.perf_counter() - start)
+        return StepPlan(batch=batch, stages=self.stages, microbatches=(compose(batch, self.stages, plans),),
+                        microbatch_samples=(np.arange(batch.num_samples, dtype=np.int64),),
+                        planning_seconds=time.perf_counter() - start)
 
-    def _plan_microbatches(self, batch: Batch, start: float) -> MicroBatchStepPlan:
+    def _plan_microbatches(self, batch: Batch, start: float) -> StepPlan:
         """Cells (rank, micro-batch) for whole samples, then every micro-batch's encoders balanced
-        across the ranks and routed to the LLM rank of their sample (see `orchestrator.microbatch`).
+        across the ranks and routed to the LLM rank of their sample (see `orchestrator.step`).
         Where an encoder's cap (`max_tokens_per_rank`) leaves a micro-batch no plan, the cells are
         planned again counting every sample's share of the caps (`capped_cell_lengths`)."""
         *encoders, llm_stage = self.stages
@@ -310,7 +311,7 @@ class Orchestrator:
         budget, cap = self.microbatching["max_tokens_per_microbatch"], self.stages[-1].max_tokens_per_rank
         return budget if cap is None else min(cap, budget)
 
-    def plan_cells(self, batch: Batch, cells, *, start: float | None = None) -> MicroBatchStepPlan:
+    def plan_cells(self, batch: Batch, cells, *, start: float | None = None) -> StepPlan:
         """The micro-batched plan of `batch` whose samples already have cells (a `MicroBatchPlan` of
         the LLM stage over its samples, e.g. a peer's): every micro-batch's encoder stages are
         balanced across the ranks (with `balance_encoders`; otherwise each segment runs on its
@@ -322,7 +323,7 @@ class Orchestrator:
         check_cells(batch, cells, self.stages[-1], None if self.microbatching is None else self._cell_budget())
         return self._plan_cells(batch, cells, start)
 
-    def _plan_cells(self, batch: Batch, cells, start: float) -> MicroBatchStepPlan:
+    def _plan_cells(self, batch: Batch, cells, start: float) -> StepPlan:
         """`plan_cells` of cells known to be the batch's (`_cells`' own)."""
         *encoders, llm_stage = self.stages
         samples, plans = [], []
@@ -333,8 +334,8 @@ class Orchestrator:
             stage_plans = [self._microbatch_stage(sub, stage, llm, len(samples)) for stage in encoders]
             samples.append(members)
             plans.append(compose(sub, self.stages, (*stage_plans, llm)))
-        return MicroBatchStepPlan(batch=batch, stages=self.stages, cells=cells, microbatch_samples=tuple(samples),
-                                  microbatches=tuple(plans), planning_seconds=time.perf_counter() - start)
+        return StepPlan(batch=batch, stages=self.stages, microbatches=tuple(plans), microbatch_samples=tuple(samples),
+                        cells=cells, planning_seconds=time.perf_counter() - start)
 
     def _microbatch_stage(self, sub: Batch, stage: Stage, llm: StagePlan, index: int) -> StagePlan:
         """Micro-batch `index`'s encoder `stage`: balanced (`balance_encoders`), or where that finds no

@@ -37,13 +37,13 @@ from .hierarchical import HierarchicalAllToAll, make_transport
 from .metadata import (GatheredMetadata, PeerInputError, PlanMismatchError, check_agreement, fingerprint,
                        gather_metadata)
 from .microbatch import MicroBatch, accumulate, gradient_sync
-from .multistage import Assembled, Dispatched, MicroBatchInputs, MicroBatchRoutes, MultiStageRuntime, StepRoutes
+from .multistage import Assembled, Dispatched, MultiStageRuntime, PassRoutes, StepInputs, StepRoutes
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, global_count, normalize_loss
 
 __all__ = ["Assembled", "ConfigMismatchError", "DispatchPlan", "Dispatched", "EncoderContractError", "ExchangeMeta",
-           "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "MicroBatchInputs",
-           "MicroBatchRoutes", "MultiStageRuntime", "PeerInputError", "Piece", "PlanMismatchError",
-           "PostBalancingDispatcher", "Prefetcher", "SchemaGuard", "SchemaMismatchError", "StepRoutes", "accumulate",
+           "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "MultiStageRuntime", "PassRoutes",
+           "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher", "Prefetcher", "SchemaGuard",
+           "SchemaMismatchError", "StepInputs", "StepRoutes", "accumulate",
            "all_reduce_gradients", "check_agreement", "exchange", "exchange_with_grad", "fingerprint",
            "gather_metadata", "global_count", "gradient_sync", "make_transport", "normalize_loss"]

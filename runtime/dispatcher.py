@@ -46,14 +46,17 @@ class DispatchPlan:
     """One step's plan as every rank holds it: gathered lengths and loss tokens, balance, route.
 
     `balance` is a `BalancePlan`, or with a micro-batch budget the `MicroBatchPlan` of the
-    step's cells (`microbatch[i]` of every item); None when the global batch has no items.
+    step's cells; None when the global batch has no items.  `item_microbatch[i]` is the
+    micro-batch of item i (all 0 without a budget) and `num_microbatches` the step's M (1
+    without a budget; a step with no items runs `num_microbatches` when fixed, else 1).
     """
 
     metadata: GatheredMetadata
     balance: BalancePlan | MicroBatchPlan | None
     route: ExchangeMeta
     planning_seconds: float
-    empty_microbatches: int = 1  # the micro-batches of a step with no items (`num_microbatches` when fixed)
+    item_microbatch: np.ndarray
+    num_microbatches: int
 
     @property
     def lengths(self) -> np.ndarray:
@@ -64,19 +67,6 @@ class DispatchPlan:
     def num_loss_tokens(self) -> int:
         """Loss tokens of the whole step on every rank (the global loss denominator)."""
         return int(self.metadata.column(1).sum())
-
-    @property
-    def num_microbatches(self) -> int:
-        if isinstance(self.balance, MicroBatchPlan):
-            return self.balance.num_microbatches
-        return self.empty_microbatches if self.balance is None else 1
-
-    @property
-    def item_microbatch(self) -> np.ndarray:
-        """The micro-batch of every item of the global batch (all 0 without a budget)."""
-        if isinstance(self.balance, MicroBatchPlan):
-            return self.balance.microbatch
-        return np.zeros(self.route.num_items, dtype=np.int64)
 
     @property
     def local_items(self) -> np.ndarray:
@@ -179,12 +169,14 @@ class PostBalancingDispatcher:
         metadata = gather_metadata(np.hstack([lengths, losses]), group, num_columns=2,
                                    fingerprint=self.config_fingerprint, what="dispatcher configuration",
                                    options=self.config_options)
+        microbatch = np.zeros(metadata.num_items, dtype=np.int64)
+        count = (self.microbatch_options or {}).get("num_microbatches") or 1  # of a step with no items
         if metadata.num_items and self.microbatch_options is not None:
             plan = balance_microbatches(metadata.column(0), int(metadata.counts.size), **self.microbatch_options)
-            assignment = plan.rank
+            assignment, microbatch, count = plan.rank, plan.microbatch, plan.num_microbatches
         elif metadata.num_items:
             plan = balance(metadata.column(0), int(metadata.counts.size), **self.balance_options)
-            assignment = plan.assignment
+            assignment, count = plan.assignment, 1
         else:
             plan, assignment = None, np.zeros(0, dtype=np.int64)
         if self.check_plan:
@@ -194,8 +186,7 @@ class PostBalancingDispatcher:
         if route.world_size != group_size(self.group):
             raise ValueError(f"metadata group has {route.world_size} ranks but the dispatcher's group has "
                              f"{group_size(self.group)}")
-        empty = (self.microbatch_options or {}).get("num_microbatches") or 1
-        return DispatchPlan(metadata, plan, route, time.perf_counter() - start, empty)
+        return DispatchPlan(metadata, plan, route, time.perf_counter() - start, microbatch, count)
 
     def _move(self, batch: Mapping[str, torch.Tensor], route: ExchangeMeta, lengths: np.ndarray, per_item_keys,
               site: str, differentiable: bool) -> dict[str, torch.Tensor]:

@@ -99,6 +99,8 @@ def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, n
     rows = np.asarray(rows, dtype=np.int64)
     if tensor.shape[0] != int(rows.sum()):
         raise ValueError(f"tensor has {tensor.shape[0]} rows but its {rows.size} items own {int(rows.sum())}")
+    if num_microbatches == 1:  # a step of one pass: the tensor itself, not a copy
+        return [tensor]
     starts = np.cumsum(rows) - rows
     parts = []
     for index in range(num_microbatches):

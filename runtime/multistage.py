@@ -1,28 +1,23 @@
-"""Multi-stage runtime: every encoder and the LLM balanced, two exchanges per step.
+"""Multi-stage runtime: every encoder and the LLM balanced, two exchanges per pass.
 
 Driven by the orchestrator's `StepPlan` (computed identically on every rank from the
-all-gathered lengths):
+all-gathered lengths): a step of M passes, one without a token budget, M gradient-accumulation
+micro-batches with `max_tokens_per_microbatch=T` (see `orchestrator.step`), the same M on
+every rank:
 
-    routes = runtime.plan(local_samples)                    # metadata all-gather + plan
+    routes = runtime.plan(local_samples, loss_tokens=...)   # metadata all-gather + plan
     moved = runtime.dispatch(routes, text=..., per_sample=..., inputs={modality: packed})
-        # one fused all-to-all: raw segment inputs to their encoder rank, text and
-        # per-sample tensors to their LLM rank
-    packed = runtime.forward(routes, moved, encoders={modality: fn}, text_embedding=fn)
-        # encoders run on their balanced items; their outputs go straight to the LLM
-        # rank of their sample (Π_M ∘ Π_E⁻¹, one autograd all-to-all whose backward sends
-        # the gradients back to the encoder ranks) and are assembled with the text
-        # embeddings into this rank's packed LLM sequence
-    loss = my_llm(packed.embeddings, packed.sample_lengths) ...
-
-With `max_tokens_per_microbatch=T` the step is M gradient-accumulation micro-batches (see
-`orchestrator.microbatch`), the same M on every rank:
-
-    routes = runtime.plan(local_samples, loss_tokens=...)   # MicroBatchRoutes
-    moved = runtime.dispatch(routes, text=..., inputs=...)   # the whole step, one all-to-all
+        # one fused all-to-all for the whole step: raw segment inputs to their encoder
+        # rank, text and per-sample tensors to their LLM rank
     for micro in runtime.microbatches(routes, moved):
         with accumulate(model, micro):                       # gradient sync on the last only
-            packed = runtime.forward(micro.routes, micro.data, encoders=..., text_embedding=...)
-            normalize_loss(loss_sum(packed), micro).backward()  # / loss tokens of the whole step
+            packed = runtime.forward(micro.routes, micro.data, encoders={modality: fn}, text_embedding=fn)
+            # encoders run on their balanced items; their outputs go straight to the LLM
+            # rank of their sample (Π_M ∘ Π_E⁻¹, one autograd all-to-all whose backward sends
+            # the gradients back to the encoder ranks) and are assembled with the text
+            # embeddings into this rank's packed LLM sequence
+            loss_sum = my_llm(packed.embeddings, packed.sample_lengths) ...
+            normalize_loss(loss_sum, micro).backward()       # / loss tokens of the whole step
 
 Model-agnostic: an encoder is any callable `fn(inputs, lengths) -> embeddings`, packed over
 its items along dim 0 (`lengths[k]` input rows in, `Segment.tokens` rows out); the
@@ -51,11 +46,11 @@ import numpy as np
 import torch
 
 from ..balancers.validation import as_bool
-from ..orchestrator.microbatch import MicroBatchStepPlan
-from ..orchestrator.plan import StepPlan
+from ..orchestrator.plan import PassPlan
 from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample, resolve_positions
 from ..orchestrator.stages import check_stages
+from ..orchestrator.step import StepPlan
 from .agreement import SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
@@ -99,30 +94,29 @@ def local_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_toke
 
 
 @dataclass(frozen=True, eq=False)
-class StepRoutes:
-    """A step plan with the exchange routes this rank uses."""
+class PassRoutes:
+    """One pass (micro-batch) of a step plan with the exchange routes this rank uses in it."""
 
-    step: StepPlan
+    plan: PassPlan
     rank: int
     input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage
     text_route: ExchangeMeta  # samples to their LLM rank
     embedding_routes: tuple[ExchangeMeta, ...]  # encoder rank -> LLM rank, one per encoder stage
-    planning_seconds: float
 
     @property
     def batch(self) -> Batch:
-        return self.step.batch
+        return self.plan.batch
 
 
 @dataclass(frozen=True, eq=False)
-class MicroBatchRoutes:
-    """A micro-batched step plan with this rank's routes: one `StepRoutes` per micro-batch, and
-    the whole step's input routes (every item straight to the rank that runs it in its
-    micro-batch) for the fused input exchange."""
+class StepRoutes:
+    """A step plan with this rank's routes: one `PassRoutes` per micro-batch, and the whole
+    step's input routes (every item straight to the rank that runs it in its micro-batch) for
+    the fused input exchange."""
 
-    step: MicroBatchStepPlan
+    step: StepPlan
     rank: int
-    microbatches: tuple[StepRoutes, ...]
+    microbatches: tuple[PassRoutes, ...]
     input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage, over the step's segments of its modality
     text_route: ExchangeMeta  # the step's samples to their LLM rank
     num_loss_tokens: int  # loss tokens of the whole step on every rank
@@ -148,11 +142,11 @@ class Dispatched:
 
 
 @dataclass(frozen=True, eq=False)
-class MicroBatchInputs:
-    """What `dispatch` returned for a micro-batched step: per micro-batch, its `Dispatched` (fused
-    exchange done) or this rank's local tensors of it (`exchanged` False: moved one by one)."""
+class StepInputs:
+    """What `dispatch` returned for a step: per micro-batch, its `Dispatched` (fused exchange
+    done) or this rank's local tensors of it (`exchanged` False: moved one by one)."""
 
-    routes: MicroBatchRoutes
+    routes: StepRoutes
     parts: tuple
     exchanged: bool
     stats: dict | None = None
@@ -244,13 +238,12 @@ class MultiStageRuntime:
             segment_tokens=segments_all[:, 2], segment_position=segments_all[:, 3]), int(samples_all[:, 3].sum()), \
             plan_id
 
-    def plan(self, samples: Sequence[Sample], *, loss_tokens=None, metadata_group=None
-             ) -> StepRoutes | MicroBatchRoutes:
+    def plan(self, samples: Sequence[Sample], *, loss_tokens=None, metadata_group=None) -> StepRoutes:
         """Gather metadata, plan every stage, build this rank's routes (a collective).
 
-        With `max_tokens_per_microbatch`, the `MicroBatchRoutes` of the step's micro-batches;
-        `loss_tokens` (one count per local sample, default its text tokens) ride in the same
-        all-gather and give the step's global loss denominator.
+        With `max_tokens_per_microbatch`, the routes of the step's micro-batches; `loss_tokens`
+        (one count per local sample, default its text tokens) ride in the same all-gather and
+        give the step's global loss denominator.
         """
         start = time.perf_counter()
         new_step()
@@ -259,47 +252,47 @@ class MultiStageRuntime:
         if self.check_plan:
             check_agreement(fingerprint(self.config_fingerprint, step.digest()),
                             self.group if metadata_group is None else metadata_group, "step plan")
-        if isinstance(step, MicroBatchStepPlan):
-            return self.microbatch_routes(step, num_loss_tokens, time.perf_counter() - start, plan_id)
-        return self.routes(step, time.perf_counter() - start, plan_id)
+        return self.routes(step, num_loss_tokens, time.perf_counter() - start, plan_id)
 
-    def microbatch_routes(self, step: MicroBatchStepPlan, num_loss_tokens: int,
-                          planning_seconds: float = 0.0, plan_id: int = 0) -> MicroBatchRoutes:
-        """This rank's routes for a micro-batched step plan (pure; no communication).
+    def routes(self, step: StepPlan, num_loss_tokens: int | None = None, planning_seconds: float = 0.0,
+               plan_id: int = 0) -> StepRoutes:
+        """This rank's routes for a step plan (pure; no communication); `num_loss_tokens` the loss
+        tokens of the whole step on every rank (default: its text tokens).
 
         `plan_id` is the step's identity, which every exchange of it checks (`plan` derives it from
         the gathered metadata); micro-batch m's routes carry one derived from it and m."""
         rank, size = group_rank(self.group), group_size(self.group)
+        if step.num_ranks != size:
+            raise ValueError(f"step plan is for {step.num_ranks} ranks but the group has {size}")
         batch = step.batch
+        if num_loss_tokens is None:
+            num_loss_tokens = int(batch.sample_text.sum())
         segment_source = batch.sample_source[batch.segment_sample]
         input_routes = tuple(ExchangeMeta(segment_source[batch.segments_of(stage.modality)],
                                           step.stage_destinations(index), rank, size, plan_id)
                              for index, stage in enumerate(self.stages[:-1]))
-        microbatches = tuple(self.routes(plan, plan_id=plan_word(plan_id, index) if plan_id else 0)
+        microbatches = tuple(self._pass_routes(plan, rank, size, plan_word(plan_id, index) if plan_id else 0)
                              for index, plan in enumerate(step.microbatches))
-        return MicroBatchRoutes(step, rank, microbatches, input_routes,
-                                ExchangeMeta(batch.sample_source, step.cells.rank, rank, size, plan_id),
-                                int(num_loss_tokens), planning_seconds)
+        llm_rank = step.stage_destinations(len(self.stages) - 1)
+        return StepRoutes(step, rank, microbatches, input_routes,
+                          ExchangeMeta(batch.sample_source, llm_rank, rank, size, plan_id),
+                          int(num_loss_tokens), planning_seconds)
 
-    def routes(self, step: StepPlan, planning_seconds: float = 0.0, plan_id: int = 0) -> StepRoutes:
-        """This rank's exchange routes for a step plan (pure; no communication); `plan_id` as in
-        `microbatch_routes`."""
-        rank, size = group_rank(self.group), group_size(self.group)
-        if step.num_ranks != size:
-            raise ValueError(f"step plan is for {step.num_ranks} ranks but the group has {size}")
-        encoder_plans = step.stage_plans[:-1]
+    @staticmethod
+    def _pass_routes(plan: PassPlan, rank: int, size: int, plan_id: int) -> PassRoutes:
+        """This rank's exchange routes in one pass of a step."""
+        encoder_plans = plan.stage_plans[:-1]
         input_routes = tuple(ExchangeMeta(p.source, p.destination, rank, size, plan_id) for p in encoder_plans)
-        embedding_routes = tuple(ExchangeMeta(p.destination, step.route_llm_rank[p.item_segment], rank, size, plan_id)
+        embedding_routes = tuple(ExchangeMeta(p.destination, plan.route_llm_rank[p.item_segment], rank, size, plan_id)
                                  for p in encoder_plans)
-        text_route = ExchangeMeta(step.llm.source, step.llm.destination, rank, size, plan_id)
-        return StepRoutes(step, rank, input_routes, text_route, embedding_routes, planning_seconds)
+        text_route = ExchangeMeta(plan.llm.source, plan.llm.destination, rank, size, plan_id)
+        return PassRoutes(plan, rank, input_routes, text_route, embedding_routes)
 
-    def dispatch(self, routes: StepRoutes | MicroBatchRoutes, *, text: Mapping[str, torch.Tensor],
+    def dispatch(self, routes: StepRoutes, *, text: Mapping[str, torch.Tensor],
                  per_sample: Mapping[str, torch.Tensor] | None = None,
-                 inputs: Mapping[str, torch.Tensor] | None = None,
-                 stats: dict | None = None) -> Dispatched | MicroBatchInputs:
-        """The fused input exchange (one all-to-all); for `MicroBatchRoutes`, of the whole step
-        (or none yet without `fused_input_exchange`), to be iterated with `microbatches`.
+                 inputs: Mapping[str, torch.Tensor] | None = None, stats: dict | None = None) -> StepInputs:
+        """The fused input exchange of the whole step (one all-to-all; none yet without
+        `fused_input_exchange`), to be iterated with `microbatches`.
 
         `text`: per-token tensors packed over this rank's samples (rows = text tokens);
         `per_sample`: one row per sample; `inputs`: modality -> raw inputs packed over this
@@ -307,15 +300,20 @@ class MultiStageRuntime:
         same keys (a modality absent locally still needs an empty tensor of the right
         trailing shape and dtype).
         """
-        if isinstance(routes, MicroBatchRoutes):
-            return self._dispatch_microbatches(routes, text, per_sample, inputs, stats)
-        step = routes.step
-        result = self._exchange_inputs(routes.text_route, step.batch.sample_text, routes.input_routes,
-                                       [plan.item_length for plan in step.stage_plans[:-1]], text, per_sample,
-                                       inputs, stats)
-        lengths = {modality: torch.from_numpy(plan.item_length[route.dest_items].copy())
-                   for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1])}
-        return Dispatched(result["inputs"], lengths, result["text"], result["per_sample"])
+        return self._dispatch_step(routes, text, per_sample, inputs, stats)
+
+    def _dispatch_pass(self, routes: PassRoutes, text, per_sample, inputs, stats) -> Dispatched:
+        """One pass's input exchange (a micro-batch's, without `fused_input_exchange`)."""
+        plan = routes.plan
+        result = self._exchange_inputs(routes.text_route, plan.batch.sample_text, routes.input_routes,
+                                       [stage_plan.item_length for stage_plan in plan.stage_plans[:-1]], text,
+                                       per_sample, inputs, stats)
+        return Dispatched(result["inputs"], self._input_lengths(routes), result["text"], result["per_sample"])
+
+    def _input_lengths(self, routes: PassRoutes) -> dict:
+        """Modality -> the lengths of the segments this rank encodes in the pass (int64 tensors)."""
+        return {modality: torch.from_numpy(plan.item_length[route.dest_items].copy())
+                for modality, route, plan in zip(self.modalities, routes.input_routes, routes.plan.stage_plans[:-1])}
 
     def _exchange_inputs(self, text_route: ExchangeMeta, text_rows, input_routes, input_rows, text, per_sample,
                          inputs, stats) -> dict:
@@ -340,12 +338,11 @@ class MultiStageRuntime:
             result[kind][key] = tensor
         return result
 
-    def _dispatch_microbatches(self, routes: MicroBatchRoutes, text, per_sample, inputs, stats
-                               ) -> "MicroBatchInputs":
+    def _dispatch_step(self, routes: StepRoutes, text, per_sample, inputs, stats) -> StepInputs:
         """Fused: the whole step's inputs in one all-to-all, then split per micro-batch.  Otherwise
         the local tensors split per micro-batch, each exchanged when `microbatches` reaches it."""
         step, batch, count = routes.step, routes.batch, routes.num_microbatches
-        sample_microbatch = step.cells.microbatch
+        sample_microbatch = step.microbatch_of_samples
         segment_microbatch = sample_microbatch[batch.segment_sample]
         modality_segments = [batch.segments_of(modality) for modality in self.modalities]
         if self.fused_input_exchange:
@@ -371,39 +368,36 @@ class MultiStageRuntime:
         parts = [{kind: {key: pieces[index] for key, pieces in split[kind].items()} for kind in split}
                  for index in range(count)]
         if not self.fused_input_exchange:
-            return MicroBatchInputs(routes, tuple(parts), exchanged=False, stats=stats)
-        dispatched = []
-        for part, micro in zip(parts, routes.microbatches):
-            lengths = {modality: torch.from_numpy(plan.item_length[route.dest_items].copy())
-                       for modality, route, plan in zip(self.modalities, micro.input_routes,
-                                                        micro.step.stage_plans[:-1])}
-            dispatched.append(Dispatched(part["inputs"], lengths, part["text"], part["per_sample"]))
-        return MicroBatchInputs(routes, tuple(dispatched), exchanged=True, stats=stats)
+            return StepInputs(routes, tuple(parts), exchanged=False, stats=stats)
+        dispatched = tuple(Dispatched(part["inputs"], self._input_lengths(micro), part["text"], part["per_sample"])
+                           for part, micro in zip(parts, routes.microbatches))
+        return StepInputs(routes, dispatched, exchanged=True, stats=stats)
 
-    def microbatches(self, routes: MicroBatchRoutes, moved: "MicroBatchInputs"):
+    def microbatches(self, routes: StepRoutes, moved: StepInputs):
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
 
         `micro.routes` and `micro.data` go to `forward`; every rank yields the same number,
         an empty micro-batch included, so all take part in every collective.  Without the
         fused input exchange each micro-batch's inputs are exchanged here, before it runs.
         """
-        if not isinstance(routes, MicroBatchRoutes) or not isinstance(moved, MicroBatchInputs) \
-                or moved.routes is not routes:
-            raise TypeError("`microbatches` takes the MicroBatchRoutes of `plan` and what `dispatch` returned for them")
+        if getattr(moved, "routes", None) is not routes:
+            raise TypeError("`microbatches` takes the routes of `plan` and what `dispatch` returned for them")
         size = group_size(self.group)
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
 
+        llm_rank = routes.step.stage_destinations(len(self.stages) - 1)
+
         def generate():
             for index, (micro, part) in enumerate(zip(routes.microbatches, moved.parts)):
-                data = part if moved.exchanged else self.dispatch(micro, stats=moved.stats, **part)
+                data = part if moved.exchanged else self._dispatch_pass(micro, stats=moved.stats, **part)
                 members = routes.step.microbatch_samples[index]
-                items = members[routes.step.cells.rank[members] == routes.rank]  # this rank's LLM samples
+                items = members[llm_rank[members] == routes.rank]  # this rank's LLM samples
                 lengths = torch.from_numpy(routes.batch.sample_llm_length[items].astype(np.int64))
                 yield MicroBatch(index, routes.num_microbatches, items, data, routes.num_loss_tokens, size, micro,
                                  lengths)
         return iterate(generate())
 
-    def forward(self, routes: StepRoutes, moved: Dispatched, *, encoders: Mapping[str, Callable],
+    def forward(self, routes: PassRoutes, moved: Dispatched, *, encoders: Mapping[str, Callable],
                 text_embedding: Callable, text_key: str = "input_ids", stats: dict | None = None) -> Assembled:
         """Encode balanced items, send embeddings to their LLM rank, assemble packed sequences.
 
@@ -413,7 +407,7 @@ class MultiStageRuntime:
         module docstring).  A rank whose encoders break it, or return the wrong shape, is named
         on every rank before the exchange.
         """
-        step, problems, outputs = routes.step, [], []
+        step, problems, outputs = routes.plan, [], []
         for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
             expected = int(step.batch.segment_tokens[plan.item_segment[route.dest_items]].sum())
             if modality not in encoders:
@@ -446,10 +440,10 @@ class MultiStageRuntime:
             problems.append(contract_problem(what, group_rank(self.group), num_items, unused))
         return output
 
-    def assemble(self, routes: StepRoutes, text_embedded: torch.Tensor,
+    def assemble(self, routes: PassRoutes, text_embedded: torch.Tensor,
                  arrived: Sequence[torch.Tensor]) -> Assembled:
         """Interleave text embeddings and received segment embeddings into packed sequences."""
-        step, rank = routes.step, routes.rank
+        step, rank = routes.plan, routes.rank
         recipe = step.assembly(rank)
         samples, sample_lengths, num_tokens = recipe.samples, recipe.sample_lengths, recipe.num_tokens
         text_start = step.llm.item_input_offset[recipe.text_sample] + recipe.text_offset

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..orchestrator.microbatch import MicroBatchStepPlan
+from ..orchestrator.step import StepPlan
 from ..orchestrator.planner import LOCALITY, Orchestrator
 from ..topology import Topology, estimate_exchange
 from .microbatch_peers import MICROBATCH_PEERS
@@ -77,7 +77,7 @@ class MicroBatchStepResult:
 
 
 def microbatch_plan(strategy: str, stages, topology: Topology, batch, max_tokens_per_microbatch: int
-                    ) -> MicroBatchStepPlan:
+                    ) -> StepPlan:
     """The micro-batched step plan of `strategy` (a name in `STRATEGIES`) for `batch`."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown micro-batch strategy {strategy!r}; choose from {list(STRATEGIES)}")
@@ -92,7 +92,7 @@ def microbatch_plan(strategy: str, stages, topology: Topology, batch, max_tokens
     return Orchestrator(stages, topology, balance_encoders=False).plan_cells(batch, cells, start=start)
 
 
-def simulate_microbatched_step(plan: MicroBatchStepPlan, strategy: str, model: ModelConfig, gpu: GPU,
+def simulate_microbatched_step(plan: StepPlan, strategy: str, model: ModelConfig, gpu: GPU,
                                topology: Topology, planning_seconds: float | None = None) -> MicroBatchStepResult:
     """Model one micro-batched step of `plan` (see the module docstring)."""
     num_ranks = plan.num_ranks

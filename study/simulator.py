@@ -51,11 +51,12 @@ import numpy as np
 
 from ..balancers.problem import as_num_ranks
 from ..balancers.validation import is_int, is_real
-from ..orchestrator.plan import Exchange, StepPlan
+from ..orchestrator.plan import Exchange, PassPlan
+from ..orchestrator.step import StepPlan
 from ..topology import Topology, estimate_exchange
 from .compare import MAX_STEP_SAMPLES, check_batch_size
 from .models import GIB, GPUS, MODELS, GPU, ModelConfig, list_models
-from .strategies import STRATEGIES, Strategy, get_strategy, micro_batched
+from .strategies import STRATEGIES, Strategy, get_strategy, micro_batched, single_pass
 from .workloads import WORKLOADS, check_workload_file, list_workloads, load_workload_file, sample_workload
 
 RECOMPUTE_FACTOR = 4.0 / 3.0  # full activation recomputation: 4 forward-equivalents for 3 counted
@@ -201,7 +202,7 @@ def cluster(gpus: int) -> Topology:
     return Topology.for_world_size(int(gpus), preset="h100")
 
 
-def _exchanges(plan: StepPlan, strategy: Strategy) -> list[Exchange]:
+def _exchanges(plan: PassPlan, strategy: Strategy) -> list[Exchange]:
     """Forward exchanges of the step, in order, leaving out those that move nothing."""
     embedding = [plan.embedding_exchange()] if strategy.composed else list(plan.two_exchange_scheme())
     return [exchange for exchange in [plan.input_exchange(), *embedding]
@@ -210,7 +211,7 @@ def _exchanges(plan: StepPlan, strategy: Strategy) -> list[Exchange]:
 
 def simulate_step(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, topology: Topology,
                   planning_seconds: float | None = None) -> StepFigures:
-    """Model one step of `plan` (see the module docstring).
+    """Model one step of `plan`, a step of one pass (see the module docstring).
 
     `planning_seconds` defaults to the planner's own measurement `plan.planning_seconds`.
     A strategy with `micro_batch_sizes` runs with the largest that fits in memory (the
@@ -235,7 +236,7 @@ def stage_rank_seconds(plan: StepPlan, gpu: GPU, micro_batch_size: int | None = 
     """Compute seconds of every rank in every stage, as the simulator models them (stage name -> (D,))."""
     rate = gpu.peak_flops * gpu.kernel_efficiency
     return {stage_plan.stage.name: _loads_and_tokens(plan, stage_plan, micro_batch_size)[0] * RECOMPUTE_FACTOR / rate
-            for stage_plan in plan.stage_plans}
+            for stage_plan in single_pass(plan).stage_plans}
 
 
 def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, topology: Topology,
@@ -249,7 +250,7 @@ def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, 
     working = np.zeros(num_ranks)
     model_flops = 0.0
     per_stage = {}
-    for index, stage_plan in enumerate(plan.stage_plans):
+    for index, stage_plan in enumerate(single_pass(plan).stage_plans):
         stage = stage_plan.stage
         transformer = model.transformer_of(stage)
         loads, tokens = _loads_and_tokens(plan, stage_plan, micro_batch_size)
@@ -264,7 +265,7 @@ def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, 
             algorithm=stage_plan.algorithm, padded=stage.padded, items=stage_plan.num_items,
             max_tokens_per_rank=int(tokens.max()))
     compute = float(busy.max(axis=1).sum())
-    exchanges = _exchanges(plan, strategy)
+    exchanges = _exchanges(single_pass(plan), strategy)
     exchange_seconds, buffers, bytes_moved, bytes_inter = 0.0, np.zeros(num_ranks), 0.0, 0.0
     for exchange in exchanges:
         forward = estimate_exchange(exchange.source, exchange.destination, exchange.item_bytes, topology,
@@ -309,8 +310,8 @@ def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, 
 
 def composition_comparison(plan: StepPlan, topology: Topology, exchange: str = "nodewise") -> CompositionFigures:
     """Bytes and modelled seconds of the composed embedding exchange vs the two-exchange scheme."""
-    one = plan.embedding_exchange()
-    two = plan.two_exchange_scheme()
+    one = single_pass(plan).embedding_exchange()
+    two = single_pass(plan).two_exchange_scheme()
 
     def seconds(e: Exchange) -> float:
         return estimate_exchange(e.source, e.destination, e.item_bytes, topology, exchange).seconds

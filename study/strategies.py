@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers.problem import make_problem
-from ..orchestrator.plan import StagePlan, StepPlan
+from ..orchestrator.plan import PassPlan, StagePlan
+from ..orchestrator.step import StepPlan
 from ..orchestrator.planner import LOCALITY, Orchestrator
 from ..orchestrator.samples import Batch
 from ..topology import Topology
@@ -69,6 +70,15 @@ class Strategy:
         return orchestrator.plan(batch)
 
 
+def single_pass(plan: StepPlan) -> PassPlan:
+    """The one pass of a step planned without a token budget: what the strategies plan and the
+    simulator models (`microbatch_sim` models steps of several micro-batches)."""
+    if plan.num_microbatches != 1:
+        raise ValueError(f"`plan` must be a step of one pass; got {plan.num_microbatches} micro-batches "
+                         f"(`study.microbatch_sim.simulate_microbatched_step` models those)")
+    return plan.microbatches[0]
+
+
 def micro_batched(plan: StepPlan, stage_plan: StagePlan, micro_batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-rank cost and peak tokens when each rank runs its samples in padded micro-batches.
 
@@ -77,7 +87,7 @@ def micro_batched(plan: StepPlan, stage_plan: StagePlan, micro_batch_size: int) 
     count · f(max length) per stage; ranks add their micro-batches' costs and hold one
     micro-batch at a time (peak tokens = max count · max length).
     """
-    llm = plan.llm
+    llm = single_pass(plan).llm
     position = np.empty(llm.num_items, dtype=np.int64)
     position[llm.rank_items] = np.arange(llm.num_items) - np.repeat(llm.rank_offsets[:-1], np.diff(llm.rank_offsets))
     groups = -(-max(int(np.diff(llm.rank_offsets).max()), 1) // micro_batch_size)

@@ -108,15 +108,15 @@ def check_composition(plan) -> None:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("num_ranks,per_rank", [(1, 5), (4, 3), (8, 2)])
 def test_every_embedding_arrives_once_at_the_recipe_offset(seed, num_ranks, per_rank):
-    check_composition(Orchestrator(STAGES, num_ranks).plan(random_batch(seed, num_ranks, per_rank)))
+    check_composition(Orchestrator(STAGES, num_ranks).plan(random_batch(seed, num_ranks, per_rank)).microbatches[0])
 
 
 @pytest.mark.parametrize("placement", ["identity", "lap", "lap_node"])
 def test_placement_only_relabels_groups_and_keeps_the_composition(placement):
     batch = random_batch(4, 16, 3)
     topology = Topology(2, 8)
-    plain = Orchestrator(STAGES, topology, placement=None).plan(batch)
-    placed = Orchestrator(STAGES, topology, placement=placement, padded_placement=placement).plan(batch)
+    plain = Orchestrator(STAGES, topology, placement=None).plan(batch).microbatches[0]
+    placed = Orchestrator(STAGES, topology, placement=placement, padded_placement=placement).plan(batch).microbatches[0]
     for before, after in zip(plain.stage_plans, placed.stage_plans):
         np.testing.assert_array_equal(np.sort(before.loads), np.sort(after.loads))
         assert after.makespan == before.makespan
@@ -128,7 +128,7 @@ def test_placement_only_relabels_groups_and_keeps_the_composition(placement):
 @pytest.mark.parametrize("seed", range(4))
 def test_one_exchange_and_two_exchanges_place_every_embedding_identically(seed):
     batch = random_batch(seed, 4, 4)
-    plan = Orchestrator(STAGES, 4).plan(batch)
+    plan = Orchestrator(STAGES, 4).plan(batch).microbatches[0]
     buffers = encoder_outputs(plan)
     home_exchange, onward_exchange = plan.two_exchange_scheme()
     # Exchange 1: each embedding back to the rank that sampled it, keyed by segment.
@@ -159,9 +159,9 @@ def test_one_exchange_and_two_exchanges_place_every_embedding_identically(seed):
 def test_locality_stays_within_the_slack_and_keeps_the_composition(seed):
     batch = random_batch(seed, 16, 3)
     topology = Topology(2, 8)
-    plain = Orchestrator(STAGES, topology, placement=None).plan(batch)
+    plain = Orchestrator(STAGES, topology, placement=None).plan(batch).microbatches[0]
     local = Orchestrator(STAGES, topology, placement="locality", padded_placement="locality",
-                         makespan_slack=0.01).plan(batch)
+                         makespan_slack=0.01).plan(batch).microbatches[0]
     for before, after in zip(plain.stage_plans, local.stage_plans):
         assert after.makespan <= before.makespan * 1.01 + 1e-9
     check_composition(local)
@@ -171,14 +171,14 @@ def test_locality_moves_nothing_when_every_rank_already_holds_the_same_work():
     one_rank = [Sample(40, (Segment("image", 64, 16), Segment("audio", 30, 8))), Sample(7, (Segment("image", 9, 3),)),
                 Sample(120)]
     samples = [Sample(s.text, s.segments, source=rank) for rank in range(8) for s in one_rank]
-    plan = Orchestrator(STAGES, Topology(2, 4), padded_placement="locality").plan(Batch.from_samples(samples, 8))
+    plan = Orchestrator(STAGES, Topology(2, 4), padded_placement="locality").plan(Batch.from_samples(samples, 8)).microbatches[0]
     assert plan.input_exchange().bytes_moved == 0 and plan.embedding_exchange().bytes_moved == 0
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_input_exchange_carries_every_input_once(seed):
     batch = random_batch(seed, 4, 3)
-    plan = Orchestrator(STAGES, 4).plan(batch)
+    plan = Orchestrator(STAGES, 4).plan(batch).microbatches[0]
     exchange = plan.input_exchange()
     items = sum(p.num_items for p in plan.stage_plans)
     assert exchange.source.size == items
@@ -196,7 +196,7 @@ def test_input_exchange_carries_every_input_once(seed):
        per_rank=st.integers(1, 6))
 def test_stage_plans_keep_the_balancer_invariants(seed, num_ranks, per_rank):
     batch = random_batch(seed, num_ranks, per_rank)
-    plan = Orchestrator(STAGES, num_ranks).plan(batch)
+    plan = Orchestrator(STAGES, num_ranks).plan(batch).microbatches[0]
     for stage_plan in plan.stage_plans:
         k = stage_plan.num_items
         assert np.all((stage_plan.destination >= 0) & (stage_plan.destination < num_ranks))
@@ -247,8 +247,8 @@ def test_llm_anchor_bytes_are_each_samples_text_and_embedding_bytes(audio_bytes_
 
 def test_same_metadata_gives_a_bit_identical_plan():
     batch = random_batch(7, 8, 4)
-    first = Orchestrator(STAGES, 8).plan(batch)
-    again = Orchestrator(STAGES, 8).plan(random_batch(7, 8, 4))
+    first = Orchestrator(STAGES, 8).plan(batch).microbatches[0]
+    again = Orchestrator(STAGES, 8).plan(random_batch(7, 8, 4)).microbatches[0]
     assert first.digest() == again.digest()
 
 
@@ -258,16 +258,16 @@ def test_memory_cap_is_respected_and_infeasible_cap_is_an_error():
     total = int(batch.sample_llm_length.sum())
     cap = max(int(batch.sample_llm_length.max()), -(-total // 4)) + int(batch.sample_llm_length.max())
     capped = (*STAGES[:-1], Stage("llm", "llm", llm.cost, algorithm="lpt", max_tokens_per_rank=cap))
-    plan = Orchestrator(capped, 4).plan(batch)
+    plan = Orchestrator(capped, 4).plan(batch).microbatches[0]
     assert plan.llm.tokens.max() <= cap
     tiny = (*STAGES[:-1], Stage("llm", "llm", llm.cost, algorithm="lpt", max_tokens_per_rank=1))
     with pytest.raises(ValueError, match="max_tokens_per_rank"):
-        Orchestrator(tiny, 4).plan(batch)
+        Orchestrator(tiny, 4).plan(batch).microbatches[0]
 
 
 def test_rank_without_text_or_samples_assembles_regression_empty_text_spans():
     samples = [Sample(0, (Segment("image", 8, 3),), source=0), Sample(0, (Segment("audio", 5, 2),), source=0)]
-    plan = Orchestrator(STAGES, 3, balance_llm=False).plan(Batch.from_samples(samples, 3))
+    plan = Orchestrator(STAGES, 3, balance_llm=False).plan(Batch.from_samples(samples, 3)).microbatches[0]
     check_composition(plan)
     recipe = plan.assembly(0)
     assert recipe.text_sample.size == 0 and recipe.num_tokens == 5
@@ -276,21 +276,21 @@ def test_rank_without_text_or_samples_assembles_regression_empty_text_spans():
 
 def test_stages_with_no_items_on_any_rank_work():
     batch = random_batch(1, 4, 3, modalities=("image",))
-    plan = Orchestrator(STAGES, 4).plan(batch)
+    plan = Orchestrator(STAGES, 4).plan(batch).microbatches[0]
     audio = plan.stage_plan("audio")
     assert audio.num_items == 0 and audio.makespan == 0 and audio.gap == 0
     text_only = Batch.from_samples([Sample(5, source=r) for r in range(4)], 4)
-    plan = Orchestrator(STAGES, 4).plan(text_only)
+    plan = Orchestrator(STAGES, 4).plan(text_only).microbatches[0]
     assert plan.embedding_exchange().item_bytes.size == 0
     assert [plan.assembly(r).num_tokens for r in range(4)] == [5, 5, 5, 5]
 
 
 def test_ablation_switches_keep_items_home():
     batch = random_batch(2, 4, 4)
-    plan = Orchestrator(STAGES, 4, balance_encoders=False).plan(batch)
+    plan = Orchestrator(STAGES, 4, balance_encoders=False).plan(batch).microbatches[0]
     for stage_plan in plan.stage_plans[:-1]:
         np.testing.assert_array_equal(stage_plan.destination, stage_plan.source)
-    plan = Orchestrator(STAGES, 4, balance_encoders=False, balance_llm=False).plan(batch)
+    plan = Orchestrator(STAGES, 4, balance_encoders=False, balance_llm=False).plan(batch).microbatches[0]
     assert plan.embedding_exchange().bytes_moved == 0 and plan.input_exchange().bytes_moved == 0
 
 
@@ -311,7 +311,7 @@ def test_overlapping_segments_are_rejected():
 def test_unknown_modality_is_rejected():
     batch = Batch.from_samples([Sample(3, (Segment("video", 10, 2),), source=0)], 1)
     with pytest.raises(ValueError, match="unknown modality 'video'"):
-        Orchestrator(STAGES, 1).plan(batch)
+        Orchestrator(STAGES, 1).plan(batch).microbatches[0]
 
 
 def test_composing_stage_plans_that_leave_out_a_segment_is_an_error():
@@ -386,7 +386,7 @@ def test_stage_lists_are_validated():
     with pytest.raises(ValueError, match="stage 'vision': algorithm 'padded' solves the padded cost"):
         Stage("vision", "image", CostModel(), algorithm="padded")  # a stage unpadded: its plan raised, on every step
     with pytest.raises(ValueError, match="1 nodes × 4 gpus = 4 != batch.num_ranks 2"):
-        Orchestrator(STAGES, 4).plan(random_batch(0, 2, 2))
+        Orchestrator(STAGES, 4).plan(random_batch(0, 2, 2)).microbatches[0]
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -409,18 +409,18 @@ def test_orchestrator_options_are_validated():
     with pytest.raises(TypeError, match="`topology` must be a Topology or an int"):
         Orchestrator(STAGES, "two")
     with pytest.raises(TypeError, match="`batch` must be a Batch"):
-        Orchestrator(STAGES, 2).plan([Sample(3)])
+        Orchestrator(STAGES, 2).plan([Sample(3)]).microbatches[0]
 
 
 def test_assembly_rank_is_validated():
-    plan = Orchestrator(STAGES, 2).plan(random_batch(0, 2, 2))
+    plan = Orchestrator(STAGES, 2).plan(random_batch(0, 2, 2)).microbatches[0]
     with pytest.raises(ValueError, match="`rank` must be an int in \\[0, 2\\)"):
         plan.assembly(2)
 
 
 def test_topology_with_several_nodes_plans_like_any_other():
     batch = random_batch(5, 16, 2)
-    plan = Orchestrator(STAGES, Topology(2, 8)).plan(batch)
+    plan = Orchestrator(STAGES, Topology(2, 8)).plan(batch).microbatches[0]
     assert plan.num_ranks == 16
     assert sorted(np.concatenate([plan.assembly(r).samples for r in range(16)]).tolist()) == list(range(32))
 

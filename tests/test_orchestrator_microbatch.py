@@ -9,7 +9,7 @@ import dataclasses
 
 from orchmllm import InfeasibleError, Orchestrator, Topology
 from orchmllm.balancers import balance, balance_microbatches
-from orchmllm.orchestrator import MicroBatchStepPlan, planner
+from orchmllm.orchestrator import StepPlan, planner
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
 
@@ -22,9 +22,9 @@ def plan_of(num_ranks, samples_per_rank, budget, seed=0, **options):
     return batch, Orchestrator(STAGES, topology, max_tokens_per_microbatch=budget, **options).plan(batch)
 
 
-def check_step(batch, plan: MicroBatchStepPlan, budget: int):
+def check_step(batch, plan: StepPlan, budget: int):
     """Every invariant of a micro-batched step, recomputed from the batch."""
-    assert isinstance(plan, MicroBatchStepPlan)
+    assert isinstance(plan, StepPlan)
     cells = plan.cells
     assert plan.num_microbatches == cells.num_microbatches == len(plan.microbatch_samples)
     seen = np.concatenate(plan.microbatch_samples)

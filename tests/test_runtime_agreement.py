@@ -182,7 +182,8 @@ def encoder_dtype_job(rank, size, odd="float64"):
             encoders = dict(model.encoders())
             if rank == 1 and step == 1:
                 encoders["image"] = lambda inputs, lengths: ODD_ENCODER_OUTPUTS[odd](model.vision(inputs, lengths))
-            packed = runtime.forward(routes, moved, encoders=encoders, text_embedding=model.llm.embed)
+            [micro] = runtime.microbatches(routes, moved)
+            packed = runtime.forward(micro.routes, micro.data, encoders=encoders, text_embedding=model.llm.embed)
             packed.embeddings.sum().backward()
         return "trained"
 
@@ -423,8 +424,7 @@ def stale_routes_job(rank, size, where):
             stale = rank == 1 and where == "step" and step == 1
             moved = runtime.dispatch(first if stale else routes, text=batch.text, per_sample=batch.per_sample,
                                      inputs=batch.inputs)
-            micros = [(routes, moved)] if where == "step" else \
-                [(micro.routes, micro.data) for micro in runtime.microbatches(routes, moved)]
+            micros = [(micro.routes, micro.data) for micro in runtime.microbatches(first if stale else routes, moved)]
             for index, (micro_routes, part) in enumerate(micros):
                 if rank == 1 and where == "micro-batch" and index == 1:
                     micro_routes = micros[0][0]

@@ -86,8 +86,9 @@ def rounding_job(rank, size):
         runtime = MultiStageRuntime(stages, **options)
         routes = runtime.plan(batch.samples)
         moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs)
-        packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
-        labels = packed.scatter_text(moved.text["labels"], IGNORE)
+        [micro] = runtime.microbatches(routes, moved)
+        packed = runtime.forward(micro.routes, micro.data, encoders=model.encoders(), text_embedding=model.llm.embed)
+        labels = packed.scatter_text(micro.data.text["labels"], IGNORE)
         loss_sum = model.loss_sum(model.llm(packed.embeddings, packed.sample_lengths), labels)
         count = labels.ne(IGNORE).sum()
         loss = loss_sum / count / size if name == "per-rank mean" else normalize_loss(loss_sum, count,

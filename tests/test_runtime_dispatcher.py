@@ -176,9 +176,10 @@ def multistage_job(rank, size):
         runtime = MultiStageRuntime(stages, transport=transport, check_plan=True)
         routes = runtime.plan(batch.samples)
         moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs)
-        step = routes.step
+        [micro] = runtime.microbatches(routes, moved)
+        step, moved = micro.routes.plan, micro.data
         assert moved.per_sample["sample_id"].tolist() == step.batch.sample_id[step.llm.items_on(rank)].tolist()
-        packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
+        packed = runtime.forward(micro.routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
         labels = packed.scatter_text(moved.text["labels"], IGNORE)
         assert (labels != IGNORE).sum() == (moved.text["labels"] != IGNORE).sum()
         logits = model.llm(packed.embeddings, packed.sample_lengths)

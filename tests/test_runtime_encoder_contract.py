@@ -70,9 +70,9 @@ def tensors_of(rank):
 def train_step(model, runtime, rank):
     routes = runtime.plan(samples_of(rank))
     text, inputs = tensors_of(rank)
-    moved = runtime.dispatch(routes, text=text, inputs=inputs)
-    loss_sum = model(runtime, routes, moved)
-    normalize_loss(loss_sum, int(moved.text["labels"].numel())).backward()
+    [micro] = runtime.microbatches(routes, runtime.dispatch(routes, text=text, inputs=inputs))
+    loss_sum = model(runtime, micro.routes, micro.data)
+    normalize_loss(loss_sum, int(micro.data.text["labels"].numel())).backward()
 
 
 def contract_job(rank, size, wrapper, early_return):
@@ -106,8 +106,8 @@ def reference_gradients():
     inputs = {"image": torch.cat([i["image"] for _, i in tensors])}
     for _ in range(2):
         routes = runtime.plan(samples)
-        moved = runtime.dispatch(routes, text=text, inputs=inputs)
-        normalize_loss(model(runtime, routes, moved), int(text["labels"].numel())).backward()
+        [micro] = runtime.microbatches(routes, runtime.dispatch(routes, text=text, inputs=inputs))
+        normalize_loss(model(runtime, micro.routes, micro.data), int(text["labels"].numel())).backward()
     return [p.grad.numpy().copy() for p in model.parameters()]
 
 

@@ -17,6 +17,7 @@ from orchmllm.balancers import CostModel
 from orchmllm.orchestrator.plan import compose
 from orchmllm.orchestrator.planner import stage_plan
 from orchmllm.orchestrator.samples import Batch, Sample, Segment
+from orchmllm.orchestrator.step import StepPlan
 from orchmllm.runtime import MultiStageRuntime, all_reduce_gradients, normalize_loss
 from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.demo import compare_gradients, demo_stages, run_demo
@@ -59,13 +60,14 @@ def global_batches(draw):
 def step_plan(batch, destinations):
     plans = tuple(stage_plan(batch, stage, np.asarray(dest, dtype=np.int64), "random")
                   for stage, dest in zip(STAGES, destinations))
-    return compose(batch, STAGES, plans)
+    return StepPlan(batch, tuple(STAGES), (compose(batch, STAGES, plans),), (np.arange(batch.num_samples),))
 
 
 def gradients(model, runtime, routes, local):
     moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
-    packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
-    labels = packed.scatter_text(moved.text["labels"], IGNORE)
+    [micro] = runtime.microbatches(routes, moved)
+    packed = runtime.forward(micro.routes, micro.data, encoders=model.encoders(), text_embedding=model.llm.embed)
+    labels = packed.scatter_text(micro.data.text["labels"], IGNORE)
     logits = model.llm(packed.embeddings, packed.sample_lengths)
     normalize_loss(model.loss_sum(logits, labels), (labels != IGNORE).sum(), gradient_reduction="sum").backward()
     all_reduce_gradients(model.parameters(), op="sum")

@@ -299,14 +299,16 @@ def test_multistage_world_size_one_runs_the_whole_path_and_validates_input():
     model = TinyMultimodalModel(config)
     local = SyntheticMultimodal(config, samples_per_rank=3, seed=2).local_batch(0, 0)
     routes = runtime.plan(local.samples)
-    moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+    [micro] = runtime.microbatches(routes, runtime.dispatch(routes, text=local.text, per_sample=local.per_sample,
+                                                            inputs=local.inputs))
+    routes, moved = micro.routes, micro.data
     assert torch.equal(moved.text["input_ids"], local.text["input_ids"])
     packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
     assert packed.embeddings.shape == (sum(s.llm_length for s in local.samples), config.llm_hidden)
     assert packed.samples.tolist() == [0, 1, 2]
 
     with pytest.raises(ValueError, match="`inputs` lacks modality"):
-        runtime.dispatch(routes, text=local.text, inputs={})
+        runtime.dispatch(runtime.plan(local.samples), text=local.text, inputs={})
     with pytest.raises(ValueError, match="`encoders` lacks modality 'audio'"):
         runtime.forward(routes, moved, encoders={"image": model.vision}, text_embedding=model.llm.embed)
     with pytest.raises(ValueError, match="encoder 'image' returned shape"):
@@ -324,7 +326,8 @@ def test_multistage_with_an_empty_global_batch_is_a_no_op():
     empty = SyntheticMultimodal(config, samples_per_rank=0).local_batch(0, 0)
     routes = runtime.plan(empty.samples)
     moved = runtime.dispatch(routes, text=empty.text, per_sample=empty.per_sample, inputs=empty.inputs)
-    packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
+    [micro] = runtime.microbatches(routes, moved)
+    packed = runtime.forward(micro.routes, micro.data, encoders=model.encoders(), text_embedding=model.llm.embed)
     assert packed.embeddings.shape == (0, config.llm_hidden) and packed.samples.size == 0
 
 

@@ -137,16 +137,14 @@ def multistage_gradients(model, runtime, samples, local, *, microbatched):
     loss_counts = [int(part.ne(IGNORE).sum()) for part in local.text["labels"].split([s.text for s in samples])]
     routes = runtime.plan(samples, loss_tokens=loss_counts)
     moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
-    steps = runtime.microbatches(routes, moved) if microbatched else [None]
     count = 0
-    for micro in steps:
-        step_routes, data = (routes, moved) if micro is None else (micro.routes, micro.data)
-        packed = runtime.forward(step_routes, data, encoders=model.encoders(), text_embedding=model.llm.embed)
-        if micro is not None:  # the LLM lengths packed attention needs, known before the forward
-            assert torch.equal(micro.lengths, packed.sample_lengths)
-        labels = packed.scatter_text(data.text["labels"], IGNORE)
+    for micro in runtime.microbatches(routes, moved):
+        packed = runtime.forward(micro.routes, micro.data, encoders=model.encoders(), text_embedding=model.llm.embed)
+        # the LLM lengths packed attention needs, known before the forward
+        assert torch.equal(micro.lengths, packed.sample_lengths)
+        labels = packed.scatter_text(micro.data.text["labels"], IGNORE)
         loss_sum = model.loss_sum(model.llm(packed.embeddings, packed.sample_lengths), labels)
-        denominator = micro if micro is not None else (labels != IGNORE).sum()
+        denominator = micro if microbatched else (labels != IGNORE).sum()  # a plain step may divide by a count
         normalize_loss(loss_sum, denominator, gradient_reduction="sum").backward()
         count += 1
     all_reduce_gradients(model.parameters(), op="sum")

@@ -88,9 +88,9 @@ def test_micro_batches_of_one_cost_the_unpadded_sum():
     topology = cluster(8)
     batch = sample_workload("default", 8, 4, seed=1)
     plan = get_strategy("none").plan(MODELS["10b"].stages(), topology, batch)
-    loads, _ = micro_batched(plan, plan.llm, 1)
-    np.testing.assert_allclose(loads, plan.llm.loads)
-    whole, _ = micro_batched(plan, plan.llm, 4)
+    loads, _ = micro_batched(plan, plan.microbatches[0].llm, 1)
+    np.testing.assert_allclose(loads, plan.microbatches[0].llm.loads)
+    whole, _ = micro_batched(plan, plan.microbatches[0].llm, 4)
     assert np.all(whole >= loads - 1e-6 * loads)
 
 

@@ -40,8 +40,7 @@ from ...orchestrator.stages import Stage
 from ..comm import comm_device, group_size, init_distributed
 from ..hierarchical import make_transport
 from ..launch import spawn
-from ..microbatch import MicroBatch
-from ..multistage import MicroBatchRoutes, MultiStageRuntime
+from ..multistage import MultiStageRuntime
 from ..prefetch import Prefetcher
 from ..reduction import all_reduce_gradients, normalize_loss
 from .costs import busy_clock, calibrate_in_isolation, flops_costs, warm_up
@@ -77,16 +76,14 @@ def _sample_ids(ids: torch.Tensor, group=None) -> list[int]:
 
 
 def _train_step(runtime, routes, batch, model, clock, stats, recorders: Callable | None = None):
-    """One forward/backward through `runtime`, micro-batch by micro-batch for `MicroBatchRoutes`
-    (gradients accumulate; every micro-batch's loss is divided by the loss tokens of the whole
-    step); returns (busy seconds of every micro-batch, one for a plain step; sample ids received).
-    `recorders(index)` gives the WorkRecorder keeping the tensors micro-batch `index` ran on,
-    for the isolated replay."""
+    """One forward/backward through `runtime`, micro-batch by micro-batch (gradients accumulate;
+    every micro-batch's loss is divided by the loss tokens of the whole step, planned with
+    `_loss_tokens`); returns (busy seconds of every micro-batch, one for a plain step; sample ids
+    received).  `recorders(index)` gives the WorkRecorder keeping the tensors micro-batch `index`
+    ran on, for the isolated replay."""
     moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs, stats=stats)
-    parts = (runtime.microbatches(routes, moved) if isinstance(routes, MicroBatchRoutes)
-             else [MicroBatch(0, 1, np.empty(0, dtype=np.int64), moved, 0, group_size(runtime.group), routes)])
     busy, ids = [], []
-    for micro in parts:
+    for micro in runtime.microbatches(routes, moved):
         recorder = None if recorders is None else recorders(micro.index)
         labels = micro.data.text["labels"]
         encoders = model.encoders() if recorder is None else recorder.encoders(model)
@@ -96,8 +93,7 @@ def _train_step(runtime, routes, batch, model, clock, stats, recorders: Callable
         logits = model.llm(packed.embeddings, packed.sample_lengths)
         packed_labels = packed.scatter_text(labels, IGNORE)
         loss_sum = model.loss_sum(logits, packed_labels)
-        denominator = micro if isinstance(routes, MicroBatchRoutes) else (labels != IGNORE).sum()
-        normalize_loss(loss_sum, denominator, runtime.group, gradient_reduction="sum").backward()
+        normalize_loss(loss_sum, micro, runtime.group, gradient_reduction="sum").backward()
         busy.append(clock() - busy_start)
         if recorder is not None:
             recorder.llm(packed.embeddings, packed.sample_lengths, packed_labels)
@@ -110,20 +106,15 @@ def _loss_tokens(batch) -> list[int]:
     return [int(part.ne(IGNORE).sum()) for part in batch.text["labels"].split([s.text for s in batch.samples])]
 
 
-def _step_plans(routes) -> tuple:
-    """The StepPlans of a step: one, or one per micro-batch."""
-    return routes.step.microbatches if isinstance(routes, MicroBatchRoutes) else (routes.step,)
-
-
 def _planned_loads(routes) -> list[list[float]]:
     """Per micro-batch (one for a plain step), per rank, the planned cost: the stage plans' loads
     summed over stages."""
-    return [np.sum([plan.loads for plan in step.stage_plans], axis=0).tolist() for step in _step_plans(routes)]
+    return [np.sum([plan.loads for plan in step.stage_plans], axis=0).tolist() for step in routes.step.microbatches]
 
 
 def _stage_imbalance(routes) -> dict:
     """Per stage, Σ_m makespan / Σ_m mean load over the step's micro-batches (one for a plain step)."""
-    plans = _step_plans(routes)
+    plans = routes.step.microbatches
     return {stage.stage.name: float(sum(p.stage_plans[i].makespan for p in plans)
                                     / max(sum(p.stage_plans[i].loads.mean() for p in plans), 1e-300))
             for i, stage in enumerate(plans[0].stage_plans)}
@@ -254,13 +245,13 @@ def _reference_step(trainer: _Trainer, step: int, batch, record: dict, recorded:
     returns the unbalanced step's all-reduced gradients, the reference of the balanced one."""
     model, clock, extra_passes = trainer.model, trainer.clock, trainer.repeats - 1
     same = trainer.data.local_batch(step, 0, trainer.dtype).to(trainer.device)
-    same_routes = trainer.alone.plan(same.samples)
+    same_routes = trainer.alone.plan(same.samples, loss_tokens=_loss_tokens(same))
     extra = _extra_passes(trainer.alone, same_routes, same, model, clock, extra_passes)
     busy, _ = _train_step(trainer.alone, same_routes, same, model, clock, None)
     record["busy_identical"].append(_least(busy, extra)[0])
     model.zero_grad(set_to_none=True)
 
-    routes = trainer.unbalanced.plan(batch.samples)
+    routes = trainer.unbalanced.plan(batch.samples, loss_tokens=_loss_tokens(batch))
     record["planned_unbalanced"].append(_planned_loads(routes))
     record["gradient_terms"].append(gradient_terms(routes.batch))
     extra = _extra_passes(trainer.unbalanced, routes, batch, model, clock, extra_passes)

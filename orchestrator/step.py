@@ -1,7 +1,9 @@
-"""Micro-batched step plans: a step as M gradient-accumulation micro-batches under a token budget.
+"""The step plan: a step of M >= 1 passes (gradient-accumulation micro-batches), each a `PassPlan`.
 
-FSDP / ZeRO-3 synchronise every rank in every layer of every micro-batch, so a step of M
-micro-batches costs
+Without a token budget a step is one pass: every stage balanced over the whole batch
+(`StepPlan.cells` is None, `microbatches` holds one `PassPlan`).  With
+`max_tokens_per_microbatch` it is M micro-batches under that budget.  FSDP / ZeRO-3
+synchronise every rank in every layer of every micro-batch, so a step of M micro-batches costs
 
     step = Σ_m Σ_s max_r cost_s(r, m)        (s: the stages, r: the ranks)
 
@@ -25,7 +27,7 @@ is the micro-batch plan's own.
 The raw inputs of the whole step move in one fused exchange (`input_exchange()`), every item
 straight to the rank that runs it in its micro-batch, when memory allows holding all of a
 rank's micro-batches at once; otherwise the runtime exchanges each micro-batch's inputs
-before it runs (`MicroBatchStepPlan.microbatches[m].input_exchange()`).
+before it runs (`StepPlan.microbatches[m].input_exchange()`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import numpy as np
 from ..balancers.microbatch import make_microbatch_problem
 from ..balancers.microbatch_plan import MicroBatchPlan, cell_accounts, step_cost
 from ..balancers.problem import InfeasibleError, exact_sum
-from .plan import Exchange, StepPlan
+from .plan import Exchange, PassPlan, _frozen
 from .samples import Batch
 from .stages import Stage
 
@@ -152,25 +154,27 @@ def check_cells(batch: Batch, cells, llm: Stage, max_tokens: int | None) -> None
 
 
 @dataclass(frozen=True, eq=False)
-class MicroBatchStepPlan:
-    """A step of `num_microbatches` micro-batches: the cells of its samples and one StepPlan each.
+class StepPlan:
+    """A step of `num_microbatches` passes: one `PassPlan` each, and the cells of its samples.
 
     `cells` is the balancers' `MicroBatchPlan` of the LLM stage over the step's samples
-    (`cells.rank[i]`, `cells.microbatch[i]`).  `microbatch_samples[m]` and
+    (`cells.rank[i]`, `cells.microbatch[i]`) when the step was planned under a token budget;
+    None for a step of one pass over the whole batch.  `microbatch_samples[m]` and
     `microbatch_segments[m]` are the global sample and segment indices of micro-batch m
-    (ascending) and `microbatches[m]` its StepPlan, over `batch.take(microbatch_samples[m])`:
-    sample k and segment j inside it are `microbatch_samples[m][k]`, `microbatch_segments[m][j]`.
+    (ascending) and `microbatches[m]` its PassPlan, over `batch.take(microbatch_samples[m])`
+    (the batch itself for a step of one pass): sample k and segment j inside it are
+    `microbatch_samples[m][k]`, `microbatch_segments[m][j]`.
 
     What the plan holds or costs is a property (`step_cost`, `stage_step_costs`, `lower_bound`,
     `microbatch_of_samples`, ...); what takes an argument or builds an object is a method
-    (`stage_destinations(index)`, `digest()`, `input_exchange()`), as on `StepPlan`.
+    (`stage_destinations(index)`, `digest()`, `input_exchange()`).
     """
 
     batch: Batch
     stages: tuple[Stage, ...]
-    cells: object  # balancers.MicroBatchPlan
+    microbatches: tuple[PassPlan, ...]
     microbatch_samples: tuple[np.ndarray, ...]
-    microbatches: tuple[StepPlan, ...]
+    cells: MicroBatchPlan | None = None
     planning_seconds: float = 0.0
 
     @property
@@ -186,6 +190,11 @@ class MicroBatchStepPlan:
         return self.batch.num_ranks
 
     @property
+    def microbatch_overhead(self) -> float:
+        """The cost of one more micro-batch, in LLM cost units (0 for a step of one pass)."""
+        return 0.0 if self.cells is None else self.cells.microbatch_overhead
+
+    @property
     def stage_step_costs(self) -> dict[str, float]:
         """Σ_m max_r cost_s(r, m) of every stage s (stage name -> cost)."""
         return {stage.name: float(sum(plan.stage_plans[index].makespan for plan in self.microbatches))
@@ -194,12 +203,14 @@ class MicroBatchStepPlan:
     @property
     def step_cost(self) -> float:
         """Σ_m Σ_s max_r cost_s(r, m) + M · microbatch_overhead: what the synchronised micro-batches cost."""
-        overhead = self.num_microbatches * self.cells.microbatch_overhead
-        return float(sum(self.stage_step_costs.values())) + overhead
+        return float(sum(self.stage_step_costs.values())) + self.num_microbatches * self.microbatch_overhead
 
     @property
     def stage_lower_bounds(self) -> dict[str, float]:
-        """A bound on Σ_m max_r cost_s(r, m) that holds for every grouping into micro-batches."""
+        """A bound on Σ_m max_r cost_s(r, m): for a step of one pass each stage plan's own; under a
+        token budget one that holds for every grouping into micro-batches."""
+        if self.cells is None:
+            return {plan.stage.name: float(plan.lower_bound) for plan in self.microbatches[0].stage_plans}
         bounds = {}
         for stage in self.stages[:-1]:
             lengths = self.batch.segment_length[self.batch.segments_of(stage.modality)]
@@ -220,15 +231,19 @@ class MicroBatchStepPlan:
             return 0.0 if self.step_cost == 0 else float("inf")
         return self.step_cost / bound - 1.0
 
-    @property
+    @functools.cached_property
     def microbatch_of_samples(self) -> np.ndarray:
         """The micro-batch of every sample of the step (int64, read-only)."""
-        return self.cells.microbatch
+        if self.cells is not None:
+            return self.cells.microbatch
+        return _frozen(np.zeros(self.batch.num_samples, dtype=np.int64))
 
     def stage_destinations(self, index: int) -> np.ndarray:
         """The rank that runs every item of stage `index` in its micro-batch, over the whole step's items
         (global segment order for an encoder stage, samples for the LLM)."""
         stage = self.stages[index]
+        if self.num_microbatches == 1:
+            return self.microbatches[0].stage_plans[index].destination
         if stage.is_llm:
             return self.cells.rank
         destination = np.full(self.batch.num_segments, -1, dtype=np.int64)
@@ -239,6 +254,8 @@ class MicroBatchStepPlan:
 
     def digest(self) -> str:
         """SHA-256 of the cells and of every micro-batch's plan: equal on ranks that computed the same plan."""
+        if self.cells is None:
+            return self.microbatches[0].digest()
         digest = hashlib.sha256(self.cells.digest().encode())
         for plan in self.microbatches:
             digest.update(plan.digest().encode())
@@ -248,6 +265,8 @@ class MicroBatchStepPlan:
         """The fused input exchange of the whole step: every segment's raw input and every sample's
         text straight to the rank that runs it in its micro-batch, in one all-to-all."""
         parts = [plan.input_exchange() for plan in self.microbatches]
+        if len(parts) == 1:
+            return parts[0]
         return Exchange("input", np.concatenate([part.source for part in parts]),
                         np.concatenate([part.destination for part in parts]),
                         np.concatenate([part.item_bytes for part in parts]))
