@@ -289,7 +289,9 @@ def _load_plugins() -> None:
                 _loading = entry
                 try:
                     _load_entry_point(entry)
-                except Exception as error:  # any plugin's bug: reported, never another algorithm's failure
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as error:  # a plugin's bug, its SystemExit at import too: never another's
                     warnings.warn(f"orchmllm skipped {_describe(entry)}: {type(error).__name__}: {error}",
                                   RuntimeWarning, stacklevel=4)
         except BaseException:  # interrupted: load again next time

@@ -148,6 +148,18 @@ def test_regression_entry_points_that_clash_or_fail_broke_every_listing(tmp_path
     assert {"lpt", "verl_kk"} <= {row["algorithm"] for row in json.loads(done.stdout)["rows"]}
 
 
+def test_regression_an_entry_point_exiting_at_import_ended_the_command(tmp_path):
+    """Cause: the loader caught Exception only, so a plugin module raising SystemExit at import
+    (`raise SystemExit('needs CUDA')`) ended `orchmllm plan --algorithm lpt`, exit 1, no plugin named."""
+    fake_distribution(tmp_path, "exiting-plugin", "exiting_plugin", "raise SystemExit('needs CUDA')\n",
+                      "cuda_only = exiting_plugin:kernel\n")
+    (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n")
+    done = run_with(tmp_path, "-m", "orchmllm", "plan", str(tmp_path / "lengths.csv"), "-D", "2", "--algorithm", "lpt")
+    assert done.returncode == 0 and "makespan 7" in done.stdout, done.stderr
+    assert ("RuntimeWarning: orchmllm skipped the entry point cuda_only = exiting_plugin:kernel of distribution "
+            "exiting-plugin (group 'orchmllm.algorithms'): SystemExit: needs CUDA") in done.stderr
+
+
 def test_regression_a_peer_name_could_be_taken_before_the_entry_points_loaded():
     """Cause: names were only checked against what was registered, and the peers register on
     first listing: `register_algorithm('verl_kk', k)` succeeded, and every listing then raised."""
