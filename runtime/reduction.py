@@ -22,12 +22,22 @@ from .comm import comm_device, group_size, is_distributed
 from .microbatch import MicroBatch, active_microbatch
 
 _REDUCTIONS = ("mean", "sum")
+INT64_MAX = 2**63 - 1
 
 
-def as_count(count, name: str) -> torch.Tensor:
-    """A rank's count checked: a non-negative int, or a one-element tensor of an integer dtype; an int64
-    scalar tensor.  A tensor on an accelerator is not read back (that would cost a device sync), so its
-    sign is left unchecked there.
+def _count_value(value, name: str, num_ranks: int) -> int:
+    """`value` as an int in [0, INT64_MAX // num_ranks]: the sum over `num_ranks` ranks fits int64."""
+    value = as_int(value, name, minimum=0)
+    if value > INT64_MAX // num_ranks:
+        raise ValueError(f"`{name}` must be at most (2**63 - 1) // {num_ranks} rank(s) = {INT64_MAX // num_ranks}, "
+                         f"so that the sum over the ranks fits int64; got {value}")
+    return value
+
+
+def as_count(count, name: str, num_ranks: int = 1) -> torch.Tensor:
+    """A rank's count checked: a non-negative int, or a one-element tensor of an integer dtype, small
+    enough that the sum over `num_ranks` ranks fits int64; an int64 scalar tensor.  A tensor on an
+    accelerator is not read back (that would cost a device sync), so it is left unchecked there.
 
     >>> as_count(torch.tensor([3]), "count").tolist()
     3
@@ -37,21 +47,21 @@ def as_count(count, name: str) -> torch.Tensor:
     TypeError: `count` must be an int; got float
     """
     if not isinstance(count, torch.Tensor):
-        return torch.tensor(as_int(count, name, minimum=0), dtype=torch.int64)
+        return torch.tensor(_count_value(count, name, num_ranks), dtype=torch.int64)
     if count.numel() != 1:
         raise ValueError(f"`{name}` must be one count; got a tensor of shape {tuple(count.shape)}")
     if count.dtype.is_floating_point or count.dtype.is_complex or count.dtype == torch.bool:
         raise TypeError(f"`{name}` must be an integer count; got a {count.dtype} tensor (count with an integer "
                         f"dtype, e.g. `mask.sum()`)")
     if count.device.type == "cpu":
-        as_int(int(count.item()), name, minimum=0)
+        _count_value(int(count.item()), name, num_ranks)
     return count.detach().reshape(()).to(torch.int64)
 
 
 def global_count(local_count, group=None, *, name: str = "local_count") -> torch.Tensor:
     """Sum over the ranks of `group` of a per-rank count (a non-negative int or a one-element integer
     tensor, checked by `as_count` under `name`); an int64 tensor."""
-    count = as_count(local_count, name).to(comm_device(group)).clone()
+    count = as_count(local_count, name, group_size(group)).to(comm_device(group)).clone()
     if is_distributed(group):
         dist.all_reduce(count, group=group)
     return count

@@ -19,6 +19,7 @@ from orchmllm.runtime.alltoall import Flows
 from orchmllm.runtime.demo.calibration import fit_packed_cost
 from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.exchange import home_ranks, ranges
+from orchmllm.runtime.launch import run_processes
 from orchmllm.runtime.metadata import as_table, check_agreement, fingerprint
 from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
@@ -207,10 +208,35 @@ def test_regression_normalize_loss_took_negative_fractional_and_misshapen_counts
         normalize_loss(torch.tensor(6.0), count)
 
 
+@pytest.mark.parametrize("count", [10**30, 2**63])
+def test_regression_a_count_beyond_int64_gave_torch_overflow_text(count):
+    """Cause: the count went to torch.tensor unchecked: 10**30 raised torch's "Overflow when unpacking long long"."""
+    with pytest.raises(ValueError, match=rf"`num_loss_tokens` must be at most \(2\*\*63 - 1\) // 1 rank\(s\) = "
+                                         rf"{2**63 - 1}, so that the sum over the ranks fits int64; got {count}"):
+        normalize_loss(torch.tensor(6.0), count)
+
+
+def normalize_huge_count(rank, world_size):
+    try:
+        return str(normalize_loss(torch.tensor(6.0), 2**62).item())
+    except ValueError as error:
+        return str(error)
+
+
+def test_regression_counts_summing_beyond_int64_wrapped_the_global_count():
+    """Cause: 2**62 loss tokens on each of 2 ranks all-reduced to -2**63 (int64 wraps), which the
+    clamp took for 1: the loss came back undivided (times 2), no error."""
+    outcomes = run_processes(normalize_huge_count, 2, timeout_s=60, collective_timeout_s=20)
+    assert [o.value for o in outcomes] == [f"`num_loss_tokens` must be at most (2**63 - 1) // 2 rank(s) = "
+                                           f"{(2**63 - 1) // 2}, so that the sum over the ranks fits int64; "
+                                           f"got {2**62}"] * 2
+
+
 def test_normalize_loss_takes_one_element_integer_counts():
     for count in (3, np.int64(3), torch.tensor(3), torch.tensor([3], dtype=torch.int32)):
         assert normalize_loss(torch.tensor(6.0), count).item() == 2.0
     assert normalize_loss(torch.tensor(6.0), 0).item() == 6.0  # no loss token anywhere: nothing to divide
+    assert normalize_loss(torch.tensor(6.0), 2**63 - 1).item() == 6.0 / (2**63 - 1)
 
 
 def test_prefetcher_runs_in_the_background_and_reports_hidden_time():
