@@ -30,21 +30,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..balancers import ALGORITHMS, balance, balance_microbatches
+from ..balancers import balance, balance_microbatches
 from ..balancers.locality import FILL_ON_MISS
-from ..balancers.microbatch import make_microbatch_problem, microbatch_options
+from ..balancers.microbatch import make_microbatch_problem
 from ..balancers.microbatch_plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
-from ..balancers.validation import as_real, is_int
+from ..balancers.validation import is_int
 from ..topology import PLACEMENTS, Topology, place
+from .options import LOCALITY, PlanOptions
 from .plan import StagePlan, compose, offsets_within_rank
 from .samples import Batch, group_order
 from .stages import Stage, check_stages
 from .step import StageCapError, StepPlan, capped_cell_lengths, check_cells
-
-LOCALITY = "locality"
-
 
 class StageItems(NamedTuple):
     """A stage's items: the sample of each, its global segment index (-1 for the LLM), its length."""
@@ -135,6 +133,7 @@ class Orchestrator:
     Args:
         stages: `Stage` list, encoder stages first, the LLM stage last.
         topology: a `Topology`, or an int number of ranks (one node).
+        The other arguments are keywords, checked once into `self.options` (a frozen `PlanOptions`):
         placement: how bytes are kept local.  "locality" (default): communication-aware
             balancing (`balance(..., sources=...)`), within (1 + makespan_slack) of the
             plain makespan items stay on their anchor rank, else on its node; a method of
@@ -171,45 +170,14 @@ class Orchestrator:
             micro-batch in LLM cost units; the micro-batch algorithm).
     """
 
-    def __init__(self, stages, topology, *, placement: str | None = LOCALITY, padded_placement: str | None = None,
-                 makespan_slack: float = 0.002, seconds_per_cost: float | None = None,
-                 balance_encoders: bool = True, balance_llm: bool = True,
-                 uniform_algorithm: str | None = None, max_tokens_per_microbatch: int | None = None,
-                 num_microbatches: int | None = None, microbatch_overhead: float = 0.0,
-                 microbatch_algorithm: str = "auto"):
+    def __init__(self, stages, topology, **options):
         self.stages = check_stages(stages)
         if is_int(topology):
             topology = Topology(1, int(topology))
         if not isinstance(topology, Topology):
             raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")
         self.topology = topology
-        for name, value in (("placement", placement), ("padded_placement", padded_placement)):
-            if value is not None and value != LOCALITY and value not in PLACEMENTS:
-                raise ValueError(f"unknown `{name}` {value!r}; choose None, {LOCALITY!r} or one of {sorted(PLACEMENTS)}")
-        self.placement = placement
-        self.padded_placement = padded_placement
-        self.makespan_slack = makespan_slack
-        self.seconds_per_cost = None if seconds_per_cost is None else as_real(seconds_per_cost, "seconds_per_cost",
-                                                                              allow_zero=False)
-        self.balance_encoders = bool(balance_encoders)
-        self.balance_llm = bool(balance_llm)
-        if uniform_algorithm is not None and uniform_algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown `uniform_algorithm` {uniform_algorithm!r}; choose one of {sorted(ALGORITHMS)}")
-        self.uniform_algorithm = uniform_algorithm
-        given = [name for name, value, default in (("num_microbatches", num_microbatches, None),
-                                                   ("microbatch_overhead", microbatch_overhead, 0.0),
-                                                   ("microbatch_algorithm", microbatch_algorithm, "auto"))
-                 if value is not default and value != default]
-        if max_tokens_per_microbatch is None and given:
-            raise ValueError(f"`{given[0]}` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
-        self.microbatching = None
-        if max_tokens_per_microbatch is not None:
-            if not self.balance_llm:
-                raise ValueError("`balance_llm=False` cannot plan micro-batches (the cells balance the LLM stage); to "
-                                 "keep samples on their ranks, pass cells that do to `plan_cells` (e.g. the study's "
-                                 "per-rank sequential fill)")
-            self.microbatching = microbatch_options(max_tokens_per_microbatch, num_microbatches, microbatch_overhead,
-                                                    microbatch_algorithm, algorithm_name="microbatch_algorithm")
+        self.options = PlanOptions(**options)
 
     @property
     def num_ranks(self) -> int:
@@ -228,7 +196,7 @@ class Orchestrator:
             raise ValueError(f"unknown modality {unknown[0]!r}: no stage encodes it; stages cover "
                              f"{sorted(known - {'llm'})}")
         start = time.perf_counter()
-        if self.microbatching is not None:
+        if self.options.microbatching is not None:
             return self._plan_microbatches(batch, start)
         *encoders, llm_stage = self.stages
         llm = self._plan_stage(batch, llm_stage, stage_items(batch, llm_stage), None)
@@ -243,7 +211,7 @@ class Orchestrator:
         Where an encoder's cap (`max_tokens_per_rank`) leaves a micro-batch no plan, the cells are
         planned again counting every sample's share of the caps (`capped_cell_lengths`)."""
         *encoders, llm_stage = self.stages
-        options = dict(self.microbatching, max_tokens_per_microbatch=self._cell_budget())
+        options = dict(self.options.microbatching, max_tokens_per_microbatch=self._cell_budget())
         if batch.num_samples == 0:  # a step with no sample anywhere still runs its micro-batches
             m, overhead = options["num_microbatches"] or 1, options["microbatch_overhead"]
             cells = MicroBatchPlan(
@@ -254,7 +222,7 @@ class Orchestrator:
                 max_tokens_per_microbatch=options["max_tokens_per_microbatch"], microbatch_overhead=overhead,
                 padded=llm_stage.padded)
             return self._plan_cells(batch, cells, start)
-        if self.placement == LOCALITY:
+        if self.options.placement == LOCALITY:
             items = stage_items(batch, llm_stage)
             anchors, anchor_bytes = self._anchors(batch, llm_stage, items, item_tokens(batch, llm_stage, items), None)
             options.update(sources=anchors, item_bytes=anchor_bytes, topology=self.topology)
@@ -281,7 +249,7 @@ class Orchestrator:
         relaxation of the capped one: still a bound).  An error says `why` it arose, and names the
         LLM stage's cap where that bounds the cells."""
         llm_stage, tokens = self.stages[-1], batch.sample_llm_length
-        budget, given = options["max_tokens_per_microbatch"], self.microbatching["max_tokens_per_microbatch"]
+        budget, given = options["max_tokens_per_microbatch"], self.options.max_tokens_per_microbatch
         if budget < given:
             why = (f"the LLM stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
                    f"max_tokens_per_microbatch={given}: a cell holds at most {budget} tokens", *why)
@@ -308,7 +276,7 @@ class Orchestrator:
     def _cell_budget(self) -> int:
         """The tokens a micro-batch cell may hold: max_tokens_per_microbatch, or the LLM stage's
         max_tokens_per_rank where that is lower."""
-        budget, cap = self.microbatching["max_tokens_per_microbatch"], self.stages[-1].max_tokens_per_rank
+        budget, cap = self.options.max_tokens_per_microbatch, self.stages[-1].max_tokens_per_rank
         return budget if cap is None else min(cap, budget)
 
     def plan_cells(self, batch: Batch, cells, *, start: float | None = None) -> StepPlan:
@@ -320,7 +288,7 @@ class Orchestrator:
         if not isinstance(batch, Batch):
             raise TypeError(f"`batch` must be a Batch; got {type(batch).__name__}")
         self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
-        check_cells(batch, cells, self.stages[-1], None if self.microbatching is None else self._cell_budget())
+        check_cells(batch, cells, self.stages[-1], None if self.options.microbatching is None else self._cell_budget())
         return self._plan_cells(batch, cells, start)
 
     def _plan_cells(self, batch: Batch, cells, start: float) -> StepPlan:
@@ -343,7 +311,7 @@ class Orchestrator:
         rank, which cells planned for the cap (`capped_cell_lengths`) keep within it."""
         items = stage_items(sub, stage)
         failure = None
-        if self.balance_encoders:
+        if self.options.balance_encoders:
             try:
                 return self._plan_stage(sub, stage, items, llm, filled=True)
             except InfeasibleError as error:
@@ -372,13 +340,14 @@ class Orchestrator:
 
     def _slack(self, stage: Stage, lengths: np.ndarray, anchor_bytes: np.ndarray, num_ranks: int) -> float:
         """The makespan slack "locality" may spend on a stage (see `seconds_per_cost`)."""
-        if self.seconds_per_cost is None:
-            return self.makespan_slack
-        compute = self.seconds_per_cost * float(stage.cost.item_costs(lengths).sum()) / num_ranks
+        options = self.options
+        if options.seconds_per_cost is None:
+            return options.makespan_slack
+        compute = options.seconds_per_cost * float(stage.cost.item_costs(lengths).sum()) / num_ranks
         topology = self.topology
         bandwidth = topology.inter_node_bw_bytes_per_s if topology.num_nodes > 1 else topology.intra_node_bw_bytes_per_s
         exchange = float(np.sum(anchor_bytes)) / num_ranks / bandwidth
-        return min(self.makespan_slack, exchange / compute) if compute > 0 else self.makespan_slack
+        return min(options.makespan_slack, exchange / compute) if compute > 0 else options.makespan_slack
 
     def _plan_stage(self, batch: Batch, stage: Stage, items: StageItems, llm: StagePlan | None,
                     filled: bool = False) -> StagePlan:
@@ -386,12 +355,13 @@ class Orchestrator:
         `filled` (a micro-batch's stage): "locality" deals with fill="on_miss" (`balancers.balance`): a
         micro-batch's stages are small problems where the repair's rounds cost several times the deal."""
         item_sample, _, item_length = items
-        balanced = self.balance_llm if stage.is_llm else self.balance_encoders
+        options = self.options
+        balanced = options.balance_llm if stage.is_llm else options.balance_encoders
         if not balanced or item_sample.size == 0:
             return stage_plan(batch, stage, batch.sample_source[item_sample], "none", items=items)
-        algorithm = self.uniform_algorithm or stage.algorithm
-        padded = False if self.uniform_algorithm else stage.padded
-        placement = self.padded_placement if stage.padded else self.placement
+        algorithm = options.uniform_algorithm or stage.algorithm
+        padded = False if options.uniform_algorithm else stage.padded
+        placement = options.padded_placement if stage.padded else options.placement
         outputs = item_tokens(batch, stage, items)
         local = {}
         if placement == LOCALITY:

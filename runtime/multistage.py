@@ -201,7 +201,7 @@ class MultiStageRuntime:
                                          **orchestrator_options)
         self.modalities = tuple(stage.modality for stage in self.stages[:-1])
         self.config_options = option_table({  # what every rank must share, by argument name
-            "stages": self.stages, **dict(sorted(orchestrator_options.items())), "topology": repr(topology),
+            "stages": self.stages, **dict(sorted(self.orchestrator.options.items())), "topology": repr(topology),
             "transport": type(self.transport).__name__, "gpus_per_node": getattr(self.transport, "gpus_per_node", None),
             "check_plan": self.check_plan, "fused_input_exchange": self.fused_input_exchange})
         self.config_fingerprint = fingerprint(*self.config_options.items())

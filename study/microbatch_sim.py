@@ -43,7 +43,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..orchestrator.step import StepPlan
-from ..orchestrator.planner import LOCALITY, Orchestrator
+from ..orchestrator.options import LOCALITY
+from ..orchestrator.planner import Orchestrator
 from ..topology import Topology, estimate_exchange
 from .microbatch_peers import MICROBATCH_PEERS
 from .models import GIB, GPU, GPUS, MODELS, ModelConfig

@@ -35,7 +35,8 @@ import numpy as np
 from ..balancers.problem import make_problem
 from ..orchestrator.plan import PassPlan, StagePlan
 from ..orchestrator.step import StepPlan
-from ..orchestrator.planner import LOCALITY, Orchestrator
+from ..orchestrator.options import LOCALITY
+from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch
 from ..topology import Topology
 from .peers import llava_length_grouped

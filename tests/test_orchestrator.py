@@ -308,6 +308,26 @@ def test_overlapping_segments_are_rejected():
         Sample(10, (Segment("image", 8, 4, position=0), Segment("audio", 8, 4, position=2)))
 
 
+@pytest.mark.parametrize("options, error, match", [
+    ({"makespan_slack": -0.5}, ValueError, "`makespan_slack` must be"),
+    ({"makespan_slack": float("nan")}, ValueError, "`makespan_slack` must be"),
+    ({"balance_encoders": "no"}, TypeError, "`balance_encoders` must be a bool"),
+    ({"balance_llm": 0}, TypeError, "`balance_llm` must be a bool"),
+])
+def test_regression_orchestrator_options_are_checked_when_built(options, error, match):
+    """`makespan_slack` was stored unchecked (a negative slack only failed inside a step's
+    locality search, a NaN never), and `bool()` read the string "no" as True."""
+    with pytest.raises(error, match=match):
+        Orchestrator(STAGES, 4, **options)
+
+
+def test_orchestrator_options_are_frozen_and_canonical():
+    options = Orchestrator(STAGES, 4, max_tokens_per_microbatch=np.int64(64), microbatch_overhead=1).options
+    assert type(options.max_tokens_per_microbatch) is int and options.microbatch_overhead == 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.placement = None
+
+
 def test_unknown_modality_is_rejected():
     batch = Batch.from_samples([Sample(3, (Segment("video", 10, 2),), source=0)], 1)
     with pytest.raises(ValueError, match="unknown modality 'video'"):

@@ -368,6 +368,17 @@ def test_fingerprints_keep_distinct_integers_apart_and_take_any_int():
     assert len(set(spelt)) == 1
 
 
+def test_regression_a_multi_stage_option_spelt_otherwise_or_left_at_its_default_agrees():
+    """The runtime fingerprinted the orchestrator options as given: a rank passing a default
+    explicitly, or 16 as np.int64(16), raised ConfigMismatchError against the others."""
+    stages = demo_stages({m: CostModel() for m in ("image", "audio", "llm")}, ModelConfig())
+    spelt = [MultiStageRuntime(stages, **options).config_fingerprint for options in (
+        {"max_tokens_per_microbatch": 16}, {"max_tokens_per_microbatch": np.int64(16), "microbatch_overhead": 0},
+        {"max_tokens_per_microbatch": 16, "makespan_slack": 0.002, "placement": "locality"})]
+    assert len(set(spelt)) == 1
+    assert MultiStageRuntime(stages, max_tokens_per_microbatch=17).config_fingerprint != spelt[0]
+
+
 STALE_STEPS = {  # every rank's lengths at steps 0 and 1; rank 1 dispatches step 1 along step 0's plan
     # its two items swap lengths: the plans swap their destinations, every row count matches (moved wrong rows)
     "same row counts": ([[9, 1, 7], [5, 3], [2, 15], [4, 4, 8]], [[9, 1, 7], [3, 5], [2, 15], [4, 4, 8]]),

@@ -1,0 +1,80 @@
+"""The orchestrator's options, frozen and validated once.
+
+`Orchestrator(stages, topology, **options)` builds one `PlanOptions`: every argument is checked
+here, with one message naming it, and the planner reads the canonical values (plain bools,
+floats and ints) from it; the multi-stage runtime fingerprints the same object, so ranks that
+spell an option differently (a default passed explicitly, `np.int64(16)` for 16) agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from ..balancers import ALGORITHMS
+from ..balancers.microbatch import microbatch_options
+from ..balancers.validation import as_bool, as_real
+from ..topology import PLACEMENTS
+
+LOCALITY = "locality"
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How the orchestrator plans a step (the arguments of `Orchestrator`, which documents them).
+
+    `microbatching` is the canonical `balance_microbatches` options when
+    `max_tokens_per_microbatch` is given (None: a step of one pass)."""
+
+    placement: str | None = LOCALITY
+    padded_placement: str | None = None
+    makespan_slack: float = 0.002
+    seconds_per_cost: float | None = None
+    balance_encoders: bool = True
+    balance_llm: bool = True
+    uniform_algorithm: str | None = None
+    max_tokens_per_microbatch: int | None = None
+    num_microbatches: int | None = None
+    microbatch_overhead: float = 0.0
+    microbatch_algorithm: str = "auto"
+    microbatching: dict | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("placement", "padded_placement"):
+            value = getattr(self, name)
+            if value is not None and value != LOCALITY and value not in PLACEMENTS:
+                raise ValueError(f"unknown `{name}` {value!r}; choose None, {LOCALITY!r} or one of {sorted(PLACEMENTS)}")
+        canonical = {"makespan_slack": as_real(self.makespan_slack, "makespan_slack"),
+                     "balance_encoders": as_bool(self.balance_encoders, "balance_encoders"),
+                     "balance_llm": as_bool(self.balance_llm, "balance_llm")}
+        if self.seconds_per_cost is not None:
+            canonical["seconds_per_cost"] = as_real(self.seconds_per_cost, "seconds_per_cost", allow_zero=False)
+        if self.uniform_algorithm is not None and self.uniform_algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown `uniform_algorithm` {self.uniform_algorithm!r}; choose one of "
+                             f"{sorted(ALGORITHMS)}")
+        canonical["microbatching"] = self._microbatching(canonical["balance_llm"])
+        if canonical["microbatching"] is not None:
+            canonical.update(max_tokens_per_microbatch=canonical["microbatching"]["max_tokens_per_microbatch"],
+                             num_microbatches=canonical["microbatching"]["num_microbatches"],
+                             microbatch_overhead=canonical["microbatching"]["microbatch_overhead"])
+        for name, value in canonical.items():
+            object.__setattr__(self, name, value)
+
+    def _microbatching(self, balance_llm: bool) -> dict | None:
+        """The checked micro-batch options, or None without a budget (then none may be given)."""
+        given = [name for name, default in (("num_microbatches", None), ("microbatch_overhead", 0.0),
+                                            ("microbatch_algorithm", "auto"))
+                 if getattr(self, name) is not default and getattr(self, name) != default]
+        if self.max_tokens_per_microbatch is None:
+            if given:
+                raise ValueError(f"`{given[0]}` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
+            return None
+        if not balance_llm:
+            raise ValueError("`balance_llm=False` cannot plan micro-batches (the cells balance the LLM stage); to "
+                             "keep samples on their ranks, pass cells that do to `plan_cells` (e.g. the study's "
+                             "per-rank sequential fill)")
+        return microbatch_options(self.max_tokens_per_microbatch, self.num_microbatches, self.microbatch_overhead,
+                                  self.microbatch_algorithm, algorithm_name="microbatch_algorithm")
+
+    def items(self) -> list[tuple[str, object]]:
+        """(argument, canonical value) of every option, in declaration order (what ranks must share)."""
+        return [(item.name, getattr(self, item.name)) for item in fields(self) if item.init]
