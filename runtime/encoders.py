@@ -15,12 +15,14 @@ it holds afterwards: a global forward hook records, while the encoder runs, the 
 each of its modules holds as its forward returns.  The runtime checks each encoder's first
 call and every call with empty inputs, and carries the verdict in the header of the embedding
 exchange, so every rank raises `EncoderContractError` naming the rank, the encoder and the
-parameters (see `MultiStageRuntime`'s `check_encoders`).
+parameters (see `MultiStageRuntime`'s `check_encoders`).  An encoder whose module cannot be
+seen (a lambda or function calling it) is refused there too (`unseen_module`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable
 
 import torch
@@ -32,12 +34,19 @@ class EncoderContractError(ValueError):
 
 
 def module_of(encoder: Callable) -> nn.Module | None:
-    """The module whose parameters `encoder` uses: itself, or the module of a bound method; None
-    for other callables (whose parameters the runtime cannot see)."""
-    if isinstance(encoder, nn.Module):
-        return encoder
-    owner = getattr(encoder, "__self__", None)
-    return owner if isinstance(owner, nn.Module) else None
+    """The module whose parameters `encoder` uses: itself, the module of a bound method, or either
+    of these under functools.partial or a wrapper naming it as `__wrapped__` (functools.wraps);
+    None for other callables (whose parameters the runtime cannot see: a lambda, a function)."""
+    seen = set()
+    while id(encoder) not in seen:
+        seen.add(id(encoder))
+        if isinstance(encoder, nn.Module):
+            return encoder
+        owner = getattr(encoder, "__self__", None)
+        if isinstance(owner, nn.Module):
+            return owner
+        encoder = encoder.func if isinstance(encoder, functools.partial) else getattr(encoder, "__wrapped__", None)
+    return None
 
 
 @contextlib.contextmanager
@@ -92,6 +101,20 @@ def checked_call(encoder: Callable, *args) -> tuple[torch.Tensor, list[str]]:
         return output, []
     reached = _reached(output, names, wanted) if output.grad_fn is not None else set()
     return output, [] if reached is None else sorted(wanted - reached)
+
+
+def unseen_module(what: str, encoder: Callable) -> EncoderContractError | None:
+    """The error refusing `encoder` when the contract cannot be checked on it (`module_of` finds no
+    module: a lambda calling the module hides its parameters, and an early return there went
+    unnoticed); None when it can."""
+    if module_of(encoder) is not None:
+        return None
+    return EncoderContractError(
+        f"{what} is a {type(encoder).__name__}, not an nn.Module, a bound method of one or a functools.partial of "
+        f"either, so the runtime cannot find its parameters to check that its output depends on every one of them "
+        f"on every rank (one left out gives wrong DDP gradients without an error); pass the module itself or its "
+        f"bound method (`encoders={{'image': vision}}`, `vision.forward`), set `__wrapped__ = vision` on a wrapping "
+        f"function, or pass check_encoders=False")
 
 
 def contract_problem(what: str, rank: int, num_items: int, unused: list[str]) -> EncoderContractError:

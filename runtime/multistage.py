@@ -54,7 +54,7 @@ from ..orchestrator.step import StepPlan
 from .agreement import SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
-from .encoders import checked_call, contract_problem
+from .encoders import checked_call, contract_problem, unseen_module
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, new_step, split_rows
@@ -183,8 +183,9 @@ class MultiStageRuntime:
         check_encoders: check the encoder contract (module docstring) on each encoder's and the
             text embedding's first call and on every call with empty input, where an early return
             would leave parameters out: their outputs' autograd graphs must reach every trainable
-            parameter of the module (an `nn.Module` or its bound method; other callables are not
-            checked), else every rank raises `EncoderContractError`.  False where unused
+            parameter of the module (an `nn.Module`, its bound method, or either under
+            functools.partial; other callables, such as a lambda calling the module, are refused),
+            else every rank raises `EncoderContractError`.  False where unused
             parameters are harmless (gradients reduced by hand, DDP with find_unused_parameters).
         orchestrator_options: e.g. balance_encoders=False, balance_llm=False (no balancing),
             max_tokens_per_microbatch=T (gradient accumulation: see `microbatches`).
@@ -422,6 +423,10 @@ class MultiStageRuntime:
             outputs.append(embedded)
         text_embedded = self._call("`text_embedding`", text_embedding, moved.text[text_key], problems=problems,
                                    num_items=routes.text_route.dest_items.size)
+        if self.check_encoders:  # a lambda hides the module whose contract `_call` checks
+            called = [(f"encoder {m!r}", encoders[m]) for m in self.modalities if m in encoders]
+            called.append(("`text_embedding`", text_embedding))
+            problems += filter(None, (unseen_module(what, function) for what, function in called))
         pieces = [Piece(route, tensor, step.batch.segment_tokens[plan.item_segment], f"embeddings:{modality}")
                   for route, tensor, plan, modality in zip(routes.embedding_routes, outputs, step.stage_plans[:-1],
                                                            self.modalities)]

@@ -2,6 +2,7 @@
 returns early on empty input is named on every rank before any gradient is reduced; one that
 keeps the contract trains to the single-process gradient."""
 
+import functools
 import re
 
 import numpy as np
@@ -14,7 +15,7 @@ from orchmllm.balancers import CostModel
 from orchmllm.orchestrator.samples import Sample, Segment
 from orchmllm.orchestrator.stages import Stage
 from orchmllm.runtime import EncoderContractError, MultiStageRuntime, normalize_loss
-from orchmllm.runtime.encoders import checked_call
+from orchmllm.runtime.encoders import checked_call, unseen_module
 from orchmllm.runtime.launch import run_processes
 
 STAGES = (Stage("vision", "image", CostModel(per_item=1, linear=1)), Stage("llm", "llm", CostModel(linear=1)))
@@ -38,19 +39,26 @@ class Encoder(nn.Module):
 
 class Model(nn.Module):
     """The runtime runs inside the root module's forward, as a DDP or FSDP2 training loop calls it; each
-    token sees its sample's earlier tokens (a running sum), so the text's loss depends on the image."""
+    token sees its sample's earlier tokens (a running sum), so the text's loss depends on the image.
+    `form` is how the encoder is handed to the runtime (a key of FORMS)."""
 
-    def __init__(self, early_return: bool):
+    def __init__(self, early_return: bool, form: str = "module"):
         super().__init__()
         self.vision = Encoder(early_return)
         self.embed = nn.Embedding(16, 8)
         self.head = nn.Linear(8, 16)
+        self.form = form
 
     def forward(self, runtime, routes, moved):
-        packed = runtime.forward(routes, moved, encoders={"image": self.vision}, text_embedding=self.embed)
+        packed = runtime.forward(routes, moved, encoders={"image": FORMS[self.form](self.vision)},
+                                 text_embedding=self.embed)
         labels = packed.scatter_text(moved.text["labels"], -100)
         mixed = torch.cat([part.cumsum(0) for part in packed.embeddings.split(packed.sample_lengths.tolist())])
         return F.cross_entropy(self.head(mixed), labels, ignore_index=-100, reduction="sum")  # text after the image
+
+
+FORMS = {"module": lambda vision: vision, "lambda": lambda vision: lambda patches, lengths: vision(patches, lengths),
+         "partial": lambda vision: functools.partial(vision.forward)}
 
 
 def samples_of(rank):
@@ -75,11 +83,11 @@ def train_step(model, runtime, rank):
     normalize_loss(loss_sum, int(micro.data.text["labels"].numel())).backward()
 
 
-def contract_job(rank, size, wrapper, early_return):
+def contract_job(rank, size, wrapper, early_return, form="module"):
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
-    model = Model(early_return).double()
+    model = Model(early_return, form).double()
     if wrapper == "ddp":
         wrapped = nn.parallel.DistributedDataParallel(model)
     else:
@@ -141,6 +149,44 @@ def test_an_encoder_keeping_the_contract_trains_to_the_single_process_gradient(w
     for o in outcomes:
         worst = max(float(np.abs(g - r).max() / np.abs(r).max()) for g, r in zip(o.value[1], reference))
         assert worst <= 1e-12
+
+
+def test_regression_an_encoder_under_functools_partial_went_unchecked():
+    """Cause: `module_of` saw no module in `functools.partial(vision.forward)`, so the early return went
+    unnoticed and DDP's gradients came out off by a relative 2.3 with no error."""
+    outcomes = run_processes(contract_job, 4, args=("ddp", True, "partial"), timeout_s=90,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert o.value[0] == "EncoderContractError" and "out.bias, out.weight, proj.bias, proj.weight" in o.value[1]
+
+
+def test_regression_an_encoder_passed_as_a_lambda_went_unchecked():
+    """Cause: a lambda calling the encoder hides its module, so `check_encoders` checked nothing and DDP's
+    gradients came out off by a relative 2.4 with no error (rank 2 died on gloo's 'Connection closed').
+    Such an encoder is now refused on every rank, saying how to pass it."""
+    outcomes = run_processes(contract_job, 4, args=("ddp", True, "lambda"), timeout_s=90,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert o.value[0] == "EncoderContractError", o.value
+        assert ("encoder 'image' is a function, not an nn.Module, a bound method of one or a functools.partial of "
+                "either, so the runtime cannot find its parameters") in o.value[1]
+        assert "pass the module itself or its bound method" in o.value[1] and "check_encoders=False" in o.value[1]
+
+
+def test_a_wrapper_naming_its_module_is_checked_and_a_lambda_refused():
+    encoder = Encoder(early_return=True).double()
+    empty = torch.zeros(0, 4, dtype=torch.float64)
+
+    def recorded(patches, lengths):  # as the demo's WorkRecorder wraps each encoder
+        return encoder(patches, lengths)
+    recorded.__wrapped__ = encoder
+    assert checked_call(recorded, empty, [])[1] == ["out.bias", "out.weight", "proj.bias", "proj.weight"]
+    assert unseen_module("encoder 'image'", recorded) is None
+    assert unseen_module("encoder 'image'", functools.partial(encoder)) is None
+    with pytest.raises(EncoderContractError, match=r"encoder 'image' is a function, not an nn.Module"):
+        raise unseen_module("encoder 'image'", lambda patches, lengths: encoder(patches, lengths))
 
 
 def test_checked_call_names_unused_parameters_and_trusts_what_it_cannot_see():
