@@ -1,13 +1,15 @@
 """Two checkouts of orchmllm timed in one process, plan by plan, on the micro-batched step.
 
     python3.11 benchmarks/interleaved_ab.py BASE_CHECKOUT NEW_CHECKOUT [--pairs 10] [--budgets 8192,16384,65536]
+    python3.11 benchmarks/interleaved_ab.py BASE_CHECKOUT NEW_CHECKOUT --budgets none   # the plain step (one pass)
 
 Alternating processes cannot show a change of a few percent on a VM whose speed drifts by
 ±30 % from minute to minute; here both trees are imported side by side (each checkout linked
 under its own package name in a temporary directory: the package imports itself relatively),
 and every plan of one tree is followed by the same plan of the other (which goes first
 alternates), so both see the same minutes.  The step is `Orchestrator(MODELS["84b"].stages(), cluster(2560),
-max_tokens_per_microbatch=T).plan(sample_workload("default", 2560, 32, seed=2560))`, timed in
+max_tokens_per_microbatch=T).plan(sample_workload("default", 2560, 32, seed=2560))` (T "none": no budget, the
+plain step), timed in
 process time after one warm-up plan; the two plans' digests must agree (else the change is not
 a pure speed change, and the script says so).  Prints, per T, each tree's min and median and
 the median over pairs of new / base.
@@ -26,6 +28,9 @@ from pathlib import Path
 
 def _load(name: str) -> dict:
     """The modules the step needs, of the checkout linked as package `name`."""
+    registry = importlib.import_module(f"{name}.balancers.registry")
+    if hasattr(registry, "_entry_points"):  # the installed distribution's entry points name orchmllm's own peers,
+        registry._entry_points = ()  # which the linked copy registers under its own name: no reserved names here
     return {part: importlib.import_module(f"{name}{suffix}") for part, suffix in
             (("root", ""), ("models", ".study.models"), ("workloads", ".study.workloads"),
              ("simulator", ".study.simulator"))}
@@ -36,7 +41,8 @@ def main(argv=None) -> int:
     parser.add_argument("base", type=Path, help="checkout of the baseline (its root is the package)")
     parser.add_argument("new", type=Path, help="checkout of the change")
     parser.add_argument("--pairs", type=int, default=10)
-    parser.add_argument("--budgets", default="8192,16384,65536", help="max_tokens_per_microbatch values")
+    parser.add_argument("--budgets", default="8192,16384,65536",
+                        help="max_tokens_per_microbatch values ('none': the plain step)")
     parser.add_argument("--ranks", type=int, default=2560)
     parser.add_argument("--samples-per-rank", type=int, default=32)
     args = parser.parse_args(argv)
@@ -45,7 +51,7 @@ def main(argv=None) -> int:
             (Path(folder) / name).symlink_to(checkout.resolve(), target_is_directory=True)
         sys.path.insert(0, folder)
         trees = {name: _load(name) for name in ("orchbase", "orchnew")}
-        budgets = [int(value) for value in args.budgets.split(",")]
+        budgets = [None if value == "none" else int(value) for value in args.budgets.split(",")]
         steps = {}
         for name, tree in trees.items():
             batch = tree["workloads"].sample_workload("default", args.ranks, args.samples_per_rank, seed=args.ranks)
