@@ -328,6 +328,24 @@ def test_orchestrator_options_are_frozen_and_canonical():
         options.placement = None
 
 
+def test_a_plain_step_is_a_step_of_one_pass():
+    """Without a token budget the StepPlan holds one PassPlan of the whole batch, and its step-level
+    figures are those of that pass (one shape for every step: the runtime never branches on it)."""
+    batch = random_batch(3, 4, 3)
+    step = Orchestrator(STAGES, 4).plan(batch)
+    (one,) = step.microbatches
+    assert step.cells is None and step.num_microbatches == 1 and one.batch is batch
+    assert [samples.tolist() for samples in step.microbatch_samples] == [list(range(batch.num_samples))]
+    assert step.microbatch_of_samples.tolist() == [0] * batch.num_samples
+    assert step.step_cost == sum(plan.makespan for plan in one.stage_plans)
+    assert step.lower_bound == sum(plan.lower_bound for plan in one.stage_plans) and step.gap >= 0
+    for index, plan in enumerate(one.stage_plans):
+        assert np.array_equal(step.stage_destinations(index), plan.destination)
+    assert step.digest() == one.digest()
+    assert np.array_equal(step.input_exchange().destination, one.input_exchange().destination)
+    assert [e.bytes_moved for e in step.embedding_exchanges()] == [one.embedding_exchange().bytes_moved]
+
+
 def test_unknown_modality_is_rejected():
     batch = Batch.from_samples([Sample(3, (Segment("video", 10, 2),), source=0)], 1)
     with pytest.raises(ValueError, match="unknown modality 'video'"):
