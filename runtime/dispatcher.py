@@ -33,7 +33,7 @@ import torch
 from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
 from ..balancers.microbatch import microbatch_options
 from ..balancers.validation import as_bool
-from .agreement import SchemaGuard, fingerprint, option_table, plan_word
+from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
@@ -93,6 +93,27 @@ def _local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"`loss_tokens` must be at most each item's length: item {item} has {int(losses[item, 0])} "
                          f"loss tokens of {int(lengths[item, 0])}")
     return lengths, losses
+
+
+def _lengths_problem(plan: DispatchPlan, lengths) -> Exception | None:
+    """Why this rank's items, of `lengths` now, are not those `plan` was made from (a plan kept from
+    another step whose row totals happen to match), or None."""
+    try:
+        local = _local_tables(lengths, None)[0][:, 0]
+    except (TypeError, ValueError) as error:
+        return error
+    planned = plan.lengths[plan.route.source_items]
+    rank = plan.route.rank
+    if local.size != planned.size:
+        return PlanMismatchError(f"rank {rank} dispatches {local.size} items but the plan was made from "
+                                 f"{planned.size} items on this rank: make each step's plan from its own lengths")
+    differ = np.flatnonzero(local != planned)
+    if differ.size:
+        item = int(differ[0])
+        return PlanMismatchError(f"rank {rank}'s item {item} has length {int(local[item])} but the plan was made "
+                                 f"with {int(planned[item])}: the plan is another step's (a plan kept from an earlier "
+                                 f"step?); make each step's plan from its own lengths")
+    return None
 
 
 class PostBalancingDispatcher:
@@ -189,24 +210,29 @@ class PostBalancingDispatcher:
         return DispatchPlan(metadata, plan, route, time.perf_counter() - start, microbatch, count)
 
     def _move(self, batch: Mapping[str, torch.Tensor], route: ExchangeMeta, lengths: np.ndarray, per_item_keys,
-              site: str, differentiable: bool) -> dict[str, torch.Tensor]:
+              site: str, differentiable: bool, problem: Exception | None = None) -> dict[str, torch.Tensor]:
         if not isinstance(batch, Mapping):
             raise TypeError(f"`batch` must be a mapping of names to tensors; got {type(batch).__name__}")
         keys = sorted(batch)
         pieces = [Piece(route, batch[key], 1 if key in per_item_keys else lengths, str(key)) for key in keys]
         move = exchange_with_grad if differentiable else exchange
-        return dict(zip(keys, move(pieces, self.transport, guard=self.guards[site])))
+        return dict(zip(keys, move(pieces, self.transport, guard=self.guards[site], problem=problem)))
 
-    def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *,
+    def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *, lengths=None,
                  differentiable: bool = False) -> dict[str, torch.Tensor]:
         """Move every tensor of `batch` to the ranks the plan assigns its items (one all-to-all).
 
         Every rank must pass the same keys, dtypes and trailing shapes, and this step's plan;
         otherwise every rank raises `SchemaMismatchError` or `PlanMismatchError` naming the
-        ranks that differ (a plan kept from an earlier step included).
+        ranks that differ (a plan kept from an earlier step by some ranks included).  A packed
+        batch has no item boundaries, so a plan kept by every rank goes unseen where each rank's
+        row totals match, unless `lengths` gives this rank's item lengths (as given to `plan`):
+        they are then checked against the plan's, and every rank raises `PlanMismatchError`
+        naming the rank and its first item that differs.
         `differentiable=True` lets gradients of the results flow back to the inputs.
         """
-        return self._move(batch, plan.route, plan.lengths, self.per_item_keys, "dispatch", differentiable)
+        problem = None if lengths is None else _lengths_problem(plan, lengths)
+        return self._move(batch, plan.route, plan.lengths, self.per_item_keys, "dispatch", differentiable, problem)
 
     def microbatches(self, plan: DispatchPlan, moved: Mapping[str, torch.Tensor]):
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).

@@ -181,7 +181,10 @@ def encoder_dtype_job(rank, size, odd="float64"):
             moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs)
             encoders = dict(model.encoders())
             if rank == 1 and step == 1:
-                encoders["image"] = lambda inputs, lengths: ODD_ENCODER_OUTPUTS[odd](model.vision(inputs, lengths))
+                def odd_vision(inputs, lengths):
+                    return ODD_ENCODER_OUTPUTS[odd](model.vision(inputs, lengths))
+                odd_vision.__wrapped__ = model.vision  # the module whose contract `check_encoders` checks
+                encoders["image"] = odd_vision
             [micro] = runtime.microbatches(routes, moved)
             packed = runtime.forward(micro.routes, micro.data, encoders=encoders, text_embedding=model.llm.embed)
             packed.embeddings.sum().backward()
@@ -414,6 +417,48 @@ def test_regression_a_rank_dispatching_along_last_step_s_plan_is_named_on_every_
     assert_every_rank_names_rank_1(outcomes, "PlanMismatchError", started)
     assert "dispatch: the plan differs across ranks" in outcomes[0].value[1]
     assert "pass every exchange the plan of this step" in outcomes[0].value[1]
+
+
+def kept_plan_job(rank, size):
+    """Every rank dispatches step 0 and step 1 along step 0's plan (a user caching it), giving each
+    step's lengths: rank 1's two items swap lengths at step 1, every row total matches."""
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
+
+    def steps():
+        plan = None
+        for step, lengths in enumerate(STALE_STEPS["same row counts"]):
+            plan = plan or dispatcher.plan(lengths[rank])
+            batch = {"id": torch.arange(len(lengths[rank])) + 10 * rank + 100 * step,
+                     "x": torch.ones(sum(lengths[rank]), 2)}
+            moved = dispatcher.dispatch(batch, plan, lengths=lengths[rank])
+        return sorted(moved["id"].tolist())
+
+    return outcome(steps)
+
+
+def test_regression_every_rank_dispatching_along_a_kept_plan_cut_rows_by_its_lengths():
+    """Cause: when every rank kept step 0's plan, the plan identities agreed and every row total
+    matched, so step 1's rows were cut by step 0's lengths (item 110 received 2 rows of item 111),
+    no error.  A packed batch has no item boundaries: `dispatch(..., lengths=)` now checks this
+    rank's lengths against the plan's before any payload moves, and every rank names rank 1."""
+    started = time.monotonic()
+    outcomes = run_processes(kept_plan_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert_every_rank_names_rank_1(outcomes, "PlanMismatchError", started)
+    assert ("rank 1's item 0 has length 3 but the plan was made with 5: the plan is another step's"
+            in outcomes[0].value[1])
+
+
+def test_dispatch_lengths_are_checked_on_one_rank_too():
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", per_item_keys={"id"})
+    plan = dispatcher.plan([5, 3])
+    batch = {"id": torch.arange(2), "x": torch.ones(8, 2)}
+    assert dispatcher.dispatch(batch, plan, lengths=[5, 3])["id"].tolist() == [0, 1]
+    with pytest.raises(PlanMismatchError, match=r"rank 0's item 1 has length 4 but the plan was made with 3"):
+        dispatcher.dispatch(batch, plan, lengths=[5, 4])
+    with pytest.raises(PlanMismatchError, match=r"rank 0 dispatches 3 items but the plan was made from 2 items"):
+        dispatcher.dispatch(batch, plan, lengths=[5, 3, 0])
+    with pytest.raises(ValueError, match=r"`lengths` must be 1-D"):
+        dispatcher.dispatch(batch, plan, lengths=[[5, 3]])
 
 
 def stale_routes_job(rank, size, where):
