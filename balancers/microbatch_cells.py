@@ -76,27 +76,85 @@ def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.nda
         return None
 
 
+class _Rooms:
+    """The cells by room left: one list per room, cell ids descending (the least is popped
+    first; sorted when taken, after cells came in), and the rooms held, ascending."""
+
+    def __init__(self, cap: int, num_cells: int):
+        self.held = [cap] if num_cells else []
+        self.cells = {cap: list(range(num_cells - 1, -1, -1))}
+        self.unsorted = set()
+
+    def take(self, room: int) -> list:
+        cells = self.cells[room]
+        if room in self.unsorted:
+            cells.sort(reverse=True)
+            self.unsorted.discard(room)
+        return cells
+
+    def put(self, room: int, cells: list) -> None:
+        held = self.cells.get(room)
+        if held is None:
+            self.cells[room] = cells
+            bisect.insort(self.held, room)
+        else:
+            held.extend(cells)
+            self.unsorted.add(room)
+
+    def drop(self, room: int) -> None:
+        del self.cells[room]
+        del self.held[bisect.bisect_left(self.held, room)]
+
+
 def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray | None:
     """Best-fit decreasing on the tokens over the M·D cells (cell m·D + r per item), or None
     when even that leaves an item without room: every item, longest first (ties by index),
     goes to the cell with the least room that still takes it (ties by cell).
+
+    A run of k items of one length l is placed at once: the cells with room >= l, by (room,
+    cell), each take room // l items before the next, since a cell's room left stays the least
+    >= l (none lay between); so it costs one step per room it uses up, not one per item
+    (`reference.best_fit_cells` is the item-by-item loop, for the tests).
 
     >>> from orchmllm.balancers.microbatch import make_microbatch_problem
     >>> problem = make_microbatch_problem([6, 5, 4, 3, 2], 1, max_tokens_per_microbatch=10)
     >>> tight_cells(problem, 2).tolist(), tight_cells(problem, 1)
     ([0, 1, 0, 1, 1], None)
     """
-    rooms = [(problem.max_tokens, cell) for cell in range(num_microbatches * problem.num_ranks)]
+    order = problem.length_order
+    ordered = problem.lengths[order]
+    bounds = np.flatnonzero(np.diff(ordered, prepend=-1, append=-1))  # where runs start, and n (lengths >= 0)
+    rooms = _Rooms(problem.max_tokens, num_microbatches * problem.num_ranks)
+    taken = []  # the cell of each item in `order`
+    for length, count in zip(ordered[bounds[:-1]].tolist(), np.diff(bounds).tolist()):
+        if length == 0:
+            if not rooms.held:
+                return None
+            taken.extend(rooms.take(rooms.held[0])[-1:] * count)  # room unchanged
+            continue
+        while count:
+            where = bisect.bisect_left(rooms.held, length)
+            if where == len(rooms.held):
+                return None
+            room = rooms.held[where]
+            cells = rooms.take(room)
+            per = room // length
+            full = min(len(cells), count // per)
+            if full:
+                filled = cells[-full:]
+                del cells[-full:]
+                taken.extend(filled[::-1] if per == 1 else [cell for cell in reversed(filled) for _ in range(per)])
+                rooms.put(room - per * length, filled)
+                count -= full * per
+            if count and cells:
+                cell = cells.pop()
+                taken.extend([cell] * count)
+                rooms.put(room - count * length, [cell])
+                count = 0
+            if not cells:
+                rooms.drop(room)
     cell_of = np.empty(problem.num_items, dtype=np.int64)
-    lengths = problem.lengths
-    for item in sorted_order(lengths).tolist():
-        length = int(lengths[item])
-        where = bisect.bisect_left(rooms, (length, -1))
-        if where == len(rooms):
-            return None
-        room, cell = rooms.pop(where)
-        cell_of[item] = cell
-        bisect.insort(rooms, (room - length, cell))
+    cell_of[order] = np.array(taken, dtype=np.int64)
     return cell_of
 
 

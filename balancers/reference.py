@@ -1,16 +1,17 @@
 """Plain-code references of the LPT (plain and capped) and Karmarkar–Karp kernels, of the
 communication-aware deal and its rounds of full fixes, and of the micro-batch cells' group
-deal, for tests and same-run baselines.
+deal and best-fit packing, for tests and same-run baselines.
 
 minimise max(loads) where loads[r] = sum(cost[i] for i on r), the textbook way, in pure
 Python: slow (O(n log D) heap steps; O(n · D log D) for differencing on full D-vectors),
-but with the tie rules of `lpt`, `karmarkar_karp`, `locality_deal` and `group_deal`, so the fast
+but with the tie rules of `lpt`, `karmarkar_karp`, `locality_deal`, `group_deal` and `tight_cells`, so the fast
 kernels must reach exactly what these reach (the tests assert it; the benchmarks time
 them as baselines).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import numpy as np
@@ -145,6 +146,23 @@ def locality_first_phases(costs: np.ndarray, lengths: np.ndarray, sources: np.nd
                 put(item, rank)
         waiting = [i for i in waiting if destinations[i] < 0]
     return np.array(destinations)
+
+
+def best_fit_cells(lengths: np.ndarray, num_cells: int, cap: int) -> np.ndarray | None:
+    """Best-fit decreasing on a sorted list of (room, cell): every item, longest first (ties by
+    index), to the cell with the least room that still takes it (ties by cell); returns the
+    cells, or None when an item finds no room (`microbatch_cells.tight_cells`'s rule)."""
+    rooms = [(cap, cell) for cell in range(num_cells)]
+    cell_of = np.empty(lengths.size, dtype=np.int64)
+    for item in np.lexsort((np.arange(lengths.size), -lengths)).tolist():
+        length = int(lengths[item])
+        where = bisect.bisect_left(rooms, (length, -1))
+        if where == len(rooms):
+            return None
+        room, cell = rooms.pop(where)
+        cell_of[item] = cell
+        bisect.insort(rooms, (room - length, cell))
+    return cell_of
 
 
 def group_deal(costs: np.ndarray, lengths: np.ndarray, groups: np.ndarray, cells_per_group: int,

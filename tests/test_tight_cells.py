@@ -1,0 +1,82 @@
+"""Best-fit decreasing over the micro-batch cells (`microbatch_cells.tight_cells`): runs of one
+length placed at once make exactly the item-by-item loop's choices, fast on real traces."""
+
+import time
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers import balance
+from orchmllm.balancers.microbatch import make_microbatch_problem
+from orchmllm.balancers.microbatch_cells import tight_cells
+from orchmllm.balancers.reference import best_fit_cells
+from orchmllm.study.workloads import trace_table
+
+
+def assert_matches_the_loop(problem, num_microbatches):
+    expected = best_fit_cells(problem.lengths, num_microbatches * problem.num_ranks, problem.max_tokens)
+    cells = tight_cells(problem, num_microbatches)
+    if expected is None:
+        assert cells is None
+    else:
+        np.testing.assert_array_equal(cells, expected)
+
+
+@st.composite
+def packings(draw):
+    """Lengths from a few values (long runs of ties) in [0, T]: zeros, T itself, divisors of
+    rooms; a budget T and a number of micro-batches from too few (None) to plenty."""
+    budget = draw(st.integers(1, 30))
+    palette = draw(st.lists(st.integers(0, budget), min_size=1, max_size=6))
+    lengths = draw(st.lists(st.sampled_from(palette + [0, budget, budget // 2]), min_size=1, max_size=60))
+    return lengths, budget, draw(st.integers(1, 4)), draw(st.integers(1, 6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(packings())
+def test_property_runs_make_the_loops_choices(packing):
+    lengths, budget, num_ranks, num_microbatches = packing
+    assert_matches_the_loop(make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=budget),
+                            num_microbatches)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 1000), min_size=1, max_size=200), st.integers(1000, 3000), st.integers(1, 8))
+def test_property_distinct_lengths_make_the_loops_choices(lengths, budget, num_cells):
+    """Few ties: rooms of one cell each, runs of one item."""
+    assert_matches_the_loop(make_microbatch_problem(lengths, num_cells, max_tokens_per_microbatch=budget), 1)
+
+
+def test_zero_lengths_go_to_the_least_room_and_no_cell_is_none():
+    problem = make_microbatch_problem([0, 7, 3, 0, 9, 0], 1, max_tokens_per_microbatch=10)
+    assert tight_cells(problem, 3).tolist() == [1, 1, 1, 1, 0, 1]  # 9 leaves cell 0 room 1, 7 and 3 cell 1 none
+    assert_matches_the_loop(problem, 3)
+    assert tight_cells(problem, 1) is None
+
+
+def test_real_trace_context_lengths_make_the_loops_choices():
+    """The coding trace's context tokens alone fill 99.8 % of the cells at T = 8k: thousands of
+    runs, rooms shared by many cells and by one."""
+    problem = make_microbatch_problem(np.random.default_rng(0).choice(trace_table("code")[:, 0], 512 * 32), 512,
+                                      max_tokens_per_microbatch=8192)
+    assert [tight_cells(problem, m) is None for m in (7, 8, 9)] == [True, False, False]
+    for num_microbatches in (7, 8, 9):
+        assert_matches_the_loop(problem, num_microbatches)
+
+
+def test_best_fit_does_not_shift_the_room_list_for_every_item():
+    """Regression: best fit kept one sorted list of (room, cell) and popped and inserted one entry per
+    item, O(M·D) memory moves each; on the coding trace's context tokens at D = 2560 × 32, T = 8k
+    (82k items into 20k cells) it took ~60× a plain step's LPT (0.37 s) and `balance_microbatches`
+    27× the default mix; now ~3× the plain step."""
+    lengths = np.random.default_rng(0).choice(trace_table("code")[:, 0], 2560 * 32)
+    problem = make_microbatch_problem(lengths, 2560, max_tokens_per_microbatch=8192)
+    start = time.process_time()
+    balance(lengths, 2560, algorithm="lpt")
+    plain_seconds = time.process_time() - start
+    start = time.process_time()
+    cells = tight_cells(problem, 8)
+    seconds = time.process_time() - start
+    assert np.bincount(cells, weights=lengths, minlength=8 * 2560).max() <= 8192
+    assert seconds < 15 * max(plain_seconds, 1e-3)
