@@ -125,12 +125,13 @@ def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray
     ordered = problem.lengths[order]
     bounds = np.flatnonzero(np.diff(ordered, prepend=-1, append=-1))  # where runs start, and n (lengths >= 0)
     rooms = _Rooms(problem.max_tokens, num_microbatches * problem.num_ranks)
-    taken = []  # the cell of each item in `order`
+    taken, times = [], []  # cells in turn, and how many items in `order` each takes
     for length, count in zip(ordered[bounds[:-1]].tolist(), np.diff(bounds).tolist()):
         if length == 0:
             if not rooms.held:
                 return None
-            taken.extend(rooms.take(rooms.held[0])[-1:] * count)  # room unchanged
+            taken.append(rooms.take(rooms.held[0])[-1])  # room unchanged
+            times.append(count)
             continue
         while count:
             where = bisect.bisect_left(rooms.held, length)
@@ -143,18 +144,20 @@ def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray
             if full:
                 filled = cells[-full:]
                 del cells[-full:]
-                taken.extend(filled[::-1] if per == 1 else [cell for cell in reversed(filled) for _ in range(per)])
+                taken += filled[::-1]
+                times += [per] * full
                 rooms.put(room - per * length, filled)
                 count -= full * per
             if count and cells:
                 cell = cells.pop()
-                taken.extend([cell] * count)
+                taken.append(cell)
+                times.append(count)
                 rooms.put(room - count * length, [cell])
                 count = 0
             if not cells:
                 rooms.drop(room)
     cell_of = np.empty(problem.num_items, dtype=np.int64)
-    cell_of[order] = np.array(taken, dtype=np.int64)
+    cell_of[order] = np.repeat(np.array(taken, dtype=np.int64), times)
     return cell_of
 
 
