@@ -57,8 +57,8 @@ from torch.nn.attention.bias import causal_lower_right
 from ..balancers.context_parallel.layout import shard_positions
 from ..balancers.validation import as_int, is_int
 from .agreement import PlanMismatchError, disagreement, fingerprint
-from .comm import comm_device, group_rank, group_size
-from .metadata import FAILED_INPUT, PeerInputError
+from .comm import group_rank, group_size
+from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 
 __all__ = ["ContextParallelError", "ContextParallelLayout", "SplitItem", "context_parallel_attention"]
 
@@ -227,14 +227,9 @@ def _checked(rank: int, world_size: int, sequences, splits) -> tuple[tuple, tupl
 def _agree(digest: bytes, group) -> None:
     """All-gather each rank's digest of the split items (FAILED_INPUT: its own checks failed); raise
     PeerInputError naming failed ranks, PlanMismatchError naming ranks with other split items."""
-    size = group_size(group)
-    if size == 1:
+    if group_size(group) == 1:
         return
-    device = comm_device(group)
-    mine = torch.tensor(list(digest), dtype=torch.uint8, device=device)
-    digests = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(digests, mine, group=group)
-    digests = [bytes(d.cpu().tolist()) for d in digests]
+    digests = gather_digests(digest, group)
     failed = [rank for rank, value in enumerate(digests) if value == FAILED_INPUT]
     if failed and digest != FAILED_INPUT:
         raise PeerInputError(f"ranks {failed} failed their own context-parallel layout checks (each raised why); "

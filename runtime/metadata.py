@@ -144,18 +144,20 @@ def join_failed(group, num_columns: int) -> None:
             gather_metadata(np.zeros((0, num_columns), dtype=np.int64), group, num_columns, fingerprint=FAILED_INPUT)
 
 
+def gather_digests(digest: bytes, group=None) -> list[bytes]:
+    """Every rank's digest of equal length, in rank order (one all-gather of bytes)."""
+    mine = torch.tensor(list(digest), dtype=torch.uint8, device=comm_device(group))
+    digests = [torch.empty_like(mine) for _ in range(group_size(group))]
+    dist.all_gather(digests, mine, group=group)
+    return [bytes(d.cpu().tolist()) for d in digests]
+
 def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:
     """All-gather each rank's 32-byte digest; raise PlanMismatchError naming disagreeing ranks."""
     if len(digest) != 32:
         raise ValueError(f"`digest` must be 32 bytes (SHA-256); got {len(digest)}")
-    size = group_size(group)
-    if size == 1:
+    if group_size(group) == 1:
         return
-    device = comm_device(group)
-    mine = torch.tensor(list(digest), dtype=torch.uint8, device=device)
-    digests = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(digests, mine, group=group)
-    problem = disagreement([bytes(d.cpu().tolist()) for d in digests], what, group_rank(group),
+    problem = disagreement(gather_digests(digest, group), what, group_rank(group),
                            show=lambda value: value.hex()[:12])
     if problem:
         raise PlanMismatchError(f"{problem}; every rank must run the same solver, version and configuration "
