@@ -38,26 +38,27 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def naming_flag(error: BaseException, flags: dict[str, str]) -> str:
+def naming_flag(error: BaseException, flags: dict[str, str], what: str = "") -> str:
     """The one-line message of `error`, led by the command-line flag of the first API argument it names
-    (`flags` maps `max_tokens_per_rank` to "--max-tokens 0"), as `usage_errors` leads with `what`: for a
-    call that checks several arguments at once.
+    (`flags` maps `max_tokens_per_rank` to "--max-tokens 0"), else by `what` (when given): for a call
+    that checks several arguments at once.
 
     >>> naming_flag(ValueError("`max_tokens_per_rank` must be >= 1; got 0"), {"max_tokens_per_rank": "--max-tokens 0"})
     '--max-tokens 0: `max_tokens_per_rank` must be >= 1; got 0'
     """
     message = one_line(error)
-    flag = next((flags[name] for name in re.findall(r"\w+", message) if name in flags), None)
-    return message if flag is None else f"{flag}: {message}"
+    lead = next((flags[name] for name in re.findall(r"\w+", message) if name in flags), what)
+    return f"{lead}: {message}" if lead else message
 
 
 @contextmanager
-def usage_errors(what: str = ""):
-    """Report a ValueError/TypeError of the validation inside this block as a UsageError about `what`."""
+def usage_errors(what: str = "", flags: dict[str, str] | None = None):
+    """Report a ValueError/TypeError of the validation inside this block as a UsageError about `what`,
+    or about the flag of the first API argument it names (`flags`, see `naming_flag`)."""
     try:
         yield
     except (ValueError, TypeError) as error:
-        raise UsageError(f"{what}: {one_line(error)}" if what else one_line(error)) from None
+        raise UsageError(naming_flag(error, flags or {}, what)) from None
 
 
 class ArgumentParser(argparse.ArgumentParser):

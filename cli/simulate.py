@@ -82,6 +82,12 @@ def figures(runs, directory: Path) -> list[str]:
     return [str(path) for path in written]
 
 
+def _flags(args, samples_per_rank) -> dict[str, str]:
+    """The options of `simulate` by the name of the simulator's argument they give (`errors.naming_flag`)."""
+    return {"samples_per_rank": f"--samples-per-rank {samples_per_rank}",
+            "max_tokens_per_microbatch": f"--max-tokens-per-microbatch {args.max_tokens_per_microbatch}"}
+
+
 def run(args) -> int:
     """`orchmllm simulate`: the cluster simulator's strategy table (and plots) for one or more GPU counts."""
     from ..study.simulator import check_simulation, run_simulation
@@ -103,7 +109,7 @@ def run(args) -> int:
     for count in gpus:
         if args.samples_per_rank is not None:
             arguments.batch_size(count, args.samples_per_rank, "--samples-per-rank")
-        with usage_errors(f"--gpus {count}"):
+        with usage_errors(f"--gpus {count}", _flags(args, args.samples_per_rank)):
             check_simulation(model=args.model, gpus=count, workload=args.workload, workload_file=args.workload_file,
                              samples_per_rank=args.samples_per_rank, strategies=strategies)
     runs = []
@@ -143,7 +149,7 @@ def run_microbatched(args, gpus: list[int]) -> int:
     runs = []
     with render.progress(not args.json, len(gpus), "simulating") as advance:
         for count in gpus:
-            with usage_errors(f"--gpus {count}"):
+            with usage_errors(f"--gpus {count}", _flags(args, samples)):
                 runs.append(run_microbatch_simulation(args.model, count, max_tokens_per_microbatch=
                                                       args.max_tokens_per_microbatch, workload=args.workload,
                                                       samples_per_rank=samples, strategies=strategies,

@@ -107,6 +107,11 @@ CASES = {
                            "error: --max-tokens 0: `max_tokens_per_rank` must be >= 1; got 0"),
     "padded cap below every plan": (["plan", "{tmp}/good.csv", "-D", "2", "--padded", "--max-tokens", "10"],
                                     "error: --max-tokens 10: no padded plan fits max_tokens_per_rank=10"),
+    "simulate zero samples per rank": (["simulate", "--gpus", "8", "--samples-per-rank", "0"],
+                                       "error: --samples-per-rank 0: `samples_per_rank` must be a positive int"),
+    "simulate a micro-batch budget below an item": (
+        ["simulate", "--gpus", "8", "--max-tokens-per-microbatch", "16"],
+        "error: --max-tokens-per-microbatch 16: item "),
     "simulate a billion gpus": (["simulate", "--gpus", str(10**9)],
                                 "--gpus 1000000000: `num_ranks` must be at most 2**20 = 1048576"),
     "simulate micro-batched on a billion gpus": (
