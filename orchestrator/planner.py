@@ -145,8 +145,8 @@ class Orchestrator:
         padded_placement: the same choice for padded stages, None by default: their exact
             optimum groups contiguous runs of sorted lengths, and relabelling or
             re-dealing them costs far more planning time (a slot re-deal and an
-            assignment problem, 60 ms at 2560 ranks) than the few percent of the step's
-            bytes they carry (BENCHMARKS.md, "Orchestrator and simulator").
+            assignment problem, 60 ms at 2560 ranks when measured on 2026-11-30) than the
+            few percent of the step's bytes they carry.
         makespan_slack: relative makespan "locality" may add per stage to keep bytes local
             (the balancer's default, 0.002).
         seconds_per_cost: seconds one unit of the stages' cost takes on a rank (e.g.
