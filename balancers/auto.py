@@ -43,8 +43,8 @@ import numpy as np
 
 from . import group_search, ilp, karmarkar_karp, local_search, lpt, min_slack, multifit, padded, slack
 from .exact_bounds import l2_bins
-from .problem import (InfeasibleError, KernelResult, Problem, integer_values, lower_bound, make_problem, rank_loads,
-                      rank_tokens)
+from .bounds import lower_bound
+from .problem import InfeasibleError, KernelResult, Problem, integer_values, make_problem, rank_loads, rank_tokens
 
 ALL_STARTS_MAX_ITEMS = 2048
 """Improve every start up to this many items; above, only the best one."""

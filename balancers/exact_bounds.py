@@ -3,7 +3,7 @@
 minimise C such that the items (integer costs w, sorted largest first) fit m bins of capacity C.
 
 - `simple_bound`: max(ceil(sum / m), and for k >= 0 the k+1 smallest of the k·m+1 largest
-  items, since some machine holds k+1 of them) — the bound `problem.lower_bound` states.
+  items, since some machine holds k+1 of them) — the bound `bounds.lower_bound` states.
 - `l2_bins`: Martello & Toth's L2 bin-packing bound for capacity C, for every threshold
   alpha at once (numpy): items above C - alpha need a bin each, items in (C/2, C - alpha]
   too, and items in [alpha, C/2] must fit the room those leave or open more bins.

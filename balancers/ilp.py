@@ -46,8 +46,9 @@ from scipy.optimize import Bounds, LinearConstraint
 from scipy.sparse import csr_array
 
 from . import exact, lpt, milp, padded
-from .problem import (InfeasibleError, KernelResult, Problem, Status, as_time_limit, lower_bound,
-                      make_problem, rank_loads, rank_tokens)
+from .bounds import lower_bound
+from .problem import (InfeasibleError, KernelResult, Problem, Status, as_time_limit, make_problem, rank_loads,
+                      rank_tokens)
 from .validation import SizeLimitError
 
 DEFAULT_TIME_LIMIT = 10.0

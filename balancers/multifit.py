@@ -31,7 +31,8 @@ from bisect import bisect_left
 import numpy as np
 
 from . import lpt
-from .problem import KernelResult, Problem, lower_bound, rank_loads, rank_tokens
+from .bounds import lower_bound
+from .problem import KernelResult, Problem, rank_loads, rank_tokens
 
 MAX_PROBES = 12
 """Bisection steps on the capacity."""

@@ -10,7 +10,8 @@ from typing import Callable
 import numpy as np
 
 from .cost import CostModel
-from .problem import (Kernel, KernelResult, Problem, Status, integer_values, lower_bound, rank_loads, rank_tokens,
+from .bounds import lower_bound
+from .problem import (Kernel, KernelResult, Problem, Status, integer_values, rank_loads, rank_tokens,
                       require_equal_counts)
 from .validation import as_index, is_real
 

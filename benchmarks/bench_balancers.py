@@ -14,7 +14,8 @@ import pytest
 from orchmllm.balancers import ALGORITHMS, Status, make_problem
 from orchmllm.balancers import ilp, karmarkar_karp, lpt
 from orchmllm.balancers.plan import make_plan
-from orchmllm.balancers.problem import lower_bound, rank_loads
+from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.problem import rank_loads
 from orchmllm.balancers.reference import dense_kk, heap_lpt
 from orchmllm.benchmarks.pcmax_families import instances as pcmax_instances
 

@@ -20,7 +20,8 @@ import pytest
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
 from orchmllm.balancers import exact, ilp, lpt, milp, padded
-from orchmllm.balancers.problem import lower_bound, rank_loads
+from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.problem import rank_loads
 from orchmllm.benchmarks import pcmax_families
 
 ENCODER_COST = CostModel(linear=1, quadratic=1 / 1024)  # attention term becomes visible past ~1k

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from orchmllm.balancers import CostModel, balance, make_problem
 from orchmllm.balancers import auto, group_search, local_search, lpt, min_slack, slack
 from orchmllm.benchmarks.pcmax_families import make_instance
-from orchmllm.balancers.problem import lower_bound, rank_loads, rank_tokens
+from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.problem import rank_loads, rank_tokens
 from orchmllm.testing import brute_force
 
 

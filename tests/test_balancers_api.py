@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import orchmllm.study.peers  # noqa: F401  (registers the peers' records)
 from orchmllm.balancers import (ALGORITHMS, CostModel, InfeasibleError, Kind, Status, algorithms, balance,
                                 make_problem)
-from orchmllm.balancers.problem import lower_bound
+from orchmllm.balancers.bounds import lower_bound
 from orchmllm.testing import brute_force_of, check_plan
 
 RECORDS = algorithms()

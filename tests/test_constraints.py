@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, algorithms, balance, make_problem
-from orchmllm.balancers.problem import lower_bound
+from orchmllm.balancers.bounds import lower_bound
 from orchmllm.testing import brute_force, check_plan
 
 COSTS = [CostModel(), CostModel(per_item=3, linear=1, quadratic=1)]

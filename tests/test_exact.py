@@ -6,7 +6,8 @@ import pytest
 from orchmllm.balancers import ALGORITHMS, CostModel, Status, balance, ilp, make_problem
 from orchmllm.balancers import exact, exact_dive, milp
 from orchmllm.balancers.exact_bounds import PatternLP, l2_bins, simple_bound
-from orchmllm.balancers.problem import lower_bound, rank_loads
+from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.problem import rank_loads
 from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.testing import brute_force, brute_force_of, check_plan
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Kind, Status, algorithms, balance, make_problem
 from orchmllm.balancers.plan import make_plan
-from orchmllm.balancers.problem import exact_sum, integer_sum, lower_bound, rank_loads, rank_tokens, sorted_order
+from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.problem import exact_sum, integer_sum, rank_loads, rank_tokens, sorted_order
 from orchmllm.balancers.microbatch import make_microbatch_problem
 from orchmllm.testing import brute_force_of
 

@@ -22,7 +22,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..plan import make_plan, run_kernel
-from ..problem import InfeasibleError, Problem, Status, check_cap_lower_bound, exact_sum, lower_bound, make_problem
+from ..bounds import lower_bound
+from ..problem import InfeasibleError, Problem, Status, check_cap_lower_bound, exact_sum, make_problem
 from ..registry import get_algorithm
 from ..validation import as_int, as_sources
 from .bound import Allotment

@@ -1,0 +1,80 @@
+"""Lower bounds on the makespan: what no plan of a `Problem` can beat (plain and equal counts).
+
+Every certificate starts here: `plan.make_plan` clamps a kernel's claimed bound with it, and
+the exact solvers stop when a plan reaches it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .problem import Problem, count_limits, exact_sum
+
+
+def lower_bound(problem: Problem) -> float:
+    """A makespan no plan can beat.
+
+    Unpadded: max(total / D, and for k >= 0 the k+1 smallest of the k·D+1 largest costs,
+    since some rank holds k+1 of them).  k = 0 is the largest item, k = 1 the classic
+    w_D + w_{D+1}.  Padded costs dominate unpadded ones (count · f(max) >= sum f), so the
+    same bound holds for both.
+    """
+    costs = problem.sorted_costs
+    n, d = costs.size, problem.num_ranks
+    bound = exact_sum(costs) / d
+    if problem.equal_counts:
+        return _equal_counts_bound(costs, d, bound)
+    ks = np.arange(0, (n - 1) // d + 1)
+    tops = ks * d + 1  # the k+1 smallest of the top k·D+1 items are [top-k-1, top)
+    # A group's fsum rounds a sum of k+1 costs each at most its first, so it is at most
+    # the rounded product (k+1) · first: when no product passes the mean, no group does.
+    if np.all((ks + 1) * costs[tops - ks - 1] <= bound):
+        return float(bound)
+    prefix = np.concatenate(([0.0], np.cumsum(costs)))
+    best = int(np.argmax(prefix[tops] - prefix[tops - ks - 1]))
+    group = costs[tops[best] - best - 1: tops[best]]
+    return float(max(bound, math.fsum(memoryview(group))))
+
+
+def _equal_counts_bound(costs: np.ndarray, d: int, mean: float) -> float:
+    """The bound under equal counts, for costs sorted largest first and their mean per rank.
+
+    For k >= 0 some rank holds k+1 of the k·D+1 largest costs and, with at least q items,
+    m = q - k - 1 more: at least the k+1 smallest of those plus the m smallest of the
+    rest.  The r ranks of q + 1 items hold at least the r·(q+1) smallest costs between
+    them, the D - r others the (D - r)·q smallest: each set's mean is a bound too.
+    """
+    n = costs.size
+    q, r = count_limits(n, d)
+    prefix = np.concatenate(([0.0], np.cumsum(costs)))
+    ks = np.arange(0, (n - 1) // d + 1)
+    tops = ks * d + 1
+    extra = np.maximum(q - ks - 1, 0)
+    # Enough items below the top set: its k+1 smallest and the m smallest overall; else the q smallest overall.
+    below = n - tops >= extra
+    starts = np.where(below, tops - ks - 1, n - q)
+    ends = np.where(below, tops, n)
+    candidates = [(prefix[ends] - prefix[starts] + np.where(below, prefix[n] - prefix[n - extra], 0.0),
+                   list(zip(starts.tolist(), ends.tolist(), np.where(below, n - extra, n).tolist())))]
+    sets = []  # (first sorted position of the smallest costs, how many ranks share them)
+    if r:
+        sets.append((n - r * (q + 1), r))
+    if q and d > r:
+        sets.append((n - (d - r) * q, d - r))
+    best_value, best_parts, best_ranks = mean, None, 1
+    for values, parts in candidates:
+        index = int(np.argmax(values))
+        if values[index] > best_value:
+            start, end, low = parts[index]
+            best_value, best_parts, best_ranks = float(values[index]), (start, end, low), 1
+    for start, ranks in sets:
+        value = (prefix[n] - prefix[start]) / ranks
+        if value > best_value:
+            best_value, best_parts, best_ranks = float(value), (start, n, n), ranks
+    if best_parts is None:
+        return float(mean)
+    start, end, low = best_parts
+    exact = math.fsum(memoryview(costs[start:end])) + math.fsum(memoryview(costs[low:n]))
+    return float(max(mean, exact / best_ranks))
