@@ -324,7 +324,12 @@ def test_a_dead_peer_is_an_error_naming_its_group(stuck):
     assert message.startswith("context-parallel attention on rank 0: the K/V exchange (forward) with its group "
                               "peers failed (rank 1: split item 7 on group (0, 1)); a peer died or did not reach "
                               "this call within the process group's timeout")
-    assert ("Timed out" if stuck else "Connection closed") in message
+    # gloo's own words follow: a stuck peer is a timeout; an exited one closes its sockets, unless the
+    # 1 s timeout passes first while its process is still being torn down (seen under load)
+    if stuck:
+        assert "Timed out" in message
+    else:
+        assert "Connection closed" in message or "remote worker hanging" in message, message
 
 
 def single_rank(sequences, splits):
