@@ -33,20 +33,26 @@ class EncoderContractError(ValueError):
     """An encoder's output did not depend on some of its parameters on some rank."""
 
 
-def module_of(encoder: Callable) -> nn.Module | None:
-    """The module whose parameters `encoder` uses: itself, the module of a bound method, or either
-    of these under functools.partial or a wrapper naming it as `__wrapped__` (functools.wraps);
-    None for other callables (whose parameters the runtime cannot see: a lambda, a function)."""
+def _unwrapped(encoder: Callable) -> tuple[nn.Module | None, bool]:
+    """(the module whose parameters `encoder` uses, whether it runs that module whole): the module
+    itself or its `forward` run it whole; another bound method (a root model's `encode_image`) may
+    use part of its module.  Looked for under functools.partial and `__wrapped__` (functools.wraps);
+    (None, False) for other callables (a lambda, a function: the runtime cannot see their parameters)."""
     seen = set()
     while id(encoder) not in seen:
         seen.add(id(encoder))
         if isinstance(encoder, nn.Module):
-            return encoder
+            return encoder, True
         owner = getattr(encoder, "__self__", None)
         if isinstance(owner, nn.Module):
-            return owner
+            return owner, getattr(encoder, "__func__", None) is getattr(type(owner), "forward", None)
         encoder = encoder.func if isinstance(encoder, functools.partial) else getattr(encoder, "__wrapped__", None)
-    return None
+    return None, False
+
+
+def module_of(encoder: Callable) -> nn.Module | None:
+    """The module whose parameters `encoder` uses (see `_unwrapped`), or None."""
+    return _unwrapped(encoder)[0]
 
 
 @contextlib.contextmanager
@@ -90,8 +96,9 @@ def _reached(output: torch.Tensor, names: dict[int, str], wanted: set[str]) -> s
 def checked_call(encoder: Callable, *args) -> tuple[torch.Tensor, list[str]]:
     """`encoder(*args)` and the names of the trainable parameters of its module that the output
     does not depend on ([] when it cannot tell: no module, no gradient recorded, a reentrant
-    checkpoint)."""
-    module = module_of(encoder)
+    checkpoint).  A method that may use part of its module is flagged only when its output depends
+    on none of it (the early return on empty input); a module run whole, on every parameter left out."""
+    module, whole = _unwrapped(encoder)
     if module is None or not torch.is_grad_enabled():
         return encoder(*args), []
     wanted = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
@@ -100,7 +107,9 @@ def checked_call(encoder: Callable, *args) -> tuple[torch.Tensor, list[str]]:
     if not wanted or not isinstance(output, torch.Tensor):
         return output, []
     reached = _reached(output, names, wanted) if output.grad_fn is not None else set()
-    return output, [] if reached is None else sorted(wanted - reached)
+    if reached is None or (reached and not whole):
+        return output, []
+    return output, sorted(wanted - reached)
 
 
 def unseen_module(what: str, encoder: Callable) -> EncoderContractError | None:

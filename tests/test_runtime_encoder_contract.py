@@ -200,3 +200,19 @@ def test_checked_call_names_unused_parameters_and_trusts_what_it_cannot_see():
         assert checked_call(encoder, empty, [])[1] == []  # no backward, no reduction to spoil
     frozen = Encoder(early_return=True).requires_grad_(False)
     assert checked_call(frozen, empty.float(), [])[1] == []
+
+
+class RootWithMethod(Model):
+    def encode_image(self, patches, lengths):  # the HF `get_image_features` pattern: a method of the root
+        return self.vision(patches, lengths)
+
+
+def test_regression_a_root_models_encoder_method_was_refused_for_the_llms_parameters():
+    """Cause: a bound method's whole module (here the root, LLM included) was taken as the encoder's, so a
+    correct `model.encode_image` was refused for not using `embed` and `head`; a method may use part of
+    its module, and is flagged only when its output reaches none of it (the early return)."""
+    empty = torch.zeros(0, 4, dtype=torch.float64)
+    assert checked_call(RootWithMethod(early_return=False).double().encode_image, empty, [])[1] == []
+    lax = RootWithMethod(early_return=True).double()
+    assert checked_call(lax.encode_image, empty, [])[1] == sorted(name for name, _ in lax.named_parameters())
+    assert checked_call(lax.encode_image, torch.ones(2, 4, dtype=torch.float64), [2])[1] == []
