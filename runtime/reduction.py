@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import as_int
-from .comm import comm_device, group_size, is_distributed
+from .comm import comm_device, group_rank, group_size, is_distributed
+from .metadata import PeerInputError
 from .microbatch import MicroBatch, active_microbatch
 
 _REDUCTIONS = ("mean", "sum")
@@ -60,11 +61,24 @@ def as_count(count, name: str, num_ranks: int = 1) -> torch.Tensor:
 
 def global_count(local_count, group=None, *, name: str = "local_count") -> torch.Tensor:
     """Sum over the ranks of `group` of a per-rank count (a non-negative int or a one-element integer
-    tensor, checked by `as_count` under `name`); an int64 tensor."""
-    count = as_count(local_count, name, group_size(group)).to(comm_device(group)).clone()
-    if is_distributed(group):
-        dist.all_reduce(count, group=group)
-    return count
+    tensor, checked by `as_count` under `name`); an int64 tensor.  A rank whose count fails the check
+    still joins the reduction, flagged, so every rank raises (it its own error, the others
+    PeerInputError) instead of its peers waiting for the process group's timeout."""
+    if not is_distributed(group):
+        return as_count(local_count, name)
+    try:
+        count, failure = as_count(local_count, name, group_size(group)), None
+    except (TypeError, ValueError) as error:
+        count, failure = torch.tensor(0, dtype=torch.int64), error
+    words = torch.stack((count, torch.zeros_like(count) + int(failure is not None))).to(comm_device(group))
+    dist.all_reduce(words, group=group)
+    if failure is not None:
+        raise failure
+    failed = int(words[1])
+    if failed:
+        raise PeerInputError(f"{failed} rank(s) passed an invalid `{name}` (each raised why); rank "
+                             f"{group_rank(group)} stops with them")
+    return words[0]
 
 
 def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
@@ -95,7 +109,9 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
                          f"tokens of the whole step (all ranks, all micro-batches) with no collective")
     total = global_count(num_loss_tokens, group, name="num_loss_tokens").to(loss_sum.device)
     scale = group_size(group) if gradient_reduction == "mean" else 1
-    return loss_sum * scale / total.clamp(min=1).to(loss_sum.dtype)
+    # at least float32 arithmetic: in float16 a count past 65504 is inf (the loss came back 0) and 1 / count subnormal
+    wide = torch.promote_types(loss_sum.dtype, torch.float32)
+    return (loss_sum.to(wide) * (scale / total.clamp(min=1).to(wide))).to(loss_sum.dtype)
 
 
 def all_reduce_gradients(parameters, group=None, *, op: str = "sum") -> None:

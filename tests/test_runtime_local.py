@@ -20,7 +20,7 @@ from orchmllm.runtime.demo.calibration import fit_packed_cost
 from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.exchange import home_ranks, ranges
 from orchmllm.runtime.launch import run_processes
-from orchmllm.runtime.metadata import as_table, check_agreement, fingerprint
+from orchmllm.runtime.metadata import PeerInputError, as_table, check_agreement, fingerprint
 from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 
@@ -230,6 +230,26 @@ def test_regression_counts_summing_beyond_int64_wrapped_the_global_count():
     assert [o.value for o in outcomes] == [f"`num_loss_tokens` must be at most (2**63 - 1) // 2 rank(s) = "
                                            f"{(2**63 - 1) // 2}, so that the sum over the ranks fits int64; "
                                            f"got {2**62}"] * 2
+
+
+def normalize_one_rank_invalid(rank, world_size):
+    try:
+        return str(normalize_loss(torch.tensor(6.0), -3 if rank == 1 else 4).item())
+    except (ValueError, PeerInputError) as error:
+        return type(error).__name__
+
+
+def test_regression_an_invalid_count_on_one_rank_left_its_peers_in_the_all_reduce():
+    """Cause: the rank whose count failed its check raised before the all-reduce, and its peers waited in it
+    until the process group's timeout (a raw gloo error); now every rank raises at once."""
+    outcomes = run_processes(normalize_one_rank_invalid, 3, timeout_s=60, collective_timeout_s=20)
+    assert [o.value for o in outcomes] == ["PeerInputError", "ValueError", "PeerInputError"]
+
+
+def test_regression_a_float16_loss_over_a_count_past_65504_came_back_zero():
+    """Cause: the count was cast to float16 (inf past 65504), so the loss and every gradient were 0."""
+    loss = normalize_loss(torch.tensor(30000.0, dtype=torch.float16), 70000)
+    assert loss.dtype == torch.float16 and loss.item() == pytest.approx(30000 / 70000, rel=1e-3)
 
 
 def test_normalize_loss_takes_one_element_integer_counts():
