@@ -12,8 +12,8 @@ import numpy as np
 
 from .microbatch_bounds import min_microbatches, step_cost_bound
 from .cost import CostModel
-from .plan import FLOAT_EXACT, claimed_bound, integral, kernel_status, require_result, rounded_up
-from .problem import Problem, SortedItems, Status, integer_sum, read_only, sorted_order
+from .plan import claimed_bound, integral, kernel_status, require_result, rounded_up
+from .problem import Problem, SortedItems, Status, integer_sum, read_only, sorted_order, token_sums
 from .validation import as_index, is_real
 
 
@@ -102,13 +102,8 @@ def cell_loads(problem: MicroBatchProblem, cell_of: np.ndarray, size: int) -> np
 
 
 def cell_token_sums(problem: MicroBatchProblem, cell_of: np.ndarray, size: int) -> np.ndarray:
-    """Σ l of each of `size` cells, item i in cell cell_of[i], exact in int64: a float bincount
-    while every sum stays below 2**53, else int64 adds (no sum exceeds Σ l <= 2**63 - 1)."""
-    if problem.total_tokens < FLOAT_EXACT:
-        return np.bincount(cell_of, weights=problem.lengths, minlength=size).astype(np.int64)
-    tokens = np.zeros(size, dtype=np.int64)
-    np.add.at(tokens, cell_of, problem.lengths)
-    return tokens
+    """Σ l of each of `size` cells, item i in cell cell_of[i], exact in int64 (no sum exceeds Σ l <= 2**63 - 1)."""
+    return token_sums(cell_of, problem.lengths, size, problem.total_tokens)
 
 
 def cell_accounts(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray,

@@ -414,10 +414,12 @@ def rank_tokens(problem: Problem, assignment: np.ndarray) -> np.ndarray:
     return token_sums(assignment, problem.lengths, problem.num_ranks)
 
 
-def token_sums(ranks: np.ndarray, lengths: np.ndarray, size: int) -> np.ndarray:
+def token_sums(ranks: np.ndarray, lengths: np.ndarray, size: int, total: int | None = None) -> np.ndarray:
     """Σ lengths per rank (`size` ranks, item i on ranks[i]), exact int64: a float bincount (many
-    times faster than np.add.at) while the sums stay below 2**53, int64 adds beyond."""
-    if lengths.size * float(lengths.max(initial=0)) < 2.0**53:
+    times faster than np.add.at) while the sums stay below 2**53, int64 adds beyond.  `total`, the
+    exact Σ lengths where the caller knows it, spares the bound n · max l."""
+    bound = lengths.size * float(lengths.max(initial=0)) if total is None else total
+    if bound < 2.0**53:
         return np.bincount(ranks, weights=lengths, minlength=size).astype(np.int64)
     tokens = np.zeros(size, dtype=np.int64)
     np.add.at(tokens, ranks, lengths)
