@@ -39,6 +39,27 @@ def int_list(text: str, name: str) -> list[int]:
     return values
 
 
+def degree_list(text: str, option: str, ranks: list[int]) -> tuple[int, ...]:
+    """Comma-separated context-parallel degrees: distinct powers of two, none above any of `ranks`.
+
+    >>> degree_list("1,2,4,8", "--context-parallel", [64])
+    (1, 2, 4, 8)
+    >>> degree_list("1,16", "--context-parallel", [64, 8])
+    Traceback (most recent call last):
+    ...
+    orchmllm.cli.errors.UsageError: --context-parallel 1,16: degree 16 > 8 ranks (a group cannot be larger than the ranks)
+    """
+    from ..balancers.context_parallel.spec import as_degrees
+
+    values = int_list(text, option)
+    with usage_errors(f"{option} {text}"):
+        degrees = as_degrees(values)
+    if degrees[-1] > min(ranks):
+        raise UsageError(f"{option} {text}: degree {degrees[-1]} > {min(ranks)} ranks (a group cannot be larger "
+                         f"than the ranks)")
+    return degrees
+
+
 def rank_count(value: int, option: str) -> int:
     """A rank (or GPU) count: >= 1 and at most the balancers' 2**20 (`problem.MAX_RANKS`)."""
     from ..balancers.problem import as_num_ranks

@@ -7,6 +7,7 @@ from pathlib import Path
 from ..balancers import ALGORITHMS
 from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_microbatches, file_stages,
                              run_comparison, workload_stages)
+from ..study.context_parallel_compare import compare_context_parallel
 from . import arguments, render
 from .errors import UsageError, usage_errors
 from .files import check_not_input, check_parent, load_lengths, write_rows_csv, writing
@@ -18,6 +19,7 @@ EXAMPLES = """examples:
   orchmllm compare --lengths trace.csv --column ContextTokens --ranks 64 --json
   orchmllm compare --algorithms lpt,karmarkar_karp,verl_kk --plot out/ --csv out/compare.csv
   orchmllm compare --max-tokens-per-microbatch 16384 --plot out/   # + micro-batched planning, cells.png
+  orchmllm compare --workload long --context-parallel 1,2,4,8      # + the split algorithms on the LLM stage
 """
 
 
@@ -64,6 +66,10 @@ def add_parser(commands) -> None:
                          help="also plan the last stage (the LLM) as gradient-accumulation micro-batches of at most "
                               "T tokens per rank: ours and the reimplemented peers' micro-batching, "
                               "with Σ_m max_r cost / bound and M (and cells.png with --plot)")
+    compare.add_argument("--context-parallel", metavar="DEGREES",
+                         help="also plan the last stage (the LLM) with giant items splittable over context-parallel "
+                              "groups of these degrees (powers of two, e.g. 1,2,4,8): no_split, static_cp, "
+                              "megatron_dynamic_cp and ours, with step / bound (and cp_work.png with --plot)")
     compare.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     compare.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     compare.add_argument("--csv", metavar="FILE", help="also write one row per run to this CSV file")
@@ -145,6 +151,20 @@ def cell_figure(plans, config, directory: Path) -> str:
                                                f"(micro-batch, rank) cell"))
 
 
+def split_figure(plans, config, directory: Path) -> str:
+    """cp_work.png: the last configuration's last stage under static_cp and ours, on one cost axis, split
+    items drawn as spans over their group."""
+    from . import plots
+
+    key = (config.num_ranks, config.items_per_rank)
+    panels = {name: (plan.assignment, plan.degree, plan.item_time)
+              for name, plan in ((name, plans[(*key, name)]) for name in ("static_cp", "ours"))}
+    with writing("--plot", directory):
+        return str(plots.plot_split_work(panels, config.num_ranks, directory / "cp_work.png", unit="cost",
+                                         title=f"{config.stages[-1].name} stage, D={config.num_ranks}: per-rank "
+                                               f"cost with split items"))
+
+
 def run(args) -> int:
     """`orchmllm compare`: every balancer and peer on a workload or a lengths file."""
     if args.plot is not None:
@@ -164,6 +184,8 @@ def run(args) -> int:
     if args.csv is not None:
         check_parent("--csv", args.csv, made=args.plot)
         check_not_input("--csv", args.csv, [args.lengths, args.workload_file])
+    degrees = (None if args.context_parallel is None
+               else arguments.degree_list(args.context_parallel, "--context-parallel", ranks))
     configs, source = configs_of(args, ranks)
     total = sum(len(config.stages) for config in configs) * (len(algorithms) + 1)
     with render.progress(not args.json, total, "balancing") as advance:
@@ -174,6 +196,10 @@ def run(args) -> int:
         arguments.positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
         with usage_errors("--max-tokens-per-microbatch"):
             microbatches = compare_microbatches(configs, args.max_tokens_per_microbatch)
+    split_rows = None
+    if degrees is not None:
+        with usage_errors("--context-parallel"):
+            split_rows, split_plans = compare_context_parallel(configs, degrees, args.gpus_per_node)
     written = []
     if args.plot is not None:  # first: --csv may go into it
         with writing("--plot", args.plot) as directory:
@@ -185,12 +211,18 @@ def run(args) -> int:
         written += figures(comparison, Path(args.plot))
         if microbatches is not None:
             written.append(cell_figure(microbatches[1], configs[-1], Path(args.plot)))
+        if split_rows is not None:
+            written.append(split_figure(split_plans, configs[-1], Path(args.plot)))
     if args.json:
         extra = {} if microbatches is None else {"microbatches": [row.to_json() for row in microbatches[0]]}
+        if split_rows is not None:
+            extra["context_parallel"] = [row.to_json() for row in split_rows]
         render.print_json({"command": "compare", "source": source, **comparison.to_json(), **extra, "files": written})
         return 0
     render.print_compare(comparison, source)
     if microbatches is not None:
         render.print_microbatch_rows(microbatches[0])
+    if split_rows is not None:
+        render.print_split_rows(split_rows)
     render.print_written(written)
     return 0

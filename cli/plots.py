@@ -326,3 +326,87 @@ def cell_loads_figure(panels: Mapping[str, np.ndarray], *, title: str = ""):
     if title:
         figure.suptitle(title)
     return figure
+
+
+DEGREE_COLOURS = {2: "#DD8452", 4: "#C44E52", 8: "#8172B3", 16: "#937860", 32: "#DA8BC3"}
+
+
+def split_window(start: np.ndarray, degree: np.ndarray, num_ranks: int, max_ranks: int = 32) -> tuple[int, int]:
+    """[first, last) ranks a split-work plot shows: all when there are at most `max_ranks`, else the
+    aligned window of `max_ranks` (at least the widest degree) holding the most split items."""
+    width = max(max_ranks, int(degree.max(initial=1)))
+    if num_ranks <= width:
+        return 0, num_ranks
+    split = np.bincount(start[degree > 1] // width, minlength=-(-num_ranks // width))
+    first = int(np.argmax(split)) * width
+    return first, min(first + width, num_ranks)
+
+
+def plot_split_work(panels: Mapping[str, tuple], num_ranks: int, path, *, title: str = "", max_ranks: int = 32,
+                    unit: str = "seconds") -> Path:
+    """`split_work_figure` written to `path`."""
+    return _save(split_work_figure(panels, num_ranks, title=title, max_ranks=max_ranks, unit=unit), path)
+
+
+def split_work_figure(panels: Mapping[str, tuple], num_ranks: int, *, title: str = "", max_ranks: int = 32,
+                      unit: str = "seconds"):
+    """Per-rank work of split plans, one panel per plan on one time axis: a split item is one box
+    spanning the ranks of its group (at the time each of them spends on it), whole items are
+    stacked above on their rank.
+
+    `panels` maps a label to (block start, degree, time per rank in `unit`) of every item.  The ranks
+    shown are the same in every panel (`split_window` of the last panel); the dashed line is
+    each plan's slowest rank over all `num_ranks` ranks, which may lie outside the window.
+    """
+    plt = _pyplot()
+    start, degree = (np.asarray(a, dtype=np.int64) for a in list(panels.values())[-1][:2])
+    first, last = split_window(start, degree, num_ranks, max_ranks)
+    figure, axes = plt.subplots(len(panels), 1, figsize=(10, 2.8 * len(panels) + 0.9), sharex=True, sharey=True,
+                                squeeze=False, layout="constrained")
+    for axis, (label, (start, degree, seconds)) in zip(axes[:, 0], panels.items()):
+        start, degree = np.asarray(start, dtype=np.int64), np.asarray(degree, dtype=np.int64)
+        seconds = np.asarray(seconds, dtype=np.float64)
+        _draw_split_work(axis, start, degree, seconds, num_ranks, first, last, unit)
+        axis.set_title(f"{label}: {int((degree > 1).sum())} items split", fontsize=10, loc="left")
+        axis.set_ylabel(unit)
+        axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    axes[-1, 0].set_xlim(first - 0.6, last - 0.4)
+    axes[-1, 0].set_xlabel("rank" if last - first == num_ranks else
+                           f"rank ({last - first} of {num_ranks} shown: ranks {first}-{last - 1}, the window "
+                           f"with the most split items)")
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def _draw_split_work(axis, start, degree, seconds, num_ranks: int, first: int, last: int, unit: str) -> None:
+    """One panel of `split_work_figure`: split boxes at the bottom of their group, whole items above."""
+    from matplotlib.patches import Rectangle
+
+    ends = start + degree
+    loads = np.bincount(np.repeat(start, degree) + np.arange(degree.sum()) - np.repeat(np.cumsum(degree) - degree,
+                                                                                        degree),
+                        weights=np.repeat(seconds, degree), minlength=num_ranks)
+    base = np.zeros(num_ranks)
+    seen = set()
+    for item in np.flatnonzero((degree > 1) & (start < last) & (ends > first)):
+        s, c = int(start[item]), int(degree[item])
+        bottom = base[s]
+        colour = DEGREE_COLOURS.get(c, "#777777")
+        axis.add_patch(Rectangle((s - 0.4, bottom), c - 0.2, seconds[item], facecolor=colour, edgecolor="black",
+                                 linewidth=0.6, label=None if c in seen else f"one item split over {c} ranks"))
+        seen.add(c)
+        base[s:s + c] += seconds[item]
+    whole = np.flatnonzero((degree == 1) & (start >= first) & (start < last))
+    whole = whole[np.argsort(start[whole], kind="stable")]
+    if whole.size:
+        ranks = start[whole]
+        cumulative = np.cumsum(seconds[whole]) - seconds[whole]
+        bottoms = base[ranks] + cumulative - cumulative[np.searchsorted(ranks, ranks)]
+        axis.bar(ranks, seconds[whole], bottom=bottoms, width=0.8, color=STAGE_COLOURS[0], edgecolor="white",
+                 linewidth=0.3, label="whole items (one box each)")
+    makespan = float(loads.max())
+    axis.axhline(makespan, color="black", linestyle="--", linewidth=0.8,
+                 label=f"slowest rank of all {num_ranks}: {makespan:.3g}{' s' if unit == 'seconds' else ''} "
+                       f"(rank {int(np.argmax(loads))})")
+    axis.set_ylim(0, max(axis.get_ylim()[1], makespan * 1.05))

@@ -233,6 +233,54 @@ def print_microbatch_simulation(runs) -> None:
               "behind compute; Σ_m max_r / LB: the step's synchronised cost over its certified lower bound.")
 
 
+def print_context_parallel_simulation(runs) -> None:
+    """One table per run of `simulate --context-parallel`: step, speed-up, LLM / bound, split items,
+    exposed context-parallel communication and its bytes."""
+    from rich.table import Table
+
+    out = console()
+    for run in runs:
+        table = Table(title=f"{run.model} model on {run.gpus} H100s ({run.nodes} nodes), workload {run.workload!r}, "
+                            f"{run.samples_per_rank} samples per rank, degrees {','.join(map(str, run.degrees))}",
+                      title_justify="left", title_style="bold")
+        for header in ("strategy", "step s", "vs none", "LLM/LB", "split", "widest", "waves", "CP exp s",
+                       "CP TB", "inter", "a2a s", "GiB", "OOM"):
+            table.add_column(header, justify="left" if header == "strategy" else "right", no_wrap=True)
+        for name, result in run.strategies.items():
+            table.add_row(name, f"{result.step_seconds:.2f}", f"{result.speedup_vs_none:.2f}x",
+                          f"{result.llm_seconds_over_bound:.3f}", str(result.items_split), str(result.widest_degree),
+                          str(result.waves), f"{result.cp_exposed_seconds:.3f}", f"{result.cp_bytes / 1e12:.3g}",
+                          f"{result.cp_bytes_inter_node / result.cp_bytes if result.cp_bytes else 0.0:.1%}",
+                          f"{result.exchange_seconds:.3f}", f"{result.memory_peak_gib:.1f}",
+                          "OOM" if result.oom else "", style="bold red" if result.oom else None)
+        out.print(table)
+        extras = [f"static_cp at degree {run.static_degree}"] if run.static_degree is not None else []
+        extras += [f"Megatron at capacity {run.megatron_capacity} tokens"] if run.megatron_capacity is not None else []
+        out.print(f"vs none: speed-up over no balancing; LLM/LB: the LLM stage's time over its certified lower bound ({run.llm_lower_bound_seconds:.3f} s); "
+                  f"split: items run split; widest: the widest group; waves: Megatron's barriers; CP exp s: ring "
+                  f"communication not hidden by attention, on the slowest rank; CP TB: K/V bytes the rings move; "
+                  f"inter: their share between nodes; a2a s: the input and embedding exchanges"
+                  + (f"; {', '.join(extras)} (each its fastest)." if extras else "."))
+
+
+def print_split_rows(rows) -> None:
+    """The split table of `compare --context-parallel`: step / bound, items split, widest group per algorithm."""
+    from rich.table import Table
+
+    out = console()
+    table = Table(title=f"{rows[0].stage} stage with giant items splittable over context-parallel groups",
+                  title_justify="left", title_style="bold")
+    for header in ("D", "items/rank", "algorithm", "setting", "step / LB", "split", "widest", "waves", "ms"):
+        table.add_column(header, justify="left" if header in ("algorithm", "setting") else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(str(row.ranks), str(row.items_per_rank or ""), row.algorithm, row.setting,
+                      f"{row.step_cost_over_bound:.4f}", str(row.items_split), str(row.widest_degree), str(row.waves),
+                      f"{1e3 * row.solve_seconds:.1f}" + ("*" if row.kind == "peer" else ""))
+    out.print(table)
+    out.print("step / LB: the stage's step (Megatron: its waves summed) over the certified canonical-allotment bound; "
+              "setting: the degree or capacity a peer ran at, its best; ms*: our reimplementation's time (one setting).")
+
+
 def print_microbatch_rows(rows) -> None:
     """The micro-batch table of `compare --max-tokens-per-microbatch`: M and Σ_m max_r / bound per algorithm."""
     from rich.table import Table

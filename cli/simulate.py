@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   orchmllm simulate --strategies none,llm_only,ours --samples-per-rank 8 --json
   orchmllm simulate --workload-file samples.jsonl --gpus 64
   orchmllm simulate --max-tokens-per-microbatch 16384 --gpus 256,2560   # gradient accumulation under T
+  orchmllm simulate --workload long --context-parallel 1,2,4,8 --plot out/  # giant items split over groups
 """
 
 
@@ -45,6 +46,11 @@ def add_parser(commands) -> None:
                           help="simulate the step as gradient-accumulation micro-batches of at most T LLM tokens "
                                "per rank, under the strategies none, verl_dynamic_bsz, megatron_hybrid, sorted_grid "
                                "and ours (default --samples-per-rank then 32)")
+    simulate.add_argument("--context-parallel", metavar="DEGREES",
+                          help="simulate the step with the LLM's giant items splittable over context-parallel "
+                               "groups of these degrees (powers of two, e.g. 1,2,4,8; wider than a node lets groups "
+                               "cross nodes), under the strategies none, no_split, static_cp, megatron_dynamic_cp "
+                               "and ours (default --samples-per-rank then 4)")
     simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     simulate.add_argument("--plot", metavar="DIR", help="write timeline_*.png (and scaling.png for several "
@@ -100,8 +106,12 @@ def run(args) -> int:
     arguments.check_seed(args.seed)
     if args.plot is not None:
         check_parent("--plot", args.plot)
+    if args.max_tokens_per_microbatch is not None and args.context_parallel is not None:
+        raise UsageError("--context-parallel is not available with --max-tokens-per-microbatch")
     if args.max_tokens_per_microbatch is not None:
         return run_microbatched(args, gpus)
+    if args.context_parallel is not None:
+        return run_context_parallel(args, gpus)
     strategies = arguments.name_list(args.strategies, "--strategies")
     stages = arguments.model_stages(args.model)
     if args.workload_file is not None:  # its bad lines named with the file, whatever --gpus
@@ -160,3 +170,58 @@ def run_microbatched(args, gpus: list[int]) -> int:
         return 0
     render.print_microbatch_simulation(runs)
     return 0
+
+
+def run_context_parallel(args, gpus: list[int]) -> int:
+    """`orchmllm simulate --context-parallel DEGREES`: the context-parallel strategies' table (and cp_work.png)."""
+    from ..study.context_parallel_sim import (DEFAULT_SAMPLES_PER_RANK, STRATEGIES,
+                                               check_context_parallel_simulation, run_context_parallel_simulation)
+
+    degrees = arguments.degree_list(args.context_parallel, "--context-parallel", gpus)
+    arguments.positive_int(args.samples_per_rank, "--samples-per-rank")
+    arguments.model_stages(args.model)
+    if args.workload_file is not None:
+        raise UsageError("--workload-file is not available with --context-parallel")
+    strategies = arguments.name_list(args.strategies, "--strategies") or list(STRATEGIES)
+    samples = DEFAULT_SAMPLES_PER_RANK if args.samples_per_rank is None else args.samples_per_rank
+    flags = {**_flags(args, samples), "degrees": f"--context-parallel {args.context_parallel}",
+             "strategy": "--strategies"}
+    for count in gpus:
+        arguments.batch_size(count, samples, "--samples-per-rank")
+        with usage_errors(f"--gpus {count}", flags):
+            check_context_parallel_simulation(args.model, count, args.workload, samples, degrees, strategies)
+    runs = []
+    with render.progress(not args.json, len(gpus), "simulating") as advance:
+        for count in gpus:
+            runs.append(run_context_parallel_simulation(args.model, count, workload=args.workload,
+                                                        samples_per_rank=samples, degrees=degrees,
+                                                        strategies=strategies, seed=args.seed))
+            advance()
+    written = [context_parallel_figure(runs[-1], Path(args.plot))] if args.plot is not None else []
+    if args.json:
+        render.print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": written})
+        return 0
+    render.print_context_parallel_simulation(runs)
+    render.print_written(written)
+    return 0
+
+
+def context_parallel_figure(run, directory: Path) -> str:
+    """cp_work.png: the LLM stage's per-rank work of the last run under static_cp and ours (those of
+    them simulated, else the first strategy) on one time axis, split items drawn as spans over their
+    group; the title gives no_split's slowest rank for scale."""
+    from . import plots
+
+    shown = [name for name in ("static_cp", "ours") if name in run.strategies] or list(run.strategies)[:1]
+    panels = {}
+    for name in shown:
+        plan = run.strategies[name].llm_plan
+        label = name if name != "static_cp" else f"static_cp (degree {run.static_degree})"
+        panels[label] = (plan.assignment, plan.degree, plan.item_time * plan.context_parallel.seconds_per_cost)
+    today = run.strategies.get("no_split")
+    scale = f"; no_split's slowest rank: {today.llm_seconds:.3g} s" if today is not None else ""
+    with writing("--plot", directory):
+        return str(plots.plot_split_work(
+            panels, run.gpus, directory / "cp_work.png",
+            title=f"LLM stage of the {run.model} model on {run.gpus} GPUs, workload {run.workload!r}, degrees "
+                  f"{','.join(map(str, run.degrees))}{scale}"))

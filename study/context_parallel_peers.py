@@ -84,6 +84,36 @@ def static_cp(lengths, num_ranks, spec: ContextParallel, degree: int, *, cost=No
                          algorithm=f"static_cp{degree}")
 
 
+def best_static_cp(lengths, num_ranks, spec: ContextParallel, degrees, *, cost=None) -> tuple[ContextParallelPlan, int]:
+    """`static_cp` at each of `degrees` above 1 (at 1 when there is none): the plan of the lowest
+    makespan (the smaller degree on ties) and its degree, what a static configuration picks at best."""
+    choices = [c for c in degrees if c > 1] or [1]
+    plans = [static_cp(lengths, num_ranks, spec, c, cost=cost) for c in choices]
+    best = min(range(len(plans)), key=lambda k: (plans[k].makespan, k))
+    return plans[best], choices[best]
+
+
+def megatron_capacities(lengths, widest: int, most: int) -> list[int]:
+    """Capacities to try Megatron at: powers of two from the least that fits the longest item in the
+    widest group, doubling while within `most` (the first one always).
+
+    >>> megatron_capacities(np.array([1000, 117113]), 8, 42319)
+    [16384, 32768]
+    """
+    need = max(-(-int(np.max(lengths, initial=1)) // widest), 1)
+    capacity = 1 << (need - 1).bit_length()
+    return [capacity << k for k in range(max(most // capacity, 1).bit_length())]
+
+
+def best_megatron_dynamic_cp(lengths, num_ranks, spec: ContextParallel, capacities, *, cost=None
+                             ) -> tuple[WavePlan, int]:
+    """`megatron_dynamic_cp` at each of `capacities`: the waves of the lowest step cost (the smaller
+    capacity on ties) and that capacity, the peer at its best."""
+    runs = [megatron_dynamic_cp(lengths, num_ranks, spec, capacity, cost=cost) for capacity in capacities]
+    best = min(range(len(runs)), key=lambda k: (runs[k].step_cost, k))
+    return runs[best], capacities[best]
+
+
 class _Wave:
     """One Megatron wave being built: groups (members' estimated work, items), free ranks."""
 

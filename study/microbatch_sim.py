@@ -48,7 +48,7 @@ from ..orchestrator.planner import Orchestrator
 from ..topology import Topology, estimate_exchange
 from .microbatch_peers import MICROBATCH_PEERS
 from .models import GIB, GPU, GPUS, MODELS, ModelConfig
-from .simulator import OPTIMIZER_BYTES_PER_PARAM, RECOMPUTE_FACTOR, STATIC_RESERVE_BYTES, cluster
+from .simulator import RECOMPUTE_FACTOR, cluster
 from .workloads import sample_workload
 
 PARAM_GATHERS_PER_MICROBATCH = 3  # forward, recomputation, backward
@@ -130,9 +130,7 @@ def simulate_microbatched_step(plan: StepPlan, strategy: str, model: ModelConfig
         estimate = estimate_exchange(inputs.source, inputs.destination, inputs.item_bytes, topology, "nodewise")
         exchange_seconds += estimate.seconds
         buffers = estimate.rank_peak_bytes
-    static = (model.params * OPTIMIZER_BYTES_PER_PARAM / num_ranks + 3 * 2.0 * largest_layer
-              + STATIC_RESERVE_BYTES)
-    memory = static + activations + buffers
+    memory = model.static_bytes(num_ranks) + activations + buffers
     planning = plan.planning_seconds if planning_seconds is None else float(planning_seconds)
     unhidden = max(0.0, planning - compute)
     step = compute + exposed + exchange_seconds + unhidden

@@ -50,6 +50,8 @@ from ..balancers import CostModel
 from ..orchestrator.stages import LLM, Stage
 
 GIB = 2**30
+OPTIMIZER_BYTES_PER_PARAM = 16.0  # bf16 param and grad, fp32 master, Adam m and v
+STATIC_RESERVE_BYTES = 4 * GIB  # CUDA context, NCCL buffers, allocator fragmentation
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,12 @@ class ModelConfig:
     @property
     def params(self) -> int:
         return self.llm.params + sum(encoder.transformer.params for encoder in self.encoders)
+
+    def static_bytes(self, num_ranks: int) -> float:
+        """Memory a rank holds whatever it runs: its ZeRO-3 shard of the training state, two gathered
+        layers and one unsharded gradient of the largest layer, and the fixed reserve."""
+        largest = max(t.layer_params for t in (self.llm, *(e.transformer for e in self.encoders)))
+        return self.params * OPTIMIZER_BYTES_PER_PARAM / num_ranks + 3 * 2.0 * largest + STATIC_RESERVE_BYTES
 
     def transformer_of(self, stage: Stage) -> Transformer:
         if stage.is_llm:

@@ -60,8 +60,6 @@ from .strategies import STRATEGIES, Strategy, get_strategy, micro_batched, singl
 from .workloads import WORKLOADS, check_workload_file, list_workloads, load_workload_file, sample_workload
 
 RECOMPUTE_FACTOR = 4.0 / 3.0  # full activation recomputation: 4 forward-equivalents for 3 counted
-STATIC_RESERVE_BYTES = 4 * GIB
-OPTIMIZER_BYTES_PER_PARAM = 16.0
 SAMPLES_PER_RANK_GRID = (1, 2, *range(4, 65, 4))
 MEMORY_HEADROOM = 0.9  # fraction of GPU memory the batch chooser lets `ours` use (module docstring)
 BATCH_REFERENCE = "ours"  # the strategy the default batch is sized for
@@ -278,10 +276,7 @@ def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, 
             backward = estimate_exchange(exchange.destination, exchange.source, exchange.item_bytes, topology,
                                          strategy.exchange)
             exchange_seconds += backward.seconds
-    static = (model.params * OPTIMIZER_BYTES_PER_PARAM / num_ranks
-              + 3 * 2.0 * max(t.layer_params for t in (model.llm, *(e.transformer for e in model.encoders)))
-              + STATIC_RESERVE_BYTES)
-    memory = static + stored + working + buffers
+    memory = model.static_bytes(num_ranks) + stored + working + buffers
     planning = plan.planning_seconds if planning_seconds is None else float(planning_seconds)
     unhidden = max(0.0, planning - compute)
     step = compute + exchange_seconds + unhidden

@@ -31,6 +31,14 @@ Sample kinds (encoder units -> LLM tokens; all segments precede the text):
   encoder window.  Text: question uniform in [8, 64] + a real answer length.
 - video: 8..32 frames uniform, each a 336-px frame = 576 patches -> 144 tokens, one
   vision segment per frame.  Text: prompt uniform in [32, 256] + a real answer length.
+- long_video: a long video, 64..512 frames uniform (e.g. 1-8.5 min at 1 frame/s), frames as
+  in video (so 9 216..73 728 vision tokens, each frame its own encoder item).  Text as video.
+- long_document: a long text document (books, papers, code repositories of long-context
+  training): log-uniform in [8k, 128k] tokens (LONG_DOCUMENT_TOKENS; mean ≈ 44k), text only.
+
+The "long" workload is the default mix at 90 % of its weights plus 5 % long videos and 5 %
+long documents: the items that may cost more than a rank's share of the step (giant items,
+`study.context_parallel_sim`).
 
 The text lengths come from the Azure LLM inference trace (Azure Public Dataset,
 CC-BY 4.0): Patel, Choukse, Zhang, Shah, Goiri, Maleki, Bianchini, "Splitwise: Efficient
@@ -58,6 +66,8 @@ AUDIO_POSITIONS_PER_TOKEN = 4
 PATCH_PIXELS = 14
 MERGE = 4  # 2×2 patches -> one token
 LONG_TAIL_MAX = 8192  # tokens: the long-tailed mix is truncated to an 8k context
+LONG_VIDEO_FRAMES = (64, 512)
+LONG_DOCUMENT_TOKENS = (8192, 131072)
 
 
 TRACES = ("conv", "code")  # the Azure LLM inference traces shipped in data/ (samples of 4096 requests)
@@ -145,19 +155,30 @@ class _Kind:
         text = self.rng.integers(8, 65, n) + self.answer(n)
         return text, np.ones(n, dtype=np.int64), np.full(n, AUDIO), positions, tokens
 
-    def video(self, n):
-        frames = self.rng.integers(8, 33, n)
+    def video(self, n, frames=(8, 32)):
+        frames = self.rng.integers(frames[0], frames[1] + 1, n)
         total = int(frames.sum())
         text = self.rng.integers(32, 257, n) + self.answer(n)
         return text, frames, np.full(total, IMAGE), np.full(total, 576), np.full(total, 576 // MERGE)
 
+    def long_video(self, n):
+        return self.video(n, LONG_VIDEO_FRAMES)
 
-KINDS = ("chat", "image_qa", "document", "asr", "audio_qa", "video", "code", "long_tail")
+    def long_document(self, n):
+        low, high = np.log(LONG_DOCUMENT_TOKENS)
+        return self._text_only(np.exp(self.rng.uniform(low, high, n)).astype(np.int64))
+
+
+KINDS = ("chat", "image_qa", "document", "asr", "audio_qa", "video", "code", "long_tail", "long_video",
+         "long_document")
+DEFAULT_MIX = {"chat": 0.30, "image_qa": 0.25, "document": 0.10, "video": 0.05, "asr": 0.15, "audio_qa": 0.15}
 
 # name -> (description, {kind: weight})
 WORKLOADS: dict[str, tuple[str, dict[str, float]]] = {
-    "default": ("tri-modal mix: 30% chat, 25% image QA, 10% documents, 5% video, 15% ASR, 15% audio QA",
-                {"chat": 0.30, "image_qa": 0.25, "document": 0.10, "video": 0.05, "asr": 0.15, "audio_qa": 0.15}),
+    "default": ("tri-modal mix: 30% chat, 25% image QA, 10% documents, 5% video, 15% ASR, 15% audio QA", DEFAULT_MIX),
+    "long": ("long content: the default mix at 90% + 5% long videos (64-512 frames) + 5% long documents (8k-128k "
+             "tokens)", {**{kind: 0.9 * weight for kind, weight in DEFAULT_MIX.items()}, "long_video": 0.05,
+                         "long_document": 0.05}),
     "vision": ("vision + text: 30% chat, 40% image QA, 20% documents, 10% video",
                {"chat": 0.30, "image_qa": 0.40, "document": 0.20, "video": 0.10}),
     "speech": ("audio + text: 30% chat, 35% ASR, 35% audio QA", {"chat": 0.30, "asr": 0.35, "audio_qa": 0.35}),

@@ -190,3 +190,20 @@ def test_timeline_legend_lists_the_stages_in_order_then_idle():
     assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()] == [
         "image encoder", "audio encoder", "llm", "idle"]
     assert overlapping_texts(figure) == []
+
+
+def test_split_work_draws_each_split_item_as_one_span_over_its_group(tmp_path):
+    from matplotlib.patches import Rectangle
+
+    start, degree = np.array([0, 0, 4, 6, 2, 3, 7]), np.array([4, 4, 2, 2, 1, 1, 1])
+    seconds = np.array([3.0, 2.0, 4.0, 1.0, 0.5, 0.25, 6.0])
+    panels = {"static": (np.arange(7) // 2 * 2 % 8, np.full(7, 2), seconds), "ours": (start, degree, seconds)}
+    figure = plots.split_work_figure(panels, 8, title="t")
+    axis = figure.axes[1]
+    spans = sorted((round(p.get_x() + 0.4), round(p.get_width() + 0.2), p.get_y(), p.get_height())
+                   for p in axis.patches if isinstance(p, Rectangle) and p.get_edgecolor()[:3] == (0.0, 0.0, 0.0))
+    assert spans == [(0, 4, 0.0, 3.0), (0, 4, 3.0, 2.0), (4, 2, 0.0, 4.0), (6, 2, 0.0, 1.0)]  # stacked in a group
+    assert figure.axes[0].get_ylim() == axis.get_ylim() and axis.get_ylim()[1] >= 7.0  # one time axis: rank 7, 1 + 6
+    check_png(plots.plot_split_work(panels, 8, tmp_path / "split.png"))
+    wide = plots.split_window(np.repeat([0, 64], [1, 40]), np.repeat([8, 2], [1, 40]), 256)
+    assert wide == (64, 96)  # the window with the most split items, named on the axis

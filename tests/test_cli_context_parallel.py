@@ -1,0 +1,81 @@
+"""`orchmllm simulate --context-parallel` and `orchmllm compare --context-parallel` end to end: JSON,
+tables, the split-work figure, and bad input as one line with exit 2."""
+
+import json
+
+import pytest
+
+from orchmllm.cli import main
+
+SIMULATE = ["simulate", "--model", "10b", "--gpus", "16", "--workload", "long", "--samples-per-rank", "4",
+            "--context-parallel", "1,2,4,8"]
+COMPARE = ["compare", "--workload", "long", "--ranks", "16", "--items-per-rank", "4", "--algorithms", "lpt",
+           "--context-parallel", "1,2,4,8"]
+
+
+def check_png(path):
+    image = pytest.importorskip("matplotlib.image")
+    pixels = image.imread(path)
+    assert path.read_bytes().startswith(b"\x89PNG") and min(pixels.shape[:2]) > 100 and pixels[..., :3].std() > 0.05
+
+
+def test_simulate_json_has_every_strategy_and_the_split_work_figure(tmp_path, capsys):
+    assert main([*SIMULATE, "--json", "--plot", str(tmp_path)]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    strategies = payload["runs"][0]["strategies"]
+    assert list(strategies) == ["none", "no_split", "static_cp", "megatron_dynamic_cp", "ours"]
+    for figures in strategies.values():
+        assert {"step_seconds", "speedup_vs_none", "items_split", "cp_exposed_seconds",
+                "cp_bytes_inter_node"} <= set(figures)
+    assert strategies["ours"]["items_split"] > 0 and strategies["no_split"]["items_split"] == 0
+    assert payload["runs"][0]["degrees"] == [1, 2, 4, 8]
+    assert payload["files"] == [str(tmp_path / "cp_work.png")]
+    check_png(tmp_path / "cp_work.png")
+
+
+def test_simulate_table_explains_its_columns(capsys):
+    assert main([*SIMULATE, "--strategies", "no_split,ours"]) == 0
+    out = capsys.readouterr().out
+    assert "megatron_dynamic_cp" not in out and "ours" in out and "no_split" in out and "none" in out
+    assert "LLM/LB" in out and "certified lower bound" in out
+
+
+def test_compare_adds_the_split_algorithms_with_step_over_bound(tmp_path, capsys):
+    assert main([*COMPARE, "--json", "--plot", str(tmp_path)]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    rows = payload["context_parallel"]
+    assert [row["algorithm"] for row in rows] == ["no_split", "static_cp", "megatron_dynamic_cp", "ours"]
+    assert all(row["step_cost_over_bound"] >= 1 - 1e-9 and row["ranks"] == 16 for row in rows)
+    assert str(tmp_path / "cp_work.png") in payload["files"]
+    check_png(tmp_path / "cp_work.png")
+    assert main(COMPARE) == 0
+    assert "step / LB" in capsys.readouterr().out
+
+
+BAD = {
+    "not a power of two": (["simulate", "--gpus", "16", "--context-parallel", "1,3"],
+                           "--context-parallel 1,3: `degrees` must be powers of two (1, 2, 4, ...); got 3"),
+    "wider than the ranks": (["simulate", "--gpus", "64,8", "--context-parallel", "1,16"],
+                             "--context-parallel 1,16: degree 16 > 8 ranks"),
+    "zero": (["simulate", "--gpus", "16", "--context-parallel", "0"], "--context-parallel must be >= 1; got 0"),
+    "not integers": (["simulate", "--gpus", "16", "--context-parallel", "1,x"],
+                     "--context-parallel must be comma-separated integers"),
+    "empty": (["simulate", "--gpus", "16", "--context-parallel", ","], "--context-parallel must list at least one"),
+    "repeated": (["simulate", "--gpus", "16", "--context-parallel", "2,2"], "`degrees` must be distinct"),
+    "with micro-batches": (["simulate", "--gpus", "16", "--context-parallel", "1,2", "--max-tokens-per-microbatch",
+                            "8192"], "--context-parallel is not available with --max-tokens-per-microbatch"),
+    "unknown strategy": (["simulate", "--gpus", "16", "--context-parallel", "1,2", "--strategies", "ours,magic"],
+                         "--strategies: unknown context-parallel strategy 'magic'"),
+    "unknown workload": (["simulate", "--gpus", "16", "--context-parallel", "1,2", "--workload", "huge"],
+                         "unknown workload 'huge'"),
+    "compare wider than the ranks": (["compare", "--ranks", "8", "--context-parallel", "1,16"],
+                                     "--context-parallel 1,16: degree 16 > 8 ranks"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_context_parallel_input_is_one_line_and_exit_2(case, capsys):
+    args, message = BAD[case]
+    assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0] and message in lines[0], lines
