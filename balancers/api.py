@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+from .constraints.groups import as_groups, group_problem
 from .context_parallel.split import balance_split
-from .groups import as_groups, group_problem
-from .locality import FILLS, balance_locally
+from .locality.balance import FILLS, balance_locally
 from .plan import BalancePlan, make_plan, run_kernel
 from .problem import InfeasibleError, Status, make_problem, rank_loads, rank_tokens
 from .registry import algorithms, get_algorithm
@@ -75,8 +75,8 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
             r // gpus_per_node.  Without it every rank counts as its own node.
         makespan_slack: relative makespan the communication-aware plan may add, >= 0.
         fill: with `sources`, unpadded only: how the communication-aware deal meets its target
-            where its first phases do not (`balancers.locality`): None repairs; "on_miss" deals
-            again keeping the smallest items as filler (`balancers.locality_fill`: a few more
+            where its first phases do not (`balancers.locality.balance`): None repairs; "on_miss" deals
+            again keeping the smallest items as filler (`balancers.locality.fill`: a few more
             bytes moved, no repair's searches), at once where the target leaves less room above
             the mean load than the smallest item; "only" always deals with the filler.
 

@@ -39,9 +39,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from . import (auto, equal_counts, exact, identity, ilp, karmarkar_karp, lpt, microbatch_auto, microbatch_cells,
-               microbatch_exact, microbatch_greedy, multifit, padded, slack)
-from .microbatch_plan import MicroBatchKernel, MicroBatchProblem, MicroBatchResult
+from .constraints import equal_counts
+from .exact import branch_and_bound as exact, ilp
+from .kernels import auto, identity, karmarkar_karp, lpt, multifit, padded, slack
+from .microbatch import (auto as microbatch_auto, cells as microbatch_cells, exact as microbatch_exact,
+                         greedy as microbatch_greedy)
+from .microbatch.plan import MicroBatchKernel, MicroBatchProblem, MicroBatchResult
 from .problem import Kernel, KernelResult, Problem
 from .validation import as_bool
 
@@ -248,7 +251,7 @@ def register_microbatch_algorithm(name: str, kernel: MicroBatchKernel, *, padded
 
     >>> import numpy as np
     >>> from orchmllm.balancers import balance_microbatches
-    >>> from orchmllm.balancers.microbatch_plan import MicroBatchResult
+    >>> from orchmllm.balancers.microbatch.plan import MicroBatchResult
     >>> def one_per_cell(problem, num_microbatches):  # item i to cell i, if there are enough cells
     ...     if problem.num_items > num_microbatches * problem.num_ranks:
     ...         return None

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import ALGORITHMS, Status, make_problem
-from orchmllm.balancers import ilp, karmarkar_karp, lpt
-from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.exact import ilp
+from orchmllm.balancers.kernels import karmarkar_karp, lpt
+from orchmllm.balancers.kernels.reference import dense_kk, heap_lpt
+from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import rank_loads
-from orchmllm.balancers.reference import dense_kk, heap_lpt
 from orchmllm.benchmarks.pcmax_families import instances as pcmax_instances
 
 ITEMS_PER_RANK = 16
@@ -65,7 +66,7 @@ def hard_instance(rng, num_ranks, items_per_rank, kind):
     return np.maximum(1, np.rint(rng.normal(50, 15, size))).astype(np.int64)
 
 
-# ------------------------------------- baselines (benchmark only; heap LPT and dense KK: balancers.reference)
+# ------------------------------------- baselines (benchmark only; heap LPT and dense KK: balancers.kernels.reference)
 
 def move_swap_search(problem, assignment):
     """Simple local search: best single move or swap off the heaviest rank, until none helps."""

@@ -1,4 +1,4 @@
-"""The communication-aware micro-batch cells (`balancers.microbatch_locality.keep_cells_local`)
+"""The communication-aware micro-batch cells (`balancers.microbatch.locality.keep_cells_local`)
 against the plain micro-batch solve they start from (`microbatch._solve`), in the same run.
 
 Run: python3.11 -m pytest benchmarks/bench_cells_deal.py --benchmark-only -q
@@ -16,9 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from orchmllm.balancers.microbatch import _solve, make_microbatch_problem
-from orchmllm.balancers.microbatch_locality import keep_cells_local
-from orchmllm.balancers.microbatch_plan import cell_accounts
+from orchmllm.balancers.microbatch.api import _solve, make_microbatch_problem
+from orchmllm.balancers.microbatch.locality import keep_cells_local
+from orchmllm.balancers.microbatch.plan import cell_accounts
 from orchmllm.balancers.registry import get_microbatch_algorithm
 from orchmllm.orchestrator.planner import input_bytes
 from orchmllm.study.models import MODELS

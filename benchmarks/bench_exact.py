@@ -19,8 +19,9 @@ import pulp
 import pytest
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
-from orchmllm.balancers import exact, ilp, lpt, milp, padded
 from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.exact import branch_and_bound as exact, ilp, milp
+from orchmllm.balancers.kernels import lpt, padded
 from orchmllm.balancers.problem import rank_loads
 from orchmllm.benchmarks import pcmax_families
 

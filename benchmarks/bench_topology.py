@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import ALGORITHMS, CostModel, balance, make_problem
-from orchmllm.balancers.locality import balance_locally
+from orchmllm.balancers.locality.balance import balance_locally
 from orchmllm.balancers.problem import rank_loads
 from orchmllm.study.workloads import llm_stage_lengths
 from orchmllm.topology import Topology, estimate_exchange, place, traffic

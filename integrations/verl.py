@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..balancers import equal_counts, karmarkar_karp, local_search, lpt
+from ..balancers.constraints import equal_counts
+from ..balancers.kernels import karmarkar_karp, lpt
 from ..balancers.problem import as_lengths, make_problem, rank_loads
+from ..balancers.search import local_search
 from ..balancers.validation import as_array, as_bool, as_int, as_item_bytes
 
 SEARCH_WORK_PER_ITEM = 20

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from ..balancers import ALGORITHMS
-from ..balancers.microbatch import microbatch_options
+from ..balancers.microbatch.api import microbatch_options
 from ..balancers.validation import as_bool, as_real
 from ..topology import PLACEMENTS
 

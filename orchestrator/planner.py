@@ -31,9 +31,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..balancers import balance, balance_microbatches
-from ..balancers.locality import FILL_ON_MISS
-from ..balancers.microbatch import make_microbatch_problem
-from ..balancers.microbatch_plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
+from ..balancers.locality.balance import FILL_ON_MISS
+from ..balancers.microbatch.api import make_microbatch_problem
+from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..balancers.validation import is_int

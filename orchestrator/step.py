@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..balancers.microbatch import make_microbatch_problem
-from ..balancers.microbatch_plan import MicroBatchPlan, cell_accounts, step_cost
+from ..balancers.microbatch.api import make_microbatch_problem
+from ..balancers.microbatch.plan import MicroBatchPlan, cell_accounts, step_cost
 from ..balancers.problem import InfeasibleError, exact_sum
 from .plan import Exchange, PassPlan, _frozen
 from .samples import Batch

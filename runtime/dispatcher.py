@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
-from ..balancers.microbatch import microbatch_options
+from ..balancers.microbatch.api import microbatch_options
 from ..balancers.validation import as_bool
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll

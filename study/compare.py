@@ -24,8 +24,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..balancers import CostModel, Kind, algorithms, balance, balance_microbatches, get_algorithm
-from ..balancers.identity import chunk_sources
-from ..balancers.microbatch import MAX_CELLS
+from ..balancers.kernels.identity import chunk_sources
+from ..balancers.microbatch.api import MAX_CELLS
 from ..balancers.plan import BalancePlan
 from ..balancers.validation import SizeLimitError, as_real
 from ..topology import Topology, traffic

@@ -38,8 +38,8 @@ import time
 
 import numpy as np
 
-from ..balancers.microbatch import make_microbatch_problem
-from ..balancers.microbatch_plan import MicroBatchPlan, MicroBatchProblem, MicroBatchResult, make_microbatch_plan
+from ..balancers.microbatch.api import make_microbatch_problem
+from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchProblem, MicroBatchResult, make_microbatch_plan
 from ..balancers.problem import sorted_order
 from ..balancers.validation import as_sources
 from .peers import _karmarkar_karp, verl_workload

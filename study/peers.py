@@ -40,7 +40,7 @@ import itertools
 
 import numpy as np
 
-from ..balancers.karmarkar_karp import find_roots
+from ..balancers.kernels.karmarkar_karp import find_roots
 from ..balancers.problem import KernelResult, Problem, as_lengths, require_within_cap
 from ..balancers.registry import Kind, register_algorithm
 from ..balancers.validation import as_bool, as_int

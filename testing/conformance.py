@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 from ..balancers import (ALGORITHMS, MICROBATCH_ALGORITHMS, BalancePlan, CostModel, InfeasibleError,
                          MicroBatchAlgorithm, Status, make_problem)
 from ..balancers.api import _balance_groups
-from ..balancers.groups import as_groups
+from ..balancers.constraints.groups import as_groups
 from ..balancers.plan import make_plan, run_kernel
 from .checks import check_plan
 from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, check_repeats, check_suite_arguments,

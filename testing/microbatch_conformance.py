@@ -27,9 +27,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ..balancers import MICROBATCH_ALGORITHMS, CostModel, InfeasibleError, MicroBatchAlgorithm, Status
-from ..balancers.microbatch import balance_microbatches, make_microbatch_problem
-from ..balancers.microbatch_bounds import min_microbatches
-from ..balancers.microbatch_plan import MicroBatchPlan, make_microbatch_plan
+from ..balancers.microbatch.api import balance_microbatches, make_microbatch_problem
+from ..balancers.microbatch.bounds import min_microbatches
+from ..balancers.microbatch.plan import MicroBatchPlan, make_microbatch_plan
 from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, check_repeats, check_suite_arguments,
                       compare_processes, fingerprint, run_properties, suite_settings, with_examples)
 from .microbatch import MicroBatchOptimum, brute_force_microbatches, check_microbatch_plan

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, balance, make_problem
-from orchmllm.balancers import auto, group_search, local_search, lpt, min_slack, slack
-from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.kernels import auto, lpt, min_slack, slack
 from orchmllm.balancers.problem import rank_loads, rank_tokens
+from orchmllm.balancers.search import group_search, local_search
+from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.testing import brute_force
 
 

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmllm.balancers import CostModel, InfeasibleError, balance, balance_microbatches, lpt, lpt_capped, make_problem
-from orchmllm.balancers.reference import capped_lpt
+from orchmllm.balancers import CostModel, InfeasibleError, balance, balance_microbatches, make_problem
+from orchmllm.balancers.kernels import lpt, lpt_capped
+from orchmllm.balancers.kernels.reference import capped_lpt
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload, trace_table
 

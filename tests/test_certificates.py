@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import (Algorithm, ContextParallel, CostModel, KernelResult, MicroBatchAlgorithm, Status,
-                                balance, balance_microbatches, lpt, make_problem, microbatch_greedy, registry)
+                                balance, balance_microbatches, make_problem, registry)
+from orchmllm.balancers.kernels import lpt
+from orchmllm.balancers.microbatch import greedy as microbatch_greedy
 from orchmllm.balancers.plan import make_plan, rounded_up
 from orchmllm.testing import brute_force, brute_force_microbatches
 

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from orchmllm.balancers import ALGORITHMS, CostModel, Status, balance, ilp, make_problem
-from orchmllm.balancers import exact, exact_dive, milp
-from orchmllm.balancers.exact_bounds import PatternLP, l2_bins, simple_bound
+from orchmllm.balancers import ALGORITHMS, CostModel, Status, balance, make_problem
 from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.exact import branch_and_bound as exact, dive as exact_dive, ilp, milp
+from orchmllm.balancers.exact.bounds import PatternLP, l2_bins, simple_bound
 from orchmllm.balancers.problem import rank_loads
 from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.testing import brute_force, brute_force_of, check_plan

@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm.balancers import group_deal
-from orchmllm.balancers.group_deal import by_group, deal_in_groups
-from orchmllm.balancers.partial_plan import PartialPlan
+from orchmllm.balancers.kernels.reference import group_deal as plain_group_deal
+from orchmllm.balancers.locality import group_deal
+from orchmllm.balancers.locality.group_deal import by_group, deal_in_groups
+from orchmllm.balancers.locality.partial_plan import PartialPlan
 from orchmllm.balancers.problem import make_problem
-from orchmllm.balancers.reference import group_deal as plain_group_deal
 
 
 @st.composite

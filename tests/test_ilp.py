@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
-from orchmllm.balancers import ilp, lpt, milp, padded
+from orchmllm.balancers.exact import ilp, milp
+from orchmllm.balancers.kernels import lpt, padded
 from orchmllm.balancers.problem import rank_loads, rank_tokens
 from orchmllm.testing import brute_force, brute_force_of
 

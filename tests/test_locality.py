@@ -8,14 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmllm.balancers import CostModel, Kind, algorithms, balance, locality_repair
-from orchmllm.balancers.locality_deal import DEAL_WINDOW, keep_home, take_anywhere, take_in_node
-from orchmllm.balancers.locality_repair import ACROSS_CANDIDATES, repair_across_nodes, repair_in_node
-from orchmllm.balancers.locality import balance_locally
-from orchmllm.balancers.partial_plan import PartialPlan
+from orchmllm.balancers import CostModel, Kind, algorithms, balance
+from orchmllm.balancers.kernels.reference import full_fixes_round, locality_first_phases
+from orchmllm.balancers.locality import repair as locality_repair
+from orchmllm.balancers.locality.balance import balance_locally
+from orchmllm.balancers.locality.deal import DEAL_WINDOW, keep_home, take_anywhere, take_in_node
+from orchmllm.balancers.locality.partial_plan import PartialPlan
+from orchmllm.balancers.locality.redeal import redeal_equal_items
+from orchmllm.balancers.locality.repair import ACROSS_CANDIDATES, repair_across_nodes, repair_in_node
 from orchmllm.balancers.problem import make_problem, rank_loads
-from orchmllm.balancers.redeal import redeal_equal_items
-from orchmllm.balancers.reference import full_fixes_round, locality_first_phases
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import llm_stage_lengths, sample_workload
 from orchmllm.testing import all_assignments

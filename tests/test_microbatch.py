@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from orchmllm import CostModel, InfeasibleError, MicroBatchPlan, Topology, balance_microbatches
 from orchmllm.balancers import MICROBATCH_ALGORITHMS
-from orchmllm.balancers.microbatch import PAYING_GAP
-from orchmllm.balancers.microbatch_bounds import min_bins, min_microbatches
+from orchmllm.balancers.microbatch.api import PAYING_GAP
+from orchmllm.balancers.microbatch.bounds import min_bins, min_microbatches
 from orchmllm.study.microbatch_peers import MICROBATCH_PEERS
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from orchmllm import InfeasibleError, balance_microbatches
-from orchmllm.balancers.microbatch import MAX_CELLS
+from orchmllm.balancers.microbatch.api import MAX_CELLS
 
 
 @pytest.mark.parametrize("budget, padded, match", [

@@ -7,13 +7,15 @@ from hypothesis import strategies as st
 
 from orchmllm import Orchestrator, Topology
 from orchmllm.balancers import CostModel, balance, balance_microbatches
-from orchmllm.balancers import group_deal, locality, locality_deal, locality_fill, locality_repair, microbatch_locality
-from orchmllm.balancers.locality import balance_locally
-from orchmllm.balancers.locality_deal import keep_home
-from orchmllm.balancers.microbatch import _keep_local, _solve, make_microbatch_problem
-from orchmllm.balancers.microbatch_locality import keep_cells_local
-from orchmllm.balancers.microbatch_plan import cell_accounts
-from orchmllm.balancers.partial_plan import PartialPlan
+from orchmllm.balancers.locality import (group_deal, balance as locality, deal as locality_deal, fill as locality_fill,
+                                         repair as locality_repair)
+from orchmllm.balancers.locality.balance import balance_locally
+from orchmllm.balancers.locality.deal import keep_home
+from orchmllm.balancers.locality.partial_plan import PartialPlan
+from orchmllm.balancers.microbatch import locality as microbatch_locality
+from orchmllm.balancers.microbatch.api import _keep_local, _solve, make_microbatch_problem
+from orchmllm.balancers.microbatch.locality import keep_cells_local
+from orchmllm.balancers.microbatch.plan import cell_accounts
 from orchmllm.balancers.problem import make_problem, rank_loads
 from orchmllm.balancers.registry import get_microbatch_algorithm
 from orchmllm.study.models import MODELS

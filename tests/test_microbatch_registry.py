@@ -13,7 +13,7 @@ from orchmllm import (MICROBATCH_ALGORITHMS, InfeasibleError, Orchestrator, Stag
                       register_microbatch_algorithm)
 from orchmllm.balancers import (CostModel, Kind, MicroBatchAlgorithm, balance_microbatches, get_microbatch_algorithm,
                                 microbatch_algorithms, registry)
-from orchmllm.balancers.microbatch_plan import MicroBatchResult
+from orchmllm.balancers.microbatch.plan import MicroBatchResult
 from orchmllm.orchestrator import Batch
 
 
@@ -90,7 +90,7 @@ def test_an_entry_point_adds_a_microbatch_record_from_another_package(tmp_path):
     (tmp_path / "cell_plugin.py").write_text(
         "import numpy as np\n"
         "from orchmllm.balancers import Kind, MicroBatchAlgorithm\n"
-        "from orchmllm.balancers.microbatch_plan import MicroBatchResult\n\n"
+        "from orchmllm.balancers.microbatch.plan import MicroBatchResult\n\n"
         "def reverse_cells(problem, num_microbatches):\n"
         "    if problem.num_items > num_microbatches * problem.num_ranks:\n"
         "        return None\n"

@@ -6,11 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchmllm import CostModel
-from orchmllm.balancers import lpt
-from orchmllm.balancers.microbatch import make_microbatch_problem
-from orchmllm.balancers.microbatch_bounds import min_bins
-from orchmllm.balancers.microbatch_cells import lpt_cells
-from orchmllm.balancers.microbatch_plan import balancing_problem
+from orchmllm.balancers.kernels import lpt
+from orchmllm.balancers.microbatch.api import make_microbatch_problem
+from orchmllm.balancers.microbatch.bounds import min_bins
+from orchmllm.balancers.microbatch.cells import lpt_cells
+from orchmllm.balancers.microbatch.plan import balancing_problem
 from orchmllm.balancers.problem import sorted_order
 
 

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm.balancers import (CostModel, InfeasibleError, balance, balance_microbatches, locality_deal,
-                                microbatch_locality)
+from orchmllm.balancers import CostModel, InfeasibleError, balance, balance_microbatches
+from orchmllm.balancers.locality import deal as locality_deal
+from orchmllm.balancers.microbatch import locality as microbatch_locality
 from orchmllm.study.models import MODELS
 from orchmllm.study.simulator import cluster
 from orchmllm.study.workloads import sample_workload, trace_table

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
-from orchmllm.balancers import padded
+from orchmllm.balancers.kernels import padded
 from orchmllm.balancers.plan import make_plan
 from orchmllm.testing import brute_force, brute_force_of, check_plan, padded_optimum
 

@@ -162,7 +162,7 @@ def test_groups_keep_their_bytes_whatever_the_bytes_scale(bytes_per_item):
     """Costs of the assignment are top - bytes: at 2**60 bytes `top` was bytes + 1.0, rounded to the
     bytes, so the best pairs cost 0 and scipy dropped them as absent edges: the placement kept no
     byte in place instead of all."""
-    from orchmllm.balancers.lap import assign_groups, ranks_within_nodes
+    from orchmllm.balancers.locality.lap import assign_groups, ranks_within_nodes
 
     item_bytes = np.full(4, bytes_per_item)
     assert assign_groups(np.array([0, 0, 1, 1]), np.array([1, 1, 0, 0]), item_bytes, 2).tolist() == [1, 0]

@@ -163,7 +163,8 @@ def test_regression_an_entry_point_exiting_at_import_ended_the_command(tmp_path)
 def test_regression_a_peer_name_could_be_taken_before_the_entry_points_loaded():
     """Cause: names were only checked against what was registered, and the peers register on
     first listing: `register_algorithm('verl_kk', k)` succeeded, and every listing then raised."""
-    script = ("from orchmllm.balancers import ALGORITHMS, lpt, register_algorithm\n"
+    script = ("from orchmllm.balancers import ALGORITHMS, register_algorithm\n"
+              "from orchmllm.balancers.kernels import lpt\n"
               "try:\n    register_algorithm('verl_kk', lpt.solve)\nexcept ValueError as error:\n    print(error)\n"
               "print(ALGORITHMS['verl_kk'].kind, len(ALGORITHMS) > 10)\n")
     result = run_with(Path(__file__).parent, "-c", script)

@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Kind, Status, algorithms, balance, make_problem
-from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.microbatch.api import make_microbatch_problem
+from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import exact_sum, integer_sum, rank_loads, rank_tokens, sorted_order
-from orchmllm.balancers.microbatch import make_microbatch_problem
 from orchmllm.testing import brute_force_of
 
 COSTS = [CostModel(), CostModel(per_item=3, linear=1, quadratic=0.5)]

@@ -18,15 +18,15 @@ import orchmllm.study.peers  # noqa: F401  (registers the peers' heuristics, whi
 from orchmllm import balance_microbatches
 from orchmllm.balancers import (ALGORITHMS, MICROBATCH_ALGORITHMS, InfeasibleError, KernelResult, Status, balance,
                                 make_problem, microbatch_algorithms)
-from orchmllm.balancers import lpt
-from orchmllm.balancers.microbatch_plan import MicroBatchResult, cell_loads, step_cost
-from orchmllm.balancers.lpt import greedy_unpadded
-from orchmllm.balancers.registry import Algorithm
+from orchmllm.balancers.kernels import lpt
+from orchmllm.balancers.kernels.lpt import greedy_unpadded
+from orchmllm.balancers.microbatch.plan import MicroBatchResult, cell_loads, step_cost
 from orchmllm.balancers.problem import require_within_cap
+from orchmllm.balancers.registry import Algorithm
 from orchmllm.testing import (ConformanceError, ConformanceReport, MicroBatchConformanceReport, brute_force,
                               brute_force_microbatches, check_conformance, check_microbatch_conformance,
-                              check_microbatch_plan, check_plan, exact, fewest_microbatches, oracles,
-                              padded_optimum, problems)
+                              check_microbatch_plan, check_plan, exact, fewest_microbatches, oracles, padded_optimum,
+                              problems)
 
 NAMES = sorted(ALGORITHMS)
 
@@ -369,7 +369,7 @@ def test_regression_bad_suite_arguments_raised_hypothesis_internals(arguments, e
 
 
 MAIN_KERNEL = textwrap.dedent('''
-    from orchmllm.balancers import lpt
+    from orchmllm.balancers.kernels import lpt
     from orchmllm.testing import check_conformance
 
     def my_kernel(problem):

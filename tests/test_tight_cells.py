@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import balance
-from orchmllm.balancers.microbatch import make_microbatch_problem
-from orchmllm.balancers.microbatch_cells import tight_cells
-from orchmllm.balancers.reference import best_fit_cells
+from orchmllm.balancers.kernels.reference import best_fit_cells
+from orchmllm.balancers.microbatch.api import make_microbatch_problem
+from orchmllm.balancers.microbatch.cells import tight_cells
 from orchmllm.study.workloads import trace_table
 
 

@@ -6,9 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
-from orchmllm.balancers import auto, group_search, karmarkar_karp, local_search, lpt, multifit
+from orchmllm.balancers.kernels import auto, karmarkar_karp, lpt, multifit
+from orchmllm.balancers.kernels.reference import dense_kk, heap_lpt
 from orchmllm.balancers.problem import rank_loads, rank_tokens
-from orchmllm.balancers.reference import dense_kk, heap_lpt
+from orchmllm.balancers.search import group_search, local_search
 from orchmllm.testing import brute_force, brute_force_of
 
 COSTS = {

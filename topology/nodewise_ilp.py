@@ -8,7 +8,7 @@ nodes and receives sum_g (T_g - W[g, k]) x[g, k]:
     minimise  max_k max(send_k, recv_k), then sum_k send_k (total inter-node bytes)
 
 Plain code: phase 1 minimises z subject to z >= send_k, z >= recv_k; phase 2 fixes
-z <= z* and minimises the total.  Solved with PuLP/CBC (`balancers.milp.run_cbc`: one thread,
+z <= z* and minimises the total.  Solved with PuLP/CBC (`balancers.exact.milp.run_cbc`: one thread,
 fixed seed) within `time_limit` (`ilp.DEFAULT_TIME_LIMIT` when None), warm-started from
 `lap_node` (exact minimum total); the result is never worse than that start in (busiest
 node, total) order, and its status says `optimal` only when CBC proved both phases optimal,
@@ -27,9 +27,9 @@ import time
 import numpy as np
 import pulp
 
-from ..balancers.ilp import DEFAULT_TIME_LIMIT
-from ..balancers.milp import run_cbc
-from ..balancers.lap import assign_groups, ranks_within_nodes
+from ..balancers.exact.ilp import DEFAULT_TIME_LIMIT
+from ..balancers.exact.milp import run_cbc
+from ..balancers.locality.lap import assign_groups, ranks_within_nodes
 from ..balancers.problem import Status
 from .cluster import Topology
 from .traffic import traffic_of

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..balancers.lap import assign_groups
+from ..balancers.locality.lap import assign_groups
 from ..balancers.problem import Status, as_time_limit
 from ..balancers.validation import as_item_bytes, as_sources
 from . import nodewise_ilp

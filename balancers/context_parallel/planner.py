@@ -23,12 +23,12 @@ import math
 
 import numpy as np
 
-from ..locality_deal import NoRoom, take_anywhere
-from ..partial_plan import PartialPlan
+from ..locality.deal import NoRoom, take_anywhere
+from ..locality.partial_plan import PartialPlan
 from ..problem import InfeasibleError, Problem
 from .blocks import free_blocks
-from .layout import shard_tokens
 from .bound import Allotment
+from .layout import shard_tokens
 from .plan import rank_accounts
 from .spec import ContextParallel
 

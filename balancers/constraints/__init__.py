@@ -1,0 +1,1 @@
+"""Side constraints on a plan: keep-together groups and equal item counts."""

@@ -1,0 +1,270 @@
+"""Longest processing time first (Graham 1969), the OrchMLLM paper's greedy.
+
+minimise max(loads) where loads[r] = sum(cost[i] for i on r): sort items by cost,
+largest first (ties by index), give each to the least-loaded rank (ties by rank):
+
+    for i in sorted(items, key=lambda i: (-cost[i], i)):
+        r = min(range(D), key=lambda r: (loads[r], r)); loads[r] += cost[i]
+
+Guarantee: makespan <= (4/3 - 1/(3D)) · OPT for the unpadded cost.
+
+The unpadded kernel gives the bit-identical assignment of that heap loop, but places
+items a round at a time with numpy: with ranks sorted by (load, rank) and the next
+items sorted by cost, the k-th item goes to the k-th rank exactly when that rank stays
+ahead of every rank already topped up in the round (checked, ties included); the first
+item where that fails starts the next round.  A round that places fewer than D/8 items
+is redone as D steps of a heap, so the whole stays O(n log D); below 32 ranks, where
+rounds hold only a few items, the heap loop runs alone.  Integer costs sort as
+unique int64 keys (cost · n + index, load · D + rank), much faster than stable sorts; when
+every load stays exact (below 2**53 once the costs' common power of two is divided out),
+each rank is a single sorted key (load << shift) | rank and a round is one prefix minimum
+and one sort (full rounds of equal costs keep the keys' order: a run of them is one step).
+With a memory cap, the least-loaded rank that still has room is taken (`lpt_capped`: the
+uncapped plan up to its first overflow, then rounds that never offer a full rank twice; the
+uncapped plan is kept when it already fits, since the choices are then the same).  Padded
+ranks cost count · f(max length); items go longest first to the rank whose cost grows least,
+in O(n log D) with a heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from ..problem import (InfeasibleError, KernelResult, Problem, integer_keys_fit, integer_values, rank_tokens,
+                       sorted_order)
+
+
+def integer_loads(costs: np.ndarray, num_ranks: int) -> bool:
+    """Whether loads (sums of `costs`) make int64 keys load · D + rank that sort like (load, rank)."""
+    return integer_keys_fit(costs, 1) and float(costs.sum()) * num_ranks < 2.0**62
+
+
+def ranks_by_load(loads: np.ndarray, integer: bool) -> np.ndarray:
+    """Ranks by (load, rank) ascending."""
+    if integer:
+        return np.sort(loads.astype(np.int64) * loads.size + np.arange(loads.size)) % loads.size
+    return np.argsort(loads, kind="stable")
+
+
+def smallest_ranks(loads: np.ndarray, count: int, integer: bool) -> np.ndarray:
+    """The first `count` of `ranks_by_load(loads)`, by partial selection when that is cheaper."""
+    size = loads.size
+    if 4 * count >= size:
+        return ranks_by_load(loads, integer)[:count]
+    if integer:
+        keys = loads.astype(np.int64) * size + np.arange(size)  # unique: any selection agrees
+        chosen = np.argpartition(keys, count - 1)[:count]
+        return chosen[np.argsort(keys[chosen])]
+    threshold = np.partition(loads, count - 1)[count - 1]
+    below = np.flatnonzero(loads < threshold)
+    tied = np.flatnonzero(loads == threshold)[: count - below.size]  # lowest ranks first
+    chosen = np.concatenate((below, tied))
+    return chosen[np.lexsort((chosen, loads[chosen]))]
+
+
+def round_length(loads_sorted: np.ndarray, ranks_sorted: np.ndarray, costs: np.ndarray,
+                 integer: bool = False) -> int:
+    """How many of `costs` the heap loop would give to the ranks in sorted order.
+
+    Item k goes to ranks_sorted[k] iff (loads_sorted[k], ranks_sorted[k]) is below
+    (loads_sorted[j] + costs[j], ranks_sorted[j]) for every j < k.  With `integer` loads
+    (see `integer_loads`) the pairs become int64 keys load · D + rank and the check is one
+    prefix minimum; otherwise ties are resolved one by one.
+    """
+    topped = loads_sorted + costs
+    if integer:
+        scale = ranks_sorted.max() + 1
+        keys = topped.astype(np.int64) * scale + ranks_sorted
+        waiting_keys = loads_sorted[1:].astype(np.int64) * scale + ranks_sorted[1:]
+        failed = np.flatnonzero(waiting_keys > np.minimum.accumulate(keys)[:-1])
+        return int(failed[0]) + 1 if failed.size else costs.size
+    prefix_min = np.minimum.accumulate(topped)[:-1]
+    waiting = loads_sorted[1:]
+    not_strict = np.flatnonzero(waiting >= prefix_min)
+    for k in (not_strict + 1).tolist():
+        if waiting[k - 1] > prefix_min[k - 1]:
+            return k
+        ties = ranks_sorted[:k][topped[:k] == waiting[k - 1]]
+        if ranks_sorted[k] > ties.min():
+            return k
+    return costs.size
+
+
+def _heap_round(loads: np.ndarray, costs: np.ndarray, items: np.ndarray,
+                assignment: np.ndarray) -> None:
+    heap = list(zip(loads.tolist(), range(loads.size)))
+    heapq.heapify(heap)
+    for item, cost in zip(items.tolist(), costs.tolist()):
+        load, rank = heapq.heappop(heap)
+        assignment[item] = rank
+        heapq.heappush(heap, (load + cost, rank))
+    for load, rank in heap:
+        loads[rank] = load
+
+
+def _key_steps(sorted_costs: np.ndarray, num_ranks: int) -> tuple[np.ndarray, int] | None:
+    """Integer costs (largest first) as int64 key increments cost << shift, for keys
+    (load << shift) | rank, and the shift; None unless LPT then sums every load exactly and
+    its keys fit int64.
+
+    The costs are first divided by the largest power of two dividing them all: that is
+    exact and float rounding is scale-free, so the quotients' LPT makes the same choices.
+    A rank takes an item only as the least loaded, at most total / D, so no LPT load ever
+    passes total / D + max cost (Graham's argument; by induction each sum up to then is
+    exact below 2**53).  The float total is within a factor 1 ± n·2**-53 of the exact one:
+    twice the bound covers it.
+    """
+    integers = integer_values(sorted_costs)
+    if integers is None:
+        return None
+    bits = int(np.bitwise_or.reduce(integers))
+    divisor = bits & -bits if bits else 1
+    shift = max(num_ranks - 1, 1).bit_length()
+    most = 2.0 * (float(sorted_costs.sum()) / num_ranks + float(sorted_costs[0])) / divisor
+    if most >= 2.0**53 or most * 2.0**shift >= 2.0**62:
+        return None
+    integers >>= divisor.bit_length() - 1
+    integers <<= shift
+    return integers, shift
+
+
+def _greedy_by_keys(steps: np.ndarray, shift: int, num_ranks: int, order: np.ndarray) -> np.ndarray:
+    """The rounds of `greedy_unpadded` on exact integer loads, every rank held as one int64 key
+    (load << shift) | rank, kept sorted: a round is one prefix minimum, its update one sort (none
+    for full rounds of one step, which repeat while the step does)."""
+    n, mask = steps.size, (1 << shift) - 1
+    keys = np.arange(num_ranks, dtype=np.int64)
+    assignment = np.empty(n, dtype=np.int64)
+    position = 0
+    while position < n:
+        size = min(n - position, num_ranks)
+        topped = keys[:size] + steps[position: position + size]
+        # Item k goes to the k-th key iff that key is below every key topped up before it.
+        failed = np.flatnonzero(keys[1:size] > np.minimum.accumulate(topped[:-1]))
+        placed = int(failed[0]) + 1 if failed.size else size
+        if 8 * placed < size:
+            loads = np.empty(num_ranks, dtype=np.int64)
+            loads[keys & mask] = keys >> shift
+            _heap_round(loads, steps[position: position + size] >> shift, order[position: position + size],
+                        assignment)
+            keys = np.sort((loads << shift) | np.arange(num_ranks))
+            position += size
+            continue
+        if placed == num_ranks and steps[position + placed - 1] == steps[position]:
+            # Every rank took the same step: the keys keep their order, so the next full blocks of
+            # that step repeat this round (each rank one item, in the same order) at once.
+            rounds = 1
+            while (position + (rounds + 1) * num_ranks <= n
+                   and steps[position + (rounds + 1) * num_ranks - 1] == steps[position]):
+                rounds += 1
+            assignment[order[position: position + rounds * num_ranks]] = np.tile(keys & mask, rounds)
+            keys = keys + rounds * steps[position]
+            position += rounds * num_ranks
+            continue
+        assignment[order[position: position + placed]] = keys[:placed] & mask
+        # Keys are unique, so every sort agrees; timsort (stable) gains from their sorted runs.
+        keys = np.sort(np.concatenate((topped[:placed], keys[placed:])), kind="stable")
+        position += placed
+    return assignment
+
+
+_ROUNDS_FROM_RANKS = 32  # below, one heap loop is faster (50 000 items on 4 ranks: 18 ms vs 145 ms)
+
+
+def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None) -> np.ndarray:
+    """LPT assignment for additive costs, bit-identical to the heap loop (`order`: `sorted_order(costs)`
+    when already known)."""
+    order = sorted_order(costs) if order is None else order
+    return _greedy_sorted(costs[order], num_ranks, order)
+
+
+def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray) -> np.ndarray:
+    """`greedy_unpadded` given the costs in `order` (largest first) already."""
+    if num_ranks < _ROUNDS_FROM_RANKS:  # rounds of a few items cost more than the heap loop itself
+        assignment = np.empty(sorted_costs.size, dtype=np.int64)
+        _heap_round(np.zeros(num_ranks), sorted_costs, order, assignment)
+        return assignment
+    key_steps = _key_steps(sorted_costs, num_ranks)
+    if key_steps is not None:
+        return _greedy_by_keys(*key_steps, num_ranks, order)
+    assignment = np.empty(sorted_costs.size, dtype=np.int64)
+    loads = np.zeros(num_ranks)
+    n, position = sorted_costs.size, 0
+    integer = integer_loads(sorted_costs, num_ranks)
+    while position < n:
+        stop = min(n, position + num_ranks)
+        ranks = ranks_by_load(loads, integer)[: stop - position]
+        chunk = sorted_costs[position:stop]
+        placed = round_length(loads[ranks], ranks, chunk, integer)
+        if 8 * placed < stop - position:
+            _heap_round(loads, chunk, order[position:stop], assignment)
+            position = stop
+            continue
+        ranks = ranks[:placed]
+        assignment[order[position: position + placed]] = ranks
+        loads[ranks] += chunk[:placed]
+        position += placed
+    return assignment
+
+
+def _greedy_padded(problem: Problem, cap: int | None) -> np.ndarray:
+    """Longest first, to the rank whose padded cost count · f(max length) grows least.
+
+    Items come longest first, so a non-empty rank's longest item is fixed and adding an
+    item raises its cost to (count + 1) · f(longest); an empty rank would cost f(l).  Empty
+    ranks fill in index order.  A rank over the cap stays over it, so it leaves the heap.
+    """
+    lengths = problem.lengths
+    order = np.lexsort((np.arange(problem.num_items), -lengths))
+    unit = problem.cost.item_costs(lengths).tolist()
+    lengths_list = lengths.tolist()
+    assignment = np.empty(problem.num_items, dtype=np.int64)
+    heap: list[tuple[float, int, int, int, float]] = []  # (cost with one more item, rank, count, longest, f(longest))
+    next_empty = 0
+    for item in order.tolist():
+        while heap and cap is not None and (heap[0][2] + 1) * heap[0][3] > cap:
+            heapq.heappop(heap)
+        empty_key = (unit[item], next_empty) if next_empty < problem.num_ranks else None
+        if heap and (empty_key is None or heap[0][:2] < empty_key):
+            _, rank, count, longest, longest_cost = heapq.heappop(heap)
+        elif empty_key is not None:
+            rank, count, longest, longest_cost = next_empty, 0, lengths_list[item], unit[item]
+            next_empty += 1
+        else:
+            raise _no_room(problem, item, cap)
+        assignment[item] = rank
+        count += 1
+        heapq.heappush(heap, ((count + 1) * longest_cost, rank, count, longest, longest_cost))
+    return assignment
+
+
+def _no_room(problem: Problem, item: int, cap: int) -> InfeasibleError:
+    """The greedy got stuck; the cap its uncapped plan needs is one at which it cannot."""
+    if problem.padded:
+        enough = int(rank_tokens(problem, _greedy_padded(problem, None)).max())
+        exact = "algorithm='padded' (exact)"
+    else:
+        plain = _greedy_sorted(problem.sorted_costs, problem.num_ranks, problem.cost_order)
+        enough = int(rank_tokens(problem, plain).max())
+        exact = "algorithm='ilp'"
+    return InfeasibleError(
+        f"`lpt` found no rank with room for item {item} ({int(problem.lengths[item])} tokens) under "
+        f"max_tokens_per_rank={cap}; lpt fits under a cap of {enough}, and a smaller cap may still "
+        f"be feasible: try {exact}", min_cap=enough)
+
+
+def solve(problem: Problem) -> KernelResult:
+    """LPT kernel: unpadded or padded, with or without a memory cap."""
+    cap = problem.max_tokens_per_rank
+    if problem.padded:
+        return KernelResult(_greedy_padded(problem, cap))
+    assignment = _greedy_sorted(problem.sorted_costs, problem.num_ranks, problem.cost_order)
+    # The capped greedy makes the same choices as long as each chosen rank had room, which
+    # holds whenever the uncapped plan ends within the cap.
+    if cap is not None and rank_tokens(problem, assignment).max() > cap:
+        from .lpt_capped import greedy_capped  # it builds on this module's rounds
+
+        assignment = greedy_capped(problem, cap, assignment, _no_room)
+    return KernelResult(assignment)

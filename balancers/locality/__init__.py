@@ -1,0 +1,1 @@
+"""Communication-aware balancing: the plain makespan while moving only what must move."""

@@ -1,0 +1,105 @@
+"""Communication-aware balancing: reach the plain makespan while moving only what must move.
+
+Items start on `sources[i]`; moving item i off its rank costs `item_bytes[i]`, across
+nodes far more than within one.  Given a plain plan of makespan M (any kernel), find
+
+    minimise  sum(item_bytes[i] for i if node(dest[i]) != node(sources[i]))   (then off-rank bytes)
+    s.t.      max(loads(dest)) <= M · (1 + slack),  tokens(dest) <= cap
+
+Plain code (unpadded cost):
+    target = M * (1 + slack)
+    every rank keeps its own items, largest first, each one that still fits under target
+    the rest, largest first, per node: dealt round robin to the node's least-loaded ranks
+        that have room (4 · gpus_per_node items per node per round), while each fits its rank
+    what no rank of its node takes: dealt the same way to the least-loaded ranks of all
+        (an LPT round, k-th largest -> k-th least loaded, when nothing fits)
+    while a rank is above target: the move or swap that fixes it adding the fewest
+        inter-node bytes, partners from its own node first (every node at once), then
+        from the roomiest ranks (repair)
+A heuristic (the exact problem is a generalised assignment problem, NP-hard; bounds on
+the inter-node bytes it must move are in `orchmllm.topology.bounds`); overloaded ranks
+shed only what does not fit and under-loaded ranks take it, same node first.  Padded
+cost, or whenever the above misses the target or the cap: the plain plan itself, its
+groups placed on ranks by an exact sparse linear assignment (`assign_groups`, also used
+by `orchmllm.topology.place`), then items of equal length re-dealt among the places such
+items take (no rank's load or tokens change).  Either way the result is never worse than
+the plain makespan times (1 + slack).  Original to orchmllm; the LAP is scipy's LAPJVsp
+(Jonker-Volgenant).
+
+The phases live in their own modules: `locality_deal` (keep home, take in node, take
+anywhere), `locality_repair`, `lap` (the exact group placement) and `redeal` (the
+equal-length re-deal); inputs are checked by `validation.as_sources` / `as_item_bytes`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..problem import Problem, rank_loads, rank_tokens
+from .deal import NoRoom, keep_home, take_anywhere, take_in_node
+from .fill import fill_locally, filler_share
+from .lap import assign_groups
+from .partial_plan import PartialPlan
+from .redeal import redeal_equal_items
+from .repair import repair
+
+FILL_ON_MISS, FILL_ONLY = "on_miss", "only"
+FILLS = (None, FILL_ON_MISS, FILL_ONLY)
+
+
+def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: np.ndarray,
+              gpus_per_node: int, fill: str | None) -> np.ndarray:
+    """Keep home, take within the node, take anywhere, repair (unpadded cost); with `fill`, the deal of
+    `locality_fill` instead of the repair, after the three phases missed the target ("on_miss") or
+    without them ("only", and "on_miss" where the target leaves a rank less room above the mean
+    load than the smallest item: the three phases' last deals cannot level the ranks then, they
+    miss).  Returns the destinations."""
+    state = PartialPlan(problem, target)
+    total = float(problem.item_costs.sum())
+    if fill == FILL_ON_MISS and total > 0 and target - total / problem.num_ranks < problem.sorted_costs[-1]:
+        fill = FILL_ONLY
+    if fill != FILL_ONLY:
+        keep_home(state, sources)
+        take_anywhere(state, take_in_node(state, sources, gpus_per_node))
+        missed = state.loads.max() > target
+        if missed and fill is None:
+            repair(state, sources, item_bytes, gpus_per_node)
+        if not missed or fill is None:
+            return state.destinations
+        state = PartialPlan(problem, target)
+    slack = target * problem.num_ranks / total - 1.0 if total > 0 else 0.0  # room above the mean load
+    fill_locally(state, sources, item_bytes, gpus_per_node, filler_share(slack))
+    return state.destinations
+
+
+def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray, item_bytes: np.ndarray,
+                    gpus_per_node: int, makespan_slack: float, fill: str | None = None) -> np.ndarray:
+    """An assignment within (1 + makespan_slack) of the plain plan's makespan moving few bytes.
+
+    `sources` and `item_bytes` must be validated (`as_sources`, `as_item_bytes`) and
+    `gpus_per_node` must divide `problem.num_ranks`.  Unpadded: keep home, take within
+    the node, take anywhere, repair.  Padded, or when that misses the target or the cap:
+    the plain plan with its groups placed on ranks by `assign_groups`, then items of equal
+    length re-dealt among their places (`redeal_equal_items`: no rank's load or tokens
+    change, up to the order of a float sum; the re-deal is dropped if that lifts a rank
+    above the target).  `fill` ("on_miss": where the first three phases miss the target, or
+    would: the target leaves less room above the mean load than the smallest item; "only": at
+    once): the unpadded deal keeps its smallest items as filler (`locality_fill`), tight enough
+    that repair rarely runs, for a few more bytes moved.
+    """
+    if fill not in FILLS:
+        raise ValueError(f"`fill` must be one of {FILLS}; got {fill!r}")
+    target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
+    cap = problem.max_tokens_per_rank
+    if not problem.padded:
+        try:
+            candidate = _unpadded(problem, target, sources, item_bytes, gpus_per_node, fill)
+        except NoRoom:
+            candidate = None
+        if candidate is not None and rank_loads(problem, candidate).max() <= target and (
+                cap is None or rank_tokens(problem, candidate).max() <= cap):
+            return candidate
+    placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node)[plain_assignment]
+    swapped = redeal_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)
+    # Equal items hold equal costs, but a rank's float sum in another order can gain an ulp.
+    return swapped if rank_loads(problem, swapped).max() <= target else placed

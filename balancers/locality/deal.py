@@ -1,0 +1,286 @@
+"""The first three phases of communication-aware balancing: keep home, take in node, take anywhere.
+
+    every rank keeps its own items, largest first, each one that still fits under target
+    the rest, largest first, per node: dealt round robin to the node's least-loaded ranks
+        that have room (DEAL_WINDOW · gpus_per_node items per node per round), while each
+        fits its rank
+    what no rank of its node takes: dealt the same way to the least-loaded ranks of all
+        (an LPT round, k-th largest -> k-th least loaded, when nothing fits)
+
+Each phase works on a `PartialPlan` in vectorised rounds that make exactly the choices of
+these loops (`orchmllm.balancers.kernels.reference.locality_first_phases` is the plain code).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..kernels.lpt import smallest_ranks
+from .partial_plan import PartialPlan, runs
+
+DEAL_WINDOW = 4  # a round deals DEAL_WINDOW · gpus_per_node items per node (DEAL_WINDOW · h over all ranks)
+
+
+class NoRoom(Exception):
+    """The deal found no rank with room, or gave up (`take_anywhere`'s `max_lpt_rounds`); the caller
+    falls back."""
+
+
+def _by_segment(state: PartialPlan, segments: np.ndarray, candidates: np.ndarray):
+    """Candidates grouped by segment, largest first (ties by index) within one; `segments` holds
+    each candidate's segment.
+
+    Returns (keys, items, starts, ends, segments): keys = segment << state.rank_bits | cost rank,
+    sorted (`PartialPlan.group_keys`); items[k] the item of keys[k]; segment segments[s] spans
+    keys[starts[s]:ends[s]].
+    """
+    keys = state.group_keys(segments, candidates)
+    owner = keys >> state.rank_bits
+    starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1]))) if keys.size else keys
+    return (keys, state.item_of_rank[keys & ((1 << state.rank_bits) - 1)], starts, np.append(starts[1:], keys.size),
+            owner[starts])
+
+
+def _first_fitting(state: PartialPlan, keys: np.ndarray, segments: np.ndarray, pointer: np.ndarray,
+                   room: np.ndarray) -> np.ndarray:
+    """Per segment, the first key at or after `pointer` whose item's cost is at most `room`."""
+    first_fitting_rank = np.searchsorted(state.negated_sorted_costs, -room, side="left")
+    needles = (segments.astype(np.int64) << state.rank_bits) + first_fitting_rank
+    return np.maximum(np.searchsorted(keys, needles.astype(keys.dtype, copy=False)), pointer)
+
+
+def _prefix_sums(values: np.ndarray) -> np.ndarray:
+    """0, then the running sums of `values` (written in place of a concatenated copy)."""
+    sums = np.zeros(values.size + 1)
+    np.cumsum(values, out=sums[1:])
+    return sums
+
+
+def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None = None) -> None:
+    """Every rank keeps its own items (`items`, ascending, default all), largest first, each one
+    that still fits.
+
+    A rank whose items all fit keeps them at once (their summed cost a hair short of the
+    target, so that no order of summation lets one through that the item-by-item test
+    would refuse).  The others go in rounds: each keeps at once the run of its next
+    items that fit together (by prefix sums of cost and tokens, with the same margin)
+    from the first one that fits, so rounds number about the items a rank skips, not the
+    items it keeps.
+    """
+    num_ranks = state.loads.size
+    homes = sources if items is None else sources[items]
+    costs = state.costs if items is None else state.costs[items]
+    totals = np.bincount(homes, weights=costs, minlength=num_ranks)
+    margin = homes.size * np.finfo(np.float64).eps * float(totals.sum())  # bounds any summation's rounding
+    whole = state.loads + totals <= state.target - margin
+    if state.cap < np.inf:
+        lengths = state.lengths if items is None else state.lengths[items]
+        token_totals = np.bincount(homes, weights=lengths, minlength=num_ranks)
+        whole &= state.tokens + token_totals <= state.cap
+        state.tokens[whole] += token_totals[whole]
+    state.loads[whole] += totals[whole]
+    stays = whole[homes]
+    rest = np.flatnonzero(~stays)
+    if items is None:
+        np.copyto(state.destinations, sources, where=stays)
+    else:
+        state.destinations[items[stays]] = homes[stays]
+        rest = items[rest]
+    keys, order, pointer, ends, ranks = _by_segment(state, sources[rest], rest)
+    cost_sums = _prefix_sums(state.costs[order])
+    token_sums = _prefix_sums(state.lengths[order]) if state.cap < np.inf else None
+    while ranks.size:
+        room = state.target - state.loads[ranks]
+        position = _first_fitting(state, keys, ranks, pointer, room)
+        alive = position < ends
+        ranks, position, ends, room = ranks[alive], position[alive], ends[alive], room[alive]
+        run_end = np.searchsorted(cost_sums, cost_sums[position] + room - margin, side="right") - 1
+        if token_sums is not None:
+            token_room = state.cap - state.tokens[ranks]
+            run_end = np.minimum(run_end, np.searchsorted(token_sums, token_sums[position] + token_room, side="right") - 1)
+        first = order[position]
+        run_end = np.minimum(np.maximum(run_end, position + state.fits(first, ranks)), ends)
+        count = run_end - position
+        kept = np.repeat(run_end - count.cumsum(), count) + np.arange(count.sum())
+        state.put_runs(order[kept], np.repeat(ranks, count))
+        pointer = np.maximum(run_end, position + 1)
+        left = pointer < ends
+        ranks, pointer, ends = ranks[left], pointer[left], ends[left]
+
+
+
+@functools.lru_cache(maxsize=64)
+def _round_robin_row(window: int, ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`window` items dealt round robin over `ranks` ranks (item k to rank k mod ranks; ranks <=
+    window), listed rank by rank: each one's position in the window, its rank, and the index
+    in that listing of its rank's first item (read-only)."""
+    index = np.arange(window)
+    per_rank, longer = divmod(window, ranks)  # the first `longer` ranks take one more
+    boundary = longer * (per_rank + 1)
+    in_longer = index < boundary
+    rank = np.where(in_longer, index // (per_rank + 1), longer + (index - boundary) // per_rank)
+    turn = np.where(in_longer, index % (per_rank + 1), (index - boundary) % per_rank)
+    rows = (rank + turn * ranks, rank, rank * per_rank + np.minimum(rank, longer))
+    for row in rows:
+        row.setflags(write=False)
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _round_robin_table(window: int, most_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_round_robin_row` stacked for h = 0..most_ranks ranks (row 0 that of one rank)."""
+    tables = tuple(np.stack(table) for table in zip(*(_round_robin_row(window, max(h, 1))
+                                                      for h in range(most_ranks + 1))))
+    for table in tables:
+        table.setflags(write=False)
+    return tables
+
+
+def _round_robin(roomy: np.ndarray, window: int, most_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_round_robin_row` for h = max(roomy, 1) ranks (roomy <= most_ranks), one row per entry of `roomy`."""
+    return tuple(table[roomy] for table in _round_robin_table(window, most_ranks))
+
+
+def _running_sums(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per row of `values` (a deal listed rank by rank), each entry's running sum within its
+    rank; `first` holds, flat, the index of each entry's rank's first entry."""
+    running = np.cumsum(values, axis=1)
+    running -= (running - values).ravel()[first].reshape(running.shape)
+    return running
+
+
+
+def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
+                 items: np.ndarray | None = None) -> np.ndarray:
+    """Largest first, the left-over items of each node dealt to its least-loaded ranks that fit.
+
+    In rounds for every node at once: with the node's ranks by (load, rank) and h of them
+    having room for its next item that fits any, the node's next `DEAL_WINDOW` · gpus_per_node
+    items are dealt round robin to those h ranks (the k-th to the (k mod h)-th), and the
+    node keeps the longest prefix of the deal in which every item fits its rank (the
+    items dealt to the rank before it included, their summed cost a hair short of the
+    target so that rounding never lets one through); the next round deals from the first
+    item that did not fit.  Items costlier than the room of the node's least-loaded rank
+    are skipped at once: no rank of the node can take them later.  This is LPT inside the
+    node (the least-loaded ranks take the largest items, turn by turn) with a handful of
+    rounds, not one per item.  With a memory cap, an item that fits the least-loaded
+    rank's cost room but not its tokens goes to the least-loaded rank of the node that
+    fits, if any.  `items` (ascending; default: every unplaced one) are those dealt.  Returns
+    those no rank of their node could take.
+    """
+    window_size = DEAL_WINDOW * gpus_per_node
+    margin = window_size * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
+    unplaced = np.flatnonzero(state.destinations < 0) if items is None else items
+    keys, order, pointer, ends, nodes = _by_segment(state, sources[unplaced] // gpus_per_node, unplaced)
+    node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
+    while nodes.size:
+        loads = node_loads[nodes]
+        by_load = np.argsort(loads, axis=1, kind="stable")
+        loads.sort(axis=1)
+        position = _first_fitting(state, keys, nodes, pointer, state.target - loads[:, 0])
+        alive = position < ends
+        nodes, position, ends, by_load, loads = nodes[alive], position[alive], ends[alive], by_load[alive], loads[alive]
+        if not nodes.size:
+            break
+        roomy = np.count_nonzero(loads + state.costs[order[position]][:, None] <= state.target, axis=1)
+        # The deal rank by rank, each item with its rank's load after it; a window no longer than
+        # the most items any node has left (a power of two, for the cache) deals the same.
+        width = min(window_size, max(gpus_per_node, 1 << int((ends - position).max() - 1).bit_length()))
+        dealt, rank_column, first = _round_robin(roomy, width, gpus_per_node)
+        window = position[:, None] + dealt
+        inside = window < ends[:, None]
+        items = order[np.minimum(window, ends[:, None] - 1)]
+        row = np.arange(nodes.size)[:, None]
+        first = (row * width + first).ravel()
+        rank_flat = (row * gpus_per_node + rank_column).ravel()
+        after = loads.ravel()[rank_flat].reshape(items.shape) + _running_sums(
+            np.where(inside, state.costs[items], 0.0), first)
+        fits = inside & (after <= state.target - margin)
+        ranks = nodes[:, None] * gpus_per_node + by_load.ravel()[rank_flat].reshape(items.shape)
+        if state.cap < np.inf:
+            fits &= state.tokens[ranks] + _running_sums(np.where(inside, state.lengths[items], 0.0), first) <= state.cap
+        count = np.where(fits, window_size, dealt).min(axis=1)  # the deal's first item that does not fit
+        kept = dealt < count[:, None]
+        state.put_runs(items[kept], ranks[kept])
+        stuck = np.flatnonzero(count == 0)  # the least-loaded rank lacks token room (or rounding)
+        if stuck.size:
+            item, row_ranks = order[position[stuck]], nodes[stuck, None] * gpus_per_node + np.arange(gpus_per_node)
+            fits = state.fits(item[:, None], row_ranks)
+            chosen = np.argmin(np.where(fits, state.loads[row_ranks], np.inf), axis=1)
+            placed = fits.any(axis=1)
+            state.put(item[placed], row_ranks[placed, chosen[placed]])
+            count[stuck] = 1
+        pointer = position + count
+        left = pointer < ends
+        nodes, pointer, ends = nodes[left], pointer[left], ends[left]
+    return unplaced[state.destinations[unplaced] < 0]
+
+
+
+def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int | None = None) -> None:
+    """Largest first, the items no rank of their node took, dealt to the least-loaded ranks that fit.
+
+    In rounds: with ranks by (load, rank) and h of them having room for the largest waiting
+    item, the next `DEAL_WINDOW` · h items are dealt round robin to those h ranks (the k-th to
+    the (k mod h)-th); each rank keeps the longest prefix of its deal that fits (summed
+    cost a hair short of the target, tokens within the cap) and the rest wait, in order,
+    for the next round.  A round that keeps nothing (no rank has room for the largest
+    waiting item, or no token room) is an LPT round instead (`_lpt_round`), which always
+    places the largest item, possibly above the target.  Where token room binds, LPT rounds may
+    place one item each (O(n · D)): past `max_lpt_rounds` of them the deal gives up (NoRoom).
+    """
+    waiting = state.item_of_rank[np.sort(state.cost_rank[overflow])]  # cost ranks are distinct
+    margin = DEAL_WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
+    lpt_rounds = 0
+    while waiting.size:
+        roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
+        ranks = smallest_ranks(state.loads, roomy, integer=False) if roomy else np.zeros(0, dtype=np.int64)
+        count = min(waiting.size, DEAL_WINDOW * roomy)
+        passes = -(-count // max(roomy, 1))
+        dealt = np.full(passes * roomy, -1, dtype=np.int64)  # pass by pass, rank by rank
+        dealt[:count] = waiting[:count]
+        dealt = dealt.reshape(passes, roomy)
+        inside = dealt >= 0
+        fits = state.loads[ranks] + np.cumsum(np.where(inside, state.costs[dealt], 0.0), axis=0) <= state.target - margin
+        if state.cap < np.inf:
+            fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[dealt], 0.0), axis=0) <= state.cap
+        kept = (fits & inside).ravel()[:count]  # running sums only grow: a prefix of every rank's deal
+        if not kept.any():
+            lpt_rounds += 1
+            if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
+                raise NoRoom
+            waiting = _lpt_round(state, waiting)
+            continue
+        state.put_runs(waiting[:count][kept], np.tile(ranks, passes)[:count][kept])
+        waiting = np.concatenate([waiting[:count][~kept], waiting[count:]])
+
+
+
+def _lpt_round(state: PartialPlan, waiting: np.ndarray) -> np.ndarray:
+    """One LPT round over all ranks: the k-th largest waiting item to the k-th least-loaded rank
+    if it fits; returns the items still waiting.
+
+    The largest item is always placed (on the least-loaded rank with token room), possibly
+    above the target, and so are the items after it that fit on no rank (placed together).
+    """
+    ranks = smallest_ranks(state.loads, min(waiting.size, state.loads.size), integer=False)
+    chunk = waiting[: ranks.size]
+    fits = state.fits(chunk, ranks)
+    # The leading items too costly for every rank's room fit nowhere, now or later:
+    # each goes above the target on its rank of the round (token room permitting).
+    hopeless = ((state.costs[chunk] > state.target - state.loads[ranks[0]])
+                & (state.tokens[ranks] + state.lengths[chunk] <= state.cap))
+    lead = int(np.argmin(hopeless)) if not hopeless.all() else hopeless.size
+    fits[:lead] = True
+    if not fits[0]:
+        room = state.tokens + state.lengths[chunk[0]] <= state.cap
+        if not room.any():
+            raise NoRoom
+        fits[0] = True
+        ranks[0] = int(np.argmin(np.where(room, state.loads, np.inf)))
+        fits[1:] &= ranks[1:] != ranks[0]
+    state.put(chunk[fits], ranks[fits])
+    return np.concatenate([chunk[~fits], waiting[ranks.size:]])
+

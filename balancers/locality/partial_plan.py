@@ -1,0 +1,79 @@
+"""A partial plan under a makespan target and a token cap, as the communication-aware phases build it.
+
+Destinations (-1 while unplaced), rank loads and rank tokens (`take`, `put` and `put_runs`
+count tokens only under a cap: without one no check reads them), kept consistent; items are
+also indexed by their cost rank (largest first, ties by index) so that phases can search
+sorted runs of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..problem import Problem
+
+
+class PartialPlan:
+    """Destinations, rank loads and rank tokens of a partial plan under a target and a cap."""
+
+    def __init__(self, problem: Problem, target: float):
+        self.costs, self.lengths = problem.item_costs, problem.lengths.astype(np.float64)
+        self.target = target
+        self.cap = np.inf if problem.max_tokens_per_rank is None else float(problem.max_tokens_per_rank)
+        self.item_of_rank = problem.cost_order  # largest first, ties by index
+        self.rank_bits = problem.num_items.bit_length()  # cost ranks fit this many bits
+        self.cost_rank = np.empty(problem.num_items, dtype=np.int32 if self.rank_bits < 31 else np.int64)
+        self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
+        self.negated_sorted_costs = -problem.sorted_costs
+        self.destinations = np.full(problem.num_items, -1, dtype=np.int64)
+        self.loads = np.zeros(problem.num_ranks)
+        self.tokens = np.zeros(problem.num_ranks)
+
+    def group_keys(self, groups: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        """The keys group << rank_bits | cost rank of `items` (None: every item), groups[k] the
+        (non-negative) group of the k-th, sorted: int32 where every key fits (its sort takes half
+        the time of int64's), else int64."""
+        bits = self.rank_bits
+        narrow = groups.size == 0 or (int(groups.max()) + 1) << bits <= 2**31
+        keys = groups.astype(np.int32 if narrow else np.int64)
+        keys <<= bits
+        keys |= self.cost_rank if items is None else self.cost_rank[items]
+        keys.sort()
+        return keys
+
+    def fits(self, items: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        """Whether each item fits on its rank under the target and the cap (rows of a 2-D `ranks`
+        when `items` has a trailing axis of 1)."""
+        fits = self.loads[ranks] + self.costs[items] <= self.target
+        if self.cap < np.inf:
+            fits &= self.tokens[ranks] + self.lengths[items] <= self.cap
+        return fits
+
+    def take(self, items: np.ndarray) -> None:
+        """Remove placed items from their ranks."""
+        np.subtract.at(self.loads, self.destinations[items], self.costs[items])
+        if self.cap < np.inf:
+            np.subtract.at(self.tokens, self.destinations[items], self.lengths[items])
+        self.destinations[items] = -1
+
+    def put_runs(self, items: np.ndarray, ranks: np.ndarray) -> None:
+        """Place items on ranks (a rank any number of times)."""
+        self.destinations[items] = ranks
+        self.loads += np.bincount(ranks, weights=self.costs[items], minlength=self.loads.size)
+        if self.cap < np.inf:
+            self.tokens += np.bincount(ranks, weights=self.lengths[items], minlength=self.loads.size)
+
+    def put(self, items: np.ndarray, ranks: np.ndarray) -> None:
+        """Place items on ranks (each rank at most once per call)."""
+        self.destinations[items] = ranks
+        self.loads[ranks] += self.costs[items]
+        if self.cap < np.inf:
+            self.tokens[ranks] += self.lengths[items]
+
+
+def runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start of the run of equal keys each entry belongs to, its position inside that run)."""
+    n = sorted_keys.size
+    starts = np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1]))) if n else sorted_keys
+    run_start = np.repeat(starts, np.diff(np.append(starts, n)))
+    return run_start, np.arange(n) - run_start

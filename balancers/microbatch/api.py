@@ -1,0 +1,340 @@
+"""`balance_microbatches()`: plan every rank's gradient-accumulation micro-batches jointly.
+
+A step runs M micro-batches on every one of D ranks, each under a token budget T, and
+FSDP / ZeRO-3 synchronise all ranks in every micro-batch, so a step costs the sum over
+micro-batches of the slowest rank.  Items i (lengths l_i, costs c_i) get a cell (r, m):
+
+    minimise  Σ_m max_r load(r, m) + M · microbatch_overhead
+    s.t.      tokens(r, m) <= T                      for every cell
+    load(r, m) = Σ_{i in (r, m)} c_i   (padded: count · max c),
+    tokens(r, m) = Σ_{i in (r, m)} l_i (padded: count · max l)
+
+Plain code:
+
+    step_cost = sum(max(load[m][r] for r in range(D)) for m in range(M)) + M * overhead
+    assert all(tokens[m][r] <= T for m in range(M) for r in range(D))
+
+M is the same on every rank by construction.  Every plan carries a certified lower
+bound (`microbatch_bounds`), its gap and a status (`optimal` only when proven).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from ..api import communication_inputs
+from ..cost import CostModel
+from ..locality.balance import balance_locally
+from ..locality.lap import assign_groups
+from ..problem import (INT64_MAX, InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
+                       check_cost_range, check_token_range)
+from ..registry import MICROBATCH_ALGORITHMS, get_microbatch_algorithm
+from ..validation import as_bool, as_int, as_real
+from . import auto as microbatch_auto, exact as microbatch_exact
+from .auto import plan_cost
+from .bounds import min_bins
+from .locality import keep_cells_local
+from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, checked_kernel, float_sum,
+                   make_microbatch_plan)
+
+WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
+DEFAULT_WORK = 1_000_000
+EXTRA_MICROBATCHES = 2  # beyond the fewest that fit, tried when the plan is not proven optimal
+PAYING_GAP = 0.01  # ... only while the bound leaves more than this fraction to gain; the fewest M
+# whose plan is within this fraction of the cheapest is taken: a micro-batch also costs what the
+# model does not see (one more pass over every layer's parameters under FSDP, launches)
+MAX_CELLS = 2**22  # M · D: a plan holds M × D arrays of loads and tokens (32 MiB each at most)
+
+
+def _as_budget(value) -> int:
+    if value is None:
+        raise TypeError("`max_tokens_per_microbatch` is required: the token budget T of one micro-batch on one rank")
+    budget = as_int(value, "max_tokens_per_microbatch", minimum=1)
+    if budget > INT64_MAX:
+        raise ValueError(f"`max_tokens_per_microbatch` must be at most 2**63 - 1 (token counts are exact int64); "
+                         f"got {budget}")
+    return budget
+
+
+def microbatch_options(max_tokens_per_microbatch, num_microbatches=None, microbatch_overhead=0.0,
+                       algorithm="auto", *, algorithm_name: str = "algorithm") -> dict:
+    """`balance_microbatches`' micro-batch options, checked and canonical (plain ints and floats),
+    for callers that hold them before any lengths (the orchestrator, the runtime's dispatcher);
+    `algorithm_name` is what the caller calls its algorithm argument.
+
+    >>> microbatch_options(np.int64(16), microbatch_overhead=0)
+    {'max_tokens_per_microbatch': 16, 'num_microbatches': None, 'microbatch_overhead': 0.0, 'algorithm': 'auto'}
+    """
+    if algorithm not in MICROBATCH_ALGORITHMS:
+        raise ValueError(f"unknown `{algorithm_name}` {algorithm!r}; choose one of "
+                         f"{sorted(MICROBATCH_ALGORITHMS)}")
+    return dict(max_tokens_per_microbatch=_as_budget(max_tokens_per_microbatch),
+                num_microbatches=as_int(num_microbatches, "num_microbatches", minimum=1, optional=True),
+                microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"), algorithm=str(algorithm))
+
+
+def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None,
+                            padded=False, microbatch_overhead=0.0, time_limit=None) -> MicroBatchProblem:
+    """Validate user input once and build the canonical MicroBatchProblem."""
+    lengths = as_lengths(lengths)
+    num_ranks = as_num_ranks(num_ranks)
+    budget = _as_budget(max_tokens_per_microbatch)
+    if cost is not None and costs is not None:
+        raise ValueError("give `cost` (a CostModel) or `costs` (one per item), not both")
+    padded = as_bool(padded, "padded")
+    check_token_range(lengths, padded)
+    if costs is None:
+        if cost is None:
+            cost = CostModel()
+        if not isinstance(cost, CostModel):
+            raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
+        with np.errstate(over="ignore"):  # an overflowing model is reported below
+            item_costs = cost.item_costs(lengths)
+        check_cost_range(item_costs, lengths, padded, f"`cost` {cost}")
+    else:
+        item_costs = as_costs(costs, lengths)
+        check_cost_range(item_costs, lengths, padded, "`costs`")
+    longest = int(np.argmax(lengths))
+    if lengths[longest] > budget:
+        raise InfeasibleError(
+            f"item {longest} has {int(lengths[longest])} tokens > max_tokens_per_microbatch={budget}; no micro-batch "
+            f"can hold it: a budget of at least {int(lengths[longest])} is needed", min_cap=int(lengths[longest]))
+    limit = as_time_limit(time_limit)
+    for array in (lengths, item_costs):
+        array.setflags(write=False)
+    return MicroBatchProblem(lengths=lengths, item_costs=item_costs, num_ranks=num_ranks, max_tokens=budget,
+                             padded=padded, microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"),
+                             work_limit=_work_limit(limit), cost=cost, time_limit=limit)
+
+
+def _work_limit(time_limit: float | None) -> int:
+    return DEFAULT_WORK if time_limit is None else int(time_limit * WORK_PER_SECOND)
+
+
+def _time_share(problem: MicroBatchProblem, calls: int) -> MicroBatchProblem:
+    """`problem` with 1 / `calls` of its time limit (as many kernel calls share it), its cached
+    orders kept."""
+    if problem.time_limit is None or calls <= 1:
+        return problem
+    share = problem.time_limit / calls
+    shared = dataclasses.replace(problem, time_limit=share, work_limit=_work_limit(share))
+    shared.__dict__.update({key: value for key, value in problem.__dict__.items()
+                            if key not in shared.__dict__})  # cached properties: same items
+    return shared
+
+
+def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:
+    value = as_int(value, "num_microbatches", minimum=1, optional=True)
+    most = MAX_CELLS // problem.num_ranks
+    if value is not None and value > most:
+        raise ValueError(f"`num_microbatches`={value} on {problem.num_ranks} ranks makes {value * problem.num_ranks} "
+                         f"cells, beyond 2**22 = {MAX_CELLS} (a plan holds M × D arrays of loads and tokens): at "
+                         f"most {most} micro-batches on {problem.num_ranks} ranks")
+    return value
+
+
+def _most_microbatches(problem: MicroBatchProblem) -> int:
+    """The most micro-batches a free M tries: one item per cell always fits, and M · D <= MAX_CELLS
+    (ValueError when even the fewest that fit make more cells)."""
+    fewest, d = problem.min_microbatches, problem.num_ranks
+    most = MAX_CELLS // d
+    if fewest > most:
+        raise ValueError(f"`max_tokens_per_microbatch`={problem.max_tokens} is too small for these items on {d} "
+                         f"ranks: they need at least {fewest} micro-batches, {fewest * d} cells, beyond 2**22 = "
+                         f"{MAX_CELLS} (a plan holds M × D arrays); at most {most} micro-batches on {d} ranks")
+    return min(max(fewest, -(-problem.num_items // d)), most)
+
+
+def _packed_by_none(problem: MicroBatchProblem, algorithm: str) -> InfeasibleError:
+    fewest, most = problem.min_microbatches, _most_microbatches(problem)
+    one_per_cell = -(-problem.num_items // problem.num_ranks)
+    why = (f"though one item per cell fits in {one_per_cell}: the algorithm failed, not the budget"
+           if one_per_cell <= most else f"the most that M · D <= 2**22 = {MAX_CELLS} cells allows")
+    return InfeasibleError(f"algorithm {algorithm!r} found no packing of the items for any `num_microbatches` from "
+                           f"{fewest} to {most}, {why}; choose another `algorithm`", min_cap=most)
+
+
+def _fewest_that_fit(problem: MicroBatchProblem, kernel: MicroBatchKernel, algorithm: str,
+                     failed: int) -> tuple[int, str]:
+    """(M, what is known of it): the fewest micro-batches `kernel` packs the items into (from the
+    provable fewest up, as a free M does, skipping `failed`), and whether fewer are proven too few."""
+    fewest = problem.min_microbatches
+    known = next((m for m in range(fewest, _most_microbatches(problem) + 1)
+                  if m != failed and kernel(problem, m) is not None), None)
+    if known is None:
+        raise _packed_by_none(problem, algorithm)
+    if known == fewest:
+        return known, f"{known} fit, the fewest possible"
+    if all(microbatch_exact.packing_exists(problem, m) is False for m in range(fewest, known)):
+        return known, f"{known} fit, the fewest possible (exhaustive search: {known - 1} do not)"
+    return known, (f"algorithm {algorithm!r} packs them into {known} (as with num_microbatches=None); fewer are "
+                   f"not proven impossible")
+
+
+def _solve_fixed(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int, algorithm: str,
+                 exact: bool):
+    """The kernel's result for M as given; InfeasibleError naming the fewest M that fit when it has none."""
+    fewest = problem.min_microbatches
+    if num_microbatches < fewest:
+        bins = min_bins(problem.lengths, problem.max_tokens)
+        known, what = _fewest_that_fit(problem, kernel, algorithm, num_microbatches)
+        raise InfeasibleError(
+            f"`num_microbatches`={num_microbatches} is too few: the items need at least {bins} cells of "
+            f"max_tokens_per_microbatch={problem.max_tokens} tokens, so at least {fewest} micro-batches on "
+            f"{problem.num_ranks} ranks; {what}", min_cap=known)
+    result = kernel(problem, num_microbatches)
+    if result is not None:
+        return result
+    failed = (f"`num_microbatches`={num_microbatches}: algorithm {algorithm!r} found no packing of the items into "
+              f"{num_microbatches} × {problem.num_ranks} cells of {problem.max_tokens} tokens")
+    exists = microbatch_exact.packing_exists(problem, num_microbatches)
+    if exists:
+        hint = "a larger `time_limit`" if exact else "algorithm='exact'"
+        raise InfeasibleError(f"{failed}, though one exists (exhaustive search): try {hint}", min_cap=num_microbatches)
+    known, what = _fewest_that_fit(problem, kernel, algorithm, num_microbatches)
+    proof = " (none exists: exhaustive search)" if exists is False else ""
+    raise InfeasibleError(f"{failed}{proof}; {what}", min_cap=known)
+
+
+def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int | None, *,
+           algorithm: str = "auto", exact: bool = False):
+    """(result, M, floor M, proven bound) for M as given, or for the M that pays best.
+
+    With M free, a kernel's `optimal` holds for its M only: the bound over all M is the
+    least proven optimum of the M tried from the fewest up without a gap, or the cost
+    bound plus the overhead of the next M, whichever is lower.  An `exact` kernel tries
+    every M up to one item per cell while the bound leaves room and it proves each optimum
+    (else as the others, at most EXTRA_MICROBATCHES beyond the fewest that fit), and the
+    least step cost wins (the fewest M on ties); the others take the fewest M within PAYING_GAP.
+    """
+    if num_microbatches is not None:
+        return _solve_fixed(problem, kernel, num_microbatches, algorithm, exact), num_microbatches, None, None
+    fewest = problem.min_microbatches
+    overhead, floor = problem.microbatch_overhead, problem.cost_bound
+    always = _most_microbatches(problem)
+    paying = 0.0 if exact else PAYING_GAP
+    problem = _time_share(problem, always - fewest + 1 if exact else min(always - fewest, EXTRA_MICROBATCHES) + 1)
+    proven, chained, found = [], True, []  # found: (result, M, total) of every M that packed
+    best_total, m = math.inf, fewest
+    while m <= always and ((exact and chained) or not found or m <= found[0][1] + EXTRA_MICROBATCHES):
+        if found and float_sum([floor, m * overhead]) * (1 + paying) >= best_total:
+            break  # no plan with this many micro-batches, or more, can pay enough
+        result = kernel(problem, m)
+        total = math.inf if result is None else plan_cost(problem, result, m)
+        if result is None:  # an exact kernel's None is a proof only when no packing exists at all
+            chained = chained and exact and microbatch_exact.packing_exists(problem, m) is False
+        else:
+            chained = chained and result.status is Status.OPTIMAL
+        if chained:
+            proven.append(total)
+        if result is not None:
+            found.append((result, m, total))
+            best_total = min(best_total, total)
+        m += 1
+    if not found:
+        raise _packed_by_none(problem, algorithm)
+    # the fewest micro-batches whose plan is within `paying` of the cheapest found
+    result, m, _ = next(plan for plan in found if plan[2] <= best_total * (1 + paying))
+    bound = min(proven + [float_sum([floor, (fewest + len(proven)) * overhead])]) if proven else None
+    return result._replace(status=Status.FEASIBLE), m, fewest, bound
+
+
+def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sources: np.ndarray,
+                item_bytes: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Ranks per item, micro-batch by micro-batch, moving few bytes without raising any micro-batch's max.
+
+    Unpadded: `balance_locally` with zero slack on the micro-batch's items (its cap T);
+    padded: the micro-batch's cells placed on ranks by `assign_groups` (loads unchanged).
+    """
+    rank = np.array(result.rank, dtype=np.int64)
+    for m in range(num_microbatches):
+        members = np.flatnonzero(result.microbatch == m)
+        if not members.size:
+            continue
+        if problem.padded:
+            placed = assign_groups(rank[members], sources[members], item_bytes[members], problem.num_ranks,
+                                   gpus_per_node)
+            rank[members] = placed[rank[members]]
+            continue
+        sub = balancing_problem(problem.lengths[members], problem.item_costs[members], problem.num_ranks,
+                                problem.max_tokens)
+        rank[members] = balance_locally(sub, rank[members], sources[members], item_bytes[members], gpus_per_node,
+                                        0.0)
+    return rank
+
+
+def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None, padded=False,
+                         num_microbatches=None, microbatch_overhead=0.0, algorithm="auto", sources=None,
+                         item_bytes=None, topology=None, time_limit=None) -> MicroBatchPlan:
+    """Assign every item a cell (rank, micro-batch) minimising Σ_m max_r load + M · overhead.
+
+    Args:
+        lengths: 1-D non-negative integer lengths (tokens), one per item.
+        num_ranks: data-parallel ranks D >= 1.
+        max_tokens_per_microbatch: token budget T of one cell (one rank, one micro-batch).
+        cost: per-item cost model f(l) (default f(l) = l); or `costs`, one cost per item
+            (padded too, unlike `balance`: a padded cell costs count · max of its costs).
+        padded: a cell costs count · max cost and holds count · max length tokens.
+        num_microbatches: M; None takes the fewest that fit, or more when that lowers the
+            step cost including `microbatch_overhead` by more than `PAYING_GAP`: the fewest M
+            whose plan is within that fraction of the cheapest of those tried (at most two
+            more than the fewest that fit, tried only while the bound leaves more to gain).
+            An exact algorithm (`algorithm="exact"`) takes the least step cost of the M it
+            tries (the fewest on ties): every M up to one item per cell while it proves each
+            optimum, so raising T never raises a proven optimum.
+            Too few for the items: InfeasibleError naming the fewest M that fit (and whether
+            fewer are proven impossible).
+        microbatch_overhead: cost of one more micro-batch (same units as the costs).
+        algorithm: a name in `MICROBATCH_ALGORITHMS`, the registry's micro-batch records
+            (`register_microbatch_algorithm` adds one; "auto": exact search for small
+            instances, else the better of the joint greedy and the cell LPT, each followed by
+            local search; the cell LPT alone for large instances; with one micro-batch and no
+            `sources`, `balance`'s plan under max_tokens_per_rank=T too, so M = 1 never does
+            worse than a plain step).
+        sources, item_bytes, topology: as in `balance`; items stay on their rank (in any of its
+            micro-batches), else their node, as far as every micro-batch's max allows
+            (`microbatch_locality`: all cells dealt at once; when that misses a micro-batch's
+            max, each micro-batch is kept local on its own, its items in it).
+        time_limit: seconds of work an exact or anytime search may spend, all M tried
+            together, converted to operation budgets (`WORK_PER_SECOND`, the exact search's
+            `CELLS_PER_SECOND`) so plans never depend on the clock.
+
+    Returns:
+        A frozen `MicroBatchPlan`.  InfeasibleError (a ValueError) when an item is longer
+        than T or `num_microbatches` is below the provable minimum; ValueError when token
+        sums could leave int64, the step cost leaves float64, or M · D passes MAX_CELLS.
+
+    >>> plan = balance_microbatches([6, 5, 4, 3, 2, 2], 2, max_tokens_per_microbatch=8)
+    >>> plan.num_microbatches, plan.step_cost, plan.lower_bound, str(plan.status)
+    (2, 11.0, 11.0, 'optimal')
+    >>> plan.cell_tokens.tolist(), plan.items_of(rank=0, microbatch=1).tolist()
+    ([[6, 6], [5, 5]], [1])
+    """
+    record = get_microbatch_algorithm(algorithm)
+    problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=max_tokens_per_microbatch,
+                                      cost=cost, costs=costs, padded=padded,
+                                      microbatch_overhead=microbatch_overhead, time_limit=time_limit)
+    if not record.solves(problem.padded):
+        raise ValueError(record.why_not(problem.padded))
+    fixed = _as_num_microbatches(num_microbatches, problem)
+    sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
+    kernel = record.kernel
+    if sources is None and kernel is microbatch_auto.solve:
+        kernel = microbatch_auto.solve_with_plain_step  # M = 1 at least `balance`'s plan (not with sources)
+    start = time.perf_counter()
+    result, m, floor_m, proven = _solve(problem, checked_kernel(kernel, algorithm), fixed, algorithm=algorithm,
+                                        exact=record.exact)
+    name = algorithm
+    if sources is not None:
+        local = None if problem.padded else keep_cells_local(problem, result, m, sources, item_bytes, gpus_per_node)
+        if local is None:
+            local = result._replace(rank=_keep_local(problem, result, m, sources, item_bytes, gpus_per_node))
+        result = local._replace(status=Status.FEASIBLE)
+        name = f"{algorithm}+locality"
+    seconds = time.perf_counter() - start
+    return make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,
+                                solve_seconds=seconds)

@@ -1,0 +1,77 @@
+"""Certified bounds of the micro-batch problem: the fewest micro-batches, the least step cost.
+
+Fewest micro-batches: the D·M cells are bins of capacity T (tokens), so M >= ⌈B / D⌉ for
+any lower bound B on the number of bins.  B is Martello and Toth's L2 (1990): for every
+threshold a <= T/2, the items longer than T - a need a bin each, the items in (T/2, T - a]
+one more each, and the items in [a, T/2] fill what those leave free before opening
+⌈rest / T⌉ more (a = 0 gives ⌈Σ l / T⌉).  Padded cells hold count · max l >= Σ l tokens,
+so the bound holds for them too.
+
+Least step cost (Σ_m max_r load(r, m), the overhead added by the caller):
+- Σ c / D: every micro-batch's max is at least the mean of its D cells;
+- Σ_j b[j·D]: items longer than T/2 pairwise share no cell, so the k-th most loaded cell
+  costs at least b[k], the k-th largest of their costs, and the max of the micro-batch
+  holding the j·D-th most loaded cell costs at least b[j·D];
+- max c: the micro-batch holding the costliest item;
+all hold for padded cells (count · max c >= Σ c) and for every M, so the bound is the
+largest of the three.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..problem import exact_sum
+
+
+def min_bins(lengths: np.ndarray, capacity: int, longest_first: np.ndarray | None = None) -> int:
+    """Martello–Toth L2: a number of bins of `capacity` every packing of `lengths` needs
+    (`longest_first`: the same lengths sorted longest first, when known, spares the sort).
+
+    >>> min_bins(np.array([6, 6, 6, 2, 2]), 10), min_bins(np.array([5, 5, 5]), 10)
+    (3, 2)
+    """
+    if longest_first is None:
+        longest_first = np.sort(lengths)[::-1]
+    lengths = longest_first[:np.searchsorted(-longest_first, 0)]  # the positive ones
+    if lengths.size == 0:
+        return 0
+    total = int(lengths.sum())
+    best = -(-total // capacity)
+    half = capacity / 2
+    large = lengths[lengths > half]  # descending
+    small = lengths[lengths <= half][::-1]  # ascending
+    if large.size == 0:
+        return best
+    thresholds = np.concatenate(([0], small))  # ascending: its distinct values without np.unique's hashing
+    thresholds = thresholds[np.concatenate(([True], thresholds[1:] != thresholds[:-1]))]
+    # per threshold a: J1 = large items > T - a, J2 = large items <= T - a, J3 = small items >= a
+    large_asc = large[::-1]
+    large_prefix = np.concatenate(([0], np.cumsum(large_asc)))
+    in_j2 = np.searchsorted(large_asc, capacity - thresholds, side="right")  # large items <= T - a
+    j2_sum = large_prefix[in_j2]
+    small_suffix = np.concatenate((np.cumsum(small[::-1])[::-1], [0]))
+    j3_sum = small_suffix[np.searchsorted(small, thresholds, side="left")]
+    free = in_j2 * capacity - j2_sum
+    extra = np.maximum(0, -(-(j3_sum - free) // capacity))
+    return max(best, int(large.size + extra.max()))
+
+
+def min_microbatches(lengths: np.ndarray, num_ranks: int, capacity: int,
+                     longest_first: np.ndarray | None = None) -> int:
+    """Fewest micro-batches any plan of D ranks with token budget `capacity` can use (>= 1)."""
+    return max(1, -(-min_bins(lengths, capacity, longest_first) // num_ranks))
+
+
+def step_cost_bound(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, capacity: int) -> float:
+    """A Σ_m max_r load(r, m) no plan with any number of micro-batches can beat (see the module).
+
+    >>> step_cost_bound(np.array([6., 6., 6., 2.]), np.array([6, 6, 6, 2]), 2, 10)
+    12.0
+    """
+    mean = exact_sum(np.ascontiguousarray(costs, dtype=np.float64)) / num_ranks
+    conflicting = np.sort(costs[lengths > capacity / 2])[::-1]
+    leaders = math.fsum(memoryview(np.ascontiguousarray(conflicting[::num_ranks])))
+    return float(max(mean, leaders, float(costs.max()) if costs.size else 0.0))

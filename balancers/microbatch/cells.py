@@ -1,0 +1,179 @@
+"""All M·D cells balanced as one P||Cmax, then regrouped into micro-batches and searched.
+
+minimise Σ_m max_r load(r, m) s.t. tokens(r, m) <= T, for a given M (see `microbatch`):
+
+    cells = lpt(items, M·D ranks, cap T)     # every cell near Σ c / (M·D), largest first
+    (every cell starting at L_0 - L_m, L the water-filling levels of the micro-batches,
+        each at least its largest item, so the largest items share one level)
+    (LPT finds no room under T: cells = best-fit decreasing on the tokens, the densest
+        packing, from which the search rebalances the costs)
+    regroup: sort the cells by load, cut into micro-batches of D
+    local search (`microbatch_search.improve`) within the work budget
+
+If every cell of a micro-batch sat at the same load, the step would cost Σ c / D, the
+bound; LPT's rounds (numpy, `lpt.solve`) get every cell within about one small item of
+the mean in O(n log n), and regrouping puts the few cells a large item lifts above the
+mean into the same micro-batch, so they cost one maximum instead of one each.  The fast
+kernel for large instances (2560 ranks × 32 samples in tens of milliseconds).  Original
+to orchmllm; LPT is Graham's (1969).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from ..kernels import lpt
+from ..problem import InfeasibleError, sorted_order
+from .greedy import solve as greedy_solve, split
+from .plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cells_problem
+from .search import improve
+
+
+def levels(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray:
+    """Target load of each micro-batch's cells, most loaded first: water-filling of Σ c over
+    the micro-batches, each at least the largest item it must hold (the (j·D)-th largest)."""
+    d = problem.num_ranks
+    costs = problem.sorted_costs
+    remaining = float(costs.sum())
+    targets = np.zeros(num_microbatches)
+    for m in range(num_microbatches):
+        mean = max(remaining, 0.0) / ((num_microbatches - m) * d)
+        top = float(costs[m * d]) if m * d < costs.size else 0.0
+        targets[m] = max(mean, top)
+        remaining -= d * targets[m]
+    return np.maximum.accumulate(targets[::-1])[::-1]  # never below a later micro-batch's
+
+
+def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.ndarray | None = None):
+    """LPT's cell (m·D + r) per unpadded item over all M·D cells under the budget, or None without room.
+
+    With `offsets` (per micro-batch, >= 0) the cells start at those loads: one pinned
+    placeholder per cell, all larger than every item (so LPT's first round places one
+    each), ahead of the items, dropped afterwards.
+    """
+    d = problem.num_ranks
+    size = num_microbatches * d
+    if offsets is None:
+        cells, pinned = cells_problem(problem, size), 0
+    else:
+        base = 2.0 * float(problem.item_costs.sum()) + 1.0
+        placeholder = base + offsets  # one per micro-batch, for each of its D cells
+        # Their order as `sorted_order` gives it (largest first, ties by index): the micro-batches
+        # by (-placeholder, m), each one's cells in index order; ahead of every item.
+        by_placeholder = np.lexsort((np.arange(num_microbatches), -placeholder))
+        order = np.concatenate(((by_placeholder[:, None] * d + np.arange(d)).ravel(), size + problem.cost_order))
+        cells = balancing_problem(np.concatenate((np.zeros(size, dtype=np.int64), problem.lengths)),
+                                  np.concatenate((np.repeat(placeholder, d), problem.item_costs)), size,
+                                  problem.max_tokens, order,
+                                  np.concatenate((np.repeat(placeholder[by_placeholder], d), problem.sorted_costs)))
+        pinned = size
+    try:
+        return lpt.solve(cells).assignment[pinned:]
+    except InfeasibleError:
+        return None
+
+
+class _Rooms:
+    """The cells by room left: one list per room, cell ids descending (the least is popped
+    first; sorted when taken, after cells came in), and the rooms held, ascending."""
+
+    def __init__(self, cap: int, num_cells: int):
+        self.held = [cap] if num_cells else []
+        self.cells = {cap: list(range(num_cells - 1, -1, -1))}
+        self.unsorted = set()
+
+    def take(self, room: int) -> list:
+        cells = self.cells[room]
+        if room in self.unsorted:
+            cells.sort(reverse=True)
+            self.unsorted.discard(room)
+        return cells
+
+    def put(self, room: int, cells: list) -> None:
+        held = self.cells.get(room)
+        if held is None:
+            self.cells[room] = cells
+            bisect.insort(self.held, room)
+        else:
+            held.extend(cells)
+            self.unsorted.add(room)
+
+    def drop(self, room: int) -> None:
+        del self.cells[room]
+        del self.held[bisect.bisect_left(self.held, room)]
+
+
+def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray | None:
+    """Best-fit decreasing on the tokens over the M·D cells (cell m·D + r per item), or None
+    when even that leaves an item without room: every item, longest first (ties by index),
+    goes to the cell with the least room that still takes it (ties by cell).
+
+    A run of k items of one length l is placed at once: the cells with room >= l, by (room,
+    cell), each take room // l items before the next, since a cell's room left stays the least
+    >= l (none lay between); so it costs one step per room it uses up, not one per item
+    (`reference.best_fit_cells` is the item-by-item loop, for the tests).
+
+    >>> from orchmllm.balancers.microbatch.api import make_microbatch_problem
+    >>> problem = make_microbatch_problem([6, 5, 4, 3, 2], 1, max_tokens_per_microbatch=10)
+    >>> tight_cells(problem, 2).tolist(), tight_cells(problem, 1)
+    ([0, 1, 0, 1, 1], None)
+    """
+    order = problem.length_order
+    ordered = problem.lengths[order]
+    bounds = np.flatnonzero(np.diff(ordered, prepend=-1, append=-1))  # where runs start, and n (lengths >= 0)
+    rooms = _Rooms(problem.max_tokens, num_microbatches * problem.num_ranks)
+    taken, times = [], []  # cells in turn, and how many items in `order` each takes
+    for length, count in zip(ordered[bounds[:-1]].tolist(), np.diff(bounds).tolist()):
+        if length == 0:
+            if not rooms.held:
+                return None
+            taken.append(rooms.take(rooms.held[0])[-1])  # room unchanged
+            times.append(count)
+            continue
+        while count:
+            where = bisect.bisect_left(rooms.held, length)
+            if where == len(rooms.held):
+                return None
+            room = rooms.held[where]
+            cells = rooms.take(room)
+            per = room // length
+            full = min(len(cells), count // per)
+            if full:
+                filled = cells[-full:]
+                del cells[-full:]
+                taken += filled[::-1]
+                times += [per] * full
+                rooms.put(room - per * length, filled)
+                count -= full * per
+            if count and cells:
+                cell = cells.pop()
+                taken.append(cell)
+                times.append(count)
+                rooms.put(room - count * length, [cell])
+                count = 0
+            if not cells:
+                rooms.drop(room)
+    cell_of = np.empty(problem.num_items, dtype=np.int64)
+    cell_of[order] = np.repeat(np.array(taken, dtype=np.int64), times)
+    return cell_of
+
+
+def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+    """LPT over all cells from the water-filling levels (plain LPT when they are flat; the
+    tight token packing when LPT finds no room), regrouped and improved within the work
+    budget.  Padded cells (count · max c, not a sum) are the joint greedy's
+    (`microbatch_greedy.solve`)."""
+    if problem.padded:
+        return greedy_solve(problem, num_microbatches)
+    targets = levels(problem, num_microbatches)
+    offsets = targets[0] - targets if targets[0] > targets[-1] else None
+    start = lpt_cells(problem, num_microbatches, offsets)
+    if start is None and offsets is not None:
+        start = lpt_cells(problem, num_microbatches)
+    if start is None:
+        start = tight_cells(problem, num_microbatches)
+    if start is None:
+        return None
+    return split(improve(problem, start, num_microbatches), problem.num_ranks)

@@ -1,0 +1,105 @@
+"""Communication-aware micro-batch plans: every item near its source, no micro-batch's max raised.
+
+Given a plain plan of M micro-batches whose micro-batch m costs t_m = max_r load(r, m), find
+
+    minimise  sum(item_bytes[i] for i if node(rank[i]) != node(sources[i]))
+    s.t.      load(r, m) <= t_m,  tokens(r, m) <= T      for every cell (r, m)
+
+so the step cost Σ_m t_m is kept.  An item may stay on its rank in any of its M
+micro-batches, so the M·D cells are balanced as one problem: cell c = r·M + m starts at
+load max(t) - t_m, so that one target max(t) is t_m for every cell, and the items are
+dealt in the phases of `locality_fill`'s filler deal, each rank's M cells its first group:
+
+    filler = the smallest items, 0.3-1 % of the total cost (they carry few bytes)
+    items longer than T / 2, then T / 4, then the rest (T / 8, T / 16 too on a second try
+            when the first runs out of token room), largest first, each tier in turn:
+        to the roomiest of their rank's own cells that fit (LPT inside the rank),
+        then to the first of their node's cells that fits (first fit inside the node),
+        then to the least-loaded of all (`locality_deal.take_anywhere`)
+    the filler, largest first, to the least-loaded cells (it tops every cell up)
+    (past MAX_LPT_ROUNDS LPT rounds of `take_anywhere` the deal gives up: token room binds)
+    repair if a cell is still above its t_m
+    every cell within its t_m and T (recomputed in item order), else None: the caller then
+        keeps each micro-batch local on its own (`microbatch._keep_local`)
+
+The rank and node deals run for all ranks (nodes) at once, an item of each per turn
+(`group_deal`), from one sort of the items by (tier, source rank, cost).  LPT keeps a
+rank's cells level in cost and tokens; first fit packs a node's left-overs into few cells,
+so fewer leave the node.  With M = 1 (a cell per rank) `locality_fill.fill_locally` deals
+them as in a plain step (`keep_home`'s runs are cheaper than turns over one cell), with its
+own tiers and no second try.
+Original to orchmllm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..locality.deal import NoRoom, take_anywhere
+from ..locality.fill import FINE_TIERS, TIERS, fill_locally, filler_items, filler_share, length_tiers
+from ..locality.group_deal import by_group, deal_in_groups
+from ..locality.partial_plan import PartialPlan
+from ..locality.repair import repair
+from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
+
+MAX_LPT_ROUNDS = 256  # LPT rounds of one `take_anywhere` before the cells deal gives up: where token room
+# binds they place about one item each, O(D) apiece (2 700 rounds, 1 s, at D = 2560 × 32 on the code trace,
+# T = 8k); a deal that needs more misses anyway (at most 40 on the synthetic and 34 on the successful trace
+# deals of D up to 2560 × 32)
+
+
+def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, num_microbatches: int,
+                gpus_per_node: int, share: float, tiers: tuple[int, ...]) -> None:
+    """Place every item of `state` (its cells r·M + m) near its source rank, tier by tier, the
+    filler last (see the module docstring); `NoRoom` when no cell has token room for an item."""
+    n, num_ranks = state.costs.size, state.loads.size // num_microbatches
+    # Cells are dealt up to a hair below the target: no summation order of a cell's items then
+    # lifts its load above its micro-batch's max (the deal adds them largest first, from max(t) - t_m).
+    limit = state.target - 2 * (n + 1) * np.finfo(np.float64).eps * state.target
+    filler = filler_items(state, share)
+    tier = length_tiers(state, tiers)
+    tier[filler] = len(tiers) + 1
+    # One sort for every tier: by (tier, source rank, cost), each tier a slice.
+    ordered, owner = by_group(state, tier * num_ranks + sources, None)
+    bounds = np.searchsorted(owner, np.arange(len(tiers) + 2) * num_ranks)  # tier k: ordered[bounds[k]:bounds[k + 1]]
+    for k in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():  # the tiers that hold items
+        tier_items = slice(bounds[k], bounds[k + 1])
+        left = deal_in_groups(state, ordered[tier_items], owner[tier_items] - k * num_ranks, num_microbatches,
+                              limit, least_loaded=True)
+        left = deal_in_groups(state, *by_group(state, sources[left] // gpus_per_node, left),
+                              num_microbatches * gpus_per_node, limit, least_loaded=False)
+        take_anywhere(state, left, MAX_LPT_ROUNDS)
+    take_anywhere(state, filler, MAX_LPT_ROUNDS)
+    if state.loads.max() > state.target:
+        repair(state, sources * num_microbatches, item_bytes, num_microbatches * gpus_per_node)
+
+
+def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
+                     sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> MicroBatchResult | None:
+    """Cells of `result`'s step cost or less that keep items on their source rank, else their node;
+    None when the deal and repair miss a micro-batch's max (unpadded problems only)."""
+    m = num_microbatches
+    cell = result.microbatch * problem.num_ranks + result.rank  # the plain loads as `cell_accounts` sums them
+    maxima = cell_loads(problem, cell, m * problem.num_ranks).reshape(m, -1).max(axis=1)
+    target = float(maxima.max())
+    cells = cells_problem(problem, m * problem.num_ranks)
+    total = float(problem.item_costs.sum())
+    slack = problem.num_ranks * float(maxima.sum()) / total - 1.0 if total > 0 else 0.0  # room above the mean
+    for tiers in (TIERS,) if m == 1 else (TIERS, FINE_TIERS):
+        state = PartialPlan(cells, target)
+        state.loads += np.tile(target - maxima, problem.num_ranks)  # cell r·M + m starts at max(t) - t_m
+        try:
+            if m == 1:  # a cell per rank: the filler deal of a plain step (keep_home's runs, the node's windows)
+                fill_locally(state, sources, item_bytes, gpus_per_node, filler_share(slack))
+            else:
+                _deal_cells(state, sources, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
+        except NoRoom:
+            continue
+        # Cell loads summed in item order, as `cell_accounts` sums the plan's; tokens exactly (the
+        # deal's float sums round beyond 2**53).
+        loads = cell_loads(problem, state.destinations, state.loads.size)
+        tokens = cell_token_sums(problem, state.destinations, state.loads.size)
+        if np.all(loads.reshape(-1, m).max(axis=0) <= maxima) and tokens.max() <= problem.max_tokens:
+            rank, microbatch = np.divmod(state.destinations, m)
+            return result._replace(rank=rank, microbatch=microbatch)
+    return None

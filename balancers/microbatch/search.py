@@ -1,0 +1,134 @@
+"""Local search on micro-batch cells: lower Σ_m max_r load(r, m) by moves, swaps and regrouping.
+
+Only the most loaded cell of a micro-batch counts, so every step works on one such cell a
+(load L, its micro-batch's second load S) and one item i in it, and takes, over every other
+cell b and every item j elsewhere, the change that lowers the objective most:
+
+    move i to b:       a -> L - c_i,          b -> load_b + c_i
+    swap i with j:     a -> L - c_i + c_j,    b -> load_b + c_i - c_j      (c_j < c_i)
+    change = (new max of a's micro-batch - L) + (rise of b's micro-batch max, if another)
+
+subject to both cells' tokens <= T; ties by the lowest index.  Between passes the cells
+are regrouped (`microbatch_greedy.regroup`).  Every item tried costs n + M·D + STEP_WORK
+operations of the problem's work budget, so the result never depends on the clock; when
+the budget buys fewer than MIN_STEPS steps (2560 ranks × 32 items), only the regrouping runs.
+Unpadded cells only (a padded cell's cost is not additive); padded plans are regrouped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .greedy import regroup
+from .plan import MicroBatchProblem, cell_token_sums
+
+RELATIVE_GAIN = 1e-12
+STEP_WORK = 2_000  # an item's evaluation costs this much beyond its n + M·D array elements (numpy calls)
+MIN_STEPS = 8
+
+
+class _Search:
+    def __init__(self, problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int):
+        self.problem = problem
+        self.cell_of = cell_of.copy()
+        self.size = num_microbatches * problem.num_ranks
+        self.microbatch_of_cell = np.arange(self.size) // problem.num_ranks
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.loads = np.bincount(self.cell_of, weights=self.problem.item_costs, minlength=self.size)
+        self.tokens = cell_token_sums(self.problem, self.cell_of, self.size)
+        self.levels = self.loads.reshape(-1, self.problem.num_ranks).max(axis=1)
+
+    def best_change(self, a: int) -> tuple[float, int, int, int]:
+        """(change, item, target cell, swapped item or -1) of the best step out of cell a."""
+        problem, d = self.problem, self.problem.num_ranks
+        m = a // d
+        own = self.loads[m * d:(m + 1) * d].copy()
+        load = own[a - m * d]
+        own[a - m * d] = -np.inf
+        runner = int(np.argmax(own))
+        second = own[runner]
+        own[runner] = -np.inf
+        third = own.max() if d > 2 else -np.inf
+        second = max(second, 0.0) if d > 1 else 0.0
+        third = max(third, 0.0)
+        runner += m * d
+        same = self.microbatch_of_cell == m
+        room = problem.max_tokens - self.tokens
+        excluded = np.where(np.arange(self.size) == runner, third, second)
+        rise_elsewhere = self.levels[self.microbatch_of_cell]
+        best = (0.0, -1, -1, -1)
+        items = np.flatnonzero(self.cell_of == a)
+        others = np.flatnonzero(self.cell_of != a)
+        other_cells = self.cell_of[others]
+        for item in items[np.lexsort((items, -problem.item_costs[items]))].tolist():
+            cost, length = problem.item_costs[item], int(problem.lengths[item])
+            grown = self.loads + cost
+            change = np.where(same, np.maximum(np.maximum(excluded, load - cost), grown) - load,
+                              max(second, load - cost) - load + np.maximum(grown - rise_elsewhere, 0.0))
+            change[(room < length) | (np.arange(self.size) == a)] = np.inf
+            target = int(np.argmin(change))
+            if change[target] < best[0]:
+                best = (float(change[target]), item, target, -1)
+            delta = cost - problem.item_costs[others]
+            shift = length - problem.lengths[others]
+            new_a, new_b = load - delta, self.loads[other_cells] + delta
+            change = np.where(same[other_cells],
+                              np.maximum(np.maximum(excluded[other_cells], new_a), new_b) - load,
+                              np.maximum(second, new_a) - load
+                              + np.maximum(new_b - rise_elsewhere[other_cells], 0.0))
+            change[(delta <= 0) | (room[other_cells] < shift) | (room[a] < -shift)] = np.inf
+            if change.size:
+                pick = int(np.argmin(change))
+                if change[pick] < best[0]:
+                    best = (float(change[pick]), item, int(other_cells[pick]), int(others[pick]))
+        return best
+
+    def step(self) -> tuple[bool, int]:
+        """Apply the best change out of some micro-batch's most loaded cell; (changed, work).
+
+        A change must gain more than rounding could fake (RELATIVE_GAIN of the total
+        cost), so float sums in another order never make the search cycle.
+        """
+        d = self.problem.num_ranks
+        least_gain = RELATIVE_GAIN * float(self.loads.sum())
+        work = 0
+        by_level = np.lexsort((np.arange(self.levels.size), -self.levels))
+        for m in by_level.tolist():
+            block = self.loads[m * d:(m + 1) * d]
+            a = int(np.argmax(block))
+            if d > 1 and np.count_nonzero(block == block[a]) > 1:
+                continue  # a tied maximum cannot fall by changing one cell
+            change, item, target, swapped = self.best_change(m * d + a)
+            tried = int(np.count_nonzero(self.cell_of == m * d + a)) + 1
+            work += tried * (self.problem.num_items + self.size + STEP_WORK)
+            if change < -least_gain:
+                self.cell_of[item] = target
+                if swapped >= 0:
+                    self.cell_of[swapped] = m * d + a
+                self.refresh()
+                return True, work
+        return False, work
+
+
+def improve(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int) -> np.ndarray:
+    """Regroup and search until nothing helps or the work budget is spent; cells per item."""
+    cell_of = regroup(problem, cell_of, num_microbatches)
+    budget = problem.work_limit
+    step_work = (problem.num_items + num_microbatches * problem.num_ranks + STEP_WORK) * 8
+    if problem.padded or problem.num_items == 0 or step_work * MIN_STEPS > budget:
+        return cell_of  # a budget for fewer than MIN_STEPS steps of ~8 items is not worth starting
+    while budget > 0:
+        search = _Search(problem, cell_of, num_microbatches)
+        changed = False
+        while budget > 0:
+            moved, work = search.step()
+            budget -= work
+            if not moved:
+                break
+            changed = True
+        cell_of = regroup(problem, search.cell_of, num_microbatches)
+        if not changed or np.array_equal(cell_of, search.cell_of):
+            break
+    return cell_of
