@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from ..balancers import ALGORITHMS
+from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import microbatch_options
 from ..balancers.validation import as_bool, as_real
 from ..topology import PLACEMENTS
@@ -36,6 +37,7 @@ class PlanOptions:
     num_microbatches: int | None = None
     microbatch_overhead: float = 0.0
     microbatch_algorithm: str = "auto"
+    context_parallel: ContextParallel | None = None
     microbatching: dict | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -51,6 +53,13 @@ class PlanOptions:
         if self.uniform_algorithm is not None and self.uniform_algorithm not in ALGORITHMS:
             raise ValueError(f"unknown `uniform_algorithm` {self.uniform_algorithm!r}; choose one of "
                              f"{sorted(ALGORITHMS)}")
+        if self.context_parallel is not None:
+            if not isinstance(self.context_parallel, ContextParallel):
+                raise TypeError(f"`context_parallel` must be a ContextParallel or None; got "
+                                f"{type(self.context_parallel).__name__}")
+            if not canonical["balance_llm"]:
+                raise ValueError("`context_parallel` needs `balance_llm=True` (split items are planned in the LLM "
+                                 "stage's balance)")
         canonical["microbatching"] = self._microbatching(canonical["balance_llm"])
         if canonical["microbatching"] is not None:
             canonical.update(max_tokens_per_microbatch=canonical["microbatching"]["max_tokens_per_microbatch"],

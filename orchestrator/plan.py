@@ -37,6 +37,7 @@ available for comparison as `plan.two_exchange_scheme()`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ import numpy as np
 from ..balancers.plan import relative_gap
 from ..balancers.validation import is_int
 from .samples import Batch
+from .shards import SampleChunks, ShardTable, TextPieces, split_layout, split_pieces
 from .stages import Stage
 
 
@@ -87,6 +89,14 @@ class StagePlan:
     `loads[r]` is rank r's cost under the stage's cost model (padded or not), `tokens[r]`
     the tokens it holds (count · max length when padded); makespan = max(loads),
     `lower_bound` a makespan no plan can beat; `algorithm` the kernel or strategy used.
+
+    Split items (`Orchestrator(..., context_parallel=)`, `orchestrator.shards`): LLM sample k runs
+    on the `degree[k]` ranks `item_ranks(k)` from `destination[k]`, each spending `item_time[k]`
+    (an item's own cost f(l) where unsplit); `rank_items` then lists a split sample on every rank
+    of its group, and `item_offset` / `item_input_offset` are its shard's on the first one
+    (`split` holds the shard table and chunks; None without a split).  An encoder item is a part
+    of segment `item_segment[k]`: input units from `item_first_unit[k]`, `item_tokens[k]`
+    embedding rows from `item_first_row[k]` (one part per segment unless a video is split by frames).
     """
 
     stage: Stage
@@ -104,11 +114,23 @@ class StagePlan:
     makespan: float
     lower_bound: float
     algorithm: str
+    degree: np.ndarray
+    item_time: np.ndarray
+    item_first_unit: np.ndarray
+    item_first_row: np.ndarray
+    item_tokens: np.ndarray
     solve_seconds: float = 0.0
+    split: tuple[ShardTable, SampleChunks] | None = None
 
     @property
     def num_items(self) -> int:
         return int(self.item_sample.size)
+
+    def item_ranks(self, item: int) -> np.ndarray:
+        """The ranks running item `item` (its group, in shard order; one rank when unsplit)."""
+        if not is_int(item) or not 0 <= item < self.num_items:
+            raise ValueError(f"`item` must be an int in [0, {self.num_items}); got {item!r}")
+        return self.destination[item] + np.arange(self.degree[item], dtype=np.int64)
 
     @property
     def gap(self) -> float:
@@ -146,6 +168,12 @@ class AssemblyRecipe:
     [embedding_llm_offset[e], +embedding_tokens[e]).  Text span t copies text tokens
     [text_offset[t], +text_length[t]) of sample `text_sample[t]` to packed rows
     [text_llm_offset[t], +text_length[t]).  Embeddings and text spans tile the sequence.
+
+    With split samples a "sample" here is this rank's shard of it (group rank
+    `sample_group_rank`, of `sample_degree`; 0 of 1 when unsplit), an embedding a piece (rows
+    from `embedding_row` of its segment's embeddings), and a span's `text_offset` counts from the
+    shard's first text row; `text_buffer_offset[t]` is the span's row in the rank's received
+    text buffer (`PassPlan.shards.text_offset` + `text_offset`).
     """
 
     rank: int
@@ -163,6 +191,10 @@ class AssemblyRecipe:
     text_offset: np.ndarray
     text_llm_offset: np.ndarray
     text_length: np.ndarray
+    sample_group_rank: np.ndarray
+    sample_degree: np.ndarray
+    embedding_row: np.ndarray
+    text_buffer_offset: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,6 +213,37 @@ class PassPlan:
     route_tokens: np.ndarray
     route_rank_offsets: np.ndarray
     route_rank_order: np.ndarray
+    route_segment: np.ndarray
+    route_row: np.ndarray
+
+    @property
+    def splits(self) -> bool:
+        """Whether a sample runs split (LLM) or a segment in parts (encoders) in this pass."""
+        return self.llm.split is not None or any(np.any(plan.item_first_unit) for plan in self.stage_plans[:-1])
+
+    @functools.cached_property
+    def shards(self) -> ShardTable:
+        """The sequences every LLM rank packs (`orchestrator.shards.ShardTable`)."""
+        if self.llm.split is not None:
+            return self.llm.split[0]
+        llm, items = self.llm, self.llm.rank_items
+        ones = np.ones(items.size, dtype=np.int64)
+        return ShardTable(sample=items, rank=_frozen(llm.destination[items]), group_rank=_frozen(ones - 1),
+                          degree=_frozen(ones), tokens=_frozen(llm.item_length[items]),
+                          offset=_frozen(llm.item_offset[items]), text_tokens=_frozen(self.batch.sample_text[items]),
+                          text_offset=_frozen(llm.item_input_offset[items]), rank_offsets=llm.rank_offsets)
+
+    @functools.cached_property
+    def text_pieces(self) -> TextPieces:
+        """Where every sample's text goes, piece by piece (`orchestrator.shards.TextPieces`)."""
+        llm = self.llm
+        if llm.split is not None:
+            chunks = llm.split[1]
+            return TextPieces(sample=chunks.sample, first=chunks.text_first, tokens=chunks.text_tokens,
+                              rank=chunks.rank, offset=chunks.text_offset)
+        return TextPieces(sample=_frozen(np.arange(self.batch.num_samples)),
+                          first=_frozen(np.zeros(self.batch.num_samples)), tokens=self.batch.sample_text,
+                          rank=llm.destination, offset=llm.item_input_offset)
 
     @property
     def num_ranks(self) -> int:
@@ -205,14 +268,18 @@ class PassPlan:
             digest.update(plan.destination.astype("<i8").tobytes())
         for array in (self.route_encoder_rank, self.route_encoder_offset, self.route_llm_rank, self.route_llm_offset):
             digest.update(array.astype("<i8").tobytes())
+        if self.splits:  # degrees, parts and pieces; a plan without a split keeps today's digest
+            for array in (self.llm.degree, *[plan.item_first_unit for plan in self.stage_plans[:-1]],
+                          self.route_segment, self.route_row):
+                digest.update(array.astype("<i8").tobytes())
         return digest.hexdigest()
 
     def input_exchange(self) -> Exchange:
         """The fused input exchange: raw inputs of every encoder item and the text of every sample."""
-        parts = [(plan.source, plan.destination,
-                  plan.item_length * plan.stage.input_bytes_per_unit if not plan.stage.is_llm
-                  else self.batch.sample_text * plan.stage.input_bytes_per_unit)
-                 for plan in self.stage_plans]
+        parts = [(plan.source, plan.destination, plan.item_length * plan.stage.input_bytes_per_unit)
+                 for plan in self.stage_plans[:-1]]
+        text, per_unit = self.text_pieces, self.llm.stage.input_bytes_per_unit
+        parts.append((self.batch.sample_source[text.sample], text.rank, text.tokens * per_unit))
         return _concat("input", parts)
 
     def embedding_exchange(self) -> Exchange:
@@ -221,7 +288,7 @@ class PassPlan:
 
     def two_exchange_scheme(self) -> tuple[Exchange, Exchange]:
         """What peers do: embeddings back to the sampling rank (Π_E⁻¹), then on to the LLM rank (Π_M)."""
-        home = self.batch.sample_source[self.batch.segment_sample]
+        home = self.batch.sample_source[self.batch.segment_sample[self.route_segment]]
         item_bytes = self._embedding_bytes()
         return (Exchange("embedding home", self.route_encoder_rank, home, item_bytes),
                 Exchange("embedding to llm", home, self.route_llm_rank, item_bytes))
@@ -234,22 +301,24 @@ class PassPlan:
         """The packed-sequence recipe of LLM rank `rank`."""
         if not is_int(rank) or not 0 <= rank < self.num_ranks:
             raise ValueError(f"`rank` must be an int in [0, {self.num_ranks}); got {rank!r}")
-        llm = self.llm
-        samples = llm.items_on(rank)
-        lengths = llm.item_length[samples]
-        offsets = llm.item_offset[samples]
+        shards = self.shards
+        rows = shards.rows_on(rank)
+        samples, lengths, offsets = shards.sample[rows], shards.tokens[rows], shards.offset[rows]
         entries = self.route_rank_order[self.route_rank_offsets[rank]:self.route_rank_offsets[rank + 1]]
+        segments = self.route_segment[entries]
         text_sample, text_offset, text_llm_offset, text_length = _text_spans(
-            samples, offsets, lengths, self.batch.segment_sample[entries],
+            samples, offsets, lengths, self.batch.segment_sample[segments],
             self.route_llm_offset[entries], self.route_tokens[entries])
+        text_buffer_offset = shards.text_offset[rows][np.searchsorted(samples, text_sample)] + text_offset
         return AssemblyRecipe(
             rank=int(rank), num_tokens=int(lengths.sum()), samples=samples, sample_offsets=offsets,
-            sample_lengths=lengths, embedding_segment=entries, embedding_stage=self.route_stage[entries],
+            sample_lengths=lengths, embedding_segment=segments, embedding_stage=self.route_stage[entries],
             embedding_encoder_rank=self.route_encoder_rank[entries],
             embedding_encoder_offset=self.route_encoder_offset[entries],
             embedding_llm_offset=self.route_llm_offset[entries], embedding_tokens=self.route_tokens[entries],
             text_sample=text_sample, text_offset=text_offset, text_llm_offset=text_llm_offset,
-            text_length=text_length)
+            text_length=text_length, sample_group_rank=shards.group_rank[rows], sample_degree=shards.degree[rows],
+            embedding_row=self.route_row[entries], text_buffer_offset=_frozen(text_buffer_offset))
 
 
 def _concat(name: str, parts) -> Exchange:
@@ -304,6 +373,8 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
         raise ValueError(f"segment {segment} ({batch.modalities[batch.segment_modality[segment]]!r}) is in no "
                          f"stage plan: a stage plan must hold every segment of its modality")
     llm = stage_plans[-1]
+    if llm.split is not None or any(np.any(plan.item_first_unit) for plan in stage_plans[:-1]):
+        return _compose_pieces(batch, stages, stage_plans)
     owner = batch.segment_sample
     llm_rank = llm.destination[owner]
     llm_offset = llm.item_offset[owner]
@@ -322,4 +393,20 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
                     route_encoder_rank=_frozen(encoder_rank), route_encoder_offset=_frozen(encoder_offset),
                     route_llm_rank=_frozen(llm_rank), route_llm_offset=_frozen(llm_offset),
                     route_tokens=batch.segment_tokens, route_rank_offsets=_frozen(route_rank_offsets),
-                    route_rank_order=_frozen(order))
+                    route_rank_order=_frozen(order), route_segment=_frozen(np.arange(num_segments)),
+                    route_row=_frozen(np.zeros(num_segments)))
+
+
+def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...]) -> PassPlan:
+    """`compose` of a pass with split samples or segments in parts: one route per piece
+    (`orchestrator.shards.split_pieces`)."""
+    llm = stage_plans[-1]
+    chunks = llm.split[1] if llm.split is not None else split_layout(batch, llm.destination, llm.degree)[1]
+    pieces = split_pieces(batch, stage_plans[:-1], chunks, llm.degree)
+    order = np.lexsort((pieces.llm_offset, pieces.llm_rank))
+    offsets = np.concatenate(([0], np.cumsum(np.bincount(pieces.llm_rank, minlength=batch.num_ranks))))
+    return PassPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=pieces.stage,
+                    route_encoder_rank=pieces.encoder_rank, route_encoder_offset=pieces.encoder_offset,
+                    route_llm_rank=pieces.llm_rank, route_llm_offset=pieces.llm_offset, route_tokens=pieces.tokens,
+                    route_rank_offsets=_frozen(offsets), route_rank_order=_frozen(order),
+                    route_segment=pieces.segment, route_row=pieces.row)

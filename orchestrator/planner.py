@@ -31,6 +31,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..balancers import balance, balance_microbatches
+from ..balancers.context_parallel.microbatch import split_microbatches
+from ..balancers.context_parallel.split import allowed_degrees, split_stage
 from ..balancers.locality.balance import FILL_ON_MISS
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
@@ -39,8 +41,9 @@ from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..balancers.validation import is_int
 from ..topology import PLACEMENTS, Topology, place
 from .options import LOCALITY, PlanOptions
-from .plan import StagePlan, compose, offsets_within_rank
+from .plan import StagePlan, _frozen, compose, offsets_within_rank
 from .samples import Batch, group_order
+from .shards import split_layout
 from .stages import Stage, check_stages
 from .step import StageCapError, StepPlan, capped_cell_lengths, check_cells
 
@@ -89,14 +92,23 @@ def item_tokens(batch: Batch, stage: Stage, items: StageItems) -> np.ndarray:
     return items.length if stage.is_llm else batch.segment_tokens[items.segment]
 
 
+class Parts(NamedTuple):
+    """Encoder items that are parts of segments (a video split by frames): each part's first input
+    unit and first embedding row within its segment."""
+
+    first_unit: np.ndarray
+    first_row: np.ndarray
+
+
 def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: str,
                balanced: BalancePlan | None = None, items: StageItems | None = None,
-               outputs: np.ndarray | None = None) -> StagePlan:
+               outputs: np.ndarray | None = None, parts: Parts | None = None) -> StagePlan:
     """Evaluate `destination` for `stage` (loads, tokens, bound) and lay items out per rank.
 
     `balanced`, when given, is the balancer's plan of this very assignment under this
-    stage's cost model, whose loads and bound are reused; `items` and `outputs`
-    (`item_tokens`) save recomputing them.
+    stage's cost model, whose loads and bound are reused (a `ContextParallelPlan`: its degrees
+    and item times too); `items` and `outputs` (`item_tokens`) save recomputing them; `parts`
+    says which parts of their segments the items are (None: whole segments).
     """
     items = stage_items(batch, stage) if items is None else items
     item_sample, item_segment, item_length = items
@@ -114,17 +126,36 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     else:
         loads, tokens, makespan, bound = balanced.loads, balanced.tokens, balanced.makespan, balanced.lower_bound
         seconds = balanced.solve_seconds
-    rank_offsets, rank_items = group_order(destination, num_ranks)
     outputs = item_tokens(batch, stage, items) if outputs is None else outputs
     inputs = batch.sample_text if stage.is_llm else item_length
     source = batch.sample_source if stage.is_llm else batch.sample_source[item_sample]
-    for array in (item_sample, item_segment, destination, source):
+    degree = getattr(balanced, "degree", None)
+    split = None
+    if degree is not None and stage.is_llm and np.any(degree > 1):
+        split = split_layout(batch, destination, degree)
+        shards = split[0]
+        rank_offsets, rank_items = shards.rank_offsets, shards.sample
+        first = shards.group_rank == 0
+        item_offset, item_input_offset = np.empty_like(item_length), np.empty_like(item_length)
+        item_offset[rank_items[first]], item_input_offset[rank_items[first]] = shards.offset[first], shards.text_offset[first]
+        item_offset, item_input_offset = _frozen(item_offset), _frozen(item_input_offset)
+    else:
+        rank_offsets, rank_items = group_order(destination, num_ranks)
+        item_input_offset, item_offset = offsets_within_rank(rank_offsets, rank_items, inputs, outputs)
+    item_time = getattr(balanced, "item_time", None)
+    if item_time is None:
+        item_time = stage.cost.item_costs(item_length)
+    whole = np.zeros(item_sample.size, dtype=np.int64) if parts is None else None
+    first_unit, first_row = (whole, whole) if parts is None else (parts.first_unit, parts.first_row)
+    for array in (item_sample, item_segment, destination, source, item_time, first_unit, first_row, outputs):
         array.setflags(write=False)
-    item_input_offset, item_offset = offsets_within_rank(rank_offsets, rank_items, inputs, outputs)
     return StagePlan(stage=stage, item_sample=item_sample, item_segment=item_segment, item_length=item_length,
                      source=source, destination=destination, rank_offsets=rank_offsets, rank_items=rank_items,
                      item_input_offset=item_input_offset, item_offset=item_offset, loads=loads, tokens=tokens,
-                     makespan=makespan, lower_bound=bound, algorithm=algorithm, solve_seconds=seconds)
+                     makespan=makespan, lower_bound=bound, algorithm=algorithm,
+                     degree=_frozen(np.ones(item_sample.size, dtype=np.int64) if degree is None else degree),
+                     item_time=item_time, item_first_unit=first_unit, item_first_row=first_row, item_tokens=outputs,
+                     solve_seconds=seconds, split=split)
 
 
 class Orchestrator:
@@ -178,6 +209,14 @@ class Orchestrator:
             raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")
         self.topology = topology
         self.options = PlanOptions(**options)
+        spec = self.options.context_parallel
+        self.context_parallel = None if spec is None else spec.on(topology)
+        if spec is not None:
+            llm = self.stages[-1]
+            if llm.padded:
+                raise ValueError(f"`context_parallel` splits LLM samples of an unpadded stage; the LLM stage "
+                                 f"{llm.name!r} is padded")
+            allowed_degrees(self.context_parallel, topology.world_size, topology.gpus_per_node)
 
     @property
     def num_ranks(self) -> int:
@@ -254,6 +293,11 @@ class Orchestrator:
             why = (f"the LLM stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
                    f"max_tokens_per_microbatch={given}: a cell holds at most {budget} tokens", *why)
         try:
+            if capped is None and self.context_parallel is not None:
+                return split_microbatches(
+                    tokens, batch.num_ranks, self.context_parallel, cost=llm_stage.cost, budget=budget,
+                    overhead=options["microbatch_overhead"], num_microbatches=options["num_microbatches"],
+                    plain=lambda: balance_microbatches(tokens, batch.num_ranks, cost=llm_stage.cost, **options))
             if capped is None:
                 return balance_microbatches(tokens, batch.num_ranks, cost=llm_stage.cost, padded=llm_stage.padded,
                                             **options)
@@ -297,8 +341,10 @@ class Orchestrator:
         samples, plans = [], []
         parts = (((np.arange(batch.num_samples), batch),) if cells.num_microbatches == 1 else
                  batch.split(cells.microbatch, cells.num_microbatches))
+        passes = getattr(cells, "passes", None)
         for members, sub in parts:
-            llm = stage_plan(sub, llm_stage, cells.rank[members], cells.algorithm, items=stage_items(sub, llm_stage))
+            llm = stage_plan(sub, llm_stage, cells.rank[members], cells.algorithm, items=stage_items(sub, llm_stage),
+                             balanced=None if passes is None else passes[len(samples)])
             stage_plans = [self._microbatch_stage(sub, stage, llm, len(samples)) for stage in encoders]
             samples.append(members)
             plans.append(compose(sub, self.stages, (*stage_plans, llm)))
@@ -369,16 +415,24 @@ class Orchestrator:
             local = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology,
                          makespan_slack=self._slack(stage, item_length, anchor_bytes, batch.num_ranks),
                          fill=FILL_ON_MISS if filled and not padded else None)
-        result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
-                         max_tokens_per_rank=stage.max_tokens_per_rank, **local)
-        if placement in PLACEMENTS:
+
+        def balanced_plan() -> BalancePlan:
+            result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
+                             max_tokens_per_rank=stage.max_tokens_per_rank, **local)
+            if placement not in PLACEMENTS:
+                return result
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             rank_of_group = place(result.assignment, anchors, anchor_bytes, self.topology,
                                   method=placement).rank_of_group
             loads, tokens = np.empty_like(result.loads), np.empty_like(result.tokens)
             loads[rank_of_group], tokens[rank_of_group] = result.loads, result.tokens
-            result = dataclasses.replace(result, assignment=rank_of_group[result.assignment], loads=loads,
-                                         tokens=tokens)
+            return dataclasses.replace(result, assignment=rank_of_group[result.assignment], loads=loads, tokens=tokens)
+
+        if stage.is_llm and self.context_parallel is not None:
+            result = split_stage(item_length, batch.num_ranks, self.context_parallel, stage.cost,
+                                 stage.max_tokens_per_rank, balanced_plan)
+        else:
+            result = balanced_plan()
         plan = stage_plan(batch, stage, result.assignment, algorithm,
                           balanced=result if padded == stage.padded else None, items=items, outputs=outputs)
         cap = stage.max_tokens_per_rank

@@ -165,3 +165,86 @@ def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: C
             _fail(plan, f"claims optimal at {plan.makespan}, the optimum is {optimum.makespan}")
     if plan.status is Status.OPTIMAL and plan.makespan != plan.lower_bound and optimum is None:
         _fail(plan, f"claims optimal at {plan.makespan} above its bound {plan.lower_bound}")
+
+
+def check_split_pass(plan) -> None:
+    """Raise AssertionError unless every row of a `PassPlan` with split samples lands exactly once
+    where its sample's group and the zigzag layout put it (recomputed from the batch):
+
+    each LLM rank's shard rows tile its packed sequence; shard j of sample k (degree c) sits on
+    rank destination[k] + j with the tokens at `shard_positions(l, c, j)`; every embedding piece
+    lands on the packed rows holding its segment's positions, from the encoder part holding its
+    rows; every text row of every sample lands once, at the position its text order gives; the
+    text pieces and the embedding pieces tile their items' rows in order.
+    """
+    from ..balancers.context_parallel.layout import shard_positions
+    batch, llm, shards = plan.batch, plan.llm, plan.shards
+    lengths = batch.sample_llm_length
+    where = {}  # (sample, position) -> (rank, packed row)
+    for row in range(shards.num_rows):
+        k, rank, j, c = (int(shards.sample[row]), int(shards.rank[row]), int(shards.group_rank[row]),
+                         int(shards.degree[row]))
+        assert c == llm.degree[k] and rank == llm.destination[k] + j, f"shard row {row} of sample {k} misplaced"
+        positions = shard_positions(int(lengths[k]), c, j)
+        assert shards.tokens[row] == positions.size, f"shard row {row}: {shards.tokens[row]} != {positions.size} tokens"
+        for i, position in enumerate(positions.tolist()):
+            where[k, position] = (rank, int(shards.offset[row]) + i)
+    assert len(where) == int(lengths.sum()), "some token of some sample is in no shard, or in two"
+    for rank in range(plan.num_ranks):
+        rows = shards.rows_on(rank)
+        assert np.array_equal(shards.offset[rows], np.cumsum(shards.tokens[rows]) - shards.tokens[rows]), \
+            f"rank {rank}'s shards do not tile its packed sequence"
+    _check_pieces(plan, where)
+    _check_text(plan, where)
+
+
+def _check_pieces(plan, where) -> None:
+    """Every embedding piece: from its encoder part, onto its segment's positions; pieces tile segments."""
+    batch = plan.batch
+    covered = np.zeros(batch.num_segments, dtype=np.int64)
+    parts = {}
+    for index, stage_plan in enumerate(plan.stage_plans[:-1]):
+        for item in range(stage_plan.num_items):
+            parts.setdefault(int(stage_plan.item_segment[item]), []).append((index, item))
+    for e in range(plan.route_segment.size):
+        s, row, tokens = int(plan.route_segment[e]), int(plan.route_row[e]), int(plan.route_tokens[e])
+        assert row == covered[s], f"piece {e} of segment {s} starts at row {row}, not {covered[s]}"
+        covered[s] += tokens
+        (index, item), = [(i, k) for i, k in parts[s] if plan.stage_plans[i].item_first_row[k] <= row
+                          < plan.stage_plans[i].item_first_row[k] + max(plan.stage_plans[i].item_tokens[k], 1)][:1]
+        part = plan.stage_plans[index]
+        assert (plan.route_stage[e] == index and plan.route_encoder_rank[e] == part.destination[item]
+                and plan.route_encoder_offset[e] == part.item_offset[item] + row - part.item_first_row[item]), \
+            f"piece {e} of segment {s} does not leave the encoder part holding its rows"
+        k, position = int(batch.segment_sample[s]), int(batch.segment_position[s]) + row
+        for i in range(tokens):
+            assert where.pop((k, position + i)) == (int(plan.route_llm_rank[e]), int(plan.route_llm_offset[e]) + i), \
+                f"piece {e}: row {row + i} of segment {s} lands off its position {position + i} of sample {k}"
+    assert np.array_equal(covered, batch.segment_tokens), "the pieces do not tile every segment's embeddings"
+
+
+def _check_text(plan, where) -> None:
+    """Every text row lands once, where its text order puts it; text pieces tile every sample's text."""
+    from ..orchestrator.shards import text_before
+    batch, pieces = plan.batch, plan.text_pieces
+    at = {place: key for key, place in where.items()}  # (rank, packed row) -> (sample, position), text only now
+    buffer = {}  # (rank, text buffer row) -> (sample, text row)
+    next_row = np.zeros(batch.num_samples, dtype=np.int64)
+    for p in range(pieces.sample.size):
+        k, first, tokens = int(pieces.sample[p]), int(pieces.first[p]), int(pieces.tokens[p])
+        assert first == next_row[k], f"text piece {p} of sample {k} starts at text row {first}, not {next_row[k]}"
+        next_row[k] += tokens
+        for i in range(tokens):
+            buffer[int(pieces.rank[p]), int(pieces.offset[p]) + i] = (k, first + i)
+    assert np.array_equal(next_row, batch.sample_text), "the text pieces do not tile every sample's text"
+    for rank in range(plan.num_ranks):
+        recipe = plan.assembly(rank)
+        for t in range(recipe.text_sample.size):
+            k = int(recipe.text_sample[t])
+            for i in range(int(recipe.text_length[t])):
+                sample, text_row = buffer.pop((rank, int(recipe.text_buffer_offset[t]) + i))
+                owner, position = at.pop((rank, int(recipe.text_llm_offset[t]) + i))
+                assert sample == k == owner, f"rank {rank}: text span {t} row {i} mixes samples {sample}, {k}, {owner}"
+                assert text_before(batch, k, np.array([position]))[0] == text_row, \
+                    f"rank {rank}: text row {text_row} of sample {k} lands at position {position}"
+    assert not buffer and not at, f"{len(at)} positions received nothing; {len(buffer)} text rows unused"

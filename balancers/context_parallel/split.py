@@ -52,11 +52,14 @@ def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -
     return np.array(spec.degrees, dtype=np.int64)
 
 
-def allot(problem: Problem, spec: ContextParallel, degrees: np.ndarray, gpus_per_node: int, cap: int | None) -> Allotment:
+def allot(problem: Problem, spec: ContextParallel, degrees: np.ndarray, gpus_per_node: int, cap: int | None,
+          one_pass: bool = True) -> Allotment:
     """The bound's input: every item that may split (longer than Σ f / D, or over the budget
-    unsplit, or all when degree 1 is not allowed) with its best-case time at every degree."""
+    unsplit, or all when degree 1 is not allowed) with its best-case time at every degree.
+    `cap` limits a rank's tokens in one pass (`one_pass`: the whole step, so the items' total
+    must fit D · cap; else a micro-batch's, which only limits each shard)."""
     lengths, costs, d = problem.lengths, problem.item_costs, problem.num_ranks
-    if cap is not None and (total := int(lengths.sum())) > cap * d:
+    if one_pass and cap is not None and (total := int(lengths.sum())) > cap * d:
         needed = -(-total // d)
         raise InfeasibleError(f"`max_tokens_per_rank`={cap} × {d} ranks = {cap * d} tokens < {total} tokens in "
                               f"total; a cap of at least {needed} is needed", min_cap=needed)
@@ -73,12 +76,13 @@ def allot(problem: Problem, spec: ContextParallel, degrees: np.ndarray, gpus_per
     allowed = np.ones(times.shape, dtype=bool)
     if cap is not None:
         allowed = -(-lengths[candidates][:, None] // degrees[None, :]) <= cap
-        _check_budget(lengths, candidates, allowed, degrees, cap)
+        _check_budget(lengths, candidates, allowed, degrees, cap,
+                      "max_tokens_per_rank" if one_pass else "max_tokens_per_microbatch")
     return Allotment(costs, degrees, candidates, times, allowed, d)
 
 
 def _check_budget(lengths: np.ndarray, candidates: np.ndarray, allowed: np.ndarray, degrees: np.ndarray,
-                  cap: int) -> None:
+                  cap: int, cap_name: str) -> None:
     """InfeasibleError naming the longest item no allowed degree fits under the budget."""
     stuck = candidates[~allowed.any(axis=1)]
     if not stuck.size:
@@ -86,7 +90,7 @@ def _check_budget(lengths: np.ndarray, candidates: np.ndarray, allowed: np.ndarr
     item = int(stuck[np.argmax(lengths[stuck])])
     length, widest = int(lengths[item]), int(degrees[-1])
     needed = 1 << (-(-length // cap) - 1).bit_length()
-    raise InfeasibleError(f"item {item} ({length} tokens) fits max_tokens_per_rank={cap} at no allowed degree "
+    raise InfeasibleError(f"item {item} ({length} tokens) fits {cap_name}={cap} at no allowed degree "
                           f"{tuple(degrees.tolist())}: degree {widest} puts {-(-length // widest)} tokens on a rank; "
                           f"it needs degree {needed} or a budget of at least {-(-length // widest)}",
                           min_cap=-(-int(lengths[stuck].max()) // widest))
@@ -134,13 +138,24 @@ def balance_split(lengths, num_ranks, context_parallel, *, cost, algorithm, max_
     degrees = allowed_degrees(spec, problem.num_ranks, gpus)
     if not spec.splits:
         return _wrap(_plain(capped, record, algorithm), capped, spec, gpus, None)
-    return _plan_split(capped, spec, record, algorithm, allot(problem, spec, degrees, gpus, cap))
+    return plan_split(capped, spec, allot(problem, spec, degrees, gpus, cap), lambda: _plain(capped, record, algorithm))
 
 
-def _plan_split(problem: Problem, spec: ContextParallel, record, algorithm: str,
-                allotment: Allotment) -> ContextParallelPlan:
-    """The best of today's plan, the split planner's and (on small instances) the exact search's,
-    today's unless another is min_gain better (see the module docstring)."""
+def split_stage(lengths, num_ranks, spec: ContextParallel, cost, max_tokens_per_rank, plain) -> ContextParallelPlan:
+    """A stage's plan that may split (the orchestrator's LLM stage): `plain()` is today's plan of
+    these items (a `BalancePlan`, however placed), kept bit for bit unless splitting pays (see
+    the module docstring); `spec` already carries the topology's node size."""
+    problem = replace(make_problem(lengths, num_ranks, cost=cost), max_tokens_per_rank=max_tokens_per_rank)
+    degrees = allowed_degrees(spec, problem.num_ranks, spec.gpus_per_node)
+    if not spec.splits:
+        return _wrap(plain(), problem, spec, spec.gpus_per_node, None)
+    return plan_split(problem, spec, allot(problem, spec, degrees, spec.gpus_per_node, max_tokens_per_rank), plain)
+
+
+def plan_split(problem: Problem, spec: ContextParallel, allotment: Allotment, make_plain) -> ContextParallelPlan:
+    """The best of today's plan (`make_plain()`, which may raise InfeasibleError), the split
+    planner's and (on small instances) the exact search's, today's unless another is min_gain
+    better (see the module docstring)."""
     clock = time.perf_counter()
     gpus, cap, gain = spec.gpus_per_node, problem.max_tokens_per_rank, 1 + spec.min_gain
     bound = allotment.bound()
@@ -150,7 +165,7 @@ def _plan_split(problem: Problem, spec: ContextParallel, record, algorithm: str,
         split, refusal = _planned(problem, spec, allotment, bound, clock)
     if unsplit_fits and (split is None or split.makespan * gain >= lower_bound(problem)):
         try:
-            plain = _wrap(_plain(problem, record, algorithm), problem, spec, gpus, bound)
+            plain = _wrap(make_plain(), problem, spec, gpus, bound)
         except InfeasibleError as error:  # the kernel found no room; splitting may make some
             refusal = error
             split, refusal = (split, refusal) if split is not None else _planned(problem, spec, allotment, bound, clock)

@@ -1,0 +1,229 @@
+"""`balance_microbatches(..., context_parallel=spec)`: micro-batches whose giant items may run split.
+
+Every item i gets a micro-batch m_i and a group of c_i ranks (an aligned block, `blocks.py`):
+
+    minimise  Σ_m max_r L(r, m) + M · overhead,   L(r, m) = Σ_{i in m, r ∈ G_i} t_i(c_i, G_i)
+    s.t.      tokens(r, m) = Σ_{i in m, r ∈ G_i} shard_r(l_i, c_i) <= T     (every cell)
+              at most one split group per rank per micro-batch
+
+As plain code: `loads[m][r] += t_i` for every rank r of item i's group in its micro-batch,
+`step = sum(max(loads[m]) for m in range(M)) + M * overhead`.
+
+Bound.  Laying a plan's micro-batches end to end is one pass whose rank r works Σ_m L(r, m) <=
+step, in which every item keeps its degree and every shard holds at most T tokens, so the
+canonical allotment of that pass (`bound.py`, each item's degrees those whose largest shard fits
+T) bounds Σ_m max_r L(r, m); the D · M cells hold every token, so M >= ⌈Σ l / (D · T)⌉ and the
+bound is T* + that M (or the given one) · overhead.  With C = {1} it is today's problem, planned
+and bounded as today.
+
+Algorithm:
+
+    P = today's plan (`balance_microbatches` without splitting) when every item fits T
+    if no item exceeds T or costs more than a micro-batch's mean share Σ f / (D · M_P):  return P
+    for a fill of 95 %, 85 %, 70 %, 50 % of a micro-batch's D · T tokens, until every micro-batch fits:
+        micro-batches: items by cost, largest first, each to the micro-batch of least work
+            whose tokens leave room (LPT over micro-batches; giants land in different ones)
+        each micro-batch: `balance(..., context_parallel=spec, max_tokens_per_rank=T)` (the split
+            planner: canonical allotment at its bound, groups on aligned blocks, local search)
+    return the best split plan if it splits and beats P by more than min_gain, else P
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
+from ..problem import InfeasibleError, Status, exact_sum, make_problem
+from ..validation import as_index
+from .bound import least_work
+from .plan import ContextParallelPlan
+from .spec import ContextParallel
+from .split import allot, allowed_degrees, balance_split
+
+FILLS = (0.95, 0.85, 0.7, 0.5)
+"""Shares of a micro-batch's D · T tokens the grouping fills, tried in turn until every micro-batch
+has a split plan within T (the fewest micro-batches those tokens need, at least today's M)."""
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SplitMicroBatchPlan(MicroBatchPlan):
+    """A `MicroBatchPlan` whose items may run split: item i runs in micro-batch `microbatch[i]` on
+    the `degree[i]` ranks `item_ranks(i)` from `rank[i]`, each spending `item_time[i]` (its unsplit
+    cost when the degree is 1); `cell_loads` and `cell_tokens` count it on every rank of its group.
+    `passes[m]` is micro-batch m's split plan over its items (ascending), None when no item is split.
+    With no item split it is the `MicroBatchPlan` of the same cells, digest included."""
+
+    degree: np.ndarray
+    item_time: np.ndarray
+    context_parallel: ContextParallel
+    passes: tuple[ContextParallelPlan, ...] | None = None
+
+    @property
+    def split_items(self) -> np.ndarray:
+        """Indices of the items that run split, ascending."""
+        return np.flatnonzero(self.degree > 1)
+
+    def item_ranks(self, item: int) -> np.ndarray:
+        """The ranks holding item `item`'s shards in its micro-batch, in shard order."""
+        item = as_index(item, "item", self.num_items, "num_items")
+        return self.rank[item] + np.arange(self.degree[item], dtype=np.int64)
+
+    def digest(self) -> str:
+        """The `MicroBatchPlan` digest, and of the degrees when some item is split."""
+        digest = super().digest()
+        if not self.split_items.size:
+            return digest
+        return hashlib.sha256(digest.encode() + self.degree.astype("<i8").tobytes()).hexdigest()
+
+
+def wrap_unsplit(plan: MicroBatchPlan, spec: ContextParallel, costs: np.ndarray,
+                 bound: float | None = None) -> SplitMicroBatchPlan:
+    """Today's plan as a split plan of degree 1 everywhere; `bound` (valid for split plans)
+    replaces its own when given, and its status then stands only where the step meets it."""
+    fields = {name: getattr(plan, name) for name in plan.__dataclass_fields__}
+    if bound is not None:
+        bound = min(bound, plan.step_cost)
+        fields.update(lower_bound=bound, status=Status.OPTIMAL if plan.step_cost == bound else (
+            Status.FEASIBLE if plan.status is Status.OPTIMAL else plan.status))
+    degree, item_time = np.ones(plan.num_items, dtype=np.int64), np.array(costs, dtype=np.float64)
+    degree.setflags(write=False)
+    item_time.setflags(write=False)
+    return SplitMicroBatchPlan(**fields, degree=degree, item_time=item_time, context_parallel=spec)
+
+
+def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int,
+                overhead: float, num_microbatches: int | None) -> tuple[float, int, np.ndarray]:
+    """(the step bound every split plan meets, the fewest micro-batches the tokens need, every
+    item's least time at an allowed degree): see the module, and `crowded_bound`."""
+    problem = make_problem(lengths, num_ranks, cost=cost)
+    degrees = allowed_degrees(spec, num_ranks, spec.gpus_per_node)
+    allotment = allot(problem, spec, degrees, spec.gpus_per_node, budget, one_pass=False)
+    fewest = max(1, -(-int(lengths.sum()) // (num_ranks * budget)))
+    m = fewest if num_microbatches is None else num_microbatches
+    times, work = problem.item_costs.copy(), problem.item_costs.copy()
+    times[allotment.candidates] = np.where(allotment.allowed, allotment.times, np.inf).min(axis=1)
+    work[allotment.candidates] = least_work(allotment.times, allotment.degrees, allotment.allowed)[:, 0]
+    bound = max(allotment.bound(), crowded_bound(times, work, lengths, num_ranks, budget))
+    return float_sum([bound, m * overhead]), fewest, times
+
+
+def crowded_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, num_ranks: int, budget: int) -> float:
+    """τ + (W − K) / D: the micro-batch holding the item of the largest least time τ costs at
+    least τ, and holds at most K of the least work W (the most work any D · T tokens hold, a
+    fractional knapsack by work per token), so the others cost at least (W − K) / D together.
+    (Where it holds more than D · τ of work, it costs more than τ by as much: W / D, below.)
+
+    >>> crowded_bound(np.array([10.0, 1.0, 1.0]), np.array([10.0, 1.0, 1.0]), np.array([4, 4, 4]), 2, 4)  # 10 + 1 / 2
+    10.5
+    """
+    if not times.size:
+        return 0.0
+    density = np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0)
+    order = np.argsort(-density, kind="stable")
+    tokens = np.cumsum(lengths[order])
+    room = num_ranks * budget
+    full = int(np.searchsorted(tokens, room, side="right"))  # items taken whole
+    held = float(work[order[:full]].sum())
+    if full < order.size:
+        item = order[full]
+        held += float(work[item]) * (room - (tokens[full - 1] if full else 0)) / float(lengths[item])
+    total = exact_sum(work)
+    return float(max(total / num_ranks, float(times.max()) + max(0.0, total - held) / num_ranks))
+
+
+def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray, num_ranks: int,
+                       num_microbatches: int, room: int) -> np.ndarray:
+    """Every item's micro-batch: items by their least time, longest first (ties by index), fill
+    micro-batch 0, then 1, ...; micro-batch m takes items while its work stays within D · level_m
+    and its tokens within `room`, level_m = max(its first item's time, the work left / (D · the
+    micro-batches left)); the last takes the rest.  A step costs Σ_m max_r, so items of like time
+    share a micro-batch (giants run side by side on their groups) and the rest level out."""
+    order = np.lexsort((np.arange(times.size), -times))
+    microbatch = np.empty(times.size, dtype=np.int64)
+    left = exact_sum(costs)
+    m, level, work, tokens = 0, None, 0.0, 0
+    for item in order.tolist():
+        cost, length = float(costs[item]), int(lengths[item])
+        if level is not None and m + 1 < num_microbatches and (work + cost > num_ranks * level
+                                                               or tokens + length > room):
+            m, level = m + 1, None
+        if level is None:
+            level, work, tokens = max(float(times[item]), left / (num_ranks * (num_microbatches - m))), 0.0, 0
+        microbatch[item] = m
+        work, tokens, left = work + cost, tokens + length, left - cost
+    return microbatch
+
+
+def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches, costs, times,
+                 room) -> SplitMicroBatchPlan | None:
+    """The split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split
+    planner in each); None when some micro-batch finds no layout within the budget."""
+    microbatch = group_microbatches(times, costs, lengths, num_ranks, num_microbatches, room)
+    rank = np.empty(lengths.size, dtype=np.int64)
+    degree = np.empty(lengths.size, dtype=np.int64)
+    item_time = np.empty(lengths.size)
+    loads = np.zeros((num_microbatches, num_ranks))
+    tokens = np.zeros((num_microbatches, num_ranks), dtype=np.int64)
+    passes = []
+    for m in range(num_microbatches):
+        items = np.flatnonzero(microbatch == m)
+        try:
+            plan = balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt", max_tokens_per_rank=budget,
+                                 time_limit=None, topology=None, unsupported={})
+        except InfeasibleError:
+            return None
+        rank[items], degree[items], item_time[items] = plan.assignment, plan.degree, plan.item_time
+        loads[m], tokens[m] = plan.loads, plan.tokens
+        passes.append(plan)
+    for array in (rank, microbatch, degree, item_time, loads, tokens):
+        array.setflags(write=False)
+    step = step_cost(loads, overhead)
+    return SplitMicroBatchPlan(rank=rank, microbatch=microbatch, num_microbatches=num_microbatches,
+                               num_ranks=num_ranks, cell_loads=loads, cell_tokens=tokens, step_cost=step,
+                               lower_bound=0.0, status=Status.FEASIBLE, algorithm="context_parallel",
+                               max_tokens_per_microbatch=budget, microbatch_overhead=overhead, padded=False,
+                               degree=degree, item_time=item_time, context_parallel=spec, passes=tuple(passes))
+
+
+def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budget: int, overhead: float,
+                       num_microbatches: int | None, plain) -> SplitMicroBatchPlan:
+    """Today's plan (`plain()`, a MicroBatchPlan, or InfeasibleError) unless a split plan beats it
+    by more than min_gain (see the module); `lengths` int64, `spec` on its topology already."""
+    clock = time.perf_counter()
+    costs = make_problem(lengths, num_ranks, cost=cost).item_costs
+    if not spec.splits:
+        return wrap_unsplit(plain(), spec, costs)
+    bound, fewest, times = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
+    gain = 1 + spec.min_gain
+    today, refusal = None, None
+    try:
+        today = plain() if int(lengths.max(initial=0)) <= budget else None
+    except InfeasibleError as error:
+        refusal = error
+    first = num_microbatches or (today.num_microbatches if today is not None else fewest)
+    if today is not None and not np.any(costs * num_ranks * first > exact_sum(costs)):
+        return wrap_unsplit(today, spec, costs, bound)
+    best = None
+    for fill in FILLS:
+        m = max(first, -(-int(lengths.sum()) // int(fill * num_ranks * budget)))
+        if num_microbatches is not None and m > num_microbatches:
+            break
+        best = _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches or m, costs, times,
+                            int(fill * num_ranks * budget))
+        if best is not None:
+            break
+    if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
+        if today is None:
+            raise refusal if refusal is not None else InfeasibleError(
+                f"the split planner found no micro-batches of {num_ranks} ranks within max_tokens_per_microbatch="
+                f"{budget} (micro-batches filled to {', '.join(f'{fill:.0%}' for fill in FILLS)} of their tokens); a "
+                f"larger budget or `num_microbatches` may fit", min_cap=budget + 1)
+        return wrap_unsplit(today, spec, costs, bound)
+    bound = min(bound, best.step_cost)
+    status = Status.OPTIMAL if best.step_cost == bound else Status.FEASIBLE
+    return replace(best, lower_bound=bound, status=status, solve_seconds=time.perf_counter() - clock)

@@ -1,0 +1,218 @@
+"""Split samples in a pass: which rank holds which zigzag chunk of which sample, and where its rows go.
+
+A sample of LLM length l run at degree c on the group of ranks s .. s + c − 1 (the LLM
+`StagePlan`'s `destination` and `degree`) is cut into 2c chunks (`balancers.context_parallel.
+layout`); group rank j holds chunks j and 2c − 1 − j back to back.  Everything that moves is a
+piece, a contiguous run of rows of one item, and an item's pieces in order tile its rows:
+
+    shards       one row per (sample, group rank), packed order rank by rank (samples ascend)
+    text pieces  one row per (sample, chunk): the sample's text rows in that chunk, to its rank
+    routes       one row per (segment part) ∩ (chunk): embedding rows, encoder rank -> LLM rank
+
+An unsplit sample is one shard of one chunk (its whole sequence) and one text piece, so a plan
+without a split reads exactly as before (`PassPlan` keeps today's arrays).  The interface the
+runtime reads is written out in /tmp/orch/cp_interface.md and the `PassPlan` docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..balancers.context_parallel.layout import chunk_sizes
+from .samples import Batch, group_order
+
+
+def _frozen(array, dtype=np.int64) -> np.ndarray:
+    array = np.ascontiguousarray(array, dtype=dtype)
+    array.setflags(write=False)
+    return array
+
+
+def rank_starts(rank_offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Exclusive running sums of `sizes` (rows in packed order), restarted at every rank's first row.
+
+    >>> rank_starts(np.array([0, 2, 2, 3]), np.array([4, 5, 6])).tolist()
+    [0, 4, 0]
+    """
+    starts = np.cumsum(sizes) - sizes
+    counts = np.diff(rank_offsets)
+    used = counts > 0
+    return starts - np.repeat(starts[rank_offsets[:-1][used]], counts[used])
+
+
+@dataclass(frozen=True, eq=False)
+class ShardTable:
+    """The sequences every LLM rank packs in a pass: one row per (sample, group rank), rank by
+    rank (rank q's rows are `rank_offsets[q]:rank_offsets[q + 1]`), samples ascending on a rank.
+
+    Row r: `sample[r]` (of the pass), on `rank[r]`, as group rank `group_rank[r]` of `degree[r]`
+    (an unsplit sample: 0 of 1, its whole sequence); `tokens[r]` packed rows from `offset[r]`;
+    `text_tokens[r]` text rows from `text_offset[r]` of the rank's received text buffer.
+    """
+
+    sample: np.ndarray
+    rank: np.ndarray
+    group_rank: np.ndarray
+    degree: np.ndarray
+    tokens: np.ndarray
+    offset: np.ndarray
+    text_tokens: np.ndarray
+    text_offset: np.ndarray
+    rank_offsets: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.sample.size)
+
+    def rows_on(self, rank: int) -> np.ndarray:
+        """Row indices of `rank`, in packed order."""
+        return np.arange(self.rank_offsets[rank], self.rank_offsets[rank + 1])
+
+
+@dataclass(frozen=True, eq=False)
+class TextPieces:
+    """Where every sample's text goes: one row per (sample, chunk), sample by sample in chunk order
+    (so a sample's pieces tile its text in order): text rows [first, first + tokens) of `sample`
+    go to LLM rank `rank`, at row `offset` of its received text buffer."""
+
+    sample: np.ndarray
+    first: np.ndarray
+    tokens: np.ndarray
+    rank: np.ndarray
+    offset: np.ndarray
+
+
+def text_before(batch: Batch, sample: int, positions: np.ndarray) -> np.ndarray:
+    """Text rows of `sample` before each of `positions` (LLM positions, ascending or not)."""
+    segments = slice(batch.sample_segment_offsets[sample], batch.sample_segment_offsets[sample + 1])
+    starts, tokens = batch.segment_position[segments], batch.segment_tokens[segments]
+    inside = np.clip(positions[:, None] - starts[None, :], 0, tokens[None, :]).sum(axis=1)
+    return positions - inside
+
+
+@dataclass(frozen=True, eq=False)
+class SampleChunks:
+    """The chunks of every sample of a pass, one row per (sample, chunk), sample by sample
+    (an unsplit sample: one chunk, its whole sequence): `position` and `tokens` in the sample's
+    LLM sequence, `text_first` and `text_tokens` its text rows, `rank` and `row` the shard row
+    holding it, `packed` its first packed row on that rank, `text_offset` its first row of the
+    rank's text buffer; `first[k]` the first chunk of sample k (size num_samples + 1)."""
+
+    sample: np.ndarray
+    position: np.ndarray
+    tokens: np.ndarray
+    text_first: np.ndarray
+    text_tokens: np.ndarray
+    rank: np.ndarray
+    packed: np.ndarray
+    text_offset: np.ndarray
+    first: np.ndarray
+
+
+def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> tuple[ShardTable, SampleChunks]:
+    """The shard table and the chunks of a pass whose samples run on groups (start, degree)."""
+    n, num_ranks = batch.num_samples, batch.num_ranks
+    lengths = batch.sample_llm_length
+    chunks = np.where(degree > 1, 2 * degree, 1)
+    first = np.concatenate(([0], np.cumsum(chunks)))
+    sample = np.repeat(np.arange(n, dtype=np.int64), chunks)
+    index = np.arange(sample.size) - first[sample]  # chunk index within its sample
+    sizes = lengths[sample].copy()
+    text_sizes = batch.sample_text[sample].copy()
+    positions = np.zeros(sample.size, dtype=np.int64)
+    for k in np.flatnonzero(degree > 1).tolist():
+        rows = slice(first[k], first[k + 1])
+        size = chunk_sizes([lengths[k]], int(degree[k]))[0]
+        sizes[rows] = size
+        bounds = np.concatenate(([0], np.cumsum(size)))
+        positions[rows] = bounds[:-1]
+        text_sizes[rows] = np.diff(text_before(batch, k, bounds))
+    c = degree[sample]
+    group_rank = np.where(index < c, index, 2 * c - 1 - index)
+    chunk_rank = destination[sample] + group_rank
+    # Shards: one per (sample, group rank); its chunks are j then 2c - 1 - j.
+    shard_of_chunk = np.repeat(np.cumsum(degree) - degree, chunks) + group_rank
+    num_shards = int(degree.sum())
+    shard_tokens = np.bincount(shard_of_chunk, weights=sizes, minlength=num_shards).astype(np.int64)
+    shard_text = np.bincount(shard_of_chunk, weights=text_sizes, minlength=num_shards).astype(np.int64)
+    shard_sample = np.repeat(np.arange(n, dtype=np.int64), degree)
+    shard_group_rank = np.arange(num_shards) - np.repeat(np.cumsum(degree) - degree, degree)
+    shard_rank = destination[shard_sample] + shard_group_rank
+    rank_offsets, order = group_order(shard_rank, num_ranks)  # stable: samples ascend on a rank
+    tokens, text = shard_tokens[order], shard_text[order]
+    offset, text_offset = rank_starts(rank_offsets, tokens), rank_starts(rank_offsets, text)
+    table = ShardTable(sample=_frozen(shard_sample[order]), rank=_frozen(shard_rank[order]),
+                       group_rank=_frozen(shard_group_rank[order]), degree=_frozen(degree[shard_sample[order]]),
+                       tokens=_frozen(tokens), offset=_frozen(offset), text_tokens=_frozen(text),
+                       text_offset=_frozen(text_offset), rank_offsets=_frozen(rank_offsets))
+    position_of_row = np.empty(num_shards, dtype=np.int64)
+    position_of_row[order] = np.arange(num_shards)
+    row = position_of_row[shard_of_chunk]
+    mirror = index >= c  # the second chunk of its shard: after the first one's rows
+    partner = np.where(mirror, first[sample] + 2 * c - 1 - index, 0)
+    packed = offset[row] + np.where(mirror, sizes[partner], 0)
+    text_offset_chunk = text_offset[row] + np.where(mirror, text_sizes[partner], 0)
+    text_first = np.cumsum(text_sizes) - text_sizes
+    text_first -= text_first[first[:-1]][sample] if sample.size else 0
+    return table, SampleChunks(sample=_frozen(sample), position=_frozen(positions), tokens=_frozen(sizes),
+                               text_first=_frozen(text_first), text_tokens=_frozen(text_sizes),
+                               rank=_frozen(chunk_rank), packed=_frozen(packed), text_offset=_frozen(text_offset_chunk),
+                               first=_frozen(first))
+
+
+@dataclass(frozen=True, eq=False)
+class Pieces:
+    """Embedding pieces, one row per (segment part) ∩ (chunk), segment by segment in row order:
+    rows [row, row + tokens) of `segment`'s embeddings leave encoder `stage` on `encoder_rank` at
+    output row `encoder_offset` and land on LLM rank `llm_rank` at packed row `llm_offset`."""
+
+    segment: np.ndarray
+    row: np.ndarray
+    tokens: np.ndarray
+    stage: np.ndarray
+    encoder_rank: np.ndarray
+    encoder_offset: np.ndarray
+    llm_rank: np.ndarray
+    llm_offset: np.ndarray
+
+
+def _parts(encoder_plans) -> tuple[np.ndarray, ...]:
+    """(segment, first row, tokens, stage, rank, output offset) of every encoder part, by segment then row."""
+    columns = [np.zeros(0, dtype=np.int64)] * 6
+    for index, plan in enumerate(encoder_plans):
+        more = (plan.item_segment, plan.item_first_row, plan.item_tokens,
+                np.full(plan.num_items, index, dtype=np.int64), plan.destination, plan.item_offset)
+        columns = [np.concatenate((column, extra)) for column, extra in zip(columns, more)]
+    order = np.lexsort((columns[1], columns[0]))
+    return tuple(column[order] for column in columns)
+
+
+def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.ndarray) -> Pieces:
+    """The embedding pieces of a pass: each segment cut where its encoder parts and its sample's
+    chunks start (a segment in one part of an unsplit sample: one piece, as before).  Rows are
+    keyed segment · K + row (K above every length), so one sort orders every cut."""
+    segment, row, tokens, stage, rank, offset = _parts(encoder_plans)
+    owner, size, position = batch.segment_sample, batch.segment_tokens, batch.segment_position
+    scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
+    # Cuts: every part's first row, and every chunk start of the segment's sample inside the segment.
+    per_sample = np.diff(chunks.first)
+    counts = per_sample[owner]
+    cut_segment = np.repeat(np.arange(batch.num_segments), counts)
+    chunk = np.repeat(chunks.first[owner] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    cut_row = chunks.position[chunk] - position[cut_segment]
+    inside = (cut_row > 0) & (cut_row < size[cut_segment])
+    keys = np.unique(np.concatenate((segment * scale + row, cut_segment[inside] * scale + cut_row[inside])))
+    piece_segment, piece_row = np.divmod(keys, scale)
+    ends = np.append(keys[1:], np.iinfo(np.int64).max)
+    last = np.append(piece_segment[1:] != piece_segment[:-1], True)
+    piece_tokens = np.where(last, size[piece_segment] - piece_row, ends - keys)
+    part = np.searchsorted(segment * scale + row, keys, side="right") - 1
+    sample = owner[piece_segment]
+    llm_position = position[piece_segment] + piece_row
+    at = np.searchsorted(chunks.sample * scale + chunks.position, sample * scale + llm_position, side="right") - 1
+    return Pieces(segment=_frozen(piece_segment), row=_frozen(piece_row), tokens=_frozen(piece_tokens),
+                  stage=_frozen(stage[part]), encoder_rank=_frozen(rank[part]),
+                  encoder_offset=_frozen(offset[part] + piece_row - row[part]), llm_rank=_frozen(chunks.rank[at]),
+                  llm_offset=_frozen(chunks.packed[at] + llm_position - chunks.position[at]))
