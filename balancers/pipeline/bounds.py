@@ -1,0 +1,64 @@
+"""Certified lower bounds on a pipeline step's time over every plan of its items.
+
+Notation of `schedules` (uniform stages): a cell costing x runs f = α·x forward and b = β·x
+backward on every stage, α = 1 / (P·(1 + k)), β = k·α, so each stage of a replica works
+X·(α + β) = X / P in all, X = Σ x over its M cells.  Every plan of the step's items with M
+micro-batches on D replicas has a replica with X >= X̄ = (Σ c + D·M·o) / D (o: the
+micro-batch overhead every cell pays) and one holding the costliest item, x' >= c_max + o
+with X' >= x' + (M - 1)·o.
+
+Any schedule, M given: T >= τ·X̄, τ the least time of cells summing to 1 in any shape and
+order (`profile.best_profile`, certified by duality).
+
+GPipe (closed form, `schedules.gpipe_time`): T_r = (X_r + (P - 1)·max x) / P, so the
+giant's replica gives T >= (X' + (P - 1)·x') / P, and with M free max x >= X̄ / M gives
+T >= X̄·(1 + (P - 1)/M) / P for the least M allowed.
+
+1F1B: two paths through the operation graph, for every slot k:
+
+    path 1: F(0..k) on stage 0, F(k) on stages 1..P-1, the last stage's ops from B(k) on,
+            B(M-1) on stages P-2..0:   T >= Σ f + Σ_{j>=k} b_j + (P - 1)·(f_k + b_{M-1})
+    path 2: F(0) on stages 0..P-2, the last stage's ops up to B(k), B(k) on stages P-2..0,
+            stage 0's backwards after it:   T >= (P - 1)·(f_0 + b_k) + Σ_{j<=k} f_j + Σ b
+
+so with k the giant's slot T >= max(α·(X' + (P - 1)·x') + β·x', β·(X' + (P - 1)·x') + α·x'),
+and with every cell at least o, T >= X̄ / P + (P - 1)·(α + β)·o.
+
+Interleaved (v chunks per stage): the last stage first runs F(0) of chunk 0, which first
+crosses P - 1 stages, and last runs B(M - 1) of chunk 0, which then crosses P - 1 more:
+T >= X / P + (P - 1)·(f_0 + b_{M-1}) / v >= max(X̄, X') / P + (P - 1)·(α + β)·o / v.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .profile import best_profile
+from .spec import Pipeline
+
+
+def step_bound(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, counts: np.ndarray,
+               overhead: float) -> float:
+    """A step time no plan of these items on `num_ranks` replicas beats, in any order, with any
+    number of micro-batches in `counts` (see the module docstring; the best shape's bound for a
+    single count, the closed forms for several)."""
+    p, m = pipeline.stages, np.asarray(counts, dtype=np.float64)
+    alpha = pipeline.forward_share
+    beta = alpha * pipeline.backward_factor
+    total = math.fsum(np.asarray(item_costs, dtype=np.float64).tolist())
+    mean = total / num_ranks + m * overhead
+    top = (float(np.max(item_costs)) if len(item_costs) else 0.0) + overhead
+    giant_row = top + (m - 1) * overhead
+    if pipeline.schedule == "gpipe":
+        bounds = np.maximum(mean * (1 + (p - 1) / m), giant_row + (p - 1) * top) / p
+    elif pipeline.schedule == "interleaved":
+        bounds = np.maximum(mean, giant_row) / p + (p - 1) * (alpha + beta) * overhead / pipeline.virtual_stages
+    else:
+        giant = np.maximum(alpha * (giant_row + (p - 1) * top) + beta * top,
+                           beta * (giant_row + (p - 1) * top) + alpha * top)
+        bounds = np.maximum(giant, mean / p + (p - 1) * (alpha + beta) * overhead)
+    if m.size == 1:  # the best shape of one replica's cells (`profile`), certified
+        bounds = np.maximum(bounds, best_profile(pipeline, int(m[0]))[0] * mean)
+    return float(np.min(bounds))

@@ -1,0 +1,49 @@
+"""Where each cell runs: which replica and in which slot, before any item moves.
+
+A plan's cells are bins of items; in a pipeline step any cell may run on any replica in any
+slot (replicas meet only at the end of the step, `schedules`), so the cells are dealt
+afresh for the schedule:
+
+    deal      cells by cost, heaviest first, in rounds of D: round j gives one cell to every
+              replica, the heaviest to the replica with the least cost so far (ties by index),
+              so every replica gets one cell of every tier and near-equal sums
+    mountain  each replica's cells in the order light, ..., heavy, ..., light: the lightest
+              runs last (the drain waits on the last backward, k times a forward), the next
+              first (the fill waits on the first forward), and so on inward; GPipe's time
+              does not depend on the order, 1F1B's fill and drain do, and the interleaved
+              schedule's groups of P take the same order
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def deal(cell_costs: np.ndarray, num_ranks: int) -> np.ndarray:
+    """(D, M) indices into `cell_costs` (M·D of them): the cells of each replica (see the module)."""
+    size = cell_costs.size
+    m = size // num_ranks
+    order = np.argsort(-cell_costs, kind="stable")
+    grid = np.empty((num_ranks, m), dtype=np.int64)
+    sums = np.zeros(num_ranks)
+    for j in range(m):
+        tier = order[j * num_ranks:(j + 1) * num_ranks]
+        lightest = np.argsort(sums, kind="stable")
+        grid[lightest, j] = tier
+        sums[lightest] += cell_costs[tier]
+    return grid
+
+
+def mountain(costs: np.ndarray) -> np.ndarray:
+    """(D, M) slot order per replica (row): position k runs column order[r, k] (see the module).
+
+    >>> mountain(np.array([[1.0, 5.0, 3.0, 2.0, 4.0]])).tolist()
+    [[3, 4, 1, 2, 0]]
+    """
+    m = costs.shape[1]
+    lightest_first = np.argsort(costs, axis=1, kind="stable")
+    rank = np.arange(m)
+    position = np.where(rank % 2 == 0, m - 1 - rank // 2, rank // 2)  # 0th lightest last, 1st first, ...
+    order = np.empty_like(lightest_first)
+    order[:, position] = lightest_first
+    return order

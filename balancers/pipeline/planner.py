@@ -1,0 +1,171 @@
+"""The pipeline-aware cell planner: a micro-batch plan's cells re-dealt, reordered and searched
+for the schedule's step time (max over replicas of the pipeline time, `schedules`).
+
+    start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load), in three
+              arrangements: as planned; each replica's cells reordered (`order.mountain`);
+              dealt afresh over the replicas (`order.deal`) and reordered; and new cells of
+              the schedule's best shape (`shaped_cells`, unpadded); the fastest wins
+    search    `search.CellSearch`: slot swaps and item moves off the slowest replica
+    certify   the step time recomputed from the final cells (`replica_times`), the bound of
+              `bounds.step_bound`, status optimal only when they meet
+
+The plan given is one of the starts, so the result is never slower than it (the
+pipeline-unaware plan run in its own order).  Deterministic: no clock, ties by index.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..microbatch.cells import lpt_cells
+from ..microbatch.plan import MicroBatchProblem, cell_accounts
+from ..problem import Status
+from .bounds import step_bound
+from .order import deal, mountain
+from .profile import best_profile
+from .schedules import replica_times
+from .search import CellSearch
+from .spec import Pipeline
+
+WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
+DEFAULT_WORK = 20_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class PipelineStep:
+    """A plan's pipeline step: every replica's schedule time, the step (their max), a bound, a status.
+
+    Micro-batch m of the plan runs in slot m of every replica.  `unaware_step_time` is the
+    step of the plain plan it started from, in that plan's order.
+    """
+
+    pipeline: Pipeline
+    replica_times: np.ndarray
+    step_time: float
+    lower_bound: float
+    status: Status
+    unaware_step_time: float
+    busy_fraction: float
+    solve_seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def gap(self) -> float:
+        """step_time / lower_bound - 1 (0 when both are 0)."""
+        if self.lower_bound == 0:
+            return 0.0 if self.step_time == 0 else math.inf
+        return self.step_time / self.lower_bound - 1.0
+
+    @property
+    def bubble_fraction(self) -> float:
+        """The share of every stage's step time spent idle (fill, drain, waits, slower replicas)."""
+        return 1.0 - self.busy_fraction
+
+    def to_json(self) -> dict:
+        return {"pipeline": self.pipeline.to_json(), "step_time": self.step_time, "lower_bound": self.lower_bound,
+                "gap": self.gap, "status": str(self.status), "unaware_step_time": self.unaware_step_time,
+                "bubble_fraction": self.bubble_fraction, "solve_seconds": self.solve_seconds,
+                "replica_times": self.replica_times.tolist()}
+
+
+def cell_costs(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray,
+               num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cost, tokens) of every cell (replica, slot), shape (D, M); cost = load + micro-batch overhead."""
+    loads, tokens = cell_accounts(problem, replica, slot, num_microbatches)
+    return loads.T + problem.microbatch_overhead, np.ascontiguousarray(tokens.T)
+
+
+def _starts(cost: np.ndarray) -> list[np.ndarray]:
+    """(D, M) grids of flat cell indices (slot-major, m·D + r): as planned, reordered, dealt and reordered."""
+    d, m = cost.shape
+    planned = (np.arange(m)[None, :] * d + np.arange(d)[:, None])
+    flat = cost.T.ravel()
+    reordered = np.take_along_axis(planned, mountain(cost), axis=1)
+    dealt = deal(flat, d)
+    return [planned, reordered, np.take_along_axis(dealt, mountain(flat[dealt]), axis=1)]
+
+
+def shaped_cells(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline) -> np.ndarray | None:
+    """Cell k·D + r per item (slot k) from LPT over all cells starting at offsets that leave slot k
+    the share x_k of the best shape (`profile.best_profile`); None when LPT finds no room."""
+    _, shape = best_profile(pipeline, num_microbatches)
+    d = problem.num_ranks
+    mean = float(problem.item_costs.sum()) / d + num_microbatches * problem.microbatch_overhead
+    target = mean * shape - problem.microbatch_overhead
+    offsets = target.max() - target
+    cells = lpt_cells(problem, num_microbatches, offsets if offsets.max() > 0 else None)
+    if cells is None:
+        return None
+    # LPT's micro-batches in the shape's order: the k-th lightest where the shape has its k-th least
+    loads = np.bincount(cells // d, weights=problem.item_costs, minlength=num_microbatches)
+    slot = np.empty(num_microbatches, dtype=np.int64)
+    slot[np.argsort(loads, kind="stable")] = np.argsort(target, kind="stable")
+    return slot[cells // d] * d + cells % d
+
+
+def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
+            pipeline: Pipeline, work: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """(replica, slot) per item for the pipeline step, and the step time of the cells as given."""
+    cost, _ = cell_costs(problem, rank, microbatch, num_microbatches)
+    d = problem.num_ranks
+    flat = cost.T.ravel()
+    cell = microbatch * d + rank
+    starts = []
+    for grid in _starts(cost):
+        replica_of, slot_of = np.empty(flat.size, dtype=np.int64), np.empty(flat.size, dtype=np.int64)
+        replica_of[grid.ravel()] = np.repeat(np.arange(d), num_microbatches)
+        slot_of[grid.ravel()] = np.tile(np.arange(num_microbatches), d)
+        starts.append((replica_of[cell], slot_of[cell]))
+    shaped = None if problem.padded else shaped_cells(problem, num_microbatches, pipeline)
+    if shaped is not None:
+        starts.append((shaped % d, shaped // d))
+    searches = []
+    for replica, slot in starts:
+        new_cost, tokens = cell_costs(problem, replica, slot, num_microbatches)
+        searches.append(CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, new_cost, tokens,
+                                   replica, slot, problem.max_tokens, work))
+    search = min(searches, key=lambda s: float(s.times.max()))
+    search.run()
+    return search.replica, search.slot, float(searches[0].times.max())
+
+
+def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
+                  pipeline: Pipeline, unaware_step_time: float, *, free_microbatches: bool = False,
+                  solve_seconds: float = 0.0) -> PipelineStep:
+    """The certified `PipelineStep` of these cells (see the module): the bound holds for every plan
+    with this M, or with any M from the fewest that fit when `free_microbatches`."""
+    cost, _ = cell_costs(problem, replica, slot, num_microbatches)
+    forward, backward = pipeline.stage_times(cost)
+    times = replica_times(pipeline, forward, backward)
+    step = float(times.max()) if times.size else 0.0
+    if free_microbatches:  # any M the plan could have taken, up to the cells a plan may hold
+        counts = np.arange(problem.min_microbatches, 2**22 // problem.num_ranks + 1)
+        if pipeline.schedule == "interleaved":
+            counts = counts[counts % pipeline.stages == 0]
+    else:
+        counts = np.array([num_microbatches])
+    bound = min(step, step_bound(pipeline, problem.item_costs, problem.num_ranks, counts,
+                                 problem.microbatch_overhead))
+    busy = float(forward.sum() + backward.sum()) / (problem.num_ranks * step) if step > 0 else 1.0
+    times.setflags(write=False)
+    return PipelineStep(pipeline=pipeline, replica_times=times, step_time=step, lower_bound=bound,
+                        status=Status.OPTIMAL if step == bound else Status.FEASIBLE,
+                        unaware_step_time=unaware_step_time, busy_fraction=busy, solve_seconds=solve_seconds)
+
+
+def work_budget(time_limit: float | None) -> int:
+    return DEFAULT_WORK if time_limit is None else int(time_limit * WORK_PER_SECOND)
+
+
+def plan_for_pipeline(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
+                      pipeline: Pipeline, *, free_microbatches: bool = False):
+    """(replica, slot, PipelineStep) of a plain plan's cells re-planned for `pipeline` (module docstring)."""
+    start = time.perf_counter()
+    replica, slot, unaware = arrange(problem, rank, microbatch, num_microbatches, pipeline,
+                                     work_budget(problem.time_limit))
+    step = pipeline_step(problem, replica, slot, num_microbatches, pipeline, unaware,
+                         free_microbatches=free_microbatches, solve_seconds=time.perf_counter() - start)
+    return replica, slot, step

@@ -1,0 +1,152 @@
+"""Pipeline schedules: which operation every stage runs in which order, and the step time they give.
+
+Model.  A data-parallel replica runs its M micro-batches (slot k = the k-th it runs) through
+P stages.  Micro-batch k takes F[s, k] forward and B[s, k] backward on stage s; with v
+virtual stages (interleaved) the model is G = P·v chunks, chunk j of stage s is model stage
+g = j·P + s, and each of its operations takes F[s, k] / v or B[s, k] / v.  An operation
+starts once its stage has finished the previous operation of its order and its input is
+there (point-to-point transfers are taken as overlapped, their time left out):
+
+    F(k, g) needs F(k, g - 1);   B(k, g) needs B(k, g + 1);   B(k, G - 1) needs F(k, G - 1)
+    end(op) = max(end(previous op of its stage), end(its input)) + duration(op)
+    replica time = max over ops of end(op);   step time = max over replicas
+
+Plain code (`programs` lists every operation in an order where inputs come first):
+
+    for op in ops:
+        end[op] = max(end[op.previous], end[op.input]) + duration[op]
+    step = max(end)
+
+Orders of stage s (Megatron-LM's, `schedules.py`):
+    gpipe        F(0), ..., F(M-1), then B(0), ..., B(M-1)
+    1f1b         w = min(P - 1 - s, M) forwards, then F(w + i), B(i) for i < M - w, then the
+                 last w backwards (PipeDream-flush, Megatron's non-interleaved schedule)
+    interleaved  virtual operation n -> slot (n // (P·v))·P + n % P, chunk (n % (P·v)) // P
+                 (backward: v - 1 - chunk); W = 2·(P - s - 1) + (v - 1)·P warm-up forwards
+                 (all M·v when M == P), at most M·v; then F(W + i), B(i); then the rest B.
+                 M must be a multiple of P (`Pipeline.check_microbatches`).
+
+GPipe with uniform stages (F[s, k] = f_k, B[s, k] = b_k) has a closed form in any order,
+the proportionate flow shop's makespan once per phase (`gpipe_time`):
+
+    step = Σ f + (P - 1)·max f + Σ b + (P - 1)·max b
+
+Why replicas are independent: with pipeline parallelism the data-parallel replicas meet
+only in the gradient reduction at the end of the step (DeepSpeed refuses ZeRO-2/3 with
+pipelines, torchtitan keeps parameters unsharded across micro-batches under PP, Megatron's
+distributed optimizer reduces once), so the step is the slowest replica's pipeline, and
+each replica runs its cells in its own order.  (Micro-batches in lockstep across replicas,
+as the plain micro-batch objective assumes, would give every operation the max over
+replicas: never less, as every end time is monotone in every duration.)
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from .spec import Pipeline
+
+
+def stage_order(pipeline: Pipeline, num_microbatches: int, stage: int) -> list[tuple[bool, int, int]]:
+    """The operations of `stage` in the order it runs them: (backward?, slot, model stage).
+
+    >>> stage_order(Pipeline(stages=2), 3, 0)
+    [(False, 0, 0), (False, 1, 0), (True, 0, 0), (False, 2, 0), (True, 1, 0), (True, 2, 0)]
+    """
+    p, m, v = pipeline.stages, num_microbatches, pipeline.virtual_stages
+    if pipeline.schedule == "gpipe":
+        return [(False, k, stage) for k in range(m)] + [(True, k, stage) for k in range(m)]
+    total = m * v
+    if pipeline.schedule == "1f1b":
+        warmup = min(p - 1 - stage, m)
+    else:
+        warmup = total if m == p else min(2 * (p - stage - 1) + (v - 1) * p, total)
+
+    def op(n: int, backward: bool) -> tuple[bool, int, int]:
+        within = n % (p * v)
+        chunk = within // p
+        if backward:
+            chunk = v - 1 - chunk
+        return backward, (n // (p * v)) * p + within % p, chunk * p + stage
+
+    order = [op(n, False) for n in range(warmup)]
+    for i in range(total - warmup):
+        order += [op(warmup + i, False), op(i, True)]
+    return order + [op(n, True) for n in range(total - warmup, total)]
+
+
+@lru_cache(maxsize=64)
+def programs(pipeline: Pipeline, num_microbatches: int) -> tuple[np.ndarray, ...]:
+    """Every operation once, inputs first: (stage, slot, backward, previous op of its stage, input
+    op) as int64 arrays, -1 where there is none.  RuntimeError if the orders deadlock."""
+    p, g_count = pipeline.stages, pipeline.stages * pipeline.virtual_stages
+    orders = [stage_order(pipeline, num_microbatches, s) for s in range(p)]
+    where = {(backward, slot, g): (s, i) for s, order in enumerate(orders)
+             for i, (backward, slot, g) in enumerate(order)}
+
+    def needs(backward: bool, slot: int, g: int):
+        if not backward:
+            return (False, slot, g - 1) if g > 0 else None
+        return (True, slot, g + 1) if g < g_count - 1 else (False, slot, g)
+
+    done, position, rows = {}, [0] * p, []
+    while len(rows) < len(where):
+        progressed = False
+        for s in range(p):
+            while position[s] < len(orders[s]):
+                key = orders[s][position[s]]
+                need = needs(*key)
+                if need is not None and need not in done:
+                    break
+                previous = done[orders[s][position[s] - 1]] if position[s] else -1
+                done[key] = len(rows)
+                rows.append((s, key[1], int(key[0]), previous, -1 if need is None else done[need]))
+                position[s] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"the {pipeline.schedule} orders of {pipeline} deadlock at M={num_microbatches}")
+    table = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    columns = tuple(np.ascontiguousarray(table[:, c]) for c in range(5))
+    for column in columns:
+        column.setflags(write=False)
+    return columns
+
+
+def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
+    """Each replica's pipeline time: forward / backward of shape (replicas, M) (uniform stages) or
+    (replicas, P, M), slot k the k-th micro-batch each replica runs (see the module docstring).
+
+    >>> replica_times(Pipeline(stages=2), np.array([[1.0, 1.0]]), np.array([[2.0, 2.0]])).tolist()
+    [9.0]
+    """
+    forward, backward = _per_stage(pipeline, forward), _per_stage(pipeline, backward)
+    rows, _, m = forward.shape
+    stage, slot, is_backward, previous, needed = programs(pipeline, m)
+    v = pipeline.virtual_stages
+    duration = np.where(is_backward[:, None].astype(bool), backward[:, stage, slot].T, forward[:, stage, slot].T)
+    if v > 1:
+        duration = duration / v
+    end = np.zeros((stage.size + 1, rows))  # row -1: the start, time 0
+    for op in range(stage.size):
+        np.add(np.maximum(end[previous[op]], end[needed[op]]), duration[op], out=end[op])
+    return end[:-1].max(axis=0) if stage.size else np.zeros(rows)
+
+
+def _per_stage(pipeline: Pipeline, times: np.ndarray) -> np.ndarray:
+    times = np.asarray(times, dtype=np.float64)
+    if times.ndim == 2:
+        return np.broadcast_to(times[:, None, :], (times.shape[0], pipeline.stages, times.shape[1]))
+    return times
+
+
+def gpipe_time(forward: np.ndarray, backward: np.ndarray, stages: int) -> np.ndarray:
+    """GPipe's closed form per replica (uniform stages, rows = replicas): Σ f + (P - 1)·max f + the same of b.
+
+    >>> gpipe_time(np.array([[1.0, 3.0]]), np.array([[2.0, 6.0]]), 4).tolist()
+    [39.0]
+    """
+    return (forward.sum(axis=1) + (stages - 1) * forward.max(axis=1)
+            + backward.sum(axis=1) + (stages - 1) * backward.max(axis=1))
+

@@ -1,0 +1,125 @@
+"""Local search on a pipeline step: lower the slowest replica's schedule time.
+
+The step is max_r T_r, T_r the pipeline time of replica r's cells in their order
+(`schedules.replica_times`).  Each step takes the slowest replica r (lowest index on ties)
+and the best of
+
+    reorder:  swap two of r's slots                          T_r -> T_r(new order)
+    move:     item i of r to cell (r', k') of one of the LIGHT_REPLICAS fastest replicas,
+              within the token budget T                     T_r, T_r' -> new times
+
+that lowers max(T_r, T_r') below the old T_r by more than RELATIVE_GAIN; ties by the
+lowest slot pair, item, replica, slot.  Candidates are evaluated together, one row each;
+a row costs the schedule's operation count (2·P·M·v) of the work budget, so the result
+never depends on the clock.  Padded cells (count · max cost) are not additive: only the
+reordering runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .schedules import replica_times
+from .spec import Pipeline
+
+LIGHT_REPLICAS = 4
+MAX_SWAPS = 1024  # slot pairs tried per step: all of them up to M = 46, else swaps with the neighbours and ends
+RELATIVE_GAIN = 1e-12
+
+
+class CellSearch:
+    """Items in cells (replica, slot) of one step, their costs, tokens and replica times."""
+
+    def __init__(self, pipeline: Pipeline, item_costs: np.ndarray, lengths: np.ndarray, padded: bool,
+                 cell_cost: np.ndarray, cell_tokens: np.ndarray, replica: np.ndarray, slot: np.ndarray,
+                 max_tokens: int, work: int):
+        self.pipeline, self.item_costs, self.lengths, self.padded = pipeline, item_costs, lengths, padded
+        self.cost, self.tokens = cell_cost.copy(), cell_tokens.copy()
+        self.replica, self.slot = replica.copy(), slot.copy()
+        self.max_tokens, self.work = max_tokens, work
+        self.num_ranks, self.num_microbatches = self.cost.shape
+        self.row_work = 2 * pipeline.stages * self.num_microbatches * pipeline.virtual_stages
+        self.times = self.evaluate(self.cost)
+        self.swaps = _swap_pairs(self.num_microbatches)
+
+    def evaluate(self, costs: np.ndarray) -> np.ndarray:
+        """Pipeline times of these rows of cell costs, charged to the work budget."""
+        self.work -= costs.shape[0] * self.row_work
+        return replica_times(self.pipeline, *self.pipeline.stage_times(costs))
+
+    def run(self) -> None:
+        """Improve until no step gains or the budget is spent."""
+        while self.work > 0:
+            r = int(np.argmax(self.times))
+            target = self.times[r] * (1 - RELATIVE_GAIN)
+            reorder = self._best_swap(r)
+            move = None if self.padded or self.work <= 0 else self._best_move(r)
+            if reorder is not None and (move is None or reorder[0] <= move[0]) and reorder[0] < target:
+                self._swap(r, *reorder[1])
+            elif move is not None and move[0] < target:
+                self._move(r, *move[1])
+            else:
+                return
+
+    def _best_swap(self, r: int):
+        if not len(self.swaps):
+            return None
+        first, second = self.swaps[:, 0], self.swaps[:, 1]
+        rows = np.repeat(self.cost[r][None, :], len(self.swaps), axis=0)
+        index = np.arange(len(self.swaps))
+        rows[index, first], rows[index, second] = self.cost[r, second], self.cost[r, first]
+        times = self.evaluate(rows)
+        best = int(np.argmin(times))
+        return float(times[best]), (int(first[best]), int(second[best]), float(times[best]))
+
+    def _swap(self, r: int, first: int, second: int, time: float) -> None:
+        for array in (self.cost, self.tokens):
+            array[r, [first, second]] = array[r, [second, first]]
+        mine = self.replica == r
+        at_first, at_second = mine & (self.slot == first), mine & (self.slot == second)
+        self.slot[at_first], self.slot[at_second] = second, first
+        self.times[r] = time
+
+    def _best_move(self, r: int):
+        items = np.flatnonzero(self.replica == r)
+        others = np.argsort(self.times, kind="stable")
+        others = others[others != r][:LIGHT_REPLICAS]
+        if not items.size or not others.size:
+            return None
+        m = self.num_microbatches
+        own = np.repeat(self.cost[r][None, :], items.size, axis=0)
+        own[np.arange(items.size), self.slot[items]] -= self.item_costs[items]
+        own_times = self.evaluate(own)  # r's time without each item
+        # rows: (item, other replica, slot) -> that replica's costs with the item added
+        targets = np.repeat(self.cost[others][None, :, :], items.size, axis=0)  # (items, others, M)
+        tokens = self.tokens[others][None, :, :] + self.lengths[items][:, None, None]
+        fits = tokens <= self.max_tokens
+        item_index, other_index, slot_index = np.nonzero(fits)
+        if not item_index.size:
+            return None
+        rows = targets[item_index, other_index].copy()
+        rows[np.arange(item_index.size), slot_index] += self.item_costs[items[item_index]]
+        new_times = self.evaluate(rows)
+        worst = np.maximum(own_times[item_index], new_times)
+        best = int(np.argmin(worst))
+        i, o, k = items[item_index[best]], others[other_index[best]], slot_index[best]
+        return float(worst[best]), (int(i), int(o), int(k), float(own_times[item_index[best]]),
+                                    float(new_times[best]))
+
+    def _move(self, r: int, item: int, other: int, slot: int, own_time: float, other_time: float) -> None:
+        source = self.slot[item]
+        self.cost[r, source] -= self.item_costs[item]
+        self.tokens[r, source] -= self.lengths[item]
+        self.cost[other, slot] += self.item_costs[item]
+        self.tokens[other, slot] += self.lengths[item]
+        self.replica[item], self.slot[item] = other, slot
+        self.times[r], self.times[other] = own_time, other_time
+
+
+def _swap_pairs(m: int) -> np.ndarray:
+    """(pairs, 2) slot pairs a reordering step tries (see MAX_SWAPS)."""
+    pairs = [(i, j) for i in range(m) for j in range(i + 1, m)]
+    if len(pairs) > MAX_SWAPS:
+        pairs = sorted({(i, i + 1) for i in range(m - 1)} | {(0, j) for j in range(1, m)}
+                       | {(i, m - 1) for i in range(m - 1)})
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2)

@@ -1,0 +1,81 @@
+"""`Pipeline`: the pipeline-parallel options of a step, validated once into a frozen spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..validation import as_int, as_real
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """P pipeline stages running one of `SCHEDULES` over every data-parallel replica's micro-batches.
+
+    `virtual_stages` v is the number of model chunks per stage of the interleaved schedule
+    (Megatron's virtual pipeline size, >= 2; 1 for the others).  A cell costing c (its items'
+    cost plus the micro-batch overhead, the whole model's forward and backward) takes
+    c / (P · (1 + k)) forward and k times that backward on every stage, k = `backward_factor`
+    (2: a backward pass costs about twice a forward).
+
+    >>> Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(8)
+    8
+    >>> Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(6)
+    Traceback (most recent call last):
+    ...
+    ValueError: `num_microbatches`=6 must be a multiple of the pipeline's `stages`=4 for the interleaved schedule (Megatron-LM runs its micro-batches in groups of P); try 8
+    """
+
+    stages: int
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    backward_factor: float = 2.0
+
+    def __post_init__(self):
+        stages = as_int(self.stages, "stages", minimum=1)
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
+            raise ValueError(f"`schedule` must be one of {list(SCHEDULES)}; got {self.schedule!r}")
+        virtual = as_int(self.virtual_stages, "virtual_stages", minimum=1)
+        if self.schedule == "interleaved" and virtual < 2:
+            raise ValueError(f"`virtual_stages` must be >= 2 for the interleaved schedule (model chunks per stage); "
+                             f"got {virtual}")
+        if self.schedule != "interleaved" and virtual != 1:
+            raise ValueError(f"`virtual_stages`={virtual} needs schedule='interleaved'; the {self.schedule} "
+                             f"schedule runs one model chunk per stage")
+        factor = as_real(self.backward_factor, "backward_factor", allow_zero=False)
+        object.__setattr__(self, "stages", stages)
+        object.__setattr__(self, "virtual_stages", virtual)
+        object.__setattr__(self, "backward_factor", factor)
+
+    def check_microbatches(self, num_microbatches: int, name: str = "num_microbatches") -> int:
+        """`num_microbatches` when the schedule can run it (interleaved: a multiple of `stages`)."""
+        m = as_int(num_microbatches, name, minimum=1)
+        if self.schedule == "interleaved" and m % self.stages:
+            raise ValueError(f"`{name}`={m} must be a multiple of the pipeline's `stages`={self.stages} for the "
+                             f"interleaved schedule (Megatron-LM runs its micro-batches in groups of P); try "
+                             f"{-(-m // self.stages) * self.stages}")
+        return m
+
+    @property
+    def forward_share(self) -> float:
+        """The fraction of a cell's cost that one stage spends in its forward: 1 / (P · (1 + k))."""
+        return 1.0 / (self.stages * (1.0 + self.backward_factor))
+
+    def stage_times(self, cell_costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) seconds of every cell on one stage: c · share and k times that."""
+        forward = np.asarray(cell_costs, dtype=np.float64) * self.forward_share
+        return forward, forward * self.backward_factor
+
+    def to_json(self) -> dict:
+        return {"stages": self.stages, "schedule": self.schedule, "virtual_stages": self.virtual_stages,
+                "backward_factor": self.backward_factor}
+
+
+def as_pipeline(value, name: str = "pipeline") -> Pipeline | None:
+    """`value` when it is a `Pipeline` or None, else TypeError naming the argument."""
+    if value is not None and not isinstance(value, Pipeline):
+        raise TypeError(f"`{name}` must be a Pipeline(stages=..., schedule=...) or None; got {type(value).__name__}")
+    return value

@@ -1,0 +1,156 @@
+"""Pipeline schedules as the oracle: a discrete-event simulation of each schedule, and brute force.
+
+Written from the schedules' published rules, independently of the planner's recurrence
+(`balancers.pipeline.schedules`): every stage follows a rule, not a precomputed list.  A
+stage holding nf forwards and nb backwards done runs a forward next while forwards remain
+and nf - nb <= W, else a backward, W its warm-up count:
+
+    gpipe        W = M (every forward first)
+    1f1b         W = P - 1 - s (at most P - s micro-batches in flight on stage s)
+    interleaved  W = 2·(P - s - 1) + (v - 1)·P, or M·v when M == P (Megatron-LM), with the
+                 n-th forward on model chunk (n mod P·v) // P of micro-batch (n // (P·v))·P + n mod P
+                 (backwards: chunk v - 1 - that)
+
+Time advances from event to event (an operation ending); at each event every idle stage
+starts its next operation when that operation's input has arrived.
+
+    simulate_pipeline       one replica's step time and each stage's busy time
+    brute_force_pipeline    the least step time over every assignment of items to the cells
+                            (replica, slot) within the token budget, slot = run order
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..balancers.pipeline import Pipeline
+
+BRUTE_FORCE_MAX_PIPELINE_PLANS = 200_000
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """One replica's simulated step: its time and each stage's busy seconds."""
+
+    step_time: float
+    busy: tuple[float, ...]
+
+
+def _warmup(pipeline: Pipeline, num_microbatches: int, stage: int) -> int:
+    p, v = pipeline.stages, pipeline.virtual_stages
+    if pipeline.schedule == "gpipe":
+        return num_microbatches
+    if pipeline.schedule == "1f1b":
+        return p - 1 - stage
+    return num_microbatches * v if num_microbatches == p else 2 * (p - stage - 1) + (v - 1) * p
+
+
+def _operation(pipeline: Pipeline, stage: int, n: int, backward: bool) -> tuple[int, int]:
+    """(micro-batch slot, model stage) of a stage's n-th forward or backward."""
+    p, v = pipeline.stages, pipeline.virtual_stages
+    if v == 1:
+        return n, stage
+    chunk = (n % (p * v)) // p
+    return (n // (p * v)) * p + n % p, ((v - 1 - chunk) if backward else chunk) * p + stage
+
+
+def simulate_pipeline(pipeline: Pipeline, forward, backward) -> PipelineRun:
+    """Event simulation of one replica: forward, backward of shape (P, M) (seconds of slot k on stage s).
+
+    >>> from orchmllm.balancers.pipeline import Pipeline
+    >>> simulate_pipeline(Pipeline(stages=2), [[1, 1], [1, 1]], [[2, 2], [2, 2]]).step_time
+    9.0
+    """
+    seconds = {False: np.asarray(forward, dtype=np.float64), True: np.asarray(backward, dtype=np.float64)}
+    p, m = seconds[False].shape
+    v, last = pipeline.virtual_stages, pipeline.stages * pipeline.virtual_stages - 1
+    total = m * v
+    done: dict[tuple[bool, int, int], float] = {}
+    started = [{False: 0, True: 0} for _ in range(p)]
+    running: list[tuple[float, int, tuple[bool, int, int]]] = []  # (end, stage, operation), a heap
+    idle, busy, now = set(range(p)), [0.0] * p, 0.0
+    while len(done) < 2 * total * p:
+        for stage in sorted(idle):
+            count = started[stage]
+            backward = not (count[False] < total and count[False] - count[True] <= _warmup(pipeline, m, stage))
+            if count[backward] >= total:
+                continue
+            slot, g = _operation(pipeline, stage, count[backward], backward)
+            if backward:
+                need = (True, slot, g + 1) if g < last else (False, slot, g)
+            else:
+                need = (False, slot, g - 1) if g > 0 else None
+            if need is not None and done.get(need, np.inf) > now:
+                continue
+            duration = seconds[backward][stage, slot]
+            if v > 1:
+                duration = duration / v
+            heapq.heappush(running, (now + duration, stage, (backward, slot, g)))
+            busy[stage] += float(duration)
+            count[backward] += 1
+            idle.discard(stage)
+        if not running:
+            raise RuntimeError(f"the {pipeline.schedule} schedule deadlocked at time {now} (a bug of the oracle)")
+        now = running[0][0]
+        while running and running[0][0] == now:
+            _, stage, operation = heapq.heappop(running)
+            done[operation] = now
+            idle.add(stage)
+    return PipelineRun(step_time=float(max(done.values())) if done else 0.0, busy=tuple(busy))
+
+
+@dataclass(frozen=True, eq=False)
+class PipelineOptimum:
+    """The least step time over every plan with `num_microbatches` slots per replica, and one
+    plan reaching it (replica and slot per item); step_time None when nothing fits the budget."""
+
+    step_time: float | None
+    replica: np.ndarray | None
+    slot: np.ndarray | None
+    num_microbatches: int
+
+
+def replica_step(pipeline: Pipeline, cell_costs) -> float:
+    """One replica's simulated time for cells costing `cell_costs` in run order (uniform stages,
+    `Pipeline.stage_times`)."""
+    forward, backward = pipeline.stage_times(np.asarray(cell_costs, dtype=np.float64))
+    stages = pipeline.stages
+    return simulate_pipeline(pipeline, np.tile(forward, (stages, 1)), np.tile(backward, (stages, 1))).step_time
+
+
+def brute_force_pipeline(pipeline: Pipeline, item_costs, lengths, num_ranks: int, num_microbatches: int,
+                         max_tokens: int, overhead: float = 0.0) -> PipelineOptimum:
+    """Every assignment of the items to the cells (replica, slot), each within `max_tokens` tokens, each
+    replica simulated (`simulate_pipeline`); the least max over replicas (ties: the first found).
+
+    >>> from orchmllm.balancers.pipeline import Pipeline
+    >>> brute_force_pipeline(Pipeline(stages=2), [3.0, 3.0], [3, 3], 1, 2, 3).step_time
+    4.5
+    """
+    item_costs = np.asarray(item_costs, dtype=np.float64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    cells = num_ranks * num_microbatches
+    if cells ** item_costs.size > BRUTE_FORCE_MAX_PIPELINE_PLANS:
+        raise ValueError(f"{cells}^{item_costs.size} plans is beyond BRUTE_FORCE_MAX_PIPELINE_PLANS = "
+                         f"{BRUTE_FORCE_MAX_PIPELINE_PLANS}; use fewer items or cells")
+    times: dict[tuple[float, ...], float] = {}
+    best, best_cells = None, None
+    for cell_of in itertools.product(range(cells), repeat=item_costs.size):
+        cell_of = np.array(cell_of, dtype=np.int64)
+        if np.bincount(cell_of, weights=lengths, minlength=cells).max(initial=0) > max_tokens:
+            continue
+        costs = np.bincount(cell_of, weights=item_costs, minlength=cells).reshape(num_ranks, -1) + overhead
+        step = 0.0
+        for row in map(tuple, costs.tolist()):
+            if row not in times:
+                times[row] = replica_step(pipeline, row)
+            step = max(step, times[row])
+        if best is None or step < best:
+            best, best_cells = step, cell_of
+    if best is None:
+        return PipelineOptimum(None, None, None, num_microbatches)
+    return PipelineOptimum(best, best_cells // num_microbatches, best_cells % num_microbatches, num_microbatches)

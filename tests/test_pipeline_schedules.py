@@ -1,0 +1,102 @@
+"""Pipeline schedules: the planner's recurrence against the event-simulation oracle, the closed
+form, the best shape's certified bound, and the spec's errors."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers.pipeline import Pipeline, replica_times
+from orchmllm.balancers.pipeline.profile import best_profile
+from orchmllm.balancers.pipeline.schedules import gpipe_time, programs
+from orchmllm.testing.pipeline import replica_step, simulate_pipeline
+
+
+@st.composite
+def pipelines(draw, most_stages=5):
+    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved"]))
+    stages = draw(st.integers(2 if schedule == "interleaved" else 1, most_stages))
+    virtual = draw(st.integers(2, 3)) if schedule == "interleaved" else 1
+    groups = draw(st.integers(1, 3))
+    microbatches = stages * groups if schedule == "interleaved" else draw(st.integers(1, 8))
+    return Pipeline(stages=stages, schedule=schedule, virtual_stages=virtual), microbatches
+
+
+@settings(max_examples=150, deadline=None)
+@given(pipelines(), st.data())
+def test_recurrence_equals_event_simulation(case, data):
+    """Per-stage times (narrow integers force ties): the planner's times equal the oracle's exactly."""
+    pipeline, m = case
+    shape = (pipeline.stages, m)
+    forward = np.array(data.draw(st.lists(st.integers(0, 4), min_size=shape[0] * m, max_size=shape[0] * m)),
+                       dtype=float).reshape(shape)
+    backward = forward * 2 + np.array(data.draw(st.lists(st.integers(0, 2), min_size=shape[0] * m,
+                                                         max_size=shape[0] * m))).reshape(shape)
+    ours = replica_times(pipeline, forward[None], backward[None])[0]
+    assert ours == simulate_pipeline(pipeline, forward, backward).step_time
+
+
+@settings(max_examples=60, deadline=None)
+@given(pipelines(), st.data())
+def test_gpipe_closed_form_and_order_free(case, data):
+    pipeline, m = case
+    pipeline = Pipeline(stages=pipeline.stages)
+    costs = np.array(data.draw(st.lists(st.floats(0, 100), min_size=m, max_size=m)))
+    f, b = pipeline.stage_times(costs[None])
+    gpipe = Pipeline(stages=pipeline.stages, schedule="gpipe")
+    closed = gpipe_time(f, b, pipeline.stages)[0]
+    assert replica_times(gpipe, f, b)[0] == pytest.approx(closed, rel=1e-12)
+    assert replica_times(gpipe, f[:, ::-1], b[:, ::-1])[0] == pytest.approx(closed, rel=1e-12)
+
+
+def test_uniform_bubbles_are_the_textbook_ones():
+    """Equal micro-batches: GPipe and 1F1B take (M + P - 1)·(f + b), interleaved (M + (P - 1)/v)·(f + b)."""
+    f, b = np.ones((1, 8)), np.full((1, 8), 2.0)
+    for schedule, virtual, expected in (("gpipe", 1, 11 * 3), ("1f1b", 1, 11 * 3), ("interleaved", 2, 8 * 3 + 4.5)):
+        assert replica_times(Pipeline(stages=4, schedule=schedule, virtual_stages=virtual), f, b)[0] == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(pipelines(most_stages=4), st.data())
+def test_best_profile_bounds_every_shape(case, data):
+    """τ · Σ x never exceeds the time of any cells x, and the best shape it returns reaches τ."""
+    pipeline, m = case
+    tau, shape = best_profile(pipeline, m)
+    costs = np.array(data.draw(st.lists(st.floats(0, 50), min_size=m, max_size=m)))
+    assert tau * costs.sum() <= replica_step(pipeline, costs) * (1 + 1e-12)
+    assert replica_step(pipeline, shape) == pytest.approx(tau, rel=1e-6)
+
+
+def test_one_f_one_b_best_shape_is_light_at_both_ends():
+    """1F1B's fill and drain make light first and last micro-batches pay: 8 % below flat at P = 8, M = 16."""
+    pipeline = Pipeline(stages=8)
+    tau, shape = best_profile(pipeline, 16)
+    flat = replica_step(pipeline, np.full(16, 1 / 16))
+    assert tau < 0.93 * flat
+    assert shape[0] < shape[8] > shape[-1]
+
+
+def test_orders_cover_every_operation_once():
+    pipeline = Pipeline(stages=4, schedule="interleaved", virtual_stages=3)
+    stage, slot, backward, _, _ = programs(pipeline, 8)
+    assert stage.size == 2 * 4 * 3 * 8
+    assert len(set(zip(stage.tolist(), slot.tolist(), backward.tolist()))) == 2 * 4 * 8
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(stages=0), ValueError, r"`stages` must be >= 1; got 0"),
+    (dict(stages=2.0), TypeError, r"`stages` must be an int"),
+    (dict(stages=2, schedule="zb"), ValueError, r"`schedule` must be one of \['gpipe', '1f1b', 'interleaved'\]"),
+    (dict(stages=2, schedule="interleaved"), ValueError, r"`virtual_stages` must be >= 2 for the interleaved"),
+    (dict(stages=2, virtual_stages=2), ValueError, r"`virtual_stages`=2 needs schedule='interleaved'"),
+    (dict(stages=2, backward_factor=0), ValueError, r"`backward_factor` must be finite and > 0"),
+])
+def test_pipeline_spec_errors_name_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Pipeline(**kwargs)
+
+
+def test_interleaved_needs_whole_groups():
+    with pytest.raises(ValueError, match=r"`num_microbatches`=6 must be a multiple of the pipeline's `stages`=4 "
+                                         r".*try 8"):
+        Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(6)
