@@ -13,10 +13,12 @@ stage's items are placed by the strategy (`context_parallel_peers`):
                          `max_seqlen_per_dp_cp_rank` (the capacity) the tokens one rank holds in
                          a micro-batch, so it is tried at every power of two from the least that
                          fits the step's longest item in the widest group up to the LLM tokens a
-                         rank's memory holds (`memory_capacity`), and the fastest is kept (the
-                         peer at its best); its waves run one after another
-    ours                 `balance(..., context_parallel=spec)` on the LLM stage; when it splits
-                         nothing the step is `no_split`'s, bit for bit
+                         rank's memory holds beside its encoder activations (`memory_capacity`),
+                         and at that capacity itself; the fastest is kept (the peer at its best);
+                         its waves run one after another
+    ours                 `balance(..., context_parallel=spec, max_tokens_per_rank=that capacity)`
+                         on the LLM stage (without the budget when no plan fits it); when it
+                         splits nothing the step is `no_split`'s, bit for bit
 
 The step (notation of `simulator`, recomputation included through `seconds_per_cost`):
 
@@ -54,6 +56,7 @@ from ..balancers.context_parallel import certify_split
 from ..balancers.context_parallel.blocks import within_node
 from ..balancers.context_parallel.plan import rank_pairs
 from ..balancers.context_parallel.spec import as_degrees
+from ..balancers.problem import InfeasibleError
 from ..balancers.validation import is_int
 from ..orchestrator.plan import Exchange, PassPlan
 from ..topology import Topology, estimate_exchange
@@ -78,14 +81,15 @@ def split_spec(degrees, model: ModelConfig, gpu: GPU, topology: Topology) -> Con
                            num_layers=model.llm.num_layers, kv_passes=KV_PASSES).on(topology)
 
 
-def memory_capacity(model: ModelConfig, gpu: GPU, num_ranks: int, headroom: float = MEMORY_HEADROOM) -> int:
-    """LLM tokens a rank holds within `headroom` of its memory: (headroom · memory - static) over the
-    stored and working bytes of a token.
+def memory_capacity(model: ModelConfig, gpu: GPU, num_ranks: int, held_bytes: float = 0.0,
+                    headroom: float = MEMORY_HEADROOM) -> int:
+    """LLM tokens a rank holds within `headroom` of its memory: (headroom · memory - static - the
+    `held_bytes` of other stages' activations) over the stored and working bytes of a token.
 
     >>> memory_capacity(MODELS["84b"], GPUS["h100"], 2560)
     42319
     """
-    room = headroom * gpu.memory_bytes - model.static_bytes(num_ranks)
+    room = headroom * gpu.memory_bytes - model.static_bytes(num_ranks) - held_bytes
     return max(int(room // (model.llm.stored_bytes_per_token + model.llm.working_bytes_per_token)), 1)
 
 
@@ -171,11 +175,29 @@ def _unsplit(llm, judge: ContextParallel, name: str) -> ContextParallelPlan:
                          cost=llm.stage.cost, algorithm=name)
 
 
+def encoder_bytes(plan: PassPlan, model: ModelConfig) -> float:
+    """The most bytes of encoder activations a rank stores in `plan`."""
+    stored = sum(stage.tokens * model.transformer_of(stage.stage).stored_bytes_per_token
+                 for stage in plan.stage_plans if not stage.stage.is_llm)
+    return float(np.max(stored, initial=0.0))
+
+
+def _ours(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, llm, budget: int) -> ContextParallelPlan:
+    """`balance` with splitting under the memory's token budget, or without it when no plan fits
+    it (the step then reports its memory as over)."""
+    options = dict(cost=llm.stage.cost, algorithm=llm.stage.algorithm, context_parallel=spec)
+    try:
+        return balance(lengths, num_ranks, max_tokens_per_rank=budget, **options)
+    except InfeasibleError:
+        return balance(lengths, num_ranks, **options)
+
+
 def llm_schedules(base: dict[str, PassPlan], spec: ContextParallel, names, planning: dict[str, float],
-                  capacities: list[int]) -> dict[str, LlmSchedule]:
+                  capacities: list[int], budget: int) -> dict[str, LlmSchedule]:
     """The LLM placement of every strategy in `names`.  `base` holds the "none" and "ours" pass
     plans, `planning` their planning seconds (the split planners' time is added to ours');
-    `capacities` those Megatron is tried at."""
+    `capacities` those Megatron is tried at; `budget` the LLM tokens a rank's memory holds (ours'
+    `max_tokens_per_rank`)."""
     llm = base["ours"].llm
     lengths, cost, num_ranks = llm.item_length, llm.stage.cost, llm.loads.size
     judge = replace(spec, degrees=tuple(sorted({1, *spec.degrees})))  # the peers run short items unsplit
@@ -196,7 +218,7 @@ def llm_schedules(base: dict[str, PassPlan], spec: ContextParallel, names, plann
             seconds = planning["ours"] + (time.perf_counter() - start) / len(capacities)  # one capacity per step
             schedules[name] = LlmSchedule(waves.waves, waves.items, seconds, capacity=capacity)
         else:
-            plan = balance(lengths, num_ranks, cost=cost, algorithm=llm.stage.algorithm, context_parallel=spec)
+            plan = _ours(lengths, num_ranks, spec, llm, budget)
             seconds = planning["ours"] + time.perf_counter() - start
             schedules[name] = replace(_single(plan, 0.0) if plan.split_items.size else today, planning_seconds=seconds)
     return schedules
@@ -340,8 +362,9 @@ def run_context_parallel_simulation(model: str = "84b", gpus: int = 2560, *, wor
         planning[name] = time.perf_counter() - start
     spec = split_spec(degrees, config, gpu, topology)
     lengths = base["ours"].llm.item_length
-    capacities = megatron_capacities(lengths, degrees[-1], memory_capacity(config, gpu, topology.world_size))
-    schedules = llm_schedules(base, spec, dict.fromkeys(["none", *names]), planning, capacities)
+    room = memory_capacity(config, gpu, topology.world_size, encoder_bytes(base["ours"], config))
+    capacities = sorted({*megatron_capacities(lengths, degrees[-1], room), room})
+    schedules = llm_schedules(base, spec, dict.fromkeys(["none", *names]), planning, capacities, room)
     bound = schedules["none"].waves[0].lower_bound
     results = {name: simulate_split_step(name, base["none" if name == "none" else "ours"], schedule, spec, config,
                                          gpu, topology, bound) for name, schedule in schedules.items()}
