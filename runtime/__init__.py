@@ -10,6 +10,10 @@
 - `FlatAllToAll`, `HierarchicalAllToAll`: the transports (node-wise: gather within a node,
   one message per node pair, scatter within the node).
 - `PostBalancingDispatcher`: single-stage wrapper around a batch dict.
+- `ContextParallelLayout`, `SplitItem`, `context_parallel_attention`, `ContextParallelError`: split
+  items at run time (`context_parallel.py`): a giant item's zigzag shards on its group attend over
+  the whole item, exact gradients; `StepSharding`: their chunks in the one fused exchange
+  (`sharding.py`; `PostBalancingDispatcher(context_parallel=...)` uses it).
 - `MultiStageRuntime`: encoders and LLM balanced from the orchestrator's StepPlan;
   `EncoderContractError`: an encoder whose output leaves out parameters on some rank (`encoders.py`).
 - `MicroBatch`, `accumulate`, `gradient_sync`: gradient accumulation over post-balanced
@@ -30,6 +34,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
 
 from .agreement import ConfigMismatchError, SchemaGuard, SchemaMismatchError
 from .alltoall import FlatAllToAll
+from .context_parallel import ContextParallelError, ContextParallelLayout, SplitItem, context_parallel_attention
 from .dispatcher import DispatchPlan, PostBalancingDispatcher
 from .encoders import EncoderContractError
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
@@ -40,10 +45,11 @@ from .microbatch import MicroBatch, accumulate, gradient_sync
 from .multistage import Assembled, Dispatched, MultiStageRuntime, PassRoutes, StepInputs, StepRoutes
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, global_count, normalize_loss
+from .sharding import StepSharding
 
-__all__ = ["Assembled", "ConfigMismatchError", "DispatchPlan", "Dispatched", "EncoderContractError", "ExchangeMeta",
+__all__ = ["Assembled", "ConfigMismatchError", "ContextParallelError", "ContextParallelLayout", "DispatchPlan", "Dispatched", "EncoderContractError", "ExchangeMeta",
            "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "MultiStageRuntime", "PassRoutes",
            "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher", "Prefetcher", "SchemaGuard",
-           "SchemaMismatchError", "StepInputs", "StepRoutes", "accumulate",
-           "all_reduce_gradients", "check_agreement", "exchange", "exchange_with_grad", "fingerprint",
+           "SchemaMismatchError", "SplitItem", "StepInputs", "StepRoutes", "StepSharding", "accumulate",
+           "all_reduce_gradients", "check_agreement", "context_parallel_attention", "exchange", "exchange_with_grad", "fingerprint",
            "gather_metadata", "global_count", "gradient_sync", "make_transport", "normalize_loss"]

@@ -166,10 +166,15 @@ class ContextParallelLayout:
             _agree(FAILED_INPUT, group)
             raise type(error)(f"rank {rank}: {error}") from None
         _agree(digest, group)
-        lengths = tuple(entry if is_int(entry) else
-                        len(shard_positions(entry.length, entry.degree, entry.group.index(rank)))
-                        for entry in sequences)
-        return cls(rank, sequences, splits, lengths, group)
+        return cls(rank, sequences, splits, _shard_lengths(rank, sequences), group)
+
+    @classmethod
+    def planned(cls, rank: int, world_size: int, sequences, splits, *, group=None) -> "ContextParallelLayout":
+        """Rank `rank`'s layout (of `world_size` ranks of `group`) from a plan every rank already agreed on
+        (the dispatcher's: the groups, degrees and chunks ride in the plan word its exchange checks on
+        every rank): checked here, no collective."""
+        sequences, splits = _checked(rank, world_size, sequences, splits)
+        return cls(rank, sequences, splits, _shard_lengths(rank, sequences), group)
 
     @property
     def num_tokens(self) -> int:
@@ -187,6 +192,12 @@ class ContextParallelLayout:
         if causal not in self.exchanges:
             self.exchanges[causal] = _plan_exchange(self, causal)
         return self.exchanges[causal]
+
+
+def _shard_lengths(rank: int, sequences: tuple) -> tuple[int, ...]:
+    """Tokens of each packed sequence on `rank`: its length, or its shard's."""
+    return tuple(entry if is_int(entry) else len(shard_positions(entry.length, entry.degree, entry.group.index(rank)))
+                 for entry in sequences)
 
 
 def _as_tuple(values, name: str, what: str) -> tuple:

@@ -19,6 +19,13 @@ dispatching along an earlier step's plan) are checked by one small all-reduce be
 payload all-to-all (see `agreement.py`).
 Every call is a self-contained collective, so a step may call `plan`/`dispatch` once
 per micro-batch.
+
+With `context_parallel=ContextParallel(...)` the plan may split a giant item over a group of
+ranks: its per-token rows travel as zigzag chunks in the same one all-to-all (`sharding.py`),
+each rank's micro-batch lists its sequences, shards included, in `micro.layout` (a
+`ContextParallelLayout`: `context_parallel_attention(q, k, v, micro.layout)`, unsplit positions
+for RoPE from `micro.layout.positions()`), and `combine` puts every chunk back at the item's home.
+Per-item rows go to every rank of the group; per-item outputs come home from group rank 0.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import numpy as np
 import torch
 
 from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
+from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import microbatch_options
 from ..balancers.validation import as_bool
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
@@ -39,6 +47,7 @@ from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, new_step, split_rows
+from .sharding import StepSharding, item_groups
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +58,8 @@ class DispatchPlan:
     step's cells; None when the global batch has no items.  `item_microbatch[i]` is the
     micro-batch of item i (all 0 without a budget) and `num_microbatches` the step's M (1
     without a budget; a step with no items runs `num_microbatches` when fixed, else 1).
+    `sharding` says where every item's tokens go (whole, or in zigzag chunks over a group) and
+    `route` moves them (one unit per item when none is split).
     """
 
     metadata: GatheredMetadata
@@ -57,6 +68,7 @@ class DispatchPlan:
     planning_seconds: float
     item_microbatch: np.ndarray
     num_microbatches: int
+    sharding: StepSharding
 
     @property
     def lengths(self) -> np.ndarray:
@@ -70,12 +82,13 @@ class DispatchPlan:
 
     @property
     def local_items(self) -> np.ndarray:
-        """Global indices of the items this rank holds after `dispatch`, ascending."""
-        return self.route.dest_items
+        """Global indices of the items this rank holds after `dispatch` (whole or a shard), ascending."""
+        return self.sharding.local_items
 
     @property
     def local_lengths(self) -> np.ndarray:
-        return self.lengths[self.route.dest_items]
+        """Tokens this rank holds of each of `local_items` (a split item's: its shard's)."""
+        return self.sharding.local_tokens
 
 
 def _local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +115,7 @@ def _lengths_problem(plan: DispatchPlan, lengths) -> Exception | None:
         local = _local_tables(lengths, None)[0][:, 0]
     except (TypeError, ValueError) as error:
         return error
-    planned = plan.lengths[plan.route.source_items]
+    planned = plan.lengths[plan.sharding.home_items]
     rank = plan.route.rank
     if local.size != planned.size:
         return PlanMismatchError(f"rank {rank} dispatches {local.size} items but the plan was made from "
@@ -134,16 +147,26 @@ class PostBalancingDispatcher:
             most this many tokens per rank (`balance_microbatches`; see `runtime.microbatch`
             for the loop); `num_microbatches`, `microbatch_overhead` and
             `microbatch_algorithm` are passed to it.  Replaces `max_tokens_per_rank`.
+        context_parallel: a `ContextParallel` spec: `balance(..., context_parallel=)` may split an
+            item over an aligned group of ranks; the micro-batches then carry `layout`s.
     """
 
     def __init__(self, *, group=None, algorithm: str = "auto", cost=None, padded: bool = False,
                  max_tokens_per_rank: int | None = None, time_limit: float | None = None,
                  per_item_keys=(), check_plan: bool | None = None, transport=None,
                  max_tokens_per_microbatch: int | None = None, num_microbatches: int | None = None,
-                 microbatch_overhead: float = 0.0, microbatch_algorithm: str = "auto"):
+                 microbatch_overhead: float = 0.0, microbatch_algorithm: str = "auto",
+                 context_parallel: ContextParallel | None = None):
         self.group = group
+        if context_parallel is not None and not isinstance(context_parallel, ContextParallel):
+            raise TypeError(f"`context_parallel` must be a ContextParallel; got {type(context_parallel).__name__}")
+        if context_parallel is not None and max_tokens_per_microbatch is not None:
+            raise ValueError("`context_parallel` with `max_tokens_per_microbatch`: the micro-batch planner does not "
+                             "split items yet (issue 26); plan a plain step, or micro-batches without splitting")
+        self.context_parallel = context_parallel
         self.balance_options = dict(algorithm=algorithm, cost=cost, padded=padded,
-                                    max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
+                                    max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit,
+                                    **({} if context_parallel is None else {"context_parallel": context_parallel}))
         self.microbatch_options = None
         if max_tokens_per_microbatch is not None:
             if max_tokens_per_rank is not None:
@@ -194,27 +217,34 @@ class PostBalancingDispatcher:
         count = (self.microbatch_options or {}).get("num_microbatches") or 1  # of a step with no items
         if metadata.num_items and self.microbatch_options is not None:
             plan = balance_microbatches(metadata.column(0), int(metadata.counts.size), **self.microbatch_options)
-            assignment, microbatch, count = plan.rank, plan.microbatch, plan.num_microbatches
+            microbatch, count = plan.microbatch, plan.num_microbatches
         elif metadata.num_items:
-            plan = balance(metadata.column(0), int(metadata.counts.size), **self.balance_options)
-            assignment, count = plan.assignment, 1
+            plan, count = balance(metadata.column(0), int(metadata.counts.size), **self.balance_options), 1
         else:
-            plan, assignment = None, np.zeros(0, dtype=np.int64)
+            plan = None
         if self.check_plan:
             check_agreement(fingerprint(self.config_fingerprint, plan.digest() if plan else ""), group)
-        plan_id = plan_word(self.config_fingerprint, metadata.counts, metadata.values)
-        route = ExchangeMeta.from_assignment(assignment, metadata.counts, group_rank(self.group), plan_id)
-        if route.world_size != group_size(self.group):
-            raise ValueError(f"metadata group has {route.world_size} ranks but the dispatcher's group has "
+        if metadata.counts.size != group_size(self.group):
+            raise ValueError(f"metadata group has {metadata.counts.size} ranks but the dispatcher's group has "
                              f"{group_size(self.group)}")
-        return DispatchPlan(metadata, plan, route, time.perf_counter() - start, microbatch, count)
+        first, degree = item_groups(plan, metadata.num_items)
+        words = (self.config_fingerprint, metadata.counts, metadata.values)
+        sharding = StepSharding.build(metadata.column(0), metadata.counts, first, degree, microbatch,
+                                      group_rank(self.group), lambda digest: plan_word(*words, digest)
+                                      if degree.size and degree.max() > 1 else plan_word(*words))
+        return DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding)
 
-    def _move(self, batch: Mapping[str, torch.Tensor], route: ExchangeMeta, lengths: np.ndarray, per_item_keys,
+    def _move(self, batch: Mapping[str, torch.Tensor], sharding: StepSharding, per_item_keys,
               site: str, differentiable: bool, problem: Exception | None = None) -> dict[str, torch.Tensor]:
+        """Move `batch` out along the plan's route (`site` "dispatch") or home along its inverse ("combine")."""
         if not isinstance(batch, Mapping):
             raise TypeError(f"`batch` must be a mapping of names to tensors; got {type(batch).__name__}")
         keys = sorted(batch)
-        pieces = [Piece(route, batch[key], 1 if key in per_item_keys else lengths, str(key)) for key in keys]
+        home = site == "combine"
+        route = sharding.route.inverse() if home else sharding.route
+        per_item = (sharding.first_copies if home else sharding.copies)
+        pieces = [Piece(route, per_item(batch[key]), sharding.item_rows(True, home), str(key)) if key in per_item_keys
+                  else Piece(route, batch[key], sharding.item_rows(False), str(key)) for key in keys]
         move = exchange_with_grad if differentiable else exchange
         return dict(zip(keys, move(pieces, self.transport, guard=self.guards[site], problem=problem)))
 
@@ -232,7 +262,7 @@ class PostBalancingDispatcher:
         `differentiable=True` lets gradients of the results flow back to the inputs.
         """
         problem = None if lengths is None else _lengths_problem(plan, lengths)
-        return self._move(batch, plan.route, plan.lengths, self.per_item_keys, "dispatch", differentiable, problem)
+        return self._move(batch, plan.sharding, self.per_item_keys, "dispatch", differentiable, problem)
 
     def microbatches(self, plan: DispatchPlan, moved: Mapping[str, torch.Tensor]):
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
@@ -248,16 +278,17 @@ class PostBalancingDispatcher:
                     normalize_loss(loss_sum, micro).backward()
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
-        items = plan.local_items
+        items, tokens = plan.local_items, plan.local_lengths
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)
-        rows = {key: np.ones(items.size, dtype=np.int64) if key in self.per_item_keys else plan.lengths[items]
-                for key in moved}
+        rows = {key: np.ones(items.size, dtype=np.int64) if key in self.per_item_keys else tokens for key in moved}
         parts = {key: split_rows(tensor, rows[key], microbatch, count) for key, tensor in moved.items()}
-        lengths = torch.from_numpy(plan.lengths[items].copy())
+        lengths = torch.from_numpy(tokens.copy())
+        layout = (lambda index: None) if self.context_parallel is None else \
+            (lambda index: plan.sharding.layout(index, self.group))
         return iterate(MicroBatch(index, count, items[microbatch == index],
                                   {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size,
-                                  lengths=lengths[torch.from_numpy(microbatch == index)])
+                                  lengths=lengths[torch.from_numpy(microbatch == index)], layout=layout(index))
                        for index in range(count))
 
     def combine(self, outputs: Mapping[str, torch.Tensor], plan: DispatchPlan, *, per_item_keys=None,
@@ -267,4 +298,4 @@ class PostBalancingDispatcher:
         `per_item_keys` (default: the dispatcher's) name the outputs with one row per item.
         """
         per_item = self.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
-        return self._move(outputs, plan.route.inverse(), plan.lengths, per_item, "combine", differentiable)
+        return self._move(outputs, plan.sharding, per_item, "combine", differentiable)

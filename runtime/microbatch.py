@@ -44,7 +44,10 @@ class MicroBatch:
     multi-stage routes of this micro-batch (None for the dispatcher); `num_loss_tokens` the
     loss tokens of the whole step on all ranks, the denominator of every micro-batch's loss;
     `lengths` the tokens of each of `items` (their LLM tokens in the multi-stage runtime), an int64
-    CPU tensor: the per-sample lengths packed attention needs (cu_seqlens = 0 then their cumsum).
+    CPU tensor: the per-sample lengths packed attention needs (cu_seqlens = 0 then their cumsum);
+    a split item's entry is this rank's shard.  `layout` (with context parallelism) is the
+    micro-batch's `ContextParallelLayout`: which sequences are shards of which item on which group,
+    their unsplit positions, what `context_parallel_attention` takes.
     """
 
     index: int
@@ -55,6 +58,7 @@ class MicroBatch:
     world_size: int
     routes: object = None
     lengths: torch.Tensor | None = None  # None only in a MicroBatch built by hand without them
+    layout: object = None  # a ContextParallelLayout with context parallelism, else None
 
     @property
     def is_last(self) -> bool:

@@ -1,0 +1,185 @@
+"""Split items in the one fused exchange: a step's route at the grain of zigzag chunks.
+
+An unsplit item is one unit; an item split at degree c is its 2c zigzag chunks
+(`balancers.context_parallel.layout`), chunk j going to group rank k = min(j, 2c − 1 − j).
+Units are listed item by item, chunks in order, so a rank's home tensor (its items' rows one
+after another) is already its units' rows in unit order, and what arrives, in ascending unit
+index, is each item whole (unsplit) or its shard (chunks k then 2c − 1 − k, as
+`ContextParallelLayout` packs it).  The route over units is a plain `ExchangeMeta`: split items
+move in the same single all-to-all as the rest, under the same agreement check, and the inverse
+route (combine, backward) puts every chunk back in place at the item's home.
+
+    units(i)   = [(i, 0)] if degree[i] == 1 else [(i, j) for j in range(2 * degree[i])]
+    dest(i, j) = group[i][min(j, 2 * degree[i] - 1 - j)]
+    rows(i, j) = chunk_sizes(l_i, degree[i])[j]      per-token tensors
+    rows(i, j) = 1 if j < degree[i] else 0           per-item tensors going out: a copy per group rank
+    rows(i, j) = 1 if j == 0 else 0                  per-item tensors coming home: group rank 0's row
+
+A step with no split item has one unit per item: the route is the item route, unchanged.
+The groups, degrees and chunk layout ride in the plan's identity word (`digest`), which every
+guarded exchange checks on every rank, so the per-micro-batch `ContextParallelLayout`s are
+built from the plan with no collective of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..balancers.context_parallel.layout import chunk_sizes
+from .agreement import fingerprint
+from .context_parallel import ContextParallelLayout, SplitItem
+from .exchange import ExchangeMeta, home_ranks
+
+
+def item_groups(plan, num_items: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first rank, degree) of every item of a balancer's plan (`BalancePlan`, `MicroBatchPlan`, or
+    their context-parallel forms, whose item i runs on ranks first[i] .. first[i] + degree[i] − 1)."""
+    if plan is None:
+        return np.zeros(num_items, dtype=np.int64), np.ones(num_items, dtype=np.int64)
+    first = plan.assignment if hasattr(plan, "assignment") else plan.rank
+    degree = getattr(plan, "degree", None)
+    return (np.asarray(first, dtype=np.int64),
+            np.ones(num_items, dtype=np.int64) if degree is None else np.asarray(degree, dtype=np.int64))
+
+
+@dataclass(frozen=True, eq=False)
+class StepSharding:
+    """Where every item's tokens go in a step: whole to one rank, or in zigzag chunks to its group.
+
+    `groups` lists every item's ranks in shard order, concatenated (`degree[i]` of them for item
+    i); `microbatch[i]` is the item's micro-batch.  `route` moves units (see module docstring)
+    for this `rank`; `digest` is the 32-byte identity of the groups, degrees and chunks.
+
+    >>> step = StepSharding.build([5, 2], counts=[2, 0], first=[0, 0], degree=[2, 1], microbatch=[0, 0], rank=1)
+    >>> step.local_items.tolist(), step.local_tokens.tolist(), step.layout(0).positions().tolist()
+    ([0], [2], [2, 3])
+    """
+
+    lengths: np.ndarray
+    counts: np.ndarray
+    degree: np.ndarray
+    groups: np.ndarray
+    microbatch: np.ndarray
+    route: ExchangeMeta
+    unit_item: np.ndarray
+    unit_chunk: np.ndarray
+    unit_tokens: np.ndarray
+    digest: bytes
+    layouts: dict = field(default_factory=dict)  # micro-batch index -> ContextParallelLayout, made on use
+
+    @classmethod
+    def build(cls, lengths, counts, first, degree, microbatch, rank: int, plan_id=None) -> "StepSharding":
+        """The sharding of items of `lengths` (rank r contributed counts[r] of them) on ranks
+        first[i] .. first[i] + degree[i] − 1; `plan_id(digest)` gives the route's plan word."""
+        first = np.asarray(first, dtype=np.int64)
+        degree = np.asarray(degree, dtype=np.int64)
+        offsets = np.cumsum(degree) - degree
+        groups = np.repeat(first - offsets, degree) + np.arange(int(degree.sum()), dtype=np.int64)
+        return cls.from_groups(lengths, counts, degree, groups, microbatch, rank, plan_id)
+
+    @classmethod
+    def from_groups(cls, lengths, counts, degree, groups, microbatch, rank: int, plan_id=None) -> "StepSharding":
+        """As `build`, from every item's group listed explicitly (any distinct ranks, in shard order)."""
+        lengths, counts, degree, groups, microbatch = (np.array(values, dtype=np.int64) for values in
+                                                       (lengths, counts, degree, groups, microbatch))
+        units = np.where(degree > 1, 2 * degree, 1)
+        unit_item = np.repeat(np.arange(lengths.size, dtype=np.int64), units)
+        unit_chunk = np.arange(unit_item.size, dtype=np.int64) - np.repeat(np.cumsum(units) - units, units)
+        unit_degree = degree[unit_item]
+        shard = np.minimum(unit_chunk, 2 * unit_degree - 1 - unit_chunk)
+        unit_dest = groups[(np.cumsum(degree) - degree)[unit_item] + np.where(unit_degree > 1, shard, 0)]
+        unit_tokens = lengths[unit_item].copy()
+        for c in np.unique(degree[degree > 1]).tolist():
+            members = degree[unit_item] == c
+            unit_tokens[members] = chunk_sizes(lengths[degree == c], c).ravel()
+        split = degree > 1
+        digest = fingerprint("context-parallel sharding", degree[split], groups[np.repeat(split, degree)],
+                             np.flatnonzero(split))
+        word = 0 if plan_id is None else plan_id(digest)
+        route = ExchangeMeta(home_ranks(counts)[unit_item], unit_dest, rank, int(counts.size), word)
+        for array in (lengths, counts, degree, groups, microbatch, unit_item, unit_chunk, unit_tokens):
+            array.setflags(write=False)
+        return cls(lengths, counts, degree, groups, microbatch, route, unit_item, unit_chunk, unit_tokens, digest)
+
+    @property
+    def any_split(self) -> bool:
+        return bool(self.degree.size) and int(self.degree.max()) > 1
+
+    def group(self, item: int) -> tuple[int, ...]:
+        """The ranks of item `item`'s group, in shard order."""
+        start = int(self.degree[:item].sum())
+        return tuple(self.groups[start:start + int(self.degree[item])].tolist())
+
+    @property
+    def home_items(self) -> np.ndarray:
+        """The items this rank contributed (holds before dispatch), ascending."""
+        start = int(self.counts[:self.route.rank].sum())
+        return np.arange(start, start + int(self.counts[self.route.rank]), dtype=np.int64)
+
+    @property
+    def local_units(self) -> np.ndarray:
+        """Units this rank holds after dispatch, ascending: every item's whole, or its shard's two chunks."""
+        return self.route.dest_items
+
+    @property
+    def local_items(self) -> np.ndarray:
+        """Items with rows on this rank after dispatch (whole or a shard), ascending."""
+        return np.unique(self.unit_item[self.local_units])
+
+    @property
+    def local_tokens(self) -> np.ndarray:
+        """Tokens this rank holds of each of `local_items` (an item's length, or its shard's)."""
+        units = self.local_units
+        return np.bincount(np.searchsorted(self.local_items, self.unit_item[units]), weights=self.unit_tokens[units],
+                           minlength=self.local_items.size).astype(np.int64)
+
+    def item_rows(self, per_item: bool, home: bool = False):
+        """Rows per unit of a per-token tensor (chunk tokens), or of a per-item tensor going out (a row
+        per group rank) or coming home (`home`: group rank 0's row); an int 1 when nothing is split."""
+        if not per_item:
+            return self.unit_tokens
+        if not self.any_split:
+            return 1
+        limit = 1 if home else self.degree[self.unit_item]
+        return (self.unit_chunk < limit).astype(np.int64)
+
+    def copies(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A per-item tensor of this rank's home items with each split item's row repeated once per
+        group rank (what the route sends out); a tensor of another row count is left for the
+        exchange's own check to name."""
+        home = self.home_items
+        if not self.any_split or not _rows(tensor, home.size):
+            return tensor
+        index = np.repeat(np.arange(home.size), self.degree[home])
+        return tensor.index_select(0, torch.from_numpy(index).to(tensor.device))
+
+    def first_copies(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A per-item tensor of this rank's `local_items` reduced to the rows going home: unsplit
+        items' and those of the shards this rank holds as group rank 0."""
+        items = self.local_items
+        if not self.any_split or not _rows(tensor, items.size):
+            return tensor
+        units = self.local_units
+        keep = np.searchsorted(items, self.unit_item[units[self.unit_chunk[units] == 0]])
+        return tensor.index_select(0, torch.from_numpy(keep).to(tensor.device))
+
+    def layout(self, index: int, group=None) -> ContextParallelLayout:
+        """Micro-batch `index`'s layout on this rank: its sequences (unsplit lengths, `SplitItem` shards)
+        and every split item of the micro-batch, from the agreed plan (no collective)."""
+        if index not in self.layouts:
+            split = np.flatnonzero((self.degree > 1) & (self.microbatch == index))
+            splits = {int(i): SplitItem(int(i), int(self.lengths[i]), self.group(int(i))) for i in split}
+            items, tokens = self.local_items, self.local_tokens
+            mine = self.microbatch[items] == index
+            sequences = [splits.get(int(i), int(t)) for i, t in zip(items[mine], tokens[mine])]
+            self.layouts[index] = ContextParallelLayout.planned(self.route.rank, self.route.world_size, sequences,
+                                                                tuple(splits.values()), group=group)
+        return self.layouts[index]
+
+
+def _rows(tensor, count: int) -> bool:
+    """Whether `tensor` is a tensor of `count` rows (else the exchange's checks name what is wrong)."""
+    return isinstance(tensor, torch.Tensor) and tensor.dim() > 0 and tensor.shape[0] == count

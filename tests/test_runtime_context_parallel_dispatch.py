@@ -1,0 +1,271 @@
+"""Split items through the dispatcher on real gloo groups: `balance(..., context_parallel=)` plans
+move a giant's tokens as zigzag chunks in the one fused all-to-all, the micro-batch's layout feeds
+`context_parallel_attention`, and the float64 loss and every gradient equal the unsplit
+single-process reference within 1e-12 inside DDP and FSDP2; random plans (mixed degrees, groups,
+micro-batch counts, empty ranks) lose and duplicate no token, every rank runs the same collectives,
+and the exchange moves exactly the bytes the plan's shards need."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from orchmllm.balancers import CostModel
+from orchmllm.balancers.context_parallel import ContextParallel
+from orchmllm.balancers.context_parallel.layout import shard_tokens
+from orchmllm.runtime import (DispatchPlan, GatheredMetadata, PlanMismatchError, PostBalancingDispatcher, accumulate,
+                              context_parallel_attention, normalize_loss)
+from orchmllm.runtime import dispatcher as dispatcher_module
+from orchmllm.runtime.agreement import plan_word
+from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.sharding import StepSharding
+
+HIDDEN, HEADS, KV_HEADS, DIM = 4, 2, 1, 3
+# a split costs its shard's share and nothing else, so tiny items split where that pays
+SPEC = ContextParallel(degrees=(1, 2, 4), gpus_per_node=4, half_efficiency_tokens=1, latency_s=0,
+                       kv_bytes_per_token=0, seconds_per_cost=1.0)
+COST = CostModel(linear=1.0, quadratic=0.05)
+# lengths each rank samples; the plans split item 0 over 4 ranks, and items 1, 2, 3 over 2 ranks
+STEPS = {4: ((40, 3, 2), (2, 1), (6, 3), (5,)), 2: ((31,), (12, 29), (36, 18), (22,))}
+
+
+def step_data(homes, seed):
+    """Per item (rank by rank): inputs, targets, padding mask, loss mask; the same on every rank."""
+    rng = np.random.default_rng(seed)
+    return [(torch.from_numpy(rng.standard_normal((length, HIDDEN))),
+             torch.from_numpy(rng.standard_normal((length, HIDDEN))),
+             torch.from_numpy(rng.random(length) < 0.2),
+             torch.from_numpy(rng.random(length) < 0.7))
+            for lengths in homes for length in lengths]
+
+
+class PositionalAttention(nn.Module):
+    """Sinusoidal positions (a learned frequency, so its gradient sees every position), then one
+    grouped-query attention layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.frequency = nn.Parameter(torch.linspace(0.1, 0.7, HIDDEN))
+        self.qkv = nn.Linear(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM)
+        self.out = nn.Linear(HEADS * DIM, HIDDEN)
+
+    def forward(self, x, positions, attend):
+        x = x + torch.sin(positions[:, None].to(x.dtype) * self.frequency)
+        q, k, v = self.qkv(x).split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], dim=1)
+        attended = attend(q.reshape(len(x), HEADS, DIM), k.reshape(len(x), KV_HEADS, DIM),
+                          v.reshape(len(x), KV_HEADS, DIM))
+        return self.out(attended.reshape(len(x), HEADS * DIM))
+
+
+def naive_attention(q, k, v, padding):
+    """Causal attention of one whole item written out; a query with no key left gets zeros."""
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[2])
+    allowed = ~padding[None, :].expand(len(q), -1) & torch.ones(len(q), len(q), dtype=torch.bool).tril()
+    peak = scores.masked_fill(~allowed, -torch.inf).amax(-1, keepdim=True)
+    weights = torch.exp(scores.masked_fill(~allowed, 0.0) - torch.where(torch.isfinite(peak), peak, 0.0)) * allowed
+    return torch.einsum("hqk,khd->qhd", weights / weights.sum(-1, keepdim=True).clamp_min(1e-300), v)
+
+
+def reference(homes, seed):
+    """Unsplit, unbalanced, one process: every item's output, and the gradients of the global mean loss."""
+    torch.manual_seed(0)
+    model = PositionalAttention().double()
+    data = step_data(homes, seed)
+    outputs = [model(x, torch.arange(len(x)), lambda q, k, v, p=padding: naive_attention(q, k, v, p))
+               for x, _, padding, _ in data]
+    loss_tokens = sum(int(mask.sum()) for *_, mask in data)
+    loss = sum(((out * target).sum(-1) * mask).sum() for out, (_, target, _, mask) in zip(outputs, data))
+    (loss / loss_tokens).backward()
+    return [out.detach() for out in outputs], [p.grad for p in model.parameters()]
+
+
+def dispatch_job(rank, size, homes, seed, wrapper):
+    torch.manual_seed(0)
+    model = PositionalAttention().double()
+    if wrapper == "ddp":
+        wrapped = nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+        wrapped = fully_shard(model)
+    data = step_data(homes, seed)
+    first = sum(len(lengths) for lengths in homes[:rank])
+    mine = data[first:first + len(homes[rank])]
+    batch = {key: torch.cat([item[part] for item in mine]) for part, key in enumerate(("x", "target", "pad", "loss"))}
+    batch["sample"] = torch.arange(first, first + len(mine))
+    dispatcher = PostBalancingDispatcher(cost=COST, context_parallel=SPEC, per_item_keys={"sample"})
+    lengths = list(homes[rank])
+    plan = dispatcher.plan(lengths, loss_tokens=[int(item[3].sum()) for item in mine])
+    moved = dispatcher.dispatch(batch, plan, lengths=lengths)
+    outputs, loss_tokens = [], 0
+    for micro in dispatcher.microbatches(plan, moved):
+        with accumulate(wrapped, micro):
+            d = micro.data
+            attend = lambda q, k, v: context_parallel_attention(q, k, v, micro.layout,  # noqa: E731
+                                                                key_padding_mask=d["pad"])
+            out = wrapped(d["x"], micro.layout.positions(), attend)
+            normalize_loss(((out * d["target"]).sum(-1) * d["loss"]).sum(), micro).backward()
+            outputs.append(out.detach())
+            loss_tokens += int(d["loss"].sum())
+    home = dispatcher.combine({"out": torch.cat(outputs), "sample": moved["sample"]}, plan, differentiable=False)
+    grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in model.parameters()]
+    return grads, home, loss_tokens, plan.num_loss_tokens, plan.balance.degree.tolist()
+
+
+def relative_error(got, expected):
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    difference = float((got - expected).abs().max()) if expected.numel() else 0.0
+    return difference / scale if scale else difference
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("degree", [2, 4])
+def test_split_items_through_the_dispatcher_train_as_the_unsplit_reference(degree, wrapper):
+    homes = STEPS[degree]
+    results = spawn(dispatch_job, 4, args=(homes, degree, wrapper), timeout_s=120)
+    outputs, expected = reference(homes, degree)
+    assert max(results[0][4]) == degree  # the plan split a giant
+    assert sum(result[2] for result in results) == results[0][3]  # every loss token counted once
+    first = 0
+    for rank, (grads, home, *_) in enumerate(results):
+        assert max(relative_error(g, r) for g, r in zip(grads, expected)) <= 1e-12
+        count = len(homes[rank])
+        assert home["sample"].tolist() == list(range(first, first + count))  # per-item rows: group rank 0's
+        assert relative_error(home["out"], torch.cat(outputs[first:first + count])) <= 1e-12  # reassembled
+        first += count
+
+
+def random_step(rng, size):
+    """Lengths per home rank (some ranks none), and per item a micro-batch and a group (degree 1, 2, 3,
+    4 or 8 up to the world; distinct ranks in any order)."""
+    counts = rng.integers(0, 4, size=size)
+    lengths = rng.integers(0, 13, size=int(counts.sum()))
+    degree = rng.choice([d for d in (1, 2, 3, 4, 8) if d <= size], size=lengths.size)
+    groups = np.concatenate([rng.permutation(size)[:d] for d in degree]) if lengths.size else np.zeros(0, np.int64)
+    count = int(rng.integers(1, 4))
+    return counts, lengths, degree, groups, rng.integers(0, count, size=lengths.size), count
+
+
+class Counter:
+    """Counts this rank's collectives by kind and the payload bytes its all-to-alls send to other ranks."""
+
+    KINDS = ("all_gather", "all_reduce", "all_to_all_single", "batch_isend_irecv")
+
+    def __init__(self):
+        self.calls = dict.fromkeys(self.KINDS, 0)
+        self.sent = 0
+        for kind in self.KINDS:
+            setattr(dist, kind, self.counting(kind, getattr(dist, kind)))
+
+    def counting(self, kind, call):
+        def counted(*args, **kwargs):
+            self.calls[kind] += 1
+            if kind == "all_to_all_single":
+                output, buffer, _, sends = args[:4]
+                self.sent += (sum(sends) - sends[dist.get_rank()]) * buffer.element_size()
+            return call(*args, **kwargs)
+        return counted
+
+
+def needed_bytes(counts, lengths, degree, groups, rank, row_bytes, item_bytes):
+    """Bytes rank `rank` must send for its items' tokens (and per-item rows) to reach their groups."""
+    first = int(counts[:rank].sum())
+    starts = np.cumsum(degree) - degree
+    total = 0
+    for item in range(first, first + int(counts[rank])):
+        group = groups[starts[item]:starts[item] + degree[item]].tolist()
+        shares = shard_tokens([lengths[item]], degree[item])[0] if degree[item] > 1 else [lengths[item]]
+        total += sum(int(tokens) * row_bytes + item_bytes for tokens, peer in zip(shares, group) if peer != rank)
+    return total
+
+
+def check_microbatch(micro):
+    """What is wrong with a dispatched micro-batch of (item, position) token rows, or None."""
+    layout, tokens = micro.layout, micro.data["token"]
+    if not torch.equal(micro.data["item"], torch.from_numpy(micro.items)):
+        return "per-item rows differ from the micro-batch's items"
+    if list(layout.lengths) != micro.lengths.tolist() or sum(layout.lengths) != len(tokens):
+        return "the layout's sequences differ from the micro-batch's rows"
+    for item, entry, part in zip(micro.items.tolist(), layout.sequences, torch.split(tokens, list(layout.lengths))):
+        if not (part[:, 0] == item).all() or getattr(entry, "item", item) != item:
+            return f"sequence of item {item} holds rows of other items"
+    if not torch.equal(tokens[:, 1], layout.positions()):
+        return "positions differ from the tokens' unsplit positions"
+    return None
+
+
+def random_plans_job(rank, size, seed, count):
+    counter = Counter()
+    dispatcher = PostBalancingDispatcher(context_parallel=ContextParallel(degrees=(1, 2, 4, 8)),
+                                         per_item_keys={"item"})
+    rng = np.random.default_rng(seed)
+    problems, per_plan = [], []
+    for number in range(count):
+        counts, lengths, degree, groups, microbatch, num_microbatches = random_step(rng, size)
+        mine = np.arange(int(counts[:rank].sum()), int(counts[:rank + 1].sum()))
+        metadata = GatheredMetadata(np.stack([lengths, lengths], axis=1), counts)  # what the all-gather gives
+        words = (dispatcher.config_fingerprint, metadata.counts, metadata.values)
+        sharding = StepSharding.from_groups(lengths, counts, degree, groups, microbatch, rank,
+                                            lambda digest: plan_word(*words, digest))
+        plan = DispatchPlan(metadata, None, sharding.route, 0.0, microbatch, num_microbatches, sharding)
+        token_ids = torch.cat([torch.zeros(0, 2, dtype=torch.int64)] + [
+            torch.stack([torch.full((int(lengths[i]),), i), torch.arange(int(lengths[i]))], 1) for i in mine])
+        before, sent = dict(counter.calls), counter.sent
+        moved = dispatcher.dispatch({"token": token_ids, "item": torch.from_numpy(mine)}, plan)
+        sent = counter.sent - sent
+        micros = list(dispatcher.microbatches(plan, moved))
+        problems += [(number, problem) for problem in map(check_microbatch, micros) if problem]
+        if len(micros) != num_microbatches:
+            problems.append((number, f"{len(micros)} micro-batches of {num_microbatches}"))
+        home = dispatcher.combine(moved, plan, differentiable=False)
+        if not (torch.equal(home["token"], token_ids) and torch.equal(home["item"], torch.from_numpy(mine))):
+            problems.append((number, "combine did not reassemble the home rows"))
+        needed = needed_bytes(counts, lengths, degree, groups, rank, 16, 8)
+        if sent != needed:
+            problems.append((number, f"dispatch sent {sent} bytes, the plan's shards need {needed}"))
+        per_plan.append(tuple(counter.calls[kind] - before[kind] for kind in Counter.KINDS))
+        held = torch.zeros(lengths.size, 13, dtype=torch.int64)  # copies of every (item, position) on all ranks
+        held.index_put_((moved["token"][:, 0], moved["token"][:, 1]), torch.ones(len(moved["token"]),
+                        dtype=torch.int64), accumulate=True)
+        dist.all_reduce(held)
+        if not torch.equal(held, (torch.arange(13)[None, :] < torch.from_numpy(lengths)[:, None]).long()):
+            problems.append((number, "tokens lost or duplicated across the ranks"))
+    return problems, per_plan
+
+
+@pytest.mark.parametrize("size, count", [(2, 300), (3, 250), (5, 250), (8, 200)])  # 1000 plans
+def test_random_plans_lose_no_token_and_run_the_same_collectives(size, count):
+    results = spawn(random_plans_job, size, args=(size, count), timeout_s=300)
+    assert [problem for problems, _ in results for problem in problems] == []
+    per_plan = [calls for _, calls in results]
+    assert all(calls == per_plan[0] for calls in per_plan)  # every rank, every plan: the same collectives
+    # dispatch and combine: one guard all-reduce and one all-to-all each, split items or not
+    assert set(per_plan[0]) == {(0, 2, 2, 0)}  # (the check's all-reduce comes after the count)
+
+
+def unsplit_groups(plan, num_items):
+    """A planner that, on one rank, left every item whole (a time-limited search stopping elsewhere)."""
+    return np.asarray(plan.assignment, dtype=np.int64), np.ones(num_items, dtype=np.int64)
+
+
+def other_split_job(rank, size, homes):
+    if rank == 1:
+        dispatcher_module.item_groups = unsplit_groups
+    dispatcher = PostBalancingDispatcher(cost=COST, context_parallel=SPEC)
+    lengths = list(homes[rank])
+    plan = dispatcher.plan(lengths)
+    try:
+        dispatcher.dispatch({"x": torch.zeros(sum(lengths), 2)}, plan)
+    except PlanMismatchError as error:
+        return str(error)
+    return None
+
+
+def test_ranks_whose_plans_split_differently_stop_at_the_exchange_naming_them():
+    """The groups, degrees and chunk layout ride in the plan word the exchange checks: with the same
+    assignment but no split on rank 1, rank 1's rows would be cut by other chunk sizes."""
+    errors = spawn(other_split_job, 4, args=(STEPS[4],), timeout_s=60)
+    assert all(error is not None and "ranks [1] disagree" in error for error in errors), errors
