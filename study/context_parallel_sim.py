@@ -1,8 +1,8 @@
 """Simulator of a step whose giant LLM items may run split over context-parallel groups.
 
-Every strategy plans the same sampled batch; the encoder stages run as `ours` plans them today
-(a video's frames are separate encoder items already, so they need no split), and the LLM
-stage's items are placed by the strategy (`context_parallel_peers`):
+Every strategy plans the same sampled batch; the encoder stages run as `ours` plans them (a
+video's frames are separate encoder items already, so they need no split), and the LLM stage's
+items are placed by the strategy (`context_parallel_peers`):
 
     none                 no balancing, no splitting: every item where it was sampled
     no_split             today's best: full orchestration (`strategies.STRATEGIES["ours"]`)
@@ -16,17 +16,19 @@ stage's items are placed by the strategy (`context_parallel_peers`):
                          rank's memory holds beside its encoder activations (`memory_capacity`),
                          and at that capacity itself; the fastest is kept (the peer at its best);
                          its waves run one after another
-    ours                 `balance(..., context_parallel=spec, max_tokens_per_rank=that capacity)`
-                         on the LLM stage (without the budget when no plan fits it); when it
-                         splits nothing the step is `no_split`'s, bit for bit
+    ours                 `Orchestrator(..., context_parallel=spec)` (`ours_pass`): today's plan
+                         bit for bit unless splitting pays; planned again under the capacity
+                         above as the LLM's token budget when it splits and overflows it
 
 The step (notation of `simulator`, recomputation included through `seconds_per_cost`):
 
     busy[s, r]    encoders as in `simulator`; LLM: the plan's per-rank time, i.e. for an item
                   at degree c, f(l) / (c · η) + κ (`ContextParallel.time`, in seconds here)
     compute       = Σ_encoders max_r busy + Σ_waves max_r busy[llm, wave]
-    exchange      = fused input exchange + embedding exchange forward and backward, the bytes
-                    of a split item's text and embeddings shared equally by its group's ranks
+    exchange      = fused input exchange + embedding exchange forward and backward: the
+                    orchestrator's own exchanges for none, no_split and ours (a split sample's
+                    text and embedding pieces go to the shards that hold them); for the peers,
+                    today's with a split item's bytes shared equally by its group's ranks
     step          = compute + exchange + max(0, planning - compute)
     cp_bytes      = Σ over split items of (c - 1) · l · kv_bytes · layers · passes: the K/V
                     (and dK/dV) a ring moves; cp_bytes_inter_node the share on ring hops between
@@ -51,14 +53,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..balancers import ContextParallel, ContextParallelPlan, balance
+from ..balancers import ContextParallel, ContextParallelPlan
 from ..balancers.context_parallel import certify_split
 from ..balancers.context_parallel.blocks import within_node
 from ..balancers.context_parallel.plan import rank_pairs
 from ..balancers.context_parallel.spec import as_degrees
 from ..balancers.problem import InfeasibleError
 from ..balancers.validation import is_int
+from ..orchestrator.options import LOCALITY
 from ..orchestrator.plan import Exchange, PassPlan
+from ..orchestrator.planner import Orchestrator
 from ..topology import Topology, estimate_exchange
 from .context_parallel_peers import best_megatron_dynamic_cp, best_static_cp, megatron_capacities
 from .models import GIB, GPU, GPUS, MODELS, ModelConfig
@@ -102,6 +106,7 @@ class LlmSchedule:
     planning_seconds: float
     degree: int | None = None  # static_cp's degree
     capacity: int | None = None  # Megatron's max_seqlen_per_dp_cp_rank
+    own: PassPlan | None = None  # an orchestrator's pass plan that placed the items: its exchanges are the step's
 
     def placement(self, num_items: int) -> tuple[np.ndarray, np.ndarray]:
         """(block start, degree) of every LLM item."""
@@ -165,14 +170,15 @@ class ContextParallelSimulationRun:
         return payload
 
 
-def _single(plan: ContextParallelPlan, seconds: float, degree: int | None = None) -> LlmSchedule:
-    return LlmSchedule((plan,), (np.arange(plan.num_items),), seconds, degree)
+def _single(plan: ContextParallelPlan, seconds: float, degree: int | None = None,
+            own: PassPlan | None = None) -> LlmSchedule:
+    return LlmSchedule((plan,), (np.arange(plan.num_items),), seconds, degree, own=own)
 
 
-def _unsplit(llm, judge: ContextParallel, name: str) -> ContextParallelPlan:
-    """An orchestrator's LLM stage plan as a split plan of degree 1 everywhere, certified by `judge`."""
-    return certify_split(llm.item_length, llm.loads.size, judge, llm.destination, np.ones(llm.num_items, np.int64),
-                         cost=llm.stage.cost, algorithm=name)
+def _certified(llm, judge: ContextParallel, name: str) -> ContextParallelPlan:
+    """An orchestrator's LLM stage plan (split or not) as a split plan certified by `judge`."""
+    return certify_split(llm.item_length, llm.loads.size, judge, llm.destination, llm.degree, cost=llm.stage.cost,
+                         algorithm=name)
 
 
 def encoder_bytes(plan: PassPlan, model: ModelConfig) -> float:
@@ -182,45 +188,46 @@ def encoder_bytes(plan: PassPlan, model: ModelConfig) -> float:
     return float(np.max(stored, initial=0.0))
 
 
-def _ours(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, llm, budget: int) -> ContextParallelPlan:
-    """`balance` with splitting under the memory's token budget, or without it when no plan fits
-    it (the step then reports its memory as over)."""
-    options = dict(cost=llm.stage.cost, algorithm=llm.stage.algorithm, context_parallel=spec)
+def ours_pass(stages, topology: Topology, batch, spec: ContextParallel, gpu: GPU, budget: int) -> PassPlan:
+    """`Orchestrator(..., context_parallel=spec)`'s plan; when it splits and puts more than `budget` LLM
+    tokens on a rank (the memory's), planned again under that budget, kept as it was when no plan
+    fits it (the step then reports its memory as over)."""
+    def plan(stages):
+        return single_pass(Orchestrator(stages, topology, placement=LOCALITY, seconds_per_cost=seconds_per_cost(gpu),
+                                        context_parallel=spec).plan(batch))
+
+    free = plan(stages)
+    if not free.splits or int(free.llm.tokens.max()) <= budget:
+        return free
     try:
-        return balance(lengths, num_ranks, max_tokens_per_rank=budget, **options)
+        return plan((*stages[:-1], replace(stages[-1], max_tokens_per_rank=budget)))
     except InfeasibleError:
-        return balance(lengths, num_ranks, **options)
+        return free
 
 
 def llm_schedules(base: dict[str, PassPlan], spec: ContextParallel, names, planning: dict[str, float],
-                  capacities: list[int], budget: int) -> dict[str, LlmSchedule]:
-    """The LLM placement of every strategy in `names`.  `base` holds the "none" and "ours" pass
-    plans, `planning` their planning seconds (the split planners' time is added to ours');
-    `capacities` those Megatron is tried at; `budget` the LLM tokens a rank's memory holds (ours'
-    `max_tokens_per_rank`)."""
+                  capacities: list[int]) -> dict[str, LlmSchedule]:
+    """The LLM placement of every strategy in `names`.  `base` holds the orchestrator's pass plans
+    "none", "ours" (today's: no_split) and "ours_cp" (with splitting: ours), `planning` the seconds
+    of "none", "no_split" and "ours" (the peers' planners' time is added to today's);
+    `capacities` those Megatron is tried at."""
     llm = base["ours"].llm
     lengths, cost, num_ranks = llm.item_length, llm.stage.cost, llm.loads.size
     judge = replace(spec, degrees=tuple(sorted({1, *spec.degrees})))  # the peers run short items unsplit
-    today = _single(_unsplit(llm, judge, "no_split"), planning["ours"])
     schedules = {}
     for name in names:
         start = time.perf_counter()
-        if name == "none":
-            schedules[name] = _single(_unsplit(base["none"].llm, judge, "none"), planning["none"])
-        elif name == "no_split":
-            schedules[name] = today
+        if name in ("none", "no_split", "ours"):
+            own = base["ours_cp" if name == "ours" else "none" if name == "none" else "ours"]
+            schedules[name] = _single(_certified(own.llm, judge, name), planning[name], own=own)
         elif name == "static_cp":
             plan, degree = best_static_cp(lengths, num_ranks, judge, spec.degrees, cost=cost)
-            seconds = planning["ours"] + (time.perf_counter() - start) / max(len(spec.degrees) - 1, 1)
+            seconds = planning["no_split"] + (time.perf_counter() - start) / max(len(spec.degrees) - 1, 1)
             schedules[name] = _single(plan, seconds, degree)  # a static configuration plans one degree per step
         elif name == "megatron_dynamic_cp":
             waves, capacity = best_megatron_dynamic_cp(lengths, num_ranks, judge, capacities, cost=cost)
-            seconds = planning["ours"] + (time.perf_counter() - start) / len(capacities)  # one capacity per step
+            seconds = planning["no_split"] + (time.perf_counter() - start) / len(capacities)  # one capacity per step
             schedules[name] = LlmSchedule(waves.waves, waves.items, seconds, capacity=capacity)
-        else:
-            plan = _ours(lengths, num_ranks, spec, llm, budget)
-            seconds = planning["ours"] + time.perf_counter() - start
-            schedules[name] = replace(_single(plan, 0.0) if plan.split_items.size else today, planning_seconds=seconds)
     return schedules
 
 
@@ -248,11 +255,10 @@ def split_exchanges(plan: PassPlan, start: np.ndarray, degree: np.ndarray) -> tu
                                                   start, degree))
 
 
-def _exchange_seconds(plan: PassPlan, start: np.ndarray, degree: np.ndarray, topology: Topology
-                      ) -> tuple[float, np.ndarray]:
+def _exchange_seconds(exchanges, topology: Topology) -> tuple[float, np.ndarray]:
     """Seconds of the step's exchanges (embeddings forward and back) and each rank's peak buffer bytes."""
     seconds, buffers = 0.0, np.zeros(topology.world_size)
-    for exchange in split_exchanges(plan, start, degree):
+    for exchange in exchanges:
         if not exchange.item_bytes.size or exchange.bytes_moved == 0:
             continue
         forward = estimate_exchange(exchange.source, exchange.destination, exchange.item_bytes, topology, "nodewise")
@@ -304,7 +310,9 @@ def simulate_split_step(name: str, plan: PassPlan, schedule: LlmSchedule, spec: 
     rings = np.array([_ring_figures(wave, plan.llm.item_length[items], spec)
                       for wave, items in zip(schedule.waves, schedule.items)]).sum(axis=0)
     start, degree = schedule.placement(plan.llm.num_items)
-    exchange, buffers = _exchange_seconds(plan, start, degree, topology)
+    exchanges = ((plan.input_exchange(), plan.embedding_exchange()) if schedule.own is not None
+                 else split_exchanges(plan, start, degree))
+    exchange, buffers = _exchange_seconds(exchanges, topology)
     memory = model.static_bytes(num_ranks) + stored + working + buffers
     unhidden = max(0.0, schedule.planning_seconds - compute)
     step = compute + exchange + unhidden
@@ -355,19 +363,22 @@ def run_context_parallel_simulation(model: str = "84b", gpus: int = 2560, *, wor
     stages = config.stages()
     batch = sample_workload(workload, topology.world_size, samples_per_rank, seed)
     base, planning = {}, {}
-    for name in ("none", "ours"):
+    for name, key in (("none", "none"), ("ours", "no_split")):
         start = time.perf_counter()
         base[name] = single_pass(PLAIN_STRATEGIES[name].plan(stages, topology, batch,
                                                               seconds_per_cost=seconds_per_cost(gpu)))
-        planning[name] = time.perf_counter() - start
+        planning[key] = time.perf_counter() - start
     spec = split_spec(degrees, config, gpu, topology)
-    lengths = base["ours"].llm.item_length
     room = memory_capacity(config, gpu, topology.world_size, encoder_bytes(base["ours"], config))
-    capacities = sorted({*megatron_capacities(lengths, degrees[-1], room), room})
-    schedules = llm_schedules(base, spec, dict.fromkeys(["none", *names]), planning, capacities, room)
+    if "ours" in names:
+        start = time.perf_counter()
+        base["ours_cp"] = ours_pass(stages, topology, batch, spec, gpu, room)
+        planning["ours"] = time.perf_counter() - start
+    capacities = sorted({*megatron_capacities(base["ours"].llm.item_length, degrees[-1], room), room})
+    schedules = llm_schedules(base, spec, dict.fromkeys(["none", *names]), planning, capacities)
     bound = schedules["none"].waves[0].lower_bound
-    results = {name: simulate_split_step(name, base["none" if name == "none" else "ours"], schedule, spec, config,
-                                         gpu, topology, bound) for name, schedule in schedules.items()}
+    results = {name: simulate_split_step(name, schedule.own or base["ours"], schedule, spec, config, gpu, topology,
+                                         bound) for name, schedule in schedules.items()}
     reference = results["none"].step_seconds
     return ContextParallelSimulationRun(
         model=model, gpus=topology.world_size, nodes=topology.num_nodes, workload=workload,

@@ -10,7 +10,7 @@ from orchmllm.balancers import ContextParallel
 from orchmllm.balancers.context_parallel import certify_split
 from orchmllm.study.context_parallel_compare import compare_context_parallel
 from orchmllm.study.compare import CompareConfig, workload_stages
-from orchmllm.study.context_parallel_sim import (STRATEGIES, _ours, run_context_parallel_simulation, split_exchanges,
+from orchmllm.study.context_parallel_sim import (STRATEGIES, ours_pass, run_context_parallel_simulation, split_exchanges,
                                                  split_spec, _ring_figures)
 from orchmllm.study.models import GPUS, MODELS
 from orchmllm.study.simulator import cluster, seconds_per_cost
@@ -122,12 +122,10 @@ def test_compare_rows_are_certified_against_one_bound():
 def test_ours_holds_the_memory_token_budget_and_plans_without_it_only_when_none_fits():
     config, gpu, topology = MODELS["10b"], GPUS["h100"], cluster(16)
     batch = sample_workload("long", 16, 4, seed=4)
-    llm = single_pass(PLAIN_STRATEGIES["ours"].plan(config.stages(), topology, batch,
-                                                     seconds_per_cost=seconds_per_cost(gpu))).llm
     spec = split_spec((1, 2, 4, 8), config, gpu, topology)
-    lengths = llm.item_length
-    free = _ours(lengths, 16, spec, llm, 2**40)
-    budget = int(0.9 * free.tokens.max())
-    assert budget > max(-(-int(lengths.max()) // 8), -(-int(lengths.sum()) // 16))  # some plan may fit it
-    assert _ours(lengths, 16, spec, llm, budget).tokens.max() <= budget
-    assert _ours(lengths, 16, spec, llm, 1).digest() == free.digest()  # no plan fits 1 token per rank
+    free = ours_pass(config.stages(), topology, batch, spec, gpu, 2**40)
+    lengths = batch.sample_llm_length
+    budget = int(0.9 * free.llm.tokens.max())
+    assert free.splits and budget > max(-(-int(lengths.max()) // 8), -(-int(lengths.sum()) // 16))
+    assert ours_pass(config.stages(), topology, batch, spec, gpu, budget).llm.tokens.max() <= budget
+    assert ours_pass(config.stages(), topology, batch, spec, gpu, 1).digest() == free.digest()  # nothing fits 1
