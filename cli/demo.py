@@ -16,11 +16,14 @@ EXAMPLES = """examples:
   orchmllm demo --ranks 2 --steps 2 --dtype float64 --json
   orchmllm demo --costs flops --repeats 1            # FLOP cost models, one concurrent pass: quicker
   orchmllm demo --max-tokens-per-microbatch 2048     # gradient accumulation: micro-batches of <= 2048 tokens
+  orchmllm demo --workload giants --context-parallel 1,2,4 --json   # a giant item split over rank groups
 on a GPU cluster, the same training step under torchrun and NCCL:
   torchrun --nproc-per-node 8 -m orchmllm demo --json
 exit code 1 when a check fails: gradients differ beyond rounding, a sample lost or duplicated,
 or the isolated busy max/mean of the balanced step above 1.05 or not below the unbalanced one
-(micro-batched: sum over micro-batches of the slowest rank's busy time / sum of the means)
+(micro-batched: sum over micro-batches of the slowest rank's busy time / sum of the means);
+with --workload giants: tokens or samples lost, gradients beyond rounding of the unsplit reference,
+the unsplit plan's isolated busy max/mean below 1.5 (no giant) or the split plan's above 1.10
 """
 
 
@@ -53,6 +56,12 @@ def add_parser(commands) -> None:
     demo.add_argument("--max-tokens-per-microbatch", type=int, default=None, metavar="T",
                       help="run the balanced step as gradient-accumulation micro-batches of at most T LLM tokens "
                            "per rank, compared with the unbalanced un-micro-batched step (default: one pass)")
+    demo.add_argument("--workload", choices=("mixed", "giants"), default="mixed",
+                      help="mixed: the vision+audio+text mix; giants: one item a step longer than a rank's share, "
+                           "split over context-parallel groups (default: %(default)s)")
+    demo.add_argument("--context-parallel", metavar="DEGREES", default=None,
+                      help="with --workload giants: the degrees an item may be split at (default: 1,2,4 up to "
+                           "--ranks)")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
     demo.set_defaults(handler=run)
 
@@ -157,6 +166,10 @@ def run(args) -> int:
         raise UsageError(f"--repeats and --replay-repeats must be >= 1; got {args.repeats} and {args.replay_repeats}")
     if args.max_tokens_per_microbatch is not None and args.max_tokens_per_microbatch < 1:
         raise UsageError(f"--max-tokens-per-microbatch must be >= 1; got {args.max_tokens_per_microbatch}")
+    if args.workload == "giants":
+        return run_giants(args)
+    if args.context_parallel is not None:
+        raise UsageError("--context-parallel needs --workload giants")
     demo = _demo_module()
     torchrun = "RANK" in os.environ
     gpus_per_node = args.gpus_per_node
@@ -181,3 +194,41 @@ def run(args) -> int:
         render.print_json(report.to_json())
         return EXIT_FAILED if report.failed_checks() else EXIT_OK
     return EXIT_FAILED if print_demo(report) else EXIT_OK
+
+
+def run_giants(args) -> int:
+    """`orchmllm demo --workload giants`: the giant split over context-parallel groups, and not."""
+    if "RANK" in os.environ:
+        raise UsageError("--workload giants spawns its own gloo ranks; run it without torchrun")
+    for name in ("max_tokens_per_microbatch", "gpus_per_node"):
+        if getattr(args, name) is not None:
+            raise UsageError(f"--{name.replace('_', '-')} is not available with --workload giants")
+    if args.ranks > 64:
+        raise UsageError(f"--ranks must be at most 64 spawned CPU processes; got {args.ranks}")
+    default = ",".join(str(d) for d in (1, 2, 4) if d <= args.ranks)
+    degrees = arguments.degree_list(args.context_parallel or default, "--context-parallel", [args.ranks])
+    _demo_module()
+    from ..runtime.demo.giants import GiantsConfig, run_giants as run
+
+    say = stage_printer()
+    report = run(args.ranks, args.steps, args.seed, args.dtype, degrees=degrees,
+                 config=GiantsConfig(samples_per_rank=args.samples_per_rank), replay_repeats=args.replay_repeats,
+                 progress=say)
+    say("done")
+    if args.json:
+        render.print_json(report.to_json())
+    else:
+        out = render.console()
+        out.print(f"[bold]{report.ranks} ranks x {report.steps} steps ({report.dtype}), giants workload, "
+                  f"degrees {report.context_parallel}[/bold]")
+        out.print(f"items split {report.items_split} (degrees per step {report.degrees_per_step}); tokens lost "
+                  f"{report.tokens_lost}, duplicated {report.tokens_duplicated}; samples lost {report.samples_lost}")
+        out.print(f"gradients vs the unsplit unbalanced single-process reference: max |diff| "
+                  f"{report.grad_max_abs_diff:.3g}, relative {report.grad_max_rel_diff:.3g} (tolerance "
+                  f"{report.gradient_tolerance:.2g})")
+        out.print(f"isolated busy max/mean: with splitting {report.busy_max_over_mean_isolated_split:.3f}, without "
+                  f"{report.busy_max_over_mean_isolated_unsplit:.3f} (planned "
+                  f"{report.busy_max_over_mean_planned_split:.3f} / {report.busy_max_over_mean_planned_unsplit:.3f})")
+        for problem in report.failed_checks():
+            out.print(f"[bold red]check failed:[/bold red] {problem}")
+    return EXIT_FAILED if report.failed_checks() else EXIT_OK

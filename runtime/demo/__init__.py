@@ -6,6 +6,8 @@ on local gloo ranks (`orchmllm demo`), apart from the runtime a user embeds.
 - `costs`, `calibration`: the stage cost models, timed in isolation and fitted.
 - `replay`: every rank's recorded work replayed in isolation (the busy figures the check uses).
 - `model`, `data`: the toy model and its synthetic multimodal data.
+- `giants`: `--workload giants`, a giant item a step split over context-parallel groups by the
+  dispatcher (`run_giants`, `GiantsReport`), against the unsplit single-process reference.
 """
 
 from .report import DemoReport

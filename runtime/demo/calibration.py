@@ -34,3 +34,29 @@ def fit_packed_cost(batches: Sequence[Sequence[int]], seconds: Sequence[float]) 
     if per_item == linear == quadratic == 0:
         linear = float(target.mean() / max(design[:, 2].mean(), 1.0))
     return CostModel(per_item=per_item, linear=linear, quadratic=quadratic), error
+
+
+def fit_split_efficiency(shard_tokens: Sequence[int], degrees: Sequence[int], unsplit_seconds: Sequence[float],
+                         shard_seconds: Sequence[float]) -> tuple[float, float]:
+    """`ContextParallel.half_efficiency_tokens` h from timed shards, and the fit's relative RMS error.
+
+    A split item's shard on one of c ranks takes f(l) / (c · η(s)) with η(s) = s / (s + h), s its
+    tokens, f(l) the whole item's time (`unsplit_seconds`); so 1/η − 1 = h / s, fitted by least
+    squares through the origin in x = 1/s, and clamped at 0 (a shard faster than f(l)/c, e.g. a
+    cache effect, is no efficiency loss the planner should charge).
+
+    >>> h, error = fit_split_efficiency([512, 256], [2, 4], [1.0, 1.0], [0.5 * 612 / 512, 0.25 * 356 / 256])
+    >>> round(h, 6), error < 1e-9
+    (100.0, True)
+    """
+    shards, degree, unsplit, seconds = (np.asarray(values, dtype=np.float64) for values in
+                                        (shard_tokens, degrees, unsplit_seconds, shard_seconds))
+    if not shards.size or not shards.shape == degree.shape == unsplit.shape == seconds.shape:
+        raise ValueError("need one shard size, degree, unsplit time and shard time per measurement; got "
+                         f"{shards.size}, {degree.size}, {unsplit.size} and {seconds.size}")
+    if np.any(shards < 1) or np.any(degree < 1) or np.any(unsplit <= 0) or np.any(seconds <= 0):
+        raise ValueError("shard sizes and degrees must be >= 1 and times positive")
+    x, y = 1.0 / shards, seconds * degree / unsplit - 1.0
+    half = max(float(x @ y / (x @ x)), 0.0)
+    predicted = unsplit / degree * (1.0 + half * x)
+    return half, float(np.sqrt(np.mean((predicted - seconds) ** 2)) / seconds.mean())
