@@ -147,8 +147,9 @@ class PostBalancingDispatcher:
             most this many tokens per rank (`balance_microbatches`; see `runtime.microbatch`
             for the loop); `num_microbatches`, `microbatch_overhead` and
             `microbatch_algorithm` are passed to it.  Replaces `max_tokens_per_rank`.
-        context_parallel: a `ContextParallel` spec: `balance(..., context_parallel=)` may split an
-            item over an aligned group of ranks; the micro-batches then carry `layout`s.
+        context_parallel: a `ContextParallel` spec: `balance(..., context_parallel=)` (or
+            `balance_microbatches`) may split an item over an aligned group of ranks; the
+            micro-batches then carry `layout`s.
     """
 
     def __init__(self, *, group=None, algorithm: str = "auto", cost=None, padded: bool = False,
@@ -160,13 +161,10 @@ class PostBalancingDispatcher:
         self.group = group
         if context_parallel is not None and not isinstance(context_parallel, ContextParallel):
             raise TypeError(f"`context_parallel` must be a ContextParallel; got {type(context_parallel).__name__}")
-        if context_parallel is not None and max_tokens_per_microbatch is not None:
-            raise ValueError("`context_parallel` with `max_tokens_per_microbatch`: the micro-batch planner does not "
-                             "split items yet (issue 26); plan a plain step, or micro-batches without splitting")
         self.context_parallel = context_parallel
+        splitting = {} if context_parallel is None else {"context_parallel": context_parallel}
         self.balance_options = dict(algorithm=algorithm, cost=cost, padded=padded,
-                                    max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit,
-                                    **({} if context_parallel is None else {"context_parallel": context_parallel}))
+                                    max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit, **splitting)
         self.microbatch_options = None
         if max_tokens_per_microbatch is not None:
             if max_tokens_per_rank is not None:
@@ -175,7 +173,7 @@ class PostBalancingDispatcher:
             self.microbatch_options = dict(
                 microbatch_options(max_tokens_per_microbatch, num_microbatches, microbatch_overhead,
                                    microbatch_algorithm, algorithm_name="microbatch_algorithm"),
-                cost=cost, padded=as_bool(padded, "padded"), time_limit=time_limit)
+                cost=cost, padded=as_bool(padded, "padded"), time_limit=time_limit, **splitting)
         elif num_microbatches is not None:
             raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
         if isinstance(per_item_keys, str):

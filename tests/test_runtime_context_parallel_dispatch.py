@@ -28,8 +28,11 @@ HIDDEN, HEADS, KV_HEADS, DIM = 4, 2, 1, 3
 SPEC = ContextParallel(degrees=(1, 2, 4), gpus_per_node=4, half_efficiency_tokens=1, latency_s=0,
                        kv_bytes_per_token=0, seconds_per_cost=1.0)
 COST = CostModel(linear=1.0, quadratic=0.05)
-# lengths each rank samples; the plans split item 0 over 4 ranks, and items 1, 2, 3 over 2 ranks
-STEPS = {4: ((40, 3, 2), (2, 1), (6, 3), (5,)), 2: ((31,), (12, 29), (36, 18), (22,))}
+# lengths each rank samples; the plans split item 0 over 4 ranks, and items 1, 2, 3 over 2 ranks; micro-batched
+# (at most 24 tokens a rank and micro-batch) the third mixes degrees 2 and 4 over 2 micro-batches
+STEPS = {4: ((40, 3, 2), (2, 1), (6, 3), (5,)), 2: ((31,), (12, 29), (36, 18), (22,)),
+         "micro-batched": ((31, 12), (29,), (36, 18), (22, 5, 7))}
+BUDGETS = {4: None, 2: None, "micro-batched": 24}
 
 
 def step_data(homes, seed):
@@ -83,7 +86,7 @@ def reference(homes, seed):
     return [out.detach() for out in outputs], [p.grad for p in model.parameters()]
 
 
-def dispatch_job(rank, size, homes, seed, wrapper):
+def dispatch_job(rank, size, homes, seed, wrapper, budget):
     torch.manual_seed(0)
     model = PositionalAttention().double()
     if wrapper == "ddp":
@@ -96,11 +99,12 @@ def dispatch_job(rank, size, homes, seed, wrapper):
     mine = data[first:first + len(homes[rank])]
     batch = {key: torch.cat([item[part] for item in mine]) for part, key in enumerate(("x", "target", "pad", "loss"))}
     batch["sample"] = torch.arange(first, first + len(mine))
-    dispatcher = PostBalancingDispatcher(cost=COST, context_parallel=SPEC, per_item_keys={"sample"})
+    dispatcher = PostBalancingDispatcher(cost=COST, context_parallel=SPEC, per_item_keys={"sample"},
+                                         max_tokens_per_microbatch=budget)
     lengths = list(homes[rank])
     plan = dispatcher.plan(lengths, loss_tokens=[int(item[3].sum()) for item in mine])
     moved = dispatcher.dispatch(batch, plan, lengths=lengths)
-    outputs, loss_tokens = [], 0
+    outputs, loss_tokens = {}, 0
     for micro in dispatcher.microbatches(plan, moved):
         with accumulate(wrapped, micro):
             d = micro.data
@@ -108,11 +112,12 @@ def dispatch_job(rank, size, homes, seed, wrapper):
                                                                 key_padding_mask=d["pad"])
             out = wrapped(d["x"], micro.layout.positions(), attend)
             normalize_loss(((out * d["target"]).sum(-1) * d["loss"]).sum(), micro).backward()
-            outputs.append(out.detach())
+            outputs.update(zip(micro.items.tolist(), out.detach().split(micro.lengths.tolist())))
             loss_tokens += int(d["loss"].sum())
-    home = dispatcher.combine({"out": torch.cat(outputs), "sample": moved["sample"]}, plan, differentiable=False)
+    out = torch.cat([outputs[item] for item in plan.local_items.tolist()] + [torch.zeros(0, HIDDEN).double()])
+    home = dispatcher.combine({"out": out, "sample": moved["sample"]}, plan, differentiable=False)
     grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in model.parameters()]
-    return grads, home, loss_tokens, plan.num_loss_tokens, plan.balance.degree.tolist()
+    return grads, home, loss_tokens, plan.num_loss_tokens, plan.balance.degree.tolist(), plan.num_microbatches
 
 
 def relative_error(got, expected):
@@ -122,12 +127,13 @@ def relative_error(got, expected):
 
 
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
-@pytest.mark.parametrize("degree", [2, 4])
-def test_split_items_through_the_dispatcher_train_as_the_unsplit_reference(degree, wrapper):
-    homes = STEPS[degree]
-    results = spawn(dispatch_job, 4, args=(homes, degree, wrapper), timeout_s=120)
-    outputs, expected = reference(homes, degree)
-    assert max(results[0][4]) == degree  # the plan split a giant
+@pytest.mark.parametrize("step", [2, 4, "micro-batched"])
+def test_split_items_through_the_dispatcher_train_as_the_unsplit_reference(step, wrapper):
+    homes, seed = STEPS[step], len(str(step))
+    results = spawn(dispatch_job, 4, args=(homes, seed, wrapper, BUDGETS[step]), timeout_s=120)
+    outputs, expected = reference(homes, seed)
+    assert set(results[0][4]) == ({1, step} if step != "micro-batched" else {2, 4})  # the plan split giants
+    assert results[0][5] == (1 if BUDGETS[step] is None else 2)
     assert sum(result[2] for result in results) == results[0][3]  # every loss token counted once
     first = 0
     for rank, (grads, home, *_) in enumerate(results):
