@@ -331,15 +331,21 @@ def cell_loads_figure(panels: Mapping[str, np.ndarray], *, title: str = ""):
 DEGREE_COLOURS = {2: "#DD8452", 4: "#C44E52", 8: "#8172B3", 16: "#937860", 32: "#DA8BC3"}
 
 
-def split_window(start: np.ndarray, degree: np.ndarray, num_ranks: int, max_ranks: int = 32) -> tuple[int, int]:
+def split_window(start: np.ndarray, degree: np.ndarray, seconds: np.ndarray, num_ranks: int,
+                 max_ranks: int = 32) -> tuple[int, int]:
     """[first, last) ranks a split-work plot shows: all when there are at most `max_ranks`, else the
-    aligned window of `max_ranks` (at least the widest degree) holding the most split items."""
+    aligned window of `max_ranks` (at least the widest degree) that holds the slowest rank."""
     width = max(max_ranks, int(degree.max(initial=1)))
     if num_ranks <= width:
         return 0, num_ranks
-    split = np.bincount(start[degree > 1] // width, minlength=-(-num_ranks // width))
-    first = int(np.argmax(split)) * width
+    first = int(np.argmax(_rank_loads(start, degree, seconds, num_ranks))) // width * width
     return first, min(first + width, num_ranks)
+
+
+def _rank_loads(start: np.ndarray, degree: np.ndarray, seconds: np.ndarray, num_ranks: int) -> np.ndarray:
+    """Every rank's time: each item's on every rank of its block."""
+    ranks = np.repeat(start, degree) + np.arange(degree.sum()) - np.repeat(np.cumsum(degree) - degree, degree)
+    return np.bincount(ranks, weights=np.repeat(seconds, degree), minlength=num_ranks)
 
 
 def plot_split_work(panels: Mapping[str, tuple], num_ranks: int, path, *, title: str = "", max_ranks: int = 32,
@@ -355,12 +361,14 @@ def split_work_figure(panels: Mapping[str, tuple], num_ranks: int, *, title: str
     stacked above on their rank.
 
     `panels` maps a label to (block start, degree, time per rank in `unit`) of every item.  The ranks
-    shown are the same in every panel (`split_window` of the last panel); the dashed line is
-    each plan's slowest rank over all `num_ranks` ranks, which may lie outside the window.
+    shown are the same in every panel (`split_window`: around the last panel's slowest rank); the
+    dashed line is each plan's slowest rank over all `num_ranks` ranks, which may lie outside the
+    window.
     """
     plt = _pyplot()
-    start, degree = (np.asarray(a, dtype=np.int64) for a in list(panels.values())[-1][:2])
-    first, last = split_window(start, degree, num_ranks, max_ranks)
+    start, degree, seconds = list(panels.values())[-1]
+    first, last = split_window(np.asarray(start, dtype=np.int64), np.asarray(degree, dtype=np.int64),
+                               np.asarray(seconds, dtype=np.float64), num_ranks, max_ranks)
     figure, axes = plt.subplots(len(panels), 1, figsize=(10, 2.8 * len(panels) + 0.9), sharex=True, sharey=True,
                                 squeeze=False, layout="constrained")
     for axis, (label, (start, degree, seconds)) in zip(axes[:, 0], panels.items()):
@@ -373,7 +381,7 @@ def split_work_figure(panels: Mapping[str, tuple], num_ranks: int, *, title: str
     axes[-1, 0].set_xlim(first - 0.6, last - 0.4)
     axes[-1, 0].set_xlabel("rank" if last - first == num_ranks else
                            f"rank ({last - first} of {num_ranks} shown: ranks {first}-{last - 1}, the window "
-                           f"with the most split items)")
+                           f"holding the slowest rank of {list(panels)[-1]})")
     if title:
         figure.suptitle(title)
     return figure
@@ -384,9 +392,7 @@ def _draw_split_work(axis, start, degree, seconds, num_ranks: int, first: int, l
     from matplotlib.patches import Rectangle
 
     ends = start + degree
-    loads = np.bincount(np.repeat(start, degree) + np.arange(degree.sum()) - np.repeat(np.cumsum(degree) - degree,
-                                                                                        degree),
-                        weights=np.repeat(seconds, degree), minlength=num_ranks)
+    loads = _rank_loads(start, degree, seconds, num_ranks)
     base = np.zeros(num_ranks)
     seen = set()
     for item in np.flatnonzero((degree > 1) & (start < last) & (ends > first)):

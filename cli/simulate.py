@@ -219,7 +219,7 @@ def context_parallel_figure(run, directory: Path) -> str:
         label = name if name != "static_cp" else f"static_cp (degree {run.static_degree})"
         panels[label] = (plan.assignment, plan.degree, plan.item_time * plan.context_parallel.seconds_per_cost)
     today = run.strategies.get("no_split")
-    scale = f"; no_split's slowest rank: {today.llm_seconds:.3g} s" if today is not None else ""
+    scale = f"\n(no_split's LLM stage: {today.llm_seconds:.3g} s on its slowest rank)" if today is not None else ""
     with writing("--plot", directory):
         return str(plots.plot_split_work(
             panels, run.gpus, directory / "cp_work.png",

@@ -205,5 +205,6 @@ def test_split_work_draws_each_split_item_as_one_span_over_its_group(tmp_path):
     assert spans == [(0, 4, 0.0, 3.0), (0, 4, 3.0, 2.0), (4, 2, 0.0, 4.0), (6, 2, 0.0, 1.0)]  # stacked in a group
     assert figure.axes[0].get_ylim() == axis.get_ylim() and axis.get_ylim()[1] >= 7.0  # one time axis: rank 7, 1 + 6
     check_png(plots.plot_split_work(panels, 8, tmp_path / "split.png"))
-    wide = plots.split_window(np.repeat([0, 64], [1, 40]), np.repeat([8, 2], [1, 40]), 256)
-    assert wide == (64, 96)  # the window with the most split items, named on the axis
+    start, degree = np.repeat([0, 64, 70], [1, 40, 1]), np.repeat([8, 2, 1], [1, 40, 1])
+    assert plots.split_window(start, degree, np.repeat([5.0, 0.1, 2.0], [1, 40, 1]), 256) == (0, 32)
+    assert plots.split_window(start, degree, np.repeat([5.0, 0.1, 9.0], [1, 40, 1]), 256) == (64, 96)
