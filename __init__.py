@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "balancers": ["ALGORITHMS", "MICROBATCH_ALGORITHMS", "BalancePlan", "ContextParallel", "CostModel", "InfeasibleError",
-                  "MicroBatchPlan", "balance", "balance_microbatches", "register_algorithm",
+                  "MicroBatchPlan", "Pipeline", "balance", "balance_microbatches", "register_algorithm",
                   "register_microbatch_algorithm"],
     "orchestrator": ["Batch", "Orchestrator", "Sample", "Segment", "Stage", "StepPlan"],
     "topology": ["Topology", "estimate_exchange", "place", "traffic"],

@@ -30,6 +30,8 @@ from ..api import communication_inputs
 from ..cost import CostModel
 from ..locality.balance import balance_locally
 from ..locality.lap import assign_groups
+from ..pipeline.planner import plan_for_pipeline
+from ..pipeline.spec import Pipeline, as_pipeline
 from ..problem import (INT64_MAX, InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
                        check_cost_range, check_token_range)
 from ..registry import MICROBATCH_ALGORITHMS, get_microbatch_algorithm
@@ -267,10 +269,31 @@ def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sourc
     return rank
 
 
+def _as_pipeline(pipeline, sources) -> Pipeline | None:
+    """`pipeline` checked (`as_pipeline`); ValueError with `sources`, which it cannot keep local."""
+    pipeline = as_pipeline(pipeline)
+    if pipeline is not None and sources is not None:
+        raise ValueError("`sources` and `pipeline` cannot be combined: the pipeline planner moves cells between "
+                         "replicas, so it keeps no item near its source")
+    return pipeline
+
+
+def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: tuple, fixed: int | None,
+                  pipeline: Pipeline, algorithm: str, exact: bool) -> tuple:
+    """`_solve`'s (result, M, floor M, bound) in whole groups of P for the interleaved schedule (a free
+    M rounded up), its cells planned for `pipeline`, and the `PipelineStep` they make."""
+    result, m, floor_m, proven = solved
+    if pipeline.runnable(m) != m:
+        result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=algorithm, exact=exact)
+    rank, slot, step = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
+                                         free_microbatches=fixed is None)
+    return result._replace(rank=rank, microbatch=slot, status=Status.FEASIBLE), m, floor_m, proven, step
+
+
 def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None, padded=False,
                          num_microbatches=None, microbatch_overhead=0.0, algorithm="auto", sources=None,
-                         item_bytes=None, topology=None, time_limit=None) -> MicroBatchPlan:
-    """Assign every item a cell (rank, micro-batch) minimising Σ_m max_r load + M · overhead.
+                         item_bytes=None, topology=None, time_limit=None, pipeline=None) -> MicroBatchPlan:
+    """Assign every item a cell (rank, micro-batch) minimising Σ_m max_r load + M · overhead (or a pipeline's step).
 
     Args:
         lengths: 1-D non-negative integer lengths (tokens), one per item.
@@ -302,6 +325,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         time_limit: seconds of work an exact or anytime search may spend, all M tried
             together, converted to operation budgets (`WORK_PER_SECOND`, the exact search's
             `CELLS_PER_SECOND`) so plans never depend on the clock.
+        pipeline: a `Pipeline`: cells planned for that schedule's step (`balancers.pipeline`),
+            micro-batch m run m-th on every replica, `plan.pipeline` its step, bound and status;
+            interleaved: M in whole groups of P (a free M rounded up); not with `sources`.
 
     Returns:
         A frozen `MicroBatchPlan`.  InfeasibleError (a ValueError) when an item is longer
@@ -321,14 +347,19 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     if not record.solves(problem.padded):
         raise ValueError(record.why_not(problem.padded))
     fixed = _as_num_microbatches(num_microbatches, problem)
+    pipeline = _as_pipeline(pipeline, sources)
+    fixed = fixed if fixed is None or pipeline is None else pipeline.check_microbatches(fixed)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
     kernel = record.kernel
     if sources is None and kernel is microbatch_auto.solve:
         kernel = microbatch_auto.solve_with_plain_step  # M = 1 at least `balance`'s plan (not with sources)
     start = time.perf_counter()
-    result, m, floor_m, proven = _solve(problem, checked_kernel(kernel, algorithm), fixed, algorithm=algorithm,
-                                        exact=record.exact)
-    name = algorithm
+    kernel = checked_kernel(kernel, algorithm)
+    result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact)
+    name, step = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None
+    if pipeline is not None:
+        result, m, floor_m, proven, step = _for_pipeline(problem, kernel, (result, m, floor_m, proven), fixed,
+                                                         pipeline, algorithm, record.exact)
     if sources is not None:
         local = None if problem.padded else keep_cells_local(problem, result, m, sources, item_bytes, gpus_per_node)
         if local is None:
@@ -336,5 +367,6 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         result = local._replace(status=Status.FEASIBLE)
         name = f"{algorithm}+locality"
     seconds = time.perf_counter() - start
-    return make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,
+    plan = make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,
                                 solve_seconds=seconds)
+    return plan if step is None else dataclasses.replace(plan, pipeline=step)

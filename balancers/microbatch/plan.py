@@ -158,6 +158,8 @@ class MicroBatchPlan:
     one within `max_tokens_per_microbatch`.  `step_cost` = Σ_m max_r cell_loads[m, r] +
     num_microbatches · microbatch_overhead; no plan of these items beats `lower_bound` (with
     `num_microbatches` free or as given); `status` is optimal only when that is proven.
+    `pipeline` (`balance_microbatches(..., pipeline=)`): the schedule's step of these cells,
+    micro-batch m run m-th on every replica (`balancers.pipeline.PipelineStep`), else None.
     """
 
     rank: np.ndarray
@@ -174,6 +176,7 @@ class MicroBatchPlan:
     microbatch_overhead: float
     padded: bool
     solve_seconds: float = field(default=0.0, compare=False)
+    pipeline: "PipelineStep | None" = None
 
     @property
     def gap(self) -> float:
@@ -212,7 +215,8 @@ class MicroBatchPlan:
                 "step_cost": self.step_cost, "lower_bound": self.lower_bound, "gap": self.gap,
                 "status": str(self.status), "solve_seconds": self.solve_seconds,
                 "rank": self.rank.tolist(), "microbatch": self.microbatch.tolist(),
-                "cell_loads": self.cell_loads.tolist(), "cell_tokens": self.cell_tokens.tolist()}
+                "cell_loads": self.cell_loads.tolist(), "cell_tokens": self.cell_tokens.tolist(),
+                "pipeline": None if self.pipeline is None else self.pipeline.to_json()}
 
 
 def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algorithm: str) -> MicroBatchResult:

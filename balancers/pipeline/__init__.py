@@ -1,6 +1,12 @@
-"""Pipeline-parallel steps: the schedules' models, their bounds and the cell planner for them."""
+"""Pipeline-parallel steps: the schedules' models, their bounds and the cell planner for them.
 
-from .spec import SCHEDULES, Pipeline
+`balance_microbatches(..., pipeline=Pipeline(stages=P, schedule="1f1b"))` plans the cells for
+the schedule; `replica_times` is the schedule model (`schedules`), `PipelineStep` the certified
+step a plan carries.
+"""
+
+from .planner import PipelineStep
 from .schedules import replica_times
+from .spec import SCHEDULES, Pipeline
 
-__all__ = ["Pipeline", "SCHEDULES", "replica_times"]
+__all__ = ["Pipeline", "PipelineStep", "SCHEDULES", "replica_times"]

@@ -59,6 +59,12 @@ class Pipeline:
                              f"{-(-m // self.stages) * self.stages}")
         return m
 
+    def runnable(self, num_microbatches: int) -> int:
+        """The fewest micro-batches >= `num_microbatches` the schedule runs (interleaved: whole groups of P)."""
+        if self.schedule != "interleaved":
+            return num_microbatches
+        return -(-num_microbatches // self.stages) * self.stages
+
     @property
     def forward_share(self) -> float:
         """The fraction of a cell's cost that one stage spends in its forward: 1 / (P · (1 + k))."""

@@ -1,0 +1,131 @@
+"""`balance_microbatches(..., pipeline=)`: the reported step equals the event simulation's, and
+bound <= optimum <= plan against brute force over every assignment of the items to the cells."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers import InfeasibleError, Pipeline, Status, balance_microbatches
+from orchmllm.balancers.pipeline.bounds import step_bound
+from orchmllm.study.workloads import sample_workload
+from orchmllm.testing.pipeline import brute_force_pipeline, replica_step
+
+RELATIVE = 1e-9  # bounds and times are float sums in different orders
+
+
+@st.composite
+def tiny_steps(draw):
+    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved"]))
+    if schedule == "interleaved":
+        pipeline, ranks, microbatches = Pipeline(stages=2, schedule=schedule, virtual_stages=2), 1, 2
+    else:
+        pipeline = Pipeline(stages=draw(st.integers(1, 3)), schedule=schedule)
+        ranks, microbatches = draw(st.sampled_from([(1, 2), (1, 3), (2, 1), (2, 2), (1, 4)]))
+    lengths = draw(st.lists(st.integers(1, 6), min_size=1, max_size=5))
+    budget = draw(st.integers(max(lengths), max(lengths) + 6))
+    overhead = draw(st.sampled_from([0.0, 0.5]))
+    return pipeline, lengths, ranks, microbatches, budget, overhead
+
+
+def simulated_step(plan) -> float:
+    """The slowest replica's event-simulated time of the plan's cells, slot m = micro-batch m."""
+    costs = plan.cell_loads.T + plan.microbatch_overhead
+    return max(replica_step(plan.pipeline.pipeline, row) for row in costs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tiny_steps())
+def test_step_equals_simulation_and_bound_optimum_plan(case):
+    pipeline, lengths, ranks, microbatches, budget, overhead = case
+    costs = [float(l) ** 1.5 for l in lengths]
+    optimum = brute_force_pipeline(pipeline, costs, lengths, ranks, microbatches, budget, overhead).step_time
+    if optimum is None:  # agreement on infeasibility
+        with pytest.raises(InfeasibleError, match="`num_microbatches`"):
+            balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget, costs=costs,
+                                 num_microbatches=microbatches, pipeline=pipeline)
+        return
+    plan = balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget, costs=costs,
+                                num_microbatches=microbatches, microbatch_overhead=overhead, pipeline=pipeline)
+    step = plan.pipeline
+    assert step.step_time == simulated_step(plan)
+    assert step.lower_bound <= optimum * (1 + RELATIVE)
+    assert optimum <= step.step_time * (1 + RELATIVE)
+    assert step.step_time <= step.unaware_step_time
+    if step.status is Status.OPTIMAL:
+        assert step.step_time == step.lower_bound and step.step_time == pytest.approx(optimum, rel=RELATIVE)
+    else:
+        assert step.lower_bound < step.step_time
+
+
+@settings(max_examples=60, deadline=None)
+@given(tiny_steps(), st.booleans())
+def test_step_bound_never_exceeds_the_optimum(case, free):
+    """The bound itself (before a plan caps it at its own step): for this M, or for every M from the
+    fewest that fit when M is free."""
+    pipeline, lengths, ranks, microbatches, budget, overhead = case
+    costs = np.array(lengths, dtype=float) ** 2
+    optimum = brute_force_pipeline(pipeline, costs, lengths, ranks, microbatches, budget, overhead).step_time
+    counts = np.arange(1, microbatches + 1) if free else np.array([microbatches])
+    if pipeline.schedule == "interleaved":
+        counts = counts[counts % pipeline.stages == 0]
+    if optimum is not None:
+        assert step_bound(pipeline, costs, ranks, counts, overhead) <= optimum * (1 + RELATIVE)
+
+
+@settings(max_examples=20, deadline=None)
+@given(tiny_steps())
+def test_free_microbatches_bound_holds_for_the_chosen_count(case):
+    pipeline, lengths, ranks, _, budget, overhead = case
+    plan = balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget, microbatch_overhead=overhead,
+                                pipeline=pipeline)
+    assert plan.num_microbatches % (pipeline.stages if pipeline.schedule == "interleaved" else 1) == 0
+    optimum = brute_force_pipeline(pipeline, np.array(lengths, dtype=float), lengths, ranks, plan.num_microbatches,
+                                   budget, overhead).step_time
+    assert plan.pipeline.lower_bound <= optimum * (1 + RELATIVE) <= plan.pipeline.step_time * (1 + 2 * RELATIVE)
+
+
+def _mix(ranks=8, microbatches=8):
+    lengths = sample_workload("default", ranks, 8 * microbatches, seed=3).sample_llm_length
+    return lengths, int(2 * lengths.sum() / (ranks * microbatches))
+
+
+@pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved", 2)])
+def test_pipeline_aware_cells_beat_the_plain_plan_on_a_realistic_mix(schedule, virtual):
+    """Light micro-batches at both ends (1F1B) and the groups' best shape (interleaved): the plain
+    plan's flat cells in their own order run at least 2 % slower; the plan is within 2 % of its bound."""
+    lengths, budget = _mix()
+    plan = balance_microbatches(lengths, 8, max_tokens_per_microbatch=budget, num_microbatches=16,
+                                pipeline=Pipeline(stages=4, schedule=schedule, virtual_stages=virtual))
+    assert plan.pipeline.step_time <= 0.98 * plan.pipeline.unaware_step_time
+    assert plan.pipeline.gap <= 0.02
+    assert plan.algorithm == "auto+pipeline"
+
+
+def test_same_metadata_same_plan():
+    lengths, budget = _mix()
+    plans = [balance_microbatches(lengths, 8, max_tokens_per_microbatch=budget, num_microbatches=8,
+                                  pipeline=Pipeline(stages=4)) for _ in range(2)]
+    assert plans[0].digest() == plans[1].digest()
+    assert plans[0].pipeline.step_time == plans[1].pipeline.step_time
+    assert plans[0].to_json()["pipeline"]["pipeline"] == {"stages": 4, "schedule": "1f1b", "virtual_stages": 1,
+                                                          "backward_factor": 2.0}
+
+
+def test_padded_cells_are_reordered_only():
+    plan = balance_microbatches([5, 4, 4, 3, 2, 2, 1, 1], 2, max_tokens_per_microbatch=8, padded=True,
+                                num_microbatches=3, pipeline=Pipeline(stages=3))
+    assert plan.pipeline.step_time == simulated_step(plan)
+    assert plan.cell_tokens.max() <= 8
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(pipeline=4), TypeError, r"`pipeline` must be a Pipeline\(stages=..., schedule=...\) or None; got int"),
+    (dict(pipeline=Pipeline(stages=2), sources=[0, 1, 0, 1]), ValueError,
+     r"`sources` and `pipeline` cannot be combined"),
+    (dict(pipeline=Pipeline(stages=2, schedule="interleaved", virtual_stages=2), num_microbatches=3), ValueError,
+     r"`num_microbatches`=3 must be a multiple of the pipeline's `stages`=2"),
+])
+def test_pipeline_errors_name_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        balance_microbatches([4, 3, 2, 1], 2, max_tokens_per_microbatch=4, **kwargs)
