@@ -31,7 +31,6 @@ from typing import NamedTuple
 import numpy as np
 
 from ..balancers import balance, balance_microbatches
-from ..balancers.context_parallel.microbatch import split_microbatches
 from ..balancers.context_parallel.split import allowed_degrees, split_stage
 from ..balancers.locality.balance import FILL_ON_MISS
 from ..balancers.microbatch.api import make_microbatch_problem
@@ -293,14 +292,10 @@ class Orchestrator:
             why = (f"the LLM stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
                    f"max_tokens_per_microbatch={given}: a cell holds at most {budget} tokens", *why)
         try:
-            if capped is None and self.context_parallel is not None:
-                return split_microbatches(
-                    tokens, batch.num_ranks, self.context_parallel, cost=llm_stage.cost, budget=budget,
-                    overhead=options["microbatch_overhead"], num_microbatches=options["num_microbatches"],
-                    plain=lambda: balance_microbatches(tokens, batch.num_ranks, cost=llm_stage.cost, **options))
             if capped is None:
+                split = {} if self.context_parallel is None else {"context_parallel": self.context_parallel}
                 return balance_microbatches(tokens, batch.num_ranks, cost=llm_stage.cost, padded=llm_stage.padded,
-                                            **options)
+                                            **options, **split)
             costs = llm_stage.cost.item_costs(tokens)
             found = balance_microbatches(capped, batch.num_ranks, costs=costs, **options)
         except (InfeasibleError, ValueError) as error:

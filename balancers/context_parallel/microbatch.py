@@ -20,7 +20,8 @@ Algorithm:
 
     P = today's plan (`balance_microbatches` without splitting) when every item fits T
     if no item exceeds T or costs more than a micro-batch's mean share Σ f / (D · M_P):  return P
-    for a fill of 95 %, 85 %, 70 %, 50 % of a micro-batch's D · T tokens, until every micro-batch fits:
+    for a fill of 95 %, 85 %, 70 %, 50 % of a micro-batch's D · T tokens, until every micro-batch fits
+            and one more (the better kept) while the step is above the bound by more than min_gain:
         micro-batches: items by cost, largest first, each to the micro-batch of least work
             whose tokens leave room (LPT over micro-batches; giants land in different ones)
         each micro-batch: `balance(..., context_parallel=spec, max_tokens_per_rank=T)` (the split
@@ -31,23 +32,26 @@ Algorithm:
 from __future__ import annotations
 
 import hashlib
-import heapq
+import math
 import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..cost import CostModel
 from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
-from ..problem import InfeasibleError, Status, exact_sum, make_problem
-from ..validation import as_index
+from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
+from ..validation import as_index, as_int, as_real
 from .bound import least_work
 from .plan import ContextParallelPlan
 from .spec import ContextParallel
 from .split import allot, allowed_degrees, balance_split
 
 FILLS = (0.95, 0.85, 0.7, 0.5)
-"""Shares of a micro-batch's D · T tokens the grouping fills, tried in turn until every micro-batch
-has a split plan within T (the fewest micro-batches those tokens need, at least today's M)."""
+"""Shares of a micro-batch's D · T tokens the grouping fills, tried in turn (the fewest micro-batches
+those tokens need, at least today's M): until every micro-batch has a split plan within T, then
+TRIES plans in all, the least step kept, while the step is above the bound by more than min_gain."""
+TRIES = 2
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -105,11 +109,31 @@ def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost
     allotment = allot(problem, spec, degrees, spec.gpus_per_node, budget, one_pass=False)
     fewest = max(1, -(-int(lengths.sum()) // (num_ranks * budget)))
     m = fewest if num_microbatches is None else num_microbatches
-    times, work = problem.item_costs.copy(), problem.item_costs.copy()
-    times[allotment.candidates] = np.where(allotment.allowed, allotment.times, np.inf).min(axis=1)
+    work = problem.item_costs.copy()
     work[allotment.candidates] = least_work(allotment.times, allotment.degrees, allotment.allowed)[:, 0]
-    bound = max(allotment.bound(), crowded_bound(times, work, lengths, num_ranks, budget))
+    # Any item may split in some micro-batch: its least time is over every degree its shards fit.
+    every = spec.item_times(problem.cost, lengths[:, None], degrees[None, :], (degrees <= spec.gpus_per_node)[None, :])
+    times = np.where(-(-lengths[:, None] // degrees[None, :]) <= budget, every, np.inf).min(axis=1)
+    bound = max(allotment.bound(), crowded_bound(times, work, lengths, num_ranks, budget),
+                leaders_bound(times, lengths, num_ranks * budget))
     return float_sum([bound, m * overhead]), fewest, times
+
+
+def leaders_bound(times: np.ndarray, lengths: np.ndarray, room: int) -> float:
+    """Σ_j τ_(k_j): with items by least time τ descending, the first k_j (every item of τ >= τ_(k_j))
+    hold more than j · `room` tokens, so they span j + 1 micro-batches, each costing at least
+    τ_(k_j): the micro-batches by cost descending, the (j + 1)-th costs at least τ_(k_j).
+
+    >>> leaders_bound(np.array([9.0, 8.0, 1.0, 1.0]), np.array([3, 3, 3, 3]), 4)  # 9 + 8 + 1
+    18.0
+    """
+    order = np.lexsort((np.arange(times.size), -times))
+    tokens = np.cumsum(lengths[order])
+    if not tokens.size:
+        return 0.0
+    spans = np.arange(-(-int(tokens[-1]) // room), dtype=np.int64) * room
+    leaders = np.searchsorted(tokens, spans, side="right")  # first index whose prefix exceeds j · room
+    return math.fsum(times[order[leaders]].tolist())
 
 
 def crowded_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, num_ranks: int, budget: int) -> float:
@@ -139,23 +163,29 @@ def crowded_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, num_
 def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray, num_ranks: int,
                        num_microbatches: int, room: int) -> np.ndarray:
     """Every item's micro-batch: items by their least time, longest first (ties by index), fill
-    micro-batch 0, then 1, ...; micro-batch m takes items while its work stays within D · level_m
-    and its tokens within `room`, level_m = max(its first item's time, the work left / (D · the
-    micro-batches left)); the last takes the rest.  A step costs Σ_m max_r, so items of like time
+    micro-batch 0, then 1, ...; micro-batch m takes items while its tokens stay within `room` and
+    its work within D · level_m, level_m = max(its first item's time, the work left / (D · the
+    micro-batches left)), or beyond that level while the later micro-batches could not hold the
+    tokens left; the last takes the rest.  A step costs Σ_m max_r, so items of like time
     share a micro-batch (giants run side by side on their groups) and the rest level out."""
     order = np.lexsort((np.arange(times.size), -times))
-    microbatch = np.empty(times.size, dtype=np.int64)
-    left = exact_sum(costs)
-    m, level, work, tokens = 0, None, 0.0, 0
-    for item in order.tolist():
-        cost, length = float(costs[item]), int(lengths[item])
-        if level is not None and m + 1 < num_microbatches and (work + cost > num_ranks * level
-                                                               or tokens + length > room):
-            m, level = m + 1, None
-        if level is None:
-            level, work, tokens = max(float(times[item]), left / (num_ranks * (num_microbatches - m))), 0.0, 0
-        microbatch[item] = m
-        work, tokens, left = work + cost, tokens + length, left - cost
+    tokens = np.cumsum(lengths[order])
+    work = np.cumsum(costs[order])
+    n = order.size
+    microbatch = np.empty(n, dtype=np.int64)
+    start = 0
+    for m in range(num_microbatches):
+        later = num_microbatches - m - 1
+        end = n
+        if later and start < n:
+            base_tokens, base_work = (int(tokens[start - 1]), float(work[start - 1])) if start else (0, 0.0)
+            level = max(float(times[order[start]]), (float(work[-1]) - base_work) / (num_ranks * (later + 1)))
+            by_tokens = int(np.searchsorted(tokens, base_tokens + room, side="right"))
+            by_work = int(np.searchsorted(work, base_work + num_ranks * level, side="right"))
+            needed = int(np.searchsorted(tokens, int(tokens[-1]) - later * room, side="left")) + 1
+            end = max(start + 1, min(by_tokens, max(by_work, needed)))
+        microbatch[order[start:end]] = m
+        start = min(end, n)
     return microbatch
 
 
@@ -209,14 +239,17 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     if today is not None and not np.any(costs * num_ranks * first > exact_sum(costs)):
         return wrap_unsplit(today, spec, costs, bound)
     best = None
+    tries = 0
     for fill in FILLS:
         m = max(first, -(-int(lengths.sum()) // int(fill * num_ranks * budget)))
-        if num_microbatches is not None and m > num_microbatches:
+        if (num_microbatches is not None and m > num_microbatches) or tries == TRIES or (
+                best is not None and best.step_cost <= bound * (1 + spec.min_gain)):
             break
-        best = _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches or m, costs, times,
-                            int(fill * num_ranks * budget))
-        if best is not None:
-            break
+        found = _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches or m, costs, times,
+                             int(fill * num_ranks * budget))
+        tries += best is not None or found is not None
+        if found is not None and (best is None or found.step_cost < best.step_cost):
+            best = found
     if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
         if today is None:
             raise refusal if refusal is not None else InfeasibleError(
@@ -227,3 +260,34 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     bound = min(bound, best.step_cost)
     status = Status.OPTIMAL if best.step_cost == bound else Status.FEASIBLE
     return replace(best, lower_bound=bound, status=status, solve_seconds=time.perf_counter() - clock)
+
+
+def balance_microbatches_split(context_parallel, lengths, num_ranks, *, max_tokens_per_microbatch, cost, costs, padded,
+                               num_microbatches, microbatch_overhead, topology, **plain) -> SplitMicroBatchPlan:
+    """`balance_microbatches(..., context_parallel=)` (see there), validated here once: today's plan is
+    that call without `context_parallel` (`plain`: its other arguments), kept unless splitting pays;
+    `topology` (world size num_ranks, or None) gives the node size and links."""
+    from ..microbatch.api import balance_microbatches  # the caller's own module: imported when called
+    if not isinstance(context_parallel, ContextParallel):
+        raise TypeError(f"`context_parallel` must be a ContextParallel; got {type(context_parallel).__name__}")
+    if costs is not None or padded is not False or plain.get("pipeline") is not None:
+        raise ValueError("`context_parallel` cannot be combined with `costs`, `padded` or `pipeline` (split items "
+                         "need a `cost` model of their lengths, unpadded, in a plain step of micro-batches)")
+    lengths = as_lengths(lengths)
+    num_ranks = as_num_ranks(num_ranks)
+    budget = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
+    fixed = as_int(num_microbatches, "num_microbatches", minimum=1, optional=True)
+    overhead = as_real(microbatch_overhead, "microbatch_overhead")
+    if cost is not None and not isinstance(cost, CostModel):
+        raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
+    spec = context_parallel
+    if topology is not None:
+        if getattr(topology, "world_size", None) != num_ranks:
+            raise ValueError(f"`topology` has world size {getattr(topology, 'world_size', None)} != num_ranks {num_ranks}")
+        spec = spec.on(topology)
+    today = dict(plain, topology=topology if plain.get("sources") is not None else None)
+    return split_microbatches(lengths, num_ranks, spec, cost=CostModel() if cost is None else cost, budget=budget,
+                              overhead=overhead, num_microbatches=fixed, plain=lambda: balance_microbatches(
+                                  lengths, num_ranks, max_tokens_per_microbatch=budget, cost=cost,
+                                  num_microbatches=num_microbatches, microbatch_overhead=microbatch_overhead,
+                                  **today))
