@@ -69,7 +69,9 @@ def add_parser(commands) -> None:
     compare.add_argument("--context-parallel", metavar="DEGREES",
                          help="also plan the last stage (the LLM) with giant items splittable over context-parallel "
                               "groups of these degrees (powers of two, e.g. 1,2,4,8): no_split, static_cp, "
-                              "megatron_dynamic_cp and ours, with step / bound (and cp_work.png with --plot)")
+                              "megatron_dynamic_cp and ours, with step / bound (and cp_work.png with --plot); split "
+                              "times take the stage's cost in FLOPs on an H100 (workloads' costs are; give --cost in "
+                              "FLOPs with --lengths)")
     compare.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     compare.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     compare.add_argument("--csv", metavar="FILE", help="also write one row per run to this CSV file")
