@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from ..api import communication_inputs
+from ..context_parallel.microbatch import balance_microbatches_split
 from ..cost import CostModel
 from ..locality.balance import balance_locally
 from ..locality.lap import assign_groups
@@ -292,7 +293,8 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
 
 def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None, padded=False,
                          num_microbatches=None, microbatch_overhead=0.0, algorithm="auto", sources=None,
-                         item_bytes=None, topology=None, time_limit=None, pipeline=None) -> MicroBatchPlan:
+                         item_bytes=None, topology=None, time_limit=None, pipeline=None,
+                         context_parallel=None) -> MicroBatchPlan:
     """Assign every item a cell (rank, micro-batch) minimising Σ_m max_r load + M · overhead (or a pipeline's step).
 
     Args:
@@ -302,29 +304,26 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         cost: per-item cost model f(l) (default f(l) = l); or `costs`, one cost per item
             (padded too, unlike `balance`: a padded cell costs count · max of its costs).
         padded: a cell costs count · max cost and holds count · max length tokens.
-        num_microbatches: M; None takes the fewest that fit, or more when that lowers the
-            step cost including `microbatch_overhead` by more than `PAYING_GAP`: the fewest M
-            whose plan is within that fraction of the cheapest of those tried (at most two
-            more than the fewest that fit, tried only while the bound leaves more to gain).
-            An exact algorithm (`algorithm="exact"`) takes the least step cost of the M it
-            tries (the fewest on ties): every M up to one item per cell while it proves each
-            optimum, so raising T never raises a proven optimum.
-            Too few for the items: InfeasibleError naming the fewest M that fit (and whether
-            fewer are proven impossible).
+        num_microbatches: M; None takes the fewest that fit, or more when that lowers the step cost including
+            `microbatch_overhead` by more than `PAYING_GAP`: the fewest M whose plan is within that fraction of the
+            cheapest of those tried (at most two more than the fewest that fit, tried only while the bound leaves
+            more to gain). An exact algorithm (`algorithm="exact"`) takes the least step cost of the M it tries (the
+            fewest on ties): every M up to one item per cell while it proves each optimum, so raising T never raises
+            a proven optimum. Too few for the items: InfeasibleError naming the fewest M that fit (and whether fewer
+            are proven impossible).
         microbatch_overhead: cost of one more micro-batch (same units as the costs).
         algorithm: a name in `MICROBATCH_ALGORITHMS`, the registry's micro-batch records
-            (`register_microbatch_algorithm` adds one; "auto": exact search for small
-            instances, else the better of the joint greedy and the cell LPT, each followed by
-            local search; the cell LPT alone for large instances; with one micro-batch and no
-            `sources`, `balance`'s plan under max_tokens_per_rank=T too, so M = 1 never does
-            worse than a plain step).
-        sources, item_bytes, topology: as in `balance`; items stay on their rank (in any of its
-            micro-batches), else their node, as far as every micro-batch's max allows
-            (`microbatch_locality`: all cells dealt at once; when that misses a micro-batch's
-            max, each micro-batch is kept local on its own, its items in it).
-        time_limit: seconds of work an exact or anytime search may spend, all M tried
-            together, converted to operation budgets (`WORK_PER_SECOND`, the exact search's
-            `CELLS_PER_SECOND`) so plans never depend on the clock.
+            (`register_microbatch_algorithm` adds one; "auto": exact search for small instances, else the better of
+            the joint greedy and the cell LPT, each followed by local search; the cell LPT alone for large
+            instances; with one micro-batch and no `sources`, `balance`'s plan under max_tokens_per_rank=T too, so
+            M=1 never does worse than a plain step).
+        sources, item_bytes, topology: as in `balance`; items stay on their rank (in any of its micro-batches), else
+            their node, as far as every micro-batch's max allows (`microbatch_locality`: all cells dealt at once;
+            when that misses a micro-batch's max, each micro-batch is kept local on its own, its items in it).
+        context_parallel: a `ContextParallel`: items may split over groups (`balancers.context_parallel.microbatch`).
+        time_limit: seconds of work an exact or anytime search may spend, all M tried together, converted to
+            operation budgets (`WORK_PER_SECOND`, the exact search's `CELLS_PER_SECOND`) so plans never depend on
+            the clock.
         pipeline: a `Pipeline`: cells planned for that schedule's step (`balancers.pipeline`),
             micro-batch m run m-th on every replica, `plan.pipeline` its step, bound and status;
             interleaved: M in whole groups of P (a free M rounded up); not with `sources`.
@@ -340,6 +339,8 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     >>> plan.cell_tokens.tolist(), plan.items_of(rank=0, microbatch=1).tolist()
     ([[6, 6], [5, 5]], [1])
     """
+    if context_parallel is not None:  # the split planner; today's plan is this call without it
+        return balance_microbatches_split(**locals())
     record = get_microbatch_algorithm(algorithm)
     problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=max_tokens_per_microbatch,
                                       cost=cost, costs=costs, padded=padded,
