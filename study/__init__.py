@@ -7,6 +7,10 @@
 - `simulator`: the cluster simulator of one training step (`run_simulation`).
 - `microbatch_peers`, `microbatch_sim`: peers' micro-batching reimplemented, and the simulator
   of a step as M gradient-accumulation micro-batches (`run_microbatch_simulation`).
+- `context_parallel_peers`, `context_parallel_sim`, `context_parallel_compare`: peers' ways of
+  running giant items (static CP, Megatron's dynamic CP), the simulator of a step whose giant
+  LLM items split over context-parallel groups (`run_context_parallel_simulation`), and the
+  split rows of `orchmllm compare --context-parallel`.
 """
 
 from .models import GPUS, MODELS, default_stages
