@@ -32,6 +32,7 @@ their read-only view.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import threading
 import warnings
@@ -39,11 +40,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from .constraints import equal_counts
-from .exact import branch_and_bound as exact, ilp
-from .kernels import auto, identity, karmarkar_karp, lpt, multifit, padded, slack
-from .microbatch import (auto as microbatch_auto, cells as microbatch_cells, exact as microbatch_exact,
-                         greedy as microbatch_greedy)
 from .microbatch.plan import MicroBatchKernel, MicroBatchProblem, MicroBatchResult
 from .problem import Kernel, KernelResult, Problem
 from .validation import as_bool
@@ -64,6 +60,38 @@ class Kind(str, Enum):
         return self.value
 
 
+class _KernelField:
+    """A record's kernel field: a callable, or a "module:attr" string imported on first use, so
+    that importing the registry imports no kernel module (nor the MILP stacks the exact ones use)."""
+
+    _REQUIRED = object()
+
+    def __init__(self, default=_REQUIRED):
+        self._default = default
+
+    def __set_name__(self, owner, name: str):
+        self._name, self._slot = name, f"_{name}"
+
+    def __get__(self, record, owner=None):
+        if record is None:  # the dataclass asks the class for the field's default
+            if self._default is self._REQUIRED:
+                raise AttributeError(self._name)
+            return self._default
+        kernel = record.__dict__[self._slot]
+        if isinstance(kernel, str):
+            module, _, attr = kernel.partition(":")
+            kernel = getattr(importlib.import_module(module), attr)
+            record.__dict__[self._slot] = kernel
+        return kernel
+
+    def __set__(self, record, kernel):
+        record.__dict__[self._slot] = kernel
+
+    def unresolved(self, record):
+        """The field as given: the kernel, None, or its "module:attr" string when not yet imported."""
+        return record.__dict__[self._slot]
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """What one balancing algorithm is and does; called on a `Problem`, it runs its kernel.
@@ -72,17 +100,18 @@ class Algorithm:
     `default`: `orchmllm compare` runs it when no `--algorithms` are named.
     `equal_counts`: the kernel run under `equal_counts=True` (floor / ceil(n / D) items per
     rank); None when the algorithm refuses that constraint.
+    A kernel may be given as a "module:attr" string: it is imported the first time it is used.
     """
 
     name: str
-    kernel: Kernel
+    kernel: Kernel | str = _KernelField()
     padded: bool = True
     unpadded: bool = True
     exact: bool = False
     default: bool = False
     kind: Kind = Kind.PLUGIN
     description: str = ""
-    equal_counts: Kernel | None = None
+    equal_counts: Kernel | str | None = _KernelField(default=None)
 
     def __post_init__(self):
         _check_record(self, ("kernel", "equal_counts"), "Problem -> KernelResult", ("padded", "unpadded", "exact", "default"))
@@ -113,7 +142,7 @@ class MicroBatchAlgorithm:
     """
 
     name: str
-    kernel: MicroBatchKernel
+    kernel: MicroBatchKernel | str = _KernelField()
     padded: bool = True
     unpadded: bool = True
     exact: bool = False
@@ -141,9 +170,13 @@ def _check_record(record, kernels: tuple[str, ...], signature: str, flags: tuple
     if not isinstance(name, str) or not name.replace("_", "a").replace("-", "a").isalnum():
         raise ValueError(f"`name` must be a non-empty str of letters, digits, '_' and '-'; got {name!r}")
     for field in kernels:
-        kernel = getattr(record, field)
-        if not callable(kernel) and (field == "kernel" or kernel is not None):
-            raise TypeError(f"`{field}` of algorithm {name!r} must be callable ({signature}); "
+        kernel = vars(type(record))[field].unresolved(record)
+        if isinstance(kernel, str):
+            module, colon, attr = kernel.partition(":")
+            if not (colon and attr.isidentifier() and all(part.isidentifier() for part in module.split("."))):
+                raise ValueError(f"`{field}` of algorithm {name!r} given as a str must be 'module:attr'; got {kernel!r}")
+        elif not callable(kernel) and (field == "kernel" or kernel is not None):
+            raise TypeError(f"`{field}` of algorithm {name!r} must be callable ({signature}) or a 'module:attr' str; "
                             f"got {type(kernel).__name__}")
     for flag in flags:
         object.__setattr__(record, flag, as_bool(getattr(record, flag), flag))
@@ -198,11 +231,17 @@ def _check_reserved(record: Algorithm | MicroBatchAlgorithm) -> None:
     """Refuse `record` when an entry point reserves its name and the record is not that entry
     point's: registered while it loads, or a kernel of the module it names."""
     entry = next((entry for entry in _group_entry_points() if entry.name == record.name), None)
-    if entry is None or entry is _loading or getattr(record.kernel, "__module__", None) == entry.module:
+    if entry is None or entry is _loading or _kernel_module(record) == entry.module:
         return
     if _loading is not None and _distribution(_loading) == _distribution(entry):
         return  # the distribution's own modules, imported by one of its entry points
     raise ValueError(f"algorithm name {record.name!r} is reserved by {_describe(entry)}; choose another name")
+
+
+def _kernel_module(record: Algorithm | MicroBatchAlgorithm) -> str | None:
+    """The module of the record's kernel, read without importing it."""
+    kernel = vars(type(record))["kernel"].unresolved(record)
+    return kernel.partition(":")[0] if isinstance(kernel, str) else getattr(kernel, "__module__", None)
 
 
 def _add(record: Algorithm | MicroBatchAlgorithm, reserved: bool = True) -> Algorithm | MicroBatchAlgorithm:
@@ -400,38 +439,40 @@ ALGORITHMS: Mapping[str, Algorithm] = _View("ALGORITHMS", _records, algorithms, 
 MICROBATCH_ALGORITHMS: Mapping[str, MicroBatchAlgorithm] = _View(
     "MICROBATCH_ALGORITHMS", _microbatch_records, microbatch_algorithms, "register_microbatch_algorithm")
 
+_KERNELS = f"{__package__}."  # the built-in kernels' modules, imported on first use
 for _record in (
-    Algorithm("identity", identity.solve, kind=Kind.BASELINE,
+    # identity under equal counts: home ranks are contiguous chunks of floor / ceil(n / D) items
+    Algorithm("identity", _KERNELS + "kernels.identity:solve", kind=Kind.BASELINE,
               description="no balancing: item i stays on the rank that listed it",
-              equal_counts=identity.solve),  # home ranks are contiguous chunks of floor / ceil(n / D) items
-    Algorithm("lpt", lpt.solve, default=True, kind=Kind.OURS,
+              equal_counts=_KERNELS + "kernels.identity:solve"),
+    Algorithm("lpt", _KERNELS + "kernels.lpt:solve", default=True, kind=Kind.OURS,
               description="longest processing time first; <= (4/3 - 1/(3D)) x optimum unpadded",
-              equal_counts=equal_counts.solve_lpt),
-    Algorithm("padded", padded.solve, unpadded=False, exact=True, default=True, kind=Kind.OURS,
+              equal_counts=_KERNELS + "constraints.equal_counts:solve_lpt"),
+    Algorithm("padded", _KERNELS + "kernels.padded:solve", unpadded=False, exact=True, default=True, kind=Kind.OURS,
               description="exact padded optimum: sorted runs and a parametric search on the makespan",
-              equal_counts=equal_counts.solve_padded),
-    Algorithm("ilp", ilp.solve, exact=True, kind=Kind.OURS,
+              equal_counts=_KERNELS + "constraints.equal_counts:solve_padded"),
+    Algorithm("ilp", _KERNELS + "exact.ilp:solve", exact=True, kind=Kind.OURS,
               description="exact integer program (HiGHS) with a start plan as its cutoff; stops at its time limit"),
-    Algorithm("exact", exact.solve, exact=True, kind=Kind.OURS,
+    Algorithm("exact", _KERNELS + "exact.branch_and_bound:solve", exact=True, kind=Kind.OURS,
               description="exact P||Cmax: L2 and pattern-LP bounds, bin completion (padded: 'padded'); "
                           "stops at its time limit"),
-    Algorithm("karmarkar_karp", karmarkar_karp.solve, default=True, kind=Kind.OURS,
+    Algorithm("karmarkar_karp", _KERNELS + "kernels.karmarkar_karp:solve", default=True, kind=Kind.OURS,
               description="Karmarkar-Karp largest differencing, k-way",
-              equal_counts=equal_counts.solve_karmarkar_karp),
-    Algorithm("auto", auto.solve, default=True, kind=Kind.OURS,
+              equal_counts=_KERNELS + "constraints.equal_counts:solve_karmarkar_karp"),
+    Algorithm("auto", _KERNELS + "kernels.auto:solve", default=True, kind=Kind.OURS,
               description="best of LPT, Karmarkar-Karp, MULTIFIT and SLACK, improved by local search",
-              equal_counts=equal_counts.solve),
-    Algorithm("multifit", multifit.solve, default=True, kind=Kind.OURS,
+              equal_counts=_KERNELS + "constraints.equal_counts:solve"),
+    Algorithm("multifit", _KERNELS + "kernels.multifit:solve", default=True, kind=Kind.OURS,
               description="MULTIFIT: first-fit-decreasing packing bisected on the makespan"),
-    Algorithm("slack", slack.solve, kind=Kind.OURS,
+    Algorithm("slack", _KERNELS + "kernels.slack:solve", kind=Kind.OURS,
               description="SLACK: LPT on tuples of D items, widest spread first (Della Croce & Scatamacchia)"),
-    MicroBatchAlgorithm("auto", microbatch_auto.solve, kind=Kind.OURS,
+    MicroBatchAlgorithm("auto", _KERNELS + "microbatch.auto:solve", kind=Kind.OURS,
                         description="exact search when small, else the better of the joint greedy and the cell LPT"),
-    MicroBatchAlgorithm("greedy", microbatch_greedy.solve, kind=Kind.OURS,
+    MicroBatchAlgorithm("greedy", _KERNELS + "microbatch.greedy:solve", kind=Kind.OURS,
                         description="joint greedy: each item, largest first, to the cell raising the step cost least"),
-    MicroBatchAlgorithm("cells", microbatch_cells.solve, kind=Kind.OURS,
+    MicroBatchAlgorithm("cells", _KERNELS + "microbatch.cells:solve", kind=Kind.OURS,
                         description="LPT over all M x D cells from water-filling levels, regrouped and searched"),
-    MicroBatchAlgorithm("exact", microbatch_exact.solve, exact=True, kind=Kind.OURS,
+    MicroBatchAlgorithm("exact", _KERNELS + "microbatch.exact:solve", exact=True, kind=Kind.OURS,
                         description="branch and bound over cells for a given M, within a work budget"),
 ):
     _add(_record, reserved=False)

@@ -213,6 +213,9 @@ def test_a_kernel_that_ignores_the_cap_is_caught_by_make_plan():
     (dict(name="has space"), ValueError, r"`name` must be a non-empty str of letters, digits"),
     (dict(name=""), ValueError, r"`name` must be a non-empty str"),
     (dict(kernel=3), TypeError, r"`kernel` of algorithm 'ok' must be callable"),
+    (dict(kernel="orchmllm.balancers.kernels.lpt.solve"), ValueError,
+     r"`kernel` of algorithm 'ok' given as a str must be 'module:attr'; got 'orchmllm.balancers.kernels.lpt.solve'"),
+    (dict(equal_counts="lpt:"), ValueError, r"`equal_counts` of algorithm 'ok' given as a str must be 'module:attr'"),
     (dict(padded=False, unpadded=False), ValueError, r"must solve padded or unpadded problems"),
     (dict(exact=1), TypeError, r"`exact` must be a bool; got int"),
     (dict(kind="theirs"), ValueError, r"`kind` must be one of \['ours', 'peer', 'baseline', 'plugin'\]"),
@@ -222,3 +225,23 @@ def test_register_algorithm_rejects_a_bad_record(arguments, error, message):
     arguments = {"name": "ok", "kernel": halves, **arguments}
     with pytest.raises(error, match=message):
         register_algorithm(arguments.pop("name"), arguments.pop("kernel"), **arguments)
+
+
+def test_a_kernel_named_as_module_attr_is_imported_on_first_use():
+    """How the built-in records point to their kernels: the registry imports no kernel module."""
+    from orchmllm.balancers.kernels import lpt
+
+    record = register_algorithm("test_lpt_by_name", "orchmllm.balancers.kernels.lpt:solve",
+                                description="LPT, named")
+    assert vars(record)["_kernel"] == "orchmllm.balancers.kernels.lpt:solve"
+    assert balance([3, 1, 2, 2], 3, algorithm="test_lpt_by_name").assignment.tolist() == \
+        balance([3, 1, 2, 2], 3, algorithm="lpt").assignment.tolist()
+    assert record.kernel is lpt.solve and vars(record)["_kernel"] is lpt.solve
+    assert get_algorithm("exact").kernel.__module__ == "orchmllm.balancers.exact.branch_and_bound"
+
+
+def test_a_kernel_named_wrongly_fails_on_first_use_naming_it():
+    record = register_algorithm("test_missing_by_name", "orchmllm.balancers.kernels.lpt:no_such_kernel")
+    with pytest.raises(AttributeError, match="no_such_kernel"):
+        balance([3, 1, 2], 2, algorithm=record.name)
+

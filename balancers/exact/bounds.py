@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from scipy.optimize import linprog
 from scipy.sparse import csc_array
 
 _MARGIN = 1e-9
@@ -162,6 +161,8 @@ class PatternLP:
         before the `deadline` (perf_counter seconds).  Stops once it exceeds `num_bins`
         (infeasible), once the LP's value is at most `num_bins` (no proof can come) unless
         `converge` asks for all columns, or when the LP has converged."""
+        from scipy.optimize import linprog  # the LP stack, loaded by the first bound that needs it
+
         best, smooth = 0.0, True
         if self.w.size * (self.capacity + 1) > MAX_PRICING_CELLS:
             return best

@@ -38,7 +38,6 @@ import math
 import time
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint
 
 from ..kernels import auto, padded
 from ..problem import InfeasibleError, KernelResult, Problem, Status, make_problem, rank_loads
@@ -221,9 +220,9 @@ class _Search:
         if left <= 0:
             raise _Stopped
         result = milp.solve_milp(np.zeros(columns.shape[1]), integrality=np.ones(columns.shape[1]),
-                                 bounds=Bounds(0, self.m),
-                                 constraints=[LinearConstraint(columns, lb=lp.demand.astype(float)),
-                                              LinearConstraint(np.ones((1, columns.shape[1])), ub=self.m)],
+                                 bounds=(0, self.m),
+                                 constraints=[(columns, lp.demand.astype(float), np.inf),
+                                              (np.ones((1, columns.shape[1])), -np.inf, self.m)],
                                  node_limit=node_limit, time_limit=left)
         if result.status == 1 and time.perf_counter() >= self.deadline:
             raise _Stopped  # cut by the clock: whatever it found would be machine-dependent

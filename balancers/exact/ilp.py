@@ -42,7 +42,6 @@ import math
 import time
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint
 from scipy.sparse import csr_array
 
 from ..bounds import lower_bound
@@ -145,8 +144,8 @@ class _Model:
         """Run HiGHS: ("optimal" | "stopped" | "infeasible", assignment or None, bound or None);
         the bound is the optimum when "optimal", else the proven lower bound (None if none)."""
         result = milp.solve_milp(self.objective, integrality=self.integrality,
-                                  bounds=Bounds(self.lower, self.upper),
-                                  constraints=LinearConstraint(self.matrix, self.row_lower, self.row_upper),
+                                  bounds=(self.lower, self.upper),
+                                  constraints=(self.matrix, self.row_lower, self.row_upper),
                                   time_limit=max(time_limit, _MIN_SECONDS))
         if result.status == 2:  # HiGHS proved it: a time limit ends with status 1
             return "infeasible", None, None

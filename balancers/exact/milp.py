@@ -10,9 +10,11 @@ back to the real standard output, so another thread's output is delayed, never l
 are serialised (one lock): the redirection is process-wide.  HiGHS runs in this process with
 its default, fixed random seed, so a solve that is not cut by its time limit is reproducible.
 
->>> from scipy.optimize import Bounds, LinearConstraint
->>> result = solve_milp([-1.0, -1.0], integrality=[1, 1], bounds=Bounds(0, 3),
-...                     constraints=LinearConstraint([[2.0, 1.0]], ub=4.0))
+The backends are imported by the call that uses them, so that importing a solver module costs
+neither scipy.optimize nor PuLP.  Bounds and constraints are given as scipy's tuples:
+`bounds=(lower, upper)`, `constraints=(A, lower, upper)` or a list of such.
+
+>>> result = solve_milp([-1.0, -1.0], integrality=[1, 1], bounds=(0, 3), constraints=([[2.0, 1.0]], -np.inf, 4.0))
 >>> result.status, float(result.fun)
 (0, -3.0)
 """
@@ -25,11 +27,9 @@ import sys
 import tempfile
 import threading
 
-import pulp
-from scipy.optimize import milp
+import numpy as np
 
 _SEED = 1
-_CBC_PATH = pulp.PULP_CBC_CMD.pulp_cbc_path
 _MIN_SECONDS = 0.01
 _LOCK = threading.Lock()
 _LIBC = ctypes.CDLL(None)
@@ -40,6 +40,8 @@ _HIGHS_PREFIXES = (b"Highs", b"HiGHS")
 def solve_milp(c, *, integrality, bounds, constraints, time_limit: float | None = None,
                node_limit: int | None = None, presolve: bool = True):
     """`scipy.optimize.milp(...)` with gap 0, HiGHS's output kept off the process's stdout."""
+    from scipy.optimize import milp
+
     options = {"mip_rel_gap": 0, "presolve": presolve, "disp": False}
     if time_limit is not None:
         options["time_limit"] = float(time_limit)
@@ -78,12 +80,15 @@ class _quiet_stdout:
         return False
 
 
-def run_cbc(lp: pulp.LpProblem, time_limit: float, warm_start: bool) -> None:
+def run_cbc(lp, time_limit: float, warm_start: bool) -> None:
     """Solve `lp` with PuLP's bundled CBC: one thread, fixed seeds, no gap, at least 0.01 s,
     files in a private temporary directory that is removed afterwards; the outcome is in
-    `lp.sol_status`.  Raises pulp.PulpSolverError when CBC dies without writing a solution."""
+    `lp.sol_status` (`lp`: a `pulp.LpProblem`).  Raises pulp.PulpSolverError when CBC dies without
+    writing a solution."""
+    import pulp
+
     with tempfile.TemporaryDirectory(prefix="orchmllm_cbc_") as workdir:
-        solver = pulp.COIN_CMD(path=_CBC_PATH, msg=False, timeLimit=max(time_limit, _MIN_SECONDS), threads=1,
+        solver = pulp.COIN_CMD(path=pulp.PULP_CBC_CMD.pulp_cbc_path, msg=False, timeLimit=max(time_limit, _MIN_SECONDS), threads=1,
                                gapRel=0, warmStart=warm_start,
                                options=[f"randomSeed {_SEED}", f"randomCbcSeed {_SEED}"])
         solver.tmpDir = workdir
