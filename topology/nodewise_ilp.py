@@ -25,7 +25,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import pulp
 
 from ..balancers.exact.ilp import DEFAULT_TIME_LIMIT
 from ..balancers.exact.milp import run_cbc
@@ -44,8 +43,11 @@ def _node_volumes(node_of_group: np.ndarray, group_of_item: np.ndarray, sources:
     return move.busiest_node_inter_bytes, move.bytes_inter_node
 
 
-def _run(lp: pulp.LpProblem, time_limit: float) -> str:
-    """Solve with CBC: "optimal" (proven), "stopped" (time limit) or "failed" (e.g. infeasible)."""
+def _run(lp, time_limit: float) -> str:
+    """Solve `lp` (a pulp.LpProblem) with CBC: "optimal" (proven), "stopped" (time limit) or "failed"
+    (e.g. infeasible)."""
+    import pulp
+
     run_cbc(lp, time_limit, warm_start=True)
     if lp.sol_status == pulp.LpSolutionOptimal:
         return "optimal"
@@ -57,6 +59,8 @@ def _run(lp: pulp.LpProblem, time_limit: float) -> str:
 def solve(group_of_item: np.ndarray, sources: np.ndarray, item_bytes: np.ndarray, topology: Topology,
           time_limit: float | None) -> tuple[np.ndarray, Status]:
     """rank_of_group minimising the busiest node's inter-node volume, then the total."""
+    import pulp  # the model's stack, loaded by the first solve rather than by `import orchmllm.topology`
+
     deadline = time.perf_counter() + (DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
     gpus, nodes, ranks = topology.gpus_per_node, topology.num_nodes, topology.world_size
     start = assign_groups(group_of_item, sources, item_bytes, ranks, gpus)

@@ -22,8 +22,8 @@ import numpy as np
 from ..balancers.locality.lap import assign_groups
 from ..balancers.problem import Status, as_time_limit
 from ..balancers.validation import as_item_bytes, as_sources
-from . import nodewise_ilp
 from .cluster import Topology
+from .nodewise_ilp import solve as solve_nodewise_ilp
 from .traffic import Traffic, traffic_of
 
 
@@ -65,7 +65,7 @@ PLACEMENTS: dict[str, Method] = {
     "identity": _identity,
     "lap": _lap,
     "lap_node": _lap_node,
-    "ilp": nodewise_ilp.solve,
+    "ilp": solve_nodewise_ilp,
 }
 
 
