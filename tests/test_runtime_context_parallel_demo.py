@@ -1,17 +1,25 @@
 """The giants demo on real gloo ranks (a giant item split over a context-parallel group, trained against
-the unsplit unbalanced single-process reference), its command line, and the split-efficiency fit."""
+the unsplit unbalanced single-process reference), its command line, the split-efficiency fit, and the GPU
+script's split-attention timing and fit (dry, on the CPU; on two gloo ranks for real groups)."""
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from orchmllm.cli import main
 from orchmllm.cli.errors import EXIT_USAGE
 from orchmllm.runtime.demo.calibration import fit_split_efficiency
 from orchmllm.runtime.demo.giants import GiantsConfig, run_giants
+from orchmllm.runtime.launch import spawn
 
 
 def test_the_giant_split_trains_as_the_unsplit_reference_and_balances_the_ranks():
-    report = run_giants(2, 1, 3, "float64", degrees=(1, 2), replay_repeats=1,
-                        config=GiantsConfig(samples_per_rank=6, giant=512, layers=1), timeout_s=240)
+    report = run_giants(2, 1, 3, "float64", degrees=(1, 2), replay_repeats=2,
+                        config=GiantsConfig(samples_per_rank=4, giant=1024, layers=1), timeout_s=240)
     assert report.items_split >= 1 and report.degrees_per_step == [[1, 2]]
     assert (report.tokens_lost, report.tokens_duplicated, report.samples_lost) == (0, 0, 0)
     assert report.grad_max_rel_diff <= 1e-12
@@ -41,3 +49,41 @@ def test_the_split_efficiency_fit_recovers_its_parameter_and_rejects_bad_input()
         fit_split_efficiency([1000], [2, 4], [1.0], [1.0])
     with pytest.raises(ValueError, match="times positive"):
         fit_split_efficiency([1000], [2], [0.0], [1.0])
+
+
+def calibrate_script():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "calibrate_gpu.py"
+    spec = importlib.util.spec_from_file_location("calibrate_gpu", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_the_gpu_script_times_split_attention_and_fits_the_split_cost_in_a_dry_run(capsys):
+    assert calibrate_script().main(["--dry", "--json"]) == 0
+    split = json.loads(capsys.readouterr().out)["split"]
+    assert split["degrees"] == [1, 2, 4, 8] and split["shard_tokens"] == {"1": 256, "2": 128, "4": 64, "8": 32}
+    assert split["context_parallel"]["half_efficiency_tokens"] >= 0
+    assert split["context_parallel"]["kv_bytes_per_token"] == 2 * 1 * 8 * 4  # K and V, 1 head of 8, float32
+
+
+def split_groups_job(rank, size):
+    script = calibrate_script()
+    args = argparse.Namespace(split_length=64, split_degrees="1,2", hidden=8, heads=2, kv_heads=1, repeats=1,
+                              intra_node_bandwidth=100e9)
+    return script.split_report(args, torch.device("cpu"), torch.float32)
+
+
+def test_on_several_ranks_the_gpu_script_times_real_groups_and_fits_overlap_and_latency():
+    report = spawn(split_groups_job, 2, timeout_s=120)[0]
+    assert set(report["exposed_seconds"]) == {2} and report["ranks"] == 2
+    fields = report["context_parallel"]
+    assert 0 <= fields["overlap"] <= 1 and fields["latency_s"] >= 0
+
+
+def test_the_exposed_communication_fit_recovers_overlap_and_latency():
+    compute = {1: 1.0, 2: 0.6, 4: 0.35, 8: 0.2}
+    transfer = {c: 4096 * 2 * 10_000 * (c - 1) / c / 1e9 for c in compute}
+    exposed = {c: max(transfer[c] - 0.3 * compute[c], 0.0) + 1e-4 * 2 * (c - 1) for c in (2, 4, 8)}
+    overlap, latency = calibrate_script().fit_exposed(exposed, compute, 10_000, 4096, 1e9)
+    assert overlap == pytest.approx(0.3, abs=1e-9) and latency == pytest.approx(1e-4, rel=1e-6)
