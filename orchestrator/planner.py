@@ -39,6 +39,7 @@ from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..balancers.validation import is_int
 from ..topology import PLACEMENTS, Topology, place
+from .frames import split_frames, stage_frames
 from .options import LOCALITY, PlanOptions
 from .plan import StagePlan, _frozen, compose, offsets_within_rank
 from .samples import Batch, group_order
@@ -101,13 +102,15 @@ class Parts(NamedTuple):
 
 def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: str,
                balanced: BalancePlan | None = None, items: StageItems | None = None,
-               outputs: np.ndarray | None = None, parts: Parts | None = None) -> StagePlan:
+               outputs: np.ndarray | None = None, parts: Parts | None = None,
+               item_time: np.ndarray | None = None) -> StagePlan:
     """Evaluate `destination` for `stage` (loads, tokens, bound) and lay items out per rank.
 
     `balanced`, when given, is the balancer's plan of this very assignment under this
     stage's cost model, whose loads and bound are reused (a `ContextParallelPlan`: its degrees
     and item times too); `items` and `outputs` (`item_tokens`) save recomputing them; `parts`
-    says which parts of their segments the items are (None: whole segments).
+    says which parts of their segments the items are (None: whole segments), `item_time` their
+    costs (default: the stage's cost of each item's length).
     """
     items = stage_items(batch, stage) if items is None else items
     item_sample, item_segment, item_length = items
@@ -141,7 +144,7 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     else:
         rank_offsets, rank_items = group_order(destination, num_ranks)
         item_input_offset, item_offset = offsets_within_rank(rank_offsets, rank_items, inputs, outputs)
-    item_time = getattr(balanced, "item_time", None)
+    item_time = getattr(balanced, "item_time", None) if item_time is None else item_time
     if item_time is None:
         item_time = stage.cost.item_costs(item_length)
     whole = np.zeros(item_sample.size, dtype=np.int64) if parts is None else None
@@ -379,6 +382,24 @@ class Orchestrator:
             return batch.sample_source, input_bytes(batch, self.stages, stage)
         return llm.destination[items.sample], outputs * stage.output_bytes_per_token
 
+    @staticmethod
+    def _split_frames(batch: Batch, stage: Stage, items: StageItems, today: BalancePlan, algorithm: str) -> StagePlan:
+        """An unpadded encoder stage whose videos may split between frames (`orchestrator.frames`): today's
+        plan unless parts of whole frames pay, with the bound of plans that may split either way."""
+        frames = stage_frames(batch, items.segment)
+        costs = stage.cost.item_costs(items.length)
+        parts, plan = split_frames(items.length, costs, frames, batch.num_ranks, today, algorithm,
+                                   stage.max_tokens_per_rank)
+        if parts is None:
+            return stage_plan(batch, stage, plan.assignment, algorithm, balanced=plan, items=items)
+        per_frame_units, per_frame_rows = items.length[parts.item] // frames[parts.item], (
+            batch.segment_tokens[items.segment[parts.item]] // frames[parts.item])
+        part_items = StageItems(items.sample[parts.item], items.segment[parts.item], per_frame_units * parts.frames)
+        return stage_plan(batch, stage, plan.assignment, algorithm, balanced=plan, items=part_items,
+                          outputs=per_frame_rows * parts.frames,
+                          parts=Parts(per_frame_units * parts.first_frame, per_frame_rows * parts.first_frame),
+                          item_time=costs[parts.item] * parts.frames / frames[parts.item])
+
     def _slack(self, stage: Stage, lengths: np.ndarray, anchor_bytes: np.ndarray, num_ranks: int) -> float:
         """The makespan slack "locality" may spend on a stage (see `seconds_per_cost`)."""
         options = self.options
@@ -428,6 +449,8 @@ class Orchestrator:
                                  stage.max_tokens_per_rank, balanced_plan)
         else:
             result = balanced_plan()
+        if not stage.is_llm and not stage.padded and not padded and batch.segment_frames is not None:
+            return self._split_frames(batch, stage, items, result, algorithm)
         plan = stage_plan(batch, stage, result.assignment, algorithm,
                           balanced=result if padded == stage.padded else None, items=items, outputs=outputs)
         cap = stage.max_tokens_per_rank

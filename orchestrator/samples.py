@@ -35,6 +35,9 @@ def _check_name(name: str, value) -> str:
 class Segment:
     """One modality sub-sequence: `length` encoder units -> `tokens` LLM embeddings at `position`.
 
+    `frames` > 1: a video whose frames the encoder attends within, `length / frames` units and
+    `tokens / frames` embeddings each, so the encoder stage may split it between frames.
+
     `position` is the offset of the first embedding in the sample's LLM sequence; None
     means "right after the previous segment" (0 for the first), so segments without
     positions sit in order before the text.
@@ -44,6 +47,7 @@ class Segment:
     length: int
     tokens: int
     position: int | None = None
+    frames: int = 1
 
     def __post_init__(self) -> None:
         _check_name("modality", self.modality)
@@ -51,6 +55,10 @@ class Segment:
         object.__setattr__(self, "tokens", as_int(self.tokens, "tokens", minimum=0))
         if self.position is not None:
             object.__setattr__(self, "position", as_int(self.position, "position", minimum=0))
+        object.__setattr__(self, "frames", as_int(self.frames, "frames", minimum=1))
+        if self.length % self.frames or self.tokens % self.frames:
+            raise ValueError(f"a segment of {self.frames} frames must have a length and tokens divisible by its frames; "
+                             f"got length {self.length}, tokens {self.tokens}")
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,19 @@ def _as_int_array(name: str, values, size: int | None = None) -> np.ndarray:
     return array
 
 
+def _as_frames(frames, length: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
+    """`segment_frames` validated: positive, dividing every segment's length and tokens (None stays None)."""
+    if frames is None:
+        return None
+    frames = _as_int_array("segment_frames", frames, length.size)
+    bad = np.flatnonzero((frames < 1) | (length % np.maximum(frames, 1) != 0) | (tokens % np.maximum(frames, 1) != 0))
+    if bad.size:
+        s = int(bad[0])
+        raise ValueError(f"`segment_frames` must be positive and divide the segment's length and tokens; segment {s} "
+                         f"has {frames[s]} frames, length {length[s]}, tokens {tokens[s]}")
+    return frames
+
+
 @dataclass(frozen=True, eq=False)
 class Batch:
     """Columnar metadata of a global batch (all ranks), validated; arrays are read-only int64.
@@ -155,7 +176,8 @@ class Batch:
     Per sample i: `sample_text[i]`, `sample_source[i]` (rank that sampled it), `sample_id[i]`.
     Per segment s: `segment_sample[s]` (its sample, non-decreasing), `segment_modality[s]`
     (index into `modalities`), `segment_length[s]`, `segment_tokens[s]`,
-    `segment_position[s]` (offset in the sample's LLM sequence).  Derived per sample, computed
+    `segment_position[s]` (offset in the sample's LLM sequence), `segment_frames[s]` (frames of a
+    video the encoder may split between; None: every segment 1).  Derived per sample, computed
     once: `sample_llm_length`, `sample_segment_offsets`.
     """
 
@@ -169,6 +191,7 @@ class Batch:
     segment_length: np.ndarray
     segment_tokens: np.ndarray
     segment_position: np.ndarray
+    segment_frames: np.ndarray | None = None
 
     @property
     def num_samples(self) -> int:
@@ -216,9 +239,11 @@ class Batch:
                       sample_source=self.sample_source[samples], sample_id=self.sample_id[samples],
                       segment_sample=np.repeat(np.arange(samples.size, dtype=np.int64), counts),
                       segment_modality=self.segment_modality[segments], segment_length=self.segment_length[segments],
-                      segment_tokens=self.segment_tokens[segments], segment_position=self.segment_position[segments])
+                      segment_tokens=self.segment_tokens[segments], segment_position=self.segment_position[segments],
+                      segment_frames=None if self.segment_frames is None else self.segment_frames[segments])
         for array in (batch.sample_text, batch.sample_source, batch.sample_id, batch.segment_sample,
-                      batch.segment_modality, batch.segment_length, batch.segment_tokens, batch.segment_position):
+                      batch.segment_modality, batch.segment_length, batch.segment_tokens, batch.segment_position,
+                      *(() if batch.segment_frames is None else (batch.segment_frames,))):
             array.setflags(write=False)
         return batch
 
@@ -247,6 +272,8 @@ class Batch:
                        sample_id=self.sample_id[order], segment_sample=local_sample,
                        segment_modality=self.segment_modality[segments], segment_length=self.segment_length[segments],
                        segment_tokens=self.segment_tokens[segments], segment_position=self.segment_position[segments])
+        if self.segment_frames is not None:
+            columns["segment_frames"] = self.segment_frames[segments]
         llm_length = self.sample_llm_length[order]
         for array in (llm_length, *columns.values()):
             array.setflags(write=False)
@@ -265,8 +292,10 @@ class Batch:
     def sample(self, index: int) -> Sample:
         """Sample `index` as a `Sample` object (for tests and inspection)."""
         rows = np.flatnonzero(self.segment_sample == index)
+        frames = np.ones(self.num_segments, dtype=np.int64) if self.segment_frames is None else self.segment_frames
         segments = tuple(Segment(self.modalities[self.segment_modality[s]], int(self.segment_length[s]),
-                                 int(self.segment_tokens[s]), int(self.segment_position[s])) for s in rows)
+                                 int(self.segment_tokens[s]), int(self.segment_position[s]), int(frames[s]))
+                         for s in rows)
         return Sample(int(self.sample_text[index]), segments, int(self.sample_source[index]),
                       int(self.sample_id[index]))
 
@@ -284,19 +313,22 @@ class Batch:
             for segment, position in zip(sample.segments, positions):
                 if segment.modality not in modalities:
                     modalities.append(segment.modality)
-                rows.append((index, modalities.index(segment.modality), segment.length, segment.tokens, position))
-        table = np.array(rows, dtype=np.int64).reshape(-1, 5)
+                rows.append((index, modalities.index(segment.modality), segment.length, segment.tokens, position,
+                             segment.frames))
+        table = np.array(rows, dtype=np.int64).reshape(-1, 6)
         return cls.from_arrays(
             num_ranks=num_ranks, modalities=tuple(modalities),
             sample_text=[s.text for s in samples], sample_source=[s.source for s in samples],
             sample_id=[s.id for s in samples], segment_sample=table[:, 0], segment_modality=table[:, 1],
-            segment_length=table[:, 2], segment_tokens=table[:, 3], segment_position=table[:, 4])
+            segment_length=table[:, 2], segment_tokens=table[:, 3], segment_position=table[:, 4],
+            segment_frames=table[:, 5] if np.any(table[:, 5] > 1) else None)
 
     @classmethod
     def from_arrays(cls, *, num_ranks, modalities, sample_text, sample_source, sample_id=None,
                     segment_sample=(), segment_modality=(), segment_length=(), segment_tokens=(),
-                    segment_position=None) -> "Batch":
-        """Validated batch from flat arrays; `segment_position` None packs segments before the text."""
+                    segment_position=None, segment_frames=None) -> "Batch":
+        """Validated batch from flat arrays; `segment_position` None packs segments before the text;
+        `segment_frames` None: every segment one frame."""
         num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
         if isinstance(modalities, str):
             raise TypeError(f"`modalities` must be a sequence of modality names, not one str; got {modalities!r} "
@@ -351,7 +383,8 @@ class Batch:
                              f"previous segment (ending at {end[s - 1]}); segments must be in order and not overlap")
         batch = cls(num_ranks=num_ranks, modalities=modalities, sample_text=text, sample_source=source,
                     sample_id=ids, segment_sample=owner, segment_modality=modality, segment_length=length,
-                    segment_tokens=tokens, segment_position=position)
+                    segment_tokens=tokens, segment_position=position,
+                    segment_frames=_as_frames(segment_frames, length, tokens))
         # Validation computed these cached properties already; the planner reads them.
         batch.__dict__.update(sample_segment_offsets=offsets, sample_llm_length=llm_length)
         return batch

@@ -40,7 +40,8 @@ import numpy as np
 
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, cell_accounts, step_cost
-from ..balancers.problem import InfeasibleError, exact_sum
+from ..balancers.problem import InfeasibleError
+from .frames import frame_bound, stage_frames
 from .plan import Exchange, PassPlan, _frozen
 from .samples import Batch
 from .stages import Stage
@@ -213,9 +214,10 @@ class StepPlan:
             return {plan.stage.name: float(plan.lower_bound) for plan in self.microbatches[0].stage_plans}
         bounds = {}
         for stage in self.stages[:-1]:
-            lengths = self.batch.segment_length[self.batch.segments_of(stage.modality)]
-            costs = stage.cost.item_costs(lengths)
-            bounds[stage.name] = max(exact_sum(costs) / self.num_ranks, float(costs.max())) if costs.size else 0.0
+            segments = self.batch.segments_of(stage.modality)
+            costs = stage.cost.item_costs(self.batch.segment_length[segments])
+            frames = stage_frames(self.batch, segments) if not stage.padded else np.ones_like(segments)
+            bounds[stage.name] = frame_bound(costs, frames, self.num_ranks)
         bounds[self.stages[-1].name] = float(self.cells.lower_bound)  # M_min · overhead included
         return bounds
 
