@@ -11,11 +11,12 @@ import numpy as np
 
 from .cost import CostModel
 from .bounds import lower_bound
-from .problem import (Kernel, KernelResult, Problem, Status, integer_values, rank_loads, rank_tokens,
+from .problem import (Kernel, KernelResult, Problem, Status, integer_values, rank_loads, rank_tokens, read_only,
                       require_equal_counts)
 from .validation import as_index, is_real
 
 FLOAT_EXACT = 2**53  # integer sums below this are exact in float64
+LOCALITY_SUFFIX = "+locality"  # a plan's algorithm name after the communication-aware pass
 
 
 def relative_gap(makespan: float, lower_bound: float) -> float:
@@ -75,6 +76,24 @@ class BalancePlan:
     def digest(self) -> str:
         """SHA-256 of the assignment: equal on every rank that computed the same plan."""
         return hashlib.sha256(self.assignment.astype("<i8").tobytes()).hexdigest()
+
+    def to_json(self) -> dict:
+        """The plan as plain JSON types (what `orchmllm plan --json` prints): `json_head` and the
+        makespan, the assignment, loads and tokens per rank."""
+        name = self.algorithm + (LOCALITY_SUFFIX if self.communication_aware else "")
+        cost = None if self.cost is None else {"per_item": self.cost.per_item, "linear": self.cost.linear,
+                                               "quadratic": self.cost.quadratic}
+        return {**json_head(self, name, self.makespan), "cost": cost, "imbalance": self.imbalance,
+                "assignment": self.assignment.tolist(), "loads": self.loads.tolist(), "tokens": self.tokens.tolist()}
+
+
+def json_head(plan, algorithm: str, cost: float) -> dict:
+    """The JSON keys every plan shares (`BalancePlan`, `MicroBatchPlan`): its algorithm as `algorithm`
+    names it, size, certificate (`cost` under the plan's own name: makespan or step_cost) and digest."""
+    cost_name = "makespan" if isinstance(plan, BalancePlan) else "step_cost"
+    return {"algorithm": algorithm, "num_ranks": plan.num_ranks, "num_items": plan.num_items, "padded": plan.padded,
+            cost_name: cost, "lower_bound": plan.lower_bound, "gap": plan.gap, "status": str(plan.status),
+            "solve_seconds": plan.solve_seconds, "digest": plan.digest()}
 
 
 def require_result(result, expected: type, algorithm: str, called: str = "", also: str = "") -> None:
@@ -153,6 +172,24 @@ def rounded_up(bound: float, cost: float, num_ranks: int, integral_costs: Callab
     return float(math.ceil(bound))
 
 
+def certify(cost: float, bound: float, status: Status, algorithm: str, what: str) -> tuple[float, Status]:
+    """The (lower bound, status) of a plan whose `what` (makespan, step cost) is `cost`: every plan's one
+    certification step.  `bound` is held at most `cost` (bounds are float sums in another order than
+    the plan's: rounding must never lift one above a cost that was reached); the status is optimal
+    when they meet, and a kernel's `optimal` that they do not prove is its bug (RuntimeError).
+
+    >>> certify(10.0, 10.000000000000002, Status.FEASIBLE, "lpt", "makespan")
+    (10.0, <Status.OPTIMAL: 'optimal'>)
+    """
+    bound = min(bound, cost)
+    if cost == bound:
+        return bound, Status.OPTIMAL
+    if status is Status.OPTIMAL:
+        raise RuntimeError(f"algorithm {algorithm!r} claimed optimality at {what} {cost} "
+                           f"but only proved a bound of {bound}")
+    return bound, status
+
+
 def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorithm: str,
               kernel_bound: float | None = None, solve_seconds: float = 0.0,
               communication_aware: bool = False) -> BalancePlan:
@@ -187,16 +224,10 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
         bound = makespan  # the kernel proved its plan optimal: no other bound can add to that
     else:
         bound = rounded_up(lower_bound(problem), makespan, problem.num_ranks, lambda: integral(problem.item_costs))
-        # Bounds are float sums in another order than the loads; never let rounding lift
-        # one above a makespan that was actually reached.
-        bound = min(bound if claimed is None else max(bound, claimed), makespan)
-    if makespan == bound:
-        status = Status.OPTIMAL
-    elif status is Status.OPTIMAL:
-        raise RuntimeError(f"algorithm {algorithm!r} claimed optimality at makespan {makespan} "
-                           f"but only proved a bound of {bound}")
+        bound = bound if claimed is None else max(bound, claimed)
+    bound, status = certify(makespan, bound, status, algorithm, "makespan")
     for array in (assignment, loads, tokens):
-        array.setflags(write=False)
+        read_only(array)
     return BalancePlan(assignment=assignment, loads=loads, tokens=tokens, makespan=makespan,
                        lower_bound=bound, status=status, algorithm=algorithm,
                        num_ranks=problem.num_ranks, padded=problem.padded, cost=problem.cost,

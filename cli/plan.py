@@ -45,17 +45,6 @@ def add_parser(commands) -> None:
     plan.set_defaults(handler=run)
 
 
-def plan_payload(plan) -> dict:
-    """The JSON form of a plan, as `--json` prints it and `-o plan.json` saves it."""
-    name = plan.algorithm + (LOCALITY_SUFFIX if plan.communication_aware else "")
-    return {"algorithm": name, "num_ranks": plan.num_ranks, "num_items": plan.num_items,
-            "padded": plan.padded, "cost": {"per_item": plan.cost.per_item, "linear": plan.cost.linear,
-                                            "quadratic": plan.cost.quadratic},
-            "makespan": plan.makespan, "lower_bound": plan.lower_bound, "gap": plan.gap,
-            "imbalance": plan.imbalance, "status": str(plan.status), "solve_seconds": plan.solve_seconds,
-            "digest": plan.digest(), "assignment": plan.assignment, "loads": plan.loads, "tokens": plan.tokens}
-
-
 def _flags(args) -> dict[str, str]:
     """The options of `plan` by the name of the balancers' argument they give (see `naming_flag`)."""
     return {"max_tokens_per_rank": f"--max-tokens {args.max_tokens}", "num_ranks": f"--ranks {args.ranks}"}
@@ -112,7 +101,7 @@ def run(args) -> int:
         raise _cap_error(error, args) from None
     except SizeLimitError as error:  # an exact model too large for these items
         raise UsageError(f"--algorithm {args.algorithm}: {one_line(error)}") from None
-    payload = plan_payload(plan)
+    payload = plan.to_json()
     if args.output is not None:
         save_plan(plan, render.to_json_text(payload), args.output)
     if args.json:

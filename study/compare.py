@@ -26,7 +26,7 @@ import numpy as np
 from ..balancers import CostModel, Kind, algorithms, balance, balance_microbatches, get_algorithm
 from ..balancers.kernels.identity import chunk_sources
 from ..balancers.microbatch.api import MAX_CELLS
-from ..balancers.plan import BalancePlan
+from ..balancers.plan import LOCALITY_SUFFIX, BalancePlan
 from ..balancers.validation import SizeLimitError, as_real
 from ..topology import Topology, traffic
 from .microbatch_peers import MICROBATCH_PEERS
@@ -34,7 +34,6 @@ from .peers import peer_mode
 
 BASELINE = "none"  # every item stays on the rank that sampled it
 MAX_STEP_SAMPLES = MAX_CELLS  # D × samples per rank a compared or simulated step draws: 2**22, as a plan's cells
-LOCALITY_SUFFIX = "+locality"  # the communication-aware variant of a registered algorithm
 PEER_TIMING = "our reimplementation"  # what a peer's solve_seconds measure
 
 

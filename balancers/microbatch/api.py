@@ -31,6 +31,7 @@ from ..context_parallel.microbatch import balance_microbatches_split
 from ..cost import CostModel
 from ..locality.balance import balance_locally
 from ..locality.lap import assign_groups
+from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
 from ..pipeline.spec import Pipeline, as_pipeline
 from ..problem import (INT64_MAX, InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
@@ -366,7 +367,7 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         if local is None:
             local = result._replace(rank=_keep_local(problem, result, m, sources, item_bytes, gpus_per_node))
         result = local._replace(status=Status.FEASIBLE)
-        name = f"{algorithm}+locality"
+        name = f"{algorithm}{LOCALITY_SUFFIX}"
     seconds = time.perf_counter() - start
     plan = make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,
                                 solve_seconds=seconds)

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..cost import CostModel
-from ..plan import claimed_bound, integral, kernel_status, require_result, rounded_up
+from ..plan import certify, claimed_bound, integral, json_head, kernel_status, require_result, rounded_up
 from ..problem import Problem, SortedItems, Status, integer_sum, read_only, sorted_order, token_sums
 from ..validation import as_index, is_real
 from .bounds import min_microbatches, step_cost_bound
@@ -208,12 +208,11 @@ class MicroBatchPlan:
         return digest.hexdigest()
 
     def to_json(self) -> dict:
-        """The plan's figures and cells as plain JSON types."""
-        return {"algorithm": self.algorithm, "num_ranks": self.num_ranks, "num_microbatches": self.num_microbatches,
+        """The plan as plain JSON types: `json_head` (a `BalancePlan`'s keys) and the micro-batch
+        options, the cells and their loads and tokens."""
+        return {**json_head(self, self.algorithm, self.step_cost), "num_microbatches": self.num_microbatches,
                 "max_tokens_per_microbatch": self.max_tokens_per_microbatch,
-                "microbatch_overhead": self.microbatch_overhead, "padded": self.padded,
-                "step_cost": self.step_cost, "lower_bound": self.lower_bound, "gap": self.gap,
-                "status": str(self.status), "solve_seconds": self.solve_seconds,
+                "microbatch_overhead": self.microbatch_overhead,
                 "rank": self.rank.tolist(), "microbatch": self.microbatch.tolist(),
                 "cell_loads": self.cell_loads.tolist(), "cell_tokens": self.cell_tokens.tolist(),
                 "pipeline": None if self.pipeline is None else self.pipeline.to_json()}
@@ -313,17 +312,9 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
                        lambda: float(overhead).is_integer() and integral(problem.item_costs))
     if fixed and claimed is not None:
         bound = max(bound, claimed)
-    # Bounds are float sums in another order than the plan's; never let rounding lift one
-    # above a step cost that was actually reached.
-    bound = min(bound, cost)
-    status = result.status
-    if cost == bound:
-        status = Status.OPTIMAL
-    elif status is Status.OPTIMAL:
-        raise RuntimeError(f"algorithm {algorithm!r} claimed optimality at step cost {cost} "
-                           f"but only proved a bound of {bound}")
+    bound, status = certify(cost, bound, result.status, algorithm, "step cost")
     for array in (rank, microbatch, loads, tokens):
-        array.setflags(write=False)
+        read_only(array)
     return MicroBatchPlan(rank=rank, microbatch=microbatch, num_microbatches=num_microbatches,
                           num_ranks=problem.num_ranks, cell_loads=loads, cell_tokens=tokens, step_cost=cost,
                           lower_bound=bound, status=status, algorithm=algorithm,
