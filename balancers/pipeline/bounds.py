@@ -7,8 +7,11 @@ micro-batches on D replicas has a replica with X >= X̄ = (Σ c + D·M·o) / D (
 micro-batch overhead every cell pays) and one holding the costliest item, x' >= c_max + o
 with X' >= x' + (M - 1)·o.
 
-Any schedule, M given: T >= τ·X̄, τ the least time of cells summing to 1 in any shape and
-order (`profile.best_profile`, certified by duality).
+Any schedule: T >= x', the chain of the costliest cell's forward through every stage and its
+backward back (P·(f + b) = x); with M given, T >= τ·X̄, τ the least time of cells summing to 1
+in any shape and order (`profile.best_profile`, certified by duality), and T >= τ·X_k where
+X_k = (k + 1)·c_(kD+1) + M·o: some replica holds k + 1 of the k·D + 1 costliest items
+(pigeonholes; GPipe: (X_k + (P - 1)·(c_(kD+1) + o)) / P, its largest cell that big).
 
 GPipe (closed form, `schedules.gpipe_time`): T_r = (X_r + (P - 1)·max x) / P, so the
 giant's replica gives T >= (X' + (P - 1)·x') / P, and with M free max x >= X̄ / M gives
@@ -60,5 +63,20 @@ def step_bound(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, count
                            beta * (giant_row + (p - 1) * top) + alpha * top)
         bounds = np.maximum(giant, mean / p + (p - 1) * (alpha + beta) * overhead)
     if m.size == 1:  # the best shape of one replica's cells (`profile`), certified
-        bounds = np.maximum(bounds, best_profile(pipeline, int(m[0]))[0] * mean)
-    return float(np.min(bounds))
+        tau = best_profile(pipeline, int(m[0]))[0]
+        bounds = np.maximum(bounds, tau * max(mean[0], _crowded(pipeline, item_costs, num_ranks, int(m[0]),
+                                                                overhead, tau)))
+    return max(float(np.min(bounds)), top)
+
+
+def _crowded(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, num_microbatches: int, overhead: float,
+             tau: float) -> float:
+    """X such that τ·X bounds the step by pigeonholes: some replica holds k + 1 of the k·D + 1
+    costliest items, so its cells sum to at least (k + 1)·c_(kD+1) + M·o, and (GPipe) its largest
+    cell is at least c_(kD+1) + o; the largest over k, as an equivalent X of τ·X."""
+    ranked = np.sort(np.asarray(item_costs, dtype=np.float64))[::-1][::num_ranks]  # c_(kD+1), k = 0, 1, ...
+    crowded = (np.arange(ranked.size) + 1) * ranked + num_microbatches * overhead
+    if pipeline.schedule == "gpipe":
+        times = (crowded + (pipeline.stages - 1) * (ranked + overhead)) / pipeline.stages
+        return float(times.max(initial=0.0)) / tau
+    return float(crowded.max(initial=0.0))

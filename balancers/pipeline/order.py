@@ -12,6 +12,9 @@ afresh for the schedule:
               first (the fill waits on the first forward), and so on inward; GPipe's time
               does not depend on the order, 1F1B's fill and drain do, and the interleaved
               schedule's groups of P take the same order
+    reshape   each replica's items cut afresh into cells of a target shape (`profile`): its
+              items costliest first, each to the slot of its replica furthest below its target
+              that has room; rounds of one item per replica, so it costs O(n + rounds · M·D)
 """
 
 from __future__ import annotations
@@ -47,3 +50,37 @@ def mountain(costs: np.ndarray) -> np.ndarray:
     order = np.empty_like(lightest_first)
     order[:, position] = lightest_first
     return order
+
+
+def reshape(item_costs: np.ndarray, lengths: np.ndarray, replica: np.ndarray, targets: np.ndarray,
+            max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(slot per item, failed per replica): each replica's items re-cut toward `targets` (D, M) of
+    cost per slot (see the module); a replica where an item found no room is flagged, its slots -1.
+
+    >>> reshape(np.array([4.0, 3.0, 2.0, 1.0]), np.ones(4, dtype=np.int64), np.zeros(4, dtype=np.int64),
+    ...         np.array([[3.0, 7.0]]), 4)[0].tolist()
+    [1, 0, 1, 1]
+    """
+    n = item_costs.size
+    num_ranks, m = targets.shape
+    costliest = np.argsort(-item_costs, kind="stable")  # ties by index
+    order = costliest[np.argsort(replica[costliest], kind="stable")]  # by replica, costliest first
+    counts = np.bincount(replica, minlength=num_ranks)
+    turn = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # each item's round within its replica
+    rounds = np.argsort(turn, kind="stable")
+    edges = np.searchsorted(turn[rounds], np.arange(int(turn.max(initial=-1)) + 2))
+    load, tokens = np.zeros((num_ranks, m)), np.zeros((num_ranks, m), dtype=np.int64)
+    slot, failed = np.full(n, -1, dtype=np.int64), np.zeros(num_ranks, dtype=bool)
+    for start, end in zip(edges[:-1], edges[1:]):
+        items = order[rounds[start:end]]
+        rows = replica[items]
+        room = tokens[rows] + lengths[items][:, None] <= max_tokens
+        left = np.where(room, targets[rows] - load[rows], -np.inf)
+        chosen = np.argmax(left, axis=1)
+        fits = room[np.arange(items.size), chosen]
+        failed[rows[~fits]] = True
+        items, rows, chosen = items[fits], rows[fits], chosen[fits]
+        load[rows, chosen] += item_costs[items]
+        tokens[rows, chosen] += lengths[items]
+        slot[items] = chosen
+    return slot, failed

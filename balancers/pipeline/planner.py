@@ -3,8 +3,9 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
 
     start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load), in three
               arrangements: as planned; each replica's cells reordered (`order.mountain`);
-              dealt afresh over the replicas (`order.deal`) and reordered; and new cells of
-              the schedule's best shape (`shaped_cells`, unpadded); the fastest wins
+              dealt afresh over the replicas (`order.deal`) and reordered; and these replicas'
+              items re-cut into the schedule's best shape (`shaped_slots`, unpadded); the
+              fastest wins
     search    `search.CellSearch`: slot swaps and item moves off the slowest replica
     certify   the step time recomputed from the final cells (`replica_times`), the bound of
               `bounds.step_bound`, status optimal only when they meet
@@ -21,11 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..microbatch.cells import lpt_cells
 from ..microbatch.plan import MicroBatchProblem, cell_accounts
 from ..problem import Status
 from .bounds import step_bound
-from .order import deal, mountain
+from .order import deal, mountain, reshape
 from .profile import best_profile
 from .schedules import replica_times
 from .search import CellSearch
@@ -88,22 +88,16 @@ def _starts(cost: np.ndarray) -> list[np.ndarray]:
     return [planned, reordered, np.take_along_axis(dealt, mountain(flat[dealt]), axis=1)]
 
 
-def shaped_cells(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline) -> np.ndarray | None:
-    """Cell k·D + r per item (slot k) from LPT over all cells starting at offsets that leave slot k
-    the share x_k of the best shape (`profile.best_profile`); None when LPT finds no room."""
+def shaped_slots(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
+                 pipeline: Pipeline) -> np.ndarray:
+    """Each replica's items re-cut into the schedule's best shape (`order.reshape`, `profile.best_profile`),
+    the replica's cost spread as the shape spreads 1; a replica where that finds no room keeps `slot`."""
     _, shape = best_profile(pipeline, num_microbatches)
-    d = problem.num_ranks
-    mean = float(problem.item_costs.sum()) / d + num_microbatches * problem.microbatch_overhead
-    target = mean * shape - problem.microbatch_overhead
-    offsets = target.max() - target
-    cells = lpt_cells(problem, num_microbatches, offsets if offsets.max() > 0 else None)
-    if cells is None:
-        return None
-    # LPT's micro-batches in the shape's order: the k-th lightest where the shape has its k-th least
-    loads = np.bincount(cells // d, weights=problem.item_costs, minlength=num_microbatches)
-    slot = np.empty(num_microbatches, dtype=np.int64)
-    slot[np.argsort(loads, kind="stable")] = np.argsort(target, kind="stable")
-    return slot[cells // d] * d + cells % d
+    d, o = problem.num_ranks, problem.microbatch_overhead
+    totals = np.bincount(replica, weights=problem.item_costs, minlength=d) + num_microbatches * o
+    new, failed = reshape(problem.item_costs, problem.lengths, replica, totals[:, None] * shape[None, :] - o,
+                          problem.max_tokens)
+    return np.where(failed[replica], slot, new)
 
 
 def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
@@ -119,9 +113,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
         replica_of[grid.ravel()] = np.repeat(np.arange(d), num_microbatches)
         slot_of[grid.ravel()] = np.tile(np.arange(num_microbatches), d)
         starts.append((replica_of[cell], slot_of[cell]))
-    shaped = None if problem.padded else shaped_cells(problem, num_microbatches, pipeline)
-    if shaped is not None:
-        starts.append((shaped % d, shaped // d))
+    if not problem.padded:  # the dealt cells' items, re-cut into the best shape
+        starts.append((starts[2][0], shaped_slots(problem, *starts[2], num_microbatches, pipeline)))
     searches = []
     for replica, slot in starts:
         new_cost, tokens = cell_costs(problem, replica, slot, num_microbatches)

@@ -1,0 +1,91 @@
+"""Pipeline-parallel steps: the PP-aware cells against the PP-unaware plan, DynaPipe-style
+micro-batching and the certified bound; planning time at D = 2560 × 32.
+
+Run: python3.11 -m pytest benchmarks/bench_pipeline.py -q -s   (--heavy: D = 512 too)
+
+Instances: the LLM-stage lengths of `sample_workload`, 8·M samples per replica (about 8 per
+cell), budget T = max(16k, the longest item); realistic mixes (default, vision, speech) and
+giant-heavy ones (long: 5 % long videos and 5 % 8k-128k documents; long_tail: Pareto);
+cost: the 84B model's LLM FLOPs.  P ∈ {4, 8}, M ∈ {8, 16, 32}, D ∈ {8, 64} (and 512), the
+three schedules.  The planner's constants (search budget, light replicas, swaps) were set
+on the default and long mixes at seeds 1 and 2; the figures are on held-out seed 7.
+Every plan's step is `pipeline_step` of its cells (same model, same bound), micro-batch m
+run m-th on every replica: ours (`pipeline=`), the PP-unaware plan in its own order, and
+DynaPipe-style per-replica contiguous micro-batches (`study.pipeline_peers`).
+"""
+
+import numpy as np
+import pytest
+
+from orchmllm import balance_microbatches
+from orchmllm.balancers import Pipeline
+from orchmllm.balancers.pipeline.planner import pipeline_step
+from orchmllm.study.models import MODELS
+from orchmllm.study.pipeline_peers import pipeline_peers
+from orchmllm.study.workloads import sample_workload
+
+COST = MODELS["84b"].llm.cost(causal=True)
+REALISTIC, GIANT = ("default", "vision", "speech"), ("long", "long_tail")
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))
+HELD_OUT_SEED = 7
+
+
+def _instance(workload, ranks, microbatches, seed):
+    batch = sample_workload(workload, ranks, 8 * microbatches, seed)
+    lengths = batch.sample_llm_length
+    return lengths, batch.sample_source, max(16384, int(lengths.max()))
+
+
+def _row(workload, ranks, microbatches, stages, schedule, virtual, seed):
+    lengths, sources, budget = _instance(workload, ranks, microbatches, seed)
+    pipeline = Pipeline(stages=stages, schedule=schedule, virtual_stages=virtual)
+    ours = balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget, cost=COST,
+                                num_microbatches=microbatches, pipeline=pipeline)
+    assert ours.pipeline.lower_bound <= ours.pipeline.step_time
+    problem, peers = pipeline_peers(lengths, ranks, sources=sources, cost=COST, max_tokens_per_microbatch=budget,
+                                    num_microbatches=microbatches)
+    steps = {name: pipeline_step(problem, plan.rank, plan.microbatch, microbatches, pipeline, 0.0).step_time
+             for name, plan in peers.items()}
+    assert ours.pipeline.step_time <= steps["unaware"]  # never worse than the plan it starts from
+    assert ours.pipeline.unaware_step_time == steps["unaware"]
+    return dict(workload=workload, D=ranks, M=microbatches, P=stages, schedule=schedule,
+                vs_unaware=ours.pipeline.step_time / steps["unaware"], vs_bound=1 + ours.pipeline.gap,
+                dynapipe_vs_ours=steps["dynapipe_style"] / ours.pipeline.step_time,
+                bubble=ours.pipeline.bubble_fraction, seconds=ours.solve_seconds)
+
+
+def _summary(rows, key):
+    return f"median {np.median([r[key] for r in rows]):.3f}, max {max(r[key] for r in rows):.3f}"
+
+
+@pytest.mark.timeout(7200)
+def test_pipeline_aware_against_unaware_dynapipe_and_bound(request):
+    heavy = request.config.getoption("--heavy", default=False)
+    rows = [_row(w, d, m, p, s, v, HELD_OUT_SEED) for w in REALISTIC + GIANT for d in ((8, 64, 512) if heavy
+            else (8, 64)) for m in (8, 16, 32) for p in (4, 8) for s, v in SCHEDULES]
+    print(f"\n{'workload':<10} {'D':>4} {'M':>3} {'P':>2} {'schedule':<11} {'ours/unaware':>12} {'ours/bound':>10} "
+          f"{'dynapipe/ours':>13} {'bubble':>6} {'plan s':>7}")
+    for r in rows:
+        print(f"{r['workload']:<10} {r['D']:>4} {r['M']:>3} {r['P']:>2} {r['schedule']:<11} {r['vs_unaware']:>12.3f} "
+              f"{r['vs_bound']:>10.3f} {r['dynapipe_vs_ours']:>13.3f} {r['bubble']:>6.3f} {r['seconds']:>7.3f}")
+    for label, chosen in [("all", rows)] + [(s, [r for r in rows if r["schedule"] == s]) for s, _ in SCHEDULES] + \
+            [(name, [r for r in rows if r["workload"] in mix]) for name, mix in (("realistic", REALISTIC),
+                                                                                  ("giant-heavy", GIANT))]:
+        print(f"{label:<12} ours/unaware {_summary(chosen, 'vs_unaware')}; ours/bound {_summary(chosen, 'vs_bound')}; "
+              f"dynapipe/ours {_summary(chosen, 'dynapipe_vs_ours')}")
+
+
+@pytest.mark.timeout(1800)
+def test_planning_time_at_2560_ranks(best_of):
+    """D = 2560 × 32 samples, T = 16k, M free, P = 8 (1F1B): planning with the pipeline over without, same run."""
+    lengths = sample_workload("default", 2560, 32, HELD_OUT_SEED).sample_llm_length
+    pipeline = Pipeline(stages=8)
+    plain = lambda: balance_microbatches(lengths, 2560, max_tokens_per_microbatch=16384, cost=COST)  # noqa: E731
+    piped = lambda: balance_microbatches(lengths, 2560, max_tokens_per_microbatch=16384, cost=COST,  # noqa: E731
+                                         pipeline=pipeline)
+    first = best_of(piped, 1)  # the best shape of (P, M) is computed once per process
+    ratios = [best_of(piped, 1) / best_of(plain, 1) for _ in range(5)]
+    plan = piped()
+    print(f"\nD = 2560 x 32, M = {plan.num_microbatches}: first call {first:.3f} s; later calls / plain "
+          f"median {np.median(ratios):.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}); "
+          f"ours/unaware {plan.pipeline.step_time / plan.pipeline.unaware_step_time:.3f}")
