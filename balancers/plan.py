@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -76,6 +77,19 @@ class BalancePlan:
     def digest(self) -> str:
         """SHA-256 of the assignment: equal on every rank that computed the same plan."""
         return hashlib.sha256(self.assignment.astype("<i8").tobytes()).hexdigest()
+
+    def on_ranks(self, rank_of_group: np.ndarray) -> BalancePlan:
+        """This plan with the items of its rank g on rank `rank_of_group[g]` (a permutation of the ranks,
+        e.g. `topology.place`'s): loads and tokens follow them; makespan, bound and status hold."""
+        rank_of_group = np.asarray(rank_of_group)
+        if rank_of_group.shape != (self.num_ranks,) or not np.array_equal(np.sort(rank_of_group),
+                                                                          np.arange(self.num_ranks)):
+            raise ValueError(f"`rank_of_group` must be a permutation of the {self.num_ranks} ranks; got "
+                             f"{rank_of_group.tolist() if rank_of_group.size <= 16 else rank_of_group.shape}")
+        loads, tokens = np.empty_like(self.loads), np.empty_like(self.tokens)
+        loads[rank_of_group], tokens[rank_of_group] = self.loads, self.tokens
+        return dataclasses.replace(self, assignment=read_only(rank_of_group[self.assignment]), loads=read_only(loads),
+                                   tokens=read_only(tokens))
 
     def to_json(self) -> dict:
         """The plan as plain JSON types (what `orchmllm plan --json` prints): `json_head` and the

@@ -24,7 +24,6 @@ is planned as M gradient-accumulation micro-batches (`orchestrator.step`).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import NamedTuple
 
@@ -438,11 +437,8 @@ class Orchestrator:
             if placement not in PLACEMENTS:
                 return result
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
-            rank_of_group = place(result.assignment, anchors, anchor_bytes, self.topology,
-                                  method=placement).rank_of_group
-            loads, tokens = np.empty_like(result.loads), np.empty_like(result.tokens)
-            loads[rank_of_group], tokens[rank_of_group] = result.loads, result.tokens
-            return dataclasses.replace(result, assignment=rank_of_group[result.assignment], loads=loads, tokens=tokens)
+            return result.on_ranks(place(result.assignment, anchors, anchor_bytes, self.topology,
+                                         method=placement).rank_of_group)
 
         if stage.is_llm and self.context_parallel is not None:
             result = split_stage(item_length, batch.num_ranks, self.context_parallel, stage.cost,

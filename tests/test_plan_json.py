@@ -44,3 +44,14 @@ def test_certify_refuses_an_unproven_optimal_claim(what):
     with pytest.raises(RuntimeError, match=f"algorithm 'k' claimed optimality at {what} 10.0 but only proved a "
                                            f"bound of 9.0"):
         certify(10.0, 9.0, Status.OPTIMAL, "k", what)
+
+
+def test_on_ranks_moves_each_group_with_its_loads_and_keeps_the_certificate():
+    plan = balance([5, 4, 3, 3, 3, 7, 1], 3, algorithm="lpt")
+    moved = plan.on_ranks(np.array([2, 0, 1]))
+    assert moved.assignment.tolist() == [[2, 0, 1][rank] for rank in plan.assignment.tolist()]
+    assert moved.loads[[2, 0, 1]].tolist() == plan.loads.tolist() and moved.tokens[2] == plan.tokens[0]
+    assert (moved.makespan, moved.lower_bound, moved.status) == (plan.makespan, plan.lower_bound, plan.status)
+    assert not moved.assignment.flags.writeable and plan.assignment.tolist() != moved.assignment.tolist()
+    with pytest.raises(ValueError, match=r"`rank_of_group` must be a permutation of the 3 ranks; got \[0, 0, 1\]"):
+        plan.on_ranks(np.array([0, 0, 1]))
