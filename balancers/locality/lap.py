@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
 
 def _max_weight_bijection(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, size: int,
@@ -26,6 +25,8 @@ def _max_weight_bijection(rows: np.ndarray, cols: np.ndarray, weights: np.ndarra
     stay free), and rows left on their dummy take the free columns in ascending order.
     Otherwise only listed pairs are allowed, and they must admit a perfect matching.
     """
+    from scipy.sparse.csgraph import min_weight_full_bipartite_matching  # scipy's graph stack: on first use
+
     top = float(weights.max(initial=0.0))
     top += max(1.0, float(np.spacing(top)))  # every cost > 0: scipy drops explicit zeros, i.e. the edge
     costs = top - weights
