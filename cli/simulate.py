@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import arguments, render
+from . import arguments, pipeline, render
 from .errors import UsageError, usage_errors
 from .files import check_parent, writing
 
@@ -51,6 +51,7 @@ def add_parser(commands) -> None:
                                "groups of these degrees (powers of two, e.g. 1,2,4,8; wider than a node lets groups "
                                "cross nodes), under the strategies none, no_split, static_cp, megatron_dynamic_cp "
                                "and ours (default --samples-per-rank then 4)")
+    pipeline.add_arguments(simulate)
     simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     simulate.add_argument("--plot", metavar="DIR", help="write timeline_*.png (and scaling.png for several "
@@ -106,6 +107,8 @@ def run(args) -> int:
     arguments.check_seed(args.seed)
     if args.plot is not None:
         check_parent("--plot", args.plot)
+    if args.pipeline_stages is not None:
+        return pipeline.run_pipelined(args, gpus)
     if args.max_tokens_per_microbatch is not None and args.context_parallel is not None:
         raise UsageError("--context-parallel is not available with --max-tokens-per-microbatch")
     if args.max_tokens_per_microbatch is not None:

@@ -7,7 +7,9 @@
                     programming on its pipeline-time estimate Σ t + (P - 1)·max t, which for a
                     fixed M and a fixed Σ is the largest micro-batch's cost: the least limit L
                     at which greedy contiguous groups (each within L and the token budget T)
-                    number at most M (bisection); the micro-batches run shortest first.  Its
+                    number at most M (bisection); the micro-batches run shortest first.  M is
+                    the caller's, or the most a replica's own tokens need under T when more
+                    (every replica runs the same M).  Its
                     memory-aware padding model and its adaptive schedule are left out (the cost
                     here is unpadded and the schedule the caller's).
     unaware         `balance_microbatches` without `pipeline=`: Σ_m max_r load, run in its own order.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..balancers import InfeasibleError, MicroBatchPlan, balance_microbatches
+from ..balancers import MicroBatchPlan, balance_microbatches
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchProblem, MicroBatchResult, make_microbatch_plan
 
@@ -46,9 +48,6 @@ def _groups(costs: np.ndarray, lengths: np.ndarray, limit: float, budget: int) -
 def _split(costs: np.ndarray, lengths: np.ndarray, num_microbatches: int, budget: int) -> np.ndarray:
     """Micro-batch of each item (already sorted) of one replica: the least limit of M groups (see the module)."""
     low, high = (float(costs.max()) if costs.size else 0.0), float(costs.sum()) + 1.0
-    if _groups(costs, lengths, high, budget) is None or len(_groups(costs, lengths, high, budget)) > num_microbatches:
-        raise InfeasibleError(f"dynapipe_style: this replica's samples need more than {num_microbatches} "
-                              f"micro-batches of {budget} tokens", min_cap=budget)
     for _ in range(BISECTIONS):
         middle = (low + high) / 2
         starts = _groups(costs, lengths, middle, budget)
@@ -61,15 +60,18 @@ def _split(costs: np.ndarray, lengths: np.ndarray, num_microbatches: int, budget
 
 
 def dynapipe_style(problem: MicroBatchProblem, sources: np.ndarray, num_microbatches: int) -> MicroBatchPlan:
-    """DynaPipe-style cells (module docstring): every replica's own samples, sorted and cut contiguously."""
+    """DynaPipe-style cells (module docstring): every replica's own samples, sorted and cut contiguously
+    into `num_microbatches`, or the most any replica's tokens need under T when that is more."""
+    mine = [np.flatnonzero(sources == replica) for replica in range(problem.num_ranks)]
+    mine = [ids[np.lexsort((ids, problem.lengths[ids]))] for ids in mine]  # shortest first, ties by index
+    unlimited = float(problem.item_costs.sum()) + 1.0
+    m = max([num_microbatches, *(_groups(problem.item_costs[ids], problem.lengths[ids], unlimited,
+                                         problem.max_tokens).size for ids in mine)])
     microbatch = np.empty(problem.num_items, dtype=np.int64)
-    for replica in range(problem.num_ranks):
-        mine = np.flatnonzero(sources == replica)
-        mine = mine[np.lexsort((mine, problem.lengths[mine]))]  # shortest first, ties by index
-        microbatch[mine] = _split(problem.item_costs[mine], problem.lengths[mine], num_microbatches,
-                                  problem.max_tokens)
+    for ids in mine:
+        microbatch[ids] = _split(problem.item_costs[ids], problem.lengths[ids], m, problem.max_tokens)
     result = MicroBatchResult(rank=np.asarray(sources, dtype=np.int64).copy(), microbatch=microbatch)
-    return make_microbatch_plan(problem, result, num_microbatches, "dynapipe_style")
+    return make_microbatch_plan(problem, result, m, "dynapipe_style")
 
 
 def pipeline_peers(lengths, num_ranks: int, *, sources, cost, max_tokens_per_microbatch: int,

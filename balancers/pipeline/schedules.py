@@ -81,6 +81,7 @@ def stage_order(pipeline: Pipeline, num_microbatches: int, stage: int) -> list[t
 def programs(pipeline: Pipeline, num_microbatches: int) -> tuple[np.ndarray, ...]:
     """Every operation once, inputs first: (stage, slot, backward, previous op of its stage, input
     op) as int64 arrays, -1 where there is none.  RuntimeError if the orders deadlock."""
+    pipeline.check_microbatches(num_microbatches, "the number of micro-batches")
     p, g_count = pipeline.stages, pipeline.stages * pipeline.virtual_stages
     orders = [stage_order(pipeline, num_microbatches, s) for s in range(p)]
     where = {(backward, slot, g): (s, i) for s, order in enumerate(orders)

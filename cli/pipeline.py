@@ -1,0 +1,80 @@
+"""`orchmllm simulate --pipeline-stages P --schedule S`: the pipelined step's strategy table."""
+
+from __future__ import annotations
+
+from . import arguments, render
+from .errors import UsageError, usage_errors
+
+
+def add_arguments(simulate) -> None:
+    """The pipeline options of `simulate`."""
+    from ..balancers.pipeline import SCHEDULES
+
+    simulate.add_argument("--pipeline-stages", type=int, metavar="P",
+                          help="simulate a pipeline-parallel step: P stages over the model's layers (encoders on "
+                               "the first), gpus / P data-parallel replicas, micro-batches of at most "
+                               "--max-tokens-per-microbatch tokens (default 16384), strategies ours (PP-aware), "
+                               "ours_unaware, verl_dynamic_bsz, sorted_grid, dynapipe_style")
+    simulate.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                          help="pipeline schedule with --pipeline-stages (default: %(default)s)")
+    simulate.add_argument("--virtual-stages", type=int, metavar="V", default=2,
+                          help="model chunks per stage of the interleaved schedule (default: %(default)s)")
+
+
+def run_pipelined(args, gpus: list[int]) -> int:
+    """The pipelined strategies' table (or JSON) for each GPU count."""
+    from ..balancers import Pipeline
+    from ..study.pipeline_sim import DEFAULT_SAMPLES_PER_RANK, STRATEGIES, run_pipeline_simulation
+
+    if args.context_parallel is not None:
+        raise UsageError("--context-parallel is not available with --pipeline-stages: split items in a pipeline "
+                         "are not modelled yet")
+    for option, value in (("--workload-file", args.workload_file), ("--plot", args.plot)):
+        if value is not None:
+            raise UsageError(f"{option} is not available with --pipeline-stages")
+    arguments.positive_int(args.samples_per_rank, "--samples-per-rank")
+    arguments.positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
+    arguments.model_stages(args.model)
+    with usage_errors("--pipeline-stages", {"stages": f"--pipeline-stages {args.pipeline_stages}",
+                                            "virtual_stages": f"--virtual-stages {args.virtual_stages}"}):
+        pipeline = Pipeline(stages=args.pipeline_stages, schedule=args.schedule,
+                            virtual_stages=args.virtual_stages if args.schedule == "interleaved" else 1)
+    strategies = arguments.name_list(args.strategies, "--strategies") or STRATEGIES
+    unknown = [name for name in strategies if name not in STRATEGIES]
+    if unknown:
+        raise UsageError(f"unknown pipeline strategy {unknown[0]!r} in --strategies; choose from "
+                         f"{', '.join(STRATEGIES)}")
+    samples = DEFAULT_SAMPLES_PER_RANK if args.samples_per_rank is None else args.samples_per_rank
+    budget = args.max_tokens_per_microbatch or 16384
+    runs = []
+    for count in gpus:
+        with usage_errors(f"--gpus {count}"):
+            runs.append(run_pipeline_simulation(args.model, count, pipeline=pipeline, max_tokens_per_microbatch=budget,
+                                                workload=args.workload, samples_per_rank=samples,
+                                                strategies=strategies, seed=args.seed))
+    if args.json:
+        render.print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": []})
+        return 0
+    _print(runs)
+    return 0
+
+
+def _print(runs) -> None:
+    from rich.table import Table
+
+    out = render.console()
+    for run in runs:
+        p = run.pipeline
+        table = Table(title=f"{run.model} model on {run.gpus} H100s: {run.replicas} replicas x {p.stages} pipeline "
+                            f"stages ({p.schedule}{f', v = {p.virtual_stages}' if p.virtual_stages > 1 else ''}), "
+                            f"workload {run.workload!r}, {run.samples_per_rank} samples per replica, micro-batches "
+                            f"of at most {run.max_tokens_per_microbatch} tokens", title_justify="left",
+                      title_style="bold")
+        for header in ("strategy", "M", "step s", "bubble", "speed-up vs ours_unaware"):
+            table.add_column(header, justify="left" if header == "strategy" else "right", no_wrap=True)
+        for name, result in run.strategies.items():
+            table.add_row(name, str(result.num_microbatches), f"{result.step_seconds:.3f}",
+                          f"{result.bubble_fraction:.1%}", f"{result.speedup_vs_unaware:.3f}x")
+        out.print(table)
+    out.print("step s: the slowest replica's schedule; bubble: idle share of all GPUs' step time (fill, drain, "
+              "waits, slower replicas); gradient reduction and exchanges left out.")
