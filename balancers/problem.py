@@ -11,8 +11,7 @@ every rank also holds floor(n / D) or ceil(n / D) items.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, NamedTuple
 
@@ -142,27 +141,45 @@ def read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
+class kept_order:
+    """A property computed on first use and kept in the problem's `orders` dict (read-only), which
+    problems over the same items are built with, so that each order is computed once for all of them."""
+
+    def __init__(self, compute: Callable[["SortedItems"], np.ndarray]):
+        self.compute, self.name, self.__doc__ = compute, compute.__name__, compute.__doc__
+
+    def __get__(self, problem, owner=None):
+        if problem is None:
+            return self
+        value = problem.orders.get(self.name)
+        if value is None:
+            value = problem.orders[self.name] = read_only(self.compute(problem))
+        return value
+
+
 class SortedItems:
     """The orders of a problem's items, each computed once (read-only): a `Problem`'s or a
-    `MicroBatchProblem`'s `lengths`, `item_costs` and `cost` (None when costs are given per item)."""
+    `MicroBatchProblem`'s `lengths`, `item_costs` and `cost` (None when costs are given per item).
+    They live in the problem's `orders` field: a problem built over the same items (a
+    `dataclasses.replace` of it, `balancing_problem`) is given them at construction."""
 
-    @cached_property
+    @kept_order
     def length_order(self) -> np.ndarray:
         """`sorted_order(lengths)`: items by length, longest first, ties by index."""
-        return read_only(sorted_order(self.lengths))
+        return sorted_order(self.lengths)
 
-    @cached_property
+    @kept_order
     def cost_order(self) -> np.ndarray:
         """`sorted_order(item_costs)`, computed once per problem (LPT, locality and the bound
         share it; with a cost model `cost_order`: the length order where it is the same)."""
         if self.cost is None:
-            return read_only(sorted_order(self.item_costs))
+            return sorted_order(self.item_costs)
         return cost_order(self.lengths, self.item_costs, self.cost, self.length_order)
 
-    @cached_property
+    @kept_order
     def sorted_costs(self) -> np.ndarray:
         """`item_costs[cost_order]`, largest first."""
-        return read_only(self.item_costs[self.cost_order])
+        return self.item_costs[self.cost_order]
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,6 +194,8 @@ class Problem(SortedItems):
     max_tokens_per_rank: int | None
     time_limit: float | None
     equal_counts: bool = False  # every rank holds floor(n / D) or ceil(n / D) items
+    # `SortedItems`' orders once computed; a `dataclasses.replace` shares them (pass orders={} with other items)
+    orders: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def num_items(self) -> int:

@@ -1,6 +1,8 @@
 """The micro-batch problem's shared orders: the length order in the bin bound, the placeholders'
 order of the cell LPT, built without a sort, agree with what the sorts give."""
 
+import dataclasses
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,7 +13,7 @@ from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.balancers.microbatch.bounds import min_bins
 from orchmllm.balancers.microbatch.cells import lpt_cells
 from orchmllm.balancers.microbatch.plan import balancing_problem
-from orchmllm.balancers.problem import sorted_order
+from orchmllm.balancers.problem import make_problem, sorted_order
 
 
 @given(st.lists(st.integers(0, 12), min_size=1, max_size=30), st.integers(12, 20))
@@ -38,3 +40,14 @@ def test_property_lpt_cells_orders_its_placeholders_as_sorted_order_does(lengths
                               problem.max_tokens, order)
     expected = lpt.solve(cells).assignment[size:]
     np.testing.assert_array_equal(lpt_cells(problem, m, offsets), expected)
+
+
+def test_problems_are_built_with_their_items_orders_never_preset():
+    problem = make_problem([3, 1, 2, 2], 2)
+    order = problem.cost_order
+    capped = dataclasses.replace(problem, max_tokens_per_rank=8)  # same items: the orders come with them
+    assert capped.orders is problem.orders and capped.cost_order is order and "cost_order" not in vars(capped)
+    given = balancing_problem(np.array([1, 5, 3]), np.array([9.0, 1.0, 5.0]), 2, 10, order=np.array([0, 2, 1]))
+    assert given.cost is None and given.orders["cost_order"].tolist() == [0, 2, 1]
+    own = balancing_problem(np.array([1, 5, 3]), np.array([9.0, 1.0, 5.0]), 2, 10)  # costs ordered by themselves
+    assert own.cost_order.tolist() == [0, 2, 1] and not own.cost_order.flags.writeable

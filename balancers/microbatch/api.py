@@ -120,15 +120,12 @@ def _work_limit(time_limit: float | None) -> int:
 
 
 def _time_share(problem: MicroBatchProblem, calls: int) -> MicroBatchProblem:
-    """`problem` with 1 / `calls` of its time limit (as many kernel calls share it), its cached
-    orders kept."""
+    """`problem` with 1 / `calls` of its time limit (as many kernel calls share it), its items'
+    orders shared (`orders`)."""
     if problem.time_limit is None or calls <= 1:
         return problem
     share = problem.time_limit / calls
-    shared = dataclasses.replace(problem, time_limit=share, work_limit=_work_limit(share))
-    shared.__dict__.update({key: value for key, value in problem.__dict__.items()
-                            if key not in shared.__dict__})  # cached properties: same items
-    return shared
+    return dataclasses.replace(problem, time_limit=share, work_limit=_work_limit(share))
 
 
 def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plan import certify, claimed_bound, integral, json_head, kernel_status, require_result, rounded_up
-from ..problem import Problem, SortedItems, Status, integer_sum, read_only, sorted_order, token_sums
+from ..problem import Problem, SortedItems, Status, integer_sum, read_only, token_sums
 from ..validation import as_index, is_real
 from .bounds import min_microbatches, step_cost_bound
 
@@ -31,6 +31,8 @@ class MicroBatchProblem(SortedItems):
     work_limit: int  # operations an anytime search may spend
     cost: CostModel | None = None  # the model that gave `item_costs`, None when given per item
     time_limit: float | None = None  # seconds, when given: each kernel converts it to its own operations
+    # `SortedItems`' orders once computed; a `dataclasses.replace` shares them (pass orders={} with other items)
+    orders: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def num_items(self) -> int:
@@ -58,17 +60,15 @@ def balancing_problem(lengths: np.ndarray, costs: np.ndarray, num_ranks: int, ca
                       order: np.ndarray | None = None, sorted_costs: np.ndarray | None = None) -> Problem:
     """An unpadded P||Cmax `Problem` over these items (for its kernels), costs taken as given.
 
-    `Problem` derives its cost order from its cost model when costs rise with lengths; these
-    costs need not (explicit costs, pinned placeholders), so their own order (`order`, else
-    `sorted_order(costs)`) is set here, and `costs[order]` when the caller has it.
+    Costs given per item (explicit costs, pinned placeholders) need not rise with the lengths,
+    so the problem has no cost model and orders them by themselves; built with their order
+    (`order`) and `costs[order]` (`sorted_costs`) where the caller has them.
     """
-    problem = Problem(lengths=lengths, item_costs=costs, num_ranks=num_ranks, cost=CostModel(), padded=False,
-                      max_tokens_per_rank=cap, time_limit=None)
-    # The cached properties, computed from the costs themselves.
-    problem.__dict__["cost_order"] = read_only(sorted_order(costs) if order is None else order)
+    orders = {} if order is None else {"cost_order": read_only(order)}
     if sorted_costs is not None:
-        problem.__dict__["sorted_costs"] = read_only(sorted_costs)
-    return problem
+        orders["sorted_costs"] = read_only(sorted_costs)
+    return Problem(lengths=lengths, item_costs=costs, num_ranks=num_ranks, cost=None, padded=False,
+                   max_tokens_per_rank=cap, time_limit=None, orders=orders)
 
 
 def cells_problem(problem: MicroBatchProblem, num_cells: int) -> Problem:
