@@ -45,7 +45,7 @@ import numpy as np
 
 from ..balancers.plan import relative_gap
 from ..balancers.validation import is_int
-from .samples import Batch
+from .samples import Batch, group_order
 from .shards import SampleChunks, ShardTable, TextPieces, split_layout, split_pieces
 from .stages import Stage
 
@@ -403,8 +403,9 @@ def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[
     llm = stage_plans[-1]
     chunks = llm.split[1] if llm.split is not None else split_layout(batch, llm.destination, llm.degree)[1]
     pieces = split_pieces(batch, stage_plans[:-1], chunks, llm.degree)
-    order = np.lexsort((pieces.llm_offset, pieces.llm_rank))
-    offsets = np.concatenate(([0], np.cumsum(np.bincount(pieces.llm_rank, minlength=batch.num_ranks))))
+    # Pieces run segment by segment in row order, so a stable sort by LLM rank lists each rank's in
+    # packed order (its samples ascend; a shard's chunk j precedes chunk 2c - 1 - j).
+    offsets, order = group_order(pieces.llm_rank, batch.num_ranks)
     return PassPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=pieces.stage,
                     route_encoder_rank=pieces.encoder_rank, route_encoder_offset=pieces.encoder_offset,
                     route_llm_rank=pieces.llm_rank, route_llm_offset=pieces.llm_offset, route_tokens=pieces.tokens,

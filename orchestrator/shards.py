@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..balancers.context_parallel.layout import chunk_sizes
 from .samples import Batch, group_order
 
 
@@ -84,6 +83,20 @@ class TextPieces:
     offset: np.ndarray
 
 
+def _embedded(batch: Batch, sample: np.ndarray, start: np.ndarray, size: np.ndarray, split: np.ndarray) -> np.ndarray:
+    """Embedding rows inside each chunk [start, start + size) of `sample` (0 where not `split`):
+    the overlap of the chunk with every segment of its sample, summed."""
+    rows = np.flatnonzero(split)
+    offsets = batch.sample_segment_offsets
+    counts = (offsets[1:] - offsets[:-1])[sample[rows]]
+    pair_row = np.repeat(rows, counts)
+    segment = np.repeat(offsets[sample[rows]] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    seg_start = batch.segment_position[segment]
+    seg_end = seg_start + batch.segment_tokens[segment]
+    overlap = np.minimum(start[pair_row] + size[pair_row], seg_end) - np.maximum(start[pair_row], seg_start)
+    return np.bincount(pair_row, weights=np.maximum(overlap, 0), minlength=sample.size).astype(np.int64)
+
+
 def text_before(batch: Batch, sample: int, positions: np.ndarray) -> np.ndarray:
     """Text rows of `sample` before each of `positions` (LLM positions, ascending or not)."""
     segments = slice(batch.sample_segment_offsets[sample], batch.sample_segment_offsets[sample + 1])
@@ -119,17 +132,12 @@ def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> t
     first = np.concatenate(([0], np.cumsum(chunks)))
     sample = np.repeat(np.arange(n, dtype=np.int64), chunks)
     index = np.arange(sample.size) - first[sample]  # chunk index within its sample
-    sizes = lengths[sample].copy()
-    text_sizes = batch.sample_text[sample].copy()
-    positions = np.zeros(sample.size, dtype=np.int64)
-    for k in np.flatnonzero(degree > 1).tolist():
-        rows = slice(first[k], first[k + 1])
-        size = chunk_sizes([lengths[k]], int(degree[k]))[0]
-        sizes[rows] = size
-        bounds = np.concatenate(([0], np.cumsum(size)))
-        positions[rows] = bounds[:-1]
-        text_sizes[rows] = np.diff(text_before(batch, k, bounds))
     c = degree[sample]
+    quotient, remainder = np.divmod(lengths[sample], np.where(c > 1, 2 * c, 1))
+    sizes = quotient + (index < remainder)  # `layout.chunk_sizes`: the first l mod 2c chunks one token longer
+    positions = np.cumsum(sizes) - sizes
+    positions -= positions[first[:-1]][sample]
+    text_sizes = np.where(c > 1, sizes - _embedded(batch, sample, positions, sizes, c > 1), batch.sample_text[sample])
     group_rank = np.where(index < c, index, 2 * c - 1 - index)
     chunk_rank = destination[sample] + group_rank
     # Shards: one per (sample, group rank); its chunks are j then 2c - 1 - j.
@@ -191,24 +199,27 @@ def _parts(encoder_plans) -> tuple[np.ndarray, ...]:
 
 def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.ndarray) -> Pieces:
     """The embedding pieces of a pass: each segment cut where its encoder parts and its sample's
-    chunks start (a segment in one part of an unsplit sample: one piece, as before).  Rows are
-    keyed segment · K + row (K above every length), so one sort orders every cut."""
+    chunks start (a segment in one part of an unsplit sample: one piece, as before).  The cut
+    segments' rows are keyed segment · K + row (K above every length), so one sort orders them."""
     segment, row, tokens, stage, rank, offset = _parts(encoder_plans)
     owner, size, position = batch.segment_sample, batch.segment_tokens, batch.segment_position
+    part_count = np.bincount(segment, minlength=batch.num_segments)
+    cut = np.flatnonzero((part_count > 1) | (degree[owner] > 1))
+    whole = np.ones(batch.num_segments, dtype=bool)
+    whole[cut] = False
+    keys = _cut_keys(batch, chunks, segment, row, cut)
     scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
-    # Cuts: every part's first row, and every chunk start of the segment's sample inside the segment.
-    per_sample = np.diff(chunks.first)
-    counts = per_sample[owner]
-    cut_segment = np.repeat(np.arange(batch.num_segments), counts)
-    chunk = np.repeat(chunks.first[owner] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-    cut_row = chunks.position[chunk] - position[cut_segment]
-    inside = (cut_row > 0) & (cut_row < size[cut_segment])
-    keys = np.unique(np.concatenate((segment * scale + row, cut_segment[inside] * scale + cut_row[inside])))
-    piece_segment, piece_row = np.divmod(keys, scale)
-    ends = np.append(keys[1:], np.iinfo(np.int64).max)
+    cut_segment, cut_row = np.divmod(keys, scale)
+    count = np.where(whole, 1, 0)
+    count[cut] = np.bincount(cut_segment, minlength=batch.num_segments)[cut]
+    first = np.cumsum(count) - count  # first piece of every segment
+    piece_segment = np.repeat(np.arange(batch.num_segments), count)
+    piece_row = np.zeros(piece_segment.size, dtype=np.int64)
+    piece_row[first[cut_segment] + np.arange(keys.size) - np.repeat(
+        np.cumsum(count[cut]) - count[cut], count[cut])] = cut_row
     last = np.append(piece_segment[1:] != piece_segment[:-1], True)
-    piece_tokens = np.where(last, size[piece_segment] - piece_row, ends - keys)
-    part = np.searchsorted(segment * scale + row, keys, side="right") - 1
+    piece_tokens = np.where(last, size[piece_segment] - piece_row, np.append(piece_row[1:], 0) - piece_row)
+    part = np.searchsorted(segment * scale + row, piece_segment * scale + piece_row, side="right") - 1
     sample = owner[piece_segment]
     llm_position = position[piece_segment] + piece_row
     at = np.searchsorted(chunks.sample * scale + chunks.position, sample * scale + llm_position, side="right") - 1
@@ -216,3 +227,18 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.n
                   stage=_frozen(stage[part]), encoder_rank=_frozen(rank[part]),
                   encoder_offset=_frozen(offset[part] + piece_row - row[part]), llm_rank=_frozen(chunks.rank[at]),
                   llm_offset=_frozen(chunks.packed[at] + llm_position - chunks.position[at]))
+
+
+def _cut_keys(batch: Batch, chunks: SampleChunks, segment: np.ndarray, row: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """Sorted distinct keys segment · K + row of where the segments `cut` (ascending) start a piece:
+    every part's first row and every chunk start of the segment's sample inside the segment."""
+    scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
+    owner, size, position = batch.segment_sample[cut], batch.segment_tokens[cut], batch.segment_position[cut]
+    counts = np.diff(chunks.first)[owner]
+    cut_segment = np.repeat(cut, counts)
+    chunk = np.repeat(chunks.first[owner] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    cut_row = chunks.position[chunk] - np.repeat(position, counts)
+    inside = (cut_row > 0) & (cut_row < np.repeat(size, counts))
+    mine = np.isin(segment, cut)
+    keys = np.sort(np.concatenate((segment[mine] * scale + row[mine], cut_segment[inside] * scale + cut_row[inside])))
+    return keys[np.append(True, keys[1:] != keys[:-1])] if keys.size else keys

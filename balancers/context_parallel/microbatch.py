@@ -20,6 +20,7 @@ Algorithm:
 
     P = today's plan (`balance_microbatches` without splitting) when every item fits T
     if no item exceeds T or costs more than a micro-batch's mean share Σ f / (D · M_P):  return P
+        (bound Σ f / D + ⌈Σ l / (D · T)⌉ · overhead: any plan works at least Σ f)
     for a fill of 95 %, 85 %, 70 %, 50 % of a micro-batch's D · T tokens, until every micro-batch fits
             and one more (the better kept) while the step is above the bound by more than min_gain:
         micro-batches: items by cost, largest first, each to the micro-batch of least work
@@ -127,7 +128,7 @@ def leaders_bound(times: np.ndarray, lengths: np.ndarray, room: int) -> float:
     >>> leaders_bound(np.array([9.0, 8.0, 1.0, 1.0]), np.array([3, 3, 3, 3]), 4)  # 9 + 8 + 1
     18.0
     """
-    order = np.lexsort((np.arange(times.size), -times))
+    order = np.argsort(-times, kind="stable")  # longest first, ties by index
     tokens = np.cumsum(lengths[order])
     if not tokens.size:
         return 0.0
@@ -168,7 +169,7 @@ def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray
     micro-batches left)), or beyond that level while the later micro-batches could not hold the
     tokens left; the last takes the rest.  A step costs Σ_m max_r, so items of like time
     share a micro-batch (giants run side by side on their groups) and the rest level out."""
-    order = np.lexsort((np.arange(times.size), -times))
+    order = np.argsort(-times, kind="stable")  # longest first, ties by index
     tokens = np.cumsum(lengths[order])
     work = np.cumsum(costs[order])
     n = order.size
@@ -228,16 +229,18 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     costs = make_problem(lengths, num_ranks, cost=cost).item_costs
     if not spec.splits:
         return wrap_unsplit(plain(), spec, costs)
-    bound, fewest, times = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
     gain = 1 + spec.min_gain
     today, refusal = None, None
     try:
         today = plain() if int(lengths.max(initial=0)) <= budget else None
     except InfeasibleError as error:
         refusal = error
+    fewest = max(1, -(-int(lengths.sum()) // (num_ranks * budget)))
     first = num_microbatches or (today.num_microbatches if today is not None else fewest)
-    if today is not None and not np.any(costs * num_ranks * first > exact_sum(costs)):
-        return wrap_unsplit(today, spec, costs, bound)
+    total = exact_sum(costs)
+    if today is not None and not np.any(costs * num_ranks * first > total):  # no giant: every plan works Σ f
+        return wrap_unsplit(today, spec, costs, float_sum([total / num_ranks, (num_microbatches or fewest) * overhead]))
+    bound, fewest, times = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
     best = None
     tries = 0
     for fill in FILLS:
