@@ -343,10 +343,10 @@ def _load_plugins() -> None:
             _loading = None
 
 
-def _find(name, records: dict | None = None):
+def _find(name, records: dict | None = None, argument: str = "algorithm"):
     records = _records if records is None else records
     if not isinstance(name, str):
-        raise TypeError(f"`algorithm` must be a str; got {type(name).__name__}")
+        raise TypeError(f"`{argument}` must be a str; got {type(name).__name__}")
     record = records.get(name)
     if record is None:
         _load_plugins()
@@ -354,27 +354,29 @@ def _find(name, records: dict | None = None):
     return record
 
 
-def get_algorithm(name: str) -> Algorithm:
-    """The record of algorithm `name`; ValueError naming the known ones when there is none.
+def get_algorithm(name: str, argument: str = "algorithm") -> Algorithm:
+    """The record of algorithm `name`; ValueError naming the known ones when there is none (and the
+    caller's `argument` that gave the name): the one check of an algorithm name.
 
     >>> get_algorithm("lpt").exact, get_algorithm("identity").kind.value
     (False, 'baseline')
     """
-    record = _find(name)
+    record = _find(name, argument=argument)
     if record is None:
-        raise ValueError(f"unknown `algorithm` {name!r}; choose one of {sorted(_records)}")
+        raise ValueError(f"unknown `{argument}` {name!r}; choose one of {sorted(_records)}")
     return record
 
 
-def get_microbatch_algorithm(name: str) -> MicroBatchAlgorithm:
-    """The record of micro-batch algorithm `name`; ValueError naming the known ones when there is none.
+def get_microbatch_algorithm(name: str, argument: str = "algorithm") -> MicroBatchAlgorithm:
+    """The record of micro-batch algorithm `name`; ValueError naming the known ones when there is none
+    (and the caller's `argument` that gave the name), as `get_algorithm`.
 
     >>> get_microbatch_algorithm("exact").exact
     True
     """
-    record = _find(name, _microbatch_records)
+    record = _find(name, _microbatch_records, argument)
     if record is None:
-        raise ValueError(f"unknown `algorithm` {name!r}; choose one of {sorted(_microbatch_records)}")
+        raise ValueError(f"unknown `{argument}` {name!r}; choose one of {sorted(_microbatch_records)}")
     return record
 
 

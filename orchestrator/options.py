@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from ..balancers import ALGORITHMS
+from ..balancers import get_algorithm
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import microbatch_options
 from ..balancers.validation import as_bool, as_real
@@ -50,9 +50,8 @@ class PlanOptions:
                      "balance_llm": as_bool(self.balance_llm, "balance_llm")}
         if self.seconds_per_cost is not None:
             canonical["seconds_per_cost"] = as_real(self.seconds_per_cost, "seconds_per_cost", allow_zero=False)
-        if self.uniform_algorithm is not None and self.uniform_algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown `uniform_algorithm` {self.uniform_algorithm!r}; choose one of "
-                             f"{sorted(ALGORITHMS)}")
+        if self.uniform_algorithm is not None:
+            get_algorithm(self.uniform_algorithm, "uniform_algorithm")
         if self.context_parallel is not None:
             if not isinstance(self.context_parallel, ContextParallel):
                 raise TypeError(f"`context_parallel` must be a ContextParallel or None; got "

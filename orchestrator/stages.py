@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..balancers import ALGORITHMS, CostModel
+from ..balancers import CostModel, get_algorithm
 from ..balancers.validation import as_bool, as_real, is_int
 
 LLM = "llm"
@@ -48,11 +48,12 @@ class Stage:
         if not isinstance(self.cost, CostModel):
             raise TypeError(f"`cost` must be a CostModel; got {type(self.cost).__name__}")
         object.__setattr__(self, "padded", as_bool(self.padded, "padded"))
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"stage {self.name!r}: unknown `algorithm` {self.algorithm!r}; "
-                             f"choose one of {sorted(ALGORITHMS)}")
-        if not ALGORITHMS[self.algorithm].solves(self.padded):
-            raise ValueError(f"stage {self.name!r}: {ALGORITHMS[self.algorithm].why_not(self.padded)}")
+        try:
+            record = get_algorithm(self.algorithm)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"stage {self.name!r}: {error}") from None
+        if not record.solves(self.padded):
+            raise ValueError(f"stage {self.name!r}: {record.why_not(self.padded)}")
         cap = self.max_tokens_per_rank
         if cap is not None and (not is_int(cap) or cap <= 0):
             raise ValueError(f"stage {self.name!r}: `max_tokens_per_rank` must be a positive int or None; got {cap!r}")

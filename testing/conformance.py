@@ -44,7 +44,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ..balancers import (ALGORITHMS, MICROBATCH_ALGORITHMS, BalancePlan, CostModel, InfeasibleError,
-                         MicroBatchAlgorithm, Status, make_problem)
+                         MicroBatchAlgorithm, Status, get_algorithm, make_problem)
 from ..balancers.api import _balance_groups
 from ..balancers.constraints.groups import as_groups
 from ..balancers.plan import make_plan, run_kernel
@@ -90,9 +90,7 @@ class _Target:
     def __init__(self, target, padded, exact, order_invariant, time_limit, constraints):
         name = target if isinstance(target, str) else getattr(target, "__name__", type(target).__name__)
         if isinstance(target, str):
-            if target not in ALGORITHMS:
-                raise ValueError(f"unknown algorithm {target!r}; choose one of {sorted(ALGORITHMS)}")
-            target = ALGORITHMS[target]
+            target = get_algorithm(target, "algorithm_or_kernel")
         if not callable(target):
             raise TypeError(f"`algorithm_or_kernel` must be a registered name or a kernel "
                             f"(Problem -> KernelResult); got {type(target).__name__}")

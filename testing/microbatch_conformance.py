@@ -26,7 +26,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ..balancers import MICROBATCH_ALGORITHMS, CostModel, InfeasibleError, MicroBatchAlgorithm, Status
+from ..balancers import CostModel, InfeasibleError, MicroBatchAlgorithm, Status, get_microbatch_algorithm
 from ..balancers.microbatch.api import balance_microbatches, make_microbatch_problem
 from ..balancers.microbatch.bounds import min_microbatches
 from ..balancers.microbatch.plan import MicroBatchPlan, make_microbatch_plan
@@ -129,10 +129,7 @@ class _Target:
 
     def __init__(self, target, padded, exact, time_limit):
         if isinstance(target, str):
-            if target not in MICROBATCH_ALGORITHMS:
-                raise ValueError(f"unknown micro-batch algorithm {target!r}; choose one of "
-                                 f"{sorted(MICROBATCH_ALGORITHMS)}")
-            target = MICROBATCH_ALGORITHMS[target]
+            target = get_microbatch_algorithm(target, "algorithm_or_kernel")
         if not callable(target):
             raise TypeError(f"`algorithm_or_kernel` must be a registered micro-batch name or record, or a kernel "
                             f"((MicroBatchProblem, M) -> MicroBatchResult | None); got {type(target).__name__}")

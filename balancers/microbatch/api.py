@@ -36,7 +36,7 @@ from ..pipeline.planner import plan_for_pipeline
 from ..pipeline.spec import Pipeline, as_pipeline
 from ..problem import (INT64_MAX, InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
                        check_cost_range, check_token_range)
-from ..registry import MICROBATCH_ALGORITHMS, get_microbatch_algorithm
+from ..registry import get_microbatch_algorithm
 from ..validation import as_bool, as_int, as_real
 from . import auto as microbatch_auto, exact as microbatch_exact
 from .auto import plan_cost
@@ -73,9 +73,7 @@ def microbatch_options(max_tokens_per_microbatch, num_microbatches=None, microba
     >>> microbatch_options(np.int64(16), microbatch_overhead=0)
     {'max_tokens_per_microbatch': 16, 'num_microbatches': None, 'microbatch_overhead': 0.0, 'algorithm': 'auto'}
     """
-    if algorithm not in MICROBATCH_ALGORITHMS:
-        raise ValueError(f"unknown `{algorithm_name}` {algorithm!r}; choose one of "
-                         f"{sorted(MICROBATCH_ALGORITHMS)}")
+    get_microbatch_algorithm(algorithm, algorithm_name)
     return dict(max_tokens_per_microbatch=_as_budget(max_tokens_per_microbatch),
                 num_microbatches=as_int(num_microbatches, "num_microbatches", minimum=1, optional=True),
                 microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"), algorithm=str(algorithm))
