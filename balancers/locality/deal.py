@@ -236,12 +236,13 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
     lpt_rounds = 0
     while waiting.size:
         roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
-        ranks = smallest_ranks(state.loads, roomy, integer=False) if roomy else np.zeros(0, dtype=np.int64)
         count = min(waiting.size, DEAL_WINDOW * roomy)
-        passes = -(-count // max(roomy, 1))
-        dealt = np.full(passes * roomy, -1, dtype=np.int64)  # pass by pass, rank by rank
+        width = min(roomy, count)  # fewer items than roomy ranks: only the first `count` ranks are dealt to
+        ranks = smallest_ranks(state.loads, width, integer=False) if width else np.zeros(0, dtype=np.int64)
+        passes = -(-count // max(width, 1))
+        dealt = np.full(passes * width, -1, dtype=np.int64)  # pass by pass, rank by rank
         dealt[:count] = waiting[:count]
-        dealt = dealt.reshape(passes, roomy)
+        dealt = dealt.reshape(passes, width)
         inside = dealt >= 0
         fits = state.loads[ranks] + np.cumsum(np.where(inside, state.costs[dealt], 0.0), axis=0) <= state.target - margin
         if state.cap < np.inf:
