@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from ..balancers import get_algorithm
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import microbatch_options
+from ..balancers.pipeline import Pipeline
 from ..balancers.validation import as_bool, as_real
 from ..topology import PLACEMENTS
 
@@ -38,6 +39,7 @@ class PlanOptions:
     microbatch_overhead: float = 0.0
     microbatch_algorithm: str = "auto"
     context_parallel: ContextParallel | None = None
+    pipeline: Pipeline | None = None
     microbatching: dict | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -59,6 +61,10 @@ class PlanOptions:
             if not canonical["balance_llm"]:
                 raise ValueError("`context_parallel` needs `balance_llm=True` (split items are planned in the LLM "
                                  "stage's balance)")
+        if self.pipeline is not None and self.context_parallel is not None:
+            raise ValueError("`pipeline` and `context_parallel` cannot be combined yet: a split item's group would "
+                             "run its micro-batch in lockstep across pipeline replicas, which the pipeline planner "
+                             "does not model")
         canonical["microbatching"] = self._microbatching(canonical["balance_llm"])
         if canonical["microbatching"] is not None:
             canonical.update(max_tokens_per_microbatch=canonical["microbatching"]["max_tokens_per_microbatch"],
@@ -70,7 +76,7 @@ class PlanOptions:
     def _microbatching(self, balance_llm: bool) -> dict | None:
         """The checked micro-batch options, or None without a budget (then none may be given)."""
         given = [name for name, default in (("num_microbatches", None), ("microbatch_overhead", 0.0),
-                                            ("microbatch_algorithm", "auto"))
+                                            ("microbatch_algorithm", "auto"), ("pipeline", None))
                  if getattr(self, name) is not default and getattr(self, name) != default]
         if self.max_tokens_per_microbatch is None:
             if given:
@@ -81,7 +87,8 @@ class PlanOptions:
                              "keep samples on their ranks, pass cells that do to `plan_cells` (e.g. the study's "
                              "per-rank sequential fill)")
         return microbatch_options(self.max_tokens_per_microbatch, self.num_microbatches, self.microbatch_overhead,
-                                  self.microbatch_algorithm, algorithm_name="microbatch_algorithm")
+                                  self.microbatch_algorithm, algorithm_name="microbatch_algorithm",
+                                  pipeline=self.pipeline)
 
     def items(self) -> list[tuple[str, object]]:
         """(argument, canonical value) of every option, in declaration order (what ranks must share)."""

@@ -24,6 +24,7 @@ is planned as M gradient-accumulation micro-batches (`orchestrator.step`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import NamedTuple
 
@@ -197,9 +198,10 @@ class Orchestrator:
         max_tokens_per_microbatch: plan the step as M gradient-accumulation micro-batches of
             at most this many LLM tokens per rank (a `StepPlan` of M passes, see
             `orchestrator.step`); None plans one forward pass per rank (a step of one pass).
-        num_microbatches, microbatch_overhead, microbatch_algorithm: passed to
+        num_microbatches, microbatch_overhead, microbatch_algorithm, pipeline: passed to
             `balance_microbatches` (None: the smallest M that pays; cost of one more
-            micro-batch in LLM cost units; the micro-batch algorithm).
+            micro-batch in LLM cost units; the micro-batch algorithm; a `Pipeline`: cells for
+            its schedule, `StepPlan.cells.pipeline` the step; not with `context_parallel`).
     """
 
     def __init__(self, stages, topology, **options):
@@ -310,9 +312,10 @@ class Orchestrator:
         problem = make_microbatch_problem(tokens, batch.num_ranks, costs=costs, max_tokens_per_microbatch=budget,
                                           microbatch_overhead=options["microbatch_overhead"])
         fixed = options["num_microbatches"] is not None
-        return make_microbatch_plan(problem, MicroBatchResult(found.rank, found.microbatch), found.num_microbatches,
+        plan = make_microbatch_plan(problem, MicroBatchResult(found.rank, found.microbatch), found.num_microbatches,
                                     found.algorithm, floor_microbatches=None if fixed else problem.min_microbatches,
                                     solve_seconds=found.solve_seconds)
+        return dataclasses.replace(plan, pipeline=found.pipeline)  # the same LLM costs: the same pipeline step
 
     def _cell_budget(self) -> int:
         """The tokens a micro-batch cell may hold: max_tokens_per_microbatch, or the LLM stage's

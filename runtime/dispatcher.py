@@ -40,6 +40,7 @@ import torch
 from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import microbatch_options
+from ..balancers.pipeline import Pipeline
 from ..balancers.validation import as_bool
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll
@@ -150,6 +151,9 @@ class PostBalancingDispatcher:
         context_parallel: a `ContextParallel` spec: `balance(..., context_parallel=)` (or
             `balance_microbatches`) may split an item over an aligned group of ranks; the
             micro-batches then carry `layout`s.
+        pipeline: a `Pipeline`: `balance_microbatches(..., pipeline=)` plans the cells for its
+            schedule (micro-batch m runs m-th); needs `max_tokens_per_microbatch`; not with
+            `context_parallel`.
     """
 
     def __init__(self, *, group=None, algorithm: str = "auto", cost=None, padded: bool = False,
@@ -157,8 +161,11 @@ class PostBalancingDispatcher:
                  per_item_keys=(), check_plan: bool | None = None, transport=None,
                  max_tokens_per_microbatch: int | None = None, num_microbatches: int | None = None,
                  microbatch_overhead: float = 0.0, microbatch_algorithm: str = "auto",
-                 context_parallel: ContextParallel | None = None):
+                 context_parallel: ContextParallel | None = None, pipeline: Pipeline | None = None):
         self.group = group
+        if pipeline is not None and (context_parallel is not None or max_tokens_per_microbatch is None):
+            raise ValueError("`pipeline` needs `max_tokens_per_microbatch` and cannot be combined with "
+                             "`context_parallel` (split items in a pipeline are not modelled yet)")
         if context_parallel is not None and not isinstance(context_parallel, ContextParallel):
             raise TypeError(f"`context_parallel` must be a ContextParallel; got {type(context_parallel).__name__}")
         self.context_parallel = context_parallel
@@ -172,7 +179,7 @@ class PostBalancingDispatcher:
                                  "micro-batches the per-micro-batch budget bounds what a rank holds")
             self.microbatch_options = dict(
                 microbatch_options(max_tokens_per_microbatch, num_microbatches, microbatch_overhead,
-                                   microbatch_algorithm, algorithm_name="microbatch_algorithm"),
+                                   microbatch_algorithm, algorithm_name="microbatch_algorithm", pipeline=pipeline),
                 cost=cost, padded=as_bool(padded, "padded"), time_limit=time_limit, **splitting)
         elif num_microbatches is not None:
             raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
@@ -183,7 +190,8 @@ class PostBalancingDispatcher:
         self.transport = FlatAllToAll(group) if transport is None else transport
         microbatching = {} if self.microbatch_options is None else {
             "max_tokens_per_microbatch": max_tokens_per_microbatch, "num_microbatches": num_microbatches,
-            "microbatch_overhead": microbatch_overhead, "microbatch_algorithm": microbatch_algorithm}
+            "microbatch_overhead": microbatch_overhead, "microbatch_algorithm": microbatch_algorithm,
+            "pipeline": pipeline}
         self.config_options = option_table({  # what every rank must share, by argument name
             **self.balance_options, **microbatching, "per_item_keys": sorted(self.per_item_keys, key=repr),
             "transport": type(self.transport).__name__, "gpus_per_node": getattr(self.transport, "gpus_per_node", None),

@@ -112,6 +112,20 @@ def test_same_metadata_same_plan():
                                                           "backward_factor": 2.0}
 
 
+def test_sources_place_whole_replicas_near_their_samples():
+    """Replicas are interchangeable: with `sources` the planned replicas are placed on ranks (a
+    permutation), so the step is the same and more samples stay on the rank that drew them."""
+    batch = sample_workload("default", 8, 64, seed=5)
+    lengths, sources = batch.sample_llm_length, batch.sample_source
+    options = dict(max_tokens_per_microbatch=int(2 * lengths.sum() / 64), num_microbatches=8,
+                   pipeline=Pipeline(stages=4))
+    free, local = (balance_microbatches(lengths, 8, **options, **extra) for extra in ({}, {"sources": sources}))
+    assert local.pipeline.step_time == free.pipeline.step_time
+    assert sorted(local.pipeline.replica_times.tolist()) == sorted(free.pipeline.replica_times.tolist())
+    assert (local.rank == sources).sum() >= (free.rank == sources).sum()
+    assert local.algorithm == "auto+pipeline"
+
+
 def test_padded_cells_are_reordered_only():
     plan = balance_microbatches([5, 4, 4, 3, 2, 2, 1, 1], 2, max_tokens_per_microbatch=8, padded=True,
                                 num_microbatches=3, pipeline=Pipeline(stages=3))
@@ -121,11 +135,52 @@ def test_padded_cells_are_reordered_only():
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(pipeline=4), TypeError, r"`pipeline` must be a Pipeline\(stages=..., schedule=...\) or None; got int"),
-    (dict(pipeline=Pipeline(stages=2), sources=[0, 1, 0, 1]), ValueError,
-     r"`sources` and `pipeline` cannot be combined"),
     (dict(pipeline=Pipeline(stages=2, schedule="interleaved", virtual_stages=2), num_microbatches=3), ValueError,
      r"`num_microbatches`=3 must be a multiple of the pipeline's `stages`=2"),
 ])
 def test_pipeline_errors_name_the_argument(kwargs, error, match):
     with pytest.raises(error, match=match):
         balance_microbatches([4, 3, 2, 1], 2, max_tokens_per_microbatch=4, **kwargs)
+
+
+def test_orchestrator_plans_the_step_for_the_pipeline():
+    """`Orchestrator(..., pipeline=)`: the step's cells carry the pipeline step; micro-batch m is the m-th run."""
+    from orchmllm import Orchestrator
+    from orchmllm.study.models import MODELS
+    from orchmllm.topology import Topology
+
+    stages, batch = MODELS["18b"].stages(), sample_workload("default", 8, 64, seed=1)
+    options = dict(max_tokens_per_microbatch=16384, num_microbatches=8)
+    piped = Orchestrator(stages, Topology(1, 8), pipeline=Pipeline(stages=4), **options).plan(batch)
+    plain = Orchestrator(stages, Topology(1, 8), **options).plan(batch)
+    assert piped.cells.pipeline.step_time < piped.cells.pipeline.unaware_step_time
+    assert plain.cells.pipeline is None and piped.num_microbatches == 8
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(), r"`pipeline` needs `max_tokens_per_microbatch`"),
+    (dict(max_tokens_per_microbatch=16384, context_parallel="cp"), r"`pipeline` and `context_parallel` cannot be "
+                                                                    r"combined yet"),
+])
+def test_orchestrator_pipeline_errors(options, match):
+    from orchmllm import Orchestrator
+    from orchmllm.balancers import ContextParallel
+    from orchmllm.study.models import MODELS
+
+    if options.get("context_parallel") == "cp":
+        options["context_parallel"] = ContextParallel(degrees=(1, 2))
+    with pytest.raises(ValueError, match=match):
+        Orchestrator(MODELS["18b"].stages(), 8, pipeline=Pipeline(stages=4), **options)
+
+
+def test_dispatcher_plans_cells_for_the_pipeline():
+    """World size 1 (group None): the dispatcher's micro-batch plan is the pipeline's."""
+    pytest.importorskip("torch")
+    from orchmllm.runtime.dispatcher import PostBalancingDispatcher
+
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=8, num_microbatches=4, pipeline=Pipeline(stages=2))
+    plan = dispatcher.plan([5, 4, 3, 3, 2, 2, 1, 1])
+    assert plan.balance.pipeline is not None and plan.num_microbatches == 4
+    assert plan.balance.algorithm == "auto+pipeline"
+    with pytest.raises(ValueError, match=r"`pipeline` needs `max_tokens_per_microbatch`"):
+        PostBalancingDispatcher(pipeline=Pipeline(stages=2))

@@ -65,18 +65,22 @@ def _as_budget(value) -> int:
 
 
 def microbatch_options(max_tokens_per_microbatch, num_microbatches=None, microbatch_overhead=0.0,
-                       algorithm="auto", *, algorithm_name: str = "algorithm") -> dict:
+                       algorithm="auto", *, algorithm_name: str = "algorithm", pipeline=None) -> dict:
     """`balance_microbatches`' micro-batch options, checked and canonical (plain ints and floats),
     for callers that hold them before any lengths (the orchestrator, the runtime's dispatcher);
     `algorithm_name` is what the caller calls its algorithm argument.
 
     >>> microbatch_options(np.int64(16), microbatch_overhead=0)
-    {'max_tokens_per_microbatch': 16, 'num_microbatches': None, 'microbatch_overhead': 0.0, 'algorithm': 'auto'}
+    {'max_tokens_per_microbatch': 16, 'num_microbatches': None, 'microbatch_overhead': 0.0, 'algorithm': 'auto', \
+'pipeline': None}
     """
     get_microbatch_algorithm(algorithm, algorithm_name)
+    pipeline = as_pipeline(pipeline)
+    count = as_int(num_microbatches, "num_microbatches", minimum=1, optional=True)
     return dict(max_tokens_per_microbatch=_as_budget(max_tokens_per_microbatch),
-                num_microbatches=as_int(num_microbatches, "num_microbatches", minimum=1, optional=True),
-                microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"), algorithm=str(algorithm))
+                num_microbatches=count if count is None or pipeline is None else pipeline.check_microbatches(count),
+                microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"), algorithm=str(algorithm),
+                pipeline=pipeline)
 
 
 def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None,
@@ -266,24 +270,20 @@ def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sourc
     return rank
 
 
-def _as_pipeline(pipeline, sources) -> Pipeline | None:
-    """`pipeline` checked (`as_pipeline`); ValueError with `sources`, which it cannot keep local."""
-    pipeline = as_pipeline(pipeline)
-    if pipeline is not None and sources is not None:
-        raise ValueError("`sources` and `pipeline` cannot be combined: the pipeline planner moves cells between "
-                         "replicas, so it keeps no item near its source")
-    return pipeline
-
-
 def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: tuple, fixed: int | None,
-                  pipeline: Pipeline, algorithm: str, exact: bool) -> tuple:
-    """`_solve`'s (result, M, floor M, bound) in whole groups of P for the interleaved schedule (a free
-    M rounded up), its cells planned for `pipeline`, and the `PipelineStep` they make."""
-    result, m, floor_m, proven = solved
+                  pipeline: Pipeline, record, communication: tuple) -> tuple:
+    """`_solve`'s (result, M, floor M, bound) of `record`'s kernel, in whole groups of P for the interleaved
+    schedule (a free M rounded up), its cells planned for `pipeline`, and the `PipelineStep` they make.  With
+    `sources` (`communication`: sources, item bytes, GPUs per node), the planned replicas are
+    placed on ranks by `assign_groups`: a permutation of replicas, so every time is unchanged."""
+    (result, m, floor_m, proven), (sources, item_bytes, gpus_per_node) = solved, communication
     if pipeline.runnable(m) != m:
-        result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=algorithm, exact=exact)
+        result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=record.name,
+                                            exact=record.exact)
     rank, slot, step = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
                                          free_microbatches=fixed is None)
+    if sources is not None:
+        rank = assign_groups(rank, sources, item_bytes, problem.num_ranks, gpus_per_node)[rank]
     return result._replace(rank=rank, microbatch=slot, status=Status.FEASIBLE), m, floor_m, proven, step
 
 
@@ -322,7 +322,7 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             the clock.
         pipeline: a `Pipeline`: cells planned for that schedule's step (`balancers.pipeline`),
             micro-batch m run m-th on every replica, `plan.pipeline` its step, bound and status;
-            interleaved: M in whole groups of P (a free M rounded up); not with `sources`.
+            interleaved: M in whole groups of P (a free M rounded up); `sources`: replicas placed whole.
 
     Returns:
         A frozen `MicroBatchPlan`.  InfeasibleError (a ValueError) when an item is longer
@@ -344,7 +344,7 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     if not record.solves(problem.padded):
         raise ValueError(record.why_not(problem.padded))
     fixed = _as_num_microbatches(num_microbatches, problem)
-    pipeline = _as_pipeline(pipeline, sources)
+    pipeline = as_pipeline(pipeline)
     fixed = fixed if fixed is None or pipeline is None else pipeline.check_microbatches(fixed)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
     kernel = record.kernel
@@ -354,10 +354,10 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     kernel = checked_kernel(kernel, algorithm)
     result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact)
     name, step = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None
-    if pipeline is not None:
+    if pipeline:
         result, m, floor_m, proven, step = _for_pipeline(problem, kernel, (result, m, floor_m, proven), fixed,
-                                                         pipeline, algorithm, record.exact)
-    if sources is not None:
+                                                         pipeline, record, (sources, item_bytes, gpus_per_node))
+    if sources is not None and step is None:
         local = None if problem.padded else keep_cells_local(problem, result, m, sources, item_bytes, gpus_per_node)
         if local is None:
             local = result._replace(rank=_keep_local(problem, result, m, sources, item_bytes, gpus_per_node))

@@ -23,10 +23,10 @@ class Pipeline:
 
     >>> Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(8)
     8
-    >>> Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(6)
+    >>> Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(6)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: `num_microbatches`=6 must be a multiple of the pipeline's `stages`=4 for the interleaved schedule (Megatron-LM runs its micro-batches in groups of P); try 8
+    ValueError: `num_microbatches`=6 must be a multiple of the pipeline's `stages`=4 ...; try 8
     """
 
     stages: int
