@@ -184,3 +184,22 @@ def test_dispatcher_plans_cells_for_the_pipeline():
     assert plan.balance.algorithm == "auto+pipeline"
     with pytest.raises(ValueError, match=r"`pipeline` needs `max_tokens_per_microbatch`"):
         PostBalancingDispatcher(pipeline=Pipeline(stages=2))
+
+
+def test_unaware_step_is_the_plain_plans_own_step_even_when_the_search_starts_from_it():
+    """Regression: `unaware_step_time` was read after the search had improved the start it came from
+    (the plain plan's cells as planned, when they start fastest): it must be the plain plan's step."""
+    from orchmllm.balancers.microbatch.api import make_microbatch_problem
+    from orchmllm.balancers.pipeline.planner import pipeline_step
+    from orchmllm.study.models import MODELS
+
+    cost = MODELS["84b"].llm.cost(causal=True)
+    lengths = sample_workload("long", 8, 64, seed=7).sample_llm_length
+    budget, pipeline = max(16384, int(lengths.max())), Pipeline(stages=4, schedule="interleaved", virtual_stages=2)
+    options = dict(max_tokens_per_microbatch=budget, cost=cost, num_microbatches=8)
+    piped, plain = balance_microbatches(lengths, 8, pipeline=pipeline, **options), balance_microbatches(
+        lengths, 8, **options)
+    problem = make_microbatch_problem(lengths, 8, max_tokens_per_microbatch=budget, cost=cost)
+    own = pipeline_step(problem, plain.rank, plain.microbatch, 8, pipeline, 0.0).step_time
+    assert piped.pipeline.unaware_step_time == own
+    assert piped.pipeline.step_time < own
