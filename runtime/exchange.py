@@ -195,7 +195,10 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.numel() == 0:  # empty tensors may carry any strides (e.g. expanded gradients)
         return torch.empty((tensor.shape[0], row_elements * tensor.element_size()), dtype=torch.uint8,
                            device=tensor.device)
-    return tensor.contiguous().reshape(tensor.shape[0], row_elements).view(torch.uint8)
+    rows = tensor.contiguous().reshape(tensor.shape[0], row_elements)
+    if rows.stride(-1) != 1:  # torch calls a tensor contiguous whatever the strides of its size-1 dims
+        rows = rows.clone(memory_format=torch.contiguous_format)
+    return rows.view(torch.uint8)
 
 
 def schema_of(pieces: Sequence[Piece]) -> tuple[PieceSchema, ...]:

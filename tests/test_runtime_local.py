@@ -401,3 +401,14 @@ def test_regression_runtime_without_torch_failed_deep_inside_a_submodule():
     assert runtime.returncode == 1
     assert "ImportError: orchmllm.runtime needs torch, which is not installed: python3.11 -m pip install " \
         "'torch>=2.4,<3'" in runtime.stderr
+
+
+def test_regression_a_strided_size_one_column_crashed_the_byte_view():
+    # meta[:, 0] on a rank holding one item: shape (1,), stride (2,); torch calls it contiguous
+    dispatcher = PostBalancingDispatcher(per_item_keys={"sample_id", "one"})
+    plan = dispatcher.plan([4])
+    meta = torch.tensor([[100, 7]])
+    tokens = torch.arange(8).reshape(4, 2)[:1, :1].expand(4, 1)  # per-token, stride 0 rows
+    moved = dispatcher.dispatch({"sample_id": meta[:, 0], "tokens": tokens, "one": meta[:1, :1]}, plan)
+    assert moved["sample_id"].tolist() == [100] and moved["tokens"].tolist() == [[0]] * 4
+    assert moved["one"].tolist() == [[100]]
