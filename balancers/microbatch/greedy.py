@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import sorted_order
-from .plan import MicroBatchProblem, MicroBatchResult, cell_loads
+from .plan import MicroBatchProblem, MicroBatchResult
+from .search import improve
 
 
 class Cells:
@@ -79,23 +80,12 @@ def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarra
     return cell_of
 
 
-def regroup(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int) -> np.ndarray:
-    """Cells renumbered so that micro-batch m holds the (m·D .. m·D + D - 1)-th most loaded cells."""
-    loads = cell_loads(problem, cell_of, num_microbatches * problem.num_ranks)
-    order = np.lexsort((np.arange(loads.size), -loads))  # most loaded first, ties by cell
-    position = np.empty_like(order)
-    position[order] = np.arange(order.size)
-    return position[cell_of]
-
-
 def split(cell_of: np.ndarray, num_ranks: int) -> MicroBatchResult:
     return MicroBatchResult(rank=cell_of % num_ranks, microbatch=cell_of // num_ranks)
 
 
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     """Joint greedy, then local search and regrouping within the problem's work budget."""
-    from .search import improve
-
     cell_of = greedy_cells(problem, num_microbatches)
     if cell_of is None:
         return None

@@ -9,7 +9,7 @@ cell b and every item j elsewhere, the change that lowers the objective most:
     change = (new max of a's micro-batch - L) + (rise of b's micro-batch max, if another)
 
 subject to both cells' tokens <= T; ties by the lowest index.  Between passes the cells
-are regrouped (`microbatch_greedy.regroup`).  Every item tried costs n + M·D + STEP_WORK
+are regrouped (`regroup`).  Every item tried costs n + M·D + STEP_WORK
 operations of the problem's work budget, so the result never depends on the clock; when
 the budget buys fewer than MIN_STEPS steps (2560 ranks × 32 items), only the regrouping runs.
 Unpadded cells only (a padded cell's cost is not additive); padded plans are regrouped.
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .greedy import regroup
-from .plan import MicroBatchProblem, cell_token_sums
+from .plan import MicroBatchProblem, cell_loads, cell_token_sums
 
 RELATIVE_GAIN = 1e-12
 STEP_WORK = 2_000  # an item's evaluation costs this much beyond its n + M·D array elements (numpy calls)
@@ -110,6 +109,15 @@ class _Search:
                 self.refresh()
                 return True, work
         return False, work
+
+
+def regroup(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int) -> np.ndarray:
+    """Cells renumbered so that micro-batch m holds the (m·D .. m·D + D - 1)-th most loaded cells."""
+    loads = cell_loads(problem, cell_of, num_microbatches * problem.num_ranks)
+    order = np.lexsort((np.arange(loads.size), -loads))  # most loaded first, ties by cell
+    position = np.empty_like(order)
+    position[order] = np.arange(order.size)
+    return position[cell_of]
 
 
 def improve(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int) -> np.ndarray:
