@@ -171,13 +171,12 @@ def _check_record(record, kernels: tuple[str, ...], signature: str, flags: tuple
         raise ValueError(f"`name` must be a non-empty str of letters, digits, '_' and '-'; got {name!r}")
     for field in kernels:
         kernel = vars(type(record))[field].unresolved(record)
-        if isinstance(kernel, str):
-            module, colon, attr = kernel.partition(":")
-            if not (colon and attr.isidentifier() and all(part.isidentifier() for part in module.split("."))):
-                raise ValueError(f"`{field}` of algorithm {name!r} given as a str must be 'module:attr'; got {kernel!r}")
-        elif not callable(kernel) and (field == "kernel" or kernel is not None):
+        module, colon, attr = kernel.partition(":") if isinstance(kernel, str) else ("", "", "")
+        named = colon and attr.isidentifier() and all(part.isidentifier() for part in module.split("."))
+        if not (named or callable(kernel) or (field != "kernel" and kernel is None)):
+            got = repr(kernel) if isinstance(kernel, str) else type(kernel).__name__
             raise TypeError(f"`{field}` of algorithm {name!r} must be callable ({signature}) or a 'module:attr' str; "
-                            f"got {type(kernel).__name__}")
+                            f"got {got}")
     for flag in flags:
         object.__setattr__(record, flag, as_bool(getattr(record, flag), flag))
     if not (record.padded or record.unpadded):
@@ -453,9 +452,9 @@ for _record in (
     Algorithm("padded", _KERNELS + "kernels.padded:solve", unpadded=False, exact=True, default=True, kind=Kind.OURS,
               description="exact padded optimum: sorted runs and a parametric search on the makespan",
               equal_counts=_KERNELS + "constraints.equal_counts:solve_padded"),
-    Algorithm("ilp", _KERNELS + "exact.ilp:solve", exact=True, kind=Kind.OURS,
+    Algorithm("ilp", _KERNELS + "kernels.ilp:solve", exact=True, kind=Kind.OURS,
               description="exact integer program (HiGHS) with a start plan as its cutoff; stops at its time limit"),
-    Algorithm("exact", _KERNELS + "exact.branch_and_bound:solve", exact=True, kind=Kind.OURS,
+    Algorithm("exact", _KERNELS + "kernels.exact:solve", exact=True, kind=Kind.OURS,
               description="exact P||Cmax: L2 and pattern-LP bounds, bin completion (padded: 'padded'); "
                           "stops at its time limit"),
     Algorithm("karmarkar_karp", _KERNELS + "kernels.karmarkar_karp:solve", default=True, kind=Kind.OURS,

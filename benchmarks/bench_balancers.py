@@ -13,8 +13,7 @@ import pytest
 
 from orchmllm.balancers import ALGORITHMS, Status, make_problem
 from orchmllm.balancers.bounds import lower_bound
-from orchmllm.balancers.exact import ilp
-from orchmllm.balancers.kernels import karmarkar_karp, lpt
+from orchmllm.balancers.kernels import ilp, karmarkar_karp, lpt
 from orchmllm.balancers.kernels.reference import dense_kk, heap_lpt
 from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import rank_loads

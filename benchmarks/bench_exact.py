@@ -20,8 +20,8 @@ import pytest
 
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
 from orchmllm.balancers.bounds import lower_bound
-from orchmllm.balancers.exact import branch_and_bound as exact, ilp, milp
-from orchmllm.balancers.kernels import lpt, padded
+from orchmllm.balancers.exact import ilp, milp
+from orchmllm.balancers.kernels import exact, ilp as ilp_kernel, lpt, padded
 from orchmllm.balancers.problem import rank_loads
 from orchmllm.benchmarks import pcmax_families
 
@@ -114,7 +114,7 @@ def test_ilp_time_vs_n(benchmark, request, num_items, is_padded):
     num_ranks = max(2, num_items // 3)
     lengths = np.random.default_rng(num_items).integers(1, 101, num_items)
     problem = make_problem(lengths, num_ranks, padded=is_padded, time_limit=10)
-    result = benchmark.pedantic(ilp.solve, args=(problem,), rounds=1, iterations=1)
+    result = benchmark.pedantic(ilp_kernel.solve, args=(problem,), rounds=1, iterations=1)
     lpt_plan = balance(lengths, num_ranks, padded=is_padded, algorithm="lpt")
     exact = padded.solve(problem).lower_bound if is_padded else None
     makespan = float(rank_loads(problem, result.assignment).max())
@@ -146,7 +146,7 @@ def timed(solver, problem):
 
 
 def milp_from_lpt(problem):
-    """HiGHS on `ilp`'s model from LPT's plan (`ilp.solve` itself decides n <= 16 by branch and bound)."""
+    """HiGHS on `ilp`'s model from LPT's plan (the `ilp` kernel itself decides n <= 16 by branch and bound)."""
     return ilp.improve(problem, lpt.solve(problem).assignment)
 
 
@@ -231,7 +231,7 @@ def milp_cases(heavy):
 
 def cbc_on_the_model(problem, start, time_limit):
     """PuLP's CBC (`milp.run_cbc`: one thread, fixed seeds) on `ilp`'s very model and cutoff, rebuilt
-    row by row from its arrays: the same-run baseline HiGHS replaced.  A KernelResult, as `ilp._search`."""
+    row by row from its arrays: the same-run baseline HiGHS replaced.  A KernelResult, as `ilp.search`."""
     model = ilp._Model(problem)
     strictly_better = model.cut_off(start)
     lp = pulp.LpProblem("ilp_model", pulp.LpMinimize)
@@ -273,7 +273,7 @@ def run_milp(problem, start, solver):
     """(verdict, makespan or None, seconds): one MILP search by `solver` ("highs": `ilp`'s own)."""
     begin = time.perf_counter()
     try:
-        result = ilp._search(problem, start, 10.0) if solver == "highs" else cbc_on_the_model(problem, start, 10.0)
+        result = ilp.search(problem, start, 10.0) if solver == "highs" else cbc_on_the_model(problem, start, 10.0)
     except InfeasibleError:
         return "infeasible", None, time.perf_counter() - begin
     except TimeoutError:  # no plan found, infeasibility not proven

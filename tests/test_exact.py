@@ -5,8 +5,9 @@ import pytest
 
 from orchmllm.balancers import ALGORITHMS, CostModel, Status, balance, make_problem
 from orchmllm.balancers.bounds import lower_bound
-from orchmllm.balancers.exact import branch_and_bound as exact, dive as exact_dive, ilp, milp
+from orchmllm.balancers.exact import branch_and_bound as exact, dive as exact_dive, milp
 from orchmllm.balancers.exact.bounds import PatternLP, l2_bins, simple_bound
+from orchmllm.balancers.kernels import exact as exact_kernel, ilp
 from orchmllm.balancers.problem import rank_loads
 from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.testing import brute_force, brute_force_of, check_plan
@@ -28,7 +29,7 @@ def random_cases(seed, count, max_items=7):
 
 def test_exact_is_registered():
     record = ALGORITHMS["exact"]
-    assert record.kernel is exact.solve and record.exact and record.solves(padded=True) and record.solves(padded=False)
+    assert record.kernel is exact_kernel.solve and record.exact and record.solves(padded=True) and record.solves(padded=False)
 
 
 @pytest.mark.parametrize("cost", [CostModel(), CostModel(linear=1, quadratic=1 / 1024), CostModel(per_item=3)],
@@ -64,7 +65,7 @@ def test_regression_non_dyadic_costs_stalled_cbc_on_six_items(algorithm, monkeyp
 def test_binding_cap_is_decided_and_respected():
     lengths, cost = [9, 8, 1, 1, 1, 1], CostModel(per_item=10, linear=0)  # cost counts items, cap counts tokens
     problem = make_problem(lengths, 3, cost=cost, max_tokens_per_rank=9)
-    assert exact._cap_can_bind(problem, 30.0)
+    assert exact.cap_can_bind(problem, 30.0)
     plan = balance(lengths, 3, cost=cost, algorithm="exact", max_tokens_per_rank=9)
     certify(plan, problem)
     assert plan.status is Status.OPTIMAL and plan.makespan == brute_force_of(problem).makespan == 30.0

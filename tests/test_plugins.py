@@ -213,9 +213,10 @@ def test_a_kernel_that_ignores_the_cap_is_caught_by_make_plan():
     (dict(name="has space"), ValueError, r"`name` must be a non-empty str of letters, digits"),
     (dict(name=""), ValueError, r"`name` must be a non-empty str"),
     (dict(kernel=3), TypeError, r"`kernel` of algorithm 'ok' must be callable"),
-    (dict(kernel="orchmllm.balancers.kernels.lpt.solve"), ValueError,
-     r"`kernel` of algorithm 'ok' given as a str must be 'module:attr'; got 'orchmllm.balancers.kernels.lpt.solve'"),
-    (dict(equal_counts="lpt:"), ValueError, r"`equal_counts` of algorithm 'ok' given as a str must be 'module:attr'"),
+    (dict(kernel="orchmllm.balancers.kernels.lpt.solve"), TypeError,
+     r"`kernel` of algorithm 'ok' must be callable \(Problem -> KernelResult\) or a 'module:attr' str; "
+     r"got 'orchmllm.balancers.kernels.lpt.solve'"),
+    (dict(equal_counts="lpt:"), TypeError, r"`equal_counts` of algorithm 'ok' must be callable .* got 'lpt:'"),
     (dict(padded=False, unpadded=False), ValueError, r"must solve padded or unpadded problems"),
     (dict(exact=1), TypeError, r"`exact` must be a bool; got int"),
     (dict(kind="theirs"), ValueError, r"`kind` must be one of \['ours', 'peer', 'baseline', 'plugin'\]"),
@@ -237,7 +238,7 @@ def test_a_kernel_named_as_module_attr_is_imported_on_first_use():
     assert balance([3, 1, 2, 2], 3, algorithm="test_lpt_by_name").assignment.tolist() == \
         balance([3, 1, 2, 2], 3, algorithm="lpt").assignment.tolist()
     assert record.kernel is lpt.solve and vars(record)["_kernel"] is lpt.solve
-    assert get_algorithm("exact").kernel.__module__ == "orchmllm.balancers.exact.branch_and_bound"
+    assert get_algorithm("exact").kernel.__module__ == "orchmllm.balancers.kernels.exact"
 
 
 def test_a_kernel_named_wrongly_fails_on_first_use_naming_it():

@@ -5,45 +5,45 @@ such that the items fit D bins of capacity C (the reduction of Dell'Amico & Mart
 also used by Dell'Amico, Iori, Martello & Monaci 2008; our own code from the papers'
 descriptions):
 
-    upper = auto's plan (LPT, KK, MULTIFIT + local search)
+    upper = a start plan (the `exact` kernel's: auto's plan, LPT, KK, MULTIFIT + local search)
     if n <= COMBINATORIAL_MAX_ITEMS: branch and bound on the makespan proves it (no LP;
                                      memory caps tracked, infeasibility proven too)
     lower = simple bound, lifted by scanning C while L2(C) > D or bin completion refutes C
     lower = raised by the pattern LP (Gilmore-Gomory): gallop up, then bisect
     while lower < upper:                         # is C = lower feasible?
         L2, bin completion or the pattern LP refutes C -> lower += 1
-        a dive on the LP (`exact_dive`, once per C), the integer master over the LP's
+        a dive on the LP (`dive`, once per C), the integer master over the LP's
         patterns or bin completion packs C -> upper = C
         neither within the work budget -> budget x 4 (until the time limit)
 
 Bin completion (`_Search.pack`) and the bounds are described where they are defined
-(`exact_bounds` holds L2 and the pattern LP, `exact_dive` the LP dive).
+(`bounds` holds L2 and the pattern LP, `dive` the LP dive).
 
 Exactness: costs are made integers by the smallest power-of-two scale that does it (exact
 in floats, so f(l) = l + l**2/1024 is exact); costs that no such scale makes integers
 below 2**50, and (above `COMBINATORIAL_MAX_ITEMS` items) memory caps that can bind
-(tokens per rank <= cap may cut a plan of makespan below the start's), are handed to
-`ilp.improve` (HiGHS), whose status then applies.  Status: `optimal` only when the bound meets the plan; `time_limit` with the
-proven bound when the time runs out.  Determinism: every step has a work budget (nodes,
-LP rounds, MILP nodes), so a plan proven optimal is the same on every machine; the wall
-clock only stops the search, and a stopped search returns its incumbent (then
-machine-dependent, never worse than `auto`'s plan).
+(tokens per rank <= cap may cut a plan of makespan below the start's), are for
+`ilp.improve` (HiGHS), whose status then applies (the `exact` kernel, kernels/exact.py,
+chooses).  This room proves and never runs a heuristic: its searches start from the
+caller's plan.  Status: `optimal` only when the bound meets the plan; `time_limit` with
+the proven bound when the time runs out.  Determinism: every step has a work budget
+(nodes, LP rounds, MILP nodes), so a plan proven optimal is the same on every machine;
+the wall clock only stops the search, and a stopped search returns its incumbent (then
+machine-dependent, never worse than the start).
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
-import math
 import time
 
 import numpy as np
 
-from ..kernels import auto, padded
-from ..problem import InfeasibleError, KernelResult, Problem, Status, make_problem, rank_loads
-from . import ilp, milp
+from ..problem import KernelResult, Problem, Status, make_problem, rank_loads
+from . import milp
 from .bounds import PatternLP, item_types, l2_bins, simple_bound
 from .dive import assign, dive
+from .verdict import CapInfeasible
 
 COMBINATORIAL_MAX_ITEMS = 16
 """Up to this many items the proof is branch and bound alone (no LP, no MILP)."""
@@ -90,7 +90,7 @@ def exact_integers(costs: np.ndarray) -> np.ndarray:
     return np.array([num * (denominator // den) for num, den in ratios], dtype=object)
 
 
-def _cap_can_bind(problem: Problem, below: float) -> bool:
+def cap_can_bind(problem: Problem, below: float) -> bool:
     """Whether some rank of cost < `below` could hold more tokens than the cap.
 
     Fractional knapsack: the most tokens a rank of that cost can hold, taking items in
@@ -428,13 +428,12 @@ def branch_and_bound(w: list[int], m: int, lower: int, start: list[int] | None, 
     return best_plan, True
 
 
-def prove_small(problem: Problem, start: np.ndarray | None) -> KernelResult | None:
+def prove_small(problem: Problem, start: np.ndarray | None) -> KernelResult | CapInfeasible | None:
     """The optimum of a small unpadded instance by branch and bound alone (no LP, no
     MILP), or None.  `start` is a plan within the cap, or None when none is known.
 
     Memory caps are honoured (tokens per rank are tracked whenever the cap could bind);
-    a search that proves no plan fits the cap raises InfeasibleError with the smallest
-    cap that works.  Any finite costs: a float is a dyadic rational, so `exact_integers`
+    a search that proves no plan fits the cap says so (`CapInfeasible`).  Any finite costs: a float is a dyadic rational, so `exact_integers`
     makes them Python integers exactly and the search compares exact sums (for costs such
     as 0.1·l the reported makespan is their float sum, within its rounding).  None when
     the instance has more than `COMBINATORIAL_MAX_ITEMS` items or needs more than
@@ -445,15 +444,13 @@ def prove_small(problem: Problem, start: np.ndarray | None) -> KernelResult | No
     >>> str(result.status), result.lower_bound, result.assignment.tolist()
     ('optimal', 1422.0, [0, 1, 1, 1, 0])
     >>> prove_small(make_problem([7, 7, 6, 6, 4], 2, max_tokens_per_rank=15), None)
-    Traceback (most recent call last):
-    ...
-    orchmllm.balancers.problem.InfeasibleError: branch and bound proved that no plan fits max_tokens_per_rank=15 on 2 ranks; the smallest cap that works is 16
+    CapInfeasible(prover='branch and bound')
     """
     if problem.padded or problem.num_items > COMBINATORIAL_MAX_ITEMS:
         return None
     order = problem.cost_order
     w = exact_integers(problem.item_costs[order])
-    capped = start is None or _cap_can_bind(problem, float(rank_loads(problem, start).max()))
+    capped = start is None or cap_can_bind(problem, float(rank_loads(problem, start).max()))
     tokens = problem.lengths[order].tolist() if capped else None
     plan, proven = branch_and_bound(w.tolist(), problem.num_ranks, simple_bound(w, problem.num_ranks),
                                     None if start is None else start[order].tolist(), SMALL_NODES,
@@ -461,30 +458,6 @@ def prove_small(problem: Problem, start: np.ndarray | None) -> KernelResult | No
     if not proven:
         return None
     if plan is None:
-        raise ilp.infeasible(problem, ilp.time_limit_of(problem), "branch and bound")
+        return CapInfeasible("branch and bound")
     assignment = _bins_to_assignment(plan, order)
     return KernelResult(assignment, Status.OPTIMAL, lower_bound=float(rank_loads(problem, assignment).max()))
-
-
-def solve(problem: Problem) -> KernelResult:
-    """Proven optimum within the time limit (`ilp.DEFAULT_TIME_LIMIT` when None).
-
-    >>> from orchmllm.balancers import balance
-    >>> plan = balance([3, 3, 2, 2, 2], 2, algorithm="exact")
-    >>> plan.makespan, str(plan.status), balance([3, 3, 2, 2, 2], 2, algorithm="lpt").makespan
-    (6.0, 'optimal', 7.0)
-    """
-    if problem.padded:
-        return padded.solve(problem)
-    time_limit = ilp.time_limit_of(problem)
-    started = time.perf_counter()
-    try:
-        start = auto.solve(dataclasses.replace(problem, time_limit=None)).assignment
-    except InfeasibleError:  # auto found no plan under the cap: the MILP decides
-        return ilp.solve(problem)
-    small = prove_small(problem, start)
-    if small is not None:
-        return small
-    if integer_costs(problem.item_costs) is None or _cap_can_bind(problem, float(rank_loads(problem, start).max())):
-        return ilp.improve(problem, start, time_limit)
-    return prove(problem, start, max(time_limit - (time.perf_counter() - started), 1e-3))

@@ -45,11 +45,10 @@ import numpy as np
 from scipy.sparse import csr_array
 
 from ..bounds import lower_bound
-from ..kernels import lpt, padded
-from ..problem import (InfeasibleError, KernelResult, Problem, Status, as_time_limit, make_problem, rank_loads,
-                       rank_tokens)
+from ..problem import KernelResult, Problem, Status, as_time_limit, rank_loads, rank_tokens
 from ..validation import SizeLimitError
-from . import branch_and_bound as exact, milp
+from . import milp
+from .verdict import CapInfeasible
 
 DEFAULT_TIME_LIMIT = 10.0
 """Seconds an exact solver (HiGHS here, `exact`, the node-wise ILP) may search when given no time limit."""
@@ -208,29 +207,6 @@ def _proven_floor(problem: Problem) -> float:
     return float(math.ceil(bound * (1.0 - 1e-12))) if _integral_costs(problem) else bound
 
 
-def _smallest_cap(problem: Problem, time_limit: float) -> tuple[int, bool]:
-    """(cap, exact): the smallest feasible cap, or a proven lower bound on it."""
-    if problem.padded:
-        return padded.min_cap(problem.lengths, problem.num_ranks), True
-    tokens_problem = make_problem(problem.lengths, problem.num_ranks, time_limit=time_limit)
-    result = solve(tokens_problem)
-    floor = problem.max_tokens_per_rank + 1
-    if result.status is Status.OPTIMAL:
-        return max(floor, int(round(_makespan(tokens_problem, result.assignment)))), True
-    return max(floor, math.ceil(result.lower_bound or 0)), False
-
-
-def infeasible(problem: Problem, time_limit: float, prover: str) -> InfeasibleError:
-    """The error for a cap `prover` proved infeasible, naming the smallest cap that works
-    (or a proven lower bound on it when that solve is cut by `time_limit`)."""
-    needed, exact = _smallest_cap(problem, time_limit)
-    what = "the smallest cap that works is" if exact else "a cap of at least"
-    return InfeasibleError(
-        f"{prover} proved that no plan fits max_tokens_per_rank={problem.max_tokens_per_rank} on "
-        f"{problem.num_ranks} ranks; {what} {needed}" + ("" if exact else " is needed"),
-        min_cap=needed)
-
-
 def _check_size(problem: Problem) -> None:
     """Refuse models too large to build and solve in reasonable time."""
     n, num_ranks = problem.num_items, problem.num_ranks
@@ -242,8 +218,10 @@ def _check_size(problem: Problem) -> None:
             f"MAX_BINARIES={MAX_BINARIES}; use 'auto' (or 'padded' for padded batches)")
 
 
-def _search(problem: Problem, start: np.ndarray | None, time_limit: float) -> KernelResult:
-    """Build and solve within `time_limit` seconds in all (HiGHS gets what building left)."""
+def search(problem: Problem, start: np.ndarray | None, time_limit: float) -> KernelResult | CapInfeasible:
+    """Build and solve within `time_limit` seconds in all (HiGHS gets what building left),
+    from the plan `start` (a cutoff) or None; CapInfeasible when HiGHS proves that no plan
+    fits the cap and there is no start."""
     deadline = time.perf_counter() + time_limit
     _check_size(problem)
     if start is not None and _makespan(problem, start) <= _proven_floor(problem):
@@ -255,14 +233,14 @@ def _search(problem: Problem, start: np.ndarray | None, time_limit: float) -> Ke
 
 
 def _verdict(problem: Problem, start: np.ndarray | None, time_limit: float, outcome: str, found: np.ndarray | None,
-             bound: float | None, strictly_better: bool) -> KernelResult:
+             bound: float | None, strictly_better: bool) -> KernelResult | CapInfeasible:
     """The result of one MILP run: its outcome, the plan it found, its bound, and the start."""
     if outcome == "infeasible":
         if strictly_better:  # no plan beats the start: it is optimal
             return KernelResult(start, Status.OPTIMAL, lower_bound=_makespan(problem, start))
         if start is not None:
             return KernelResult(start, Status.FEASIBLE)
-        raise infeasible(problem, time_limit, "HiGHS")
+        return CapInfeasible("HiGHS")
     candidates = [a for a in (found, start) if a is not None]
     if not candidates:
         raise TimeoutError(f"HiGHS found no plan within time_limit={time_limit} s and did not prove "
@@ -283,28 +261,6 @@ def time_limit_of(problem: Problem, time_limit: float | None = None) -> float:
     return problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT
 
 
-def solve(problem: Problem) -> KernelResult:
-    """Solve to proven optimality within the time limit.
-
-    Start: LPT for the unpadded cost; for the padded cost the exact `padded` plan, so
-    HiGHS's job is the proof (the model still decides by itself whether a better plan
-    exists, and proves infeasibility without a start).  When HiGHS proves the cap
-    infeasible, one more solve (same limit) names the smallest cap that works.  Up to
-    `exact.COMBINATORIAL_MAX_ITEMS` unpadded items, branch and bound decides first (caps
-    included) and HiGHS is not started.  Raises TimeoutError when no plan was found and
-    infeasibility was not proven in time.
-    """
-    heuristic = padded.solve if problem.padded else lpt.solve
-    try:
-        start = heuristic(problem).assignment
-    except InfeasibleError:
-        start = None
-    proven = exact.prove_small(problem, start)
-    if proven is not None:
-        return proven
-    return _search(problem, start, time_limit_of(problem, None))
-
-
 def improve(problem: Problem, start_assignment, time_limit: float | None = None) -> KernelResult:
     """Search for a better plan than a feasible start; never returns a worse makespan.
 
@@ -321,4 +277,4 @@ def improve(problem: Problem, start_assignment, time_limit: float | None = None)
     cap = problem.max_tokens_per_rank
     if cap is not None and rank_tokens(problem, start).max() > cap:
         raise ValueError(f"`start_assignment` exceeds max_tokens_per_rank={cap}")
-    return _search(problem, start, time_limit_of(problem, as_time_limit(time_limit)))
+    return search(problem, start, time_limit_of(problem, as_time_limit(time_limit)))

@@ -42,11 +42,11 @@ import math
 import numpy as np
 
 from ..bounds import lower_bound
-from ..exact import ilp
+from ..exact.ilp import improve
 from ..exact.bounds import l2_bins
 from ..problem import InfeasibleError, KernelResult, Problem, integer_values, make_problem, rank_loads, rank_tokens
 from ..search import group_search, local_search
-from . import karmarkar_karp, lpt, min_slack, multifit, padded, slack
+from . import ilp, karmarkar_karp, lpt, min_slack, multifit, padded, slack
 
 ALL_STARTS_MAX_ITEMS = 2048
 """Improve every start up to this many items; above, only the best one."""
@@ -119,7 +119,7 @@ def solve(problem: Problem) -> KernelResult:
         best = plans[int(np.argmin([float(rank_loads(problem, plan).max()) for plan in plans]))]
     if (problem.time_limit is not None and problem.num_items <= ILP_MAX_ITEMS
             and float(rank_loads(problem, best).max()) > bound):
-        return ilp.improve(problem, best, problem.time_limit)
+        return improve(problem, best, problem.time_limit)
     return KernelResult(best)
 
 

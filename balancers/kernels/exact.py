@@ -1,0 +1,45 @@
+"""The `exact` kernel: the proven optimum of P||Cmax within a time limit.
+
+    padded: `padded` (exact)
+    start = auto's plan (no time limit: no MILP inside); none under the cap -> the `ilp` kernel
+    up to 16 unpadded items: branch and bound decides (`exact.branch_and_bound.prove_small`)
+    costs no power-of-two scale makes integers, or a cap that can bind: HiGHS from the start
+    else: bounds and bin packing at the candidate makespans (`exact.branch_and_bound.prove`)
+
+The proofs are described in `exact/branch_and_bound.py`; they never run a heuristic, so
+the start comes from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from ..exact.branch_and_bound import cap_can_bind, integer_costs, prove, prove_small
+from ..exact.ilp import improve, time_limit_of
+from ..problem import InfeasibleError, KernelResult, Problem, rank_loads
+from . import auto, ilp, padded
+
+
+def solve(problem: Problem) -> KernelResult:
+    """Proven optimum within the time limit (`exact.ilp.DEFAULT_TIME_LIMIT` when None).
+
+    >>> from orchmllm.balancers import balance
+    >>> plan = balance([3, 3, 2, 2, 2], 2, algorithm="exact")
+    >>> plan.makespan, str(plan.status), balance([3, 3, 2, 2, 2], 2, algorithm="lpt").makespan
+    (6.0, 'optimal', 7.0)
+    """
+    if problem.padded:
+        return padded.solve(problem)
+    time_limit = time_limit_of(problem)
+    started = time.perf_counter()
+    try:
+        start = auto.solve(dataclasses.replace(problem, time_limit=None)).assignment
+    except InfeasibleError:  # auto found no plan under the cap: the MILP decides
+        return ilp.solve(problem)
+    small = prove_small(problem, start)
+    if small is not None:
+        return ilp.refuse_if_infeasible(problem, small)
+    if integer_costs(problem.item_costs) is None or cap_can_bind(problem, float(rank_loads(problem, start).max())):
+        return improve(problem, start, time_limit)
+    return prove(problem, start, max(time_limit - (time.perf_counter() - started), 1e-3))
