@@ -111,32 +111,15 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
     record = get_algorithm(algorithm)
     problem = make_problem(lengths, num_ranks, cost=cost, costs=costs, padded=padded, equal_counts=equal_counts,
                            max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
-    if not record.solves(problem.padded):
-        raise ValueError(record.why_not(problem.padded))
-    if fill not in FILLS:
-        raise ValueError(f"`fill` must be one of {FILLS}; got {fill!r}")
-    if fill is not None and sources is None:
-        raise ValueError(f"`fill` needs `sources` (it shapes the communication-aware deal); got fill={fill!r}")
-    if fill is not None and problem.padded:
-        raise ValueError(f"`fill` applies to unpadded costs only (a padded plan's groups are placed by the exact "
-                         f"LAP); got fill={fill!r} with padded=True")
-    kernel = record.kernel
-    if problem.equal_counts:
-        if sources is not None:
-            raise ValueError("`equal_counts=True` cannot be combined with `sources`: the communication-aware pass "
-                             "moves items without keeping the counts")
-        if record.equal_counts is None:
-            able = [other.name for other in algorithms(padded=problem.padded) if other.equal_counts is not None]
-            raise ValueError(f"algorithm {algorithm!r} does not support `equal_counts=True`; choose one of {able}")
-        kernel = record.equal_counts
+    kernel = _kernel_for(record, problem, sources is not None, groups is not None, fill)
     if groups is not None:
-        for name, conflict in (("padded=True", problem.padded), ("equal_counts=True", problem.equal_counts),
-                               ("sources", sources is not None)):
-            if conflict:
-                raise ValueError(f"`groups` cannot be combined with `{name}`: groups are balanced as super-items "
-                                 f"of summed costs, unpadded, counted as one item each, from no source rank")
         return _balance_groups(problem, as_groups(groups, problem.num_items), kernel, algorithm)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
+    return _solve(problem, kernel, algorithm, sources, item_bytes, gpus_per_node, makespan_slack, fill)
+
+
+def _solve(problem, kernel, algorithm: str, sources, item_bytes, gpus_per_node, makespan_slack, fill) -> BalancePlan:
+    """Run the kernel and, with `sources`, keep items near them (communication-aware); timed together."""
     if sources is not None:
         makespan_slack = as_real(makespan_slack, "makespan_slack")
         if algorithm == "identity":
@@ -149,6 +132,36 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
     seconds = time.perf_counter() - start
     return make_plan(problem, assignment, result.status if sources is None else Status.FEASIBLE, algorithm,
                      kernel_bound=result.lower_bound, solve_seconds=seconds, communication_aware=sources is not None)
+
+
+def _kernel_for(record, problem, with_sources: bool, with_groups: bool, fill):
+    """The kernel `balance` runs: the record's, or its equal-counts one; ValueError for options
+    that do not go together."""
+    if not record.solves(problem.padded):
+        raise ValueError(record.why_not(problem.padded))
+    if fill not in FILLS:
+        raise ValueError(f"`fill` must be one of {FILLS}; got {fill!r}")
+    if fill is not None and not with_sources:
+        raise ValueError(f"`fill` needs `sources` (it shapes the communication-aware deal); got fill={fill!r}")
+    if fill is not None and problem.padded:
+        raise ValueError(f"`fill` applies to unpadded costs only (a padded plan's groups are placed by the exact "
+                         f"LAP); got fill={fill!r} with padded=True")
+    kernel = record.kernel
+    if problem.equal_counts:
+        if with_sources:
+            raise ValueError("`equal_counts=True` cannot be combined with `sources`: the communication-aware pass "
+                             "moves items without keeping the counts")
+        if record.equal_counts is None:
+            able = [other.name for other in algorithms(padded=problem.padded) if other.equal_counts is not None]
+            raise ValueError(f"algorithm {record.name!r} does not support `equal_counts=True`; choose one of {able}")
+        kernel = record.equal_counts
+    if with_groups:
+        for name, conflict in (("padded=True", problem.padded), ("equal_counts=True", problem.equal_counts),
+                               ("sources", with_sources)):
+            if conflict:
+                raise ValueError(f"`groups` cannot be combined with `{name}`: groups are balanced as super-items "
+                                 f"of summed costs, unpadded, counted as one item each, from no source rank")
+    return kernel
 
 
 def _balance_groups(problem, labels, kernel, algorithm: str) -> BalancePlan:

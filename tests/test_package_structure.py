@@ -66,8 +66,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: kernels.auto -> exact.ilp -> exact.branch_and_bound -> kernels.auto, "
-                   "microbatch.greedy <-> microbatch.search and cli <-> its subcommands; drop this mark with the last circle")
+@pytest.mark.xfail(strict=True, reason="issue 25: cli <-> its subcommands; drop this mark with the last circle")
 def test_no_import_circle():
     modules = _sources()
     graph = {name: _imported(name, path, modules) for name, path in modules.items()}
@@ -81,8 +80,7 @@ def test_cycle_finder_finds_a_circle():
 
 
 # issue 25 will shorten these; each mark fails (strict) once its function is under 80 lines
-LONG_FUNCTIONS = {"orchmllm.balancers.api", "orchmllm.testing.conformance", "orchmllm.testing.checks",
-                  "orchmllm.balancers.kernels.reference"}
+LONG_FUNCTIONS = {"orchmllm.testing.conformance", "orchmllm.testing.checks", "orchmllm.balancers.kernels.reference"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="issue 25"))
@@ -115,3 +113,16 @@ def test_registry_imports_no_kernel():
     rooms = tuple(f"orchmllm.balancers.{room}." for room in ("kernels", "search", "exact", "locality", "constraints"))
     kernels = {"orchmllm.balancers.microbatch." + name for name in ("auto", "cells", "exact", "greedy", "search")}
     assert sorted(name for name in imported if name.startswith(rooms) or name in kernels) == []
+
+
+def test_the_exact_room_runs_no_heuristic():
+    """Proofs take their start plan from the caller and return verdicts; the kernels that run
+    heuristics for a start (and raise for the user) import them, never the other way round."""
+    modules = _sources()
+    room = [name for name in modules if name.startswith("orchmllm.balancers.exact.")]
+    above = ("orchmllm.balancers.kernels", "orchmllm.balancers.search", "orchmllm.balancers.locality",
+             "orchmllm.balancers.microbatch", "orchmllm.balancers.constraints", "orchmllm.balancers.registry",
+             "orchmllm.balancers.api")
+    assert room and {name: sorted(imported) for name in room
+                     if (imported := {m for m in _imported(name, modules[name], modules) if m.startswith(above)})} == {}
+
