@@ -186,7 +186,7 @@ class PostBalancingDispatcher:
         if isinstance(per_item_keys, str):
             raise TypeError("`per_item_keys` must be a collection of keys, not a str")
         self.per_item_keys = frozenset(per_item_keys)
-        self.check_plan = time_limit is not None if check_plan is None else bool(check_plan)
+        self.check_plan = time_limit is not None if check_plan is None else as_bool(check_plan, "check_plan")
         self.transport = FlatAllToAll(group) if transport is None else transport
         microbatching = {} if self.microbatch_options is None else {
             "max_tokens_per_microbatch": max_tokens_per_microbatch, "num_microbatches": num_microbatches,

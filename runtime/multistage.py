@@ -195,9 +195,9 @@ class MultiStageRuntime:
                  fused_input_exchange: bool = True, check_encoders: bool = True, **orchestrator_options):
         self.stages = check_stages(stages)
         self.group = group
-        self.fused_input_exchange = bool(fused_input_exchange)
+        self.fused_input_exchange = as_bool(fused_input_exchange, "fused_input_exchange")
         self.transport = FlatAllToAll(group) if transport is None else transport
-        self.check_plan = bool(check_plan)
+        self.check_plan = as_bool(check_plan, "check_plan")
         self.orchestrator = Orchestrator(self.stages, group_size(group) if topology is None else topology,
                                          **orchestrator_options)
         self.modalities = tuple(stage.modality for stage in self.stages[:-1])

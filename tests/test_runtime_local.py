@@ -412,3 +412,13 @@ def test_regression_a_strided_size_one_column_crashed_the_byte_view():
     moved = dispatcher.dispatch({"sample_id": meta[:, 0], "tokens": tokens, "one": meta[:1, :1]}, plan)
     assert moved["sample_id"].tolist() == [100] and moved["tokens"].tolist() == [[0]] * 4
     assert moved["one"].tolist() == [[100]]
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: PostBalancingDispatcher(check_plan="False"), "`check_plan` must be a bool; got str"),
+    (lambda: _tiny_runtime(fused_input_exchange="False"), "`fused_input_exchange` must be a bool; got str"),
+    (lambda: _tiny_runtime(check_plan="no"), "`check_plan` must be a bool; got str"),
+])
+def test_regression_runtime_flags_read_with_bool_took_false_strings_for_true(build, message):
+    with pytest.raises(TypeError, match=message):
+        build()
