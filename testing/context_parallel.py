@@ -32,12 +32,13 @@ SPLIT_BRUTE_FORCE_MAX_PLANS = 2**17
 
 @dataclass(frozen=True, eq=False)
 class SplitOptimum:
-    """The optimal makespan over every split plan, and one plan reaching it (None: none fits the budget)."""
+    """The optimal makespan (or step) over every split plan, and one plan reaching it (None: none fits the budget)."""
 
     makespan: float | None
     start: np.ndarray | None
     degree: np.ndarray | None
     plans: int  # combinations enumerated
+    microbatch: np.ndarray | None = None  # micro-batches (`brute_force_split_microbatches`)
 
 
 def _options(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost: CostModel):
@@ -211,7 +212,7 @@ def _check_pieces(plan, where) -> None:
         assert row == covered[s], f"piece {e} of segment {s} starts at row {row}, not {covered[s]}"
         covered[s] += tokens
         (index, item), = [(i, k) for i, k in parts[s] if plan.stage_plans[i].item_first_row[k] <= row
-                          < plan.stage_plans[i].item_first_row[k] + max(plan.stage_plans[i].item_tokens[k], 1)][:1]
+                          < plan.stage_plans[i].item_first_row[k] + max(plan.stage_plans[i].item_tokens[k], 1)][-1:]
         part = plan.stage_plans[index]
         assert (plan.route_stage[e] == index and plan.route_encoder_rank[e] == part.destination[item]
                 and plan.route_encoder_offset[e] == part.item_offset[item] + row - part.item_first_row[item]), \
@@ -248,3 +249,44 @@ def _check_text(plan, where) -> None:
                 assert text_before(batch, k, np.array([position]))[0] == text_row, \
                     f"rank {rank}: text row {text_row} of sample {k} lands at position {position}"
     assert not buffer and not at, f"{len(at)} positions received nothing; {len(buffer)} text rows unused"
+
+
+def brute_force_split_microbatches(lengths, num_ranks, spec: ContextParallel, *, max_tokens_per_microbatch,
+                                   num_microbatches, cost=None, microbatch_overhead=0.0) -> SplitOptimum:
+    """The least step Σ_m max_r L(r, m) + M · overhead over every micro-batch and aligned block of
+    every item, M = `num_microbatches` (an int, or a range of them), at most one group per rank and
+    micro-batch, every cell within the budget; `start`/`degree` of a best plan, its micro-batches in
+    `microbatch` (None when no plan fits).  Loads are summed in item order, as the planner sums them.
+
+    >>> spec = ContextParallel(degrees=(1, 2), latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
+    >>> brute_force_split_microbatches([8, 2, 2], 2, spec, max_tokens_per_microbatch=4, num_microbatches=2).makespan
+    6.0
+    """
+    lengths = as_lengths(lengths)
+    cost = CostModel() if cost is None else cost
+    counts = [num_microbatches] if isinstance(num_microbatches, int) else list(num_microbatches)
+    per_item = _options(lengths, as_int(num_ranks, "num_ranks", minimum=1), spec, cost)
+    total = sum(math.prod(m * len(options) for options in per_item) for m in counts)
+    if total > SPLIT_BRUTE_FORCE_MAX_PLANS:
+        raise ValueError(f"brute force over {total} split micro-batch plans exceeds SPLIT_BRUTE_FORCE_MAX_PLANS = "
+                         f"{SPLIT_BRUTE_FORCE_MAX_PLANS}; use fewer items, ranks, degrees or micro-batches")
+    best, best_plan = math.inf, None
+    for m in counts:
+        choices = [[(k, option) for k in range(m) for option in options] for options in per_item]
+        for plan in itertools.product(*choices):
+            if any(a[0] == b[0] and _clash(a[1], b[1]) for a, b in itertools.combinations(plan, 2)):
+                continue
+            loads = np.zeros((m, num_ranks))
+            tokens = np.zeros((m, num_ranks), dtype=np.int64)
+            for k, option in plan:  # item order, as the plan sums
+                loads[k] += option[2]
+                tokens[k] += option[3]
+            if tokens.max() > max_tokens_per_microbatch:
+                continue
+            step = math.fsum(loads.max(axis=1).tolist()) + m * microbatch_overhead
+            if step < best:
+                best, best_plan = step, plan
+    if best_plan is None:
+        return SplitOptimum(None, None, None, total)
+    return SplitOptimum(best, np.array([o[1][0] for o in best_plan]), np.array([o[1][1] for o in best_plan]), total,
+                        np.array([o[0] for o in best_plan]))

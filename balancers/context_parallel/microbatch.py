@@ -60,13 +60,14 @@ class SplitMicroBatchPlan(MicroBatchPlan):
     """A `MicroBatchPlan` whose items may run split: item i runs in micro-batch `microbatch[i]` on
     the `degree[i]` ranks `item_ranks(i)` from `rank[i]`, each spending `item_time[i]` (its unsplit
     cost when the degree is 1); `cell_loads` and `cell_tokens` count it on every rank of its group.
-    `passes[m]` is micro-batch m's split plan over its items (ascending), None when no item is split.
+    `passes[m]` is micro-batch m's split plan over its items (ascending; None for an empty one), `passes`
+    None when no item is split.
     With no item split it is the `MicroBatchPlan` of the same cells, digest included."""
 
     degree: np.ndarray
     item_time: np.ndarray
     context_parallel: ContextParallel
-    passes: tuple[ContextParallelPlan, ...] | None = None
+    passes: tuple[ContextParallelPlan | None, ...] | None = None
 
     @property
     def split_items(self) -> np.ndarray:
@@ -190,11 +191,14 @@ def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray
     return microbatch
 
 
-def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches, costs, times,
-                 room) -> SplitMicroBatchPlan | None:
+def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches, costs, times, room,
+                 fixed: bool) -> SplitMicroBatchPlan | None:
     """The split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split
     planner in each); None when some micro-batch finds no layout within the budget."""
     microbatch = group_microbatches(times, costs, lengths, num_ranks, num_microbatches, room)
+    if not fixed:  # a micro-batch left empty only costs its overhead
+        used, microbatch = np.unique(microbatch, return_inverse=True)
+        num_microbatches = used.size
     rank = np.empty(lengths.size, dtype=np.int64)
     degree = np.empty(lengths.size, dtype=np.int64)
     item_time = np.empty(lengths.size)
@@ -203,6 +207,9 @@ def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatc
     passes = []
     for m in range(num_microbatches):
         items = np.flatnonzero(microbatch == m)
+        if not items.size:
+            passes.append(None)
+            continue
         try:
             plan = balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt", max_tokens_per_rank=budget,
                                  time_limit=None, topology=None, unsupported={})
@@ -249,7 +256,7 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
                 best is not None and best.step_cost <= bound * (1 + spec.min_gain)):
             break
         found = _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches or m, costs, times,
-                             int(fill * num_ranks * budget))
+                             int(fill * num_ranks * budget), num_microbatches is not None)
         tries += best is not None or found is not None
         if found is not None and (best is None or found.step_cost < best.step_cost):
             best = found
