@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable
 
 import torch.distributed as dist
@@ -63,15 +63,19 @@ class Prefetcher:
         self.requests += 1
 
     def result(self, timeout: float | None = None):
-        """The pending plan; waits for it (timed) and re-raises the thread's exception."""
+        """The pending plan; waits for it (timed) and re-raises the thread's exception.  A wait that times
+        out keeps the request pending (its collectives still pair with the other ranks'): call again."""
         if self._pending is None:
             raise RuntimeError("no prefetch pending; call submit() first")
-        start = time.perf_counter()
+        start, pending = time.perf_counter(), self._pending
         try:
-            return self._pending.result(timeout)
+            done, _ = wait([pending], timeout)
         finally:
             self.wait_seconds += time.perf_counter() - start
-            self._pending = None
+        if not done:
+            raise TimeoutError(f"planning did not finish within {timeout} s; call result() again to wait for it")
+        self._pending = None
+        return pending.result()
 
     @property
     def hidden_fraction(self) -> float:

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -422,3 +423,19 @@ def test_regression_a_strided_size_one_column_crashed_the_byte_view():
 def test_regression_runtime_flags_read_with_bool_took_false_strings_for_true(build, message):
     with pytest.raises(TypeError, match=message):
         build()
+
+
+def test_regression_a_timed_out_prefetch_result_forgot_the_running_plan():
+    release = threading.Event()
+    with Prefetcher(lambda value, group: release.wait(30) and value * 2) as prefetcher:
+        prefetcher.submit(21)
+        with pytest.raises(TimeoutError, match=r"planning did not finish within 0.05 s; call result\(\) again"):
+            prefetcher.result(timeout=0.05)
+        release.set()
+        assert prefetcher.result() == 42
+    with Prefetcher(lambda value, group: (_ for _ in ()).throw(TimeoutError("solver"))) as prefetcher:  # its own
+        prefetcher.submit(1)
+        with pytest.raises(TimeoutError, match="^solver$"):
+            prefetcher.result()
+        with pytest.raises(RuntimeError, match="no prefetch pending"):
+            prefetcher.result()
