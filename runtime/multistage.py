@@ -58,6 +58,7 @@ from .encoders import checked_call, contract_problem, unseen_module
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, new_step, split_rows
+from .sharding import TextUnits, pass_layout
 
 SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
 SEGMENT_COLUMNS = 4  # modality code, length, tokens, position
@@ -100,8 +101,10 @@ class PassRoutes:
     plan: PassPlan
     rank: int
     input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage
-    text_route: ExchangeMeta  # samples to their LLM rank
-    embedding_routes: tuple[ExchangeMeta, ...]  # encoder rank -> LLM rank, one per encoder stage
+    text_route: ExchangeMeta  # text pieces to their LLM rank (a sample's, or a split sample's chunks)
+    embedding_routes: tuple[ExchangeMeta, ...]  # encoder rank -> LLM rank, one per encoder stage, over its pieces
+    text_units: TextUnits
+    embedding_pieces: tuple[np.ndarray, ...]  # the plan's route entries of each encoder stage
 
     @property
     def batch(self) -> Batch:
@@ -118,9 +121,10 @@ class StepRoutes:
     rank: int
     microbatches: tuple[PassRoutes, ...]
     input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage, over the step's segments of its modality
-    text_route: ExchangeMeta  # the step's samples to their LLM rank
+    text_route: ExchangeMeta  # the step's text pieces to their LLM rank
     num_loss_tokens: int  # loss tokens of the whole step on every rank
     planning_seconds: float
+    text_units: TextUnits
 
     @property
     def batch(self) -> Batch:
@@ -268,26 +272,29 @@ class MultiStageRuntime:
         batch = step.batch
         if num_loss_tokens is None:
             num_loss_tokens = int(batch.sample_text.sum())
+        if plan_id and any(plan.splits for plan in step.microbatches):  # groups, degrees, chunks ride in it
+            plan_id = plan_word(plan_id, step.digest())
         segment_source = batch.sample_source[batch.segment_sample]
         input_routes = tuple(ExchangeMeta(segment_source[batch.segments_of(stage.modality)],
                                           step.stage_destinations(index), rank, size, plan_id)
                              for index, stage in enumerate(self.stages[:-1]))
         microbatches = tuple(self._pass_routes(plan, rank, size, plan_word(plan_id, index) if plan_id else 0)
                              for index, plan in enumerate(step.microbatches))
-        llm_rank = step.stage_destinations(len(self.stages) - 1)
-        return StepRoutes(step, rank, microbatches, input_routes,
-                          ExchangeMeta(batch.sample_source, llm_rank, rank, size, plan_id),
-                          int(num_loss_tokens), planning_seconds)
+        units = TextUnits.of_step(step)
+        return StepRoutes(step, rank, microbatches, input_routes, units.route(batch, rank, size, plan_id),
+                          int(num_loss_tokens), planning_seconds, units)
 
     @staticmethod
     def _pass_routes(plan: PassPlan, rank: int, size: int, plan_id: int) -> PassRoutes:
         """This rank's exchange routes in one pass of a step."""
         encoder_plans = plan.stage_plans[:-1]
         input_routes = tuple(ExchangeMeta(p.source, p.destination, rank, size, plan_id) for p in encoder_plans)
-        embedding_routes = tuple(ExchangeMeta(p.destination, plan.route_llm_rank[p.item_segment], rank, size, plan_id)
-                                 for p in encoder_plans)
-        text_route = ExchangeMeta(plan.llm.source, plan.llm.destination, rank, size, plan_id)
-        return PassRoutes(plan, rank, input_routes, text_route, embedding_routes)
+        pieces = tuple(np.flatnonzero(plan.route_stage == index) for index in range(len(encoder_plans)))
+        embedding_routes = tuple(ExchangeMeta(plan.route_encoder_rank[entries], plan.route_llm_rank[entries], rank,
+                                              size, plan_id) for entries in pieces)
+        units = TextUnits.of_pass(plan)
+        return PassRoutes(plan, rank, input_routes, units.route(plan.batch, rank, size, plan_id), embedding_routes,
+                          units, pieces)
 
     def dispatch(self, routes: StepRoutes, *, text: Mapping[str, torch.Tensor],
                  per_sample: Mapping[str, torch.Tensor] | None = None,
@@ -306,7 +313,8 @@ class MultiStageRuntime:
     def _dispatch_pass(self, routes: PassRoutes, text, per_sample, inputs, stats) -> Dispatched:
         """One pass's input exchange (a micro-batch's, without `fused_input_exchange`)."""
         plan = routes.plan
-        result = self._exchange_inputs(routes.text_route, plan.batch.sample_text, routes.input_routes,
+        result = self._exchange_inputs(routes.text_route, routes.text_units,
+                                       np.flatnonzero(plan.batch.sample_source == routes.rank), routes.input_routes,
                                        [stage_plan.item_length for stage_plan in plan.stage_plans[:-1]], text,
                                        per_sample, inputs, stats)
         return Dispatched(result["inputs"], self._input_lengths(routes), result["text"], result["per_sample"])
@@ -316,14 +324,17 @@ class MultiStageRuntime:
         return {modality: torch.from_numpy(plan.item_length[route.dest_items].copy())
                 for modality, route, plan in zip(self.modalities, routes.input_routes, routes.plan.stage_plans[:-1])}
 
-    def _exchange_inputs(self, text_route: ExchangeMeta, text_rows, input_routes, input_rows, text, per_sample,
-                         inputs, stats) -> dict:
-        """Inputs, text and per-sample tensors along their routes in one fused all-to-all."""
-        per_sample, inputs = dict(per_sample or {}), dict(inputs or {})
+    def _exchange_inputs(self, text_route: ExchangeMeta, units: TextUnits, home: np.ndarray, input_routes,
+                         input_rows, text, per_sample, inputs, stats) -> dict:
+        """Inputs, text pieces and per-sample tensors (of this rank's `home` samples: a copy to every rank of
+        a split sample's group) along their routes in one fused all-to-all."""
+        per_sample = {key: units.expand(tensor, home) for key, tensor in (per_sample or {}).items()}
+        inputs = dict(inputs or {})
         missing = [m for m, r in zip(self.modalities, input_routes) if m not in inputs and r.num_items]
         problem = (ValueError(f"`inputs` lacks modality {missing[0]!r}, which the global batch contains")
                    if missing else None)  # every rank raises it, naming this one
-        where = {("text", None): (text_route, text_rows), ("per_sample", None): (text_route, 1)}
+        copies = units.copies if np.any(units.copies != 1) else 1
+        where = {("text", None): (text_route, units.tokens), ("per_sample", None): (text_route, copies)}
         for modality, route, rows in zip(self.modalities, input_routes, input_rows):
             where[("inputs", modality)] = (route, rows)
         pieces, names = [], []
@@ -346,19 +357,21 @@ class MultiStageRuntime:
         sample_microbatch = step.microbatch_of_samples
         segment_microbatch = sample_microbatch[batch.segment_sample]
         modality_segments = [batch.segments_of(modality) for modality in self.modalities]
+        units, home = routes.text_units, np.flatnonzero(batch.sample_source == routes.rank)
         if self.fused_input_exchange:
             held = (routes.text_route.dest_items, [route.dest_items for route in routes.input_routes])
-            result = self._exchange_inputs(routes.text_route, batch.sample_text, routes.input_routes,
+            result = self._exchange_inputs(routes.text_route, units, home, routes.input_routes,
                                            [batch.segment_length[segments] for segments in modality_segments],
                                            text, per_sample, inputs, stats)
+            sample_rows, sample_parts = units.copies[held[0]], units.microbatch[held[0]]
         else:
             held = (routes.text_route.source_items, [route.source_items for route in routes.input_routes])
             result = {"text": dict(text), "per_sample": dict(per_sample or {}), "inputs": dict(inputs or {})}
-        samples, segments_held = held
-        sample_parts = sample_microbatch[samples]
-        split = {"text": {key: split_rows(tensor, batch.sample_text[samples], sample_parts, count)
+            sample_rows, sample_parts = np.ones(home.size, dtype=np.int64), sample_microbatch[home]
+        held_units, segments_held = held
+        split = {"text": {key: split_rows(tensor, units.tokens[held_units], units.microbatch[held_units], count)
                           for key, tensor in result["text"].items()},
-                 "per_sample": {key: split_rows(tensor, np.ones(samples.size, dtype=np.int64), sample_parts, count)
+                 "per_sample": {key: split_rows(tensor, sample_rows, sample_parts, count)
                                 for key, tensor in result["per_sample"].items()},
                  "inputs": {}}
         for modality, segments, held_items in zip(self.modalities, modality_segments, segments_held):
@@ -385,17 +398,17 @@ class MultiStageRuntime:
             raise TypeError("`microbatches` takes the routes of `plan` and what `dispatch` returned for them")
         size = group_size(self.group)
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
-
-        llm_rank = routes.step.stage_destinations(len(self.stages) - 1)
+        splitting = self.orchestrator.context_parallel is not None
 
         def generate():
             for index, (micro, part) in enumerate(zip(routes.microbatches, moved.parts)):
                 data = part if moved.exchanged else self._dispatch_pass(micro, stats=moved.stats, **part)
-                members = routes.step.microbatch_samples[index]
-                items = members[llm_rank[members] == routes.rank]  # this rank's LLM samples
-                lengths = torch.from_numpy(routes.batch.sample_llm_length[items].astype(np.int64))
-                yield MicroBatch(index, routes.num_microbatches, items, data, routes.num_loss_tokens, size, micro,
-                                 lengths)
+                members, shards = routes.step.microbatch_samples[index], micro.plan.shards
+                rows = shards.rows_on(routes.rank)  # this rank's LLM samples, or its shards of split ones
+                layout = pass_layout(micro.plan, routes.rank, size, members, self.group) if splitting else None
+                yield MicroBatch(index, routes.num_microbatches, members[shards.sample[rows]], data,
+                                 routes.num_loss_tokens, size, micro, torch.from_numpy(shards.tokens[rows].copy()),
+                                 layout)
         return iterate(generate())
 
     def forward(self, routes: PassRoutes, moved: Dispatched, *, encoders: Mapping[str, Callable],
@@ -427,9 +440,9 @@ class MultiStageRuntime:
             called = [(f"encoder {m!r}", encoders[m]) for m in self.modalities if m in encoders]
             called.append(("`text_embedding`", text_embedding))
             problems += filter(None, (unseen_module(what, function) for what, function in called))
-        pieces = [Piece(route, tensor, step.batch.segment_tokens[plan.item_segment], f"embeddings:{modality}")
-                  for route, tensor, plan, modality in zip(routes.embedding_routes, outputs, step.stage_plans[:-1],
-                                                           self.modalities)]
+        pieces = [Piece(route, tensor, step.route_tokens[entries], f"embeddings:{modality}")
+                  for route, tensor, entries, modality in zip(routes.embedding_routes, outputs, routes.embedding_pieces,
+                                                              self.modalities)]
         arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"],
                                      problem=problems[0] if problems else None)
         return self.assemble(routes, text_embedded, arrived)
@@ -451,13 +464,12 @@ class MultiStageRuntime:
         step, rank = routes.plan, routes.rank
         recipe = step.assembly(rank)
         samples, sample_lengths, num_tokens = recipe.samples, recipe.sample_lengths, recipe.num_tokens
-        text_start = step.llm.item_input_offset[recipe.text_sample] + recipe.text_offset
-        text_source = ranges(text_start, recipe.text_length)
+        text_source = ranges(recipe.text_buffer_offset, recipe.text_length)
         text_destination = ranges(recipe.text_llm_offset, recipe.text_length)
         destinations = [text_destination]
-        for route, plan in zip(routes.embedding_routes, step.stage_plans[:-1]):
-            segments = plan.item_segment[route.dest_items]
-            destinations.append(ranges(step.route_llm_offset[segments], step.batch.segment_tokens[segments]))
+        for route, entries in zip(routes.embedding_routes, routes.embedding_pieces):
+            landed = entries[route.dest_items]
+            destinations.append(ranges(step.route_llm_offset[landed], step.route_tokens[landed]))
         destination = np.concatenate(destinations)
         if destination.size != num_tokens:
             raise RuntimeError(f"assembly covers {destination.size} rows of a {num_tokens}-token sequence")

@@ -183,3 +183,65 @@ class StepSharding:
 def _rows(tensor, count: int) -> bool:
     """Whether `tensor` is a tensor of `count` rows (else the exchange's checks name what is wrong)."""
     return isinstance(tensor, torch.Tensor) and tensor.dim() > 0 and tensor.shape[0] == count
+
+
+@dataclass(frozen=True, eq=False)
+class TextUnits:
+    """A multi-stage pass's (or step's) text pieces as route units, sample by sample in chunk order:
+    `tokens[u]` text rows of `sample[u]` go to LLM rank `rank[u]` in micro-batch `microbatch[u]`;
+    `copies[u]` is 1 where the unit carries its sample's per-sample row (a copy per group rank:
+    chunks 0 .. c − 1; the one unit of an unsplit sample), else 0."""
+
+    sample: np.ndarray
+    tokens: np.ndarray
+    rank: np.ndarray
+    copies: np.ndarray
+    microbatch: np.ndarray
+
+    @classmethod
+    def of_pass(cls, plan, samples=None, microbatch: int = 0) -> "TextUnits":
+        """The units of a `PassPlan`, its samples numbered `samples` (default: the pass's own)."""
+        pieces, degree = plan.text_pieces, plan.llm.degree
+        first = np.flatnonzero(np.diff(pieces.sample, prepend=-1) != 0)
+        chunk = np.arange(pieces.sample.size) - np.repeat(first, np.diff(np.append(first, pieces.sample.size)))
+        sample = pieces.sample if samples is None else np.asarray(samples, dtype=np.int64)[pieces.sample]
+        return cls(sample, pieces.tokens, pieces.rank, (chunk < degree[pieces.sample]).astype(np.int64),
+                   np.full(sample.size, microbatch, dtype=np.int64))
+
+    @classmethod
+    def of_step(cls, step) -> "TextUnits":
+        """The units of every pass of a `StepPlan`, over the step's samples, sample by sample."""
+        parts = [cls.of_pass(plan, samples, index)
+                 for index, (plan, samples) in enumerate(zip(step.microbatches, step.microbatch_samples))]
+        columns = [np.concatenate([getattr(part, name) for part in parts]) for name in
+                   ("sample", "tokens", "rank", "copies", "microbatch")]
+        order = np.argsort(columns[0], kind="stable")  # a sample's units stay in chunk order
+        return cls(*(column[order] for column in columns))
+
+    def route(self, batch, rank: int, size: int, plan_id: int) -> ExchangeMeta:
+        """Every unit from its sample's home rank to its LLM rank."""
+        return ExchangeMeta(batch.sample_source[self.sample], self.rank, rank, size, plan_id)
+
+    def expand(self, tensor: torch.Tensor, home_samples: np.ndarray) -> torch.Tensor:
+        """A per-sample tensor of `home_samples` (ascending) with each row repeated once per copy unit."""
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0 or tensor.shape[0] != home_samples.size:
+            return tensor  # the exchange's own checks name what is wrong
+        counts = np.bincount(self.sample, weights=self.copies, minlength=int(home_samples.max(initial=-1)) + 1)
+        repeats = counts[home_samples].astype(np.int64)
+        if np.all(repeats == 1):
+            return tensor
+        return tensor.index_select(0, torch.from_numpy(np.repeat(np.arange(home_samples.size), repeats)).to(
+            tensor.device))
+
+
+def pass_layout(plan, rank: int, size: int, samples, group=None) -> ContextParallelLayout:
+    """Rank `rank`'s LLM layout in a multi-stage pass: its shard rows (unsplit samples' lengths, split
+    samples' `SplitItem`s numbered by `samples`, the pass's samples in the step) and the pass's split
+    samples, from the agreed plan (no collective)."""
+    shards, llm, lengths = plan.shards, plan.llm, plan.batch.sample_llm_length
+    samples = np.asarray(samples, dtype=np.int64)
+    splits = {int(k): SplitItem(int(samples[k]), int(lengths[k]), tuple(int(r) for r in llm.item_ranks(k)))
+              for k in np.flatnonzero(llm.degree > 1)}
+    rows = shards.rows_on(rank)
+    sequences = [splits.get(int(k), int(t)) for k, t in zip(shards.sample[rows], shards.tokens[rows])]
+    return ContextParallelLayout.planned(rank, size, sequences, tuple(splits.values()), group=group)
