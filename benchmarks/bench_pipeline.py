@@ -44,8 +44,8 @@ def _row(workload, ranks, microbatches, stages, schedule, virtual, seed):
     assert ours.pipeline.lower_bound <= ours.pipeline.step_time
     problem, peers = pipeline_peers(lengths, ranks, sources=sources, cost=COST, max_tokens_per_microbatch=budget,
                                     num_microbatches=microbatches)
-    steps = {name: pipeline_step(problem, plan.rank, plan.microbatch, microbatches, pipeline, 0.0).step_time
-             for name, plan in peers.items()}
+    steps = {name: pipeline_step(problem, plan.rank, plan.microbatch, pipeline.runnable(plan.num_microbatches),
+                                 pipeline, 0.0).step_time for name, plan in peers.items()}
     assert ours.pipeline.step_time <= steps["unaware"]  # never worse than the plan it starts from
     assert ours.pipeline.unaware_step_time == steps["unaware"]
     return dict(workload=workload, D=ranks, M=microbatches, P=stages, schedule=schedule,

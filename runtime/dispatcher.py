@@ -109,6 +109,13 @@ def _local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
     return lengths, losses
 
 
+def _checked_plan(plan) -> DispatchPlan:
+    """`plan` when it is a `DispatchPlan`; else a TypeError naming what was passed."""
+    if not isinstance(plan, DispatchPlan):
+        raise TypeError(f"`plan` must be the DispatchPlan that `plan()` returned; got {type(plan).__name__}")
+    return plan
+
+
 def _lengths_problem(plan: DispatchPlan, lengths) -> Exception | None:
     """Why this rank's items, of `lengths` now, are not those `plan` was made from (a plan kept from
     another step whose row totals happen to match), or None."""
@@ -128,6 +135,13 @@ def _lengths_problem(plan: DispatchPlan, lengths) -> Exception | None:
                                  f"with {int(planned[item])}: the plan is another step's (a plan kept from an earlier "
                                  f"step?); make each step's plan from its own lengths")
     return None
+
+
+def _check_names(keys, requirement: str) -> None:
+    """Raise a TypeError ("`{requirement}; got int 1`") unless every key is a str (sorted and named in messages)."""
+    odd = next((key for key in keys if not isinstance(key, str)), None)
+    if odd is not None:
+        raise TypeError(f"`{requirement}; got {type(odd).__name__} {odd!r}")
 
 
 class PostBalancingDispatcher:
@@ -186,6 +200,7 @@ class PostBalancingDispatcher:
         if isinstance(per_item_keys, str):
             raise TypeError("`per_item_keys` must be a collection of keys, not a str")
         self.per_item_keys = frozenset(per_item_keys)
+        _check_names(self.per_item_keys, "per_item_keys` must hold str names")
         self.check_plan = time_limit is not None if check_plan is None else as_bool(check_plan, "check_plan")
         self.transport = FlatAllToAll(group) if transport is None else transport
         microbatching = {} if self.microbatch_options is None else {
@@ -245,8 +260,9 @@ class PostBalancingDispatcher:
         """Move `batch` out along the plan's route (`site` "dispatch") or home along its inverse ("combine")."""
         if not isinstance(batch, Mapping):
             raise TypeError(f"`batch` must be a mapping of names to tensors; got {type(batch).__name__}")
-        keys = sorted(batch)
         home = site == "combine"
+        _check_names(batch, f"{'outputs' if home else 'batch'}` keys must be str names")
+        keys = sorted(batch)
         route = sharding.route.inverse() if home else sharding.route
         per_item = (sharding.first_copies if home else sharding.copies)
         pieces = [Piece(route, per_item(batch[key]), sharding.item_rows(True, home), str(key)) if key in per_item_keys
@@ -267,6 +283,7 @@ class PostBalancingDispatcher:
         naming the rank and its first item that differs.
         `differentiable=True` lets gradients of the results flow back to the inputs.
         """
+        plan = _checked_plan(plan)
         problem = None if lengths is None else _lengths_problem(plan, lengths)
         return self._move(batch, plan.sharding, self.per_item_keys, "dispatch", differentiable, problem)
 
@@ -284,7 +301,7 @@ class PostBalancingDispatcher:
                     normalize_loss(loss_sum, micro).backward()
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
-        items, tokens = plan.local_items, plan.local_lengths
+        items, tokens = _checked_plan(plan).local_items, plan.local_lengths
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)
         rows = {key: np.ones(items.size, dtype=np.int64) if key in self.per_item_keys else tokens for key in moved}
@@ -304,4 +321,4 @@ class PostBalancingDispatcher:
         `per_item_keys` (default: the dispatcher's) name the outputs with one row per item.
         """
         per_item = self.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
-        return self._move(outputs, plan.sharding, per_item, "combine", differentiable)
+        return self._move(outputs, _checked_plan(plan).sharding, per_item, "combine", differentiable)

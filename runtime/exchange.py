@@ -252,6 +252,9 @@ def _problem(pieces: Sequence[Piece], transport) -> Exception | None:
         meta, tensor = piece.meta, piece.tensor
         if not isinstance(tensor, torch.Tensor):
             return TypeError(f"piece {number}: expected a torch.Tensor; got {type(tensor).__name__}")
+        if tensor.layout != torch.strided:
+            return TypeError(f"piece {number} ({piece.name or '?'}): a {tensor.layout} tensor cannot be exchanged; "
+                             f"pass a dense (strided) tensor (`.to_dense()`)")
         if (meta.rank, meta.world_size) != (first.rank, first.world_size):
             return ValueError(f"piece {number}: route is for rank {meta.rank} of {meta.world_size}, "
                               f"piece 0's for rank {first.rank} of {first.world_size}")
