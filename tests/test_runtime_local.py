@@ -168,6 +168,14 @@ def test_metadata_validation_messages():
     assert fingerprint("a", 1) != fingerprint("a", 2)
 
 
+def test_a_uint64_length_beyond_int64_is_named_not_wrapped_to_a_negative():
+    """The dispatcher's `plan` cast uint64 2**63 + 1 to int64 and reported "`lengths` must be non-negative;
+    got -9223372036854775807", a value never passed (probe3 UE9)."""
+    with pytest.raises(ValueError, match=r"`lengths` must fit int64 \(below 2\*\*63\); got 9223372036854775809 at "
+                                         r"index 0"):
+        PostBalancingDispatcher(algorithm="lpt").plan(np.array([2**63 + 1], dtype=np.uint64))
+
+
 def test_transport_validation_messages():
     with pytest.raises(ValueError, match="`gpus_per_node` must be a positive int"):
         HierarchicalAllToAll(0)
@@ -439,3 +447,21 @@ def test_regression_a_timed_out_prefetch_result_forgot_the_running_plan():
             prefetcher.result()
         with pytest.raises(RuntimeError, match="no prefetch pending"):
             prefetcher.result()
+
+
+def test_regression_dispatcher_inputs_of_the_wrong_kind_gave_raw_python_and_torch_errors():
+    dispatcher = PostBalancingDispatcher()
+    plan = dispatcher.plan([3, 5])
+    with pytest.raises(TypeError, match=r"`plan` must be the DispatchPlan that `plan\(\)` returned; got str"):
+        dispatcher.dispatch({"tok": torch.zeros(8)}, "plan")
+    with pytest.raises(TypeError, match=r"`plan` must be the DispatchPlan .*; got dict"):
+        list(dispatcher.microbatches({}, {"tok": torch.zeros(8)}))
+    with pytest.raises(TypeError, match=r"`plan` must be the DispatchPlan .*; got NoneType"):
+        dispatcher.combine({"tok": torch.zeros(8)}, None)
+    with pytest.raises(TypeError, match=r"piece 0 \(tok\): a torch.sparse_coo tensor cannot be exchanged; pass a "
+                                        r"dense \(strided\) tensor"):
+        dispatcher.dispatch({"tok": torch.zeros(8).to_sparse()}, plan)
+    with pytest.raises(TypeError, match="`per_item_keys` must hold str names; got int 1"):
+        PostBalancingDispatcher(per_item_keys=(1,))
+    with pytest.raises(TypeError, match="`batch` keys must be str names; got int 1"):
+        dispatcher.dispatch({1: torch.zeros(2), "tok": torch.zeros(8)}, plan)
