@@ -12,7 +12,8 @@ from torch import nn
 from orchmllm.balancers import CostModel
 from orchmllm.balancers.context_parallel import ContextParallel
 from orchmllm.orchestrator.samples import Sample, Segment
-from orchmllm.runtime import ContextParallelLayout, MultiStageRuntime, all_reduce_gradients, normalize_loss
+from orchmllm.runtime import (ContextParallelLayout, MultiStageRuntime, PlanMismatchError, all_reduce_gradients,
+                              normalize_loss)
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.demo.giants import CausalBlock
@@ -100,3 +101,21 @@ def test_a_split_sample_through_the_multistage_runtime_trains_as_the_unsplit_ste
     ids = sorted(i for _, _, held in results for i in held)
     every = sorted(sample.id for rank in range(4) for sample in rank_samples(rank))
     assert sorted(set(ids)) == every and len(ids) > len(every)  # per-sample rows: a copy per group rank
+
+
+def other_split_job(rank, size):
+    local = SyntheticMultimodal(CONFIG, seed=0).tensors(rank_samples(rank), torch.float64)
+    runtime = MultiStageRuntime(STAGES, context_parallel=SPEC)
+    if rank == 1:  # a planner that stopped elsewhere on this rank: the same samples' plan, unsplit
+        runtime.orchestrator = MultiStageRuntime(STAGES).orchestrator
+    routes = runtime.plan(local.samples)
+    try:
+        runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+    except PlanMismatchError as error:
+        return str(error)
+    return None
+
+
+def test_ranks_whose_step_plans_split_differently_stop_at_the_exchange_naming_them():
+    errors = spawn(other_split_job, 4, timeout_s=60)
+    assert all(error is not None and "ranks [1] disagree" in error for error in errors), errors
