@@ -13,7 +13,8 @@
 - `ContextParallelLayout`, `SplitItem`, `context_parallel_attention`, `ContextParallelError`: split
   items at run time (`context_parallel.py`): a giant item's zigzag shards on its group attend over
   the whole item, exact gradients; `StepSharding`: their chunks in the one fused exchange
-  (`sharding.py`; `PostBalancingDispatcher(context_parallel=...)` uses it).
+  (`sharding.py`; `PostBalancingDispatcher(context_parallel=...)` uses it, and
+  `MultiStageRuntime(stages, context_parallel=...)` its text pieces).
 - `MultiStageRuntime`: encoders and LLM balanced from the orchestrator's StepPlan;
   `EncoderContractError`: an encoder whose output leaves out parameters on some rank (`encoders.py`).
 - `MicroBatch`, `accumulate`, `gradient_sync`: gradient accumulation over post-balanced
