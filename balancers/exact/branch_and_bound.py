@@ -428,7 +428,8 @@ def branch_and_bound(w: list[int], m: int, lower: int, start: list[int] | None, 
     return best_plan, True
 
 
-def prove_small(problem: Problem, start: np.ndarray | None) -> KernelResult | CapInfeasible | None:
+def prove_small(problem: Problem, start: np.ndarray | None
+                ) -> KernelResult | CapInfeasible | None:
     """The optimum of a small unpadded instance by branch and bound alone (no LP, no
     MILP), or None.  `start` is a plan within the cap, or None when none is known.
 

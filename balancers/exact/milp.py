@@ -88,8 +88,8 @@ def run_cbc(lp, time_limit: float, warm_start: bool) -> None:
     import pulp
 
     with tempfile.TemporaryDirectory(prefix="orchmllm_cbc_") as workdir:
-        solver = pulp.COIN_CMD(path=pulp.PULP_CBC_CMD.pulp_cbc_path, msg=False, timeLimit=max(time_limit, _MIN_SECONDS), threads=1,
-                               gapRel=0, warmStart=warm_start,
+        solver = pulp.COIN_CMD(path=pulp.PULP_CBC_CMD.pulp_cbc_path, msg=False,
+                               timeLimit=max(time_limit, _MIN_SECONDS), threads=1, gapRel=0, warmStart=warm_start,
                                options=[f"randomSeed {_SEED}", f"randomCbcSeed {_SEED}"])
         solver.tmpDir = workdir
         lp.solve(solver)

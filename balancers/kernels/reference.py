@@ -73,79 +73,98 @@ def locality_first_phases(costs: np.ndarray, lengths: np.ndarray, sources: np.nd
     deal keeps nothing); `cap` is math.inf when there is none, `window` the items a node's
     round deals (DEAL_WINDOW · gpus_per_node).
     """
-    loads, tokens = [0.0] * num_ranks, [0] * num_ranks
-    destinations = [-1] * costs.size
+    deal = _PlainDeal(costs, lengths, num_ranks, target, cap)
     order = sorted(range(costs.size), key=lambda i: (-costs[i], i))
+    for item in order:
+        if deal.fits(item, int(sources[item])):
+            deal.put(item, int(sources[item]))
+    for node in range(num_ranks // gpus_per_node):
+        left = [i for i in order if deal.destinations[i] < 0 and sources[i] // gpus_per_node == node]
+        deal.take_in_node(left, range(node * gpus_per_node, (node + 1) * gpus_per_node), window)
+    deal.take_anywhere([i for i in order if deal.destinations[i] < 0], window // gpus_per_node)
+    return np.array(deal.destinations)
 
-    def put(item, rank):
-        destinations[item], loads[rank], tokens[rank] = rank, loads[rank] + costs[item], tokens[rank] + lengths[item]
 
-    def fits(item, rank):
-        return loads[rank] + costs[item] <= target and tokens[rank] + lengths[item] <= cap
+class _PlainDeal:
+    """Loads, tokens and destinations of `locality_first_phases`, with its deal steps."""
 
-    def deal(items, ranks, per_rank):
+    def __init__(self, costs, lengths, num_ranks: int, target: float, cap: float):
+        self.costs, self.lengths, self.num_ranks, self.target, self.cap = costs, lengths, num_ranks, target, cap
+        self.loads, self.tokens = [0.0] * num_ranks, [0] * num_ranks
+        self.destinations = [-1] * costs.size
+
+    def put(self, item, rank):
+        self.destinations[item] = rank
+        self.loads[rank] += self.costs[item]
+        self.tokens[rank] += self.lengths[item]
+
+    def fits(self, item, rank):
+        return self.loads[rank] + self.costs[item] <= self.target and self.tokens[rank] + self.lengths[item] <= self.cap
+
+    def deal(self, items, ranks, per_rank):
         """Items dealt round robin to ranks; per rank, the prefix of its deal that fits."""
-        margin = per_rank * np.finfo(np.float64).eps * target
-        kept, sums = [], {r: (loads[r], tokens[r]) for r in ranks}
+        margin = per_rank * np.finfo(np.float64).eps * self.target
+        kept, sums = [], {r: (self.loads[r], self.tokens[r]) for r in ranks}
         for k, item in enumerate(items[:per_rank * len(ranks)]):
             rank = ranks[k % len(ranks)]
             if sums[rank] is None:  # the rank's deal stopped
                 continue
-            load, held = sums[rank][0] + costs[item], sums[rank][1] + lengths[item]
-            sums[rank] = (load, held) if load <= target - margin and held <= cap else None
+            load, held = sums[rank][0] + self.costs[item], sums[rank][1] + self.lengths[item]
+            sums[rank] = (load, held) if load <= self.target - margin and held <= self.cap else None
             if sums[rank] is not None:
                 kept.append((item, rank))
         return kept
 
-    for item in order:
-        if fits(item, int(sources[item])):
-            put(item, int(sources[item]))
-    for node in range(num_ranks // gpus_per_node):
-        node_ranks = range(node * gpus_per_node, (node + 1) * gpus_per_node)
-        left = [i for i in order if destinations[i] < 0 and sources[i] // gpus_per_node == node]
+    def take_in_node(self, left, node_ranks, window):
+        """Deal a node's left-over items (cost order) to its least-loaded ranks, round by round."""
+        costs, loads = self.costs, self.loads
         while left:
             ranks = sorted(node_ranks, key=lambda r: (loads[r], r))
-            while left and costs[left[0]] > target - loads[ranks[0]]:
+            while left and costs[left[0]] > self.target - loads[ranks[0]]:
                 left.pop(0)  # fits no rank of the node, now or later
             if not left:
                 break
-            roomy = max(1, sum(loads[r] + costs[left[0]] <= target for r in ranks))
-            kept = deal(left[:window], ranks[:roomy], window)
+            roomy = max(1, sum(loads[r] + costs[left[0]] <= self.target for r in ranks))
+            kept = self.deal(left[:window], ranks[:roomy], window)
             # the node keeps the deal's longest prefix that fits
             count = next((k for k, (item, _) in enumerate(kept) if item != left[k]), len(kept))
             for item, rank in kept[:count]:
-                put(item, rank)
+                self.put(item, rank)
             if count == 0:  # the least-loaded rank lacks token room: the least-loaded rank that fits
-                fitting = [r for r in ranks if fits(left[0], r)]
+                fitting = [r for r in ranks if self.fits(left[0], r)]
                 if fitting:
-                    put(left[0], fitting[0])
+                    self.put(left[0], fitting[0])
                 count = 1
             left = left[count:]
-    waiting = [i for i in order if destinations[i] < 0]
-    while waiting:
-        ranks = sorted(range(num_ranks), key=lambda r: (loads[r], r))
-        roomy = [r for r in ranks if loads[r] + costs[waiting[0]] <= target]
-        kept = deal(waiting, roomy, window // gpus_per_node) if roomy else []
-        if kept:
-            for item, rank in kept:
-                put(item, rank)
-            waiting = [i for i in waiting if destinations[i] < 0]
-            continue
-        chunk = ranks[:len(waiting)]  # an LPT round
-        decided = [fits(item, rank) for item, rank in zip(waiting, chunk)]
-        lead = 0
-        while (lead < len(chunk) and costs[waiting[lead]] > target - loads[chunk[0]]
-               and tokens[chunk[lead]] + lengths[waiting[lead]] <= cap):
-            lead += 1
-        decided[:lead] = [True] * lead
-        if not decided[0]:
-            chunk[0] = min((r for r in ranks if tokens[r] + lengths[waiting[0]] <= cap), key=lambda r: (loads[r], r))
-            decided = [True] + [d and r != chunk[0] for d, r in zip(decided[1:], chunk[1:])]
-        for item, rank, placed in zip(waiting, chunk, decided):
-            if placed:
-                put(item, rank)
-        waiting = [i for i in waiting if destinations[i] < 0]
-    return np.array(destinations)
+
+    def take_anywhere(self, waiting, per_rank):
+        """Deal what is left to the least-loaded ranks of all; an LPT round when a deal keeps nothing."""
+        costs, lengths, loads, tokens, target, cap = (self.costs, self.lengths, self.loads, self.tokens, self.target,
+                                                      self.cap)
+        while waiting:
+            ranks = sorted(range(self.num_ranks), key=lambda r: (loads[r], r))
+            roomy = [r for r in ranks if loads[r] + costs[waiting[0]] <= target]
+            kept = self.deal(waiting, roomy, per_rank) if roomy else []
+            if kept:
+                for item, rank in kept:
+                    self.put(item, rank)
+                waiting = [i for i in waiting if self.destinations[i] < 0]
+                continue
+            chunk = ranks[:len(waiting)]  # an LPT round
+            decided = [self.fits(item, rank) for item, rank in zip(waiting, chunk)]
+            lead = 0
+            while (lead < len(chunk) and costs[waiting[lead]] > target - loads[chunk[0]]
+                   and tokens[chunk[lead]] + lengths[waiting[lead]] <= cap):
+                lead += 1
+            decided[:lead] = [True] * lead
+            if not decided[0]:
+                chunk[0] = min((r for r in ranks if tokens[r] + lengths[waiting[0]] <= cap),
+                               key=lambda r: (loads[r], r))
+                decided = [True] + [d and r != chunk[0] for d, r in zip(decided[1:], chunk[1:])]
+            for item, rank, placed in zip(waiting, chunk, decided):
+                if placed:
+                    self.put(item, rank)
+            waiting = [i for i in waiting if self.destinations[i] < 0]
 
 
 def best_fit_cells(lengths: np.ndarray, num_cells: int, cap: int) -> np.ndarray | None:
