@@ -12,9 +12,9 @@ import numpy as np
 
 from .cost import CostModel
 from .bounds import lower_bound
-from .problem import (Kernel, KernelResult, Problem, Status, integer_values, rank_loads, rank_tokens, read_only,
-                      require_equal_counts)
-from .validation import as_index, is_real
+from .problem import (InfeasibleError, Kernel, KernelResult, Problem, Status, integer_values, rank_loads, rank_tokens,
+                      read_only, require_equal_counts)
+from .validation import SizeLimitError, as_index, is_real
 
 FLOAT_EXACT = 2**53  # integer sums below this are exact in float64
 LOCALITY_SUFFIX = "+locality"  # a plan's algorithm name after the communication-aware pass
@@ -119,9 +119,25 @@ def require_result(result, expected: type, algorithm: str, called: str = "", als
         raise RuntimeError(f"algorithm {algorithm!r} returned {got}{called}; expected a {expected.__name__}{also}")
 
 
+KERNEL_REFUSALS = (InfeasibleError, SizeLimitError, TimeoutError)  # a kernel's answers about the input, passed on
+
+
+def call_kernel(kernel: Callable, algorithm: str, *args):
+    """`kernel(*args)`; an exception other than its refusals (`KERNEL_REFUSALS`) is a bug of the kernel:
+    RuntimeError naming it, raised from the kernel's own (a write to the problem's read-only arrays too)."""
+    try:
+        return kernel(*args)
+    except KERNEL_REFUSALS:
+        raise
+    except Exception as error:
+        hint = (" (a kernel gets the problem's arrays read-only: copy one before writing it)"
+                if isinstance(error, ValueError) and "read-only" in str(error) else "")
+        raise RuntimeError(f"algorithm {algorithm!r} raised {type(error).__name__}: {error}{hint}") from error
+
+
 def run_kernel(kernel: Kernel, problem: Problem, algorithm: str) -> KernelResult:
-    """`kernel(problem)`, checked to be a KernelResult (`require_result`)."""
-    result = kernel(problem)
+    """`kernel(problem)` (`call_kernel`), checked to be a KernelResult (`require_result`)."""
+    result = call_kernel(kernel, algorithm, problem)
     require_result(result, KernelResult, algorithm)
     return result
 

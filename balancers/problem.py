@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .cost import CostModel
-from .validation import as_array, as_bool, as_int, is_real
+from .validation import INT64_MAX, as_array, as_bool, as_int, check_int64, is_real
 
 
 class Status(str, Enum):
@@ -130,7 +130,6 @@ def exact_sum(values: np.ndarray) -> float:
     return float(integer_sum(integers))
 
 
-INT64_MAX = 2**63 - 1
 COST_LIMIT = 2.0**1023  # rank costs below this never overflow float64, whatever the summation order
 MAX_RANKS = 2**20  # per-rank arrays stay small (8 MiB each); the largest clusters hold ~10**5 GPUs
 
@@ -214,7 +213,8 @@ Kernel = Callable[[Problem], KernelResult]
 
 
 def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
-    """Validate and canonicalise lengths to a 1-D int64 array of non-negative integers."""
+    """Validate and canonicalise lengths to a 1-D int64 array of non-negative integers: a private
+    copy, so that a problem made read-only never freezes, nor a kernel writes, the caller's array."""
     array = as_array(lengths, name, "integers")
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
@@ -231,14 +231,13 @@ def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
         bad = np.flatnonzero(array != np.floor(array))
         if bad.size:
             raise ValueError(f"`{name}` must be non-negative integers; got {array[bad[0]]} at index {bad[0]}")
-        if np.any(np.abs(array) >= 2.0**53):
+        if np.any(np.abs(array) >= np.float64(2.0**53)):  # compared in float64: 2**53 overflows float16
             raise ValueError(f"`{name}` must be below 2**53")
     if array.min() < 0:
         bad = np.flatnonzero(array < 0)
         raise ValueError(f"`{name}` must be non-negative integers; got {array[bad[0]]} at index {bad[0]}")
-    if array.dtype.kind == "u" and array.size and int(array.max()) >= 2**63:
-        raise ValueError(f"`{name}` must be below 2**63")
-    return np.ascontiguousarray(array, dtype=np.int64)
+    check_int64(array, name)
+    return np.array(array, dtype=np.int64, order="C")
 
 
 def as_num_ranks(num_ranks) -> int:
@@ -267,13 +266,13 @@ def as_time_limit(time_limit, name: str = "time_limit") -> float | None:
 
 
 def as_costs(costs, lengths: np.ndarray) -> np.ndarray:
-    """Validate per-item `costs` (one finite non-negative real per item) to float64."""
+    """Validate per-item `costs` (one finite non-negative real per item) to float64, a private copy."""
     array = as_array(costs, "costs", "reals")
     if array.dtype == object or array.dtype.kind not in "iuf":
         raise TypeError(f"`costs` must hold real numbers; got dtype {array.dtype}")
     if array.shape != lengths.shape:
         raise ValueError(f"`costs` must hold one cost per item, shape {lengths.shape}; got shape {array.shape}")
-    array = np.ascontiguousarray(array, dtype=np.float64)
+    array = np.array(array, dtype=np.float64, order="C")
     bad = np.flatnonzero(~(array >= 0))  # negative or nan
     if bad.size:
         raise ValueError(f"`costs` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
@@ -309,8 +308,8 @@ def make_problem(lengths, num_ranks, *, cost=None, costs=None, padded=False, equ
             item_costs = cost.item_costs(lengths)
         check_cost_range(item_costs, lengths, padded, f"`cost` {cost}")
     problem = Problem(
-        lengths=lengths,
-        item_costs=item_costs,
+        lengths=read_only(lengths),  # a kernel that writes them raises, naming it (`plan.call_kernel`)
+        item_costs=read_only(item_costs),
         num_ranks=num_ranks,
         cost=cost,
         padded=padded,

@@ -17,6 +17,9 @@ import sys
 import numpy as np
 
 
+INT64_MAX = 2**63 - 1
+
+
 class SizeLimitError(ValueError):
     """An input beyond a size limit of orchmllm (an exact model's variables, a sampled step's samples).
 
@@ -107,6 +110,8 @@ def as_array(values, name: str, what: str) -> np.ndarray:
     """
     if isinstance(values, (str, bytes)) or values is None:
         raise TypeError(f"`{name}` must be a 1-D sequence of {what}; got {type(values).__name__}")
+    if hasattr(values, "detach") and hasattr(values, "numpy"):
+        values = tensor_values(values)
     try:
         array = np.asarray(values)
     except ValueError:  # numpy: "setting an array element with a sequence"
@@ -119,6 +124,29 @@ def as_array(values, name: str, what: str) -> np.ndarray:
             if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
                 raise ValueError(f"`{name}` must be {what} within 64 bits; got {value} at index {index}")
     return array
+
+
+def tensor_values(tensor) -> np.ndarray:
+    """A torch tensor's values as a numpy array, torch never imported (duck-typed): detached (a tensor
+    that requires grad), on the CPU, bfloat16 widened to float32 (exact; numpy has no bfloat16)."""
+    tensor = tensor.detach().cpu()
+    if str(tensor.dtype) == "torch.bfloat16":
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+def check_int64(array: np.ndarray, name: str) -> None:
+    """ValueError unless an integer array's values fit int64: a uint64 at or above 2**63, which a cast
+    to int64 would wrap to a negative number the user never passed, is named as it is.
+
+    >>> check_int64(np.array([1, 2**63 + 1], dtype=np.uint64), "lengths")
+    Traceback (most recent call last):
+    ...
+    ValueError: `lengths` must fit int64 (below 2**63); got 9223372036854775809 at index 1
+    """
+    if array.dtype.kind == "u" and array.size and int(array.max()) > INT64_MAX:
+        index = int(np.argmax(array > INT64_MAX))
+        raise ValueError(f"`{name}` must fit int64 (below 2**63); got {int(array.flat[index])} at index {index}")
 
 
 def as_bool(value, name: str) -> bool:
@@ -160,6 +188,7 @@ def as_sources(sources, num_items: int, num_ranks: int, name: str = "sources") -
             array = array.astype(np.int64)
         else:
             raise TypeError(f"`{name}` must hold integer ranks; got dtype {array.dtype}")
+    check_int64(array, name)
     array = np.ascontiguousarray(array, dtype=np.int64)
     bad = np.flatnonzero((array < 0) | (array >= num_ranks))
     if bad.size:

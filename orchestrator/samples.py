@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..balancers.validation import as_int
+from ..balancers.validation import as_int, check_int64
 
 
 def _check_name(name: str, value) -> str:
@@ -148,6 +148,7 @@ def _as_int_array(name: str, values, size: int | None = None) -> np.ndarray:
         raise ValueError(f"`{name}` must have {size} entries; got {array.size}")
     if array.size and (array.dtype == object or array.dtype.kind not in "iu"):
         raise TypeError(f"`{name}` must hold integers; got dtype {array.dtype}")
+    check_int64(array, name)
     array = np.ascontiguousarray(array, dtype=np.int64)
     bad = np.flatnonzero(array < 0)
     if bad.size:

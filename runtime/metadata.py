@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..balancers.validation import check_int64
 from .agreement import ConfigMismatchError, PlanMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import comm_device, group_rank, group_size
 
@@ -63,6 +64,7 @@ def as_table(local, name: str = "lengths") -> np.ndarray:
         raise ValueError(f"`{name}` must be 1-D or 2-D (items × columns); got shape {array.shape}")
     if array.size and array.dtype.kind not in "iu":
         raise TypeError(f"`{name}` must hold integers; got dtype {array.dtype}")
+    check_int64(array, name)
     array = np.ascontiguousarray(array, dtype=np.int64)
     if array.size and array.min() < 0:
         index = np.argwhere(array < 0)[0]

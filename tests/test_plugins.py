@@ -1,6 +1,7 @@
 """Algorithms from outside orchmllm: `register_algorithm` in process, and the README's plugin package
 built, pip-installed into a temporary directory and found through its `orchmllm.algorithms` entry point."""
 
+import collections
 import json
 import os
 import re
@@ -11,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchmllm import register_algorithm, register_microbatch_algorithm
+from orchmllm import balance_microbatches, register_algorithm, register_microbatch_algorithm
 from orchmllm.balancers import Algorithm, KernelResult, balance, get_algorithm
+from orchmllm.balancers.microbatch.plan import MicroBatchResult
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -246,3 +248,90 @@ def test_a_kernel_named_wrongly_fails_on_first_use_naming_it():
     with pytest.raises(AttributeError, match="no_such_kernel"):
         balance([3, 1, 2], 2, algorithm=record.name)
 
+
+
+def _zero_lengths(problem):
+    problem.lengths[:] = 0
+    return KernelResult(np.zeros(problem.num_items, np.int64))
+
+
+def _sort_costs(problem):
+    problem.item_costs.sort()
+    return KernelResult(np.arange(problem.num_items) % problem.num_ranks)
+
+
+def _zero_costs_microbatch(problem, num_microbatches):
+    problem.item_costs[:] = 0
+    cells = np.arange(problem.num_items)
+    return MicroBatchResult(cells % problem.num_ranks, cells // problem.num_ranks)
+
+
+@pytest.mark.parametrize("kernel", [_zero_lengths, _sort_costs], ids=["lengths", "item_costs"])
+def test_a_kernel_writing_the_problems_arrays_is_refused_naming_it_and_never_reaches_the_callers(kernel):
+    """The problem's arrays were the caller's own and writeable: a kernel sorting `item_costs` in place
+    certified loads it never reached and sorted the user's `costs`; one zeroing `lengths` broke the cap
+    unseen and zeroed the user's lengths (probe3 SW1)."""
+    name = f"test_writes_{kernel.__name__}"
+    register_algorithm(name, kernel)
+    lengths, costs = np.array([9, 1, 1, 1, 8, 1, 1, 1]), np.array([9.0, 1, 1, 1, 8, 1, 1, 1])
+    with pytest.raises(RuntimeError, match=rf"algorithm '{name}' raised ValueError: .*read-only \(a kernel gets the "
+                                           r"problem's arrays read-only: copy one before writing it\)"):
+        balance(lengths, 2, costs=costs, algorithm=name, max_tokens_per_rank=12)
+    assert lengths.tolist() == [9, 1, 1, 1, 8, 1, 1, 1] and costs.tolist() == [9.0, 1, 1, 1, 8, 1, 1, 1]
+
+
+def test_a_microbatch_kernel_writing_the_problems_arrays_is_refused_naming_it():
+    """The micro-batch problem's arrays were read-only, but the write surfaced as numpy's bare
+    "assignment destination is read-only", naming no kernel (probe3 SW1)."""
+    register_microbatch_algorithm("test_mb_writes_costs", _zero_costs_microbatch)
+    with pytest.raises(RuntimeError, match=r"algorithm 'test_mb_writes_costs' raised ValueError: assignment "
+                                           r"destination is read-only \(a kernel gets the problem's arrays read-only"):
+        balance_microbatches([9, 1, 1, 1, 8, 1, 1, 1], 2, max_tokens_per_microbatch=9, algorithm="test_mb_writes_costs")
+
+
+def test_the_problem_holds_a_private_copy_so_the_callers_arrays_stay_writeable():
+    """The micro-batch path made the caller's own int64 `lengths` (and float64 `costs`) read-only in
+    place; the plain path handed them to kernels as the problem's arrays (probe3 SW1)."""
+    seen = []
+    register_algorithm("test_peeks_arrays", lambda problem: seen.append(problem) or KernelResult(
+        np.zeros(problem.num_items, np.int64)))
+    lengths, costs = np.array([3, 4, 5, 6]), np.array([3.0, 4.0, 5.0, 6.0])
+    balance(lengths, 2, costs=costs, algorithm="test_peeks_arrays")
+    problem = seen[0]
+    assert not np.shares_memory(problem.lengths, lengths) and not np.shares_memory(problem.item_costs, costs)
+    assert not problem.lengths.flags.writeable and not problem.item_costs.flags.writeable
+    balance_microbatches(lengths, 2, costs=costs, max_tokens_per_microbatch=10)
+    assert lengths.flags.writeable and costs.flags.writeable
+
+
+def _raises_key_error(problem):
+    raise KeyError("bucket")
+
+
+def test_a_kernel_that_raises_is_named_with_its_error_as_the_cause():
+    """A plugin's own bug surfaced as its bare exception, naming no algorithm (issue 24)."""
+    register_algorithm("test_raises", _raises_key_error)
+    register_microbatch_algorithm("test_mb_raises", lambda problem, num_microbatches: _raises_key_error(problem))
+    with pytest.raises(RuntimeError, match=r"algorithm 'test_raises' raised KeyError: 'bucket'") as plain:
+        balance([3, 1, 2], 2, algorithm="test_raises")
+    with pytest.raises(RuntimeError, match=r"algorithm 'test_mb_raises' raised KeyError: 'bucket'") as micro:
+        balance_microbatches([3, 1, 2], 2, max_tokens_per_microbatch=4, algorithm="test_mb_raises")
+    assert isinstance(plain.value.__cause__, KeyError) and isinstance(micro.value.__cause__, KeyError)
+
+
+Named = collections.namedtuple("Named", "assignment status lower_bound")
+NamedCells = collections.namedtuple("NamedCells", "rank microbatch status lower_bound")
+
+
+def test_a_kernel_returning_a_namedtuple_or_tuple_of_its_own_is_refused_naming_it():
+    """A tuple with the right fields is still not the result type whose fields are checked (issue 24)."""
+    zeros = np.zeros(3, np.int64)
+    register_algorithm("test_named", lambda problem: Named(zeros, "feasible", None))
+    register_algorithm("test_tuple", lambda problem: (zeros,))
+    register_microbatch_algorithm("test_mb_named", lambda problem, m: NamedCells(zeros, zeros, "feasible", None))
+    for name, got in (("test_named", "Named"), ("test_tuple", "tuple")):
+        with pytest.raises(RuntimeError, match=rf"algorithm '{name}' returned a {got}; expected a KernelResult"):
+            balance([3, 1, 2], 2, algorithm=name)
+    with pytest.raises(RuntimeError, match=r"algorithm 'test_mb_named' returned a NamedCells for num_microbatches=1; "
+                                           r"expected a MicroBatchResult"):
+        balance_microbatches([3, 1, 2], 2, max_tokens_per_microbatch=6, algorithm="test_mb_named")

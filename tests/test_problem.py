@@ -7,11 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchmllm import balance_microbatches
 from orchmllm.balancers import CostModel, InfeasibleError, Kind, Status, algorithms, balance, make_problem
 from orchmllm.balancers.bounds import lower_bound
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import exact_sum, integer_sum, rank_loads, rank_tokens, sorted_order
+from orchmllm.balancers.validation import as_sources
+from orchmllm.orchestrator.samples import _as_int_array
 from orchmllm.testing import brute_force_of
 
 COSTS = [CostModel(), CostModel(per_item=3, linear=1, quadratic=0.5)]
@@ -216,3 +219,28 @@ def test_padded_single_rank_over_the_cap_is_infeasible_not_a_kernel_bug(algorith
 def test_integer_sum_is_exact_beyond_int64():
     values = np.array([2**63 - 1] * 5, dtype=np.int64)
     assert integer_sum(values) == 5 * (2**63 - 1)
+
+
+def test_uint64_values_beyond_int64_are_named_not_wrapped_to_negatives():
+    """A uint64 2**63 + 1 became -9223372036854775807 in the cast to int64: the dispatcher's `plan`
+    reported that negative, never passed, and `sources` a rank out of range (probe3 UE9)."""
+    wrapped = np.array([3, 2**63 + 1], dtype=np.uint64)
+    message = r"`{}` must fit int64 \(below 2\*\*63\); got 9223372036854775809 at index 1"
+    for call, name in ((lambda: balance(wrapped, 2), "lengths"), (lambda: as_sources(wrapped, 2, 2), "sources"),
+                       (lambda: _as_int_array("length", wrapped), "length")):
+        with pytest.raises(ValueError, match=message.format(name)):
+            call()
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "requires_grad"])
+def test_torch_lengths_in_bfloat16_or_requiring_grad_are_read_as_their_values(kind):
+    """numpy cannot read a bfloat16 tensor nor one that requires grad: torch's raw "Got unsupported
+    ScalarType BFloat16" / "Can't call numpy() on Tensor that requires grad" (probe3 UE11)."""
+    torch = pytest.importorskip("torch")
+    tensor = (torch.tensor([5, 3, 4, 2], dtype=torch.bfloat16) if kind == "bfloat16"
+              else torch.tensor([5.0, 3, 4, 2], requires_grad=True))
+    assert balance(tensor, 2).assignment.tolist() == balance([5, 3, 4, 2], 2).assignment.tolist()
+    assert balance_microbatches(tensor, 2, max_tokens_per_microbatch=8).digest() == \
+        balance_microbatches([5, 3, 4, 2], 2, max_tokens_per_microbatch=8).digest()
+    assert balance([1, 2, 3, 4], 2, costs=tensor).assignment.tolist() == \
+        balance([1, 2, 3, 4], 2, costs=[5.0, 3, 4, 2]).assignment.tolist()

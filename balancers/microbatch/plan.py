@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..cost import CostModel
-from ..plan import certify, claimed_bound, integral, json_head, kernel_status, require_result, rounded_up
+from ..plan import call_kernel, certify, claimed_bound, integral, json_head, kernel_status, require_result, rounded_up
 from ..problem import Problem, SortedItems, Status, integer_sum, read_only, token_sums
 from ..validation import as_index, is_real
 from .bounds import min_microbatches, step_cost_bound
@@ -252,10 +252,10 @@ def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algo
 
 
 def checked_kernel(kernel: MicroBatchKernel, algorithm: str) -> MicroBatchKernel:
-    """`kernel`, every result it returns checked (`check_result`) and its bound held to the result's
-    own step cost (`claimed_bound`), as the choice of M reads every result it tries."""
+    """`kernel` called by `call_kernel`, every result it returns checked (`check_result`) and its bound held
+    to the result's own step cost (`claimed_bound`), as the choice of M reads every result it tries."""
     def run(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
-        result = kernel(problem, num_microbatches)
+        result = call_kernel(kernel, algorithm, problem, num_microbatches)
         if result is None:
             return None
         result = check_result(problem, result, num_microbatches, algorithm)
