@@ -171,6 +171,20 @@ class Assembled:
         return out.index_copy(0, self.text_positions, values)
 
 
+def _output_problem(what: str, output, rows: int, width: int | None) -> Exception | None:
+    """Why an encoder's (or the text embedding's) output is not a (rows, width) tensor, or None."""
+    if not isinstance(output, torch.Tensor):
+        return TypeError(f"{what} returned a {type(output).__name__}; expected a tensor of shape ({rows}, hidden) "
+                         f"(take the embeddings out of a tuple or ModelOutput)")
+    if output.dim() != 2 or output.shape[0] != rows:
+        return ValueError(f"{what} returned shape {tuple(output.shape)}; expected ({rows}, hidden): one row per "
+                          f"output token of its items")
+    if width is not None and output.shape[1] != width:
+        return ValueError(f"{what} returned rows of width {output.shape[1]}; the text embedding's rows are {width} "
+                          f"wide (the embeddings are packed together into the LLM's sequences)")
+    return None
+
+
 class MultiStageRuntime:
     """Run a multimodal step with every stage balanced (see module docstring).
 
@@ -421,7 +435,7 @@ class MultiStageRuntime:
         module docstring).  A rank whose encoders break it, or return the wrong shape, is named
         on every rank before the exchange.
         """
-        step, problems, outputs = routes.plan, [], []
+        step, problems, outputs, shapes = routes.plan, [], [], []
         for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
             expected = int(step.batch.segment_tokens[plan.item_segment[route.dest_items]].sum())
             if modality not in encoders:
@@ -430,12 +444,13 @@ class MultiStageRuntime:
                 continue
             embedded = self._call(f"encoder {modality!r}", encoders[modality], moved.inputs[modality],
                                   moved.input_lengths[modality], problems=problems, num_items=route.dest_items.size)
-            if embedded.dim() != 2 or embedded.shape[0] != expected:
-                problems.append(ValueError(f"encoder {modality!r} returned shape {tuple(embedded.shape)}; expected "
-                                           f"({expected}, hidden): one row per output token of its items"))
-            outputs.append(embedded)
+            shapes.append((f"encoder {modality!r}", embedded, expected))
+            outputs.append(embedded if isinstance(embedded, torch.Tensor) else torch.empty(0))
         text_embedded = self._call("`text_embedding`", text_embedding, moved.text[text_key], problems=problems,
                                    num_items=routes.text_route.dest_items.size)
+        text_problem = _output_problem("`text_embedding`", text_embedded, len(moved.text[text_key]), None)
+        width = None if text_problem else text_embedded.shape[1]
+        problems += filter(None, [*(_output_problem(*shape, width) for shape in shapes), text_problem])
         if self.check_encoders:  # a lambda hides the module whose contract `_call` checks
             called = [(f"encoder {m!r}", encoders[m]) for m in self.modalities if m in encoders]
             called.append(("`text_embedding`", text_embedding))
