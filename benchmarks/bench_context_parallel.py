@@ -2,6 +2,12 @@
 
 Run: python3.11 -m pytest benchmarks/bench_context_parallel.py -q -s
      (add --heavy for D = 2560, 16 items per rank and more seeds)
+
+Micro-batches (`balance_microbatches(..., context_parallel=)`, the orchestrator's step under a token
+budget T per micro-batch): the same giant-heavy mixes against the split micro-batch bound (canonical
+allotment with a per-shard budget, crowded and leaders bounds, + M · overhead), T = 32k and 64k (a
+giant over T must split), held-out seeds only; and the planning time of the orchestrator's
+micro-batched 3-stage step (84B: image, audio, LLM) with 1 % giant documents at D = 2560 × 16.
 Figures go to the "Giant items" section of BENCHMARKS.md.
 
 Instances (giant-heavy mixes): the LLM-stage lengths of `llm_stage_lengths` (text lognormal, image
@@ -25,10 +31,12 @@ import time
 import numpy as np
 import pytest
 
-from orchmllm import ContextParallel, balance
+from orchmllm import ContextParallel, Orchestrator, balance, balance_microbatches
+from orchmllm.orchestrator import Batch
 from orchmllm.study.context_parallel_peers import megatron_dynamic_cp, megatron_waves, no_split, static_cp
 from orchmllm.study.models import MODELS
-from orchmllm.study.workloads import llm_stage_lengths
+from orchmllm.study.simulator import cluster
+from orchmllm.study.workloads import llm_stage_lengths, sample_workload
 from orchmllm.testing.context_parallel import check_split_plan
 
 COST = MODELS["84b"].llm.cost(causal=True)
@@ -135,3 +143,66 @@ def test_planning_time_at_2560_ranks(best_of):
           f"{plain * 1e3:.1f} ms, without giants {plain_base * 1e3:.1f} ms (ours / that {ours / plain_base:.2f}); "
           f"Megatron schedule {megatron * 1e3:.1f} ms ({megatron / ours:.1f}× ours)")
     assert ours <= 2 * plain_base and megatron >= 5 * ours  # the targets (≤ 100 ms, ≥ 10×) are read idle
+
+
+def giant_batch(family: str, num_ranks: int, per_rank: int, share: float, seed: int) -> Batch:
+    """The default multimodal mix (`sample_workload`) with round(share · n) samples' text (at least one)
+    replaced by giants of `family`: a batch for the 3-stage step."""
+    batch = sample_workload("default", num_ranks, per_rank, seed=seed)
+    rng = np.random.default_rng(1_000_003 * seed + 11)
+    count = max(1, round(share * batch.num_samples))
+    text = batch.sample_text.copy()
+    text[rng.choice(batch.num_samples, count, replace=False)] = giants(family, rng, count)
+    return Batch.from_arrays(num_ranks=num_ranks, modalities=batch.modalities, sample_text=text,
+                             sample_source=batch.sample_source, segment_sample=batch.segment_sample,
+                             segment_modality=batch.segment_modality, segment_length=batch.segment_length,
+                             segment_tokens=batch.segment_tokens, segment_position=batch.segment_position)
+
+
+@pytest.mark.timeout(7200)
+def test_microbatched_step_against_the_bound(request):
+    heavy = request.config.getoption("--heavy", default=False)
+    ratios, rows = [], []
+    for family, num_ranks, per_rank, share, seed in grid(heavy):
+        if not held_out(family, seed):
+            continue
+        lengths = giant_mix(family, num_ranks, per_rank, share, seed)
+        for budget in (32768, 65536):
+            plan = balance_microbatches(lengths, num_ranks, cost=COST, max_tokens_per_microbatch=budget,
+                                        context_parallel=SPEC)
+            assert plan.lower_bound <= plan.step_cost and plan.cell_tokens.max() <= budget
+            if lengths.max() <= budget:  # never worse than no splitting where that fits
+                assert plan.step_cost <= balance_microbatches(lengths, num_ranks, cost=COST,
+                                                              max_tokens_per_microbatch=budget).step_cost
+            ratios.append(plan.step_cost / plan.lower_bound)
+            rows.append(f"| {family} | {seed} | {num_ranks} | {per_rank} | {share:g} | {budget} | "
+                        f"{plan.num_microbatches} | {plan.split_items.size} | {ratios[-1]:.4f} | "
+                        f"{plan.solve_seconds * 1e3:.0f} |")
+    print("\n| family | seed | D | per rank | giants | T | M | split | step / bound | ms |")
+    print("|" + "---|" * 10)
+    print("\n".join(rows))
+    print("\n" + _summary("step / bound (held out)", ratios))
+    # The plain step's targets (median <= 1.03, worst <= 1.10) hold at the median; the worst, micro-batches
+    # full of giants that cannot run side by side, is above 1.10 against this bound (see BENCHMARKS.md).
+    assert np.median(ratios) <= 1.03 and max(ratios) <= 1.25
+
+
+def test_microbatched_step_planning_time_at_2560_ranks(best_of):
+    """The orchestrator's micro-batched 3-stage step (84B) at D = 2560 × 16 with C = {1, 2, 4, 8}, 1 % giant
+    documents, T = 32k (a giant over T must split) and 64k; baseline in the same run (CPU seconds): the
+    unsplit step of the mix without giants, and the split planner's step on it (today's plan, kept)."""
+    stages, topology = MODELS["84b"].stages(), cluster(2560)
+    batch, base = giant_batch("documents", 2560, 16, 0.01, seed=7), sample_workload("default", 2560, 16, seed=7)
+    for budget in (32768, 65536):
+        split = Orchestrator(stages, topology, context_parallel=SPEC, max_tokens_per_microbatch=budget)
+        plain = Orchestrator(stages, topology, max_tokens_per_microbatch=budget)
+        ours = best_of(lambda: split.plan(batch), 3, timer=time.process_time)
+        today = best_of(lambda: plain.plan(base), 3, timer=time.process_time)
+        kept = best_of(lambda: split.plan(base), 3, timer=time.process_time)
+        assert split.plan(base).digest() == plain.plan(base).digest()
+        step = split.plan(batch)
+        print(f"\nD = 2560 × 16, T = {budget}: split step {ours * 1e3:.1f} ms (M = {step.num_microbatches}, "
+              f"step / bound {step.step_cost / step.lower_bound:.4f}); unsplit step without giants "
+              f"{today * 1e3:.1f} ms (ours / that {ours / today:.2f}); split planner without giants "
+              f"{kept * 1e3:.1f} ms ({kept / today:.2f})")
+        assert ours <= 6 * today and kept <= 1.5 * today  # the target (<= 150 ms) is read on an idle machine

@@ -22,7 +22,7 @@ Algorithm:
     if no item exceeds T or costs more than a micro-batch's mean share Σ f / (D · M_P):  return P
         (bound Σ f / D + ⌈Σ l / (D · T)⌉ · overhead: any plan works at least Σ f)
     for a fill of 95 %, 85 %, 70 %, 50 % of a micro-batch's D · T tokens, until every micro-batch fits
-            and one more (the better kept) while the step is above the bound by more than min_gain:
+            and then while the step is above the bound by more than 3 % (the best kept):
         micro-batches: items by cost, largest first, each to the micro-batch of least work
             whose tokens leave room (LPT over micro-batches; giants land in different ones)
         each micro-batch: `balance(..., context_parallel=spec, max_tokens_per_rank=T)` (the split
@@ -51,8 +51,10 @@ from .split import allot, allowed_degrees, balance_split
 FILLS = (0.95, 0.85, 0.7, 0.5)
 """Shares of a micro-batch's D · T tokens the grouping fills, tried in turn (the fewest micro-batches
 those tokens need, at least today's M): until every micro-batch has a split plan within T, then
-TRIES plans in all, the least step kept, while the step is above the bound by more than min_gain."""
-TRIES = 2
+while the step is above the bound by more than RETRY_GAP, the least step kept."""
+RETRY_GAP = 0.03
+BACK_FILL = 0.97
+"""Share of D · level of an earlier micro-batch the last one's items may fill (`_back_fill`)."""
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -175,7 +177,7 @@ def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray
     work = np.cumsum(costs[order])
     n = order.size
     microbatch = np.empty(n, dtype=np.int64)
-    start = 0
+    start, held = 0, []  # (level, work, tokens) of every micro-batch but the last
     for m in range(num_microbatches):
         later = num_microbatches - m - 1
         end = n
@@ -186,9 +188,28 @@ def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray
             by_work = int(np.searchsorted(work, base_work + num_ranks * level, side="right"))
             needed = int(np.searchsorted(tokens, int(tokens[-1]) - later * room, side="left")) + 1
             end = max(start + 1, min(by_tokens, max(by_work, needed)))
+            held.append((level, float(work[end - 1]) - base_work, int(tokens[end - 1]) - base_tokens))
         microbatch[order[start:end]] = m
         start = min(end, n)
+    _back_fill(microbatch, order, held, tokens, work, num_ranks, room)
     return microbatch
+
+
+def _back_fill(microbatch: np.ndarray, order: np.ndarray, held: list, tokens: np.ndarray, work: np.ndarray,
+               num_ranks: int, room: int) -> None:
+    """Move the last micro-batch's items (longest first) into the room the earlier ones leave under
+    BACK_FILL · D · their level and within `room` tokens: a micro-batch costs its max, so work
+    below it is free (giants leave such room beside them)."""
+    first = order.size - int(np.sum(microbatch == len(held)))  # the last micro-batch's first position
+    for m, (level, used_work, used_tokens) in enumerate(held):
+        if first >= order.size:
+            break
+        base_tokens, base_work = (int(tokens[first - 1]), float(work[first - 1])) if first else (0, 0.0)
+        by_work = np.searchsorted(work, base_work + BACK_FILL * num_ranks * level - used_work, side="right")
+        by_tokens = np.searchsorted(tokens, base_tokens + room - used_tokens, side="right")
+        end = max(first, int(min(by_work, by_tokens)))
+        microbatch[order[first:end]] = m
+        first = end
 
 
 def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches, costs, times, room,
@@ -249,15 +270,13 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
         return wrap_unsplit(today, spec, costs, float_sum([total / num_ranks, (num_microbatches or fewest) * overhead]))
     bound, fewest, times = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
     best = None
-    tries = 0
     for fill in FILLS:
         m = max(first, -(-int(lengths.sum()) // int(fill * num_ranks * budget)))
-        if (num_microbatches is not None and m > num_microbatches) or tries == TRIES or (
-                best is not None and best.step_cost <= bound * (1 + spec.min_gain)):
+        if (num_microbatches is not None and m > num_microbatches) or (
+                best is not None and best.step_cost <= bound * (1 + RETRY_GAP)):
             break
         found = _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches or m, costs, times,
                              int(fill * num_ranks * budget), num_microbatches is not None)
-        tries += best is not None or found is not None
         if found is not None and (best is None or found.step_cost < best.step_cost):
             best = found
     if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
