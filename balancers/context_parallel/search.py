@@ -38,6 +38,7 @@ class _State:
         self.start, self.degree = start.copy(), degree.copy()
         self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
         self.split_degrees = [c for c in spec.degrees if c > 1]
+        self.shards: dict[int, np.ndarray] = {}
         self.refresh()
 
     def refresh(self) -> None:
@@ -52,7 +53,10 @@ class _State:
             self.in_group[s: s + c] = True
 
     def shard(self, item: int, degree: int) -> np.ndarray:
-        return shard_tokens(self.problem.lengths[item:item + 1], degree)[0]
+        """Tokens of item `item`'s shards at `degree` (every item's, computed once per degree)."""
+        if degree not in self.shards:
+            self.shards[degree] = shard_tokens(self.problem.lengths, degree)
+        return self.shards[degree][item]
 
     def blocks(self, item: int, loads: np.ndarray, tokens: np.ndarray, own: tuple[int, int] | None):
         """Best (peak, start, degree) over the blocks item `item` could run on, with `loads` and
