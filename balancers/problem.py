@@ -291,22 +291,10 @@ def make_problem(lengths, num_ranks, *, cost=None, costs=None, padded=False, equ
     num_ranks = as_num_ranks(num_ranks)
     padded = as_bool(padded, "padded")
     check_token_range(lengths, padded)
-    if costs is not None:
-        if cost is not None:
-            raise ValueError("pass `cost` (a model of the lengths) or `costs` (one cost per item), not both")
-        if padded:
-            raise ValueError("`costs` cannot be combined with `padded=True`: a padded rank costs count · f(longest "
-                             "length), a function of the lengths; pass a `cost` model instead")
-        item_costs = as_costs(costs, lengths)
-        check_cost_range(item_costs, lengths, padded, "`costs`")
-    else:
-        if cost is None:
-            cost = CostModel()
-        if not isinstance(cost, CostModel):
-            raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
-        with np.errstate(over="ignore"):  # an overflowing model is reported below
-            item_costs = cost.item_costs(lengths)
-        check_cost_range(item_costs, lengths, padded, f"`cost` {cost}")
+    if costs is not None and cost is None and padded:
+        raise ValueError("`costs` cannot be combined with `padded=True`: a padded rank costs count · f(longest "
+                         "length), a function of the lengths; pass a `cost` model instead")
+    item_costs, cost = item_costs_of(lengths, cost, costs, padded)
     problem = Problem(
         lengths=read_only(lengths),  # a kernel that writes them raises, naming it (`plan.call_kernel`)
         item_costs=read_only(item_costs),
@@ -319,6 +307,26 @@ def make_problem(lengths, num_ranks, *, cost=None, costs=None, padded=False, equ
     )
     check_cap_lower_bound(problem)
     return problem
+
+
+def item_costs_of(lengths: np.ndarray, cost, costs, padded: bool) -> tuple[np.ndarray, CostModel | None]:
+    """(item costs, their model or None) from a `cost` model of the lengths (default f(l) = l) or
+    `costs` given per item, not both; every rank's cost checked to stay finite (`check_cost_range`).
+    The one rule of `make_problem` and `make_microbatch_problem`."""
+    if costs is not None:
+        if cost is not None:
+            raise ValueError("pass `cost` (a model of the lengths) or `costs` (one cost per item), not both")
+        item_costs = as_costs(costs, lengths)
+        check_cost_range(item_costs, lengths, padded, "`costs`")
+        return item_costs, None
+    if cost is None:
+        cost = CostModel()
+    if not isinstance(cost, CostModel):
+        raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
+    with np.errstate(over="ignore"):  # an overflowing model is reported below
+        item_costs = cost.item_costs(lengths)
+    check_cost_range(item_costs, lengths, padded, f"`cost` {cost}")
+    return item_costs, cost
 
 
 def check_token_range(lengths: np.ndarray, padded: bool) -> None:

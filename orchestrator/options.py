@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from ..balancers import get_algorithm
 from ..balancers.context_parallel import ContextParallel
-from ..balancers.microbatch.api import microbatch_options
+from ..balancers.microbatch.options import MicroBatchOptions, microbatch_options
 from ..balancers.pipeline import Pipeline
 from ..balancers.validation import as_bool, as_real
 from ..topology import PLACEMENTS
@@ -24,7 +24,7 @@ LOCALITY = "locality"
 class PlanOptions:
     """How the orchestrator plans a step (the arguments of `Orchestrator`, which documents them).
 
-    `microbatching` is the canonical `balance_microbatches` options when
+    `microbatching` is the checked `MicroBatchOptions` when
     `max_tokens_per_microbatch` is given (None: a step of one pass)."""
 
     placement: str | None = LOCALITY
@@ -40,7 +40,7 @@ class PlanOptions:
     microbatch_algorithm: str = "auto"
     context_parallel: ContextParallel | None = None
     pipeline: Pipeline | None = None
-    microbatching: dict | None = field(init=False, repr=False, compare=False)
+    microbatching: MicroBatchOptions | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("placement", "padded_placement"):
@@ -67,13 +67,14 @@ class PlanOptions:
                              "does not model")
         canonical["microbatching"] = self._microbatching(canonical["balance_llm"])
         if canonical["microbatching"] is not None:
-            canonical.update(max_tokens_per_microbatch=canonical["microbatching"]["max_tokens_per_microbatch"],
-                             num_microbatches=canonical["microbatching"]["num_microbatches"],
-                             microbatch_overhead=canonical["microbatching"]["microbatch_overhead"])
+            checked = canonical["microbatching"]
+            canonical.update(max_tokens_per_microbatch=checked.max_tokens_per_microbatch,
+                             num_microbatches=checked.num_microbatches,
+                             microbatch_overhead=checked.microbatch_overhead)
         for name, value in canonical.items():
             object.__setattr__(self, name, value)
 
-    def _microbatching(self, balance_llm: bool) -> dict | None:
+    def _microbatching(self, balance_llm: bool) -> MicroBatchOptions | None:
         """The checked micro-batch options, or None without a budget (then none may be given)."""
         given = [name for name, default in (("num_microbatches", None), ("microbatch_overhead", 0.0),
                                             ("microbatch_algorithm", "auto"), ("pipeline", None))

@@ -24,16 +24,16 @@ is planned as M gradient-accumulation micro-batches (`orchestrator.step`).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import NamedTuple
 
 import numpy as np
 
-from ..balancers import balance, balance_microbatches
+from ..balancers import balance
 from ..balancers.context_parallel.split import allowed_degrees, split_stage
 from ..balancers.locality.balance import FILL_ON_MISS
-from ..balancers.microbatch.api import make_microbatch_problem
+from ..balancers.microbatch.api import make_microbatch_problem, plan_microbatches
+from ..balancers.microbatch.options import MicroBatchOptions
 from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
@@ -253,31 +253,32 @@ class Orchestrator:
         Where an encoder's cap (`max_tokens_per_rank`) leaves a micro-batch no plan, the cells are
         planned again counting every sample's share of the caps (`capped_cell_lengths`)."""
         *encoders, llm_stage = self.stages
-        options = dict(self.options.microbatching, max_tokens_per_microbatch=self._cell_budget())
+        options = self.options.microbatching.with_budget(self._cell_budget())
         if batch.num_samples == 0:  # a step with no sample anywhere still runs its micro-batches
-            m, overhead = options["num_microbatches"] or 1, options["microbatch_overhead"]
+            m, overhead = options.num_microbatches or 1, options.microbatch_overhead
             cells = MicroBatchPlan(
                 rank=np.zeros(0, dtype=np.int64), microbatch=np.zeros(0, dtype=np.int64), num_microbatches=m,
                 num_ranks=batch.num_ranks, cell_loads=np.zeros((m, batch.num_ranks)),
                 cell_tokens=np.zeros((m, batch.num_ranks), dtype=np.int64), step_cost=m * overhead,
-                lower_bound=m * overhead, status=Status.OPTIMAL, algorithm=options["algorithm"],
-                max_tokens_per_microbatch=options["max_tokens_per_microbatch"], microbatch_overhead=overhead,
+                lower_bound=m * overhead, status=Status.OPTIMAL, algorithm=options.algorithm,
+                max_tokens_per_microbatch=options.max_tokens_per_microbatch, microbatch_overhead=overhead,
                 padded=llm_stage.padded)
             return self._plan_cells(batch, cells, start)
+        origins = {}
         if self.options.placement == LOCALITY:
             items = stage_items(batch, llm_stage)
             anchors, anchor_bytes = self._anchors(batch, llm_stage, items, item_tokens(batch, llm_stage, items), None)
-            options.update(sources=anchors, item_bytes=anchor_bytes, topology=self.topology)
+            origins = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology)
         try:
-            return self._plan_cells(batch, self._cells(batch, options), start)
+            return self._plan_cells(batch, self._cells(batch, options, origins), start)
         except StageCapError as error:
-            capped = capped_cell_lengths(batch, encoders, options["max_tokens_per_microbatch"])
+            capped = capped_cell_lengths(batch, encoders, options.max_tokens_per_microbatch)
             if llm_stage.padded or capped is None or np.array_equal(capped, batch.sample_llm_length):
                 raise
             failure = error
         why = (f"stage {failure.stage!r} found no plan within its cap in micro-batch {failure.microbatch} ({failure}), "
                f"so every sample's cell tokens count its share of the encoders' caps (`capped_cell_lengths`)",)
-        cells = self._cells(batch, options, capped, why)
+        cells = self._cells(batch, options, origins, capped, why)
         try:
             return self._plan_cells(batch, cells, start)
         except StageCapError as error:
@@ -285,23 +286,23 @@ class Orchestrator:
                                 f"(a sample holding more than a cap needs room on other ranks of its micro-batch)",
                                 error.min_cap, error.stage, error.microbatch) from failure
 
-    def _cells(self, batch: Batch, options: dict, capped: np.ndarray | None = None, why: tuple[str, ...] = ()):
-        """`balance_microbatches` of the samples' LLM tokens, or of their `capped_cell_lengths` with the
-        LLM costs kept (the cells then accounted in LLM tokens with the LLM problem's own bound, a
-        relaxation of the capped one: still a bound).  An error says `why` it arose, and names the
-        LLM stage's cap where that bounds the cells."""
+    def _cells(self, batch: Batch, options: MicroBatchOptions, origins: dict, capped: np.ndarray | None = None,
+               why: tuple[str, ...] = ()):
+        """`plan_microbatches` of the samples' LLM tokens (from `origins`: sources, item bytes and
+        topology, or none), or of their `capped_cell_lengths` with the LLM costs kept (the cells then
+        accounted in LLM tokens with the LLM problem's own bound, a relaxation of the capped one: still
+        a bound).  An error says `why` it arose, and names the LLM stage's cap where that bounds the cells."""
         llm_stage, tokens = self.stages[-1], batch.sample_llm_length
-        budget, given = options["max_tokens_per_microbatch"], self.options.max_tokens_per_microbatch
+        budget, given = options.max_tokens_per_microbatch, self.options.max_tokens_per_microbatch
         if budget < given:
             why = (f"the LLM stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
                    f"max_tokens_per_microbatch={given}: a cell holds at most {budget} tokens", *why)
         try:
             if capped is None:
-                split = {} if self.context_parallel is None else {"context_parallel": self.context_parallel}
-                return balance_microbatches(tokens, batch.num_ranks, cost=llm_stage.cost, padded=llm_stage.padded,
-                                            **options, **split)
+                return plan_microbatches(tokens, batch.num_ranks, options, cost=llm_stage.cost, padded=llm_stage.padded,
+                                         context_parallel=self.context_parallel, **origins)
             costs = llm_stage.cost.item_costs(tokens)
-            found = balance_microbatches(capped, batch.num_ranks, costs=costs, **options)
+            found = plan_microbatches(capped, batch.num_ranks, options, costs=costs, **origins)
         except (InfeasibleError, ValueError) as error:
             if not why:
                 raise
@@ -310,12 +311,12 @@ class Orchestrator:
                 raise InfeasibleError(note, error.min_cap) from error
             raise ValueError(note) from error
         problem = make_microbatch_problem(tokens, batch.num_ranks, costs=costs, max_tokens_per_microbatch=budget,
-                                          microbatch_overhead=options["microbatch_overhead"])
-        fixed = options["num_microbatches"] is not None
-        plan = make_microbatch_plan(problem, MicroBatchResult(found.rank, found.microbatch), found.num_microbatches,
+                                          microbatch_overhead=options.microbatch_overhead)
+        fixed = options.num_microbatches is not None
+        return make_microbatch_plan(problem, MicroBatchResult(found.rank, found.microbatch), found.num_microbatches,
                                     found.algorithm, floor_microbatches=None if fixed else problem.min_microbatches,
-                                    solve_seconds=found.solve_seconds)
-        return dataclasses.replace(plan, pipeline=found.pipeline)  # the same LLM costs: the same pipeline step
+                                    solve_seconds=found.solve_seconds,
+                                    pipeline=found.pipeline)  # the same LLM costs: the same pipeline step
 
     def _cell_budget(self) -> int:
         """The tokens a micro-batch cell may hold: max_tokens_per_microbatch, or the LLM stage's

@@ -37,9 +37,10 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ..balancers import BalancePlan, MicroBatchPlan, balance, balance_microbatches
+from ..balancers import BalancePlan, MicroBatchPlan, balance
 from ..balancers.context_parallel import ContextParallel
-from ..balancers.microbatch.api import microbatch_options
+from ..balancers.microbatch.api import plan_microbatches
+from ..balancers.microbatch.options import microbatch_options
 from ..balancers.pipeline import Pipeline
 from ..balancers.validation import as_bool
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
@@ -191,10 +192,11 @@ class PostBalancingDispatcher:
             if max_tokens_per_rank is not None:
                 raise ValueError("`max_tokens_per_rank` and `max_tokens_per_microbatch` exclude each other: with "
                                  "micro-batches the per-micro-batch budget bounds what a rank holds")
-            self.microbatch_options = dict(
-                microbatch_options(max_tokens_per_microbatch, num_microbatches, microbatch_overhead,
-                                   microbatch_algorithm, algorithm_name="microbatch_algorithm", pipeline=pipeline),
-                cost=cost, padded=as_bool(padded, "padded"), time_limit=time_limit, **splitting)
+            self.microbatch_options = microbatch_options(max_tokens_per_microbatch, num_microbatches,
+                                                         microbatch_overhead, microbatch_algorithm,
+                                                         algorithm_name="microbatch_algorithm", pipeline=pipeline)
+            self.microbatch_items = dict(cost=cost, padded=as_bool(padded, "padded"), time_limit=time_limit,
+                                         **splitting)
         elif num_microbatches is not None:
             raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
         if isinstance(per_item_keys, str):
@@ -235,9 +237,10 @@ class PostBalancingDispatcher:
                                    fingerprint=self.config_fingerprint, what="dispatcher configuration",
                                    options=self.config_options)
         microbatch = np.zeros(metadata.num_items, dtype=np.int64)
-        count = (self.microbatch_options or {}).get("num_microbatches") or 1  # of a step with no items
+        count = getattr(self.microbatch_options, "num_microbatches", None) or 1  # of a step with no items
         if metadata.num_items and self.microbatch_options is not None:
-            plan = balance_microbatches(metadata.column(0), int(metadata.counts.size), **self.microbatch_options)
+            plan = plan_microbatches(metadata.column(0), int(metadata.counts.size), self.microbatch_options,
+                                     **self.microbatch_items)
             microbatch, count = plan.microbatch, plan.num_microbatches
         elif metadata.num_items:
             plan, count = balance(metadata.column(0), int(metadata.counts.size), **self.balance_options), 1

@@ -2,11 +2,17 @@
 
 import re
 
+import numpy as np
 import pytest
 
 from orchmllm import ALGORITHMS, MICROBATCH_ALGORITHMS, CostModel, Orchestrator
-from orchmllm.balancers.microbatch.api import microbatch_options
+from orchmllm import balance_microbatches
+from orchmllm.balancers.microbatch import options as microbatch_module
+from orchmllm.balancers.microbatch.api import plan_microbatches
+from orchmllm.balancers.microbatch.options import MicroBatchOptions, microbatch_options
 from orchmllm.orchestrator import Stage
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import sample_workload
 from orchmllm.testing import check_conformance, check_microbatch_conformance
 from orchmllm.topology import Topology
 
@@ -34,3 +40,25 @@ def test_a_stage_names_itself_before_the_registrys_message():
         Stage("vision", "image", CostModel(), algorithm="magic")
     with pytest.raises(TypeError, match="stage 'vision': `algorithm` must be a str; got int"):
         Stage("vision", "image", CostModel(), algorithm=3)
+
+
+def test_regression_the_microbatch_budget_was_checked_again_in_every_step(monkeypatch):
+    calls, check = [], microbatch_module.as_budget
+    monkeypatch.setattr(microbatch_module, "as_budget", lambda value: calls.append(value) or check(value))
+    orchestrator = Orchestrator(MODELS["10b"].stages(), Topology(1, 4), max_tokens_per_microbatch=np.int64(16384))
+    assert calls == [16384] and orchestrator.options.microbatching == MicroBatchOptions(16384)
+    batch = sample_workload("default", 4, 8, seed=0)
+    for _ in range(2):
+        assert orchestrator.plan(batch).cells.max_tokens_per_microbatch == 16384
+    assert calls == [16384]  # at construction only: every step reads the checked options
+
+
+def test_checked_options_plan_as_the_arguments_do():
+    lengths, options = [6, 5, 4, 3, 2, 2, 9, 1], microbatch_options(np.int64(9), microbatch_overhead=1)
+    assert options == MicroBatchOptions(9, None, 1.0, "auto", None)
+    assert options.with_budget(8).max_tokens_per_microbatch == 8
+    with pytest.raises(ValueError, match=r"a cell budget must be in \[1, 9\]; got 10"):
+        options.with_budget(10)
+    planned = plan_microbatches(lengths, 2, options)
+    given = balance_microbatches(lengths, 2, **options.arguments())
+    assert planned.digest() == given.digest() and planned.to_json().keys() == given.to_json().keys()

@@ -28,20 +28,19 @@ import numpy as np
 
 from ..api import communication_inputs
 from ..context_parallel.microbatch import balance_microbatches_split
-from ..cost import CostModel
 from ..locality.balance import balance_locally
 from ..locality.lap import assign_groups
 from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
-from ..pipeline.spec import Pipeline, as_pipeline
-from ..problem import (INT64_MAX, InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
-                       check_cost_range, check_token_range)
+from ..pipeline.spec import Pipeline
+from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, as_time_limit, check_token_range, item_costs_of
 from ..registry import get_microbatch_algorithm
-from ..validation import as_bool, as_int, as_real
+from ..validation import as_bool
 from . import auto as microbatch_auto, exact as microbatch_exact
 from .auto import plan_cost
 from .bounds import min_bins
 from .locality import keep_cells_local
+from .options import MicroBatchOptions, microbatch_options
 from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, checked_kernel, float_sum,
                    make_microbatch_plan)
 
@@ -54,56 +53,22 @@ PAYING_GAP = 0.01  # ... only while the bound leaves more than this fraction to 
 MAX_CELLS = 2**22  # M · D: a plan holds M × D arrays of loads and tokens (32 MiB each at most)
 
 
-def _as_budget(value) -> int:
-    if value is None:
-        raise TypeError("`max_tokens_per_microbatch` is required: the token budget T of one micro-batch on one rank")
-    budget = as_int(value, "max_tokens_per_microbatch", minimum=1)
-    if budget > INT64_MAX:
-        raise ValueError(f"`max_tokens_per_microbatch` must be at most 2**63 - 1 (token counts are exact int64); "
-                         f"got {budget}")
-    return budget
-
-
-def microbatch_options(max_tokens_per_microbatch, num_microbatches=None, microbatch_overhead=0.0,
-                       algorithm="auto", *, algorithm_name: str = "algorithm", pipeline=None) -> dict:
-    """`balance_microbatches`' micro-batch options, checked and canonical (plain ints and floats),
-    for callers that hold them before any lengths (the orchestrator, the runtime's dispatcher);
-    `algorithm_name` is what the caller calls its algorithm argument.
-
-    >>> microbatch_options(np.int64(16), microbatch_overhead=0)
-    {'max_tokens_per_microbatch': 16, 'num_microbatches': None, 'microbatch_overhead': 0.0, 'algorithm': 'auto', \
-'pipeline': None}
-    """
-    get_microbatch_algorithm(algorithm, algorithm_name)
-    pipeline = as_pipeline(pipeline)
-    count = as_int(num_microbatches, "num_microbatches", minimum=1, optional=True)
-    return dict(max_tokens_per_microbatch=_as_budget(max_tokens_per_microbatch),
-                num_microbatches=count if count is None or pipeline is None else pipeline.check_microbatches(count),
-                microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"), algorithm=str(algorithm),
-                pipeline=pipeline)
-
-
 def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None,
                             padded=False, microbatch_overhead=0.0, time_limit=None) -> MicroBatchProblem:
     """Validate user input once and build the canonical MicroBatchProblem."""
+    return _problem(lengths, num_ranks, microbatch_options(max_tokens_per_microbatch,
+                                                           microbatch_overhead=microbatch_overhead),
+                    cost, costs, padded, time_limit)
+
+
+def _problem(lengths, num_ranks, options: MicroBatchOptions, cost, costs, padded, time_limit) -> MicroBatchProblem:
+    """The MicroBatchProblem of these items under `options` (checked already): the items' checks."""
     lengths = as_lengths(lengths)
     num_ranks = as_num_ranks(num_ranks)
-    budget = _as_budget(max_tokens_per_microbatch)
-    if cost is not None and costs is not None:
-        raise ValueError("give `cost` (a CostModel) or `costs` (one per item), not both")
+    budget = options.max_tokens_per_microbatch
     padded = as_bool(padded, "padded")
     check_token_range(lengths, padded)
-    if costs is None:
-        if cost is None:
-            cost = CostModel()
-        if not isinstance(cost, CostModel):
-            raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
-        with np.errstate(over="ignore"):  # an overflowing model is reported below
-            item_costs = cost.item_costs(lengths)
-        check_cost_range(item_costs, lengths, padded, f"`cost` {cost}")
-    else:
-        item_costs = as_costs(costs, lengths)
-        check_cost_range(item_costs, lengths, padded, "`costs`")
+    item_costs, cost = item_costs_of(lengths, cost, costs, padded)
     longest = int(np.argmax(lengths))
     if lengths[longest] > budget:
         raise InfeasibleError(
@@ -113,7 +78,7 @@ def make_microbatch_problem(lengths, num_ranks, *, max_tokens_per_microbatch, co
     for array in (lengths, item_costs):
         array.setflags(write=False)
     return MicroBatchProblem(lengths=lengths, item_costs=item_costs, num_ranks=num_ranks, max_tokens=budget,
-                             padded=padded, microbatch_overhead=as_real(microbatch_overhead, "microbatch_overhead"),
+                             padded=padded, microbatch_overhead=options.microbatch_overhead,
                              work_limit=_work_limit(limit), cost=cost, time_limit=limit)
 
 
@@ -130,14 +95,14 @@ def _time_share(problem: MicroBatchProblem, calls: int) -> MicroBatchProblem:
     return dataclasses.replace(problem, time_limit=share, work_limit=_work_limit(share))
 
 
-def _as_num_microbatches(value, problem: MicroBatchProblem) -> int | None:
-    value = as_int(value, "num_microbatches", minimum=1, optional=True)
+def _check_cells(num_microbatches: int | None, problem: MicroBatchProblem) -> None:
+    """ValueError when a given M makes more than MAX_CELLS cells on the problem's ranks."""
     most = MAX_CELLS // problem.num_ranks
-    if value is not None and value > most:
-        raise ValueError(f"`num_microbatches`={value} on {problem.num_ranks} ranks makes {value * problem.num_ranks} "
-                         f"cells, beyond 2**22 = {MAX_CELLS} (a plan holds M × D arrays of loads and tokens): at "
-                         f"most {most} micro-batches on {problem.num_ranks} ranks")
-    return value
+    if num_microbatches is not None and num_microbatches > most:
+        raise ValueError(f"`num_microbatches`={num_microbatches} on {problem.num_ranks} ranks makes "
+                         f"{num_microbatches * problem.num_ranks} cells, beyond 2**22 = {MAX_CELLS} (a plan holds "
+                         f"M × D arrays of loads and tokens): at most {most} micro-batches on "
+                         f"{problem.num_ranks} ranks")
 
 
 def _most_microbatches(problem: MicroBatchProblem) -> int:
@@ -337,15 +302,27 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     """
     if context_parallel is not None:  # the split planner; today's plan is this call without it
         return balance_microbatches_split(**locals())
-    record = get_microbatch_algorithm(algorithm)
-    problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=max_tokens_per_microbatch,
-                                      cost=cost, costs=costs, padded=padded,
-                                      microbatch_overhead=microbatch_overhead, time_limit=time_limit)
+    options = microbatch_options(max_tokens_per_microbatch, num_microbatches, microbatch_overhead, algorithm,
+                                 pipeline=pipeline)
+    return plan_microbatches(lengths, num_ranks, options, cost=cost, costs=costs, padded=padded, sources=sources,
+                             item_bytes=item_bytes, topology=topology, time_limit=time_limit)
+
+
+def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=None, costs=None, padded=False,
+                      sources=None, item_bytes=None, topology=None, time_limit=None,
+                      context_parallel=None) -> MicroBatchPlan:
+    """`balance_microbatches` with its micro-batch options checked already (`microbatch_options`: the
+    orchestrator and the dispatcher hold them from their construction); the items' arguments as there."""
+    if context_parallel is not None:
+        return balance_microbatches_split(context_parallel, lengths, num_ranks, **options.arguments(), cost=cost,
+                                          costs=costs, padded=padded, sources=sources, item_bytes=item_bytes,
+                                          topology=topology, time_limit=time_limit)
+    record = get_microbatch_algorithm(options.algorithm)
+    algorithm, fixed, pipeline = options.algorithm, options.num_microbatches, options.pipeline
+    problem = _problem(lengths, num_ranks, options, cost, costs, padded, time_limit)
     if not record.solves(problem.padded):
         raise ValueError(record.why_not(problem.padded))
-    fixed = _as_num_microbatches(num_microbatches, problem)
-    pipeline = as_pipeline(pipeline)
-    fixed = fixed if fixed is None or pipeline is None else pipeline.check_microbatches(fixed)
+    _check_cells(fixed, problem)
     sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
     kernel = record.kernel
     if sources is None and kernel is microbatch_auto.solve:
@@ -354,7 +331,7 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     kernel = checked_kernel(kernel, algorithm)
     result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact)
     name, step = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None
-    if pipeline:
+    if pipeline is not None:
         result, m, floor_m, proven, step = _for_pipeline(problem, kernel, (result, m, floor_m, proven), fixed,
                                                          pipeline, record, (sources, item_bytes, gpus_per_node))
     if sources is not None and step is None:
@@ -364,6 +341,5 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         result = local._replace(status=Status.FEASIBLE)
         name = f"{algorithm}{LOCALITY_SUFFIX}"
     seconds = time.perf_counter() - start
-    plan = make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,
-                                solve_seconds=seconds)
-    return plan if step is None else dataclasses.replace(plan, pipeline=step)
+    return make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,
+                                solve_seconds=seconds, pipeline=step)

@@ -281,7 +281,8 @@ def _claimed_step_bound(problem: MicroBatchProblem, result: MicroBatchResult, lo
 
 def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
                          algorithm: str, *, floor_microbatches: int | None = None,
-                         proven_bound: float | None = None, solve_seconds: float = 0.0) -> MicroBatchPlan:
+                         proven_bound: float | None = None, solve_seconds: float = 0.0,
+                         pipeline: PipelineStep | None = None) -> MicroBatchPlan:
     """Check a kernel's cells and wrap them with loads, tokens, bound and status.
 
     The bound is `problem.cost_bound` + floor_microbatches · overhead (the proven fewest
@@ -290,7 +291,8 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     every cost is an integer (`rounded_up`); with M fixed, a bound the kernel proved counts
     too.  A malformed result (`check_result`), a cell over the budget, or a kernel's bound
     above its own step cost is a bug of the kernel: RuntimeError, never a wrong plan handed
-    on; a step cost beyond float64 is the input's (ValueError).
+    on; a step cost beyond float64 is the input's (ValueError).  `pipeline`: the schedule's step of
+    these cells (`balancers.pipeline`), when planned for one.
     """
     result = check_result(problem, result, num_microbatches, algorithm)
     rank, microbatch = result.rank, result.microbatch
@@ -319,4 +321,4 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
                           num_ranks=problem.num_ranks, cell_loads=loads, cell_tokens=tokens, step_cost=cost,
                           lower_bound=bound, status=status, algorithm=algorithm,
                           max_tokens_per_microbatch=problem.max_tokens, microbatch_overhead=overhead,
-                          padded=problem.padded, solve_seconds=solve_seconds)
+                          padded=problem.padded, solve_seconds=solve_seconds, pipeline=pipeline)
