@@ -61,26 +61,7 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
     if outside.size:
         _fail(plan, f"item {outside[0]} goes to rank {assignment[outside[0]]}, outside [0, {num_ranks})")
     item_costs = cost.item_costs(lengths) if costs is None else np.asarray(costs, dtype=np.float64)
-    counts = np.zeros(num_ranks, dtype=np.int64)
-    longest = np.zeros(num_ranks, dtype=np.int64)
-    sums = np.zeros(num_ranks, dtype=np.int64)
-    loads = np.zeros(num_ranks, dtype=np.float64)
-    for item, rank in enumerate(assignment.tolist()):
-        counts[rank] += 1
-        longest[rank] = max(longest[rank], lengths[item])
-        sums[rank] += lengths[item]
-        loads[rank] += item_costs[item]
-    if padded:
-        tokens = counts * longest
-        loads = np.array([c * cost(int(m)) if c else 0.0 for c, m in zip(counts, longest)])
-    else:
-        tokens = sums
-    for name, expected, reported in (("loads", loads, plan.loads), ("tokens", tokens, plan.tokens)):
-        wrong = np.flatnonzero(np.asarray(reported) != expected)
-        if np.shape(reported) != (num_ranks,) or wrong.size:
-            rank = int(wrong[0]) if wrong.size else 0
-            _fail(plan, f"{name} {np.asarray(reported).tolist()} differ from the items' {expected.tolist()} "
-                        f"(first at rank {rank})")
+    counts, tokens, loads = _rank_totals(plan, assignment, lengths, item_costs, cost, padded, num_ranks)
     makespan = float(loads.max())
     bound = plan.lower_bound
     if plan.makespan != makespan:
@@ -107,8 +88,38 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
                 _fail(plan, f"group {group} is split over ranks {ranks.tolist()}")
     if optimum is _AUTO:
         optimum = _oracle(lengths, num_ranks, cost, padded, cap, costs, equal_counts, groups)
-    if optimum is None:
-        return
+    if optimum is not None:
+        _check_against_optimum(plan, optimum, makespan, bound)
+
+
+def _rank_totals(plan, assignment, lengths, item_costs, cost, padded: bool, num_ranks: int):
+    """(counts, tokens, loads) per rank recomputed item by item (loads summed in item order);
+    AssertionError naming the first rank where the plan's loads or tokens differ."""
+    counts = np.zeros(num_ranks, dtype=np.int64)
+    longest = np.zeros(num_ranks, dtype=np.int64)
+    sums = np.zeros(num_ranks, dtype=np.int64)
+    loads = np.zeros(num_ranks, dtype=np.float64)
+    for item, rank in enumerate(assignment.tolist()):
+        counts[rank] += 1
+        longest[rank] = max(longest[rank], lengths[item])
+        sums[rank] += lengths[item]
+        loads[rank] += item_costs[item]
+    if padded:
+        tokens = counts * longest
+        loads = np.array([c * cost(int(m)) if c else 0.0 for c, m in zip(counts, longest)])
+    else:
+        tokens = sums
+    for name, expected, reported in (("loads", loads, plan.loads), ("tokens", tokens, plan.tokens)):
+        wrong = np.flatnonzero(np.asarray(reported) != expected)
+        if np.shape(reported) != (num_ranks,) or wrong.size:
+            rank = int(wrong[0]) if wrong.size else 0
+            _fail(plan, f"{name} {np.asarray(reported).tolist()} differ from the items' {expected.tolist()} "
+                        f"(first at rank {rank})")
+    return counts, tokens, loads
+
+
+def _check_against_optimum(plan, optimum, makespan: float, bound: float) -> None:
+    """makespan >= optimum >= bound, equal when the plan claims optimality."""
     if not optimum.feasible:
         _fail(plan, f"{optimum.method} finds no plan within the cap and constraints, yet this plan exists")
     if makespan < optimum.makespan:
