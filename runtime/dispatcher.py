@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -48,7 +48,7 @@ from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, iterate, new_step, split_rows
+from .microbatch import MicroBatch, iterate, merge_rows, new_step, split_rows
 from .sharding import StepSharding, item_groups
 
 
@@ -117,24 +117,30 @@ def _checked_plan(plan) -> DispatchPlan:
     return plan
 
 
-def _lengths_problem(plan: DispatchPlan, lengths) -> Exception | None:
-    """Why this rank's items, of `lengths` now, are not those `plan` was made from (a plan kept from
-    another step whose row totals happen to match), or None."""
-    try:
-        local = _local_tables(lengths, None)[0][:, 0]
-    except (TypeError, ValueError) as error:
-        return error
-    planned = plan.lengths[plan.sharding.home_items]
-    rank = plan.route.rank
-    if local.size != planned.size:
-        return PlanMismatchError(f"rank {rank} dispatches {local.size} items but the plan was made from "
-                                 f"{planned.size} items on this rank: make each step's plan from its own lengths")
-    differ = np.flatnonzero(local != planned)
-    if differ.size:
-        item = int(differ[0])
-        return PlanMismatchError(f"rank {rank}'s item {item} has length {int(local[item])} but the plan was made "
-                                 f"with {int(planned[item])}: the plan is another step's (a plan kept from an earlier "
-                                 f"step?); make each step's plan from its own lengths")
+def _items_problem(plan: DispatchPlan, lengths, loss_tokens) -> Exception | None:
+    """Why this rank's items, of `lengths` and `loss_tokens` now (as given to `plan`; None: not checked),
+    are not those `plan` was made from (a plan kept from another step whose row totals happen to match),
+    or None."""
+    rank, home = plan.route.rank, plan.sharding.home_items
+    for column, given, name, what in ((0, lengths, "lengths", "length"), (1, loss_tokens, "loss_tokens", "loss tokens")):
+        if given is None:
+            continue
+        try:
+            local = as_table(given, name)
+        except (TypeError, ValueError) as error:
+            return error
+        if local.shape[1] != 1:
+            return ValueError(f"`{name}` must be 1-D, one count per item; got shape {local.shape}")
+        local, planned = local[:, 0], plan.metadata.column(column)[home]
+        if local.size != planned.size:
+            return PlanMismatchError(f"rank {rank} dispatches {local.size} items but the plan was made from "
+                                     f"{planned.size} items on this rank: make each step's plan from its own lengths")
+        differ = np.flatnonzero(local != planned)
+        if differ.size:
+            item = int(differ[0])
+            return PlanMismatchError(f"rank {rank}'s item {item} has {what} {int(local[item])} but the plan was made "
+                                     f"with {int(planned[item])}: the plan is another step's (a plan kept from an "
+                                     f"earlier step?); make each step's plan from its own lengths")
     return None
 
 
@@ -215,6 +221,7 @@ class PostBalancingDispatcher:
             "check_plan": self.check_plan})
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
+        self._dispatched: int | None = None  # the plan identity of the latest dispatch
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
@@ -273,7 +280,7 @@ class PostBalancingDispatcher:
         move = exchange_with_grad if differentiable else exchange
         return dict(zip(keys, move(pieces, self.transport, guard=self.guards[site], problem=problem)))
 
-    def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *, lengths=None,
+    def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *, lengths=None, loss_tokens=None,
                  differentiable: bool = False) -> dict[str, torch.Tensor]:
         """Move every tensor of `batch` to the ranks the plan assigns its items (one all-to-all).
 
@@ -283,12 +290,26 @@ class PostBalancingDispatcher:
         batch has no item boundaries, so a plan kept by every rank goes unseen where each rank's
         row totals match, unless `lengths` gives this rank's item lengths (as given to `plan`):
         they are then checked against the plan's, and every rank raises `PlanMismatchError`
-        naming the rank and its first item that differs.
+        naming the rank and its first item that differs; `loss_tokens` (as given to `plan`) are
+        checked the same way (a plan of the same lengths but other loss tokens scales the loss).
+        `microbatches` and `combine` then take this plan (the latest dispatch's).
         `differentiable=True` lets gradients of the results flow back to the inputs.
         """
         plan = _checked_plan(plan)
-        problem = None if lengths is None else _lengths_problem(plan, lengths)
-        return self._move(batch, plan.sharding, self.per_item_keys, "dispatch", differentiable, problem)
+        problem = _items_problem(plan, lengths, loss_tokens)
+        moved = self._move(batch, plan.sharding, self.per_item_keys, "dispatch", differentiable, problem)
+        self._dispatched = plan.route.plan_id
+        return moved
+
+    def _kept_problem(self, plan: DispatchPlan, call: str) -> PlanMismatchError | None:
+        """Why `call` may not follow `plan`: another plan than the latest dispatch's (one kept from an
+        earlier step), or None."""
+        if self._dispatched is None or plan.route.plan_id == self._dispatched:
+            return None
+        return PlanMismatchError(
+            f"{call} on rank {plan.route.rank}: the plan is not the one the latest dispatch followed "
+            f"({plan.route.plan_id & (2**64 - 1):016x} vs {self._dispatched & (2**64 - 1):016x}); pass "
+            f"{call} the plan of the step you dispatched (a plan kept from an earlier step?)")
 
     def microbatches(self, plan: DispatchPlan, moved: Mapping[str, torch.Tensor]):
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
@@ -304,7 +325,10 @@ class PostBalancingDispatcher:
                     normalize_loss(loss_sum, micro).backward()
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
-        items, tokens = _checked_plan(plan).local_items, plan.local_lengths
+        problem = self._kept_problem(_checked_plan(plan), "microbatches")
+        if problem is not None:
+            raise problem
+        items, tokens = plan.local_items, plan.local_lengths
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)
         rows = {key: np.ones(items.size, dtype=np.int64) if key in self.per_item_keys else tokens for key in moved}
@@ -317,11 +341,45 @@ class PostBalancingDispatcher:
                                   lengths=lengths[torch.from_numpy(microbatch == index)], layout=layout(index))
                        for index in range(count))
 
-    def combine(self, outputs: Mapping[str, torch.Tensor], plan: DispatchPlan, *, per_item_keys=None,
+    def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None,
                 differentiable: bool = True) -> dict[str, torch.Tensor]:
         """Send per-item or per-token outputs of the balanced items back to their home ranks.
 
+        `outputs` is either a list of one mapping per micro-batch, in micro-batch order, each with
+        the rows of its micro-batch's items in the order of `micro.data` (what a micro-batch loop
+        collects: `outputs.append({"score": model(micro.data)})`), or one mapping whose rows follow
+        `plan.local_items` (the order of what `dispatch` returned, not the micro-batches' one after
+        the other).  `plan` is the latest dispatch's (else every rank raises `PlanMismatchError`).
         `per_item_keys` (default: the dispatcher's) name the outputs with one row per item.
         """
         per_item = self.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
-        return self._move(outputs, _checked_plan(plan).sharding, per_item, "combine", differentiable)
+        problem = self._kept_problem(_checked_plan(plan), "combine")
+        if not isinstance(outputs, Mapping):
+            outputs, merging = self._merged(outputs, plan, per_item)
+            problem = problem or merging
+        return self._move(outputs, plan.sharding, per_item, "combine", differentiable, problem)
+
+    @staticmethod
+    def _merged(parts, plan: DispatchPlan, per_item) -> tuple[dict, Exception | None]:
+        """The outputs of each micro-batch (`combine`) as one mapping in `plan.local_items` order, and
+        why they do not fit the plan's micro-batches (None when they do)."""
+        if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence) or not parts or \
+                not all(isinstance(part, Mapping) for part in parts):
+            raise TypeError(f"`outputs` must be a mapping of names to tensors, or a list of one such mapping per "
+                            f"micro-batch; got {type(parts).__name__}")
+        if len(parts) != plan.num_microbatches:
+            return dict(parts[0]), ValueError(f"`outputs` holds {len(parts)} micro-batches' outputs but the plan "
+                                              f"has {plan.num_microbatches} micro-batches")
+        odd = next((index for index, part in enumerate(parts) if set(part) != set(parts[0])), None)
+        if odd is not None:
+            return dict(parts[0]), ValueError(f"`outputs[{odd}]` has keys {sorted(map(str, parts[odd]))} but "
+                                              f"`outputs[0]` has {sorted(map(str, parts[0]))}")
+        items, merged = plan.local_items, {}
+        microbatch = plan.item_microbatch[items]
+        for key in parts[0]:
+            rows = np.ones(items.size, dtype=np.int64) if key in per_item else plan.local_lengths
+            try:
+                merged[key] = merge_rows([part[key] for part in parts], rows, microbatch, f"`outputs[m][{key!r}]`")
+            except ValueError as error:
+                return dict(parts[0]), error
+        return merged, None

@@ -114,6 +114,28 @@ def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, n
     return parts
 
 
+def merge_rows(parts, rows: np.ndarray, microbatch: np.ndarray, name: str) -> torch.Tensor:
+    """The inverse of `split_rows`: one tensor packed over items in order (item k owns `rows[k]` rows)
+    from one part per micro-batch (part m: the rows of micro-batch m's items, in item order); a
+    ValueError naming `name` and the micro-batch whose part has other rows."""
+    rows = np.asarray(rows, dtype=np.int64)
+    starts, index = np.cumsum(rows) - rows, []
+    for number, part in enumerate(parts):
+        members = np.flatnonzero(microbatch == number)
+        expected = int(rows[members].sum())
+        if not isinstance(part, torch.Tensor) or part.dim() == 0 or part.shape[0] != expected:
+            got = f"shape {tuple(part.shape)}" if isinstance(part, torch.Tensor) else f"a {type(part).__name__}"
+            raise ValueError(f"{name} of micro-batch {number} must be a tensor of {expected} rows (its "
+                             f"{members.size} items' rows, in the order of `micro.data`); got {got}")
+        index.append(ranges(starts[members], rows[members]))
+    if len(parts) == 1:
+        return parts[0]
+    order = np.concatenate(index)  # the row of the merged tensor each row of the parts becomes
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    return torch.cat(list(parts)).index_select(0, torch.from_numpy(inverse).to(parts[0].device))
+
+
 @contextlib.contextmanager
 def gradient_sync(model, enabled: bool):
     """Run the body with gradient synchronisation on or off, for DDP (`no_sync()`) and FSDP2

@@ -517,3 +517,45 @@ def test_regression_a_rank_dispatching_without_a_modality_s_inputs_raised_there_
     outcomes = run_processes(missing_input_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
     assert_every_rank_names_rank_1(outcomes, "SchemaMismatchError", started)
     assert "ranks [1]: invalid input: `inputs` lacks modality 'audio'" in outcomes[0].value[1]
+
+
+def kept_plan_after_dispatch_job(rank, size, call):
+    """Every rank dispatches step 1 along its own plan, then runs `call` along step 0's (kept) plan: rank 1's
+    two items swap lengths at step 1, every row total matches."""
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
+    kept, fresh = (dispatcher.plan(lengths[rank]) for lengths in STALE_STEPS["same row counts"])
+    lengths = STALE_STEPS["same row counts"][1][rank]
+    moved = dispatcher.dispatch({"id": torch.arange(len(lengths)) + 10 * rank, "x": torch.ones(sum(lengths), 2)},
+                                fresh, lengths=lengths)
+    if call == "combine":
+        return outcome(lambda: dispatcher.combine(moved, kept, differentiable=False)["id"].tolist())
+    return outcome(lambda: [micro.lengths.tolist() for micro in dispatcher.microbatches(kept, moved)])
+
+
+@pytest.mark.parametrize("call", ["combine", "microbatches"])
+def test_regression_combine_and_microbatches_along_a_kept_plan_returned_rows_to_the_wrong_items(call):
+    """Cause: combine and microbatches took any plan: along step 0's, kept by every rank after step 1's
+    dispatch, rank 1's per-item outputs came home swapped ([111, 110]) and its micro-batch lengths were
+    step 0's, no error.  They now take the latest dispatch's plan only: every rank raises."""
+    started = time.monotonic()
+    outcomes = run_processes(kept_plan_after_dispatch_job, 4, args=(call,), timeout_s=60,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert time.monotonic() - started < COLLECTIVE_TIMEOUT_S + 30
+    for o in outcomes:
+        assert o.ok and o.value[0] == "PlanMismatchError", (o.rank, o.value if o.ok else o.error)
+        assert f"{call} on rank {o.rank}: the plan is not the one the latest dispatch followed" in o.value[1]
+
+
+def test_regression_a_kept_plan_of_the_same_lengths_but_other_loss_tokens_scaled_the_loss():
+    """Cause: `dispatch(..., lengths=)` compared lengths only, so a plan made with other loss tokens went on
+    and normalised the loss by its count (10 instead of 58 in the probe: 5.8x).  `loss_tokens=` is checked too."""
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", per_item_keys={"id"})
+    kept = dispatcher.plan([5, 3], loss_tokens=[1, 1])
+    dispatcher.plan([5, 3], loss_tokens=[5, 3])
+    batch = {"id": torch.arange(2), "x": torch.ones(8, 2)}
+    with pytest.raises(PlanMismatchError, match=r"rank 0's item 0 has loss tokens 5 but the plan was made with 1: "
+                                                r"the plan is another step's"):
+        dispatcher.dispatch(batch, kept, lengths=[5, 3], loss_tokens=[5, 3])
+    with pytest.raises(ValueError, match=r"`loss_tokens` must be 1-D"):
+        dispatcher.dispatch(batch, kept, loss_tokens=[[5, 3]])
+    assert dispatcher.dispatch(batch, kept, lengths=[5, 3], loss_tokens=[1, 1])["id"].tolist() == [0, 1]

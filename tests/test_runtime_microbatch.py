@@ -313,3 +313,36 @@ def test_a_new_micro_batch_loop_forgets_one_left_by_break():
     again = dispatcher.microbatches(plan, moved)  # the next step's loop, planned elsewhere
     assert float(normalize_loss(torch.ones(()), 2)) == 0.5
     assert len(list(again)) == plan.num_microbatches
+
+
+def combine_microbatch_outputs_job(rank, size):
+    """Rank 1's second micro-batch holds its lower items: its outputs concatenated over the loop are in
+    another order than `plan.local_items`."""
+    lengths = [[6, 1, 5, 2], [3, 4, 6, 1]][rank]
+    dispatcher = PostBalancingDispatcher(per_item_keys=("sid",), max_tokens_per_microbatch=8)
+    plan = dispatcher.plan(lengths)
+    sid = torch.tensor([100 * rank + i for i in range(len(lengths))])
+    tok = torch.cat([torch.full((length,), 100 * rank + i) for i, length in enumerate(lengths)])
+    moved = dispatcher.dispatch({"sid": sid, "tok": tok}, plan)
+    outputs, order = [], []
+    for micro in dispatcher.microbatches(plan, moved):
+        outputs.append({"sid": micro.data["sid"] * 10, "tok": micro.data["tok"] * 10})
+        order += micro.items.tolist()
+    home = dispatcher.combine(outputs, plan, differentiable=False)
+    try:
+        dispatcher.combine(outputs[:1] + [{"sid": outputs[1]["sid"][:1], "tok": outputs[1]["tok"]}], plan)
+    except ValueError as error:
+        refused = str(error)
+    return (order != sorted(order), torch.equal(home["sid"], sid * 10), torch.equal(home["tok"], tok * 10),
+            plan.num_microbatches, refused)
+
+
+def test_regression_combine_after_a_micro_batch_loop_returned_outputs_to_the_wrong_items():
+    """Cause: `combine` took rows in `plan.local_items` order, while the outputs a micro-batch loop collects
+    come micro-batch after micro-batch (rank 1: items [2, 3] then [0, 1]): per-item and per-token outputs
+    went home to the wrong items, no error.  `combine` takes the list of per-micro-batch outputs."""
+    outcomes = spawn(combine_microbatch_outputs_job, 2, timeout_s=60)
+    assert any(reordered for reordered, *_ in outcomes)  # the case that went wrong is present
+    for _, item_ok, token_ok, count, refused in outcomes:
+        assert item_ok and token_ok and count == 2
+        assert "`outputs[m]['sid']` of micro-batch 1 must be a tensor of 2 rows" in refused, refused
