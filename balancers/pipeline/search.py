@@ -9,7 +9,8 @@ and the best of
               within the token budget T                     T_r, T_r' -> new times
 
 that lowers max(T_r, T_r') below the old T_r by more than RELATIVE_GAIN; ties by the
-lowest slot pair, item, replica, slot.  Candidates are evaluated together, one row each;
+lowest slot pair, item, replica, slot.  It stops when WINDOW steps in a row lowered the step
+(the max) by less than WINDOW_GAIN of it.  Candidates are evaluated together, one row each;
 a row costs the schedule's operation count (2·P·M·v) of the work budget, so the result
 never depends on the clock.  Padded cells (count · max cost) are not additive: only the
 reordering runs.
@@ -25,6 +26,7 @@ from .spec import Pipeline
 LIGHT_REPLICAS = 4
 MAX_SWAPS = 1024  # slot pairs tried per step: all of them up to M = 46, else swaps with the neighbours and ends
 RELATIVE_GAIN = 1e-12
+WINDOW, WINDOW_GAIN = 16, 1e-4
 
 
 class CellSearch:
@@ -48,8 +50,15 @@ class CellSearch:
         return replica_times(self.pipeline, *self.pipeline.stage_times(costs))
 
     def run(self) -> None:
-        """Improve until no step gains or the budget is spent."""
+        """Improve until no step gains, the budget is spent, or WINDOW steps lowered the step by less
+        than WINDOW_GAIN (many replicas tied at the top: each step lowers one)."""
+        steps, mark = 0, float(self.times.max())
         while self.work > 0:
+            steps += 1
+            if steps % WINDOW == 0:
+                if float(self.times.max()) > mark * (1 - WINDOW_GAIN):
+                    return
+                mark = float(self.times.max())
             r = int(np.argmax(self.times))
             target = self.times[r] * (1 - RELATIVE_GAIN)
             reorder = self._best_swap(r)
