@@ -8,9 +8,12 @@ from ..balancers import ALGORITHMS
 from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_microbatches, file_stages,
                              run_comparison, workload_stages)
 from ..study.context_parallel_compare import compare_context_parallel
-from . import arguments, render
+from .arguments import (algorithms as algorithm_names, batch_size, check_seed, check_time_limit, check_workload_source,
+                        cost_model, degree_list, int_list, model_stages, positive_int, rank_list, subcommand,
+                        topology as checked_topology, workload_batch)
 from .errors import UsageError, usage_errors
 from .files import check_not_input, check_parent, load_lengths, write_rows_csv, writing
+from .render import print_compare, print_json, print_microbatch_rows, print_split_rows, print_written, progress
 
 EXAMPLES = """examples:
   orchmllm compare                                   # default tri-modal workload, D=64 and 512
@@ -27,7 +30,7 @@ def add_parser(commands) -> None:
     from ..study.models import list_models
     from ..study.workloads import list_workloads
 
-    compare = arguments.subcommand(
+    compare = subcommand(
         commands, "compare", "compare every balancer and peers' heuristics on a workload or lengths file",
         "Balance every stage of a workload (or a file of lengths) with every registered "
         "algorithm and the peers' heuristics; report makespan against the lower bound, "
@@ -84,20 +87,20 @@ def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
     """The configurations to compare on, and a description of their source."""
     if args.lengths is not None:
         lengths = load_lengths(args.lengths, args.column)
-        cost = arguments.cost_model(args.cost)
+        cost = cost_model(args.cost)
         with usage_errors("--bytes-per-token"):
             configs = [CompareConfig(d, None, file_stages(lengths, d, cost, args.padded, args.bytes_per_token))
                        for d in ranks]
         return configs, f"{args.lengths} ({lengths.size} items)"
     if args.cost is not None or args.padded:
         raise UsageError("--cost and --padded apply to --lengths files; workloads define their own stage costs")
-    stages = arguments.model_stages(args.model)
-    available = arguments.check_workload_source(args, stages)
-    items = arguments.int_list(args.items_per_rank, "--items-per-rank")
+    stages = model_stages(args.model)
+    available = check_workload_source(args, stages)
+    items = int_list(args.items_per_rank, "--items-per-rank")
     for d in ranks:
         for k in items:
-            arguments.batch_size(d, k, "--items-per-rank")
-    configs = [CompareConfig(d, k, workload_stages(arguments.workload_batch(args, d, k, available), stages))
+            batch_size(d, k, "--items-per-rank")
+    configs = [CompareConfig(d, k, workload_stages(workload_batch(args, d, k, available), stages))
                for d in ranks for k in items]
     return configs, f"workload {args.workload_file or args.workload!r} on the {args.model} model"
 
@@ -113,7 +116,7 @@ def figures(comparison, directory: Path) -> list[str]:
     """loads.png (one column per configuration), traffic.png and traffic_locality.png (the last
     configuration's last stage, on one colour scale)."""
     from ..topology import traffic_matrix
-    from . import plots
+    from .plots import plot_rank_load_grid, plot_traffic_heatmap
 
     columns = {}
     for summary in comparison.summaries:
@@ -132,10 +135,10 @@ def figures(comparison, directory: Path) -> list[str]:
                 for run in runs]
     top = max(float(matrix.max()) for matrix in matrices)
     with writing("--plot", directory):
-        written = [plots.plot_rank_load_grid(columns, directory / "loads.png", labels=("as sampled", "balanced"),
+        written = [plot_rank_load_grid(columns, directory / "loads.png", labels=("as sampled", "balanced"),
                                              title="Per-rank load before / after balancing")]
         for (name, filename), matrix in zip(shown, matrices):
-            written.append(plots.plot_traffic_heatmap(matrix, directory / filename, level=level, max_bytes=top,
+            written.append(plot_traffic_heatmap(matrix, directory / filename, level=level, max_bytes=top,
                                                       title=f"{stage_name} stage, {name}, D={last.ranks}"))
     return [str(path) for path in written]
 
@@ -143,11 +146,11 @@ def figures(comparison, directory: Path) -> list[str]:
 def cell_figure(plans, config, directory: Path) -> str:
     """cells.png: the M × D cell loads of the last configuration as sampled (each rank fills its own
     micro-batches in order) and as ours plans them, on one colour scale."""
-    from . import plots
+    from .plots import plot_cell_loads
 
     key = (config.num_ranks, config.items_per_rank)
     with writing("--plot", directory):
-        return str(plots.plot_cell_loads({"as sampled (per-rank fill)": plans[(*key, "none")].cell_loads,
+        return str(plot_cell_loads({"as sampled (per-rank fill)": plans[(*key, "none")].cell_loads,
                                           "ours": plans[(*key, "ours")].cell_loads}, directory / "cells.png",
                                          title=f"{config.stages[-1].name} stage, D={config.num_ranks}: cost of every "
                                                f"(micro-batch, rank) cell"))
@@ -156,13 +159,13 @@ def cell_figure(plans, config, directory: Path) -> str:
 def split_figure(plans, config, directory: Path) -> str:
     """cp_work.png: the last configuration's last stage under static_cp and ours, on one cost axis, split
     items drawn as spans over their group."""
-    from . import plots
+    from .plots import plot_split_work
 
     key = (config.num_ranks, config.items_per_rank)
     panels = {name: (plan.assignment, plan.degree, plan.item_time)
               for name, plan in ((name, plans[(*key, name)]) for name in ("static_cp", "ours"))}
     with writing("--plot", directory):
-        return str(plots.plot_split_work(panels, config.num_ranks, directory / "cp_work.png", unit="cost",
+        return str(plot_split_work(panels, config.num_ranks, directory / "cp_work.png", unit="cost",
                                          title=f"{config.stages[-1].name} stage, D={config.num_ranks}: per-rank "
                                                f"cost with split items"))
 
@@ -173,29 +176,29 @@ def run(args) -> int:
         from .plots import require_matplotlib
 
         require_matplotlib()
-    arguments.check_time_limit(args.time_limit)
-    algorithms = arguments.algorithms(args.algorithms)
-    ranks = arguments.rank_list(args.ranks, "--ranks")
-    arguments.check_seed(args.seed)
-    arguments.int_list(args.items_per_rank, "--items-per-rank")
-    arguments.positive_int(args.gpus_per_node, "--gpus-per-node")
+    check_time_limit(args.time_limit)
+    algorithms = algorithm_names(args.algorithms)
+    ranks = rank_list(args.ranks, "--ranks")
+    check_seed(args.seed)
+    int_list(args.items_per_rank, "--items-per-rank")
+    positive_int(args.gpus_per_node, "--gpus-per-node")
     for num_ranks in ranks:
-        arguments.topology(num_ranks, args.gpus_per_node)
+        checked_topology(num_ranks, args.gpus_per_node)
     if args.plot is not None:
         check_parent("--plot", args.plot)
     if args.csv is not None:
         check_parent("--csv", args.csv, made=args.plot)
         check_not_input("--csv", args.csv, [args.lengths, args.workload_file])
     degrees = (None if args.context_parallel is None
-               else arguments.degree_list(args.context_parallel, "--context-parallel", ranks))
+               else degree_list(args.context_parallel, "--context-parallel", ranks))
     configs, source = configs_of(args, ranks)
     total = sum(len(config.stages) for config in configs) * (len(algorithms) + 1)
-    with render.progress(not args.json, total, "balancing") as advance:
+    with progress(not args.json, total, "balancing") as advance:
         comparison = run_comparison(configs, algorithms, gpus_per_node=args.gpus_per_node, time_limit=args.time_limit,
                                     report_not_applicable=args.algorithms is not None, advance=advance)
     microbatches = None
     if args.max_tokens_per_microbatch is not None:
-        arguments.positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
+        positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
         with usage_errors("--max-tokens-per-microbatch"):
             microbatches = compare_microbatches(configs, args.max_tokens_per_microbatch)
     split_rows = None
@@ -219,12 +222,12 @@ def run(args) -> int:
         extra = {} if microbatches is None else {"microbatches": [row.to_json() for row in microbatches[0]]}
         if split_rows is not None:
             extra["context_parallel"] = [row.to_json() for row in split_rows]
-        render.print_json({"command": "compare", "source": source, **comparison.to_json(), **extra, "files": written})
+        print_json({"command": "compare", "source": source, **comparison.to_json(), **extra, "files": written})
         return 0
-    render.print_compare(comparison, source)
+    print_compare(comparison, source)
     if microbatches is not None:
-        render.print_microbatch_rows(microbatches[0])
+        print_microbatch_rows(microbatches[0])
     if split_rows is not None:
-        render.print_split_rows(split_rows)
-    render.print_written(written)
+        print_split_rows(split_rows)
+    print_written(written)
     return 0

@@ -8,8 +8,9 @@ import os
 import sys
 import time
 
-from . import arguments, render
+from .arguments import degree_list, subcommand
 from .errors import EXIT_FAILED, EXIT_OK, MissingDependencyError, UsageError
+from .render import console, print_json
 
 EXAMPLES = """examples:
   orchmllm demo                                      # 4 CPU gloo ranks, 3 steps
@@ -28,7 +29,7 @@ the unsplit plan's isolated busy max/mean below 1.5 (no giant) or the split plan
 
 
 def add_parser(commands) -> None:
-    demo = arguments.subcommand(
+    demo = subcommand(
         commands, "demo", "train a tiny vision+audio+text model on local gloo ranks, balanced and not",
         "Spawn CPU processes in a gloo group (or join the ranks torchrun started) and train the "
         "tiny multimodal model on the same batches with and without post-balancing: compare "
@@ -73,7 +74,7 @@ def print_demo(report) -> list[str]:
 
     from ..runtime.demo.report import BALANCED_ISOLATED_TARGET
 
-    out = render.console()
+    out = console()
     out.print(f"[bold]{report.ranks} ranks x {report.steps} steps ({report.dtype}): the same batches with and "
               "without post-balancing[/bold]")
     table = Table(title="busy seconds per rank (CPU time of forward + backward, summed over steps)")
@@ -191,7 +192,7 @@ def run(args) -> int:
         return EXIT_OK
     say("done")
     if args.json:
-        render.print_json(report.to_json())
+        print_json(report.to_json())
         return EXIT_FAILED if report.failed_checks() else EXIT_OK
     return EXIT_FAILED if print_demo(report) else EXIT_OK
 
@@ -206,7 +207,7 @@ def run_giants(args) -> int:
     if args.ranks > 64:
         raise UsageError(f"--ranks must be at most 64 spawned CPU processes; got {args.ranks}")
     default = ",".join(str(d) for d in (1, 2, 4) if d <= args.ranks)
-    degrees = arguments.degree_list(args.context_parallel or default, "--context-parallel", [args.ranks])
+    degrees = degree_list(args.context_parallel or default, "--context-parallel", [args.ranks])
     _demo_module()
     from ..runtime.demo.giants import GiantsConfig, run_giants as run
 
@@ -216,9 +217,9 @@ def run_giants(args) -> int:
                  progress=say)
     say("done")
     if args.json:
-        render.print_json(report.to_json())
+        print_json(report.to_json())
     else:
-        out = render.console()
+        out = console()
         out.print(f"[bold]{report.ranks} ranks x {report.steps} steps ({report.dtype}), giants workload, "
                   f"degrees {report.context_parallel}[/bold]")
         out.print(f"items split {report.items_split} (degrees per step {report.degrees_per_step}); tokens lost "

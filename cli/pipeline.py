@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from . import arguments, render
+from .arguments import model_stages, name_list, positive_int
 from .errors import UsageError, usage_errors
+from .render import console, print_json
 
 
 def add_arguments(simulate) -> None:
@@ -32,14 +33,14 @@ def run_pipelined(args, gpus: list[int]) -> int:
     for option, value in (("--workload-file", args.workload_file), ("--plot", args.plot)):
         if value is not None:
             raise UsageError(f"{option} is not available with --pipeline-stages")
-    arguments.positive_int(args.samples_per_rank, "--samples-per-rank")
-    arguments.positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
-    arguments.model_stages(args.model)
+    positive_int(args.samples_per_rank, "--samples-per-rank")
+    positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
+    model_stages(args.model)
     with usage_errors("--pipeline-stages", {"stages": f"--pipeline-stages {args.pipeline_stages}",
                                             "virtual_stages": f"--virtual-stages {args.virtual_stages}"}):
         pipeline = Pipeline(stages=args.pipeline_stages, schedule=args.schedule,
                             virtual_stages=args.virtual_stages if args.schedule == "interleaved" else 1)
-    strategies = arguments.name_list(args.strategies, "--strategies") or STRATEGIES
+    strategies = name_list(args.strategies, "--strategies") or STRATEGIES
     unknown = [name for name in strategies if name not in STRATEGIES]
     if unknown:
         raise UsageError(f"unknown pipeline strategy {unknown[0]!r} in --strategies; choose from "
@@ -53,7 +54,7 @@ def run_pipelined(args, gpus: list[int]) -> int:
                                                 workload=args.workload, samples_per_rank=samples,
                                                 strategies=strategies, seed=args.seed))
     if args.json:
-        render.print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": []})
+        print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": []})
         return 0
     _print(runs)
     return 0
@@ -62,7 +63,7 @@ def run_pipelined(args, gpus: list[int]) -> int:
 def _print(runs) -> None:
     from rich.table import Table
 
-    out = render.console()
+    out = console()
     for run in runs:
         p = run.pipeline
         table = Table(title=f"{run.model} model on {run.gpus} H100s: {run.replicas} replicas x {p.stages} pipeline "

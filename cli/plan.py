@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from ..balancers.validation import SizeLimitError
 from ..study.compare import LOCALITY_SUFFIX, file_stages, plan_for
-from . import arguments, render
+from .arguments import (algorithms as algorithm_names, check_time_limit, cost_model, rank_count, subcommand,
+                        topology as checked_topology)
 from .errors import UsageError, naming_flag, one_line, usage_errors
 from .files import check_not_input, check_plan_path, load_lengths, save_plan
+from .render import print_json, print_plan, print_written, progress, to_json_text
 
 EXAMPLES = """examples:
   orchmllm plan lengths.csv --ranks 8
@@ -19,7 +21,7 @@ EXAMPLES = """examples:
 def add_parser(commands) -> None:
     from ..balancers import ALGORITHMS
 
-    plan = arguments.subcommand(
+    plan = subcommand(
         commands, "plan", "balance a lengths file and print or save the assignment",
         "Balance the items of a lengths file over D ranks and print the per-rank loads, "
         "or save the assignment (item -> rank) for another tool.",
@@ -72,20 +74,20 @@ def run(args) -> int:
     from ..balancers import InfeasibleError, get_algorithm
     from ..balancers.problem import make_problem
 
-    arguments.check_time_limit(args.time_limit)
-    arguments.rank_count(args.ranks, "--ranks")
+    check_time_limit(args.time_limit)
+    rank_count(args.ranks, "--ranks")
     lengths = load_lengths(args.lengths, args.column)
-    name = arguments.algorithms(args.algorithm, "--algorithm")
+    name = algorithm_names(args.algorithm, "--algorithm")
     if len(name) != 1:
         raise UsageError(f"--algorithm takes one name; got {args.algorithm!r}")
     _check_applies(args.algorithm, name[0], args.padded)
     if args.output is not None:
         check_plan_path(args.output)
         check_not_input("--output", args.output, [args.lengths])
-    cost = arguments.cost_model(args.cost)
+    cost = cost_model(args.cost)
     with usage_errors("--bytes-per-token"):
         stage = file_stages(lengths, args.ranks, cost, args.padded, args.bytes_per_token)[0]
-    topology = arguments.topology(args.ranks, args.gpus_per_node) if name[0].endswith(LOCALITY_SUFFIX) else None
+    topology = checked_topology(args.ranks, args.gpus_per_node) if name[0].endswith(LOCALITY_SUFFIX) else None
     try:
         make_problem(stage.lengths, args.ranks, cost=stage.cost, padded=stage.padded,
                      max_tokens_per_rank=args.max_tokens)  # the balancers' own input checks, before any work
@@ -94,7 +96,7 @@ def run(args) -> int:
     except (ValueError, TypeError) as error:
         raise UsageError(naming_flag(error, _flags(args))) from None
     try:
-        with render.progress(not args.json, 1, f"balancing {lengths.size} items on {args.ranks} ranks") as advance:
+        with progress(not args.json, 1, f"balancing {lengths.size} items on {args.ranks} ranks") as advance:
             plan = plan_for(name[0], stage, args.ranks, args.time_limit, topology, args.max_tokens)
             advance()
     except InfeasibleError as error:  # a cap only the solve itself finds too small
@@ -103,11 +105,11 @@ def run(args) -> int:
         raise UsageError(f"--algorithm {args.algorithm}: {one_line(error)}") from None
     payload = plan.to_json()
     if args.output is not None:
-        save_plan(plan, render.to_json_text(payload), args.output)
+        save_plan(plan, to_json_text(payload), args.output)
     if args.json:
-        render.print_json(payload)
+        print_json(payload)
         return 0
-    render.print_plan(plan, args.lengths, args.quiet, str(get_algorithm(name[0].removesuffix(LOCALITY_SUFFIX)).kind))
+    print_plan(plan, args.lengths, args.quiet, str(get_algorithm(name[0].removesuffix(LOCALITY_SUFFIX)).kind))
     if args.output is not None:
-        render.print_written([args.output])
+        print_written([args.output])
     return 0

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import arguments, pipeline, render
+from .arguments import (batch_size, check_seed, check_workload_source, degree_list, model_stages, name_list,
+                        positive_int, rank_list, subcommand)
 from .errors import UsageError, usage_errors
 from .files import check_parent, writing
+from .pipeline import add_arguments as add_pipeline_arguments, run_pipelined
+from .render import (print_context_parallel_simulation, print_json, print_microbatch_simulation, print_simulation,
+                     print_written, progress)
 
 EXAMPLES = """examples:
   orchmllm simulate                                  # 84b model, 2560 GPUs, default workload, batch sized by memory
@@ -23,7 +27,7 @@ def add_parser(commands) -> None:
     from ..study.strategies import STRATEGIES
     from ..study.workloads import list_workloads
 
-    simulate = arguments.subcommand(
+    simulate = subcommand(
         commands, "simulate", "simulate one training step on a cluster under each balancing strategy",
         "Model one training step of a multimodal model on H100 nodes for each strategy of the "
         "OrchMLLM ablations: step time, speed-up, MFU, overhead and memory.\n\nstrategies:\n" +
@@ -51,7 +55,7 @@ def add_parser(commands) -> None:
                                "groups of these degrees (powers of two, e.g. 1,2,4,8; wider than a node lets groups "
                                "cross nodes), under the strategies none, no_split, static_cp, megatron_dynamic_cp "
                                "and ours (default --samples-per-rank then 4)")
-    pipeline.add_arguments(simulate)
+    add_pipeline_arguments(simulate)
     simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     simulate.add_argument("--plot", metavar="DIR", help="write timeline_*.png (and scaling.png for several "
@@ -62,23 +66,23 @@ def add_parser(commands) -> None:
 def figures(runs, directory: Path) -> list[str]:
     """timeline_none.png / timeline_ours.png of the last run (the same ranks shown in each),
     scaling.png over several runs."""
-    from . import plots
+    from .plots import plot_scaling, plot_step_timeline, timeline_ranks
 
     last = runs[-1]
     shown = [name for name in ("none", "ours") if name in last.strategies] or list(last.strategies)[:1]
     longest = max(last.strategies[name].compute_seconds for name in shown)
-    ranks = plots.timeline_ranks([last.strategies[name].rank_seconds for name in shown])
+    ranks = timeline_ranks([last.strategies[name].rank_seconds for name in shown])
     written = []
     with writing("--plot", directory):
         for name in shown:
             result = last.strategies[name]
-            written.append(plots.plot_step_timeline(
+            written.append(plot_step_timeline(
                 result.rank_seconds, directory / f"timeline_{name}.png", max_seconds=longest, ranks=ranks,
                 title=f"{name}: one step of the {last.model} model on {last.gpus} GPUs "
                       f"(+ {result.exchange_seconds:.3g} s exchanges)"))
         if len(runs) > 1:
             names = list(last.strategies)
-            written.append(plots.plot_scaling(
+            written.append(plot_scaling(
                 [run.gpus for run in runs],
                 {name: [run.strategies[name].speedup_vs_none for run in runs] for name in names},
                 {name: [run.strategies[name].mfu for run in runs] for name in names},
@@ -103,30 +107,30 @@ def run(args) -> int:
         from .plots import require_matplotlib
 
         require_matplotlib()
-    gpus = arguments.rank_list(args.gpus, "--gpus")
-    arguments.check_seed(args.seed)
+    gpus = rank_list(args.gpus, "--gpus")
+    check_seed(args.seed)
     if args.plot is not None:
         check_parent("--plot", args.plot)
     if args.pipeline_stages is not None:
-        return pipeline.run_pipelined(args, gpus)
+        return run_pipelined(args, gpus)
     if args.max_tokens_per_microbatch is not None and args.context_parallel is not None:
         raise UsageError("--context-parallel is not available with --max-tokens-per-microbatch")
     if args.max_tokens_per_microbatch is not None:
         return run_microbatched(args, gpus)
     if args.context_parallel is not None:
         return run_context_parallel(args, gpus)
-    strategies = arguments.name_list(args.strategies, "--strategies")
-    stages = arguments.model_stages(args.model)
+    strategies = name_list(args.strategies, "--strategies")
+    stages = model_stages(args.model)
     if args.workload_file is not None:  # its bad lines named with the file, whatever --gpus
-        arguments.check_workload_source(args, stages)
+        check_workload_source(args, stages)
     for count in gpus:
         if args.samples_per_rank is not None:
-            arguments.batch_size(count, args.samples_per_rank, "--samples-per-rank")
+            batch_size(count, args.samples_per_rank, "--samples-per-rank")
         with usage_errors(f"--gpus {count}", _flags(args, args.samples_per_rank)):
             check_simulation(model=args.model, gpus=count, workload=args.workload, workload_file=args.workload_file,
                              samples_per_rank=args.samples_per_rank, strategies=strategies)
     runs = []
-    with render.progress(not args.json, len(gpus), "simulating") as advance:
+    with progress(not args.json, len(gpus), "simulating") as advance:
         for count in gpus:
             runs.append(run_simulation(model=args.model, gpus=count, workload=args.workload,
                                        workload_file=args.workload_file, samples_per_rank=args.samples_per_rank,
@@ -134,10 +138,10 @@ def run(args) -> int:
             advance()
     written = figures(runs, Path(args.plot)) if args.plot is not None else []
     if args.json:
-        render.print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": written})
+        print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": written})
         return 0
-    render.print_simulation(runs)
-    render.print_written(written)
+    print_simulation(runs)
+    print_written(written)
     return 0
 
 
@@ -145,22 +149,22 @@ def run_microbatched(args, gpus: list[int]) -> int:
     """`orchmllm simulate --max-tokens-per-microbatch T`: the micro-batched strategies' table."""
     from ..study.microbatch_sim import DEFAULT_SAMPLES_PER_RANK, STRATEGIES, run_microbatch_simulation
 
-    arguments.positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
-    arguments.positive_int(args.samples_per_rank, "--samples-per-rank")
-    arguments.model_stages(args.model)
+    positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
+    positive_int(args.samples_per_rank, "--samples-per-rank")
+    model_stages(args.model)
     for option, value in (("--workload-file", args.workload_file), ("--plot", args.plot)):
         if value is not None:
             raise UsageError(f"{option} is not available with --max-tokens-per-microbatch")
-    strategies = arguments.name_list(args.strategies, "--strategies") or STRATEGIES
+    strategies = name_list(args.strategies, "--strategies") or STRATEGIES
     unknown = [name for name in strategies if name not in STRATEGIES]
     if unknown:
         raise UsageError(f"unknown micro-batch strategy {unknown[0]!r} in --strategies; choose from "
                          f"{', '.join(STRATEGIES)}")
     samples = DEFAULT_SAMPLES_PER_RANK if args.samples_per_rank is None else args.samples_per_rank
     for count in gpus:
-        arguments.batch_size(count, samples, "--samples-per-rank")
+        batch_size(count, samples, "--samples-per-rank")
     runs = []
-    with render.progress(not args.json, len(gpus), "simulating") as advance:
+    with progress(not args.json, len(gpus), "simulating") as advance:
         for count in gpus:
             with usage_errors(f"--gpus {count}", _flags(args, samples)):
                 runs.append(run_microbatch_simulation(args.model, count, max_tokens_per_microbatch=
@@ -169,9 +173,9 @@ def run_microbatched(args, gpus: list[int]) -> int:
                                                       seed=args.seed))
             advance()
     if args.json:
-        render.print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": []})
+        print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": []})
         return 0
-    render.print_microbatch_simulation(runs)
+    print_microbatch_simulation(runs)
     return 0
 
 
@@ -180,21 +184,21 @@ def run_context_parallel(args, gpus: list[int]) -> int:
     from ..study.context_parallel_sim import (DEFAULT_SAMPLES_PER_RANK, STRATEGIES,
                                                check_context_parallel_simulation, run_context_parallel_simulation)
 
-    degrees = arguments.degree_list(args.context_parallel, "--context-parallel", gpus)
-    arguments.positive_int(args.samples_per_rank, "--samples-per-rank")
-    arguments.model_stages(args.model)
+    degrees = degree_list(args.context_parallel, "--context-parallel", gpus)
+    positive_int(args.samples_per_rank, "--samples-per-rank")
+    model_stages(args.model)
     if args.workload_file is not None:
         raise UsageError("--workload-file is not available with --context-parallel")
-    strategies = arguments.name_list(args.strategies, "--strategies") or list(STRATEGIES)
+    strategies = name_list(args.strategies, "--strategies") or list(STRATEGIES)
     samples = DEFAULT_SAMPLES_PER_RANK if args.samples_per_rank is None else args.samples_per_rank
     flags = {**_flags(args, samples), "degrees": f"--context-parallel {args.context_parallel}",
              "strategy": "--strategies"}
     for count in gpus:
-        arguments.batch_size(count, samples, "--samples-per-rank")
+        batch_size(count, samples, "--samples-per-rank")
         with usage_errors(f"--gpus {count}", flags):
             check_context_parallel_simulation(args.model, count, args.workload, samples, degrees, strategies)
     runs = []
-    with render.progress(not args.json, len(gpus), "simulating") as advance:
+    with progress(not args.json, len(gpus), "simulating") as advance:
         for count in gpus:
             runs.append(run_context_parallel_simulation(args.model, count, workload=args.workload,
                                                         samples_per_rank=samples, degrees=degrees,
@@ -202,10 +206,10 @@ def run_context_parallel(args, gpus: list[int]) -> int:
             advance()
     written = [context_parallel_figure(runs[-1], Path(args.plot))] if args.plot is not None else []
     if args.json:
-        render.print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": written})
+        print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": written})
         return 0
-    render.print_context_parallel_simulation(runs)
-    render.print_written(written)
+    print_context_parallel_simulation(runs)
+    print_written(written)
     return 0
 
 
@@ -213,7 +217,7 @@ def context_parallel_figure(run, directory: Path) -> str:
     """cp_work.png: the LLM stage's per-rank work of the last run under static_cp and ours (those of
     them simulated, else the first strategy) on one time axis, split items drawn as spans over their
     group; the title gives no_split's slowest rank for scale."""
-    from . import plots
+    from .plots import plot_split_work
 
     shown = [name for name in ("static_cp", "ours") if name in run.strategies] or list(run.strategies)[:1]
     panels = {}
@@ -224,7 +228,7 @@ def context_parallel_figure(run, directory: Path) -> str:
     today = run.strategies.get("no_split")
     scale = f"\n(no_split's LLM stage: {today.llm_seconds:.3g} s on its slowest rank)" if today is not None else ""
     with writing("--plot", directory):
-        return str(plots.plot_split_work(
+        return str(plot_split_work(
             panels, run.gpus, directory / "cp_work.png",
             title=f"LLM stage of the {run.model} model on {run.gpus} GPUs, workload {run.workload!r}, degrees "
                   f"{','.join(map(str, run.degrees))}{scale}"))
