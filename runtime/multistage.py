@@ -51,7 +51,7 @@ from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample, resolve_positions
 from ..orchestrator.stages import check_stages
 from ..orchestrator.step import StepPlan
-from .agreement import SchemaGuard, fingerprint, option_table, plan_word
+from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .encoders import checked_call, contract_problem, unseen_module
@@ -312,7 +312,8 @@ class MultiStageRuntime:
 
     def dispatch(self, routes: StepRoutes, *, text: Mapping[str, torch.Tensor],
                  per_sample: Mapping[str, torch.Tensor] | None = None,
-                 inputs: Mapping[str, torch.Tensor] | None = None, stats: dict | None = None) -> StepInputs:
+                 inputs: Mapping[str, torch.Tensor] | None = None, stats: dict | None = None,
+                 samples: Sequence[Sample] | None = None) -> StepInputs:
         """The fused input exchange of the whole step (one all-to-all; none yet without
         `fused_input_exchange`), to be iterated with `microbatches`.
 
@@ -320,17 +321,49 @@ class MultiStageRuntime:
         `per_sample`: one row per sample; `inputs`: modality -> raw inputs packed over this
         rank's segments of that modality (rows = segment lengths).  Every rank passes the
         same keys (a modality absent locally still needs an empty tensor of the right
-        trailing shape and dtype).
+        trailing shape and dtype).  Packed tensors have no sample boundaries, so routes kept
+        by every rank from an earlier step go unseen where row totals match, unless `samples`
+        gives this rank's samples (as given to `plan`): they are checked against the routes',
+        and every rank raises `PlanMismatchError` naming the rank and its first sample that differs.
         """
-        return self._dispatch_step(routes, text, per_sample, inputs, stats)
+        problem = None if samples is None else self._samples_problem(routes, samples)
+        return self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
 
-    def _dispatch_pass(self, routes: PassRoutes, text, per_sample, inputs, stats) -> Dispatched:
+    def _samples_problem(self, routes: StepRoutes, samples) -> Exception | None:
+        """Why this rank's `samples` are not those `routes` were planned from (text, segments, id; each
+        segment's modality, length, tokens), or None."""
+        try:
+            given = local_tables(samples, self.modalities)
+        except (TypeError, ValueError) as error:
+            return error
+        batch, rank = routes.batch, routes.rank
+        home = np.flatnonzero(batch.sample_source == rank)
+        segments = batch.segments_of_samples(home)
+        planned = (np.stack([batch.sample_text[home], np.diff(batch.sample_segment_offsets)[home],
+                             batch.sample_id[home]], axis=1),
+                   np.stack([batch.segment_modality[segments], batch.segment_length[segments],
+                             batch.segment_tokens[segments]], axis=1))
+        if given[0].shape[0] != home.size:
+            return PlanMismatchError(f"rank {rank} dispatches {given[0].shape[0]} samples but the routes were planned "
+                                     f"from {home.size} samples on this rank: plan each step's routes from its samples")
+        for what, table, plan in (("sample (text, segments, id)", given[0], planned[0]),
+                                  ("segment (modality, length, tokens)", given[1], planned[1])):
+            differ = np.flatnonzero(np.any(table[:, :3] != plan, axis=1))
+            if differ.size:
+                index = int(differ[0])
+                return PlanMismatchError(
+                    f"rank {rank}'s {what} {index} is {tuple(table[index, :3].tolist())} but the routes were planned "
+                    f"with {tuple(plan[index].tolist())}: the routes are another step's (kept from an earlier step?); "
+                    f"plan each step's routes from its own samples")
+        return None
+
+    def _dispatch_pass(self, routes: PassRoutes, text, per_sample, inputs, stats, problem=None) -> Dispatched:
         """One pass's input exchange (a micro-batch's, without `fused_input_exchange`)."""
         plan = routes.plan
         result = self._exchange_inputs(routes.text_route, routes.text_units,
                                        np.flatnonzero(plan.batch.sample_source == routes.rank), routes.input_routes,
                                        [stage_plan.item_length for stage_plan in plan.stage_plans[:-1]], text,
-                                       per_sample, inputs, stats)
+                                       per_sample, inputs, stats, problem)
         return Dispatched(result["inputs"], self._input_lengths(routes), result["text"], result["per_sample"])
 
     def _input_lengths(self, routes: PassRoutes) -> dict:
@@ -339,14 +372,15 @@ class MultiStageRuntime:
                 for modality, route, plan in zip(self.modalities, routes.input_routes, routes.plan.stage_plans[:-1])}
 
     def _exchange_inputs(self, text_route: ExchangeMeta, units: TextUnits, home: np.ndarray, input_routes,
-                         input_rows, text, per_sample, inputs, stats) -> dict:
+                         input_rows, text, per_sample, inputs, stats, problem=None) -> dict:
         """Inputs, text pieces and per-sample tensors (of this rank's `home` samples: a copy to every rank of
-        a split sample's group) along their routes in one fused all-to-all."""
+        a split sample's group) along their routes in one fused all-to-all (`problem`: this rank's reason not
+        to, which every rank raises)."""
         per_sample = {key: units.expand(tensor, home) for key, tensor in (per_sample or {}).items()}
         inputs = dict(inputs or {})
         missing = [m for m, r in zip(self.modalities, input_routes) if m not in inputs and r.num_items]
-        problem = (ValueError(f"`inputs` lacks modality {missing[0]!r}, which the global batch contains")
-                   if missing else None)  # every rank raises it, naming this one
+        problem = problem or (ValueError(f"`inputs` lacks modality {missing[0]!r}, which the global batch contains")
+                              if missing else None)  # every rank raises it, naming this one
         copies = units.copies if np.any(units.copies != 1) else 1
         where = {("text", None): (text_route, units.tokens), ("per_sample", None): (text_route, copies)}
         for modality, route, rows in zip(self.modalities, input_routes, input_rows):
@@ -364,7 +398,7 @@ class MultiStageRuntime:
             result[kind][key] = tensor
         return result
 
-    def _dispatch_step(self, routes: StepRoutes, text, per_sample, inputs, stats) -> StepInputs:
+    def _dispatch_step(self, routes: StepRoutes, text, per_sample, inputs, stats, problem) -> StepInputs:
         """Fused: the whole step's inputs in one all-to-all, then split per micro-batch.  Otherwise
         the local tensors split per micro-batch, each exchanged when `microbatches` reaches it."""
         step, batch, count = routes.step, routes.batch, routes.num_microbatches
@@ -376,7 +410,7 @@ class MultiStageRuntime:
             held = (routes.text_route.dest_items, [route.dest_items for route in routes.input_routes])
             result = self._exchange_inputs(routes.text_route, units, home, routes.input_routes,
                                            [batch.segment_length[segments] for segments in modality_segments],
-                                           text, per_sample, inputs, stats)
+                                           text, per_sample, inputs, stats, problem)
             sample_rows, sample_parts = units.copies[held[0]], units.microbatch[held[0]]
         else:
             held = (routes.text_route.source_items, [route.source_items for route in routes.input_routes])
@@ -396,7 +430,8 @@ class MultiStageRuntime:
         parts = [{kind: {key: pieces[index] for key, pieces in split[kind].items()} for kind in split}
                  for index in range(count)]
         if not self.fused_input_exchange:
-            return StepInputs(routes, tuple(parts), exchanged=False, stats=stats)
+            return StepInputs(routes, tuple(dict(part, problem=problem) for part in parts), exchanged=False,
+                              stats=stats)
         dispatched = tuple(Dispatched(part["inputs"], self._input_lengths(micro), part["text"], part["per_sample"])
                            for part, micro in zip(parts, routes.microbatches))
         return StepInputs(routes, dispatched, exchanged=True, stats=stats)

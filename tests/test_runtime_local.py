@@ -21,7 +21,7 @@ from orchmllm.runtime.demo.calibration import fit_packed_cost
 from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.exchange import home_ranks, ranges
 from orchmllm.runtime.launch import run_processes
-from orchmllm.runtime.metadata import PeerInputError, as_table, check_agreement, fingerprint
+from orchmllm.runtime.metadata import PeerInputError, PlanMismatchError, as_table, check_agreement, fingerprint
 from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 
@@ -485,3 +485,20 @@ def test_regression_an_encoder_returning_a_tuple_or_another_width_gave_raw_pytho
                         text_embedding=model.llm.embed)
     with pytest.raises(TypeError, match=r"`text_embedding` returned a tuple; expected a tensor of shape \(\d+, hidden\)"):
         runtime.forward(micro.routes, micro.data, encoders=encoders, text_embedding=lambda ids: (model.llm.embed(ids),))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_regression_multi_stage_routes_kept_from_another_step_ran_its_texts_under_old_lengths(fused):
+    """Cause: MultiStageRuntime.dispatch had no check of what a rank holds now: routes kept from step 0
+    cut step 1's texts (two samples' lengths swapped, same total) by step 0's lengths, no error.
+    `dispatch(..., samples=)` checks them against the routes' (every rank raises, through the header)."""
+    config, runtime = _tiny_runtime(fused_input_exchange=fused, max_tokens_per_microbatch=10**6)
+    step0 = [Sample(text=3, segments=(), id=0), Sample(text=6, segments=(), id=1)]
+    step1 = [Sample(text=6, segments=(), id=0), Sample(text=3, segments=(), id=1)]
+    kept = runtime.plan(step0)
+    text = {"input_ids": torch.arange(9)}
+    with pytest.raises(PlanMismatchError, match=r"rank 0's sample \(text, segments, id\) 0 is \(6, 0, 0\) but the "
+                                                r"routes were planned with \(3, 0, 0\): the routes are another step's"):
+        list(runtime.microbatches(kept, runtime.dispatch(kept, text=text, samples=step1)))
+    [micro] = runtime.microbatches(kept, runtime.dispatch(kept, text=text, samples=step0))
+    assert micro.lengths.tolist() == [3, 6]
