@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -202,6 +203,30 @@ def rounded_up(bound: float, cost: float, num_ranks: int, integral_costs: Callab
     return float(math.ceil(bound))
 
 
+def rounded_down(bound: float, cost: float, num_ranks: int, costs: np.ndarray,
+                 integral_costs: Callable[[], bool]) -> float:
+    """`bound` lowered by the float error of a sum of the `costs`, so that no plan's float load lies below it.
+
+    Bounds are sums rounded once (fsum), while a plan's load is its items' costs summed in item
+    order, which may round below the exact sum by up to (n - 1) · 2**-53 of it: an exact bound
+    can lie an ulp above the optimum's load (29.400000000000002 against 23.1 + 3.9 + 2.4 = 29.4).
+    Kept where `cost` meets it (`certify` holds it at the plan's cost, optimal) and where every sum
+    is exact: costs that are multiples of 2**-b (b = 0, `integral_costs()`, or 16: halves,
+    quarters) and num_ranks · cost below 2**(53 - b).
+
+    >>> rounded_down(29.400000000000002, 31.1, 2, np.array([23.1, 3.9, 2.4, 5.6, 5.6, 7.5]), lambda: False) < 29.4
+    True
+    >>> rounded_down(8.25, 8.5, 2, np.array([5, 4, 3, 3, 1.5]), lambda: False)
+    8.25
+    """
+    if bound >= cost:
+        return bound
+    for bits, exact in ((0, integral_costs), (16, lambda: integral(costs * 2.0**16))):
+        if num_ranks * cost < 2.0**(53 - bits) and exact():
+            return bound
+    return bound * (1.0 - costs.size * 2.0**-52)
+
+
 def certify(cost: float, bound: float, status: Status, algorithm: str, what: str) -> tuple[float, Status]:
     """The (lower bound, status) of a plan whose `what` (makespan, step cost) is `cost`: every plan's one
     certification step.  `bound` is held at most `cost` (bounds are float sums in another order than
@@ -253,8 +278,10 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
     if claimed == makespan:
         bound = makespan  # the kernel proved its plan optimal: no other bound can add to that
     else:
-        bound = rounded_up(lower_bound(problem), makespan, problem.num_ranks, lambda: integral(problem.item_costs))
+        integral_costs = functools.cache(lambda: integral(problem.item_costs))
+        bound = rounded_up(lower_bound(problem), makespan, problem.num_ranks, integral_costs)
         bound = bound if claimed is None else max(bound, claimed)
+        bound = rounded_down(bound, makespan, problem.num_ranks, problem.item_costs, integral_costs)
     bound, status = certify(makespan, bound, status, algorithm, "makespan")
     for array in (assignment, loads, tokens):
         read_only(array)

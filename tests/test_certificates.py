@@ -13,7 +13,7 @@ from orchmllm.balancers import (Algorithm, ContextParallel, CostModel, KernelRes
 from orchmllm.balancers.kernels import lpt
 from orchmllm.balancers.microbatch import greedy as microbatch_greedy
 from orchmllm.balancers.plan import make_plan, rounded_up
-from orchmllm.testing import brute_force, brute_force_microbatches
+from orchmllm.testing import brute_force, brute_force_microbatches, check_plan
 
 LENGTHS = [3, 3, 2, 2, 2]  # LPT: {3, 2, 2} = 7 on 2 ranks; optimum 6 ({3, 3} and {2, 2, 2})
 
@@ -162,3 +162,18 @@ def test_regression_a_fractional_microbatch_bound_left_an_optimal_plan_feasible(
     assert plan.num_microbatches == 1 and plan.step_cost == optimum.step_cost == 9.0 + overhead
     assert plan.status is status
     assert plan.lower_bound == (plan.step_cost if status is Status.OPTIMAL else 8.5 + overhead)
+
+
+@pytest.mark.parametrize("algorithm", ["identity", "karmarkar_karp"])
+def test_an_exact_sum_bound_is_lowered_below_the_float_loads_it_bounds(algorithm):
+    """Cause: the equal-counts bound 23.1 + (3.9 + 2.4), rounded once, is 29.400000000000002, while the optimum's
+    load 3.9 + 23.1 + 2.4 summed in item order is 29.4: a plan of makespan 31.1 carried a bound 1 ulp above the
+    optimum, which check_plan refused (probe3 SW2)."""
+    lengths, cost = [4, 3, 5, 11, 4, 2], CostModel(linear=1.0, quadratic=0.1)
+    options = dict(cost=cost, max_tokens_per_rank=19, equal_counts=True)
+    plan = balance(lengths, 2, algorithm=algorithm, **options)
+    optimum = brute_force(lengths, 2, **options)
+    assert plan.makespan == 31.1 and optimum.makespan == 29.4
+    assert optimum.makespan * (1 - 1e-14) < plan.lower_bound <= optimum.makespan
+    check_plan(plan, lengths, 2, **options)
+    assert balance(lengths, 2, algorithm="lpt", **options).lower_bound == 29.4  # optimal: held at its makespan
