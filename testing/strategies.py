@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from ..balancers import CostModel
+from ..balancers.validation import as_int
 from ..orchestrator import Batch, Sample, Segment
 from ..topology import Topology
 
@@ -133,6 +134,8 @@ def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_
     ...                case.lengths, case.num_ranks, **case.options)
     >>> test_padded_plans_are_certified()
     """
+    min_items, max_items = size_range(min_items, max_items, "items")
+    min_ranks, max_ranks = size_range(min_ranks, max_ranks, "ranks")
     models = list(COST_MODELS.values()) if costs is None else list(costs)
     constraints = tuple(constraints)
     unknown = sorted(set(constraints) - set(CONSTRAINTS))
@@ -141,6 +144,21 @@ def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_
     if padded and set(constraints) - {"equal_counts"}:
         raise ValueError("`costs` and `groups` constraints are unpadded: pass padded=None or False with them")
     return _problems(max_items, min_items, max_ranks, min_ranks, padded, caps, models, constraints)
+
+
+def size_range(low, high, what: str) -> tuple[int, int]:
+    """(min_`what`, max_`what`) checked at the call, where Hypothesis would fail only at the first draw:
+    ints with 1 <= min <= max.
+
+    >>> size_range(5, 2, "items")
+    Traceback (most recent call last):
+    ...
+    ValueError: `min_items` must be at most `max_items`; got min_items=5 > max_items=2
+    """
+    low, high = as_int(low, f"min_{what}", minimum=1), as_int(high, f"max_{what}", minimum=1)
+    if low > high:
+        raise ValueError(f"`min_{what}` must be at most `max_{what}`; got min_{what}={low} > max_{what}={high}")
+    return low, high
 
 
 @st.composite
@@ -171,7 +189,8 @@ def multimodal_batches(*, max_samples: int = 16, max_ranks: int = 4, modalities=
     ...     assert batch.num_samples >= 1 and batch.sample_source.max() < batch.num_ranks
     >>> test_every_sample_comes_from_a_rank()
     """
-    return _batches(max_samples, max_ranks, tuple(modalities), max_segments)
+    max_samples, max_ranks = size_range(1, max_samples, "samples")[1], size_range(1, max_ranks, "ranks")[1]
+    return _batches(max_samples, max_ranks, tuple(modalities), as_int(max_segments, "max_segments", minimum=0))
 
 
 def topologies(*, max_nodes: int = 4, gpus_per_node=(1, 2, 4, 8)) -> st.SearchStrategy[Topology]:
@@ -184,6 +203,7 @@ def topologies(*, max_nodes: int = 4, gpus_per_node=(1, 2, 4, 8)) -> st.SearchSt
     ...     assert topology.world_size == topology.num_nodes * topology.gpus_per_node <= 16
     >>> test_world_size()
     """
+    max_nodes = size_range(1, max_nodes, "nodes")[1]
     return st.builds(Topology, num_nodes=st.integers(1, max_nodes), gpus_per_node=st.sampled_from(gpus_per_node))
 
 

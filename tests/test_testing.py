@@ -26,7 +26,7 @@ from orchmllm.balancers.registry import Algorithm
 from orchmllm.testing import (ConformanceError, ConformanceReport, MicroBatchConformanceReport, brute_force,
                               brute_force_microbatches, check_conformance, check_microbatch_conformance,
                               check_microbatch_plan, check_plan, exact, fewest_microbatches, oracles, padded_optimum,
-                              problems)
+                              multimodal_batches, problems, topologies)
 
 NAMES = sorted(ALGORITHMS)
 
@@ -366,6 +366,22 @@ def test_regression_bad_suite_arguments_raised_hypothesis_internals(arguments, e
     for check in (check_conformance, check_microbatch_conformance):
         with pytest.raises(error, match=message):
             check("greedy" if check is check_microbatch_conformance else "lpt", **arguments)
+
+
+@pytest.mark.parametrize("strategy, arguments, message", [
+    (problems, dict(max_items=0), r"`max_items` must be >= 1; got 0"),
+    (problems, dict(max_ranks=0), r"`max_ranks` must be >= 1; got 0"),
+    (problems, dict(min_ranks=-1), r"`min_ranks` must be >= 1; got -1"),
+    (problems, dict(min_items=5, max_items=2), r"`min_items` must be at most `max_items`; got min_items=5 > max_items=2"),
+    (multimodal_batches, dict(max_samples=0), r"`max_samples` must be >= 1; got 0"),
+    (multimodal_batches, dict(max_segments=-1), r"`max_segments` must be >= 0; got -1"),
+    (topologies, dict(max_nodes=0), r"`max_nodes` must be >= 1; got 0"),
+], ids=["max_items", "max_ranks", "min_ranks", "min-above-max", "max_samples", "max_segments", "max_nodes"])
+def test_regression_degenerate_strategy_sizes_raised_hypothesis_internals_at_the_first_draw(strategy, arguments, message):
+    """Cause: the public strategies took their sizes unchecked, so `problems(max_items=0)` was built and failed at
+    its first draw with "Cannot sample from a length-zero sequence", naming no argument (probe3 UE6)."""
+    with pytest.raises(ValueError, match=message):
+        strategy(**arguments)
 
 
 MAIN_KERNEL = textwrap.dedent('''
