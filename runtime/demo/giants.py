@@ -162,19 +162,22 @@ def shard_layout(length: int, degree: int) -> ContextParallelLayout:
 
 
 def calibrate(model: GiantsModel, config: GiantsConfig, degrees, dtype, seed: int) -> tuple[CostModel, float]:
-    """Rank 0's isolated fit: f(l) from packed batches, η's half-efficiency tokens from the giant's
-    group-rank-0 shard at each degree (`fit_split_efficiency`)."""
+    """Rank 0's isolated fit: f(l) from packed batches, η's half-efficiency tokens from group rank 0's
+    shard of the giant and of the shortest and longest small item at each degree (`fit_split_efficiency`)."""
     rng = np.random.default_rng([seed, 999])
     batches = [rng.integers(config.small[0], config.small[1] + 1, size=count).tolist() for count in (4, 8, 16, 24)]
     batches += [[config.giant // 4], [config.giant // 2], [config.giant], [config.giant // 2] * 2]
     make = lambda lengths: packed([text_item(config, length, rng, dtype) for length in lengths])  # noqa: E731
     cost, _ = fit_packed_cost(batches, [timed(model, make(batch), whole_layout(batch), 3) for batch in batches])
-    whole = timed(model, make([config.giant]), whole_layout([config.giant]), 3)
-    split = [degree for degree in degrees if degree > 1]
-    layouts = [shard_layout(config.giant, degree) for degree in split]
+    cases = [(length, degree) for length in (config.giant, config.small[1], config.small[0])
+             for degree in degrees if degree > 1]  # short items too: a shard's fixed costs are η's loss there
+    if not cases:
+        return cost, 0.0
+    whole = {length: timed(model, make([length]), whole_layout([length]), 3) for length, _ in cases}
+    layouts = [shard_layout(length, degree) for length, degree in cases]
     seconds = [timed(model, make([layout.num_tokens]), layout, 3) for layout in layouts]
-    half = fit_split_efficiency([layout.num_tokens for layout in layouts], split, [whole] * len(split),
-                                seconds)[0] if split else 0.0
+    half, _ = fit_split_efficiency([layout.num_tokens for layout in layouts], [degree for _, degree in cases],
+                                   [whole[length] for length, _ in cases], seconds)
     return cost, half
 
 
