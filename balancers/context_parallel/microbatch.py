@@ -165,7 +165,7 @@ def crowded_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, num_
 
 
 def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray, num_ranks: int,
-                       num_microbatches: int, room: int) -> np.ndarray:
+                       num_microbatches: int, room: int, budget: int) -> np.ndarray:
     """Every item's micro-batch: items by their least time, longest first (ties by index), fill
     micro-batch 0, then 1, ...; micro-batch m takes items while its tokens stay within `room` and
     its work within D · level_m, level_m = max(its first item's time, the work left / (D · the
@@ -175,6 +175,7 @@ def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray
     order = np.argsort(-times, kind="stable")  # longest first, ties by index
     tokens = np.cumsum(lengths[order])
     work = np.cumsum(costs[order])
+    exclusive = np.cumsum(exclusive_ranks(lengths[order], budget))
     n = order.size
     microbatch = np.empty(n, dtype=np.int64)
     start, held = 0, []  # (level, work, tokens) of every micro-batch but the last
@@ -184,30 +185,45 @@ def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray
         if later and start < n:
             base_tokens, base_work = (int(tokens[start - 1]), float(work[start - 1])) if start else (0, 0.0)
             level = max(float(times[order[start]]), (float(work[-1]) - base_work) / (num_ranks * (later + 1)))
-            by_tokens = int(np.searchsorted(tokens, base_tokens + room, side="right"))
+            base_ranks = int(exclusive[start - 1]) if start else 0
+            by_tokens = int(min(np.searchsorted(tokens, base_tokens + room, side="right"),
+                                np.searchsorted(exclusive, base_ranks + num_ranks, side="right")))
             by_work = int(np.searchsorted(work, base_work + num_ranks * level, side="right"))
             needed = int(np.searchsorted(tokens, int(tokens[-1]) - later * room, side="left")) + 1
             end = max(start + 1, min(by_tokens, max(by_work, needed)))
-            held.append((level, float(work[end - 1]) - base_work, int(tokens[end - 1]) - base_tokens))
+            held.append((level, float(work[end - 1]) - base_work, int(tokens[end - 1]) - base_tokens,
+                         int(exclusive[end - 1]) - base_ranks))
         microbatch[order[start:end]] = m
         start = min(end, n)
-    _back_fill(microbatch, order, held, tokens, work, num_ranks, room)
+    _back_fill(microbatch, order, held, (tokens, work, exclusive), num_ranks, room)
     return microbatch
 
 
-def _back_fill(microbatch: np.ndarray, order: np.ndarray, held: list, tokens: np.ndarray, work: np.ndarray,
-               num_ranks: int, room: int) -> None:
+def exclusive_ranks(lengths: np.ndarray, budget: int) -> np.ndarray:
+    """Ranks each item holds alone at its least degree c (the smallest power of two whose shards fit the
+    budget T): c where a shard holds more than T / 2 (no other such shard fits beside it), else 0.
+
+    >>> exclusive_ranks(np.array([100, 60, 40, 10]), 32).tolist()
+    [4, 2, 2, 0]
+    """
+    degree = np.left_shift(1, np.ceil(np.log2(np.maximum(-(-lengths // budget), 1))).astype(np.int64))
+    return np.where(2 * -(-lengths // degree) > budget, degree, 0)
+
+
+def _back_fill(microbatch: np.ndarray, order: np.ndarray, held: list, sums: tuple, num_ranks: int, room: int) -> None:
     """Move the last micro-batch's items (longest first) into the room the earlier ones leave under
     BACK_FILL · D · their level and within `room` tokens: a micro-batch costs its max, so work
     below it is free (giants leave such room beside them)."""
+    tokens, work, exclusive = sums
     first = order.size - int(np.sum(microbatch == len(held)))  # the last micro-batch's first position
-    for m, (level, used_work, used_tokens) in enumerate(held):
+    for m, (level, used_work, used_tokens, used_ranks) in enumerate(held):
         if first >= order.size:
             break
-        base_tokens, base_work = (int(tokens[first - 1]), float(work[first - 1])) if first else (0, 0.0)
-        by_work = np.searchsorted(work, base_work + BACK_FILL * num_ranks * level - used_work, side="right")
-        by_tokens = np.searchsorted(tokens, base_tokens + room - used_tokens, side="right")
-        end = max(first, int(min(by_work, by_tokens)))
+        base = (int(tokens[first - 1]), float(work[first - 1]), int(exclusive[first - 1])) if first else (0, 0.0, 0)
+        end = max(first, int(min(
+            np.searchsorted(work, base[1] + BACK_FILL * num_ranks * level - used_work, side="right"),
+            np.searchsorted(tokens, base[0] + room - used_tokens, side="right"),
+            np.searchsorted(exclusive, base[2] + num_ranks - used_ranks, side="right"))))
         microbatch[order[first:end]] = m
         first = end
 
@@ -216,7 +232,7 @@ def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatc
                  fixed: bool) -> SplitMicroBatchPlan | None:
     """The split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split
     planner in each); None when some micro-batch finds no layout within the budget."""
-    microbatch = group_microbatches(times, costs, lengths, num_ranks, num_microbatches, room)
+    microbatch = group_microbatches(times, costs, lengths, num_ranks, num_microbatches, room, budget)
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
