@@ -1,44 +1,36 @@
-"""`balance()`: validate once, run a registered kernel, certify the plan."""
+"""`balance()`: validate once into a `BalanceRequest`, run a registered kernel, certify the plan."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+
+import numpy as np
 
 from .constraints.groups import as_groups, group_problem
 from .context_parallel.split import balance_split
 from .locality.balance import FILLS, balance_locally
+from .origins import Origins, as_origins, gpus_per_node
 from .plan import BalancePlan, make_plan, run_kernel
-from .problem import InfeasibleError, Status, make_problem, rank_loads, rank_tokens
-from .registry import algorithms, get_algorithm
-from .validation import as_item_bytes, as_real, as_sources, is_int
+from .problem import InfeasibleError, Kernel, Problem, Status, make_problem, rank_loads, rank_tokens
+from .registry import Algorithm, algorithms, get_algorithm
+from .validation import as_real
 
 
-def _gpus_per_node(topology, num_ranks: int) -> int:
-    """gpus_per_node of a duck-typed topology whose world size must equal num_ranks."""
-    if not (hasattr(topology, "gpus_per_node") and hasattr(topology, "world_size")):
-        raise TypeError(f"`topology` must have `gpus_per_node` and `world_size` (e.g. orchmllm.topology.Topology); "
-                        f"got {type(topology).__name__}")
-    gpus, world_size = topology.gpus_per_node, topology.world_size
-    if not is_int(gpus) or gpus <= 0 or world_size % gpus:
-        raise ValueError(f"`topology.gpus_per_node` must be a positive int dividing its world size {world_size}; "
-                         f"got {gpus!r}")
-    if world_size != num_ranks:
-        raise ValueError(f"`topology` has {world_size // gpus} nodes × {gpus} gpus = {world_size} "
-                         f"!= num_ranks {num_ranks}")
-    return int(gpus)
+@dataclass(frozen=True, eq=False)
+class BalanceRequest:
+    """One `balance` call, every argument checked (`balance_request`, the one place): the problem, the
+    kernel that solves it (the record's, or its equal-counts one), and how the plan is shaped: a group
+    label per item (`groups`) or the items' `origins` with the slack and fill of the communication-aware
+    pass (`makespan_slack` None without origins).  Kernels and passes read it as it is."""
 
-
-def communication_inputs(problem, sources, item_bytes, topology):
-    """Validated (sources, item_bytes, gpus_per_node) of the communication-aware mode; all None
-    without `sources`, where `item_bytes` and `topology` must not be given either."""
-    if sources is None:
-        for name, value in (("item_bytes", item_bytes), ("topology", topology)):
-            if value is not None:
-                raise ValueError(f"`{name}` needs `sources` (the rank that holds each item now)")
-        return None, None, None
-    sources = as_sources(sources, problem.num_items, problem.num_ranks)
-    item_bytes = as_item_bytes(problem.lengths if item_bytes is None else item_bytes, problem.num_items)
-    return sources, item_bytes, 1 if topology is None else _gpus_per_node(topology, problem.num_ranks)
+    problem: Problem
+    kernel: Kernel
+    algorithm: str
+    groups: np.ndarray | None = None
+    origins: Origins | None = None
+    makespan_slack: float | None = None
+    fill: str | None = None
 
 
 def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_counts=False, groups=None,
@@ -103,38 +95,51 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
     """
     if context_parallel is not None:
         if topology is not None:
-            _gpus_per_node(topology, num_ranks)
+            gpus_per_node(topology, num_ranks)
         return balance_split(lengths, num_ranks, context_parallel, cost=cost, algorithm=algorithm,
                              max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit, topology=topology,
                              unsupported={"costs": costs, "padded": padded, "equal_counts": equal_counts,
                                           "groups": groups, "sources": sources, "item_bytes": item_bytes, "fill": fill})
+    return solve(balance_request(lengths, num_ranks, cost=cost, costs=costs, padded=padded, equal_counts=equal_counts,
+                                 groups=groups, algorithm=algorithm, max_tokens_per_rank=max_tokens_per_rank,
+                                 time_limit=time_limit, sources=sources, item_bytes=item_bytes, topology=topology,
+                                 makespan_slack=makespan_slack, fill=fill))
+
+
+def balance_request(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_counts=False, groups=None,
+                    algorithm="auto", max_tokens_per_rank=None, time_limit=None, sources=None, item_bytes=None,
+                    topology=None, makespan_slack=0.002, fill=None) -> BalanceRequest:
+    """`balance`'s arguments (see there) checked once, in `balance`'s order, into a `BalanceRequest`."""
     record = get_algorithm(algorithm)
     problem = make_problem(lengths, num_ranks, cost=cost, costs=costs, padded=padded, equal_counts=equal_counts,
                            max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
     kernel = _kernel_for(record, problem, sources is not None, groups is not None, fill)
     if groups is not None:
-        return _balance_groups(problem, as_groups(groups, problem.num_items), kernel, algorithm)
-    sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
-    return _solve(problem, kernel, algorithm, sources, item_bytes, gpus_per_node, makespan_slack, fill)
+        return BalanceRequest(problem, kernel, algorithm, groups=as_groups(groups, problem.num_items))
+    origins = as_origins(problem, sources, item_bytes, topology)
+    slack = None if origins is None else as_real(makespan_slack, "makespan_slack")
+    return BalanceRequest(problem, kernel, algorithm, origins=origins, makespan_slack=slack, fill=fill)
 
 
-def _solve(problem, kernel, algorithm: str, sources, item_bytes, gpus_per_node, makespan_slack, fill) -> BalancePlan:
-    """Run the kernel and, with `sources`, keep items near them (communication-aware); timed together."""
-    if sources is not None:
-        makespan_slack = as_real(makespan_slack, "makespan_slack")
-        if algorithm == "identity":
-            return _keep_sources(problem, sources)
+def solve(request: BalanceRequest) -> BalancePlan:
+    """The certified plan of a checked request: its kernel run and, with origins, the items kept near
+    them (communication-aware), timed together; groups balanced as super-items."""
+    problem, algorithm, origins = request.problem, request.algorithm, request.origins
+    if request.groups is not None:
+        return _balance_groups(problem, request.groups, request.kernel, algorithm)
+    if origins is not None and algorithm == "identity":
+        return _keep_sources(problem, origins.sources)
     start = time.perf_counter()
-    result = run_kernel(kernel, problem, algorithm)
+    result = run_kernel(request.kernel, problem, algorithm)
     assignment = result.assignment
-    if sources is not None:
-        assignment = balance_locally(problem, assignment, sources, item_bytes, gpus_per_node, makespan_slack, fill)
+    if origins is not None:
+        assignment = balance_locally(problem, assignment, origins, request.makespan_slack, request.fill)
     seconds = time.perf_counter() - start
-    return make_plan(problem, assignment, result.status if sources is None else Status.FEASIBLE, algorithm,
-                     kernel_bound=result.lower_bound, solve_seconds=seconds, communication_aware=sources is not None)
+    return make_plan(problem, assignment, result.status if origins is None else Status.FEASIBLE, algorithm,
+                     kernel_bound=result.lower_bound, solve_seconds=seconds, communication_aware=origins is not None)
 
 
-def _kernel_for(record, problem, with_sources: bool, with_groups: bool, fill):
+def _kernel_for(record: Algorithm, problem: Problem, with_sources: bool, with_groups: bool, fill) -> Kernel:
     """The kernel `balance` runs: the record's, or its equal-counts one; ValueError for options
     that do not go together."""
     if not record.solves(problem.padded):

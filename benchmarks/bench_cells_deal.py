@@ -19,6 +19,7 @@ import pytest
 from orchmllm.balancers.microbatch.api import _solve, make_microbatch_problem
 from orchmllm.balancers.microbatch.locality import keep_cells_local
 from orchmllm.balancers.microbatch.plan import cell_accounts
+from orchmllm.balancers.origins import Origins
 from orchmllm.balancers.registry import get_microbatch_algorithm
 from orchmllm.orchestrator.planner import input_bytes
 from orchmllm.study.models import MODELS
@@ -42,7 +43,7 @@ def test_cells_deal_against_the_plain_solve(benchmark, budget):
                                           cost=stages[-1].cost)
         start = time.process_time()
         result, m, _, _ = _solve(problem, kernel, None)
-        return (problem, result, m, sources, item_bytes, gpus_per_node), time.process_time() - start
+        return (problem, result, m, Origins(sources, item_bytes, gpus_per_node)), time.process_time() - start
 
     solve_seconds, deal_seconds = [], []
     for _ in range(REPEATS):

@@ -16,6 +16,7 @@ from orchmllm.balancers.locality.deal import DEAL_WINDOW, keep_home, take_anywhe
 from orchmllm.balancers.locality.partial_plan import PartialPlan
 from orchmllm.balancers.locality.redeal import redeal_equal_items
 from orchmllm.balancers.locality.repair import ACROSS_CANDIDATES, repair_across_nodes, repair_in_node
+from orchmllm.balancers.origins import Origins
 from orchmllm.balancers.problem import make_problem, rank_loads
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import llm_stage_lengths, sample_workload
@@ -227,7 +228,7 @@ def test_balance_deals_with_the_fill_it_is_given(slack):
     for fill in (None, "on_miss", "only"):
         plans[fill] = balance(lengths, 256, cost=cost, algorithm="lpt", sources=sources, item_bytes=lengths * 1.0,
                               topology=Topology(32, 8), makespan_slack=slack, fill=fill)
-        expected = balance_locally(problem, plain.assignment, sources, lengths * 1.0, 8, slack, fill=fill)
+        expected = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, 8), slack, fill=fill)
         np.testing.assert_array_equal(plans[fill].assignment, expected)
         assert plans[fill].communication_aware and plans[fill].makespan <= plain.makespan * (1 + slack)
     same, other = ("only", None) if slack == 0.002 else (None, "only")

@@ -16,6 +16,7 @@ from orchmllm.balancers.microbatch import locality as microbatch_locality
 from orchmllm.balancers.microbatch.api import _keep_local, _solve, make_microbatch_problem
 from orchmllm.balancers.microbatch.locality import keep_cells_local
 from orchmllm.balancers.microbatch.plan import cell_accounts
+from orchmllm.balancers.origins import Origins
 from orchmllm.balancers.problem import make_problem, rank_loads
 from orchmllm.balancers.registry import get_microbatch_algorithm
 from orchmllm.study.models import MODELS
@@ -47,13 +48,13 @@ def test_cells_dealt_at_once_keep_every_microbatch_max_and_move_fewer_bytes(num_
     lengths, sources = step_instance(num_ranks, per_rank, budget, seed)
     item_bytes = lengths * 16384.0
     problem, result, m = plain_cells(lengths, num_ranks, budget)
-    local = keep_cells_local(problem, result, m, sources, item_bytes, GPUS_PER_NODE)
+    local = keep_cells_local(problem, result, m, Origins(sources, item_bytes, GPUS_PER_NODE))
     assert local is not None
     plain_loads, _ = cell_accounts(problem, result.rank, result.microbatch, m)
     loads, tokens = cell_accounts(problem, local.rank, local.microbatch, m)
     assert np.all(loads.max(axis=1) <= plain_loads.max(axis=1))
     assert tokens.max() <= budget
-    per_microbatch = _keep_local(problem, result, m, sources, item_bytes, GPUS_PER_NODE)
+    per_microbatch = _keep_local(problem, result, m, Origins(sources, item_bytes, GPUS_PER_NODE))
     assert (inter_node_bytes(item_bytes, local.rank, sources)
             < inter_node_bytes(item_bytes, per_microbatch, sources)
             < inter_node_bytes(item_bytes, result.rank, sources))
@@ -74,9 +75,9 @@ def test_regression_token_tight_cells_ran_out_of_token_room_without_wide_items_f
     problem, result, m = plain_cells(lengths, 64, 8192)
     monkeypatch.setattr(microbatch_locality, "TIERS", ())
     monkeypatch.setattr(microbatch_locality, "FINE_TIERS", ())
-    assert keep_cells_local(problem, result, m, sources, lengths * 1.0, GPUS_PER_NODE) is None
+    assert keep_cells_local(problem, result, m, Origins(sources, lengths * 1.0, GPUS_PER_NODE)) is None
     monkeypatch.undo()
-    assert keep_cells_local(problem, result, m, sources, lengths * 1.0, GPUS_PER_NODE) is not None
+    assert keep_cells_local(problem, result, m, Origins(sources, lengths * 1.0, GPUS_PER_NODE)) is not None
 
 
 @settings(max_examples=40, deadline=None)
@@ -90,7 +91,7 @@ def test_property_joint_cells_are_valid_or_declined(shape, lengths, random, budg
     item_bytes = np.array([random.randrange(50) for _ in lengths], dtype=float)
     problem = make_microbatch_problem(lengths, ranks, max_tokens_per_microbatch=budget)
     result, m, _, _ = _solve(problem, get_microbatch_algorithm("auto").kernel, None)
-    local = keep_cells_local(problem, result, m, sources, item_bytes, gpus)
+    local = keep_cells_local(problem, result, m, Origins(sources, item_bytes, gpus))
     if local is not None:
         plain_loads, _ = cell_accounts(problem, result.rank, result.microbatch, m)
         loads, tokens = cell_accounts(problem, local.rank, local.microbatch, m)
@@ -115,7 +116,7 @@ def test_property_filled_deal_stays_within_the_target_and_the_cap(shape, lengths
     cap = int(plain.tokens.max()) if capped and plain.tokens.max() > 0 else None
     problem = make_problem(lengths, ranks, max_tokens_per_rank=cap)
     plain = balance(lengths, ranks, algorithm="lpt", max_tokens_per_rank=cap)
-    assignment = balance_locally(problem, plain.assignment, sources, item_bytes, gpus, slack, fill=fill)
+    assignment = balance_locally(problem, plain.assignment, Origins(sources, item_bytes, gpus), slack, fill=fill)
     assert assignment.shape == lengths.shape and assignment.min() >= 0 and assignment.max() < ranks
     assert rank_loads(problem, assignment).max() <= plain.makespan * (1 + slack)
     if cap is not None:
@@ -140,15 +141,15 @@ def test_filled_deal_meets_the_target_where_the_plain_phases_need_the_repair(mon
 
     for module in (locality, locality_fill):
         monkeypatch.setattr(module, "repair", counted)
-    plain_local = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002)
+    plain_local = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002)
     assert repairs, "the plain phases met the target: the instance no longer shows the difference"
     repairs.clear()
-    filled = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="on_miss")
+    filled = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002, fill="on_miss")
     assert not repairs
     for assignment in (plain_local, filled):
         assert rank_loads(problem, assignment).max() <= plain.makespan * 1.002
     # The plain phases missed, so "on_miss" made the filler deal, which "only" makes at once.
-    at_once = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="only")
+    at_once = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002, fill="only")
     np.testing.assert_array_equal(at_once, filled)
 
 
@@ -156,11 +157,11 @@ def test_on_miss_keeps_the_plain_phases_where_they_meet_the_target():
     lengths, sources = llm_stage_lengths(64, 16, 3)
     problem = make_problem(lengths, 64, cost=COST)
     plain = balance(lengths, 64, cost=COST, algorithm="lpt")
-    deal = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.05, fill="on_miss")
-    np.testing.assert_array_equal(deal, balance_locally(problem, plain.assignment, sources, lengths * 1.0,
-                                                        GPUS_PER_NODE, 0.05))
+    deal = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.05, fill="on_miss")
+    np.testing.assert_array_equal(deal, balance_locally(problem, plain.assignment,
+                                                        Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.05))
     with pytest.raises(ValueError, match="`fill` must be one of"):
-        balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.05, fill=True)
+        balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.05, fill=True)
 
 
 def test_on_miss_skips_the_plain_phases_where_the_items_are_coarser_than_the_room_above_the_mean(monkeypatch):
@@ -175,13 +176,13 @@ def test_on_miss_skips_the_plain_phases_where_the_items_are_coarser_than_the_roo
     plain = balance(lengths, 256, cost=cost, algorithm="lpt")
     mean = problem.item_costs.sum() / 256
     assert plain.makespan * 1.002 - mean < problem.item_costs.min(), "the instance no longer has coarse items"
-    at_once = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="only")
+    at_once = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002, fill="only")
 
     def plain_phase(*args):
         raise AssertionError("the plain phases ran")
 
     monkeypatch.setattr(locality, "keep_home", plain_phase)
-    on_miss = balance_locally(problem, plain.assignment, sources, lengths * 1.0, GPUS_PER_NODE, 0.002, fill="on_miss")
+    on_miss = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002, fill="on_miss")
     np.testing.assert_array_equal(on_miss, at_once)
 
 
@@ -225,7 +226,7 @@ def test_one_microbatch_takes_the_filler_deal_of_a_plain_step():
     item_bytes = lengths * 16384.0
     problem, result, m = plain_cells(lengths, 64, 65536)
     assert m == 1
-    local = keep_cells_local(problem, result, m, sources, item_bytes, GPUS_PER_NODE)
+    local = keep_cells_local(problem, result, m, Origins(sources, item_bytes, GPUS_PER_NODE))
     assert local is not None
     assert_cells_keep_every_microbatch_max(problem, result, local, m, 65536)
     assert inter_node_bytes(item_bytes, local.rank, sources) < 0.05 * inter_node_bytes(item_bytes, result.rank, sources)
@@ -244,7 +245,7 @@ def test_a_crowded_source_is_dealt_by_windows_and_its_cells_stay_valid(monkeypat
         return locality_deal.take_in_node(state, home, cells_per_group, items)
 
     monkeypatch.setattr(group_deal, "take_in_node", spied)
-    local = keep_cells_local(problem, result, m, sources, lengths * 1.0, GPUS_PER_NODE)
+    local = keep_cells_local(problem, result, m, Origins(sources, lengths * 1.0, GPUS_PER_NODE))
     assert [cells for cells, _ in windows] == [m, m * GPUS_PER_NODE]  # rank 0, then node 0
     assert all(count > group_deal.MAX_TURNS for _, count in windows)
     assert local is not None

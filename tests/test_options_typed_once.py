@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from orchmllm import ALGORITHMS, MICROBATCH_ALGORITHMS, CostModel, Orchestrator
-from orchmllm import balance_microbatches
+from orchmllm import balance, balance_microbatches
+from orchmllm.balancers.api import balance_request, solve
 from orchmllm.balancers.microbatch import options as microbatch_module
 from orchmllm.balancers.microbatch.api import plan_microbatches
 from orchmllm.balancers.microbatch.options import MicroBatchOptions, microbatch_options
@@ -62,3 +63,17 @@ def test_checked_options_plan_as_the_arguments_do():
     planned = plan_microbatches(lengths, 2, options)
     given = balance_microbatches(lengths, 2, **options.arguments())
     assert planned.digest() == given.digest() and planned.to_json().keys() == given.to_json().keys()
+
+
+def test_balance_builds_one_checked_request_with_the_items_origins():
+    lengths, sources = [5, 4, 3, 3, 3, 7, 1, 2], [0, 0, 1.0, 1, 2, 2, 3, 3]
+    request = balance_request(lengths, 4, sources=sources, topology=Topology(2, 2), makespan_slack=np.float32(0.5))
+    origins = request.origins
+    assert origins.sources.dtype == np.int64 and origins.item_bytes.tolist() == [float(x) for x in lengths]
+    assert (origins.gpus_per_node, request.makespan_slack, request.groups) == (2, 0.5, None)
+    assert origins.take(np.array([2, 5])).sources.tolist() == [1, 2]
+    assert solve(request).digest() == balance(lengths, 4, sources=sources, topology=Topology(2, 2),
+                                              makespan_slack=0.5).digest()
+    assert balance_request(lengths, 4).origins is None and balance_request(lengths, 4).makespan_slack is None
+    with pytest.raises(ValueError, match=r"`topology` has 1 nodes × 2 gpus = 2 != num_ranks 4"):
+        balance_request(lengths, 4, sources=sources, topology=Topology(1, 2))

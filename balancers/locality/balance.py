@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..origins import Origins
 from ..problem import Problem, rank_loads, rank_tokens
 from .deal import NoRoom, keep_home, take_anywhere, take_in_node
 from .fill import fill_locally, filler_share
@@ -72,12 +73,11 @@ def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: 
     return state.destinations
 
 
-def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.ndarray, item_bytes: np.ndarray,
-                    gpus_per_node: int, makespan_slack: float, fill: str | None = None) -> np.ndarray:
+def balance_locally(problem: Problem, plain_assignment: np.ndarray, origins: Origins, makespan_slack: float,
+                    fill: str | None = None) -> np.ndarray:
     """An assignment within (1 + makespan_slack) of the plain plan's makespan moving few bytes.
 
-    `sources` and `item_bytes` must be validated (`as_sources`, `as_item_bytes`) and
-    `gpus_per_node` must divide `problem.num_ranks`.  Unpadded: keep home, take within
+    `origins` (`as_origins`: checked) says where the items are.  Unpadded: keep home, take within
     the node, take anywhere, repair.  Padded, or when that misses the target or the cap:
     the plain plan with its groups placed on ranks by `assign_groups`, then items of equal
     length re-dealt among their places (`redeal_equal_items`: no rank's load or tokens
@@ -89,6 +89,7 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, sources: np.
     """
     if fill not in FILLS:
         raise ValueError(f"`fill` must be one of {FILLS}; got {fill!r}")
+    sources, item_bytes, gpus_per_node = origins.sources, origins.item_bytes, origins.gpus_per_node
     target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
     cap = problem.max_tokens_per_rank
     if not problem.padded:

@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
-from ..api import communication_inputs
 from ..context_parallel.microbatch import balance_microbatches_split
 from ..locality.balance import balance_locally
 from ..locality.lap import assign_groups
+from ..origins import Origins, as_origins
 from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
 from ..pipeline.spec import Pipeline
@@ -211,8 +211,7 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
     return result._replace(status=Status.FEASIBLE), m, fewest, bound
 
 
-def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sources: np.ndarray,
-                item_bytes: np.ndarray, gpus_per_node: int) -> np.ndarray:
+def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, origins: Origins) -> np.ndarray:
     """Ranks per item, micro-batch by micro-batch, moving few bytes without raising any micro-batch's max.
 
     Unpadded: `balance_locally` with zero slack on the micro-batch's items (its cap T);
@@ -224,31 +223,31 @@ def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, sourc
         if not members.size:
             continue
         if problem.padded:
-            placed = assign_groups(rank[members], sources[members], item_bytes[members], problem.num_ranks,
-                                   gpus_per_node)
+            placed = assign_groups(rank[members], origins.sources[members], origins.item_bytes[members],
+                                   problem.num_ranks, origins.gpus_per_node)
             rank[members] = placed[rank[members]]
             continue
         sub = balancing_problem(problem.lengths[members], problem.item_costs[members], problem.num_ranks,
                                 problem.max_tokens)
-        rank[members] = balance_locally(sub, rank[members], sources[members], item_bytes[members], gpus_per_node,
-                                        0.0)
+        rank[members] = balance_locally(sub, rank[members], origins.take(members), 0.0)
     return rank
 
 
 def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: tuple, fixed: int | None,
-                  pipeline: Pipeline, record, communication: tuple) -> tuple:
+                  pipeline: Pipeline, record, origins: Origins | None) -> tuple:
     """`_solve`'s (result, M, floor M, bound) of `record`'s kernel, in whole groups of P for the interleaved
     schedule (a free M rounded up), its cells planned for `pipeline`, and the `PipelineStep` they make.  With
-    `sources` (`communication`: sources, item bytes, GPUs per node), the planned replicas are
-    placed on ranks by `assign_groups`: a permutation of replicas, so every time is unchanged."""
-    (result, m, floor_m, proven), (sources, item_bytes, gpus_per_node) = solved, communication
+    `origins`, the planned replicas are placed on ranks by `assign_groups`: a permutation of replicas, so
+    every time is unchanged."""
+    result, m, floor_m, proven = solved
     if pipeline.runnable(m) != m:
         result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=record.name,
                                             exact=record.exact)
     rank, slot, step = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
                                          free_microbatches=fixed is None)
-    if sources is not None:
-        rank = assign_groups(rank, sources, item_bytes, problem.num_ranks, gpus_per_node)[rank]
+    if origins is not None:
+        placed = assign_groups(rank, origins.sources, origins.item_bytes, problem.num_ranks, origins.gpus_per_node)
+        rank = placed[rank]
     return result._replace(rank=rank, microbatch=slot, status=Status.FEASIBLE), m, floor_m, proven, step
 
 
@@ -323,9 +322,9 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     if not record.solves(problem.padded):
         raise ValueError(record.why_not(problem.padded))
     _check_cells(fixed, problem)
-    sources, item_bytes, gpus_per_node = communication_inputs(problem, sources, item_bytes, topology)
+    origins = as_origins(problem, sources, item_bytes, topology)
     kernel = record.kernel
-    if sources is None and kernel is microbatch_auto.solve:
+    if origins is None and kernel is microbatch_auto.solve:
         kernel = microbatch_auto.solve_with_plain_step  # M = 1 at least `balance`'s plan (not with sources)
     start = time.perf_counter()
     kernel = checked_kernel(kernel, algorithm)
@@ -333,11 +332,11 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     name, step = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None
     if pipeline is not None:
         result, m, floor_m, proven, step = _for_pipeline(problem, kernel, (result, m, floor_m, proven), fixed,
-                                                         pipeline, record, (sources, item_bytes, gpus_per_node))
-    if sources is not None and step is None:
-        local = None if problem.padded else keep_cells_local(problem, result, m, sources, item_bytes, gpus_per_node)
+                                                         pipeline, record, origins)
+    if origins is not None and step is None:
+        local = None if problem.padded else keep_cells_local(problem, result, m, origins)
         if local is None:
-            local = result._replace(rank=_keep_local(problem, result, m, sources, item_bytes, gpus_per_node))
+            local = result._replace(rank=_keep_local(problem, result, m, origins))
         result = local._replace(status=Status.FEASIBLE)
         name = f"{algorithm}{LOCALITY_SUFFIX}"
     seconds = time.perf_counter() - start

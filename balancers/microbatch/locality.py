@@ -40,6 +40,7 @@ from ..locality.fill import FINE_TIERS, TIERS, fill_locally, filler_items, fille
 from ..locality.group_deal import by_group, deal_in_groups
 from ..locality.partial_plan import PartialPlan
 from ..locality.repair import repair
+from ..origins import Origins
 from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
 
 MAX_LPT_ROUNDS = 256  # LPT rounds of one `take_anywhere` before the cells deal gives up: where token room
@@ -75,10 +76,11 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
 
 
 def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
-                     sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> MicroBatchResult | None:
+                     origins: Origins) -> MicroBatchResult | None:
     """Cells of `result`'s step cost or less that keep items on their source rank, else their node;
     None when the deal and repair miss a micro-batch's max (unpadded problems only)."""
     m = num_microbatches
+    sources, item_bytes, gpus_per_node = origins.sources, origins.item_bytes, origins.gpus_per_node
     cell = result.microbatch * problem.num_ranks + result.rank  # the plain loads as `cell_accounts` sums them
     maxima = cell_loads(problem, cell, m * problem.num_ranks).reshape(m, -1).max(axis=1)
     target = float(maxima.max())
