@@ -143,6 +143,15 @@ def test_pipeline_errors_name_the_argument(kwargs, error, match):
         balance_microbatches([4, 3, 2, 1], 2, max_tokens_per_microbatch=4, **kwargs)
 
 
+def test_pipeline_with_context_parallel_is_refused():
+    """Split items in a pipeline are not modelled: a clear error, never a plan that ignores one of them."""
+    from orchmllm.balancers import ContextParallel
+
+    with pytest.raises(ValueError, match=r"`context_parallel` cannot be combined with .*`pipeline`"):
+        balance_microbatches([4, 3, 2, 1] * 4, 4, max_tokens_per_microbatch=8, pipeline=Pipeline(stages=2),
+                             context_parallel=ContextParallel(degrees=(1, 2)))
+
+
 def test_orchestrator_plans_the_step_for_the_pipeline():
     """`Orchestrator(..., pipeline=)`: the step's cells carry the pipeline step; micro-batch m is the m-th run."""
     from orchmllm import Orchestrator
