@@ -109,11 +109,10 @@ def _combine(a: _Part, b: _Part, stream: "_Stream") -> _Part:
 class _Stream:
     """Waiting items by cost, largest first, with the differencing state around them."""
 
-    def __init__(self, costs: np.ndarray, num_ranks: int):
-        self.order = lpt.sorted_order(costs)
+    def __init__(self, costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None):
+        self.order = lpt.sorted_order(costs) if order is None else order
         self.costs = costs[self.order]
         self.negated = -self.costs  # ascending, for searchsorted
-        self.costs_list = self.costs.tolist()
         self.size = costs.size
         self.next = 0
         self.num_ranks = num_ranks
@@ -178,9 +177,10 @@ class _Stream:
         return part
 
 
-def differencing(costs: np.ndarray, num_ranks: int) -> np.ndarray:
-    """Largest differencing assignment of additive costs to `num_ranks` >= 2 ranks."""
-    stream = _Stream(costs, num_ranks)
+def differencing(costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None) -> np.ndarray:
+    """Largest differencing assignment of additive costs to `num_ranks` >= 2 ranks; `order`:
+    `sorted_order(costs)` when the caller has it (a problem's `cost_order`)."""
+    stream = _Stream(costs, num_ranks, order)
     n = stream.size
     if n == 1:
         return np.zeros(1, dtype=np.int64)
@@ -189,7 +189,7 @@ def differencing(costs: np.ndarray, num_ranks: int) -> np.ndarray:
 
     def pop_largest() -> _Part | None:
         """The part with the largest difference, or None when the next waiting item is larger."""
-        if stream.next < n and (not heap or stream.costs_list[stream.next] > -heap[0][0]):
+        if stream.next < n and (not heap or stream.costs[stream.next] > -heap[0][0]):
             return None
         return heapq.heappop(heap)[2]
 
@@ -201,7 +201,7 @@ def differencing(costs: np.ndarray, num_ranks: int) -> np.ndarray:
         if first is None and second is None:
             position = stream.next - 1
             stream.next += 1
-            merged = _with_items([position, position + 1], stream.costs_list[position], num_ranks,
+            merged = _with_items([position, position + 1], float(stream.costs[position]), num_ranks,
                                  stream.costs)
         elif first is None or second is None:
             part = second if first is None else first
@@ -241,7 +241,7 @@ def solve(problem: Problem) -> KernelResult:
     if problem.num_ranks == 1:
         assignment = np.zeros(problem.num_items, dtype=np.int64)
     else:
-        assignment = differencing(problem.item_costs, problem.num_ranks)
+        assignment = differencing(problem.item_costs, problem.num_ranks, problem.cost_order)
     cap = problem.max_tokens_per_rank
     if cap is not None and rank_tokens(problem, assignment).max() > cap:
         return lpt.solve(problem)

@@ -28,6 +28,7 @@ in O(n log D) with a heap.
 
 from __future__ import annotations
 
+import functools
 import heapq
 
 import numpy as np
@@ -240,15 +241,13 @@ def _greedy_padded(problem: Problem, cap: int | None) -> np.ndarray:
     return assignment
 
 
-def _no_room(problem: Problem, item: int, cap: int) -> InfeasibleError:
-    """The greedy got stuck; the cap its uncapped plan needs is one at which it cannot."""
+def _no_room(problem: Problem, item: int, cap: int, uncapped: np.ndarray | None = None) -> InfeasibleError:
+    """The greedy got stuck; the cap its uncapped plan needs is one at which it cannot (unpadded:
+    `uncapped`, the plan the capped greedy started from; padded: computed here)."""
+    exact = "algorithm='ilp'"
     if problem.padded:
-        enough = int(rank_tokens(problem, _greedy_padded(problem, None)).max())
-        exact = "algorithm='padded' (exact)"
-    else:
-        plain = _greedy_sorted(problem.sorted_costs, problem.num_ranks, problem.cost_order)
-        enough = int(rank_tokens(problem, plain).max())
-        exact = "algorithm='ilp'"
+        uncapped, exact = _greedy_padded(problem, None), "algorithm='padded' (exact)"
+    enough = int(rank_tokens(problem, uncapped).max())
     return InfeasibleError(
         f"`lpt` found no rank with room for item {item} ({int(problem.lengths[item])} tokens) under "
         f"max_tokens_per_rank={cap}; lpt fits under a cap of {enough}, and a smaller cap may still "
@@ -266,5 +265,5 @@ def solve(problem: Problem) -> KernelResult:
     if cap is not None and rank_tokens(problem, assignment).max() > cap:
         from .lpt_capped import greedy_capped  # it builds on this module's rounds
 
-        assignment = greedy_capped(problem, cap, assignment, _no_room)
+        assignment = greedy_capped(problem, cap, assignment, functools.partial(_no_room, uncapped=assignment))
     return KernelResult(assignment)

@@ -247,13 +247,13 @@ def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
     best_value = np.full(x_items.size, np.inf)
     best_y = np.zeros(x_items.size, dtype=np.int64)
     cap = problem.max_tokens_per_rank
+    tokens = None if cap is None else np.bincount(assignment, weights=lengths, minlength=num_ranks)
     for pick in (np.maximum(above - 1, 0), np.minimum(above, keys.size - 1)):
         y = sorted_y[pick]
         delta = costs[x_items] - y_cost[y]
         value = np.maximum(high - delta, low + delta)
         valid = y_pair[y] == x_pair
         if cap is not None:
-            tokens = np.bincount(assignment, weights=lengths, minlength=num_ranks)
             moved = lengths[x_items] - y_tokens[y]
             valid &= (tokens[heavy][x_pair] - moved <= cap) & (tokens[light][x_pair] + moved <= cap)
         value = np.where(valid, value, np.inf)
