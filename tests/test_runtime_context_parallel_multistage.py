@@ -4,7 +4,6 @@ where a chunk starts inside the image) reach the group in the runtime's exchange
 layout feeds `context_parallel_attention`, and the float64 gradients of every parameter (encoders
 included) equal the same step run unsplit, within 1e-12, plain and micro-batched, fused or not."""
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
