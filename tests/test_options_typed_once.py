@@ -77,3 +77,20 @@ def test_balance_builds_one_checked_request_with_the_items_origins():
     assert balance_request(lengths, 4).origins is None and balance_request(lengths, 4).makespan_slack is None
     with pytest.raises(ValueError, match=r"`topology` has 1 nodes × 2 gpus = 2 != num_ranks 4"):
         balance_request(lengths, 4, sources=sources, topology=Topology(1, 2))
+
+
+
+def test_regression_kernels_ran_the_ilp_through_its_checked_entry(monkeypatch):
+    """`auto` and `exact` handed their own clean plans to `ilp.improve`, which checked them again (shape,
+    ranks, cap); they call its search directly, and `improve` stays the checked entry for a user's start."""
+    from orchmllm.balancers.exact import ilp
+    from orchmllm.balancers.kernels import auto, exact
+
+    searched = []
+    monkeypatch.setattr(ilp, "improve", lambda *args, **kwargs: pytest.fail("a kernel called ilp.improve"))
+    for module in (auto, exact):
+        monkeypatch.setattr(module, "search", lambda *args, search=ilp.search: searched.append(1) or search(*args))
+    lengths = [26, 15, 28, 29, 29, 3, 14, 18]  # the heuristics stop at 57, above the bound 54: the ILP runs
+    plan = balance(lengths, 3, algorithm="auto", time_limit=5)
+    assert searched == [1] and plan.lower_bound <= plan.makespan <= 57.0
+    assert balance(lengths, 3, algorithm="exact", time_limit=5).makespan == plan.makespan  # never via `improve`

@@ -16,7 +16,7 @@ minimise max(loads) where loads[r] = sum(cost[i] for i on r) (or count · f(max)
     else:
         plans = starts + [local_search.improve(problem, s) for s in starts]
         plan = min(plans, key=makespan)                        # ties: the earlier one
-    if problem.time_limit and the instance is small: plan = ilp.improve(problem, plan)
+    if problem.time_limit and the instance is small: plan = ilp.search(problem, plan)
 
 MULTIFIT packs to a target makespan and is far better than LPT and KK with two or three
 items per rank (where both put the D largest items on separate ranks first); SLACK
@@ -42,9 +42,9 @@ import math
 import numpy as np
 
 from ..bounds import lower_bound
-from ..exact.ilp import improve
 from ..exact.bounds import l2_bins
-from ..problem import InfeasibleError, KernelResult, Problem, integer_values, make_problem, rank_loads, rank_tokens
+from ..exact.ilp import search
+from ..problem import InfeasibleError, KernelResult, Problem, integer_values, rank_loads, rank_tokens, tokens_problem
 from ..search import group_search, local_search
 from . import ilp, karmarkar_karp, lpt, min_slack, multifit, padded, slack
 
@@ -100,9 +100,8 @@ def solve(problem: Problem) -> KernelResult:
         starts.append(start)
     if not starts:
         # Balance the tokens themselves; if that meets the cap it is a start.
-        tokens_problem = make_problem(problem.lengths, problem.num_ranks)
-        repaired = local_search.improve(tokens_problem, karmarkar_karp.differencing(
-            tokens_problem.item_costs, problem.num_ranks))
+        tokens = tokens_problem(problem)
+        repaired = local_search.improve(tokens, karmarkar_karp.differencing(tokens.item_costs, problem.num_ranks))
         if rank_tokens(problem, repaired).max() <= problem.max_tokens_per_rank:
             starts.append(repaired)
         elif problem.time_limit is not None:
@@ -119,7 +118,7 @@ def solve(problem: Problem) -> KernelResult:
         best = plans[int(np.argmin([float(rank_loads(problem, plan).max()) for plan in plans]))]
     if (problem.time_limit is not None and problem.num_items <= ILP_MAX_ITEMS
             and float(rank_loads(problem, best).max()) > bound):
-        return improve(problem, best, problem.time_limit)
+        return search(problem, best, problem.time_limit)  # a kernel's plan: clean, no `improve` checks
     return KernelResult(best)
 
 

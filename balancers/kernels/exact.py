@@ -16,7 +16,7 @@ import dataclasses
 import time
 
 from ..exact.branch_and_bound import cap_can_bind, integer_costs, prove, prove_small
-from ..exact.ilp import improve, time_limit_of
+from ..exact.ilp import search, time_limit_of
 from ..problem import InfeasibleError, KernelResult, Problem, rank_loads
 from . import auto, ilp, padded
 
@@ -41,5 +41,5 @@ def solve(problem: Problem) -> KernelResult:
     if small is not None:
         return ilp.refuse_if_infeasible(problem, small)
     if integer_costs(problem.item_costs) is None or cap_can_bind(problem, float(rank_loads(problem, start).max())):
-        return improve(problem, start, time_limit)
+        return search(problem, start, time_limit)  # auto's plan: clean, no `improve` checks
     return prove(problem, start, max(time_limit - (time.perf_counter() - started), 1e-3))

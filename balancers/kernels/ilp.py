@@ -16,7 +16,7 @@ import math
 from ..exact.branch_and_bound import prove_small
 from ..exact.ilp import search, time_limit_of
 from ..exact.verdict import CapInfeasible
-from ..problem import InfeasibleError, KernelResult, Problem, Status, make_problem, rank_loads
+from ..problem import InfeasibleError, KernelResult, Problem, Status, make_problem, rank_loads, tokens_problem
 from . import lpt, padded
 
 
@@ -64,9 +64,9 @@ def _smallest_cap(problem: Problem, time_limit: float) -> tuple[int, bool]:
     """(cap, exact): the smallest feasible cap, or a proven lower bound on it."""
     if problem.padded:
         return padded.min_cap(problem.lengths, problem.num_ranks), True
-    tokens_problem = make_problem(problem.lengths, problem.num_ranks, time_limit=time_limit)
-    result = solve(tokens_problem)
+    tokens = tokens_problem(problem, time_limit)
+    result = solve(tokens)
     floor = problem.max_tokens_per_rank + 1
     if result.status is Status.OPTIMAL:
-        return max(floor, int(round(float(rank_loads(tokens_problem, result.assignment).max())))), True
+        return max(floor, int(round(float(rank_loads(tokens, result.assignment).max())))), True
     return max(floor, math.ceil(result.lower_bound or 0)), False
