@@ -82,8 +82,8 @@ def multistage_job(rank, size, options):
     local = SyntheticMultimodal(CONFIG, seed=0).tensors(rank_samples(rank), torch.float64)
     whole = MultiStageRuntime(STAGES)  # one pass, unsplit: the step's gradient whatever the micro-batches
     split = MultiStageRuntime(STAGES, context_parallel=SPEC, **options)
-    reference, _, _ = step_gradients(rank, size, whole, models, local,
-                                     lambda micro: ContextParallelLayout.planned(rank, size, micro.lengths.tolist(), ()))
+    unsplit = lambda micro: ContextParallelLayout.planned(rank, size, micro.lengths.tolist(), ())  # noqa: E731
+    reference, _, _ = step_gradients(rank, size, whole, models, local, unsplit)
     grads, splits, ids = step_gradients(rank, size, split, models, local, lambda micro: micro.layout)
     error = max(float((g - r).abs().max()) / max(float(r.abs().max()), 1e-300) for g, r in zip(grads, reference)
                 if r.abs().max() > 0)
