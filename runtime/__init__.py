@@ -35,6 +35,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
 
 from .agreement import ConfigMismatchError, SchemaGuard, SchemaMismatchError
 from .alltoall import FlatAllToAll
+from .comm import PeerFailureError
 from .context_parallel import ContextParallelError, ContextParallelLayout, SplitItem, context_parallel_attention
 from .dispatcher import DispatchPlan, PostBalancingDispatcher
 from .encoders import EncoderContractError
@@ -50,7 +51,7 @@ from .sharding import StepSharding
 
 __all__ = ["Assembled", "ConfigMismatchError", "ContextParallelError", "ContextParallelLayout", "DispatchPlan", "Dispatched", "EncoderContractError", "ExchangeMeta",
            "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "MultiStageRuntime", "PassRoutes",
-           "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher", "Prefetcher", "SchemaGuard",
+           "PeerFailureError", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher", "Prefetcher", "SchemaGuard",
            "SchemaMismatchError", "SplitItem", "StepInputs", "StepRoutes", "StepSharding", "accumulate",
            "all_reduce_gradients", "check_agreement", "context_parallel_attention", "exchange", "exchange_with_grad", "fingerprint",
            "gather_metadata", "global_count", "gradient_sync", "make_transport", "normalize_loss"]

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import is_int
-from .comm import comm_device, group_rank, group_size
+from .comm import collective, comm_device, group_rank, group_size
 
 
 class PlanMismatchError(RuntimeError):
@@ -216,14 +216,16 @@ class SchemaGuard:
         every rank has one, each raises its own."""
         words = np.array([INVALID_WORD if problem is not None else schema_word(schema), plan_id], dtype=np.int64)
         folded = torch.from_numpy(np.concatenate([words, ~words])).to(comm_device(group))
-        dist.all_reduce(folded, op=dist.ReduceOp.MAX, group=group)
+        with collective(f"{self.what} header all-reduce", group):
+            dist.all_reduce(folded, op=dist.ReduceOp.MAX, group=group)
         largest = folded.cpu().numpy()
         if np.array_equal(largest[:2], ~largest[2:]):  # every rank's largest word is its smallest too
             if problem is not None:
                 raise problem
             return
         gathered = [torch.empty_like(folded[:2]) for _ in range(group_size(group))]
-        dist.all_gather(gathered, torch.from_numpy(words).to(folded.device), group=group)
+        with collective(f"{self.what} header all-gather", group):
+            dist.all_gather(gathered, torch.from_numpy(words).to(folded.device), group=group)
         rows = np.stack([row.cpu().numpy() for row in gathered])
         rank = group_rank(group)
         plans = disagreement(rows[:, 1].tolist(), f"{self.what}: the plan", rank,
@@ -233,7 +235,8 @@ class SchemaGuard:
                                     f"a rank kept another step's plan or routes, or built its own")
         mine = (f"invalid input: {problem}", type(problem)) if problem is not None else (describe(schema), None)
         shown = [None] * group_size(group)
-        dist.all_gather_object(shown, mine, group=group)
+        with collective(f"{self.what} schema all-gather", group):
+            dist.all_gather_object(shown, mine, group=group)
         raise self._error([text for text, _ in shown], [kind for _, kind in shown], rank) from problem
 
     def _error(self, texts: Sequence[str], kinds: Sequence, rank: int) -> Exception:

@@ -7,6 +7,7 @@ single-process code and unit tests run the exact functions a cluster runs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 
@@ -31,6 +32,21 @@ def group_rank(group=None) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         return 0
     return dist.get_rank(group)
+
+
+class PeerFailureError(RuntimeError):
+    """A collective failed on this rank: a peer died or did not reach the call within the process group's timeout."""
+
+
+@contextlib.contextmanager
+def collective(phase: str, group=None):
+    """Run the body's collective, re-raising its failure (gloo's closed connection or timeout, NCCL's
+    DistBackendError) as `PeerFailureError` naming `phase` and the group's size."""
+    try:
+        yield
+    except RuntimeError as error:
+        raise PeerFailureError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks failed; a peer "
+                               f"died or did not reach the call within the process group's timeout: {error}") from error
 
 
 def comm_device(group=None) -> torch.device:

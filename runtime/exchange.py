@@ -38,6 +38,7 @@ import torch
 from ..balancers.validation import is_int
 from .agreement import PieceSchema, SchemaGuard
 from .alltoall import FlatAllToAll, Flows
+from .comm import collective
 
 
 def _as_ranks(values, name: str, world_size: int) -> np.ndarray:
@@ -232,7 +233,7 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
         guard.agree(schema_of(pieces) if problem is None else (), pieces[0].meta.plan_id, transport.group, problem)
     elif problem is not None:
         raise problem
-    return _exchange(pieces, transport, stats)
+    return _exchange(pieces, transport, stats, "exchange" if guard is None else guard.what)
 
 
 def _rows_problem(number: int, piece: Piece, rows: np.ndarray) -> str | None:
@@ -275,8 +276,8 @@ def _problem(pieces: Sequence[Piece], transport) -> Exception | None:
     return None
 
 
-def _exchange(pieces: Sequence[Piece], transport, stats: dict | None) -> list[torch.Tensor]:
-    """The fused exchange of pieces `_problem` found nothing wrong with."""
+def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, what: str = "exchange") -> list[torch.Tensor]:
+    """The fused exchange of pieces `_problem` found nothing wrong with (`what` names it if a peer fails)."""
     start = time.perf_counter()
     rank, size = pieces[0].meta.rank, pieces[0].meta.world_size
     plans = []
@@ -292,7 +293,8 @@ def _exchange(pieces: Sequence[Piece], transport, stats: dict | None) -> list[to
     flows = Flows(np.concatenate([meta.source_ranks for meta, *_ in plans]),
                   np.concatenate([meta.dest_ranks for meta, *_ in plans]),
                   np.concatenate([rows * row_bytes for _, _, rows, _, row_bytes in plans]), size)
-    arrived = transport(buffer, flows)
+    with collective(f"{what} payload all-to-all", transport.group):
+        arrived = transport(buffer, flows)
 
     received = np.stack([meta.receive_counts(rows) * row_bytes for meta, _, rows, _, row_bytes in plans], axis=1)
     per_source = torch.split(arrived, received.sum(axis=1).tolist())

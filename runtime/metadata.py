@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..balancers.validation import check_int64
 from .agreement import ConfigMismatchError, PlanMismatchError, disagreement, fingerprint, options_that_differ, words_of
-from .comm import comm_device, group_rank, group_size
+from .comm import collective, comm_device, group_rank, group_size
 
 __all__ = ["ConfigMismatchError", "GatheredMetadata", "PeerInputError", "PlanMismatchError", "as_table",
            "check_agreement", "fingerprint", "gather_metadata", "join_failed"]
@@ -97,7 +97,8 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     device = comm_device(group)
     shape = torch.from_numpy(np.concatenate([np.array(table.shape, dtype=np.int64), words])).to(device)
     shapes = [torch.empty_like(shape) for _ in range(size)]
-    dist.all_gather(shapes, shape, group=group)
+    with collective(f"metadata all-gather ({what})", group):
+        dist.all_gather(shapes, shape, group=group)
     shapes = np.stack([s.cpu().numpy() for s in shapes])
     if words.size:
         failed = [rank for rank, row in enumerate(shapes) if not row[2:].any()]
@@ -109,7 +110,8 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
         if problem:
             if options is not None:  # every rank saw the mismatch: all of them gather the options
                 shown = [None] * size
-                dist.all_gather_object(shown, {name: repr(value) for name, value in options.items()}, group=group)
+                with collective(f"options all-gather ({what})", group):
+                    dist.all_gather_object(shown, {name: repr(value) for name, value in options.items()}, group=group)
                 problem += f"; options that differ: {options_that_differ(shown)}"
             raise ConfigMismatchError(f"{problem}; every rank must plan with the same algorithm, cost model, "
                                       f"caps and stage declarations")
@@ -123,7 +125,8 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     padded = torch.zeros((longest, int(columns[0])), dtype=torch.int64, device=device)
     padded[: table.shape[0]] = torch.from_numpy(table).to(device)
     tables = [torch.empty_like(padded) for _ in range(size)]
-    dist.all_gather(tables, padded, group=group)
+    with collective(f"metadata all-gather ({what})", group):
+        dist.all_gather(tables, padded, group=group)
     values = np.concatenate([t.cpu().numpy()[:c] for t, c in zip(tables, counts.tolist())])
     values.setflags(write=False)
     counts.setflags(write=False)
@@ -150,7 +153,8 @@ def gather_digests(digest: bytes, group=None) -> list[bytes]:
     """Every rank's digest of equal length, in rank order (one all-gather of bytes)."""
     mine = torch.tensor(list(digest), dtype=torch.uint8, device=comm_device(group))
     digests = [torch.empty_like(mine) for _ in range(group_size(group))]
-    dist.all_gather(digests, mine, group=group)
+    with collective("digest all-gather", group):
+        dist.all_gather(digests, mine, group=group)
     return [bytes(d.cpu().tolist()) for d in digests]
 
 def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:

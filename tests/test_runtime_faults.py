@@ -1,12 +1,13 @@
 """Faults end in clear errors within bounded time, never in a hang."""
 
+import os
 import time
 
 import pytest
 import torch
 
 from orchmllm.balancers import CostModel
-from orchmllm.runtime import MultiStageRuntime, PlanMismatchError, PostBalancingDispatcher
+from orchmllm.runtime import MultiStageRuntime, PeerFailureError, PlanMismatchError, PostBalancingDispatcher
 from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.launch import SpawnError, run_processes, spawn
@@ -160,3 +161,31 @@ class LoadsOnlyInTheChild:
 def test_a_value_the_parent_cannot_unpickle_is_that_rank_s_error():
     (outcome,) = run_processes(lambda rank, size: LoadsOnlyInTheChild(), 1, timeout_s=20)
     assert not outcome.ok and "could not be unpickled in the parent (ImportError: no such class here)" in outcome.error
+
+
+def dead_peer_job(rank, size, where):
+    """Rank 1 dies (os._exit) before `plan` or before `dispatch`; the others report what they see."""
+    dispatcher = PostBalancingDispatcher()
+    lengths = [[5, 3], [4, 2, 6], [1]][rank]
+    if where == "plan" and rank == 1:
+        os._exit(0)
+    try:
+        plan = dispatcher.plan(lengths)
+        if where == "dispatch" and rank == 1:
+            os._exit(0)
+        dispatcher.dispatch({"tok": torch.zeros(sum(lengths))}, plan)
+    except PeerFailureError as error:
+        return str(error)
+    return "finished"
+
+
+@pytest.mark.parametrize("where, phase", [("plan", "the metadata all-gather (dispatcher configuration)"),
+                                          ("dispatch", "the dispatch header all-reduce")])
+def test_regression_a_dead_peer_gave_gloo_text_naming_neither_the_collective_nor_the_group(where, phase):
+    """Cause: the dispatcher's metadata all-gather and exchange header raised gloo's bare "Connection reset by
+    peer" / "Timed out waiting" when a peer died or stalled; they now say which collective over how many ranks."""
+    outcomes = run_processes(dead_peer_job, 3, args=(where,), timeout_s=60, collective_timeout_s=10)
+    for o in (outcomes[0], outcomes[2]):
+        assert o.ok, o.error
+        assert o.value.startswith(f"rank {o.rank}: {phase} over 3 ranks failed; a peer died or did not reach the "
+                                  f"call within the process group's timeout"), o.value
