@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .cost import CostModel
-from .validation import INT64_MAX, as_array, as_bool, as_int, check_int64, is_real
+from .validation import INT64_MAX, as_array, as_bool, as_int, as_non_negative_integers, is_real
 
 
 class Status(str, Enum):
@@ -220,24 +220,7 @@ def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if array.size == 0:
         raise ValueError(f"`{name}` must not be empty")
-    if array.dtype == object or array.dtype.kind not in "biuf":
-        raise TypeError(f"`{name}` must hold integers; got dtype {array.dtype}")
-    if array.dtype.kind == "b":
-        raise TypeError(f"`{name}` must hold integers, not booleans")
-    if array.dtype.kind == "f":
-        bad = np.flatnonzero(~np.isfinite(array))
-        if bad.size:
-            raise ValueError(f"`{name}` must be finite; got {array[bad[0]]} at index {bad[0]}")
-        bad = np.flatnonzero(array != np.floor(array))
-        if bad.size:
-            raise ValueError(f"`{name}` must be non-negative integers; got {array[bad[0]]} at index {bad[0]}")
-        if np.any(np.abs(array) >= np.float64(2.0**53)):  # compared in float64: 2**53 overflows float16
-            raise ValueError(f"`{name}` must be below 2**53")
-    if array.min() < 0:
-        bad = np.flatnonzero(array < 0)
-        raise ValueError(f"`{name}` must be non-negative integers; got {array[bad[0]]} at index {bad[0]}")
-    check_int64(array, name)
-    return np.array(array, dtype=np.int64, order="C")
+    return as_non_negative_integers(array, name, integral_floats=True)
 
 
 def as_num_ranks(num_ranks) -> int:

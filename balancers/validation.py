@@ -149,6 +149,52 @@ def check_int64(array: np.ndarray, name: str) -> None:
         raise ValueError(f"`{name}` must fit int64 (below 2**63); got {int(array.flat[index])} at index {index}")
 
 
+def as_non_negative_integers(array: np.ndarray, name: str, *, integral_floats: bool = False) -> np.ndarray:
+    """`array` (numpy, any shape) as a C-ordered int64 copy of non-negative integers: the one check of
+    integer arrays (lengths, a batch's columns, a rank's metadata).  TypeError for another dtype
+    (booleans, objects; floats unless `integral_floats`: then finite whole numbers below 2**53);
+    ValueError naming the first negative entry and its index, or a uint64 beyond int64
+    (`check_int64`).  An empty array passes whatever its dtype.
+
+    >>> as_non_negative_integers(np.array([2.0, 3.0]), "lengths", integral_floats=True).tolist()
+    [2, 3]
+    >>> as_non_negative_integers(np.array([[1], [-4]]), "segment_length")
+    Traceback (most recent call last):
+    ...
+    ValueError: `segment_length` must be non-negative integers; got -4 at index (1, 0)
+    """
+    if array.size:
+        if array.dtype.kind == "b":
+            raise TypeError(f"`{name}` must hold integers, not booleans")
+        if array.dtype == object or array.dtype.kind not in ("iuf" if integral_floats else "iu"):
+            raise TypeError(f"`{name}` must hold integers; got dtype {array.dtype}")
+        if array.dtype.kind == "f":
+            _check_whole(array, name)
+        if array.min() < 0:
+            _refuse_entry(array, array < 0, name, "must be non-negative integers")
+        check_int64(array, name)
+    return np.array(array, dtype=np.int64, order="C")
+
+
+def _check_whole(array: np.ndarray, name: str) -> None:
+    """ValueError unless every float of `array` is a finite whole number below 2**53 (exact in float64)."""
+    finite = np.isfinite(array)
+    if not finite.all():
+        _refuse_entry(array, ~finite, name, "must be finite")
+    whole = array == np.floor(array)
+    if not whole.all():
+        _refuse_entry(array, ~whole, name, "must be non-negative integers")
+    if np.any(np.abs(array) >= np.float64(2.0**53)):  # compared in float64: 2**53 overflows float16
+        raise ValueError(f"`{name}` must be below 2**53")
+
+
+def _refuse_entry(array: np.ndarray, bad: np.ndarray, name: str, requirement: str) -> None:
+    """ValueError naming `array`'s first entry where `bad` holds, and its index (an int when 1-D)."""
+    flat = int(np.flatnonzero(bad)[0])
+    index = flat if array.ndim == 1 else tuple(int(i) for i in np.unravel_index(flat, array.shape))
+    raise ValueError(f"`{name}` {requirement}; got {array.flat[flat]} at index {index}")
+
+
 def as_bool(value, name: str) -> bool:
     """`value` as a bool (numpy bools included; ints are not bools).
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..balancers.validation import as_int, check_int64
+from ..balancers.validation import as_int, as_non_negative_integers
 
 
 def _check_name(name: str, value) -> str:
@@ -146,13 +146,7 @@ def _as_int_array(name: str, values, size: int | None = None) -> np.ndarray:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if size is not None and array.size != size:
         raise ValueError(f"`{name}` must have {size} entries; got {array.size}")
-    if array.size and (array.dtype == object or array.dtype.kind not in "iu"):
-        raise TypeError(f"`{name}` must hold integers; got dtype {array.dtype}")
-    check_int64(array, name)
-    array = np.ascontiguousarray(array, dtype=np.int64)
-    bad = np.flatnonzero(array < 0)
-    if bad.size:
-        raise ValueError(f"`{name}` must be non-negative; got {array[bad[0]]} at index {bad[0]}")
+    array = as_non_negative_integers(array, name)
     array.setflags(write=False)
     return array
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..balancers.validation import check_int64
+from ..balancers.validation import as_non_negative_integers
 from .agreement import ConfigMismatchError, PlanMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import collective, comm_device, group_rank, group_size
 
@@ -62,14 +62,7 @@ def as_table(local, name: str = "lengths") -> np.ndarray:
         array = array.reshape(-1, 1)
     if array.ndim != 2:
         raise ValueError(f"`{name}` must be 1-D or 2-D (items × columns); got shape {array.shape}")
-    if array.size and array.dtype.kind not in "iu":
-        raise TypeError(f"`{name}` must hold integers; got dtype {array.dtype}")
-    check_int64(array, name)
-    array = np.ascontiguousarray(array, dtype=np.int64)
-    if array.size and array.min() < 0:
-        index = np.argwhere(array < 0)[0]
-        raise ValueError(f"`{name}` must be non-negative; got {array[tuple(index)]} at {tuple(index.tolist())}")
-    return array
+    return as_non_negative_integers(array, name)
 
 
 def gather_metadata(local, group=None, num_columns: int | None = None, *, fingerprint: bytes | None = None,

@@ -94,3 +94,27 @@ def test_regression_kernels_ran_the_ilp_through_its_checked_entry(monkeypatch):
     plan = balance(lengths, 3, algorithm="auto", time_limit=5)
     assert searched == [1] and plan.lower_bound <= plan.makespan <= 57.0
     assert balance(lengths, 3, algorithm="exact", time_limit=5).makespan == plan.makespan  # never via `improve`
+
+
+@pytest.mark.parametrize("values, error, message", [
+    ([4, -1], ValueError, "must be non-negative integers; got -1 at index "),
+    ([True, False], TypeError, "must hold integers, not booleans"),
+    ([1.5, 2.0], TypeError, "must hold integers; got dtype float64"),
+    (np.array([1, 2**63 + 1], dtype=np.uint64), ValueError, "must fit int64 \\(below 2\\*\\*63\\)"),
+], ids=["negative", "booleans", "floats", "uint64"])
+def test_regression_three_integer_checks_said_three_things(values, error, message):
+    """A batch's columns and a rank's metadata are checked by the lengths' helper
+    (`validation.as_non_negative_integers`): one message (the batch and the metadata said 'must be
+    non-negative; got -1', 'must hold integers; got dtype bool')."""
+    from orchmllm.orchestrator import Batch
+    from orchmllm.runtime.metadata import as_table
+
+    with pytest.raises(error, match="`segment_length` " + message):
+        Batch.from_arrays(num_ranks=1, modalities=("image",), sample_text=[9], sample_source=[0],
+                          segment_sample=[0, 0], segment_modality=[0, 0], segment_length=values,
+                          segment_tokens=[1, 1])
+    with pytest.raises(error, match="`lengths` " + message):
+        as_table(values)
+    if np.asarray(values).dtype.kind != "f":  # whole floats are lengths (the float case: not whole)
+        with pytest.raises(error, match="`lengths` " + message):
+            balance(values, 2)

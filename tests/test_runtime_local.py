@@ -155,7 +155,7 @@ def test_dispatcher_world_size_one_keeps_everything_and_plans():
 
 
 def test_metadata_validation_messages():
-    with pytest.raises(ValueError, match="must be non-negative; got -1"):
+    with pytest.raises(ValueError, match=r"must be non-negative integers; got -1 at index \(1, 0\)"):  # the one message
         as_table([1, -1])
     with pytest.raises(TypeError, match="must hold integers"):
         as_table([1.5])
