@@ -23,6 +23,7 @@ built from the plan with no collective of their own.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,8 +111,13 @@ class StepSharding:
 
     def group(self, item: int) -> tuple[int, ...]:
         """The ranks of item `item`'s group, in shard order."""
-        start = int(self.degree[:item].sum())
+        start = int(self.group_starts[item])
         return tuple(self.groups[start:start + int(self.degree[item])].tolist())
+
+    @functools.cached_property
+    def group_starts(self) -> np.ndarray:
+        """Where each item's ranks start in `groups`."""
+        return np.cumsum(self.degree) - self.degree
 
     @property
     def home_items(self) -> np.ndarray:
@@ -124,12 +130,12 @@ class StepSharding:
         """Units this rank holds after dispatch, ascending: every item's whole, or its shard's two chunks."""
         return self.route.dest_items
 
-    @property
+    @functools.cached_property
     def local_items(self) -> np.ndarray:
         """Items with rows on this rank after dispatch (whole or a shard), ascending."""
         return np.unique(self.unit_item[self.local_units])
 
-    @property
+    @functools.cached_property
     def local_tokens(self) -> np.ndarray:
         """Tokens this rank holds of each of `local_items` (an item's length, or its shard's)."""
         units = self.local_units
