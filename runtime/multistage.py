@@ -6,9 +6,10 @@ micro-batches with `max_tokens_per_microbatch=T` (see `orchestrator.step`), the 
 every rank:
 
     routes = runtime.plan(local_samples, loss_tokens=...)   # metadata all-gather + plan
-    moved = runtime.dispatch(routes, text=..., per_sample=..., inputs={modality: packed})
+    moved = runtime.dispatch(routes, text=..., per_sample=..., inputs={modality: packed}, samples=local_samples)
         # one fused all-to-all for the whole step: raw segment inputs to their encoder
-        # rank, text and per-sample tensors to their LLM rank
+        # rank, text and per-sample tensors to their LLM rank (samples: refuse routes kept
+        # from another step)
     for micro in runtime.microbatches(routes, moved):
         with accumulate(model, micro):                       # gradient sync on the last only
             packed = runtime.forward(micro.routes, micro.data, encoders={modality: fn}, text_embedding=fn)
