@@ -112,12 +112,15 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
     item); where fixes meet on a partner rank the most loaded rank wins and the others take their
     best on ranks no fix of the round touched.
     """
-    item_rank = state.destinations[items]
     order_of = np.full(state.loads.size, -1, dtype=np.int64)
     order_of[ranks] = np.arange(ranks.size)
     if delta is None:  # partner -1: a move, cost and length 0
         delta = _valid_deltas(state, items, partner_rank, np.append(state.costs, 0.0)[partner],
                               np.append(state.lengths, 0.0)[partner])
+    # Only rows with a valid candidate can take a fix (most rows of a pass across nodes have none).
+    live = np.flatnonzero(delta.min(axis=1, initial=np.inf) < np.inf)
+    items, partner, partner_rank, delta = items[live], partner[live], partner_rank[live], delta[live]
+    item_rank = state.destinations[items]
     used = np.zeros(state.loads.size, dtype=bool)  # ranks a fix of this round changed
     chosen = []
     # Each row's columns by (delta, column): its best is the first whose rank no fix of the round
@@ -129,7 +132,7 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
     column = by_delta[:, 0]
     row_delta = delta[rows, column]
     candid = np.zeros(state.loads.size, dtype=bool)
-    candid[item_rank[np.isfinite(row_delta)]] = True
+    candid[item_rank] = True
     hopeless = ranks[~candid[ranks]]
     while rows.size:
         rank_of = item_rank[rows]
