@@ -323,6 +323,19 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
                                                                                   processes, time_limit)
     target = _Target(algorithm_or_kernel, padded, exact, order_invariant, time_limit, constraints)
     counts = {"certified": 0, "optimal": 0, "refusals": 0, "metamorphic": 0, "constrained": 0}
+    run_properties(_properties(target, counts, max_items, max_ranks, examples))
+    repeated = check_repeats(target, _seeded_cases(target, REPEAT_CASES, max_items, max_ranks, seed=20240601))
+    compared = 0
+    if processes:
+        compared = compare_processes(target, _seeded_cases(target, PROCESS_CASES, max_items, max_ranks, seed=20240531))
+    return ConformanceReport(target.name, tuple("padded" if kind else "unpadded" for kind in target.kinds),
+                             counts["certified"], counts["optimal"], counts["refusals"], counts["metamorphic"],
+                             compared, target.constraints, counts["constrained"], repeated)
+
+
+def _properties(target: _Target, counts: dict, max_items: int, max_ranks: int, examples: int) -> tuple:
+    """The suite's Hypothesis properties on `target` (certified, deterministic, metamorphic and,
+    when the target supports one, constrained); each counts what it checked in `counts`."""
     kinds = st.sampled_from(target.kinds)
 
     def check_case(case, count: str):
@@ -380,11 +393,4 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
     def constrained(case):
         check_case(case, "constrained")
 
-    run_properties((certified, deterministic, metamorphic) + ((constrained,) if constrained_kinds else ()))
-    repeated = check_repeats(target, _seeded_cases(target, REPEAT_CASES, max_items, max_ranks, seed=20240601))
-    compared = 0
-    if processes:
-        compared = compare_processes(target, _seeded_cases(target, PROCESS_CASES, max_items, max_ranks, seed=20240531))
-    return ConformanceReport(target.name, tuple("padded" if kind else "unpadded" for kind in target.kinds),
-                             counts["certified"], counts["optimal"], counts["refusals"], counts["metamorphic"],
-                             compared, target.constraints, counts["constrained"], repeated)
+    return (certified, deterministic, metamorphic) + ((constrained,) if constrained_kinds else ())

@@ -80,12 +80,7 @@ def test_cycle_finder_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-# issue 25 will shorten these; each mark fails (strict) once its function is under 80 lines
-LONG_FUNCTIONS = {"orchmllm.testing.conformance"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="issue 25"))
-                                  if name in LONG_FUNCTIONS else name for name in sorted(_sources())])
+@pytest.mark.parametrize("name", sorted(_sources()))
 def test_module_and_functions_are_short(name):
     path = _sources()[name]
     lines = path.read_text().count("\n")
