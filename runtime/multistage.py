@@ -482,8 +482,9 @@ class MultiStageRuntime:
                                   moved.input_lengths[modality], problems=problems, num_items=route.dest_items.size)
             shapes.append((f"encoder {modality!r}", embedded, expected))
             outputs.append(embedded if isinstance(embedded, torch.Tensor) else torch.empty(0))
+        text_items = np.count_nonzero(routes.text_units.tokens[routes.text_route.dest_items])  # text-less chunks: none
         text_embedded = self._call("`text_embedding`", text_embedding, moved.text[text_key], problems=problems,
-                                   num_items=routes.text_route.dest_items.size)
+                                   num_items=int(text_items))
         text_problem = _output_problem("`text_embedding`", text_embedded, len(moved.text[text_key]), None)
         width = None if text_problem else text_embedded.shape[1]
         problems += filter(None, [*(_output_problem(*shape, width) for shape in shapes), text_problem])

@@ -11,8 +11,8 @@ from torch import nn
 from orchmllm.balancers import CostModel
 from orchmllm.balancers.context_parallel import ContextParallel
 from orchmllm.orchestrator.samples import Sample, Segment
-from orchmllm.runtime import (ContextParallelLayout, MultiStageRuntime, PlanMismatchError, all_reduce_gradients,
-                              normalize_loss)
+from orchmllm.runtime import (ContextParallelLayout, EncoderContractError, MultiStageRuntime, PlanMismatchError,
+                              all_reduce_gradients, normalize_loss)
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.demo.giants import CausalBlock
@@ -118,3 +118,37 @@ def other_split_job(rank, size):
 def test_ranks_whose_step_plans_split_differently_stop_at_the_exchange_naming_them():
     errors = spawn(other_split_job, 4, timeout_s=60)
     assert all(error is not None and "ranks [1] disagree" in error for error in errors), errors
+
+
+class EarlyEmbedding(nn.Embedding):
+    """A text embedding that returns early on empty input (leaving its weight out of the graph there)."""
+
+    def forward(self, ids):
+        return self.weight.new_zeros(0, self.embedding_dim) if ids.numel() == 0 else super().forward(ids)
+
+
+def textless_chunks_job(rank, size):
+    """Step 1: text on every rank (the embedding's first call is checked and passes). Step 2: one sample
+    whose middle is all image, split at c = 4: ranks 1-3 hold only chunks without text."""
+    torch.manual_seed(0)
+    model, embedding = TinyMultimodalModel(CONFIG).double(), EarlyEmbedding(CONFIG.vocab, CONFIG.llm_hidden).double()
+    runtime = MultiStageRuntime(STAGES, context_parallel=SPEC)
+    image = Sample(8, (Segment("image", 56 * CONFIG.pool, 56, 4),), 0, 7)
+    for samples in (rank_samples(rank), [image] if rank == 0 else []):
+        local = SyntheticMultimodal(CONFIG, seed=0).tensors(samples, torch.float64)
+        routes = runtime.plan(local.samples)
+        moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+        for micro in runtime.microbatches(routes, moved):
+            try:
+                runtime.forward(micro.routes, micro.data, encoders=model.encoders(), text_embedding=embedding)
+            except EncoderContractError as error:
+                return int(micro.routes.plan.llm.degree.max()), str(error)
+    return None
+
+
+def test_an_embedding_returning_early_on_a_rank_of_textless_chunks_is_named_on_every_rank():
+    """A rank holding only chunks without text calls the text embedding on empty input: the contract is
+    checked there (the rank's text pieces were counted as items, so an early return went unchecked)."""
+    results = spawn(textless_chunks_job, 4, timeout_s=120)
+    assert all(result is not None and result[0] == 4 for result in results), results
+    assert all("`text_embedding` on rank" in message for _, message in results)
