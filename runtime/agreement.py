@@ -161,6 +161,29 @@ def words_of(digest: bytes) -> np.ndarray:
     return np.frombuffer(digest, dtype=np.int64).copy()
 
 
+def kept_plan_problem(rank: int, given, planned, item: str, field: str) -> PlanMismatchError | None:
+    """Why what this rank holds now (`given`: a value or row of values per `item`, as passed to the plan) is
+    not what its plan was made from (`planned`): a plan kept from another step whose row totals happen to
+    match, which an exchange cannot see in a packed tensor; None when they are the same.
+
+    >>> print(kept_plan_problem(1, np.array([3, 5]), np.array([5, 3]), "item", "length"))  # doctest: +ELLIPSIS
+    rank 1's item 0 has length 3 but the plan was made with 5: the plan is another step's ...
+    """
+    given, planned = (np.asarray(rows) if np.ndim(rows) == 2 else np.reshape(rows, (-1, 1))
+                      for rows in (given, planned))
+    if given.shape[0] != planned.shape[0]:
+        return PlanMismatchError(f"rank {rank} dispatches {given.shape[0]} {item}s but the plan was made from "
+                                 f"{planned.shape[0]} {item}s on this rank: make each step's plan from its own {item}s")
+    differ = np.flatnonzero(np.any(given != planned, axis=1))
+    if not differ.size:
+        return None
+    index = int(differ[0])
+    shown = [str(int(row[0])) if row.size == 1 else str(tuple(row.tolist())) for row in (given[index], planned[index])]
+    return PlanMismatchError(f"rank {rank}'s {item} {index} has {field} {shown[0]} but the plan was made with "
+                             f"{shown[1]}: the plan is another step's (a plan kept from an earlier step?); make each "
+                             f"step's plan from its own {item}s")
+
+
 @dataclass(frozen=True)
 class PieceSchema:
     """What one piece of an exchange is: name, dtype, trailing shape, rows per item.

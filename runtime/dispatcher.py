@@ -43,7 +43,7 @@ from ..balancers.microbatch.api import plan_microbatches
 from ..balancers.microbatch.options import microbatch_options
 from ..balancers.pipeline import Pipeline
 from ..balancers.validation import as_bool
-from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
+from .agreement import PlanMismatchError, SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
@@ -122,7 +122,8 @@ def _items_problem(plan: DispatchPlan, lengths, loss_tokens) -> Exception | None
     are not those `plan` was made from (a plan kept from another step whose row totals happen to match),
     or None."""
     rank, home = plan.route.rank, plan.sharding.home_items
-    for column, given, name, what in ((0, lengths, "lengths", "length"), (1, loss_tokens, "loss_tokens", "loss tokens")):
+    for column, given, name, what in ((0, lengths, "lengths", "length"),
+                                      (1, loss_tokens, "loss_tokens", "loss tokens")):
         if given is None:
             continue
         try:
@@ -131,16 +132,9 @@ def _items_problem(plan: DispatchPlan, lengths, loss_tokens) -> Exception | None
             return error
         if local.shape[1] != 1:
             return ValueError(f"`{name}` must be 1-D, one count per item; got shape {local.shape}")
-        local, planned = local[:, 0], plan.metadata.column(column)[home]
-        if local.size != planned.size:
-            return PlanMismatchError(f"rank {rank} dispatches {local.size} items but the plan was made from "
-                                     f"{planned.size} items on this rank: make each step's plan from its own lengths")
-        differ = np.flatnonzero(local != planned)
-        if differ.size:
-            item = int(differ[0])
-            return PlanMismatchError(f"rank {rank}'s item {item} has {what} {int(local[item])} but the plan was made "
-                                     f"with {int(planned[item])}: the plan is another step's (a plan kept from an "
-                                     f"earlier step?); make each step's plan from its own lengths")
+        problem = kept_plan_problem(rank, local[:, 0], plan.metadata.column(column)[home], "item", what)
+        if problem is not None:
+            return problem
     return None
 
 

@@ -112,6 +112,20 @@ def checked_call(encoder: Callable, *args) -> tuple[torch.Tensor, list[str]]:
     return output, sorted(wanted - reached)
 
 
+def output_problem(what: str, output, rows: int, width: int | None) -> Exception | None:
+    """Why an encoder's (or the text embedding's) output is not a (rows, width) tensor, or None."""
+    if not isinstance(output, torch.Tensor):
+        return TypeError(f"{what} returned a {type(output).__name__}; expected a tensor of shape ({rows}, hidden) "
+                         f"(take the embeddings out of a tuple or ModelOutput)")
+    if output.dim() != 2 or output.shape[0] != rows:
+        return ValueError(f"{what} returned shape {tuple(output.shape)}; expected ({rows}, hidden): one row per "
+                          f"output token of its items")
+    if width is not None and output.shape[1] != width:
+        return ValueError(f"{what} returned rows of width {output.shape[1]}; the text embedding's rows are {width} "
+                          f"wide (the embeddings are packed together into the LLM's sequences)")
+    return None
+
+
 def unseen_module(what: str, encoder: Callable) -> EncoderContractError | None:
     """The error refusing `encoder` when the contract cannot be checked on it (`module_of` finds no
     module: a lambda calling the module hides its parameters, and an early return there went

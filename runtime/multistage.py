@@ -55,7 +55,7 @@ from ..orchestrator.step import StepPlan
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
-from .encoders import checked_call, contract_problem, unseen_module
+from .encoders import checked_call, contract_problem, output_problem, unseen_module
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, new_step, split_rows
@@ -170,20 +170,6 @@ class Assembled:
         """Place per-text-token `values` (e.g. labels) at their packed rows; `fill` elsewhere."""
         out = values.new_full((self.embeddings.shape[0], *values.shape[1:]), fill)
         return out.index_copy(0, self.text_positions, values)
-
-
-def _output_problem(what: str, output, rows: int, width: int | None) -> Exception | None:
-    """Why an encoder's (or the text embedding's) output is not a (rows, width) tensor, or None."""
-    if not isinstance(output, torch.Tensor):
-        return TypeError(f"{what} returned a {type(output).__name__}; expected a tensor of shape ({rows}, hidden) "
-                         f"(take the embeddings out of a tuple or ModelOutput)")
-    if output.dim() != 2 or output.shape[0] != rows:
-        return ValueError(f"{what} returned shape {tuple(output.shape)}; expected ({rows}, hidden): one row per "
-                          f"output token of its items")
-    if width is not None and output.shape[1] != width:
-        return ValueError(f"{what} returned rows of width {output.shape[1]}; the text embedding's rows are {width} "
-                          f"wide (the embeddings are packed together into the LLM's sequences)")
-    return None
 
 
 class MultiStageRuntime:
@@ -485,9 +471,9 @@ class MultiStageRuntime:
         text_items = np.count_nonzero(routes.text_units.tokens[routes.text_route.dest_items])  # text-less chunks: none
         text_embedded = self._call("`text_embedding`", text_embedding, moved.text[text_key], problems=problems,
                                    num_items=int(text_items))
-        text_problem = _output_problem("`text_embedding`", text_embedded, len(moved.text[text_key]), None)
+        text_problem = output_problem("`text_embedding`", text_embedded, len(moved.text[text_key]), None)
         width = None if text_problem else text_embedded.shape[1]
-        problems += filter(None, [*(_output_problem(*shape, width) for shape in shapes), text_problem])
+        problems += filter(None, [*(output_problem(*shape, width) for shape in shapes), text_problem])
         if self.check_encoders:  # a lambda hides the module whose contract `_call` checks
             called = [(f"encoder {m!r}", encoders[m]) for m in self.modalities if m in encoders]
             called.append(("`text_embedding`", text_embedding))

@@ -476,14 +476,15 @@ def test_regression_an_encoder_returning_a_tuple_or_another_width_gave_raw_pytho
     [micro] = runtime.microbatches(routes, runtime.dispatch(routes, text=local.text, per_sample=local.per_sample,
                                                             inputs=local.inputs))
     encoders = model.encoders()
+    tupled = {**encoders, "image": lambda x, n: (encoders["image"](x, n),)}
+    narrow = {**encoders, "audio": lambda x, n: encoders["audio"](x, n)[:, :7]}
     with pytest.raises(TypeError, match=r"encoder 'image' returned a tuple; expected a tensor of shape \(\d+, hidden\)"):
-        runtime.forward(micro.routes, micro.data, encoders={**encoders, "image": lambda x, n: (encoders["image"](x, n),)},
-                        text_embedding=model.llm.embed)
+        runtime.forward(micro.routes, micro.data, encoders=tupled, text_embedding=model.llm.embed)
     with pytest.raises(ValueError, match=rf"encoder 'audio' returned rows of width 7; the text embedding's rows are "
                                          rf"{config.llm_hidden} wide"):
-        runtime.forward(micro.routes, micro.data, encoders={**encoders, "audio": lambda x, n: encoders["audio"](x, n)[:, :7]},
-                        text_embedding=model.llm.embed)
-    with pytest.raises(TypeError, match=r"`text_embedding` returned a tuple; expected a tensor of shape \(\d+, hidden\)"):
+        runtime.forward(micro.routes, micro.data, encoders=narrow, text_embedding=model.llm.embed)
+    with pytest.raises(TypeError, match=r"`text_embedding` returned a tuple; expected a tensor of shape \(\d+, "
+                                        r"hidden\)"):
         runtime.forward(micro.routes, micro.data, encoders=encoders, text_embedding=lambda ids: (model.llm.embed(ids),))
 
 
@@ -497,8 +498,8 @@ def test_regression_multi_stage_routes_kept_from_another_step_ran_its_texts_unde
     step1 = [Sample(text=6, segments=(), id=0), Sample(text=3, segments=(), id=1)]
     kept = runtime.plan(step0)
     text = {"input_ids": torch.arange(9)}
-    with pytest.raises(PlanMismatchError, match=r"rank 0's sample \(text, segments, id\) 0 is \(6, 0, 0\) but the "
-                                                r"routes were planned with \(3, 0, 0\): the routes are another step's"):
+    with pytest.raises(PlanMismatchError, match=r"rank 0's sample 0 has \(text, segments, id\) \(6, 0, 0\) but the "
+                                                r"plan was made with \(3, 0, 0\): the plan is another step's"):
         list(runtime.microbatches(kept, runtime.dispatch(kept, text=text, samples=step1)))
     [micro] = runtime.microbatches(kept, runtime.dispatch(kept, text=text, samples=step0))
     assert micro.lengths.tolist() == [3, 6]
