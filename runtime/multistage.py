@@ -52,7 +52,7 @@ from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample, resolve_positions
 from ..orchestrator.stages import check_stages
 from ..orchestrator.step import StepPlan
-from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
+from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .encoders import checked_call, contract_problem, output_problem, unseen_module
@@ -323,26 +323,15 @@ class MultiStageRuntime:
             given = local_tables(samples, self.modalities)
         except (TypeError, ValueError) as error:
             return error
-        batch, rank = routes.batch, routes.rank
-        home = np.flatnonzero(batch.sample_source == rank)
+        batch = routes.batch
+        home = np.flatnonzero(batch.sample_source == routes.rank)
         segments = batch.segments_of_samples(home)
-        planned = (np.stack([batch.sample_text[home], np.diff(batch.sample_segment_offsets)[home],
-                             batch.sample_id[home]], axis=1),
-                   np.stack([batch.segment_modality[segments], batch.segment_length[segments],
-                             batch.segment_tokens[segments]], axis=1))
-        if given[0].shape[0] != home.size:
-            return PlanMismatchError(f"rank {rank} dispatches {given[0].shape[0]} samples but the routes were planned "
-                                     f"from {home.size} samples on this rank: plan each step's routes from its samples")
-        for what, table, plan in (("sample (text, segments, id)", given[0], planned[0]),
-                                  ("segment (modality, length, tokens)", given[1], planned[1])):
-            differ = np.flatnonzero(np.any(table[:, :3] != plan, axis=1))
-            if differ.size:
-                index = int(differ[0])
-                return PlanMismatchError(
-                    f"rank {rank}'s {what} {index} is {tuple(table[index, :3].tolist())} but the routes were planned "
-                    f"with {tuple(plan[index].tolist())}: the routes are another step's (kept from an earlier step?); "
-                    f"plan each step's routes from its own samples")
-        return None
+        samples_problem = kept_plan_problem(routes.rank, given[0][:, :3], np.stack(
+            [batch.sample_text[home], np.diff(batch.sample_segment_offsets)[home], batch.sample_id[home]], axis=1),
+            "sample", "(text, segments, id)")
+        return samples_problem or kept_plan_problem(routes.rank, given[1][:, :3], np.stack(
+            [batch.segment_modality[segments], batch.segment_length[segments], batch.segment_tokens[segments]], axis=1),
+            "segment", "(modality, length, tokens)")
 
     def _dispatch_pass(self, routes: PassRoutes, text, per_sample, inputs, stats, problem=None) -> Dispatched:
         """One pass's input exchange (a micro-batch's, without `fused_input_exchange`)."""
