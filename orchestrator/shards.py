@@ -186,31 +186,39 @@ class Pieces:
     llm_offset: np.ndarray
 
 
-def _parts(encoder_plans) -> tuple[np.ndarray, ...]:
-    """(segment, first row, tokens, stage, rank, output offset) of every encoder part, by segment then row."""
-    columns = [np.zeros(0, dtype=np.int64)] * 6
+def _parts(encoder_plans, num_segments: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """((stage, rank, output offset) of every segment, read where it is one part), and (segment, first
+    row, stage, rank, output offset) of the parts of segments in several parts, by segment then row."""
+    whole = [np.full(num_segments, -1, dtype=np.int64) for _ in range(3)]
+    split = [[] for _ in range(5)]
     for index, plan in enumerate(encoder_plans):
-        more = (plan.item_segment, plan.item_first_row, plan.item_tokens,
-                np.full(plan.num_items, index, dtype=np.int64), plan.destination, plan.item_offset)
-        columns = [np.concatenate((column, extra)) for column, extra in zip(columns, more)]
-    order = np.lexsort((columns[1], columns[0]))
-    return tuple(column[order] for column in columns)
+        for column, values in zip(whole, (index, plan.destination, plan.item_offset)):
+            column[plan.item_segment] = values
+        if np.any(plan.item_first_unit):  # some segment in parts
+            mine = np.bincount(plan.item_segment, minlength=num_segments)[plan.item_segment] > 1
+            for column, values in zip(split, (plan.item_segment[mine], plan.item_first_row[mine],
+                                              np.full(int(mine.sum()), index), plan.destination[mine],
+                                              plan.item_offset[mine])):
+                column.append(values)
+    split = [np.concatenate(column).astype(np.int64) if column else np.zeros(0, dtype=np.int64) for column in split]
+    order = np.lexsort((split[1], split[0]))
+    return tuple(whole), tuple(column[order] for column in split)
 
 
 def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.ndarray) -> Pieces:
     """The embedding pieces of a pass: each segment cut where its encoder parts and its sample's
     chunks start (a segment in one part of an unsplit sample: one piece, as before).  The cut
     segments' rows are keyed segment · K + row (K above every length), so one sort orders them."""
-    segment, row, tokens, stage, rank, offset = _parts(encoder_plans)
+    (stage, rank, offset), (part_segment, part_row, part_stage, part_rank, part_offset) = _parts(
+        encoder_plans, batch.num_segments)
     owner, size, position = batch.segment_sample, batch.segment_tokens, batch.segment_position
-    part_count = np.bincount(segment, minlength=batch.num_segments)
-    cut = np.flatnonzero((part_count > 1) | (degree[owner] > 1))
-    whole = np.ones(batch.num_segments, dtype=bool)
-    whole[cut] = False
-    keys = _cut_keys(batch, chunks, segment, row, cut)
+    in_parts = np.zeros(batch.num_segments, dtype=bool)
+    in_parts[part_segment] = True
+    cut = np.flatnonzero(in_parts | (degree[owner] > 1))
+    keys = _cut_keys(batch, chunks, part_segment, part_row, cut)
     scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
     cut_segment, cut_row = np.divmod(keys, scale)
-    count = np.where(whole, 1, 0)
+    count = np.ones(batch.num_segments, dtype=np.int64)
     count[cut] = np.bincount(cut_segment, minlength=batch.num_segments)[cut]
     first = np.cumsum(count) - count  # first piece of every segment
     piece_segment = np.repeat(np.arange(batch.num_segments), count)
@@ -219,26 +227,34 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.n
         np.cumsum(count[cut]) - count[cut], count[cut])] = cut_row
     last = np.append(piece_segment[1:] != piece_segment[:-1], True)
     piece_tokens = np.where(last, size[piece_segment] - piece_row, np.append(piece_row[1:], 0) - piece_row)
-    part = np.searchsorted(segment * scale + row, piece_segment * scale + piece_row, side="right") - 1
+    piece_stage, piece_rank = stage[piece_segment], rank[piece_segment]
+    piece_offset = offset[piece_segment] + piece_row
+    parted = np.flatnonzero(in_parts[piece_segment])
+    if parted.size:
+        part = np.searchsorted(part_segment * scale + part_row, piece_segment[parted] * scale + piece_row[parted],
+                               side="right") - 1
+        piece_stage[parted], piece_rank[parted] = part_stage[part], part_rank[part]
+        piece_offset[parted] = part_offset[part] + piece_row[parted] - part_row[part]
     sample = owner[piece_segment]
     llm_position = position[piece_segment] + piece_row
     at = np.searchsorted(chunks.sample * scale + chunks.position, sample * scale + llm_position, side="right") - 1
     return Pieces(segment=_frozen(piece_segment), row=_frozen(piece_row), tokens=_frozen(piece_tokens),
-                  stage=_frozen(stage[part]), encoder_rank=_frozen(rank[part]),
-                  encoder_offset=_frozen(offset[part] + piece_row - row[part]), llm_rank=_frozen(chunks.rank[at]),
-                  llm_offset=_frozen(chunks.packed[at] + llm_position - chunks.position[at]))
+                  stage=_frozen(piece_stage), encoder_rank=_frozen(piece_rank), encoder_offset=_frozen(piece_offset),
+                  llm_rank=_frozen(chunks.rank[at]), llm_offset=_frozen(chunks.packed[at] + llm_position
+                                                                          - chunks.position[at]))
 
 
-def _cut_keys(batch: Batch, chunks: SampleChunks, segment: np.ndarray, row: np.ndarray, cut: np.ndarray) -> np.ndarray:
+def _cut_keys(batch: Batch, chunks: SampleChunks, part_segment: np.ndarray, part_row: np.ndarray,
+              cut: np.ndarray) -> np.ndarray:
     """Sorted distinct keys segment · K + row of where the segments `cut` (ascending) start a piece:
-    every part's first row and every chunk start of the segment's sample inside the segment."""
+    their first row, every part's (`part_segment`, `part_row`: segments in parts, all among `cut`)
+    and every chunk start of the segment's sample inside the segment."""
     scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
     owner, size, position = batch.segment_sample[cut], batch.segment_tokens[cut], batch.segment_position[cut]
-    counts = np.diff(chunks.first)[owner]
-    cut_segment = np.repeat(cut, counts)
-    chunk = np.repeat(chunks.first[owner] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-    cut_row = chunks.position[chunk] - np.repeat(position, counts)
-    inside = (cut_row > 0) & (cut_row < np.repeat(size, counts))
-    mine = np.isin(segment, cut)
-    keys = np.sort(np.concatenate((segment[mine] * scale + row[mine], cut_segment[inside] * scale + cut_row[inside])))
+    starts = chunks.sample * scale + chunks.position  # ascending
+    low = np.searchsorted(starts, owner * scale + position, side="right")  # chunks starting inside the segment
+    counts = np.maximum(np.searchsorted(starts, owner * scale + position + size, side="left") - low, 0)
+    chunk = np.repeat(low - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    inside = np.repeat(cut, counts) * scale + chunks.position[chunk] - np.repeat(position, counts)
+    keys = np.sort(np.concatenate((cut * scale, part_segment * scale + part_row, inside)))
     return keys[np.append(True, keys[1:] != keys[:-1])] if keys.size else keys
