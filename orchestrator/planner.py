@@ -139,7 +139,8 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
         rank_offsets, rank_items = shards.rank_offsets, shards.sample
         first = shards.group_rank == 0
         item_offset, item_input_offset = np.empty_like(item_length), np.empty_like(item_length)
-        item_offset[rank_items[first]], item_input_offset[rank_items[first]] = shards.offset[first], shards.text_offset[first]
+        item_offset[rank_items[first]] = shards.offset[first]
+        item_input_offset[rank_items[first]] = shards.text_offset[first]
         item_offset, item_input_offset = _frozen(item_offset), _frozen(item_input_offset)
     else:
         rank_offsets, rank_items = group_order(destination, num_ranks)

@@ -57,8 +57,8 @@ class Segment:
             object.__setattr__(self, "position", as_int(self.position, "position", minimum=0))
         object.__setattr__(self, "frames", as_int(self.frames, "frames", minimum=1))
         if self.length % self.frames or self.tokens % self.frames:
-            raise ValueError(f"a segment of {self.frames} frames must have a length and tokens divisible by its frames; "
-                             f"got length {self.length}, tokens {self.tokens}")
+            raise ValueError(f"a segment of {self.frames} frames must have a length and tokens divisible by its "
+                             f"frames; got length {self.length}, tokens {self.tokens}")
 
 
 @dataclass(frozen=True)

@@ -248,8 +248,8 @@ def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatc
             passes.append(None)
             continue
         try:
-            plan = balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt", max_tokens_per_rank=budget,
-                                 time_limit=None, topology=None, unsupported={})
+            plan = balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt",
+                                 max_tokens_per_rank=budget, time_limit=None, topology=None, unsupported={})
         except InfeasibleError:
             return None
         rank[items], degree[items], item_time[items] = plan.assignment, plan.degree, plan.item_time
@@ -328,7 +328,8 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, max_toke
     spec = context_parallel
     if topology is not None:
         if getattr(topology, "world_size", None) != num_ranks:
-            raise ValueError(f"`topology` has world size {getattr(topology, 'world_size', None)} != num_ranks {num_ranks}")
+            raise ValueError(f"`topology` has world size {getattr(topology, 'world_size', None)} != num_ranks "
+                             f"{num_ranks}")
         spec = spec.on(topology)
     today = dict(plain, topology=topology if plain.get("sources") is not None else None)
     return split_microbatches(lengths, num_ranks, spec, cost=CostModel() if cost is None else cost, budget=budget,
