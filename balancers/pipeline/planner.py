@@ -1,7 +1,7 @@
 """The pipeline-aware cell planner: a micro-batch plan's cells re-dealt, reordered and searched
 for the schedule's step time (max over replicas of the pipeline time, `schedules`).
 
-    start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load), in three
+    start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load), in four
               arrangements: as planned; each replica's cells reordered (`order.mountain`);
               dealt afresh over the replicas (`order.deal`) and reordered; and these replicas'
               items re-cut into the schedule's best shape (`shaped_slots`, unpadded); the
@@ -11,7 +11,9 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               `bounds.step_bound`, status optimal only when they meet
 
 The plan given is one of the starts, so the result is never slower than it (the
-pipeline-unaware plan run in its own order).  Deterministic: no clock, ties by index.
+pipeline-unaware plan run in its own order).  Deterministic: no clock, ties by index.  M is the
+plain plan's (a free M is not raised to shrink the bubble); with M free the bound covers every
+M, so its gap also shows what more micro-batches could gain.
 """
 
 from __future__ import annotations
