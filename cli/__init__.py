@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import contextmanager
 
 from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser, MissingDependencyError,
                      UsageError, one_line)
@@ -41,6 +42,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def _stdout_errors():
+    """A failed write to stdout (a full disk, an I/O error) as a UsageError; a closed pipe stays a BrokenPipeError."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise UsageError(f"cannot write to standard output ({error.strerror or one_line(error)})") from None
+
+
+class _Stdout:
+    """The command's stdout (every table and JSON goes through it), whose failed writes say so in one line
+    (`_stdout_errors`) instead of a traceback: as `--output`'s and `--csv`'s do."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def write(self, text: str) -> int:
+        with _stdout_errors():
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        with _stdout_errors():
+            self._stream.flush()
+
+
 def _silence_stdout() -> None:
     """Point stdout at /dev/null, so the interpreter's final flush does not fail on the closed pipe again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -55,13 +86,16 @@ def main(argv=None) -> int:
     reported as one line with exit 2; any other exception is a bug and propagates with
     its traceback (exit 1).
     """
-    command = "orchmllm"
+    command, stdout = "orchmllm", sys.stdout
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
             raise UsageError("choose a command: compare, simulate, demo or plan (see `orchmllm --help`)")
         command = f"orchmllm {args.command}"
-        return args.handler(args)
+        sys.stdout = _Stdout(stdout)
+        code = args.handler(args)
+        sys.stdout.flush()  # what is still buffered fails here, reported, not in the interpreter's last flush
+        return code
     except (UsageError, MissingDependencyError) as error:
         print(f"{command}: error: {one_line(error)}", file=sys.stderr)
         return EXIT_USAGE
@@ -71,3 +105,5 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        sys.stdout = stdout

@@ -15,6 +15,9 @@ from .errors import UsageError, usage_errors
 from .files import check_not_input, check_parent, load_lengths, write_rows_csv, writing
 from .render import print_compare, print_json, print_microbatch_rows, print_split_rows, print_written, progress
 
+DEFAULT_MODEL, DEFAULT_ITEMS_PER_RANK = "84b", "16"  # workloads only: None when not given, refused with --lengths
+FIGURES = ("loads.png", "traffic.png", "traffic_locality.png", "cells.png", "cp_work.png")  # what --plot DIR may hold
+
 EXAMPLES = """examples:
   orchmllm compare                                   # default tri-modal workload, D=64 and 512
   orchmllm compare --ranks 8,64,2560 --items-per-rank 4,16
@@ -43,14 +46,14 @@ def add_parser(commands) -> None:
                         help="JSON lines of multimodal samples, e.g. {\"text\": 212, \"segments\": "
                              "[{\"modality\": \"image\", \"length\": 1024, \"tokens\": 256}]}")
     source.add_argument("--lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy (one stage)")
-    compare.add_argument("--model", default="84b", help=f"model whose stage costs and bytes a workload uses: "
-                                                        f"{', '.join(list_models())} (default: %(default)s)")
+    compare.add_argument("--model", help=f"model whose stage costs and bytes a workload uses: "
+                                         f"{', '.join(list_models())} (default: {DEFAULT_MODEL})")
     compare.add_argument("--column", help="CSV column or JSON key holding the lengths (default: the only "
                                           "column / 'length')")
     compare.add_argument("-D", "--ranks", default="64,512", help="comma-separated data-parallel sizes D "
                                                                  "(default: %(default)s)")
-    compare.add_argument("--items-per-rank", default="16", help="comma-separated samples per rank, "
-                                                                "workloads only (default: %(default)s)")
+    compare.add_argument("--items-per-rank", help=f"comma-separated samples per rank, workloads only "
+                                                  f"(default: {DEFAULT_ITEMS_PER_RANK})")
     compare.add_argument("--algorithms", help="comma-separated algorithms, NAME+locality variants and peers "
                                               "(default: those registered as default, plus auto+locality); "
                                               f"algorithms: {', '.join(ALGORITHMS)}")
@@ -83,9 +86,18 @@ def add_parser(commands) -> None:
     compare.set_defaults(handler=run)
 
 
+def _items_per_rank(args) -> str:
+    return DEFAULT_ITEMS_PER_RANK if args.items_per_rank is None else args.items_per_rank
+
+
 def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
     """The configurations to compare on, and a description of their source."""
     if args.lengths is not None:
+        ignored = [flag for flag, value in (("--model", args.model), ("--items-per-rank", args.items_per_rank))
+                   if value is not None]
+        if ignored:
+            raise UsageError(f"{' and '.join(ignored)} {'apply' if len(ignored) > 1 else 'applies'} to workloads, "
+                             f"not --lengths files (a file gives its items; --cost their costs)")
         lengths = load_lengths(args.lengths, args.column)
         cost = cost_model(args.cost)
         with usage_errors("--bytes-per-token"):
@@ -94,15 +106,16 @@ def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
         return configs, f"{args.lengths} ({lengths.size} items)"
     if args.cost is not None or args.padded:
         raise UsageError("--cost and --padded apply to --lengths files; workloads define their own stage costs")
-    stages = model_stages(args.model)
+    model = DEFAULT_MODEL if args.model is None else args.model
+    stages = model_stages(model)
     available = check_workload_source(args, stages)
-    items = int_list(args.items_per_rank, "--items-per-rank")
+    items = int_list(_items_per_rank(args), "--items-per-rank")
     for d in ranks:
         for k in items:
             batch_size(d, k, "--items-per-rank")
     configs = [CompareConfig(d, k, workload_stages(workload_batch(args, d, k, available), stages))
                for d in ranks for k in items]
-    return configs, f"workload {args.workload_file or args.workload!r} on the {args.model} model"
+    return configs, f"workload {args.workload_file or args.workload!r} on the {model} model"
 
 
 def _chosen(summary) -> dict[str, str]:
@@ -180,7 +193,7 @@ def run(args) -> int:
     algorithms = algorithm_names(args.algorithms)
     ranks = rank_list(args.ranks, "--ranks")
     check_seed(args.seed)
-    int_list(args.items_per_rank, "--items-per-rank")
+    int_list(_items_per_rank(args), "--items-per-rank")
     positive_int(args.gpus_per_node, "--gpus-per-node")
     for num_ranks in ranks:
         checked_topology(num_ranks, args.gpus_per_node)
@@ -189,6 +202,9 @@ def run(args) -> int:
     if args.csv is not None:
         check_parent("--csv", args.csv, made=args.plot)
         check_not_input("--csv", args.csv, [args.lengths, args.workload_file])
+        if args.plot is not None and Path(args.csv).name in FIGURES and \
+                Path(args.csv).resolve().parent == Path(args.plot).resolve():
+            raise UsageError(f"--csv {args.csv!r} is a figure --plot writes into {args.plot!r}; choose another name")
     degrees = (None if args.context_parallel is None
                else degree_list(args.context_parallel, "--context-parallel", ranks))
     configs, source = configs_of(args, ranks)

@@ -207,7 +207,12 @@ def run_giants(args) -> int:
     if args.ranks > 64:
         raise UsageError(f"--ranks must be at most 64 spawned CPU processes; got {args.ranks}")
     default = ",".join(str(d) for d in (1, 2, 4) if d <= args.ranks)
-    degrees = degree_list(args.context_parallel or default, "--context-parallel", [args.ranks])
+    degrees = degree_list(default if args.context_parallel is None else args.context_parallel, "--context-parallel",
+                          [args.ranks])
+    if degrees[-1] == 1:  # nothing can split: the check that splitting balances the giant would fail by construction
+        raise UsageError("--ranks 1: the giants workload splits an item over 2 or more ranks" if args.ranks == 1 else
+                         f"--context-parallel {args.context_parallel}: the giants workload needs a degree above 1 to "
+                         f"split its giant")
     _demo_module()
     from ..runtime.demo.giants import GiantsConfig, run_giants as run
 

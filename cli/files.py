@@ -198,8 +198,7 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
     Every entry is checked; raises UsageError naming the file and line of the first bad one.
     """
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"lengths file {str(path)!r} not found")
+    require_file(path, "lengths file")
     suffix = path.suffix.lower()
     if suffix == ".npy":
         if column is not None:
@@ -216,9 +215,23 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
 
 
 def require_file(path, what: str) -> None:
-    """UsageError unless `path` names an existing file (`what` says which, e.g. "workload file")."""
-    if not Path(path).is_file():
+    """UsageError unless `path` names an existing regular file (`what` says which, e.g. "workload file"):
+    not found, or what it is instead (a directory, a FIFO, a device such as /dev/null).
+
+    >>> require_file("/", "lengths file")
+    Traceback (most recent call last):
+    ...
+    orchmllm.cli.errors.UsageError: lengths file '/' is a directory, not a regular file
+    """
+    path = Path(path)
+    if path.is_file():
+        return
+    if not path.exists():
         raise UsageError(f"{what} {str(path)!r} not found")
+    kinds = ((path.is_dir, "a directory"), (path.is_fifo, "a FIFO"), (path.is_char_device, "a character device"),
+             (path.is_block_device, "a block device"), (path.is_socket, "a socket"))
+    kind = next((name for test, name in kinds if test()), "something else")
+    raise UsageError(f"{what} {str(path)!r} is {kind}, not a regular file")
 
 
 def check_parent(option: str, path, made=None) -> None:

@@ -96,7 +96,8 @@ def figures(runs, directory: Path) -> list[str]:
 def _flags(args, samples_per_rank) -> dict[str, str]:
     """The options of `simulate` by the name of the simulator's argument they give (`errors.naming_flag`)."""
     return {"samples_per_rank": f"--samples-per-rank {samples_per_rank}",
-            "max_tokens_per_microbatch": f"--max-tokens-per-microbatch {args.max_tokens_per_microbatch}"}
+            "max_tokens_per_microbatch": f"--max-tokens-per-microbatch {args.max_tokens_per_microbatch}",
+            "strategy": "--strategies", "workload": f"--workload {args.workload}"}
 
 
 def run(args) -> int:

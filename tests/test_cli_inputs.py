@@ -2,6 +2,7 @@
 error naming the input (exit 2); a closed stdout and an early Ctrl-C end quietly.  Named after their cause."""
 
 import json
+import os
 import pickle
 import signal
 import subprocess
@@ -41,6 +42,8 @@ def files(tmp_path_factory):
     (tmp / "hello.npy").write_bytes(b"hello")
     (tmp / "pickled.npy").write_bytes(pickle.dumps([3, 4, 5]))
     np.save(tmp / "objects.npy", np.array([3, "4"], dtype=object), allow_pickle=True)
+    (tmp / "directory.csv").mkdir()
+    os.mkfifo(tmp / "fifo.csv")
     return tmp
 
 
@@ -142,6 +145,32 @@ CASES = {
     "csv into a missing directory": (["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--algorithms", "lpt",
                                       "--csv", "{tmp}/missing/rows.csv"],
                                      "--csv '{tmp}/missing/rows.csv': directory '{tmp}/missing' does not exist"),
+    # probe3 UE4: a directory, a FIFO or /dev/null as the lengths file was "not found"
+    "lengths file that is a directory": (["plan", "{tmp}/directory.csv", "-D", "2"],
+                                         "lengths file '{tmp}/directory.csv' is a directory, not a regular file"),
+    "lengths file that is a FIFO": (["plan", "{tmp}/fifo.csv", "-D", "2"],
+                                    "lengths file '{tmp}/fifo.csv' is a FIFO, not a regular file"),
+    "lengths file /dev/null": (["compare", "--lengths", "/dev/null", "-D", "2"],
+                               "lengths file '/dev/null' is a character device, not a regular file"),
+    # probe3 UE3: simulate blamed --gpus for an unknown strategy or workload
+    "simulate unknown strategy": (["simulate", "--gpus", "8,16", "--strategies", "nope"],
+                                  "error: --strategies: unknown strategy 'nope'; choose from"),
+    "simulate unknown workload": (["simulate", "--gpus", "8", "--workload", "nope"],
+                                  "error: --workload nope: unknown workload 'nope'; choose one of"),
+    # probe3 UE5: workload options beside a lengths file were accepted and ignored, exit 0
+    "compare lengths file with items per rank": (
+        ["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--items-per-rank", "5"],
+        "error: --items-per-rank applies to workloads, not --lengths files"),
+    "compare lengths file with a model": (
+        ["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--model", "10b", "--items-per-rank", "5"],
+        "error: --model and --items-per-rank apply to workloads, not --lengths files"),
+    # probe3 UE10: nothing to split, so the demo's split check failed by construction after 40 s (exit 1)
+    "demo giants at degree 1": (["demo", "--workload", "giants", "--context-parallel", "1", "--ranks", "2"],
+                                "error: --context-parallel 1: the giants workload needs a degree above 1"),
+    "demo giants on one rank": (["demo", "--workload", "giants", "--ranks", "1"],
+                                "error: --ranks 1: the giants workload splits an item over 2 or more ranks"),
+    "demo giants with no degrees": (["demo", "--workload", "giants", "--context-parallel", ""],
+                                    "error: --context-parallel must list at least one integer; got ''"),
 }
 
 
@@ -219,6 +248,29 @@ def test_table_printed_to_a_closed_stdout_ends_quietly_with_exit_141(files):
     """`plan ... | head -c 10` exited 1 with no message: rich's console turned the broken pipe into exit 1."""
     result = run_with_closed_stdout(["plan", str(files / "good.csv"), "-D", "2"])
     assert result.returncode == 141 and result.stderr == "", result.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["plan", "{tmp}/good.csv", "-D", "2"], ["plan", "{tmp}/good.csv", "-D", "2", "--json"],
+                                  ["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--algorithms", "lpt"]],
+                         ids=["plan table", "plan json", "compare table"])
+def test_stdout_on_a_full_device_is_one_line_and_exit_2(files, args):
+    """Cause: rich's console and print_json wrote to stdout unguarded: a full disk ended in a 14-24 line OSError
+    traceback, exit 1, where --output's and --csv's said "cannot write (No space left on device)" (probe3 CR2)."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "orchmllm", *(arg.format(tmp=files) for arg in args)],
+                                stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    check_one_line_error(result.returncode, result.stderr, "cannot write to standard output (No space left on device)")
+
+
+def test_csv_named_as_a_figure_of_the_plot_directory_is_refused(files, tmp_path, capsys):
+    """Cause: `compare --plot DIR --csv DIR/loads.png` wrote the CSV, then the figure over it, exit 0."""
+    pytest.importorskip("matplotlib")
+    code = main(["compare", "--lengths", str(files / "good.csv"), "-D", "2", "--algorithms", "lpt",
+                 "--plot", str(tmp_path / "out"), "--csv", str(tmp_path / "out" / "loads.png")])
+    check_one_line_error(code, capsys.readouterr().err, f"--csv '{tmp_path / 'out' / 'loads.png'}' is a figure --plot "
+                                                        f"writes into '{tmp_path / 'out'}'; choose another name")
+    assert not (tmp_path / "out").exists()
 
 
 CONSOLE_SCRIPT = "import sys; from orchmllm.cli import main; sys.exit(main())"  # what pip's `orchmllm` script runs
