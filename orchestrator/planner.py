@@ -87,6 +87,20 @@ def stage_items(batch: Batch, stage: Stage) -> StageItems:
     return StageItems(batch.segment_sample[segments], segments, batch.segment_length[segments])
 
 
+def check_segments_fit(batch: Batch, stage: Stage, items: StageItems) -> None:
+    """InfeasibleError naming the encoder `stage` and the sample when one of its segments is longer than
+    its cap: the balancer's own message names an index into the stage's segments, of no stage."""
+    cap = stage.max_tokens_per_rank
+    if cap is None or not items.length.size or int(items.length.max()) <= cap:
+        return
+    index = int(np.argmax(items.length))
+    sample, longest = int(items.sample[index]), int(items.length[index])
+    position = int(items.segment[index] - batch.sample_segment_offsets[sample])
+    raise InfeasibleError(f"stage {stage.name!r} ({stage.modality}): max_tokens_per_rank={cap} is below segment "
+                          f"{position} of sample id {int(batch.sample_id[sample])} ({longest} tokens); a cap of at "
+                          f"least {longest} is needed", min_cap=longest)
+
+
 def item_tokens(batch: Batch, stage: Stage, items: StageItems) -> np.ndarray:
     """The LLM tokens each item produces: a segment's embeddings, or a sample's whole sequence."""
     return items.length if stage.is_llm else batch.segment_tokens[items.segment]
@@ -425,6 +439,8 @@ class Orchestrator:
         balanced = options.balance_llm if stage.is_llm else options.balance_encoders
         if not balanced or item_sample.size == 0:
             return stage_plan(batch, stage, batch.sample_source[item_sample], "none", items=items)
+        if not stage.is_llm:
+            check_segments_fit(batch, stage, items)
         algorithm = options.uniform_algorithm or stage.algorithm
         padded = False if options.uniform_algorithm else stage.padded
         placement = options.padded_placement if stage.padded else options.placement

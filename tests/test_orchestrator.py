@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmllm.balancers import CostModel
+from orchmllm.balancers import CostModel, InfeasibleError
 from orchmllm.orchestrator.plan import offsets_within_rank
 from orchmllm.orchestrator.samples import group_order
 from orchmllm.orchestrator.planner import Orchestrator, input_bytes, stage_items
@@ -475,3 +475,17 @@ def test_input_bytes_are_an_items_input_and_a_samples_text_plus_received_embeddi
     for segment, sample in enumerate(batch.segment_sample.tolist()):
         received[sample] += batch.segment_tokens[segment] * per_token[batch.modalities[batch.segment_modality[segment]]]
     np.testing.assert_array_equal(input_bytes(batch, stages, stages[2]), batch.sample_text * 4 + received)
+
+
+def test_an_encoder_cap_below_one_segment_names_the_stage_and_the_sample():
+    """Cause: the balancer's "`max_tokens_per_rank`=2 is below the largest item (3 tokens at index 0)" named
+    neither the stage (one of several encoder caps) nor the sample: "item 0" indexed the stage's segments (probe3 UE8)."""
+    stages = (Stage("audio", "audio", CostModel(linear=1)),
+              Stage("vision", "image", CostModel(per_item=1, linear=1), max_tokens_per_rank=4),
+              Stage("llm", "llm", CostModel(linear=1)))
+    samples = [Sample(text=4, segments=(Segment("audio", 2, 2), Segment("image", 3 + 2 * (r == 2), 3)), source=r,
+                      id=100 + r) for r in range(4)]
+    with pytest.raises(InfeasibleError, match=r"stage 'vision' \(image\): max_tokens_per_rank=4 is below segment 1 of "
+                                              r"sample id 102 \(5 tokens\); a cap of at least 5 is needed") as error:
+        Orchestrator(stages, Topology(num_nodes=1, gpus_per_node=4)).plan(Batch.from_samples(samples, 4))
+    assert error.value.min_cap == 5

@@ -229,7 +229,8 @@ def test_an_encoder_budget_no_micro_batch_meets_names_the_micro_batch_and_stage(
                                               r"or a sample holding more than it\)"):
         Orchestrator(capped(image=6000), 4).plan_cells(batch, whole)
     with pytest.raises(InfeasibleError, match=r"micro-batch \d+, stage 'image encoder': balancing it failed "
-                                              r"\(`max_tokens_per_rank`=5623 is below the largest item"):
+                                              r"\(stage 'image encoder' \(image\): max_tokens_per_rank=5623 is below "
+                                              r"segment 0 of sample id 10 \(5624 tokens\)"):
         Orchestrator(capped(image=5623), 4, max_tokens_per_microbatch=8192).plan(batch)
 
 
