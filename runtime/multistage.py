@@ -40,7 +40,6 @@ their all-to-alls (`PlanMismatchError`, `SchemaMismatchError`); see `agreement.p
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -59,6 +58,7 @@ from .encoders import checked_call, contract_problem, output_problem, unseen_mod
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, new_step, split_rows
+from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes
 from .sharding import TextUnits, pass_layout
 
 SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
@@ -93,83 +93,6 @@ def local_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_toke
             segment_rows.append((modalities.index(segment.modality), segment.length, segment.tokens, position))
     return (np.array(sample_rows, dtype=np.int64).reshape(-1, SAMPLE_COLUMNS),
             np.array(segment_rows, dtype=np.int64).reshape(-1, SEGMENT_COLUMNS))
-
-
-@dataclass(frozen=True, eq=False)
-class PassRoutes:
-    """One pass (micro-batch) of a step plan with the exchange routes this rank uses in it."""
-
-    plan: PassPlan
-    rank: int
-    input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage
-    text_route: ExchangeMeta  # text pieces to their LLM rank (a sample's, or a split sample's chunks)
-    embedding_routes: tuple[ExchangeMeta, ...]  # encoder rank -> LLM rank, one per encoder stage, over its pieces
-    text_units: TextUnits
-    embedding_pieces: tuple[np.ndarray, ...]  # the plan's route entries of each encoder stage
-
-    @property
-    def batch(self) -> Batch:
-        return self.plan.batch
-
-
-@dataclass(frozen=True, eq=False)
-class StepRoutes:
-    """A step plan with this rank's routes: one `PassRoutes` per micro-batch, and the whole
-    step's input routes (every item straight to the rank that runs it in its micro-batch) for
-    the fused input exchange."""
-
-    step: StepPlan
-    rank: int
-    microbatches: tuple[PassRoutes, ...]
-    input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage, over the step's segments of its modality
-    text_route: ExchangeMeta  # the step's text pieces to their LLM rank
-    num_loss_tokens: int  # loss tokens of the whole step on every rank
-    planning_seconds: float
-    text_units: TextUnits
-
-    @property
-    def batch(self) -> Batch:
-        return self.step.batch
-
-    @property
-    def num_microbatches(self) -> int:
-        return len(self.microbatches)
-
-
-@dataclass(frozen=True, eq=False)
-class Dispatched:
-    """What the input exchange delivered to this rank."""
-
-    inputs: dict  # modality -> packed raw inputs of the segments this rank encodes
-    input_lengths: dict  # modality -> int64 tensor of their lengths (encoder units)
-    text: dict  # name -> packed per-token tensors of this rank's LLM samples
-    per_sample: dict  # name -> one row per LLM sample of this rank
-
-
-@dataclass(frozen=True, eq=False)
-class StepInputs:
-    """What `dispatch` returned for a step: per micro-batch, its `Dispatched` (fused exchange
-    done) or this rank's local tensors of it (`exchanged` False: moved one by one)."""
-
-    routes: StepRoutes
-    parts: tuple
-    exchanged: bool
-    stats: dict | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class Assembled:
-    """This rank's packed LLM input and where its pieces came from."""
-
-    embeddings: torch.Tensor  # (num_tokens, hidden): samples packed in ascending order
-    sample_lengths: torch.Tensor  # int64 (num_samples,)
-    samples: np.ndarray  # global sample indices, ascending
-    text_positions: torch.Tensor  # int64: packed row of every received text token
-
-    def scatter_text(self, values: torch.Tensor, fill) -> torch.Tensor:
-        """Place per-text-token `values` (e.g. labels) at their packed rows; `fill` elsewhere."""
-        out = values.new_full((self.embeddings.shape[0], *values.shape[1:]), fill)
-        return out.index_copy(0, self.text_positions, values)
 
 
 class MultiStageRuntime:

@@ -1,0 +1,92 @@
+"""What the multi-stage runtime hands around in a step: this rank's routes of every pass and of the
+whole step, what the input exchange delivered, and the packed LLM input `forward` assembles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..orchestrator.plan import PassPlan
+from ..orchestrator.samples import Batch
+from ..orchestrator.step import StepPlan
+from .exchange import ExchangeMeta
+from .sharding import TextUnits
+
+
+@dataclass(frozen=True, eq=False)
+class PassRoutes:
+    """One pass (micro-batch) of a step plan with the exchange routes this rank uses in it."""
+
+    plan: PassPlan
+    rank: int
+    input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage
+    text_route: ExchangeMeta  # text pieces to their LLM rank (a sample's, or a split sample's chunks)
+    embedding_routes: tuple[ExchangeMeta, ...]  # encoder rank -> LLM rank, one per encoder stage, over its pieces
+    text_units: TextUnits
+    embedding_pieces: tuple[np.ndarray, ...]  # the plan's route entries of each encoder stage
+
+    @property
+    def batch(self) -> Batch:
+        return self.plan.batch
+
+
+@dataclass(frozen=True, eq=False)
+class StepRoutes:
+    """A step plan with this rank's routes: one `PassRoutes` per micro-batch, and the whole
+    step's input routes (every item straight to the rank that runs it in its micro-batch) for
+    the fused input exchange."""
+
+    step: StepPlan
+    rank: int
+    microbatches: tuple[PassRoutes, ...]
+    input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage, over the step's segments of its modality
+    text_route: ExchangeMeta  # the step's text pieces to their LLM rank
+    num_loss_tokens: int  # loss tokens of the whole step on every rank
+    planning_seconds: float
+    text_units: TextUnits
+
+    @property
+    def batch(self) -> Batch:
+        return self.step.batch
+
+    @property
+    def num_microbatches(self) -> int:
+        return len(self.microbatches)
+
+
+@dataclass(frozen=True, eq=False)
+class Dispatched:
+    """What the input exchange delivered to this rank."""
+
+    inputs: dict  # modality -> packed raw inputs of the segments this rank encodes
+    input_lengths: dict  # modality -> int64 tensor of their lengths (encoder units)
+    text: dict  # name -> packed per-token tensors of this rank's LLM samples
+    per_sample: dict  # name -> one row per LLM sample of this rank
+
+
+@dataclass(frozen=True, eq=False)
+class StepInputs:
+    """What `dispatch` returned for a step: per micro-batch, its `Dispatched` (fused exchange
+    done) or this rank's local tensors of it (`exchanged` False: moved one by one)."""
+
+    routes: StepRoutes
+    parts: tuple
+    exchanged: bool
+    stats: dict | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Assembled:
+    """This rank's packed LLM input and where its pieces came from."""
+
+    embeddings: torch.Tensor  # (num_tokens, hidden): samples packed in ascending order
+    sample_lengths: torch.Tensor  # int64 (num_samples,)
+    samples: np.ndarray  # global sample indices, ascending
+    text_positions: torch.Tensor  # int64: packed row of every received text token
+
+    def scatter_text(self, values: torch.Tensor, fill) -> torch.Tensor:
+        """Place per-text-token `values` (e.g. labels) at their packed rows; `fill` elsewhere."""
+        out = values.new_full((self.embeddings.shape[0], *values.shape[1:]), fill)
+        return out.index_copy(0, self.text_positions, values)
