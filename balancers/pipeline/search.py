@@ -26,7 +26,7 @@ from .spec import Pipeline
 LIGHT_REPLICAS = 4
 MAX_SWAPS = 1024  # slot pairs tried per step: all of them up to M = 46, else swaps with the neighbours and ends
 RELATIVE_GAIN = 1e-12
-WINDOW, WINDOW_GAIN = 16, 1e-4
+WINDOW, WINDOW_GAIN = 4, 1e-4
 
 
 class CellSearch:
