@@ -81,6 +81,10 @@ class SplitMicroBatchPlan(MicroBatchPlan):
         item = as_index(item, "item", self.num_items, "num_items")
         return self.rank[item] + np.arange(self.degree[item], dtype=np.int64)
 
+    def to_json(self) -> dict:
+        """The `MicroBatchPlan`'s JSON and every item's degree and per-rank time."""
+        return {**super().to_json(), "degree": self.degree.tolist(), "item_time": self.item_time.tolist()}
+
     def digest(self) -> str:
         """The `MicroBatchPlan` digest, and of the degrees when some item is split."""
         digest = super().digest()

@@ -46,6 +46,11 @@ class ContextParallelPlan(BalancePlan):
         rank = as_index(rank, "rank", self.num_ranks, "num_ranks")
         return np.flatnonzero((self.assignment <= rank) & (rank < self.assignment + self.degree))
 
+    def to_json(self) -> dict:
+        """The `BalancePlan`'s JSON (`assignment`: each item's first rank) and every item's degree and
+        per-rank time."""
+        return {**super().to_json(), "degree": self.degree.tolist(), "item_time": self.item_time.tolist()}
+
     def digest(self) -> str:
         """SHA-256 of the assignment, and of the degrees when some item is split."""
         if not self.split_items.size:
