@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan import BalancePlan
+from ..plan import BalancePlan, integral, rounded_down
 from ..problem import Problem, Status
 from ..validation import as_index
 from .blocks import groups_disjoint, within_node
@@ -97,9 +97,12 @@ def rank_accounts(problem: Problem, spec: ContextParallel, gpus_per_node: int, s
 
 
 def certify(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
-            status: Status, algorithm: str, bound: float, solve_seconds: float = 0.0) -> ContextParallelPlan:
+            status: Status, algorithm: str, bound: float, solve_seconds: float = 0.0,
+            exact_bound: bool = False) -> ContextParallelPlan:
     """Check a split plan (aligned blocks, in node where required, one group per rank, token
-    budget) and wrap it with loads, tokens, the given bound and the status it earns.
+    budget) and wrap it with loads, tokens, the given bound and the status it earns.  The bound is
+    lowered by the float error of the plan's load sums (`plan.rounded_down`, as `make_plan` does)
+    unless `exact_bound` (a certified plan's own bound, passed through).
 
     A violation is a planner bug, so it raises RuntimeError rather than hand out the plan.
     """
@@ -120,6 +123,8 @@ def certify(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: 
         rank = int(np.argmax(tokens))
         raise RuntimeError(f"{algorithm!r} put {int(tokens[rank])} tokens on rank {rank}, over max_tokens_per_rank={cap}")
     makespan = float(loads.max())
+    if not exact_bound:  # an fsum bound, lowered by the float error of the plan's own sums (`rounded_down`)
+        bound = rounded_down(float(bound), makespan, d, problem.item_costs, lambda: integral(problem.item_costs))
     bound = min(float(bound), makespan)  # float sums in another order never lift a bound above a plan reached
     if makespan == bound:
         status = Status.OPTIMAL

@@ -110,7 +110,7 @@ def _wrap(plan, problem: Problem, spec: ContextParallel, gpus_per_node: int, bou
     start = plan.assignment
     if bound is None:
         return certify(problem, spec, gpus_per_node, start, np.ones_like(start), plan.status, plan.algorithm,
-                       plan.lower_bound, plan.solve_seconds)
+                       plan.lower_bound, plan.solve_seconds, exact_bound=True)
     status = Status.FEASIBLE if plan.status is Status.OPTIMAL else plan.status
     return certify(problem, spec, gpus_per_node, start, np.ones_like(start), status, plan.algorithm, bound,
                    plan.solve_seconds)
