@@ -348,14 +348,20 @@ def _tiny_runtime(**options):
     return config, MultiStageRuntime(stages, **options)
 
 
-def test_multistage_world_size_one_runs_the_whole_path_and_validates_input():
-    config, runtime = _tiny_runtime(check_plan=True)
+def _one_dispatched_step(config, runtime):
+    """A seeded tiny model and rank 0's batch of 3 samples, planned and dispatched by `runtime` (one micro-batch)."""
     torch.manual_seed(0)
     model = TinyMultimodalModel(config)
     local = SyntheticMultimodal(config, samples_per_rank=3, seed=2).local_batch(0, 0)
     routes = runtime.plan(local.samples)
     [micro] = runtime.microbatches(routes, runtime.dispatch(routes, text=local.text, per_sample=local.per_sample,
                                                             inputs=local.inputs))
+    return model, local, micro
+
+
+def test_multistage_world_size_one_runs_the_whole_path_and_validates_input():
+    config, runtime = _tiny_runtime(check_plan=True)
+    model, local, micro = _one_dispatched_step(config, runtime)
     routes, moved = micro.routes, micro.data
     assert torch.equal(moved.text["input_ids"], local.text["input_ids"])
     packed = runtime.forward(routes, moved, encoders=model.encoders(), text_embedding=model.llm.embed)
@@ -469,12 +475,7 @@ def test_regression_dispatcher_inputs_of_the_wrong_kind_gave_raw_python_and_torc
 
 def test_regression_an_encoder_returning_a_tuple_or_another_width_gave_raw_python_and_torch_errors():
     config, runtime = _tiny_runtime()
-    torch.manual_seed(0)
-    model = TinyMultimodalModel(config)
-    local = SyntheticMultimodal(config, samples_per_rank=3, seed=2).local_batch(0, 0)
-    routes = runtime.plan(local.samples)
-    [micro] = runtime.microbatches(routes, runtime.dispatch(routes, text=local.text, per_sample=local.per_sample,
-                                                            inputs=local.inputs))
+    model, _, micro = _one_dispatched_step(config, runtime)
     encoders = model.encoders()
     tupled = {**encoders, "image": lambda x, n: (encoders["image"](x, n),)}
     narrow = {**encoders, "audio": lambda x, n: encoders["audio"](x, n)[:, :7]}
