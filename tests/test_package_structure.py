@@ -66,8 +66,6 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: balancers.context_parallel.microbatch <-> balancers.microbatch.api "
-                   "(the split micro-batch planner calls balance_microbatches); drop this mark with the last circle")
 def test_no_import_circle():
     modules = _sources()
     graph = {name: _imported(name, path, modules) for name, path in modules.items()}

@@ -311,12 +311,12 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     return replace(best, lower_bound=bound, status=status, solve_seconds=time.perf_counter() - clock)
 
 
-def balance_microbatches_split(context_parallel, lengths, num_ranks, *, max_tokens_per_microbatch, cost, costs, padded,
-                               num_microbatches, microbatch_overhead, topology, **plain) -> SplitMicroBatchPlan:
+def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit, max_tokens_per_microbatch, cost, costs,
+                               padded, num_microbatches, microbatch_overhead, topology, **plain) -> SplitMicroBatchPlan:
     """`balance_microbatches(..., context_parallel=)` (see there), validated here once: today's plan is
-    that call without `context_parallel` (`plain`: its other arguments), kept unless splitting pays;
-    `topology` (world size num_ranks, or None) gives the node size and links."""
-    from ..microbatch.api import balance_microbatches  # the caller's own module: imported when called
+    that call without `context_parallel` (`unsplit`, which the caller passes so that this room does not
+    import it back; `plain`: its other arguments), kept unless splitting pays; `topology` (world size
+    num_ranks, or None) gives the node size and links."""
     if not isinstance(context_parallel, ContextParallel):
         raise TypeError(f"`context_parallel` must be a ContextParallel; got {type(context_parallel).__name__}")
     if costs is not None or padded is not False or plain.get("pipeline") is not None:
@@ -337,7 +337,7 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, max_toke
         spec = spec.on(topology)
     today = dict(plain, topology=topology if plain.get("sources") is not None else None)
     return split_microbatches(lengths, num_ranks, spec, cost=CostModel() if cost is None else cost, budget=budget,
-                              overhead=overhead, num_microbatches=fixed, plain=lambda: balance_microbatches(
+                              overhead=overhead, num_microbatches=fixed, plain=lambda: unsplit(
                                   lengths, num_ranks, max_tokens_per_microbatch=budget, cost=cost,
                                   num_microbatches=num_microbatches, microbatch_overhead=microbatch_overhead,
                                   **today))

@@ -300,7 +300,7 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     ([[6, 6], [5, 5]], [1])
     """
     if context_parallel is not None:  # the split planner; today's plan is this call without it
-        return balance_microbatches_split(**locals())
+        return balance_microbatches_split(unsplit=balance_microbatches, **locals())
     options = microbatch_options(max_tokens_per_microbatch, num_microbatches, microbatch_overhead, algorithm,
                                  pipeline=pipeline)
     return plan_microbatches(lengths, num_ranks, options, cost=cost, costs=costs, padded=padded, sources=sources,
@@ -313,9 +313,10 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     """`balance_microbatches` with its micro-batch options checked already (`microbatch_options`: the
     orchestrator and the dispatcher hold them from their construction); the items' arguments as there."""
     if context_parallel is not None:
-        return balance_microbatches_split(context_parallel, lengths, num_ranks, **options.arguments(), cost=cost,
-                                          costs=costs, padded=padded, sources=sources, item_bytes=item_bytes,
-                                          topology=topology, time_limit=time_limit)
+        return balance_microbatches_split(context_parallel, lengths, num_ranks, unsplit=balance_microbatches,
+                                          **options.arguments(), cost=cost, costs=costs, padded=padded,
+                                          sources=sources, item_bytes=item_bytes, topology=topology,
+                                          time_limit=time_limit)
     record = get_microbatch_algorithm(options.algorithm)
     algorithm, fixed, pipeline = options.algorithm, options.num_microbatches, options.pipeline
     problem = _problem(lengths, num_ranks, options, cost, costs, padded, time_limit)
