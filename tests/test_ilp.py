@@ -27,14 +27,25 @@ def uncapped_twin(problem):
     return make_problem(problem.lengths, problem.num_ranks, cost=problem.cost, padded=problem.padded)
 
 
-@settings(max_examples=60)
-@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=6), num_ranks=st.integers(1, 3),
-       cost=costs, is_padded=st.booleans(), cap=st.none() | st.integers(9, 24))
-def test_optimal_matches_brute_force_including_infeasibility(lengths, num_ranks, cost, is_padded, cap):
+@st.composite
+def small_problems(draw):
+    """Up to 6 items of 0-9 tokens on 1-3 ranks, padded or not, maybe capped at 9-24 tokens; None where
+    make_problem's necessary bounds already refuse the cap (nothing left for the solvers to decide)."""
+    lengths = draw(st.lists(st.integers(0, 9), min_size=1, max_size=6))
+    num_ranks, cost, is_padded = draw(st.integers(1, 3)), draw(costs), draw(st.booleans())
+    cap = draw(st.none() | st.integers(9, 24))
     try:
-        problem = make_problem(lengths, num_ranks, cost=cost, padded=is_padded, max_tokens_per_rank=cap)
+        return make_problem(lengths, num_ranks, cost=cost, padded=is_padded, max_tokens_per_rank=cap)
     except InfeasibleError:
+        return None
+
+
+@settings(max_examples=60)
+@given(problem=small_problems())
+def test_optimal_matches_brute_force_including_infeasibility(problem):
+    if problem is None:
         return
+    cap = problem.max_tokens_per_rank
     oracle = brute_force_of(problem)
     if not oracle.feasible:
         with pytest.raises(InfeasibleError, match="(HiGHS|branch and bound) proved that no plan fits") as caught:
@@ -49,13 +60,10 @@ def test_optimal_matches_brute_force_including_infeasibility(lengths, num_ranks,
 
 
 @settings(max_examples=40)
-@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=6), num_ranks=st.integers(1, 3),
-       cost=costs, is_padded=st.booleans(), cap=st.none() | st.integers(9, 24))
-def test_model_alone_matches_brute_force(lengths, num_ranks, cost, is_padded, cap):
+@given(problem=small_problems())
+def test_model_alone_matches_brute_force(problem):
     """HiGHS on the bare model, no start plan and no shortcut: its verdicts are the oracle's."""
-    try:
-        problem = make_problem(lengths, num_ranks, cost=cost, padded=is_padded, max_tokens_per_rank=cap)
-    except InfeasibleError:
+    if problem is None:
         return
     optimum = brute_force_of(problem).makespan
     outcome, assignment, objective = ilp._Model(problem).solve(time_limit=20)
