@@ -49,6 +49,13 @@ def run_with(target: Path, *args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": path})
 
 
+def printed_json(target: Path, *args: str):
+    """What `run_with(target, *args)` printed as JSON, once it exited 0."""
+    result = run_with(target, *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 @pytest.fixture(scope="module")
 def plugin_site(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugin")
@@ -65,19 +72,15 @@ def test_the_readme_plugin_runs_in_balance_once_installed(plugin_site):
               "record = get_algorithm('round_robin')\n"
               "print(json.dumps({'assignment': plan.assignment.tolist(), 'algorithm': plan.algorithm,"
               " 'kind': str(record.kind), 'min_cap': needed, 'listed': 'round_robin' in [r.name for r in algorithms()]}))")
-    result = run_with(plugin_site, "-c", script)
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"assignment": [0, 1, 0, 1, 0], "algorithm": "round_robin",
+    assert printed_json(plugin_site, "-c", script) == {"assignment": [0, 1, 0, 1, 0], "algorithm": "round_robin",
                                          "kind": "plugin", "min_cap": 9, "listed": True}
 
 
 def test_the_readme_plugin_is_an_orchmllm_plan_algorithm(plugin_site, tmp_path):
     lengths = tmp_path / "lengths.csv"
     lengths.write_text("length\n" + "\n".join(map(str, [40, 7, 19, 3, 25, 11, 8, 30])) + "\n")
-    result = run_with(plugin_site, "-m", "orchmllm", "plan", str(lengths), "-D", "4", "--algorithm", "round_robin",
-                      "--json")
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
+    plan = printed_json(plugin_site, "-m", "orchmllm", "plan", str(lengths), "-D", "4", "--algorithm", "round_robin",
+                        "--json")
     assert plan["algorithm"] == "round_robin" and plan["assignment"] == [0, 1, 2, 3, 0, 1, 2, 3]
     assert plan["loads"] == [65.0, 18.0, 27.0, 33.0]
 
@@ -128,9 +131,7 @@ def test_regression_entry_points_that_clash_or_fail_broke_every_listing(tmp_path
               "                  'first_rank': balance([3, 2, 1], 2, algorithm='first_rank').assignment.tolist(),\n"
               "                  'verl_kk': str(get_algorithm('verl_kk').kind), 'listed': names,\n"
               "                  'warnings': sorted(str(w.message) for w in caught)}))\n")
-    result = run_with(tmp_path, "-c", script)
-    assert result.returncode == 0, result.stderr
-    seen = json.loads(result.stdout)
+    seen = printed_json(tmp_path, "-c", script)
     assert seen["lpt"] == [0, 1, 1] and seen["first_rank"] == [0, 0, 0] and seen["verl_kk"] == "peer"
     assert {"lpt", "verl_kk", "first_rank"} <= set(seen["listed"]) and "gone" not in seen["listed"]
     where = "of distribution clashing-plugins (group 'orchmllm.algorithms')"
