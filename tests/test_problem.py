@@ -1,6 +1,7 @@
 """The contract under every kernel: lower bounds are sound, plans are certified."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -244,3 +245,11 @@ def test_torch_lengths_in_bfloat16_or_requiring_grad_are_read_as_their_values(ki
         balance_microbatches([5, 3, 4, 2], 2, max_tokens_per_microbatch=8).digest()
     assert balance([1, 2, 3, 4], 2, costs=tensor).assignment.tolist() == \
         balance([1, 2, 3, 4], 2, costs=[5.0, 3, 4, 2]).assignment.tolist()
+
+
+def test_float16_lengths_are_checked_against_2_53_without_an_overflow_warning():
+    """Cause: `abs(lengths) >= 2.0**53` cast 2**53 to float16, printing numpy's "overflow encountered in cast"
+    to the user's stderr (probe3 UE11's note)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert balance(np.array([60000, 3], dtype=np.float16), 2).assignment.tolist() == [0, 1]
