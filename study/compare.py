@@ -16,7 +16,6 @@ reimplementations (`study.peers`), not of the peers' own code; rows say so (`tim
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from ..balancers.validation import SizeLimitError, as_real
 from ..topology import Topology, traffic
 from .microbatch_peers import MICROBATCH_PEERS
 from .peers import peer_mode
+from .records import FieldsAsJson
 
 BASELINE = "none"  # every item stays on the rank that sampled it
 MAX_STEP_SAMPLES = MAX_CELLS  # D × samples per rank a compared or simulated step draws: 2**22, as a plan's cells
@@ -170,7 +170,7 @@ def ratio(value: float, reference: float) -> float:
 
 
 @dataclass(frozen=True)
-class CompareRow:
+class CompareRow(FieldsAsJson):
     """One algorithm on one stage of one configuration; the figures are None when it does not apply."""
 
     ranks: int
@@ -197,9 +197,6 @@ class CompareRow:
     def applies(self) -> bool:
         return self.makespan is not None
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
 class BestPlans:
@@ -214,19 +211,16 @@ class BestPlans:
 
 
 @dataclass(frozen=True)
-class BestPeer:
+class BestPeer(FieldsAsJson):
     """The peer whose plans sum lowest over all stages."""
 
     algorithm: str
     work: float
     speedup_vs_none: float
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
-class LocalityEffect:
+class LocalityEffect(FieldsAsJson):
     """An algorithm against its +locality variant, summed over stages: work and bytes."""
 
     algorithm: str
@@ -236,9 +230,6 @@ class LocalityEffect:
     work_locality: float
     bytes_moved_locality: float
     bytes_inter_node_locality: float
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -390,7 +381,7 @@ def summarize(rows: Sequence[CompareRow]) -> tuple[CompareSummary, ...]:
 
 
 @dataclass(frozen=True)
-class MicroBatchRow:
+class MicroBatchRow(FieldsAsJson):
     """One micro-batch algorithm (ours or a reimplemented peer) on one configuration's last stage:
     its micro-batch count M and Σ_m max_r cost over the certified bound."""
 
@@ -406,9 +397,6 @@ class MicroBatchRow:
     step_cost_over_bound: float
     solve_seconds: float
     timed: str = "orchmllm"
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def compare_microbatches(configs: Sequence[CompareConfig], max_tokens_per_microbatch: int

@@ -16,7 +16,6 @@ split, widest group, and the planner's time (the peers' from our reimplementatio
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -27,12 +26,13 @@ from ..balancers import ContextParallel, balance
 from ..balancers.context_parallel.spec import as_degrees
 from .compare import PEER_TIMING, CompareConfig, compare_topology, ratio
 from .context_parallel_peers import best_megatron_dynamic_cp, best_static_cp, megatron_capacities, no_split
+from .records import FieldsAsJson
 
 SPLIT_ALGORITHMS = ("no_split", "static_cp", "megatron_dynamic_cp", "ours")
 
 
 @dataclass(frozen=True)
-class SplitRow:
+class SplitRow(FieldsAsJson):
     """One split algorithm on one configuration's last stage."""
 
     ranks: int
@@ -49,9 +49,6 @@ class SplitRow:
     waves: int
     solve_seconds: float
     timed: str = "orchmllm"
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def compare_spec(degrees, num_ranks: int, gpus_per_node: int) -> ContextParallel:

@@ -56,6 +56,7 @@ from ..orchestrator.step import StepPlan
 from ..topology import Topology, estimate_exchange
 from .compare import MAX_STEP_SAMPLES, check_batch_size
 from .models import GIB, GPUS, MODELS, GPU, ModelConfig, list_models
+from .records import FieldsAsJson
 from .strategies import STRATEGIES, Strategy, get_strategy, micro_batched, single_pass
 from .workloads import WORKLOADS, check_workload_file, list_workloads, load_workload_file, sample_workload
 
@@ -70,7 +71,7 @@ __all__ = ["BatchChoice", "CompositionFigures", "SimulationRun", "StageFigures",
 
 
 @dataclass(frozen=True)
-class StageFigures:
+class StageFigures(FieldsAsJson):
     """One stage of a simulated step: its slowest and mean rank, balance and plan."""
 
     seconds: float
@@ -81,9 +82,6 @@ class StageFigures:
     padded: bool
     items: int
     max_tokens_per_rank: int
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,16 +124,13 @@ class StepFigures:
 
 
 @dataclass(frozen=True)
-class CompositionFigures:
+class CompositionFigures(FieldsAsJson):
     """The composed embedding exchange (one) against the two-exchange scheme: bytes and seconds."""
 
     one_exchange_bytes_moved: float
     one_exchange_seconds: float
     two_exchange_bytes_moved: float
     two_exchange_seconds: float
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
