@@ -53,27 +53,25 @@ def mountain(costs: np.ndarray) -> np.ndarray:
 
 
 def reshape(item_costs: np.ndarray, lengths: np.ndarray, replica: np.ndarray, targets: np.ndarray,
-            max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+            max_tokens: int, costliest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(slot per item, failed per replica): each replica's items re-cut toward `targets` (D, M) of
     cost per slot (see the module); a replica where an item found no room is flagged, its slots -1.
+    `costliest`: the items by cost, largest first, ties by index (the problem's `cost_order`).
 
     >>> reshape(np.array([4.0, 3.0, 2.0, 1.0]), np.ones(4, dtype=np.int64), np.zeros(4, dtype=np.int64),
-    ...         np.array([[3.0, 7.0]]), 4)[0].tolist()
+    ...         np.array([[3.0, 7.0]]), 4, np.arange(4))[0].tolist()
     [1, 0, 1, 1]
     """
     n = item_costs.size
     num_ranks, m = targets.shape
-    costliest = np.argsort(-item_costs, kind="stable")  # ties by index
-    order = costliest[np.argsort(replica[costliest], kind="stable")]  # by replica, costliest first
+    order = costliest[_grouped(replica[costliest], num_ranks)]  # by replica, costliest first
     counts = np.bincount(replica, minlength=num_ranks)
-    turn = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # each item's round within its replica
-    rounds = np.argsort(turn, kind="stable")
-    edges = np.searchsorted(turn[rounds], np.arange(int(turn.max(initial=-1)) + 2))
+    first = np.cumsum(counts) - counts  # round t takes order[first[r] + t] of every replica r with counts[r] > t
     load, tokens = np.zeros((num_ranks, m)), np.zeros((num_ranks, m), dtype=np.int64)
     slot, failed = np.full(n, -1, dtype=np.int64), np.zeros(num_ranks, dtype=bool)
-    for start, end in zip(edges[:-1], edges[1:]):
-        items = order[rounds[start:end]]
-        rows = replica[items]
+    for t in range(int(counts.max(initial=0))):
+        rows = np.flatnonzero(counts > t)
+        items = order[first[rows] + t]
         room = tokens[rows] + lengths[items][:, None] <= max_tokens
         left = np.where(room, targets[rows] - load[rows], -np.inf)
         chosen = np.argmax(left, axis=1)
@@ -84,3 +82,11 @@ def reshape(item_costs: np.ndarray, lengths: np.ndarray, replica: np.ndarray, ta
         tokens[rows, chosen] += lengths[items]
         slot[items] = chosen
     return slot, failed
+
+
+def _grouped(rows: np.ndarray, count: int) -> np.ndarray:
+    """The stable order of `rows` (values in [0, count)): as uint16 keys, which numpy sorts by radix,
+    or as unique int64 keys (row · size + position)."""
+    if count <= 2**16:
+        return np.argsort(rows.astype(np.uint16), kind="stable")
+    return np.sort(rows * rows.size + np.arange(rows.size)) % rows.size

@@ -98,7 +98,7 @@ def shaped_slots(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarr
     d, o = problem.num_ranks, problem.microbatch_overhead
     totals = np.bincount(replica, weights=problem.item_costs, minlength=d) + num_microbatches * o
     new, failed = reshape(problem.item_costs, problem.lengths, replica, totals[:, None] * shape[None, :] - o,
-                          problem.max_tokens)
+                          problem.max_tokens, problem.cost_order)
     return np.where(failed[replica], slot, new)
 
 
