@@ -37,7 +37,7 @@ algorithm's) runs `check_microbatch_conformance` instead.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from hypothesis import given
@@ -49,8 +49,8 @@ from ..balancers.api import _balance_groups
 from ..balancers.constraints.groups import as_groups
 from ..balancers.plan import make_plan, run_kernel
 from .checks import check_plan
-from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, check_repeats, check_suite_arguments,
-                      compare_processes, fingerprint, run_properties, with_examples)
+from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, SuiteReport, SuiteTarget, check_repeats,
+                      check_suite_arguments, compare_processes, fingerprint, run_properties, with_examples)
 from .harness import suite_settings as _settings  # a property's source seeds its derandomized examples: kept as it was
 from .microbatch_conformance import MicroBatchConformanceReport, check_microbatch_conformance
 from .oracles import brute_force
@@ -66,13 +66,9 @@ a plan is certified against it only where it proves it in that time."""
 
 
 @dataclass(frozen=True)
-class ConformanceReport:
+class ConformanceReport(SuiteReport):
     """What `check_conformance` checked (all of it passed)."""
 
-    algorithm: str
-    kinds: tuple[str, ...]
-    plans_certified: int
-    plans_optimal: int
     refusals_followed: int
     metamorphic_checks: int
     processes_compared: int
@@ -80,32 +76,18 @@ class ConformanceReport:
     constrained_plans: int = 0
     repeated_calls: int = 0
 
-    def to_json(self) -> dict:
-        return asdict(self)
 
-
-class _Target:
+class _Target(SuiteTarget):
     """The kernel under test, its name, and what it declares."""
 
     def __init__(self, target, padded, exact, order_invariant, time_limit, constraints):
-        name = target if isinstance(target, str) else getattr(target, "__name__", type(target).__name__)
-        if isinstance(target, str):
-            target = get_algorithm(target, "algorithm_or_kernel")
-        if not callable(target):
-            raise TypeError(f"`algorithm_or_kernel` must be a registered name or a kernel "
-                            f"(Problem -> KernelResult); got {type(target).__name__}")
-        self.kernel = target
-        self.name = getattr(target, "name", name)
-        kinds = [kind for kind, declared in ((False, getattr(target, "unpadded", True)),
-                                             (True, getattr(target, "padded", True))) if declared]
-        self.kinds = kinds if padded is None else [padded]
-        self.exact = getattr(target, "exact", False) if exact is None else exact
+        super().__init__(target, get_algorithm, "a registered name or a kernel (Problem -> KernelResult)", padded,
+                         exact, time_limit)
         # The baseline keeps the sampled order, and peers' rules are theirs (next fit in order).
-        ours = str(getattr(target, "kind", "plugin")) in ("ours", "plugin")
+        ours = str(getattr(self.kernel, "kind", "plugin")) in ("ours", "plugin")
         self.order_invariant = ours if order_invariant is None else order_invariant
-        self.time_limit = time_limit
         # An Algorithm record may carry the kernel it runs under equal_counts=True.
-        self.equal_counts = getattr(target, "equal_counts", None)
+        self.equal_counts = getattr(self.kernel, "equal_counts", None)
         able = {name for name, applies in (("costs", False in self.kinds), ("groups", False in self.kinds),
                                            ("equal_counts", self.equal_counts is not None)) if applies}
         asked = set(CONSTRAINTS if constraints is None else constraints)

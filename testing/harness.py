@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 
 from hypothesis import HealthCheck, Phase, example, settings
 from hypothesis.errors import FlakyFailure
@@ -33,6 +34,38 @@ PROCESS_CASES = 8
 
 class ConformanceError(AssertionError):
     """A kernel broke a property; the message names it, the input and what was seen."""
+
+
+@dataclass(frozen=True)
+class SuiteReport:
+    """What every conformance suite reports checking (all of it passed): the algorithm, the kinds of
+    batch it ran on, the plans it certified and those it proved optimal; each suite adds its counts."""
+
+    algorithm: str
+    kinds: tuple[str, ...]
+    plans_certified: int
+    plans_optimal: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class SuiteTarget:
+    """The kernel under test, its name, and what it declares (padded/unpadded kinds, exact); each
+    suite's target adds how it runs a case.  `lookup` resolves a registered name; `signature` says
+    what else `algorithm_or_kernel` may be."""
+
+    def __init__(self, target, lookup, signature: str, padded, exact, time_limit):
+        if isinstance(target, str):
+            target = lookup(target, "algorithm_or_kernel")
+        if not callable(target):
+            raise TypeError(f"`algorithm_or_kernel` must be {signature}; got {type(target).__name__}")
+        self.kernel = target
+        self.name = getattr(target, "name", getattr(target, "__name__", type(target).__name__))
+        declared = [kind for kind in (False, True) if getattr(target, "padded" if kind else "unpadded", True)]
+        self.kinds = declared if padded is None else [padded]
+        self.exact = getattr(target, "exact", False) if exact is None else exact
+        self.time_limit = time_limit
 
 
 def check_suite_arguments(max_items, max_ranks, examples, processes, time_limit) -> tuple:

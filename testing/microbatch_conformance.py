@@ -20,7 +20,7 @@ that may fit to one more, every cost model, padded or not, with or without an ov
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import given
@@ -30,8 +30,9 @@ from ..balancers import CostModel, InfeasibleError, MicroBatchAlgorithm, Status,
 from ..balancers.microbatch.api import balance_microbatches, make_microbatch_problem
 from ..balancers.microbatch.bounds import min_microbatches
 from ..balancers.microbatch.plan import MicroBatchPlan, make_microbatch_plan
-from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, check_repeats, check_suite_arguments,
-                      compare_processes, fingerprint, run_properties, suite_settings, with_examples)
+from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, SuiteReport, SuiteTarget, check_repeats,
+                      check_suite_arguments, compare_processes, fingerprint, run_properties, suite_settings,
+                      with_examples)
 from .microbatch import MicroBatchOptimum, brute_force_microbatches, check_microbatch_plan
 from .oracles import BRUTE_FORCE_MAX_PLANS
 from .strategies import COST_MODELS, _lengths, hard_cases
@@ -124,21 +125,12 @@ def optimum_of(case: MicroBatchCase) -> MicroBatchOptimum | None:
     return MicroBatchOptimum(plan.step_cost, plan.rank, plan.microbatch, plan.num_microbatches, "exact")
 
 
-class _Target:
+class _Target(SuiteTarget):
     """The micro-batch kernel under test, its name, and what it declares."""
 
     def __init__(self, target, padded, exact, time_limit):
-        if isinstance(target, str):
-            target = get_microbatch_algorithm(target, "algorithm_or_kernel")
-        if not callable(target):
-            raise TypeError(f"`algorithm_or_kernel` must be a registered micro-batch name or record, or a kernel "
-                            f"((MicroBatchProblem, M) -> MicroBatchResult | None); got {type(target).__name__}")
-        self.kernel = target
-        self.name = getattr(target, "name", getattr(target, "__name__", type(target).__name__))
-        declared = [kind for kind in (False, True) if getattr(target, "padded" if kind else "unpadded", True)]
-        self.kinds = declared if padded is None else [padded]
-        self.exact = getattr(target, "exact", False) if exact is None else exact
-        self.time_limit = time_limit
+        super().__init__(target, get_microbatch_algorithm, "a registered micro-batch name or record, or a kernel "
+                         "((MicroBatchProblem, M) -> MicroBatchResult | None)", padded, exact, time_limit)
 
     def describe(self, case: MicroBatchCase, lengths=None) -> str:
         return case.describe(lengths)
@@ -181,19 +173,12 @@ def _certify(target: _Target, case: MicroBatchCase, plan: MicroBatchPlan | None,
 
 
 @dataclass(frozen=True)
-class MicroBatchConformanceReport:
+class MicroBatchConformanceReport(SuiteReport):
     """What `check_microbatch_conformance` checked (all of it passed)."""
 
-    algorithm: str
-    kinds: tuple[str, ...]
-    plans_certified: int
-    plans_optimal: int
     no_packing: int  # cases where the kernel returned None
     repeated_calls: int
     processes_compared: int
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def check_microbatch_conformance(algorithm_or_kernel, *, max_items: int = 5, max_ranks: int = 2, examples: int = 40,
