@@ -34,10 +34,10 @@ T >= X / P + (P - 1)·(f_0 + b_{M-1}) / v >= max(X̄, X') / P + (P - 1)·(α + �
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
+from ..problem import exact_sum
 from .profile import best_profile
 from .spec import Pipeline
 
@@ -50,7 +50,7 @@ def step_bound(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, count
     p, m = pipeline.stages, np.asarray(counts, dtype=np.float64)
     alpha = pipeline.forward_share
     beta = alpha * pipeline.backward_factor
-    total = math.fsum(np.asarray(item_costs, dtype=np.float64).tolist())
+    total = exact_sum(np.ascontiguousarray(item_costs, dtype=np.float64))
     mean = total / num_ranks + m * overhead
     top = (float(np.max(item_costs)) if len(item_costs) else 0.0) + overhead
     giant_row = top + (m - 1) * overhead

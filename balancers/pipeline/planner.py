@@ -105,23 +105,23 @@ def shaped_slots(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarr
 def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
             pipeline: Pipeline, work: int) -> tuple[np.ndarray, np.ndarray, float]:
     """(replica, slot) per item for the pipeline step, and the step time of the cells as given."""
-    cost, _ = cell_costs(problem, rank, microbatch, num_microbatches)
+    cost, tokens = cell_costs(problem, rank, microbatch, num_microbatches)
     d = problem.num_ranks
-    flat = cost.T.ravel()
+    flat, flat_tokens = cost.T.ravel(), tokens.T.ravel()
     cell = microbatch * d + rank
-    starts = []
-    for grid in _starts(cost):
+    starts, cells = [], []
+    for grid in _starts(cost):  # whole cells moved: their costs and tokens move with them
         replica_of, slot_of = np.empty(flat.size, dtype=np.int64), np.empty(flat.size, dtype=np.int64)
         replica_of[grid.ravel()] = np.repeat(np.arange(d), num_microbatches)
         slot_of[grid.ravel()] = np.tile(np.arange(num_microbatches), d)
         starts.append((replica_of[cell], slot_of[cell]))
+        cells.append((flat[grid], flat_tokens[grid]))
     if not problem.padded:  # the dealt cells' items, re-cut into the best shape
         starts.append((starts[2][0], shaped_slots(problem, *starts[2], num_microbatches, pipeline)))
-    searches = []
-    for replica, slot in starts:
-        new_cost, tokens = cell_costs(problem, replica, slot, num_microbatches)
-        searches.append(CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, new_cost, tokens,
-                                   replica, slot, problem.max_tokens, work))
+        cells.append(cell_costs(problem, *starts[3], num_microbatches))
+    searches = [CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, new_cost, new_tokens,
+                           replica, slot, problem.max_tokens, work)
+                for (replica, slot), (new_cost, new_tokens) in zip(starts, cells)]
     unaware = float(searches[0].times.max())  # read before the search improves the start it may come from
     search = min(searches, key=lambda s: float(s.times.max()))
     search.run()

@@ -122,24 +122,20 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     >>> replica_times(Pipeline(stages=2), np.array([[1.0, 1.0]]), np.array([[2.0, 2.0]])).tolist()
     [9.0]
     """
-    forward, backward = _per_stage(pipeline, forward), _per_stage(pipeline, backward)
-    rows, _, m = forward.shape
+    forward, backward = np.asarray(forward, dtype=np.float64), np.asarray(backward, dtype=np.float64)
+    rows, m = forward.shape[0], forward.shape[-1]
     stage, slot, is_backward, previous, needed = programs(pipeline, m)
     v = pipeline.virtual_stages
-    duration = np.where(is_backward[:, None].astype(bool), backward[:, stage, slot].T, forward[:, stage, slot].T)
+    at = (slot,) if forward.ndim == 2 else (stage, slot)  # uniform stages: every stage runs the same time
+    duration = np.where(is_backward[:, None].astype(bool), backward[(slice(None),) + at].T,
+                        forward[(slice(None),) + at].T)
     if v > 1:
         duration = duration / v
     end = np.zeros((stage.size + 1, rows))  # row -1: the start, time 0
-    for op in range(stage.size):
-        np.add(np.maximum(end[previous[op]], end[needed[op]]), duration[op], out=end[op])
+    for op, (before, needs) in enumerate(zip(previous.tolist(), needed.tolist())):
+        np.maximum(end[before], end[needs], out=end[op])
+        np.add(end[op], duration[op], out=end[op])
     return end[:-1].max(axis=0) if stage.size else np.zeros(rows)
-
-
-def _per_stage(pipeline: Pipeline, times: np.ndarray) -> np.ndarray:
-    times = np.asarray(times, dtype=np.float64)
-    if times.ndim == 2:
-        return np.broadcast_to(times[:, None, :], (times.shape[0], pipeline.stages, times.shape[1]))
-    return times
 
 
 def gpipe_time(forward: np.ndarray, backward: np.ndarray, stages: int) -> np.ndarray:

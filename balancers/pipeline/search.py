@@ -61,8 +61,11 @@ class CellSearch:
                 mark = float(self.times.max())
             r = int(np.argmax(self.times))
             target = self.times[r] * (1 - RELATIVE_GAIN)
-            reorder = self._best_swap(r)
-            move = None if self.padded or self.work <= 0 else self._best_move(r)
+            swaps = self._swap_rows(r)
+            moves = None if self.padded or self.work <= len(swaps) * self.row_work else self._move_rows(r)
+            times = self.evaluate(swaps if moves is None else np.concatenate([swaps, moves[-1]]))
+            reorder = self._best_swap(times[:len(swaps)])
+            move = None if moves is None else self._best_move(*moves[:-1], times[len(swaps):])
             if reorder is not None and (move is None or reorder[0] <= move[0]) and reorder[0] < target:
                 self._swap(r, *reorder[1])
             elif move is not None and move[0] < target:
@@ -70,16 +73,19 @@ class CellSearch:
             else:
                 return
 
-    def _best_swap(self, r: int):
-        if not len(self.swaps):
-            return None
+    def _swap_rows(self, r: int) -> np.ndarray:
+        """r's cell costs with each pair of `swaps` exchanged, one row per pair."""
         first, second = self.swaps[:, 0], self.swaps[:, 1]
         rows = np.repeat(self.cost[r][None, :], len(self.swaps), axis=0)
         index = np.arange(len(self.swaps))
         rows[index, first], rows[index, second] = self.cost[r, second], self.cost[r, first]
-        times = self.evaluate(rows)
+        return rows
+
+    def _best_swap(self, times: np.ndarray):
+        if not times.size:
+            return None
         best = int(np.argmin(times))
-        return float(times[best]), (int(first[best]), int(second[best]), float(times[best]))
+        return float(times[best]), (int(self.swaps[best, 0]), int(self.swaps[best, 1]), float(times[best]))
 
     def _swap(self, r: int, first: int, second: int, time: float) -> None:
         for array in (self.cost, self.tokens):
@@ -89,26 +95,29 @@ class CellSearch:
         self.slot[at_first], self.slot[at_second] = second, first
         self.times[r] = time
 
-    def _best_move(self, r: int):
+    def _move_rows(self, r: int):
+        """(items, others, fitting (item, other, slot) indices, rows): r's costs without each of its
+        items, then each light replica's costs with an item added to a slot where it fits; None
+        when r has no item or no other replica."""
         items = np.flatnonzero(self.replica == r)
-        others = np.argsort(self.times, kind="stable")
+        others = _lightest(self.times, LIGHT_REPLICAS + 1)
         others = others[others != r][:LIGHT_REPLICAS]
         if not items.size or not others.size:
             return None
-        m = self.num_microbatches
         own = np.repeat(self.cost[r][None, :], items.size, axis=0)
         own[np.arange(items.size), self.slot[items]] -= self.item_costs[items]
-        own_times = self.evaluate(own)  # r's time without each item
-        # rows: (item, other replica, slot) -> that replica's costs with the item added
-        targets = np.repeat(self.cost[others][None, :, :], items.size, axis=0)  # (items, others, M)
-        tokens = self.tokens[others][None, :, :] + self.lengths[items][:, None, None]
-        fits = tokens <= self.max_tokens
-        item_index, other_index, slot_index = np.nonzero(fits)
+        tokens = self.tokens[others][None, :, :] + self.lengths[items][:, None, None]  # (items, others, M)
+        item_index, other_index, slot_index = np.nonzero(tokens <= self.max_tokens)
+        rows = self.cost[others[other_index]]
+        rows[np.arange(item_index.size), slot_index] += self.item_costs[items[item_index]]
+        return items, others, (item_index, other_index, slot_index), np.concatenate([own, rows])
+
+    def _best_move(self, items: np.ndarray, others: np.ndarray, fits: tuple, times: np.ndarray):
+        """The best move's (worse of the two new times, (item, other, slot, r's time, other's time))."""
+        item_index, other_index, slot_index = fits
         if not item_index.size:
             return None
-        rows = targets[item_index, other_index].copy()
-        rows[np.arange(item_index.size), slot_index] += self.item_costs[items[item_index]]
-        new_times = self.evaluate(rows)
+        own_times, new_times = times[:items.size], times[items.size:]
         worst = np.maximum(own_times[item_index], new_times)
         best = int(np.argmin(worst))
         i, o, k = items[item_index[best]], others[other_index[best]], slot_index[best]
@@ -132,3 +141,12 @@ def _swap_pairs(m: int) -> np.ndarray:
         pairs = sorted({(i, i + 1) for i in range(m - 1)} | {(0, j) for j in range(1, m)}
                        | {(i, m - 1) for i in range(m - 1)})
     return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+
+
+def _lightest(times: np.ndarray, count: int) -> np.ndarray:
+    """The `count` replicas of least time, ties by index (a stable argsort's first `count`)."""
+    if times.size > count:
+        pool = np.flatnonzero(times <= np.partition(times, count - 1)[count - 1])
+    else:
+        pool = np.arange(times.size)
+    return pool[np.argsort(times[pool], kind="stable")][:count]
