@@ -71,15 +71,18 @@ def reshape(item_costs: np.ndarray, lengths: np.ndarray, replica: np.ndarray, ta
     slot, failed = np.full(n, -1, dtype=np.int64), np.zeros(num_ranks, dtype=bool)
     for t in range(int(counts.max(initial=0))):
         rows = np.flatnonzero(counts > t)
+        pick = rows if rows.size < num_ranks else slice(None)  # every replica: views, no gathers
         items = order[first[rows] + t]
-        room = tokens[rows] + lengths[items][:, None] <= max_tokens
-        left = np.where(room, targets[rows] - load[rows], -np.inf)
+        room = tokens[pick] + lengths[items][:, None] <= max_tokens
+        left = np.where(room, targets[pick] - load[pick], -np.inf)
         chosen = np.argmax(left, axis=1)
         fits = room[np.arange(items.size), chosen]
-        failed[rows[~fits]] = True
-        items, rows, chosen = items[fits], rows[fits], chosen[fits]
-        load[rows, chosen] += item_costs[items]
-        tokens[rows, chosen] += lengths[items]
+        cell = rows * m + chosen
+        if not fits.all():
+            failed[rows[~fits]] = True
+            items, cell, chosen = items[fits], cell[fits], chosen[fits]
+        load.ravel()[cell] += item_costs[items]
+        tokens.ravel()[cell] += lengths[items]
         slot[items] = chosen
     return slot, failed
 
