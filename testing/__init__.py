@@ -20,13 +20,13 @@ from .oracles import (BRUTE_FORCE_MAX_PLANS, Optimum, all_assignments, brute_for
                       padded_optimum)
 from .pipeline import (BRUTE_FORCE_MAX_PIPELINE_PLANS, PipelineOptimum, PipelineRun, brute_force_pipeline,
                        replica_step, simulate_pipeline)
-from .strategies import (COST_MODELS, CONSTRAINTS, BalanceCase, hard_cases, load_profile, multimodal_batches, problems,
-                         topologies)
+from .strategies import (COST_MODELS, CONSTRAINTS, BalanceCase, LocatedItems, hard_cases, load_profile, located_items,
+                         multimodal_batches, problems, topologies)
 
 __all__ = ["BRUTE_FORCE_MAX_PIPELINE_PLANS", "BRUTE_FORCE_MAX_PLANS", "CONSTRAINTS", "COST_MODELS", "BalanceCase",
-           "ConformanceError", "ConformanceReport", "MicroBatchCase", "MicroBatchConformanceReport",
+           "ConformanceError", "ConformanceReport", "LocatedItems", "MicroBatchCase", "MicroBatchConformanceReport",
            "MicroBatchOptimum", "Optimum", "PipelineOptimum", "PipelineRun", "all_assignments", "brute_force",
            "brute_force_microbatches", "brute_force_of", "brute_force_pipeline", "check_conformance",
            "check_microbatch_conformance", "check_microbatch_plan", "check_plan", "exact", "fewest_microbatches",
-           "hard_cases", "load_profile", "microbatch_cases", "multimodal_batches", "padded_optimum", "problems",
-           "replica_step", "simulate_pipeline", "topologies"]
+           "hard_cases", "load_profile", "located_items", "microbatch_cases", "multimodal_batches", "padded_optimum",
+           "problems", "replica_step", "simulate_pipeline", "topologies"]

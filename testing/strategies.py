@@ -5,6 +5,8 @@
     hard_cases()          Graham's instances, where list scheduling is furthest from optimal
     multimodal_batches()  orchestrator `Batch`es of text + image / audio samples
     topologies()          `Topology`s of a few nodes
+    located_items()       lengths on a topology, each item's source rank and bytes (the
+                          locality-aware balancers' input)
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from ..balancers import CostModel
+from ..balancers.origins import Origins
 from ..balancers.validation import as_int
 from ..orchestrator import Batch, Sample, Segment
 from ..topology import Topology
@@ -205,6 +209,46 @@ def topologies(*, max_nodes: int = 4, gpus_per_node=(1, 2, 4, 8)) -> st.SearchSt
     """
     max_nodes = size_range(1, max_nodes, "nodes")[1]
     return st.builds(Topology, num_nodes=st.integers(1, max_nodes), gpus_per_node=st.sampled_from(gpus_per_node))
+
+
+@dataclass(frozen=True, eq=False)
+class LocatedItems:
+    """Items on a cluster: their lengths, the rank each starts on and the bytes it moves, as
+    `balance(lengths, topology.world_size, sources=, item_bytes=, topology=)` takes them."""
+
+    topology: Topology
+    lengths: np.ndarray
+    sources: np.ndarray
+    item_bytes: np.ndarray
+
+    @property
+    def origins(self) -> Origins:
+        """The sources, bytes and node size as the locality kernels take them."""
+        return Origins(self.sources, self.item_bytes, self.topology.gpus_per_node)
+
+
+@st.composite
+def _located_items(draw, topologies, lengths, max_bytes):
+    topology, drawn = draw(topologies), np.array(draw(lengths))
+    per_item = {"min_size": len(drawn), "max_size": len(drawn)}
+    sources = draw(st.lists(st.integers(0, topology.world_size - 1), **per_item))
+    item_bytes = draw(st.lists(st.integers(0, max_bytes), **per_item))
+    return LocatedItems(topology, drawn, np.array(sources), np.array(item_bytes, dtype=float))
+
+
+def located_items(topologies: st.SearchStrategy[Topology], lengths: st.SearchStrategy[list[int]], *,
+                  max_bytes: int = 49) -> st.SearchStrategy[LocatedItems]:
+    """`LocatedItems` of `lengths` on a topology of `topologies`, each item from any rank, moving
+    0..max_bytes bytes (whole numbers, so byte sums are exact).
+
+    >>> from hypothesis import given, settings
+    >>> @settings(max_examples=10, derandomize=True, database=None)
+    ... @given(located_items(topologies(max_nodes=2), st.lists(st.integers(0, 9), min_size=1, max_size=5)))
+    ... def test_every_item_has_a_rank(items):
+    ...     assert len(items.sources) == len(items.lengths) and items.sources.max() < items.topology.world_size
+    >>> test_every_item_has_a_rank()
+    """
+    return _located_items(topologies, lengths, as_int(max_bytes, "max_bytes", minimum=0))
 
 
 def load_profile(name: str | None = None) -> None:

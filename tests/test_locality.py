@@ -21,7 +21,7 @@ from orchmllm.balancers.origins import Origins
 from orchmllm.balancers.problem import make_problem, rank_loads
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import llm_stage_lengths, sample_workload
-from orchmllm.testing import all_assignments
+from orchmllm.testing import all_assignments, located_items
 from orchmllm.topology import Topology, place, traffic
 from orchmllm.topology.bounds import inter_node_lower_bound
 
@@ -131,25 +131,19 @@ def test_same_metadata_same_plan():
     assert first.digest() == again.digest()
 
 
-@given(st.sampled_from([(1, 1), (1, 4), (2, 2), (3, 2), (2, 4)]),
-       st.lists(st.integers(0, 60), min_size=1, max_size=40),
-       st.randoms(use_true_random=False),
+@given(located_items(st.sampled_from([Topology(1, 1), Topology(1, 4), Topology(2, 2), Topology(3, 2), Topology(2, 4)]),
+                     st.lists(st.integers(0, 60), min_size=1, max_size=40)),
        st.sampled_from([0.0, 0.002, 0.1]),
        st.booleans(), st.booleans())
-def test_property_valid_plans_on_random_small_instances(shape, lengths, random, slack, padded, capped):
-    num_nodes, gpus = shape
-    ranks = num_nodes * gpus
-    lengths = np.array(lengths)
-    sources = np.array([random.randrange(ranks) for _ in lengths])
-    item_bytes = np.array([random.randrange(50) for _ in lengths], dtype=float)
+def test_property_valid_plans_on_random_small_instances(items, slack, padded, capped):
+    lengths, ranks = items.lengths, items.topology.world_size
     algorithm = "padded" if padded else "lpt"
     plain = balance(lengths, ranks, algorithm=algorithm, padded=padded)
     cap = int(plain.tokens.max()) if capped and plain.tokens.max() > 0 else None
     if cap is not None:
         plain = balance(lengths, ranks, algorithm=algorithm, padded=padded, max_tokens_per_rank=cap)
     plan = balance(lengths, ranks, algorithm=algorithm, padded=padded, max_tokens_per_rank=cap,
-                   sources=sources, item_bytes=item_bytes, topology=Topology(num_nodes, gpus),
-                   makespan_slack=slack)
+                   sources=items.sources, item_bytes=items.item_bytes, topology=items.topology, makespan_slack=slack)
     _check(plan, plain, lengths, slack, cap=cap)
 
 

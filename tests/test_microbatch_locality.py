@@ -21,7 +21,7 @@ from orchmllm.balancers.problem import make_problem, rank_loads
 from orchmllm.balancers.registry import get_microbatch_algorithm
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import llm_stage_lengths, sample_workload
-from orchmllm.testing import check_microbatch_plan
+from orchmllm.testing import check_microbatch_plan, located_items
 
 COST = CostModel(linear=4.2e11, quadratic=3.9e6)  # an 84B LLM's FLOPs per token and token pair
 GPUS_PER_NODE = 8
@@ -81,42 +81,34 @@ def test_regression_token_tight_cells_ran_out_of_token_room_without_wide_items_f
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from([(1, 2), (2, 2), (2, 4), (3, 2)]), st.lists(st.integers(1, 60), min_size=1, max_size=48),
-       st.randoms(use_true_random=False), st.sampled_from([60, 90, 200]))
-def test_property_joint_cells_are_valid_or_declined(shape, lengths, random, budget):
-    num_nodes, gpus = shape
-    ranks = num_nodes * gpus
-    lengths = np.array(lengths)
-    sources = np.array([random.randrange(ranks) for _ in lengths])
-    item_bytes = np.array([random.randrange(50) for _ in lengths], dtype=float)
+@given(located_items(st.sampled_from([Topology(1, 2), Topology(2, 2), Topology(2, 4), Topology(3, 2)]),
+                     st.lists(st.integers(1, 60), min_size=1, max_size=48)), st.sampled_from([60, 90, 200]))
+def test_property_joint_cells_are_valid_or_declined(items, budget):
+    lengths, ranks = items.lengths, items.topology.world_size
     problem = make_microbatch_problem(lengths, ranks, max_tokens_per_microbatch=budget)
     result, m, _, _ = _solve(problem, get_microbatch_algorithm("auto").kernel, None)
-    local = keep_cells_local(problem, result, m, Origins(sources, item_bytes, gpus))
+    local = keep_cells_local(problem, result, m, items.origins)
     if local is not None:
         plain_loads, _ = cell_accounts(problem, result.rank, result.microbatch, m)
         loads, tokens = cell_accounts(problem, local.rank, local.microbatch, m)
         assert np.all(loads.max(axis=1) <= plain_loads.max(axis=1)) and tokens.max() <= budget
-    plan = balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget, sources=sources,
-                                item_bytes=item_bytes, topology=Topology(num_nodes, gpus))
+    plan = balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget, sources=items.sources,
+                                item_bytes=items.item_bytes, topology=items.topology)
     check_microbatch_plan(plan, lengths, ranks, budget)
     assert plan.step_cost <= balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget).step_cost
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from([(1, 4), (2, 2), (2, 4), (4, 2)]), st.lists(st.integers(0, 60), min_size=1, max_size=60),
-       st.randoms(use_true_random=False), st.sampled_from([0.0, 0.002, 0.05]), st.booleans(),
-       st.sampled_from(["on_miss", "only"]))
-def test_property_filled_deal_stays_within_the_target_and_the_cap(shape, lengths, random, slack, capped, fill):
-    num_nodes, gpus = shape
-    ranks = num_nodes * gpus
-    lengths = np.array(lengths)
-    sources = np.array([random.randrange(ranks) for _ in lengths])
-    item_bytes = np.array([random.randrange(50) for _ in lengths], dtype=float)
+@given(located_items(st.sampled_from([Topology(1, 4), Topology(2, 2), Topology(2, 4), Topology(4, 2)]),
+                     st.lists(st.integers(0, 60), min_size=1, max_size=60)),
+       st.sampled_from([0.0, 0.002, 0.05]), st.booleans(), st.sampled_from(["on_miss", "only"]))
+def test_property_filled_deal_stays_within_the_target_and_the_cap(items, slack, capped, fill):
+    lengths, ranks = items.lengths, items.topology.world_size
     plain = balance(lengths, ranks, algorithm="lpt")
     cap = int(plain.tokens.max()) if capped and plain.tokens.max() > 0 else None
     problem = make_problem(lengths, ranks, max_tokens_per_rank=cap)
     plain = balance(lengths, ranks, algorithm="lpt", max_tokens_per_rank=cap)
-    assignment = balance_locally(problem, plain.assignment, Origins(sources, item_bytes, gpus), slack, fill=fill)
+    assignment = balance_locally(problem, plain.assignment, items.origins, slack, fill=fill)
     assert assignment.shape == lengths.shape and assignment.min() >= 0 and assignment.max() < ranks
     assert rank_loads(problem, assignment).max() <= plain.makespan * (1 + slack)
     if cap is not None:
