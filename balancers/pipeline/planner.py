@@ -109,23 +109,28 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     d = problem.num_ranks
     flat, flat_tokens = cost.T.ravel(), tokens.T.ravel()
     cell = microbatch * d + rank
-    starts, cells = [], []
-    for grid in _starts(cost):  # whole cells moved: their costs and tokens move with them
-        replica_of, slot_of = np.empty(flat.size, dtype=np.int64), np.empty(flat.size, dtype=np.int64)
-        replica_of[grid.ravel()] = np.repeat(np.arange(d), num_microbatches)
-        slot_of[grid.ravel()] = np.tile(np.arange(num_microbatches), d)
-        starts.append((replica_of[cell], slot_of[cell]))
-        cells.append((flat[grid], flat_tokens[grid]))
+    grids = _starts(cost)
+    cells = [(flat[grid], flat_tokens[grid]) for grid in grids]  # whole cells moved: costs and tokens with them
+    placed = {2: _placed(grids[2], cell, num_microbatches)}
     if not problem.padded:  # the dealt cells' items, re-cut into the best shape
-        starts.append((starts[2][0], shaped_slots(problem, *starts[2], num_microbatches, pipeline)))
-        cells.append(cell_costs(problem, *starts[3], num_microbatches))
-    searches = [CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, new_cost, new_tokens,
-                           replica, slot, problem.max_tokens, work)
-                for (replica, slot), (new_cost, new_tokens) in zip(starts, cells)]
-    unaware = float(searches[0].times.max())  # read before the search improves the start it may come from
-    search = min(searches, key=lambda s: float(s.times.max()))
+        placed[3] = (placed[2][0], shaped_slots(problem, *placed[2], num_microbatches, pipeline))
+        cells.append(cell_costs(problem, *placed[3], num_microbatches))
+    times = replica_times(pipeline, *pipeline.stage_times(np.concatenate([c for c, _ in cells])))
+    times = times.reshape(len(cells), d)  # every start's replica times, in one evaluation
+    best = int(np.argmin(times.max(axis=1)))
+    replica, slot = placed[best] if best in placed else _placed(grids[best], cell, num_microbatches)
+    search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, *cells[best], replica, slot,
+                        problem.max_tokens, work, times[best])
     search.run()
-    return search.replica, search.slot, unaware
+    return search.replica, search.slot, float(times[0].max())
+
+
+def _placed(grid: np.ndarray, cell: np.ndarray, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """(replica, slot) per item when replica r runs flat cell grid[r, k] in slot k (item i in flat cell cell[i])."""
+    replica_of, slot_of = np.empty(grid.size, dtype=np.int64), np.empty(grid.size, dtype=np.int64)
+    replica_of[grid.ravel()] = np.repeat(np.arange(grid.shape[0]), num_microbatches)
+    slot_of[grid.ravel()] = np.tile(np.arange(num_microbatches), grid.shape[0])
+    return replica_of[cell], slot_of[cell]
 
 
 def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,

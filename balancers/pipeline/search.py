@@ -34,14 +34,15 @@ class CellSearch:
 
     def __init__(self, pipeline: Pipeline, item_costs: np.ndarray, lengths: np.ndarray, padded: bool,
                  cell_cost: np.ndarray, cell_tokens: np.ndarray, replica: np.ndarray, slot: np.ndarray,
-                 max_tokens: int, work: int):
+                 max_tokens: int, work: int, times: np.ndarray):
         self.pipeline, self.item_costs, self.lengths, self.padded = pipeline, item_costs, lengths, padded
         self.cost, self.tokens = cell_cost.copy(), cell_tokens.copy()
         self.replica, self.slot = replica.copy(), slot.copy()
         self.max_tokens, self.work = max_tokens, work
         self.num_ranks, self.num_microbatches = self.cost.shape
         self.row_work = 2 * pipeline.stages * self.num_microbatches * pipeline.virtual_stages
-        self.times = self.evaluate(self.cost)
+        self.times = times.copy()  # `replica_times` of the cells as given, charged here
+        self.work -= self.num_ranks * self.row_work
         self.swaps = _swap_pairs(self.num_microbatches)
 
     def evaluate(self, costs: np.ndarray) -> np.ndarray:
