@@ -30,8 +30,6 @@ moves samples, not terms of that sum, so the two agree to rounding.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 import torch._dynamo  # noqa: F401  the first optimizer step imports it; do it once, before forking ranks
@@ -43,9 +41,9 @@ from torch.distributed.fsdp import fully_shard
 from orchmllm import CostModel
 from orchmllm.orchestrator import Stage
 from orchmllm.runtime import MultiStageRuntime, Prefetcher, normalize_loss
-from orchmllm.runtime.comm import comm_device, init_distributed, is_distributed
+from orchmllm.runtime.comm import comm_device, is_distributed
 from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
-from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.launch import run_script
 from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 CONFIG = ModelConfig(vocab=64, llm_hidden=16, encoder_hidden=16, heads=2, patch_dim=12, frame_dim=10, pool=2, stride=2)
@@ -170,17 +168,5 @@ def show(report: dict, world_size: int) -> None:
           f"(largest gradient {report['grad_max_abs']:.3g}) on {world_size} ranks")
 
 
-def main() -> None:
-    if "RANK" in os.environ:  # under torchrun: this process is one rank
-        rank, world_size = init_distributed()
-        report = train(rank, world_size)
-        if rank == 0:
-            show(report, world_size)
-        dist.destroy_process_group()
-    else:  # standalone: three local gloo processes
-        reports = spawn(train, 3, timeout_s=300.0)
-        show(reports[0], 3)
-
-
 if __name__ == "__main__":
-    main()
+    run_script(train, 3, show)  # under torchrun this process is one rank; alone, 3 local gloo ranks

@@ -17,8 +17,6 @@ all-reduced gradients agree up to rounding: sums commute, only their order chang
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 import torch._dynamo  # noqa: F401  the first optimizer step imports it; do it once, before forking ranks
@@ -26,9 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from orchmllm import CostModel
-from orchmllm.runtime.comm import comm_device, init_distributed, is_distributed
+from orchmllm.runtime.comm import comm_device, is_distributed
 from orchmllm.runtime.dispatcher import PostBalancingDispatcher
-from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.launch import run_script
 from orchmllm.runtime.reduction import all_reduce_gradients, normalize_loss
 
 VOCAB, HIDDEN, SEQUENCES_PER_RANK, STEPS = 97, 32, 16, 3
@@ -117,17 +115,5 @@ def show(report: dict, world_size: int) -> None:
           f"(largest gradient {report['grad_max_abs']:.3g}) on {world_size} ranks")
 
 
-def main() -> None:
-    if "RANK" in os.environ:  # under torchrun: this process is one rank
-        rank, world_size = init_distributed()
-        report = train(rank, world_size)
-        if rank == 0:
-            show(report, world_size)
-        torch.distributed.destroy_process_group()
-    else:  # standalone: four local gloo processes
-        reports = spawn(train, 4, timeout_s=300.0)
-        show(reports[0], 4)
-
-
 if __name__ == "__main__":
-    main()
+    run_script(train, 4, show)  # under torchrun this process is one rank; alone, 4 local gloo ranks

@@ -1,6 +1,6 @@
 """Run a function on N local processes joined in a gloo group, never hanging.
 
-Used by the tests and the demo.  Each child gets a fresh process group on a free TCP
+Used by the tests, the demo and the examples.  Each child gets a fresh process group on a free TCP
 port of 127.0.0.1, runs `fn(rank, world_size, *args)` with one intra-op thread, and
 reports its return value or traceback through a queue.  A child that raises exits at
 once, closing its sockets, so its peers' collectives fail instead of waiting; the
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import is_int
+from .comm import init_distributed
 
 
 class SpawnError(RuntimeError):
@@ -137,3 +138,17 @@ def spawn(fn, world_size: int, **kwargs) -> list:
         detail = "\n".join(f"--- rank {o.rank}: {o.error}" for o in failed)
         raise SpawnError(f"{len(failed)} of {world_size} ranks failed:\n{detail}", outcomes)
     return [o.value for o in outcomes]
+
+
+def run_script(fn, local_world_size: int, show, *, timeout_s: float = 300.0) -> None:
+    """A script's ranks: `fn(rank, world_size)` on every rank, then `show(rank 0's value, world_size)`
+    once.  Under torchrun (RANK set) this process is one rank of the launched group, torn down after,
+    and shows on rank 0; alone, `local_world_size` local gloo processes run and the parent shows."""
+    if "RANK" not in os.environ:
+        show(spawn(fn, local_world_size, timeout_s=timeout_s)[0], local_world_size)
+        return
+    rank, world_size = init_distributed()
+    value = fn(rank, world_size)
+    if rank == 0:
+        show(value, world_size)
+    dist.destroy_process_group()
