@@ -1,6 +1,7 @@
 """The padded balancer is exact: checked against a DP over sorted runs and a brute force
 over all assignments (which also checks the sorted-runs structure itself)."""
 
+import functools
 import math
 
 import numpy as np
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from orchmllm.balancers import CostModel, InfeasibleError, Status, balance, make_problem
 from orchmllm.balancers.kernels import padded
 from orchmllm.balancers.plan import make_plan
-from orchmllm.testing import brute_force, brute_force_of, check_plan, padded_optimum
+from orchmllm.testing import brute_force, check_plan, padded_optimum
 
 COSTS = {
     "tokens": CostModel(),
@@ -37,34 +38,32 @@ def certified_makespan(problem, result, optimum=None):
     return plan.makespan
 
 
+ORACLES = {  # the oracle (lengths, num_ranks, cost=, max_tokens_per_rank=) -> Optimum, and the inputs it checks
+    "brute force": (functools.partial(brute_force, padded=True),
+                    st.tuples(st.lists(st.integers(0, 6), min_size=1, max_size=6), st.integers(1, 3), costs,
+                              st.none() | st.integers(1, 16))),
+    "dp over sorted runs": (padded_optimum,
+                            st.tuples(st.lists(st.integers(1, 40), min_size=1, max_size=24), st.integers(1, 6), costs,
+                                      st.none() | st.integers(40, 200))),
+}
+
+
+@pytest.mark.parametrize("oracle", list(ORACLES))
 @settings(max_examples=80)
-@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=6), num_ranks=st.integers(1, 3),
-       cost=costs, cap=st.none() | st.integers(1, 16))
-def test_matches_brute_force_including_infeasibility(lengths, num_ranks, cost, cap):
+@given(data=st.data())
+def test_matches_the_oracle_including_infeasibility(oracle, data):
+    """The kernel refuses, naming the smallest cap that works, exactly where the oracle finds no plan,
+    and otherwise certifies the oracle's optimum."""
+    optimum_of, inputs = ORACLES[oracle]
+    lengths, num_ranks, cost, cap = data.draw(inputs)
     try:
         problem = padded_problem(lengths, num_ranks, cost, cap)
     except InfeasibleError:  # the contract's necessary bounds must only reject hopeless caps
-        assert not brute_force(lengths, num_ranks, cost=cost, padded=True, max_tokens_per_rank=cap).feasible
+        assert not optimum_of(lengths, num_ranks, cost=cost, max_tokens_per_rank=cap).feasible
         return
-    optimum = brute_force_of(problem)
+    optimum = optimum_of(lengths, num_ranks, cost=cost, max_tokens_per_rank=cap)
     if not optimum.feasible:
         with pytest.raises(InfeasibleError, match="smallest cap that works"):
-            padded.solve(problem)
-    else:
-        assert certified_makespan(problem, padded.solve(problem), optimum) == optimum.makespan
-
-
-@settings(max_examples=80)
-@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=24), num_ranks=st.integers(1, 6),
-       cost=costs, cap=st.none() | st.integers(40, 200))
-def test_matches_dp_over_sorted_runs(lengths, num_ranks, cost, cap):
-    try:
-        problem = padded_problem(lengths, num_ranks, cost, cap)
-    except InfeasibleError:
-        return
-    optimum = padded_optimum(lengths, num_ranks, cost=cost, max_tokens_per_rank=cap)
-    if not optimum.feasible:
-        with pytest.raises(InfeasibleError):
             padded.solve(problem)
     else:
         assert certified_makespan(problem, padded.solve(problem), optimum) == optimum.makespan
