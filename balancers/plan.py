@@ -40,7 +40,8 @@ class BalancePlan:
     the tokens it holds (count · max length when padded).  `lower_bound` is a makespan no
     plan can beat; `status` is `optimal` only when the makespan is proven optimal.
     `algorithm` is the registered name; `communication_aware` says whether the plan then went
-    through the communication-aware pass (`balance(..., sources=...)`).
+    through the communication-aware pass (`balance(..., sources=...)`).  `item_costs` are the
+    problem's own (read-only), which the loads sum: a caller need not compute them again.
     """
 
     assignment: np.ndarray
@@ -55,6 +56,7 @@ class BalancePlan:
     cost: CostModel | None  # None when the item costs were given per item
     communication_aware: bool = False
     solve_seconds: float = field(default=0.0, compare=False)
+    item_costs: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def gap(self) -> float:
@@ -288,4 +290,5 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
     return BalancePlan(assignment=assignment, loads=loads, tokens=tokens, makespan=makespan,
                        lower_bound=bound, status=status, algorithm=algorithm,
                        num_ranks=problem.num_ranks, padded=problem.padded, cost=problem.cost,
-                       communication_aware=communication_aware, solve_seconds=solve_seconds)
+                       communication_aware=communication_aware, solve_seconds=solve_seconds,
+                       item_costs=problem.item_costs)

@@ -214,13 +214,14 @@ Kernel = Callable[[Problem], KernelResult]
 
 def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
     """Validate and canonicalise lengths to a 1-D int64 array of non-negative integers: a private
-    copy, so that a problem made read-only never freezes, nor a kernel writes, the caller's array."""
+    copy, so that a problem made read-only never freezes, nor a kernel writes, the caller's array
+    (a frozen int64 array, `validation.frozen`, is kept as it is: neither can happen to it)."""
     array = as_array(lengths, name, "integers")
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if array.size == 0:
         raise ValueError(f"`{name}` must not be empty")
-    return as_non_negative_integers(array, name, integral_floats=True)
+    return as_non_negative_integers(array, name, integral_floats=True, copy=False)
 
 
 def as_num_ranks(num_ranks) -> int:

@@ -149,12 +149,14 @@ def check_int64(array: np.ndarray, name: str) -> None:
         raise ValueError(f"`{name}` must fit int64 (below 2**63); got {int(array.flat[index])} at index {index}")
 
 
-def as_non_negative_integers(array: np.ndarray, name: str, *, integral_floats: bool = False) -> np.ndarray:
+def as_non_negative_integers(array: np.ndarray, name: str, *, integral_floats: bool = False,
+                             copy: bool = True) -> np.ndarray:
     """`array` (numpy, any shape) as a C-ordered int64 copy of non-negative integers: the one check of
     integer arrays (lengths, a batch's columns, a rank's metadata).  TypeError for another dtype
     (booleans, objects; floats unless `integral_floats`: then finite whole numbers below 2**53);
     ValueError naming the first negative entry and its index, or a uint64 beyond int64
-    (`check_int64`).  An empty array passes whatever its dtype.
+    (`check_int64`).  An empty array passes whatever its dtype.  `copy=False` returns a C-ordered
+    int64 array as it is where no writable array holds its memory (`frozen`): a copy protects nothing.
 
     >>> as_non_negative_integers(np.array([2.0, 3.0]), "lengths", integral_floats=True).tolist()
     [2, 3]
@@ -173,7 +175,15 @@ def as_non_negative_integers(array: np.ndarray, name: str, *, integral_floats: b
         if array.min() < 0:
             _refuse_entry(array, array < 0, name, "must be non-negative integers")
         check_int64(array, name)
+    if not copy and array.dtype == np.int64 and array.flags.c_contiguous and frozen(array):
+        return array
     return np.array(array, dtype=np.int64, order="C")
+
+
+def frozen(array: np.ndarray) -> bool:
+    """Whether `array` and the array whose memory it views (if any) are read-only: nobody writes it."""
+    base = array.base
+    return not array.flags.writeable and (base is None or (isinstance(base, np.ndarray) and not base.flags.writeable))
 
 
 def _check_whole(array: np.ndarray, name: str) -> None:

@@ -387,14 +387,15 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
     starts = first[llm.rank_items]
     starts -= packed_end[:-1]
     order = np.repeat(starts, counts)
-    order += np.arange(num_segments)
+    segment = np.arange(num_segments)
+    order += segment
     route_rank_offsets = packed_end[llm.rank_offsets]
     return PassPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=_frozen(route_stage),
                     route_encoder_rank=_frozen(encoder_rank), route_encoder_offset=_frozen(encoder_offset),
                     route_llm_rank=_frozen(llm_rank), route_llm_offset=_frozen(llm_offset),
                     route_tokens=batch.segment_tokens, route_rank_offsets=_frozen(route_rank_offsets),
-                    route_rank_order=_frozen(order), route_segment=_frozen(np.arange(num_segments)),
-                    route_row=_frozen(np.zeros(num_segments)))
+                    route_rank_order=_frozen(order), route_segment=_frozen(segment),
+                    route_row=np.broadcast_to(np.int64(0), segment.shape))  # whole segments: row 0, no memory
 
 
 def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...]) -> PassPlan:

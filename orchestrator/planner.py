@@ -79,12 +79,17 @@ def input_bytes(batch: Batch, stages, stage: Stage) -> np.ndarray:
 
 
 def stage_items(batch: Batch, stage: Stage) -> StageItems:
-    """The items of `stage`: its modality's segments, or every sample for the LLM."""
+    """The items of `stage`: its modality's segments, or every sample for the LLM (read-only, so that
+    the balancer takes the lengths without a copy)."""
     if stage.is_llm:
-        return StageItems(np.arange(batch.num_samples, dtype=np.int64), np.full(batch.num_samples, -1, dtype=np.int64),
-                          batch.sample_llm_length)
-    segments = batch.segments_of(stage.modality)
-    return StageItems(batch.segment_sample[segments], segments, batch.segment_length[segments])
+        items = StageItems(np.arange(batch.num_samples, dtype=np.int64), np.full(batch.num_samples, -1, dtype=np.int64),
+                           batch.sample_llm_length)
+    else:
+        segments = batch.segments_of(stage.modality)
+        items = StageItems(batch.segment_sample[segments], segments, batch.segment_length[segments])
+    for array in items:
+        array.setflags(write=False)
+    return items
 
 
 def check_segments_fit(batch: Batch, stage: Stage, items: StageItems) -> None:
@@ -121,8 +126,8 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     """Evaluate `destination` for `stage` (loads, tokens, bound) and lay items out per rank.
 
     `balanced`, when given, is the balancer's plan of this very assignment under this
-    stage's cost model, whose loads and bound are reused (a `ContextParallelPlan`: its degrees
-    and item times too); `items` and `outputs` (`item_tokens`) save recomputing them; `parts`
+    stage's cost model, whose loads, bound and item costs are reused (a `ContextParallelPlan`: its
+    degrees and item times too); `items` and `outputs` (`item_tokens`) save recomputing them; `parts`
     says which parts of their segments the items are (None: whole segments), `item_time` their
     costs (default: the stage's cost of each item's length).
     """
@@ -160,9 +165,13 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
         rank_offsets, rank_items = group_order(destination, num_ranks)
         item_input_offset, item_offset = offsets_within_rank(rank_offsets, rank_items, inputs, outputs)
     item_time = getattr(balanced, "item_time", None) if item_time is None else item_time
+    if item_time is None and balanced is not None and balanced.cost == stage.cost:
+        item_time = getattr(balanced, "item_costs", None)  # the balancer's, of these very lengths
     if item_time is None:
         item_time = stage.cost.item_costs(item_length)
-    whole = np.zeros(item_sample.size, dtype=np.int64) if parts is None else None
+    # unsplit items and whole segments share one constant (read-only, no memory per item)
+    degree = np.broadcast_to(np.int64(1), item_sample.shape) if degree is None else _frozen(degree)
+    whole = np.broadcast_to(np.int64(0), item_sample.shape)
     first_unit, first_row = (whole, whole) if parts is None else (parts.first_unit, parts.first_row)
     for array in (item_sample, item_segment, destination, source, item_time, first_unit, first_row, outputs):
         array.setflags(write=False)
@@ -170,7 +179,7 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
                      source=source, destination=destination, rank_offsets=rank_offsets, rank_items=rank_items,
                      item_input_offset=item_input_offset, item_offset=item_offset, loads=loads, tokens=tokens,
                      makespan=makespan, lower_bound=bound, algorithm=algorithm,
-                     degree=_frozen(np.ones(item_sample.size, dtype=np.int64) if degree is None else degree),
+                     degree=degree,
                      item_time=item_time, item_first_unit=first_unit, item_first_row=first_row, item_tokens=outputs,
                      solve_seconds=seconds, split=split)
 

@@ -1,5 +1,6 @@
 """Multi-stage planning: composition simulated item by item, per-stage invariants, bad input."""
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -344,6 +345,26 @@ def test_a_plain_step_is_a_step_of_one_pass():
     assert step.digest() == one.digest()
     assert np.array_equal(step.input_exchange().destination, one.input_exchange().destination)
     assert [e.bytes_moved for e in step.embedding_exchanges()] == [one.embedding_exchange().bytes_moved]
+
+
+def test_a_step_computes_each_stages_item_costs_once_and_keeps_no_memory_for_constant_columns(monkeypatch):
+    """Cause of a planning-time regression (issue 25, 2c40c04): `stage_plan` computed every stage's item
+    costs again for `StagePlan.item_time` (the balancer's own: `BalancePlan.item_costs`), and filled
+    per-item arrays of ones and zeros for the degrees, parts and route rows of a step that splits nothing."""
+    counts, item_costs = collections.Counter(), CostModel.item_costs
+
+    def counted(cost, lengths):
+        counts[id(cost), np.size(lengths)] += 1
+        return item_costs(cost, lengths)
+
+    monkeypatch.setattr(CostModel, "item_costs", counted)
+    (one,) = Orchestrator(STAGES, 4).plan(random_batch(0, 4, 6)).microbatches
+    for plan in one.stage_plans:
+        assert plan.num_items > 4 and counts[id(plan.stage.cost), plan.num_items] == 1, plan.stage.name
+        assert np.array_equal(plan.item_time, item_costs(plan.stage.cost, plan.item_length))
+        assert plan.degree.tolist() == [1] * plan.num_items and plan.item_first_unit.tolist() == [0] * plan.num_items
+        assert plan.degree.strides == plan.item_first_unit.strides == plan.item_first_row.strides == (0,)
+    assert one.route_row.tolist() == [0] * one.route_row.size and one.route_row.strides == (0,)
 
 
 def test_unknown_modality_is_rejected():

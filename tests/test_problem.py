@@ -13,7 +13,7 @@ from orchmllm.balancers import CostModel, InfeasibleError, Kind, Status, algorit
 from orchmllm.balancers.bounds import lower_bound
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.balancers.plan import make_plan
-from orchmllm.balancers.problem import exact_sum, integer_sum, rank_loads, rank_tokens, sorted_order
+from orchmllm.balancers.problem import as_lengths, exact_sum, integer_sum, rank_loads, rank_tokens, sorted_order
 from orchmllm.balancers.validation import as_sources
 from orchmllm.orchestrator.samples import _as_int_array
 from orchmllm.testing import brute_force_of
@@ -253,3 +253,18 @@ def test_float16_lengths_are_checked_against_2_53_without_an_overflow_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert balance(np.array([60000, 3], dtype=np.float16), 2).assignment.tolist() == [0, 1]
+
+
+def test_frozen_lengths_are_taken_without_a_copy_and_any_others_are_copied():
+    """Cause of a planning-time regression (issue 25): every `balance` copied its lengths, also the
+    orchestrator's own read-only ones (three copies of 80k+ lengths per step at 2560 ranks).  A copy
+    protects a caller's array that could still be written; a frozen one (`validation.frozen`) cannot."""
+    frozen = np.arange(5, dtype=np.int64)
+    frozen.setflags(write=False)
+    assert as_lengths(frozen) is frozen and as_lengths(frozen[1:]).base is frozen
+    writable = np.arange(5, dtype=np.int64)
+    view = writable[1:]
+    view.setflags(write=False)  # read-only, but `writable` can still change it
+    for array in (writable, view, np.arange(5, dtype=np.int32)):
+        kept = as_lengths(array)
+        assert not np.shares_memory(kept, array) and kept.tolist() == array.tolist()
