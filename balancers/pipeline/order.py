@@ -89,7 +89,11 @@ def reshape(item_costs: np.ndarray, lengths: np.ndarray, replica: np.ndarray, ta
 
 def _grouped(rows: np.ndarray, count: int) -> np.ndarray:
     """The stable order of `rows` (values in [0, count)): as uint16 keys, which numpy sorts by radix,
-    or as unique int64 keys (row · size + position)."""
+    or as unique int64 keys (row · size + position).
+
+    >>> _grouped(np.array([2, 0, 2, 1, 0]), 3).tolist(), _grouped(np.array([2, 0, 2, 1, 0]), 2**17).tolist()
+    ([1, 4, 3, 0, 2], [1, 4, 3, 0, 2])
+    """
     if count <= 2**16:
         return np.argsort(rows.astype(np.uint16), kind="stable")
     return np.sort(rows * rows.size + np.arange(rows.size)) % rows.size

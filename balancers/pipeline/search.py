@@ -145,7 +145,11 @@ def _swap_pairs(m: int) -> np.ndarray:
 
 
 def _lightest(times: np.ndarray, count: int) -> np.ndarray:
-    """The `count` replicas of least time, ties by index (a stable argsort's first `count`)."""
+    """The `count` replicas of least time, ties by index (a stable argsort's first `count`).
+
+    >>> _lightest(np.array([3.0, 1.0, 1.0, 0.0, 1.0, 2.0]), 3).tolist()
+    [3, 1, 2]
+    """
     if times.size > count:
         pool = np.flatnonzero(times <= np.partition(times, count - 1)[count - 1])
     else:
