@@ -10,7 +10,8 @@ and the best of
 
 that lowers max(T_r, T_r') below the old T_r by more than RELATIVE_GAIN; ties by the
 lowest slot pair, item, replica, slot.  It stops when WINDOW steps in a row lowered the step
-(the max) by less than WINDOW_GAIN of it.  Candidates are evaluated together, one row each;
+(the max) by less than WINDOW_GAIN of it, or at a window's start when that is certain (the
+(WINDOW + 1)-th largest time is already within WINDOW_GAIN of the max).  Candidates are evaluated together, one row each;
 a row costs the schedule's operation count (2·P·M·v) of the work budget, so the result
 never depends on the clock.  Padded cells (count · max cost) are not additive: only the
 reordering runs.
@@ -60,6 +61,8 @@ class CellSearch:
                 if float(self.times.max()) > mark * (1 - WINDOW_GAIN):
                     return
                 mark = float(self.times.max())
+            if steps % WINDOW in (0, 1) and _stalled(self.times, mark):
+                return
             r = int(np.argmax(self.times))
             target = self.times[r] * (1 - RELATIVE_GAIN)
             swaps = self._swap_rows(r)
@@ -155,3 +158,11 @@ def _lightest(times: np.ndarray, count: int) -> np.ndarray:
     else:
         pool = np.arange(times.size)
     return pool[np.argsort(times[pool], kind="stable")][:count]
+
+
+def _stalled(times: np.ndarray, mark: float) -> bool:
+    """Whether this window must end in a stall: a step lowers one replica and raises none above the old
+    max, so after WINDOW steps the max is at least the (WINDOW + 1)-th largest time now."""
+    if times.size <= WINDOW:
+        return False
+    return float(np.partition(times, times.size - WINDOW - 1)[times.size - WINDOW - 1]) > mark * (1 - WINDOW_GAIN)
