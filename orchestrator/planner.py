@@ -268,7 +268,7 @@ class Orchestrator:
         llm = self._plan_stage(batch, llm_stage, stage_items(batch, llm_stage), None)
         plans = tuple(self._plan_stage(batch, stage, stage_items(batch, stage), llm) for stage in encoders) + (llm,)
         return StepPlan(batch=batch, stages=self.stages, microbatches=(compose(batch, self.stages, plans),),
-                        microbatch_samples=(np.arange(batch.num_samples, dtype=np.int64),),
+                        microbatch_samples=(llm.item_sample,),  # the LLM's items: every sample, in order
                         planning_seconds=time.perf_counter() - start)
 
     def _plan_microbatches(self, batch: Batch, start: float) -> StepPlan:
