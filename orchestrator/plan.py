@@ -56,6 +56,20 @@ def _frozen(array, dtype=np.int64) -> np.ndarray:
     return array
 
 
+_COUNT = _frozen(np.arange(0))
+
+
+def counting(n: int) -> np.ndarray:
+    """0, 1, ..., n - 1 (int64, read-only): a view of one array the process keeps, so that plans hold
+    no copy of it per pass (the LLM stage's items, the routes of a pass that splits nothing): planning
+    time goes into the page faults of memory a plan keeps."""
+    global _COUNT
+    count = _COUNT
+    if count.size < n:
+        count = _COUNT = _frozen(np.arange(n))
+    return count[:n]
+
+
 def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.ndarray) -> list[np.ndarray]:
     """Offset of every item in its rank's buffer, for each array of item `sizes`: the sum of
     the sizes of the items before it on its rank.
@@ -387,7 +401,7 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
     starts = first[llm.rank_items]
     starts -= packed_end[:-1]
     order = np.repeat(starts, counts)
-    segment = np.arange(num_segments)
+    segment = counting(num_segments)
     order += segment
     route_rank_offsets = packed_end[llm.rank_offsets]
     return PassPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=_frozen(route_stage),

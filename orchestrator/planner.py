@@ -41,7 +41,7 @@ from ..balancers.validation import is_int
 from ..topology import PLACEMENTS, Topology, place
 from .frames import split_frames, stage_frames
 from .options import LOCALITY, PlanOptions
-from .plan import StagePlan, _frozen, compose, offsets_within_rank
+from .plan import StagePlan, _frozen, compose, counting, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import split_layout
 from .stages import Stage, check_stages
@@ -82,7 +82,7 @@ def stage_items(batch: Batch, stage: Stage) -> StageItems:
     """The items of `stage`: its modality's segments, or every sample for the LLM (read-only, so that
     the balancer takes the lengths without a copy)."""
     if stage.is_llm:
-        items = StageItems(np.arange(batch.num_samples, dtype=np.int64), np.full(batch.num_samples, -1, dtype=np.int64),
+        items = StageItems(counting(batch.num_samples), np.broadcast_to(np.int64(-1), (batch.num_samples,)),
                            batch.sample_llm_length)
     else:
         segments = batch.segments_of(stage.modality)
