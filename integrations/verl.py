@@ -99,7 +99,7 @@ def _balanced(problem) -> np.ndarray:
     best = min(starts, key=lambda start: rank_loads(problem, start).max())
     if problem.equal_counts:
         return best.copy()
-    return local_search.improve(problem, best, SEARCH_WORK_PER_ITEM * problem.num_items).copy()
+    return local_search.improve(problem, best, SEARCH_WORK_PER_ITEM * problem.num_items).assignment.copy()
 
 
 def _host_values(seqlen_list):

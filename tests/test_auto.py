@@ -13,7 +13,7 @@ from orchmllm.balancers import CostModel, balance, make_problem
 from orchmllm.balancers.bounds import lower_bound
 from orchmllm.balancers.kernels import auto, lpt, min_slack, slack
 from orchmllm.balancers.problem import rank_loads, rank_tokens
-from orchmllm.balancers.search import group_search, local_search
+from orchmllm.balancers.search import Improved, group_search, local_search
 from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.testing import brute_force
 
@@ -46,7 +46,7 @@ def test_local_search_on_thousands_of_items_per_rank_stays_linear_in_memory():
     start = lpt.solve(problem).assignment
     tracemalloc.start()
     try:
-        improved = local_search.improve(problem, start)
+        improved = local_search.improve(problem, start).assignment
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -71,10 +71,10 @@ def test_windowed_pairs_never_worsen_a_start_and_keep_the_cap(monkeypatch, seed)
     start = rng.integers(0, 5, lengths.size)
     cap = int(rank_tokens(make_problem(lengths, 5), start).max()) + int(rng.integers(0, 50))
     problem = make_problem(lengths, 5, max_tokens_per_rank=cap)
-    improved = local_search.improve(problem, start)
+    improved = local_search.improve(problem, start).assignment
     assert makespan(problem, improved) <= makespan(problem, start)
     assert rank_tokens(problem, improved).max() <= cap
-    np.testing.assert_array_equal(improved, local_search.improve(problem, start.copy()))
+    np.testing.assert_array_equal(improved, local_search.improve(problem, start.copy()).assignment)
 
 
 # ------------------------------------------------- few items per rank (issue 14): SLACK, pair/triple search
@@ -286,3 +286,16 @@ def test_auto_proves_a_hard_instance_only_the_min_slack_start_leads_to():
     times = make_instance("uniform_100", 40, 2.5).times
     assert np.ceil(lower_bound(make_problem(times, 40))) == 126
     assert balance(times, 40, algorithm="auto").makespan == 126
+
+
+@pytest.mark.parametrize("improver", [local_search, group_search], ids=["local_search", "group_search"])
+def test_the_improvers_share_one_signature_and_result(improver):
+    """Issue 25: improve(problem, assignment, work_limit=None, target=-inf) -> Improved(assignment, work)
+    for both; a target at the start's own makespan stops the search there."""
+    problem = make_problem(np.array([9, 7, 6, 5, 4, 4, 3, 2]), 3)
+    start = np.array([0, 0, 0, 1, 1, 1, 2, 2])
+    result = improver.improve(problem, start)
+    assert isinstance(result, Improved) and result.work > 0
+    assert rank_loads(problem, result.assignment).max() < rank_loads(problem, start).max()
+    stopped = improver.improve(problem, start, None, float(rank_loads(problem, start).max()))
+    np.testing.assert_array_equal(stopped.assignment, start)

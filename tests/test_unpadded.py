@@ -160,11 +160,11 @@ def test_local_search_never_worsens_a_start_and_keeps_the_cap(lengths, num_ranks
     loose = make_problem(lengths, num_ranks)
     cap = int(rank_tokens(loose, start).max()) + slack
     problem = make_problem(lengths, num_ranks, max_tokens_per_rank=cap)
-    improved = local_search.improve(problem, start)
+    improved = local_search.improve(problem, start).assignment
     assert improved.shape == start.shape and improved.min() >= 0 and improved.max() < num_ranks
     assert makespan(problem, improved) <= makespan(problem, start)
     assert rank_tokens(problem, improved).max() <= cap
-    np.testing.assert_array_equal(improved, local_search.improve(problem, start.copy()))
+    np.testing.assert_array_equal(improved, local_search.improve(problem, start.copy()).assignment)
 
 
 @settings(max_examples=30)

@@ -60,13 +60,6 @@ GROUP_MAX_ITEMS = 2048
 """With at most this many items per rank (and in all), the starts (SLACK added) go to the
 exact pair and triple search instead of the exchange descent."""
 
-GROUP_WORK = 200_000
-GROUP_WORK_PER_ITEM = 250
-"""Work budget of the pair and triple search, shared by all starts: GROUP_WORK plus this
-per item.  Every part of the search is charged its measured cost, so the budget buys about
-the same CPU time at every size (hard families, one pass at load 3.4: at most 31 ms per call,
-starts included, where the old 500 000 took 58 ms); there it reaches the 110 of 137 proven
-optima that 500 000 reached (150 000 reaches 109)."""
 
 
 FILL_STEP = 100
@@ -101,7 +94,7 @@ def solve(problem: Problem) -> KernelResult:
     if not starts:
         # Balance the tokens themselves; if that meets the cap it is a start.
         tokens = tokens_problem(problem)
-        repaired = local_search.improve(tokens, karmarkar_karp.differencing(tokens.item_costs, problem.num_ranks))
+        repaired = local_search.improve(tokens, karmarkar_karp.differencing(tokens.item_costs, problem.num_ranks)).assignment
         if rank_tokens(problem, repaired).max() <= problem.max_tokens_per_rank:
             starts.append(repaired)
         elif problem.time_limit is not None:
@@ -114,7 +107,7 @@ def solve(problem: Problem) -> KernelResult:
     else:
         if problem.num_items > ALL_STARTS_MAX_ITEMS:
             starts = [starts[int(np.argmin(makespans))]]
-        plans = starts + [local_search.improve(problem, start) for start in starts]
+        plans = starts + [local_search.improve(problem, start).assignment for start in starts]
         best = plans[int(np.argmin([float(rank_loads(problem, plan).max()) for plan in plans]))]
     if (problem.time_limit is not None and problem.num_items <= ILP_MAX_ITEMS
             and float(rank_loads(problem, best).max()) > bound):
@@ -162,7 +155,7 @@ def _group_search(problem: Problem, starts: list, makespans: list, bound: float)
             filled = min_slack.pack(integers, problem.num_ranks, capacity)
             if filled is not None and (cap is None or rank_tokens(problem, filled).max() <= cap):
                 ordered.insert(position, filled)
-    budget = GROUP_WORK + GROUP_WORK_PER_ITEM * problem.num_items
+    budget = group_search.default_work(problem.num_items)  # shared by all starts
     best, best_makespan = None, math.inf
     for start in ordered:
         plan, spent = group_search.improve(problem, start, budget, target)

@@ -34,6 +34,7 @@ import math
 import numpy as np
 
 from ..problem import Problem, rank_loads
+from . import Improved
 from .group_search import exact_split
 
 
@@ -284,9 +285,9 @@ def default_work(num_items: int) -> int:
     return max(DEFAULT_WORK, WORK_PER_ITEM * num_items)
 
 
-def improve(problem: Problem, assignment: np.ndarray, work_limit: int | None = None,
-            max_partners: int | None = None, max_pool: int = 10) -> np.ndarray:
-    """Exchange descent from `assignment`; returns a plan never worse than it (unpadded).
+def improve(problem: Problem, assignment: np.ndarray, work_limit: int | None = None, target: float = -math.inf,
+            *, max_partners: int | None = None, max_pool: int = 10) -> Improved:
+    """Exchange descent from `assignment` (the improvers' signature: `balancers.search`).
 
     When no exchange of up to two items helps, the heaviest rank is re-split exactly with
     two of the 8 lightest ranks, then three of the 6 lightest, whenever their items
@@ -297,11 +298,11 @@ def improve(problem: Problem, assignment: np.ndarray, work_limit: int | None = N
     """
     if problem.padded:
         raise ValueError("local_search.improve handles the unpadded cost only")
-    # max(largest item, mean load): reaching it ends the search (rounding only ends it early).
-    bound = max(float(problem.item_costs.max()), float(problem.item_costs.sum()) / problem.num_ranks)
+    # max(largest item, mean load, target): reaching it ends the search (rounding only ends it early).
+    bound = max(float(problem.item_costs.max()), float(problem.item_costs.sum()) / problem.num_ranks, target)
     start_makespan = rank_loads(problem, np.asarray(assignment)).max()
     if start_makespan <= bound:
-        return np.asarray(assignment, dtype=np.int64)
+        return Improved(np.asarray(assignment, dtype=np.int64), 0)
     work_limit = default_work(problem.num_items) if work_limit is None else work_limit
     work = 0
     paired = np.asarray(assignment, dtype=np.int64).copy()
@@ -337,5 +338,5 @@ def improve(problem: Problem, assignment: np.ndarray, work_limit: int | None = N
         _, ranks, pool, labels = group
         state.reassign(ranks, pool, labels)
     if rank_loads(problem, state.assignment).max() > start_makespan:
-        return np.asarray(assignment, dtype=np.int64)
-    return state.assignment
+        return Improved(np.asarray(assignment, dtype=np.int64), work)
+    return Improved(state.assignment, work)
