@@ -75,7 +75,7 @@ def gradients_of(model, dispatcher, rank, step, device) -> tuple[list[torch.Tens
     total = loss.detach().clone()
     if is_distributed():
         torch.distributed.all_reduce(total)  # the mean token loss of the global batch
-    work = dispatcher.balance_options["cost"].item_costs(plan.lengths)
+    work = dispatcher.options.cost.item_costs(plan.lengths)
     home_work = np.bincount(plan.metadata.source_ranks, weights=work, minlength=plan.metadata.counts.size)
     figures = {"loss": float(total), "work_before": home_work.tolist(), "work_after": plan.balance.loads.tolist(),
                "status": str(plan.balance.status), "planning_seconds": plan.planning_seconds}

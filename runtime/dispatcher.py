@@ -40,15 +40,14 @@ import torch
 from ..balancers import BalancePlan, MicroBatchPlan, balance
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import plan_microbatches
-from ..balancers.microbatch.options import microbatch_options
 from ..balancers.pipeline import Pipeline
-from ..balancers.validation import as_bool
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, merge_rows, new_step, split_rows
+from .options import DispatchOptions, check_names
 from .sharding import StepSharding, item_groups
 
 
@@ -138,15 +137,12 @@ def _items_problem(plan: DispatchPlan, lengths, loss_tokens) -> Exception | None
     return None
 
 
-def _check_names(keys, requirement: str) -> None:
-    """Raise a TypeError ("`{requirement}; got int 1`") unless every key is a str (sorted and named in messages)."""
-    odd = next((key for key in keys if not isinstance(key, str)), None)
-    if odd is not None:
-        raise TypeError(f"`{requirement}; got {type(odd).__name__} {odd!r}")
-
-
 class PostBalancingDispatcher:
     """Balance one stage across the ranks of `group` and move its batch accordingly.
+
+    Every argument but `group` and `transport` is checked once, here, into the frozen
+    `self.options` (`runtime.options.DispatchOptions`), which every step plans from and every
+    rank fingerprints.
 
     Args:
         group: the data-parallel process group (None: the world, or no-op without one).
@@ -178,41 +174,16 @@ class PostBalancingDispatcher:
                  microbatch_overhead: float = 0.0, microbatch_algorithm: str = "auto",
                  context_parallel: ContextParallel | None = None, pipeline: Pipeline | None = None):
         self.group = group
-        if pipeline is not None and (context_parallel is not None or max_tokens_per_microbatch is None):
-            raise ValueError("`pipeline` needs `max_tokens_per_microbatch` and cannot be combined with "
-                             "`context_parallel` (split items in a pipeline are not modelled yet)")
-        if context_parallel is not None and not isinstance(context_parallel, ContextParallel):
-            raise TypeError(f"`context_parallel` must be a ContextParallel; got {type(context_parallel).__name__}")
-        self.context_parallel = context_parallel
-        splitting = {} if context_parallel is None else {"context_parallel": context_parallel}
-        self.balance_options = dict(algorithm=algorithm, cost=cost, padded=padded,
-                                    max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit, **splitting)
-        self.microbatch_options = None
-        if max_tokens_per_microbatch is not None:
-            if max_tokens_per_rank is not None:
-                raise ValueError("`max_tokens_per_rank` and `max_tokens_per_microbatch` exclude each other: with "
-                                 "micro-batches the per-micro-batch budget bounds what a rank holds")
-            self.microbatch_options = microbatch_options(max_tokens_per_microbatch, num_microbatches,
-                                                         microbatch_overhead, microbatch_algorithm,
-                                                         algorithm_name="microbatch_algorithm", pipeline=pipeline)
-            self.microbatch_items = dict(cost=cost, padded=as_bool(padded, "padded"), time_limit=time_limit,
-                                         **splitting)
-        elif num_microbatches is not None:
-            raise ValueError("`num_microbatches` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
-        if isinstance(per_item_keys, str):
-            raise TypeError("`per_item_keys` must be a collection of keys, not a str")
-        self.per_item_keys = frozenset(per_item_keys)
-        _check_names(self.per_item_keys, "per_item_keys` must hold str names")
-        self.check_plan = time_limit is not None if check_plan is None else as_bool(check_plan, "check_plan")
+        self.options = DispatchOptions(
+            algorithm=algorithm, cost=cost, padded=padded, max_tokens_per_rank=max_tokens_per_rank,
+            time_limit=time_limit, per_item_keys=per_item_keys, check_plan=check_plan,
+            max_tokens_per_microbatch=max_tokens_per_microbatch, num_microbatches=num_microbatches,
+            microbatch_overhead=microbatch_overhead, microbatch_algorithm=microbatch_algorithm,
+            context_parallel=context_parallel, pipeline=pipeline)
         self.transport = FlatAllToAll(group) if transport is None else transport
-        microbatching = {} if self.microbatch_options is None else {
-            "max_tokens_per_microbatch": max_tokens_per_microbatch, "num_microbatches": num_microbatches,
-            "microbatch_overhead": microbatch_overhead, "microbatch_algorithm": microbatch_algorithm,
-            "pipeline": pipeline}
         self.config_options = option_table({  # what every rank must share, by argument name
-            **self.balance_options, **microbatching, "per_item_keys": sorted(self.per_item_keys, key=repr),
-            "transport": type(self.transport).__name__, "gpus_per_node": getattr(self.transport, "gpus_per_node", None),
-            "check_plan": self.check_plan})
+            **dict(self.options.items()), "transport": type(self.transport).__name__,
+            "gpus_per_node": getattr(self.transport, "gpus_per_node", None)})
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
         self._dispatched: int | None = None  # the plan identity of the latest dispatch
@@ -238,16 +209,16 @@ class PostBalancingDispatcher:
                                    fingerprint=self.config_fingerprint, what="dispatcher configuration",
                                    options=self.config_options)
         microbatch = np.zeros(metadata.num_items, dtype=np.int64)
-        count = getattr(self.microbatch_options, "num_microbatches", None) or 1  # of a step with no items
-        if metadata.num_items and self.microbatch_options is not None:
-            plan = plan_microbatches(metadata.column(0), int(metadata.counts.size), self.microbatch_options,
-                                     **self.microbatch_items)
+        count = getattr(self.options.microbatching, "num_microbatches", None) or 1  # of a step with no items
+        if metadata.num_items and self.options.microbatching is not None:
+            plan = plan_microbatches(metadata.column(0), int(metadata.counts.size), self.options.microbatching,
+                                     **self.options.microbatch_arguments())
             microbatch, count = plan.microbatch, plan.num_microbatches
         elif metadata.num_items:
-            plan, count = balance(metadata.column(0), int(metadata.counts.size), **self.balance_options), 1
+            plan, count = balance(metadata.column(0), int(metadata.counts.size), **self.options.balance_arguments()), 1
         else:
             plan = None
-        if self.check_plan:
+        if self.options.check_plan:
             check_agreement(fingerprint(self.config_fingerprint, plan.digest() if plan else ""), group)
         if metadata.counts.size != group_size(self.group):
             raise ValueError(f"metadata group has {metadata.counts.size} ranks but the dispatcher's group has "
@@ -265,7 +236,7 @@ class PostBalancingDispatcher:
         if not isinstance(batch, Mapping):
             raise TypeError(f"`batch` must be a mapping of names to tensors; got {type(batch).__name__}")
         home = site == "combine"
-        _check_names(batch, f"{'outputs' if home else 'batch'}` keys must be str names")
+        check_names(batch, f"{'outputs' if home else 'batch'}` keys must be str names")
         keys = sorted(batch)
         route = sharding.route.inverse() if home else sharding.route
         per_item = (sharding.first_copies if home else sharding.copies)
@@ -291,7 +262,7 @@ class PostBalancingDispatcher:
         """
         plan = _checked_plan(plan)
         problem = _items_problem(plan, lengths, loss_tokens)
-        moved = self._move(batch, plan.sharding, self.per_item_keys, "dispatch", differentiable, problem)
+        moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
         self._dispatched = plan.route.plan_id
         return moved
 
@@ -325,10 +296,10 @@ class PostBalancingDispatcher:
         items, tokens = plan.local_items, plan.local_lengths
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)
-        rows = {key: np.ones(items.size, dtype=np.int64) if key in self.per_item_keys else tokens for key in moved}
+        rows = {key: np.ones(items.size, dtype=np.int64) if key in self.options.per_item_keys else tokens for key in moved}
         parts = {key: split_rows(tensor, rows[key], microbatch, count) for key, tensor in moved.items()}
         lengths = torch.from_numpy(tokens.copy())
-        layout = (lambda index: None) if self.context_parallel is None else \
+        layout = (lambda index: None) if self.options.context_parallel is None else \
             (lambda index: plan.sharding.layout(index, self.group))
         return iterate(MicroBatch(index, count, items[microbatch == index],
                                   {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size,
@@ -346,7 +317,7 @@ class PostBalancingDispatcher:
         the other).  `plan` is the latest dispatch's (else every rank raises `PlanMismatchError`).
         `per_item_keys` (default: the dispatcher's) name the outputs with one row per item.
         """
-        per_item = self.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
+        per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
         problem = self._kept_problem(_checked_plan(plan), "combine")
         if not isinstance(outputs, Mapping):
             outputs, merging = self._merged(outputs, plan, per_item)

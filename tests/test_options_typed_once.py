@@ -118,3 +118,25 @@ def test_regression_three_integer_checks_said_three_things(values, error, messag
     if np.asarray(values).dtype.kind != "f":  # whole floats are lengths (the float case: not whole)
         with pytest.raises(error, match="`lengths` " + message):
             balance(values, 2)
+
+
+def test_regression_the_dispatcher_checked_its_options_only_when_a_step_planned():
+    """Its balance options travelled as a dict to every step's `balance`: an unknown algorithm or a
+    bad cap surfaced at the first `plan()`, after the metadata all-gather. They are one frozen
+    `DispatchOptions` now, checked at construction with the registry's and make_problem's messages,
+    and ranks that spell an option differently fingerprint the same configuration."""
+    from orchmllm.runtime import PostBalancingDispatcher
+    from orchmllm.runtime.options import DispatchOptions
+
+    with pytest.raises(ValueError, match=_unknown("algorithm", ALGORITHMS)):
+        PostBalancingDispatcher(algorithm="magic")
+    with pytest.raises(ValueError, match="max_tokens_per_rank"):
+        PostBalancingDispatcher(max_tokens_per_rank=0)
+    with pytest.raises(ValueError, match="time_limit"):
+        PostBalancingDispatcher(time_limit=-1.0)
+    spelled = PostBalancingDispatcher(max_tokens_per_microbatch=np.int64(4096), microbatch_overhead=0)
+    plain = PostBalancingDispatcher(max_tokens_per_microbatch=4096, per_item_keys=(), check_plan=False)
+    assert spelled.config_fingerprint == plain.config_fingerprint
+    assert isinstance(plain.options, DispatchOptions) and plain.options.microbatching.max_tokens_per_microbatch == 4096
+    with pytest.raises(AttributeError):
+        plain.options.algorithm = "lpt"  # frozen
