@@ -104,6 +104,15 @@ def name_list(text: str | None, option: str) -> list[str] | None:
     return names
 
 
+def strategy_names(text: str | None, known, kind: str):
+    """The strategies --strategies names (default: all of `known`); UsageError naming the first unknown one."""
+    strategies = name_list(text, "--strategies") or known
+    unknown = [name for name in strategies if name not in known]
+    if unknown:
+        raise UsageError(f"unknown {kind} strategy {unknown[0]!r} in --strategies; choose from {', '.join(known)}")
+    return strategies
+
+
 def check_time_limit(seconds: float | None) -> None:
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise UsageError(f"--time-limit must be a positive number of seconds; got {seconds}")

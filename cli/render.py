@@ -71,6 +71,17 @@ def print_written(paths) -> None:
         console().print(f"wrote {path}")
 
 
+def print_simulation_runs(args, runs, show, written=()) -> int:
+    """`orchmllm simulate`'s output, exit 0: the runs and the files written as JSON with --json, else
+    `show(runs)`'s table and the files written."""
+    if args.json:
+        print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": list(written)})
+        return 0
+    show(runs)
+    print_written(written)
+    return 0
+
+
 def _config_head(ranks: int, items_per_rank: int | None) -> str:
     return f"D={ranks}" + (f", {items_per_rank} items/rank" if items_per_rank else "")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arguments import (batch_size, check_seed, check_workload_source, degree_list, model_stages, name_list,
-                        positive_int, rank_list, subcommand)
+                        positive_int, rank_list, strategy_names, subcommand)
 from .errors import UsageError, usage_errors
 from .files import check_parent, writing
 from .pipeline import add_arguments as add_pipeline_arguments, run_pipelined
-from .render import (print_context_parallel_simulation, print_json, print_microbatch_simulation, print_simulation,
-                     print_written, progress)
+from .render import (print_context_parallel_simulation, print_microbatch_simulation, print_simulation,
+                     print_simulation_runs, progress)
 
 EXAMPLES = """examples:
   orchmllm simulate                                  # 84b model, 2560 GPUs, default workload, batch sized by memory
@@ -137,13 +137,8 @@ def run(args) -> int:
                                        workload_file=args.workload_file, samples_per_rank=args.samples_per_rank,
                                        strategies=strategies, seed=args.seed))
             advance()
-    written = figures(runs, Path(args.plot)) if args.plot is not None else []
-    if args.json:
-        print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": written})
-        return 0
-    print_simulation(runs)
-    print_written(written)
-    return 0
+    return print_simulation_runs(args, runs, print_simulation,
+                                 figures(runs, Path(args.plot)) if args.plot is not None else [])
 
 
 def run_microbatched(args, gpus: list[int]) -> int:
@@ -156,11 +151,7 @@ def run_microbatched(args, gpus: list[int]) -> int:
     for option, value in (("--workload-file", args.workload_file), ("--plot", args.plot)):
         if value is not None:
             raise UsageError(f"{option} is not available with --max-tokens-per-microbatch")
-    strategies = name_list(args.strategies, "--strategies") or STRATEGIES
-    unknown = [name for name in strategies if name not in STRATEGIES]
-    if unknown:
-        raise UsageError(f"unknown micro-batch strategy {unknown[0]!r} in --strategies; choose from "
-                         f"{', '.join(STRATEGIES)}")
+    strategies = strategy_names(args.strategies, STRATEGIES, "micro-batch")
     samples = DEFAULT_SAMPLES_PER_RANK if args.samples_per_rank is None else args.samples_per_rank
     for count in gpus:
         batch_size(count, samples, "--samples-per-rank")
@@ -173,11 +164,7 @@ def run_microbatched(args, gpus: list[int]) -> int:
                                                       samples_per_rank=samples, strategies=strategies,
                                                       seed=args.seed))
             advance()
-    if args.json:
-        print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": []})
-        return 0
-    print_microbatch_simulation(runs)
-    return 0
+    return print_simulation_runs(args, runs, print_microbatch_simulation)
 
 
 def run_context_parallel(args, gpus: list[int]) -> int:
@@ -205,13 +192,8 @@ def run_context_parallel(args, gpus: list[int]) -> int:
                                                         samples_per_rank=samples, degrees=degrees,
                                                         strategies=strategies, seed=args.seed))
             advance()
-    written = [context_parallel_figure(runs[-1], Path(args.plot))] if args.plot is not None else []
-    if args.json:
-        print_json({"command": "simulate", "runs": [run.to_json() for run in runs], "files": written})
-        return 0
-    print_context_parallel_simulation(runs)
-    print_written(written)
-    return 0
+    return print_simulation_runs(args, runs, print_context_parallel_simulation,
+                                 [context_parallel_figure(runs[-1], Path(args.plot))] if args.plot is not None else [])
 
 
 def context_parallel_figure(run, directory: Path) -> str:
