@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..kernels import auto
@@ -44,8 +46,7 @@ def plain_step(problem: MicroBatchProblem) -> MicroBatchResult | None:
         plain = make_problem(problem.lengths, problem.num_ranks, padded=problem.padded,
                              max_tokens_per_rank=problem.max_tokens, **source)
         # the same items and costs: the orders the cells already sorted hold for it too
-        plain.__dict__.update({key: problem.__dict__[key] for key in ("length_order", "cost_order", "sorted_costs")
-                               if key in problem.__dict__})
+        plain = replace(plain, orders=dict(problem.orders))
         assignment = auto.solve(plain).assignment
     except InfeasibleError:
         return None
