@@ -21,11 +21,53 @@ LOCALITY = "locality"
 
 
 @dataclass(frozen=True)
-class PlanOptions:
-    """How the orchestrator plans a step (the arguments of `Orchestrator`, which documents them).
+class StepOptions:
+    """How a step is cut into micro-batches, split over context-parallel groups and run through a
+    pipeline: the options the orchestrator's `PlanOptions` and the dispatcher's
+    `runtime.options.DispatchOptions` share, checked here once (`check_step`).  `microbatching`
+    is the checked `MicroBatchOptions` when `max_tokens_per_microbatch` is given (None: a step of
+    one pass)."""
 
-    `microbatching` is the checked `MicroBatchOptions` when
-    `max_tokens_per_microbatch` is given (None: a step of one pass)."""
+    max_tokens_per_microbatch: int | None = None
+    num_microbatches: int | None = None
+    microbatch_overhead: float = 0.0
+    microbatch_algorithm: str = "auto"
+    context_parallel: ContextParallel | None = None
+    pipeline: Pipeline | None = None
+    microbatching: MicroBatchOptions | None = field(init=False, repr=False, compare=False)
+
+    def check_step(self) -> None:
+        """Check the step's options and set their canonical values (the subclasses' `__post_init__`)."""
+        if self.context_parallel is not None and not isinstance(self.context_parallel, ContextParallel):
+            raise TypeError(f"`context_parallel` must be a ContextParallel or None; got "
+                            f"{type(self.context_parallel).__name__}")
+        if self.pipeline is not None and self.context_parallel is not None:
+            raise ValueError("`pipeline` and `context_parallel` cannot be combined yet: a split item's group would "
+                             "run its micro-batch in lockstep across pipeline replicas, which the pipeline planner "
+                             "does not model")
+        given = [name for name, default in (("num_microbatches", None), ("microbatch_overhead", 0.0),
+                                            ("microbatch_algorithm", "auto"), ("pipeline", None))
+                 if getattr(self, name) is not default and getattr(self, name) != default]
+        checked = None
+        if self.max_tokens_per_microbatch is None:
+            if given:
+                raise ValueError(f"`{given[0]}` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
+        else:
+            checked = microbatch_options(self.max_tokens_per_microbatch, self.num_microbatches,
+                                         self.microbatch_overhead, self.microbatch_algorithm,
+                                         algorithm_name="microbatch_algorithm", pipeline=self.pipeline)
+            for name in ("max_tokens_per_microbatch", "num_microbatches", "microbatch_overhead"):
+                object.__setattr__(self, name, getattr(checked, name))
+        object.__setattr__(self, "microbatching", checked)
+
+    def items(self) -> list[tuple[str, object]]:
+        """(argument, canonical value) of every option, in declaration order (what ranks must share)."""
+        return [(item.name, getattr(self, item.name)) for item in fields(self) if item.init]
+
+
+@dataclass(frozen=True)
+class PlanOptions(StepOptions):
+    """How the orchestrator plans a step (the arguments of `Orchestrator`, which documents them)."""
 
     placement: str | None = LOCALITY
     padded_placement: str | None = None
@@ -34,13 +76,6 @@ class PlanOptions:
     balance_encoders: bool = True
     balance_llm: bool = True
     uniform_algorithm: str | None = None
-    max_tokens_per_microbatch: int | None = None
-    num_microbatches: int | None = None
-    microbatch_overhead: float = 0.0
-    microbatch_algorithm: str = "auto"
-    context_parallel: ContextParallel | None = None
-    pipeline: Pipeline | None = None
-    microbatching: MicroBatchOptions | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("placement", "padded_placement"):
@@ -54,43 +89,13 @@ class PlanOptions:
             canonical["seconds_per_cost"] = as_real(self.seconds_per_cost, "seconds_per_cost", allow_zero=False)
         if self.uniform_algorithm is not None:
             get_algorithm(self.uniform_algorithm, "uniform_algorithm")
-        if self.context_parallel is not None:
-            if not isinstance(self.context_parallel, ContextParallel):
-                raise TypeError(f"`context_parallel` must be a ContextParallel or None; got "
-                                f"{type(self.context_parallel).__name__}")
-            if not canonical["balance_llm"]:
-                raise ValueError("`context_parallel` needs `balance_llm=True` (split items are planned in the LLM "
-                                 "stage's balance)")
-        if self.pipeline is not None and self.context_parallel is not None:
-            raise ValueError("`pipeline` and `context_parallel` cannot be combined yet: a split item's group would "
-                             "run its micro-batch in lockstep across pipeline replicas, which the pipeline planner "
-                             "does not model")
-        canonical["microbatching"] = self._microbatching(canonical["balance_llm"])
-        if canonical["microbatching"] is not None:
-            checked = canonical["microbatching"]
-            canonical.update(max_tokens_per_microbatch=checked.max_tokens_per_microbatch,
-                             num_microbatches=checked.num_microbatches,
-                             microbatch_overhead=checked.microbatch_overhead)
         for name, value in canonical.items():
             object.__setattr__(self, name, value)
-
-    def _microbatching(self, balance_llm: bool) -> MicroBatchOptions | None:
-        """The checked micro-batch options, or None without a budget (then none may be given)."""
-        given = [name for name, default in (("num_microbatches", None), ("microbatch_overhead", 0.0),
-                                            ("microbatch_algorithm", "auto"), ("pipeline", None))
-                 if getattr(self, name) is not default and getattr(self, name) != default]
-        if self.max_tokens_per_microbatch is None:
-            if given:
-                raise ValueError(f"`{given[0]}` needs `max_tokens_per_microbatch` (the per-micro-batch token budget)")
-            return None
-        if not balance_llm:
+        self.check_step()
+        if not self.balance_llm and self.context_parallel is not None:
+            raise ValueError("`context_parallel` needs `balance_llm=True` (split items are planned in the LLM "
+                             "stage's balance)")
+        if not self.balance_llm and self.microbatching is not None:
             raise ValueError("`balance_llm=False` cannot plan micro-batches (the cells balance the LLM stage); to "
                              "keep samples on their ranks, pass cells that do to `plan_cells` (e.g. the study's "
                              "per-rank sequential fill)")
-        return microbatch_options(self.max_tokens_per_microbatch, self.num_microbatches, self.microbatch_overhead,
-                                  self.microbatch_algorithm, algorithm_name="microbatch_algorithm",
-                                  pipeline=self.pipeline)
-
-    def items(self) -> list[tuple[str, object]]:
-        """(argument, canonical value) of every option, in declaration order (what ranks must share)."""
-        return [(item.name, getattr(self, item.name)) for item in fields(self) if item.init]

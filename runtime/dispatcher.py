@@ -182,7 +182,8 @@ class PostBalancingDispatcher:
             context_parallel=context_parallel, pipeline=pipeline)
         self.transport = FlatAllToAll(group) if transport is None else transport
         self.config_options = option_table({  # what every rank must share, by argument name
-            **dict(self.options.items()), "transport": type(self.transport).__name__,
+            **dict(self.options.items()), "per_item_keys": list(self.options.per_item_keys),
+            "transport": type(self.transport).__name__,
             "gpus_per_node": getattr(self.transport, "gpus_per_node", None)})
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
