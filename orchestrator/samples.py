@@ -15,8 +15,7 @@ order of position.  `Batch.from_samples` builds it from `Sample` objects;
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -173,7 +172,8 @@ class Batch:
     (index into `modalities`), `segment_length[s]`, `segment_tokens[s]`,
     `segment_position[s]` (offset in the sample's LLM sequence), `segment_frames[s]` (frames of a
     video the encoder may split between; None: every segment 1).  Derived per sample, computed
-    once: `sample_llm_length`, `sample_segment_offsets`.
+    at construction unless given (by a constructor that has them already): `sample_llm_length`,
+    `sample_segment_offsets`.
     """
 
     num_ranks: int
@@ -187,6 +187,17 @@ class Batch:
     segment_tokens: np.ndarray
     segment_position: np.ndarray
     segment_frames: np.ndarray | None = None
+    sample_segment_offsets: np.ndarray | None = field(default=None, repr=False)
+    """Sample i owns segments [offsets[i], offsets[i + 1]) (read-only)."""
+    sample_llm_length: np.ndarray | None = field(default=None, repr=False)
+    """text + sum of segment tokens, per sample (read-only)."""
+
+    def __post_init__(self) -> None:
+        if self.sample_segment_offsets is None:
+            object.__setattr__(self, "sample_segment_offsets", _segment_offsets(self.segment_sample, self.num_samples))
+        if self.sample_llm_length is None:
+            object.__setattr__(self, "sample_llm_length",
+                               _llm_lengths(self.sample_text, self.segment_tokens, self.sample_segment_offsets))
 
     @property
     def num_samples(self) -> int:
@@ -195,16 +206,6 @@ class Batch:
     @property
     def num_segments(self) -> int:
         return int(self.segment_sample.size)
-
-    @functools.cached_property
-    def sample_llm_length(self) -> np.ndarray:
-        """text + sum of segment tokens, per sample (read-only, computed once)."""
-        return _llm_lengths(self.sample_text, self.segment_tokens, self.sample_segment_offsets)
-
-    @functools.cached_property
-    def sample_segment_offsets(self) -> np.ndarray:
-        """Sample i owns segments [offsets[i], offsets[i + 1]) (read-only, computed once)."""
-        return _segment_offsets(self.segment_sample, self.num_samples)
 
     def segments_of(self, modality: str) -> np.ndarray:
         """Global indices of the segments of `modality`, ascending (empty if none)."""
@@ -275,12 +276,12 @@ class Batch:
         parts = []
         for first, end in zip(sample_bounds[:-1].tolist(), sample_bounds[1:].tolist()):
             first_segment, end_segment = int(segment_offsets[first]), int(segment_offsets[end])
-            part = Batch(num_ranks=self.num_ranks, modalities=self.modalities, **{
-                name: column[first:end] if name.startswith("sample_") else column[first_segment:end_segment]
-                for name, column in columns.items()})
             part_offsets = segment_offsets[first:end + 1] - first_segment
             part_offsets.setflags(write=False)
-            part.__dict__.update(sample_segment_offsets=part_offsets, sample_llm_length=llm_length[first:end])
+            part = Batch(num_ranks=self.num_ranks, modalities=self.modalities, **{
+                name: column[first:end] if name.startswith("sample_") else column[first_segment:end_segment]
+                for name, column in columns.items()}, sample_segment_offsets=part_offsets,
+                sample_llm_length=llm_length[first:end])
             parts.append((order[first:end], part))
         return tuple(parts)
 
@@ -379,7 +380,6 @@ class Batch:
         batch = cls(num_ranks=num_ranks, modalities=modalities, sample_text=text, sample_source=source,
                     sample_id=ids, segment_sample=owner, segment_modality=modality, segment_length=length,
                     segment_tokens=tokens, segment_position=position,
-                    segment_frames=_as_frames(segment_frames, length, tokens))
-        # Validation computed these cached properties already; the planner reads them.
-        batch.__dict__.update(sample_segment_offsets=offsets, sample_llm_length=llm_length)
+                    segment_frames=_as_frames(segment_frames, length, tokens),
+                    sample_segment_offsets=offsets, sample_llm_length=llm_length)  # validation computed them
         return batch
