@@ -285,7 +285,7 @@ def register_microbatch_algorithm(name: str, kernel: MicroBatchKernel, *, padded
     """Register `kernel` ((MicroBatchProblem, M) -> MicroBatchResult | None) as micro-batch
     algorithm `name` and return its record; `balance_microbatches(..., algorithm=name)`, the
     orchestrator's and the runtime's `microbatch_algorithm` then run it.  The kernel must
-    keep every cell within `problem.max_tokens` (or return None when it finds no packing).
+    keep every cell within `problem.max_tokens_per_microbatch` (or return None when it finds no packing).
 
     >>> import numpy as np
     >>> from orchmllm.balancers import balance_microbatches

@@ -59,7 +59,7 @@ def naive_fill(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[MicroBa
         current, used = 0, 0
         for item in np.flatnonzero(sources == rank).tolist():
             length = int(problem.lengths[item])
-            if used + length > problem.max_tokens and used > 0:
+            if used + length > problem.max_tokens_per_microbatch and used > 0:
                 current, used = current + 1, 0
             microbatch[item] = current
             used += length
@@ -69,7 +69,7 @@ def naive_fill(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[MicroBa
 def _fits(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, count: int) -> bool:
     cells = microbatch * problem.num_ranks + rank
     tokens = np.bincount(cells, weights=problem.lengths, minlength=count * problem.num_ranks)
-    return bool(tokens.max() <= problem.max_tokens)
+    return bool(tokens.max() <= problem.max_tokens_per_microbatch)
 
 
 def verl_dynamic_bsz(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[MicroBatchResult, int]:
@@ -78,7 +78,7 @@ def verl_dynamic_bsz(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[M
     workload = verl_workload(problem.lengths)
     rank = _karmarkar_karp(workload, d, n % d == 0)
     members = [np.flatnonzero(rank == r) for r in range(d)]
-    k = max(min(ids.size, -(-int(problem.lengths[ids].sum()) // problem.max_tokens)) for ids in members)
+    k = max(min(ids.size, -(-int(problem.lengths[ids].sum()) // problem.max_tokens_per_microbatch)) for ids in members)
     k = max(k, 1)
     microbatch = np.empty(n, dtype=np.int64)
     while True:
@@ -101,7 +101,7 @@ def verl_dynamic_bsz(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[M
 
 def megatron_hybrid(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[MicroBatchResult, int]:
     """Megatron's hybrid greedy: one micro-batch group at a time, closed at 5 % imbalance of l²."""
-    d, cap = problem.num_ranks, problem.max_tokens
+    d, cap = problem.num_ranks, problem.max_tokens_per_microbatch
     proxy = problem.lengths.astype(np.float64) ** 2
     waiting = sorted_order(proxy).tolist()
     rank = np.empty(problem.num_items, dtype=np.int64)
@@ -140,7 +140,7 @@ def megatron_hybrid(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[Mi
 def sorted_grid(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[MicroBatchResult, int]:
     """First-fit-decreasing rows under T, rows by Σ l², cut into micro-batches of D rows."""
     row_of = np.empty(problem.num_items, dtype=np.int64)
-    room = np.full(problem.num_items, problem.max_tokens, dtype=np.int64)  # at most one row per item
+    room = np.full(problem.num_items, problem.max_tokens_per_microbatch, dtype=np.int64)  # at most one row per item
     rows = 0
     for item in sorted_order(problem.lengths).tolist():
         length = int(problem.lengths[item])

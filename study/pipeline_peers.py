@@ -66,10 +66,10 @@ def dynapipe_style(problem: MicroBatchProblem, sources: np.ndarray, num_microbat
     mine = [ids[np.lexsort((ids, problem.lengths[ids]))] for ids in mine]  # shortest first, ties by index
     unlimited = float(problem.item_costs.sum()) + 1.0
     m = max([num_microbatches, *(_groups(problem.item_costs[ids], problem.lengths[ids], unlimited,
-                                         problem.max_tokens).size for ids in mine)])
+                                         problem.max_tokens_per_microbatch).size for ids in mine)])
     microbatch = np.empty(problem.num_items, dtype=np.int64)
     for ids in mine:
-        microbatch[ids] = _split(problem.item_costs[ids], problem.lengths[ids], m, problem.max_tokens)
+        microbatch[ids] = _split(problem.item_costs[ids], problem.lengths[ids], m, problem.max_tokens_per_microbatch)
     result = MicroBatchResult(rank=np.asarray(sources, dtype=np.int64).copy(), microbatch=microbatch)
     return make_microbatch_plan(problem, result, m, "dynapipe_style")
 

@@ -48,11 +48,11 @@ OVERHEADS = (0.0, 1.0, 2.5)
 @dataclass(frozen=True)
 class MicroBatchCase:
     """One input of a micro-batch kernel: these items on `num_ranks` ranks in `num_microbatches`
-    micro-batches of `max_tokens` tokens per cell."""
+    micro-batches of `max_tokens_per_microbatch` tokens per cell."""
 
     lengths: tuple[int, ...]
     num_ranks: int
-    max_tokens: int
+    max_tokens_per_microbatch: int
     num_microbatches: int
     cost: CostModel
     padded: bool
@@ -60,7 +60,8 @@ class MicroBatchCase:
 
     def describe(self, lengths=None) -> str:
         lengths = list(self.lengths if lengths is None else np.asarray(lengths).tolist())
-        return (f"lengths={lengths}, num_ranks={self.num_ranks}, max_tokens_per_microbatch={self.max_tokens}, "
+        return (f"lengths={lengths}, num_ranks={self.num_ranks}, "
+                f"max_tokens_per_microbatch={self.max_tokens_per_microbatch}, "
                 f"num_microbatches={self.num_microbatches}, cost={self.cost}, padded={self.padded}, "
                 f"microbatch_overhead={self.microbatch_overhead}")
 
@@ -110,12 +111,13 @@ def optimum_of(case: MicroBatchCase) -> MicroBatchOptimum | None:
     where it proves it within ORACLE_WORK_SECONDS of work; None when neither knows it."""
     n, cells = len(case.lengths), case.num_microbatches * case.num_ranks
     if cells**n <= BRUTE_FORCE_MAX_PLANS // 16:
-        return brute_force_microbatches(case.lengths, case.num_ranks, case.max_tokens, case.num_microbatches,
-                                        cost=case.cost, padded=case.padded,
+        return brute_force_microbatches(case.lengths, case.num_ranks, case.max_tokens_per_microbatch,
+                                        case.num_microbatches, cost=case.cost, padded=case.padded,
                                         microbatch_overhead=case.microbatch_overhead)
     try:
-        plan = balance_microbatches(case.lengths, case.num_ranks, max_tokens_per_microbatch=case.max_tokens,
-                                    cost=case.cost, padded=case.padded, num_microbatches=case.num_microbatches,
+        plan = balance_microbatches(case.lengths, case.num_ranks,
+                                    max_tokens_per_microbatch=case.max_tokens_per_microbatch, cost=case.cost,
+                                    padded=case.padded, num_microbatches=case.num_microbatches,
                                     microbatch_overhead=case.microbatch_overhead, algorithm="exact",
                                     time_limit=ORACLE_WORK_SECONDS)
     except InfeasibleError:
@@ -138,7 +140,7 @@ class _Target(SuiteTarget):
     def run(self, case: MicroBatchCase, lengths=None) -> MicroBatchPlan | None:
         """The certified plan of `case` at its M (of `lengths` in its place), or None: no packing."""
         problem = make_microbatch_problem(case.lengths if lengths is None else lengths, case.num_ranks,
-                                          max_tokens_per_microbatch=case.max_tokens, cost=case.cost,
+                                          max_tokens_per_microbatch=case.max_tokens_per_microbatch, cost=case.cost,
                                           padded=case.padded, microbatch_overhead=case.microbatch_overhead,
                                           time_limit=self.time_limit)
         try:
@@ -163,7 +165,7 @@ def _certify(target: _Target, case: MicroBatchCase, plan: MicroBatchPlan | None,
                                    f"{optimum.method} packs the items into M = {case.num_microbatches}; input {where}")
         return
     try:
-        check_microbatch_plan(plan, case.lengths, case.num_ranks, case.max_tokens, cost=case.cost,
+        check_microbatch_plan(plan, case.lengths, case.num_ranks, case.max_tokens_per_microbatch, cost=case.cost,
                               padded=case.padded, optimum=optimum)
     except AssertionError as error:
         raise ConformanceError(f"{target.name}: {error}; input {where}") from None

@@ -123,9 +123,9 @@ def replica_step(pipeline: Pipeline, cell_costs) -> float:
 
 
 def brute_force_pipeline(pipeline: Pipeline, item_costs, lengths, num_ranks: int, num_microbatches: int,
-                         max_tokens: int, overhead: float = 0.0) -> PipelineOptimum:
-    """Every assignment of the items to the cells (replica, slot), each within `max_tokens` tokens, each
-    replica simulated (`simulate_pipeline`); the least max over replicas (ties: the first found).
+                         max_tokens_per_microbatch: int, overhead: float = 0.0) -> PipelineOptimum:
+    """Every assignment of the items to the cells (replica, slot), each within `max_tokens_per_microbatch`
+    tokens, each replica simulated (`simulate_pipeline`); the least max over replicas (ties: the first found).
 
     >>> from orchmllm.balancers.pipeline import Pipeline
     >>> brute_force_pipeline(Pipeline(stages=2), [3.0, 3.0], [3, 3], 1, 2, 3).step_time
@@ -141,7 +141,7 @@ def brute_force_pipeline(pipeline: Pipeline, item_costs, lengths, num_ranks: int
     best, best_cells = None, None
     for cell_of in itertools.product(range(cells), repeat=item_costs.size):
         cell_of = np.array(cell_of, dtype=np.int64)
-        if np.bincount(cell_of, weights=lengths, minlength=cells).max(initial=0) > max_tokens:
+        if np.bincount(cell_of, weights=lengths, minlength=cells).max(initial=0) > max_tokens_per_microbatch:
             continue
         costs = np.bincount(cell_of, weights=item_costs, minlength=cells).reshape(num_ranks, -1) + overhead
         step = 0.0

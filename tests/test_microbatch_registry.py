@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -174,3 +175,24 @@ def test_regression_a_malformed_kernel_result_raised_a_numpy_error(monkeypatch, 
     with pytest.raises(RuntimeError, match=rf"^algorithm 'test_malformed' {message}"):
         balance_microbatches([3, 2, 1], 2, max_tokens_per_microbatch=8, algorithm="test_malformed",
                              num_microbatches=num_microbatches)
+
+
+def budget_reader(problem, num_microbatches):
+    """`one_per_cell`, reading the budget by its earlier name (`problem.max_tokens`)."""
+    assert problem.max_tokens == problem.max_tokens_per_microbatch
+    return one_per_cell(problem, num_microbatches)
+
+
+def test_the_old_budget_name_still_reads_with_a_deprecation_warning():
+    register_microbatch_algorithm("test_budget_reader", budget_reader, description="reads problem.max_tokens")
+    with pytest.warns(DeprecationWarning, match="read max_tokens_per_microbatch"):
+        plan = balance_microbatches([5, 4, 3], 2, max_tokens_per_microbatch=8, algorithm="test_budget_reader")
+    assert plan.num_microbatches == 2
+
+
+@pytest.mark.parametrize("lengths", [[9, 7, 5, 5, 4, 3, 2, 2], [3, 2, 2, 1]], ids=["several", "one_micro_batch"])
+@pytest.mark.parametrize("algorithm", ["auto", "greedy", "cells", "exact"])
+def test_our_kernels_read_the_budget_by_its_one_name(algorithm, lengths):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        balance_microbatches(lengths, 2, max_tokens_per_microbatch=12, algorithm=algorithm)

@@ -37,7 +37,7 @@ def test_property_lpt_cells_orders_its_placeholders_as_sorted_order_does(lengths
     costs = np.concatenate((placeholders, problem.item_costs))
     order = np.concatenate((sorted_order(placeholders), size + problem.cost_order))
     cells = balancing_problem(np.concatenate((np.zeros(size, dtype=np.int64), problem.lengths)), costs, size,
-                              problem.max_tokens, order)
+                              problem.max_tokens_per_microbatch, order)
     expected = lpt.solve(cells).assignment[size:]
     np.testing.assert_array_equal(lpt_cells(problem, m, offsets), expected)
 

@@ -435,7 +435,7 @@ def microbatch_round_robin_claiming_optimality(problem, num_microbatches):
     cells = num_microbatches * problem.num_ranks
     cell = np.arange(problem.num_items) % cells
     result = MicroBatchResult(cell % problem.num_ranks, cell // problem.num_ranks)
-    if np.bincount(cell, weights=problem.lengths, minlength=cells).max(initial=0) > problem.max_tokens:
+    if np.bincount(cell, weights=problem.lengths, minlength=cells).max(initial=0) > problem.max_tokens_per_microbatch:
         return None
     loads = cell_loads(problem, cell, cells).reshape(num_microbatches, problem.num_ranks)
     return result._replace(status=Status.OPTIMAL, lower_bound=step_cost(loads, 0.0))

@@ -15,7 +15,7 @@ from orchmllm.study.workloads import trace_table
 
 
 def assert_matches_the_loop(problem, num_microbatches):
-    expected = best_fit_cells(problem.lengths, num_microbatches * problem.num_ranks, problem.max_tokens)
+    expected = best_fit_cells(problem.lengths, num_microbatches * problem.num_ranks, problem.max_tokens_per_microbatch)
     cells = tight_cells(problem, num_microbatches)
     if expected is None:
         assert cells is None

@@ -77,9 +77,10 @@ def _problem(lengths, num_ranks, options: MicroBatchOptions, cost, costs, padded
     limit = as_time_limit(time_limit)
     for array in (lengths, item_costs):
         array.setflags(write=False)
-    return MicroBatchProblem(lengths=lengths, item_costs=item_costs, num_ranks=num_ranks, max_tokens=budget,
-                             padded=padded, microbatch_overhead=options.microbatch_overhead,
-                             work_limit=_work_limit(limit), cost=cost, time_limit=limit)
+    return MicroBatchProblem(lengths=lengths, item_costs=item_costs, num_ranks=num_ranks,
+                             max_tokens_per_microbatch=budget, padded=padded,
+                             microbatch_overhead=options.microbatch_overhead, work_limit=_work_limit(limit), cost=cost,
+                             time_limit=limit)
 
 
 def _work_limit(time_limit: float | None) -> int:
@@ -111,9 +112,10 @@ def _most_microbatches(problem: MicroBatchProblem) -> int:
     fewest, d = problem.min_microbatches, problem.num_ranks
     most = MAX_CELLS // d
     if fewest > most:
-        raise ValueError(f"`max_tokens_per_microbatch`={problem.max_tokens} is too small for these items on {d} "
-                         f"ranks: they need at least {fewest} micro-batches, {fewest * d} cells, beyond 2**22 = "
-                         f"{MAX_CELLS} (a plan holds M × D arrays); at most {most} micro-batches on {d} ranks")
+        raise ValueError(f"`max_tokens_per_microbatch`={problem.max_tokens_per_microbatch} is too small for these "
+                         f"items on {d} ranks: they need at least {fewest} micro-batches, {fewest * d} cells, beyond "
+                         f"2**22 = {MAX_CELLS} (a plan holds M × D arrays); at most {most} micro-batches on {d} "
+                         f"ranks")
     return min(max(fewest, -(-problem.num_items // d)), most)
 
 
@@ -148,17 +150,17 @@ def _solve_fixed(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_micro
     """The kernel's result for M as given; InfeasibleError naming the fewest M that fit when it has none."""
     fewest = problem.min_microbatches
     if num_microbatches < fewest:
-        bins = min_bins(problem.lengths, problem.max_tokens)
+        bins = min_bins(problem.lengths, problem.max_tokens_per_microbatch)
         known, what = _fewest_that_fit(problem, kernel, algorithm, num_microbatches)
         raise InfeasibleError(
             f"`num_microbatches`={num_microbatches} is too few: the items need at least {bins} cells of "
-            f"max_tokens_per_microbatch={problem.max_tokens} tokens, so at least {fewest} micro-batches on "
-            f"{problem.num_ranks} ranks; {what}", min_cap=known)
+            f"max_tokens_per_microbatch={problem.max_tokens_per_microbatch} tokens, so at least {fewest} "
+            f"micro-batches on {problem.num_ranks} ranks; {what}", min_cap=known)
     result = kernel(problem, num_microbatches)
     if result is not None:
         return result
     failed = (f"`num_microbatches`={num_microbatches}: algorithm {algorithm!r} found no packing of the items into "
-              f"{num_microbatches} × {problem.num_ranks} cells of {problem.max_tokens} tokens")
+              f"{num_microbatches} × {problem.num_ranks} cells of {problem.max_tokens_per_microbatch} tokens")
     exists = microbatch_exact.packing_exists(problem, num_microbatches)
     if exists:
         hint = "a larger `time_limit`" if exact else "algorithm='exact'"
@@ -228,7 +230,7 @@ def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, origi
             rank[members] = placed[rank[members]]
             continue
         sub = balancing_problem(problem.lengths[members], problem.item_costs[members], problem.num_ranks,
-                                problem.max_tokens)
+                                problem.max_tokens_per_microbatch)
         rank[members] = balance_locally(sub, rank[members], origins.take(members), 0.0)
     return rank
 

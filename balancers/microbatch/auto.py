@@ -44,7 +44,7 @@ def plain_step(problem: MicroBatchProblem) -> MicroBatchResult | None:
     source = dict(costs=problem.item_costs) if problem.cost is None else dict(cost=problem.cost)
     try:
         plain = make_problem(problem.lengths, problem.num_ranks, padded=problem.padded,
-                             max_tokens_per_rank=problem.max_tokens, **source)
+                             max_tokens_per_rank=problem.max_tokens_per_microbatch, **source)
         # the same items and costs: the orders the cells already sorted hold for it too
         plain = replace(plain, orders=dict(problem.orders))
         assignment = auto.solve(plain).assignment

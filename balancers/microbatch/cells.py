@@ -66,7 +66,7 @@ def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.nda
         order = np.concatenate(((by_placeholder[:, None] * d + np.arange(d)).ravel(), size + problem.cost_order))
         cells = balancing_problem(np.concatenate((np.zeros(size, dtype=np.int64), problem.lengths)),
                                   np.concatenate((np.repeat(placeholder, d), problem.item_costs)), size,
-                                  problem.max_tokens, order,
+                                  problem.max_tokens_per_microbatch, order,
                                   np.concatenate((np.repeat(placeholder[by_placeholder], d), problem.sorted_costs)))
         pinned = size
     try:
@@ -123,7 +123,7 @@ def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray
     order = problem.length_order
     ordered = problem.lengths[order]
     bounds = np.flatnonzero(np.diff(ordered, prepend=-1, append=-1))  # where runs start, and n (lengths >= 0)
-    rooms = _Rooms(problem.max_tokens, num_microbatches * problem.num_ranks)
+    rooms = _Rooms(problem.max_tokens_per_microbatch, num_microbatches * problem.num_ranks)
     taken, times = [], []  # cells in turn, and how many items in `order` each takes
     for length, count in zip(ordered[bounds[:-1]].tolist(), np.diff(bounds).tolist()):
         if length == 0:

@@ -47,7 +47,7 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
     floor = problem.cost_bound
     if best_cost <= floor:
         return start._replace(status=Status.OPTIMAL, lower_bound=best_cost)
-    d, cap, padded = problem.num_ranks, problem.max_tokens, problem.padded
+    d, cap, padded = problem.num_ranks, problem.max_tokens_per_microbatch, problem.padded
     order = sorted_order(problem.item_costs).tolist()
     costs = problem.item_costs.tolist()
     lengths = problem.lengths.tolist()
@@ -132,7 +132,7 @@ def packing_exists(problem: MicroBatchProblem, num_microbatches: int) -> bool | 
     if problem.num_items > MAX_DEPTH or problem.num_items * cells > budget:
         return None
     lengths = problem.lengths[problem.length_order].tolist()
-    cap, padded = problem.max_tokens, problem.padded
+    cap, padded = problem.max_tokens_per_microbatch, problem.padded
     tokens, count, top = [0] * cells, [0] * cells, [0] * cells
     work = [budget]
 

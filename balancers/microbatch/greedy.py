@@ -66,7 +66,7 @@ def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarra
         cost, length = float(costs[item]), int(lengths[item])
         loads, tokens = cells.offer(cost, length)
         excess = loads - np.repeat(level, d)
-        excess[tokens > problem.max_tokens] = np.inf
+        excess[tokens > problem.max_tokens_per_microbatch] = np.inf
         rise = np.maximum(excess, 0.0)
         best = rise.min()
         if best == np.inf:

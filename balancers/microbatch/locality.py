@@ -101,7 +101,7 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
         # deal's float sums round beyond 2**53).
         loads = cell_loads(problem, state.destinations, state.loads.size)
         tokens = cell_token_sums(problem, state.destinations, state.loads.size)
-        if np.all(loads.reshape(-1, m).max(axis=0) <= maxima) and tokens.max() <= problem.max_tokens:
+        if np.all(loads.reshape(-1, m).max(axis=0) <= maxima) and tokens.max() <= problem.max_tokens_per_microbatch:
             rank, microbatch = np.divmod(state.destinations, m)
             return result._replace(rank=rank, microbatch=microbatch)
     return None

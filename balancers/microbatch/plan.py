@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, NamedTuple
@@ -25,7 +26,7 @@ class MicroBatchProblem(SortedItems):
     lengths: np.ndarray  # int64 (n,), tokens each item holds
     item_costs: np.ndarray  # float64 (n,), its cost
     num_ranks: int
-    max_tokens: int  # T, per cell
+    max_tokens_per_microbatch: int  # T, per cell (the API's `max_tokens_per_microbatch`)
     padded: bool  # cell cost count · max c, cell tokens count · max l
     microbatch_overhead: float
     work_limit: int  # operations an anytime search may spend
@@ -38,12 +39,20 @@ class MicroBatchProblem(SortedItems):
     def num_items(self) -> int:
         return int(self.lengths.size)
 
+    @property
+    def max_tokens(self) -> int:
+        """Deprecated name of `max_tokens_per_microbatch` (the API's name, kept from the request to the plan);
+        removed in 0.2."""
+        warnings.warn("MicroBatchProblem.max_tokens is deprecated: read max_tokens_per_microbatch",
+                      DeprecationWarning, stacklevel=2)
+        return self.max_tokens_per_microbatch
+
     @cached_property
     def min_microbatches(self) -> int:
         """The fewest micro-batches any plan needs (`microbatch_bounds.min_microbatches`; the
         lengths in the length order when a cost model computed that already)."""
         longest_first = None if self.cost is None else self.lengths[self.length_order]
-        return min_microbatches(self.lengths, self.num_ranks, self.max_tokens, longest_first)
+        return min_microbatches(self.lengths, self.num_ranks, self.max_tokens_per_microbatch, longest_first)
 
     @cached_property
     def total_tokens(self) -> int:
@@ -53,7 +62,7 @@ class MicroBatchProblem(SortedItems):
     @cached_property
     def cost_bound(self) -> float:
         """Σ_m max_r load(r, m) no plan beats, overhead excluded (`microbatch_bounds`)."""
-        return step_cost_bound(self.item_costs, self.lengths, self.num_ranks, self.max_tokens)
+        return step_cost_bound(self.item_costs, self.lengths, self.num_ranks, self.max_tokens_per_microbatch)
 
 
 def balancing_problem(lengths: np.ndarray, costs: np.ndarray, num_ranks: int, cap: int,
@@ -74,8 +83,8 @@ def balancing_problem(lengths: np.ndarray, costs: np.ndarray, num_ranks: int, ca
 def cells_problem(problem: MicroBatchProblem, num_cells: int) -> Problem:
     """`balancing_problem` of all of `problem`'s items over `num_cells` cells of its budget,
     its cost order and sorted costs shared."""
-    return balancing_problem(problem.lengths, problem.item_costs, num_cells, problem.max_tokens, problem.cost_order,
-                             problem.sorted_costs)
+    return balancing_problem(problem.lengths, problem.item_costs, num_cells, problem.max_tokens_per_microbatch,
+                             problem.cost_order, problem.sorted_costs)
 
 
 class MicroBatchResult(NamedTuple):
@@ -297,10 +306,10 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     result = check_result(problem, result, num_microbatches, algorithm)
     rank, microbatch = result.rank, result.microbatch
     loads, tokens = cell_accounts(problem, rank, microbatch, num_microbatches)
-    if tokens.size and tokens.max() > problem.max_tokens:
+    if tokens.size and tokens.max() > problem.max_tokens_per_microbatch:
         m, r = np.unravel_index(int(np.argmax(tokens)), tokens.shape)
         raise RuntimeError(f"algorithm {algorithm!r} put {int(tokens[m, r])} tokens in cell (rank {r}, micro-batch "
-                           f"{m}), over max_tokens_per_microbatch={problem.max_tokens}")
+                           f"{m}), over max_tokens_per_microbatch={problem.max_tokens_per_microbatch}")
     overhead = problem.microbatch_overhead
     cost = step_cost(loads, overhead)
     check_step_cost(cost, loads, overhead)
@@ -320,5 +329,5 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     return MicroBatchPlan(rank=rank, microbatch=microbatch, num_microbatches=num_microbatches,
                           num_ranks=problem.num_ranks, cell_loads=loads, cell_tokens=tokens, step_cost=cost,
                           lower_bound=bound, status=status, algorithm=algorithm,
-                          max_tokens_per_microbatch=problem.max_tokens, microbatch_overhead=overhead,
+                          max_tokens_per_microbatch=problem.max_tokens_per_microbatch, microbatch_overhead=overhead,
                           padded=problem.padded, solve_seconds=solve_seconds, pipeline=pipeline)

@@ -54,7 +54,7 @@ class _Search:
         third = max(third, 0.0)
         runner += m * d
         same = self.microbatch_of_cell == m
-        room = problem.max_tokens - self.tokens
+        room = problem.max_tokens_per_microbatch - self.tokens
         excluded = np.where(np.arange(self.size) == runner, third, second)
         rise_elsewhere = self.levels[self.microbatch_of_cell]
         best = (0.0, -1, -1, -1)

@@ -98,7 +98,7 @@ def shaped_slots(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarr
     d, o = problem.num_ranks, problem.microbatch_overhead
     totals = np.bincount(replica, weights=problem.item_costs, minlength=d) + num_microbatches * o
     new, failed = reshape(problem.item_costs, problem.lengths, replica, totals[:, None] * shape[None, :] - o,
-                          problem.max_tokens, problem.cost_order)
+                          problem.max_tokens_per_microbatch, problem.cost_order)
     return np.where(failed[replica], slot, new)
 
 
@@ -120,7 +120,7 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     best = int(np.argmin(times.max(axis=1)))
     replica, slot = placed[best] if best in placed else _placed(grids[best], cell, num_microbatches)
     search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, *cells[best], replica, slot,
-                        problem.max_tokens, work, times[best])
+                        problem.max_tokens_per_microbatch, work, times[best])
     search.run()
     return search.replica, search.slot, float(times[0].max())
 
