@@ -23,6 +23,10 @@ every rank:
 Model-agnostic: an encoder is any callable `fn(inputs, lengths) -> embeddings`, packed over
 its items along dim 0 (`lengths[k]` input rows in, `Segment.tokens` rows out); the
 text embedding any callable on the packed text ids.  The runtime never sees the model.
+A video (`Segment(frames=F)`: F rides in the metadata all-gather) may run as parts of whole
+frames on several encoder ranks (`frames.py`): its encoder is then called on each part as an
+item of its own, so it must attend within a frame, and the parts' embeddings reach their LLM
+ranks in the same exchanges.
 
 The encoder contract: every encoder is called on every rank, with empty inputs (0 rows)
 where a rank holds none of its modality, and its output must depend on every trainable
@@ -46,6 +50,7 @@ import numpy as np
 import torch
 
 from ..balancers.validation import as_bool
+from ..orchestrator.frames import stage_frames
 from ..orchestrator.plan import PassPlan
 from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample, resolve_positions
@@ -56,19 +61,20 @@ from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .encoders import checked_call, contract_problem, output_problem, unseen_module
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
+from .frames import InputUnits
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, new_step, split_rows
 from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes
 from .sharding import TextUnits, pass_layout
 
 SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
-SEGMENT_COLUMNS = 4  # modality code, length, tokens, position
+SEGMENT_COLUMNS = 5  # modality code, length, tokens, position, frames
 
 
 def local_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_tokens=None
                  ) -> tuple[np.ndarray, np.ndarray]:
     """This rank's metadata as two int64 tables: samples (text, #segments, id, loss tokens) and
-    segments (modality code, length, tokens, position), segments sample by sample.
+    segments (modality code, length, tokens, position, frames), segments sample by sample.
 
     `loss_tokens[k]` is how many tokens of sample k count in the loss (default: its text)."""
     if loss_tokens is not None:
@@ -90,7 +96,8 @@ def local_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_toke
             if segment.modality not in modalities:
                 raise ValueError(f"sample {index} segment {j} has modality {segment.modality!r}; the stages "
                                  f"encode {list(modalities)}")
-            segment_rows.append((modalities.index(segment.modality), segment.length, segment.tokens, position))
+            segment_rows.append((modalities.index(segment.modality), segment.length, segment.tokens, position,
+                                 segment.frames))
     return (np.array(sample_rows, dtype=np.int64).reshape(-1, SAMPLE_COLUMNS),
             np.array(segment_rows, dtype=np.int64).reshape(-1, SEGMENT_COLUMNS))
 
@@ -156,6 +163,7 @@ class MultiStageRuntime:
                                            options=self.config_options)
         gathered_segments = gather_metadata(segment_table, group, num_columns=SEGMENT_COLUMNS)
         samples_all, segments_all = gathered_samples.values, gathered_segments.values
+        frames = segments_all[:, 4]
         plan_id = plan_word(self.config_fingerprint, gathered_samples.counts, samples_all, gathered_segments.counts,
                             segments_all)
         return Batch.from_arrays(
@@ -164,7 +172,8 @@ class MultiStageRuntime:
             sample_id=samples_all[:, 2],
             segment_sample=np.repeat(np.arange(samples_all.shape[0], dtype=np.int64), samples_all[:, 1]),
             segment_modality=segments_all[:, 0], segment_length=segments_all[:, 1],
-            segment_tokens=segments_all[:, 2], segment_position=segments_all[:, 3]), int(samples_all[:, 3].sum()), \
+            segment_tokens=segments_all[:, 2], segment_position=segments_all[:, 3],
+            segment_frames=frames if np.any(frames > 1) else None), int(samples_all[:, 3].sum()), \
             plan_id
 
     def plan(self, samples: Sequence[Sample], *, loss_tokens=None, metadata_group=None) -> StepRoutes:
@@ -199,14 +208,14 @@ class MultiStageRuntime:
         if plan_id and any(plan.splits for plan in step.microbatches):  # groups, degrees, chunks ride in it
             plan_id = plan_word(plan_id, step.digest())
         segment_source = batch.sample_source[batch.segment_sample]
-        input_routes = tuple(ExchangeMeta(segment_source[batch.segments_of(stage.modality)],
-                                          step.stage_destinations(index), rank, size, plan_id)
-                             for index, stage in enumerate(self.stages[:-1]))
+        input_units = tuple(InputUnits.of_step(step, index) for index in range(len(self.stages) - 1))
+        input_routes = tuple(ExchangeMeta(segment_source[units.segment], units.destination, rank, size, plan_id)
+                             for units in input_units)
         microbatches = tuple(self._pass_routes(plan, rank, size, plan_word(plan_id, index) if plan_id else 0)
                              for index, plan in enumerate(step.microbatches))
         units = TextUnits.of_step(step)
         return StepRoutes(step, rank, microbatches, input_routes, units.route(batch, rank, size, plan_id),
-                          int(num_loss_tokens), planning_seconds, units)
+                          int(num_loss_tokens), planning_seconds, units, input_units)
 
     @staticmethod
     def _pass_routes(plan: PassPlan, rank: int, size: int, plan_id: int) -> PassRoutes:
@@ -252,9 +261,9 @@ class MultiStageRuntime:
         samples_problem = kept_plan_problem(routes.rank, given[0][:, :3], np.stack(
             [batch.sample_text[home], np.diff(batch.sample_segment_offsets)[home], batch.sample_id[home]], axis=1),
             "sample", "(text, segments, id)")
-        return samples_problem or kept_plan_problem(routes.rank, given[1][:, :3], np.stack(
-            [batch.segment_modality[segments], batch.segment_length[segments], batch.segment_tokens[segments]], axis=1),
-            "segment", "(modality, length, tokens)")
+        return samples_problem or kept_plan_problem(routes.rank, given[1][:, [0, 1, 2, 4]], np.stack(
+            [batch.segment_modality[segments], batch.segment_length[segments], batch.segment_tokens[segments],
+             stage_frames(batch, segments)], axis=1), "segment", "(modality, length, tokens, frames)")
 
     def _dispatch_pass(self, routes: PassRoutes, text, per_sample, inputs, stats, problem=None) -> Dispatched:
         """One pass's input exchange (a micro-batch's, without `fused_input_exchange`)."""
@@ -302,30 +311,27 @@ class MultiStageRuntime:
         the local tensors split per micro-batch, each exchanged when `microbatches` reaches it."""
         step, batch, count = routes.step, routes.batch, routes.num_microbatches
         sample_microbatch = step.microbatch_of_samples
-        segment_microbatch = sample_microbatch[batch.segment_sample]
-        modality_segments = [batch.segments_of(modality) for modality in self.modalities]
         units, home = routes.text_units, np.flatnonzero(batch.sample_source == routes.rank)
         if self.fused_input_exchange:
             held = (routes.text_route.dest_items, [route.dest_items for route in routes.input_routes])
             result = self._exchange_inputs(routes.text_route, units, home, routes.input_routes,
-                                           [batch.segment_length[segments] for segments in modality_segments],
+                                           [parts.length for parts in routes.input_units],
                                            text, per_sample, inputs, stats, problem)
             sample_rows, sample_parts = units.copies[held[0]], units.microbatch[held[0]]
         else:
             held = (routes.text_route.source_items, [route.source_items for route in routes.input_routes])
             result = {"text": dict(text), "per_sample": dict(per_sample or {}), "inputs": dict(inputs or {})}
             sample_rows, sample_parts = np.ones(home.size, dtype=np.int64), sample_microbatch[home]
-        held_units, segments_held = held
+        held_units, parts_held = held
         split = {"text": {key: split_rows(tensor, units.tokens[held_units], units.microbatch[held_units], count)
                           for key, tensor in result["text"].items()},
                  "per_sample": {key: split_rows(tensor, sample_rows, sample_parts, count)
                                 for key, tensor in result["per_sample"].items()},
                  "inputs": {}}
-        for modality, segments, held_items in zip(self.modalities, modality_segments, segments_held):
+        for modality, parts, held_parts in zip(self.modalities, routes.input_units, parts_held):
             if modality in result["inputs"]:
-                items = segments[held_items]
-                split["inputs"][modality] = split_rows(result["inputs"][modality], batch.segment_length[items],
-                                                       segment_microbatch[items], count)
+                split["inputs"][modality] = split_rows(result["inputs"][modality], parts.length[held_parts],
+                                                       parts.microbatch[held_parts], count)
         parts = [{kind: {key: pieces[index] for key, pieces in split[kind].items()} for kind in split}
                  for index in range(count)]
         if not self.fused_input_exchange:
@@ -371,7 +377,7 @@ class MultiStageRuntime:
         """
         step, problems, outputs, shapes = routes.plan, [], [], []
         for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
-            expected = int(step.batch.segment_tokens[plan.item_segment[route.dest_items]].sum())
+            expected = int(plan.item_tokens[route.dest_items].sum())  # a video's part: its frames' embeddings
             if modality not in encoders:
                 problems.append(ValueError(f"`encoders` lacks modality {modality!r}"))
                 outputs.append(torch.empty(0))

@@ -12,6 +12,7 @@ from ..orchestrator.plan import PassPlan
 from ..orchestrator.samples import Batch
 from ..orchestrator.step import StepPlan
 from .exchange import ExchangeMeta
+from .frames import InputUnits
 from .sharding import TextUnits
 
 
@@ -35,17 +36,18 @@ class PassRoutes:
 @dataclass(frozen=True, eq=False)
 class StepRoutes:
     """A step plan with this rank's routes: one `PassRoutes` per micro-batch, and the whole
-    step's input routes (every item straight to the rank that runs it in its micro-batch) for
-    the fused input exchange."""
+    step's input routes (every item, or a video's frame parts, straight to the rank that runs it in
+    its micro-batch) for the fused input exchange."""
 
     step: StepPlan
     rank: int
     microbatches: tuple[PassRoutes, ...]
-    input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage, over the step's segments of its modality
+    input_routes: tuple[ExchangeMeta, ...]  # one per encoder stage, over its `input_units`
     text_route: ExchangeMeta  # the step's text pieces to their LLM rank
     num_loss_tokens: int  # loss tokens of the whole step on every rank
     planning_seconds: float
     text_units: TextUnits
+    input_units: tuple[InputUnits, ...]  # one per encoder stage: its segments, or their frame parts
 
     @property
     def batch(self) -> Batch:
