@@ -256,6 +256,32 @@ def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
         stuck[_apply_fixes(state, items, partner, partner_rank, over, delta)] = True
 
 
+def ranks_left_over(state: PartialPlan) -> int:
+    """A lower bound on the ranks that no sequence of full fixes brings within the target.
+
+    A full fix of rank r (above the target by e_r) moves delta >= e_r onto a partner p with room
+    (target - load_p) >= delta and leaves p and r rooms summing to p's room - e_r, each below it: the
+    rooms of the ranks within the target are bins, every rank above it an item of size e_r that must
+    go whole into one bin (of room >= e_r), and a bin's items sum to its room at most.  So the items
+    of size >= x fit in the bins of room >= x: per x = each item's size, the fewest items to leave out
+    (largest first) for the rest to fit.  Items count only above the rounding of any summation order
+    (less that rounding from each), so a rank counted stays above the target however its load is summed.
+    """
+    loads, target = state.loads, state.target
+    rounding = 4 * (max(state.costs.size, loads.size) + 1) * np.finfo(np.float64).eps * max(target, loads.max())
+    excess = loads - target
+    sizes = np.sort(excess[excess > rounding])[::-1] - rounding  # descending
+    if sizes.size == 0:
+        return 0
+    rooms = np.sort(np.maximum(-excess, 0.0))
+    room_from = np.append(np.cumsum(rooms[::-1])[::-1], 0.0)  # room_from[k]: the rooms from the k-th smallest on
+    fitting = room_from[np.searchsorted(rooms, sizes, side="left")]  # per item k: the room of bins >= sizes[k]
+    summed = np.cumsum(sizes)
+    # items 0..k go to bins >= sizes[k]: leave out the d largest, d the fewest with summed[k] - summed[d - 1] <= fitting
+    left_out = np.where(summed > fitting, np.searchsorted(summed, summed - fitting, side="left") + 1, 0)
+    return int(left_out.max())
+
+
 def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> None:
     """Bring ranks above the target down by moves or swaps, same node first, fewest inter-node bytes.
 
@@ -272,26 +298,30 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     of the few ranks that can help, not of every rank.  The first full fix found is
     taken; partial fixes are the best over all ranks.  Stops when no candidate improves,
     or after `REPAIR_SEARCHES` searches, or before them when more ranks are above the target
-    than they could fix (the caller then falls back to placing the plain plan:
-    `locality.balance_locally`).
+    than they could fix, or at once when more will stay above it whatever the full fixes do
+    (`ranks_left_over`; each search brings one rank down at most).  The caller then drops the
+    state and falls back (to placing the plain plan: `locality.balance_locally`).
     """
+    num_ranks = state.loads.size
+    searches = min(4 * num_ranks, REPAIR_SEARCHES)
+    if ranks_left_over(state) > searches:
+        return  # the full fixes leave more ranks above the target than the searches can bring down
     repair_in_node(state, gpus_per_node)
     for candidates in ACROSS_CANDIDATES:
         repair_across_nodes(state, candidates)
     if state.loads.max() <= state.target:
         return
-    num_ranks = state.loads.size
     # A search brings one rank (the most loaded) within the target at most: with more ranks above it
     # by more than rounding, some stay above and the caller drops the plan, so the searches are spared.
     rounding = 4 * (state.costs.size + 1) * np.finfo(np.float64).eps * state.target
-    if np.count_nonzero(state.loads > state.target + rounding) > min(4 * num_ranks, REPAIR_SEARCHES):
+    if np.count_nonzero(state.loads > state.target + rounding) > searches:
         return
     home_node = sources // gpus_per_node
     everyone = np.arange(num_ranks)
     by_rank = np.argsort(state.destinations, kind="stable")
     bounds = np.searchsorted(state.destinations[by_rank], np.arange(num_ranks + 1)).tolist()
     members = [by_rank[bounds[r]:bounds[r + 1]] for r in range(num_ranks)]
-    for _ in range(min(4 * num_ranks, REPAIR_SEARCHES)):
+    for _ in range(searches):
         rank = int(np.argmax(state.loads))
         if state.loads[rank] <= state.target:
             return
