@@ -166,8 +166,9 @@ def planned_bytes(step):
 
 
 def train_step(rank, wrapper, options, frames=True, counter=None):
-    """One step of `options` from the same parameters: (loss share, gradients, whether frames and LLM samples
-    ran split, collectives by kind and bytes sent before the gradient reduction, the plan's bytes)."""
+    """One step of `options` from the same parameters: (loss share, gradients, whether a video ran in frame
+    parts and a part's embeddings were cut between zigzag chunks, collectives by kind and bytes sent before
+    the gradient reduction, the plan's bytes)."""
     torch.manual_seed(0)
     model = FramesModel().double()
     wrapped = model
@@ -190,15 +191,15 @@ def train_step(rank, wrapper, options, frames=True, counter=None):
         with accumulate(wrapped, micro):
             loss_sum = wrapped(runtime, micro)
             normalize_loss(loss_sum, micro, gradient_reduction=reduction).backward()
-            loss += float(loss_sum) / routes.num_loss_tokens
+            loss += float(loss_sum.detach()) / routes.num_loss_tokens
     calls = {kind: counter.calls[kind] - before[kind] for kind in Counter.KINDS} if counter else {}
     sent = counter.sent - sent if counter else 0
     if not wrapper:
         all_reduce_gradients(list(model.parameters()), op="sum")
     grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in model.parameters()]
     passes = routes.step.microbatches
-    split = (any(np.any(plan.stage_plans[0].item_first_unit) for plan in passes),
-             any(np.any(plan.llm.degree > 1) for plan in passes))
+    split = (any(np.any(plan.stage_plans[0].item_first_unit) for plan in passes),  # a video in frame parts
+             any(plan.route_segment.size > plan.stage_plans[0].num_items for plan in passes))  # a part cut by chunks
     return loss, grads, split, calls, sent, planned_bytes(routes.step)
 
 
@@ -220,8 +221,8 @@ def test_videos_split_between_frames_train_as_the_unsplit_single_process_step(wr
     results = spawn(scenarios_job, 4, args=(wrapper,), timeout_s=300)
     expected_loss, expected = reference()
     for name in SCENARIOS:
-        frames_split, llm_split = results[0][name][2]
-        assert frames_split and llm_split == ("context-parallel" in name), name  # the plan split what it should
+        frames_split, parts_cut = results[0][name][2]
+        assert frames_split and parts_cut == ("context-parallel" in name), name  # the plan split what it should
         assert abs(sum(r[name][0] for r in results) - expected_loss) <= 1e-12 * expected_loss, name
         for result in results:
             assert max(relative_error(g, e) for g, e in zip(result[name][1], expected)) <= 1e-12, name
