@@ -36,7 +36,18 @@ class InputUnits:
 
     @classmethod
     def of_step(cls, step, index: int) -> "InputUnits":
-        """The units of encoder stage `index` of a `StepPlan` (its passes' stage items, by global segment)."""
+        """The units of encoder stage `index` of a `StepPlan` (its passes' stage items, by global segment).
+
+        >>> from orchmllm import CostModel
+        >>> from orchmllm.orchestrator import Orchestrator, Stage
+        >>> from orchmllm.orchestrator.samples import Batch, Sample, Segment
+        >>> video = Sample(2, (Segment("video", 8, 4, frames=4),), source=0)  # 4 frames of 2 units
+        >>> batch = Batch.from_samples([video, Sample(2, source=1)], num_ranks=2)
+        >>> stages = (Stage("vision", "video", CostModel()), Stage("llm", "llm", CostModel()))
+        >>> units = InputUnits.of_step(Orchestrator(stages, 2).plan(batch), 0)
+        >>> units.segment.tolist(), units.length.tolist(), units.destination.tolist()  # two frames a rank
+        ([0, 0], [4, 4], [0, 1])
+        """
         columns = []
         for number, (plan, segments) in enumerate(zip(step.microbatches, step.microbatch_segments)):
             stage = plan.stage_plans[index]
