@@ -20,7 +20,10 @@ This implementation never builds the D-vectors the pseudocode implies for most p
   While the full part and the next waiting item stay the two largest, it keeps doing
   so, and that run is LPT on its subsets: it is placed a round at a time with numpy
   (`lpt.round_length`), stopping at the first item where another part or the next
-  waiting item would have been chosen instead;
+  waiting item would have been chosen instead.  Where waiting items larger than its
+  difference would form a new part first, that part (all of them, if fewer than D)
+  joins it at once, each item into the next smallest subset, which is where the run's
+  next LPT step puts it: the run goes on through them, so one round covers many joins;
 - only two parts that together hold more than D subsets are paired densely.
 
 Ties: a part beats a waiting item of equal difference (so a run of equal items joins one
@@ -149,6 +152,7 @@ class _Stream:
 
     def _absorb_full(self, part: _Part, rival: float, stop: int) -> _Part:
         sums, first, window = part.sums, self.next, 256
+        decides = first + 1  # the next item the run decides on: past the items of a part it joins
         while self.next < stop:
             position = self.next
             # Runs are often short: select a window of the smallest subsets, doubled
@@ -165,6 +169,8 @@ class _Stream:
             keeps = (difference >= following) & (difference > rival)
             keeps[0] |= position == first
             failed = np.flatnonzero(~keeps)
+            ended, decides = self._run_end(failed, difference, rival, position, decides)
+            failed = failed[:0] if ended is None else np.array([ended])
             if failed.size:
                 placed = int(failed[0])
             self.parent[position: position + placed] = part.ids[ranks[:placed]]
@@ -175,6 +181,26 @@ class _Stream:
                 break
             window *= 2 if placed == ranks.size else 1
         return part
+
+    def _run_end(self, failed: np.ndarray, difference: np.ndarray, rival: float, position: int,
+                  decides: int) -> tuple[int | None, int]:
+        """Where the run stops in this round (None: it goes on), and the next item it decides on.
+
+        The part takes item k while its difference d > rival and d >= the cost of item k + 1
+        (`keeps`).  Where only the second fails, items k, k + 1, ... of cost > d form a new
+        part, which takes every such item (at most D) and then joins this one: each of its
+        items, larger than d, goes to the next smallest subset, as the next LPT step of the run
+        would place it.  So the run goes on past those items unless they are D (a full part
+        that joins no one at once) or d <= rival.
+        """
+        for k in failed.tolist():
+            if position + k < decides:
+                continue
+            count = int(np.searchsorted(self.negated, -difference[k], side="left")) - position - k
+            if difference[k] <= rival or count >= self.num_ranks:
+                return k, decides
+            decides = position + k + count
+        return None, decides
 
 
 def differencing(costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None) -> np.ndarray:
