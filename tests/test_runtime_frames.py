@@ -113,12 +113,11 @@ class FramesModel(nn.Module):
         return F.cross_entropy(self.llm(packed.embeddings, layout), labels, ignore_index=IGNORE, reduction="sum")
 
 
-def reference():
-    """The global batch unsplit, unbalanced, in this process: each video encoded whole and spliced into its
-    sample's text; (the loss over the step's loss tokens, every parameter's gradient)."""
+def reference(samples):
+    """The global batch of `samples` unsplit, unbalanced, in this process: each video encoded whole and spliced
+    into its sample's text; (the loss over the step's loss tokens, every parameter's gradient)."""
     torch.manual_seed(0)
     model = FramesModel().double()
-    samples = [sample for rank in range(4) for sample in rank_samples(rank)]
     loss = 0.0
     for sample in samples:
         ids, labels, patches = sample_tensors(sample)
@@ -165,10 +164,10 @@ def planned_bytes(step):
     return step.input_exchange().bytes_moved + 2 * sum(e.bytes_moved for e in step.embedding_exchanges())
 
 
-def train_step(rank, wrapper, options, frames=True, counter=None):
-    """One step of `options` from the same parameters: (loss share, gradients, whether a video ran in frame
-    parts and a part's embeddings were cut between zigzag chunks, collectives by kind and bytes sent before
-    the gradient reduction, the plan's bytes)."""
+def train_step(samples, wrapper, options, counter=None):
+    """One step of `options` on this rank's `samples` from the same parameters: (loss share, gradients, whether
+    a video ran in frame parts, a part's embeddings were cut between zigzag chunks, two parts of a video ran
+    on one rank; collectives by kind and bytes sent before the gradient reduction, the plan's bytes)."""
     torch.manual_seed(0)
     model = FramesModel().double()
     wrapped = model
@@ -181,7 +180,6 @@ def train_step(rank, wrapper, options, frames=True, counter=None):
         wrapped = fully_shard(model)
     runtime = MultiStageRuntime(STAGES, **options)
     before, sent = (dict(counter.calls), counter.sent) if counter else ({}, 0)
-    samples = rank_samples(rank, frames)
     text, inputs = local_tensors(samples)
     routes = runtime.plan(samples)
     moved = runtime.dispatch(routes, text=text, inputs=inputs, samples=samples)
@@ -198,16 +196,19 @@ def train_step(rank, wrapper, options, frames=True, counter=None):
         all_reduce_gradients(list(model.parameters()), op="sum")
     grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in model.parameters()]
     passes = routes.step.microbatches
-    split = (any(np.any(plan.stage_plans[0].item_first_unit) for plan in passes),  # a video in frame parts
-             any(plan.route_segment.size > plan.stage_plans[0].num_items for plan in passes))  # a part cut by chunks
+    videos = [plan.stage_plans[0] for plan in passes]
+    split = (any(np.any(video.item_first_unit) for video in videos),  # a video in frame parts
+             any(plan.route_segment.size > video.num_items for plan, video in zip(passes, videos)),  # cut by chunks
+             any(np.unique(np.stack([video.item_segment, video.destination]), axis=1).shape[1] < video.num_items
+                 for video in videos))  # two parts of a video on one encoder rank
     return loss, grads, split, calls, sent, planned_bytes(routes.step)
 
 
 def scenarios_job(rank, size, wrapper):
     counter = Counter() if not wrapper else None
-    results = {name: train_step(rank, wrapper, options, counter=counter) for name, options in SCENARIOS.items()}
+    results = {name: train_step(rank_samples(rank), wrapper, options, counter) for name, options in SCENARIOS.items()}
     if counter:  # the same steps with every video one frame: nothing split between frames
-        results.update({f"{name}, one frame": train_step(rank, wrapper, options, False, counter)
+        results.update({f"{name}, one frame": train_step(rank_samples(rank, False), wrapper, options, counter)
                         for name, options in SCENARIOS.items()})
     return results
 
@@ -219,9 +220,9 @@ def relative_error(got, expected):
 @pytest.mark.parametrize("wrapper", [None, "ddp", "fsdp2"], ids=["hand all-reduce", "ddp", "fsdp2"])
 def test_videos_split_between_frames_train_as_the_unsplit_single_process_step(wrapper):
     results = spawn(scenarios_job, 4, args=(wrapper,), timeout_s=300)
-    expected_loss, expected = reference()
+    expected_loss, expected = reference([sample for rank in range(4) for sample in rank_samples(rank)])
     for name in SCENARIOS:
-        frames_split, parts_cut = results[0][name][2]
+        frames_split, parts_cut, _ = results[0][name][2]
         assert frames_split and parts_cut == ("context-parallel" in name), name  # the plan split what it should
         assert abs(sum(r[name][0] for r in results) - expected_loss) <= 1e-12 * expected_loss, name
         for result in results:
@@ -233,6 +234,48 @@ def test_videos_split_between_frames_train_as_the_unsplit_single_process_step(wr
             assert [r[name][3] for r in results] == [r[unsplit][3] for r in results], name  # no extra collective
             for key in (name, unsplit):  # the all-to-alls send what the plan moves, no byte more
                 assert sum(r[key][4] for r in results) == results[0][key][5], key
+
+
+SPEC3 = ContextParallel(degrees=(1, 2), gpus_per_node=3, half_efficiency_tokens=1, latency_s=0, kv_bytes_per_token=0,
+                        seconds_per_cost=1.0)
+RANDOM_OPTIONS = ({}, {"context_parallel": SPEC3, "max_tokens_per_microbatch": 60})
+
+
+def random_samples(seed, size):
+    """Every rank's samples of a random step: 0-3 samples a rank, each 1-11 text tokens and 0-2 videos of
+    1-9 frames at random positions."""
+    rng, homes = np.random.default_rng(seed), []
+    for rank in range(size):
+        samples = []
+        for k in range(int(rng.integers(0, 4))):
+            text = int(rng.integers(1, 12))
+            videos, position, left = [], 0, text
+            for _ in range(int(rng.integers(0, 3))):
+                count, gap = int(rng.choice([1, 1, 2, 3, 6, 9])), int(rng.integers(0, left + 1))
+                position, left = position + gap, left - gap
+                videos.append(Segment("video", UNITS * count, TOKENS * count, position, frames=count))
+                position += TOKENS * count
+            samples.append(Sample(text, tuple(videos), rank, 1000 * rank + k))
+        homes.append(samples)
+    return homes
+
+
+def random_job(rank, size, seeds):
+    return [train_step(random_samples(seed, size)[rank], None, options)[:3] for seed in seeds
+            for options in RANDOM_OPTIONS]
+
+
+def test_random_steps_with_videos_split_between_frames_train_as_the_unsplit_step():
+    """3 ranks, random videos (empty ranks, several videos a sample, two parts of one video on one rank),
+    plain and context-parallel micro-batched."""
+    seeds = range(12)
+    results = spawn(random_job, 3, args=(seeds,), timeout_s=300)
+    for index, seed in enumerate(np.repeat(seeds, len(RANDOM_OPTIONS))):
+        expected_loss, expected = reference([sample for home in random_samples(seed, 3) for sample in home])
+        assert abs(sum(r[index][0] for r in results) - expected_loss) <= 1e-12 * expected_loss, seed
+        for result in results:
+            assert max(relative_error(g, e) for g, e in zip(result[index][1], expected)) <= 1e-12
+    assert np.all(np.any([split for split in (r[2] for r in results[0])], axis=0))  # every kind of split ran
 
 
 def mismatch_job(rank, size):
