@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .cost import CostModel
+from .orders import Orders
 from .validation import INT64_MAX, as_array, as_bool, as_int, as_non_negative_integers, is_real
 
 
@@ -141,8 +142,8 @@ def read_only(array: np.ndarray) -> np.ndarray:
 
 
 class kept_order:
-    """A property computed on first use and kept in the problem's `orders` dict (read-only), which
-    problems over the same items are built with, so that each order is computed once for all of them."""
+    """A property computed on first use and kept in the problem's `orders` (read-only), which problems
+    over the same items share, so that each order is computed once for all of them."""
 
     def __init__(self, compute: Callable[["SortedItems"], np.ndarray]):
         self.compute, self.name, self.__doc__ = compute, compute.__name__, compute.__doc__
@@ -152,15 +153,23 @@ class kept_order:
             return self
         value = problem.orders.get(self.name)
         if value is None:
-            value = problem.orders[self.name] = read_only(self.compute(problem))
+            value = problem.orders.keep(self.name, self.compute(problem))
         return value
 
 
 class SortedItems:
     """The orders of a problem's items, each computed once (read-only): a `Problem`'s or a
     `MicroBatchProblem`'s `lengths`, `item_costs` and `cost` (None when costs are given per item).
-    They live in the problem's `orders` field: a problem built over the same items (a
+    They live in the problem's `orders` field (`Orders`): a problem built over the same items (a
     `dataclasses.replace` of it, `balancing_problem`) is given them at construction."""
+
+    def __post_init__(self):
+        """`orders` as this problem's `Orders`: those given where they are of its items, or entries given
+        as a mapping (computed of its items by the caller), else none yet."""
+        orders = self.orders
+        if not isinstance(orders, Orders) or not orders.holds(self.lengths, self.item_costs):
+            entries = {} if isinstance(orders, Orders) else orders
+            object.__setattr__(self, "orders", Orders(self.lengths, self.item_costs, entries))
 
     @kept_order
     def length_order(self) -> np.ndarray:
@@ -193,8 +202,8 @@ class Problem(SortedItems):
     max_tokens_per_rank: int | None
     time_limit: float | None
     equal_counts: bool = False  # every rank holds floor(n / D) or ceil(n / D) items
-    # `SortedItems`' orders once computed; a `dataclasses.replace` shares them (pass orders={} with other items)
-    orders: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    # `SortedItems`' orders once computed (`Orders`); a `dataclasses.replace` over the same items shares them
+    orders: Orders = field(default_factory=dict, repr=False)  # a mapping given: its entries, of these items
 
     @property
     def num_items(self) -> int:

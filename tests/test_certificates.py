@@ -2,6 +2,7 @@
 above the plan's own cost is a false certificate refused naming the kernel, the built-in exact
 kernels' proofs stay `optimal`, and bounds round up to the next integer where every cost is one."""
 
+import dataclasses
 import math
 import re
 
@@ -177,3 +178,50 @@ def test_an_exact_sum_bound_is_lowered_below_the_float_loads_it_bounds(algorithm
     assert optimum.makespan * (1 - 1e-14) < plan.lower_bound <= optimum.makespan
     check_plan(plan, lengths, 2, **options)
     assert balance(lengths, 2, algorithm="lpt", **options).lower_bound == 29.4  # optimal: held at its makespan
+
+
+def lpt_of_a_rescaled_half(problem):
+    """Balance the first half rescaled with LPT on a `dataclasses.replace` of the problem (a natural way
+    to reuse a kernel), the rest round robin: its sub-problem's orders are of other items."""
+    half = problem.num_items // 2
+    sub = dataclasses.replace(problem, lengths=problem.lengths[:half], item_costs=problem.item_costs[:half] * 10)
+    rest = np.arange(problem.num_items - half) % problem.num_ranks
+    return KernelResult(np.concatenate([lpt.solve(sub).assignment, rest]))
+
+
+@pytest.mark.parametrize("cost", [None, CostModel(linear=1, quadratic=0.5)], ids=["linear", "quadratic"])
+def test_regression_a_replace_with_other_items_shared_the_orders_that_certify_the_plan(register, cost):
+    """`dataclasses.replace` of a problem shared its orders dict even with other lengths and costs: the
+    sub-problem's sorted costs then bounded the caller's plan (24 certified optimal; the optimum is 23)."""
+    lengths = [9, 8, 7, 1, 1, 1, 9, 8]
+    name = register(Algorithm("rescaled_half", lpt_of_a_rescaled_half, kind="plugin", description="test"))
+    plan = balance(lengths, 2, algorithm=name, cost=cost)
+    optimum = brute_force(lengths, 2, cost=cost).makespan
+    assert plan.lower_bound <= optimum
+    assert plan.lower_bound == balance(lengths, 2, algorithm="lpt", cost=cost).lower_bound
+    assert plan.status is Status.FEASIBLE or plan.makespan == optimum
+
+
+def forging_orders(name):
+    def kernel(problem):
+        problem.orders[name] = np.full(problem.num_items, 1e9) if name == "sorted_costs" else \
+            np.zeros(problem.num_items, dtype=np.int64)
+        return KernelResult(np.arange(problem.num_items) % problem.num_ranks)
+    return kernel
+
+
+@pytest.mark.parametrize("key", ["sorted_costs", "cost_order", "length_order"])
+def test_regression_a_kernel_writing_the_problem_orders_forged_the_certificate(register, key):
+    """The orders were a plain dict a kernel could fill: round robin certified optimal at 18 (optimum 11)."""
+    name = register(Algorithm(f"forges_{key}", forging_orders(key), kind="plugin", description="test"))
+    with pytest.raises(RuntimeError, match=rf"algorithm {name!r} raised RuntimeError: .*orders\[{key!r}\]"):
+        balance([9, 1, 1, 1, 8, 1], 2, algorithm=name)
+
+
+def test_regression_a_microbatch_kernel_writing_the_problem_orders_was_not_refused(register):
+    def kernel(problem, num_microbatches):
+        problem.orders["length_order"] = np.arange(problem.num_items)[::-1].copy()
+        return microbatch_greedy.solve(problem, num_microbatches)
+    name = register(MicroBatchAlgorithm("forges_mb", kernel, kind="plugin", description="test"))
+    with pytest.raises(RuntimeError, match=rf"{name!r} raised RuntimeError: .*orders\['length_order'\]"):
+        balance_microbatches([9, 1, 1, 1, 8, 1], 2, max_tokens_per_microbatch=9, algorithm=name)

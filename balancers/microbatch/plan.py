@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..cost import CostModel
+from ..orders import Orders
 from ..plan import call_kernel, certify, claimed_bound, integral, json_head, kernel_status, require_result, rounded_up
 from ..problem import Problem, SortedItems, Status, integer_sum, read_only, token_sums
 from ..validation import as_index, is_real
@@ -32,8 +33,8 @@ class MicroBatchProblem(SortedItems):
     work_limit: int  # operations an anytime search may spend
     cost: CostModel | None = None  # the model that gave `item_costs`, None when given per item
     time_limit: float | None = None  # seconds, when given: each kernel converts it to its own operations
-    # `SortedItems`' orders once computed; a `dataclasses.replace` shares them (pass orders={} with other items)
-    orders: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    # `SortedItems`' orders once computed (`Orders`); a `dataclasses.replace` over the same items shares them
+    orders: Orders = field(default_factory=dict, repr=False)  # a mapping given: its entries, of these items
 
     @property
     def num_items(self) -> int:
