@@ -106,6 +106,16 @@ def check_segments_fit(batch: Batch, stage: Stage, items: StageItems) -> None:
                           f"least {longest} is needed", min_cap=longest)
 
 
+def check_samples_fit(batch: Batch, lengths: np.ndarray, budget: int) -> None:
+    """InfeasibleError naming by id (the balancer names an index) a sample whose cell tokens exceed `budget`."""
+    index = int(np.argmax(lengths))
+    longest = int(lengths[index])
+    if longest > budget:
+        raise InfeasibleError(f"sample id {int(batch.sample_id[index])} has {longest} LLM tokens > "
+                              f"max_tokens_per_microbatch={budget}; no micro-batch can hold it: a budget of at least "
+                              f"{longest} is needed", min_cap=longest)
+
+
 def item_tokens(batch: Batch, stage: Stage, items: StageItems) -> np.ndarray:
     """The LLM tokens each item produces: a segment's embeddings, or a sample's whole sequence."""
     return items.length if stage.is_llm else batch.segment_tokens[items.segment]
@@ -322,6 +332,8 @@ class Orchestrator:
             why = (f"the LLM stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
                    f"max_tokens_per_microbatch={given}: a cell holds at most {budget} tokens", *why)
         try:
+            if self.context_parallel is None:  # else a long sample is split between ranks
+                check_samples_fit(batch, tokens, budget)
             if capped is None:
                 return plan_microbatches(tokens, batch.num_ranks, options, cost=llm_stage.cost, padded=llm_stage.padded,
                                          context_parallel=self.context_parallel, **origins)

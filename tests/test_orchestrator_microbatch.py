@@ -335,3 +335,18 @@ def test_a_padded_llm_stage_gets_padded_cells():
 def test_micro_batch_options_without_a_usable_budget_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         Orchestrator(STAGES, 4, **options)
+
+
+@pytest.mark.parametrize("llm_cap", [None, 6])
+def test_regression_a_sample_over_the_microbatch_budget_was_named_by_its_index_among_items(llm_cap):
+    """The balancer's "item 0 has 8 tokens > max_tokens_per_microbatch=6" named no sample: the error
+    names the sample's id and its LLM tokens, and where the LLM stage's cap lowers the budget, that cap."""
+    from orchmllm import CostModel, Sample, Segment, Stage
+    from orchmllm.orchestrator import Batch
+    stages = (Stage("vision", "image", CostModel(per_item=1, linear=1)),
+              Stage("llm", "llm", CostModel(linear=1), max_tokens_per_rank=llm_cap))
+    samples = [Sample(text=2, id=40), Sample(text=5, segments=(Segment("image", 3, 3),), id=41)]
+    budget = 6 if llm_cap is None else 100
+    match = r"sample id 41 has 8 LLM tokens > max_tokens_per_microbatch=6; no micro-batch can hold it"
+    with pytest.raises(InfeasibleError, match=match + ("" if llm_cap is None else r".*\(the LLM stage 'llm' has")):
+        Orchestrator(stages, 4, max_tokens_per_microbatch=budget).plan(Batch.from_samples(samples, 4))
