@@ -81,20 +81,53 @@ def _ascending(state: PartialPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return state.item_of_rank[::-1], -state.negated_sorted_costs[::-1], state.costs.size - 1 - state.cost_rank
 
 
+def _valid(state: PartialPlan, items: np.ndarray, partner_rank: np.ndarray, shift: np.ndarray,
+           partner_lengths: np.ndarray) -> np.ndarray:
+    """Whether each candidate, listed flat (item i, the partner's rank, delta = cost_i - cost_j and the
+    partner item's length, 0 for a move), is a valid fix: both ranks within the target and the cap
+    after it, delta > 0, the partner another rank."""
+    item_rank = state.destinations[items]
+    valid = ((state.loads[partner_rank] + shift <= state.target) & (partner_rank != item_rank) & (shift > 0)
+             & (state.loads[item_rank] - shift <= state.target))
+    if state.cap < np.inf:
+        shift_tokens = state.lengths[items] - partner_lengths
+        valid &= (state.tokens[partner_rank] + shift_tokens <= state.cap) & (state.tokens[item_rank] - shift_tokens <= state.cap)
+    return valid
+
+
+def _room_needed(state: PartialPlan, items: np.ndarray) -> np.ndarray:
+    """Per item i (on rank r), the most load a partner rank may hold and still take a valid fix of
+    it: a fix takes at least the excess load_r - target off r and puts it on the partner, so the
+    partner needs that much room (up to rounding: the bound drops only candidates that are not valid)."""
+    loads, target = state.loads, state.target
+    margin = 16 * np.finfo(np.float64).eps * max(target, float(np.abs(loads).max()))
+    return 2 * target - loads[state.destinations[items]] + margin
+
+
+def _live(rows: np.ndarray, columns: np.ndarray, width: int, shift: np.ndarray,
+          valid: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """Of candidates (rows, columns) with `_valid`'s answers: the rows with a valid one (only
+    they can take a fix), where the valid ones sit among those rows' `width` columns, and the rows'
+    deltas (inf where no valid fix)."""
+    valid_rows = rows[valid]  # ascending, as `np.nonzero` lists them
+    first = np.concatenate(([valid_rows.size > 0], valid_rows[1:] != valid_rows[:-1]))[:valid_rows.size]
+    live = valid_rows[first]
+    at = (np.cumsum(first) - 1, columns[valid])
+    delta = np.full((live.size, width), np.inf)
+    delta[at] = shift[valid]
+    return live, at, delta
+
+
 def _valid_deltas(state: PartialPlan, items: np.ndarray, partner_rank: np.ndarray, partner_costs: np.ndarray,
                   partner_lengths: np.ndarray) -> np.ndarray:
     """delta = cost_i - cost_j of every candidate (rows as in `_apply_fixes`; the partner items' costs
-    and lengths given, 0 for a move), inf where the fix is not valid: both ranks within the target
-    and the cap after it, delta > 0, the partner another rank."""
+    and lengths given, 0 for a move), inf where the fix is not valid (`_valid`)."""
     delta = state.costs[items, None] - partner_costs
     # The partner's room is the test that fails most (on real traces ~99 % of the candidates of the
     # across-node passes): the others run only where it holds.
     rows, columns = np.nonzero(state.loads[partner_rank] + delta <= state.target)
-    shift, item_rank, other = delta[rows, columns], state.destinations[items[rows]], partner_rank[rows, columns]
-    valid = (other != item_rank) & (shift > 0) & (state.loads[item_rank] - shift <= state.target)
-    if state.cap < np.inf:
-        shift_tokens = state.lengths[items[rows]] - partner_lengths[rows, columns]
-        valid &= (state.tokens[other] + shift_tokens <= state.cap) & (state.tokens[item_rank] - shift_tokens <= state.cap)
+    shift = delta[rows, columns]
+    valid = _valid(state, items[rows], partner_rank[rows, columns], shift, partner_lengths[rows, columns])
     valid_delta = np.full(delta.shape, np.inf)
     valid_delta[rows[valid], columns[valid]] = shift[valid]
     return valid_delta
@@ -119,7 +152,8 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
                               np.append(state.lengths, 0.0)[partner])
     # Only rows with a valid candidate can take a fix (most rows of a pass across nodes have none).
     live = np.flatnonzero(delta.min(axis=1, initial=np.inf) < np.inf)
-    items, partner, partner_rank, delta = items[live], partner[live], partner_rank[live], delta[live]
+    if live.size < items.size:
+        items, partner, partner_rank, delta = items[live], partner[live], partner_rank[live], delta[live]
     item_rank = state.destinations[items]
     used = np.zeros(state.loads.size, dtype=bool)  # ranks a fix of this round changed
     chosen = []
@@ -204,19 +238,23 @@ def repair_in_node(state: PartialPlan, gpus_per_node: int) -> None:
         held = np.flatnonzero(in_node[state.destinations // gpus_per_node])
         keys = np.sort(state.destinations[held] * n + ascending_rank[held])
         partner_rank = (item_rank - item_rank % gpus_per_node)[:, None] + offsets
+        # Only partners with the room a fix needs are searched (most have not: the others take no fix).
+        rows, columns = np.nonzero(state.loads[partner_rank] <= _room_needed(state, items)[:, None])
         limit = state.costs[items] - (state.loads[item_rank] - state.target)
         count = np.searchsorted(ascending_costs, limit, side="right")  # items with cost <= limit
-        # Rows by (node, count): every column's needles ascend, and sorted needles search several
-        # times faster than scattered ones (each search starts where the last one ended).
-        by = np.lexsort((count, item_rank // gpus_per_node))
-        needles = partner_rank[by] * n + count[by, None]
+        other = partner_rank[rows, columns]
+        needles = other * n + count[rows]
+        by = np.argsort(needles)  # sorted needles search several times faster than scattered ones
         position = np.empty_like(needles)
-        for column in range(gpus_per_node):
-            position[by, column] = np.searchsorted(keys, needles[:, column])
-        position -= 1
+        position[by] = np.searchsorted(keys, needles[by]) - 1
         found = keys[np.maximum(position, 0)]
-        partner = np.where((position >= 0) & (found // n == partner_rank), ascending[found % n], -1)
-        stuck[_apply_fixes(state, items, partner, partner_rank, over)] = True
+        found = np.where((position >= 0) & (found // n == other), ascending[found % n], -1)
+        shift = state.costs[items[rows]] - np.append(state.costs, 0.0)[found]
+        valid = _valid(state, items[rows], other, shift, np.append(state.lengths, 0.0)[found])
+        live, at, delta = _live(rows, columns, gpus_per_node, shift, valid)
+        partner = np.full(delta.shape, -1, dtype=np.int64)
+        partner[at] = found[valid]  # a candidate that is not valid takes no fix: its partner is never read
+        stuck[_apply_fixes(state, items[live], partner, partner_rank[live], over, delta)] = True
 
 
 def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
