@@ -39,7 +39,7 @@ from ..problem import (InfeasibleError, KernelResult, Problem, integer_keys_fit,
 
 def integer_loads(costs: np.ndarray, num_ranks: int) -> bool:
     """Whether loads (sums of `costs`) make int64 keys load · D + rank that sort like (load, rank)."""
-    return integer_keys_fit(costs, 1) and float(costs.sum()) * num_ranks < 2.0**62
+    return float(costs.sum()) * num_ranks < 2.0**62 and integer_keys_fit(costs, 1)  # the cheap test first
 
 
 def ranks_by_load(loads: np.ndarray, integer: bool) -> np.ndarray:
