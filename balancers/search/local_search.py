@@ -202,11 +202,19 @@ def _best_group(state: _State, heaviest: int, partners: np.ndarray, ways: int, m
 
 
 def _stable_order(keys: np.ndarray, top: float) -> np.ndarray:
-    """argsort(keys, kind="stable") for keys in [0, top]; integer keys take a faster unique-key sort."""
+    """argsort(keys, kind="stable") for keys in [0, top], by faster sorts of unique int64 keys: integer
+    keys with their index; others by an unstable argsort, then each run of equal keys by index
+    (numpy's stable sort, a timsort, takes ~2.5x as long on ~40 000 unsorted floats)."""
     size = keys.size
     if size and (top + 1) * size < 2.0**62 and np.all(keys == np.floor(keys)):
         return np.sort(keys.astype(np.int64) * size + np.arange(size)) % size
-    return np.argsort(keys, kind="stable")
+    order = np.argsort(keys)
+    ordered = keys[order]
+    tied = ordered[1:] == ordered[:-1]
+    if not tied.any():
+        return order
+    run = np.concatenate(([0], np.cumsum(~tied)))  # each run of equal keys, numbered in order
+    return np.sort(run * size + order) % size
 
 
 def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
@@ -239,12 +247,13 @@ def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
     sorted_y = _stable_order(keys, count * span)
     keys = keys[sorted_y]
     x_items = np.flatnonzero((item_pair >= 0) & on_heavy[assignment])
-    size = x_items.size
-    x_items = x_items[np.sort(item_pair[x_items] * size + np.arange(size)) % max(size, 1)]  # by pair, index
     x_pair = item_pair[x_items]
     high, low = loads[heavy][x_pair], loads[light][x_pair]
-    wanted = np.clip(costs[x_items] - (high - low) / 2, 0.0, largest)
-    above = np.searchsorted(keys, x_pair * span + wanted)
+    wanted = x_pair * span + np.clip(costs[x_items] - (high - low) / 2, 0.0, largest)
+    # Ascending (so by pair, spans apart): searchsorted runs several times faster on sorted queries.
+    by_wanted = np.argsort(wanted)
+    x_items, x_pair, high, low = x_items[by_wanted], x_pair[by_wanted], high[by_wanted], low[by_wanted]
+    above = np.searchsorted(keys, wanted[by_wanted])
     best_value = np.full(x_items.size, np.inf)
     best_y = np.zeros(x_items.size, dtype=np.int64)
     cap = problem.max_tokens_per_rank
@@ -264,9 +273,10 @@ def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
     if x_items.size == 0:
         return 0
     starts = np.flatnonzero(np.diff(x_pair, prepend=-1))
-    group_best = np.minimum.reduceat(best_value, starts)
-    first = np.flatnonzero(best_value == np.repeat(group_best, np.diff(np.append(starts, x_pair.size))))
-    chosen = first[np.diff(x_pair[first], prepend=-1) != 0]  # the lowest-index best item per pair
+    sizes = np.diff(np.append(starts, x_pair.size))
+    best = best_value == np.repeat(np.minimum.reduceat(best_value, starts), sizes)
+    lowest = np.minimum.reduceat(np.where(best, x_items, problem.num_items), starts)
+    chosen = np.flatnonzero(best & (x_items == np.repeat(lowest, sizes)))  # the lowest-index best item per pair
     chosen = chosen[best_value[chosen] < high[chosen]]
     partners = y_ids[best_y[chosen]]
     assignment[x_items[chosen]] = light[x_pair[chosen]]
