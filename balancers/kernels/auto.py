@@ -82,13 +82,15 @@ def solve(problem: Problem) -> KernelResult:
                     and problem.num_items <= GROUP_MAX_PER_RANK * problem.num_ranks)
     if few_per_rank:
         kernels.append(slack.solve)
+    makespans = []  # of the starts, each computed once
     for kernel in kernels:
         try:
             start = kernel(problem).assignment
         except InfeasibleError as error:  # the greedy found no room; another start may
             refusal = error
             continue
-        if rank_loads(problem, start).max() <= bound:  # proven optimal: nothing to improve
+        makespans.append(float(rank_loads(problem, start).max()))
+        if makespans[-1] <= bound:  # proven optimal: nothing to improve
             return KernelResult(start)
         starts.append(start)
     if not starts:
@@ -97,18 +99,20 @@ def solve(problem: Problem) -> KernelResult:
         repaired = local_search.improve(tokens, karmarkar_karp.differencing(tokens.item_costs, problem.num_ranks)).assignment
         if rank_tokens(problem, repaired).max() <= problem.max_tokens_per_rank:
             starts.append(repaired)
+            makespans.append(float(rank_loads(problem, repaired).max()))
         elif problem.time_limit is not None:
             return ilp.solve(problem)
         else:
             raise refusal
-    makespans = [float(rank_loads(problem, start).max()) for start in starts]
     if few_per_rank:
         best = _group_search(problem, starts, makespans, bound)
     else:
         if problem.num_items > ALL_STARTS_MAX_ITEMS:
-            starts = [starts[int(np.argmin(makespans))]]
-        plans = starts + [local_search.improve(problem, start).assignment for start in starts]
-        best = plans[int(np.argmin([float(rank_loads(problem, plan).max()) for plan in plans]))]
+            first = int(np.argmin(makespans))
+            starts, makespans = [starts[first]], [makespans[first]]
+        improved = [local_search.improve(problem, start).assignment for start in starts]
+        plans, makespans = starts + improved, makespans + [float(rank_loads(problem, plan).max()) for plan in improved]
+        best = plans[int(np.argmin(makespans))]
     if (problem.time_limit is not None and problem.num_items <= ILP_MAX_ITEMS
             and float(rank_loads(problem, best).max()) > bound):
         return search(problem, best, problem.time_limit)  # a kernel's plan: clean, no `improve` checks
