@@ -15,13 +15,14 @@ Model (the schedules of `balancers.pipeline.schedules`, per-stage times):
                seconds / (D · P · step)
 
 Point-to-point activations, the input exchange, gradient reduction and the optimizer step are
-left out (the same for every strategy, or overlapped).  The PP-aware planner sees each
-sample's work as spread evenly over the stages (its model); the encoders' place on the first stage is
-the simulator's alone.
+left out (the same for every strategy, or overlapped).  The PP-aware planner is given each
+sample's encoder FLOPs as its first-stage part (`plan_for_pipeline(..., first_stage=)`), so its
+stage times are the simulator's: ours is never slower than the PP-unaware plan it starts from.
 
 Strategies (`STRATEGIES`):
 
-    ours            balance_microbatches(..., pipeline=): cells and order for the schedule
+    ours            the PP-unaware plan's cells re-planned for the schedule (`plan_for_pipeline`,
+                    what balance_microbatches(..., pipeline=) runs), encoders on the first stage
     ours_unaware    balance_microbatches without it: Σ_m max_r load, in its own order
                     (both plan each sample's LLM and encoder FLOPs together, `costs=`)
     verl_dynamic_bsz, sorted_grid   the micro-batch peers (`microbatch_peers`), their own M
@@ -41,6 +42,7 @@ import numpy as np
 from ..balancers import Pipeline, balance_microbatches
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.pipeline import replica_times
+from ..balancers.pipeline.planner import plan_for_pipeline
 from ..orchestrator.samples import Batch
 from .microbatch_peers import MICROBATCH_PEERS
 from .models import GPUS, MODELS
@@ -118,8 +120,10 @@ def simulate_pipeline_step(strategy: str, rank: np.ndarray, microbatch: np.ndarr
                               bubble_fraction=1.0 - busy / (replicas * pipeline.stages * step) if step > 0 else 0.0)
 
 
-def _cells(batch: Batch, llm_stage, work: np.ndarray, pipeline: Pipeline, budget: int, strategies) -> dict:
-    """(rank, microbatch, M) of every strategy in `strategies`; ours plan `work` (LLM and encoder FLOPs)."""
+def _cells(batch: Batch, llm_stage, work: np.ndarray, encoder: np.ndarray, pipeline: Pipeline, budget: int,
+           strategies) -> dict:
+    """(rank, microbatch, M) of every strategy in `strategies`; ours plan `work` (LLM and encoder FLOPs), the
+    PP-aware one with the `encoder` FLOPs on the first stage."""
     lengths, replicas = batch.sample_llm_length, batch.num_ranks
     peers = {name: MICROBATCH_PEERS[name](lengths, replicas, cost=llm_stage.cost, max_tokens_per_microbatch=budget,
                                           sources=batch.sample_source)
@@ -128,15 +132,18 @@ def _cells(batch: Batch, llm_stage, work: np.ndarray, pipeline: Pipeline, budget
                                      cost=llm_stage.cost).min_microbatches
     m = pipeline.runnable(max([fewest, *(plan.num_microbatches for plan in peers.values())]))
     options = dict(max_tokens_per_microbatch=budget, costs=work, num_microbatches=m)
-    plans = {name: plan for name, plan in peers.items()}
+    plans = {name: (plan.rank, plan.microbatch, plan.num_microbatches) for name, plan in peers.items()}
+    unaware = balance_microbatches(lengths, replicas, **options)
+    plans["ours_unaware"] = (unaware.rank, unaware.microbatch, m)
     if "ours" in strategies:
-        plans["ours"] = balance_microbatches(lengths, replicas, pipeline=pipeline, **options)
-    if "ours_unaware" in strategies:
-        plans["ours_unaware"] = balance_microbatches(lengths, replicas, **options)
+        problem = make_microbatch_problem(lengths, replicas, max_tokens_per_microbatch=budget, costs=work)
+        plans["ours"] = (*plan_for_pipeline(problem, unaware.rank, unaware.microbatch, m, pipeline,
+                                            first_stage=encoder)[:2], m)
     if "dynapipe_style" in strategies:
         problem = make_microbatch_problem(lengths, replicas, max_tokens_per_microbatch=budget, cost=llm_stage.cost)
-        plans["dynapipe_style"] = dynapipe_style(problem, batch.sample_source, m)
-    return {name: (plans[name].rank, plans[name].microbatch, plans[name].num_microbatches) for name in strategies}
+        plan = dynapipe_style(problem, batch.sample_source, m)
+        plans["dynapipe_style"] = (plan.rank, plan.microbatch, plan.num_microbatches)
+    return {name: plans[name] for name in strategies}
 
 
 def run_pipeline_simulation(model: str = "84b", gpus: int = 256, *, pipeline: Pipeline,
@@ -162,7 +169,7 @@ def run_pipeline_simulation(model: str = "84b", gpus: int = 256, *, pipeline: Pi
     llm_flops = stages[-1].cost.item_costs(batch.sample_llm_length)
     encoder = encoder_flops(batch, stages)
     seconds_per_flop = RECOMPUTE_FACTOR / (gpu.peak_flops * gpu.kernel_efficiency)
-    cells = _cells(batch, stages[-1], llm_flops + encoder, pipeline, max_tokens_per_microbatch,
+    cells = _cells(batch, stages[-1], llm_flops + encoder, encoder, pipeline, max_tokens_per_microbatch,
                    set(names) | {"ours_unaware"})
     results = {name: simulate_pipeline_step(name, *cells[name], llm_flops, encoder, pipeline, replicas,
                                             seconds_per_flop) for name in dict.fromkeys([*names, "ours_unaware"])}

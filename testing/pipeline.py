@@ -114,40 +114,47 @@ class PipelineOptimum:
     num_microbatches: int
 
 
-def replica_step(pipeline: Pipeline, cell_costs) -> float:
-    """One replica's simulated time for cells costing `cell_costs` in run order (uniform stages,
-    `Pipeline.stage_times`)."""
-    forward, backward = pipeline.stage_times(np.asarray(cell_costs, dtype=np.float64))
-    stages = pipeline.stages
-    return simulate_pipeline(pipeline, np.tile(forward, (stages, 1)), np.tile(backward, (stages, 1))).step_time
+def replica_step(pipeline: Pipeline, cell_costs, first_stage=None) -> float:
+    """One replica's simulated time for cells costing `cell_costs` in run order: every stage runs
+    c / (P·(1 + k)) forward and k times that backward, or with `first_stage` parts e of the cells,
+    (c - e) / (P·(1 + k)) on every stage and e / (1 + k) more on the first (`Pipeline.stage_times`)."""
+    costs = np.asarray(cell_costs, dtype=np.float64)
+    first = np.zeros_like(costs) if first_stage is None else np.asarray(first_stage, dtype=np.float64)
+    share = 1.0 / (pipeline.stages * (1.0 + pipeline.backward_factor))  # the same float products as the planner's
+    forward = np.tile((costs - first) * share, (pipeline.stages, 1))
+    forward[0] += first * (pipeline.stages * share)
+    return simulate_pipeline(pipeline, forward, forward * pipeline.backward_factor).step_time
 
 
 def brute_force_pipeline(pipeline: Pipeline, item_costs, lengths, num_ranks: int, num_microbatches: int,
-                         max_tokens_per_microbatch: int, overhead: float = 0.0) -> PipelineOptimum:
+                         max_tokens_per_microbatch: int, overhead: float = 0.0, first_stage=None) -> PipelineOptimum:
     """Every assignment of the items to the cells (replica, slot), each within `max_tokens_per_microbatch`
-    tokens, each replica simulated (`simulate_pipeline`); the least max over replicas (ties: the first found).
+    tokens, each replica simulated (`replica_step`, with the items' `first_stage` parts when given); the
+    least max over replicas (ties: the first found).
 
     >>> from orchmllm.balancers.pipeline import Pipeline
     >>> brute_force_pipeline(Pipeline(stages=2), [3.0, 3.0], [3, 3], 1, 2, 3).step_time
     4.5
     """
     item_costs = np.asarray(item_costs, dtype=np.float64)
+    first = np.zeros_like(item_costs) if first_stage is None else np.asarray(first_stage, dtype=np.float64)
     lengths = np.asarray(lengths, dtype=np.int64)
     cells = num_ranks * num_microbatches
     if cells ** item_costs.size > BRUTE_FORCE_MAX_PIPELINE_PLANS:
         raise ValueError(f"{cells}^{item_costs.size} plans is beyond BRUTE_FORCE_MAX_PIPELINE_PLANS = "
                          f"{BRUTE_FORCE_MAX_PIPELINE_PLANS}; use fewer items or cells")
-    times: dict[tuple[float, ...], float] = {}
+    times: dict[tuple, float] = {}
     best, best_cells = None, None
     for cell_of in itertools.product(range(cells), repeat=item_costs.size):
         cell_of = np.array(cell_of, dtype=np.int64)
         if np.bincount(cell_of, weights=lengths, minlength=cells).max(initial=0) > max_tokens_per_microbatch:
             continue
         costs = np.bincount(cell_of, weights=item_costs, minlength=cells).reshape(num_ranks, -1) + overhead
+        firsts = np.bincount(cell_of, weights=first, minlength=cells).reshape(num_ranks, -1)
         step = 0.0
-        for row in map(tuple, costs.tolist()):
+        for row in zip(map(tuple, costs.tolist()), map(tuple, firsts.tolist())):
             if row not in times:
-                times[row] = replica_step(pipeline, row)
+                times[row] = replica_step(pipeline, *row)
             step = max(step, times[row])
         if best is None or step < best:
             best, best_cells = step, cell_of

@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import InfeasibleError, Pipeline, Status, balance_microbatches
+from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.balancers.pipeline.bounds import step_bound
+from orchmllm.balancers.pipeline.planner import plan_for_pipeline
 from orchmllm.study.workloads import sample_workload
 from orchmllm.testing.pipeline import brute_force_pipeline, replica_step
 
@@ -56,6 +58,46 @@ def test_step_equals_simulation_and_bound_optimum_plan(case):
         assert step.step_time == step.lower_bound and step.step_time == pytest.approx(optimum, rel=RELATIVE)
     else:
         assert step.lower_bound < step.step_time
+
+
+@settings(max_examples=40, deadline=None)
+@given(tiny_steps(), st.data())
+def test_first_stage_parts_step_equals_simulation_and_bound_optimum_plan(case, data):
+    """With part of each item's cost on the first stage alone (the encoders): the planner's step is the
+    event simulation's of its cells, and bound <= brute-force optimum <= plan <= the plan it started from."""
+    pipeline, lengths, ranks, microbatches, budget, overhead = case
+    costs = np.array(lengths, dtype=float) ** 1.5
+    first = costs * np.array(data.draw(st.lists(st.sampled_from([0.0, 0.25, 1.0]), min_size=len(lengths),
+                                                max_size=len(lengths))))
+    optimum = brute_force_pipeline(pipeline, costs, lengths, ranks, microbatches, budget, overhead,
+                                   first_stage=first).step_time
+    if optimum is None:
+        return
+    plain = balance_microbatches(lengths, ranks, max_tokens_per_microbatch=budget, costs=costs,
+                                 num_microbatches=microbatches, microbatch_overhead=overhead)
+    problem = make_microbatch_problem(lengths, ranks, max_tokens_per_microbatch=budget, costs=costs,
+                                      microbatch_overhead=overhead)
+    replica, slot, step = plan_for_pipeline(problem, plain.rank, plain.microbatch, microbatches, pipeline,
+                                            first_stage=first)
+    cell = replica * microbatches + slot
+    rows = [np.bincount(cell, weights=w, minlength=ranks * microbatches).reshape(ranks, -1) for w in (costs, first)]
+    assert step.step_time == max(replica_step(pipeline, c + overhead, e) for c, e in zip(*rows))
+    assert step.lower_bound <= optimum * (1 + RELATIVE)
+    assert optimum <= step.step_time * (1 + RELATIVE)
+    assert step.step_time <= step.unaware_step_time
+
+
+@pytest.mark.parametrize("first_stage, message", [
+    ([1.0], r"`first_stage` must hold one cost per item \(2\)"),
+    ([-1.0, 0.0], r"`first_stage`\[0\]=-1.0 must be in \[0, the item's cost"),
+    ([0.0, 100.0], r"`first_stage`\[1\]=100.0 must be in \[0, the item's cost"),
+    ([np.nan, 0.0], r"`first_stage`\[0\]=nan must be in"),
+])
+def test_first_stage_parts_are_checked(first_stage, message):
+    problem = make_microbatch_problem([2, 3], 1, max_tokens_per_microbatch=8, costs=[2.0, 3.0])
+    with pytest.raises(ValueError, match=message):
+        plan_for_pipeline(problem, np.zeros(2, dtype=np.int64), np.array([0, 1]), 2, Pipeline(stages=2),
+                          first_stage=first_stage)
 
 
 @settings(max_examples=60, deadline=None)

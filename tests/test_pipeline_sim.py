@@ -8,7 +8,9 @@ import pytest
 from orchmllm.balancers import Pipeline, balance_microbatches
 from orchmllm.cli import main
 from orchmllm.study.models import GPUS, MODELS
-from orchmllm.study.pipeline_sim import STRATEGIES, run_pipeline_simulation
+from orchmllm.balancers.microbatch.api import make_microbatch_problem
+from orchmllm.balancers.pipeline.planner import plan_for_pipeline
+from orchmllm.study.pipeline_sim import STRATEGIES, encoder_flops, run_pipeline_simulation, simulate_pipeline_step
 from orchmllm.study.simulator import RECOMPUTE_FACTOR
 from orchmllm.study.workloads import sample_workload
 
@@ -30,6 +32,34 @@ def test_text_only_step_is_the_planners_step_in_seconds():
     assert ours.speedup_vs_unaware >= 1.0
     for result in run.strategies.values():
         assert 0.0 <= result.bubble_fraction < 1.0
+
+
+@pytest.mark.parametrize("schedule, virtual, samples, seed", [("1f1b", 1, 16, 0), ("interleaved", 2, 32, 2)])
+def test_encoders_on_the_first_stage_never_make_ours_slower_than_unaware(schedule, virtual, samples, seed):
+    """Regression: the planner spread a cell's encoder FLOPs over every stage while the simulator runs them
+    on the first, so ours ran at 0.956x (1F1B) and 0.978x (interleaved) the PP-unaware plan's speed here;
+    the planner now gets them as first-stage parts, its model the simulator's."""
+    pipeline = Pipeline(stages=4, schedule=schedule, virtual_stages=virtual)
+    run = run_pipeline_simulation("18b", 16, pipeline=pipeline, samples_per_rank=samples, seed=seed,
+                                  strategies=("ours", "ours_unaware"))
+    assert run.strategies["ours"].speedup_vs_unaware >= 1.0
+
+
+def test_planner_step_is_the_simulated_step_with_encoders():
+    """The default mix has encoder FLOPs: the planner's step of its cells, in seconds, is the simulator's."""
+    pipeline, replicas, m = Pipeline(stages=4, schedule="interleaved", virtual_stages=2), 4, 4
+    batch, stages = sample_workload("default", replicas, 16, 0), MODELS["18b"].stages()
+    llm, encoder = stages[-1].cost.item_costs(batch.sample_llm_length), encoder_flops(batch, stages)
+    assert encoder.sum() > 0.1 * llm.sum()
+    options = dict(max_tokens_per_microbatch=16384, costs=llm + encoder)
+    plain = balance_microbatches(batch.sample_llm_length, replicas, num_microbatches=m, **options)
+    problem = make_microbatch_problem(batch.sample_llm_length, replicas, **options)
+    replica, slot, step = plan_for_pipeline(problem, plain.rank, plain.microbatch, m, pipeline, first_stage=encoder)
+    gpu = GPUS["h100"]
+    seconds_per_flop = RECOMPUTE_FACTOR / (gpu.peak_flops * gpu.kernel_efficiency)
+    simulated = simulate_pipeline_step("ours", replica, slot, m, llm, encoder, pipeline, replicas, seconds_per_flop)
+    assert simulated.step_seconds == pytest.approx(step.step_time * seconds_per_flop, rel=1e-9)
+    assert simulated.bubble_fraction == pytest.approx(step.bubble_fraction, rel=1e-9)
 
 
 def test_interleaved_peers_run_whole_groups():

@@ -43,10 +43,18 @@ from .spec import Pipeline
 
 
 def step_bound(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, counts: np.ndarray,
-               overhead: float) -> float:
+               overhead: float, first_stage: np.ndarray | None = None) -> float:
     """A step time no plan of these items on `num_ranks` replicas beats, in any order, with any
     number of micro-batches in `counts` (see the module docstring; the best shape's bound for a
-    single count, the closed forms for several)."""
+    single count, the closed forms for several).  With `first_stage` parts e (`Pipeline.stage_times`):
+    the bound of the costs c - e spread evenly (every operation lasts at least that long), or the first
+    stage's mean work Σ ((c - e) / P + e) / D + M·o / P, the larger."""
+    if first_stage is not None:
+        spread = np.asarray(item_costs, dtype=np.float64) - first_stage
+        first = exact_sum(np.ascontiguousarray(first_stage))
+        work = ((exact_sum(spread) / pipeline.stages + first) / num_ranks
+                + float(np.min(counts)) * overhead / pipeline.stages)
+        return max(step_bound(pipeline, spread, num_ranks, counts, overhead), work)
     p, m = pipeline.stages, np.asarray(counts, dtype=np.float64)
     alpha = pipeline.forward_share
     beta = alpha * pipeline.backward_factor

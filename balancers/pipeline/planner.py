@@ -102,25 +102,42 @@ def shaped_slots(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarr
     return np.where(failed[replica], slot, new)
 
 
+def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: np.ndarray, num_ranks: int,
+                     num_microbatches: int) -> np.ndarray | None:
+    """The cells' first-stage parts (D, M), summed in item order like `cell_costs`; None without them."""
+    if first_stage is None:
+        return None
+    size = num_ranks * num_microbatches
+    return np.bincount(slot * num_ranks + replica, weights=first_stage, minlength=size).reshape(-1, num_ranks).T
+
+
 def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
-            pipeline: Pipeline, work: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """(replica, slot) per item for the pipeline step, and the step time of the cells as given."""
+            pipeline: Pipeline, work: int, first_stage: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """(replica, slot) per item for the pipeline step, and the step time of the cells as given; `first_stage`:
+    the part of each item's cost the first stage runs alone (`Pipeline.stage_times`), or None."""
     cost, tokens = cell_costs(problem, rank, microbatch, num_microbatches)
     d = problem.num_ranks
+    firsts = first_stage_sums(first_stage, rank, microbatch, d, num_microbatches)
     flat, flat_tokens = cost.T.ravel(), tokens.T.ravel()
+    flat_firsts = None if firsts is None else firsts.T.ravel()
     cell = microbatch * d + rank
     grids = _starts(cost)
-    cells = [(flat[grid], flat_tokens[grid]) for grid in grids]  # whole cells moved: costs and tokens with them
+    # whole cells moved: costs, tokens and first-stage parts with them
+    cells = [(flat[grid], flat_tokens[grid], None if firsts is None else flat_firsts[grid]) for grid in grids]
     placed = {2: _placed(grids[2], cell, num_microbatches)}
     if not problem.padded:  # the dealt cells' items, re-cut into the best shape
         placed[3] = (placed[2][0], shaped_slots(problem, *placed[2], num_microbatches, pipeline))
-        cells.append(cell_costs(problem, *placed[3], num_microbatches))
-    times = replica_times(pipeline, *pipeline.stage_times(np.concatenate([c for c, _ in cells])))
+        cells.append((*cell_costs(problem, *placed[3], num_microbatches),
+                      first_stage_sums(first_stage, *placed[3], d, num_microbatches)))
+    joined = [None if firsts is None else np.concatenate([c[2] for c in cells])]
+    times = replica_times(pipeline, *pipeline.stage_times(np.concatenate([c[0] for c in cells]), *joined))
     times = times.reshape(len(cells), d)  # every start's replica times, in one evaluation
     best = int(np.argmin(times.max(axis=1)))
     replica, slot = placed[best] if best in placed else _placed(grids[best], cell, num_microbatches)
-    search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, *cells[best], replica, slot,
-                        problem.max_tokens_per_microbatch, work, times[best])
+    cost, tokens, firsts = cells[best]
+    search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, cost, tokens, replica, slot,
+                        problem.max_tokens_per_microbatch, work, times[best],
+                        None if firsts is None else (firsts, first_stage))
     search.run()
     return search.replica, search.slot, float(times[0].max())
 
@@ -135,11 +152,12 @@ def _placed(grid: np.ndarray, cell: np.ndarray, num_microbatches: int) -> tuple[
 
 def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
                   pipeline: Pipeline, unaware_step_time: float, *, free_microbatches: bool = False,
-                  solve_seconds: float = 0.0) -> PipelineStep:
+                  solve_seconds: float = 0.0, first_stage: np.ndarray | None = None) -> PipelineStep:
     """The certified `PipelineStep` of these cells (see the module): the bound holds for every plan
     with this M, or with any M from the fewest that fit when `free_microbatches`."""
     cost, _ = cell_costs(problem, replica, slot, num_microbatches)
-    forward, backward = pipeline.stage_times(cost)
+    forward, backward = pipeline.stage_times(cost, first_stage_sums(first_stage, replica, slot, problem.num_ranks,
+                                                                      num_microbatches))
     times = replica_times(pipeline, forward, backward)
     step = float(times.max()) if times.size else 0.0
     if free_microbatches:  # any M the plan could have taken, up to the cells a plan may hold
@@ -149,8 +167,9 @@ def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndar
     else:
         counts = np.array([num_microbatches])
     bound = min(step, step_bound(pipeline, problem.item_costs, problem.num_ranks, counts,
-                                 problem.microbatch_overhead))
-    busy = float(forward.sum() + backward.sum()) / (problem.num_ranks * step) if step > 0 else 1.0
+                                 problem.microbatch_overhead, first_stage))
+    stages = pipeline.stages if forward.ndim == 3 else 1  # uniform stages: one stage's times stand for all
+    busy = float(forward.sum() + backward.sum()) / (problem.num_ranks * stages * step) if step > 0 else 1.0
     times.setflags(write=False)
     return PipelineStep(pipeline=pipeline, replica_times=times, step_time=step, lower_bound=bound,
                         status=Status.OPTIMAL if step == bound else Status.FEASIBLE,
@@ -162,11 +181,34 @@ def work_budget(time_limit: float | None) -> int:
 
 
 def plan_for_pipeline(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
-                      pipeline: Pipeline, *, free_microbatches: bool = False):
-    """(replica, slot, PipelineStep) of a plain plan's cells re-planned for `pipeline` (module docstring)."""
+                      pipeline: Pipeline, *, free_microbatches: bool = False, first_stage=None):
+    """(replica, slot, PipelineStep) of a plain plan's cells re-planned for `pipeline` (module docstring).
+
+    `first_stage`: per item, the part of its cost that the first stage runs alone (the encoders of a
+    multimodal model, which sit before the LLM's layers), 0 <= it <= the item's cost; the rest is spread
+    evenly over the stages (`Pipeline.stage_times`).  None: every item spread evenly.
+    """
     start = time.perf_counter()
+    first_stage = as_first_stage(first_stage, problem)
     replica, slot, unaware = arrange(problem, rank, microbatch, num_microbatches, pipeline,
-                                     work_budget(problem.time_limit))
+                                     work_budget(problem.time_limit), first_stage)
     step = pipeline_step(problem, replica, slot, num_microbatches, pipeline, unaware,
-                         free_microbatches=free_microbatches, solve_seconds=time.perf_counter() - start)
+                         free_microbatches=free_microbatches, solve_seconds=time.perf_counter() - start,
+                         first_stage=first_stage)
     return replica, slot, step
+
+
+def as_first_stage(first_stage, problem: MicroBatchProblem) -> np.ndarray | None:
+    """`first_stage` as float64 (n,), or ValueError naming it: one finite value per item in [0, its cost]."""
+    if first_stage is None:
+        return None
+    if problem.padded:
+        raise ValueError("`first_stage` costs need unpadded cells (a padded cell's cost is not a sum of its items')")
+    values = np.asarray(first_stage, dtype=np.float64)
+    if values.shape != problem.item_costs.shape:
+        raise ValueError(f"`first_stage` must hold one cost per item ({problem.num_items}); got shape {values.shape}")
+    if not np.all((values >= 0) & (values <= problem.item_costs)):
+        item = int(np.flatnonzero(~((values >= 0) & (values <= problem.item_costs)))[0])
+        raise ValueError(f"`first_stage`[{item}]={float(values[item])!r} must be in [0, the item's cost "
+                         f"{float(problem.item_costs[item])!r}]: the part of its cost the first stage runs alone")
+    return values

@@ -14,7 +14,8 @@ lowest slot pair, item, replica, slot.  It stops when WINDOW steps in a row lowe
 (WINDOW + 1)-th largest time is already within WINDOW_GAIN of the max).  Candidates are evaluated together, one row each;
 a row costs the schedule's operation count (2·P·M·v) of the work budget, so the result
 never depends on the clock.  Padded cells (count · max cost) are not additive: only the
-reordering runs.
+reordering runs.  With first-stage costs (`Pipeline.stage_times`), every row carries the cells'
+first-stage parts too, moved and swapped with their costs.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ class CellSearch:
 
     def __init__(self, pipeline: Pipeline, item_costs: np.ndarray, lengths: np.ndarray, padded: bool,
                  cell_cost: np.ndarray, cell_tokens: np.ndarray, replica: np.ndarray, slot: np.ndarray,
-                 max_tokens: int, work: int, times: np.ndarray):
+                 max_tokens: int, work: int, times: np.ndarray, first: tuple | None = None):
         self.pipeline, self.item_costs, self.lengths, self.padded = pipeline, item_costs, lengths, padded
         self.cost, self.tokens = cell_cost.copy(), cell_tokens.copy()
+        # `first`: (the cells' first-stage parts, the items'), or None (uniform stages)
+        self.first_stage, self.item_first_stage = (None, None) if first is None else (first[0].copy(), first[1])
         self.replica, self.slot = replica.copy(), slot.copy()
         self.max_tokens, self.work = max_tokens, work
         self.num_ranks, self.num_microbatches = self.cost.shape
@@ -46,10 +49,10 @@ class CellSearch:
         self.work -= self.num_ranks * self.row_work
         self.swaps = _swap_pairs(self.num_microbatches)
 
-    def evaluate(self, costs: np.ndarray) -> np.ndarray:
-        """Pipeline times of these rows of cell costs, charged to the work budget."""
-        self.work -= costs.shape[0] * self.row_work
-        return replica_times(self.pipeline, *self.pipeline.stage_times(costs))
+    def evaluate(self, rows: tuple) -> np.ndarray:
+        """Pipeline times of these rows (cell costs, their first-stage parts or None), charged to the budget."""
+        self.work -= rows[0].shape[0] * self.row_work
+        return replica_times(self.pipeline, *self.pipeline.stage_times(*rows))
 
     def run(self) -> None:
         """Improve until no step gains, the budget is spent, or WINDOW steps lowered the step by less
@@ -66,10 +69,10 @@ class CellSearch:
             r = int(np.argmax(self.times))
             target = self.times[r] * (1 - RELATIVE_GAIN)
             swaps = self._swap_rows(r)
-            moves = None if self.padded or self.work <= len(swaps) * self.row_work else self._move_rows(r)
-            times = self.evaluate(swaps if moves is None else np.concatenate([swaps, moves[-1]]))
-            reorder = self._best_swap(times[:len(swaps)])
-            move = None if moves is None else self._best_move(*moves[:-1], times[len(swaps):])
+            moves = None if self.padded or self.work <= len(self.swaps) * self.row_work else self._move_rows(r)
+            times = self.evaluate(swaps if moves is None else _joined(swaps, moves[-1]))
+            reorder = self._best_swap(times[:len(self.swaps)])
+            move = None if moves is None else self._best_move(*moves[:-1], times[len(self.swaps):])
             if reorder is not None and (move is None or reorder[0] <= move[0]) and reorder[0] < target:
                 self._swap(r, *reorder[1])
             elif move is not None and move[0] < target:
@@ -77,13 +80,9 @@ class CellSearch:
             else:
                 return
 
-    def _swap_rows(self, r: int) -> np.ndarray:
-        """r's cell costs with each pair of `swaps` exchanged, one row per pair."""
-        first, second = self.swaps[:, 0], self.swaps[:, 1]
-        rows = np.repeat(self.cost[r][None, :], len(self.swaps), axis=0)
-        index = np.arange(len(self.swaps))
-        rows[index, first], rows[index, second] = self.cost[r, second], self.cost[r, first]
-        return rows
+    def _swap_rows(self, r: int) -> tuple:
+        """r's cell costs (and first-stage parts) with each pair of `swaps` exchanged, one row per pair."""
+        return tuple(None if grid is None else _swapped(grid[r], self.swaps) for grid in (self.cost, self.first_stage))
 
     def _best_swap(self, times: np.ndarray):
         if not times.size:
@@ -92,8 +91,9 @@ class CellSearch:
         return float(times[best]), (int(self.swaps[best, 0]), int(self.swaps[best, 1]), float(times[best]))
 
     def _swap(self, r: int, first: int, second: int, time: float) -> None:
-        for array in (self.cost, self.tokens):
-            array[r, [first, second]] = array[r, [second, first]]
+        for array in (self.cost, self.tokens, self.first_stage):
+            if array is not None:
+                array[r, [first, second]] = array[r, [second, first]]
         mine = self.replica == r
         at_first, at_second = mine & (self.slot == first), mine & (self.slot == second)
         self.slot[at_first], self.slot[at_second] = second, first
@@ -108,13 +108,22 @@ class CellSearch:
         others = others[others != r][:LIGHT_REPLICAS]
         if not items.size or not others.size:
             return None
-        own = np.repeat(self.cost[r][None, :], items.size, axis=0)
-        own[np.arange(items.size), self.slot[items]] -= self.item_costs[items]
         tokens = self.tokens[others][None, :, :] + self.lengths[items][:, None, None]  # (items, others, M)
-        item_index, other_index, slot_index = np.nonzero(tokens <= self.max_tokens)
-        rows = self.cost[others[other_index]]
-        rows[np.arange(item_index.size), slot_index] += self.item_costs[items[item_index]]
-        return items, others, (item_index, other_index, slot_index), np.concatenate([own, rows])
+        fits = np.nonzero(tokens <= self.max_tokens)
+        rows = tuple(None if grid is None else self._moved(grid, values, r, items, others, fits)
+                     for grid, values in ((self.cost, self.item_costs), (self.first_stage, self.item_first_stage)))
+        return items, others, fits, rows
+
+    def _moved(self, grid: np.ndarray, values: np.ndarray, r: int, items: np.ndarray, others: np.ndarray,
+               fits: tuple) -> np.ndarray:
+        """`grid`'s row r without each of `items` (`values` each), then each fitting (item, other, slot)'s
+        other row with the item added."""
+        item_index, other_index, slot_index = fits
+        own = np.repeat(grid[r][None, :], items.size, axis=0)
+        own[np.arange(items.size), self.slot[items]] -= values[items]
+        rows = grid[others[other_index]]
+        rows[np.arange(item_index.size), slot_index] += values[items[item_index]]
+        return np.concatenate([own, rows])
 
     def _best_move(self, items: np.ndarray, others: np.ndarray, fits: tuple, times: np.ndarray):
         """The best move's (worse of the two new times, (item, other, slot, r's time, other's time))."""
@@ -130,12 +139,26 @@ class CellSearch:
 
     def _move(self, r: int, item: int, other: int, slot: int, own_time: float, other_time: float) -> None:
         source = self.slot[item]
-        self.cost[r, source] -= self.item_costs[item]
-        self.tokens[r, source] -= self.lengths[item]
-        self.cost[other, slot] += self.item_costs[item]
-        self.tokens[other, slot] += self.lengths[item]
+        for grid, values in ((self.cost, self.item_costs), (self.tokens, self.lengths),
+                             (self.first_stage, self.item_first_stage)):
+            if grid is not None:
+                grid[r, source] -= values[item]
+                grid[other, slot] += values[item]
         self.replica[item], self.slot[item] = other, slot
         self.times[r], self.times[other] = own_time, other_time
+
+
+def _swapped(row: np.ndarray, swaps: np.ndarray) -> np.ndarray:
+    """`row` with each pair of `swaps` exchanged, one row per pair."""
+    rows = np.repeat(row[None, :], len(swaps), axis=0)
+    index = np.arange(len(swaps))
+    rows[index, swaps[:, 0]], rows[index, swaps[:, 1]] = row[swaps[:, 1]], row[swaps[:, 0]]
+    return rows
+
+
+def _joined(first: tuple, second: tuple) -> tuple:
+    """Two tuples of rows (costs, first-stage parts or None) as one."""
+    return tuple(None if a is None else np.concatenate([a, b]) for a, b in zip(first, second))
 
 
 def _swap_pairs(m: int) -> np.ndarray:

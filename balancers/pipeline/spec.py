@@ -70,9 +70,17 @@ class Pipeline:
         """The fraction of a cell's cost that one stage spends in its forward: 1 / (P · (1 + k))."""
         return 1.0 / (self.stages * (1.0 + self.backward_factor))
 
-    def stage_times(self, cell_costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(forward, backward) seconds of every cell on one stage: c · share and k times that."""
+    def stage_times(self, cell_costs: np.ndarray, first_stage: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) seconds of every cell: c · share on every stage and k times that, shape of
+        `cell_costs` (rows, M); with `first_stage` e, the part of c that the first stage runs alone (the
+        encoders, placed before the LLM's layers), (c - e) · share on every stage plus e / (1 + k) on the
+        first, shape (rows, P, M)."""
         forward = np.asarray(cell_costs, dtype=np.float64) * self.forward_share
+        if first_stage is not None:
+            first = np.asarray(first_stage, dtype=np.float64)
+            forward = np.repeat(((cell_costs - first) * self.forward_share)[:, None, :], self.stages, axis=1)
+            forward[:, 0, :] += first * (self.stages * self.forward_share)
         return forward, forward * self.backward_factor
 
     def to_json(self) -> dict:
