@@ -19,6 +19,7 @@ search that follows is `search.py`.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -35,6 +36,9 @@ from .spec import ContextParallel
 LAYOUT_SHARE = 1 / 4
 """Unsplit items costing more than this share of the target are laid out with the groups (best
 fit, longest first), the others dealt after them."""
+
+BEST_FIT_PROBES = 32
+"""Candidates best fit checks for token room before it scans them all at once (numpy)."""
 
 LADDER_STEP = 1 / 64
 LADDER_STEPS = 8
@@ -64,8 +68,24 @@ class TimeTable:
         return self.shards[degree][self.row[item]]
 
 
+def _first(keys: list[tuple[float, int]], lo: int, hi: int, holds) -> int:
+    """The first index in [lo, hi) whose load `holds` (false then true along the sorted keys), else hi."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(keys[mid][0]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 class _Blocks:
-    """Per-rank loads and tokens of the layout being built, and its groups' blocks."""
+    """Per-rank loads and tokens of the layout being built, and its groups' blocks.
+
+    Every degree's open groups (and every rank, while degree 1 is laid out) are kept sorted by load,
+    so best fit and the least-loaded block are binary searches, not scans: while degrees above 1 are
+    laid out no unsplit item is placed yet, so a group's ranks carry equal loads and its first
+    rank's load is the block's peak."""
 
     def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable,
                  target: float):
@@ -79,10 +99,15 @@ class _Blocks:
         self.free: list[int] = []  # free blocks of the degree being laid out, ascending
         self.placed: dict[int, tuple[int, int]] = {}  # item -> (block start, degree)
         self.overflow = False
+        self.degree = 0  # the degree being laid out
+        self.keys: dict[int, list[tuple[float, int]]] = {}  # degree -> (load, position) of its candidates, ascending
+        self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
 
     def open(self, degree: int) -> None:
         """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
         self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
+        self.degree = degree
+        self.keys[degree] = sorted(zip(self.loads.tolist(), range(self.loads.size))) if degree == 1 else []
 
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
         """(peak load of each block after the item, whether its shards' tokens fit; the item's time
@@ -95,30 +120,94 @@ class _Blocks:
         return (self.loads[blocks].max(axis=1) + time, (self.tokens[blocks] + shard <= self.cap).all(axis=1),
                 time, shard)
 
+    def _least_fitting(self, degree: int, lo: int, hi: int, shard: np.ndarray, probes: list[int]) -> int | None:
+        """The least position among keys[lo:hi] of `degree` whose shards' tokens fit (-1: none); None
+        once more than BEST_FIT_PROBES candidates failed the check.  Positions ascend along a run of
+        equal loads, so each run's first fit is its least."""
+        keys, best = self.keys[degree], -1
+        while lo < hi:
+            end = min(hi, bisect.bisect_right(keys, (keys[lo][0], math.inf), lo, hi))
+            for load, position in keys[lo:end]:
+                start = position if degree == 1 else self.groups[degree][position]
+                if self.cap == math.inf or (self.tokens[start: start + degree] + shard <= self.cap).all():
+                    best = position if best < 0 else min(best, position)
+                    break
+                probes[0] += 1
+                if probes[0] > BEST_FIT_PROBES:
+                    return None
+            lo = end
+        return best
+
+    def _search(self, degree: int, time: float, shard: np.ndarray, fullest: bool) -> tuple[float, int] | None:
+        """(peak, position) of the candidate of `degree` whose tokens fit with the highest peak within
+        the target (`fullest`) or else the lowest peak, the least position among equal peaks; (inf, -1)
+        when none fits; None when too many failed the token check (then scan them all)."""
+        keys, target, probes = self.keys[degree], self.target, [0]
+        if fullest:
+            end = _first(keys, 0, len(keys), lambda load: load + time > target)
+            while end > 0:
+                peak = keys[end - 1][0] + time
+                start = _first(keys, 0, end, lambda load: load + time >= peak)
+                position = self._least_fitting(degree, start, end, shard, probes)
+                if position is None or position >= 0:
+                    return None if position is None else (peak, position)
+                end = start
+            return math.inf, -1
+        begin = 0
+        while begin < len(keys):
+            peak = keys[begin][0] + time
+            stop = _first(keys, begin, len(keys), lambda load: load + time > peak)
+            position = self._least_fitting(degree, begin, stop, shard, probes)
+            if position is None or position >= 0:
+                return None if position is None else (peak, position)
+            begin = stop
+        return math.inf, -1
+
+    def _start(self, degree: int, position: int) -> int:
+        return position if degree == 1 else self.groups[degree][position]
+
     def place(self, item: int, degree: int) -> int:
         """Block start for `item` at `degree`: best fit (the fullest block with room under the
         target) among the degree's open blocks (every rank for degree 1), else the next free
         block, else the least-loaded block of the degree or a larger one (-1: no token room)."""
         opened = self.groups.setdefault(degree, [])
-        starts = self.ranks if degree == 1 else np.array(opened, dtype=np.int64)
-        peak, fits, time, shard = self._candidates(item, degree, starts)
-        room = fits & (peak <= self.target)
-        if room.any():
-            return self._add(item, int(starts[np.argmax(np.where(room, peak, -math.inf))]), degree, time, shard)
+        time = float(self.times.table[self.times.row[item], self.times.column[degree]])
+        shard = self.times.shard(item, degree)
+        found = self._search(degree, time, shard, fullest=True)
+        if found is None:  # many candidates short of tokens: all at once
+            starts = self.ranks if degree == 1 else np.array(opened, dtype=np.int64)
+            peak, fits, _, _ = self._candidates(item, degree, starts)
+            room = fits & (peak <= self.target)
+            found = (0.0, int(np.argmax(np.where(room, peak, -math.inf)))) if room.any() else (math.inf, -1)
+        if found[1] >= 0:
+            return self._add(item, self._start(degree, found[1]), degree, time, shard)
         if degree > 1 and self.free:
             start = self.free.pop()
             self.taken[start: start + degree] = True
+            self.position[start] = len(opened)
+            bisect.insort(self.keys[degree], (float(self.loads[start]), len(opened)))
             opened.append(start)
             return self._add(item, start, degree, time, shard)
+        return self._overflow(item, degree)
+
+    def _overflow(self, item: int, degree: int) -> int:
+        """Put `item` on the least-loaded block of its degree or a larger one where its tokens fit
+        (-1: none): no block has room under the target."""
         self.overflow = True
         best = (math.inf, -1, 0)
         for c in sorted(self.groups):
             if c >= degree and (c == 1 or self.groups[c]):
-                starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
-                peak, fits, _, _ = self._candidates(item, c, starts)
-                peak = np.where(fits, peak, math.inf)
-                k = int(np.argmin(peak))
-                best = min(best, (float(peak[k]), int(starts[k]), c))
+                time = float(self.times.table[self.times.row[item], self.times.column[c]])
+                found = self._search(c, time, self.times.shard(item, c), fullest=False) \
+                    if c == 1 or self.degree > 1 else None  # groups are level only before degree 1
+                if found is None:
+                    starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
+                    peak, fits, _, _ = self._candidates(item, c, starts)
+                    peak = np.where(fits, peak, math.inf)
+                    k = int(np.argmin(peak))
+                    best = min(best, (float(peak[k]), int(starts[k]), c))
+                elif found[1] >= 0:
+                    best = min(best, (found[0], self._start(c, found[1]), c))
         _, start, c = best
         if start < 0:
             return -1
@@ -126,8 +215,17 @@ class _Blocks:
         return self._add(item, start, c, time, shard)
 
     def _add(self, item: int, start: int, degree: int, time: float, shard: np.ndarray) -> int:
+        """Put the item on the block, and keep the candidates' keys sorted."""
+        if self.degree == 1:
+            moved = [(1, float(self.loads[r]), r, r) for r in range(start, start + degree)]
+        else:
+            moved = [(degree, float(self.loads[start]), self.position[start], start)]
         self.loads[start: start + degree] += time
         self.tokens[start: start + degree] += shard
+        for c, load, position, rank in moved:
+            keys = self.keys[c]
+            del keys[bisect.bisect_left(keys, (load, position))]
+            bisect.insort(keys, (float(self.loads[rank]), position))
         self.placed[item] = (start, degree)
         return start
 
