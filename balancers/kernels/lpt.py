@@ -254,8 +254,19 @@ def _no_room(problem: Problem, item: int, cap: int, uncapped: np.ndarray | None 
         f"be feasible: try {exact}", min_cap=enough)
 
 
-def solve(problem: Problem) -> KernelResult:
-    """LPT kernel: unpadded or padded, with or without a memory cap."""
+def _no_completion(problem: Problem, cap: int, item: int, uncapped: np.ndarray) -> InfeasibleError:
+    """`solve(..., quick_refusal=True)`'s error: the capped greedy cannot finish (`lpt_capped.cannot_finish`)."""
+    enough = int(rank_tokens(problem, uncapped).max())
+    return InfeasibleError(
+        f"`lpt` cannot place the items from item {item} on (the first its uncapped plan has no room for) "
+        f"under max_tokens_per_rank={cap}: they need more room of their lengths than the ranks have left; "
+        f"lpt fits under a cap of {enough}", min_cap=enough)
+
+
+def solve(problem: Problem, quick_refusal: bool = False) -> KernelResult:
+    """LPT kernel: unpadded or padded, with or without a memory cap.  `quick_refusal`: an unpadded
+    capped greedy that provably cannot finish gives up where it first leaves the uncapped plan,
+    naming no item of its own (for callers that only need to know that it found no room)."""
     cap = problem.max_tokens_per_rank
     if problem.padded:
         return KernelResult(_greedy_padded(problem, cap))
@@ -265,5 +276,7 @@ def solve(problem: Problem) -> KernelResult:
     if cap is not None and rank_tokens(problem, assignment).max() > cap:
         from .lpt_capped import greedy_capped  # it builds on this module's rounds
 
-        assignment = greedy_capped(problem, cap, assignment, functools.partial(_no_room, uncapped=assignment))
+        hopeless = functools.partial(_no_completion, uncapped=assignment) if quick_refusal else None
+        assignment = greedy_capped(problem, cap, assignment, functools.partial(_no_room, uncapped=assignment),
+                                   hopeless)
     return KernelResult(assignment)

@@ -215,13 +215,17 @@ def _heap_run(state: _CappedState, position: int, stop: int) -> np.ndarray:
     return np.array(placed, dtype=np.int64)
 
 
-def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room) -> np.ndarray:
+def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room, hopeless=None) -> np.ndarray:
     """The capped loop's assignment (see the module), given the uncapped LPT `assignment`;
-    raises `no_room(problem, item, cap)` for the first item no rank has room for."""
+    raises `no_room(problem, item, cap)` for the first item no rank has room for, or with `hopeless`
+    given, `hopeless(problem, cap, item)` already where the loop takes the first item the uncapped
+    plan has no room for (`item`) if the items left cannot fit in any way (`cannot_finish`)."""
     order, n = problem.cost_order, problem.num_items
     ranks = uncapped[order]
     start = _first_overflow(problem.lengths[order], ranks, cap, problem.num_ranks)
     state = _CappedState(problem, cap, ranks, start)
+    if hopeless is not None and cannot_finish(state.lengths[start:], state.tokens, cap):
+        raise hopeless(problem, cap, int(order[start]))
     grows = np.flatnonzero(state.lengths[1:] > state.lengths[:-1]) + 1  # where lengths grow
     assignment = np.empty(n, dtype=np.int64)
     assignment[order[:start]] = ranks[:start]
@@ -243,6 +247,23 @@ def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room) -> 
         assignment[order[position:position + placed.size]] = placed
         position += placed.size
     return assignment
+
+
+def cannot_finish(lengths: np.ndarray, tokens: np.ndarray, cap: int) -> bool:
+    """True only when items of `lengths` cannot be added to ranks holding `tokens` (each <= `cap`)
+    in any way: for some length y, the items of length >= y hold more tokens than the ranks with
+    room >= y have room (only those can take them).  A certificate, never a guess; False proves
+    nothing (and is the answer where the rooms' sum could leave int64).
+
+    >>> cannot_finish(np.array([3, 3]), np.array([2, 2, 0]), 4), cannot_finish(np.array([3, 3]), np.array([1, 1]), 4)
+    (True, False)
+    """
+    if not lengths.size or cap * tokens.size >= 2**62:
+        return False
+    items, rooms = np.sort(lengths), np.sort(cap - tokens)
+    need = np.cumsum(items[::-1])[::-1]  # tokens of the items from each one up (all as long or longer)
+    have = np.concatenate((np.cumsum(rooms[::-1])[::-1], [0]))[np.searchsorted(rooms, items, side="left")]
+    return bool(np.any(need > have))
 
 
 def _first_overflow(lengths: np.ndarray, ranks: np.ndarray, cap: int, num_ranks: int) -> int:

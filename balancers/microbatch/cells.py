@@ -70,7 +70,7 @@ def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.nda
                                   np.concatenate((np.repeat(placeholder[by_placeholder], d), problem.sorted_costs)))
         pinned = size
     try:
-        return lpt.solve(cells).assignment[pinned:]
+        return lpt.solve(cells, quick_refusal=True).assignment[pinned:]
     except InfeasibleError:
         return None
 
