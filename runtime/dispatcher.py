@@ -109,6 +109,38 @@ def _local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
     return lengths, losses
 
 
+SPLIT_REDUCTIONS = ("sum", "first")  # what of a split item's per-item rows `combine` sends home
+
+
+def split_sums(split_reduce, keys: list, sharding: StepSharding) -> tuple[frozenset, Exception | None]:
+    """The per-item output `keys` whose split items' rows come home added (`combine`'s `split_reduce`:
+    None, one of SPLIT_REDUCTIONS, or a mapping key -> one), and why `split_reduce` does not fit them
+    (raised on every rank by the exchange; None when it fits)."""
+    if split_reduce is None or isinstance(split_reduce, str):
+        modes = dict.fromkeys(keys, split_reduce)
+    elif isinstance(split_reduce, Mapping):
+        modes = {key: split_reduce.get(key) for key in keys}
+        others = sorted(map(str, set(split_reduce) - set(keys)))
+        if others:
+            return frozenset(), ValueError(f"`split_reduce` names {others}, which are not per-item outputs of "
+                                           f"`outputs` ({keys})")
+    else:
+        return frozenset(), TypeError(f"`split_reduce` must be None, one of {SPLIT_REDUCTIONS} or a mapping of "
+                                      f"per-item output names to one; got {type(split_reduce).__name__}")
+    bad = sorted({repr(mode) for mode in modes.values() if mode is not None and mode not in SPLIT_REDUCTIONS})
+    if bad:
+        return frozenset(), ValueError(f"`split_reduce` must be one of {SPLIT_REDUCTIONS}; got {', '.join(bad)}")
+    missing = [key for key, mode in modes.items() if mode is None]
+    if missing and sharding.any_split:
+        item = int(np.flatnonzero(sharding.degree > 1)[0])
+        return frozenset(), ValueError(
+            f"combine: item {item} is split over ranks {list(sharding.group(item))} and its per-item outputs "
+            f"{missing} have a row on each: pass split_reduce='sum' to add the group's rows (e.g. a score summed "
+            f"over the item's tokens) or 'first' to keep group rank 0's (a value every rank of the group holds, "
+            f"e.g. an id), or a mapping of output name to either")
+    return frozenset(key for key, mode in modes.items() if mode == "sum"), None
+
+
 def _checked_plan(plan) -> DispatchPlan:
     """`plan` when it is a `DispatchPlan`; else a TypeError naming what was passed."""
     if not isinstance(plan, DispatchPlan):
@@ -232,19 +264,30 @@ class PostBalancingDispatcher:
         return DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding)
 
     def _move(self, batch: Mapping[str, torch.Tensor], sharding: StepSharding, per_item_keys,
-              site: str, differentiable: bool, problem: Exception | None = None) -> dict[str, torch.Tensor]:
-        """Move `batch` out along the plan's route (`site` "dispatch") or home along its inverse ("combine")."""
+              site: str, differentiable: bool, problem: Exception | None = None,
+              sums: frozenset = frozenset()) -> dict[str, torch.Tensor]:
+        """Move `batch` out along the plan's route (`site` "dispatch") or home along its inverse ("combine"):
+        a split item's per-item rows go to every rank of its group and come home as group rank 0's, or for
+        keys in `sums` as every group rank's, added (`split_reduce`)."""
         if not isinstance(batch, Mapping):
             raise TypeError(f"`batch` must be a mapping of names to tensors; got {type(batch).__name__}")
         home = site == "combine"
         check_names(batch, f"{'outputs' if home else 'batch'}` keys must be str names")
         keys = sorted(batch)
         route = sharding.route.inverse() if home else sharding.route
-        per_item = (sharding.first_copies if home else sharding.copies)
-        pieces = [Piece(route, per_item(batch[key]), sharding.item_rows(True, home), str(key)) if key in per_item_keys
-                  else Piece(route, batch[key], sharding.item_rows(False), str(key)) for key in keys]
+        pieces = []
+        for key in keys:
+            if key not in per_item_keys:
+                pieces.append(Piece(route, batch[key], sharding.item_rows(False), key))
+            elif home and key not in sums:
+                pieces.append(Piece(route, sharding.first_copies(batch[key]), sharding.item_rows(True, True), key))
+            elif home:  # every group rank's row, named so that ranks that would keep group rank 0's disagree
+                pieces.append(Piece(route, batch[key], sharding.item_rows(True), f"{key} (split_reduce='sum')"))
+            else:
+                pieces.append(Piece(route, sharding.copies(batch[key]), sharding.item_rows(True), key))
         move = exchange_with_grad if differentiable else exchange
-        return dict(zip(keys, move(pieces, self.transport, guard=self.guards[site], problem=problem)))
+        moved = move(pieces, self.transport, guard=self.guards[site], problem=problem)
+        return {key: sharding.home_sums(tensor) if key in sums else tensor for key, tensor in zip(keys, moved)}
 
     def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *, lengths=None, loss_tokens=None,
                  differentiable: bool = False) -> dict[str, torch.Tensor]:
@@ -307,7 +350,7 @@ class PostBalancingDispatcher:
                                   lengths=lengths[torch.from_numpy(microbatch == index)], layout=layout(index))
                        for index in range(count))
 
-    def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None,
+    def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None, split_reduce=None,
                 differentiable: bool = True) -> dict[str, torch.Tensor]:
         """Send per-item or per-token outputs of the balanced items back to their home ranks.
 
@@ -317,13 +360,22 @@ class PostBalancingDispatcher:
         `plan.local_items` (the order of what `dispatch` returned, not the micro-batches' one after
         the other).  `plan` is the latest dispatch's (else every rank raises `PlanMismatchError`).
         `per_item_keys` (default: the dispatcher's) name the outputs with one row per item.
+
+        A split item (context parallelism) has a per-item row on every rank of its group, each computed
+        from that rank's shard: where the plan splits one, `split_reduce` says for each per-item output
+        what comes home, "sum" (the group's rows added: a score summed over the item's tokens; gradients
+        flow to every row) or "first" (group rank 0's: a value the group agrees on, an id or an
+        all-reduced score); one name for all, or a mapping key -> name.  Without it every rank raises
+        ValueError naming the item, never a partial row.
         """
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
         problem = self._kept_problem(_checked_plan(plan), "combine")
         if not isinstance(outputs, Mapping):
             outputs, merging = self._merged(outputs, plan, per_item)
             problem = problem or merging
-        return self._move(outputs, plan.sharding, per_item, "combine", differentiable, problem)
+        keys = sorted((key for key in outputs if key in per_item), key=str)
+        sums, reducing = split_sums(split_reduce, keys, plan.sharding)
+        return self._move(outputs, plan.sharding, per_item, "combine", differentiable, problem or reducing, sums)
 
     @staticmethod
     def _merged(parts, plan: DispatchPlan, per_item) -> tuple[dict, Exception | None]:

@@ -14,6 +14,7 @@ route (combine, backward) puts every chunk back in place at the item's home.
     rows(i, j) = chunk_sizes(l_i, degree[i])[j]      per-token tensors
     rows(i, j) = 1 if j < degree[i] else 0           per-item tensors going out: a copy per group rank
     rows(i, j) = 1 if j == 0 else 0                  per-item tensors coming home: group rank 0's row
+    rows(i, j) = 1 if j < degree[i] else 0           or every group rank's, added at home (`home_sums`)
 
 A step with no split item has one unit per item: the route is the item route, unchanged.
 The groups, degrees and chunk layout ride in the plan's identity word (`digest`), which every
@@ -171,6 +172,21 @@ class StepSharding:
         units = self.local_units
         keep = np.searchsorted(items, self.unit_item[units[self.unit_chunk[units] == 0]])
         return tensor.index_select(0, torch.from_numpy(keep).to(tensor.device))
+
+    def home_sums(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A per-item tensor come home with a row from every rank of each split item's group (`item_rows(True)`,
+        in group rank order) as one row per home item: the group's rows added in group rank order, the same
+        order on every device (no atomics: each step adds one row to distinct items)."""
+        if not self.any_split:
+            return tensor
+        degree = self.degree[self.home_items]
+        starts = np.cumsum(degree) - degree
+        total = tensor.index_select(0, torch.from_numpy(starts).to(tensor.device))
+        for k in range(1, int(degree.max(initial=1))):
+            has = np.flatnonzero(degree > k)
+            rows = tensor.index_select(0, torch.from_numpy(starts[has] + k).to(tensor.device))
+            total = total.index_add(0, torch.from_numpy(has).to(tensor.device), rows)
+        return total
 
     def layout(self, index: int, group=None) -> ContextParallelLayout:
         """Micro-batch `index`'s layout on this rank: its sequences (unsplit lengths, `SplitItem` shards)

@@ -6,6 +6,7 @@ micro-batch counts, empty ranks) lose and duplicate no token, every rank runs th
 and the exchange moves exactly the bytes the plan's shards need."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -115,7 +116,7 @@ def dispatch_job(rank, size, homes, seed, wrapper, budget):
             outputs.update(zip(micro.items.tolist(), out.detach().split(micro.lengths.tolist())))
             loss_tokens += int(d["loss"].sum())
     out = torch.cat([outputs[item] for item in plan.local_items.tolist()] + [torch.zeros(0, HIDDEN).double()])
-    home = dispatcher.combine({"out": out, "sample": moved["sample"]}, plan, differentiable=False)
+    home = dispatcher.combine({"out": out, "sample": moved["sample"]}, plan, split_reduce="first", differentiable=False)
     grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in model.parameters()]
     return grads, home, loss_tokens, plan.num_loss_tokens, plan.balance.degree.tolist(), plan.num_microbatches
 
@@ -226,7 +227,7 @@ def random_plans_job(rank, size, seed, count):
         problems += [(number, problem) for problem in map(check_microbatch, micros) if problem]
         if len(micros) != num_microbatches:
             problems.append((number, f"{len(micros)} micro-batches of {num_microbatches}"))
-        home = dispatcher.combine(moved, plan, differentiable=False)
+        home = dispatcher.combine(moved, plan, split_reduce="first", differentiable=False)
         if not (torch.equal(home["token"], token_ids) and torch.equal(home["item"], torch.from_numpy(mine))):
             problems.append((number, "combine did not reassemble the home rows"))
         needed = needed_bytes(counts, lengths, degree, groups, rank, 16, 8)
@@ -275,3 +276,50 @@ def test_ranks_whose_plans_split_differently_stop_at_the_exchange_naming_them():
     assignment but no split on rank 1, rank 1's rows would be cut by other chunk sizes."""
     errors = spawn(other_split_job, 4, args=(STEPS[4],), timeout_s=60)
     assert all(error is not None and "ranks [1] disagree" in error for error in errors), errors
+
+
+SCORE_HOMES = ((40, 3), (2, 5))  # item 0 split over both ranks (2 × 2 zigzag chunks), the rest whole
+
+
+def per_item_score_job(rank, size, split_reduce):
+    """Each rank scores every item it holds by the sum of its rows' positions (a sequence log-prob computed
+    shard by shard) and sends the scores home with `combine`; the home gets, per item, the positions' sum."""
+    spec = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0,
+                           kv_bytes_per_token=0, seconds_per_cost=1.0)
+    dispatcher = PostBalancingDispatcher(cost=COST, context_parallel=spec, per_item_keys={"sid"})
+    lengths = list(SCORE_HOMES[rank])
+    first = len(SCORE_HOMES[0]) if rank else 0
+    positions = torch.cat([torch.arange(length, dtype=torch.float64) for length in lengths]).requires_grad_()
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"pos": positions, "sid": 10 + torch.arange(first, first + len(lengths))}, plan,
+                                differentiable=True)
+    outputs = [{"sid": micro.data["sid"],
+                "score": torch.stack([rows.sum() for rows in micro.data["pos"].split(micro.lengths.tolist())])}
+               for micro in dispatcher.microbatches(plan, moved)]
+    try:
+        home = dispatcher.combine(outputs, plan, per_item_keys=("sid", "score"), split_reduce=split_reduce)
+    except ValueError as error:
+        return plan.balance.degree.tolist(), str(error)
+    home["score"].sum().backward()
+    return plan.balance.degree.tolist(), home["score"].tolist(), home["sid"].tolist(), positions.grad.tolist()
+
+
+@pytest.mark.parametrize("split_reduce", ["sum", {"score": "sum", "sid": "first"}], ids=["sum", "per key"])
+def test_regression_a_per_item_output_of_a_split_item_came_home_as_group_rank_0s_partial_row(split_reduce):
+    """`combine` kept group rank 0's row of a per-item output: a score summed shard by shard came home as
+    390 of 780 (zigzag shards hold equal position sums).  `split_reduce="sum"` adds the group's rows (and
+    their gradients flow back to every shard); "first" keeps group rank 0's (an id every rank holds)."""
+    results = spawn(per_item_score_job, 2, args=(split_reduce,), timeout_s=60)
+    for rank, (degree, scores, sids, grads) in enumerate(results):
+        assert degree[0] == 2
+        assert scores == [float(sum(range(length))) for length in SCORE_HOMES[rank]]
+        ids = [10 + item for item in range(2 * rank, 2 * rank + 2)]
+        assert sids == (ids if split_reduce != "sum" or rank else [20, 11])  # "sum" adds the ids too
+        assert grads == [1.0] * sum(SCORE_HOMES[rank])
+
+
+def test_a_per_item_output_of_a_split_item_without_split_reduce_is_refused_on_every_rank():
+    results = spawn(per_item_score_job, 2, args=(None,), timeout_s=60)
+    for degree, error in results:
+        assert re.search(r"combine: item 0 is split over ranks \[0, 1\] and its per-item outputs \['score', 'sid'\] "
+                         r"have a row on each: pass split_reduce='sum' .* or 'first'", error), error
