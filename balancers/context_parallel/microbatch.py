@@ -12,9 +12,11 @@ As plain code: `loads[m][r] += t_i` for every rank r of item i's group in its mi
 Bound.  Laying a plan's micro-batches end to end is one pass whose rank r works Σ_m L(r, m) <=
 step, in which every item keeps its degree and every shard holds at most T tokens, so the
 canonical allotment of that pass (`bound.py`, each item's degrees those whose largest shard fits
-T) bounds Σ_m max_r L(r, m); the D · M cells hold every token, so M >= ⌈Σ l / (D · T)⌉ and the
-bound is T* + that M (or the given one) · overhead.  With C = {1} it is today's problem, planned
-and bounded as today.
+T) bounds Σ_m max_r L(r, m); so does `stacked_bound` (the costliest micro-batches hold the items of
+the largest least times, which need several micro-batches by their tokens or the ranks their
+shards hold alone, and at most j · D · T tokens of the work); the D · M cells hold every token, so
+M >= ⌈Σ l / (D · T)⌉ and the bound is the larger of the two + that M (or the given one) · overhead.
+With C = {1} it is today's problem, planned and bounded as today.
 
 Algorithm:
 
@@ -23,8 +25,8 @@ Algorithm:
         (bound Σ f / D + ⌈Σ l / (D · T)⌉ · overhead: any plan works at least Σ f)
     for a fill of 95 %, 85 %, 70 %, 50 % of a micro-batch's D · T tokens, until every micro-batch fits
             and then while the step is above the bound by more than 3 % (the best kept):
-        micro-batches: items by cost, largest first, each to the micro-batch of least work
-            whose tokens leave room (LPT over micro-batches; giants land in different ones)
+        micro-batches: items by least time, longest first, fill one micro-batch after another
+            within its tokens, its level's work and D ranks held alone (`group_microbatches`)
         each micro-batch: `balance(..., context_parallel=spec, max_tokens_per_rank=T)` (the split
             planner: canonical allotment at its bound, groups on aligned blocks, local search)
     return the best split plan if it splits and beats P by more than min_gain, else P
@@ -111,7 +113,8 @@ def wrap_unsplit(plan: MicroBatchPlan, spec: ContextParallel, costs: np.ndarray,
 def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int,
                 overhead: float, num_microbatches: int | None) -> tuple[float, int, np.ndarray]:
     """(the step bound every split plan meets, the fewest micro-batches the tokens need, every
-    item's least time at an allowed degree): see the module, and `crowded_bound`."""
+    item's time at every allowed degree, inf where a shard exceeds the budget): see the module,
+    and `stacked_bound`."""
     problem = make_problem(lengths, num_ranks, cost=cost)
     degrees = allowed_degrees(spec, num_ranks, spec.gpus_per_node)
     allotment = allot(problem, spec, degrees, spec.gpus_per_node, budget, one_pass=False)
@@ -121,74 +124,95 @@ def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost
     work[allotment.candidates] = least_work(allotment.times, allotment.degrees, allotment.allowed)[:, 0]
     # Any item may split in some micro-batch: its least time is over every degree its shards fit.
     every = spec.item_times(problem.cost, lengths[:, None], degrees[None, :], (degrees <= spec.gpus_per_node)[None, :])
-    times = np.where(-(-lengths[:, None] // degrees[None, :]) <= budget, every, np.inf).min(axis=1)
-    bound = max(allotment.bound(), crowded_bound(times, work, lengths, num_ranks, budget),
-                leaders_bound(times, lengths, num_ranks * budget))
-    return float_sum([bound, m * overhead]), fewest, times
+    table = np.where(-(-lengths[:, None] // degrees[None, :]) <= budget, every, np.inf)
+    times = table.min(axis=1)
+    alone = alone_ranks(table, degrees, lengths, budget)
+    bound = max(allotment.bound(), stacked_bound(times, work, lengths, alone, num_ranks, budget))
+    return float_sum([bound, m * overhead]), fewest, table
 
 
-def leaders_bound(times: np.ndarray, lengths: np.ndarray, room: int) -> float:
-    """Σ_j τ_(k_j): with items by least time τ descending, the first k_j (every item of τ >= τ_(k_j))
-    hold more than j · `room` tokens, so they span j + 1 micro-batches, each costing at least
-    τ_(k_j): the micro-batches by cost descending, the (j + 1)-th costs at least τ_(k_j).
+def alone_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, budget: int) -> np.ndarray:
+    """Ranks each item holds alone in any micro-batch: where at every degree its shards fit (`table`
+    finite) each of them holds more than T / 2 tokens, the smallest such degree (no two such shards
+    share a rank); else 0.
 
-    >>> leaders_bound(np.array([9.0, 8.0, 1.0, 1.0]), np.array([3, 3, 3, 3]), 4)  # 9 + 8 + 1
-    18.0
+    >>> alone_ranks(np.array([[np.inf, 1.0], [2.0, 1.0]]), np.array([1, 2]), np.array([30, 10]), 16).tolist()
+    [2, 0]
     """
-    order = np.argsort(-times, kind="stable")  # longest first, ties by index
-    tokens = np.cumsum(lengths[order])
-    if not tokens.size:
-        return 0.0
-    spans = np.arange(-(-int(tokens[-1]) // room), dtype=np.int64) * room
-    leaders = np.searchsorted(tokens, spans, side="right")  # first index whose prefix exceeds j · room
-    return math.fsum(times[order[leaders]].tolist())
+    fits = np.isfinite(table)
+    half = 2 * (lengths[:, None] // degrees[None, :]) > budget  # the smallest shard holds more than T / 2
+    lone = np.where(fits, half, True).all(axis=1) & fits.any(axis=1)
+    return np.where(lone, degrees[np.argmax(fits, axis=1)], 0)
 
 
-def crowded_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, num_ranks: int, budget: int) -> float:
-    """τ + (W − K) / D: the micro-batch holding the item of the largest least time τ costs at
-    least τ, and holds at most K of the least work W (the most work any D · T tokens hold, a
-    fractional knapsack by work per token), so the others cost at least (W − K) / D together.
-    (Where it holds more than D · τ of work, it costs more than τ by as much: W / D, below.)
+def stacked_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, alone: np.ndarray, num_ranks: int,
+                  budget: int) -> float:
+    """max over j of Σ_{i<j} τ_i + (W − K_j) / D, a bound on Σ_m max_r L(r, m).
 
-    >>> crowded_bound(np.array([10.0, 1.0, 1.0]), np.array([10.0, 1.0, 1.0]), np.array([4, 4, 4]), 2, 4)  # 10 + 1 / 2
-    10.5
+    Leaders: with items by least time τ descending, the first k_i of them (every item of time >= τ_(k_i))
+    hold more than i · D · T tokens, or more than i · D ranks alone (`alone`, `alone_ranks`), so they span
+    i + 1 micro-batches and the (i + 1)-th costliest micro-batch costs at least τ_i = τ_(k_i).  Crowded:
+    the j costliest hold at most j · D · T tokens, so at most K_j of the least work W (the most work that
+    many tokens hold, a fractional knapsack by work per token), and the others cost at least (W − K_j) / D
+    together.  j = 0 is W / D; j = 1, τ_max + (W − K_1) / D.
+
+    >>> stacked_bound(np.array([10.0, 1.0, 1.0]), np.array([10.0, 1.0, 1.0]), np.array([4, 4, 4]),
+    ...               np.zeros(3, dtype=np.int64), 2, 4)  # the leaders 10 + 1 (crowded: 10 + 1 / 2)
+    11.0
+    >>> stacked_bound(np.array([9.0, 8.0, 1.0, 1.0]), np.array([9.0, 8.0, 1.0, 1.0]), np.array([3, 3, 3, 3]),
+    ...               np.zeros(4, dtype=np.int64), 1, 4)  # W / D, the optimum (the leaders: 9 + 8 + 1)
+    19.0
     """
     if not times.size:
         return 0.0
-    density = np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0)
-    order = np.argsort(-density, kind="stable")
-    tokens = np.cumsum(lengths[order])
-    room = num_ranks * budget
-    full = int(np.searchsorted(tokens, room, side="right"))  # items taken whole
-    held = float(work[order[:full]].sum())
-    if full < order.size:
-        item = order[full]
-        held += float(work[item]) * (room - (tokens[full - 1] if full else 0)) / float(lengths[item])
-    total = exact_sum(work)
-    return float(max(total / num_ranks, float(times.max()) + max(0.0, total - held) / num_ranks))
-
-
-def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray, num_ranks: int,
-                       num_microbatches: int, room: int, budget: int) -> np.ndarray:
-    """Every item's micro-batch: items by their least time, longest first (ties by index), fill
-    micro-batch 0, then 1, ...; micro-batch m takes items while its tokens stay within `room` and
-    its work within D · level_m, level_m = max(its first item's time, the work left / (D · the
-    micro-batches left)), or beyond that level while the later micro-batches could not hold the
-    tokens left; the last takes the rest.  A step costs Σ_m max_r, so items of like time
-    share a micro-batch (giants run side by side on their groups) and the rest level out."""
     order = np.argsort(-times, kind="stable")  # longest first, ties by index
-    tokens = np.cumsum(lengths[order])
+    room = num_ranks * budget
+    tokens, ranks = np.cumsum(lengths[order]), np.cumsum(alone[order])
+    spans = max(-(-int(tokens[-1]) // room), -(-int(ranks[-1]) // num_ranks))
+    marks = np.arange(spans, dtype=np.int64)
+    leaders = np.zeros(spans)
+    for prefix, unit in ((tokens, room), (ranks, num_ranks)):
+        first = np.searchsorted(prefix, marks * unit, side="right")  # first index whose prefix exceeds i units
+        inside = first < order.size
+        leaders[inside] = np.maximum(leaders[inside], times[order[first[inside]]])
+    density = np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0)
+    dense = np.argsort(-density, kind="stable")
+    held_tokens, held_work = np.cumsum(lengths[dense]), np.concatenate(([0.0], np.cumsum(work[dense])))
+    space = np.arange(spans + 1, dtype=np.int64) * room
+    whole = np.searchsorted(held_tokens, space, side="right")  # items taken whole by j · room tokens
+    partial = np.where(whole < dense.size, (space - np.concatenate(([0], held_tokens))[whole]) * density[
+        dense[np.minimum(whole, dense.size - 1)]], 0.0)
+    total = exact_sum(work)
+    held = np.where(whole < dense.size, held_work[whole] + np.nan_to_num(partial, posinf=0.0), held_work[-1])
+    ahead = np.concatenate(([0.0], np.cumsum(leaders)))
+    return float(np.max(ahead + np.maximum(0.0, total - held) / num_ranks))
+
+
+def group_microbatches(table: np.ndarray, degrees: np.ndarray, costs: np.ndarray, lengths: np.ndarray,
+                       num_ranks: int, num_microbatches: int, room: int, budget: int) -> np.ndarray:
+    """Every item's micro-batch: items by their least time (`table`: times at `degrees`, inf where a
+    shard exceeds the budget), longest first (ties by index), fill micro-batch 0, then 1, ...;
+    micro-batch m takes items while its tokens stay within `room`, the ranks its items hold alone
+    within D (`exclusive_ranks` at its level) and its work within D · level_m, level_m = max(its first
+    item's time, the work left / (D · the micro-batches left)), or beyond that work while the later
+    micro-batches could not hold the tokens left; the last takes the rest.  A step costs Σ_m max_r,
+    so items of like time share a micro-batch (giants run side by side on their groups) and the
+    rest level out."""
+    times = table.min(axis=1)
+    order = np.argsort(-times, kind="stable")  # longest first, ties by index
+    sorted_table, sorted_lengths = table[order], lengths[order]
+    tokens = np.cumsum(sorted_lengths)
     work = np.cumsum(costs[order])
-    exclusive = np.cumsum(exclusive_ranks(lengths[order], budget))
     n = order.size
     microbatch = np.empty(n, dtype=np.int64)
-    start, held = 0, []  # (level, work, tokens) of every micro-batch but the last
+    start, held = 0, []  # (level, work, tokens, alone-held ranks, their running sums) of all but the last
     for m in range(num_microbatches):
         later = num_microbatches - m - 1
         end = n
         if later and start < n:
             base_tokens, base_work = (int(tokens[start - 1]), float(work[start - 1])) if start else (0, 0.0)
             level = max(float(times[order[start]]), (float(work[-1]) - base_work) / (num_ranks * (later + 1)))
+            exclusive = np.cumsum(exclusive_ranks(sorted_table, degrees, sorted_lengths, level, budget))
             base_ranks = int(exclusive[start - 1]) if start else 0
             by_tokens = int(min(np.searchsorted(tokens, base_tokens + room, side="right"),
                                 np.searchsorted(exclusive, base_ranks + num_ranks, side="right")))
@@ -196,31 +220,37 @@ def group_microbatches(times: np.ndarray, costs: np.ndarray, lengths: np.ndarray
             needed = int(np.searchsorted(tokens, int(tokens[-1]) - later * room, side="left")) + 1
             end = max(start + 1, min(by_tokens, max(by_work, needed)))
             held.append((level, float(work[end - 1]) - base_work, int(tokens[end - 1]) - base_tokens,
-                         int(exclusive[end - 1]) - base_ranks))
+                         int(exclusive[end - 1]) - base_ranks, exclusive))
         microbatch[order[start:end]] = m
         start = min(end, n)
-    _back_fill(microbatch, order, held, (tokens, work, exclusive), num_ranks, room)
+    _back_fill(microbatch, order, held, (tokens, work), num_ranks, room)
     return microbatch
 
 
-def exclusive_ranks(lengths: np.ndarray, budget: int) -> np.ndarray:
-    """Ranks each item holds alone at its least degree c (the smallest power of two whose shards fit the
-    budget T): c where a shard holds more than T / 2 (no other such shard fits beside it), else 0.
+def exclusive_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, level: float,
+                    budget: int) -> np.ndarray:
+    """Ranks each item holds alone in a micro-batch of cost `level`: 0 where at some degree its time
+    (`table`, one column per degree) is within level / 2 and its shards within T / 2 tokens (it may
+    share ranks), else the smallest degree c whose time fits the level (no other such piece fits
+    beside it on a rank; the largest degree where none fits).
 
-    >>> exclusive_ranks(np.array([100, 60, 40, 10]), 32).tolist()
-    [4, 2, 2, 0]
+    >>> table = np.array([[9.0, 5.0], [4.0, 2.0], [3.0, 1.5], [np.inf, 3.0]])
+    >>> exclusive_ranks(table, np.array([1, 2]), np.array([30, 20, 10, 40]), 6.0, 32).tolist()
+    [2, 0, 0, 2]
     """
-    degree = np.left_shift(1, np.ceil(np.log2(np.maximum(-(-lengths // budget), 1))).astype(np.int64))
-    return np.where(2 * -(-lengths // degree) > budget, degree, 0)
+    shares = (2 * table <= level) & (2 * -(-lengths[:, None] // degrees[None, :]) <= budget)
+    fits = table <= level
+    degree = degrees[np.where(fits.any(axis=1), np.argmax(fits, axis=1), degrees.size - 1)]
+    return np.where(shares.any(axis=1), 0, degree)
 
 
 def _back_fill(microbatch: np.ndarray, order: np.ndarray, held: list, sums: tuple, num_ranks: int, room: int) -> None:
     """Move the last micro-batch's items (longest first) into the room the earlier ones leave under
-    BACK_FILL · D · their level and within `room` tokens: a micro-batch costs its max, so work
-    below it is free (giants leave such room beside them)."""
-    tokens, work, exclusive = sums
+    BACK_FILL · D · their level, within `room` tokens and D alone-held ranks: a micro-batch costs its
+    max, so work below it is free (giants leave such room beside them)."""
+    tokens, work = sums
     first = order.size - int(np.sum(microbatch == len(held)))  # the last micro-batch's first position
-    for m, (level, used_work, used_tokens, used_ranks) in enumerate(held):
+    for m, (level, used_work, used_tokens, used_ranks, exclusive) in enumerate(held):
         if first >= order.size:
             break
         base = (int(tokens[first - 1]), float(work[first - 1]), int(exclusive[first - 1])) if first else (0, 0.0, 0)
@@ -232,11 +262,12 @@ def _back_fill(microbatch: np.ndarray, order: np.ndarray, held: list, sums: tupl
         first = end
 
 
-def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches, costs, times, room,
+def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches, costs, table, room,
                  fixed: bool) -> SplitMicroBatchPlan | None:
     """The split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split
     planner in each); None when some micro-batch finds no layout within the budget."""
-    microbatch = group_microbatches(times, costs, lengths, num_ranks, num_microbatches, room, budget)
+    degrees = np.array(spec.degrees, dtype=np.int64)
+    microbatch = group_microbatches(table, degrees, costs, lengths, num_ranks, num_microbatches, room, budget)
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
@@ -288,14 +319,14 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     total = exact_sum(costs)
     if today is not None and not np.any(costs * num_ranks * first > total):  # no giant: every plan works Σ f
         return wrap_unsplit(today, spec, costs, float_sum([total / num_ranks, (num_microbatches or fewest) * overhead]))
-    bound, fewest, times = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
+    bound, fewest, table = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
     best = None
     for fill in FILLS:
         m = max(first, -(-int(lengths.sum()) // int(fill * num_ranks * budget)))
         if (num_microbatches is not None and m > num_microbatches) or (
                 best is not None and best.step_cost <= bound * (1 + RETRY_GAP)):
             break
-        found = _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches or m, costs, times,
+        found = _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches or m, costs, table,
                              int(fill * num_ranks * budget), num_microbatches is not None)
         if found is not None and (best is None or found.step_cost < best.step_cost):
             best = found

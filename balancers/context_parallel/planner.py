@@ -30,6 +30,7 @@ from ..problem import InfeasibleError, Problem
 from .blocks import free_blocks
 from .bound import Allotment
 from .layout import shard_tokens
+from .pairing import packable_degrees
 from .plan import rank_accounts
 from .spec import ContextParallel
 
@@ -284,8 +285,11 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
     long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > LAYOUT_SHARE * bound)
                           | everything)
     times = TimeTable(problem, spec, gpus_per_node, long)
+    cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     for target in _targets(allotment, bound):
-        placed = place_groups(problem, spec, gpus_per_node, times, allotment.degrees_at(target), long, target)
+        degree = packable_degrees(times, problem.lengths, allotment.degrees_at(target), target, cap,
+                                  problem.num_ranks, spec.degrees)
+        placed = place_groups(problem, spec, gpus_per_node, times, degree, long, target)
         if placed is None:
             continue
         start, degree, overflow = placed

@@ -1,0 +1,88 @@
+"""The split micro-batch planner's bound against brute force on tiny instances, its regressions, and
+giant-heavy micro-batches against it."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm import ContextParallel, CostModel, balance_microbatches
+from orchmllm.balancers.context_parallel.microbatch import split_bound
+from orchmllm.balancers.context_parallel.pairing import packable_degrees
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import llm_stage_lengths
+from orchmllm.testing.context_parallel import brute_force_split_microbatches
+
+
+@st.composite
+def tiny_microbatches(draw):
+    """(lengths, D, spec, cost, budget, overhead): up to 3 items on 1, 2 or 4 ranks, budgets from the
+    longest shard up, splitting from free to dear."""
+    num_ranks = draw(st.sampled_from([1, 2, 4]))
+    degrees = [1] + [c for c in (2, 4) if c <= num_ranks and draw(st.booleans())]
+    spec = ContextParallel(degrees=degrees, gpus_per_node=4, seconds_per_cost=1.0, kv_bytes_per_token=0.0,
+                           latency_s=draw(st.sampled_from([0.0, 1e-3])),
+                           half_efficiency_tokens=draw(st.sampled_from([0.0, 4.0])))
+    lengths = draw(st.lists(st.one_of(st.integers(1, 12), st.integers(20, 90)), min_size=1, max_size=3))
+    budget = draw(st.integers(-(-max(lengths) // degrees[-1]), max(1, sum(lengths))))
+    cost = CostModel(linear=1.0, quadratic=draw(st.sampled_from([0.0, 0.05])))
+    return np.array(lengths), num_ranks, spec, cost, budget, draw(st.sampled_from([0.0, 5.0]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=tiny_microbatches())
+def test_bound_is_at_most_the_brute_force_optimum(case):
+    lengths, num_ranks, spec, cost, budget, overhead = case
+    bound = split_bound(lengths, num_ranks, spec, cost, budget, overhead, None)[0]
+    optimum = brute_force_split_microbatches(lengths, num_ranks, spec, max_tokens_per_microbatch=budget,
+                                             num_microbatches=range(1, lengths.size + 1), cost=cost,
+                                             microbatch_overhead=overhead)
+    assert optimum.makespan is not None and bound <= optimum.makespan * (1 + 1e-12)
+
+
+def test_bound_counts_shards_that_hold_a_rank_alone():
+    """Three items that fit the budget only split in two, every shard over half the budget: six ranks
+    held alone, so two micro-batches each costing one of them at least (the bound was 141.5 before,
+    from the work and the tokens alone; the optimum is 191.1)."""
+    spec = ContextParallel(degrees=(1, 2), gpus_per_node=4, seconds_per_cost=1.0, latency_s=0.0,
+                           half_efficiency_tokens=4.0, kv_bytes_per_token=0.0)
+    cost = CostModel(linear=1.0, quadratic=0.05)
+    lengths = np.array([53, 43, 47])
+    bound = split_bound(lengths, 4, spec, cost, 37, 0.0, None)[0]
+    optimum = brute_force_split_microbatches(lengths, 4, spec, max_tokens_per_microbatch=37,
+                                             num_microbatches=range(1, 4), cost=cost)
+    assert bound == pytest.approx(optimum.makespan, rel=1e-12)
+
+
+def test_giants_over_half_a_microbatch_level_get_a_block_each():
+    """Videos of 16k-131k tokens (2 % of 64 ranks x 32 items, T = 32k): at a micro-batch's level most
+    run at degree 8 with more than half the level each, so one 8-rank block holds one of them.  The
+    grouping counted only shards over half the budget as holding ranks alone, put 76 such giants in
+    one micro-batch of 64 blocks and stacked them (step / bound 1.168 before)."""
+    lengths, _ = llm_stage_lengths(64, 32, 1)
+    rng = np.random.default_rng(1_000_003 + 7)
+    count = round(0.02 * lengths.size)
+    videos = 256 * rng.integers(64, 513, count) + rng.integers(32, 257, count)
+    lengths[rng.choice(lengths.size, count, replace=False)] = videos
+    plan = balance_microbatches(lengths, 64, cost=MODELS["84b"].llm.cost(causal=True),
+                                max_tokens_per_microbatch=32768, context_parallel=ContextParallel())
+    assert plan.split_items.size and plan.step_cost <= 1.05 * plan.lower_bound
+
+
+def test_lone_items_move_up_only_while_the_blocks_are_short():
+    times = {2: np.array([6.0, 6.0, 6.0]), 4: np.array([3.2, 3.2, 3.2])}
+
+    def lookup(items, degree):
+        return times[degree][items]
+
+    lengths, degree = np.array([10, 10, 10]), np.array([2, 2, 2])
+    assert packable_degrees(lookup, lengths, degree, 10.0, math.inf, 6, (1, 2, 4)).tolist() == [2, 2, 2]
+    assert packable_degrees(lookup, lengths, degree, 10.0, math.inf, 4, (1, 2, 4)).tolist() == [4, 4, 4]
+    # Short items share a block, unless their shards hold more than half the token budget (5 > 8 / 2).
+    short = {2: np.array([1.0, 1.0, 1.0]), 4: np.array([0.6, 0.6, 0.6])}
+    assert packable_degrees(lambda items, c: short[c][items], lengths, degree, 10.0, math.inf, 4,
+                            (1, 2, 4)).tolist() == [2, 2, 2]
+    assert packable_degrees(lambda items, c: short[c][items], lengths, degree, 10.0, 8, 4,
+                            (1, 2, 4)).tolist() == [4, 4, 4]
