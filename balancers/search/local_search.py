@@ -236,36 +236,38 @@ def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
     on_heavy = np.zeros(num_ranks, dtype=bool)
     on_heavy[heavy] = True
     item_pair = pair[assignment]
-    y_items = np.flatnonzero((item_pair >= 0) & ~on_heavy[assignment])
+    paired, heavy_item = item_pair >= 0, on_heavy[assignment]
+    y_items = np.flatnonzero(paired & ~heavy_item)
     y_ids = np.concatenate((y_items, np.full(count, -1, dtype=np.int64)))  # -1: move, no swap
     y_pair = np.concatenate((item_pair[y_items], np.arange(count)))
     y_cost = np.concatenate((costs[y_items], np.zeros(count)))
-    y_tokens = np.concatenate((lengths[y_items], np.zeros(count, dtype=np.int64)))
     largest = float(costs.max())
     span = 2.0 * largest + 1.0
     keys = y_pair * span + y_cost
     sorted_y = _stable_order(keys, count * span)
-    keys = keys[sorted_y]
-    x_items = np.flatnonzero((item_pair >= 0) & on_heavy[assignment])
-    x_pair = item_pair[x_items]
+    keys, y_ids, y_pair, y_cost = keys[sorted_y], y_ids[sorted_y], y_pair[sorted_y], y_cost[sorted_y]
+    x_items = np.flatnonzero(paired & heavy_item)
+    x_pair, x_cost = item_pair[x_items], costs[x_items]
     high, low = loads[heavy][x_pair], loads[light][x_pair]
-    wanted = x_pair * span + np.clip(costs[x_items] - (high - low) / 2, 0.0, largest)
+    wanted = x_pair * span + np.clip(x_cost - (high - low) / 2, 0.0, largest)
     # Ascending (so by pair, spans apart): searchsorted runs several times faster on sorted queries.
     by_wanted = np.argsort(wanted)
-    x_items, x_pair, high, low = x_items[by_wanted], x_pair[by_wanted], high[by_wanted], low[by_wanted]
+    x_items, x_pair, x_cost, high, low = (values[by_wanted] for values in (x_items, x_pair, x_cost, high, low))
     above = np.searchsorted(keys, wanted[by_wanted])
     best_value = np.full(x_items.size, np.inf)
-    best_y = np.zeros(x_items.size, dtype=np.int64)
+    best_y = np.zeros(x_items.size, dtype=np.int64)  # a position in the sorted y arrays
     cap = problem.max_tokens_per_rank
-    tokens = None if cap is None else np.bincount(assignment, weights=lengths, minlength=num_ranks)
-    for pick in (np.maximum(above - 1, 0), np.minimum(above, keys.size - 1)):
-        y = sorted_y[pick]
-        delta = costs[x_items] - y_cost[y]
+    if cap is not None:
+        tokens = np.bincount(assignment, weights=lengths, minlength=num_ranks)
+        y_tokens = np.concatenate((lengths[y_items], np.zeros(count, dtype=np.int64)))[sorted_y]
+        x_tokens, heavy_tokens, light_tokens = lengths[x_items], tokens[heavy][x_pair], tokens[light][x_pair]
+    for y in (np.maximum(above - 1, 0), np.minimum(above, keys.size - 1)):
+        delta = x_cost - y_cost[y]
         value = np.maximum(high - delta, low + delta)
         valid = y_pair[y] == x_pair
         if cap is not None:
-            moved = lengths[x_items] - y_tokens[y]
-            valid &= (tokens[heavy][x_pair] - moved <= cap) & (tokens[light][x_pair] + moved <= cap)
+            moved = x_tokens - y_tokens[y]
+            valid &= (heavy_tokens - moved <= cap) & (light_tokens + moved <= cap)
         value = np.where(valid, value, np.inf)
         better = value < best_value
         best_value = np.where(better, value, best_value)
