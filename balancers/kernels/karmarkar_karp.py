@@ -38,6 +38,7 @@ for count · f(max l); `padded` is the exact solver for them.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import numpy as np
@@ -212,13 +213,15 @@ class _Stream:
         would place it.  So the run goes on past those items unless they are D (a full part
         that joins no one at once) or d <= rival.
         """
-        for k in failed.tolist():
-            if position + k < decides:
-                continue
+        failed = failed.tolist()
+        at = bisect.bisect_left(failed, decides - position)  # items of a joining part decide nothing
+        while at < len(failed):
+            k = failed[at]
             count = int(np.searchsorted(self.negated, -difference[k], side="left")) - position - k
             if difference[k] <= rival or count >= self.num_ranks:
                 return k, decides
             decides = position + k + count
+            at = bisect.bisect_left(failed, decides - position, at + 1)
         return None, decides
 
 
