@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from orchmllm.balancers import InfeasibleError, Pipeline, Status, balance_microbatches
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.balancers.pipeline.bounds import step_bound
+from orchmllm.balancers.pipeline.order import _budgeted_rounds, reshape
 from orchmllm.balancers.pipeline.planner import plan_for_pipeline
 from orchmllm.study.workloads import sample_workload
 from orchmllm.testing.pipeline import brute_force_pipeline, replica_step
@@ -85,6 +86,23 @@ def test_first_stage_parts_step_equals_simulation_and_bound_optimum_plan(case, d
     assert step.lower_bound <= optimum * (1 + RELATIVE)
     assert optimum <= step.step_time * (1 + RELATIVE)
     assert step.step_time <= step.unaware_step_time
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_reshape_without_the_budget_then_redone_is_the_budgeted_rounds(data):
+    """`order.reshape` runs its rounds without the token budget and re-cuts only the replicas that end
+    over it: the same slots and failures as the budgeted rounds over every replica."""
+    ranks, m, n = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4)), data.draw(st.integers(0, 24))
+    costs = np.array(data.draw(st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.0, 5.0]), min_size=n, max_size=n)))
+    lengths = np.array(data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)), dtype=np.int64)
+    replica = np.array(data.draw(st.lists(st.integers(0, ranks - 1), min_size=n, max_size=n)), dtype=np.int64)
+    targets = np.array(data.draw(st.lists(st.floats(0, 10), min_size=ranks * m, max_size=ranks * m))).reshape(ranks, m)
+    budget = data.draw(st.integers(6, 24))
+    costliest = np.lexsort((np.arange(n), -costs))
+    slot, failed = reshape(costs, lengths, replica, targets, budget, costliest)
+    expected_slot, expected_failed = _budgeted_rounds(costs, lengths, replica, targets, budget, costliest)
+    assert np.array_equal(failed, expected_failed) and np.array_equal(slot, expected_slot)
 
 
 @pytest.mark.parametrize("first_stage, message", [

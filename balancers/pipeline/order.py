@@ -58,6 +58,10 @@ def reshape(item_costs: np.ndarray, lengths: np.ndarray, replica: np.ndarray, ta
     cost per slot (see the module); a replica where an item found no room is flagged, its slots -1.
     `costliest`: the items by cost, largest first, ties by index (the problem's `cost_order`).
 
+    The rounds first run without the token budget (tokens only grow: a replica whose cells end
+    within it met it at every choice, so it chose as the budgeted rounds do); the replicas over
+    it are re-cut by `_budgeted_rounds`.
+
     >>> reshape(np.array([4.0, 3.0, 2.0, 1.0]), np.ones(4, dtype=np.int64), np.zeros(4, dtype=np.int64),
     ...         np.array([[3.0, 7.0]]), 4, np.arange(4))[0].tolist()
     [1, 0, 1, 1]
@@ -66,21 +70,52 @@ def reshape(item_costs: np.ndarray, lengths: np.ndarray, replica: np.ndarray, ta
     num_ranks, m = targets.shape
     order = costliest[_grouped(replica[costliest], num_ranks)]  # by replica, costliest first
     counts = np.bincount(replica, minlength=num_ranks)
+    turn = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # each one's place in its replica
+    grid = np.full((int(counts.max(initial=0)), num_ranks), n)  # round t: the t-th item of every replica
+    grid[turn, replica[order]] = order  # (n: none, an item of cost 0)
+    costs = np.append(item_costs, 0.0)[grid]
+    load, chosen = np.zeros((num_ranks, m)), np.empty(grid.shape, dtype=np.int64)
+    rows = np.arange(num_ranks) * m
+    for t in range(grid.shape[0]):
+        chosen[t] = np.argmax(targets - load, axis=1)
+        load.ravel()[rows + chosen[t]] += costs[t]
+    slot = np.empty(n + 1, dtype=np.int64)
+    slot[grid] = chosen
+    slot = slot[:n]
+    over = np.bincount(replica * m + slot, weights=lengths, minlength=num_ranks * m).reshape(num_ranks, m)
+    over = np.flatnonzero((over > max_tokens).any(axis=1))
+    failed = np.zeros(num_ranks, dtype=bool)
+    if over.size:
+        mine = np.zeros(num_ranks, dtype=np.int64) - 1
+        mine[over] = np.arange(over.size)
+        items = np.flatnonzero(mine[replica] >= 0)
+        local = np.full(n, -1, dtype=np.int64)
+        local[items] = np.arange(items.size)
+        ranked = local[costliest]
+        slot[items], failed[over] = _budgeted_rounds(item_costs[items], lengths[items], mine[replica[items]],
+                                                     targets[over], max_tokens, ranked[ranked >= 0])
+    return slot, failed
+
+
+def _budgeted_rounds(item_costs: np.ndarray, lengths: np.ndarray, replica: np.ndarray, targets: np.ndarray,
+                     max_tokens: int, costliest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`reshape`'s rounds within the token budget: each item to the slot furthest below its target
+    that has room; a replica where one finds none is flagged."""
+    n = item_costs.size
+    num_ranks, m = targets.shape
+    order = costliest[_grouped(replica[costliest], num_ranks)]
+    counts = np.bincount(replica, minlength=num_ranks)
     first = np.cumsum(counts) - counts  # round t takes order[first[r] + t] of every replica r with counts[r] > t
     load, tokens = np.zeros((num_ranks, m)), np.zeros((num_ranks, m), dtype=np.int64)
     slot, failed = np.full(n, -1, dtype=np.int64), np.zeros(num_ranks, dtype=bool)
     for t in range(int(counts.max(initial=0))):
         rows = np.flatnonzero(counts > t)
-        pick = rows if rows.size < num_ranks else slice(None)  # every replica: views, no gathers
         items = order[first[rows] + t]
-        room = tokens[pick] + lengths[items][:, None] <= max_tokens
-        left = np.where(room, targets[pick] - load[pick], -np.inf)
-        chosen = np.argmax(left, axis=1)
+        room = tokens[rows] + lengths[items][:, None] <= max_tokens
+        chosen = np.argmax(np.where(room, targets[rows] - load[rows], -np.inf), axis=1)
         fits = room[np.arange(items.size), chosen]
-        cell = rows * m + chosen
-        if not fits.all():
-            failed[rows[~fits]] = True
-            items, cell, chosen = items[fits], cell[fits], chosen[fits]
+        failed[rows[~fits]] = True
+        items, cell, chosen = items[fits], rows[fits] * m + chosen[fits], chosen[fits]
         load.ravel()[cell] += item_costs[items]
         tokens.ravel()[cell] += lengths[items]
         slot[items] = chosen

@@ -28,13 +28,14 @@ from ..microbatch.plan import MicroBatchProblem, cell_accounts
 from ..problem import Status
 from .bounds import step_bound
 from .order import deal, mountain, reshape
-from .profile import best_profile
+from .profile import best_profile, path_bound
 from .schedules import replica_times
 from .search import CellSearch
 from .spec import Pipeline
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
 DEFAULT_WORK = 20_000_000
+PATH_MARGIN = 1e-9  # a start is skipped when a path bound passes the best start's time by more than this
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,10 +130,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
         placed[3] = (placed[2][0], shaped_slots(problem, *placed[2], num_microbatches, pipeline))
         cells.append((*cell_costs(problem, *placed[3], num_microbatches),
                       first_stage_sums(first_stage, *placed[3], d, num_microbatches)))
-    joined = [None if firsts is None else np.concatenate([c[2] for c in cells])]
-    times = replica_times(pipeline, *pipeline.stage_times(np.concatenate([c[0] for c in cells]), *joined))
-    times = times.reshape(len(cells), d)  # every start's replica times, in one evaluation
-    best = int(np.argmin(times.max(axis=1)))
+    times = _start_times(pipeline, cells)
+    best = int(np.argmin([np.inf if t is None else t.max() for t in times]))
     replica, slot = placed[best] if best in placed else _placed(grids[best], cell, num_microbatches)
     cost, tokens, firsts = cells[best]
     search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, cost, tokens, replica, slot,
@@ -140,6 +139,29 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
                         None if firsts is None else (firsts, first_stage))
     search.run()
     return search.replica, search.slot, float(times[0].max())
+
+
+def _start_times(pipeline: Pipeline, cells: list) -> list:
+    """Each start's replica times, None for a start that certainly loses: the plan as given and the
+    last start (the re-cut one) are evaluated, then the others only where no path of `profile.path_bound`
+    already makes them slower than the best of those (uniform stages; all of them otherwise)."""
+    uniform = cells[0][2] is None
+    times = dict(zip(*_evaluated(pipeline, cells, [0, len(cells) - 1] if uniform else range(len(cells)))))
+    best = min(row.max() for row in times.values())
+    rest = [i for i in range(len(cells))
+            if i not in times and path_bound(pipeline, cells[i][0]).max() <= best * (1 + PATH_MARGIN)]
+    times.update(zip(*_evaluated(pipeline, cells, rest)))
+    return [times.get(i) for i in range(len(cells))]
+
+
+def _evaluated(pipeline: Pipeline, cells: list, chosen) -> tuple[list, list]:
+    """(chosen, their replica times), in one `replica_times` call."""
+    chosen = list(dict.fromkeys(chosen))
+    if not chosen:
+        return [], []
+    firsts = [None if cells[0][2] is None else np.concatenate([cells[i][2] for i in chosen])]
+    rows = replica_times(pipeline, *pipeline.stage_times(np.concatenate([cells[i][0] for i in chosen]), *firsts))
+    return chosen, np.split(rows, len(chosen))
 
 
 def _placed(grid: np.ndarray, cell: np.ndarray, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:

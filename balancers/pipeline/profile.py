@@ -56,17 +56,32 @@ def critical_path(pipeline: Pipeline, x: np.ndarray) -> tuple[float, np.ndarray]
     return float(end.max()), coefficients
 
 
-@lru_cache(maxsize=128)
 def best_profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray]:
     """(τ, x): a certified lower bound τ on T(x) over cells x >= 0 summing to 1, and the best cells
     found (sum 1, slot order); see the module."""
+    return _profile(pipeline, num_microbatches)[:2]
+
+
+def path_bound(pipeline: Pipeline, cell_costs: np.ndarray) -> np.ndarray:
+    """Per row of cell costs (rows, M) in run order, max over the paths `best_profile` met of a · x: a
+    lower bound on the row's replica time (uniform stages; float products, so compare with a margin)."""
+    paths = _profile(pipeline, cell_costs.shape[1])[2]
+    return (cell_costs @ paths.T).max(axis=1)
+
+
+@lru_cache(maxsize=128)
+def _profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """`best_profile`'s (τ, x) and the coefficients of the paths it met, (paths, M)."""
     from scipy.optimize import linprog
 
     m = num_microbatches
     x = np.full(m, 1.0 / m)
-    if pipeline.schedule == "gpipe":  # its closed form: flat cells are optimal
+    if pipeline.schedule == "gpipe":  # its closed form: flat cells are optimal; paths (α + β)·(1 + (P - 1)·e_k)
+        p = pipeline.stages
+        paths = (1.0 + (p - 1) * np.eye(m)) * (pipeline.forward_share * (1 + pipeline.backward_factor))
         x.setflags(write=False)
-        return (1 + (pipeline.stages - 1) / m) / pipeline.stages * (1 - ROUNDING), x
+        paths.setflags(write=False)
+        return (1 + (p - 1) / m) / p * (1 - ROUNDING), x, paths
     best_time, cuts = np.inf, []
     best, bound = x, 0.0
     for _ in range(MAX_CUTS):
@@ -88,6 +103,7 @@ def best_profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.n
             break
         x = np.maximum(result.x[:m], 0.0)
         x = x / x.sum()
-    best = best.copy()
+    best, paths = best.copy(), np.array(cuts)
     best.setflags(write=False)
-    return bound * (1 - ROUNDING), best
+    paths.setflags(write=False)
+    return bound * (1 - ROUNDING), best, paths
