@@ -5,6 +5,7 @@ Run: python3.11 -m pytest benchmarks/bench_orchestrator.py --benchmark-only -q
      (add --heavy for 16 384 ranks)
 """
 
+import time
 
 import numpy as np
 import pytest
@@ -119,6 +120,17 @@ def test_overhead_scaling_84b(benchmark, request, gpus):
                                 step_seconds=ours["step_seconds"], oom=ours["oom"])
 
 
+def interleaved_cpu(first, second, rounds: int) -> tuple[float, float]:
+    """The least CPU seconds of `first` and of `second` over `rounds` rounds that run them in turn."""
+    times = ([], [])
+    for _ in range(rounds):
+        for fn, spent in zip((first, second), times):
+            start = time.process_time()
+            fn()
+            spent.append(time.process_time() - start)
+    return min(times[0]), min(times[1])
+
+
 @pytest.mark.parametrize("workload", ["default", "chat", "code", "long_tail"])
 @pytest.mark.parametrize("budget", [8192, 16384, 65536], ids=["T8k", "T16k", "T64k"])
 def test_plan_micro_batched_step(benchmark, best_of, budget, workload):
@@ -140,7 +152,10 @@ def test_plan_micro_batched_step(benchmark, best_of, budget, workload):
     unplaced_seconds = best_of(lambda: unplaced.plan(batch), 3)
     unplaced_plan = unplaced.plan(batch)
     default_batch = sample_workload("default", num_ranks, 32, seed=num_ranks)
-    default_seconds = best_of(lambda: orchestrator.plan(default_batch), 3)
+    # the issue's ratio in CPU seconds, the two steps alternated: a load spike on a shared machine
+    # neither lands on one of them only nor counts (wall time once read 12x for a 6x step)
+    step_cpu, default_cpu = interleaved_cpu(lambda: orchestrator.plan(batch), lambda: orchestrator.plan(default_batch),
+                                            rounds=3)
     seconds = benchmark.stats.stats.min
 
     def inter_node_gb(exchanges):
@@ -149,17 +164,17 @@ def test_plan_micro_batched_step(benchmark, best_of, budget, workload):
     benchmark.extra_info.update(num_microbatches=plan.num_microbatches, step_cost_over_bound=plan.step_cost
                                 / plan.lower_bound, cells_gap=plan.cells.gap, cells_ms=1e3 * cells_only,
                                 step_over_cells=seconds / cells_only, unplaced_ms=1e3 * unplaced_seconds,
-                                step_over_unplaced=seconds / unplaced_seconds, default_ms=1e3 * default_seconds,
-                                step_over_default=seconds / default_seconds,
+                                step_over_unplaced=seconds / unplaced_seconds, step_cpu_ms=1e3 * step_cpu,
+                                default_cpu_ms=1e3 * default_cpu, step_over_default=step_cpu / default_cpu,
                                 input_inter_node_gb=inter_node_gb([plan.input_exchange()]),
                                 embedding_inter_node_gb=inter_node_gb(plan.embedding_exchanges()),
                                 unplaced_input_inter_node_gb=inter_node_gb([unplaced_plan.input_exchange()]),
                                 unplaced_embedding_inter_node_gb=inter_node_gb(unplaced_plan.embedding_exchanges()))
-    print(f"\n{workload} T={budget}: step {seconds * 1e3:.0f} ms (M={plan.num_microbatches}), default mix "
-          f"{default_seconds * 1e3:.0f} ms, ratio {seconds / default_seconds:.1f}; cells {cells_only * 1e3:.0f} ms")
+    print(f"\n{workload} T={budget}: step {seconds * 1e3:.0f} ms (M={plan.num_microbatches}); CPU {step_cpu * 1e3:.0f} ms, "
+          f"default mix {default_cpu * 1e3:.0f} ms, ratio {step_cpu / default_cpu:.1f}; cells {cells_only * 1e3:.0f} ms")
     # issue 24's bound (before 2026-12-05: long_tail T = 8k 11-12x, the cluster deal sorting every roomy
-    # cell; code T = 16k 11-12x, the repair's full-width validity tests across nodes)
-    assert seconds <= 10 * default_seconds
+    # cell; code T = 16k 9-11x, every cells and micro-batch deal ending in a repair that could not succeed)
+    assert step_cpu <= 10 * default_cpu
 
 
 @pytest.mark.timeout(1800)  # the reimplemented megatron_hybrid peer (pure Python) passed the 300 s default at load 3
