@@ -64,7 +64,7 @@ from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, new_step, split_rows
-from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes
+from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, pass_problem
 from .sharding import TextUnits, pass_layout
 
 SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
@@ -272,7 +272,7 @@ class MultiStageRuntime:
                                        np.flatnonzero(plan.batch.sample_source == routes.rank), routes.input_routes,
                                        [stage_plan.item_length for stage_plan in plan.stage_plans[:-1]], text,
                                        per_sample, inputs, stats, problem)
-        return Dispatched(result["inputs"], self._input_lengths(routes), result["text"], result["per_sample"])
+        return Dispatched(result["inputs"], self._input_lengths(routes), result["text"], result["per_sample"], routes)
 
     def _input_lengths(self, routes: PassRoutes) -> dict:
         """Modality -> the lengths of the segments this rank encodes in the pass (int64 tensors)."""
@@ -337,8 +337,8 @@ class MultiStageRuntime:
         if not self.fused_input_exchange:
             return StepInputs(routes, tuple(dict(part, problem=problem) for part in parts), exchanged=False,
                               stats=stats)
-        dispatched = tuple(Dispatched(part["inputs"], self._input_lengths(micro), part["text"], part["per_sample"])
-                           for part, micro in zip(parts, routes.microbatches))
+        dispatched = tuple(Dispatched(part["inputs"], self._input_lengths(micro), part["text"], part["per_sample"],
+                                      micro) for part, micro in zip(parts, routes.microbatches))
         return StepInputs(routes, dispatched, exchanged=True, stats=stats)
 
     def microbatches(self, routes: StepRoutes, moved: StepInputs):
@@ -372,10 +372,17 @@ class MultiStageRuntime:
         Every encoder is called on every rank, with empty inputs where a rank has no items
         of its modality, so every rank takes part in the embedding exchange and in its
         backward; its output must depend on every parameter there too (the encoder contract,
-        module docstring).  A rank whose encoders break it, or return the wrong shape, is named
-        on every rank before the exchange.
+        module docstring).  A rank whose encoders break it, or return the wrong shape, or whose `moved`
+        is another pass's data than `routes`', is named on every rank before the exchange.
         """
+        check_pass(routes, moved)
         step, problems, outputs, shapes = routes.plan, [], [], []
+        mismatch = pass_problem(routes, moved)
+        if mismatch is not None:  # every rank raises it at the exchange, without encoding another pass's data
+            empty = [torch.empty(0)] * len(self.modalities)
+            pieces = [Piece(route, tensor, step.route_tokens[entries], f"embeddings:{modality}") for route, tensor,
+                      entries, modality in zip(routes.embedding_routes, empty, routes.embedding_pieces, self.modalities)]
+            exchange(pieces, self.transport, stats, guard=self.guards["embeddings"], problem=mismatch)
         for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
             expected = int(plan.item_tokens[route.dest_items].sum())  # a video's part: its frames' embeddings
             if modality not in encoders:

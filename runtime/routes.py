@@ -11,6 +11,7 @@ import torch
 from ..orchestrator.plan import PassPlan
 from ..orchestrator.samples import Batch
 from ..orchestrator.step import StepPlan
+from .agreement import PlanMismatchError
 from .exchange import ExchangeMeta
 from .frames import InputUnits
 from .sharding import TextUnits
@@ -60,12 +61,13 @@ class StepRoutes:
 
 @dataclass(frozen=True, eq=False)
 class Dispatched:
-    """What the input exchange delivered to this rank."""
+    """What the input exchange delivered to this rank for one pass, whose `routes` `forward` takes with it."""
 
     inputs: dict  # modality -> packed raw inputs of the segments this rank encodes
     input_lengths: dict  # modality -> int64 tensor of their lengths (encoder units)
     text: dict  # name -> packed per-token tensors of this rank's LLM samples
     per_sample: dict  # name -> one row per LLM sample of this rank
+    routes: PassRoutes  # the pass it was dispatched for
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,3 +94,25 @@ class Assembled:
         """Place per-text-token `values` (e.g. labels) at their packed rows; `fill` elsewhere."""
         out = values.new_full((self.embeddings.shape[0], *values.shape[1:]), fill)
         return out.index_copy(0, self.text_positions, values)
+
+
+def check_pass(routes, moved) -> None:
+    """TypeError unless `routes` and `moved` are a micro-batch's routes and data (`micro.routes`, `micro.data`),
+    what `MultiStageRuntime.forward` takes (the step's `StepRoutes` or `StepInputs` are the natural slip)."""
+    for name, value, kind, source in (("routes", routes, PassRoutes, "micro.routes"),
+                                      ("moved", moved, Dispatched, "micro.data")):
+        if not isinstance(value, kind):
+            step = " (the whole step's: pass a micro-batch's, from `runtime.microbatches`)" \
+                if isinstance(value, (StepRoutes, StepInputs)) else ""
+            raise TypeError(f"`{name}` must be a micro-batch's `{source}`, a {kind.__name__}; got "
+                            f"{type(value).__name__}{step}")
+
+
+def pass_problem(routes: PassRoutes, moved: Dispatched) -> PlanMismatchError | None:
+    """Why `moved` may not go with `routes` in `forward` (None when it may): it was dispatched for another
+    pass, whose samples would be packed at `routes`' boundaries."""
+    if moved.routes is routes:
+        return None
+    return PlanMismatchError(f"forward on rank {routes.rank}: `moved` was dispatched for other routes than `routes` "
+                             f"(another micro-batch's or another step's); pass forward one micro-batch's "
+                             f"`micro.routes` and `micro.data`")

@@ -559,3 +559,67 @@ def test_regression_a_kept_plan_of_the_same_lengths_but_other_loss_tokens_scaled
     with pytest.raises(ValueError, match=r"`loss_tokens` must be 1-D"):
         dispatcher.dispatch(batch, kept, loss_tokens=[[5, 3]])
     assert dispatcher.dispatch(batch, kept, lengths=[5, 3], loss_tokens=[1, 1])["id"].tolist() == [0, 1]
+
+
+TEXT_ONLY = {0: [4, 4, 2, 6], 1: [4, 4, 6, 2]}  # two micro-batches of 8 tokens a rank: equal row counts
+
+
+class PackedLinear(torch.nn.Linear):
+    """An encoder of packed inputs and their lengths (the runtime's contract)."""
+
+    def __init__(self):
+        super().__init__(1, 1)
+
+    def forward(self, inputs, lengths):
+        return super().forward(inputs)
+
+
+def swapped_pass_job(rank, size, slip):
+    """Text-only samples in two micro-batches of equal token counts; `slip` says what every rank passes `forward`:
+    "swapped" micro-batch k's data with micro-batch k + 1's routes (a rank alone doing so runs another plan
+    word than its peers: `test_a_rank_running_another_step_s_or_micro_batch_s_routes_is_named_on_every_rank`),
+    "step routes" the routes `plan` returned, "step inputs" what `dispatch` returned."""
+    from orchmllm.orchestrator import Sample, Stage
+    stages = (Stage("vision", "image", CostModel(per_item=1, linear=1)), Stage("llm", "llm", CostModel(linear=1)))
+    runtime = MultiStageRuntime(stages, max_tokens_per_microbatch=8)
+    samples = [Sample(text=text, source=rank, id=10 * rank + k) for k, text in enumerate(TEXT_ONLY[rank])]
+    routes = runtime.plan(samples)
+    ids = torch.cat([torch.full((text,), 10 * rank + k) for k, text in enumerate(TEXT_ONLY[rank])])
+    moved = runtime.dispatch(routes, text={"input_ids": ids}, inputs={"image": torch.zeros(0, 1)}, samples=samples)
+    micros = list(runtime.microbatches(routes, moved))
+    encoder, embedding = PackedLinear(), torch.nn.Embedding(32, 1)
+
+    def run():
+        lengths = []
+        for k, micro in enumerate(micros):
+            passed = {"step routes": (routes, micro.data), "step inputs": (micro.routes, moved),
+                      "swapped": (micros[(k + 1) % len(micros)].routes, micro.data)}[slip]
+            packed = runtime.forward(*passed, encoders={"image": encoder}, text_embedding=embedding)
+            lengths.append(packed.sample_lengths.tolist())
+        return lengths
+
+    try:
+        return outcome(run)
+    except TypeError as error:
+        return ("TypeError", str(error))
+
+
+def test_regression_forward_packed_another_micro_batch_s_data_at_these_routes_boundaries():
+    """`forward(micros[1].routes, micros[0].data)` on every rank agreed on the routes' plan word, so the
+    8 rows of samples of 2 and 6 tokens were packed as two sequences of 4, with no error."""
+    outcomes = run_processes(swapped_pass_job, 2, args=("swapped",), timeout_s=60,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert [o.value for o in outcomes] == [
+        ("PlanMismatchError", f"forward on rank {rank}: `moved` was dispatched for other routes than `routes` (another "
+                              f"micro-batch's or another step's); pass forward one micro-batch's `micro.routes` and "
+                              f"`micro.data`") for rank in range(2)], [o.error or o.value for o in outcomes]
+
+
+@pytest.mark.parametrize("slip, name, source, got", [("step routes", "routes", "micro.routes", "StepRoutes"),
+                                                     ("step inputs", "moved", "micro.data", "StepInputs")])
+def test_regression_forward_given_the_step_s_routes_or_inputs_raised_an_attribute_error(slip, name, source, got):
+    outcomes = run_processes(swapped_pass_job, 2, args=(slip,), timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    for o in outcomes:
+        assert o.value == ("TypeError", f"`{name}` must be a micro-batch's `{source}`, a "
+                                        f"{'PassRoutes' if name == 'routes' else 'Dispatched'}; got {got} (the whole "
+                                        f"step's: pass a micro-batch's, from `runtime.microbatches`)"), o.value
