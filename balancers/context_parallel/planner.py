@@ -69,17 +69,6 @@ class TimeTable:
         return self.shards[degree][self.row[item]]
 
 
-def _first(keys: list[tuple[float, int]], lo: int, hi: int, holds) -> int:
-    """The first index in [lo, hi) whose load `holds` (false then true along the sorted keys), else hi."""
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if holds(keys[mid][0]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
 class _Blocks:
     """Per-rank loads and tokens of the layout being built, and its groups' blocks.
 
@@ -101,14 +90,14 @@ class _Blocks:
         self.placed: dict[int, tuple[int, int]] = {}  # item -> (block start, degree)
         self.overflow = False
         self.degree = 0  # the degree being laid out
-        self.keys: dict[int, list[tuple[float, int]]] = {}  # degree -> (load, position) of its candidates, ascending
+        self.keys: dict[int, list[tuple[float, int]] | None] = {}  # degree -> (load, position) of its candidates, ascending
         self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
 
     def open(self, degree: int) -> None:
         """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
         self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
         self.degree = degree
-        self.keys[degree] = sorted(zip(self.loads.tolist(), range(self.loads.size))) if degree == 1 else []
+        self.keys[degree] = None if degree == 1 else []  # every rank's key, made when an item needs them
 
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
         """(peak load of each block after the item, whether its shards' tokens fit; the item's time
@@ -142,13 +131,21 @@ class _Blocks:
     def _search(self, degree: int, time: float, shard: np.ndarray, fullest: bool) -> tuple[float, int] | None:
         """(peak, position) of the candidate of `degree` whose tokens fit with the highest peak within
         the target (`fullest`) or else the lowest peak, the least position among equal peaks; (inf, -1)
-        when none fits; None when too many failed the token check (then scan them all)."""
+        when none fits; None when too many failed the token check (then scan them all).  Peaks rise
+        with loads, so a run of equal peaks is a run of equal loads, widened where float rounding
+        gives another load the same peak."""
         keys, target, probes = self.keys[degree], self.target, [0]
         if fullest:
-            end = _first(keys, 0, len(keys), lambda load: load + time > target)
+            end = bisect.bisect_right(keys, (target - time, math.inf))
+            while end < len(keys) and keys[end][0] + time <= target:
+                end += 1
+            while end > 0 and keys[end - 1][0] + time > target:
+                end -= 1
             while end > 0:
                 peak = keys[end - 1][0] + time
-                start = _first(keys, 0, end, lambda load: load + time >= peak)
+                start = bisect.bisect_left(keys, (keys[end - 1][0], -1), 0, end)
+                while start > 0 and keys[start - 1][0] + time == peak:
+                    start = bisect.bisect_left(keys, (keys[start - 1][0], -1), 0, start)
                 position = self._least_fitting(degree, start, end, shard, probes)
                 if position is None or position >= 0:
                     return None if position is None else (peak, position)
@@ -157,7 +154,9 @@ class _Blocks:
         begin = 0
         while begin < len(keys):
             peak = keys[begin][0] + time
-            stop = _first(keys, begin, len(keys), lambda load: load + time > peak)
+            stop = bisect.bisect_right(keys, (keys[begin][0], math.inf), begin)
+            while stop < len(keys) and keys[stop][0] + time == peak:
+                stop = bisect.bisect_right(keys, (keys[stop][0], math.inf), stop)
             position = self._least_fitting(degree, begin, stop, shard, probes)
             if position is None or position >= 0:
                 return None if position is None else (peak, position)
@@ -174,6 +173,9 @@ class _Blocks:
         opened = self.groups.setdefault(degree, [])
         time = float(self.times.table[self.times.row[item], self.times.column[degree]])
         shard = self.times.shard(item, degree)
+        if self.keys[degree] is None:
+            order = np.lexsort((self.ranks, self.loads))
+            self.keys[degree] = list(zip(self.loads[order].tolist(), order.tolist()))
         found = self._search(degree, time, shard, fullest=True)
         if found is None:  # many candidates short of tokens: all at once
             starts = self.ranks if degree == 1 else np.array(opened, dtype=np.int64)
@@ -277,10 +279,10 @@ def water_level(loads: np.ndarray, work: float) -> float:
 
 
 def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment, bound: float,
-           everything: bool = False) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """(block starts, degrees, target) of the best layout on the ladder above the bound (None when
-    none has token room): the split items and the unsplit ones dearer than LAYOUT_SHARE of the
-    bound (`everything`: all items) laid out, the others' starts -1."""
+           everything: bool = False) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
+    """(block starts, degrees, target, the ranks' (loads, tokens)) of the best layout on the ladder above
+    the bound (None when none has token room): the split items and the unsplit ones dearer than
+    LAYOUT_SHARE of the bound (`everything`: all items) laid out, the others' starts -1."""
     best, best_estimate = None, math.inf
     long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > LAYOUT_SHARE * bound)
                           | everything)
@@ -294,23 +296,23 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
             continue
         start, degree, overflow = placed
         laid = start >= 0
-        loads, _, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0), np.where(laid, degree, 0))
+        loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0),
+                                         np.where(laid, degree, 0))
         estimate = max(float(loads.max()), water_level(loads, float(problem.item_costs[~laid].sum())))
         if estimate >= best_estimate:  # a wider target did not pay
             break
-        best, best_estimate = (start, degree, target), estimate
+        best, best_estimate = (start, degree, target, (loads, tokens)), estimate
         if not overflow:
             break
     return best
 
 
-def fill(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
-         target: float) -> np.ndarray | None:
+def fill(problem: Problem, start: np.ndarray, target: float, accounts: tuple) -> np.ndarray | None:
     """The block starts with a rank for every item not laid out (start -1): dealt to the room
-    left under `target` (`locality_deal.take_anywhere`); None when the deal finds no token room."""
-    laid = start >= 0
-    loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0), np.where(laid, degree, 0))
-    rest = np.flatnonzero(~laid)
+    left under `target` by the laid-out ones' (loads, tokens) `accounts` (`locality_deal.take_anywhere`);
+    None when the deal finds no token room."""
+    loads, tokens = accounts
+    rest = np.flatnonzero(start < 0)
     sub = Problem(lengths=problem.lengths[rest], item_costs=problem.item_costs[rest], num_ranks=problem.num_ranks,
                   cost=problem.cost, padded=False, max_tokens_per_rank=problem.max_tokens_per_rank, time_limit=None)
     state = PartialPlan(sub, target)
@@ -334,8 +336,8 @@ def split_layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, al
         laid = layout(problem, spec, gpus_per_node, allotment, bound, everything)
         if laid is None:
             continue
-        start, degree, target = laid
-        start = fill(problem, spec, gpus_per_node, start, degree, target)
+        start, degree, target, accounts = laid
+        start = fill(problem, start, target, accounts)
         if start is not None:
             return start, degree
     cap = problem.max_tokens_per_rank

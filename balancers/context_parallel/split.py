@@ -163,7 +163,8 @@ def plan_split(problem: Problem, spec: ContextParallel, allotment: Allotment, ma
     split, plain, refusal = None, None, None
     if (allotment.degrees_at(bound) > 1).any():
         split, refusal = _planned(problem, spec, allotment, bound, clock)
-    if unsplit_fits and (split is None or split.makespan * gain >= lower_bound(problem)):
+    if unsplit_fits and (split is None or (split.makespan * gain >= float(problem.item_costs.max())  # >= max f
+                                           and split.makespan * gain >= lower_bound(problem))):
         try:
             plain = _wrap(make_plain(), problem, spec, gpus, bound)
         except InfeasibleError as error:  # the kernel found no room; splitting may make some
