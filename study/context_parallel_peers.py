@@ -21,7 +21,9 @@
 Every plan is judged by the same `ContextParallel.time` (through `certify_split`): the step of a
 plan is its makespan, Megatron's the sum of its waves' makespans (a barrier ends each wave).
 Groups are laid on aligned blocks, largest first, inside nodes: the layout most favourable to
-the peer.  Degrees are capped at the spec's widest (Megatron's groups may span the whole world).
+the peer.  Degrees are the spec's (Megatron's powers of two, those the spec holds: an item takes the
+least that holds it, capped at the widest, and idle ranks double a group to the next one), so its
+groups may span the whole world.
 None of the peers' code is imported or copied; only the rules above are reproduced.
 """
 
@@ -171,7 +173,7 @@ def _buckets(pending: list[int], degree: list[int], work: list[float]) -> list[d
 
 
 def _build_wave(pending: list[int], degree: list[int], work: list[float], lengths: np.ndarray, num_ranks: int,
-                widest: int) -> tuple[_Wave, list[int]]:
+                allowed: list[int]) -> tuple[_Wave, list[int]]:
     """One wave from the pending items (longest first): the wave and the items left over."""
     buckets = _buckets(pending, degree, work)
     wave, first, check = _Wave(num_ranks), None, False
@@ -192,7 +194,7 @@ def _build_wave(pending: list[int], degree: list[int], work: list[float], length
     left = [item for bucket in buckets for item in bucket]
     wave.most = max(wave.load, default=0.0)
     _trim(wave, work, left)
-    _fill_idle(wave, lengths, widest)
+    _fill_idle(wave, lengths, allowed)
     return wave, left
 
 
@@ -215,16 +217,18 @@ def _trim(wave: _Wave, work: list[float], left: list[int]) -> None:
         left.append(item)
 
 
-def _fill_idle(wave: _Wave, lengths: np.ndarray, widest: int) -> None:
-    """Double the first group of the smallest size onto idle ranks while they suffice."""
+def _fill_idle(wave: _Wave, lengths: np.ndarray, allowed: list[int]) -> None:
+    """Widen the first group of the smallest size to the next `allowed` degree (double it, where the spec
+    holds every power of two) onto idle ranks while they suffice."""
     while wave.free and wave.size:
         smallest = min(wave.size)
-        if 2 * smallest > widest or wave.free < smallest:
+        wider = next((size for size in allowed if size > smallest), None)
+        if wider is None or wave.free < wider - smallest:
             return
         group = wave.size.index(smallest)
-        wave.free -= smallest
-        wave.size[group] = 2 * smallest
-        wave.load[group] = float(sum(int(lengths[i]) ** 2 for i in wave.items[group])) / (2 * smallest)
+        wave.free -= wider - smallest
+        wave.size[group] = wider
+        wave.load[group] = float(sum(int(lengths[i]) ** 2 for i in wave.items[group])) / wider
 
 
 def megatron_waves(lengths, num_ranks, spec: ContextParallel, capacity: int) -> list[tuple[np.ndarray, ...]]:
@@ -232,15 +236,16 @@ def megatron_waves(lengths, num_ranks, spec: ContextParallel, capacity: int) -> 
     lengths = as_lengths(lengths)
     num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
     capacity = as_int(capacity, "capacity", minimum=1)
-    widest = min(spec.degrees[-1], num_ranks)
+    allowed = [size for size in spec.degrees if size <= num_ranks] or [1]
     need = -(-lengths // capacity)
-    degree = np.minimum(np.where(need <= 1, 1, 1 << np.ceil(np.log2(np.maximum(need, 1))).astype(np.int64)), widest)
+    # the least allowed degree of at least the need (its next power of two where all are allowed), else the widest
+    degree = np.array(allowed, dtype=np.int64)[np.minimum(np.searchsorted(allowed, need), len(allowed) - 1)]
     work = (lengths.astype(np.float64) ** 2 / degree).tolist()
     degree = degree.tolist()
     pending = np.lexsort((np.arange(lengths.size), -lengths)).tolist()
     waves = []
     while pending:
-        wave, pending = _build_wave(pending, degree, work, lengths, num_ranks, widest)
+        wave, pending = _build_wave(pending, degree, work, lengths, num_ranks, allowed)
         waves.append(_lay_out(wave, num_ranks, spec))
     return waves
 

@@ -129,3 +129,16 @@ def test_ours_holds_the_memory_token_budget_and_plans_without_it_only_when_none_
     assert free.splits and budget > max(-(-int(lengths.max()) // 8), -(-int(lengths.sum()) // 16))
     assert ours_pass(config.stages(), topology, batch, spec, gpu, budget).llm.tokens.max() <= budget
     assert ours_pass(config.stages(), topology, batch, spec, gpu, 1).digest() == free.digest()  # nothing fits 1
+
+
+@pytest.mark.parametrize("degrees", [(1, 16), (1, 2, 8)])
+def test_regression_megatron_split_at_powers_of_two_the_spec_does_not_hold(degrees):
+    """Megatron's peer took the next power of two of an item's need (8 for a 60k item at capacity 8192), which
+    `--context-parallel 1,16` does not hold: `certify_split` raised and `orchmllm simulate` exited 1."""
+    from orchmllm.study.context_parallel_peers import megatron_dynamic_cp
+    spec = ContextParallel(degrees=degrees, gpus_per_node=8, allow_inter_node=True)
+    lengths = np.array([60000, 30000, 20000, 9000, 5000] + [1000] * 20)
+    waves = megatron_dynamic_cp(lengths, 16, spec, 8192)
+    used = {int(d) for wave in waves.waves for d in wave.degree}
+    assert used <= set(degrees) and max(used) > 1
+    assert sorted(np.concatenate(waves.items).tolist()) == list(range(lengths.size))
