@@ -97,3 +97,19 @@ def test_cells_deal_gives_up_where_token_room_makes_lpt_rounds_place_one_item(mo
                                 sources=batch.sample_source, topology=cluster(512))
     assert most[0] <= microbatch_locality.MAX_LPT_ROUNDS
     assert plan.cell_tokens.max() <= 8192 and plan.step_cost <= plain.step_cost
+
+
+def test_one_microbatch_runs_the_capped_lpt_once(monkeypatch):
+    """Regression (issue 24, M = 1 at 2560 x 32 over the 50 ms target): with one micro-batch the
+    cells' own solve ran LPT, and the plain step's `balance` plan ran it again (and a third time
+    where KK overflowed the cap); at this size the cells' plan is that LPT plan regrouped, so the
+    plain step now starts from it, and the same plan comes out."""
+    from orchmllm.balancers.kernels import lpt
+
+    calls = []
+    greedy = lpt._greedy_sorted
+    monkeypatch.setattr(lpt, "_greedy_sorted", lambda *args: calls.append(1) or greedy(*args))
+    lengths = sample_workload("chat", 512, 32, seed=3).sample_llm_length
+    plan = balance_microbatches(lengths, 512, max_tokens_per_microbatch=65536, cost=COST)
+    assert plan.num_microbatches == 1 and len(calls) == 1
+    assert plan.step_cost <= balance(lengths, 512, max_tokens_per_rank=65536, cost=COST).makespan

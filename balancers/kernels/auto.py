@@ -37,6 +37,7 @@ that (wall-clock) limit may return a machine-dependent plan, never a worse one.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -69,13 +70,15 @@ ILP_MAX_ITEMS = 200
 """Warm-start the ILP (when a time limit is given) only up to this many items."""
 
 
-def solve(problem: Problem) -> KernelResult:
-    """Best of LPT, KK (MULTIFIT, SLACK), improved by local search (and ILP when a time limit is granted)."""
+def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
+    """Best of LPT, KK (MULTIFIT, SLACK), improved by local search (and ILP when a time limit is granted).
+    `lpt_plan`: `lpt.solve(problem)`'s assignment where the caller has it (not computed again)."""
     if problem.padded:
         return padded.solve(problem)
     bound = lower_bound(problem)
     starts, refusal = [], None
-    kernels = [lpt.solve, karmarkar_karp.solve]
+    kernels = [lpt.solve if lpt_plan is None else lambda _: KernelResult(lpt_plan),
+               functools.partial(karmarkar_karp.solve, lpt_plan=lpt_plan)]
     if problem.num_items <= MULTIFIT_MAX_ITEMS and problem.num_items <= MULTIFIT_MAX_PER_RANK * problem.num_ranks:
         kernels.append(multifit.solve)
     few_per_rank = (problem.num_items <= GROUP_MAX_ITEMS

@@ -284,13 +284,14 @@ def find_roots(parent: np.ndarray) -> np.ndarray:
         parent = grand
 
 
-def solve(problem: Problem) -> KernelResult:
-    """KK kernel; falls back to the capped LPT plan when the differencing plan overflows a cap."""
+def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
+    """KK kernel; falls back to the capped LPT plan when the differencing plan overflows a cap
+    (`lpt_plan`: that plan where the caller has it)."""
     if problem.num_ranks == 1:
         assignment = np.zeros(problem.num_items, dtype=np.int64)
     else:
         assignment = differencing(problem.item_costs, problem.num_ranks, problem.cost_order)
     cap = problem.max_tokens_per_rank
     if cap is not None and rank_tokens(problem, assignment).max() > cap:
-        return lpt.solve(problem)
+        return lpt.solve(problem) if lpt_plan is None else KernelResult(lpt_plan)
     return KernelResult(assignment)

@@ -9,7 +9,9 @@
           further, so one micro-batch is never worse than the plain step's planner
           (`balance_microbatches` without `sources`; with them it runs `solve`: that plan's loads,
           level to a few 1e-5, leave a communication-aware pass that may not raise the step no
-          room, and its fallback moved ~80 % of the bytes across nodes instead of ~3 %)
+          room, and its fallback moved ~80 % of the bytes across nodes instead of ~3 %); where the
+          cells' plan is then LPT's regrouped (large instances), the plain step starts from that
+          LPT plan and the cells' own solve runs only when that plain step is not cheaper
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..kernels import auto
 from ..problem import InfeasibleError, make_problem
 from . import cells as microbatch_cells, exact as microbatch_exact, greedy as microbatch_greedy
 from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, step_cost
-from .search import improve
+from .search import improve, searches
 
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
 
@@ -35,10 +37,11 @@ def plan_cost(problem: MicroBatchProblem, result: MicroBatchResult, num_microbat
     return step_cost(loads.reshape(num_microbatches, problem.num_ranks), problem.microbatch_overhead)
 
 
-def plain_step(problem: MicroBatchProblem) -> MicroBatchResult | None:
+def plain_step(problem: MicroBatchProblem, lpt_plan: np.ndarray | None = None) -> MicroBatchResult | None:
     """One micro-batch as a plain step: `balance(lengths, D, max_tokens_per_rank=T)`'s plan (its
-    default kernel, `auto`), searched as the cells are; None when it finds no room under T, or
-    for padded cells of explicit costs (which `balance` does not take)."""
+    default kernel, `auto`; `lpt_plan`: its LPT start where the caller has it), searched as the cells
+    are; None when it finds no room under T, or for padded cells of explicit costs (which `balance`
+    does not take)."""
     if problem.padded and problem.cost is None:
         return None
     source = dict(costs=problem.item_costs) if problem.cost is None else dict(cost=problem.cost)
@@ -47,14 +50,31 @@ def plain_step(problem: MicroBatchProblem) -> MicroBatchResult | None:
                              max_tokens_per_rank=problem.max_tokens_per_microbatch, **source)
         # the same items and costs: the orders the cells already sorted hold for it too
         plain = replace(plain, orders=dict(problem.orders))
-        assignment = auto.solve(plain).assignment
+        assignment = auto.solve(plain, lpt_plan).assignment
     except InfeasibleError:
         return None
-    return MicroBatchResult(rank=improve(problem, assignment, 1), microbatch=np.zeros_like(assignment))
+    return _one_cell_each(improve(problem, assignment, 1))
+
+
+def _cells_are_lpt(problem: MicroBatchProblem) -> bool:
+    """Whether `solve(problem, 1)` is the capped LPT's plan regrouped (where LPT finds room) while
+    `auto` improves only its best start, LPT's on ties: then the plain step's plan costs no more
+    and, at the same cost, is that same plan."""
+    n = problem.num_items
+    return (not problem.padded and n > max(microbatch_exact.MAX_ITEMS, auto.ALL_STARTS_MAX_ITEMS, auto.GROUP_MAX_ITEMS)
+            and n * problem.num_ranks > GREEDY_MAX_WORK and not searches(problem, 1))
 
 
 def solve_with_plain_step(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
-    """`solve`'s plan, and with one micro-batch `plain_step`'s when cheaper (the first on ties)."""
+    """`solve`'s plan, and with one micro-batch `plain_step`'s when cheaper (the first on ties).
+
+    Where the cells' plan is LPT's (`_cells_are_lpt`), the plain step takes that LPT plan as its
+    start, and a plain step cheaper than it is the answer without the cells' own solve."""
+    if num_microbatches == 1 and _cells_are_lpt(problem):
+        start = microbatch_cells.lpt_cells(problem, 1)
+        plain = None if start is None else plain_step(problem, start)
+        if plain is not None and plan_cost(problem, plain, 1) < plan_cost(problem, _one_cell_each(start), 1):
+            return plain
     result = solve(problem, num_microbatches)
     if num_microbatches != 1:
         return result
@@ -62,6 +82,11 @@ def solve_with_plain_step(problem: MicroBatchProblem, num_microbatches: int) -> 
     if plain is None or (result is not None and plan_cost(problem, result, 1) <= plan_cost(problem, plain, 1)):
         return result
     return plain
+
+
+def _one_cell_each(rank: np.ndarray) -> MicroBatchResult:
+    """One micro-batch: every item in micro-batch 0 of its rank."""
+    return MicroBatchResult(rank=rank, microbatch=np.zeros_like(rank))
 
 
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:

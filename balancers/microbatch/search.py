@@ -120,13 +120,19 @@ def regroup(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: i
     return position[cell_of]
 
 
+def searches(problem: MicroBatchProblem, num_microbatches: int) -> bool:
+    """Whether `improve` searches after regrouping: unpadded items and a budget for MIN_STEPS steps of
+    ~8 items (fewer are not worth starting)."""
+    step_work = (problem.num_items + num_microbatches * problem.num_ranks + STEP_WORK) * 8
+    return not problem.padded and problem.num_items > 0 and step_work * MIN_STEPS <= problem.work_limit
+
+
 def improve(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int) -> np.ndarray:
     """Regroup and search until nothing helps or the work budget is spent; cells per item."""
     cell_of = regroup(problem, cell_of, num_microbatches)
     budget = problem.work_limit
-    step_work = (problem.num_items + num_microbatches * problem.num_ranks + STEP_WORK) * 8
-    if problem.padded or problem.num_items == 0 or step_work * MIN_STEPS > budget:
-        return cell_of  # a budget for fewer than MIN_STEPS steps of ~8 items is not worth starting
+    if not searches(problem, num_microbatches):
+        return cell_of
     while budget > 0:
         search = _Search(problem, cell_of, num_microbatches)
         changed = False
