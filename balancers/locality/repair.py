@@ -1,5 +1,6 @@
 """The fourth phase of communication-aware balancing: repair the ranks left above the target.
 
+    unless the ranks' rooms provably cannot take every excess (`ranks_left_over`):
     while a rank is above target: the move or swap that fixes it adding the fewest
         inter-node bytes, partners from its own node first (every node at once), then
         from the roomiest ranks (`ROOMY_PARTNERS`, then more)
