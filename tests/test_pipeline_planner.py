@@ -10,7 +10,7 @@ from orchmllm.balancers import InfeasibleError, Pipeline, Status, balance_microb
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.balancers.pipeline.bounds import step_bound
 from orchmllm.balancers.pipeline.order import _budgeted_rounds, reshape
-from orchmllm.balancers.pipeline.planner import plan_for_pipeline
+from orchmllm.balancers.pipeline.planner import pipeline_step, plan_for_pipeline
 from orchmllm.study.workloads import sample_workload
 from orchmllm.testing.pipeline import brute_force_pipeline, replica_step
 
@@ -272,3 +272,23 @@ def test_unaware_step_is_the_plain_plans_own_step_even_when_the_search_starts_fr
     own = pipeline_step(problem, plain.rank, plain.microbatch, 8, pipeline, 0.0).step_time
     assert piped.pipeline.unaware_step_time == own
     assert piped.pipeline.step_time < own
+
+
+@pytest.mark.parametrize("workload, seed, schedule, virtual, first_stage", [
+    ("long", 1, "interleaved", 2, False), ("speech", 3, "1f1b", 1, False), ("vision", 1, "1f1b", 1, True)])
+def test_certified_step_of_the_searched_cells_is_a_fresh_account(workload, seed, schedule, virtual, first_stage):
+    """The planner certifies its cells from the search's accounts, the rows it moved items between summed
+    again (its running sums differ in the last bits here): the same step, replica times and busy share as
+    `pipeline_step` summing every cell afresh."""
+    lengths = sample_workload(workload, 8, 64, seed=seed).sample_llm_length
+    costs = lengths.astype(float) ** 1.5 + 10.0 * lengths
+    first = 0.3 * costs * (lengths % 3 == 0) if first_stage else None
+    pipeline, budget = Pipeline(stages=4, schedule=schedule, virtual_stages=virtual), max(16384, int(lengths.max()))
+    problem = make_microbatch_problem(lengths, 8, max_tokens_per_microbatch=budget, costs=costs, microbatch_overhead=5.0)
+    plain = balance_microbatches(lengths, 8, max_tokens_per_microbatch=budget, costs=costs, num_microbatches=8,
+                                 microbatch_overhead=5.0)
+    replica, slot, step = plan_for_pipeline(problem, plain.rank, plain.microbatch, 8, pipeline, first_stage=first)
+    fresh = pipeline_step(problem, replica, slot, 8, pipeline, step.unaware_step_time, first_stage=first)
+    assert step.step_time == fresh.step_time and step.busy_fraction == fresh.busy_fraction
+    assert np.array_equal(step.replica_times, fresh.replica_times)
+    assert step.step_time < step.unaware_step_time

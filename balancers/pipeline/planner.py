@@ -7,8 +7,10 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               items re-cut into the schedule's best shape (`shaped_slots`, unpadded); the
               fastest wins
     search    `search.CellSearch`: slot swaps and item moves off the slowest replica
-    certify   the step time recomputed from the final cells (`replica_times`), the bound of
-              `bounds.step_bound`, status optimal only when they meet
+    certify   the step time of the final cells, their costs summed in item order as a fresh
+              account would (a start's cells are; the replicas the search moved items between are
+              summed again) and timed by `replica_times`; the bound of `bounds.step_bound`, status
+              optimal only when they meet
 
 The plan given is one of the starts, so the result is never slower than it (the
 pipeline-unaware plan run in its own order).  Deterministic: no clock, ties by index.  M is the
@@ -113,9 +115,10 @@ def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: 
 
 
 def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
-            pipeline: Pipeline, work: int, first_stage: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
-    """(replica, slot) per item for the pipeline step, and the step time of the cells as given; `first_stage`:
-    the part of each item's cost the first stage runs alone (`Pipeline.stage_times`), or None."""
+            pipeline: Pipeline, work: int, first_stage: np.ndarray | None = None) -> tuple:
+    """(replica, slot) per item for the pipeline step, the step time of the cells as given, and the final
+    cells' (costs, first-stage parts, replica times) (`_final_cells`); `first_stage`: the part of each item's
+    cost the first stage runs alone (`Pipeline.stage_times`), or None."""
     cost, tokens = cell_costs(problem, rank, microbatch, num_microbatches)
     d = problem.num_ranks
     firsts = first_stage_sums(first_stage, rank, microbatch, d, num_microbatches)
@@ -138,7 +141,26 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
                         problem.max_tokens_per_microbatch, work, times[best],
                         None if firsts is None else (firsts, first_stage))
     search.run()
-    return search.replica, search.slot, float(times[0].max())
+    return search.replica, search.slot, float(times[0].max()), _final_cells(problem, search, first_stage)
+
+
+def _final_cells(problem: MicroBatchProblem, search: CellSearch, first_stage: np.ndarray | None) -> tuple:
+    """(costs, first-stage parts or None, replica times) of the search's cells, as `pipeline_step` would
+    compute them: the rows of replicas it moved items between summed again in item order, and timed."""
+    cost, firsts, times = search.cost, search.first_stage, search.times
+    moved = np.array(sorted(search.moved), dtype=np.int64)
+    if moved.size:
+        d, m = cost.shape
+        mine = np.zeros(d, dtype=bool)
+        mine[moved] = True
+        mine = mine[search.replica]
+        cell = search.slot[mine] * d + search.replica[mine]
+        for grid, values, extra in ((cost, problem.item_costs, problem.microbatch_overhead), (firsts, first_stage, 0.0)):
+            if grid is not None:
+                grid[moved] = np.bincount(cell, weights=values[mine], minlength=d * m).reshape(m, d).T[moved] + extra
+        times[moved] = replica_times(search.pipeline, *search.pipeline.stage_times(
+            cost[moved], None if firsts is None else firsts[moved]))
+    return cost, firsts, times
 
 
 def _start_times(pipeline: Pipeline, cells: list) -> list:
@@ -174,13 +196,15 @@ def _placed(grid: np.ndarray, cell: np.ndarray, num_microbatches: int) -> tuple[
 
 def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
                   pipeline: Pipeline, unaware_step_time: float, *, free_microbatches: bool = False,
-                  solve_seconds: float = 0.0, first_stage: np.ndarray | None = None) -> PipelineStep:
+                  solve_seconds: float = 0.0, first_stage: np.ndarray | None = None, cells=None) -> PipelineStep:
     """The certified `PipelineStep` of these cells (see the module): the bound holds for every plan
-    with this M, or with any M from the fewest that fit when `free_microbatches`."""
-    cost, _ = cell_costs(problem, replica, slot, num_microbatches)
-    forward, backward = pipeline.stage_times(cost, first_stage_sums(first_stage, replica, slot, problem.num_ranks,
-                                                                      num_microbatches))
-    times = replica_times(pipeline, forward, backward)
+    with this M, or with any M from the fewest that fit when `free_microbatches`.  `cells`: their
+    (costs, first-stage parts, replica times) as computed here, when the caller has them (`arrange`)."""
+    if cells is None:
+        cost = cell_costs(problem, replica, slot, num_microbatches)[0]
+        cells = (cost, first_stage_sums(first_stage, replica, slot, problem.num_ranks, num_microbatches), None)
+    forward, backward = pipeline.stage_times(*cells[:2])
+    times = replica_times(pipeline, forward, backward) if cells[2] is None else cells[2]
     step = float(times.max()) if times.size else 0.0
     if free_microbatches:  # any M the plan could have taken, up to the cells a plan may hold
         counts = np.arange(problem.min_microbatches, 2**22 // problem.num_ranks + 1)
@@ -191,7 +215,8 @@ def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndar
     bound = min(step, step_bound(pipeline, problem.item_costs, problem.num_ranks, counts,
                                  problem.microbatch_overhead, first_stage))
     stages = pipeline.stages if forward.ndim == 3 else 1  # uniform stages: one stage's times stand for all
-    busy = float(forward.sum() + backward.sum()) / (problem.num_ranks * stages * step) if step > 0 else 1.0
+    work = np.ascontiguousarray(forward).sum() + np.ascontiguousarray(backward).sum()  # one order, whatever the layout
+    busy = float(work) / (problem.num_ranks * stages * step) if step > 0 else 1.0
     times.setflags(write=False)
     return PipelineStep(pipeline=pipeline, replica_times=times, step_time=step, lower_bound=bound,
                         status=Status.OPTIMAL if step == bound else Status.FEASIBLE,
@@ -212,11 +237,11 @@ def plan_for_pipeline(problem: MicroBatchProblem, rank: np.ndarray, microbatch: 
     """
     start = time.perf_counter()
     first_stage = as_first_stage(first_stage, problem)
-    replica, slot, unaware = arrange(problem, rank, microbatch, num_microbatches, pipeline,
-                                     work_budget(problem.time_limit), first_stage)
+    replica, slot, unaware, cells = arrange(problem, rank, microbatch, num_microbatches, pipeline,
+                                            work_budget(problem.time_limit), first_stage)
     step = pipeline_step(problem, replica, slot, num_microbatches, pipeline, unaware,
                          free_microbatches=free_microbatches, solve_seconds=time.perf_counter() - start,
-                         first_stage=first_stage)
+                         first_stage=first_stage, cells=cells)
     return replica, slot, step
 
 

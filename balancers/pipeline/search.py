@@ -46,6 +46,7 @@ class CellSearch:
         self.num_ranks, self.num_microbatches = self.cost.shape
         self.row_work = 2 * pipeline.stages * self.num_microbatches * pipeline.virtual_stages
         self.times = times.copy()  # `replica_times` of the cells as given, charged here
+        self.moved = set()  # replicas whose costs moves changed by float sums (swaps only permute them)
         self.work -= self.num_ranks * self.row_work
         self.swaps = _swap_pairs(self.num_microbatches)
 
@@ -146,6 +147,7 @@ class CellSearch:
                 grid[other, slot] += values[item]
         self.replica[item], self.slot[item] = other, slot
         self.times[r], self.times[other] = own_time, other_time
+        self.moved.update((r, other))
 
 
 def _swapped(row: np.ndarray, swaps: np.ndarray) -> np.ndarray:
