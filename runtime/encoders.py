@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from typing import Callable
 
 import torch
@@ -151,3 +152,22 @@ def contract_problem(what: str, rank: int, num_items: int, unused: list[str]) ->
         f"layers on the empty tensor instead of returning early); set requires_grad=False on parameters it never "
         f"uses, or pass check_encoders=False where unused parameters are harmless (gradients reduced by hand, DDP "
         f"with find_unused_parameters=True)")
+
+
+def call_problem(what: str, function, arguments: str, count: int) -> TypeError | None:
+    """TypeError naming `what` unless `function` is callable with `count` positional arguments (`arguments`
+    says which): a vision tower's `forward(pixel_values)` as an encoder fails here, not inside torch."""
+    if not callable(function):
+        return TypeError(f"{what} must be callable with {arguments}; got {type(function).__name__}")
+    target = function.forward if isinstance(function, nn.Module) else function
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to read (a builtin): its call says
+        return None
+    try:
+        signature.bind(*range(count))
+    except TypeError:
+        name = getattr(target, "__qualname__", type(function).__name__)
+        return TypeError(f"{what} must accept {count} positional argument{'s' * (count > 1)} {arguments}; "
+                         f"got {name}{signature}")
+    return None

@@ -59,12 +59,12 @@ from ..orchestrator.step import StepPlan
 from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
-from .encoders import checked_call, contract_problem, output_problem, unseen_module
+from .encoders import call_problem, checked_call, contract_problem, output_problem, unseen_module
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, new_step, split_rows
-from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, pass_problem
+from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem
 from .sharding import TextUnits, pass_layout
 
 SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
@@ -245,6 +245,7 @@ class MultiStageRuntime:
         gives this rank's samples (as given to `plan`): they are checked against the routes',
         and every rank raises `PlanMismatchError` naming the rank and its first sample that differs.
         """
+        check_step(routes, text, per_sample, inputs)
         problem = None if samples is None else self._samples_problem(routes, samples)
         return self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
 
@@ -376,39 +377,54 @@ class MultiStageRuntime:
         is another pass's data than `routes`', is named on every rank before the exchange.
         """
         check_pass(routes, moved)
-        step, problems, outputs, shapes = routes.plan, [], [], []
-        mismatch = pass_problem(routes, moved)
-        if mismatch is not None:  # every rank raises it at the exchange, without encoding another pass's data
-            empty = [torch.empty(0)] * len(self.modalities)
-            pieces = [Piece(route, tensor, step.route_tokens[entries], f"embeddings:{modality}") for route, tensor,
-                      entries, modality in zip(routes.embedding_routes, empty, routes.embedding_pieces, self.modalities)]
-            exchange(pieces, self.transport, stats, guard=self.guards["embeddings"], problem=mismatch)
-        for modality, route, plan in zip(self.modalities, routes.input_routes, step.stage_plans[:-1]):
-            expected = int(plan.item_tokens[route.dest_items].sum())  # a video's part: its frames' embeddings
-            if modality not in encoders:
-                problems.append(ValueError(f"`encoders` lacks modality {modality!r}"))
-                outputs.append(torch.empty(0))
-                continue
-            embedded = self._call(f"encoder {modality!r}", encoders[modality], moved.inputs[modality],
-                                  moved.input_lengths[modality], problems=problems, num_items=route.dest_items.size)
-            shapes.append((f"encoder {modality!r}", embedded, expected))
-            outputs.append(embedded if isinstance(embedded, torch.Tensor) else torch.empty(0))
-        text_items = np.count_nonzero(routes.text_units.tokens[routes.text_route.dest_items])  # text-less chunks: none
-        text_embedded = self._call("`text_embedding`", text_embedding, moved.text[text_key], problems=problems,
-                                   num_items=int(text_items))
-        text_problem = output_problem("`text_embedding`", text_embedded, len(moved.text[text_key]), None)
-        width = None if text_problem else text_embedded.shape[1]
-        problems += filter(None, [*(output_problem(*shape, width) for shape in shapes), text_problem])
-        if self.check_encoders:  # a lambda hides the module whose contract `_call` checks
-            called = [(f"encoder {m!r}", encoders[m]) for m in self.modalities if m in encoders]
-            called.append(("`text_embedding`", text_embedding))
-            problems += filter(None, (unseen_module(what, function) for what, function in called))
+        step = routes.plan
+        problem = pass_problem(routes, moved)
+        if problem is None:
+            outputs, text_embedded, problems = self._encode(routes, moved, encoders, text_embedding, text_key)
+            problem = problems[0] if problems else None
+        else:  # every rank raises it at the exchange, without encoding another pass's data
+            outputs, text_embedded = [torch.empty(0)] * len(self.modalities), None
         pieces = [Piece(route, tensor, step.route_tokens[entries], f"embeddings:{modality}")
                   for route, tensor, entries, modality in zip(routes.embedding_routes, outputs, routes.embedding_pieces,
                                                               self.modalities)]
-        arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"],
-                                     problem=problems[0] if problems else None)
+        arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"], problem=problem)
         return self.assemble(routes, text_embedded, arrived)
+
+    def _encode(self, routes: PassRoutes, moved: Dispatched, encoders, text_embedding, text_key):
+        """(each encoder's output, the text embedding's, what is wrong with them) of a pass (`forward`): a callable
+        missing or not taking the contract's arguments, a broken contract, an output of the wrong shape."""
+        problems, outputs, shapes, called = [], [], [], []
+        if not isinstance(encoders, Mapping):
+            problems.append(TypeError(f"`encoders` must map each modality to its encoder; got {type(encoders).__name__}"))
+            encoders = {}
+        for modality, route, plan in zip(self.modalities, routes.input_routes, routes.plan.stage_plans[:-1]):
+            what = f"encoder {modality!r}"
+            problem = ValueError(f"`encoders` lacks modality {modality!r}") if modality not in encoders else \
+                call_problem(what, encoders[modality], "(packed inputs, their lengths)", 2)
+            if problem is not None:
+                problems.append(problem)
+                outputs.append(torch.empty(0))
+                continue
+            called.append((what, encoders[modality]))
+            embedded = self._call(what, encoders[modality], moved.inputs[modality], moved.input_lengths[modality],
+                                  problems=problems, num_items=route.dest_items.size)
+            shapes.append((what, embedded, int(plan.item_tokens[route.dest_items].sum())))  # a video part: its frames'
+            outputs.append(embedded if isinstance(embedded, torch.Tensor) else torch.empty(0))
+        text = moved.text.get(text_key)
+        problem = call_problem("`text_embedding`", text_embedding, "(token ids)", 1) if text is not None else \
+            ValueError(f"`text_key` {text_key!r} is not a key of `micro.data.text` (keys: {sorted(moved.text)})")
+        text_embedded, width = None, None
+        if problem is None:
+            called.append(("`text_embedding`", text_embedding))
+            text_items = np.count_nonzero(routes.text_units.tokens[routes.text_route.dest_items])  # text-less chunks
+            text_embedded = self._call("`text_embedding`", text_embedding, text, problems=problems,
+                                       num_items=int(text_items))
+            problem = output_problem("`text_embedding`", text_embedded, len(text), None)
+            width = None if problem else text_embedded.shape[1]
+        problems += filter(None, [*(output_problem(*shape, width) for shape in shapes), problem])
+        if self.check_encoders:  # a lambda hides the module whose contract `_call` checks
+            problems += filter(None, (unseen_module(what, function) for what, function in called))
+        return outputs, text_embedded, problems
 
     def _call(self, what: str, function: Callable, *args, problems: list, num_items: int):
         """`function(*args)`, checking the encoder contract on the first call of `what` and on empty

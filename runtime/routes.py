@@ -3,6 +3,7 @@ whole step, what the input exchange delivered, and the packed LLM input `forward
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,8 +93,24 @@ class Assembled:
 
     def scatter_text(self, values: torch.Tensor, fill) -> torch.Tensor:
         """Place per-text-token `values` (e.g. labels) at their packed rows; `fill` elsewhere."""
+        count = self.text_positions.numel()
+        if not isinstance(values, torch.Tensor) or values.dim() == 0 or values.shape[0] != count:
+            got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+            raise ValueError(f"`values` must hold one row per text token of this micro-batch ({count}, as "
+                             f"`micro.data.text`'s tensors do, e.g. micro.data.text['labels']); got {got}")
         out = values.new_full((self.embeddings.shape[0], *values.shape[1:]), fill)
         return out.index_copy(0, self.text_positions, values)
+
+
+def check_step(routes, text, per_sample, inputs) -> None:
+    """TypeError unless `MultiStageRuntime.dispatch` got the step's routes (what `plan` returned) and mappings
+    of names to tensors (`per_sample` and `inputs` may be None)."""
+    if not isinstance(routes, StepRoutes):
+        raise TypeError(f"`routes` must be what `plan` returned for this step, a StepRoutes; got {type(routes).__name__}")
+    for name, value in (("text", text), ("per_sample", per_sample), ("inputs", inputs)):
+        if not isinstance(value, Mapping) and (value is not None or name == "text"):
+            raise TypeError(f"`{name}` must be a mapping of names to tensors{'' if name == 'text' else ' or None'}; "
+                            f"got {type(value).__name__}")
 
 
 def check_pass(routes, moved) -> None:

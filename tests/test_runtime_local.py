@@ -504,3 +504,43 @@ def test_regression_multi_stage_routes_kept_from_another_step_ran_its_texts_unde
         list(runtime.microbatches(kept, runtime.dispatch(kept, text=text, samples=step1)))
     [micro] = runtime.microbatches(kept, runtime.dispatch(kept, text=text, samples=step0))
     assert micro.lengths.tolist() == [3, 6]
+
+
+SLIPS = {  # what a user passes by mistake -> (the error, the message it must match)
+    "an encoder of one argument": (lambda model, micro, routes, local: dict(
+        encoders={**model.encoders(), "image": torch.nn.Linear(6, 8)}, text_embedding=model.llm.embed),
+        TypeError, r"encoder 'image' must accept 2 positional arguments \(packed inputs, their lengths\); got "
+                   r"Linear.forward\(input"),
+    "a text_key of no text tensor": (lambda model, micro, routes, local: dict(
+        encoders=model.encoders(), text_embedding=model.llm.embed, text_key="tokens"),
+        ValueError, r"`text_key` 'tokens' is not a key of `micro.data.text` \(keys: \['input_ids'"),
+    "no text embedding": (lambda model, micro, routes, local: dict(encoders=model.encoders(), text_embedding=None),
+                          TypeError, r"`text_embedding` must be callable with \(token ids\); got NoneType"),
+}
+
+
+@pytest.mark.parametrize("slip", sorted(SLIPS))
+def test_regression_forward_slips_raised_raw_python_errors_naming_no_argument(slip):
+    """An encoder of one argument raised torch's "forward() takes 2 positional arguments but 3 were given",
+    a wrong text_key a bare KeyError, text_embedding=None "'NoneType' object is not callable"."""
+    config, runtime = _tiny_runtime()
+    model, local, micro = _one_dispatched_step(config, runtime)
+    arguments, error, message = SLIPS[slip]
+    with pytest.raises(error, match=message):
+        runtime.forward(micro.routes, micro.data, **arguments(model, micro, None, local))
+
+
+def test_regression_dispatch_and_scatter_text_slips_raised_raw_python_errors_naming_no_argument():
+    config, runtime = _tiny_runtime()
+    model, local, micro = _one_dispatched_step(config, runtime)
+    routes = runtime.plan(local.samples)
+    with pytest.raises(TypeError, match=r"`routes` must be what `plan` returned for this step, a StepRoutes; got "
+                                        r"StepPlan"):
+        runtime.dispatch(routes.step, text=local.text, inputs=local.inputs)
+    with pytest.raises(TypeError, match=r"`text` must be a mapping of names to tensors; got NoneType"):
+        runtime.dispatch(routes, text=None, inputs=local.inputs)
+    packed = runtime.forward(micro.routes, micro.data, encoders=model.encoders(), text_embedding=model.llm.embed)
+    rows = len(micro.data.text["input_ids"])
+    with pytest.raises(ValueError, match=rf"`values` must hold one row per text token of this micro-batch \({rows}, "
+                                         rf".*got \({rows - 1},\)"):
+        packed.scatter_text(micro.data.text["input_ids"][1:], -100)
