@@ -74,16 +74,15 @@ def _subsets_upto_two(items: np.ndarray, ranks: np.ndarray, include_empty_per_ra
 
     `items` must be grouped by rank (equal ranks adjacent).
     """
-    firsts = [items]
-    seconds = [np.full(items.size, -1, dtype=np.int64)]
-    owners = [ranks]
-    for offset in range(1, min(items.size, max_offset + 1)):
-        same = ranks[offset:] == ranks[:-offset]
-        if not same.any():
-            break
-        firsts.append(items[:-offset][same])
-        seconds.append(items[offset:][same])
-        owners.append(ranks[offset:][same])
+    size = items.size
+    offsets = np.arange(1, min(size, max_offset + 1))
+    later = np.arange(size) + offsets[:, None]  # (offset, position): the pair's second position
+    # by offset, then position, as a loop over the offsets finds them; one numpy pass, not one per offset
+    offset_row, first = np.nonzero((later < size) & (ranks[np.minimum(later, size - 1)] == ranks))
+    second = first + offsets[offset_row]
+    firsts = [items, items[first]]
+    seconds = [np.full(size, -1, dtype=np.int64), items[second]]
+    owners = [ranks, ranks[first]]
     if include_empty_per_rank is not None:
         firsts.append(np.full(include_empty_per_rank.size, -1, dtype=np.int64))
         seconds.append(np.full(include_empty_per_rank.size, -1, dtype=np.int64))
