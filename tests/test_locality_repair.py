@@ -46,6 +46,28 @@ def test_ranks_left_over_bounds_the_ranks_every_full_fix_leaves_above_the_target
     assert reached >= 10 and fixed >= 10
 
 
+def test_a_repair_the_certificate_skips_fails_when_run_to_the_end(monkeypatch):
+    """Whenever `ranks_left_over` exceeds the searches allowed, the repair run without it (its rounds and
+    searches to the end) leaves a rank above the target: skipping it changes no plan.  Few searches make
+    the certificate fire on many instances; some repairs succeed, and the certificate never fires there."""
+    fired = succeeded = 0
+    bound = locality_repair.ranks_left_over
+    for seed in range(200):
+        state, gpus_per_node = _random_state(seed)
+        searches = (0, 1, 3, 128)[seed % 4]
+        monkeypatch.setattr(locality_repair, "REPAIR_SEARCHES", searches)
+        skipped = bound(state) > min(4 * state.loads.size, searches)
+        monkeypatch.setattr(locality_repair, "ranks_left_over", lambda state: 0)
+        home = np.arange(state.costs.size) % state.loads.size
+        repair(state, home, np.ones(state.costs.size), gpus_per_node)
+        monkeypatch.setattr(locality_repair, "ranks_left_over", bound)
+        ok = state.loads.max() <= state.target
+        assert not (skipped and ok), seed
+        fired += skipped
+        succeeded += ok
+    assert fired >= 40 and succeeded >= 10
+
+
 def test_regression_repair_ran_its_rounds_where_no_full_fixes_could_bring_enough_ranks_down(monkeypatch):
     """Cause: `repair` ran its full-fix rounds (most of a micro-batched step's time on the code trace at
     D = 2560 × 32, T = 16k: every cells deal and per-micro-batch deal ended in a failing repair) before
