@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers.pipeline import Pipeline
+from ..balancers.problem import as_lengths
+from ..balancers.validation import as_int, as_real
 
 BRUTE_FORCE_MAX_PIPELINE_PLANS = 200_000
 
@@ -58,6 +60,42 @@ def _operation(pipeline: Pipeline, stage: int, n: int, backward: bool) -> tuple[
     return (n // (p * v)) * p + n % p, ((v - 1 - chunk) if backward else chunk) * p + stage
 
 
+def _numbers(values, name: str, shape: str, ndim: int) -> np.ndarray:
+    """`values` as a float64 array of `ndim` dimensions (`shape` says which) of finite non-negative numbers;
+    ValueError naming `name` otherwise (a NaN duration never ends the event loop)."""
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"`{name}` must be {shape}; got a ragged or non-numeric {type(values).__name__}") from None
+    if array.ndim != ndim:
+        raise ValueError(f"`{name}` must be {shape}; got shape {array.shape}")
+    bad = np.argwhere(~(np.isfinite(array) & (array >= 0)))
+    if bad.size:
+        where = [int(index) for index in bad[0]]
+        raise ValueError(f"`{name}` must hold finite non-negative numbers; got {array[tuple(where)]} at {where}")
+    return array
+
+
+def _check_pipeline(pipeline) -> None:
+    if not isinstance(pipeline, Pipeline):
+        raise TypeError(f"`pipeline` must be a Pipeline (orchmllm.balancers.pipeline); got {type(pipeline).__name__}")
+
+
+def _durations(pipeline: Pipeline, forward, backward) -> tuple[np.ndarray, np.ndarray]:
+    """`simulate_pipeline`'s seconds checked: (P, M) arrays, the same shape, M a count the schedule runs."""
+    _check_pipeline(pipeline)
+    shape = f"a (P={pipeline.stages}, M) array of seconds, one row per stage"
+    forward = _numbers(forward, "forward", shape, 2)
+    if forward.shape[0] != pipeline.stages:
+        raise ValueError(f"`forward` must be {shape}; got shape {forward.shape}")
+    backward = _numbers(backward, "backward", f"`forward`'s shape {forward.shape}", 2)
+    if backward.shape != forward.shape:
+        raise ValueError(f"`backward` must have `forward`'s shape {forward.shape}; got {backward.shape}")
+    if forward.shape[1]:
+        pipeline.check_microbatches(forward.shape[1], "M (the columns of `forward`)")
+    return forward, backward
+
+
 def simulate_pipeline(pipeline: Pipeline, forward, backward) -> PipelineRun:
     """Event simulation of one replica: forward, backward of shape (P, M) (seconds of slot k on stage s).
 
@@ -65,7 +103,7 @@ def simulate_pipeline(pipeline: Pipeline, forward, backward) -> PipelineRun:
     >>> simulate_pipeline(Pipeline(stages=2), [[1, 1], [1, 1]], [[2, 2], [2, 2]]).step_time
     9.0
     """
-    seconds = {False: np.asarray(forward, dtype=np.float64), True: np.asarray(backward, dtype=np.float64)}
+    seconds = dict(zip((False, True), _durations(pipeline, forward, backward)))
     p, m = seconds[False].shape
     v, last = pipeline.virtual_stages, pipeline.stages * pipeline.virtual_stages - 1
     total = m * v
@@ -118,8 +156,12 @@ def replica_step(pipeline: Pipeline, cell_costs, first_stage=None) -> float:
     """One replica's simulated time for cells costing `cell_costs` in run order: every stage runs
     c / (P·(1 + k)) forward and k times that backward, or with `first_stage` parts e of the cells,
     (c - e) / (P·(1 + k)) on every stage and e / (1 + k) more on the first (`Pipeline.stage_times`)."""
-    costs = np.asarray(cell_costs, dtype=np.float64)
-    first = np.zeros_like(costs) if first_stage is None else np.asarray(first_stage, dtype=np.float64)
+    _check_pipeline(pipeline)
+    costs = _numbers(cell_costs, "cell_costs", "a 1-D sequence of the cells' costs in run order", 1)
+    first = np.zeros_like(costs) if first_stage is None else \
+        _numbers(first_stage, "first_stage", f"`cell_costs`' shape {costs.shape}", 1)
+    if first.shape != costs.shape:
+        raise ValueError(f"`first_stage` must have `cell_costs`' shape {costs.shape}; got {first.shape}")
     share = 1.0 / (pipeline.stages * (1.0 + pipeline.backward_factor))  # the same float products as the planner's
     forward = np.tile((costs - first) * share, (pipeline.stages, 1))
     forward[0] += first * (pipeline.stages * share)
@@ -136,9 +178,18 @@ def brute_force_pipeline(pipeline: Pipeline, item_costs, lengths, num_ranks: int
     >>> brute_force_pipeline(Pipeline(stages=2), [3.0, 3.0], [3, 3], 1, 2, 3).step_time
     4.5
     """
-    item_costs = np.asarray(item_costs, dtype=np.float64)
-    first = np.zeros_like(item_costs) if first_stage is None else np.asarray(first_stage, dtype=np.float64)
-    lengths = np.asarray(lengths, dtype=np.int64)
+    _check_pipeline(pipeline)
+    lengths = as_lengths(lengths)
+    shape = f"a 1-D sequence of one cost per item, as `lengths` ({lengths.size})"
+    item_costs = _numbers(item_costs, "item_costs", shape, 1)
+    first = np.zeros_like(item_costs) if first_stage is None else _numbers(first_stage, "first_stage", shape, 1)
+    for name, array in (("item_costs", item_costs), ("first_stage", first)):
+        if array.shape != lengths.shape:
+            raise ValueError(f"`{name}` must be {shape}; got shape {array.shape}")
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=1)
+    num_microbatches = pipeline.check_microbatches(num_microbatches)
+    max_tokens_per_microbatch = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
+    overhead = as_real(overhead, "overhead")
     cells = num_ranks * num_microbatches
     if cells ** item_costs.size > BRUTE_FORCE_MAX_PIPELINE_PLANS:
         raise ValueError(f"{cells}^{item_costs.size} plans is beyond BRUTE_FORCE_MAX_PIPELINE_PLANS = "

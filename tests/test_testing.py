@@ -477,3 +477,44 @@ def test_broken_microbatch_kernel_fails_with_a_message_naming_its_fault(kernel, 
     random.seed(1)
     with pytest.raises(ConformanceError, match=message):
         check_microbatch_conformance(kernel, processes=False, examples=20, **options)
+
+
+PIPELINE_SLIPS = {  # (oracle, arguments) -> the ValueError/TypeError it must raise, naming the argument
+    "nan forward": ("simulate", ([[np.nan, 1], [1, 1]], [[2, 2], [2, 2]]),
+                    r"`forward` must hold finite non-negative numbers; got nan at \[0, 0\]"),
+    "negative backward": ("simulate", ([[1, 1], [1, 1]], [[-1, 2], [2, 2]]),
+                          r"`backward` must hold finite non-negative numbers; got -1.0 at \[0, 0\]"),
+    "one row for two stages": ("simulate", ([[1, 1]], [[2, 2]]),
+                               r"`forward` must be a \(P=2, M\) array of seconds, one row per stage; got shape \(1, 2\)"),
+    "backward of another shape": ("simulate", ([[1, 1], [1, 1]], [[2, 2, 2], [2, 2, 2]]),
+                                  r"`backward` must have `forward`'s shape \(2, 2\); got \(2, 3\)"),
+    "ragged forward": ("simulate", ([[1, 1], [1]], [[2, 2], [2, 2]]), r"`forward` must be .*; got a ragged"),
+    "nan replica cost": ("replica", ([np.nan, 1.0],), r"`cell_costs` must hold finite non-negative numbers; got nan"),
+    "2-D replica costs": ("replica", ([[1, 2], [3, 4]],), r"`cell_costs` must be a 1-D sequence .*; got shape \(2, 2\)"),
+    "costs and lengths of other sizes": ("brute", ([1.0, 2.0], [1], 1, 2, 10),
+                                         r"`item_costs` must be a 1-D sequence of one cost per item, as `lengths` \(1\)"),
+    "no rank": ("brute", ([1.0], [1], 0, 2, 10), r"`num_ranks` must be >= 1"),
+}
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("slip", sorted(PIPELINE_SLIPS))
+def test_regression_the_pipeline_oracle_looped_forever_or_raised_raw_errors_on_bad_durations(slip):
+    """A NaN duration never ended `simulate_pipeline`'s event loop (now = NaN); negative durations gave a
+    step time; shapes other than (P, M) raised numpy's errors or "the schedule deadlocked (a bug of the oracle)"."""
+    from orchmllm.balancers.pipeline import Pipeline
+    from orchmllm.testing import brute_force_pipeline, replica_step, simulate_pipeline
+    oracle, arguments, message = PIPELINE_SLIPS[slip]
+    run = {"simulate": simulate_pipeline, "replica": replica_step, "brute": brute_force_pipeline}[oracle]
+    with pytest.raises(ValueError, match=message):
+        run(Pipeline(stages=2), *arguments)
+
+
+def test_the_pipeline_oracle_names_a_pipeline_that_is_none_and_an_interleaved_count_it_cannot_run():
+    from orchmllm.balancers.pipeline import Pipeline
+    from orchmllm.testing import simulate_pipeline
+    with pytest.raises(TypeError, match=r"`pipeline` must be a Pipeline .*; got str"):
+        simulate_pipeline("1f1b", np.ones((2, 2)), np.ones((2, 2)))
+    with pytest.raises(ValueError, match=r"`M \(the columns of `forward`\)`=3 must be a multiple of the pipeline's "
+                                         r"`stages`=2"):
+        simulate_pipeline(Pipeline(stages=2, schedule="interleaved", virtual_stages=2), np.ones((2, 3)), np.ones((2, 3)))
