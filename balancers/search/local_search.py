@@ -213,7 +213,9 @@ def _stable_order(keys: np.ndarray, top: float) -> np.ndarray:
     if not tied.any():
         return order
     run = np.concatenate(([0], np.cumsum(~tied)))  # each run of equal keys, numbered in order
-    return np.sort(run * size + order) % size
+    at = np.flatnonzero(np.concatenate((tied, [False])) | np.concatenate(([False], tied)))  # in a run of 2+
+    order[at] = np.sort(run[at] * size + order[at]) % size
+    return order
 
 
 def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
@@ -246,12 +248,12 @@ def _pair_round(problem: Problem, assignment: np.ndarray) -> int:
     sorted_y = _stable_order(keys, count * span)
     keys, y_ids, y_pair, y_cost = keys[sorted_y], y_ids[sorted_y], y_pair[sorted_y], y_cost[sorted_y]
     x_items = np.flatnonzero(paired & heavy_item)
-    x_pair, x_cost = item_pair[x_items], costs[x_items]
-    high, low = loads[heavy][x_pair], loads[light][x_pair]
-    wanted = x_pair * span + np.clip(x_cost - (high - low) / 2, 0.0, largest)
+    x_pair, high_of, low_of = item_pair[x_items], loads[heavy], loads[light]
+    wanted = x_pair * span + np.clip(costs[x_items] - (high_of[x_pair] - low_of[x_pair]) / 2, 0.0, largest)
     # Ascending (so by pair, spans apart): searchsorted runs several times faster on sorted queries.
     by_wanted = np.argsort(wanted)
-    x_items, x_pair, x_cost, high, low = (values[by_wanted] for values in (x_items, x_pair, x_cost, high, low))
+    x_items, x_pair = x_items[by_wanted], x_pair[by_wanted]
+    x_cost, high, low = costs[x_items], high_of[x_pair], low_of[x_pair]
     above = np.searchsorted(keys, wanted[by_wanted])
     best_value = np.full(x_items.size, np.inf)
     best_y = np.zeros(x_items.size, dtype=np.int64)  # a position in the sorted y arrays
