@@ -213,14 +213,16 @@ class _Stream:
         would place it.  So the run goes on past those items unless they are D (a full part
         that joins no one at once) or d <= rival.
         """
-        failed = failed.tolist()
+        spread = difference[failed]
+        # items from each failed one on that cost more than its difference: the part they would form
+        counts = (np.searchsorted(self.negated, -spread, side="left") - position - failed).tolist()
+        failed, spread = failed.tolist(), spread.tolist()
         at = bisect.bisect_left(failed, decides - position)  # items of a joining part decide nothing
         while at < len(failed):
             k = failed[at]
-            count = int(np.searchsorted(self.negated, -difference[k], side="left")) - position - k
-            if difference[k] <= rival or count >= self.num_ranks:
+            if spread[at] <= rival or counts[at] >= self.num_ranks:
                 return k, decides
-            decides = position + k + count
+            decides = position + k + counts[at]
             at = bisect.bisect_left(failed, decides - position, at + 1)
         return None, decides
 
