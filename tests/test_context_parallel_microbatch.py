@@ -86,3 +86,27 @@ def test_lone_items_move_up_only_while_the_blocks_are_short():
                             (1, 2, 4)).tolist() == [2, 2, 2]
     assert packable_degrees(lambda items, c: short[c][items], lengths, degree, 10.0, 8, 4,
                             (1, 2, 4)).tolist() == [4, 4, 4]
+
+
+def test_a_layout_without_token_room_gives_up_after_the_ladders_first_steps(monkeypatch):
+    """Where none of the ladder's first LADDER_STEPS targets leaves token room for the groups, wider
+    targets do not either (they only lower the degrees): the layout gave up only after every target,
+    its steps and each item's time above them (the long workload's micro-batches at D = 2560 x 16,
+    T = 32k spent 9 s of 15 there)."""
+    from orchmllm.balancers.context_parallel import planner
+    from orchmllm.study.workloads import sample_workload
+
+    passes = {}  # one layout pass per array of laid-out items: whether each target found token room
+    place_groups = planner.place_groups
+
+    def counted(*args):
+        placed = place_groups(*args)
+        passes.setdefault(id(args[5]), (args[5], []))[1].append(placed is not None)
+        return placed
+
+    monkeypatch.setattr(planner, "place_groups", counted)
+    lengths = sample_workload("long", 64, 16, seed=7).sample_llm_length
+    balance_microbatches(lengths, 64, cost=MODELS["84b"].llm.cost(causal=True), max_tokens_per_microbatch=32768,
+                         context_parallel=ContextParallel())
+    hopeless = [found for _, found in passes.values() if not any(found[:planner.LADDER_STEPS])]
+    assert hopeless and all(len(found) == planner.LADDER_STEPS for found in hopeless)

@@ -60,13 +60,16 @@ class TimeTable:
         self.table = spec.item_times(problem.cost, problem.lengths[items][:, None], degrees[None, :],
                                      (degrees <= gpus_per_node)[None, :])
         self.shards = {c: shard_tokens(problem.lengths[items], c) for c in spec.degrees}
+        self.extremes = {c: list(zip(shards.max(axis=1).tolist(), shards.min(axis=1).tolist()))
+                         for c, shards in self.shards.items()}
 
     def __call__(self, items: np.ndarray, degree: int) -> np.ndarray:
         return self.table[self.row[items], self.column[degree]]
 
-    def shard(self, item: int, degree: int) -> np.ndarray:
-        """Tokens of each of the item's shards at `degree`."""
-        return self.shards[degree][self.row[item]]
+    def shard(self, item: int, degree: int) -> tuple[np.ndarray, int, int]:
+        """Tokens of each of the item's shards at `degree`, and the most and the fewest of them."""
+        row = self.row[item]
+        return (self.shards[degree][row], *self.extremes[degree][row])
 
 
 class _Blocks:
@@ -92,6 +95,7 @@ class _Blocks:
         self.degree = 0  # the degree being laid out
         self.keys: dict[int, list[tuple[float, int]] | None] = {}  # degree -> (load, position) of its candidates, ascending
         self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
+        self.most_tokens: dict[int, int] = {}  # a group's block start -> the most tokens one of its ranks holds
 
     def open(self, degree: int) -> None:
         """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
@@ -103,14 +107,27 @@ class _Blocks:
         """(peak load of each block after the item, whether its shards' tokens fit; the item's time
         and its shards' tokens)."""
         time = float(self.times.table[self.times.row[item], self.times.column[degree]])
-        shard = self.times.shard(item, degree)
+        shard = self.times.shard(item, degree)[0]
         if degree == 1:
             return self.loads[starts] + time, self.tokens[starts] + shard[0] <= self.cap, time, shard
         blocks = starts[:, None] + np.arange(degree)
         return (self.loads[blocks].max(axis=1) + time, (self.tokens[blocks] + shard <= self.cap).all(axis=1),
                 time, shard)
 
-    def _least_fitting(self, degree: int, lo: int, hi: int, shard: np.ndarray, probes: list[int]) -> int | None:
+    def _token_room(self, degree: int, start: int, need: tuple[np.ndarray, int, int]) -> bool:
+        """Whether shards `need` = (tokens, most, fewest) fit the budget on the block at `start`: decided by
+        the group's fullest rank where that settles it, else rank by rank."""
+        shard, most, fewest = need
+        if self.cap == math.inf:
+            return True
+        if degree == 1:
+            return self.tokens[start] + most <= self.cap
+        full = self.most_tokens[start]
+        if full + most <= self.cap or full + fewest > self.cap:
+            return full + most <= self.cap
+        return bool((self.tokens[start: start + degree] + shard <= self.cap).all())
+
+    def _least_fitting(self, degree: int, lo: int, hi: int, need: tuple, probes: list[int]) -> int | None:
         """The least position among keys[lo:hi] of `degree` whose shards' tokens fit (-1: none); None
         once more than BEST_FIT_PROBES candidates failed the check.  Positions ascend along a run of
         equal loads, so each run's first fit is its least."""
@@ -119,7 +136,7 @@ class _Blocks:
             end = min(hi, bisect.bisect_right(keys, (keys[lo][0], math.inf), lo, hi))
             for load, position in keys[lo:end]:
                 start = position if degree == 1 else self.groups[degree][position]
-                if self.cap == math.inf or (self.tokens[start: start + degree] + shard <= self.cap).all():
+                if self._token_room(degree, start, need):
                     best = position if best < 0 else min(best, position)
                     break
                 probes[0] += 1
@@ -128,7 +145,7 @@ class _Blocks:
             lo = end
         return best
 
-    def _search(self, degree: int, time: float, shard: np.ndarray, fullest: bool) -> tuple[float, int] | None:
+    def _search(self, degree: int, time: float, need: tuple, fullest: bool) -> tuple[float, int] | None:
         """(peak, position) of the candidate of `degree` whose tokens fit with the highest peak within
         the target (`fullest`) or else the lowest peak, the least position among equal peaks; (inf, -1)
         when none fits; None when too many failed the token check (then scan them all).  Peaks rise
@@ -146,7 +163,7 @@ class _Blocks:
                 start = bisect.bisect_left(keys, (keys[end - 1][0], -1), 0, end)
                 while start > 0 and keys[start - 1][0] + time == peak:
                     start = bisect.bisect_left(keys, (keys[start - 1][0], -1), 0, start)
-                position = self._least_fitting(degree, start, end, shard, probes)
+                position = self._least_fitting(degree, start, end, need, probes)
                 if position is None or position >= 0:
                     return None if position is None else (peak, position)
                 end = start
@@ -157,7 +174,7 @@ class _Blocks:
             stop = bisect.bisect_right(keys, (keys[begin][0], math.inf), begin)
             while stop < len(keys) and keys[stop][0] + time == peak:
                 stop = bisect.bisect_right(keys, (keys[stop][0], math.inf), stop)
-            position = self._least_fitting(degree, begin, stop, shard, probes)
+            position = self._least_fitting(degree, begin, stop, need, probes)
             if position is None or position >= 0:
                 return None if position is None else (peak, position)
             begin = stop
@@ -172,11 +189,12 @@ class _Blocks:
         block, else the least-loaded block of the degree or a larger one (-1: no token room)."""
         opened = self.groups.setdefault(degree, [])
         time = float(self.times.table[self.times.row[item], self.times.column[degree]])
-        shard = self.times.shard(item, degree)
+        need = self.times.shard(item, degree)
+        shard = need[0]
         if self.keys[degree] is None:
             order = np.lexsort((self.ranks, self.loads))
             self.keys[degree] = list(zip(self.loads[order].tolist(), order.tolist()))
-        found = self._search(degree, time, shard, fullest=True)
+        found = self._search(degree, time, need, fullest=True)
         if found is None:  # many candidates short of tokens: all at once
             starts = self.ranks if degree == 1 else np.array(opened, dtype=np.int64)
             peak, fits, _, _ = self._candidates(item, degree, starts)
@@ -225,6 +243,8 @@ class _Blocks:
             moved = [(degree, float(self.loads[start]), self.position[start], start)]
         self.loads[start: start + degree] += time
         self.tokens[start: start + degree] += shard
+        if degree > 1:
+            self.most_tokens[start] = int(self.tokens[start: start + degree].max())
         for c, load, position, rank in moved:
             keys = self.keys[c]
             del keys[bisect.bisect_left(keys, (load, position))]
@@ -288,11 +308,13 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
                           | everything)
     times = TimeTable(problem, spec, gpus_per_node, long)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
-    for target in _targets(allotment, bound):
+    for step, target in enumerate(_targets(allotment, bound)):
         degree = packable_degrees(times, problem.lengths, allotment.degrees_at(target), target, cap,
                                   problem.num_ranks, spec.degrees)
         placed = place_groups(problem, spec, gpus_per_node, times, degree, long, target)
-        if placed is None:
+        if placed is None:  # no token room; where none of the ladder's first steps had any, give up
+            if best is None and step + 1 >= LADDER_STEPS:
+                break
             continue
         start, degree, overflow = placed
         laid = start >= 0
