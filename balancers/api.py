@@ -13,7 +13,7 @@ from .locality.balance import FILLS, balance_locally
 from .origins import Origins, as_origins, gpus_per_node
 from .plan import BalancePlan, make_plan, run_kernel
 from .problem import InfeasibleError, Kernel, Problem, Status, make_problem, rank_loads, rank_tokens
-from .registry import Algorithm, algorithms, get_algorithm
+from .registry import Algorithm, algorithms, certifies, get_algorithm
 from .validation import as_real
 
 
@@ -31,6 +31,7 @@ class BalanceRequest:
     origins: Origins | None = None
     makespan_slack: float | None = None
     fill: str | None = None
+    certified: bool = True  # whether the kernel's own bound and `optimal` count (`registry.certifies`)
 
 
 def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_counts=False, groups=None,
@@ -115,10 +116,12 @@ def balance_request(lengths, num_ranks, *, cost=None, costs=None, padded=False, 
                            max_tokens_per_rank=max_tokens_per_rank, time_limit=time_limit)
     kernel = _kernel_for(record, problem, sources is not None, groups is not None, fill)
     if groups is not None:
-        return BalanceRequest(problem, kernel, algorithm, groups=as_groups(groups, problem.num_items))
+        return BalanceRequest(problem, kernel, algorithm, groups=as_groups(groups, problem.num_items),
+                              certified=certifies(record))
     origins = as_origins(problem, sources, item_bytes, topology)
     slack = None if origins is None else as_real(makespan_slack, "makespan_slack")
-    return BalanceRequest(problem, kernel, algorithm, origins=origins, makespan_slack=slack, fill=fill)
+    return BalanceRequest(problem, kernel, algorithm, origins=origins, makespan_slack=slack, fill=fill,
+                          certified=certifies(record))
 
 
 def solve(request: BalanceRequest) -> BalancePlan:
@@ -126,7 +129,7 @@ def solve(request: BalanceRequest) -> BalancePlan:
     them (communication-aware), timed together; groups balanced as super-items."""
     problem, algorithm, origins = request.problem, request.algorithm, request.origins
     if request.groups is not None:
-        return _balance_groups(problem, request.groups, request.kernel, algorithm)
+        return _balance_groups(problem, request.groups, request.kernel, algorithm, request.certified)
     if origins is not None and algorithm == "identity":
         return _keep_sources(problem, origins.sources)
     start = time.perf_counter()
@@ -136,7 +139,8 @@ def solve(request: BalanceRequest) -> BalancePlan:
         assignment = balance_locally(problem, assignment, origins, request.makespan_slack, request.fill)
     seconds = time.perf_counter() - start
     return make_plan(problem, assignment, result.status if origins is None else Status.FEASIBLE, algorithm,
-                     kernel_bound=result.lower_bound, solve_seconds=seconds, communication_aware=origins is not None)
+                     kernel_bound=result.lower_bound, solve_seconds=seconds, communication_aware=origins is not None,
+                     certified=request.certified)
 
 
 def _kernel_for(record: Algorithm, problem: Problem, with_sources: bool, with_groups: bool, fill) -> Kernel:
@@ -169,13 +173,14 @@ def _kernel_for(record: Algorithm, problem: Problem, with_sources: bool, with_gr
     return kernel
 
 
-def _balance_groups(problem, labels, kernel, algorithm: str) -> BalancePlan:
+def _balance_groups(problem, labels, kernel, algorithm: str, certified: bool = True) -> BalancePlan:
     """Balance one super-item per group, then send every item to its group's rank."""
     target = group_problem(problem, labels)
     start = time.perf_counter()
     result = run_kernel(kernel, target, algorithm)
     seconds = time.perf_counter() - start
-    grouped = make_plan(target, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound)
+    grouped = make_plan(target, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound,
+                        certified=certified)
     assignment = grouped.assignment[labels]
     status = grouped.status
     if status is Status.OPTIMAL and rank_loads(problem, assignment).max() > grouped.makespan:

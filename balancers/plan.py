@@ -249,14 +249,15 @@ def certify(cost: float, bound: float, status: Status, algorithm: str, what: str
 
 def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorithm: str,
               kernel_bound: float | None = None, solve_seconds: float = 0.0,
-              communication_aware: bool = False) -> BalancePlan:
+              communication_aware: bool = False, certified: bool = True) -> BalancePlan:
     """Check a kernel's assignment and wrap it with loads, bound and status.
 
     A kernel that returns a malformed assignment, overflows the cap or certifies a bound above
     its own makespan is a bug, so this raises RuntimeError rather than hand a wrong plan to the
     caller.  The bound is the larger of `lower_bound(problem)` (rounded up where costs are
     integers: `rounded_up`) and the kernel's (`claimed_bound`); the status is optimal when it
-    equals the makespan.
+    equals the makespan.  A kernel that does not certify its plans (`registry.certifies`: not
+    `certified`) has its bound checked, then left out, and its `optimal` read as feasible.
     """
     status = kernel_status(status, algorithm)
     assignment = np.asarray(assignment)
@@ -277,6 +278,8 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
         require_equal_counts(problem, assignment, algorithm)
     makespan = float(loads.max())
     claimed = claimed_bound(kernel_bound, makespan, algorithm, problem.num_items + 1)
+    if not certified:
+        claimed, status = None, Status.FEASIBLE if status is Status.OPTIMAL else status
     if claimed == makespan:
         bound = makespan  # the kernel proved its plan optimal: no other bound can add to that
     else:

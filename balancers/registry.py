@@ -92,6 +92,13 @@ class _KernelField:
         return record.__dict__[self._slot]
 
 
+def certifies(record) -> bool:
+    """Whether a record's kernel certifies its plans (its `lower_bound` and `optimal` are taken, once checked
+    against its plan's cost): an exact one's, or orchmllm's own, whose claims the conformance suite checks; a
+    heuristic plugin's or peer's are not (a bound misread as its plan's cost would label any plan optimal)."""
+    return record.exact or record.kind is Kind.OURS
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """What one balancing algorithm is and does; called on a `Problem`, it runs its kernel.

@@ -13,6 +13,7 @@ from orchmllm.balancers import (Algorithm, ContextParallel, CostModel, KernelRes
                                 balance, balance_microbatches, make_problem, registry)
 from orchmllm.balancers.kernels import lpt
 from orchmllm.balancers.microbatch import greedy as microbatch_greedy
+from orchmllm.balancers.microbatch.plan import MicroBatchResult, cell_loads, step_cost
 from orchmllm.balancers.plan import make_plan, rounded_up
 from orchmllm.testing import brute_force, brute_force_microbatches, check_plan
 
@@ -225,3 +226,54 @@ def test_regression_a_microbatch_kernel_writing_the_problem_orders_was_not_refus
     name = register(MicroBatchAlgorithm("forges_mb", kernel, kind="plugin", description="test"))
     with pytest.raises(RuntimeError, match=rf"{name!r} raised RuntimeError: .*orders\['length_order'\]"):
         balance_microbatches([9, 1, 1, 1, 8, 1], 2, max_tokens_per_microbatch=9, algorithm=name)
+
+
+def round_robin_claiming(status):
+    """Round robin with its own makespan as `lower_bound`: the field misread as "the plan's cost"."""
+    def kernel(problem):
+        assignment = np.arange(problem.num_items) % problem.num_ranks
+        loads = np.bincount(assignment, weights=problem.item_costs, minlength=problem.num_ranks)
+        return KernelResult(assignment, status, float(loads.max()))
+    return kernel
+
+
+OWN_BOUND = [9, 1, 1, 1, 8, 1, 5, 5]  # round robin: 23; the optimum 16 (equal counts too)
+
+
+@pytest.mark.parametrize("options", [{}, {"equal_counts": True}, {"padded": True}], ids=["plain", "equal", "padded"])
+@pytest.mark.parametrize("status", [Status.FEASIBLE, Status.OPTIMAL])
+def test_regression_a_heuristic_plugin_s_own_makespan_as_bound_labelled_its_plan_optimal(register, options, status):
+    """A plugin heuristic's `lower_bound` equal to its own makespan (feasible, or claiming optimal) made its
+    plan `optimal` at 23 (optimum 16): a record neither exact nor orchmllm's does not certify its plans."""
+    kernel = round_robin_claiming(status)
+    name = register(Algorithm("own_bound", kernel, equal_counts=kernel, description="round robin, own bound"))
+    plan = balance(OWN_BOUND, 2, algorithm=name, **options)
+    assert plan.makespan > brute_force(OWN_BOUND, 2, **options).makespan
+    assert plan.status is Status.FEASIBLE and plan.lower_bound < plan.makespan
+
+
+def test_regression_a_heuristic_microbatch_plugin_s_own_step_cost_as_bound_labelled_its_plan_optimal(register):
+    """With M fixed, a micro-batch plugin's bound equal to its own step cost labelled 22 optimal (optimum 15)."""
+    def kernel(problem, num_microbatches):  # item i in cell (i mod D, i // D mod M)
+        rank = np.arange(problem.num_items) % problem.num_ranks
+        result = MicroBatchResult(rank, np.arange(problem.num_items) // problem.num_ranks % num_microbatches)
+        return result._replace(lower_bound=step_cost_of(problem, result, num_microbatches))
+    name = register(MicroBatchAlgorithm("own_step_bound", kernel, description="dealt, own bound"))
+    lengths = [9, 1, 1, 8, 5, 5]
+    plan = balance_microbatches(lengths, 2, max_tokens_per_microbatch=10, num_microbatches=3, algorithm=name)
+    assert plan.step_cost > brute_force_microbatches(lengths, 2, 10, 3).step_cost
+    assert plan.status is Status.FEASIBLE and plan.lower_bound < plan.step_cost
+
+
+def step_cost_of(problem, result, num_microbatches):
+    loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank, num_microbatches * problem.num_ranks)
+    return step_cost(loads.reshape(num_microbatches, problem.num_ranks), 0.0)
+
+
+def test_an_exact_plugin_still_certifies_its_plans(register):
+    """`exact=True` is the record's word that its bounds are proofs (the conformance suite checks it)."""
+    def kernel(problem):
+        return KernelResult(np.array([0, 0, 1, 1, 1]), Status.OPTIMAL, 6.0)
+    name = register(Algorithm("exact_plugin", kernel, exact=True, description="knows the optimum"))
+    plan = balance(LENGTHS, 2, algorithm=name)
+    assert plan.status is Status.OPTIMAL and plan.lower_bound == plan.makespan == 6.0

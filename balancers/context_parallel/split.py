@@ -24,7 +24,7 @@ import numpy as np
 from ..plan import make_plan, run_kernel
 from ..bounds import lower_bound
 from ..problem import InfeasibleError, Problem, Status, check_cap_lower_bound, exact_sum, make_problem
-from ..registry import get_algorithm
+from ..registry import certifies, get_algorithm
 from ..validation import as_int, as_sources
 from .bound import Allotment
 from .plan import ContextParallelPlan, certify
@@ -102,7 +102,7 @@ def _plain(problem: Problem, record, algorithm: str):
     start = time.perf_counter()
     result = run_kernel(record.kernel, problem, algorithm)
     return make_plan(problem, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound,
-                     solve_seconds=time.perf_counter() - start)
+                     solve_seconds=time.perf_counter() - start, certified=certifies(record))
 
 
 def _wrap(plan, problem: Problem, spec: ContextParallel, gpus_per_node: int, bound: float | None) -> ContextParallelPlan:

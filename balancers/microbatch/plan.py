@@ -261,9 +261,11 @@ def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algo
     return MicroBatchResult(cells[0], cells[1], status, result.lower_bound)
 
 
-def checked_kernel(kernel: MicroBatchKernel, algorithm: str) -> MicroBatchKernel:
+def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = True) -> MicroBatchKernel:
     """`kernel` called by `call_kernel`, every result it returns checked (`check_result`) and its bound held
-    to the result's own step cost (`claimed_bound`), as the choice of M reads every result it tries."""
+    to the result's own step cost (`claimed_bound`), as the choice of M reads every result it tries; a kernel
+    that does not certify its plans (`registry.certifies`) then has its bound left out and `optimal` read as
+    feasible."""
     def run(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
         result = call_kernel(kernel, algorithm, problem, num_microbatches)
         if result is None:
@@ -273,6 +275,9 @@ def checked_kernel(kernel: MicroBatchKernel, algorithm: str) -> MicroBatchKernel
             loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank,
                                num_microbatches * problem.num_ranks)
             _claimed_step_bound(problem, result, loads.reshape(num_microbatches, problem.num_ranks), algorithm)
+        if not certified:
+            result = result._replace(lower_bound=None, status=Status.FEASIBLE if result.status is Status.OPTIMAL
+                                     else result.status)
         return result
     return run
 
