@@ -284,7 +284,8 @@ def test_certified_step_of_the_searched_cells_is_a_fresh_account(workload, seed,
     costs = lengths.astype(float) ** 1.5 + 10.0 * lengths
     first = 0.3 * costs * (lengths % 3 == 0) if first_stage else None
     pipeline, budget = Pipeline(stages=4, schedule=schedule, virtual_stages=virtual), max(16384, int(lengths.max()))
-    problem = make_microbatch_problem(lengths, 8, max_tokens_per_microbatch=budget, costs=costs, microbatch_overhead=5.0)
+    problem = make_microbatch_problem(lengths, 8, max_tokens_per_microbatch=budget, costs=costs,
+                                      microbatch_overhead=5.0)
     plain = balance_microbatches(lengths, 8, max_tokens_per_microbatch=budget, costs=costs, num_microbatches=8,
                                  microbatch_overhead=5.0)
     replica, slot, step = plan_for_pipeline(problem, plain.rank, plain.microbatch, 8, pipeline, first_stage=first)

@@ -155,7 +155,8 @@ def _final_cells(problem: MicroBatchProblem, search: CellSearch, first_stage: np
         mine[moved] = True
         mine = mine[search.replica]
         cell = search.slot[mine] * d + search.replica[mine]
-        for grid, values, extra in ((cost, problem.item_costs, problem.microbatch_overhead), (firsts, first_stage, 0.0)):
+        for grid, values, extra in ((cost, problem.item_costs, problem.microbatch_overhead),
+                                    (firsts, first_stage, 0.0)):
             if grid is not None:
                 grid[moved] = np.bincount(cell, weights=values[mine], minlength=d * m).reshape(m, d).T[moved] + extra
         times[moved] = replica_times(search.pipeline, *search.pipeline.stage_times(
