@@ -38,9 +38,14 @@ def free_blocks(taken: np.ndarray, degree: int, gpus_per_node: int, allow_inter_
 
 
 def groups_disjoint(starts: np.ndarray, degrees: np.ndarray, num_ranks: int) -> bool:
-    """Whether the distinct blocks (start, degree) cover no rank twice."""
-    blocks = np.unique(np.stack((starts, degrees), axis=1), axis=0) if starts.size else np.zeros((0, 2), np.int64)
-    cover = np.zeros(num_ranks, dtype=np.int64)
-    for start, degree in blocks.tolist():
-        cover[start: start + degree] += 1
-    return bool(cover.max(initial=0) <= 1)
+    """Whether the distinct blocks (start, degree) cover no rank twice.
+
+    >>> groups_disjoint(np.array([0, 0, 4]), np.array([4, 4, 2]), 8), groups_disjoint(np.array([0, 2]), np.array([4, 2]), 8)
+    (True, False)
+    """
+    keys = np.unique(starts.astype(np.int64) * (num_ranks + 1) + degrees)
+    first, width = np.divmod(keys, num_ranks + 1)
+    cover = np.zeros(num_ranks + 1, dtype=np.int64)
+    np.add.at(cover, first, 1)
+    np.add.at(cover, first + width, -1)
+    return bool(np.cumsum(cover).max(initial=0) <= 1)

@@ -66,12 +66,12 @@ class Allotment:
         degree[self.candidates] = np.where(index >= 0, self.degrees[index], 0)
         return degree
 
-    def _work(self, least: np.ndarray, target: float) -> float:
-        """The canonical work at `target`, summed exactly (inf when a candidate fits no degree)."""
+    def _work(self, least: np.ndarray, others: np.ndarray, target: float) -> float:
+        """The canonical work at `target`, summed exactly (inf when a candidate fits no degree); `others`
+        the costs of the items that never split."""
         index = smallest_fitting(self.times, self.allowed, target)
         if index.size and index.min() < 0:
             return math.inf
-        others = np.delete(self.costs, self.candidates)
         return exact_sum(np.concatenate((others, least[np.arange(index.size), index])))
 
     def bound(self) -> float:
@@ -91,16 +91,16 @@ class Allotment:
         start = max(float(smallest.max(initial=0.0)), float(others.max(initial=0.0)),
                     exact_sum(np.concatenate((others, least[:, 0]))) / d)
         points, drops = _events(self.times, least, self.allowed, start)
-        work = self._work(least, start) + np.concatenate(([0.0], np.cumsum(drops)))
+        work = self._work(least, others, start) + np.concatenate(([0.0], np.cumsum(drops)))
         distinct = np.flatnonzero(np.append(points[1:] != points[:-1], True))  # last event of each time
         points, work = points[distinct], work[distinct]
         fits = np.append(np.maximum(points[:-1], work[:-1] / d) < points[1:], True)
         j = int(np.argmax(fits))
         while True:  # confirm on exact sums: interval j fits, interval j - 1 does not
-            exact = self._work(least, float(points[j])) / d
+            exact = self._work(least, others, float(points[j])) / d
             if j + 1 < points.size and max(points[j], exact) >= points[j + 1]:
                 j += 1
-            elif j > 0 and max(points[j - 1], self._work(least, float(points[j - 1])) / d) < points[j]:
+            elif j > 0 and max(points[j - 1], self._work(least, others, float(points[j - 1])) / d) < points[j]:
                 j -= 1
             else:
                 return float(max(points[j], exact))

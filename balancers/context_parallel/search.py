@@ -47,7 +47,9 @@ class _State:
                                                             self.start, self.degree)
         self.in_group = np.zeros(self.problem.num_ranks, dtype=bool)
         split = self.degree > 1
-        groups = np.unique(np.stack((self.degree[split], self.start[split]), axis=1), axis=0).tolist()
+        width = self.problem.num_ranks + 1
+        degree, start = np.divmod(np.unique(self.degree[split] * width + self.start[split]), width)
+        groups = list(zip(degree.tolist(), start.tolist()))  # by degree, then start
         self.group_starts = {c: np.array([s for k, s in groups if k == c], dtype=np.int64) for c in self.split_degrees}
         for c, s in groups:
             self.in_group[s: s + c] = True
