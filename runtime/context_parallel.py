@@ -369,8 +369,9 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     `query` (tokens, heads, dim), `key` (tokens, kv_heads, dim), `value` (tokens, kv_heads, dim_v),
     packed in `layout`'s order; kv_heads divides heads (grouped-query attention). `key_padding_mask`
     (tokens,) bool, True where a token is padding: no query attends to it (a query with no key left
-    gets zeros). The ranks of a split item's group call it together, with the same `causal`, and all
-    or none with a `key_padding_mask`.
+    gets zeros). The ranks of a split item's group call it together, with the same `causal` (else every
+    one of them raises ContextParallelError); a rank may pass no mask where its shard has no padding
+    (each key's validity travels with it).
 
     >>> split = SplitItem(item=0, length=4, group=(0,))
     >>> layout = ContextParallelLayout.build([2, split], [split])
@@ -379,20 +380,36 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     torch.Size([6, 1, 2])
     """
     tokens = _check_inputs(query, key, value, layout, key_padding_mask)
-    exchange = layout.exchange(bool(causal))
+    causal = bool(causal)
+    exchange = layout.exchange(causal)
     valid = None if key_padding_mask is None else ~key_padding_mask
     local = gathered = (key, value, valid)
     if exchange.buffer_rows or exchange.send_rows:
-        padding_column = (torch.ones(tokens, 1) if valid is None else valid[:, None]).to(key.dtype).to(key.device)
-        rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1), padding_column], dim=1)
+        # each row's flag column: 1 where it is a key (0: padding), + 2 under a causal mask, so a peer's padding
+        # reaches ranks that pass no mask, and a peer of the group calling with another `causal` is found
+        flags = (torch.ones(tokens, 1) if valid is None else valid[:, None]) + 2.0 * causal
+        rows = torch.cat([key.reshape(tokens, -1), value.reshape(tokens, -1), flags.to(key.dtype).to(key.device)],
+                         dim=1)
         buffer = _GatherKeys.apply(rows, exchange, layout.group)
         gathered = (buffer[:, :key[0].numel()].reshape(-1, *key.shape[1:]),
                     buffer[:, key[0].numel():-1].reshape(-1, *value.shape[1:]),
-                    None if valid is None else buffer[:, -1] > 0)
+                    _gathered_valid(buffer[:, -1].detach() - 2.0 * causal, causal, exchange, layout.group))
     outputs = [_attend(query, *(gathered if run.gathered else local), run, causal, scale) for run in exchange.runs]
     if not outputs:  # no token: an empty output that keeps q, k, v in the graph (every parameter gets a gradient)
         return (query.sum() + key.sum() + value.sum()) * value.new_zeros(0, query.shape[1], value.shape[2])
     return torch.cat(outputs)
+
+
+def _gathered_valid(flags: torch.Tensor, causal: bool, exchange: _Exchange, group) -> torch.Tensor | None:
+    """Which gathered keys are no padding (None: all, the unmasked path), from their flags (1 key, 0 padding,
+    as `causal` is on every rank of the group); ContextParallelError where a peer's flags say another `causal`."""
+    bad, padded = torch.stack([((flags != 0) & (flags != 1)).any(), (flags == 0).any()]).tolist()
+    if bad:
+        partners = "; ".join(f"rank {peer}: {items}" for peer, items in sorted(exchange.peer_items.items()))
+        raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)} with causal={causal}: a "
+                                   f"peer of its split items' groups ({partners}) called it with causal={not causal}; "
+                                   f"every rank of a split item's group must pass the same `causal`")
+    return flags == 1 if padded else None
 
 
 def _check_inputs(query, key, value, layout, key_padding_mask) -> int:

@@ -17,8 +17,8 @@ from torch import nn
 from orchmllm.balancers import CostModel
 from orchmllm.balancers.context_parallel import ContextParallel
 from orchmllm.balancers.context_parallel.layout import shard_tokens
-from orchmllm.runtime import (DispatchPlan, GatheredMetadata, PlanMismatchError, PostBalancingDispatcher, accumulate,
-                              context_parallel_attention, normalize_loss)
+from orchmllm.runtime import (ContextParallelError, DispatchPlan, GatheredMetadata, PlanMismatchError,
+                              PostBalancingDispatcher, accumulate, context_parallel_attention, normalize_loss)
 from orchmllm.runtime import dispatcher as dispatcher_module
 from orchmllm.runtime.agreement import plan_word
 from orchmllm.runtime.launch import spawn
@@ -323,3 +323,41 @@ def test_a_per_item_output_of_a_split_item_without_split_reduce_is_refused_on_ev
     for degree, error in results:
         assert re.search(r"combine: item 0 is split over ranks \[0, 1\] and its per-item outputs \['score', 'sid'\] "
                          r"have a row on each: pass split_reduce='sum' .* or 'first'", error), error
+
+
+def attention_slip_job(rank, size, slip):
+    """Item 0 (40 tokens) split over both ranks; rank 0's shard has 3 padded rows.  "mask where padded": each
+    rank passes its mask only where it has padding (`mask if mask.any() else None`), returned against both
+    ranks passing theirs; "causal differs": rank 1 attends without the causal mask."""
+    spec = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0,
+                           kv_bytes_per_token=0, seconds_per_cost=1.0)
+    dispatcher = PostBalancingDispatcher(cost=COST, context_parallel=spec)
+    lengths = list(SCORE_HOMES[rank])
+    x = torch.randn(sum(lengths), 1, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    plan = dispatcher.plan(lengths)
+    [micro] = dispatcher.microbatches(plan, dispatcher.dispatch({"x": x}, plan))
+    q = micro.data["x"]
+    padding = torch.zeros(len(q), dtype=torch.bool)
+    padding[:3] = rank == 0
+    if slip == "causal differs":
+        try:
+            context_parallel_attention(q, q, q, micro.layout, causal=rank == 0)
+        except ContextParallelError as error:
+            return str(error)
+        return None
+    mixed = context_parallel_attention(q, q, q, micro.layout, key_padding_mask=padding if padding.any() else None)
+    both = context_parallel_attention(q, q, q, micro.layout, key_padding_mask=padding)
+    return float((mixed - both).abs().max())
+
+
+def test_regression_a_rank_passing_no_padding_mask_attended_to_its_peers_padded_keys():
+    """The padding column went out, but a rank that passed no mask ignored its peers': rank 1 attended to
+    rank 0's 3 padded keys of their split item (off by 0.578), no error."""
+    assert spawn(attention_slip_job, 2, args=("mask where padded",), timeout_s=60) == [0.0, 0.0]
+
+
+def test_regression_a_group_calling_attention_with_other_causal_flags_was_silent():
+    errors = spawn(attention_slip_job, 2, args=("causal differs",), timeout_s=60)
+    for rank, error in enumerate(errors):
+        assert error is not None and f"attention on rank {rank} with causal={rank == 0}: a peer of its split items' " \
+            f"groups (rank {1 - rank}: split item 0 on group (0, 1)) called it with causal={rank != 0}" in error, error
