@@ -47,22 +47,25 @@ def test_ranks_left_over_bounds_the_ranks_every_full_fix_leaves_above_the_target
 
 
 def test_a_repair_the_certificate_skips_fails_when_run_to_the_end(monkeypatch):
-    """Whenever `ranks_left_over` exceeds the searches allowed, the repair run without it (its rounds and
-    searches to the end) leaves a rank above the target: skipping it changes no plan.  Few searches make
-    the certificate fire on many instances; some repairs succeed, and the certificate never fires there."""
+    """Whenever `ranks_left_over` exceeds the searches allowed (before any pass), the repair run without
+    it (its rounds and searches to the end) leaves a rank above the target, and where either succeeds
+    both end in the same plan: skipping changes no plan.  Few searches make the certificate fire on many
+    instances; some repairs succeed."""
     fired = succeeded = 0
     bound = locality_repair.ranks_left_over
     for seed in range(200):
-        state, gpus_per_node = _random_state(seed)
         searches = (0, 1, 3, 128)[seed % 4]
         monkeypatch.setattr(locality_repair, "REPAIR_SEARCHES", searches)
-        skipped = bound(state) > min(4 * state.loads.size, searches)
-        monkeypatch.setattr(locality_repair, "ranks_left_over", lambda state: 0)
-        home = np.arange(state.costs.size) % state.loads.size
-        repair(state, home, np.ones(state.costs.size), gpus_per_node)
-        monkeypatch.setattr(locality_repair, "ranks_left_over", bound)
-        ok = state.loads.max() <= state.target
-        assert not (skipped and ok), seed
+        ends = []
+        for certified in (bound, lambda state: 0):
+            state, gpus_per_node = _random_state(seed)
+            calls = []
+            monkeypatch.setattr(locality_repair, "ranks_left_over", lambda state, check=certified: (
+                calls.append(check(state) > min(4 * state.loads.size, searches)), check(state))[1])
+            repair(state, np.arange(state.costs.size) % state.loads.size, np.ones(state.costs.size), gpus_per_node)
+            ends.append((state.loads.max() <= state.target, state.destinations.tolist(), any(calls)))
+        (ok, plan, skipped), (ok_to_end, plan_to_end, _) = ends
+        assert ok == ok_to_end and (plan == plan_to_end or not ok), seed
         fired += skipped
         succeeded += ok
     assert fired >= 40 and succeeded >= 10

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .partial_plan import PartialPlan
@@ -361,17 +363,18 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     of the few ranks that can help, not of every rank.  The first full fix found is
     taken; partial fixes are the best over all ranks.  Stops when no candidate improves,
     or after `REPAIR_SEARCHES` searches, or before them when more ranks are above the target
-    than they could fix, or at once when more will stay above it whatever the full fixes do
-    (`ranks_left_over`; each search brings one rank down at most).  The caller then drops the
+    than they could fix, or before any pass when more will stay above it whatever the full fixes
+    do (`ranks_left_over`; each search brings one rank down at most).  The caller then drops the
     state and falls back (to placing the plain plan: `locality.balance_locally`).
     """
     num_ranks = state.loads.size
     searches = min(4 * num_ranks, REPAIR_SEARCHES)
-    if ranks_left_over(state) > searches:
-        return  # the full fixes leave more ranks above the target than the searches can bring down
-    repair_in_node(state, gpus_per_node)
-    for candidates in ACROSS_CANDIDATES:
-        repair_across_nodes(state, candidates)
+    for run_pass in (functools.partial(repair_in_node, state, gpus_per_node),
+                     *(functools.partial(repair_across_nodes, state, candidates) for candidates in ACROSS_CANDIDATES)):
+        # the bound holds from any state, and grows as each pass consumes rooms
+        if np.count_nonzero(state.loads > state.target) > searches and ranks_left_over(state) > searches:
+            return  # the full fixes leave more ranks above the target than the searches can bring down
+        run_pass()
     if state.loads.max() <= state.target:
         return
     # A search brings one rank (the most loaded) within the target at most: with more ranks above it
