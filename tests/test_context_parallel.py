@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import orchmllm
-from orchmllm import ContextParallel, CostModel, InfeasibleError, balance
+from orchmllm import ContextParallel, CostModel, InfeasibleError, balance, balance_microbatches
 from orchmllm.balancers.context_parallel.bound import Allotment, least_work, smallest_fitting
 from orchmllm.balancers.problem import exact_sum
 from orchmllm.study.workloads import llm_stage_lengths
@@ -213,3 +213,38 @@ def test_topology_gives_the_node_size_and_links():
     with pytest.raises(ValueError, match=r"4 nodes × 4 gpus = 16 != num_ranks 8"):
         balance(lengths, 8, cost=FLOPS, context_parallel=ContextParallel(degrees=(1, 2, 4)),
                 topology=Topology(num_nodes=4, gpus_per_node=4))
+
+
+def _quiet_spec(**options):
+    return ContextParallel(half_efficiency_tokens=1, latency_s=0, kv_bytes_per_token=0, seconds_per_cost=1.0, **options)
+
+
+@pytest.mark.parametrize("rank_of_group", [[1, 0, 2, 3], [3, 2, 1, 0]])
+def test_regression_on_ranks_moved_a_split_item_s_first_rank_alone(rank_of_group):
+    """`on_ranks` mapped each item's first rank and permuted loads as if no item were split: item 0 of group
+    [0, 1] landed on [3, 4] of 4 ranks, or on the misaligned [1, 2] with loads on ranks holding none of it."""
+    plan = balance([40, 5, 5, 6], 4, context_parallel=_quiet_spec(degrees=(1, 2), gpus_per_node=4))
+    assert plan.item_ranks(0).tolist() == [0, 1]
+    with pytest.raises(ValueError, match=r"`rank_of_group` would move split item 0's group \[0, 1\] onto ranks"):
+        plan.on_ranks(rank_of_group)
+
+
+def test_on_ranks_of_a_split_plan_moves_whole_groups():
+    plan = balance([40, 5, 5, 6], 4, context_parallel=_quiet_spec(degrees=(1, 2), gpus_per_node=4))
+    moved = plan.on_ranks([2, 3, 0, 1])
+    assert moved.item_ranks(0).tolist() == [2, 3] and moved.loads.tolist() == plan.loads[[2, 3, 0, 1]].tolist()
+    for rank in range(4):
+        assert all(rank in moved.item_ranks(item) for item in moved.items_of(rank))
+
+
+def test_regression_items_of_a_split_microbatch_plan_left_out_shards_on_the_group_s_other_ranks():
+    """`SplitMicroBatchPlan` inherited `MicroBatchPlan.items_of` (rank == r: the group's first rank only), so
+    rank 1 skipped its shards of items 0 and 3 (README's gradient accumulation loop selects work with it)."""
+    plan = balance_microbatches([40, 5, 5, 4], 2, max_tokens_per_microbatch=30,
+                                context_parallel=_quiet_spec(degrees=(1, 2)))
+    assert plan.split_items.size
+    for m in range(plan.num_microbatches):
+        for rank in range(2):
+            held = [item for item in range(plan.num_items)
+                    if plan.microbatch[item] == m and rank in plan.item_ranks(item)]
+            assert plan.items_of(rank, m).tolist() == held

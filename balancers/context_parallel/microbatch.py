@@ -83,6 +83,12 @@ class SplitMicroBatchPlan(MicroBatchPlan):
         item = as_index(item, "item", self.num_items, "num_items")
         return self.rank[item] + np.arange(self.degree[item], dtype=np.int64)
 
+    def items_of(self, rank: int, microbatch: int) -> np.ndarray:
+        """Indices of the items with a shard in cell (rank, microbatch), ascending (each an int in range)."""
+        rank = as_index(rank, "rank", self.num_ranks, "num_ranks")
+        microbatch = as_index(microbatch, "microbatch", self.num_microbatches, "num_microbatches")
+        return np.flatnonzero((self.rank <= rank) & (rank < self.rank + self.degree) & (self.microbatch == microbatch))
+
     def to_json(self) -> dict:
         """The `MicroBatchPlan`'s JSON and every item's degree and per-rank time."""
         return {**super().to_json(), "degree": self.degree.tolist(), "item_time": self.item_time.tolist()}

@@ -46,6 +46,23 @@ class ContextParallelPlan(BalancePlan):
         rank = as_index(rank, "rank", self.num_ranks, "num_ranks")
         return np.flatnonzero((self.assignment <= rank) & (rank < self.assignment + self.degree))
 
+    def on_ranks(self, rank_of_group: np.ndarray) -> ContextParallelPlan:
+        """`BalancePlan.on_ranks`, where every split item's group lands on ranks in its order from an aligned
+        start, inside a node where it was (its time unchanged), e.g. whole nodes relabelled; else ValueError
+        naming the item (a group's ranks cannot be moved apart)."""
+        moved = super().on_ranks(rank_of_group)
+        ranks, gpus = np.asarray(rank_of_group), self.context_parallel.gpus_per_node
+        for item in self.split_items.tolist():
+            group, size = self.item_ranks(item), int(self.degree[item])
+            landed = ranks[group]
+            start = int(landed[0])
+            if not (np.array_equal(landed, start + np.arange(size)) and start % size == 0
+                    and within_node(start, size, gpus) == within_node(int(group[0]), size, gpus)):
+                raise ValueError(f"`rank_of_group` would move split item {item}'s group {group.tolist()} onto ranks "
+                                 f"{landed.tolist()}, not an aligned block in order as it was; relabel whole groups "
+                                 f"(e.g. nodes) only")
+        return moved
+
     def to_json(self) -> dict:
         """The `BalancePlan`'s JSON (`assignment`: each item's first rank) and every item's degree and
         per-rank time."""
