@@ -38,7 +38,7 @@ LAYOUT_SHARE = 1 / 4
 """Unsplit items costing more than this share of the target are laid out with the groups (best
 fit, longest first), the others dealt after them."""
 
-BEST_FIT_PROBES = 32
+BEST_FIT_PROBES = 4
 """Candidates best fit checks for token room before it scans them all at once (numpy)."""
 
 LADDER_STEP = 1 / 64
@@ -96,11 +96,19 @@ class _Blocks:
         self.keys: dict[int, list[tuple[float, int]] | None] = {}  # degree -> (load, position) of its candidates, ascending
         self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
         self.most_tokens: dict[int, int] = {}  # a group's block start -> the most tokens one of its ranks holds
+        self.least_shard = 0  # the fewest tokens a shard of the degree being laid out holds
+        self.full: list[tuple[float, int]] = []  # keys of its groups no shard of it fits any more, out of the search
+        self.newly_full: list[tuple[float, int]] = []  # found full by the last search, taken out at the next
 
-    def open(self, degree: int) -> None:
-        """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
+    def open(self, degree: int, least_shard: int) -> None:
+        """Start laying out `degree`, whose items' shards hold at least `least_shard` tokens: its free
+        blocks (the larger degrees' groups are placed); the previous degree's full groups back in its keys
+        (a shard of a later item at that degree may be smaller)."""
+        self._take_out_full()
+        for key in self.full:
+            bisect.insort(self.keys[self.degree], key)
         self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
-        self.degree = degree
+        self.degree, self.least_shard, self.full = degree, least_shard, []
         self.keys[degree] = None if degree == 1 else []  # every rank's key, made when an item needs them
 
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
@@ -139,6 +147,9 @@ class _Blocks:
                 if self._token_room(degree, start, need):
                     best = position if best < 0 else min(best, position)
                     break
+                if degree == self.degree > 1 and self.most_tokens[start] + self.least_shard > self.cap:
+                    self.newly_full.append((load, position))  # fits no later item of this degree either
+                    continue
                 probes[0] += 1
                 if probes[0] > BEST_FIT_PROBES:
                     return None
@@ -151,6 +162,7 @@ class _Blocks:
         when none fits; None when too many failed the token check (then scan them all).  Peaks rise
         with loads, so a run of equal peaks is a run of equal loads, widened where float rounding
         gives another load the same peak."""
+        self._take_out_full()
         keys, target, probes = self.keys[degree], self.target, [0]
         if fullest:
             end = bisect.bisect_right(keys, (target - time, math.inf))
@@ -179,6 +191,14 @@ class _Blocks:
                 return None if position is None else (peak, position)
             begin = stop
         return math.inf, -1
+
+    def _take_out_full(self) -> None:
+        """Take the groups the last search found full out of the keys of the degree being laid out."""
+        keys = self.keys.get(self.degree)
+        for key in self.newly_full:
+            del keys[bisect.bisect_left(keys, key)]
+        self.full.extend(self.newly_full)
+        self.newly_full = []
 
     def _start(self, degree: int, position: int) -> int:
         return position if degree == 1 else self.groups[degree][position]
@@ -264,7 +284,7 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
     blocks = _Blocks(problem, spec, gpus_per_node, times, target)
     for c in sorted(set(degree[degree > 1].tolist()), reverse=True) + [1] * (spec.degrees[0] == 1):
         items = np.flatnonzero(degree == c) if c > 1 else long[degree[long] == 1]
-        blocks.open(c)
+        blocks.open(c, int((problem.lengths[items] // c).min(initial=0)))
         order = np.lexsort((items, -times(items, c)))
         for item in items[order].tolist():
             if blocks.place(item, c) < 0:
