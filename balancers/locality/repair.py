@@ -387,10 +387,10 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     by_rank = np.argsort(state.destinations, kind="stable")
     bounds = np.searchsorted(state.destinations[by_rank], np.arange(num_ranks + 1)).tolist()
     members = [by_rank[bounds[r]:bounds[r + 1]] for r in range(num_ranks)]
-    for _ in range(searches):
+    for done in range(searches):
         rank = int(np.argmax(state.loads))
-        if state.loads[rank] <= state.target:
-            return
+        if state.loads[rank] <= state.target or np.count_nonzero(state.loads > state.target + rounding) > searches - done:
+            return  # within the target, or more ranks above it than the searches left can bring down
         others = np.delete(everyone, rank)
         others = others[np.lexsort((others, state.loads[others]))]  # roomiest first
         best, searched = None, 0
