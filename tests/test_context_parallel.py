@@ -43,6 +43,14 @@ def test_spec_rejects_bad_parameters(kwargs, error, match):
         ContextParallel(**kwargs)
 
 
+def test_regression_degrees_without_one_split_every_item_silently():
+    """P4-14: `degrees=(2, 4)` split all 128 items (24 % above not splitting) and said nothing: a user listing
+    the degrees to split at need not know that leaving out 1 forbids keeping an item whole."""
+    with pytest.warns(UserWarning, match=r"`degrees` \(2, 4\) leave out 1: every item will be split.*include 1"):
+        spec = ContextParallel(degrees=(4, 2))
+    assert spec.degrees == (2, 4)  # still allowed: static context parallelism, when meant
+
+
 def test_spec_is_frozen_and_canonical():
     spec = ContextParallel(degrees=[8, 1, 2])
     assert spec.degrees == (1, 2, 8)

@@ -119,7 +119,8 @@ def test_options_given_as_arrays_are_refused_clearly():
 def test_every_item_splits_when_degree_one_is_not_allowed(degrees):
     """Regression: a spec without degree 1 (static context parallelism) raised KeyError in the layout."""
     lengths = np.random.default_rng(0).integers(1, 50000, 40)
-    spec = ContextParallel(degrees=degrees)
+    with pytest.warns(UserWarning, match=r"`degrees` .* leave out 1"):
+        spec = ContextParallel(degrees=degrees)
     plan = balance(lengths, 8, cost=FLOPS, context_parallel=spec)
     check_split_plan(plan, lengths, 8, spec, cost=FLOPS)
     assert plan.degree.min() >= degrees[0] and plan.gap <= 0.01

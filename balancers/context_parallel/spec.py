@@ -35,6 +35,7 @@ Defaults, from public figures (every one overridable, to be calibrated on GPUs):
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -80,6 +81,9 @@ class ContextParallel:
     [1000.0]
     >>> float(cp.time(CostModel(linear=1.0), [1000], 2, within_node=True)[0]) > 500.0   # η and κ cost a little
     True
+
+    `degrees` without 1 split every item, however short (static context parallelism); that is
+    rarely meant, so it warns (UserWarning): include 1 to let the planner keep items whole.
     """
 
     degrees: tuple[int, ...] = (1, 2, 4, 8)
@@ -98,6 +102,10 @@ class ContextParallel:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "degrees", as_degrees(self.degrees))
+        if self.degrees[0] != 1:
+            warnings.warn(f"`degrees` {self.degrees} leave out 1: every item will be split, however short (static "
+                          f"context parallelism); include 1 to let the planner keep items whole", UserWarning,
+                          stacklevel=3)
         object.__setattr__(self, "gpus_per_node", as_int(self.gpus_per_node, "gpus_per_node", minimum=1))
         object.__setattr__(self, "num_layers", as_int(self.num_layers, "num_layers", minimum=1))
         object.__setattr__(self, "allow_inter_node", as_bool(self.allow_inter_node, "allow_inter_node"))
