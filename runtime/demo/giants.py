@@ -125,10 +125,14 @@ def whole_layout(lengths) -> ContextParallelLayout:
 
 @contextlib.contextmanager
 def isolated_attention():
-    """Skip the K/V exchange (received rows stay zeros): a rank's own attention compute, no peer."""
+    """Skip the K/V exchange (received rows stay zeros, keys as this rank's own rows are: the flag column
+    `context_parallel_attention` checks): a rank's own attention compute, no peer."""
     def skip(sends, recvs, exchange, group, phase):
+        flag = max((float(rows[:, -1].max()) for rows in sends.values() if rows.numel()), default=1.0)
         for received in recvs.values():
             received.zero_()
+            if phase == "forward" and received.numel():
+                received[:, -1] = flag
     original, cp_module._p2p = cp_module._p2p, skip
     try:
         yield
