@@ -95,7 +95,7 @@ class _Blocks:
         self.degree = 0  # the degree being laid out
         self.keys: dict[int, list[tuple[float, int]] | None] = {}  # degree -> (load, position) of its candidates, ascending
         self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
-        self.most_tokens: dict[int, int] = {}  # a group's block start -> the most tokens one of its ranks holds
+        self.most_tokens: dict[int, tuple[int, int]] = {}  # a group's block start -> bounds on its fullest rank's tokens
         self.least_shard = 0  # the fewest tokens a shard of the degree being laid out holds
         self.full: list[tuple[float, int]] = []  # keys of its groups no shard of it fits any more, out of the search
         self.newly_full: list[tuple[float, int]] = []  # found full by the last search, taken out at the next
@@ -124,15 +124,17 @@ class _Blocks:
 
     def _token_room(self, degree: int, start: int, need: tuple[np.ndarray, int, int]) -> bool:
         """Whether shards `need` = (tokens, most, fewest) fit the budget on the block at `start`: decided by
-        the group's fullest rank where that settles it, else rank by rank."""
+        bounds on the group's fullest rank where they settle it, else rank by rank."""
         shard, most, fewest = need
         if self.cap == math.inf:
             return True
         if degree == 1:
             return self.tokens[start] + most <= self.cap
-        full = self.most_tokens[start]
-        if full + most <= self.cap or full + fewest > self.cap:
-            return full + most <= self.cap
+        low, high = self.most_tokens[start]
+        if high + most <= self.cap:
+            return True
+        if low + fewest > self.cap:
+            return False
         return bool((self.tokens[start: start + degree] + shard <= self.cap).all())
 
     def _least_fitting(self, degree: int, lo: int, hi: int, need: tuple, probes: list[int]) -> int | None:
@@ -147,7 +149,7 @@ class _Blocks:
                 if self._token_room(degree, start, need):
                     best = position if best < 0 else min(best, position)
                     break
-                if degree == self.degree > 1 and self.most_tokens[start] + self.least_shard > self.cap:
+                if degree == self.degree > 1 and self.most_tokens[start][0] + self.least_shard > self.cap:
                     self.newly_full.append((load, position))  # fits no later item of this degree either
                     continue
                 probes[0] += 1
@@ -210,7 +212,6 @@ class _Blocks:
         opened = self.groups.setdefault(degree, [])
         time = float(self.times.table[self.times.row[item], self.times.column[degree]])
         need = self.times.shard(item, degree)
-        shard = need[0]
         if self.keys[degree] is None:
             order = np.lexsort((self.ranks, self.loads))
             self.keys[degree] = list(zip(self.loads[order].tolist(), order.tolist()))
@@ -221,14 +222,14 @@ class _Blocks:
             room = fits & (peak <= self.target)
             found = (0.0, int(np.argmax(np.where(room, peak, -math.inf)))) if room.any() else (math.inf, -1)
         if found[1] >= 0:
-            return self._add(item, self._start(degree, found[1]), degree, time, shard)
+            return self._add(item, self._start(degree, found[1]), degree, time, need)
         if degree > 1 and self.free:
             start = self.free.pop()
             self.taken[start: start + degree] = True
             self.position[start] = len(opened)
             bisect.insort(self.keys[degree], (float(self.loads[start]), len(opened)))
             opened.append(start)
-            return self._add(item, start, degree, time, shard)
+            return self._add(item, start, degree, time, need)
         return self._overflow(item, degree)
 
     def _overflow(self, item: int, degree: int) -> int:
@@ -252,19 +253,24 @@ class _Blocks:
         _, start, c = best
         if start < 0:
             return -1
-        _, _, time, shard = self._candidates(item, c, np.array([start]))
-        return self._add(item, start, c, time, shard)
+        time = float(self.times.table[self.times.row[item], self.times.column[c]])
+        return self._add(item, start, c, time, self.times.shard(item, c))
 
-    def _add(self, item: int, start: int, degree: int, time: float, shard: np.ndarray) -> int:
-        """Put the item on the block, and keep the candidates' keys sorted."""
+    def _add(self, item: int, start: int, degree: int, time: float, need: tuple[np.ndarray, int, int]) -> int:
+        """Put the item (its shards `need` = (tokens, most, fewest)) on the block, and keep the candidates'
+        keys sorted and the bounds on its groups' fullest rank: it gains between its fewest and most."""
+        shard, most, fewest = need
         if self.degree == 1:
             moved = [(1, float(self.loads[r]), r, r) for r in range(start, start + degree)]
         else:
             moved = [(degree, float(self.loads[start]), self.position[start], start)]
         self.loads[start: start + degree] += time
         self.tokens[start: start + degree] += shard
-        if degree > 1:
-            self.most_tokens[start] = int(self.tokens[start: start + degree].max())
+        if degree > 1 and start in self.most_tokens:
+            low, high = self.most_tokens[start]
+            self.most_tokens[start] = (low + fewest, high + most)
+        elif degree > 1:
+            self.most_tokens[start] = (int(self.tokens[start: start + degree].max()),) * 2
         for c, load, position, rank in moved:
             keys = self.keys[c]
             del keys[bisect.bisect_left(keys, (load, position))]
