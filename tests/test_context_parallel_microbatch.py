@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm import ContextParallel, CostModel, balance_microbatches
+from orchmllm import ContextParallel, CostModel, InfeasibleError, balance_microbatches
 from orchmllm.balancers.context_parallel.microbatch import split_bound
 from orchmllm.balancers.context_parallel.pairing import packable_degrees
 from orchmllm.study.models import MODELS
@@ -110,3 +110,27 @@ def test_a_layout_without_token_room_gives_up_after_the_ladders_first_steps(monk
                          context_parallel=ContextParallel())
     hopeless = [found for _, found in passes.values() if not any(found[:planner.LADDER_STEPS])]
     assert hopeless and all(len(found) == planner.LADDER_STEPS for found in hopeless)
+
+
+IDEAL_SPLIT = dict(seconds_per_cost=1.0, latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
+
+
+@pytest.mark.parametrize("lengths, num_ranks, budget", [([76, 7], 4, 21), ([12, 15], 4, 7)])
+def test_regression_a_fixed_m_below_every_fills_count_was_never_planned(lengths, num_ranks, budget):
+    """P4-15: each fill of a micro-batch's D · T tokens (95 % down) needed 2 micro-batches, so at
+    num_microbatches=1 no grouping was tried and InfeasibleError read 'no plan'; both items at degree 4 fit."""
+    spec = ContextParallel(degrees=(1, 4), **IDEAL_SPLIT)
+    plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, num_microbatches=1,
+                                context_parallel=spec)
+    optimum = brute_force_split_microbatches(lengths, num_ranks, spec, max_tokens_per_microbatch=budget,
+                                             num_microbatches=1)
+    assert plan.num_microbatches == 1 and plan.cell_tokens.max() <= budget
+    assert plan.degree.tolist() == [4, 4] and plan.step_cost == optimum.makespan
+
+
+def test_regression_the_budget_error_suggested_a_degree_wider_than_the_ranks():
+    """P4-15: on 2 ranks the error said 'it needs degree 4 or a budget of at least 20'."""
+    with pytest.raises(InfeasibleError, match=r"degree 2 puts 20 tokens on a rank; degree 4 would span more than the "
+                                              r"2 ranks a group may: it needs a budget of at least 20"):
+        balance_microbatches([40, 5, 5, 4], 2, max_tokens_per_microbatch=19,
+                             context_parallel=ContextParallel(degrees=(1, 2), **IDEAL_SPLIT))

@@ -202,10 +202,12 @@ def test_bad_orchestrator_options_are_refused():
 def test_a_budget_no_degree_meets_names_the_item_and_what_works():
     spec = ContextParallel(degrees=(1, 2, 4), **CHEAP)
     with pytest.raises(InfeasibleError, match=r"item 3 \(5000 tokens\) fits max_tokens_per_microbatch=1000 at no "
-                                              r"allowed degree \(1, 2, 4\).*needs degree 8 or a budget of at least 1250"):
+                                              r"allowed degree \(1, 2, 4\).*degree 8 would span more than the 4 ranks "
+                                              r"a group may: it needs a budget of at least 1250"):
         balance_microbatches([100, 200, 300, 5000], 4, max_tokens_per_microbatch=1000, context_parallel=spec)
     batch = Batch.from_samples([Sample(100), Sample(5000, source=1)], 4)
-    with pytest.raises(InfeasibleError, match=r"item 1 \(5000 tokens\).*needs degree 8 or a budget of at least 1250"):
+    with pytest.raises(InfeasibleError, match=r"item 1 \(5000 tokens\).*degree 8 would span more than the 4 ranks "
+                                              r"a group may: it needs a budget of at least 1250"):
         Orchestrator(STAGES, Topology(1, 4), context_parallel=spec, max_tokens_per_microbatch=1000).plan(batch)
 
 

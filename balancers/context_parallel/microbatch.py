@@ -326,16 +326,19 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     if today is not None and not np.any(costs * num_ranks * first > total):  # no giant: every plan works Σ f
         return wrap_unsplit(today, spec, costs, float_sum([total / num_ranks, (num_microbatches or fewest) * overhead]))
     bound, fewest, table = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
-    best = None
+    best, tokens = None, int(lengths.sum())
     for fill in FILLS:
-        m = max(first, -(-int(lengths.sum()) // int(fill * num_ranks * budget)))
-        if (num_microbatches is not None and m > num_microbatches) or (
-                best is not None and best.step_cost <= bound * (1 + RETRY_GAP)):
+        room = int(fill * num_ranks * budget)
+        m = max(first, -(-tokens // room))
+        over = num_microbatches is not None and m > num_microbatches  # this fill needs more than the fixed M
+        if best is not None and (over or best.step_cost <= bound * (1 + RETRY_GAP)):
             break
         found = _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches or m, costs, table,
-                             int(fill * num_ranks * budget), num_microbatches is not None)
+                             -(-tokens // num_microbatches) if over else room, num_microbatches is not None)
         if found is not None and (best is None or found.step_cost < best.step_cost):
             best = found
+        if over:  # the fullest fill the fixed M allows was tried (no plan at a lower fill yet)
+            break
     if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
         if today is None:
             raise refusal if refusal is not None else InfeasibleError(

@@ -77,22 +77,26 @@ def allot(problem: Problem, spec: ContextParallel, degrees: np.ndarray, gpus_per
     if cap is not None:
         allowed = -(-lengths[candidates][:, None] // degrees[None, :]) <= cap
         _check_budget(lengths, candidates, allowed, degrees, cap,
-                      "max_tokens_per_rank" if one_pass else "max_tokens_per_microbatch")
+                      "max_tokens_per_rank" if one_pass else "max_tokens_per_microbatch",
+                      d if spec.allow_inter_node else min(d, gpus_per_node))
     return Allotment(costs, degrees, candidates, times, allowed, d)
 
 
 def _check_budget(lengths: np.ndarray, candidates: np.ndarray, allowed: np.ndarray, degrees: np.ndarray,
-                  cap: int, cap_name: str) -> None:
-    """InfeasibleError naming the longest item no allowed degree fits under the budget."""
+                  cap: int, cap_name: str, widest_group: int) -> None:
+    """InfeasibleError naming the longest item no allowed degree fits under the budget, and the degree
+    that would fit where a group may be that wide (`widest_group` ranks)."""
     stuck = candidates[~allowed.any(axis=1)]
     if not stuck.size:
         return
     item = int(stuck[np.argmax(lengths[stuck])])
     length, widest = int(lengths[item]), int(degrees[-1])
     needed = 1 << (-(-length // cap) - 1).bit_length()
+    wider = (f"it needs degree {needed} or" if needed <= widest_group else
+             f"degree {needed} would span more than the {widest_group} ranks a group may: it needs")
     raise InfeasibleError(f"item {item} ({length} tokens) fits {cap_name}={cap} at no allowed degree "
                           f"{tuple(degrees.tolist())}: degree {widest} puts {-(-length // widest)} tokens on a rank; "
-                          f"it needs degree {needed} or a budget of at least {-(-length // widest)}",
+                          f"{wider} a budget of at least {-(-length // widest)}",
                           min_cap=-(-int(lengths[stuck].max()) // widest))
 
 
