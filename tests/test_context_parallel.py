@@ -2,6 +2,7 @@
 identity with today's plans and its errors."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import orchmllm
-from orchmllm import ContextParallel, CostModel, InfeasibleError, balance, balance_microbatches
+from orchmllm import ContextParallel, CostModel, InfeasibleError, Topology, balance, balance_microbatches
 from orchmllm.balancers.context_parallel.bound import Allotment, least_work, smallest_fitting
 from orchmllm.balancers.problem import exact_sum
 from orchmllm.study.workloads import llm_stage_lengths
@@ -49,6 +50,9 @@ def test_regression_degrees_without_one_split_every_item_silently():
     with pytest.warns(UserWarning, match=r"`degrees` \(2, 4\) leave out 1: every item will be split.*include 1"):
         spec = ContextParallel(degrees=(4, 2))
     assert spec.degrees == (2, 4)  # still allowed: static context parallelism, when meant
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert spec.on(Topology(1, 4)).degrees == (2, 4)  # once: not again when put on a topology
 
 
 def test_spec_is_frozen_and_canonical():

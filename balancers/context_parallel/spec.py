@@ -127,9 +127,11 @@ class ContextParallel:
 
     def on(self, topology) -> "ContextParallel":
         """This spec with a topology's node size, bandwidths and latency (any object with
-        `gpus_per_node` and the `Topology` link attributes it has)."""
+        `gpus_per_node` and the `Topology` link attributes it has); `degrees` was warned about already."""
         names = ("gpus_per_node", "intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "latency_s")
-        return replace(self, **{name: getattr(topology, name) for name in names if hasattr(topology, name)})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return replace(self, **{name: getattr(topology, name) for name in names if hasattr(topology, name)})
 
     def time(self, cost: CostModel, lengths, degree, within_node=True) -> np.ndarray:
         """Per-rank time t(c) of items of `lengths` split at `degree` (broadcast), in cost units.
