@@ -109,6 +109,7 @@ def _local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
     return lengths, losses
 
 
+COMBINE_ORDERS = (None, "local_items", "microbatches")  # what one mapping of outputs may follow (`combine`)
 SPLIT_REDUCTIONS = ("sum", "first")  # what of a split item's per-item rows `combine` sends home
 
 
@@ -350,7 +351,7 @@ class PostBalancingDispatcher:
                                   lengths=lengths[torch.from_numpy(microbatch == index)], layout=layout(index))
                        for index in range(count))
 
-    def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None, split_reduce=None,
+    def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None, split_reduce=None, order=None,
                 differentiable: bool = True) -> dict[str, torch.Tensor]:
         """Send per-item or per-token outputs of the balanced items back to their home ranks.
 
@@ -358,7 +359,10 @@ class PostBalancingDispatcher:
         the rows of its micro-batch's items in the order of `micro.data` (what a micro-batch loop
         collects: `outputs.append({"score": model(micro.data)})`), or one mapping whose rows follow
         `plan.local_items` (the order of what `dispatch` returned, not the micro-batches' one after
-        the other).  `plan` is the latest dispatch's (else every rank raises `PlanMismatchError`).
+        the other).  Where this rank's items come in another order micro-batch by micro-batch, one
+        mapping must say its `order`: "local_items", or "microbatches" (each micro-batch's rows, as in
+        `micro.data`, one micro-batch after the other); without it every rank raises ValueError.
+        `plan` is the latest dispatch's (else every rank raises `PlanMismatchError`).
         `per_item_keys` (default: the dispatcher's) name the outputs with one row per item.
 
         A split item (context parallelism) has a per-item row on every rank of its group, each computed
@@ -370,12 +374,38 @@ class PostBalancingDispatcher:
         """
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
         problem = self._kept_problem(_checked_plan(plan), "combine")
-        if not isinstance(outputs, Mapping):
-            outputs, merging = self._merged(outputs, plan, per_item)
-            problem = problem or merging
+        outputs, merging = (self._ordered(outputs, plan, per_item, order) if isinstance(outputs, Mapping)
+                            else self._merged(outputs, plan, per_item))
+        problem = problem or merging
         keys = sorted((key for key in outputs if key in per_item), key=str)
         sums, reducing = split_sums(split_reduce, keys, plan.sharding)
         return self._move(outputs, plan.sharding, per_item, "combine", differentiable, problem or reducing, sums)
+
+    @classmethod
+    def _ordered(cls, outputs: Mapping, plan: DispatchPlan, per_item, order) -> tuple[dict, Exception | None]:
+        """One mapping of outputs (`combine`) in `plan.local_items` order, from the `order` its rows follow,
+        and why it cannot be (None when it can): an order left unsaid where the two differ."""
+        if order not in COMBINE_ORDERS:
+            return dict(outputs), ValueError(f"`order` must be None or one of {COMBINE_ORDERS[1:]}; got {order!r}")
+        microbatch = plan.item_microbatch[plan.local_items]
+        if order == "local_items" or bool(np.all(np.diff(microbatch) >= 0)):  # the orders agree: one micro-batch
+            return dict(outputs), None  # after the other is already item order
+        if order is None:
+            return dict(outputs), ValueError(
+                f"`outputs` is one mapping, but rank {plan.route.rank}'s items come in another order micro-batch by "
+                f"micro-batch ({len(microbatch)} items over {plan.num_microbatches} micro-batches) than in "
+                f"`plan.local_items`: pass the list of each micro-batch's outputs, or say the mapping's `order`: "
+                f"'microbatches' (their rows one after the other) or 'local_items' (what `dispatch` returned)")
+        parts = [{} for _ in range(plan.num_microbatches)]
+        for key, tensor in outputs.items():
+            rows = np.ones(microbatch.size, dtype=np.int64) if key in per_item else plan.local_lengths
+            sizes = [int(rows[microbatch == m].sum()) for m in range(plan.num_microbatches)]
+            if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0 or tensor.shape[0] != sum(sizes):
+                return dict(outputs), ValueError(f"`outputs[{key!r}]` must hold {sum(sizes)} rows (this rank's "
+                                                 f"micro-batches' rows one after the other)")
+            for part, piece in zip(parts, tensor.split(sizes)):
+                part[key] = piece
+        return cls._merged(parts, plan, per_item)
 
     @staticmethod
     def _merged(parts, plan: DispatchPlan, per_item) -> tuple[dict, Exception | None]:

@@ -116,7 +116,8 @@ def dispatch_job(rank, size, homes, seed, wrapper, budget):
             outputs.update(zip(micro.items.tolist(), out.detach().split(micro.lengths.tolist())))
             loss_tokens += int(d["loss"].sum())
     out = torch.cat([outputs[item] for item in plan.local_items.tolist()] + [torch.zeros(0, HIDDEN).double()])
-    home = dispatcher.combine({"out": out, "sample": moved["sample"]}, plan, split_reduce="first", differentiable=False)
+    home = dispatcher.combine({"out": out, "sample": moved["sample"]}, plan, split_reduce="first", order="local_items",
+                              differentiable=False)
     grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in model.parameters()]
     return grads, home, loss_tokens, plan.num_loss_tokens, plan.balance.degree.tolist(), plan.num_microbatches
 
@@ -227,7 +228,7 @@ def random_plans_job(rank, size, seed, count):
         problems += [(number, problem) for problem in map(check_microbatch, micros) if problem]
         if len(micros) != num_microbatches:
             problems.append((number, f"{len(micros)} micro-batches of {num_microbatches}"))
-        home = dispatcher.combine(moved, plan, split_reduce="first", differentiable=False)
+        home = dispatcher.combine(moved, plan, split_reduce="first", order="local_items", differentiable=False)
         if not (torch.equal(home["token"], token_ids) and torch.equal(home["item"], torch.from_numpy(mine))):
             problems.append((number, "combine did not reassemble the home rows"))
         needed = needed_bytes(counts, lengths, degree, groups, rank, 16, 8)

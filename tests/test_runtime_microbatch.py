@@ -346,3 +346,29 @@ def test_regression_combine_after_a_micro_batch_loop_returned_outputs_to_the_wro
     for _, item_ok, token_ok, count, refused in outcomes:
         assert item_ok and token_ok and count == 2
         assert "`outputs[m]['sid']` of micro-batch 1 must be a tensor of 2 rows" in refused, refused
+
+
+def combine_one_mapping_job(rank, size, order):
+    """The same loop, its outputs concatenated into one mapping, combined with `order`."""
+    lengths = [[6, 1, 5, 2], [3, 4, 6, 1]][rank]
+    dispatcher = PostBalancingDispatcher(per_item_keys=("sid",), max_tokens_per_microbatch=8)
+    plan = dispatcher.plan(lengths)
+    sid = torch.tensor([100 * rank + i for i in range(len(lengths))])
+    tok = torch.cat([torch.full((length,), 100 * rank + i) for i, length in enumerate(lengths)])
+    moved = dispatcher.dispatch({"sid": sid, "tok": tok}, plan)
+    micros = list(dispatcher.microbatches(plan, moved))
+    concatenated = {key: torch.cat([micro.data[key] * 10 for micro in micros]) for key in ("sid", "tok")}
+    try:
+        home = dispatcher.combine(concatenated, plan, order=order, differentiable=False)
+    except ValueError as error:
+        return str(error)
+    return torch.equal(home["sid"], sid * 10) and torch.equal(home["tok"], tok * 10)
+
+
+def test_regression_one_mapping_of_concatenated_micro_batch_outputs_went_home_to_the_wrong_items():
+    """README warned that outputs concatenated micro-batch after micro-batch would come home to the wrong
+    items, but `combine` took them silently (rank 1: per-item [1020, 1030, 1000, 1010] for [1000, ...])."""
+    refused = spawn(combine_one_mapping_job, 2, args=(None,), timeout_s=60)
+    assert all(isinstance(message, str) and "`outputs` is one mapping, but rank 1's items come in another order "
+               "micro-batch by micro-batch" in message for message in refused), refused
+    assert spawn(combine_one_mapping_job, 2, args=("microbatches",), timeout_s=60) == [True, True]
