@@ -260,7 +260,12 @@ def cannot_finish(lengths: np.ndarray, tokens: np.ndarray, cap: int) -> bool:
     """
     if not lengths.size or cap * tokens.size >= 2**62:
         return False
-    items, rooms = np.sort(lengths), np.sort(cap - tokens)
+    rooms = cap - tokens
+    slack = int(rooms.sum()) - int(lengths.sum())
+    # a length y fails only where the room below y exceeds this slack; below the longest item at most:
+    if slack >= 0 and int(rooms[rooms < lengths.max()].sum()) <= slack:
+        return False  # (the cheap case: no sort)
+    items, rooms = np.sort(lengths), np.sort(rooms)
     need = np.cumsum(items[::-1])[::-1]  # tokens of the items from each one up (all as long or longer)
     have = np.concatenate((np.cumsum(rooms[::-1])[::-1], [0]))[np.searchsorted(rooms, items, side="left")]
     return bool(np.any(need > have))
