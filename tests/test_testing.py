@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import orchmllm.study.peers  # noqa: F401  (registers the peers' heuristics, which must conform too)
 from orchmllm import balance_microbatches
-from orchmllm.balancers import (ALGORITHMS, MICROBATCH_ALGORITHMS, InfeasibleError, KernelResult, Status, balance,
-                                make_problem, microbatch_algorithms)
+from orchmllm.balancers import (ALGORITHMS, MICROBATCH_ALGORITHMS, CostModel, InfeasibleError, KernelResult, Status,
+                                balance, make_problem, microbatch_algorithms)
 from orchmllm.balancers.kernels import lpt
 from orchmllm.balancers.kernels.lpt import greedy_unpadded
 from orchmllm.balancers.microbatch.plan import MicroBatchResult, cell_loads, step_cost
@@ -518,3 +518,13 @@ def test_the_pipeline_oracle_names_a_pipeline_that_is_none_and_an_interleaved_co
     with pytest.raises(ValueError, match=r"`M \(the columns of `forward`\)`=3 must be a multiple of the pipeline's "
                                          r"`stages`=2"):
         simulate_pipeline(Pipeline(stages=2, schedule="interleaved", virtual_stages=2), np.ones((2, 3)), np.ones((2, 3)))
+
+
+def test_regression_check_plan_failed_an_optimal_plan_an_ulp_above_the_optimum_s_float_sum():
+    """LPT under equal counts holds {9.6, 11.9, 1.1} on rank 0, summed in item order to 22.600000000000005;
+    brute force's optimum holds the same costs in another order, 22.6: check_plan failed a correct plan."""
+    lengths, cost = [1, 6, 7, 2, 1, 7], CostModel(linear=1.0, quadratic=0.1)
+    plan = balance(lengths, 2, cost=cost, equal_counts=True, algorithm="lpt")
+    assert plan.status is Status.OPTIMAL and plan.makespan == 22.600000000000005
+    assert brute_force(lengths, 2, cost=cost, equal_counts=True).makespan == 22.6
+    check_plan(plan, lengths, 2, cost=cost, equal_counts=True)
