@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validation import as_int, as_real
+from ..validation import SizeLimitError, as_int, as_real
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+MAX_MODEL_CHUNKS = 128  # stages × virtual_stages: a chunk holds a layer or more; the deepest LLMs have ~128
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,8 @@ class Pipeline:
     (Megatron's virtual pipeline size, >= 2; 1 for the others).  A cell costing c (its items'
     cost plus the micro-batch overhead, the whole model's forward and backward) takes
     c / (P · (1 + k)) forward and k times that backward on every stage, k = `backward_factor`
-    (2: a backward pass costs about twice a forward).
+    (2: a backward pass costs about twice a forward).  The model is cut into at most
+    `MAX_MODEL_CHUNKS` = 128 chunks (P · v): the schedule's operations grow with P · v · M.
 
     >>> Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(8)
     8
@@ -45,6 +47,10 @@ class Pipeline:
         if self.schedule != "interleaved" and virtual != 1:
             raise ValueError(f"`virtual_stages`={virtual} needs schedule='interleaved'; the {self.schedule} "
                              f"schedule runs one model chunk per stage")
+        if stages * virtual > MAX_MODEL_CHUNKS:
+            chunks = f"`stages`={stages}" if virtual == 1 else f"`virtual_stages`={virtual} × `stages`={stages}"
+            raise SizeLimitError(f"{chunks} model chunks must be at most MAX_MODEL_CHUNKS = {MAX_MODEL_CHUNKS} "
+                                 f"(each chunk holds a layer or more; the deepest LLMs have ~128 layers)")
         factor = as_real(self.backward_factor, "backward_factor", allow_zero=False)
         object.__setattr__(self, "stages", stages)
         object.__setattr__(self, "virtual_stages", virtual)
