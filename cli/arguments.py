@@ -18,6 +18,9 @@ from ..study.compare import algorithm_names, compare_topology
 from .errors import UsageError, one_line, usage_errors
 from .files import require_file
 
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_BYTES_PER_TOKEN = 8192.0  # a bf16 hidden state of 4096
+
 
 def subcommand(commands, name: str, summary: str, description: str, examples: str) -> argparse.ArgumentParser:
     """Add subcommand `name` with its one-line `summary`, `description` and `examples` epilog."""
@@ -27,12 +30,15 @@ def subcommand(commands, name: str, summary: str, description: str, examples: st
 
 def int_list(text: str, name: str) -> list[int]:
     """Comma-separated integers >= 1."""
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
+        raise UsageError(f"{name} must list at least one integer; got {text!r}")
+    if not all(parts):  # '1,,2' is a slip, not the degrees 1 and 2
+        raise UsageError(f"{name} must be comma-separated integers with none empty, e.g. 64,512; got {text!r}")
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in parts]
     except ValueError:
         raise UsageError(f"{name} must be comma-separated integers, e.g. 64,512; got {text!r}") from None
-    if not values:
-        raise UsageError(f"{name} must list at least one integer; got {text!r}")
     bad = [value for value in values if value < 1]
     if bad:
         raise UsageError(f"{name} must be >= 1; got {bad[0]}")
@@ -138,6 +144,7 @@ def algorithms(text: str | None, option: str = "--algorithms") -> list[str]:
 
 def topology(num_ranks: int, gpus_per_node: int):
     """The whole-node cluster of `num_ranks` GPUs that compare and plan use."""
+    positive_int(gpus_per_node, "--gpus-per-node")
     try:
         return compare_topology(num_ranks, gpus_per_node)
     except ValueError as error:

@@ -8,9 +8,10 @@ from ..balancers import ALGORITHMS
 from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_microbatches, file_stages,
                              run_comparison, workload_stages)
 from ..study.context_parallel_compare import compare_context_parallel
-from .arguments import (algorithms as algorithm_names, batch_size, check_seed, check_time_limit, check_workload_source,
-                        cost_model, degree_list, int_list, model_stages, positive_int, rank_list, subcommand,
-                        topology as checked_topology, workload_batch)
+from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorithms as algorithm_names, batch_size,
+                        check_seed, check_time_limit, check_workload_source, cost_model, degree_list, int_list,
+                        model_stages, positive_int, rank_list, subcommand, topology as checked_topology,
+                        workload_batch)
 from .errors import UsageError, usage_errors
 from .files import check_not_input, check_parent, load_lengths, write_rows_csv, writing
 from .render import print_compare, print_json, print_microbatch_rows, print_split_rows, print_written, progress
@@ -64,10 +65,11 @@ def add_parser(commands) -> None:
                          help="seconds an exact solver may spend per stage; also lets auto finish small "
                               "stages with the ILP (default: none, so auto is deterministic; ilp then uses "
                               "its own default)")
-    compare.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: %(default)s)")
-    compare.add_argument("--bytes-per-token", type=float, default=8192.0,
-                         help="bytes moved per length unit, for --lengths files (default: %(default)s, "
-                              "hidden 4096 in bf16)")
+    compare.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE,
+                         help="GPUs per node (default: %(default)s)")
+    compare.add_argument("--bytes-per-token", type=float,
+                         help=f"bytes moved per length unit, for --lengths files (default: "
+                              f"{DEFAULT_BYTES_PER_TOKEN:g}, hidden 4096 in bf16)")
     compare.add_argument("--max-tokens-per-microbatch", type=int, metavar="T",
                          help="also plan the last stage (the LLM) as gradient-accumulation micro-batches of at most "
                               "T tokens per rank: ours and the reimplemented peers' micro-batching, "
@@ -100,12 +102,16 @@ def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
                              f"not --lengths files (a file gives its items; --cost their costs)")
         lengths = load_lengths(args.lengths, args.column)
         cost = cost_model(args.cost)
+        bytes_per_token = DEFAULT_BYTES_PER_TOKEN if args.bytes_per_token is None else args.bytes_per_token
         with usage_errors("--bytes-per-token"):
-            configs = [CompareConfig(d, None, file_stages(lengths, d, cost, args.padded, args.bytes_per_token))
+            configs = [CompareConfig(d, None, file_stages(lengths, d, cost, args.padded, bytes_per_token))
                        for d in ranks]
         return configs, f"{args.lengths} ({lengths.size} items)"
     if args.cost is not None or args.padded:
         raise UsageError("--cost and --padded apply to --lengths files; workloads define their own stage costs")
+    for option, value in (("--column", args.column), ("--bytes-per-token", args.bytes_per_token)):
+        if value is not None:
+            raise UsageError(f"{option} applies to --lengths files; workloads define their own items and bytes")
     model = DEFAULT_MODEL if args.model is None else args.model
     stages = model_stages(model)
     available = check_workload_source(args, stages)
@@ -194,7 +200,6 @@ def run(args) -> int:
     ranks = rank_list(args.ranks, "--ranks")
     check_seed(args.seed)
     int_list(_items_per_rank(args), "--items-per-rank")
-    positive_int(args.gpus_per_node, "--gpus-per-node")
     for num_ranks in ranks:
         checked_topology(num_ranks, args.gpus_per_node)
     if args.plot is not None:

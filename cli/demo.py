@@ -167,10 +167,15 @@ def run(args) -> int:
         raise UsageError(f"--repeats and --replay-repeats must be >= 1; got {args.repeats} and {args.replay_repeats}")
     if args.max_tokens_per_microbatch is not None and args.max_tokens_per_microbatch < 1:
         raise UsageError(f"--max-tokens-per-microbatch must be >= 1; got {args.max_tokens_per_microbatch}")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UsageError(f"--gpus-per-node must be >= 1; got {args.gpus_per_node}")
     if args.workload == "giants":
         return run_giants(args)
     if args.context_parallel is not None:
         raise UsageError("--context-parallel needs --workload giants")
+    if args.gpus_per_node is not None and args.transport != "hierarchical":
+        raise UsageError("--gpus-per-node applies only with --transport hierarchical (the flat all-to-all does "
+                         "not look at nodes)")
     demo = _demo_module()
     torchrun = "RANK" in os.environ
     gpus_per_node = args.gpus_per_node

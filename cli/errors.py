@@ -65,4 +65,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (via UsageError) instead of usage + exit."""
 
     def error(self, message):
+        flag = re.fullmatch(r"argument ([-\w]+)\S*: expected one argument", message)
+        if flag:  # `--cost -1,1,0`: argparse reads a value that starts with '-' as an option
+            message += f" (a value that starts with '-' goes after '=': {flag[1]}=-VALUE)"
         raise UsageError(f"{message} (see `{self.prog} --help`)")

@@ -6,6 +6,8 @@ from .arguments import model_stages, name_list, positive_int
 from .errors import UsageError, usage_errors
 from .render import console, print_json
 
+DEFAULT_MAX_TOKENS_PER_MICROBATCH = 16384
+
 
 def add_arguments(simulate) -> None:
     """The pipeline options of `simulate`."""
@@ -16,10 +18,19 @@ def add_arguments(simulate) -> None:
                                "the first), gpus / P data-parallel replicas, micro-batches of at most "
                                "--max-tokens-per-microbatch tokens (default 16384), strategies ours (PP-aware), "
                                "ours_unaware, verl_dynamic_bsz, sorted_grid, dynapipe_style")
-    simulate.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
-                          help="pipeline schedule with --pipeline-stages (default: %(default)s)")
-    simulate.add_argument("--virtual-stages", type=int, metavar="V", default=2,
-                          help="model chunks per stage of the interleaved schedule (default: %(default)s)")
+    simulate.add_argument("--schedule", choices=SCHEDULES,
+                          help="pipeline schedule with --pipeline-stages (default: 1f1b)")
+    simulate.add_argument("--virtual-stages", type=int, metavar="V",
+                          help="model chunks per stage with --schedule interleaved (default: 2)")
+
+
+def check_pipeline_flags(args) -> None:
+    """UsageError for a pipeline option without the option it applies to (it would be ignored)."""
+    needs = {"--schedule": (args.schedule, args.pipeline_stages, "--pipeline-stages"),
+             "--virtual-stages": (args.virtual_stages, args.schedule == "interleaved", "--schedule interleaved")}
+    for option, (value, given, required) in needs.items():
+        if value is not None and not given:
+            raise UsageError(f"{option} {value} applies only with {required}")
 
 
 def run_pipelined(args, gpus: list[int]) -> int:
@@ -36,20 +47,24 @@ def run_pipelined(args, gpus: list[int]) -> int:
     positive_int(args.samples_per_rank, "--samples-per-rank")
     positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
     model_stages(args.model)
+    schedule = args.schedule or "1f1b"
+    virtual = (2 if args.virtual_stages is None else args.virtual_stages) if schedule == "interleaved" else 1
     with usage_errors("--pipeline-stages", {"stages": f"--pipeline-stages {args.pipeline_stages}",
-                                            "virtual_stages": f"--virtual-stages {args.virtual_stages}"}):
-        pipeline = Pipeline(stages=args.pipeline_stages, schedule=args.schedule,
-                            virtual_stages=args.virtual_stages if args.schedule == "interleaved" else 1)
+                                            "virtual_stages": f"--virtual-stages {virtual}"}):
+        pipeline = Pipeline(stages=args.pipeline_stages, schedule=schedule, virtual_stages=virtual)
     strategies = name_list(args.strategies, "--strategies") or STRATEGIES
     unknown = [name for name in strategies if name not in STRATEGIES]
     if unknown:
         raise UsageError(f"unknown pipeline strategy {unknown[0]!r} in --strategies; choose from "
                          f"{', '.join(STRATEGIES)}")
     samples = DEFAULT_SAMPLES_PER_RANK if args.samples_per_rank is None else args.samples_per_rank
-    budget = args.max_tokens_per_microbatch or 16384
+    budget = args.max_tokens_per_microbatch or DEFAULT_MAX_TOKENS_PER_MICROBATCH
+    flags = {"max_tokens_per_microbatch": f"--max-tokens-per-microbatch {budget}" + (
+        " (the default with --pipeline-stages)" if args.max_tokens_per_microbatch is None else ""),
+             "samples_per_rank": f"--samples-per-rank {samples}", "workload": f"--workload {args.workload}"}
     runs = []
     for count in gpus:
-        with usage_errors(f"--gpus {count}"):
+        with usage_errors(f"--gpus {count}", flags):
             runs.append(run_pipeline_simulation(args.model, count, pipeline=pipeline, max_tokens_per_microbatch=budget,
                                                 workload=args.workload, samples_per_rank=samples,
                                                 strategies=strategies, seed=args.seed))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..balancers.validation import SizeLimitError
 from ..study.compare import LOCALITY_SUFFIX, file_stages, plan_for
-from .arguments import (algorithms as algorithm_names, check_time_limit, cost_model, rank_count, subcommand,
-                        topology as checked_topology)
+from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorithms as algorithm_names,
+                        check_time_limit, cost_model, rank_count, subcommand, topology as checked_topology)
 from .errors import UsageError, naming_flag, one_line, usage_errors
 from .files import check_not_input, check_plan_path, load_lengths, save_plan
 from .render import print_json, print_plan, print_written, progress, to_json_text
@@ -36,10 +36,11 @@ def add_parser(commands) -> None:
     plan.add_argument("--padded", action="store_true", help="padded rank cost count*f(max l)")
     plan.add_argument("--max-tokens", type=int, help="memory cap: tokens per rank")
     plan.add_argument("--time-limit", type=float, help="seconds an exact solver may spend")
-    plan.add_argument("--gpus-per-node", type=int, default=8,
-                      help="with a +locality algorithm: GPUs per node (default: %(default)s)")
-    plan.add_argument("--bytes-per-token", type=float, default=8192.0,
-                      help="with a +locality algorithm: bytes moved per length unit (default: %(default)s)")
+    plan.add_argument("--gpus-per-node", type=int,
+                      help=f"with a +locality algorithm: GPUs per node (default: {DEFAULT_GPUS_PER_NODE})")
+    plan.add_argument("--bytes-per-token", type=float,
+                      help=f"with a +locality algorithm: bytes moved per length unit (default: "
+                           f"{DEFAULT_BYTES_PER_TOKEN:g})")
     plan.add_argument("--output", "-o", metavar="FILE", help="save the plan: .json (full), .csv (item,rank) "
                                                              "or .npy (assignment)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -85,9 +86,17 @@ def run(args) -> int:
         check_plan_path(args.output)
         check_not_input("--output", args.output, [args.lengths])
     cost = cost_model(args.cost)
+    bytes_per_token = DEFAULT_BYTES_PER_TOKEN if args.bytes_per_token is None else args.bytes_per_token
     with usage_errors("--bytes-per-token"):
-        stage = file_stages(lengths, args.ranks, cost, args.padded, args.bytes_per_token)[0]
-    topology = checked_topology(args.ranks, args.gpus_per_node) if name[0].endswith(LOCALITY_SUFFIX) else None
+        stage = file_stages(lengths, args.ranks, cost, args.padded, bytes_per_token)[0]
+    topology = None
+    if name[0].endswith(LOCALITY_SUFFIX):
+        topology = checked_topology(args.ranks, DEFAULT_GPUS_PER_NODE if args.gpus_per_node is None
+                                    else args.gpus_per_node)
+    for option, value in (("--gpus-per-node", args.gpus_per_node), ("--bytes-per-token", args.bytes_per_token)):
+        if value is not None and topology is None:
+            raise UsageError(f"{option} applies only with a +locality algorithm (--algorithm NAME{LOCALITY_SUFFIX}); "
+                             f"--algorithm {args.algorithm} does not look at where items come from")
     try:
         make_problem(stage.lengths, args.ranks, cost=stage.cost, padded=stage.padded,
                      max_tokens_per_rank=args.max_tokens)  # the balancers' own input checks, before any work

@@ -8,7 +8,7 @@ from .arguments import (batch_size, check_seed, check_workload_source, degree_li
                         positive_int, rank_list, strategy_names, subcommand)
 from .errors import UsageError, usage_errors
 from .files import check_parent, writing
-from .pipeline import add_arguments as add_pipeline_arguments, run_pipelined
+from .pipeline import add_arguments as add_pipeline_arguments, check_pipeline_flags, run_pipelined
 from .render import (print_context_parallel_simulation, print_microbatch_simulation, print_simulation,
                      print_simulation_runs, progress)
 
@@ -112,6 +112,7 @@ def run(args) -> int:
     check_seed(args.seed)
     if args.plot is not None:
         check_parent("--plot", args.plot)
+    check_pipeline_flags(args)
     if args.pipeline_stages is not None:
         return run_pipelined(args, gpus)
     if args.max_tokens_per_microbatch is not None and args.context_parallel is not None:

@@ -307,3 +307,86 @@ def test_simulator_refuses_sizes_that_cannot_fit_before_sampling():
     with pytest.raises(SizeLimitError, match=r"1048576 ranks × 8 samples per rank make 8388608 samples, beyond "
                                              r"2\*\*22 = 4194304"):
         check_simulation(gpus=2**20, samples_per_rank=8)
+
+
+# probe4 (issue 24): options taken silently, blamed on another flag, or without a size limit; each case is named
+# after its cause, and each failed before its fix (exit 0, or another flag in the message, or a hang)
+OPTION_CASES = {
+    # P4-04: the pipeline's (default) micro-batch budget was blamed on --gpus
+    "pipeline default budget blamed on gpus": (
+        ["simulate", "--gpus", "16", "--pipeline-stages", "4", "--workload", "long"],
+        "error: --max-tokens-per-microbatch 16384 (the default with --pipeline-stages): item "),
+    "pipeline budget blamed on gpus": (
+        ["simulate", "--gpus", "16", "--pipeline-stages", "4", "--workload", "long", "--max-tokens-per-microbatch",
+         "1"], "error: --max-tokens-per-microbatch 1: item "),
+    # P4-05: pipeline flags without --pipeline-stages (or the interleaved schedule) were ignored, exit 0
+    "schedule without pipeline stages ignored": (["simulate", "--gpus", "16", "--schedule", "gpipe"],
+                                                 "error: --schedule gpipe applies only with --pipeline-stages"),
+    "virtual stages without pipeline stages ignored": (
+        ["simulate", "--gpus", "16", "--virtual-stages", "2"],
+        "error: --virtual-stages 2 applies only with --schedule interleaved"),
+    "virtual stages with 1f1b ignored": (
+        ["simulate", "--gpus", "16", "--pipeline-stages", "2", "--schedule", "1f1b", "--virtual-stages", "3"],
+        "error: --virtual-stages 3 applies only with --schedule interleaved"),
+    # P4-05: an empty entry of a list of integers was dropped
+    "empty degree dropped": (["simulate", "--gpus", "16", "--context-parallel", "1,,2"],
+                             "error: --context-parallel must be comma-separated integers with none empty"),
+    # P4-03: nothing bounded the model chunks, a million virtual stages ran for minutes
+    "a million virtual stages unbounded": (
+        ["simulate", "--gpus", "16", "--pipeline-stages", "2", "--schedule", "interleaved", "--virtual-stages",
+         "1000000"], "error: --virtual-stages 1000000: `virtual_stages`=1000000 × `stages`=2 model chunks must be "
+                     "at most MAX_MODEL_CHUNKS = 128"),
+    # P4-16: --gpus-per-node 0 was blamed on --ranks
+    "gpus per node zero blamed on ranks": (
+        ["plan", "{tmp}/good.csv", "-D", "2", "--gpus-per-node", "0", "--algorithm", "lpt+locality"],
+        "error: --gpus-per-node must be >= 1; got 0"),
+    # P4-16: options of another mode accepted and ignored, exit 0
+    "plan gpus per node without locality ignored": (
+        ["plan", "{tmp}/good.csv", "-D", "2", "--gpus-per-node", "4"],
+        "error: --gpus-per-node applies only with a +locality algorithm"),
+    "plan bytes per token without locality ignored": (
+        ["plan", "{tmp}/good.csv", "-D", "2", "--bytes-per-token", "5"],
+        "error: --bytes-per-token applies only with a +locality algorithm"),
+    "compare bytes per token on a workload ignored": (
+        ["compare", "-D", "8", "--bytes-per-token", "-1"], "error: --bytes-per-token applies to --lengths files"),
+    "compare column on a workload ignored": (["compare", "-D", "8", "--column", "x"],
+                                             "error: --column applies to --lengths files"),
+    # P4-16: argparse read '-1,1,0' as an option and said only 'expected one argument'
+    "negative value read as an option": (
+        ["plan", "{tmp}/good.csv", "-D", "2", "--cost", "-1,1,0"],
+        "argument --cost: expected one argument (a value that starts with '-' goes after '=': --cost=-VALUE)"),
+    # P4-20: --gpus-per-node 0 reached `ranks % gpus_per_node` after the torch import: ZeroDivisionError, exit 1
+    "demo gpus per node zero divided by zero": (
+        ["demo", "--gpus-per-node", "0", "--transport", "hierarchical", "--ranks", "2", "--steps", "1"],
+        "error: --gpus-per-node must be >= 1; got 0"),
+    "demo gpus per node with the flat transport ignored": (
+        ["demo", "--gpus-per-node", "2", "--ranks", "2", "--steps", "1"],
+        "error: --gpus-per-node applies only with --transport hierarchical"),
+}
+
+
+@pytest.mark.parametrize("case", list(OPTION_CASES), ids=list(OPTION_CASES))
+def test_regression_options_ignored_blamed_on_another_flag_or_unbounded(case, files, capsys):
+    args, message = OPTION_CASES[case]
+    check_one_line_error(main([arg.format(tmp=files) for arg in args]), capsys.readouterr().err, message)
+
+
+def test_regression_pipeline_model_chunks_had_no_size_limit():
+    """P4-03: `Pipeline(stages=10**4)` planned for 40 s, virtual_stages=10**6 for minutes; now refused when built."""
+    from orchmllm import Pipeline
+    from orchmllm.balancers.validation import SizeLimitError
+
+    with pytest.raises(SizeLimitError, match=r"`stages`=129 model chunks must be at most MAX_MODEL_CHUNKS = 128"):
+        Pipeline(stages=129)
+    with pytest.raises(SizeLimitError, match=r"`virtual_stages`=65 × `stages`=2 model chunks must be at most"):
+        Pipeline(stages=2, schedule="interleaved", virtual_stages=65)
+    assert Pipeline(stages=64, schedule="interleaved", virtual_stages=2).virtual_stages == 2
+
+
+def test_regression_demo_options_took_gpus_per_node_zero():
+    """P4-20: DemoOptions(gpus_per_node=0) was taken, and the run divided by it."""
+    pytest.importorskip("torch")
+    from orchmllm.runtime.demo import DemoOptions
+
+    with pytest.raises(ValueError, match=r"`gpus_per_node` must be an int >= 1 or None; got 0"):
+        DemoOptions(transport="hierarchical", gpus_per_node=0)

@@ -149,6 +149,8 @@ class DemoOptions:
         for name in ("repeats", "replay_repeats"):
             if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be an int >= 1; got {getattr(self, name)!r}")
+        if self.gpus_per_node is not None and (not is_int(self.gpus_per_node) or self.gpus_per_node < 1):
+            raise ValueError(f"`gpus_per_node` must be an int >= 1 or None; got {self.gpus_per_node!r}")
         if not is_int(self.samples_per_rank) or self.samples_per_rank < 0:
             raise ValueError(f"`samples_per_rank` must be an int >= 0; got {self.samples_per_rank!r}")
         if self.costs not in ("calibrated", "flops"):
