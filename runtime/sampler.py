@@ -36,7 +36,10 @@ from ..balancers.problem import as_lengths, integer_sum
 from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
 from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
-from .comm import comm_device, group_rank, group_size, is_distributed
+from .comm import collective, comm_device, group_rank, group_size, is_distributed
+
+AGREEMENT = ("BalancedDistributedSampler's epoch agreement all-gather (every process of `group` iterates the "
+             "sampler, or passes check_agreement=False)")  # what a dead or stalled peer's error names
 
 
 def _sampler_algorithm(name, max_tokens_per_microbatch):
@@ -190,15 +193,17 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         digest = fingerprint(*(part for setting in settings.items() for part in setting))
         mine = torch.from_numpy(np.append(words_of(digest), self.rank)).to(comm_device(self.group))
         gathered = [torch.empty_like(mine) for _ in range(group_size(self.group))]
-        dist.all_gather(gathered, mine, group=self.group)
+        with collective(AGREEMENT, self.group):
+            dist.all_gather(gathered, mine, group=self.group)
         rows = np.stack([row.cpu().numpy() for row in gathered])
         problems = [self._rank_problem(rows[:, -1].tolist())]
         differ = disagreement([row[:-1].tobytes() for row in rows], "BalancedDistributedSampler configuration",
                               group_rank(self.group), show=lambda value: value.hex()[:12])
         if differ:  # the same rows on every rank: all of them gather the settings here
             shown = [None] * group_size(self.group)
-            dist.all_gather_object(shown, {name: _describe(value) for name, value in settings.items()},
-                                   group=self.group)
+            with collective(AGREEMENT, self.group):
+                dist.all_gather_object(shown, {name: _describe(value) for name, value in settings.items()},
+                                       group=self.group)
             problems.append(f"{differ}; settings that differ: {options_that_differ(shown)}")
         problems = [problem for problem in problems if problem]
         if problems:

@@ -327,3 +327,25 @@ def test_the_check_runs_on_the_group_given(disagreement_outcomes):
     shares = [outcomes["subgroup"][1] for outcomes in disagreement_outcomes[:2]]
     assert "subgroup" not in disagreement_outcomes[2]
     assert sorted(index for rank_shares in shares for step in rank_shares for index in step) == list(range(48))
+
+
+def dead_peer_sampler_job(rank, size):
+    """Rank 1 exits before iterating; rank 0 reports what its epoch check raised."""
+    from orchmllm.runtime import PeerFailureError
+    if rank == 1:
+        os._exit(0)
+    sampler = BalancedDistributedSampler(np.arange(1, 17), num_replicas=2, rank=rank, global_batch_size=4)
+    try:
+        return len(list(sampler))
+    except PeerFailureError as error:
+        return str(error)
+
+
+def test_regression_the_sampler_s_epoch_check_with_a_dead_peer_raised_gloo_s_raw_error():
+    """Cause: the epoch agreement's all-gather was the one collective not wrapped: gloo's "Connection reset by
+    peer" named neither the sampler nor its collective."""
+    outcomes = run_processes(dead_peer_sampler_job, 2, timeout_s=60, collective_timeout_s=10)
+    assert outcomes[0].ok, outcomes[0].error
+    assert outcomes[0].value.startswith("rank 0: the BalancedDistributedSampler's epoch agreement all-gather (every "
+                                        "process of `group` iterates the sampler, or passes check_agreement=False) "
+                                        "over 2 ranks failed; a peer died"), outcomes[0].value
