@@ -5,8 +5,8 @@ Run: python3.11 -m pytest benchmarks/bench_context_parallel.py -q -s
 
 Micro-batches (`balance_microbatches(..., context_parallel=)`, the orchestrator's step under a token
 budget T per micro-batch): the same giant-heavy mixes against the split micro-batch bound (canonical
-allotment with a per-shard budget, crowded and leaders bounds, + M · overhead), T = 32k and 64k (a
-giant over T must split), held-out seeds only; and the planning time of the orchestrator's
+allotment with a per-shard budget, the stacked bound of leaders and crowded micro-batches, + M · overhead),
+T = 32k and 64k (a giant over T must split), held-out seeds only; and the planning time of the orchestrator's
 micro-batched 3-stage step (84B: image, audio, LLM) with 1 % giant documents at D = 2560 × 16.
 Figures go to the "Giant items" section of BENCHMARKS.md.
 

@@ -40,8 +40,10 @@ def free_blocks(taken: np.ndarray, degree: int, gpus_per_node: int, allow_inter_
 def groups_disjoint(starts: np.ndarray, degrees: np.ndarray, num_ranks: int) -> bool:
     """Whether the distinct blocks (start, degree) cover no rank twice.
 
-    >>> groups_disjoint(np.array([0, 0, 4]), np.array([4, 4, 2]), 8), groups_disjoint(np.array([0, 2]), np.array([4, 2]), 8)
-    (True, False)
+    >>> groups_disjoint(np.array([0, 0, 4]), np.array([4, 4, 2]), 8)
+    True
+    >>> groups_disjoint(np.array([0, 2]), np.array([4, 2]), 8)
+    False
     """
     keys = np.unique(starts.astype(np.int64) * (num_ranks + 1) + degrees)
     first, width = np.divmod(keys, num_ranks + 1)

@@ -93,9 +93,11 @@ class _Blocks:
         self.placed: dict[int, tuple[int, int]] = {}  # item -> (block start, degree)
         self.overflow = False
         self.degree = 0  # the degree being laid out
-        self.keys: dict[int, list[tuple[float, int]] | None] = {}  # degree -> (load, position) of its candidates, ascending
+        # degree -> (load, position) of its candidates, ascending
+        self.keys: dict[int, list[tuple[float, int]] | None] = {}
         self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
-        self.most_tokens: dict[int, tuple[int, int]] = {}  # a group's block start -> bounds on its fullest rank's tokens
+        # a group's block start -> (lower, upper) bounds on the tokens of its fullest rank
+        self.most_tokens: dict[int, tuple[int, int]] = {}
         self.least_shard = 0  # the fewest tokens a shard of the degree being laid out holds
         self.full: list[tuple[float, int]] = []  # keys of its groups no shard of it fits any more, out of the search
         self.newly_full: list[tuple[float, int]] = []  # found full by the last search, taken out at the next
