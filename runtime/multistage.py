@@ -394,7 +394,7 @@ class MultiStageRuntime:
         """(each encoder's output, the text embedding's, what is wrong with them) of a pass (`forward`): a callable
         missing or not taking the contract's arguments, a broken contract, an output of the wrong shape."""
         problems, outputs, shapes, called = [], [], [], []
-        if not isinstance(encoders, Mapping):
+        if not (hasattr(encoders, "keys") and hasattr(encoders, "__getitem__")):  # a Mapping, an nn.ModuleDict
             problems.append(TypeError(f"`encoders` must map each modality to its encoder; got {type(encoders).__name__}"))
             encoders = {}
         for modality, route, plan in zip(self.modalities, routes.input_routes, routes.plan.stage_plans[:-1]):
