@@ -196,3 +196,15 @@ def test_our_kernels_read_the_budget_by_its_one_name(algorithm, lengths):
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         balance_microbatches(lengths, 2, max_tokens_per_microbatch=12, algorithm=algorithm)
+
+
+def test_regression_a_kernel_over_the_budget_was_repaired_silently_under_a_pipeline():
+    """P4-13: with `pipeline=`, the pipeline re-plan rebuilt the kernel's cells, so a kernel putting 16 tokens in a
+    cell of 8 got a valid plan labelled 'test_all_in_one+pipeline', status optimal, and its bug went unreported."""
+    from orchmllm import Pipeline
+
+    register_microbatch_algorithm("test_all_in_one", all_in_one, padded=False, description="one cell for all")
+    with pytest.raises(RuntimeError, match=r"'test_all_in_one' put 16 tokens in cell \(rank 0, micro-batch 0\), "
+                                           r"over max_tokens_per_microbatch=8"):
+        balance_microbatches([5, 4, 3, 3, 1], 2, max_tokens_per_microbatch=8, algorithm="test_all_in_one",
+                             pipeline=Pipeline(stages=2))

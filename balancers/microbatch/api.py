@@ -42,7 +42,7 @@ from .bounds import min_bins
 from .locality import keep_cells_local
 from .options import MicroBatchOptions, microbatch_options
 from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, checked_kernel, float_sum,
-                   make_microbatch_plan)
+                   make_microbatch_plan, within_budget)
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
 DEFAULT_WORK = 1_000_000
@@ -245,6 +245,7 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
     if pipeline.runnable(m) != m:
         result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=record.name,
                                             exact=record.exact)
+    within_budget(problem, result, m, record.name)  # the kernel's own cells: the re-plan below rebuilds them
     rank, slot, step = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
                                          free_microbatches=fixed is None)
     if origins is not None:

@@ -294,6 +294,17 @@ def _claimed_step_bound(problem: MicroBatchProblem, result: MicroBatchResult, lo
     return float_sum([claimed, m * problem.microbatch_overhead])
 
 
+def within_budget(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
+                  algorithm: str) -> tuple[np.ndarray, np.ndarray]:
+    """The (loads, tokens) of `result`'s cells; RuntimeError naming the kernel for a cell over the budget."""
+    loads, tokens = cell_accounts(problem, result.rank, result.microbatch, num_microbatches)
+    if tokens.size and tokens.max() > problem.max_tokens_per_microbatch:
+        m, r = np.unravel_index(int(np.argmax(tokens)), tokens.shape)
+        raise RuntimeError(f"algorithm {algorithm!r} put {int(tokens[m, r])} tokens in cell (rank {r}, micro-batch "
+                           f"{m}), over max_tokens_per_microbatch={problem.max_tokens_per_microbatch}")
+    return loads, tokens
+
+
 def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
                          algorithm: str, *, floor_microbatches: int | None = None,
                          proven_bound: float | None = None, solve_seconds: float = 0.0,
@@ -311,11 +322,7 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     """
     result = check_result(problem, result, num_microbatches, algorithm)
     rank, microbatch = result.rank, result.microbatch
-    loads, tokens = cell_accounts(problem, rank, microbatch, num_microbatches)
-    if tokens.size and tokens.max() > problem.max_tokens_per_microbatch:
-        m, r = np.unravel_index(int(np.argmax(tokens)), tokens.shape)
-        raise RuntimeError(f"algorithm {algorithm!r} put {int(tokens[m, r])} tokens in cell (rank {r}, micro-batch "
-                           f"{m}), over max_tokens_per_microbatch={problem.max_tokens_per_microbatch}")
+    loads, tokens = within_budget(problem, result, num_microbatches, algorithm)
     overhead = problem.microbatch_overhead
     cost = step_cost(loads, overhead)
     check_step_cost(cost, loads, overhead)
