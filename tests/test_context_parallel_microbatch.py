@@ -71,6 +71,20 @@ def test_giants_over_half_a_microbatch_level_get_a_block_each():
     assert plan.split_items.size and plan.step_cost <= 1.05 * plan.lower_bound
 
 
+def test_fills_between_the_coarse_ones_are_tried():
+    """Long documents (32k-256k tokens, 2 % of 64 ranks x 32 items, T = 32k): micro-batches filled to 95 %, 85 %,
+    70 % or 50 % of their tokens all left the step 14 % above the bound (1.144); with 90 % and 80 % tried too it is
+    within 10 %."""
+    lengths, _ = llm_stage_lengths(64, 32, 100)
+    rng = np.random.default_rng(1_000_003 * 100 + 7)
+    count = round(0.02 * lengths.size)
+    documents = np.exp(rng.uniform(np.log(32768), np.log(262144), count)).astype(np.int64)
+    lengths[rng.choice(lengths.size, count, replace=False)] = documents
+    plan = balance_microbatches(lengths, 64, cost=MODELS["84b"].llm.cost(causal=True),
+                                max_tokens_per_microbatch=32768, context_parallel=ContextParallel())
+    assert plan.split_items.size and plan.step_cost <= 1.10 * plan.lower_bound
+
+
 def test_lone_items_move_up_only_while_the_blocks_are_short():
     times = {2: np.array([6.0, 6.0, 6.0]), 4: np.array([3.2, 3.2, 3.2])}
 

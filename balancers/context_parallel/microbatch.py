@@ -23,7 +23,7 @@ Algorithm:
     P = today's plan (`balance_microbatches` without splitting) when every item fits T
     if no item exceeds T or costs more than a micro-batch's mean share Σ f / (D · M_P):  return P
         (bound Σ f / D + ⌈Σ l / (D · T)⌉ · overhead: any plan works at least Σ f)
-    for a fill of 95 %, 85 %, 70 %, 50 % of a micro-batch's D · T tokens, until every micro-batch fits
+    for a fill of 95 %, 90 %, 85 %, 80 %, 70 %, 50 % of a micro-batch's D · T tokens, until every one fits
             and then while the step is above the bound by more than 3 % (the best kept):
         micro-batches: items by least time, longest first, fill one micro-batch after another
             within its tokens, its level's work and D ranks held alone (`group_microbatches`)
@@ -50,7 +50,7 @@ from .plan import ContextParallelPlan
 from .spec import ContextParallel
 from .split import allot, allowed_degrees, balance_split
 
-FILLS = (0.95, 0.85, 0.7, 0.5)
+FILLS = (0.95, 0.9, 0.85, 0.8, 0.7, 0.5)
 """Shares of a micro-batch's D · T tokens the grouping fills, tried in turn (the fewest micro-batches
 those tokens need, at least today's M): until every micro-batch has a split plan within T, then
 while the step is above the bound by more than RETRY_GAP, the least step kept."""
