@@ -6,10 +6,35 @@ import math
 
 import numpy as np
 
-from ..balancers import BalancePlan, CostModel, Status
+from ..balancers import BalancePlan, ContextParallelPlan, CostModel, MicroBatchPlan, Status
+from ..balancers.context_parallel.microbatch import SplitMicroBatchPlan
 from .oracles import BRUTE_FORCE_MAX_PLANS, Optimum, brute_force, exact
 
 _AUTO = object()
+_CHECK_OF = {MicroBatchPlan: "check_microbatch_plan", BalancePlan: "check_plan"}  # which check takes which plan
+_SPLIT_CHECK = {ContextParallelPlan: "check_split_plan(plan, lengths, num_ranks, spec) checks it",
+                SplitMicroBatchPlan: "brute_force_split_microbatches gives its optimum"}
+
+
+def check_plan_type(plan, expected: type) -> None:
+    """TypeError unless `plan` is an `expected` plan, naming the check that takes the plan it is.
+
+    >>> check_plan_type("x", BalancePlan)
+    Traceback (most recent call last):
+    ...
+    TypeError: check_plan takes a BalancePlan as `plan` (what balance() returns); got str
+    """
+    split = next((hint for kind, hint in _SPLIT_CHECK.items() if isinstance(plan, kind)), None)
+    if split is not None:  # loads in seconds on every rank of a group: not the unsplit checks' accounts
+        raise TypeError(f"{_CHECK_OF[expected]} takes a plan of unsplit items; got a {type(plan).__name__} "
+                        f"(context parallelism): orchmllm.testing.{split}")
+    if isinstance(plan, expected):
+        return
+    other = next((f"; {check} checks a {kind.__name__}" for kind, check in _CHECK_OF.items() if isinstance(plan, kind)),
+                 "")
+    maker = "balance_microbatches()" if expected is MicroBatchPlan else "balance()"
+    raise TypeError(f"{_CHECK_OF[expected]} takes a {expected.__name__} as `plan` (what {maker} returns); got "
+                    f"{type(plan).__name__}{other}")
 
 
 def _fail(plan: BalancePlan, message: str) -> None:
@@ -48,6 +73,7 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
     >>> from orchmllm import balance
     >>> check_plan(balance([5, 4, 3, 3, 3], 2, algorithm="lpt"), [5, 4, 3, 3, 3], 2)
     """
+    check_plan_type(plan, BalancePlan)
     lengths = np.asarray(lengths, dtype=np.int64)
     cost = CostModel() if cost is None and costs is None else cost  # explicit costs: the plan has no model
     n = lengths.size

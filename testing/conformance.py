@@ -53,7 +53,7 @@ from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, SuiteReport
                       check_suite_arguments, compare_processes, fingerprint, run_properties, with_examples)
 from .harness import suite_settings as _settings  # a property's source seeds its derandomized examples: kept as it was
 from .microbatch_conformance import MicroBatchConformanceReport, check_microbatch_conformance
-from .oracles import brute_force
+from .oracles import BRUTE_FORCE_MAX_PLANS, brute_force
 from .oracles import exact as exact_optimum
 from .strategies import COST_MODELS, CONSTRAINTS, BalanceCase, hard_cases, problems
 
@@ -305,6 +305,8 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
     max_items, max_ranks, examples, processes, time_limit = check_suite_arguments(max_items, max_ranks, examples,
                                                                                   processes, time_limit)
     target = _Target(algorithm_or_kernel, padded, exact, order_invariant, time_limit, constraints)
+    if target.constraints:
+        _check_brute_force_reach(max_items, max_ranks, target.constraints)
     counts = {"certified": 0, "optimal": 0, "refusals": 0, "metamorphic": 0, "constrained": 0}
     run_properties(_properties(target, counts, max_items, max_ranks, examples))
     repeated = check_repeats(target, _seeded_cases(target, REPEAT_CASES, max_items, max_ranks, seed=20240601))
@@ -314,6 +316,19 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
     return ConformanceReport(target.name, tuple("padded" if kind else "unpadded" for kind in target.kinds),
                              counts["certified"], counts["optimal"], counts["refusals"], counts["metamorphic"],
                              compared, target.constraints, counts["constrained"], repeated)
+
+
+def _check_brute_force_reach(max_items: int, max_ranks: int, constraints) -> None:
+    """ValueError, before any work, when the constrained cases' oracle (brute force over the
+    max_ranks**max_items plans of the largest case) would pass BRUTE_FORCE_MAX_PLANS."""
+    most = 0
+    while max_ranks > 1 and max_ranks ** (most + 1) <= BRUTE_FORCE_MAX_PLANS:
+        most += 1
+    if max_ranks > 1 and max_items > most:
+        raise ValueError(f"`max_items`={max_items} on `max_ranks`={max_ranks} makes constrained cases of up to "
+                         f"{max_ranks}**{max_items} plans, beyond BRUTE_FORCE_MAX_PLANS = 2**20, the brute force "
+                         f"that checks the {', '.join(constraints)} cases; use max_items <= {most} (or "
+                         f"constraints=())")
 
 
 def _properties(target: _Target, counts: dict, max_items: int, max_ranks: int, examples: int) -> tuple:

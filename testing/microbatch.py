@@ -19,7 +19,7 @@ import numpy as np
 from ..balancers import MicroBatchPlan, Status
 from ..balancers.problem import as_lengths
 from ..balancers.validation import as_int
-from .checks import rounding_apart
+from .checks import check_plan_type, rounding_apart
 from .oracles import _all_plans, _item_costs, _per_rank
 
 
@@ -133,6 +133,7 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
     >>> check_microbatch_plan(plan, [6, 5, 4, 3, 2, 2], 2, 8,
     ...                       optimum=brute_force_microbatches([6, 5, 4, 3, 2, 2], 2, 8, plan.num_microbatches))
     """
+    check_plan_type(plan, MicroBatchPlan)
     lengths = as_lengths(lengths)
     n, m = lengths.size, plan.num_microbatches
     expected = (num_ranks, max_tokens_per_microbatch, padded)

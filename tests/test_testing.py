@@ -528,3 +528,61 @@ def test_regression_check_plan_failed_an_optimal_plan_an_ulp_above_the_optimum_s
     assert plan.status is Status.OPTIMAL and plan.makespan == 22.600000000000005
     assert brute_force(lengths, 2, cost=cost, equal_counts=True).makespan == 22.6
     check_plan(plan, lengths, 2, cost=cost, equal_counts=True)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(max_items=0), r"`max_items` must be >= 1; got 0"),
+    (dict(max_ranks=0), r"`max_ranks` must be >= 1; got 0"),
+    (dict(padded=()), r"`padded` must list the kinds to draw, False and/or True; got \(\)"),
+], ids=["max_items", "max_ranks", "padded"])
+def test_regression_microbatch_cases_took_its_sizes_unchecked_and_failed_at_the_first_draw(arguments, message):
+    """P4-11: `microbatch_cases(max_items=0)` was built (`sampled_from(range(1, 1))`) and failed only when drawn."""
+    from orchmllm.testing import microbatch_cases
+    with pytest.raises(ValueError, match=message):
+        microbatch_cases(**arguments)
+
+
+def test_regression_a_check_given_the_other_kind_of_plan_raised_an_attribute_error():
+    """P4-11: check_plan of a MicroBatchPlan (or a str) raised "no attribute 'assignment'", check_microbatch_plan
+    of a BalancePlan "no attribute 'num_microbatches'"; now a TypeError naming the check that takes it."""
+    micro, plain = balance_microbatches([5, 4, 3], 2, max_tokens_per_microbatch=8), balance([5, 4, 3], 2)
+    with pytest.raises(TypeError, match=r"check_plan takes a BalancePlan as `plan` \(what balance\(\) returns\); got "
+                                        r"MicroBatchPlan; check_microbatch_plan checks a MicroBatchPlan"):
+        check_plan(micro, [5, 4, 3], 2)
+    with pytest.raises(TypeError, match=r"check_plan takes a BalancePlan as `plan` .*; got str$"):
+        check_plan("x", [5, 4, 3], 2)
+    with pytest.raises(TypeError, match=r"check_microbatch_plan takes a MicroBatchPlan as `plan` .*; got BalancePlan; "
+                                        r"check_plan checks a BalancePlan"):
+        check_microbatch_plan(plain, [5, 4, 3], 2, 8)
+
+
+def test_regression_check_conformance_beyond_brute_force_s_reach_failed_after_seconds_naming_no_argument():
+    """P4-11: `check_conformance("lpt", max_items=50)` ran for 10 s, then its constrained cases' brute force raised
+    "2**21 plans exceeds BRUTE_FORCE_MAX_PLANS", naming neither `max_items` nor the size that works."""
+    with pytest.raises(ValueError, match=r"`max_items`=50 on `max_ranks`=3 makes constrained cases of up to 3\*\*50 "
+                                         r"plans, beyond BRUTE_FORCE_MAX_PLANS = 2\*\*20.*use max_items <= 12"):
+        check_conformance("lpt", max_items=50, processes=False)
+    assert check_conformance("lpt", max_items=50, processes=False, examples=1, constraints=()).constraints == ()
+
+
+def test_regression_the_generic_checks_failed_a_correct_split_plan_with_loads_differ():
+    """P4-25: check_plan / check_microbatch_plan recomputed a context-parallel plan's loads as if every item sat on
+    its first rank ("loads [27.0, 27.0] differ from the items' [49.0, 5.0]"), and the split checks that pass it were
+    not exported from orchmllm.testing; now a TypeError naming them, and they are."""
+    from orchmllm.balancers import ContextParallel
+    from orchmllm.testing import brute_force_split, brute_force_split_microbatches, check_split_plan
+    spec = ContextParallel(degrees=(1, 2), latency_s=0.0, seconds_per_cost=1.0, kv_bytes_per_token=0.0,
+                           half_efficiency_tokens=0.0)
+    lengths = [40, 5, 5, 4]
+    split = balance(lengths, 2, context_parallel=spec)
+    with pytest.raises(TypeError, match=r"check_plan takes a plan of unsplit items; got a ContextParallelPlan "
+                                        r"\(context parallelism\): orchmllm.testing.check_split_plan"):
+        check_plan(split, lengths, 2)
+    check_split_plan(split, lengths, 2, spec, optimum=brute_force_split(lengths, 2, spec))
+    micro = balance_microbatches(lengths, 2, max_tokens_per_microbatch=30, context_parallel=spec)
+    with pytest.raises(TypeError, match=r"check_microbatch_plan takes a plan of unsplit items; got a "
+                                        r"SplitMicroBatchPlan .*brute_force_split_microbatches"):
+        check_microbatch_plan(micro, lengths, 2, 30)
+    optimum = brute_force_split_microbatches(lengths, 2, spec, max_tokens_per_microbatch=30,
+                                             num_microbatches=micro.num_microbatches)
+    assert optimum.makespan <= micro.step_cost
