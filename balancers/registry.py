@@ -369,7 +369,9 @@ def get_algorithm(name: str, argument: str = "algorithm") -> Algorithm:
     """
     record = _find(name, argument=argument)
     if record is None:
-        raise ValueError(f"unknown `{argument}` {name!r}; choose one of {sorted(_records)}")
+        other = (f" ({name!r} is a micro-batch algorithm: pass it with `max_tokens_per_microbatch`, or to "
+                 f"balance_microbatches)" if _find(name, _microbatch_records, argument) is not None else "")
+        raise ValueError(f"unknown `{argument}` {name!r}; choose one of {sorted(_records)}{other}")
     return record
 
 
@@ -382,7 +384,9 @@ def get_microbatch_algorithm(name: str, argument: str = "algorithm") -> MicroBat
     """
     record = _find(name, _microbatch_records, argument)
     if record is None:
-        raise ValueError(f"unknown `{argument}` {name!r}; choose one of {sorted(_microbatch_records)}")
+        other = (f" ({name!r} balances a step of one pass per rank; a micro-batch budget takes one of these "
+                 f"micro-batch algorithms)" if _find(name, argument=argument) is not None else "")
+        raise ValueError(f"unknown `{argument}` {name!r}; choose one of {sorted(_microbatch_records)}{other}")
     return record
 
 

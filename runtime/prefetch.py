@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from ..balancers.validation import as_real
+
 
 class Prefetcher:
     """Run `plan_fn(*args, group)` in a background thread, one request at a time.
@@ -43,6 +45,7 @@ class Prefetcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orchmllm-prefetch")
         self._pending: Future | None = None
         self._lock = threading.Lock()
+        self._closed = False
         self.planning_seconds = 0.0  # time spent planning in the thread
         self.wait_seconds = 0.0  # time the caller waited in result()
         self.requests = 0
@@ -57,6 +60,8 @@ class Prefetcher:
 
     def submit(self, *args) -> None:
         """Start planning for `args` (e.g. the next step's local samples)."""
+        if self._closed:
+            raise RuntimeError("this Prefetcher is closed; make a new one to plan again")
         if self._pending is not None:
             raise RuntimeError("a prefetch is already pending; call result() first")
         self._pending = self._executor.submit(self._run, args)
@@ -65,6 +70,8 @@ class Prefetcher:
     def result(self, timeout: float | None = None):
         """The pending plan; waits for it (timed) and re-raises the thread's exception.  A wait that times
         out keeps the request pending (its collectives still pair with the other ranks'): call again."""
+        if timeout is not None:
+            timeout = as_real(timeout, "timeout")
         if self._pending is None:
             raise RuntimeError("no prefetch pending; call submit() first")
         start, pending = time.perf_counter(), self._pending
@@ -88,6 +95,7 @@ class Prefetcher:
 
     def close(self) -> None:
         """Stop the thread (waits for a running plan)."""
+        self._closed = True
         self._executor.shutdown(wait=True)
 
     def __enter__(self) -> "Prefetcher":

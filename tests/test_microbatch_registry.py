@@ -12,8 +12,8 @@ import pytest
 
 from orchmllm import (MICROBATCH_ALGORITHMS, InfeasibleError, Orchestrator, Stage, Topology,
                       register_microbatch_algorithm)
-from orchmllm.balancers import (CostModel, Kind, MicroBatchAlgorithm, balance_microbatches, get_microbatch_algorithm,
-                                microbatch_algorithms, registry)
+from orchmllm.balancers import (CostModel, Kind, MicroBatchAlgorithm, balance, balance_microbatches,
+                                get_microbatch_algorithm, microbatch_algorithms, registry)
 from orchmllm.balancers.microbatch.plan import MicroBatchResult
 from orchmllm.orchestrator import Batch
 
@@ -208,3 +208,16 @@ def test_regression_a_kernel_over_the_budget_was_repaired_silently_under_a_pipel
                                            r"over max_tokens_per_microbatch=8"):
         balance_microbatches([5, 4, 3, 3, 1], 2, max_tokens_per_microbatch=8, algorithm="test_all_in_one",
                              pipeline=Pipeline(stages=2))
+
+
+def test_regression_a_balancing_algorithm_given_for_a_micro_batch_budget_was_called_unknown_without_why():
+    """P4-16: `BalancedDistributedSampler(..., max_tokens_per_microbatch=T, algorithm="lpt")` (and
+    balance_microbatches) said only "unknown `algorithm` 'lpt'; choose one of ['auto', 'cells', ...]" of a known
+    balancing algorithm; now the message says why, both ways."""
+    with pytest.raises(ValueError, match=r"unknown `algorithm` 'lpt'; choose one of \['auto', 'cells', .*\] \('lpt' "
+                                         r"balances a step of one pass per rank; a micro-batch budget takes one of "
+                                         r"these micro-batch algorithms\)"):
+        balance_microbatches([3, 2], 2, max_tokens_per_microbatch=4, algorithm="lpt")
+    with pytest.raises(ValueError, match=r"\('cells' is a micro-batch algorithm: pass it with "
+                                         r"`max_tokens_per_microbatch`, or to balance_microbatches\)"):
+        balance([3, 2], 2, algorithm="cells")

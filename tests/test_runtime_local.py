@@ -544,3 +544,16 @@ def test_regression_dispatch_and_scatter_text_slips_raised_raw_python_errors_nam
     with pytest.raises(ValueError, match=rf"`values` must hold one row per text token of this micro-batch \({rows}, "
                                          rf".*got \({rows - 1},\)"):
         packed.scatter_text(micro.data.text["input_ids"][1:], -100)
+
+
+def test_regression_prefetcher_submit_after_close_and_a_negative_timeout_gave_raw_or_absurd_answers():
+    """P4-16: `submit` after `close` raised concurrent.futures' "cannot schedule new futures after shutdown", and
+    `result(timeout=-1)` was accepted ("did not finish within -1 s")."""
+    prefetcher = Prefetcher(lambda value, group: value)
+    prefetcher.submit(1)
+    with pytest.raises(ValueError, match=r"`timeout` must be finite and >= 0; got -1.0"):
+        prefetcher.result(timeout=-1)
+    assert prefetcher.result(timeout=30) == 1
+    prefetcher.close()
+    with pytest.raises(RuntimeError, match=r"this Prefetcher is closed; make a new one to plan again"):
+        prefetcher.submit(2)
