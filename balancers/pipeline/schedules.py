@@ -48,6 +48,8 @@ import numpy as np
 
 from .spec import Pipeline
 
+BLOCK = 1024  # rows `replica_times` computes at once
+
 
 def stage_order(pipeline: Pipeline, num_microbatches: int, stage: int) -> list[tuple[bool, int, int]]:
     """The operations of `stage` in the order it runs them: (backward?, slot, model stage).
@@ -124,6 +126,9 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     """
     forward, backward = np.asarray(forward, dtype=np.float64), np.asarray(backward, dtype=np.float64)
     rows, m = forward.shape[0], forward.shape[-1]
+    if rows > BLOCK:  # in blocks: at P = 8, M = 3 a (ops, 2560) buffer is 1 MB; 0.7 ms instead of 2.7 ms
+        return np.concatenate([replica_times(pipeline, forward[i:i + BLOCK], backward[i:i + BLOCK])
+                               for i in range(0, rows, BLOCK)])
     stage, slot, is_backward, previous, needed = programs(pipeline, m)
     v = pipeline.virtual_stages
     at = (slot,) if forward.ndim == 2 else (stage, slot)  # uniform stages: every stage runs the same time
