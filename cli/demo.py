@@ -28,6 +28,8 @@ the unsplit plan's isolated busy max/mean below 1.5 (no giant) or the split plan
 """
 
 
+MIXED_ONLY = {"algorithm": "auto", "transport": "flat", "costs": "calibrated", "repeats": 3}  # giants: defaults only
+
 def add_parser(commands) -> None:
     demo = subcommand(
         commands, "demo", "train a tiny vision+audio+text model on local gloo ranks, balanced and not",
@@ -42,14 +44,14 @@ def add_parser(commands) -> None:
     demo.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                       help="parameter dtype (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="data seed (default: %(default)s)")
-    demo.add_argument("--algorithm", default="auto", help="balancer of every stage (default: %(default)s)")
-    demo.add_argument("--transport", choices=("flat", "hierarchical"), default="flat",
+    demo.add_argument("--algorithm", default=MIXED_ONLY["algorithm"], help="balancer of every stage (default: %(default)s)")
+    demo.add_argument("--transport", choices=("flat", "hierarchical"), default=MIXED_ONLY["transport"],
                       help="all-to-all: flat or node-wise (default: %(default)s)")
     demo.add_argument("--gpus-per-node", type=int, default=None,
                       help="ranks per node of the node-wise transport (default: torchrun's LOCAL_WORLD_SIZE)")
-    demo.add_argument("--costs", choices=("calibrated", "flops"), default="calibrated",
+    demo.add_argument("--costs", choices=("calibrated", "flops"), default=MIXED_ONLY["costs"],
                       help="stage cost models: timed on every rank, or FLOP formulas (default: %(default)s)")
-    demo.add_argument("--repeats", type=int, default=3,
+    demo.add_argument("--repeats", type=int, default=MIXED_ONLY["repeats"],
                       help="concurrent busy time = min over this many passes (default: %(default)s)")
     demo.add_argument("--replay-repeats", type=int, default=5,
                       help="rounds of the isolated replay, every rank's work timed once in each "
@@ -209,6 +211,10 @@ def run_giants(args) -> int:
     for name in ("max_tokens_per_microbatch", "gpus_per_node"):
         if getattr(args, name) is not None:
             raise UsageError(f"--{name.replace('_', '-')} is not available with --workload giants")
+    for name, default in MIXED_ONLY.items():
+        if getattr(args, name) != default:
+            raise UsageError(f"--{name} {getattr(args, name)} is not available with --workload giants (it runs "
+                             f"its own split and unsplit steps)")
     if args.ranks > 64:
         raise UsageError(f"--ranks must be at most 64 spawned CPU processes; got {args.ranks}")
     default = ",".join(str(d) for d in (1, 2, 4) if d <= args.ranks)

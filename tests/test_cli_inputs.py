@@ -362,6 +362,10 @@ OPTION_CASES = {
     "demo gpus per node with the flat transport ignored": (
         ["demo", "--gpus-per-node", "2", "--ranks", "2", "--steps", "1"],
         "error: --gpus-per-node applies only with --transport hierarchical"),
+    # the giants demo ran its own steps and ignored the mixed demo's --transport / --algorithm / --costs / --repeats
+    "demo giants with a transport ignored": (
+        ["demo", "--workload", "giants", "--ranks", "2", "--steps", "1", "--transport", "hierarchical"],
+        "error: --transport hierarchical is not available with --workload giants"),
 }
 
 
