@@ -293,3 +293,22 @@ def test_certified_step_of_the_searched_cells_is_a_fresh_account(workload, seed,
     assert step.step_time == fresh.step_time and step.busy_fraction == fresh.busy_fraction
     assert np.array_equal(step.replica_times, fresh.replica_times)
     assert step.step_time < step.unaware_step_time
+
+
+
+def test_search_spends_no_work_once_within_stop_gap_of_the_bound(monkeypatch):
+    """Regression (planning time at D = 2560): the search ran its steps on a start already within STOP_GAP of
+    the certified bound τ·X̄ (here 0.11 % above it: 2018 rows evaluated), where a step lowers one of many
+    near-tied replicas.  Now it evaluates no row there, and the plan stays within STOP_GAP of the bound."""
+    from orchmllm.balancers.pipeline.profile import best_profile
+    from orchmllm.balancers.pipeline.search import STOP_GAP, CellSearch
+
+    lengths = sample_workload("default", 64, 32, seed=7).sample_llm_length
+    costs, pipeline = lengths.astype(float) ** 1.5, Pipeline(stages=8)
+    rows = []
+    evaluate = CellSearch.evaluate
+    monkeypatch.setattr(CellSearch, "evaluate", lambda self, cells: rows.append(len(cells[0])) or evaluate(self, cells))
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, costs=costs, pipeline=pipeline)
+    bound = best_profile(pipeline, plan.num_microbatches)[0] * costs.sum() / 64
+    assert rows == [] and bound <= plan.pipeline.step_time <= bound * (1 + STOP_GAP)
+    assert plan.pipeline.step_time < plan.pipeline.unaware_step_time

@@ -137,9 +137,12 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     best = int(np.argmin([np.inf if t is None else t.max() for t in times]))
     replica, slot = placed[best] if best in placed else _placed(grids[best], cell, num_microbatches)
     cost, tokens, firsts = cells[best]
+    # the search's floor: τ·X̄ bounds every plan's step at this M (`bounds`; uniform stages, else none)
+    floor = 0.0 if firsts is not None else best_profile(pipeline, num_microbatches)[0] * (
+        float(problem.item_costs.sum()) / d + num_microbatches * problem.microbatch_overhead)
     search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, cost, tokens, replica, slot,
                         problem.max_tokens_per_microbatch, work, times[best],
-                        None if firsts is None else (firsts, first_stage))
+                        None if firsts is None else (firsts, first_stage), floor)
     search.run()
     return search.replica, search.slot, float(times[0].max()), _final_cells(problem, search, first_stage)
 
