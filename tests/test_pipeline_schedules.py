@@ -129,3 +129,15 @@ def test_replica_times_in_blocks_equal_each_row_alone(stages, schedule, virtual,
     assert times.shape == (costs.shape[0],)
     for row in (0, BLOCK - 1, BLOCK, 2 * BLOCK, costs.shape[0] - 1):
         assert times[row] == replica_times(pipeline, forward[row:row + 1], backward[row:row + 1])[0]
+
+
+def test_regression_the_best_shape_at_many_micro_batches_took_cutting_planes_18_seconds_short_of_it():
+    """Cause: Kelley's cutting planes over paths solved up to 400 LPs of up to 800 cuts and stopped at
+    MAX_CUTS 1.3e-4 above the optimum at P = 8, M = 66 (18 s on the first call of a 2560-GPU step, issue 24
+    P4-22); the program over the operations' end times is solved once, and its dual flow certifies it."""
+    pipeline = Pipeline(stages=8)
+    tau, shape = best_profile(pipeline, 66)
+    assert replica_step(pipeline, shape) <= tau * (1 + 1e-5)
+    rng = np.random.default_rng(66)
+    for cells in rng.dirichlet(np.ones(66), size=20):
+        assert tau <= replica_step(pipeline, cells) * (1 + 1e-12)

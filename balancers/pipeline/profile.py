@@ -3,20 +3,23 @@
 A replica's pipeline time is the longest path through its schedule's operation graph
 (`schedules`), and with uniform stages each operation lasts α·x_k or β·x_k (divided by v),
 x_k the cost of slot k, so every path is linear in x and the time T(x) = max over paths
-of a_path · x is convex, piecewise linear and homogeneous.  Over cells x >= 0 with
-Σ x = 1 its least value τ solves
+of a_path · x is convex, piecewise linear and homogeneous.  Its least value τ over cells
+x >= 0 with Σ x = 1 is one sparse linear program over the cells and every operation's end
+time e (a longest path is the least e that satisfies its precedences):
 
-    minimise t  s.t.  a_path · x <= t for every path,  Σ x = 1,  x >= 0
+    minimise t  s.t.  e_op >= e_p + d_op(x) for every input or stage predecessor p of op,
+                      e_op >= d_op(x),  t >= e_op,  Σ x = 1,  x >= 0
 
-with the paths generated as needed (Kelley's cutting planes): solve over the paths known,
-evaluate T at the answer, add its critical path, until they meet.  Every replica whose
-cells sum to X runs at least τ·X (T(x) >= τ·Σ x), so τ·X̄ bounds every plan's step.  The
-bound is certified by weak duality, not by the solver's tolerance: for weights y >= 0,
-Σ y = 1 on the known paths, max_path a·x >= Σ y·a·x >= min_k (yᵀA)_k · Σ x.
+(O(ops) rows: 2·P·v·M operations; one HiGHS solve, where cutting planes over paths took
+hundreds at M = 66).  Every replica whose cells sum to X runs at least τ·X (T(x) >= τ·Σ x),
+so τ·X̄ bounds every plan's step.  The bound is certified by weak duality, not by the
+solver's tolerance: the program's duals are a unit flow through the graph; split into real
+paths with weights y >= 0, Σ y = 1, max_path a·x >= Σ y·a·x >= min_k (yᵀA)_k · Σ x.
 
 1F1B's optimum is not flat: light micro-batches first and last shorten the fill and
 drain more than they cost the steady state (P = 8, M = 16: 0.927 × the flat time).
-GPipe's is flat (its closed form), and so, on the sizes tried, is the interleaved one's.
+GPipe's is flat (its closed form), and so, on the sizes tried, is the interleaved one's
+(flat cells are kept wherever they are as fast as the program's answer).
 """
 
 from __future__ import annotations
@@ -28,8 +31,6 @@ import numpy as np
 from .schedules import programs
 from .spec import Pipeline
 
-MAX_CUTS = 400
-TOLERANCE = 1e-9  # stop when the true time at the answer is within this of the paths' bound
 ROUNDING = 1e-12  # the certified bound's float products are rounded: it drops by this fraction
 
 
@@ -71,39 +72,93 @@ def path_bound(pipeline: Pipeline, cell_costs: np.ndarray) -> np.ndarray:
 
 @lru_cache(maxsize=128)
 def _profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray, np.ndarray]:
-    """`best_profile`'s (τ, x) and the coefficients of the paths it met, (paths, M)."""
-    from scipy.optimize import linprog
-
+    """`best_profile`'s (τ, x) and the coefficients of the paths that certify it, (paths, M)."""
     m = num_microbatches
-    x = np.full(m, 1.0 / m)
+    flat = np.full(m, 1.0 / m)
     if pipeline.schedule == "gpipe":  # its closed form: flat cells are optimal; paths (α + β)·(1 + (P - 1)·e_k)
         p = pipeline.stages
         paths = (1.0 + (p - 1) * np.eye(m)) * (pipeline.forward_share * (1 + pipeline.backward_factor))
-        x.setflags(write=False)
+        flat.setflags(write=False)
         paths.setflags(write=False)
-        return (1 + (p - 1) / m) / p * (1 - ROUNDING), x, paths
-    best_time, cuts = np.inf, []
-    best, bound = x, 0.0
-    for _ in range(MAX_CUTS):
-        for point in (x, (x + best) / 2):  # the answer and halfway to the best: stabilised cuts
-            time, path = critical_path(pipeline, point)
-            if time < best_time:
-                best_time, best = time, point
-            cuts.append(path)
-        a = np.array(cuts)
-        result = linprog(np.r_[np.zeros(m), 1.0], A_ub=np.c_[a, -np.ones(len(cuts))], b_ub=np.zeros(len(cuts)),
-                         A_eq=np.r_[np.ones(m), 0.0][None, :], b_eq=[1.0],
-                         bounds=[(0, None)] * m + [(None, None)], method="highs")
-        if result.status != 0:
-            break
-        weights = np.maximum(-result.ineqlin.marginals, 0.0)
-        if weights.sum() > 0:
-            bound = max(bound, float(((weights / weights.sum()) @ a).min()))
-        if best_time <= bound * (1 + TOLERANCE):
-            break
-        x = np.maximum(result.x[:m], 0.0)
-        x = x / x.sum()
-    best, paths = best.copy(), np.array(cuts)
+        return (1 + (p - 1) / m) / p * (1 - ROUNDING), flat, paths
+    graph = _Graph(pipeline, m)
+    x, flows = graph.solve()
+    best = flat if critical_path(pipeline, flat)[0] <= critical_path(pipeline, x)[0] else x
+    split, weights = graph.paths(flows)
+    bound = float(((weights / weights.sum()) @ split).min()) if weights.sum() > 0 else 0.0
+    # the flat cells' and the answer's own critical paths too: `path_bound` is exact on both
+    paths = np.vstack([split, critical_path(pipeline, flat)[1], critical_path(pipeline, best)[1]])
+    best, paths = best.copy(), np.ascontiguousarray(paths)
     best.setflags(write=False)
     paths.setflags(write=False)
-    return bound * (1 - ROUNDING), best, paths
+    return max(bound, 0.0) * (1 - ROUNDING), best, paths
+
+
+class _Graph:
+    """The schedule's operations as the linear program of the module: its rows are the edges
+    (input or stage predecessor -> operation), the starts (operations with neither) and the ends."""
+
+    def __init__(self, pipeline: Pipeline, m: int):
+        _, self.slot, is_backward, previous, needed = programs(pipeline, m)
+        share = pipeline.forward_share / pipeline.virtual_stages
+        self.weight = np.where(is_backward.astype(bool), share * pipeline.backward_factor, share)
+        self.m, n = m, self.slot.size
+        ops = np.arange(n)
+        self.before = np.stack([previous, needed])  # (2, n): the predecessors, -1 where none
+        has = self.before >= 0
+        self.edge = np.full((2, n), -1)  # the row of each (predecessor, op) edge
+        self.edge[has] = np.arange(int(has.sum()))
+        self.start = np.flatnonzero(~has.any(axis=0))  # operations with no predecessor
+        self.tail, self.head = self.before[has], np.broadcast_to(ops, (2, n))[has]
+
+    def solve(self) -> tuple[np.ndarray, np.ndarray]:
+        """(x, flows): the program's cells (normalised) and its duals per row (>= 0: edges, starts, ends)."""
+        from scipy.optimize import linprog
+        from scipy.sparse import coo_matrix
+
+        m, n, edges, starts = self.m, self.slot.size, self.tail.size, self.start.size
+        rows = np.r_[np.repeat(np.arange(edges), 3), np.repeat(edges + np.arange(starts), 2),
+                     np.repeat(edges + starts + np.arange(n), 2)]
+        columns = np.c_[m + self.tail, m + self.head, self.slot[self.head]].ravel()
+        columns = np.r_[columns, np.c_[m + self.start, self.slot[self.start]].ravel(),
+                        np.c_[m + np.arange(n), np.full(n, m + n)].ravel()]
+        values = np.r_[np.c_[np.ones(edges), -np.ones(edges), self.weight[self.head]].ravel(),
+                       np.c_[-np.ones(starts), self.weight[self.start]].ravel(), np.tile([1.0, -1.0], n)]
+        a_ub = coo_matrix((values, (rows, columns)), shape=(edges + starts + n, m + n + 1)).tocsr()
+        result = linprog(np.r_[np.zeros(m + n), 1.0], A_ub=a_ub, b_ub=np.zeros(a_ub.shape[0]),
+                         A_eq=np.r_[np.ones(m), np.zeros(n + 1)][None, :], b_eq=[1.0],
+                         bounds=[(0, None)] * (m + n) + [(None, None)], method="highs")
+        if result.status != 0:
+            raise RuntimeError(f"the schedule's shape program failed: {result.message}")
+        x = np.maximum(result.x[:m], 0.0)
+        return x / x.sum(), np.maximum(-result.ineqlin.marginals, 0.0)
+
+    def paths(self, flows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The dual flow split into real paths, heaviest end first, following each operation's
+        heaviest incoming row: (coefficients per slot (paths, M), weights)."""
+        edges, starts = self.tail.size, self.start.size
+        flow = flows.copy()
+        start_row = np.full(self.slot.size, -1)
+        start_row[self.start] = edges + np.arange(starts)
+        end_rows = edges + starts + np.arange(self.slot.size)
+        coefficients, weights = [], []
+        for _ in range(max(4 * self.m, 64)):
+            op = int(np.argmax(flow[end_rows]))
+            amount, used, path = flow[end_rows[op]], [end_rows[op]], np.zeros(self.m)
+            if amount <= 1e-12:
+                break
+            first = end_rows[op]
+            while op >= 0:
+                path[self.slot[op]] += self.weight[op]
+                choices = [(flow[row], row, before) for row, before in
+                           ((self.edge[0, op], self.before[0, op]), (self.edge[1, op], self.before[1, op]),
+                            (start_row[op], -1)) if row >= 0]
+                got, row, op = max(choices)
+                amount, used = min(amount, got), used + [row]
+            if amount <= 1e-12:  # a broken flow (the solver's rounding): this end carries none
+                flow[first] = 0.0
+                continue
+            flow[used] -= amount
+            coefficients.append(path)
+            weights.append(max(amount, 0.0))
+        return np.array(coefficients).reshape(-1, self.m), np.array(weights)
