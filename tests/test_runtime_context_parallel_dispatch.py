@@ -21,6 +21,7 @@ from orchmllm.runtime import (ContextParallelError, DispatchPlan, GatheredMetada
                               PostBalancingDispatcher, accumulate, context_parallel_attention, normalize_loss)
 from orchmllm.runtime import dispatcher as dispatcher_module
 from orchmllm.runtime.agreement import plan_word
+from orchmllm.runtime.counting import CollectiveCounter as Counter
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.sharding import StepSharding
 
@@ -155,27 +156,6 @@ def random_step(rng, size):
     groups = np.concatenate([rng.permutation(size)[:d] for d in degree]) if lengths.size else np.zeros(0, np.int64)
     count = int(rng.integers(1, 4))
     return counts, lengths, degree, groups, rng.integers(0, count, size=lengths.size), count
-
-
-class Counter:
-    """Counts this rank's collectives by kind and the payload bytes its all-to-alls send to other ranks."""
-
-    KINDS = ("all_gather", "all_reduce", "all_to_all_single", "batch_isend_irecv")
-
-    def __init__(self):
-        self.calls = dict.fromkeys(self.KINDS, 0)
-        self.sent = 0
-        for kind in self.KINDS:
-            setattr(dist, kind, self.counting(kind, getattr(dist, kind)))
-
-    def counting(self, kind, call):
-        def counted(*args, **kwargs):
-            self.calls[kind] += 1
-            if kind == "all_to_all_single":
-                output, buffer, _, sends = args[:4]
-                self.sent += (sum(sends) - sends[dist.get_rank()]) * buffer.element_size()
-            return call(*args, **kwargs)
-        return counted
 
 
 def needed_bytes(counts, lengths, degree, groups, rank, row_bytes, item_bytes):

@@ -24,6 +24,7 @@ from orchmllm.orchestrator.stages import Stage
 from orchmllm.runtime import (ContextParallelLayout, MultiStageRuntime, PlanMismatchError, all_reduce_gradients,
                               normalize_loss)
 from orchmllm.runtime.demo.giants import CausalBlock
+from orchmllm.runtime.counting import CollectiveCounter as Counter
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.microbatch import accumulate
 
@@ -137,26 +138,6 @@ def reference(samples):
     loss = loss / sum(sample.text for sample in samples)
     loss.backward()
     return float(loss.detach()), [p.grad for p in model.parameters()]
-
-
-class Counter:
-    """Counts this rank's collectives by kind and the payload bytes its all-to-alls send to other ranks."""
-
-    KINDS = ("all_gather", "all_reduce", "all_to_all_single", "batch_isend_irecv")
-
-    def __init__(self):
-        self.calls, self.sent = dict.fromkeys(self.KINDS, 0), 0
-        for kind in self.KINDS:
-            setattr(dist, kind, self.counting(kind, getattr(dist, kind)))
-
-    def counting(self, kind, call):
-        def counted(*args, **kwargs):
-            self.calls[kind] += 1
-            if kind == "all_to_all_single":
-                _, buffer, _, sends = args[:4]
-                self.sent += (sum(sends) - sends[dist.get_rank()]) * buffer.element_size()
-            return call(*args, **kwargs)
-        return counted
 
 
 def planned_bytes(step):

@@ -315,15 +315,21 @@ def test_a_new_micro_batch_loop_forgets_one_left_by_break():
     assert len(list(again)) == plan.num_microbatches
 
 
-def combine_microbatch_outputs_job(rank, size):
-    """Rank 1's second micro-batch holds its lower items: its outputs concatenated over the loop are in
-    another order than `plan.local_items`."""
+def _two_microbatch_step(rank):
+    """Rank 1's second micro-batch holds its lower items: (dispatcher, plan, sid, tok, moved) of that step."""
     lengths = [[6, 1, 5, 2], [3, 4, 6, 1]][rank]
     dispatcher = PostBalancingDispatcher(per_item_keys=("sid",), max_tokens_per_microbatch=8)
     plan = dispatcher.plan(lengths)
     sid = torch.tensor([100 * rank + i for i in range(len(lengths))])
     tok = torch.cat([torch.full((length,), 100 * rank + i) for i, length in enumerate(lengths)])
     moved = dispatcher.dispatch({"sid": sid, "tok": tok}, plan)
+    return dispatcher, plan, sid, tok, moved
+
+
+def combine_microbatch_outputs_job(rank, size):
+    """Rank 1's second micro-batch holds its lower items: its outputs concatenated over the loop are in
+    another order than `plan.local_items`."""
+    dispatcher, plan, sid, tok, moved = _two_microbatch_step(rank)
     outputs, order = [], []
     for micro in dispatcher.microbatches(plan, moved):
         outputs.append({"sid": micro.data["sid"] * 10, "tok": micro.data["tok"] * 10})
@@ -350,12 +356,7 @@ def test_regression_combine_after_a_micro_batch_loop_returned_outputs_to_the_wro
 
 def combine_one_mapping_job(rank, size, order):
     """The same loop, its outputs concatenated into one mapping, combined with `order`."""
-    lengths = [[6, 1, 5, 2], [3, 4, 6, 1]][rank]
-    dispatcher = PostBalancingDispatcher(per_item_keys=("sid",), max_tokens_per_microbatch=8)
-    plan = dispatcher.plan(lengths)
-    sid = torch.tensor([100 * rank + i for i in range(len(lengths))])
-    tok = torch.cat([torch.full((length,), 100 * rank + i) for i, length in enumerate(lengths)])
-    moved = dispatcher.dispatch({"sid": sid, "tok": tok}, plan)
+    dispatcher, plan, sid, tok, moved = _two_microbatch_step(rank)
     micros = list(dispatcher.microbatches(plan, moved))
     concatenated = {key: torch.cat([micro.data[key] * 10 for micro in micros]) for key in ("sid", "tok")}
     try:
