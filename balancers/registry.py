@@ -95,8 +95,9 @@ class _KernelField:
 def certifies(record) -> bool:
     """Whether a record's kernel certifies its plans (its `lower_bound` and `optimal` are taken, once checked
     against its plan's cost): an exact one's, or orchmllm's own, whose claims the conformance suite checks; a
-    heuristic plugin's or peer's are not (a bound misread as its plan's cost would label any plan optimal)."""
-    return record.exact or record.kind is Kind.OURS
+    heuristic plugin's or peer's are not (a bound misread as its plan's cost would label any plan optimal),
+    whatever `kind` it was registered with: only the records built in here count as orchmllm's own."""
+    return record.exact or any(record is ours for ours in _BUILT_INS)
 
 
 @dataclass(frozen=True)
@@ -452,7 +453,7 @@ MICROBATCH_ALGORITHMS: Mapping[str, MicroBatchAlgorithm] = _View(
     "MICROBATCH_ALGORITHMS", _microbatch_records, microbatch_algorithms, "register_microbatch_algorithm")
 
 _KERNELS = f"{__package__}."  # the built-in kernels' modules, imported on first use
-for _record in (
+_BUILT_INS = (  # orchmllm's own records: the only heuristic ones whose certificates count (`certifies`)
     # identity under equal counts: home ranks are contiguous chunks of floor / ceil(n / D) items
     Algorithm("identity", _KERNELS + "kernels.identity:solve", kind=Kind.BASELINE,
               description="no balancing: item i stays on the rank that listed it",
@@ -486,6 +487,7 @@ for _record in (
                         description="LPT over all M x D cells from water-filling levels, regrouped and searched"),
     MicroBatchAlgorithm("exact", _KERNELS + "microbatch.exact:solve", exact=True, kind=Kind.OURS,
                         description="branch and bound over cells for a given M, within a work budget"),
-):
+)
+for _record in _BUILT_INS:
     _add(_record, reserved=False)
 del _record

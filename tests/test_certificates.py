@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from orchmllm.balancers import (Algorithm, ContextParallel, CostModel, KernelResult, MicroBatchAlgorithm, Status,
+from orchmllm.balancers import (Algorithm, ContextParallel, CostModel, KernelResult, Kind, MicroBatchAlgorithm, Status,
                                 balance, balance_microbatches, make_problem, registry)
 from orchmllm.balancers.kernels import lpt
 from orchmllm.balancers.microbatch import greedy as microbatch_greedy
@@ -262,6 +262,24 @@ def test_regression_a_heuristic_microbatch_plugin_s_own_step_cost_as_bound_label
     lengths = [9, 1, 1, 8, 5, 5]
     plan = balance_microbatches(lengths, 2, max_tokens_per_microbatch=10, num_microbatches=3, algorithm=name)
     assert plan.step_cost > brute_force_microbatches(lengths, 2, 10, 3).step_cost
+    assert plan.status is Status.FEASIBLE and plan.lower_bound < plan.step_cost
+
+
+def test_regression_a_plugin_registered_as_ours_had_its_own_bound_certify_its_plan(register):
+    """Cause: a record's certificates counted where its `kind` said "ours", a free argument of the public
+    registration: round robin registered so was labelled optimal at 23 (optimum 16), a micro-batch plugin
+    at 22 (15).  Only the records built into the registry count as orchmllm's own."""
+    kernel = round_robin_claiming(Status.OPTIMAL)
+    name = register(Algorithm("own_bound_as_ours", kernel, kind=Kind.OURS, description="round robin, own bound"))
+    plan = balance(OWN_BOUND, 2, algorithm=name)
+    assert plan.status is Status.FEASIBLE and plan.lower_bound < plan.makespan
+    def dealt(problem, num_microbatches):
+        rank = np.arange(problem.num_items) % problem.num_ranks
+        result = MicroBatchResult(rank, np.arange(problem.num_items) // problem.num_ranks % num_microbatches)
+        return result._replace(lower_bound=step_cost_of(problem, result, num_microbatches))
+    name = register(MicroBatchAlgorithm("own_step_bound_as_ours", dealt, kind=Kind.OURS, description="dealt"))
+    plan = balance_microbatches([9, 1, 1, 8, 5, 5], 2, max_tokens_per_microbatch=10, num_microbatches=3,
+                                algorithm=name)
     assert plan.status is Status.FEASIBLE and plan.lower_bound < plan.step_cost
 
 
