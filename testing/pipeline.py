@@ -64,7 +64,10 @@ def _numbers(values, name: str, shape: str, ndim: int) -> np.ndarray:
     """`values` as a float64 array of `ndim` dimensions (`shape` says which) of finite non-negative numbers;
     ValueError naming `name` otherwise (a NaN duration never ends the event loop)."""
     try:
-        array = np.asarray(values, dtype=np.float64)
+        array = np.asarray(values)
+        if array.dtype.kind not in "biuf":  # numpy would read "1.5" as a number
+            raise TypeError
+        array = array.astype(np.float64)
     except (TypeError, ValueError):
         raise ValueError(f"`{name}` must be {shape}; got a ragged or non-numeric {type(values).__name__}") from None
     if array.ndim != ndim:
@@ -93,6 +96,11 @@ def _durations(pipeline: Pipeline, forward, backward) -> tuple[np.ndarray, np.nd
         raise ValueError(f"`backward` must have `forward`'s shape {forward.shape}; got {backward.shape}")
     if forward.shape[1]:
         pipeline.check_microbatches(forward.shape[1], "M (the columns of `forward`)")
+    with np.errstate(over="ignore"):
+        total = forward.sum() + backward.sum()
+    if not np.isfinite(total):  # a step is at most every duration end to end
+        raise ValueError("`forward` and `backward` must sum to a finite number of seconds (a step time could "
+                         "overflow to inf)")
     return forward, backward
 
 

@@ -494,6 +494,10 @@ PIPELINE_SLIPS = {  # (oracle, arguments) -> the ValueError/TypeError it must ra
     "costs and lengths of other sizes": ("brute", ([1.0, 2.0], [1], 1, 2, 10),
                                          r"`item_costs` must be a 1-D sequence of one cost per item, as `lengths` \(1\)"),
     "no rank": ("brute", ([1.0], [1], 0, 2, 10), r"`num_ranks` must be >= 1"),
+    "durations that overflow the step": ("simulate", ([[1e308, 1e308], [1e308, 1e308]], [[1e308, 1e308]] * 2),
+                                         r"must sum to a finite number of seconds"),
+    "durations as text": ("simulate", ([["1", "1"], ["1", "1"]], [[2, 2], [2, 2]]),
+                          r"`forward` must be .*; got a ragged or non-numeric list"),
 }
 
 
