@@ -388,7 +388,7 @@ class MultiStageRuntime:
                   for route, tensor, entries, modality in zip(routes.embedding_routes, outputs, routes.embedding_pieces,
                                                               self.modalities)]
         arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"], problem=problem)
-        return self.assemble(routes, text_embedded, arrived)
+        return self._assemble(routes, text_embedded, arrived)
 
     def _encode(self, routes: PassRoutes, moved: Dispatched, encoders, text_embedding, text_key):
         """(each encoder's output, the text embedding's, what is wrong with them) of a pass (`forward`): a callable
@@ -437,9 +437,10 @@ class MultiStageRuntime:
             problems.append(contract_problem(what, group_rank(self.group), num_items, unused))
         return output
 
-    def assemble(self, routes: PassRoutes, text_embedded: torch.Tensor,
+    def _assemble(self, routes: PassRoutes, text_embedded: torch.Tensor,
                  arrived: Sequence[torch.Tensor]) -> Assembled:
-        """Interleave text embeddings and received segment embeddings into packed sequences."""
+        """Interleave text embeddings and received segment embeddings into packed sequences (private: raw
+        tensors carry no pass, so only `forward`, which checks `moved` against `routes`, calls it)."""
         step, rank = routes.plan, routes.rank
         recipe = step.assembly(rank)
         samples, sample_lengths, num_tokens = recipe.samples, recipe.sample_lengths, recipe.num_tokens

@@ -623,3 +623,11 @@ def test_regression_forward_given_the_step_s_routes_or_inputs_raised_an_attribut
         assert o.value == ("TypeError", f"`{name}` must be a micro-batch's `{source}`, a "
                                         f"{'PassRoutes' if name == 'routes' else 'Dispatched'}; got {got} (the whole "
                                         f"step's: pass a micro-batch's, from `runtime.microbatches`)"), o.value
+
+
+def test_regression_assemble_took_another_micro_batch_s_embeddings_as_raw_tensors():
+    """Cause: `MultiStageRuntime.assemble(routes, text_embedded, arrived)` was public and its `arrived`
+    tensors carry no pass, so another micro-batch's embeddings of equal row counts were packed at these
+    routes' boundaries, no error (probe5 P5-03).  Only `forward`, which checks `moved` against `routes`,
+    assembles now."""
+    assert not hasattr(MultiStageRuntime, "assemble") and callable(MultiStageRuntime._assemble)
