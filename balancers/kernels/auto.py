@@ -99,7 +99,8 @@ def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
     if not starts:
         # Balance the tokens themselves; if that meets the cap it is a start.
         tokens = tokens_problem(problem)
-        repaired = local_search.improve(tokens, karmarkar_karp.differencing(tokens.item_costs, problem.num_ranks)).assignment
+        repaired = local_search.improve(tokens,
+                                        karmarkar_karp.differencing(tokens.item_costs, problem.num_ranks)).assignment
         if rank_tokens(problem, repaired).max() <= problem.max_tokens_per_rank:
             starts.append(repaired)
             makespans.append(float(rank_loads(problem, repaired).max()))

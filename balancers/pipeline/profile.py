@@ -83,11 +83,12 @@ def _profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarr
         return (1 + (p - 1) / m) / p * (1 - ROUNDING), flat, paths
     graph = _Graph(pipeline, m)
     x, flows = graph.solve()
-    best = flat if critical_path(pipeline, flat)[0] <= critical_path(pipeline, x)[0] else x
+    (flat_time, flat_path), (time, path) = critical_path(pipeline, flat), critical_path(pipeline, x)
+    best, best_path = (flat, flat_path) if flat_time <= time else (x, path)
     split, weights = graph.paths(flows)
     bound = float(((weights / weights.sum()) @ split).min()) if weights.sum() > 0 else 0.0
     # the flat cells' and the answer's own critical paths too: `path_bound` is exact on both
-    paths = np.vstack([split, critical_path(pipeline, flat)[1], critical_path(pipeline, best)[1]])
+    paths = np.vstack([split, flat_path, best_path])
     best, paths = best.copy(), np.ascontiguousarray(paths)
     best.setflags(write=False)
     paths.setflags(write=False)
