@@ -170,6 +170,41 @@ def _items_problem(plan: DispatchPlan, lengths, loss_tokens) -> Exception | None
     return None
 
 
+def _in_microbatch_order(outputs, plan: DispatchPlan) -> tuple[list, Exception | None]:
+    """The list `combine` got, `(micro, mapping)` pairs in any order (or, with one micro-batch, mappings), as one
+    mapping per micro-batch in micro-batch order; and why it does not fit the plan's micro-batches (None when it
+    does): a bare list where several micro-batches make its order unknowable, a micro-batch of another plan, one
+    missing or given twice."""
+    pairs = isinstance(outputs, Sequence) and bool(outputs) and all(
+        isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], MicroBatch) and isinstance(pair[1], Mapping)
+        for pair in outputs)
+    if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence) or not outputs or not pairs and \
+            not all(isinstance(part, Mapping) for part in outputs):
+        raise TypeError(f"`outputs` must be a mapping of names to tensors, or a list of one `(micro, mapping)` pair "
+                        f"per micro-batch; got {type(outputs).__name__}")
+    count = plan.num_microbatches
+    if not pairs:
+        wrong = len(outputs) != count or count > 1
+        return list(outputs), None if not wrong else ValueError(
+            f"`outputs` is a list of {len(outputs)} mappings but the plan has {count} micro-batches: its order cannot "
+            f"be checked (micro-batches of equal row counts would go home to each other's items); pass one "
+            f"`(micro, mapping)` pair per micro-batch, in any order: `outputs.append((micro, {{...}}))`")
+    items = plan.local_items
+    microbatch = plan.item_microbatch[items]
+    parts = {}
+    for micro, part in outputs:
+        if micro.num_microbatches != count or not 0 <= micro.index < count or \
+                not np.array_equal(micro.items, items[microbatch == micro.index]):
+            return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} of {micro.num_microbatches} "
+                                      f"(items {micro.items.tolist()}), which is not a micro-batch of `plan` on rank "
+                                      f"{plan.route.rank}: pass the micro-batches `microbatches(plan, ...)` yielded")
+        if parts.setdefault(micro.index, part) is not part:
+            return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} twice")
+    missing = sorted(set(range(count)) - set(parts))
+    return [parts.get(index, outputs[0][1]) for index in range(count)], None if not missing else \
+        ValueError(f"`outputs` lacks micro-batches {missing} of the plan's {count}")
+
+
 class PostBalancingDispatcher:
     """Balance one stage across the ranks of `group` and move its batch accordingly.
 
@@ -355,13 +390,16 @@ class PostBalancingDispatcher:
                 differentiable: bool = True) -> dict[str, torch.Tensor]:
         """Send per-item or per-token outputs of the balanced items back to their home ranks.
 
-        `outputs` is either a list of one mapping per micro-batch, in micro-batch order, each with
-        the rows of its micro-batch's items in the order of `micro.data` (what a micro-batch loop
-        collects: `outputs.append({"score": model(micro.data)})`), or one mapping whose rows follow
-        `plan.local_items` (the order of what `dispatch` returned, not the micro-batches' one after
+        `outputs` is either a list of `(micro, mapping)` pairs, one per micro-batch in any order, each
+        mapping with the rows of its micro-batch's items in the order of `micro.data` (what a micro-batch
+        loop collects: `outputs.append((micro, {"score": model(micro.data)}))`), or one mapping whose rows
+        follow `plan.local_items` (the order of what `dispatch` returned, not the micro-batches' one after
         the other).  Where this rank's items come in another order micro-batch by micro-batch, one
         mapping must say its `order`: "local_items", or "microbatches" (each micro-batch's rows, as in
-        `micro.data`, one micro-batch after the other); without it every rank raises ValueError.
+        `micro.data`, one micro-batch after the other); without it every rank raises ValueError.  A bare
+        list of mappings is taken with one micro-batch only: with several, nothing in the outputs says
+        which micro-batch each is (a list in another order, of equal row counts, would go home to the
+        wrong items), so every rank raises ValueError naming the pairs.
         `plan` is the latest dispatch's (else every rank raises `PlanMismatchError`).
         `per_item_keys` (default: the dispatcher's) name the outputs with one row per item.
 
@@ -375,7 +413,7 @@ class PostBalancingDispatcher:
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
         problem = self._kept_problem(_checked_plan(plan), "combine")
         outputs, merging = (self._ordered(outputs, plan, per_item, order) if isinstance(outputs, Mapping)
-                            else self._merged(outputs, plan, per_item))
+                            else self._merged(*_in_microbatch_order(outputs, plan), plan, per_item))
         problem = problem or merging
         keys = sorted((key for key in outputs if key in per_item), key=str)
         sums, reducing = split_sums(split_reduce, keys, plan.sharding)
@@ -405,19 +443,14 @@ class PostBalancingDispatcher:
                                                  f"micro-batches' rows one after the other)")
             for part, piece in zip(parts, tensor.split(sizes)):
                 part[key] = piece
-        return cls._merged(parts, plan, per_item)
+        return cls._merged(parts, None, plan, per_item)
 
     @staticmethod
-    def _merged(parts, plan: DispatchPlan, per_item) -> tuple[dict, Exception | None]:
-        """The outputs of each micro-batch (`combine`) as one mapping in `plan.local_items` order, and
-        why they do not fit the plan's micro-batches (None when they do)."""
-        if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence) or not parts or \
-                not all(isinstance(part, Mapping) for part in parts):
-            raise TypeError(f"`outputs` must be a mapping of names to tensors, or a list of one such mapping per "
-                            f"micro-batch; got {type(parts).__name__}")
-        if len(parts) != plan.num_microbatches:
-            return dict(parts[0]), ValueError(f"`outputs` holds {len(parts)} micro-batches' outputs but the plan "
-                                              f"has {plan.num_microbatches} micro-batches")
+    def _merged(parts, problem: Exception | None, plan: DispatchPlan, per_item) -> tuple[dict, Exception | None]:
+        """The outputs of each micro-batch (`combine`), in micro-batch order, as one mapping in `plan.local_items`
+        order, and why they do not fit the plan's micro-batches (`problem`: found before; None when they fit)."""
+        if problem is not None:
+            return dict(parts[0]), problem
         odd = next((index for index, part in enumerate(parts) if set(part) != set(parts[0])), None)
         if odd is not None:
             return dict(parts[0]), ValueError(f"`outputs[{odd}]` has keys {sorted(map(str, parts[odd]))} but "

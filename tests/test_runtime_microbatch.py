@@ -332,11 +332,12 @@ def combine_microbatch_outputs_job(rank, size):
     dispatcher, plan, sid, tok, moved = _two_microbatch_step(rank)
     outputs, order = [], []
     for micro in dispatcher.microbatches(plan, moved):
-        outputs.append({"sid": micro.data["sid"] * 10, "tok": micro.data["tok"] * 10})
+        outputs.append((micro, {"sid": micro.data["sid"] * 10, "tok": micro.data["tok"] * 10}))
         order += micro.items.tolist()
     home = dispatcher.combine(outputs, plan, differentiable=False)
+    (last, part), = outputs[1:]
     try:
-        dispatcher.combine(outputs[:1] + [{"sid": outputs[1]["sid"][:1], "tok": outputs[1]["tok"]}], plan)
+        dispatcher.combine(outputs[:1] + [(last, {"sid": part["sid"][:1], "tok": part["tok"]})], plan)
     except ValueError as error:
         refused = str(error)
     return (order != sorted(order), torch.equal(home["sid"], sid * 10), torch.equal(home["tok"], tok * 10),
@@ -346,7 +347,8 @@ def combine_microbatch_outputs_job(rank, size):
 def test_regression_combine_after_a_micro_batch_loop_returned_outputs_to_the_wrong_items():
     """Cause: `combine` took rows in `plan.local_items` order, while the outputs a micro-batch loop collects
     come micro-batch after micro-batch (rank 1: items [2, 3] then [0, 1]): per-item and per-token outputs
-    went home to the wrong items, no error.  `combine` takes the list of per-micro-batch outputs."""
+    went home to the wrong items, no error.  `combine` takes the per-micro-batch outputs, paired with their
+    micro-batches."""
     outcomes = spawn(combine_microbatch_outputs_job, 2, timeout_s=60)
     assert any(reordered for reordered, *_ in outcomes)  # the case that went wrong is present
     for _, item_ok, token_ok, count, refused in outcomes:
@@ -373,3 +375,46 @@ def test_regression_one_mapping_of_concatenated_micro_batch_outputs_went_home_to
     assert all(isinstance(message, str) and "`outputs` is one mapping, but rank 1's items come in another order "
                "micro-batch by micro-batch" in message for message in refused), refused
     assert spawn(combine_one_mapping_job, 2, args=("microbatches",), timeout_s=60) == [True, True]
+
+
+def _equal_microbatches_step(rank):
+    """4 items of 4 tokens per rank, 8 tokens per micro-batch: 2 micro-batches of equal row counts on every rank."""
+    dispatcher = PostBalancingDispatcher(cost=CostModel(linear=1.0), per_item_keys=("sid",), max_tokens_per_microbatch=8)
+    sid = torch.arange(4 * rank, 4 * rank + 4)
+    tok = sid.repeat_interleave(4)
+    plan = dispatcher.plan([4, 4, 4, 4])
+    moved = dispatcher.dispatch({"sid": sid, "tok": tok}, plan)
+    return dispatcher, plan, sid, tok, moved
+
+
+def combine_out_of_order_job(rank, size, form):
+    """The micro-batch outputs collected in reverse order (as a pipeline schedule may finish them), combined."""
+    dispatcher, plan, sid, tok, moved = _equal_microbatches_step(rank)
+    micros = list(dispatcher.microbatches(plan, moved))[::-1]
+    outputs = [{"sid": micro.data["sid"] * 10, "tok": micro.data["tok"] * 10} for micro in micros]
+    if form == "pairs":
+        outputs = list(zip(micros, outputs))
+    elif form == "pairs of another step":  # micro-batches of a step whose items sit in other micro-batches
+        other = PostBalancingDispatcher(per_item_keys=("sid",), max_tokens_per_microbatch=8)
+        step = other.plan([6, 2, 6, 2])
+        others = list(other.microbatches(step, other.dispatch({"sid": sid, "tok": sid.repeat_interleave(4)}, step)))
+        outputs = list(zip(others, outputs))
+    try:
+        home = dispatcher.combine(outputs, plan, differentiable=False)
+    except ValueError as error:
+        return plan.num_microbatches, str(error)
+    return plan.num_microbatches, torch.equal(home["sid"], sid * 10) and torch.equal(home["tok"], tok * 10)
+
+
+def test_regression_a_list_of_micro_batch_outputs_in_another_order_went_home_to_the_wrong_items():
+    """Cause (probe5 P5-06): `combine` took a bare list of per-micro-batch outputs as in micro-batch order and
+    checked only each entry's row count, so micro-batches of equal row counts collected in another order came home
+    to each other's items (rank 0 got items 4..7's outputs), no error.  With several micro-batches `combine` now
+    takes `(micro, outputs)` pairs, in any order, and refuses a bare list on every rank, naming the pairs."""
+    for count, message in spawn(combine_out_of_order_job, 2, args=("list",), timeout_s=60):
+        assert count == 2
+        assert isinstance(message, str) and "its order cannot be checked" in message and \
+            "outputs.append((micro, {...}))" in message, message
+    assert spawn(combine_out_of_order_job, 2, args=("pairs",), timeout_s=60) == [(2, True), (2, True)]
+    for _, message in spawn(combine_out_of_order_job, 2, args=("pairs of another step",), timeout_s=60):
+        assert isinstance(message, str) and "is not a micro-batch of `plan`" in message, message
