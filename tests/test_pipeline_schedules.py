@@ -117,17 +117,15 @@ def test_interleaved_needs_whole_groups():
 
 
 @pytest.mark.parametrize("stages, schedule, virtual, first", [(8, "1f1b", 1, False), (4, "interleaved", 2, True)])
-def test_replica_times_in_blocks_equal_each_row_alone(stages, schedule, virtual, first):
-    """More rows than `schedules.BLOCK` are timed in blocks (their buffers reused): every row as timed alone."""
-    from orchmllm.balancers.pipeline.schedules import BLOCK
-
+def test_replica_times_of_many_rows_equal_each_row_alone(stages, schedule, virtual, first):
+    """Rows timed together (each operation one vector operation over them): every row as timed alone."""
     pipeline = Pipeline(stages=stages, schedule=schedule, virtual_stages=virtual)
     rng = np.random.default_rng(5)
-    costs = rng.random((2 * BLOCK + 37, 4))
+    costs = rng.random((2085, 4))
     forward, backward = pipeline.stage_times(costs, 0.5 * costs if first else None)
     times = replica_times(pipeline, forward, backward)
     assert times.shape == (costs.shape[0],)
-    for row in (0, BLOCK - 1, BLOCK, 2 * BLOCK, costs.shape[0] - 1):
+    for row in (0, 1023, 1024, 2048, costs.shape[0] - 1):
         assert times[row] == replica_times(pipeline, forward[row:row + 1], backward[row:row + 1])[0]
 
 
