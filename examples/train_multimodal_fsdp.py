@@ -66,7 +66,7 @@ class BalancedMultimodal(nn.Module):
         """This rank's summed token loss and its number of loss tokens."""
         packed = self.runtime.forward(routes, moved, encoders=self.encoders, text_embedding=self.llm.embed)
         logits = self.llm(packed.embeddings, packed.sample_lengths)
-        labels = packed.scatter_text(moved.text["labels"], IGNORE)
+        labels = packed.scatter_text("labels", IGNORE)  # this micro-batch's own `moved.text["labels"]`
         return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum"), (labels != IGNORE).sum()
 
 

@@ -44,6 +44,7 @@ their all-to-alls (`PlanMismatchError`, `SchemaMismatchError`); see `agreement.p
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -144,6 +145,7 @@ class MultiStageRuntime:
         self.guards = {"dispatch": SchemaGuard("dispatch"), "embeddings": SchemaGuard("encoder outputs")}
         self.check_encoders = as_bool(check_encoders, "check_encoders")
         self._checked: set[str] = set()  # the encoders (and the text embedding) whose first call was checked
+        self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
@@ -354,10 +356,12 @@ class MultiStageRuntime:
         size = group_size(self.group)
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         splitting = self.orchestrator.context_parallel is not None
+        self._yielded = []
 
         def generate():
             for index, (micro, part) in enumerate(zip(routes.microbatches, moved.parts)):
                 data = part if moved.exchanged else self._dispatch_pass(micro, stats=moved.stats, **part)
+                self._yielded.append((index, weakref.ref(data)))
                 members, shards = routes.step.microbatch_samples[index], micro.plan.shards
                 rows = shards.rows_on(routes.rank)  # this rank's LLM samples, or its shards of split ones
                 layout = pass_layout(micro.plan, routes.rank, size, members, self.group) if splitting else None
@@ -388,7 +392,7 @@ class MultiStageRuntime:
                   for route, tensor, entries, modality in zip(routes.embedding_routes, outputs, routes.embedding_pieces,
                                                               self.modalities)]
         arrived = exchange_with_grad(pieces, self.transport, stats, guard=self.guards["embeddings"], problem=problem)
-        return self._assemble(routes, text_embedded, arrived)
+        return self._assemble(routes, text_embedded, arrived, moved)
 
     def _encode(self, routes: PassRoutes, moved: Dispatched, encoders, text_embedding, text_key):
         """(each encoder's output, the text embedding's, what is wrong with them) of a pass (`forward`): a callable
@@ -437,10 +441,11 @@ class MultiStageRuntime:
             problems.append(contract_problem(what, group_rank(self.group), num_items, unused))
         return output
 
-    def _assemble(self, routes: PassRoutes, text_embedded: torch.Tensor,
-                 arrived: Sequence[torch.Tensor]) -> Assembled:
+    def _assemble(self, routes: PassRoutes, text_embedded: torch.Tensor, arrived: Sequence[torch.Tensor],
+                  moved: Dispatched) -> Assembled:
         """Interleave text embeddings and received segment embeddings into packed sequences (private: raw
-        tensors carry no pass, so only `forward`, which checks `moved` against `routes`, calls it)."""
+        tensors carry no pass, so only `forward`, which checks `moved` against `routes`, calls it); the result
+        knows `moved.text` and the step's other micro-batches (`Assembled.scatter_text`)."""
         step, rank = routes.plan, routes.rank
         recipe = step.assembly(rank)
         samples, sample_lengths, num_tokens = recipe.samples, recipe.sample_lengths, recipe.num_tokens
@@ -464,5 +469,6 @@ class MultiStageRuntime:
         text_positions = np.empty(text_source.size, dtype=np.int64)
         text_positions[text_source] = text_destination
         return Assembled(embeddings, torch.from_numpy(np.array(sample_lengths, dtype=np.int64)).to(device),
-                         samples, torch.from_numpy(text_positions).to(device))
+                         samples, torch.from_numpy(text_positions).to(device), moved.text,
+                         tuple(entry for entry in self._yielded if entry[1]() is not moved))
 

@@ -90,16 +90,41 @@ class Assembled:
     sample_lengths: torch.Tensor  # int64 (num_samples,)
     samples: np.ndarray  # global sample indices, ascending
     text_positions: torch.Tensor  # int64: packed row of every received text token
+    text: Mapping  # the pass's `micro.data.text`, which `scatter_text` reads by key
+    other_passes: tuple = ()  # (index, weak reference to its `Dispatched`) of the step's other micro-batches
 
-    def scatter_text(self, values: torch.Tensor, fill) -> torch.Tensor:
-        """Place per-text-token `values` (e.g. labels) at their packed rows; `fill` elsewhere."""
+    def scatter_text(self, values, fill) -> torch.Tensor:
+        """Place per-text-token `values` (e.g. labels) at their packed rows; `fill` elsewhere.
+
+        `values` is best a key of this micro-batch's `micro.data.text` (`packed.scatter_text("labels", fill)`);
+        a tensor must hold its rows, one per text token: another micro-batch's tensor of as many rows is
+        refused where it is one `microbatches` yielded (a copy of it cannot be told apart)."""
+        if isinstance(values, str):
+            if values not in self.text:
+                raise ValueError(f"`values` {values!r} is not a key of this micro-batch's `micro.data.text` "
+                                 f"(keys: {sorted(self.text)})")
+            values = self.text[values]
         count = self.text_positions.numel()
         if not isinstance(values, torch.Tensor) or values.dim() == 0 or values.shape[0] != count:
             got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
             raise ValueError(f"`values` must hold one row per text token of this micro-batch ({count}, as "
-                             f"`micro.data.text`'s tensors do, e.g. micro.data.text['labels']); got {got}")
+                             f"`micro.data.text`'s tensors do), or be a key of it, e.g. 'labels'; got {got}")
+        self._check_own(values)
         out = values.new_full((self.embeddings.shape[0], *values.shape[1:]), fill)
         return out.index_copy(0, self.text_positions, values)
+
+    def _check_own(self, values: torch.Tensor) -> None:
+        """ValueError where `values` shares its storage with a text tensor of another micro-batch of the step."""
+        if not values.numel():
+            return
+        storage = values.untyped_storage().data_ptr()
+        for index, ref in self.other_passes:
+            other = ref()
+            for key, tensor in ({} if other is None else other.text).items():
+                if tensor.numel() and tensor.untyped_storage().data_ptr() == storage:
+                    raise ValueError(f"`values` is micro-batch {index}'s `micro.data.text[{key!r}]`, not this "
+                                     f"micro-batch's: pass the key, `packed.scatter_text({key!r}, fill)`, which reads "
+                                     f"the micro-batch's own")
 
 
 def check_step(routes, text, per_sample, inputs) -> None:

@@ -544,6 +544,8 @@ def test_regression_dispatch_and_scatter_text_slips_raised_raw_python_errors_nam
     with pytest.raises(ValueError, match=rf"`values` must hold one row per text token of this micro-batch \({rows}, "
                                          rf".*got \({rows - 1},\)"):
         packed.scatter_text(micro.data.text["input_ids"][1:], -100)
+    with pytest.raises(ValueError, match=r"`values` 'label' is not a key of this micro-batch's `micro.data.text` "):
+        packed.scatter_text("label", -100)
 
 
 def test_regression_prefetcher_submit_after_close_and_a_negative_timeout_gave_raw_or_absurd_answers():

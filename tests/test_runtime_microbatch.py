@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from orchmllm.balancers import CostModel
+from orchmllm.orchestrator.samples import Sample
 from orchmllm.runtime import MultiStageRuntime, PostBalancingDispatcher, all_reduce_gradients, normalize_loss
 from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.demo import compare_gradients, demo_stages
@@ -418,3 +419,50 @@ def test_regression_a_list_of_micro_batch_outputs_in_another_order_went_home_to_
     assert spawn(combine_out_of_order_job, 2, args=("pairs",), timeout_s=60) == [(2, True), (2, True)]
     for _, message in spawn(combine_out_of_order_job, 2, args=("pairs of another step",), timeout_s=60):
         assert isinstance(message, str) and "is not a micro-batch of `plan`" in message, message
+
+
+class IdEmbedding(nn.Module):
+    """Embeds a token id as itself (one float64 column), its parameter in the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Linear(1, 1)
+
+    def forward(self, ids, lengths=None):
+        column = (ids[:, :1] if ids.dim() > 1 else ids[:, None]).double()
+        return column + 0 * self.weight(column)
+
+
+def scatter_labels_job(rank, size, form):
+    """Text-only samples in 2 micro-batches of 8 tokens; each micro-batch's labels (ids + 1000) scattered by `form`:
+    the key, or the tensor of the next micro-batch (a slip of the same row count)."""
+    runtime = MultiStageRuntime((STAGES[0], STAGES[-1]), max_tokens_per_microbatch=8)
+    text = [[4, 4, 2, 6], [4, 4, 6, 2]][rank]
+    samples = [Sample(text=t, segments=(), source=rank, id=10 * rank + k) for k, t in enumerate(text)]
+    ids = torch.cat([torch.full((t,), 10 * rank + k) for k, t in enumerate(text)])
+    routes = runtime.plan(samples)
+    moved = runtime.dispatch(routes, text={"input_ids": ids, "labels": ids + 1000},
+                             inputs={"image": torch.zeros(0, CONFIG.patch_dim)}, samples=samples)
+    micros = list(runtime.microbatches(routes, moved))
+    embedding, encoders, matched = IdEmbedding().double(), {"image": IdEmbedding().double()}, []
+    for index, micro in enumerate(micros):
+        packed = runtime.forward(micro.routes, micro.data, encoders=encoders, text_embedding=embedding)
+        values = "labels" if form == "key" else micros[(index + 1) % len(micros)].data.text["labels"]
+        try:
+            labels = packed.scatter_text(values, -100)
+        except ValueError as error:
+            return len(micros), str(error)
+        matched.append(torch.equal(labels, packed.embeddings[:, 0].long() + 1000))
+    return len(micros), matched
+
+
+def test_regression_scatter_text_of_another_micro_batchs_labels_paired_them_with_this_ones_embeddings():
+    """Cause (probe5 P5-04): `Assembled.scatter_text(values)` checked only the row count, so the labels of another
+    micro-batch of as many text tokens were placed against this one's embeddings, no error.  `scatter_text` takes
+    the key of the micro-batch's own `micro.data.text` (the README's pattern), and a tensor of another micro-batch
+    the step yielded is refused, naming the key form."""
+    assert spawn(scatter_labels_job, 2, args=("key",), timeout_s=60) == [(2, [True, True])] * 2
+    for count, message in spawn(scatter_labels_job, 2, args=("tensor",), timeout_s=60):
+        assert count == 2 and isinstance(message, str), message
+        assert "`values` is micro-batch 1's `micro.data.text['labels']`, not this micro-batch's" in message, message
+        assert "packed.scatter_text('labels', fill)" in message, message

@@ -85,13 +85,12 @@ def _train_step(runtime, routes, batch, model, clock, stats, recorders: Callable
     busy, ids = [], []
     for micro in runtime.microbatches(routes, moved):
         recorder = None if recorders is None else recorders(micro.index)
-        labels = micro.data.text["labels"]
         encoders = model.encoders() if recorder is None else recorder.encoders(model)
         busy_start = clock()
         packed = runtime.forward(micro.routes, micro.data, encoders=encoders, text_embedding=model.llm.embed,
                                  stats=stats)
         logits = model.llm(packed.embeddings, packed.sample_lengths)
-        packed_labels = packed.scatter_text(labels, IGNORE)
+        packed_labels = packed.scatter_text("labels", IGNORE)
         loss_sum = model.loss_sum(logits, packed_labels)
         normalize_loss(loss_sum, micro, runtime.group, gradient_reduction="sum").backward()
         busy.append(clock() - busy_start)
