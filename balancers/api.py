@@ -133,14 +133,14 @@ def solve(request: BalanceRequest) -> BalancePlan:
     if origins is not None and algorithm == "identity":
         return _keep_sources(problem, origins.sources)
     start = time.perf_counter()
-    result = run_kernel(request.kernel, problem, algorithm)
+    result, bound = run_kernel(request.kernel, problem, algorithm)
     assignment = result.assignment
     if origins is not None:
         assignment = balance_locally(problem, assignment, origins, request.makespan_slack, request.fill)
     seconds = time.perf_counter() - start
     return make_plan(problem, assignment, result.status if origins is None else Status.FEASIBLE, algorithm,
                      kernel_bound=result.lower_bound, solve_seconds=seconds, communication_aware=origins is not None,
-                     certified=request.certified)
+                     certified=request.certified, bound=bound)
 
 
 def _kernel_for(record: Algorithm, problem: Problem, with_sources: bool, with_groups: bool, fill) -> Kernel:
@@ -177,10 +177,10 @@ def _balance_groups(problem, labels, kernel, algorithm: str, certified: bool = T
     """Balance one super-item per group, then send every item to its group's rank."""
     target = group_problem(problem, labels)
     start = time.perf_counter()
-    result = run_kernel(kernel, target, algorithm)
+    result, bound = run_kernel(kernel, target, algorithm)
     seconds = time.perf_counter() - start
     grouped = make_plan(target, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound,
-                        certified=certified)
+                        certified=certified, bound=bound)
     assignment = grouped.assignment[labels]
     status = grouped.status
     if status is Status.OPTIMAL and rank_loads(problem, assignment).max() > grouped.makespan:

@@ -11,9 +11,9 @@ import numpy as np
 class Orders(Mapping):
     """The orders `SortedItems` computed of a problem's items, name -> read-only array, each kept once.
 
-    Only the problem writes them (`kept_order`): a kernel that assigns one gets a RuntimeError naming
-    it, so no kernel can feed the certificate (`bounds.lower_bound` reads `sorted_costs`) other items'
-    orders.  They belong to the `lengths` and `item_costs` they were computed of: a problem built over
+    Only the problem writes them (`kept_order`, through the private `_keep`), each once: a kernel that
+    assigns one gets a RuntimeError naming it, and every array is `sealed`.  The certificate does not
+    rely on that: it reads the orders before any kernel is handed the problem (`plan.run_kernel`).  They belong to the `lengths` and `item_costs` they were computed of: a problem built over
     the same items (`dataclasses.replace` of other options) shares them, one over other items starts
     afresh (`SortedItems.__post_init__`)."""
 
@@ -37,10 +37,12 @@ class Orders(Mapping):
         raise RuntimeError(f"problem.orders[{name!r}] is written by the problem only (its items' orders, read-only, "
                            f"which its certificate reads): read `problem.{name}`, or build another problem")
 
-    def keep(self, name: str, value: np.ndarray) -> np.ndarray:
-        """Keep `value` (made read-only) as the order `name`, computed once of these items."""
-        value.setflags(write=False)
-        self._entries[name] = value
+    def _keep(self, name: str, value: np.ndarray) -> np.ndarray:
+        """Keep `value` (`sealed`) as the order `name`, computed once of these items (never replaced)."""
+        if name in self._entries:
+            raise RuntimeError(f"problem.orders[{name!r}] is kept already: an order of the problem's items is "
+                               f"computed once, never replaced")
+        value = self._entries[name] = sealed(value)
         return value
 
     def holds(self, lengths: np.ndarray, item_costs: np.ndarray) -> bool:
@@ -50,9 +52,20 @@ class Orders(Mapping):
 
 
 def read_only_copy(value) -> np.ndarray:
-    """`value` as an array that no one writes: itself where it is read-only already, else a read-only copy."""
+    """`value` as an array that no one writes (`sealed`): itself where it is read-only already, else a copy."""
     array = np.asarray(value)
-    if array.flags.writeable:
-        array = np.array(array)
-        array.setflags(write=False)
-    return array
+    return sealed(np.array(array) if array.flags.writeable else array)
+
+
+def sealed(array: np.ndarray) -> np.ndarray:
+    """`array` made read-only, as a view of it: a view of a read-only owner cannot be made writeable again
+    (`setflags(write=True)` raises), so a kernel handed it cannot write it by mistake or by a flag.
+
+    >>> view = sealed(np.arange(3))
+    >>> view.setflags(write=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot set WRITEABLE flag to True of this array
+    """
+    array.setflags(write=False)
+    return array.view()

@@ -125,11 +125,13 @@ def require_result(result, expected: type, algorithm: str, called: str = "", als
 KERNEL_REFUSALS = (InfeasibleError, SizeLimitError, TimeoutError)  # a kernel's answers about the input, passed on
 
 
-def call_kernel(kernel: Callable, algorithm: str, *args):
-    """`kernel(*args)`; an exception other than its refusals (`KERNEL_REFUSALS`) is a bug of the kernel:
-    RuntimeError naming it, raised from the kernel's own (a write to the problem's read-only arrays too)."""
+def call_kernel(kernel: Callable, algorithm: str, problem, *args):
+    """`kernel(problem.for_kernel(), *args)`, a copy of the problem (`SortedItems.for_kernel`): nothing the kernel
+    sets on it reaches the problem the certificate reads.  An exception other than its refusals (`KERNEL_REFUSALS`)
+    is a bug of the kernel: RuntimeError naming it, raised from the kernel's own (a write to the problem's read-only
+    arrays too)."""
     try:
-        return kernel(*args)
+        return kernel(problem.for_kernel(), *args)
     except KERNEL_REFUSALS:
         raise
     except Exception as error:
@@ -138,11 +140,14 @@ def call_kernel(kernel: Callable, algorithm: str, *args):
         raise RuntimeError(f"algorithm {algorithm!r} raised {type(error).__name__}: {error}{hint}") from error
 
 
-def run_kernel(kernel: Kernel, problem: Problem, algorithm: str) -> KernelResult:
-    """`kernel(problem)` (`call_kernel`), checked to be a KernelResult (`require_result`)."""
+def run_kernel(kernel: Kernel, problem: Problem, algorithm: str) -> tuple[KernelResult, float]:
+    """(`kernel(problem)`'s result (`call_kernel`), checked to be a KernelResult (`require_result`), and
+    `lower_bound(problem)`): the bound is computed before the kernel is handed the problem, so that nothing
+    the kernel does to it (or to the orders the bound reads) reaches the certificate (`make_plan(bound=)`)."""
+    bound = lower_bound(problem)
     result = call_kernel(kernel, algorithm, problem)
     require_result(result, KernelResult, algorithm)
-    return result
+    return result, bound
 
 
 def kernel_status(status, algorithm: str) -> Status:
@@ -249,7 +254,7 @@ def certify(cost: float, bound: float, status: Status, algorithm: str, what: str
 
 def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorithm: str,
               kernel_bound: float | None = None, solve_seconds: float = 0.0,
-              communication_aware: bool = False, certified: bool = True) -> BalancePlan:
+              communication_aware: bool = False, certified: bool = True, bound: float | None = None) -> BalancePlan:
     """Check a kernel's assignment and wrap it with loads, bound and status.
 
     A kernel that returns a malformed assignment, overflows the cap or certifies a bound above
@@ -257,7 +262,9 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
     caller.  The bound is the larger of `lower_bound(problem)` (rounded up where costs are
     integers: `rounded_up`) and the kernel's (`claimed_bound`); the status is optimal when it
     equals the makespan.  A kernel that does not certify its plans (`registry.certifies`: not
-    `certified`) has its bound checked, then left out, and its `optimal` read as feasible.
+    `certified`) has its bound checked, then left out, and its `optimal` read as feasible.  `bound`:
+    `lower_bound(problem)` as `run_kernel` computed it before the kernel ran; None computes it here, for
+    a problem no kernel was handed.
     """
     status = kernel_status(status, algorithm)
     assignment = np.asarray(assignment)
@@ -284,7 +291,8 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
         bound = makespan  # the kernel proved its plan optimal: no other bound can add to that
     else:
         integral_costs = functools.cache(lambda: integral(problem.item_costs))
-        bound = rounded_up(lower_bound(problem), makespan, problem.num_ranks, integral_costs)
+        bound = rounded_up(lower_bound(problem) if bound is None else bound, makespan, problem.num_ranks,
+                           integral_costs)
         bound = bound if claimed is None else max(bound, claimed)
         bound = rounded_down(bound, makespan, problem.num_ranks, problem.item_costs, integral_costs)
     bound, status = certify(makespan, bound, status, algorithm, "makespan")

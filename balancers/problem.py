@@ -10,6 +10,7 @@ every rank also holds floor(n / D) or ceil(n / D) items.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,7 +19,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .cost import CostModel
-from .orders import Orders
+from .orders import Orders, sealed
 from .validation import INT64_MAX, as_array, as_bool, as_int, as_non_negative_integers, is_real
 
 
@@ -153,7 +154,7 @@ class kept_order:
             return self
         value = problem.orders.get(self.name)
         if value is None:
-            value = problem.orders.keep(self.name, self.compute(problem))
+            value = problem.orders._keep(self.name, self.compute(problem))  # the one writer of `Orders`
         return value
 
 
@@ -170,6 +171,12 @@ class SortedItems:
         if not isinstance(orders, Orders) or not orders.holds(self.lengths, self.item_costs):
             entries = {} if isinstance(orders, Orders) else orders
             object.__setattr__(self, "orders", Orders(self.lengths, self.item_costs, entries))
+
+    def for_kernel(self):
+        """A shallow copy of this problem, which `plan.call_kernel` hands a kernel: a field or cached value the
+        kernel sets stays on the copy, never on this problem, which the certificate reads.  The items and their
+        `orders` are shared, `sealed` and kept once each."""
+        return copy.copy(self)
 
     @kept_order
     def length_order(self) -> np.ndarray:
@@ -289,8 +296,8 @@ def make_problem(lengths, num_ranks, *, cost=None, costs=None, padded=False, equ
                          "length), a function of the lengths; pass a `cost` model instead")
     item_costs, cost = item_costs_of(lengths, cost, costs, padded)
     problem = Problem(
-        lengths=read_only(lengths),  # a kernel that writes them raises, naming it (`plan.call_kernel`)
-        item_costs=read_only(item_costs),
+        lengths=sealed(lengths),  # a kernel that writes them raises, naming it (`plan.call_kernel`)
+        item_costs=sealed(item_costs),
         num_ranks=num_ranks,
         cost=cost,
         padded=padded,

@@ -109,13 +109,14 @@ class _Target(SuiteTarget):
             problem = make_problem(lengths, case.num_ranks, time_limit=self.time_limit, **options)
             if groups is not None:
                 return _balance_groups(problem, as_groups(groups, problem.num_items), kernel, self.name)
-            result = run_kernel(kernel, problem, self.name)
+            result, bound = run_kernel(kernel, problem, self.name)
         except InfeasibleError as refusal:
             return refusal
         except RuntimeError as error:  # the kernel's own, or make_plan's verdict on the groups' plan
             raise self._broken(case, lengths, error) from None
         try:
-            return make_plan(problem, result.assignment, result.status, self.name, kernel_bound=result.lower_bound)
+            return make_plan(problem, result.assignment, result.status, self.name, kernel_bound=result.lower_bound,
+                             bound=bound)
         except RuntimeError as error:
             raise self._broken(case, lengths, error) from None
 

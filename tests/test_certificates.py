@@ -295,3 +295,92 @@ def test_an_exact_plugin_still_certifies_its_plans(register):
     name = register(Algorithm("exact_plugin", kernel, exact=True, description="knows the optimum"))
     plan = balance(LENGTHS, 2, algorithm=name)
     assert plan.status is Status.OPTIMAL and plan.lower_bound == plan.makespan == 6.0
+
+
+def orders_writer(problem):
+    """The orders' one writer: `_keep` (public as `keep` until probe5 P5-02)."""
+    return getattr(problem.orders, "_keep", None) or problem.orders.keep
+
+
+def overwrite(array, value):
+    array.setflags(write=True)
+    array[:] = value
+
+
+WRITES_PAST_THE_READ_ONLY_API = {  # what a kernel can try on the problem it is handed (probe5 P5-02)
+    "orders' writer": lambda problem: orders_writer(problem)("sorted_costs", np.full(problem.num_items, 1e9)),
+    "sorted costs' flag": lambda problem: overwrite(problem.sorted_costs, 1e9),
+    "item costs' flag": lambda problem: overwrite(problem.item_costs, 1.0),
+    "setattr orders": lambda problem: object.__setattr__(problem, "orders",
+                                                         {"sorted_costs": np.full(problem.num_items, 1e9)}),
+}
+
+
+def round_robin_after(write):
+    """Round robin (micro-batches: one item per cell, None when they are too few), after trying `write` on its
+    problem (whatever the write raises is ignored)."""
+    def kernel(problem, *num_microbatches):
+        try:
+            write(problem)
+        except Exception:  # noqa: BLE001 - the write refused is fine; the plan's certificate is under test
+            pass
+        items = np.arange(problem.num_items)
+        if not num_microbatches:
+            return KernelResult(items % problem.num_ranks)
+        if problem.num_items > num_microbatches[0] * problem.num_ranks:
+            return None
+        return MicroBatchResult(items % problem.num_ranks, items // problem.num_ranks)
+    return kernel
+
+
+@pytest.mark.parametrize("write", WRITES_PAST_THE_READ_ONLY_API.values(), ids=WRITES_PAST_THE_READ_ONLY_API)
+def test_regression_the_certificate_read_the_problem_after_the_kernel_could_write_it(register, write):
+    """Cause: the bound was computed after the kernel ran, of the problem object it was handed and the orders
+    it holds: `orders.keep` (public), `setflags(write=True)` on the sorted costs or the item costs, or
+    `object.__setattr__` of its orders made round robin `optimal` at 18 (optimum 11).  The bound is now
+    computed before the kernel runs, the kernel gets a copy (`for_kernel`), and the arrays stay read-only."""
+    lengths = [9, 1, 1, 1, 8, 1]
+    name = register(Algorithm("writes_its_problem", round_robin_after(write), kind="plugin", description="test"))
+    plan = balance(lengths, 2, algorithm=name)
+    assert brute_force(lengths, 2).makespan == 11.0
+    assert (plan.makespan, plan.lower_bound, plan.status) == (18.0, 11.0, Status.FEASIBLE)
+    assert plan.loads.tolist() == [18.0, 3.0]
+
+
+MICROBATCH_WRITES = {"cached cost bound": lambda problem: problem.__dict__.__setitem__("cost_bound", 1e9),
+                     **WRITES_PAST_THE_READ_ONLY_API}
+
+
+@pytest.mark.parametrize("num_microbatches", [3, None], ids=["M=3", "M free"])
+@pytest.mark.parametrize("write", MICROBATCH_WRITES.values(), ids=MICROBATCH_WRITES)
+def test_regression_the_step_certificate_read_the_problem_after_the_kernel_could_write_it(register, write,
+                                                                                       num_microbatches):
+    """Cause: as for `balance`; a micro-batch kernel setting the problem's cached `cost_bound` made its dealt
+    cells `optimal` at 22 (optimum 15)."""
+    lengths = [9, 1, 1, 8, 5, 5]
+    name = register(MicroBatchAlgorithm("writes_its_problem", round_robin_after(write), kind="plugin",
+                                        description="test"))
+    plan = balance_microbatches(lengths, 2, max_tokens_per_microbatch=10, num_microbatches=num_microbatches,
+                                algorithm=name)
+    assert brute_force_microbatches(lengths, 2, 10, 3).step_cost == 15.0
+    assert (plan.num_microbatches, plan.step_cost, plan.lower_bound, plan.status) == (3, 22.0, 15.0, Status.FEASIBLE)
+
+
+def test_regression_a_kernel_setting_its_problem_s_budget_had_its_cells_checked_against_that(register):
+    """Cause: the plan was checked against the fields of the problem object the kernel was handed: a kernel
+    that raised `max_tokens_per_rank` (`max_tokens_per_microbatch`) on it had a plan over the caller's cap
+    returned without a word."""
+    def lift_cap(problem):
+        object.__setattr__(problem, "max_tokens_per_rank", None)
+        return KernelResult(np.zeros(problem.num_items, dtype=np.int64))
+    name = register(Algorithm("lifts_the_cap", lift_cap, kind="plugin", description="test"))
+    with pytest.raises(RuntimeError, match=r"'lifts_the_cap' put 21 tokens on rank 0, over max_tokens_per_rank=15"):
+        balance([9, 1, 1, 1, 8, 1], 2, algorithm=name, max_tokens_per_rank=15)
+    def lift_budget(problem, num_microbatches):
+        object.__setattr__(problem, "max_tokens_per_microbatch", 10**9)
+        zeros = np.zeros(problem.num_items, dtype=np.int64)
+        return MicroBatchResult(zeros, zeros)
+    name = register(MicroBatchAlgorithm("lifts_the_budget", lift_budget, kind="plugin", description="test"))
+    with pytest.raises(RuntimeError, match=r"'lifts_the_budget' put 29 tokens in cell \(rank 0, micro-batch 0\), "
+                                           r"over max_tokens_per_microbatch=10"):
+        balance_microbatches([9, 1, 1, 8, 5, 5], 2, max_tokens_per_microbatch=10, num_microbatches=3, algorithm=name)

@@ -104,9 +104,9 @@ def _plain(problem: Problem, record, algorithm: str):
     """Today's plan of the named kernel, as `balance` makes it without `context_parallel`."""
     check_cap_lower_bound(problem)
     start = time.perf_counter()
-    result = run_kernel(record.kernel, problem, algorithm)
+    result, bound = run_kernel(record.kernel, problem, algorithm)
     return make_plan(problem, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound,
-                     solve_seconds=time.perf_counter() - start, certified=certifies(record))
+                     solve_seconds=time.perf_counter() - start, certified=certifies(record), bound=bound)
 
 
 def _wrap(plan, problem: Problem, spec: ContextParallel, gpus_per_node: int, bound: float | None) -> ContextParallelPlan:

@@ -29,6 +29,7 @@ import numpy as np
 from ..context_parallel.microbatch import balance_microbatches_split
 from ..locality.balance import balance_locally
 from ..locality.lap import assign_groups
+from ..orders import sealed
 from ..origins import Origins, as_origins
 from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
@@ -75,9 +76,7 @@ def _problem(lengths, num_ranks, options: MicroBatchOptions, cost, costs, padded
             f"item {longest} has {int(lengths[longest])} tokens > max_tokens_per_microbatch={budget}; no micro-batch "
             f"can hold it: a budget of at least {int(lengths[longest])} is needed", min_cap=int(lengths[longest]))
     limit = as_time_limit(time_limit)
-    for array in (lengths, item_costs):
-        array.setflags(write=False)
-    return MicroBatchProblem(lengths=lengths, item_costs=item_costs, num_ranks=num_ranks,
+    return MicroBatchProblem(lengths=sealed(lengths), item_costs=sealed(item_costs), num_ranks=num_ranks,
                              max_tokens_per_microbatch=budget, padded=padded,
                              microbatch_overhead=options.microbatch_overhead, work_limit=_work_limit(limit), cost=cost,
                              time_limit=limit)

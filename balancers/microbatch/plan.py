@@ -48,6 +48,14 @@ class MicroBatchProblem(SortedItems):
                       DeprecationWarning, stacklevel=2)
         return self.max_tokens_per_microbatch
 
+    def for_kernel(self) -> MicroBatchProblem:
+        """A shallow copy of this problem for a kernel (`SortedItems.for_kernel`), made once its bounds
+        (`min_microbatches`, `cost_bound`) and `total_tokens` are computed: the copy shares them, and the
+        certificate reads this problem's, computed before any kernel ran."""
+        for name in ("min_microbatches", "cost_bound", "total_tokens"):
+            getattr(self, name)
+        return super().for_kernel()
+
     @cached_property
     def min_microbatches(self) -> int:
         """The fewest micro-batches any plan needs (`microbatch_bounds.min_microbatches`; the
