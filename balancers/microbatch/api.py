@@ -244,9 +244,9 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
     if pipeline.runnable(m) != m:
         result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=record.name,
                                             exact=record.exact)
-    within_budget(problem, result, m, record.name)  # the kernel's own cells: the re-plan below rebuilds them
+    accounts = within_budget(problem, result, m, record.name)  # the kernel's own cells: the re-plan rebuilds them
     rank, slot, step = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
-                                         free_microbatches=fixed is None)
+                                         free_microbatches=fixed is None, accounts=accounts)
     if origins is not None:
         placed = assign_groups(rank, origins.sources, origins.item_bytes, problem.num_ranks, origins.gpus_per_node)
         rank = placed[rank]

@@ -70,14 +70,16 @@ def reshape(item_costs: np.ndarray, lengths: np.ndarray, replica: np.ndarray, ta
     num_ranks, m = targets.shape
     order = costliest[_grouped(replica[costliest], num_ranks)]  # by replica, costliest first
     counts = np.bincount(replica, minlength=num_ranks)
-    turn = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # each one's place in its replica
+    # each one's place in its replica (turn) and its replica, as a place in the round grid turn · D + replica
+    place = np.arange(n) * num_ranks + np.repeat(np.arange(num_ranks) - (np.cumsum(counts) - counts) * num_ranks,
+                                                  counts)
     grid = np.full((int(counts.max(initial=0)), num_ranks), n)  # round t: the t-th item of every replica
-    grid.ravel()[turn * num_ranks + replica[order]] = order  # (n: none, an item of cost 0)
+    grid.ravel()[place] = order  # (n: none, an item of cost 0)
     costs = np.append(item_costs, 0.0)[grid]
-    load, chosen = np.zeros((num_ranks, m)), np.empty(grid.shape, dtype=np.int64)
+    load, gap, chosen = np.zeros((num_ranks, m)), np.empty((num_ranks, m)), np.empty(grid.shape, dtype=np.int64)
     rows = np.arange(num_ranks) * m
     for t in range(grid.shape[0]):
-        chosen[t] = np.argmax(targets - load, axis=1)
+        np.argmax(np.subtract(targets, load, out=gap), axis=1, out=chosen[t])
         load.ravel()[rows + chosen[t]] += costs[t]
     slot = np.empty(n + 1, dtype=np.int64)
     slot[grid] = chosen

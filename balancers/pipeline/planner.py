@@ -76,10 +76,11 @@ class PipelineStep:
                 "replica_times": self.replica_times.tolist()}
 
 
-def cell_costs(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray,
-               num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
-    """(cost, tokens) of every cell (replica, slot), shape (D, M); cost = load + micro-batch overhead."""
-    loads, tokens = cell_accounts(problem, replica, slot, num_microbatches)
+def cell_costs(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
+               accounts: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(cost, tokens) of every cell (replica, slot), shape (D, M); cost = load + micro-batch overhead.
+    `accounts`: the cells' `cell_accounts` (loads, tokens), when the caller has them."""
+    loads, tokens = cell_accounts(problem, replica, slot, num_microbatches) if accounts is None else accounts
     return loads.T + problem.microbatch_overhead, np.ascontiguousarray(tokens.T)
 
 
@@ -115,11 +116,12 @@ def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: 
 
 
 def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
-            pipeline: Pipeline, work: int, first_stage: np.ndarray | None = None) -> tuple:
+            pipeline: Pipeline, work: int, first_stage: np.ndarray | None = None, accounts: tuple | None = None
+            ) -> tuple:
     """(replica, slot) per item for the pipeline step, the step time of the cells as given, and the final
     cells' (costs, first-stage parts, replica times) (`_final_cells`); `first_stage`: the part of each item's
-    cost the first stage runs alone (`Pipeline.stage_times`), or None."""
-    cost, tokens = cell_costs(problem, rank, microbatch, num_microbatches)
+    cost the first stage runs alone (`Pipeline.stage_times`), or None; `accounts` as in `cell_costs`."""
+    cost, tokens = cell_costs(problem, rank, microbatch, num_microbatches, accounts)
     d = problem.num_ranks
     firsts = first_stage_sums(first_stage, rank, microbatch, d, num_microbatches)
     flat, flat_tokens = cost.T.ravel(), tokens.T.ravel()
@@ -232,17 +234,18 @@ def work_budget(time_limit: float | None) -> int:
 
 
 def plan_for_pipeline(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
-                      pipeline: Pipeline, *, free_microbatches: bool = False, first_stage=None):
+                      pipeline: Pipeline, *, free_microbatches: bool = False, first_stage=None, accounts=None):
     """(replica, slot, PipelineStep) of a plain plan's cells re-planned for `pipeline` (module docstring).
 
     `first_stage`: per item, the part of its cost that the first stage runs alone (the encoders of a
     multimodal model, which sit before the LLM's layers), 0 <= it <= the item's cost; the rest is spread
-    evenly over the stages (`Pipeline.stage_times`).  None: every item spread evenly.
+    evenly over the stages (`Pipeline.stage_times`).  None: every item spread evenly.  `accounts`: the
+    plain cells' `cell_accounts` (loads, tokens), (M, D) each, when the caller has them.
     """
     start = time.perf_counter()
     first_stage = as_first_stage(first_stage, problem)
     replica, slot, unaware, cells = arrange(problem, rank, microbatch, num_microbatches, pipeline,
-                                            work_budget(problem.time_limit), first_stage)
+                                            work_budget(problem.time_limit), first_stage, accounts)
     step = pipeline_step(problem, replica, slot, num_microbatches, pipeline, unaware,
                          free_microbatches=free_microbatches, solve_seconds=time.perf_counter() - start,
                          first_stage=first_stage, cells=cells)
