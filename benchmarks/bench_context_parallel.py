@@ -45,6 +45,7 @@ GIANT_SHARES = (0.0025, 0.01, 0.02)
 MEGATRON_CAPACITY = 32768  # 256k / 8: the longest giant needs exactly the widest degree
 MEGATRON_CAPACITIES = (8192, 16384, 32768)
 TUNED_FAMILY, TUNED_SEEDS, HELD_OUT_SEEDS = "documents", range(0, 100), range(100, 200)
+PLANNING_ROUNDS = 9  # alternated rounds of the planning-time comparison
 
 
 def giants(family: str, rng: np.random.Generator, count: int) -> np.ndarray:
@@ -129,20 +130,37 @@ def test_without_giants_the_plans_are_todays(num_ranks, per_rank):
         assert plan.digest() == balance(lengths, num_ranks, cost=COST).digest() and not plan.split_items.size
 
 
-def test_planning_time_at_2560_ranks(best_of):
-    """D = 2560 × 16 items with C = {1, 2, 4, 8} on a documents mix (1 % giants); baselines in the
-    same run (CPU seconds): plain `balance` on the same lengths and on the mix without giants, and
-    the reimplemented Megatron scheduler (its schedule alone, capacity 16k)."""
+def _alternated(calls: dict, rounds: int) -> dict:
+    """CPU seconds of every call in `rounds` rounds, the calls alternating within each round (the order reversed
+    every other round), so that all of them see the same minutes of a busy machine."""
+    times = {name: [] for name in calls}
+    for round_ in range(rounds):
+        for name in (list(calls) if round_ % 2 == 0 else list(calls)[::-1]):
+            start = time.process_time()
+            calls[name]()
+            times[name].append(time.process_time() - start)
+    return times
+
+
+def test_planning_time_at_2560_ranks():
+    """D = 2560 × 16 items with C = {1, 2, 4, 8} on a documents mix (1 % giants), alternated in one process
+    with its baselines (CPU seconds, PLANNING_ROUNDS rounds): plain `balance` on the same lengths and on the
+    mix without giants, and the reimplemented Megatron scheduler (its schedule alone, capacity 32k).
+    Megatron / ours is reported at the best of rounds and as the median of the per-round ratios."""
     lengths = giant_mix("documents", 2560, 16, 0.01, seed=7)
     base, _ = llm_stage_lengths(2560, 16, 7)
-    ours = best_of(lambda: balance(lengths, 2560, cost=COST, context_parallel=SPEC), 5, timer=time.process_time)
-    plain = best_of(lambda: balance(lengths, 2560, cost=COST), 5, timer=time.process_time)
-    plain_base = best_of(lambda: balance(base, 2560, cost=COST), 5, timer=time.process_time)
-    megatron = best_of(lambda: megatron_waves(lengths, 2560, SPEC, MEGATRON_CAPACITY), 3, timer=time.process_time)
-    print(f"\nD = 2560 × 16, C = {SPEC.degrees}: ours {ours * 1e3:.1f} ms; plain balance same lengths "
-          f"{plain * 1e3:.1f} ms, without giants {plain_base * 1e3:.1f} ms (ours / that {ours / plain_base:.2f}); "
-          f"Megatron schedule {megatron * 1e3:.1f} ms ({megatron / ours:.1f}× ours)")
-    assert ours <= 2 * plain_base and megatron >= 5 * ours  # the targets (≤ 100 ms, ≥ 10×) are read idle
+    times = _alternated({"ours": lambda: balance(lengths, 2560, cost=COST, context_parallel=SPEC),
+                         "megatron": lambda: megatron_waves(lengths, 2560, SPEC, MEGATRON_CAPACITY),
+                         "plain": lambda: balance(lengths, 2560, cost=COST),
+                         "plain_base": lambda: balance(base, 2560, cost=COST)}, PLANNING_ROUNDS)
+    best = {name: min(values) for name, values in times.items()}
+    ratios = np.array(times["megatron"]) / np.array(times["ours"])
+    print(f"\nD = 2560 × 16, C = {SPEC.degrees}, {PLANNING_ROUNDS} alternated rounds: ours {best['ours'] * 1e3:.1f} ms "
+          f"(median {np.median(times['ours']) * 1e3:.1f}); plain balance same lengths {best['plain'] * 1e3:.1f} ms, "
+          f"without giants {best['plain_base'] * 1e3:.1f} ms (ours / that {best['ours'] / best['plain_base']:.2f}); "
+          f"Megatron schedule {best['megatron'] * 1e3:.1f} ms: Megatron / ours {best['megatron'] / best['ours']:.1f}× "
+          f"at the best, median of rounds {np.median(ratios):.1f}× (range {ratios.min():.1f}–{ratios.max():.1f})")
+    assert best["ours"] <= 2 * best["plain_base"] and np.median(ratios) >= 5  # targets (≤ 100 ms, ≥ 10×) read idle
 
 
 def giant_batch(family: str, num_ranks: int, per_rank: int, share: float, seed: int) -> Batch:

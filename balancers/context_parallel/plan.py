@@ -115,11 +115,12 @@ def rank_accounts(problem: Problem, spec: ContextParallel, gpus_per_node: int, s
 
 def certify(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
             status: Status, algorithm: str, bound: float, solve_seconds: float = 0.0,
-            exact_bound: bool = False) -> ContextParallelPlan:
+            exact_bound: bool = False, accounts: tuple | None = None) -> ContextParallelPlan:
     """Check a split plan (aligned blocks, in node where required, one group per rank, token
     budget) and wrap it with loads, tokens, the given bound and the status it earns.  The bound is
     lowered by the float error of the plan's load sums (`plan.rounded_down`, as `make_plan` does)
-    unless `exact_bound` (a certified plan's own bound, passed through).
+    unless `exact_bound` (a certified plan's own bound, passed through).  `accounts`: the plan's
+    `rank_accounts` where the caller has them (the local search's), else computed here.
 
     A violation is a planner bug, so it raises RuntimeError rather than hand out the plan.
     """
@@ -134,7 +135,8 @@ def certify(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: 
         raise RuntimeError(f"{algorithm!r} put a group across nodes of {gpus_per_node} gpus")
     if not groups_disjoint(start[split], degree[split], d):
         raise RuntimeError(f"{algorithm!r} put a rank in two context-parallel groups")
-    loads, tokens, item_time = rank_accounts(problem, spec, gpus_per_node, start, degree)
+    loads, tokens, item_time = rank_accounts(problem, spec, gpus_per_node, start, degree) if accounts is None \
+        else accounts
     cap = problem.max_tokens_per_rank
     if cap is not None and tokens.max() > cap:
         rank = int(np.argmax(tokens))

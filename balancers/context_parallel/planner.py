@@ -62,13 +62,19 @@ class TimeTable:
         self.shards = {c: shard_tokens(problem.lengths[items], c) for c in spec.degrees}
         self.extremes = {c: list(zip(shards.max(axis=1).tolist(), shards.min(axis=1).tolist()))
                          for c, shards in self.shards.items()}
+        self.rows = dict(zip(items.tolist(), range(items.size)))  # item -> row, for one item at a time
+        self.listed = self.table.tolist()
 
     def __call__(self, items: np.ndarray, degree: int) -> np.ndarray:
         return self.table[self.row[items], self.column[degree]]
 
+    def time(self, item: int, degree: int) -> float:
+        """The time of one item at `degree`."""
+        return self.listed[self.rows[item]][self.column[degree]]
+
     def shard(self, item: int, degree: int) -> tuple[np.ndarray, int, int]:
         """Tokens of each of the item's shards at `degree`, and the most and the fewest of them."""
-        row = self.row[item]
+        row = self.rows[item]
         return (self.shards[degree][row], *self.extremes[degree][row])
 
 
@@ -116,7 +122,7 @@ class _Blocks:
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
         """(peak load of each block after the item, whether its shards' tokens fit; the item's time
         and its shards' tokens)."""
-        time = float(self.times.table[self.times.row[item], self.times.column[degree]])
+        time = self.times.time(item, degree)
         shard = self.times.shard(item, degree)[0]
         if degree == 1:
             return self.loads[starts] + time, self.tokens[starts] + shard[0] <= self.cap, time, shard
@@ -168,6 +174,8 @@ class _Blocks:
         gives another load the same peak."""
         self._take_out_full()
         keys, target, probes = self.keys[degree], self.target, [0]
+        if fullest and (not keys or keys[0][0] + time > target):  # no candidate within the target
+            return math.inf, -1
         if fullest:
             end = bisect.bisect_right(keys, (target - time, math.inf))
             while end < len(keys) and keys[end][0] + time <= target:
@@ -198,6 +206,8 @@ class _Blocks:
 
     def _take_out_full(self) -> None:
         """Take the groups the last search found full out of the keys of the degree being laid out."""
+        if not self.newly_full:
+            return
         keys = self.keys.get(self.degree)
         for key in self.newly_full:
             del keys[bisect.bisect_left(keys, key)]
@@ -212,7 +222,7 @@ class _Blocks:
         target) among the degree's open blocks (every rank for degree 1), else the next free
         block, else the least-loaded block of the degree or a larger one (-1: no token room)."""
         opened = self.groups.setdefault(degree, [])
-        time = float(self.times.table[self.times.row[item], self.times.column[degree]])
+        time = self.times.time(item, degree)
         need = self.times.shard(item, degree)
         if self.keys[degree] is None:
             order = np.lexsort((self.ranks, self.loads))
@@ -226,13 +236,22 @@ class _Blocks:
         if found[1] >= 0:
             return self._add(item, self._start(degree, found[1]), degree, time, need)
         if degree > 1 and self.free:
-            start = self.free.pop()
-            self.taken[start: start + degree] = True
-            self.position[start] = len(opened)
-            bisect.insort(self.keys[degree], (float(self.loads[start]), len(opened)))
-            opened.append(start)
-            return self._add(item, start, degree, time, need)
+            return self._open(item, degree, time, need)
         return self._overflow(item, degree)
+
+    def _open(self, item: int, degree: int, time: float, need: tuple[np.ndarray, int, int]) -> int:
+        """Put `item` alone on the next free block of `degree` (the degree being laid out), a new group:
+        its ranks held nothing, so they now carry the item's time and shards."""
+        start, opened = self.free.pop(), self.groups[degree]
+        self.taken[start: start + degree] = True
+        self.position[start] = len(opened)
+        bisect.insort(self.keys[degree], (time, len(opened)))
+        opened.append(start)
+        self.loads[start: start + degree] = time
+        self.tokens[start: start + degree] = need[0]
+        self.most_tokens[start] = (need[1], need[1])
+        self.placed[item] = (start, degree)
+        return start
 
     def _overflow(self, item: int, degree: int) -> int:
         """Put `item` on the least-loaded block of its degree or a larger one where its tokens fit
@@ -241,7 +260,7 @@ class _Blocks:
         best = (math.inf, -1, 0)
         for c in sorted(self.groups):
             if c >= degree and (c == 1 or self.groups[c]):
-                time = float(self.times.table[self.times.row[item], self.times.column[c]])
+                time = self.times.time(item, c)
                 found = self._search(c, time, self.times.shard(item, c), fullest=False) \
                     if c == 1 or self.degree > 1 else None  # groups are level only before degree 1
                 if found is None:
@@ -255,7 +274,7 @@ class _Blocks:
         _, start, c = best
         if start < 0:
             return -1
-        time = float(self.times.table[self.times.row[item], self.times.column[c]])
+        time = self.times.time(item, c)
         return self._add(item, start, c, time, self.times.shard(item, c))
 
     def _add(self, item: int, start: int, degree: int, time: float, need: tuple[np.ndarray, int, int]) -> int:
@@ -266,13 +285,15 @@ class _Blocks:
             moved = [(1, float(self.loads[r]), r, r) for r in range(start, start + degree)]
         else:
             moved = [(degree, float(self.loads[start]), self.position[start], start)]
-        self.loads[start: start + degree] += time
-        self.tokens[start: start + degree] += shard
-        if degree > 1 and start in self.most_tokens:
+        if degree == 1:
+            self.loads[start] += time
+            self.tokens[start] += most
+        else:
+            self.loads[start: start + degree] += time
+            self.tokens[start: start + degree] += shard
+        if degree > 1:
             low, high = self.most_tokens[start]
             self.most_tokens[start] = (low + fewest, high + most)
-        elif degree > 1:
-            self.most_tokens[start] = (int(self.tokens[start: start + degree].max()),) * 2
         for c, load, position, rank in moved:
             keys = self.keys[c]
             del keys[bisect.bisect_left(keys, (load, position))]
@@ -327,13 +348,10 @@ def water_level(loads: np.ndarray, work: float) -> float:
 
 
 def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment, bound: float,
-           everything: bool = False) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
+           long: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
     """(block starts, degrees, target, the ranks' (loads, tokens)) of the best layout on the ladder above
-    the bound (None when none has token room): the split items and the unsplit ones dearer than
-    LAYOUT_SHARE of the bound (`everything`: all items) laid out, the others' starts -1."""
+    the bound (None when none has token room): the items `long` laid out, the others' starts -1."""
     best, best_estimate = None, math.inf
-    long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > LAYOUT_SHARE * bound)
-                          | everything)
     times = TimeTable(problem, spec, gpus_per_node, long)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     for step, target in enumerate(_targets(allotment, bound)):
@@ -381,10 +399,15 @@ def split_layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, al
                  bound: float) -> tuple[np.ndarray, np.ndarray]:
     """(block starts, degrees) of every item: the long ones laid out, the rest dealt; where the
     deal finds no token room, every item laid out (an unsplit item that fits no rank then joins
-    a group, split).  InfeasibleError when no layout meets the budget."""
-    for everything in (False, True):
-        laid = layout(problem, spec, gpus_per_node, allotment, bound, everything)
+    a group, split).  InfeasibleError when no layout meets the budget.
+
+    Laid out first: the split items and the unsplit ones dearer than LAYOUT_SHARE of the bound."""
+    long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > LAYOUT_SHARE * bound))
+    for items in (long, np.arange(problem.num_items)):
+        laid = layout(problem, spec, gpus_per_node, allotment, bound, items)
         if laid is None:
+            if long.size == problem.num_items:  # every item was laid out already: the same layout again
+                break
             continue
         start, degree, target, accounts = laid
         start = fill(problem, start, target, accounts)

@@ -143,8 +143,8 @@ class _State:
 
 
 def improve(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
-            bound: float) -> tuple[np.ndarray, np.ndarray]:
-    """The (block starts, degrees) after the local search from the given plan."""
+            bound: float) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """The (block starts, degrees) after the local search from the given plan, and their `rank_accounts`."""
     state = _State(problem, spec, gpus_per_node, start, degree, bound)
     for _ in range(MAX_MOVES):
         rank = int(np.argmax(state.loads))
@@ -158,4 +158,4 @@ def improve(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: 
         if not peak < makespan:
             break
         state.apply(item, new_start, new_degree, rank)
-    return state.start, state.degree
+    return state.start, state.degree, (state.loads, state.tokens, state.times)

@@ -207,12 +207,12 @@ def _planned(problem: Problem, spec: ContextParallel, allotment: Allotment, boun
     return _certified(problem, spec, blocks, bound, clock), None
 
 
-def _certified(problem: Problem, spec: ContextParallel, blocks: tuple[np.ndarray, np.ndarray], bound: float,
+def _certified(problem: Problem, spec: ContextParallel, blocks: tuple, bound: float,
                clock: float) -> ContextParallelPlan:
-    """A split plan (block starts, degrees) certified with `bound`, timed from `clock`."""
-    start, degree = blocks
+    """A split plan (block starts, degrees[, their `rank_accounts`]) certified with `bound`, timed from `clock`."""
+    start, degree, *accounts = blocks
     return certify(problem, spec, spec.gpus_per_node, start, degree, Status.FEASIBLE, SPLIT_ALGORITHM, bound,
-                   time.perf_counter() - clock)
+                   time.perf_counter() - clock, accounts=accounts[0] if accounts else None)
 
 
 def certify_split(lengths, num_ranks, spec: ContextParallel, start, degree, *, cost=None, max_tokens_per_rank=None,
