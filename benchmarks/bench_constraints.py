@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import balance
-from orchmllm.study.peers import _karmarkar_karp, verl_workload
+from orchmllm.integrations.verl import verl_karmarkar_karp
+from orchmllm.study.peers import verl_workload
 from orchmllm.study.workloads import sample_workload
 
 GRID = [(num_ranks, per_rank, workload) for num_ranks in (8, 16, 32, 64) for per_rank in (2, 4, 8, 16)
@@ -32,7 +33,7 @@ def makespans(lengths, num_ranks):
     """(ours, verl-style) makespans of verl's workload, both with equal counts."""
     weights = verl_workload(lengths)
     ours = balance(lengths, num_ranks, costs=weights, equal_counts=True)
-    verl = _karmarkar_karp(weights, num_ranks, equal_size=True)
+    verl = verl_karmarkar_karp(weights, num_ranks, equal_size=True)
     counts = np.bincount(verl, minlength=num_ranks)
     assert counts.min() == counts.max() == lengths.size // num_ranks
     return ours.makespan, float(np.bincount(verl, weights=weights, minlength=num_ranks).max()), ours.lower_bound
@@ -54,7 +55,7 @@ def test_equal_counts_no_worse_than_verl_kk_on_95_percent(benchmark):
 def test_equal_counts_time_against_verl_kk(benchmark, best_of, num_ranks, per_rank):
     lengths = np.asarray(sample_workload("default", num_ranks, per_rank, seed=0).sample_llm_length, dtype=np.int64)
     weights = verl_workload(lengths)
-    baseline = best_of(lambda: _karmarkar_karp(weights, num_ranks, equal_size=True), 3)
+    baseline = best_of(lambda: verl_karmarkar_karp(weights, num_ranks, equal_size=True), 3)
     plan = benchmark.pedantic(lambda: balance(lengths, num_ranks, costs=weights, equal_counts=True),
                               rounds=3, iterations=1)
     assert set(np.bincount(plan.assignment, minlength=num_ranks).tolist()) == {per_rank}

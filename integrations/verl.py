@@ -14,10 +14,11 @@ balanced, with Karmarkar–Karp, for its DP ranks (`equal_size=True`) and its mi
 - orders the partitions as verl's final sort does: largest sum first, ties by more items
   (verl then compares its sets' items in its merge order; here the smaller first index).
 
-Each plan is the better of Karmarkar–Karp (verl's algorithm; the balanced variant with
-`equal_size`) and LPT, with free sizes then improved by a short local search: never worse
-than Karmarkar–Karp, much better where that is weak (equal sizes on long-tailed
-workloads), and faster than verl's at verl's sizes (`benchmarks/bench_verl.py`); for the
+Each plan is the best of verl's own Karmarkar–Karp (`verl_karmarkar_karp`, reimplemented:
+the same plans), orchmllm's (the balanced variant with `equal_size`) and LPT, with free
+sizes then improved by a short local search: never worse than verl's plan, much better
+where Karmarkar–Karp is weak (equal sizes on long-tailed workloads), and faster than
+verl's at verl's sizes (`benchmarks/bench_verl.py`); for the
 best plan at any cost, `balance(seqlen_list, k, equal_counts=equal_size)` searches longer.
 On purpose, values must be finite and non-negative (verl balances NaN or negative values
 into arbitrary partitions, or asserts on an empty one), and no partition is ever empty
@@ -29,10 +30,14 @@ into arbitrary partitions, or asserts on an empty one), and no partition is ever
 
 from __future__ import annotations
 
+import heapq
+import itertools
+
 import numpy as np
 
 from ..balancers.constraints import equal_counts
 from ..balancers.kernels import karmarkar_karp, lpt
+from ..balancers.kernels.karmarkar_karp import find_roots
 from ..balancers.problem import as_lengths, make_problem, rank_loads
 from ..balancers.search import local_search
 from ..balancers.validation import as_array, as_bool, as_int, as_item_bytes
@@ -49,8 +54,8 @@ class VerlContractError(AssertionError, ValueError):
 def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: bool) -> list[list[int]]:
     """Split indices 0..n-1 into `k_partitions` sorted, non-empty lists of balanced sums.
 
-    Minimises the largest sum of `seqlen_list` over the partitions (the better of
-    Karmarkar–Karp and LPT, locally improved with free sizes), every list holding n / k
+    Minimises the largest sum of `seqlen_list` over the partitions (the best of verl's
+    Karmarkar–Karp, orchmllm's and LPT, locally improved with free sizes), every list holding n / k
     items when `equal_size`; the lists come largest sum first, as verl returns them.
 
     >>> get_seqlen_balanced_partitions([5, 4, 3, 3, 3], 2, equal_size=False)  # sums 9 and 9
@@ -91,15 +96,61 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
 
 
 def _balanced(problem) -> np.ndarray:
-    """Karmarkar–Karp or LPT, whichever has the smaller largest sum (ties: Karmarkar–Karp, verl's
-    choice); with free sizes, improved by a local search of `SEARCH_WORK_PER_ITEM` work per item."""
+    """verl's own Karmarkar–Karp (`verl_karmarkar_karp`), orchmllm's and LPT, whichever has the smallest largest
+    sum (ties: the first, verl's); with free sizes, improved by a local search of `SEARCH_WORK_PER_ITEM` work per
+    item.  verl's plan is a start, so no plan is worse than verl's: orchmllm's Karmarkar–Karp breaks ties and
+    merges otherwise, and the better of it and LPT was worse than verl's on ~1 % of uniform random instances."""
     kernels = ((equal_counts.solve_karmarkar_karp, equal_counts.solve_lpt) if problem.equal_counts
                else (karmarkar_karp.solve, lpt.solve))
-    starts = [kernel(problem).assignment for kernel in kernels]
+    verls = verl_karmarkar_karp(problem.item_costs, problem.num_ranks, problem.equal_counts)
+    starts = [verls] + [kernel(problem).assignment for kernel in kernels]
     best = min(starts, key=lambda start: rank_loads(problem, start).max())
     if problem.equal_counts:
         return best.copy()
     return local_search.improve(problem, best, SEARCH_WORK_PER_ITEM * problem.num_items).assignment.copy()
+
+
+def verl_karmarkar_karp(weights: np.ndarray, num_ranks: int, equal_size: bool) -> np.ndarray:
+    """verl's `karmarkar_karp` (k-way largest differencing, reimplemented: the same plans), a rank per item;
+    with `equal_size`, k | n items in n / k groups of k, one per rank.
+
+    A state is a list of up to k sets kept by sum, largest first (absent sets are empty).
+    Repeatedly merge the two states of largest spread (max sum - min sum), pairing the
+    largest set of one with the smallest of the other.  Sets are labelled by one of their
+    items; a merge records which label absorbed which, resolved at the end.
+    """
+    n, k = weights.size, num_ranks
+    order = np.lexsort((np.arange(n), weights))  # ascending, ties by index, as verl sorts
+    parent = np.arange(n, dtype=np.int64)
+    heap: list[tuple[float, float, int, np.ndarray, np.ndarray]] = []
+    arrival = itertools.count()  # final tie-break: the older state first
+
+    def push(sums: np.ndarray, labels: np.ndarray) -> None:
+        by_sum = np.argsort(-sums, kind="stable")  # equal sums keep their (deterministic) order
+        sums, labels = sums[by_sum], labels[by_sum]
+        low = sums[-1] if sums.size == k else 0.0
+        heapq.heappush(heap, (-(sums[0] - low), -sums[0], next(arrival), sums, labels))
+
+    step = k if equal_size else 1
+    for start in range(0, n, step):
+        labels = order[start:start + step]
+        push(weights[labels], labels.copy())
+    while len(heap) > 1:
+        *_, sums_a, labels_a = heapq.heappop(heap)
+        *_, sums_b, labels_b = heapq.heappop(heap)
+        p, q = sums_a.size, sums_b.size
+        # Set i of A meets set k-1-i of B: A[k-q:p] meets B[k-p:q] reversed; B[:k-p]
+        # meets empty sets of A, A[:k-q] empty sets of B.
+        both = max(p + q - k, 0)
+        a_met, b_met = slice(p - both, p), slice(q - both, q)
+        parent[labels_b[b_met][::-1]] = labels_a[a_met]
+        sums = np.concatenate((sums_a[:p - both], sums_a[a_met] + sums_b[b_met][::-1], sums_b[:q - both]))
+        labels = np.concatenate((labels_a, labels_b[:q - both]))
+        push(sums, labels)
+    *_, _, final_labels = heap[0]
+    rank_of_root = np.empty(n, dtype=np.int64)
+    rank_of_root[final_labels] = np.arange(final_labels.size)
+    return rank_of_root[find_roots(parent)]  # every label to the root that absorbed it
 
 
 def _host_values(seqlen_list):

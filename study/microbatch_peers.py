@@ -42,7 +42,8 @@ from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchProblem, MicroBatchResult, make_microbatch_plan
 from ..balancers.problem import sorted_order
 from ..balancers.validation import as_sources
-from .peers import _karmarkar_karp, verl_workload
+from ..integrations.verl import verl_karmarkar_karp
+from .peers import verl_workload
 
 MEGATRON_BALANCE_SLACK = 0.05  # next_hdp_group's delta
 
@@ -76,7 +77,7 @@ def verl_dynamic_bsz(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[M
     """verl's two stages: equal-count Karmarkar-Karp across ranks, then per rank into k micro-batches."""
     n, d = problem.num_items, problem.num_ranks
     workload = verl_workload(problem.lengths)
-    rank = _karmarkar_karp(workload, d, n % d == 0)
+    rank = verl_karmarkar_karp(workload, d, n % d == 0)
     members = [np.flatnonzero(rank == r) for r in range(d)]
     k = max(min(ids.size, -(-int(problem.lengths[ids].sum()) // problem.max_tokens_per_microbatch)) for ids in members)
     k = max(k, 1)
@@ -85,7 +86,7 @@ def verl_dynamic_bsz(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[M
         for ids in members:
             if not ids.size:
                 continue
-            part = _karmarkar_karp(workload[ids], k, False)
+            part = verl_karmarkar_karp(workload[ids], k, False)
             sums = np.bincount(part, weights=workload[ids], minlength=k)
             first = np.full(k, n, dtype=np.int64)
             np.minimum.at(first, part, ids)

@@ -36,14 +36,13 @@ as the originals do; a plan over `max_tokens_per_rank` raises InfeasibleError na
 from __future__ import annotations
 
 import heapq
-import itertools
 
 import numpy as np
 
-from ..balancers.kernels.karmarkar_karp import find_roots
 from ..balancers.problem import KernelResult, Problem, as_lengths, require_within_cap
 from ..balancers.registry import Kind, register_algorithm
 from ..balancers.validation import as_bool, as_int
+from ..integrations.verl import verl_karmarkar_karp
 
 VERL_HIDDEN_FLOPS = 24576  # verl's calculate_workload: 6 · hidden 4096 (a 7B model) per token
 
@@ -57,48 +56,6 @@ def verl_workload(lengths: np.ndarray) -> np.ndarray:
 def _check_cap(name: str, problem: Problem, assignment: np.ndarray) -> KernelResult:
     require_within_cap(problem, assignment, f"peer `{name}` ignores memory caps and")
     return KernelResult(assignment)
-
-
-def _karmarkar_karp(weights: np.ndarray, num_ranks: int, equal_size: bool) -> np.ndarray:
-    """k-way largest differencing, as verl's `karmarkar_karp`; returns a rank per item.
-
-    A state is a list of up to k sets kept by sum, largest first (absent sets are empty).
-    Repeatedly merge the two states of largest spread (max sum - min sum), pairing the
-    largest set of one with the smallest of the other.  Sets are labelled by one of their
-    items; a merge records which label absorbed which, resolved at the end.
-    """
-    n, k = weights.size, num_ranks
-    order = np.lexsort((np.arange(n), weights))  # ascending, ties by index, as verl sorts
-    parent = np.arange(n, dtype=np.int64)
-    heap: list[tuple[float, float, int, np.ndarray, np.ndarray]] = []
-    arrival = itertools.count()  # final tie-break: the older state first
-
-    def push(sums: np.ndarray, labels: np.ndarray) -> None:
-        by_sum = np.argsort(-sums, kind="stable")  # equal sums keep their (deterministic) order
-        sums, labels = sums[by_sum], labels[by_sum]
-        low = sums[-1] if sums.size == k else 0.0
-        heapq.heappush(heap, (-(sums[0] - low), -sums[0], next(arrival), sums, labels))
-
-    step = k if equal_size else 1
-    for start in range(0, n, step):
-        labels = order[start:start + step]
-        push(weights[labels], labels.copy())
-    while len(heap) > 1:
-        *_, sums_a, labels_a = heapq.heappop(heap)
-        *_, sums_b, labels_b = heapq.heappop(heap)
-        p, q = sums_a.size, sums_b.size
-        # Set i of A meets set k-1-i of B: A[k-q:p] meets B[k-p:q] reversed; B[:k-p]
-        # meets empty sets of A, A[:k-q] empty sets of B.
-        both = max(p + q - k, 0)
-        a_met, b_met = slice(p - both, p), slice(q - both, q)
-        parent[labels_b[b_met][::-1]] = labels_a[a_met]
-        sums = np.concatenate((sums_a[:p - both], sums_a[a_met] + sums_b[b_met][::-1], sums_b[:q - both]))
-        labels = np.concatenate((labels_a, labels_b[:q - both]))
-        push(sums, labels)
-    *_, _, final_labels = heap[0]
-    rank_of_root = np.empty(n, dtype=np.int64)
-    rank_of_root[final_labels] = np.arange(final_labels.size)
-    return rank_of_root[find_roots(parent)]  # every label to the root that absorbed it
 
 
 def verl_seqlen_partitions(seqlen_list, k_partitions: int, equal_size: bool) -> list[list[int]]:
@@ -120,7 +77,7 @@ def verl_seqlen_partitions(seqlen_list, k_partitions: int, equal_size: bool) -> 
         raise ValueError(f"`seqlen_list` has {values.size} items < k_partitions={k}; verl asserts one per partition")
     if as_bool(equal_size, "equal_size") and values.size % k:
         raise ValueError(f"`equal_size` needs k_partitions={k} to divide the {values.size} items, as verl asserts")
-    ranks = _karmarkar_karp(values.astype(np.float64), k, equal_size)
+    ranks = verl_karmarkar_karp(values.astype(np.float64), k, equal_size)
     return [np.flatnonzero(ranks == rank).tolist() for rank in range(k)]
 
 
@@ -131,7 +88,7 @@ def verl_kk(problem: Problem) -> KernelResult:
     divide n this falls back to verl's own `equal_size=False` mode (used for micro-batches).
     """
     equal_size = problem.num_items % problem.num_ranks == 0
-    assignment = _karmarkar_karp(verl_workload(problem.lengths), problem.num_ranks, equal_size)
+    assignment = verl_karmarkar_karp(verl_workload(problem.lengths), problem.num_ranks, equal_size)
     return _check_cap("verl_kk", problem, assignment)
 
 

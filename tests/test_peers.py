@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, InfeasibleError, Kind, balance, get_algorithm, make_problem
-from orchmllm.study.peers import PEER_NAMES, megatron_pack_length, peer_mode, verl_workload, _karmarkar_karp
+from orchmllm.integrations.verl import verl_karmarkar_karp
+from orchmllm.study.peers import PEER_NAMES, megatron_pack_length, peer_mode, verl_workload
 
 NAMES = sorted(PEER_NAMES)
 
@@ -68,7 +69,7 @@ def test_peers_are_deterministic_and_labelled(name):
 def test_verl_kk_matches_the_literal_description(data, k, equal_size):
     count = data.draw(st.integers(1, 6)) * k if equal_size else data.draw(st.integers(1, 25))
     weights = data.draw(st.lists(st.integers(0, 10**9), min_size=count, max_size=count, unique=True))
-    assignment = _karmarkar_karp(np.asarray(weights, dtype=np.float64), k, equal_size)
+    assignment = verl_karmarkar_karp(np.asarray(weights, dtype=np.float64), k, equal_size)
     mine = sorted(sorted(np.flatnonzero(assignment == r).tolist()) for r in range(k)
                   if np.any(assignment == r))
     assert mine == verl_reference([float(w) for w in weights], k, equal_size)
