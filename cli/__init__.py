@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 
 from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser, MissingDependencyError,
@@ -27,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the `orchmllm` command and its subcommands.
 
     The subcommands (numpy, scipy and the solvers behind them) are imported here, not at
-    module import, so that `main` catches a Ctrl-C during these imports too.
+    module import, so that `main` catches a Ctrl-C during these imports too (`_interrupts_deferred`).
     """
     from .. import __version__
     from . import compare, demo, plan, simulate
@@ -40,6 +42,25 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (compare, simulate, demo, plan):
         module.add_parser(commands)
     return parser
+
+
+@contextmanager
+def _interrupts_deferred():
+    """A Ctrl-C during the block (the subcommands' imports) recorded and raised as KeyboardInterrupt once it is
+    done: numpy's C-extension initialisation turns an interrupt inside it into an ImportError telling the user
+    that numpy is badly installed.  Only where Python handles SIGINT (the main thread, SIGINT not ignored)."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
+        return
+    received = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 @contextmanager
@@ -88,7 +109,9 @@ def main(argv=None) -> int:
     """
     command, stdout = "orchmllm", sys.stdout
     try:
-        args = build_parser().parse_args(argv)
+        with _interrupts_deferred():
+            parser = build_parser()
+        args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError("choose a command: compare, simulate, demo or plan (see `orchmllm --help`)")
         command = f"orchmllm {args.command}"

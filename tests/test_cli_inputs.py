@@ -297,6 +297,25 @@ def test_interrupt_during_start_up_imports_is_one_line_and_exit_130(launcher):
     assert len(messages) == 1 and messages[0] in ("orchmllm: interrupted", "orchmllm compare: interrupted"), messages
 
 
+def test_regression_an_interrupt_inside_numpy_s_import_was_reported_as_a_bad_numpy_install(monkeypatch, capsys):
+    """Cause: a Ctrl-C landing in numpy's C-extension initialisation (under `build_parser`'s imports) becomes numpy's
+    ImportError "Importing the numpy C-extensions failed ... bad install", which `main` did not take for an
+    interrupt: 57 lines, exit 1 (probe6 P6-06).  The interrupt is now recorded during the imports, raised after."""
+    import orchmllm.cli as cli
+    build_parser = cli.build_parser
+
+    def interrupted_inside_an_extension():
+        try:
+            signal.raise_signal(signal.SIGINT)  # Python's handler raises KeyboardInterrupt here, which an ...
+        except KeyboardInterrupt as error:  # ... extension's initialisation turns into an ImportError
+            raise ImportError("Importing the numpy C-extensions failed.") from error
+        return build_parser()
+    monkeypatch.setattr(cli, "build_parser", interrupted_inside_an_extension)
+    assert main(["compare", "-D", "8"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["orchmllm: interrupted"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_simulator_refuses_sizes_that_cannot_fit_before_sampling():
     """The API path of `simulate --gpus 10**9`: sampling 28 values per GPU asked numpy for 209 GiB."""
     from orchmllm.balancers.validation import SizeLimitError
