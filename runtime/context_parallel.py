@@ -123,6 +123,7 @@ class _Exchange:
     buffer_rows: int
     peer_items: dict  # peer -> "split item 7 on group (0, 1), ..." for error messages
     cache: dict = field(default_factory=dict)
+    agreed: dict = field(default_factory=dict)  # the first call's "mask", and whether its gathered keys had "padding"
 
     def indices(self, device) -> dict:
         """The index arrays as int64 tensors on `device` (made once per device)."""
@@ -371,7 +372,10 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     (tokens,) bool, True where a token is padding: no query attends to it (a query with no key left
     gets zeros). The ranks of a split item's group call it together, with the same `causal` (else every
     one of them raises ContextParallelError); a rank may pass no mask where its shard has no padding
-    (each key's validity travels with it).
+    (each key's validity travels with it).  The first call with a layout and `causal` checks both on the
+    host (one sync per micro-batch, not per layer: a rank that calls a layout with both `causal`s checks
+    every call); later calls must pad no token the first did not (the same mask, or None), else that rank
+    raises ContextParallelError and its peers do at their next exchange with it.
 
     >>> split = SplitItem(item=0, length=4, group=(0,))
     >>> layout = ContextParallelLayout.build([2, split], [split])
@@ -393,23 +397,49 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
         buffer = _GatherKeys.apply(rows, exchange, layout.group)
         gathered = (buffer[:, :key[0].numel()].reshape(-1, *key.shape[1:]),
                     buffer[:, key[0].numel():-1].reshape(-1, *value.shape[1:]),
-                    _gathered_valid(buffer[:, -1].detach() - 2.0 * causal, causal, exchange, layout.group))
+                    _gathered_valid(buffer[:, -1].detach() - 2.0 * causal, causal, exchange, layout.group,
+                                    key_padding_mask, every_call=len(layout.exchanges) > 1))
     outputs = [_attend(query, *(gathered if run.gathered else local), run, causal, scale) for run in exchange.runs]
     if not outputs:  # no token: an empty output that keeps q, k, v in the graph (every parameter gets a gradient)
         return (query.sum() + key.sum() + value.sum()) * value.new_zeros(0, query.shape[1], value.shape[2])
     return torch.cat(outputs)
 
 
-def _gathered_valid(flags: torch.Tensor, causal: bool, exchange: _Exchange, group) -> torch.Tensor | None:
+def _gathered_valid(flags: torch.Tensor, causal: bool, exchange: _Exchange, group, mask, every_call: bool
+                    ) -> torch.Tensor | None:
     """Which gathered keys are no padding (None: all, the unmasked path), from their flags (1 key, 0 padding,
-    as `causal` is on every rank of the group); ContextParallelError where a peer's flags say another `causal`."""
+    as `causal` is on every rank of the group).  The first call of an exchange (a layout and `causal`), or
+    `every_call` (a rank calling the layout with both `causal`s), reads the flags on the host: ContextParallelError
+    where a peer's flags say another `causal`, and whether there is padding.  Other calls read nothing (no host
+    sync per layer), but a `mask` other than the first call's is compared with it: a peer that found no padding
+    then attends unmasked, so no token may be padded that was not."""
+    agreed = exchange.agreed
+    if agreed and not every_call:
+        if mask is not agreed["mask"] and _pads_more(mask, agreed["mask"]):
+            raise ContextParallelError(
+                f"context-parallel attention on rank {group_rank(group)}: `key_padding_mask` pads tokens that it did not "
+                f"pad at the first call with this layout (causal={causal}), where its split items' groups "
+                f"({_partners(exchange)}) found their padding; pass every call of a micro-batch the same padding")
+        return flags == 1 if agreed["padding"] else None
     bad, padded = torch.stack([((flags != 0) & (flags != 1)).any(), (flags == 0).any()]).tolist()
     if bad:
-        partners = "; ".join(f"rank {peer}: {items}" for peer, items in sorted(exchange.peer_items.items()))
         raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)} with causal={causal}: a "
-                                   f"peer of its split items' groups ({partners}) called it with causal={not causal}; "
-                                   f"every rank of a split item's group must pass the same `causal`")
+                                   f"peer of its split items' groups ({_partners(exchange)}) called it with "
+                                   f"causal={not causal}; every rank of a split item's group must pass the same `causal`")
+    if not agreed:
+        agreed.update(mask=mask, padding=bool(padded))
     return flags == 1 if padded else None
+
+
+def _pads_more(mask, first) -> bool:
+    """Whether key padding `mask` pads a token that `first` did not (None: no padding); a host read."""
+    if mask is None:
+        return False
+    return bool((mask if first is None else mask & ~first).any())
+
+
+def _partners(exchange: _Exchange) -> str:
+    return "; ".join(f"rank {peer}: {items}" for peer, items in sorted(exchange.peer_items.items()))
 
 
 def _check_inputs(query, key, value, layout, key_padding_mask) -> int:

@@ -21,6 +21,7 @@ from orchmllm.runtime import (ContextParallelError, DispatchPlan, GatheredMetada
                               PostBalancingDispatcher, accumulate, context_parallel_attention, normalize_loss)
 from orchmllm.runtime import dispatcher as dispatcher_module
 from orchmllm.runtime.agreement import plan_word
+from orchmllm.runtime.context_parallel import ContextParallelLayout, SplitItem
 from orchmllm.runtime.counting import CollectiveCounter as Counter
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.sharding import StepSharding
@@ -309,7 +310,9 @@ def test_a_per_item_output_of_a_split_item_without_split_reduce_is_refused_on_ev
 def attention_slip_job(rank, size, slip):
     """Item 0 (40 tokens) split over both ranks; rank 0's shard has 3 padded rows.  "mask where padded": each
     rank passes its mask only where it has padding (`mask if mask.any() else None`), returned against both
-    ranks passing theirs; "causal differs": rank 1 attends without the causal mask."""
+    ranks passing theirs; "causal differs": rank 1 attends without the causal mask; "causal differs later": so
+    does it at the third call, after both ranks called with either flag; "padding added later": rank 0's shard
+    has its padding at the second call only (its peer, which found none at the first, attends unmasked)."""
     spec = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0,
                            kv_bytes_per_token=0, seconds_per_cost=1.0)
     dispatcher = PostBalancingDispatcher(cost=COST, context_parallel=spec)
@@ -320,9 +323,13 @@ def attention_slip_job(rank, size, slip):
     q = micro.data["x"]
     padding = torch.zeros(len(q), dtype=torch.bool)
     padding[:3] = rank == 0
-    if slip == "causal differs":
+    calls = {"causal differs": [{"causal": rank == 0}],
+             "causal differs later": [{"causal": True}, {"causal": False}, {"causal": rank == 0}],
+             "padding added later": [{}, {"key_padding_mask": padding}, {}]}.get(slip)
+    if calls is not None:
         try:
-            context_parallel_attention(q, q, q, micro.layout, causal=rank == 0)
+            for arguments in calls:
+                context_parallel_attention(q, q, q, micro.layout, **arguments)
         except ContextParallelError as error:
             return str(error)
         return None
@@ -342,3 +349,28 @@ def test_regression_a_group_calling_attention_with_other_causal_flags_was_silent
     for rank, error in enumerate(errors):
         assert error is not None and f"attention on rank {rank} with causal={rank == 0}: a peer of its split items' " \
             f"groups (rank {1 - rank}: split item 0 on group (0, 1)) called it with causal={rank != 0}" in error, error
+
+
+def test_a_group_whose_flags_or_padding_change_at_a_later_call_raises_on_every_rank():
+    """Later calls of a layout read no flag on the host, but a rank that has called it with either `causal`
+    reads every call's, and a new mask is compared with the first call's: a peer that found no padding there
+    attends unmasked.  The rank that pads more raises; its peer stops at its next call."""
+    for rank, error in enumerate(spawn(attention_slip_job, 2, args=("causal differs later",), timeout_s=60)):
+        assert error is not None and f"attention on rank {rank} with causal={rank == 0}: a peer" in error, error
+    first, peer = spawn(attention_slip_job, 2, args=("padding added later",), timeout_s=60, collective_timeout_s=20)
+    assert first is not None and "attention on rank 0: `key_padding_mask` pads tokens that it did not pad at the " \
+        "first call with this layout (causal=True)" in first, first
+    assert peer is not None and "the K/V exchange (forward) with its group peers failed (rank 0: split item 0" in peer
+
+
+def test_regression_every_split_attention_call_read_its_flags_on_the_host():
+    """P4-18's check read two flags on the host at every call with split items (a GPU sync per layer): later
+    calls of a layout now read nothing, so they run on meta tensors (no data); the first call checks."""
+    split = SplitItem(item=0, length=8, group=(0,))
+    q = torch.randn(8, 2, 4, dtype=torch.float64)
+    for mask in (None, torch.arange(8) < 2):
+        layout = ContextParallelLayout.build([split], [split])
+        context_parallel_attention(q, q, q, layout, causal=mask is None, key_padding_mask=mask)
+        meta = q.to("meta")
+        assert context_parallel_attention(meta, meta, meta, layout, causal=mask is None,
+                                          key_padding_mask=mask).shape == (8, 2, 4)
