@@ -143,7 +143,8 @@ def train(rank: int, world_size: int) -> dict:
             if step + 1 < STEPS:
                 prefetcher.submit(data.samples(step + 1, rank))  # plan the next step while this one runs
             local = data.local_batch(step, rank, torch.float64).to(comm_device())  # text: input_ids, labels
-            moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+            moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs,
+                                     samples=local.samples)  # refuse routes kept from another step
             for micro in runtime.microbatches(routes, moved):  # one pass per step without a token budget
                 loss_sum, loss_tokens = model(micro.routes, micro.data)
                 normalize_loss(loss_sum, loss_tokens).backward()  # FSDP2 averages: normalize_loss undoes it
