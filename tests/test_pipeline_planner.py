@@ -312,3 +312,37 @@ def test_search_spends_no_work_once_within_stop_gap_of_the_bound(monkeypatch):
     bound = best_profile(pipeline, plan.num_microbatches)[0] * costs.sum() / 64
     assert rows == [] and bound <= plan.pipeline.step_time <= bound * (1 + STOP_GAP)
     assert plan.pipeline.step_time < plan.pipeline.unaware_step_time
+
+
+def test_lpt_shaped_cells_end_near_the_best_shape_in_their_slots():
+    """`lpt_shaped`: LPT over all M·D cells, the cells of slot k starting X̄·(max x - x_k) up; replica r runs
+    the cell of the k-th placeholder in slot k, so every replica's slot k ends within an item of X̄·x_k."""
+    from orchmllm.balancers.pipeline.planner import lpt_shaped
+    from orchmllm.balancers.pipeline.profile import best_profile
+
+    pipeline, lengths = Pipeline(stages=8), np.ones(60, dtype=np.int64)
+    problem = make_microbatch_problem(lengths, 2, max_tokens_per_microbatch=30, costs=np.ones(60))
+    replica, slot = lpt_shaped(problem, 3, pipeline)
+    cells = np.bincount(replica * 3 + slot, minlength=6).reshape(2, 3)
+    shape = best_profile(pipeline, 3)[1]
+    assert shape.argmin() == 0 and shape.argmax() == 1  # light first, heaviest in the middle
+    assert np.all(np.abs(cells - 30 * shape) <= 1), cells
+
+
+def test_regression_the_re_cut_ran_when_the_lpt_shaped_start_was_within_stop_gap_of_the_bound(monkeypatch):
+    """Regression (planning time at D = 2560): every replica's items were re-cut into the best shape
+    (`order.reshape`, rounds of one item per replica: half the pipeline's planning time there) although a
+    start as good is one LPT over all cells from shaped offsets (`lpt_shaped`).  Now the re-cut runs only
+    where no start is within STOP_GAP of τ·X̄, and the plan stays within it."""
+    from orchmllm.balancers.pipeline import planner
+    from orchmllm.balancers.pipeline.profile import best_profile
+    from orchmllm.balancers.pipeline.search import STOP_GAP
+
+    lengths = sample_workload("default", 64, 32, seed=7).sample_llm_length
+    costs, pipeline = lengths.astype(float) ** 1.5, Pipeline(stages=8)
+    calls = []
+    reshaped = planner.reshape
+    monkeypatch.setattr(planner, "reshape", lambda *args: calls.append(1) or reshaped(*args))
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, costs=costs, pipeline=pipeline)
+    bound = best_profile(pipeline, plan.num_microbatches)[0] * costs.sum() / 64
+    assert calls == [] and bound <= plan.pipeline.step_time <= bound * (1 + STOP_GAP)

@@ -46,19 +46,22 @@ def levels(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray:
     return np.maximum.accumulate(targets[::-1])[::-1]  # never below a later micro-batch's
 
 
-def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.ndarray | None = None):
+def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.ndarray | None = None,
+              base: float | None = None):
     """LPT's cell (m·D + r) per unpadded item over all M·D cells under the budget, or None without room.
 
     With `offsets` (per micro-batch, >= 0) the cells start at those loads: one pinned
     placeholder per cell, all larger than every item (so LPT's first round places one
-    each), ahead of the items, dropped afterwards.
+    each), ahead of the items, dropped afterwards; cell k·D + r holds the k-th micro-batch's
+    by (-placeholder, index).  A placeholder costs `base` + its offset (default base 2 Σ c + 1;
+    one above every item in the costs' units keeps LPT on integer keys, `lpt`).
     """
     d = problem.num_ranks
     size = num_microbatches * d
     if offsets is None:
         cells, pinned = cells_problem(problem, size), 0
     else:
-        base = 2.0 * float(problem.item_costs.sum()) + 1.0
+        base = 2.0 * float(problem.item_costs.sum()) + 1.0 if base is None else base
         placeholder = base + offsets  # one per micro-batch, for each of its D cells
         # Their order as `sorted_order` gives it (largest first, ties by index): the micro-batches
         # by (-placeholder, m), each one's cells in index order; ahead of every item.

@@ -1,11 +1,13 @@
 """The pipeline-aware cell planner: a micro-batch plan's cells re-dealt, reordered and searched
 for the schedule's step time (max over replicas of the pipeline time, `schedules`).
 
-    start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load), in four
-              arrangements: as planned; each replica's cells reordered (`order.mountain`);
-              dealt afresh over the replicas (`order.deal`) and reordered; and these replicas'
-              items re-cut into the schedule's best shape (`shaped_slots`, unpadded); the
-              fastest wins
+    start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load) as planned, and
+              (unpadded) the items cut afresh into cells of the schedule's best shape by one LPT
+              over all M·D cells (`lpt_shaped`); unless one is within STOP_GAP of τ·X̄ (the
+              search's stop rule), also the plain cells reordered in each replica
+              (`order.mountain`) and dealt afresh over the replicas (`order.deal`) and reordered,
+              and then, again unless within STOP_GAP, the dealt replicas' items re-cut into the
+              best shape (`shaped_slots`, unpadded); the fastest wins
     search    `search.CellSearch`: slot swaps and item moves off the slowest replica
     certify   the step time of the final cells, their costs summed in item order as a fresh
               account would (a start's cells are; the replicas the search moved items between are
@@ -26,13 +28,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..microbatch.plan import MicroBatchProblem, cell_accounts
-from ..problem import Status
+from ..microbatch.cells import lpt_cells
+from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
+from ..problem import Status, integer_values
 from .bounds import step_bound
 from .order import deal, mountain, reshape
 from .profile import best_profile, path_bound
 from .schedules import replica_times
-from .search import CellSearch
+from .search import STOP_GAP, CellSearch
 from .spec import Pipeline
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
@@ -84,14 +87,36 @@ def cell_costs(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray
     return loads.T + problem.microbatch_overhead, np.ascontiguousarray(tokens.T)
 
 
-def _starts(cost: np.ndarray) -> list[np.ndarray]:
-    """(D, M) grids of flat cell indices (slot-major, m·D + r): as planned, reordered, dealt and reordered."""
+def _arrangements(cost: np.ndarray) -> list[np.ndarray]:
+    """(D, M) grids of flat cell indices (slot-major, m·D + r): reordered, and dealt and reordered."""
     d, m = cost.shape
     planned = (np.arange(m)[None, :] * d + np.arange(d)[:, None])
     flat = cost.T.ravel()
-    reordered = np.take_along_axis(planned, mountain(cost), axis=1)
     dealt = deal(flat, d)
-    return [planned, reordered, np.take_along_axis(dealt, mountain(flat[dealt]), axis=1)]
+    return [np.take_along_axis(planned, mountain(cost), axis=1), np.take_along_axis(dealt, mountain(flat[dealt]),
+                                                                                      axis=1)]
+
+
+def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline) -> tuple | None:
+    """(replica, slot) per item of cells cut afresh into the schedule's best shape x (`profile.best_profile`):
+    LPT over all M·D cells within the budget (`microbatch.cells.lpt_cells`), the D cells of slot k starting
+    X̄·(max x - x_k) up so that they end near X̄·x_k (X̄ = Σ c / D + M·o), replica r running cell k·D + r in
+    slot k; None where LPT finds no room.  The offsets are rounded to the costs' common power of two and
+    the placeholders cost 2·max c + offset, so integer costs stay on LPT's integer keys."""
+    m, d = num_microbatches, problem.num_ranks
+    shape = best_profile(pipeline, m)[1]
+    offsets = (float(problem.item_costs.sum()) / d + m * problem.microbatch_overhead) * (shape.max() - shape)
+    integers = integer_values(problem.sorted_costs)
+    bits = 0 if integers is None else int(np.bitwise_or.reduce(integers))
+    if bits:
+        offsets = np.round(offsets / (bits & -bits)) * (bits & -bits)
+    top = float(problem.sorted_costs[0]) if problem.num_items else 0.0
+    base = 2.0 * top if top > 0 else 1.0
+    cell = lpt_cells(problem, m, offsets, base)
+    if cell is None:
+        return None
+    slot_of = np.lexsort((np.arange(m), -(base + offsets)))  # cell k·D + r holds the k-th placeholder's slot
+    return cell % d, slot_of[cell // d]
 
 
 def shaped_slots(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
@@ -124,29 +149,53 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     cost, tokens = cell_costs(problem, rank, microbatch, num_microbatches, accounts)
     d = problem.num_ranks
     firsts = first_stage_sums(first_stage, rank, microbatch, d, num_microbatches)
-    flat, flat_tokens = cost.T.ravel(), tokens.T.ravel()
-    flat_firsts = None if firsts is None else firsts.T.ravel()
-    cell = microbatch * d + rank
-    grids = _starts(cost)
-    # whole cells moved: costs, tokens and first-stage parts with them
-    cells = [(flat[grid], flat_tokens[grid], None if firsts is None else flat_firsts[grid]) for grid in grids]
-    placed = {2: _placed(grids[2], cell, num_microbatches)}
-    if not problem.padded:  # the dealt cells' items, re-cut into the best shape
-        placed[3] = (placed[2][0], shaped_slots(problem, *placed[2], num_microbatches, pipeline))
-        cells.append((*cell_costs(problem, *placed[3], num_microbatches),
-                      first_stage_sums(first_stage, *placed[3], d, num_microbatches)))
-    times = _start_times(pipeline, cells)
-    best = int(np.argmin([np.inf if t is None else t.max() for t in times]))
-    replica, slot = placed[best] if best in placed else _placed(grids[best], cell, num_microbatches)
-    cost, tokens, firsts = cells[best]
     # the search's floor: τ·X̄ bounds every plan's step at this M (`bounds`; uniform stages, else none)
     floor = 0.0 if firsts is not None else best_profile(pipeline, num_microbatches)[0] * (
         float(problem.item_costs.sum()) / d + num_microbatches * problem.microbatch_overhead)
+    cells, placed, grids = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {}
+    if not problem.padded:  # the items cut afresh into the best shape
+        _add_start(problem, placed, cells, lpt_shaped(problem, num_microbatches, pipeline), first_stage)
+    times = _timed(pipeline, cells, {}, range(len(cells)))
+    if _short(times, floor):  # whole cells arranged (costs, tokens and first-stage parts with them)
+        flat, flat_tokens = cost.T.ravel(), tokens.T.ravel()
+        flat_firsts = None if firsts is None else firsts.T.ravel()
+        for grid in _arrangements(cost):
+            grids[len(cells)] = grid
+            cells.append((flat[grid], flat_tokens[grid], None if firsts is None else flat_firsts[grid]))
+        times = _timed(pipeline, cells, times, _promising(pipeline, cells, times, grids))
+        if not problem.padded and _short(times, floor):  # the dealt replicas' items re-cut into the best shape
+            dealt = len(cells) - 1
+            placed[dealt] = _placed(grids.pop(dealt), microbatch * d + rank, num_microbatches)
+            _add_start(problem, placed, cells, (placed[dealt][0], shaped_slots(problem, *placed[dealt],
+                                                                               num_microbatches, pipeline)),
+                       first_stage)
+            times = _timed(pipeline, cells, times, [len(cells) - 1])
+    best = min(times, key=lambda i: (float(times[i].max()), i))
+    replica, slot = placed[best] if best in placed else _placed(grids[best], microbatch * d + rank,
+                                                                num_microbatches)
+    cost, tokens, firsts = cells[best]
+    if not _short({best: times[best]}, floor):  # the search would stop at once (`search`)
+        return replica, slot, float(times[0].max()), (cost, firsts, times[best])
+    if tokens is None:
+        tokens = cell_token_sums(problem, slot * d + replica, d * num_microbatches).reshape(-1, d).T
     search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, cost, tokens, replica, slot,
                         problem.max_tokens_per_microbatch, work, times[best],
                         None if firsts is None else (firsts, first_stage), floor)
     search.run()
     return search.replica, search.slot, float(times[0].max()), _final_cells(problem, search, first_stage)
+
+
+def _add_start(problem: MicroBatchProblem, placed: dict, cells: list, items_placed: tuple | None,
+               first_stage: np.ndarray | None) -> None:
+    """A start whose items are placed (replica, slot) appended to `placed` and `cells` (its costs, summed in
+    item order, no tokens yet: the search alone needs them, and first-stage parts); none when `items_placed` is
+    None."""
+    if items_placed is None:
+        return
+    (d, m), (replica, slot) = cells[0][0].shape, items_placed
+    placed[len(cells)] = items_placed
+    cost = cell_loads(problem, slot * d + replica, d * m).reshape(m, d).T + problem.microbatch_overhead
+    cells.append((cost, None, first_stage_sums(first_stage, replica, slot, d, m)))
 
 
 def _final_cells(problem: MicroBatchProblem, search: CellSearch, first_stage: np.ndarray | None) -> tuple:
@@ -169,17 +218,23 @@ def _final_cells(problem: MicroBatchProblem, search: CellSearch, first_stage: np
     return cost, firsts, times
 
 
-def _start_times(pipeline: Pipeline, cells: list) -> list:
-    """Each start's replica times, None for a start that certainly loses: the plan as given and the
-    last start (the re-cut one) are evaluated, then the others only where no path of `profile.path_bound`
-    already makes them slower than the best of those (uniform stages; all of them otherwise)."""
-    uniform = cells[0][2] is None
-    times = dict(zip(*_evaluated(pipeline, cells, [0, len(cells) - 1] if uniform else range(len(cells)))))
-    best = min(row.max() for row in times.values())
-    rest = [i for i in range(len(cells))
-            if i not in times and path_bound(pipeline, cells[i][0]).max() <= best * (1 + PATH_MARGIN)]
-    times.update(zip(*_evaluated(pipeline, cells, rest)))
-    return [times.get(i) for i in range(len(cells))]
+def _timed(pipeline: Pipeline, cells: list, times: dict, chosen) -> dict:
+    """`times` (start -> its replica times) with the starts `chosen` timed too, in one `replica_times` call."""
+    return {**times, **dict(zip(*_evaluated(pipeline, cells, [i for i in chosen if i not in times])))}
+
+
+def _short(times: dict, floor: float) -> bool:
+    """Whether no start timed is within STOP_GAP of `floor` (the search's stop rule, `search`)."""
+    return min(float(row.max()) for row in times.values()) > floor * (1 + STOP_GAP)
+
+
+def _promising(pipeline: Pipeline, cells: list, times: dict, candidates) -> list:
+    """The `candidates` no path of `profile.path_bound` already makes slower than the best start timed
+    (uniform stages; all of them otherwise)."""
+    if cells[0][2] is not None:
+        return list(candidates)
+    best = min(float(row.max()) for row in times.values())
+    return [i for i in candidates if path_bound(pipeline, cells[i][0]).max() <= best * (1 + PATH_MARGIN)]
 
 
 def _evaluated(pipeline: Pipeline, cells: list, chosen) -> tuple[list, list]:
