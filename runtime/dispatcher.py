@@ -201,8 +201,9 @@ def _in_microbatch_order(outputs, plan: DispatchPlan) -> tuple[list, Exception |
             return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} of {micro.num_microbatches} "
                                       f"(items {micro.items.tolist()}), which is not a micro-batch of `plan` on rank "
                                       f"{plan.route.rank}: pass the micro-batches `microbatches(plan, ...)` yielded")
-        if parts.setdefault(micro.index, part) is not part:
+        if micro.index in parts:
             return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} twice")
+        parts[micro.index] = part
     missing = sorted(set(range(count)) - set(parts))
     return [parts.get(index, outputs[0][1]) for index in range(count)], None if not missing else \
         ValueError(f"`outputs` lacks micro-batches {missing} of the plan's {count}")

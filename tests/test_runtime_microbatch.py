@@ -260,6 +260,22 @@ def test_one_process_micro_batches_cover_the_batch():
     assert dist.is_initialized() is False
 
 
+@pytest.mark.parametrize("pairs, error, message", [
+    (lambda parts: [(parts[0], {"x": parts[0].data["x"]})] * len(parts), ValueError, r"pairs micro-batch 0 twice"),
+    (lambda parts: [(part, {"x": part.data["x"]}) for part in parts[1:]], ValueError, r"lacks micro-batches \[0\]"),
+    (lambda parts: [[part, {"x": part.data["x"]}] for part in parts], TypeError, r"a list of one `\(micro, mapping\)`"),
+], ids=["twice", "missing", "not a pair"])
+def test_combine_refuses_pairs_that_do_not_cover_the_micro_batches_once(pairs, error, message):
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
+    lengths = [4, 6, 3, 7, 2]
+    plan = dispatcher.plan(lengths)
+    parts = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.arange(sum(lengths))}, plan)))
+    home = dispatcher.combine([(part, {"x": part.data["x"]}) for part in parts[::-1]], plan, differentiable=False)
+    assert home["x"].tolist() == list(range(sum(lengths)))
+    with pytest.raises(error, match=message):
+        dispatcher.combine(pairs(parts), plan)
+
+
 def test_per_micro_batch_normalisation_raises_in_accumulate_whatever_the_loop():
     """Collected first (`list(...)`), the micro-batches ran after the generator had finished and a
     per-micro-batch count passed silently; inside `accumulate` it raises.  A loop left by `break`
