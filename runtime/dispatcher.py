@@ -51,6 +51,7 @@ from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, merge_rows, new_step, split_rows
 from .options import DispatchOptions, check_names
+from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
 
 
@@ -219,13 +220,12 @@ class PostBalancingDispatcher:
     Args:
         group: the data-parallel process group (None: the world, or no-op without one).
         algorithm, cost, padded, max_tokens_per_rank, time_limit: passed to `balance()`;
-            every rank must use the same (a time-limited exact solver can differ between
-            ranks: keep `check_plan` on with it).
+            every rank must use the same (a time-limited exact solver can stop at different
+            plans on different ranks: the exchange header then raises `PlanMismatchError`).
         per_item_keys: batch keys with one row per item; all others have one row per token.
-        check_plan: also all-gather a digest of each rank's plan and raise
-            `PlanMismatchError` naming disagreeing ranks (default: only with a
-            `time_limit`, whose solver may stop at different plans on different ranks;
-            configuration mismatches are caught whatever this says).
+        check_plan: also all-gather a digest of each rank's plan right after planning and raise
+            `PlanMismatchError` naming disagreeing ranks (default: only with a `time_limit`;
+            the exchange header compares plans and configurations whatever this says).
         transport: `FlatAllToAll(group)` (default) or `HierarchicalAllToAll(gpus_per_node, group)`.
         max_tokens_per_microbatch: plan the step as gradient-accumulation micro-batches of at
             most this many tokens per rank (`balance_microbatches`; see `runtime.microbatch`
@@ -267,10 +267,10 @@ class PostBalancingDispatcher:
         `loss_tokens` (default: `lengths`) are the tokens of each item that count in the
         loss; their sum over every rank rides in the same all-gather and normalises the
         loss of every micro-batch (`normalize_loss(loss_sum, micro)`).  `metadata_group`
-        runs the metadata collectives on another group (the prefetch thread's); the route
-        is still for this dispatcher's group.
+        runs the metadata collectives on another group (on a `Prefetcher`'s thread its group is
+        the default); the route is still for this dispatcher's group.
         """
-        group = self.group if metadata_group is None else metadata_group
+        group = metadata_group_of(metadata_group, self.group)
         start = time.perf_counter()
         new_step()
         try:
@@ -297,7 +297,9 @@ class PostBalancingDispatcher:
             raise ValueError(f"metadata group has {metadata.counts.size} ranks but the dispatcher's group has "
                              f"{group_size(self.group)}")
         first, degree = item_groups(plan, metadata.num_items)
-        words = (self.config_fingerprint, metadata.counts, metadata.values)
+        # the plan itself rides in the route's word: ranks whose solvers stopped at different plans (a
+        # wall-clock limit) or kept another step's plan fail the exchange header, never the payload
+        words = (self.config_fingerprint, metadata.counts, metadata.values, plan.digest() if plan else "")
         sharding = StepSharding.build(metadata.column(0), metadata.counts, first, degree, microbatch,
                                       group_rank(self.group), lambda digest: plan_word(*words, digest)
                                       if degree.size and degree.max() > 1 else plan_word(*words))

@@ -7,7 +7,9 @@
 
 The thread's metadata all-gathers run on a separate gloo group created here (a
 collective over the world, at construction), so they never interleave with the training
-thread's collectives on the training group.  `hidden_fraction` reports how much of the
+thread's collectives on the training group.  A plan made on the thread without a
+`metadata_group` gathers on that group too: on the training group its all-gather would
+pair with the training thread's exchanges and hang both.  `hidden_fraction` reports how much of the
 planning time the training thread did not have to wait for.
 """
 
@@ -21,6 +23,17 @@ from typing import Callable
 import torch.distributed as dist
 
 from ..balancers.validation import as_real
+
+_THREAD = threading.local()  # `.group`: the group of the Prefetcher whose thread this is, while it plans
+
+
+def metadata_group_of(metadata_group, training_group):
+    """The group a plan's metadata all-gathers run on: `metadata_group` when given, else on a
+    `Prefetcher`'s thread its group, else `training_group`."""
+    if metadata_group is not None:
+        return metadata_group
+    prefetching = getattr(_THREAD, "group", None)
+    return training_group if prefetching is None else prefetching
 
 
 class Prefetcher:
@@ -52,9 +65,11 @@ class Prefetcher:
 
     def _run(self, args):
         start = time.perf_counter()
+        _THREAD.group = self.group
         try:
             return self.plan_fn(*args, self.group)
         finally:
+            _THREAD.group = None
             with self._lock:
                 self.planning_seconds += time.perf_counter() - start
 

@@ -51,6 +51,10 @@ def _sampler_algorithm(name, max_tokens_per_microbatch):
     if not record.solves(padded=False):
         raise ValueError(f"`algorithm` {name!r} balances padded batches only; the sampler balances sums of "
                          f"lengths: choose an unpadded one, e.g. 'auto' or 'lpt'")
+    if record.exact:
+        raise ValueError(f"`algorithm` {name!r} is an exact solver, which stops at a wall-clock time limit: ranks "
+                         f"that plan alone (the sampler exchanges nothing per step) could stop at different plans "
+                         f"and duplicate or drop samples; choose a deterministic one, e.g. 'auto' or 'lpt'")
     return record.name
 
 
@@ -79,7 +83,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             sample must fit); None yields the whole share of a step at once.
         cost: the work of a sample of length l (default: l).
         algorithm: a registered balancer, or with T a micro-batch algorithm (default
-            "auto", deterministic).
+            "auto", deterministic); not an exact balancer, whose time limit could stop ranks
+            planning alone at different plans.
         check_agreement: when a process group is initialised, every `iter(sampler)` checks
             that the ranks of `group` share the dataset's lengths, the seed, the epoch and
             every option, and that they hold the ranks [0, num_replicas) equally often, else

@@ -1,0 +1,122 @@
+"""Ranks whose solvers stop at different plans, and plans made on a prefetch thread (issue 24, probe6
+P6-01..03): a clear error on every rank or a correct step, never rows moved along two plans."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from orchmllm.balancers import CostModel
+from orchmllm.balancers.problem import KernelResult
+from orchmllm.balancers.registry import register_algorithm
+from orchmllm.runtime import MultiStageRuntime, PlanMismatchError, PostBalancingDispatcher, Prefetcher
+from orchmllm.runtime.demo import demo_stages
+from orchmllm.runtime.demo.data import SyntheticMultimodal
+from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.launch import run_processes
+from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+COLLECTIVE_TIMEOUT_S = 20
+
+
+def register_rank_dependent_solver() -> str:
+    """A plugin that plans round robin, with items 0 and 1 swapped on rank 1: the same metadata, another
+    plan there (as a solver stopped by a wall-clock limit does under another load)."""
+
+    def solve(problem):
+        assignment = np.arange(problem.num_items) % problem.num_ranks
+        if dist.get_rank() == 1 and problem.num_items > 1:
+            assignment[[0, 1]] = assignment[[1, 0]]
+        return KernelResult(assignment)
+
+    register_algorithm("rank_dependent", solve)
+    return "rank_dependent"
+
+
+def outcome(run):
+    try:
+        return ("ok", run())
+    except PlanMismatchError as error:
+        return ("PlanMismatchError", str(error))
+
+
+def dispatcher_job(rank, size):
+    """Every item 4 tokens: the two plans send each rank as many rows as the other expects."""
+    dispatcher = PostBalancingDispatcher(algorithm=register_rank_dependent_solver(), per_item_keys={"id"})
+    plan = dispatcher.plan([4, 4])
+    batch = {"id": torch.arange(2) + 10 * rank, "x": torch.ones(8, 2)}
+    return outcome(lambda: sorted(dispatcher.dispatch(batch, plan)["id"].tolist()))
+
+
+def multistage_job(rank, size):
+    config = ModelConfig(llm_hidden=16, encoder_hidden=16, vocab=32)
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(config)
+    data = SyntheticMultimodal(config, samples_per_rank=3)
+    costs = {m: CostModel(per_item=1, linear=1) for m in ("image", "audio", "llm")}
+    runtime = MultiStageRuntime(demo_stages(costs, config, algorithm=register_rank_dependent_solver()))
+
+    def step():
+        batch = data.local_batch(0, rank)
+        routes = runtime.plan(batch.samples)
+        moved = runtime.dispatch(routes, text=batch.text, per_sample=batch.per_sample, inputs=batch.inputs)
+        for micro in runtime.microbatches(routes, moved):
+            runtime.forward(micro.routes, micro.data, encoders=model.encoders(), text_embedding=model.llm.embed)
+        return "trained"
+
+    return outcome(step)
+
+
+@pytest.mark.parametrize("job", [dispatcher_job, multistage_job], ids=["dispatcher", "multi-stage"])
+def test_regression_plans_that_differ_across_ranks_with_the_same_metadata_are_named_on_every_rank(job):
+    """Cause: the route's plan word held the configuration and the gathered metadata only, so ranks whose
+    solver stopped at other plans (the ILP's default 10 s limit under uneven load) passed the exchange
+    header: equal row counts moved rows along two plans silently, others aborted gloo (SIGABRT).  The
+    plan's digest now rides in the word."""
+    started = time.monotonic()
+    outcomes = run_processes(job, 2, timeout_s=90, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        kind, message = o.value
+        assert kind == "PlanMismatchError", (o.rank, o.value)
+        assert "the plan differs across ranks" in message, message
+    assert time.monotonic() - started < COLLECTIVE_TIMEOUT_S
+
+
+def prefetch_without_group_job(rank, size):
+    """The README's prefetch lambda with `metadata_group=group` left out, training collectives meanwhile."""
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", per_item_keys={"id"})
+    prefetcher = Prefetcher(lambda lengths, group: dispatcher.plan(lengths))
+    received = []
+    for step in range(3):
+        prefetcher.submit([3 + step + rank, 5])
+        for _ in range(20):
+            value = torch.ones(1)
+            dist.all_reduce(value)
+        plan = prefetcher.result(timeout=COLLECTIVE_TIMEOUT_S)
+        batch = {"id": torch.arange(2) + 10 * rank, "x": torch.ones(8 + step + rank, 2)}
+        received.append(sorted(dispatcher.dispatch(batch, plan)["id"].tolist()))
+    prefetcher.close()
+    return received
+
+
+def test_regression_a_plan_on_the_prefetch_thread_without_metadata_group_gathers_on_the_prefetch_group():
+    """Cause: `plan(lengths)` on the Prefetcher's thread gathered on the training group, where its
+    all-gather paired with the training thread's all-reduces: both ranks hung until the collective
+    timeout and blamed a dead peer.  On a Prefetcher's thread the default metadata group is now its own."""
+    results = run_processes(prefetch_without_group_job, 2, timeout_s=90, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in results), [o.error for o in results]
+    for step in range(3):
+        assert sorted(sum((o.value[step] for o in results), [])) == [0, 1, 10, 11]
+
+
+@pytest.mark.parametrize("algorithm", ["ilp", "exact"])
+def test_regression_the_sampler_refuses_exact_solvers_whose_time_limit_lets_ranks_plan_apart(algorithm):
+    """Cause: the sampler plans on every rank alone, and the exact solvers stop at a wall-clock limit:
+    ranks under other loads stopped at other plans and duplicated or dropped samples."""
+    with pytest.raises(ValueError, match=rf"`algorithm` '{algorithm}' is an exact solver, which stops at a "
+                                         r"wall-clock time limit"):
+        BalancedDistributedSampler(list(range(1, 25)), num_replicas=4, rank=0, global_batch_size=24,
+                                   algorithm=algorithm)
