@@ -110,6 +110,15 @@ def test_pipeline_spec_errors_name_the_argument(kwargs, error, match):
         Pipeline(**kwargs)
 
 
+@pytest.mark.parametrize("factor", [1e7, 1e308])
+def test_regression_a_backward_factor_that_swallows_the_forward_share_is_refused(factor):
+    """Cause: `backward_factor` was only asked to be finite: at 1e308 the forward share 1 / (P (1 + k))
+    was 0, every operation took 0 s and the planner certified a step of 0.0 as optimal (probe6 P6-05)."""
+    with pytest.raises(ValueError, match=r"`backward_factor` must be at most MAX_BACKWARD_FACTOR = 1e\+06"):
+        Pipeline(stages=2, backward_factor=factor)
+    assert Pipeline(stages=2, backward_factor=1e6).forward_share > 0
+
+
 def test_interleaved_needs_whole_groups():
     with pytest.raises(ValueError, match=r"`num_microbatches`=6 must be a multiple of the pipeline's `stages`=4 "
                                          r".*try 8"):

@@ -10,6 +10,7 @@ from ..validation import SizeLimitError, as_int, as_real
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MAX_MODEL_CHUNKS = 128  # stages × virtual_stages: a chunk holds a layer or more; the deepest LLMs have ~128
+MAX_BACKWARD_FACTOR = 1e6  # backward / forward is about 2; far beyond, 1 + k swallows the forward share (0 at 1e308)
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Pipeline:
     (Megatron's virtual pipeline size, >= 2; 1 for the others).  A cell costing c (its items'
     cost plus the micro-batch overhead, the whole model's forward and backward) takes
     c / (P · (1 + k)) forward and k times that backward on every stage, k = `backward_factor`
-    (2: a backward pass costs about twice a forward).  The model is cut into at most
+    (2: a backward pass costs about twice a forward; at most `MAX_BACKWARD_FACTOR` = 1e6).  The model is cut into at most
     `MAX_MODEL_CHUNKS` = 128 chunks (P · v): the schedule's operations grow with P · v · M.
 
     >>> Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(8)
@@ -52,6 +53,9 @@ class Pipeline:
             raise SizeLimitError(f"{chunks} model chunks must be at most MAX_MODEL_CHUNKS = {MAX_MODEL_CHUNKS} "
                                  f"(each chunk holds a layer or more; the deepest LLMs have ~128 layers)")
         factor = as_real(self.backward_factor, "backward_factor", allow_zero=False)
+        if factor > MAX_BACKWARD_FACTOR:
+            raise ValueError(f"`backward_factor` must be at most MAX_BACKWARD_FACTOR = {MAX_BACKWARD_FACTOR:g} (a "
+                             f"backward pass costs about 2 forwards); got {factor:g}")
         object.__setattr__(self, "stages", stages)
         object.__setattr__(self, "virtual_stages", virtual)
         object.__setattr__(self, "backward_factor", factor)
