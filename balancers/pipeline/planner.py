@@ -101,16 +101,17 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     """(replica, slot) per item of cells cut afresh into the schedule's best shape x (`profile.best_profile`):
     LPT over all M·D cells within the budget (`microbatch.cells.lpt_cells`), the D cells of slot k starting
     X̄·(max x - x_k) up so that they end near X̄·x_k (X̄ = Σ c / D + M·o), replica r running cell k·D + r in
-    slot k; None where LPT finds no room.  The offsets are rounded to the costs' common power of two and
-    the placeholders cost 2·max c + offset, so integer costs stay on LPT's integer keys."""
+    slot k; None where LPT finds no room.  The placeholders cost 2·max c + the offsets rounded to 2**-30 of
+    max c (to whole units below 2**30 where the costs are integers), so integer costs stay on LPT's integer
+    keys (`lpt`: loads below 2**53 units)."""
     m, d = num_microbatches, problem.num_ranks
     shape = best_profile(pipeline, m)[1]
     offsets = (float(problem.item_costs.sum()) / d + m * problem.microbatch_overhead) * (shape.max() - shape)
-    integers = integer_values(problem.sorted_costs)
-    bits = 0 if integers is None else int(np.bitwise_or.reduce(integers))
-    if bits:
-        offsets = np.round(offsets / (bits & -bits)) * (bits & -bits)
     top = float(problem.sorted_costs[0]) if problem.num_items else 0.0
+    unit = 2.0 ** (np.frexp(top)[1] - 30)
+    if unit < 1 and integer_values(problem.sorted_costs) is not None:
+        unit = 1.0
+    offsets = np.round(offsets / unit) * unit
     base = 2.0 * top if top > 0 else 1.0
     cell = lpt_cells(problem, m, offsets, base)
     if cell is None:
