@@ -5,6 +5,7 @@ single-process reference within 1e-12 inside DDP and FSDP2; random plans (mixed 
 micro-batch counts, empty ranks) lose and duplicate no token, every rank runs the same collectives,
 and the exchange moves exactly the bytes the plan's shards need."""
 
+import contextlib
 import math
 import re
 
@@ -199,7 +200,8 @@ def random_plans_job(rank, size, seed, count):
         words = (dispatcher.config_fingerprint, metadata.counts, metadata.values)
         sharding = StepSharding.from_groups(lengths, counts, degree, groups, microbatch, rank,
                                             lambda digest: plan_word(*words, digest))
-        plan = DispatchPlan(metadata, None, sharding.route, 0.0, microbatch, num_microbatches, sharding)
+        plan = DispatchPlan(metadata, None, sharding.route, 0.0, microbatch, num_microbatches, sharding,
+                            dispatcher.config_fingerprint, dispatcher.config_options)
         token_ids = torch.cat([torch.zeros(0, 2, dtype=torch.int64)] + [
             torch.stack([torch.full((int(lengths[i]),), i), torch.arange(int(lengths[i]))], 1) for i in mine])
         before, sent = dict(counter.calls), counter.sent
@@ -307,12 +309,28 @@ def test_a_per_item_output_of_a_split_item_without_split_reduce_is_refused_on_ev
                          r"have a row on each: pass split_reduce='sum' .* or 'first'", error), error
 
 
+@contextlib.contextmanager
+def monkeypatched_host_reads():
+    """Every way a tensor's value reaches the host (`tolist`, `item`, `bool`) raises inside the body."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tensor was read on the host")
+    saved = {name: getattr(torch.Tensor, name) for name in ("tolist", "item", "__bool__")}
+    for name in saved:
+        setattr(torch.Tensor, name, refuse)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
 def attention_slip_job(rank, size, slip):
     """Item 0 (40 tokens) split over both ranks; rank 0's shard has 3 padded rows.  "mask where padded": each
     rank passes its mask only where it has padding (`mask if mask.any() else None`), returned against both
     ranks passing theirs; "causal differs": rank 1 attends without the causal mask; "causal differs later": so
     does it at the third call, after both ranks called with either flag; "padding added later": rank 0's shard
-    has its padding at the second call only (its peer, which found none at the first, attends unmasked)."""
+    has its padding at the second call only (its peer, which found none at the first, attends unmasked); "host
+    reads": every rank passes its mask, and the calls after the first may read no tensor on the host."""
     spec = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0,
                            kv_bytes_per_token=0, seconds_per_cost=1.0)
     dispatcher = PostBalancingDispatcher(cost=COST, context_parallel=spec)
@@ -333,6 +351,11 @@ def attention_slip_job(rank, size, slip):
         except ContextParallelError as error:
             return str(error)
         return None
+    if slip == "host reads":
+        first = context_parallel_attention(q, q, q, micro.layout, key_padding_mask=padding)
+        with monkeypatched_host_reads():
+            later = context_parallel_attention(q, q, q, micro.layout, key_padding_mask=padding)
+        return float((later - first).abs().max())
     mixed = context_parallel_attention(q, q, q, micro.layout, key_padding_mask=padding if padding.any() else None)
     both = context_parallel_attention(q, q, q, micro.layout, key_padding_mask=padding)
     return float((mixed - both).abs().max())
@@ -365,7 +388,9 @@ def test_a_group_whose_flags_or_padding_change_at_a_later_call_raises_on_every_r
 
 def test_regression_every_split_attention_call_read_its_flags_on_the_host():
     """P4-18's check read two flags on the host at every call with split items (a GPU sync per layer): later
-    calls of a layout now read nothing, so they run on meta tensors (no data); the first call checks."""
+    calls of a layout now read nothing: in a gloo group with every host read refused, and on meta tensors (no
+    data); the first call checks."""
+    assert spawn(attention_slip_job, 2, args=("host reads",), timeout_s=60) == [0.0, 0.0]
     split = SplitItem(item=0, length=8, group=(0,))
     q = torch.randn(8, 2, 4, dtype=torch.float64)
     for mask in (None, torch.arange(8) < 2):
