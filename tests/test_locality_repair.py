@@ -7,7 +7,8 @@ from orchmllm import Orchestrator
 from orchmllm.balancers import CostModel
 from orchmllm.balancers.locality import repair as locality_repair
 from orchmllm.balancers.locality.partial_plan import PartialPlan
-from orchmllm.balancers.locality.repair import ranks_left_over, repair, repair_across_nodes, repair_in_node
+from orchmllm.balancers.locality.repair import (ACROSS_CANDIDATES, ranks_left_over, repair, repair_across_nodes,
+                                                 repair_in_node)
 from orchmllm.balancers.problem import make_problem
 from orchmllm.study.models import MODELS
 from orchmllm.study.simulator import cluster
@@ -104,3 +105,36 @@ def test_the_certificate_changes_no_micro_batched_plan(monkeypatch, workload, bu
     assert any(fired)
     monkeypatch.setattr(locality_repair, "ranks_left_over", lambda state: 0)
     assert orchestrator.plan(batch).digest() == certified
+
+
+class _Unread(np.ndarray):
+    """Lengths that no code may read (any indexing raises)."""
+
+    def __getitem__(self, key):
+        raise AssertionError("the repair read the items' lengths without a token cap")
+
+
+def test_regression_a_repair_without_a_cap_gathered_every_candidates_length():
+    """Cause of a planning-time regression (issue 25: the default mix's micro-batched step at D = 2560 × 32,
+    T = 8k, 1.04-1.07x 34d55f1, its encoder stages uncapped): the across-node passes gathered the lengths
+    of the whole cost order and a window of lengths per candidate, and the in-node pass copied every length
+    per round, where no test reads them (lengths count under a cap only).  The passes of a state whose
+    lengths cannot be read end as those of readable ones."""
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        gpus_per_node, num_ranks = 4, 4 * int(rng.integers(1, 6))
+        lengths = rng.integers(1, 500, int(rng.integers(num_ranks, 10 * num_ranks)))
+        problem = make_problem(lengths, num_ranks, cost=CostModel(per_item=1.0, linear=1.0))
+        target = float(problem.item_costs.sum()) / num_ranks * float(rng.uniform(1.0, 1.1))
+        ranks = rng.integers(0, num_ranks, lengths.size)
+        ends = []
+        for readable in (True, False):
+            state = PartialPlan(problem, target)
+            state.put_runs(np.arange(lengths.size), ranks)
+            if not readable:
+                state.lengths = state.lengths.view(_Unread)
+            repair_in_node(state, gpus_per_node)
+            for candidates in ACROSS_CANDIDATES:
+                repair_across_nodes(state, candidates)
+            ends.append(state.destinations.tolist())
+        assert ends[0] == ends[1], seed

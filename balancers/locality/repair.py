@@ -84,14 +84,20 @@ def _ascending(state: PartialPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return state.item_of_rank[::-1], -state.negated_sorted_costs[::-1], state.costs.size - 1 - state.cost_rank
 
 
+def _room(state: PartialPlan, partner_rank: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """Whether each candidate's partner rank stays within the target taking delta = `shift` (the test of
+    `_valid` that fails most: on real traces for ~99 % of the candidates of the across-node passes)."""
+    return state.loads[partner_rank] + shift <= state.target
+
+
 def _valid(state: PartialPlan, items: np.ndarray, partner_rank: np.ndarray, shift: np.ndarray,
-           partner_lengths: np.ndarray) -> np.ndarray:
-    """Whether each candidate, listed flat (item i, the partner's rank, delta = cost_i - cost_j and the
-    partner item's length, 0 for a move), is a valid fix: both ranks within the target and the cap
-    after it, delta > 0, the partner another rank."""
+           partner_lengths: np.ndarray | None) -> np.ndarray:
+    """Whether each candidate whose partner has the room (`_room`), listed flat (item i, the partner's
+    rank, delta = cost_i - cost_j and the partner item's length, 0 for a move; None without a cap, which
+    alone reads them), is a valid fix: its own rank within the target, both within the cap after it,
+    delta > 0, the partner another rank."""
     item_rank = state.destinations[items]
-    valid = ((state.loads[partner_rank] + shift <= state.target) & (partner_rank != item_rank) & (shift > 0)
-             & (state.loads[item_rank] - shift <= state.target))
+    valid = (partner_rank != item_rank) & (shift > 0) & (state.loads[item_rank] - shift <= state.target)
     if state.cap < np.inf:
         shift_tokens = state.lengths[items] - partner_lengths
         valid &= (state.tokens[partner_rank] + shift_tokens <= state.cap) & (state.tokens[item_rank] - shift_tokens <= state.cap)
@@ -122,18 +128,29 @@ def _live(rows: np.ndarray, columns: np.ndarray, width: int, shift: np.ndarray,
 
 
 def _valid_deltas(state: PartialPlan, items: np.ndarray, partner_rank: np.ndarray, partner_costs: np.ndarray,
-                  partner_lengths: np.ndarray) -> np.ndarray:
-    """delta = cost_i - cost_j of every candidate (rows as in `_apply_fixes`; the partner items' costs
-    and lengths given, 0 for a move), inf where the fix is not valid (`_valid`)."""
+                  partner_lengths: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of candidates (as in `_apply_fixes`; the partner items' costs and lengths given, 0 for a
+    move) with a valid one (`_valid`): only they can take a fix; and those rows' deltas cost_i - cost_j,
+    inf where the fix is not valid."""
     delta = state.costs[items, None] - partner_costs
-    # The partner's room is the test that fails most (on real traces ~99 % of the candidates of the
-    # across-node passes): the others run only where it holds.
-    rows, columns = np.nonzero(state.loads[partner_rank] + delta <= state.target)
+    room = _room(state, partner_rank, delta)
+    # The other tests run only where it holds, unless it holds for many (a default mix's rounds): the
+    # indices of the candidates kept and their gathers cost several tests of every candidate.
+    if np.count_nonzero(room) > room.size // 8:
+        valid = room & _valid(state, items[:, None], partner_rank, delta, partner_lengths)
+        live, delta = np.flatnonzero(valid.any(axis=1)), np.where(valid, delta, np.inf)
+        return live, delta if live.size == items.size else delta[live]
+    rows, columns = np.nonzero(room)
     shift = delta[rows, columns]
-    valid = _valid(state, items[rows], partner_rank[rows, columns], shift, partner_lengths[rows, columns])
-    valid_delta = np.full(delta.shape, np.inf)
-    valid_delta[rows[valid], columns[valid]] = shift[valid]
-    return valid_delta
+    valid = _valid(state, items[rows], partner_rank[rows, columns], shift,
+                   None if partner_lengths is None else partner_lengths[rows, columns])
+    live, _, valid_delta = _live(rows, columns, delta.shape[1], shift, valid)
+    return live, valid_delta
+
+
+def _live_rows(live: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`arrays` (a row per candidate row) at the `live` rows: as they are where every row is."""
+    return arrays if live.size == arrays[0].shape[0] else tuple(array[live] for array in arrays)
 
 
 def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, partner_rank: np.ndarray,
@@ -144,19 +161,16 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
     Row k of `partner` / `partner_rank` lists the candidates for `items[k]` (on an over-target
     rank r): a swap with item j on rank p, or a move to p (j = -1).  A candidate is valid when
     both ranks end within the target and the cap (`delta`: `_valid_deltas` of them, when the caller
-    has it).  Every rank takes its smallest valid delta = cost_i - cost_j (ties by column, then
-    item); where fixes meet on a partner rank the most loaded rank wins and the others take their
-    best on ranks no fix of the round touched.
+    has it, every row with a valid one).  Every rank takes its smallest valid delta = cost_i - cost_j
+    (ties by column, then item); where fixes meet on a partner rank the most loaded rank wins and the
+    others take their best on ranks no fix of the round touched.
     """
     order_of = np.full(state.loads.size, -1, dtype=np.int64)
     order_of[ranks] = np.arange(ranks.size)
     if delta is None:  # partner -1: a move, cost and length 0
-        delta = _valid_deltas(state, items, partner_rank, np.append(state.costs, 0.0)[partner],
-                              np.append(state.lengths, 0.0)[partner])
-    # Only rows with a valid candidate can take a fix (most rows of a pass across nodes have none).
-    live = np.flatnonzero(delta.min(axis=1, initial=np.inf) < np.inf)
-    if live.size < items.size:
-        items, partner, partner_rank, delta = items[live], partner[live], partner_rank[live], delta[live]
+        live, delta = _valid_deltas(state, items, partner_rank, np.append(state.costs, 0.0)[partner],
+                                    np.append(state.lengths, 0.0)[partner])
+        items, partner, partner_rank = _live_rows(live, items, partner, partner_rank)
     item_rank = state.destinations[items]
     used = np.zeros(state.loads.size, dtype=bool)  # ranks a fix of this round changed
     chosen = []
@@ -228,7 +242,7 @@ def repair_in_node(state: PartialPlan, gpus_per_node: int) -> None:
     takes them.  A rank without one is left to the next phases.
     """
     ascending, ascending_costs, ascending_rank = _ascending(state)
-    n, num_ranks = state.costs.size, state.loads.size
+    bits, num_ranks = state.rank_bits, state.loads.size  # keys rank << bits | position: a shift, not a division
     offsets = np.arange(gpus_per_node, dtype=np.int64)
     stuck = np.zeros(num_ranks, dtype=bool)
     while True:
@@ -239,21 +253,22 @@ def repair_in_node(state: PartialPlan, gpus_per_node: int) -> None:
         in_node = np.zeros(num_ranks // gpus_per_node, dtype=bool)
         in_node[over // gpus_per_node] = True
         held = np.flatnonzero(in_node[state.destinations // gpus_per_node])
-        keys = np.sort(state.destinations[held] * n + ascending_rank[held])
+        keys = np.sort(state.destinations[held] << bits | ascending_rank[held])
         partner_rank = (item_rank - item_rank % gpus_per_node)[:, None] + offsets
         # Only partners with the room a fix needs are searched (most have not: the others take no fix).
         rows, columns = np.nonzero(state.loads[partner_rank] <= _room_needed(state, items)[:, None])
         limit = state.costs[items] - (state.loads[item_rank] - state.target)
         count = np.searchsorted(ascending_costs, limit, side="right")  # items with cost <= limit
         other = partner_rank[rows, columns]
-        needles = other * n + count[rows]
+        needles = other << bits | count[rows]
         by = np.argsort(needles)  # sorted needles search several times faster than scattered ones
         position = np.empty_like(needles)
         position[by] = np.searchsorted(keys, needles[by]) - 1
         found = keys[np.maximum(position, 0)]
-        found = np.where((position >= 0) & (found // n == other), ascending[found % n], -1)
-        shift = state.costs[items[rows]] - np.append(state.costs, 0.0)[found]
-        valid = _valid(state, items[rows], other, shift, np.append(state.lengths, 0.0)[found])
+        found = np.where((position >= 0) & (found >> bits == other), ascending[found & ((1 << bits) - 1)], -1)
+        shift = state.costs[items[rows]] - np.where(found >= 0, state.costs[found], 0.0)
+        found_lengths = np.where(found >= 0, state.lengths[found], 0.0) if state.cap < np.inf else None
+        valid = _room(state, other, shift) & _valid(state, items[rows], other, shift, found_lengths)
         live, at, delta = _live(rows, columns, gpus_per_node, shift, valid)
         partner = np.full(delta.shape, -1, dtype=np.int64)
         partner[at] = found[valid]  # a candidate that is not valid takes no fix: its partner is never read
@@ -271,15 +286,16 @@ def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
     """
     ascending, ascending_costs, _ = _ascending(state)
     stuck = np.zeros(state.loads.size, dtype=bool)
-    # Candidate j of row i is position top_i - j of the ascending order: per position, descending,
-    # then candidates + 1 of none (a move), so a row's candidates are one slice of these (a window).
-    none = np.full(candidates + 1, -1, dtype=np.int64)
-    partners = np.concatenate([ascending[::-1], none])
-    costs = np.concatenate([ascending_costs[::-1], np.zeros(candidates + 1)])
-    lengths = state.lengths[partners]
-    lengths[partners < 0] = 0.0
-    windows = {name: np.lib.stride_tricks.sliding_window_view(values, candidates + 1)
-               for name, values in (("partner", partners), ("cost", costs), ("length", lengths))}
+    # Candidate j of row i is position start_i + j of the largest-first order, then candidates + 1 of
+    # none (a move), so a row's candidates are one slice of these (a window); lengths count under a cap only.
+    pad = candidates + 1
+    columns = {"partner": np.concatenate([state.item_of_rank, np.full(pad, -1)]),
+               "cost": np.concatenate([state.negated_sorted_costs, np.zeros(pad)])}
+    np.negative(columns["cost"], out=columns["cost"])
+    if state.cap < np.inf:
+        columns["length"] = np.concatenate([state.lengths[state.item_of_rank], np.zeros(pad)])
+    windows = {name: np.lib.stride_tricks.as_strided(values, (values.size - candidates, pad), values.strides * 2,
+                                                     writeable=False) for name, values in columns.items()}
     while True:
         over, items = _over_target(state, stuck)
         if over.size == 0:
@@ -287,13 +303,14 @@ def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
         item_rank = state.destinations[items]
         limit = state.costs[items] - (state.loads[item_rank] - state.target)
         start = ascending.size - np.searchsorted(ascending_costs, limit, side="right")
-        # Columns: the candidate swaps, then the move to the roomiest rank (partner -1).
-        partner, partner_costs, partner_lengths = (windows[name][start] for name in ("partner", "cost", "length"))
-        partner[:, -1] = -1
-        partner_costs[:, -1] = 0.0
-        partner_lengths[:, -1] = 0.0
+        # Columns: the candidate swaps, then the move to the roomiest rank (partner -1, cost and length 0).
+        window = {name: rows[start] for name, rows in windows.items()}
+        for name, values in window.items():
+            values[:, -1] = -1 if name == "partner" else 0
+        partner, partner_costs, partner_lengths = window["partner"], window["cost"], window.get("length")
         partner_rank = np.append(state.destinations, int(np.argmin(state.loads)))[partner]  # -1: the roomiest
-        delta = _valid_deltas(state, items, partner_rank, partner_costs, partner_lengths)
+        live, delta = _valid_deltas(state, items, partner_rank, partner_costs, partner_lengths)
+        items, partner, partner_rank = _live_rows(live, items, partner, partner_rank)
         stuck[_apply_fixes(state, items, partner, partner_rank, over, delta)] = True
 
 
@@ -305,11 +322,13 @@ def _without_fix(state: PartialPlan, over: np.ndarray, margin: float) -> np.ndar
     loads, target = state.loads, state.target
     on = np.zeros(loads.size, dtype=bool)
     on[over] = True
-    items = np.flatnonzero(on[state.destinations])
-    costs, ascending = state.costs[items], -state.negated_sorted_costs[::-1]
+    items = state.item_of_rank[on[state.destinations[state.item_of_rank]]]  # largest first: `low` descends
+    costs = state.costs[items]
     low = costs - max(target - float(loads.min()), 0.0) - margin  # delta <= the largest room
     high = costs - (loads[state.destinations[items]] - target) + margin  # delta >= e_r
-    reached = (np.searchsorted(ascending, high, side="right") > np.searchsorted(ascending, low, side="left")) | (
+    # the least cost j >= low is the largest negated cost <= -low (ascending needles search fast)
+    least = np.searchsorted(state.negated_sorted_costs, -low, side="right") - 1
+    reached = ((least >= 0) & (state.negated_sorted_costs[np.maximum(least, 0)] >= -high)) | (
         (low <= 0.0) & (high >= 0.0))  # another item's cost, or a move's 0
     fixable = np.zeros(loads.size, dtype=bool)
     fixable[state.destinations[items[reached]]] = True
