@@ -70,6 +70,23 @@ def counting(n: int) -> np.ndarray:
     return count[:n]
 
 
+_CONSTANTS: dict[int, np.ndarray] = {}
+
+
+def constant(value: int, n: int) -> np.ndarray:
+    """n copies of the int64 `value`, read-only, in no memory (stride 0): a column every item shares (an
+    unsplit item's degree 1, a whole segment's first unit 0); built directly, as np.broadcast_to takes
+    several times longer, once per stage and pass."""
+    if value not in _CONSTANTS:
+        _CONSTANTS[value] = _frozen([value])
+    return np.ndarray((n,), dtype=np.int64, buffer=_CONSTANTS[value], strides=(0,))
+
+
+def any_nonzero(column: np.ndarray) -> bool:
+    """Whether `column` holds a non-zero entry, read once where it is a `constant` (stride 0)."""
+    return bool(np.any(column[:1] if column.strides == (0,) else column))
+
+
 def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.ndarray) -> list[np.ndarray]:
     """Offset of every item in its rank's buffer, for each array of item `sizes`: the sum of
     the sizes of the items before it on its rank.
@@ -233,7 +250,7 @@ class PassPlan:
     @property
     def splits(self) -> bool:
         """Whether a sample runs split (LLM) or a segment in parts (encoders) in this pass."""
-        return self.llm.split is not None or any(np.any(plan.item_first_unit) for plan in self.stage_plans[:-1])
+        return self.llm.split is not None or any(any_nonzero(plan.item_first_unit) for plan in self.stage_plans[:-1])
 
     @functools.cached_property
     def shards(self) -> ShardTable:
@@ -387,7 +404,7 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
         raise ValueError(f"segment {segment} ({batch.modalities[batch.segment_modality[segment]]!r}) is in no "
                          f"stage plan: a stage plan must hold every segment of its modality")
     llm = stage_plans[-1]
-    if llm.split is not None or any(np.any(plan.item_first_unit) for plan in stage_plans[:-1]):
+    if llm.split is not None or any(any_nonzero(plan.item_first_unit) for plan in stage_plans[:-1]):
         return _compose_pieces(batch, stages, stage_plans)
     owner = batch.segment_sample
     llm_rank = llm.destination[owner]
@@ -409,7 +426,7 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
                     route_llm_rank=_frozen(llm_rank), route_llm_offset=_frozen(llm_offset),
                     route_tokens=batch.segment_tokens, route_rank_offsets=_frozen(route_rank_offsets),
                     route_rank_order=_frozen(order), route_segment=_frozen(segment),
-                    route_row=np.broadcast_to(np.int64(0), segment.shape))  # whole segments: row 0, no memory
+                    route_row=constant(0, segment.size))  # whole segments: row 0, no memory
 
 
 def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...]) -> PassPlan:

@@ -41,7 +41,7 @@ from ..balancers.validation import is_int
 from ..topology import PLACEMENTS, Topology, place
 from .frames import split_frames, stage_frames
 from .options import LOCALITY, PlanOptions
-from .plan import StagePlan, _frozen, compose, counting, offsets_within_rank
+from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import split_layout
 from .stages import Stage, check_stages
@@ -82,7 +82,7 @@ def stage_items(batch: Batch, stage: Stage) -> StageItems:
     """The items of `stage`: its modality's segments, or every sample for the LLM (read-only, so that
     the balancer takes the lengths without a copy)."""
     if stage.is_llm:
-        items = StageItems(counting(batch.num_samples), np.broadcast_to(np.int64(-1), (batch.num_samples,)),
+        items = StageItems(counting(batch.num_samples), constant(-1, batch.num_samples),
                            batch.sample_llm_length)
     else:
         segments = batch.segments_of(stage.modality)
@@ -180,8 +180,8 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     if item_time is None:
         item_time = stage.cost.item_costs(item_length)
     # unsplit items and whole segments share one constant (read-only, no memory per item)
-    degree = np.broadcast_to(np.int64(1), item_sample.shape) if degree is None else _frozen(degree)
-    whole = np.broadcast_to(np.int64(0), item_sample.shape)
+    degree = constant(1, item_sample.size) if degree is None else _frozen(degree)
+    whole = constant(0, item_sample.size)
     first_unit, first_row = (whole, whole) if parts is None else (parts.first_unit, parts.first_row)
     for array in (item_sample, item_segment, destination, source, item_time, first_unit, first_row, outputs):
         array.setflags(write=False)
