@@ -347,6 +347,23 @@ def test_a_plain_step_is_a_step_of_one_pass():
     assert [e.bytes_moved for e in step.embedding_exchanges()] == [one.embedding_exchange().bytes_moved]
 
 
+def test_regression_a_step_that_splits_nothing_built_its_constant_columns_slowly_and_scanned_them(monkeypatch):
+    """Cause of a planning-time regression (issue 25, T 8k micro-batched step at 2560 x 32): the constant
+    columns of a step that splits nothing (degree 1, first unit and row 0, segment -1) came from
+    np.broadcast_to (~15 us each, 41 per step), and whether a pass holds segments in parts was np.any over
+    every zero of such a column (~45 us at 30k items, twice per pass).  Now `plan.constant` and
+    `plan.any_nonzero`, which reads a stride-0 column once."""
+    orchestrator, batch = Orchestrator(STAGES, 4), random_batch(1, 4, 6)
+    scanned, any_of = [], np.any
+    monkeypatch.setattr(np, "broadcast_to", lambda *args, **kwargs: pytest.fail("np.broadcast_to in a step"))
+    monkeypatch.setattr(np, "any", lambda array, *args, **kwargs: (scanned.append(np.size(array)),
+                                                                   any_of(array, *args, **kwargs))[1])
+    (one,) = orchestrator.plan(batch).microbatches
+    assert not one.splits
+    encoders = sum(plan.num_items for plan in one.stage_plans[:-1])
+    assert encoders > 8 and max(scanned) < encoders // 2, scanned
+
+
 def test_a_step_computes_each_stages_item_costs_once_and_keeps_no_memory_for_constant_columns(monkeypatch):
     """Cause of a planning-time regression (issue 25, 2c40c04): `stage_plan` computed every stage's item
     costs again for `StagePlan.item_time` (the balancer's own: `BalancePlan.item_costs`), and filled
