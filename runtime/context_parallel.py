@@ -417,15 +417,16 @@ def _gathered_valid(flags: torch.Tensor, causal: bool, exchange: _Exchange, grou
     if agreed and not every_call:
         if mask is not agreed["mask"] and _pads_more(mask, agreed["mask"]):
             raise ContextParallelError(
-                f"context-parallel attention on rank {group_rank(group)}: `key_padding_mask` pads tokens that it did not "
-                f"pad at the first call with this layout (causal={causal}), where its split items' groups "
+                f"context-parallel attention on rank {group_rank(group)}: `key_padding_mask` pads tokens that it did "
+                f"not pad at the first call with this layout (causal={causal}), where its split items' groups "
                 f"({_partners(exchange)}) found their padding; pass every call of a micro-batch the same padding")
         return flags == 1 if agreed["padding"] else None
     bad, padded = torch.stack([((flags != 0) & (flags != 1)).any(), (flags == 0).any()]).tolist()
     if bad:
         raise ContextParallelError(f"context-parallel attention on rank {group_rank(group)} with causal={causal}: a "
                                    f"peer of its split items' groups ({_partners(exchange)}) called it with "
-                                   f"causal={not causal}; every rank of a split item's group must pass the same `causal`")
+                                   f"causal={not causal}; every rank of a split item's group must pass the same "
+                                   f"`causal`")
     if not agreed:
         agreed.update(mask=mask, padding=bool(padded))
     return flags == 1 if padded else None

@@ -396,7 +396,8 @@ def test_regression_one_mapping_of_concatenated_micro_batch_outputs_went_home_to
 
 def _equal_microbatches_step(rank):
     """4 items of 4 tokens per rank, 8 tokens per micro-batch: 2 micro-batches of equal row counts on every rank."""
-    dispatcher = PostBalancingDispatcher(cost=CostModel(linear=1.0), per_item_keys=("sid",), max_tokens_per_microbatch=8)
+    dispatcher = PostBalancingDispatcher(cost=CostModel(linear=1.0), per_item_keys=("sid",),
+                                         max_tokens_per_microbatch=8)
     sid = torch.arange(4 * rank, 4 * rank + 4)
     tok = sid.repeat_interleave(4)
     plan = dispatcher.plan([4, 4, 4, 4])
