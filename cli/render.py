@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from contextlib import contextmanager
 from functools import cache
@@ -58,8 +59,23 @@ def _json_default(value):
 
 
 def to_json_text(payload, indent: int | None = None) -> str:
-    """`payload` as strict JSON (numpy scalars and arrays as numbers and lists, no NaN)."""
-    return json.dumps(payload, indent=indent, default=_json_default, allow_nan=False)
+    """`payload` as strict JSON (numpy scalars and arrays as numbers and lists); a number JSON has no form for
+    (a ratio over a zero bound is inf: `step / LB` of items that are all empty) as null."""
+    try:
+        return json.dumps(payload, indent=indent, default=_json_default, allow_nan=False)
+    except ValueError:  # inf or nan somewhere (else the same error again below)
+        return json.dumps(_finite_or_null(payload), indent=indent, default=_json_default, allow_nan=False)
+
+
+def _finite_or_null(value):
+    """`value` with every inf or nan (in dicts, lists, tuples and arrays) replaced by None."""
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_finite_or_null(item) for item in (value.tolist() if isinstance(value, np.ndarray) else value)]
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return None
+    return value
 
 
 def print_json(payload) -> None:

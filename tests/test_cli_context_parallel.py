@@ -52,6 +52,19 @@ def test_compare_adds_the_split_algorithms_with_step_over_bound(tmp_path, capsys
     assert "step / LB" in capsys.readouterr().out
 
 
+def test_regression_a_ratio_over_a_zero_bound_was_inf_which_strict_json_refused_with_a_traceback(tmp_path, capsys):
+    """Cause: on a file of zero lengths the canonical-allotment bound is 0, the peer's split step is not, so its
+    `step / LB` was inf, and `--json` (strict: no inf) ended in json's traceback, exit 1 (probe6 P6-10).  A number
+    JSON cannot hold is null there; the table still says inf."""
+    (tmp_path / "zeros.csv").write_text("0\n0\n0\n0\n")
+    command = ["compare", "--lengths", str(tmp_path / "zeros.csv"), "-D", "2", "--context-parallel", "1,2"]
+    assert main([*command, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    ratios = {row["algorithm"]: row["step_cost_over_bound"] for row in rows["context_parallel"]}
+    assert ratios == {"no_split": 1.0, "static_cp": None, "megatron_dynamic_cp": 1.0, "ours": 1.0}
+    assert main(command) == 0 and "inf" in capsys.readouterr().out
+
+
 BAD = {
     "not a power of two": (["simulate", "--gpus", "16", "--context-parallel", "1,3"],
                            "--context-parallel 1,3: `degrees` must be powers of two (1, 2, 4, ...); got 3"),
