@@ -64,7 +64,8 @@ class DispatchPlan:
     micro-batch of item i (all 0 without a budget) and `num_microbatches` the step's M (1
     without a budget; a step with no items runs `num_microbatches` when fixed, else 1).
     `sharding` says where every item's tokens go (whole, or in zigzag chunks over a group) and
-    `route` moves them (one unit per item when none is split).
+    `route` moves them (one unit per item when none is split).  `config_fingerprint` and
+    `config_options` are those of the dispatcher that made it: another one refuses it.
     """
 
     metadata: GatheredMetadata
@@ -74,6 +75,8 @@ class DispatchPlan:
     item_microbatch: np.ndarray
     num_microbatches: int
     sharding: StepSharding
+    config_fingerprint: bytes
+    config_options: Mapping
 
     @property
     def lengths(self) -> np.ndarray:
@@ -303,7 +306,8 @@ class PostBalancingDispatcher:
         sharding = StepSharding.build(metadata.column(0), metadata.counts, first, degree, microbatch,
                                       group_rank(self.group), lambda digest: plan_word(*words, digest)
                                       if degree.size and degree.max() > 1 else plan_word(*words))
-        return DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding)
+        return DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding,
+                            self.config_fingerprint, self.config_options)
 
     def _move(self, batch: Mapping[str, torch.Tensor], sharding: StepSharding, per_item_keys,
               site: str, differentiable: bool, problem: Exception | None = None,
@@ -347,16 +351,29 @@ class PostBalancingDispatcher:
         `differentiable=True` lets gradients of the results flow back to the inputs.
         """
         plan = _checked_plan(plan)
-        problem = _items_problem(plan, lengths, loss_tokens)
+        problem = self._foreign_problem(plan, "dispatch") or _items_problem(plan, lengths, loss_tokens)
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
         self._dispatched = plan.route.plan_id
         return moved
 
-    def _kept_problem(self, plan: DispatchPlan, call: str) -> PlanMismatchError | None:
-        """Why `call` may not follow `plan`: another plan than the latest dispatch's (one kept from an
-        earlier step), or None."""
-        if self._dispatched is None or plan.route.plan_id == self._dispatched:
+    def _foreign_problem(self, plan: DispatchPlan, call: str) -> PlanMismatchError | None:
+        """Why `call` may not take `plan`: one made by a dispatcher of other options, whose layout,
+        micro-batches or keys are not this one's; or None."""
+        if plan.config_fingerprint == self.config_fingerprint:
             return None
+        theirs, ours = plan.config_options, self.config_options
+        names = [name for name in dict.fromkeys([*theirs, *ours]) if theirs.get(name) != ours.get(name)]
+        detail = "; ".join(f"`{name}` {theirs.get(name, '(absent)')!r} there, {ours.get(name, '(absent)')!r} here"
+                           for name in names) or "their reprs agree (another orchmllm version?)"
+        return PlanMismatchError(f"{call} on rank {plan.route.rank}: the plan was made by a dispatcher with other "
+                                 f"options ({detail}); pass {call} the plans of this dispatcher's own `plan()`")
+
+    def _kept_problem(self, plan: DispatchPlan, call: str) -> PlanMismatchError | None:
+        """Why `call` may not follow `plan`: one made by a dispatcher of other options, or another plan
+        than the latest dispatch's (one kept from an earlier step); or None."""
+        foreign = self._foreign_problem(plan, call)
+        if foreign is not None or self._dispatched is None or plan.route.plan_id == self._dispatched:
+            return foreign
         return PlanMismatchError(
             f"{call} on rank {plan.route.rank}: the plan is not the one the latest dispatch followed "
             f"({plan.route.plan_id & (2**64 - 1):016x} vs {self._dispatched & (2**64 - 1):016x}); pass "

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from orchmllm.balancers import CostModel
+from orchmllm.balancers import ContextParallel, CostModel
 from orchmllm.balancers.problem import KernelResult
 from orchmllm.balancers.registry import register_algorithm
 from orchmllm.runtime import MultiStageRuntime, PlanMismatchError, PostBalancingDispatcher, Prefetcher
@@ -120,3 +120,36 @@ def test_regression_the_sampler_refuses_exact_solvers_whose_time_limit_lets_rank
                                          r"wall-clock time limit"):
         BalancedDistributedSampler(list(range(1, 25)), num_replicas=4, rank=0, global_batch_size=24,
                                    algorithm=algorithm)
+
+
+SPLITTING = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0,
+                            kv_bytes_per_token=0, seconds_per_cost=1.0)
+FOREIGN = {  # the options of the dispatcher that plans; another without them dispatches its plan
+    "context_parallel": dict(context_parallel=SPLITTING),
+    "max_tokens_per_microbatch": dict(max_tokens_per_microbatch=42),
+}
+
+
+def foreign_plan_job(rank, size, option):
+    lengths = [40, 3] if rank == 0 else [2, 4]
+    cost = CostModel(linear=1.0, quadratic=0.05)
+    planner = PostBalancingDispatcher(cost=cost, per_item_keys=("sid",), **FOREIGN[option])
+    other = PostBalancingDispatcher(cost=cost, per_item_keys=("sid",))
+    plan = planner.plan(lengths)
+    batch = {"sid": torch.tensor([10 * rank, 10 * rank + 1]), "x": torch.ones(sum(lengths), 2)}
+    return outcome(lambda: [micro.lengths.tolist() for micro in other.microbatches(plan, other.dispatch(batch, plan))])
+
+
+@pytest.mark.parametrize("option", sorted(FOREIGN))
+def test_regression_a_plan_dispatched_by_a_dispatcher_of_other_options_is_named_on_every_rank(option):
+    """Cause: `dispatch` / `microbatches` / `combine` checked only that a plan was a DispatchPlan: a plan
+    that split item 0 over both ranks, taken by a dispatcher without `context_parallel`, came out as
+    two whole 20-token sequences with no layout (packed attention within each shard), no error (probe6
+    P6-09).  A plan now carries its dispatcher's configuration and another dispatcher refuses it."""
+    outcomes = run_processes(foreign_plan_job, 2, args=(option,), timeout_s=90,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        kind, message = o.value
+        assert kind == "PlanMismatchError", (o.rank, o.value)
+        assert "the plan was made by a dispatcher with other options (`" + option in message, message
