@@ -34,8 +34,10 @@ def _check_name(name: str, value) -> str:
 class Segment:
     """One modality sub-sequence: `length` encoder units -> `tokens` LLM embeddings at `position`.
 
-    `frames` > 1: a video whose frames the encoder attends within, `length / frames` units and
-    `tokens / frames` embeddings each, so the encoder stage may split it between frames.
+    `frames` > 1: a video of `frames` independent units (`length / frames` input units and
+    `tokens / frames` embeddings each), so the encoder stage may split it between them: each unit's
+    embeddings must depend on its own input rows only (no temporal position, frame index or merge
+    across units, which would restart at every part; README "Videos split between frames").
 
     `position` is the offset of the first embedding in the sample's LLM sequence; None
     means "right after the previous segment" (0 for the first), so segments without
