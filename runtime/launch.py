@@ -16,6 +16,7 @@ import os
 import pickle
 import queue
 import socket
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -53,7 +54,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, results):
+def _exit_with_parent(parent: int, period_s: float = 1.0) -> None:
+    """End this child when its parent is gone: `daemon=True` stops children only on the parent's own
+    exit, and a parent killed by SIGKILL (a scheduler after its grace period) left them running."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        os._exit(1)
+    threading.Thread(target=watch, name="orchmllm-parent-watch", daemon=True).start()
+
+
+def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, results, parent):
+    _exit_with_parent(parent)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     try:
@@ -90,7 +102,8 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     port = free_port()
     start = time.monotonic()
     children = [context.Process(target=_child, daemon=True,
-                                args=(fn, rank, world_size, port, backend, collective_timeout_s, args, results))
+                                args=(fn, rank, world_size, port, backend, collective_timeout_s, args, results,
+                                      os.getpid()))
                 for rank in range(world_size)]
     outcomes: dict[int, RankOutcome] = {}
     try:

@@ -1,6 +1,9 @@
 """Ranks whose solvers stop at different plans, and plans made on a prefetch thread (issue 24, probe6
 P6-01..03): a clear error on every rank or a correct step, never rows moved along two plans."""
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -153,3 +156,43 @@ def test_regression_a_plan_dispatched_by_a_dispatcher_of_other_options_is_named_
         kind, message = o.value
         assert kind == "PlanMismatchError", (o.rank, o.value)
         assert "the plan was made by a dispatcher with other options (`" + option in message, message
+
+
+LAUNCHER = """
+import os, sys, time
+from orchmllm.runtime.launch import run_processes
+
+def job(rank, size):
+    with open(os.path.join(sys.argv[1], f"rank{rank}"), "w") as file:
+        file.write(str(os.getpid()))
+    time.sleep(120)
+
+run_processes(job, 2, timeout_s=300)
+"""
+
+
+def test_regression_ranks_of_a_killed_launcher_end_with_it(tmp_path):
+    """Cause: `run_processes` children are daemons, which ends them only on the parent's own exit: a
+    parent killed by SIGKILL (a scheduler after its grace period) left its ranks running at 100 % CPU
+    for minutes (probe6 P6-08).  Each child now watches its parent and leaves when it is gone."""
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)])
+    files = [tmp_path / f"rank{rank}" for rank in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(file.exists() and file.read_text() for file in files) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(file.read_text()) for file in files]
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped by init) is gone too
+        return stat.read().split(")")[-1].split()[0] != "Z"
