@@ -200,9 +200,9 @@ def test_microbatched_step_against_the_bound(request):
     print("|" + "---|" * 10)
     print("\n".join(rows))
     print("\n" + _summary("step / bound (held out)", ratios))
-    # The plain step's targets (median <= 1.03, worst <= 1.10) hold at the median; the worst (long_tail, D = 64 x 32,
-    # 2 % giants, T = 64k: the first micro-batch 5 % above its longest giant, token-bound) is 1.1015 (see BENCHMARKS.md).
-    assert np.median(ratios) <= 1.03 and max(ratios) <= 1.11
+    # The plain step's targets: median <= 1.03, worst <= 1.10 (the worst, documents D = 512 x 32, 2 % giants, T = 64k,
+    # 1.0981; long_tail 64 x 32 2 % T = 64k was 1.1015 against the bound without its leader term).
+    assert np.median(ratios) <= 1.03 and max(ratios) <= 1.10
 
 
 def test_microbatched_step_planning_time_at_2560_ranks(best_of):

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm import ContextParallel, CostModel, InfeasibleError, balance_microbatches
+from orchmllm.balancers import Status
 from orchmllm.balancers.context_parallel.microbatch import split_bound
 from orchmllm.balancers.context_parallel.pairing import packable_degrees
 from orchmllm.study.models import MODELS
@@ -54,6 +55,22 @@ def test_bound_counts_shards_that_hold_a_rank_alone():
     optimum = brute_force_split_microbatches(lengths, 4, spec, max_tokens_per_microbatch=37,
                                              num_microbatches=range(1, 4), cost=cost)
     assert bound == pytest.approx(optimum.makespan, rel=1e-12)
+
+
+def test_regression_the_bound_gave_the_longest_items_ranks_to_other_work_in_its_micro_batch():
+    """The longest item (10 tokens, the whole budget of one rank unsplit) costs 15 on its rank or 13.5 on
+    both split; the four others (5 tokens each) fit beside it only on the other rank.  The bound counted
+    its micro-batch as holding D · T tokens of the densest work (20.0), though at its cost its own ranks
+    take nothing else: the leader term t_g(c) + (W − w_g − K_c) / D makes it the optimum, 21.25, proven."""
+    spec = ContextParallel(degrees=(1, 2), gpus_per_node=2, seconds_per_cost=1.0, latency_s=0.0,
+                           half_efficiency_tokens=4.0, kv_bytes_per_token=0.0)
+    cost = CostModel(linear=1.0, quadratic=0.05)
+    lengths = np.array([10, 5, 5, 5, 5])
+    optimum = brute_force_split_microbatches(lengths, 2, spec, max_tokens_per_microbatch=10,
+                                             num_microbatches=range(1, 4), cost=cost)
+    plan = balance_microbatches(lengths, 2, cost=cost, max_tokens_per_microbatch=10, context_parallel=spec)
+    assert split_bound(lengths, 2, spec, cost, 10, 0.0, None)[0] == pytest.approx(optimum.makespan, rel=1e-12)
+    assert plan.step_cost == pytest.approx(optimum.makespan, rel=1e-12) and plan.status is Status.OPTIMAL
 
 
 def test_giants_over_half_a_microbatch_level_get_a_block_each():

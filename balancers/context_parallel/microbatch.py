@@ -14,8 +14,10 @@ step, in which every item keeps its degree and every shard holds at most T token
 canonical allotment of that pass (`bound.py`, each item's degrees those whose largest shard fits
 T) bounds Σ_m max_r L(r, m); so does `stacked_bound` (the costliest micro-batches hold the items of
 the largest least times, which need several micro-batches by their tokens or the ranks their
-shards hold alone, and at most j · D · T tokens of the work); the D · M cells hold every token, so
-M >= ⌈Σ l / (D · T)⌉ and the bound is the larger of the two + that M (or the given one) · overhead.
+shards hold alone, and at most j · D · T tokens of the work) and `leader_bound` (the micro-batch of the
+longest item leaves its group's ranks no time for others at its cost, so its other ranks hold at most
+(D − c) · T tokens of the work); the D · M cells hold every token, so M >= ⌈Σ l / (D · T)⌉ and the bound is
+the largest of the three + that M (or the given one) · overhead.
 With C = {1} it is today's problem, planned and bounded as today.
 
 Algorithm:
@@ -133,7 +135,8 @@ def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost
     table = np.where(-(-lengths[:, None] // degrees[None, :]) <= budget, every, np.inf)
     times = table.min(axis=1)
     alone = alone_ranks(table, degrees, lengths, budget)
-    bound = max(allotment.bound(), stacked_bound(times, work, lengths, alone, num_ranks, budget))
+    bound = max(allotment.bound(), stacked_bound(times, work, lengths, alone, num_ranks, budget),
+                leader_bound(table, degrees, work, lengths, num_ranks, budget))
     return float_sum([bound, m * overhead]), fewest, table
 
 
@@ -181,17 +184,49 @@ def stacked_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, alon
         first = np.searchsorted(prefix, marks * unit, side="right")  # first index whose prefix exceeds i units
         inside = first < order.size
         leaders[inside] = np.maximum(leaders[inside], times[order[first[inside]]])
+    total = exact_sum(work)
+    held = most_work(lengths, work, np.arange(spans + 1, dtype=np.int64) * room)
+    ahead = np.concatenate(([0.0], np.cumsum(leaders)))
+    return float(np.max(ahead + np.maximum(0.0, total - held) / num_ranks))
+
+
+def most_work(lengths: np.ndarray, work: np.ndarray, space: np.ndarray) -> np.ndarray:
+    """The most work items of `lengths` tokens can hold within each `space` tokens: a fractional knapsack
+    by work per token (an upper bound on the work of any items within that many tokens).
+
+    >>> most_work(np.array([4, 4]), np.array([8.0, 2.0]), np.array([0, 2, 6, 9])).tolist()
+    [0.0, 4.0, 9.0, 10.0]
+    """
     density = np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0)
     dense = np.argsort(-density, kind="stable")
     held_tokens, held_work = np.cumsum(lengths[dense]), np.concatenate(([0.0], np.cumsum(work[dense])))
-    space = np.arange(spans + 1, dtype=np.int64) * room
-    whole = np.searchsorted(held_tokens, space, side="right")  # items taken whole by j · room tokens
+    whole = np.searchsorted(held_tokens, space, side="right")  # items taken whole within the space
     partial = np.where(whole < dense.size, (space - np.concatenate(([0], held_tokens))[whole]) * density[
         dense[np.minimum(whole, dense.size - 1)]], 0.0)
-    total = exact_sum(work)
-    held = np.where(whole < dense.size, held_work[whole] + np.nan_to_num(partial, posinf=0.0), held_work[-1])
-    ahead = np.concatenate(([0.0], np.cumsum(leaders)))
-    return float(np.max(ahead + np.maximum(0.0, total - held) / num_ranks))
+    return np.where(whole < dense.size, held_work[whole] + np.nan_to_num(partial, posinf=0.0), held_work[-1])
+
+
+def leader_bound(table: np.ndarray, degrees: np.ndarray, work: np.ndarray, lengths: np.ndarray, num_ranks: int,
+                 budget: int) -> float:
+    """min over the degrees c the longest item g may run at of t_g(c) + (W − w_g − K_c) / D, a bound on
+    Σ_m max_r L(r, m) (`table`: every item's best-case time per degree, inf where a shard exceeds T).
+
+    The micro-batch holding g costs L >= t_g(c) on g's group of c ranks, whose other work fits in
+    c · (L − t_g(c)); its other D − c ranks hold at most (D − c) · T tokens, so at most K_c (`most_work`)
+    of the others' least work W − w_g; the rest runs in the other micro-batches, at least its share of D
+    ranks.  L + (W − w_g − K_c − c · (L − t_g(c))) / D grows with L, so L = t_g(c) bounds the step.
+
+    >>> leader_bound(np.array([[np.inf, 6.0], [1.0, 0.6], [1.0, 0.6]]), np.array([1, 2]),
+    ...              np.array([10.0, 1.0, 1.0]), np.array([8, 4, 4]), 2, 4)  # g at degree 2 holds both ranks
+    7.0
+    """
+    g = int(np.argmax(table.min(axis=1)))
+    others = np.arange(lengths.size) != g
+    fits = np.flatnonzero(np.isfinite(table[g]))
+    if lengths.size == 1:
+        return float(table[g, fits].min())
+    held = most_work(lengths[others], work[others], (num_ranks - degrees[fits]) * budget)
+    return float(np.min(table[g, fits] + np.maximum(0.0, exact_sum(work[others]) - held) / num_ranks))
 
 
 def group_microbatches(table: np.ndarray, degrees: np.ndarray, costs: np.ndarray, lengths: np.ndarray,

@@ -104,19 +104,20 @@ class _Blocks:
         self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
         # a group's block start -> (lower, upper) bounds on the tokens of its fullest rank
         self.most_tokens: dict[int, tuple[int, int]] = {}
-        self.least_shard = 0  # the fewest tokens a shard of the degree being laid out holds
-        self.full: list[tuple[float, int]] = []  # keys of its groups no shard of it fits any more, out of the search
-        self.newly_full: list[tuple[float, int]] = []  # found full by the last search, taken out at the next
+        self.least_length = 0  # the fewest tokens an item of the degree being laid out holds
+        # (degree, key) of the groups no shard of an item of that degree being laid out fits any more, out of the search
+        self.full: list[tuple[int, tuple[float, int]]] = []
+        self.newly_full: list[tuple[int, tuple[float, int]]] = []  # found full by the last search, taken out at the next
 
-    def open(self, degree: int, least_shard: int) -> None:
-        """Start laying out `degree`, whose items' shards hold at least `least_shard` tokens: its free
-        blocks (the larger degrees' groups are placed); the previous degree's full groups back in its keys
-        (a shard of a later item at that degree may be smaller)."""
+    def open(self, degree: int, least_length: int) -> None:
+        """Start laying out `degree`, whose items hold at least `least_length` tokens: its free blocks (the
+        larger degrees' groups are placed); the previous degree's full groups back in their keys (a shard of
+        a later item may be smaller)."""
         self._take_out_full()
-        for key in self.full:
-            bisect.insort(self.keys[self.degree], key)
+        for c, key in self.full:
+            bisect.insort(self.keys[c], key)
         self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
-        self.degree, self.least_shard, self.full = degree, least_shard, []
+        self.degree, self.least_length, self.full = degree, least_length, []
         self.keys[degree] = None if degree == 1 else []  # every rank's key, made when an item needs them
 
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
@@ -157,8 +158,8 @@ class _Blocks:
                 if self._token_room(degree, start, need):
                     best = position if best < 0 else min(best, position)
                     break
-                if degree == self.degree > 1 and self.most_tokens[start][0] + self.least_shard > self.cap:
-                    self.newly_full.append((load, position))  # fits no later item of this degree either
+                if self.degree > 1 and degree > 1 and self.most_tokens[start][0] + self.least_length // degree > self.cap:
+                    self.newly_full.append((degree, (load, position)))  # fits no later item of this degree either
                     continue
                 probes[0] += 1
                 if probes[0] > BEST_FIT_PROBES:
@@ -205,11 +206,9 @@ class _Blocks:
         return math.inf, -1
 
     def _take_out_full(self) -> None:
-        """Take the groups the last search found full out of the keys of the degree being laid out."""
-        if not self.newly_full:
-            return
-        keys = self.keys.get(self.degree)
-        for key in self.newly_full:
+        """Take the groups the last search found full out of their degree's keys."""
+        for c, key in self.newly_full:
+            keys = self.keys[c]
             del keys[bisect.bisect_left(keys, key)]
         self.full.extend(self.newly_full)
         self.newly_full = []
@@ -313,7 +312,7 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
     blocks = _Blocks(problem, spec, gpus_per_node, times, target)
     for c in sorted(set(degree[degree > 1].tolist()), reverse=True) + [1] * (spec.degrees[0] == 1):
         items = np.flatnonzero(degree == c) if c > 1 else long[degree[long] == 1]
-        blocks.open(c, int((problem.lengths[items] // c).min(initial=0)))
+        blocks.open(c, int(problem.lengths[items].min(initial=0)))
         order = np.lexsort((items, -times(items, c)))
         for item in items[order].tolist():
             if blocks.place(item, c) < 0:
