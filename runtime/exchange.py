@@ -251,22 +251,23 @@ def _problem(pieces: Sequence[Piece], transport) -> Exception | None:
     first = pieces[0].meta
     for number, piece in enumerate(pieces):
         meta, tensor = piece.meta, piece.tensor
+        label = f"piece {number} ({piece.name or '?'})"  # the key: the user never saw the pieces' order
         if not isinstance(tensor, torch.Tensor):
-            return TypeError(f"piece {number}: expected a torch.Tensor; got {type(tensor).__name__}")
+            return TypeError(f"{label}: expected a torch.Tensor; got {type(tensor).__name__}")
         if tensor.layout != torch.strided:
-            return TypeError(f"piece {number} ({piece.name or '?'}): a {tensor.layout} tensor cannot be exchanged; "
+            return TypeError(f"{label}: a {tensor.layout} tensor cannot be exchanged; "
                              f"pass a dense (strided) tensor (`.to_dense()`)")
         if (meta.rank, meta.world_size) != (first.rank, first.world_size):
-            return ValueError(f"piece {number}: route is for rank {meta.rank} of {meta.world_size}, "
+            return ValueError(f"{label}: route is for rank {meta.rank} of {meta.world_size}, "
                               f"piece 0's for rank {first.rank} of {first.world_size}")
         if (meta.world_size, meta.rank) != (transport.size, transport.rank):
-            return ValueError(f"piece {number}: route is for rank {meta.rank} of {meta.world_size} but the "
+            return ValueError(f"{label}: route is for rank {meta.rank} of {meta.world_size} but the "
                               f"transport's group has this process as rank {transport.rank} of {transport.size}")
         if meta.plan_id != first.plan_id:
-            return ValueError(f"piece {number}: route follows plan {meta.plan_id}, piece 0's plan {first.plan_id}: "
+            return ValueError(f"{label}: route follows plan {meta.plan_id}, piece 0's plan {first.plan_id}: "
                               f"the pieces of one exchange follow one step's plan")
         if tensor.dim() == 0:
-            return ValueError(f"piece {number}: tensor must have a leading item-row dimension; got a scalar")
+            return ValueError(f"{label}: tensor must have a leading item-row dimension; got a scalar")
         try:
             problem = _rows_problem(number, piece, meta.item_rows(piece.item_rows))
         except ValueError as error:

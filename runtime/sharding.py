@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..balancers.context_parallel.layout import chunk_sizes
+from ..balancers.problem import read_only
 from .agreement import fingerprint
 from .context_parallel import ContextParallelLayout, SplitItem
 from .exchange import ExchangeMeta, home_ranks
@@ -133,15 +134,15 @@ class StepSharding:
 
     @functools.cached_property
     def local_items(self) -> np.ndarray:
-        """Items with rows on this rank after dispatch (whole or a shard), ascending."""
-        return np.unique(self.unit_item[self.local_units])
+        """Items with rows on this rank after dispatch (whole or a shard), ascending (read-only: the plan's)."""
+        return read_only(np.unique(self.unit_item[self.local_units]))
 
     @functools.cached_property
     def local_tokens(self) -> np.ndarray:
         """Tokens this rank holds of each of `local_items` (an item's length, or its shard's)."""
         units = self.local_units
-        return np.bincount(np.searchsorted(self.local_items, self.unit_item[units]), weights=self.unit_tokens[units],
-                           minlength=self.local_items.size).astype(np.int64)
+        return read_only(np.bincount(np.searchsorted(self.local_items, self.unit_item[units]),
+                                     weights=self.unit_tokens[units], minlength=self.local_items.size).astype(np.int64))
 
     def item_rows(self, per_item: bool, home: bool = False):
         """Rows per unit of a per-token tensor (chunk tokens), or of a per-item tensor going out (a row

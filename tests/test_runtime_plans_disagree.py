@@ -196,3 +196,27 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped by init) is gone too
         return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_regression_the_local_items_and_lengths_a_plan_hands_out_are_read_only():
+    """Cause: `plan.local_items` / `plan.local_lengths` were the sharding's own writable arrays: an in-place
+    edit (`ids += offset`, a swap) changed what later `microbatches` yielded as `micro.lengths`, silently
+    (probe6 P6-13)."""
+    dispatcher = PostBalancingDispatcher(per_item_keys={"sid"})
+    plan = dispatcher.plan([5, 3])
+    for array in (plan.local_items, plan.local_lengths):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 7
+    moved = dispatcher.dispatch({"sid": torch.arange(2), "x": torch.ones(8, 2)}, plan)
+    assert [micro.lengths.tolist() for micro in dispatcher.microbatches(plan, moved)] == [[5, 3]]
+
+
+def test_regression_an_exchange_s_type_errors_name_the_key():
+    """Cause: the type and shape checks named the piece's number in the sorted key order, which the user
+    never saw (probe6 P6-16)."""
+    dispatcher = PostBalancingDispatcher(per_item_keys={"sid"})
+    plan = dispatcher.plan([5, 3])
+    with pytest.raises(TypeError, match=r"piece 0 \(sid\): expected a torch.Tensor; got ndarray"):
+        dispatcher.dispatch({"sid": np.arange(2), "x": torch.ones(8, 2)}, plan)
+    with pytest.raises(ValueError, match=r"piece 1 \(x\): tensor must have a leading item-row dimension"):
+        dispatcher.dispatch({"sid": torch.arange(2), "x": torch.tensor(3.0)}, plan)
