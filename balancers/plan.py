@@ -15,7 +15,7 @@ from .cost import CostModel
 from .bounds import lower_bound
 from .problem import (InfeasibleError, Kernel, KernelResult, Problem, Status, integer_values, rank_loads, rank_tokens,
                       read_only, require_equal_counts)
-from .validation import SizeLimitError, as_index, is_real
+from .validation import SizeLimitError, as_index, frozen, is_real
 
 FLOAT_EXACT = 2**53  # integer sums below this are exact in float64
 LOCALITY_SUFFIX = "+locality"  # a plan's algorithm name after the communication-aware pass
@@ -150,6 +150,15 @@ def run_kernel(kernel: Kernel, problem: Problem, algorithm: str) -> tuple[Kernel
     return result, bound
 
 
+def owned(values: np.ndarray) -> np.ndarray:
+    """A kernel's (n,) integer `values` as an int64 array the plan owns: a copy unless nobody can write them
+    (`validation.frozen`), since a kernel that fills a buffer it reuses (and returns a view of) would rewrite
+    every plan it made before."""
+    if frozen(values) and values.dtype == np.int64 and values.flags.c_contiguous:
+        return values
+    return np.array(values, dtype=np.int64, order="C")
+
+
 def kernel_status(status, algorithm: str) -> Status:
     """A kernel's `status` as a `Status`; RuntimeError naming the kernel when it is none."""
     try:
@@ -271,7 +280,7 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
     if assignment.shape != problem.lengths.shape or assignment.dtype.kind not in "iu":
         raise RuntimeError(f"algorithm {algorithm!r} returned an assignment of shape "
                            f"{assignment.shape} and dtype {assignment.dtype}; expected ({problem.num_items},) ints")
-    assignment = np.ascontiguousarray(assignment, dtype=np.int64)
+    assignment = owned(assignment)
     if assignment.size and (assignment.min() < 0 or assignment.max() >= problem.num_ranks):
         raise RuntimeError(f"algorithm {algorithm!r} assigned an item outside ranks [0, {problem.num_ranks})")
     loads = rank_loads(problem, assignment)

@@ -97,7 +97,13 @@ def certifies(record) -> bool:
     against its plan's cost): an exact one's, or orchmllm's own, whose claims the conformance suite checks; a
     heuristic plugin's or peer's are not (a bound misread as its plan's cost would label any plan optimal),
     whatever `kind` it was registered with: only the records built in here count as orchmllm's own."""
-    return record.exact or any(record is ours for ours in _BUILT_INS)
+    return record.exact or built_in(record)
+
+
+def built_in(record) -> bool:
+    """Whether `record` is one of orchmllm's own records (`_BUILT_INS`), whose kernels return new arrays: a
+    plugin's are copied before a plan keeps them (`microbatch.plan.checked_kernel`), as it may reuse a buffer."""
+    return any(record is ours for ours in _BUILT_INS)
 
 
 @dataclass(frozen=True)

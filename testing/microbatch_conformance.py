@@ -29,8 +29,7 @@ from hypothesis import strategies as st
 from ..balancers import CostModel, InfeasibleError, MicroBatchAlgorithm, Status, get_microbatch_algorithm
 from ..balancers.microbatch.api import balance_microbatches, make_microbatch_problem
 from ..balancers.microbatch.bounds import min_microbatches
-from ..balancers.microbatch.plan import MicroBatchPlan, make_microbatch_plan
-from ..balancers.plan import call_kernel
+from ..balancers.microbatch.plan import MicroBatchPlan, checked_kernel, make_microbatch_plan
 from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, SuiteReport, SuiteTarget, check_repeats,
                       check_suite_arguments, compare_processes, fingerprint, run_properties, suite_settings,
                       with_examples)
@@ -148,14 +147,14 @@ class _Target(SuiteTarget):
                                           padded=case.padded, microbatch_overhead=case.microbatch_overhead,
                                           time_limit=self.time_limit)
         try:
-            result = call_kernel(self.kernel, self.name, problem, case.num_microbatches)
+            result = checked_kernel(self.kernel, self.name)(problem, case.num_microbatches)
             if result is None:
                 return None
             return make_microbatch_plan(problem, result, case.num_microbatches, self.name)
         except InfeasibleError as refusal:
             raise ConformanceError(f"{self.name} raised InfeasibleError ({refusal}); a micro-batch kernel returns "
                                    f"None when it finds no packing; input {case.describe(lengths)}") from None
-        except RuntimeError as error:  # the kernel's raise (`call_kernel`) or make_microbatch_plan's verdict
+        except RuntimeError as error:  # the kernel's raise or broken result (`checked_kernel`), or the plan's verdict
             raise ConformanceError(f"{self.name} returned a broken plan: {error}; input "
                                    f"{case.describe(lengths)}") from None
 

@@ -3,6 +3,7 @@ above the plan's own cost is a false certificate refused naming the kernel, the 
 kernels' proofs stay `optimal`, and bounds round up to the next integer where every cost is one."""
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -384,3 +385,31 @@ def test_regression_a_kernel_setting_its_problem_s_budget_had_its_cells_checked_
     with pytest.raises(RuntimeError, match=r"'lifts_the_budget' put 29 tokens in cell \(rank 0, micro-batch 0\), "
                                            r"over max_tokens_per_microbatch=10"):
         balance_microbatches([9, 1, 1, 8, 5, 5], 2, max_tokens_per_microbatch=10, num_microbatches=3, algorithm=name)
+
+
+@pytest.mark.parametrize("call", ["balance", "balance_microbatches"])
+def test_regression_a_plan_kept_the_kernel_s_own_array_which_a_buffer_reusing_kernel_rewrote(register, call):
+    """Cause: make_plan (and a micro-batch result's check) kept a kernel's contiguous int64 array as it was, so a
+    kernel that fills a buffer it reuses and returns a view of it rewrote every plan it had made: the first plan's
+    assignment became the second's, its loads and tokens no longer its items' (probe6 P6-12)."""
+    buffer = np.zeros(16, dtype=np.int64)
+
+    def round_robin_in_a_buffer(problem, *num_microbatches):
+        items = np.arange(problem.num_items)
+        buffer[:problem.num_items] = (items + int(problem.lengths[0])) % problem.num_ranks
+        if not num_microbatches:
+            return KernelResult(buffer[:problem.num_items])
+        if problem.num_items > num_microbatches[0] * problem.num_ranks:
+            return None
+        return MicroBatchResult(buffer[:problem.num_items], items // problem.num_ranks)
+    if call == "balance":
+        name = register(Algorithm("buffered", round_robin_in_a_buffer, kind="plugin", description="test"))
+        plan = functools.partial(balance, num_ranks=2, algorithm=name)
+    else:
+        name = register(MicroBatchAlgorithm("buffered", round_robin_in_a_buffer, kind="plugin", description="test"))
+        plan = functools.partial(balance_microbatches, num_ranks=2, max_tokens_per_microbatch=9, algorithm=name)
+    first = plan([5, 4, 3, 2])
+    before = first.digest()
+    plan([6, 4, 3, 2])
+    assert first.digest() == before
+    assert (first.assignment if call == "balance" else first.rank).tolist() == [1, 0, 1, 0]

@@ -269,16 +269,20 @@ def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algo
     return MicroBatchResult(cells[0], cells[1], status, result.lower_bound)
 
 
-def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = True) -> MicroBatchKernel:
-    """`kernel` called by `call_kernel`, every result it returns checked (`check_result`) and its bound held
-    to the result's own step cost (`claimed_bound`), as the choice of M reads every result it tries; a kernel
-    that does not certify its plans (`registry.certifies`) then has its bound left out and `optimal` read as
-    feasible."""
+def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = True,
+                   built_in: bool = False) -> MicroBatchKernel:
+    """`kernel` called by `call_kernel`, every result it returns checked (`check_result`), its cells copied
+    unless the kernel is orchmllm's own (`registry.built_in`: a plugin that reuses a buffer would rewrite them,
+    here another M's result or a plan made before) and made read-only, and its bound held to the result's own
+    step cost (`claimed_bound`), as the choice of M reads every result it tries; a kernel that does not
+    certify its plans (`registry.certifies`) then has its bound left out and `optimal` read as feasible."""
     def run(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
         result = call_kernel(kernel, algorithm, problem, num_microbatches)
         if result is None:
             return None
         result = check_result(problem, result, num_microbatches, algorithm)
+        cells = (result.rank, result.microbatch) if built_in else (result.rank.copy(), result.microbatch.copy())
+        result = result._replace(rank=read_only(cells[0]), microbatch=read_only(cells[1]))
         if result.lower_bound is not None:
             loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank,
                                num_microbatches * problem.num_ranks)
