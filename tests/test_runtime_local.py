@@ -109,7 +109,8 @@ def test_exchange_rejects_tensors_that_do_not_match_the_route():
         exchange([Piece(meta, [1.0, 2.0], 1)])
     with pytest.raises(ValueError, match="route is for rank 0 of 2 but the transport's group has this process as rank 0 of 1"):
         exchange([Piece(ExchangeMeta([0, 1], [1, 0], 0, 2), torch.zeros(1), 1)])
-    with pytest.raises(ValueError, match=r"piece 1 \(\?\): route follows plan 8, piece 0's plan 7: the pieces of one exchange"):
+    with pytest.raises(ValueError,
+                       match=r"piece 1 \(\?\): route follows plan 8, piece 0's plan 7: the pieces of one exchange"):
         exchange([Piece(ExchangeMeta([0], [0], 0, 1, plan_id=7), torch.zeros(1)),
                   Piece(ExchangeMeta([0], [0], 0, 1, plan_id=8), torch.zeros(1))])
     with pytest.raises(TypeError, match="`plan_id` must be an int"):
