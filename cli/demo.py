@@ -29,6 +29,7 @@ the unsplit plan's isolated busy max/mean below 1.5 (no giant) or the split plan
 
 
 MIXED_ONLY = {"algorithm": "auto", "transport": "flat", "costs": "calibrated", "repeats": 3}  # giants: defaults only
+MAX_SAMPLES_PER_RANK = 1024  # 64 × the default: every sample is drawn and trained on the CPU (16 take minutes)
 
 def add_parser(commands) -> None:
     demo = subcommand(
@@ -165,6 +166,10 @@ def run(args) -> int:
         raise UsageError(f"--ranks and --steps must be >= 1; got --ranks {args.ranks} --steps {args.steps}")
     if args.samples_per_rank < 1:
         raise UsageError(f"--samples-per-rank must be >= 1; got {args.samples_per_rank}")
+    if args.samples_per_rank > MAX_SAMPLES_PER_RANK:
+        raise UsageError(f"--samples-per-rank must be at most MAX_SAMPLES_PER_RANK = {MAX_SAMPLES_PER_RANK} (the demo "
+                         f"draws and trains every sample on the CPU; the default 16 take minutes); got "
+                         f"{args.samples_per_rank}")
     if args.repeats < 1 or args.replay_repeats < 1:
         raise UsageError(f"--repeats and --replay-repeats must be >= 1; got {args.repeats} and {args.replay_repeats}")
     if args.max_tokens_per_microbatch is not None and args.max_tokens_per_microbatch < 1:

@@ -385,6 +385,14 @@ OPTION_CASES = {
     "demo giants with a transport ignored": (
         ["demo", "--workload", "giants", "--ranks", "2", "--steps", "1", "--transport", "hierarchical"],
         "error: --transport hierarchical is not available with --workload giants"),
+    # P6-08: --samples-per-rank had no upper limit: 10**8 'warming up' for minutes, the gloo ranks spawned
+    "demo samples per rank unbounded": (
+        ["demo", "--samples-per-rank", "100000000", "--ranks", "2", "--steps", "1"],
+        "error: --samples-per-rank must be at most MAX_SAMPLES_PER_RANK = 1024 (the demo draws and trains every "
+        "sample on the CPU; the default 16 take minutes); got 100000000"),
+    "demo giants samples per rank unbounded": (
+        ["demo", "--workload", "giants", "--samples-per-rank", "1025", "--ranks", "2", "--steps", "1"],
+        "error: --samples-per-rank must be at most MAX_SAMPLES_PER_RANK = 1024"),
 }
 
 
