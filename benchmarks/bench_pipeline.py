@@ -8,8 +8,8 @@ cell), budget T = max(16k, the longest item); realistic mixes (default, vision, 
 giant-heavy ones (long: 5 % long videos and 5 % 8k-128k documents; long_tail: Pareto);
 cost: the 84B model's LLM FLOPs.  P ∈ {4, 8}, M ∈ {8, 16, 32}, D ∈ {8, 64} (and 512), the
 three schedules.  The planner's constants (search budget, light replicas, swaps) were set
-on the default and long mixes at seeds 1 and 2, the search's stop gap on this grid at seeds 1 and 2;
-the figures are on held-out seed 7.
+on the default and long mixes at seeds 1 and 2, the search's stop gap (which also ends the starts)
+on this grid at seeds 1 and 2; the figures are on held-out seed 7.
 Every plan's step is `pipeline_step` of its cells (same model, same bound), micro-batch m
 run m-th on every replica: ours (`pipeline=`), the PP-unaware plan in its own order, and
 DynaPipe-style per-replica contiguous micro-batches (`study.pipeline_peers`).
