@@ -96,6 +96,7 @@ def rank_load_grid_figure(columns: Mapping[str, Mapping[str, tuple]], *,
                       label=f"{balanced} (max {after.max():.2f}x mean)")
             axis.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
             axis.set_xlim(-0.5, before.size - 0.5)
+            _integer_ticks(axis.xaxis)
             axis.set_ylim(0, max(before.max(), after.max(), 1.0) * 1.08)
             if column == 0:
                 axis.set_ylabel(f"{name}\nload / its mean")
@@ -107,6 +108,14 @@ def rank_load_grid_figure(columns: Mapping[str, Mapping[str, tuple]], *,
         figure.suptitle(title)
     figure.tight_layout()
     return figure
+
+
+def _integer_ticks(axis) -> None:
+    """Ticks at whole numbers only on `axis` (an x or y axis of ranks or micro-batches): matplotlib's default puts
+    a few ranks' axis at -0.5, 0.25, ..., and a reader looks for rank 0.25."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _mean_or_one(values: np.ndarray) -> float:
@@ -322,6 +331,7 @@ def cell_loads_figure(panels: Mapping[str, np.ndarray], *, title: str = ""):
         axis.set_xlabel("rank")
         axis.set_ylabel("micro-batch")
         axis.set_yticks(range(loads.shape[0]))
+        _integer_ticks(axis.xaxis)
     figure.colorbar(image, ax=axes[0].tolist(), label=f"cell cost{unit}")
     if title:
         figure.suptitle(title)
@@ -379,6 +389,7 @@ def split_work_figure(panels: Mapping[str, tuple], num_ranks: int, *, title: str
         axis.set_ylabel(unit)
         axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     axes[-1, 0].set_xlim(first - 0.6, last - 0.4)
+    _integer_ticks(axes[-1, 0].xaxis)
     axes[-1, 0].set_xlabel("rank" if last - first == num_ranks else
                            f"rank ({last - first} of {num_ranks} shown: ranks {first}-{last - 1}, the window "
                            f"holding the slowest rank of {list(panels)[-1]})")

@@ -208,3 +208,24 @@ def test_split_work_draws_each_split_item_as_one_span_over_its_group(tmp_path):
     start, degree = np.repeat([0, 64, 70], [1, 40, 1]), np.repeat([8, 2, 1], [1, 40, 1])
     assert plots.split_window(start, degree, np.repeat([5.0, 0.1, 2.0], [1, 40, 1]), 256) == (0, 32)
     assert plots.split_window(start, degree, np.repeat([5.0, 0.1, 9.0], [1, 40, 1]), 256) == (64, 96)
+
+
+def rank_axis_figures():
+    rng = np.random.default_rng(9)
+    return {"loads.png": plots.rank_load_grid_figure({"D=2": {"llm": (rng.lognormal(0, 0.5, 2), np.ones(2))}}),
+            "cells.png": plots.cell_loads_figure({"ours": rng.uniform(1, 2, (3, 2))}),
+            "cp_work.png": plots.split_work_figure({"ours": (np.array([0, 0, 1]), np.array([2, 1, 1]),
+                                                             np.array([1.0, 0.5, 2.0]))}, 2)}
+
+
+@pytest.mark.parametrize("name", ["loads.png", "cells.png", "cp_work.png"])
+def test_regression_a_few_ranks_were_ticked_at_fractions(name):
+    """Cause: matplotlib's default locator ticked the rank axis of 2 ranks at -0.50, -0.25, ..., 1.50, and a reader
+    looks for rank 0.25 (probe6 P6-11)."""
+    figure = rank_axis_figures()[name]
+    figure.canvas.draw()
+    for axis in figure.axes:
+        if axis.get_xlabel().startswith("rank"):
+            low, high = axis.get_xlim()
+            shown = [tick for tick in axis.get_xticks() if low <= tick <= high]
+            assert shown == [0.0, 1.0], (axis.get_xlabel(), shown)
