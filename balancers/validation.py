@@ -264,17 +264,36 @@ def as_item_bytes(item_bytes, num_items: int, name: str = "item_bytes") -> np.nd
     return array
 
 
+class _RepeatedKey(Exception):
+    """A key that one JSON object holds twice (`json_value`)."""
+
+
+def _once_each(pairs: list) -> dict:
+    """A JSON object's (key, value) pairs as a dict; _RepeatedKey for a key given twice (json keeps the last)."""
+    mapping = dict(pairs)
+    if len(mapping) != len(pairs):
+        raise _RepeatedKey(next(key for index, (key, _) in enumerate(pairs) if key in dict(pairs[:index])))
+    return mapping
+
+
 def json_value(text: str, where: str):
     """One JSON value decoded from `text`; ValueError naming `where` (a file and line) for bad JSON,
-    an integer past Python's digit limit or nesting past its recursion limit.
+    an object that gives a key twice (which value counts is up to the reader), an integer past
+    Python's digit limit or nesting past its recursion limit.
 
     >>> json_value('{"length": ', "lengths.jsonl:2")
     Traceback (most recent call last):
     ...
     ValueError: lengths.jsonl:2: not valid JSON (Expecting value)
+    >>> json_value('{"length": 5, "length": 7}', "lengths.jsonl:3")
+    Traceback (most recent call last):
+    ...
+    ValueError: lengths.jsonl:3: key 'length' given twice in one object
     """
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_once_each)
+    except _RepeatedKey as repeated:
+        raise ValueError(f"{where}: key {repeated.args[0]!r} given twice in one object") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
     except ValueError:  # int("1" * 5000): more digits than sys.get_int_max_str_digits()

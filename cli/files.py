@@ -56,9 +56,15 @@ def _is_number(text: str) -> bool:
     return True
 
 
+DIGIT_LOOKALIKES = str.maketrans("OoIl", "0011")  # letters a number typed by hand may hold for 0 and 1
+
+
 def _is_column_name(text: str) -> bool:
-    """A header field: not a number, nor what a mistyped number looks like (`8l2`, `-`, `.5x`)."""
-    return bool(text) and not _is_number(text) and text[0] not in "0123456789+-."
+    """A header field: not a number, nor what a mistyped number looks like (`8l2`, `-`, `.5x`, `O12`: a
+    number but for letters that look like its digits, with a digit among them)."""
+    if not text or _is_number(text) or text[0] in "0123456789+-.":
+        return False
+    return not (any(char.isdigit() for char in text) and _is_number(text.translate(DIGIT_LOOKALIKES)))
 
 
 def _has_header(first: list[str], where: str) -> bool:

@@ -28,6 +28,9 @@ def files(tmp_path_factory):
     (tmp / "good.csv").write_text("3\n4\n5\n6\n")
     (tmp / "index_length.csv").write_text("0,812\n1,77\n2,300\n")
     (tmp / "typo.csv").write_text("8l2\n77\n300\n")
+    (tmp / "typo_letter_o.csv").write_text("O12\n77\n300\n")
+    (tmp / "length_l.csv").write_text("l\n77\n300\n")
+    (tmp / "repeated_key.jsonl").write_text('{"length": 5}\n{"length": 5, "length": 7}\n')
     (tmp / "mixed_header.csv").write_text("length,7\n5,1\n")
     (tmp / "header_only.csv").write_text("length\n")
     (tmp / "long_field.csv").write_text("3\n" + "1" * 140_000 + "\n")
@@ -56,6 +59,13 @@ CASES = {
     "csv whose first line is a mistyped number": (
         ["plan", "{tmp}/typo.csv", "-D", "2"],
         "typo.csv:1: expected an integer length or a header line of column names, got '8l2'"),
+    # probe6 P6-11: a number typed with a letter O for its 0 was still a column name, and its item dropped
+    "csv whose first line is a number with a letter for a digit": (
+        ["plan", "{tmp}/typo_letter_o.csv", "-D", "2"],
+        "typo_letter_o.csv:1: expected an integer length or a header line of column names, got 'O12'"),
+    # probe6 P6-11: an object giving a key twice was read with the last value, no word said
+    "json line with a key given twice": (
+        ["plan", "{tmp}/repeated_key.jsonl", "-D", "2"], "repeated_key.jsonl:2: key 'length' given twice in one object"),
     "csv whose first line mixes names and numbers": (
         ["plan", "{tmp}/mixed_header.csv", "-D", "2", "--column", "length"],
         "mixed_header.csv:1: expected an integer length or a header line of column names, got '7'"),
@@ -179,6 +189,12 @@ def test_bad_input_is_one_line_naming_it_with_exit_2(case, files, capsys):
     args, message = CASES[case]
     code = main([arg.format(tmp=files) for arg in args])
     check_one_line_error(code, capsys.readouterr().err, message.format(tmp=files))
+
+
+def test_a_column_named_with_letters_that_look_like_digits_is_still_a_header(files, capsys):
+    """`l` (for length) holds no digit: a column name, not a mistyped 1."""
+    assert main(["plan", str(files / "length_l.csv"), "-D", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_items"] == 2
     assert not (files / "missing").exists()
 
 
