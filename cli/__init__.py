@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from contextlib import contextmanager
 
 from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser, MissingDependencyError,
@@ -100,13 +101,26 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning` for the command: one line on stderr, no source line of whichever orchmllm line
+    happened to trigger it (a plugin entry point skipped while the parser lists the algorithms)."""
+    print(f"orchmllm: {category.__name__}: {one_line(message)}", file=sys.stderr if file is None else file)
+
+
 def main(argv=None) -> int:
     """Entry point of the `orchmllm` console script; returns the exit code.
 
     Only a UsageError (bad arguments or input files) or a missing optional dependency is
     reported as one line with exit 2; any other exception is a bug and propagates with
-    its traceback (exit 1).
+    its traceback (exit 1).  Warnings print as one line each (`_one_line_warning`).
     """
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        return _run(argv)
+
+
+def _run(argv) -> int:
+    """`main` itself: the command run, its errors reported as `main` says."""
     command, stdout = "orchmllm", sys.stdout
     try:
         with _interrupts_deferred():

@@ -163,6 +163,19 @@ def test_regression_an_entry_point_exiting_at_import_ended_the_command(tmp_path)
             "exiting-plugin (group 'orchmllm.algorithms'): SystemExit: needs CUDA") in done.stderr
 
 
+def test_regression_a_skipped_entry_point_s_warning_showed_an_unrelated_source_line(tmp_path):
+    """Cause: the command printed Python's two-line warning format, whose second line was the orchmllm line that
+    listed the algorithms (`f"algorithms: {', '.join(ALGORITHMS)}")` of cli/compare.py), unrelated to the plugin
+    (probe6 P6-11).  The command prints each warning as one line."""
+    fake_distribution(tmp_path, "gone-plugin", "gone_plugin", "", "gone = gone_plugin_module:kernel\n")
+    (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n")
+    done = run_with(tmp_path, "-m", "orchmllm", "plan", str(tmp_path / "lengths.csv"), "-D", "2", "--algorithm", "lpt")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "orchmllm: RuntimeWarning: orchmllm skipped the entry point gone = gone_plugin_module:kernel of distribution "
+        "gone-plugin (group 'orchmllm.algorithms'): ModuleNotFoundError: No module named 'gone_plugin_module'"]
+
+
 def test_regression_a_peer_name_could_be_taken_before_the_entry_points_loaded():
     """Cause: names were only checked against what was registered, and the peers register on
     first listing: `register_algorithm('verl_kk', k)` succeeded, and every listing then raised."""
