@@ -18,7 +18,8 @@ all micro-batches), which the metadata all-gather already carried, so no collect
 needed and the accumulated gradient equals that of one pass over the global batch.
 Dividing each micro-batch by its own count (what `normalize_loss(loss, local_count)` would
 do) weights tokens by the size of the micro-batch they happen to sit in: inside a
-micro-batch loop of M > 1 that call raises.
+micro-batch loop of M > 1 that call raises, and so it does after the step's micro-batches were
+handed out (e.g. collected by `list(...)` first), until the next `plan()` or `microbatches()`.
 """
 
 from __future__ import annotations
@@ -75,25 +76,33 @@ def active_microbatch() -> tuple[int, int] | None:
     return getattr(_active, "current", None)
 
 
+def step_microbatches() -> int | None:
+    """The number of micro-batches of the step whose micro-batches this thread was handed, or None."""
+    return getattr(_active, "step", None)
+
+
 def iterate(microbatches):
     """Yield the micro-batches, recording which one runs (so per-micro-batch loss normalisation raises).
 
     A loop left by `break` keeps its last micro-batch recorded until the generator is closed
     or the next `plan()` or `microbatches()` on this thread (`new_step`); `accumulate` records
-    its micro-batch for its body whatever the loop (e.g. over a list of the micro-batches)."""
+    its micro-batch for its body whatever the loop.  The step's count of micro-batches stays
+    recorded until `new_step`, so a loop over the micro-batches collected in a list, after the
+    generator has ended, is known to run inside a step of M micro-batches too."""
     previous = active_microbatch()
     try:
         for micro in microbatches:
             _active.current = (micro.index, micro.num_microbatches)
+            _active.step = micro.num_microbatches
             yield micro
     finally:
         _active.current = previous
 
 
 def new_step() -> None:
-    """Forget any micro-batch this thread recorded in an earlier step's loop (each `plan()` and
+    """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and
     `microbatches()` starts afresh)."""
-    _active.current = None
+    _active.current = _active.step = None
 
 
 def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ..balancers.validation import as_int
 from .comm import comm_device, group_rank, group_size, is_distributed
 from .metadata import PeerInputError
-from .microbatch import MicroBatch, active_microbatch
+from .microbatch import MicroBatch, active_microbatch, step_microbatches
 
 _REDUCTIONS = ("mean", "sum")
 INT64_MAX = 2**63 - 1
@@ -81,6 +81,14 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
     return words[0]
 
 
+def _per_microbatch_count(where: str) -> ValueError:
+    """The error of `normalize_loss` given a count `where` a micro-batched step runs."""
+    return ValueError(f"normalize_loss with a count {where}: dividing each micro-batch by its own loss tokens "
+                      f"weights tokens by the micro-batch they sit in; pass the micro-batch instead, "
+                      f"`normalize_loss(loss_sum, micro)`, which divides by the loss tokens of the whole step "
+                      f"(all ranks, all micro-batches) with no collective")
+
+
 def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
                    gradient_reduction: str = "mean") -> torch.Tensor:
     """Local loss summed over tokens, divided by the global number of loss tokens.
@@ -93,7 +101,8 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
 
     In a micro-batched step pass the `MicroBatch` as `num_loss_tokens`: its loss is divided
     by the loss tokens of the whole step, known from the gathered metadata, with no
-    collective (see `runtime.microbatch`); a plain count there raises.
+    collective (see `runtime.microbatch`); a plain count there raises, from the step's first
+    micro-batch until the next `plan()` or `microbatches()` on the thread.
     """
     if gradient_reduction not in _REDUCTIONS:
         raise ValueError(f"`gradient_reduction` must be one of {_REDUCTIONS}; got {gradient_reduction!r}")
@@ -101,12 +110,12 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
         raise TypeError(f"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__}")
     if isinstance(num_loss_tokens, MicroBatch):
         return loss_sum * num_loss_tokens.loss_scale(gradient_reduction)
-    active = active_microbatch()
-    if active is not None and active[1] > 1:
-        raise ValueError(f"normalize_loss with a count inside micro-batch {active[0]} of {active[1]}: dividing each "
-                         f"micro-batch by its own loss tokens weights tokens by the micro-batch they sit in; pass "
-                         f"the micro-batch instead, `normalize_loss(loss_sum, micro)`, which divides by the loss "
-                         f"tokens of the whole step (all ranks, all micro-batches) with no collective")
+    inside, step = active_microbatch(), step_microbatches() or 1
+    if inside is not None and inside[1] > 1:
+        raise _per_microbatch_count(f"inside micro-batch {inside[0]} of {inside[1]}")
+    if step > 1:
+        raise _per_microbatch_count(f"in a step of {step} micro-batches (this thread was handed them; until the "
+                                    f"next `plan()` or `microbatches()`)")
     total = global_count(num_loss_tokens, group, name="num_loss_tokens").to(loss_sum.device)
     scale = group_size(group) if gradient_reduction == "mean" else 1
     # at least float32 arithmetic: in float16 a count past 65504 is inf (the loss came back 0) and 1 / count subnormal

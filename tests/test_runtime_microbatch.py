@@ -110,13 +110,14 @@ def test_accumulated_micro_batches_give_the_global_gradient(job, num_microbatche
         assert worst <= 1e-12
 
 
-def misuse_job(rank, size):
+def misuse_job(rank, size, collected=False):
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
     lengths, tokens, labels = rank_batch(rank)
     plan = dispatcher.plan(lengths)
     moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
     messages = []
-    for micro in dispatcher.microbatches(plan, moved):
+    micros = dispatcher.microbatches(plan, moved)
+    for micro in list(micros) if collected else micros:
         try:
             normalize_loss(torch.zeros((), dtype=torch.float64), micro.data["labels"].ge(0).sum())
         except ValueError as error:
@@ -128,6 +129,14 @@ def test_per_micro_batch_loss_normalisation_raises_on_every_rank():
     for messages, count in spawn(misuse_job, len(LENGTHS), timeout_s=60):
         assert count >= 2 and len(messages) == count
         assert all("normalize_loss(loss_sum, micro)" in message for message in messages)
+
+
+def test_regression_a_per_micro_batch_count_over_micro_batches_collected_in_a_list_passed_silently():
+    """The guard lived as long as the generator: over `list(microbatches(...))`, without `accumulate`,
+    every micro-batch's loss was divided by its own count and tokens weighted by their micro-batch."""
+    for messages, count in spawn(misuse_job, len(LENGTHS), args=(True,), timeout_s=60):
+        assert count >= 2 and len(messages) == count
+        assert all(f"normalize_loss with a count in a step of {count} micro-batches" in message for message in messages)
 
 
 CONFIG = ModelConfig(vocab=32, llm_hidden=8, encoder_hidden=8, heads=2, patch_dim=6, frame_dim=5, pool=2, stride=2)
@@ -289,7 +298,8 @@ def test_per_micro_batch_normalisation_raises_in_accumulate_whatever_the_loop():
     for micro in micros:
         with accumulate(model, micro), pytest.raises(ValueError, match="normalize_loss with a count inside micro"):
             normalize_loss(torch.zeros(()), 6)
-    normalize_loss(torch.zeros(()), 6)  # outside any micro-batch: a plain count is right
+    with pytest.raises(ValueError, match=f"normalize_loss with a count in a step of {len(micros)} micro-batches"):
+        normalize_loss(torch.zeros(()), 6)  # the step's micro-batches were handed out: a count is theirs
     loop = dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.arange(sum(lengths))}, plan))
     for _ in loop:
         break
