@@ -6,7 +6,8 @@ balanced, with Karmarkar–Karp, for its DP ranks (`equal_size=True`) and its mi
 (`equal_size=False`).  The contract kept here, read from verl's code (none of it copied):
 
 - `seqlen_list`: ints or floats (a list, a numpy array, a torch tensor on any device, as
-  verl's trainer passes its workloads); `k_partitions`: an int; `equal_size`: a bool;
+  verl's trainer passes its workloads); `k_partitions`: an int; `equal_size`: a bool, or 0 / 1
+  as a config may give it (verl takes any truthy value; here a string or 2 is refused);
 - returns k lists of Python ints, every index 0..n-1 once, each list sorted ascending and
   none empty; with `equal_size` every list holds n / k;
 - raises AssertionError, as verl's asserts do, when n < k, and when `equal_size` is set
@@ -40,7 +41,7 @@ from ..balancers.kernels import karmarkar_karp, lpt
 from ..balancers.kernels.karmarkar_karp import find_roots
 from ..balancers.problem import as_lengths, make_problem, rank_loads
 from ..balancers.search import local_search
-from ..balancers.validation import as_array, as_bool, as_int, as_item_bytes
+from ..balancers.validation import as_array, as_bool, as_int, as_item_bytes, is_int
 
 SEARCH_WORK_PER_ITEM = 20
 """Local-search work (`local_search.improve`'s candidates, ~20 ns each) per item with free sizes."""
@@ -70,7 +71,7 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
     orchmllm.integrations.verl.VerlContractError: equal_size=True needs k_partitions=2 to divide the 3 items ...
     """
     k = as_int(k_partitions, "k_partitions")
-    equal_size = as_bool(equal_size, "equal_size")
+    equal_size = as_bool(bool(equal_size) if is_int(equal_size) and equal_size in (0, 1) else equal_size, "equal_size")
     array = as_array(_host_values(seqlen_list), "seqlen_list", "numbers")
     if array.ndim != 1:
         raise ValueError(f"`seqlen_list` must be 1-D; got shape {array.shape}")

@@ -147,9 +147,18 @@ def test_verls_partitions_keep_its_contract_and_assertions():
         verl_seqlen_partitions([1, 2], 3, equal_size=False)
 
 
+@pytest.mark.parametrize("flag", [1, 0, np.int64(1)], ids=["1", "0", "numpy 1"])
+def test_regression_equal_size_given_as_0_or_1_was_refused_though_verl_takes_it(flag):
+    """Cause: `equal_size` had to be a bool, so a verl caller passing 0 / 1 from a config got "`equal_size` must be
+    a bool; got int" where verl's function (`if equal_size:`) runs (probe6 P6-11)."""
+    seqlens = [8, 1, 1, 1, 1, 1, 1, 1]
+    assert get_seqlen_balanced_partitions(seqlens, 2, flag) == get_seqlen_balanced_partitions(seqlens, 2, bool(flag))
+
+
 @pytest.mark.parametrize("arguments, error, message", [
     (([1, 2], 1.5, False), TypeError, "`k_partitions` must be an int; got float"),
     (([1, 2], 1, "yes"), TypeError, "`equal_size` must be a bool; got str"),
+    (([1, 2], 1, 2), TypeError, "`equal_size` must be a bool; got int"),
     (([1, float("nan"), 2], 1, False), ValueError, "`seqlen_list` must be finite and non-negative; got nan at index 1"),
     (([1, -3, 2], 1, False), ValueError, r"`seqlen_list` must be non-negative integers; got -3 at index 1"),
     (([1.0, float("inf")], 1, False), ValueError, "`seqlen_list` must be finite and non-negative; got inf at index 1"),
@@ -158,7 +167,8 @@ def test_verls_partitions_keep_its_contract_and_assertions():
     # the sums' checks named the balancers' `lengths` and `costs`, arguments a verl caller never passed
     (([2**62, 2**62, 1], 2, False), ValueError, r"^`seqlen_list`: .* sum to 9223372036854775809 tokens, beyond int64"),
     (([1e308, 1e308, 1.0], 2, False), ValueError, r"^`seqlen_list`: .* the sum of the costs is inf"),
-], ids=["k-float", "equal-size-str", "nan", "negative", "inf", "2-d", "str", "int-sum-overflow", "float-sum-overflow"])
+], ids=["k-float", "equal-size-str", "equal-size-2", "nan", "negative", "inf", "2-d", "str", "int-sum-overflow",
+        "float-sum-overflow"])
 def test_bad_arguments_name_themselves(arguments, error, message):
     with pytest.raises(error, match=message):
         get_seqlen_balanced_partitions(*arguments)
