@@ -346,3 +346,22 @@ def test_regression_the_re_cut_ran_when_the_lpt_shaped_start_was_within_stop_gap
     plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, costs=costs, pipeline=pipeline)
     bound = best_profile(pipeline, plan.num_microbatches)[0] * costs.sum() / 64
     assert calls == [] and bound <= plan.pipeline.step_time <= bound * (1 + STOP_GAP)
+
+
+@pytest.mark.parametrize("workload, ranks, seed", [("default", 16, 1), ("long_tail", 64, 2), ("speech", 32, 3)])
+def test_lpt_from_start_loads_is_the_placeholders_lpt(workload, ranks, seed):
+    """`lpt.greedy_from` (LPT from each cell's start load, on integer keys) makes the choices of `lpt_cells`'
+    LPT after one placeholder of base + offset per cell, which `lpt_shaped` falls back to under the budget."""
+    from orchmllm.balancers.kernels.lpt import greedy_from
+    from orchmllm.balancers.microbatch.cells import lpt_cells
+
+    lengths = sample_workload(workload, ranks, 24, seed=seed).sample_llm_length
+    problem = make_microbatch_problem(lengths, ranks, max_tokens_per_microbatch=10**7,
+                                      costs=(lengths.astype(np.int64) ** 2 // 7).astype(float))
+    offsets = np.array([3.0, 0.0, 1.0, 5.0]) * float(problem.item_costs.sum()) / (40 * ranks)
+    offsets = np.round(offsets)
+    base = 2.0 * float(problem.sorted_costs[0])
+    slot_of = np.lexsort((np.arange(4), -(base + offsets)))
+    native = greedy_from(problem.sorted_costs, 4 * ranks, problem.cost_order, np.repeat(offsets[slot_of], ranks))
+    assert native is not None
+    np.testing.assert_array_equal(native, lpt_cells(problem, 4, offsets, base))

@@ -105,38 +105,44 @@ def _heap_round(loads: np.ndarray, costs: np.ndarray, items: np.ndarray,
         loads[rank] = load
 
 
-def _key_steps(sorted_costs: np.ndarray, num_ranks: int) -> tuple[np.ndarray, int] | None:
+def _key_steps(sorted_costs: np.ndarray, num_ranks: int,
+               start: np.ndarray | None = None) -> tuple[np.ndarray, int, np.ndarray] | None:
     """Integer costs (largest first) as int64 key increments cost << shift, for keys
-    (load << shift) | rank, and the shift; None unless LPT then sums every load exactly and
-    its keys fit int64.
+    (load << shift) | rank, the shift and the ranks' first keys, sorted (loads 0, or `start`);
+    None unless LPT then sums every load exactly and its keys fit int64.
 
-    The costs are first divided by the largest power of two dividing them all: that is
-    exact and float rounding is scale-free, so the quotients' LPT makes the same choices.
-    A rank takes an item only as the least loaded, at most total / D, so no LPT load ever
-    passes total / D + max cost (Graham's argument; by induction each sum up to then is
-    exact below 2**53).  The float total is within a factor 1 ± n·2**-53 of the exact one:
-    twice the bound covers it.
+    The costs (and start loads) are first divided by the largest power of two dividing them
+    all: that is exact and float rounding is scale-free, so the quotients' LPT makes the same
+    choices.  A rank takes an item only as the least loaded, at most (Σ start + total) / D, so
+    no LPT load ever passes that + max cost, nor max start (Graham's argument; by induction
+    each sum up to then is exact below 2**53).  The float totals are within a factor
+    1 ± n·2**-53 of the exact ones: twice the bound covers them.
     """
     integers = integer_values(sorted_costs)
-    if integers is None:
+    starts = None if start is None else integer_values(start)
+    if integers is None or (start is not None and starts is None):
         return None
-    bits = int(np.bitwise_or.reduce(integers))
+    bits = int(np.bitwise_or.reduce(integers)) | (0 if starts is None else int(np.bitwise_or.reduce(starts)))
     divisor = bits & -bits if bits else 1
     shift = max(num_ranks - 1, 1).bit_length()
-    most = 2.0 * (float(sorted_costs.sum()) / num_ranks + float(sorted_costs[0])) / divisor
+    begun = 0.0 if start is None else float(start.sum()) / num_ranks + float(start.max())
+    most = 2.0 * (float(sorted_costs.sum()) / num_ranks + float(sorted_costs[0]) + begun) / divisor
     if most >= 2.0**53 or most * 2.0**shift >= 2.0**62:
         return None
     integers >>= divisor.bit_length() - 1
     integers <<= shift
-    return integers, shift
-
-
-def _greedy_by_keys(steps: np.ndarray, shift: int, num_ranks: int, order: np.ndarray) -> np.ndarray:
-    """The rounds of `greedy_unpadded` on exact integer loads, every rank held as one int64 key
-    (load << shift) | rank, kept sorted: a round is one prefix minimum, its update one sort (none
-    for full rounds of one step, which repeat while the step does)."""
-    n, mask = steps.size, (1 << shift) - 1
     keys = np.arange(num_ranks, dtype=np.int64)
+    if starts is not None:
+        keys = np.sort(((starts >> (divisor.bit_length() - 1)) << shift) | keys)
+    return integers, shift, keys
+
+
+def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: int, order: np.ndarray
+                    ) -> np.ndarray:
+    """The rounds of `greedy_unpadded` on exact integer loads, every rank held as one int64 key
+    (load << shift) | rank, kept sorted (from `keys`): a round is one prefix minimum, its update
+    one sort (none for full rounds of one step, which repeat while the step does)."""
+    n, mask = steps.size, (1 << shift) - 1
     assignment = np.empty(n, dtype=np.int64)
     position = 0
     while position < n:
@@ -179,6 +185,15 @@ def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None 
     when already known)."""
     order = sorted_order(costs) if order is None else order
     return _greedy_sorted(costs[order], num_ranks, order)
+
+
+def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, start: np.ndarray) -> np.ndarray | None:
+    """`greedy_unpadded` (the costs in `order`, largest first) from the ranks' loads `start` (>= 0), or None
+    unless the costs and loads make LPT's integer keys (`_key_steps`) over 32 ranks or more: the choices of
+    LPT after one pinned placeholder costing base + start[r] on every rank r, any base above every cost
+    (`microbatch.cells.lpt_cells`), without them."""
+    key_steps = None if num_ranks < _ROUNDS_FROM_RANKS else _key_steps(sorted_costs, num_ranks, start)
+    return None if key_steps is None else _greedy_by_keys(*key_steps, num_ranks, order)
 
 
 def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray) -> np.ndarray:

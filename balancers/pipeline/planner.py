@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..kernels.lpt import greedy_from
 from ..microbatch.cells import lpt_cells
 from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
 from ..problem import Status, integer_values
@@ -103,7 +104,8 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     X̄·(max x - x_k) up so that they end near X̄·x_k (X̄ = Σ c / D + M·o), replica r running cell k·D + r in
     slot k; None where LPT finds no room.  The placeholders cost 2·max c + the offsets rounded to 2**-30 of
     max c (to whole units below 2**30 where the costs are integers), so integer costs stay on LPT's integer
-    keys (`lpt`: loads below 2**53 units)."""
+    keys (`lpt`: loads below 2**53 units); there, and where the cells fit the budget uncapped, the same LPT
+    runs from the offsets as start loads (`lpt.greedy_from`), without the placeholders."""
     m, d = num_microbatches, problem.num_ranks
     shape = best_profile(pipeline, m)[1]
     offsets = (float(problem.item_costs.sum()) / d + m * problem.microbatch_overhead) * (shape.max() - shape)
@@ -113,10 +115,12 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
         unit = 1.0
     offsets = np.round(offsets / unit) * unit
     base = 2.0 * top if top > 0 else 1.0
-    cell = lpt_cells(problem, m, offsets, base)
+    slot_of = np.lexsort((np.arange(m), -(base + offsets)))  # cell k·D + r holds the k-th placeholder's slot
+    cell = greedy_from(problem.sorted_costs, m * d, problem.cost_order, np.repeat(offsets[slot_of], d))
+    if cell is None or cell_token_sums(problem, cell, m * d).max() > problem.max_tokens_per_microbatch:
+        cell = lpt_cells(problem, m, offsets, base)  # capped where the budget needs it
     if cell is None:
         return None
-    slot_of = np.lexsort((np.arange(m), -(base + offsets)))  # cell k·D + r holds the k-th placeholder's slot
     return cell % d, slot_of[cell // d]
 
 
