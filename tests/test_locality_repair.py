@@ -1,5 +1,7 @@
 """The repair's certificate of failure (`ranks_left_over`): a true lower bound, and it changes no plan."""
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -138,3 +140,22 @@ def test_regression_a_repair_without_a_cap_gathered_every_candidates_length():
                 repair_across_nodes(state, candidates)
             ends.append(state.destinations.tolist())
         assert ends[0] == ends[1], seed
+
+
+def test_regression_an_across_node_pass_with_no_rank_above_the_target_copied_the_cost_order():
+    """Cause of planning time lost where the in-node pass left no rank above the target (issue 25, T 8k step):
+    each across-node pass first copied the whole largest-first order, its costs and lengths (padded for its
+    windows), then found nothing to fix.  Now the windows are built at a pass's first round only: a pass
+    with nothing to do allocates less than one float per item."""
+    lengths = np.arange(1, 100_001)
+    problem = make_problem(lengths, 64, cost=CostModel(linear=1.0), max_tokens_per_rank=int(lengths.sum()))
+    state = PartialPlan(problem, float(problem.item_costs.sum()))  # one rank could hold everything
+    state.put_runs(np.arange(lengths.size), np.arange(lengths.size) % 64)
+    tracemalloc.start()
+    try:
+        for candidates in ACROSS_CANDIDATES:
+            repair_across_nodes(state, candidates)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * lengths.size, peak
