@@ -3,7 +3,9 @@
 A vision encoder attends within a frame (or window), so a segment of F frames (`Batch.segment_frames`)
 may run as parts of whole frames on several ranks; a part of k frames holds k · l / F units, makes
 k · tokens / F embeddings and costs f(l) · k / F (the segment's cost shared by frames: the stage's
-work is the same however it is split).  Every part's embeddings go to the LLM rank(s) holding
+work is the same however it is split).  f is the stage's cost model at the video's whole length: for
+an encoder whose work is F · f(l / F) the stage's model must say so (README, "Videos split between
+frames").  Every part's embeddings go to the LLM rank(s) holding
 their positions (`shards.split_pieces`).
 
     P = today's plan of the stage
