@@ -154,6 +154,24 @@ def contract_problem(what: str, rank: int, num_items: int, unused: list[str]) ->
         f"with find_unused_parameters=True)")
 
 
+def sharded_call_problem(what: str, function: Callable, error: RuntimeError) -> RuntimeError | None:
+    """The error naming `what` when its call failed on FSDP2-sharded parameters (torch's "mixed
+    torch.Tensor and DTensor": FSDP2 gathers a module's parameters only inside that module's own
+    forward, and `what` ran outside it); None for any other error, which propagates as it is."""
+    if "mixed torch.Tensor and DTensor" not in str(error):
+        return None
+    module = module_of(function)
+    kind = f" ({type(module).__name__})" if module is not None else ""
+    problem = RuntimeError(
+        f"{what}{kind} ran on FSDP2-sharded parameters (torch: {str(error).splitlines()[0]}): FSDP2 gathers a "
+        f"module's parameters only inside that module's own forward, and the runtime calls {what} directly, outside "
+        f"the forward of the module that shards it; `fully_shard` it on its own (`fully_shard(llm.embed)` for the text "
+        f"embedding, `fully_shard(vision)` for an encoder), then the modules holding it, then the root, whose "
+        f"forward calls the runtime (README, FSDP2)")
+    problem.__cause__ = error
+    return problem
+
+
 def call_problem(what: str, function, arguments: str, count: int) -> TypeError | None:
     """TypeError naming `what` unless `function` is callable with `count` positional arguments (`arguments`
     says which): a vision tower's `forward(pixel_values)` as an encoder fails here, not inside torch."""

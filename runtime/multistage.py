@@ -60,7 +60,8 @@ from ..orchestrator.step import StepPlan
 from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
-from .encoders import call_problem, checked_call, contract_problem, output_problem, unseen_module
+from .encoders import (call_problem, checked_call, contract_problem, output_problem, sharded_call_problem,
+                       unseen_module)
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
@@ -410,7 +411,8 @@ class MultiStageRuntime:
         missing or not taking the contract's arguments, a broken contract, an output of the wrong shape."""
         problems, outputs, shapes, called = [], [], [], []
         if not (hasattr(encoders, "keys") and hasattr(encoders, "__getitem__")):  # a Mapping, an nn.ModuleDict
-            problems.append(TypeError(f"`encoders` must map each modality to its encoder; got {type(encoders).__name__}"))
+            problems.append(TypeError(f"`encoders` must map each modality to its encoder; got "
+                                      f"{type(encoders).__name__}"))
             encoders = {}
         for modality, route, plan in zip(self.modalities, routes.input_routes, routes.plan.stage_plans[:-1]):
             what = f"encoder {modality!r}"
@@ -443,10 +445,18 @@ class MultiStageRuntime:
 
     def _call(self, what: str, function: Callable, *args, problems: list, num_items: int):
         """`function(*args)`, checking the encoder contract on the first call of `what` and on empty
-        input (`check_encoders`); a broken contract joins `problems`."""
-        if not self.check_encoders or (what in self._checked and num_items):
-            return function(*args)
-        output, unused = checked_call(function, *args)
+        input (`check_encoders`); a broken contract, or a call on FSDP2-sharded parameters outside
+        their module's forward, joins `problems` (raised on every rank at the exchange)."""
+        try:
+            if not self.check_encoders or (what in self._checked and num_items):
+                return function(*args)
+            output, unused = checked_call(function, *args)
+        except RuntimeError as error:
+            problem = sharded_call_problem(what, function, error)
+            if problem is None:
+                raise
+            problems.append(problem)
+            return None
         self._checked.add(what)
         if unused:
             problems.append(contract_problem(what, group_rank(self.group), num_items, unused))

@@ -216,3 +216,67 @@ def test_regression_a_root_models_encoder_method_was_refused_for_the_llms_parame
     lax = RootWithMethod(early_return=True).double()
     assert checked_call(lax.encode_image, empty, [])[1] == sorted(name for name, _ in lax.named_parameters())
     assert checked_call(lax.encode_image, torch.ones(2, 4, dtype=torch.float64), [2])[1] == []
+
+
+
+class Language(nn.Module):
+    """An LLM holding its token embedding and its vision tower (HF's Qwen2-VL shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.vision = Encoder(early_return=False)
+        self.embed = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, embeddings):
+        return self.head(embeddings)
+
+
+class Root(nn.Module):
+    """The root, whose forward calls the runtime on the LLM's vision tower and embedding, outside the LLM's
+    forward, as the README's FSDP2 pattern does."""
+
+    def __init__(self):
+        super().__init__()
+        self.llm = Language()
+
+    def forward(self, runtime, routes, moved):
+        packed = runtime.forward(routes, moved, encoders={"image": self.llm.vision}, text_embedding=self.llm.embed)
+        labels = packed.scatter_text(moved.text["labels"], -100)
+        return F.cross_entropy(self.llm(packed.embeddings), labels, ignore_index=-100, reduction="sum")
+
+
+def sharded_slip_job(rank, size, sharded):
+    """`fully_shard` on each module of `sharded` (paths in `Root`), then on the root; one step."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Root().double()
+    for path in sharded:
+        fully_shard(model.get_submodule(path))
+    fully_shard(model)
+    try:
+        train_step(model, MultiStageRuntime(STAGES), rank)
+    except RuntimeError as error:
+        return type(error).__name__, str(error)
+    return "trained", ""
+
+
+@pytest.mark.parametrize("sharded, what", [(("llm",), "encoder 'image' (Encoder)"),
+                                           (("llm.vision", "llm"), "`text_embedding` (Embedding)")],
+                         ids=["llm_holding_the_encoder", "llm_holding_the_embedding"])
+def test_regression_a_part_the_runtime_calls_sharded_only_with_its_holder_gave_torchs_dtensor_error(sharded, what):
+    """Cause: FSDP2 gathers a module's parameters only inside that module's own forward; the runtime
+    calls an encoder or the text embedding (`llm.embed` with only `fully_shard(llm)`) outside it, and
+    every rank ended in torch's "aten.embedding.default got mixed torch.Tensor and DTensor" (or
+    "aten.addmm.default" for the encoder), naming neither the part nor the fix.  Sharded on its own, it trains."""
+    outcomes = run_processes(sharded_slip_job, 2, args=(sharded,), timeout_s=90,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        kind, message = o.value
+        assert kind == "RuntimeError" and message.startswith(f"{what} ran on FSDP2-sharded parameters"), o.value
+        assert "`fully_shard` it on its own" in message and "mixed torch.Tensor and DTensor" in message
+    fixed = run_processes(sharded_slip_job, 2, args=(("llm.vision", "llm.embed", "llm"),), timeout_s=90,
+                          collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok and o.value[0] == "trained" for o in fixed), [o.error or o.value for o in fixed]
