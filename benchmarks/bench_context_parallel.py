@@ -155,7 +155,8 @@ def test_planning_time_at_2560_ranks():
                          "plain_base": lambda: balance(base, 2560, cost=COST)}, PLANNING_ROUNDS)
     best = {name: min(values) for name, values in times.items()}
     ratios = np.array(times["megatron"]) / np.array(times["ours"])
-    print(f"\nD = 2560 × 16, C = {SPEC.degrees}, {PLANNING_ROUNDS} alternated rounds: ours {best['ours'] * 1e3:.1f} ms "
+    print(f"\nD = 2560 × 16, C = {SPEC.degrees}, {PLANNING_ROUNDS} alternated rounds: "
+          f"ours {best['ours'] * 1e3:.1f} ms "
           f"(median {np.median(times['ours']) * 1e3:.1f}); plain balance same lengths {best['plain'] * 1e3:.1f} ms, "
           f"without giants {best['plain_base'] * 1e3:.1f} ms (ours / that {best['ours'] / best['plain_base']:.2f}); "
           f"Megatron schedule {best['megatron'] * 1e3:.1f} ms: Megatron / ours {best['megatron'] / best['ours']:.1f}× "

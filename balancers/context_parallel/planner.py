@@ -33,6 +33,7 @@ from .layout import shard_tokens
 from .pairing import packable_degrees
 from .plan import rank_accounts
 from .spec import ContextParallel
+from .tiers import two_tiers
 
 LAYOUT_SHARE = 1 / 4
 """Unsplit items costing more than this share of the target are laid out with the groups (best
@@ -107,7 +108,7 @@ class _Blocks:
         self.least_length = 0  # the fewest tokens an item of the degree being laid out holds
         # (degree, key) of the groups no shard of an item of that degree being laid out fits any more, out of the search
         self.full: list[tuple[int, tuple[float, int]]] = []
-        self.newly_full: list[tuple[int, tuple[float, int]]] = []  # found full by the last search, taken out at the next
+        self.newly_full: list[tuple[int, tuple[float, int]]] = []  # found full by the last search, out at the next
 
     def open(self, degree: int, least_length: int) -> None:
         """Start laying out `degree`, whose items hold at least `least_length` tokens: its free blocks (the
@@ -158,7 +159,8 @@ class _Blocks:
                 if self._token_room(degree, start, need):
                     best = position if best < 0 else min(best, position)
                     break
-                if self.degree > 1 and degree > 1 and self.most_tokens[start][0] + self.least_length // degree > self.cap:
+                low = self.most_tokens[start][0] if degree > 1 else 0
+                if self.degree > 1 and degree > 1 and low + self.least_length // degree > self.cap:
                     self.newly_full.append((degree, (load, position)))  # fits no later item of this degree either
                     continue
                 probes[0] += 1
@@ -350,7 +352,7 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
            long: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
     """(block starts, degrees, target, the ranks' (loads, tokens)) of the best layout on the ladder above
     the bound (None when none has token room): the items `long` laid out, the others' starts -1."""
-    best, best_estimate = None, math.inf
+    best, best_estimate, overflowed = None, math.inf, True
     times = TimeTable(problem, spec, gpus_per_node, long)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     for step, target in enumerate(_targets(allotment, bound)):
@@ -368,9 +370,18 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
         estimate = max(float(loads.max()), water_level(loads, float(problem.item_costs[~laid].sum())))
         if estimate >= best_estimate:  # a wider target did not pay
             break
-        best, best_estimate = (start, degree, target, (loads, tokens)), estimate
+        best, best_estimate, overflowed = (start, degree, target, (loads, tokens)), estimate, overflow
         if not overflow:
             break
+    if overflowed:  # the groups overflowed the ranks (or found no token room): two tiers may do better
+        rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
+        tiers = two_tiers(problem, spec, times, long, rest_work, water_level)
+        if tiers is not None and tiers[2] < best_estimate:
+            start, degree, estimate = tiers
+            laid = start >= 0
+            loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0),
+                                             np.where(laid, degree, 0))
+            best = (start, degree, max(estimate, float(loads.max())), (loads, tokens))
     return best
 
 
