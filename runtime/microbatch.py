@@ -18,8 +18,9 @@ all micro-batches), which the metadata all-gather already carried, so no collect
 needed and the accumulated gradient equals that of one pass over the global batch.
 Dividing each micro-batch by its own count (what `normalize_loss(loss, local_count)` would
 do) weights tokens by the size of the micro-batch they happen to sit in: inside a
-micro-batch loop of M > 1 that call raises, and so it does after the step's micro-batches were
-handed out (e.g. collected by `list(...)` first), until the next `plan()` or `microbatches()`.
+micro-batch loop of M > 1 that call raises, and so it does for a loss that requires grad after the
+step's micro-batches were handed out (e.g. collected by `list(...)` first), until the next `plan()`
+or `microbatches()` (an evaluation under `torch.no_grad()` in between takes a count).
 """
 
 from __future__ import annotations

@@ -81,12 +81,12 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
     return words[0]
 
 
-def _per_microbatch_count(where: str) -> ValueError:
+def _per_microbatch_count(where: str, way_out: str = "") -> ValueError:
     """The error of `normalize_loss` given a count `where` a micro-batched step runs."""
     return ValueError(f"normalize_loss with a count {where}: dividing each micro-batch by its own loss tokens "
                       f"weights tokens by the micro-batch they sit in; pass the micro-batch instead, "
                       f"`normalize_loss(loss_sum, micro)`, which divides by the loss tokens of the whole step "
-                      f"(all ranks, all micro-batches) with no collective")
+                      f"(all ranks, all micro-batches) with no collective{way_out}")
 
 
 def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
@@ -101,8 +101,10 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
 
     In a micro-batched step pass the `MicroBatch` as `num_loss_tokens`: its loss is divided
     by the loss tokens of the whole step, known from the gathered metadata, with no
-    collective (see `runtime.microbatch`); a plain count there raises, from the step's first
-    micro-batch until the next `plan()` or `microbatches()` on the thread.
+    collective (see `runtime.microbatch`); a plain count there raises inside the micro-batch
+    loop, and for a loss that requires grad from the step's first micro-batch until the next
+    `plan()` or `microbatches()` on the thread (a loop over the micro-batches collected in a list);
+    a loss computed under `torch.no_grad()` there (an evaluation, a logged value) takes a count.
     """
     if gradient_reduction not in _REDUCTIONS:
         raise ValueError(f"`gradient_reduction` must be one of {_REDUCTIONS}; got {gradient_reduction!r}")
@@ -113,9 +115,11 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
     inside, step = active_microbatch(), step_microbatches() or 1
     if inside is not None and inside[1] > 1:
         raise _per_microbatch_count(f"inside micro-batch {inside[0]} of {inside[1]}")
-    if step > 1:
-        raise _per_microbatch_count(f"in a step of {step} micro-batches (this thread was handed them; until the "
-                                    f"next `plan()` or `microbatches()`)")
+    if step > 1 and loss_sum.requires_grad:
+        raise _per_microbatch_count(f"for a loss that requires grad in a step of {step} micro-batches (this thread "
+                                    f"was handed them; until the next `plan()` or `microbatches()`)",
+                                    "; a loss of another batch (an evaluation) takes a count under torch.no_grad(), or "
+                                    "divide it by `global_count(count)` yourself")
     total = global_count(num_loss_tokens, group, name="num_loss_tokens").to(loss_sum.device)
     scale = group_size(group) if gradient_reduction == "mean" else 1
     # at least float32 arithmetic: in float16 a count past 65504 is inf (the loss came back 0) and 1 / count subnormal

@@ -1,0 +1,108 @@
+"""The guard of `normalize_loss` against a per-micro-batch count: dividing each micro-batch's loss by
+its own loss tokens weights tokens by the micro-batch they sit in.  A count raises inside a micro-batch
+loop, and for a loss that requires grad until the next `plan()` or `microbatches()` (a loop over the
+micro-batches collected in a list); a loss of another batch under `torch.no_grad()` takes its count."""
+
+import pytest
+import torch
+from torch import nn
+
+from orchmllm.runtime import PostBalancingDispatcher, normalize_loss
+from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.microbatch import accumulate
+
+LENGTHS = ([6, 1, 5, 2], [3, 4, 6, 1])  # 28 tokens on 2 ranks under a budget of 8: two micro-batches
+
+
+def _collected_step(rank):
+    """(the plan, the micro-batches collected in a list, the weight each loss is computed with) of a
+    micro-batched step, every token a loss token."""
+    lengths = LENGTHS[rank]
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=8)
+    plan = dispatcher.plan(lengths)
+    micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": torch.arange(sum(lengths))}, plan)))
+    return plan, micros, torch.ones((), dtype=torch.float64, requires_grad=True)
+
+
+def per_micro_batch_count_job(rank, size):
+    plan, micros, weight = _collected_step(rank)
+    messages = []
+    for micro in micros:
+        try:
+            normalize_loss(weight * micro.data["tokens"].numel(), micro.data["tokens"].numel()).backward()
+        except ValueError as error:
+            messages.append(str(error))
+    return messages, plan.num_microbatches
+
+
+def test_regression_a_per_micro_batch_count_over_micro_batches_collected_in_a_list_passed_silently():
+    """The guard lived as long as the generator: over `list(microbatches(...))`, without `accumulate`,
+    every micro-batch's loss was divided by its own count and tokens weighted by their micro-batch."""
+    for messages, count in spawn(per_micro_batch_count_job, 2, timeout_s=60):
+        assert count == 2 and len(messages) == count
+        assert all(message.startswith("normalize_loss with a count for a loss that requires grad in a step of 2 "
+                                      "micro-batches") for message in messages)
+        assert all("`normalize_loss(loss_sum, micro)`" in message for message in messages)
+
+
+def evaluation_after_a_step_job(rank, size):
+    plan, micros, weight = _collected_step(rank)
+    for micro in micros:
+        normalize_loss(weight * micro.data["tokens"].numel(), micro).backward()
+    with torch.no_grad():  # a held-out batch of 3 + rank loss tokens on this rank, summed loss 6
+        evaluated = float(normalize_loss(weight * 6.0, 3 + rank, gradient_reduction="sum"))
+    logged = float(normalize_loss((weight * 6.0).detach(), 3 + rank, gradient_reduction="sum"))
+    return plan.num_microbatches, evaluated, logged, float(weight.grad)
+
+
+def test_regression_an_evaluation_after_a_micro_batched_step_was_refused_its_count():
+    """Cause: 30ea487 (the fix above) refused every plain count after a micro-batched step until the next
+    `plan()`, an evaluation batch's or a logged loss's too, correct programs; a loss that cannot reach a
+    gradient now takes its count (and the global count is all-reduced as before)."""
+    results = spawn(evaluation_after_a_step_job, 2, timeout_s=60)
+    assert all(count == 2 and evaluated == logged == 6.0 / (3 + 4) for count, evaluated, logged, _ in results)
+    assert sum(gradient for *_, gradient in results) == pytest.approx(2.0)  # the step's mean times the world size
+
+
+def test_per_micro_batch_normalisation_raises_in_accumulate_whatever_the_loop():
+    """Collected first (`list(...)`), the micro-batches ran after the generator had finished and a
+    per-micro-batch count passed silently; inside `accumulate` it raises.  A loop left by `break`
+    no longer leaks into the next step: `plan()` starts afresh."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
+    lengths = [4, 6, 3, 7, 2]
+    plan = dispatcher.plan(lengths)
+    micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.arange(sum(lengths))}, plan)))
+    assert len(micros) >= 3
+    model = nn.Linear(1, 1)
+    for micro in micros:
+        with accumulate(model, micro), pytest.raises(ValueError, match="normalize_loss with a count inside micro"):
+            normalize_loss(torch.zeros(()), 6)
+    normalize_loss(torch.zeros(()), 6)  # outside any micro-batch, no gradient: a plain count is right
+    with pytest.raises(ValueError, match=f"for a loss that requires grad in a step of {len(micros)} micro-batches"):
+        normalize_loss(torch.zeros((), requires_grad=True), 6)  # the step's micro-batches were handed out
+    loop = dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.arange(sum(lengths))}, plan))
+    for _ in loop:
+        break
+    with pytest.raises(ValueError, match="normalize_loss with a count inside micro-batch 0"):
+        normalize_loss(torch.zeros(()), 6)  # the loop is still open: its micro-batch still counts
+    PostBalancingDispatcher().plan([3, 2])  # the next step
+    assert normalize_loss(torch.ones((), requires_grad=True), 2).item() == 0.5
+    with pytest.raises(TypeError, match="`micro` must be a MicroBatch"):
+        with accumulate(model, 3):
+            pass
+
+
+def test_a_new_micro_batch_loop_forgets_one_left_by_break():
+    """The planning may run on a prefetcher's thread: `microbatches()` on the training thread starts
+    the step afresh too."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
+    lengths = [4, 6, 3, 7, 2]
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"x": torch.arange(sum(lengths))}, plan)
+    loop = dispatcher.microbatches(plan, moved)
+    next(loop)  # then left, as by `break`
+    with pytest.raises(ValueError, match="normalize_loss with a count inside micro-batch 0"):
+        normalize_loss(torch.zeros(()), 6)
+    again = dispatcher.microbatches(plan, moved)  # the next step's loop, planned elsewhere
+    assert float(normalize_loss(torch.ones(()), 2)) == 0.5
+    assert len(list(again)) == plan.num_microbatches
