@@ -50,7 +50,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..balancers.validation import as_bool
+from ..balancers.validation import as_bool, as_int
 from ..orchestrator.frames import stage_frames
 from ..orchestrator.plan import PassPlan
 from ..orchestrator.planner import Orchestrator
@@ -212,20 +212,26 @@ class MultiStageRuntime:
         tokens of the whole step on every rank (default: its text tokens).
 
         `plan_id` is the step's identity, which every exchange of it checks (`plan` derives it from
-        the gathered metadata); micro-batch m's routes carry one derived from it and m."""
+        the gathered metadata; 0: from the step's batch and this runtime's configuration); the plan
+        itself rides in it too, so ranks that planned differently fail the header, not the payload;
+        micro-batch m's routes carry one derived from it and m."""
+        if not isinstance(step, StepPlan):
+            raise TypeError(f"`step` must be a StepPlan (`Orchestrator.plan`); got {type(step).__name__}")
         rank, size = group_rank(self.group), group_size(self.group)
         if step.num_ranks != size:
             raise ValueError(f"step plan is for {step.num_ranks} ranks but the group has {size}")
         batch = step.batch
-        if num_loss_tokens is None:
-            num_loss_tokens = int(batch.sample_text.sum())
-        if plan_id:  # the plan rides in it: ranks that planned differently fail the header, not the payload
-            plan_id = plan_word(plan_id, *_identity(step))
+        num_loss_tokens = int(batch.sample_text.sum()) if num_loss_tokens is None else \
+            as_int(num_loss_tokens, "num_loss_tokens", minimum=0)
+        if not plan_id:
+            plan_id = plan_word(self.config_fingerprint, batch.sample_text, batch.sample_source, batch.segment_length,
+                                batch.segment_tokens)
+        plan_id = plan_word(plan_id, *_identity(step))
         segment_source = batch.sample_source[batch.segment_sample]
         input_units = tuple(InputUnits.of_step(step, index) for index in range(len(self.stages) - 1))
         input_routes = tuple(ExchangeMeta(segment_source[units.segment], units.destination, rank, size, plan_id)
                              for units in input_units)
-        microbatches = tuple(self._pass_routes(plan, rank, size, plan_word(plan_id, index) if plan_id else 0)
+        microbatches = tuple(self._pass_routes(plan, rank, size, plan_word(plan_id, index))
                              for index, plan in enumerate(step.microbatches))
         units = TextUnits.of_step(step)
         return StepRoutes(step, rank, microbatches, input_routes, units.route(batch, rank, size, plan_id),
@@ -367,7 +373,8 @@ class MultiStageRuntime:
             raise TypeError("`microbatches` takes the routes of `plan` and what `dispatch` returned for them")
         size = group_size(self.group)
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
-        splitting = self.orchestrator.context_parallel is not None
+        # layouts wherever this runtime splits or the routes' plan does (routes of another runtime)
+        splitting = self.orchestrator.context_parallel is not None or any(p.splits for p in routes.step.microbatches)
         self._yielded = []
 
         def generate():

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ import torch.distributed as dist
 from orchmllm.balancers import ContextParallel, CostModel
 from orchmllm.balancers.problem import KernelResult
 from orchmllm.balancers.registry import register_algorithm
+from orchmllm.orchestrator import Orchestrator, Stage
+from orchmllm.orchestrator.samples import Sample
 from orchmllm.runtime import MultiStageRuntime, PlanMismatchError, PostBalancingDispatcher, Prefetcher
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.demo.data import SyntheticMultimodal
@@ -220,3 +223,58 @@ def test_regression_an_exchange_s_type_errors_name_the_key():
         dispatcher.dispatch({"sid": np.arange(2), "x": torch.ones(8, 2)}, plan)
     with pytest.raises(ValueError, match=r"piece 1 \(x\): tensor must have a leading item-row dimension"):
         dispatcher.dispatch({"sid": torch.arange(2), "x": torch.tensor(3.0)}, plan)
+
+
+TEXT_STAGES = (Stage("vision", "image", CostModel(per_item=1, linear=1)),
+               Stage("llm", "llm", CostModel(linear=1.0, quadratic=0.05)))
+
+
+def self_planned_job(rank, size):
+    """Every rank plans its step itself and takes `routes(step)`; rank 1's LLM stage keeps its items home."""
+    text = {0: [5, 4, 6, 1], 1: [3, 6, 2, 9]}[rank]
+    runtime = MultiStageRuntime(TEXT_STAGES)
+    batch = runtime.gather_batch([Sample(t, (), rank, 10 * rank + k) for k, t in enumerate(text)])
+    stages = TEXT_STAGES if rank == 0 else (TEXT_STAGES[0], replace(TEXT_STAGES[1], algorithm="identity"))
+    routes = runtime.routes(Orchestrator(stages, size).plan(batch))
+    ids = torch.cat([torch.full((t,), 10 * rank + k) for k, t in enumerate(text)])
+    return outcome(lambda: runtime.dispatch(routes, text={"input_ids": ids}, inputs={"image": torch.zeros(0, 1)}))
+
+
+def test_regression_routes_of_steps_planned_apart_are_named_on_every_rank():
+    """Cause: `routes(step)` with its default plan_id 0 left the step out of every exchange header: ranks
+    whose own step plans differed exchanged, and a rank expecting rows its peer never sent read
+    uninitialised memory as input ids (probe6 P6-23).  The identity now comes from the step itself."""
+    outcomes = run_processes(self_planned_job, 2, timeout_s=90, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert o.value[0] == "PlanMismatchError" and "the plan differs across ranks" in o.value[1], o.value
+
+
+def test_routes_refuse_what_is_not_a_step_and_a_negative_loss_token_count():
+    runtime = MultiStageRuntime(TEXT_STAGES)
+    step = Orchestrator(TEXT_STAGES, 1).plan(runtime.gather_batch([Sample(4, (), 0, 0)]))
+    with pytest.raises(TypeError, match=r"`step` must be a StepPlan \(`Orchestrator.plan`\); got NoneType"):
+        runtime.routes(None)
+    with pytest.raises(ValueError, match=r"`num_loss_tokens` must be >= 0; got -1"):
+        runtime.routes(step, num_loss_tokens=-1)
+
+
+def foreign_routes_job(rank, size):
+    """Routes of a runtime that splits, iterated by one that does not: item 0 (40 tokens) on both ranks."""
+    text = {0: [40, 3], 1: [2, 4]}[rank]
+    samples = [Sample(t, (), rank, 10 * rank + k) for k, t in enumerate(text)]
+    routes = MultiStageRuntime(TEXT_STAGES, context_parallel=SPLITTING).plan(samples)
+    other = MultiStageRuntime(TEXT_STAGES)
+    ids = torch.cat([torch.full((t,), 10 * rank + k) for k, t in enumerate(text)])
+    moved = other.dispatch(routes, text={"input_ids": ids}, inputs={"image": torch.zeros(0, 1)})
+    return [(micro.layout is not None, micro.lengths.tolist()) for micro in other.microbatches(routes, moved)]
+
+
+def test_regression_routes_that_split_an_item_give_layouts_in_a_runtime_that_does_not_split():
+    """Cause: a runtime built micro-batch layouts only where its own `context_parallel` was set: routes of
+    one that split item 0 over both ranks, iterated by another, gave its two zigzag shards as whole
+    sequences with no layout (packed attention within each shard), silently (probe6 P6-09).  The
+    layout now follows the routes' plan."""
+    outcomes = run_processes(foreign_routes_job, 2, timeout_s=90, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert all(layout for o in outcomes for layout, _ in o.value), [o.value for o in outcomes]
