@@ -93,17 +93,18 @@ class _KernelField:
 
 
 def certifies(record) -> bool:
-    """Whether a record's kernel certifies its plans (its `lower_bound` and `optimal` are taken, once checked
-    against its plan's cost): an exact one's, or orchmllm's own, whose claims the conformance suite checks; a
-    heuristic plugin's or peer's are not (a bound misread as its plan's cost would label any plan optimal),
-    whatever `kind` it was registered with: only the records built in here count as orchmllm's own."""
-    return record.exact or built_in(record)
+    """Whether a record's `lower_bound` and `optimal` count (once checked against its plan's cost): an exact one's,
+    or orchmllm's own (built in here, whatever `kind` a plugin gives; the conformance suite checks them)."""
+    return record.exact or any(record is ours for ours in _BUILT_INS)
 
 
-def built_in(record) -> bool:
-    """Whether `record` is one of orchmllm's own records (`_BUILT_INS`), whose kernels return new arrays: a
-    plugin's are copied before a plan keeps them (`microbatch.plan.checked_kernel`), as it may reuse a buffer."""
-    return any(record is ours for ours in _BUILT_INS)
+def plugin_origin(record) -> str | None:
+    """Where a plugin's record comes from (its entry point, or a register_* call), to name it; None for orchmllm's
+    own (built in, or its peers' entry points), whose kernels return new arrays and whose failures are its bugs."""
+    entry = next((entry for entry in _group_entry_points() if entry.name == record.name), None)
+    if any(record is ours for ours in _BUILT_INS) or (entry is not None and _distribution(entry) == DISTRIBUTION):
+        return None
+    return f"algorithm {record.name!r} (registered by a register_* call)" if entry is None else _describe(entry)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Exit codes scripts can rely on: 0 success; 2 bad input or a missing optional dependency
 (a one-line message on stderr names the problem and what to do about it); 1 when the
-demo's checks fail, or for a bug in orchmllm itself (then with a traceback); 130
+demo's checks fail, a plugin algorithm fails (one line naming it), or for a bug in orchmllm
+itself (then with a traceback); 130
 interrupted; 141 when the reader of stdout closed it early (`orchmllm compare --json | head`).
 
 One module per subcommand (`compare`, `simulate`, `demo`, `plan`), each with its
@@ -20,8 +21,8 @@ import threading
 import warnings
 from contextlib import contextmanager
 
-from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser, MissingDependencyError,
-                     UsageError, one_line)
+from .errors import (EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser,
+                     MissingDependencyError, PluginFailure, UsageError, one_line)
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -136,6 +137,9 @@ def _run(argv) -> int:
     except (UsageError, MissingDependencyError) as error:
         print(f"{command}: error: {one_line(error)}", file=sys.stderr)
         return EXIT_USAGE
+    except PluginFailure as error:
+        print(f"{command}: error: {one_line(error)}", file=sys.stderr)
+        return EXIT_FAILED
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE

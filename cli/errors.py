@@ -19,7 +19,7 @@ import re
 from contextlib import contextmanager
 
 EXIT_OK = 0
-EXIT_FAILED = 1  # the demo's checks failed, or a bug in orchmllm (with its traceback)
+EXIT_FAILED = 1  # the demo's checks failed, a plugin algorithm failed (one line), or a bug in orchmllm (a traceback)
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a reader closing the pipe early gives a C tool
@@ -27,6 +27,11 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a reader closing the pipe early gi
 
 class UsageError(Exception):
     """Bad input from the command line or an input file; reported in one line, exit 2."""
+
+
+class PluginFailure(Exception):
+    """A plugin algorithm (another package's) raised or returned a broken plan; reported in one line naming it,
+    exit 1: not orchmllm's bug, so no traceback of orchmllm's."""
 
 
 class MissingDependencyError(ImportError):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ..balancers.validation import SizeLimitError
-from ..study.compare import LOCALITY_SUFFIX, file_stages, plan_for
+from ..study.compare import LOCALITY_SUFFIX, file_stages, plan_for, plugin_failure
 from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorithms as algorithm_names,
                         check_time_limit, cost_model, rank_count, subcommand, topology as checked_topology)
-from .errors import UsageError, naming_flag, one_line, usage_errors
+from .errors import PluginFailure, UsageError, naming_flag, one_line, usage_errors
 from .files import check_not_input, check_plan_path, load_lengths, save_plan
 from .render import print_json, print_plan, print_written, progress, to_json_text
 
@@ -112,6 +112,8 @@ def run(args) -> int:
         raise _cap_error(error, args) from None
     except SizeLimitError as error:  # an exact model too large for these items
         raise UsageError(f"--algorithm {args.algorithm}: {one_line(error)}") from None
+    except RuntimeError as error:  # a plugin's kernel raised or returned a broken plan (orchmllm's own: a bug)
+        raise PluginFailure(plugin_failure(name[0], error)) from None
     payload = plan.to_json()
     if args.output is not None:
         save_plan(plan, to_json_text(payload), args.output)

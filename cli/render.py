@@ -117,9 +117,9 @@ def _compare_table(comparison, summary, source: str, notes: list[str]):
         name = row.algorithm + (" (peer)" if row.kind == "peer" else "")
         if "does not divide" in row.mode:
             name += " †"
-        cells = ["n/a"] * 6
+        cells = [row.status if row.status == "failed" else "n/a"] * 6
         if not row.applies:
-            notes.append(f"{row.algorithm} on {row.stage}: {row.note}")
+            notes.append(f"{row.status}: {row.algorithm} on {row.stage}: {row.note}")
         else:
             timed = "*" if row.timed == PEER_TIMING else ""
             cells = [f"{row.makespan_over_bound:.3f}", f"{row.imbalance:.3f}", f"{row.speedup_vs_none:.2f}x",
@@ -136,7 +136,7 @@ def print_compare(comparison, source: str) -> None:
     for summary in comparison.summaries:
         out.print(_compare_table(comparison, summary, source, notes))
     for note in dict.fromkeys(notes):
-        out.print(f"n/a: {note}")
+        out.print(note)
     out.print(f"{BASELINE}: no balancing, every item stays on the rank that sampled it. "
               "makespan/LB: slowest rank's work over a lower bound no plan can beat.")
     fallback = sorted({row.algorithm for row in comparison.rows if "does not divide" in row.mode})

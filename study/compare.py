@@ -17,6 +17,7 @@ reimplementations (`study.peers`), not of the peers' own code; rows say so (`tim
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -26,6 +27,7 @@ from ..balancers import CostModel, Kind, algorithms, balance, balance_microbatch
 from ..balancers.kernels.identity import chunk_sources
 from ..balancers.microbatch.api import MAX_CELLS
 from ..balancers.plan import LOCALITY_SUFFIX, BalancePlan
+from ..balancers.registry import plugin_origin
 from ..balancers.validation import SizeLimitError, as_real
 from ..topology import Topology, traffic
 from .microbatch_peers import MICROBATCH_PEERS
@@ -158,6 +160,15 @@ def does_not_apply(name: str, padded: bool) -> str:
     return "" if name == BASELINE else get_algorithm(name.removesuffix(LOCALITY_SUFFIX)).why_not(padded)
 
 
+def plugin_failure(name: str, error: RuntimeError) -> str:
+    """One line saying that plugin algorithm `name` failed (its kernel raised, or returned a broken plan: the
+    RuntimeError naming it), and where the plugin comes from; `error` raised again for orchmllm's own (a bug)."""
+    origin = plugin_origin(get_algorithm(name.removesuffix(LOCALITY_SUFFIX)))
+    if origin is None:
+        raise error
+    return f"{origin} failed: {' '.join(str(error).split())}"
+
+
 def ratio(value: float, reference: float) -> float:
     """value / reference, 1.0 when both are 0 (a step with no work is balanced).
 
@@ -286,7 +297,8 @@ def run_comparison(configs: Sequence[CompareConfig], algorithms: Sequence[str], 
 
     An algorithm that cannot balance a stage (a padded-only solver on an unpadded stage, an
     exact model beyond its size limit) is left out, or reported as an "n/a" row with the
-    reason when `report_not_applicable`.
+    reason when `report_not_applicable`.  A plugin that fails (`plugin_failure`) gets a "failed"
+    row and a warning naming it; the others run on.
     `advance()` is called once per (stage, algorithm), for a progress bar.
     """
     rows, runs, peers = [], {}, peer_names()
@@ -302,15 +314,18 @@ def run_comparison(configs: Sequence[CompareConfig], algorithms: Sequence[str], 
                             num_items=int(stage.lengths.size),
                             mode=peer_mode(name, stage.lengths.size, config.num_ranks) if peer else "",
                             timed=PEER_TIMING if peer else "orchmllm")
-                plan, reason = None, does_not_apply(name, stage.padded)
+                plan, reason, status = None, does_not_apply(name, stage.padded), "n/a"
                 if not reason:
                     try:
                         plan = plan_for(name, stage, config.num_ranks, time_limit, topology)
                     except SizeLimitError as error:
                         reason = " ".join(str(error).split())
+                    except RuntimeError as error:  # a plugin's kernel raised or returned a broken plan
+                        reason, status = plugin_failure(name, error), "failed"
+                        warnings.warn(f"{reason}; its rows say failed", RuntimeWarning, stacklevel=2)
                 if plan is None:
-                    if report_not_applicable:
-                        rows.append(CompareRow(**head, note=reason))
+                    if report_not_applicable or status == "failed":
+                        rows.append(CompareRow(**head, note=reason, status=status))
                     advance()
                     continue
                 move = traffic(stage.sources, plan.assignment, stage.item_bytes, topology)

@@ -176,6 +176,33 @@ def test_regression_a_skipped_entry_point_s_warning_showed_an_unrelated_source_l
         "gone-plugin (group 'orchmllm.algorithms'): ModuleNotFoundError: No module named 'gone_plugin_module'"]
 
 
+RAISING = ("from orchmllm.balancers import Algorithm\n\n"
+           "def kernel(problem):\n    return 1 // 0\n\n"
+           "RAISER = Algorithm('raiser', kernel, default=True, description='raises')\n")
+
+
+def test_regression_a_plugin_whose_kernel_raises_ended_compare_and_plan_in_a_traceback(tmp_path):
+    """Cause: the RuntimeError naming a plugin's kernel that raised went up through `compare` (which runs every
+    default record, the plugin's too) and `plan` as an orchmllm bug: a 41-line traceback, exit 1, no table for
+    any algorithm (probe6 P6-20).  compare marks the plugin's rows failed, warns naming it, and runs the rest;
+    plan says so in one line, exit 1."""
+    fake_distribution(tmp_path, "raising-plugin", "raising_plugin", RAISING, "raiser = raising_plugin:RAISER\n")
+    (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n2\n")
+    failed = ("the entry point raiser = raising_plugin:RAISER of distribution raising-plugin (group "
+              "'orchmllm.algorithms') failed: algorithm 'raiser' raised ZeroDivisionError: integer division or modulo "
+              "by zero")
+    done = run_with(tmp_path, "-m", "orchmllm", "compare", "--lengths", str(tmp_path / "lengths.csv"), "-D", "2",
+                    "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [f"orchmllm: RuntimeWarning: {failed}; its rows say failed"]
+    rows = {row["algorithm"]: row for row in json.loads(done.stdout)["rows"]}
+    assert rows["raiser"]["status"] == "failed" and rows["raiser"]["note"] == failed
+    assert rows["lpt"]["status"] in ("optimal", "feasible")
+    done = run_with(tmp_path, "-m", "orchmllm", "plan", str(tmp_path / "lengths.csv"), "-D", "2", "--algorithm",
+                    "raiser")
+    assert done.returncode == 1 and done.stderr.splitlines() == [f"orchmllm plan: error: {failed}"], done.stderr
+
+
 def test_regression_a_peer_name_could_be_taken_before_the_entry_points_loaded():
     """Cause: names were only checked against what was registered, and the peers register on
     first listing: `register_algorithm('verl_kk', k)` succeeded, and every listing then raised."""
