@@ -9,6 +9,8 @@
             on the next free aligned block of c ranks inside a node; an item whose group found
             no free block joins the least-loaded group of its degree or above
         keep the layout whose estimate max(largest group time, water level) is least
+    where that layout still overflows (or none had token room): two tiers (`tiers.py`, the longest
+        items alone, the rest by LPT over the widest blocks left) instead if their estimate is less
     the unsplit items, largest first, dealt round robin to the ranks with room under T (a
         group's ranks start with its time), the rest in LPT rounds (`locality_deal.take_anywhere`);
         where no rank has token room for one, every item laid out as above instead
