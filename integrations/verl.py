@@ -71,7 +71,11 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
     orchmllm.integrations.verl.VerlContractError: equal_size=True needs k_partitions=2 to divide the 3 items ...
     """
     k = as_int(k_partitions, "k_partitions")
-    equal_size = as_bool(bool(equal_size) if is_int(equal_size) and equal_size in (0, 1) else equal_size, "equal_size")
+    if is_int(equal_size):  # 0 / 1 from a config, as verl's `if` takes them; bools are no ints here
+        if equal_size not in (0, 1):
+            raise ValueError(f"`equal_size` must be a bool, or 0 / 1; got {equal_size!r}")
+        equal_size = bool(equal_size)
+    equal_size = as_bool(equal_size, "equal_size")
     array = as_array(_host_values(seqlen_list), "seqlen_list", "numbers")
     if array.ndim != 1:
         raise ValueError(f"`seqlen_list` must be 1-D; got shape {array.shape}")

@@ -158,7 +158,7 @@ def test_regression_equal_size_given_as_0_or_1_was_refused_though_verl_takes_it(
 @pytest.mark.parametrize("arguments, error, message", [
     (([1, 2], 1.5, False), TypeError, "`k_partitions` must be an int; got float"),
     (([1, 2], 1, "yes"), TypeError, "`equal_size` must be a bool; got str"),
-    (([1, 2], 1, 2), TypeError, "`equal_size` must be a bool; got int"),
+    (([1, 2], 1, 2), ValueError, "`equal_size` must be a bool, or 0 / 1; got 2"),
     (([1, float("nan"), 2], 1, False), ValueError, "`seqlen_list` must be finite and non-negative; got nan at index 1"),
     (([1, -3, 2], 1, False), ValueError, r"`seqlen_list` must be non-negative integers; got -3 at index 1"),
     (([1.0, float("inf")], 1, False), ValueError, "`seqlen_list` must be finite and non-negative; got inf at index 1"),
