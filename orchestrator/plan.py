@@ -123,11 +123,12 @@ class StagePlan:
 
     Split items (`Orchestrator(..., context_parallel=)`, `orchestrator.shards`): LLM sample k runs
     on the `degree[k]` ranks `item_ranks(k)` from `destination[k]`, each spending `item_time[k]`
-    (an item's own cost f(l) where unsplit); `rank_items` then lists a split sample on every rank
-    of its group, and `item_offset` / `item_input_offset` are its shard's on the first one
-    (`split` holds the shard table and chunks; None without a split).  An encoder item is a part
-    of segment `item_segment[k]`: input units from `item_first_unit[k]`, `item_tokens[k]`
-    embedding rows from `item_first_row[k]` (one part per segment unless a video is split by frames).
+    (an item's own cost f(l) where unsplit; a part of k of a video's F frames k · f(l / F)); `rank_items`
+    then lists a split sample on every rank of its group, and `item_offset` / `item_input_offset` are
+    its shard's on the first one (`split` holds the shard table and chunks; None without a split).
+    An encoder item is a part of segment `item_segment[k]`: input units from `item_first_unit[k]`,
+    `item_tokens[k]` embedding rows from `item_first_row[k]` (one part per segment unless a video is
+    split by frames).
     """
 
     stage: Stage

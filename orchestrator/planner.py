@@ -39,7 +39,7 @@ from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..balancers.validation import is_int
 from ..topology import PLACEMENTS, Topology, place
-from .frames import split_frames, stage_frames
+from .frames import split_frames, stage_costs, stage_frames, stage_pricing
 from .options import LOCALITY, PlanOptions
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
@@ -138,8 +138,8 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
     `balanced`, when given, is the balancer's plan of this very assignment under this
     stage's cost model, whose loads, bound and item costs are reused (a `ContextParallelPlan`: its
     degrees and item times too); `items` and `outputs` (`item_tokens`) save recomputing them; `parts`
-    says which parts of their segments the items are (None: whole segments), `item_time` their
-    costs (default: the stage's cost of each item's length).
+    says which parts of their segments the items are (None: whole segments, `stage_items`), `item_time` their
+    costs (default: the stage's, `frames.stage_costs`).
     """
     items = stage_items(batch, stage) if items is None else items
     item_sample, item_segment, item_length = items
@@ -149,8 +149,9 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
         raise ValueError(f"stage {stage.name!r}: `destination` must have one rank per item "
                          f"({item_sample.size}); got shape {destination.shape}")
     if balanced is None and item_sample.size:
-        problem = make_problem(item_length, num_ranks, cost=stage.cost, padded=stage.padded)
+        problem = make_problem(item_length, num_ranks, padded=stage.padded, **stage_pricing(batch, stage))
         balanced = make_plan(problem, destination, Status.FEASIBLE, algorithm)
+        item_time = balanced.item_costs if item_time is None else item_time
     if balanced is None:
         loads, tokens, makespan, bound = np.zeros(num_ranks), np.zeros(num_ranks, dtype=np.int64), 0.0, 0.0
         seconds = 0.0
@@ -426,25 +427,24 @@ class Orchestrator:
         """An unpadded encoder stage whose videos may split between frames (`orchestrator.frames`): today's
         plan unless parts of whole frames pay, with the bound of plans that may split either way."""
         frames = stage_frames(batch, items.segment)
-        costs = stage.cost.item_costs(items.length)
-        parts, plan = split_frames(items.length, costs, frames, batch.num_ranks, today, algorithm,
+        parts, plan = split_frames(items.length, frames, stage.cost, batch.num_ranks, today, algorithm,
                                    stage.max_tokens_per_rank)
         if parts is None:
-            return stage_plan(batch, stage, plan.assignment, algorithm, balanced=plan, items=items)
+            return stage_plan(batch, stage, plan.assignment, algorithm, balanced=plan, items=items,
+                              item_time=plan.item_costs)
         per_frame_units, per_frame_rows = items.length[parts.item] // frames[parts.item], (
             batch.segment_tokens[items.segment[parts.item]] // frames[parts.item])
         part_items = StageItems(items.sample[parts.item], items.segment[parts.item], per_frame_units * parts.frames)
         return stage_plan(batch, stage, plan.assignment, algorithm, balanced=plan, items=part_items,
-                          outputs=per_frame_rows * parts.frames,
-                          parts=Parts(per_frame_units * parts.first_frame, per_frame_rows * parts.first_frame),
-                          item_time=costs[parts.item] * parts.frames / frames[parts.item])
+                          outputs=per_frame_rows * parts.frames, item_time=plan.item_costs,
+                          parts=Parts(per_frame_units * parts.first_frame, per_frame_rows * parts.first_frame))
 
-    def _slack(self, stage: Stage, lengths: np.ndarray, anchor_bytes: np.ndarray, num_ranks: int) -> float:
+    def _slack(self, batch: Batch, stage: Stage, anchor_bytes: np.ndarray) -> float:
         """The makespan slack "locality" may spend on a stage (see `seconds_per_cost`)."""
-        options = self.options
+        options, num_ranks = self.options, batch.num_ranks
         if options.seconds_per_cost is None:
             return options.makespan_slack
-        compute = options.seconds_per_cost * float(stage.cost.item_costs(lengths).sum()) / num_ranks
+        compute = options.seconds_per_cost * float(stage_costs(batch, stage).sum()) / num_ranks
         topology = self.topology
         bandwidth = topology.inter_node_bw_bytes_per_s if topology.num_nodes > 1 else topology.intra_node_bw_bytes_per_s
         exchange = float(np.sum(anchor_bytes)) / num_ranks / bandwidth
@@ -470,12 +470,12 @@ class Orchestrator:
         if placement == LOCALITY:
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)
             local = dict(sources=anchors, item_bytes=anchor_bytes, topology=self.topology,
-                         makespan_slack=self._slack(stage, item_length, anchor_bytes, batch.num_ranks),
+                         makespan_slack=self._slack(batch, stage, anchor_bytes),
                          fill=FILL_ON_MISS if filled and not padded else None)
 
         def balanced_plan() -> BalancePlan:
-            result = balance(item_length, batch.num_ranks, cost=stage.cost, padded=padded, algorithm=algorithm,
-                             max_tokens_per_rank=stage.max_tokens_per_rank, **local)
+            result = balance(item_length, batch.num_ranks, padded=padded, algorithm=algorithm,
+                             max_tokens_per_rank=stage.max_tokens_per_rank, **stage_pricing(batch, stage), **local)
             if placement not in PLACEMENTS:
                 return result
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)

@@ -7,10 +7,10 @@ or its LLM sequence length (text + segment tokens).  Each stage is balanced on i
     cost(r) = sum(f(l) for items on r)            unpadded (packed / varlen attention)
     cost(r) = count(r) · f(max l on r)            padded (fixed-shape batch)
 
-with f the stage's `CostModel`, its own `algorithm` from `balancers.ALGORITHMS` and its
-own memory cap in tokens per rank.  Bytes per unit tell the exchanges what moves: raw
-input bytes per encoder unit (per text token for the LLM stage) and embedding bytes per
-output token (encoder stages).
+with f the stage's `CostModel` (an unpadded encoder's video of F frames: F · f(l / F),
+`frames.frame_costs`), its own `algorithm` from `balancers.ALGORITHMS` and its own memory cap
+in tokens per rank.  Bytes per unit tell the exchanges what moves: raw input bytes per encoder
+unit (per text token for the LLM stage) and embedding bytes per output token (encoder stages).
 """
 
 from __future__ import annotations

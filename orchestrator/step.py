@@ -41,7 +41,7 @@ import numpy as np
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, cell_accounts, step_cost
 from ..balancers.problem import InfeasibleError
-from .frames import frame_bound, stage_frames
+from .frames import frame_bound, stage_costs, stage_frames
 from .plan import Exchange, PassPlan, _frozen
 from .samples import Batch
 from .stages import Stage
@@ -215,9 +215,8 @@ class StepPlan:
         bounds = {}
         for stage in self.stages[:-1]:
             segments = self.batch.segments_of(stage.modality)
-            costs = stage.cost.item_costs(self.batch.segment_length[segments])
             frames = stage_frames(self.batch, segments) if not stage.padded else np.ones_like(segments)
-            bounds[stage.name] = frame_bound(costs, frames, self.num_ranks)
+            bounds[stage.name] = frame_bound(stage_costs(self.batch, stage), frames, self.num_ranks)
         bounds[self.stages[-1].name] = float(self.cells.lower_bound)  # M_min · overhead included
         return bounds
 

@@ -60,6 +60,7 @@ from ..balancers.context_parallel.plan import rank_pairs
 from ..balancers.context_parallel.spec import as_degrees
 from ..balancers.problem import InfeasibleError
 from ..balancers.validation import is_int
+from ..orchestrator.frames import stage_costs
 from ..orchestrator.options import LOCALITY
 from ..orchestrator.plan import Exchange, PassPlan
 from ..orchestrator.planner import Orchestrator
@@ -295,7 +296,7 @@ def simulate_split_step(name: str, plan: PassPlan, schedule: LlmSchedule, spec: 
     stored, working = np.zeros(num_ranks), np.zeros(num_ranks)
     compute = model_flops = 0.0
     for stage_plan in plan.stage_plans:
-        model_flops += float(stage_plan.stage.cost.item_costs(stage_plan.item_length).sum())
+        model_flops += float(stage_costs(plan.batch, stage_plan.stage).sum())
         if not stage_plan.stage.is_llm:
             transformer = model.transformer_of(stage_plan.stage)
             compute += float(stage_plan.loads.max()) * seconds_per_cost(gpu)

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..orchestrator.frames import stage_costs
 from ..orchestrator.step import StepPlan
 from ..orchestrator.options import LOCALITY
 from ..orchestrator.planner import Orchestrator
@@ -114,7 +115,7 @@ def simulate_microbatched_step(plan: StepPlan, strategy: str, model: ModelConfig
             stored += stage_plan.tokens * transformer.stored_bytes_per_token
             working = np.maximum(working, stage_plan.tokens * transformer.working_bytes_per_token)
             if stage_plan.num_items:
-                model_flops += float(stage_plan.stage.cost.item_costs(stage_plan.item_length).sum())
+                model_flops += float(stage_costs(micro.batch, stage_plan.stage).sum())
         compute += micro_compute
         exposed += max(0.0, gather - micro_compute) + first_layers
         activations = np.maximum(activations, stored + working)

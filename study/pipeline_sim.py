@@ -43,6 +43,7 @@ from ..balancers import Pipeline, balance_microbatches
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.pipeline import replica_times
 from ..balancers.pipeline.planner import plan_for_pipeline
+from ..orchestrator.frames import stage_costs
 from ..orchestrator.samples import Batch
 from .microbatch_peers import MICROBATCH_PEERS
 from .models import GPUS, MODELS
@@ -90,13 +91,13 @@ class PipelineSimulationRun:
 
 
 def encoder_flops(batch: Batch, stages) -> np.ndarray:
-    """Every sample's encoder FLOPs: its segments' costs under their modality's encoder stage."""
+    """Every sample's encoder FLOPs: its segments' costs under their modality's encoder stage (`stage_costs`)."""
     flops = np.zeros(batch.num_samples)
     for stage in stages[:-1]:
         segments = batch.segments_of(stage.modality)
         if segments.size:
             flops += np.bincount(batch.segment_sample[segments], minlength=batch.num_samples,
-                                 weights=stage.cost.item_costs(batch.segment_length[segments]))
+                                 weights=stage_costs(batch, stage))
     return flops
 
 

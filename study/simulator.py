@@ -51,6 +51,7 @@ import numpy as np
 
 from ..balancers.problem import as_num_ranks
 from ..balancers.validation import is_int, is_real
+from ..orchestrator.frames import stage_costs
 from ..orchestrator.plan import Exchange, PassPlan
 from ..orchestrator.step import StepPlan
 from ..topology import Topology, estimate_exchange
@@ -247,7 +248,7 @@ def _simulate(plan: StepPlan, strategy: Strategy, model: ModelConfig, gpu: GPU, 
         stage = stage_plan.stage
         transformer = model.transformer_of(stage)
         loads, tokens = _loads_and_tokens(plan, stage_plan, micro_batch_size)
-        real_flops = float(stage.cost.item_costs(stage_plan.item_length).sum()) if stage_plan.num_items else 0.0
+        real_flops = float(stage_costs(plan.batch, stage).sum()) if stage_plan.num_items else 0.0
         model_flops += real_flops
         stored += tokens * transformer.stored_bytes_per_token
         working = np.maximum(working, tokens * transformer.working_bytes_per_token)

@@ -30,9 +30,9 @@ def test_locality_slack_follows_what_the_bytes_are_worth():
     dear_compute = Orchestrator(stages, topology, seconds_per_cost=1.0)  # compute dwarfs the exchange: ~none
     llm = stages[-1]
     lengths = batch.sample_llm_length
-    assert cheap_compute._slack(llm, lengths, np.full(lengths.size, 1e6), 16) == pytest.approx(0.002)
-    assert dear_compute._slack(llm, lengths, np.full(lengths.size, 1e6), 16) < 1e-6
-    assert Orchestrator(stages, topology)._slack(llm, lengths, np.ones(lengths.size), 16) == 0.002
+    assert cheap_compute._slack(batch, llm, np.full(lengths.size, 1e6)) == pytest.approx(0.002)
+    assert dear_compute._slack(batch, llm, np.full(lengths.size, 1e6)) < 1e-6
+    assert Orchestrator(stages, topology)._slack(batch, llm, np.ones(lengths.size)) == 0.002
     with pytest.raises(ValueError, match="seconds_per_cost"):
         Orchestrator(stages, topology, seconds_per_cost=0.0)
 
