@@ -49,7 +49,7 @@ from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, iterate, merge_rows, new_step, split_rows
+from .microbatch import MicroBatch, StepToken, iterate, merge_rows, new_step, split_rows
 from .options import DispatchOptions, check_names
 from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
@@ -177,11 +177,11 @@ def _items_problem(plan: DispatchPlan, lengths, loss_tokens) -> Exception | None
     return None
 
 
-def _in_microbatch_order(outputs, plan: DispatchPlan) -> tuple[list, Exception | None]:
+def _in_microbatch_order(outputs, plan: DispatchPlan, step: StepToken) -> tuple[list, Exception | None]:
     """The list `combine` got, `(micro, mapping)` pairs in any order (or, with one micro-batch, mappings), as one
     mapping per micro-batch in micro-batch order; and why it does not fit the plan's micro-batches (None when it
-    does): a bare list where several micro-batches make its order unknowable, a micro-batch of another plan, one
-    missing or given twice."""
+    does): a bare list where several micro-batches make its order unknowable, a micro-batch of another plan or
+    of another `step` than the latest dispatch's (kept from an earlier step's loop), one missing or given twice."""
     pairs = isinstance(outputs, Sequence) and bool(outputs) and all(
         isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], MicroBatch) and isinstance(pair[1], Mapping)
         for pair in outputs)
@@ -205,6 +205,10 @@ def _in_microbatch_order(outputs, plan: DispatchPlan) -> tuple[list, Exception |
             return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} of {micro.num_microbatches} "
                                       f"(items {micro.items.tolist()}), which is not a micro-batch of `plan` on rank "
                                       f"{plan.route.rank}: pass the micro-batches `microbatches(plan, ...)` yielded")
+        if micro.step is not step:
+            return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} of another step than the latest "
+                                      f"dispatch's (a micro-batch kept from an earlier step's loop?): pair each output "
+                                      f"with the micro-batch of this step's `microbatches(plan, ...)` it came from")
         if micro.index in parts:
             return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} twice")
         parts[micro.index] = part
@@ -263,6 +267,7 @@ class PostBalancingDispatcher:
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
         self._dispatched: int | None = None  # the plan identity of the latest dispatch
+        self._step = StepToken()  # the latest dispatch's step, which its micro-batches carry
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
@@ -353,7 +358,7 @@ class PostBalancingDispatcher:
         plan = _checked_plan(plan)
         problem = self._foreign_problem(plan, "dispatch") or _items_problem(plan, lengths, loss_tokens)
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
-        self._dispatched = plan.route.plan_id
+        self._dispatched, self._step = plan.route.plan_id, self._step.next()
         return moved
 
     def _foreign_problem(self, plan: DispatchPlan, call: str) -> PlanMismatchError | None:
@@ -399,14 +404,16 @@ class PostBalancingDispatcher:
         items, tokens = plan.local_items, plan.local_lengths
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)
-        rows = {key: np.ones(items.size, dtype=np.int64) if key in self.options.per_item_keys else tokens for key in moved}
+        rows = {key: np.ones(items.size, dtype=np.int64) if key in self.options.per_item_keys else tokens
+                for key in moved}
         parts = {key: split_rows(tensor, rows[key], microbatch, count) for key, tensor in moved.items()}
         lengths = torch.from_numpy(tokens.copy())
         layout = (lambda index: None) if self.options.context_parallel is None else \
             (lambda index: plan.sharding.layout(index, self.group))
         return iterate(MicroBatch(index, count, items[microbatch == index],
                                   {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size,
-                                  lengths=lengths[torch.from_numpy(microbatch == index)], layout=layout(index))
+                                  lengths=lengths[torch.from_numpy(microbatch == index)], layout=layout(index),
+                                  step=self._step)
                        for index in range(count))
 
     def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None, split_reduce=None, order=None,
@@ -436,7 +443,7 @@ class PostBalancingDispatcher:
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
         problem = self._kept_problem(_checked_plan(plan), "combine")
         outputs, merging = (self._ordered(outputs, plan, per_item, order) if isinstance(outputs, Mapping)
-                            else self._merged(*_in_microbatch_order(outputs, plan), plan, per_item))
+                            else self._merged(*_in_microbatch_order(outputs, plan, self._step), plan, per_item))
         problem = problem or merging
         keys = sorted((key for key in outputs if key in per_item), key=str)
         sums, reducing = split_sums(split_reduce, keys, plan.sharding)

@@ -19,14 +19,15 @@ needed and the accumulated gradient equals that of one pass over the global batc
 Dividing each micro-batch by its own count (what `normalize_loss(loss, local_count)` would
 do) weights tokens by the size of the micro-batch they happen to sit in: inside a
 micro-batch loop of M > 1 that call raises, and so it does for a loss that requires grad after the
-step's micro-batches were handed out (e.g. collected by `list(...)` first), until the next `plan()`
-or `microbatches()` (an evaluation under `torch.no_grad()` in between takes a count).
+step's micro-batches were handed out (e.g. collected by `list(...)` first), while they are held and
+until the next `plan()` or `microbatches()` (an evaluation under `torch.no_grad()` takes a count).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,21 @@ import torch
 from .exchange import ranges
 
 _active = threading.local()
+
+
+class StepToken:
+    """One dispatched step: its micro-batches carry it, and it ends when its dispatcher dispatches the
+    next step, so that a micro-batch kept from it (a loop variable of an earlier step) is refused."""
+
+    __slots__ = ("ended",)
+
+    def __init__(self):
+        self.ended = False
+
+    def next(self) -> StepToken:
+        """End this step; the token of the step dispatched now."""
+        self.ended = True
+        return StepToken()
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,7 +65,9 @@ class MicroBatch:
     CPU tensor: the per-sample lengths packed attention needs (cu_seqlens = 0 then their cumsum);
     a split item's entry is this rank's shard.  `layout` (with context parallelism) is the
     micro-batch's `ContextParallelLayout`: which sequences are shards of which item on which group,
-    their unsplit positions, what `context_parallel_attention` takes.
+    their unsplit positions, what `context_parallel_attention` takes.  `step` is the dispatched step
+    the micro-batch belongs to (None where it is not tracked): `combine` and `normalize_loss` refuse
+    a micro-batch of a step its dispatcher has ended by dispatching another.
     """
 
     index: int
@@ -61,6 +79,7 @@ class MicroBatch:
     routes: object = None
     lengths: torch.Tensor | None = None  # None only in a MicroBatch built by hand without them
     layout: object = None  # a ContextParallelLayout with context parallelism, else None
+    step: StepToken | None = None
 
     @property
     def is_last(self) -> bool:
@@ -78,8 +97,11 @@ def active_microbatch() -> tuple[int, int] | None:
 
 
 def step_microbatches() -> int | None:
-    """The number of micro-batches of the step whose micro-batches this thread was handed, or None."""
-    return getattr(_active, "step", None)
+    """The number of micro-batches of the step whose micro-batches this thread was handed and still
+    holds (its last one is referenced: a loop variable, a list of them), or None."""
+    last = getattr(_active, "step", None)
+    micro = last() if last is not None else None
+    return None if micro is None else micro.num_microbatches
 
 
 def iterate(microbatches):
@@ -87,14 +109,14 @@ def iterate(microbatches):
 
     A loop left by `break` keeps its last micro-batch recorded until the generator is closed
     or the next `plan()` or `microbatches()` on this thread (`new_step`); `accumulate` records
-    its micro-batch for its body whatever the loop.  The step's count of micro-batches stays
-    recorded until `new_step`, so a loop over the micro-batches collected in a list, after the
+    its micro-batch for its body whatever the loop.  The step's last micro-batch stays recorded
+    (weakly) until `new_step`, so a loop over the micro-batches collected in a list, after the
     generator has ended, is known to run inside a step of M micro-batches too."""
     previous = active_microbatch()
     try:
         for micro in microbatches:
             _active.current = (micro.index, micro.num_microbatches)
-            _active.step = micro.num_microbatches
+            _active.step = weakref.ref(micro)
             yield micro
     finally:
         _active.current = previous

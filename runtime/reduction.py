@@ -103,7 +103,8 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
     by the loss tokens of the whole step, known from the gathered metadata, with no
     collective (see `runtime.microbatch`); a plain count there raises inside the micro-batch
     loop, and for a loss that requires grad from the step's first micro-batch until the next
-    `plan()` or `microbatches()` on the thread (a loop over the micro-batches collected in a list);
+    `plan()` or `microbatches()` on the thread while its micro-batches are held (a loop over them
+    collected in a list);
     a loss computed under `torch.no_grad()` there (an evaluation, a logged value) takes a count.
     """
     if gradient_reduction not in _REDUCTIONS:
@@ -111,13 +112,18 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
     if not isinstance(loss_sum, torch.Tensor):
         raise TypeError(f"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__}")
     if isinstance(num_loss_tokens, MicroBatch):
+        if num_loss_tokens.step is not None and num_loss_tokens.step.ended:
+            raise ValueError(f"normalize_loss with micro-batch {num_loss_tokens.index} of an earlier step (its "
+                             f"dispatcher has dispatched another since): it would divide by that step's "
+                             f"{num_loss_tokens.num_loss_tokens} loss tokens; pass this step's micro-batch (a loop "
+                             f"variable kept from an earlier step?)")
         return loss_sum * num_loss_tokens.loss_scale(gradient_reduction)
     inside, step = active_microbatch(), step_microbatches() or 1
     if inside is not None and inside[1] > 1:
         raise _per_microbatch_count(f"inside micro-batch {inside[0]} of {inside[1]}")
     if step > 1 and loss_sum.requires_grad:
         raise _per_microbatch_count(f"for a loss that requires grad in a step of {step} micro-batches (this thread "
-                                    f"was handed them; until the next `plan()` or `microbatches()`)",
+                                    f"was handed them and holds them; until the next `plan()` or `microbatches()`)",
                                     "; a loss of another batch (an evaluation) takes a count under torch.no_grad(), or "
                                     "divide it by `global_count(count)` yourself")
     total = global_count(num_loss_tokens, group, name="num_loss_tokens").to(loss_sum.device)

@@ -64,6 +64,20 @@ def test_regression_an_evaluation_after_a_micro_batched_step_was_refused_its_cou
     assert sum(gradient for *_, gradient in results) == pytest.approx(2.0)  # the step's mean times the world size
 
 
+
+def test_regression_a_step_let_go_of_still_refused_a_later_steps_count():
+    """Cause: d590b5e kept a step's count of micro-batches on the thread until the next `plan()`, so a later
+    plain step's count was refused (a reference step in ranks forked from this thread, in another test).
+    The window lasts while the step's micro-batches are held."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
+    plan = dispatcher.plan([4, 6, 3, 7, 2])
+    micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.arange(22)}, plan)))
+    loss = torch.ones((), requires_grad=True)
+    with pytest.raises(ValueError, match=f"for a loss that requires grad in a step of {len(micros)} micro-batches"):
+        normalize_loss(loss, 2)
+    del micros
+    assert normalize_loss(loss, 2).item() == 0.5
+
 def test_per_micro_batch_normalisation_raises_in_accumulate_whatever_the_loop():
     """Collected first (`list(...)`), the micro-batches ran after the generator had finished and a
     per-micro-batch count passed silently; inside `accumulate` it raises.  A loop left by `break`

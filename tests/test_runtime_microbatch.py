@@ -396,6 +396,37 @@ def test_regression_a_list_of_micro_batch_outputs_in_another_order_went_home_to_
         assert isinstance(message, str) and "is not a micro-batch of `plan`" in message, message
 
 
+
+def kept_micro_batches_job(rank, size):
+    """Step k's micro-batches kept (in reverse, as a pipeline may finish them) and paired with the outputs of
+    step k+1, whose plan is the same (same lengths); then one of them given to `normalize_loss`."""
+    dispatcher, plan, sid, tok, moved = _equal_microbatches_step(rank)
+    kept = list(dispatcher.microbatches(plan, moved))[::-1]
+    plan = dispatcher.plan([4, 4, 4, 4], loss_tokens=[1, 1, 1, 1])
+    moved = dispatcher.dispatch({"sid": sid + 100, "tok": tok + 100}, plan)
+    outputs = [{"sid": micro.data["sid"], "tok": micro.data["tok"]} for micro in dispatcher.microbatches(plan, moved)]
+    results = []
+    for call in (lambda: dispatcher.combine(list(zip(kept, outputs)), plan, differentiable=False)["sid"].tolist(),
+                 lambda: normalize_loss(torch.ones(()), kept[0]).item()):
+        try:
+            results.append(call())
+        except ValueError as error:
+            results.append(str(error))
+    return results
+
+
+def test_regression_micro_batches_kept_from_the_previous_step_took_this_steps_outputs_home_to_the_wrong_items():
+    """Cause (probe6 P6-19): `combine` matched the pairs' micro-batches by index and items only, so step k's
+    micro-batches, kept in a loop variable, paired with step k+1's outputs of the same plan sent rank 0's outputs
+    to rank 1's items, no error; and `normalize_loss(loss, kept_micro)` divided by step k's loss tokens."""
+    for combined, normalized in spawn(kept_micro_batches_job, 2, timeout_s=60):
+        assert isinstance(combined, str) and "pairs micro-batch 1 of another step than the latest dispatch's" in \
+            combined, combined
+        assert isinstance(normalized, str) and normalized.startswith(
+            "normalize_loss with micro-batch 1 of an earlier step (its dispatcher has dispatched another since): it "
+            "would divide by that step's 32 loss tokens"), normalized
+
+
 class IdEmbedding(nn.Module):
     """Embeds a token id as itself (one float64 column), its parameter in the graph."""
 
