@@ -83,6 +83,15 @@ def stage_pricing(batch, stage) -> dict:
     return {"cost": stage.cost} if priced_frames(batch, stage) is None else {"costs": stage_costs(batch, stage)}
 
 
+def whole_video(batch, segment: int) -> str:
+    """What a cap below a video of several frames must be told: frames split it for cost, not for a cap."""
+    frames = int(stage_frames(batch, np.array([segment]))[0])
+    if frames == 1:
+        return ""
+    return (f" (its {frames} frames may run on several ranks to balance cost, but each plan starts from the "
+            f"video whole, which must fit the cap)")
+
+
 def frame_bound(costs: np.ndarray, frames: np.ndarray, num_ranks: int) -> float:
     """max(Σ f / D, max f / F): no plan that splits videos between frames beats it.
 

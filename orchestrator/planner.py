@@ -39,7 +39,7 @@ from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..balancers.validation import is_int
 from ..topology import PLACEMENTS, Topology, place
-from .frames import split_frames, stage_costs, stage_frames, stage_pricing
+from .frames import split_frames, stage_costs, stage_frames, stage_pricing, whole_video
 from .options import LOCALITY, PlanOptions
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
@@ -103,7 +103,7 @@ def check_segments_fit(batch: Batch, stage: Stage, items: StageItems) -> None:
     position = int(items.segment[index] - batch.sample_segment_offsets[sample])
     raise InfeasibleError(f"stage {stage.name!r} ({stage.modality}): max_tokens_per_rank={cap} is below segment "
                           f"{position} of sample id {int(batch.sample_id[sample])} ({longest} tokens); a cap of at "
-                          f"least {longest} is needed", min_cap=longest)
+                          f"least {longest} is needed{whole_video(batch, int(items.segment[index]))}", min_cap=longest)
 
 
 def check_samples_fit(batch: Batch, lengths: np.ndarray, budget: int) -> None:

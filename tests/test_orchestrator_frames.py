@@ -151,3 +151,15 @@ def test_the_simulators_count_a_videos_flops_frame_by_frame():
     micro = Orchestrator(stages, topology, max_tokens_per_microbatch=budget).plan(batch)
     result = simulate_microbatched_step(micro, "ours", model, gpu, topology)
     assert result.mfu * result.step_seconds * 8 * gpu.peak_flops == pytest.approx(flops, rel=1e-9)
+
+
+def test_regression_a_cap_below_a_video_of_frames_says_the_video_must_fit_whole():
+    """Cause: a cap below a video that its frames could divide under it gave only "a cap of at least 32",
+    which reads as wrong where frames split videos (probe6 P6-18): frames split a video to balance
+    cost, each plan starting from the video whole, so the minimum is right and now says why."""
+    stages = (Stage("vision", "video", CostModel(), max_tokens_per_rank=16), Stage("llm", "llm", CostModel()))
+    batch = Batch.from_samples([Sample(40, (Segment("video", 32, 16, 10, frames=4),), 0, 1), Sample(5, (), 1, 2)],
+                               num_ranks=2)
+    with pytest.raises(InfeasibleError, match=r"a cap of at least 32 is needed \(its 4 frames may run on several "
+                                              r"ranks to balance cost, but each plan starts from the video whole"):
+        Orchestrator(stages, 2).plan(batch)
