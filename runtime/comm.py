@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import threading
 
 import torch
 import torch.distributed as dist
@@ -38,15 +39,48 @@ class PeerFailureError(RuntimeError):
     """A collective failed on this rank: a peer died or did not reach the call within the process group's timeout."""
 
 
+_running: dict = {}  # process group -> (thread, phase) of the collective a thread of this process runs on it
+_running_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_thread(phase: str, group):
+    """Record that this thread runs `phase` on `group`; a RuntimeError, before any collective is posted, when
+    another thread of this process runs one on that group now: collectives of a group must be issued in one
+    order on every rank, which two threads do not keep (the ranks deadlock, or gloo pairs unlike calls)."""
+    key = dist.group.WORLD if group is None else group
+    me = threading.current_thread()
+    with _running_lock:
+        other = _running.get(key)
+        if other is not None and other[0] is not me:
+            raise RuntimeError(
+                f"rank {group_rank(group)}: the {phase} on thread {me.name!r} while thread {other[0].name!r} runs "
+                f"the {other[1]} on the same process group: two threads' collectives on one group meet in no set "
+                f"order across ranks (they deadlock until the group's timeout); plan on another thread with "
+                f"`metadata_group=` a group of its own (`dist.new_group()`), or use `orchmllm.runtime.Prefetcher`")
+        _running[key] = (me, phase)
+    try:
+        yield
+    finally:
+        with _running_lock:
+            if other is None:
+                del _running[key]
+            else:
+                _running[key] = other
+
+
 @contextlib.contextmanager
 def collective(phase: str, group=None):
     """Run the body's collective, re-raising its failure (gloo's closed connection or timeout, NCCL's
-    DistBackendError) as `PeerFailureError` naming `phase` and the group's size."""
-    try:
-        yield
-    except RuntimeError as error:
-        raise PeerFailureError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks failed; a peer "
-                               f"died or did not reach the call within the process group's timeout: {error}") from error
+    DistBackendError) as `PeerFailureError` naming `phase` and the group's size; refused at once where
+    another thread of this process runs a collective on the same group (`_one_thread`)."""
+    with _one_thread(phase, group):
+        try:
+            yield
+        except RuntimeError as error:
+            raise PeerFailureError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks failed; a "
+                                   f"peer died or did not reach the call within the process group's timeout: "
+                                   f"{error}") from error
 
 
 def comm_device(group=None) -> torch.device:

@@ -189,3 +189,42 @@ def test_regression_a_dead_peer_gave_gloo_text_naming_neither_the_collective_nor
         assert o.ok, o.error
         assert o.value.startswith(f"rank {o.rank}: {phase} over 3 ranks failed; a peer died or did not reach the "
                                   f"call within the process group's timeout"), o.value
+
+
+def plan_on_a_thread_of_ones_own_job(rank, size):
+    """Rank 0 plans the next step on a thread of its own (no `metadata_group`), whose metadata all-gather waits
+    for rank 1's, and meanwhile dispatches this step on the training thread, on the same group; rank 1's
+    training thread waits (so no collective of it meets one of another kind), then it plans as rank 0 did."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dispatcher = PostBalancingDispatcher(per_item_keys=("sid",))
+    lengths = LENGTHS[rank]
+    plan = dispatcher.plan(lengths)
+    batch = {"sid": torch.arange(len(lengths)), "tok": torch.zeros(sum(lengths))}
+    with ThreadPoolExecutor(1, thread_name_prefix="own-prefetch") as pool:
+        if rank == 1:
+            time.sleep(2.0)
+        ahead = pool.submit(dispatcher.plan, lengths)
+        refused = None
+        if rank == 0:
+            time.sleep(0.5)  # the thread's all-gather now waits for rank 1's
+            start = time.perf_counter()
+            try:
+                dispatcher.dispatch(batch, plan)
+            except RuntimeError as error:
+                refused = (str(error), time.perf_counter() - start)
+        return refused, ahead.result(timeout=30).num_microbatches
+
+
+def test_regression_a_plan_on_a_thread_of_ones_own_deadlocked_the_training_threads_exchange():
+    """Cause (probe6 P6-17): `plan()` submitted to a thread pool of one's own, not orchmllm's Prefetcher, ran its
+    metadata all-gather on the training group while the training thread's dispatch ran its header all-reduce
+    there: the ranks met the two collectives in no set order and blocked until the process group's timeout, then
+    blamed a dead peer.  The second thread to enter a collective of a group is now refused at once."""
+    outcomes = run_processes(plan_on_a_thread_of_ones_own_job, 2, timeout_s=60, collective_timeout_s=20)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    (message, seconds), count = outcomes[0].value
+    assert outcomes[1].value == (None, 1) and count == 1 and seconds < 1.0
+    assert message.startswith("rank 0: the dispatch header all-reduce on thread 'MainThread' while thread "
+                              "'own-prefetch_0' runs the metadata all-gather"), message
+    assert "`metadata_group=` a group of its own" in message and "orchmllm.runtime.Prefetcher" in message
