@@ -154,12 +154,13 @@ def contract_problem(what: str, rank: int, num_items: int, unused: list[str]) ->
         f"with find_unused_parameters=True)")
 
 
-def sharded_call_problem(what: str, function: Callable, error: RuntimeError) -> RuntimeError | None:
+def sharded_problem(what: str, function: Callable, error: RuntimeError) -> RuntimeError:
     """The error naming `what` when its call failed on FSDP2-sharded parameters (torch's "mixed
     torch.Tensor and DTensor": FSDP2 gathers a module's parameters only inside that module's own
-    forward, and `what` ran outside it); None for any other error, which propagates as it is."""
+    forward, and `what` ran outside it); any other `error` is raised again as it is (call it in the
+    `except` block that caught it)."""
     if "mixed torch.Tensor and DTensor" not in str(error):
-        return None
+        raise error
     module = module_of(function)
     kind = f" ({type(module).__name__})" if module is not None else ""
     problem = RuntimeError(

@@ -60,8 +60,7 @@ from ..orchestrator.step import StepPlan
 from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
-from .encoders import (call_problem, checked_call, contract_problem, output_problem, sharded_call_problem,
-                       unseen_module)
+from .encoders import call_problem, checked_call, contract_problem, output_problem, sharded_problem, unseen_module
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
@@ -459,10 +458,7 @@ class MultiStageRuntime:
                 return function(*args)
             output, unused = checked_call(function, *args)
         except RuntimeError as error:
-            problem = sharded_call_problem(what, function, error)
-            if problem is None:
-                raise
-            problems.append(problem)
+            problems.append(sharded_problem(what, function, error))
             return None
         self._checked.add(what)
         if unused:
