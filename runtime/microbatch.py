@@ -39,8 +39,9 @@ _active = threading.local()
 
 
 class StepToken:
-    """One dispatched step: its micro-batches carry it, and it ends when its dispatcher dispatches the
-    next step, so that a micro-batch kept from it (a loop variable of an earlier step) is refused."""
+    """One step: its micro-batches carry it, and it ends when the dispatcher dispatches the next step (the
+    multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
+    variable of an earlier step) is refused."""
 
     __slots__ = ("ended",)
 
@@ -48,7 +49,7 @@ class StepToken:
         self.ended = False
 
     def next(self) -> StepToken:
-        """End this step; the token of the step dispatched now."""
+        """End this step; the token of the next."""
         self.ended = True
         return StepToken()
 
@@ -65,9 +66,9 @@ class MicroBatch:
     CPU tensor: the per-sample lengths packed attention needs (cu_seqlens = 0 then their cumsum);
     a split item's entry is this rank's shard.  `layout` (with context parallelism) is the
     micro-batch's `ContextParallelLayout`: which sequences are shards of which item on which group,
-    their unsplit positions, what `context_parallel_attention` takes.  `step` is the dispatched step
-    the micro-batch belongs to (None where it is not tracked): `combine` and `normalize_loss` refuse
-    a micro-batch of a step its dispatcher has ended by dispatching another.
+    their unsplit positions, what `context_parallel_attention` takes.  `step` is the step the
+    micro-batch belongs to (None where it is not tracked): `combine` and `normalize_loss` refuse a
+    micro-batch of a step its runtime has since ended (`StepToken`).
     """
 
     index: int

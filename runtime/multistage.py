@@ -64,7 +64,7 @@ from .encoders import call_problem, checked_call, contract_problem, output_probl
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, iterate, new_step, split_rows
+from .microbatch import MicroBatch, StepToken, iterate, new_step, split_rows
 from .prefetch import metadata_group_of
 from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem
 from .sharding import TextUnits, pass_layout
@@ -157,6 +157,7 @@ class MultiStageRuntime:
         self.check_encoders = as_bool(check_encoders, "check_encoders")
         self._checked: set[str] = set()  # the encoders (and the text embedding) whose first call was checked
         self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
+        self._step = StepToken()  # the step of the latest `microbatches()`, which its micro-batches carry
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
@@ -374,7 +375,8 @@ class MultiStageRuntime:
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         # layouts wherever this runtime splits or the routes' plan does (routes of another runtime)
         splitting = self.orchestrator.context_parallel is not None or any(p.splits for p in routes.step.microbatches)
-        self._yielded = []
+        self._yielded, self._step = [], self._step.next()
+        step = self._step
 
         def generate():
             for index, (micro, part) in enumerate(zip(routes.microbatches, moved.parts)):
@@ -385,7 +387,7 @@ class MultiStageRuntime:
                 layout = pass_layout(micro.plan, routes.rank, size, members, self.group) if splitting else None
                 yield MicroBatch(index, routes.num_microbatches, members[shards.sample[rows]], data,
                                  routes.num_loss_tokens, size, micro, torch.from_numpy(shards.tokens[rows].copy()),
-                                 layout)
+                                 layout, step)
         return iterate(generate())
 
     def forward(self, routes: PassRoutes, moved: Dispatched, *, encoders: Mapping[str, Callable],

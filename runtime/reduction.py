@@ -114,7 +114,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
     if isinstance(num_loss_tokens, MicroBatch):
         if num_loss_tokens.step is not None and num_loss_tokens.step.ended:
             raise ValueError(f"normalize_loss with micro-batch {num_loss_tokens.index} of an earlier step (its "
-                             f"dispatcher has dispatched another since): it would divide by that step's "
+                             f"runtime has run another since): it would divide by that step's "
                              f"{num_loss_tokens.num_loss_tokens} loss tokens; pass this step's micro-batch (a loop "
                              f"variable kept from an earlier step?)")
         return loss_sum * num_loss_tokens.loss_scale(gradient_reduction)

@@ -7,7 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from orchmllm.runtime import PostBalancingDispatcher, normalize_loss
+from orchmllm.balancers import CostModel
+from orchmllm.orchestrator.samples import Sample
+from orchmllm.orchestrator.stages import Stage
+from orchmllm.runtime import MultiStageRuntime, PostBalancingDispatcher, normalize_loss
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.microbatch import accumulate
 
@@ -77,6 +80,33 @@ def test_regression_a_step_let_go_of_still_refused_a_later_steps_count():
         normalize_loss(loss, 2)
     del micros
     assert normalize_loss(loss, 2).item() == 0.5
+
+
+def kept_multi_stage_micro_batch_job(rank, size):
+    """Two multi-stage steps of text-only samples (2 micro-batches each, other loss tokens in the second);
+    the first step's first micro-batch, kept, given to `normalize_loss` inside the second step's loop."""
+    stages = (Stage("vision", "image", CostModel(linear=1)), Stage("llm", "llm", CostModel(linear=1)))
+    runtime = MultiStageRuntime(stages, max_tokens_per_microbatch=8)
+    samples = [Sample(text=length, source=rank, id=10 * rank + k) for k, length in enumerate(LENGTHS[rank])]
+    text = {"input_ids": torch.zeros(sum(LENGTHS[rank]), dtype=torch.int64)}
+    routes = runtime.plan(samples)
+    kept = next(iter(runtime.microbatches(routes, runtime.dispatch(routes, text=text))))
+    routes = runtime.plan(samples, loss_tokens=[1] * len(samples))
+    for micro in runtime.microbatches(routes, runtime.dispatch(routes, text=text)):
+        try:
+            normalize_loss(torch.ones(()), kept)
+        except ValueError as error:
+            return micro.num_microbatches, str(error)
+    return micro.num_microbatches, "no error"
+
+
+def test_regression_a_multi_stage_micro_batch_kept_from_the_previous_step_divided_by_its_loss_tokens():
+    """Cause (probe6 P6-19, the multi-stage side): a micro-batch kept in a loop variable from the step before
+    gave `normalize_loss` that step's loss tokens (28 here, this step's 8), silently."""
+    for count, message in spawn(kept_multi_stage_micro_batch_job, 2, timeout_s=60):
+        assert count == 2 and message.startswith("normalize_loss with micro-batch 0 of an earlier step (its runtime "
+                                                 "has run another since): it would divide by that step's 28 loss "
+                                                 "tokens"), message
 
 def test_per_micro_batch_normalisation_raises_in_accumulate_whatever_the_loop():
     """Collected first (`list(...)`), the micro-batches ran after the generator had finished and a

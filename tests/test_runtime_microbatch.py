@@ -423,8 +423,8 @@ def test_regression_micro_batches_kept_from_the_previous_step_took_this_steps_ou
         assert isinstance(combined, str) and "pairs micro-batch 1 of another step than the latest dispatch's" in \
             combined, combined
         assert isinstance(normalized, str) and normalized.startswith(
-            "normalize_loss with micro-batch 1 of an earlier step (its dispatcher has dispatched another since): it "
-            "would divide by that step's 32 loss tokens"), normalized
+            "normalize_loss with micro-batch 1 of an earlier step (its runtime has run another since): it would "
+            "divide by that step's 32 loss tokens"), normalized
 
 
 class IdEmbedding(nn.Module):
