@@ -13,7 +13,7 @@ from .locality.balance import FILLS, balance_locally
 from .origins import Origins, as_origins, gpus_per_node
 from .plan import BalancePlan, make_plan, run_kernel
 from .problem import InfeasibleError, Kernel, Problem, Status, make_problem, rank_loads, rank_tokens
-from .registry import Algorithm, algorithms, certifies, get_algorithm
+from .registry import Algorithm, algorithms, built_in, certifies, get_algorithm
 from .validation import as_real
 
 
@@ -32,6 +32,7 @@ class BalanceRequest:
     makespan_slack: float | None = None
     fill: str | None = None
     certified: bool = True  # whether the kernel's own bound and `optimal` count (`registry.certifies`)
+    built_in: bool = False  # the kernel is orchmllm's own (`registry.built_in`): its bound is taken after it
 
 
 def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_counts=False, groups=None,
@@ -117,11 +118,11 @@ def balance_request(lengths, num_ranks, *, cost=None, costs=None, padded=False, 
     kernel = _kernel_for(record, problem, sources is not None, groups is not None, fill)
     if groups is not None:
         return BalanceRequest(problem, kernel, algorithm, groups=as_groups(groups, problem.num_items),
-                              certified=certifies(record))
+                              certified=certifies(record), built_in=built_in(record))
     origins = as_origins(problem, sources, item_bytes, topology)
     slack = None if origins is None else as_real(makespan_slack, "makespan_slack")
     return BalanceRequest(problem, kernel, algorithm, origins=origins, makespan_slack=slack, fill=fill,
-                          certified=certifies(record))
+                          certified=certifies(record), built_in=built_in(record))
 
 
 def solve(request: BalanceRequest) -> BalancePlan:
@@ -129,11 +130,12 @@ def solve(request: BalanceRequest) -> BalancePlan:
     them (communication-aware), timed together; groups balanced as super-items."""
     problem, algorithm, origins = request.problem, request.algorithm, request.origins
     if request.groups is not None:
-        return _balance_groups(problem, request.groups, request.kernel, algorithm, request.certified)
+        return _balance_groups(problem, request.groups, request.kernel, algorithm, request.certified,
+                               request.built_in)
     if origins is not None and algorithm == "identity":
         return _keep_sources(problem, origins.sources)
     start = time.perf_counter()
-    result, bound = run_kernel(request.kernel, problem, algorithm)
+    result, bound = run_kernel(request.kernel, problem, algorithm, request.built_in)
     assignment = result.assignment
     if origins is not None:
         assignment = balance_locally(problem, assignment, origins, request.makespan_slack, request.fill)
@@ -173,11 +175,12 @@ def _kernel_for(record: Algorithm, problem: Problem, with_sources: bool, with_gr
     return kernel
 
 
-def _balance_groups(problem, labels, kernel, algorithm: str, certified: bool = True) -> BalancePlan:
+def _balance_groups(problem, labels, kernel, algorithm: str, certified: bool = True,
+                    built_in: bool = False) -> BalancePlan:
     """Balance one super-item per group, then send every item to its group's rank."""
     target = group_problem(problem, labels)
     start = time.perf_counter()
-    result, bound = run_kernel(kernel, target, algorithm)
+    result, bound = run_kernel(kernel, target, algorithm, built_in)
     seconds = time.perf_counter() - start
     grouped = make_plan(target, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound,
                         certified=certified, bound=bound)

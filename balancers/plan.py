@@ -140,11 +140,14 @@ def call_kernel(kernel: Callable, algorithm: str, problem, *args):
         raise RuntimeError(f"algorithm {algorithm!r} raised {type(error).__name__}: {error}{hint}") from error
 
 
-def run_kernel(kernel: Kernel, problem: Problem, algorithm: str) -> tuple[KernelResult, float]:
+def run_kernel(kernel: Kernel, problem: Problem, algorithm: str,
+               built_in: bool = False) -> tuple[KernelResult, float | None]:
     """(`kernel(problem)`'s result (`call_kernel`), checked to be a KernelResult (`require_result`), and
     `lower_bound(problem)`): the bound is computed before the kernel is handed the problem, so that nothing
-    the kernel does to it (or to the orders the bound reads) reaches the certificate (`make_plan(bound=)`)."""
-    bound = lower_bound(problem)
+    the kernel does to it (or to the orders the bound reads) reaches the certificate (`make_plan(bound=)`).
+    A `built_in` kernel (`registry.built_in`) writes nothing: its bound is left to `make_plan` (None), which
+    skips it where the kernel proved its plan optimal."""
+    bound = None if built_in else lower_bound(problem)
     result = call_kernel(kernel, algorithm, problem)
     require_result(result, KernelResult, algorithm)
     return result, bound

@@ -24,7 +24,7 @@ import numpy as np
 from ..plan import make_plan, run_kernel
 from ..bounds import lower_bound
 from ..problem import InfeasibleError, Problem, Status, check_cap_lower_bound, exact_sum, make_problem
-from ..registry import certifies, get_algorithm
+from ..registry import built_in, certifies, get_algorithm
 from ..validation import as_int, as_sources
 from .bound import Allotment
 from .plan import ContextParallelPlan, certify
@@ -104,7 +104,7 @@ def _plain(problem: Problem, record, algorithm: str):
     """Today's plan of the named kernel, as `balance` makes it without `context_parallel`."""
     check_cap_lower_bound(problem)
     start = time.perf_counter()
-    result, bound = run_kernel(record.kernel, problem, algorithm)
+    result, bound = run_kernel(record.kernel, problem, algorithm, built_in(record))
     return make_plan(problem, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound,
                      solve_seconds=time.perf_counter() - start, certified=certifies(record), bound=bound)
 
