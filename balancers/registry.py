@@ -107,7 +107,7 @@ def plugin_origin(record) -> str | None:
     """Where a plugin's record comes from (its entry point, or a register_* call), to name it; None for orchmllm's
     own (built in, or its peers' entry points), whose kernels return new arrays and whose failures are its bugs."""
     entry = next((entry for entry in _group_entry_points() if entry.name == record.name), None)
-    if any(record is ours for ours in _BUILT_INS) or (entry is not None and _distribution(entry) == DISTRIBUTION):
+    if built_in(record) or (entry is not None and _distribution(entry) == DISTRIBUTION):
         return None
     return f"algorithm {record.name!r} (registered by a register_* call)" if entry is None else _describe(entry)
 
@@ -338,8 +338,7 @@ def _load_entry_point(entry: importlib.metadata.EntryPoint) -> None:
 
 
 def _load_plugins() -> None:
-    """Register every entry point of the group `orchmllm.algorithms` (once); warn of and skip
-    each that fails to import or clashes, naming it and its distribution."""
+    """Register every entry point of the group (once); warn of and skip each that fails or clashes, naming it."""
     global _plugins_loaded, _loading
     with _lock:
         if _plugins_loaded:
@@ -374,8 +373,7 @@ def _find(name, records: dict | None = None, argument: str = "algorithm"):
 
 
 def get_algorithm(name: str, argument: str = "algorithm") -> Algorithm:
-    """The record of algorithm `name`; ValueError naming the known ones when there is none (and the
-    caller's `argument` that gave the name): the one check of an algorithm name.
+    """The record of algorithm `name`, the one check of a name: ValueError naming `argument` and the known ones.
 
     >>> get_algorithm("lpt").exact, get_algorithm("identity").kind.value
     (False, 'baseline')
@@ -389,8 +387,7 @@ def get_algorithm(name: str, argument: str = "algorithm") -> Algorithm:
 
 
 def get_microbatch_algorithm(name: str, argument: str = "algorithm") -> MicroBatchAlgorithm:
-    """The record of micro-batch algorithm `name`; ValueError naming the known ones when there is none
-    (and the caller's `argument` that gave the name), as `get_algorithm`.
+    """The micro-batch record `name`; ValueError naming the known ones when there is none, as `get_algorithm`.
 
     >>> get_microbatch_algorithm("exact").exact
     True
@@ -405,8 +402,7 @@ def get_microbatch_algorithm(name: str, argument: str = "algorithm") -> MicroBat
 
 def algorithms(*, padded: bool | None = None, kind: Kind | str | None = None,
                default: bool | None = None) -> tuple[Algorithm, ...]:
-    """Every registered record in registration order, optionally only those that solve padded
-    (or unpadded) problems, of one kind, or run by default.
+    """Every registered record in registration order, optionally only those of a padding, a kind or the default.
 
     >>> [record.name for record in algorithms(kind="ours", padded=True, default=True)]
     ['lpt', 'padded', 'karmarkar_karp', 'auto', 'multifit']
@@ -420,8 +416,7 @@ def algorithms(*, padded: bool | None = None, kind: Kind | str | None = None,
 
 def microbatch_algorithms(*, padded: bool | None = None, kind: Kind | str | None = None
                           ) -> tuple[MicroBatchAlgorithm, ...]:
-    """Every registered micro-batch record in registration order, optionally only those that
-    plan padded (or unpadded) cells, or of one kind.
+    """Every registered micro-batch record in registration order, optionally only those of a padding or a kind.
 
     >>> [record.name for record in microbatch_algorithms(kind="ours")]
     ['auto', 'greedy', 'cells', 'exact']
