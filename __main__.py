@@ -2,6 +2,10 @@
 
 import sys
 
-from .cli import main
+try:
+    from .cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command's own modules import: one line, as main says it after
+    print("orchmllm: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

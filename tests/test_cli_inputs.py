@@ -332,6 +332,21 @@ def test_regression_an_interrupt_inside_numpy_s_import_was_reported_as_a_bad_num
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_regression_an_interrupt_while_the_cli_module_imported_printed_a_traceback():
+    """Cause: a Ctrl-C during `python -m orchmllm`'s `from .cli import main` (the stdlib imports atop
+    cli/__init__.py, before main's handler) printed a traceback through orchmllm's frames (probe7 P7-01)."""
+    script = ("import runpy, sys\n"
+              "class Interrupt:\n"
+              "    def find_spec(self, name, path=None, target=None):\n"
+              "        if name == 'orchmllm.cli.errors':\n"
+              "            raise KeyboardInterrupt\n"
+              "sys.meta_path.insert(0, Interrupt())\n"
+              "sys.argv = ['orchmllm', 'compare', '-D', '8']\n"
+              "runpy.run_module('orchmllm', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (130, "orchmllm: interrupted\n"), done.stderr
+
+
 def test_simulator_refuses_sizes_that_cannot_fit_before_sampling():
     """The API path of `simulate --gpus 10**9`: sampling 28 values per GPU asked numpy for 209 GiB."""
     from orchmllm.balancers.validation import SizeLimitError
