@@ -1,6 +1,8 @@
 """Embedded workloads and the JSON-lines workload file parser."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,3 +140,13 @@ def test_segment_of_a_modality_outside_the_given_ones_names_its_line(tmp_path):
     with pytest.raises(ValueError, match="^line 2: segment 0 has modality 'video', which no stage encodes"):
         check_workload_file(path, modalities=("image", "audio"))
     assert check_workload_file(path) == 2
+
+
+def test_regression_the_readme_s_workload_file_example_line_was_refused(tmp_path):
+    """Cause: README's example line put its audio at position 40, inside the image before it (positions 0-256 by
+    default), and the reader refused it: the line a user copies could not run (probe7 P7-02)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = re.search(r"^One JSON object per line:\n`(\{.*\})`\.$", readme, re.MULTILINE).group(1)
+    (tmp_path / "samples.jsonl").write_text((line + "\n") * 4)
+    batch = load_workload_file(tmp_path / "samples.jsonl", 2, 2)
+    assert batch.num_samples == 4 and batch.sample_llm_length.tolist() == [212 + 256 + 375] * 4
