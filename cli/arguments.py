@@ -178,13 +178,21 @@ def check_workload_source(args, stages) -> int | None:
     return None
 
 
-def workload_batch(args, num_ranks: int, samples_per_rank: int, available: int | None):
-    """The batch of a validated workload source with `available` samples (`check_workload_source`)."""
+def check_file_holds(args, num_ranks: int, samples_per_rank: int, available: int | None, option: str) -> None:
+    """UsageError led by `option` (the flag that gave `samples_per_rank`, "(the default)" where the user gave
+    none) when the workload file's `available` samples are fewer than `num_ranks` × `samples_per_rank`."""
+    if args.workload_file is not None and num_ranks * samples_per_rank > available:
+        raise UsageError(f"{option}: workload file {args.workload_file} has {available} samples; {num_ranks} ranks × "
+                         f"{samples_per_rank} samples per rank need {num_ranks * samples_per_rank}: at most "
+                         f"{available // num_ranks} per rank on {num_ranks} ranks")
+
+
+def workload_batch(args, num_ranks: int, samples_per_rank: int, available: int | None, option: str):
+    """The batch of a validated workload source with `available` samples (`check_workload_source`); `option`
+    the flag that gave `samples_per_rank` (`check_file_holds`)."""
     from ..study.workloads import load_workload_file, sample_workload
 
     if args.workload_file is None:
         return sample_workload(args.workload, num_ranks, samples_per_rank, args.seed)
-    if num_ranks * samples_per_rank > available:
-        raise UsageError(f"workload file {args.workload_file} has {available} samples; {num_ranks} ranks × "
-                         f"{samples_per_rank} samples per rank need {num_ranks * samples_per_rank}")
+    check_file_holds(args, num_ranks, samples_per_rank, available, option)
     return load_workload_file(args.workload_file, samples_per_rank, num_ranks)

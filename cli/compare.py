@@ -119,7 +119,9 @@ def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
     for d in ranks:
         for k in items:
             batch_size(d, k, "--items-per-rank")
-    configs = [CompareConfig(d, k, workload_stages(workload_batch(args, d, k, available), stages))
+    given = "" if args.items_per_rank is not None else " (the default)"
+    configs = [CompareConfig(d, k, workload_stages(workload_batch(args, d, k, available,
+                                                                  f"--items-per-rank {k}{given}"), stages))
                for d in ranks for k in items]
     return configs, f"workload {args.workload_file or args.workload!r} on the {model} model"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import (batch_size, check_seed, check_workload_source, degree_list, model_stages, name_list,
-                        positive_int, rank_list, strategy_names, subcommand)
+from .arguments import (batch_size, check_file_holds, check_seed, check_workload_source, degree_list, model_stages,
+                        name_list, positive_int, rank_list, strategy_names, subcommand)
 from .errors import UsageError, usage_errors
 from .files import check_parent, writing
 from .pipeline import add_arguments as add_pipeline_arguments, check_pipeline_flags, run_pipelined
@@ -123,11 +123,12 @@ def run(args) -> int:
         return run_context_parallel(args, gpus)
     strategies = name_list(args.strategies, "--strategies")
     stages = model_stages(args.model)
-    if args.workload_file is not None:  # its bad lines named with the file, whatever --gpus
-        check_workload_source(args, stages)
+    available = None if args.workload_file is None else check_workload_source(args, stages)  # bad lines, any --gpus
     for count in gpus:
         if args.samples_per_rank is not None:
             batch_size(count, args.samples_per_rank, "--samples-per-rank")
+            check_file_holds(args, count, args.samples_per_rank, available,
+                             f"--samples-per-rank {args.samples_per_rank}")
         with usage_errors(f"--gpus {count}", _flags(args, args.samples_per_rank)):
             check_simulation(model=args.model, gpus=count, workload=args.workload, workload_file=args.workload_file,
                              samples_per_rank=args.samples_per_rank, strategies=strategies)

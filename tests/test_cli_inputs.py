@@ -29,6 +29,8 @@ def files(tmp_path_factory):
     (tmp / "index_length.csv").write_text("0,812\n1,77\n2,300\n")
     (tmp / "typo.csv").write_text("8l2\n77\n300\n")
     (tmp / "typo_letter_o.csv").write_text("O12\n77\n300\n")
+    (tmp / "wl64.jsonl").write_text('{"text": 212, "segments": [{"modality": "image", "length": 1024, "tokens": 256}]}\n'
+                                    * 64)
     (tmp / "length_l.csv").write_text("l\n77\n300\n")
     (tmp / "repeated_key.jsonl").write_text('{"length": 5}\n{"length": 5, "length": 7}\n')
     (tmp / "mixed_header.csv").write_text("length,7\n5,1\n")
@@ -421,6 +423,14 @@ OPTION_CASES = {
         ["demo", "--samples-per-rank", "100000000", "--ranks", "2", "--steps", "1"],
         "error: --samples-per-rank must be at most MAX_SAMPLES_PER_RANK = 1024 (the demo draws and trains every "
         "sample on the CPU; the default 16 take minutes); got 100000000"),
+    # probe7 P7-03: a workload file too short for the step named --workload (not passed) or no flag at all
+    "simulate samples per rank beyond the workload file": (
+        ["simulate", "--gpus", "8", "--workload-file", "{tmp}/wl64.jsonl", "--samples-per-rank", "9"],
+        "error: --samples-per-rank 9: workload file {tmp}/wl64.jsonl has 64 samples; 8 ranks × 9 samples per rank "
+        "need 72: at most 8 per rank on 8 ranks"),
+    "compare default items per rank beyond the workload file": (
+        ["compare", "--workload-file", "{tmp}/wl64.jsonl", "-D", "8"],
+        "error: --items-per-rank 16 (the default): workload file {tmp}/wl64.jsonl has 64 samples"),
     "demo giants samples per rank unbounded": (
         ["demo", "--workload", "giants", "--samples-per-rank", "1025", "--ranks", "2", "--steps", "1"],
         "error: --samples-per-rank must be at most MAX_SAMPLES_PER_RANK = 1024"),
@@ -430,7 +440,8 @@ OPTION_CASES = {
 @pytest.mark.parametrize("case", list(OPTION_CASES), ids=list(OPTION_CASES))
 def test_regression_options_ignored_blamed_on_another_flag_or_unbounded(case, files, capsys):
     args, message = OPTION_CASES[case]
-    check_one_line_error(main([arg.format(tmp=files) for arg in args]), capsys.readouterr().err, message)
+    check_one_line_error(main([arg.format(tmp=files) for arg in args]), capsys.readouterr().err,
+                         message.format(tmp=files))
 
 
 def test_regression_pipeline_model_chunks_had_no_size_limit():
