@@ -18,8 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
-from orchmllm.runtime.comm import init_distributed, is_distributed
-from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.launch import run_script
 from orchmllm.runtime.reduction import normalize_loss
 from orchmllm.runtime.sampler import BalancedDistributedSampler
 
@@ -84,14 +83,7 @@ def train(rank: int, world_size: int) -> dict:
             "random_ratio": float(np.mean(random_work.max(axis=1) / random_work.mean(axis=1)))}
 
 
-def main() -> None:
-    if is_distributed():
-        rank, world_size = init_distributed()
-        reports = [train(rank, world_size)]
-    else:
-        world_size = 4
-        reports = spawn(train, world_size, timeout_s=300.0)
-    first = reports[0]
+def show(first: dict, world_size: int) -> None:
     every = first["seen"]
     steps = len(first["ratios"])
     print(f"{world_size} ranks, {EPOCHS} epochs, {steps // EPOCHS} steps per epoch")
@@ -99,6 +91,10 @@ def main() -> None:
           f"{np.mean(first['ratios']):.4f} (worst step {max(first['ratios']):.4f})")
     print(f"every sample exactly once per epoch: {every == sorted(list(range(len(every) // EPOCHS)) * EPOCHS)}")
     print(f"loss {first['losses'][0]:.3f} -> {first['losses'][-1]:.3f}")
+
+
+def main() -> None:
+    run_script(train, 4, show, timeout_s=300.0)  # under torchrun this process is one rank; alone, 4 local gloo ranks
 
 
 if __name__ == "__main__":

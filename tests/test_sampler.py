@@ -180,14 +180,28 @@ def run_example(name):
     return result.stdout
 
 
-def test_ddp_example_trains_on_balanced_shares_over_gloo():
-    out = run_example("train_with_balanced_sampler.py")
+def check_sampler_example(out, ranks):
+    assert f"{ranks} ranks, " in out
     before, after, worst = map(float, re.search(
         r"max/mean: random split ([0-9.]+) -> balanced shares ([0-9.]+) \(worst step ([0-9.]+)\)", out).groups())
     assert after <= worst <= 1.01 < before
     assert "every sample exactly once per epoch: True" in out
     first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+)", out).groups())
     assert 0 < last < first < 10
+
+
+def test_ddp_example_trains_on_balanced_shares_over_gloo():
+    check_sampler_example(run_example("train_with_balanced_sampler.py"), ranks=4)
+
+
+def test_regression_the_sampler_example_under_torchrun_started_local_ranks_of_its_own():
+    """Cause: `main()` asked `is_distributed()`, false under torchrun until the process group is made, so
+    every torchrun rank spawned 4 local ranks of its own, which failed at their rendezvous (probe7 P7-07)."""
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "examples/train_with_balanced_sampler.py"], capture_output=True, text=True, timeout=300,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_sampler_example(result.stdout, ranks=2)
 
 
 def test_hf_trainer_example_runs_and_says_whether_the_trainer_was_built():
