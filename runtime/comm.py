@@ -79,8 +79,9 @@ def collective(phase: str, group=None):
             yield
         except RuntimeError as error:
             raise PeerFailureError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks failed; a "
-                                   f"peer died or did not reach the call within the process group's timeout: "
-                                   f"{error}") from error
+                                   f"peer died or did not reach the call within the process group's timeout (or "
+                                   f"two threads of a rank ran collectives on this group at once: plan on another "
+                                   f"thread with `metadata_group=` a group of its own): {error}") from error
 
 
 def comm_device(group=None) -> torch.device:

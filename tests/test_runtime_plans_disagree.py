@@ -21,6 +21,7 @@ from orchmllm.runtime import MultiStageRuntime, PlanMismatchError, PostBalancing
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
+from orchmllm.runtime.comm import PeerFailureError, collective
 from orchmllm.runtime.launch import run_processes
 from orchmllm.runtime.sampler import BalancedDistributedSampler
 
@@ -163,6 +164,7 @@ def test_regression_a_plan_dispatched_by_a_dispatcher_of_other_options_is_named_
 
 LAUNCHER = """
 import os, sys, time
+from orchmllm.runtime.comm import PeerFailureError, collective
 from orchmllm.runtime.launch import run_processes
 
 def job(rank, size):
@@ -278,3 +280,12 @@ def test_regression_routes_that_split_an_item_give_layouts_in_a_runtime_that_doe
     outcomes = run_processes(foreign_routes_job, 2, timeout_s=90, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     assert all(layout for o in outcomes for layout, _ in o.value), [o.value for o in outcomes]
+
+
+def test_regression_a_timed_out_collective_names_two_threads_on_one_group_as_a_cause():
+    """Cause: where two threads of a rank ran collectives on one group, only the rank that saw them overlap
+    named it; its peer waited out the timeout and blamed a dead peer alone (probe7 P7-09)."""
+    with pytest.raises(PeerFailureError, match=r"a peer died or did not reach the call within the process group's "
+                                               r"timeout \(or two threads of a rank ran collectives on this group"):
+        with collective("dispatch header all-reduce"):
+            raise RuntimeError("Timed out waiting")
