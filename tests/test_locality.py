@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from orchmllm.balancers import CostModel, Kind, algorithms, balance
 from orchmllm.balancers.kernels.lpt import smallest_ranks
 from orchmllm.balancers.kernels.reference import full_fixes_round, locality_first_phases
+from orchmllm.balancers.locality import deal as deal_module
 from orchmllm.balancers.locality import repair as locality_repair
 from orchmllm.balancers.locality.balance import balance_locally
 from orchmllm.balancers.locality.deal import DEAL_WINDOW, keep_home, take_anywhere, take_in_node
@@ -364,6 +365,35 @@ def test_regression_cluster_deal_sorted_every_roomy_rank_for_a_few_items(monkeyp
     take_anywhere(state, np.arange(3))
     assert selected == [3]
     assert state.destinations.tolist() == [2, 3, 4]
+
+
+@pytest.mark.parametrize("room_tokens", [0, 4], ids=["one_item_a_round", "some_pairs_fit"])
+def test_regression_token_bound_rounds_sorted_every_rank_for_each_item(monkeypatch, room_tokens):
+    """Cause: where token room binds (the least-loaded ranks hold long items and no token room),
+    every `take_anywhere` round kept nothing in its deal and its LPT round placed one item or a few,
+    each round sorting all ranks twice: the 95 %-filled micro-batch of the `long` workload (38.7k small
+    items, D = 2560, T = 32k) ran 7.7k such rounds, half of a 5.8 s step.  Now those rounds run on
+    ranks kept sorted by moving the rank that took an item; the choices are the round-by-round ones."""
+    lengths = np.random.default_rng(3).integers(1, 10, 40)
+    problem = make_problem(lengths, 64, cost=CostModel(per_item=1.0, linear=0.1), max_tokens_per_rank=100)
+
+    def dealt(rounds_by_order):
+        if not rounds_by_order:
+            monkeypatch.setattr(deal_module, "_token_bound_rounds", lambda state, waiting, *rest: (waiting, 0))
+        state = PartialPlan(problem, 100.0)
+        state.loads[:60], state.tokens[:60] = 1.0 + np.arange(60) % 7, 100.0 - (np.arange(60) % 9 == 0) * room_tokens
+        state.loads[60:] = 5.0
+        sorts.clear()
+        take_anywhere(state, np.arange(lengths.size))
+        return state.destinations
+
+    sorts = []
+    monkeypatch.setattr(deal_module, "smallest_ranks",
+                        lambda *args, **kwargs: (sorts.append(1), smallest_ranks(*args, **kwargs))[1])
+    fast = dealt(True)
+    assert len(sorts) < lengths.size // 3  # was two per item: a deal and an LPT round
+    assert len(set(fast[fast < 60].tolist())) == (room_tokens > 0) * 7  # items on ranks with a little room
+    np.testing.assert_array_equal(fast, dealt(False))
 
 
 def test_regression_micro_batched_cells_ran_thousands_of_byte_aware_searches(monkeypatch):

@@ -229,7 +229,8 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
     for the next round.  A round that keeps nothing (no rank has room for the largest
     waiting item, or no token room) is an LPT round instead (`_lpt_round`), which always
     places the largest item, possibly above the target.  Where token room binds, LPT rounds may
-    place one item each (O(n · D)): past `max_lpt_rounds` of them the deal gives up (NoRoom).
+    place one item each (O(n · D); `_token_bound_rounds` runs them without sorting the ranks each
+    time): past `max_lpt_rounds` of them the deal gives up (NoRoom).
     """
     waiting = state.item_of_rank[np.sort(state.cost_rank[overflow])]  # cost ranks are distinct
     margin = DEAL_WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
@@ -253,10 +254,73 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
             if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
                 raise NoRoom
             waiting = _lpt_round(state, waiting)
+            allowed = waiting.size if max_lpt_rounds is None else max_lpt_rounds - lpt_rounds
+            waiting, rounds = _token_bound_rounds(state, waiting, allowed, margin)
+            lpt_rounds += rounds
             continue
         state.put_runs(waiting[:count][kept], np.tile(ranks, passes)[:count][kept])
         waiting = np.concatenate([waiting[:count][~kept], waiting[count:]])
 
+
+
+def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int,
+                        margin: float) -> tuple[np.ndarray, int]:
+    """The next rounds of `take_anywhere` (at most `allowed`) while each is an LPT round that puts
+    its largest waiting item on the least-loaded rank with token room for it; returns the items
+    still waiting and the rounds done.
+
+    Such a round: the least-loaded rank has no token room for the largest item (so the item goes
+    above no target there) and the deal keeps nothing; the LPT round then places that item and
+    each other k-th largest item that fits the k-th least-loaded rank (`_lpt_round`).  Where token
+    room binds, thousands of rounds in a row are such, placing one item each (O(n · D)); here a
+    round is a check of its pairs, and the ranks by (load, rank) are kept sorted by moving the
+    one rank that took an item, with no sort.
+    """
+    if state.cap == np.inf:
+        return waiting, 0
+    order = np.argsort(state.loads, kind="stable")
+    sorted_loads = state.loads[order]
+    rounds = 0
+    while rounds < allowed and waiting.size:
+        head, paired = waiting[0], waiting[1: state.loads.size]
+        if state.tokens[order[0]] + state.lengths[head] <= state.cap:
+            break
+        room = state.tokens[order] + state.lengths[head] <= state.cap
+        if not room.any():
+            break
+        position = int(np.argmax(room))
+        ranks = order[1: paired.size + 1]
+        pairs = np.flatnonzero((state.loads[ranks] + state.costs[paired] <= state.target)
+                               & (state.tokens[ranks] + state.lengths[paired] <= state.cap)) + 1
+        if pairs.size and _deal_keeps(state, sorted_loads, waiting, pairs, margin):
+            break
+        rounds += 1
+        placed = np.concatenate(([0], pairs[pairs != position]))
+        state.put(waiting[placed], order[np.concatenate(([position], placed[1:]))])
+        if placed.size > 1:
+            waiting = np.delete(waiting, placed)
+            order = np.argsort(state.loads, kind="stable")
+            sorted_loads = state.loads[order]
+            continue
+        waiting = waiting[1:]
+        rank, load = order[position], state.loads[order[position]]
+        later = sorted_loads[position + 1:]
+        low, high = np.searchsorted(later, load, side="left"), np.searchsorted(later, load, side="right")
+        end = position + low + int(np.searchsorted(order[position + 1 + low: position + 1 + high], rank))
+        order[position:end] = order[position + 1: end + 1]
+        sorted_loads[position:end] = later[: end - position]
+        order[end], sorted_loads[end] = rank, load
+    return waiting, rounds
+
+
+def _deal_keeps(state: PartialPlan, sorted_loads: np.ndarray, waiting: np.ndarray, pairs: np.ndarray,
+                margin: float) -> bool:
+    """Whether the deal of a round of `take_anywhere` keeps an item, given the positions `pairs` in
+    the ranks by (load, rank) (`sorted_loads` their loads) of the only ranks with cost and token
+    room for their item of the round (the first pass of the deal pairs them as the LPT round)."""
+    roomy = int(np.count_nonzero(sorted_loads + state.costs[waiting[0]] <= state.target))
+    dealt = pairs[pairs < min(roomy, waiting.size)]
+    return bool((sorted_loads[dealt] + state.costs[waiting[dealt]] <= state.target - margin).any())
 
 
 def _lpt_round(state: PartialPlan, waiting: np.ndarray) -> np.ndarray:
