@@ -39,7 +39,8 @@ def metadata_group_of(metadata_group, training_group):
 class Prefetcher:
     """Run `plan_fn(*args, group)` in a background thread, one request at a time.
 
-    `group`: the process group for the thread's collectives; default: a new gloo group
+    `group`: the process group for the thread's collectives, one of its own (not the world's
+    default group nor `training_group`, where the training thread exchanges); default: a new gloo group
     with the ranks of `training_group` (the world when None) when torch.distributed is
     initialised (every rank of it must construct its Prefetcher at the same point), else
     None.
@@ -48,6 +49,11 @@ class Prefetcher:
     def __init__(self, plan_fn: Callable, group=None, *, training_group=None):
         if not callable(plan_fn):
             raise TypeError(f"`plan_fn` must be callable; got {type(plan_fn).__name__}")
+        if group is not None and (group is dist.group.WORLD or group is training_group):
+            raise ValueError("`group` is the group the thread's collectives run on, and must be one of its own: the "
+                             "training thread's exchanges on the same group would meet the thread's all-gathers in "
+                             "no set order (a deadlock); leave `group` None (a new gloo group of `training_group`'s "
+                             "ranks) or pass `dist.new_group(...)`")
         if group is None and dist.is_available() and dist.is_initialized():
             if training_group is None:
                 group = dist.new_group(backend="gloo")

@@ -289,3 +289,25 @@ def test_regression_a_timed_out_collective_names_two_threads_on_one_group_as_a_c
                                                r"timeout \(or two threads of a rank ran collectives on this group"):
         with collective("dispatch header all-reduce"):
             raise RuntimeError("Timed out waiting")
+
+
+def prefetch_on_the_training_group_job(rank, size):
+    refused = []
+    for group in (dist.group.WORLD, dist.new_group(backend="gloo")):
+        try:
+            Prefetcher(lambda lengths, group: None, group=group, training_group=group)
+        except ValueError as error:
+            refused.append(str(error))
+    return refused
+
+
+def test_regression_a_prefetcher_on_the_training_group_is_refused():
+    """Cause: `Prefetcher(plan_fn, group=<the training group>)` ran the thread's metadata all-gathers on the
+    group the training thread exchanged on: both ranks waited out the timeout and blamed a dead peer
+    (probe7 P7-05)."""
+    outcomes = run_processes(prefetch_on_the_training_group_job, 2, timeout_s=60,
+                             collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert len(o.value) == 2 and all("`group` is the group the thread's collectives run on, and must be one of "
+                                         "its own" in message for message in o.value), o.value
