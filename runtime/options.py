@@ -43,6 +43,9 @@ class DispatchOptions(StepOptions):
         for name, value in canonical.items():
             object.__setattr__(self, name, value)
         self.check_step()
+        if self.padded and self.context_parallel is not None:
+            raise ValueError("`padded` cannot be combined with `context_parallel`: split items are costed and laid "
+                             "out unpadded (zigzag shards of one packed sequence)")
         if self.microbatching is not None and self.max_tokens_per_rank is not None:
             raise ValueError("`max_tokens_per_rank` and `max_tokens_per_microbatch` exclude each other: with "
                              "micro-batches the per-micro-batch budget bounds what a rank holds")

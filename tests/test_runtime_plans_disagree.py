@@ -311,3 +311,12 @@ def test_regression_a_prefetcher_on_the_training_group_is_refused():
     for o in outcomes:
         assert len(o.value) == 2 and all("`group` is the group the thread's collectives run on, and must be one of "
                                          "its own" in message for message in o.value), o.value
+
+
+@pytest.mark.parametrize("budget", [None, 64])
+def test_regression_padded_with_context_parallel_is_refused_when_the_dispatcher_is_built(budget):
+    """Cause: the dispatcher took `padded=True` with `context_parallel` and refused it only at the first
+    `plan()`, after the metadata all-gather (probe7 P7-06); options are checked at construction."""
+    with pytest.raises(ValueError, match=r"`padded` cannot be combined with `context_parallel`: split items are "
+                                         r"costed and laid out unpadded"):
+        PostBalancingDispatcher(padded=True, context_parallel=SPLITTING, max_tokens_per_microbatch=budget)
