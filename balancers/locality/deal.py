@@ -279,48 +279,49 @@ def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int,
     if state.cap == np.inf:
         return waiting, 0
     order = np.argsort(state.loads, kind="stable")
-    sorted_loads = state.loads[order]
-    rounds = 0
+    sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
+    costs, lengths = state.costs[waiting], state.lengths[waiting]
+    rounds, num_ranks = 0, state.loads.size
     while rounds < allowed and waiting.size:
-        head, paired = waiting[0], waiting[1: state.loads.size]
-        if state.tokens[order[0]] + state.lengths[head] <= state.cap:
+        if sorted_tokens[0] + lengths[0] <= state.cap:
             break
-        room = state.tokens[order] + state.lengths[head] <= state.cap
+        room = sorted_tokens + lengths[0] <= state.cap
         if not room.any():
             break
         position = int(np.argmax(room))
-        ranks = order[1: paired.size + 1]
-        pairs = np.flatnonzero((state.loads[ranks] + state.costs[paired] <= state.target)
-                               & (state.tokens[ranks] + state.lengths[paired] <= state.cap)) + 1
-        if pairs.size and _deal_keeps(state, sorted_loads, waiting, pairs, margin):
+        paired = min(waiting.size, num_ranks)
+        pairs = np.flatnonzero((sorted_loads[1:paired] + costs[1:paired] <= state.target)
+                               & (sorted_tokens[1:paired] + lengths[1:paired] <= state.cap)) + 1
+        if pairs.size and _deal_keeps(state, sorted_loads, costs, pairs, margin):
             break
         rounds += 1
         placed = np.concatenate(([0], pairs[pairs != position]))
         state.put(waiting[placed], order[np.concatenate(([position], placed[1:]))])
         if placed.size > 1:
-            waiting = np.delete(waiting, placed)
+            waiting, costs, lengths = (np.delete(values, placed) for values in (waiting, costs, lengths))
             order = np.argsort(state.loads, kind="stable")
-            sorted_loads = state.loads[order]
+            sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
             continue
-        waiting = waiting[1:]
-        rank, load = order[position], state.loads[order[position]]
-        later = sorted_loads[position + 1:]
+        waiting, costs, lengths = waiting[1:], costs[1:], lengths[1:]
+        rank = order[position]
+        load, held, later = state.loads[rank], state.tokens[rank], sorted_loads[position + 1:]
         low, high = np.searchsorted(later, load, side="left"), np.searchsorted(later, load, side="right")
         end = position + low + int(np.searchsorted(order[position + 1 + low: position + 1 + high], rank))
-        order[position:end] = order[position + 1: end + 1]
-        sorted_loads[position:end] = later[: end - position]
-        order[end], sorted_loads[end] = rank, load
+        for values, value in ((order, rank), (sorted_loads, load), (sorted_tokens, held)):
+            values[position:end] = values[position + 1: end + 1]
+            values[end] = value
     return waiting, rounds
 
 
-def _deal_keeps(state: PartialPlan, sorted_loads: np.ndarray, waiting: np.ndarray, pairs: np.ndarray,
+def _deal_keeps(state: PartialPlan, sorted_loads: np.ndarray, costs: np.ndarray, pairs: np.ndarray,
                 margin: float) -> bool:
     """Whether the deal of a round of `take_anywhere` keeps an item, given the positions `pairs` in
     the ranks by (load, rank) (`sorted_loads` their loads) of the only ranks with cost and token
-    room for their item of the round (the first pass of the deal pairs them as the LPT round)."""
-    roomy = int(np.count_nonzero(sorted_loads + state.costs[waiting[0]] <= state.target))
-    dealt = pairs[pairs < min(roomy, waiting.size)]
-    return bool((sorted_loads[dealt] + state.costs[waiting[dealt]] <= state.target - margin).any())
+    room for their item of the round (`costs` the waiting items'; the first pass of the deal pairs
+    them as the LPT round)."""
+    roomy = int(np.count_nonzero(sorted_loads + costs[0] <= state.target))
+    dealt = pairs[pairs < min(roomy, costs.size)]
+    return bool((sorted_loads[dealt] + costs[dealt] <= state.target - margin).any())
 
 
 def _lpt_round(state: PartialPlan, waiting: np.ndarray) -> np.ndarray:
