@@ -382,7 +382,8 @@ class PostBalancingDispatcher:
         return PlanMismatchError(
             f"{call} on rank {plan.route.rank}: the plan is not the one the latest dispatch followed "
             f"({plan.route.plan_id & (2**64 - 1):016x} vs {self._dispatched & (2**64 - 1):016x}); pass "
-            f"{call} the plan of the step you dispatched (a plan kept from an earlier step?)")
+            f"{call} the plan of the step you dispatched: a plan kept from an earlier step, or a later step "
+            f"dispatched first? (a dispatcher holds one step in flight; to overlap steps, alternate two dispatchers)")
 
     def microbatches(self, plan: DispatchPlan, moved: Mapping[str, torch.Tensor]):
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).

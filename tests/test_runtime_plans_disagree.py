@@ -320,3 +320,15 @@ def test_regression_padded_with_context_parallel_is_refused_when_the_dispatcher_
     with pytest.raises(ValueError, match=r"`padded` cannot be combined with `context_parallel`: split items are "
                                          r"costed and laid out unpadded"):
         PostBalancingDispatcher(padded=True, context_parallel=SPLITTING, max_tokens_per_microbatch=budget)
+
+
+def test_regression_a_step_dispatched_before_the_last_one_was_iterated_is_named_as_such():
+    """Cause: `microbatches` of step k after step k + 1's dispatch was refused with "a plan kept from an
+    earlier step?", which the program was not (probe7 P7-10): one dispatcher holds one step in flight."""
+    dispatcher = PostBalancingDispatcher(per_item_keys={"sid"})
+    first, second = dispatcher.plan([5, 3]), dispatcher.plan([4, 4])
+    moved = dispatcher.dispatch({"sid": torch.arange(2), "x": torch.ones(8, 2)}, first)
+    dispatcher.dispatch({"sid": torch.arange(2), "x": torch.ones(8, 2)}, second)
+    with pytest.raises(PlanMismatchError, match=r"or a later step dispatched first\? \(a dispatcher holds one step "
+                                                r"in flight; to overlap steps, alternate two dispatchers\)"):
+        list(dispatcher.microbatches(first, moved))
