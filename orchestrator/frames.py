@@ -85,7 +85,7 @@ def stage_pricing(batch, stage) -> dict:
 
 def whole_video(batch, segment: int) -> str:
     """What a cap below a video of several frames must be told: frames split it for cost, not for a cap."""
-    frames = int(stage_frames(batch, np.array([segment]))[0])
+    frames = 1 if batch.segment_frames is None else int(batch.segment_frames[segment])
     if frames == 1:
         return ""
     return (f" (its {frames} frames may run on several ranks to balance cost, but each plan starts from the "

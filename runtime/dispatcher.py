@@ -299,15 +299,16 @@ class PostBalancingDispatcher:
             plan, count = balance(metadata.column(0), int(metadata.counts.size), **self.options.balance_arguments()), 1
         else:
             plan = None
+        digest = plan.digest() if plan else ""
         if self.options.check_plan:
-            check_agreement(fingerprint(self.config_fingerprint, plan.digest() if plan else ""), group)
+            check_agreement(fingerprint(self.config_fingerprint, digest), group)
         if metadata.counts.size != group_size(self.group):
             raise ValueError(f"metadata group has {metadata.counts.size} ranks but the dispatcher's group has "
                              f"{group_size(self.group)}")
         first, degree = item_groups(plan, metadata.num_items)
         # the plan itself rides in the route's word: ranks whose solvers stopped at different plans (a
         # wall-clock limit) or kept another step's plan fail the exchange header, never the payload
-        words = (self.config_fingerprint, metadata.counts, metadata.values, plan.digest() if plan else "")
+        words = (self.config_fingerprint, metadata.counts, metadata.values, digest)
         sharding = StepSharding.build(metadata.column(0), metadata.counts, first, degree, microbatch,
                                       group_rank(self.group), lambda digest: plan_word(*words, digest)
                                       if degree.size and degree.max() > 1 else plan_word(*words))

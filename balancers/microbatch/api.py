@@ -35,7 +35,7 @@ from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
 from ..pipeline.spec import Pipeline
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, as_time_limit, check_token_range, item_costs_of
-from ..registry import certifies, get_microbatch_algorithm, plugin_origin
+from ..registry import built_in, certifies, get_microbatch_algorithm
 from ..validation import as_bool
 from . import auto as microbatch_auto, exact as microbatch_exact
 from .auto import plan_cost
@@ -330,7 +330,7 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     if origins is None and kernel is microbatch_auto.solve:
         kernel = microbatch_auto.solve_with_plain_step  # M = 1 at least `balance`'s plan (not with sources)
     start = time.perf_counter()
-    kernel = checked_kernel(kernel, algorithm, certifies(record), plugin_origin(record) is None)
+    kernel = checked_kernel(kernel, algorithm, certifies(record), built_in(record))
     result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact)
     name, step = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None
     if pipeline is not None:

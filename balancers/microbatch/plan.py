@@ -272,7 +272,7 @@ def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algo
 def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = True,
                    built_in: bool = False) -> MicroBatchKernel:
     """`kernel` called by `call_kernel`, every result it returns checked (`check_result`), its cells copied
-    unless the kernel is orchmllm's own (`registry.plugin_origin` None: a plugin that reuses a buffer would rewrite them,
+    unless the kernel is orchmllm's own (`registry.built_in`: a plugin that reuses a buffer would rewrite them,
     here another M's result or a plan made before) and made read-only, and its bound held to the result's own
     step cost (`claimed_bound`), as the choice of M reads every result it tries; a kernel that does not
     certify its plans (`registry.certifies`) then has its bound left out and `optimal` read as feasible."""
