@@ -188,8 +188,9 @@ def kept_plan_problem(rank: int, given, planned, item: str, field: str) -> PlanM
 class PieceSchema:
     """What one piece of an exchange is: name, dtype, trailing shape, rows per item.
 
-    `rows_per_item` is an int k (k rows per item, e.g. 1 for per-item tensors) or -1
-    (rows given per item by lengths: per-token tensors).
+    `rows_per_item` is an int k (k rows per item, e.g. 1 for per-item tensors), -1 (rows given per
+    item by lengths: per-token tensors) or -2 (a per-item tensor of a plan that splits items, whose
+    rows per item are given: a row per rank of a split item's group).
     """
 
     name: str
@@ -198,8 +199,8 @@ class PieceSchema:
     rows_per_item: int
 
     @classmethod
-    def of(cls, name: str, tensor: torch.Tensor, item_rows) -> "PieceSchema":
-        rows_per_item = int(item_rows) if is_int(item_rows) else -1
+    def of(cls, name: str, tensor: torch.Tensor, item_rows, per_item: bool = False) -> "PieceSchema":
+        rows_per_item = int(item_rows) if is_int(item_rows) else -2 if per_item else -1
         return cls(str(name), tensor.dtype, tuple(int(n) for n in tensor.shape[1:]), rows_per_item)
 
     def zeros(self, rows: int, device) -> torch.Tensor:
@@ -207,7 +208,7 @@ class PieceSchema:
         return torch.zeros((rows, *self.trailing_shape), dtype=self.dtype, device=device)
 
     def __str__(self) -> str:
-        rows = "per token" if self.rows_per_item == -1 else f"{self.rows_per_item} per item"
+        rows = {-1: "per token", -2: "per item"}.get(self.rows_per_item, f"{self.rows_per_item} per item")
         return f"{self.name or '?'}: {str(self.dtype).removeprefix('torch.')}{list(self.trailing_shape)} ({rows})"
 
 

@@ -332,11 +332,12 @@ class PostBalancingDispatcher:
             if key not in per_item_keys:
                 pieces.append(Piece(route, batch[key], sharding.item_rows(False), key))
             elif home and key not in sums:
-                pieces.append(Piece(route, sharding.first_copies(batch[key]), sharding.item_rows(True, True), key))
+                pieces.append(Piece(route, sharding.first_copies(batch[key]), sharding.item_rows(True, True), key,
+                                    True))
             elif home:  # every group rank's row, named so that ranks that would keep group rank 0's disagree
-                pieces.append(Piece(route, batch[key], sharding.item_rows(True), f"{key} (split_reduce='sum')"))
+                pieces.append(Piece(route, batch[key], sharding.item_rows(True), f"{key} (split_reduce='sum')", True))
             else:
-                pieces.append(Piece(route, sharding.copies(batch[key]), sharding.item_rows(True), key))
+                pieces.append(Piece(route, sharding.copies(batch[key]), sharding.item_rows(True), key, True))
         move = exchange_with_grad if differentiable else exchange
         moved = move(pieces, self.transport, guard=self.guards[site], problem=problem)
         return {key: sharding.home_sums(tensor) if key in sums else tensor for key, tensor in zip(keys, moved)}

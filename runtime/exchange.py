@@ -175,13 +175,15 @@ class ExchangeMeta:
 
 
 class Piece(NamedTuple):
-    """One tensor to move: its route, the packed tensor, rows per item (int or array), and
-    a name (for the schema check and its messages)."""
+    """One tensor to move: its route, the packed tensor, rows per item (int or array), a name (for
+    the schema check and its messages), and whether an array `item_rows` counts a per-item tensor's
+    rows (split items: a row per group rank) rather than tokens (schema messages say which)."""
 
     meta: ExchangeMeta
     tensor: torch.Tensor
     item_rows: object = 1
     name: str = ""
+    per_item: bool = False
 
 
 def _take_rows(tensor: torch.Tensor, index: np.ndarray) -> torch.Tensor:
@@ -204,7 +206,7 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def schema_of(pieces: Sequence[Piece]) -> tuple[PieceSchema, ...]:
     """The schema of `pieces` (unnamed pieces are named by position)."""
-    return tuple(PieceSchema.of(piece.name or f"#{number}", piece.tensor, piece.item_rows)
+    return tuple(PieceSchema.of(piece.name or f"#{number}", piece.tensor, piece.item_rows, piece.per_item)
                  for number, piece in enumerate(pieces))
 
 
@@ -321,7 +323,8 @@ class _Exchange(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, routes, transport, stats, guard, problem, *tensors):
-        outputs = exchange([Piece(meta, tensor, rows, name) for (meta, rows, name), tensor in zip(routes, tensors)],
+        outputs = exchange([Piece(meta, tensor, rows, name, per_item)
+                            for (meta, rows, name, per_item), tensor in zip(routes, tensors)],
                            transport, stats, guard=guard, problem=problem)
         ctx.routes, ctx.transport, ctx.stats = routes, transport, stats
         ctx.shapes = [(output.shape, output.dtype, output.device) for output in outputs]
@@ -337,7 +340,7 @@ class _Exchange(torch.autograd.Function):
         for n in differentiable:
             shape, dtype, device = ctx.shapes[n]
             grad = grads[n] if grads[n] is not None else torch.zeros(shape, dtype=dtype, device=device)
-            meta, rows, _ = ctx.routes[n]
+            meta, rows, *_ = ctx.routes[n]
             pieces.append(Piece(meta.inverse(), grad, rows))
         returned = exchange(pieces, ctx.transport, ctx.stats)
         input_grads = [None] * len(ctx.shapes)
@@ -360,5 +363,5 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
         transport = FlatAllToAll()
     if not pieces:
         return exchange(pieces, transport, stats, guard=guard, problem=problem)
-    routes = tuple((piece.meta, piece.item_rows, piece.name) for piece in pieces)
+    routes = tuple((piece.meta, piece.item_rows, piece.name, piece.per_item) for piece in pieces)
     return list(_Exchange.apply(routes, transport, stats, guard, problem, *[piece.tensor for piece in pieces]))

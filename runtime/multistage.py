@@ -319,7 +319,7 @@ class MultiStageRuntime:
             for key in (self.modalities if kind == "inputs" else sorted(tensors)):
                 if key in tensors:
                     route, rows = where[(kind, key if kind == "inputs" else None)]
-                    pieces.append(Piece(route, tensors[key], rows, f"{kind}:{key}"))
+                    pieces.append(Piece(route, tensors[key], rows, f"{kind}:{key}", kind == "per_sample"))
                     names.append((kind, key))
         moved = exchange(pieces, self.transport, stats, guard=self.guards["dispatch"], problem=problem)
         result = {"inputs": {}, "text": {}, "per_sample": {}}

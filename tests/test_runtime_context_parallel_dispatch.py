@@ -267,7 +267,10 @@ SCORE_HOMES = ((40, 3), (2, 5))  # item 0 split over both ranks (2 × 2 zigzag c
 
 def per_item_score_job(rank, size, split_reduce):
     """Each rank scores every item it holds by the sum of its rows' positions (a sequence log-prob computed
-    shard by shard) and sends the scores home with `combine`; the home gets, per item, the positions' sum."""
+    shard by shard) and sends the scores home with `combine`; the home gets, per item, the positions' sum.
+    `split_reduce` "mixed": rank 0 passes "sum", rank 1 "first"."""
+    if split_reduce == "mixed":
+        split_reduce = "first" if rank else "sum"
     spec = ContextParallel(degrees=(1, 2), gpus_per_node=2, half_efficiency_tokens=1, latency_s=0,
                            kv_bytes_per_token=0, seconds_per_cost=1.0)
     dispatcher = PostBalancingDispatcher(cost=COST, context_parallel=spec, per_item_keys={"sid"})
@@ -307,6 +310,15 @@ def test_a_per_item_output_of_a_split_item_without_split_reduce_is_refused_on_ev
     for degree, error in results:
         assert re.search(r"combine: item 0 is split over ranks \[0, 1\] and its per-item outputs \['score', 'sid'\] "
                          r"have a row on each: pass split_reduce='sum' .* or 'first'", error), error
+
+
+def test_regression_a_split_items_per_item_key_was_labelled_per_token_in_a_schema_mismatch():
+    """Cause (probe7 P7-04): the schema of a piece whose rows per item are an array read "(per token)", and a
+    split plan's per-item keys have an array (a row per rank of a split item's group)."""
+    for degree, error in spawn(per_item_score_job, 2, args=("mixed",), timeout_s=60):
+        assert "the schema of the pieces differs across ranks" in error, error
+        assert "score (split_reduce='sum'): float64[] (per item)" in error and "score: float64[] (per item)" in error
+        assert "sid: int64[] (per item)" in error and "(per token)" not in error, error
 
 
 @contextlib.contextmanager
