@@ -84,10 +84,9 @@ class TimeTable:
 class _Blocks:
     """Per-rank loads and tokens of the layout being built, and its groups' blocks.
 
-    Every degree's open groups (and every rank, while degree 1 is laid out) are kept sorted by load,
-    so best fit and the least-loaded block are binary searches, not scans: while degrees above 1 are
-    laid out no unsplit item is placed yet, so a group's ranks carry equal loads and its first
-    rank's load is the block's peak."""
+    Every degree's open groups (and every rank, while degree 1 is laid out) are kept sorted by their
+    peak load, so best fit and the least-loaded block are binary searches, not scans; an item placed on
+    a rank of a group raises that group's peak."""
 
     def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable,
                  target: float):
@@ -105,6 +104,8 @@ class _Blocks:
         # degree -> (load, position) of its candidates, ascending
         self.keys: dict[int, list[tuple[float, int]] | None] = {}
         self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
+        self.peak: dict[int, float] = {}  # a group's block start -> the most load of its ranks (its key's load)
+        self.group_of: list[tuple[int, int] | None] = [None] * problem.num_ranks  # rank -> its group's (degree, start)
         # a group's block start -> (lower, upper) bounds on the tokens of its fullest rank
         self.most_tokens: dict[int, tuple[int, int]] = {}
         self.least_length = 0  # the fewest tokens an item of the degree being laid out holds
@@ -247,7 +248,8 @@ class _Blocks:
         its ranks held nothing, so they now carry the item's time and shards."""
         start, opened = self.free.pop(), self.groups[degree]
         self.taken[start: start + degree] = True
-        self.position[start] = len(opened)
+        self.position[start], self.peak[start] = len(opened), time
+        self.group_of[start: start + degree] = [(degree, start)] * degree
         bisect.insort(self.keys[degree], (time, len(opened)))
         opened.append(start)
         self.loads[start: start + degree] = time
@@ -264,8 +266,7 @@ class _Blocks:
         for c in sorted(self.groups):
             if c >= degree and (c == 1 or self.groups[c]):
                 time = self.times.time(item, c)
-                found = self._search(c, time, self.times.shard(item, c), fullest=False) \
-                    if c == 1 or self.degree > 1 else None  # groups are level only before degree 1
+                found = self._search(c, time, self.times.shard(item, c), fullest=False)
                 if found is None:
                     starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
                     peak, fits, _, _ = self._candidates(item, c, starts)
@@ -280,14 +281,20 @@ class _Blocks:
         time = self.times.time(item, c)
         return self._add(item, start, c, time, self.times.shard(item, c))
 
+    def _key(self, degree: int, start: int) -> tuple[float, int]:
+        """The sort key of a candidate: (load, rank) of a rank, (peak, position) of a group."""
+        return (float(self.loads[start]), start) if degree == 1 else (self.peak[start], self.position[start])
+
     def _add(self, item: int, start: int, degree: int, time: float, need: tuple[np.ndarray, int, int]) -> int:
         """Put the item (its shards `need` = (tokens, most, fewest)) on the block, and keep the candidates'
-        keys sorted and the bounds on its groups' fullest rank: it gains between its fewest and most."""
+        keys sorted and the bounds on its groups' fullest rank: it gains between its fewest and most (a
+        rank alone: the group's fullest holds at least and at most as many as it now does)."""
         shard, most, fewest = need
-        if self.degree == 1:
-            moved = [(1, float(self.loads[r]), r, r) for r in range(start, start + degree)]
-        else:
-            moved = [(degree, float(self.loads[start]), self.position[start], start)]
+        group = self.group_of[start]
+        moved = [(1, rank) for rank in range(start, start + degree)] if self.degree == 1 else []
+        if group is not None:
+            moved.append(group)
+        before = [self._key(c, s) for c, s in moved]
         if degree == 1:
             self.loads[start] += time
             self.tokens[start] += most
@@ -297,10 +304,16 @@ class _Blocks:
         if degree > 1:
             low, high = self.most_tokens[start]
             self.most_tokens[start] = (low + fewest, high + most)
-        for c, load, position, rank in moved:
+            self.peak[start] += time  # every rank gained `time`, and rounding keeps their order
+        elif group is not None:
+            low, high = self.most_tokens[group[1]]
+            held = int(self.tokens[start])
+            self.most_tokens[group[1]] = (max(low, held), max(high, held))
+            self.peak[group[1]] = max(self.peak[group[1]], float(self.loads[start]))
+        for (c, s), key in zip(moved, before):
             keys = self.keys[c]
-            del keys[bisect.bisect_left(keys, (load, position))]
-            bisect.insort(keys, (float(self.loads[rank]), position))
+            del keys[bisect.bisect_left(keys, key)]
+            bisect.insort(keys, self._key(c, s))
         self.placed[item] = (start, degree)
         return start
 

@@ -40,13 +40,15 @@ def two_tiers(problem: Problem, spec: ContextParallel, times, long: np.ndarray, 
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     order = long[np.lexsort((long, -times(long, widest)))]
     below = spec.degrees[-2] if len(spec.degrees) > 1 else widest
-    fits = np.array([times.shard(item, below)[1] <= cap for item in order.tolist()], dtype=bool)
-    alone = np.where(fits, below, widest)  # each item's degree when alone
+    rows = times.row[order]
+    alone = np.where(times.shards[below][rows].max(axis=1) <= cap, below, widest)  # each item's degree when alone
+    shards = times.shards[widest][rows]
+    wide = (times(order, widest).tolist(), shards, shards.max(axis=1).tolist(), shards.min(axis=1).tolist())
     best = None
     for k in np.unique(np.linspace(0, order.size, TIER_STEPS + 1).astype(np.int64)).tolist():
         if int(alone[:k].sum()) > problem.num_ranks:
             break
-        laid = _deal(problem, times, order, alone, k, widest, cap)
+        laid = _deal(problem, times, order, alone, k, widest, cap, wide)
         if laid is None:
             continue
         start, degree, loads = laid
@@ -56,34 +58,57 @@ def two_tiers(problem: Problem, spec: ContextParallel, times, long: np.ndarray, 
     return best
 
 
-def _deal(problem: Problem, times, order: np.ndarray, alone: np.ndarray, k: int, widest: int,
-          cap: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _deal(problem: Problem, times, order: np.ndarray, alone: np.ndarray, k: int, widest: int, cap: float,
+          wide: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(starts, degrees, per-rank loads) with the first k of `order` alone at degrees `alone` and the rest by
-    LPT over the C-blocks left; None when one finds no token room."""
+    LPT over the C-blocks left; None when one finds no token room.  `wide`: the items' (times, shards, most
+    and fewest shard tokens) at the widest degree, in `order`.
+
+    A group's ranks all carry its load (every item adds its time to each), so the heap's loads are the
+    ranks'; a group's token room is settled by bounds on its fullest rank (each item's fewest to most
+    shard tokens) where they decide it, else rank by rank."""
     d = problem.num_ranks
     start = np.full(problem.num_items, -1, dtype=np.int64)
     degree = np.ones(problem.num_items, dtype=np.int64)
     loads, tokens = np.zeros(d), np.zeros(d, dtype=np.int64)
-    position = 0
-    for index in np.argsort(-alone[:k], kind="stable").tolist():  # largest degree first: each block aligned
-        item, c = int(order[index]), int(alone[index])
-        start[item], degree[item] = position, c
-        loads[position: position + c] = times.time(item, c)
-        tokens[position: position + c] = times.shard(item, c)[0]
-        position += c
+    index = np.argsort(-alone[:k], kind="stable")  # largest degree first: each block aligned
+    items, widths = order[index], alone[index]
+    ends = np.cumsum(widths)
+    start[items], degree[items] = ends - widths, widths
+    position = int(ends[-1]) if k else 0
+    for c in np.unique(widths).tolist():
+        chosen = widths == c  # one run: the degrees descend
+        first = int(ends[chosen][0]) - c
+        loads[first: first + c * int(chosen.sum())] = np.repeat(times(items[chosen], c), c)
+    wide_time, shards, most, fewest = wide
     groups = [(0.0, s) for s in range(-(-position // widest) * widest, d - widest + 1, widest)]
-    for item in order[k:].tolist():
-        shard, aside = times.shard(item, widest)[0], []
-        while groups and not (tokens[groups[0][1]: groups[0][1] + widest] + shard <= cap).all():
+    held = {s: (0, 0) for _, s in groups}  # group -> (least, most) tokens its fullest rank may hold
+    for j, item in enumerate(order[k:].tolist(), start=k):
+        aside = []
+        while groups and not _room(held, tokens, groups[0][1], widest, shards[j], most[j], fewest[j], cap):
             aside.append(heapq.heappop(groups))
         if not groups:
             return None
         load, s = groups[0]
-        time = times.time(item, widest)
-        heapq.heapreplace(groups, (load + time, s))
+        heapq.heapreplace(groups, (load + wide_time[j], s))
         for entry in aside:
             heapq.heappush(groups, entry)
         start[item], degree[item] = s, widest
-        loads[s: s + widest] += time
-        tokens[s: s + widest] += shard
+        low, high = held[s]
+        held[s] = (low + fewest[j], high + most[j])
+        if cap < math.inf:
+            tokens[s: s + widest] += shards[j]
+    for load, s in groups:
+        loads[s: s + widest] = load
     return start, degree, loads
+
+
+def _room(held: dict, tokens: np.ndarray, s: int, widest: int, shard: np.ndarray, most: int, fewest: int,
+          cap: float) -> bool:
+    """Whether an item's shards fit the group at `s` within `cap` tokens a rank."""
+    low, high = held[s]
+    if high + most <= cap:
+        return True
+    if low + fewest > cap:
+        return False
+    return bool((tokens[s: s + widest] + shard <= cap).all())

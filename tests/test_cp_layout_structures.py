@@ -1,0 +1,146 @@
+"""The split layout's kept-sorted structures against brute scans: the same layouts, fewer scans.
+
+`place_groups` keeps every candidate (a rank, or a group of ranks) in keys sorted by its peak load and
+searches them; the reference scans every candidate with numpy at each item (`_Blocks._candidates`).
+`two_tiers` settles a group's token room by bounds; the reference checks every rank of it."""
+
+import heapq
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm import ContextParallel
+from orchmllm.balancers.context_parallel import planner
+from orchmllm.balancers.context_parallel.pairing import packable_degrees
+from orchmllm.balancers.context_parallel.split import allot, allowed_degrees
+from orchmllm.balancers.context_parallel.tiers import TIER_STEPS, two_tiers
+from orchmllm.balancers.problem import make_problem
+from orchmllm.study.models import MODELS
+
+COST = MODELS["84b"].llm.cost(causal=True)
+GPUS = 8
+
+
+def layout_inputs(lengths, num_ranks, cap, step):
+    """(problem, spec, TimeTable, packable degrees, long items, target) as `layout` builds them at the
+    ladder's step `step` above the bound."""
+    problem = replace(make_problem(np.asarray(lengths), num_ranks, cost=COST), max_tokens_per_rank=cap)
+    spec = ContextParallel(gpus_per_node=GPUS)
+    allotment = allot(problem, spec, allowed_degrees(spec, num_ranks, GPUS), GPUS, cap)
+    bound = allotment.bound()
+    target = bound * (1 + step * planner.LADDER_STEP)
+    long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > planner.LAYOUT_SHARE * bound))
+    times = planner.TimeTable(problem, spec, GPUS, long)
+    degree = packable_degrees(times, problem.lengths, allotment.degrees_at(target), target,
+                              math.inf if cap is None else cap, num_ranks, spec.degrees)
+    return problem, spec, times, degree, long, target
+
+
+@st.composite
+def giant_mixes(draw):
+    """Giants that split, long unsplit items laid out with them, short ones; budgets from none to tight."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    num_ranks = draw(st.sampled_from([8, 16, 32]))
+    giants = rng.integers(60_000, 320_000, draw(st.integers(1, num_ranks // 2)))
+    longs = rng.integers(8_000, 60_000, draw(st.integers(0, 4 * num_ranks)))
+    short = rng.integers(100, 4_000, draw(st.integers(0, 4 * num_ranks)))
+    lengths = np.concatenate((giants, longs, short))
+    tight = max(-(-int(lengths.max()) // GPUS), -(-int(lengths.sum()) // num_ranks))
+    cap = draw(st.sampled_from([None, tight + 2_000, 2 * tight]))
+    return lengths, num_ranks, cap, draw(st.sampled_from([0, 3, 7]))
+
+
+class _Scanning(planner._Blocks):
+    """The reference: every search a numpy scan of all candidates."""
+
+    def _search(self, degree, time, need, fullest):
+        return None
+
+
+def _layout(case, blocks_class, monkeypatch):
+    monkeypatch.setattr(planner, "_Blocks", blocks_class)
+    problem, spec, times, degree, long, target = layout_inputs(*case)
+    return planner.place_groups(problem, spec, GPUS, times, degree, long, target)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=giant_mixes())
+def test_place_groups_equals_the_brute_scan(case):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        found = _layout(case, planner._Blocks, monkeypatch)
+        scanned = _layout(case, _Scanning, monkeypatch)
+    assert (found is None) == (scanned is None)
+    if found is not None:
+        assert found[2] == scanned[2]
+        np.testing.assert_array_equal(found[0], scanned[0])
+        np.testing.assert_array_equal(found[1], scanned[1])
+
+
+def test_regression_overflowing_unsplit_items_scanned_every_group(monkeypatch):
+    """While degree 1 was laid out the groups' keys were not kept, so each unsplit item that overflowed
+    scanned every group of every degree with numpy (12k such scans in the `long` workload's step)."""
+    scans, overflows = [], []
+    candidates, overflow = planner._Blocks._candidates, planner._Blocks._overflow
+    monkeypatch.setattr(planner._Blocks, "_candidates", lambda self, *a: scans.append(a) or candidates(self, *a))
+    monkeypatch.setattr(planner._Blocks, "_overflow", lambda self, *a: overflows.append(a) or overflow(self, *a))
+    problem, spec, times, degree, long, target = layout_inputs([200_000, 150_000] + [50_000] * 30 + [2_000] * 40,
+                                                               16, None, 0)
+    start, degree, overflowed = planner.place_groups(problem, spec, GPUS, times, degree, long, target)
+    assert overflowed and len(overflows) == 10 and (degree[start >= 0] > 1).any()
+    assert scans == []
+
+
+def _reference_two_tiers(problem, spec, times, long, rest_work, water_level):
+    """`two_tiers` with every rank's loads and tokens kept and every token check rank by rank."""
+    widest = spec.degrees[-1]
+    cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
+    order = long[np.lexsort((long, -times(long, widest)))]
+    alone = np.array([spec.degrees[-2] if times.shard(i, spec.degrees[-2])[1] <= cap else widest
+                      for i in order.tolist()], dtype=np.int64)
+    best = None
+    for k in np.unique(np.linspace(0, order.size, TIER_STEPS + 1).astype(np.int64)).tolist():
+        if int(alone[:k].sum()) > problem.num_ranks:
+            break
+        start, degree = np.full(problem.num_items, -1), np.ones(problem.num_items, dtype=np.int64)
+        loads, tokens, position = np.zeros(problem.num_ranks), np.zeros(problem.num_ranks, dtype=np.int64), 0
+        for index in np.argsort(-alone[:k], kind="stable").tolist():
+            item, c = int(order[index]), int(alone[index])
+            start[item], degree[item], loads[position: position + c] = position, c, times.time(item, c)
+            position += c
+        groups = [(0.0, s) for s in range(-(-position // widest) * widest, problem.num_ranks - widest + 1, widest)]
+        for item in order[k:].tolist():
+            shard, aside = times.shard(item, widest)[0], []
+            while groups and not (tokens[groups[0][1]: groups[0][1] + widest] + shard <= cap).all():
+                aside.append(heapq.heappop(groups))
+            if not groups:
+                break
+            load, s = groups[0]
+            heapq.heapreplace(groups, (load + times.time(item, widest), s))
+            for entry in aside:
+                heapq.heappush(groups, entry)
+            start[item], degree[item] = s, widest
+            loads[s: s + widest] += times.time(item, widest)
+            tokens[s: s + widest] += shard
+        else:
+            estimate = max(float(loads.max()), water_level(loads, rest_work))
+            if best is None or estimate < best[2]:
+                best = (start, degree, estimate)
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=giant_mixes())
+def test_two_tiers_equals_rank_by_rank_checks(case):
+    problem, spec, times, _, long, _ = layout_inputs(*case)
+    rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
+    found = two_tiers(problem, spec, times, long, rest_work, planner.water_level)
+    reference = _reference_two_tiers(problem, spec, times, long, rest_work, planner.water_level)
+    assert (found is None) == (reference is None)
+    if found is not None:
+        assert found[2] == reference[2]
+        np.testing.assert_array_equal(found[0], reference[0])
+        np.testing.assert_array_equal(found[1], reference[1])
