@@ -78,7 +78,7 @@ def test_first_stage_parts_step_equals_simulation_and_bound_optimum_plan(case, d
                                  num_microbatches=microbatches, microbatch_overhead=overhead)
     problem = make_microbatch_problem(lengths, ranks, max_tokens_per_microbatch=budget, costs=costs,
                                       microbatch_overhead=overhead)
-    replica, slot, step = plan_for_pipeline(problem, plain.rank, plain.microbatch, microbatches, pipeline,
+    replica, slot, step, _ = plan_for_pipeline(problem, plain.rank, plain.microbatch, microbatches, pipeline,
                                             first_stage=first)
     cell = replica * microbatches + slot
     rows = [np.bincount(cell, weights=w, minlength=ranks * microbatches).reshape(ranks, -1) for w in (costs, first)]
@@ -288,7 +288,7 @@ def test_certified_step_of_the_searched_cells_is_a_fresh_account(workload, seed,
                                       microbatch_overhead=5.0)
     plain = balance_microbatches(lengths, 8, max_tokens_per_microbatch=budget, costs=costs, num_microbatches=8,
                                  microbatch_overhead=5.0)
-    replica, slot, step = plan_for_pipeline(problem, plain.rank, plain.microbatch, 8, pipeline, first_stage=first)
+    replica, slot, step, _ = plan_for_pipeline(problem, plain.rank, plain.microbatch, 8, pipeline, first_stage=first)
     fresh = pipeline_step(problem, replica, slot, 8, pipeline, step.unaware_step_time, first_stage=first)
     assert step.step_time == fresh.step_time and step.busy_fraction == fresh.busy_fraction
     assert np.array_equal(step.replica_times, fresh.replica_times)
@@ -322,7 +322,7 @@ def test_lpt_shaped_cells_end_near_the_best_shape_in_their_slots():
 
     pipeline, lengths = Pipeline(stages=8), np.ones(60, dtype=np.int64)
     problem = make_microbatch_problem(lengths, 2, max_tokens_per_microbatch=30, costs=np.ones(60))
-    replica, slot = lpt_shaped(problem, 3, pipeline)
+    replica, slot, _ = lpt_shaped(problem, 3, pipeline, 30.0)  # X̄ = Σ c / D
     cells = np.bincount(replica * 3 + slot, minlength=6).reshape(2, 3)
     shape = best_profile(pipeline, 3)[1]
     assert shape.argmin() == 0 and shape.argmax() == 1  # light first, heaviest in the middle
@@ -351,7 +351,8 @@ def test_regression_the_re_cut_ran_when_the_lpt_shaped_start_was_within_stop_gap
 @pytest.mark.parametrize("workload, ranks, seed", [("default", 16, 1), ("long_tail", 64, 2), ("speech", 32, 3)])
 def test_lpt_from_start_loads_is_the_placeholders_lpt(workload, ranks, seed):
     """`lpt.greedy_from` (LPT from each cell's start load, on integer keys) makes the choices of `lpt_cells`'
-    LPT after one placeholder of base + offset per cell, which `lpt_shaped` falls back to under the budget."""
+    LPT after one placeholder of base + offset per cell, which `lpt_shaped` falls back to under the budget, and
+    its sums (read off its keys) are the cells' costs summed in item order."""
     from orchmllm.balancers.kernels.lpt import greedy_from
     from orchmllm.balancers.microbatch.cells import lpt_cells
 
@@ -362,6 +363,25 @@ def test_lpt_from_start_loads_is_the_placeholders_lpt(workload, ranks, seed):
     offsets = np.round(offsets)
     base = 2.0 * float(problem.sorted_costs[0])
     slot_of = np.lexsort((np.arange(4), -(base + offsets)))
-    native = greedy_from(problem.sorted_costs, 4 * ranks, problem.cost_order, np.repeat(offsets[slot_of], ranks))
-    assert native is not None
+    native, sums = greedy_from(problem.sorted_costs, 4 * ranks, problem.cost_order, np.repeat(offsets[slot_of], ranks))
     np.testing.assert_array_equal(native, lpt_cells(problem, 4, offsets, base))
+    np.testing.assert_array_equal(sums, np.bincount(native, weights=problem.item_costs, minlength=4 * ranks))
+
+
+@pytest.mark.parametrize("workload, schedule, overhead, integral", [
+    ("default", "1f1b", 0.0, True), ("long_tail", "1f1b", 5.0, True), ("speech", "interleaved", 0.0, True),
+    ("default", "gpipe", 3.0, True), ("default", "1f1b", 0.0, False)])
+def test_plan_accounts_are_the_cells_own_sums(workload, schedule, overhead, integral):
+    """A pipeline plan's loads and tokens come from the planner (the LPT's exact sums, the plain cells' accounts),
+    not summed again: the same as `cell_accounts` of its cells, bit for bit."""
+    from orchmllm.balancers.microbatch.plan import cell_accounts
+
+    lengths = sample_workload(workload, 64, 24, seed=5).sample_llm_length
+    costs = (lengths.astype(np.int64) ** 2 // 7).astype(float) if integral else lengths.astype(float) ** 1.5
+    pipeline = Pipeline(stages=4, schedule=schedule, virtual_stages=2 if schedule == "interleaved" else 1)
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=max(16384, int(lengths.max())), costs=costs,
+                                microbatch_overhead=overhead, pipeline=pipeline)
+    problem = make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=plan.max_tokens_per_microbatch,
+                                      costs=costs, microbatch_overhead=overhead)
+    loads, tokens = cell_accounts(problem, plan.rank, plan.microbatch, plan.num_microbatches)
+    assert np.array_equal(plan.cell_loads, loads) and np.array_equal(plan.cell_tokens, tokens)

@@ -54,7 +54,7 @@ def test_planner_step_is_the_simulated_step_with_encoders():
     options = dict(max_tokens_per_microbatch=16384, costs=llm + encoder)
     plain = balance_microbatches(batch.sample_llm_length, replicas, num_microbatches=m, **options)
     problem = make_microbatch_problem(batch.sample_llm_length, replicas, **options)
-    replica, slot, step = plan_for_pipeline(problem, plain.rank, plain.microbatch, m, pipeline, first_stage=encoder)
+    replica, slot, step, _ = plan_for_pipeline(problem, plain.rank, plain.microbatch, m, pipeline, first_stage=encoder)
     gpu = GPUS["h100"]
     seconds_per_flop = RECOMPUTE_FACTOR / (gpu.peak_flops * gpu.kernel_efficiency)
     simulated = simulate_pipeline_step("ours", replica, slot, m, llm, encoder, pipeline, replicas, seconds_per_flop)

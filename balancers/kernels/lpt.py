@@ -106,10 +106,11 @@ def _heap_round(loads: np.ndarray, costs: np.ndarray, items: np.ndarray,
 
 
 def _key_steps(sorted_costs: np.ndarray, num_ranks: int,
-               start: np.ndarray | None = None) -> tuple[np.ndarray, int, np.ndarray] | None:
+               start: np.ndarray | None = None) -> tuple[np.ndarray, int, np.ndarray, int] | None:
     """Integer costs (largest first) as int64 key increments cost << shift, for keys
-    (load << shift) | rank, the shift and the ranks' first keys, sorted (loads 0, or `start`);
-    None unless LPT then sums every load exactly and its keys fit int64.
+    (load << shift) | rank, the shift, the ranks' first keys, sorted (loads 0, or `start`), and
+    the unit of their loads (`divisor`); None unless LPT then sums every load exactly and its
+    keys fit int64.
 
     The costs (and start loads) are first divided by the largest power of two dividing them
     all: that is exact and float rounding is scale-free, so the quotients' LPT makes the same
@@ -133,15 +134,16 @@ def _key_steps(sorted_costs: np.ndarray, num_ranks: int,
     integers <<= shift
     keys = np.arange(num_ranks, dtype=np.int64)
     if starts is not None:
-        keys = np.sort(((starts >> (divisor.bit_length() - 1)) << shift) | keys)
-    return integers, shift, keys
+        keys = np.sort(((starts >> (divisor.bit_length() - 1)) << shift) | keys, kind="stable")  # timsort merges runs
+    return integers, shift, keys, divisor
 
 
 def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: int, order: np.ndarray
-                    ) -> np.ndarray:
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """The rounds of `greedy_unpadded` on exact integer loads, every rank held as one int64 key
     (load << shift) | rank, kept sorted (from `keys`): a round is one prefix minimum, its update
-    one sort (none for full rounds of one step, which repeat while the step does)."""
+    one sort (none for full rounds of one step, which repeat while the step does); the assignment
+    and the final keys."""
     n, mask = steps.size, (1 << shift) - 1
     assignment = np.empty(n, dtype=np.int64)
     position = 0
@@ -174,7 +176,7 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
         # Keys are unique, so every sort agrees; timsort (stable) gains from their sorted runs.
         keys = np.sort(np.concatenate((topped[:placed], keys[placed:])), kind="stable")
         position += placed
-    return assignment
+    return assignment, keys
 
 
 _ROUNDS_FROM_RANKS = 32  # below, one heap loop is faster (50 000 items on 4 ranks: 18 ms vs 145 ms)
@@ -187,13 +189,22 @@ def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None 
     return _greedy_sorted(costs[order], num_ranks, order)
 
 
-def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, start: np.ndarray) -> np.ndarray | None:
-    """`greedy_unpadded` (the costs in `order`, largest first) from the ranks' loads `start` (>= 0), or None
-    unless the costs and loads make LPT's integer keys (`_key_steps`) over 32 ranks or more: the choices of
-    LPT after one pinned placeholder costing base + start[r] on every rank r, any base above every cost
+def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray,
+                start: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """`greedy_unpadded` (the costs in `order`, largest first) from the ranks' loads `start` (>= 0), and each
+    rank's Σ cost of its items (exact: `np.bincount(assignment, costs)` in any order), or None unless the costs
+    and loads make LPT's integer keys (`_key_steps`) over 32 ranks or more: the choices of LPT after one
+    pinned placeholder costing base + start[r] on every rank r, any base above every cost
     (`microbatch.cells.lpt_cells`), without them."""
     key_steps = None if num_ranks < _ROUNDS_FROM_RANKS else _key_steps(sorted_costs, num_ranks, start)
-    return None if key_steps is None else _greedy_by_keys(*key_steps, num_ranks, order)
+    if key_steps is None:
+        return None
+    steps, shift, keys, divisor = key_steps
+    assignment, keys = _greedy_by_keys(steps, shift, keys, num_ranks, order)
+    sums = np.empty(num_ranks, dtype=np.int64)
+    sums[keys & ((1 << shift) - 1)] = keys >> shift
+    sums -= start.astype(np.int64) // divisor  # whole units of `divisor`, below 2**53 (`_key_steps`)
+    return assignment, sums * float(divisor)
 
 
 def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray) -> np.ndarray:
@@ -204,7 +215,7 @@ def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray) 
         return assignment
     key_steps = _key_steps(sorted_costs, num_ranks)
     if key_steps is not None:
-        return _greedy_by_keys(*key_steps, num_ranks, order)
+        return _greedy_by_keys(*key_steps[:3], num_ranks, order)[0]
     assignment = np.empty(sorted_costs.size, dtype=np.int64)
     loads = np.zeros(num_ranks)
     n, position = sorted_costs.size, 0

@@ -237,20 +237,20 @@ def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, origi
 def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: tuple, fixed: int | None,
                   pipeline: Pipeline, record, origins: Origins | None) -> tuple:
     """`_solve`'s (result, M, floor M, bound) of `record`'s kernel, in whole groups of P for the interleaved
-    schedule (a free M rounded up), its cells planned for `pipeline`, and the `PipelineStep` they make.  With
-    `origins`, the planned replicas are placed on ranks by `assign_groups`: a permutation of replicas, so
-    every time is unchanged."""
+    schedule (a free M rounded up), its cells planned for `pipeline`, the `PipelineStep` they make, and their
+    `cell_accounts` (None once placed).  With `origins`, the planned replicas are placed on ranks by
+    `assign_groups`: a permutation of replicas, so every time is unchanged."""
     result, m, floor_m, proven = solved
     if pipeline.runnable(m) != m:
         result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=record.name,
                                             exact=record.exact)
     accounts = within_budget(problem, result, m, record.name)  # the kernel's own cells: the re-plan rebuilds them
-    rank, slot, step = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
-                                         free_microbatches=fixed is None, accounts=accounts)
+    rank, slot, step, accounts = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
+                                                   free_microbatches=fixed is None, accounts=accounts)
     if origins is not None:
         placed = assign_groups(rank, origins.sources, origins.item_bytes, problem.num_ranks, origins.gpus_per_node)
-        rank = placed[rank]
-    return result._replace(rank=rank, microbatch=slot, status=Status.FEASIBLE), m, floor_m, proven, step
+        rank, accounts = placed[rank], None
+    return result._replace(rank=rank, microbatch=slot, status=Status.FEASIBLE), m, floor_m, proven, step, accounts
 
 
 def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None, padded=False,
@@ -332,10 +332,10 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     start = time.perf_counter()
     kernel = checked_kernel(kernel, algorithm, certifies(record), built_in(record))
     result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact)
-    name, step = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None
+    name, step, accounts = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None, None
     if pipeline is not None:
-        result, m, floor_m, proven, step = _for_pipeline(problem, kernel, (result, m, floor_m, proven), fixed,
-                                                         pipeline, record, origins)
+        result, m, floor_m, proven, step, accounts = _for_pipeline(problem, kernel, (result, m, floor_m, proven),
+                                                                   fixed, pipeline, record, origins)
     if origins is not None and step is None:
         local = None if problem.padded else keep_cells_local(problem, result, m, origins)
         if local is None:
@@ -344,4 +344,4 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
         name = f"{algorithm}{LOCALITY_SUFFIX}"
     seconds = time.perf_counter() - start
     return make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,
-                                solve_seconds=seconds, pipeline=step)
+                                solve_seconds=seconds, pipeline=step, accounts=accounts)

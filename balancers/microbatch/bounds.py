@@ -65,13 +65,15 @@ def min_microbatches(lengths: np.ndarray, num_ranks: int, capacity: int,
     return max(1, -(-min_bins(lengths, capacity, longest_first) // num_ranks))
 
 
-def step_cost_bound(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, capacity: int) -> float:
-    """A Σ_m max_r load(r, m) no plan with any number of micro-batches can beat (see the module).
+def step_cost_bound(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, capacity: int,
+                    total: float | None = None) -> float:
+    """A Σ_m max_r load(r, m) no plan with any number of micro-batches can beat (see the module); `total`:
+    Σ costs correctly rounded (`exact_sum`), when the caller has it.
 
     >>> step_cost_bound(np.array([6., 6., 6., 2.]), np.array([6, 6, 6, 2]), 2, 10)
     12.0
     """
-    mean = exact_sum(np.ascontiguousarray(costs, dtype=np.float64)) / num_ranks
+    mean = (exact_sum(np.ascontiguousarray(costs, dtype=np.float64)) if total is None else total) / num_ranks
     conflicting = np.sort(costs[lengths > capacity / 2])[::-1]
     leaders = math.fsum(memoryview(np.ascontiguousarray(conflicting[::num_ranks])))
     return float(max(mean, leaders, float(costs.max()) if costs.size else 0.0))

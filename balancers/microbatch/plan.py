@@ -14,7 +14,7 @@ import numpy as np
 from ..cost import CostModel
 from ..orders import Orders
 from ..plan import call_kernel, certify, claimed_bound, integral, json_head, kernel_status, require_result, rounded_up
-from ..problem import Problem, SortedItems, Status, integer_sum, read_only, token_sums
+from ..problem import Problem, SortedItems, Status, exact_sum, integer_sum, read_only, token_sums
 from ..validation import as_index, is_real
 from .bounds import min_microbatches, step_cost_bound
 
@@ -69,9 +69,15 @@ class MicroBatchProblem(SortedItems):
         return integer_sum(self.lengths)
 
     @cached_property
+    def total_cost(self) -> float:
+        """Σ c, correctly rounded (`exact_sum`): the bounds' mean work."""
+        return exact_sum(self.item_costs)
+
+    @cached_property
     def cost_bound(self) -> float:
         """Σ_m max_r load(r, m) no plan beats, overhead excluded (`microbatch_bounds`)."""
-        return step_cost_bound(self.item_costs, self.lengths, self.num_ranks, self.max_tokens_per_microbatch)
+        return step_cost_bound(self.item_costs, self.lengths, self.num_ranks, self.max_tokens_per_microbatch,
+                               self.total_cost)
 
 
 def balancing_problem(lengths: np.ndarray, costs: np.ndarray, num_ranks: int, cap: int,
@@ -307,9 +313,12 @@ def _claimed_step_bound(problem: MicroBatchProblem, result: MicroBatchResult, lo
 
 
 def within_budget(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
-                  algorithm: str) -> tuple[np.ndarray, np.ndarray]:
-    """The (loads, tokens) of `result`'s cells; RuntimeError naming the kernel for a cell over the budget."""
-    loads, tokens = cell_accounts(problem, result.rank, result.microbatch, num_microbatches)
+                  algorithm: str, accounts: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The (loads, tokens) of `result`'s cells (`accounts` when the caller summed them already, as `cell_accounts`
+    does); RuntimeError naming the kernel for a cell over the budget."""
+    if accounts is None:
+        accounts = cell_accounts(problem, result.rank, result.microbatch, num_microbatches)
+    loads, tokens = accounts
     if tokens.size and tokens.max() > problem.max_tokens_per_microbatch:
         m, r = np.unravel_index(int(np.argmax(tokens)), tokens.shape)
         raise RuntimeError(f"algorithm {algorithm!r} put {int(tokens[m, r])} tokens in cell (rank {r}, micro-batch "
@@ -320,7 +329,7 @@ def within_budget(problem: MicroBatchProblem, result: MicroBatchResult, num_micr
 def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
                          algorithm: str, *, floor_microbatches: int | None = None,
                          proven_bound: float | None = None, solve_seconds: float = 0.0,
-                         pipeline: PipelineStep | None = None) -> MicroBatchPlan:
+                         pipeline: PipelineStep | None = None, accounts: tuple | None = None) -> MicroBatchPlan:
     """Check a kernel's cells and wrap them with loads, tokens, bound and status.
 
     The bound is `problem.cost_bound` + floor_microbatches · overhead (the proven fewest
@@ -330,11 +339,12 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     too.  A malformed result (`check_result`), a cell over the budget, or a kernel's bound
     above its own step cost is a bug of the kernel: RuntimeError, never a wrong plan handed
     on; a step cost beyond float64 is the input's (ValueError).  `pipeline`: the schedule's step of
-    these cells (`balancers.pipeline`), when planned for one.
+    these cells (`balancers.pipeline`), when planned for one; `accounts`: their (loads, tokens) as
+    `cell_accounts` sums them, when the planner has them (not summed again).
     """
     result = check_result(problem, result, num_microbatches, algorithm)
     rank, microbatch = result.rank, result.microbatch
-    loads, tokens = within_budget(problem, result, num_microbatches, algorithm)
+    loads, tokens = within_budget(problem, result, num_microbatches, algorithm, accounts)
     overhead = problem.microbatch_overhead
     cost = step_cost(loads, overhead)
     check_step_cost(cost, loads, overhead)

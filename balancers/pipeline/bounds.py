@@ -43,10 +43,11 @@ from .spec import Pipeline
 
 
 def step_bound(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, counts: np.ndarray,
-               overhead: float, first_stage: np.ndarray | None = None) -> float:
+               overhead: float, first_stage: np.ndarray | None = None, total: float | None = None) -> float:
     """A step time no plan of these items on `num_ranks` replicas beats, in any order, with any
     number of micro-batches in `counts` (see the module docstring; the best shape's bound for a
-    single count, the closed forms for several).  With `first_stage` parts e (`Pipeline.stage_times`):
+    single count, the closed forms for several); `total`: Σ `item_costs` correctly rounded (`exact_sum`),
+    when the caller has it.  With `first_stage` parts e (`Pipeline.stage_times`):
     the bound of the costs c - e spread evenly (every operation lasts at least that long), or the first
     stage's mean work Σ ((c - e) / P + e) / D + M·o / P, the larger."""
     if first_stage is not None:
@@ -58,7 +59,8 @@ def step_bound(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, count
     p, m = pipeline.stages, np.asarray(counts, dtype=np.float64)
     alpha = pipeline.forward_share
     beta = alpha * pipeline.backward_factor
-    total = exact_sum(np.ascontiguousarray(item_costs, dtype=np.float64))
+    if total is None:
+        total = exact_sum(np.ascontiguousarray(item_costs, dtype=np.float64))
     mean = total / num_ranks + m * overhead
     top = (float(np.max(item_costs)) if len(item_costs) else 0.0) + overhead
     giant_row = top + (m - 1) * overhead

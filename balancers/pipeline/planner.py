@@ -98,17 +98,19 @@ def _arrangements(cost: np.ndarray) -> list[np.ndarray]:
                                                                                       axis=1)]
 
 
-def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline) -> tuple | None:
-    """(replica, slot) per item of cells cut afresh into the schedule's best shape x (`profile.best_profile`):
+def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline, mean: float) -> tuple | None:
+    """(replica, slot) per item of cells cut afresh into the schedule's best shape x (`profile.best_profile`),
+    and their `cell_accounts` (loads, tokens), (M, D) each, where the integer LPT below summed them (else None):
     LPT over all M·D cells within the budget (`microbatch.cells.lpt_cells`), the D cells of slot k starting
-    X̄·(max x - x_k) up so that they end near X̄·x_k (X̄ = Σ c / D + M·o), replica r running cell k·D + r in
-    slot k; None where LPT finds no room.  The placeholders cost 2·max c + the offsets rounded to 2**-30 of
-    max c (to whole units below 2**30 where the costs are integers), so integer costs stay on LPT's integer
-    keys (`lpt`: loads below 2**53 units); there, and where the cells fit the budget uncapped, the same LPT
-    runs from the offsets as start loads (`lpt.greedy_from`), without the placeholders."""
+    X̄·(max x - x_k) up so that they end near X̄·x_k (X̄ = `mean` = Σ c / D + M·o), replica r running cell
+    k·D + r in slot k; None where LPT finds no room.  The placeholders cost 2·max c + the offsets rounded to
+    2**-30 of max c (to whole units below 2**30 where the costs are integers), so integer costs stay on LPT's
+    integer keys (`lpt`: loads below 2**53 units); there, and where the cells fit the budget uncapped, the
+    same LPT runs from the offsets as start loads (`lpt.greedy_from`), without the placeholders, its exact
+    sums the cells' costs."""
     m, d = num_microbatches, problem.num_ranks
     shape = best_profile(pipeline, m)[1]
-    offsets = (float(problem.item_costs.sum()) / d + m * problem.microbatch_overhead) * (shape.max() - shape)
+    offsets = mean * (shape.max() - shape)
     top = float(problem.sorted_costs[0]) if problem.num_items else 0.0
     unit = 2.0 ** (np.frexp(top)[1] - 30)
     if unit < 1 and integer_values(problem.sorted_costs) is not None:
@@ -116,12 +118,17 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     offsets = np.round(offsets / unit) * unit
     base = 2.0 * top if top > 0 else 1.0
     slot_of = np.lexsort((np.arange(m), -(base + offsets)))  # cell k·D + r holds the k-th placeholder's slot
-    cell = greedy_from(problem.sorted_costs, m * d, problem.cost_order, np.repeat(offsets[slot_of], d))
-    if cell is None or cell_token_sums(problem, cell, m * d).max() > problem.max_tokens_per_microbatch:
-        cell = lpt_cells(problem, m, offsets, base)  # capped where the budget needs it
-    if cell is None:
-        return None
-    return cell % d, slot_of[cell // d]
+    replica_of, slot_of_cell = np.tile(np.arange(d), m), np.repeat(slot_of, d)
+    greedy = greedy_from(problem.sorted_costs, m * d, problem.cost_order, np.repeat(offsets[slot_of], d))
+    if greedy is not None:
+        cell, sums = greedy
+        tokens = cell_token_sums(problem, cell, m * d)
+        if tokens.max() <= problem.max_tokens_per_microbatch:
+            in_slots = np.argsort(slot_of)  # row k: the cells run in slot k
+            return (np.take(replica_of, cell), np.take(slot_of_cell, cell),
+                    (sums.reshape(m, d)[in_slots], tokens.reshape(m, d)[in_slots]))
+    cell = lpt_cells(problem, m, offsets, base)  # capped where the budget needs it
+    return None if cell is None else (np.take(replica_of, cell), np.take(slot_of_cell, cell), None)
 
 
 def shaped_slots(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
@@ -148,18 +155,21 @@ def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: 
 def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
             pipeline: Pipeline, work: int, first_stage: np.ndarray | None = None, accounts: tuple | None = None
             ) -> tuple:
-    """(replica, slot) per item for the pipeline step, the step time of the cells as given, and the final
-    cells' (costs, first-stage parts, replica times) (`_final_cells`); `first_stage`: the part of each item's
-    cost the first stage runs alone (`Pipeline.stage_times`), or None; `accounts` as in `cell_costs`."""
+    """(replica, slot) per item for the pipeline step, the step time of the cells as given, the final
+    cells' (costs, first-stage parts, replica times) (`_final_cells`), and their `cell_accounts` where a start
+    summed them (else None); `first_stage`: the part of each item's cost the first stage runs alone
+    (`Pipeline.stage_times`), or None; `accounts` as in `cell_costs`."""
+    accounts = cell_accounts(problem, rank, microbatch, num_microbatches) if accounts is None else accounts
     cost, tokens = cell_costs(problem, rank, microbatch, num_microbatches, accounts)
     d = problem.num_ranks
     firsts = first_stage_sums(first_stage, rank, microbatch, d, num_microbatches)
+    mean = float(problem.item_costs.sum()) / d + num_microbatches * problem.microbatch_overhead  # X̄
     # the search's floor: τ·X̄ bounds every plan's step at this M (`bounds`; uniform stages, else none)
-    floor = 0.0 if firsts is not None else best_profile(pipeline, num_microbatches)[0] * (
-        float(problem.item_costs.sum()) / d + num_microbatches * problem.microbatch_overhead)
-    cells, placed, grids = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {}
+    floor = 0.0 if firsts is not None else best_profile(pipeline, num_microbatches)[0] * mean
+    cells, placed, grids, summed = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {}, {0: accounts}
     if not problem.padded:  # the items cut afresh into the best shape
-        _add_start(problem, placed, cells, lpt_shaped(problem, num_microbatches, pipeline), first_stage)
+        _add_start(problem, (placed, cells, summed), lpt_shaped(problem, num_microbatches, pipeline, mean),
+                   first_stage)
     times = _timed(pipeline, cells, {}, range(len(cells)))
     if _short(times, floor):  # whole cells arranged (costs, tokens and first-stage parts with them)
         flat, flat_tokens = cost.T.ravel(), tokens.T.ravel()
@@ -171,36 +181,41 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
         if not problem.padded and _short(times, floor):  # the dealt replicas' items re-cut into the best shape
             dealt = len(cells) - 1
             placed[dealt] = _placed(grids.pop(dealt), microbatch * d + rank, num_microbatches)
-            _add_start(problem, placed, cells, (placed[dealt][0], shaped_slots(problem, *placed[dealt],
-                                                                               num_microbatches, pipeline)),
-                       first_stage)
+            _add_start(problem, (placed, cells, summed), (placed[dealt][0], shaped_slots(
+                problem, *placed[dealt], num_microbatches, pipeline), None), first_stage)
             times = _timed(pipeline, cells, times, [len(cells) - 1])
     best = min(times, key=lambda i: (float(times[i].max()), i))
     replica, slot = placed[best] if best in placed else _placed(grids[best], microbatch * d + rank,
                                                                 num_microbatches)
     cost, tokens, firsts = cells[best]
     if not _short({best: times[best]}, floor):  # the search would stop at once (`search`)
-        return replica, slot, float(times[0].max()), (cost, firsts, times[best])
+        return replica, slot, float(times[0].max()), (cost, firsts, times[best]), summed.get(best)
     if tokens is None:
         tokens = cell_token_sums(problem, slot * d + replica, d * num_microbatches).reshape(-1, d).T
     search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, cost, tokens, replica, slot,
                         problem.max_tokens_per_microbatch, work, times[best],
                         None if firsts is None else (firsts, first_stage), floor)
     search.run()
-    return search.replica, search.slot, float(times[0].max()), _final_cells(problem, search, first_stage)
+    return search.replica, search.slot, float(times[0].max()), _final_cells(problem, search, first_stage), None
 
 
-def _add_start(problem: MicroBatchProblem, placed: dict, cells: list, items_placed: tuple | None,
-               first_stage: np.ndarray | None) -> None:
-    """A start whose items are placed (replica, slot) appended to `placed` and `cells` (its costs, summed in
-    item order, no tokens yet: the search alone needs them, and first-stage parts); none when `items_placed` is
-    None."""
-    if items_placed is None:
+def _add_start(problem: MicroBatchProblem, starts: tuple, start: tuple | None, first_stage: np.ndarray | None
+               ) -> None:
+    """A start (replica, slot per item, and its cells' `cell_accounts` or None) added to `starts` (placed, cells,
+    summed) with its cells' costs (without accounts summed in item order), tokens (without accounts None: the
+    search alone needs them) and first-stage parts; none when `start` is None."""
+    if start is None:
         return
-    (d, m), (replica, slot) = cells[0][0].shape, items_placed
-    placed[len(cells)] = items_placed
-    cost = cell_loads(problem, slot * d + replica, d * m).reshape(m, d).T + problem.microbatch_overhead
-    cells.append((cost, None, first_stage_sums(first_stage, replica, slot, d, m)))
+    (placed, cells, summed), (replica, slot, accounts) = starts, start
+    (d, m), index = cells[0][0].shape, len(cells)
+    placed[index] = (replica, slot)
+    if accounts is None:
+        cost = cell_loads(problem, slot * d + replica, d * m).reshape(m, d).T + problem.microbatch_overhead
+        tokens = None
+    else:
+        cost, tokens = cell_costs(problem, replica, slot, m, accounts)
+        summed[index] = accounts
+    cells.append((cost, tokens, first_stage_sums(first_stage, replica, slot, d, m)))
 
 
 def _final_cells(problem: MicroBatchProblem, search: CellSearch, first_stage: np.ndarray | None) -> tuple:
@@ -279,7 +294,8 @@ def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndar
     else:
         counts = np.array([num_microbatches])
     bound = min(step, step_bound(pipeline, problem.item_costs, problem.num_ranks, counts,
-                                 problem.microbatch_overhead, first_stage))
+                                 problem.microbatch_overhead, first_stage,
+                                 None if first_stage is not None else problem.total_cost))
     stages = pipeline.stages if forward.ndim == 3 else 1  # uniform stages: one stage's times stand for all
     work = np.ascontiguousarray(forward).sum() + np.ascontiguousarray(backward).sum()  # one order, whatever the layout
     busy = float(work) / (problem.num_ranks * stages * step) if step > 0 else 1.0
@@ -295,7 +311,8 @@ def work_budget(time_limit: float | None) -> int:
 
 def plan_for_pipeline(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
                       pipeline: Pipeline, *, free_microbatches: bool = False, first_stage=None, accounts=None):
-    """(replica, slot, PipelineStep) of a plain plan's cells re-planned for `pipeline` (module docstring).
+    """(replica, slot, PipelineStep, their cells' `cell_accounts`) of a plain plan's cells re-planned for
+    `pipeline` (module docstring).
 
     `first_stage`: per item, the part of its cost that the first stage runs alone (the encoders of a
     multimodal model, which sit before the LLM's layers), 0 <= it <= the item's cost; the rest is spread
@@ -304,12 +321,12 @@ def plan_for_pipeline(problem: MicroBatchProblem, rank: np.ndarray, microbatch: 
     """
     start = time.perf_counter()
     first_stage = as_first_stage(first_stage, problem)
-    replica, slot, unaware, cells = arrange(problem, rank, microbatch, num_microbatches, pipeline,
-                                            work_budget(problem.time_limit), first_stage, accounts)
+    replica, slot, unaware, cells, summed = arrange(problem, rank, microbatch, num_microbatches, pipeline,
+                                                    work_budget(problem.time_limit), first_stage, accounts)
     step = pipeline_step(problem, replica, slot, num_microbatches, pipeline, unaware,
                          free_microbatches=free_microbatches, solve_seconds=time.perf_counter() - start,
                          first_stage=first_stage, cells=cells)
-    return replica, slot, step
+    return replica, slot, step, cell_accounts(problem, replica, slot, num_microbatches) if summed is None else summed
 
 
 def as_first_stage(first_stage, problem: MicroBatchProblem) -> np.ndarray | None:
