@@ -35,7 +35,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
 
 from .agreement import ConfigMismatchError, SchemaGuard, SchemaMismatchError
 from .alltoall import FlatAllToAll
-from .comm import PeerFailureError
+from .comm import PeerFailureError, ThreadClashError
 from .context_parallel import ContextParallelError, ContextParallelLayout, SplitItem, context_parallel_attention
 from .dispatcher import DispatchPlan, PostBalancingDispatcher
 from .encoders import EncoderContractError
@@ -52,6 +52,6 @@ from .sharding import StepSharding
 __all__ = ["Assembled", "ConfigMismatchError", "ContextParallelError", "ContextParallelLayout", "DispatchPlan", "Dispatched", "EncoderContractError", "ExchangeMeta",
            "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "MultiStageRuntime", "PassRoutes",
            "PeerFailureError", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher", "Prefetcher", "SchemaGuard",
-           "SchemaMismatchError", "SplitItem", "StepInputs", "StepRoutes", "StepSharding", "accumulate",
+           "SchemaMismatchError", "SplitItem", "StepInputs", "StepRoutes", "StepSharding", "ThreadClashError", "accumulate",
            "all_reduce_gradients", "check_agreement", "context_parallel_attention", "exchange", "exchange_with_grad", "fingerprint",
            "gather_metadata", "global_count", "gradient_sync", "make_transport", "normalize_loss"]

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import is_int
-from .comm import collective, comm_device, group_rank, group_size
+from .comm import collective, comm_device, finish, group_rank, group_size
 
 
 class PlanMismatchError(RuntimeError):
@@ -241,7 +241,7 @@ class SchemaGuard:
         words = np.array([INVALID_WORD if problem is not None else schema_word(schema), plan_id], dtype=np.int64)
         folded = torch.from_numpy(np.concatenate([words, ~words])).to(comm_device(group))
         with collective(f"{self.what} header all-reduce", group):
-            dist.all_reduce(folded, op=dist.ReduceOp.MAX, group=group)
+            finish(dist.all_reduce(folded, op=dist.ReduceOp.MAX, group=group, async_op=True), group)
         largest = folded.cpu().numpy()
         if np.array_equal(largest[:2], ~largest[2:]):  # every rank's largest word is its smallest too
             if problem is not None:
@@ -249,7 +249,8 @@ class SchemaGuard:
             return
         gathered = [torch.empty_like(folded[:2]) for _ in range(group_size(group))]
         with collective(f"{self.what} header all-gather", group):
-            dist.all_gather(gathered, torch.from_numpy(words).to(folded.device), group=group)
+            finish(dist.all_gather(gathered, torch.from_numpy(words).to(folded.device), group=group, async_op=True),
+                   group)
         rows = np.stack([row.cpu().numpy() for row in gathered])
         rank = group_rank(group)
         plans = disagreement(rows[:, 1].tolist(), f"{self.what}: the plan", rank,

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .comm import group_rank, group_size
+from .comm import finish, group_rank, group_size
 
 
 class Flows:
@@ -94,5 +94,6 @@ class FlatAllToAll:
             return buffer
         receive = flows.column(rank)
         output = buffer.new_empty(int(receive.sum()))
-        dist.all_to_all_single(output, buffer, receive.tolist(), send.tolist(), group=self.group)
+        finish(dist.all_to_all_single(output, buffer, receive.tolist(), send.tolist(), group=self.group, async_op=True),
+               self.group)
         return output

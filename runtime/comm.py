@@ -39,45 +39,144 @@ class PeerFailureError(RuntimeError):
     """A collective failed on this rank: a peer died or did not reach the call within the process group's timeout."""
 
 
-_running: dict = {}  # process group -> (thread, phase) of the collective a thread of this process runs on it
-_running_lock = threading.Lock()
+class ThreadClashError(RuntimeError):
+    """Two threads of one process ran the runtime's collectives on one process group.  Refused before the
+    collective is posted on the rank that sees it, which publishes the refusal on the store; a collective of
+    that group waiting on another rank reads it within `CLASH_POLL` (gloo) and stops too.  The group is
+    unusable afterwards (its ranks' collectives no longer pair)."""
+
+
+CLASH_POLL = datetime.timedelta(seconds=1)  # how often a waiting gloo collective looks for a peer's refusal
+_REFUSAL_KEY = "orchmllm/thread-clash/"  # + the group's name: a store key every rank of the world reads
+
+_owners: dict = {}  # process group -> (thread, phase): the thread that ran the runtime's first collective on it
+_running: dict = {}  # process group -> (thread, phase) of the collective a thread of this process runs on it now
+_refused: dict = {}  # process group -> the refusal (this rank's or a peer's) that made it unusable
+_lock = threading.Lock()
+_backward = threading.local()  # `.active`: this thread runs autograd's backward (GPUs run it on a thread of their own)
+
+
+@contextlib.contextmanager
+def backward_collectives():
+    """Collectives in the body belong to an autograd backward, which on GPUs runs on autograd's device
+    threads: they take no ownership of their group nor need it (the overlap check still holds)."""
+    outer, _backward.active = getattr(_backward, "active", False), True
+    try:
+        yield
+    finally:
+        _backward.active = outer
+
+
+def _clash(phase: str, key, me: threading.Thread) -> str | None:
+    """Why thread `me` may not run `phase` on the group `key` now (called under `_lock`), or None."""
+    if key in _refused:
+        return f"the {phase} on a process group that a refusal made unusable ({_refused[key]})"
+    running = _running.get(key)
+    if running is not None and running[0] is not me:
+        return (f"the {phase} on thread {me.name!r} while thread {running[0].name!r} runs the {running[1]} on the "
+                f"same process group")
+    owner = _owners.get(key)
+    if (owner is not None and owner[0] is not me and owner[0].is_alive()
+            and not getattr(_backward, "active", False)):
+        return (f"the {phase} on thread {me.name!r} while thread {owner[0].name!r}, which ran the runtime's first "
+                f"collective on this process group (the {owner[1]}), lives and holds it")
+    return None
+
+
+def _refuse(why: str, group, key) -> ThreadClashError:
+    """The refusal of `why` on this rank, recorded and published on the store for the group's other ranks
+    (the first refusal of a group stays)."""
+    message = (f"rank {group_rank(group)}: {why}: two threads' collectives on one group meet in no set order "
+               f"across ranks (they deadlock until the group's timeout, or pair unlike calls); run a group's "
+               f"collectives on one thread: plan on another thread with `metadata_group=` a group of its own "
+               f"(`dist.new_group()`), or use `orchmllm.runtime.Prefetcher`")
+    _refused.setdefault(key, message)
+    with contextlib.suppress(Exception):  # no store (a custom backend): the other ranks time out as before
+        dist.distributed_c10d._get_default_store().compare_set(_REFUSAL_KEY + key.group_name, "", message)
+    return ThreadClashError(message)
 
 
 @contextlib.contextmanager
 def _one_thread(phase: str, group):
-    """Record that this thread runs `phase` on `group`; a RuntimeError, before any collective is posted, when
-    another thread of this process runs one on that group now: collectives of a group must be issued in one
-    order on every rank, which two threads do not keep (the ranks deadlock, or gloo pairs unlike calls)."""
+    """Claim `group` for this thread while it runs `phase`; a `ThreadClashError`, before any collective is
+    posted, where another thread of this process runs one on it now or holds it (ran its first collective
+    and lives; backward excepted): collectives of a group must be issued in one order on every rank, which
+    two threads do not keep.  Holding makes the refusal the same on every rank whatever the timing."""
     key = dist.group.WORLD if group is None else group
     me = threading.current_thread()
-    with _running_lock:
+    with _lock:
+        why = _clash(phase, key, me)
+        if why is not None:
+            raise _refuse(why, group, key)
         other = _running.get(key)
-        if other is not None and other[0] is not me:
-            raise RuntimeError(
-                f"rank {group_rank(group)}: the {phase} on thread {me.name!r} while thread {other[0].name!r} runs "
-                f"the {other[1]} on the same process group: two threads' collectives on one group meet in no set "
-                f"order across ranks (they deadlock until the group's timeout); plan on another thread with "
-                f"`metadata_group=` a group of its own (`dist.new_group()`), or use `orchmllm.runtime.Prefetcher`")
         _running[key] = (me, phase)
+        owner = _owners.get(key)
+        if not getattr(_backward, "active", False) and (owner is None or not owner[0].is_alive()):
+            _owners[key] = (me, phase)
     try:
         yield
     finally:
-        with _running_lock:
+        with _lock:
             if other is None:
                 del _running[key]
             else:
                 _running[key] = other
 
 
+def _published_refusal(group) -> str | None:
+    """A refusal another rank published for `group` (one store request), or None."""
+    key = dist.group.WORLD if group is None else group
+    store = dist.distributed_c10d._get_default_store()
+    name = _REFUSAL_KEY + key.group_name
+    if not store.check([name]):
+        return None
+    refusal = store.get(name).decode()
+    with _lock:
+        _refused.setdefault(key, refusal)
+    return refusal
+
+
+def finish(work, group=None) -> None:
+    """Wait for `work`, an async collective of `group` (or of a subgroup its transport made).  On gloo the
+    wait wakes every `CLASH_POLL` to look for a refusal a peer published (`ThreadClashError`): a rank whose
+    collective its peer will never post stops within a second or so, not at the group's timeout.  A wait
+    that ends sooner costs what the blocking call costs (the same wait on the same condition); other
+    backends (NCCL) wait as the blocking call does."""
+    if dist.get_backend(group) != "gloo":
+        work.wait()
+        return
+    while True:
+        try:
+            work.wait(timeout=CLASH_POLL)
+            return
+        except RuntimeError:
+            if work.is_completed():  # the collective's own failure (a peer died, the group's timeout)
+                break
+        refusal = _published_refusal(group)
+        if refusal is not None:
+            raise ThreadClashError(refusal)
+    work.wait()
+
+
 @contextlib.contextmanager
 def collective(phase: str, group=None):
-    """Run the body's collective, re-raising its failure (gloo's closed connection or timeout, NCCL's
-    DistBackendError) as `PeerFailureError` naming `phase` and the group's size; refused at once where
-    another thread of this process runs a collective on the same group (`_one_thread`)."""
+    """Run the body's collective (posted with `async_op=True` and waited with `finish`), re-raising its
+    failure (gloo's closed connection or timeout, NCCL's DistBackendError) as `PeerFailureError` naming
+    `phase` and the group's size; refused at once where another thread of this process runs a collective
+    on the same group or holds it (`_one_thread`), and stopped where a peer published such a refusal."""
     with _one_thread(phase, group):
         try:
             yield
+        except ThreadClashError as error:
+            raise ThreadClashError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks stopped: "
+                                   f"a rank refused a collective of this group: {error}") from None
         except RuntimeError as error:
+            refusal = None
+            with contextlib.suppress(Exception):  # the store went with its host rank
+                refusal = _published_refusal(group)
+            if refusal is not None:  # the refusing rank left (its sockets closed) before this one read it
+                raise ThreadClashError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks "
+                                       f"failed: a rank refused a collective of this group: {refusal}") from error
             raise PeerFailureError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks failed; a "
                                    f"peer died or did not reach the call within the process group's timeout (or "
                                    f"two threads of a rank ran collectives on this group at once: plan on another "

@@ -38,7 +38,7 @@ import torch
 from ..balancers.validation import is_int
 from .agreement import PieceSchema, SchemaGuard
 from .alltoall import FlatAllToAll, Flows
-from .comm import collective
+from .comm import backward_collectives, collective
 
 
 def _as_ranks(values, name: str, world_size: int) -> np.ndarray:
@@ -342,7 +342,8 @@ class _Exchange(torch.autograd.Function):
             grad = grads[n] if grads[n] is not None else torch.zeros(shape, dtype=dtype, device=device)
             meta, rows, *_ = ctx.routes[n]
             pieces.append(Piece(meta.inverse(), grad, rows))
-        returned = exchange(pieces, ctx.transport, ctx.stats)
+        with backward_collectives():
+            returned = exchange(pieces, ctx.transport, ctx.stats)
         input_grads = [None] * len(ctx.shapes)
         for n, grad in zip(differentiable, returned):
             input_grads[n] = grad

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from ..balancers.validation import is_int
 from .agreement import disagreement
 from .alltoall import FlatAllToAll, Flows, check_buffer
-from .comm import comm_device, group_rank, group_size
+from .comm import comm_device, finish, group_rank, group_size
 
 
 def _regroup(buffer: torch.Tensor, have: list, want: list, sizes: dict) -> torch.Tensor:
@@ -116,7 +116,8 @@ class HierarchicalAllToAll:
             output = buffer
         else:
             output = buffer.new_empty(sum(recv_splits))
-            dist.all_to_all_single(output, buffer, recv_splits, send_splits, group=subgroup)
+            finish(dist.all_to_all_single(output, buffer, recv_splits, send_splits, group=subgroup, async_op=True),
+                   self.group)
         return output, [key for p in positions for key in recv_keys[p]]
 
     def __call__(self, buffer: torch.Tensor, flows: Flows) -> torch.Tensor:

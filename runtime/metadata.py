@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..balancers.validation import as_non_negative_integers
 from .agreement import ConfigMismatchError, PlanMismatchError, disagreement, fingerprint, options_that_differ, words_of
-from .comm import collective, comm_device, group_rank, group_size
+from .comm import collective, comm_device, finish, group_rank, group_size
 
 __all__ = ["ConfigMismatchError", "GatheredMetadata", "PeerInputError", "PlanMismatchError", "as_table",
            "check_agreement", "fingerprint", "gather_metadata", "join_failed"]
@@ -91,7 +91,7 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     shape = torch.from_numpy(np.concatenate([np.array(table.shape, dtype=np.int64), words])).to(device)
     shapes = [torch.empty_like(shape) for _ in range(size)]
     with collective(f"metadata all-gather ({what})", group):
-        dist.all_gather(shapes, shape, group=group)
+        finish(dist.all_gather(shapes, shape, group=group, async_op=True), group)
     shapes = np.stack([s.cpu().numpy() for s in shapes])
     if words.size:
         failed = [rank for rank, row in enumerate(shapes) if not row[2:].any()]
@@ -119,7 +119,7 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     padded[: table.shape[0]] = torch.from_numpy(table).to(device)
     tables = [torch.empty_like(padded) for _ in range(size)]
     with collective(f"metadata all-gather ({what})", group):
-        dist.all_gather(tables, padded, group=group)
+        finish(dist.all_gather(tables, padded, group=group, async_op=True), group)
     values = np.concatenate([t.cpu().numpy()[:c] for t, c in zip(tables, counts.tolist())])
     values.setflags(write=False)
     counts.setflags(write=False)
@@ -147,7 +147,7 @@ def gather_digests(digest: bytes, group=None) -> list[bytes]:
     mine = torch.tensor(list(digest), dtype=torch.uint8, device=comm_device(group))
     digests = [torch.empty_like(mine) for _ in range(group_size(group))]
     with collective("digest all-gather", group):
-        dist.all_gather(digests, mine, group=group)
+        finish(dist.all_gather(digests, mine, group=group, async_op=True), group)
     return [bytes(d.cpu().tolist()) for d in digests]
 
 def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:

@@ -36,7 +36,7 @@ from ..balancers.problem import as_lengths, integer_sum
 from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
 from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
-from .comm import collective, comm_device, group_rank, group_size, is_distributed
+from .comm import collective, comm_device, finish, group_rank, group_size, is_distributed
 
 AGREEMENT = ("BalancedDistributedSampler's epoch agreement all-gather (every process of `group` iterates the "
              "sampler, or passes check_agreement=False)")  # what a dead or stalled peer's error names
@@ -199,7 +199,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         mine = torch.from_numpy(np.append(words_of(digest), self.rank)).to(comm_device(self.group))
         gathered = [torch.empty_like(mine) for _ in range(group_size(self.group))]
         with collective(AGREEMENT, self.group):
-            dist.all_gather(gathered, mine, group=self.group)
+            finish(dist.all_gather(gathered, mine, group=self.group, async_op=True), self.group)
         rows = np.stack([row.cpu().numpy() for row in gathered])
         problems = [self._rank_problem(rows[:, -1].tolist())]
         differ = disagreement([row[:-1].tobytes() for row in rows], "BalancedDistributedSampler configuration",

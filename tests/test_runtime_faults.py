@@ -191,40 +191,55 @@ def test_regression_a_dead_peer_gave_gloo_text_naming_neither_the_collective_nor
                                   f"call within the process group's timeout"), o.value
 
 
-def plan_on_a_thread_of_ones_own_job(rank, size):
-    """Rank 0 plans the next step on a thread of its own (no `metadata_group`), whose metadata all-gather waits
-    for rank 1's, and meanwhile dispatches this step on the training thread, on the same group; rank 1's
-    training thread waits (so no collective of it meets one of another kind), then it plans as rank 0 did."""
+def plan_ahead_on_a_thread_of_ones_own_job(rank, size):
+    """Each rank plans step 0, then plans step 1 on a thread pool of its own (no `metadata_group`, so on the
+    training group) while its training thread dispatches step 0.  The two ranks meet the two collectives in the
+    two orders one run of probe7's P7-09 saw: rank 0's pool thread enters first, rank 1's training thread.
+    Returns what each rank raised and when (seconds from the dispatch, the collective timeout being 20 s)."""
     from concurrent.futures import ThreadPoolExecutor
 
     dispatcher = PostBalancingDispatcher(per_item_keys=("sid",))
     lengths = LENGTHS[rank]
     plan = dispatcher.plan(lengths)
     batch = {"sid": torch.arange(len(lengths)), "tok": torch.zeros(sum(lengths))}
-    with ThreadPoolExecutor(1, thread_name_prefix="own-prefetch") as pool:
-        if rank == 1:
-            time.sleep(2.0)
-        ahead = pool.submit(dispatcher.plan, lengths)
-        refused = None
-        if rank == 0:
-            time.sleep(0.5)  # the thread's all-gather now waits for rank 1's
-            start = time.perf_counter()
-            try:
-                dispatcher.dispatch(batch, plan)
-            except RuntimeError as error:
-                refused = (str(error), time.perf_counter() - start)
-        return refused, ahead.result(timeout=30).num_microbatches
+
+    def plan_ahead():
+        time.sleep(1.0 if rank else 0.0)
+        return dispatcher.plan(lengths)
+
+    start = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="own-prefetch") as pool:
+            ahead = pool.submit(plan_ahead)
+            time.sleep(0.5 if rank == 0 else 0.0)
+            dispatcher.dispatch(batch, plan)
+            ahead.result()
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        outcome = type(error).__name__, str(error), time.perf_counter() - start
+    else:
+        outcome = "no error", "", time.perf_counter() - start
+    time.sleep(3.0)  # the refusing rank stays (its sockets open) until its peer has read its refusal
+    return outcome
 
 
-def test_regression_a_plan_on_a_thread_of_ones_own_deadlocked_the_training_threads_exchange():
-    """Cause (probe6 P6-17): `plan()` submitted to a thread pool of one's own, not orchmllm's Prefetcher, ran its
-    metadata all-gather on the training group while the training thread's dispatch ran its header all-reduce
-    there: the ranks met the two collectives in no set order and blocked until the process group's timeout, then
-    blamed a dead peer.  The second thread to enter a collective of a group is now refused at once."""
-    outcomes = run_processes(plan_on_a_thread_of_ones_own_job, 2, timeout_s=60, collective_timeout_s=20)
+def test_regression_two_threads_on_one_group_stopped_one_rank_and_its_peer_waited_out_the_timeout():
+    """Cause (probe6 P6-17, probe7 P7-09): the refusal of a second thread's collective on a group was local to
+    the rank that saw the threads overlap.  Its peer, whose threads ran one after the other, waited in a
+    collective the refusing rank never posted until the group's timeout (30 min by default) and blamed a dead
+    peer; the refusing rank waited as long too, joining its thread stuck in the other collective.  Now the
+    thread that ran a group's first runtime collective holds it (every rank refuses another thread's, before
+    posting it), and a refusal is published on the store, where a waiting gloo collective reads it."""
+    outcomes = run_processes(plan_ahead_on_a_thread_of_ones_own_job, 2, timeout_s=60, collective_timeout_s=20)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    (message, seconds), count = outcomes[0].value
-    assert outcomes[1].value == (None, 1) and count == 1 and seconds < 1.0
-    assert message.startswith("rank 0: the dispatch header all-reduce on thread 'MainThread' while thread "
-                              "'own-prefetch_0' runs the metadata all-gather"), message
-    assert "`metadata_group=` a group of its own" in message and "orchmllm.runtime.Prefetcher" in message
+    refusal = ("rank 0: the metadata all-gather (dispatcher configuration) on thread 'own-prefetch_0' while thread "
+               "'MainThread', which ran the runtime's first collective on this process group (the metadata "
+               "all-gather (dispatcher configuration)), lives and holds it: two threads' collectives on one group "
+               "meet in no set order across ranks")
+    for o in outcomes:
+        kind, message, seconds = o.value
+        assert kind == "ThreadClashError" and seconds < 5.0, o.value
+        assert refusal in message and "`metadata_group=` a group of its own" in message, message
+    assert outcomes[0].value[1].startswith("rank 0: the dispatch header all-reduce on a process group that a "
+                                           "refusal made unusable (rank 0: the metadata all-gather"), outcomes[0].value
+    assert outcomes[1].value[1].startswith("rank 1: the dispatch header all-reduce over 2 ranks stopped: a rank "
+                                           "refused a collective of this group: rank 0:"), outcomes[1].value
