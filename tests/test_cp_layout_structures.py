@@ -94,6 +94,21 @@ def test_regression_overflowing_unsplit_items_scanned_every_group(monkeypatch):
     assert scans == []
 
 
+
+def test_regression_searches_short_of_tokens_fell_back_to_scans(monkeypatch):
+    """Cause: a search counted every candidate short of tokens as a probe and, past BEST_FIT_PROBES, scanned
+    them all with numpy, item after item (5.4k scans of 2560 ranks in the `long` workload's step): now the
+    candidates surely short leave the keys until a search for a shard they may hold."""
+    scans = []
+    candidates = planner._Blocks._candidates
+    monkeypatch.setattr(planner._Blocks, "_candidates", lambda self, *a: scans.append(a) or candidates(self, *a))
+    lengths = [198_687, 309_052, 165_180, 30_268, 48_248, 46_136, 44_446, 34_529, 3_255, 1_100, 219, 813, 300,
+               3_607, 3_925, 1_389, 1_771, 3_517, 482]
+    problem, spec, times, degree, long, target = layout_inputs(lengths, 16, 58_058, 0)
+    start, degree, _ = planner.place_groups(problem, spec, GPUS, times, degree, long, target)
+    assert (degree[start >= 0] > 1).any()
+    assert scans == []
+
 def _reference_two_tiers(problem, spec, times, long, rest_work, water_level):
     """`two_tiers` with every rank's loads and tokens kept and every token check rank by rank."""
     widest = spec.degrees[-1]

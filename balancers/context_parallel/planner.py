@@ -22,6 +22,7 @@ search that follows is `search.py`.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 
 import numpy as np
@@ -108,21 +109,18 @@ class _Blocks:
         self.group_of: list[tuple[int, int] | None] = [None] * problem.num_ranks  # rank -> its group's (degree, start)
         # a group's block start -> (lower, upper) bounds on the tokens of its fullest rank
         self.most_tokens: dict[int, tuple[int, int]] = {}
-        self.least_length = 0  # the fewest tokens an item of the degree being laid out holds
-        # (degree, key) of the groups no shard of an item of that degree being laid out fits any more, out of the search
-        self.full: list[tuple[int, tuple[float, int]]] = []
-        self.newly_full: list[tuple[int, tuple[float, int]]] = []  # found full by the last search, out at the next
+        # degree -> heap of (-room, key position) of the candidates out of its keys: a search for a shard of
+        # more than `room` tokens found them short (the room a rank has, or the most a group's fullest may)
+        self.parked: dict[int, list[tuple[int, int]]] = {}
+        self.parked_ids: set[tuple[int, int]] = set()  # (degree, key position) of the parked candidates
+        self.newly_parked: list[tuple[int, tuple[float, int]]] = []  # (degree, key) found short by this search
 
-    def open(self, degree: int, least_length: int) -> None:
-        """Start laying out `degree`, whose items hold at least `least_length` tokens: its free blocks (the
-        larger degrees' groups are placed); the previous degree's full groups back in their keys (a shard of
-        a later item may be smaller)."""
-        self._take_out_full()
-        for c, key in self.full:
-            bisect.insort(self.keys[c], key)
+    def open(self, degree: int) -> None:
+        """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
         self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
-        self.degree, self.least_length, self.full = degree, least_length, []
+        self.degree = degree
         self.keys[degree] = None if degree == 1 else []  # every rank's key, made when an item needs them
+        self.parked[degree] = []
 
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
         """(peak load of each block after the item, whether its shards' tokens fit; the item's time
@@ -162,9 +160,8 @@ class _Blocks:
                 if self._token_room(degree, start, need):
                     best = position if best < 0 else min(best, position)
                     break
-                low = self.most_tokens[start][0] if degree > 1 else 0
-                if self.degree > 1 and degree > 1 and low + self.least_length // degree > self.cap:
-                    self.newly_full.append((degree, (load, position)))  # fits no later item of this degree either
+                if self._room(degree, start) < self._least_need(degree, need):  # short of any shard this size
+                    self.newly_parked.append((degree, (load, position)))
                     continue
                 probes[0] += 1
                 if probes[0] > BEST_FIT_PROBES:
@@ -172,13 +169,39 @@ class _Blocks:
             lo = end
         return best
 
+    def _room(self, degree: int, start: int) -> int | float:
+        """The most tokens a shard may add on the block at `start` (of a group: its fullest rank's, at most)."""
+        return self.cap - (self.tokens[start] if degree == 1 else self.most_tokens[start][0])
+
+    @staticmethod
+    def _least_need(degree: int, need: tuple[np.ndarray, int, int]) -> int:
+        """Tokens of shards `need` that a candidate with less `_room` surely lacks."""
+        return need[1] if degree == 1 else need[2]
+
     def _search(self, degree: int, time: float, need: tuple, fullest: bool) -> tuple[float, int] | None:
         """(peak, position) of the candidate of `degree` whose tokens fit with the highest peak within
         the target (`fullest`) or else the lowest peak, the least position among equal peaks; (inf, -1)
-        when none fits; None when too many failed the token check (then scan them all).  Peaks rise
-        with loads, so a run of equal peaks is a run of equal loads, widened where float rounding
-        gives another load the same peak."""
-        self._take_out_full()
+        when none fits; None when too many failed the token check (then scan them all).
+
+        Candidates found surely short of tokens leave the keys (parked, by their room) until a search
+        for shards they may hold: tokens only grow, so they lack room for any larger shard meanwhile."""
+        parked, least = self.parked[degree], self._least_need(degree, need)
+        while parked and -parked[0][0] >= least:
+            _, position = heapq.heappop(parked)
+            self.parked_ids.discard((degree, position))
+            bisect.insort(self.keys[degree], self._key(degree, self._start(degree, position)))
+        found = self._scan(degree, time, need, fullest)
+        for c, key in self.newly_parked:
+            keys = self.keys[c]
+            del keys[bisect.bisect_left(keys, key)]
+            heapq.heappush(parked, (-self._room(c, self._start(c, key[1])), key[1]))
+            self.parked_ids.add((c, key[1]))
+        self.newly_parked = []
+        return found
+
+    def _scan(self, degree: int, time: float, need: tuple, fullest: bool) -> tuple[float, int] | None:
+        """`_search` over the keys.  Peaks rise with loads, so a run of equal peaks is a run of equal
+        loads, widened where float rounding gives another load the same peak."""
         keys, target, probes = self.keys[degree], self.target, [0]
         if fullest and (not keys or keys[0][0] + time > target):  # no candidate within the target
             return math.inf, -1
@@ -209,14 +232,6 @@ class _Blocks:
                 return None if position is None else (peak, position)
             begin = stop
         return math.inf, -1
-
-    def _take_out_full(self) -> None:
-        """Take the groups the last search found full out of their degree's keys."""
-        for c, key in self.newly_full:
-            keys = self.keys[c]
-            del keys[bisect.bisect_left(keys, key)]
-        self.full.extend(self.newly_full)
-        self.newly_full = []
 
     def _start(self, degree: int, position: int) -> int:
         return position if degree == 1 else self.groups[degree][position]
@@ -311,6 +326,8 @@ class _Blocks:
             self.most_tokens[group[1]] = (max(low, held), max(high, held))
             self.peak[group[1]] = max(self.peak[group[1]], float(self.loads[start]))
         for (c, s), key in zip(moved, before):
+            if (c, s if c == 1 else self.position[s]) in self.parked_ids:  # its key is made when it comes back
+                continue
             keys = self.keys[c]
             del keys[bisect.bisect_left(keys, key)]
             bisect.insort(keys, self._key(c, s))
@@ -329,7 +346,7 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
     blocks = _Blocks(problem, spec, gpus_per_node, times, target)
     for c in sorted(set(degree[degree > 1].tolist()), reverse=True) + [1] * (spec.degrees[0] == 1):
         items = np.flatnonzero(degree == c) if c > 1 else long[degree[long] == 1]
-        blocks.open(c, int(problem.lengths[items].min(initial=0)))
+        blocks.open(c)
         order = np.lexsort((items, -times(items, c)))
         for item in items[order].tolist():
             if blocks.place(item, c) < 0:
