@@ -282,14 +282,15 @@ def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int,
     sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
     costs, lengths = state.costs[waiting], state.lengths[waiting]
     rounds, num_ranks = 0, state.loads.size
+    slack = 4 * np.finfo(np.float64).eps * state.target
     while rounds < allowed and waiting.size:
         if sorted_tokens[0] + lengths[0] <= state.cap:
             break
-        room = sorted_tokens + lengths[0] <= state.cap
-        if not room.any():
+        position = int(np.argmax(sorted_tokens + lengths[0] <= state.cap))
+        if sorted_tokens[position] + lengths[0] > state.cap:  # no rank has token room
             break
-        position = int(np.argmax(room))
         paired = min(waiting.size, num_ranks)
+        paired = min(paired, _below(sorted_loads, state.target - costs[paired - 1], slack))
         pairs = np.flatnonzero((sorted_loads[1:paired] + costs[1:paired] <= state.target)
                                & (sorted_tokens[1:paired] + lengths[1:paired] <= state.cap)) + 1
         if pairs.size and _deal_keeps(state, sorted_loads, costs, pairs, margin):
@@ -311,6 +312,13 @@ def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int,
             values[position:end] = values[position + 1: end + 1]
             values[end] = value
     return waiting, rounds
+
+
+def _below(sorted_loads: np.ndarray, bound: float, slack: float) -> int:
+    """How many of `sorted_loads` (ascending) are at most `bound` + `slack`: the k-th waiting item fits
+    (load + cost <= target, rounded) only on ranks below target - cost + slack, and the costs descend,
+    so the pairs of a round lie in that prefix of the ranks."""
+    return int(np.searchsorted(sorted_loads, bound + slack, side="right"))
 
 
 def _deal_keeps(state: PartialPlan, sorted_loads: np.ndarray, costs: np.ndarray, pairs: np.ndarray,
