@@ -385,3 +385,24 @@ def test_plan_accounts_are_the_cells_own_sums(workload, schedule, overhead, inte
                                       costs=costs, microbatch_overhead=overhead)
     loads, tokens = cell_accounts(problem, plan.rank, plan.microbatch, plan.num_microbatches)
     assert np.array_equal(plan.cell_loads, loads) and np.array_equal(plan.cell_tokens, tokens)
+
+
+def test_regression_the_shaped_lpt_converted_the_costs_to_integers_again(monkeypatch):
+    """Regression (planning time at D = 2560): the shaped LPT (`lpt.greedy_from`) checked and converted the
+    sorted costs to integer steps again, right after the plain planner's LPT had over the same read-only costs;
+    now it reuses that LPT's steps (`lpt._LastUnits`), the same plan."""
+    from orchmllm.balancers.kernels import lpt
+
+    lengths = np.random.default_rng(0).integers(200, 3000, 64 * 24)  # no item above a cell's mean: flat levels
+    costs = (lengths.astype(np.int64) ** 2 // 7).astype(float)
+    converted = []
+    integer_values = lpt.integer_values
+    monkeypatch.setattr(lpt, "integer_values", lambda values: converted.append(values.size) or integer_values(values))
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, costs=costs, pipeline=Pipeline(stages=8))
+    assert converted.count(lengths.size) == 1
+    monkeypatch.setattr(lpt, "_KEPT_UNITS", lpt._LastUnits())
+    monkeypatch.setattr(lpt._LastUnits, "keep", lambda *args: None)  # every LPT converts afresh
+    again = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, costs=costs, pipeline=Pipeline(stages=8))
+    assert converted.count(lengths.size) == 3
+    assert np.array_equal(plan.rank, again.rank) and np.array_equal(plan.microbatch, again.microbatch)
+    assert plan.pipeline.step_time == again.pipeline.step_time

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import functools
 import heapq
+import weakref
 
 import numpy as np
 
 from ..problem import (InfeasibleError, KernelResult, Problem, integer_keys_fit, integer_values, rank_tokens,
-                       sorted_order)
+                       read_only, sorted_order)
 
 
 def integer_loads(costs: np.ndarray, num_ranks: int) -> bool:
@@ -119,23 +120,68 @@ def _key_steps(sorted_costs: np.ndarray, num_ranks: int,
     each sum up to then is exact below 2**53).  The float totals are within a factor
     1 ± n·2**-53 of the exact ones: twice the bound covers them.
     """
-    integers = integer_values(sorted_costs)
+    kept = _KEPT_UNITS.get(sorted_costs)
+    if kept is None:
+        integers = integer_values(sorted_costs)
+        if integers is None:
+            return None
+        kept = (integers, int(np.bitwise_or.reduce(integers)), float(sorted_costs.sum()), None)
+    integers, cost_bits, total, steps_made = kept
     starts = None if start is None else integer_values(start)
-    if integers is None or (start is not None and starts is None):
+    if start is not None and starts is None:
         return None
-    bits = int(np.bitwise_or.reduce(integers)) | (0 if starts is None else int(np.bitwise_or.reduce(starts)))
+    bits = cost_bits | (0 if starts is None else int(np.bitwise_or.reduce(starts)))
     divisor = bits & -bits if bits else 1
     shift = max(num_ranks - 1, 1).bit_length()
     begun = 0.0 if start is None else float(start.sum()) / num_ranks + float(start.max())
-    most = 2.0 * (float(sorted_costs.sum()) / num_ranks + float(sorted_costs[0]) + begun) / divisor
+    most = 2.0 * (total / num_ranks + float(sorted_costs[0]) + begun) / divisor
     if most >= 2.0**53 or most * 2.0**shift >= 2.0**62:
         return None
-    integers >>= divisor.bit_length() - 1
-    integers <<= shift
+    exponent = divisor.bit_length() - 1
+    if steps_made is not None and steps_made[:2] == (exponent, shift):
+        steps = steps_made[2]
+    else:
+        steps = read_only((integers >> exponent) << shift)
+        _KEPT_UNITS.keep(sorted_costs, (integers, cost_bits, total, (exponent, shift, steps)))
     keys = np.arange(num_ranks, dtype=np.int64)
     if starts is not None:
-        keys = np.sort(((starts >> (divisor.bit_length() - 1)) << shift) | keys, kind="stable")  # timsort merges runs
-    return integers, shift, keys, divisor
+        keys = np.sort(((starts >> exponent) << shift) | keys, kind="stable")  # timsort merges runs
+    return steps, shift, keys, divisor
+
+
+class _LastUnits:
+    """The integer form `_key_steps` made of the last read-only sorted costs it was given (their int64
+    values, bits, float total, and the steps of one shift), for the next call over the same memory: the
+    pipeline planner's shaped LPT (`greedy_from`) runs over the sorted costs (a problem's kept order,
+    `orders.sealed`: views of a read-only owner) that the plain planner's LPT converted just before.  One
+    entry, replaced whole (a thread sees the old or the new one, each checked against the array's owner and
+    place in it), dropped with its owner."""
+
+    def __init__(self):
+        self.entry = None
+
+    def get(self, sorted_costs: np.ndarray) -> tuple | None:
+        entry, (owner, place) = self.entry, _memory(sorted_costs)
+        return entry[2] if entry is not None and entry[0]() is owner and entry[1] == place else None
+
+    def keep(self, sorted_costs: np.ndarray, units: tuple) -> None:
+        owner, place = _memory(sorted_costs)
+        if isinstance(owner, np.ndarray) and not (sorted_costs.flags.writeable or owner.flags.writeable):
+            self.entry = (weakref.ref(owner, self._forget), place, units)
+
+    def _forget(self, reference) -> None:
+        entry = self.entry
+        if entry is not None and entry[0] is reference:
+            self.entry = None
+
+
+def _memory(array: np.ndarray) -> tuple[np.ndarray, tuple]:
+    """The array owning `array`'s memory, and where and how `array` lies in it."""
+    return (array if array.base is None else array.base), (array.__array_interface__["data"][0], array.shape,
+                                                            array.strides, array.dtype.str)
+
+
+_KEPT_UNITS = _LastUnits()
 
 
 def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: int, order: np.ndarray
@@ -173,12 +219,16 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
             position += rounds * num_ranks
             continue
         assignment[order[position: position + placed]] = keys[:placed] & mask
-        # Keys are unique, so every sort agrees; timsort (stable) gains from their sorted runs.
-        keys = np.sort(np.concatenate((topped[:placed], keys[placed:])), kind="stable")
+        # Keys are unique, so every sort agrees: timsort (stable) where the topped keys hold few runs (it
+        # merges them), introsort where large steps broke them into many (the first rounds, 2-3x faster).
+        runs = np.count_nonzero(topped[1:placed] < topped[:placed - 1])
+        keys = np.sort(np.concatenate((topped[:placed], keys[placed:])),
+                       kind="stable" if _FEW_RUNS * runs < size else "quicksort")
         position += placed
     return assignment, keys
 
 
+_FEW_RUNS = 40  # a round's keys sort as runs (timsort) below size / 40 breaks (7680 keys: 0.02-0.06 ms vs 0.06-0.15)
 _ROUNDS_FROM_RANKS = 32  # below, one heap loop is faster (50 000 items on 4 ranks: 18 ms vs 145 ms)
 
 
