@@ -52,6 +52,7 @@ _REFUSAL_KEY = "orchmllm/thread-clash/"  # + the group's name: a store key every
 _owners: dict = {}  # process group -> (thread, phase): the thread that ran the runtime's first collective on it
 _running: dict = {}  # process group -> (thread, phase) of the collective a thread of this process runs on it now
 _refused: dict = {}  # process group -> the refusal (this rank's or a peer's) that made it unusable
+_gloo: dict = {}  # process group -> whether its backend is gloo (`finish` polls only there)
 _lock = threading.Lock()
 _backward = threading.local()  # `.active`: this thread runs autograd's backward (GPUs run it on a thread of their own)
 
@@ -142,7 +143,11 @@ def finish(work, group=None) -> None:
     collective its peer will never post stops within a second or so, not at the group's timeout.  A wait
     that ends sooner costs what the blocking call costs (the same wait on the same condition); other
     backends (NCCL) wait as the blocking call does."""
-    if dist.get_backend(group) != "gloo":
+    key = dist.group.WORLD if group is None else group
+    gloo = _gloo.get(key)
+    if gloo is None:
+        gloo = _gloo[key] = dist.get_backend(group) == "gloo"
+    if not gloo:
         work.wait()
         return
     while True:
