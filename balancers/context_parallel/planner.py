@@ -114,13 +114,16 @@ class _Blocks:
         self.parked: dict[int, list[tuple[int, int]]] = {}
         self.parked_ids: set[tuple[int, int]] = set()  # (degree, key position) of the parked candidates
         self.newly_parked: list[tuple[int, tuple[float, int]]] = []  # (degree, key) found short by this search
+        # degree -> block starts of its groups a rank of which took an item while degree 1 is laid out: their
+        # peaks and token bounds are brought up to date when a search needs them
+        self.stale: dict[int, set[int]] = {}
 
     def open(self, degree: int) -> None:
         """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
         self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
         self.degree = degree
         self.keys[degree] = None if degree == 1 else []  # every rank's key, made when an item needs them
-        self.parked[degree] = []
+        self.parked[degree], self.stale[degree] = [], set()
 
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
         """(peak load of each block after the item, whether its shards' tokens fit; the item's time
@@ -190,13 +193,16 @@ class _Blocks:
             _, position = heapq.heappop(parked)
             self.parked_ids.discard((degree, position))
             bisect.insort(self.keys[degree], self._key(degree, self._start(degree, position)))
+        if self.stale.get(degree):
+            self._refresh(degree)
         found = self._scan(degree, time, need, fullest)
-        for c, key in self.newly_parked:
-            keys = self.keys[c]
-            del keys[bisect.bisect_left(keys, key)]
-            heapq.heappush(parked, (-self._room(c, self._start(c, key[1])), key[1]))
-            self.parked_ids.add((c, key[1]))
-        self.newly_parked = []
+        if self.newly_parked:
+            for c, key in self.newly_parked:
+                keys = self.keys[c]
+                del keys[bisect.bisect_left(keys, key)]
+                heapq.heappush(parked, (-self._room(c, self._start(c, key[1])), key[1]))
+                self.parked_ids.add((c, key[1]))
+            self.newly_parked = []
         return found
 
     def _scan(self, degree: int, time: float, need: tuple, fullest: bool) -> tuple[float, int] | None:
@@ -300,15 +306,34 @@ class _Blocks:
         """The sort key of a candidate: (load, rank) of a rank, (peak, position) of a group."""
         return (float(self.loads[start]), start) if degree == 1 else (self.peak[start], self.position[start])
 
+    def _refresh(self, degree: int) -> None:
+        """Bring the stale groups of `degree` up to date: their peaks (and keys, unless parked) and their
+        fullest rank's tokens, exactly."""
+        keys = self.keys[degree]
+        for start in self.stale[degree]:
+            parked = (degree, self.position[start]) in self.parked_ids
+            if not parked:
+                del keys[bisect.bisect_left(keys, (self.peak[start], self.position[start]))]
+            self.peak[start] = float(self.loads[start: start + degree].max())
+            held = int(self.tokens[start: start + degree].max())
+            self.most_tokens[start] = (held, held)
+            if not parked:
+                bisect.insort(keys, (self.peak[start], self.position[start]))
+        self.stale[degree].clear()
+
     def _add(self, item: int, start: int, degree: int, time: float, need: tuple[np.ndarray, int, int]) -> int:
         """Put the item (its shards `need` = (tokens, most, fewest)) on the block, and keep the candidates'
-        keys sorted and the bounds on its groups' fullest rank: it gains between its fewest and most (a
-        rank alone: the group's fullest holds at least and at most as many as it now does)."""
+        keys sorted: the block's while its degree is laid out (and the bounds on its fullest rank: it
+        gains between its shards' fewest and most tokens); while degree 1 is, the ranks' (unless parked),
+        their group's stale (`_refresh`)."""
         shard, most, fewest = need
         group = self.group_of[start]
-        moved = [(1, rank) for rank in range(start, start + degree)] if self.degree == 1 else []
-        if group is not None:
-            moved.append(group)
+        if self.degree > 1:  # a group a search found, never a parked one
+            moved = [group]
+        else:
+            moved = [(1, rank) for rank in range(start, start + degree) if (1, rank) not in self.parked_ids]
+            if group is not None:
+                self.stale[group[0]].add(group[1])
         before = [self._key(c, s) for c, s in moved]
         if degree == 1:
             self.loads[start] += time
@@ -316,18 +341,11 @@ class _Blocks:
         else:
             self.loads[start: start + degree] += time
             self.tokens[start: start + degree] += shard
-        if degree > 1:
+        if self.degree > 1:
             low, high = self.most_tokens[start]
             self.most_tokens[start] = (low + fewest, high + most)
             self.peak[start] += time  # every rank gained `time`, and rounding keeps their order
-        elif group is not None:
-            low, high = self.most_tokens[group[1]]
-            held = int(self.tokens[start])
-            self.most_tokens[group[1]] = (max(low, held), max(high, held))
-            self.peak[group[1]] = max(self.peak[group[1]], float(self.loads[start]))
         for (c, s), key in zip(moved, before):
-            if (c, s if c == 1 else self.position[s]) in self.parked_ids:  # its key is made when it comes back
-                continue
             keys = self.keys[c]
             del keys[bisect.bisect_left(keys, key)]
             bisect.insort(keys, self._key(c, s))
