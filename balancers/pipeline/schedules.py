@@ -135,13 +135,36 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     durations = [both[k] for k in column] if forward.ndim == 2 else [both[s, k] for s, k in
                                                                       zip(stage.tolist(), column)]
     zero, ends = np.zeros(rows), []
-    for before, needs, duration in zip(previous.tolist(), needed.tolist(), durations):
+    for before, needs, duration, done in zip(previous.tolist(), needed.tolist(), durations, _spent(pipeline, m)):
         end = np.maximum(ends[before] if before >= 0 else zero, ends[needs] if needs >= 0 else zero)
         end += duration
         ends.append(end)
+        for op in done:  # ends no later operation reads: their memory serves the next ones
+            ends[op] = None
     # a stage's end times never fall along its order: its last operation ends it
-    last = dict(zip(stage.tolist(), range(stage.size)))
-    return np.max([ends[op] for op in last.values()], axis=0)
+    return np.max([ends[op] for op in _stage_ends(stage)], axis=0)
+
+
+def _stage_ends(stage: np.ndarray) -> list[int]:
+    """Each stage's last operation (`programs` order)."""
+    return list(dict(zip(stage.tolist(), range(stage.size))).values())
+
+
+@lru_cache(maxsize=64)
+def _spent(pipeline: Pipeline, num_microbatches: int) -> tuple[tuple[int, ...], ...]:
+    """Per operation of `programs`, the earlier operations whose end it is the last to read (a stage's last
+    operation excepted, read at the end), so `replica_times` holds a few rows of end times, not all."""
+    stage, _, _, previous, needed = programs(pipeline, num_microbatches)
+    last_read = {}
+    for op, inputs in enumerate(zip(previous.tolist(), needed.tolist())):
+        for earlier in inputs:
+            if earlier >= 0:
+                last_read[earlier] = op
+    kept, spent = set(_stage_ends(stage)), [[] for _ in range(stage.size)]
+    for earlier, op in last_read.items():
+        if earlier not in kept:
+            spent[op].append(earlier)
+    return tuple(tuple(ops) for ops in spent)
 
 
 def gpipe_time(forward: np.ndarray, backward: np.ndarray, stages: int) -> np.ndarray:
