@@ -31,6 +31,8 @@ Algorithm:
             within its tokens, its level's work and D ranks held alone (`group_microbatches`)
         each micro-batch: `balance(..., context_parallel=spec, max_tokens_per_rank=T)` (the split
             planner: canonical allotment at its bound, groups on aligned blocks, local search)
+    while the best is above the bound by more than 3 %: move items out of the micro-batch furthest above
+        its own pass bound into another where both micro-batches' plans lower the step (`regroup.py`)
     return the best split plan if it splits and beats P by more than min_gain, else P
 """
 
@@ -49,6 +51,7 @@ from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_s
 from ..validation import as_index, as_int, as_real
 from .bound import least_work
 from .plan import ContextParallelPlan
+from .regroup import regroup
 from .spec import ContextParallel
 from .split import allot, allowed_degrees, balance_split
 
@@ -313,6 +316,42 @@ def _back_fill(microbatch: np.ndarray, order: np.ndarray, held: list, sums: tupl
         first = end
 
 
+def _plan_pass(lengths: np.ndarray, items: np.ndarray, num_ranks: int, spec: ContextParallel, cost,
+               budget: int) -> ContextParallelPlan | None:
+    """The split plan of `items` in one micro-batch (the split planner within the budget); None when it finds
+    no layout within the budget."""
+    try:
+        return balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt", max_tokens_per_rank=budget,
+                             time_limit=None, topology=None, unsupported={})
+    except InfeasibleError:
+        return None
+
+
+def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ranks: int, spec: ContextParallel,
+              budget: int, overhead: float) -> SplitMicroBatchPlan:
+    """The split plan of the cells: every micro-batch m's items (`microbatch`) as its split plan `passes[m]`
+    places them (None for an empty one)."""
+    rank = np.empty(lengths.size, dtype=np.int64)
+    degree = np.empty(lengths.size, dtype=np.int64)
+    item_time = np.empty(lengths.size)
+    loads = np.zeros((len(passes), num_ranks))
+    tokens = np.zeros((len(passes), num_ranks), dtype=np.int64)
+    for m, plan in enumerate(passes):
+        if plan is not None:
+            items = np.flatnonzero(microbatch == m)
+            rank[items], degree[items], item_time[items] = plan.assignment, plan.degree, plan.item_time
+            loads[m], tokens[m] = plan.loads, plan.tokens
+    microbatch = microbatch.copy()
+    for array in (rank, microbatch, degree, item_time, loads, tokens):
+        array.setflags(write=False)
+    step = step_cost(loads, overhead)
+    return SplitMicroBatchPlan(rank=rank, microbatch=microbatch, num_microbatches=len(passes), num_ranks=num_ranks,
+                               cell_loads=loads, cell_tokens=tokens, step_cost=step, lower_bound=0.0,
+                               status=Status.FEASIBLE, algorithm="context_parallel", max_tokens_per_microbatch=budget,
+                               microbatch_overhead=overhead, padded=False, degree=degree, item_time=item_time,
+                               context_parallel=spec, passes=tuple(passes))
+
+
 def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches, costs, table, room,
                  fixed: bool) -> SplitMicroBatchPlan | None:
     """The split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split
@@ -322,33 +361,26 @@ def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatc
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
-    rank = np.empty(lengths.size, dtype=np.int64)
-    degree = np.empty(lengths.size, dtype=np.int64)
-    item_time = np.empty(lengths.size)
-    loads = np.zeros((num_microbatches, num_ranks))
-    tokens = np.zeros((num_microbatches, num_ranks), dtype=np.int64)
     passes = []
     for m in range(num_microbatches):
         items = np.flatnonzero(microbatch == m)
-        if not items.size:
-            passes.append(None)
-            continue
-        try:
-            plan = balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt",
-                                 max_tokens_per_rank=budget, time_limit=None, topology=None, unsupported={})
-        except InfeasibleError:
+        plan = _plan_pass(lengths, items, num_ranks, spec, cost, budget) if items.size else None
+        if items.size and plan is None:
             return None
-        rank[items], degree[items], item_time[items] = plan.assignment, plan.degree, plan.item_time
-        loads[m], tokens[m] = plan.loads, plan.tokens
         passes.append(plan)
-    for array in (rank, microbatch, degree, item_time, loads, tokens):
-        array.setflags(write=False)
-    step = step_cost(loads, overhead)
-    return SplitMicroBatchPlan(rank=rank, microbatch=microbatch, num_microbatches=num_microbatches,
-                               num_ranks=num_ranks, cell_loads=loads, cell_tokens=tokens, step_cost=step,
-                               lower_bound=0.0, status=Status.FEASIBLE, algorithm="context_parallel",
-                               max_tokens_per_microbatch=budget, microbatch_overhead=overhead, padded=False,
-                               degree=degree, item_time=item_time, context_parallel=spec, passes=tuple(passes))
+    return _assemble(lengths, microbatch, passes, num_ranks, spec, budget, overhead)
+
+
+def _regrouped(plan: SplitMicroBatchPlan, lengths: np.ndarray, spec: ContextParallel, cost, table: np.ndarray,
+               goal: float) -> SplitMicroBatchPlan:
+    """`plan` after the local search over its micro-batches (`regroup.py`), which stops once the step is
+    within `goal`."""
+    num_ranks, budget, overhead = plan.num_ranks, plan.max_tokens_per_microbatch, plan.microbatch_overhead
+    microbatch, passes = regroup(plan.microbatch, list(plan.passes), lengths, table,
+                                 np.array(spec.degrees, dtype=np.int64), budget,
+                                 goal - plan.num_microbatches * overhead,
+                                 lambda items: _plan_pass(lengths, items, num_ranks, spec, cost, budget))
+    return _assemble(lengths, microbatch, passes, num_ranks, spec, budget, overhead)
 
 
 def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budget: int, overhead: float,
@@ -384,6 +416,8 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
             best = found
         if over:  # the fullest fill the fixed M allows was tried (no plan at a lower fill yet)
             break
+    if best is not None and best.split_items.size and best.step_cost > bound * (1 + RETRY_GAP):
+        best = _regrouped(best, lengths, spec, cost, table, bound * (1 + RETRY_GAP))
     if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
         if today is None:
             raise refusal if refusal is not None else InfeasibleError(

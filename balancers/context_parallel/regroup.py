@@ -1,0 +1,143 @@
+"""Local search over a split plan's micro-batches: move items out of one above its own bound.
+
+A step costs Σ_m max_r L(r, m).  The grouping (`microbatch.group_microbatches`) fills micro-batches by
+tokens, work and the ranks items hold alone, but giants are lumps: a micro-batch whose work nears D times
+its longest item's time stacks two giants on a group above that time, and the small items that crowd a
+token-bound micro-batch land on its giants' groups.  Either way that micro-batch's plan ends above its own
+pass bound (the split planner's bound over its items), where moving a few of its items to another
+micro-batch lowers the step.  From the plan of the fills:
+
+    for at most MAX_MOVES moves, while Σ_m max_r L(r, m) is above the goal (the bound and RETRY_GAP):
+        m = the micro-batch furthest above its pass bound (by e > 0), among those not tried since they changed
+        sets of m's items to move: each of the CANDIDATES longest items on m's most-loaded rank alone,
+            and the crowd: m's items by time ascending, each taken while one of its ranks is above the
+            pass bound
+        for each set S, where the most m can fall without it (to its longest least time, its work / D, its
+            loads with S taken out) beats the least estimated rise of another micro-batch k,
+            max(cost_k, S's longest least time, (work_k + S's least work) / D) − cost_k, plus the best fall:
+            m planned without S, then the TARGETS micro-batches k of least estimated rise, each with S
+        apply the move whose two plans lower the step most, by at least e / MAX_MOVES (MAX_MOVES such moves
+            would take m to its bound), or mark m tried
+
+Every micro-batch is planned by the split planner (`plan_pass`), so a move's fall is the step's own and
+the step never rises; counts (not a clock) bound the search, so every rank gets the same plan.  The
+estimates only skip plans that are unlikely to pay: on the long workload (D = 2560, 3 micro-batches of
+giants and 38k small items) moves fall by 0.01 % of the step each and the search gives up in a few plans.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .plan import ContextParallelPlan
+
+MAX_MOVES = 8
+"""Moves the search makes at most."""
+CANDIDATES = 2
+"""Longest items of the crowded micro-batch's most-loaded rank each tried alone."""
+TARGETS = 2
+"""Micro-batches (least estimated rise first) each set is planned into."""
+FLOAT_SLACK = 1e-9
+"""Relative margin under which a rank's load counts as at its pass bound (its float sum may exceed it by an ulp)."""
+
+
+def regroup(microbatch: np.ndarray, passes: list, lengths: np.ndarray, table: np.ndarray, degrees: np.ndarray,
+            budget: int, goal: float, plan_pass) -> tuple[np.ndarray, list]:
+    """(every item's micro-batch, every micro-batch's split plan) after the search (see the module) from
+    `microbatch` and `passes` (None for an empty micro-batch); `table`: every item's best-case time per
+    degree (columns `degrees`, inf where a shard exceeds `budget`); it stops once Σ_m max_r L(r, m) <= `goal`;
+    `plan_pass(items)` is the split plan of those items in one micro-batch (None where none fits the budget)."""
+    microbatch, passes = microbatch.copy(), list(passes)
+    estimates = (table.min(axis=1), (table * degrees).min(axis=1))
+    costs = [float(plan.loads.max()) if plan is not None else 0.0 for plan in passes]
+    tried: set[int] = set()
+    for _ in range(MAX_MOVES):
+        excess = [costs[m] - passes[m].lower_bound if passes[m] is not None and m not in tried else -math.inf
+                  for m in range(len(passes))]
+        m = int(np.argmax(excess))
+        if math.fsum(costs) <= goal or not excess[m] > 0:
+            break
+        move = _best_move(m, microbatch, passes, costs, lengths, estimates, budget, plan_pass, excess[m] / MAX_MOVES)
+        if move is None:
+            tried.add(m)
+            continue
+        moved, target, without, joined = move
+        microbatch[moved] = target
+        passes[m], passes[target] = without, joined
+        costs[m], costs[target] = float(without.loads.max()), float(joined.loads.max())
+        tried.discard(target)
+    return microbatch, passes
+
+
+def _best_move(m: int, microbatch: np.ndarray, passes: list, costs: list, lengths: np.ndarray, estimates: tuple,
+               budget: int, plan_pass, least_fall: float) -> tuple | None:
+    """(items moved, target micro-batch, m's plan without them, the target's plan with them) of the move
+    out of micro-batch m that lowers the step most, by at least `least_fall` (see the module); None when
+    none does.  A set is planned only where m's plan with the set taken out (not planned again) falls by
+    more than the least estimated rise plus the best fall so far."""
+    plan, items = passes[m], np.flatnonzero(microbatch == m)
+    least = estimates[0]
+    best, best_fall = None, least_fall
+    for chosen in _sets(plan):
+        moved, rest = items[chosen], np.delete(items, chosen)
+        left = float(plan.loads.sum() - np.dot(plan.item_time[chosen], plan.degree[chosen]))
+        most = costs[m] - max(float(least[rest].max()), left / plan.num_ranks, float(_without(plan, chosen).max()))
+        rises = sorted(_rises(m, moved, microbatch, passes, costs, lengths, estimates, plan.num_ranks * budget))
+        if not rises or not most - rises[0][0] > best_fall:
+            continue
+        without = plan_pass(rest)
+        lowered = -math.inf if without is None else costs[m] - float(without.loads.max())
+        for _, k in rises[:TARGETS]:
+            if not lowered > best_fall:
+                break
+            joined = plan_pass(np.sort(np.concatenate((np.flatnonzero(microbatch == k), moved))))
+            if joined is not None and lowered - (float(joined.loads.max()) - costs[k]) > best_fall:
+                best_fall = lowered - (float(joined.loads.max()) - costs[k])
+                best = (moved, k, without, joined)
+    return best
+
+
+def _rises(m: int, moved: np.ndarray, microbatch: np.ndarray, passes: list, costs: list, lengths: np.ndarray,
+           estimates: tuple, room: int) -> list[tuple[float, int]]:
+    """(estimated rise, micro-batch) of every other micro-batch whose tokens hold `moved` too (`room` tokens):
+    max(its cost, the moved items' longest least time, (its work + theirs) / D) − its cost."""
+    least, work = estimates
+    out = []
+    for k, plan in enumerate(passes):
+        if k == m or int(lengths[microbatch == k].sum() + lengths[moved].sum()) > room:
+            continue
+        total = float(plan.loads.sum()) if plan is not None else 0.0
+        rise = max(costs[k], float(least[moved].max()), (total + float(work[moved].sum())) / passes[m].num_ranks)
+        out.append((rise - costs[k], k))
+    return out
+
+
+def _without(plan: ContextParallelPlan, chosen: np.ndarray) -> np.ndarray:
+    """The plan's rank loads with the items `chosen` taken out (no other item moved)."""
+    loads = plan.loads.copy()
+    for k in chosen.tolist():
+        loads[plan.assignment[k]: plan.assignment[k] + plan.degree[k]] -= plan.item_time[k]
+    return loads
+
+
+def _sets(plan: ContextParallelPlan) -> list[np.ndarray]:
+    """Indices (into the plan's items) of each set of items to try moving out: each of the CANDIDATES longest
+    items on the most-loaded rank alone, then the crowd (see the module); a set of every item left out."""
+    rank = int(np.argmax(plan.loads))
+    on = np.flatnonzero((plan.assignment <= rank) & (rank < plan.assignment + plan.degree))
+    sets = [np.array([k]) for k in on[np.lexsort((on, -plan.item_time[on]))][:CANDIDATES].tolist()]
+    limit, crowd = plan.lower_bound * (1 + FLOAT_SLACK), []
+    above = np.concatenate(([0], np.cumsum(plan.loads > limit)))
+    touching = np.flatnonzero(above[plan.assignment + plan.degree] > above[plan.assignment])  # a rank above it
+    loads, times = plan.loads.tolist(), plan.item_time.tolist()
+    starts, ends = plan.assignment.tolist(), (plan.assignment + plan.degree).tolist()
+    for k in touching[np.lexsort((touching, plan.item_time[touching]))].tolist():  # shortest first, ties by index
+        if max(loads[starts[k]: ends[k]]) > limit:
+            for rank in range(starts[k], ends[k]):
+                loads[rank] -= times[k]
+            crowd.append(k)
+    if len(crowd) > 1:
+        sets.append(np.array(crowd, dtype=np.int64))
+    return [chosen for chosen in sets if chosen.size < plan.num_items]
