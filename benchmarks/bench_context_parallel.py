@@ -225,3 +225,21 @@ def test_microbatched_step_planning_time_at_2560_ranks(best_of):
               f"{today * 1e3:.1f} ms (ours / that {ours / today:.2f}); split planner without giants "
               f"{kept * 1e3:.1f} ms ({kept / today:.2f})")
         assert ours <= 6 * today and kept <= 1.5 * today  # the target (<= 150 ms) is read on an idle machine
+
+
+def test_long_workload_microbatched_step_planning_time(best_of):
+    """The orchestrator's micro-batched 3-stage step (84B) on the simulator's `long` workload (10 % giants:
+    long videos and documents) at D = 2560 × 16, T = 32k, against the default mix's step by the same
+    orchestrator in the same run (CPU seconds).  Issue 24 asks at most 10× the default workload's time of
+    any input the grids cover; the step reads about 90× here (about 120× before c829b2a; the LLM stage's
+    `balance_microbatches` alone about 70×, 95× before), so the assertion only guards against losing more."""
+    stages, topology = MODELS["84b"].stages(), cluster(2560)
+    batch, base = sample_workload("long", 2560, 16, seed=7), sample_workload("default", 2560, 16, seed=7)
+    split = Orchestrator(stages, topology, context_parallel=SPEC, max_tokens_per_microbatch=32768)
+    ours = best_of(lambda: split.plan(batch), 2, timer=time.process_time)
+    today = best_of(lambda: split.plan(base), 5, timer=time.process_time)
+    step = split.plan(batch)
+    print(f"\nlong workload, D = 2560 × 16, T = 32768: split step {ours * 1e3:.0f} ms (M = {step.num_microbatches}, "
+          f"step / bound {step.step_cost / step.lower_bound:.4f}); default mix {today * 1e3:.1f} ms: "
+          f"{ours / today:.0f}× (target ≤ 10×)")
+    assert ours <= 150 * today

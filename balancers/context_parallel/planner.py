@@ -188,7 +188,8 @@ class _Blocks:
 
         Candidates found surely short of tokens leave the keys (parked, by their room) until a search
         for shards they may hold: tokens only grow, so they lack room for any larger shard meanwhile."""
-        parked, least = self.parked[degree], self._least_need(degree, need)
+        parked = self.parked[degree]
+        least = self._least_need(degree, need) if parked else 0
         while parked and -parked[0][0] >= least:
             _, position = heapq.heappop(parked)
             self.parked_ids.discard((degree, position))
@@ -327,28 +328,33 @@ class _Blocks:
         gains between its shards' fewest and most tokens); while degree 1 is, the ranks' (unless parked),
         their group's stale (`_refresh`)."""
         shard, most, fewest = need
-        group = self.group_of[start]
-        if self.degree > 1:  # a group a search found, never a parked one
-            moved = [group]
-        else:
-            moved = [(1, rank) for rank in range(start, start + degree) if (1, rank) not in self.parked_ids]
-            if group is not None:
-                self.stale[group[0]].add(group[1])
-        before = [self._key(c, s) for c, s in moved]
-        if degree == 1:
-            self.loads[start] += time
-            self.tokens[start] += most
-        else:
+        if self.degree > 1:  # a group a search found (never a parked one): only its key moves
+            before = (self.peak[start], self.position[start])
             self.loads[start: start + degree] += time
             self.tokens[start: start + degree] += shard
-        if self.degree > 1:
             low, high = self.most_tokens[start]
             self.most_tokens[start] = (low + fewest, high + most)
             self.peak[start] += time  # every rank gained `time`, and rounding keeps their order
-        for (c, s), key in zip(moved, before):
-            keys = self.keys[c]
-            del keys[bisect.bisect_left(keys, key)]
-            bisect.insort(keys, self._key(c, s))
+            keys = self.keys[degree]
+            del keys[bisect.bisect_left(keys, before)]
+            bisect.insort(keys, (self.peak[start], before[1]))
+        else:
+            ranks = [rank for rank in range(start, start + degree)
+                     if not self.parked_ids or (1, rank) not in self.parked_ids]
+            before = [float(self.loads[rank]) for rank in ranks]
+            if degree == 1:
+                self.loads[start] += time
+                self.tokens[start] += most
+            else:
+                self.loads[start: start + degree] += time
+                self.tokens[start: start + degree] += shard
+            group = self.group_of[start]
+            if group is not None:
+                self.stale[group[0]].add(group[1])
+            keys = self.keys[1]
+            for rank, load in zip(ranks, before):
+                del keys[bisect.bisect_left(keys, (load, rank))]
+                bisect.insort(keys, (float(self.loads[rank]), rank))
         self.placed[item] = (start, degree)
         return start
 
