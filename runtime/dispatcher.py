@@ -49,7 +49,7 @@ from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, StepToken, iterate, merge_rows, new_step, split_rows
+from .microbatch import MicroBatch, StepToken, contract_of, iterate, merge_rows, new_step, split_rows
 from .options import DispatchOptions, check_names
 from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
@@ -410,13 +410,14 @@ class PostBalancingDispatcher:
         rows = {key: np.ones(items.size, dtype=np.int64) if key in self.options.per_item_keys else tokens
                 for key in moved}
         parts = {key: split_rows(tensor, rows[key], microbatch, count) for key, tensor in moved.items()}
-        lengths = torch.from_numpy(tokens.copy())
         layout = (lambda index: None) if self.options.context_parallel is None else \
             (lambda index: plan.sharding.layout(index, self.group))
+        last = plan.route.dest_ranks[plan.item_microbatch[plan.sharding.unit_item] == count - 1]
+        contract = contract_of(self._step, np.bincount(last, minlength=size), self.group)
         return iterate(MicroBatch(index, count, items[microbatch == index],
                                   {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size,
-                                  lengths=lengths[torch.from_numpy(microbatch == index)], layout=layout(index),
-                                  step=self._step)
+                                  lengths=torch.from_numpy(tokens[microbatch == index]), layout=layout(index),
+                                  step=self._step, contract=contract if index == count - 1 else None)
                        for index in range(count))
 
     def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None, split_reduce=None, order=None,

@@ -21,6 +21,11 @@ do) weights tokens by the size of the micro-batch they happen to sit in: inside 
 micro-batch loop of M > 1 that call raises, and so it does for a loss that requires grad after the
 step's micro-batches were handed out (e.g. collected by `list(...)` first), while they are held and
 until the next `plan()` or `microbatches()` (an evaluation under `torch.no_grad()` takes a count).
+
+The model must compute the loss through every trainable parameter on an empty micro-batch too:
+the last micro-batch's backward reduces every parameter's gradient (DDP, FSDP2) on every rank.
+`accumulate` checks it where it matters (`check_model_contract`: the runtime's first step, and
+steps where a rank's last micro-batch is empty), raising `ModelContractError` on every rank.
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from .comm import collective, comm_device, finish, group_rank, group_size
+from .encoders import EncoderContractError, _reached, _recording
 from .exchange import ranges
 
 _active = threading.local()
@@ -43,15 +51,22 @@ class StepToken:
     multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
     variable of an earlier step) is refused."""
 
-    __slots__ = ("ended",)
+    __slots__ = ("ended", "number")
 
-    def __init__(self):
-        self.ended = False
+    def __init__(self, number: int = 0):
+        self.ended, self.number = False, number
 
     def next(self) -> StepToken:
         """End this step; the token of the next."""
         self.ended = True
-        return StepToken()
+        return StepToken(self.number + 1)
+
+
+def contract_of(step: StepToken, rows_per_rank: np.ndarray, group) -> tuple | None:
+    """`MicroBatch.contract` of a step's last micro-batch: `(group,)` on its runtime's first step (`step`) or
+    where a rank holds none of its items (`rows_per_rank`: its items or shards on each rank of `group`, which
+    every rank knows from the plan, so all decide alike), else None."""
+    return (group,) if step.number <= 1 or not np.all(rows_per_rank) else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,7 +83,9 @@ class MicroBatch:
     micro-batch's `ContextParallelLayout`: which sequences are shards of which item on which group,
     their unsplit positions, what `context_parallel_attention` takes.  `step` is the step the
     micro-batch belongs to (None where it is not tracked): `combine` and `normalize_loss` refuse a
-    micro-batch of a step its runtime has since ended (`StepToken`).
+    micro-batch of a step its runtime has since ended (`StepToken`).  `contract` is `(group,)` where
+    this micro-batch checks the model contract on `group` (`check_model_contract`): the last one of a
+    runtime's first step and of every step where a rank's last micro-batch is empty; else None.
     """
 
     index: int
@@ -81,6 +98,7 @@ class MicroBatch:
     lengths: torch.Tensor | None = None  # None only in a MicroBatch built by hand without them
     layout: object = None  # a ContextParallelLayout with context parallelism, else None
     step: StepToken | None = None
+    contract: tuple | None = None
 
     @property
     def is_last(self) -> bool:
@@ -188,16 +206,75 @@ def gradient_sync(model, enabled: bool):
         yield
 
 
+class ModelContractError(EncoderContractError):
+    """The loss of the micro-batch whose backward reduces gradients did not depend on some parameters of the
+    model (DDP, FSDP2) on some rank."""
+
+
+def _reduces_every_parameter(model) -> bool:
+    """Whether `model`'s gradient sync expects a gradient of every trainable parameter on every rank: FSDP2,
+    and DDP unless built with find_unused_parameters=True."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        return True
+    return hasattr(model, "no_sync") and not getattr(model, "find_unused_parameters", False)
+
+
 @contextlib.contextmanager
-def accumulate(model, micro: MicroBatch):
+def accumulate(model, micro: MicroBatch, *, check: bool = True):
     """`gradient_sync(model, micro.is_last)`: gradients are reduced once, in the last micro-batch;
-    the body runs as micro-batch `micro` (`normalize_loss` with a count raises there)."""
+    the body runs as micro-batch `micro` (`normalize_loss` with a count raises there).  Where `micro`
+    carries a `contract` and `model` reduces every parameter's gradient (DDP, FSDP2), the first
+    `normalize_loss(loss, micro)` of the body checks that the loss depends on every trainable parameter
+    of `model` on every rank (`check_model_contract`); `check=False` (on every rank) skips it."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     previous = active_microbatch()
     _active.current = (micro.index, micro.num_microbatches)
+    due = check and micro.contract is not None and _reduces_every_parameter(model)
     try:
-        with gradient_sync(model, micro.is_last):
+        with gradient_sync(model, micro.is_last), (_recording(model) if due else contextlib.nullcontext()) as names:
+            _active.contract = (micro, model, names) if due else None
             yield
     finally:
-        _active.current = previous
+        _active.current, _active.contract = previous, None
+
+
+def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
+    """In the body of `accumulate(model, micro)` where a check is due, once: raise `ModelContractError` on
+    every rank (one all-reduce of a word per rank) when the loss of some rank does not reach, through the
+    autograd graph, every trainable parameter of `model`.  A model that returns early or a constant on an
+    empty micro-batch (which every rank runs, to take part in every collective) leaves its parameters out
+    of the backward that reduces gradients: DDP then leaves their gradients unreduced without an error, or
+    the ranks' reductions pair up different buckets."""
+    contract = getattr(_active, "contract", None)
+    if contract is None or contract[0] is not micro or not torch.is_grad_enabled():
+        return
+    _active.contract = None
+    _, model, names = contract
+    wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    reached = _reached(loss_sum, names, wanted) if loss_sum.grad_fn is not None else set()
+    unused = [] if reached is None else sorted(wanted - reached)
+    group = micro.contract[0]
+    flags = torch.zeros(group_size(group), dtype=torch.int64, device=comm_device(group))
+    flags[group_rank(group)] = len(unused)
+    if flags.numel() > 1:
+        with collective("model contract all-reduce", group):
+            finish(dist.all_reduce(flags, group=group, async_op=True), group)
+    failed = torch.nonzero(flags).flatten().tolist()
+    if not failed:
+        return
+    where = (f"the loss of micro-batch {micro.index} of {micro.num_microbatches} (whose backward reduces gradients; "
+             f"{len(micro.items)} items on rank {group_rank(group)})")
+    advice = ("DDP and FSDP reduce every parameter's gradient in that backward on every rank, and a rank's "
+              "micro-batch may be empty (every rank runs every micro-batch): compute the loss through every "
+              "parameter on empty micro-batches too (run the layers on the empty tensors instead of returning early "
+              "or a constant), normalise the sum of all losses at once (`normalize_loss(main + aux, micro)`), set "
+              "requires_grad=False on parameters never used, or pass `accumulate(model, micro, check=False)` on "
+              "every rank where unused parameters are harmless")
+    if unused:
+        shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+        raise ModelContractError(f"rank {group_rank(group)}: {where} does not depend on parameters {shown} of the "
+                                 f"model given to `accumulate`: {advice}")
+    raise ModelContractError(f"rank {group_rank(group)}: on ranks {failed} the loss of micro-batch {micro.index} "
+                             f"does not depend on some parameters of the model given to `accumulate` (each rank "
+                             f"named them); this rank stops with them: {advice}")

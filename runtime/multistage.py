@@ -64,7 +64,7 @@ from .encoders import call_problem, checked_call, contract_problem, output_probl
 from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, StepToken, iterate, new_step, split_rows
+from .microbatch import MicroBatch, StepToken, contract_of, iterate, new_step, split_rows
 from .prefetch import metadata_group_of
 from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem
 from .sharding import TextUnits, pass_layout
@@ -365,9 +365,8 @@ class MultiStageRuntime:
     def microbatches(self, routes: StepRoutes, moved: StepInputs):
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
 
-        `micro.routes` and `micro.data` go to `forward`; every rank yields the same number,
-        an empty micro-batch included, so all take part in every collective.  Without the
-        fused input exchange each micro-batch's inputs are exchanged here, before it runs.
+        `micro.routes` and `micro.data` go to `forward`; every rank yields the same number (an empty one included:
+        all take part in every collective).  Without the fused input exchange, inputs are exchanged here.
         """
         if getattr(moved, "routes", None) is not routes:
             raise TypeError("`microbatches` takes the routes of `plan` and what `dispatch` returned for them")
@@ -376,7 +375,8 @@ class MultiStageRuntime:
         # layouts wherever this runtime splits or the routes' plan does (routes of another runtime)
         splitting = self.orchestrator.context_parallel is not None or any(p.splits for p in routes.step.microbatches)
         self._yielded, self._step = [], self._step.next()
-        step = self._step
+        step, last = self._step, routes.num_microbatches - 1  # the last micro-batch's backward reduces gradients
+        contract = contract_of(step, np.diff(routes.microbatches[last].plan.shards.rank_offsets), self.group)
 
         def generate():
             for index, (micro, part) in enumerate(zip(routes.microbatches, moved.parts)):
@@ -387,7 +387,7 @@ class MultiStageRuntime:
                 layout = pass_layout(micro.plan, routes.rank, size, members, self.group) if splitting else None
                 yield MicroBatch(index, routes.num_microbatches, members[shards.sample[rows]], data,
                                  routes.num_loss_tokens, size, micro, torch.from_numpy(shards.tokens[rows].copy()),
-                                 layout, step)
+                                 layout, step, contract if index == last else None)
         return iterate(generate())
 
     def forward(self, routes: PassRoutes, moved: Dispatched, *, encoders: Mapping[str, Callable],

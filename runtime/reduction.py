@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ..balancers.validation import as_int
 from .comm import comm_device, group_rank, group_size, is_distributed
 from .metadata import PeerInputError
-from .microbatch import MicroBatch, active_microbatch, step_microbatches
+from .microbatch import MicroBatch, active_microbatch, check_model_contract, step_microbatches
 
 _REDUCTIONS = ("mean", "sum")
 INT64_MAX = 2**63 - 1
@@ -117,6 +117,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
                              f"runtime has run another since): it would divide by that step's "
                              f"{num_loss_tokens.num_loss_tokens} loss tokens; pass this step's micro-batch (a loop "
                              f"variable kept from an earlier step?)")
+        check_model_contract(loss_sum, num_loss_tokens)
         return loss_sum * num_loss_tokens.loss_scale(gradient_reduction)
     inside, step = active_microbatch(), step_microbatches() or 1
     if inside is not None and inside[1] > 1:

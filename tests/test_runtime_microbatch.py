@@ -110,6 +110,51 @@ def test_accumulated_micro_batches_give_the_global_gradient(job, num_microbatche
         assert worst <= 1e-12
 
 
+class EarlyReturnModel(TokenModel):
+    """Returns logits through the embedding alone on an empty micro-batch (a natural guard), leaving `hidden` and
+    `head` out of that rank's graph."""
+
+    def forward(self, tokens):
+        if tokens.numel() == 0:
+            return self.embed(tokens) @ torch.zeros(8, 50, dtype=self.embed.weight.dtype)
+        return super().forward(tokens)
+
+
+def early_return_job(rank, size, wrap):
+    """A step of 6 micro-batches (14 items in 24 cells: ranks with an empty last micro-batch) through a DDP or
+    FSDP2 model that returns early on empty input; what each rank raised, and its gradients' sum."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = EarlyReturnModel().double()
+    wrapped = nn.parallel.DistributedDataParallel(model) if wrap == "ddp" else fully_shard(model)
+    try:
+        accumulated(model, wrapped, rank, 6)
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return type(error).__name__, str(error)
+    return "no error", ""
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+def test_regression_a_model_returning_early_on_an_empty_micro_batch_trained_on_unreduced_gradients(wrap):
+    """Cause (probe8 P8-01): the runtime hands every rank every micro-batch, an empty one included, and a model that
+    returns early there leaves parameters out of the backward that reduces gradients: DDP left their gradients
+    unreduced without an error (off by a relative 0.24), or the ranks' reductions paired up different buckets.
+    Now the first `normalize_loss(loss, micro)` of that micro-batch checks the loss's graph on every rank (the
+    runtime's first step, and any step where a rank's last micro-batch is empty) and every rank raises."""
+    outcomes = spawn(early_return_job, len(LENGTHS), args=(wrap,), timeout_s=120)
+    assert {kind for kind, _ in outcomes} == {"ModelContractError"}, outcomes
+    named = [message for _, message in outcomes if "does not depend on parameters" in message]
+    assert named and all(message.endswith("every rank where unused parameters are harmless") for _, message in outcomes)
+    prefix = "module." if wrap == "ddp" else ""
+    for message in named:
+        assert f"does not depend on parameters {prefix}head.bias, {prefix}head.weight, {prefix}hidden.bias, " \
+               f"{prefix}hidden.weight of the model given to `accumulate`" in message, message
+        assert "the loss of micro-batch 5 of 6 (whose backward reduces gradients; 0 items on rank" in message
+    others = [message for _, message in outcomes if message not in named]
+    assert all("this rank stops with them" in message for message in others), others
+
+
 def misuse_job(rank, size):
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
     lengths, tokens, labels = rank_batch(rank)
