@@ -91,7 +91,7 @@ def _per_microbatch_count(where: str, way_out: str = "") -> ValueError:
 
 def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
                    gradient_reduction: str = "mean") -> torch.Tensor:
-    """Local loss summed over tokens, divided by the global number of loss tokens.
+    """Local loss summed over tokens (a floating-point tensor), divided by the global number of loss tokens.
 
     `gradient_reduction` is how gradients are then combined across ranks: "mean" (DDP,
     FSDP: the result is multiplied by the world size to undo the average) or "sum"
@@ -111,6 +111,9 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
         raise ValueError(f"`gradient_reduction` must be one of {_REDUCTIONS}; got {gradient_reduction!r}")
     if not isinstance(loss_sum, torch.Tensor):
         raise TypeError(f"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__}")
+    if not (loss_sum.is_floating_point() or loss_sum.is_complex()):  # the quotient would be truncated
+        raise TypeError(f"`loss_sum` must be a floating-point (or complex) tensor; got a {loss_sum.dtype} tensor (a "
+                        f"sum of integers, e.g. a count of correct predictions: .double() it first)")
     if isinstance(num_loss_tokens, MicroBatch):
         if num_loss_tokens.step is not None and num_loss_tokens.step.ended:
             raise ValueError(f"normalize_loss with micro-batch {num_loss_tokens.index} of an earlier step (its "

@@ -201,6 +201,18 @@ def test_normalize_loss_divides_by_the_global_token_count():
         normalize_loss(1.0, 1)
 
 
+@pytest.mark.parametrize("loss_sum", [torch.tensor(5), torch.tensor(True), torch.tensor([3, 1], dtype=torch.uint8)],
+                         ids=["int64", "bool", "uint8"])
+def test_regression_normalize_loss_truncated_an_integer_loss_sum(loss_sum):
+    """Cause (probe8 P8-02): the quotient was cast back to the loss's dtype: an int64 5 over 2 tokens came back 2,
+    30 over 100 came back 0, a bool True stayed True.  An integer sum (a count of correct predictions) is refused."""
+    with pytest.raises(TypeError, match=rf"`loss_sum` must be a floating-point \(or complex\) tensor; got a "
+                                        rf"{loss_sum.dtype} tensor \(a sum of integers, e.g. a count of correct "
+                                        rf"predictions: \.double\(\) it first\)"):
+        normalize_loss(loss_sum, 2)
+    assert normalize_loss(loss_sum.double(), 2).dtype == torch.float64
+
+
 @pytest.mark.parametrize("count, error, message", [
     (-5, ValueError, r"`num_loss_tokens` must be >= 0; got -5"),  # was returned undivided
     (2.5, TypeError, r"`num_loss_tokens` must be an int"),  # was truncated to 2
