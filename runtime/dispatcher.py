@@ -47,7 +47,7 @@ from ..balancers.pipeline import Pipeline
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
-from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad
+from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, StepToken, contract_of, iterate, merge_rows, new_step, split_rows
 from .options import DispatchOptions, check_names
@@ -346,19 +346,19 @@ class PostBalancingDispatcher:
                  differentiable: bool = False) -> dict[str, torch.Tensor]:
         """Move every tensor of `batch` to the ranks the plan assigns its items (one all-to-all).
 
-        Every rank must pass the same keys, dtypes and trailing shapes, and this step's plan;
-        otherwise every rank raises `SchemaMismatchError` or `PlanMismatchError` naming the
-        ranks that differ (a plan kept from an earlier step by some ranks included).  A packed
-        batch has no item boundaries, so a plan kept by every rank goes unseen where each rank's
-        row totals match, unless `lengths` gives this rank's item lengths (as given to `plan`):
-        they are then checked against the plan's, and every rank raises `PlanMismatchError`
-        naming the rank and its first item that differs; `loss_tokens` (as given to `plan`) are
-        checked the same way (a plan of the same lengths but other loss tokens scales the loss).
-        `microbatches` and `combine` then take this plan (the latest dispatch's).
-        `differentiable=True` lets gradients of the results flow back to the inputs.
+        Every rank must pass the same keys, dtypes and trailing shapes, and this step's plan; otherwise every
+        rank raises `SchemaMismatchError` or `PlanMismatchError` naming the ranks that differ (a plan kept from an
+        earlier step by some ranks included).  A packed batch has no item boundaries, so a plan kept by every
+        rank goes unseen where each rank's row totals match, unless `lengths` gives this rank's item lengths (as
+        given to `plan`): they are then checked against the plan's, and every rank raises `PlanMismatchError`
+        naming the rank and its first item that differs; `loss_tokens` (as given to `plan`) are checked the
+        same way (a plan of the same lengths but other loss tokens scales the loss).
+        `microbatches` and `combine` then take this plan (the latest dispatch's).  `differentiable=True` lets
+        gradients of the results flow back to the inputs (a tensor that requires grad is refused without it).
         """
         plan = _checked_plan(plan)
-        problem = self._foreign_problem(plan, "dispatch") or _items_problem(plan, lengths, loss_tokens)
+        problem = (self._foreign_problem(plan, "dispatch") or _items_problem(plan, lengths, loss_tokens)
+                   or detached_problem(batch, differentiable, plan.route.rank))
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
         self._dispatched, self._step = plan.route.plan_id, self._step.next()
         return moved

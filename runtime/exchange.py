@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -236,6 +236,20 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
     elif problem is not None:
         raise problem
     return _exchange(pieces, transport, stats, "exchange" if guard is None else guard.what)
+
+
+def detached_problem(batch, differentiable: bool, rank: int) -> RuntimeError | None:
+    """Why a batch may not move without its graph: a tensor of it requires grad while `differentiable` is False
+    and autograd records (the module that made it would get no gradient, silently); or None."""
+    if differentiable or not torch.is_grad_enabled() or not isinstance(batch, Mapping):
+        return None
+    keys = [key for key, value in batch.items() if isinstance(value, torch.Tensor) and value.requires_grad]
+    if not keys:
+        return None
+    return RuntimeError(f"rank {rank}'s `batch[{keys[0]!r}]` requires grad but `differentiable` is False: the exchange "
+                        f"would move it without its graph, and what made it would get no gradient; pass "
+                        f"differentiable=True to let its gradient flow back (every rank then runs the backward "
+                        f"exchange), or .detach() it")
 
 
 def _rows_problem(number: int, piece: Piece, rows: np.ndarray) -> str | None:

@@ -1,6 +1,7 @@
 """Runtime tier 3: the dispatcher, the multi-stage runtime and prefetch in real gloo groups."""
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -207,3 +208,41 @@ def multistage_job(rank, size):
 def test_multistage_assembly_equals_each_sample_built_alone():
     checked = spawn(multistage_job, 4, timeout_s=120)
     assert sum(checked) == 9  # every sample exactly once
+
+
+def detached_job(rank, size, which):
+    """Rank `which` (or every rank, None) dispatches embeddings made by an encoder that requires grad, with
+    `differentiable` left False; returns what each rank raised."""
+    torch.manual_seed(rank)
+    encoder = nn.Linear(2, 3)
+    lengths = [2, 3]
+    made = encoder(torch.randn(5, 2))
+    embeddings = made if which is None or rank == which else made.detach()
+    dispatcher = PostBalancingDispatcher()
+    try:
+        dispatcher.dispatch({"e": embeddings, "t": torch.arange(5)}, dispatcher.plan(lengths))
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.parametrize("which", [None, 1], ids=["every-rank", "rank-1"])
+def test_regression_dispatch_detached_a_tensor_that_requires_grad_and_its_encoder_never_learned(which):
+    """Cause (probe8 P8-03): `dispatch` (`differentiable=False` by default) moved a tensor that requires grad
+    without its graph: the encoder that made it got no gradient, and no error said so.  Every rank now raises,
+    naming the rank and the key."""
+    for rank, message in enumerate(spawn(detached_job, 2, args=(which,), timeout_s=60)):
+        named = rank if which is None else which  # where every rank has a reason, each raises its own
+        assert f"rank {named}'s `batch['e']` requires grad but `differentiable` is False" in message, message
+        assert "pass differentiable=True to let its gradient flow back" in message, message
+
+
+def test_dispatch_under_no_grad_or_with_differentiable_takes_a_tensor_that_requires_grad():
+    encoder = nn.Linear(2, 3)
+    dispatcher = PostBalancingDispatcher()
+    with torch.no_grad():
+        moved = dispatcher.dispatch({"e": encoder(torch.randn(5, 2))}, dispatcher.plan([2, 3]))
+    assert not moved["e"].requires_grad
+    moved = dispatcher.dispatch({"e": encoder(torch.randn(5, 2))}, dispatcher.plan([2, 3]), differentiable=True)
+    moved["e"].sum().backward()
+    assert encoder.weight.grad is not None
