@@ -16,7 +16,7 @@ import math
 from ..balancers import CostModel
 from ..study.compare import algorithm_names, compare_topology
 from .errors import UsageError, one_line, usage_errors
-from .files import require_file
+from .files import require_file, utf8_text
 
 DEFAULT_GPUS_PER_NODE = 8
 DEFAULT_BYTES_PER_TOKEN = 8192.0  # a bf16 hidden state of 4096
@@ -170,7 +170,7 @@ def check_workload_source(args, stages) -> int | None:
 
     if args.workload_file is not None:
         require_file(args.workload_file, "workload file")
-        with usage_errors(str(args.workload_file)):
+        with usage_errors(str(args.workload_file)), utf8_text(args.workload_file):
             return check_workload_file(args.workload_file, modalities=[s.modality for s in stages if not s.is_llm])
     if args.workload not in list_workloads():
         raise UsageError(f"unknown workload {args.workload!r}; choose one of {', '.join(list_workloads())} "

@@ -12,6 +12,7 @@ is a UsageError naming the option and the operating system's reason.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -74,8 +75,11 @@ def _has_header(first: list[str], where: str) -> bool:
         return False
     if all(_is_column_name(field) for field in first):
         return True
+    expected = "expected an integer length or a header line of column names"
+    if "" in first:  # neither a name nor a number: what a spreadsheet's empty column leaves
+        raise UsageError(f"{where}: field {first.index('') + 1} of {len(first)} is empty (a trailing comma?); {expected}")
     odd = next(field for field in first if not _is_column_name(field))
-    raise UsageError(f"{where}: expected an integer length or a header line of column names, got {odd!r}")
+    raise UsageError(f"{where}: {expected}, got {odd!r}")
 
 
 def _pick_column(header: list[str], column: str | None, path: Path) -> int:
@@ -123,17 +127,27 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
     return lengths
 
 
+def _json(text: str, where: str):
+    try:
+        return json_value(text, where)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def _json_entries(path: Path) -> list[tuple[str, object]]:
+    """(where, value) of every entry: each line of a JSON lines file, or each element of a `.json` file that
+    holds one JSON array (what a `.json` file usually holds: `[5, 4, 3]` over one line or several)."""
+    text = path.read_text(encoding=TEXT_ENCODING)
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        return [(f"{path}: element {index}", value) for index, value in enumerate(_json(text, str(path)))]
+    return [(f"{path}:{number}", _json(line, f"{path}:{number}"))
+            for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
 def _read_json_lines(path: Path, column: str | None) -> list[int]:
     key = column or "length"
     lengths = []
-    for number, line in enumerate(path.read_text(encoding=TEXT_ENCODING).splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            value = json_value(line, where)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
+    for where, value in _json_entries(path):
         if isinstance(value, dict):
             if key not in value:
                 raise UsageError(f"{where}: object has no key {key!r} (keys: {sorted(value)}); use --column")
@@ -200,7 +214,7 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
 
     CSV: one integer per line, or a header line and `column` (required when there are
     several columns).  JSON lines: one integer or one object per line, taking key
-    `column` (default "length").  .npy: a 1-D integer array, loaded without pickle.
+    `column` (default "length"); a `.json` file may instead hold one JSON array of them.  .npy: a 1-D integer array, loaded without pickle.
     Every entry is checked; raises UsageError naming the file and line of the first bad one.
     """
     path = Path(path)
@@ -210,14 +224,27 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
         if column is not None:
             raise UsageError(f"{path}: --column applies to CSV and JSON lines files, not .npy")
         return _read_npy(path)
-    try:
+    with utf8_text(path):
         if suffix == ".csv":
             return np.asarray(_read_csv(path, column), dtype=np.int64)
         if suffix in (".jsonl", ".json", ".ndjson"):
             return np.asarray(_read_json_lines(path, column), dtype=np.int64)
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not a text file") from None
     raise UsageError(f"{path}: unknown file type {suffix!r}; use .csv, .jsonl or .npy")
+
+
+@contextmanager
+def utf8_text(path):
+    """A text file read in the block that is not UTF-8 as a UsageError saying what it is and what to do:
+    UTF-16 by its byte-order mark (a spreadsheet's "Unicode text"), else the first byte UTF-8 cannot
+    read (Latin-1, another code page, or binary)."""
+    try:
+        yield
+    except UnicodeDecodeError as error:
+        if error.object[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+            raise UsageError(f"{path}: UTF-16 text (its byte-order mark says so); save it as UTF-8 (a spreadsheet's "
+                             f"CSV UTF-8)") from None
+        raise UsageError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start}); "
+                         f"save it as UTF-8") from None
 
 
 def require_file(path, what: str) -> None:

@@ -1,10 +1,10 @@
 """Regressions of issue 24: inputs the `orchmllm` command misread or crashed on, each now a one-line
-error naming the input (exit 2); a closed stdout and an early Ctrl-C end quietly.  Named after their cause."""
+error naming the input (exit 2); a closed stdout ends quietly (an early Ctrl-C: test_cli_interrupts.py).
+Named after their cause."""
 
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import warnings
@@ -49,6 +49,12 @@ def files(tmp_path_factory):
     np.save(tmp / "objects.npy", np.array([3, "4"], dtype=object), allow_pickle=True)
     (tmp / "directory.csv").mkdir()
     os.mkfifo(tmp / "fifo.csv")
+    (tmp / "trailing_comma.csv").write_text("5,\n4,\n")
+    (tmp / "utf16.csv").write_text("length\n5\n4\n", encoding="utf-16")
+    (tmp / "latin1.csv").write_bytes("longueur_\xe9\n5\n4\n".encode("latin-1"))
+    (tmp / "pretty.json").write_text('[\n  5,\n  {"length": 4},\n  3\n]\n')
+    (tmp / "array_of_lists.json").write_text("[5, [4, 3]]\n")
+    (tmp / "wl_utf16.jsonl").write_text('{"text": 212}\n', encoding="utf-16")
     return tmp
 
 
@@ -71,6 +77,19 @@ CASES = {
     "csv whose first line mixes names and numbers": (
         ["plan", "{tmp}/mixed_header.csv", "-D", "2", "--column", "length"],
         "mixed_header.csv:1: expected an integer length or a header line of column names, got '7'"),
+    # probe8 P8-04: a spreadsheet's trailing comma blamed the length before it, a UTF-16 or Latin-1 file was "not a
+    # text file", and a JSON array (a .json file's usual content) was refused as bad JSON lines
+    "csv of lengths with a trailing comma": (
+        ["plan", "{tmp}/trailing_comma.csv", "-D", "2"],
+        "trailing_comma.csv:1: field 2 of 2 is empty (a trailing comma?); expected an integer length or a header line"),
+    "csv in UTF-16": (["plan", "{tmp}/utf16.csv", "-D", "2"],
+                      "utf16.csv: UTF-16 text (its byte-order mark says so); save it as UTF-8 (a spreadsheet's CSV UTF-8)"),
+    "csv in Latin-1": (["plan", "{tmp}/latin1.csv", "-D", "2"],
+                       "latin1.csv: not UTF-8 text (byte 0xe9 at offset 9); save it as UTF-8"),
+    "workload file in UTF-16": (["simulate", "--gpus", "1", "--samples-per-rank", "1", "--workload-file",
+                                 "{tmp}/wl_utf16.jsonl"], "wl_utf16.jsonl: UTF-16 text (its byte-order mark says so)"),
+    "json array holding a list": (["plan", "{tmp}/array_of_lists.json", "-D", "2"],
+                                  "array_of_lists.json: element 1: expected an integer length, got [4, 3]"),
     # the balancers' ValueError on item bytes escaped with a traceback
     "negative bytes per token": (["plan", "{tmp}/good.csv", "-D", "2", "--algorithm", "lpt+locality",
                                   "--bytes-per-token", "-1"], "--bytes-per-token: `bytes_per_token` must be finite"),
@@ -224,6 +243,14 @@ def test_csv_header_of_names_and_a_single_column_still_read(tmp_path, capsys):
         assert json.loads(capsys.readouterr().out)["makespan"] == (18 if args[0] == "plain.csv" else 11)
 
 
+def test_regression_a_json_array_in_a_json_file_was_refused_as_bad_json_lines(files, capsys):
+    """Cause: `.json` files were read as JSON lines only, so an array over several lines (what a `.json` file
+    usually holds) was "not valid JSON (Expecting value)" at its `[` (probe8 P8-04)."""
+    assert main(["plan", str(files / "pretty.json"), "-D", "2", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["num_items"] == 3 and sorted(plan["tokens"]) == [5, 7]  # 5 | 4 + 3
+
+
 def test_float16_npy_is_read_without_an_overflow_warning(tmp_path, capsys):
     """2**53, the bound a length is checked against, overflowed float16 with a RuntimeWarning on stderr."""
     np.save(tmp_path / "half.npy", np.array([3, 4, 5], dtype=np.float16))
@@ -289,75 +316,6 @@ def test_csv_named_as_a_figure_of_the_plot_directory_is_refused(files, tmp_path,
     check_one_line_error(code, capsys.readouterr().err, f"--csv '{tmp_path / 'out' / 'loads.png'}' is a figure --plot "
                                                         f"writes into '{tmp_path / 'out'}'; choose another name")
     assert not (tmp_path / "out").exists()
-
-
-CONSOLE_SCRIPT = "import sys; from orchmllm.cli import main; sys.exit(main())"  # what pip's `orchmllm` script runs
-
-
-# Imports of the command's start-up after which the sweep sends its Ctrl-C (`-X importtime` reports each import
-# as it completes, so the signal lands in what comes next): the stdlib modules the command loads first (argparse's
-# gettext, signal), numpy.  Not the package itself: what follows it is the import machinery's (runpy finding
-# __main__, `from ... import main`), microseconds before any line of orchmllm can catch anything.
-START_UP_IMPORTS = ["gettext", "signal", "numpy"]
-
-
-@pytest.mark.parametrize("after", START_UP_IMPORTS)
-@pytest.mark.parametrize("launcher", [["-m", "orchmllm"], ["-c", CONSOLE_SCRIPT]], ids=["python -m", "console script"])
-def test_interrupt_during_start_up_imports_is_one_line_and_exit_130(launcher, after):
-    """Ctrl-C while `import orchmllm` loaded numpy and scipy printed a 52-line traceback; a Ctrl-C during the
-    stdlib imports atop cli/__init__.py still did through the console script (probe7 P7-01's residual window,
-    a few ms: that module now imports nothing before `main` runs)."""
-    process = subprocess.Popen([sys.executable, "-X", "importtime", *launcher, "compare", "-D", "8"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in process.stderr:
-        if line.split("|")[-1].strip() == after:
-            break
-    else:
-        pytest.fail(f"the command ended without importing {after}")
-    process.send_signal(signal.SIGINT)
-    _, rest = process.communicate(timeout=60)
-    messages = [line for line in rest.splitlines() if not line.startswith("import time:")]
-    assert process.returncode == 130, rest
-    assert len(messages) == 1 and messages[0] in ("orchmllm: interrupted", "orchmllm compare: interrupted"), messages
-
-
-def test_regression_an_interrupt_inside_numpy_s_import_was_reported_as_a_bad_numpy_install(monkeypatch, capsys):
-    """Cause: a Ctrl-C landing in numpy's C-extension initialisation (under `build_parser`'s imports) becomes numpy's
-    ImportError "Importing the numpy C-extensions failed ... bad install", which `main` did not take for an
-    interrupt: 57 lines, exit 1 (probe6 P6-06).  The interrupt is now recorded during the imports, raised after."""
-    import orchmllm.cli.command as command
-    build_parser = command.build_parser
-
-    def interrupted_inside_an_extension():
-        try:
-            signal.raise_signal(signal.SIGINT)  # Python's handler raises KeyboardInterrupt here, which an ...
-        except KeyboardInterrupt as error:  # ... extension's initialisation turns into an ImportError
-            raise ImportError("Importing the numpy C-extensions failed.") from error
-        return build_parser()
-    monkeypatch.setattr(command, "build_parser", interrupted_inside_an_extension)
-    assert main(["compare", "-D", "8"]) == 130
-    assert capsys.readouterr().err.splitlines() == ["orchmllm: interrupted"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-@pytest.mark.parametrize("module", ["orchmllm.cli.errors", "argparse"])
-@pytest.mark.parametrize("launcher", ["runpy.run_module('orchmllm', run_name='__main__')",
-                                      "from orchmllm.cli import main; sys.exit(main())"],
-                         ids=["python -m", "console script"])
-def test_regression_an_interrupt_while_the_cli_module_imported_printed_a_traceback(launcher, module):
-    """Cause: a Ctrl-C during the stdlib and orchmllm imports atop cli/__init__.py, before main's handler,
-    printed a traceback through orchmllm's frames: under `python -m orchmllm` (probe7 P7-01), and still through
-    the console script after __main__ caught it (the residual window).  An import hook interrupts `module`."""
-    script = ("import runpy, sys\n"
-              "class Interrupt:\n"
-              "    def find_spec(self, name, path=None, target=None):\n"
-              f"        if name == {module!r}:\n"
-              "            raise KeyboardInterrupt\n"
-              "sys.meta_path.insert(0, Interrupt())\n"
-              "sys.argv = ['orchmllm', 'compare', '-D', '8']\n"
-              f"{launcher}\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert (done.returncode, done.stderr) == (130, "orchmllm: interrupted\n"), done.stderr
 
 
 def test_simulator_refuses_sizes_that_cannot_fit_before_sampling():
