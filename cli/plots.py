@@ -319,8 +319,7 @@ def cell_loads_figure(panels: Mapping[str, np.ndarray], *, title: str = ""):
     synchronised micro-batch costs."""
     plt = _pyplot()
     top = max(float(loads.max()) for loads in panels.values()) or 1.0
-    exponent = int(np.floor(np.log10(top)))
-    scale, unit = 10.0 ** exponent, rf" ($\times 10^{{{exponent}}}$)" if exponent else ""
+    scale, unit = _power_of_ten(top)
     figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 1, 4.4), squeeze=False,
                                 layout="constrained")
     for axis, (label, loads) in zip(axes[0], panels.items()):
@@ -338,6 +337,13 @@ def cell_loads_figure(panels: Mapping[str, np.ndarray], *, title: str = ""):
     return figure
 
 
+def _power_of_ten(top: float) -> tuple[float, str]:
+    """10**e for e = floor(log10(top)), the scale a figure divides its values by, and the label suffix naming it
+    ('' for e = 0): the unit in the labels, not matplotlib's offset text ('1e16') over a panel's title."""
+    exponent = int(np.floor(np.log10(top))) if top > 0 else 0
+    return 10.0 ** exponent, rf" ($\times 10^{{{exponent}}}$)" if exponent else ""
+
+
 DEGREE_COLOURS = {2: "#DD8452", 4: "#C44E52", 8: "#8172B3", 16: "#937860", 32: "#DA8BC3"}
 
 
@@ -350,6 +356,12 @@ def split_window(start: np.ndarray, degree: np.ndarray, seconds: np.ndarray, num
         return 0, num_ranks
     first = int(np.argmax(_rank_loads(start, degree, seconds, num_ranks))) // width * width
     return first, min(first + width, num_ranks)
+
+
+def _split_arrays(start, degree, seconds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A split-work panel's (block start, degree, time) as int64, int64 and float64 arrays."""
+    return (np.asarray(start, dtype=np.int64), np.asarray(degree, dtype=np.int64),
+            np.asarray(seconds, dtype=np.float64))
 
 
 def _rank_loads(start: np.ndarray, degree: np.ndarray, seconds: np.ndarray, num_ranks: int) -> np.ndarray:
@@ -373,20 +385,20 @@ def split_work_figure(panels: Mapping[str, tuple], num_ranks: int, *, title: str
     `panels` maps a label to (block start, degree, time per rank in `unit`) of every item.  The ranks
     shown are the same in every panel (`split_window`: around the last panel's slowest rank); the
     dashed line is each plan's slowest rank over all `num_ranks` ranks, which may lie outside the
-    window.
+    window.  A unit other than seconds (model costs, ~1e16) is scaled by a power of ten its label names.
     """
     plt = _pyplot()
-    start, degree, seconds = list(panels.values())[-1]
-    first, last = split_window(np.asarray(start, dtype=np.int64), np.asarray(degree, dtype=np.int64),
-                               np.asarray(seconds, dtype=np.float64), num_ranks, max_ranks)
+    panels = {label: _split_arrays(*panel) for label, panel in panels.items()}
+    first, last = split_window(*list(panels.values())[-1], num_ranks, max_ranks)
+    top = max(float(_rank_loads(*panel, num_ranks).max(initial=0.0)) for panel in panels.values())
+    scale, suffix = (1.0, "") if unit == "seconds" else _power_of_ten(top)
     figure, axes = plt.subplots(len(panels), 1, figsize=(10, 2.8 * len(panels) + 0.9), sharex=True, sharey=True,
                                 squeeze=False, layout="constrained")
     for axis, (label, (start, degree, seconds)) in zip(axes[:, 0], panels.items()):
-        start, degree = np.asarray(start, dtype=np.int64), np.asarray(degree, dtype=np.int64)
-        seconds = np.asarray(seconds, dtype=np.float64)
-        _draw_split_work(axis, start, degree, seconds, num_ranks, first, last, unit)
+        _draw_split_work(axis, start, degree, seconds / scale, num_ranks, first, last,
+                         " s" if unit == "seconds" else suffix)
         axis.set_title(f"{label}: {int((degree > 1).sum())} items split", fontsize=10, loc="left")
-        axis.set_ylabel(unit)
+        axis.set_ylabel(f"{unit}{suffix}")
         axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     axes[-1, 0].set_xlim(first - 0.6, last - 0.4)
     _integer_ticks(axes[-1, 0].xaxis)
@@ -398,8 +410,9 @@ def split_work_figure(panels: Mapping[str, tuple], num_ranks: int, *, title: str
     return figure
 
 
-def _draw_split_work(axis, start, degree, seconds, num_ranks: int, first: int, last: int, unit: str) -> None:
-    """One panel of `split_work_figure`: split boxes at the bottom of their group, whole items above."""
+def _draw_split_work(axis, start, degree, seconds, num_ranks: int, first: int, last: int, value_unit: str) -> None:
+    """One panel of `split_work_figure`: split boxes at the bottom of their group, whole items above
+    (`value_unit` follows the slowest rank's figure in the legend)."""
     from matplotlib.patches import Rectangle
 
     ends = start + degree
@@ -424,6 +437,5 @@ def _draw_split_work(axis, start, degree, seconds, num_ranks: int, first: int, l
                  linewidth=0.3, label="whole items (one box each)")
     makespan = float(loads.max())
     axis.axhline(makespan, color="black", linestyle="--", linewidth=0.8,
-                 label=f"slowest rank of all {num_ranks}: {makespan:.3g}{' s' if unit == 'seconds' else ''} "
-                       f"(rank {int(np.argmax(loads))})")
+                 label=f"slowest rank of all {num_ranks}: {makespan:.3g}{value_unit} (rank {int(np.argmax(loads))})")
     axis.set_ylim(0, max(axis.get_ylim()[1], makespan * 1.05))

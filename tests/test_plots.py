@@ -229,3 +229,20 @@ def test_regression_a_few_ranks_were_ticked_at_fractions(name):
             low, high = axis.get_xlim()
             shown = [tick for tick in axis.get_xticks() if low <= tick <= high]
             assert shown == [0.0, 1.0], (axis.get_xlabel(), shown)
+
+
+def test_regression_cp_work_costs_were_scaled_by_an_offset_text_under_the_panel_title():
+    """Cause: `compare --context-parallel --plot` draws costs near 1e16, and matplotlib's '1e16' offset text sat
+    between each panel's title and its axis, apart from the 'cost' label (cells.png names its power of ten in its
+    labels since issue 24; cp_work.png did not)."""
+    seconds = np.array([6.1e16, 2.0e16, 3.5e16, 1.2e16])
+    panels = {"static_cp": (np.array([0, 2, 2, 3]), np.array([2, 1, 1, 1]), seconds),
+              "ours": (np.array([0, 1, 2, 3]), np.ones(4, dtype=np.int64), seconds)}
+    figure = plots.split_work_figure(panels, 4, title="llm stage, D=4: per-rank cost with split items", unit="cost")
+    texts = [text for text, _ in text_boxes(figure)]
+    assert not any(text.startswith("1e") for text in texts), texts
+    assert [axis.get_ylabel() for axis in figure.axes] == ["cost ($\\times 10^{16}$)"] * 2
+    assert "slowest rank of all 4: 6.1 ($\\times 10^{16}$) (rank 0)" in texts
+    assert overlapping_texts(figure) == []
+    seconds_figure = plots.split_work_figure({"ours": panels["ours"][:2] + (seconds / 1e16,)}, 4)
+    assert seconds_figure.axes[0].get_ylabel() == "seconds"  # seconds keep their unit, no power of ten
