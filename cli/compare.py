@@ -13,7 +13,7 @@ from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorith
                         model_stages, positive_int, rank_list, subcommand, topology as checked_topology,
                         workload_batch)
 from .errors import UsageError, usage_errors
-from .files import check_not_input, check_parent, load_lengths, write_rows_csv, writing
+from .files import check_not_input, check_parent, check_plot_directory, load_lengths, write_rows_csv, writing
 from .render import print_compare, print_json, print_microbatch_rows, print_split_rows, print_written, progress
 
 DEFAULT_MODEL, DEFAULT_ITEMS_PER_RANK = "84b", "16"  # workloads only: None when not given, refused with --lengths
@@ -205,7 +205,7 @@ def run(args) -> int:
     for num_ranks in ranks:
         checked_topology(num_ranks, args.gpus_per_node)
     if args.plot is not None:
-        check_parent("--plot", args.plot)
+        check_plot_directory(args.plot)
     if args.csv is not None:
         check_parent("--csv", args.csv, made=args.plot)
         check_not_input("--csv", args.csv, [args.lengths, args.workload_file])

@@ -139,7 +139,8 @@ def _json_entries(path: Path) -> list[tuple[str, object]]:
     holds one JSON array (what a `.json` file usually holds: `[5, 4, 3]` over one line or several)."""
     text = path.read_text(encoding=TEXT_ENCODING)
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
-        return [(f"{path}: element {index}", value) for index, value in enumerate(_json(text, str(path)))]
+        array = _json(text, f"{path} (a .json file starting with '[' is read as one JSON array)")
+        return [(f"{path}: element {index}", value) for index, value in enumerate(array)]
     return [(f"{path}:{number}", _json(line, f"{path}:{number}"))
             for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
@@ -273,6 +274,14 @@ def check_parent(option: str, path, made=None) -> None:
     parent = Path(path).parent
     if not parent.exists() and (made is None or parent != Path(made)):
         raise UsageError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
+
+
+def check_plot_directory(path) -> None:
+    """UsageError when --plot's directory cannot be made: its parent is missing (`check_parent`), or a file
+    has its name (the figures would fail after the whole run, "cannot write (File exists)")."""
+    check_parent("--plot", path)
+    if Path(path).exists() and not Path(path).is_dir():
+        raise UsageError(f"--plot {str(path)!r} is a file, not a directory; name a directory (made if missing)")
 
 
 def check_not_input(option: str, path, inputs) -> None:

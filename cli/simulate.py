@@ -7,7 +7,7 @@ from pathlib import Path
 from .arguments import (batch_size, check_file_holds, check_seed, check_workload_source, degree_list, model_stages,
                         name_list, positive_int, rank_list, strategy_names, subcommand)
 from .errors import UsageError, usage_errors
-from .files import check_parent, writing
+from .files import check_plot_directory, writing
 from .pipeline import add_arguments as add_pipeline_arguments, check_pipeline_flags, run_pipelined
 from .render import (print_context_parallel_simulation, print_microbatch_simulation, print_simulation,
                      print_simulation_runs, progress)
@@ -111,7 +111,7 @@ def run(args) -> int:
     gpus = rank_list(args.gpus, "--gpus")
     check_seed(args.seed)
     if args.plot is not None:
-        check_parent("--plot", args.plot)
+        check_plot_directory(args.plot)
     check_pipeline_flags(args)
     if args.pipeline_stages is not None:
         return run_pipelined(args, gpus)

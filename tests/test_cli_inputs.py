@@ -55,6 +55,8 @@ def files(tmp_path_factory):
     (tmp / "pretty.json").write_text('[\n  5,\n  {"length": 4},\n  3\n]\n')
     (tmp / "array_of_lists.json").write_text("[5, [4, 3]]\n")
     (tmp / "wl_utf16.jsonl").write_text('{"text": 212}\n', encoding="utf-16")
+    (tmp / "a_file").write_text("")
+    (tmp / "arrays_per_line.json").write_text("[5, 4]\n[3]\n")
     return tmp
 
 
@@ -88,6 +90,9 @@ CASES = {
                        "latin1.csv: not UTF-8 text (byte 0xe9 at offset 9); save it as UTF-8"),
     "workload file in UTF-16": (["simulate", "--gpus", "1", "--samples-per-rank", "1", "--workload-file",
                                  "{tmp}/wl_utf16.jsonl"], "wl_utf16.jsonl: UTF-16 text (its byte-order mark says so)"),
+    "json file of an array per line": (["plan", "{tmp}/arrays_per_line.json", "-D", "2"],
+                                       "arrays_per_line.json (a .json file starting with '[' is read as one JSON "
+                                       "array): not valid JSON (Extra data)"),
     "json array holding a list": (["plan", "{tmp}/array_of_lists.json", "-D", "2"],
                                   "array_of_lists.json: element 1: expected an integer length, got [4, 3]"),
     # the balancers' ValueError on item bytes escaped with a traceback
@@ -176,6 +181,12 @@ CASES = {
     "csv into a missing directory": (["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--algorithms", "lpt",
                                       "--csv", "{tmp}/missing/rows.csv"],
                                      "--csv '{tmp}/missing/rows.csv': directory '{tmp}/missing' does not exist"),
+    # --plot naming a file: "cannot write (File exists)" after the whole run
+    "compare plot directory that is a file": (
+        ["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--algorithms", "lpt", "--plot", "{tmp}/a_file"],
+        "--plot '{tmp}/a_file' is a file, not a directory"),
+    "simulate plot directory that is a file": (["simulate", "--gpus", "8", "--plot", "{tmp}/a_file"],
+                                               "--plot '{tmp}/a_file' is a file, not a directory"),
     # probe3 UE4: a directory, a FIFO or /dev/null as the lengths file was "not found"
     "lengths file that is a directory": (["plan", "{tmp}/directory.csv", "-D", "2"],
                                          "lengths file '{tmp}/directory.csv' is a directory, not a regular file"),
