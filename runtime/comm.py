@@ -54,18 +54,13 @@ _running: dict = {}  # process group -> (thread, phase) of the collective a thre
 _refused: dict = {}  # process group -> the refusal (this rank's or a peer's) that made it unusable
 _gloo: dict = {}  # process group -> whether its backend is gloo (`finish` polls only there)
 _lock = threading.Lock()
-_backward = threading.local()  # `.active`: this thread runs autograd's backward (GPUs run it on a thread of their own)
 
 
-@contextlib.contextmanager
-def backward_collectives():
-    """Collectives in the body belong to an autograd backward, which on GPUs runs on autograd's device
-    threads: they take no ownership of their group nor need it (the overlap check still holds)."""
-    outer, _backward.active = getattr(_backward, "active", False), True
-    try:
-        yield
-    finally:
-        _backward.active = outer
+def _in_backward() -> bool:
+    """Whether this thread runs autograd's backward (the exchange's inverse, a checkpoint's recomputed forward):
+    on GPUs autograd runs it on a thread of its own, so such collectives neither take nor need a group's
+    ownership (the overlap check still holds)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _clash(phase: str, key, me: threading.Thread) -> str | None:
@@ -77,8 +72,7 @@ def _clash(phase: str, key, me: threading.Thread) -> str | None:
         return (f"the {phase} on thread {me.name!r} while thread {running[0].name!r} runs the {running[1]} on the "
                 f"same process group")
     owner = _owners.get(key)
-    if (owner is not None and owner[0] is not me and owner[0].is_alive()
-            and not getattr(_backward, "active", False)):
+    if owner is not None and owner[0] is not me and owner[0].is_alive() and not _in_backward():
         return (f"the {phase} on thread {me.name!r} while thread {owner[0].name!r}, which ran the runtime's first "
                 f"collective on this process group (the {owner[1]}), lives and holds it")
     return None
@@ -112,7 +106,7 @@ def _one_thread(phase: str, group):
         other = _running.get(key)
         _running[key] = (me, phase)
         owner = _owners.get(key)
-        if not getattr(_backward, "active", False) and (owner is None or not owner[0].is_alive()):
+        if (owner is None or not owner[0].is_alive()) and not _in_backward():
             _owners[key] = (me, phase)
     try:
         yield

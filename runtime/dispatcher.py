@@ -358,7 +358,7 @@ class PostBalancingDispatcher:
         """
         plan = _checked_plan(plan)
         problem = (self._foreign_problem(plan, "dispatch") or _items_problem(plan, lengths, loss_tokens)
-                   or detached_problem(batch, differentiable, plan.route.rank))
+                   or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
         self._dispatched, self._step = plan.route.plan_id, self._step.next()
         return moved

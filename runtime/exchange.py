@@ -38,7 +38,7 @@ import torch
 from ..balancers.validation import is_int
 from .agreement import PieceSchema, SchemaGuard
 from .alltoall import FlatAllToAll, Flows
-from .comm import backward_collectives, collective
+from .comm import collective
 
 
 def _as_ranks(values, name: str, world_size: int) -> np.ndarray:
@@ -238,18 +238,26 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
     return _exchange(pieces, transport, stats, "exchange" if guard is None else guard.what)
 
 
-def detached_problem(batch, differentiable: bool, rank: int) -> RuntimeError | None:
-    """Why a batch may not move without its graph: a tensor of it requires grad while `differentiable` is False
-    and autograd records (the module that made it would get no gradient, silently); or None."""
-    if differentiable or not torch.is_grad_enabled() or not isinstance(batch, Mapping):
+DIFFERENTIABLE_FIX = ("but `differentiable` is False: the exchange would move it without its graph, and what made it "
+                      "would get no gradient; pass differentiable=True to let its gradient flow back (every rank then "
+                      "runs the backward exchange), or .detach() it")
+
+RAW_INPUTS_FIX = ("but the runtime moves raw inputs, text and per-sample tensors without their graph, and what made it "
+                  "would get no gradient: compute it inside an encoder (`encoders=`, whose output moves with its "
+                  "graph), or .detach() it")
+
+
+def detached_problem(sources: Mapping[str, object], rank: int, fix: str = DIFFERENTIABLE_FIX) -> RuntimeError | None:
+    """Why tensors may not move without their graph (`sources`: name -> a mapping of tensors, e.g. {"batch":
+    batch}): one requires grad while autograd records, and what made it would get no gradient, silently (`fix`
+    says what to do); or None."""
+    if not torch.is_grad_enabled():
         return None
-    keys = [key for key, value in batch.items() if isinstance(value, torch.Tensor) and value.requires_grad]
-    if not keys:
-        return None
-    return RuntimeError(f"rank {rank}'s `batch[{keys[0]!r}]` requires grad but `differentiable` is False: the exchange "
-                        f"would move it without its graph, and what made it would get no gradient; pass "
-                        f"differentiable=True to let its gradient flow back (every rank then runs the backward "
-                        f"exchange), or .detach() it")
+    for source, tensors in sources.items():
+        for key, value in (tensors.items() if isinstance(tensors, Mapping) else ()):
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                return RuntimeError(f"rank {rank}'s `{source}[{key!r}]` requires grad {fix}")
+    return None
 
 
 def _rows_problem(number: int, piece: Piece, rows: np.ndarray) -> str | None:
@@ -356,8 +364,7 @@ class _Exchange(torch.autograd.Function):
             grad = grads[n] if grads[n] is not None else torch.zeros(shape, dtype=dtype, device=device)
             meta, rows, *_ = ctx.routes[n]
             pieces.append(Piece(meta.inverse(), grad, rows))
-        with backward_collectives():
-            returned = exchange(pieces, ctx.transport, ctx.stats)
+        returned = exchange(pieces, ctx.transport, ctx.stats)
         input_grads = [None] * len(ctx.shapes)
         for n, grad in zip(differentiable, returned):
             input_grads[n] = grad

@@ -61,7 +61,7 @@ from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table
 from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .encoders import call_problem, checked_call, contract_problem, output_problem, sharded_problem, unseen_module
-from .exchange import ExchangeMeta, Piece, exchange, exchange_with_grad, ranges
+from .exchange import RAW_INPUTS_FIX, ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, StepToken, contract_of, iterate, new_step, split_rows
@@ -256,14 +256,13 @@ class MultiStageRuntime:
         """The fused input exchange of the whole step (one all-to-all; none yet without
         `fused_input_exchange`), to be iterated with `microbatches`.
 
-        `text`: per-token tensors packed over this rank's samples (rows = text tokens);
-        `per_sample`: one row per sample; `inputs`: modality -> raw inputs packed over this
-        rank's segments of that modality (rows = segment lengths).  Every rank passes the
-        same keys (a modality absent locally still needs an empty tensor of the right
-        trailing shape and dtype).  Packed tensors have no sample boundaries, so routes kept
-        by every rank from an earlier step go unseen where row totals match, unless `samples`
-        gives this rank's samples (as given to `plan`): they are checked against the routes',
-        and every rank raises `PlanMismatchError` naming the rank and its first sample that differs.
+        `text`: per-token tensors packed over this rank's samples (rows = text tokens); `per_sample`: one row per
+        sample; `inputs`: modality -> raw inputs packed over this rank's segments of that modality (rows = segment
+        lengths); none may require grad (they move without their graph).  Every rank passes the same keys (a
+        modality absent locally still needs an empty tensor of the right trailing shape and dtype).  Packed
+        tensors have no sample boundaries, so routes kept by every rank from an earlier step go unseen where row
+        totals match, unless `samples` gives this rank's samples (as given to `plan`): they are checked against
+        the routes', and every rank raises `PlanMismatchError` naming the rank and its first sample that differs.
         """
         check_step(routes, text, per_sample, inputs)
         problem = None if samples is None else self._samples_problem(routes, samples)
@@ -309,7 +308,8 @@ class MultiStageRuntime:
         inputs = dict(inputs or {})
         missing = [m for m, r in zip(self.modalities, input_routes) if m not in inputs and r.num_items]
         problem = problem or (ValueError(f"`inputs` lacks modality {missing[0]!r}, which the global batch contains")
-                              if missing else None)  # every rank raises it, naming this one
+                              if missing else None) or detached_problem(  # every rank raises it, naming this one
+            {"inputs": inputs, "text": text, "per_sample": per_sample}, text_route.rank, RAW_INPUTS_FIX)
         copies = units.copies if np.any(units.copies != 1) else 1
         where = {("text", None): (text_route, units.tokens), ("per_sample", None): (text_route, copies)}
         for modality, route, rows in zip(self.modalities, input_routes, input_rows):

@@ -246,3 +246,23 @@ def test_dispatch_under_no_grad_or_with_differentiable_takes_a_tensor_that_requi
     moved = dispatcher.dispatch({"e": encoder(torch.randn(5, 2))}, dispatcher.plan([2, 3]), differentiable=True)
     moved["e"].sum().backward()
     assert encoder.weight.grad is not None
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-micro-batch"])
+def test_regression_multistage_dispatch_detached_inputs_that_require_grad(fused):
+    """Cause (probe8 P8-03's sibling): `MultiStageRuntime.dispatch(inputs={"image": proj(x)})` moved image features
+    made with grad without their graph: `proj` never got a gradient, and no error said so."""
+    from orchmllm.orchestrator import Sample, Segment, Stage
+
+    stages = (Stage("i", "image", CostModel()), Stage("llm", "llm", CostModel()))
+    runtime = MultiStageRuntime(stages, check_encoders=False, max_tokens_per_microbatch=8,
+                                fused_input_exchange=fused)
+    samples = [Sample(3, (Segment("image", 2, 2),), id=0), Sample(2, (), id=1)]
+    projection = nn.Linear(4, 4)
+    routes = runtime.plan(samples)
+    with pytest.raises(RuntimeError, match=r"rank 0's `inputs\['image'\]` requires grad but the runtime moves raw "
+                                           r"inputs, text and per-sample tensors without their graph, .* compute it "
+                                           r"inside an encoder"):
+        moved = runtime.dispatch(routes, text={"input_ids": torch.arange(5)},
+                                 inputs={"image": projection(torch.randn(2, 4))}, samples=samples)
+        list(runtime.microbatches(routes, moved))

@@ -243,3 +243,39 @@ def test_regression_two_threads_on_one_group_stopped_one_rank_and_its_peer_waite
                                            "refusal made unusable (rank 0: the metadata all-gather"), outcomes[0].value
     assert outcomes[1].value[1].startswith("rank 1: the dispatch header all-reduce over 2 ranks stopped: a rank "
                                            "refused a collective of this group: rank 0:"), outcomes[1].value
+
+
+def backward_on_another_thread_job(rank, size):
+    """The training thread plans and dispatches with gradients; the backward runs on another thread, as autograd
+    runs it on a device thread of its own on GPUs; the gradients that came home, per item."""
+    import threading
+
+    dispatcher = PostBalancingDispatcher()
+    lengths = LENGTHS[rank]
+    x = torch.ones(sum(lengths), 2, requires_grad=True)
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"x": x}, plan, differentiable=True)
+    loss = (moved["x"] * (1 + plan.route.rank)).sum()
+    outcome = []
+
+    def backward():
+        try:
+            loss.backward()
+            outcome.append("ok")
+        except RuntimeError as error:
+            outcome.append(str(error))
+
+    worker = threading.Thread(target=backward, name="autograd-like")
+    worker.start()
+    worker.join(30)
+    return (x.grad[:, 0].tolist() if x.grad is not None else None), outcome
+
+
+def test_the_exchanges_backward_on_another_thread_needs_no_ownership_of_the_group():
+    """Autograd runs a CUDA backward on a device thread: the exchange's inverse, on that thread, is not refused as
+    a second thread's collective on a group the training thread holds."""
+    outcomes = run_processes(backward_on_another_thread_job, 2, timeout_s=60, collective_timeout_s=20)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        grads, outcome = o.value
+        assert outcome == ["ok"] and len(grads) == sum(LENGTHS[o.rank]) and set(grads) <= {1.0, 2.0}, o.value
