@@ -57,7 +57,7 @@ def module_of(encoder: Callable) -> nn.Module | None:
 
 
 @contextlib.contextmanager
-def _recording(module: nn.Module):
+def recording(module: nn.Module):
     """Yield {id(parameter): name}: `module`'s parameters now, and those each of its modules holds
     as its forward returns while the body runs (FSDP2 swaps unsharded ones in for the forward)."""
     names = {id(parameter): name for name, parameter in module.named_parameters()}
@@ -75,7 +75,7 @@ def _recording(module: nn.Module):
         handle.remove()
 
 
-def _reached(output: torch.Tensor, names: dict[int, str], wanted: set[str]) -> set[str] | None:
+def reached_leaves(output: torch.Tensor, names: dict[int, str], wanted: set[str]) -> set[str] | None:
     """The names in `wanted` of the leaves `output`'s graph reaches (the walk stops once all are
     found); None when a reentrant checkpoint hides the parameters it used."""
     reached: set[str] = set()
@@ -103,11 +103,11 @@ def checked_call(encoder: Callable, *args) -> tuple[torch.Tensor, list[str]]:
     if module is None or not torch.is_grad_enabled():
         return encoder(*args), []
     wanted = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
-    with _recording(module) as names:
+    with recording(module) as names:
         output = encoder(*args)
     if not wanted or not isinstance(output, torch.Tensor):
         return output, []
-    reached = _reached(output, names, wanted) if output.grad_fn is not None else set()
+    reached = reached_leaves(output, names, wanted) if output.grad_fn is not None else set()
     if reached is None or (reached and not whole):
         return output, []
     return output, sorted(wanted - reached)

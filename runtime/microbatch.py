@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import collective, comm_device, finish, group_rank, group_size
-from .encoders import EncoderContractError, _reached, _recording
+from .encoders import EncoderContractError, reached_leaves, recording
 from .exchange import ranges
 
 _active = threading.local()
@@ -232,7 +232,7 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     _active.current = (micro.index, micro.num_microbatches)
     due = check and micro.contract is not None and _reduces_every_parameter(model)
     try:
-        with gradient_sync(model, micro.is_last), (_recording(model) if due else contextlib.nullcontext()) as names:
+        with gradient_sync(model, micro.is_last), (recording(model) if due else contextlib.nullcontext()) as names:
             _active.contract = (micro, model, names) if due else None
             yield
     finally:
@@ -252,7 +252,7 @@ def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
     _active.contract = None
     _, model, names = contract
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    reached = _reached(loss_sum, names, wanted) if loss_sum.grad_fn is not None else set()
+    reached = reached_leaves(loss_sum, names, wanted) if loss_sum.grad_fn is not None else set()
     unused = [] if reached is None else sorted(wanted - reached)
     group = micro.contract[0]
     flags = torch.zeros(group_size(group), dtype=torch.int64, device=comm_device(group))
