@@ -159,3 +159,19 @@ def test_two_tiers_equals_rank_by_rank_checks(case):
         assert found[2] == reference[2]
         np.testing.assert_array_equal(found[0], reference[0])
         np.testing.assert_array_equal(found[1], reference[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(8, 60), min_size=1, max_size=30), cap=st.integers(8, 40))
+def test_two_tiers_equals_rank_by_rank_checks_near_the_budget(lengths, cap):
+    """Short items against a budget of a few shards: a group's bounds often leave its token room open."""
+    problem = replace(make_problem(np.asarray(lengths), 16, cost=COST), max_tokens_per_rank=cap)
+    spec, long = ContextParallel(gpus_per_node=GPUS), np.arange(len(lengths))
+    times = planner.TimeTable(problem, spec, GPUS, long)
+    found = two_tiers(problem, spec, times, long, 0.0, planner.water_level)
+    reference = _reference_two_tiers(problem, spec, times, long, 0.0, planner.water_level)
+    assert (found is None) == (reference is None)
+    if found is not None:
+        assert found[2] == reference[2]
+        np.testing.assert_array_equal(found[0], reference[0])
+        np.testing.assert_array_equal(found[1], reference[1])

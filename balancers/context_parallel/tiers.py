@@ -66,11 +66,11 @@ def _deal(problem: Problem, times, order: np.ndarray, alone: np.ndarray, k: int,
 
     A group's ranks all carry its load (every item adds its time to each), so the heap's loads are the
     ranks'; a group's token room is settled by bounds on its fullest rank (each item's fewest to most
-    shard tokens) where they decide it, else rank by rank."""
+    shard tokens) where they decide it, else rank by rank from its items' shards."""
     d = problem.num_ranks
     start = np.full(problem.num_items, -1, dtype=np.int64)
     degree = np.ones(problem.num_items, dtype=np.int64)
-    loads, tokens = np.zeros(d), np.zeros(d, dtype=np.int64)
+    loads = np.zeros(d)
     index = np.argsort(-alone[:k], kind="stable")  # largest degree first: each block aligned
     items, widths = order[index], alone[index]
     ends = np.cumsum(widths)
@@ -82,10 +82,11 @@ def _deal(problem: Problem, times, order: np.ndarray, alone: np.ndarray, k: int,
         loads[first: first + c * int(chosen.sum())] = np.repeat(times(items[chosen], c), c)
     wide_time, shards, most, fewest = wide
     groups = [(0.0, s) for s in range(-(-position // widest) * widest, d - widest + 1, widest)]
-    held = {s: (0, 0) for _, s in groups}  # group -> (least, most) tokens its fullest rank may hold
-    for j, item in enumerate(order[k:].tolist(), start=k):
+    held = {s: [0, 0, []] for _, s in groups}  # group -> least and most tokens its fullest rank may hold, its items
+    chosen = []
+    for j in range(k, order.size):
         aside = []
-        while groups and not _room(held, tokens, groups[0][1], widest, shards[j], most[j], fewest[j], cap):
+        while groups and not _room(held[groups[0][1]], shards, j, most[j], fewest[j], cap):
             aside.append(heapq.heappop(groups))
         if not groups:
             return None
@@ -93,22 +94,22 @@ def _deal(problem: Problem, times, order: np.ndarray, alone: np.ndarray, k: int,
         heapq.heapreplace(groups, (load + wide_time[j], s))
         for entry in aside:
             heapq.heappush(groups, entry)
-        start[item], degree[item] = s, widest
-        low, high = held[s]
-        held[s] = (low + fewest[j], high + most[j])
-        if cap < math.inf:
-            tokens[s: s + widest] += shards[j]
+        chosen.append(s)
+        tokens = held[s]
+        tokens[0] += fewest[j]
+        tokens[1] += most[j]
+        tokens[2].append(j)
+    start[order[k:]], degree[order[k:]] = chosen, widest
     for load, s in groups:
         loads[s: s + widest] = load
     return start, degree, loads
 
 
-def _room(held: dict, tokens: np.ndarray, s: int, widest: int, shard: np.ndarray, most: int, fewest: int,
-          cap: float) -> bool:
-    """Whether an item's shards fit the group at `s` within `cap` tokens a rank."""
-    low, high = held[s]
-    if high + most <= cap:
+def _room(held: list, shards: np.ndarray, j: int, most: int, fewest: int, cap: float) -> bool:
+    """Whether the shards of item j (row j of `shards`) fit within `cap` tokens a rank the group `held` =
+    [least, most tokens its fullest rank may hold, its items (rows of `shards`)]."""
+    if held[1] + most <= cap:
         return True
-    if low + fewest > cap:
+    if held[0] + fewest > cap:
         return False
-    return bool((tokens[s: s + widest] + shard <= cap).all())
+    return bool((shards[held[2]].sum(axis=0) + shards[j] <= cap).all())
