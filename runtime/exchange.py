@@ -262,11 +262,16 @@ def detached_problem(sources: Mapping[str, object], rank: int, fix: str = DIFFER
 
 def _rows_problem(number: int, piece: Piece, rows: np.ndarray) -> str | None:
     """What is wrong with piece `number`'s row count on this rank (its items own `rows[item]`), or None."""
-    expected = int(rows[piece.meta.source_items].sum())
+    expected, items = int(rows[piece.meta.source_items].sum()), piece.meta.source_items.size
     if piece.tensor.shape[0] == expected:
         return None
+    hint = ""
+    if piece.tensor.shape[0] == items and not (piece.per_item or is_int(piece.item_rows)):  # per item, taken per token
+        hint = (" (one per token: a tensor of one row per sample goes in `per_sample`)" if piece.name.startswith("text:")
+                else " (one per token: every key not in `per_item_keys` is per-token; a tensor of one row per item "
+                     "must be listed there)")
     return (f"piece {number} ({piece.name or '?'}): tensor has {piece.tensor.shape[0]} rows but this rank's "
-            f"{piece.meta.source_items.size} items own {expected} rows")
+            f"{items} items own {expected} rows{hint}")
 
 
 def _problem(pieces: Sequence[Piece], transport) -> Exception | None:

@@ -572,3 +572,19 @@ def test_regression_prefetcher_submit_after_close_and_a_negative_timeout_gave_ra
     prefetcher.close()
     with pytest.raises(RuntimeError, match=r"this Prefetcher is closed; make a new one to plan again"):
         prefetcher.submit(2)
+
+
+@pytest.mark.parametrize("call", ["dispatch", "combine"])
+def test_regression_a_per_item_tensor_left_out_of_per_item_keys_got_a_row_count_error_without_the_cause(call):
+    """Cause (probe8 P8-05): a per-item tensor whose key was not in `per_item_keys` was taken for a per-token one,
+    and the error said only "tensor has 2 rows but this rank's 2 items own 5 rows"."""
+    dispatcher = PostBalancingDispatcher()
+    plan = dispatcher.plan([2, 3])
+    batch = {"x": torch.zeros(5), "sid": torch.tensor([1, 2])}
+    if call == "combine":
+        batch = {**dispatcher.dispatch({"x": torch.zeros(5)}, plan), "score": torch.tensor([1.0, 2.0])}
+    key = "sid" if call == "dispatch" else "score"
+    with pytest.raises(ValueError, match=rf"piece 0 \({key}\): tensor has 2 rows but this rank's 2 items own 5 rows "
+                                         rf"\(one per token: every key not in `per_item_keys` is per-token; a tensor "
+                                         rf"of one row per item must be listed there\)"):
+        getattr(dispatcher, call)(batch, plan)
