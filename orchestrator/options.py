@@ -14,8 +14,8 @@ from ..balancers import get_algorithm
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.options import MicroBatchOptions, microbatch_options
 from ..balancers.pipeline import Pipeline
-from ..balancers.validation import as_bool, as_real
-from ..topology import PLACEMENTS
+from ..balancers.validation import as_bool, as_real, is_int
+from ..topology import PLACEMENTS, Topology
 
 LOCALITY = "locality"
 
@@ -99,3 +99,24 @@ class PlanOptions(StepOptions):
             raise ValueError("`balance_llm=False` cannot plan micro-batches (the cells balance the LLM stage); to "
                              "keep samples on their ranks, pass cells that do to `plan_cells` (e.g. the study's "
                              "per-rank sequential fill)")
+
+
+def plan_options(options: dict) -> PlanOptions:
+    """`Orchestrator`'s keyword options checked into a `PlanOptions`; a name it does not take is a
+    TypeError naming the Orchestrator and its options (not the dataclass, which the user never named)."""
+    names = [option.name for option in fields(PlanOptions)]
+    unknown = next((name for name in options if name not in names), None)
+    if unknown is not None:
+        raise TypeError(f"Orchestrator got an unknown option {unknown!r}; the options are {names}")
+    return PlanOptions(**options)
+
+
+def as_topology(topology) -> Topology:
+    """`Orchestrator`'s `topology`: a Topology, or an int number of ranks (>= 1) on one node."""
+    if is_int(topology):
+        if topology < 1:
+            raise ValueError(f"`topology` as a number of ranks must be >= 1; got {topology}")
+        return Topology(1, int(topology))
+    if not isinstance(topology, Topology):
+        raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")
+    return topology

@@ -37,10 +37,9 @@ from ..balancers.microbatch.options import MicroBatchOptions
 from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
-from ..balancers.validation import is_int
-from ..topology import PLACEMENTS, Topology, place
+from ..topology import PLACEMENTS, place
 from .frames import split_frames, stage_costs, stage_frames, stage_pricing, whole_video
-from .options import LOCALITY, PlanOptions
+from .options import LOCALITY, as_topology, plan_options
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import split_layout
@@ -241,12 +240,8 @@ class Orchestrator:
 
     def __init__(self, stages, topology, **options):
         self.stages = check_stages(stages)
-        if is_int(topology):
-            topology = Topology(1, int(topology))
-        if not isinstance(topology, Topology):
-            raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")
-        self.topology = topology
-        self.options = PlanOptions(**options)
+        self.topology = topology = as_topology(topology)
+        self.options = plan_options(options)
         spec = self.options.context_parallel
         self.context_parallel = None if spec is None else spec.on(topology)
         if spec is not None:

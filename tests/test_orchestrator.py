@@ -314,12 +314,21 @@ def test_overlapping_segments_are_rejected():
     ({"makespan_slack": float("nan")}, ValueError, "`makespan_slack` must be"),
     ({"balance_encoders": "no"}, TypeError, "`balance_encoders` must be a bool"),
     ({"balance_llm": 0}, TypeError, "`balance_llm` must be a bool"),
+    # a misspelt option was "PlanOptions.__init__() got an unexpected keyword argument", a class the user never named
+    ({"placemnt": "lap"}, TypeError, r"Orchestrator got an unknown option 'placemnt'; the options are \[.*'placement'"),
 ])
 def test_regression_orchestrator_options_are_checked_when_built(options, error, match):
     """`makespan_slack` was stored unchecked (a negative slack only failed inside a step's
     locality search, a NaN never), and `bool()` read the string "no" as True."""
     with pytest.raises(error, match=match):
         Orchestrator(STAGES, 4, **options)
+
+
+@pytest.mark.parametrize("ranks", [0, -3])
+def test_regression_a_number_of_ranks_below_one_was_blamed_on_gpus_per_node(ranks):
+    """Cause: an int `topology` became Topology(1, ranks), whose check named `gpus_per_node`, not given."""
+    with pytest.raises(ValueError, match=rf"`topology` as a number of ranks must be >= 1; got {ranks}"):
+        Orchestrator(STAGES, ranks)
 
 
 def test_orchestrator_options_are_frozen_and_canonical():
