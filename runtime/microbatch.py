@@ -141,6 +141,23 @@ def iterate(microbatches):
         _active.current = previous
 
 
+@contextlib.contextmanager
+def sampled(num_microbatches: int):
+    """Record, for the body, that this thread iterates a sampler's micro-batches, up to `num_microbatches` a
+    step (`normalize_loss` then refuses a per-micro-batch count for a loss that requires grad)."""
+    previous = getattr(_active, "sampled", 1)
+    _active.sampled = num_microbatches
+    try:
+        yield
+    finally:
+        _active.sampled = previous
+
+
+def sampled_microbatches() -> int:
+    """The most micro-batches a step has in the sampler this thread iterates (`sampled`); 1 when none."""
+    return getattr(_active, "sampled", 1)
+
+
 def new_step() -> None:
     """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and
     `microbatches()` starts afresh)."""

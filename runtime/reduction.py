@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ..balancers.validation import as_int
 from .comm import comm_device, group_rank, group_size, is_distributed
 from .metadata import PeerInputError
-from .microbatch import MicroBatch, active_microbatch, check_model_contract, step_microbatches
+from .microbatch import MicroBatch, active_microbatch, check_model_contract, sampled_microbatches, step_microbatches
 
 _REDUCTIONS = ("mean", "sum")
 INT64_MAX = 2**63 - 1
@@ -89,15 +89,17 @@ def _per_microbatch_count(where: str, way_out: str = "") -> ValueError:
                       f"(all ranks, all micro-batches) with no collective{way_out}")
 
 
-def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
-                   gradient_reduction: str = "mean") -> torch.Tensor:
+def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, gradient_reduction: str = "mean",
+                   total_loss_tokens=None) -> torch.Tensor:
     """Local loss summed over tokens (a floating-point tensor), divided by the global number of loss tokens.
 
     `gradient_reduction` is how gradients are then combined across ranks: "mean" (DDP,
     FSDP: the result is multiplied by the world size to undo the average) or "sum"
     (a plain all-reduce sum, as `all_reduce_gradients(..., op="sum")`).  Either way the
     reduced gradient equals that of (sum of all token losses) / (global token count).
-    `num_loss_tokens` is this rank's count: a non-negative int or a one-element integer tensor.
+    `num_loss_tokens` is this rank's count: a non-negative int or a one-element integer tensor,
+    summed over the ranks (one all-reduce); or `total_loss_tokens`, the global count that every
+    rank knows already (no collective; e.g. a `BalancedDistributedSampler`'s `step_tokens()`).
 
     In a micro-batched step pass the `MicroBatch` as `num_loss_tokens`: its loss is divided
     by the loss tokens of the whole step, known from the gathered metadata, with no
@@ -114,6 +116,9 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
     if not (loss_sum.is_floating_point() or loss_sum.is_complex()):  # the quotient would be truncated
         raise TypeError(f"`loss_sum` must be a floating-point (or complex) tensor; got a {loss_sum.dtype} tensor (a "
                         f"sum of integers, e.g. a count of correct predictions: .double() it first)")
+    if (num_loss_tokens is None) == (total_loss_tokens is None):
+        raise TypeError("normalize_loss takes `num_loss_tokens` (this rank's count, or a MicroBatch) or "
+                        "`total_loss_tokens` (the global count every rank knows), one of them")
     if isinstance(num_loss_tokens, MicroBatch):
         if num_loss_tokens.step is not None and num_loss_tokens.step.ended:
             raise ValueError(f"normalize_loss with micro-batch {num_loss_tokens.index} of an earlier step (its "
@@ -122,7 +127,9 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
                              f"variable kept from an earlier step?)")
         check_model_contract(loss_sum, num_loss_tokens)
         return loss_sum * num_loss_tokens.loss_scale(gradient_reduction)
-    inside, step = active_microbatch(), step_microbatches() or 1
+    if total_loss_tokens is not None:
+        return _divided(loss_sum, as_count(total_loss_tokens, "total_loss_tokens"), group, gradient_reduction)
+    inside, step, sampled = active_microbatch(), step_microbatches() or 1, sampled_microbatches()
     if inside is not None and inside[1] > 1:
         raise _per_microbatch_count(f"inside micro-batch {inside[0]} of {inside[1]}")
     if step > 1 and loss_sum.requires_grad:
@@ -130,7 +137,20 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens, group=None, *,
                                     f"was handed them and holds them; until the next `plan()` or `microbatches()`)",
                                     "; a loss of another batch (an evaluation) takes a count under torch.no_grad(), or "
                                     "divide it by `global_count(count)` yourself")
-    total = global_count(num_loss_tokens, group, name="num_loss_tokens").to(loss_sum.device)
+    if sampled > 1 and loss_sum.requires_grad:
+        raise ValueError(f"normalize_loss with a count while a BalancedDistributedSampler with "
+                         f"`max_tokens_per_microbatch` yields this thread's micro-batches (steps of up to {sampled}): "
+                         f"dividing each micro-batch by its own loss tokens weights tokens by the micro-batch they sit "
+                         f"in; divide by the step's, `normalize_loss(loss_sum, total_loss_tokens="
+                         f"sampler.step_tokens()[step])` (or your sum of the loss tokens of its "
+                         f"`global_batches()[step]`)")
+    return _divided(loss_sum, global_count(num_loss_tokens, group, name="num_loss_tokens"), group,
+                    gradient_reduction)
+
+
+def _divided(loss_sum: torch.Tensor, total: torch.Tensor, group, gradient_reduction: str) -> torch.Tensor:
+    """`loss_sum` over the global count `total`, times the group's size for a "mean" gradient reduction."""
+    total = total.to(loss_sum.device)
     scale = group_size(group) if gradient_reduction == "mean" else 1
     # at least float32 arithmetic: in float16 a count past 65504 is inf (the loss came back 0) and 1 / count subnormal
     wide = torch.promote_types(loss_sum.dtype, torch.float32)

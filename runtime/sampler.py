@@ -37,6 +37,7 @@ from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
 from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import collective, comm_device, finish, group_rank, group_size, is_distributed
+from .microbatch import sampled
 
 AGREEMENT = ("BalancedDistributedSampler's epoch agreement all-gather (every process of `group` iterates the "
              "sampler, or passes check_agreement=False)")  # what a dead or stalled peer's error names
@@ -63,14 +64,18 @@ class BalancedDistributedSampler(Sampler[list[int]]):
 
     A batch sampler: pass it as `DataLoader(dataset, batch_sampler=sampler)`.  Shares hold
     different numbers of samples with equal work; normalise the loss by the global token
-    count (`orchmllm.runtime.normalize_loss`).  Like `DistributedSampler`, call
-    `set_epoch(epoch)` before each epoch for a new shuffle.
+    count (`orchmllm.runtime.normalize_loss`: this rank's count, summed over the ranks, or the
+    step's, `normalize_loss(loss_sum, total_loss_tokens=sampler.step_tokens()[step])`, which
+    every rank knows).  Like `DistributedSampler`, call `set_epoch(epoch)` before each epoch.
 
     With `max_tokens_per_microbatch` T, every yielded list is one micro-batch: the step's M
     micro-batches follow each other (every rank yields the same M, some lists possibly
     empty, so the `collate_fn` must accept an empty list and the model still run its
     collectives), and `microbatches_per_step()` tells the gradient-accumulation loop where
     each step ends.  The epoch is then planned ahead on first use (`len` counts micro-batches).
+    Every micro-batch's loss is divided by its step's tokens (`step_tokens()`); a count of one
+    micro-batch weights tokens by the micro-batch they sit in, and `normalize_loss` refuses it
+    (for a loss that requires grad) while the sampler yields steps of several micro-batches.
 
     Args:
         lengths: length of every dataset sample (tokens), index i for sample i.
@@ -175,6 +180,12 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             self._planned = (self.epoch, [self.plan(batch) for batch in self.global_batches()])
         return self._planned[1]
 
+    def step_tokens(self) -> list[int]:
+        """Tokens of every step's global batch this epoch (all ranks, all micro-batches; the same on every
+        rank): the divisor of each micro-batch's loss where every token counts in the loss (else sum the loss
+        tokens of `global_batches()[step]` yourself) (`normalize_loss(..., total_loss_tokens=)`)."""
+        return [integer_sum(self.lengths[batch]) for batch in self.global_batches()]
+
     def microbatches_per_step(self) -> list[int]:
         """M of every step of this epoch (the same on every rank); needs `max_tokens_per_microbatch`."""
         if self.max_tokens_per_microbatch is None:
@@ -237,9 +248,10 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             for batch in self.global_batches():
                 yield batch[self.plan(batch).items_of(self.rank)].tolist()
             return
-        for batch, plan in zip(self.global_batches(), self._epoch_plans()):
-            for microbatch in range(plan.num_microbatches):
-                yield batch[plan.items_of(self.rank, microbatch)].tolist()
+        with sampled(max(self.microbatches_per_step(), default=1)):
+            for batch, plan in zip(self.global_batches(), self._epoch_plans()):
+                for microbatch in range(plan.num_microbatches):
+                    yield batch[plan.items_of(self.rank, microbatch)].tolist()
 
 
 def _describe(value) -> str:

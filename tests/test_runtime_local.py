@@ -588,3 +588,44 @@ def test_regression_a_per_item_tensor_left_out_of_per_item_keys_got_a_row_count_
                                          rf"\(one per token: every key not in `per_item_keys` is per-token; a tensor "
                                          rf"of one row per item must be listed there\)"):
         getattr(dispatcher, call)(batch, plan)
+
+
+SAMPLER_LENGTHS = [9, 1, 1, 1, 5, 3, 3, 1, 2, 7, 4, 4]
+
+
+def sampler_step_job(rank, size):
+    """Each rank accumulates its micro-batches of the sampler's first step (T = 9), each loss divided by the step's
+    token count the sampler gives; then the gradients are averaged over the ranks, as DDP does."""
+    from orchmllm.runtime import all_reduce_gradients
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    sampler = BalancedDistributedSampler(SAMPLER_LENGTHS, num_replicas=size, rank=rank, global_batch_size=12,
+                                         max_tokens_per_microbatch=9)
+    weight = torch.nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
+    refused = None
+    for micro in sampler:
+        tokens = torch.cat([torch.full((SAMPLER_LENGTHS[i],), float(i + 1), dtype=torch.float64) for i in micro]
+                           + [torch.zeros(0, dtype=torch.float64)])
+        try:
+            normalize_loss((weight * tokens).sum(), tokens.numel())
+        except ValueError as error:
+            refused = str(error)
+        normalize_loss((weight * tokens).sum(), total_loss_tokens=sampler.step_tokens()[0]).backward()
+    all_reduce_gradients([weight], op="mean")
+    return float(weight.grad), sampler.step_tokens(), refused
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_regression_a_budgeted_samplers_micro_batches_had_no_step_count_and_a_per_micro_batch_one_gave_3x(size):
+    """Cause (probe8 P8-06): the sampler yields a step as micro-batches (plain index lists) and gave no step count;
+    `normalize_loss(loss, count)` per micro-batch, as its README said, weighted tokens by the micro-batch they sat in
+    (gradient 3.1x off).  The sampler now gives `step_tokens()`, `normalize_loss(..., total_loss_tokens=)` divides
+    by it with no collective, and a per-micro-batch count is refused while a budgeted sampler yields."""
+    outcomes = run_processes(sampler_step_job, size, timeout_s=60) if size > 1 else [None]
+    results = [o.value for o in outcomes] if size > 1 else [sampler_step_job(0, 1)]
+    expected = sum(float(i + 1) * length for i, length in enumerate(SAMPLER_LENGTHS)) / sum(SAMPLER_LENGTHS)
+    for grad, step_tokens, refused in results:
+        assert step_tokens == [sum(SAMPLER_LENGTHS)] and grad == pytest.approx(expected, rel=1e-12)
+        assert refused.startswith("normalize_loss with a count while a BalancedDistributedSampler with "
+                                  "`max_tokens_per_microbatch` yields this thread's micro-batches"), refused
+        assert "normalize_loss(loss_sum, total_loss_tokens=sampler.step_tokens()[step])" in refused
