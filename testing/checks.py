@@ -7,7 +7,9 @@ import math
 import numpy as np
 
 from ..balancers import BalancePlan, ContextParallelPlan, CostModel, MicroBatchPlan, Status
+from ..balancers.constraints.groups import as_groups
 from ..balancers.context_parallel.microbatch import SplitMicroBatchPlan
+from ..balancers.problem import as_costs, as_lengths
 from .oracles import BRUTE_FORCE_MAX_PLANS, Optimum, brute_force, exact
 
 _AUTO = object()
@@ -74,7 +76,7 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
     >>> check_plan(balance([5, 4, 3, 3, 3], 2, algorithm="lpt"), [5, 4, 3, 3, 3], 2)
     """
     check_plan_type(plan, BalancePlan)
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = as_lengths(lengths)  # balance()'s own reading of its input, as check_microbatch_plan's
     cost = CostModel() if cost is None and costs is None else cost  # explicit costs: the plan has no model
     n = lengths.size
     assignment = np.asarray(plan.assignment)
@@ -86,7 +88,7 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
     outside = np.flatnonzero((assignment < 0) | (assignment >= num_ranks))
     if outside.size:
         _fail(plan, f"item {outside[0]} goes to rank {assignment[outside[0]]}, outside [0, {num_ranks})")
-    item_costs = cost.item_costs(lengths) if costs is None else np.asarray(costs, dtype=np.float64)
+    item_costs = cost.item_costs(lengths) if costs is None else as_costs(costs, lengths)
     counts, tokens, loads = _rank_totals(plan, assignment, lengths, item_costs, cost, padded, num_ranks)
     makespan = float(loads.max())
     bound = plan.lower_bound
@@ -107,10 +109,11 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
     if equal_counts and (counts.min() < n // num_ranks or counts.max() > -(-n // num_ranks)):
         _fail(plan, f"item counts per rank {counts.tolist()} are not all floor or ceil of {n}/{num_ranks}")
     if groups is not None:
-        groups = np.asarray(groups)
-        for group in np.unique(groups):
-            ranks = np.unique(assignment[groups == group])
+        labels = as_groups(groups, n)  # 0..G-1; the message names the caller's own id
+        for label in np.unique(labels):
+            ranks = np.unique(assignment[labels == label])
             if ranks.size > 1:
+                group = np.asarray(groups)[np.argmax(labels == label)]
                 _fail(plan, f"group {group} is split over ranks {ranks.tolist()}")
     if optimum is _AUTO:
         optimum = _oracle(lengths, num_ranks, cost, padded, cap, costs, equal_counts, groups)

@@ -534,6 +534,23 @@ def test_regression_check_plan_failed_an_optimal_plan_an_ulp_above_the_optimum_s
     check_plan(plan, lengths, 2, cost=cost, equal_counts=True)
 
 
+@pytest.mark.parametrize("lengths, options, error, message", [
+    ([5.5, 4, 3, 3, 2], {}, ValueError, r"`lengths` must be non-negative integers; got 5.5 at index 0"),
+    ("54332", {}, TypeError, r"`lengths` must be a 1-D sequence of integers; got str"),
+    ([5, 4, 3, 3, 2], dict(costs=[5, 4, 3, "x", 2]), TypeError, r"`costs` must hold real numbers; got dtype <U"),
+    ([5, 4, 3, 3, 2], dict(costs=[5, 4, 3, 3]), ValueError, r"`costs` must hold one cost per item, shape \(5,\)"),
+    ([5, 4, 3, 3, 2], dict(groups=[0, 0, 1]), ValueError, r"`groups` must hold one group id per item, shape \(5,\)"),
+], ids=["fractional-length", "str-lengths", "str-cost", "costs-short", "groups-short"])
+def test_regression_check_plan_truncated_fractional_lengths_and_gave_numpy_s_errors(lengths, options, error, message):
+    """Cause: check_plan read its input with `np.asarray(..., dtype=int64)`: a length of 5.5 became 5 and the plan of
+    [5, 4, 3, 3, 2] passed as a plan of this input, and bad costs or groups raised numpy's conversion or index
+    errors; it now reads them with balance()'s own validators, as check_microbatch_plan does."""
+    made = {"costs": dict(costs=[5, 4, 3, 3, 2]), "groups": dict(groups=[0, 0, 1, 2, 3])}.get(next(iter(options), ""), {})
+    plan = balance([5, 4, 3, 3, 2], 2, **made)
+    with pytest.raises(error, match=message):
+        check_plan(plan, lengths, 2, **options)
+
+
 @pytest.mark.parametrize("arguments, message", [
     (dict(max_items=0), r"`max_items` must be >= 1; got 0"),
     (dict(max_ranks=0), r"`max_ranks` must be >= 1; got 0"),
