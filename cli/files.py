@@ -77,7 +77,8 @@ def _has_header(first: list[str], where: str) -> bool:
         return True
     expected = "expected an integer length or a header line of column names"
     if "" in first:  # neither a name nor a number: what a spreadsheet's empty column leaves
-        raise UsageError(f"{where}: field {first.index('') + 1} of {len(first)} is empty (a trailing comma?); {expected}")
+        raise UsageError(f"{where}: field {first.index('') + 1} of {len(first)} is empty (a trailing comma?); "
+                         f"{expected}")
     odd = next(field for field in first if not _is_column_name(field))
     raise UsageError(f"{where}: {expected}, got {odd!r}")
 
@@ -215,7 +216,8 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
 
     CSV: one integer per line, or a header line and `column` (required when there are
     several columns).  JSON lines: one integer or one object per line, taking key
-    `column` (default "length"); a `.json` file may instead hold one JSON array of them.  .npy: a 1-D integer array, loaded without pickle.
+    `column` (default "length"); a `.json` file may instead hold one JSON array of them.
+    .npy: a 1-D integer array, loaded without pickle.
     Every entry is checked; raises UsageError naming the file and line of the first bad one.
     """
     path = Path(path)

@@ -85,7 +85,8 @@ CASES = {
         ["plan", "{tmp}/trailing_comma.csv", "-D", "2"],
         "trailing_comma.csv:1: field 2 of 2 is empty (a trailing comma?); expected an integer length or a header line"),
     "csv in UTF-16": (["plan", "{tmp}/utf16.csv", "-D", "2"],
-                      "utf16.csv: UTF-16 text (its byte-order mark says so); save it as UTF-8 (a spreadsheet's CSV UTF-8)"),
+                      "utf16.csv: UTF-16 text (its byte-order mark says so); save it as UTF-8 (a spreadsheet's "
+                      "CSV UTF-8)"),
     "csv in Latin-1": (["plan", "{tmp}/latin1.csv", "-D", "2"],
                        "latin1.csv: not UTF-8 text (byte 0xe9 at offset 9); save it as UTF-8"),
     "workload file in UTF-16": (["simulate", "--gpus", "1", "--samples-per-rank", "1", "--workload-file",
