@@ -43,7 +43,8 @@ LAYOUT_SHARE = 1 / 4
 fit, longest first), the others dealt after them."""
 
 BEST_FIT_PROBES = 4
-"""Candidates best fit checks for token room before it scans them all at once (numpy)."""
+"""Candidates a search may find short of tokens, their bounds having left it open (those surely short are
+parked, see `_Blocks._search`), before it scans them all at once (numpy)."""
 
 LADDER_STEP = 1 / 64
 LADDER_STEPS = 8
@@ -153,8 +154,8 @@ class _Blocks:
 
     def _least_fitting(self, degree: int, lo: int, hi: int, need: tuple, probes: list[int]) -> int | None:
         """The least position among keys[lo:hi] of `degree` whose shards' tokens fit (-1: none); None
-        once more than BEST_FIT_PROBES candidates failed the check.  Positions ascend along a run of
-        equal loads, so each run's first fit is its least."""
+        once more than BEST_FIT_PROBES candidates not surely short (those are parked) failed the check.
+        Positions ascend along a run of equal loads, so each run's first fit is its least."""
         keys, best = self.keys[degree], -1
         while lo < hi:
             end = min(hi, bisect.bisect_right(keys, (keys[lo][0], math.inf), lo, hi))
