@@ -49,7 +49,7 @@ def giant_microbatches(draw):
     return lengths, num_ranks, budget, CostModel(linear=1.0, quadratic=draw(st.sampled_from([1e-4, 1e-3])))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(case=giant_microbatches())
 def test_the_search_keeps_every_token_in_its_group_and_never_raises_the_step(case):
     lengths, num_ranks, budget, cost = case
