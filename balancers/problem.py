@@ -472,5 +472,6 @@ def require_equal_counts(problem: Problem, assignment: np.ndarray, algorithm: st
     q, r = count_limits(problem.num_items, problem.num_ranks)
     if counts.min() < q or counts.max() > q + 1:
         rank = int(np.argmin(counts)) if counts.min() < q else int(np.argmax(counts))
-        raise RuntimeError(f"algorithm {algorithm!r} put {int(counts[rank])} items on rank {rank}; "
-                           f"`equal_counts` allows {q} or {q + 1}")
+        allowed = f"{q} or {q + 1}" if r else f"exactly {q}"
+        raise RuntimeError(f"algorithm {algorithm!r} put {int(counts[rank])} items on rank {rank}; `equal_counts` "
+                           f"allows {allowed} ({problem.num_items} items on {problem.num_ranks} ranks)")

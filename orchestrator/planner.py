@@ -224,8 +224,10 @@ class Orchestrator:
             C = seconds_per_cost · Σ cost / D the least it computes, so the makespan added
             costs no more than that exchange (large models on fast links: near 0; small
             models, slow links: the full slack).  None (default): `makespan_slack` always.
-        balance_encoders / balance_llm: False keeps that stage's items on the rank that
-            sampled them (the ablations "llm_only" and "none").
+        balance_encoders / balance_llm: False leaves that stage unbalanced (the ablations
+            "llm_only" and "none"): its items stay on the rank that sampled them, or, with
+            `max_tokens_per_microbatch`, an encoder's on the rank of its sample's cell (the
+            cells move whole samples, as `plan_cells` says).
         uniform_algorithm: balance every stage with this algorithm, as if unpadded (the
             ablation "one algorithm for all stages"); plans are still evaluated with each
             stage's true cost model.

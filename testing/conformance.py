@@ -90,7 +90,8 @@ class _Target(SuiteTarget):
         self.equal_counts = getattr(self.kernel, "equal_counts", None)
         able = {name for name, applies in (("costs", False in self.kinds), ("groups", False in self.kinds),
                                            ("equal_counts", self.equal_counts is not None)) if applies}
-        asked = set(CONSTRAINTS if constraints is None else constraints)
+        asked = set(CONSTRAINTS if constraints is None else [constraints] if isinstance(constraints, str)
+                    else constraints)  # a str is one name, not its letters
         unknown = sorted(asked - set(CONSTRAINTS))
         if unknown:
             raise ValueError(f"`constraints` must be names in {CONSTRAINTS}; got {unknown}")
@@ -282,7 +283,7 @@ def check_conformance(algorithm_or_kernel, *, max_items: int = 6, max_ranks: int
     (`harness.REPEAT_CALLS` calls in all: a kernel whose plan differs in 1 % of calls is caught
     with probability 99.9 %).  `processes` also compares plans with two other Python processes
     (the kernel must then be importable from a module: one defined in `__main__` needs
-    processes=False).  `constraints` (names in `CONSTRAINTS`) picks
+    processes=False).  `constraints` (names in `CONSTRAINTS`, or one name as a str) picks
     the constrained cases; by default every one the target supports: `costs` and `groups`
     for unpadded kernels, `equal_counts` for a record with an `equal_counts` kernel (pass
     the `Algorithm` record, e.g. `register_algorithm`'s, to check that kernel).  A micro-batch

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from orchmllm import balance_microbatches, register_algorithm, register_microbatch_algorithm
-from orchmllm.balancers import Algorithm, KernelResult, balance, get_algorithm
+from orchmllm.balancers import Algorithm, KernelResult, balance, get_algorithm, registry
 from orchmllm.balancers.microbatch.plan import MicroBatchResult
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -376,3 +376,21 @@ def test_a_kernel_returning_a_namedtuple_or_tuple_of_its_own_is_refused_naming_i
     with pytest.raises(RuntimeError, match=r"algorithm 'test_mb_named' returned a NamedCells for num_microbatches=1; "
                                            r"expected a MicroBatchResult"):
         balance_microbatches([3, 1, 2], 2, max_tokens_per_microbatch=6, algorithm="test_mb_named")
+
+
+def _all_on_rank_zero(problem):
+    return KernelResult(np.zeros(problem.num_items, np.int64))
+
+
+@pytest.mark.parametrize("lengths, allowed", [([4, 3, 2, 1], "exactly 2 (4 items on 2 ranks)"),
+                                              ([4, 3, 2, 1, 1], "2 or 3 (5 items on 2 ranks)")],
+                         ids=["ranks-divide-items", "remainder"])
+def test_regression_a_kernel_breaking_equal_counts_was_told_q_or_q_plus_1_where_only_q_is_allowed(lengths, allowed,
+                                                                                               monkeypatch):
+    """Cause: the message printed `q or q + 1` also where D divides n, so 3 items on a rank read as allowed
+    for 4 items on 2 ranks (probe8 P8-08)."""
+    monkeypatch.setitem(registry._records, "test_all_on_zero",  # for this test only: it breaks equal_counts
+                        Algorithm("test_all_on_zero", _all_on_rank_zero, equal_counts=_all_on_rank_zero))
+    with pytest.raises(RuntimeError, match=rf"algorithm 'test_all_on_zero' put 0 items on rank 1; `equal_counts` "
+                                           rf"allows {re.escape(allowed)}$"):
+        balance(lengths, 2, algorithm="test_all_on_zero", equal_counts=True)

@@ -264,6 +264,13 @@ def test_kernel_that_ignores_a_constraint_fails_naming_it(target, constraint, me
         check_conformance(target, padded=False, processes=False, examples=30, max_items=4, constraints=[constraint])
 
 
+def test_regression_one_constraint_given_as_a_str_was_read_letter_by_letter():
+    """Cause: `constraints="costs"` was iterated character by character: "must be names in (...); got ['c', 'o',
+    's', 't']" (probe8 P8-08).  A str is one name."""
+    report = check_conformance("lpt", padded=False, processes=False, examples=3, max_items=4, constraints="costs")
+    assert report.constraints == ("costs",)
+
+
 def test_constraints_a_target_cannot_take_are_refused():
     with pytest.raises(ValueError, match=r"lpt_kernel cannot be checked under \['equal_counts'\]"):
         check_conformance(lpt_kernel, padded=False, constraints=["equal_counts"])
