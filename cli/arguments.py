@@ -14,6 +14,7 @@ import argparse
 import math
 
 from ..balancers import CostModel
+from ..balancers.problem import item_costs_of
 from ..study.compare import algorithm_names, compare_topology
 from .errors import UsageError, one_line, usage_errors
 from .files import require_file, utf8_text
@@ -136,6 +137,15 @@ def cost_model(text: str | None) -> CostModel:
         return CostModel(per_item=per_item, linear=linear, quadratic=quadratic)
 
 
+def file_cost(text: str | None, lengths, padded: bool) -> CostModel:
+    """--cost as a model (`cost_model`) whose costs of a lengths file's items stay finite, checked as
+    balance() checks them but named by the flag (a model overflowing float64 was a traceback in compare)."""
+    cost = cost_model(text)
+    with usage_errors(f"--cost {text!r}"):
+        item_costs_of(lengths, cost, None, padded)
+    return cost
+
+
 def algorithms(text: str | None, option: str = "--algorithms") -> list[str]:
     """The algorithm, +locality and peer names of `text`, or compare's default set."""
     with usage_errors(option):
@@ -173,7 +183,8 @@ def check_workload_source(args, stages) -> int | None:
         with usage_errors(str(args.workload_file)), utf8_text(args.workload_file):
             return check_workload_file(args.workload_file, modalities=[s.modality for s in stages if not s.is_llm])
     if args.workload not in list_workloads():
-        raise UsageError(f"unknown workload {args.workload!r}; choose one of {', '.join(list_workloads())} "
+        raise UsageError(f"--workload {args.workload}: unknown workload {args.workload!r}; choose one of "
+                         f"{', '.join(list_workloads())} "
                          f"or pass --lengths FILE / --workload-file FILE")
     return None
 

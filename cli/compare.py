@@ -9,7 +9,7 @@ from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_m
                              run_comparison, workload_stages)
 from ..study.context_parallel_compare import compare_context_parallel
 from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorithms as algorithm_names, batch_size,
-                        check_seed, check_time_limit, check_workload_source, cost_model, degree_list, int_list,
+                        check_seed, check_time_limit, check_workload_source, degree_list, file_cost, int_list,
                         model_stages, positive_int, rank_list, subcommand, topology as checked_topology,
                         workload_batch)
 from .errors import UsageError, usage_errors
@@ -101,7 +101,7 @@ def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
             raise UsageError(f"{' and '.join(ignored)} {'apply' if len(ignored) > 1 else 'applies'} to workloads, "
                              f"not --lengths files (a file gives its items; --cost their costs)")
         lengths = load_lengths(args.lengths, args.column)
-        cost = cost_model(args.cost)
+        cost = file_cost(args.cost, lengths, args.padded)
         bytes_per_token = DEFAULT_BYTES_PER_TOKEN if args.bytes_per_token is None else args.bytes_per_token
         with usage_errors("--bytes-per-token"):
             configs = [CompareConfig(d, None, file_stages(lengths, d, cost, args.padded, bytes_per_token))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..balancers.validation import SizeLimitError
 from ..study.compare import LOCALITY_SUFFIX, file_stages, plan_for, plugin_failure
 from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorithms as algorithm_names,
-                        check_time_limit, cost_model, rank_count, subcommand, topology as checked_topology)
+                        check_time_limit, file_cost, rank_count, subcommand, topology as checked_topology)
 from .errors import PluginFailure, UsageError, naming_flag, one_line, usage_errors
 from .files import check_not_input, check_plan_path, load_lengths, save_plan
 from .render import print_json, print_plan, print_written, progress, to_json_text
@@ -85,7 +85,7 @@ def run(args) -> int:
     if args.output is not None:
         check_plan_path(args.output)
         check_not_input("--output", args.output, [args.lengths])
-    cost = cost_model(args.cost)
+    cost = file_cost(args.cost, lengths, args.padded)
     bytes_per_token = DEFAULT_BYTES_PER_TOKEN if args.bytes_per_token is None else args.bytes_per_token
     with usage_errors("--bytes-per-token"):
         stage = file_stages(lengths, args.ranks, cost, args.padded, bytes_per_token)[0]

@@ -106,6 +106,14 @@ CASES = {
     "bytes per token overflowing an item's bytes": (
         ["plan", "{tmp}/good.csv", "-D", "2", "--algorithm", "lpt+locality", "--bytes-per-token", "1e308"],
         "--bytes-per-token: `bytes_per_token` = 1e+308 times the longest length 6 overflows float64"),
+    # a cost model overflowing float64 on the file's items: compare ended in a traceback, plan did not name --cost
+    "compare cost overflowing float64": (
+        ["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--cost", "1e308,1e308,1e308", "--algorithms", "lpt"],
+        "--cost '1e308,1e308,1e308': `cost` CostModel(per_item=1e+308, linear=1e+308, quadratic=1e+308) gives item 0 "
+        "(length 3) the cost inf"),
+    "plan cost overflowing float64": (["plan", "{tmp}/good.csv", "-D", "2", "--cost", "0,0,1e308"],
+                                      "--cost '0,0,1e308': `cost` CostModel(per_item=0.0, linear=0.0, "
+                                      "quadratic=1e+308) gives item 0 (length 3) the cost inf"),
     "csv of a header line only": (["plan", "{tmp}/header_only.csv", "-D", "2"],
                                   "header_only.csv: no lengths in the file, only a header line"),
     # the balancers refused a padded-only algorithm on an unpadded file with a traceback
@@ -200,6 +208,8 @@ CASES = {
                                   "error: --strategies: unknown strategy 'nope'; choose from"),
     "simulate unknown workload": (["simulate", "--gpus", "8", "--workload", "nope"],
                                   "error: --workload nope: unknown workload 'nope'; choose one of"),
+    "compare unknown workload": (["compare", "-D", "8", "--workload", "nope"],  # said without the flag
+                                 "error: --workload nope: unknown workload 'nope'; choose one of"),
     # probe3 UE5: workload options beside a lengths file were accepted and ignored, exit 0
     "compare lengths file with items per rank": (
         ["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--items-per-rank", "5"],
