@@ -84,17 +84,29 @@ class TextPieces:
 
 
 def _embedded(batch: Batch, sample: np.ndarray, start: np.ndarray, size: np.ndarray, split: np.ndarray) -> np.ndarray:
-    """Embedding rows inside each chunk [start, start + size) of `sample` (0 where not `split`):
-    the overlap of the chunk with every segment of its sample, summed."""
+    """Embedding rows inside each chunk [start, start + size) of `sample` (0 where not `split`).
+
+    Segments are listed by sample, then position, without overlap, so their starts on the samples'
+    concatenated LLM sequences ascend: the rows before a global position q are the tokens of the segments
+    starting before q less the part of the last one past q, one binary search per chunk end (a sample of
+    512 frame segments split into 16 chunks costs 32 searches, not 8192 overlaps)."""
+    embedded = np.zeros(sample.size, dtype=np.int64)
     rows = np.flatnonzero(split)
-    offsets = batch.sample_segment_offsets
-    counts = (offsets[1:] - offsets[:-1])[sample[rows]]
-    pair_row = np.repeat(rows, counts)
-    segment = np.repeat(offsets[sample[rows]] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-    seg_start = batch.segment_position[segment]
-    seg_end = seg_start + batch.segment_tokens[segment]
-    overlap = np.minimum(start[pair_row] + size[pair_row], seg_end) - np.maximum(start[pair_row], seg_start)
-    return np.bincount(pair_row, weights=np.maximum(overlap, 0), minlength=sample.size).astype(np.int64)
+    if rows.size == 0 or batch.segment_tokens.size == 0:
+        return embedded
+    sample_start = np.cumsum(batch.sample_llm_length) - batch.sample_llm_length
+    seg_start = sample_start[batch.segment_sample] + batch.segment_position
+    seg_end = seg_start + batch.segment_tokens
+    tokens_before = np.concatenate(([0], np.cumsum(batch.segment_tokens)))
+
+    def before(position: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(seg_start, position, side="left")
+        past = np.where(k > 0, np.maximum(seg_end[np.maximum(k - 1, 0)] - position, 0), 0)
+        return tokens_before[k] - past
+
+    first = sample_start[sample[rows]] + start[rows]
+    embedded[rows] = before(first + size[rows]) - before(first)
+    return embedded
 
 
 def text_before(batch: Batch, sample: int, positions: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm import ContextParallel, CostModel, InfeasibleError, Orchestrator, balance_microbatches
-from orchmllm.orchestrator import Batch, Sample, Segment, Stage
+from orchmllm.orchestrator import Batch, Sample, Segment, Stage, shards
 from orchmllm.testing.context_parallel import brute_force_split_microbatches, check_split_pass
 from orchmllm.topology import Topology
 
@@ -60,6 +60,22 @@ def test_every_row_lands_once_on_its_group(case):
     assert step.lower_bound <= step.step_cost * (1 + 1e-12)
     again = Orchestrator(STAGES, topology, context_parallel=spec, **options).plan(batch)
     assert again.digest() == step.digest()
+
+
+@given(split_steps(), st.data())
+@settings(max_examples=60, deadline=None)
+def test_embedded_rows_of_a_chunk_are_its_segments_overlap(case, data):
+    """`shards._embedded` (one binary search per chunk end over all samples' segments) against
+    `text_before` (each position against every segment of its sample)."""
+    batch = case[0]
+    sample = np.array(data.draw(st.lists(st.integers(0, batch.num_samples - 1), min_size=1, max_size=8)))
+    ends = np.array([sorted(data.draw(st.lists(st.integers(0, int(batch.sample_llm_length[s])), min_size=2,
+                                               max_size=2))) for s in sample])
+    split = np.array(data.draw(st.lists(st.booleans(), min_size=sample.size, max_size=sample.size)))
+    embedded = shards._embedded(batch, sample, ends[:, 0], ends[:, 1] - ends[:, 0], split)
+    inside = [int(np.diff(ends[k] - shards.text_before(batch, int(s), ends[k]))[0]) if split[k] else 0
+              for k, s in enumerate(sample)]
+    assert embedded.tolist() == inside
 
 
 @settings(max_examples=40, deadline=None)
