@@ -41,15 +41,17 @@ class PeerFailureError(RuntimeError):
 
 class ThreadClashError(RuntimeError):
     """Two threads of one process ran the runtime's collectives on one process group.  Refused before the
-    collective is posted on the rank that sees it, which publishes the refusal on the store; a collective of
-    that group waiting on another rank reads it within `CLASH_POLL` (gloo) and stops too.  The group is
+    collective is posted, on every rank alike once a thread holds the group (`_one_thread`); where threads
+    raced for its first collective, the refusing rank publishes the refusal on the store, a collective of
+    that group waiting on another rank reads it within `CLASH_POLL` (gloo) and stops too, and the group is
     unusable afterwards (its ranks' collectives no longer pair)."""
 
 
 CLASH_POLL = datetime.timedelta(seconds=1)  # how often a waiting gloo collective looks for a peer's refusal
 _REFUSAL_KEY = "orchmllm/thread-clash/"  # + the group's name: a store key every rank of the world reads
 
-_owners: dict = {}  # process group -> (thread, phase): the thread that ran the runtime's first collective on it
+_owners: dict = {}  # process group -> [thread, phase, confirmed]: the thread that ran the runtime's first collective
+# on it, confirmed once that collective completed (its peers ran theirs: the same thread holds the group everywhere)
 _running: dict = {}  # process group -> (thread, phase) of the collective a thread of this process runs on it now
 _refused: dict = {}  # process group -> the refusal (this rank's or a peer's) that made it unusable
 _gloo: dict = {}  # process group -> whether its backend is gloo (`finish` polls only there)
@@ -63,31 +65,36 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _clash(phase: str, key, me: threading.Thread) -> str | None:
-    """Why thread `me` may not run `phase` on the group `key` now (called under `_lock`), or None."""
+def _clash(phase: str, key, me: threading.Thread) -> tuple[str, bool] | None:
+    """Why thread `me` may not run `phase` on the group `key` now, and whether every rank refuses alike (a
+    confirmed holder: nothing to tell the peers); None when it may (called under `_lock`)."""
     if key in _refused:
-        return f"the {phase} on a process group that a refusal made unusable ({_refused[key]})"
-    running = _running.get(key)
-    if running is not None and running[0] is not me:
-        return (f"the {phase} on thread {me.name!r} while thread {running[0].name!r} runs the {running[1]} on the "
-                f"same process group")
+        return f"the {phase} on a process group that a refusal made unusable ({_refused[key]})", True
     owner = _owners.get(key)
     if owner is not None and owner[0] is not me and owner[0].is_alive() and not _in_backward():
         return (f"the {phase} on thread {me.name!r} while thread {owner[0].name!r}, which ran the runtime's first "
-                f"collective on this process group (the {owner[1]}), lives and holds it")
+                f"collective on this process group (the {owner[1]}), lives and holds it", owner[2])
+    running = _running.get(key)
+    if running is not None and running[0] is not me:
+        return (f"the {phase} on thread {me.name!r} while thread {running[0].name!r} runs the {running[1]} on the "
+                f"same process group", False)
     return None
 
 
-def _refuse(why: str, group, key) -> ThreadClashError:
-    """The refusal of `why` on this rank, recorded and published on the store for the group's other ranks
-    (the first refusal of a group stays)."""
+def _refuse(why: str, alike: bool, group, key) -> ThreadClashError:
+    """The refusal of `why` on this rank; unless every rank refuses `alike`, recorded (the group is unusable)
+    and published on the store for the group's other ranks, some of which may wait in a collective this
+    rank will not post (the first refusal of a group stays)."""
+    fix = ("a Prefetcher's `group` is the group its thread gathers on: leave it None (a group of its own) or pass "
+           "one no other thread uses" if "thread 'orchmllm-prefetch" in why else "plan on another thread with "
+           "`metadata_group=` a group of its own (`dist.new_group()`), or use `orchmllm.runtime.Prefetcher`")
     message = (f"rank {group_rank(group)}: {why}: two threads' collectives on one group meet in no set order "
                f"across ranks (they deadlock until the group's timeout, or pair unlike calls); run a group's "
-               f"collectives on one thread: plan on another thread with `metadata_group=` a group of its own "
-               f"(`dist.new_group()`), or use `orchmllm.runtime.Prefetcher`")
-    _refused.setdefault(key, message)
-    with contextlib.suppress(Exception):  # no store (a custom backend): the other ranks time out as before
-        dist.distributed_c10d._get_default_store().compare_set(_REFUSAL_KEY + key.group_name, "", message)
+               f"collectives on one thread: {fix}")
+    if not alike:
+        _refused.setdefault(key, message)
+        with contextlib.suppress(Exception):  # no store (a custom backend): the other ranks time out as before
+            dist.distributed_c10d._get_default_store().compare_set(_REFUSAL_KEY + key.group_name, "", message)
     return ThreadClashError(message)
 
 
@@ -96,20 +103,24 @@ def _one_thread(phase: str, group):
     """Claim `group` for this thread while it runs `phase`; a `ThreadClashError`, before any collective is
     posted, where another thread of this process runs one on it now or holds it (ran its first collective
     and lives; backward excepted): collectives of a group must be issued in one order on every rank, which
-    two threads do not keep.  Holding makes the refusal the same on every rank whatever the timing."""
+    two threads do not keep.  Holding makes the refusal the same on every rank whatever the timing, once the
+    holder's first collective completed; before, threads racing for the group's first collective are refused
+    where they overlap, and the refusal is published (`_refuse`)."""
     key = dist.group.WORLD if group is None else group
     me = threading.current_thread()
     with _lock:
-        why = _clash(phase, key, me)
-        if why is not None:
-            raise _refuse(why, group, key)
+        clash = _clash(phase, key, me)
+        if clash is not None:
+            raise _refuse(*clash, group, key)
         other = _running.get(key)
         _running[key] = (me, phase)
         owner = _owners.get(key)
         if (owner is None or not owner[0].is_alive()) and not _in_backward():
-            _owners[key] = (me, phase)
+            owner = _owners[key] = [me, phase, False]
     try:
         yield
+        if owner is not None and owner[0] is me:
+            owner[2] = True
     finally:
         with _lock:
             if other is None:

@@ -227,22 +227,64 @@ def test_regression_two_threads_on_one_group_stopped_one_rank_and_its_peer_waite
     the rank that saw the threads overlap.  Its peer, whose threads ran one after the other, waited in a
     collective the refusing rank never posted until the group's timeout (30 min by default) and blamed a dead
     peer; the refusing rank waited as long too, joining its thread stuck in the other collective.  Now the
-    thread that ran a group's first runtime collective holds it (every rank refuses another thread's, before
-    posting it), and a refusal is published on the store, where a waiting gloo collective reads it."""
+    thread that ran a group's first runtime collective holds it, and every rank refuses another thread's
+    collective on it before posting it, whatever the timing."""
     outcomes = run_processes(plan_ahead_on_a_thread_of_ones_own_job, 2, timeout_s=60, collective_timeout_s=20)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    refusal = ("rank 0: the metadata all-gather (dispatcher configuration) on thread 'own-prefetch_0' while thread "
-               "'MainThread', which ran the runtime's first collective on this process group (the metadata "
-               "all-gather (dispatcher configuration)), lives and holds it: two threads' collectives on one group "
-               "meet in no set order across ranks")
     for o in outcomes:
         kind, message, seconds = o.value
         assert kind == "ThreadClashError" and seconds < 5.0, o.value
-        assert refusal in message and "`metadata_group=` a group of its own" in message, message
-    assert outcomes[0].value[1].startswith("rank 0: the dispatch header all-reduce on a process group that a "
-                                           "refusal made unusable (rank 0: the metadata all-gather"), outcomes[0].value
-    assert outcomes[1].value[1].startswith("rank 1: the dispatch header all-reduce over 2 ranks stopped: a rank "
-                                           "refused a collective of this group: rank 0:"), outcomes[1].value
+        assert message.startswith(f"rank {o.rank}: the metadata all-gather (dispatcher configuration) on thread "
+                                  f"'own-prefetch_0' while thread 'MainThread', which ran the runtime's first "
+                                  f"collective on this process group (the metadata all-gather (dispatcher "
+                                  f"configuration)), lives and holds it: two threads' collectives on one group meet "
+                                  f"in no set order across ranks"), message
+        assert "`metadata_group=` a group of its own" in message, message
+
+
+def racing_for_the_first_collective_job(rank, size):
+    """Rank 0's first collective on the group runs on a thread pool of its own (a plan), and its training thread
+    plans meanwhile: refused there (the pool thread's next all-gather too: the group is unusable).  Rank 1 plans
+    on its training thread, whose first all-gather meets rank 0's pool thread's; its second waits for one that
+    rank 0 will not post."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    dispatcher = PostBalancingDispatcher()
+    lengths = LENGTHS[rank]
+    start = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="own-prefetch") as pool:
+            if rank == 0:
+                ahead = pool.submit(dispatcher.plan, lengths)
+                time.sleep(0.5)  # the pool thread's all-gather waits for rank 1's
+                try:
+                    dispatcher.plan(lengths)
+                finally:
+                    wait([ahead], timeout=30)
+            time.sleep(1.0)
+            dispatcher.plan(lengths)
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        outcome = type(error).__name__, str(error), time.perf_counter() - start
+    else:
+        outcome = "no error", "", time.perf_counter() - start
+    time.sleep(4.0)  # the refusing rank stays (its sockets open) until its peer has read its refusal
+    return outcome
+
+
+def test_regression_a_rank_waiting_for_a_collective_its_peer_refused_waited_out_the_timeout():
+    """Cause (probe7 P7-09): where two threads raced for a group's first collective, the rank that refused one
+    stopped at once, and its peer waited in a collective that rank never posted until the group's timeout.  The
+    refusal is now published on the store, and a waiting gloo collective reads it within about a second."""
+    outcomes = run_processes(racing_for_the_first_collective_job, 2, timeout_s=60, collective_timeout_s=20)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    refusal = ("rank 0: the metadata all-gather (dispatcher configuration) on thread 'MainThread' while thread "
+               "'own-prefetch_0', which ran the runtime's first collective on this process group (the metadata "
+               "all-gather (dispatcher configuration)), lives and holds it: two threads' collectives")
+    (kind0, message0, seconds0), (kind1, message1, seconds1) = (o.value for o in outcomes)
+    assert kind0 == "ThreadClashError" and message0.startswith(refusal) and seconds0 < 5.0, outcomes[0].value
+    assert kind1 == "ThreadClashError" and seconds1 < 5.0, outcomes[1].value
+    assert message1.startswith("rank 1: the metadata all-gather (dispatcher configuration) over 2 ranks stopped: a "
+                               "rank refused a collective of this group: " + refusal), message1
 
 
 def backward_on_another_thread_job(rank, size):
@@ -279,3 +321,31 @@ def test_the_exchanges_backward_on_another_thread_needs_no_ownership_of_the_grou
     for o in outcomes:
         grads, outcome = o.value
         assert outcome == ["ok"] and len(grads) == sum(LENGTHS[o.rank]) and set(grads) <= {1.0, 2.0}, o.value
+
+
+def prefetcher_on_the_training_subgroup_job(rank, size):
+    """The training group is a subgroup of all ranks, given to the Prefetcher as its `group` (its construction
+    check knows only the world and `training_group`): the prefetch thread holds it, the training thread's
+    dispatch is refused."""
+    from orchmllm.runtime import Prefetcher
+
+    group = torch.distributed.new_group(list(range(size)))
+    dispatcher = PostBalancingDispatcher(group=group)
+    lengths = LENGTHS[rank]
+    with Prefetcher(lambda lengths, group: dispatcher.plan(lengths), group=group) as prefetcher:
+        prefetcher.submit(lengths)
+        plan = prefetcher.result(timeout=30)
+        try:
+            dispatcher.dispatch({"tok": torch.zeros(sum(lengths))}, plan)
+        except RuntimeError as error:
+            return type(error).__name__, str(error)
+    return "no error", ""
+
+
+def test_a_prefetcher_given_the_training_group_is_refused_on_every_rank_with_the_prefetchers_fix():
+    for rank, (kind, message) in enumerate(spawn(prefetcher_on_the_training_subgroup_job, 2, timeout_s=60)):
+        assert kind == "ThreadClashError", (kind, message)
+        assert message.startswith(f"rank {rank}: the dispatch header all-reduce on thread 'MainThread' while thread "
+                                  f"'orchmllm-prefetch_0', which ran the runtime's first collective"), message
+        assert message.endswith("a Prefetcher's `group` is the group its thread gathers on: leave it None (a group "
+                                "of its own) or pass one no other thread uses"), message
