@@ -168,9 +168,21 @@ def print_compare(comparison, source: str) -> None:
                       f"{entry.bytes_inter_node / 1e9:.3g} -> {entry.bytes_inter_node_locality / 1e9:.3g} GB")
 
 
+MAX_TABLE_RANKS = 64  # rows of `plan`'s table (a row per rank took ~2 ms: half an hour at 2**20 ranks)
+
+
+def _ranks_shown(loads: np.ndarray) -> np.ndarray:
+    """Every rank in order, or beyond MAX_TABLE_RANKS the heaviest and lightest halves, heaviest first."""
+    if loads.size <= MAX_TABLE_RANKS:
+        return np.arange(loads.size)
+    order = np.argsort(-loads, kind="stable")
+    return np.concatenate([order[:MAX_TABLE_RANKS // 2], order[-(MAX_TABLE_RANKS // 2):]])
+
+
 def print_plan(plan, source: str, quiet: bool, kind: str) -> None:
-    """Per-rank items, tokens and loads of one plan (unless `quiet`), then its summary line;
-    `kind` is the algorithm's (ours, peer, baseline, plugin)."""
+    """Per-rank items, tokens and loads of one plan (unless `quiet`; beyond MAX_TABLE_RANKS ranks the
+    heaviest and lightest, `_ranks_shown`), then its summary line; `kind` is the algorithm's (ours, peer,
+    baseline, plugin)."""
     from rich.table import Table
 
     out = console()
@@ -182,10 +194,14 @@ def print_plan(plan, source: str, quiet: bool, kind: str) -> None:
             table.add_column(header, justify="right")
         mean = float(plan.loads.mean()) or 1.0
         counts = np.bincount(plan.assignment, minlength=plan.num_ranks)
-        for rank in range(plan.num_ranks):
+        for rank in _ranks_shown(plan.loads):
             table.add_row(str(rank), str(counts[rank]), str(plan.tokens[rank]), f"{plan.loads[rank]:.6g}",
                           f"{plan.loads[rank] / mean:.3f}")
         out.print(table)
+        if plan.num_ranks > MAX_TABLE_RANKS:
+            half = MAX_TABLE_RANKS // 2
+            out.print(f"{MAX_TABLE_RANKS} of {plan.num_ranks} ranks shown: the {half} heaviest and the {half} "
+                      f"lightest, by load (all of them: --json or -o FILE)")
     out.print(f"makespan {plan.makespan:.6g}, lower bound {plan.lower_bound:.6g} (gap {plan.gap:.2%}), "
               f"status {plan.status}, {1e3 * plan.solve_seconds:.1f} ms, digest {plan.digest()[:16]}")
 

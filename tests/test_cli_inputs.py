@@ -5,6 +5,7 @@ Named after their cause."""
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import warnings
@@ -271,6 +272,18 @@ def test_regression_a_json_array_in_a_json_file_was_refused_as_bad_json_lines(fi
     assert main(["plan", str(files / "pretty.json"), "-D", "2", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["num_items"] == 3 and sorted(plan["tokens"]) == [5, 7]  # 5 | 4 + 3
+
+
+def test_regression_plan_printed_a_row_per_rank_for_a_million_ranks(files, capsys):
+    """Cause: `plan FILE -D 1048576` (the largest D it takes) printed a table row per rank, about 2 ms each:
+    half an hour of output after a 0.1 s plan.  Beyond 64 ranks the table shows the 32 heaviest and the 32
+    lightest, heaviest first, and says so."""
+    assert main(["plan", str(files / "good.csv"), "-D", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "64 of 200 ranks shown: the 32 heaviest and the 32 lightest, by load (all of them: --json or -o FILE)" in out
+    rows = [re.findall(r"[\d.]+", line) for line in out.splitlines() if re.fullmatch(r"\W*(\d[\d.]*\W+){5}", line)]
+    loads = [float(row[3]) for row in rows]
+    assert len(rows) == 64 and rows[0][2] == "6" and loads == sorted(loads, reverse=True)  # the heaviest first
 
 
 def test_float16_npy_is_read_without_an_overflow_warning(tmp_path, capsys):
