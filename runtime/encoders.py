@@ -75,11 +75,11 @@ def recording(module: nn.Module):
         handle.remove()
 
 
-def reached_leaves(output: torch.Tensor, names: dict[int, str], wanted: set[str]) -> set[str] | None:
-    """The names in `wanted` of the leaves `output`'s graph reaches (the walk stops once all are
-    found); None when a reentrant checkpoint hides the parameters it used."""
+def reached_leaves(outputs, names: dict[int, str], wanted: set[str]) -> set[str] | None:
+    """The names in `wanted` of the leaves the graphs of `outputs` (tensors) reach (the walk stops once
+    all are found); None when a reentrant checkpoint hides the parameters it used."""
     reached: set[str] = set()
-    stack, seen = [output.grad_fn], set()
+    stack, seen = [output.grad_fn for output in outputs], set()
     while stack and reached != wanted:
         node = stack.pop()
         if node is None or node in seen:
@@ -107,7 +107,7 @@ def checked_call(encoder: Callable, *args) -> tuple[torch.Tensor, list[str]]:
         output = encoder(*args)
     if not wanted or not isinstance(output, torch.Tensor):
         return output, []
-    reached = reached_leaves(output, names, wanted) if output.grad_fn is not None else set()
+    reached = reached_leaves([output], names, wanted)
     if reached is None or (reached and not whole):
         return output, []
     return output, sorted(wanted - reached)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_leaves
 
 from .comm import collective, comm_device, finish, group_rank, group_size
 from .encoders import EncoderContractError, reached_leaves, recording
@@ -241,35 +242,43 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     """`gradient_sync(model, micro.is_last)`: gradients are reduced once, in the last micro-batch;
     the body runs as micro-batch `micro` (`normalize_loss` with a count raises there).  Where `micro`
     carries a `contract` and `model` reduces every parameter's gradient (DDP, FSDP2), the first
-    `normalize_loss(loss, micro)` of the body checks that the loss depends on every trainable parameter
-    of `model` on every rank (`check_model_contract`); `check=False` (on every rank) skips it."""
+    `normalize_loss(loss, micro)` of the body checks that the outputs of `model`'s calls in the body so far
+    depend on every trainable parameter of `model` on every rank (`check_model_contract`); `check=False`
+    (on every rank) skips it."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     previous = active_microbatch()
     _active.current = (micro.index, micro.num_microbatches)
     due = check and micro.contract is not None and _reduces_every_parameter(model)
+    outputs: list[torch.Tensor] = []
+    handle = model.register_forward_hook(lambda module, args, output: outputs.extend(
+        leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor))) if due else None
     try:
         with gradient_sync(model, micro.is_last), (recording(model) if due else contextlib.nullcontext()) as names:
-            _active.contract = (micro, model, names) if due else None
+            _active.contract = (micro, model, names, outputs) if due else None
             yield
     finally:
         _active.current, _active.contract = previous, None
+        if handle is not None:
+            handle.remove()
 
 
 def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
     """In the body of `accumulate(model, micro)` where a check is due, once: raise `ModelContractError` on
-    every rank (one all-reduce of a word per rank) when the loss of some rank does not reach, through the
-    autograd graph, every trainable parameter of `model`.  A model that returns early or a constant on an
-    empty micro-batch (which every rank runs, to take part in every collective) leaves its parameters out
-    of the backward that reduces gradients: DDP then leaves their gradients unreduced without an error, or
-    the ranks' reductions pair up different buckets."""
+    every rank (one all-reduce of a word per rank) when the outputs of `model`'s calls in the body (what
+    its loss is made of, in one part or several) do not reach, through the autograd graph, every trainable
+    parameter of `model` on some rank.  A model that returns early or a constant on an empty micro-batch
+    (which every rank runs, to take part in every collective) leaves its parameters out of the backward
+    that reduces gradients: DDP then leaves their gradients unreduced without an error, or the ranks'
+    reductions pair up different buckets.  Nothing is checked on a rank whose body has not called `model`
+    itself (a submodule called directly)."""
     contract = getattr(_active, "contract", None)
     if contract is None or contract[0] is not micro or not torch.is_grad_enabled():
         return
     _active.contract = None
-    _, model, names = contract
+    _, model, names, outputs = contract
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    reached = reached_leaves(loss_sum, names, wanted) if loss_sum.grad_fn is not None else set()
+    reached = reached_leaves(outputs, names, wanted) if outputs else None
     unused = [] if reached is None else sorted(wanted - reached)
     group = micro.contract[0]
     flags = torch.zeros(group_size(group), dtype=torch.int64, device=comm_device(group))
@@ -280,18 +289,17 @@ def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
     failed = torch.nonzero(flags).flatten().tolist()
     if not failed:
         return
-    where = (f"the loss of micro-batch {micro.index} of {micro.num_microbatches} (whose backward reduces gradients; "
-             f"{len(micro.items)} items on rank {group_rank(group)})")
+    where = (f"the output of the model given to `accumulate` in micro-batch {micro.index} of "
+             f"{micro.num_microbatches} (whose backward reduces gradients; {len(micro.items)} items on rank "
+             f"{group_rank(group)})")
     advice = ("DDP and FSDP reduce every parameter's gradient in that backward on every rank, and a rank's "
-              "micro-batch may be empty (every rank runs every micro-batch): compute the loss through every "
+              "micro-batch may be empty (every rank runs every micro-batch): compute the output through every "
               "parameter on empty micro-batches too (run the layers on the empty tensors instead of returning early "
-              "or a constant), normalise the sum of all losses at once (`normalize_loss(main + aux, micro)`), set "
-              "requires_grad=False on parameters never used, or pass `accumulate(model, micro, check=False)` on "
-              "every rank where unused parameters are harmless")
+              "or a constant), set requires_grad=False on parameters never used, or pass `accumulate(model, micro, "
+              "check=False)` on every rank where unused parameters are harmless")
     if unused:
         shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
-        raise ModelContractError(f"rank {group_rank(group)}: {where} does not depend on parameters {shown} of the "
-                                 f"model given to `accumulate`: {advice}")
-    raise ModelContractError(f"rank {group_rank(group)}: on ranks {failed} the loss of micro-batch {micro.index} "
-                             f"does not depend on some parameters of the model given to `accumulate` (each rank "
-                             f"named them); this rank stops with them: {advice}")
+        raise ModelContractError(f"rank {group_rank(group)}: {where} does not depend on parameters {shown}: {advice}")
+    raise ModelContractError(f"rank {group_rank(group)}: on ranks {failed} the output of the model given to "
+                             f"`accumulate` in micro-batch {micro.index} does not depend on some of its parameters "
+                             f"(each rank named them); this rank stops with them: {advice}")

@@ -149,10 +149,58 @@ def test_regression_a_model_returning_early_on_an_empty_micro_batch_trained_on_u
     prefix = "module." if wrap == "ddp" else ""
     for message in named:
         assert f"does not depend on parameters {prefix}head.bias, {prefix}head.weight, {prefix}hidden.bias, " \
-               f"{prefix}hidden.weight of the model given to `accumulate`" in message, message
-        assert "the loss of micro-batch 5 of 6 (whose backward reduces gradients; 0 items on rank" in message
+               f"{prefix}hidden.weight: " in message, message
+        assert ("the output of the model given to `accumulate` in micro-batch 5 of 6 (whose backward reduces "
+                "gradients; 0 items on rank") in message
     others = [message for _, message in outcomes if message not in named]
     assert all("this rank stops with them" in message for message in others), others
+
+
+class TwoHeadModel(TokenModel):
+    """Logits and a value per token: every parameter takes part, the loss is normalised in two parts."""
+
+    def __init__(self):
+        super().__init__()
+        self.value = nn.Linear(8, 1)
+
+    def forward(self, tokens):
+        hidden = torch.tanh(self.hidden(self.embed(tokens)))
+        return self.head(hidden), self.value(hidden).squeeze(-1)
+
+
+def two_part_loss_job(rank, size, wrap):
+    """A step of 6 micro-batches (ranks with an empty last one) whose loss is two parts normalised apart, or one
+    part normalised and another added after: what each rank raised, and its gradients."""
+    torch.manual_seed(0)
+    model = TwoHeadModel().double()
+    wrapped = nn.parallel.DistributedDataParallel(model)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET, num_microbatches=6)
+    lengths, tokens, labels = rank_batch(rank)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+    try:
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(wrapped, micro):
+                logits, values = wrapped(micro.data["tokens"])
+                policy = nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1, reduction="sum")
+                value = values.square().sum()
+                if wrap == "two parts":
+                    (normalize_loss(policy, micro) + normalize_loss(value, micro)).backward()
+                else:
+                    (normalize_loss(policy, micro) + 1e-3 * value).backward()
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return type(error).__name__, str(error)
+    return "no error", [p.grad.abs().sum().item() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("form", ["two parts", "aux added after"])
+def test_regression_a_loss_normalised_in_two_parts_was_refused_as_leaving_out_parameters(form):
+    """Cause (probe8 P8-10): the check of P8-01 walked the graph of the first `normalize_loss` argument of the
+    micro-batch, so a policy + value loss normalised in two parts (or an auxiliary term added after) was refused
+    on every rank for the value head, which the backward reaches.  It walks the model's outputs now."""
+    outcomes = spawn(two_part_loss_job, len(LENGTHS), args=(form,), timeout_s=120)
+    for kind, grads in outcomes:
+        assert kind == "no error" and all(grad > 0 for grad in grads), (kind, grads)
 
 
 def misuse_job(rank, size):
