@@ -143,7 +143,8 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
                          f"dividing each micro-batch by its own loss tokens weights tokens by the micro-batch they sit "
                          f"in; divide by the step's, `normalize_loss(loss_sum, total_loss_tokens="
                          f"sampler.step_tokens()[step])` (or your sum of the loss tokens of its "
-                         f"`global_batches()[step]`)")
+                         f"`global_batches()[step]`); a loss of another batch (another loader's, not split into "
+                         f"micro-batches) takes `total_loss_tokens=global_count(count)`, the same sum over the ranks")
     return _divided(loss_sum, global_count(num_loss_tokens, group, name="num_loss_tokens"), group,
                     gradient_reduction)
 

@@ -629,3 +629,20 @@ def test_regression_a_budgeted_samplers_micro_batches_had_no_step_count_and_a_pe
         assert refused.startswith("normalize_loss with a count while a BalancedDistributedSampler with "
                                   "`max_tokens_per_microbatch` yields this thread's micro-batches"), refused
         assert "normalize_loss(loss_sum, total_loss_tokens=sampler.step_tokens()[step])" in refused
+
+
+def test_regression_another_loaders_loss_beside_a_budgeted_sampler_was_refused_with_no_way_out_for_it():
+    """Cause (probe8 P8-11): while a budgeted sampler yields, a count for any loss with grad on the thread is
+    refused, also one of another, unbudgeted loader (multi-task training); the message named only the sampler's
+    own step count.  It names the way for another batch's loss too, which gives the count's global sum."""
+    from orchmllm.runtime import global_count
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    budgeted = iter(BalancedDistributedSampler(SAMPLER_LENGTHS, num_replicas=1, rank=0, global_batch_size=12,
+                                               max_tokens_per_microbatch=9))
+    next(budgeted)  # mid-epoch
+    loss_sum = torch.tensor(6.0, requires_grad=True)
+    with pytest.raises(ValueError, match=r"a loss of another batch \(another loader's, not split into micro-batches\) "
+                                         r"takes `total_loss_tokens=global_count\(count\)`"):
+        normalize_loss(loss_sum, 3)
+    assert normalize_loss(loss_sum, total_loss_tokens=global_count(3)).item() == 2.0
