@@ -1,5 +1,6 @@
 """The examples and the README's runnable snippets, each run as a subprocess and its output checked."""
 
+import ast
 import re
 import subprocess
 import sys
@@ -63,18 +64,24 @@ def test_regression_training_example_under_torchrun_exited_1_after_training():
     check_training_output(out, ranks=2)
 
 
-def readme_snippets():
+def readme_snippets() -> list[tuple[str, str]]:
+    """Every runnable ```python block of the README with what the README says it prints ('' where it says not)."""
     text = (ROOT / "README.md").read_text()
-    return [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if block.startswith("import ")]
+    return [(block, printed) for block, printed in re.findall(r"```python\n(.*?)```(?:\n\nIt prints `([^`]*)`)?", text,
+                                                             re.S) if block.startswith("import ")]
 
 
-@pytest.mark.parametrize("snippet", readme_snippets(), ids=lambda block: block.splitlines()[-1][:40])
-def test_readme_snippet_runs(snippet):
-    run(["-c", snippet])
+@pytest.mark.parametrize("snippet, printed", readme_snippets(), ids=lambda value: value.splitlines()[-1][:40] if value
+                         else "")
+def test_readme_snippet_runs(snippet, printed):
+    """Each runnable block runs; where the README says what it prints, it prints that (the pipeline block's figures
+    had drifted from what it printed, probe8 P8-09)."""
+    out = run(["-c", snippet])
+    assert not printed or out.strip() == printed, out
 
 
 def test_readme_has_runnable_snippets_and_the_quick_start():
-    assert len(readme_snippets()) >= 2
+    assert len(readme_snippets()) >= 2 and sum(bool(printed) for _, printed in readme_snippets()) >= 2
     text = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci in text  # the README's test command is exactly the CI command
@@ -113,6 +120,24 @@ def test_readme_fsdp2_pattern_is_the_example_the_tests_run():
             continue
         assert line in example[position:], f"README line not in the example (in order): {line}"
         position = example.index(line, position) + 1
+
+
+def module_names(source: str) -> set[str]:
+    """The names the imports of `source` bind (`torch`, `nn`, `F`, ...)."""
+    return {alias.asname or alias.name.split(".")[0] for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+
+
+def test_regression_the_readme_fsdp2_block_used_torch_without_importing_it():
+    """Cause: the block annotated `-> tuple[torch.Tensor, torch.Tensor]` but imported only `from torch import nn` and
+    `torch.nn.functional as F`: a copy failed with NameError at its first class (probe8 P8-09).  Every module its
+    example imports that the block uses (`name.attribute`) is imported in the block too."""
+    text = (ROOT / "README.md").read_text()
+    block = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "fully_shard(model)" in block)
+    modules = module_names((ROOT / "examples" / "train_multimodal_fsdp.py").read_text())
+    used = {node.value.id for node in ast.walk(ast.parse(block))
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)}
+    assert (used & modules) - module_names(block) == set()
 
 
 def test_regression_readme_micro_batch_snippet_gave_the_model_no_sample_lengths():
