@@ -350,3 +350,17 @@ def test_regression_a_sample_over_the_microbatch_budget_was_named_by_its_index_a
     match = r"sample id 41 has 8 LLM tokens > max_tokens_per_microbatch=6; no micro-batch can hold it"
     with pytest.raises(InfeasibleError, match=match + ("" if llm_cap is None else r".*\(the LLM stage 'llm' has")):
         Orchestrator(stages, 4, max_tokens_per_microbatch=budget).plan(Batch.from_samples(samples, 4))
+
+
+# Methods of StepPlan that take no argument: each builds an object or hashes, what a property should not hide.
+BUILDING_METHODS = {"digest", "input_exchange", "embedding_exchanges"}
+
+
+def test_what_a_step_plan_holds_or_costs_is_a_property_not_a_method():
+    """Issue 24: MicroBatchStepPlan's stage_step_costs, stage_lower_bounds and microbatch_of_samples were methods
+    beside the properties step_cost, lower_bound and gap: one kind now, and a new accessor keeps to it."""
+    import inspect
+
+    bare = {name for name, member in vars(StepPlan).items() if not name.startswith("_") and inspect.isfunction(member)
+            and len(inspect.signature(member).parameters) == 1}
+    assert bare == BUILDING_METHODS
