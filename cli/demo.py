@@ -9,7 +9,7 @@ import sys
 import time
 
 from .arguments import degree_list, subcommand
-from .errors import EXIT_FAILED, EXIT_OK, MissingDependencyError, UsageError
+from .errors import EXIT_FAILED, EXIT_OK, MissingDependencyError, UsageError, naming_flag
 from .render import console, print_json
 
 EXAMPLES = """examples:
@@ -194,7 +194,9 @@ def run(args) -> int:
         if not torchrun:
             demo.check_run(args.ranks, args.steps, args.dtype, options, args.seed)
     except ValueError as error:
-        raise UsageError(str(error)) from error
+        raise UsageError(naming_flag(error, {name: f"--{name.replace('_', '-')} {getattr(args, name)}" for name in
+                                             ("ranks", "steps", "seed", "samples_per_rank", "max_tokens_per_microbatch",
+                                              "gpus_per_node", "repeats", "replay_repeats")})) from error
     say = stage_printer()
     if torchrun:
         report = demo.run_demo_in_process_group(args.steps, args.seed, args.dtype, options=options, progress=say)

@@ -223,6 +223,11 @@ CASES = {
                                 "error: --context-parallel 1: the giants workload needs a degree above 1"),
     "demo giants on one rank": (["demo", "--workload", "giants", "--ranks", "1"],
                                 "error: --ranks 1: the giants workload splits an item over 2 or more ranks"),
+    # the demo's own checks named its argument (`max_tokens_per_microbatch`, `seed`), not the flag
+    "demo budget below the longest sample": (["demo", "--max-tokens-per-microbatch", "1"],
+                                             "error: --max-tokens-per-microbatch 1: `max_tokens_per_microbatch` must "
+                                             "hold the longest sample"),
+    "demo negative seed": (["demo", "--seed", "-1"], "error: --seed -1: `seed` must be an int >= 0; got -1"),
     "demo giants with no degrees": (["demo", "--workload", "giants", "--context-parallel", ""],
                                     "error: --context-parallel must list at least one integer; got ''"),
 }
