@@ -552,7 +552,8 @@ def test_regression_check_plan_truncated_fractional_lengths_and_gave_numpy_s_err
     """Cause: check_plan read its input with `np.asarray(..., dtype=int64)`: a length of 5.5 became 5 and the plan of
     [5, 4, 3, 3, 2] passed as a plan of this input, and bad costs or groups raised numpy's conversion or index
     errors; it now reads them with balance()'s own validators, as check_microbatch_plan does."""
-    made = {"costs": dict(costs=[5, 4, 3, 3, 2]), "groups": dict(groups=[0, 0, 1, 2, 3])}.get(next(iter(options), ""), {})
+    made = {"costs": dict(costs=[5, 4, 3, 3, 2]),
+            "groups": dict(groups=[0, 0, 1, 2, 3])}.get(next(iter(options), ""), {})  # a plan balance() accepts
     plan = balance([5, 4, 3, 3, 2], 2, **made)
     with pytest.raises(error, match=message):
         check_plan(plan, lengths, 2, **options)
