@@ -229,6 +229,35 @@ class ModelContractError(EncoderContractError):
     model (DDP, FSDP2) on some rank."""
 
 
+class _Contract:
+    """What `accumulate` records for the model check of its micro-batch: the model's outputs and parameter
+    names (`recording`), and under DDP which parameters the body's backward gave a gradient."""
+
+    def __init__(self, micro: MicroBatch, model):
+        self.micro, self.model, self.names, self.outputs = micro, model, {}, []
+        self.checked, self.backward_ran, self.fired = False, False, set()
+
+    def saw_backward(self, grad):
+        self.backward_ran = True
+        return grad
+
+    def check_backward(self) -> None:
+        """Raise `ModelContractError` on this rank when the body's backward gave no gradient to some trainable
+        parameter (DDP: the loss left it out beside the model's outputs, and DDP did not reduce it)."""
+        unused = [name for name, parameter in self.model.named_parameters()
+                  if parameter.requires_grad and id(parameter) not in self.fired]
+        if unused:
+            micro = self.micro
+            shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+            raise ModelContractError(
+                f"rank {group_rank(micro.contract[0])}: the backward of micro-batch {micro.index} of "
+                f"{micro.num_microbatches} (which reduces gradients; {len(micro.items)} items here) gave no gradient "
+                f"to parameters {shown} of the model given to `accumulate`: its loss leaves them out (a constant, or "
+                f"a loss beside the model's outputs, where the micro-batch is empty), and DDP left their gradients "
+                f"unreduced; compute the loss from the model's outputs on empty micro-batches too, or pass "
+                f"`accumulate(model, micro, check=False)` on every rank where unused parameters are harmless")
+
+
 def _reduces_every_parameter(model) -> bool:
     """Whether `model`'s gradient sync expects a gradient of every trainable parameter on every rank: FSDP2,
     and DDP unless built with find_unused_parameters=True."""
@@ -249,18 +278,36 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     previous = active_microbatch()
     _active.current = (micro.index, micro.num_microbatches)
-    due = check and micro.contract is not None and _reduces_every_parameter(model)
-    outputs: list[torch.Tensor] = []
-    handle = model.register_forward_hook(lambda module, args, output: outputs.extend(
-        leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor))) if due else None
+    contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \
+        else None
+    handles = []
+    if contract is not None:
+        handles.append(model.register_forward_hook(lambda module, args, output: contract.outputs.extend(
+            leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor))))
+        if not hasattr(model, "set_requires_gradient_sync"):  # DDP: each parameter's own hook sees its gradient
+            handles += [parameter.register_post_accumulate_grad_hook(lambda p: contract.fired.add(id(p)))
+                        for parameter in model.parameters() if parameter.requires_grad]
     try:
-        with gradient_sync(model, micro.is_last), (recording(model) if due else contextlib.nullcontext()) as names:
-            _active.contract = (micro, model, names, outputs) if due else None
+        with gradient_sync(model, micro.is_last), \
+                (recording(model) if contract is not None else contextlib.nullcontext({})) as names:
+            if contract is not None:
+                contract.names = names
+            _active.contract = contract
             yield
+        if contract is not None and contract.backward_ran and handles[1:]:
+            contract.check_backward()
     finally:
         _active.current, _active.contract = previous, None
-        if handle is not None:
+        for handle in handles:
             handle.remove()
+
+
+def watch_backward(loss: torch.Tensor, micro: MicroBatch) -> None:
+    """Note when the backward of `accumulate`'s body passes through `loss` (a `normalize_loss` result of its
+    micro-batch), so that the body's end checks what that backward reached (`_Contract.check_backward`)."""
+    contract = getattr(_active, "contract", None)
+    if contract is not None and contract.micro is micro and loss.requires_grad:
+        loss.register_hook(contract.saw_backward)
 
 
 def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
@@ -273,10 +320,10 @@ def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
     reductions pair up different buckets.  Nothing is checked on a rank whose body has not called `model`
     itself (a submodule called directly)."""
     contract = getattr(_active, "contract", None)
-    if contract is None or contract[0] is not micro or not torch.is_grad_enabled():
+    if contract is None or contract.micro is not micro or contract.checked or not torch.is_grad_enabled():
         return
-    _active.contract = None
-    _, model, names, outputs = contract
+    contract.checked = True
+    model, names, outputs = contract.model, contract.names, contract.outputs
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     reached = reached_leaves(outputs, names, wanted) if outputs else None
     unused = [] if reached is None else sorted(wanted - reached)

@@ -203,6 +203,47 @@ def test_regression_a_loss_normalised_in_two_parts_was_refused_as_leaving_out_pa
         assert kind == "no error" and all(grad > 0 for grad in grads), (kind, grads)
 
 
+def constant_loss_job(rank, size, check):
+    """Every item fits micro-batch 0 (T = 64, M = 4), so the last micro-batch, whose backward reduces gradients,
+    is empty on every rank; the model returns logits through every parameter, and the loss of an empty
+    micro-batch is a constant (a natural guard where there are no labels): what each rank raised."""
+    torch.manual_seed(0)
+    model = TokenModel().double()
+    wrapped = nn.parallel.DistributedDataParallel(model)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=64, num_microbatches=4)
+    lengths, tokens, labels = rank_batch(rank)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+    try:
+        for micro in dispatcher.microbatches(plan, moved):
+            assert not (micro.is_last and micro.items.size)
+            with accumulate(wrapped, micro, check=check):
+                logits = wrapped(micro.data["tokens"])
+                if micro.items.size:
+                    loss_sum = nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
+                                                           reduction="sum")
+                else:
+                    loss_sum = logits.new_zeros((), requires_grad=True)
+                normalize_loss(loss_sum, micro).backward()
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return type(error).__name__, str(error)
+    return "no error", ""
+
+
+def test_regression_a_constant_loss_on_an_empty_micro_batch_left_every_gradient_unreduced():
+    """Cause (probe8 P8-12): the model check walked the model's outputs (P8-10), which reach every parameter
+    whatever the loss does with them: a loss that is a constant on an empty last micro-batch gave DDP no gradient
+    to reduce, and the step trained on each rank's own gradients (off by 0.1), silently.  Under DDP the body's
+    end now checks which parameters its backward reached."""
+    for rank, (kind, message) in enumerate(spawn(constant_loss_job, len(LENGTHS), args=(True,), timeout_s=120)):
+        assert kind == "ModelContractError", (kind, message)
+        assert message.startswith(f"rank {rank}: the backward of micro-batch 3 of 4 (which reduces gradients; 0 "
+                                  f"items here) gave no gradient to parameters module.embed.weight, "
+                                  f"module.hidden.weight, module.hidden.bias, module.head.weight, module.head.bias of "
+                                  f"the model given to `accumulate`: its loss leaves them out"), message
+    assert {kind for kind, _ in spawn(constant_loss_job, len(LENGTHS), args=(False,), timeout_s=120)} == {"no error"}
+
+
 def misuse_job(rank, size):
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
     lengths, tokens, labels = rank_batch(rank)
