@@ -36,7 +36,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
 
 from .agreement import ConfigMismatchError, SchemaGuard, SchemaMismatchError
 from .alltoall import FlatAllToAll
-from .comm import PeerFailureError, ThreadClashError
+from .comm import PeerFailureError, ThreadClashError, take_group
 from .context_parallel import ContextParallelError, ContextParallelLayout, SplitItem, context_parallel_attention
 from .dispatcher import DispatchPlan, PostBalancingDispatcher
 from .encoders import EncoderContractError
@@ -55,4 +55,4 @@ __all__ = ["Assembled", "ConfigMismatchError", "ContextParallelError", "ContextP
            "PeerFailureError", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher", "Prefetcher", "SchemaGuard",
            "SchemaMismatchError", "SplitItem", "StepInputs", "StepRoutes", "StepSharding", "ThreadClashError", "accumulate",
            "all_reduce_gradients", "check_agreement", "context_parallel_attention", "exchange", "exchange_with_grad", "fingerprint",
-           "gather_metadata", "global_count", "gradient_sync", "make_transport", "normalize_loss"]
+           "gather_metadata", "global_count", "gradient_sync", "make_transport", "normalize_loss", "take_group"]

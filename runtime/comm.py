@@ -73,7 +73,8 @@ def _clash(phase: str, key, me: threading.Thread) -> tuple[str, bool] | None:
     owner = _owners.get(key)
     if owner is not None and owner[0] is not me and owner[0].is_alive() and not _in_backward():
         return (f"the {phase} on thread {me.name!r} while thread {owner[0].name!r}, which ran the runtime's first "
-                f"collective on this process group (the {owner[1]}), lives and holds it", owner[2])
+                f"collective on this process group (the {owner[1]}), lives and holds it (a thread that takes "
+                f"over calls `orchmllm.runtime.take_group(group)` first, at the same point on every rank)", owner[2])
     running = _running.get(key)
     if running is not None and running[0] is not me:
         return (f"the {phase} on thread {me.name!r} while thread {running[0].name!r} runs the {running[1]} on the "
@@ -127,6 +128,21 @@ def _one_thread(phase: str, group):
                 del _running[key]
             else:
                 _running[key] = other
+
+
+def take_group(group=None) -> None:
+    """Make the calling thread the one that holds `group` for the runtime's collectives (see `_one_thread`): a
+    training loop handed to another thread (a worker after steps on the main thread) calls it there before its
+    first collective, at the same point on every rank; a RuntimeError while another thread runs one on it."""
+    key = dist.group.WORLD if group is None else group
+    me = threading.current_thread()
+    with _lock:
+        running = _running.get(key)
+        if running is not None and running[0] is not me:
+            raise RuntimeError(f"rank {group_rank(group)}: take_group on thread {me.name!r} while thread "
+                               f"{running[0].name!r} runs the {running[1]} on this process group; take it once that "
+                               f"thread runs no collective on it")
+        _owners[key] = [me, "take_group", True]
 
 
 def _published_refusal(group) -> str | None:

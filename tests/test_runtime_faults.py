@@ -237,8 +237,9 @@ def test_regression_two_threads_on_one_group_stopped_one_rank_and_its_peer_waite
         assert message.startswith(f"rank {o.rank}: the metadata all-gather (dispatcher configuration) on thread "
                                   f"'own-prefetch_0' while thread 'MainThread', which ran the runtime's first "
                                   f"collective on this process group (the metadata all-gather (dispatcher "
-                                  f"configuration)), lives and holds it: two threads' collectives on one group meet "
-                                  f"in no set order across ranks"), message
+                                  f"configuration)), lives and holds it (a thread that takes over calls "
+                                  f"`orchmllm.runtime.take_group(group)` first, at the same point on every rank): two "
+                                  f"threads' collectives on one group meet in no set order across ranks"), message
         assert "`metadata_group=` a group of its own" in message, message
 
 
@@ -279,7 +280,8 @@ def test_regression_a_rank_waiting_for_a_collective_its_peer_refused_waited_out_
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     refusal = ("rank 0: the metadata all-gather (dispatcher configuration) on thread 'MainThread' while thread "
                "'own-prefetch_0', which ran the runtime's first collective on this process group (the metadata "
-               "all-gather (dispatcher configuration)), lives and holds it: two threads' collectives")
+               "all-gather (dispatcher configuration)), lives and holds it (a thread that takes over calls "
+               "`orchmllm.runtime.take_group(group)` first, at the same point on every rank): two threads' collectives")
     (kind0, message0, seconds0), (kind1, message1, seconds1) = (o.value for o in outcomes)
     assert kind0 == "ThreadClashError" and message0.startswith(refusal) and seconds0 < 5.0, outcomes[0].value
     assert kind1 == "ThreadClashError" and seconds1 < 5.0, outcomes[1].value
@@ -349,3 +351,45 @@ def test_a_prefetcher_given_the_training_group_is_refused_on_every_rank_with_the
                                   f"'orchmllm-prefetch_0', which ran the runtime's first collective"), message
         assert message.endswith("a Prefetcher's `group` is the group its thread gathers on: leave it None (a group "
                                 "of its own) or pass one no other thread uses"), message
+
+
+def handover_job(rank, size, take):
+    """Step 0 on the main thread, step 1 on a worker thread while the main thread waits in join(), step 2 on the
+    main thread again; `take`: each thread calls `take_group()` before its steps after the first."""
+    import threading
+
+    from orchmllm.runtime import take_group
+
+    dispatcher = PostBalancingDispatcher()
+    lengths = LENGTHS[rank]
+    outcome = []
+
+    def step(handed):
+        try:
+            if handed and take:
+                take_group()
+            plan = dispatcher.plan(lengths)
+            dispatcher.combine(dispatcher.dispatch({"tok": torch.zeros(sum(lengths))}, plan), plan)
+            outcome.append("ok")
+        except RuntimeError as error:
+            outcome.append(f"{type(error).__name__}: {error}")
+
+    step(False)
+    worker = threading.Thread(target=step, args=(True,), name="worker")
+    worker.start()
+    worker.join(30)
+    step(True)
+    return outcome
+
+
+def test_regression_a_dispatcher_handed_to_a_worker_thread_had_no_way_to_be_taken_over():
+    """Cause (probe8 P8-13): a training loop moved from the main thread to a worker thread, never concurrently,
+    was refused (the main thread, alive, holds the group) and the message gave no way to hand the group over.
+    The worker calls `take_group()` first (on every rank alike); without it the refusal names that call."""
+    for outcome in spawn(handover_job, 2, args=(True,), timeout_s=60):
+        assert outcome == ["ok", "ok", "ok"], outcome
+    for rank, outcome in enumerate(spawn(handover_job, 2, args=(False,), timeout_s=60)):
+        assert outcome[0] == "ok" and outcome[1].startswith(
+            f"ThreadClashError: rank {rank}: the metadata all-gather (dispatcher configuration) on thread 'worker' "
+            f"while thread 'MainThread', which ran the runtime's first collective"), outcome
+        assert "calls `orchmllm.runtime.take_group(group)` first, at the same point on every rank" in outcome[1]
