@@ -319,9 +319,13 @@ PLAN_SUFFIXES = (".json", ".csv", ".npy")
 def check_plan_path(path) -> None:
     """UsageError for an --output file type `save_plan` cannot write, or into a missing directory
     (checked before balancing)."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in PLAN_SUFFIXES:
-        raise UsageError(f"--output {str(path)!r}: unknown file type {suffix!r}; use .json, .csv or .npy")
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--output {str(path)!r} is a directory; name a file ending in .json, .csv or .npy")
+    if path.name.lower() in PLAN_SUFFIXES:  # '.json': Path takes a name that starts with a dot for no suffix
+        raise UsageError(f"--output {str(path)!r}: no file name before {path.name!r}")
+    if path.suffix.lower() not in PLAN_SUFFIXES:
+        raise UsageError(f"--output {str(path)!r}: unknown file type {path.suffix.lower()!r}; use .json, .csv or .npy")
     check_parent("--output", path)
 
 

@@ -188,6 +188,11 @@ CASES = {
     "output into a missing directory": (["plan", "{tmp}/good.csv", "-D", "2", "-o", "{tmp}/missing/dir/p.json"],
                                         "--output '{tmp}/missing/dir/p.json': directory '{tmp}/missing/dir' does "
                                         "not exist"),
+    # a directory or a bare suffix as --output read "unknown file type ''"
+    "output that is a directory": (["plan", "{tmp}/good.csv", "-D", "2", "-o", "{tmp}"],
+                                   "--output '{tmp}' is a directory; name a file ending in .json, .csv or .npy"),
+    "output that is a bare suffix": (["plan", "{tmp}/good.csv", "-D", "2", "-o", "{tmp}/.json"],
+                                     "--output '{tmp}/.json': no file name before '.json'"),
     "csv into a missing directory": (["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--algorithms", "lpt",
                                       "--csv", "{tmp}/missing/rows.csv"],
                                      "--csv '{tmp}/missing/rows.csv': directory '{tmp}/missing' does not exist"),
