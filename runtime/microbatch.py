@@ -231,31 +231,10 @@ class ModelContractError(EncoderContractError):
 
 class _Contract:
     """What `accumulate` records for the model check of its micro-batch: the model's outputs and parameter
-    names (`recording`), and under DDP which parameters the body's backward gave a gradient."""
+    names (`recording`), and whether the check ran."""
 
     def __init__(self, micro: MicroBatch, model):
-        self.micro, self.model, self.names, self.outputs = micro, model, {}, []
-        self.checked, self.backward_ran, self.fired = False, False, set()
-
-    def saw_backward(self, grad):
-        self.backward_ran = True
-        return grad
-
-    def check_backward(self) -> None:
-        """Raise `ModelContractError` on this rank when the body's backward gave no gradient to some trainable
-        parameter (DDP: the loss left it out beside the model's outputs, and DDP did not reduce it)."""
-        unused = [name for name, parameter in self.model.named_parameters()
-                  if parameter.requires_grad and id(parameter) not in self.fired]
-        if unused:
-            micro = self.micro
-            shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
-            raise ModelContractError(
-                f"rank {group_rank(micro.contract[0])}: the backward of micro-batch {micro.index} of "
-                f"{micro.num_microbatches} (which reduces gradients; {len(micro.items)} items here) gave no gradient "
-                f"to parameters {shown} of the model given to `accumulate`: its loss leaves them out (a constant, or "
-                f"a loss beside the model's outputs, where the micro-batch is empty), and DDP left their gradients "
-                f"unreduced; compute the loss from the model's outputs on empty micro-batches too, or pass "
-                f"`accumulate(model, micro, check=False)` on every rank where unused parameters are harmless")
+        self.micro, self.model, self.names, self.outputs, self.checked = micro, model, {}, [], False
 
 
 def _reduces_every_parameter(model) -> bool:
@@ -280,13 +259,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     _active.current = (micro.index, micro.num_microbatches)
     contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \
         else None
-    handles = []
-    if contract is not None:
-        handles.append(model.register_forward_hook(lambda module, args, output: contract.outputs.extend(
-            leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor))))
-        if not hasattr(model, "set_requires_gradient_sync"):  # DDP: each parameter's own hook sees its gradient
-            handles += [parameter.register_post_accumulate_grad_hook(lambda p: contract.fired.add(id(p)))
-                        for parameter in model.parameters() if parameter.requires_grad]
+    handle = None if contract is None else model.register_forward_hook(
+        lambda module, args, output: contract.outputs.extend(leaf for leaf in tree_leaves(output)
+                                                             if isinstance(leaf, torch.Tensor)))
     try:
         with gradient_sync(model, micro.is_last), \
                 (recording(model) if contract is not None else contextlib.nullcontext({})) as names:
@@ -294,31 +269,42 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
                 contract.names = names
             _active.contract = contract
             yield
-        if contract is not None and contract.backward_ran and handles[1:]:
-            contract.check_backward()
     finally:
         _active.current, _active.contract = previous, None
-        for handle in handles:
+        if handle is not None:
             handle.remove()
 
 
-def watch_backward(loss: torch.Tensor, micro: MicroBatch) -> None:
-    """Note when the backward of `accumulate`'s body passes through `loss` (a `normalize_loss` result of its
-    micro-batch), so that the body's end checks what that backward reached (`_Contract.check_backward`)."""
-    contract = getattr(_active, "contract", None)
-    if contract is not None and contract.micro is micro and loss.requires_grad:
-        loss.register_hook(contract.saw_backward)
+def _reaches_model(loss: torch.Tensor, outputs: list, names: dict[int, str]) -> bool:
+    """Whether the autograd graph of `loss` reaches one of the model's `outputs` or parameters (`names`),
+    or passes a reentrant checkpoint (which hides what it used: counted as reaching)."""
+    targets = {output.grad_fn for output in outputs if output.grad_fn is not None}
+    leaves = set(names) | {id(output) for output in outputs if output.grad_fn is None}
+    if loss.grad_fn is None:
+        return id(loss) in leaves
+    stack, seen = [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        if node in targets or type(node).__name__ == "CheckpointFunctionBackward" or \
+                id(getattr(node, "variable", None)) in leaves:
+            return True
+        seen.add(node)
+        stack.extend(function for function, _ in node.next_functions)
+    return False
 
 
 def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
-    """In the body of `accumulate(model, micro)` where a check is due, once: raise `ModelContractError` on
-    every rank (one all-reduce of a word per rank) when the outputs of `model`'s calls in the body (what
-    its loss is made of, in one part or several) do not reach, through the autograd graph, every trainable
-    parameter of `model` on some rank.  A model that returns early or a constant on an empty micro-batch
-    (which every rank runs, to take part in every collective) leaves its parameters out of the backward
-    that reduces gradients: DDP then leaves their gradients unreduced without an error, or the ranks'
-    reductions pair up different buckets.  Nothing is checked on a rank whose body has not called `model`
-    itself (a submodule called directly)."""
+    """In the body of `accumulate(model, micro)` where a check is due, once, before the backward: raise
+    `ModelContractError` on every rank (one all-reduce of a word per rank) when, on some rank, the outputs
+    of `model`'s calls in the body do not reach every trainable parameter of `model` through the autograd
+    graph, or `loss_sum` (the first part normalised, where a loss has several) reaches none of those outputs
+    or parameters.  A model that returns early or a constant on an empty micro-batch (which every rank runs,
+    to take part in every collective), or a constant loss there, leaves parameters out of the backward that
+    reduces gradients: DDP then leaves their gradients unreduced without an error, or the ranks' reductions
+    pair up different buckets.  Nothing is checked on a rank whose body has not called `model` itself (a
+    submodule called directly)."""
     contract = getattr(_active, "contract", None)
     if contract is None or contract.micro is not micro or contract.checked or not torch.is_grad_enabled():
         return
@@ -327,26 +313,33 @@ def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     reached = reached_leaves(outputs, names, wanted) if outputs else None
     unused = [] if reached is None else sorted(wanted - reached)
+    detached = bool(outputs) and not unused and not _reaches_model(loss_sum, outputs, names)
     group = micro.contract[0]
     flags = torch.zeros(group_size(group), dtype=torch.int64, device=comm_device(group))
-    flags[group_rank(group)] = len(unused)
+    flags[group_rank(group)] = len(unused) + detached
     if flags.numel() > 1:
         with collective("model contract all-reduce", group):
             finish(dist.all_reduce(flags, group=group, async_op=True), group)
     failed = torch.nonzero(flags).flatten().tolist()
     if not failed:
         return
-    where = (f"the output of the model given to `accumulate` in micro-batch {micro.index} of "
-             f"{micro.num_microbatches} (whose backward reduces gradients; {len(micro.items)} items on rank "
-             f"{group_rank(group)})")
+    where = (f"micro-batch {micro.index} of {micro.num_microbatches} (whose backward reduces gradients; "
+             f"{len(micro.items)} items on rank {group_rank(group)})")
     advice = ("DDP and FSDP reduce every parameter's gradient in that backward on every rank, and a rank's "
               "micro-batch may be empty (every rank runs every micro-batch): compute the output through every "
-              "parameter on empty micro-batches too (run the layers on the empty tensors instead of returning early "
-              "or a constant), set requires_grad=False on parameters never used, or pass `accumulate(model, micro, "
-              "check=False)` on every rank where unused parameters are harmless")
+              "parameter and the loss from the output on empty micro-batches too (run the layers on the empty "
+              "tensors instead of returning early or a constant; e.g. `output.sum() * 0` for an empty loss), set "
+              "requires_grad=False on parameters never used, or pass `accumulate(model, micro, check=False)` on "
+              "every rank where unused parameters are harmless")
+    rank = group_rank(group)
     if unused:
         shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
-        raise ModelContractError(f"rank {group_rank(group)}: {where} does not depend on parameters {shown}: {advice}")
-    raise ModelContractError(f"rank {group_rank(group)}: on ranks {failed} the output of the model given to "
-                             f"`accumulate` in micro-batch {micro.index} does not depend on some of its parameters "
-                             f"(each rank named them); this rank stops with them: {advice}")
+        raise ModelContractError(f"rank {rank}: the output of the model given to `accumulate` in {where} does not "
+                                 f"depend on parameters {shown}: {advice}")
+    if detached:
+        raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} depends on none of "
+                                 f"the outputs or parameters of the model given to `accumulate` (a constant, or a "
+                                 f"loss computed beside them), so its backward gives them no gradient: {advice}")
+    raise ModelContractError(f"rank {rank}: on ranks {failed} the loss of micro-batch {micro.index} leaves out "
+                             f"parameters of the model given to `accumulate` (each rank said how); this rank stops "
+                             f"with them: {advice}")

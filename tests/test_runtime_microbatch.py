@@ -33,8 +33,8 @@ class TokenModel(nn.Module):
         return self.head(torch.tanh(self.hidden(self.embed(tokens))))
 
 
-def rank_batch(rank):
-    lengths = LENGTHS[rank]
+def rank_batch(rank, per_rank=LENGTHS):
+    lengths = per_rank[rank]
     generator = torch.Generator().manual_seed(rank)
     tokens = torch.randint(0, 50, (sum(lengths),), generator=generator)
     labels = torch.randint(-1, 50, (sum(lengths),), generator=generator)  # -1: no loss on this token
@@ -203,20 +203,23 @@ def test_regression_a_loss_normalised_in_two_parts_was_refused_as_leaving_out_pa
         assert kind == "no error" and all(grad > 0 for grad in grads), (kind, grads)
 
 
-def constant_loss_job(rank, size, check):
-    """Every item fits micro-batch 0 (T = 64, M = 4), so the last micro-batch, whose backward reduces gradients,
-    is empty on every rank; the model returns logits through every parameter, and the loss of an empty
-    micro-batch is a constant (a natural guard where there are no labels): what each rank raised."""
+ONE_EMPTY = {0: [26, 36, 20, 24], 1: [29, 25, 22, 22], 2: [11, 32, 27, 1]}  # T 40: M 4, the last holds 1, 1, 0 items
+
+
+def constant_loss_job(rank, size, check, per_rank, budget, num_microbatches):
+    """The model returns logits through every parameter, and the loss of an empty micro-batch is a constant (a
+    natural guard where there are no labels): what each rank raised.  LENGTHS at T = 64, M = 4: every item
+    fits micro-batch 0, so the last micro-batch, whose backward reduces gradients, is empty on every rank;
+    ONE_EMPTY at T = 40: on rank 2 only."""
     torch.manual_seed(0)
     model = TokenModel().double()
     wrapped = nn.parallel.DistributedDataParallel(model)
-    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=64, num_microbatches=4)
-    lengths, tokens, labels = rank_batch(rank)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=budget, num_microbatches=num_microbatches)
+    lengths, tokens, labels = rank_batch(rank, per_rank)
     plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
     moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
     try:
         for micro in dispatcher.microbatches(plan, moved):
-            assert not (micro.is_last and micro.items.size)
             with accumulate(wrapped, micro, check=check):
                 logits = wrapped(micro.data["tokens"])
                 if micro.items.size:
@@ -233,15 +236,30 @@ def constant_loss_job(rank, size, check):
 def test_regression_a_constant_loss_on_an_empty_micro_batch_left_every_gradient_unreduced():
     """Cause (probe8 P8-12): the model check walked the model's outputs (P8-10), which reach every parameter
     whatever the loss does with them: a loss that is a constant on an empty last micro-batch gave DDP no gradient
-    to reduce, and the step trained on each rank's own gradients (off by 0.1), silently.  Under DDP the body's
-    end now checks which parameters its backward reached."""
-    for rank, (kind, message) in enumerate(spawn(constant_loss_job, len(LENGTHS), args=(True,), timeout_s=120)):
+    to reduce, and the step trained on each rank's own gradients (off by 0.1), silently.  The check, before the
+    backward, now also asks whether the loss reaches the model's outputs."""
+    for rank, (kind, message) in enumerate(spawn(constant_loss_job, len(LENGTHS), args=(True, LENGTHS, 64, 4),
+                                                 timeout_s=120)):
         assert kind == "ModelContractError", (kind, message)
-        assert message.startswith(f"rank {rank}: the backward of micro-batch 3 of 4 (which reduces gradients; 0 "
-                                  f"items here) gave no gradient to parameters module.embed.weight, "
-                                  f"module.hidden.weight, module.hidden.bias, module.head.weight, module.head.bias of "
-                                  f"the model given to `accumulate`: its loss leaves them out"), message
-    assert {kind for kind, _ in spawn(constant_loss_job, len(LENGTHS), args=(False,), timeout_s=120)} == {"no error"}
+        assert message.startswith(f"rank {rank}: the loss given to `normalize_loss` in micro-batch 3 of 4 (whose "
+                                  f"backward reduces gradients; 0 items on rank {rank}) depends on none of the "
+                                  f"outputs or parameters of the model"), message
+    assert {kind for kind, _ in spawn(constant_loss_job, len(LENGTHS), args=(False, LENGTHS, 64, 4), timeout_s=120)} == \
+        {"no error"}
+
+
+def test_regression_a_constant_loss_on_some_ranks_empty_micro_batch_stopped_them_after_their_peers_backward():
+    """Cause (probe8 P8-14): P8-12's first fix checked after the backward, which under DDP had already posted the
+    other ranks' bucket reductions: the rank with the constant loss raised, its peers died inside DDP's backward
+    on gloo's "Connection closed by peer" (a hang under NCCL).  The check runs before the backward, on every
+    rank."""
+    outcomes = spawn(constant_loss_job, len(ONE_EMPTY), args=(True, ONE_EMPTY, 40, None), timeout_s=120)
+    assert [kind for kind, _ in outcomes] == ["ModelContractError"] * 3, outcomes
+    assert outcomes[2][1].startswith("rank 2: the loss given to `normalize_loss` in micro-batch 3 of 4 (whose "
+                                     "backward reduces gradients; 0 items on rank 2) depends on none"), outcomes[2]
+    for rank in (0, 1):
+        assert outcomes[rank][1].startswith(f"rank {rank}: on ranks [2] the loss of micro-batch 3 leaves out "
+                                            f"parameters"), outcomes[rank]
 
 
 def misuse_job(rank, size):
