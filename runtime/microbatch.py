@@ -25,7 +25,9 @@ until the next `plan()` or `microbatches()` (an evaluation under `torch.no_grad(
 The model must compute the loss through every trainable parameter on an empty micro-batch too:
 the last micro-batch's backward reduces every parameter's gradient (DDP, FSDP2) on every rank.
 `accumulate` checks it where it matters (`check_model_contract`: the runtime's first step, and
-steps where a rank's last micro-batch is empty), raising `ModelContractError` on every rank.
+steps where a rank's last micro-batch is empty), as that micro-batch's backward starts, raising
+`ModelContractError` on every rank: every rank must then pass its loss through `normalize_loss(loss,
+micro)` and run the backward (the check is a collective).
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils._pytree import tree_leaves
 
 from .comm import collective, comm_device, finish, group_rank, group_size
 from .encoders import EncoderContractError, reached_leaves, recording
@@ -230,11 +231,23 @@ class ModelContractError(EncoderContractError):
 
 
 class _Contract:
-    """What `accumulate` records for the model check of its micro-batch: the model's outputs and parameter
-    names (`recording`), and whether the check ran."""
+    """What `accumulate` records for the model check of its micro-batch: whether the model ran, its parameter
+    names (`recording`), the loss parts given to `normalize_loss`, and whether the check ran."""
 
     def __init__(self, micro: MicroBatch, model):
-        self.micro, self.model, self.names, self.outputs, self.checked = micro, model, {}, [], False
+        self.micro, self.model, self.names, self.parts = micro, model, {}, []
+        self.ran = self.checked = False
+
+    def saw_forward(self, module, args, output) -> None:
+        self.ran = True
+
+    def on_backward(self, grad):
+        """The hook of every normalised part: the first to run (as the micro-batch's backward starts, before it
+        reaches the model and any gradient reduction) checks the parts given so far (`check_model_contract`)."""
+        if not self.checked:
+            self.checked = True
+            check_model_contract(self)
+        return grad
 
 
 def _reduces_every_parameter(model) -> bool:
@@ -249,19 +262,17 @@ def _reduces_every_parameter(model) -> bool:
 def accumulate(model, micro: MicroBatch, *, check: bool = True):
     """`gradient_sync(model, micro.is_last)`: gradients are reduced once, in the last micro-batch;
     the body runs as micro-batch `micro` (`normalize_loss` with a count raises there).  Where `micro`
-    carries a `contract` and `model` reduces every parameter's gradient (DDP, FSDP2), the first
-    `normalize_loss(loss, micro)` of the body checks that the outputs of `model`'s calls in the body so far
-    depend on every trainable parameter of `model` on every rank (`check_model_contract`); `check=False`
-    (on every rank) skips it."""
+    carries a `contract` and `model` reduces every parameter's gradient (DDP, FSDP2), the backward through
+    the body's `normalize_loss(loss, micro)` results checks, as it starts, that the loss parts given there
+    depend on every trainable parameter of `model` on every rank (`check_model_contract`, a collective);
+    `check=False` (on every rank) skips it."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     previous = active_microbatch()
     _active.current = (micro.index, micro.num_microbatches)
     contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \
         else None
-    handle = None if contract is None else model.register_forward_hook(
-        lambda module, args, output: contract.outputs.extend(leaf for leaf in tree_leaves(output)
-                                                             if isinstance(leaf, torch.Tensor)))
+    handle = None if contract is None else model.register_forward_hook(contract.saw_forward)
     try:
         with gradient_sync(model, micro.is_last), \
                 (recording(model) if contract is not None else contextlib.nullcontext({})) as names:
@@ -275,48 +286,33 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
             handle.remove()
 
 
-def _reaches_model(loss: torch.Tensor, outputs: list, names: dict[int, str]) -> bool:
-    """Whether the autograd graph of `loss` reaches one of the model's `outputs` or parameters (`names`),
-    or passes a reentrant checkpoint (which hides what it used: counted as reaching)."""
-    targets = {output.grad_fn for output in outputs if output.grad_fn is not None}
-    leaves = set(names) | {id(output) for output in outputs if output.grad_fn is None}
-    if loss.grad_fn is None:
-        return id(loss) in leaves
-    stack, seen = [loss.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        if node in targets or type(node).__name__ == "CheckpointFunctionBackward" or \
-                id(getattr(node, "variable", None)) in leaves:
-            return True
-        seen.add(node)
-        stack.extend(function for function, _ in node.next_functions)
-    return False
-
-
-def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
-    """In the body of `accumulate(model, micro)` where a check is due, once, before the backward: raise
-    `ModelContractError` on every rank (one all-reduce of a word per rank) when, on some rank, the outputs
-    of `model`'s calls in the body do not reach every trainable parameter of `model` through the autograd
-    graph, or `loss_sum` (the first part normalised, where a loss has several) reaches none of those outputs
-    or parameters.  A model that returns early or a constant on an empty micro-batch (which every rank runs,
-    to take part in every collective), or a constant loss there, leaves parameters out of the backward that
-    reduces gradients: DDP then leaves their gradients unreduced without an error, or the ranks' reductions
-    pair up different buckets.  Nothing is checked on a rank whose body has not called `model` itself (a
-    submodule called directly)."""
+def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro: MicroBatch) -> None:
+    """In the body of `accumulate(model, micro)` where a check is due: keep `loss_sum` (a part of the loss)
+    and check the parts when the backward through `normalized` (its normalised form) starts."""
     contract = getattr(_active, "contract", None)
-    if contract is None or contract.micro is not micro or contract.checked or not torch.is_grad_enabled():
+    if contract is None or contract.micro is not micro or contract.checked or not normalized.requires_grad:
         return
-    contract.checked = True
-    model, names, outputs = contract.model, contract.names, contract.outputs
+    contract.parts.append(loss_sum)
+    normalized.register_hook(contract.on_backward)
+
+
+def check_model_contract(contract: _Contract) -> None:
+    """Raise `ModelContractError` on every rank (one all-reduce of a word per rank, as the backward of the
+    micro-batch that reduces gradients starts, before any reduction) when, on some rank, the loss parts given
+    to `normalize_loss` in the body of `accumulate(model, micro)` do not reach, through the autograd graph,
+    every trainable parameter of `model`.  A model that returns early or a constant on an empty micro-batch
+    (which every rank runs, to take part in every collective), or a loss that is a constant there or uses
+    part of the outputs, leaves parameters out of the backward that reduces gradients: DDP then leaves their
+    gradients unreduced without an error, or the ranks' reductions pair up different buckets.  A term added
+    to the normalised loss outside `normalize_loss` is not seen (normalise it too, or check=False).  Nothing
+    is checked on a rank whose body has not called `model` itself (a submodule called directly)."""
+    micro, model, names = contract.micro, contract.model, contract.names
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    reached = reached_leaves(outputs, names, wanted) if outputs else None
+    reached = reached_leaves(contract.parts, names, wanted) if contract.ran else None
     unused = [] if reached is None else sorted(wanted - reached)
-    detached = bool(outputs) and not unused and not _reaches_model(loss_sum, outputs, names)
     group = micro.contract[0]
     flags = torch.zeros(group_size(group), dtype=torch.int64, device=comm_device(group))
-    flags[group_rank(group)] = len(unused) + detached
+    flags[group_rank(group)] = len(unused)
     if flags.numel() > 1:
         with collective("model contract all-reduce", group):
             finish(dist.all_reduce(flags, group=group, async_op=True), group)
@@ -328,18 +324,14 @@ def check_model_contract(loss_sum: torch.Tensor, micro: MicroBatch) -> None:
     advice = ("DDP and FSDP reduce every parameter's gradient in that backward on every rank, and a rank's "
               "micro-batch may be empty (every rank runs every micro-batch): compute the output through every "
               "parameter and the loss from the output on empty micro-batches too (run the layers on the empty "
-              "tensors instead of returning early or a constant; e.g. `output.sum() * 0` for an empty loss), set "
-              "requires_grad=False on parameters never used, or pass `accumulate(model, micro, check=False)` on "
-              "every rank where unused parameters are harmless")
+              "tensors instead of returning early or a constant; e.g. `output.sum() * 0` for an empty loss) and "
+              "normalise every part of it with `normalize_loss`, set requires_grad=False on parameters never used, "
+              "or pass `accumulate(model, micro, check=False)` on every rank where unused parameters are harmless")
     rank = group_rank(group)
     if unused:
         shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
-        raise ModelContractError(f"rank {rank}: the output of the model given to `accumulate` in {where} does not "
-                                 f"depend on parameters {shown}: {advice}")
-    if detached:
-        raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} depends on none of "
-                                 f"the outputs or parameters of the model given to `accumulate` (a constant, or a "
-                                 f"loss computed beside them), so its backward gives them no gradient: {advice}")
+        raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} does not depend on "
+                                 f"parameters {shown} of the model given to `accumulate`: {advice}")
     raise ModelContractError(f"rank {rank}: on ranks {failed} the loss of micro-batch {micro.index} leaves out "
-                             f"parameters of the model given to `accumulate` (each rank said how); this rank stops "
-                             f"with them: {advice}")
+                             f"parameters of the model given to `accumulate` (each rank named them); this rank "
+                             f"stops with them: {advice}")

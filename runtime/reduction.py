@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ..balancers.validation import as_int
 from .comm import comm_device, group_rank, group_size, is_distributed
 from .metadata import PeerInputError
-from .microbatch import MicroBatch, active_microbatch, check_model_contract, sampled_microbatches, step_microbatches
+from .microbatch import MicroBatch, active_microbatch, sampled_microbatches, step_microbatches, watch_model_contract
 
 _REDUCTIONS = ("mean", "sum")
 INT64_MAX = 2**63 - 1
@@ -125,8 +125,10 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
                              f"runtime has run another since): it would divide by that step's "
                              f"{num_loss_tokens.num_loss_tokens} loss tokens; pass this step's micro-batch (a loop "
                              f"variable kept from an earlier step?)")
-        check_model_contract(loss_sum, num_loss_tokens)
-        return loss_sum * num_loss_tokens.loss_scale(gradient_reduction)
+        normalized = loss_sum * num_loss_tokens.loss_scale(gradient_reduction)
+        if torch.is_grad_enabled():
+            watch_model_contract(loss_sum, normalized, num_loss_tokens)
+        return normalized
     if total_loss_tokens is not None:
         return _divided(loss_sum, as_count(total_loss_tokens, "total_loss_tokens"), group, gradient_reduction)
     inside, step, sampled = active_microbatch(), step_microbatches() or 1, sampled_microbatches()
