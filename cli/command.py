@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from .errors import (EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser,
                      MissingDependencyError, PluginFailure, UsageError, one_line)
 
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the `orchmllm` command and its subcommands.
 

@@ -204,9 +204,10 @@ def collective(phase: str, group=None):
                 raise ThreadClashError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks "
                                        f"failed: a rank refused a collective of this group: {refusal}") from error
             raise PeerFailureError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks failed; a "
-                                   f"peer died or did not reach the call within the process group's timeout (or "
-                                   f"two threads of a rank ran collectives on this group at once: plan on another "
-                                   f"thread with `metadata_group=` a group of its own): {error}") from error
+                                   f"peer died or did not reach the call within the process group's timeout (or, "
+                                   f"where no refusal is published (NCCL), two threads of a rank ran collectives on "
+                                   f"this group at once: plan on another thread with `metadata_group=` a group of "
+                                   f"its own): {error}") from error
 
 
 def comm_device(group=None) -> torch.device:

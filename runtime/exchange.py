@@ -267,7 +267,8 @@ def _rows_problem(number: int, piece: Piece, rows: np.ndarray) -> str | None:
         return None
     hint = ""
     if piece.tensor.shape[0] == items and not (piece.per_item or is_int(piece.item_rows)):  # per item, taken per token
-        hint = (" (one per token: a tensor of one row per sample goes in `per_sample`)" if piece.name.startswith("text:")
+        text = piece.name.startswith("text:")
+        hint = (" (one per token: a tensor of one row per sample goes in `per_sample`)" if text
                 else " (one per token: every key not in `per_item_keys` is per-token; a tensor of one row per item "
                      "must be listed there)")
     return (f"piece {number} ({piece.name or '?'}): tensor has {piece.tensor.shape[0]} rows but this rank's "

@@ -143,21 +143,22 @@ def iterate(microbatches):
         _active.current = previous
 
 
-@contextlib.contextmanager
-def sampled(num_microbatches: int):
-    """Record, for the body, that this thread iterates a sampler's micro-batches, up to `num_microbatches` a
-    step (`normalize_loss` then refuses a per-micro-batch count for a loss that requires grad)."""
-    previous = getattr(_active, "sampled", 1)
-    _active.sampled = num_microbatches
-    try:
-        yield
-    finally:
-        _active.sampled = previous
+class Sampling:
+    """A budgeted sampler's iteration on this thread, steps of up to `num_microbatches` micro-batches, while
+    this object lives (its generator holds it: dropped when the generator ends or is collected, in any order
+    among several) (`normalize_loss` then refuses a per-micro-batch count for a loss that requires grad)."""
+
+    def __init__(self, num_microbatches: int):
+        self.num_microbatches = num_microbatches
+        if not hasattr(_active, "sampling"):
+            _active.sampling = weakref.WeakSet()
+        _active.sampling.add(self)
 
 
 def sampled_microbatches() -> int:
-    """The most micro-batches a step has in the sampler this thread iterates (`sampled`); 1 when none."""
-    return getattr(_active, "sampled", 1)
+    """The most micro-batches a step has in the budgeted samplers this thread iterates (`Sampling`); 1 when
+    none."""
+    return max((live.num_microbatches for live in getattr(_active, "sampling", ())), default=1)
 
 
 def new_step() -> None:
@@ -268,7 +269,7 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     `check=False` (on every rank) skips it."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
-    previous = active_microbatch()
+    previous, outer = active_microbatch(), getattr(_active, "contract", None)
     _active.current = (micro.index, micro.num_microbatches)
     contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \
         else None
@@ -281,7 +282,7 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
             _active.contract = contract
             yield
     finally:
-        _active.current, _active.contract = previous, None
+        _active.current, _active.contract = previous, outer
         if handle is not None:
             handle.remove()
 

@@ -37,7 +37,7 @@ from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
 from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import collective, comm_device, finish, group_rank, group_size, is_distributed
-from .microbatch import sampled
+from .microbatch import Sampling
 
 AGREEMENT = ("BalancedDistributedSampler's epoch agreement all-gather (every process of `group` iterates the "
              "sampler, or passes check_agreement=False)")  # what a dead or stalled peer's error names
@@ -145,6 +145,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         self.group = group
         self.epoch = 0
         self._planned: tuple[int, list[MicroBatchPlan]] | None = None
+        self._step_tokens: tuple[int, list[int]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle differently in `epoch` (the same on every rank)."""
@@ -184,7 +185,9 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         """Tokens of every step's global batch this epoch (all ranks, all micro-batches; the same on every
         rank): the divisor of each micro-batch's loss where every token counts in the loss (else sum the loss
         tokens of `global_batches()[step]` yourself) (`normalize_loss(..., total_loss_tokens=)`)."""
-        return [integer_sum(self.lengths[batch]) for batch in self.global_batches()]
+        if self._step_tokens is None or self._step_tokens[0] != self.epoch:
+            self._step_tokens = (self.epoch, [integer_sum(self.lengths[batch]) for batch in self.global_batches()])
+        return list(self._step_tokens[1])
 
     def microbatches_per_step(self) -> list[int]:
         """M of every step of this epoch (the same on every rank); needs `max_tokens_per_microbatch`."""
@@ -248,10 +251,10 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             for batch in self.global_batches():
                 yield batch[self.plan(batch).items_of(self.rank)].tolist()
             return
-        with sampled(max(self.microbatches_per_step(), default=1)):
-            for batch, plan in zip(self.global_batches(), self._epoch_plans()):
-                for microbatch in range(plan.num_microbatches):
-                    yield batch[plan.items_of(self.rank, microbatch)].tolist()
+        live = Sampling(max(self.microbatches_per_step(), default=1))  # noqa: F841 - registered while it lives
+        for batch, plan in zip(self.global_batches(), self._epoch_plans()):
+            for microbatch in range(plan.num_microbatches):
+                yield batch[plan.items_of(self.rank, microbatch)].tolist()
 
 
 def _describe(value) -> str:

@@ -406,3 +406,18 @@ def test_regression_the_shaped_lpt_converted_the_costs_to_integers_again(monkeyp
     assert converted.count(lengths.size) == 3
     assert np.array_equal(plan.rank, again.rank) and np.array_equal(plan.microbatch, again.microbatch)
     assert plan.pipeline.step_time == again.pipeline.step_time
+
+
+def test_kept_integer_steps_are_not_read_from_an_array_made_writeable_again():
+    """Review of 7c8012d: an array that owns its memory may be made writeable again and written; the LPT's kept
+    integer steps of it must then not be reused (they would plan the old costs)."""
+    from orchmllm.balancers.kernels import lpt
+
+    kept = lpt._LastUnits()
+    costs = np.arange(100, 0, -1, dtype=float)
+    costs.setflags(write=False)
+    kept.keep(costs, ("steps",))
+    assert kept.get(costs) == ("steps",)
+    costs.setflags(write=True)
+    costs[0] = 1e6
+    assert kept.get(costs) is None

@@ -631,6 +631,22 @@ def test_regression_a_budgeted_samplers_micro_batches_had_no_step_count_and_a_pe
         assert "normalize_loss(loss_sum, total_loss_tokens=sampler.step_tokens()[step])" in refused
 
 
+def test_regression_a_budgeted_sampler_dropped_before_another_ended_left_the_count_refused():
+    """Cause (review of 1ae267b): the sampler's mark on the thread was saved and restored by each generator, so
+    with two budgeted iterators, one exhausted and the other dropped, the older one's mark stayed: a count for a
+    loss with grad was refused, naming a sampler no longer iterated.  A mark lives as long as its generator."""
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    first, second = (iter(BalancedDistributedSampler(SAMPLER_LENGTHS, num_replicas=1, rank=0, global_batch_size=12,
+                                                     max_tokens_per_microbatch=9, seed=seed)) for seed in (0, 1))
+    next(first), next(second)
+    list(first)
+    with pytest.raises(ValueError, match="while a BalancedDistributedSampler"):
+        normalize_loss(torch.tensor(6.0, requires_grad=True), 3)  # the second still yields
+    del second
+    assert normalize_loss(torch.tensor(6.0, requires_grad=True), 3).item() == 2.0
+
+
 def test_regression_another_loaders_loss_beside_a_budgeted_sampler_was_refused_with_no_way_out_for_it():
     """Cause (probe8 P8-11): while a budgeted sampler yields, a count for any loss with grad on the thread is
     refused, also one of another, unbudgeted loader (multi-task training); the message named only the sampler's

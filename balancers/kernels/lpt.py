@@ -162,7 +162,9 @@ class _LastUnits:
 
     def get(self, sorted_costs: np.ndarray) -> tuple | None:
         entry, (owner, place) = self.entry, _memory(sorted_costs)
-        return entry[2] if entry is not None and entry[0]() is owner and entry[1] == place else None
+        # an owner of its memory may be made writeable again (and written): then the entry is stale
+        return entry[2] if entry is not None and entry[0]() is owner and entry[1] == place and \
+            not owner.flags.writeable else None
 
     def keep(self, sorted_costs: np.ndarray, units: tuple) -> None:
         owner, place = _memory(sorted_costs)
