@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import os
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -50,12 +51,26 @@ class ThreadClashError(RuntimeError):
 CLASH_POLL = datetime.timedelta(seconds=1)  # how often a waiting gloo collective looks for a peer's refusal
 _REFUSAL_KEY = "orchmllm/thread-clash/"  # + the group's name: a store key every rank of the world reads
 
-_owners: dict = {}  # process group -> [thread, phase, confirmed]: the thread that ran the runtime's first collective
-# on it, confirmed once that collective completed (its peers ran theirs: the same thread holds the group everywhere)
-_running: dict = {}  # process group -> (thread, phase) of the collective a thread of this process runs on it now
-_refused: dict = {}  # process group -> the refusal (this rank's or a peer's) that made it unusable
-_gloo: dict = {}  # process group -> whether its backend is gloo (`finish` polls only there)
+# Keyed weakly by process group, so a destroyed group leaves them:
+_owners = weakref.WeakKeyDictionary()  # group -> [thread, phase, confirmed]: the thread that ran the runtime's first
+# collective on it, confirmed once that collective completed (its peers ran theirs: the same thread holds it everywhere)
+_running = weakref.WeakKeyDictionary()  # group -> (thread, phase) of the collective a thread of this process runs now
+_refused = weakref.WeakKeyDictionary()  # group -> the refusal (this rank's or a peer's) that made it unusable
+_gloo = weakref.WeakKeyDictionary()  # group -> whether its backend is gloo (`finish` polls only there)
 _lock = threading.Lock()
+
+
+class _Unset:
+    """The key of the maps above where no default process group exists (a single process without one)."""
+
+
+_UNSET = _Unset()
+
+
+def _key(group):
+    """The maps' key of `group` (None: the default group, or `_UNSET` where there is none)."""
+    key = dist.group.WORLD if group is None else group
+    return _UNSET if key is None else key
 
 
 def _in_backward() -> bool:
@@ -107,7 +122,7 @@ def _one_thread(phase: str, group):
     two threads do not keep.  Holding makes the refusal the same on every rank whatever the timing, once the
     holder's first collective completed; before, threads racing for the group's first collective are refused
     where they overlap, and the refusal is published (`_refuse`)."""
-    key = dist.group.WORLD if group is None else group
+    key = _key(group)
     me = threading.current_thread()
     with _lock:
         clash = _clash(phase, key, me)
@@ -134,7 +149,7 @@ def take_group(group=None) -> None:
     """Make the calling thread the one that holds `group` for the runtime's collectives (see `_one_thread`): a
     training loop handed to another thread (a worker after steps on the main thread) calls it there before its
     first collective, at the same point on every rank; a RuntimeError while another thread runs one on it."""
-    key = dist.group.WORLD if group is None else group
+    key = _key(group)
     me = threading.current_thread()
     with _lock:
         running = _running.get(key)
@@ -147,7 +162,7 @@ def take_group(group=None) -> None:
 
 def _published_refusal(group) -> str | None:
     """A refusal another rank published for `group` (one store request), or None."""
-    key = dist.group.WORLD if group is None else group
+    key = _key(group)
     store = dist.distributed_c10d._get_default_store()
     name = _REFUSAL_KEY + key.group_name
     if not store.check([name]):
@@ -164,7 +179,7 @@ def finish(work, group=None) -> None:
     collective its peer will never post stops within a second or so, not at the group's timeout.  A wait
     that ends sooner costs what the blocking call costs (the same wait on the same condition); other
     backends (NCCL) wait as the blocking call does."""
-    key = dist.group.WORLD if group is None else group
+    key = _key(group)
     gloo = _gloo.get(key)
     if gloo is None:
         gloo = _gloo[key] = dist.get_backend(group) == "gloo"

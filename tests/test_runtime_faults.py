@@ -393,3 +393,29 @@ def test_regression_a_dispatcher_handed_to_a_worker_thread_had_no_way_to_be_take
             f"ThreadClashError: rank {rank}: the metadata all-gather (dispatcher configuration) on thread 'worker' "
             f"while thread 'MainThread', which ran the runtime's first collective"), outcome
         assert "calls `orchmllm.runtime.take_group(group)` first, at the same point on every rank" in outcome[1]
+
+
+def destroyed_group_job(rank, size):
+    """A runtime collective on a new group, then the group destroyed: whether the thread maps held it, and
+    whether they still do."""
+    import gc
+
+    import torch.distributed as dist
+
+    from orchmllm.runtime import comm
+
+    group = dist.new_group(list(range(size)))
+    with comm.collective("test all-reduce", group):
+        comm.finish(dist.all_reduce(torch.ones(1), group=group, async_op=True), group)
+    held = group in comm._owners and group in comm._gloo
+    dist.destroy_process_group(group)
+    del group
+    gc.collect()
+    return held, sum(key is not dist.group.WORLD for key in list(comm._owners) + list(comm._gloo))
+
+
+def test_a_destroyed_group_leaves_the_thread_checks_maps():
+    """Review of 5f78571: the maps of the two-thread check held every group (and its thread) for the life of the
+    process; they are weak now, so a destroyed group leaves them."""
+    for outcome in run_processes(destroyed_group_job, 2, timeout_s=60):
+        assert outcome.value == (True, 0), outcome
