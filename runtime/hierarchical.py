@@ -30,7 +30,7 @@ import torch.distributed as dist
 from ..balancers.validation import is_int
 from .agreement import disagreement
 from .alltoall import FlatAllToAll, Flows, check_buffer
-from .comm import comm_device, finish, group_rank, group_size
+from .comm import collective, comm_device, finish, group_rank, group_size
 
 
 def _regroup(buffer: torch.Tensor, have: list, want: list, sizes: dict) -> torch.Tensor:
@@ -51,7 +51,8 @@ def _agree_on_layout(gpus_per_node: int, group) -> None:
         return
     mine = torch.tensor([gpus_per_node], dtype=torch.int64, device=comm_device(group))
     gathered = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(gathered, mine, group=group)
+    with collective("HierarchicalAllToAll's layout all-gather", group):
+        finish(dist.all_gather(gathered, mine, group=group, async_op=True), group)
     problem = disagreement([int(value.item()) for value in gathered], "HierarchicalAllToAll's `gpus_per_node`",
                            group_rank(group), show=lambda value: "invalid" if value < 0 else str(value))
     if problem:

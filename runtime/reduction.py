@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import as_int
-from .comm import comm_device, group_rank, group_size, is_distributed
+from .comm import collective, comm_device, finish, group_rank, group_size, is_distributed
 from .metadata import PeerInputError
 from .microbatch import MicroBatch, active_microbatch, sampled_microbatches, step_microbatches, watch_model_contract
 
@@ -71,7 +71,8 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
     except (TypeError, ValueError) as error:
         count, failure = torch.tensor(0, dtype=torch.int64), error
     words = torch.stack((count, torch.zeros_like(count) + int(failure is not None))).to(comm_device(group))
-    dist.all_reduce(words, group=group)
+    with collective(f"`{name}` all-reduce", group):
+        finish(dist.all_reduce(words, group=group, async_op=True), group)
     if failure is not None:
         raise failure
     failed = int(words[1])
@@ -180,7 +181,8 @@ def all_reduce_gradients(parameters, group=None, *, op: str = "sum") -> None:
     for dtype in sorted(by_dtype, key=str):
         params = by_dtype[dtype]
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, group=group)
+        with collective("gradient all-reduce", group):
+            finish(dist.all_reduce(flat, group=group, async_op=True), group)
         if op == "mean":
             flat /= group_size(group)
         offset = 0

@@ -396,26 +396,57 @@ def test_regression_a_dispatcher_handed_to_a_worker_thread_had_no_way_to_be_take
 
 
 def destroyed_group_job(rank, size):
-    """A runtime collective on a new group, then the group destroyed: whether the thread maps held it, and
-    whether they still do."""
+    """A runtime collective on a new group, then the group destroyed: whether the thread maps held it, and how
+    many groups they hold before and after (a reused worker may hold earlier tests' live groups)."""
     import gc
 
     import torch.distributed as dist
 
     from orchmllm.runtime import comm
 
-    group = dist.new_group(list(range(size)))
+    held = lambda: len(comm._owners) + len(comm._gloo)  # noqa: E731
+    before, group = held(), dist.new_group(list(range(size)))
     with comm.collective("test all-reduce", group):
         comm.finish(dist.all_reduce(torch.ones(1), group=group, async_op=True), group)
-    held = group in comm._owners and group in comm._gloo
+    during = held()
     dist.destroy_process_group(group)
     del group
     gc.collect()
-    return held, sum(key is not dist.group.WORLD for key in list(comm._owners) + list(comm._gloo))
+    return during - before, held() - before
 
 
 def test_a_destroyed_group_leaves_the_thread_checks_maps():
     """Review of 5f78571: the maps of the two-thread check held every group (and its thread) for the life of the
     process; they are weak now, so a destroyed group leaves them."""
     for outcome in run_processes(destroyed_group_job, 2, timeout_s=60):
-        assert outcome.value == (True, 0), outcome
+        assert outcome.value == (2, 0), outcome
+
+
+def global_count_on_another_thread_job(rank, size):
+    """The training thread holds the group (a dispatcher's plan); another thread then sums a count on it."""
+    import threading
+
+    from orchmllm.runtime import global_count
+
+    PostBalancingDispatcher().plan([3, 5])
+    raised = []
+    thread = threading.Thread(target=lambda: raised.append(_raised(global_count, 4)), name="logger")
+    thread.start()
+    thread.join()
+    return raised[0]
+
+
+def _raised(function, *args) -> str:
+    try:
+        function(*args)
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return type(error).__name__
+    return "no error"
+
+
+def test_regression_a_count_summed_on_another_thread_was_outside_the_thread_check():
+    """Review of 5f78571: `global_count` (and `all_reduce_gradients`, HierarchicalAllToAll's layout check) posted
+    their collectives outside the runtime's thread check, so another thread's count on the training group could
+    still wait out the group's timeout; refused on every rank now."""
+    outcomes = run_processes(global_count_on_another_thread_job, 2, timeout_s=60, collective_timeout_s=20)
+    assert [outcome.value for outcome in outcomes] == ["ThreadClashError"] * 2, outcomes
