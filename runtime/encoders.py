@@ -57,9 +57,11 @@ def module_of(encoder: Callable) -> nn.Module | None:
 
 
 @contextlib.contextmanager
-def recording(module: nn.Module):
+def recording(module: nn.Module, hidden: set | None = None):
     """Yield {id(parameter): name}: `module`'s parameters now, and those each of its modules holds
-    as its forward returns while the body runs (FSDP2 swaps unsharded ones in for the forward)."""
+    as its forward returns while the body runs (FSDP2 swaps unsharded ones in for the forward).
+    `hidden` gets the names of the parameters of modules whose forward ran without grad (inside a
+    reentrant checkpoint, whose recomputation the graph does not show)."""
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
 
@@ -67,6 +69,8 @@ def recording(module: nn.Module):
         prefix = prefixes.get(submodule)
         if prefix is not None:
             names.update((id(parameter), prefix + name) for name, parameter in submodule.named_parameters())
+            if hidden is not None and not torch.is_grad_enabled():
+                hidden.update(prefix + name for name, _ in submodule.named_parameters())
 
     handle = nn.modules.module.register_module_forward_hook(record)
     try:
@@ -75,9 +79,11 @@ def recording(module: nn.Module):
         handle.remove()
 
 
-def reached_leaves(outputs, names: dict[int, str], wanted: set[str]) -> set[str] | None:
+def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden: set[str] | None = None
+                   ) -> set[str] | None:
     """The names in `wanted` of the leaves the graphs of `outputs` (tensors) reach (the walk stops once
-    all are found); None when a reentrant checkpoint hides the parameters it used."""
+    all are found).  A reentrant checkpoint hides the parameters it used: with `hidden` (those of the
+    modules run without grad, `recording`) they count as reached; without, the answer is None."""
     reached: set[str] = set()
     stack, seen = [output.grad_fn for output in outputs], set()
     while stack and reached != wanted:
@@ -86,7 +92,9 @@ def reached_leaves(outputs, names: dict[int, str], wanted: set[str]) -> set[str]
             continue
         seen.add(node)
         if type(node).__name__ == "CheckpointFunctionBackward":
-            return None
+            if hidden is None:
+                return None
+            reached |= hidden & wanted
         variable = getattr(node, "variable", None)
         if variable is not None and names.get(id(variable)) in wanted:
             reached.add(names[id(variable)])

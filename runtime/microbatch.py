@@ -232,15 +232,12 @@ class ModelContractError(EncoderContractError):
 
 
 class _Contract:
-    """What `accumulate` records for the model check of its micro-batch: whether the model ran, its parameter
-    names (`recording`), the loss parts given to `normalize_loss`, and whether the check ran."""
+    """What `accumulate` records for the model check of its micro-batch: its parameter names (`recording`),
+    the loss parts given to `normalize_loss`, and whether the check ran."""
 
     def __init__(self, micro: MicroBatch, model):
-        self.micro, self.model, self.names, self.parts = micro, model, {}, []
-        self.ran = self.checked = False
-
-    def saw_forward(self, module, args, output) -> None:
-        self.ran = True
+        self.micro, self.model, self.names, self.parts, self.checked = micro, model, {}, [], False
+        self.hidden: set[str] = set()  # parameters of modules run without grad (`recording`)
 
     def on_backward(self, grad):
         """The hook of every normalised part: the first to run (as the micro-batch's backward starts, before it
@@ -273,18 +270,18 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     _active.current = (micro.index, micro.num_microbatches)
     contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \
         else None
-    handle = None if contract is None else model.register_forward_hook(contract.saw_forward)
     try:
         with gradient_sync(model, micro.is_last), \
-                (recording(model) if contract is not None else contextlib.nullcontext({})) as names:
+                (recording(model, contract.hidden) if contract is not None else contextlib.nullcontext({})) as names:
             if contract is not None:
                 contract.names = names
             _active.contract = contract
             yield
+        if contract is not None and not contract.parts and torch.is_grad_enabled():  # no backward will check:
+            contract.checked = True  # join the peers' check here (as their backward starts) with every
+            check_model_contract(contract)  # parameter left out
     finally:
         _active.current, _active.contract = previous, outer
-        if handle is not None:
-            handle.remove()
 
 
 def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro: MicroBatch) -> None:
@@ -305,17 +302,18 @@ def check_model_contract(contract: _Contract) -> None:
     (which every rank runs, to take part in every collective), or a loss that is a constant there or uses
     part of the outputs, leaves parameters out of the backward that reduces gradients: DDP then leaves their
     gradients unreduced without an error, or the ranks' reductions pair up different buckets.  A term added
-    to the normalised loss outside `normalize_loss` is not seen (normalise it too, or check=False).  Nothing
-    is checked on a rank whose body has not called `model` itself (a submodule called directly)."""
+    to the normalised loss outside `normalize_loss` is not seen (normalise it too, or check=False)."""
     micro, model, names = contract.micro, contract.model, contract.names
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    reached = reached_leaves(contract.parts, names, wanted) if contract.ran else None
+    reached = reached_leaves(contract.parts, names, wanted, contract.hidden)
     unused = [] if reached is None else sorted(wanted - reached)
     group = micro.contract[0]
     flags = torch.zeros(group_size(group), dtype=torch.int64, device=comm_device(group))
     flags[group_rank(group)] = len(unused)
     if flags.numel() > 1:
-        with collective("model contract all-reduce", group):
+        with collective(f"model check all-reduce of micro-batch {micro.index} (as its backward starts: every rank "
+                        f"passes its loss through normalize_loss(loss, micro) and runs the backward, an empty "
+                        f"micro-batch too)", group):
             finish(dist.all_reduce(flags, group=group, async_op=True), group)
     failed = torch.nonzero(flags).flatten().tolist()
     if not failed:
@@ -329,6 +327,9 @@ def check_model_contract(contract: _Contract) -> None:
               "normalise every part of it with `normalize_loss`, set requires_grad=False on parameters never used, "
               "or pass `accumulate(model, micro, check=False)` on every rank where unused parameters are harmless")
     rank = group_rank(group)
+    if unused and not contract.parts:
+        raise ModelContractError(f"rank {rank}: no loss passed through `normalize_loss(loss, micro)` in {where}, "
+                                 f"so its backward gives the model's parameters no gradient: {advice}")
     if unused:
         shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
         raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} does not depend on "

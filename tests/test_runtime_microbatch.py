@@ -632,3 +632,66 @@ def test_regression_scatter_text_of_another_micro_batchs_labels_paired_them_with
         assert count == 2 and isinstance(message, str), message
         assert "`values` is micro-batch 1's `micro.data.text['labels']`, not this micro-batch's" in message, message
         assert "packed.scatter_text('labels', fill)" in message, message
+
+
+class CheckpointedTwoHeadModel(TwoHeadModel):
+    """TwoHeadModel whose trunk, a method of the model, runs under a reentrant checkpoint (its recomputation is not
+    in the graph the check walks)."""
+
+    def trunk(self, embedded):
+        return torch.tanh(self.hidden(embedded))
+
+    def forward(self, tokens):
+        from torch.utils.checkpoint import checkpoint
+
+        hidden = checkpoint(self.trunk, self.embed(tokens), use_reentrant=True)
+        return self.head(hidden), self.value(hidden).squeeze(-1)
+
+
+def empty_rank_shapes_job(rank, size, shape):
+    """ONE_EMPTY at T = 40 (rank 2's last micro-batch empty) through DDP: what each rank raised where rank 2's
+    empty micro-batch takes `shape`."""
+    torch.manual_seed(0)
+    model = (CheckpointedTwoHeadModel() if shape.startswith("reentrant") else TwoHeadModel()).double()
+    wrapped = nn.parallel.DistributedDataParallel(model)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+    try:
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(wrapped, micro):
+                if micro.items.size == 0 and shape == "no backward":
+                    continue
+                if micro.items.size == 0 and shape == "model not called":
+                    loss_sum = torch.zeros((), dtype=torch.float64, requires_grad=True)
+                else:
+                    logits, values = wrapped(micro.data["tokens"])
+                    loss_sum = (nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
+                                                            reduction="sum") + values.square().sum()
+                                if micro.items.size else values.sum() * 0 if shape == "reentrant, one output"
+                                else logits.sum() * 0 + values.sum() * 0)
+                normalize_loss(loss_sum, micro).backward()
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return type(error).__name__, str(error)
+    return "no error", ""
+
+
+@pytest.mark.parametrize("shape", ["reentrant, one output", "model not called", "no backward"])
+def test_regression_empty_micro_batch_shapes_the_check_let_through_or_hung_on(shape):
+    """Causes (probe9 P9-01..03): a reentrant checkpoint anywhere switched the check off (a loss using one output
+    of two trained on gradients 0.04 off); a rank that did not call the model was not checked (silent, or its
+    peers hung); a rank that ran no backward left its peers in the check's all-reduce to the group's timeout.
+    Now the parameters of modules run inside a reentrant checkpoint count as reached, every other one must be,
+    and a rank whose body normalised no loss joins the check at the body's end: every rank raises."""
+    outcomes = spawn(empty_rank_shapes_job, len(ONE_EMPTY), args=(shape,), timeout_s=120)
+    assert [kind for kind, _ in outcomes] == ["ModelContractError"] * 3, outcomes
+    assert outcomes[0][1].startswith("rank 0: on ranks [2] the loss of micro-batch 3 leaves out"), outcomes[0]
+    expected = "no loss passed through" if shape == "no backward" else "the loss given to `normalize_loss`"
+    assert outcomes[2][1].startswith(f"rank 2: {expected}"), outcomes[2]
+
+
+def test_a_reentrant_checkpoint_with_a_loss_through_every_output_passes_the_check():
+    """The correct program beside P9-01: the checkpointed trunk's parameters count as reached."""
+    assert [kind for kind, _ in spawn(empty_rank_shapes_job, len(ONE_EMPTY), args=("reentrant, every output",),
+                                      timeout_s=120)] == ["no error"] * 3
