@@ -144,21 +144,22 @@ def iterate(microbatches):
 
 
 class Sampling:
-    """A budgeted sampler's iteration on this thread, steps of up to `num_microbatches` micro-batches, while
-    this object lives (its generator holds it: dropped when the generator ends or is collected, in any order
-    among several) (`normalize_loss` then refuses a per-micro-batch count for a loss that requires grad)."""
+    """A budgeted sampler iterated in this process, steps of up to `num_microbatches` micro-batches, while this
+    object lives (the sampler holds it: dropped with the sampler, or replaced at its next epoch), on any thread
+    (`normalize_loss` then refuses a per-micro-batch count for a loss that requires grad)."""
 
     def __init__(self, num_microbatches: int):
         self.num_microbatches = num_microbatches
-        if not hasattr(_active, "sampling"):
-            _active.sampling = weakref.WeakSet()
-        _active.sampling.add(self)
+        _SAMPLING.add(self)
+
+
+_SAMPLING: weakref.WeakSet = weakref.WeakSet()
 
 
 def sampled_microbatches() -> int:
-    """The most micro-batches a step has in the budgeted samplers this thread iterates (`Sampling`); 1 when
-    none."""
-    return max((live.num_microbatches for live in getattr(_active, "sampling", ())), default=1)
+    """The most micro-batches a step has in the budgeted samplers iterated in this process (`Sampling`); 1
+    when none."""
+    return max((live.num_microbatches for live in list(_SAMPLING)), default=1)
 
 
 def new_step() -> None:
@@ -266,7 +267,7 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     `check=False` (on every rank) skips it."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
-    previous, outer = active_microbatch(), getattr(_active, "contract", None)
+    previous, outer = active_microbatch(), getattr(_active, "contracts", ())
     _active.current = (micro.index, micro.num_microbatches)
     contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \
         else None
@@ -275,23 +276,25 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
                 (recording(model, contract.hidden) if contract is not None else contextlib.nullcontext({})) as names:
             if contract is not None:
                 contract.names = names
-            _active.contract = contract
+            _active.contracts = outer + ((contract,) if contract is not None else ())
             yield
         if contract is not None and not contract.parts and torch.is_grad_enabled():  # no backward will check:
             contract.checked = True  # join the peers' check here (as their backward starts) with every
             check_model_contract(contract)  # parameter left out
     finally:
-        _active.current, _active.contract = previous, outer
+        _active.current, _active.contracts = previous, outer
 
 
 def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro: MicroBatch) -> None:
-    """In the body of `accumulate(model, micro)` where a check is due: keep `loss_sum` (a part of the loss)
-    and check the parts when the backward through `normalized` (its normalised form) starts."""
-    contract = getattr(_active, "contract", None)
-    if contract is None or contract.micro is not micro or contract.checked or not normalized.requires_grad:
+    """In the body of `accumulate(model, micro)` (one model or several, nested) where a check is due: keep
+    `loss_sum` (a part of the loss) and check the parts when the backward through `normalized` (its normalised
+    form) starts."""
+    if not normalized.requires_grad:
         return
-    contract.parts.append(loss_sum)
-    normalized.register_hook(contract.on_backward)
+    for contract in getattr(_active, "contracts", ()):
+        if contract.micro is micro and not contract.checked:
+            contract.parts.append(loss_sum)
+            normalized.register_hook(contract.on_backward)
 
 
 def check_model_contract(contract: _Contract) -> None:

@@ -144,8 +144,9 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         self.check_agreement = as_bool(check_agreement, "check_agreement")
         self.group = group
         self.epoch = 0
-        self._planned: tuple[int, list[MicroBatchPlan]] | None = None
-        self._step_tokens: tuple[int, list[int]] | None = None
+        self._planned: tuple[tuple, list[MicroBatchPlan]] | None = None  # keyed by (epoch, seed)
+        self._step_tokens: tuple[tuple, list[int]] | None = None
+        self._mark: Sampling | None = None  # while it lives, per-micro-batch counts are refused (`Sampling`)
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle differently in `epoch` (the same on every rank)."""
@@ -177,16 +178,17 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                                     max_tokens_per_microbatch=self.max_tokens_per_microbatch)
 
     def _epoch_plans(self) -> list[MicroBatchPlan]:
-        if self._planned is None or self._planned[0] != self.epoch:
-            self._planned = (self.epoch, [self.plan(batch) for batch in self.global_batches()])
+        if self._planned is None or self._planned[0] != (self.epoch, self.seed):
+            self._planned = ((self.epoch, self.seed), [self.plan(batch) for batch in self.global_batches()])
         return self._planned[1]
 
     def step_tokens(self) -> list[int]:
         """Tokens of every step's global batch this epoch (all ranks, all micro-batches; the same on every
         rank): the divisor of each micro-batch's loss where every token counts in the loss (else sum the loss
         tokens of `global_batches()[step]` yourself) (`normalize_loss(..., total_loss_tokens=)`)."""
-        if self._step_tokens is None or self._step_tokens[0] != self.epoch:
-            self._step_tokens = (self.epoch, [integer_sum(self.lengths[batch]) for batch in self.global_batches()])
+        if self._step_tokens is None or self._step_tokens[0] != (self.epoch, self.seed):
+            self._step_tokens = ((self.epoch, self.seed), [integer_sum(self.lengths[batch])
+                                                           for batch in self.global_batches()])
         return list(self._step_tokens[1])
 
     def microbatches_per_step(self) -> list[int]:
@@ -251,7 +253,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             for batch in self.global_batches():
                 yield batch[self.plan(batch).items_of(self.rank)].tolist()
             return
-        live = Sampling(max(self.microbatches_per_step(), default=1))  # noqa: F841 - registered while it lives
+        self._mark = Sampling(max(self.microbatches_per_step(), default=1))  # registered while the sampler lives
         for batch, plan in zip(self.global_batches(), self._epoch_plans()):
             for microbatch in range(plan.num_microbatches):
                 yield batch[plan.items_of(self.rank, microbatch)].tolist()

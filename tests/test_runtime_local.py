@@ -634,7 +634,7 @@ def test_regression_a_budgeted_samplers_micro_batches_had_no_step_count_and_a_pe
 def test_regression_a_budgeted_sampler_dropped_before_another_ended_left_the_count_refused():
     """Cause (review of 1ae267b): the sampler's mark on the thread was saved and restored by each generator, so
     with two budgeted iterators, one exhausted and the other dropped, the older one's mark stayed: a count for a
-    loss with grad was refused, naming a sampler no longer iterated.  A mark lives as long as its generator."""
+    loss with grad was refused, naming a sampler no longer iterated.  A mark lives as long as its sampler."""
     from orchmllm.runtime.sampler import BalancedDistributedSampler
 
     first, second = (iter(BalancedDistributedSampler(SAMPLER_LENGTHS, num_replicas=1, rank=0, global_batch_size=12,
@@ -662,3 +662,36 @@ def test_regression_another_loaders_loss_beside_a_budgeted_sampler_was_refused_w
                                          r"takes `total_loss_tokens=global_count\(count\)`"):
         normalize_loss(loss_sum, 3)
     assert normalize_loss(loss_sum, total_loss_tokens=global_count(3)).item() == 2.0
+
+
+def test_regression_a_budgeted_sampler_iterated_on_another_thread_or_listed_left_counts_unguarded():
+    """Cause (probe9 P9-04): the sampler's mark was per thread and per generator, so a sampler iterated on a
+    producer thread, or materialised with `list(...)`, let a per-micro-batch count through (P8-06's 3.1x).  The
+    mark lives with the sampler, for every thread of the process."""
+    import threading
+
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    sampler = BalancedDistributedSampler(SAMPLER_LENGTHS, num_replicas=1, rank=0, global_batch_size=12,
+                                         max_tokens_per_microbatch=9)
+    producer = threading.Thread(target=lambda: list(sampler))
+    producer.start()
+    producer.join()
+    with pytest.raises(ValueError, match="while a BalancedDistributedSampler"):
+        normalize_loss(torch.tensor(6.0, requires_grad=True), 3)
+    del sampler
+    assert normalize_loss(torch.tensor(6.0, requires_grad=True), 3).item() == 2.0
+
+
+def test_regression_the_samplers_kept_plans_and_step_tokens_outlived_a_new_seed():
+    """Cause (probe9 P9-05): the epoch's plans and step tokens were kept by epoch alone, so a seed set between two
+    calls of one epoch gave the old seed's batches' tokens."""
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    options = dict(num_replicas=1, rank=0, global_batch_size=5, max_tokens_per_microbatch=9)
+    sampler = BalancedDistributedSampler(SAMPLER_LENGTHS, **options)
+    sampler.step_tokens(), sampler.microbatches_per_step()
+    sampler.seed = 3
+    fresh = BalancedDistributedSampler(SAMPLER_LENGTHS, seed=3, **options)
+    assert sampler.step_tokens() == fresh.step_tokens()
+    assert list(sampler) == list(fresh)

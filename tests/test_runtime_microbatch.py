@@ -695,3 +695,41 @@ def test_a_reentrant_checkpoint_with_a_loss_through_every_output_passes_the_chec
     """The correct program beside P9-01: the checkpointed trunk's parameters count as reached."""
     assert [kind for kind, _ in spawn(empty_rank_shapes_job, len(ONE_EMPTY), args=("reentrant, every output",),
                                       timeout_s=120)] == ["no error"] * 3
+
+
+def nested_models_job(rank, size, bad):
+    """Policy (outer `accumulate`) and critic (inner), each under DDP, one loop; on the empty last micro-batch the
+    policy's part is a constant where `bad`, else `logits.sum() * 0`: what each rank raised."""
+    torch.manual_seed(0)
+    policy, critic = (nn.parallel.DistributedDataParallel(TokenModel().double()) for _ in range(2))
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=64, num_microbatches=4)
+    lengths, tokens, labels = rank_batch(rank)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+    try:
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(policy, micro), accumulate(critic, micro):
+                logits, values = policy(micro.data["tokens"]), critic(micro.data["tokens"])
+                policy_sum = (nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
+                                                          reduction="sum") if micro.items.size
+                              else logits.new_zeros((), requires_grad=True) if bad else logits.sum() * 0)
+                (normalize_loss(policy_sum, micro) + normalize_loss(values.sum() * 0, micro)).backward()
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return type(error).__name__, str(error)
+    return "no error", ""
+
+
+@pytest.mark.parametrize("bad", [True, False], ids=["policy part constant", "both parts through the outputs"])
+def test_regression_nested_accumulate_checked_only_the_inner_model(bad):
+    """Cause (probe9 P9-06): `accumulate` kept one model check per thread, so nested bodies for two models
+    (policy and critic in one loop) checked the inner one only; the outer one's parameters left out on an empty
+    micro-batch trained silently wrong (0.04-0.06).  Each nested model is checked against the parts."""
+    outcomes = spawn(nested_models_job, len(LENGTHS), args=(bad,), timeout_s=120)
+    if not bad:
+        assert [kind for kind, _ in outcomes] == ["no error"] * len(LENGTHS), outcomes
+        return
+    assert [kind for kind, _ in outcomes] == ["ModelContractError"] * len(LENGTHS), outcomes
+    for rank, (_, message) in enumerate(outcomes):
+        assert message.startswith(f"rank {rank}: the loss given to `normalize_loss` in micro-batch 3 of 4 (whose "
+                                  f"backward reduces gradients; 0 items on rank {rank}) does not depend on parameters "
+                                  f"module.embed.weight"), message
