@@ -191,6 +191,16 @@ def test_regression_a_dead_peer_gave_gloo_text_naming_neither_the_collective_nor
                                   f"call within the process group's timeout"), o.value
 
 
+def _timed(body) -> tuple[str, str, float]:
+    """What `body()` raised (its type's name and message; "no error", "") and the seconds it took."""
+    start = time.perf_counter()
+    try:
+        body()
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return type(error).__name__, str(error), time.perf_counter() - start
+    return "no error", "", time.perf_counter() - start
+
+
 def plan_ahead_on_a_thread_of_ones_own_job(rank, size):
     """Each rank plans step 0, then plans step 1 on a thread pool of its own (no `metadata_group`, so on the
     training group) while its training thread dispatches step 0.  The two ranks meet the two collectives in the
@@ -207,17 +217,14 @@ def plan_ahead_on_a_thread_of_ones_own_job(rank, size):
         time.sleep(1.0 if rank else 0.0)
         return dispatcher.plan(lengths)
 
-    start = time.perf_counter()
-    try:
+    def step():
         with ThreadPoolExecutor(1, thread_name_prefix="own-prefetch") as pool:
             ahead = pool.submit(plan_ahead)
             time.sleep(0.5 if rank == 0 else 0.0)
             dispatcher.dispatch(batch, plan)
             ahead.result()
-    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
-        outcome = type(error).__name__, str(error), time.perf_counter() - start
-    else:
-        outcome = "no error", "", time.perf_counter() - start
+
+    outcome = _timed(step)
     time.sleep(3.0)  # the refusing rank stays (its sockets open) until its peer has read its refusal
     return outcome
 
@@ -252,8 +259,7 @@ def racing_for_the_first_collective_job(rank, size):
 
     dispatcher = PostBalancingDispatcher()
     lengths = LENGTHS[rank]
-    start = time.perf_counter()
-    try:
+    def steps():
         with ThreadPoolExecutor(1, thread_name_prefix="own-prefetch") as pool:
             if rank == 0:
                 ahead = pool.submit(dispatcher.plan, lengths)
@@ -264,10 +270,8 @@ def racing_for_the_first_collective_job(rank, size):
                     wait([ahead], timeout=30)
             time.sleep(1.0)
             dispatcher.plan(lengths)
-    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
-        outcome = type(error).__name__, str(error), time.perf_counter() - start
-    else:
-        outcome = "no error", "", time.perf_counter() - start
+
+    outcome = _timed(steps)
     time.sleep(4.0)  # the refusing rank stays (its sockets open) until its peer has read its refusal
     return outcome
 
