@@ -199,6 +199,12 @@ def finish(work, group=None) -> None:
     work.wait()
 
 
+def _stopped(phase: str, group, refusal) -> ThreadClashError:
+    """The error of this rank's `phase` on `group`, stopped by another rank's published `refusal`."""
+    return ThreadClashError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks stopped: a rank "
+                            f"refused a collective of this group: {refusal}")
+
+
 @contextlib.contextmanager
 def collective(phase: str, group=None):
     """Run the body's collective (posted with `async_op=True` and waited with `finish`), re-raising its
@@ -209,15 +215,13 @@ def collective(phase: str, group=None):
         try:
             yield
         except ThreadClashError as error:
-            raise ThreadClashError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks stopped: "
-                                   f"a rank refused a collective of this group: {error}") from None
+            raise _stopped(phase, group, error) from None
         except RuntimeError as error:
             refusal = None
             with contextlib.suppress(Exception):  # the store went with its host rank
                 refusal = _published_refusal(group)
             if refusal is not None:  # the refusing rank left (its sockets closed) before this one read it
-                raise ThreadClashError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks "
-                                       f"failed: a rank refused a collective of this group: {refusal}") from error
+                raise _stopped(phase, group, refusal) from error
             raise PeerFailureError(f"rank {group_rank(group)}: the {phase} over {group_size(group)} ranks failed; a "
                                    f"peer died or did not reach the call within the process group's timeout (or, "
                                    f"where no refusal is published (NCCL), two threads of a rank ran collectives on "

@@ -127,8 +127,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
                              f"{num_loss_tokens.num_loss_tokens} loss tokens; pass this step's micro-batch (a loop "
                              f"variable kept from an earlier step?)")
         normalized = loss_sum * num_loss_tokens.loss_scale(gradient_reduction)
-        if torch.is_grad_enabled():
-            watch_model_contract(loss_sum, normalized, num_loss_tokens)
+        watch_model_contract(loss_sum, normalized, num_loss_tokens)  # a no-op where it needs no grad
         return normalized
     if total_loss_tokens is not None:
         return _divided(loss_sum, as_count(total_loss_tokens, "total_loss_tokens"), group, gradient_reduction)
@@ -142,7 +141,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
                                     "divide it by `global_count(count)` yourself")
     if sampled > 1 and loss_sum.requires_grad:
         raise ValueError(f"normalize_loss with a count while a BalancedDistributedSampler with "
-                         f"`max_tokens_per_microbatch` yields this thread's micro-batches (steps of up to {sampled}): "
+                         f"`max_tokens_per_microbatch` yields micro-batches in this process (steps of up to {sampled}): "
                          f"dividing each micro-batch by its own loss tokens weights tokens by the micro-batch they sit "
                          f"in; divide by the step's, `normalize_loss(loss_sum, total_loss_tokens="
                          f"sampler.step_tokens()[step])` (or your sum of the loss tokens of its "

@@ -627,7 +627,7 @@ def test_regression_a_budgeted_samplers_micro_batches_had_no_step_count_and_a_pe
     for grad, step_tokens, refused in results:
         assert step_tokens == [sum(SAMPLER_LENGTHS)] and grad == pytest.approx(expected, rel=1e-12)
         assert refused.startswith("normalize_loss with a count while a BalancedDistributedSampler with "
-                                  "`max_tokens_per_microbatch` yields this thread's micro-batches"), refused
+                                  "`max_tokens_per_microbatch` yields micro-batches in this process"), refused
         assert "normalize_loss(loss_sum, total_loss_tokens=sampler.step_tokens()[step])" in refused
 
 
