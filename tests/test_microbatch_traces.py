@@ -78,9 +78,9 @@ def test_cells_deal_gives_up_where_token_room_makes_lpt_rounds_place_one_item(mo
     rounds, most = [0], [0]
     lpt_round, take_anywhere = locality_deal._lpt_round, microbatch_locality.take_anywhere
 
-    def counted_round(state, waiting):
+    def counted_round(*args):
         rounds[0] += 1
-        return lpt_round(state, waiting)
+        return lpt_round(*args)
 
     def counted_take_anywhere(*args):
         rounds[0] = 0

@@ -17,7 +17,7 @@ import functools
 
 import numpy as np
 
-from ..kernels.lpt import smallest_ranks
+from ..kernels.lpt import ranks_by_load
 from .partial_plan import PartialPlan, runs
 
 DEAL_WINDOW = 4  # a round deals DEAL_WINDOW · gpus_per_node items per node (DEAL_WINDOW · h over all ranks)
@@ -234,12 +234,13 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
     """
     waiting = state.item_of_rank[np.sort(state.cost_rank[overflow])]  # cost ranks are distinct
     margin = DEAL_WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
+    order = ranks_by_load(state.loads, integer=False)  # kept by (load, rank) through every round
     lpt_rounds = 0
     while waiting.size:
         roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
         count = min(waiting.size, DEAL_WINDOW * roomy)
         width = min(roomy, count)  # fewer items than roomy ranks: only the first `count` ranks are dealt to
-        ranks = smallest_ranks(state.loads, width, integer=False) if width else np.zeros(0, dtype=np.int64)
+        ranks = order[:width]
         passes = -(-count // max(width, 1))
         dealt = np.full(passes * width, -1, dtype=np.int64)  # pass by pass, rank by rank
         dealt[:count] = waiting[:count]
@@ -253,18 +254,30 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
             lpt_rounds += 1
             if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
                 raise NoRoom
-            waiting = _lpt_round(state, waiting)
+            waiting = _lpt_round(state, waiting, order)
             allowed = waiting.size if max_lpt_rounds is None else max_lpt_rounds - lpt_rounds
-            waiting, rounds = _token_bound_rounds(state, waiting, allowed, margin)
+            waiting, rounds = _token_bound_rounds(state, waiting, allowed, margin, order)
             lpt_rounds += rounds
             continue
         state.put_runs(waiting[:count][kept], np.tile(ranks, passes)[:count][kept])
+        _resort(state.loads, order)
         waiting = np.concatenate([waiting[:count][~kept], waiting[count:]])
 
 
+def _resort(loads: np.ndarray, order: np.ndarray) -> None:
+    """Re-sort `order`, the ranks by (load, rank) before some loads grew, in place: a stable sort
+    of the nearly sorted loads (a few runs), then of (run of equal loads, rank) where it left
+    equal loads out of rank order; the same as `ranks_by_load`, without sorting from scratch."""
+    order[:] = order[np.argsort(loads[order], kind="stable")]
+    sorted_loads = loads[order]
+    tied = sorted_loads[1:] == sorted_loads[:-1]
+    if (tied & (order[1:] < order[:-1])).any():
+        run = np.concatenate(([0], np.cumsum(~tied)))
+        order[:] = order[np.argsort(run * loads.size + order, kind="stable")]
 
-def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int,
-                        margin: float) -> tuple[np.ndarray, int]:
+
+def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int, margin: float,
+                        order: np.ndarray) -> tuple[np.ndarray, int]:
     """The next rounds of `take_anywhere` (at most `allowed`) while each is an LPT round that puts
     its largest waiting item on the least-loaded rank with token room for it; returns the items
     still waiting and the rounds done.
@@ -274,11 +287,10 @@ def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int,
     each other k-th largest item that fits the k-th least-loaded rank (`_lpt_round`).  Where token
     room binds, thousands of rounds in a row are such, placing one item each (O(n · D)); here a
     round is a check of its pairs, and the ranks by (load, rank) are kept sorted by moving the
-    one rank that took an item, with no sort.
+    one rank that took an item, with no sort (`order`, the ranks by (load, rank), kept in place).
     """
     if state.cap == np.inf:
         return waiting, 0
-    order = np.argsort(state.loads, kind="stable")
     sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
     costs, lengths = state.costs[waiting], state.lengths[waiting]
     rounds, num_ranks = 0, state.loads.size
@@ -300,7 +312,7 @@ def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int,
         state.put(waiting[placed], order[np.concatenate(([position], placed[1:]))])
         if placed.size > 1:
             waiting, costs, lengths = (np.delete(values, placed) for values in (waiting, costs, lengths))
-            order = np.argsort(state.loads, kind="stable")
+            _resort(state.loads, order)
             sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
             continue
         waiting, costs, lengths = waiting[1:], costs[1:], lengths[1:]
@@ -332,14 +344,14 @@ def _deal_keeps(state: PartialPlan, sorted_loads: np.ndarray, costs: np.ndarray,
     return bool((sorted_loads[dealt] + costs[dealt] <= state.target - margin).any())
 
 
-def _lpt_round(state: PartialPlan, waiting: np.ndarray) -> np.ndarray:
+def _lpt_round(state: PartialPlan, waiting: np.ndarray, order: np.ndarray) -> np.ndarray:
     """One LPT round over all ranks: the k-th largest waiting item to the k-th least-loaded rank
-    if it fits; returns the items still waiting.
+    if it fits; returns the items still waiting (`order`, the ranks by (load, rank), kept in place).
 
     The largest item is always placed (on the least-loaded rank with token room), possibly
     above the target, and so are the items after it that fit on no rank (placed together).
     """
-    ranks = smallest_ranks(state.loads, min(waiting.size, state.loads.size), integer=False)
+    ranks = order[:min(waiting.size, state.loads.size)].copy()
     chunk = waiting[: ranks.size]
     fits = state.fits(chunk, ranks)
     # The leading items too costly for every rank's room fit nowhere, now or later:
@@ -356,5 +368,6 @@ def _lpt_round(state: PartialPlan, waiting: np.ndarray) -> np.ndarray:
         ranks[0] = int(np.argmin(np.where(room, state.loads, np.inf)))
         fits[1:] &= ranks[1:] != ranks[0]
     state.put(chunk[fits], ranks[fits])
+    _resort(state.loads, order)
     return np.concatenate([chunk[~fits], waiting[ranks.size:]])
 
