@@ -57,17 +57,20 @@ def module_of(encoder: Callable) -> nn.Module | None:
 
 
 @contextlib.contextmanager
-def recording(module: nn.Module, hidden: set | None = None):
+def recording(module: nn.Module, hidden: set | None = None, ran: set | None = None):
     """Yield {id(parameter): name}: `module`'s parameters now, and those each of its modules holds
     as its forward returns while the body runs (FSDP2 swaps unsharded ones in for the forward).
     `hidden` gets the names of the parameters of modules whose forward ran without grad (inside a
-    reentrant checkpoint, whose recomputation the graph does not show)."""
+    reentrant checkpoint, whose recomputation the graph does not show); `ran` the names of the modules
+    whose forward returned."""
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
 
     def record(submodule, args, output):
         prefix = prefixes.get(submodule)
         if prefix is not None:
+            if ran is not None:
+                ran.add(prefix)
             names.update((id(parameter), prefix + name) for name, parameter in submodule.named_parameters())
             if hidden is not None and not torch.is_grad_enabled():
                 hidden.update(prefix + name for name, _ in submodule.named_parameters())

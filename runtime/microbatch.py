@@ -239,6 +239,7 @@ class _Contract:
     def __init__(self, micro: MicroBatch, model):
         self.micro, self.model, self.names, self.parts, self.checked = micro, model, {}, [], False
         self.hidden: set[str] = set()  # parameters of modules run without grad (`recording`)
+        self.ran: set[str] = set()  # modules of the model whose forward ran in the body (`recording`)
 
     def on_backward(self, grad):
         """The hook of every normalised part: the first to run (as the micro-batch's backward starts, before it
@@ -264,7 +265,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     carries a `contract` and `model` reduces every parameter's gradient (DDP, FSDP2), the backward through
     the body's `normalize_loss(loss, micro)` results checks, as it starts, that the loss parts given there
     depend on every trainable parameter of `model` on every rank (`check_model_contract`, a collective);
-    `check=False` (on every rank) skips it."""
+    `check=False` (on every rank) skips it.  Under FSDP2 a rank whose body runs no forward of `model` there
+    raises alone (its peers wait in the forward's all-gather, which no check can pair with)."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     previous, outer = active_microbatch(), getattr(_active, "contracts", ())
@@ -273,7 +275,7 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         else None
     try:
         with gradient_sync(model, micro.is_last), \
-                (recording(model, contract.hidden) if contract is not None else contextlib.nullcontext({})) as names:
+                (recording(model, contract.hidden, contract.ran) if contract is not None else contextlib.nullcontext({})) as names:
             if contract is not None:
                 contract.names = names
             _active.contracts = outer + ((contract,) if contract is not None else ())
@@ -311,6 +313,8 @@ def check_model_contract(contract: _Contract) -> None:
     reached = reached_leaves(contract.parts, names, wanted, contract.hidden)
     unused = [] if reached is None else sorted(wanted - reached)
     group = micro.contract[0]
+    if not contract.ran and hasattr(model, "set_requires_gradient_sync"):
+        raise _no_forward_under_fsdp2(micro, group)
     flags = torch.zeros(group_size(group), dtype=torch.int64, device=comm_device(group))
     flags[group_rank(group)] = len(unused)
     if flags.numel() > 1:
@@ -340,3 +344,15 @@ def check_model_contract(contract: _Contract) -> None:
     raise ModelContractError(f"rank {rank}: on ranks {failed} the loss of micro-batch {micro.index} leaves out "
                              f"parameters of the model given to `accumulate` (each rank named them); this rank "
                              f"stops with them: {advice}")
+
+
+def _no_forward_under_fsdp2(micro: MicroBatch, group) -> ModelContractError:
+    """The error of a rank that ran no forward of an FSDP2 model in `micro`: its peers that ran one wait in the
+    forward's parameter all-gather, which no check of this rank can pair with, so it stops alone, saying why."""
+    return ModelContractError(
+        f"rank {group_rank(group)}: the body of `accumulate` ran no forward of the model in micro-batch "
+        f"{micro.index} of {micro.num_microbatches} (whose backward reduces gradients; {len(micro.items)} items on "
+        f"this rank): under FSDP2 the forward all-gathers the parameters, so the ranks that ran it wait in that "
+        f"all-gather until this rank stops or the process group's timeout (NCCL: its watchdog), and no check can "
+        f"turn that into an error on every rank; call the model on every micro-batch, an empty one too (run the "
+        f"layers on the empty tensors, e.g. `output.sum() * 0` for an empty loss)")

@@ -733,3 +733,43 @@ def test_regression_nested_accumulate_checked_only_the_inner_model(bad):
         assert message.startswith(f"rank {rank}: the loss given to `normalize_loss` in micro-batch 3 of 4 (whose "
                                   f"backward reduces gradients; 0 items on rank {rank}) does not depend on parameters "
                                   f"module.embed.weight"), message
+
+
+def fsdp2_skipped_forward_job(rank, size, shape):
+    """ONE_EMPTY at T = 40 through FSDP2: on its empty last micro-batch rank 2 normalises a zero leaf without
+    calling the model, or leaves the body at once (`continue`); the other ranks run the model."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = fully_shard(TwoHeadModel().double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+    for micro in dispatcher.microbatches(plan, moved):
+        with accumulate(model, micro):
+            if micro.items.size == 0 and shape == "no backward":
+                continue
+            if micro.items.size == 0:
+                loss_sum = torch.zeros((), dtype=torch.float64, requires_grad=True)
+            else:
+                logits, values = model(micro.data["tokens"])
+                loss_sum = nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
+                                                       reduction="sum") + values.square().sum()
+            normalize_loss(loss_sum, micro).backward()
+
+
+@pytest.mark.parametrize("shape", ["model not called", "no backward"])
+def test_regression_under_fsdp2_a_rank_skipping_the_forward_blamed_its_peers_at_the_timeout(shape):
+    """Cause (probe10 P10-01): under FSDP2 the forward all-gathers the parameters, so where rank 2 did not call the
+    model on its empty micro-batch its peers waited in that all-gather and rank 2 in the model check's all-reduce,
+    until the group's timeout, where rank 2, the one at fault, blamed a dead peer.  Now rank 2 knows it ran no
+    forward of the model and stops at once, saying so; its peers fail as it leaves, not at the timeout."""
+    from orchmllm.runtime.launch import run_processes
+
+    outcomes = run_processes(fsdp2_skipped_forward_job, len(ONE_EMPTY), args=(shape,), timeout_s=90,
+                             collective_timeout_s=30)
+    assert not any(outcome.ok for outcome in outcomes), outcomes
+    assert "ModelContractError: rank 2: the body of `accumulate` ran no forward of the model in micro-batch 3 of " \
+           "4 (whose backward reduces gradients; 0 items on this rank): under FSDP2" in outcomes[2].error, outcomes[2]
+    assert all(outcome.seconds is not None and outcome.seconds < 15 for outcome in outcomes), outcomes
