@@ -79,8 +79,7 @@ class _KernelField:
             return self._default
         kernel = record.__dict__[self._slot]
         if isinstance(kernel, str):
-            module, _, attr = kernel.partition(":")
-            kernel = getattr(importlib.import_module(module), attr)
+            kernel = _import_kernel(record.name, self._name, kernel)
             record.__dict__[self._slot] = kernel
         return kernel
 
@@ -90,6 +89,20 @@ class _KernelField:
     def unresolved(self, record):
         """The field as given: the kernel, None, or its "module:attr" string when not yet imported."""
         return record.__dict__[self._slot]
+
+
+def _import_kernel(algorithm: str, field: str, named: str):
+    """The kernel "module:attr" `named` names; RuntimeError naming the algorithm, its `field` and `named` when it
+    cannot be imported: a plugin kernel's module that needs a dependency not installed fails as a kernel that
+    raises does (the command names the plugin in one line), its SystemExit at import too (as an entry point's)."""
+    module, _, attr = named.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:
+        raise RuntimeError(f"algorithm {algorithm!r} could not import its `{field}` {named!r}: "
+                           f"{type(error).__name__}: {error}") from error
 
 
 def certifies(record) -> bool:

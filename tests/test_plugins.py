@@ -203,6 +203,31 @@ def test_regression_a_plugin_whose_kernel_raises_ended_compare_and_plan_in_a_tra
     assert done.returncode == 1 and done.stderr.splitlines() == [f"orchmllm plan: error: {failed}"], done.stderr
 
 
+LAZY = ("from orchmllm.balancers import Algorithm\n\n"
+        "LAZY = Algorithm('needs_cuda', 'needs_cuda_kernels:kernel', default=True, description='needs CUDA')\n")
+
+
+def test_regression_a_plugin_whose_lazy_kernel_cannot_be_imported_ended_plan_and_compare_in_a_traceback(tmp_path):
+    """Cause: a plugin record's "module:attr" kernel whose module is missing (an optional dependency) raised
+    ModuleNotFoundError, not the RuntimeError naming a failing kernel, through `plan` and `compare`: a 40-line
+    traceback, exit 1 (probe10 P10-02).  Now as a kernel that raises: plan says so in one line naming the entry
+    point, exit 1; compare marks its rows failed and runs the rest."""
+    fake_distribution(tmp_path, "lazy-plugin", "lazy_plugin", LAZY, "needs_cuda = lazy_plugin:LAZY\n")
+    (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n2\n")
+    failed = ("the entry point needs_cuda = lazy_plugin:LAZY of distribution lazy-plugin (group "
+              "'orchmllm.algorithms') failed: algorithm 'needs_cuda' could not import its `kernel` "
+              "'needs_cuda_kernels:kernel': ModuleNotFoundError: No module named 'needs_cuda_kernels'")
+    done = run_with(tmp_path, "-m", "orchmllm", "plan", str(tmp_path / "lengths.csv"), "-D", "2", "--algorithm",
+                    "needs_cuda")
+    assert done.returncode == 1 and done.stderr.splitlines() == [f"orchmllm plan: error: {failed}"], done.stderr
+    done = run_with(tmp_path, "-m", "orchmllm", "compare", "--lengths", str(tmp_path / "lengths.csv"), "-D", "2",
+                    "--algorithms", "needs_cuda,lpt", "--json")
+    assert done.returncode == 0 and done.stderr.splitlines() == [f"orchmllm: RuntimeWarning: {failed}; its rows say "
+                                                                 f"failed"], done.stderr
+    rows = {row["algorithm"]: row for row in json.loads(done.stdout)["rows"]}
+    assert rows["needs_cuda"]["status"] == "failed" and rows["lpt"]["status"] in ("optimal", "feasible")
+
+
 def test_regression_a_peer_name_could_be_taken_before_the_entry_points_loaded():
     """Cause: names were only checked against what was registered, and the peers register on
     first listing: `register_algorithm('verl_kk', k)` succeeded, and every listing then raised."""
@@ -286,8 +311,29 @@ def test_a_kernel_named_as_module_attr_is_imported_on_first_use():
 
 def test_a_kernel_named_wrongly_fails_on_first_use_naming_it():
     record = register_algorithm("test_missing_by_name", "orchmllm.balancers.kernels.lpt:no_such_kernel")
-    with pytest.raises(AttributeError, match="no_such_kernel"):
+    with pytest.raises(RuntimeError, match="algorithm 'test_missing_by_name' could not import its `kernel` "
+                                           "'orchmllm.balancers.kernels.lpt:no_such_kernel': AttributeError: "):
         balance([3, 1, 2], 2, algorithm=record.name)
+
+
+@pytest.mark.parametrize("field", ["kernel", "equal_counts", "microbatch"])
+def test_regression_a_lazy_kernel_whose_module_cannot_be_imported_raised_a_bare_module_not_found_error(field):
+    """Cause: a "module:attr" kernel was imported where it was first read, outside the kernel call that names a
+    failing kernel, so a plugin's kernel module needing a dependency not installed gave a bare ModuleNotFoundError
+    naming neither the algorithm nor the field (probe10 P10-02); now a RuntimeError naming both, as a kernel
+    that raises."""
+    name, missing = f"test_lazy_missing_{field}", f"orchmllm_p10_missing_{field}:kernel"
+    if field == "microbatch":
+        register_microbatch_algorithm(name, missing)
+        call = lambda: balance_microbatches([3, 1, 2], 2, max_tokens_per_microbatch=4, algorithm=name)
+    else:
+        register_algorithm(name, halves if field == "equal_counts" else missing,
+                           equal_counts=missing if field == "equal_counts" else None)
+        call = lambda: balance([3, 1, 2, 2], 2, algorithm=name, equal_counts=field == "equal_counts")
+    field = "equal_counts" if field == "equal_counts" else "kernel"
+    with pytest.raises(RuntimeError, match=f"^algorithm '{name}' could not import its `{field}` '{missing}': "
+                                           f"ModuleNotFoundError: No module named 'orchmllm_p10_missing_"):
+        call()
 
 
 
