@@ -412,12 +412,12 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
     best, best_estimate, overflowed = None, math.inf, True
     times = TimeTable(problem, spec, gpus_per_node, long)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
-    for step, target in enumerate(_targets(allotment, bound)):
+    for target in _targets(allotment, bound):
         degree = packable_degrees(times, problem.lengths, allotment.degrees_at(target), target, cap,
                                   problem.num_ranks, spec.degrees)
         placed = place_groups(problem, spec, gpus_per_node, times, degree, long, target)
-        if placed is None:  # no token room; where none of the ladder's first steps had any, give up
-            if best is None and step + 1 >= LADDER_STEPS:
+        if placed is None:  # no token room: where the first target had none, wider ones pack groups fuller
+            if best is None:
                 break
             continue
         start, degree, overflow = placed
