@@ -191,7 +191,7 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
     """The rounds of `greedy_unpadded` on exact integer loads, every rank held as one int64 key
     (load << shift) | rank, kept sorted (from `keys`): a round is one prefix minimum, its update
     one sort (none for full rounds of one step, which repeat while the step does); the assignment
-    and the final keys."""
+    and the final keys (unsorted after a last round of several steps)."""
     n, mask = steps.size, (1 << shift) - 1
     assignment = np.empty(n, dtype=np.int64)
     position = 0
@@ -199,8 +199,9 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
         size = min(n - position, num_ranks)
         topped = keys[:size] + steps[position: position + size]
         # Item k goes to the k-th key iff that key is below every key topped up before it.
-        failed = np.flatnonzero(keys[1:size] > np.minimum.accumulate(topped[:-1]))
-        placed = int(failed[0]) + 1 if failed.size else size
+        failed = keys[1:size] > np.minimum.accumulate(topped[:-1])
+        first = int(failed.argmax()) if size > 1 else 0  # argmax stops at the first True
+        placed = first + 1 if size > 1 and failed[first] else size
         if 8 * placed < size:
             loads = np.empty(num_ranks, dtype=np.int64)
             loads[keys & mask] = keys >> shift
@@ -221,12 +222,13 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
             position += rounds * num_ranks
             continue
         assignment[order[position: position + placed]] = keys[:placed] & mask
-        # Keys are unique, so every sort agrees: timsort (stable) where the topped keys hold few runs (it
-        # merges them), introsort where large steps broke them into many (the first rounds, 2-3x faster).
-        runs = np.count_nonzero(topped[1:placed] < topped[:placed - 1])
-        keys = np.sort(np.concatenate((topped[:placed], keys[placed:])),
-                       kind="stable" if _FEW_RUNS * runs < size else "quicksort")
         position += placed
+        keys = np.concatenate((topped[:placed], keys[placed:]))
+        if position < n:  # the last round's keys are left unsorted (callers read their loads by rank)
+            # Keys are unique, so every sort agrees: timsort (stable) where the topped keys hold few runs (it
+            # merges them), introsort where large steps broke them into many (the first rounds, 2-3x faster).
+            runs = np.count_nonzero(topped[1:placed] < topped[:placed - 1])
+            keys.sort(kind="stable" if _FEW_RUNS * runs < size else "quicksort")
     return assignment, keys
 
 
