@@ -117,7 +117,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                  drop_last: bool = True, max_tokens_per_microbatch: int | None = None,
                  cost: CostModel | None = None, algorithm: str = "auto", check_agreement: bool = True,
                  group=None):
-        self.lengths = as_lengths(lengths)
+        self.lengths = as_lengths(lengths)  # a private copy, read-only: the kept plans know it by identity
+        self.lengths.flags.writeable = False
         self.num_replicas = as_int(num_replicas, "num_replicas", minimum=1)
         self.rank = as_int(rank, "rank", minimum=0)
         if self.rank >= self.num_replicas:
@@ -144,8 +145,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         self.check_agreement = as_bool(check_agreement, "check_agreement")
         self.group = group
         self.epoch = 0
-        self._planned: tuple[tuple, list[MicroBatchPlan]] | None = None  # keyed by (epoch, seed)
-        self._step_tokens: tuple[tuple, list[int]] | None = None
+        self._kept: dict[str, tuple] = {}  # name -> (lengths, other settings, what `_kept_for` built from them)
         self._mark: Sampling | None = None  # while it lives, per-micro-batch counts are refused (`Sampling`)
 
     def set_epoch(self, epoch: int) -> None:
@@ -177,19 +177,24 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         return balance_microbatches(self.lengths[batch], self.num_replicas, cost=self.cost, algorithm=self.algorithm,
                                     max_tokens_per_microbatch=self.max_tokens_per_microbatch)
 
+    def _kept_for(self, name: str, build):
+        """`build()`, kept under `name` while every setting stays (public attributes, which may be set after
+        first use: a new seed, a lower budget; `lengths` by identity, its array being read-only)."""
+        settings = [(key, value) for key, value in self._settings().items() if key != "lengths"]
+        kept = self._kept.get(name)
+        if kept is None or kept[0] is not self.lengths or kept[1] != settings:
+            kept = self._kept[name] = (self.lengths, settings, build())
+        return kept[2]
+
     def _epoch_plans(self) -> list[MicroBatchPlan]:
-        if self._planned is None or self._planned[0] != (self.epoch, self.seed):
-            self._planned = ((self.epoch, self.seed), [self.plan(batch) for batch in self.global_batches()])
-        return self._planned[1]
+        return self._kept_for("plans", lambda: [self.plan(batch) for batch in self.global_batches()])
 
     def step_tokens(self) -> list[int]:
         """Tokens of every step's global batch this epoch (all ranks, all micro-batches; the same on every
         rank): the divisor of each micro-batch's loss where every token counts in the loss (else sum the loss
         tokens of `global_batches()[step]` yourself) (`normalize_loss(..., total_loss_tokens=)`)."""
-        if self._step_tokens is None or self._step_tokens[0] != (self.epoch, self.seed):
-            self._step_tokens = ((self.epoch, self.seed), [integer_sum(self.lengths[batch])
-                                                           for batch in self.global_batches()])
-        return list(self._step_tokens[1])
+        return list(self._kept_for("step tokens", lambda: [integer_sum(self.lengths[batch])
+                                                           for batch in self.global_batches()]))
 
     def microbatches_per_step(self) -> list[int]:
         """M of every step of this epoch (the same on every rank); needs `max_tokens_per_microbatch`."""

@@ -695,3 +695,38 @@ def test_regression_the_samplers_kept_plans_and_step_tokens_outlived_a_new_seed(
     fresh = BalancedDistributedSampler(SAMPLER_LENGTHS, seed=3, **options)
     assert sampler.step_tokens() == fresh.step_tokens()
     assert list(sampler) == list(fresh)
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("max_tokens_per_microbatch", 9), ("global_batch_size", 5), ("drop_last", False), ("epoch", 1),
+    ("lengths", np.array(SAMPLER_LENGTHS[::-1])), ("cost", CostModel(linear=1, quadratic=1)),
+    ("algorithm", "cells")], ids=lambda value: value if isinstance(value, str) else None)
+def test_regression_the_samplers_kept_plans_and_step_tokens_outlived_a_change_of_any_setting(setting, value):
+    """Cause (probe10 P10-03): after P9-05 the epoch's plans and step tokens were kept by (epoch, seed), so any
+    other setting changed after first use (a curriculum lowering the budget, a larger batch) gave the old plans:
+    micro-batches over the new budget, half the epoch's samples lost.  They are kept by every setting now."""
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    options = dict(num_replicas=2, global_batch_size=8, max_tokens_per_microbatch=12, drop_last=True,
+                   lengths=np.array(SAMPLER_LENGTHS), cost=None, algorithm="auto")
+    samplers = [BalancedDistributedSampler(rank=rank, check_agreement=False, **options) for rank in range(2)]
+    for sampler in samplers:
+        sampler.step_tokens(), sampler.microbatches_per_step()
+        setattr(sampler, setting, value)
+    options[setting] = value
+    epoch = options.pop(setting) if setting == "epoch" else 0
+    fresh = [BalancedDistributedSampler(rank=rank, check_agreement=False, **options) for rank in range(2)]
+    for sampler in fresh:
+        sampler.set_epoch(epoch)
+    for changed, new in zip(samplers, fresh):
+        assert (changed.step_tokens(), changed.microbatches_per_step(), list(changed)) == \
+               (new.step_tokens(), new.microbatches_per_step(), list(new))
+
+
+def test_the_samplers_lengths_are_read_only():
+    """Its plans are kept by the identity of its lengths, so they can be replaced, not written in place."""
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    sampler = BalancedDistributedSampler(SAMPLER_LENGTHS, num_replicas=1, rank=0, global_batch_size=5)
+    with pytest.raises(ValueError, match="read-only"):
+        sampler.lengths[0] = 3
