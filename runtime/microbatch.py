@@ -273,9 +273,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     _active.current = (micro.index, micro.num_microbatches)
     contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \
         else None
+    watching = recording(model, contract.hidden, contract.ran) if contract is not None else contextlib.nullcontext({})
     try:
-        with gradient_sync(model, micro.is_last), \
-                (recording(model, contract.hidden, contract.ran) if contract is not None else contextlib.nullcontext({})) as names:
+        with gradient_sync(model, micro.is_last), watching as names:
             if contract is not None:
                 contract.names = names
             _active.contracts = outer + ((contract,) if contract is not None else ())
