@@ -241,6 +241,15 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
         count = min(waiting.size, DEAL_WINDOW * roomy)
         width = min(roomy, count)  # fewer items than roomy ranks: only the first `count` ranks are dealt to
         ranks = order[:width]
+        if not _firsts_fit(state, waiting[:width], ranks, margin):  # the deal keeps nothing
+            lpt_rounds += 1
+            if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
+                raise NoRoom
+            waiting = _lpt_round(state, waiting, order)
+            allowed = waiting.size if max_lpt_rounds is None else max_lpt_rounds - lpt_rounds
+            waiting, rounds = _token_bound_rounds(state, waiting, allowed, margin, order)
+            lpt_rounds += rounds
+            continue
         passes = -(-count // max(width, 1))
         dealt = np.full(passes * width, -1, dtype=np.int64)  # pass by pass, rank by rank
         dealt[:count] = waiting[:count]
@@ -250,18 +259,18 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
         if state.cap < np.inf:
             fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[dealt], 0.0), axis=0) <= state.cap
         kept = (fits & inside).ravel()[:count]  # running sums only grow: a prefix of every rank's deal
-        if not kept.any():
-            lpt_rounds += 1
-            if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
-                raise NoRoom
-            waiting = _lpt_round(state, waiting, order)
-            allowed = waiting.size if max_lpt_rounds is None else max_lpt_rounds - lpt_rounds
-            waiting, rounds = _token_bound_rounds(state, waiting, allowed, margin, order)
-            lpt_rounds += rounds
-            continue
         state.put_runs(waiting[:count][kept], np.tile(ranks, passes)[:count][kept])
         _resort(state.loads, order)
         waiting = np.concatenate([waiting[:count][~kept], waiting[count:]])
+
+
+def _firsts_fit(state: PartialPlan, firsts: np.ndarray, ranks: np.ndarray, margin: float) -> bool:
+    """Whether some rank of a deal keeps its first item `firsts[k]` (cost a hair short of the target,
+    tokens within the cap): one that cannot keeps nothing (running sums only grow)."""
+    fits = state.loads[ranks] + state.costs[firsts] <= state.target - margin
+    if state.cap < np.inf:
+        fits &= state.tokens[ranks] + state.lengths[firsts] <= state.cap
+    return bool(fits.any())
 
 
 def _resort(loads: np.ndarray, order: np.ndarray) -> None:
@@ -293,37 +302,57 @@ def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int, m
         return waiting, 0
     sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
     costs, lengths = state.costs[waiting], state.lengths[waiting]
-    rounds, num_ranks = 0, state.loads.size
+    rounds, num_ranks, cap = 0, state.loads.size, state.cap
     slack = 4 * np.finfo(np.float64).eps * state.target
+    prefix, prefix_tokens = 0, np.inf  # the ranks before `prefix` hold `prefix_tokens` or more tokens
     while rounds < allowed and waiting.size:
-        if sorted_tokens[0] + lengths[0] <= state.cap:
+        length = lengths[0]
+        if sorted_tokens[0] + length <= cap:
             break
-        position = int(np.argmax(sorted_tokens + lengths[0] <= state.cap))
-        if sorted_tokens[position] + lengths[0] > state.cap:  # no rank has token room
-            break
+        if prefix_tokens + length > cap and sorted_tokens[prefix] + length <= cap:
+            position = prefix  # rounds that take one item move ranks at or past it only
+        else:
+            position = int(np.argmax(sorted_tokens + length <= cap))
+            if sorted_tokens[position] + length > cap:  # no rank has token room
+                break
+            prefix, prefix_tokens = position, sorted_tokens[:position].min()
         paired = min(waiting.size, num_ranks)
         paired = min(paired, _below(sorted_loads, state.target - costs[paired - 1], slack))
         pairs = np.flatnonzero((sorted_loads[1:paired] + costs[1:paired] <= state.target)
-                               & (sorted_tokens[1:paired] + lengths[1:paired] <= state.cap)) + 1
-        if pairs.size and _deal_keeps(state, sorted_loads, costs, pairs, margin):
-            break
+                               & (sorted_tokens[1:paired] + lengths[1:paired] <= cap)) + 1
+        if pairs.size:
+            if _deal_keeps(state, sorted_loads, costs, pairs, margin):
+                break
+            pairs = pairs[pairs != position]
+            if pairs.size:
+                rounds += 1
+                placed = np.concatenate(([0], pairs))
+                state.put(waiting[placed], order[np.concatenate(([position], pairs))])
+                waiting, costs, lengths = (np.delete(values, placed) for values in (waiting, costs, lengths))
+                _resort(state.loads, order)
+                sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
+                prefix, prefix_tokens = 0, np.inf  # ranks before it moved
+                continue
         rounds += 1
-        placed = np.concatenate(([0], pairs[pairs != position]))
-        state.put(waiting[placed], order[np.concatenate(([position], placed[1:]))])
-        if placed.size > 1:
-            waiting, costs, lengths = (np.delete(values, placed) for values in (waiting, costs, lengths))
-            _resort(state.loads, order)
-            sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
-            continue
+        state.put(waiting[:1], order[position:position + 1])
         waiting, costs, lengths = waiting[1:], costs[1:], lengths[1:]
-        rank = order[position]
-        load, held, later = state.loads[rank], state.tokens[rank], sorted_loads[position + 1:]
-        low, high = np.searchsorted(later, load, side="left"), np.searchsorted(later, load, side="right")
-        end = position + low + int(np.searchsorted(order[position + 1 + low: position + 1 + high], rank))
-        for values, value in ((order, rank), (sorted_loads, load), (sorted_tokens, held)):
-            values[position:end] = values[position + 1: end + 1]
-            values[end] = value
+        _move_up(state, order, sorted_loads, sorted_tokens, position)
     return waiting, rounds
+
+
+def _move_up(state: PartialPlan, order: np.ndarray, sorted_loads: np.ndarray, sorted_tokens: np.ndarray,
+             position: int) -> None:
+    """Keep `order` (the ranks by (load, rank)) and their `sorted_loads`, `sorted_tokens` sorted after
+    the rank at `position` took an item (its load grew): move it up to its place, no sort."""
+    rank = order[position]
+    load, held, later = state.loads[rank], state.tokens[rank], sorted_loads[position + 1:]
+    end = position + int(later.searchsorted(load))
+    if end + 1 < sorted_loads.size and sorted_loads[end + 1] == load:  # ties go by rank
+        tied = position + int(later.searchsorted(load, side="right"))
+        end += int(order[end + 1: tied + 1].searchsorted(rank))
+    for values, value in ((order, rank), (sorted_loads, load), (sorted_tokens, held)):
+        values[position:end] = values[position + 1: end + 1]
+        values[end] = value
 
 
 def _below(sorted_loads: np.ndarray, bound: float, slack: float) -> int:
