@@ -142,6 +142,30 @@ def test_regression_a_layout_without_token_room_at_its_first_target_tried_the_ne
     assert hopeless and all(found == [False] for found in hopeless)
 
 
+def test_regression_every_fill_was_planned_after_one_needing_more_microbatches_lost(monkeypatch):
+    """The long workload at 64 x 16, T = 32k: fills of 95 % and 90 % give 3 micro-batches (step / bound 1.089,
+    1.064), 85 % needs 4 and gives 1.101; 80 %, 70 % and 50 % (4 to 6 micro-batches) were planned too, for no
+    gain here (at D = 2560 x 16: 1.0 s of 3.4).  Fills stop at the first one that needs more micro-batches than
+    the best and loses to it."""
+    from orchmllm.balancers.context_parallel import microbatch
+    from orchmllm.study.workloads import sample_workload
+
+    steps, split_cells = [], microbatch._split_cells
+
+    def counted(*args, **kwargs):
+        found = split_cells(*args, **kwargs)
+        steps.append((found.num_microbatches, found.step_cost))
+        return found
+
+    monkeypatch.setattr(microbatch, "_split_cells", counted)
+    lengths = sample_workload("long", 64, 16, seed=7).sample_llm_length
+    plan = balance_microbatches(lengths, 64, cost=MODELS["84b"].llm.cost(causal=True),
+                                max_tokens_per_microbatch=32768, context_parallel=ContextParallel())
+    (m0, step0), (m1, step1), (m2, step2) = steps
+    assert m0 == m1 == 3 and step1 < step0 and m2 == 4 and step2 > step1
+    assert plan.step_cost <= step1 and plan.step_cost <= 1.05 * plan.lower_bound
+
+
 IDEAL_SPLIT = dict(seconds_per_cost=1.0, latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
 
 

@@ -26,7 +26,8 @@ Algorithm:
     if no item exceeds T or costs more than a micro-batch's mean share Σ f / (D · M_P):  return P
         (bound Σ f / D + ⌈Σ l / (D · T)⌉ · overhead: any plan works at least Σ f)
     for a fill of 95 %, 90 %, 85 %, 80 %, 70 %, 50 % of a micro-batch's D · T tokens, until every one fits
-            and then while the step is above the bound by more than 3 % (the best kept):
+            and then while the step is above the bound by more than 3 % (the best kept), until a fill that
+            needs more micro-batches than the best does not beat it:
         micro-batches: items by least time, longest first, fill one micro-batch after another
             within its tokens, its level's work and D ranks held alone (`group_microbatches`)
         each micro-batch: `balance(..., context_parallel=spec, max_tokens_per_rank=T)` (the split
@@ -58,7 +59,8 @@ from .split import allot, allowed_degrees, balance_split
 FILLS = (0.95, 0.9, 0.85, 0.8, 0.7, 0.5)
 """Shares of a micro-batch's D · T tokens the grouping fills, tried in turn (the fewest micro-batches
 those tokens need, at least today's M): until every micro-batch has a split plan within T, then
-while the step is above the bound by more than RETRY_GAP, the least step kept."""
+while the step is above the bound by more than RETRY_GAP and no fill needing more micro-batches than
+the best lost to it, the least step kept."""
 RETRY_GAP = 0.03
 BACK_FILL = 0.97
 """Share of D · level of an earlier micro-batch the last one's items may fill (`_back_fill`)."""
@@ -414,6 +416,8 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
                              -(-tokens // num_microbatches) if over else room, num_microbatches is not None)
         if found is not None and (best is None or found.step_cost < best.step_cost):
             best = found
+        elif found is not None and found.num_microbatches > best.num_microbatches:
+            break  # fewer, fuller micro-batches did better; lower fills only add micro-batches
         if over:  # the fullest fill the fixed M allows was tried (no plan at a lower fill yet)
             break
     if best is not None and best.split_items.size and best.step_cost > bound * (1 + RETRY_GAP):

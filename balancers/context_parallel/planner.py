@@ -2,7 +2,8 @@
 
     T* = canonical bound (`bound.py`)
     for T in T*, T*·(1 + 1/64), ..., T*·(1 + 7/64), then the items' times above (while groups
-            overflow the free blocks, as long as the estimate below improves):
+            overflow the free blocks, as long as the estimate below improves; none after a first
+            target that leaves the groups no token room):
         degree[i] = smallest degree whose time fits T (only items long for the step split)
         per degree c, largest first: its items, longest time first, into the first group of c
             ranks that stays within T and the token budget (first-fit decreasing), each group
