@@ -265,8 +265,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     carries a `contract` and `model` reduces every parameter's gradient (DDP, FSDP2), the backward through
     the body's `normalize_loss(loss, micro)` results checks, as it starts, that the loss parts given there
     depend on every trainable parameter of `model` on every rank (`check_model_contract`, a collective);
-    `check=False` (on every rank) skips it.  Under FSDP2 a rank whose body runs no forward of `model` there
-    raises alone (its peers wait in the forward's all-gather, which no check can pair with)."""
+    `check=False` (on every rank) skips it.  The backward runs inside the block: where none did there, the
+    exit joins the check with every parameter left out.  Under FSDP2 a rank whose body runs no forward of
+    `model` there raises alone (its peers wait in the forward's all-gather, which no check can pair with)."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     previous, outer = active_microbatch(), getattr(_active, "contracts", ())
@@ -280,9 +281,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
                 contract.names = names
             _active.contracts = outer + ((contract,) if contract is not None else ())
             yield
-        if contract is not None and not contract.parts and torch.is_grad_enabled():  # no backward will check:
+        if contract is not None and not contract.checked and torch.is_grad_enabled():  # no backward checked:
             contract.checked = True  # join the peers' check here (as their backward starts) with every
-            check_model_contract(contract)  # parameter left out
+            check_model_contract(contract, backward=False)  # parameter left out
     finally:
         _active.current, _active.contracts = previous, outer
 
@@ -299,18 +300,19 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
             normalized.register_hook(contract.on_backward)
 
 
-def check_model_contract(contract: _Contract) -> None:
+def check_model_contract(contract: _Contract, backward: bool = True) -> None:
     """Raise `ModelContractError` on every rank (one all-reduce of a word per rank, as the backward of the
-    micro-batch that reduces gradients starts, before any reduction) when, on some rank, the loss parts given
-    to `normalize_loss` in the body of `accumulate(model, micro)` do not reach, through the autograd graph,
-    every trainable parameter of `model`.  A model that returns early or a constant on an empty micro-batch
-    (which every rank runs, to take part in every collective), or a loss that is a constant there or uses
-    part of the outputs, leaves parameters out of the backward that reduces gradients: DDP then leaves their
-    gradients unreduced without an error, or the ranks' reductions pair up different buckets.  A term added
-    to the normalised loss outside `normalize_loss` is not seen (normalise it too, or check=False)."""
+    micro-batch that reduces gradients starts, before any reduction) when, on some rank, the loss parts given to
+    `normalize_loss` in the body of `accumulate(model, micro)` do not reach, through the autograd graph, every
+    trainable parameter of `model` (or had no `backward` in the body: every parameter left out).  A model that
+    returns early or a constant on an empty micro-batch (which every rank runs, to take part in every collective),
+    or a loss that is a constant there or uses part of the outputs, leaves parameters out of the backward that
+    reduces gradients: DDP then leaves their gradients unreduced without an error, or the ranks' reductions pair up
+    different buckets.  A term added to the normalised loss outside `normalize_loss` is not seen (normalise it too,
+    or check=False)."""
     micro, model, names = contract.micro, contract.model, contract.names
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    reached = reached_leaves(contract.parts, names, wanted, contract.hidden)
+    reached = reached_leaves(contract.parts, names, wanted, contract.hidden) if backward else set()
     unused = [] if reached is None else sorted(wanted - reached)
     group = micro.contract[0]
     if not contract.ran and hasattr(model, "set_requires_gradient_sync"):
@@ -337,6 +339,11 @@ def check_model_contract(contract: _Contract) -> None:
     if unused and not contract.parts:
         raise ModelContractError(f"rank {rank}: no loss passed through `normalize_loss(loss, micro)` in {where}, "
                                  f"so its backward gives the model's parameters no gradient: {advice}")
+    if unused and not backward:
+        raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} had no backward inside "
+                                 f"the `with accumulate` block (skipped on an empty micro-batch, or run after the "
+                                 f"block), so the model's parameters got no gradient there: run it inside the block "
+                                 f"on every micro-batch, an empty one too; {advice}")
     if unused:
         shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
         raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} does not depend on "

@@ -648,13 +648,13 @@ class CheckpointedTwoHeadModel(TwoHeadModel):
         return self.head(hidden), self.value(hidden).squeeze(-1)
 
 
-def empty_rank_shapes_job(rank, size, shape):
-    """ONE_EMPTY at T = 40 (rank 2's last micro-batch empty) through DDP: what each rank raised where rank 2's
-    empty micro-batch takes `shape`."""
+def empty_rank_shapes_job(rank, size, shape, num_microbatches=None):
+    """ONE_EMPTY at T = 40 (rank 2's last micro-batch empty; with `num_microbatches` 6 every rank's) through DDP:
+    what each rank raised where an empty micro-batch takes `shape`."""
     torch.manual_seed(0)
     model = (CheckpointedTwoHeadModel() if shape.startswith("reentrant") else TwoHeadModel()).double()
     wrapped = nn.parallel.DistributedDataParallel(model)
-    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40, num_microbatches=num_microbatches)
     lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
     plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
     moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
@@ -671,7 +671,9 @@ def empty_rank_shapes_job(rank, size, shape):
                                                             reduction="sum") + values.square().sum()
                                 if micro.items.size else values.sum() * 0 if shape == "reentrant, one output"
                                 else logits.sum() * 0 + values.sum() * 0)
-                normalize_loss(loss_sum, micro).backward()
+                loss = normalize_loss(loss_sum, micro)
+                if micro.items.size or shape != "backward skipped":
+                    loss.backward()
     except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
         return type(error).__name__, str(error)
     return "no error", ""
@@ -689,6 +691,29 @@ def test_regression_empty_micro_batch_shapes_the_check_let_through_or_hung_on(sh
     assert outcomes[0][1].startswith("rank 0: on ranks [2] the loss of micro-batch 3 leaves out"), outcomes[0]
     expected = "no loss passed through" if shape == "no backward" else "the loss given to `normalize_loss`"
     assert outcomes[2][1].startswith(f"rank 2: {expected}"), outcomes[2]
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 6], ids=["rank 2 empty", "every rank empty"])
+def test_regression_a_normalised_loss_whose_backward_was_skipped_on_an_empty_micro_batch_went_unchecked(
+        num_microbatches):
+    """Cause (probe10 P10-04): `accumulate`'s exit joined the check only where the body normalised no loss, so a body
+    that normalised its loss but skipped the backward on an empty micro-batch (`if tokens: loss.backward()`) was
+    never checked: with every rank empty, DDP reduced nothing (gradients 0.04-0.06 off, silently); with rank 2
+    empty, its peers waited in the check.  Now a due check that no backward ran joins at the exit: every rank
+    raises, naming the skipped backward."""
+    outcomes = spawn(empty_rank_shapes_job, len(ONE_EMPTY), args=("backward skipped", num_microbatches),
+                     timeout_s=120)
+    assert [kind for kind, _ in outcomes] == ["ModelContractError"] * 3, outcomes
+    last = 3 if num_microbatches is None else 5
+    empty = [2] if num_microbatches is None else [0, 1, 2]
+    for rank, (_, message) in enumerate(outcomes):
+        if rank in empty:
+            assert message.startswith(f"rank {rank}: the loss given to `normalize_loss` in micro-batch {last} of "), \
+                message
+            assert "had no backward inside the `with accumulate` block" in message, message
+        else:
+            assert message.startswith(f"rank {rank}: on ranks {empty} the loss of micro-batch {last} leaves out"), \
+                message
 
 
 def test_a_reentrant_checkpoint_with_a_loss_through_every_output_passes_the_check():
