@@ -168,3 +168,13 @@ def test_regression_readme_micro_batch_snippet_gave_the_model_no_sample_lengths(
                    "batch": {"input_ids": ids, "labels": ids.roll(-1)}})
     assert sorted(model.seen) == sorted(part.tolist() for part in ids.split(lengths))
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_regression_the_readme_toolkit_block_failed_hypothesis_s_health_check_on_a_busy_machine():
+    """Cause: the block built its own `settings` without suppressing Hypothesis's `too_slow` health check, which
+    the toolkit's draws (whole cases) fail on a loaded machine: FailedHealthCheck in 2 runs of 3 at load 12
+    (probe10 P10-05).  Here every draw is slowed as a busy machine slows it."""
+    snippet = next(block for block, _ in readme_snippets() if "@given(problems(" in block)
+    slowed = ("import time\nimport orchmllm.testing as testing\ndrawn = testing.problems\n"
+              "testing.problems = lambda **options: drawn(**options).map(lambda case: time.sleep(0.15) or case)\n")
+    run(["-c", slowed + snippet])
