@@ -223,7 +223,7 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
             continue
         assignment[order[position: position + placed]] = keys[:placed] & mask
         position += placed
-        keys = np.concatenate((topped[:placed], keys[placed:]))
+        keys = topped if placed == num_ranks else np.concatenate((topped[:placed], keys[placed:]))
         if position < n:  # the last round's keys are left unsorted (callers read their loads by rank)
             # Keys are unique, so every sort agrees: timsort (stable) where the topped keys hold few runs (it
             # merges them), introsort where large steps broke them into many (the first rounds, 2-3x faster).
