@@ -60,26 +60,37 @@ def module_of(encoder: Callable) -> nn.Module | None:
 def recording(module: nn.Module, hidden: set | None = None, ran: set | None = None):
     """Yield {id(parameter): name}: `module`'s parameters now, and those each of its modules holds
     as its forward returns while the body runs (FSDP2 swaps unsharded ones in for the forward).
-    `hidden` gets the names of the parameters of modules whose forward ran without grad (inside a
-    reentrant checkpoint, whose recomputation the graph does not show); `ran` the names of the modules
-    whose forward returned."""
+    `hidden` gets the names of the parameters of modules whose forward ran without grad inside a forward
+    of `module`'s that ran with it (a reentrant checkpoint's, whose recomputation the graph does not show;
+    a `torch.no_grad()` pass of the model beside it hides nothing); `ran` the names of the modules whose
+    forward returned."""
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
+    running = []  # whether grad was on as each forward of `module`'s modules now running began
+
+    def enter(submodule, args):
+        if submodule in prefixes:
+            running.append(torch.is_grad_enabled())
 
     def record(submodule, args, output):
         prefix = prefixes.get(submodule)
-        if prefix is not None:
-            if ran is not None:
-                ran.add(prefix)
-            names.update((id(parameter), prefix + name) for name, parameter in submodule.named_parameters())
-            if hidden is not None and not torch.is_grad_enabled():
-                hidden.update(prefix + name for name, _ in submodule.named_parameters())
+        if prefix is None:
+            return
+        if running:  # else its forward began before the body
+            running.pop()
+        if ran is not None:
+            ran.add(prefix)
+        names.update((id(parameter), prefix + name) for name, parameter in submodule.named_parameters())
+        if hidden is not None and not torch.is_grad_enabled() and running and running[-1]:
+            hidden.update(prefix + name for name, _ in submodule.named_parameters())
 
-    handle = nn.modules.module.register_module_forward_hook(record)
+    handles = (nn.modules.module.register_module_forward_pre_hook(enter),
+               nn.modules.module.register_module_forward_hook(record, always_call=True))  # popped if forward raises
     try:
         yield names
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden: set[str] | None = None

@@ -666,10 +666,13 @@ def empty_rank_shapes_job(rank, size, shape, num_microbatches=None):
                 if micro.items.size == 0 and shape == "model not called":
                     loss_sum = torch.zeros((), dtype=torch.float64, requires_grad=True)
                 else:
+                    if shape.endswith("a no-grad pass first"):  # old log-probs, a reference pass
+                        with torch.no_grad():
+                            wrapped(micro.data["tokens"])
                     logits, values = wrapped(micro.data["tokens"])
                     loss_sum = (nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
                                                             reduction="sum") + values.square().sum()
-                                if micro.items.size else values.sum() * 0 if shape == "reentrant, one output"
+                                if micro.items.size else values.sum() * 0 if shape.startswith("reentrant, one output")
                                 else logits.sum() * 0 + values.sum() * 0)
                 loss = normalize_loss(loss_sum, micro)
                 if micro.items.size or shape != "backward skipped":
@@ -714,6 +717,23 @@ def test_regression_a_normalised_loss_whose_backward_was_skipped_on_an_empty_mic
         else:
             assert message.startswith(f"rank {rank}: on ranks {empty} the loss of micro-batch {last} leaves out"), \
                 message
+
+
+@pytest.mark.parametrize("shape", ["reentrant, one output, a no-grad pass first", "reentrant, every output, a no-grad "
+                                   "pass first"])
+def test_regression_a_no_grad_pass_beside_a_reentrant_checkpoint_hid_every_parameter_from_the_check(shape):
+    """Cause (probe10 P10-09): the parameters of every module run without grad in the body counted as reached at
+    a reentrant checkpoint, so a `torch.no_grad()` pass of the model there (PPO's old log-probs) hid the whole
+    model, and a loss using one output of two on an empty micro-batch trained silently wrong (0.04-0.06).  Now
+    only modules run without grad inside a forward of the model run with grad (a checkpoint's) count."""
+    outcomes = spawn(empty_rank_shapes_job, len(ONE_EMPTY), args=(shape,), timeout_s=120)
+    if "every output" in shape:
+        assert [kind for kind, _ in outcomes] == ["no error"] * 3, outcomes
+        return
+    assert [kind for kind, _ in outcomes] == ["ModelContractError"] * 3, outcomes
+    assert outcomes[2][1].startswith("rank 2: the loss given to `normalize_loss` in micro-batch 3 of 4 (whose "
+                                     "backward reduces gradients; 0 items on rank 2) does not depend on parameters "
+                                     "module.head.bias, module.head.weight of the model"), outcomes[2]
 
 
 def test_a_reentrant_checkpoint_with_a_loss_through_every_output_passes_the_check():
