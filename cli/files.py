@@ -68,19 +68,22 @@ def _is_column_name(text: str) -> bool:
     return not (any(char.isdigit() for char in text) and _is_number(text.translate(DIGIT_LOOKALIKES)))
 
 
-def _has_header(first: list[str], where: str) -> bool:
-    """Whether the first line (its stripped fields) is a header of column names; UsageError when it
-    is neither names nor numbers, naming its first field that is not a column name."""
+def _has_header(first: list[str], where: str, column: str | None) -> bool:
+    """Whether the first line (its stripped fields) is a header of column names (a field that `column`,
+    --column, names counts as one); UsageError when it is neither names nor numbers, naming its first
+    field that is not a column name and the rule it breaks."""
     if all(_is_number(field) for field in first):
         return False
-    if all(_is_column_name(field) for field in first):
+    if all(field == column or _is_column_name(field) for field in first):
         return True
     expected = "expected an integer length or a header line of column names"
     if "" in first:  # neither a name nor a number: what a spreadsheet's empty column leaves
         raise UsageError(f"{where}: field {first.index('') + 1} of {len(first)} is empty (a trailing comma?); "
                          f"{expected}")
-    odd = next(field for field in first if not _is_column_name(field))
-    raise UsageError(f"{where}: {expected}, got {odd!r}")
+    odd = next(field for field in first if field != column and not _is_column_name(field))
+    hint = "" if _is_number(odd) else f"; --column {odd} takes line 1 as the header"
+    raise UsageError(f"{where}: {expected}, got {odd!r} (a column name may not start with a digit, '+', '-' or "
+                     f"'.', nor read as a number with O, o, I or l for 0 and 1, as a mistyped 8l2 does{hint})")
 
 
 def _pick_column(header: list[str], column: str | None, path: Path) -> int:
@@ -90,6 +93,10 @@ def _pick_column(header: list[str], column: str | None, path: Path) -> int:
         raise UsageError(f"{path}: {len(header)} columns {header}; choose one with --column")
     if column not in header:
         raise UsageError(f"{path}: no column {column!r}; columns are {header}")
+    fields = [str(index + 1) for index, name in enumerate(header) if name == column]
+    if len(fields) > 1:
+        raise UsageError(f"{path}: column {column!r} appears {len(fields)} times in the header (fields "
+                         f"{', '.join(fields)}); --column must name one")
     return header.index(column)
 
 
@@ -108,7 +115,7 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
         raise UsageError(f"{path}: no lengths in the file")
     first = [cell.strip() for cell in rows[0][1]]
     width = len(first)
-    if _has_header(first, f"{path}:{rows[0][0]}"):
+    if _has_header(first, f"{path}:{rows[0][0]}", column):
         index = _pick_column(first, column, path)
         rows = rows[1:]
         if not rows:

@@ -58,6 +58,9 @@ def files(tmp_path_factory):
     (tmp / "wl_utf16.jsonl").write_text('{"text": 212}\n', encoding="utf-16")
     (tmp / "a_file").write_text("")
     (tmp / "arrays_per_line.json").write_text("[5, 4]\n[3]\n")
+    (tmp / "digit_first_name.csv").write_text("1st_len\n5\n4\n")
+    (tmp / "id_l1.csv").write_text("id,l1\n0,5\n1,4\n")
+    (tmp / "twice.csv").write_text("a,a\n5,4\n")
     return tmp
 
 
@@ -74,6 +77,16 @@ CASES = {
     "csv whose first line is a number with a letter for a digit": (
         ["plan", "{tmp}/typo_letter_o.csv", "-D", "2"],
         "typo_letter_o.csv:1: expected an integer length or a header line of column names, got 'O12'"),
+    # probe10 P10-06: a name the reader takes for a mistyped number was refused without the rule it breaks
+    "csv header of a name starting with a digit": (
+        ["plan", "{tmp}/digit_first_name.csv", "-D", "2"],
+        "digit_first_name.csv:1: expected an integer length or a header line of column names, got '1st_len' (a column "
+        "name may not start with a digit, '+', '-' or '.', nor read as a number with O, o, I or l for 0 and 1, as a "
+        "mistyped 8l2 does; --column 1st_len takes line 1 as the header)"),
+    # probe10 P10-06: a header naming the chosen column twice planned the first one's lengths, no word said
+    "csv header naming the chosen column twice": (
+        ["plan", "{tmp}/twice.csv", "-D", "2", "--column", "a"],
+        "twice.csv: column 'a' appears 2 times in the header (fields 1, 2); --column must name one"),
     # probe6 P6-11: an object giving a key twice was read with the last value, no word said
     "json line with a key given twice": (
         ["plan", "{tmp}/repeated_key.jsonl", "-D", "2"], "repeated_key.jsonl:2: key 'length' given twice in one object"),
@@ -250,6 +263,15 @@ def test_a_column_named_with_letters_that_look_like_digits_is_still_a_header(fil
     assert main(["plan", str(files / "length_l.csv"), "-D", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["num_items"] == 2
     assert not (files / "missing").exists()
+
+
+@pytest.mark.parametrize("file, column", [("id_l1.csv", "l1"), ("digit_first_name.csv", "1st_len")])
+def test_regression_a_column_named_by_column_was_refused_as_a_mistyped_number(file, column, files, capsys):
+    """Cause: line 1 was a header only if every field passed the reader's column-name rule, which refuses what
+    could be a mistyped number (`l1`), so `--column l1` naming a field of line 1 was refused (probe10 P10-06).
+    A field that `--column` names makes line 1 the header."""
+    assert main(["plan", str(files / file), "-D", "1", "--column", column, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_items"] == 2
 
 
 @pytest.mark.parametrize("command,output", [("plan", "-o ok.csv"), ("plan", "--output ./ok.csv"),
