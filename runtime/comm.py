@@ -97,13 +97,22 @@ def _clash(phase: str, key, me: threading.Thread) -> tuple[str, bool] | None:
     return None
 
 
+_FIXES = (  # (what a refusal names, its way out), the first that applies
+    ("thread 'orchmllm-prefetch", "a Prefetcher's `group` is the group its thread gathers on: leave it None (a group "
+                                  "of its own) or pass one no other thread uses"),
+    ("BalancedDistributedSampler", "a sampler iterated on a thread of its own (a loader's) checks its epoch "
+                                   "agreement on its `group`: give the sampler a group of its own, "
+                                   "`BalancedDistributedSampler(..., group=dist.new_group())` (made at the same point "
+                                   "on every rank), or pass check_agreement=False"))
+_PLANNING_FIX = ("plan on another thread with `metadata_group=` a group of its own (`dist.new_group()`), or use "
+                 "`orchmllm.runtime.Prefetcher`")
+
+
 def _refuse(why: str, alike: bool, group, key) -> ThreadClashError:
     """The refusal of `why` on this rank; unless every rank refuses `alike`, recorded (the group is unusable)
     and published on the store for the group's other ranks, some of which may wait in a collective this
     rank will not post (the first refusal of a group stays)."""
-    fix = ("a Prefetcher's `group` is the group its thread gathers on: leave it None (a group of its own) or pass "
-           "one no other thread uses" if "thread 'orchmllm-prefetch" in why else "plan on another thread with "
-           "`metadata_group=` a group of its own (`dist.new_group()`), or use `orchmllm.runtime.Prefetcher`")
+    fix = next((fix for marker, fix in _FIXES if marker in why), _PLANNING_FIX)
     message = (f"rank {group_rank(group)}: {why}: two threads' collectives on one group meet in no set order "
                f"across ranks (they deadlock until the group's timeout, or pair unlike calls); run a group's "
                f"collectives on one thread: {fix}")

@@ -98,7 +98,9 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             others (once per epoch, as a training loop does).  False skips it (a rank that
             iterates alone, e.g. to log shares).
         group: the processes that iterate this sampler (default: the world); with tensor
-            or pipeline parallelism, those that load data, each of its DP rank.
+            or pipeline parallelism, those that load data, each of its DP rank.  Iterated on a
+            loader thread beside the training thread's collectives: a group of its own
+            (`dist.new_group()`, made at the same point on every rank).
 
     >>> lengths = [9, 1, 1, 1, 5, 3, 3, 1]
     >>> ranks = [BalancedDistributedSampler(lengths, num_replicas=2, rank=rank, global_batch_size=4)

@@ -454,3 +454,62 @@ def test_regression_a_count_summed_on_another_thread_was_outside_the_thread_chec
     still wait out the group's timeout; refused on every rank now."""
     outcomes = run_processes(global_count_on_another_thread_job, 2, timeout_s=60, collective_timeout_s=20)
     assert [outcome.value for outcome in outcomes] == ["ThreadClashError"] * 2, outcomes
+
+
+def sampler_on_a_loader_thread_job(rank, size, first, own_group):
+    """The usual producer/consumer loader: a thread named 'loader' iterates a BalancedDistributedSampler (its epoch
+    agreement all-gather) while the main thread plans with a dispatcher, `first` of them to run a collective; the
+    sampler on the world group, or on a group of its own.  What each thread raised."""
+    import queue
+    import threading
+
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    group = torch.distributed.new_group(list(range(size))) if own_group else None
+    sampler = BalancedDistributedSampler([5, 9, 3, 7, 2, 8, 4, 6], num_replicas=size, rank=rank,
+                                         global_batch_size=4, group=group)
+    dispatcher, batches, done, outcome = PostBalancingDispatcher(), queue.Queue(), threading.Event(), []
+
+    def load():
+        try:
+            for batch in sampler:
+                batches.put(batch)
+                done.wait(30)
+        except RuntimeError as error:
+            batches.put(error)
+
+    def plan():
+        try:
+            dispatcher.plan(LENGTHS[rank])
+            outcome.append("planned")
+        except RuntimeError as error:
+            outcome.append(f"{type(error).__name__}: {error}")
+
+    if first == "dispatcher":
+        plan()
+    loader = threading.Thread(target=load, name="loader")
+    loader.start()
+    batch = batches.get(timeout=30)
+    outcome.append(batch if isinstance(batch, list) else f"{type(batch).__name__}: {batch}")
+    if first == "sampler":
+        plan()
+    done.set()
+    loader.join(30)
+    return outcome
+
+
+@pytest.mark.parametrize("first", ["dispatcher", "sampler"])
+def test_regression_a_sampler_on_a_loader_thread_beside_the_dispatcher_was_refused_with_anothers_fix(first):
+    """Cause (probe10 P10-07): the two-thread refusal of a sampler's epoch agreement (a loader thread beside the
+    training thread's dispatcher, both on the world group) gave the dispatcher's fixes (`metadata_group=`, a
+    Prefetcher), which the sampler has not.  It names the sampler's: a group of its own, or no agreement check."""
+    for rank, outcome in enumerate(spawn(sampler_on_a_loader_thread_job, 2, args=(first, False), timeout_s=60)):
+        refused = [line for line in outcome if isinstance(line, str) and line.startswith("ThreadClashError")]
+        assert len(refused) == 1, outcome
+        assert refused[0].startswith(f"ThreadClashError: rank {rank}: the "), refused
+        assert refused[0].endswith("give the sampler a group of its own, `BalancedDistributedSampler(..., group="
+                                   "dist.new_group())` (made at the same point on every rank), or pass "
+                                   "check_agreement=False"), refused
+    for outcome in spawn(sampler_on_a_loader_thread_job, 2, args=(first, True), timeout_s=60):
+        assert "planned" in outcome and any(isinstance(line, list) for line in outcome), outcome
+
