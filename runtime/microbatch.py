@@ -27,7 +27,10 @@ the last micro-batch's backward reduces every parameter's gradient (DDP, FSDP2) 
 `accumulate` checks it where it matters (`check_model_contract`: the runtime's first step, and
 steps where a rank's last micro-batch is empty), as that micro-batch's backward starts, raising
 `ModelContractError` on every rank: every rank must then pass its loss through `normalize_loss(loss,
-micro)` and run the backward (the check is a collective).
+micro)` (not `micro.loss_scale()` or `total_loss_tokens=`, which the check does not see: a body that
+ran no backward through a `normalize_loss(loss, micro)` result is refused) and run the backward inside
+the block (the check is a collective); a metric normalised there for logging only counts as a loss
+part, so `.detach()` it first (else parameters it reaches count as reached).
 """
 
 from __future__ import annotations
@@ -107,7 +110,9 @@ class MicroBatch:
         return self.index == self.num_microbatches - 1
 
     def loss_scale(self, gradient_reduction: str = "mean") -> float:
-        """Factor turning a locally summed loss into its share of the step's global mean loss."""
+        """Factor turning a locally summed loss into its share of the step's global mean loss.  The model check
+        of `accumulate` does not see a loss scaled by hand: on checked micro-batches use
+        `normalize_loss(loss, micro)` (a backward through none of its results is refused there)."""
         scale = self.world_size if gradient_reduction == "mean" else 1
         return scale / max(self.num_loss_tokens, 1)
 
@@ -266,8 +271,10 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     the body's `normalize_loss(loss, micro)` results checks, as it starts, that the loss parts given there
     depend on every trainable parameter of `model` on every rank (`check_model_contract`, a collective);
     `check=False` (on every rank) skips it.  The backward runs inside the block: where none did there, the
-    exit joins the check with every parameter left out.  Under FSDP2 a rank whose body runs no forward of
-    `model` there raises alone (its peers wait in the forward's all-gather, which no check can pair with)."""
+    exit joins the check with every parameter left out.  A metric normalised with `micro` for logging only
+    counts as a loss part: `.detach()` it first (or log it unnormalised).  Under FSDP2 a rank whose body runs
+    no forward of `model` there raises alone (its peers wait in the forward's all-gather, which no check can
+    pair with)."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     previous, outer = active_microbatch(), getattr(_active, "contracts", ())

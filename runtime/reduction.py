@@ -108,7 +108,10 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
     loop, and for a loss that requires grad from the step's first micro-batch until the next
     `plan()` or `microbatches()` on the thread while its micro-batches are held (a loop over them
     collected in a list);
-    a loss computed under `torch.no_grad()` there (an evaluation, a logged value) takes a count.
+    a loss computed under `torch.no_grad()` there (an evaluation, a logged value) takes a count.  Inside
+    `accumulate(model, micro)` the model check walks every result of `normalize_loss(..., micro)` that
+    requires grad: `.detach()` a metric before normalising it for a log line, and normalise the loss
+    itself this way (not `micro.loss_scale()` or `total_loss_tokens=`, which the check does not see).
     """
     if gradient_reduction not in _REDUCTIONS:
         raise ValueError(f"`gradient_reduction` must be one of {_REDUCTIONS}; got {gradient_reduction!r}")

@@ -150,3 +150,18 @@ def test_a_new_micro_batch_loop_forgets_one_left_by_break():
     again = dispatcher.microbatches(plan, moved)  # the next step's loop, planned elsewhere
     assert float(normalize_loss(torch.ones(()), 2)) == 0.5
     assert len(list(again)) == plan.num_microbatches
+
+
+@pytest.mark.parametrize("where, rules", [
+    ("accumulate", (".detach()", "inside the block")),
+    ("normalize_loss", (".detach()", "`micro.loss_scale()` or `total_loss_tokens=`")),
+    ("loss_scale", ("does not see a loss scaled by hand", "`normalize_loss(loss, micro)`"))])
+def test_regression_the_model_checks_rules_were_only_in_the_readme(where, rules):
+    """Cause (probe10 P10-10): that a metric normalised with the micro-batch for a log line must be detached, and
+    that the check sees only `normalize_loss(loss, micro)` (not `loss_scale` by hand), was said in README only;
+    the docstrings a user reads where the API is defined say it now."""
+    from orchmllm.runtime.microbatch import MicroBatch
+
+    documented = {"accumulate": accumulate, "normalize_loss": normalize_loss, "loss_scale": MicroBatch.loss_scale}
+    text = " ".join(documented[where].__doc__.split())
+    assert all(rule in text for rule in rules), text
