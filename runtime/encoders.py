@@ -116,23 +116,26 @@ def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden: set
     return reached
 
 
-def checked_call(encoder: Callable, *args) -> tuple[torch.Tensor, list[str]]:
-    """`encoder(*args)` and the names of the trainable parameters of its module that the output
-    does not depend on ([] when it cannot tell: no module, no gradient recorded, a reentrant
-    checkpoint).  A method that may use part of its module is flagged only when its output depends
-    on none of it (the early return on empty input); a module run whole, on every parameter left out."""
+def checked_call(encoder: Callable, *args, expected: set[str] | None = None
+                 ) -> tuple[torch.Tensor, list[str], set[str] | None]:
+    """`encoder(*args)`, the names of the trainable parameters of its module that the output does not depend
+    on ([] when it cannot tell: no module, no gradient recorded, a reentrant checkpoint), and those it does
+    depend on (None when it cannot tell).  A module run whole is flagged on every parameter left out; a
+    method that may use part of its module when its output depends on none of it (the early return on empty
+    input), or on less than `expected` (what a call of it with items reached: a tower skipped beside its
+    projector)."""
     module, whole = _unwrapped(encoder)
     if module is None or not torch.is_grad_enabled():
-        return encoder(*args), []
+        return encoder(*args), [], None
     wanted = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
     with recording(module) as names:
         output = encoder(*args)
     if not wanted or not isinstance(output, torch.Tensor):
-        return output, []
+        return output, [], None
     reached = reached_leaves([output], names, wanted)
-    if reached is None or (reached and not whole):
-        return output, []
-    return output, sorted(wanted - reached)
+    if reached is None:
+        return output, [], None
+    return output, sorted((wanted if whole or not reached else expected or set()) - reached), reached
 
 
 def output_problem(what: str, output, rows: int, width: int | None) -> Exception | None:

@@ -20,20 +20,17 @@ every rank:
             loss_sum = my_llm(packed.embeddings, packed.sample_lengths) ...
             normalize_loss(loss_sum, micro).backward()       # / loss tokens of the whole step
 
-Model-agnostic: an encoder is any callable `fn(inputs, lengths) -> embeddings`, packed over
-its items along dim 0 (`lengths[k]` input rows in, `Segment.tokens` rows out); the
-text embedding any callable on the packed text ids.  The runtime never sees the model.
-A video (`Segment(frames=F)`: F rides in the metadata all-gather) may run as parts of whole
-frames on several encoder ranks (`frames.py`): its encoder is then called on each part as an
-item of its own, so it must attend within a frame, and the parts' embeddings reach their LLM
-ranks in the same exchanges.
+Model-agnostic: an encoder is any callable `fn(inputs, lengths) -> embeddings`, packed over its items along dim 0
+(`lengths[k]` input rows in, `Segment.tokens` rows out); the text embedding any callable on the packed text ids. The
+runtime never sees the model. A video (`Segment(frames=F)`: F rides in the metadata all-gather) may run as parts of
+whole frames on several encoder ranks (`frames.py`): its encoder is then called on each part as an item of its own,
+so it must attend within a frame, and the parts' embeddings reach their LLM ranks in the same exchanges.
 
-The encoder contract: every encoder is called on every rank, with empty inputs (0 rows)
-where a rank holds none of its modality, and its output must depend on every trainable
-parameter there too (run the layers on the empty tensor; never return early), because DDP
-and FSDP reduce every parameter's gradient on every rank.  The runtime checks it on each
-encoder's first call and on every call with empty inputs (`check_encoders`, see `encoders.py`)
-and raises `EncoderContractError` on every rank, naming the rank and the parameters.
+The encoder contract: every encoder is called on every rank, with empty inputs (0 rows) where a rank holds none of
+its modality, and its output must depend on every trainable parameter there too (run the layers on the empty tensor;
+never return early), because DDP and FSDP reduce every parameter's gradient on every rank. The runtime checks it on
+each encoder's first call and on every call with empty inputs (`check_encoders`, see `encoders.py`) and raises
+`EncoderContractError` on every rank, naming the rank and the parameters.
 
 Cross-rank agreement is checked on every rank: a fingerprint of the stages and options
 with the first metadata all-gather (`ConfigMismatchError`, naming the options), the plan's
@@ -156,6 +153,7 @@ class MultiStageRuntime:
         self.guards = {"dispatch": SchemaGuard("dispatch"), "embeddings": SchemaGuard("encoder outputs")}
         self.check_encoders = as_bool(check_encoders, "check_encoders")
         self._checked: set[str] = set()  # the encoders (and the text embedding) whose first call was checked
+        self._reached: dict[str, set | None] = {}  # what each one's first checked call with items depended on
         self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
         self._step = StepToken()  # the step of the latest `microbatches()`, which its micro-batches carry
 
@@ -452,17 +450,19 @@ class MultiStageRuntime:
         return outputs, text_embedded, problems
 
     def _call(self, what: str, function: Callable, *args, problems: list, num_items: int):
-        """`function(*args)`, checking the encoder contract on the first call of `what` and on empty
-        input (`check_encoders`); a broken contract, or a call on FSDP2-sharded parameters outside
-        their module's forward, joins `problems` (raised on every rank at the exchange)."""
+        """`function(*args)`, checking the encoder contract (`check_encoders`) on the first call of `what`, its
+        first with items (whose reach an empty call must match) and every empty one; a broken contract, or a call
+        on FSDP2-sharded parameters outside their module's forward, joins `problems` (raised at the exchange)."""
         try:
-            if not self.check_encoders or (what in self._checked and num_items):
+            if not self.check_encoders or (what in self._checked and num_items and what in self._reached):
                 return function(*args)
-            output, unused = checked_call(function, *args)
+            output, unused, reached = checked_call(function, *args, expected=self._reached.get(what))
         except RuntimeError as error:
             problems.append(sharded_problem(what, function, error))
             return None
         self._checked.add(what)
+        if num_items and torch.is_grad_enabled():
+            self._reached.setdefault(what, reached)
         if unused:
             problems.append(contract_problem(what, group_rank(self.group), num_items, unused))
         return output

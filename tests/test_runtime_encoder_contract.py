@@ -280,3 +280,41 @@ def test_regression_a_part_the_runtime_calls_sharded_only_with_its_holder_gave_t
     fixed = run_processes(sharded_slip_job, 2, args=(("llm.vision", "llm.embed", "llm"),), timeout_s=90,
                           collective_timeout_s=COLLECTIVE_TIMEOUT_S)
     assert all(o.ok and o.value[0] == "trained" for o in fixed), [o.error or o.value for o in fixed]
+
+
+class TowerAndProjector(nn.Module):
+    """A root model's `encode_image` runs its tower then its projector (HF's `get_image_features`); `skip`: on
+    empty input it skips the tower and keeps the projector."""
+
+    def __init__(self, skip: bool):
+        super().__init__()
+        self.tower, self.projector, self.skip = Encoder(early_return=False), nn.Linear(8, 8), skip
+
+    def encode_image(self, patches, lengths):
+        if self.skip and patches.shape[0] == 0:
+            return self.projector(patches.new_zeros(0, 8))
+        return self.projector(self.tower(patches, lengths))
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["tower skipped when empty", "tower run when empty"])
+def test_regression_a_method_skipping_its_tower_but_keeping_its_projector_on_empty_input_passed(skip):
+    """Cause (probe10 P10-11): a method of a module (which may use part of it) was flagged only when its output
+    reached none of the module, so `encode_image` skipping its tower on empty input but keeping its projector
+    passed, and under DDP the tower got no gradient on that rank (0.115 off).  An empty call must now reach what
+    the method's first call with items reached (one process: a step with the image, then one without)."""
+    root = TowerAndProjector(skip).double()
+    runtime = MultiStageRuntime(STAGES)
+    embed = nn.Embedding(16, 8).double()
+    for with_image in (True, False):
+        samples = [Sample(text=4, segments=(Segment("image", IMAGE_ROWS, IMAGE_ROWS),) if with_image else (),
+                          source=0, id=0)]
+        text = {"input_ids": torch.zeros(4, dtype=torch.int64)}
+        image = torch.ones(IMAGE_ROWS if with_image else 0, 4, dtype=torch.float64)
+        routes = runtime.plan(samples)
+        [micro] = runtime.microbatches(routes, runtime.dispatch(routes, text=text, inputs={"image": image}))
+        if skip and not with_image:
+            unused = r"tower\.out\.bias, tower\.out\.weight, tower\.proj\.bias, tower\.proj\.weight"
+            with pytest.raises(EncoderContractError, match=r"does not depend on its parameters " + unused):
+                runtime.forward(micro.routes, micro.data, encoders={"image": root.encode_image}, text_embedding=embed)
+            return
+        runtime.forward(micro.routes, micro.data, encoders={"image": root.encode_image}, text_embedding=embed)
