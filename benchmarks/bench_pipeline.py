@@ -15,6 +15,7 @@ run m-th on every replica: ours (`pipeline=`), the PP-unaware plan in its own or
 DynaPipe-style per-replica contiguous micro-batches (`study.pipeline_peers`).
 """
 
+import os
 import time
 
 import numpy as np
@@ -98,4 +99,5 @@ def test_planning_time_at_2560_ranks(best_of):
     plan = piped()
     print(f"\nD = 2560 x 32, M = {plan.num_microbatches}: first call {first:.3f} s; later calls / plain "
           f"median {np.median(ratios):.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}); "
-          f"ours/unaware {plan.pipeline.step_time / plan.pipeline.unaware_step_time:.3f}")
+          f"ours/unaware {plan.pipeline.step_time / plan.pipeline.unaware_step_time:.3f}; "
+          f"load {os.getloadavg()[0]:.1f}")
