@@ -354,10 +354,22 @@ def check_model_contract(contract: _Contract, backward: bool = True) -> None:
     if unused:
         shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
         raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} does not depend on "
-                                 f"parameters {shown} of the model given to `accumulate`: {advice}")
+                                 f"parameters {shown} of the model given to `accumulate` ({_named(contract)}): "
+                                 f"{advice}")
     raise ModelContractError(f"rank {rank}: on ranks {failed} the loss of micro-batch {micro.index} leaves out "
-                             f"parameters of the model given to `accumulate` (each rank named them); this rank "
-                             f"stops with them: {advice}")
+                             f"parameters of the model given to `accumulate` ({_named(contract)}; each rank named "
+                             f"them); this rank stops with them: {advice}")
+
+
+def _named(contract: _Contract) -> str:
+    """The checked model as an error names it: its class (a wrapper's and its module's) and, where nested
+    `accumulate` blocks check several models, which block gave it."""
+    model, nested = contract.model, getattr(_active, "contracts", ())
+    inner = getattr(model, "module", None)
+    kind = type(model).__name__ + (f" of {type(inner).__name__}" if isinstance(inner, torch.nn.Module) else "")
+    if len(nested) < 2 or contract not in nested:
+        return kind
+    return f"{kind}, block {nested.index(contract) + 1} of {len(nested)} nested `accumulate` blocks, outermost first"
 
 
 def _no_forward_under_fsdp2(micro: MicroBatch, group) -> ModelContractError:

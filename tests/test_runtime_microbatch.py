@@ -736,6 +736,14 @@ def test_regression_a_no_grad_pass_beside_a_reentrant_checkpoint_hid_every_param
                                      "module.head.bias, module.head.weight of the model"), outcomes[2]
 
 
+def test_regression_nested_accumulate_named_parameters_without_saying_which_model():
+    """Cause (probe10 P10-14): with nested `accumulate` blocks for two models of one class, the refusal named the
+    parameters "of the model given to `accumulate`", which both models' names fit; it names the block now."""
+    for _, message in spawn(nested_models_job, len(LENGTHS), args=(True,), timeout_s=120):
+        assert "module.hidden.weight of the model given to `accumulate` (DistributedDataParallel of TokenModel, " \
+               "block 1 of 2 nested `accumulate` blocks, outermost first)" in message, message
+
+
 def test_a_reentrant_checkpoint_with_a_loss_through_every_output_passes_the_check():
     """The correct program beside P9-01: the checkpointed trunk's parameters count as reached."""
     assert [kind for kind, _ in spawn(empty_rank_shapes_job, len(ONE_EMPTY), args=("reentrant, every output",),
