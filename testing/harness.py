@@ -63,6 +63,11 @@ class SuiteTarget:
         self.kernel = target
         self.name = getattr(target, "name", getattr(target, "__name__", type(target).__name__))
         declared = [kind for kind in (False, True) if getattr(target, "padded" if kind else "unpadded", True)]
+        padded = None if padded is None else as_bool(padded, "padded")
+        if padded is not None and padded not in declared:
+            kind = "padded" if padded else "unpadded"
+            raise ValueError(f"`padded`={padded}: algorithm {self.name!r} does not solve {kind} problems (its record "
+                             f"says {kind}=False); pass padded={not padded}, or None for the kinds it declares")
         self.kinds = declared if padded is None else [padded]
         self.exact = getattr(target, "exact", False) if exact is None else exact
         self.time_limit = time_limit

@@ -22,7 +22,7 @@ from orchmllm.balancers.kernels import lpt
 from orchmllm.balancers.kernels.lpt import greedy_unpadded
 from orchmllm.balancers.microbatch.plan import MicroBatchResult, cell_loads, step_cost
 from orchmllm.balancers.problem import require_within_cap
-from orchmllm.balancers.registry import Algorithm
+from orchmllm.balancers.registry import Algorithm, MicroBatchAlgorithm
 from orchmllm.testing import (ConformanceError, ConformanceReport, MicroBatchConformanceReport, brute_force,
                               brute_force_microbatches, check_conformance, check_microbatch_conformance,
                               check_microbatch_plan, check_plan, exact, fewest_microbatches, oracles, padded_optimum,
@@ -373,6 +373,27 @@ def test_regression_bad_suite_arguments_raised_hypothesis_internals(arguments, e
     for check in (check_conformance, check_microbatch_conformance):
         with pytest.raises(error, match=message):
             check("greedy" if check is check_microbatch_conformance else "lpt", **arguments)
+
+
+def _unpadded_round_robin(problem, num_microbatches):
+    cell = np.arange(problem.num_items, dtype=np.int64)
+    return MicroBatchResult(cell % problem.num_ranks, cell // problem.num_ranks % num_microbatches)
+
+
+@pytest.mark.parametrize("check, target, padded, kind", [
+    (check_conformance, "padded", False, "unpadded"),
+    (check_conformance, Algorithm("only_unpadded_record", lpt_kernel, padded=False), True, "padded"),
+    (check_microbatch_conformance, MicroBatchAlgorithm("only_unpadded_cells", _unpadded_round_robin, padded=False),
+     True, "padded"),
+], ids=["built-in padded", "plugin record", "micro-batch record"])
+def test_regression_a_kind_the_record_does_not_solve_was_run_and_blamed_on_the_kernel(check, target, padded, kind):
+    """Cause: `padded=` was taken as the kind to run without asking the record, so `check_conformance('padded',
+    padded=False)` ran the padded-only kernel on unpadded cases and raised ConformanceError calling its
+    certificate false (probe10 P10-12).  A ValueError naming `padded` and the record, before any case runs."""
+    name = target if isinstance(target, str) else target.name
+    with pytest.raises(ValueError, match=rf"^`padded`={padded}: algorithm '{name}' does not solve {kind} problems "
+                                         rf"\(its record says {kind}=False\); pass padded={not padded}"):
+        check(target, padded=padded, processes=False, examples=2)
 
 
 @pytest.mark.parametrize("strategy, arguments, message", [
