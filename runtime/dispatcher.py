@@ -237,7 +237,7 @@ class PostBalancingDispatcher:
         max_tokens_per_microbatch: plan the step as gradient-accumulation micro-batches of at
             most this many tokens per rank (`balance_microbatches`; see `runtime.microbatch`
             for the loop); `num_microbatches`, `microbatch_overhead` and
-            `microbatch_algorithm` are passed to it.  Replaces `max_tokens_per_rank`.
+            `microbatch_algorithm` are passed to it.  Replaces `max_tokens_per_rank` and `algorithm`.
         context_parallel: a `ContextParallel` spec: `balance(..., context_parallel=)` (or
             `balance_microbatches`) may split an item over an aligned group of ranks; the
             micro-batches then carry `layout`s.

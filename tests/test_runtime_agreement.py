@@ -324,7 +324,7 @@ def test_regression_a_rank_whose_own_input_fails_its_checks_left_the_others_wait
 def equal_options_job(rank, size):
     """The same micro-batch options spelt differently on rank 1 (np.int64, an int overhead)."""
     budget, overhead = (np.int64(16), 0) if rank == 1 else (16, 0.0)
-    dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), max_tokens_per_microbatch=budget,
+    dispatcher = PostBalancingDispatcher(cost=CostModel(linear=1), max_tokens_per_microbatch=budget,
                                          microbatch_overhead=overhead)
     return outcome(lambda: dispatcher.plan(LENGTHS[rank]).balance.digest())
 

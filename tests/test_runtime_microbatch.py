@@ -366,6 +366,16 @@ def test_the_dispatcher_checks_its_micro_batch_options_when_built(options, error
         PostBalancingDispatcher(**options)
 
 
+@pytest.mark.parametrize("algorithm", ["lpt", "ilp", "greedy"])
+def test_regression_the_dispatchers_algorithm_was_ignored_with_a_micro_batch_budget(algorithm):
+    """Cause (probe10 P10-13): with `max_tokens_per_microbatch` the step is planned by `microbatch_algorithm`,
+    and `algorithm='ilp'` (wanting proven plans) or 'lpt' was validated, fingerprinted and never used."""
+    with pytest.raises(ValueError, match=f"`algorithm` '{algorithm}' plans a step of one pass per rank, which "
+                                         f"`max_tokens_per_microbatch` replaces: the micro-batch planner is "
+                                         f"`microbatch_algorithm`"):
+        PostBalancingDispatcher(algorithm=algorithm, max_tokens_per_microbatch=16)
+
+
 def test_an_empty_step_runs_the_fixed_micro_batch_count():
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=16, num_microbatches=4)
     plan = dispatcher.plan([])
