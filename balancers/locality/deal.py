@@ -241,7 +241,8 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
         count = min(waiting.size, DEAL_WINDOW * roomy)
         width = min(roomy, count)  # fewer items than roomy ranks: only the first `count` ranks are dealt to
         ranks = order[:width]
-        if not _firsts_fit(state, waiting[:width], ranks, margin):  # the deal keeps nothing
+        keeping = np.flatnonzero(_first_kept(state, waiting[:width], ranks, margin))
+        if not keeping.size:  # the deal keeps nothing
             lpt_rounds += 1
             if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
                 raise NoRoom
@@ -250,27 +251,30 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
             waiting, rounds = _token_bound_rounds(state, waiting, allowed, margin, order)
             lpt_rounds += rounds
             continue
-        passes = -(-count // max(width, 1))
-        dealt = np.full(passes * width, -1, dtype=np.int64)  # pass by pass, rank by rank
-        dealt[:count] = waiting[:count]
-        dealt = dealt.reshape(passes, width)
-        inside = dealt >= 0
-        fits = state.loads[ranks] + np.cumsum(np.where(inside, state.costs[dealt], 0.0), axis=0) <= state.target - margin
+        # The deals of the ranks that keep their first item (the others keep none), pass by pass.
+        dealt = np.arange(-(-count // width))[:, None] * width + keeping  # positions in `waiting`
+        inside = dealt < count
+        items, keeping_ranks = waiting[np.where(inside, dealt, 0)], ranks[keeping]
+        fits = (state.loads[keeping_ranks] + np.cumsum(np.where(inside, state.costs[items], 0.0), axis=0)
+                <= state.target - margin)
         if state.cap < np.inf:
-            fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[dealt], 0.0), axis=0) <= state.cap
-        kept = (fits & inside).ravel()[:count]  # running sums only grow: a prefix of every rank's deal
-        state.put_runs(waiting[:count][kept], np.tile(ranks, passes)[:count][kept])
+            fits &= (state.tokens[keeping_ranks] + np.cumsum(np.where(inside, state.lengths[items], 0.0), axis=0)
+                     <= state.cap)
+        fits &= inside  # running sums only grow: a prefix of every rank's deal
+        state.put_runs(items[fits], np.broadcast_to(keeping_ranks, items.shape)[fits])
         _resort(state.loads, order)
+        kept = np.zeros(count, dtype=bool)
+        kept[dealt[fits]] = True
         waiting = np.concatenate([waiting[:count][~kept], waiting[count:]])
 
 
-def _firsts_fit(state: PartialPlan, firsts: np.ndarray, ranks: np.ndarray, margin: float) -> bool:
-    """Whether some rank of a deal keeps its first item `firsts[k]` (cost a hair short of the target,
-    tokens within the cap): one that cannot keeps nothing (running sums only grow)."""
+def _first_kept(state: PartialPlan, firsts: np.ndarray, ranks: np.ndarray, margin: float) -> np.ndarray:
+    """Which ranks of a deal keep their first item `firsts[k]` (cost a hair short of the target, tokens
+    within the cap): the others keep nothing (running sums only grow)."""
     fits = state.loads[ranks] + state.costs[firsts] <= state.target - margin
     if state.cap < np.inf:
         fits &= state.tokens[ranks] + state.lengths[firsts] <= state.cap
-    return bool(fits.any())
+    return fits
 
 
 def _resort(loads: np.ndarray, order: np.ndarray) -> None:
