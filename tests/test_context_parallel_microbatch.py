@@ -188,3 +188,27 @@ def test_regression_the_budget_error_suggested_a_degree_wider_than_the_ranks():
                                               r"2 ranks a group may: it needs a budget of at least 20"):
         balance_microbatches([40, 5, 5, 4], 2, max_tokens_per_microbatch=19,
                              context_parallel=ContextParallel(degrees=(1, 2), **IDEAL_SPLIT))
+
+
+def test_regression_fills_planned_the_same_micro_batch_again(monkeypatch):
+    """The long workload at 64 x 16, T = 64k: fills of 95 % to 80 % group the items alike, so 15 micro-batch
+    plans held 9 sets of items (at D = 2560 x 16, 14 plans of 8).  Each set is planned once now, and the plan
+    is the one planning every time gives."""
+    from orchmllm.balancers.context_parallel import microbatch
+    from orchmllm.study.workloads import sample_workload
+
+    lengths = sample_workload("long", 64, 16, seed=7).sample_llm_length
+    options = dict(cost=MODELS["84b"].llm.cost(causal=True), max_tokens_per_microbatch=65536,
+                   context_parallel=ContextParallel())
+    planned, plan_pass = [], microbatch._plan_pass
+
+    def counted(lengths, items, *args):
+        planned.append(items.tobytes())
+        return plan_pass(lengths, items, *args)
+
+    monkeypatch.setattr(microbatch, "_plan_pass", counted)
+    once = balance_microbatches(lengths, 64, **options)
+    assert len(planned) == len(set(planned)) >= 4
+    monkeypatch.setattr(microbatch._PassPlans, "__call__", lambda self, items: plan_pass(self.lengths, items,
+                                                                                         *self.context))
+    assert once.digest() == balance_microbatches(lengths, 64, **options).digest()

@@ -329,6 +329,20 @@ def _plan_pass(lengths: np.ndarray, items: np.ndarray, num_ranks: int, spec: Con
         return None
 
 
+class _PassPlans:
+    """`_plan_pass` of each set of items, planned once: fills and the search over the micro-batches often ask
+    for the same micro-batch again (the long workload at D = 2560 x 16, T = 64k: 14 plans of 8 sets)."""
+
+    def __init__(self, lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int):
+        self.lengths, self.context, self.plans = lengths, (num_ranks, spec, cost, budget), {}
+
+    def __call__(self, items: np.ndarray) -> ContextParallelPlan | None:
+        key = np.asarray(items, dtype=np.int64).tobytes()
+        if key not in self.plans:
+            self.plans[key] = _plan_pass(self.lengths, items, *self.context)
+        return self.plans[key]
+
+
 def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ranks: int, spec: ContextParallel,
               budget: int, overhead: float) -> SplitMicroBatchPlan:
     """The split plan of the cells: every micro-batch m's items (`microbatch`) as its split plan `passes[m]`
@@ -354,10 +368,10 @@ def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ran
                                context_parallel=spec, passes=tuple(passes))
 
 
-def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches, costs, table, room,
-                 fixed: bool) -> SplitMicroBatchPlan | None:
+def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, costs, table, room, fixed: bool,
+                 plan_pass: _PassPlans) -> SplitMicroBatchPlan | None:
     """The split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split
-    planner in each); None when some micro-batch finds no layout within the budget."""
+    planner in each, `plan_pass`); None when some micro-batch finds no layout within the budget."""
     degrees = np.array(spec.degrees, dtype=np.int64)
     microbatch = group_microbatches(table, degrees, costs, lengths, num_ranks, num_microbatches, room, budget)
     if not fixed:  # a micro-batch left empty only costs its overhead
@@ -366,22 +380,21 @@ def _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatc
     passes = []
     for m in range(num_microbatches):
         items = np.flatnonzero(microbatch == m)
-        plan = _plan_pass(lengths, items, num_ranks, spec, cost, budget) if items.size else None
+        plan = plan_pass(items) if items.size else None
         if items.size and plan is None:
             return None
         passes.append(plan)
     return _assemble(lengths, microbatch, passes, num_ranks, spec, budget, overhead)
 
 
-def _regrouped(plan: SplitMicroBatchPlan, lengths: np.ndarray, spec: ContextParallel, cost, table: np.ndarray,
-               goal: float) -> SplitMicroBatchPlan:
-    """`plan` after the local search over its micro-batches (`regroup.py`), which stops once the step is
-    within `goal`."""
+def _regrouped(plan: SplitMicroBatchPlan, lengths: np.ndarray, spec: ContextParallel, table: np.ndarray,
+               goal: float, plan_pass: _PassPlans) -> SplitMicroBatchPlan:
+    """`plan` after the local search over its micro-batches (`regroup.py`, each planned by `plan_pass`),
+    which stops once the step is within `goal`."""
     num_ranks, budget, overhead = plan.num_ranks, plan.max_tokens_per_microbatch, plan.microbatch_overhead
     microbatch, passes = regroup(plan.microbatch, list(plan.passes), lengths, table,
                                  np.array(spec.degrees, dtype=np.int64), budget,
-                                 goal - plan.num_microbatches * overhead,
-                                 lambda items: _plan_pass(lengths, items, num_ranks, spec, cost, budget))
+                                 goal - plan.num_microbatches * overhead, plan_pass)
     return _assemble(lengths, microbatch, passes, num_ranks, spec, budget, overhead)
 
 
@@ -405,15 +418,15 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     if today is not None and not np.any(costs * num_ranks * first > total):  # no giant: every plan works Σ f
         return wrap_unsplit(today, spec, costs, float_sum([total / num_ranks, (num_microbatches or fewest) * overhead]))
     bound, fewest, table = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
-    best, tokens = None, int(lengths.sum())
+    best, tokens, plan_pass = None, int(lengths.sum()), _PassPlans(lengths, num_ranks, spec, cost, budget)
     for fill in FILLS:
         room = int(fill * num_ranks * budget)
         m = max(first, -(-tokens // room))
         over = num_microbatches is not None and m > num_microbatches  # this fill needs more than the fixed M
         if best is not None and (over or best.step_cost <= bound * (1 + RETRY_GAP)):
             break
-        found = _split_cells(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches or m, costs, table,
-                             -(-tokens // num_microbatches) if over else room, num_microbatches is not None)
+        found = _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches or m, costs, table,
+                             -(-tokens // num_microbatches) if over else room, num_microbatches is not None, plan_pass)
         if found is not None and (best is None or found.step_cost < best.step_cost):
             best = found
         elif found is not None and found.num_microbatches > best.num_microbatches:
@@ -421,7 +434,7 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
         if over:  # the fullest fill the fixed M allows was tried (no plan at a lower fill yet)
             break
     if best is not None and best.split_items.size and best.step_cost > bound * (1 + RETRY_GAP):
-        best = _regrouped(best, lengths, spec, cost, table, bound * (1 + RETRY_GAP))
+        best = _regrouped(best, lengths, spec, table, bound * (1 + RETRY_GAP), plan_pass)
     if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
         if today is None:
             raise refusal if refusal is not None else InfeasibleError(
