@@ -69,19 +69,19 @@ def _is_column_name(text: str) -> bool:
 
 
 def _has_header(first: list[str], where: str, column: str | None) -> bool:
-    """Whether the first line (its stripped fields) is a header of column names (a field that `column`,
-    --column, names counts as one); UsageError when it is neither names nor numbers, naming its first
-    field that is not a column name and the rule it breaks."""
+    """Whether the first line (its stripped fields) is a header of column names, or one that `column`
+    (--column) names a field of, with no number among them; UsageError when it is neither names nor
+    numbers, naming its first field that is not a column name and the rule it breaks."""
     if all(_is_number(field) for field in first):
         return False
-    if all(field == column or _is_column_name(field) for field in first):
+    if all(_is_column_name(field) for field in first) or (column in first and not any(map(_is_number, first))):
         return True
     expected = "expected an integer length or a header line of column names"
     if "" in first:  # neither a name nor a number: what a spreadsheet's empty column leaves
         raise UsageError(f"{where}: field {first.index('') + 1} of {len(first)} is empty (a trailing comma?); "
                          f"{expected}")
     odd = next(field for field in first if field != column and not _is_column_name(field))
-    hint = "" if _is_number(odd) else f"; --column {odd} takes line 1 as the header"
+    hint = "" if column is not None or _is_number(odd) else f"; --column {odd} takes line 1 as the header"
     raise UsageError(f"{where}: {expected}, got {odd!r} (a column name may not start with a digit, '+', '-' or "
                      f"'.', nor read as a number with O, o, I or l for 0 and 1, as a mistyped 8l2 does{hint})")
 

@@ -61,6 +61,7 @@ def files(tmp_path_factory):
     (tmp / "digit_first_name.csv").write_text("1st_len\n5\n4\n")
     (tmp / "id_l1.csv").write_text("id,l1\n0,5\n1,4\n")
     (tmp / "twice.csv").write_text("a,a\n5,4\n")
+    (tmp / "digit_first_and_b.csv").write_text("1st_len,b\n5,3\n4,2\n")
     return tmp
 
 
@@ -265,13 +266,15 @@ def test_a_column_named_with_letters_that_look_like_digits_is_still_a_header(fil
     assert not (files / "missing").exists()
 
 
-@pytest.mark.parametrize("file, column", [("id_l1.csv", "l1"), ("digit_first_name.csv", "1st_len")])
-def test_regression_a_column_named_by_column_was_refused_as_a_mistyped_number(file, column, files, capsys):
+@pytest.mark.parametrize("file, column, makespan", [("id_l1.csv", "l1", 9), ("digit_first_name.csv", "1st_len", 9),
+                                                     ("digit_first_and_b.csv", "b", 5)])
+def test_regression_a_column_named_by_column_was_refused_as_a_mistyped_number(file, column, makespan, files, capsys):
     """Cause: line 1 was a header only if every field passed the reader's column-name rule, which refuses what
-    could be a mistyped number (`l1`), so `--column l1` naming a field of line 1 was refused (probe10 P10-06).
-    A field that `--column` names makes line 1 the header."""
+    could be a mistyped number (`l1`), so `--column l1` naming a field of line 1 was refused (probe10 P10-06), and
+    so was `--column b` beside a `1st_len` (P10-17, whose refusal offered `--column 1st_len`, the other column).
+    A field that `--column` names makes line 1 the header, unless another field of it is a number."""
     assert main(["plan", str(files / file), "-D", "1", "--column", column, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["num_items"] == 2
+    assert json.loads(capsys.readouterr().out)["makespan"] == makespan
 
 
 @pytest.mark.parametrize("command,output", [("plan", "-o ok.csv"), ("plan", "--output ./ok.csv"),
