@@ -24,10 +24,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
+import weakref
 from typing import Callable
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointFunction
 
 
 class EncoderContractError(ValueError):
@@ -56,36 +59,48 @@ def module_of(encoder: Callable) -> nn.Module | None:
     return _unwrapped(encoder)[0]
 
 
+def _reentrant_checkpoint():
+    """The node (its ctx: the checkpointed output's grad_fn) of the reentrant checkpoint whose forward runs
+    the caller, found up the stack of frames, or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is _CHECKPOINT_FORWARD:
+            return frame.f_locals.get("ctx")
+        frame = frame.f_back
+    return None
+
+
+_CHECKPOINT_FORWARD = CheckpointFunction.forward.__code__  # runs the checkpointed function under no_grad
+
+
 @contextlib.contextmanager
-def recording(module: nn.Module, hidden: set | None = None, ran: set | None = None):
+def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None, ran: set | None = None):
     """Yield {id(parameter): name}: `module`'s parameters now, and those each of its modules holds
     as its forward returns while the body runs (FSDP2 swaps unsharded ones in for the forward).
-    `hidden` gets the names of the parameters of modules whose forward ran without grad inside a forward
-    of `module`'s that ran with it (a reentrant checkpoint's, whose recomputation the graph does not show;
-    a `torch.no_grad()` pass of the model beside it hides nothing); `ran` the names of the modules whose
-    forward returned."""
+    `hidden` maps each reentrant checkpoint's node to the names of the parameters of the modules its forward
+    ran (the graph does not show them; a `torch.no_grad()` pass elsewhere hides nothing); `ran` gets the names
+    of the modules whose forward returned."""
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
-    running = []  # whether grad was on as each forward of `module`'s modules now running began
 
     def enter(submodule, args):
-        if submodule in prefixes:
-            running.append(torch.is_grad_enabled())
+        prefix = prefixes.get(submodule)
+        if prefix is None or torch.is_grad_enabled():  # a checkpointed function runs without grad
+            return
+        node = _reentrant_checkpoint()
+        if node is not None:
+            hidden.setdefault(node, set()).update(prefix + name for name, _ in submodule.named_parameters())
 
     def record(submodule, args, output):
         prefix = prefixes.get(submodule)
-        if prefix is None:
-            return
-        if running:  # else its forward began before the body
-            running.pop()
-        if ran is not None:
-            ran.add(prefix)
-        names.update((id(parameter), prefix + name) for name, parameter in submodule.named_parameters())
-        if hidden is not None and not torch.is_grad_enabled() and running and running[-1]:
-            hidden.update(prefix + name for name, _ in submodule.named_parameters())
+        if prefix is not None:
+            if ran is not None:
+                ran.add(prefix)
+            names.update((id(parameter), prefix + name) for name, parameter in submodule.named_parameters())
 
-    handles = (nn.modules.module.register_module_forward_pre_hook(enter),
-               nn.modules.module.register_module_forward_hook(record, always_call=True))  # popped if forward raises
+    handles = [nn.modules.module.register_module_forward_hook(record)]
+    if hidden is not None:
+        handles.append(nn.modules.module.register_module_forward_pre_hook(enter))
     try:
         yield names
     finally:
@@ -93,11 +108,10 @@ def recording(module: nn.Module, hidden: set | None = None, ran: set | None = No
             handle.remove()
 
 
-def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden: set[str] | None = None
-                   ) -> set[str] | None:
+def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden=None) -> set[str] | None:
     """The names in `wanted` of the leaves the graphs of `outputs` (tensors) reach (the walk stops once
-    all are found).  A reentrant checkpoint hides the parameters it used: with `hidden` (those of the
-    modules run without grad, `recording`) they count as reached; without, the answer is None."""
+    all are found).  A reentrant checkpoint hides the parameters it used: with `hidden` (`recording`'s: those
+    of the modules each checkpoint ran) they count as reached at its node; without, the answer is None."""
     reached: set[str] = set()
     stack, seen = [output.grad_fn for output in outputs], set()
     while stack and reached != wanted:
@@ -108,7 +122,7 @@ def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden: set
         if type(node).__name__ == "CheckpointFunctionBackward":
             if hidden is None:
                 return None
-            reached |= hidden & wanted
+            reached |= hidden.get(node, set()) & wanted
         variable = getattr(node, "variable", None)
         if variable is not None and names.get(id(variable)) in wanted:
             reached.add(names[id(variable)])

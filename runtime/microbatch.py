@@ -243,7 +243,7 @@ class _Contract:
 
     def __init__(self, micro: MicroBatch, model):
         self.micro, self.model, self.names, self.parts, self.checked = micro, model, {}, [], False
-        self.hidden: set[str] = set()  # parameters of modules run without grad (`recording`)
+        self.hidden = weakref.WeakKeyDictionary()  # reentrant checkpoint -> the parameters it ran (`recording`)
         self.ran: set[str] = set()  # modules of the model whose forward ran in the body (`recording`)
 
     def on_backward(self, grad):

@@ -658,11 +658,22 @@ class CheckpointedTwoHeadModel(TwoHeadModel):
         return self.head(hidden), self.value(hidden).squeeze(-1)
 
 
+class CheckpointedWithATargetModel(CheckpointedTwoHeadModel):
+    """CheckpointedTwoHeadModel whose forward also computes a target without grad (old logits), every module."""
+
+    def forward(self, tokens):
+        outputs = super().forward(tokens)
+        with torch.no_grad():
+            self.head(self.trunk(self.embed(tokens)))
+        return outputs
+
+
 def empty_rank_shapes_job(rank, size, shape, num_microbatches=None):
     """ONE_EMPTY at T = 40 (rank 2's last micro-batch empty; with `num_microbatches` 6 every rank's) through DDP:
     what each rank raised where an empty micro-batch takes `shape`."""
     torch.manual_seed(0)
-    model = (CheckpointedTwoHeadModel() if shape.startswith("reentrant") else TwoHeadModel()).double()
+    model = (CheckpointedWithATargetModel() if shape.endswith("a no-grad block in forward") else
+             CheckpointedTwoHeadModel() if shape.startswith("reentrant") else TwoHeadModel()).double()
     wrapped = nn.parallel.DistributedDataParallel(model)
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40, num_microbatches=num_microbatches)
     lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
@@ -730,12 +741,14 @@ def test_regression_a_normalised_loss_whose_backward_was_skipped_on_an_empty_mic
 
 
 @pytest.mark.parametrize("shape", ["reentrant, one output, a no-grad pass first", "reentrant, every output, a no-grad "
-                                   "pass first"])
+                                   "pass first", "reentrant, one output, a no-grad block in forward",
+                                   "reentrant, every output, a no-grad block in forward"])
 def test_regression_a_no_grad_pass_beside_a_reentrant_checkpoint_hid_every_parameter_from_the_check(shape):
     """Cause (probe10 P10-09): the parameters of every module run without grad in the body counted as reached at
     a reentrant checkpoint, so a `torch.no_grad()` pass of the model there (PPO's old log-probs) hid the whole
-    model, and a loss using one output of two on an empty micro-batch trained silently wrong (0.04-0.06).  Now
-    only modules run without grad inside a forward of the model run with grad (a checkpoint's) count."""
+    model, and a loss using one output of two on an empty micro-batch trained silently wrong (0.04-0.06); so did
+    a no-grad block inside the model's forward (P10-15).  Now only the modules each reentrant checkpoint's forward
+    ran count, at its node."""
     outcomes = spawn(empty_rank_shapes_job, len(ONE_EMPTY), args=(shape,), timeout_s=120)
     if "every output" in shape:
         assert [kind for kind, _ in outcomes] == ["no error"] * 3, outcomes
