@@ -91,7 +91,10 @@ def timed_lengths(workload):
 @pytest.mark.parametrize("budget", (8192, 16384, 65536))
 def test_planning_time_at_2560_ranks(benchmark, best_of, budget, workload):
     """2560 ranks × 32 samples of `workload`; baselines in the same run: the default mix's
-    `balance_microbatches` (the ratio must stay within 10×) and one plain step's `balance(..., "lpt")`."""
+    `balance_microbatches` (the ratio must stay within 10×) and one plain step's `balance(..., "lpt")`.
+    Issue 24's target, <= 50 ms on each (the traces at T 8k, 16k and 64k), is read on an idle machine:
+    printed and kept (`target_50ms_cpu`) on CPU seconds, not asserted (at load 12 they read 6-49 ms, the
+    wall-clock minimum up to 5x that)."""
     lengths = timed_lengths(workload)
     default = timed_lengths("default")
     baseline = best_of(lambda: balance(lengths, 2560, cost=COST, algorithm="lpt"), 5)
@@ -106,8 +109,10 @@ def test_planning_time_at_2560_ranks(benchmark, best_of, budget, workload):
                   time.process_time)
     benchmark.extra_info.update(baseline_lpt_seconds=baseline, ratio_to_lpt=seconds / baseline,
                                 default_seconds=default_seconds, ratio_to_default=seconds / default_seconds,
-                                num_microbatches=plan.num_microbatches, gap=plan.gap, cpu_seconds=cpu)
+                                num_microbatches=plan.num_microbatches, gap=plan.gap, cpu_seconds=cpu,
+                                target_50ms_cpu=cpu <= 0.050)
     print(f"\n{workload} T={budget}: balance_microbatches {seconds * 1e3:.1f} ms min, CPU {cpu * 1e3:.1f} ms "
+          f"({'within' if cpu <= 0.050 else 'ABOVE'} the 50 ms target) "
           f"(M={plan.num_microbatches}, gap {plan.gap:.5f}); default mix {default_seconds * 1e3:.1f} ms, ratio "
           f"{seconds / default_seconds:.2f}; plain-step lpt {baseline * 1e3:.1f} ms, ratio {seconds / baseline:.2f}")
     assert seconds <= 10 * default_seconds
