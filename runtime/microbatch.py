@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..balancers.validation import as_bool
 from .comm import collective, comm_device, finish, group_rank, group_size
 from .encoders import EncoderContractError, reached_leaves, recording
 from .exchange import ranges
@@ -277,6 +278,10 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     pair with)."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"`model` must be the nn.Module whose gradients the micro-batches accumulate (the DDP or "
+                        f"FSDP2 module itself, or a plain one); got {type(model).__name__}")
+    check = as_bool(check, "check")
     previous, outer = active_microbatch(), getattr(_active, "contracts", ())
     _active.current = (micro.index, micro.num_microbatches)
     contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \

@@ -165,3 +165,19 @@ def test_regression_the_model_checks_rules_were_only_in_the_readme(where, rules)
     documented = {"accumulate": accumulate, "normalize_loss": normalize_loss, "loss_scale": MicroBatch.loss_scale}
     text = " ".join(documented[where].__doc__.split())
     assert all(rule in text for rule in rules), text
+
+
+@pytest.mark.parametrize("model, check, error, message", [
+    (None, True, TypeError, "`model` must be the nn.Module whose gradients the micro-batches accumulate"),
+    (torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1), True, TypeError, "`model` must be the nn.Module"),
+    (nn.Linear(2, 2), "no", TypeError, "`check` must be a bool; got str")])
+def test_regression_accumulate_took_any_model_and_check_by_truth(model, check, error, message):
+    """Cause (probe10 P10-16): `accumulate(None, micro)` or an optimizer ran with no gradient-sync control and no
+    model check, silently, and `check='no'` turned the check on."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
+    plan = dispatcher.plan([3, 4])
+    micro = next(iter(dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.zeros(7, 2)}, plan))))
+    with pytest.raises(error, match=message):
+        with accumulate(model, micro, check=check):
+            pass
+
