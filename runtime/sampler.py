@@ -119,36 +119,45 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                  drop_last: bool = True, max_tokens_per_microbatch: int | None = None,
                  cost: CostModel | None = None, algorithm: str = "auto", check_agreement: bool = True,
                  group=None):
-        self.lengths = as_lengths(lengths)  # a private copy, read-only: the kept plans know it by identity
-        self.lengths.flags.writeable = False
-        self.num_replicas = as_int(num_replicas, "num_replicas", minimum=1)
-        self.rank = as_int(rank, "rank", minimum=0)
+        self.lengths, self.num_replicas, self.rank = lengths, num_replicas, rank
+        self.global_batch_size = global_batch_size
+        self.seed, self.drop_last, self.max_tokens_per_microbatch = seed, drop_last, max_tokens_per_microbatch
+        self.cost, self.algorithm, self.epoch = cost, algorithm, 0
+        self.check_agreement = as_bool(check_agreement, "check_agreement")
+        self.group = group
+        self._kept: dict[str, tuple] = {}  # name -> (lengths, other settings, what `_kept_for` built from them)
+        self._mark: Sampling | None = None  # while it lives, per-micro-batch counts are refused (`Sampling`)
+        self._check_settings()
+
+    def _check_settings(self) -> None:
+        """Check and canonicalise every setting, naming it: they are public attributes, which may be set after
+        first use (a new seed, a lower budget), and each must pass what the constructor checks."""
+        if not (isinstance(self.lengths, np.ndarray) and self.lengths.dtype == np.int64
+                and not self.lengths.flags.writeable):
+            self.lengths = as_lengths(self.lengths)  # a private copy, read-only: kept plans know it by identity
+            self.lengths.flags.writeable = False
+        self.num_replicas = as_int(self.num_replicas, "num_replicas", minimum=1)
+        self.rank = as_int(self.rank, "rank", minimum=0)
         if self.rank >= self.num_replicas:
             raise ValueError(f"`rank` must be in [0, num_replicas={self.num_replicas}); got {self.rank}")
-        self.global_batch_size = as_int(global_batch_size, "global_batch_size", minimum=self.num_replicas)
+        self.global_batch_size = as_int(self.global_batch_size, "global_batch_size", minimum=self.num_replicas)
         if self.global_batch_size > self.lengths.size:
             raise ValueError(f"`global_batch_size` {self.global_batch_size} exceeds the {self.lengths.size} samples")
-        self.seed = as_int(seed, "seed", minimum=0)
-        self.drop_last = as_bool(drop_last, "drop_last")
+        self.seed, self.epoch = as_int(self.seed, "seed", minimum=0), as_int(self.epoch, "epoch", minimum=0)
+        self.drop_last = as_bool(self.drop_last, "drop_last")
         remainder = self.lengths.size % self.global_batch_size
         if not self.drop_last and 0 < remainder < self.num_replicas:
             raise ValueError(f"drop_last=False leaves a last global batch of {remainder} samples "
                              f"({self.lengths.size} % {self.global_batch_size}) for {self.num_replicas} replicas; "
                              f"pass drop_last=True or a global_batch_size that leaves at least one per replica")
-        self.max_tokens_per_microbatch = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1,
-                                                optional=True)
+        self.max_tokens_per_microbatch = as_int(self.max_tokens_per_microbatch, "max_tokens_per_microbatch",
+                                                minimum=1, optional=True)
         longest = int(np.argmax(self.lengths))
         if self.max_tokens_per_microbatch is not None and self.lengths[longest] > self.max_tokens_per_microbatch:
             raise ValueError(f"`max_tokens_per_microbatch`={self.max_tokens_per_microbatch} is below the "
                              f"{int(self.lengths[longest])} tokens of sample {longest}; every sample must fit "
                              f"one micro-batch")
-        self.cost = cost
-        self.algorithm = _sampler_algorithm(algorithm, self.max_tokens_per_microbatch)
-        self.check_agreement = as_bool(check_agreement, "check_agreement")
-        self.group = group
-        self.epoch = 0
-        self._kept: dict[str, tuple] = {}  # name -> (lengths, other settings, what `_kept_for` built from them)
-        self._mark: Sampling | None = None  # while it lives, per-micro-batch counts are refused (`Sampling`)
+        self.algorithm = _sampler_algorithm(self.algorithm, self.max_tokens_per_microbatch)
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle differently in `epoch` (the same on every rank)."""
@@ -168,6 +177,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
 
     def global_batches(self) -> list[np.ndarray]:
         """Dataset indices of this epoch's global batches, as drawn (a permutation seeded by (seed, epoch))."""
+        self._check_settings()
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.lengths.size)
         size = self.global_batch_size
         return [order[step * size:(step + 1) * size] for step in range(self.steps)]
@@ -185,6 +195,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         settings = [(key, value) for key, value in self._settings().items() if key != "lengths"]
         kept = self._kept.get(name)
         if kept is None or kept[0] is not self.lengths or kept[1] != settings:
+            self._check_settings()
+            settings = [(key, value) for key, value in self._settings().items() if key != "lengths"]
             kept = self._kept[name] = (self.lengths, settings, build())
         return kept[2]
 

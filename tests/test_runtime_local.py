@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -721,6 +722,27 @@ def test_regression_the_samplers_kept_plans_and_step_tokens_outlived_a_change_of
     for changed, new in zip(samplers, fresh):
         assert (changed.step_tokens(), changed.microbatches_per_step(), list(changed)) == \
                (new.step_tokens(), new.microbatches_per_step(), list(new))
+
+
+@pytest.mark.parametrize("setting, value, error, message", [
+    ("global_batch_size", 1000, ValueError, "`global_batch_size` 1000 exceeds the 12 samples"),
+    ("global_batch_size", 1, ValueError, "`global_batch_size` must be >= 2; got 1"),
+    ("seed", -1, ValueError, "`seed` must be >= 0; got -1"),
+    ("drop_last", "no", TypeError, "`drop_last` must be a bool; got str"),
+    ("max_tokens_per_microbatch", 5, ValueError, "`max_tokens_per_microbatch`=5 is below the 9 tokens of sample 0")])
+def test_regression_a_sampler_setting_set_after_first_use_went_unchecked(setting, value, error, message):
+    """Cause (probe10 P10-18): since the kept plans follow every setting (P10-03), a setting may be set after first
+    use, but only the constructor checked them: a batch over the dataset gave an empty epoch, one sample for two
+    replicas left rank 1 nothing, a negative seed failed inside numpy.  Every use checks them now."""
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    sampler = BalancedDistributedSampler(SAMPLER_LENGTHS, num_replicas=2, rank=0, global_batch_size=4,
+                                         max_tokens_per_microbatch=12, check_agreement=False)
+    sampler.microbatches_per_step()
+    setattr(sampler, setting, value)
+    for use in (lambda: list(sampler), sampler.step_tokens, sampler.microbatches_per_step, sampler.global_batches):
+        with pytest.raises(error, match=re.escape(message)):
+            use()
 
 
 def test_the_samplers_lengths_are_read_only():
