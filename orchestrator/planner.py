@@ -43,7 +43,7 @@ from .options import LOCALITY, as_topology, plan_options
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import split_layout
-from .stages import Stage, check_stages
+from .stages import Stage, check_microbatched_llm, check_stages
 from .step import StageCapError, StepPlan, capped_cell_lengths, check_cells
 
 class StageItems(NamedTuple):
@@ -233,7 +233,9 @@ class Orchestrator:
             stage's true cost model.
         max_tokens_per_microbatch: plan the step as M gradient-accumulation micro-batches of
             at most this many LLM tokens per rank (a `StepPlan` of M passes, see
-            `orchestrator.step`); None plans one forward pass per rank (a step of one pass).
+            `orchestrator.step`); None plans one forward pass per rank (a step of one pass).  The LLM
+            stage's cells then come from `microbatch_algorithm`, not from its own `algorithm` (one
+            other than 'lpt' or 'auto' is refused: it would not run).
         num_microbatches, microbatch_overhead, microbatch_algorithm, pipeline: passed to
             `balance_microbatches` (None: the smallest M that pays; cost of one more
             micro-batch in LLM cost units; the micro-batch algorithm; a `Pipeline`: cells for
@@ -244,6 +246,8 @@ class Orchestrator:
         self.stages = check_stages(stages)
         self.topology = topology = as_topology(topology)
         self.options = plan_options(options)
+        if self.options.microbatching is not None:
+            check_microbatched_llm(self.stages[-1])
         spec = self.options.context_parallel
         self.context_parallel = None if spec is None else spec.on(topology)
         if spec is not None:

@@ -27,6 +27,8 @@ LLM = "llm"
 class Stage:
     """One stage: items of `modality` ("llm" for the backbone), balanced with its own model.
 
+    With a micro-batch budget (`Orchestrator(max_tokens_per_microbatch=...)`) the LLM stage's `algorithm`
+    does not run: its cells come from `microbatch_algorithm` (`check_microbatched_llm`).
     `input_bytes_per_unit`: bytes of raw input per encoder unit (pixels of one patch,
     features of one frame) or per text token (LLM stage).  `output_bytes_per_token`:
     bytes of one embedding sent to the LLM (0 for the LLM stage).
@@ -80,3 +82,17 @@ def check_stages(stages) -> tuple[Stage, ...]:
     if len(set(names)) != len(names) or len(set(modalities)) != len(modalities):
         raise ValueError(f"`stages` need distinct names and modalities; got names {names}, modalities {modalities}")
     return stages
+
+
+MICROBATCHED_LLM_ALGORITHMS = ("lpt", "auto")  # Stage's default and the balancers': what a stage names by default
+
+
+def check_microbatched_llm(stage: Stage) -> None:
+    """With a micro-batch budget the LLM stage's cells come from `microbatch_algorithm`, so its own `algorithm`
+    never runs: ValueError where it names one other than a default (an explicit choice, 'identity' among
+    them, that would be dropped with no word)."""
+    if stage.algorithm not in MICROBATCHED_LLM_ALGORITHMS:
+        raise ValueError(f"stage {stage.name!r}: `algorithm` {stage.algorithm!r} plans the LLM stage as one pass per "
+                         f"rank, which `max_tokens_per_microbatch` replaces: its cells come from "
+                         f"`microbatch_algorithm` (pass your choice there, or leave the stage's `algorithm` at "
+                         f"{' or '.join(map(repr, MICROBATCHED_LLM_ALGORITHMS))})")

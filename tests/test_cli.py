@@ -355,6 +355,11 @@ BAD_INPUTS = {
                                    "stage 'vision': algorithm 'padded' solves the padded cost"),
     "demo negative seed": (["demo", "--seed", "-1"], "`seed` must be an int >= 0; got -1"),
     "demo more ranks than it spawns": (["demo", "--ranks", "100000"], "`ranks` must be at most 64 spawned"),
+    # probe10 P10-20: the LLM stage's balancer never ran under a micro-batch budget, no word said
+    "demo balancer the micro-batch planner replaces": (
+        ["demo", "--algorithm", "identity", "--max-tokens-per-microbatch", "4096"],
+        "--algorithm identity with --max-tokens-per-microbatch: the LLM stage's cells come from the micro-batch "
+        "planner, so its balancer would not run; leave --algorithm at lpt or auto"),
     "demo micro-batch budget 0": (["demo", "--max-tokens-per-microbatch", "0"],
                                   "--max-tokens-per-microbatch must be >= 1; got 0"),
     "demo micro-batch budget below the longest sample": (

@@ -313,11 +313,24 @@ def test_a_padded_stage_balanced_unpadded_by_uniform_algorithm_still_holds_its_c
         Orchestrator(capped(audio=2000), 4, uniform_algorithm="lpt").plan(sample_workload("speech", 4, 4, seed=5))
 
 
+@pytest.mark.parametrize("algorithm", ["identity", "karmarkar_karp"])
+def test_regression_the_llm_stage_s_algorithm_was_dropped_under_a_micro_batch_budget(algorithm):
+    """Cause: with `max_tokens_per_microbatch` the LLM cells come from `microbatch_algorithm`, so the LLM stage's
+    `algorithm` ('identity': keep the sampled placement) was validated and never run: one bit-identical plan for
+    every choice, no word (probe10 P10-20).  A choice other than a default is refused naming the replacement."""
+    stages = (*STAGES[:-1], dataclasses.replace(STAGES[-1], algorithm=algorithm))
+    with pytest.raises(ValueError, match=rf"^stage 'llm': `algorithm` '{algorithm}' plans the LLM stage as one pass "
+                                         r"per rank, which `max_tokens_per_microbatch` replaces: its cells come from "
+                                         r"`microbatch_algorithm`"):
+        Orchestrator(stages, 4, max_tokens_per_microbatch=16384)
+    Orchestrator(stages, 4)  # a step of one pass runs it
+
+
 def test_a_padded_llm_stage_gets_padded_cells():
     """The cells of a padded LLM stage hold count · longest tokens within T (they were planned
     unpadded: 35 576 tokens in one cell of a 16 384 budget)."""
     batch = sample_workload("default", 4, 8, seed=9)
-    stages = (*STAGES[:-1], dataclasses.replace(STAGES[-1], padded=True, algorithm="padded"))
+    stages = (*STAGES[:-1], dataclasses.replace(STAGES[-1], padded=True))
     plan = Orchestrator(stages, 4, max_tokens_per_microbatch=16384).plan(batch)
     assert plan.cells.padded and plan.cells.cell_tokens.max() <= 16384
     for micro in plan.microbatches:
