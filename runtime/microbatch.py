@@ -111,11 +111,22 @@ class MicroBatch:
         return self.index == self.num_microbatches - 1
 
     def loss_scale(self, gradient_reduction: str = "mean") -> float:
-        """Factor turning a locally summed loss into its share of the step's global mean loss.  The model check
+        """Factor turning a locally summed loss into its share of the step's global mean loss (`gradient_reduction`
+        as `normalize_loss`'s).  The model check
         of `accumulate` does not see a loss scaled by hand: on checked micro-batches use
         `normalize_loss(loss, micro)` (a backward through none of its results is refused there)."""
-        scale = self.world_size if gradient_reduction == "mean" else 1
+        scale = self.world_size if checked_reduction(gradient_reduction, "gradient_reduction") == "mean" else 1
         return scale / max(self.num_loss_tokens, 1)
+
+
+REDUCTIONS = ("mean", "sum")  # how gradients are combined across ranks
+
+
+def checked_reduction(reduction, name: str) -> str:
+    """`reduction` if it is one of REDUCTIONS, else a ValueError naming `name`."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"`{name}` must be one of {REDUCTIONS}; got {reduction!r}")
+    return reduction
 
 
 def active_microbatch() -> tuple[int, int] | None:

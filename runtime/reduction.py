@@ -20,9 +20,9 @@ import torch.distributed as dist
 from ..balancers.validation import as_int
 from .comm import collective, comm_device, finish, group_rank, group_size, is_distributed
 from .metadata import PeerInputError
-from .microbatch import MicroBatch, active_microbatch, sampled_microbatches, step_microbatches, watch_model_contract
+from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampled_microbatches, step_microbatches,
+                         watch_model_contract)
 
-_REDUCTIONS = ("mean", "sum")
 INT64_MAX = 2**63 - 1
 
 
@@ -113,8 +113,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
     requires grad: `.detach()` a metric before normalising it for a log line, and normalise the loss
     itself this way (not `micro.loss_scale()` or `total_loss_tokens=`, which the check does not see).
     """
-    if gradient_reduction not in _REDUCTIONS:
-        raise ValueError(f"`gradient_reduction` must be one of {_REDUCTIONS}; got {gradient_reduction!r}")
+    checked_reduction(gradient_reduction, "gradient_reduction")
     if not isinstance(loss_sum, torch.Tensor):
         raise TypeError(f"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__}")
     if not (loss_sum.is_floating_point() or loss_sum.is_complex()):  # the quotient would be truncated
@@ -169,8 +168,7 @@ def all_reduce_gradients(parameters, group=None, *, op: str = "sum") -> None:
     Parameters without a gradient contribute zeros, so every rank issues the same
     collectives even when a module saw no items on some rank.
     """
-    if op not in _REDUCTIONS:
-        raise ValueError(f"`op` must be one of {_REDUCTIONS}; got {op!r}")
+    checked_reduction(op, "op")
     parameters = [p for p in parameters if p.requires_grad]
     for p in parameters:
         if p.grad is None:

@@ -3,6 +3,8 @@ its own loss tokens weights tokens by the micro-batch they sit in.  A count rais
 loop, and for a loss that requires grad until the next `plan()` or `microbatches()` (a loop over the
 micro-batches collected in a list); a loss of another batch under `torch.no_grad()` takes its count."""
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -180,4 +182,16 @@ def test_regression_accumulate_took_any_model_and_check_by_truth(model, check, e
     with pytest.raises(error, match=message):
         with accumulate(model, micro, check=check):
             pass
+
+
+@pytest.mark.parametrize("reduction", ["avg", "MEAN", None])
+def test_regression_loss_scale_took_any_reduction_for_sum(reduction):
+    """Cause (probe10 P10-19): `MicroBatch.loss_scale` gave the "sum" factor for anything but "mean" (a typo),
+    gradients off by the world size; it checks its argument as `normalize_loss` does."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10)
+    plan = dispatcher.plan([3, 4])
+    micro = next(iter(dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.zeros(7, 2)}, plan))))
+    with pytest.raises(ValueError, match=re.escape(f"`gradient_reduction` must be one of ('mean', 'sum'); got "
+                                                   f"{reduction!r}")):
+        micro.loss_scale(reduction)
 
