@@ -1,5 +1,7 @@
-"""Runtime: exchange cost (flat vs node-wise), routing cost per rank at scale, and the
-dispatcher's overhead as a share of a real multi-process training step.
+"""Runtime: exchange cost (flat vs node-wise), routing cost per rank at scale, the
+dispatcher's overhead as a share of a real multi-process training step, and the hot-path cost
+of the runtime's own checks (the model check of a micro-batched step, the two-thread check of
+every collective) as same-run ratios.
 
 Run: python3.11 -m pytest benchmarks/bench_runtime.py --benchmark-only -q
      (add --heavy for the 4-rank demo at 24 samples per rank and 8 steps)
@@ -8,6 +10,8 @@ repeated exchanges) and reported in `extra_info`; the benchmark's own time is th
 whole spawned job.  Figures go to the "Runtime" section of BENCHMARKS.md.
 """
 
+import contextlib
+import dataclasses
 import statistics
 import time
 
@@ -15,11 +19,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from orchmllm.balancers import CostModel, balance
 from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, Piece, PostBalancingDispatcher,
-                              exchange, gather_metadata)
+                              accumulate, comm, exchange, gather_metadata, normalize_loss)
 from orchmllm.runtime.demo import run_demo
+from orchmllm.runtime.encoders import reached_leaves, recording
 from orchmllm.runtime.launch import spawn
 
 ROWS_PER_ITEM, ITEMS_PER_RANK, WIDTH = 256, 16, 256  # 256 KiB of float32 per item, 4 MiB per rank
@@ -106,6 +112,166 @@ def test_cross_rank_checks_cost_against_todays_dispatch_4_ranks(benchmark):
     benchmark.extra_info.update({"unchecked_step_seconds": unchecked, "checked_step_seconds": checked,
                                  "checked_over_unchecked": checked / unchecked,
                                  "noise_floor_unchecked_again_over_unchecked": again / unchecked})
+
+
+class CheckedModel(nn.Module):
+    """A small transformer (24 encoder layers, width 128, 5.0 M parameters, about 1300 autograd nodes in a
+    micro-batch's loss graph): the graph the model check walks is that of a real model, at a size a CPU runs."""
+
+    def __init__(self, layers: int = 24, width: int = 128, vocabulary: int = 1000):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, width)
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True)
+                                    for _ in range(layers))
+        self.head = nn.Linear(width, vocabulary)
+
+    def forward(self, tokens):
+        hidden = self.embed(tokens)[None]  # the micro-batch packed into one sequence
+        for block in self.blocks:
+            hidden = block(hidden)
+        return self.head(hidden[0])
+
+
+def _alternated(arms, rounds: int) -> dict:
+    """Per arm, the (wall, thread CPU) seconds of each round after the first (a warm-up), the arms run in
+    rotating order after a barrier, so that every arm sees the same minutes of a shared machine."""
+    times = {name: [] for name, _ in arms}
+    for round_number in range(rounds + 1):
+        for name, step in arms[round_number % len(arms):] + arms[: round_number % len(arms)]:
+            dist.barrier()
+            wall, cpu = time.perf_counter(), time.thread_time()
+            step()
+            times[name].append((time.perf_counter() - wall, time.thread_time() - cpu))
+    return {name: values[1:] for name, values in times.items()}
+
+
+def _median_ratios(times: dict, arm: str, base: str) -> tuple[float, float]:
+    """Median over rounds of arm / base, of wall and of thread CPU seconds."""
+    return tuple(statistics.median(new[k] / old[k] for old, new in zip(times[base], times[arm])) for k in (0, 1))
+
+
+def model_check_job(rank, size, rounds):
+    """A DDP micro-batched step (plan, dispatch, forward and backward of every micro-batch, the gradient
+    all-reduce) with the model check on its last micro-batch (as on a due step: the first, or where a rank's
+    last micro-batch is empty) against the same step with `accumulate(..., check=False)`, twice (the noise
+    floor); then the check's graph walk alone on the last micro-batch's loss."""
+    torch.manual_seed(0)
+    model = CheckedModel()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    rng = np.random.default_rng(rank)
+    lengths = rng.integers(8, 24, 8)  # about 128 tokens per rank, 2-3 micro-batches
+    tokens = torch.from_numpy(rng.integers(0, 1000, int(lengths.sum())))
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=48)
+    group = dist.group.WORLD
+
+    def step(check):
+        plan = dispatcher.plan(lengths)
+        moved = dispatcher.dispatch({"tokens": tokens}, plan)
+        for micro in dispatcher.microbatches(plan, moved):
+            if check and micro.is_last:
+                micro = dataclasses.replace(micro, contract=(group,))
+            with accumulate(ddp, micro, check=check):
+                logits = ddp(micro.data["tokens"])
+                loss_sum = nn.functional.cross_entropy(logits, micro.data["tokens"], reduction="sum")
+                normalize_loss(loss_sum, micro).backward()
+        ddp.zero_grad(set_to_none=True)
+        return plan.num_microbatches
+
+    times = _alternated([("unchecked", lambda: step(False)), ("unchecked_again", lambda: step(False)),
+                         ("checked", lambda: step(True))], rounds)
+    wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    forwards, walks = {True: [], False: []}, []
+    for round_number in range(2 * rounds):  # a forward with and without the check's recording, alternated
+        recorded = bool(round_number % 2)
+        start = time.thread_time()
+        with recording(model, {}) if recorded else contextlib.nullcontext({}) as names:  # as a due check does
+            loss_sum = nn.functional.cross_entropy(model(tokens[:48]), tokens[:48], reduction="sum")
+        forwards[recorded].append(time.thread_time() - start)
+        if recorded:
+            start = time.thread_time()
+            assert reached_leaves([loss_sum], names, wanted, {}) == wanted
+            walks.append(time.thread_time() - start)
+    return {"checked_over_unchecked": _median_ratios(times, "checked", "unchecked"),
+            "noise_floor": _median_ratios(times, "unchecked_again", "unchecked"),
+            "unchecked_step_seconds": statistics.median(wall for wall, _ in times["unchecked"]),
+            "unchecked_step_cpu_seconds": statistics.median(cpu for _, cpu in times["unchecked"]),
+            "walk_seconds": statistics.median(walks), "num_microbatches": step(False),
+            "recording_seconds": statistics.median(forwards[True]) - statistics.median(forwards[False]),
+            "parameters": sum(parameter.numel() for parameter in model.parameters())}
+
+
+def test_model_check_cost_of_a_micro_batched_ddp_step_2_ranks(benchmark):
+    """On a due step the model check costs the recording of the checked forward's parameters (a global forward
+    hook), one graph walk and one all-reduce of a word per rank; other steps run no check."""
+    results = benchmark.pedantic(spawn, args=(model_check_job, 2), kwargs={"args": (6,), "timeout_s": 300},
+                                 rounds=1, iterations=1)
+    worst = {key: max(r[key] for r in results) for key in ("walk_seconds", "recording_seconds",
+                                                           "unchecked_step_seconds", "unchecked_step_cpu_seconds")}
+    wall, cpu = (max(r["checked_over_unchecked"][k] for r in results) for k in (0, 1))
+    floor_wall, floor_cpu = (max(r["noise_floor"][k] for r in results) for k in (0, 1))
+    fixed = worst["walk_seconds"] + worst["recording_seconds"]  # CPU seconds, each measured alone
+    assert fixed <= 0.10 * worst["unchecked_step_cpu_seconds"]
+    benchmark.extra_info.update({
+        **worst, "checked_over_unchecked_wall": wall, "checked_over_unchecked_thread_cpu": cpu,
+        "noise_floor_wall": floor_wall, "noise_floor_thread_cpu": floor_cpu,
+        "walk_and_recording_over_step_cpu": fixed / worst["unchecked_step_cpu_seconds"],
+        "num_microbatches": results[0]["num_microbatches"], "parameters": results[0]["parameters"]})
+
+
+@contextlib.contextmanager
+def _no_thread_check():
+    """The runtime's collectives without the two-thread check (`comm._one_thread` a no-op): the baseline arm."""
+    kept = comm._one_thread
+    comm._one_thread = lambda phase, group: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        comm._one_thread = kept
+
+
+def thread_check_job(rank, size, rounds):
+    """A dispatch step (plan, dispatch, combine: every collective through `comm.collective`) with the
+    two-thread check against the same step without it, and twice without (the noise floor); also the
+    number of collectives a step posts."""
+    rng = np.random.default_rng(rank)
+    lengths = rng.integers(64, 512, 16)
+    batch = {"x": torch.randn(int(lengths.sum()), 64), "id": torch.arange(16) + 100 * rank}
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", per_item_keys={"id"})
+
+    def step():
+        plan = dispatcher.plan(lengths)
+        moved = dispatcher.dispatch(batch, plan)
+        home = dispatcher.combine(moved, plan)
+        assert torch.equal(home["id"], batch["id"])
+
+    def unchecked():
+        with _no_thread_check():
+            step()
+
+    times = _alternated([("unchecked", unchecked), ("unchecked_again", unchecked), ("checked", step)], rounds)
+    kept, posted = comm._one_thread, []
+    comm._one_thread = lambda phase, group: posted.append(phase) or kept(phase, group)
+    try:
+        step()
+    finally:
+        comm._one_thread = kept
+    return {"checked_over_unchecked": _median_ratios(times, "checked", "unchecked"),
+            "noise_floor": _median_ratios(times, "unchecked_again", "unchecked"),
+            "unchecked_step_cpu_seconds": statistics.median(cpu for _, cpu in times["unchecked"]),
+            "collectives_per_step": len(posted)}
+
+
+def test_thread_check_cost_per_dispatch_step_2_ranks(benchmark):
+    results = benchmark.pedantic(spawn, args=(thread_check_job, 2), kwargs={"args": (200,), "timeout_s": 300},
+                                 rounds=1, iterations=1)
+    wall, cpu = (max(r["checked_over_unchecked"][k] for r in results) for k in (0, 1))
+    floor_wall, floor_cpu = (max(r["noise_floor"][k] for r in results) for k in (0, 1))
+    assert cpu <= 1.10
+    benchmark.extra_info.update({
+        "checked_over_unchecked_wall": wall, "checked_over_unchecked_thread_cpu": cpu,
+        "noise_floor_wall": floor_wall, "noise_floor_thread_cpu": floor_cpu,
+        "unchecked_step_cpu_seconds": max(r["unchecked_step_cpu_seconds"] for r in results),
+        "collectives_per_step": results[0]["collectives_per_step"]})
 
 
 def test_route_building_per_rank_at_2560_ranks(benchmark):
