@@ -233,9 +233,8 @@ class Orchestrator:
             stage's true cost model.
         max_tokens_per_microbatch: plan the step as M gradient-accumulation micro-batches of
             at most this many LLM tokens per rank (a `StepPlan` of M passes, see
-            `orchestrator.step`); None plans one forward pass per rank (a step of one pass).  The LLM
-            stage's cells then come from `microbatch_algorithm`, not from its own `algorithm` (one
-            other than 'lpt' or 'auto' is refused: it would not run).
+            `orchestrator.step`); None plans one forward pass per rank (a step of one pass).  The LLM cells
+            then come from `microbatch_algorithm`: a stage `algorithm` but 'lpt' / 'auto' is refused.
         num_microbatches, microbatch_overhead, microbatch_algorithm, pipeline: passed to
             `balance_microbatches` (None: the smallest M that pays; cost of one more
             micro-batch in LLM cost units; the micro-batch algorithm; a `Pipeline`: cells for
@@ -246,8 +245,7 @@ class Orchestrator:
         self.stages = check_stages(stages)
         self.topology = topology = as_topology(topology)
         self.options = plan_options(options)
-        if self.options.microbatching is not None:
-            check_microbatched_llm(self.stages[-1])
+        check_microbatched_llm(self.stages[-1], self.options.microbatching)
         spec = self.options.context_parallel
         self.context_parallel = None if spec is None else spec.on(topology)
         if spec is not None:

@@ -87,11 +87,11 @@ def check_stages(stages) -> tuple[Stage, ...]:
 MICROBATCHED_LLM_ALGORITHMS = ("lpt", "auto")  # Stage's default and the balancers': what a stage names by default
 
 
-def check_microbatched_llm(stage: Stage) -> None:
-    """With a micro-batch budget the LLM stage's cells come from `microbatch_algorithm`, so its own `algorithm`
-    never runs: ValueError where it names one other than a default (an explicit choice, 'identity' among
-    them, that would be dropped with no word)."""
-    if stage.algorithm not in MICROBATCHED_LLM_ALGORITHMS:
+def check_microbatched_llm(stage: Stage, microbatching) -> None:
+    """With a micro-batch budget (`microbatching` not None) the LLM stage's cells come from `microbatch_algorithm`,
+    so its own `algorithm` never runs: ValueError where it names one other than a default (an explicit choice,
+    'identity' among them, that would be dropped with no word)."""
+    if microbatching is not None and stage.algorithm not in MICROBATCHED_LLM_ALGORITHMS:
         raise ValueError(f"stage {stage.name!r}: `algorithm` {stage.algorithm!r} plans the LLM stage as one pass per "
                          f"rank, which `max_tokens_per_microbatch` replaces: its cells come from "
                          f"`microbatch_algorithm` (pass your choice there, or leave the stage's `algorithm` at "
