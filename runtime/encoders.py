@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointFunction
+from torch.utils import checkpoint
 
 
 class EncoderContractError(ValueError):
@@ -70,7 +70,8 @@ def _reentrant_checkpoint():
     return None
 
 
-_CHECKPOINT_FORWARD = CheckpointFunction.forward.__code__  # runs the checkpointed function under no_grad
+_REENTRANT = getattr(checkpoint, "CheckpointFunction", None)  # torch's reentrant checkpoint (None where absent)
+_CHECKPOINT_FORWARD = None if _REENTRANT is None else _REENTRANT.forward.__code__  # runs the function, no grad
 
 
 @contextlib.contextmanager
