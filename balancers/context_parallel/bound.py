@@ -1,5 +1,4 @@
-"""The canonical-allotment lower bound of moldable scheduling, and the allotment itself; and the most work
-items can hold within some tokens (and ranks), which the micro-batch bounds (`microbatch.py`) take out.
+"""The canonical-allotment lower bound of moldable scheduling, and the allotment itself.
 
 For a makespan T, item i's canonical degree is the smallest allowed degree whose best-case
 time fits T, t_i(c) <= T (intra-node κ: no plan's group does better); any plan of makespan
@@ -126,62 +125,3 @@ def _events(times: np.ndarray, least: np.ndarray, allowed: np.ndarray, start: fl
     drops = least[rows, cols] - least[rows, following[rows, cols]]
     order = np.argsort(masked[rows, cols], kind="stable")
     return np.concatenate(([start], masked[rows, cols][order])), drops[order]
-
-
-def density_order(lengths: np.ndarray, work: np.ndarray) -> np.ndarray:
-    """Items by work per token, densest first (ties by index; an item of no tokens first)."""
-    return np.argsort(-np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0), kind="stable")
-
-
-def most_work(lengths: np.ndarray, work: np.ndarray, space: np.ndarray, dense: np.ndarray) -> np.ndarray:
-    """The most work items of `lengths` tokens can hold within each `space` tokens: a fractional knapsack
-    by work per token (an upper bound on the work of any items within that many tokens), the items taken
-    in the order `dense` (`density_order`; an item of no tokens and no work may sit anywhere in it).
-
-    >>> lengths, work = np.array([4, 4]), np.array([8.0, 2.0])
-    >>> most_work(lengths, work, np.array([0, 2, 6, 9]), density_order(lengths, work)).tolist()
-    [0.0, 4.0, 9.0, 10.0]
-    """
-    density = np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0)
-    held_tokens, held_work = np.cumsum(lengths[dense]), np.concatenate(([0.0], np.cumsum(work[dense])))
-    whole = np.searchsorted(held_tokens, space, side="right")  # items taken whole within the space
-    rate = np.where(whole < dense.size, density[dense[np.minimum(whole, dense.size - 1)]], 0.0)  # the next item's
-    partial = (space - np.concatenate(([0], held_tokens))[whole]) * rate
-    return np.where(whole < dense.size, held_work[whole] + np.nan_to_num(partial, posinf=0.0), held_work[-1])
-
-def most_work_on_ranks(lengths: np.ndarray, work: np.ndarray, need: np.ndarray, space: int, ranks: int,
-                       dense: np.ndarray) -> float:
-    """The most work items can hold within `space` tokens on `ranks` ranks where item i, holding any of its
-    tokens there, takes `need[i]` of those ranks for its split group alone (0 where it may run unsplit):
-    at most one split group runs on a rank of a micro-batch, so giants cannot crowd in at their work per
-    token alone.  The bound of the relaxation (every item a share x_i in [0, 1]) by LP duality: for any
-    λ, ρ >= 0, λ · ranks + ρ · space + Σ_i max(0, w_i − λ · need_i − ρ · l_i), read at λ = 0 with the
-    best ρ (`most_work`, the `dense` order) and at two rounds of each one's best for the other.
-
-    >>> lengths, work, need = np.array([8, 8, 2, 2]), np.array([8.0, 8.0, 1.0, 1.0]), np.array([2, 2, 0, 0])
-    >>> most_work_on_ranks(lengths, work, need, 20, 2, np.arange(4))  # one giant (8) and both others (2)
-    10.0
-    """
-    density = np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0)
-    held = np.cumsum(lengths[dense])
-    cut = int(np.searchsorted(held, space, side="right"))
-    rho = float(density[dense[cut]]) if cut < dense.size else 0.0
-    best = float(most_work(lengths, work, np.array([space]), dense)[0])
-    split = np.flatnonzero(need > 0)
-    whole = dense[need[dense] == 0]  # their order by work per token stays; an item of no tokens may sit anywhere
-    whole_lengths, whole_density = lengths[whole], np.minimum.accumulate(density[whole])
-    for _ in range(2):
-        gain = work[split] - rho * lengths[split]
-        by_rank = np.argsort(-gain / need[split], kind="stable")
-        over = np.flatnonzero((np.cumsum(need[split][by_rank]) > ranks) & (gain[by_rank] > 0))
-        lam = float(gain[by_rank[over[0]]] / need[split][by_rank[over[0]]]) if over.size else 0.0
-        value = work - lam * need
-        pieces = np.divide(value[split], lengths[split], out=np.full(split.size, np.inf), where=lengths[split] > 0)
-        order = np.argsort(-pieces, kind="stable")
-        at = np.searchsorted(-whole_density, -pieces[order], side="right")
-        merged = np.insert(whole_density, at, pieces[order])
-        cut = int(np.searchsorted(np.cumsum(np.insert(whole_lengths, at, lengths[split][order])), space, side="right"))
-        rho = float(max(0.0, merged[cut])) if cut < merged.size else 0.0
-        dual = lam * ranks + rho * space + exact_sum(np.maximum(0.0, value - rho * lengths))
-        best = min(best, dual)
-    return best

@@ -16,9 +16,8 @@ T) bounds Σ_m max_r L(r, m); so does `stacked_bound` (the costliest micro-batch
 the largest least times, which need several micro-batches by their tokens or the ranks their
 shards hold alone, and at most j · D · T tokens of the work) and `leader_bound` (the micro-batch of the
 longest item leaves its group's ranks no time for others at its cost, so its other ranks hold at most
-(D − c) · T tokens of the work, and one split group each: an item longer than T takes ranks of its own);
-the D · M cells hold every token, so M >= ⌈Σ l / (D · T)⌉ and the bound is the largest of the three + that
-M (or the given one) · overhead.
+(D − c) · T tokens of the work); the D · M cells hold every token, so M >= ⌈Σ l / (D · T)⌉ and the bound is
+the largest of the three + that M (or the given one) · overhead.
 With C = {1} it is today's problem, planned and bounded as today.
 
 Algorithm:
@@ -51,7 +50,7 @@ from ..cost import CostModel
 from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
-from .bound import density_order, least_work, most_work, most_work_on_ranks
+from .bound import least_work
 from .plan import ContextParallelPlan
 from .regroup import regroup
 from .spec import ContextParallel
@@ -199,17 +198,37 @@ def stacked_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, alon
     return float(np.max(ahead + np.maximum(0.0, total - held) / num_ranks))
 
 
+def density_order(lengths: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Items by work per token, densest first (ties by index; an item of no tokens first)."""
+    return np.argsort(-np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0), kind="stable")
+
+
+def most_work(lengths: np.ndarray, work: np.ndarray, space: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    """The most work items of `lengths` tokens can hold within each `space` tokens: a fractional knapsack
+    by work per token (an upper bound on the work of any items within that many tokens), the items taken
+    in the order `dense` (`density_order`; an item of no tokens and no work may sit anywhere in it).
+
+    >>> lengths, work = np.array([4, 4]), np.array([8.0, 2.0])
+    >>> most_work(lengths, work, np.array([0, 2, 6, 9]), density_order(lengths, work)).tolist()
+    [0.0, 4.0, 9.0, 10.0]
+    """
+    density = np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0)
+    held_tokens, held_work = np.cumsum(lengths[dense]), np.concatenate(([0.0], np.cumsum(work[dense])))
+    whole = np.searchsorted(held_tokens, space, side="right")  # items taken whole within the space
+    rate = np.where(whole < dense.size, density[dense[np.minimum(whole, dense.size - 1)]], 0.0)  # the next item's
+    partial = (space - np.concatenate(([0], held_tokens))[whole]) * rate
+    return np.where(whole < dense.size, held_work[whole] + np.nan_to_num(partial, posinf=0.0), held_work[-1])
+
+
 def leader_bound(table: np.ndarray, degrees: np.ndarray, work: np.ndarray, lengths: np.ndarray, num_ranks: int,
                  budget: int, dense: np.ndarray) -> float:
     """min over the degrees c the longest item g may run at of t_g(c) + (W − w_g − K_c) / D, a bound on
     Σ_m max_r L(r, m) (`table`: every item's best-case time per degree, inf where a shard exceeds T).
 
     The micro-batch holding g costs L >= t_g(c) on g's group of c ranks, whose other work fits in
-    c · (L − t_g(c)); its other D − c ranks hold at most (D − c) · T tokens and one split group each (every
-    item longer than T runs split, on at least its smallest fitting degree's ranks; D of them where g runs
-    whole), so at most K_c (`most_work_on_ranks`) of the others' least work W − w_g; the rest runs in the
-    other micro-batches, at least its share of D ranks.  L + (W − w_g − K_c − c · (L − t_g(c))) / D grows
-    with L, so L = t_g(c) bounds the step.
+    c · (L − t_g(c)); its other D − c ranks hold at most (D − c) · T tokens, so at most K_c (`most_work`)
+    of the others' least work W − w_g; the rest runs in the other micro-batches, at least its share of D
+    ranks.  L + (W − w_g − K_c − c · (L − t_g(c))) / D grows with L, so L = t_g(c) bounds the step.
     `dense`: `density_order(lengths, work)` (g's place in it then holds no tokens and no work).
 
     >>> work, lengths = np.array([10.0, 1.0, 1.0]), np.array([8, 4, 4])
@@ -221,9 +240,7 @@ def leader_bound(table: np.ndarray, degrees: np.ndarray, work: np.ndarray, lengt
     fits = np.flatnonzero(np.isfinite(table[g]))
     others_lengths, others_work = lengths.copy(), work.copy()
     others_lengths[g], others_work[g] = 0, 0.0
-    need = np.where(others_lengths > budget, degrees[np.argmax(np.isfinite(table), axis=1)], 0)
-    held = np.array([most_work_on_ranks(others_lengths, others_work, need, (num_ranks - c) * budget,
-                                        num_ranks - c if c > 1 else num_ranks, dense) for c in degrees[fits]])
+    held = most_work(others_lengths, others_work, (num_ranks - degrees[fits]) * budget, dense)
     return float(np.min(table[g, fits] + np.maximum(0.0, exact_sum(others_work) - held) / num_ranks))
 
 
