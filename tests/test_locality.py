@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, Kind, algorithms, balance
-from orchmllm.balancers.kernels.lpt import ranks_by_load
+from orchmllm.balancers.kernels.lpt import ranks_by_load, smallest_ranks
 from orchmllm.balancers.kernels.reference import full_fixes_round, locality_first_phases
 from orchmllm.balancers.locality import deal as deal_module
 from orchmllm.balancers.locality import repair as locality_repair
@@ -350,17 +350,20 @@ def test_regression_cluster_deal_sorted_every_roomy_rank_for_a_few_items(monkeyp
     """Cause: a `take_anywhere` round with fewer waiting items than ranks with room selected (sorted)
     every roomy rank, though it deals only to the first `count` of them: the cells deal's filler
     rounds sorted all 15 360 cells ~500 times in one micro-batched step (long-tailed lengths, D = 2560
-    × 32, T = 8k: 11-12× the default mix's planning time).  Now the ranks are sorted once per deal and
-    kept sorted through its rounds (each round re-sorts the nearly sorted order, `_resort`); the
-    choices are the plain loop's (`test_first_three_phases_match_their_plain_code`)."""
-    sorts = []
-    monkeypatch.setattr(deal_module, "ranks_by_load",
-                        lambda loads, integer: (sorts.append(loads.size), ranks_by_load(loads, integer))[1])
+    × 32, T = 8k: 11-12× the default mix's planning time).  Now a round selects as many ranks as it
+    deals items to; the choices are the plain loop's (`test_first_three_phases_match_their_plain_code`)."""
+    selected = []
+
+    def recorded(loads, count, integer):
+        selected.append(count)
+        return smallest_ranks(loads, count, integer)
+
+    monkeypatch.setattr("orchmllm.balancers.locality.deal.smallest_ranks", recorded)
     problem = make_problem(np.full(3, 5), 64, cost=CostModel(per_item=1.0))
     state = PartialPlan(problem, 100.0)
     state.loads[:2] = 50.0  # ranks 0 and 1 are the most loaded: the items go to ranks 2, 3, 4
     take_anywhere(state, np.arange(3))
-    assert sorts == [64]
+    assert selected == [3]
     assert state.destinations.tolist() == [2, 3, 4]
 
 

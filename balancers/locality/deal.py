@@ -17,7 +17,7 @@ import functools
 
 import numpy as np
 
-from ..kernels.lpt import ranks_by_load
+from ..kernels.lpt import ranks_by_load, smallest_ranks
 from .partial_plan import PartialPlan, runs
 
 DEAL_WINDOW = 4  # a round deals DEAL_WINDOW · gpus_per_node items per node (DEAL_WINDOW · h over all ranks)
@@ -234,15 +234,19 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
     """
     waiting = state.item_of_rank[np.sort(state.cost_rank[overflow])]  # cost ranks are distinct
     margin = DEAL_WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
-    order = ranks_by_load(state.loads, integer=False)  # kept by (load, rank) through every round
+    order = None  # the ranks by (load, rank): sorted for the first LPT round, then kept through the rounds
     lpt_rounds = 0
     while waiting.size:
         roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
         count = min(waiting.size, DEAL_WINDOW * roomy)
         width = min(roomy, count)  # fewer items than roomy ranks: only the first `count` ranks are dealt to
-        ranks = order[:width]
+        if order is not None:
+            ranks = order[:width]
+        else:  # a deal before any LPT round selects the ranks it deals to (often one round does all)
+            ranks = smallest_ranks(state.loads, width, integer=False) if width else np.zeros(0, dtype=np.int64)
         keeping = np.flatnonzero(_first_kept(state, waiting[:width], ranks, margin))
         if not keeping.size:  # the deal keeps nothing
+            order = ranks_by_load(state.loads, integer=False) if order is None else order
             lpt_rounds += 1
             if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
                 raise NoRoom
@@ -262,10 +266,11 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
                      <= state.cap)
         fits &= inside  # running sums only grow: a prefix of every rank's deal
         state.put_runs(items[fits], np.broadcast_to(keeping_ranks, items.shape)[fits])
-        _resort(state.loads, order)
         kept = np.zeros(count, dtype=bool)
         kept[dealt[fits]] = True
         waiting = np.concatenate([waiting[:count][~kept], waiting[count:]])
+        if order is not None:
+            _resort(state.loads, order)
 
 
 def _first_kept(state: PartialPlan, firsts: np.ndarray, ranks: np.ndarray, margin: float) -> np.ndarray:
