@@ -244,8 +244,25 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
             ranks = order[:width]
         else:  # a deal before any LPT round selects the ranks it deals to (often one round does all)
             ranks = smallest_ranks(state.loads, width, integer=False) if width else np.zeros(0, dtype=np.int64)
-        keeping = np.flatnonzero(_first_kept(state, waiting[:width], ranks, margin))
-        if not keeping.size:  # the deal keeps nothing
+        # Once LPT rounds come between deals (token room binds), most deals keep nothing: only the ranks
+        # that keep their first item are dealt to (the others keep none), and often none is.
+        keeping = np.arange(width)
+        if order is not None:
+            keeping = np.flatnonzero(_first_kept(state, waiting[:width], ranks, margin))
+        if keeping.size:  # their deals, pass by pass
+            passes = -(-count // width)
+            table = np.full(passes * width, -1, dtype=np.int64)  # every rank's deal, pass by pass
+            table[:count] = waiting[:count]
+            table = table.reshape(passes, width)
+            items, keeping_ranks = (table, ranks) if keeping.size == width else (table[:, keeping], ranks[keeping])
+            inside = items >= 0
+            fits = (state.loads[keeping_ranks] + np.cumsum(np.where(inside, state.costs[items], 0.0), axis=0)
+                    <= state.target - margin)
+            if state.cap < np.inf:
+                fits &= (state.tokens[keeping_ranks] + np.cumsum(np.where(inside, state.lengths[items], 0.0), axis=0)
+                         <= state.cap)
+            fits &= inside  # running sums only grow: a prefix of every rank's deal
+        if not keeping.size or not fits.any():  # the deal keeps nothing
             order = ranks_by_load(state.loads, integer=False) if order is None else order
             lpt_rounds += 1
             if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
@@ -255,20 +272,10 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
             waiting, rounds = _token_bound_rounds(state, waiting, allowed, margin, order)
             lpt_rounds += rounds
             continue
-        # The deals of the ranks that keep their first item (the others keep none), pass by pass.
-        dealt = np.arange(-(-count // width))[:, None] * width + keeping  # positions in `waiting`
-        inside = dealt < count
-        items, keeping_ranks = waiting[np.where(inside, dealt, 0)], ranks[keeping]
-        fits = (state.loads[keeping_ranks] + np.cumsum(np.where(inside, state.costs[items], 0.0), axis=0)
-                <= state.target - margin)
-        if state.cap < np.inf:
-            fits &= (state.tokens[keeping_ranks] + np.cumsum(np.where(inside, state.lengths[items], 0.0), axis=0)
-                     <= state.cap)
-        fits &= inside  # running sums only grow: a prefix of every rank's deal
         state.put_runs(items[fits], np.broadcast_to(keeping_ranks, items.shape)[fits])
-        kept = np.zeros(count, dtype=bool)
-        kept[dealt[fits]] = True
-        waiting = np.concatenate([waiting[:count][~kept], waiting[count:]])
+        kept = np.zeros((passes, width), dtype=bool)
+        kept[:, keeping] = fits
+        waiting = np.concatenate([waiting[:count][~kept.ravel()[:count]], waiting[count:]])
         if order is not None:
             _resort(state.loads, order)
 
