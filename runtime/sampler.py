@@ -166,6 +166,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     @property
     def steps(self) -> int:
         """Steps (global batches) per epoch."""
+        self._check_settings()
         full, remainder = divmod(self.lengths.size, self.global_batch_size)
         return full + (0 if self.drop_last or not remainder else 1)
 
@@ -192,13 +193,15 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     def _kept_for(self, name: str, build):
         """`build()`, kept under `name` while every setting stays (public attributes, which may be set after
         first use: a new seed, a lower budget; `lengths` by identity, its array being read-only)."""
-        settings = [(key, value) for key, value in self._settings().items() if key != "lengths"]
         kept = self._kept.get(name)
-        if kept is None or kept[0] is not self.lengths or kept[1] != settings:
+        if kept is None or kept[0] is not self.lengths or kept[1] != self._other_settings():  # lengths first
             self._check_settings()
-            settings = [(key, value) for key, value in self._settings().items() if key != "lengths"]
-            kept = self._kept[name] = (self.lengths, settings, build())
+            kept = self._kept[name] = (self.lengths, self._other_settings(), build())
         return kept[2]
+
+    def _other_settings(self) -> list:
+        """The settings but `lengths` (which the kept values know by identity)."""
+        return [(key, value) for key, value in self._settings().items() if key != "lengths"]
 
     def _epoch_plans(self) -> list[MicroBatchPlan]:
         return self._kept_for("plans", lambda: [self.plan(batch) for batch in self.global_batches()])
@@ -263,6 +266,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
 
     def __iter__(self):
         """This rank's shares of the epoch's steps, after `check_ranks_agree` (see `check_agreement`)."""
+        self._check_settings()
         if self.check_agreement:
             self.check_ranks_agree()
         return self._shares()

@@ -700,7 +700,8 @@ def test_regression_the_samplers_kept_plans_and_step_tokens_outlived_a_new_seed(
 
 @pytest.mark.parametrize("setting, value", [
     ("max_tokens_per_microbatch", 9), ("global_batch_size", 5), ("drop_last", False), ("epoch", 1),
-    ("lengths", np.array(SAMPLER_LENGTHS[::-1])), ("cost", CostModel(linear=1, quadratic=1)),
+    ("lengths", np.array(SAMPLER_LENGTHS[::-1])), ("lengths", SAMPLER_LENGTHS[::-1]),
+    ("cost", CostModel(linear=1, quadratic=1)),
     ("algorithm", "cells")], ids=lambda value: value if isinstance(value, str) else None)
 def test_regression_the_samplers_kept_plans_and_step_tokens_outlived_a_change_of_any_setting(setting, value):
     """Cause (probe10 P10-03): after P9-05 the epoch's plans and step tokens were kept by (epoch, seed), so any
@@ -729,7 +730,8 @@ def test_regression_the_samplers_kept_plans_and_step_tokens_outlived_a_change_of
     ("global_batch_size", 1, ValueError, "`global_batch_size` must be >= 2; got 1"),
     ("seed", -1, ValueError, "`seed` must be >= 0; got -1"),
     ("drop_last", "no", TypeError, "`drop_last` must be a bool; got str"),
-    ("max_tokens_per_microbatch", 5, ValueError, "`max_tokens_per_microbatch`=5 is below the 9 tokens of sample 0")])
+    ("max_tokens_per_microbatch", 5, ValueError, "`max_tokens_per_microbatch`=5 is below the 9 tokens of sample 0"),
+    ("lengths", [1, 2.5], ValueError, "`lengths` must be")])
 def test_regression_a_sampler_setting_set_after_first_use_went_unchecked(setting, value, error, message):
     """Cause (probe10 P10-18): since the kept plans follow every setting (P10-03), a setting may be set after first
     use, but only the constructor checked them: a batch over the dataset gave an empty epoch, one sample for two
@@ -740,7 +742,8 @@ def test_regression_a_sampler_setting_set_after_first_use_went_unchecked(setting
                                          max_tokens_per_microbatch=12, check_agreement=False)
     sampler.microbatches_per_step()
     setattr(sampler, setting, value)
-    for use in (lambda: list(sampler), sampler.step_tokens, sampler.microbatches_per_step, sampler.global_batches):
+    for use in (lambda: list(sampler), sampler.step_tokens, sampler.microbatches_per_step, sampler.global_batches,
+                lambda: len(sampler)):
         with pytest.raises(error, match=re.escape(message)):
             use()
 
