@@ -228,9 +228,11 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
     cost a hair short of the target, tokens within the cap) and the rest wait, in order,
     for the next round.  A round that keeps nothing (no rank has room for the largest
     waiting item, or no token room) is an LPT round instead (`_lpt_round`), which always
-    places the largest item, possibly above the target.  Where token room binds, LPT rounds may
-    place one item each (O(n · D); `_token_bound_rounds` runs them without sorting the ranks each
-    time): past `max_lpt_rounds` of them the deal gives up (NoRoom).
+    places the largest item, possibly above the target.  From the first LPT round on, the ranks
+    stay sorted through the rounds (`_resort`), and a deal is made only by the ranks that keep
+    their first item.  Where token room binds, LPT rounds may place one item each (O(n · D);
+    `_token_bound_rounds` runs them without sorting the ranks each time): past `max_lpt_rounds`
+    of them the deal gives up (NoRoom).
     """
     waiting = state.item_of_rank[np.sort(state.cost_rank[overflow])]  # cost ranks are distinct
     margin = DEAL_WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
