@@ -195,3 +195,14 @@ def test_regression_loss_scale_took_any_reduction_for_sum(reduction):
                                                    f"{reduction!r}")):
         micro.loss_scale(reduction)
 
+
+
+def test_regression_the_readmes_multi_stage_loop_left_ddp_micro_batches_unchecked_without_a_word():
+    """Cause (probe10 P10-21): README's multi-stage loop (FSDP2, one pass) has no `accumulate`, and the text after it
+    said the same calls work under DDP: a micro-batched DDP loop built from it had no model check.  It says now
+    that under DDP with micro-batches the body runs in `accumulate` with `normalize_loss(loss_sum, micro)`."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    assert ("Under DDP, and with a token budget (several micro-batches), run each micro-batch's body in `with "
+            "accumulate(model, micro):` and normalise with `normalize_loss(loss_sum, micro)`") in text
