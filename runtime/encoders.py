@@ -30,7 +30,6 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.utils import checkpoint
 
 
 class EncoderContractError(ValueError):
@@ -60,18 +59,21 @@ def module_of(encoder: Callable) -> nn.Module | None:
 
 
 def _reentrant_checkpoint():
-    """The node (its ctx: the checkpointed output's grad_fn) of the reentrant checkpoint whose forward runs
-    the caller, found up the stack of frames, or None."""
+    """The node of the reentrant checkpoint whose forward runs the caller, found up the stack of frames, or
+    None: a frame whose `ctx` is a `CheckpointFunctionBackward` (for an autograd Function the ctx is the
+    checkpointed output's grad_fn; torch's, Megatron-LM's and DeepSpeed's reentrant checkpoints share the
+    name, which `reached_leaves` matches)."""
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code is _CHECKPOINT_FORWARD:
-            return frame.f_locals.get("ctx")
+        if "ctx" in frame.f_code.co_varnames:
+            node = frame.f_locals.get("ctx")
+            if type(node).__name__ == _CHECKPOINT_NODE:
+                return node
         frame = frame.f_back
     return None
 
 
-_REENTRANT = getattr(checkpoint, "CheckpointFunction", None)  # torch's reentrant checkpoint (None where absent)
-_CHECKPOINT_FORWARD = None if _REENTRANT is None else _REENTRANT.forward.__code__  # runs the function, no grad
+_CHECKPOINT_NODE = "CheckpointFunctionBackward"  # a reentrant checkpoint's node: its parameters are not in the graph
 
 
 @contextlib.contextmanager
@@ -112,7 +114,8 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
 def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden=None) -> set[str] | None:
     """The names in `wanted` of the leaves the graphs of `outputs` (tensors) reach (the walk stops once
     all are found).  A reentrant checkpoint hides the parameters it used: with `hidden` (`recording`'s: those
-    of the modules each checkpoint ran) they count as reached at its node; without, the answer is None."""
+    of the modules each checkpoint ran) they count as reached at its node; without, or for a checkpoint whose
+    forward ran no recorded module (a function using parameters directly), the answer is None."""
     reached: set[str] = set()
     stack, seen = [output.grad_fn for output in outputs], set()
     while stack and reached != wanted:
@@ -120,10 +123,10 @@ def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden=None
         if node is None or node in seen:
             continue
         seen.add(node)
-        if type(node).__name__ == "CheckpointFunctionBackward":
-            if hidden is None:
+        if type(node).__name__ == _CHECKPOINT_NODE:
+            if hidden is None or node not in hidden:  # its forward ran no recorded module: cannot tell
                 return None
-            reached |= hidden.get(node, set()) & wanted
+            reached |= hidden[node] & wanted
         variable = getattr(node, "variable", None)
         if variable is not None and names.get(id(variable)) in wanted:
             reached.add(names[id(variable)])
@@ -150,7 +153,7 @@ def checked_call(encoder: Callable, *args, expected: set[str] | None = None
     reached = reached_leaves([output], names, wanted)
     if reached is None:
         return output, [], None
-    return output, sorted((wanted if whole or not reached else expected or set()) - reached), reached
+    return output, sorted((wanted if whole or not reached else (expected or set()) & wanted) - reached), reached
 
 
 def output_problem(what: str, output, rows: int, width: int | None) -> Exception | None:

@@ -132,10 +132,10 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     def _check_settings(self) -> None:
         """Check and canonicalise every setting, naming it: they are public attributes, which may be set after
         first use (a new seed, a lower budget), and each must pass what the constructor checks."""
-        if not (isinstance(self.lengths, np.ndarray) and self.lengths.dtype == np.int64
-                and not self.lengths.flags.writeable):
+        if self.lengths is not getattr(self, "_checked_lengths", None):
             self.lengths = as_lengths(self.lengths)  # a private copy, read-only: kept plans know it by identity
             self.lengths.flags.writeable = False
+            self._checked_lengths = self.lengths
         self.num_replicas = as_int(self.num_replicas, "num_replicas", minimum=1)
         self.rank = as_int(self.rank, "rank", minimum=0)
         if self.rank >= self.num_replicas:

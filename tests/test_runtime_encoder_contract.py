@@ -318,3 +318,57 @@ def test_regression_a_method_skipping_its_tower_but_keeping_its_projector_on_emp
                 runtime.forward(micro.routes, micro.data, encoders={"image": root.encode_image}, text_embedding=embed)
             return
         runtime.forward(micro.routes, micro.data, encoders={"image": root.encode_image}, text_embedding=embed)
+
+
+def test_regression_a_frozen_tower_made_every_later_empty_call_of_its_method_refused():
+    """Cause (review7 R7-02): an empty call must reach what the method's first call with items reached, and that
+    set was kept with parameters frozen since (a later training stage, LoRA), which no call can reach: after
+    `tower.requires_grad_(False)` every empty call of a method running everything was refused."""
+    root = TowerAndProjector(False).double()
+    patches = torch.ones(IMAGE_ROWS, 4, dtype=torch.float64)
+    _, unused, reached = checked_call(root.encode_image, patches, torch.tensor([IMAGE_ROWS]))
+    assert not unused and {"tower.proj.weight", "projector.weight"} <= reached
+    root.tower.requires_grad_(False)
+    empty = torch.ones(0, 4, dtype=torch.float64)
+    assert checked_call(root.encode_image, empty, torch.tensor([], dtype=torch.int64), expected=reached)[1] == []
+
+
+class CheckpointFunction(torch.autograd.Function):
+    """A third-party reentrant checkpoint (Megatron-LM's and DeepSpeed's share the name and the shape)."""
+
+    @staticmethod
+    def forward(ctx, run, *args):
+        ctx.run = run
+        ctx.save_for_backward(*args)
+        with torch.no_grad():
+            return run(*args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        args = [arg.detach().requires_grad_() for arg in ctx.saved_tensors]
+        with torch.enable_grad():
+            torch.autograd.backward(ctx.run(*args), grads)
+        return (None, *(arg.grad for arg in args))
+
+
+def test_regression_a_third_party_reentrant_checkpoint_made_its_parameters_unreached():
+    """Cause (review7 R7-01): the modules a reentrant checkpoint ran were recorded only under frames of torch's own
+    checkpoint, while the walk stops at any `CheckpointFunctionBackward`: inside Megatron-LM's or DeepSpeed's
+    checkpoint every parameter read as left out, a false alarm on every rank.  A checkpoint whose forward ran no
+    recorded module cannot be judged (None), not flagged."""
+    import weakref
+
+    from orchmllm.runtime.encoders import reached_leaves, recording
+
+    block, head = nn.Linear(4, 4), nn.Linear(4, 1)
+    model = nn.ModuleDict({"block": block, "head": head})
+    wanted = {name for name, _ in model.named_parameters()}
+    x = torch.randn(3, 4, requires_grad=True)
+    hidden = weakref.WeakKeyDictionary()
+    with recording(model, hidden) as names:
+        loss = head(CheckpointFunction.apply(block, x)).sum()
+    assert reached_leaves([loss], names, wanted, hidden) == wanted
+    hidden, weight = weakref.WeakKeyDictionary(), block.weight
+    with recording(model, hidden) as names:
+        direct = head(CheckpointFunction.apply(lambda t: t @ weight, x)).sum()  # no module runs inside
+    assert reached_leaves([direct], names, wanted, hidden) is None

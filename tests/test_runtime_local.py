@@ -748,6 +748,19 @@ def test_regression_a_sampler_setting_set_after_first_use_went_unchecked(setting
             use()
 
 
+def test_regression_a_read_only_int64_array_of_lengths_went_unvalidated():
+    """Cause (review7 R7-03): the sampler skipped validating any read-only int64 array (taking it for its own
+    checked copy), so frozen lengths with a negative entry failed later in planning as a batch index, and a
+    frozen 2-D array with a raw IndexError."""
+    from orchmllm.runtime.sampler import BalancedDistributedSampler
+
+    for bad, match in ((np.array([5, -3, 4, 2], dtype=np.int64), "lengths"),
+                       (np.ones((2, 2), dtype=np.int64), "`lengths` must be 1-D")):
+        bad.flags.writeable = False
+        with pytest.raises(ValueError, match=match):
+            BalancedDistributedSampler(bad, num_replicas=1, rank=0, global_batch_size=2)
+
+
 def test_the_samplers_lengths_are_read_only():
     """Its plans are kept by the identity of its lengths, so they can be replaced, not written in place."""
     from orchmllm.runtime.sampler import BalancedDistributedSampler
