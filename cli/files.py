@@ -81,7 +81,8 @@ def _has_header(first: list[str], where: str, column: str | None) -> bool:
         raise UsageError(f"{where}: field {first.index('') + 1} of {len(first)} is empty (a trailing comma?); "
                          f"{expected}")
     odd = next(field for field in first if field != column and not _is_column_name(field))
-    hint = "" if column is not None or _is_number(odd) else f"; --column {odd} takes line 1 as the header"
+    mistyped = _is_number(odd.translate(DIGIT_LOOKALIKES))  # `8l2`: fix the length, not name a column after it
+    hint = "" if column is not None or mistyped else f"; --column {odd} takes line 1 as the header"
     raise UsageError(f"{where}: {expected}, got {odd!r} (a column name may not start with a digit, '+', '-' or "
                      f"'.', nor read as a number with O, o, I or l for 0 and 1, as a mistyped 8l2 does{hint})")
 

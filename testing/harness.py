@@ -69,7 +69,7 @@ class SuiteTarget:
             raise ValueError(f"`padded`={padded}: algorithm {self.name!r} does not solve {kind} problems (its record "
                              f"says {kind}=False); pass padded={not padded}, or None for the kinds it declares")
         self.kinds = declared if padded is None else [padded]
-        self.exact = getattr(target, "exact", False) if exact is None else exact
+        self.exact = getattr(target, "exact", False) if exact is None else as_bool(exact, "exact")
         self.time_limit = time_limit
 
 

@@ -502,3 +502,13 @@ def test_regression_demo_options_took_gpus_per_node_zero():
 
     with pytest.raises(ValueError, match=r"`gpus_per_node` must be an int >= 1 or None; got 0"):
         DemoOptions(transport="hierarchical", gpus_per_node=0)
+
+
+@pytest.mark.parametrize("name", ["typo.csv", "typo_letter_o.csv"])
+def test_regression_a_mistyped_length_on_line_1_was_offered_the_column_that_drops_it(name, files, capsys):
+    """Cause (review7 R7-06): the refusal of `8l2` (or `O12`) on line 1 suggested `--column 8l2`, which takes the
+    mistyped length for a header and drops that item, the silent misread issue 24 names; a field that reads as a
+    number with letters for digits gets no such hint."""
+    assert main(["plan", str(files / name), "-D", "2"]) == 2
+    error = capsys.readouterr().err
+    assert "expected an integer length" in error and "--column" not in error

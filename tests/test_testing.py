@@ -636,3 +636,10 @@ def test_regression_the_generic_checks_failed_a_correct_split_plan_with_loads_di
     optimum = brute_force_split_microbatches(lengths, 2, spec, max_tokens_per_microbatch=30,
                                              num_microbatches=micro.num_microbatches)
     assert optimum.makespan <= micro.step_cost
+
+
+def test_regression_check_conformance_took_exact_by_truth():
+    """Cause (review7 R7-07): `exact` beside `padded` was taken by truth, so `exact='no'` ran the exact suite and
+    blamed the kernel's certificate."""
+    with pytest.raises(TypeError, match="`exact`"):
+        check_conformance("lpt", exact="no")
