@@ -18,7 +18,7 @@ from orchmllm.balancers.kernels.reference import dense_kk, heap_lpt
 from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import rank_loads
 from orchmllm.balancers.api import balance
-from orchmllm.benchmarks.pcmax_families import instances as pcmax_instances
+from orchmllm.benchmarks.pcmax_families import instances as pcmax_instances, make_instance
 from orchmllm.study.models import MODELS
 from orchmllm.study.simulator import cluster
 from orchmllm.study.workloads import sample_workload
@@ -193,7 +193,7 @@ def test_planning_time_on_real_traces(benchmark, best_of, name, num_ranks, per_r
     """`balance` with each of `orchmllm compare`'s own unpadded defaults on the LLM lengths of the Azure
     conversation and code traces and the long-tailed mix (84B costs; +locality: home ranks, 16 KiB a token, H100
     nodes), CPU seconds within 10x of the default mix's at the same size (issue 24's bound on every planning
-    path); the P||Cmax families' case of auto+locality, 18-120x at 128-512 ranks x 24-32, is not here (its repair)."""
+    path); auto+locality on the P||Cmax families fails it (the next test)."""
     cost, topology = MODELS["84b"].llm.cost(causal=True), cluster(num_ranks)
     sources = np.repeat(np.arange(num_ranks), per_rank)
     local = name.endswith("+locality")
@@ -204,10 +204,30 @@ def test_planning_time_on_real_traces(benchmark, best_of, name, num_ranks, per_r
 
     lengths, default = (sample_workload(w, num_ranks, per_rank, seed=7).sample_llm_length for w in (workload, "default"))
     result = benchmark.pedantic(plan, args=(lengths,), rounds=3, iterations=1, warmup_rounds=1)
-    assert result.makespan >= result.lower_bound and np.bincount(result.assignment).sum() == lengths.size
+    assert result.makespan >= result.lower_bound
     seconds, default_seconds = (best_of(lambda x=x: plan(x), 3, time.process_time) for x in (lengths, default))
     benchmark.extra_info.update(cpu_seconds=seconds, default_cpu_seconds=default_seconds,
                                 ratio_to_default=seconds / default_seconds)
+    assert seconds <= 10 * default_seconds
+
+
+@pytest.mark.xfail(strict=True, reason="issue 24, not met: the communication-aware repair misses on the P||Cmax "
+                   "families (18-120x at 128-512 ranks x 24-32) and the placed plain plan is returned")
+def test_locality_on_the_pcmax_families_within_10x_of_the_default_mix(best_of):
+    """`balance(..., algorithm="auto", sources=, item_bytes=, topology=)` on few_large at 512 ranks x 24 (98 %
+    small items, 2 % large), CPU seconds against the default mix's at the same size: a target not met, kept
+    here so that it turns into a failure (strict) the day it is met."""
+    num_ranks, per_rank = 512, 24
+    cost, topology = MODELS["84b"].llm.cost(causal=True), cluster(num_ranks)
+    where = dict(sources=np.repeat(np.arange(num_ranks), per_rank), topology=topology)
+
+    def plan(lengths):
+        return balance(lengths, num_ranks, cost=cost, algorithm="auto", item_bytes=lengths * 16384.0, **where)
+
+    lengths = make_instance("few_large", num_ranks, per_rank).times
+    default = sample_workload("default", num_ranks, per_rank, seed=7).sample_llm_length
+    seconds, default_seconds = (best_of(lambda x=x: plan(x), 2, time.process_time) for x in (lengths, default))
+    print(f"\nauto+locality few_large {num_ranks} x {per_rank}: {seconds / default_seconds:.0f}x the default mix")
     assert seconds <= 10 * default_seconds
 
 
