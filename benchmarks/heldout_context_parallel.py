@@ -8,11 +8,10 @@
 long_tail × D × per-rank × GIANT_SHARES × T × seeds.  A change is judged on a seed set it was not developed on,
 run once after the last change: seeds 108–119 have each been run once (2026-12-05, in sets of four) and the
 planner was looked at on them since (120: a smoke test of this script), so the next change takes fresh
-seeds from 121.  Every row checks
-the bound (≤ step) and the budget, and, where the longest item fits T, compares the step with no splitting
-(`ours / no split`, which must never exceed 1).  Prints the median and worst step / bound (overall, per family,
-per D) and every row above 1.10; `--jsonl` writes one JSON row per plan.  Issue 26's targets: median ≤ 1.03,
-worst ≤ 1.10.  Import the package from another checkout (PYTHONPATH=dir holding an `orchmllm` link) to
+seeds from 121.  Every row checks the bound (≤ step) and the budget, and, where the longest item fits T,
+compares the step with no splitting (`ours / no split`, which must never exceed 1).  Prints the median and
+worst step / bound (overall, per family, per D), every row above 1.10 and any worse than no splitting;
+`--jsonl` writes one JSON row per plan.  Issue 26's targets: median ≤ 1.03, worst ≤ 1.10.  Import the package from another checkout (PYTHONPATH=dir holding an `orchmllm` link) to
 measure a base tree with the same grid.
 """
 
