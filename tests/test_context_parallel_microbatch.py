@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from orchmllm import ContextParallel, CostModel, InfeasibleError, balance_microbatches
@@ -41,6 +41,40 @@ def test_bound_is_at_most_the_brute_force_optimum(case):
                                              num_microbatches=range(1, lengths.size + 1), cost=cost,
                                              microbatch_overhead=overhead)
     assert optimum.makespan is not None and bound <= optimum.makespan * (1 + 1e-12)
+
+
+@st.composite
+def shared_group_microbatches(draw):
+    """(lengths, D, spec, cost, budget, overhead, M): 3-4 items on 4 or 8 ranks, most longer than the budget
+    (they must split), the first up to the widest degree's budget: room for the longest item's group and a
+    block that split items share beside it, which `tiny_microbatches` cannot hold (review7 R7-05)."""
+    num_ranks = draw(st.sampled_from([4, 8]))
+    degrees = [1] + [c for c in (2, 4, 8) if c <= num_ranks and draw(st.booleans())]
+    spec = ContextParallel(degrees=degrees, gpus_per_node=8, seconds_per_cost=1.0, kv_bytes_per_token=0.0,
+                           latency_s=draw(st.sampled_from([0.0, 1e-3])),
+                           half_efficiency_tokens=draw(st.sampled_from([0.0, 4.0])))
+    budget = draw(st.integers(6, 15))
+    rest = draw(st.lists(st.one_of(st.integers(budget + 1, 3 * budget - 1), st.integers(1, budget)),
+                         min_size=2, max_size=3))
+    first = draw(st.integers(2 * budget, max(2 * budget, degrees[-1] * budget)))
+    lengths = np.array([first, *rest])
+    assume(all(-(-length // degrees[-1]) <= budget for length in lengths))
+    cost = CostModel(linear=1.0, quadratic=draw(st.sampled_from([0.0, 0.05])))
+    return lengths, num_ranks, spec, cost, budget, draw(st.sampled_from([0.0, 5.0])), draw(st.integers(1, 2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=shared_group_microbatches())
+def test_bound_is_at_most_the_optimum_where_split_items_share_a_group(case):
+    lengths, num_ranks, spec, cost, budget, overhead, count = case
+    bound = split_bound(lengths, num_ranks, spec, cost, budget, overhead, count)[0]
+    try:
+        optimum = brute_force_split_microbatches(lengths, num_ranks, spec, max_tokens_per_microbatch=budget,
+                                                 num_microbatches=count, cost=cost, microbatch_overhead=overhead)
+    except ValueError:  # no plan in `count` micro-batches
+        assume(False)
+    assume(optimum.makespan is not None)
+    assert bound <= optimum.makespan * (1 + 1e-12)
 
 
 def test_bound_counts_shards_that_hold_a_rank_alone():
