@@ -40,7 +40,7 @@ from torch.distributed.fsdp import fully_shard
 
 from orchmllm import CostModel
 from orchmllm.orchestrator import Stage
-from orchmllm.runtime import MultiStageRuntime, Prefetcher, normalize_loss
+from orchmllm.runtime import MultiStageRuntime, Prefetcher, accumulate, normalize_loss
 from orchmllm.runtime.comm import comm_device, is_distributed
 from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.launch import run_script
@@ -68,6 +68,13 @@ class BalancedMultimodal(nn.Module):
         logits = self.llm(packed.embeddings, packed.sample_lengths)
         labels = packed.scatter_text("labels", IGNORE)  # this micro-batch's own `moved.text["labels"]`
         return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum"), (labels != IGNORE).sum()
+
+
+def loss_tokens_of(data, step: int, rank: int) -> list[int]:
+    """Each local sample's loss tokens (labels other than IGNORE): planned with the step, every micro-batch's loss
+    is divided by the step's sum of them (`normalize_loss(loss_sum, micro)`)."""
+    local = data.local_batch(step, rank)
+    return [int(part.ne(IGNORE).sum()) for part in local.text["labels"].split([s.text for s in local.samples])]
 
 
 def apply_fsdp(model: BalancedMultimodal) -> None:
@@ -136,18 +143,20 @@ def train(rank: int, world_size: int) -> dict:
     apply_fsdp(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     report = {"steps": []}
-    with Prefetcher(lambda samples, group: runtime.plan(samples, metadata_group=group)) as prefetcher:
-        prefetcher.submit(data.samples(0, rank))
+    with Prefetcher(lambda samples, loss_tokens, group: runtime.plan(samples, loss_tokens=loss_tokens,
+                                                                     metadata_group=group)) as prefetcher:
+        prefetcher.submit(data.samples(0, rank), loss_tokens_of(data, 0, rank))
         for step in range(STEPS):
             routes = prefetcher.result()
             if step + 1 < STEPS:
-                prefetcher.submit(data.samples(step + 1, rank))  # plan the next step while this one runs
+                prefetcher.submit(data.samples(step + 1, rank), loss_tokens_of(data, step + 1, rank))  # overlapped
             local = data.local_batch(step, rank, torch.float64).to(comm_device())  # text: input_ids, labels
             moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs,
                                      samples=local.samples)  # refuse routes kept from another step
             for micro in runtime.microbatches(routes, moved):  # one pass per step without a token budget
-                loss_sum, loss_tokens = model(micro.routes, micro.data)
-                normalize_loss(loss_sum, loss_tokens).backward()  # FSDP2 averages: normalize_loss undoes it
+                with accumulate(model, micro):  # the model check; gradient sync on the last micro-batch only
+                    loss_sum, loss_tokens = model(micro.routes, micro.data)
+                    normalize_loss(loss_sum, micro).backward()  # / the step's loss tokens; undoes FSDP2's average
             if step == 0:
                 grads = {name: p.grad.full_tensor().cpu() for name, p in model.named_parameters()}  # a collective
             optimizer.step()

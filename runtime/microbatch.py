@@ -155,9 +155,32 @@ def iterate(microbatches):
         for micro in microbatches:
             _active.current = (micro.index, micro.num_microbatches)
             _active.step = weakref.ref(micro)
-            yield micro
+            with _noting_synced_forwards(micro):
+                yield micro
     finally:
         _active.current = previous
+
+
+@contextlib.contextmanager
+def _noting_synced_forwards(micro: MicroBatch):
+    """While the loop body of a micro-batch due a model check runs: note (`_active.synced`) a forward, on this
+    thread, of a module whose backward reduces every parameter's gradient (DDP, FSDP2), so that `normalize_loss(loss,
+    micro)` outside `accumulate` refuses it (a plain module with a hand-made all-reduce, which takes a missing
+    gradient as zeros, is fine without)."""
+    if micro.contract is None:
+        yield
+        return
+    thread = threading.get_ident()
+
+    def note(module, args):
+        if threading.get_ident() == thread and _reduces_every_parameter(module):
+            _active.synced = weakref.ref(micro)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 class Sampling:
@@ -182,7 +205,7 @@ def sampled_microbatches() -> int:
 def new_step() -> None:
     """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and
     `microbatches()` starts afresh)."""
-    _active.current = _active.step = None
+    _active.current = _active.step = _active.synced = None
 
 
 def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
@@ -282,7 +305,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     carries a `contract` and `model` reduces every parameter's gradient (DDP, FSDP2), the backward through
     the body's `normalize_loss(loss, micro)` results checks, as it starts, that the loss parts given there
     depend on every trainable parameter of `model` on every rank (`check_model_contract`, a collective);
-    `check=False` (on every rank) skips it.  The backward runs inside the block: where none did there, the
+    `check=False` (on every rank) skips it.  A loop body without the block that, on a micro-batch due the check,
+    runs a DDP or FSDP2 forward and normalises with `micro` is refused on every rank (`watch_model_contract`):
+    the block is the rule under both.  The backward runs inside the block: where none did there, the
     exit joins the check with every parameter left out.  A metric normalised with `micro` for logging only
     counts as a loss part: `.detach()` it first (or log it unnormalised).  Under FSDP2 a rank whose body runs
     no forward of `model` there raises alone (its peers wait in the forward's all-gather, which no check can
@@ -293,8 +318,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         raise TypeError(f"`model` must be the nn.Module whose gradients the micro-batches accumulate (the DDP or "
                         f"FSDP2 module itself, or a plain one); got {type(model).__name__}")
     check = as_bool(check, "check")
-    previous, outer = active_microbatch(), getattr(_active, "contracts", ())
-    _active.current = (micro.index, micro.num_microbatches)
+    previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
+    _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
     contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \
         else None
     watching = recording(model, contract.hidden, contract.ran) if contract is not None else contextlib.nullcontext({})
@@ -308,15 +333,33 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
             contract.checked = True  # join the peers' check here (as their backward starts) with every
             check_model_contract(contract, backward=False)  # parameter left out
     finally:
-        _active.current, _active.contracts = previous, outer
+        _active.current, _active.contracts, _active.blocks = previous, outer, blocks
+
+
+def accumulated() -> tuple:
+    """The micro-batches of the `accumulate` blocks this thread's code runs in, outermost first."""
+    return getattr(_active, "blocks", ())
 
 
 def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro: MicroBatch) -> None:
     """In the body of `accumulate(model, micro)` (one model or several, nested) where a check is due: keep
     `loss_sum` (a part of the loss) and check the parts when the backward through `normalized` (its normalised
-    form) starts."""
+    form) starts.  Outside any `accumulate(model, micro)`, where the loop body of a micro-batch due a check ran a
+    DDP or FSDP2 module (`_noting_synced_forwards`), it raises on every rank alike: every rank runs the same
+    micro-batches and the same model, and which are due is decided from the plan (`contract_of`)."""
     if not normalized.requires_grad:
         return
+    synced = getattr(_active, "synced", None)
+    if micro.contract is not None and synced is not None and synced() is micro and \
+            not any(block is micro for block in accumulated()):
+        raise ModelContractError(
+            f"normalize_loss(loss, micro) outside `with accumulate(model, micro):` on micro-batch {micro.index} of "
+            f"{micro.num_microbatches}, which is due the model check (its runtime's first step, or a step where a "
+            f"rank's last micro-batch is empty), after a forward of a DDP or FSDP2 module: wrap the micro-batch's "
+            f"body (forward, normalize_loss, backward) in `with accumulate(model, micro):`, as the loop of `runtime.microbatch` shows; it runs the check (a layer "
+            f"skipped on an empty micro-batch trains wrong under DDP without an error) and holds DDP's gradient sync "
+            f"to the last micro-batch, and is right under FSDP2 and for a plain model too; where unused parameters "
+            f"are harmless, `accumulate(model, micro, check=False)` on every rank skips the check")
     for contract in getattr(_active, "contracts", ()):
         if contract.micro is micro and not contract.checked:
             contract.parts.append(loss_sum)

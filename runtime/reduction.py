@@ -111,7 +111,8 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
     a loss computed under `torch.no_grad()` there (an evaluation, a logged value) takes a count.  Inside
     `accumulate(model, micro)` the model check walks every result of `normalize_loss(..., micro)` that
     requires grad: `.detach()` a metric before normalising it for a log line, and normalise the loss
-    itself this way (not `micro.loss_scale()` or `total_loss_tokens=`, which the check does not see).
+    itself this way (not `micro.loss_scale()` or `total_loss_tokens=`, which the check does not see).  Outside
+    `accumulate`, a micro-batch due the check whose loop body ran a DDP or FSDP2 forward raises here.
     """
     checked_reduction(gradient_reduction, "gradient_reduction")
     if not isinstance(loss_sum, torch.Tensor):

@@ -199,10 +199,17 @@ def test_regression_loss_scale_took_any_reduction_for_sum(reduction):
 
 def test_regression_the_readmes_multi_stage_loop_left_ddp_micro_batches_unchecked_without_a_word():
     """Cause (probe10 P10-21): README's multi-stage loop (FSDP2, one pass) has no `accumulate`, and the text after it
-    said the same calls work under DDP: a micro-batched DDP loop built from it had no model check.  It says now
-    that under DDP with micro-batches the body runs in `accumulate` with `normalize_loss(loss_sum, micro)`."""
+    said the same calls work under DDP: a micro-batched DDP loop built from it had no model check.  Its loop body
+    now runs in `accumulate` with `normalize_loss(loss_sum, micro)`, and the text says so for FSDP2 and DDP alike,
+    with a token budget or without."""
+    import re
     from pathlib import Path
 
-    text = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
-    assert ("Under DDP, and with a token budget (several micro-batches), run each micro-batch's body in `with "
-            "accumulate(model, micro):` and normalise with `normalize_loss(loss_sum, micro)`") in text
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "fully_shard(model)" in block)
+    body = block[block.index("for micro in runtime.microbatches(routes, moved):"):]
+    assert "with accumulate(model, micro):" in body and "normalize_loss(loss_sum, micro).backward()" in body, body
+    text = " ".join(readme.split())
+    assert ("The loop body runs in `with accumulate(model, micro):` and normalises with `normalize_loss(loss_sum, "
+            "micro)` (the loss tokens given to `plan`) under FSDP2 and DDP alike, with a token budget or without") \
+        in text

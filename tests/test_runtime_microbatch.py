@@ -849,3 +849,49 @@ def test_regression_under_fsdp2_a_rank_skipping_the_forward_blamed_its_peers_at_
     assert "ModelContractError: rank 2: the body of `accumulate` ran no forward of the model in micro-batch 3 of " \
            "4 (whose backward reduces gradients; 0 items on this rank): under FSDP2" in outcomes[2].error, outcomes[2]
     assert all(outcome.seconds is not None and outcome.seconds < 15 for outcome in outcomes), outcomes
+
+
+class SkipOnEmptyModel(TokenModel):
+    """TokenModel that skips `hidden` on an empty micro-batch: under DDP that rank's `hidden` gets no gradient."""
+
+    def forward(self, tokens):
+        embedded = self.embed(tokens)
+        return self.head(torch.tanh(self.hidden(embedded)) if tokens.numel() else embedded)
+
+
+def bare_loop_job(rank, size, budget):
+    """A DDP step of SkipOnEmptyModel whose micro-batch loop has no `accumulate` (ONE_EMPTY: with the budget rank 2's
+    last micro-batch is empty; without it, the runtime's first step of one micro-batch, 2 items for 3 ranks): what
+    each rank raised at which micro-batch, and the micro-batches whose body ran to its end."""
+    torch.manual_seed(0)
+    wrapped = nn.parallel.DistributedDataParallel(SkipOnEmptyModel().double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=budget)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY if budget else {0: [5, 3], 1: [], 2: []})
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+    done = []
+    try:
+        for micro in dispatcher.microbatches(plan, moved):
+            loss_sum = nn.functional.cross_entropy(wrapped(micro.data["tokens"]), micro.data["labels"],
+                                                   ignore_index=-1, reduction="sum")
+            normalize_loss(loss_sum, micro).backward()
+            done.append(micro.index)
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return type(error).__name__, str(error), done
+    return "no error", "", done
+
+
+@pytest.mark.parametrize("budget", [40, None], ids=["budget, last micro-batch empty", "first step, one micro-batch"])
+def test_regression_a_bare_micro_batch_loop_under_ddp_got_no_model_check(budget):
+    """Cause (probe10 P10-21, P10-11's first-step repro): the model check ran only inside `accumulate`, so a loop
+    normalising with `normalize_loss(loss, micro)` but without `accumulate` (README's multi-stage block) let a model
+    skipping a layer on an empty micro-batch train silently wrong under DDP (0.02-0.12 off), its peers dying in
+    DDP's backward.  Now normalize_loss on a micro-batch due the check outside `accumulate(model, micro)` raises,
+    on every rank at the same micro-batch (which are due is decided from the plan every rank holds)."""
+    outcomes = spawn(bare_loop_job, len(ONE_EMPTY), args=(budget,), timeout_s=60)
+    due = 3 if budget else 0
+    assert [(kind, done) for kind, _, done in outcomes] == [("ModelContractError", list(range(due)))] * 3, outcomes
+    for _, message, _ in outcomes:
+        assert message.startswith(f"normalize_loss(loss, micro) outside `with accumulate(model, micro):` on "
+                                  f"micro-batch {due} of {due + 1}, which is due the model check"), message
+        assert "`accumulate(model, micro, check=False)` on every rank skips the check" in message, message
