@@ -81,8 +81,10 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
     """Yield {id(parameter): name}: `module`'s parameters now, and those each of its modules holds
     as its forward returns while the body runs (FSDP2 swaps unsharded ones in for the forward).
     `hidden` maps each reentrant checkpoint's node to the names of the parameters of the modules its forward
-    ran (the graph does not show them; a `torch.no_grad()` pass elsewhere hides nothing); `ran` gets the names
-    of the modules whose forward returned."""
+    ran (the graph does not show them; a `torch.no_grad()` pass elsewhere hides nothing; a module the checkpointed
+    function calls under its own `torch.no_grad()` counts too, as the whole function runs without grad in that
+    forward and cannot be told apart, though its recomputation gives that module no gradient); `ran` gets the
+    names of the modules whose forward returned."""
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
 

@@ -309,9 +309,12 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     runs a DDP or FSDP2 forward and normalises with `micro` is refused on every rank (`watch_model_contract`):
     the block is the rule under both.  The backward runs inside the block: where none did there, the
     exit joins the check with every parameter left out.  A metric normalised with `micro` for logging only
-    counts as a loss part: `.detach()` it first (or log it unnormalised).  Under FSDP2 a rank whose body runs
-    no forward of `model` there raises alone (its peers wait in the forward's all-gather, which no check can
-    pair with)."""
+    counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters of every module a
+    reentrant checkpoint's forward runs count as reached at its node, those of a module called under an explicit
+    `torch.no_grad()` inside the checkpointed function too (that forward runs wholly without grad: they cannot be
+    told apart), so a parameter used only there and by a part of the loss left out is not refused.  Under FSDP2
+    a rank whose body runs no forward of `model` there raises alone (its peers wait in the forward's all-gather,
+    which no check can pair with)."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     if not isinstance(model, torch.nn.Module):
