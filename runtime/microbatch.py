@@ -274,10 +274,13 @@ class ModelContractError(EncoderContractError):
 
 class _Contract:
     """What `accumulate` records for the model check of its micro-batch: its parameter names (`recording`),
-    the loss parts given to `normalize_loss`, and whether the check ran."""
+    the loss parts given to `normalize_loss`, whether the check ran, and the checks of the nested `accumulate`
+    blocks it belongs to, outermost first (kept here: the check runs in the backward, on autograd's thread)."""
 
-    def __init__(self, micro: MicroBatch, model):
+    def __init__(self, micro: MicroBatch, model, outer: tuple = ()):
         self.micro, self.model, self.names, self.parts, self.checked = micro, model, {}, [], False
+        self.nest: list[_Contract] = outer[0].nest if outer else []
+        self.nest.append(self)
         self.hidden = weakref.WeakKeyDictionary()  # reentrant checkpoint -> the parameters it ran (`recording`)
         self.ran: set[str] = set()  # modules of the model whose forward ran in the body (`recording`)
 
@@ -323,8 +326,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     check = as_bool(check, "check")
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
-    contract = _Contract(micro, model) if check and micro.contract is not None and _reduces_every_parameter(model) \
-        else None
+    contract = _Contract(micro, model, outer) if check and micro.contract is not None \
+        and _reduces_every_parameter(model) else None
     watching = recording(model, contract.hidden, contract.ran) if contract is not None else contextlib.nullcontext({})
     try:
         with gradient_sync(model, micro.is_last), watching as names:
@@ -426,10 +429,10 @@ def check_model_contract(contract: _Contract, backward: bool = True) -> None:
 def _named(contract: _Contract) -> str:
     """The checked model as an error names it: its class (a wrapper's and its module's) and, where nested
     `accumulate` blocks check several models, which block gave it."""
-    model, nested = contract.model, getattr(_active, "contracts", ())
+    model, nested = contract.model, contract.nest
     inner = getattr(model, "module", None)
     kind = type(model).__name__ + (f" of {type(inner).__name__}" if isinstance(inner, torch.nn.Module) else "")
-    if len(nested) < 2 or contract not in nested:
+    if len(nested) < 2:
         return kind
     return f"{kind}, block {nested.index(contract) + 1} of {len(nested)} nested `accumulate` blocks, outermost first"
 

@@ -767,6 +767,23 @@ def test_regression_nested_accumulate_named_parameters_without_saying_which_mode
                "block 1 of 2 nested `accumulate` blocks, outermost first)" in message, message
 
 
+def test_regression_the_nested_block_was_named_from_the_thread_running_the_check():
+    """Cause (review7 R7-12): the refusal found a check's place among nested `accumulate` blocks in the thread's
+    own record, but the check runs in the backward, which on GPUs runs on autograd's device thread: there the
+    block went unnamed.  The checks of one nest keep it themselves."""
+    import threading
+
+    from orchmllm.runtime.microbatch import _Contract, _named
+
+    outer = _Contract(None, nn.Linear(2, 2))
+    inner = _Contract(None, nn.Linear(2, 2), (outer,))
+    named = []
+    thread = threading.Thread(target=lambda: named.append(_named(inner)))
+    thread.start()
+    thread.join()
+    assert named == ["Linear, block 2 of 2 nested `accumulate` blocks, outermost first"]
+
+
 def test_a_reentrant_checkpoint_with_a_loss_through_every_output_passes_the_check():
     """The correct program beside P9-01: the checkpointed trunk's parameters count as reached."""
     assert [kind for kind, _ in spawn(empty_rank_shapes_job, len(ONE_EMPTY), args=("reentrant, every output",),
@@ -843,12 +860,12 @@ def test_regression_under_fsdp2_a_rank_skipping_the_forward_blamed_its_peers_at_
     forward of the model and stops at once, saying so; its peers fail as it leaves, not at the timeout."""
     from orchmllm.runtime.launch import run_processes
 
-    outcomes = run_processes(fsdp2_skipped_forward_job, len(ONE_EMPTY), args=(shape,), timeout_s=90,
-                             collective_timeout_s=30)
+    outcomes = run_processes(fsdp2_skipped_forward_job, len(ONE_EMPTY), args=(shape,), timeout_s=240,
+                             collective_timeout_s=120)
     assert not any(outcome.ok for outcome in outcomes), outcomes
     assert "ModelContractError: rank 2: the body of `accumulate` ran no forward of the model in micro-batch 3 of " \
            "4 (whose backward reduces gradients; 0 items on this rank): under FSDP2" in outcomes[2].error, outcomes[2]
-    assert all(outcome.seconds is not None and outcome.seconds < 15 for outcome in outcomes), outcomes
+    assert all(outcome.seconds is not None and outcome.seconds < 60 for outcome in outcomes), outcomes  # not 120
 
 
 class SkipOnEmptyModel(TokenModel):
