@@ -202,7 +202,8 @@ def test_planning_time_on_real_traces(benchmark, best_of, name, num_ranks, per_r
         where = dict(sources=sources, item_bytes=lengths * 16384.0, topology=topology) if local else {}
         return balance(lengths, num_ranks, cost=cost, algorithm=name.removesuffix("+locality"), **where)
 
-    lengths, default = (sample_workload(w, num_ranks, per_rank, seed=7).sample_llm_length for w in (workload, "default"))
+    lengths, default = (sample_workload(w, num_ranks, per_rank, seed=7).sample_llm_length
+                        for w in (workload, "default"))
     result = benchmark.pedantic(plan, args=(lengths,), rounds=3, iterations=1, warmup_rounds=1)
     assert result.makespan >= result.lower_bound
     seconds, default_seconds = (best_of(lambda x=x: plan(x), 3, time.process_time) for x in (lengths, default))

@@ -11,8 +11,9 @@ planner was looked at on them since (120: a smoke test of this script), so the n
 seeds from 121.  Every row checks the bound (≤ step) and the budget, and, where the longest item fits T,
 compares the step with no splitting (`ours / no split`, which must never exceed 1).  Prints the median and
 worst step / bound (overall, per family, per D), every row above 1.10 and any worse than no splitting;
-`--jsonl` writes one JSON row per plan.  Issue 26's targets: median ≤ 1.03, worst ≤ 1.10.  Import the package from another checkout (PYTHONPATH=dir holding an `orchmllm` link) to
-measure a base tree with the same grid.
+`--jsonl` writes one JSON row per plan.  Issue 26's targets: median ≤ 1.03, worst ≤ 1.10.  Import the
+package from another checkout (PYTHONPATH=dir holding an `orchmllm` link) to measure a base tree with the
+same grid.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def report(all_rows: list[dict]) -> str:
         lines += [_line(f"{key} {value}", [row for row in all_rows if row[key] == value]) for value in values]
     lines += [f"above 1.10: {_label(row)} {row['ratio']:.4f}" for row in all_rows if row["ratio"] > 1.10]
     versus = [row for row in all_rows if row["vs_no_split"] is not None]
-    lines += [f"WORSE THAN NO SPLIT: {_label(row)} {row['vs_no_split']:.4f}" for row in versus if row["vs_no_split"] > 1]
+    lines += [f"WORSE THAN NO SPLIT: {_label(row)} {row['vs_no_split']:.4f}"
+              for row in versus if row["vs_no_split"] > 1]
     if versus:
         lines.append(f"ours / no split: worst {max(row['vs_no_split'] for row in versus):.4f} over {len(versus)} rows")
     lines.append(f"planning {sum(row['seconds'] for row in all_rows):.1f} CPU s in all")

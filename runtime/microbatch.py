@@ -362,10 +362,11 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
             f"normalize_loss(loss, micro) outside `with accumulate(model, micro):` on micro-batch {micro.index} of "
             f"{micro.num_microbatches}, which is due the model check (its runtime's first step, or a step where a "
             f"rank's last micro-batch is empty), after a forward of a DDP or FSDP2 module: wrap the micro-batch's "
-            f"body (forward, normalize_loss, backward) in `with accumulate(model, micro):`, as the loop of `runtime.microbatch` shows; it runs the check (a layer "
-            f"skipped on an empty micro-batch trains wrong under DDP without an error) and holds DDP's gradient sync "
-            f"to the last micro-batch, and is right under FSDP2 and for a plain model too; where unused parameters "
-            f"are harmless, `accumulate(model, micro, check=False)` on every rank skips the check")
+            f"body (forward, normalize_loss, backward) in `with accumulate(model, micro):`, as the loop of "
+            f"`runtime.microbatch` shows; it runs the check (a layer skipped on an empty micro-batch trains wrong "
+            f"under DDP without an error) and holds DDP's gradient sync to the last micro-batch, and is right under "
+            f"FSDP2 and for a plain model too; where unused parameters are harmless, "
+            f"`accumulate(model, micro, check=False)` on every rank skips the check")
     for contract in getattr(_active, "contracts", ()):
         if contract.micro is micro and not contract.checked:
             contract.parts.append(loss_sum)
