@@ -58,19 +58,19 @@ def module_of(encoder: Callable) -> nn.Module | None:
     return _unwrapped(encoder)[0]
 
 
-def _reentrant_checkpoint():
-    """The node of the reentrant checkpoint whose forward runs the caller, found up the stack of frames, or
-    None: a frame whose `ctx` is a `CheckpointFunctionBackward` (for an autograd Function the ctx is the
-    checkpointed output's grad_fn; torch's, Megatron-LM's and DeepSpeed's reentrant checkpoints share the
-    name, which `reached_leaves` matches)."""
-    frame = sys._getframe(2)
+def _reentrant_checkpoints() -> list:
+    """The nodes of the reentrant checkpoints whose forwards run the caller (a checkpoint inside a checkpointed
+    function runs in both), found up the stack of frames: frames whose `ctx` is a `CheckpointFunctionBackward`
+    (for an autograd Function the ctx is the checkpointed output's grad_fn; torch's, Megatron-LM's and
+    DeepSpeed's reentrant checkpoints share the name, which `reached_leaves` matches)."""
+    nodes, frame = [], sys._getframe(2)
     while frame is not None:
         if "ctx" in frame.f_code.co_varnames:
             node = frame.f_locals.get("ctx")
             if type(node).__name__ == _CHECKPOINT_NODE:
-                return node
+                nodes.append(node)
         frame = frame.f_back
-    return None
+    return nodes
 
 
 _CHECKPOINT_NODE = "CheckpointFunctionBackward"  # a reentrant checkpoint's node: its parameters are not in the graph
@@ -89,12 +89,12 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
     prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
 
     def enter(submodule, args):
-        prefix = prefixes.get(submodule)
-        if prefix is None or torch.is_grad_enabled():  # a checkpointed function runs without grad
+        if torch.is_grad_enabled():  # a checkpointed function runs without grad
             return
-        node = _reentrant_checkpoint()
-        if node is not None:
-            hidden.setdefault(node, set()).update(prefix + name for name, _ in submodule.named_parameters())
+        prefix = prefixes.get(submodule)  # a module of another model: its checkpoint is seen, hides none of these
+        hid = () if prefix is None else [prefix + name for name, _ in submodule.named_parameters()]
+        for node in _reentrant_checkpoints():
+            hidden.setdefault(node, set()).update(hid)
 
     def record(submodule, args, output):
         prefix = prefixes.get(submodule)
@@ -117,7 +117,7 @@ def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden=None
     """The names in `wanted` of the leaves the graphs of `outputs` (tensors) reach (the walk stops once
     all are found).  A reentrant checkpoint hides the parameters it used: with `hidden` (`recording`'s: those
     of the modules each checkpoint ran) they count as reached at its node; without, or for a checkpoint whose
-    forward ran no recorded module (a function using parameters directly), the answer is None."""
+    forward ran no module at all (a function using parameters directly), the answer is None."""
     reached: set[str] = set()
     stack, seen = [output.grad_fn for output in outputs], set()
     while stack and reached != wanted:

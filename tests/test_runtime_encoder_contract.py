@@ -372,3 +372,32 @@ def test_regression_a_third_party_reentrant_checkpoint_made_its_parameters_unrea
     with recording(model, hidden) as names:
         direct = head(CheckpointFunction.apply(lambda t: t @ weight, x)).sum()  # no module runs inside
     assert reached_leaves([direct], names, wanted, hidden) is None
+
+
+def test_regression_another_models_reentrant_checkpoint_switched_the_check_off():
+    """Cause (review7 R7-19, from 279b90f): a checkpoint the recording saw no module of counted as 'cannot tell',
+    and with nested `accumulate` blocks the LLM's checkpoint runs modules of the LLM only, so the vision model's
+    check was off whenever the LLM was checkpointed: a tower skipped on empty input passed silently.  A checkpoint
+    that ran another model's modules is seen and hides none of this model's; a checkpoint inside a checkpointed
+    function credits its modules to both (R7-20: the outer one alone is in the graph)."""
+    import weakref
+
+    from torch.utils.checkpoint import checkpoint
+
+    from orchmllm.runtime.encoders import reached_leaves, recording
+
+    block, head, tower, proj = (nn.Linear(4, 4) for _ in range(4))
+    llm, vision = nn.ModuleDict({"block": block, "head": head}), nn.ModuleDict({"tower": tower, "proj": proj})
+    hidden_llm, hidden_vision = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
+    with recording(llm, hidden_llm) as names_llm, recording(vision, hidden_vision) as names_vision:
+        embedded = proj(torch.randn(0, 4))  # the tower skipped on empty input
+        loss = head(checkpoint(block, embedded, use_reentrant=True)).sum()
+    assert reached_leaves([loss], names_vision, set(dict(vision.named_parameters())), hidden_vision) == \
+        {"proj.weight", "proj.bias"}
+    assert reached_leaves([loss], names_llm, set(dict(llm.named_parameters())), hidden_llm) == \
+        set(dict(llm.named_parameters()))
+    hidden = weakref.WeakKeyDictionary()
+    with recording(llm, hidden) as names:
+        inner = lambda x: checkpoint(block, x, use_reentrant=True)  # noqa: E731
+        loss = head(checkpoint(inner, torch.randn(3, 4, requires_grad=True), use_reentrant=True)).sum()
+    assert reached_leaves([loss], names, set(dict(llm.named_parameters())), hidden) == set(dict(llm.named_parameters()))
