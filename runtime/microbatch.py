@@ -163,8 +163,8 @@ def iterate(microbatches):
 
 @contextlib.contextmanager
 def _noting_synced_forwards(micro: MicroBatch):
-    """While the loop body of a micro-batch due a model check runs: note (`_active.synced`) a forward, on this
-    thread, of a module whose backward reduces every parameter's gradient (DDP, FSDP2), so that `normalize_loss(loss,
+    """While the loop body of a micro-batch due a model check runs: note (`_active.synced`) a forward with grad,
+    on this thread, of a module whose backward reduces every parameter's gradient (DDP, FSDP2), so that `normalize_loss(loss,
     micro)` outside `accumulate` refuses it (a plain module with a hand-made all-reduce, which takes a missing
     gradient as zeros, is fine without)."""
     if micro.contract is None:
@@ -173,7 +173,7 @@ def _noting_synced_forwards(micro: MicroBatch):
     thread = threading.get_ident()
 
     def note(module, args):
-        if threading.get_ident() == thread and _reduces_every_parameter(module):
+        if threading.get_ident() == thread and torch.is_grad_enabled() and _reduces_every_parameter(module):
             _active.synced = weakref.ref(micro)
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(note)

@@ -898,6 +898,32 @@ def bare_loop_job(rank, size, budget):
     return "no error", "", done
 
 
+def no_grad_reference_job(rank, size):
+    """A plain model's micro-batch loop without `accumulate` (its gradients reduced by hand) that runs a DDP
+    reference model under `torch.no_grad()` in each body: the micro-batches whose body ran to its end."""
+    torch.manual_seed(0)
+    reference, model = nn.parallel.DistributedDataParallel(SkipOnEmptyModel().double()), SkipOnEmptyModel().double()
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    done = []
+    for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
+        with torch.no_grad():
+            reference(micro.data["tokens"])
+        loss_sum = nn.functional.cross_entropy(model(micro.data["tokens"]), micro.data["labels"], ignore_index=-1,
+                                               reduction="sum")
+        normalize_loss(loss_sum, micro).backward()
+        done.append(micro.index)
+    return done
+
+
+def test_regression_a_ddp_reference_model_under_no_grad_made_a_plain_loop_refused():
+    """Cause (review7 R7-21): the bare-loop refusal noted any forward of a DDP module in a due body, so a plain
+    model's loop (gradients reduced by hand) that ran a DDP reference model under `torch.no_grad()` was refused;
+    only a forward with grad, whose backward DDP reduces, is noted now."""
+    assert spawn(no_grad_reference_job, len(ONE_EMPTY), timeout_s=60) == [[0, 1, 2, 3]] * 3
+
+
 @pytest.mark.parametrize("budget", [40, None], ids=["budget, last micro-batch empty", "first step, one micro-batch"])
 def test_regression_a_bare_micro_batch_loop_under_ddp_got_no_model_check(budget):
     """Cause (probe10 P10-21, P10-11's first-step repro): the model check ran only inside `accumulate`, so a loop
