@@ -164,9 +164,9 @@ def iterate(microbatches):
 @contextlib.contextmanager
 def _noting_synced_forwards(micro: MicroBatch):
     """While the loop body of a micro-batch due a model check runs: note (`_active.synced`) a forward with grad,
-    on this thread, of a module whose backward reduces every parameter's gradient (DDP, FSDP2), so that `normalize_loss(loss,
-    micro)` outside `accumulate` refuses it (a plain module with a hand-made all-reduce, which takes a missing
-    gradient as zeros, is fine without)."""
+    on this thread, of a module whose backward reduces every parameter's gradient (DDP, FSDP2), so that
+    `normalize_loss(loss, micro)` outside `accumulate` refuses it (a plain module with a hand-made all-reduce,
+    which takes a missing gradient as zeros, is fine without)."""
     if micro.contract is None:
         yield
         return
