@@ -180,11 +180,11 @@ def run(args) -> int:
         return run_giants(args)
     if args.context_parallel is not None:
         raise UsageError("--context-parallel needs --workload giants")
-    from ..orchestrator.stages import MICROBATCHED_LLM_ALGORITHMS
-    if args.max_tokens_per_microbatch is not None and args.algorithm not in MICROBATCHED_LLM_ALGORITHMS:
-        raise UsageError(f"--algorithm {args.algorithm} with --max-tokens-per-microbatch: the LLM stage's cells come "
-                         f"from the micro-batch planner, so its balancer would not run; leave --algorithm at "
-                         f"{' or '.join(MICROBATCHED_LLM_ALGORITHMS)}")
+    from ..orchestrator.stages import MICROBATCHED_LLM_ALGORITHMS, one_pass_replaced
+    problem = None if args.max_tokens_per_microbatch is None else one_pass_replaced(
+        args.algorithm, MICROBATCHED_LLM_ALGORITHMS, "--algorithm", "--max-tokens-per-microbatch")
+    if problem is not None:
+        raise UsageError(problem)
     if args.gpus_per_node is not None and args.transport != "hierarchical":
         raise UsageError("--gpus-per-node applies only with --transport hierarchical (the flat all-to-all does "
                          "not look at nodes)")

@@ -87,12 +87,23 @@ def check_stages(stages) -> tuple[Stage, ...]:
 MICROBATCHED_LLM_ALGORITHMS = ("lpt", "auto")  # Stage's default and the balancers': what a stage names by default
 
 
+def one_pass_replaced(algorithm: str, defaults: tuple[str, ...], what: str = "`algorithm`",
+                      budget: str = "`max_tokens_per_microbatch`", where: str = "") -> str | None:
+    """Why `algorithm`, a balancer of one pass per rank, cannot be chosen beside a micro-batch budget: the cells
+    come from the micro-batch planner, so a choice other than the caller's `defaults` would be dropped with no word;
+    None for a default.  The one rule of the dispatcher, the orchestrator and `orchmllm demo` (each names its
+    own argument `what`, budget and defaults)."""
+    if algorithm in defaults:
+        return None
+    return (f"{where}{what} {algorithm!r} plans a step of one pass per rank, which {budget} replaces: its cells come "
+            f"from the micro-batch planner (`microbatch_algorithm` in Python); leave {what} at "
+            f"{' or '.join(map(repr, defaults))}")
+
+
 def check_microbatched_llm(stage: Stage, microbatching) -> None:
-    """With a micro-batch budget (`microbatching` not None) the LLM stage's cells come from `microbatch_algorithm`,
-    so its own `algorithm` never runs: ValueError where it names one other than a default (an explicit choice,
-    'identity' among them, that would be dropped with no word)."""
-    if microbatching is not None and stage.algorithm not in MICROBATCHED_LLM_ALGORITHMS:
-        raise ValueError(f"stage {stage.name!r}: `algorithm` {stage.algorithm!r} plans the LLM stage as one pass per "
-                         f"rank, which `max_tokens_per_microbatch` replaces: its cells come from "
-                         f"`microbatch_algorithm` (pass your choice there, or leave the stage's `algorithm` at "
-                         f"{' or '.join(map(repr, MICROBATCHED_LLM_ALGORITHMS))})")
+    """With a micro-batch budget (`microbatching` not None) the LLM stage's own `algorithm` never runs:
+    ValueError where it names one other than a default (`one_pass_replaced`)."""
+    problem = None if microbatching is None else one_pass_replaced(stage.algorithm, MICROBATCHED_LLM_ALGORITHMS,
+                                                                   where=f"stage {stage.name!r}: ")
+    if problem is not None:
+        raise ValueError(problem)

@@ -16,6 +16,7 @@ from ..balancers import get_algorithm
 from ..balancers.problem import as_time_limit
 from ..balancers.validation import as_bool, as_int
 from ..orchestrator.options import StepOptions
+from ..orchestrator.stages import one_pass_replaced
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,9 @@ class DispatchOptions(StepOptions):
     check_plan: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tokens_per_microbatch is not None and self.algorithm != "auto":
-            raise ValueError(f"`algorithm` {self.algorithm!r} plans a step of one pass per rank, which "
-                             f"`max_tokens_per_microbatch` replaces: the micro-batch planner is `microbatch_algorithm` "
-                             f"(pass your choice there, or leave `algorithm` at 'auto')")
+        problem = None if self.max_tokens_per_microbatch is None else one_pass_replaced(self.algorithm, ("auto",))
+        if problem is not None:
+            raise ValueError(problem)
         get_algorithm(self.algorithm, "algorithm")
         canonical = {"padded": as_bool(self.padded, "padded"), "per_item_keys": _keys(self.per_item_keys),
                      "max_tokens_per_rank": as_int(self.max_tokens_per_rank, "max_tokens_per_rank", minimum=1,

@@ -358,8 +358,9 @@ BAD_INPUTS = {
     # probe10 P10-20: the LLM stage's balancer never ran under a micro-batch budget, no word said
     "demo balancer the micro-batch planner replaces": (
         ["demo", "--algorithm", "identity", "--max-tokens-per-microbatch", "4096"],
-        "--algorithm identity with --max-tokens-per-microbatch: the LLM stage's cells come from the micro-batch "
-        "planner, so its balancer would not run; leave --algorithm at lpt or auto"),
+        "--algorithm 'identity' plans a step of one pass per rank, which --max-tokens-per-microbatch replaces: its "
+        "cells come from the micro-batch planner (`microbatch_algorithm` in Python); leave --algorithm at 'lpt' or "
+        "'auto'"),
     "demo micro-batch budget 0": (["demo", "--max-tokens-per-microbatch", "0"],
                                   "--max-tokens-per-microbatch must be >= 1; got 0"),
     "demo micro-batch budget below the longest sample": (

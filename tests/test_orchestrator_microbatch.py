@@ -319,9 +319,10 @@ def test_regression_the_llm_stage_s_algorithm_was_dropped_under_a_micro_batch_bu
     `algorithm` ('identity': keep the sampled placement) was validated and never run: one bit-identical plan for
     every choice, no word (probe10 P10-20).  A choice other than a default is refused naming the replacement."""
     stages = (*STAGES[:-1], dataclasses.replace(STAGES[-1], algorithm=algorithm))
-    with pytest.raises(ValueError, match=rf"^stage 'llm': `algorithm` '{algorithm}' plans the LLM stage as one pass "
-                                         r"per rank, which `max_tokens_per_microbatch` replaces: its cells come from "
-                                         r"`microbatch_algorithm`"):
+    with pytest.raises(ValueError, match=rf"^stage 'llm': `algorithm` '{algorithm}' plans a step of one pass per "
+                                         r"rank, which `max_tokens_per_microbatch` replaces: its cells come from the "
+                                         r"micro-batch planner \(`microbatch_algorithm` in Python\); leave "
+                                         r"`algorithm` at 'lpt' or 'auto'$"):
         Orchestrator(stages, 4, max_tokens_per_microbatch=16384)
     Orchestrator(stages, 4)  # a step of one pass runs it
 
