@@ -32,9 +32,12 @@ Algorithm:
             within its tokens, its level's work and D ranks held alone (`group_microbatches`)
         each micro-batch: `balance(..., context_parallel=spec, max_tokens_per_rank=T)` (the split
             planner: canonical allotment at its bound, groups on aligned blocks, local search)
-    while the best is above the bound by more than 3 %: move items out of the micro-batch furthest above
-        its own pass bound into another where both micro-batches' plans lower the step (`regroup.py`)
-    return the best split plan if it splits and beats P by more than min_gain, else P
+        a fill without layout while none has laid out, M not fixed (until one repair lays out): that grouping
+            again, its micro-batch without layout spilling items over T to the next and refilled (`repair.py`)
+    for the fills' best and the repaired plan, while above the bound by more than 3 %: move items out of the
+        micro-batch furthest above its own pass bound into another where both micro-batches' plans lower the
+        step (`regroup.py`); the lower step is the best
+    return the best split plan (the fills' on a tie) if it splits and beats P by more than min_gain, else P
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from ..validation import as_index, as_int, as_real
 from .bound import least_work
 from .plan import ContextParallelPlan
 from .regroup import regroup
+from .repair import repaired_grouping
 from .spec import ContextParallel
 from .split import allot, allowed_degrees, balance_split
 
@@ -369,14 +373,18 @@ def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ran
 
 
 def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, costs, table, room, fixed: bool,
-                 plan_pass: _PassPlans) -> SplitMicroBatchPlan | None:
+                 plan_pass: _PassPlans, repair: bool = False) -> SplitMicroBatchPlan | None:
     """The split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split
-    planner in each, `plan_pass`); None when some micro-batch finds no layout within the budget."""
+    planner in each, `plan_pass`); None when some micro-batch finds no layout within the budget
+    (with `repair`, that micro-batch spills first, `repair.py`)."""
     degrees = np.array(spec.degrees, dtype=np.int64)
     microbatch = group_microbatches(table, degrees, costs, lengths, num_ranks, num_microbatches, room, budget)
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
+    if repair:
+        found = repaired_grouping(microbatch, lengths, table.min(axis=1), budget, plan_pass)
+        return None if found is None else _assemble(lengths, *found, num_ranks, spec, budget, overhead)
     passes = []
     for m in range(num_microbatches):
         items = np.flatnonzero(microbatch == m)
@@ -418,7 +426,8 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     if today is not None and not np.any(costs * num_ranks * first > total):  # no giant: every plan works Σ f
         return wrap_unsplit(today, spec, costs, float_sum([total / num_ranks, (num_microbatches or fewest) * overhead]))
     bound, fewest, table = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
-    best, tokens, plan_pass = None, int(lengths.sum()), _PassPlans(lengths, num_ranks, spec, cost, budget)
+    best, repaired, tokens, plan_pass = None, None, int(lengths.sum()), _PassPlans(lengths, num_ranks, spec, cost,
+                                                                                   budget)
     for fill in FILLS:
         room = int(fill * num_ranks * budget)
         m = max(first, -(-tokens // room))
@@ -427,14 +436,19 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
             break
         found = _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches or m, costs, table,
                              -(-tokens // num_microbatches) if over else room, num_microbatches is not None, plan_pass)
+        if found is None and best is None and repaired is None and num_microbatches is None:
+            repaired = _split_cells(lengths, num_ranks, spec, budget, overhead, m, costs, table, room, False,
+                                    plan_pass, repair=True)
         if found is not None and (best is None or found.step_cost < best.step_cost):
             best = found
         elif found is not None and found.num_microbatches > best.num_microbatches:
             break  # fewer, fuller micro-batches did better; lower fills only add micro-batches
         if over:  # the fullest fill the fixed M allows was tried (no plan at a lower fill yet)
             break
-    if best is not None and best.split_items.size and best.step_cost > bound * (1 + RETRY_GAP):
-        best = _regrouped(best, lengths, spec, table, bound * (1 + RETRY_GAP), plan_pass)
+    goal = bound * (1 + RETRY_GAP)
+    plans = [plan if plan is None or not plan.split_items.size or plan.step_cost <= goal
+             else _regrouped(plan, lengths, spec, table, goal, plan_pass) for plan in (best, repaired)]
+    best = min((plan for plan in plans if plan is not None), key=lambda plan: plan.step_cost, default=None)
     if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
         if today is None:
             raise refusal if refusal is not None else InfeasibleError(
