@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.autograd.function import BackwardCFunction
 
 
 class EncoderContractError(ValueError):
@@ -59,15 +60,16 @@ def module_of(encoder: Callable) -> nn.Module | None:
 
 
 def _reentrant_checkpoints() -> list:
-    """The nodes of the reentrant checkpoints whose forwards run the caller (a checkpoint inside a checkpointed
-    function runs in both), found up the stack of frames: frames whose `ctx` is a `CheckpointFunctionBackward`
-    (for an autograd Function the ctx is the checkpointed output's grad_fn; torch's, Megatron-LM's and
-    DeepSpeed's reentrant checkpoints share the name, which `reached_leaves` matches)."""
+    """The nodes of the autograd Functions whose forwards run the caller (a checkpoint inside a checkpointed
+    function runs in both), found up the stack of frames: frames whose `ctx` is a Function's node (its ctx is
+    the output's grad_fn).  Reentrant checkpoints are such Functions, whatever their name (torch's, Megatron-LM's
+    and DeepSpeed's `CheckpointFunction`, a framework's recompute Function): they run their function without
+    grad and again in the backward."""
     nodes, frame = [], sys._getframe(2)
     while frame is not None:
         if "ctx" in frame.f_code.co_varnames:
             node = frame.f_locals.get("ctx")
-            if type(node).__name__ == _CHECKPOINT_NODE:
+            if isinstance(node, BackwardCFunction):
                 nodes.append(node)
         frame = frame.f_back
     return nodes
@@ -88,13 +90,17 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
 
+    def own(submodule) -> list[str]:  # a module of another model hides none of these
+        prefix = prefixes.get(submodule) if isinstance(submodule, nn.Module) else None
+        return [] if prefix is None else [prefix + name for name, _ in submodule.named_parameters(recurse=False)]
+
     def enter(submodule, args):
         if torch.is_grad_enabled():  # a checkpointed function runs without grad
             return
-        prefix = prefixes.get(submodule)  # a module of another model: its checkpoint is seen, hides none of these
-        hid = () if prefix is None else [prefix + name for name, _ in submodule.named_parameters()]
-        for node in _reentrant_checkpoints():
-            hidden.setdefault(node, set()).update(hid)
+        for node in _reentrant_checkpoints():  # each module that runs credits its own parameters
+            hid = hidden.setdefault(node, set())
+            hid.update(own(submodule))
+            hid.update(own(getattr(getattr(node, "run_function", None), "__self__", None)))  # `self.pos` of a method
 
     def record(submodule, args, output):
         prefix = prefixes.get(submodule)
@@ -125,10 +131,10 @@ def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden=None
         if node is None or node in seen:
             continue
         seen.add(node)
-        if type(node).__name__ == _CHECKPOINT_NODE:
-            if hidden is None or node not in hidden:  # its forward ran no recorded module: cannot tell
-                return None
+        if hidden is not None and node in hidden:  # a Function whose forward ran modules (a reentrant checkpoint)
             reached |= hidden[node] & wanted
+        elif type(node).__name__ == _CHECKPOINT_NODE:  # a checkpoint that ran no module: cannot tell
+            return None
         variable = getattr(node, "variable", None)
         if variable is not None and names.get(id(variable)) in wanted:
             reached.add(names[id(variable)])

@@ -338,7 +338,7 @@ class CheckpointFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, run, *args):
-        ctx.run = run
+        ctx.run_function = run  # the name torch's, Megatron-LM's and DeepSpeed's give it
         ctx.save_for_backward(*args)
         with torch.no_grad():
             return run(*args)
@@ -347,7 +347,7 @@ class CheckpointFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         args = [arg.detach().requires_grad_() for arg in ctx.saved_tensors]
         with torch.enable_grad():
-            torch.autograd.backward(ctx.run(*args), grads)
+            torch.autograd.backward(ctx.run_function(*args), grads)
         return (None, *(arg.grad for arg in args))
 
 
@@ -401,3 +401,55 @@ def test_regression_another_models_reentrant_checkpoint_switched_the_check_off()
         inner = lambda x: checkpoint(block, x, use_reentrant=True)  # noqa: E731
         loss = head(checkpoint(inner, torch.randn(3, 4, requires_grad=True), use_reentrant=True)).sum()
     assert reached_leaves([loss], names, set(dict(llm.named_parameters())), hidden) == set(dict(llm.named_parameters()))
+
+
+class RecomputeFunction(torch.autograd.Function):
+    """A framework's own reentrant recompute, under another name than `CheckpointFunction`."""
+
+    forward, backward = CheckpointFunction.forward, CheckpointFunction.backward
+
+
+class Trunk(nn.Module):
+    def __init__(self, skip_empty: bool):
+        super().__init__()
+        self.skip_empty, self.lin1, self.lin2 = skip_empty, nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        hidden = torch.tanh(self.lin1(x))
+        return hidden if self.skip_empty and x.shape[0] == 0 else self.lin2(hidden)
+
+
+class CheckpointedNet(nn.Module):
+    """`head(recompute(self.embed, x))`: `embed` adds a parameter of the root directly, then runs the trunk."""
+
+    def __init__(self, skip_empty: bool, function=CheckpointFunction):
+        super().__init__()
+        self.pos, self.trunk, self.head, self.function = nn.Parameter(torch.zeros(4)), Trunk(skip_empty), \
+            nn.Linear(4, 1), function
+
+    def embed(self, x):
+        return self.trunk(x + self.pos)
+
+    def forward(self, x):
+        return self.head(self.function.apply(self.embed, x))
+
+
+@pytest.mark.parametrize("function", [CheckpointFunction, RecomputeFunction], ids=["CheckpointFunction", "recompute"])
+@pytest.mark.parametrize("rows", [3, 0], ids=["items", "empty"])
+def test_regression_a_reentrant_checkpoint_credited_every_parameter_below_a_module_it_entered(function, rows):
+    """Causes (probe11 P11-01, P11-02, P11-06): a module entered inside a reentrant checkpoint credited its whole
+    subtree, so a trunk skipping `lin2` on empty input passed (silently wrong under DDP); a parameter the
+    checkpointed method uses directly (`x + self.pos`) was named unused; a recompute Function under another name
+    than `CheckpointFunction` had every parameter inside it named unused.  Each module that runs credits its own
+    parameters, the checkpointed method's module its own too, and any autograd Function's forward is recorded."""
+    import weakref
+
+    from orchmllm.runtime.encoders import reached_leaves, recording
+
+    for skip in (False, True):
+        model = CheckpointedNet(skip, function)
+        hidden, wanted = weakref.WeakKeyDictionary(), set(dict(model.named_parameters()))
+        with recording(model, hidden) as names:
+            loss = model(torch.randn(rows, 4, requires_grad=True)).sum()
+        left_out = wanted - reached_leaves([loss], names, wanted, hidden)
+        assert left_out == ({"trunk.lin2.weight", "trunk.lin2.bias"} if skip and rows == 0 else set())
