@@ -373,18 +373,24 @@ def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ran
 
 
 def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, costs, table, room, fixed: bool,
-                 plan_pass: _PassPlans, repair: bool = False) -> SplitMicroBatchPlan | None:
-    """The split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split
-    planner in each, `plan_pass`); None when some micro-batch finds no layout within the budget
-    (with `repair`, that micro-batch spills first, `repair.py`)."""
+                 plan_pass: _PassPlans, repair: bool = False) -> tuple:
+    """(the split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split planner in
+    each, `plan_pass`), or None when some micro-batch finds no layout within the budget; with `repair`, the
+    plan of that grouping after its micro-batches without layout spill (`repair.py`), or None)."""
     degrees = np.array(spec.degrees, dtype=np.int64)
     microbatch = group_microbatches(table, degrees, costs, lengths, num_ranks, num_microbatches, room, budget)
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
-    if repair:
-        found = repaired_grouping(microbatch, lengths, table.min(axis=1), budget, plan_pass)
-        return None if found is None else _assemble(lengths, *found, num_ranks, spec, budget, overhead)
+    found = _planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, plan_pass)
+    if found is not None or not repair:
+        return found, None
+    repaired = repaired_grouping(microbatch, lengths, table.min(axis=1), budget, plan_pass)
+    return None, None if repaired is None else _assemble(lengths, *repaired, num_ranks, spec, budget, overhead)
+
+
+def _planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, plan_pass):
+    """The split plan of the grouping `microbatch`, or None where a micro-batch finds no layout."""
     passes = []
     for m in range(num_microbatches):
         items = np.flatnonzero(microbatch == m)
@@ -434,11 +440,11 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
         over = num_microbatches is not None and m > num_microbatches  # this fill needs more than the fixed M
         if best is not None and (over or best.step_cost <= bound * (1 + RETRY_GAP)):
             break
-        found = _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches or m, costs, table,
-                             -(-tokens // num_microbatches) if over else room, num_microbatches is not None, plan_pass)
-        if found is None and best is None and repaired is None and num_microbatches is None:
-            repaired = _split_cells(lengths, num_ranks, spec, budget, overhead, m, costs, table, room, False,
-                                    plan_pass, repair=True)
+        found, spilled = _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches or m, costs,
+                                      table, -(-tokens // num_microbatches) if over else room,
+                                      num_microbatches is not None, plan_pass,
+                                      repair=best is None and repaired is None and num_microbatches is None)
+        repaired = spilled if spilled is not None else repaired
         if found is not None and (best is None or found.step_cost < best.step_cost):
             best = found
         elif found is not None and found.num_microbatches > best.num_microbatches:
