@@ -97,10 +97,11 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
     def enter(submodule, args):
         if torch.is_grad_enabled():  # a checkpointed function runs without grad
             return
-        for node in _reentrant_checkpoints():  # each module that runs credits its own parameters
-            hid = hidden.setdefault(node, set())
-            hid.update(own(submodule))
-            hid.update(own(getattr(getattr(node, "run_function", None), "__self__", None)))  # `self.pos` of a method
+        mine = own(submodule)  # each module that runs credits its own parameters
+        for node in _reentrant_checkpoints():
+            if node not in hidden:  # and a checkpointed method's module its own (`self.pos`), once
+                hidden[node] = set(own(getattr(getattr(node, "run_function", None), "__self__", None)))
+            hidden[node].update(mine)
 
     def record(submodule, args, output):
         prefix = prefixes.get(submodule)

@@ -400,15 +400,15 @@ def check_model_contract(contract: _Contract, backward: bool = True) -> None:
     failed = torch.nonzero(flags).flatten().tolist()
     if not failed:
         return
+    rank = group_rank(group)
     where = (f"micro-batch {micro.index} of {micro.num_microbatches} (whose backward reduces gradients; "
-             f"{len(micro.items)} items on rank {group_rank(group)})")
+             f"{len(micro.items)} items on rank {rank})")
     advice = ("DDP and FSDP reduce every parameter's gradient in that backward on every rank, and a rank's "
               "micro-batch may be empty (every rank runs every micro-batch): compute the output through every "
               "parameter and the loss from the output on empty micro-batches too (run the layers on the empty "
               "tensors instead of returning early or a constant; e.g. `output.sum() * 0` for an empty loss) and "
               "normalise every part of it with `normalize_loss`, set requires_grad=False on parameters never used, "
               "or pass `accumulate(model, micro, check=False)` on every rank where unused parameters are harmless")
-    rank = group_rank(group)
     if unused and not contract.parts:
         raise ModelContractError(f"rank {rank}: no loss passed through `normalize_loss(loss, micro)` in {where}, "
                                  f"so its backward gives the model's parameters no gradient: {advice}")
