@@ -201,9 +201,9 @@ def test_regression_every_fill_was_planned_after_one_needing_more_microbatches_l
     steps, split_cells = [], microbatch._split_cells
 
     def counted(*args, **kwargs):
-        found = split_cells(*args, **kwargs)
+        found, repaired = split_cells(*args, **kwargs)
         steps.append((found.num_microbatches, found.step_cost))
-        return found
+        return found, repaired
 
     monkeypatch.setattr(microbatch, "_split_cells", counted)
     lengths = sample_workload("long", 64, 16, seed=7).sample_llm_length
