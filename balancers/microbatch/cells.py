@@ -25,6 +25,7 @@ import bisect
 import numpy as np
 
 from ..kernels import lpt
+from ..orders import sealed
 from ..problem import InfeasibleError, sorted_order
 from .greedy import solve as greedy_solve, split
 from .plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cells_problem
@@ -78,69 +79,77 @@ def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.nda
         return None
 
 
-class _Rooms:
-    """The cells by room left: one list per room, cell ids descending (the least is popped
-    first; sorted when taken, after cells came in), and the rooms held, ascending."""
-
-    def __init__(self, cap: int, num_cells: int):
-        self.held = [cap] if num_cells else []
-        self.cells = {cap: list(range(num_cells - 1, -1, -1))}
-        self.unsorted = set()
-
-    def take(self, room: int) -> list:
-        cells = self.cells[room]
-        if room in self.unsorted:
-            cells.sort(reverse=True)
-            self.unsorted.discard(room)
-        return cells
-
-    def put(self, room: int, cells: list) -> None:
-        held = self.cells.get(room)
-        if held is None:
-            self.cells[room] = cells
-            bisect.insort(self.held, room)
-        else:
-            held.extend(cells)
-            self.unsorted.add(room)
-
-    def drop(self, room: int) -> None:
-        del self.cells[room]
-        del self.held[bisect.bisect_left(self.held, room)]
-
-
 def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray | None:
     """Best-fit decreasing on the tokens over the M·D cells (cell m·D + r per item), or None
     when even that leaves an item without room: every item, longest first (ties by index),
     goes to the cell with the least room that still takes it (ties by cell).
 
-    A run of k items of one length l is placed at once: the cells with room >= l, by (room,
-    cell), each take room // l items before the next, since a cell's room left stays the least
-    >= l (none lay between); so it costs one step per room it uses up, not one per item
-    (`reference.best_fit_cells` is the item-by-item loop, for the tests).
+    Best fit takes an untouched cell (room T, the lowest first) only where no other has room,
+    so with more cells it makes the same choices: one packing (`best_fit`, kept on the problem
+    for the next M) answers every M, the cells it opens deciding which M it fits in.
 
     >>> from orchmllm.balancers.microbatch.api import make_microbatch_problem
     >>> problem = make_microbatch_problem([6, 5, 4, 3, 2], 1, max_tokens_per_microbatch=10)
     >>> tight_cells(problem, 2).tolist(), tight_cells(problem, 1)
     ([0, 1, 0, 1, 1], None)
     """
-    order = problem.length_order
-    ordered = problem.lengths[order]
-    bounds = np.flatnonzero(np.diff(ordered, prepend=-1, append=-1))  # where runs start, and n (lengths >= 0)
-    rooms = _Rooms(problem.max_tokens_per_microbatch, num_microbatches * problem.num_ranks)
-    taken, times = [], []  # cells in turn, and how many items in `order` each takes
-    for length, count in zip(ordered[bounds[:-1]].tolist(), np.diff(bounds).tolist()):
-        if length == 0:
-            if not rooms.held:
-                return None
-            taken.append(rooms.take(rooms.held[0])[-1])  # room unchanged
+    budget = problem.max_tokens_per_microbatch
+    kept = problem.packings.get(budget)
+    if kept is None or kept[0] is not problem.lengths:
+        kept = problem.packings[budget] = (problem.lengths, *best_fit(problem.lengths, problem.length_order, budget))
+    _, cell_of, opened = kept
+    return cell_of if opened <= num_microbatches * problem.num_ranks else None
+
+
+def best_fit(lengths: np.ndarray, order: np.ndarray, cap: int) -> tuple[np.ndarray, int]:
+    """(cell per item, cells opened) of best-fit decreasing into as many cells of room `cap` as it
+    opens (each item at most `cap`; `order`: longest first, ties by index).
+
+    Items longer than cap / 2 each open a cell, in turn (no room left beside one takes
+    another).  After them, a run of k items of one length l is placed at once: the cells with
+    room >= l, by (room, cell), each take room // l items before the next, since a cell's room
+    left stays the least >= l (none lay between); so it costs one step per room it uses up, not
+    one per item (`reference.best_fit_cells` is the item-by-item loop, for the tests).
+    """
+    ordered = lengths[order]
+    big = int(np.count_nonzero(2 * ordered > cap))
+    held, cells_of, unsorted = _opened(cap - ordered[:big])
+    taken, times = [], []  # after the long items: cells in turn, and how many items in `order` each takes
+    opened, tail = big, ordered[big:]
+    bounds = np.flatnonzero(np.diff(tail, prepend=-1, append=-1))  # where runs start, and their end
+    for length, count in zip(tail[bounds[:-1]].tolist(), np.diff(bounds).tolist()):
+        if length == 0:  # to the least room (unchanged), the lowest cell of it; an untouched cell if none
+            cells = cells_of[held[0]] if held else None
+            if cells is not None and held[0] in unsorted:
+                cells.sort(reverse=True)
+                unsorted.discard(held[0])
             times.append(count)
+            taken.append(cells[-1] if cells else 0)
+            opened = max(opened, 1)
             continue
         while count:
-            where = bisect.bisect_left(rooms.held, length)
-            if where == len(rooms.held):
-                return None
-            room = rooms.held[where]
-            cells = rooms.take(room)
+            where = bisect.bisect_left(held, length)
+            if where == len(held):  # untouched cells, the lowest first
+                per = cap // length
+                full = count // per
+                if full:
+                    taken += range(opened, opened + full)
+                    times += [per] * full
+                    _put(held, cells_of, unsorted, cap - per * length, list(range(opened + full - 1, opened - 1, -1)))
+                    opened += full
+                    count -= full * per
+                if count:
+                    taken.append(opened)
+                    times.append(count)
+                    _put(held, cells_of, unsorted, cap - count * length, [opened])
+                    opened += 1
+                    count = 0
+                continue
+            room = held[where]
+            cells = cells_of[room]
+            if room in unsorted:
+                cells.sort(reverse=True)
+                unsorted.discard(room)
             per = room // length
             full = min(len(cells), count // per)
             if full:
@@ -148,19 +157,40 @@ def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray
                 del cells[-full:]
                 taken += filled[::-1]
                 times += [per] * full
-                rooms.put(room - per * length, filled)
                 count -= full * per
+                _put(held, cells_of, unsorted, room - per * length, filled)
             if count and cells:
                 cell = cells.pop()
                 taken.append(cell)
                 times.append(count)
-                rooms.put(room - count * length, [cell])
+                _put(held, cells_of, unsorted, room - count * length, [cell])
                 count = 0
             if not cells:
-                rooms.drop(room)
-    cell_of = np.empty(problem.num_items, dtype=np.int64)
-    cell_of[order] = np.repeat(np.array(taken, dtype=np.int64), times)
-    return cell_of
+                del cells_of[room]
+                del held[bisect.bisect_left(held, room)]
+    cell_of = np.empty(lengths.size, dtype=np.int64)
+    cell_of[order] = np.concatenate((np.arange(big), np.repeat(np.array(taken, dtype=np.int64), times)))
+    return sealed(cell_of), opened
+
+
+def _opened(rooms: np.ndarray) -> tuple[list, dict, set]:
+    """The rooms held (ascending), their cells (descending, the least popped first) and the rooms
+    whose cells need sorting, of cells 0, 1, ... left with `rooms` (ascending)."""
+    starts = np.flatnonzero(np.diff(rooms, prepend=-1))
+    ends = np.append(starts[1:], rooms.size).tolist()
+    held = rooms[starts].tolist()
+    return held, {room: list(range(end - 1, start - 1, -1)) for room, start, end in zip(held, starts.tolist(), ends)}, set()
+
+
+def _put(held: list, cells_of: dict, unsorted: set, room: int, cells: list) -> None:
+    """Cells `cells` (descending) now at `room`: a new room held, or more cells of one (to sort)."""
+    known = cells_of.get(room)
+    if known is None:
+        cells_of[room] = cells
+        bisect.insort(held, room)
+    else:
+        known.extend(cells)
+        unsorted.add(room)
 
 
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:

@@ -35,6 +35,9 @@ class MicroBatchProblem(SortedItems):
     time_limit: float | None = None  # seconds, when given: each kernel converts it to its own operations
     # `SortedItems`' orders once computed (`Orders`); a `dataclasses.replace` over the same items shares them
     orders: Orders = field(default_factory=dict, repr=False)  # a mapping given: its entries, of these items
+    # the tight token packing (`cells.tight_cells`) by budget, with the lengths it packed: one for every M,
+    # found once and shared by the copies each kernel call gets (`for_kernel`)
+    packings: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_items(self) -> int:
