@@ -96,3 +96,32 @@ def test_regression_small_items_crowded_the_giants_groups_of_a_token_bound_micro
     plan = balance_microbatches(lengths, 64, cost=LLM_COST, max_tokens_per_microbatch=65536, context_parallel=spec)
     assert plan.step_cost <= 1.09 * plan.lower_bound
     check_split_cells(plan, lengths, 64, spec, LLM_COST, 65536)
+
+
+def walked_crowd(plan, limit: float) -> list[int]:
+    """The crowd by its definition: every item by time ascending (ties by index), taken out while one of its ranks
+    is above `limit`, each rank's load lowered one item at a time."""
+    loads, crowd = plan.loads.tolist(), []
+    for k in np.lexsort((np.arange(plan.num_items), plan.item_time)).tolist():
+        block = range(int(plan.assignment[k]), int(plan.assignment[k] + plan.degree[k]))
+        if max(loads[rank] for rank in block) > limit:
+            for rank in block:
+                loads[rank] -= float(plan.item_time[k])
+            crowd.append(k)
+    return crowd
+
+
+@settings(max_examples=10, deadline=None)
+@given(case=giant_microbatches(), level=st.sampled_from([0.0, 0.5, 0.9, 1.0]))
+def test_the_crowd_merged_by_rank_is_the_walk_over_every_item(case, level):
+    """`_crowd` walks only the ranks above the limit (a heap merge): the same items in the same order as the walk
+    over every item, down to the float order of each rank's subtractions, on every micro-batch's split plan (the
+    limit a load quantile, ties kept, or the pass bound as the search sets it)."""
+    lengths, num_ranks, budget, cost = case
+    plan = balance_microbatches(lengths, num_ranks, cost=cost, max_tokens_per_microbatch=budget,
+                                context_parallel=ContextParallel(gpus_per_node=8))
+    for placed in plan.passes or ():
+        if placed is not None:
+            limit = (float(np.quantile(placed.loads, level)) if level < 1
+                     else placed.lower_bound * (1 + regroup.FLOAT_SLACK))
+            assert regroup._crowd(placed, limit).tolist() == walked_crowd(placed, limit)

@@ -27,11 +27,12 @@ giants and 38k small items) moves fall by 0.01 % of the step each and the search
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
 
-from .plan import ContextParallelPlan
+from .plan import ContextParallelPlan, rank_pairs
 
 MAX_MOVES = 8
 """Moves the search makes at most."""
@@ -115,29 +116,59 @@ def _rises(m: int, moved: np.ndarray, microbatch: np.ndarray, passes: list, cost
 
 
 def _without(plan: ContextParallelPlan, chosen: np.ndarray) -> np.ndarray:
-    """The plan's rank loads with the items `chosen` taken out (no other item moved)."""
+    """The plan's rank loads with the items `chosen` taken out (no other item moved), subtracted in their order."""
     loads = plan.loads.copy()
-    for k in chosen.tolist():
-        loads[plan.assignment[k]: plan.assignment[k] + plan.degree[k]] -= plan.item_time[k]
+    items, ranks = rank_pairs(plan.assignment[chosen], plan.degree[chosen])
+    np.subtract.at(loads, ranks, plan.item_time[chosen][items])  # in pair order: each rank's as one by one
     return loads
 
 
 def _sets(plan: ContextParallelPlan) -> list[np.ndarray]:
     """Indices (into the plan's items) of each set of items to try moving out: each of the CANDIDATES longest
-    items on the most-loaded rank alone, then the crowd (see the module); a set of every item left out."""
+    items on the most-loaded rank alone, then the crowd (`_crowd`); a set of every item left out."""
     rank = int(np.argmax(plan.loads))
     on = np.flatnonzero((plan.assignment <= rank) & (rank < plan.assignment + plan.degree))
     sets = [np.array([k]) for k in on[np.lexsort((on, -plan.item_time[on]))][:CANDIDATES].tolist()]
-    limit, crowd = plan.lower_bound * (1 + FLOAT_SLACK), []
-    above = np.concatenate(([0], np.cumsum(plan.loads > limit)))
-    touching = np.flatnonzero(above[plan.assignment + plan.degree] > above[plan.assignment])  # a rank above it
-    loads, times = plan.loads.tolist(), plan.item_time.tolist()
-    starts, ends = plan.assignment.tolist(), (plan.assignment + plan.degree).tolist()
-    for k in touching[np.lexsort((touching, plan.item_time[touching]))].tolist():  # shortest first, ties by index
-        if max(loads[starts[k]: ends[k]]) > limit:
-            for rank in range(starts[k], ends[k]):
-                loads[rank] -= times[k]
-            crowd.append(k)
-    if len(crowd) > 1:
-        sets.append(np.array(crowd, dtype=np.int64))
+    crowd = _crowd(plan, plan.lower_bound * (1 + FLOAT_SLACK))
+    if crowd.size > 1:
+        sets.append(crowd)
     return [chosen for chosen in sets if chosen.size < plan.num_items]
+
+
+def _crowd(plan: ContextParallelPlan, limit: float) -> np.ndarray:
+    """The plan's items by time ascending (ties by index), each taken out while one of its ranks is above
+    `limit`, in that order (see the module).
+
+    A rank below the limit stays below (loads only fall), so only the ranks above it walk their items, in
+    that order, each until it falls to the limit: a merge of those ranks' lists by a heap, in which an item
+    is taken out by the first of its ranks to reach it while above (its other ranks then skip it).  Each rank
+    subtracts the items taken out in the order they are, as a walk over every item would."""
+    above = plan.loads > limit
+    items, ranks = rank_pairs(plan.assignment, plan.degree)
+    on = above[ranks]
+    items, ranks = items[on], ranks[on]
+    if not items.size:
+        return np.zeros(0, dtype=np.int64)
+    position = np.empty(plan.num_items, dtype=np.int64)
+    position[np.argsort(plan.item_time, kind="stable")] = np.arange(plan.num_items)
+    order = np.argsort(ranks * plan.num_items + position[items])  # by rank, then by position (keys distinct)
+    items, ranks, positions = items[order], ranks[order], position[items[order]]
+    first = np.flatnonzero(np.concatenate(([True], ranks[1:] != ranks[:-1])))
+    ends = np.append(first[1:], items.size)
+    heap = list(zip(positions[first].tolist(), first.tolist(), ends.tolist()))  # each rank's next pair
+    heapq.heapify(heap)
+    loads, taken, crowd = plan.loads.tolist(), set(), []
+    while heap:
+        _, pair, end = heapq.heappop(heap)
+        rank, k = int(ranks[pair]), int(items[pair])
+        if not loads[rank] > limit:  # fell to the limit: it takes no more out
+            continue
+        if k not in taken:
+            taken.add(k)
+            crowd.append(k)
+            time, begin = float(plan.item_time[k]), int(plan.assignment[k])
+            for held in range(begin, begin + int(plan.degree[k])):
+                loads[held] -= time
+        if pair + 1 < end:
+            heapq.heappush(heap, (int(positions[pair + 1]), pair + 1, end))
+    return np.array(crowd, dtype=np.int64)
