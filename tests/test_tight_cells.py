@@ -67,6 +67,26 @@ def test_property_the_packing_is_of_the_problem_s_own_lengths_and_budget(packing
         assert_matches_the_loop(other, num_microbatches)
 
 
+@st.composite
+def long_and_middle(draw):
+    """Mostly items in (T/3, T/2], which a cell takes one of (an untouched cell two), beside items over T/2
+    and a few shorter ones; ties both among lengths and among the rooms they leave."""
+    budget = draw(st.integers(6, 60))
+    middle = st.integers(budget // 3 + 1, budget // 2)
+    longer = st.integers(budget // 2 + 1, budget)
+    shorter = st.integers(0, budget // 3)
+    lengths = draw(st.lists(st.one_of(middle, middle, longer, shorter), min_size=1, max_size=80))
+    return lengths, budget, draw(st.integers(1, 4)), draw(st.integers(1, 30))
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_and_middle())
+def test_property_items_over_a_third_of_the_budget_make_the_loops_choices(packing):
+    lengths, budget, num_ranks, num_microbatches = packing
+    assert_matches_the_loop(make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=budget),
+                            num_microbatches)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 1000), min_size=1, max_size=200), st.integers(1000, 3000), st.integers(1, 8))
 def test_property_distinct_lengths_make_the_loops_choices(lengths, budget, num_cells):
