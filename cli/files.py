@@ -18,6 +18,7 @@ import io
 import json
 import math
 import os
+import unicodedata
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,9 +61,16 @@ def _is_number(text: str) -> bool:
 DIGIT_LOOKALIKES = str.maketrans("OoIl", "0011")  # letters a number typed by hand may hold for 0 and 1
 
 
+def _as_seen(text: str) -> str:
+    """`text` as a reader sees it: without invisible format characters (zero-width space, a second
+    byte-order mark, word joiner: Unicode category Cf) and with a Unicode minus read as '-'."""
+    return "".join(char for char in text if unicodedata.category(char) != "Cf").replace("\u2212", "-")
+
+
 def _is_column_name(text: str) -> bool:
     """A header field: not a number, nor what a mistyped number looks like (`8l2`, `-`, `.5x`, `O12`: a
-    number but for letters that look like its digits, with a digit among them)."""
+    number but for letters that look like its digits, with a digit among them), as a reader sees it."""
+    text = _as_seen(text)
     if not text or _is_number(text) or text[0] in "0123456789+-.":
         return False
     return not (any(char.isdigit() for char in text) and _is_number(text.translate(DIGIT_LOOKALIKES)))
@@ -81,7 +89,7 @@ def _has_header(first: list[str], where: str, column: str | None) -> bool:
         raise UsageError(f"{where}: field {first.index('') + 1} of {len(first)} is empty (a trailing comma?); "
                          f"{expected}")
     odd = next(field for field in first if field != column and not _is_column_name(field))
-    mistyped = _is_number(odd.translate(DIGIT_LOOKALIKES))  # `8l2`: fix the length, not name a column after it
+    mistyped = _is_number(_as_seen(odd).translate(DIGIT_LOOKALIKES))  # `8l2`: fix the length, not name a column
     hint = "" if column is not None or mistyped else f"; --column {odd} takes line 1 as the header"
     raise UsageError(f"{where}: {expected}, got {odd!r} (a column name may not start with a digit, '+', '-' or "
                      f"'.', nor read as a number with O, o, I or l for 0 and 1, as a mistyped 8l2 does{hint})")

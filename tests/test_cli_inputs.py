@@ -512,3 +512,17 @@ def test_regression_a_mistyped_length_on_line_1_was_offered_the_column_that_drop
     assert main(["plan", str(files / name), "-D", "2"]) == 2
     error = capsys.readouterr().err
     assert "expected an integer length" in error and "--column" not in error
+
+
+@pytest.mark.parametrize("first, shown", [("\u200b5", r"'\u200b5'"), ("\ufeff\ufeff5", r"'\ufeff5'"),
+                                          ("\u22125", "'\u22125'"), ("\u20605", r"'\u20605'")],
+                         ids=["zero-width space", "second byte-order mark", "unicode minus", "word joiner"])
+def test_regression_an_invisible_character_or_unicode_minus_made_line_1_a_header(first, shown, tmp_path, capsys):
+    """Cause (probe12 P12-02): the header test took a number holding an invisible format character (U+200B,
+    a second BOM, U+2060, as concatenated exports write) or a Unicode minus for a column name, and the
+    item on line 1 was dropped with exit 0; on any other line the same bytes were refused."""
+    path = tmp_path / "lengths.csv"
+    path.write_text(f"{first}\n6\n7\n", encoding="utf-8")
+    code = main(["plan", str(path), "-D", "2"])
+    check_one_line_error(code, capsys.readouterr().err, f"lengths.csv:1: expected an integer length or a header "
+                                                        f"line of column names, got {shown} (a column name may not")
