@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from orchmllm import InfeasibleError, balance_microbatches
+from orchmllm import InfeasibleError, Pipeline, balance_microbatches
 from orchmllm.balancers.microbatch.api import MAX_CELLS
 
 
@@ -132,3 +132,14 @@ def test_regression_exact_search_overshot_its_time_limit_38_fold(num_microbatche
                                 num_microbatches=num_microbatches)
     assert time.perf_counter() - start < 2.0
     assert plan.num_microbatches == 3 and plan.gap < 0.02
+
+
+@pytest.mark.parametrize("options", [{}, {"num_microbatches": 2}])
+def test_regression_pipeline_planned_a_step_cost_beyond_float64_into_numpy(options):
+    """Cause (probe12 P12-01): with `pipeline`, the schedule's planner ran its cells with the mean replica time
+    Σ c / D + M · 1e308 = inf, and LPT died in numpy ("zero-size array to reduction operation minimum") before
+    the plain path's check of the step cost."""
+    lengths = np.random.default_rng(0).integers(256, 4096, 62)
+    with pytest.raises(ValueError, match=r"step cost of 2 micro-batches is beyond float64.*`microbatch_overhead`"):
+        balance_microbatches(lengths, 8, max_tokens_per_microbatch=16384, microbatch_overhead=1e308,
+                             pipeline=Pipeline(stages=2), **options)

@@ -42,8 +42,8 @@ from .auto import plan_cost
 from .bounds import min_bins
 from .locality import keep_cells_local
 from .options import MicroBatchOptions, microbatch_options
-from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, checked_kernel, float_sum,
-                   make_microbatch_plan, within_budget)
+from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, check_step_cost,
+                   checked_kernel, float_sum, make_microbatch_plan, step_cost, within_budget)
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
 DEFAULT_WORK = 1_000_000
@@ -245,6 +245,8 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
         result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=record.name,
                                             exact=record.exact)
     accounts = within_budget(problem, result, m, record.name)  # the kernel's own cells: the re-plan rebuilds them
+    overhead = problem.microbatch_overhead  # the schedule's mean replica time is at most this step cost: finite
+    check_step_cost(step_cost(accounts[0], overhead), accounts[0], overhead)
     rank, slot, step, accounts = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
                                                    free_microbatches=fixed is None, accounts=accounts)
     if origins is not None:
