@@ -198,10 +198,14 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
     while position < n:
         size = min(n - position, num_ranks)
         topped = keys[:size] + steps[position: position + size]
-        # Item k goes to the k-th key iff that key is below every key topped up before it.
-        failed = keys[1:size] > np.minimum.accumulate(topped[:-1])
-        first = int(failed.argmax()) if size > 1 else 0  # argmax stops at the first True
-        placed = first + 1 if size > 1 and failed[first] else size
+        # Item k goes to the k-th key iff that key is below every key topped up before it: surely so when the
+        # largest key is below the least plus the round's least step (a prefix minimum otherwise).
+        if size > 1 and keys[size - 1] >= keys[0] + steps[position + size - 2]:
+            failed = keys[1:size] > np.minimum.accumulate(topped[:-1])
+            first = int(failed.argmax())  # argmax stops at the first True
+            placed = first + 1 if failed[first] else size
+        else:
+            placed = size
         if 8 * placed < size:
             loads = np.empty(num_ranks, dtype=np.int64)
             loads[keys & mask] = keys >> shift
