@@ -124,47 +124,47 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     """
     forward, backward = np.asarray(forward, dtype=np.float64), np.asarray(backward, dtype=np.float64)
     rows, m = forward.shape[0], forward.shape[-1]
-    stage, slot, is_backward, previous, needed = programs(pipeline, m)
-    if not stage.size:
+    uniform, staged, stage_ends = _walk(pipeline, m)
+    if not stage_ends:
         return np.zeros(rows)
     # every operation's duration row is a contiguous row of (2M, rows) per stage: no (ops, rows) gather
     both = np.concatenate([np.moveaxis(forward, 0, -1), np.moveaxis(backward, 0, -1)], axis=-2)
     if pipeline.virtual_stages > 1:
         both /= pipeline.virtual_stages
-    column = (slot + m * is_backward).tolist()
-    durations = [both[k] for k in column] if forward.ndim == 2 else [both[s, k] for s, k in
-                                                                      zip(stage.tolist(), column)]
+    durations = both.reshape(int(np.prod(both.shape[:-1])), rows)
     zero, ends = np.zeros(rows), []
-    for before, needs, duration, done in zip(previous.tolist(), needed.tolist(), durations, _spent(pipeline, m)):
+    for before, needs, row, done in uniform if forward.ndim == 2 else staged:
         end = np.maximum(ends[before] if before >= 0 else zero, ends[needs] if needs >= 0 else zero)
-        end += duration
+        end += durations[row]
         ends.append(end)
         for op in done:  # ends no later operation reads: their memory serves the next ones
             ends[op] = None
     # a stage's end times never fall along its order: its last operation ends it
-    return np.max([ends[op] for op in _stage_ends(stage)], axis=0)
-
-
-def _stage_ends(stage: np.ndarray) -> list[int]:
-    """Each stage's last operation (`programs` order)."""
-    return list(dict(zip(stage.tolist(), range(stage.size))).values())
+    return np.max([ends[op] for op in stage_ends], axis=0)
 
 
 @lru_cache(maxsize=64)
-def _spent(pipeline: Pipeline, num_microbatches: int) -> tuple[tuple[int, ...], ...]:
-    """Per operation of `programs`, the earlier operations whose end it is the last to read (a stage's last
-    operation excepted, read at the end), so `replica_times` holds a few rows of end times, not all."""
-    stage, _, _, previous, needed = programs(pipeline, num_microbatches)
+def _walk(pipeline: Pipeline, num_microbatches: int) -> tuple[tuple, tuple, tuple[int, ...]]:
+    """`replica_times`' walk of `programs`, per operation (previous op, input op, its durations' row, the
+    earlier operations whose end it is the last to read: a stage's last operation excepted, read at the end, so
+    a few rows of end times are held, not all), with the rows of uniform stages' durations (2M, rows) and of
+    per-stage ones (P·2M, rows); and each stage's last operation."""
+    stage, slot, is_backward, previous, needed = programs(pipeline, num_microbatches)
+    stage_ends = tuple(dict(zip(stage.tolist(), range(stage.size))).values())
     last_read = {}
     for op, inputs in enumerate(zip(previous.tolist(), needed.tolist())):
         for earlier in inputs:
             if earlier >= 0:
                 last_read[earlier] = op
-    kept, spent = set(_stage_ends(stage)), [[] for _ in range(stage.size)]
+    spent = [[] for _ in range(stage.size)]
     for earlier, op in last_read.items():
-        if earlier not in kept:
+        if earlier not in stage_ends:
             spent[op].append(earlier)
-    return tuple(tuple(ops) for ops in spent)
+    spent = [tuple(ops) for ops in spent]
+    column = slot + num_microbatches * is_backward  # its row of one stage's durations (2M, rows)
+    walk = [tuple(zip(previous.tolist(), needed.tolist(), rows.tolist(), spent))
+            for rows in (column, stage * 2 * num_microbatches + column)]
+    return walk[0], walk[1], stage_ends
 
 
 def gpipe_time(forward: np.ndarray, backward: np.ndarray, stages: int) -> np.ndarray:
