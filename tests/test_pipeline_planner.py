@@ -314,6 +314,65 @@ def test_search_spends_no_work_once_within_stop_gap_of_the_bound(monkeypatch):
     assert plan.pipeline.step_time < plan.pipeline.unaware_step_time
 
 
+def test_regression_planning_timed_replicas_it_did_not_need(monkeypatch):
+    """Regression (planning time at D = 2560): the planner timed every replica of both starts (the plain plan's
+    cells and the shaped ones) where the shaped start ends the planning (within STOP_GAP of τ·X̄: no search) and
+    the plain cells' path bound passes it (they cannot win).  Now it times only the shaped replicas whose time
+    ceiling (`profile.time_ceiling`) reaches the largest path bound; the replica times and the plain plan's step
+    are timed when first read, and equal `pipeline_step`'s."""
+    from orchmllm.balancers.pipeline import planner
+    from orchmllm.study.models import MODELS
+
+    cost, pipeline = MODELS["84b"].llm.cost(causal=True), Pipeline(stages=8)
+    lengths = sample_workload("default", 64, 32, seed=7).sample_llm_length
+    rows, timed = [], planner.replica_times
+    monkeypatch.setattr(planner, "replica_times", lambda p, f, b: rows.append(len(f)) or timed(p, f, b))
+    piped = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=cost, pipeline=pipeline)
+    assert len(rows) == 1 and rows[0] < 16  # both starts' 128 replicas before
+    plain = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=cost)
+    problem = make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=16384, cost=cost)
+    m = piped.num_microbatches
+    fresh = pipeline_step(problem, piped.rank, piped.microbatch, m, pipeline, 0.0, free_microbatches=True)
+    step = piped.pipeline
+    assert (step.step_time, step.lower_bound, step.busy_fraction) == (fresh.step_time, fresh.lower_bound,
+                                                                      fresh.busy_fraction)
+    assert np.array_equal(step.replica_times, fresh.replica_times) and not step.replica_times.flags.writeable
+    own = pipeline_step(problem, plain.rank, plain.microbatch, m, pipeline, 0.0).step_time
+    assert step.unaware_step_time == own > step.step_time
+    assert step.to_json()["unaware_step_time"] == own
+
+
+@pytest.mark.parametrize("pipeline", [Pipeline(stages=8), Pipeline(stages=4), Pipeline(stages=4, schedule="gpipe"),
+                                      Pipeline(stages=4, schedule="interleaved", virtual_stages=2)],
+                         ids=["1f1b-8", "1f1b-4", "gpipe", "interleaved"])
+@pytest.mark.parametrize("microbatches", [4, 8])
+def test_time_ceiling_bounds_every_replica_near_the_best_shape(pipeline, microbatches):
+    """`profile.time_ceiling` >= the replica time of cells near the best shape (from its convexity), and
+    infinite (no claim) farther than REACH from it."""
+    from orchmllm.balancers.pipeline.profile import REACH, best_profile, time_ceiling
+    from orchmllm.balancers.pipeline.schedules import replica_times
+
+    rng = np.random.default_rng(microbatches)
+    shape = best_profile(pipeline, microbatches)[1]
+    cost = rng.uniform(1, 100, (400, 1)) * np.maximum(shape + rng.normal(0, 0.01, (400, microbatches)), 0)
+    ceiling, times = time_ceiling(pipeline, cost), replica_times(pipeline, *pipeline.stage_times(cost))
+    near = np.abs(cost - cost.sum(axis=1, keepdims=True) * shape).sum(axis=1) <= REACH * cost.sum(axis=1)
+    assert near.sum() > 200 and np.all(ceiling[near] >= times[near] * (1 - 1e-12))
+    assert np.all(np.isinf(ceiling[~near]))
+    at_shape = np.array([[3.0], [50.0]]) * shape  # exact there: X·T(x*)
+    assert np.allclose(time_ceiling(pipeline, at_shape), replica_times(pipeline, *pipeline.stage_times(at_shape)),
+                       rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("counts", [[3], [1, 2, 3, 4]])
+def test_step_bound_from_the_ranked_costs_is_the_same(counts):
+    """`step_bound(..., ranked=)` (a problem's sorted costs, spared a max or a sort) gives the same bound."""
+    costs = np.random.default_rng(3).integers(1, 1000, 200).astype(float) ** 1.5
+    for pipeline in (Pipeline(stages=4), Pipeline(stages=4, schedule="gpipe")):
+        assert step_bound(pipeline, costs, 8, np.array(counts), 2.0, ranked=np.sort(costs)[::-1]) == step_bound(
+            pipeline, costs, 8, np.array(counts), 2.0)
+
+
 def test_lpt_shaped_cells_end_near_the_best_shape_in_their_slots():
     """`lpt_shaped`: LPT over all M·D cells, the cells of slot k starting X̄·(max x - x_k) up; replica r runs
     the cell of the k-th placeholder in slot k, so every replica's slot k ends within an item of X̄·x_k."""

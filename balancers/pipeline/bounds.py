@@ -43,13 +43,15 @@ from .spec import Pipeline
 
 
 def step_bound(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, counts: np.ndarray,
-               overhead: float, first_stage: np.ndarray | None = None, total: float | None = None) -> float:
+               overhead: float, first_stage: np.ndarray | None = None, total: float | None = None,
+               ranked: np.ndarray | None = None) -> float:
     """A step time no plan of these items on `num_ranks` replicas beats, in any order, with any
     number of micro-batches in `counts` (see the module docstring; the best shape's bound for a
-    single count, the closed forms for several); `total`: Σ `item_costs` correctly rounded (`exact_sum`),
-    when the caller has it.  With `first_stage` parts e (`Pipeline.stage_times`):
-    the bound of the costs c - e spread evenly (every operation lasts at least that long), or the first
-    stage's mean work Σ ((c - e) / P + e) / D + M·o / P, the larger."""
+    single count, the closed forms for several); `total`: Σ `item_costs` correctly rounded (`exact_sum`), and
+    `ranked`: `item_costs` largest first (a problem's `sorted_costs`), when the caller has them.  With
+    `first_stage` parts e (`Pipeline.stage_times`): the bound of the costs c - e spread evenly (every
+    operation lasts at least that long), or the first stage's mean work Σ ((c - e) / P + e) / D + M·o / P,
+    the larger."""
     if first_stage is not None:
         spread = np.asarray(item_costs, dtype=np.float64) - first_stage
         first = exact_sum(np.ascontiguousarray(first_stage))
@@ -62,7 +64,10 @@ def step_bound(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, count
     if total is None:
         total = exact_sum(np.ascontiguousarray(item_costs, dtype=np.float64))
     mean = total / num_ranks + m * overhead
-    top = (float(np.max(item_costs)) if len(item_costs) else 0.0) + overhead
+    if not len(item_costs):
+        top = overhead
+    else:
+        top = float(np.max(item_costs) if ranked is None else ranked[0]) + overhead
     giant_row = top + (m - 1) * overhead
     if pipeline.schedule == "gpipe":
         bounds = np.maximum(mean * (1 + (p - 1) / m), giant_row + (p - 1) * top) / p
@@ -74,17 +79,20 @@ def step_bound(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, count
         bounds = np.maximum(giant, mean / p + (p - 1) * (alpha + beta) * overhead)
     if m.size == 1:  # the best shape of one replica's cells (`profile`), certified
         tau = best_profile(pipeline, int(m[0]))[0]
-        bounds = np.maximum(bounds, tau * max(mean[0], _crowded(pipeline, item_costs, num_ranks, int(m[0]),
-                                                                overhead, tau)))
+        if ranked is None:
+            ranked = np.sort(np.asarray(item_costs, dtype=np.float64))[::-1]
+        bounds = np.maximum(bounds, tau * max(mean[0], _crowded(pipeline, ranked, num_ranks, int(m[0]), overhead,
+                                                                tau)))
     return max(float(np.min(bounds)), top)
 
 
-def _crowded(pipeline: Pipeline, item_costs: np.ndarray, num_ranks: int, num_microbatches: int, overhead: float,
+def _crowded(pipeline: Pipeline, ranked: np.ndarray, num_ranks: int, num_microbatches: int, overhead: float,
              tau: float) -> float:
     """X such that τ·X bounds the step by pigeonholes: some replica holds k + 1 of the k·D + 1
     costliest items, so its cells sum to at least (k + 1)·c_(kD+1) + M·o, and (GPipe) its largest
-    cell is at least c_(kD+1) + o; the largest over k, as an equivalent X of τ·X."""
-    ranked = np.sort(np.asarray(item_costs, dtype=np.float64))[::-1][::num_ranks]  # c_(kD+1), k = 0, 1, ...
+    cell is at least c_(kD+1) + o; the largest over k, as an equivalent X of τ·X (`ranked`: the costs largest
+    first)."""
+    ranked = np.asarray(ranked[::num_ranks], dtype=np.float64)  # c_(kD+1), k = 0, 1, ...
     crowded = (np.arange(ranked.size) + 1) * ranked + num_microbatches * overhead
     if pipeline.schedule == "gpipe":
         times = (crowded + (pipeline.stages - 1) * (ranked + overhead)) / pipeline.stages
