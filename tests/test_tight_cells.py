@@ -1,17 +1,21 @@
-"""Best-fit decreasing over the micro-batch cells (`microbatch_cells.tight_cells`): runs of one
-length placed at once make exactly the item-by-item loop's choices, fast on real traces."""
+"""Best-fit decreasing over the micro-batch cells (`microbatch_cells.tight_cells`, `microbatch.best_fit`):
+the classes matched in numpy and the runs of one length placed at once make exactly the item-by-item
+loop's choices, fast on real traces."""
 
 import dataclasses
 import time
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import balance
 from orchmllm.balancers.kernels.reference import best_fit_cells
+from orchmllm.balancers.microbatch import best_fit
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.balancers.microbatch.cells import tight_cells
+from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.study.workloads import sample_workload, trace_table
 
 
@@ -87,6 +91,32 @@ def test_property_items_over_a_third_of_the_budget_make_the_loops_choices(packin
                             num_microbatches)
 
 
+@st.composite
+def classes(draw):
+    """Items over T/9 from a few values and any (ties among lengths and the rooms they leave), so that the
+    classes T/(k+1) < l <= T/k hold rooms of sure and unsure counts, cells opened in every class."""
+    budget = draw(st.integers(7, 400))
+    palette = draw(st.lists(st.integers(budget // 9, budget), min_size=1, max_size=8))
+    lengths = draw(st.lists(st.one_of(st.sampled_from(palette), st.integers(0, budget)), min_size=1, max_size=150))
+    return lengths, budget, draw(st.integers(1, 4)), draw(st.integers(1, 40))
+
+
+@pytest.mark.parametrize("matched, rounds, unsure", [(0, 8, 16), (2, 8, 16), (6, 8, 16), (6, 1, 16), (6, 8, 0), (12, 3, 4)],
+                         ids=["runs only", "two classes", "default", "one window", "sure counts only", "twelve classes"])
+@settings(max_examples=150, deadline=None)
+@given(packing=classes())
+def test_property_classes_matched_by_depth_make_the_loops_choices(packing, matched, rounds, unsure):
+    """However many classes go to the matching, windows a class may take, and rooms of unsure count a
+    window checks, the rest going by runs."""
+    lengths, budget, num_ranks, num_microbatches = packing
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(best_fit, "CLASSES", matched)
+        patch.setattr(best_fit, "MAX_ROUNDS", rounds)
+        patch.setattr(best_fit, "MAX_UNSURE", unsure)
+        assert_matches_the_loop(make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=budget),
+                                num_microbatches)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 1000), min_size=1, max_size=200), st.integers(1000, 3000), st.integers(1, 8))
 def test_property_distinct_lengths_make_the_loops_choices(lengths, budget, num_cells):
@@ -144,3 +174,24 @@ def test_regression_the_tight_packing_was_found_again_for_every_number_of_micro_
     for cells in again:
         np.testing.assert_array_equal(cells, first)
     assert seconds < 0.2 * first_seconds
+
+
+def _best_cpu_seconds(run, repeats=3):
+    seconds = []
+    for _ in range(repeats):
+        start = time.process_time()
+        run()
+        seconds.append(time.process_time() - start)
+    return min(seconds)
+
+
+def test_regression_best_fit_stepped_once_per_length_and_room():
+    """Regression: best fit placed each run of one length in Python, a step per room it used; on the video
+    mix's lengths at D = 512 x 32, T = 8k (thousands of runs of a few items) it took 10-11x a plain LPT of
+    the same items, and `balance_microbatches` 17x the default mix (issue 24).  The classes over T/7 are
+    matched in numpy: 2.5-3.2x."""
+    lengths = sample_workload("video", 512, 32, seed=7).sample_llm_length
+    plain = _best_cpu_seconds(lambda: balance(lengths, 512, algorithm="lpt"))
+    problems = iter([make_microbatch_problem(lengths, 512, max_tokens_per_microbatch=8192) for _ in range(3)])
+    seconds = _best_cpu_seconds(lambda: tight_cells(next(problems), 13))
+    assert seconds < 6 * plain

@@ -20,13 +20,11 @@ to orchmllm; LPT is Graham's (1969).
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 
 from ..kernels import lpt
-from ..orders import sealed
 from ..problem import InfeasibleError, sorted_order
+from .best_fit import best_fit
 from .greedy import solve as greedy_solve, split
 from .plan import MicroBatchProblem, MicroBatchResult, balancing_problem, cells_problem
 from .search import improve
@@ -99,139 +97,6 @@ def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray
         kept = problem.packings[budget] = (problem.lengths, *best_fit(problem.lengths, problem.length_order, budget))
     _, cell_of, opened = kept
     return cell_of if opened <= num_microbatches * problem.num_ranks else None
-
-
-def best_fit(lengths: np.ndarray, order: np.ndarray, cap: int) -> tuple[np.ndarray, int]:
-    """(cell per item, cells opened) of best-fit decreasing into as many cells of room `cap` as it
-    opens (each item at most `cap`; `order`: longest first, ties by index).
-
-    Items longer than cap / 2 each open a cell, in turn (no room left beside one takes another);
-    those longer than cap / 3 are matched to rooms at once (`_middle`).  After them, a run of k
-    items of one length l is placed at once: the cells with room >= l, by (room, cell), each take
-    room // l items before the next, since a cell's room left stays the least >= l (none lay
-    between); so it costs one step per room it uses up, not one per item (`reference.best_fit_cells`
-    is the item-by-item loop, for the tests).
-    """
-    ordered = lengths[order]
-    big = int(np.count_nonzero(ordered > cap // 2))  # 2 l > cap
-    middle = int(np.count_nonzero(ordered > cap // 3)) - big  # 3 l > cap
-    first, rooms = _middle(ordered[big:big + middle], cap - ordered[:big], cap)
-    held, cells_of, unsorted = _opened(rooms)
-    taken, times = [], []  # after those: cells in turn, and how many items in `order` each takes
-    opened, tail = rooms.size, ordered[big + middle:]
-    bounds = np.flatnonzero(np.diff(tail, prepend=-1, append=-1))  # where runs start, and their end
-    for length, count in zip(tail[bounds[:-1]].tolist(), np.diff(bounds).tolist()):
-        if length == 0:  # to the least room (unchanged), the lowest cell of it; an untouched cell if none
-            cells = cells_of[held[0]] if held else None
-            if cells is not None and held[0] in unsorted:
-                cells.sort(reverse=True)
-                unsorted.discard(held[0])
-            times.append(count)
-            taken.append(cells[-1] if cells else 0)
-            opened = max(opened, 1)
-            continue
-        while count:
-            where = bisect.bisect_left(held, length)
-            if where == len(held):  # untouched cells, the lowest first
-                per = cap // length
-                full = count // per
-                if full:
-                    taken += range(opened, opened + full)
-                    times += [per] * full
-                    _put(held, cells_of, unsorted, cap - per * length, list(range(opened + full - 1, opened - 1, -1)))
-                    opened += full
-                    count -= full * per
-                if count:
-                    taken.append(opened)
-                    times.append(count)
-                    _put(held, cells_of, unsorted, cap - count * length, [opened])
-                    opened += 1
-                    count = 0
-                continue
-            room = held[where]
-            cells = cells_of[room]
-            if room in unsorted:
-                cells.sort(reverse=True)
-                unsorted.discard(room)
-            per = room // length
-            full = min(len(cells), count // per)
-            if full:
-                filled = cells[-full:]
-                del cells[-full:]
-                taken += filled[::-1]
-                times += [per] * full
-                count -= full * per
-                _put(held, cells_of, unsorted, room - per * length, filled)
-            if count and cells:
-                cell = cells.pop()
-                taken.append(cell)
-                times.append(count)
-                _put(held, cells_of, unsorted, room - count * length, [cell])
-                count = 0
-            if not cells:
-                del cells_of[room]
-                del held[bisect.bisect_left(held, room)]
-    cell_of = np.empty(lengths.size, dtype=np.int64)
-    cell_of[order] = np.concatenate((np.arange(big), first, np.repeat(np.array(taken, dtype=np.int64), times)))
-    return sealed(cell_of), opened
-
-
-def _middle(lengths: np.ndarray, rooms: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best fit of items cap/3 < l <= cap/2 (`lengths`, longest first) once the longer ones left cells
-    0, 1, ... with `rooms` (ascending): (cell per item, room left in every cell opened by then).
-
-    A cell takes one such item (what it leaves is below cap / 6), an untouched cell two (below cap / 3
-    after them), so the rooms form a stack: rooms >= l come in as l falls (the least on top, ties: the
-    lowest cell), each item takes the top, and one that finds none opens a cell, whose room left is the
-    stack's one entry.  Counting +1 per room in, -1 per item, the walk's new lows at odd depths are the
-    items that open a cell (a new low at an even depth empties such a cell); with those counted +1, every
-    other item closes the last room opened at its level (parentheses matched by depth).
-    """
-    entering = np.arange(rooms.size - 1, int(np.searchsorted(rooms, lengths[-1])) - 1, -1) if lengths.size else \
-        np.arange(0)  # cells by (room, cell) descending: the order they come in
-    events = entering.size + lengths.size
-    item_at = np.arange(lengths.size) + np.searchsorted(-rooms[entering], -lengths, side="right")
-    step = np.ones(events, dtype=np.int64)
-    step[item_at] = -1
-    walk = np.cumsum(step)
-    low = np.minimum.accumulate(np.minimum(walk, 0))
-    opens = (walk[item_at] < np.concatenate(([0], low[:-1]))[item_at]) & (walk[item_at] % 2 == 1)
-    depth = walk + (1 - low) // 2 * 2  # the stack's size after each event
-    closing = item_at[~opens]
-    level = depth.copy()
-    level[closing] += 1  # an item closes the level it leaves
-    by_level = np.argsort(level * events + np.arange(events))
-    position = np.empty(events, dtype=np.int64)
-    position[by_level] = np.arange(events)
-    cell_at = np.full(events, -1, dtype=np.int64)
-    cell_at[np.setdiff1d(np.arange(events), item_at, assume_unique=True)] = entering
-    cell_at[item_at[opens]] = rooms.size + np.arange(int(np.count_nonzero(opens)))
-    cell_at[closing] = cell_at[by_level[position[closing] - 1]]
-    cells = cell_at[item_at]
-    left = np.concatenate((rooms, np.full(int(np.count_nonzero(opens)), cap, dtype=np.int64)))
-    np.subtract.at(left, cells, lengths)
-    return cells, left
-
-
-def _opened(rooms: np.ndarray) -> tuple[list, dict, set]:
-    """The rooms held (ascending), their cells (descending, the least popped first) and the rooms
-    whose cells need sorting, of cells 0, 1, ... left with `rooms`."""
-    cells = np.lexsort((np.arange(rooms.size), rooms))[::-1]  # by (room, cell) descending
-    cells_of = {}
-    for room, cell in zip(rooms[cells].tolist(), cells.tolist()):
-        cells_of.setdefault(room, []).append(cell)
-    return sorted(cells_of), cells_of, set()
-
-
-def _put(held: list, cells_of: dict, unsorted: set, room: int, cells: list) -> None:
-    """Cells `cells` (descending) now at `room`: a new room held, or more cells of one (to sort)."""
-    known = cells_of.get(room)
-    if known is None:
-        cells_of[room] = cells
-        bisect.insort(held, room)
-    else:
-        known.extend(cells)
-        unsorted.add(room)
 
 
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
