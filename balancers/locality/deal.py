@@ -19,6 +19,7 @@ import numpy as np
 
 from ..kernels.lpt import ranks_by_load, smallest_ranks
 from .partial_plan import PartialPlan, runs
+from .token_bound import _deal, _resort, _token_bound_rounds
 
 DEAL_WINDOW = 4  # a round deals DEAL_WINDOW · gpus_per_node items per node (DEAL_WINDOW · h over all ranks)
 
@@ -230,15 +231,21 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
     waiting item, or no token room) is an LPT round instead (`_lpt_round`), which always
     places the largest item, possibly above the target.  From the first LPT round on, the ranks
     stay sorted through the rounds (`_resort`), and a deal is made only by the ranks that keep
-    their first item.  Where token room binds, LPT rounds may place one item each (O(n · D);
-    `_token_bound_rounds` runs them without sorting the ranks each time): past `max_lpt_rounds`
-    of them the deal gives up (NoRoom).
+    their first item.  Where token room binds, LPT rounds may place one item each, thousands in a
+    row (`token_bound._token_bound_rounds` makes them at O(log) a round, but the few in which a
+    rank may pair): past `max_lpt_rounds` of them the deal gives up (NoRoom).
     """
     waiting = state.item_of_rank[np.sort(state.cost_rank[overflow])]  # cost ranks are distinct
     margin = DEAL_WINDOW * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     order = None  # the ranks by (load, rank): sorted for the first LPT round, then kept through the rounds
     lpt_rounds = 0
     while waiting.size:
+        if order is not None:  # from the first LPT round on, the rounds in which token room binds
+            allowed = waiting.size if max_lpt_rounds is None else max_lpt_rounds - lpt_rounds
+            waiting, rounds = _token_bound_rounds(state, waiting, allowed, margin, order, DEAL_WINDOW)
+            lpt_rounds += rounds
+            if not waiting.size:
+                break
         roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
         count = min(waiting.size, DEAL_WINDOW * roomy)
         width = min(roomy, count)  # fewer items than roomy ranks: only the first `count` ranks are dealt to
@@ -251,33 +258,16 @@ def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int 
         keeping = np.arange(width)
         if order is not None:
             keeping = np.flatnonzero(_first_kept(state, waiting[:width], ranks, margin))
-        if keeping.size:  # their deals, pass by pass
-            passes = -(-count // width)
-            table = np.full(passes * width, -1, dtype=np.int64)  # every rank's deal, pass by pass
-            table[:count] = waiting[:count]
-            table = table.reshape(passes, width)
-            items, keeping_ranks = (table, ranks) if keeping.size == width else (table[:, keeping], ranks[keeping])
-            inside = items >= 0
-            fits = (state.loads[keeping_ranks] + np.cumsum(np.where(inside, state.costs[items], 0.0), axis=0)
-                    <= state.target - margin)
-            if state.cap < np.inf:
-                fits &= (state.tokens[keeping_ranks] + np.cumsum(np.where(inside, state.lengths[items], 0.0), axis=0)
-                         <= state.cap)
-            fits &= inside  # running sums only grow: a prefix of every rank's deal
-        if not keeping.size or not fits.any():  # the deal keeps nothing
+        kept = _deal(state, waiting, count, width, keeping, ranks[keeping], margin) if keeping.size else None
+        if kept is None or not kept[0].size:  # the deal keeps nothing
             order = ranks_by_load(state.loads, integer=False) if order is None else order
             lpt_rounds += 1
             if max_lpt_rounds is not None and lpt_rounds > max_lpt_rounds:
                 raise NoRoom
             waiting = _lpt_round(state, waiting, order)
-            allowed = waiting.size if max_lpt_rounds is None else max_lpt_rounds - lpt_rounds
-            waiting, rounds = _token_bound_rounds(state, waiting, allowed, margin, order)
-            lpt_rounds += rounds
             continue
-        state.put_runs(items[fits], np.broadcast_to(keeping_ranks, items.shape)[fits])
-        kept = np.zeros((passes, width), dtype=bool)
-        kept[:, keeping] = fits
-        waiting = np.concatenate([waiting[:count][~kept.ravel()[:count]], waiting[count:]])
+        state.put_runs(waiting[kept[0]], kept[1])
+        waiting = np.delete(waiting, kept[0])
         if order is not None:
             _resort(state.loads, order)
 
@@ -289,106 +279,6 @@ def _first_kept(state: PartialPlan, firsts: np.ndarray, ranks: np.ndarray, margi
     if state.cap < np.inf:
         fits &= state.tokens[ranks] + state.lengths[firsts] <= state.cap
     return fits
-
-
-def _resort(loads: np.ndarray, order: np.ndarray) -> None:
-    """Re-sort `order`, the ranks by (load, rank) before some loads grew, in place: a stable sort
-    of the nearly sorted loads (a few runs), then of (run of equal loads, rank) where it left
-    equal loads out of rank order; the same as `ranks_by_load`, without sorting from scratch."""
-    order[:] = order[np.argsort(loads[order], kind="stable")]
-    sorted_loads = loads[order]
-    tied = sorted_loads[1:] == sorted_loads[:-1]
-    if (tied & (order[1:] < order[:-1])).any():
-        run = np.concatenate(([0], np.cumsum(~tied)))
-        order[:] = order[np.argsort(run * loads.size + order, kind="stable")]
-
-
-def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int, margin: float,
-                        order: np.ndarray) -> tuple[np.ndarray, int]:
-    """The next rounds of `take_anywhere` (at most `allowed`) while each is an LPT round that puts
-    its largest waiting item on the least-loaded rank with token room for it; returns the items
-    still waiting and the rounds done.
-
-    Such a round: the least-loaded rank has no token room for the largest item (so the item goes
-    above no target there) and the deal keeps nothing; the LPT round then places that item and
-    each other k-th largest item that fits the k-th least-loaded rank (`_lpt_round`).  Where token
-    room binds, thousands of rounds in a row are such, placing one item each (O(n · D)); here a
-    round is a check of its pairs, and the ranks by (load, rank) are kept sorted by moving the
-    one rank that took an item, with no sort (`order`, the ranks by (load, rank), kept in place).
-    """
-    if state.cap == np.inf:
-        return waiting, 0
-    sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
-    costs, lengths = state.costs[waiting], state.lengths[waiting]
-    rounds, num_ranks, cap = 0, state.loads.size, state.cap
-    slack = 4 * np.finfo(np.float64).eps * state.target
-    prefix, prefix_tokens = 0, np.inf  # the ranks before `prefix` hold `prefix_tokens` or more tokens
-    while rounds < allowed and waiting.size:
-        length = lengths[0]
-        if sorted_tokens[0] + length <= cap:
-            break
-        if prefix_tokens + length > cap and sorted_tokens[prefix] + length <= cap:
-            position = prefix  # rounds that take one item move ranks at or past it only
-        else:
-            position = int(np.argmax(sorted_tokens + length <= cap))
-            if sorted_tokens[position] + length > cap:  # no rank has token room
-                break
-            prefix, prefix_tokens = position, sorted_tokens[:position].min()
-        paired = min(waiting.size, num_ranks)
-        paired = min(paired, _below(sorted_loads, state.target - costs[paired - 1], slack))
-        pairs = np.flatnonzero((sorted_loads[1:paired] + costs[1:paired] <= state.target)
-                               & (sorted_tokens[1:paired] + lengths[1:paired] <= cap)) + 1
-        if pairs.size:
-            if _deal_keeps(state, sorted_loads, costs, pairs, margin):
-                break
-            pairs = pairs[pairs != position]
-            if pairs.size:
-                rounds += 1
-                placed = np.concatenate(([0], pairs))
-                state.put(waiting[placed], order[np.concatenate(([position], pairs))])
-                waiting, costs, lengths = (np.delete(values, placed) for values in (waiting, costs, lengths))
-                _resort(state.loads, order)
-                sorted_loads, sorted_tokens = state.loads[order], state.tokens[order]
-                prefix, prefix_tokens = 0, np.inf  # ranks before it moved
-                continue
-        rounds += 1
-        state.put(waiting[:1], order[position:position + 1])
-        waiting, costs, lengths = waiting[1:], costs[1:], lengths[1:]
-        _move_up(state, order, sorted_loads, sorted_tokens, position)
-    return waiting, rounds
-
-
-def _move_up(state: PartialPlan, order: np.ndarray, sorted_loads: np.ndarray, sorted_tokens: np.ndarray,
-             position: int) -> None:
-    """Keep `order` (the ranks by (load, rank)) and their `sorted_loads`, `sorted_tokens` sorted after
-    the rank at `position` took an item (its load grew): move it up to its place, no sort."""
-    rank = order[position]
-    load, held, later = state.loads[rank], state.tokens[rank], sorted_loads[position + 1:]
-    end = position + int(later.searchsorted(load))
-    if end + 1 < sorted_loads.size and sorted_loads[end + 1] == load:  # ties go by rank
-        tied = position + int(later.searchsorted(load, side="right"))
-        end += int(order[end + 1: tied + 1].searchsorted(rank))
-    for values, value in ((order, rank), (sorted_loads, load), (sorted_tokens, held)):
-        values[position:end] = values[position + 1: end + 1]
-        values[end] = value
-
-
-def _below(sorted_loads: np.ndarray, bound: float, slack: float) -> int:
-    """How many of `sorted_loads` (ascending) are at most `bound` + `slack`: the k-th waiting item fits
-    (load + cost <= target, rounded) only on ranks below target - cost + slack, and the costs descend,
-    so the pairs of a round lie in that prefix of the ranks."""
-    return int(np.searchsorted(sorted_loads, bound + slack, side="right"))
-
-
-def _deal_keeps(state: PartialPlan, sorted_loads: np.ndarray, costs: np.ndarray, pairs: np.ndarray,
-                margin: float) -> bool:
-    """Whether the deal of a round of `take_anywhere` keeps an item, given the positions `pairs` in
-    the ranks by (load, rank) (`sorted_loads` their loads) of the only ranks with cost and token
-    room for their item of the round (`costs` the waiting items'; the first pass of the deal pairs
-    them as the LPT round)."""
-    roomy = int(np.count_nonzero(sorted_loads + costs[0] <= state.target))
-    dealt = pairs[pairs < min(roomy, costs.size)]
-    return bool((sorted_loads[dealt] + costs[dealt] <= state.target - margin).any())
 
 
 def _lpt_round(state: PartialPlan, waiting: np.ndarray, order: np.ndarray) -> np.ndarray:

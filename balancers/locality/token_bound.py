@@ -1,0 +1,279 @@
+"""The token-bound rounds of `take_anywhere` (`deal.take_anywhere`), where LPT rounds place one item or a few.
+
+    while the least-loaded rank has no token room for the largest waiting item:
+        if some k-th least-loaded rank fits the k-th largest item with a margin: the deal of those ranks
+        else: an LPT round: the largest item to the least-loaded rank with token room (above no target
+            there), and each other k-th largest item that fits the k-th least-loaded rank
+
+Where token room binds (a nearly full micro-batch) thousands of such rounds come in a row, most
+placing one item.  They make exactly the choices of those rounds made one by one from scratch, at
+O(log) a round but for the few rounds in which a rank may pair (`_Streak`), and with the ranks kept
+by (load, rank) through them with no sort.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.lpt import round_length
+from .partial_plan import PartialPlan
+
+NEVER = 2**62  # the first fit of a rank that fits no waiting item (`_Streak.first_fits`)
+ROUNDING = 8 * np.finfo(np.float64).eps  # a relative slack above any rounding of a sum or difference
+
+
+def _deal(state: PartialPlan, waiting: np.ndarray, count: int, width: int, keeping: np.ndarray, ranks: np.ndarray,
+          margin: float) -> tuple[np.ndarray, np.ndarray]:
+    """The first `count` waiting items dealt round robin to `width` ranks, of which those at `keeping`
+    (`ranks` theirs) keep the longest prefix of their deal that fits (summed cost a hair short of the
+    target, tokens within the cap); returns the kept items' indices in `waiting`, pass by pass, and
+    their ranks."""
+    index = keeping + width * np.arange(-(-count // width))[:, None]  # every keeping rank's deal, pass by pass
+    inside = index < count
+    items = waiting[np.where(inside, index, 0)]
+    fits = state.loads[ranks] + np.cumsum(np.where(inside, state.costs[items], 0.0), axis=0) <= state.target - margin
+    if state.cap < np.inf:
+        fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[items], 0.0), axis=0) <= state.cap
+    fits &= inside  # running sums only grow: a prefix of every rank's deal
+    return index[fits], np.broadcast_to(ranks, index.shape)[fits]
+
+
+def _resort(loads: np.ndarray, order: np.ndarray) -> None:
+    """Re-sort `order`, the ranks by (load, rank) before some loads grew, in place: a stable sort
+    of the nearly sorted loads (a few runs), then of (run of equal loads, rank) where it left
+    equal loads out of rank order; the same as `ranks_by_load`, without sorting from scratch."""
+    order[:] = order[np.argsort(loads[order], kind="stable")]
+    sorted_loads = loads[order]
+    tied = sorted_loads[1:] == sorted_loads[:-1]
+    if (tied & (order[1:] < order[:-1])).any():
+        run = np.concatenate(([0], np.cumsum(~tied)))
+        order[:] = order[np.argsort(run * loads.size + order, kind="stable")]
+
+
+def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int, margin: float, order: np.ndarray,
+                        window: int) -> tuple[np.ndarray, int]:
+    """The next rounds of `take_anywhere` (at most `allowed` LPT rounds) while the least-loaded rank
+    has no token room for the largest item; returns the items still waiting and the LPT rounds done.
+
+    Such a round is the deal of the ranks that keep their first item (`_deal`), or, if none does,
+    an LPT round: its largest item to the least-loaded rank with token room (so above no target
+    there) and each other k-th largest item that fits the k-th least-loaded rank (`_lpt_round`).
+    Where token room binds, thousands of rounds in a row are such, most placing one item: each
+    round here costs O(log) but the few that may pair (`_Streak`), and the ranks stay sorted by
+    moving the ranks that took items (`order`, the ranks by (load, rank), kept in place).
+    """
+    if state.cap == np.inf or state.tokens[order[0]] + state.lengths[waiting[0]] <= state.cap:
+        return waiting, 0
+    streak, rounds = _Streak(state, waiting, order), 0
+    while rounds < allowed and streak.front < streak.waiting.size:
+        position = streak.token_room()
+        if position is None:
+            break
+        if streak.front >= streak.bound:
+            pairs = streak.pairs()
+            roomy, keeping = _keeping(state, streak.sorted_loads, streak.costs[streak.front:], pairs, margin)
+            if keeping.size:
+                streak.deal(roomy, window * roomy, keeping, margin)
+                continue
+            pairs = pairs[pairs != position]
+            if pairs.size:
+                rounds += 1
+                streak.place(np.concatenate(([0], pairs)), np.concatenate(([position], pairs)))
+                continue
+            streak.next_bound(position)
+        if streak.bound - streak.front > 1 and allowed - rounds > 1:
+            rounds += streak.place_run(position, min(streak.bound - streak.front, allowed - rounds))
+            continue
+        rounds += 1
+        streak.place_first(position)
+    return streak.waiting[streak.front:], rounds
+
+
+class _Streak:
+    """Token-bound rounds over `waiting` from `front` on and the ranks in `order` (kept sorted in place,
+    with their loads and tokens): the k-th rank pairs with the k-th item from the front when it fits it.
+
+    Pairs are checked (O(D)) only from round `bound` on, a lower bound of the first round in which
+    a rank pairs: the waiting costs descend and so does the running minimum of their lengths, so no
+    rank fits an item before its `first_fit` (`first_fits`); a rank not moved stays in place or moves
+    down one place a round, so it pairs no earlier than when the front reaches first_fit - position.
+    """
+
+    def __init__(self, state: PartialPlan, waiting: np.ndarray, order: np.ndarray):
+        self.state, self.order, self.front, self.waiting = state, order, 0, waiting.copy()
+        lengths = state.lengths[waiting]
+        self.values = np.stack((state.costs[waiting], lengths, -state.costs[waiting], -np.minimum.accumulate(lengths)))
+        self.costs, self.lengths, self.negated_costs, self.negated_least = self.values  # views: kept through `taken`
+        self.monotone = bool((self.negated_least == -self.lengths).all())  # else a fit may come before a checked item
+        self.sorted_loads, self.sorted_tokens = state.loads[order], state.tokens[order]
+        self.slack = 4 * np.finfo(np.float64).eps * state.target
+        # Ranks too loaded for the last item, or past the last one, never pair unless they take items
+        paired = min(waiting.size, _below(self.sorted_loads, state.target - self.costs[-1], self.slack))
+        self.first_fit = np.full(order.size, NEVER, dtype=np.int64)
+        self.first_fit[order[1:paired]] = self.first_fits(self.sorted_loads[1:paired], self.sorted_tokens[1:paired])
+        self.reset()
+
+    def first_fits(self, loads, tokens):
+        """For ranks holding `loads` and `tokens`, a lower bound of the first waiting item that fits each
+        (as rounded: a slack keeps it a bound), NEVER or above where none does."""
+        target, cap = self.state.target, self.state.cap
+        first = np.maximum(self.negated_costs.searchsorted(loads - target - ROUNDING * (target + abs(loads))),
+                           self.negated_least.searchsorted(tokens - cap - ROUNDING * cap))
+        return first + (first >= self.costs.size) * NEVER
+
+    def reset(self) -> None:
+        """The bound over the ranks paired with an item, and no rank known without token room."""
+        positions = np.arange(1, min(self.order.size, self.waiting.size - self.front))
+        self.bound = int((self.first_fit[self.order[positions]] - positions).min()) if positions.size else NEVER
+        self.prefix, self.prefix_tokens = 0, np.inf  # the ranks before `prefix` hold `prefix_tokens` or more
+
+    def token_room(self) -> int | None:
+        """The position of the least-loaded rank with token room for the first item; None where the
+        least-loaded rank has it (not a token-bound round) or none has."""
+        length, cap, tokens = self.lengths[self.front], self.state.cap, self.sorted_tokens
+        if tokens[0] + length <= cap:
+            return None
+        start = self.prefix if self.prefix_tokens + length > cap else 0  # the ranks before it have no room
+        if tokens[start] + length <= cap:
+            return start  # rounds that take one item move ranks at or past it only
+        position = start + int(np.argmax(tokens[start:] + length <= cap))
+        if tokens[position] + length > cap:
+            return None
+        self.prefix_tokens = min(self.prefix_tokens if start else np.inf, tokens[start:position].min())
+        self.prefix = position
+        return position
+
+    def pairs(self) -> np.ndarray:
+        """The positions k >= 1 whose rank fits the k-th item from the front."""
+        front, target = self.front, self.state.target
+        paired = min(self.waiting.size - front, self.order.size)
+        paired = min(paired, _below(self.sorted_loads, target - self.costs[front + paired - 1], self.slack))
+        return np.flatnonzero((self.sorted_loads[1:paired] + self.costs[front + 1:front + paired] <= target)
+                              & (self.sorted_tokens[1:paired] + self.lengths[front + 1:front + paired]
+                                 <= self.state.cap)) + 1
+
+    def next_bound(self, position: int) -> None:
+        """After the pairs were checked and none found but at `position` (the rank that takes the first
+        item): with lengths descending, a flagged rank that does not fit its item fits none before it."""
+        positions = np.arange(1, min(self.order.size, self.waiting.size - self.front))
+        rounds = self.first_fit[self.order[positions]] - positions
+        if position <= rounds.size:
+            rounds[position - 1] = NEVER  # found anew once it takes the item
+        late = np.flatnonzero(rounds <= self.front)
+        if late.size and self.monotone:
+            self.first_fit[self.order[late + 1]] = self.front + late + 2
+            rounds[late] = self.front + 1
+        self.bound = int(rounds.min()) if rounds.size else NEVER
+
+    def place_first(self, position: int) -> None:
+        """An LPT round that places the first item alone, on the rank at `position`."""
+        order, front = self.order, self.front
+        rank = order[position]
+        self.state.put(self.waiting[front:front + 1], order[position:position + 1])
+        moved_to = _move_up(self.state, order, self.sorted_loads, self.sorted_tokens, position)
+        self.first_fit[rank] = self.first_fits(self.state.loads[rank], self.state.tokens[rank])
+        self.bound = min(self.bound, int(self.first_fit[rank]) - moved_to)
+        self.front += 1
+
+    def place_run(self, position: int, most: int) -> int:
+        """Rounds that each place their first item alone, none of which can pair (at most `most`): the
+        ranks from `position` on take the items one each, in order, while the heap loop would
+        (`round_length`: no rank that took one comes back first), each has token room for its item,
+        the ranks before still have none, and no rank that took one can pair; returns how many."""
+        state, order, front = self.state, self.order, self.front
+        size = min(most, self.waiting.size - front, order.size - position)
+        lengths = self.lengths[front:front + size]
+        tokens = self.sorted_tokens[position:position + size] + lengths
+        fine = (tokens <= state.cap) & (self.prefix_tokens + lengths > state.cap)
+        size = int(np.argmin(fine)) if not fine.all() else size
+        size = round_length(self.sorted_loads[position:position + size], order[position:position + size],
+                            self.costs[front:front + size])
+        loads = self.sorted_loads[position:position + size] + self.costs[front:front + size]
+        first_fit = self.first_fits(loads, tokens[:size])
+        # the rank that took the j-th item can pair from round first fit - position (at most where the
+        # ranks loaded up to its new load are): the run stops before the first such round after it
+        pairs_from = np.minimum.accumulate(first_fit - self.sorted_loads.searchsorted(loads, side="right") - front)
+        fine = np.arange(2, size + 1) <= pairs_from[:-1]
+        size = int(np.argmin(fine)) + 1 if not fine.all() else size
+        ranks = order[position:position + size].copy()
+        state.put(self.waiting[front:front + size], ranks)
+        end = int(self.sorted_loads.searchsorted(loads[:size].max(), side="right"))  # the ranks past it stay
+        segment = order[position:end]
+        _resort(state.loads, segment)  # the ranks before `position` are loaded less
+        self.sorted_loads[position:end], self.sorted_tokens[position:end] = state.loads[segment], state.tokens[segment]
+        self.first_fit[ranks] = first_fit[:size]
+        self.front += size
+        self.reset()
+        return size
+
+    def place(self, items: np.ndarray, positions: np.ndarray) -> None:
+        """An LPT round that places the `items` from the front on the ranks at `positions`."""
+        self.state.put(self.waiting[self.front + items], self.order[positions])
+        self.taken(self.front + items, positions)
+
+    def deal(self, roomy: int, dealt: int, keeping: np.ndarray, margin: float) -> None:
+        """The deal of the round, in which the ranks at `keeping` keep their first item (`_deal`)."""
+        waiting = self.waiting[self.front:]
+        count = min(waiting.size, dealt)
+        items, ranks = _deal(self.state, waiting, count, min(roomy, count), keeping, self.order[keeping], margin)
+        if items.size == keeping.size:  # one item a rank: the same sums as put_runs'
+            self.state.put(waiting[items], ranks)
+        else:
+            self.state.put_runs(waiting[items], ranks)
+        self.taken(self.front + items, keeping)
+
+    def taken(self, items: np.ndarray, positions: np.ndarray) -> None:
+        """After the ranks at `positions` took the waiting `items` (indices from the front on): the items
+        leave, those before the last of them moving up into their places (the front moves past them:
+        O(distance), not O(n)), so each rank's first fit counts the items gone from it on; the ranks
+        move up (from the last)."""
+        window = self.order[1:min(self.order.size, self.waiting.size - self.front)]  # the others never pair
+        items = np.sort(items)
+        last = int(items[-1]) + 1
+        staying = np.ones(last - self.front, dtype=bool)
+        staying[items - self.front] = False
+        staying = self.front + np.flatnonzero(staying)
+        self.front = last - staying.size
+        self.waiting[self.front:last], self.values[:, self.front:last] = self.waiting[staying], self.values[:, staying]
+        self.first_fit[window] += items.size - items.searchsorted(self.first_fit[window])
+        for position in np.sort(positions)[::-1].tolist():
+            rank = self.order[position]
+            _move_up(self.state, self.order, self.sorted_loads, self.sorted_tokens, position)
+            self.first_fit[rank] = self.first_fits(self.state.loads[rank], self.state.tokens[rank])
+        self.reset()
+
+
+def _move_up(state: PartialPlan, order: np.ndarray, sorted_loads: np.ndarray, sorted_tokens: np.ndarray,
+             position: int) -> int:
+    """Keep `order` (the ranks by (load, rank)) and their `sorted_loads`, `sorted_tokens` sorted after
+    the rank at `position` took an item (its load grew): move it up to its place, no sort; returns
+    that place."""
+    rank = order[position]
+    load, held, later = state.loads[rank], state.tokens[rank], sorted_loads[position + 1:]
+    end = position + int(later.searchsorted(load))
+    if end + 1 < sorted_loads.size and sorted_loads[end + 1] == load:  # ties go by rank
+        tied = position + int(later.searchsorted(load, side="right"))
+        end += int(order[end + 1: tied + 1].searchsorted(rank))
+    for values, value in ((order, rank), (sorted_loads, load), (sorted_tokens, held)):
+        values[position:end] = values[position + 1: end + 1]
+        values[end] = value
+    return end
+
+
+def _below(sorted_loads: np.ndarray, bound: float, slack: float) -> int:
+    """How many of `sorted_loads` (ascending) are at most `bound` + `slack`: the k-th waiting item fits
+    (load + cost <= target, rounded) only on ranks below target - cost + slack, and the costs descend,
+    so the pairs of a round lie in that prefix of the ranks."""
+    return int(np.searchsorted(sorted_loads, bound + slack, side="right"))
+
+
+def _keeping(state: PartialPlan, sorted_loads: np.ndarray, costs: np.ndarray, pairs: np.ndarray,
+             margin: float) -> tuple[int, np.ndarray]:
+    """How many ranks have room for the largest waiting item (at most as many as items wait: `costs` the
+    waiting items'), and the positions of those that keep their first item in the deal of a round of
+    `take_anywhere`, given the positions `pairs` in the ranks by (load, rank) (`sorted_loads` their
+    loads) of the only ranks with cost and token room for their item of the round (the first pass of
+    the deal pairs them as the LPT round)."""
+    roomy = int(np.count_nonzero(sorted_loads[:costs.size] + costs[0] <= state.target))  # as many as the deal needs
+    dealt = pairs[pairs < roomy]
+    return roomy, dealt[sorted_loads[dealt] + costs[dealt] <= state.target - margin]

@@ -1,0 +1,116 @@
+"""`take_anywhere`'s token-bound rounds (`token_bound._token_bound_rounds`: pairs checked only from a
+lower bound of the first round that may pair, runs of one-item rounds placed at once, deals made in
+place) make the choices of the rounds made one by one from scratch (the deal of the ranks that keep
+their first item, checked over all ranks, else an LPT round over all ranks): the same destinations,
+loads, tokens and order of the ranks, bit for bit, and the same give-up (NoRoom)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers import CostModel
+from orchmllm.balancers.kernels.lpt import ranks_by_load
+from orchmllm.balancers.locality import deal
+from orchmllm.balancers.locality.deal import DEAL_WINDOW, NoRoom, take_anywhere
+from orchmllm.balancers.locality.token_bound import _token_bound_rounds
+from orchmllm.balancers.locality.partial_plan import PartialPlan
+from orchmllm.balancers.problem import make_problem
+
+COSTS = (CostModel(linear=1.0, quadratic=0.37), CostModel(per_item=3.1, linear=0.7, quadratic=0.013),
+         CostModel(per_item=1.0))  # the last: equal costs, so the lengths need not descend along them
+
+
+@st.composite
+def token_bound_deals(draw):
+    """Ranks part-loaded (often tied), the least-loaded share of them short of token room, so LPT rounds
+    place one item or a few; items of a few lengths (ties), float costs (rounding) from a cost model or
+    given at random (lengths not descending along them); the target near the loads; sometimes a cap on
+    LPT rounds."""
+    num_ranks = draw(st.integers(2, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kinds = rng.integers(1, 60, draw(st.integers(1, 12)))  # many short items where the power is high
+    uniform = rng.random(draw(st.integers(1, 10 * num_ranks)))
+    lengths = kinds[(uniform ** draw(st.sampled_from((1, 3))) * kinds.size).astype(int)]
+    given_costs = draw(st.booleans()) and draw(st.booleans())
+    cost = draw(st.sampled_from(COSTS))
+    costs = rng.random(lengths.size) * 100.0 if given_costs else cost.item_costs(lengths)
+    share = float(costs.sum()) / num_ranks
+    loads = rng.choice(rng.random(draw(st.integers(1, num_ranks))) * share * draw(st.sampled_from((0.5, 2.0, 8.0))),
+                       num_ranks)
+    cap = int(lengths.max()) * draw(st.integers(1, 6)) + draw(st.integers(0, 30))
+    full = loads <= np.quantile(loads, draw(st.floats(0.0, 1.0)))  # the least loaded: little token room
+    little = draw(st.sampled_from((int(lengths.min()) + 1, int(lengths.max()))))  # room for the shortest or longer
+    roomy = (rng.integers(0, cap + 1, num_ranks) if draw(st.booleans())  # else room for about one item more
+             else np.minimum(cap, int(lengths.max()) + rng.integers(0, 2 * int(lengths.min()) + 1, num_ranks)))
+    room = np.where(full, rng.integers(0, little + 1, num_ranks), roomy)
+    tokens = np.maximum(cap - room, 0).astype(np.float64)
+    target = float(np.quantile(loads, draw(st.floats(0.0, 1.0)))) + share * draw(st.sampled_from((0.0, 0.1, 0.5, 2.0)))
+    if draw(st.booleans()):  # as in a nearly full micro-batch: the ranks with token room a few items short of target
+        short = rng.random(num_ranks) * float(costs.max()) * draw(st.sampled_from((1, 4)))
+        loads = np.where(full, loads, target - short)
+    max_lpt_rounds = draw(st.sampled_from((None, None, None, 1, 4, 30)))
+    problem = make_problem(lengths, num_ranks, costs=costs if given_costs else None,
+                           cost=None if given_costs else cost, max_tokens_per_rank=int(lengths.sum()))
+    return problem, loads, tokens, float(cap), target, max_lpt_rounds
+
+
+def _dealt(problem, loads, tokens, cap, target, max_lpt_rounds):
+    state = PartialPlan(problem, target)
+    state.loads[:], state.tokens[:], state.cap = loads, tokens, cap  # a cap tighter than the problem's checks allow
+    try:
+        take_anywhere(state, np.arange(problem.num_items), max_lpt_rounds)
+    except NoRoom:
+        return "NoRoom"
+    return state.destinations.tolist(), state.loads.tolist(), state.tokens.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(token_bound_deals())
+def test_token_bound_rounds_make_the_round_by_round_choices(instance):
+    fast = _dealt(*instance)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(deal, "_token_bound_rounds", lambda state, waiting, *rest: (waiting, 0))
+        assert fast == _dealt(*instance)
+
+
+def _round_by_round(state, waiting, allowed, margin, order, window):
+    """The rounds one by one while the least-loaded rank has no token room for the largest item (and some
+    rank has): the deal of the ranks that keep their first item (checked over all ranks), else an LPT
+    round over all ranks."""
+    rounds = 0
+    while rounds < allowed and waiting.size:
+        length = state.lengths[waiting[0]]
+        if state.tokens[order[0]] + length <= state.cap or not (state.tokens + length <= state.cap).any():
+            break
+        roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
+        count = min(waiting.size, window * roomy)
+        keeping = np.flatnonzero(deal._first_kept(state, waiting[:min(roomy, count)], order[:min(roomy, count)],
+                                                  margin))
+        if keeping.size:
+            items, ranks = deal._deal(state, waiting, count, min(roomy, count), keeping, order[keeping], margin)
+            state.put_runs(waiting[items], ranks)
+            waiting = np.delete(waiting, items)
+            deal._resort(state.loads, order)
+        else:
+            rounds += 1
+            waiting = deal._lpt_round(state, waiting, order)
+    return waiting, rounds
+
+
+@settings(max_examples=300, deadline=None)
+@given(token_bound_deals())
+def test_token_bound_rounds_from_any_sorted_ranks_make_the_round_by_round_choices(instance):
+    """From ranks in any state (not only as the deals before leave them), mid-streak."""
+    problem, loads, tokens, cap, target, max_lpt_rounds = instance
+    made = []
+    for rounds in (_token_bound_rounds, _round_by_round):
+        state = PartialPlan(problem, target)
+        state.loads[:], state.tokens[:], state.cap = loads, tokens, cap
+        order = ranks_by_load(state.loads, integer=False)
+        margin = DEAL_WINDOW * np.finfo(np.float64).eps * target
+        allowed = problem.num_items if max_lpt_rounds is None else max_lpt_rounds
+        waiting, done = rounds(state, problem.cost_order.copy(), allowed, margin, order, DEAL_WINDOW)
+        made.append((waiting.tolist(), done, state.destinations.tolist(), state.loads.tolist(), state.tokens.tolist(),
+                     order.tolist()))
+    assert made[0] == made[1]
