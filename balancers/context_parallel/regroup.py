@@ -140,9 +140,10 @@ def _crowd(plan: ContextParallelPlan, limit: float) -> np.ndarray:
     `limit`, in that order (see the module).
 
     A rank below the limit stays below (loads only fall), so only the ranks above it walk their items, in
-    that order, each until it falls to the limit: a merge of those ranks' lists by a heap, in which an item
-    is taken out by the first of its ranks to reach it while above (its other ranks then skip it).  Each rank
-    subtracts the items taken out in the order they are, as a walk over every item would."""
+    that order, each until it falls to the limit.  Up to its first split item a rank's walk is its own: all
+    of them at once, an item a rank a step (numpy).  Then a merge of the ranks' lists by a heap, in which a
+    split item is taken out by the first of its ranks to reach it while above (its other ranks then skip it).
+    Each rank subtracts the items taken out in the order they are, as a walk over every item would."""
     above = plan.loads > limit
     items, ranks = rank_pairs(plan.assignment, plan.degree)
     on = above[ranks]
@@ -155,20 +156,37 @@ def _crowd(plan: ContextParallelPlan, limit: float) -> np.ndarray:
     items, ranks, positions = items[order], ranks[order], position[items[order]]
     first = np.flatnonzero(np.concatenate(([True], ranks[1:] != ranks[:-1])))
     ends = np.append(first[1:], items.size)
-    heap = list(zip(positions[first].tolist(), first.tolist(), ends.tolist()))  # each rank's next pair
+    split = np.flatnonzero(plan.degree[items] > 1)
+    later = np.searchsorted(split, first)  # each rank's first split pair, if any
+    runs = np.minimum(np.where(later < split.size, split[np.minimum(later, max(split.size - 1, 0))], ends), ends) \
+        if split.size else ends
+    loads, walking, taken = plan.loads.copy(), first.copy(), []
+    while True:  # each rank's own walk, one item a step
+        step = np.flatnonzero((walking < runs) & (loads[ranks[first]] > limit))
+        if not step.size:
+            break
+        pairs = walking[step]
+        loads[ranks[pairs]] -= plan.item_time[items[pairs]]
+        taken.append(pairs)
+        walking[step] += 1
+    taken = np.concatenate(taken) if taken else np.zeros(0, dtype=np.int64)
+    crowd = list(zip(positions[taken].tolist(), items[taken].tolist()))
+    rest = np.flatnonzero((walking < ends) & (loads[ranks[first]] > limit))
+    heap = list(zip(positions[walking[rest]].tolist(), walking[rest].tolist(), ends[rest].tolist()))
     heapq.heapify(heap)
-    loads, taken, crowd = plan.loads.tolist(), set(), []
+    loads, gone = loads.tolist(), set()
     while heap:
-        _, pair, end = heapq.heappop(heap)
+        at, pair, end = heapq.heappop(heap)
         rank, k = int(ranks[pair]), int(items[pair])
         if not loads[rank] > limit:  # fell to the limit: it takes no more out
             continue
-        if k not in taken:
-            taken.add(k)
-            crowd.append(k)
+        if k not in gone:
+            gone.add(k)
+            crowd.append((at, k))
             time, begin = float(plan.item_time[k]), int(plan.assignment[k])
             for held in range(begin, begin + int(plan.degree[k])):
                 loads[held] -= time
         if pair + 1 < end:
             heapq.heappush(heap, (int(positions[pair + 1]), pair + 1, end))
-    return np.array(crowd, dtype=np.int64)
+    crowd.sort()
+    return np.array([k for _, k in crowd], dtype=np.int64)
