@@ -18,7 +18,11 @@ import io
 import json
 import math
 import os
+import re
+import reprlib
+import shlex
 import unicodedata
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -89,23 +93,39 @@ def _has_header(first: list[str], where: str, column: str | None) -> bool:
         raise UsageError(f"{where}: field {first.index('') + 1} of {len(first)} is empty (a trailing comma?); "
                          f"{expected}")
     odd = next(field for field in first if field != column and not _is_column_name(field))
+    numbers = re.split(r"[\s;|]+", _as_seen(odd))  # `5 6`, `5;6`: lengths not separated by commas
+    if len(numbers) > 1 and all(map(_is_number, numbers)):
+        raise UsageError(f"{where}: {expected}, got {SHORT.repr(odd)} ({len(numbers)} numbers separated by "
+                         f"something other than a comma: one length per line, or fields separated by commas)")
     mistyped = _is_number(_as_seen(odd).translate(DIGIT_LOOKALIKES))  # `8l2`: fix the length, not name a column
-    hint = "" if column is not None or mistyped else f"; --column {odd} takes line 1 as the header"
-    raise UsageError(f"{where}: {expected}, got {odd!r} (a column name may not start with a digit, '+', '-' or "
-                     f"'.', nor read as a number with O, o, I or l for 0 and 1, as a mistyped 8l2 does{hint})")
+    hint = "" if column is not None or mistyped else f"; --column {shlex.quote(odd)} takes line 1 as the header"
+    raise UsageError(f"{where}: {expected}, got {SHORT.repr(odd)} (a column name may not start with a digit, '+', "
+                     f"'-' or '.', nor read as a number with O, o, I or l for 0 and 1, as a mistyped 8l2 does{hint})")
+
+
+SHORT = reprlib.Repr()  # a long header in one line of an error: its first names, and every name cut short
+SHORT.maxlist, SHORT.maxstring = 6, 40
+
+
+def _columns(header: list[str]) -> tuple[str, str]:
+    """`header` for an error line: its first names, and a note of the names it gives more than once."""
+    repeated = [f"{SHORT.repr(name)} {count} times" for name, count in Counter(header).most_common(3) if count > 1]
+    return SHORT.repr(header), (f" (names given more than once: {', '.join(repeated)})" if repeated else "")
 
 
 def _pick_column(header: list[str], column: str | None, path: Path) -> int:
+    if len(header) == 1 and column is None:
+        return 0
+    shown, repeated = _columns(header)
     if column is None:
-        if len(header) == 1:
-            return 0
-        raise UsageError(f"{path}: {len(header)} columns {header}; choose one with --column")
+        raise UsageError(f"{path}: {len(header)} columns {shown}; choose one with --column{repeated}")
     if column not in header:
-        raise UsageError(f"{path}: no column {column!r}; columns are {header}")
+        raise UsageError(f"{path}: no column {SHORT.repr(column)}; the {len(header)} columns are {shown}{repeated}")
     fields = [str(index + 1) for index, name in enumerate(header) if name == column]
     if len(fields) > 1:
-        raise UsageError(f"{path}: column {column!r} appears {len(fields)} times in the header (fields "
-                         f"{', '.join(fields)}); --column must name one")
+        raise UsageError(f"{path}: column {SHORT.repr(column)} appears {len(fields)} times in the header (fields "
+                         f"{', '.join(fields[:SHORT.maxlist])}{', ...' if len(fields) > SHORT.maxlist else ''}); "
+                         f"--column must name one")
     return header.index(column)
 
 

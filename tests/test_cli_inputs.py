@@ -526,3 +526,46 @@ def test_regression_an_invisible_character_or_unicode_minus_made_line_1_a_header
     code = main(["plan", str(path), "-D", "2"])
     check_one_line_error(code, capsys.readouterr().err, f"lengths.csv:1: expected an integer length or a header "
                                                         f"line of column names, got {shown} (a column name may not")
+
+
+@pytest.mark.parametrize("first", ["5 6", "5\x0c6", "5\u20286", "5;6"], ids=["space", "form feed", "line separator",
+                                                                           "semicolon"])
+def test_regression_numbers_not_separated_by_commas_on_line_1_were_offered_as_a_column(first, tmp_path, capsys):
+    """Cause (probe12 P12-03): a line 1 of numbers separated by a space, a form feed, U+2028 or a semicolon is one
+    field that is not a column name, and its refusal offered `--column 5 6`, a name its own rule forbids, which
+    a shell reads as two arguments."""
+    path = tmp_path / "lengths.csv"
+    path.write_text(f"{first}\n7\n8\n", encoding="utf-8")
+    assert main(["plan", str(path), "-D", "2"]) == 2
+    error = capsys.readouterr().err
+    check_one_line_error(2, error, f"lengths.csv:1: expected an integer length or a header line of column names, "
+                                   f"got {first!r} (2 numbers separated by something other than a comma: one length "
+                                   f"per line, or fields separated by commas)")
+    assert "--column" not in error
+
+
+def test_column_hint_for_a_name_starting_with_a_digit_is_quoted_for_the_shell(tmp_path, capsys):
+    """The hint after a header field that starts with a digit is a shell argument: quoted where it holds a space."""
+    path = tmp_path / "lengths.csv"
+    path.write_text("1st len,b\n5,3\n4,2\n")
+    assert main(["plan", str(path), "-D", "2"]) == 2
+    assert "; --column '1st len' takes line 1 as the header)" in capsys.readouterr().err
+    assert main(["plan", str(path), "-D", "2", "--column", "1st len", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_items"] == 2
+
+
+@pytest.mark.parametrize("column, message", [
+    (None, "10001 columns ['a', 'a', 'a', 'a', 'a', 'a', ...]; choose one with --column (names given more than "
+           "once: 'a' 10000 times)"),
+    ("c", "no column 'c'; the 10001 columns are ['a', 'a', 'a', 'a', 'a', 'a', ...] (names given more than once: "
+          "'a' 10000 times)"),
+    ("a", "column 'a' appears 10000 times in the header (fields 1, 2, 3, 4, 5, 6, ...); --column must name one")])
+def test_regression_a_header_of_many_columns_was_listed_whole_in_one_line(column, message, tmp_path, capsys):
+    """Cause (probe12 P12-04): the refusal of a header of 10 001 columns listed every name (50 kB on one line), and
+    said nothing of 10 000 of them being the same name."""
+    path = tmp_path / "wide.csv"
+    path.write_text("a," * 10_000 + "b\n" + "5," * 10_000 + "5\n")
+    assert main(["plan", str(path), "-D", "2"] + ([] if column is None else ["--column", column])) == 2
+    error = capsys.readouterr().err
+    check_one_line_error(2, error, f"wide.csv: {message}")
+    assert len(error) < 400
