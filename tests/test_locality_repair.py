@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from orchmllm import Orchestrator
-from orchmllm.balancers import CostModel
+from orchmllm.balancers import CostModel, balance
 from orchmllm.balancers.locality import repair as locality_repair
 from orchmllm.balancers.locality.partial_plan import PartialPlan
 from orchmllm.balancers.locality.repair import (ACROSS_CANDIDATES, ranks_left_over, repair, repair_across_nodes,
                                                  repair_in_node)
 from orchmllm.balancers.problem import make_problem
+from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.study.models import MODELS
 from orchmllm.study.simulator import cluster
 from orchmllm.study.workloads import sample_workload
@@ -78,7 +79,8 @@ def test_regression_repair_ran_its_rounds_where_no_full_fixes_could_bring_enough
     """Cause: `repair` ran its full-fix rounds (most of a micro-batched step's time on the code trace at
     D = 2560 × 32, T = 16k: every cells deal and per-micro-batch deal ended in a failing repair) before
     finding more ranks above the target than its searches could bring down.  Now it returns at once
-    where `ranks_left_over` proves it (rooms as bins, excesses as items), leaving the state as it was."""
+    where `ranks_left_over` proves it (rooms as bins, excesses as items), leaving the state as it was; and the
+    rounds are skipped where it proves that no full fix applies at all."""
     calls = []
     monkeypatch.setattr(locality_repair, "repair_in_node", lambda *args: calls.append(args))
     state = PartialPlan(make_problem(np.full(8, 10), 4, cost=CostModel(linear=1.0)), 15.0)
@@ -87,9 +89,13 @@ def test_regression_repair_ran_its_rounds_where_no_full_fixes_could_bring_enough
     assert ranks_left_over(state) == 4
     repair(state, np.zeros(8, dtype=np.int64), np.ones(8), 2)
     assert not calls and state.destinations.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
-    monkeypatch.setattr(locality_repair, "REPAIR_SEARCHES", 4)  # four searches might: the rounds run
-    repair(state, np.zeros(8, dtype=np.int64), np.ones(8), 2)
-    assert calls
+    monkeypatch.setattr(locality_repair, "REPAIR_SEARCHES", 4)  # four searches might, but no full fix applies
+    repair(state, np.zeros(8, dtype=np.int64), np.ones(8), 2)  # (as many ranks out of reach as above the target)
+    assert not calls
+    fixable = PartialPlan(make_problem(np.array([10, 10, 10, 10, 10, 4, 1]), 4, cost=CostModel(linear=1.0)), 15.0)
+    fixable.put_runs(np.arange(7), np.array([0, 0, 1, 1, 2, 2, 3]))  # ranks 0 and 1 5 above the target, 3 roomy
+    repair(fixable, np.zeros(7, dtype=np.int64), np.ones(7), 2)
+    assert calls  # a full fix applies: the rounds run
 
 
 @pytest.mark.parametrize("workload,budget", [("code", 16384), ("long_tail", 8192), ("chat", 8192)])
@@ -159,3 +165,56 @@ def test_regression_an_across_node_pass_with_no_rank_above_the_target_copied_the
     finally:
         tracemalloc.stop()
     assert peak < 4 * lengths.size, peak
+
+
+def test_the_passes_change_nothing_once_every_rank_above_the_target_is_out_of_reach():
+    """`repair` skips its full-fix passes when `ranks_left_over` equals the ranks above the target (a full
+    fix would leave one fewer): on such states every pass, run anyway with every item a candidate, leaves
+    the plan as it was, so the skip changes no plan."""
+    seen = 0
+    for seed in range(300):
+        state, gpus_per_node = _random_state(seed)
+        over = int(np.count_nonzero(state.loads > state.target))
+        if over == 0 or ranks_left_over(state) != over:
+            continue
+        seen += 1
+        before = state.destinations.tolist()
+        repair_in_node(state, gpus_per_node)
+        for candidates in (*ACROSS_CANDIDATES, state.costs.size):
+            repair_across_nodes(state, candidates)
+        assert state.destinations.tolist() == before, seed
+    assert seen >= 10
+
+
+def _few_large(num_ranks: int, per_rank: int, seed: int = 0):
+    """P||Cmax's few_large (98 % small items, 2 % large), home ranks, 16 KiB a token, 84B costs."""
+    lengths = make_instance("few_large", num_ranks, per_rank, seed).times
+    return dict(lengths=lengths, num_ranks=num_ranks, cost=MODELS["84b"].llm.cost(causal=True), algorithm="auto",
+                sources=np.repeat(np.arange(num_ranks), per_rank), item_bytes=lengths * 16384.0,
+                topology=cluster(num_ranks))
+
+
+def test_regression_repair_searched_every_rank_while_partial_fixes_passed_a_large_item_from_rank_to_rank(
+        monkeypatch):
+    """Cause of issue 24's 18-120x on the P||Cmax families (auto+locality): with a few large items no
+    full fix reaches any rank above the target; each search weighed every item of every rank and its
+    partial fix passed a large item to the roomiest rank, which went above the target in its place, until
+    more ranks were above it than the searches left (309 searches at 128 x 24, 0.9 s), and the placed plain
+    plan was returned.  Now the searches stop after IDLE_SEARCH_WORK pairs bring no rank within reach of a
+    full fix (and the passes are skipped: none could apply): the same plan, a few searches."""
+    pairs = []
+    best_fix = locality_repair.best_fix
+    monkeypatch.setattr(locality_repair, "best_fix", lambda state, members, rank, pool, *rest: (
+        pairs.append(members[rank].size * (sum(members[p].size for p in pool.tolist()) + pool.size)),
+        best_fix(state, members, rank, pool, *rest))[1])
+    passes = []
+    across = locality_repair.repair_across_nodes
+    monkeypatch.setattr(locality_repair, "repair_across_nodes", lambda *args: (passes.append(1), across(*args)))
+    plan = balance(**_few_large(128, 24))
+    assert not passes and 0 < sum(pairs) <= 2 * locality_repair.IDLE_SEARCH_WORK
+    searched = len(pairs)
+    monkeypatch.setattr(locality_repair, "IDLE_SEARCH_WORK", 2**62)
+    pairs.clear()
+    unbounded = balance(**_few_large(128, 24))
+    assert len(pairs) > 10 * searched
+    np.testing.assert_array_equal(plan.assignment, unbounded.assignment)

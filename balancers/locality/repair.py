@@ -3,7 +3,8 @@
     unless the ranks' rooms provably cannot take every excess (`ranks_left_over`):
     while a rank is above target: the move or swap that fixes it adding the fewest
         inter-node bytes, partners from its own node first (every node at once), then
-        from the roomiest ranks (`ROOMY_PARTNERS`, then more)
+        from the roomiest ranks (`ROOMY_PARTNERS`, then more), while the searches bring
+        ranks within reach of a full fix (`IDLE_SEARCH_WORK`)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .partial_plan import PartialPlan
 
 ROOMY_PARTNERS = 16  # roomiest ranks searched first for a partner from another node
 REPAIR_SEARCHES = 128  # byte-aware searches (`best_fix` rounds) before `repair` gives up
+IDLE_SEARCH_WORK = 1 << 19  # (item, partner) pairs the searches may weigh with no rank becoming fixable
 ACROSS_CANDIDATES = (16, 256)  # smallest swaps per item tried by the passes of `repair_across_nodes`
 
 
@@ -44,22 +46,30 @@ def best_fix(state: PartialPlan, members: list[np.ndarray], rank: int, pool: np.
                                      - (partner_node != partner_home))
     items = members[rank]
     item_added_here = np.where(rank // gpus_per_node != home_node[items], item_bytes[items], 0.0)
+
+    def added(at, columns):  # inter-node bytes the fixes of items[at] with `columns` add (only those read)
+        rows = items[at]
+        return (np.where(partner_node[columns] != home_node[rows], item_bytes[rows], 0.0) - item_added_here[at]
+                + partner_added[columns])
+
     best_full, best_partial = None, None
     block = max(1, (1 << 20) // partner.size)
     for first in range(0, items.size, block):
         rows = items[first:first + block]
         delta = state.costs[rows, None] - partner_cost
-        delta_tokens = state.lengths[rows, None] - partner_tokens
         rank_after = state.loads[rank] - delta
         partner_after = partner_load + delta
-        valid = (delta > 0) & (delta_tokens <= partner_room_tokens) & (state.tokens[rank] - delta_tokens <= cap)
-        added = (np.where(partner_node != home_node[rows, None], item_bytes[rows, None], 0.0)
-                 - item_added_here[first:first + block, None] + partner_added)
+        valid = delta > 0
+        if cap < np.inf:  # token room: only a cap reads it
+            delta_tokens = state.lengths[rows, None] - partner_tokens
+            valid &= (delta_tokens <= partner_room_tokens) & (state.tokens[rank] - delta_tokens <= cap)
         full = np.flatnonzero(valid & (rank_after <= target) & (partner_after <= target))
         if full.size:
-            pick = full[np.lexsort((delta.ravel()[full], added.ravel()[full]))[0]]
-            row, column = divmod(int(pick), partner.size)
-            key = (0, float(added[row, column]), float(delta[row, column]))
+            full_rows, full_columns = np.divmod(full, partner.size)
+            full_added = added(first + full_rows, full_columns)
+            pick = np.lexsort((delta.ravel()[full], full_added))[0]
+            row, column = int(full_rows[pick]), int(full_columns[pick])
+            key = (0, float(full_added[pick]), float(delta[row, column]))
             if best_full is None or key < best_full[0]:
                 best_full = (key, int(rows[row]), int(partner[column]), int(partner_rank[column]))
         if best_full is not None:
@@ -68,7 +78,7 @@ def best_fix(state: PartialPlan, members: list[np.ndarray], rank: int, pool: np.
         peak = np.where(valid, np.maximum(rank_after, partner_after), np.inf)
         column = np.argmin(peak, axis=1)
         line = np.arange(rows.size)
-        row_peak, row_added = peak[line, column], added[line, column]
+        row_peak, row_added = peak[line, column], added(first + line, column)
         better = np.flatnonzero(row_peak < state.loads[rank])
         if better.size:
             row = int(better[np.lexsort((row_added[better], row_peak[better]))[0]])
@@ -402,16 +412,24 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     taken; partial fixes are the best over all ranks.  Stops when no candidate improves,
     or after `REPAIR_SEARCHES` searches, or before them when more ranks are above the target
     than they could fix, or before any pass when more will stay above it whatever the full fixes
-    do (`ranks_left_over`; each search brings one rank down at most).  The caller then drops the
-    state and falls back (to placing the plain plan: `locality.balance_locally`).
+    do (`ranks_left_over`; each search brings one rank down at most), or when the searches weigh
+    `IDLE_SEARCH_WORK` (item, partner) pairs with neither a full fix nor fewer ranks out of every
+    full fix's reach (few large items: partial fixes only pass a large item from rank to rank, a
+    search over every rank apiece).  The passes are skipped once every rank above the target is out
+    of reach (they make full fixes only).  The caller then drops the state and falls back (to
+    placing the plain plan: `locality.balance_locally`).
     """
     num_ranks = state.loads.size
     searches = min(4 * num_ranks, REPAIR_SEARCHES)
     for run_pass in (functools.partial(repair_in_node, state, gpus_per_node),
                      *(functools.partial(repair_across_nodes, state, candidates) for candidates in ACROSS_CANDIDATES)):
         # the bound holds from any state, and grows as each pass consumes rooms
-        if np.count_nonzero(state.loads > state.target) > searches and ranks_left_over(state) > searches:
+        over = int(np.count_nonzero(state.loads > state.target))
+        left = ranks_left_over(state) if over else 0
+        if over > searches and left > searches:
             return  # the full fixes leave more ranks above the target than the searches can bring down
+        if left == over:
+            break  # no full fix applies (it would leave fewer ranks above the target): the passes change nothing
         run_pass()
     if state.loads.max() <= state.target:
         return
@@ -420,11 +438,21 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     rounding = 4 * (state.costs.size + 1) * np.finfo(np.float64).eps * state.target
     if np.count_nonzero(state.loads > state.target + rounding) > searches:
         return
-    home_node = sources // gpus_per_node
+    _search_fixes(state, sources // gpus_per_node, item_bytes, gpus_per_node, searches, rounding)
+
+
+def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int,
+                  searches: int, rounding: float) -> None:
+    """The byte-aware searches of `repair` (`best_fix`, most loaded rank first, pools widened roomiest first),
+    at most `searches`, stopped as `repair` says."""
+    num_ranks = state.loads.size
     everyone = np.arange(num_ranks)
     by_rank = np.argsort(state.destinations, kind="stable")
     bounds = np.searchsorted(state.destinations[by_rank], np.arange(num_ranks + 1)).tolist()
     members = [by_rank[bounds[r]:bounds[r + 1]] for r in range(num_ranks)]
+    held = np.diff(bounds)  # items per rank
+    # `ranks_left_over` at the last check (None after a full fix), and the pairs weighed since that check
+    unfixable, idle = ranks_left_over(state), 0
     for done in range(searches):
         rank = int(np.argmax(state.loads))
         if state.loads[rank] <= state.target or np.count_nonzero(state.loads > state.target + rounding) > searches - done:
@@ -440,13 +468,24 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
                     or (best is None and (state.loads[rank] + least) / 2 >= peak_to_beat)):
                 break
             searched = min(others.size, max(ROOMY_PARTNERS, 4 * searched))
-            best = best_fix(state, members, rank, np.sort(others[:searched]), home_node, item_bytes, gpus_per_node)
+            pool = np.sort(others[:searched])
+            work = int(held[rank]) * (int(held[pool].sum()) + pool.size)
+            if idle + work > IDLE_SEARCH_WORK:
+                left = ranks_left_over(state)
+                if unfixable is not None and 0 < unfixable <= left:
+                    return  # no progress: as many ranks as before stay out of every full fix's reach
+                unfixable, idle = left, 0
+            idle += work
+            best = best_fix(state, members, rank, pool, home_node, item_bytes, gpus_per_node)
         if best is None:
             return
+        if best[0][0] == 0:  # a full fix: one rank fewer above the target
+            unfixable, idle = None, 0
         _, item, other, other_rank = best
         moved, there = np.array([item, other] if other >= 0 else [item]), np.array([other_rank, rank][:1 + (other >= 0)])
         state.take(moved)
         state.put(moved, there)
         members[rank] = np.sort(np.concatenate([members[rank][members[rank] != item], moved[1:]]))
         members[other_rank] = np.sort(np.concatenate([members[other_rank][members[other_rank] != other], moved[:1]]))
+        held[[rank, other_rank]] = members[rank].size, members[other_rank].size
 
