@@ -37,14 +37,23 @@ from . import lpt
 MAX_PROBES = 12
 """Bisection steps on the capacity."""
 
+DEAD_ROOM_MARGIN = 1e-9
+"""Of the bins' room, what `pack`'s early refusal leaves to float rounding (far above n ulps)."""
+
 
 def pack(costs: np.ndarray, num_ranks: int, capacity: float) -> np.ndarray | None:
-    """Best-fit decreasing into `num_ranks` bins of `capacity`; None when the items do not fit."""
+    """Best-fit decreasing into `num_ranks` bins of `capacity`; None when the items do not fit.
+
+    A bin left with less room than the least item never takes another: once such dead room exceeds
+    the slack (num_ranks · capacity - Σ costs, plus DEAD_ROOM_MARGIN of it all for rounding),
+    the items cannot all fit, and the probe stops there with the None it would end with."""
     order = lpt.sorted_order(costs)
     assignment = np.empty(costs.size, dtype=np.int64)
     rooms: list[float] = []  # remaining room of open bins, ascending
     bins: list[int] = []  # parallel: bin index
     opened = 0
+    least = float(costs.min()) if costs.size else 0.0
+    spare = num_ranks * capacity * (1.0 + DEAD_ROOM_MARGIN) - float(costs.sum())  # dead room that may still fit
     for item, cost in zip(order.tolist(), costs[order].tolist()):
         slot = bisect_left(rooms, cost)
         if slot < len(rooms):
@@ -55,6 +64,10 @@ def pack(costs: np.ndarray, num_ranks: int, capacity: float) -> np.ndarray | Non
         else:
             return None
         assignment[item] = rank
+        if room < least:
+            spare -= room
+            if spare < 0:
+                return None
         slot = bisect_left(rooms, room)
         rooms.insert(slot, room)
         bins.insert(slot, rank)
