@@ -34,8 +34,8 @@ def _deal(state: PartialPlan, waiting: np.ndarray, count: int, width: int, keepi
     fits = state.loads[ranks] + np.cumsum(np.where(inside, state.costs[items], 0.0), axis=0) <= state.target - margin
     if state.cap < np.inf:
         fits &= state.tokens[ranks] + np.cumsum(np.where(inside, state.lengths[items], 0.0), axis=0) <= state.cap
-    fits &= inside  # running sums only grow: a prefix of every rank's deal
-    return index[fits], np.broadcast_to(ranks, index.shape)[fits]
+    passes, columns = np.nonzero(fits & inside)  # running sums only grow: a prefix of every rank's deal
+    return index[passes, columns], ranks[columns]
 
 
 def _resort(loads: np.ndarray, order: np.ndarray) -> None:
