@@ -25,6 +25,7 @@ from orchmllm import balance, balance_microbatches
 from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.study.microbatch_peers import MICROBATCH_PEERS
 from orchmllm.study.models import MODELS
+from orchmllm.study.simulator import cluster
 from orchmllm.study.workloads import sample_workload, trace_table
 
 COST = MODELS["84b"].llm.cost(causal=True)
@@ -158,4 +159,43 @@ def test_planning_time_where_the_tight_packing_runs(workload, num_ranks, budget)
     best, median = min(own) / min(base), statistics.median(own) / statistics.median(base)
     print(f"\n{workload} {num_ranks}x32 T={budget}: {min(own) * 1e3:.1f} ms CPU (M={plan.num_microbatches}); default "
           f"mix {min(base) * 1e3:.1f} ms; ratio best-of {best:.2f}, median {median:.2f}")
+    assert min(best, median) <= 10
+
+
+LOCALITY_CASES = [(w, 2560, t) for w in ("chat", "code", "code_context", "long_tail") for t in (8192, 16384, 65536)] + [
+    ("few_large", 512, t) for t in (8192, 16384, 65536)]
+# issue 24, not met (12-90x at load 13-19, bench_notes/loc24_s8.md): every micro-batch's local deal misses and
+# is placed from its plain plan (an exact LAP, 40-55 ms a micro-batch at 2560 ranks); code_context T 64k (M = 1):
+# the cells deal's LPT rounds and the across-node repair passes (token room binds) miss first
+LOCALITY_NOT_MET = {("code", 8192), ("code", 16384), ("code_context", 8192), ("code_context", 16384),
+                    ("code_context", 65536), ("long_tail", 8192)}
+
+
+@pytest.mark.parametrize("workload, num_ranks, budget", [
+    pytest.param(w, d, t, marks=[pytest.mark.xfail(strict=True, reason="issue 24, not met: the local deals miss "
+                                                   "and each micro-batch's plain plan is placed (a LAP apiece)")]
+                 if (w, t) in LOCALITY_NOT_MET else []) for w, d, t in LOCALITY_CASES],
+    ids=[f"{w}-{d}x32-T{t // 1024}k" for w, d, t in LOCALITY_CASES])
+def test_planning_time_with_sources(workload, num_ranks, budget):
+    """Issue 24's bound on the communication-aware path: `balance_microbatches` with `sources` (home ranks), 16 KiB
+    a token and H100 nodes of 8, on the traces at 2560 x 32 (`timed_lengths`) and P||Cmax's few_large at 512 x 32
+    (98 % small items, 2 % large: 270-400x before the repair's searches stopped without progress), CPU seconds
+    alternated with the default mix's (same sources, bytes, topology) in one process; within 10x on the best-of or
+    the median ratio."""
+    if workload == "few_large":
+        lengths = make_instance(workload, num_ranks, 32).times.copy()
+    else:
+        lengths = timed_lengths(workload)
+    default = sample_workload("default", num_ranks, 32, seed=7).sample_llm_length
+    where = dict(sources=np.repeat(np.arange(num_ranks), 32), topology=cluster(num_ranks))
+
+    def plan(x):
+        return balance_microbatches(x, num_ranks, max_tokens_per_microbatch=budget, cost=COST, item_bytes=x * 16384.0,
+                                    **where)
+
+    check(plan(lengths), lengths, num_ranks, budget)
+    own, base = alternated_cpu(lambda: plan(lengths), lambda: plan(default), rounds=3)
+    best, median = min(own) / min(base), statistics.median(own) / statistics.median(base)
+    print(f"\n{workload} {num_ranks}x32 T={budget} with sources: {min(own) * 1e3:.1f} ms CPU; default mix "
+          f"{min(base) * 1e3:.1f} ms; ratio best-of {best:.2f}, median {median:.2f}")
     assert min(best, median) <= 10
