@@ -132,7 +132,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     def _check_settings(self) -> None:
         """Check and canonicalise every setting, naming it: they are public attributes, which may be set after
         first use (a new seed, a lower budget), and each must pass what the constructor checks."""
-        if self.lengths is not getattr(self, "_checked_lengths", None):
+        if self.lengths is not getattr(self, "_checked_lengths", None) or self.lengths.flags.writeable:
             self.lengths = as_lengths(self.lengths)  # a private copy, read-only: kept plans know it by identity
             self.lengths.flags.writeable = False
             self._checked_lengths = self.lengths
@@ -192,9 +192,11 @@ class BalancedDistributedSampler(Sampler[list[int]]):
 
     def _kept_for(self, name: str, build):
         """`build()`, kept under `name` while every setting stays (public attributes, which may be set after
-        first use: a new seed, a lower budget; `lengths` by identity, its array being read-only)."""
+        first use: a new seed, a lower budget; `lengths` by identity, its array being read-only, and copied and
+        checked again where it was made writable)."""
         kept = self._kept.get(name)
-        if kept is None or kept[0] is not self.lengths or kept[1] != self._other_settings():  # lengths first
+        if kept is None or kept[0] is not self.lengths or self.lengths.flags.writeable or \
+                kept[1] != self._other_settings():  # lengths first (made writable again: edited, copied afresh)
             self._check_settings()
             kept = self._kept[name] = (self.lengths, self._other_settings(), build())
         return kept[2]

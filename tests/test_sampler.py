@@ -363,3 +363,19 @@ def test_regression_the_sampler_s_epoch_check_with_a_dead_peer_raised_gloo_s_raw
     assert outcomes[0].value.startswith("rank 0: the BalancedDistributedSampler's epoch agreement all-gather (every "
                                         "process of `group` iterates the sampler, or passes check_agreement=False) "
                                         "over 2 ranks failed; a peer died"), outcomes[0].value
+
+
+def test_regression_the_sampler_s_own_lengths_made_writable_and_edited_kept_the_old_plans():
+    """Cause (probe11 P11-05): the plans were kept while `lengths` was the same (read-only) array, so the sampler's
+    own copy made writable again and edited after first use kept the old plan: micro-batches of 158 tokens against
+    a budget of 80.  A writable `lengths` is copied and checked again, and the plans made afresh."""
+    sampler = BalancedDistributedSampler(list(range(5, 69)), num_replicas=2, rank=0, global_batch_size=16,
+                                         max_tokens_per_microbatch=80)
+    first = [list(micro) for micro in sampler]
+    own = sampler.lengths
+    own.flags.writeable = True
+    own[:] = 79
+    again = [list(micro) for micro in sampler]
+    assert again != first
+    assert max(int(sampler.lengths[micro].sum()) for micro in again) <= 80
+    assert not sampler.lengths.flags.writeable and sampler.lengths is not own
