@@ -46,31 +46,45 @@ def pack(costs: np.ndarray, num_ranks: int, capacity: float) -> np.ndarray | Non
 
     A bin left with less room than the least item never takes another: once such dead room exceeds
     the slack (num_ranks · capacity - Σ costs, plus DEAD_ROOM_MARGIN of it all for rounding),
-    the items cannot all fit, and the probe stops there with the None it would end with."""
+    the items cannot all fit, and the probe stops there with the None it would end with.  Such a bin
+    leaves the room list (no item picks it), and a bin whose new room keeps its place there is written
+    over, not popped and inserted: the same bins as the textbook loop, ~0.7x its time (issue 24)."""
     order = lpt.sorted_order(costs)
-    assignment = np.empty(costs.size, dtype=np.int64)
-    rooms: list[float] = []  # remaining room of open bins, ascending
+    ranks: list[int] = []  # bin of each item, in `order`
+    rooms: list[float] = []  # remaining room of the open bins that may take another item, ascending
     bins: list[int] = []  # parallel: bin index
     opened = 0
     least = float(costs.min()) if costs.size else 0.0
     spare = num_ranks * capacity * (1.0 + DEAD_ROOM_MARGIN) - float(costs.sum())  # dead room that may still fit
-    for item, cost in zip(order.tolist(), costs[order].tolist()):
-        slot = bisect_left(rooms, cost)
+    find, place_room, place_bin, record = bisect_left, rooms.insert, bins.insert, ranks.append  # bound once: hot loop
+    for cost in costs[order].tolist():
+        slot = find(rooms, cost)
         if slot < len(rooms):
-            room, rank = rooms.pop(slot) - cost, bins.pop(slot)
+            room, rank = rooms[slot] - cost, bins[slot]
+            below = find(rooms, room, 0, slot) if room >= least else -1  # where pop, then insert puts it
+            if below == slot:
+                rooms[slot] = room
+            else:
+                del rooms[slot], bins[slot]
+                if below >= 0:
+                    place_room(below, room)
+                    place_bin(below, rank)
         elif opened < num_ranks and cost <= capacity:
             room, rank = capacity - cost, opened
             opened += 1
+            if room >= least:
+                below = find(rooms, room)
+                place_room(below, room)
+                place_bin(below, rank)
         else:
             return None
-        assignment[item] = rank
-        if room < least:
+        record(rank)
+        if room < least:  # dead room, out of the lists: no item fits it
             spare -= room
             if spare < 0:
                 return None
-        slot = bisect_left(rooms, room)
-        rooms.insert(slot, room)
-        bins.insert(slot, rank)
+    assignment = np.empty(costs.size, dtype=np.int64)
+    assignment[order] = ranks
     return assignment
 
 
