@@ -11,7 +11,6 @@ whole spawned job.  Figures go to the "Runtime" section of BENCHMARKS.md.
 """
 
 import contextlib
-import dataclasses
 import statistics
 import time
 
@@ -27,6 +26,7 @@ from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, 
 from orchmllm.runtime.demo import run_demo
 from orchmllm.runtime.encoders import reached_leaves, recording
 from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.microbatch import StepToken
 
 ROWS_PER_ITEM, ITEMS_PER_RANK, WIDTH = 256, 16, 256  # 256 KiB of float32 per item, 4 MiB per rank
 
@@ -152,9 +152,10 @@ def _median_ratios(times: dict, arm: str, base: str) -> tuple[float, float]:
 
 def model_check_job(rank, size, rounds):
     """A DDP micro-batched step (plan, dispatch, forward and backward of every micro-batch, the gradient
-    all-reduce) with the model check on its last micro-batch (as on a due step: the first, or where a rank's
-    last micro-batch is empty) against the same step with `accumulate(..., check=False)`, twice (the noise
-    floor); then the check's graph walk alone on the last micro-batch's loss."""
+    all-reduce) due the model check (the dispatcher's step counter reset: its first step, whose micro-batches are
+    all watched and whose last one checks, as a step where a rank's last micro-batch is empty) against the same
+    step not due with `accumulate(..., check=False)`, twice (the noise floor); then the check's graph walk alone
+    on the last micro-batch's loss."""
     torch.manual_seed(0)
     model = CheckedModel()
     ddp = nn.parallel.DistributedDataParallel(model)
@@ -162,14 +163,14 @@ def model_check_job(rank, size, rounds):
     lengths = rng.integers(8, 24, 8)  # about 128 tokens per rank, 2-3 micro-batches
     tokens = torch.from_numpy(rng.integers(0, 1000, int(lengths.sum())))
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=48)
-    group = dist.group.WORLD
 
     def step(check):
+        if check:
+            dispatcher._step = StepToken()  # the next dispatch is the dispatcher's first step: due the check
         plan = dispatcher.plan(lengths)
         moved = dispatcher.dispatch({"tokens": tokens}, plan)
         for micro in dispatcher.microbatches(plan, moved):
-            if check and micro.is_last:
-                micro = dataclasses.replace(micro, contract=(group,))
+            assert micro.contract is not None or not check
             with accumulate(ddp, micro, check=check):
                 logits = ddp(micro.data["tokens"])
                 loss_sum = nn.functional.cross_entropy(logits, micro.data["tokens"], reduction="sum")
@@ -189,7 +190,7 @@ def model_check_job(rank, size, rounds):
         forwards[recorded].append(time.thread_time() - start)
         if recorded:
             start = time.thread_time()
-            assert reached_leaves([loss_sum], names, wanted, {}) == wanted
+            assert reached_leaves([loss_sum], names, wanted, {}) == (wanted, False)
             walks.append(time.thread_time() - start)
     return {"checked_over_unchecked": _median_ratios(times, "checked", "unchecked"),
             "noise_floor": _median_ratios(times, "unchecked_again", "unchecked"),

@@ -19,7 +19,8 @@
   `EncoderContractError`: an encoder whose output leaves out parameters on some rank (`encoders.py`).
 - `MicroBatch`, `accumulate`, `gradient_sync`: gradient accumulation over post-balanced
   micro-batches (`dispatcher.microbatches(...)`, `runtime.microbatches(...)`; `microbatch.py`);
-  `ModelContractError`: a loss that leaves out parameters of the model on some rank.
+  `ModelContractError`: a loss that leaves out parameters of the model on some rank; `ModelCheckWarning`: the
+  check cannot tell (a reentrant checkpoint that runs no module; `model_check.py`).
 - `Prefetcher`: plan step k+1 in a background thread on its own process group.
 - `normalize_loss`, `all_reduce_gradients`: the global reductions that keep gradients exact.
 - `demo/`: the multi-process demo in its own room (tiny vision + audio + text model, `demo.run_demo`).
@@ -45,13 +46,14 @@ from .hierarchical import HierarchicalAllToAll, make_transport
 from .metadata import (GatheredMetadata, PeerInputError, PlanMismatchError, check_agreement, fingerprint,
                        gather_metadata)
 from .microbatch import MicroBatch, ModelContractError, accumulate, gradient_sync
+from .model_check import ModelCheckWarning
 from .multistage import Assembled, Dispatched, MultiStageRuntime, PassRoutes, StepInputs, StepRoutes
 from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, global_count, normalize_loss
 from .sharding import StepSharding
 
 __all__ = ["Assembled", "ConfigMismatchError", "ContextParallelError", "ContextParallelLayout", "DispatchPlan", "Dispatched", "EncoderContractError", "ExchangeMeta",
-           "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "ModelContractError", "MultiStageRuntime", "PassRoutes",
+           "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "ModelCheckWarning", "ModelContractError", "MultiStageRuntime", "PassRoutes",
            "PeerFailureError", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher", "Prefetcher", "SchemaGuard",
            "SchemaMismatchError", "SplitItem", "StepInputs", "StepRoutes", "StepSharding", "ThreadClashError", "accumulate",
            "all_reduce_gradients", "check_agreement", "context_parallel_attention", "exchange", "exchange_with_grad", "fingerprint",

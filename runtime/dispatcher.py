@@ -417,7 +417,7 @@ class PostBalancingDispatcher:
         return iterate(MicroBatch(index, count, items[microbatch == index],
                                   {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size,
                                   lengths=torch.from_numpy(tokens[microbatch == index]), layout=layout(index),
-                                  step=self._step, contract=contract if index == count - 1 else None)
+                                  step=self._step, contract=contract)
                        for index in range(count))
 
     def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None, split_reduce=None, order=None,

@@ -76,19 +76,30 @@ def _reentrant_checkpoints() -> list:
 
 
 _CHECKPOINT_NODE = "CheckpointFunctionBackward"  # a reentrant checkpoint's node: its parameters are not in the graph
+_PROBE = torch.zeros((), requires_grad=True)
+
+
+def sequence_number() -> int:
+    """The autograd sequence number of the next node this thread creates (nodes are numbered as they are made, per
+    thread), read from a node made and dropped: a checkpoint's node made in a model's forward falls in its span."""
+    return _PROBE.view(()).grad_fn._sequence_nr() + 1
 
 
 @contextlib.contextmanager
-def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None, ran: set | None = None):
+def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None, ran: set | None = None,
+              spans: list | None = None):
     """Yield {id(parameter): name}: `module`'s parameters now, and those each of its modules holds
     as its forward returns while the body runs (FSDP2 swaps unsharded ones in for the forward).
     `hidden` maps each reentrant checkpoint's node to the names of the parameters of the modules its forward
     ran (the graph does not show them; a `torch.no_grad()` pass elsewhere hides nothing; a module the checkpointed
     function calls under its own `torch.no_grad()` counts too, as the whole function runs without grad in that
     forward and cannot be told apart, though its recomputation gives that module no gradient); `ran` gets the
-    names of the modules whose forward returned."""
+    names of the modules whose forward returned; `spans` the (first, end) sequence numbers of the nodes made in
+    each outermost forward with grad of its modules (where a checkpoint that runs no module may hide its
+    parameters)."""
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
+    outermost: list = [None, 0]  # the module of the open span and its first sequence number
 
     def own(submodule) -> list[str]:  # a module of another model hides none of these
         prefix = prefixes.get(submodule) if isinstance(submodule, nn.Module) else None
@@ -96,6 +107,8 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
 
     def enter(submodule, args):
         if torch.is_grad_enabled():  # a checkpointed function runs without grad
+            if spans is not None and outermost[0] is None and submodule in prefixes:
+                outermost[:] = submodule, sequence_number()
             return
         mine = own(submodule)  # each module that runs credits its own parameters
         for node in _reentrant_checkpoints():
@@ -109,6 +122,9 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
             if ran is not None:
                 ran.add(prefix)
             names.update((id(parameter), prefix + name) for name, parameter in submodule.named_parameters())
+            if submodule is outermost[0] and torch.is_grad_enabled():
+                spans.append((outermost[1], sequence_number()))
+                outermost[0] = None
 
     handles = [nn.modules.module.register_module_forward_hook(record)]
     if hidden is not None:
@@ -120,13 +136,15 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
             handle.remove()
 
 
-def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden=None) -> set[str] | None:
-    """The names in `wanted` of the leaves the graphs of `outputs` (tensors) reach (the walk stops once
-    all are found).  A reentrant checkpoint hides the parameters it used: with `hidden` (`recording`'s: those
-    of the modules each checkpoint ran) they count as reached at its node; without, or for a checkpoint whose
-    forward ran no module at all (a function using parameters directly), the answer is None."""
+def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden=None, blind=None
+                   ) -> tuple[set[str], bool]:
+    """(the names in `wanted` of the leaves the graphs of `outputs` (tensors) reach, whether a reentrant checkpoint
+    met on the way may hide others); the walk stops once all are found.  A reentrant checkpoint hides the parameters
+    it used: with `hidden` (`recording`'s: those of the modules each checkpoint ran) they count as reached at its
+    node; a checkpoint whose forward ran no module (a function using parameters directly), or any without `hidden`,
+    may hide any, unless `blind(node)` says it cannot hide these (made in another model's forward)."""
     reached: set[str] = set()
-    stack, seen = [output.grad_fn for output in outputs], set()
+    stack, seen, opaque = [output.grad_fn for output in outputs], set(), False
     while stack and reached != wanted:
         node = stack.pop()
         if node is None or node in seen:
@@ -134,13 +152,13 @@ def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden=None
         seen.add(node)
         if hidden is not None and node in hidden:  # a Function whose forward ran modules (a reentrant checkpoint)
             reached |= hidden[node] & wanted
-        elif type(node).__name__ == _CHECKPOINT_NODE:  # a checkpoint that ran no module: cannot tell
-            return None
+        elif type(node).__name__ == _CHECKPOINT_NODE and (blind is None or blind(node)):
+            opaque = True
         variable = getattr(node, "variable", None)
         if variable is not None and names.get(id(variable)) in wanted:
             reached.add(names[id(variable)])
         stack.extend(function for function, _ in node.next_functions)
-    return reached
+    return reached, opaque and reached != wanted
 
 
 def checked_call(encoder: Callable, *args, expected: set[str] | None = None
@@ -159,8 +177,8 @@ def checked_call(encoder: Callable, *args, expected: set[str] | None = None
         output = encoder(*args)
     if not wanted or not isinstance(output, torch.Tensor):
         return output, [], None
-    reached = reached_leaves([output], names, wanted)
-    if reached is None:
+    reached, opaque = reached_leaves([output], names, wanted)
+    if opaque:
         return output, [], None
     return output, sorted((wanted if whole or not reached else (expected or set()) & wanted) - reached), reached
 

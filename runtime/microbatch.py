@@ -42,12 +42,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from ..balancers.validation import as_bool
-from .comm import collective, comm_device, finish, group_rank, group_size
-from .encoders import EncoderContractError, reached_leaves, recording
+from .encoders import recording
 from .exchange import ranges
+from .model_check import ModelContractError, check_model_contract, kind
 
 _active = threading.local()
 
@@ -69,9 +68,9 @@ class StepToken:
 
 
 def contract_of(step: StepToken, rows_per_rank: np.ndarray, group) -> tuple | None:
-    """`MicroBatch.contract` of a step's last micro-batch: `(group,)` on its runtime's first step (`step`) or
-    where a rank holds none of its items (`rows_per_rank`: its items or shards on each rank of `group`, which
-    every rank knows from the plan, so all decide alike), else None."""
+    """`MicroBatch.contract` of a step's micro-batches: `(group,)` on its runtime's first step (`step`) or
+    where a rank holds none of the items of its last micro-batch (`rows_per_rank`: its items or shards on each
+    rank of `group`, which every rank knows from the plan, so all decide alike), else None."""
     return (group,) if step.number <= 1 or not np.all(rows_per_rank) else None
 
 
@@ -89,9 +88,10 @@ class MicroBatch:
     micro-batch's `ContextParallelLayout`: which sequences are shards of which item on which group,
     their unsplit positions, what `context_parallel_attention` takes.  `step` is the step the
     micro-batch belongs to (None where it is not tracked): `combine` and `normalize_loss` refuse a
-    micro-batch of a step its runtime has since ended (`StepToken`).  `contract` is `(group,)` where
-    this micro-batch checks the model contract on `group` (`check_model_contract`): the last one of a
-    runtime's first step and of every step where a rank's last micro-batch is empty; else None.
+    micro-batch of a step its runtime has since ended (`StepToken`).  `contract` is `(group,)` on every
+    micro-batch of a step due the model check on `group` (a runtime's first step and every step where a
+    rank's last micro-batch is empty; else None): the last one's backward checks (`check_model_contract`),
+    and from the first a loop body without `accumulate` is watched (`watch_model_contract`).
     """
 
     index: int
@@ -149,38 +149,41 @@ def iterate(microbatches):
     or the next `plan()` or `microbatches()` on this thread (`new_step`); `accumulate` records
     its micro-batch for its body whatever the loop.  The step's last micro-batch stays recorded
     (weakly) until `new_step`, so a loop over the micro-batches collected in a list, after the
-    generator has ended, is known to run inside a step of M micro-batches too."""
+    generator has ended, is known to run inside a step of M micro-batches too; from the first
+    micro-batch of a step due the model check, forwards are noted the same way (`_noting_synced_forwards`)."""
     previous = active_microbatch()
     try:
         for micro in microbatches:
             _active.current = (micro.index, micro.num_microbatches)
             _active.step = weakref.ref(micro)
-            with _noting_synced_forwards(micro):
-                yield micro
+            if micro.contract is not None and getattr(_active, "noting", None) is None:
+                _active.noting = _noting_synced_forwards()
+            yield micro
     finally:
         _active.current = previous
 
 
-@contextlib.contextmanager
-def _noting_synced_forwards(micro: MicroBatch):
-    """While the loop body of a micro-batch due a model check runs: note (`_active.synced`) a forward with grad,
-    on this thread, of a module whose backward reduces every parameter's gradient (DDP, FSDP2), so that
-    `normalize_loss(loss, micro)` outside `accumulate` refuses it (a plain module with a hand-made all-reduce,
-    which takes a missing gradient as zeros, is fine without)."""
-    if micro.contract is None:
-        yield
-        return
+def _noting_synced_forwards():
+    """From the first micro-batch of a step due the model check until the next `plan()` or `microbatches()` on this
+    thread (`new_step`), or until none of its micro-batches is held: note (`_active.synced`, the module as errors
+    name it) the first forward with grad, on this thread, of a module whose backward reduces every parameter's
+    gradient (DDP, FSDP2), so that `normalize_loss(loss, micro)` outside `accumulate` refuses the step from its first
+    micro-batch, before any backward reduces, whether the loop runs over the generator or over a list of the
+    micro-batches (a plain module with a hand-made all-reduce, which takes a missing gradient as zeros, is fine
+    without).  The hook handle, which `new_step` removes."""
     thread = threading.get_ident()
 
     def note(module, args):
-        if threading.get_ident() == thread and torch.is_grad_enabled() and _reduces_every_parameter(module):
-            _active.synced = weakref.ref(micro)
+        if threading.get_ident() != thread or getattr(_active, "synced", None) is not None:
+            return
+        if step_microbatches() is None:  # the step's micro-batches were dropped
+            handle.remove()
+            _active.noting = None
+        elif torch.is_grad_enabled() and _reduces_every_parameter(module):
+            _active.synced = kind(module)
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return handle
 
 
 class Sampling:
@@ -205,7 +208,10 @@ def sampled_microbatches() -> int:
 def new_step() -> None:
     """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and
     `microbatches()` starts afresh)."""
-    _active.current = _active.step = _active.synced = None
+    noting = getattr(_active, "noting", None)
+    if noting is not None:
+        noting.remove()
+    _active.current = _active.step = _active.synced = _active.noting = None
 
 
 def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
@@ -267,11 +273,6 @@ def gradient_sync(model, enabled: bool):
         yield
 
 
-class ModelContractError(EncoderContractError):
-    """The loss of the micro-batch whose backward reduces gradients did not depend on some parameters of the
-    model (DDP, FSDP2) on some rank."""
-
-
 class _Contract:
     """What `accumulate` records for the model check of its micro-batch: its parameter names (`recording`),
     the loss parts given to `normalize_loss`, whether the check ran, and the checks of the nested `accumulate`
@@ -283,6 +284,7 @@ class _Contract:
         self.nest.append(self)
         self.hidden = weakref.WeakKeyDictionary()  # reentrant checkpoint -> the parameters it ran (`recording`)
         self.ran: set[str] = set()  # modules of the model whose forward ran in the body (`recording`)
+        self.spans: list = []  # the sequence numbers of the nodes made in the model's forwards (`recording`)
 
     def on_backward(self, grad):
         """The hook of every normalised part: the first to run (as the micro-batch's backward starts, before it
@@ -304,20 +306,21 @@ def _reduces_every_parameter(model) -> bool:
 @contextlib.contextmanager
 def accumulate(model, micro: MicroBatch, *, check: bool = True):
     """`gradient_sync(model, micro.is_last)`: gradients are reduced once, in the last micro-batch;
-    the body runs as micro-batch `micro` (`normalize_loss` with a count raises there).  Where `micro`
-    carries a `contract` and `model` reduces every parameter's gradient (DDP, FSDP2), the backward through
-    the body's `normalize_loss(loss, micro)` results checks, as it starts, that the loss parts given there
-    depend on every trainable parameter of `model` on every rank (`check_model_contract`, a collective);
-    `check=False` (on every rank) skips it.  A loop body without the block that, on a micro-batch due the check,
-    runs a DDP or FSDP2 forward and normalises with `micro` is refused on every rank (`watch_model_contract`):
+    the body runs as micro-batch `micro` (`normalize_loss` with a count raises there).  Where `micro` is
+    the last of a step due the check (`contract`) and `model` reduces every parameter's gradient (DDP,
+    FSDP2), the backward through the body's `normalize_loss(loss, micro)` results checks, as it starts, that
+    the loss parts given there depend on every trainable parameter of `model` on every rank
+    (`check_model_contract`, a collective); `check=False` (on every rank) skips it.  A loop body without the block that, in a step due the check, runs
+    a DDP or FSDP2 forward with grad and normalises with `micro` is refused on every rank (`watch_model_contract`):
     the block is the rule under both.  The backward runs inside the block: where none did there, the
     exit joins the check with every parameter left out.  A metric normalised with `micro` for logging only
     counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters of every module a
     reentrant checkpoint's forward runs count as reached at its node, those of a module called under an explicit
     `torch.no_grad()` inside the checkpointed function too (that forward runs wholly without grad: they cannot be
-    told apart), so a parameter used only there and by a part of the loss left out is not refused.  Under FSDP2
-    a rank whose body runs no forward of `model` there raises alone (its peers wait in the forward's all-gather,
-    which no check can pair with)."""
+    told apart), so a parameter used only there and by a part of the loss left out is not refused; where a
+    checkpointed function runs no module, the check cannot tell and warns (`ModelCheckWarning`).  Under FSDP2
+    the forward runs inside the block: a rank whose body runs none there raises alone (its peers wait in the
+    forward's all-gather, which no check can pair with)."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     if not isinstance(model, torch.nn.Module):
@@ -326,9 +329,10 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     check = as_bool(check, "check")
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
-    contract = _Contract(micro, model, outer) if check and micro.contract is not None \
+    contract = _Contract(micro, model, outer) if check and micro.contract is not None and micro.is_last \
         and _reduces_every_parameter(model) else None
-    watching = recording(model, contract.hidden, contract.ran) if contract is not None else contextlib.nullcontext({})
+    watching = recording(model, contract.hidden, contract.ran, contract.spans) if contract is not None \
+        else contextlib.nullcontext({})
     try:
         with gradient_sync(model, micro.is_last), watching as names:
             if contract is not None:
@@ -350,101 +354,26 @@ def accumulated() -> tuple:
 def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro: MicroBatch) -> None:
     """In the body of `accumulate(model, micro)` (one model or several, nested) where a check is due: keep
     `loss_sum` (a part of the loss) and check the parts when the backward through `normalized` (its normalised
-    form) starts.  Outside any `accumulate(model, micro)`, where the loop body of a micro-batch due a check ran a
-    DDP or FSDP2 module (`_noting_synced_forwards`), it raises on every rank alike: every rank runs the same
-    micro-batches and the same model, and which are due is decided from the plan (`contract_of`)."""
+    form) starts.  Outside any `accumulate(model, micro)`, in a step due the check whose loop ran a forward with
+    grad of a DDP or FSDP2 module (`_noting_synced_forwards`), it raises on every rank alike, from the step's first
+    micro-batch (before any backward reduces): every rank runs the same micro-batches and the same model, and
+    which steps are due is decided from the plan (`contract_of`)."""
     if not normalized.requires_grad:
         return
     synced = getattr(_active, "synced", None)
-    if micro.contract is not None and synced is not None and synced() is micro and \
-            not any(block is micro for block in accumulated()):
+    if micro.contract is not None and synced is not None and not any(block is micro for block in accumulated()):
         raise ModelContractError(
             f"normalize_loss(loss, micro) outside `with accumulate(model, micro):` on micro-batch {micro.index} of "
-            f"{micro.num_microbatches}, which is due the model check (its runtime's first step, or a step where a "
-            f"rank's last micro-batch is empty), after a forward of a DDP or FSDP2 module: wrap the micro-batch's "
-            f"body (forward, normalize_loss, backward) in `with accumulate(model, micro):`, as the loop of "
-            f"`runtime.microbatch` shows; it runs the check (a layer skipped on an empty micro-batch trains wrong "
-            f"under DDP without an error) and holds DDP's gradient sync to the last micro-batch, and is right under "
-            f"FSDP2 and for a plain model too; where unused parameters are harmless, "
-            f"`accumulate(model, micro, check=False)` on every rank skips the check")
+            f"{micro.num_microbatches}, in a step due the model check (its runtime's first step, or a step where a "
+            f"rank's last micro-batch is empty), after a forward with grad of a DDP or FSDP2 module ({synced}): wrap "
+            f"each micro-batch's body (forward, normalize_loss, backward) in `with accumulate(model, micro):`, as the "
+            f"loop of `runtime.microbatch` shows; it runs the check (a layer skipped on an empty micro-batch trains "
+            f"wrong under DDP without an error) and holds DDP's gradient sync to the last micro-batch, and is right "
+            f"under FSDP2 and for a plain model too; if that {synced} is a reference model whose output the loss "
+            f"does not depend on, run it under torch.no_grad() (a forward with grad is taken for the trained "
+            f"model's); where unused parameters are harmless, `accumulate(model, micro, check=False)` on every rank "
+            f"skips the check")
     for contract in getattr(_active, "contracts", ()):
         if contract.micro is micro and not contract.checked:
             contract.parts.append(loss_sum)
             normalized.register_hook(contract.on_backward)
-
-
-def check_model_contract(contract: _Contract, backward: bool = True) -> None:
-    """Raise `ModelContractError` on every rank (one all-reduce of a word per rank, as the backward of the
-    micro-batch that reduces gradients starts, before any reduction) when, on some rank, the loss parts given to
-    `normalize_loss` in the body of `accumulate(model, micro)` do not reach, through the autograd graph, every
-    trainable parameter of `model` (or had no `backward` in the body: every parameter left out).  A model that
-    returns early or a constant on an empty micro-batch (which every rank runs, to take part in every collective),
-    or a loss that is a constant there or uses part of the outputs, leaves parameters out of the backward that
-    reduces gradients: DDP then leaves their gradients unreduced without an error, or the ranks' reductions pair up
-    different buckets.  A term added to the normalised loss outside `normalize_loss` is not seen (normalise it too,
-    or check=False)."""
-    micro, model, names = contract.micro, contract.model, contract.names
-    wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    reached = reached_leaves(contract.parts, names, wanted, contract.hidden) if backward else set()
-    unused = [] if reached is None else sorted(wanted - reached)
-    group = micro.contract[0]
-    if not contract.ran and hasattr(model, "set_requires_gradient_sync"):
-        raise _no_forward_under_fsdp2(micro, group)
-    flags = torch.zeros(group_size(group), dtype=torch.int64, device=comm_device(group))
-    flags[group_rank(group)] = len(unused)
-    if flags.numel() > 1:
-        with collective(f"model check all-reduce of micro-batch {micro.index} (as its backward starts: every rank "
-                        f"passes its loss through normalize_loss(loss, micro) and runs the backward, an empty "
-                        f"micro-batch too)", group):
-            finish(dist.all_reduce(flags, group=group, async_op=True), group)
-    failed = torch.nonzero(flags).flatten().tolist()
-    if not failed:
-        return
-    rank = group_rank(group)
-    where = (f"micro-batch {micro.index} of {micro.num_microbatches} (whose backward reduces gradients; "
-             f"{len(micro.items)} items on rank {rank})")
-    advice = ("DDP and FSDP reduce every parameter's gradient in that backward on every rank, and a rank's "
-              "micro-batch may be empty (every rank runs every micro-batch): compute the output through every "
-              "parameter and the loss from the output on empty micro-batches too (run the layers on the empty "
-              "tensors instead of returning early or a constant; e.g. `output.sum() * 0` for an empty loss) and "
-              "normalise every part of it with `normalize_loss`, set requires_grad=False on parameters never used, "
-              "or pass `accumulate(model, micro, check=False)` on every rank where unused parameters are harmless")
-    if unused and not contract.parts:
-        raise ModelContractError(f"rank {rank}: no loss passed through `normalize_loss(loss, micro)` in {where}, "
-                                 f"so its backward gives the model's parameters no gradient: {advice}")
-    if unused and not backward:
-        raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} had no backward inside "
-                                 f"the `with accumulate` block (skipped on an empty micro-batch, or run after the "
-                                 f"block), so the model's parameters got no gradient there: run it inside the block "
-                                 f"on every micro-batch, an empty one too; {advice}")
-    if unused:
-        shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
-        raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} does not depend on "
-                                 f"parameters {shown} of the model given to `accumulate` ({_named(contract)}): "
-                                 f"{advice}")
-    raise ModelContractError(f"rank {rank}: on ranks {failed} the loss of micro-batch {micro.index} leaves out "
-                             f"parameters of the model given to `accumulate` ({_named(contract)}; each rank named "
-                             f"them); this rank stops with them: {advice}")
-
-
-def _named(contract: _Contract) -> str:
-    """The checked model as an error names it: its class (a wrapper's and its module's) and, where nested
-    `accumulate` blocks check several models, which block gave it."""
-    model, nested = contract.model, contract.nest
-    inner = getattr(model, "module", None)
-    kind = type(model).__name__ + (f" of {type(inner).__name__}" if isinstance(inner, torch.nn.Module) else "")
-    if len(nested) < 2:
-        return kind
-    return f"{kind}, block {nested.index(contract) + 1} of {len(nested)} nested `accumulate` blocks, outermost first"
-
-
-def _no_forward_under_fsdp2(micro: MicroBatch, group) -> ModelContractError:
-    """The error of a rank that ran no forward of an FSDP2 model in `micro`: its peers that ran one wait in the
-    forward's parameter all-gather, which no check of this rank can pair with, so it stops alone, saying why."""
-    return ModelContractError(
-        f"rank {group_rank(group)}: the body of `accumulate` ran no forward of the model in micro-batch "
-        f"{micro.index} of {micro.num_microbatches} (whose backward reduces gradients; {len(micro.items)} items on "
-        f"this rank): under FSDP2 the forward all-gathers the parameters, so the ranks that ran it wait in that "
-        f"all-gather until this rank stops or the process group's timeout (NCCL: its watchdog), and no check can "
-        f"turn that into an error on every rank; call the model on every micro-batch, an empty one too (run the "
-        f"layers on the empty tensors, e.g. `output.sum() * 0` for an empty loss)")

@@ -385,7 +385,7 @@ class MultiStageRuntime:
                 layout = pass_layout(micro.plan, routes.rank, size, members, self.group) if splitting else None
                 yield MicroBatch(index, routes.num_microbatches, members[shards.sample[rows]], data,
                                  routes.num_loss_tokens, size, micro, torch.from_numpy(shards.tokens[rows].copy()),
-                                 layout, step, contract if index == last else None)
+                                 layout, step, contract)
         return iterate(generate())
 
     def forward(self, routes: PassRoutes, moved: Dispatched, *, encoders: Mapping[str, Callable],

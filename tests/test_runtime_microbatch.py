@@ -1,6 +1,8 @@
 """Gradient accumulation over post-balanced micro-batches, in real gloo groups: DDP, FSDP2 and the
 multi-stage runtime give the gradients of one pass over the global batch."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from orchmllm.runtime import MultiStageRuntime, PostBalancingDispatcher, all_red
 from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.demo import compare_gradients, demo_stages
 from orchmllm.runtime.launch import spawn
-from orchmllm.runtime.microbatch import accumulate, split_rows
+from orchmllm.runtime.microbatch import ModelContractError, accumulate, split_rows
 from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 LENGTHS = {0: [9, 1, 7, 12, 3, 5], 1: [2, 2], 2: [], 3: [15, 4, 4, 11]}  # rank 2 samples nothing
@@ -773,7 +775,8 @@ def test_regression_the_nested_block_was_named_from_the_thread_running_the_check
     block went unnamed.  The checks of one nest keep it themselves."""
     import threading
 
-    from orchmllm.runtime.microbatch import _Contract, _named
+    from orchmllm.runtime.microbatch import _Contract
+    from orchmllm.runtime.model_check import named as _named
 
     outer = _Contract(None, nn.Linear(2, 2))
     inner = _Contract(None, nn.Linear(2, 2), (outer,))
@@ -863,9 +866,43 @@ def test_regression_under_fsdp2_a_rank_skipping_the_forward_blamed_its_peers_at_
     outcomes = run_processes(fsdp2_skipped_forward_job, len(ONE_EMPTY), args=(shape,), timeout_s=240,
                              collective_timeout_s=120)
     assert not any(outcome.ok for outcome in outcomes), outcomes
-    assert "ModelContractError: rank 2: the body of `accumulate` ran no forward of the model in micro-batch 3 of " \
-           "4 (whose backward reduces gradients; 0 items on this rank): under FSDP2" in outcomes[2].error, outcomes[2]
+    assert "ModelContractError: rank 2: no forward of the model ran inside `with accumulate(model, micro):` in " \
+           "micro-batch 3 of 4 (whose backward reduces gradients; 0 items on this rank): the model's forward must " \
+           "run inside the block" in outcomes[2].error, outcomes[2]
     assert all(outcome.seconds is not None and outcome.seconds < 60 for outcome in outcomes), outcomes  # not 120
+
+
+def fsdp2_forward_before_the_block_job(rank, size):
+    """ONE_EMPTY at T = 40 through FSDP2, each micro-batch's forward run just before `with accumulate(model,
+    micro):`, normalize_loss and the backward inside it: what each rank raised."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = fully_shard(TokenModel().double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
+            logits = model(micro.data["tokens"])
+            with accumulate(model, micro):
+                loss_sum = nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
+                                                       reduction="sum") if micro.items.size else logits.sum() * 0
+                normalize_loss(loss_sum, micro).backward()
+    except ModelContractError as error:
+        return str(error)
+    return "no error"
+
+
+def test_regression_under_fsdp2_a_forward_before_the_block_was_refused_as_a_skipped_forward():
+    """Cause (probe11 P11-07): under FSDP2 a loop running the forward just before `with accumulate(model, micro):`
+    was refused on every rank with "the body of `accumulate` ran no forward ... call the model on every
+    micro-batch", which every rank did; the message now states the rule it breaks: the forward runs inside."""
+    for rank, message in enumerate(spawn(fsdp2_forward_before_the_block_job, len(ONE_EMPTY), timeout_s=90)):
+        assert message.startswith(f"rank {rank}: no forward of the model ran inside `with accumulate(model, "
+                                  f"micro):` in micro-batch 3 of 4"), message
+        assert "the model's forward must run inside the block" in message, message
+        assert "a forward run before the block is not seen" in message, message
 
 
 class SkipOnEmptyModel(TokenModel):
@@ -876,22 +913,25 @@ class SkipOnEmptyModel(TokenModel):
         return self.head(torch.tanh(self.hidden(embedded)) if tokens.numel() else embedded)
 
 
-def bare_loop_job(rank, size, budget):
+def bare_loop_job(rank, size, budget, listed=False, no_sync=False, num_microbatches=None):
     """A DDP step of SkipOnEmptyModel whose micro-batch loop has no `accumulate` (ONE_EMPTY: with the budget rank 2's
-    last micro-batch is empty; without it, the runtime's first step of one micro-batch, 2 items for 3 ranks): what
-    each rank raised at which micro-batch, and the micro-batches whose body ran to its end."""
+    last micro-batch is empty; without it, the runtime's first step of one micro-batch, 2 items for 3 ranks), over
+    the generator or a list of the micro-batches (`listed`), with `no_sync()` but on the last or without: what each
+    rank raised at which micro-batch, and the micro-batches whose body ran to its end."""
     torch.manual_seed(0)
     wrapped = nn.parallel.DistributedDataParallel(SkipOnEmptyModel().double())
-    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=budget)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=budget, num_microbatches=num_microbatches)
     lengths, tokens, labels = rank_batch(rank, ONE_EMPTY if budget else {0: [5, 3], 1: [], 2: []})
     plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
     moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+    micros = dispatcher.microbatches(plan, moved)
     done = []
     try:
-        for micro in dispatcher.microbatches(plan, moved):
-            loss_sum = nn.functional.cross_entropy(wrapped(micro.data["tokens"]), micro.data["labels"],
-                                                   ignore_index=-1, reduction="sum")
-            normalize_loss(loss_sum, micro).backward()
+        for micro in list(micros) if listed else micros:
+            with wrapped.no_sync() if no_sync and not micro.is_last else contextlib.nullcontext():
+                loss_sum = nn.functional.cross_entropy(wrapped(micro.data["tokens"]), micro.data["labels"],
+                                                       ignore_index=-1, reduction="sum")
+                normalize_loss(loss_sum, micro).backward()
             done.append(micro.index)
     except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
         return type(error).__name__, str(error), done
@@ -924,17 +964,71 @@ def test_regression_a_ddp_reference_model_under_no_grad_made_a_plain_loop_refuse
     assert spawn(no_grad_reference_job, len(ONE_EMPTY), timeout_s=60) == [[0, 1, 2, 3]] * 3
 
 
+def bare_loop_refused(outcomes, count):
+    """Whether every rank refused the bare loop at the step's first micro-batch, before any backward."""
+    assert [(kind, done) for kind, _, done in outcomes] == [("ModelContractError", [])] * 3, outcomes
+    for _, message, _ in outcomes:
+        assert message.startswith(f"normalize_loss(loss, micro) outside `with accumulate(model, micro):` on "
+                                  f"micro-batch 0 of {count}, in a step due the model check"), message
+        assert "(DistributedDataParallel of SkipOnEmptyModel)" in message, message
+        assert "`accumulate(model, micro, check=False)` on every rank skips the check" in message, message
+    return True
+
+
 @pytest.mark.parametrize("budget", [40, None], ids=["budget, last micro-batch empty", "first step, one micro-batch"])
 def test_regression_a_bare_micro_batch_loop_under_ddp_got_no_model_check(budget):
     """Cause (probe10 P10-21, P10-11's first-step repro): the model check ran only inside `accumulate`, so a loop
     normalising with `normalize_loss(loss, micro)` but without `accumulate` (README's multi-stage block) let a model
     skipping a layer on an empty micro-batch train silently wrong under DDP (0.02-0.12 off), its peers dying in
-    DDP's backward.  Now normalize_loss on a micro-batch due the check outside `accumulate(model, micro)` raises,
-    on every rank at the same micro-batch (which are due is decided from the plan every rank holds)."""
+    DDP's backward.  Now normalize_loss in a step due the check outside `accumulate(model, micro)` raises, on every
+    rank at the step's first micro-batch (which steps are due is decided from the plan every rank holds)."""
     outcomes = spawn(bare_loop_job, len(ONE_EMPTY), args=(budget,), timeout_s=60)
-    due = 3 if budget else 0
-    assert [(kind, done) for kind, _, done in outcomes] == [("ModelContractError", list(range(due)))] * 3, outcomes
-    for _, message, _ in outcomes:
-        assert message.startswith(f"normalize_loss(loss, micro) outside `with accumulate(model, micro):` on "
-                                  f"micro-batch {due} of {due + 1}, which is due the model check"), message
-        assert "`accumulate(model, micro, check=False)` on every rank skips the check" in message, message
+    assert bare_loop_refused(outcomes, 4 if budget else 1)
+
+
+def test_regression_a_bare_loop_over_a_list_of_the_micro_batches_escaped_the_refusal():
+    """Cause (probe11 P11-03): the forward of a DDP module was noted by a hook that lived only while the
+    generator of micro-batches was suspended at its `yield`, so a bare loop over `list(microbatches(...))` (the
+    generator ended before any body ran) noted nothing: a layer skipped on an empty micro-batch trained silently
+    wrong on rank 2 (0.0376 off) while its peers died in gloo.  The note now lives while the step is held."""
+    outcomes = spawn(bare_loop_job, len(ONE_EMPTY), args=(40, True, True), timeout_s=60)
+    assert bare_loop_refused(outcomes, 4)
+
+
+def test_regression_a_bare_loop_without_no_sync_died_in_ddp_before_the_due_micro_batch():
+    """Cause (probe11 P11-08): without `no_sync` every micro-batch's backward reduces, and the forward was noted
+    only in the body of the step's last micro-batch, so with 6 micro-batches (ranks' tails empty from micro-batch
+    3 or 4) rank 2's empty micro-batch 3 reduced with a layer missing and the ranks died in raw DDP and gloo errors
+    before the refusal was reached.  A due step is now watched from its first micro-batch."""
+    outcomes = spawn(bare_loop_job, len(ONE_EMPTY), args=(40, False, False, 6), timeout_s=60)
+    assert bare_loop_refused(outcomes, 6)
+
+
+def reference_with_grad_job(rank, size):
+    """A plain model's bare loop (gradients reduced by hand) that runs a DDP reference model with grad in each
+    body and detaches its output: what each rank raised."""
+    torch.manual_seed(0)
+    reference, model = nn.parallel.DistributedDataParallel(SkipOnEmptyModel().double()), SkipOnEmptyModel().double()
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
+            reference(micro.data["tokens"]).detach()
+            loss_sum = nn.functional.cross_entropy(model(micro.data["tokens"]), micro.data["labels"],
+                                                   ignore_index=-1, reduction="sum")
+            normalize_loss(loss_sum, micro).backward()
+    except ModelContractError as error:
+        return str(error)
+    return "no error"
+
+
+def test_regression_the_bare_loop_refusal_did_not_say_a_ddp_reference_model_had_set_it_off():
+    """Cause (probe11 P11-04): a plain model's loop that ran a DDP reference model with grad (its output detached)
+    was refused with advice about the trained model only; the message now names the DDP module's class and says a
+    reference model's forward belongs under torch.no_grad()."""
+    for message in spawn(reference_with_grad_job, len(ONE_EMPTY), timeout_s=60):
+        assert "after a forward with grad of a DDP or FSDP2 module (DistributedDataParallel of SkipOnEmptyModel)" \
+            in message, message
+        assert "if that DistributedDataParallel of SkipOnEmptyModel is a reference model whose output the loss does " \
+            "not depend on, run it under torch.no_grad()" in message, message

@@ -1,0 +1,146 @@
+"""The model check of `accumulate`: on a micro-batch whose backward reduces gradients, the loss depends on every
+trainable parameter of the model on every rank (`check_model_contract`, one all-reduce of two words per rank as the
+backward starts).  What it checks is recorded by `runtime.microbatch.accumulate` (`_Contract`); the walk and the
+recording of reentrant checkpoints are `runtime.encoders`'.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from .comm import collective, comm_device, finish, group_rank, group_size
+from .encoders import EncoderContractError, reached_leaves
+
+
+class ModelContractError(EncoderContractError):
+    """The loss of the micro-batch whose backward reduces gradients did not depend on some parameters of the
+    model (DDP, FSDP2) on some rank."""
+
+
+def check_model_contract(contract, backward: bool = True) -> None:
+    """Raise `ModelContractError` on every rank (one all-reduce of two words per rank, as the backward of the
+    micro-batch that reduces gradients starts, before any reduction) when, on some rank, the loss parts given to
+    `normalize_loss` in the body of `accumulate(model, micro)` do not reach, through the autograd graph, every
+    trainable parameter of `model` (or had no `backward` in the body: every parameter left out).  A model that
+    returns early or a constant on an empty micro-batch (which every rank runs, to take part in every collective),
+    or a loss that is a constant there or uses part of the outputs, leaves parameters out of the backward that
+    reduces gradients: DDP then leaves their gradients unreduced without an error, or the ranks' reductions pair up
+    different buckets.  A term added to the normalised loss outside `normalize_loss` is not seen (normalise it too,
+    or check=False).  Parameters a reentrant checkpoint that runs no module may hide (made in the model's forward)
+    are not refused: every rank warns once that the check cannot tell (`ModelCheckWarning`)."""
+    micro, model, names = contract.micro, contract.model, contract.names
+    wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    reached, opaque = reached_leaves(contract.parts, names, wanted, contract.hidden, _may_hide(contract)) \
+        if backward else (set(), False)
+    unused, unseen = ([], sorted(wanted - reached)) if opaque else (sorted(wanted - reached), [])
+    group = micro.contract[0]
+    if not contract.ran and hasattr(model, "set_requires_gradient_sync"):
+        raise _no_forward_under_fsdp2(micro, group)
+    size, rank = group_size(group), group_rank(group)
+    flags = torch.zeros(2 * size, dtype=torch.int64, device=comm_device(group))
+    flags[rank], flags[size + rank] = len(unused), len(unseen)
+    if size > 1:
+        with collective(f"model check all-reduce of micro-batch {micro.index} (as its backward starts: every rank "
+                        f"passes its loss through normalize_loss(loss, micro) and runs the backward, an empty "
+                        f"micro-batch too)", group):
+            finish(dist.all_reduce(flags, group=group, async_op=True), group)
+    failed, blind = (torch.nonzero(part).flatten().tolist() for part in flags.split(size))
+    if not failed:
+        if blind:
+            _warn_unseen(contract, unseen, blind)
+        return
+    where = (f"micro-batch {micro.index} of {micro.num_microbatches} (whose backward reduces gradients; "
+             f"{len(micro.items)} items on rank {rank})")
+    advice = ("DDP and FSDP reduce every parameter's gradient in that backward on every rank, and a rank's "
+              "micro-batch may be empty (every rank runs every micro-batch): compute the output through every "
+              "parameter and the loss from the output on empty micro-batches too (run the layers on the empty "
+              "tensors instead of returning early or a constant; e.g. `output.sum() * 0` for an empty loss) and "
+              "normalise every part of it with `normalize_loss`, set requires_grad=False on parameters never used, "
+              "or pass `accumulate(model, micro, check=False)` on every rank where unused parameters are harmless")
+    if unused and not contract.parts:
+        raise ModelContractError(f"rank {rank}: no loss passed through `normalize_loss(loss, micro)` in {where}, "
+                                 f"so its backward gives the model's parameters no gradient: {advice}")
+    if unused and not backward:
+        raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} had no backward inside "
+                                 f"the `with accumulate` block (skipped on an empty micro-batch, or run after the "
+                                 f"block), so the model's parameters got no gradient there: run it inside the block "
+                                 f"on every micro-batch, an empty one too; {advice}")
+    if unused:
+        shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+        raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} does not depend on "
+                                 f"parameters {shown} of the model given to `accumulate` ({named(contract)}): "
+                                 f"{advice}")
+    raise ModelContractError(f"rank {rank}: on ranks {failed} the loss of micro-batch {micro.index} leaves out "
+                             f"parameters of the model given to `accumulate` ({named(contract)}; each rank named "
+                             f"them); this rank stops with them: {advice}")
+
+
+def named(contract) -> str:
+    """The checked model as an error names it: its class (a wrapper's and its module's) and, where nested
+    `accumulate` blocks check several models, which block gave it."""
+    model, nested = kind(contract.model), contract.nest
+    if len(nested) < 2:
+        return model
+    return f"{model}, block {nested.index(contract) + 1} of {len(nested)} nested `accumulate` blocks, outermost first"
+
+
+def _may_hide(contract):
+    """Whether a reentrant checkpoint that ran no module (its node) may hide parameters of `contract`'s model: it was
+    made in a forward of that model's modules, or in none of the models' the nested blocks check (`spans`)."""
+    def blind(node) -> bool:
+        number = node._sequence_nr()
+        inside = [other is contract for other in contract.nest for first, end in other.spans if first <= number < end]
+        return not inside or any(inside)
+    return blind
+
+
+class ModelCheckWarning(UserWarning):
+    """The model check cannot tell whether the loss depends on some parameters (a reentrant checkpoint that runs no
+    module hides which parameters it uses)."""
+
+
+_WARNED: set = set()  # (the model's kind, the parameters) already warned about in this process
+
+
+def _warn_unseen(contract, unseen: list[str], ranks: list[int]) -> None:
+    """Warn, once per model and parameters on this rank, that the check cannot tell about `unseen` (on `ranks`)."""
+    key = (kind(contract.model), tuple(unseen))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    micro = contract.micro
+    shown = ", ".join(unseen[:6]) + (f" and {len(unseen) - 6} more" if len(unseen) > 6 else "")
+    which = f"parameters {shown}" if unseen else f"parameters the ranks {ranks} name"
+    warnings.warn(ModelCheckWarning(
+        f"rank {group_rank(micro.contract[0])}: the model check of micro-batch {micro.index} of "
+        f"{micro.num_microbatches} cannot tell whether the loss depends on {which} of the model given to "
+        f"`accumulate` ({named(contract)}; on ranks {ranks}): a reentrant checkpoint whose function runs no module "
+        f"(it uses parameters directly, as `checkpoint(lambda x: F.linear(x, w), x, use_reentrant=True)`) ran in "
+        f"the model's forward, and the autograd graph does not show which parameters it uses; if the loss leaves "
+        f"one of them out on an empty micro-batch, DDP and FSDP2 give wrong gradients without an error.  Checkpoint "
+        f"with use_reentrant=False or checkpoint a module (the check sees through both); "
+        f"`accumulate(model, micro, check=False)` on every rank turns the check and this warning off"), stacklevel=2)
+
+
+def kind(model) -> str:
+    """A model's class as errors name it: a wrapper's and its module's (`DistributedDataParallel of Net`)."""
+    inner = getattr(model, "module", None)
+    return type(model).__name__ + (f" of {type(inner).__name__}" if isinstance(inner, torch.nn.Module) else "")
+
+
+def _no_forward_under_fsdp2(micro, group) -> ModelContractError:
+    """The error of a rank that ran no forward of an FSDP2 model inside `accumulate(model, micro)`: a forward before
+    the block is not seen, and where a rank skipped it its peers wait in the forward's parameter all-gather, which
+    no check of this rank can pair with, so it stops alone, saying why."""
+    return ModelContractError(
+        f"rank {group_rank(group)}: no forward of the model ran inside `with accumulate(model, micro):` in "
+        f"micro-batch {micro.index} of {micro.num_microbatches} (whose backward reduces gradients; "
+        f"{len(micro.items)} items on this rank): the model's forward must run inside the block, on every "
+        f"micro-batch, an empty one too (run the layers on the empty tensors, e.g. `output.sum() * 0` for an empty "
+        f"loss): the check records the parameters FSDP2 gathers during the forward, so a forward run before the "
+        f"block is not seen; and a rank that does not call the model leaves the ranks that did waiting in the "
+        f"forward's parameter all-gather until it stops or the process group's timeout (NCCL: its watchdog), which "
+        f"no check can turn into an error on every rank")

@@ -1,0 +1,144 @@
+"""The model check of `accumulate` at reentrant checkpoints whose function runs no module (it uses parameters
+directly): real gloo ranks under DDP, the walk and recording in one process."""
+
+import warnings
+import weakref
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from orchmllm.runtime import ModelCheckWarning, PostBalancingDispatcher, accumulate, normalize_loss
+from orchmllm.runtime.encoders import reached_leaves, recording
+from orchmllm.runtime.launch import spawn
+
+LENGTHS = {0: [26, 36, 20, 24], 1: [29, 25, 22, 22], 2: [11, 32, 27, 1]}  # T 40, M 6: every rank's tail empty
+
+
+class DirectCheckpointNet(nn.Module):
+    """`head(lin2(checkpoint(tanh(F.linear(x, lin1.weight, lin1.bias)))))`: the checkpointed function uses lin1's
+    parameters directly (no module runs inside it); `skip`: lin2, outside the checkpoint, skipped on empty input."""
+
+    def __init__(self, skip: bool = False, checkpointed: bool = True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.lin1, self.lin2, self.head = nn.Embedding(30, 4), nn.Linear(4, 4), nn.Linear(4, 4), \
+            nn.Linear(4, 30)
+        self.skip, self.checkpointed = skip, checkpointed
+
+    def forward(self, tokens):
+        function = lambda x: torch.tanh(F.linear(x, self.lin1.weight, self.lin1.bias))  # noqa: E731
+        embedded = self.embed(tokens)
+        hidden = checkpoint(function, embedded, use_reentrant=True) if self.checkpointed else function(embedded)
+        return self.head(hidden if self.skip and tokens.numel() == 0 else torch.tanh(self.lin2(hidden)))
+
+
+class Critic(nn.Module):
+    """A value head that skips `lin2` on empty input (a wrong model)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed, self.lin1, self.lin2 = nn.Embedding(30, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, tokens):
+        hidden = torch.tanh(self.lin1(self.embed(tokens)))
+        return (hidden[:, :1] if tokens.numel() == 0 else self.lin2(hidden)).squeeze(-1)
+
+
+def rank_tokens(rank):
+    generator = torch.Generator().manual_seed(rank)
+    lengths = LENGTHS[rank]
+    return lengths, torch.randint(0, 30, (sum(lengths),), generator=generator), \
+        torch.randint(0, 30, (sum(lengths),), generator=generator)
+
+
+def direct_checkpoint_job(rank, size, steps, skip, with_critic):
+    """`steps` DDP steps of DirectCheckpointNet (`skip`: lin2 skipped on empty input) in `accumulate` (6
+    micro-batches: every step is due the check), with a nested critic or not: what each rank raised, and the
+    ModelCheckWarnings."""
+    model = nn.parallel.DistributedDataParallel(DirectCheckpointNet(skip).double())
+    critic = nn.parallel.DistributedDataParallel(Critic().double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40, num_microbatches=6)
+    lengths, tokens, labels = rank_tokens(rank)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for _ in range(steps):
+                plan = dispatcher.plan(lengths)
+                moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+                for micro in dispatcher.microbatches(plan, moved):
+                    with accumulate(model, micro), accumulate(critic, micro) if with_critic else nullcontext():
+                        logits = model(micro.data["tokens"])
+                        loss_sum = F.cross_entropy(logits, micro.data["labels"], reduction="sum") \
+                            if micro.items.size else logits.sum() * 0
+                        if with_critic:
+                            loss_sum = loss_sum + critic(micro.data["tokens"]).square().sum()
+                        normalize_loss(loss_sum, micro).backward()
+            outcome = "trained"
+        except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+            outcome = f"{type(error).__name__}: {error}"
+    return outcome, [str(w.message) for w in caught if issubclass(w.category, ModelCheckWarning)]
+
+
+def test_regression_a_checkpoint_running_no_module_turned_the_model_check_off_silently():
+    """Cause (probe11 P11-09): the walk answered 'cannot tell' at a reentrant checkpoint whose function runs no
+    module, and the check took that for 'nothing unused': lin2 skipped on empty micro-batches (outside the
+    checkpoint) trained silently wrong (0.038-0.077 off) on every rank.  Every rank now warns, once, naming the
+    parameters it cannot see (lin2 among them) and the way out."""
+    for skip, steps, unseen in ((True, 1, "module.lin1.bias, module.lin1.weight, module.lin2.bias, module.lin2.weight"),
+                                (False, 2, "module.lin1.bias, module.lin1.weight")):  # two due steps, one warning
+        for rank, (outcome, caught) in enumerate(spawn(direct_checkpoint_job, 3, args=(steps, skip, False),
+                                                       timeout_s=90)):
+            assert outcome == "trained" and len(caught) == 1, (rank, outcome, caught)
+            assert caught[0].startswith(f"rank {rank}: the model check of micro-batch 5 of 6 cannot tell whether the "
+                                        f"loss depends on parameters {unseen} of the model given to `accumulate` "
+                                        f"(DistributedDataParallel of DirectCheckpointNet"), caught
+            assert "Checkpoint with use_reentrant=False or checkpoint a module" in caught[0], caught
+
+
+def test_regression_another_models_checkpoint_running_no_module_switched_the_check_off():
+    """Cause (probe11 P11-09, nested): the critic's walk reached the policy's checkpoint that runs no module and
+    answered 'cannot tell' for the critic too, so its lin2 skipped on empty input was not named (rank 1 aborted,
+    the others died in gloo).  A checkpoint made in another checked model's forward hides none of this model's
+    parameters: the critic is refused on every rank."""
+    outcomes = spawn(direct_checkpoint_job, 3, args=(1, False, True), timeout_s=90)
+    for rank, (outcome, _) in enumerate(outcomes):
+        assert outcome.startswith(f"ModelContractError: rank {rank}: the loss given to `normalize_loss` in "
+                                  f"micro-batch 5 of 6"), outcome
+        assert "does not depend on parameters module.lin2.bias, module.lin2.weight of the model given to " \
+               "`accumulate` (DistributedDataParallel of Critic, block 2 of 2" in outcome, outcome
+
+
+def test_a_checkpoint_running_no_module_is_charged_to_the_model_whose_forward_made_it():
+    """The walk: a module-less checkpoint made in `policy`'s forward may hide the policy's parameters (cannot tell
+    about those unreached) and none of `critic`'s (the sequence numbers of the nodes made in each one's forwards)."""
+    policy, critic = DirectCheckpointNet(), Critic()
+    empty = torch.zeros(0, dtype=torch.int64)
+    hidden = {model: weakref.WeakKeyDictionary() for model in (policy, critic)}
+    spans = {model: [] for model in (policy, critic)}
+    with recording(policy, hidden[policy], None, spans[policy]) as names_policy, \
+            recording(critic, hidden[critic], None, spans[critic]) as names_critic:
+        loss = policy(empty).sum() + critic(empty).sum()
+    number = next(node for node in _nodes(loss) if type(node).__name__ == "CheckpointFunctionBackward")._sequence_nr()
+    assert any(first <= number < end for first, end in spans[policy])
+    assert not any(first <= number < end for first, end in spans[critic])
+    critic_wanted, policy_wanted = set(dict(critic.named_parameters())), set(dict(policy.named_parameters()))
+    outside = {"lin2.weight", "lin2.bias"}
+    assert reached_leaves([loss], names_critic, critic_wanted, hidden[critic], lambda node: False) == \
+        (critic_wanted - outside, False)
+    reached, opaque = reached_leaves([loss], names_policy, policy_wanted, hidden[policy], lambda node: True)
+    assert opaque and policy_wanted - reached == {"lin1.weight", "lin1.bias"}
+
+
+def _nodes(output):
+    """Every node of the graph of `output`."""
+    stack, seen = [output.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(function for function, _ in node.next_functions)
+    return seen
