@@ -54,11 +54,11 @@ from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
 from .bound import least_work
-from .plan import ContextParallelPlan, certify
+from .plan import ContextParallelPlan
 from .regroup import regroup
 from .repair import repaired_grouping
 from .spec import ContextParallel
-from .split import SPLIT_ALGORITHM, allot, allowed_degrees, balance_split
+from .split import allot, allowed_degrees, balance_split
 
 FILLS = (0.95, 0.9, 0.85, 0.8, 0.7, 0.5)
 """Shares of a micro-batch's D · T tokens the grouping fills, tried in turn (the fewest micro-batches
@@ -345,16 +345,6 @@ class _PassPlans:
         if key not in self.plans:
             self.plans[key] = _plan_pass(self.lengths, items, *self.context)
         return self.plans[key]
-
-    def taken_out(self, plan: ContextParallelPlan, kept: np.ndarray, items: np.ndarray) -> ContextParallelPlan:
-        """`plan` (one micro-batch's) with only its items `kept` (indices into its items; `items` theirs), each
-        where it was, certified with those items' own pass bound: no item placed again."""
-        num_ranks, spec, cost, budget = self.context
-        problem = replace(make_problem(self.lengths[items], num_ranks, cost=cost), max_tokens_per_rank=budget)
-        degrees = np.array(spec.degrees, dtype=np.int64)
-        bound = allot(problem, spec, degrees, spec.gpus_per_node, budget).bound()
-        return certify(problem, spec, spec.gpus_per_node, plan.assignment[kept], plan.degree[kept], Status.FEASIBLE,
-                       SPLIT_ALGORITHM, bound)
 
 
 def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ranks: int, spec: ContextParallel,

@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import replace
 
 import numpy as np
 
-from .plan import ContextParallelPlan, rank_pairs
+from ..problem import Status, make_problem
+from .plan import ContextParallelPlan, certify, rank_pairs
+from .split import SPLIT_ALGORITHM, allot
 
 MAX_MOVES = 8
 """Moves the search makes at most."""
@@ -53,8 +56,7 @@ def regroup(microbatch: np.ndarray, passes: list, lengths: np.ndarray, table: np
     """(every item's micro-batch, every micro-batch's split plan) after the search (see the module) from
     `microbatch` and `passes` (None for an empty micro-batch); `table`: every item's best-case time per
     degree (columns `degrees`, inf where a shard exceeds `budget`); it stops once Σ_m max_r L(r, m) <= `goal`;
-    `plan_pass(items)` is the split plan of those items in one micro-batch (None where none fits the budget),
-    `plan_pass.taken_out(plan, kept, items)` a micro-batch's plan with only its items `kept`, where they were."""
+    `plan_pass(items)` is the split plan of those items in one micro-batch (None where none fits the budget)."""
     microbatch, passes = microbatch.copy(), list(passes)
     estimates = (table.min(axis=1), (table * degrees).min(axis=1))
     costs = [float(plan.loads.max()) if plan is not None else 0.0 for plan in passes]
@@ -93,7 +95,7 @@ def _best_move(m: int, microbatch: np.ndarray, passes: list, costs: list, length
         rises = sorted(_rises(m, moved, microbatch, passes, costs, lengths, estimates, plan.num_ranks * budget))
         if not rises or not most - rises[0][0] > best_fall:
             continue
-        without = plan_pass.taken_out(plan, np.delete(np.arange(items.size), chosen), rest)
+        without = _taken_out(plan, np.delete(np.arange(items.size), chosen), lengths[rest], budget)
         lowered = costs[m] - without.makespan
         for _, k in rises[:TARGETS]:
             if not lowered > best_fall:
@@ -103,6 +105,16 @@ def _best_move(m: int, microbatch: np.ndarray, passes: list, costs: list, length
                 best_fall = lowered - (float(joined.loads.max()) - costs[k])
                 best = (moved, k, without, joined)
     return best
+
+
+def _taken_out(plan: ContextParallelPlan, kept: np.ndarray, lengths: np.ndarray, budget: int) -> ContextParallelPlan:
+    """`plan` (a micro-batch's) with only its items `kept` (indices into its items, of `lengths`), each where it
+    was, certified with those items' own pass bound: no item placed again."""
+    problem = replace(make_problem(lengths, plan.num_ranks, cost=plan.cost), max_tokens_per_rank=budget)
+    spec = plan.context_parallel
+    bound = allot(problem, spec, np.array(spec.degrees, dtype=np.int64), spec.gpus_per_node, budget).bound()
+    return certify(problem, spec, spec.gpus_per_node, plan.assignment[kept], plan.degree[kept], Status.FEASIBLE,
+                   SPLIT_ALGORITHM, bound)
 
 
 def _rises(m: int, moved: np.ndarray, microbatch: np.ndarray, passes: list, costs: list, lengths: np.ndarray,
