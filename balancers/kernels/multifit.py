@@ -41,15 +41,16 @@ DEAD_ROOM_MARGIN = 1e-9
 """Of the bins' room, what `pack`'s early refusal leaves to float rounding (far above n ulps)."""
 
 
-def pack(costs: np.ndarray, num_ranks: int, capacity: float) -> np.ndarray | None:
-    """Best-fit decreasing into `num_ranks` bins of `capacity`; None when the items do not fit.
+def pack(costs: np.ndarray, num_ranks: int, capacity: float, order: np.ndarray | None = None) -> np.ndarray | None:
+    """Best-fit decreasing into `num_ranks` bins of `capacity`; None when the items do not fit
+    (`order`: `sorted_order(costs)` where the caller has it).
 
     A bin left with less room than the least item never takes another: once such dead room exceeds
     the slack (num_ranks · capacity - Σ costs, plus DEAD_ROOM_MARGIN of it all for rounding),
     the items cannot all fit, and the probe stops there with the None it would end with.  Such a bin
     leaves the room list (no item picks it), and a bin whose new room keeps its place there is written
     over, not popped and inserted: the same bins as the textbook loop, ~0.7x its time (issue 24)."""
-    order = lpt.sorted_order(costs)
+    order = lpt.sorted_order(costs) if order is None else order
     ranks: list[int] = []  # bin of each item, in `order`
     rooms: list[float] = []  # remaining room of the open bins that may take another item, ascending
     bins: list[int] = []  # parallel: bin index
@@ -101,7 +102,7 @@ def search(problem: Problem, upper: np.ndarray) -> np.ndarray:
                 break
         if capacity >= best_makespan:
             break
-        packed = pack(problem.item_costs, problem.num_ranks, capacity)
+        packed = pack(problem.item_costs, problem.num_ranks, capacity, problem.cost_order)
         if packed is None:
             low = capacity + 1 if integral else capacity
             continue
@@ -115,7 +116,7 @@ def search(problem: Problem, upper: np.ndarray) -> np.ndarray:
 
 def solve(problem: Problem) -> KernelResult:
     """MULTIFIT kernel: the packing found by bisection, or LPT's plan when that is better."""
-    start = lpt.greedy_unpadded(problem.item_costs, problem.num_ranks)
+    start = lpt.greedy_unpadded(problem.item_costs, problem.num_ranks, problem.cost_order)
     assignment = search(problem, start)
     cap = problem.max_tokens_per_rank
     if cap is not None and rank_tokens(problem, assignment).max() > cap:
