@@ -58,18 +58,23 @@ def pack(costs: np.ndarray, num_ranks: int, capacity: float, order: np.ndarray |
     least = float(costs.min()) if costs.size else 0.0
     spare = num_ranks * capacity * (1.0 + DEAD_ROOM_MARGIN) - float(costs.sum())  # dead room that may still fit
     find, place_room, place_bin, record = bisect_left, rooms.insert, bins.insert, ranks.append  # bound once: hot loop
+    live = 0  # len(rooms)
     for cost in costs[order].tolist():
         slot = find(rooms, cost)
-        if slot < len(rooms):
+        if slot < live:
             room, rank = rooms[slot] - cost, bins[slot]
-            below = find(rooms, room, 0, slot) if room >= least else -1  # where pop, then insert puts it
-            if below == slot:
-                rooms[slot] = room
-            else:
-                del rooms[slot], bins[slot]
-                if below >= 0:
+            if room >= least:
+                below = find(rooms, room, 0, slot)  # where pop, then insert puts it
+                if below == slot:
+                    rooms[slot] = room
+                else:
+                    del rooms[slot], bins[slot]
                     place_room(below, room)
                     place_bin(below, rank)
+                record(rank)
+                continue
+            del rooms[slot], bins[slot]
+            live -= 1
         elif opened < num_ranks and cost <= capacity:
             room, rank = capacity - cost, opened
             opened += 1
@@ -77,13 +82,15 @@ def pack(costs: np.ndarray, num_ranks: int, capacity: float, order: np.ndarray |
                 below = find(rooms, room)
                 place_room(below, room)
                 place_bin(below, rank)
+                live += 1
+                record(rank)
+                continue
         else:
             return None
         record(rank)
-        if room < least:  # dead room, out of the lists: no item fits it
-            spare -= room
-            if spare < 0:
-                return None
+        spare -= room  # dead room, out of the lists: no item fits it
+        if spare < 0:
+            return None
     assignment = np.empty(costs.size, dtype=np.int64)
     assignment[order] = ranks
     return assignment
