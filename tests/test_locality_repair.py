@@ -186,9 +186,10 @@ def test_the_passes_change_nothing_once_every_rank_above_the_target_is_out_of_re
     assert seen >= 10
 
 
-def _few_large(num_ranks: int, per_rank: int, seed: int = 0):
-    """P||Cmax's few_large (98 % small items, 2 % large), home ranks, 16 KiB a token, 84B costs."""
-    lengths = make_instance("few_large", num_ranks, per_rank, seed).times
+def _family(family: str, num_ranks: int, per_rank: int, seed: int = 0):
+    """`balance`'s arguments for a P||Cmax family (few_large: 98 % small items, 2 % large), home ranks,
+    16 KiB a token, 84B costs, auto+locality."""
+    lengths = make_instance(family, num_ranks, per_rank, seed).times
     return dict(lengths=lengths, num_ranks=num_ranks, cost=MODELS["84b"].llm.cost(causal=True), algorithm="auto",
                 sources=np.repeat(np.arange(num_ranks), per_rank), item_bytes=lengths * 16384.0,
                 topology=cluster(num_ranks))
@@ -210,11 +211,31 @@ def test_regression_repair_searched_every_rank_while_partial_fixes_passed_a_larg
     passes = []
     across = locality_repair.repair_across_nodes
     monkeypatch.setattr(locality_repair, "repair_across_nodes", lambda *args: (passes.append(1), across(*args)))
-    plan = balance(**_few_large(128, 24))
+    plan = balance(**_family("few_large", 128, 24))
     assert not passes and 0 < sum(pairs) <= 2 * locality_repair.IDLE_SEARCH_WORK
     searched = len(pairs)
     monkeypatch.setattr(locality_repair, "IDLE_SEARCH_WORK", 2**62)
+    monkeypatch.setattr(locality_repair, "SEARCH_WORK", (2**62, 0))
     pairs.clear()
-    unbounded = balance(**_few_large(128, 24))
+    unbounded = balance(**_family("few_large", 128, 24))
     assert len(pairs) > 10 * searched
     np.testing.assert_array_equal(plan.assignment, unbounded.assignment)
+
+
+def test_regression_repair_searches_had_no_budget_where_each_weighed_every_rank(monkeypatch):
+    """Cause of issue 24's 24x on P||Cmax near_mean at 256 x 32 (auto+locality, after the idle stop): each
+    partial fix brought one more rank within reach of a full fix, so the searches never idled, but each weighed
+    every item of every rank: 99 searches, 12.5 M (item, partner) pairs, 0.5 s, for a plan of the same makespan.
+    Now all searches weigh SEARCH_WORK pairs at most (the larger of a floor and so many per item), and the
+    caller places the plain plan within the same target."""
+    pairs = []
+    best_fix = locality_repair.best_fix
+    monkeypatch.setattr(locality_repair, "best_fix", lambda state, members, rank, pool, *rest: (
+        pairs.append(members[rank].size * (sum(members[p].size for p in pool.tolist()) + pool.size)),
+        best_fix(state, members, rank, pool, *rest))[1])
+    arguments = _family("near_mean", 256, 32)
+    plan = balance(**arguments)
+    floor, per_item = locality_repair.SEARCH_WORK
+    assert 0 < sum(pairs) <= max(floor, per_item * arguments["lengths"].size)
+    plain = balance(arguments["lengths"], 256, cost=arguments["cost"], algorithm="auto")
+    assert plan.makespan <= plain.makespan * 1.002

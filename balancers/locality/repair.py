@@ -18,6 +18,7 @@ from .partial_plan import PartialPlan
 ROOMY_PARTNERS = 16  # roomiest ranks searched first for a partner from another node
 REPAIR_SEARCHES = 128  # byte-aware searches (`best_fix` rounds) before `repair` gives up
 IDLE_SEARCH_WORK = 1 << 19  # (item, partner) pairs the searches may weigh with no rank becoming fixable
+SEARCH_WORK = (1 << 21, 256)  # the most pairs all searches may weigh: the larger of this and that many per item
 ACROSS_CANDIDATES = (16, 256)  # smallest swaps per item tried by the passes of `repair_across_nodes`
 
 
@@ -415,7 +416,8 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     do (`ranks_left_over`; each search brings one rank down at most), or when the searches weigh
     `IDLE_SEARCH_WORK` (item, partner) pairs with neither a full fix nor fewer ranks out of every
     full fix's reach (few large items: partial fixes only pass a large item from rank to rank, a
-    search over every rank apiece).  The passes are skipped once every rank above the target is out
+    search over every rank apiece), or past `SEARCH_WORK` pairs in all (a budget in proportion to
+    the items, above a floor).  The passes are skipped once every rank above the target is out
     of reach (they make full fixes only).  The caller then drops the state and falls back (to
     placing the plain plan: `locality.balance_locally`).
     """
@@ -453,6 +455,7 @@ def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndar
     held = np.diff(bounds)  # items per rank
     # `ranks_left_over` at the last check (None after a full fix), and the pairs weighed since that check
     unfixable, idle = ranks_left_over(state), 0
+    budget = max(SEARCH_WORK[0], SEARCH_WORK[1] * state.costs.size)  # pairs left to weigh
     for done in range(searches):
         rank = int(np.argmax(state.loads))
         if state.loads[rank] <= state.target or np.count_nonzero(state.loads > state.target + rounding) > searches - done:
@@ -470,6 +473,9 @@ def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndar
             searched = min(others.size, max(ROOMY_PARTNERS, 4 * searched))
             pool = np.sort(others[:searched])
             work = int(held[rank]) * (int(held[pool].sum()) + pool.size)
+            budget -= work
+            if budget < 0:
+                return  # searched longer than any repair that succeeded on the traces and mixes
             if idle + work > IDLE_SEARCH_WORK:
                 left = ranks_left_over(state)
                 if unfixable is not None and 0 < unfixable <= left:
