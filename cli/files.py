@@ -66,9 +66,12 @@ DIGIT_LOOKALIKES = str.maketrans("OoIl", "0011")  # letters a number typed by ha
 
 
 def _as_seen(text: str) -> str:
-    """`text` as a reader sees it: without invisible format characters (zero-width space, a second
-    byte-order mark, word joiner: Unicode category Cf) and with a Unicode minus read as '-'."""
-    return "".join(char for char in text if unicodedata.category(char) != "Cf").replace("\u2212", "-")
+    """`text` as a reader sees it: in compatibility form (NFKC: a superscript or fullwidth digit as the
+    digit, a fullwidth or small hyphen-minus as '-'), without invisible format characters (zero-width
+    space, a second byte-order mark, word joiner: Unicode category Cf), every dash (category Pd: an en
+    dash that autocorrect made of '-') and the Unicode minus read as '-'."""
+    return "".join("-" if char == "\u2212" or unicodedata.category(char) == "Pd" else char
+                   for char in unicodedata.normalize("NFKC", text) if unicodedata.category(char) != "Cf")
 
 
 def _is_column_name(text: str) -> bool:
@@ -116,10 +119,11 @@ def _columns(header: list[str]) -> tuple[str, str]:
 def _pick_column(header: list[str], column: str | None, path: Path) -> int:
     if len(header) == 1 and column is None:
         return 0
-    shown, repeated = _columns(header)
     if column is None:
+        shown, repeated = _columns(header)
         raise UsageError(f"{path}: {len(header)} columns {shown}; choose one with --column{repeated}")
     if column not in header:
+        shown, repeated = _columns(header)
         raise UsageError(f"{path}: no column {SHORT.repr(column)}; the {len(header)} columns are {shown}{repeated}")
     fields = [str(index + 1) for index, name in enumerate(header) if name == column]
     if len(fields) > 1:

@@ -515,12 +515,16 @@ def test_regression_a_mistyped_length_on_line_1_was_offered_the_column_that_drop
 
 
 @pytest.mark.parametrize("first, shown", [("\u200b5", r"'\u200b5'"), ("\ufeff\ufeff5", r"'\ufeff5'"),
-                                          ("\u22125", "'\u22125'"), ("\u20605", r"'\u20605'")],
-                         ids=["zero-width space", "second byte-order mark", "unicode minus", "word joiner"])
+                                          ("\u22125", "'\u22125'"), ("\u20605", r"'\u20605'"),
+                                          ("\u20135", "'\u20135'"), ("\uff0d5", "'\uff0d5'"),
+                                          ("\ufe635", "'\ufe635'"), ("\u2075", "'\u2075'")],
+                         ids=["zero-width space", "second byte-order mark", "unicode minus", "word joiner", "en dash",
+                              "fullwidth hyphen-minus", "small hyphen-minus", "superscript digit"])
 def test_regression_an_invisible_character_or_unicode_minus_made_line_1_a_header(first, shown, tmp_path, capsys):
-    """Cause (probe12 P12-02): the header test took a number holding an invisible format character (U+200B,
-    a second BOM, U+2060, as concatenated exports write) or a Unicode minus for a column name, and the
-    item on line 1 was dropped with exit 0; on any other line the same bytes were refused."""
+    """Cause (probe12 P12-02, review8 R8-12): the header test took a number holding an invisible format character
+    (U+200B, a second BOM, U+2060, as concatenated exports write), a Unicode minus, a dash or a hyphen-minus other
+    than '-' (an en dash autocorrect typed, a fullwidth or small one) or a superscript digit for a column name,
+    and the item on line 1 was dropped with exit 0; on any other line the same bytes were refused."""
     path = tmp_path / "lengths.csv"
     path.write_text(f"{first}\n6\n7\n", encoding="utf-8")
     code = main(["plan", str(path), "-D", "2"])
