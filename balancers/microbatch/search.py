@@ -57,27 +57,34 @@ class _Search:
         room = problem.max_tokens_per_microbatch - self.tokens
         excluded = np.where(np.arange(self.size) == runner, third, second)
         rise_elsewhere = self.levels[self.microbatch_of_cell]
+        alone = self.size == d  # one micro-batch: every cell is a's, no other micro-batch's rise to add
         best = (0.0, -1, -1, -1)
         items = np.flatnonzero(self.cell_of == a)
         others = np.flatnonzero(self.cell_of != a)
         other_cells = self.cell_of[others]
+        is_a = np.arange(self.size) == a
+        # per item below: the same values, the gathers over the other items done once
+        other_costs, other_lengths = problem.item_costs[others], problem.lengths[others]
+        other_loads, other_excluded, other_room = self.loads[other_cells], excluded[other_cells], room[other_cells]
         for item in items[np.lexsort((items, -problem.item_costs[items]))].tolist():
             cost, length = problem.item_costs[item], int(problem.lengths[item])
             grown = self.loads + cost
-            change = np.where(same, np.maximum(np.maximum(excluded, load - cost), grown) - load,
-                              max(second, load - cost) - load + np.maximum(grown - rise_elsewhere, 0.0))
-            change[(room < length) | (np.arange(self.size) == a)] = np.inf
+            change = np.maximum(np.maximum(excluded, load - cost), grown) - load
+            if not alone:
+                change = np.where(same, change,
+                                  max(second, load - cost) - load + np.maximum(grown - rise_elsewhere, 0.0))
+            change[(room < length) | is_a] = np.inf
             target = int(np.argmin(change))
             if change[target] < best[0]:
                 best = (float(change[target]), item, target, -1)
-            delta = cost - problem.item_costs[others]
-            shift = length - problem.lengths[others]
-            new_a, new_b = load - delta, self.loads[other_cells] + delta
-            change = np.where(same[other_cells],
-                              np.maximum(np.maximum(excluded[other_cells], new_a), new_b) - load,
-                              np.maximum(second, new_a) - load
-                              + np.maximum(new_b - rise_elsewhere[other_cells], 0.0))
-            change[(delta <= 0) | (room[other_cells] < shift) | (room[a] < -shift)] = np.inf
+            delta = cost - other_costs
+            shift = length - other_lengths
+            new_a, new_b = load - delta, other_loads + delta
+            change = np.maximum(np.maximum(other_excluded, new_a), new_b) - load
+            if not alone:
+                change = np.where(same[other_cells], change, np.maximum(second, new_a) - load
+                                  + np.maximum(new_b - rise_elsewhere[other_cells], 0.0))
+            change[(delta <= 0) | (other_room < shift) | (room[a] < -shift)] = np.inf
             if change.size:
                 pick = int(np.argmin(change))
                 if change[pick] < best[0]:
