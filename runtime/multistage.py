@@ -268,7 +268,8 @@ class MultiStageRuntime:
 
     def _samples_problem(self, routes: StepRoutes, samples) -> Exception | None:
         """Why this rank's `samples` are not those `routes` were planned from (text, segments, id; each
-        segment's modality, length, tokens), or None."""
+        segment's modality, length, tokens, position in its sample's LLM sequence, frames), or None.  Loss tokens
+        are not compared: the routes keep only the step's total."""
         try:
             given = local_tables(samples, self.modalities)
         except (TypeError, ValueError) as error:
@@ -279,9 +280,10 @@ class MultiStageRuntime:
         samples_problem = kept_plan_problem(routes.rank, given[0][:, :3], np.stack(
             [batch.sample_text[home], np.diff(batch.sample_segment_offsets)[home], batch.sample_id[home]], axis=1),
             "sample", "(text, segments, id)")
-        return samples_problem or kept_plan_problem(routes.rank, given[1][:, [0, 1, 2, 4]], np.stack(
+        return samples_problem or kept_plan_problem(routes.rank, given[1], np.stack(
             [batch.segment_modality[segments], batch.segment_length[segments], batch.segment_tokens[segments],
-             stage_frames(batch, segments)], axis=1), "segment", "(modality, length, tokens, frames)")
+             batch.segment_position[segments], stage_frames(batch, segments)], axis=1), "segment",
+            "(modality, length, tokens, position, frames)")
 
     def _dispatch_pass(self, routes: PassRoutes, text, per_sample, inputs, stats, problem=None) -> Dispatched:
         """One pass's input exchange (a micro-batch's, without `fused_input_exchange`)."""

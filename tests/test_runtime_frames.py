@@ -282,4 +282,4 @@ def test_ranks_whose_plans_split_frames_differently_or_kept_other_frames_stop_na
     results = spawn(mismatch_job, 4, timeout_s=120)
     assert all(errors[0] is not None and "ranks [1] disagree" in errors[0] for errors in results), results
     assert all(errors[1] is not None and "rank 2" in errors[1] for errors in results), results
-    assert "(modality, length, tokens, frames)" in results[2][1]
+    assert "(modality, length, tokens, position, frames)" in results[2][1]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel
 from orchmllm.orchestrator.samples import Sample, Segment
+from orchmllm.orchestrator.stages import Stage
 from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, MultiStageRuntime, Piece,
                               PostBalancingDispatcher, Prefetcher, exchange, exchange_with_grad, gather_metadata,
                               make_transport, normalize_loss)
@@ -518,6 +519,22 @@ def test_regression_multi_stage_routes_kept_from_another_step_ran_its_texts_unde
         list(runtime.microbatches(kept, runtime.dispatch(kept, text=text, samples=step1)))
     [micro] = runtime.microbatches(kept, runtime.dispatch(kept, text=text, samples=step0))
     assert micro.lengths.tolist() == [3, 6]
+
+
+def test_regression_routes_kept_from_a_step_whose_image_sat_elsewhere_in_its_sample_were_not_refused():
+    """Cause (probe12 P12-05): `dispatch(..., samples=)` compared each segment's modality, length, tokens and frames
+    but not its position, so routes kept from a step whose image came before the text spliced this step's image
+    (after the text) at the old positions, no error."""
+    stages = (Stage("vision", "image", CostModel(linear=1)), Stage("llm", "llm", CostModel(linear=1)))
+    runtime = MultiStageRuntime(stages)
+    kept = runtime.plan([Sample(6, (Segment("image", 4, 2, 0),))])
+    text, inputs = {"input_ids": torch.arange(6)}, {"image": torch.zeros(4, 3)}
+    with pytest.raises(PlanMismatchError, match=r"rank 0's segment 0 has \(modality, length, tokens, position, "
+                                                r"frames\) \(0, 4, 2, 6, 1\) but the plan was made with "
+                                                r"\(0, 4, 2, 0, 1\): the plan is another step's"):
+        list(runtime.microbatches(kept, runtime.dispatch(kept, text=text, inputs=inputs,
+                                                         samples=[Sample(6, (Segment("image", 4, 2, 6),))])))
+    runtime.dispatch(kept, text=text, inputs=inputs, samples=[Sample(6, (Segment("image", 4, 2, 0),))])
 
 
 SLIPS = {  # what a user passes by mistake -> (the error, the message it must match)
