@@ -17,7 +17,7 @@ from .partial_plan import PartialPlan
 
 ROOMY_PARTNERS = 16  # roomiest ranks searched first for a partner from another node
 REPAIR_SEARCHES = 128  # byte-aware searches (`best_fix` rounds) before `repair` gives up
-IDLE_SEARCH_WORK = 1 << 19  # (item, partner) pairs the searches may weigh with no rank becoming fixable
+IDLE_SEARCH_WORK = 1 << 18  # (item, partner) pairs the searches may weigh with no rank becoming fixable
 SEARCH_WORK = (1 << 21, 256)  # the most pairs all searches may weigh: the larger of this and that many per item
 ACROSS_CANDIDATES = (16, 256)  # smallest swaps per item tried by the passes of `repair_across_nodes`
 
