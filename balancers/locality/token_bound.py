@@ -192,8 +192,8 @@ class _Streak:
         first_fit = self.first_fits(loads, tokens[:size])
         # the rank that took the j-th item can pair from round first fit - position (at most where the
         # ranks loaded up to its new load are): the run stops before the first such round after it
-        pairs_from = np.minimum.accumulate(first_fit - self.sorted_loads.searchsorted(loads, side="right") - front)
-        fine = np.arange(2, size + 1) <= pairs_from[:-1]
+        pairs_from = np.minimum.accumulate(first_fit - self.sorted_loads.searchsorted(loads, side="right"))
+        fine = np.arange(front + 2, front + size + 1) <= pairs_from[:-1]
         size = int(np.argmin(fine)) + 1 if not fine.all() else size
         ranks = order[position:position + size].copy()
         state.put(self.waiting[front:front + size], ranks)
@@ -203,7 +203,7 @@ class _Streak:
         self.sorted_loads[position:end], self.sorted_tokens[position:end] = state.loads[segment], state.tokens[segment]
         self.first_fit[ranks] = first_fit[:size]
         self.front += size
-        self.reset()
+        self.bound = min(self.bound, int(pairs_from[size - 1]))  # the ranks before `position` stay in place
         return size
 
     def place(self, items: np.ndarray, positions: np.ndarray) -> None:
