@@ -475,7 +475,7 @@ def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndar
             work = int(held[rank]) * (int(held[pool].sum()) + pool.size)
             budget -= work
             if budget < 0:
-                return  # searched longer than any repair that succeeded on the traces and mixes
+                return  # searched longer than any repair that succeeded on the traces and mixes surveyed
             if idle + work > IDLE_SEARCH_WORK:
                 left = ranks_left_over(state)
                 if unfixable is not None and 0 < unfixable <= left:
