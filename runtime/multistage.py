@@ -267,15 +267,13 @@ class MultiStageRuntime:
         return self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
 
     def _samples_problem(self, routes: StepRoutes, samples) -> Exception | None:
-        """Why this rank's `samples` are not those `routes` were planned from (text, segments, id; each
-        segment's modality, length, tokens, position in its sample's LLM sequence, frames), or None.  Loss tokens
-        are not compared: the routes keep only the step's total."""
+        """Why this rank's `samples` are not those `routes` were planned from (text, segments, id; each segment's
+        modality, length, tokens, position, frames: not loss tokens, whose total alone the routes keep), or None."""
         try:
             given = local_tables(samples, self.modalities)
         except (TypeError, ValueError) as error:
             return error
-        batch = routes.batch
-        home = np.flatnonzero(batch.sample_source == routes.rank)
+        batch, home = routes.batch, np.flatnonzero(routes.batch.sample_source == routes.rank)
         segments = batch.segments_of_samples(home)
         samples_problem = kept_plan_problem(routes.rank, given[0][:, :3], np.stack(
             [batch.sample_text[home], np.diff(batch.sample_segment_offsets)[home], batch.sample_id[home]], axis=1),
