@@ -299,3 +299,21 @@ def test_the_improvers_share_one_signature_and_result(improver):
     assert rank_loads(problem, result.assignment).max() < rank_loads(problem, start).max()
     stopped = improver.improve(problem, start, None, float(rank_loads(problem, start).max()))
     np.testing.assert_array_equal(stopped.assignment, start)
+
+
+def test_regression_auto_ran_every_start_past_an_optimum_its_fractional_bound_hid(monkeypatch):
+    """Cause (probe12 P12-06): `auto` stopped at a start only when it met the fractional bound Σ / D, so with integer
+    costs and D not dividing the sum, an LPT plan at its ceiling (proven optimal, as `make_plan` rounds the bound)
+    went on to Karmarkar–Karp and the local search over every item: 42x LPT's time for the same plan."""
+    lengths = np.random.default_rng(3).integers(1, 8192, 5000)  # an odd sum: the bound is x.5
+    problem = make_problem(lengths, 2)
+    first = lpt.solve(problem).assignment
+    assert makespan(problem, first) == np.ceil(lower_bound(problem)) > lower_bound(problem)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a start after one at the rounded-up bound ran")
+
+    monkeypatch.setattr(auto.karmarkar_karp, "solve", refused)
+    monkeypatch.setattr(auto.local_search, "improve", refused)
+    plan = balance(lengths, 2)
+    assert np.array_equal(plan.assignment, first) and str(plan.status) == "optimal"

@@ -45,6 +45,7 @@ import numpy as np
 from ..bounds import lower_bound
 from ..exact.bounds import l2_bins
 from ..exact.ilp import search
+from ..plan import integral, rounded_up
 from ..problem import InfeasibleError, KernelResult, Problem, integer_values, rank_loads, rank_tokens, tokens_problem
 from ..search import group_search, local_search
 from . import ilp, karmarkar_karp, lpt, min_slack, multifit, padded, slack
@@ -86,6 +87,7 @@ def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
     if few_per_rank:
         kernels.append(slack.solve)
     makespans = []  # of the starts, each computed once
+    integral_costs = functools.cache(lambda: integral(problem.item_costs))
     for kernel in kernels:
         try:
             start = kernel(problem).assignment
@@ -93,7 +95,8 @@ def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
             refusal = error
             continue
         makespans.append(float(rank_loads(problem, start).max()))
-        if makespans[-1] <= bound:  # proven optimal: nothing to improve
+        # proven optimal (the bound rounded up as `make_plan` rounds it: integer costs): nothing to improve
+        if makespans[-1] <= rounded_up(bound, makespans[-1], problem.num_ranks, integral_costs):
             return KernelResult(start)
         starts.append(start)
     if not starts:
