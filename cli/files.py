@@ -22,6 +22,7 @@ import re
 import reprlib
 import shlex
 import unicodedata
+import warnings
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -150,9 +151,12 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
     width = len(first)
     if _has_header(first, f"{path}:{rows[0][0]}", column):
         index = _pick_column(first, column, path)
-        rows = rows[1:]
+        header_line, rows = rows[0][0], rows[1:]
         if not rows:
             raise UsageError(f"{path}: no lengths in the file, only a header line")
+        if width == 1 and column is None and any(char.isdigit() for char in first[0]):  # `О24`, a Cyrillic О
+            warnings.warn(f"{path}:{header_line}: {SHORT.repr(first[0])} read as the column name, not a length (it "
+                          f"holds digits); the lengths start on line {rows[0][0]}")
     elif column is not None:
         raise UsageError(f"{path}: --column {column!r} given but the file has no header line")
     elif width > 1:

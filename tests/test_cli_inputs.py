@@ -573,3 +573,18 @@ def test_regression_a_header_of_many_columns_was_listed_whole_in_one_line(column
     error = capsys.readouterr().err
     check_one_line_error(2, error, f"wide.csv: {message}")
     assert len(error) < 400
+
+
+def test_regression_a_one_column_header_holding_digits_dropped_its_line_silently(tmp_path, capsys):
+    """Cause (review8 R8-16): lookalike letters are open-ended (`О24` with a Cyrillic О is not a mistyped number by
+    DIGIT_LOOKALIKES), so a one-column file's line 1 holding digits was taken for the column name, its item left
+    the plan with exit 0 and no word; now a one-line note names line 1 and where the lengths start."""
+    path = tmp_path / "lengths.csv"
+    path.write_text("\u041e24\n7\n8\n", encoding="utf-8")
+    assert main(["plan", str(path), "-D", "2", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["num_items"] == 2
+    assert captured.err == (f"orchmllm: UserWarning: {path}:1: '\u041e24' read as the column name, not a length (it "
+                            f"holds digits); the lengths start on line 2\n")
+    path.write_text("length\n7\n8\n")
+    assert main(["plan", str(path), "-D", "2", "--json"]) == 0 and capsys.readouterr().err == ""
