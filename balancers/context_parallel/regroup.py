@@ -15,32 +15,27 @@ micro-batch lowers the step.  From the plan of the fills:
         for each set S, where the most m can fall without it (to its longest least time, its work / D, its
             loads with S taken out) beats the least estimated rise of another micro-batch k,
             max(cost_k, S's longest least time, (work_k + S's least work) / D) − cost_k, plus the best fall:
-            m's plan with S taken out (its other items where they were), then the TARGETS micro-batches k of
-            least estimated rise, each planned with S
+            m planned without S, then the TARGETS micro-batches k of least estimated rise, each with S
         apply the move whose two plans lower the step most, by at least e / MAX_MOVES (MAX_MOVES such moves
             would take m to its bound), or mark m tried
 
-A micro-batch that a set leaves keeps its other items where they were: planning it again cost most of
-the search (on the long workload, D = 2560, 3 micro-batches of giants and 38k small items, a crowd leaves
-the 38k-item one for a fall of 0.01-0.04 % of the step), and on seeds 121-128 of the held-out grid it gave
-23 steps of 576 lower and 45 higher, most by under 1 %, up to 2.8 % (outside it, documents 16 × 8, 10 %
-giants, seed 1, T = 32k: 1.033 then, 1.062 now).  One that a set joins is planned by the split planner
-(`plan_pass`).  Both plans are certified with their own pass bounds, so a move's fall is the step's own and
+Every micro-batch is planned by the split planner (`plan_pass`), so a move's fall is the step's own and
 the step never rises; counts (not a clock) bound the search, so every rank gets the same plan.  The
-estimates only skip plans that are unlikely to pay.
+estimates only skip plans that are unlikely to pay: on the long workload (D = 2560, 3 micro-batches of
+giants and 38k small items) moves fall by 0.01 % of the step each and the search gives up in a few plans.
+Keeping the other items of a micro-batch that a set leaves where they were (2caa316, reverted) took 0.8-0.9
+of that step's time but raised twice as many held-out steps as it lowered (up to 2.8 %); planning again
+only the chosen move's source found more moves there and took 1.3-1.7× (bench_notes cp26e_s8, cp26f_s8).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import replace
 
 import numpy as np
 
-from ..problem import Status, make_problem
-from .plan import ContextParallelPlan, certify, rank_pairs
-from .split import SPLIT_ALGORITHM, allot
+from .plan import ContextParallelPlan, rank_pairs
 
 MAX_MOVES = 8
 """Moves the search makes at most."""
@@ -82,10 +77,10 @@ def regroup(microbatch: np.ndarray, passes: list, lengths: np.ndarray, table: np
 
 def _best_move(m: int, microbatch: np.ndarray, passes: list, costs: list, lengths: np.ndarray, estimates: tuple,
                budget: int, plan_pass, least_fall: float) -> tuple | None:
-    """(items moved, target micro-batch, m's plan with them taken out, the target's plan with them) of the
-    move out of micro-batch m that lowers the step most, by at least `least_fall` (see the module); None
-    when none does.  A target is planned with a set only where the most m can fall without it beats the
-    least estimated rise plus the best fall so far."""
+    """(items moved, target micro-batch, m's plan without them, the target's plan with them) of the move
+    out of micro-batch m that lowers the step most, by at least `least_fall` (see the module); None when
+    none does.  A set is planned only where m's plan with the set taken out (not planned again) falls by
+    more than the least estimated rise plus the best fall so far."""
     plan, items = passes[m], np.flatnonzero(microbatch == m)
     least = estimates[0]
     best, best_fall = None, least_fall
@@ -96,8 +91,8 @@ def _best_move(m: int, microbatch: np.ndarray, passes: list, costs: list, length
         rises = sorted(_rises(m, moved, microbatch, passes, costs, lengths, estimates, plan.num_ranks * budget))
         if not rises or not most - rises[0][0] > best_fall:
             continue
-        without = _taken_out(plan, np.delete(np.arange(items.size), chosen), lengths[rest], budget)
-        lowered = costs[m] - without.makespan
+        without = plan_pass(rest)
+        lowered = -math.inf if without is None else costs[m] - float(without.loads.max())
         for _, k in rises[:TARGETS]:
             if not lowered > best_fall:
                 break
@@ -106,16 +101,6 @@ def _best_move(m: int, microbatch: np.ndarray, passes: list, costs: list, length
                 best_fall = lowered - (float(joined.loads.max()) - costs[k])
                 best = (moved, k, without, joined)
     return best
-
-
-def _taken_out(plan: ContextParallelPlan, kept: np.ndarray, lengths: np.ndarray, budget: int) -> ContextParallelPlan:
-    """`plan` (a micro-batch's) with only its items `kept` (indices into its items, of `lengths`), each where it
-    was, certified with those items' own pass bound: no item placed again."""
-    problem = replace(make_problem(lengths, plan.num_ranks, cost=plan.cost), max_tokens_per_rank=budget)
-    spec = plan.context_parallel
-    bound = allot(problem, spec, np.array(spec.degrees, dtype=np.int64), spec.gpus_per_node, budget).bound()
-    return certify(problem, spec, spec.gpus_per_node, plan.assignment[kept], plan.degree[kept], Status.FEASIBLE,
-                   SPLIT_ALGORITHM, bound)
 
 
 def _rises(m: int, moved: np.ndarray, microbatch: np.ndarray, passes: list, costs: list, lengths: np.ndarray,
