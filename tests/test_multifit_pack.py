@@ -2,10 +2,10 @@
 (cost, index), among bins of equal room the one that got its room last): the same bins as the textbook loop
 below, the room list kept without the bins no item fits (issue 24: `balance`'s auto at 512 x 8 items)."""
 
-import time
 from bisect import bisect_left
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,15 +57,15 @@ def test_regression_best_fit_kept_every_bin_in_its_room_list():
     """Regression: each item popped its bin out of the room list and inserted it again, and the bins no item
     fits stayed in it: MULTIFIT's 12 probes took 32-37 ms of `balance`'s 40-49 ms at 512 x 8 (audio_qa, T 8k)
     and `balance_microbatches` with one micro-batch 11-21x the default mix (issue 24).  A bin that stays in
-    its place is written over, a dead one leaves: 0.65-0.8x the textbook loop (about 1x before)."""
+    its place is written over, a dead one leaves: 0.65-0.8x the textbook loop (about 1x before; timed in
+    `bench_microbatch.py -k one_micro_batch`, the room lists it searches are asserted here)."""
     lengths = sample_workload("audio_qa", 512, 8, seed=7).sample_llm_length
     costs = MODELS["84b"].llm.cost(causal=True).item_costs(lengths)
     capacity = float(np.floor(costs.sum() / 512 * 1.0026))  # a probe that packs, near the bisection's last
     np.testing.assert_array_equal(multifit.pack(costs, 512, capacity), textbook_best_fit(costs, 512, capacity))
-    ours, textbook = [], []
-    for _ in range(7):  # alternated, CPU seconds, best of each
-        for runs, run in ((ours, multifit.pack), (textbook, textbook_best_fit)):
-            start = time.process_time()
-            run(costs, 512, capacity)
-            runs.append(time.process_time() - start)
-    assert min(ours) < 0.85 * min(textbook)
+    searched = []  # the length of the room list each search reads (all 512 bins before; ~30 % of them now)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(multifit, "bisect_left",
+                      lambda rooms, *args: searched.append(len(rooms)) or bisect_left(rooms, *args))
+        multifit.pack(costs, 512, capacity)
+    assert max(searched) < 512 and sum(searched) < 0.5 * 512 * len(searched)
