@@ -95,8 +95,12 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             every option, and that they hold the ranks [0, num_replicas) equally often, else
             raises `ConfigMismatchError` on every rank naming what differs and where.  It is
             a collective: every process of `group` must iterate the sampler as often as the
-            others (once per epoch, as a training loop does).  False skips it (a rank that
-            iterates alone, e.g. to log shares).
+            others (once per epoch, as a training loop does).  Each rank's plan of the epoch's
+            first step rides with the settings, so a solver that differs under one `algorithm`
+            name (another orchmllm version on some nodes) is named too.  False skips it (a rank
+            that iterates alone, e.g. to log shares); every rank must pass the same value: a rank
+            that skips it while the others check leaves them waiting in its all-gather until the
+            group's timeout (gloo: 30 min by default, NCCL: 10), no error before.
         group: the processes that iterate this sampler (default: the world); with tensor
             or pipeline parallelism, those that load data, each of its DP rank.  Iterated on a
             loader thread beside the training thread's collectives: a group of its own
@@ -132,10 +136,9 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     def _check_settings(self) -> None:
         """Check and canonicalise every setting, naming it: they are public attributes, which may be set after
         first use (a new seed, a lower budget), and each must pass what the constructor checks."""
-        if self.lengths is not getattr(self, "_checked_lengths", None) or self.lengths.flags.writeable:
-            self.lengths = as_lengths(self.lengths)  # a private copy, read-only: kept plans know it by identity
-            self.lengths.flags.writeable = False
-            self._checked_lengths = self.lengths
+        if self.lengths is not getattr(self, "_checked_lengths", None):  # a private copy over immutable bytes,
+            self.lengths = np.frombuffer(as_lengths(self.lengths).tobytes(), dtype=np.int64)  # which cannot be
+            self._checked_lengths = self.lengths  # made writable again: kept plans know it by identity
         self.num_replicas = as_int(self.num_replicas, "num_replicas", minimum=1)
         self.rank = as_int(self.rank, "rank", minimum=0)
         if self.rank >= self.num_replicas:
@@ -192,11 +195,9 @@ class BalancedDistributedSampler(Sampler[list[int]]):
 
     def _kept_for(self, name: str, build):
         """`build()`, kept under `name` while every setting stays (public attributes, which may be set after
-        first use: a new seed, a lower budget; `lengths` by identity, its array being read-only, and copied and
-        checked again where it was made writable)."""
+        first use: a new seed, a lower budget; `lengths` by identity, its array over immutable bytes)."""
         kept = self._kept.get(name)
-        if kept is None or kept[0] is not self.lengths or self.lengths.flags.writeable or \
-                kept[1] != self._other_settings():  # lengths first (made writable again: edited, copied afresh)
+        if kept is None or kept[0] is not self.lengths or kept[1] != self._other_settings():  # lengths first
             self._check_settings()
             kept = self._kept[name] = (self.lengths, self._other_settings(), build())
         return kept[2]
@@ -234,7 +235,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         rank naming the settings that differ (a collective of `group`; no-op alone)."""
         if not is_distributed(self.group):
             return
-        settings = self._settings()
+        settings = {**self._settings(), "plan of step 0": self._first_plan_digest()}
         digest = fingerprint(*(part for setting in settings.items() for part in setting))
         mine = torch.from_numpy(np.append(words_of(digest), self.rank)).to(comm_device(self.group))
         gathered = [torch.empty_like(mine) for _ in range(group_size(self.group))]
@@ -249,11 +250,24 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             with collective(AGREEMENT, self.group):
                 dist.all_gather_object(shown, {name: _describe(value) for name, value in settings.items()},
                                        group=self.group)
-            problems.append(f"{differ}; settings that differ: {options_that_differ(shown)}")
+            others = [{key: value for key, value in row.items() if key != "plan of step 0"} for row in shown]
+            if any(row != others[0] for row in others):  # the plans differ with the settings: name those
+                problems.append(f"{differ}; settings that differ: {options_that_differ(others)}")
+            else:
+                problems.append(f"{differ}; settings that differ: {options_that_differ(shown)} (only the plan "
+                                f"differs: another orchmllm version or algorithm implementation on some ranks)")
         problems = [problem for problem in problems if problem]
         if problems:
             raise ConfigMismatchError("; ".join(problems) + "; every rank must pass the same dataset and options (and "
                                       "call set_epoch alike), else the shares duplicate or drop samples")
+
+    def _first_plan_digest(self) -> str:
+        """A digest of the epoch's first plan, which every rank computes alone: ranks whose solvers differ under
+        one `algorithm` name (another orchmllm version, a plugin of another version) plan apart."""
+        if self.max_tokens_per_microbatch is not None:
+            plan = self._epoch_plans()[0]
+            return fingerprint(plan.rank, plan.microbatch).hex()[:16]
+        return fingerprint(self.plan(self.global_batches()[0]).assignment).hex()[:16]
 
     def _rank_problem(self, ranks: list[int]) -> str | None:
         """None when the gathered `rank`s hold [0, num_replicas) equally often; else what is wrong."""

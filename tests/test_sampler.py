@@ -366,16 +366,47 @@ def test_regression_the_sampler_s_epoch_check_with_a_dead_peer_raised_gloo_s_raw
 
 
 def test_regression_the_sampler_s_own_lengths_made_writable_and_edited_kept_the_old_plans():
-    """Cause (probe11 P11-05): the plans were kept while `lengths` was the same (read-only) array, so the sampler's
-    own copy made writable again and edited after first use kept the old plan: micro-batches of 158 tokens against
-    a budget of 80.  A writable `lengths` is copied and checked again, and the plans made afresh."""
+    """Cause (probe11 P11-05, probe12 P12-L1 = review8 R8-09): the plans were kept while `lengths` was the same
+    read-only array, so the sampler's own copy made writable again and edited after first use (then locked again
+    or not) kept the old plan: micro-batches of 158 tokens against a budget of 80.  Its copy is now over immutable
+    bytes: it cannot be made writable again."""
     sampler = BalancedDistributedSampler(list(range(5, 69)), num_replicas=2, rank=0, global_batch_size=16,
                                          max_tokens_per_microbatch=80)
     first = [list(micro) for micro in sampler]
-    own = sampler.lengths
-    own.flags.writeable = True
-    own[:] = 79
-    again = [list(micro) for micro in sampler]
-    assert again != first
-    assert max(int(sampler.lengths[micro].sum()) for micro in again) <= 80
-    assert not sampler.lengths.flags.writeable and sampler.lengths is not own
+    for given in (sampler.lengths, np.frombuffer(sampler.lengths.tobytes(), dtype=np.int64).copy()):
+        given.flags.writeable = False  # a read-only array of the user's, given as the lengths, is copied too
+        sampler.lengths = given
+        assert [list(micro) for micro in sampler] == first
+        with pytest.raises(ValueError, match="cannot set WRITEABLE flag to True"):
+            sampler.lengths.flags.writeable = True
+    assert max(int(sampler.lengths[micro].sum()) for micro in first) <= 80
+
+
+def another_solver_job(rank, size):
+    """Ranks whose `algorithm` of one name plans differently (rank 1's mirrors the ranks, as another version of a
+    plugin or of orchmllm may): what iterating the sampler raised."""
+    from orchmllm import register_algorithm
+    from orchmllm.balancers import ALGORITHMS
+
+    lpt = ALGORITHMS["lpt"].kernel
+    register_algorithm("test_versioned_lpt", lambda problem: lpt(problem) if rank == 0 else
+                       lpt(problem)._replace(assignment=problem.num_ranks - 1 - lpt(problem).assignment))
+    lengths = np.random.default_rng(0).integers(5, 40, 64)
+    sampler = BalancedDistributedSampler(lengths, num_replicas=size, rank=rank, global_batch_size=16,
+                                         algorithm="test_versioned_lpt")
+    try:
+        return len(list(sampler))
+    except ConfigMismatchError as error:
+        return str(error)
+
+
+def test_regression_ranks_whose_solver_differs_under_one_algorithm_name_passed_the_epoch_check():
+    """Cause (probe12 P12-07): the epoch check fingerprinted the algorithm's name, so ranks running another version
+    of it (a cluster half-upgraded) passed and their shares duplicated half the samples and dropped the other half
+    (64 yielded, 32 distinct).  Each rank's plan of the epoch's first step now rides with the settings."""
+    outcomes = run_processes(another_solver_job, 2, timeout_s=90, collective_timeout_s=30)
+    for outcome in outcomes:
+        assert outcome.ok, outcome.error
+        assert "settings that differ: `plan of step 0`" in outcome.value, outcome.value
+        assert "(only the plan differs: another orchmllm version or algorithm implementation on some ranks)" in \
+            outcome.value, outcome.value
