@@ -214,7 +214,7 @@ def test_planning_time_on_real_traces(benchmark, best_of, name, num_ranks, per_r
 
 @pytest.mark.parametrize("family, num_ranks, per_rank", [("few_large", 512, 24), ("few_large", 512, 32),
                                                          ("near_mean", 512, 32), ("nonuniform", 512, 32)])
-def test_locality_on_the_pcmax_families_within_10x_of_the_default_mix(family, num_ranks, per_rank):
+def test_locality_on_the_pcmax_families_within_10x_of_the_default_mix(family, num_ranks, per_rank, alternated_cpu):
     """`balance(..., algorithm="auto", sources=, item_bytes=, topology=)` on the P||Cmax families where the
     communication-aware repair searched longest (few_large: 98 % small items, 2 % large; near_mean; nonuniform),
     CPU seconds alternated with the default mix's at the same size in one process: within 10x on the best-of or
@@ -229,12 +229,7 @@ def test_locality_on_the_pcmax_families_within_10x_of_the_default_mix(family, nu
     default = sample_workload("default", num_ranks, per_rank, seed=7).sample_llm_length
     result = plan(lengths)
     assert result.makespan >= result.lower_bound and result.assignment.size == lengths.size
-    own, base = [], []
-    for i in range(5):
-        for x, out in ((lengths, own), (default, base)) if i % 2 == 0 else ((default, base), (lengths, own)):
-            start = time.process_time()
-            plan(x)
-            out.append(time.process_time() - start)
+    own, base = alternated_cpu(lambda: plan(lengths), lambda: plan(default))
     best, median = min(own) / min(base), float(np.median(own) / np.median(base))
     print(f"\nauto+locality {family} {num_ranks} x {per_rank}: {min(own) * 1e3:.1f} ms CPU, default mix "
           f"{min(base) * 1e3:.1f} ms; ratio best-of {best:.2f}, median {median:.2f}")

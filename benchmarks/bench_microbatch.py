@@ -125,22 +125,9 @@ TIGHT_CASES = [("video", 512, 8192), ("video", 2560, 8192), ("document", 512, 81
                ("uniform_10000", 512, 16384), ("uniform_10000", 2560, 16384)]
 
 
-def alternated_cpu(run, baseline, rounds=5):
-    """CPU seconds of `run` and of `baseline`, one warm-up each, then `rounds` calls of each alternated
-    (the order swapped every round), in this process: a shared machine's load falls on both alike."""
-    own, base = [], []
-    run(), baseline()
-    for i in range(rounds):
-        for call, out in ((run, own), (baseline, base)) if i % 2 == 0 else ((baseline, base), (run, own)):
-            start = time.process_time()
-            call()
-            out.append(time.process_time() - start)
-    return own, base
-
-
 @pytest.mark.parametrize("workload, num_ranks, budget", TIGHT_CASES,
                          ids=[f"{w}-{d}x32-T{t // 1024}k" for w, d, t in TIGHT_CASES])
-def test_planning_time_where_the_tight_packing_runs(workload, num_ranks, budget):
+def test_planning_time_where_the_tight_packing_runs(workload, num_ranks, budget, alternated_cpu):
     """Issue 24's bound, no input more than 10x the default mix's time at its size, where the cells' LPT
     finds no room and best fit packs the tokens (`microbatch.best_fit`): the video and document mixes
     (T 8k) and uniform lengths in 1..10000 (`pcmax_families`, T 16k) at D x 32, CPU seconds alternated
@@ -176,7 +163,7 @@ ONE_MICROBATCH_NOT_MET = {"image_qa"}
                                                    "auto and the cells' plan, 13x the default mix here")]
                  if w in ONE_MICROBATCH_NOT_MET else []) for w, d, t in ONE_MICROBATCH_CASES],
     ids=[f"{w}-{d}x8-T{t // 1024}k" for w, d, t in ONE_MICROBATCH_CASES])
-def test_planning_time_with_one_micro_batch(workload, num_ranks, budget):
+def test_planning_time_with_one_micro_batch(workload, num_ranks, budget, alternated_cpu):
     """Issue 24's bound where one micro-batch is enough (M = 1 plans at least `balance`'s, which it runs) at
     D x 8, T 8k, CPU seconds alternated with the default mix (M = 2) in one process: near_mean (P||Cmax, items
     near the mean) 10-12x before MULTIFIT's failing probes stopped at the dead room, 4.5x after; audio_qa 14x and
@@ -211,7 +198,7 @@ LOCALITY_NOT_MET = {("code", 8192), ("code", 16384), ("code_context", 8192), ("c
                                                    "and each micro-batch's plain plan is placed (a LAP apiece)")]
                  if (w, t) in LOCALITY_NOT_MET else []) for w, d, t in LOCALITY_CASES],
     ids=[f"{w}-{d}x32-T{t // 1024}k" for w, d, t in LOCALITY_CASES])
-def test_planning_time_with_sources(workload, num_ranks, budget):
+def test_planning_time_with_sources(workload, num_ranks, budget, alternated_cpu):
     """Issue 24's bound on the communication-aware path: `balance_microbatches` with `sources` (home ranks), 16 KiB
     a token and H100 nodes of 8, on the traces at 2560 x 32 (`timed_lengths`) and P||Cmax's few_large at 512 x 32
     (98 % small items, 2 % large: 270-400x before the repair's searches stopped without progress), CPU seconds

@@ -1,4 +1,4 @@
-"""Benchmark options (heavy sizes run only with --heavy) and the shared timing helper."""
+"""Benchmark options (heavy sizes run only with --heavy) and the shared timing helpers."""
 
 import math
 import time
@@ -27,3 +27,22 @@ def best_of():
         return best
 
     return run
+
+
+@pytest.fixture
+def alternated_cpu():
+    """alternated_cpu(run, baseline, rounds=5): the CPU seconds (time.process_time) of `run` and of
+    `baseline`, one warm-up call each, then `rounds` calls of each alternated (the order swapped every
+    round) in this process, so that a shared machine's load falls on both alike; two lists.
+    """
+    def run_both(run, baseline, rounds=5):
+        own, base = [], []
+        run(), baseline()
+        for i in range(rounds):
+            for call, out in ((run, own), (baseline, base)) if i % 2 == 0 else ((baseline, base), (run, own)):
+                start = time.process_time()
+                call()
+                out.append(time.process_time() - start)
+        return own, base
+
+    return run_both
