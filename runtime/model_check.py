@@ -30,12 +30,16 @@ def check_model_contract(contract, backward: bool = True) -> None:
     reduces gradients: DDP then leaves their gradients unreduced without an error, or the ranks' reductions pair up
     different buckets.  A term added to the normalised loss outside `normalize_loss` is not seen (normalise it too,
     or check=False).  Parameters a reentrant checkpoint that runs no module may hide (made in the model's forward)
-    are not refused: every rank warns once that the check cannot tell (`ModelCheckWarning`)."""
+    are not refused: every rank warns once that the check cannot tell (`ModelCheckWarning`).  Under DDP a body that
+    ran modules inside the DDP module but not its own forward (`model.module(x)`) is refused: DDP would not reduce."""
     micro, model, names = contract.micro, contract.model, contract.names
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     reached, opaque = reached_leaves(contract.parts, names, wanted, contract.hidden, _may_hide(contract)) \
         if backward else (set(), False)
     unused, unseen = ([], sorted(wanted - reached)) if opaque else (sorted(wanted - reached), [])
+    bypassed = hasattr(model, "no_sync") and not hasattr(model, "set_requires_gradient_sync") and contract.ran \
+        and "" not in contract.ran  # modules inside DDP ran, its own forward (which readies the reduction) not
+    unused = sorted(wanted) if bypassed else unused
     group = micro.contract[0]
     if not contract.ran and hasattr(model, "set_requires_gradient_sync"):
         raise _no_forward_under_fsdp2(micro, group)
@@ -60,6 +64,11 @@ def check_model_contract(contract, backward: bool = True) -> None:
               "tensors instead of returning early or a constant; e.g. `output.sum() * 0` for an empty loss) and "
               "normalise every part of it with `normalize_loss`, set requires_grad=False on parameters never used, "
               "or pass `accumulate(model, micro, check=False)` on every rank where unused parameters are harmless")
+    if bypassed:
+        raise ModelContractError(f"rank {rank}: the body of `accumulate` in {where} called modules inside the DDP "
+                                 f"module ({named(contract)}; `model.module(...)` or a method of it) but not the DDP "
+                                 f"module itself: DDP reduces gradients only after its own forward, so every rank "
+                                 f"would keep its own gradients; call `model(...)`, the DDP module, in the body")
     if unused and not contract.parts:
         raise ModelContractError(f"rank {rank}: no loss passed through `normalize_loss(loss, micro)` in {where}, "
                                  f"so its backward gives the model's parameters no gradient: {advice}")

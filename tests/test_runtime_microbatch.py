@@ -1004,6 +1004,36 @@ def test_regression_a_bare_loop_without_no_sync_died_in_ddp_before_the_due_micro
     assert bare_loop_refused(outcomes, 6)
 
 
+def wrapped_module_job(rank, size):
+    """A DDP step whose `accumulate` body calls the wrapped module (`model.module(...)`) instead of the DDP module:
+    what each rank raised."""
+    torch.manual_seed(0)
+    wrapped = nn.parallel.DistributedDataParallel(TokenModel().double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
+            with accumulate(wrapped, micro):
+                logits = wrapped.module(micro.data["tokens"])
+                loss_sum = nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
+                                                       reduction="sum") if micro.items.size else logits.sum() * 0
+                normalize_loss(loss_sum, micro).backward()
+    except ModelContractError as error:
+        return str(error)
+    return "no error"
+
+
+def test_regression_a_body_calling_the_module_inside_ddp_kept_each_rank_s_own_gradients():
+    """Cause (probe12 P12-10): `accumulate(ddp_model, micro)` whose body called `ddp_model.module(x)` passed the
+    model check (the loss reached every parameter) but DDP's own forward, which readies its reduction, never ran:
+    every rank kept its own gradients, no error.  Every rank now raises on the micro-batch that reduces."""
+    for rank, message in enumerate(spawn(wrapped_module_job, len(ONE_EMPTY), timeout_s=60)):
+        assert message.startswith(f"rank {rank}: the body of `accumulate` in micro-batch 3 of 4"), message
+        assert "called modules inside the DDP module (DistributedDataParallel of TokenModel; `model.module(...)` " \
+               "or a method of it) but not the DDP module itself" in message, message
+
+
 def reference_with_grad_job(rank, size):
     """A plain model's bare loop (gradients reduced by hand) that runs a DDP reference model with grad in each
     body and detaches its output: what each rank raised."""
