@@ -212,13 +212,27 @@ def test_regression_repair_searched_every_rank_while_partial_fixes_passed_a_larg
     across = locality_repair.repair_across_nodes
     monkeypatch.setattr(locality_repair, "repair_across_nodes", lambda *args: (passes.append(1), across(*args)))
     plan = balance(**_family("few_large", 128, 24))
-    assert not passes and 0 < sum(pairs) <= 2 * locality_repair.IDLE_SEARCH_WORK
-    searched = len(pairs)
+    searched = sum(pairs)
+    assert not passes and 0 < searched <= 2 * locality_repair.idle_search_work(128 * 24)
     monkeypatch.setattr(locality_repair, "IDLE_SEARCH_WORK", 2**62)
     monkeypatch.setattr(locality_repair, "SEARCH_WORK", (2**62, 0))
     pairs.clear()
     unbounded = balance(**_family("few_large", 128, 24))
-    assert len(pairs) > 10 * searched
+    assert sum(pairs) > 4 * searched
+    np.testing.assert_array_equal(plan.assignment, unbounded.assignment)
+
+
+def test_regression_idle_stop_was_one_size_for_all_so_small_repairs_that_idled_before_succeeding_were_dropped(
+        monkeypatch):
+    """After the idle stop (2**18 pairs at every size), nonuniform 32 x 24's repair stopped in an idle stretch
+    (0.67 M pairs) that its unbounded search ended with full fixes, within 10x the default mix, and the placed
+    plain plan moved twice the inter-node bytes.  Now small instances may idle up to what the total budget's
+    floor holds over its share per item: the unbounded repair's plan."""
+    assert locality_repair.idle_search_work(512 * 32) == 2**18  # the large instances keep the short stop
+    plan = balance(**_family("nonuniform", 32, 24))
+    monkeypatch.setattr(locality_repair, "IDLE_SEARCH_WORK", 2**62)
+    monkeypatch.setattr(locality_repair, "SEARCH_WORK", (2**62, 0))
+    unbounded = balance(**_family("nonuniform", 32, 24))
     np.testing.assert_array_equal(plan.assignment, unbounded.assignment)
 
 
@@ -235,7 +249,6 @@ def test_regression_repair_searches_had_no_budget_where_each_weighed_every_rank(
         best_fix(state, members, rank, pool, *rest))[1])
     arguments = _family("near_mean", 256, 32)
     plan = balance(**arguments)
-    floor, per_item = locality_repair.SEARCH_WORK
-    assert 0 < sum(pairs) <= max(floor, per_item * arguments["lengths"].size)
+    assert 0 < sum(pairs) <= locality_repair.search_work(arguments["lengths"].size)
     plain = balance(arguments["lengths"], 256, cost=arguments["cost"], algorithm="auto")
     assert plan.makespan <= plain.makespan * 1.002

@@ -17,8 +17,8 @@ from .partial_plan import PartialPlan
 
 ROOMY_PARTNERS = 16  # roomiest ranks searched first for a partner from another node
 REPAIR_SEARCHES = 128  # byte-aware searches (`best_fix` rounds) before `repair` gives up
-IDLE_SEARCH_WORK = 1 << 18  # (item, partner) pairs the searches may weigh with no rank becoming fixable
-SEARCH_WORK = (1 << 21, 256)  # the most pairs all searches may weigh: the larger of this and that many per item
+IDLE_SEARCH_WORK = 1 << 18  # (item, partner) pairs the searches may weigh with no rank becoming fixable (at least)
+SEARCH_WORK = (1 << 21, 256)  # the most pairs all searches may weigh: a floor, and a share per item (`search_work`)
 ACROSS_CANDIDATES = (16, 256)  # smallest swaps per item tried by the passes of `repair_across_nodes`
 
 
@@ -443,6 +443,20 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
     _search_fixes(state, sources // gpus_per_node, item_bytes, gpus_per_node, searches, rounding)
 
 
+def idle_search_work(num_items: int) -> int:
+    """The pairs the searches may weigh without progress: the budget's floor less half its share per item, at
+    least `IDLE_SEARCH_WORK`.  Small instances, where the floor costs little against the default mix, idle
+    longer (nonuniform 64 x 16, near_mean 128 x 24 idle 1.6 M pairs before full fixes); from 14 k items on,
+    the short stop (near_mean 512 x 32's micro-batch path)."""
+    return max(IDLE_SEARCH_WORK, SEARCH_WORK[0] - SEARCH_WORK[1] // 2 * num_items)
+
+
+def search_work(num_items: int) -> int:
+    """The pairs all searches may weigh: the share per item, or under 8 k items half the floor plus the idle
+    allowance (small repairs that idle long and then succeed: near_mean 128 x 24's micro-batch path, 2.1 M)."""
+    return max(SEARCH_WORK[1] * num_items, SEARCH_WORK[0] // 2 + idle_search_work(num_items))
+
+
 def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int,
                   searches: int, rounding: float) -> None:
     """The byte-aware searches of `repair` (`best_fix`, most loaded rank first, pools widened roomiest first),
@@ -455,7 +469,8 @@ def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndar
     held = np.diff(bounds)  # items per rank
     # `ranks_left_over` at the last check (None after a full fix), and the pairs weighed since that check
     unfixable, idle = ranks_left_over(state), 0
-    budget = max(SEARCH_WORK[0], SEARCH_WORK[1] * state.costs.size)  # pairs left to weigh
+    budget = search_work(state.costs.size)  # pairs left to weigh
+    idle_work = idle_search_work(state.costs.size)
     for done in range(searches):
         rank = int(np.argmax(state.loads))
         if state.loads[rank] <= state.target or np.count_nonzero(state.loads > state.target + rounding) > searches - done:
@@ -476,7 +491,7 @@ def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndar
             budget -= work
             if budget < 0:
                 return  # searched longer than any repair that succeeded on the traces and mixes surveyed
-            if idle + work > IDLE_SEARCH_WORK:
+            if idle + work > idle_work:
                 left = ranks_left_over(state)
                 if unfixable is not None and 0 < unfixable <= left:
                     return  # no progress: as many ranks as before stay out of every full fix's reach
