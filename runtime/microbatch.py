@@ -208,10 +208,18 @@ def sampled_microbatches() -> int:
 def new_step() -> None:
     """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and
     `microbatches()` starts afresh)."""
-    noting = getattr(_active, "noting", None)
+    noting, held = getattr(_active, "noting", None), getattr(_active, "held", None)
     if noting is not None:
         noting.remove()
-    _active.current = _active.step = _active.synced = _active.noting = None
+    _active.current = _active.step = _active.synced = _active.noting = _active.held = None
+    if held is not None:  # the plan() calling this joins its gather as failed: every rank raises
+        raise ValueError(
+            f"the micro-batch loop of the previous step on this thread ended after micro-batch {held[0].index} of "
+            f"{held[0].num_microbatches} (left by `break`, an exception or a slice) while `accumulate` held "
+            f"{held[1]}'s gradient sync to the step's last micro-batch, which never ran: that step's gradients were "
+            f"never synchronised across ranks (an optimizer step on them lets the replicas drift apart); run every "
+            f"micro-batch of a step, an empty one too, or leave the rest knowingly with `accumulate(model, micro, "
+            f"check=False)`")
 
 
 def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
@@ -310,10 +318,12 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     the last of a step due the check (`contract`) and `model` reduces every parameter's gradient (DDP,
     FSDP2), the backward through the body's `normalize_loss(loss, micro)` results checks, as it starts, that
     the loss parts given there depend on every trainable parameter of `model` on every rank
-    (`check_model_contract`, a collective); `check=False` (on every rank) skips it.  A loop body without the block that, in a step due the check, runs
-    a DDP or FSDP2 forward with grad and normalises with `micro` is refused on every rank (`watch_model_contract`):
-    the block is the rule under both.  The backward runs inside the block: where none did there, the
-    exit joins the check with every parameter left out.  A metric normalised with `micro` for logging only
+    (`check_model_contract`, a collective); `check=False` (on every rank) skips it.  A loop body without the
+    block that, in a step due the check, runs a DDP or FSDP2 forward with grad and normalises with `micro` is
+    refused on every rank (`watch_model_contract`): the block is the rule under both.  A loop left before the
+    step's last micro-batch (its gradients never synchronised) is refused by the next `plan()` (`new_step`).
+    The backward runs inside the block: where none did there, the exit joins the check with every parameter
+    left out.  A metric normalised with `micro` for logging only
     counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters of every module a
     reentrant checkpoint's forward runs count as reached at its node, those of a module called under an explicit
     `torch.no_grad()` inside the checkpointed function too (that forward runs wholly without grad: they cannot be
@@ -329,6 +339,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     check = as_bool(check, "check")
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
+    if hasattr(model, "no_sync") or hasattr(model, "set_requires_gradient_sync"):  # its sync held to the last
+        _active.held = (micro, kind(model)) if check and not micro.is_last and torch.is_grad_enabled() else None
     contract = _Contract(micro, model, outer) if check and micro.contract is not None and micro.is_last \
         and _reduces_every_parameter(model) else None
     watching = recording(model, contract.hidden, contract.ran, contract.spans) if contract is not None \

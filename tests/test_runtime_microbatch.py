@@ -1034,6 +1034,42 @@ def test_regression_a_body_calling_the_module_inside_ddp_kept_each_rank_s_own_gr
                "or a method of it) but not the DDP module itself" in message, message
 
 
+def early_exit_job(rank, size, check):
+    """Two DDP steps whose micro-batch loop (in `accumulate`) is left by `break` after micro-batch 1 of 4: what the
+    second step's `plan` raised on each rank."""
+    torch.manual_seed(0)
+    wrapped = nn.parallel.DistributedDataParallel(TokenModel().double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
+    try:
+        for _ in range(2):
+            plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+            moved = dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)
+            for micro in dispatcher.microbatches(plan, moved):
+                with accumulate(wrapped, micro, check=check):
+                    logits = wrapped(micro.data["tokens"])
+                    normalize_loss(nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
+                                                               reduction="sum"), micro).backward()
+                if micro.index == 1:
+                    break
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return f"{type(error).__name__}: {error}"
+    return "no error"
+
+
+def test_regression_a_micro_batch_loop_left_early_never_synchronised_the_step_s_gradients():
+    """Cause (probe12 P12-09): a loop left by `break` before the step's last micro-batch never ran the block that
+    synchronises DDP's gradients, and the next step planned as if the step had ended: every rank kept its own
+    gradients, no error.  The next `plan()` now raises on every rank (the others through the metadata gather);
+    `check=False` leaves the rest knowingly."""
+    outcomes = spawn(early_exit_job, len(ONE_EMPTY), args=(True,), timeout_s=60)
+    assert sum(outcome.startswith("ValueError: the micro-batch loop of the previous step on this thread ended "
+                                  "after micro-batch 1 of 4") for outcome in outcomes) >= 1, outcomes
+    assert all(outcome.startswith(("ValueError: the micro-batch loop", "PeerInputError")) for outcome in outcomes), \
+        outcomes
+    assert spawn(early_exit_job, len(ONE_EMPTY), args=(False,), timeout_s=60) == ["no error"] * 3
+
+
 def reference_with_grad_job(rank, size):
     """A plain model's bare loop (gradients reduced by hand) that runs a DDP reference model with grad in each
     body and detaches its output: what each rank raised."""
