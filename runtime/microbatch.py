@@ -165,21 +165,22 @@ def iterate(microbatches):
 
 def _noting_synced_forwards():
     """From the first micro-batch of a step due the model check until the next `plan()` or `microbatches()` on this
-    thread (`new_step`), or until none of its micro-batches is held: note (`_active.synced`, the module as errors
-    name it) the first forward with grad, on this thread, of a module whose backward reduces every parameter's
-    gradient (DDP, FSDP2), so that `normalize_loss(loss, micro)` outside `accumulate` refuses the step from its first
-    micro-batch, before any backward reduces, whether the loop runs over the generator or over a list of the
-    micro-batches (a plain module with a hand-made all-reduce, which takes a missing gradient as zeros, is fine
-    without).  The hook handle, which `new_step` removes."""
+    thread (`new_step`), until none of its micro-batches is held, or until the step's last `accumulate` block
+    ends (`_stop_noting`): note (`_active.synced`, the module as errors name it) the first forward with grad, on
+    this thread, of a module whose backward reduces every parameter's gradient (DDP, FSDP2), so that
+    `normalize_loss(loss, micro)` outside `accumulate` refuses the step from its first micro-batch, before any
+    backward reduces, whether the loop runs over the generator or over a list of the micro-batches (a plain
+    module with a hand-made all-reduce, which takes a missing gradient as zeros, is fine without).  The hook
+    handle."""
     thread = threading.get_ident()
 
     def note(module, args):
-        if threading.get_ident() != thread or getattr(_active, "synced", None) is not None:
+        if threading.get_ident() != thread:
             return
         if step_microbatches() is None:  # the step's micro-batches were dropped
             handle.remove()
             _active.noting = None
-        elif torch.is_grad_enabled() and _reduces_every_parameter(module):
+        elif getattr(_active, "synced", None) is None and torch.is_grad_enabled() and _reduces_every_parameter(module):
             _active.synced = kind(module)
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
@@ -208,10 +209,9 @@ def sampled_microbatches() -> int:
 def new_step() -> None:
     """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and
     `microbatches()` starts afresh)."""
-    noting, held = getattr(_active, "noting", None), getattr(_active, "held", None)
-    if noting is not None:
-        noting.remove()
-    _active.current = _active.step = _active.synced = _active.noting = _active.held = None
+    held = getattr(_active, "held", None)
+    _stop_noting()
+    _active.current = _active.step = _active.synced = _active.held = None
     if held is not None:  # the plan() calling this joins its gather as failed: every rank raises
         raise ValueError(
             f"the micro-batch loop of the previous step on this thread ended after micro-batch {held[0].index} of "
@@ -220,6 +220,14 @@ def new_step() -> None:
             f"never synchronised across ranks (an optimizer step on them lets the replicas drift apart); run every "
             f"micro-batch of a step, an empty one too, or leave the rest knowingly with `accumulate(model, micro, "
             f"check=False)`")
+
+
+def _stop_noting() -> None:
+    """Remove this thread's forward-noting hook (`_noting_synced_forwards`), if any."""
+    noting = getattr(_active, "noting", None)
+    if noting is not None:
+        noting.remove()
+    _active.noting = None
 
 
 def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
@@ -356,6 +364,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
             check_model_contract(contract, backward=False)  # parameter left out
     finally:
         _active.current, _active.contracts, _active.blocks = previous, outer, blocks
+        if micro.is_last and not blocks:  # the step's last block: nothing left to note
+            _stop_noting()
 
 
 def accumulated() -> tuple:

@@ -1070,6 +1070,23 @@ def test_regression_a_micro_batch_loop_left_early_never_synchronised_the_step_s_
     assert spawn(early_exit_job, len(ONE_EMPTY), args=(False,), timeout_s=60) == ["no error"] * 3
 
 
+def test_regression_the_forward_noting_hook_outlived_its_step():
+    """Cause (probe12 P12-L3 = review8 R8-15): the global forward pre-hook that notes a due step's forwards stayed
+    installed after the step's loop until the next plan(), so after the last training step every module call in
+    the process ran through it.  The step's last `accumulate` block removes it (one process, a first step)."""
+    model, dispatcher = TokenModel().double(), PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(0, ONE_EMPTY)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))  # an earlier test's hook gone
+    hooks = torch.nn.modules.module._global_forward_pre_hooks
+    before = len(hooks)
+    micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)))
+    assert micros[-1].contract is not None and len(hooks) == before + 1  # due: watched from the first
+    for micro in micros:
+        with accumulate(model, micro):
+            normalize_loss(model(micro.data["tokens"]).sum(), micro).backward()
+    assert len(hooks) == before
+
+
 def reference_with_grad_job(rank, size):
     """A plain model's bare loop (gradients reduced by hand) that runs a DDP reference model with grad in each
     body and detaches its output: what each rank raised."""
