@@ -95,8 +95,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             every option, and that they hold the ranks [0, num_replicas) equally often, else
             raises `ConfigMismatchError` on every rank naming what differs and where.  It is
             a collective: every process of `group` must iterate the sampler as often as the
-            others (once per epoch, as a training loop does).  Each rank's plan of the epoch's
-            first step rides with the settings, so a solver that differs under one `algorithm`
+            others (once per epoch, as a training loop does).  A digest of each rank's plans of
+            the epoch rides with the settings, so a solver that differs under one `algorithm`
             name (another orchmllm version on some nodes) is named too.  False skips it (a rank
             that iterates alone, e.g. to log shares); every rank must pass the same value: a rank
             that skips it while the others check leaves them waiting in its all-gather until the
@@ -235,7 +235,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         rank naming the settings that differ (a collective of `group`; no-op alone)."""
         if not is_distributed(self.group):
             return
-        settings = {**self._settings(), "plan of step 0": self._first_plan_digest()}
+        settings = {**self._settings(), "plans of the epoch": self._plans_digest()}
         digest = fingerprint(*(part for setting in settings.items() for part in setting))
         mine = torch.from_numpy(np.append(words_of(digest), self.rank)).to(comm_device(self.group))
         gathered = [torch.empty_like(mine) for _ in range(group_size(self.group))]
@@ -250,24 +250,27 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             with collective(AGREEMENT, self.group):
                 dist.all_gather_object(shown, {name: _describe(value) for name, value in settings.items()},
                                        group=self.group)
-            others = [{key: value for key, value in row.items() if key != "plan of step 0"} for row in shown]
+            others = [{key: value for key, value in row.items() if key != "plans of the epoch"} for row in shown]
             if any(row != others[0] for row in others):  # the plans differ with the settings: name those
                 problems.append(f"{differ}; settings that differ: {options_that_differ(others)}")
             else:
-                problems.append(f"{differ}; settings that differ: {options_that_differ(shown)} (only the plan "
-                                f"differs: another orchmllm version or algorithm implementation on some ranks)")
+                problems.append(f"{differ}; settings that differ: {options_that_differ(shown)} (only the plans "
+                                f"differ: another orchmllm version or algorithm implementation on some ranks)")
         problems = [problem for problem in problems if problem]
         if problems:
             raise ConfigMismatchError("; ".join(problems) + "; every rank must pass the same dataset and options (and "
                                       "call set_epoch alike), else the shares duplicate or drop samples")
 
-    def _first_plan_digest(self) -> str:
-        """A digest of the epoch's first plan, which every rank computes alone: ranks whose solvers differ under
-        one `algorithm` name (another orchmllm version, a plugin of another version) plan apart."""
+    def _plans_digest(self) -> str:
+        """A digest of the epoch's plans, which every rank computes alone: ranks whose solvers differ under one
+        `algorithm` name (another orchmllm version, a plugin of another version) plan apart.  With a budget all
+        of them (planned ahead anyway); without, the first step's and the last's (an incomplete last batch is
+        of another size, where a solver may take another branch)."""
         if self.max_tokens_per_microbatch is not None:
-            plan = self._epoch_plans()[0]
-            return fingerprint(plan.rank, plan.microbatch).hex()[:16]
-        return fingerprint(self.plan(self.global_batches()[0]).assignment).hex()[:16]
+            return fingerprint(*(part for plan in self._epoch_plans() for part in (plan.rank, plan.microbatch))
+                               ).hex()[:16]
+        batches = self.global_batches()
+        return fingerprint(*(self.plan(batches[step]).assignment for step in sorted({0, len(batches) - 1}))).hex()[:16]
 
     def _rank_problem(self, ranks: list[int]) -> str | None:
         """None when the gathered `rank`s hold [0, num_replicas) equally often; else what is wrong."""

@@ -382,31 +382,35 @@ def test_regression_the_sampler_s_own_lengths_made_writable_and_edited_kept_the_
     assert max(int(sampler.lengths[micro].sum()) for micro in first) <= 80
 
 
-def another_solver_job(rank, size):
+def another_solver_job(rank, size, batch_size):
     """Ranks whose `algorithm` of one name plans differently (rank 1's mirrors the ranks, as another version of a
-    plugin or of orchmllm may): what iterating the sampler raised."""
+    plugin or of orchmllm may; on batches of other than 15 items only, with `batch_size` 15: on the epoch's
+    incomplete last batch): what iterating the sampler raised."""
     from orchmllm import register_algorithm
     from orchmllm.balancers import ALGORITHMS
 
     lpt = ALGORITHMS["lpt"].kernel
-    register_algorithm("test_versioned_lpt", lambda problem: lpt(problem) if rank == 0 else
-                       lpt(problem)._replace(assignment=problem.num_ranks - 1 - lpt(problem).assignment))
+    register_algorithm("test_versioned_lpt", lambda problem: lpt(problem) if rank == 0 or (
+        batch_size == 15 and problem.lengths.size == 15) else
+        lpt(problem)._replace(assignment=problem.num_ranks - 1 - lpt(problem).assignment))
     lengths = np.random.default_rng(0).integers(5, 40, 64)
-    sampler = BalancedDistributedSampler(lengths, num_replicas=size, rank=rank, global_batch_size=16,
-                                         algorithm="test_versioned_lpt")
+    sampler = BalancedDistributedSampler(lengths, num_replicas=size, rank=rank, global_batch_size=batch_size,
+                                         algorithm="test_versioned_lpt", drop_last=False)
     try:
         return len(list(sampler))
     except ConfigMismatchError as error:
         return str(error)
 
 
-def test_regression_ranks_whose_solver_differs_under_one_algorithm_name_passed_the_epoch_check():
+@pytest.mark.parametrize("batch_size", [16, 15], ids=["every step", "the last step"])
+def test_regression_ranks_whose_solver_differs_under_one_algorithm_name_passed_the_epoch_check(batch_size):
     """Cause (probe12 P12-07): the epoch check fingerprinted the algorithm's name, so ranks running another version
     of it (a cluster half-upgraded) passed and their shares duplicated half the samples and dropped the other half
-    (64 yielded, 32 distinct).  Each rank's plan of the epoch's first step now rides with the settings."""
-    outcomes = run_processes(another_solver_job, 2, timeout_s=90, collective_timeout_s=30)
+    (64 yielded, 32 distinct); P12-12: only on the epoch's incomplete last batch, 2 twice and 2 never.  A digest of
+    each rank's plans of the epoch (the first and last steps' without a budget) now rides with the settings."""
+    outcomes = run_processes(another_solver_job, 2, args=(batch_size,), timeout_s=90, collective_timeout_s=30)
     for outcome in outcomes:
         assert outcome.ok, outcome.error
-        assert "settings that differ: `plan of step 0`" in outcome.value, outcome.value
-        assert "(only the plan differs: another orchmllm version or algorithm implementation on some ranks)" in \
+        assert "settings that differ: `plans of the epoch`" in outcome.value, outcome.value
+        assert "(only the plans differ: another orchmllm version or algorithm implementation on some ranks)" in \
             outcome.value, outcome.value
