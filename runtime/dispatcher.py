@@ -390,10 +390,10 @@ class PostBalancingDispatcher:
     def microbatches(self, plan: DispatchPlan, moved: Mapping[str, torch.Tensor]):
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
 
-        Every rank yields the plan's `num_microbatches` (1 without a budget), an empty one
-        with empty tensors, so all take part in every collective of every micro-batch;
-        `micro.data` maps each key to the rows of the micro-batch's items, in ascending
-        global index, and `micro.lengths` gives each item's length, what packed attention needs:
+        Every rank yields the plan's `num_microbatches` (1 without a budget), an empty one with empty tensors, so
+        all take part in every collective of every micro-batch (a plan other than the latest dispatch's is refused
+        on this rank alone: no collective runs here, its peers fail at their next); `micro.data` maps each key to
+        the rows of the micro-batch's items, in ascending global index, and `micro.lengths` each item's length:
 
             for micro in dispatcher.microbatches(plan, moved):
                 with accumulate(model, micro):
