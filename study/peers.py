@@ -41,16 +41,26 @@ import numpy as np
 
 from ..balancers.problem import KernelResult, Problem, as_lengths, require_within_cap
 from ..balancers.registry import Kind, register_algorithm
-from ..balancers.validation import as_bool, as_int
+from ..balancers.validation import SizeLimitError, as_bool, as_int
 from ..integrations.verl import verl_karmarkar_karp
 
 VERL_HIDDEN_FLOPS = 24576  # verl's calculate_workload: 6 · hidden 4096 (a 7B model) per token
+PEER_WORK_LIMIT = 1 << 28  # items × ranks of the peers that take O(n · D) steps (verl_kk, omnibal_2d): ~25 s there
 
 
 def verl_workload(lengths: np.ndarray) -> np.ndarray:
     """verl's workload proxy of a dense 7B transformer: 24576·l + l² (float64)."""
     lengths = lengths.astype(np.float64)
     return VERL_HIDDEN_FLOPS * lengths + lengths * lengths
+
+
+def _require_within_work(name: str, problem: Problem) -> None:
+    """Refuse, before any work, a size at which a peer of O(n · D) steps (as the original) runs for minutes."""
+    work = problem.num_items * problem.num_ranks
+    if work > PEER_WORK_LIMIT:
+        raise SizeLimitError(f"peer `{name}` takes O(items × ranks) steps, as the original does: {problem.num_items} "
+                             f"items × {problem.num_ranks} ranks = {work} is beyond PEER_WORK_LIMIT = 2**28; "
+                             f"run it with fewer ranks or items")
 
 
 def _check_cap(name: str, problem: Problem, assignment: np.ndarray) -> KernelResult:
@@ -87,6 +97,7 @@ def verl_kk(problem: Problem) -> KernelResult:
     verl's `_balance_batch` asserts n % D == 0 for its equal-size mode; when D does not
     divide n this falls back to verl's own `equal_size=False` mode (used for micro-batches).
     """
+    _require_within_work("verl_kk", problem)
     equal_size = problem.num_items % problem.num_ranks == 0
     assignment = verl_karmarkar_karp(verl_workload(problem.lengths), problem.num_ranks, equal_size)
     return _check_cap("verl_kk", problem, assignment)
@@ -176,6 +187,7 @@ def omnibal_2d(problem: Problem) -> KernelResult:
     the first rank (cycling from where the last one went) with room in both dimensions;
     samples that fit nowhere go, afterwards and longest first, to the rank with fewest tokens.
     """
+    _require_within_work("omnibal_2d", problem)
     n, d = problem.num_items, problem.num_ranks
     count_cap = -(-n // d)
     token_cap = -(-int(problem.lengths.sum()) // d)

@@ -149,3 +149,25 @@ def test_peer_mode_names_the_fallback_when_d_does_not_divide_n():
     assert strided[np.argsort(-lengths, kind="stable")].tolist() == [0, 1, 2, 3] * 3 + [0]
     with pytest.raises(ValueError, match="unknown peer 'x'"):
         peer_mode("x", 1, 1)
+
+
+@pytest.mark.parametrize("name", ["verl_kk", "omnibal_2d"])
+def test_regression_a_peer_of_items_times_ranks_steps_ran_for_hours_at_a_size_compare_accepts(monkeypatch, name):
+    """Regression (probe12 P12-11): `orchmllm compare --ranks 65536 --items-per-rank 1` ran past 15 minutes
+    in verl_kk (each merge sorts a D-long state) and omnibal_2d (a D-wide scan per item), both O(n · D) as
+    the originals; it is now refused before any work beyond PEER_WORK_LIMIT items × ranks, which compare
+    reports as a peer that does not apply to that stage (shrunk here to keep the test fast)."""
+    from orchmllm.balancers.validation import SizeLimitError
+    from orchmllm.study import peers
+    from orchmllm.study.compare import CompareConfig, file_stages, run_comparison
+
+    monkeypatch.setattr(peers, "PEER_WORK_LIMIT", 64 * 63, raising=False)
+    with pytest.raises(SizeLimitError, match=rf"peer `{name}` takes O\(items × ranks\).* 64 items × 64 ranks"):
+        balance(np.arange(1, 65), 64, algorithm=name)
+    assert balance(np.arange(1, 64), 64, algorithm=name).assignment.size == 63  # within the limit
+    stages = file_stages(np.arange(1, 65), 64, CostModel(), padded=False, bytes_per_token=1.0)
+    comparison = run_comparison([CompareConfig(64, None, stages)], ["lpt", name], gpus_per_node=8,
+                                report_not_applicable=True)
+    [row] = [row for row in comparison.rows if row.algorithm == name]
+    assert "PEER_WORK_LIMIT" in row.note and row.makespan is None
+    assert [row.algorithm for row in comparison.rows if row.makespan is not None] == ["none", "lpt"]
