@@ -231,11 +231,17 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                 "cost": CostModel() if self.cost is None else self.cost, "algorithm": self.algorithm}
 
     def check_ranks_agree(self) -> None:
-        """All-gather a fingerprint of the settings, and the rank; raise `ConfigMismatchError` on every
-        rank naming the settings that differ (a collective of `group`; no-op alone)."""
+        """All-gather a fingerprint of the settings, the epoch's plans and the rank; raise `ConfigMismatchError`
+        on every rank naming the settings that differ (a collective of `group`; no-op alone).  A rank whose
+        planning fails joins the gather all the same and raises its error after it when no setting differs."""
         if not is_distributed(self.group):
             return
-        settings = {**self._settings(), "plans of the epoch": self._plans_digest()}
+        failure = None
+        try:  # a rank whose planning fails with its settings still joins the gather, and re-raises after it
+            plans = self._plans_digest()
+        except Exception as error:  # noqa: BLE001
+            failure, plans = error, f"planning failed: {type(error).__name__}"
+        settings = {**self._settings(), "plans of the epoch": plans}
         digest = fingerprint(*(part for setting in settings.items() for part in setting))
         mine = torch.from_numpy(np.append(words_of(digest), self.rank)).to(comm_device(self.group))
         gathered = [torch.empty_like(mine) for _ in range(group_size(self.group))]
@@ -259,7 +265,9 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         problems = [problem for problem in problems if problem]
         if problems:
             raise ConfigMismatchError("; ".join(problems) + "; every rank must pass the same dataset and options (and "
-                                      "call set_epoch alike), else the shares duplicate or drop samples")
+                                      "call set_epoch alike), else the shares duplicate or drop samples") from failure
+        if failure is not None:
+            raise failure
 
     def _plans_digest(self) -> str:
         """A digest of the epoch's plans, which every rank computes alone: ranks whose solvers differ under one

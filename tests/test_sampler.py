@@ -414,3 +414,27 @@ def test_regression_ranks_whose_solver_differs_under_one_algorithm_name_passed_t
         assert "settings that differ: `plans of the epoch`" in outcome.value, outcome.value
         assert "(only the plans differ: another orchmllm version or algorithm implementation on some ranks)" in \
             outcome.value, outcome.value
+
+
+def overflowing_cost_job(rank, size):
+    """Rank 1 plans with a cost that overflows float64 (a setting the ranks disagree on): what iterating raised."""
+    cost = CostModel(quadratic=1e305) if rank == 1 else None
+    sampler = BalancedDistributedSampler(np.arange(1, 65), num_replicas=size, rank=rank, global_batch_size=16,
+                                         cost=cost)
+    try:
+        return len(list(sampler))
+    except ConfigMismatchError as error:
+        return f"ConfigMismatchError: {error} (from {type(error.__cause__).__name__})"
+
+
+def test_regression_a_rank_whose_settings_made_planning_fail_left_the_agreement_gather():
+    """Cause (review8 R8-21): the epoch check planned (its plans' digest) before its all-gather, so a rank whose
+    differing setting made planning fail (a cost overflowing float64) raised alone and its peer died in the
+    gather ("a peer died").  The failing rank joins the gather with "planning failed" for a digest, and every rank
+    names the setting that differs."""
+    outcomes = run_processes(overflowing_cost_job, 2, timeout_s=90, collective_timeout_s=30)
+    for outcome in outcomes:
+        assert outcome.ok, outcome.error
+        assert outcome.value.startswith("ConfigMismatchError") and "settings that differ: `cost`" in outcome.value, \
+            outcome.value
+    assert outcomes[1].value.endswith("(from ValueError)") and outcomes[0].value.endswith("(from NoneType)")
