@@ -152,22 +152,23 @@ def test_planning_time_where_the_tight_packing_runs(workload, num_ranks, budget,
 
 ONE_MICROBATCH_CASES = [("near_mean", 512, 8192), ("image_qa", 512, 8192), ("audio_qa", 512, 8192),
                         ("asr", 512, 8192)]
-# issue 24, not met (13x at load 13-15, bench_notes/auto24_s8.md; 21x before): with one micro-batch the plan must be
-# at least `balance(..., max_tokens_per_rank=T)`'s (MULTIFIT's 12 best-fit probes at 8 items per rank, then the
-# local search), and the cells' own plan and search run beside it
-ONE_MICROBATCH_NOT_MET = {"image_qa"}
+# issue 24, not met on a quiet machine (image_qa 12.9-13.6x, audio_qa 10.7-10.8x at load 0.5, 2026-12-05 16:24;
+# audio_qa read 8.7-9.8x at load 13-17, so the figure is read quiet): with one micro-batch the plan must be at least
+# `balance(..., max_tokens_per_rank=T)`'s (MULTIFIT's 12 best-fit probes at 8 items per rank, then the local search),
+# and the cells' own plan and search run beside it
+ONE_MICROBATCH_NOT_MET = {"image_qa", "audio_qa"}
 
 
 @pytest.mark.parametrize("workload, num_ranks, budget", [
     pytest.param(w, d, t, marks=[pytest.mark.xfail(strict=True, reason="issue 24, not met: M = 1 runs balance's "
-                                                   "auto and the cells' plan, 13x the default mix here")]
+                                                   "auto and the cells' plan, 11-14x the default mix here")]
                  if w in ONE_MICROBATCH_NOT_MET else []) for w, d, t in ONE_MICROBATCH_CASES],
     ids=[f"{w}-{d}x8-T{t // 1024}k" for w, d, t in ONE_MICROBATCH_CASES])
 def test_planning_time_with_one_micro_batch(workload, num_ranks, budget, alternated_cpu):
     """Issue 24's bound where one micro-batch is enough (M = 1 plans at least `balance`'s, which it runs) at
     D x 8, T 8k, CPU seconds alternated with the default mix (M = 2) in one process: near_mean (P||Cmax, items
-    near the mean) 10-12x before MULTIFIT's failing probes stopped at the dead room, 4.5x after; audio_qa 14x and
-    asr 11x before MULTIFIT's probes and the micro-batch search's steps got cheaper (auto24), 8.5-9.5x after."""
+    near the mean) 10-12x before MULTIFIT's failing probes stopped at the dead room, 4x after; audio_qa 14x and
+    asr 11-12x before MULTIFIT's probes and the micro-batch search's steps got cheaper, 10.7x and 8.7-9.3x after."""
     if workload == "near_mean":
         lengths = make_instance(workload, num_ranks, 8).times.copy()
     else:
