@@ -1,6 +1,8 @@
 """balance_microbatches at the edges of its input: exact token sums, finite step costs, size caps."""
 
+import math
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -143,3 +145,22 @@ def test_regression_pipeline_planned_a_step_cost_beyond_float64_into_numpy(optio
     with pytest.raises(ValueError, match=r"step cost of 2 micro-batches is beyond float64.*`microbatch_overhead`"):
         balance_microbatches(lengths, 8, max_tokens_per_microbatch=16384, microbatch_overhead=1e308,
                              pipeline=Pipeline(stages=2), **options)
+
+
+@pytest.mark.parametrize("overhead", [1e300, 1e306, 2e307])
+def test_regression_a_pipeline_step_beyond_float64_reported_a_nan_busy_fraction(overhead):
+    """Cause (fix24c's note after P12-01): with `pipeline`, a step cost finite without it but not through the
+    schedule's sums (M + P·v steps a chunk, summed over replicas) gave a finite plan whose `busy_fraction` was nan
+    (or 0.0) and overflow warnings from the bound; it is refused like the plain path's overflow."""
+    lengths = np.random.default_rng(0).integers(1, 1000, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        if overhead < 1e301:
+            step = balance_microbatches(lengths, 4, max_tokens_per_microbatch=4000, microbatch_overhead=overhead,
+                                        pipeline=Pipeline(stages=4)).pipeline
+            assert 0 < step.busy_fraction <= 1 and math.isfinite(step.lower_bound)
+            return
+        with pytest.raises(ValueError, match=r"the pipeline's step of \d+ micro-batches over 4 model chunks on 4 "
+                                             r"replicas is beyond float64"):
+            balance_microbatches(lengths, 4, max_tokens_per_microbatch=4000, microbatch_overhead=overhead,
+                                 pipeline=Pipeline(stages=4))

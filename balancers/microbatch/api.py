@@ -246,7 +246,13 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
                                             exact=record.exact)
     accounts = within_budget(problem, result, m, record.name)  # the kernel's own cells: the re-plan rebuilds them
     overhead = problem.microbatch_overhead  # the schedule's mean replica time is at most this step cost: finite
-    check_step_cost(step_cost(accounts[0], overhead), accounts[0], overhead)
+    cost = step_cost(accounts[0], overhead)
+    check_step_cost(cost, accounts[0], overhead)
+    chunks = pipeline.stages * pipeline.virtual_stages  # its times and work sum up to ~(M + P·v) such steps per chunk
+    if not math.isfinite(cost * (1.0 + pipeline.backward_factor) * chunks * problem.num_ranks * 4 * (m + chunks)):
+        raise ValueError(f"the pipeline's step of {m} micro-batches over {chunks} model chunks on {problem.num_ranks} "
+                         f"replicas is beyond float64 (a step cost of {cost:.6g} without the pipeline); scale `costs` "
+                         f"(or the `cost` model) and `microbatch_overhead` down")
     rank, slot, step, accounts = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
                                                    free_microbatches=fixed is None, accounts=accounts)
     if origins is not None:
