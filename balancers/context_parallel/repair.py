@@ -6,8 +6,8 @@ the giants' blocks beside them leave less.  Lowering every micro-batch's fill th
 micro-batches too (more of them, each less full).  Instead, micro-batch by micro-batch, in order:
 
     if micro-batch m has no layout:
-        move out of m its items longer than T (never its longest item), least time first, one at a
-            time into micro-batch m + 1 (a new one after the last), until m lays out
+        move out of m its items longer than T (never its longest item), least time first, the fewest
+            that let m lay out (doubling, then bisection), into micro-batch m + 1 (a new one after the last)
         refill m with m + 1's items within T, longest time first, at most the tokens moved out: the
             longest prefix found by bisection whose plan lays out with m's cost no higher (a micro-batch
             costs its max, so work below it is free)
@@ -40,21 +40,32 @@ def repaired_grouping(microbatch: np.ndarray, lengths: np.ndarray, times: np.nda
 
 
 def _spill(microbatch: np.ndarray, m: int, lengths: np.ndarray, times: np.ndarray, budget: int, plan_pass):
-    """Micro-batch m's plan after its items longer than T move out, least time first, until it lays out,
-    and its refill from micro-batch m + 1 (`_refill`); `microbatch` updated in place; None when none lays out."""
+    """Micro-batch m's plan after its items longer than T move out, least time first, the fewest that lets it
+    lay out (found by doubling, then bisection: moving more out frees blocks), and its refill from micro-batch
+    m + 1 (`_refill`); `microbatch` updated in place; None when none lays out."""
     items = np.flatnonzero(microbatch == m)
     keep = items[np.argmax(times[items])]  # the longest item (first by index) defines the micro-batch
     over = items[(lengths[items] > budget) & (items != keep)]
     over = over[np.lexsort((over, times[over]))]
-    for count in range(1, over.size + 1):
-        rest = np.setdiff1d(items, over[:count])
-        plan = plan_pass(rest)
-        if plan is not None:
-            later = np.flatnonzero(microbatch == m + 1)
-            microbatch[over[:count]] = m + 1
-            return _refill(microbatch, m, rest, plan, later, int(lengths[over[:count]].sum()), lengths, times,
-                           budget, plan_pass)
-    return None
+    plans = {}
+
+    def laid(count: int):
+        if count not in plans:
+            plans[count] = plan_pass(np.setdiff1d(items, over[:count]))
+        return plans[count]
+
+    failed, count = 0, 1  # `failed`: the most moved out that was tried and does not lay out
+    while count < over.size and laid(count) is None:
+        failed, count = count, min(2 * count, over.size)
+    if over.size == 0 or laid(count) is None:
+        return None
+    while count - failed > 1:
+        middle = (failed + count) // 2
+        failed, count = (middle, count) if laid(middle) is None else (failed, middle)
+    later = np.flatnonzero(microbatch == m + 1)
+    microbatch[over[:count]] = m + 1
+    return _refill(microbatch, m, np.setdiff1d(items, over[:count]), laid(count), later,
+                   int(lengths[over[:count]].sum()), lengths, times, budget, plan_pass)
 
 
 def _refill(microbatch: np.ndarray, m: int, rest: np.ndarray, plan, later: np.ndarray, room: int,
