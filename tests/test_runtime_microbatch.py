@@ -872,6 +872,13 @@ def test_regression_under_fsdp2_a_rank_skipping_the_forward_blamed_its_peers_at_
     assert all(outcome.seconds is not None and outcome.seconds < 60 for outcome in outcomes), outcomes  # not 120
 
 
+def summed_loss(logits, micro):
+    """The micro-batch's token loss summed; on an empty one a zero that still depends on every logit."""
+    if micro.items.size:
+        return nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1, reduction="sum")
+    return logits.sum() * 0
+
+
 def fsdp2_forward_before_the_block_job(rank, size):
     """ONE_EMPTY at T = 40 through FSDP2, each micro-batch's forward run just before `with accumulate(model,
     micro):`, normalize_loss and the backward inside it: what each rank raised."""
@@ -886,9 +893,7 @@ def fsdp2_forward_before_the_block_job(rank, size):
         for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
             logits = model(micro.data["tokens"])
             with accumulate(model, micro):
-                loss_sum = nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
-                                                       reduction="sum") if micro.items.size else logits.sum() * 0
-                normalize_loss(loss_sum, micro).backward()
+                normalize_loss(summed_loss(logits, micro), micro).backward()
     except ModelContractError as error:
         return str(error)
     return "no error"
@@ -1015,10 +1020,7 @@ def wrapped_module_job(rank, size):
     try:
         for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
             with accumulate(wrapped, micro):
-                logits = wrapped.module(micro.data["tokens"])
-                loss_sum = nn.functional.cross_entropy(logits, micro.data["labels"], ignore_index=-1,
-                                                       reduction="sum") if micro.items.size else logits.sum() * 0
-                normalize_loss(loss_sum, micro).backward()
+                normalize_loss(summed_loss(wrapped.module(micro.data["tokens"]), micro), micro).backward()
     except ModelContractError as error:
         return str(error)
     return "no error"
