@@ -34,8 +34,9 @@ Per-item rows go to every rank of the group; per-item outputs come home from gro
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -49,7 +50,8 @@ from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, StepToken, contract_of, iterate, merge_rows, new_step, split_rows
+from .microbatch import (MicroBatch, StepToken, contract_of, in_microbatch_order, iterate, merge_rows, new_step,
+                         split_rows)
 from .options import DispatchOptions, check_names
 from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
@@ -177,46 +179,6 @@ def _items_problem(plan: DispatchPlan, lengths, loss_tokens) -> Exception | None
     return None
 
 
-def _in_microbatch_order(outputs, plan: DispatchPlan, step: StepToken) -> tuple[list, Exception | None]:
-    """The list `combine` got, `(micro, mapping)` pairs in any order (or, with one micro-batch, mappings), as one
-    mapping per micro-batch in micro-batch order; and why it does not fit the plan's micro-batches (None when it
-    does): a bare list where several micro-batches make its order unknowable, a micro-batch of another plan or
-    of another `step` than the latest dispatch's (kept from an earlier step's loop), one missing or given twice."""
-    pairs = isinstance(outputs, Sequence) and bool(outputs) and all(
-        isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], MicroBatch) and isinstance(pair[1], Mapping)
-        for pair in outputs)
-    if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence) or not outputs or not pairs and \
-            not all(isinstance(part, Mapping) for part in outputs):
-        raise TypeError(f"`outputs` must be a mapping of names to tensors, or a list of one `(micro, mapping)` pair "
-                        f"per micro-batch; got {type(outputs).__name__}")
-    count = plan.num_microbatches
-    if not pairs:
-        wrong = len(outputs) != count or count > 1
-        return list(outputs), None if not wrong else ValueError(
-            f"`outputs` is a list of {len(outputs)} mappings but the plan has {count} micro-batches: its order cannot "
-            f"be checked (micro-batches of equal row counts would go home to each other's items); pass one "
-            f"`(micro, mapping)` pair per micro-batch, in any order: `outputs.append((micro, {{...}}))`")
-    items = plan.local_items
-    microbatch = plan.item_microbatch[items]
-    parts = {}
-    for micro, part in outputs:
-        if micro.num_microbatches != count or not 0 <= micro.index < count or \
-                not np.array_equal(micro.items, items[microbatch == micro.index]):
-            return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} of {micro.num_microbatches} "
-                                      f"(items {micro.items.tolist()}), which is not a micro-batch of `plan` on rank "
-                                      f"{plan.route.rank}: pass the micro-batches `microbatches(plan, ...)` yielded")
-        if micro.step is not step:
-            return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} of another step than the latest "
-                                      f"dispatch's (a micro-batch kept from an earlier step's loop?): pair each output "
-                                      f"with the micro-batch of this step's `microbatches(plan, ...)` it came from")
-        if micro.index in parts:
-            return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} twice")
-        parts[micro.index] = part
-    missing = sorted(set(range(count)) - set(parts))
-    return [parts.get(index, outputs[0][1]) for index in range(count)], None if not missing else \
-        ValueError(f"`outputs` lacks micro-batches {missing} of the plan's {count}")
-
-
 class PostBalancingDispatcher:
     """Balance one stage across the ranks of `group` and move its batch accordingly.
 
@@ -266,7 +228,9 @@ class PostBalancingDispatcher:
             "gpus_per_node": getattr(self.transport, "gpus_per_node", None)})
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
-        self._dispatched: int | None = None  # the plan identity of the latest dispatch
+        self._latest: DispatchPlan | None = None  # the latest dispatch's plan
+        self._returned: dict = {}  # key -> a weak reference to each tensor the latest dispatch returned
+        self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._step = StepToken()  # the latest dispatch's step, which its micro-batches carry
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
@@ -339,7 +303,8 @@ class PostBalancingDispatcher:
             else:
                 pieces.append(Piece(route, sharding.copies(batch[key]), sharding.item_rows(True), key, True))
         move = exchange_with_grad if differentiable else exchange
-        moved = move(pieces, self.transport, guard=self.guards[site], problem=problem)
+        carried, self._carried = self._carried, None  # every rank raises it here (`_followed`)
+        moved = move(pieces, self.transport, guard=self.guards[site], problem=carried or problem)
         return {key: sharding.home_sums(tensor) if key in sums else tensor for key, tensor in zip(keys, moved)}
 
     def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *, lengths=None, loss_tokens=None,
@@ -360,7 +325,8 @@ class PostBalancingDispatcher:
         problem = (self._foreign_problem(plan, "dispatch") or _items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
-        self._dispatched, self._step = plan.route.plan_id, self._step.next()
+        self._latest, self._step = plan, self._step.next()
+        self._returned = {key: weakref.ref(tensor) for key, tensor in moved.items()}
         return moved
 
     def _foreign_problem(self, plan: DispatchPlan, call: str) -> PlanMismatchError | None:
@@ -379,20 +345,40 @@ class PostBalancingDispatcher:
         """Why `call` may not follow `plan`: one made by a dispatcher of other options, or another plan
         than the latest dispatch's (one kept from an earlier step); or None."""
         foreign = self._foreign_problem(plan, call)
-        if foreign is not None or self._dispatched is None or plan.route.plan_id == self._dispatched:
+        if foreign is not None or self._latest is None or plan.route.plan_id == self._latest.route.plan_id:
             return foreign
         return PlanMismatchError(
             f"{call} on rank {plan.route.rank}: the plan is not the one the latest dispatch followed "
-            f"({plan.route.plan_id & (2**64 - 1):016x} vs {self._dispatched & (2**64 - 1):016x}); pass "
+            f"({plan.route.plan_id & (2**64 - 1):016x} vs {self._latest.route.plan_id & (2**64 - 1):016x}); pass "
             f"{call} the plan of the step you dispatched: a plan kept from an earlier step, or a later step "
             f"dispatched first? (a dispatcher holds one step in flight; to overlap steps, alternate two dispatchers)")
+
+    def _followed(self, plan: DispatchPlan, moved) -> DispatchPlan:
+        """The plan `microbatches` follows: `plan`, unless `_kept_problem` refuses it (kept from another step, or
+        another dispatcher's).  `microbatches` runs no collective to tell the peers, which run the latest dispatch's
+        micro-batches and would meet this rank in no collective of their model, so where `moved` is what that
+        dispatch returned, over several ranks, that dispatch's plan is followed (the micro-batches of the data held)
+        and the refusal rides in the header of this dispatcher's next exchange (`dispatch`, `combine`), where every
+        rank raises it; otherwise it is raised here, on this rank alone."""
+        problem = self._kept_problem(plan, "microbatches")
+        if problem is None:
+            return plan
+        held = isinstance(moved, Mapping) and bool(moved) and all(
+            key in self._returned and self._returned[key]() is tensor for key, tensor in moved.items())
+        if self._latest is None or not held or group_size(self.group) == 1:
+            raise problem
+        self._carried = problem
+        return self._latest
 
     def microbatches(self, plan: DispatchPlan, moved: Mapping[str, torch.Tensor]):
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
 
         Every rank yields the plan's `num_microbatches` (1 without a budget), an empty one with empty tensors, so
-        all take part in every collective of every micro-batch (a plan other than the latest dispatch's is refused
-        on this rank alone: no collective runs here, its peers fail at their next); `micro.data` maps each key to
+        all take part in every collective of every micro-batch.  A plan other than the latest dispatch's (one kept
+        from an earlier step) is refused: over several ranks, with `moved` as that dispatch returned it, this rank
+        yields the latest dispatch's micro-batches, as its peers do, and every rank raises `PlanMismatchError` at
+        this dispatcher's next `dispatch` or `combine` (no collective runs here to tell them sooner); else it raises
+        here, on this rank alone.  `micro.data` maps each key to
         the rows of the micro-batch's items, in ascending global index, and `micro.lengths` each item's length:
 
             for micro in dispatcher.microbatches(plan, moved):
@@ -401,9 +387,7 @@ class PostBalancingDispatcher:
                     normalize_loss(loss_sum, micro).backward()
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
-        problem = self._kept_problem(_checked_plan(plan), "microbatches")
-        if problem is not None:
-            raise problem
+        plan = self._followed(_checked_plan(plan), moved)
         items, tokens = plan.local_items, plan.local_lengths
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)
@@ -447,7 +431,7 @@ class PostBalancingDispatcher:
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
         problem = self._kept_problem(_checked_plan(plan), "combine")
         outputs, merging = (self._ordered(outputs, plan, per_item, order) if isinstance(outputs, Mapping)
-                            else self._merged(*_in_microbatch_order(outputs, plan, self._step), plan, per_item))
+                            else self._merged(*in_microbatch_order(outputs, plan, self._step), plan, per_item))
         problem = problem or merging
         keys = sorted((key for key in outputs if key in per_item), key=str)
         sums, reducing = split_sums(split_reduce, keys, plan.sharding)

@@ -529,14 +529,21 @@ def kept_plan_after_dispatch_job(rank, size, call):
                                 fresh, lengths=lengths)
     if call == "combine":
         return outcome(lambda: dispatcher.combine(moved, kept, differentiable=False)["id"].tolist())
-    return outcome(lambda: [micro.lengths.tolist() for micro in dispatcher.microbatches(kept, moved)])
+
+    def microbatches_then_combine():  # the micro-batches of the step dispatched; the refusal at the next exchange
+        micros = list(dispatcher.microbatches(kept, moved))
+        assert [micro.lengths.tolist() for micro in micros] == [fresh.local_lengths.tolist()]
+        return dispatcher.combine(moved, fresh, differentiable=False)["id"].tolist()
+
+    return outcome(microbatches_then_combine)
 
 
 @pytest.mark.parametrize("call", ["combine", "microbatches"])
 def test_regression_combine_and_microbatches_along_a_kept_plan_returned_rows_to_the_wrong_items(call):
     """Cause: combine and microbatches took any plan: along step 0's, kept by every rank after step 1's
     dispatch, rank 1's per-item outputs came home swapped ([111, 110]) and its micro-batch lengths were
-    step 0's, no error.  They now take the latest dispatch's plan only: every rank raises."""
+    step 0's, no error.  They now take the latest dispatch's plan only: every rank raises (after `microbatches`,
+    which runs no collective and yields the latest dispatch's micro-batches, at the next exchange)."""
     started = time.monotonic()
     outcomes = run_processes(kept_plan_after_dispatch_job, 4, args=(call,), timeout_s=60,
                              collective_timeout_s=COLLECTIVE_TIMEOUT_S)
@@ -544,6 +551,60 @@ def test_regression_combine_and_microbatches_along_a_kept_plan_returned_rows_to_
     for o in outcomes:
         assert o.ok and o.value[0] == "PlanMismatchError", (o.rank, o.value if o.ok else o.error)
         assert f"{call} on rank {o.rank}: the plan is not the one the latest dispatch followed" in o.value[1]
+
+
+KEPT_AT_MICROBATCHES = ([[9, 1, 7], [5, 3, 6], [2, 11]], [[9, 1, 7], [6, 3, 5], [2, 11]])  # steps 0, 1, 2, ...
+
+
+def kept_plan_at_microbatches_job(rank, size):
+    """Every rank dispatches step 1 along its own plan; rank 1 alone then passes `microbatches` step 0's (kept)
+    plan, every rank runs a collective of its own (the model's gradient all-reduce stands for it), then the
+    next step's `plan` and `dispatch`.  Rank 1 first iterates the micro-batches of its own plan, to compare."""
+    from torch import distributed as dist
+    dispatcher = PostBalancingDispatcher(per_item_keys={"id"}, max_tokens_per_microbatch=12)
+    kept, fresh = (dispatcher.plan(lengths[rank]) for lengths in KEPT_AT_MICROBATCHES)
+    lengths = KEPT_AT_MICROBATCHES[1][rank]
+    moved = dispatcher.dispatch({"id": torch.arange(len(lengths)) + 10 * rank, "x": torch.ones(sum(lengths), 2)},
+                                fresh)
+    own = [micro.lengths.tolist() for micro in dispatcher.microbatches(fresh, moved)]
+    seen = [micro.lengths.tolist() for micro in dispatcher.microbatches(kept if rank == 1 else fresh, moved)]
+    total = torch.tensor([float(sum(map(sum, seen)))])
+    dist.all_reduce(total)
+
+    def next_step():
+        plan = dispatcher.plan(lengths)
+        dispatcher.dispatch({"id": torch.arange(len(lengths)), "x": torch.ones(sum(lengths), 2)}, plan)
+
+    return own, seen, total.item(), outcome(next_step)
+
+
+def test_regression_a_kept_plan_at_microbatches_was_refused_on_its_rank_alone():
+    """Cause: `microbatches` raised its refusal of a plan kept from the previous step on that rank alone (it
+    runs no collective); its peers, past `microbatches`, got gloo's raw "Connection closed by peer" at their
+    next collective (probe12 P12-13).  The rank now runs the micro-batches of the step it dispatched, which
+    its peers run too, and the refusal rides in the dispatcher's next exchange header: every rank raises it."""
+    started = time.monotonic()
+    outcomes = run_processes(kept_plan_at_microbatches_job, 3, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert time.monotonic() - started < COLLECTIVE_TIMEOUT_S + 30
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        own, seen, total, (kind, message) = o.value
+        assert seen == own and total == sum(map(sum, KEPT_AT_MICROBATCHES[1])), (o.rank, own, seen, total)
+        assert kind == "PlanMismatchError", (o.rank, kind, message)
+        assert "ranks [1] disagree with ranks [0, 2]" in message and "microbatches on rank 1: the plan is not the " \
+            "one the latest dispatch followed" in message, (o.rank, message)
+
+
+def test_a_kept_plan_at_microbatches_is_refused_at_once_on_one_rank():
+    """Without peers nothing waits: `microbatches` raises the refusal itself (so it does over several ranks for a
+    `moved` other than what the latest dispatch returned: its micro-batches cannot be taken for that dispatch's)."""
+    dispatcher = PostBalancingDispatcher(per_item_keys={"id"})
+    kept, fresh = dispatcher.plan([5, 3]), dispatcher.plan([3, 5])
+    moved = dispatcher.dispatch({"id": torch.arange(2), "x": torch.ones(8, 2)}, fresh)
+    with pytest.raises(PlanMismatchError, match=r"microbatches on rank 0: the plan is not the one the latest "
+                                                r"dispatch followed \([0-9a-f]{16} vs [0-9a-f]{16}\); pass microbatches"):
+        dispatcher.microbatches(kept, moved)
+    assert [micro.lengths.tolist() for micro in dispatcher.microbatches(fresh, moved)] == [[3, 5]]
 
 
 def test_regression_a_kept_plan_of_the_same_lengths_but_other_loss_tokens_scaled_the_loss():
