@@ -22,11 +22,9 @@ M, so its gap also shows what more micro-batches could gain.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -36,7 +34,7 @@ from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell
 from ..problem import Status, integer_values
 from .bounds import step_bound
 from .order import deal, mountain, reshape
-from .profile import best_profile, path_bound, time_ceiling
+from .profile import best_profile, path_bound
 from .schedules import replica_times
 from .search import STOP_GAP, CellSearch
 from .spec import Pipeline
@@ -51,31 +49,18 @@ class PipelineStep:
     """A plan's pipeline step: every replica's schedule time, the step (their max), a bound, a status.
 
     Micro-batch m of the plan runs in slot m of every replica.  `unaware_step_time` is the
-    step of the plain plan it started from, in that plan's order.  The planner leaves what it did not need
-    to the first read (`times` and `unaware` are then functions that compute them): the replica times where
-    it found the step among a few replicas (`planner._done`), the plain plan's step where a path bound showed
-    that plan slower.
+    step of the plain plan it started from, in that plan's order.  Every field is computed by the planner
+    (a user reads them all: `to_json`), the replica times read-only.
     """
 
     pipeline: Pipeline
-    times: np.ndarray | Callable[[], np.ndarray] = field(repr=False)
+    replica_times: np.ndarray
     step_time: float
     lower_bound: float
     status: Status
-    unaware: float | Callable[[], float] = field(repr=False)
+    unaware_step_time: float
     busy_fraction: float
     solve_seconds: float = field(default=0.0, compare=False)
-
-    @functools.cached_property
-    def replica_times(self) -> np.ndarray:
-        """Every replica's schedule time (read-only)."""
-        times = self.times() if callable(self.times) else self.times
-        times.setflags(write=False)
-        return times
-
-    @functools.cached_property
-    def unaware_step_time(self) -> float:
-        return float(self.unaware() if callable(self.unaware) else self.unaware)
 
     @property
     def gap(self) -> float:
@@ -171,11 +156,10 @@ def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: 
 def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
             pipeline: Pipeline, work: int, first_stage: np.ndarray | None = None, accounts: tuple | None = None
             ) -> tuple:
-    """(replica, slot) per item for the pipeline step, the step time of the cells as given (or the function that
-    times them: `PipelineStep.unaware`), the final cells' (costs, first-stage parts, replica times or their
-    `Peak`) (`_final_cells`, `_done`), and their `cell_accounts` where a start summed them (else None);
-    `first_stage`: the part of each item's cost the first stage runs alone (`Pipeline.stage_times`), or None;
-    `accounts` as in `cell_costs`."""
+    """(replica, slot) per item for the pipeline step, the step time of the cells as given, the final
+    cells' (costs, first-stage parts, replica times) (`_final_cells`), and their `cell_accounts` where a start
+    summed them (else None); `first_stage`: the part of each item's cost the first stage runs alone
+    (`Pipeline.stage_times`), or None; `accounts` as in `cell_costs`."""
     accounts = cell_accounts(problem, rank, microbatch, num_microbatches) if accounts is None else accounts
     cost, tokens = cell_costs(problem, rank, microbatch, num_microbatches, accounts)
     d = problem.num_ranks
@@ -187,9 +171,6 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     if not problem.padded:  # the items cut afresh into the best shape
         _add_start(problem, (placed, cells, summed), lpt_shaped(problem, num_microbatches, pipeline, mean),
                    first_stage)
-    done = _done(pipeline, cells, floor) if len(cells) > 1 and firsts is None else None
-    if done is not None:  # the shaped start ends the planning: no start can beat it and no search would run
-        return *placed[1], functools.partial(_slowest, pipeline, cost), (cells[1][0], None, done), summed.get(1)
     times = _timed(pipeline, cells, {}, range(len(cells)))
     if _short(times, floor):  # whole cells arranged (costs, tokens and first-stage parts with them)
         flat, flat_tokens = cost.T.ravel(), tokens.T.ravel()
@@ -217,40 +198,6 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
                         None if firsts is None else (firsts, first_stage), floor)
     search.run()
     return search.replica, search.slot, float(times[0].max()), _final_cells(problem, search, first_stage), None
-
-
-def _done(pipeline: Pipeline, cells: list, floor: float) -> Peak | None:
-    """The shaped start's (`cells[1]`, uniform stages) `Peak` where it ends the planning: within STOP_GAP of
-    `floor` (no search would run, nor the arrangements) and the plain cells' path bound above it (they are
-    slower: it wins); else None.  Its step is exact: the rows `profile.time_ceiling` leaves at or above the
-    largest path bound, the one row that holds it among them, timed alone."""
-    cost = cells[1][0]
-    low = float(path_bound(pipeline, cost).max())
-    maybe = np.flatnonzero(time_ceiling(pipeline, cost) * (1 + PATH_MARGIN) >= low * (1 - PATH_MARGIN))
-    if not maybe.size:  # float rounding beyond the margins (never seen): time them all
-        return None
-    step = _slowest(pipeline, cost[maybe])
-    if step > floor * (1 + STOP_GAP) or path_bound(pipeline, cells[0][0]).max() <= step * (1 + PATH_MARGIN):
-        return None
-    return Peak(step, functools.partial(_rows, pipeline, cost))
-
-
-@dataclass(frozen=True)
-class Peak:
-    """A start's step, and the function that times all its replicas (`PipelineStep.replica_times`)."""
-
-    step: float
-    rows: Callable[[], np.ndarray]
-
-
-def _rows(pipeline: Pipeline, cost: np.ndarray) -> np.ndarray:
-    """The replica times of cells of these costs (uniform stages), as `_evaluated` times them (row by row)."""
-    return replica_times(pipeline, *pipeline.stage_times(cost))
-
-
-def _slowest(pipeline: Pipeline, cost: np.ndarray) -> float:
-    """The largest of `_rows`."""
-    return float(_rows(pipeline, cost).max())
 
 
 def _add_start(problem: MicroBatchProblem, starts: tuple, start: tuple | None, first_stage: np.ndarray | None
@@ -330,22 +277,19 @@ def _placed(grid: np.ndarray, cell: np.ndarray, num_microbatches: int) -> tuple[
 
 
 def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
-                  pipeline: Pipeline, unaware_step_time: float | Callable[[], float], *,
+                  pipeline: Pipeline, unaware_step_time: float, *,
                   free_microbatches: bool = False, solve_seconds: float = 0.0, first_stage: np.ndarray | None = None,
                   cells=None) -> PipelineStep:
     """The certified `PipelineStep` of these cells (see the module): the bound holds for every plan
     with this M, or with any M from the fewest that fit when `free_microbatches`.  `unaware_step_time`: the
-    plain plan's step, or a function giving it (`PipelineStep.unaware`).  `cells`: their (costs, first-stage
-    parts, replica times or their `Peak`) as computed here, when the caller has them (`arrange`)."""
+    plain plan's step.  `cells`: their (costs, first-stage parts, replica times) as computed here, when the
+    caller has them (`arrange`)."""
     if cells is None:
         cost = cell_costs(problem, replica, slot, num_microbatches)[0]
         cells = (cost, first_stage_sums(first_stage, replica, slot, problem.num_ranks, num_microbatches), None)
     forward, backward = pipeline.stage_times(*cells[:2])
     times = replica_times(pipeline, forward, backward) if cells[2] is None else cells[2]
-    if isinstance(times, Peak):
-        step, times = times.step, times.rows
-    else:
-        step = float(times.max()) if times.size else 0.0
+    step = float(times.max()) if times.size else 0.0
     if free_microbatches:  # any M the plan could have taken, up to the cells a plan may hold
         counts = np.arange(problem.min_microbatches, 2**22 // problem.num_ranks + 1)
         if pipeline.schedule == "interleaved":
@@ -359,9 +303,10 @@ def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndar
     stages = pipeline.stages if forward.ndim == 3 else 1  # uniform stages: one stage's times stand for all
     work = np.ascontiguousarray(forward).sum() + np.ascontiguousarray(backward).sum()  # one order, whatever the layout
     busy = float(work) / (problem.num_ranks * stages * step) if step > 0 else 1.0
-    return PipelineStep(pipeline=pipeline, times=times, step_time=step, lower_bound=bound,
+    times.setflags(write=False)
+    return PipelineStep(pipeline=pipeline, replica_times=times, step_time=step, lower_bound=bound,
                         status=Status.OPTIMAL if step == bound else Status.FEASIBLE,
-                        unaware=unaware_step_time, busy_fraction=busy, solve_seconds=solve_seconds)
+                        unaware_step_time=unaware_step_time, busy_fraction=busy, solve_seconds=solve_seconds)
 
 
 def work_budget(time_limit: float | None) -> int:

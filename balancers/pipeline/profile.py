@@ -32,7 +32,6 @@ from .schedules import programs, replica_times
 from .spec import Pipeline
 
 ROUNDING = 1e-12  # the certified bound's float products are rounded: it drops by this fraction
-REACH = 1 / 16  # `time_ceiling` holds for cells within this share of their sum (l1) from the best shape
 
 
 def critical_path(pipeline: Pipeline, x: np.ndarray) -> tuple[float, np.ndarray]:
@@ -69,34 +68,6 @@ def path_bound(pipeline: Pipeline, cell_costs: np.ndarray) -> np.ndarray:
     lower bound on the row's replica time (uniform stages; float products, so compare with a margin)."""
     paths = _profile(pipeline, cell_costs.shape[1])[2]
     return (paths @ cell_costs.T).max(axis=0)  # rows of contiguous paths: 7x faster than cell_costs @ paths.T
-
-
-def time_ceiling(pipeline: Pipeline, cell_costs: np.ndarray) -> np.ndarray:
-    """Per row of cell costs x (rows, M) in run order, an upper bound on its replica time (uniform stages;
-    inf where x is farther than REACH from the best shape): T is convex and homogeneous, so with X = Σ x and
-    b = x - X·x* (Σ b = 0), x = α·x* + Σ_k |b_k| / h · (x* ± h·e_k) with α = X - Σ |b| / h >= 0 where
-    Σ |b| <= h·X (h = REACH), and T(x) <= X·T(x*) + Σ_k b_k·s_k, s_k the secant slope of T from x* to
-    x* + h·e_k where b_k > 0, to x* - h·e_k where not (float times: compare with a margin)."""
-    peak, rising, falling = _secants(pipeline, cell_costs.shape[1])
-    slots = cell_costs.T  # (M, rows): contiguous where the costs are a transposed (M, rows) grid, as planned
-    total = slots.sum(axis=0)
-    apart = slots - best_profile(pipeline, cell_costs.shape[1])[1][:, None] * total
-    # s_k·b_k is the larger of the two slopes' products (convexity: rising >= falling)
-    ceiling = total * peak + np.maximum(apart * rising[:, None], apart * falling[:, None]).sum(axis=0)
-    return np.where(np.abs(apart).sum(axis=0) <= REACH * total, ceiling, np.inf)
-
-
-@lru_cache(maxsize=128)
-def _secants(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray, np.ndarray]:
-    """(T(x*), the secant slopes of T from x* up and down each slot by REACH) for `time_ceiling`."""
-    x = best_profile(pipeline, num_microbatches)[1]
-    steps = REACH * np.eye(num_microbatches)
-    times = replica_times(pipeline, *pipeline.stage_times(np.vstack([x, x + steps, x - steps])))
-    rising = (times[1: num_microbatches + 1] - times[0]) / REACH
-    falling = (times[0] - times[num_microbatches + 1:]) / REACH
-    for slopes in (rising, falling):
-        slopes.setflags(write=False)
-    return float(times[0]), rising, falling
 
 
 @lru_cache(maxsize=128)
