@@ -69,17 +69,20 @@ def solve_with_plain_step(problem: MicroBatchProblem, num_microbatches: int) -> 
     """`solve`'s plan, and with one micro-batch `plain_step`'s when cheaper (the first on ties).
 
     Where the cells' plan is LPT's (`_cells_are_lpt`), the plain step takes that LPT plan as its
-    start, and a plain step cheaper than it is the answer without the cells' own solve."""
-    if num_microbatches == 1 and _cells_are_lpt(problem):
+    start, and a plain step cheaper than it is the answer without the cells' own solve.  Else the
+    plain step comes first, and the cells' search stops once it provably ends above its cost
+    (`microbatch_search.ends_above`): the plan it would have dropped is not searched further."""
+    if num_microbatches != 1:
+        return solve(problem, num_microbatches)
+    if _cells_are_lpt(problem):
         start = microbatch_cells.lpt_cells(problem, 1)
         plain = None if start is None else plain_step(problem, start)
         if plain is not None and plan_cost(problem, plain, 1) < plan_cost(problem, _one_cell_each(start), 1):
             return plain
-    result = solve(problem, num_microbatches)
-    if num_microbatches != 1:
-        return result
     plain = plain_step(problem)
-    if plain is None or (result is not None and plan_cost(problem, result, 1) <= plan_cost(problem, plain, 1)):
+    cost = None if plain is None else plan_cost(problem, plain, 1)
+    result = solve(problem, 1, cost)
+    if plain is None or (result is not None and plan_cost(problem, result, 1) <= cost):
         return result
     return plain
 
@@ -89,10 +92,11 @@ def _one_cell_each(rank: np.ndarray) -> MicroBatchResult:
     return MicroBatchResult(rank=rank, microbatch=np.zeros_like(rank))
 
 
-def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+def solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:
     """Exact search for the smallest instances, the better of the joint greedy and the cell
     LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above; the
-    plan of least step cost (the first on ties)."""
+    plan of least step cost (the first on ties).  `above`: a cost the caller already holds
+    (searches stop where their plans provably end above it, `microbatch_search.improve`)."""
     if problem.num_items <= microbatch_exact.MAX_ITEMS:
         return microbatch_exact.solve(problem, num_microbatches)
     if problem.padded:
@@ -100,10 +104,11 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
     kernels = [microbatch_cells.solve]
     if problem.num_items * num_microbatches * problem.num_ranks <= GREEDY_MAX_WORK:
         kernels.append(microbatch_greedy.solve)
-    results = [result for result in (kernel(problem, num_microbatches) for kernel in kernels) if result is not None]
+    results = [result for result in (kernel(problem, num_microbatches, above) for kernel in kernels)
+               if result is not None]
     if not results:
         # the cell LPT found no room under the budget; the joint greedy may still find some
-        return None if microbatch_greedy.solve in kernels else microbatch_greedy.solve(problem, num_microbatches)
+        return None if microbatch_greedy.solve in kernels else microbatch_greedy.solve(problem, num_microbatches, above)
     if len(results) == 1:
         return results[0]  # nothing to compare it with
     return min(results, key=lambda result: plan_cost(problem, result, num_microbatches))  # the first on ties

@@ -99,13 +99,13 @@ def tight_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray
     return cell_of if opened <= num_microbatches * problem.num_ranks else None
 
 
-def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+def solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:
     """LPT over all cells from the water-filling levels (plain LPT when they are flat; the
     tight token packing when LPT finds no room), regrouped and improved within the work
-    budget.  Padded cells (count · max c, not a sum) are the joint greedy's
-    (`microbatch_greedy.solve`)."""
+    budget (`above`: as `improve`'s).  Padded cells (count · max c, not a sum) are the joint
+    greedy's (`microbatch_greedy.solve`)."""
     if problem.padded:
-        return greedy_solve(problem, num_microbatches)
+        return greedy_solve(problem, num_microbatches, above)
     targets = levels(problem, num_microbatches)
     offsets = targets[0] - targets if targets[0] > targets[-1] else None
     start = lpt_cells(problem, num_microbatches, offsets)
@@ -115,4 +115,4 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
         start = tight_cells(problem, num_microbatches)
     if start is None:
         return None
-    return split(improve(problem, start, num_microbatches), problem.num_ranks)
+    return split(improve(problem, start, num_microbatches, above), problem.num_ranks)

@@ -84,9 +84,10 @@ def split(cell_of: np.ndarray, num_ranks: int) -> MicroBatchResult:
     return MicroBatchResult(rank=cell_of % num_ranks, microbatch=cell_of // num_ranks)
 
 
-def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
-    """Joint greedy, then local search and regrouping within the problem's work budget."""
+def solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:
+    """Joint greedy, then local search and regrouping within the problem's work budget (`above`: as
+    `improve`'s)."""
     cell_of = greedy_cells(problem, num_microbatches)
     if cell_of is None:
         return None
-    return split(improve(problem, cell_of, num_microbatches), problem.num_ranks)
+    return split(improve(problem, cell_of, num_microbatches, above), problem.num_ranks)

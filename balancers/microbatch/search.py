@@ -24,6 +24,7 @@ from .plan import MicroBatchProblem, cell_loads, cell_token_sums
 RELATIVE_GAIN = 1e-12
 STEP_WORK = 2_000  # an item's evaluation costs this much beyond its n + M·D array elements (numpy calls)
 MIN_STEPS = 8
+ROW_CHUNK = 1 << 18  # values one vectorised pass of `_Search._best_change_alone` holds per array
 
 
 class _Search:
@@ -53,11 +54,12 @@ class _Search:
         second = max(second, 0.0) if d > 1 else 0.0
         third = max(third, 0.0)
         runner += m * d
-        same = self.microbatch_of_cell == m
         room = problem.max_tokens_per_microbatch - self.tokens
         excluded = np.where(np.arange(self.size) == runner, third, second)
+        if self.size == d:  # one micro-batch: every cell is a's, no other micro-batch's rise to add
+            return self._best_change_alone(a, load, excluded, room)
+        same = self.microbatch_of_cell == m
         rise_elsewhere = self.levels[self.microbatch_of_cell]
-        alone = self.size == d  # one micro-batch: every cell is a's, no other micro-batch's rise to add
         best = (0.0, -1, -1, -1)
         items = np.flatnonzero(self.cell_of == a)
         others = np.flatnonzero(self.cell_of != a)
@@ -69,10 +71,8 @@ class _Search:
         for item in items[np.lexsort((items, -problem.item_costs[items]))].tolist():
             cost, length = problem.item_costs[item], int(problem.lengths[item])
             grown = self.loads + cost
-            change = np.maximum(np.maximum(excluded, load - cost), grown) - load
-            if not alone:
-                change = np.where(same, change,
-                                  max(second, load - cost) - load + np.maximum(grown - rise_elsewhere, 0.0))
+            change = np.where(same, np.maximum(np.maximum(excluded, load - cost), grown) - load,
+                              max(second, load - cost) - load + np.maximum(grown - rise_elsewhere, 0.0))
             change[(room < length) | is_a] = np.inf
             target = int(np.argmin(change))
             if change[target] < best[0]:
@@ -80,15 +80,55 @@ class _Search:
             delta = cost - other_costs
             shift = length - other_lengths
             new_a, new_b = load - delta, other_loads + delta
-            change = np.maximum(np.maximum(other_excluded, new_a), new_b) - load
-            if not alone:
-                change = np.where(same[other_cells], change, np.maximum(second, new_a) - load
-                                  + np.maximum(new_b - rise_elsewhere[other_cells], 0.0))
+            change = np.where(same[other_cells], np.maximum(np.maximum(other_excluded, new_a), new_b) - load,
+                              np.maximum(second, new_a) - load + np.maximum(new_b - rise_elsewhere[other_cells], 0.0))
             change[(delta <= 0) | (other_room < shift) | (room[a] < -shift)] = np.inf
             if change.size:
                 pick = int(np.argmin(change))
                 if change[pick] < best[0]:
                     best = (float(change[pick]), item, int(other_cells[pick]), int(others[pick]))
+        return best
+
+    def _best_change_alone(self, a: int, load: float, excluded: np.ndarray, room: np.ndarray) -> tuple:
+        """`best_change` with one micro-batch, its values and choice the same, every item of cell a at once
+        (in rows of at most ROW_CHUNK values).  A swap lowers the step only if the partner costs less than
+        the item, by less than a's load over the least loaded cell (`reach`, widened far past rounding): only
+        those partners are evaluated, the least item among equal changes taken (`np.argmin` in item order)."""
+        problem = self.problem
+        items = np.flatnonzero(self.cell_of == a)
+        items = items[np.lexsort((items, -problem.item_costs[items]))]
+        costs, lengths = problem.item_costs[items], problem.lengths[items]
+        by_cost = problem.cost_order[self.cell_of[problem.cost_order] != a]
+        rising_costs = -problem.item_costs[by_cost]
+        reach = (load - self.loads.min()) + 2e-9 * load
+        first = np.searchsorted(rising_costs, -costs, "right")
+        count = np.maximum(np.searchsorted(rising_costs, reach - costs) - first, 0)
+        best = (0.0, -1, -1, -1)
+        begin = 0
+        for end in _row_chunks(count + self.size):
+            rows = slice(begin, end)
+            # moves, a row per item
+            grown = self.loads + costs[rows, None]
+            change = np.maximum(np.maximum(excluded, (load - costs[rows])[:, None]), grown) - load
+            change[(room < lengths[rows, None]) | (np.arange(self.size) == a)] = np.inf
+            targets = np.argmin(change, axis=1)
+            moves = change[np.arange(targets.size), targets]
+            # swaps, the partners of every item one after another (in cost order)
+            row = np.repeat(np.arange(end - begin), count[rows])
+            starts = np.cumsum(count[rows]) - count[rows]
+            partners = by_cost[np.arange(row.size) - starts[row] + first[rows][row]]
+            cells = self.cell_of[partners]
+            delta = costs[rows][row] - problem.item_costs[partners]
+            shift = lengths[rows][row] - problem.lengths[partners]
+            swaps = np.maximum(np.maximum(excluded[cells], load - delta), self.loads[cells] + delta) - load
+            swaps[(delta <= 0) | (room[cells] < shift) | (room[a] < -shift)] = np.inf
+            lowest, partner = _lowest_first(swaps, partners, starts, count[rows])
+            for k, item in enumerate(items[rows].tolist()):
+                if moves[k] < best[0]:
+                    best = (float(moves[k]), item, int(targets[k]), -1)
+                if partner[k] >= 0 and lowest[k] < best[0]:
+                    best = (float(lowest[k]), item, int(self.cell_of[partner[k]]), int(partner[k]))
+            begin = end
         return best
 
     def step(self) -> tuple[bool, int]:
@@ -118,6 +158,29 @@ class _Search:
         return False, work
 
 
+def _row_chunks(weights: np.ndarray) -> list[int]:
+    """Ends of consecutive runs of rows whose weights sum to at most ROW_CHUNK (a row alone when heavier)."""
+    ends, total = [], 0
+    for row, weight in enumerate(weights.tolist()):
+        if row and total + weight > ROW_CHUNK:
+            ends.append(row)
+            total = 0
+        total += weight
+    return ends + [weights.size]
+
+
+def _lowest_first(values: np.ndarray, ids: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> tuple:
+    """Per run of `values` (`starts`, `counts`): its least value and the least of the `ids` holding it
+    (an argmin over the run in id order); (inf, -1) for an empty run."""
+    lowest, first = np.full(counts.size, np.inf), np.full(counts.size, -1)
+    full = np.flatnonzero(counts)
+    if full.size:
+        lowest[full] = np.minimum.reduceat(values, starts[full])
+        tied = np.where(values == np.repeat(lowest[full], counts[full]), ids, np.iinfo(np.int64).max)
+        first[full] = np.minimum.reduceat(tied, starts[full])
+    return lowest, first
+
+
 def regroup(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int) -> np.ndarray:
     """Cells renumbered so that micro-batch m holds the (m·D .. m·D + D - 1)-th most loaded cells."""
     loads = cell_loads(problem, cell_of, num_microbatches * problem.num_ranks)
@@ -134,16 +197,44 @@ def searches(problem: MicroBatchProblem, num_microbatches: int) -> bool:
     return not problem.padded and problem.num_items > 0 and step_work * MIN_STEPS <= problem.work_limit
 
 
-def improve(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int) -> np.ndarray:
-    """Regroup and search until nothing helps or the work budget is spent; cells per item."""
+def ends_above(problem: MicroBatchProblem, loads: np.ndarray, budget: int, above: float) -> bool:
+    """With one micro-batch (the step cost is max(loads)): whether every plan the search can still
+    reach from these cell loads with this budget costs more than `above`.
+
+    A step lowers one cell and raises another, so after k more steps all but 2k cells keep
+    their loads bit for bit (each summed over the same items in item order); while the maximum stays
+    above `above`, the most loaded cell holds more than above / max c items, each of which costs the
+    step its work (`_Search.step`), so the budget buys at most k steps: the (2k + 1)-th largest load
+    above `above` is a proof."""
+    top = float(problem.item_costs.max()) if problem.num_items else 0.0
+    if top <= 0.0 or not loads.size:
+        return False
+    # fewest items of a cell over `above` (the margin covers float sums of up to ~10**9 items)
+    fewest = max(0.0, min(float(problem.num_items), np.floor(above / top * (1.0 - 1e-6)) + 1.0))
+    step_work = (int(fewest) + 1) * (problem.num_items + loads.size + STEP_WORK)
+    kept = loads.size - 2 * -(-budget // step_work)  # cells no step can reach
+    return kept > 0 and float(np.partition(loads, kept - 1)[kept - 1]) > above
+
+
+def improve(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int,
+            above: float | None = None) -> np.ndarray:
+    """Regroup and search until nothing helps or the work budget is spent; cells per item.
+
+    `above` (one micro-batch only): the search stops, its plan so far returned, once its plan
+    provably ends costing more than that (`ends_above`): a caller that drops such a plan for one
+    of that cost gets the same answer sooner."""
     cell_of = regroup(problem, cell_of, num_microbatches)
     budget = problem.work_limit
     if not searches(problem, num_microbatches):
         return cell_of
+    if num_microbatches != 1:
+        above = None
     while budget > 0:
         search = _Search(problem, cell_of, num_microbatches)
         changed = False
         while budget > 0:
+            if above is not None and ends_above(problem, search.loads, budget, above):
+                return search.cell_of
             moved, work = search.step()
             budget -= work
             if not moved:
