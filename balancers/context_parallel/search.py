@@ -38,7 +38,6 @@ class _State:
         self.start, self.degree = start.copy(), degree.copy()
         self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
         self.split_degrees = [c for c in spec.degrees if c > 1]
-        self.shards: dict[int, np.ndarray] = {}
         self.refresh()
 
     def refresh(self) -> None:
@@ -53,28 +52,38 @@ class _State:
         self.group_starts = {c: np.array([s for k, s in groups if k == c], dtype=np.int64) for c in self.split_degrees}
         for c, s in groups:
             self.in_group[s: s + c] = True
+        self.starts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # degree -> `_starts` with no group left
 
     def shard(self, item: int, degree: int) -> np.ndarray:
-        """Tokens of item `item`'s shards at `degree` (every item's, computed once per degree)."""
-        if degree not in self.shards:
-            self.shards[degree] = shard_tokens(self.problem.lengths, degree)
-        return self.shards[degree][item]
+        """Tokens of item `item`'s shards at `degree`."""
+        return shard_tokens(self.problem.lengths[item: item + 1], degree)[0]
+
+    def _starts(self, c: int, own: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, inside a node) of the blocks of degree c an item may run on: the free ones, with its own
+        group `own` left free, then the groups'; without `own` the same for every item until `refresh`."""
+        if own is None and c in self.starts:
+            return self.starts[c]
+        taken = self.in_group.copy()
+        if own is not None:
+            taken[own[0]: own[0] + own[1]] = False
+        starts = np.concatenate((free_blocks(taken, c, self.gpus_per_node, self.spec.allow_inter_node),
+                                 self.group_starts[c]))
+        found = starts, within_node(starts, c, self.gpus_per_node)
+        if own is None:
+            self.starts[c] = found
+        return found
 
     def blocks(self, item: int, loads: np.ndarray, tokens: np.ndarray, own: tuple[int, int] | None):
         """Best (peak, start, degree) over the blocks item `item` could run on, with `loads` and
         `tokens` the ranks' accounts without it; `own` its current group, which it may rejoin."""
         best = (math.inf, -1, 0)
         for c in self.split_degrees:
-            taken = self.in_group.copy()
-            if own is not None:
-                taken[own[0]: own[0] + own[1]] = False
-            starts = np.concatenate((free_blocks(taken, c, self.gpus_per_node, self.spec.allow_inter_node),
-                                     self.group_starts[c]))
+            starts, inside = self._starts(c, own)
             if not starts.size:
                 continue
-            inside = within_node(starts, c, self.gpus_per_node)
-            time = self.spec.item_times(self.problem.cost, np.full(starts.size, self.problem.lengths[item]),
-                                        np.full(starts.size, c), inside)
+            # the item's time inside a node and across nodes, spread over the blocks (the same element-wise values)
+            time = self.spec.item_times(self.problem.cost, np.full(2, self.problem.lengths[item]), np.full(2, c),
+                                        np.array([True, False]))[np.where(inside, 0, 1)]
             ranks = starts[:, None] + np.arange(c)
             peak = (loads[ranks] + time[:, None]).max(axis=1)
             peak[(tokens[ranks] + self.shard(item, c) > self.cap).any(axis=1)] = math.inf
