@@ -160,7 +160,8 @@ class _Blocks:
         keys, best = self.keys[degree], -1
         while lo < hi:
             end = min(hi, bisect.bisect_right(keys, (keys[lo][0], math.inf), lo, hi))
-            for load, position in keys[lo:end]:
+            for k in range(lo, end):  # not a slice: a run of equal loads may be every rank
+                load, position = keys[k]
                 start = position if degree == 1 else self.groups[degree][position]
                 if self._token_room(degree, start, need):
                     best = position if best < 0 else min(best, position)
