@@ -234,7 +234,7 @@ def test_long_workload_microbatched_step_planning_time(best_of):
     any input the grids cover; the step reads about 35× (40-46× before take_anywhere's token-bound deals took
     one LPT round, 90-120× before the ladder's give-up at a first target without token room and the fills'
     stop, 130-160× before c829b2a), so the assertion only guards against losing ground, and the step / bound
-    (1.0647) against a worse plan."""
+    (1.0653) against a worse plan."""
     stages, topology = MODELS["84b"].stages(), cluster(2560)
     batch, base = sample_workload("long", 2560, 16, seed=7), sample_workload("default", 2560, 16, seed=7)
     split = Orchestrator(stages, topology, context_parallel=SPEC, max_tokens_per_microbatch=32768)

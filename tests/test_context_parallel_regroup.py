@@ -98,6 +98,29 @@ def test_regression_small_items_crowded_the_giants_groups_of_a_token_bound_micro
     check_split_cells(plan, lengths, 64, spec, LLM_COST, 65536)
 
 
+def test_regression_the_search_made_moves_worth_less_than_a_thousandth_of_the_step(monkeypatch):
+    """The long workload at 64 x 16, seed 1, T = 64k: the search planned and made four moves lowering the step by
+    0.004-0.045 % each (at D = 2560 x 16, T = 32k: three of 0.01-0.04 %, 0.25 s of a 1.4 s step).  A move must
+    lower the step by MIN_FALL (0.1 %) of it now, and the estimates skip planning the smaller ones."""
+    from orchmllm.study.workloads import sample_workload
+
+    falls, best_move = [], regroup._best_move
+
+    def recorded(m, microbatch, passes, costs, *args):
+        move = best_move(m, microbatch, passes, costs, *args)
+        if move is not None:
+            _, k, without, joined = move
+            falls.append((costs[m] + costs[k] - float(without.loads.max()) - float(joined.loads.max())) / sum(costs))
+        return move
+
+    monkeypatch.setattr(regroup, "_best_move", recorded)
+    lengths = sample_workload("long", 64, 16, seed=1).sample_llm_length
+    plan = balance_microbatches(lengths, 64, cost=LLM_COST, max_tokens_per_microbatch=65536,
+                                context_parallel=ContextParallel())
+    assert all(fall >= regroup.MIN_FALL for fall in falls), falls
+    assert plan.step_cost <= 1.05 * plan.lower_bound
+
+
 def walked_crowd(plan, limit: float) -> list[int]:
     """The crowd by its definition: every item by time ascending (ties by index), taken out while one of its ranks
     is above `limit`, each rank's load lowered one item at a time."""

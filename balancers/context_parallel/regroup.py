@@ -17,12 +17,15 @@ micro-batch lowers the step.  From the plan of the fills:
             max(cost_k, S's longest least time, (work_k + S's least work) / D) − cost_k, plus the best fall:
             m planned without S, then the TARGETS micro-batches k of least estimated rise, each with S
         apply the move whose two plans lower the step most, by at least e / MAX_MOVES (MAX_MOVES such moves
-            would take m to its bound), or mark m tried
+            would take m to its bound) and MIN_FALL of the step, or mark m tried
 
 Every micro-batch is planned by the split planner (`plan_pass`), so a move's fall is the step's own and
 the step never rises; counts (not a clock) bound the search, so every rank gets the same plan.  The
-estimates only skip plans that are unlikely to pay: on the long workload (D = 2560, 3 micro-batches of
-giants and 38k small items) moves fall by 0.01 % of the step each and the search gives up in a few plans.
+estimates only skip plans that are unlikely to pay.  On the long workload (D = 2560, 3 micro-batches of
+giants and 38k small items) three moves fell by 0.01-0.04 % of the step each for 0.25 s of a 1.4 s step;
+with MIN_FALL none is made (step / bound 1.0705 -> 1.0715), and on held-out seeds 137-140 (288 rows) the
+median step / bound stays 1.0043, the worst 1.0919 -> 1.0954, 29 rows up to 1.3 % higher, none lower, in
+0.79 of the planning time (bench_notes cp26g_s9).
 Keeping the other items of a micro-batch that a set leaves where they were (2caa316, reverted) took 0.8-0.9
 of that step's time but raised twice as many held-out steps as it lowered (up to 2.8 %); planning again
 only the chosen move's source found more moves there and took 1.3-1.7× (bench_notes cp26e_s8, cp26f_s8).
@@ -43,6 +46,8 @@ CANDIDATES = 2
 """Longest items of the crowded micro-batch's most-loaded rank each tried alone."""
 TARGETS = 2
 """Micro-batches (least estimated rise first) each set is planned into."""
+MIN_FALL = 1e-3
+"""Share of the step a move must lower it by (and e / MAX_MOVES): the estimates skip planning smaller ones."""
 FLOAT_SLACK = 1e-9
 """Relative margin under which a rank's load counts as at its pass bound (its float sum may exceed it by an ulp)."""
 
@@ -63,7 +68,8 @@ def regroup(microbatch: np.ndarray, passes: list, lengths: np.ndarray, table: np
         m = int(np.argmax(excess))
         if math.fsum(costs) <= goal or not excess[m] > 0:
             break
-        move = _best_move(m, microbatch, passes, costs, lengths, estimates, budget, plan_pass, excess[m] / MAX_MOVES)
+        move = _best_move(m, microbatch, passes, costs, lengths, estimates, budget, plan_pass,
+                          max(excess[m] / MAX_MOVES, MIN_FALL * math.fsum(costs)))
         if move is None:
             tried.add(m)
             continue
