@@ -245,7 +245,7 @@ class PostBalancingDispatcher:
         group = metadata_group_of(metadata_group, self.group)
         start = time.perf_counter()
         try:
-            new_step()  # a ValueError where the last step's loop was left with its gradient sync held
+            new_step(self._step)  # a ValueError where its last step's loop was left with its gradient sync held
             lengths, losses = _local_tables(lengths, loss_tokens)
         except (TypeError, ValueError):
             join_failed(group, 2)  # the other ranks raise too, instead of waiting in the gather

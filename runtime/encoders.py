@@ -94,12 +94,14 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
     ran (the graph does not show them; a `torch.no_grad()` pass elsewhere hides nothing; a module the checkpointed
     function calls under its own `torch.no_grad()` counts too, as the whole function runs without grad in that
     forward and cannot be told apart, though its recomputation gives that module no gradient); `ran` gets the
-    names of the modules whose forward returned; `spans` the (first, end) sequence numbers of the nodes made in
+    names of the modules whose forward returned (a DDP module's, "", also where its forward is called without its
+    hooks, `model.forward(...)`); `spans` the (first, end) sequence numbers of the nodes made in
     each outermost forward with grad of its modules (where a checkpoint that runs no module may hide its
     parameters)."""
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     prefixes = {submodule: f"{prefix}." if prefix else "" for prefix, submodule in module.named_modules()}
     outermost: list = [None, 0]  # the module of the open span and its first sequence number
+    inner = getattr(module, "module", None)  # a DDP module's
 
     def own(submodule) -> list[str]:  # a module of another model hides none of these
         prefix = prefixes.get(submodule) if isinstance(submodule, nn.Module) else None
@@ -121,6 +123,9 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
         if prefix is not None:
             if ran is not None:
                 ran.add(prefix)
+                if submodule is inner and getattr(nn.parallel.DistributedDataParallel, "_active_ddp_module", None) \
+                        is module:  # DDP's own forward runs its module: called as `model.forward(...)` too
+                    ran.add("")
             names.update((id(parameter), prefix + name) for name, parameter in submodule.named_parameters())
             if submodule is outermost[0] and torch.is_grad_enabled():
                 spans.append((outermost[1], sequence_number()))

@@ -207,13 +207,19 @@ def sampled_microbatches() -> int:
     return max((live.num_microbatches for live in list(_SAMPLING)), default=1)
 
 
-def new_step() -> None:
+def new_step(planner: StepToken | None = None) -> None:
     """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and
-    `microbatches()` starts afresh)."""
+    `microbatches()` starts afresh).  `plan()` passes its runtime's latest step (`planner`): a gradient sync held in
+    the loop of another runtime's step that has not ended is kept, not taken for a loop left early (the next step
+    planned inside the loop by a second dispatcher, as two alternating ones do); the loop's next micro-batch
+    records itself again, and where the loop was left, the next `microbatches()` raises."""
     held = getattr(_active, "held", None)
+    running = planner is not None and held is not None and held[0].step not in (None, planner) and \
+        not held[0].step.ended
     _stop_noting()
-    _active.current = _active.step = _active.synced = _active.held = None
-    if held is not None:  # the plan() calling this joins its gather as failed: every rank raises
+    _active.current = _active.step = _active.synced = None
+    _active.held = held if running else None
+    if held is not None and not running:  # the plan() calling this joins its gather as failed: every rank raises
         raise ValueError(
             f"the micro-batch loop of the previous step on this thread ended after micro-batch {held[0].index} of "
             f"{held[0].num_microbatches} (left by `break`, an exception or a slice) while `accumulate` held "
@@ -272,10 +278,11 @@ def merge_rows(parts, rows: np.ndarray, microbatch: np.ndarray, name: str) -> to
 
 
 def in_microbatch_order(outputs, plan, step: StepToken) -> tuple[list, Exception | None]:
-    """The list `combine` got (`plan`: its `DispatchPlan`), `(micro, mapping)` pairs in any order (or, with one micro-batch, mappings), as one
-    mapping per micro-batch in micro-batch order; and why it does not fit the plan's micro-batches (None when it
-    does): a bare list where several micro-batches make its order unknowable, a micro-batch of another plan or
-    of another `step` than the latest dispatch's (kept from an earlier step's loop), one missing or given twice."""
+    """The list `combine` got for `plan` (a `DispatchPlan`), `(micro, mapping)` pairs in any order (or, with one
+    micro-batch, mappings), as one mapping per micro-batch in micro-batch order; and why it does not fit the plan's
+    micro-batches (None when it does): a bare list where several micro-batches make its order unknowable, a
+    micro-batch of another plan or of another `step` than the latest dispatch's (kept from an earlier step's loop),
+    one missing or given twice."""
     pairs = isinstance(outputs, Sequence) and bool(outputs) and all(
         isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], MicroBatch) and isinstance(pair[1], Mapping)
         for pair in outputs)
@@ -352,6 +359,20 @@ class _Contract:
         return grad
 
 
+def _syncs(model) -> bool:
+    """Whether `model` reduces its gradients itself: a DDP or FSDP2 module."""
+    return hasattr(model, "no_sync") or hasattr(model, "set_requires_gradient_sync")
+
+
+def _synced_inside(model) -> list[str]:
+    """The outermost DDP and FSDP2 modules inside `model`, by name and kind (`accumulate` given a plain root)."""
+    found: list[str] = []
+    for name, module in model.named_modules():
+        if name and _syncs(module) and not any(name.startswith(other.split(" ")[0] + ".") for other in found):
+            found.append(f"{name} ({kind(module)})")
+    return found
+
+
 def _reduces_every_parameter(model) -> bool:
     """Whether `model`'s gradient sync expects a gradient of every trainable parameter on every rank: FSDP2,
     and DDP unless built with find_unused_parameters=True."""
@@ -370,7 +391,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     (`check_model_contract`, a collective); `check=False` (on every rank) skips it.  A loop body without the
     block that, in a step due the check, runs a DDP or FSDP2 forward with grad and normalises with `micro` is
     refused on every rank (`watch_model_contract`): the block is the rule under both.  A loop left before the
-    step's last micro-batch (its gradients never synchronised) is refused by the next `plan()` (`new_step`).
+    step's last micro-batch (its gradients never synchronised) is refused by the next `plan()` of its dispatcher
+    or runtime (`new_step`).
     The backward runs inside the block: where none did there, the exit joins the check with every parameter
     left out.  A metric normalised with `micro` for logging only
     counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters of every module a
@@ -386,9 +408,18 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         raise TypeError(f"`model` must be the nn.Module whose gradients the micro-batches accumulate (the DDP or "
                         f"FSDP2 module itself, or a plain one); got {type(model).__name__}")
     check = as_bool(check, "check")
+    inside = [] if _syncs(model) else _synced_inside(model)
+    if inside:
+        raise ValueError(
+            f"`model` ({type(model).__name__}) holds modules whose gradients DDP or FSDP2 reduce: {', '.join(inside)}; "
+            f"`accumulate` holds the gradient sync of the module it is given and checks that module, so around them "
+            f"it does neither (their gradients would be reduced in every micro-batch, and a layer skipped on an empty "
+            f"micro-batch would train wrong without an error): pass that module itself, `accumulate(model."
+            f"{inside[0].split(' ')[0]}, micro)`, nest one `accumulate` block per such module, or under FSDP2 "
+            f"`fully_shard` the root as well")
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
-    if hasattr(model, "no_sync") or hasattr(model, "set_requires_gradient_sync"):  # its sync held to the last
+    if _syncs(model):  # its sync held to the last
         _active.held = (micro, kind(model)) if check and not micro.is_last and torch.is_grad_enabled() else None
     contract = _Contract(micro, model, outer) if check and micro.contract is not None and micro.is_last \
         and _reduces_every_parameter(model) else None

@@ -166,7 +166,7 @@ class MultiStageRuntime:
         every rank: the configuration and what was gathered), from the metadata all-gathers."""
         group = metadata_group_of(metadata_group, self.group)
         try:
-            new_step()  # a ValueError where the last step's loop was left with its gradient sync held
+            new_step(self._step)  # a ValueError where its last step's loop was left with its gradient sync held
             sample_table, segment_table = local_tables(samples, self.modalities, loss_tokens)
         except (TypeError, ValueError):
             join_failed(group, SAMPLE_COLUMNS)  # the other ranks raise too, instead of waiting in the gather

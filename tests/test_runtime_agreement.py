@@ -601,8 +601,8 @@ def test_a_kept_plan_at_microbatches_is_refused_at_once_on_one_rank():
     dispatcher = PostBalancingDispatcher(per_item_keys={"id"})
     kept, fresh = dispatcher.plan([5, 3]), dispatcher.plan([3, 5])
     moved = dispatcher.dispatch({"id": torch.arange(2), "x": torch.ones(8, 2)}, fresh)
-    with pytest.raises(PlanMismatchError, match=r"microbatches on rank 0: the plan is not the one the latest "
-                                                r"dispatch followed \([0-9a-f]{16} vs [0-9a-f]{16}\); pass microbatches"):
+    with pytest.raises(PlanMismatchError, match=r"microbatches on rank 0: the plan is not the one the latest dispatch "
+                                                r"followed \([0-9a-f]{16} vs [0-9a-f]{16}\); pass microbatches"):
         dispatcher.microbatches(kept, moved)
     assert [micro.lengths.tolist() for micro in dispatcher.microbatches(fresh, moved)] == [[3, 5]]
 

@@ -1009,21 +1009,23 @@ def test_regression_a_bare_loop_without_no_sync_died_in_ddp_before_the_due_micro
     assert bare_loop_refused(outcomes, 6)
 
 
-def wrapped_module_job(rank, size):
-    """A DDP step whose `accumulate` body calls the wrapped module (`model.module(...)`) instead of the DDP module:
-    what each rank raised."""
+def wrapped_module_job(rank, size, call="module"):
+    """A DDP step whose `accumulate` body calls the wrapped module (`model.module(...)`, `call` "module") instead of
+    the DDP module, or DDP's own `model.forward(...)` ("forward"), or the DDP module ("model"): what each rank
+    raised, or the gradients."""
     torch.manual_seed(0)
     wrapped = nn.parallel.DistributedDataParallel(TokenModel().double())
+    forward = {"module": wrapped.module, "forward": wrapped.forward, "model": wrapped}[call]
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
     lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
     plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
     try:
         for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
             with accumulate(wrapped, micro):
-                normalize_loss(summed_loss(wrapped.module(micro.data["tokens"]), micro), micro).backward()
+                normalize_loss(summed_loss(forward(micro.data["tokens"]), micro), micro).backward()
     except ModelContractError as error:
         return str(error)
-    return "no error"
+    return [parameter.grad.numpy().copy() for parameter in wrapped.parameters()]
 
 
 def test_regression_a_body_calling_the_module_inside_ddp_kept_each_rank_s_own_gradients():
@@ -1034,6 +1036,58 @@ def test_regression_a_body_calling_the_module_inside_ddp_kept_each_rank_s_own_gr
         assert message.startswith(f"rank {rank}: the body of `accumulate` in micro-batch 3 of 4"), message
         assert "called modules inside the DDP module (DistributedDataParallel of TokenModel; `model.module(...)` " \
                "or a method of it) but not the DDP module itself" in message, message
+
+
+def test_regression_a_body_calling_ddp_s_own_forward_was_refused_as_calling_the_module_inside():
+    """Cause (probe13 P13-02): the check took DDP's own forward to have run only where the DDP module's forward hook
+    fired, which `model.forward(...)` (DDP's forward, readying its reduction, called without `__call__`) skips: the
+    correct loop was refused on every rank as calling `model.module(...)`.  The gradients are now those of
+    `model(...)`."""
+    by_forward, by_call = (spawn(wrapped_module_job, len(ONE_EMPTY), args=(call,), timeout_s=60)
+                           for call in ("forward", "model"))
+    for forward_gradients, call_gradients in zip(by_forward, by_call):
+        assert not isinstance(forward_gradients, str), forward_gradients
+        for got, want in zip(forward_gradients, call_gradients):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
+
+
+class PlainRoot(nn.Module):
+    """A plain module around a DDP-wrapped model that skips a layer on an empty micro-batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.parallel.DistributedDataParallel(SkipOnEmptyModel().double())
+
+    def forward(self, tokens):
+        return self.body(tokens)
+
+
+def plain_root_job(rank, size, check):
+    """ONE_EMPTY at T = 40 (rank 2's last micro-batch empty) with `accumulate(root, micro, check=check)`, `root` a
+    plain module holding a DDP module: what each rank raised."""
+    torch.manual_seed(0)
+    root = PlainRoot()
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
+            with accumulate(root, micro, check=check):
+                normalize_loss(summed_loss(root(micro.data["tokens"]), micro), micro).backward()
+    except ValueError as error:
+        return f"micro-batch {micro.index}: {error}"
+    return "no error"
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_regression_accumulate_given_a_plain_module_around_a_ddp_one_held_no_sync_and_checked_nothing(check):
+    """Cause (probe13 P13-04): `accumulate` looked at the module it was given only: a plain root holding a DDP module
+    was taken for a plain model with a hand-made all-reduce, so the sync was held for no micro-batch and no check
+    ran: the rank whose empty micro-batch skipped a layer trained wrong, its peers died in DDP's all-reduce.  Every
+    rank now refuses it at the first block, naming the DDP module to pass instead."""
+    for message in spawn(plain_root_job, len(ONE_EMPTY), args=(check,), timeout_s=60):
+        assert message.startswith("micro-batch 0: `model` (PlainRoot) holds modules whose gradients DDP or FSDP2 "
+                                  "reduce: body (DistributedDataParallel of SkipOnEmptyModel)"), message
 
 
 def early_exit_job(rank, size, check):
@@ -1070,6 +1124,70 @@ def test_regression_a_micro_batch_loop_left_early_never_synchronised_the_step_s_
     assert all(outcome.startswith(("ValueError: the micro-batch loop", "PeerInputError")) for outcome in outcomes), \
         outcomes
     assert spawn(early_exit_job, len(ONE_EMPTY), args=(False,), timeout_s=60) == ["no error"] * 3
+
+
+OVERLAP_STEPS = ({0: [5, 3, 4, 2], 1: [6, 1, 1, 2]}, {0: [2, 6, 3], 1: [4, 4, 1, 1]}, {0: [1, 5, 5], 1: [6, 2, 3]})
+
+
+def overlap_features(step, rank):
+    generator = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(sum(OVERLAP_STEPS[step][rank]), 3, generator=generator, dtype=torch.float64)
+
+
+def overlapped_steps_job(rank, size, leave=False):
+    """Two dispatchers alternate by step (the README's way to overlap two steps' data movement): step k + 1's `plan`
+    and `dispatch` run inside step k's DDP loop, after micro-batch 0's `accumulate` block.  Each step's micro-batch
+    count and gradients; with `leave`, step 0's loop is left there (`break`): what the next loop raised."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    dispatchers = [PostBalancingDispatcher(max_tokens_per_microbatch=6) for _ in range(2)]
+
+    def prepare(step):
+        dispatcher, lengths = dispatchers[step % 2], OVERLAP_STEPS[step][rank]
+        plan = dispatcher.plan(lengths)
+        return dispatcher, plan, dispatcher.dispatch({"x": overlap_features(step, rank)}, plan, lengths=lengths)
+
+    counts, gradients, upcoming = [], [], prepare(0)
+    for step in range(len(OVERLAP_STEPS)):
+        dispatcher, plan, moved = upcoming
+        try:
+            micros = dispatcher.microbatches(plan, moved)
+        except ValueError as error:
+            return str(error)
+        for micro in micros:
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+            if micro.index == 0 and step + 1 < len(OVERLAP_STEPS):
+                upcoming = prepare(step + 1)
+                if leave:
+                    break
+        counts.append(plan.num_microbatches)
+        gradients.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
+        net.zero_grad()
+    return counts, gradients
+
+
+def test_regression_the_next_step_planned_inside_a_loop_by_a_second_dispatcher_was_taken_for_a_loop_left_early():
+    """Cause (probe13 P13-01): every `plan()` on the thread took the gradient sync that the running loop's
+    `accumulate` held (micro-batch 0 of 2) for a loop left early, so two dispatchers alternating by step, the next
+    step planned and dispatched inside the current loop, were refused on every rank.  A `plan()` now leaves alone
+    the loop of another dispatcher's step that has not ended: the steps' gradients are one pass's."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    expected = []
+    for step in range(len(OVERLAP_STEPS)):
+        features = torch.cat([overlap_features(step, rank) for rank in OVERLAP_STEPS[step]])
+        (net(features).sum() / features.shape[0]).backward()
+        expected.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
+        net.zero_grad()
+    for counts, gradients in spawn(overlapped_steps_job, 2, timeout_s=60):
+        assert min(counts) >= 2, counts  # micro-batch 0 holds the sync: the next step is planned inside the loop
+        for got, want in zip(gradients, expected):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    for message in spawn(overlapped_steps_job, 2, args=(True,), timeout_s=60):  # a loop left there is still refused
+        assert message.startswith("the micro-batch loop of the previous step on this thread ended after micro-batch 0 "
+                                  "of 2"), message
 
 
 def test_regression_the_forward_noting_hook_outlived_its_step():
