@@ -227,7 +227,7 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.n
     in_parts = np.zeros(batch.num_segments, dtype=bool)
     in_parts[part_segment] = True
     cut = np.flatnonzero(in_parts | (degree[owner] > 1))
-    keys = _cut_keys(batch, chunks, part_segment, part_row, cut, degree)
+    keys = _cut_keys(batch, chunks, part_segment, part_row, cut)
     scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
     cut_segment, cut_row = np.divmod(keys, scale)
     count = np.ones(batch.num_segments, dtype=np.int64)
@@ -249,38 +249,23 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.n
         piece_offset[parted] = part_offset[part] + piece_row[parted] - part_row[part]
     sample = owner[piece_segment]
     llm_position = position[piece_segment] + piece_row
-    at = chunks.first[sample] + _chunk_index(batch.sample_llm_length[sample], degree[sample], llm_position)
+    at = np.searchsorted(chunks.sample * scale + chunks.position, sample * scale + llm_position, side="right") - 1
     return Pieces(segment=_frozen(piece_segment), row=_frozen(piece_row), tokens=_frozen(piece_tokens),
                   stage=_frozen(piece_stage), encoder_rank=_frozen(piece_rank), encoder_offset=_frozen(piece_offset),
                   llm_rank=_frozen(chunks.rank[at]), llm_offset=_frozen(chunks.packed[at] + llm_position
                                                                           - chunks.position[at]))
 
 
-def _chunk_index(lengths: np.ndarray, degree: np.ndarray, position: np.ndarray) -> np.ndarray:
-    """Index among its sample's chunks of the last one starting at or before `position` (at most the sample's
-    length): with q, r = divmod(l, 2c), chunk j holds q + 1 tokens for j < r and q after (`split_layout`), and
-    empty chunks start at l, so a position at l is in the last chunk."""
-    count = np.where(degree > 1, 2 * degree, 1)
-    quotient, remainder = np.divmod(lengths, count)
-    longer = remainder * (quotient + 1)  # tokens of the r longer chunks
-    index = np.where(position < longer, position // (quotient + 1),
-                     remainder + (position - longer) // np.maximum(quotient, 1))
-    return np.where(position >= lengths, count - 1, index)
-
-
 def _cut_keys(batch: Batch, chunks: SampleChunks, part_segment: np.ndarray, part_row: np.ndarray,
-              cut: np.ndarray, degree: np.ndarray) -> np.ndarray:
+              cut: np.ndarray) -> np.ndarray:
     """Sorted distinct keys segment · K + row of where the segments `cut` (ascending) start a piece:
     their first row, every part's (`part_segment`, `part_row`: segments in parts, all among `cut`)
     and every chunk start of the segment's sample inside the segment."""
     scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
     owner, size, position = batch.segment_sample[cut], batch.segment_tokens[cut], batch.segment_position[cut]
-    lengths, degrees = batch.sample_llm_length[owner], degree[owner]
-    first = chunks.first[owner]
-    low = first + _chunk_index(lengths, degrees, position) + 1  # chunks starting inside the segment follow
-    end = position + size  # the chunks starting before it: those holding a token before it
-    before = np.where(end > 0, _chunk_index(lengths, degrees, np.maximum(end - 1, 0)) + 1, 0)
-    counts = np.maximum(first + before - low, 0)
+    starts = chunks.sample * scale + chunks.position  # ascending
+    low = np.searchsorted(starts, owner * scale + position, side="right")  # chunks starting inside the segment
+    counts = np.maximum(np.searchsorted(starts, owner * scale + position + size, side="left") - low, 0)
     chunk = np.repeat(low - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
     inside = np.repeat(cut, counts) * scale + chunks.position[chunk] - np.repeat(position, counts)
     keys = np.sort(np.concatenate((cut * scale, part_segment * scale + part_row, inside)))

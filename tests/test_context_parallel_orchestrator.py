@@ -269,22 +269,3 @@ def test_the_pass_check_fails_on_a_misplaced_row():
     wrong.__dict__["shards"] = dataclasses.replace(shards, rank=rank)
     with pytest.raises(AssertionError, match="misplaced"):
         check_split_pass(wrong)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from([1, 2, 4, 8])), min_size=1, max_size=8))
-def test_the_chunk_index_is_the_binary_search_over_the_chunk_starts(samples):
-    """`shards._chunk_index` (arithmetic on the zigzag chunk sizes) finds the chunk that a binary search over
-    the chunks' starts (keyed sample · K + start) finds, also at a sample's end and past empty chunks."""
-    from orchmllm.balancers.context_parallel.layout import chunk_sizes
-
-    lengths = np.array([length for length, _ in samples])
-    degree = np.array([c for _, c in samples])
-    scale = int(lengths.max()) + 1
-    sizes = [chunk_sizes([length], c)[0] if c > 1 else np.array([length]) for length, c in samples]
-    first = np.concatenate(([0], np.cumsum([part.size for part in sizes])))
-    keys = np.concatenate([k * scale + np.cumsum(part) - part for k, part in enumerate(sizes)])
-    sample = np.repeat(np.arange(lengths.size), lengths + 1)
-    position = np.concatenate([np.arange(length + 1) for length in lengths])
-    searched = np.searchsorted(keys, sample * scale + position, side="right") - 1 - first[sample]
-    assert shards._chunk_index(lengths[sample], degree[sample], position).tolist() == searched.tolist()
