@@ -86,11 +86,13 @@ def _is_column_name(text: str) -> bool:
 
 def _has_header(first: list[str], where: str, column: str | None) -> bool:
     """Whether the first line (its stripped fields) is a header of column names, or one that `column`
-    (--column) names a field of, with no number among them; UsageError when it is neither names nor
-    numbers, naming its first field that is not a column name and the rule it breaks."""
+    (--column) names a field of, with no number among its other fields (the named one may read as one:
+    `id,512` with --column 512); UsageError when it is neither names nor numbers, naming its first field
+    that is not a column name and the rule it breaks."""
     if all(_is_number(field) for field in first):
         return False
-    if all(_is_column_name(field) for field in first) or (column in first and not any(map(_is_number, first))):
+    if all(_is_column_name(field) for field in first) or (
+            column in first and not any(_is_number(field) for field in first if field != column)):
         return True
     expected = "expected an integer length or a header line of column names"
     if "" in first:  # neither a name nor a number: what a spreadsheet's empty column leaves
