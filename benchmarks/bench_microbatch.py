@@ -161,23 +161,18 @@ def test_planning_time_where_the_tight_packing_runs(workload, num_ranks, budget,
 
 ONE_MICROBATCH_CASES = [("near_mean", 512, 8192), ("image_qa", 512, 8192), ("audio_qa", 512, 8192),
                         ("asr", 512, 8192)]
-# issue 24, not met (image_qa 13-14x, 2026-12-05 16:24-16:40, load 0.5-2.5): with one micro-batch the plan must be at
-# least `balance(..., max_tokens_per_rank=T)`'s (MULTIFIT's 12 best-fit probes at 8 items per rank, then the local
-# search), and the cells' own plan and search run beside it; audio_qa sits at the line (9.6-10.8x in four runs that
-# day), so its case reports either way (a non-strict xfail) instead of flipping a strict one
-ONE_MICROBATCH_NOT_MET = {"image_qa": True, "audio_qa": False}  # workload: strict
 
 
-@pytest.mark.parametrize("workload, num_ranks, budget", [
-    pytest.param(w, d, t, marks=[pytest.mark.xfail(strict=ONE_MICROBATCH_NOT_MET[w], reason="issue 24, not met: M = 1 "
-                                                   "runs balance's auto and the cells' plan, 10-14x the default mix")]
-                 if w in ONE_MICROBATCH_NOT_MET else []) for w, d, t in ONE_MICROBATCH_CASES],
-    ids=[f"{w}-{d}x8-T{t // 1024}k" for w, d, t in ONE_MICROBATCH_CASES])
+@pytest.mark.parametrize("workload, num_ranks, budget", ONE_MICROBATCH_CASES,
+                         ids=[f"{w}-{d}x8-T{t // 1024}k" for w, d, t in ONE_MICROBATCH_CASES])
 def test_planning_time_with_one_micro_batch(workload, num_ranks, budget, alternated_cpu):
     """Issue 24's bound where one micro-batch is enough (M = 1 plans at least `balance`'s, which it runs) at
     D x 8, T 8k, CPU seconds alternated with the default mix (M = 2) in one process: near_mean (P||Cmax, items
-    near the mean) 10-12x before MULTIFIT's failing probes stopped at the dead room, 4x after; audio_qa 14x and
-    asr 11-12x before MULTIFIT's probes and the micro-batch search's steps got cheaper, 10.7x and 8.7-9.3x after."""
+    near the mean) 10-12x before MULTIFIT's failing probes stopped at the dead room, 4x after; image_qa 20-23x,
+    audio_qa 14x and asr 11-12x before MULTIFIT's probes and the micro-batch search's steps got cheaper (13-14x,
+    9.6-10.8x, 8.7-9.3x), then 7.9-8.5x, 6.9-7.2x and 6.1-6.4x (load 12) once the plain step came first and the
+    cells' search stopped where it provably could not win, the one-micro-batch search step took every item of
+    its cell at once, and MULTIFIT's probes placed runs of equal costs bin by bin."""
     lengths, default = family_or_mix(workload, num_ranks, 8), family_or_mix("default", num_ranks, 8)
     plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=COST)
     check(plan, lengths, num_ranks, budget)
