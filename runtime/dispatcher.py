@@ -229,7 +229,7 @@ class PostBalancingDispatcher:
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
         self._latest: DispatchPlan | None = None  # the latest dispatch's plan
-        self._returned: dict = {}  # key -> a weak reference to each tensor the latest dispatch returned
+        self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._step = StepToken()  # the latest dispatch's step, which its micro-batches carry
 
@@ -318,15 +318,17 @@ class PostBalancingDispatcher:
         given to `plan`): they are then checked against the plan's, and every rank raises `PlanMismatchError`
         naming the rank and its first item that differs; `loss_tokens` (as given to `plan`) are checked the
         same way (a plan of the same lengths but other loss tokens scales the loss).
-        `microbatches` and `combine` then take this plan (the latest dispatch's).  `differentiable=True` lets
+        `microbatches` and `combine` then take this plan (the latest dispatch's); dispatching it again (a second batch
+        dict of the step) stays in its step, which the next plan's dispatch ends.  `differentiable=True` lets
         gradients of the results flow back to the inputs (a tensor that requires grad is refused without it).
         """
         plan = _checked_plan(plan)
         problem = (self._foreign_problem(plan, "dispatch") or _items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
-        self._latest, self._step = plan, self._step.next()
-        self._returned = {key: weakref.ref(tensor) for key, tensor in moved.items()}
+        if plan is not self._latest:  # a second batch dict dispatched along the step's plan stays in its step
+            self._latest, self._step, self._returned = plan, self._step.next(), {}
+        self._returned.update((key, weakref.ref(tensor)) for key, tensor in moved.items())
         return moved
 
     def _foreign_problem(self, plan: DispatchPlan, call: str) -> PlanMismatchError | None:

@@ -266,3 +266,30 @@ def test_regression_multistage_dispatch_detached_inputs_that_require_grad(fused)
         moved = runtime.dispatch(routes, text={"input_ids": torch.arange(5)},
                                  inputs={"image": projection(torch.randn(2, 4))}, samples=samples)
         list(runtime.microbatches(routes, moved))
+
+
+def test_regression_a_second_batch_dict_dispatched_along_the_step_s_plan_ended_the_step():
+    """Cause (probe13 P13-06): every `dispatch` ended the step its micro-batches carry, so a second batch dict
+    dispatched along the same plan (inside the loop, or after it for rewards computed from the outputs) made the
+    step's own micro-batches "of an earlier step" to `normalize_loss` and `combine`.  A step now ends where a plan
+    other than the latest dispatch's is dispatched (the next `plan()`'s, equal or not)."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6, per_item_keys=("sid",))
+    lengths = [5, 3, 4, 2]
+    features = torch.arange(14, dtype=torch.float64)
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"x": features, "sid": torch.arange(4)}, plan, lengths=lengths)
+    pairs = []
+    for micro in dispatcher.microbatches(plan, moved):
+        if micro.index == 0:
+            dispatcher.dispatch({"y": features * 2}, plan, lengths=lengths)
+        weight = torch.ones((), dtype=torch.float64, requires_grad=True)
+        normalize_loss((micro.data["x"] * weight).sum(), micro).backward()
+        pairs.append((micro, {"out": micro.data["x"] * 3, "sid": micro.data["sid"]}))
+    assert len(pairs) >= 3
+    dispatcher.dispatch({"y": features * 2}, plan, lengths=lengths)
+    home = dispatcher.combine(pairs, plan)
+    assert torch.equal(home["out"], features * 3) and home["sid"].tolist() == [0, 1, 2, 3]
+    dispatcher.dispatch({"x": features, "sid": torch.arange(4)}, dispatcher.plan(lengths))  # the next step
+    with pytest.raises(ValueError, match=r"normalize_loss with micro-batch 0 of an earlier step \(its runtime has run "
+                                         r"another since\)"):
+        normalize_loss(torch.ones((), requires_grad=True), pairs[0][0])
