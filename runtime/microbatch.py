@@ -219,14 +219,23 @@ def new_step(planner: StepToken | None = None) -> None:
     _stop_noting()
     _active.current = _active.step = _active.synced = None
     _active.held = held if running else None
-    if held is not None and not running:  # the plan() calling this joins its gather as failed: every rank raises
-        raise ValueError(
+    if held is not None and not running and not _discarded(held[2]()):
+        raise ValueError(  # the plan() calling this joins its gather as failed: every rank raises
             f"the micro-batch loop of the previous step on this thread ended after micro-batch {held[0].index} of "
             f"{held[0].num_microbatches} (left by `break`, an exception or a slice) while `accumulate` held "
             f"{held[1]}'s gradient sync to the step's last micro-batch, which never ran: that step's gradients were "
             f"never synchronised across ranks (an optimizer step on them lets the replicas drift apart); run every "
             f"micro-batch of a step, an empty one too, or leave the rest knowingly with `accumulate(model, micro, "
-            f"check=False)`")
+            f"check=False)`; to drop a step on purpose, clear its gradients first (`model.zero_grad()`, under DDP)")
+
+
+def _discarded(model) -> bool:
+    """Whether `model`, whose gradient sync a loop left early held, has nothing left to synchronise: a DDP module
+    whose every gradient is None or zero (the step dropped on purpose, `zero_grad()`).  Not FSDP2's: it keeps the
+    unreduced gradients of such micro-batches unsharded, out of `zero_grad`'s reach."""
+    return model is not None and not hasattr(model, "set_requires_gradient_sync") and all(
+        parameter.grad is None or not bool(parameter.grad.any()) for parameter in model.parameters()
+        if parameter.requires_grad)
 
 
 def _stop_noting() -> None:
@@ -420,7 +429,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
     if _syncs(model):  # its sync held to the last
-        _active.held = (micro, kind(model)) if check and not micro.is_last and torch.is_grad_enabled() else None
+        _active.held = (micro, kind(model), weakref.ref(model)) if check and not micro.is_last and \
+            torch.is_grad_enabled() else None
     contract = _Contract(micro, model, outer) if check and micro.contract is not None and micro.is_last \
         and _reduces_every_parameter(model) else None
     watching = recording(model, contract.hidden, contract.ran, contract.spans) if contract is not None \

@@ -1137,7 +1137,8 @@ def overlap_features(step, rank):
 def overlapped_steps_job(rank, size, leave=False):
     """Two dispatchers alternate by step (the README's way to overlap two steps' data movement): step k + 1's `plan`
     and `dispatch` run inside step k's DDP loop, after micro-batch 0's `accumulate` block.  Each step's micro-batch
-    count and gradients; with `leave`, step 0's loop is left there (`break`): what the next loop raised."""
+    count and gradients; with `leave`, step 0's loop is left there (`break`, its gradients kept): what the next loop
+    raised."""
     torch.manual_seed(0)
     net = nn.Linear(3, 1).double()
     model = nn.parallel.DistributedDataParallel(net)
@@ -1162,6 +1163,8 @@ def overlapped_steps_job(rank, size, leave=False):
                 upcoming = prepare(step + 1)
                 if leave:
                     break
+        if leave:  # its gradients kept, unsynchronised
+            continue
         counts.append(plan.num_microbatches)
         gradients.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
         net.zero_grad()
@@ -1188,6 +1191,58 @@ def test_regression_the_next_step_planned_inside_a_loop_by_a_second_dispatcher_w
     for message in spawn(overlapped_steps_job, 2, args=(True,), timeout_s=60):  # a loop left there is still refused
         assert message.startswith("the micro-batch loop of the previous step on this thread ended after micro-batch 0 "
                                   "of 2"), message
+
+
+def dropped_step_job(rank, size, clear):
+    """OVERLAP_STEPS on one DDP dispatcher; every rank drops step 1 after micro-batch 0's block (`break`, a loss spike
+    seen), its gradients cleared first where `clear` ("none": set to None, "zero": zeroed) : what step 2's `plan`
+    raised, or steps 0 and 2's gradients."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    gradients = []
+    try:
+        for step, per_rank in enumerate(OVERLAP_STEPS):
+            plan = dispatcher.plan(per_rank[rank])
+            moved = dispatcher.dispatch({"x": overlap_features(step, rank)}, plan, lengths=per_rank[rank])
+            for micro in dispatcher.microbatches(plan, moved):
+                if step == 1 and micro.index == 1:
+                    if clear:
+                        net.zero_grad(set_to_none=clear == "none")
+                    break
+                with accumulate(model, micro):
+                    normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+            else:
+                gradients.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
+                net.zero_grad()
+    except ValueError as error:
+        return str(error)
+    return gradients
+
+
+def test_regression_a_step_dropped_on_purpose_with_its_gradients_cleared_was_refused_as_a_loop_left_early():
+    """Cause (probe13 P13-05): a DDP step left after micro-batch 0 on every rank, its gradients cleared (the usual
+    way to drop a step after a loss spike), was refused by the next `plan()` as a loop whose gradients were never
+    synchronised, and `check=False`, its only way out, had to be passed before the decision.  Nothing is left to
+    synchronise there: every gradient None or zero is now accepted; a step left with its gradients is refused."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    expected = []
+    for step in (0, 2):
+        features = torch.cat([overlap_features(step, rank) for rank in OVERLAP_STEPS[step]])
+        (net(features).sum() / features.shape[0]).backward()
+        expected.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
+        net.zero_grad()
+    for clear in ("none", "zero"):
+        for gradients in spawn(dropped_step_job, 2, args=(clear,), timeout_s=60):
+            assert not isinstance(gradients, str), gradients
+            for got, want in zip(gradients, expected, strict=True):
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    for message in spawn(dropped_step_job, 2, args=(None,), timeout_s=60):
+        assert message.startswith("the micro-batch loop of the previous step on this thread ended after micro-batch 0 "
+                                  "of 2"), message
+        assert "to drop a step on purpose, clear its gradients first" in message, message
 
 
 def test_regression_the_forward_noting_hook_outlived_its_step():
