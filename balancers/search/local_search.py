@@ -120,8 +120,9 @@ class _State:
         back = np.array([item for item in moved_in if item >= 0], dtype=np.int64)
         self.assignment[out] = rank
         self.assignment[back] = heaviest
-        self._changed[heaviest] = np.sort(np.concatenate((np.setdiff1d(self.items(heaviest), out), back)))
-        self._changed[rank] = np.sort(np.concatenate((np.setdiff1d(self.items(rank), back), out)))
+        own, other = self.items(heaviest), self.items(rank)  # ascending, holding `out` and `back`
+        self._changed[heaviest] = np.sort(np.concatenate((np.delete(own, np.searchsorted(own, out)), back)))
+        self._changed[rank] = np.sort(np.concatenate((np.delete(other, np.searchsorted(other, back)), out)))
         self._refresh((heaviest, rank))
 
     def reassign(self, ranks, pool: np.ndarray, labels: np.ndarray) -> None:
@@ -153,10 +154,9 @@ def _best_exchange(state: _State, heaviest: int, partners: np.ndarray):
     x_sum, x_tokens, x_first, x_second = x_sum[order], x_tokens[order], x_first[order], x_second[order]
 
     groups = [state.items(r) for r in partners.tolist()]
-    items = np.concatenate(groups)
-    owners = np.repeat(partners, [group.size for group in groups])
-    y_rank, y_first, y_second = _subsets_upto_two(items, owners, partners,
-                                                  _pair_offsets(max(group.size for group in groups)))
+    sizes = [group.size for group in groups]
+    y_rank, y_first, y_second = _subsets_upto_two(np.concatenate(groups), np.repeat(partners, sizes), partners,
+                                                  _pair_offsets(max(sizes)))
     y_sum = state.costs_ext[y_first] + state.costs_ext[y_second]
     y_tokens = state.lengths_ext[y_first] + state.lengths_ext[y_second]
 
