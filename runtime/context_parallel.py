@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from ..balancers.context_parallel.layout import shard_positions
-from ..balancers.validation import as_int, is_int
+from ..balancers.validation import as_bool, as_int, is_int
 from .agreement import PlanMismatchError, disagreement, fingerprint
 from .comm import group_rank, group_size
 from .metadata import FAILED_INPUT, PeerInputError, gather_digests
@@ -384,7 +384,7 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
     torch.Size([6, 1, 2])
     """
     tokens = _check_inputs(query, key, value, layout, key_padding_mask)
-    causal = bool(causal)
+    causal = as_bool(causal, "causal")
     exchange = layout.exchange(causal)
     valid = None if key_padding_mask is None else ~key_padding_mask
     local = gathered = (key, value, valid)

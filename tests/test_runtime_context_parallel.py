@@ -361,3 +361,14 @@ ITEM = SplitItem(0, 4, (0,))
 def test_bad_input_is_a_clear_error(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("causal", ["false", "no", None, 0])
+def test_regression_context_parallel_attention_took_a_causal_that_is_no_bool_for_its_truth(causal):
+    """Cause (probe13 P13-09): `causal` went through `bool()`, so a config string "false" or "no" ran causal
+    attention, no error.  It is checked as every flag of the package is."""
+    split = SplitItem(item=0, length=4, group=(0,))
+    layout = ContextParallelLayout.build([2, split], [split])
+    q = k = v = torch.ones(6, 1, 2)
+    with pytest.raises(TypeError, match=f"`causal` must be a bool; got {type(causal).__name__}"):
+        context_parallel_attention(q, k, v, layout, causal=causal)
