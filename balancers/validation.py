@@ -276,10 +276,11 @@ def _once_each(pairs: list) -> dict:
     return mapping
 
 
-def json_value(text: str, where: str):
+def json_value(text: str, where: str, parse_float=float):
     """One JSON value decoded from `text`; ValueError naming `where` (a file and line) for bad JSON,
     an object that gives a key twice (which value counts is up to the reader), an integer past
-    Python's digit limit or nesting past its recursion limit.
+    Python's digit limit or nesting past its recursion limit.  `parse_float` reads the numbers with a
+    fraction or an exponent (`decimal.Decimal`: exactly, as `json.loads` takes it).
 
     >>> json_value('{"length": ', "lengths.jsonl:2")
     Traceback (most recent call last):
@@ -291,7 +292,7 @@ def json_value(text: str, where: str):
     ValueError: lengths.jsonl:3: key 'length' given twice in one object
     """
     try:
-        return json.loads(text, object_pairs_hook=_once_each)
+        return json.loads(text, object_pairs_hook=_once_each, parse_float=parse_float)
     except _RepeatedKey as repeated:
         raise ValueError(f"{where}: key {repeated.args[0]!r} given twice in one object") from None
     except json.JSONDecodeError as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import decimal
 import io
 import json
 import math
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..balancers.validation import is_real, json_value
+from ..balancers.validation import json_value
 from .errors import UsageError, one_line
 
 TEXT_ENCODING = "utf-8-sig"  # UTF-8, ignoring the byte-order mark spreadsheets write first
@@ -37,16 +38,22 @@ MAX_LENGTH = 2**53  # lengths at or above it are not exact as float64 costs
 
 
 def _parse_length(text: str, where: str) -> int:
+    """`text` as a length, read exactly: `812`, `812.0`, `8.12e2`, but not `4.9999999999999999` nor `1e-400`,
+    which float() would round to 5 and 0 (a decimal holds the text's value); UsageError naming `where`."""
     text = text.strip()
     try:
         value = int(text)
     except ValueError:
         try:
-            number = float(text)
-        except ValueError:
-            raise UsageError(f"{where}: expected an integer length, got {text!r}") from None
-        if not math.isfinite(number) or number != math.floor(number):
-            raise UsageError(f"{where}: expected an integer length, got {text!r}") from None
+            number = decimal.Decimal(text)
+        except decimal.InvalidOperation:
+            raise UsageError(f"{where}: expected an integer length, got {SHORT.repr(text)}") from None
+        if not number.is_finite() or number != number.to_integral_value():
+            raise UsageError(f"{where}: expected an integer length, got {SHORT.repr(text)}")
+        if number < 0:
+            raise UsageError(f"{where}: lengths must be non-negative, got {SHORT.repr(text)}")
+        if number >= MAX_LENGTH:  # before int(): `1e999999999` would be a billion digits
+            raise UsageError(f"{where}: lengths must be below 2**53, got {SHORT.repr(text)}")
         value = int(number)
     if value < 0:
         raise UsageError(f"{where}: lengths must be non-negative, got {value}")
@@ -175,8 +182,9 @@ def _read_csv(path: Path, column: str | None) -> list[int]:
 
 
 def _json(text: str, where: str):
+    """One JSON value of a lengths file, its non-integer numbers as exact decimals (`_parse_length`)."""
     try:
-        return json_value(text, where)
+        return json_value(text, where, parse_float=decimal.Decimal)
     except ValueError as error:
         raise UsageError(str(error)) from None
 
@@ -200,9 +208,9 @@ def _read_json_lines(path: Path, column: str | None) -> list[int]:
             if key not in value:
                 raise UsageError(f"{where}: object has no key {key!r} (keys: {sorted(value)}); use --column")
             value = value[key]
-        if not is_real(value):
+        if isinstance(value, bool) or not isinstance(value, (int, decimal.Decimal)):
             raise UsageError(f"{where}: expected an integer length, got {json.dumps(value)}")
-        lengths.append(_parse_length(repr(value), where))
+        lengths.append(_parse_length(str(value), where))
     if not lengths:
         raise UsageError(f"{path}: no lengths in the file")
     return lengths

@@ -35,3 +35,29 @@ def test_a_line_of_numbers_is_no_header_even_when_column_names_one(tmp_path, cap
     path.write_text("1,512\n2,5\n")
     check_one_line_error(main(["plan", str(path), "-D", "1", "--column", "512"]), capsys.readouterr().err,
                          "numbers.csv: --column '512' given but the file has no header line")
+
+
+@pytest.mark.parametrize("name, text, shown", [
+    ("rounds_up.csv", "4.9999999999999999\n3\n", "rounds_up.csv:1: expected an integer length, got '4.9999999999999999'"),
+    ("underflows.csv", "length\n1e-400\n3\n", "underflows.csv:2: expected an integer length, got '1e-400'"),
+    ("half.csv", "9007199254740991.5\n", "half.csv:1: expected an integer length, got '9007199254740991.5'"),
+    ("rounds_up.jsonl", "3\n4.9999999999999999\n", "rounds_up.jsonl:2: expected an integer length, got "
+                                                     "'4.9999999999999999'"),
+    ("rounds_down.jsonl", '{"length": 5.0000000000000001}\n', "rounds_down.jsonl:1: expected an integer length"),
+    ("underflows.json", "[3, 1e-400]\n", "underflows.json: element 1: expected an integer length, got '1E-400'"),
+    ("overflows.jsonl", "1e400\n", "overflows.jsonl:1: lengths must be below 2**53, got '1E+400'")])
+def test_regression_a_length_within_float_rounding_of_an_integer_was_read_as_it(name, text, shown, tmp_path, capsys):
+    """Cause (fix24d F24-04): lengths that are not integers were read through float(), which rounds: CSV or JSON
+    `4.9999999999999999` was planned as 5 and `1e-400` as 0 with exit 0, `9007199254740991.5` refused as "got
+    9007199254740992" and JSON `1e400` as "got 'inf'".  The text's exact decimal value is read now."""
+    path = tmp_path / name
+    path.write_text(text)
+    check_one_line_error(main(["plan", str(path), "-D", "2"]), capsys.readouterr().err, shown)
+
+
+@pytest.mark.parametrize("text", ["812.0\n77\n", "8.12e2\n77\n", "length\n8.120E+2\n77\n", "[812.0, 77]\n"])
+def test_integers_written_with_a_fraction_or_an_exponent_are_read(text, tmp_path, capsys):
+    path = tmp_path / ("lengths.json" if text.startswith("[") else "lengths.csv")
+    path.write_text(text)
+    assert main(["plan", str(path), "-D", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == 889
