@@ -50,9 +50,9 @@ from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import (MicroBatch, StepToken, contract_of, in_microbatch_order, iterate, merge_rows, new_step,
-                         split_rows)
+from .microbatch import MicroBatch, StepToken, contract_of, iterate, merge_rows, new_step, split_rows
 from .options import DispatchOptions, check_names
+from .pairing import in_microbatch_order
 from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
 

@@ -39,7 +39,6 @@ import contextlib
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -57,10 +56,11 @@ class StepToken:
     multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
     variable of an earlier step) is refused."""
 
-    __slots__ = ("ended", "number")
+    __slots__ = ("ended", "number", "blocked")
 
     def __init__(self, number: int = 0):
         self.ended, self.number = False, number
+        self.blocked: dict[int, set] = {}  # id(model) -> its micro-batches whose `accumulate` blocks ran (`_in_order`)
 
     def next(self) -> StepToken:
         """End this step; the token of the next."""
@@ -286,47 +286,6 @@ def merge_rows(parts, rows: np.ndarray, microbatch: np.ndarray, name: str) -> to
     return torch.cat(list(parts)).index_select(0, torch.from_numpy(inverse).to(parts[0].device))
 
 
-def in_microbatch_order(outputs, plan, step: StepToken) -> tuple[list, Exception | None]:
-    """The list `combine` got for `plan` (a `DispatchPlan`), `(micro, mapping)` pairs in any order (or, with one
-    micro-batch, mappings), as one mapping per micro-batch in micro-batch order; and why it does not fit the plan's
-    micro-batches (None when it does): a bare list where several micro-batches make its order unknowable, a
-    micro-batch of another plan or of another `step` than the latest dispatch's (kept from an earlier step's loop),
-    one missing or given twice."""
-    pairs = isinstance(outputs, Sequence) and bool(outputs) and all(
-        isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], MicroBatch) and isinstance(pair[1], Mapping)
-        for pair in outputs)
-    if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence) or not outputs or not pairs and \
-            not all(isinstance(part, Mapping) for part in outputs):
-        raise TypeError(f"`outputs` must be a mapping of names to tensors, or a list of one `(micro, mapping)` pair "
-                        f"per micro-batch; got {type(outputs).__name__}")
-    count = plan.num_microbatches
-    if not pairs:
-        wrong = len(outputs) != count or count > 1
-        return list(outputs), None if not wrong else ValueError(
-            f"`outputs` is a list of {len(outputs)} mappings but the plan has {count} micro-batches: its order cannot "
-            f"be checked (micro-batches of equal row counts would go home to each other's items); pass one "
-            f"`(micro, mapping)` pair per micro-batch, in any order: `outputs.append((micro, {{...}}))`")
-    items = plan.local_items
-    microbatch = plan.item_microbatch[items]
-    parts = {}
-    for micro, part in outputs:
-        if micro.num_microbatches != count or not 0 <= micro.index < count or \
-                not np.array_equal(micro.items, items[microbatch == micro.index]):
-            return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} of {micro.num_microbatches} "
-                                      f"(items {micro.items.tolist()}), which is not a micro-batch of `plan` on rank "
-                                      f"{plan.route.rank}: pass the micro-batches `microbatches(plan, ...)` yielded")
-        if micro.step is not step:
-            return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} of another step than the latest "
-                                      f"dispatch's (a micro-batch kept from an earlier step's loop?): pair each output "
-                                      f"with the micro-batch of this step's `microbatches(plan, ...)` it came from")
-        if micro.index in parts:
-            return [part], ValueError(f"`outputs` pairs micro-batch {micro.index} twice")
-        parts[micro.index] = part
-    missing = sorted(set(range(count)) - set(parts))
-    return [parts.get(index, outputs[0][1]) for index in range(count)], None if not missing else \
-        ValueError(f"`outputs` lacks micro-batches {missing} of the plan's {count}")
-
-
 @contextlib.contextmanager
 def gradient_sync(model, enabled: bool):
     """Run the body with gradient synchronisation on or off, for DDP (`no_sync()`) and FSDP2
@@ -366,6 +325,28 @@ class _Contract:
             self.checked = True
             check_model_contract(self)
         return grad
+
+
+def _in_order(micro: MicroBatch, model, check: bool) -> None:
+    """Record that `micro`'s block for `model` runs; a ValueError, before its forward, where it is its step's last
+    (whose block synchronises the gradients of DDP or FSDP2 `model`) and micro-batches of the step have not run in
+    blocks for `model` since its last one's: run out of order, theirs would stay unsynchronised on each rank (every
+    rank runs the same order, so every rank raises).  A pass in index order after another is a new pass."""
+    step = micro.step
+    if step is None or not check or not torch.is_grad_enabled():
+        return
+    blocked = step.blocked.setdefault(id(model), set())
+    if not micro.is_last:
+        blocked.add(micro.index)
+        return
+    missing = sorted(set(range(micro.num_microbatches - 1)) - blocked)
+    blocked.clear()
+    if missing:
+        raise ValueError(
+            f"micro-batch {micro.index} of {micro.num_microbatches}, the step's last, runs in `accumulate` before "
+            f"micro-batches {missing[:8]}{' ...' if len(missing) > 8 else ''} of its step: its block synchronises the "
+            f"gradients of {kind(model)}, so those of micro-batches run after it would stay each rank's own; run a "
+            f"step's micro-batches in index order (as `microbatches` yields them), the last one last")
 
 
 def _syncs(model) -> bool:
@@ -417,7 +398,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         raise TypeError(f"`model` must be the nn.Module whose gradients the micro-batches accumulate (the DDP or "
                         f"FSDP2 module itself, or a plain one); got {type(model).__name__}")
     check = as_bool(check, "check")
-    inside = [] if _syncs(model) else _synced_inside(model)
+    syncs = _syncs(model)
+    inside = [] if syncs else _synced_inside(model)
     if inside:
         raise ValueError(
             f"`model` ({type(model).__name__}) holds modules whose gradients DDP or FSDP2 reduce: {', '.join(inside)}; "
@@ -426,9 +408,11 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
             f"micro-batch would train wrong without an error): pass that module itself, `accumulate(model."
             f"{inside[0].split(' ')[0]}, micro)`, nest one `accumulate` block per such module, or under FSDP2 "
             f"`fully_shard` the root as well")
+    if syncs:
+        _in_order(micro, model, check)
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
-    if _syncs(model):  # its sync held to the last
+    if syncs:  # its sync held to the last
         _active.held = (micro, kind(model), weakref.ref(model)) if check and not micro.is_last and \
             torch.is_grad_enabled() else None
     contract = _Contract(micro, model, outer) if check and micro.contract is not None and micro.is_last \

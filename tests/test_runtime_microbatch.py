@@ -1245,6 +1245,44 @@ def test_regression_a_step_dropped_on_purpose_with_its_gradients_cleared_was_ref
         assert "to drop a step on purpose, clear its gradients first" in message, message
 
 
+def ordered_steps_job(rank, size, order):
+    """Step 0 of OVERLAP_STEPS (M = 2) on DDP, its micro-batches run in `accumulate` "reversed", or "twice" in index
+    order (two passes over the step's micro-batches): what each rank raised at which micro-batch, or the gradient."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    lengths = OVERLAP_STEPS[0][rank]
+    plan = dispatcher.plan(lengths)
+    micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(0, rank)}, plan)))
+    assert len(micros) == 2
+    try:
+        for micro in micros[::-1] if order == "reversed" else micros * 2:
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+    except ValueError as error:
+        return f"micro-batch {micro.index}: {error}"
+    return torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy()
+
+
+def test_regression_micro_batches_run_out_of_order_synchronised_on_the_first_block_and_not_after():
+    """Cause (probe13 P13-07): under DDP the block of the step's last micro-batch synchronises the gradients, so run
+    first (`reversed(list(...))`) it reduced one micro-batch's and the others stayed each rank's own, no error until
+    the next `plan()` called the loop left early.  The last micro-batch's block now refuses, before its forward,
+    to run before the step's others; passes in index order, one after the other, are fine."""
+    for message in spawn(ordered_steps_job, 2, args=("reversed",), timeout_s=60):
+        assert message.startswith("micro-batch 1: micro-batch 1 of 2, the step's last, runs in `accumulate` before "
+                                  "micro-batches [0] of its step"), message
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    features = torch.cat([overlap_features(0, rank) for rank in OVERLAP_STEPS[0]])
+    (2 * net(features).sum() / features.shape[0]).backward()
+    for gradient in spawn(ordered_steps_job, 2, args=("twice",), timeout_s=60):
+        assert not isinstance(gradient, str), gradient
+        np.testing.assert_allclose(gradient, torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy(), rtol=0,
+                                   atol=1e-12)
+
+
 def test_regression_the_forward_noting_hook_outlived_its_step():
     """Cause (probe12 P12-L3 = review8 R8-15): the global forward pre-hook that notes a due step's forwards stayed
     installed after the step's loop until the next plan(), so after the last training step every module call in
