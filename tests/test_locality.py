@@ -271,6 +271,51 @@ def test_equal_length_redeal_keeps_loads_and_the_most_bytes_on_node(seed):
     assert inter_node(result) == best
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_equal_length_redeal_over_cells_keeps_every_cell_and_the_most_bytes_on_node(seed):
+    """Destinations as cells r·K + k of rank r (a rank's micro-batches): every cell keeps its multiset of
+    lengths, items leave their node no more than in the redeal over ranks (exact at that level either way),
+    and with K = 1 it is that redeal."""
+    rng = np.random.default_rng(seed)
+    n, num_ranks, cells_per_rank = 40, 8, 3
+    lengths = rng.choice([3, 5, 7], n)
+    sources, ranks = rng.integers(0, num_ranks, n), rng.integers(0, num_ranks, n)
+    cells = ranks * cells_per_rank + rng.integers(0, cells_per_rank, n)
+    item_bytes = rng.integers(0, 9, n).astype(float)
+    result = redeal_equal_items(lengths, cells, sources, item_bytes, 2, num_ranks, cells_per_rank=cells_per_rank)
+    assert sorted(zip(lengths, result)) == sorted(zip(lengths, cells))
+    by_ranks = redeal_equal_items(lengths, ranks, sources, item_bytes, 2, num_ranks)
+    assert np.array_equal(redeal_equal_items(lengths, ranks, sources, item_bytes, 2, num_ranks, cells_per_rank=1),
+                          by_ranks)
+
+    def inter_node(rank):
+        return item_bytes[rank // 2 != sources // 2].sum()
+
+    assert inter_node(result // cells_per_rank) == inter_node(by_ranks) <= inter_node(ranks)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 4]), st.integers(1, 6), st.booleans())
+def test_greedy_group_placement_is_the_plain_greedy_by_bytes(seed, gpus_per_node, num_nodes, ties):
+    """`assign_groups_greedily`'s proposals make the greedy's matching of groups to node slots (pairs by bytes
+    descending, ties by group then node), then the exact placement within nodes; many equal bytes with `ties`."""
+    from orchmllm.balancers.locality.lap import _pair_bytes, assign_groups_greedily, ranks_within_nodes
+
+    rng = np.random.default_rng(seed)
+    num_ranks = gpus_per_node * num_nodes
+    n = int(rng.integers(0, 6 * num_ranks + 1))
+    groups, sources = rng.integers(0, num_ranks, n), rng.integers(0, num_ranks, n)
+    item_bytes = rng.choice([0.0, 1.0, 2.0], n) if ties else rng.random(n)
+    pair_groups, pair_nodes, weights = _pair_bytes(groups, sources // gpus_per_node, item_bytes, num_nodes)
+    node_of_group, free = np.full(num_ranks, -1), np.full(num_nodes, gpus_per_node)
+    for k in sorted(range(weights.size), key=lambda k: (-weights[k], pair_groups[k], pair_nodes[k])):
+        if node_of_group[pair_groups[k]] < 0 and free[pair_nodes[k]]:
+            node_of_group[pair_groups[k]] = pair_nodes[k]
+            free[pair_nodes[k]] -= 1
+    node_of_group[node_of_group < 0] = np.repeat(np.arange(num_nodes), free)
+    expected = ranks_within_nodes(node_of_group, groups, sources, item_bytes, gpus_per_node)
+    assert np.array_equal(assign_groups_greedily(groups, sources, item_bytes, num_ranks, gpus_per_node), expected)
+
+
 def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_whole_cluster_searches(
         monkeypatch):
     """Regression: keeping home items fills ranks to the target, leaving rooms smaller than the

@@ -161,7 +161,7 @@ def test_communication_aware_mode_keeps_the_step_cost_and_moves_fewer_bytes():
     check_invariants(local, lengths, 16, 8192, lengths.astype(float))
     assert local.algorithm == "auto+locality"
     assert local.num_microbatches == plain.num_microbatches
-    assert np.array_equal(local.microbatch, plain.microbatch)
+    assert np.all(local.cell_loads.max(axis=1) <= plain.cell_loads.max(axis=1))  # every micro-batch's max kept
     assert local.step_cost <= plain.step_cost
     moved = lambda plan: int(lengths[plan.rank != sources].sum())  # noqa: E731
     assert moved(local) < moved(plain)

@@ -12,7 +12,7 @@ from orchmllm.balancers.locality import (group_deal, balance as locality, deal a
 from orchmllm.balancers.locality.balance import balance_locally
 from orchmllm.balancers.locality.deal import keep_home
 from orchmllm.balancers.locality.partial_plan import PartialPlan
-from orchmllm.balancers.microbatch import locality as microbatch_locality
+from orchmllm.balancers.microbatch import api as microbatch_api, locality as microbatch_locality
 from orchmllm.balancers.microbatch.api import _keep_local, _solve, make_microbatch_problem
 from orchmllm.balancers.microbatch.locality import keep_cells_local
 from orchmllm.balancers.microbatch.plan import cell_accounts
@@ -54,7 +54,7 @@ def test_cells_dealt_at_once_keep_every_microbatch_max_and_move_fewer_bytes(num_
     loads, tokens = cell_accounts(problem, local.rank, local.microbatch, m)
     assert np.all(loads.max(axis=1) <= plain_loads.max(axis=1))
     assert tokens.max() <= budget
-    per_microbatch = _keep_local(problem, result, m, Origins(sources, item_bytes, GPUS_PER_NODE))
+    per_microbatch = _keep_local(problem, result, m, Origins(sources, item_bytes, GPUS_PER_NODE)).rank
     assert (inter_node_bytes(item_bytes, local.rank, sources)
             < inter_node_bytes(item_bytes, per_microbatch, sources)
             < inter_node_bytes(item_bytes, result.rank, sources))
@@ -65,6 +65,55 @@ def test_cells_dealt_at_once_keep_every_microbatch_max_and_move_fewer_bytes(num_
     assert np.array_equal(plan.rank, local.rank) and np.array_equal(plan.microbatch, local.microbatch)
     assert plan.step_cost <= balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget,
                                                   cost=COST).step_cost
+
+
+def test_regression_each_missed_micro_batch_was_placed_by_an_exact_lap(monkeypatch):
+    """Where the deals miss, each micro-batch's plain cells were placed by the exact node-level LAP (40-55 ms a
+    micro-batch at 2560 ranks: most of the with-sources time on the code and long_tail traces, 12-19x the default
+    mix): now greedily by bytes, then the items of equal length re-dealt over all cells; every micro-batch's max
+    and every cell's tokens kept, fewer bytes between nodes than the plain plan."""
+    rng = np.random.default_rng(5)
+    lengths, sources = rng.integers(50, 3000, 256), np.repeat(np.arange(16), 16)
+
+    def exact(*args):
+        raise AssertionError("a micro-batch placed by the exact LAP")
+
+    monkeypatch.setattr(locality, "assign_groups", exact)
+    monkeypatch.setattr(microbatch_api, "assign_groups", exact)
+    placed, greedy = [], microbatch_api.assign_groups_greedily
+    monkeypatch.setattr(microbatch_api, "assign_groups_greedily", lambda *args: placed.append(1) or greedy(*args))
+    plain = balance_microbatches(lengths, 16, max_tokens_per_microbatch=8192)
+    local = balance_microbatches(lengths, 16, max_tokens_per_microbatch=8192, sources=sources, topology=Topology(2, 8))
+    assert placed
+    check_microbatch_plan(local, lengths, 16, 8192)
+    assert np.all(local.cell_loads.max(axis=1) <= plain.cell_loads.max(axis=1))
+    assert inter_node_bytes(lengths, local.rank, sources) < inter_node_bytes(lengths, plain.rank, sources)
+
+
+@pytest.mark.parametrize("per_rank, budget", [(8, 8000), (16, 8000)], ids=["M1", "M2"])
+def test_regression_the_cells_deal_ran_where_the_tokens_filled_the_cells(monkeypatch, per_rank, budget):
+    """Tokens filling more than MAX_FILL of the cells (the code trace's contexts: 0.999 at 2560 x 32) left the
+    cells deal out of token room after 50-110 ms of LPT rounds; now it is not tried, and with one micro-batch
+    neither is the micro-batch's own deal (the same items in the same cells): its plain cells are placed, and
+    here the re-deal of equal lengths brings every item home; with two, each micro-batch's deal runs."""
+    lengths, sources = np.full(64 * per_rank, 1000), np.repeat(np.arange(64), per_rank)
+
+    def dealt(*args):
+        raise AssertionError("a deal ran")
+
+    monkeypatch.setattr(microbatch_locality, "_deal_cells", dealt)
+    monkeypatch.setattr(microbatch_locality, "fill_locally", dealt)
+    if per_rank == 8:
+        monkeypatch.setattr(microbatch_api, "deal_locally", dealt)
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=budget, sources=sources,
+                                topology=Topology(8, GPUS_PER_NODE))
+    check_microbatch_plan(plan, lengths, 64, budget)
+    assert plan.num_microbatches == per_rank // 8
+    plain = balance_microbatches(lengths, 64, max_tokens_per_microbatch=budget)
+    assert np.all(plan.cell_loads.max(axis=1) <= plain.cell_loads.max(axis=1))
+    if per_rank == 8:
+        assert np.array_equal(plan.rank, sources)
+    assert inter_node_bytes(lengths, plan.rank, sources) < inter_node_bytes(lengths, plain.rank, sources)
 
 
 def test_regression_token_tight_cells_ran_out_of_token_room_without_wide_items_first(monkeypatch):

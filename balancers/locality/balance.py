@@ -49,19 +49,19 @@ FILLS = (None, FILL_ON_MISS, FILL_ONLY)
 
 
 def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: np.ndarray,
-              gpus_per_node: int, fill: str | None) -> np.ndarray:
+              gpus_per_node: int, fill: str | None, max_lpt_rounds: int | None) -> np.ndarray:
     """Keep home, take within the node, take anywhere, repair (unpadded cost); with `fill`, the deal of
     `locality_fill` instead of the repair, after the three phases missed the target ("on_miss") or
     without them ("only", and "on_miss" where the target leaves a rank less room above the mean
     load than the smallest item: the three phases' last deals cannot level the ranks then, they
-    miss).  Returns the destinations."""
+    miss).  Past `max_lpt_rounds` LPT rounds of `take_anywhere`, NoRoom.  Returns the destinations."""
     state = PartialPlan(problem, target)
     total = float(problem.item_costs.sum())
     if fill == FILL_ON_MISS and total > 0 and target - total / problem.num_ranks < problem.sorted_costs[-1]:
         fill = FILL_ONLY
     if fill != FILL_ONLY:
         keep_home(state, sources)
-        take_anywhere(state, take_in_node(state, sources, gpus_per_node))
+        take_anywhere(state, take_in_node(state, sources, gpus_per_node), max_lpt_rounds)
         missed = state.loads.max() > target
         if missed and fill is None:
             repair(state, sources, item_bytes, gpus_per_node)
@@ -69,8 +69,24 @@ def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: 
             return state.destinations
         state = PartialPlan(problem, target)
     slack = target * problem.num_ranks / total - 1.0 if total > 0 else 0.0  # room above the mean load
-    fill_locally(state, sources, item_bytes, gpus_per_node, filler_share(slack))
+    fill_locally(state, sources, item_bytes, gpus_per_node, filler_share(slack), max_lpt_rounds)
     return state.destinations
+
+
+def deal_locally(problem: Problem, target: float, origins: Origins, fill: str | None = None,
+                 max_lpt_rounds: int | None = None) -> np.ndarray | None:
+    """`balance_locally`'s unpadded deal (keep home, take in node, take anywhere, repair; or with `fill`)
+    under `target`: its destinations where every rank meets the target and the cap, else None (also past
+    `max_lpt_rounds` LPT rounds of `take_anywhere`, where token room binds)."""
+    try:
+        candidate = _unpadded(problem, target, origins.sources, origins.item_bytes, origins.gpus_per_node, fill,
+                              max_lpt_rounds)
+    except NoRoom:
+        return None
+    cap = problem.max_tokens_per_rank
+    if rank_loads(problem, candidate).max() <= target and (cap is None or rank_tokens(problem, candidate).max() <= cap):
+        return candidate
+    return None
 
 
 def balance_locally(problem: Problem, plain_assignment: np.ndarray, origins: Origins, makespan_slack: float,
@@ -91,14 +107,9 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, origins: Ori
         raise ValueError(f"`fill` must be one of {FILLS}; got {fill!r}")
     sources, item_bytes, gpus_per_node = origins.sources, origins.item_bytes, origins.gpus_per_node
     target = float(rank_loads(problem, plain_assignment).max()) * (1.0 + makespan_slack)
-    cap = problem.max_tokens_per_rank
     if not problem.padded:
-        try:
-            candidate = _unpadded(problem, target, sources, item_bytes, gpus_per_node, fill)
-        except NoRoom:
-            candidate = None
-        if candidate is not None and rank_loads(problem, candidate).max() <= target and (
-                cap is None or rank_tokens(problem, candidate).max() <= cap):
+        candidate = deal_locally(problem, target, origins, fill)
+        if candidate is not None:
             return candidate
     placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node)[plain_assignment]
     swapped = redeal_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)

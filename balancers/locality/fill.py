@@ -51,18 +51,20 @@ def length_tiers(state: PartialPlan, tiers: tuple[int, ...]) -> np.ndarray:
 
 
 def fill_locally(state: PartialPlan, home: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int,
-                 share: float) -> None:
+                 share: float, max_lpt_rounds: int | None = None) -> None:
     """Place every item of `state` (none placed yet) near `home` (its source rank), within the
     target where the deal and the repair manage; `locality_deal.NoRoom` when no rank has token
-    room for an item.  With a cap, items longer than cap / TIERS[0], then cap / TIERS[1], ...
-    are dealt first, tier by tier."""
+    room for an item, or past `max_lpt_rounds` LPT rounds of one `take_anywhere` (token room
+    binds).  With a cap, items longer than cap / TIERS[0], then cap / TIERS[1], ... are dealt
+    first, tier by tier."""
     filler = np.zeros(state.costs.size, dtype=bool)
     filler[filler_items(state, share)] = True
     tiers = TIERS if state.cap < np.inf else ()
     tier = length_tiers(state, tiers)
     for items in (np.flatnonzero((tier == k) & ~filler) for k in range(len(tiers) + 1)):
         keep_home(state, home, items)
-        take_anywhere(state, take_in_node(state, home, gpus_per_node, items[state.destinations[items] < 0]))
-    take_anywhere(state, np.flatnonzero(filler))
+        take_anywhere(state, take_in_node(state, home, gpus_per_node, items[state.destinations[items] < 0]),
+                      max_lpt_rounds)
+    take_anywhere(state, np.flatnonzero(filler), max_lpt_rounds)
     if state.loads.max() > state.target:
         repair(state, home, item_bytes, gpus_per_node)

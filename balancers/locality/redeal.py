@@ -12,16 +12,16 @@ import numpy as np
 from .partial_plan import runs
 
 
-def _match_by_key(items: np.ndarray, item_keys: np.ndarray, slots: np.ndarray, slot_keys: np.ndarray,
-                  item_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pair items with slots of the same key, most bytes first: (matched items, their slots).
+def _by_key(members: np.ndarray, keys: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """`members` sorted by (keys, order) (`order` distinct: no ties)."""
+    return members[np.argsort(keys[members] * order.size + order[members])]
 
-    Within a key, items go in `item_rank` order (bytes descending, ties by index) and
-    slots in index order; the k-th item takes the k-th slot while slots last.
-    """
-    n = item_rank.size
-    items = items[np.argsort(item_keys[items] * n + item_rank[items])]  # unique keys: no ties
-    slots = slots[np.argsort(slot_keys[slots] * n + slots)]
+
+def _match_sorted(items: np.ndarray, item_keys: np.ndarray, slots: np.ndarray,
+                  slot_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pair items with slots of the same key, both listed in key order (`_by_key`: items by bytes
+    descending, ties by index, within a key; slots by index): the k-th item of a key takes its k-th
+    slot while slots last.  Returns (matched items, their slots)."""
     keys, available = item_keys[items], slot_keys[slots]
     _, position = runs(keys)
     first = np.searchsorted(available, keys, side="left")
@@ -31,7 +31,8 @@ def _match_by_key(items: np.ndarray, item_keys: np.ndarray, slots: np.ndarray, s
 
 
 def redeal_equal_items(lengths: np.ndarray, destinations: np.ndarray, sources: np.ndarray,
-                      item_bytes: np.ndarray, gpus_per_node: int, num_ranks: int) -> np.ndarray:
+                      item_bytes: np.ndarray, gpus_per_node: int, num_ranks: int,
+                      cells_per_rank: int = 1) -> np.ndarray:
     """Re-deal items of equal length among the places such items take, keeping the most bytes local.
 
     Items of one length cost the same and hold the same tokens, so any permutation among
@@ -40,7 +41,8 @@ def redeal_equal_items(lengths: np.ndarray, destinations: np.ndarray, sources: n
     those, as many as the rank's places allow stay on their rank (most bytes first); the
     rest of the node's kept items take its other places; everything else takes what is
     left.  This maximises, per length, the bytes kept on their node (exactly), and keeps
-    on their rank as many of those as the rank's places allow.
+    on their rank as many of those as the rank's places allow.  With `cells_per_rank` K,
+    destinations are cells r·K + k of rank r (a rank's micro-batches), and so is the result.
 
     >>> redeal_equal_items(np.array([4, 4]), np.array([1, 0]), np.array([0, 1]), np.array([1., 1.]), 1, 2).tolist()
     [0, 1]
@@ -51,17 +53,26 @@ def redeal_equal_items(lengths: np.ndarray, destinations: np.ndarray, sources: n
     item_rank[np.lexsort((np.arange(n), -item_bytes))] = np.arange(n)
     everything = np.arange(n, dtype=np.int64)
     by_node = length_class * num_ranks + sources // gpus_per_node
+    node_places = length_class * num_ranks + destinations // (gpus_per_node * cells_per_rank)
     # Which items stay on their node: the most bytes, as many as the node has places.
-    stay, _ = _match_by_key(everything, by_node, everything, length_class * num_ranks + destinations // gpus_per_node,
-                            item_rank)
+    items_by_node, slots_by_node = _by_key(everything, by_node, item_rank), _by_key(everything, node_places, everything)
+    stay, _ = _match_sorted(items_by_node, by_node, slots_by_node, node_places)
+    staying = np.zeros(n, dtype=bool)
+    staying[stay] = True
     result = np.full(n, -1, dtype=np.int64)
     free = np.ones(n, dtype=bool)
-    levels = ((stay, length_class * num_ranks + sources, length_class * num_ranks + destinations),
-              (stay, by_node, length_class * num_ranks + destinations // gpus_per_node),
-              (everything, length_class, length_class))
-    for candidates, item_keys, slot_keys in levels:
-        waiting = candidates[result[candidates] < 0]
-        matched, slots = _match_by_key(waiting, item_keys, np.flatnonzero(free), slot_keys, item_rank)
+
+    def match(items, item_keys, slots, slot_keys):
+        matched, slots = _match_sorted(items, item_keys, slots, slot_keys)
         result[matched] = destinations[slots]
         free[slots] = False
+
+    # On their rank as its places allow; then on their node; then everything left, anywhere.
+    on_rank, rank_places = length_class * num_ranks + sources, length_class * num_ranks + destinations // cells_per_rank
+    match(_by_key(stay, on_rank, item_rank), on_rank, _by_key(everything, rank_places, everything), rank_places)
+    # the node's order, kept: its stayers not placed yet and its free slots
+    match(items_by_node[staying[items_by_node] & (result[items_by_node] < 0)], by_node,
+          slots_by_node[free[slots_by_node]], node_places)
+    match(_by_key(np.flatnonzero(result < 0), length_class, item_rank), length_class,
+          _by_key(np.flatnonzero(free), length_class, everything), length_class)
     return result

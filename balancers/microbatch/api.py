@@ -27,22 +27,25 @@ import time
 import numpy as np
 
 from ..context_parallel.microbatch import balance_microbatches_split
-from ..locality.balance import balance_locally
-from ..locality.lap import assign_groups
+from ..locality.balance import deal_locally
+from ..locality.deal import NoRoom
+from ..locality.lap import assign_groups, assign_groups_greedily
+from ..locality.redeal import redeal_equal_items
 from ..orders import sealed
 from ..origins import Origins, as_origins
 from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
 from ..pipeline.spec import Pipeline
-from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, as_time_limit, check_token_range, item_costs_of
+from ..problem import (InfeasibleError, Status, as_lengths, as_num_ranks, as_time_limit, check_token_range,
+                       item_costs_of, rank_loads)
 from ..registry import built_in, certifies, get_microbatch_algorithm
 from ..validation import as_bool
 from . import auto as microbatch_auto, exact as microbatch_exact
 from .auto import plan_cost
 from .bounds import min_bins
-from .locality import keep_cells_local
+from .locality import MAX_LPT_ROUNDS, keep_cells_local
 from .options import MicroBatchOptions, microbatch_options
-from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, check_step_cost,
+from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, cell_loads, check_step_cost,
                    checked_kernel, float_sum, make_microbatch_plan, step_cost, within_budget)
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
@@ -212,13 +215,18 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
     return result._replace(status=Status.FEASIBLE), m, fewest, bound
 
 
-def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, origins: Origins) -> np.ndarray:
-    """Ranks per item, micro-batch by micro-batch, moving few bytes without raising any micro-batch's max.
+def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, origins: Origins, deal: bool = True):
+    """`result` kept local micro-batch by micro-batch, moving few bytes without raising any micro-batch's max.
 
-    Unpadded: `balance_locally` with zero slack on the micro-batch's items (its cap T);
-    padded: the micro-batch's cells placed on ranks by `assign_groups` (loads unchanged).
+    Unpadded: each micro-batch's items dealt by `deal_locally` under its max (cap T, at most MAX_LPT_ROUNDS
+    LPT rounds; with `deal` False, none); the micro-batches it misses keep their plain cells, placed on ranks
+    greedily by bytes (`assign_groups_greedily`, all in one); then, when one missed, the items of equal length are
+    re-dealt among all cells (`redeal_equal_items`, a rank's micro-batches as its places; dropped where a
+    float sum in another order lifts a micro-batch's max).  Padded: the micro-batch's cells placed on
+    ranks by `assign_groups` (loads unchanged).
     """
     rank = np.array(result.rank, dtype=np.int64)
+    missed = []
     for m in range(num_microbatches):
         members = np.flatnonzero(result.microbatch == m)
         if not members.size:
@@ -228,10 +236,38 @@ def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, origi
                                    problem.num_ranks, origins.gpus_per_node)
             rank[members] = placed[rank[members]]
             continue
-        sub = balancing_problem(problem.lengths[members], problem.item_costs[members], problem.num_ranks,
-                                problem.max_tokens_per_microbatch)
-        rank[members] = balance_locally(sub, rank[members], origins.take(members), 0.0)
-    return rank
+        local = None
+        if deal:
+            sub = balancing_problem(problem.lengths[members], problem.item_costs[members], problem.num_ranks,
+                                    problem.max_tokens_per_microbatch)
+            local = deal_locally(sub, float(rank_loads(sub, rank[members]).max()), origins.take(members),
+                                 max_lpt_rounds=MAX_LPT_ROUNDS)
+        if local is None:
+            missed.append(members)
+        else:
+            rank[members] = local
+    if not missed:
+        return result._replace(rank=rank)
+    # one greedy for all missed micro-batches: the k-th's groups and ranks offset by k·D, so that no pair
+    # joins two of them and each is placed as it would be alone
+    items = np.concatenate(missed)
+    offset = np.repeat(np.arange(len(missed), dtype=np.int64) * problem.num_ranks, [len(m) for m in missed])
+    placed = assign_groups_greedily(rank[items] + offset, origins.sources[items] + offset, origins.item_bytes[items],
+                                    len(missed) * problem.num_ranks, origins.gpus_per_node)
+    rank[items] = placed[rank[items] + offset] - offset
+    return _redealt(problem, result._replace(rank=rank), num_microbatches, origins)
+
+
+def _redealt(problem: MicroBatchProblem, result, num_microbatches: int, origins: Origins):
+    """`result` with its items of equal length re-dealt among its cells (`redeal_equal_items`), unless a float
+    sum in another order lifts a micro-batch's max."""
+    m, d = num_microbatches, problem.num_ranks
+    cell = redeal_equal_items(problem.lengths, result.rank * m + result.microbatch, origins.sources,
+                              origins.item_bytes, origins.gpus_per_node, d, cells_per_rank=m)
+    rank, microbatch = np.divmod(cell, m)
+    before = cell_loads(problem, result.microbatch * d + result.rank, m * d).reshape(m, d).max(axis=1)
+    after = cell_loads(problem, microbatch * d + rank, m * d).reshape(m, d).max(axis=1)
+    return result._replace(rank=rank, microbatch=microbatch) if np.all(after <= before) else result
 
 
 def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: tuple, fixed: int | None,
@@ -289,7 +325,8 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             M=1 never does worse than a plain step).
         sources, item_bytes, topology: as in `balance`; items stay on their rank (in any of its micro-batches), else
             their node, as far as every micro-batch's max allows (`microbatch_locality`: all cells dealt at once;
-            when that misses a micro-batch's max, each micro-batch is kept local on its own, its items in it).
+            when that misses a micro-batch's max, each micro-batch is dealt on its own, and those that miss keep
+            their plain cells, placed on ranks greedily by bytes; items of equal length then re-dealt over all cells).
         context_parallel: a `ContextParallel`: items may split over groups (`balancers.context_parallel.microbatch`).
         time_limit: seconds of work an exact or anytime search may spend, all M tried together, converted to
             operation budgets (`WORK_PER_SECOND`, the exact search's `CELLS_PER_SECOND`) so plans never depend on
@@ -345,9 +382,12 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
         result, m, floor_m, proven, step, accounts = _for_pipeline(problem, kernel, (result, m, floor_m, proven),
                                                                    fixed, pipeline, record, origins)
     if origins is not None and step is None:
-        local = None if problem.padded else keep_cells_local(problem, result, m, origins)
+        try:
+            local = None if problem.padded else keep_cells_local(problem, result, m, origins)
+        except NoRoom:  # one micro-batch out of token room: its own deal, the same items in the same cells, too
+            local = _keep_local(problem, result, m, origins, deal=False)
         if local is None:
-            local = result._replace(rank=_keep_local(problem, result, m, origins))
+            local = _keep_local(problem, result, m, origins)
         result = local._replace(status=Status.FEASIBLE)
         name = f"{algorithm}{LOCALITY_SUFFIX}"
     seconds = time.perf_counter() - start

@@ -10,6 +10,7 @@ micro-batches, so the M·D cells are balanced as one problem: cell c = r·M + m 
 load max(t) - t_m, so that one target max(t) is t_m for every cell, and the items are
 dealt in the phases of `locality_fill`'s filler deal, each rank's M cells its first group:
 
+    (not tried where the tokens fill more than MAX_FILL of the cells: such deals run out of token room)
     filler = the smallest items, 0.3-1 % of the total cost (they carry few bytes)
     items longer than T / 2, then T / 4, then the rest (T / 8, T / 16 too on a second try
             when the first runs out of token room), largest first, each tier in turn:
@@ -20,7 +21,8 @@ dealt in the phases of `locality_fill`'s filler deal, each rank's M cells its fi
     (past MAX_LPT_ROUNDS LPT rounds of `take_anywhere` the deal gives up: token room binds)
     repair if a cell is still above its t_m
     every cell within its t_m and T (recomputed in item order), else None: the caller then
-        keeps each micro-batch local on its own (`microbatch._keep_local`)
+        keeps each micro-batch local on its own (`microbatch._keep_local`); with M = 1, a fill
+        out of token room raises NoRoom: the caller places the plain cells at once
 
 The rank and node deals run for all ranks (nodes) at once, an item of each per turn
 (`group_deal`), from one sort of the items by (tier, source rank, cost).  LPT keeps a
@@ -43,6 +45,9 @@ from ..locality.repair import repair
 from ..origins import Origins
 from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
 
+MAX_FILL = 0.99  # tokens / (M · D · T) above which the cells deal is not tried: of 552 cells deals that met their
+# maxima (17 workloads, 64 x 16 .. 512 x 32, T 8k-64k, seeds 0-2) none filled more than 0.981, and 18 deals missed
+# above 0.99 (the code trace's contexts fill 0.999 at 2560 x 32: their tries ran out of token room, 50-110 ms)
 MAX_LPT_ROUNDS = 256  # LPT rounds of one `take_anywhere` before the cells deal gives up: where token room
 # binds they place about one item each, O(D) apiece (2 700 rounds, 1 s, at D = 2560 × 32 on the code trace,
 # T = 8k); a deal that needs more misses anyway (at most 40 on the synthetic and 34 on the successful trace
@@ -78,8 +83,14 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
 def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
                      origins: Origins) -> MicroBatchResult | None:
     """Cells of `result`'s step cost or less that keep items on their source rank, else their node;
-    None when the deal and repair miss a micro-batch's max (unpadded problems only)."""
+    None when the deal and repair miss a micro-batch's max (unpadded problems only), or at once where the
+    tokens fill more than MAX_FILL of the cells; NoRoom instead when, with one micro-batch, the fill runs out
+    of token room (or past MAX_LPT_ROUNDS LPT rounds), or the tokens fill more than MAX_FILL."""
     m = num_microbatches
+    if problem.total_tokens > MAX_FILL * m * problem.num_ranks * problem.max_tokens_per_microbatch:
+        if m == 1:
+            raise NoRoom  # as the fill would (see below)
+        return None
     sources, item_bytes, gpus_per_node = origins.sources, origins.item_bytes, origins.gpus_per_node
     cell = result.microbatch * problem.num_ranks + result.rank  # the plain loads as `cell_accounts` sums them
     maxima = cell_loads(problem, cell, m * problem.num_ranks).reshape(m, -1).max(axis=1)
@@ -92,10 +103,12 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
         state.loads += np.tile(target - maxima, problem.num_ranks)  # cell r·M + m starts at max(t) - t_m
         try:
             if m == 1:  # a cell per rank: the filler deal of a plain step (keep_home's runs, the node's windows)
-                fill_locally(state, sources, item_bytes, gpus_per_node, filler_share(slack))
+                fill_locally(state, sources, item_bytes, gpus_per_node, filler_share(slack), MAX_LPT_ROUNDS)
             else:
                 _deal_cells(state, sources, item_bytes, m, gpus_per_node, filler_share(slack), tiers)
         except NoRoom:
+            if m == 1:
+                raise  # the caller's deal of the same items into the same cells would run out of token room too
             continue
         # Cell loads summed in item order, as `cell_accounts` sums the plan's; tokens exactly (the
         # deal's float sums round beyond 2**53).
