@@ -136,9 +136,10 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     def _check_settings(self) -> None:
         """Check and canonicalise every setting, naming it: they are public attributes, which may be set after
         first use (a new seed, a lower budget), and each must pass what the constructor checks."""
-        if self.lengths is not getattr(self, "_checked_lengths", None):  # a private copy over immutable bytes,
-            self.lengths = np.frombuffer(as_lengths(self.lengths).tobytes(), dtype=np.int64)  # which cannot be
-            self._checked_lengths = self.lengths  # made writable again: kept plans know it by identity
+        if self.lengths is not getattr(self, "_checked_lengths", None) or self.lengths.flags.writeable:  # a private
+            self.lengths = np.frombuffer(as_lengths(self.lengths).tobytes(), dtype=np.int64)  # copy over immutable
+            self._checked_lengths = self.lengths  # bytes: kept plans know it by identity (a copy or an unpickled
+            # sampler gets a writable array back, taken as new lengths)
         self.num_replicas = as_int(self.num_replicas, "num_replicas", minimum=1)
         self.rank = as_int(self.rank, "rank", minimum=0)
         if self.rank >= self.num_replicas:
@@ -197,7 +198,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         """`build()`, kept under `name` while every setting stays (public attributes, which may be set after
         first use: a new seed, a lower budget; `lengths` by identity, its array over immutable bytes)."""
         kept = self._kept.get(name)
-        if kept is None or kept[0] is not self.lengths or kept[1] != self._other_settings():  # lengths first
+        if kept is None or kept[0] is not self.lengths or self.lengths.flags.writeable or \
+                kept[1] != self._other_settings():  # lengths first
             self._check_settings()
             kept = self._kept[name] = (self.lengths, self._other_settings(), build())
         return kept[2]

@@ -438,3 +438,21 @@ def test_regression_a_rank_whose_settings_made_planning_fail_left_the_agreement_
         assert outcome.value.startswith("ConfigMismatchError") and "settings that differ: `cost`" in outcome.value, \
             outcome.value
     assert outcomes[1].value.endswith("(from ValueError)") and outcomes[0].value.endswith("(from NoneType)")
+
+
+@pytest.mark.parametrize("copy_of", ["pickle", "deepcopy"])
+def test_regression_a_copied_sampler_s_lengths_edited_in_place_kept_the_old_plans(copy_of):
+    """Cause (probe13 P13-08): a pickled or deep-copied sampler's `lengths` came back writable while its kept plans
+    still knew the array by identity, so lengths edited in place planned nothing anew (micro-batches of 316 tokens
+    against a budget of 80).  A writable `lengths` is taken as new lengths: checked, locked and planned again."""
+    import copy
+    import pickle
+    lengths = np.random.default_rng(0).integers(5, 40, 64)
+    sampler = BalancedDistributedSampler(lengths, num_replicas=2, rank=0, global_batch_size=16,
+                                         max_tokens_per_microbatch=80)
+    list(sampler)
+    copied = pickle.loads(pickle.dumps(sampler)) if copy_of == "pickle" else copy.deepcopy(sampler)
+    copied.lengths[:] = 79
+    micros = list(copied)
+    assert micros and max(int(copied.lengths[list(micro)].sum()) for micro in micros) <= 80
+    assert not copied.lengths.flags.writeable
