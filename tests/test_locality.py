@@ -316,6 +316,26 @@ def test_greedy_group_placement_is_the_plain_greedy_by_bytes(seed, gpus_per_node
     assert np.array_equal(assign_groups_greedily(groups, sources, item_bytes, num_ranks, gpus_per_node), expected)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_ranks_within_nodes_by_blocks_keep_as_many_bytes_on_rank_as_at_once(monkeypatch, seed):
+    """Nodes are independent: solved a few nodes at a time (blocks of 2 here), every group stays on its node and
+    the bytes kept on their rank equal the single LAP's optimum."""
+    from orchmllm.balancers.locality import lap
+
+    monkeypatch.setattr(lap, "NODES_PER_BLOCK", 2)
+    rng = np.random.default_rng(seed)
+    gpus_per_node, num_nodes = 4, 7
+    num_ranks = gpus_per_node * num_nodes
+    groups, sources = rng.integers(0, num_ranks, 200), rng.integers(0, num_ranks, 200)
+    item_bytes = rng.choice([1.0, 2.0, 3.0], 200)
+    node_of_group = rng.permutation(np.repeat(np.arange(num_nodes), gpus_per_node))
+    by_blocks = lap._ranks_within_nodes_by_blocks(node_of_group, groups, sources, item_bytes, gpus_per_node)
+    at_once = lap.ranks_within_nodes(node_of_group, groups, sources, item_bytes, gpus_per_node)
+    assert np.array_equal(by_blocks // gpus_per_node, node_of_group)
+    assert np.array_equal(np.sort(by_blocks), np.arange(num_ranks))
+    assert item_bytes[by_blocks[groups] == sources].sum() == item_bytes[at_once[groups] == sources].sum()
+
+
 def test_fragmented_rooms_leave_ranks_just_over_target_repaired_in_node_without_whole_cluster_searches(
         monkeypatch):
     """Regression: keeping home items fills ranks to the target, leaving rooms smaller than the
