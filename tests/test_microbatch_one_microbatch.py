@@ -1,7 +1,7 @@
 """With one micro-batch (M = 1) `balance_microbatches` plans `balance`'s plain step and the cells' own plan and
-keeps the cheaper (issue 24): the cells' search stops where it provably cannot win (`microbatch_search.ends_above`),
-and its step evaluates every item of the most loaded cell at once, against only the partners that can lower the
-step: the same plans as searching every step to the end, item by item, against every partner."""
+keeps the cheaper (issue 24): the cells' search stops where it provably cannot win (`microbatch_search.ends_above`);
+and the search step (any M) evaluates every item of the most loaded cell at once, against only the partners that
+can lower the step: the same plans as searching every step to the end, item by item, against every partner."""
 
 import dataclasses
 
@@ -22,33 +22,39 @@ COST = MODELS["84b"].llm.cost(causal=True)
 
 
 @st.composite
-def one_microbatch_plans(draw, max_items=60):
-    """Items with ties in costs (small integers) or fractional costs, over 1-12 cells, a cell per item and a cap
-    every cell keeps; the problem and the cells."""
-    num_cells = draw(st.integers(1, 12))
+def cell_plans(draw, max_items=60, max_microbatches=3):
+    """Items with ties in costs (small integers) or fractional costs, over M micro-batches of 1-12 cells, a cell
+    per item and a cap every cell keeps; the problem, the cells and M."""
+    num_ranks, num_microbatches = draw(st.integers(1, 12)), draw(st.integers(1, max_microbatches))
+    num_cells = num_ranks * num_microbatches
     lengths = np.array(draw(st.lists(st.integers(1, 30), min_size=1, max_size=max_items)), dtype=np.int64)
     costs = lengths * draw(st.sampled_from([1.0, 1.37, 0.1])) + draw(st.sampled_from([0.0, 2.5]))
     cell_of = np.array(draw(st.lists(st.integers(0, num_cells - 1), min_size=lengths.size, max_size=lengths.size)))
     cap = int(np.bincount(cell_of, weights=lengths, minlength=num_cells).max()) + draw(st.integers(0, 20))
-    problem = make_microbatch_problem(lengths, num_cells, max_tokens_per_microbatch=cap, costs=costs)
-    return problem, cell_of
+    problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=cap, costs=costs)
+    return problem, cell_of, num_microbatches
 
 
-@settings(max_examples=300, deadline=None)
-@given(one_microbatch_plans(), st.integers(0, 11), st.sampled_from([1 << 18, 1, 40]))
-def test_property_the_one_micro_batch_step_is_the_textbook_best_change(plan, cell, row_chunk):
-    """Out of any cell (the most loaded one in a search), every item at once (and in rows of ROW_CHUNK values),
-    the same change, item, target and partner as the loop over every item and every partner."""
-    problem, cell_of = plan
-    cell = cell % problem.num_ranks
+def one_microbatch_plans(max_items=60):
+    return cell_plans(max_items, max_microbatches=1).map(lambda plan: plan[:2])
+
+
+@settings(max_examples=400, deadline=None)
+@given(cell_plans(), st.integers(0, 35), st.sampled_from([1 << 18, 1, 40]))
+def test_property_the_search_step_is_the_textbook_best_change(plan, cell, row_chunk):
+    """Out of any cell (the most loaded of its micro-batch in a search), every item at once (and in rows of
+    ROW_CHUNK values), against the partners that can lower the step only: the same change, item, target and
+    partner as the loop over every item and every partner, with one micro-batch and with several."""
+    problem, cell_of, num_microbatches = plan
+    cell = cell % (problem.num_ranks * num_microbatches)
     if not np.any(cell_of == cell):
         return
-    search = microbatch_search._Search(problem, cell_of, 1)
+    search = microbatch_search._Search(problem, cell_of, num_microbatches)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(microbatch_search, "ROW_CHUNK", row_chunk)
         found = search.best_change(cell)
-    assert found == reference.one_cell_best_change(problem.item_costs, problem.lengths, cell_of, problem.num_ranks,
-                                                   problem.max_tokens_per_microbatch, cell)
+    assert found == reference.cell_best_change(problem.item_costs, problem.lengths, cell_of, problem.num_ranks,
+                                               num_microbatches, problem.max_tokens_per_microbatch, cell)
 
 
 @settings(max_examples=200, deadline=None)

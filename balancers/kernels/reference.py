@@ -1,6 +1,6 @@
 """Plain-code references of the LPT (plain and capped) and Karmarkar–Karp kernels, of the
 communication-aware deal and its rounds of full fixes, and of the micro-batch cells' group
-deal, best-fit packing and one-micro-batch search step, for tests and same-run baselines.
+deal, best-fit packing and search step, for tests and same-run baselines.
 
 minimise max(loads) where loads[r] = sum(cost[i] for i on r), the textbook way, in pure
 Python: slow (O(n log D) heap steps; O(n · D log D) for differencing on full D-vectors),
@@ -184,38 +184,43 @@ def best_fit_cells(lengths: np.ndarray, num_cells: int, cap: int) -> np.ndarray 
     return cell_of
 
 
-def one_cell_best_change(costs: np.ndarray, lengths: np.ndarray, cell_of: np.ndarray, num_cells: int, cap: int,
-                         cell: int) -> tuple[float, int, int, int]:
-    """The best move or swap out of `cell` when all cells form one micro-batch (`microbatch_search`'s step:
-    the change of the step's maximum): every item i of the cell (cost descending, ties by index), moved to
-    every other cell b (by index), then swapped with every item j outside it (by index); the change
-    max(the other cells' max, the cell's new load, b's new load) - the cell's load, tokens within `cap`;
-    (change, item, target cell, swapped item or -1) of the first strict minimum below 0, else (0.0, -1, -1, -1)."""
+def cell_best_change(costs: np.ndarray, lengths: np.ndarray, cell_of: np.ndarray, num_ranks: int,
+                     num_microbatches: int, cap: int, cell: int) -> tuple[float, int, int, int]:
+    """The best move or swap out of `cell` (m·D + r) among M micro-batches of D cells (`microbatch_search`'s step:
+    the change of Σ_m max_r load): every item i of the cell (cost descending, ties by index), moved to every other
+    cell b (by index), then swapped with every item j outside it (by index); in the cell's micro-batch the change is
+    max(its other cells' max, the cell's new load, b's new load) - the cell's load, elsewhere max(its other cells'
+    max, the cell's new load) - the cell's load + how far b's new load passes b's micro-batch's max; tokens within
+    `cap`; (change, item, target cell, swapped item or -1) of the first strict minimum below 0, else (0.0, -1, -1, -1)."""
+    num_cells = num_ranks * num_microbatches
     loads = np.bincount(cell_of, weights=costs, minlength=num_cells).tolist()  # summed in item order
     costs, lengths, cell_of = costs.tolist(), lengths.tolist(), cell_of.tolist()
     room = [cap] * num_cells
     for length, at in zip(lengths, cell_of):
         room[at] -= length
-    load = loads[cell]
+    load, home = loads[cell], range(cell - cell % num_ranks, cell - cell % num_ranks + num_ranks)
+    level = [max(loads[b - b % num_ranks:b - b % num_ranks + num_ranks]) for b in range(num_cells)]
 
-    def excluded(target):  # the most loaded cell that neither changes, 0 at least
-        return max([0.0] + [loads[c] for c in range(num_cells) if c not in (cell, target)])
+    def excluded(target):  # the most loaded cell of the micro-batch that neither changes, 0 at least
+        return max([0.0] + [loads[c] for c in home if c not in (cell, target)])
+
+    def change(target, moved):  # moved: the cost leaving the cell (net of what comes back)
+        if target in home:
+            return max(excluded(target), load - moved, loads[target] + moved) - load
+        return max(excluded(-1), load - moved) - load + max(loads[target] + moved - level[target], 0.0)
 
     best = (0.0, -1, -1, -1)
     members = sorted((i for i in range(len(costs)) if cell_of[i] == cell), key=lambda i: (-costs[i], i))
     for item in members:
         cost, length = costs[item], lengths[item]
         for target in range(num_cells):
-            if target != cell and room[target] >= length:
-                change = max(excluded(target), load - cost, loads[target] + cost) - load
-                if change < best[0]:
-                    best = (change, item, target, -1)
+            if target != cell and room[target] >= length and change(target, cost) < best[0]:
+                best = (change(target, cost), item, target, -1)
         for other in range(len(costs)):
             target, delta, shift = cell_of[other], cost - costs[other], length - lengths[other]
-            if target != cell and delta > 0 and room[target] >= shift and room[cell] >= -shift:
-                change = max(excluded(target), load - delta, loads[target] + delta) - load
-                if change < best[0]:
-                    best = (change, item, target, other)
+            if (target != cell and delta > 0 and room[target] >= shift and room[cell] >= -shift
+                    and change(target, delta) < best[0]):
+                best = (change(target, delta), item, target, other)
     return best
 
 

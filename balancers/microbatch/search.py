@@ -24,7 +24,7 @@ from .plan import MicroBatchProblem, cell_loads, cell_token_sums
 RELATIVE_GAIN = 1e-12
 STEP_WORK = 2_000  # an item's evaluation costs this much beyond its n + M·D array elements (numpy calls)
 MIN_STEPS = 8
-ROW_CHUNK = 1 << 18  # values one vectorised pass of `_Search._best_change_alone` holds per array
+ROW_CHUNK = 1 << 18  # values one vectorised pass of `_Search.best_change` holds per array
 
 
 class _Search:
@@ -41,7 +41,12 @@ class _Search:
         self.levels = self.loads.reshape(-1, self.problem.num_ranks).max(axis=1)
 
     def best_change(self, a: int) -> tuple[float, int, int, int]:
-        """(change, item, target cell, swapped item or -1) of the best step out of cell a."""
+        """(change, item, target cell, swapped item or -1) of the best step out of cell a: every item of a at
+        once (in rows of at most ROW_CHUNK values), the first strict minimum below 0 in item order, then
+        target cell, then partner.  A swap lowers the step only if the partner costs less than the item, by
+        less than `reach` (a cell of a's micro-batch must stay below a's load; another's may rise above its
+        level by less than a falls to its second): only those partners are evaluated, the least item among
+        equal changes taken (`np.argmin` in item order), so the choice is that of every partner."""
         problem, d = self.problem, self.problem.num_ranks
         m = a // d
         own = self.loads[m * d:(m + 1) * d].copy()
@@ -56,51 +61,18 @@ class _Search:
         runner += m * d
         room = problem.max_tokens_per_microbatch - self.tokens
         excluded = np.where(np.arange(self.size) == runner, third, second)
-        if self.size == d:  # one micro-batch: every cell is a's, no other micro-batch's rise to add
-            return self._best_change_alone(a, load, excluded, room)
+        alone = self.size == d  # one micro-batch: every cell is a's, no other micro-batch's rise to add
         same = self.microbatch_of_cell == m
-        rise_elsewhere = self.levels[self.microbatch_of_cell]
-        best = (0.0, -1, -1, -1)
-        items = np.flatnonzero(self.cell_of == a)
-        others = np.flatnonzero(self.cell_of != a)
-        other_cells = self.cell_of[others]
-        is_a = np.arange(self.size) == a
-        # per item below: the same values, the gathers over the other items done once
-        other_costs, other_lengths = problem.item_costs[others], problem.lengths[others]
-        other_loads, other_excluded, other_room = self.loads[other_cells], excluded[other_cells], room[other_cells]
-        for item in items[np.lexsort((items, -problem.item_costs[items]))].tolist():
-            cost, length = problem.item_costs[item], int(problem.lengths[item])
-            grown = self.loads + cost
-            change = np.where(same, np.maximum(np.maximum(excluded, load - cost), grown) - load,
-                              max(second, load - cost) - load + np.maximum(grown - rise_elsewhere, 0.0))
-            change[(room < length) | is_a] = np.inf
-            target = int(np.argmin(change))
-            if change[target] < best[0]:
-                best = (float(change[target]), item, target, -1)
-            delta = cost - other_costs
-            shift = length - other_lengths
-            new_a, new_b = load - delta, other_loads + delta
-            change = np.where(same[other_cells], np.maximum(np.maximum(other_excluded, new_a), new_b) - load,
-                              np.maximum(second, new_a) - load + np.maximum(new_b - rise_elsewhere[other_cells], 0.0))
-            change[(delta <= 0) | (other_room < shift) | (room[a] < -shift)] = np.inf
-            if change.size:
-                pick = int(np.argmin(change))
-                if change[pick] < best[0]:
-                    best = (float(change[pick]), item, int(other_cells[pick]), int(others[pick]))
-        return best
-
-    def _best_change_alone(self, a: int, load: float, excluded: np.ndarray, room: np.ndarray) -> tuple:
-        """`best_change` with one micro-batch, its values and choice the same, every item of cell a at once
-        (in rows of at most ROW_CHUNK values).  A swap lowers the step only if the partner costs less than
-        the item, by less than a's load over the least loaded cell (`reach`, widened far past rounding): only
-        those partners are evaluated, the least item among equal changes taken (`np.argmin` in item order)."""
-        problem = self.problem
+        rise = self.levels[self.microbatch_of_cell]
+        reach = load - self.loads[m * d:(m + 1) * d].min()
+        if not alone:
+            reach = max(reach, (load - second) + float((rise - self.loads)[~same].max()))
+        reach += 2e-9 * max(load, float(self.levels.max()))  # far past rounding
         items = np.flatnonzero(self.cell_of == a)
         items = items[np.lexsort((items, -problem.item_costs[items]))]
         costs, lengths = problem.item_costs[items], problem.lengths[items]
         by_cost = problem.cost_order[self.cell_of[problem.cost_order] != a]
         rising_costs = -problem.item_costs[by_cost]
-        reach = (load - self.loads.min()) + 2e-9 * load
         first = np.searchsorted(rising_costs, -costs, "right")
         count = np.maximum(np.searchsorted(rising_costs, reach - costs) - first, 0)
         best = (0.0, -1, -1, -1)
@@ -110,6 +82,9 @@ class _Search:
             # moves, a row per item
             grown = self.loads + costs[rows, None]
             change = np.maximum(np.maximum(excluded, (load - costs[rows])[:, None]), grown) - load
+            if not alone:
+                change = np.where(same, change, (np.maximum(second, load - costs[rows]) - load)[:, None]
+                                  + np.maximum(grown - rise, 0.0))
             change[(room < lengths[rows, None]) | (np.arange(self.size) == a)] = np.inf
             targets = np.argmin(change, axis=1)
             moves = change[np.arange(targets.size), targets]
@@ -120,7 +95,11 @@ class _Search:
             cells = self.cell_of[partners]
             delta = costs[rows][row] - problem.item_costs[partners]
             shift = lengths[rows][row] - problem.lengths[partners]
-            swaps = np.maximum(np.maximum(excluded[cells], load - delta), self.loads[cells] + delta) - load
+            new_a, new_b = load - delta, self.loads[cells] + delta
+            swaps = np.maximum(np.maximum(excluded[cells], new_a), new_b) - load
+            if not alone:
+                swaps = np.where(same[cells], swaps,
+                                 np.maximum(second, new_a) - load + np.maximum(new_b - rise[cells], 0.0))
             swaps[(delta <= 0) | (room[cells] < shift) | (room[a] < -shift)] = np.inf
             lowest, partner = _lowest_first(swaps, partners, starts, count[rows])
             for k, item in enumerate(items[rows].tolist()):
