@@ -34,6 +34,9 @@ Algorithm:
             planner: canonical allotment at its bound, groups on aligned blocks, local search)
         a fill without layout while none has laid out, M not fixed (until one repair lays out): that grouping
             again, its micro-batch without layout spilling items over T to the next and refilled (`repair.py`)
+        the first fill, M not fixed: its micro-batch of most items is planned only once the next fill does
+            not beat the others' peaks + its pass bound, where those are above the goal (`_deferred`: the 95 %-full
+            micro-batch of the long workload, 0.3 s; not planned, it is not known to have a layout to repair)
     for the fills' best and the repaired plan, while above the bound by more than 3 %: move items out of the
         micro-batch furthest above its own pass bound into another where both micro-batches' plans lower the
         step (`regroup.py`); the lower step is the best
@@ -43,7 +46,6 @@ Algorithm:
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from dataclasses import dataclass, replace
 
@@ -54,6 +56,7 @@ from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
 from .bound import least_work
+from .grouping import group_microbatches
 from .plan import ContextParallelPlan
 from .regroup import regroup
 from .repair import repaired_grouping
@@ -66,8 +69,8 @@ those tokens need, at least today's M): until every micro-batch has a split plan
 while the step is above the bound by more than RETRY_GAP and no fill needing more micro-batches than
 the best lost to it, the least step kept."""
 RETRY_GAP = 0.03
-BACK_FILL = 0.97
-"""Share of D · level of an earlier micro-batch the last one's items may fill (`_back_fill`)."""
+FLOOR_SLACK = 1e-9
+"""Relative margin below a deferred fill's bound (its float sums may round a hair above a plan's)."""
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -248,80 +251,6 @@ def leader_bound(table: np.ndarray, degrees: np.ndarray, work: np.ndarray, lengt
     return float(np.min(table[g, fits] + np.maximum(0.0, exact_sum(others_work) - held) / num_ranks))
 
 
-def group_microbatches(table: np.ndarray, degrees: np.ndarray, costs: np.ndarray, lengths: np.ndarray,
-                       num_ranks: int, num_microbatches: int, room: int, budget: int) -> np.ndarray:
-    """Every item's micro-batch: items by their least time (`table`: times at `degrees`, inf where a
-    shard exceeds the budget), longest first (ties by index), fill micro-batch 0, then 1, ...;
-    micro-batch m takes items while its tokens stay within `room`, the ranks its items hold alone
-    within D (`exclusive_ranks` at its level) and its work within D · level_m, level_m = max(its first
-    item's time, the work left / (D · the micro-batches left)), or beyond that work while the later
-    micro-batches could not hold the tokens left; the last takes the rest.  A step costs Σ_m max_r,
-    so items of like time share a micro-batch (giants run side by side on their groups) and the
-    rest level out."""
-    times = table.min(axis=1)
-    order = np.argsort(-times, kind="stable")  # longest first, ties by index
-    sorted_table, sorted_lengths = table[order], lengths[order]
-    tokens = np.cumsum(sorted_lengths)
-    work = np.cumsum(costs[order])
-    n = order.size
-    microbatch = np.empty(n, dtype=np.int64)
-    start, held = 0, []  # (level, work, tokens, alone-held ranks, their running sums) of all but the last
-    for m in range(num_microbatches):
-        later = num_microbatches - m - 1
-        end = n
-        if later and start < n:
-            base_tokens, base_work = (int(tokens[start - 1]), float(work[start - 1])) if start else (0, 0.0)
-            level = max(float(times[order[start]]), (float(work[-1]) - base_work) / (num_ranks * (later + 1)))
-            exclusive = np.cumsum(exclusive_ranks(sorted_table, degrees, sorted_lengths, level, budget))
-            base_ranks = int(exclusive[start - 1]) if start else 0
-            by_tokens = int(min(np.searchsorted(tokens, base_tokens + room, side="right"),
-                                np.searchsorted(exclusive, base_ranks + num_ranks, side="right")))
-            by_work = int(np.searchsorted(work, base_work + num_ranks * level, side="right"))
-            needed = int(np.searchsorted(tokens, int(tokens[-1]) - later * room, side="left")) + 1
-            end = max(start + 1, min(by_tokens, max(by_work, needed)))
-            held.append((level, float(work[end - 1]) - base_work, int(tokens[end - 1]) - base_tokens,
-                         int(exclusive[end - 1]) - base_ranks, exclusive))
-        microbatch[order[start:end]] = m
-        start = min(end, n)
-    _back_fill(microbatch, order, held, (tokens, work), num_ranks, room)
-    return microbatch
-
-
-def exclusive_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, level: float,
-                    budget: int) -> np.ndarray:
-    """Ranks each item holds alone in a micro-batch of cost `level`: 0 where at some degree its time
-    (`table`, one column per degree) is within level / 2 and its shards within T / 2 tokens (it may
-    share ranks), else the smallest degree c whose time fits the level (no other such piece fits
-    beside it on a rank; the largest degree where none fits).
-
-    >>> table = np.array([[9.0, 5.0], [4.0, 2.0], [3.0, 1.5], [np.inf, 3.0]])
-    >>> exclusive_ranks(table, np.array([1, 2]), np.array([30, 20, 10, 40]), 6.0, 32).tolist()
-    [2, 0, 0, 2]
-    """
-    shares = (2 * table <= level) & (2 * -(-lengths[:, None] // degrees[None, :]) <= budget)
-    fits = table <= level
-    degree = degrees[np.where(fits.any(axis=1), np.argmax(fits, axis=1), degrees.size - 1)]
-    return np.where(shares.any(axis=1), 0, degree)
-
-
-def _back_fill(microbatch: np.ndarray, order: np.ndarray, held: list, sums: tuple, num_ranks: int, room: int) -> None:
-    """Move the last micro-batch's items (longest first) into the room the earlier ones leave under
-    BACK_FILL · D · their level, within `room` tokens and D alone-held ranks: a micro-batch costs its
-    max, so work below it is free (giants leave such room beside them)."""
-    tokens, work = sums
-    first = order.size - int(np.sum(microbatch == len(held)))  # the last micro-batch's first position
-    for m, (level, used_work, used_tokens, used_ranks, exclusive) in enumerate(held):
-        if first >= order.size:
-            break
-        base = (int(tokens[first - 1]), float(work[first - 1]), int(exclusive[first - 1])) if first else (0, 0.0, 0)
-        end = max(first, int(min(
-            np.searchsorted(work, base[1] + BACK_FILL * num_ranks * level - used_work, side="right"),
-            np.searchsorted(tokens, base[0] + room - used_tokens, side="right"),
-            np.searchsorted(exclusive, base[2] + num_ranks - used_ranks, side="right"))))
-        microbatch[order[first:end]] = m
-        first = end
-
-
 def _plan_pass(lengths: np.ndarray, items: np.ndarray, num_ranks: int, spec: ContextParallel, cost,
                budget: int) -> ContextParallelPlan | None:
     """The split plan of `items` in one micro-batch (the split planner within the budget); None when it finds
@@ -345,6 +274,16 @@ class _PassPlans:
         if key not in self.plans:
             self.plans[key] = _plan_pass(self.lengths, items, *self.context)
         return self.plans[key]
+
+    def bound(self, items: np.ndarray) -> float:
+        """The split planner's bound of `items` in one micro-batch, below its plan's peak (0 where it has none)."""
+        num_ranks, spec, cost, budget = self.context
+        problem = make_problem(self.lengths[items], num_ranks, cost=cost)
+        try:
+            return allot(problem, spec, allowed_degrees(spec, num_ranks, spec.gpus_per_node), spec.gpus_per_node,
+                         budget).bound()
+        except InfeasibleError:
+            return 0.0
 
 
 def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ranks: int, spec: ContextParallel,
@@ -373,15 +312,52 @@ def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ran
 
 
 def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, costs, table, room, fixed: bool,
-                 plan_pass: _PassPlans, repair: bool = False) -> tuple:
+                 plan_pass: _PassPlans, repair: bool = False, defer: float | None = None) -> tuple:
     """(the split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split planner in
     each, `plan_pass`), or None when some micro-batch finds no layout within the budget; with `repair`, the
-    plan of that grouping after its micro-batches without layout spill (`repair.py`), or None)."""
+    plan of that grouping after its micro-batches without layout spill (`repair.py`), or None).  With
+    `defer`, a `_Deferred` instead where `_deferred` leaves its micro-batch of most items unplanned."""
     degrees = np.array(spec.degrees, dtype=np.int64)
     microbatch = group_microbatches(table, degrees, costs, lengths, num_ranks, num_microbatches, room, budget)
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
+    deferred = None if defer is None else _deferred(microbatch, num_microbatches, overhead, plan_pass, defer)
+    if deferred is not None:
+        return deferred, None
+    return _grouping_planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, table,
+                             plan_pass, repair)
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """A fill whose micro-batch of most items is not planned yet: its grouping and a lower bound of its step."""
+
+    microbatch: np.ndarray
+    num_microbatches: int
+    floor: float
+
+
+def _deferred(microbatch, num_microbatches, overhead, plan_pass, goal: float) -> _Deferred | None:
+    """The grouping with every micro-batch but that of most items planned, where each has a plan and their
+    peaks, the split planner's bound of the one left and the overheads sum above `goal` (so the fills go
+    on whatever its plan); else None."""
+    sizes = np.bincount(microbatch, minlength=num_microbatches)
+    left, peaks = int(np.argmax(sizes)), []
+    for m in np.flatnonzero(sizes).tolist():
+        if m != left:
+            plan = plan_pass(np.flatnonzero(microbatch == m))
+            if plan is None:
+                return None
+            peaks.append(float(plan.loads.max()))
+    floor = float_sum(peaks + [plan_pass.bound(np.flatnonzero(microbatch == left)), num_microbatches * overhead])
+    floor *= 1 - FLOOR_SLACK
+    return _Deferred(microbatch, num_microbatches, floor) if floor > goal else None
+
+
+def _grouping_planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, table, plan_pass,
+                      repair: bool) -> tuple:
+    """`_split_cells` of the grouping `microbatch`."""
     found = _planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, plan_pass)
     if found is not None or not repair:
         return found, None
@@ -434,16 +410,26 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     bound, fewest, table = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
     best, repaired, tokens, plan_pass = None, None, int(lengths.sum()), _PassPlans(lengths, num_ranks, spec, cost,
                                                                                    budget)
+    pending = None  # the first fill, deferred (`_deferred`): planned only where the second does not beat it
     for fill in FILLS:
         room = int(fill * num_ranks * budget)
         m = max(first, -(-tokens // room))
         over = num_microbatches is not None and m > num_microbatches  # this fill needs more than the fixed M
         if best is not None and (over or best.step_cost <= bound * (1 + RETRY_GAP)):
             break
-        found, spilled = _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches or m, costs,
-                                      table, -(-tokens // num_microbatches) if over else room,
-                                      num_microbatches is not None, plan_pass,
-                                      repair=best is None and repaired is None and num_microbatches is None)
+        cells = (lengths, num_ranks, spec, budget, overhead, num_microbatches or m, costs, table,
+                 -(-tokens // num_microbatches) if over else room, num_microbatches is not None, plan_pass)
+        alone = best is None and repaired is None and pending is None and num_microbatches is None
+        found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else None)
+        if isinstance(found, _Deferred):
+            pending = found
+            continue
+        if pending is not None and not (found is not None and found.step_cost < pending.floor):
+            best, repaired = _grouping_planned(lengths, pending.microbatch, pending.num_microbatches, num_ranks, spec,
+                                               budget, overhead, table, plan_pass, True)
+            if best is None and repaired is None and found is None:  # as planned in turn: this fill repaired too
+                found, spilled = _split_cells(*cells, repair=True)
+        pending = None
         repaired = spilled if spilled is not None else repaired
         if found is not None and (best is None or found.step_cost < best.step_cost):
             best = found

@@ -1,6 +1,6 @@
 """Local search over a split plan's micro-batches: move items out of one above its own bound.
 
-A step costs Σ_m max_r L(r, m).  The grouping (`microbatch.group_microbatches`) fills micro-batches by
+A step costs Σ_m max_r L(r, m).  The grouping (`grouping.group_microbatches`) fills micro-batches by
 tokens, work and the ranks items hold alone, but giants are lumps: a micro-batch whose work nears D times
 its longest item's time stacks two giants on a group above that time, and the small items that crowd a
 token-bound micro-batch land on its giants' groups.  Either way that micro-batch's plan ends above its own

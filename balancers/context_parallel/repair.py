@@ -1,6 +1,6 @@
 """Repair of a grouping whose micro-batch finds no layout: spill from that micro-batch only.
 
-A fill (`microbatch.group_microbatches`) may give a micro-batch whose items fit its D · T tokens in sum
+A fill (`grouping.group_microbatches`) may give a micro-batch whose items fit its D · T tokens in sum
 but not by shards: items longer than T need blocks of c ranks with ⌈l / c⌉ tokens free on each, and
 the giants' blocks beside them leave less.  Lowering every micro-batch's fill then empties the other
 micro-batches too (more of them, each less full).  Instead, micro-batch by micro-batch, in order:

@@ -1,0 +1,87 @@
+"""The fills' grouping of items into micro-batches (`microbatch.split_microbatches`): like times together.
+
+Items by their least time, longest first, fill micro-batch 0, then 1, ..., each within its tokens, the ranks
+its items hold alone and its level's work (`group_microbatches`); the last one's items then back-fill the room
+under the earlier ones' levels (`_back_fill`).  Moved out of `microbatch.py` (the module length limit).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BACK_FILL = 0.97
+"""Share of D · level of an earlier micro-batch the last one's items may fill (`_back_fill`)."""
+
+
+def group_microbatches(table: np.ndarray, degrees: np.ndarray, costs: np.ndarray, lengths: np.ndarray,
+                       num_ranks: int, num_microbatches: int, room: int, budget: int) -> np.ndarray:
+    """Every item's micro-batch: items by their least time (`table`: times at `degrees`, inf where a
+    shard exceeds the budget), longest first (ties by index), fill micro-batch 0, then 1, ...;
+    micro-batch m takes items while its tokens stay within `room`, the ranks its items hold alone
+    within D (`exclusive_ranks` at its level) and its work within D · level_m, level_m = max(its first
+    item's time, the work left / (D · the micro-batches left)), or beyond that work while the later
+    micro-batches could not hold the tokens left; the last takes the rest.  A step costs Σ_m max_r,
+    so items of like time share a micro-batch (giants run side by side on their groups) and the
+    rest level out."""
+    times = table.min(axis=1)
+    order = np.argsort(-times, kind="stable")  # longest first, ties by index
+    sorted_table, sorted_lengths = table[order], lengths[order]
+    tokens = np.cumsum(sorted_lengths)
+    work = np.cumsum(costs[order])
+    n = order.size
+    microbatch = np.empty(n, dtype=np.int64)
+    start, held = 0, []  # (level, work, tokens, alone-held ranks, their running sums) of all but the last
+    for m in range(num_microbatches):
+        later = num_microbatches - m - 1
+        end = n
+        if later and start < n:
+            base_tokens, base_work = (int(tokens[start - 1]), float(work[start - 1])) if start else (0, 0.0)
+            level = max(float(times[order[start]]), (float(work[-1]) - base_work) / (num_ranks * (later + 1)))
+            exclusive = np.cumsum(exclusive_ranks(sorted_table, degrees, sorted_lengths, level, budget))
+            base_ranks = int(exclusive[start - 1]) if start else 0
+            by_tokens = int(min(np.searchsorted(tokens, base_tokens + room, side="right"),
+                                np.searchsorted(exclusive, base_ranks + num_ranks, side="right")))
+            by_work = int(np.searchsorted(work, base_work + num_ranks * level, side="right"))
+            needed = int(np.searchsorted(tokens, int(tokens[-1]) - later * room, side="left")) + 1
+            end = max(start + 1, min(by_tokens, max(by_work, needed)))
+            held.append((level, float(work[end - 1]) - base_work, int(tokens[end - 1]) - base_tokens,
+                         int(exclusive[end - 1]) - base_ranks, exclusive))
+        microbatch[order[start:end]] = m
+        start = min(end, n)
+    _back_fill(microbatch, order, held, (tokens, work), num_ranks, room)
+    return microbatch
+
+
+def exclusive_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, level: float,
+                    budget: int) -> np.ndarray:
+    """Ranks each item holds alone in a micro-batch of cost `level`: 0 where at some degree its time
+    (`table`, one column per degree) is within level / 2 and its shards within T / 2 tokens (it may
+    share ranks), else the smallest degree c whose time fits the level (no other such piece fits
+    beside it on a rank; the largest degree where none fits).
+
+    >>> table = np.array([[9.0, 5.0], [4.0, 2.0], [3.0, 1.5], [np.inf, 3.0]])
+    >>> exclusive_ranks(table, np.array([1, 2]), np.array([30, 20, 10, 40]), 6.0, 32).tolist()
+    [2, 0, 0, 2]
+    """
+    shares = (2 * table <= level) & (2 * -(-lengths[:, None] // degrees[None, :]) <= budget)
+    fits = table <= level
+    degree = degrees[np.where(fits.any(axis=1), np.argmax(fits, axis=1), degrees.size - 1)]
+    return np.where(shares.any(axis=1), 0, degree)
+
+
+def _back_fill(microbatch: np.ndarray, order: np.ndarray, held: list, sums: tuple, num_ranks: int, room: int) -> None:
+    """Move the last micro-batch's items (longest first) into the room the earlier ones leave under
+    BACK_FILL · D · their level, within `room` tokens and D alone-held ranks: a micro-batch costs its
+    max, so work below it is free (giants leave such room beside them)."""
+    tokens, work = sums
+    first = order.size - int(np.sum(microbatch == len(held)))  # the last micro-batch's first position
+    for m, (level, used_work, used_tokens, used_ranks, exclusive) in enumerate(held):
+        if first >= order.size:
+            break
+        base = (int(tokens[first - 1]), float(work[first - 1]), int(exclusive[first - 1])) if first else (0, 0.0, 0)
+        end = max(first, int(min(
+            np.searchsorted(work, base[1] + BACK_FILL * num_ranks * level - used_work, side="right"),
+            np.searchsorted(tokens, base[0] + room - used_tokens, side="right"),
+            np.searchsorted(exclusive, base[2] + num_ranks - used_ranks, side="right"))))
+        microbatch[order[first:end]] = m
+        first = end
