@@ -170,9 +170,9 @@ def test_planning_time_with_one_micro_batch(workload, num_ranks, budget, alterna
     D x 8, T 8k, CPU seconds alternated with the default mix (M = 2) in one process: near_mean (P||Cmax, items
     near the mean) 10-12x before MULTIFIT's failing probes stopped at the dead room, 4x after; image_qa 20-23x,
     audio_qa 14x and asr 11-12x before MULTIFIT's probes and the micro-batch search's steps got cheaper (13-14x,
-    9.6-10.8x, 8.7-9.3x), then 7.9-8.5x, 6.9-7.2x and 6.1-6.4x (load 12) once the plain step came first and the
-    cells' search stopped where it provably could not win, the one-micro-batch search step took every item of
-    its cell at once, and MULTIFIT's probes placed runs of equal costs bin by bin."""
+    9.6-10.8x, 8.7-9.3x), then 7.5-8.6x, 6.3-7.4x and 5.5-6.5x (best-of and median, six runs at load 10-12)
+    once the plain step came first and the cells' search stopped where it provably could not win, the search
+    step took every item of its cell at once, and MULTIFIT's probes placed runs of equal costs bin by bin."""
     lengths, default = family_or_mix(workload, num_ranks, 8), family_or_mix("default", num_ranks, 8)
     plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=COST)
     check(plan, lengths, num_ranks, budget)
