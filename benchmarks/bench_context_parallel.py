@@ -231,10 +231,11 @@ def test_long_workload_microbatched_step_planning_time(best_of):
     """The orchestrator's micro-batched 3-stage step (84B) on the simulator's `long` workload (10 % giants:
     long videos and documents) at D = 2560 × 16, T = 32k, against the default mix's step by the same
     orchestrator in the same run (CPU seconds).  Issue 24 asks at most 10× the default workload's time of
-    any input the grids cover; the step reads about 35× (40-46× before take_anywhere's token-bound deals took
-    one LPT round, 90-120× before the ladder's give-up at a first target without token room and the fills'
-    stop, 130-160× before c829b2a), so the assertion only guards against losing ground, and the step / bound
-    (1.0653) against a worse plan."""
+    any input the grids cover; the step reads about 20× (35× before the first fill's largest micro-batch was
+    deferred and the micro-batch search's moves under 0.1 % dropped, 40-46× before take_anywhere's token-bound
+    deals took one LPT round, 90-120× before the ladder's give-up at a first target without token room and the
+    fills' stop, 130-160× before c829b2a), so the assertion only guards against losing ground, and the step /
+    bound (1.0653) against a worse plan."""
     stages, topology = MODELS["84b"].stages(), cluster(2560)
     batch, base = sample_workload("long", 2560, 16, seed=7), sample_workload("default", 2560, 16, seed=7)
     split = Orchestrator(stages, topology, context_parallel=SPEC, max_tokens_per_microbatch=32768)
@@ -244,4 +245,4 @@ def test_long_workload_microbatched_step_planning_time(best_of):
     print(f"\nlong workload, D = 2560 × 16, T = 32768: split step {ours * 1e3:.0f} ms (M = {step.num_microbatches}, "
           f"step / bound {step.step_cost / step.lower_bound:.4f}); default mix {today * 1e3:.1f} ms: "
           f"{ours / today:.0f}× (target ≤ 10×)")
-    assert ours <= 60 * today and step.step_cost <= 1.07 * step.lower_bound
+    assert ours <= 40 * today and step.step_cost <= 1.07 * step.lower_bound
