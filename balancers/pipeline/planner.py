@@ -323,6 +323,7 @@ def plan_for_pipeline(problem: MicroBatchProblem, rank: np.ndarray, microbatch: 
     evenly over the stages (`Pipeline.stage_times`).  None: every item spread evenly.  `accounts`: the
     plain cells' `cell_accounts` (loads, tokens), (M, D) each, when the caller has them.
     """
+    pipeline.check_microbatches(num_microbatches)  # a free M too: planning grows with M² (MAX_PIPELINE_SLOTS)
     start = time.perf_counter()
     first_stage = as_first_stage(first_stage, problem)
     replica, slot, unaware, cells, summed = arrange(problem, rank, microbatch, num_microbatches, pipeline,

@@ -10,6 +10,8 @@ from ..validation import SizeLimitError, as_int, as_real
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MAX_MODEL_CHUNKS = 128  # stages × virtual_stages: a chunk holds a layer or more; the deepest LLMs have ~128
+MAX_PIPELINE_SLOTS = 4096  # micro-batches × model chunks: planning walks the 2·M·P·v operations per candidate,
+# O(M² · P · v) in all (~15 s at the limit, M = 1024 over 4 stages; M = 10 000 over 2 took > 15 GB)
 MAX_BACKWARD_FACTOR = 1e6  # backward / forward is about 2; far beyond, 1 + k swallows the forward share (0 at 1e308)
 
 
@@ -61,8 +63,15 @@ class Pipeline:
         object.__setattr__(self, "backward_factor", factor)
 
     def check_microbatches(self, num_microbatches: int, name: str = "num_microbatches") -> int:
-        """`num_microbatches` when the schedule can run it (interleaved: a multiple of `stages`)."""
+        """`num_microbatches` when the schedule can run it (interleaved: a multiple of `stages`) and it can be
+        planned (`MAX_PIPELINE_SLOTS`)."""
         m = as_int(num_microbatches, name, minimum=1)
+        chunks = self.stages * self.virtual_stages
+        if m * chunks > MAX_PIPELINE_SLOTS:
+            raise SizeLimitError(f"`{name}`={m} micro-batches × {chunks} model chunks must be at most "
+                                 f"MAX_PIPELINE_SLOTS = {MAX_PIPELINE_SLOTS} (planning time grows with their square): "
+                                 f"at most {MAX_PIPELINE_SLOTS // chunks} micro-batches with this pipeline (fewer "
+                                 f"micro-batches: a larger `max_tokens_per_microbatch`)")
         if self.schedule == "interleaved" and m % self.stages:
             raise ValueError(f"`{name}`={m} must be a multiple of the pipeline's `stages`={self.stages} for the "
                              f"interleaved schedule (Megatron-LM runs its micro-batches in groups of P); try "
