@@ -269,3 +269,14 @@ def test_the_pass_check_fails_on_a_misplaced_row():
     wrong.__dict__["shards"] = dataclasses.replace(shards, rank=rank)
     with pytest.raises(AssertionError, match="misplaced"):
         check_split_pass(wrong)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=12), st.lists(st.integers(0, 30), max_size=40), st.booleans(),
+       st.sampled_from(["left", "right"]))
+def test_the_count_of_starts_is_the_binary_search_of_every_key(starts, keys, ascending, side):
+    """`shards._searched` (one search per start and a running count where the keys ascend) is
+    `np.searchsorted` of every key, ties and keys out of order included."""
+    starts = np.sort(np.array(starts, dtype=np.int64))
+    keys = np.array(sorted(keys) if ascending else keys, dtype=np.int64)
+    assert shards._searched(starts, keys, side).tolist() == np.searchsorted(starts, keys, side=side).tolist()
