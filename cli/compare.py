@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..balancers import ALGORITHMS
+from ..balancers import ALGORITHMS, InfeasibleError
 from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_microbatches, file_stages,
                              run_comparison, workload_stages)
 from ..study.context_parallel_compare import compare_context_parallel
@@ -214,6 +214,10 @@ def run(args) -> int:
             raise UsageError(f"--csv {args.csv!r} is a figure --plot writes into {args.plot!r}; choose another name")
     degrees = (None if args.context_parallel is None
                else degree_list(args.context_parallel, "--context-parallel", ranks))
+    if degrees is not None and args.lengths is not None and args.cost is None:  # a token is no FLOP
+        raise UsageError("--context-parallel with --lengths needs --cost in FLOPs (split times add communication "
+                         "seconds at an H100's FLOP rate; the default cost of 1 per token makes every split all "
+                         "communication): e.g. --cost 0,6e9,0 for the 6·N FLOPs per token of a 1B-parameter model")
     configs, source = configs_of(args, ranks)
     total = sum(len(config.stages) for config in configs) * (len(algorithms) + 1)
     with progress(not args.json, total, "balancing") as advance:
@@ -223,7 +227,13 @@ def run(args) -> int:
     if args.max_tokens_per_microbatch is not None:
         positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
         with usage_errors("--max-tokens-per-microbatch"):
-            microbatches = compare_microbatches(configs, args.max_tokens_per_microbatch)
+            try:
+                microbatches = compare_microbatches(configs, args.max_tokens_per_microbatch)
+            except InfeasibleError as error:
+                if degrees is None:
+                    raise
+                raise InfeasibleError(f"{error} (the micro-batch table keeps every item whole; --context-parallel "
+                                      f"splits items in its own table only)", error.min_cap) from None
     split_rows = None
     if degrees is not None:
         with usage_errors("--context-parallel"):

@@ -57,7 +57,8 @@ def test_regression_a_ratio_over_a_zero_bound_was_inf_which_strict_json_refused_
     `step / LB` was inf, and `--json` (strict: no inf) ended in json's traceback, exit 1 (probe6 P6-10).  A number
     JSON cannot hold is null there; the table still says inf."""
     (tmp_path / "zeros.csv").write_text("0\n0\n0\n0\n")
-    command = ["compare", "--lengths", str(tmp_path / "zeros.csv"), "-D", "2", "--context-parallel", "1,2"]
+    command = ["compare", "--lengths", str(tmp_path / "zeros.csv"), "-D", "2", "--cost", "0,6e9,0",
+               "--context-parallel", "1,2"]
     assert main([*command, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
     ratios = {row["algorithm"]: row["step_cost_over_bound"] for row in rows["context_parallel"]}
@@ -92,3 +93,30 @@ def test_bad_context_parallel_input_is_one_line_and_exit_2(case, capsys):
     assert main(args) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in lines[0] and message in lines[0], lines
+
+
+def test_regression_a_lengths_file_split_without_a_flop_cost_priced_tokens_as_flops(tmp_path, capsys):
+    """Cause (probe13 P13-13): `compare --lengths F --context-parallel` without --cost took a cost of 1 per
+    token for FLOPs on an H100, so split times were all communication: every split peer read ~1e9 x the bound,
+    ours never split, exit 0 and no word.  Split times need the stage's cost in FLOPs: --cost is required."""
+    (tmp_path / "giants.csv").write_text("90000\n" + "500\n" * 30)
+    command = ["compare", "--lengths", str(tmp_path / "giants.csv"), "-D", "8", "--algorithms", "lpt",
+               "--context-parallel", "1,2,4"]
+    assert main(command) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--context-parallel with --lengths needs --cost in FLOPs" in lines[0], lines
+    assert main([*command, "--cost", "0,6e9,0", "--json"]) == 0
+    rows = {row["algorithm"]: row for row in json.loads(capsys.readouterr().out)["context_parallel"]}
+    assert rows["ours"]["items_split"] == 1 and rows["static_cp"]["step_cost_over_bound"] < 2
+
+
+def test_regression_the_micro_batch_table_refused_an_item_only_splitting_fits_without_saying_why(tmp_path, capsys):
+    """Cause (probe13 P13-14): with --max-tokens-per-microbatch and --context-parallel, an item over the budget
+    refused the whole run as if no plan could hold it: the micro-batch table keeps items whole, the split table
+    alone splits them, and the message said neither."""
+    (tmp_path / "giants.csv").write_text("90000\n" + "500\n" * 30)
+    assert main(["compare", "--lengths", str(tmp_path / "giants.csv"), "-D", "8", "--algorithms", "lpt",
+                 "--cost", "0,6e9,0", "--context-parallel", "1,2", "--max-tokens-per-microbatch", "50000"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "a budget of at least 90000 is needed" in lines[0], lines
+    assert "the micro-batch table keeps every item whole; --context-parallel splits items in its own table" in lines[0]
