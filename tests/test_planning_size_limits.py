@@ -35,3 +35,17 @@ def test_a_free_number_of_micro_batches_beyond_the_pipeline_limit_is_refused_nam
     with pytest.raises(SizeLimitError, match=r"micro-batches × 4 model chunks must be at most MAX_PIPELINE_SLOTS .*"
                                              r"a larger `max_tokens_per_microbatch`"):
         balance_microbatches(np.full(4 * 1100, 1000), 4, max_tokens_per_microbatch=1000, pipeline=Pipeline(stages=4))
+
+
+def test_regression_a_node_size_past_int64_overflowed_in_the_context_parallel_blocks():
+    """Cause (fix24d F24-02): `ContextParallel(gpus_per_node=10**30)` passed validation (an int >= 1), and
+    `balance` then died in numpy with a raw OverflowError (Python int too large to convert to C long) placing
+    blocks of ranks.  A node holds at most MAX_RANKS ranks, as `num_ranks`."""
+    from orchmllm.balancers import balance
+    from orchmllm.balancers.context_parallel.spec import ContextParallel
+    from orchmllm.balancers.problem import MAX_RANKS
+
+    with pytest.raises(ValueError, match=rf"`gpus_per_node` must be at most 2\*\*20 = {MAX_RANKS} \(a node's "
+                                         rf"ranks, as `num_ranks`\); got 1000000000000000000000000000000"):
+        balance([90000, 300, 200, 100, 4000, 50, 60, 70], 8, context_parallel=ContextParallel(gpus_per_node=10**30))
+    assert ContextParallel(gpus_per_node=MAX_RANKS).gpus_per_node == MAX_RANKS

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost import CostModel
-from ..problem import as_lengths
+from ..problem import MAX_RANKS, as_lengths
 from ..validation import as_bool, as_int, as_real, is_int
 
 H100_SECONDS_PER_FLOP = 1.0 / (989e12 * 0.55)
@@ -107,6 +107,9 @@ class ContextParallel:
                           f"context parallelism); include 1 to let the planner keep items whole", UserWarning,
                           stacklevel=3)
         object.__setattr__(self, "gpus_per_node", as_int(self.gpus_per_node, "gpus_per_node", minimum=1))
+        if self.gpus_per_node > MAX_RANKS:  # numpy's int64 block arithmetic would overflow past 2**63
+            raise ValueError(f"`gpus_per_node` must be at most 2**20 = {MAX_RANKS} (a node's ranks, as `num_ranks`); "
+                             f"got {self.gpus_per_node}")
         object.__setattr__(self, "num_layers", as_int(self.num_layers, "num_layers", minimum=1))
         object.__setattr__(self, "allow_inter_node", as_bool(self.allow_inter_node, "allow_inter_node"))
         for name in ("seconds_per_cost", "intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s"):
