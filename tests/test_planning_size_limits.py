@@ -49,3 +49,24 @@ def test_regression_a_node_size_past_int64_overflowed_in_the_context_parallel_bl
                                          rf"ranks, as `num_ranks`\); got 1000000000000000000000000000000"):
         balance([90000, 300, 200, 100, 4000, 50, 60, 70], 8, context_parallel=ContextParallel(gpus_per_node=10**30))
     assert ContextParallel(gpus_per_node=MAX_RANKS).gpus_per_node == MAX_RANKS
+
+
+GIANTS = [*range(100, 5000, 163), 60000, 90000]
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("field, value", [("half_efficiency_tokens", 1e308), ("latency_s", 1e300),
+                                          ("kv_bytes_per_token", 1e300), ("seconds_per_cost", 1e308)])
+def test_regression_split_times_near_float64s_limit_ran_nan_through_the_planner(field, value):
+    """Cause (probe13 P13-15, fix24d F24-03): the split times were checked finite one by one, not as the sums the
+    planner makes of them nor the products it forms on the way: `half_efficiency_tokens=1e308` ran inf and nan
+    through the bound, the pairing and the deal (7 numpy RuntimeWarnings) and returned status optimal at makespan
+    1e308, the nan changing the other ranks' plan; `latency_s=1e300` printed numpy's overflow warnings before the
+    clear refusal, `seconds_per_cost=1e308` planned through them (attention time inf).  Split times whose sums or
+    intermediate products overflow float64 are refused, with no numpy warning."""
+    from orchmllm.balancers import CostModel, balance
+    from orchmllm.balancers.context_parallel.spec import ContextParallel
+
+    cost = CostModel.from_transformer(num_layers=32, hidden_size=4096)
+    with pytest.raises(ValueError, match=r"`context_parallel`'s split times overflow float64"):
+        balance(GIANTS, 8, cost=cost, max_tokens_per_rank=50000, context_parallel=ContextParallel(**{field: value}))

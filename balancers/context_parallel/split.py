@@ -23,7 +23,8 @@ import numpy as np
 
 from ..plan import make_plan, run_kernel
 from ..bounds import lower_bound
-from ..problem import InfeasibleError, Problem, Status, check_cap_lower_bound, exact_sum, make_problem
+from ..problem import (COST_LIMIT, InfeasibleError, Problem, Status, check_cap_lower_bound, exact_sum,
+                       make_problem)
 from ..registry import built_in, certifies, get_algorithm
 from ..validation import as_int, as_sources
 from .bound import Allotment
@@ -69,10 +70,17 @@ def allot(problem: Problem, spec: ContextParallel, degrees: np.ndarray, gpus_per
     if degrees[0] > 1:
         may_split[:] = True
     candidates = np.flatnonzero(may_split)
-    times = spec.item_times(problem.cost, lengths[candidates][:, None], degrees[None, :],
-                            (degrees <= gpus_per_node)[None, :])
-    if not np.isfinite(times).all():
-        raise ValueError("`context_parallel`'s split times overflow float64 (scale the cost model down)")
+    try:  # an intermediate overflow (seconds_per_cost · q · l², ...) too: the planner recomputes these times
+        with np.errstate(over="raise", invalid="raise"):
+            times = spec.item_times(problem.cost, lengths[candidates][:, None], degrees[None, :],
+                                    (degrees <= gpus_per_node)[None, :])
+    except FloatingPointError:
+        times = np.full(1, np.inf)
+    # the planner sums the work c · t(c) of up to every item on a rank, as ranks' costs (`check_cost_range`)
+    if not (np.isfinite(times).all() and float(times.max(initial=0.0)) * float(degrees[-1]) * lengths.size
+            < COST_LIMIT):
+        raise ValueError("`context_parallel`'s split times overflow float64 (scale the cost model or the "
+                         "`context_parallel` parameters down)")
     allowed = np.ones(times.shape, dtype=bool)
     if cap is not None:
         allowed = -(-lengths[candidates][:, None] // degrees[None, :]) <= cap
