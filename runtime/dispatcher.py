@@ -50,9 +50,9 @@ from .alltoall import FlatAllToAll
 from .comm import group_rank, group_size
 from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, StepToken, contract_of, iterate, merge_rows, new_step, split_rows
+from .microbatch import MicroBatch, StepToken, contract_of, iterate, loop_left, new_step
 from .options import DispatchOptions, check_names
-from .pairing import in_microbatch_order
+from .pairing import in_microbatch_order, merge_rows, split_rows
 from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
 
@@ -245,7 +245,7 @@ class PostBalancingDispatcher:
         group = metadata_group_of(metadata_group, self.group)
         start = time.perf_counter()
         try:
-            new_step(self._step)  # a ValueError where its last step's loop was left with its gradient sync held
+            new_step(planning=True)  # the loop of the step dispatched may still run (a plan made inside it)
             lengths, losses = _local_tables(lengths, loss_tokens)
         except (TypeError, ValueError):
             join_failed(group, 2)  # the other ranks raise too, instead of waiting in the gather
@@ -319,11 +319,13 @@ class PostBalancingDispatcher:
         naming the rank and its first item that differs; `loss_tokens` (as given to `plan`) are checked the
         same way (a plan of the same lengths but other loss tokens scales the loss).
         `microbatches` and `combine` then take this plan (the latest dispatch's); dispatching it again (a second batch
-        dict of the step) stays in its step, which the next plan's dispatch ends.  `differentiable=True` lets
+        dict of the step) stays in its step, which the next plan's dispatch ends (refused on every rank where this
+        thread left the step's loop before its last micro-batch, its gradient sync held).  `differentiable=True` lets
         gradients of the results flow back to the inputs (a tensor that requires grad is refused without it).
         """
         plan = _checked_plan(plan)
-        problem = (self._foreign_problem(plan, "dispatch") or _items_problem(plan, lengths, loss_tokens)
+        problem = ((None if plan is self._latest else loop_left(self._step)) or self._foreign_problem(plan, "dispatch")
+                   or _items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
         if plan is not self._latest:  # a second batch dict dispatched along the step's plan stays in its step

@@ -36,6 +36,7 @@ part, so `.detach()` it first (else parameters it reaches count as reached).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from dataclasses import dataclass
@@ -45,7 +46,6 @@ import torch
 
 from ..balancers.validation import as_bool
 from .encoders import recording
-from .exchange import ranges
 from .model_check import ModelContractError, check_model_contract, kind
 
 _active = threading.local()
@@ -160,8 +160,22 @@ def iterate(microbatches):
             if micro.contract is not None and getattr(_active, "noting", None) is None:
                 _active.noting = _noting_synced_forwards()
             yield micro
+            _after_body(micro)
     finally:
         _active.current = previous
+
+
+def _after_body(micro: MicroBatch) -> None:
+    """As the loop over the generator asks for the micro-batch after `micro`: a `ModelContractError` where `micro` is
+    of a step due the check and this thread ran a forward with grad of a DDP or FSDP2 module in the step but no
+    `accumulate` block of `micro` (a bare loop whose loss `normalize_loss(loss, micro)` did not see: divided by a
+    count of its own, which weights tokens by the micro-batch they sit in, or scaled by hand).  Every rank runs the
+    same loop and decides alike, after the body's backward: no collective waits."""
+    synced, block = getattr(_active, "synced", None), getattr(_active, "block", None)
+    if micro.contract is not None and synced is not None and (block is None or block() is not micro):
+        raise _bare_loop("a micro-batch loop body without `with accumulate(model, micro):`, its loss normalised "
+                         "otherwise than by `normalize_loss(loss, micro)` (by a count of its own, or by hand),", micro,
+                         synced)
 
 
 def _noting_synced_forwards():
@@ -207,26 +221,43 @@ def sampled_microbatches() -> int:
     return max((live.num_microbatches for live in list(_SAMPLING)), default=1)
 
 
-def new_step(planner: StepToken | None = None) -> None:
-    """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and
-    `microbatches()` starts afresh).  `plan()` passes its runtime's latest step (`planner`): a gradient sync held in
-    the loop of another runtime's step that has not ended is kept, not taken for a loop left early (the next step
-    planned inside the loop by a second dispatcher, as two alternating ones do); the loop's next micro-batch
-    records itself again, and where the loop was left, the next `microbatches()` raises."""
+def new_step(planning: bool = False) -> None:
+    """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and `microbatches()` starts
+    afresh).  `plan()` (`planning`) keeps a gradient sync held in the loop of a step that has not ended: the next
+    step may be planned inside the loop (its runtime's next dispatch ends the step and decides, `loop_left`), and
+    the loop's next micro-batch records itself again.  `microbatches()` raises where this thread's last loop was
+    left with its sync held."""
     held = getattr(_active, "held", None)
-    running = planner is not None and held is not None and held[0].step not in (None, planner) and \
-        not held[0].step.ended
+    live = planning and held is not None and held[0].step is not None and not held[0].step.ended
     _stop_noting()
     _active.current = _active.step = _active.synced = None
-    _active.held = held if running else None
-    if held is not None and not running and not _discarded(held[2]()):
-        raise ValueError(  # the plan() calling this joins its gather as failed: every rank raises
-            f"the micro-batch loop of the previous step on this thread ended after micro-batch {held[0].index} of "
-            f"{held[0].num_microbatches} (left by `break`, an exception or a slice) while `accumulate` held "
-            f"{held[1]}'s gradient sync to the step's last micro-batch, which never ran: that step's gradients were "
-            f"never synchronised across ranks (an optimizer step on them lets the replicas drift apart); run every "
-            f"micro-batch of a step, an empty one too, or leave the rest knowingly with `accumulate(model, micro, "
-            f"check=False)`; to drop a step on purpose, clear its gradients first (`model.zero_grad()`, under DDP)")
+    _active.held = held if live else None
+    if held is not None and not live and not _discarded(held[2]()):
+        raise _left_early(held)
+
+
+def loop_left(step: StepToken) -> ValueError | None:
+    """Why `step` may not end now (its runtime dispatches the next step): this thread's loop of it was left before
+    its last micro-batch while `accumulate` held the gradient sync, and its gradients were not dropped on purpose
+    (`_discarded`); else None.  The held sync is forgotten either way; the runtime raises the error on every rank
+    from its exchange header."""
+    held = getattr(_active, "held", None)
+    if held is None or held[0].step is not step:
+        return None
+    _active.held = None
+    return None if _discarded(held[2]()) else _left_early(held)
+
+
+def _left_early(held) -> ValueError:
+    """The refusal of a step whose loop was left with the gradient sync of `held` (micro-batch, model kind) held."""
+    return ValueError(
+        f"the micro-batch loop of the previous step on this thread ended after micro-batch {held[0].index} of "
+        f"{held[0].num_microbatches} (left by `break`, an exception or a slice, or the next step dispatched inside "
+        f"it) while `accumulate` held {held[1]}'s gradient sync to the step's last micro-batch, which never ran: that "
+        f"step's gradients were never synchronised across ranks (an optimizer step on them lets the replicas drift "
+        f"apart); run every micro-batch of a step, an empty one too, or leave the rest knowingly with "
+        f"`accumulate(model, micro, check=False)`; to drop a step on purpose, clear its gradients first "
+        f"(`model.zero_grad()`, under DDP)")
 
 
 def _discarded(model) -> bool:
@@ -244,46 +275,6 @@ def _stop_noting() -> None:
     if noting is not None:
         noting.remove()
     _active.noting = None
-
-
-def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
-               ) -> list[torch.Tensor]:
-    """Split a tensor packed over items (item k owns `rows[k]` rows, in order) by `microbatch[k]`,
-    keeping the item order within each part; one (possibly empty) tensor per micro-batch."""
-    rows = np.asarray(rows, dtype=np.int64)
-    if tensor.shape[0] != int(rows.sum()):
-        raise ValueError(f"tensor has {tensor.shape[0]} rows but its {rows.size} items own {int(rows.sum())}")
-    if num_microbatches == 1:  # a step of one pass: the tensor itself, not a copy
-        return [tensor]
-    starts = np.cumsum(rows) - rows
-    parts = []
-    for index in range(num_microbatches):
-        members = np.flatnonzero(microbatch == index)
-        part_rows = ranges(starts[members], rows[members])
-        parts.append(tensor.index_select(0, torch.from_numpy(part_rows).to(tensor.device)))
-    return parts
-
-
-def merge_rows(parts, rows: np.ndarray, microbatch: np.ndarray, name: str) -> torch.Tensor:
-    """The inverse of `split_rows`: one tensor packed over items in order (item k owns `rows[k]` rows)
-    from one part per micro-batch (part m: the rows of micro-batch m's items, in item order); a
-    ValueError naming `name` and the micro-batch whose part has other rows."""
-    rows = np.asarray(rows, dtype=np.int64)
-    starts, index = np.cumsum(rows) - rows, []
-    for number, part in enumerate(parts):
-        members = np.flatnonzero(microbatch == number)
-        expected = int(rows[members].sum())
-        if not isinstance(part, torch.Tensor) or part.dim() == 0 or part.shape[0] != expected:
-            got = f"shape {tuple(part.shape)}" if isinstance(part, torch.Tensor) else f"a {type(part).__name__}"
-            raise ValueError(f"{name} of micro-batch {number} must be a tensor of {expected} rows (its "
-                             f"{members.size} items' rows, in the order of `micro.data`); got {got}")
-        index.append(ranges(starts[members], rows[members]))
-    if len(parts) == 1:
-        return parts[0]
-    order = np.concatenate(index)  # the row of the merged tensor each row of the parts becomes
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(order.size)
-    return torch.cat(list(parts)).index_select(0, torch.from_numpy(inverse).to(parts[0].device))
 
 
 @contextlib.contextmanager
@@ -354,8 +345,16 @@ def _syncs(model) -> bool:
     return hasattr(model, "no_sync") or hasattr(model, "set_requires_gradient_sync")
 
 
+@functools.lru_cache(maxsize=None)
+def _syncing_class(cls) -> bool:
+    """Whether modules of class `cls` reduce their gradients themselves (DDP, FSDP2's classes): once per class."""
+    return hasattr(cls, "no_sync") or hasattr(cls, "set_requires_gradient_sync")
+
+
 def _synced_inside(model) -> list[str]:
     """The outermost DDP and FSDP2 modules inside `model`, by name and kind (`accumulate` given a plain root)."""
+    if not any(_syncing_class(type(module)) for module in model.modules()):  # the usual answer, cheaply
+        return []
     found: list[str] = []
     for name, module in model.named_modules():
         if name and _syncs(module) and not any(name.startswith(other.split(" ")[0] + ".") for other in found):
@@ -381,8 +380,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     (`check_model_contract`, a collective); `check=False` (on every rank) skips it.  A loop body without the
     block that, in a step due the check, runs a DDP or FSDP2 forward with grad and normalises with `micro` is
     refused on every rank (`watch_model_contract`): the block is the rule under both.  A loop left before the
-    step's last micro-batch (its gradients never synchronised) is refused by the next `plan()` of its dispatcher
-    or runtime (`new_step`).
+    step's last micro-batch (its gradients never synchronised) is refused by its dispatcher's or runtime's next
+    dispatch (`loop_left`), a step's last block run before its others here, and on steps due the check a plain
+    `model` holding DDP or FSDP2 modules (it could hold neither their sync nor check them).
     The backward runs inside the block: where none did there, the exit joins the check with every parameter
     left out.  A metric normalised with `micro` for logging only
     counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters of every module a
@@ -399,7 +399,7 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
                         f"FSDP2 module itself, or a plain one); got {type(model).__name__}")
     check = as_bool(check, "check")
     syncs = _syncs(model)
-    inside = [] if syncs else _synced_inside(model)
+    inside = [] if syncs or micro.contract is None else _synced_inside(model)  # on steps due the check (the first)
     if inside:
         raise ValueError(
             f"`model` ({type(model).__name__}) holds modules whose gradients DDP or FSDP2 reduce: {', '.join(inside)}; "
@@ -412,6 +412,7 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         _in_order(micro, model, check)
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
+    _active.block = weakref.ref(micro)  # the latest micro-batch a block ran for (`_after_body`)
     if syncs:  # its sync held to the last
         _active.held = (micro, kind(model), weakref.ref(model)) if check and not micro.is_last and \
             torch.is_grad_enabled() else None
@@ -450,18 +451,23 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
         return
     synced = getattr(_active, "synced", None)
     if micro.contract is not None and synced is not None and not any(block is micro for block in accumulated()):
-        raise ModelContractError(
-            f"normalize_loss(loss, micro) outside `with accumulate(model, micro):` on micro-batch {micro.index} of "
-            f"{micro.num_microbatches}, in a step due the model check (its runtime's first step, or a step where a "
-            f"rank's last micro-batch is empty), after a forward with grad of a DDP or FSDP2 module ({synced}): wrap "
-            f"each micro-batch's body (forward, normalize_loss, backward) in `with accumulate(model, micro):`, as the "
-            f"loop of `runtime.microbatch` shows; it runs the check (a layer skipped on an empty micro-batch trains "
-            f"wrong under DDP without an error) and holds DDP's gradient sync to the last micro-batch, and is right "
-            f"under FSDP2 and for a plain model too; if that {synced} is a reference model whose output the loss "
-            f"does not depend on, run it under torch.no_grad() (a forward with grad is taken for the trained "
-            f"model's); where unused parameters are harmless, `accumulate(model, micro, check=False)` on every rank "
-            f"skips the check")
+        raise _bare_loop("normalize_loss(loss, micro) outside `with accumulate(model, micro):`", micro, synced)
     for contract in getattr(_active, "contracts", ()):
         if contract.micro is micro and not contract.checked:
             contract.parts.append(loss_sum)
             normalized.register_hook(contract.on_backward)
+
+
+def _bare_loop(what: str, micro: MicroBatch, synced: str) -> ModelContractError:
+    """The refusal of a loop body without `accumulate` (`what` it did) in a step due the check, after a forward
+    with grad of the DDP or FSDP2 module `synced`."""
+    return ModelContractError(
+        f"{what} on micro-batch {micro.index} of {micro.num_microbatches}, in a step due the model check (its "
+        f"runtime's first step, or a step where a rank's last micro-batch is empty), after a forward with grad of a "
+        f"DDP or FSDP2 module ({synced}): wrap each micro-batch's body (forward, normalize_loss, backward) in `with "
+        f"accumulate(model, micro):`, as the loop of `runtime.microbatch` shows; it runs the check (a layer skipped "
+        f"on an empty micro-batch trains wrong under DDP without an error) and holds DDP's gradient sync to the last "
+        f"micro-batch, and is right under FSDP2 and for a plain model too; if that {synced} is a reference model "
+        f"whose output the loss does not depend on, run it under torch.no_grad() (a forward with grad is taken for "
+        f"the trained model's); where unused parameters are harmless, `accumulate(model, micro, check=False)` on "
+        f"every rank skips the check")

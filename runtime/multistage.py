@@ -61,7 +61,8 @@ from .encoders import call_problem, checked_call, contract_problem, output_probl
 from .exchange import RAW_INPUTS_FIX, ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import as_table, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, StepToken, contract_of, iterate, new_step, split_rows
+from .microbatch import MicroBatch, StepToken, contract_of, iterate, loop_left, new_step
+from .pairing import split_rows
 from .prefetch import metadata_group_of
 from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem
 from .sharding import TextUnits, pass_layout
@@ -166,7 +167,7 @@ class MultiStageRuntime:
         every rank: the configuration and what was gathered), from the metadata all-gathers."""
         group = metadata_group_of(metadata_group, self.group)
         try:
-            new_step(self._step)  # a ValueError where its last step's loop was left with its gradient sync held
+            new_step(planning=True)  # the loop of the step dispatched may still run (a plan made inside it)
             sample_table, segment_table = local_tables(samples, self.modalities, loss_tokens)
         except (TypeError, ValueError):
             join_failed(group, SAMPLE_COLUMNS)  # the other ranks raise too, instead of waiting in the gather
@@ -263,7 +264,7 @@ class MultiStageRuntime:
         the routes', and every rank raises `PlanMismatchError` naming the rank and its first sample that differs.
         """
         check_step(routes, text, per_sample, inputs)
-        problem = None if samples is None else self._samples_problem(routes, samples)
+        problem = loop_left(self._step) or (None if samples is None else self._samples_problem(routes, samples))
         return self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
 
     def _samples_problem(self, routes: StepRoutes, samples) -> Exception | None:
@@ -345,8 +346,7 @@ class MultiStageRuntime:
         split = {"text": {key: split_rows(tensor, units.tokens[held_units], units.microbatch[held_units], count)
                           for key, tensor in result["text"].items()},
                  "per_sample": {key: split_rows(tensor, sample_rows, sample_parts, count)
-                                for key, tensor in result["per_sample"].items()},
-                 "inputs": {}}
+                                for key, tensor in result["per_sample"].items()}, "inputs": {}}
         for modality, parts, held_parts in zip(self.modalities, routes.input_units, parts_held):
             if modality in result["inputs"]:
                 split["inputs"][modality] = split_rows(result["inputs"][modality], parts.length[held_parts],

@@ -1,13 +1,16 @@
-"""Which micro-batch each output of a micro-batch loop belongs to: `PostBalancingDispatcher.combine` takes a list of
-`(micro, mapping)` pairs in any order and needs them in micro-batch order, each checked to be of the plan and step
-it sends home."""
+"""The rows of a step's micro-batches: a tensor packed over a rank's items split per micro-batch (`split_rows`) and
+merged back (`merge_rows`), and which micro-batch each output of a loop belongs to (`PostBalancingDispatcher.combine`
+takes a list of `(micro, mapping)` pairs in any order and needs them in micro-batch order, each checked to be of the
+plan and step it sends home)."""
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 import numpy as np
+import torch
 
+from .exchange import ranges
 from .microbatch import MicroBatch, StepToken
 
 
@@ -50,3 +53,43 @@ def in_microbatch_order(outputs, plan, step: StepToken) -> tuple[list, Exception
     missing = sorted(set(range(count)) - set(parts))
     return [parts.get(index, outputs[0][1]) for index in range(count)], None if not missing else \
         ValueError(f"`outputs` lacks micro-batches {missing} of the plan's {count}")
+
+
+def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
+               ) -> list[torch.Tensor]:
+    """Split a tensor packed over items (item k owns `rows[k]` rows, in order) by `microbatch[k]`,
+    keeping the item order within each part; one (possibly empty) tensor per micro-batch."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if tensor.shape[0] != int(rows.sum()):
+        raise ValueError(f"tensor has {tensor.shape[0]} rows but its {rows.size} items own {int(rows.sum())}")
+    if num_microbatches == 1:  # a step of one pass: the tensor itself, not a copy
+        return [tensor]
+    starts = np.cumsum(rows) - rows
+    parts = []
+    for index in range(num_microbatches):
+        members = np.flatnonzero(microbatch == index)
+        part_rows = ranges(starts[members], rows[members])
+        parts.append(tensor.index_select(0, torch.from_numpy(part_rows).to(tensor.device)))
+    return parts
+
+
+def merge_rows(parts, rows: np.ndarray, microbatch: np.ndarray, name: str) -> torch.Tensor:
+    """The inverse of `split_rows`: one tensor packed over items in order (item k owns `rows[k]` rows)
+    from one part per micro-batch (part m: the rows of micro-batch m's items, in item order); a
+    ValueError naming `name` and the micro-batch whose part has other rows."""
+    rows = np.asarray(rows, dtype=np.int64)
+    starts, index = np.cumsum(rows) - rows, []
+    for number, part in enumerate(parts):
+        members = np.flatnonzero(microbatch == number)
+        expected = int(rows[members].sum())
+        if not isinstance(part, torch.Tensor) or part.dim() == 0 or part.shape[0] != expected:
+            got = f"shape {tuple(part.shape)}" if isinstance(part, torch.Tensor) else f"a {type(part).__name__}"
+            raise ValueError(f"{name} of micro-batch {number} must be a tensor of {expected} rows (its "
+                             f"{members.size} items' rows, in the order of `micro.data`); got {got}")
+        index.append(ranges(starts[members], rows[members]))
+    if len(parts) == 1:
+        return parts[0]
+    order = np.concatenate(index)  # the row of the merged tensor each row of the parts becomes
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    return torch.cat(list(parts)).index_select(0, torch.from_numpy(inverse).to(parts[0].device))

@@ -15,7 +15,8 @@ from orchmllm.runtime import MultiStageRuntime, PostBalancingDispatcher, all_red
 from orchmllm.runtime.demo.data import IGNORE, SyntheticMultimodal
 from orchmllm.runtime.demo import compare_gradients, demo_stages
 from orchmllm.runtime.launch import spawn
-from orchmllm.runtime.microbatch import ModelContractError, accumulate, split_rows
+from orchmllm.runtime.microbatch import ModelContractError, accumulate
+from orchmllm.runtime.pairing import split_rows
 from orchmllm.runtime.demo.model import ModelConfig, TinyMultimodalModel
 
 LENGTHS = {0: [9, 1, 7, 12, 3, 5], 1: [2, 2], 2: [], 3: [15, 4, 4, 11]}  # rank 2 samples nothing
@@ -1092,7 +1093,7 @@ def test_regression_accumulate_given_a_plain_module_around_a_ddp_one_held_no_syn
 
 def early_exit_job(rank, size, check):
     """Two DDP steps whose micro-batch loop (in `accumulate`) is left by `break` after micro-batch 1 of 4: what the
-    second step's `plan` raised on each rank."""
+    second step raised on each rank."""
     torch.manual_seed(0)
     wrapped = nn.parallel.DistributedDataParallel(TokenModel().double())
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
@@ -1116,8 +1117,8 @@ def early_exit_job(rank, size, check):
 def test_regression_a_micro_batch_loop_left_early_never_synchronised_the_step_s_gradients():
     """Cause (probe12 P12-09): a loop left by `break` before the step's last micro-batch never ran the block that
     synchronises DDP's gradients, and the next step planned as if the step had ended: every rank kept its own
-    gradients, no error.  The next `plan()` now raises on every rank (the others through the metadata gather);
-    `check=False` leaves the rest knowingly."""
+    gradients, no error.  The next dispatch (since probe13 P13-10; the next `plan()` before) now raises on every
+    rank (through its exchange header); `check=False` leaves the rest knowingly."""
     outcomes = spawn(early_exit_job, len(ONE_EMPTY), args=(True,), timeout_s=60)
     assert sum(outcome.startswith("ValueError: the micro-batch loop of the previous step on this thread ended "
                                   "after micro-batch 1 of 4") for outcome in outcomes) >= 1, outcomes
@@ -1132,6 +1133,19 @@ OVERLAP_STEPS = ({0: [5, 3, 4, 2], 1: [6, 1, 1, 2]}, {0: [2, 6, 3], 1: [4, 4, 1,
 def overlap_features(step, rank):
     generator = torch.Generator().manual_seed(100 * step + rank)
     return torch.randn(sum(OVERLAP_STEPS[step][rank]), 3, generator=generator, dtype=torch.float64)
+
+
+def overlap_reference(steps):
+    """The gradient of each of `steps` of OVERLAP_STEPS as one pass over its global batch in one process."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    expected = []
+    for step in steps:
+        features = torch.cat([overlap_features(step, rank) for rank in OVERLAP_STEPS[step]])
+        (net(features).sum() / features.shape[0]).backward()
+        expected.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
+        net.zero_grad()
+    return expected
 
 
 def overlapped_steps_job(rank, size, leave=False):
@@ -1176,14 +1190,7 @@ def test_regression_the_next_step_planned_inside_a_loop_by_a_second_dispatcher_w
     `accumulate` held (micro-batch 0 of 2) for a loop left early, so two dispatchers alternating by step, the next
     step planned and dispatched inside the current loop, were refused on every rank.  A `plan()` now leaves alone
     the loop of another dispatcher's step that has not ended: the steps' gradients are one pass's."""
-    torch.manual_seed(0)
-    net = nn.Linear(3, 1).double()
-    expected = []
-    for step in range(len(OVERLAP_STEPS)):
-        features = torch.cat([overlap_features(step, rank) for rank in OVERLAP_STEPS[step]])
-        (net(features).sum() / features.shape[0]).backward()
-        expected.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
-        net.zero_grad()
+    expected = overlap_reference(range(len(OVERLAP_STEPS)))
     for counts, gradients in spawn(overlapped_steps_job, 2, timeout_s=60):
         assert min(counts) >= 2, counts  # micro-batch 0 holds the sync: the next step is planned inside the loop
         for got, want in zip(gradients, expected):
@@ -1191,6 +1198,37 @@ def test_regression_the_next_step_planned_inside_a_loop_by_a_second_dispatcher_w
     for message in spawn(overlapped_steps_job, 2, args=(True,), timeout_s=60):  # a loop left there is still refused
         assert message.startswith("the micro-batch loop of the previous step on this thread ended after micro-batch 0 "
                                   "of 2"), message
+
+
+def planned_inside_job(rank, size):
+    """One DDP dispatcher: step k + 1's `plan` runs inside step k's loop, after micro-batch 0's `accumulate` block,
+    its `dispatch` after the loop.  Each step's gradients."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    gradients, upcoming = [], dispatcher.plan(OVERLAP_STEPS[0][rank])
+    for step, per_rank in enumerate(OVERLAP_STEPS):
+        plan = upcoming
+        moved = dispatcher.dispatch({"x": overlap_features(step, rank)}, plan, lengths=per_rank[rank])
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+            if micro.index == 0 and step + 1 < len(OVERLAP_STEPS):
+                upcoming = dispatcher.plan(OVERLAP_STEPS[step + 1][rank])
+        gradients.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
+        net.zero_grad()
+    return gradients
+
+
+def test_regression_the_next_step_planned_inside_the_loop_by_its_own_dispatcher_was_taken_for_a_loop_left_early():
+    """Cause (probe13 P13-10): `plan()` decided whether the step's loop had been left early, so one dispatcher
+    planning the next step inside the loop (dispatching it after) was refused on every rank.  A step ends at its
+    dispatcher's next dispatch (of another plan), which now decides, its refusal in the exchange header."""
+    expected = overlap_reference(range(len(OVERLAP_STEPS)))
+    for gradients in spawn(planned_inside_job, 2, timeout_s=60):
+        for got, want in zip(gradients, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
 def dropped_step_job(rank, size, clear):
@@ -1226,14 +1264,7 @@ def test_regression_a_step_dropped_on_purpose_with_its_gradients_cleared_was_ref
     way to drop a step after a loss spike), was refused by the next `plan()` as a loop whose gradients were never
     synchronised, and `check=False`, its only way out, had to be passed before the decision.  Nothing is left to
     synchronise there: every gradient None or zero is now accepted; a step left with its gradients is refused."""
-    torch.manual_seed(0)
-    net = nn.Linear(3, 1).double()
-    expected = []
-    for step in (0, 2):
-        features = torch.cat([overlap_features(step, rank) for rank in OVERLAP_STEPS[step]])
-        (net(features).sum() / features.shape[0]).backward()
-        expected.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
-        net.zero_grad()
+    expected = overlap_reference((0, 2))
     for clear in ("none", "zero"):
         for gradients in spawn(dropped_step_job, 2, args=(clear,), timeout_s=60):
             assert not isinstance(gradients, str), gradients
@@ -1281,6 +1312,40 @@ def test_regression_micro_batches_run_out_of_order_synchronised_on_the_first_blo
         assert not isinstance(gradient, str), gradient
         np.testing.assert_allclose(gradient, torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy(), rtol=0,
                                    atol=1e-12)
+
+
+def own_count_job(rank, size):
+    """ONE_EMPTY at T = 40 through DDP of SkipOnEmptyModel (rank 2's last micro-batch empty), a bare loop (no
+    `accumulate`; `no_sync()` but on the last micro-batch) dividing each micro-batch's loss by its own loss tokens:
+    the bodies that ran, and what each rank raised."""
+    torch.manual_seed(0)
+    wrapped = nn.parallel.DistributedDataParallel(SkipOnEmptyModel().double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=40)
+    lengths, tokens, labels = rank_batch(rank, ONE_EMPTY)
+    plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
+    ran = []
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
+            with contextlib.nullcontext() if micro.is_last else wrapped.no_sync():
+                loss_sum = summed_loss(wrapped(micro.data["tokens"]), micro)
+                (loss_sum / max(int(micro.data["labels"].ge(0).sum()), 1)).backward()
+            ran.append(micro.index)
+    except ModelContractError as error:
+        return ran, str(error)
+    return ran, "no error"
+
+
+def test_regression_a_bare_loop_dividing_by_its_own_count_was_not_checked():
+    """Cause (issue 24, the bare-loop rule): a loop without `accumulate` whose loss never went through
+    `normalize_loss(loss, micro)` (divided by each micro-batch's own count: tokens weighted by the micro-batch they
+    sit in) ran no model check, and the layer rank 2 skipped on its empty last micro-batch trained wrong or paired
+    DDP's reductions wrongly.  In a step due the check, a body that ran a DDP forward with grad and no `accumulate`
+    block is refused on every rank after it (its backward has run: no collective waits)."""
+    for ran, message in spawn(own_count_job, len(ONE_EMPTY), timeout_s=60):
+        assert ran == [0], (ran, message)
+        assert message.startswith("a micro-batch loop body without `with accumulate(model, micro):`, its loss "
+                                  "normalised otherwise than by `normalize_loss(loss, micro)` (by a count of its own, "
+                                  "or by hand), on micro-batch 0 of 4, in a step due the model check"), message
 
 
 def test_regression_the_forward_noting_hook_outlived_its_step():
