@@ -232,6 +232,7 @@ class PostBalancingDispatcher:
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._step = StepToken()  # the latest dispatch's step, which its micro-batches carry
+        self._handed = False  # whether `microbatches` handed out the step's micro-batches (its loop ran)
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
@@ -320,7 +321,8 @@ class PostBalancingDispatcher:
         same way (a plan of the same lengths but other loss tokens scales the loss).
         `microbatches` and `combine` then take this plan (the latest dispatch's); dispatching it again (a second batch
         dict of the step) stays in its step, which the next plan's dispatch ends (refused on every rank where this
-        thread left the step's loop before its last micro-batch, its gradient sync held).  `differentiable=True` lets
+        thread left the step's loop before its last micro-batch, its gradient sync held), or, where the plan is
+        dispatched again for the next step (made once), the next step's `microbatches`.  `differentiable=True` lets
         gradients of the results flow back to the inputs (a tensor that requires grad is refused without it).
         """
         plan = _checked_plan(plan)
@@ -329,7 +331,7 @@ class PostBalancingDispatcher:
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
         if plan is not self._latest:  # a second batch dict dispatched along the step's plan stays in its step
-            self._latest, self._step, self._returned = plan, self._step.next(), {}
+            self._latest, self._step, self._returned, self._handed = plan, self._step.next(), {}, False
         self._returned.update((key, weakref.ref(tensor)) for key, tensor in moved.items())
         return moved
 
@@ -392,6 +394,9 @@ class PostBalancingDispatcher:
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         plan = self._followed(_checked_plan(plan), moved)
+        if self._handed:  # a loop of the step ran: this is the next step's, along the same plan (made once)
+            self._step = self._step.next()
+        self._handed = True
         items, tokens = plan.local_items, plan.local_lengths
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)

@@ -293,3 +293,27 @@ def test_regression_a_second_batch_dict_dispatched_along_the_step_s_plan_ended_t
     with pytest.raises(ValueError, match=r"normalize_loss with micro-batch 0 of an earlier step \(its runtime has run "
                                          r"another since\)"):
         normalize_loss(torch.ones((), requires_grad=True), pairs[0][0])
+
+
+def test_regression_a_plan_dispatched_every_step_never_ended_its_step():
+    """Cause (review9 R9-01, after 7e05741): a step ended only where another plan object was dispatched, so one plan
+    made once and dispatched every step (the same lengths each step) never ended its first: step 0's micro-batches
+    normalised and combined in step 2, and every step was due the model check.  A step also ends where
+    `microbatches` hands out a step whose loop was handed out already (the next step's loop)."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6, per_item_keys=("sid",))
+    lengths = [5, 3, 4, 2]
+    plan = dispatcher.plan(lengths)
+    steps = []
+    for step in range(3):
+        moved = dispatcher.dispatch({"x": torch.arange(14, dtype=torch.float64) + 100 * step, "sid": torch.arange(4)},
+                                    plan, lengths=lengths)
+        steps.append(list(dispatcher.microbatches(plan, moved)))
+    assert [micros[0].step.number for micros in steps] == [1, 2, 3]
+    assert [micros[-1].contract is not None for micros in steps] == [True, False, False]
+    with pytest.raises(ValueError, match=r"normalize_loss with micro-batch 0 of an earlier step"):
+        normalize_loss(torch.ones((), requires_grad=True), steps[0][0])
+    with pytest.raises(ValueError, match=r"`outputs` pairs micro-batch 0 of another step than the latest dispatch's"):
+        dispatcher.combine([(micro, {"out": micro.data["x"] * 3, "sid": micro.data["sid"]}) for micro in steps[0]],
+                           plan)
+    home = dispatcher.combine([(micro, {"out": micro.data["x"] * 3}) for micro in steps[2]], plan)
+    assert torch.equal(home["out"], (torch.arange(14, dtype=torch.float64) + 200) * 3)
