@@ -37,6 +37,7 @@ algorithm's) runs `check_microbatch_conformance` instead.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -48,6 +49,7 @@ from ..balancers import (ALGORITHMS, MICROBATCH_ALGORITHMS, BalancePlan, CostMod
 from ..balancers.api import _balance_groups
 from ..balancers.constraints.groups import as_groups
 from ..balancers.plan import make_plan, run_kernel
+from ..balancers.validation import as_bool
 from .checks import check_plan, rounding_apart
 from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, SuiteReport, SuiteTarget, check_repeats,
                       check_suite_arguments, compare_processes, fingerprint, run_properties, with_examples)
@@ -85,13 +87,18 @@ class _Target(SuiteTarget):
                          exact, time_limit)
         # The baseline keeps the sampled order, and peers' rules are theirs (next fit in order).
         ours = str(getattr(self.kernel, "kind", "plugin")) in ("ours", "plugin")
-        self.order_invariant = ours if order_invariant is None else order_invariant
+        self.order_invariant = ours if order_invariant is None else as_bool(order_invariant, "order_invariant")
         # An Algorithm record may carry the kernel it runs under equal_counts=True.
         self.equal_counts = getattr(self.kernel, "equal_counts", None)
         able = {name for name, applies in (("costs", False in self.kinds), ("groups", False in self.kinds),
                                            ("equal_counts", self.equal_counts is not None)) if applies}
-        asked = set(CONSTRAINTS if constraints is None else [constraints] if isinstance(constraints, str)
-                    else constraints)  # a str is one name, not its letters
+        names = (CONSTRAINTS if constraints is None else [constraints] if isinstance(constraints, str)
+                 else list(constraints) if isinstance(constraints, Iterable) else constraints)  # a str is one name
+        odd = [names] if not isinstance(names, (list, tuple)) else [name for name in names if not isinstance(name, str)]
+        if odd:
+            got = type(names).__name__ if odd[0] is names else f"a {type(names).__name__} holding {type(odd[0]).__name__}"
+            raise TypeError(f"`constraints` must be a name in {CONSTRAINTS} or a sequence of them; got {got}")
+        asked = set(names)
         unknown = sorted(asked - set(CONSTRAINTS))
         if unknown:
             raise ValueError(f"`constraints` must be names in {CONSTRAINTS}; got {unknown}")
@@ -327,10 +334,12 @@ def _check_brute_force_reach(max_items: int, max_ranks: int, constraints) -> Non
     while max_ranks > 1 and max_ranks ** (most + 1) <= BRUTE_FORCE_MAX_PLANS:
         most += 1
     if max_ranks > 1 and max_items > most:
+        ranks = int(round(BRUTE_FORCE_MAX_PLANS ** (1 / max_items)))  # the most ranks it reaches with max_items
+        ranks -= ranks ** max_items > BRUTE_FORCE_MAX_PLANS
+        fewer = f"max_items <= {most}, or max_ranks <= {ranks}" if most else f"max_ranks <= {ranks}"
         raise ValueError(f"`max_items`={max_items} on `max_ranks`={max_ranks} makes constrained cases of up to "
                          f"{max_ranks}**{max_items} plans, beyond BRUTE_FORCE_MAX_PLANS = 2**20, the brute force "
-                         f"that checks the {', '.join(constraints)} cases; use max_items <= {most} (or "
-                         f"constraints=())")
+                         f"that checks the {', '.join(constraints)} cases; use {fewer} (or constraints=())")
 
 
 def _properties(target: _Target, counts: dict, max_items: int, max_ranks: int, examples: int) -> tuple:

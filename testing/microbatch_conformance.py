@@ -26,7 +26,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ..balancers import CostModel, InfeasibleError, MicroBatchAlgorithm, Status, get_microbatch_algorithm
+from ..balancers import (Algorithm, CostModel, InfeasibleError, MicroBatchAlgorithm, Status,
+                         get_microbatch_algorithm)
 from ..balancers.microbatch.api import balance_microbatches, make_microbatch_problem
 from ..balancers.microbatch.bounds import min_microbatches
 from ..balancers.microbatch.plan import MicroBatchPlan, checked_kernel, make_microbatch_plan
@@ -134,6 +135,9 @@ class _Target(SuiteTarget):
     """The micro-batch kernel under test, its name, and what it declares."""
 
     def __init__(self, target, padded, exact, time_limit):
+        if isinstance(target, Algorithm):
+            raise TypeError(f"algorithm {target.name!r} is a balancing record (Problem -> KernelResult), not a "
+                            f"micro-batch one: check_conformance runs it")
         super().__init__(target, get_microbatch_algorithm, "a registered micro-batch name or record, or a kernel "
                          "((MicroBatchProblem, M) -> MicroBatchResult | None)", padded, exact, time_limit)
 

@@ -643,3 +643,31 @@ def test_regression_check_conformance_took_exact_by_truth():
     blamed the kernel's certificate."""
     with pytest.raises(TypeError, match="`exact`"):
         check_conformance("lpt", exact="no")
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(constraints=5), TypeError, r"`constraints` must be a name in \('costs', 'equal_counts', 'groups'\) or a "
+                                     r"sequence of them; got int"),
+    (dict(constraints=[["costs"]]), TypeError, r"`constraints` must be a name in .* or a sequence of them; got a "
+                                               r"list holding list"),
+    (dict(order_invariant="x"), TypeError, r"`order_invariant` must be a bool; got str"),
+    (dict(max_ranks=10**9), ValueError, r"`max_items`=6 on `max_ranks`=1000000000 makes constrained cases .* use "
+                                        r"max_ranks <= 10 \(or constraints=\(\)\)")],
+    ids=["constraints not a sequence", "constraints holding a list", "order_invariant not a bool",
+         "max_ranks past the brute force"])
+def test_regression_conformance_options_raised_python_s_errors_passed_unchecked_or_advised_max_items_0(
+        options, error, message):
+    """Cause (fix24d F24-05): `constraints=5` raised Python's "'int' object is not iterable" and a list inside it
+    "unhashable type", `order_invariant="x"` was taken for true, and `max_ranks=10**9` was told "use max_items <= 0"
+    (max_items must be >= 1: only fewer ranks reach the brute force)."""
+    with pytest.raises(error, match=message):
+        check_conformance("lpt", processes=False, examples=1, **options)
+
+
+def test_regression_a_balancing_record_given_to_the_micro_batch_suite_failed_its_own_call():
+    """Cause (fix24d F24-05): check_microbatch_conformance(ALGORITHMS["lpt"]) called the record as a micro-batch
+    kernel and reported a ConformanceError for the suite's own wrong call ("Algorithm.__call__() takes 2
+    positional arguments but 3 were given") as the algorithm's broken plan."""
+    with pytest.raises(TypeError, match=r"algorithm 'lpt' is a balancing record \(Problem -> KernelResult\), not a "
+                                        r"micro-batch one: check_conformance runs it"):
+        check_microbatch_conformance(ALGORITHMS["lpt"], processes=False, examples=1)
