@@ -14,6 +14,7 @@ from ..balancers import get_algorithm
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.options import MicroBatchOptions, microbatch_options
 from ..balancers.pipeline import Pipeline
+from ..balancers.pipeline.spec import as_pipeline
 from ..balancers.validation import as_bool, as_real, is_int
 from ..topology import PLACEMENTS, Topology
 
@@ -41,6 +42,7 @@ class StepOptions:
         if self.context_parallel is not None and not isinstance(self.context_parallel, ContextParallel):
             raise TypeError(f"`context_parallel` must be a ContextParallel or None; got "
                             f"{type(self.context_parallel).__name__}")
+        as_pipeline(self.pipeline)
         if self.pipeline is not None and self.context_parallel is not None:
             raise ValueError("`pipeline` and `context_parallel` cannot be combined yet: a split item's group would "
                              "run its micro-batch in lockstep across pipeline replicas, which the pipeline planner "
@@ -104,7 +106,7 @@ class PlanOptions(StepOptions):
 def plan_options(options: dict) -> PlanOptions:
     """`Orchestrator`'s keyword options checked into a `PlanOptions`; a name it does not take is a
     TypeError naming the Orchestrator and its options (not the dataclass, which the user never named)."""
-    names = [option.name for option in fields(PlanOptions)]
+    names = [option.name for option in fields(PlanOptions) if option.init]  # not the derived `microbatching`
     unknown = next((name for name in options if name not in names), None)
     if unknown is not None:
         raise TypeError(f"Orchestrator got an unknown option {unknown!r}; the options are {names}")

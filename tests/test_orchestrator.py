@@ -324,6 +324,21 @@ def test_regression_orchestrator_options_are_checked_when_built(options, error, 
         Orchestrator(STAGES, 4, **options)
 
 
+@pytest.mark.parametrize("options, error, match", [
+    ({"microbatching": None}, TypeError, r"Orchestrator got an unknown option 'microbatching'; the options are "
+                                         r"\['max_tokens_per_microbatch', 'num_microbatches', 'microbatch_overhead', "
+                                         r"'microbatch_algorithm', 'context_parallel', 'pipeline', 'placement'"),
+    ({"pipeline": "1f1b"}, TypeError, r"`pipeline` must be a Pipeline\(stages=..., schedule=...\) or None; got str"),
+], ids=["a derived field", "a pipeline of the wrong type"])
+def test_regression_a_derived_field_was_offered_as_an_option_and_a_mistyped_pipeline_blamed_on_the_budget(options, error, match):
+    """Cause (fix24d F24-06): the unknown-option check listed every field of PlanOptions, `microbatching` (derived,
+    not an argument) too, which then failed as "PlanOptions.__init__() got an unexpected keyword argument"; and
+    `pipeline="1f1b"` without a token budget was told it "needs `max_tokens_per_microbatch`", not that it is no
+    Pipeline."""
+    with pytest.raises(error, match=match):
+        Orchestrator(STAGES, 4, **options)
+
+
 @pytest.mark.parametrize("ranks", [0, -3])
 def test_regression_a_number_of_ranks_below_one_was_blamed_on_gpus_per_node(ranks):
     """Cause: an int `topology` became Topology(1, ranks), whose check named `gpus_per_node`, not given."""
