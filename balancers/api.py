@@ -95,6 +95,7 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
     >>> plan.loads.tolist(), plan.tokens.tolist()
     ([90.0, 40.0], [100, 110])
     """
+    as_real(makespan_slack, "makespan_slack")  # refused when bad, though only `sources` make a plan read it
     if context_parallel is not None:
         if topology is not None:
             gpus_per_node(topology, num_ranks)

@@ -14,6 +14,7 @@ import orchmllm.study.peers  # noqa: F401  (registers the peers' records)
 from orchmllm.balancers import (ALGORITHMS, CostModel, InfeasibleError, Kind, Status, algorithms, balance,
                                 make_problem)
 from orchmllm.balancers.bounds import lower_bound
+from orchmllm.balancers.context_parallel import ContextParallel
 from orchmllm.testing import brute_force_of, check_plan
 
 RECORDS = algorithms()
@@ -190,3 +191,13 @@ def test_items_of_takes_a_rank_in_range_only(rank, error, match):
     assert sorted(plan.items_of(0).tolist() + plan.items_of(np.int64(1)).tolist()) == [0, 1, 2]
     with pytest.raises(error, match=match):
         plan.items_of(rank)
+
+
+@pytest.mark.parametrize("options", [{}, {"context_parallel": ContextParallel(degrees=(1, 2))}], ids=["plain", "split"])
+@pytest.mark.parametrize("slack, error", [(float("nan"), ValueError), (-1.0, ValueError), ("small", TypeError)])
+def test_regression_makespan_slack_went_unchecked_without_sources(options, slack, error):
+    """Cause (fix24d F24-07): `makespan_slack` was checked only with `sources` (where locality reads it), so
+    `balance(..., makespan_slack=nan)` or "small" planned without a word, while `item_bytes` or `topology` without
+    `sources` are refused: a bad value of an argument is refused whether or not the plan reads it."""
+    with pytest.raises(error, match=r"`makespan_slack` must be"):
+        balance([5, 4, 3, 3, 2], 2, makespan_slack=slack, **options)
