@@ -235,11 +235,13 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     def check_ranks_agree(self) -> None:
         """All-gather a fingerprint of the settings, the epoch's plans and the rank; raise `ConfigMismatchError`
         on every rank naming the settings that differ (a collective of `group`; no-op alone).  A rank whose
-        planning fails joins the gather all the same and raises its error after it when no setting differs."""
+        settings or planning fail joins the gather all the same and raises its error after it when no setting
+        differs."""
         if not is_distributed(self.group):
             return
         failure = None
-        try:  # a rank whose planning fails with its settings still joins the gather, and re-raises after it
+        try:  # a rank whose settings or planning fail still joins the gather, and re-raises after it
+            self._check_settings()
             plans = self._plans_digest()
         except Exception as error:  # noqa: BLE001
             failure, plans = error, f"planning failed: {type(error).__name__}"
@@ -294,10 +296,12 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                 f"[0, num_replicas={replicas}) equally often (seen from rank {group_rank(self.group)}: {detail})")
 
     def __iter__(self):
-        """This rank's shares of the epoch's steps, after `check_ranks_agree` (see `check_agreement`)."""
-        self._check_settings()
-        if self.check_agreement:
+        """This rank's shares of the epoch's steps, after `check_ranks_agree` (see `check_agreement`), which checks
+        the settings where its gather runs (a rank whose settings fail joins it: every rank names them)."""
+        if self.check_agreement and is_distributed(self.group):
             self.check_ranks_agree()
+        else:
+            self._check_settings()
         return self._shares()
 
     def _shares(self):

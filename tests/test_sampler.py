@@ -440,6 +440,31 @@ def test_regression_a_rank_whose_settings_made_planning_fail_left_the_agreement_
     assert outcomes[1].value.endswith("(from ValueError)") and outcomes[0].value.endswith("(from NoneType)")
 
 
+def late_setting_job(rank, size, setting, value):
+    """Rank 1 sets `setting` to an invalid `value` after construction (a public attribute): what iterating raised."""
+    sampler = BalancedDistributedSampler(np.arange(1, 65), num_replicas=size, rank=rank, global_batch_size=16,
+                                         max_tokens_per_microbatch=200)
+    if rank == 1:
+        setattr(sampler, setting, value)
+    try:
+        return len(list(sampler))
+    except ConfigMismatchError as error:
+        return f"ConfigMismatchError: {error} (from {type(error.__cause__).__name__})"
+
+
+@pytest.mark.parametrize("setting, value", [("max_tokens_per_microbatch", 10), ("algorithm", "ilp")])
+def test_regression_a_setting_made_invalid_after_construction_on_one_rank_left_the_agreement_gather(setting, value):
+    """Cause (probe13 P13-11): `__iter__` checked the settings before the epoch check's all-gather, so a rank whose
+    setting was made invalid after construction raised alone and its peer died in the gather ("a peer died").
+    The check runs in the failure path that joins the gather: every rank names the setting that differs."""
+    outcomes = run_processes(late_setting_job, 2, args=(setting, value), timeout_s=90, collective_timeout_s=30)
+    for outcome in outcomes:
+        assert outcome.ok, outcome.error
+        assert outcome.value.startswith("ConfigMismatchError") and f"settings that differ: `{setting}`" in \
+            outcome.value, outcome.value
+    assert outcomes[1].value.endswith("(from ValueError)") and outcomes[0].value.endswith("(from NoneType)")
+
+
 @pytest.mark.parametrize("copy_of", ["pickle", "deepcopy"])
 def test_regression_a_copied_sampler_s_lengths_edited_in_place_kept_the_old_plans(copy_of):
     """Cause (probe13 P13-08): a pickled or deep-copied sampler's `lengths` came back writable while its kept plans
