@@ -116,7 +116,11 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
     """
     checked_reduction(gradient_reduction, "gradient_reduction")
     if not isinstance(loss_sum, torch.Tensor):
-        raise TypeError(f"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__}")
+        empty = isinstance(num_loss_tokens, MicroBatch) and not len(num_loss_tokens.items)
+        raise TypeError(f"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__}" + (
+            f" (micro-batch {num_loss_tokens.index} of {num_loss_tokens.num_microbatches} holds no item on this rank: "
+            f"every rank runs every micro-batch, so compute its loss from the model's output on the empty tensors, "
+            f"e.g. `output.sum() * 0`)" if empty else ""))
     if not (loss_sum.is_floating_point() or loss_sum.is_complex()):  # the quotient would be truncated
         raise TypeError(f"`loss_sum` must be a floating-point (or complex) tensor; got a {loss_sum.dtype} tensor (a "
                         f"sum of integers, e.g. a count of correct predictions: .double() it first)")

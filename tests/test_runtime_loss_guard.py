@@ -213,3 +213,18 @@ def test_regression_the_readmes_multi_stage_loop_left_ddp_micro_batches_unchecke
     assert ("The loop body runs in `with accumulate(model, micro):` and normalises with `normalize_loss(loss_sum, "
             "micro)` (the loss tokens given to `plan`) under FSDP2 and DDP alike, with a token budget or without") \
         in text
+
+
+@pytest.mark.parametrize("loss_sum", [0, 0.0])
+def test_regression_a_python_zero_from_an_empty_micro_batch_was_refused_without_the_cause(loss_sum):
+    """Cause (probe13 P13-12): a per-sample loss summed in Python over an empty micro-batch (`sum([])`, 0) reached
+    `normalize_loss(0, micro)`, refused only as "got int": the message now names the empty micro-batch and the fix."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=10, num_microbatches=3)
+    plan = dispatcher.plan([4, 6])
+    micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.arange(10)}, plan)))
+    empty = next(micro for micro in micros if not micro.items.size)
+    with pytest.raises(TypeError, match=rf"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__} \(micro-batch "
+                                        rf"{empty.index} of 3 holds no item on this rank: every rank runs every "
+                                        rf"micro-batch, so compute its loss from the model's output on the empty "
+                                        rf"tensors, e.g. `output.sum\(\) \* 0`\)"):
+        normalize_loss(loss_sum, empty)
