@@ -6,10 +6,10 @@
 `balance_microbatches(lengths, D, cost=, max_tokens_per_microbatch=T, context_parallel=ContextParallel())` on
 `bench_context_parallel.giant_mix(family, D, per_rank, share, seed)` for the families documents / videos /
 long_tail × D × per-rank × GIANT_SHARES × T × seeds.  A change is judged on a seed set it was not developed on,
-run once after the last change: seeds 108–119 and 121–144 have each been run once (2026-12-05, in sets of
-four; 133–136 to show the spill's bisection changes no row; 137–140 for the search's MIN_FALL; 141–144 to show
-the deferred first fill changes no row) and the planner was looked at on them since (120: a smoke test of this
-script), so the next change takes fresh seeds from 145.
+run once after the last change: seeds 108–119 and 121–148 have each been run once (2026-12-05, in sets of
+four; 133–136 to show the spill's bisection changes no row; 137–140 for the search's MIN_FALL; 141–148 to show
+the deferred fills change no row) and the planner was looked at on them since (120: a smoke test of this
+script), so the next change takes fresh seeds from 149.
 Every row checks the bound (≤ step) and the budget, and, where the longest item fits T,
 compares the step with no splitting (`ours / no split`, which must never exceed 1).  Prints the median and
 worst step / bound (overall, per family, per D), every row above 1.10 and any worse than no splitting;

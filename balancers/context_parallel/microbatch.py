@@ -36,7 +36,8 @@ Algorithm:
             again, its micro-batch without layout spilling items over T to the next and refilled (`repair.py`)
         the first fill, M not fixed: its micro-batch of most items is planned only once the next fill does
             not beat the others' peaks + its pass bound, where those are above the goal (`_deferred`: the 95 %-full
-            micro-batch of the long workload, 0.3 s; not planned, it is not known to have a layout to repair)
+            micro-batch of the long workload, 0.3 s; not planned, it is not known to have a layout to repair);
+            a later fill's, not where that sum is above the best (the fill cannot beat it)
     for the fills' best and the repaired plan, while above the bound by more than 3 %: move items out of the
         micro-batch furthest above its own pass bound into another where both micro-batches' plans lower the
         step (`regroup.py`); the lower step is the best
@@ -340,8 +341,8 @@ class _Deferred:
 
 def _deferred(microbatch, num_microbatches, overhead, plan_pass, goal: float) -> _Deferred | None:
     """The grouping with every micro-batch but that of most items planned, where each has a plan and their
-    peaks, the split planner's bound of the one left and the overheads sum above `goal` (so the fills go
-    on whatever its plan); else None."""
+    peaks, the split planner's bound of the one left and the overheads sum above `goal` (the first fill's: the
+    fills go on whatever its plan; a later one's: the best step, which it cannot beat); else None."""
     sizes = np.bincount(microbatch, minlength=num_microbatches)
     left, peaks = int(np.argmax(sizes)), []
     for m in np.flatnonzero(sizes).tolist():
@@ -420,7 +421,12 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
         cells = (lengths, num_ranks, spec, budget, overhead, num_microbatches or m, costs, table,
                  -(-tokens // num_microbatches) if over else room, num_microbatches is not None, plan_pass)
         alone = best is None and repaired is None and pending is None and num_microbatches is None
-        found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else None)
+        defer = best.step_cost if best is not None and num_microbatches is None else None
+        found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else defer)
+        if isinstance(found, _Deferred) and best is not None:  # it cannot beat the best
+            if found.num_microbatches > best.num_microbatches:
+                break
+            continue
         if isinstance(found, _Deferred):
             pending = found
             continue
