@@ -407,6 +407,7 @@ class PostBalancingDispatcher:
             (lambda index: plan.sharding.layout(index, self.group))
         last = plan.route.dest_ranks[plan.item_microbatch[plan.sharding.unit_item] == count - 1]
         contract = contract_of(self._step, np.bincount(last, minlength=size), self.group)
+        self._step.empty = frozenset(range(count)) - frozenset(microbatch.tolist())  # a loop may skip those
         return iterate(MicroBatch(index, count, items[microbatch == index],
                                   {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size,
                                   lengths=torch.from_numpy(tokens[microbatch == index]), layout=layout(index),

@@ -56,11 +56,12 @@ class StepToken:
     multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
     variable of an earlier step) is refused."""
 
-    __slots__ = ("ended", "number", "blocked")
+    __slots__ = ("ended", "number", "blocked", "empty")
 
     def __init__(self, number: int = 0):
         self.ended, self.number = False, number
         self.blocked: dict[int, set] = {}  # id(model) -> its micro-batches whose `accumulate` blocks ran (`_in_order`)
+        self.empty: frozenset = frozenset()  # the micro-batches holding no row on this rank (nothing to synchronise)
 
     def next(self) -> StepToken:
         """End this step; the token of the next."""
@@ -159,6 +160,7 @@ def iterate(microbatches):
             _active.step = weakref.ref(micro)
             if micro.contract is not None and getattr(_active, "noting", None) is None:
                 _active.noting = _noting_synced_forwards()
+            _active.forwarded = None
             yield micro
             _after_body(micro)
     finally:
@@ -167,11 +169,12 @@ def iterate(microbatches):
 
 def _after_body(micro: MicroBatch) -> None:
     """As the loop over the generator asks for the micro-batch after `micro`: a `ModelContractError` where `micro` is
-    of a step due the check and this thread ran a forward with grad of a DDP or FSDP2 module in the step but no
-    `accumulate` block of `micro` (a bare loop whose loss `normalize_loss(loss, micro)` did not see: divided by a
-    count of its own, which weights tokens by the micro-batch they sit in, or scaled by hand).  Every rank runs the
-    same loop and decides alike, after the body's backward: no collective waits."""
-    synced, block = getattr(_active, "synced", None), getattr(_active, "block", None)
+    of a step due the check and its body ran a forward with grad of a DDP or FSDP2 module but no `accumulate` block
+    of `micro` (a bare loop whose loss `normalize_loss(loss, micro)` did not see: divided by a count of its own,
+    which weights tokens by the micro-batch they sit in, or scaled by hand; a body that skips an empty micro-batch
+    runs no forward).  Every rank runs the same loop and decides alike, after the body's backward: no collective
+    waits."""
+    synced, block = getattr(_active, "forwarded", None), getattr(_active, "block", None)
     if micro.contract is not None and synced is not None and (block is None or block() is not micro):
         raise _bare_loop("a micro-batch loop body without `with accumulate(model, micro):`, its loss normalised "
                          "otherwise than by `normalize_loss(loss, micro)` (by a count of its own, or by hand),", micro,
@@ -195,8 +198,9 @@ def _noting_synced_forwards():
         if step_microbatches() is None:  # the step's micro-batches were dropped
             handle.remove()
             _active.noting = None
-        elif getattr(_active, "synced", None) is None and torch.is_grad_enabled() and _reduces_every_parameter(module):
-            _active.synced = kind(module)
+        elif _syncing_class(type(module)) and torch.is_grad_enabled() and _reduces_every_parameter(module):
+            _active.forwarded = kind(module)  # in the body running now (`_after_body`)
+            _active.synced = getattr(_active, "synced", None) or _active.forwarded
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
     return handle
@@ -236,13 +240,13 @@ def new_step(planning: bool = False) -> None:
         raise _left_early(held)
 
 
-def loop_left(step: StepToken) -> ValueError | None:
+def loop_left(step: StepToken | None) -> ValueError | None:
     """Why `step` may not end now (its runtime dispatches the next step): this thread's loop of it was left before
     its last micro-batch while `accumulate` held the gradient sync, and its gradients were not dropped on purpose
     (`_discarded`); else None.  The held sync is forgotten either way; the runtime raises the error on every rank
     from its exchange header."""
     held = getattr(_active, "held", None)
-    if held is None or held[0].step is not step:
+    if step is None or held is None or held[0].step is not step:
         return None
     _active.held = None
     return None if _discarded(held[2]()) else _left_early(held)
@@ -330,7 +334,7 @@ def _in_order(micro: MicroBatch, model, check: bool) -> None:
     if not micro.is_last:
         blocked.add(micro.index)
         return
-    missing = sorted(set(range(micro.num_microbatches - 1)) - blocked)
+    missing = sorted(set(range(micro.num_microbatches - 1)) - blocked - step.empty)  # an empty one: as if run
     blocked.clear()
     if missing:
         raise ValueError(

@@ -156,7 +156,7 @@ class MultiStageRuntime:
         self._checked: set[str] = set()  # the encoders (and the text embedding) whose first call was checked
         self._reached: dict[str, set | None] = {}  # what each one's first checked call with items depended on
         self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
-        self._step = StepToken()  # the step of the latest `microbatches()`, which its micro-batches carry
+        self._step, self._looped = StepToken(), None  # the latest loop's step (its micro-batches carry it), routes
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
@@ -182,8 +182,7 @@ class MultiStageRuntime:
                             segments_all)
         return Batch.from_arrays(
             num_ranks=int(gathered_samples.counts.size), modalities=self.modalities,
-            sample_text=samples_all[:, 0], sample_source=gathered_samples.source_ranks,
-            sample_id=samples_all[:, 2],
+            sample_text=samples_all[:, 0], sample_source=gathered_samples.source_ranks, sample_id=samples_all[:, 2],
             segment_sample=np.repeat(np.arange(samples_all.shape[0], dtype=np.int64), samples_all[:, 1]),
             segment_modality=segments_all[:, 0], segment_length=segments_all[:, 1],
             segment_tokens=segments_all[:, 2], segment_position=segments_all[:, 3],
@@ -264,7 +263,8 @@ class MultiStageRuntime:
         the routes', and every rank raises `PlanMismatchError` naming the rank and its first sample that differs.
         """
         check_step(routes, text, per_sample, inputs)
-        problem = loop_left(self._step) or (None if samples is None else self._samples_problem(routes, samples))
+        ended = None if routes is self._looped else self._step  # a second batch dict of the step's routes ends none
+        problem = loop_left(ended) or (None if samples is None else self._samples_problem(routes, samples))
         return self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
 
     def _samples_problem(self, routes: StepRoutes, samples) -> Exception | None:
@@ -372,7 +372,7 @@ class MultiStageRuntime:
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         # layouts wherever this runtime splits or the routes' plan does (routes of another runtime)
         splitting = self.orchestrator.context_parallel is not None or any(p.splits for p in routes.step.microbatches)
-        self._yielded, self._step = [], self._step.next()
+        self._yielded, self._step, self._looped = [], self._step.next(), routes
         step, last = self._step, routes.num_microbatches - 1  # the last micro-batch's backward reduces gradients
         contract = contract_of(step, np.diff(routes.microbatches[last].plan.shards.rank_offsets), self.group)
 

@@ -1348,6 +1348,106 @@ def test_regression_a_bare_loop_dividing_by_its_own_count_was_not_checked():
                                   "or by hand), on micro-batch 0 of 4, in a step due the model check"), message
 
 
+SKIPPED_EMPTY = {0: [6, 6], 1: [1]}  # three micro-batches: one rank's non-last ones hold nothing
+
+
+def skipping_empty_job(rank, size):
+    """SKIPPED_EMPTY on DDP, a loop that skips its rank's empty micro-batches but the last (they add nothing): the
+    rows of each micro-batch and the gradient, or what was raised."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6, num_microbatches=3)
+    lengths = SKIPPED_EMPTY[rank]
+    features = torch.randn(sum(lengths), 3, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+    plan = dispatcher.plan(lengths)
+    sizes = []
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": features}, plan, lengths=lengths)):
+            sizes.append(int(micro.data["x"].shape[0]))
+            if not sizes[-1] and not micro.is_last:
+                continue
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+    except ValueError as error:
+        return sizes, str(error)
+    return sizes, torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy()
+
+
+def test_regression_the_order_check_took_a_skipped_empty_micro_batch_for_one_run_out_of_order():
+    """Cause (review9 R9-02, after 67cbb2d): the order check counted a micro-batch as run only where its block ran,
+    so a loop skipping its rank's empty micro-batches (nothing to synchronise) was refused on that rank alone, its
+    peers dying in DDP's all-reduce.  A micro-batch with no rows on the rank counts as run."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    features = torch.cat([torch.randn(sum(SKIPPED_EMPTY[rank]), 3, generator=torch.Generator().manual_seed(rank),
+                                      dtype=torch.float64) for rank in SKIPPED_EMPTY])
+    (net(features).sum() / features.shape[0]).backward()
+    expected = torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy()
+    outcomes = spawn(skipping_empty_job, 2, timeout_s=60)
+    assert any(0 in sizes[:-1] for sizes, _ in outcomes), outcomes  # a non-last micro-batch skipped somewhere
+    for sizes, gradient in outcomes:
+        assert not isinstance(gradient, str), (sizes, gradient)
+        np.testing.assert_allclose(gradient, expected, rtol=0, atol=1e-12)
+
+
+SMALL = ModelConfig(vocab=32, llm_hidden=8, encoder_hidden=8, heads=2, patch_dim=6, frame_dim=5, pool=2, stride=2)
+
+
+class MultiStageWhole(nn.Module):
+    """The demo model whose forward runs the multi-stage runtime on a micro-batch, for DDP to wrap."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = TinyMultimodalModel(SMALL).double()
+
+    def forward(self, runtime, micro):
+        model = self.model
+        packed = runtime.forward(micro.routes, micro.data, encoders=model.encoders(), text_embedding=model.llm.embed)
+        labels = packed.scatter_text(micro.data.text["labels"], IGNORE)
+        return model.loss_sum(model.llm(packed.embeddings, packed.sample_lengths), labels)
+
+
+def second_dispatch_job(rank, size, second):
+    """Two DDP steps of the multi-stage runtime; with `second`, the step's routes dispatch a second batch dict inside
+    its loop, after micro-batch 0's block: each step's micro-batch count and summed absolute gradient."""
+    torch.manual_seed(0)
+    whole = MultiStageWhole()
+    ddp = nn.parallel.DistributedDataParallel(whole)
+    data = SyntheticMultimodal(SMALL, samples_per_rank=5, seed=0)
+    budget = int(max(s.llm_length for step in (0, 1) for r in range(size) for s in data.samples(step, r)))
+    runtime = MultiStageRuntime(demo_stages({m: CostModel() for m in ("image", "audio", "llm")}, SMALL),
+                                max_tokens_per_microbatch=budget)
+    out = []
+    for step in range(2):
+        samples = data.samples(step, rank)
+        local = data.tensors(samples, torch.float64)
+        counts = [int(part.ne(IGNORE).sum()) for part in local.text["labels"].split([s.text for s in samples])]
+        routes = runtime.plan(samples, loss_tokens=counts)
+        moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+        ran = 0
+        for micro in runtime.microbatches(routes, moved):
+            with accumulate(ddp, micro):
+                normalize_loss(ddp(runtime, micro), micro).backward()
+            if second and micro.index == 0:
+                runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+            ran += 1
+        out.append((ran, float(sum(p.grad.abs().sum() for p in whole.parameters() if p.grad is not None))))
+        ddp.zero_grad()
+    return out
+
+
+def test_regression_a_second_batch_dict_of_a_multi_stage_step_was_taken_for_a_loop_left_early():
+    """Cause (review9 R9-03, after 2758396): every `MultiStageRuntime.dispatch` decided whether the loop of the step
+    had been left early, so a second batch dict dispatched along the step's routes inside its loop was refused on
+    every rank.  As the dispatcher, only routes other than the loop's end it."""
+    plain, second = (spawn(second_dispatch_job, 2, args=(flag,), timeout_s=120) for flag in (False, True))
+    assert all(ran > 1 for out in plain for ran, _ in out), plain  # micro-batch 0 holds the sync
+    for with_second, without in zip(second, plain):
+        assert [ran for ran, _ in with_second] == [ran for ran, _ in without]
+        np.testing.assert_allclose([total for _, total in with_second], [total for _, total in without], rtol=1e-12)
+
+
 def test_regression_the_forward_noting_hook_outlived_its_step():
     """Cause (probe12 P12-L3 = review8 R8-15): the global forward pre-hook that notes a due step's forwards stayed
     installed after the step's loop until the next plan(), so after the last training step every module call in
