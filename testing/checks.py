@@ -9,7 +9,7 @@ import numpy as np
 from ..balancers import BalancePlan, ContextParallelPlan, CostModel, MicroBatchPlan, Status
 from ..balancers.constraints.groups import as_groups
 from ..balancers.context_parallel.microbatch import SplitMicroBatchPlan
-from ..balancers.problem import as_costs, as_lengths
+from ..balancers.problem import as_costs, as_lengths, as_num_ranks
 from .oracles import BRUTE_FORCE_MAX_PLANS, Optimum, brute_force, exact
 
 _AUTO = object()
@@ -77,6 +77,7 @@ def check_plan(plan: BalancePlan, lengths, num_ranks: int, *, cost=None, padded=
     """
     check_plan_type(plan, BalancePlan)
     lengths = as_lengths(lengths)  # balance()'s own reading of its input, as check_microbatch_plan's
+    num_ranks = as_num_ranks(num_ranks)
     cost = CostModel() if cost is None and costs is None else cost  # explicit costs: the plan has no model
     n = lengths.size
     assignment = np.asarray(plan.assignment)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..balancers import ContextParallel, ContextParallelPlan, CostModel, Status
 from ..balancers.context_parallel.layout import shard_tokens
-from ..balancers.problem import as_lengths
+from ..balancers.problem import as_lengths, as_num_ranks
 from ..balancers.validation import as_int
 from .checks import rounding_apart
 
@@ -135,7 +135,7 @@ def check_split_plan(plan: ContextParallelPlan, lengths, num_ranks: int, spec: C
     >>> plan = balance([40, 5, 5], 2, context_parallel=spec)
     >>> check_split_plan(plan, [40, 5, 5], 2, spec, optimum=brute_force_split([40, 5, 5], 2, spec))
     """
-    lengths = as_lengths(lengths)
+    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
     cost = CostModel() if cost is None else cost
     n = lengths.size
     if plan.num_ranks != num_ranks or plan.cost != cost or plan.assignment.shape != (n,) or plan.degree.shape != (n,):

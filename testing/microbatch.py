@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers import MicroBatchPlan, Status
-from ..balancers.problem import as_lengths
+from ..balancers.problem import as_lengths, as_num_ranks
 from ..balancers.validation import as_int
 from .checks import check_plan_type, rounding_apart
 from .oracles import _all_plans, _item_costs, _per_rank
@@ -134,7 +134,7 @@ def check_microbatch_plan(plan: MicroBatchPlan, lengths, num_ranks: int, max_tok
     ...                       optimum=brute_force_microbatches([6, 5, 4, 3, 2, 2], 2, 8, plan.num_microbatches))
     """
     check_plan_type(plan, MicroBatchPlan)
-    lengths = as_lengths(lengths)
+    lengths, num_ranks = as_lengths(lengths), as_num_ranks(num_ranks)
     n, m = lengths.size, plan.num_microbatches
     expected = (num_ranks, max_tokens_per_microbatch, padded)
     if (plan.num_ranks, plan.max_tokens_per_microbatch, plan.padded) != expected:

@@ -671,3 +671,27 @@ def test_regression_a_balancing_record_given_to_the_micro_batch_suite_failed_its
     with pytest.raises(TypeError, match=r"algorithm 'lpt' is a balancing record \(Problem -> KernelResult\), not a "
                                         r"micro-batch one: check_conformance runs it"):
         check_microbatch_conformance(ALGORITHMS["lpt"], processes=False, examples=1)
+
+
+def _checked(check):
+    """`check` run on a fresh plan of its kind over [900, 5, 4, 3] on 4 ranks, with `num_ranks` as given."""
+    from orchmllm import ContextParallel, balance
+    from orchmllm.testing import check_split_plan
+
+    lengths, spec = [900, 5, 4, 3], ContextParallel(degrees=(1, 2))
+    return {"check_plan": lambda d: check_plan(balance(lengths, 4), lengths, d),
+            "check_microbatch_plan": lambda d: check_microbatch_plan(
+                balance_microbatches(lengths, 4, max_tokens_per_microbatch=1000), lengths, d, 1000),
+            "check_split_plan": lambda d: check_split_plan(balance(lengths, 4, context_parallel=spec), lengths, d,
+                                                           spec)}[check]
+
+
+@pytest.mark.parametrize("num_ranks, error, message", [(4.0, TypeError, r"`num_ranks` must be an int; got float"),
+                                                       (0, ValueError, r"`num_ranks` must be >= 1; got 0")])
+@pytest.mark.parametrize("check", ["check_plan", "check_microbatch_plan", "check_split_plan"])
+def test_regression_a_plan_check_given_num_ranks_as_a_float_failed_in_numpy(check, num_ranks, error, message):
+    """Cause (fix24d F24-08): the plan checks compared `num_ranks` with the plan's (4 == 4.0) and then sized their
+    arrays with it: numpy's "expected a sequence of integers or a single integer, got '4.0'" (Python's "'float'
+    object cannot be interpreted as an integer" in check_microbatch_plan); 0 was reported as the plan's fault."""
+    with pytest.raises(error, match=message):
+        _checked(check)(num_ranks)
