@@ -56,12 +56,13 @@ class StepToken:
     multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
     variable of an earlier step) is refused."""
 
-    __slots__ = ("ended", "number", "blocked", "empty")
+    __slots__ = ("ended", "number", "blocked", "empty", "versions")
 
     def __init__(self, number: int = 0):
         self.ended, self.number = False, number
         self.blocked: dict[int, set] = {}  # id(model) -> its micro-batches whose `accumulate` blocks ran (`_in_order`)
         self.empty: frozenset = frozenset()  # the micro-batches holding no row on this rank (nothing to synchronise)
+        self.versions: dict[int, tuple] = {}  # id(model) -> (micro-batch, its parameters' versions) (`_unstepped`)
 
     def next(self) -> StepToken:
         """End this step; the token of the next."""
@@ -344,6 +345,27 @@ def _in_order(micro: MicroBatch, model, check: bool) -> None:
             f"step's micro-batches in index order (as `microbatches` yields them), the last one last")
 
 
+def _unstepped(micro: MicroBatch, model, check: bool) -> None:
+    """On a step due the check, under DDP: a ValueError before `micro`'s block where `model`'s parameters changed since
+    the step's first held block (an optimizer step on gradients each rank kept for itself; every rank raises)."""
+    step = micro.step
+    if step is None or not check or micro.contract is None or hasattr(model, "set_requires_gradient_sync"):
+        return
+    now = tuple(parameter._version for parameter in model.parameters())
+    first, versions = step.versions.get(id(model), (None, now))
+    if versions != now:
+        raise ValueError(
+            f"the parameters of {kind(model)} changed between micro-batches {first} and {micro.index} of a step while "
+            f"`accumulate` held its gradient sync to the step's last micro-batch (an optimizer step inside the step, "
+            f"as mini-batches do): each rank stepped on its own unsynchronised gradients, and the replicas drift "
+            f"apart; step the optimizer once per dispatched step, after its last micro-batch (plan each mini-batch "
+            f"as a step of its own), or pass check=False knowingly")
+    if micro.is_last:  # a pass over the step ends (the next starts afresh)
+        step.versions.pop(id(model), None)
+    elif first is None:
+        step.versions[id(model)] = (micro.index, now)
+
+
 def _syncs(model) -> bool:
     """Whether `model` reduces its gradients itself: a DDP or FSDP2 module."""
     return hasattr(model, "no_sync") or hasattr(model, "set_requires_gradient_sync")
@@ -414,6 +436,7 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
             f"`fully_shard` the root as well")
     if syncs:
         _in_order(micro, model, check)
+        _unstepped(micro, model, check)
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
     _active.block = weakref.ref(micro)  # the latest micro-batch a block ran for (`_after_body`)

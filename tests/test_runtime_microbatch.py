@@ -1448,6 +1448,39 @@ def test_regression_a_second_batch_dict_of_a_multi_stage_step_was_taken_for_a_lo
         np.testing.assert_allclose([total for _, total in with_second], [total for _, total in without], rtol=1e-12)
 
 
+def stepped_inside_job(rank, size):
+    """Step 0 of OVERLAP_STEPS (M = 2) on DDP with SGD, the optimizer stepped after micro-batch 0's block (mini-batches
+    inside the step): what each rank raised, or whether its parameters are those of rank 0."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    plan = dispatcher.plan(OVERLAP_STEPS[0][rank])
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(0, rank)}, plan)):
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).pow(2).sum(), micro).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    except ValueError as error:
+        return f"micro-batch {micro.index}: {error}"
+    weights = torch.cat([net.weight.flatten(), net.bias]).detach()
+    first = weights.clone()
+    torch.distributed.broadcast(first, 0)
+    return bool(torch.equal(weights, first))
+
+
+def test_regression_an_optimizer_step_inside_a_dispatched_step_updated_each_replica_on_its_own_gradients():
+    """Cause (probe13 P13-16): an optimizer step between micro-batches of a step (PPO-style mini-batches) ran on the
+    gradients `accumulate` kept unsynchronised: the replicas drifted apart, no error.  On a step due the check, the
+    next block of the step refuses parameters that changed since the step's first held block (every rank)."""
+    for message in spawn(stepped_inside_job, 2, timeout_s=60):
+        assert isinstance(message, str) and message.startswith(
+            "micro-batch 1: the parameters of DistributedDataParallel of Linear changed between micro-batches 0 and 1 "
+            "of a step"), message
+
+
 def test_regression_the_forward_noting_hook_outlived_its_step():
     """Cause (probe12 P12-L3 = review8 R8-15): the global forward pre-hook that notes a due step's forwards stayed
     installed after the step's loop until the next plan(), so after the last training step every module call in
