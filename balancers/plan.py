@@ -85,10 +85,11 @@ class BalancePlan:
         """This plan with the items of its rank g on rank `rank_of_group[g]` (a permutation of the ranks,
         e.g. `topology.place`'s): loads and tokens follow them; makespan, bound and status hold."""
         rank_of_group = np.asarray(rank_of_group)
-        if rank_of_group.shape != (self.num_ranks,) or not np.array_equal(np.sort(rank_of_group),
-                                                                          np.arange(self.num_ranks)):
+        if rank_of_group.shape != (self.num_ranks,) or rank_of_group.dtype.kind not in "iu" or not np.array_equal(
+                np.sort(rank_of_group), np.arange(self.num_ranks)):
+            kind = "" if rank_of_group.dtype.kind in "iu" else f" (dtype {rank_of_group.dtype}: ranks are ints)"
             raise ValueError(f"`rank_of_group` must be a permutation of the {self.num_ranks} ranks; got "
-                             f"{rank_of_group.tolist() if rank_of_group.size <= 16 else rank_of_group.shape}")
+                             f"{rank_of_group.tolist() if rank_of_group.size <= 16 else rank_of_group.shape}{kind}")
         loads, tokens = np.empty_like(self.loads), np.empty_like(self.tokens)
         loads[rank_of_group], tokens[rank_of_group] = self.loads, self.tokens
         return dataclasses.replace(self, assignment=read_only(rank_of_group[self.assignment]), loads=read_only(loads),

@@ -201,3 +201,14 @@ def test_regression_makespan_slack_went_unchecked_without_sources(options, slack
     `sources` are refused: a bad value of an argument is refused whether or not the plan reads it."""
     with pytest.raises(error, match=r"`makespan_slack` must be"):
         balance([5, 4, 3, 3, 2], 2, makespan_slack=slack, **options)
+
+
+@pytest.mark.parametrize("rank_of_group", [[1.0, 0.0], [True, False], np.array([1, 0], dtype=object)],
+                         ids=["floats", "bools", "objects"])
+def test_regression_on_ranks_indexed_with_a_permutation_that_is_not_of_ints(rank_of_group):
+    """Cause (fix24d F24-09): `BalancePlan.on_ranks` checked the values of `rank_of_group`, not their type, and then
+    indexed with them: floats or objects gave numpy's "arrays used as indices must be of integer (or boolean) type",
+    bools its "boolean array indexing assignment cannot assign 2 input values"."""
+    with pytest.raises(ValueError, match=r"`rank_of_group` must be a permutation of the 2 ranks; got .* \(dtype "
+                                         r"(float64|bool|object): ranks are ints\)"):
+        balance([5, 4, 3, 3], 2).on_ranks(rank_of_group)
