@@ -112,6 +112,10 @@ def as_array(values, name: str, what: str) -> np.ndarray:
         raise TypeError(f"`{name}` must be a 1-D sequence of {what}; got {type(values).__name__}")
     if hasattr(values, "detach") and hasattr(values, "numpy"):
         values = tensor_values(values)
+    masked = int(np.count_nonzero(np.ma.getmaskarray(values))) if isinstance(values, np.ma.MaskedArray) else 0
+    if masked:  # np.asarray reads the data under the mask too
+        raise TypeError(f"`{name}` is a masked array with {masked} masked entr{'y' if masked == 1 else 'ies'}, which "
+                        f"would be read as values; pass `{name}.compressed()` (without them) or `{name}.filled(value)`")
     try:
         array = np.asarray(values)
     except ValueError:  # numpy: "setting an array element with a sequence"

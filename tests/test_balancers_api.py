@@ -212,3 +212,17 @@ def test_regression_on_ranks_indexed_with_a_permutation_that_is_not_of_ints(rank
     with pytest.raises(ValueError, match=r"`rank_of_group` must be a permutation of the 2 ranks; got .* \(dtype "
                                          r"(float64|bool|object): ranks are ints\)"):
         balance([5, 4, 3, 3], 2).on_ranks(rank_of_group)
+
+
+@pytest.mark.parametrize("argument", ["lengths", "costs"])
+def test_regression_a_masked_array_s_masked_entries_were_planned_as_values(argument):
+    """Cause (fix24d F24-10): `np.asarray` reads a masked array's data, masked entries too, so
+    `balance(np.ma.masked_array([5, 4, 3], mask=[0, 1, 0]), 2)` planned the masked 4 (makespan 7) without a word.
+    Whether a masked entry is an item to drop or a value to fill is the caller's to say."""
+    masked = np.ma.masked_array([5, 4, 3], mask=[False, True, False])
+    options = {"lengths": masked} if argument == "lengths" else {"lengths": [5, 4, 3], "costs": masked}
+    with pytest.raises(TypeError, match=rf"`{argument}` is a masked array with 1 masked entry, which would be read as "
+                                        rf"values; pass `{argument}.compressed\(\)` \(without them\) or "
+                                        rf"`{argument}.filled\(value\)`"):
+        balance(num_ranks=2, **options)
+    assert balance(np.ma.masked_array([5, 4, 3]), 2).makespan == 7  # nothing masked: the values as they are
