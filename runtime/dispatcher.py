@@ -40,6 +40,7 @@ from typing import Mapping
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from ..balancers import BalancePlan, MicroBatchPlan, balance
 from ..balancers.context_parallel import ContextParallel
@@ -47,12 +48,12 @@ from ..balancers.microbatch.api import plan_microbatches
 from ..balancers.pipeline import Pipeline
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
 from .alltoall import FlatAllToAll
-from .comm import group_rank, group_size
+from .comm import collective, comm_device, group_rank, group_size
 from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, StepToken, contract_of, iterate, loop_left, new_step
 from .options import DispatchOptions, check_names
-from .pairing import in_microbatch_order, merge_rows, split_rows
+from .pairing import in_microbatch_order, merge_rows, split_rows, split_sums
 from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
 
@@ -119,36 +120,6 @@ def _local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
 
 
 COMBINE_ORDERS = (None, "local_items", "microbatches")  # what one mapping of outputs may follow (`combine`)
-SPLIT_REDUCTIONS = ("sum", "first")  # what of a split item's per-item rows `combine` sends home
-
-
-def split_sums(split_reduce, keys: list, sharding: StepSharding) -> tuple[frozenset, Exception | None]:
-    """The per-item output `keys` whose split items' rows come home added (`combine`'s `split_reduce`:
-    None, one of SPLIT_REDUCTIONS, or a mapping key -> one), and why `split_reduce` does not fit them
-    (raised on every rank by the exchange; None when it fits)."""
-    if split_reduce is None or isinstance(split_reduce, str):
-        modes = dict.fromkeys(keys, split_reduce)
-    elif isinstance(split_reduce, Mapping):
-        modes = {key: split_reduce.get(key) for key in keys}
-        others = sorted(map(str, set(split_reduce) - set(keys)))
-        if others:
-            return frozenset(), ValueError(f"`split_reduce` names {others}, which are not per-item outputs of "
-                                           f"`outputs` ({keys})")
-    else:
-        return frozenset(), TypeError(f"`split_reduce` must be None, one of {SPLIT_REDUCTIONS} or a mapping of "
-                                      f"per-item output names to one; got {type(split_reduce).__name__}")
-    bad = sorted({repr(mode) for mode in modes.values() if mode is not None and mode not in SPLIT_REDUCTIONS})
-    if bad:
-        return frozenset(), ValueError(f"`split_reduce` must be one of {SPLIT_REDUCTIONS}; got {', '.join(bad)}")
-    missing = [key for key, mode in modes.items() if mode is None]
-    if missing and sharding.any_split:
-        item = int(np.flatnonzero(sharding.degree > 1)[0])
-        return frozenset(), ValueError(
-            f"combine: item {item} is split over ranks {list(sharding.group(item))} and its per-item outputs "
-            f"{missing} have a row on each: pass split_reduce='sum' to add the group's rows (e.g. a score summed "
-            f"over the item's tokens) or 'first' to keep group rank 0's (a value every rank of the group holds, "
-            f"e.g. an id), or a mapping of output name to either")
-    return frozenset(key for key, mode in modes.items() if mode == "sum"), None
 
 
 def _checked_plan(plan) -> DispatchPlan:
@@ -190,10 +161,11 @@ class PostBalancingDispatcher:
         group: the data-parallel process group (None: the world, or no-op without one).
         algorithm, cost, padded, max_tokens_per_rank, time_limit: passed to `balance()`;
             every rank must use the same (a time-limited exact solver can stop at different
-            plans on different ranks: the exchange header then raises `PlanMismatchError`).
+            plans on different ranks: with `check_plan`, on by default then, every rank follows rank 0's).
         per_item_keys: batch keys with one row per item; all others have one row per token.
-        check_plan: also all-gather a digest of each rank's plan right after planning and raise
-            `PlanMismatchError` naming disagreeing ranks (default: only with a `time_limit`;
+        check_plan: also all-gather a digest of each rank's plan right after planning; where they differ,
+            every rank follows the plan of the group's rank 0 under a `time_limit` (one broadcast), else
+            raises `PlanMismatchError` naming disagreeing ranks (default: only with a `time_limit`;
             the exchange header compares plans and configurations whatever this says).
         transport: `FlatAllToAll(group)` (default) or `HierarchicalAllToAll(gpus_per_node, group)`.
         max_tokens_per_microbatch: plan the step as gradient-accumulation micro-batches of at
@@ -256,17 +228,18 @@ class PostBalancingDispatcher:
                                    options=self.config_options)
         microbatch = np.zeros(metadata.num_items, dtype=np.int64)
         count = getattr(self.options.microbatching, "num_microbatches", None) or 1  # of a step with no items
+        plan = None
         if metadata.num_items and self.options.microbatching is not None:
             plan = plan_microbatches(metadata.column(0), int(metadata.counts.size), self.options.microbatching,
                                      **self.options.microbatch_arguments())
-            microbatch, count = plan.microbatch, plan.num_microbatches
         elif metadata.num_items:
-            plan, count = balance(metadata.column(0), int(metadata.counts.size), **self.options.balance_arguments()), 1
-        else:
-            plan = None
-        digest = plan.digest() if plan else ""
+            plan = balance(metadata.column(0), int(metadata.counts.size), **self.options.balance_arguments())
         if self.options.check_plan:
-            check_agreement(fingerprint(self.config_fingerprint, digest), group)
+            plan = self._agreed(plan, group)
+        if plan is not None:
+            microbatch, count = (plan.microbatch, plan.num_microbatches) if self.options.microbatching else \
+                (microbatch, 1)
+        digest = plan.digest() if plan else ""
         if metadata.counts.size != group_size(self.group):
             raise ValueError(f"metadata group has {metadata.counts.size} ranks but the dispatcher's group has "
                              f"{group_size(self.group)}")
@@ -279,6 +252,22 @@ class PostBalancingDispatcher:
                                       if degree.size and degree.max() > 1 else plan_word(*words))
         return DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding,
                             self.config_fingerprint, self.config_options)
+
+    def _agreed(self, plan, group):
+        """`plan` where every rank of `group` made the same; else, under a `time_limit` (an exact solver that the wall
+        clock stopped at different plans on different ranks), the plan of the group's rank 0, which every rank then
+        follows (one broadcast, on this path only); without one, `PlanMismatchError` on every rank."""
+        try:
+            check_agreement(fingerprint(self.config_fingerprint, plan.digest() if plan else ""), group)
+            return plan
+        except PlanMismatchError:
+            if self.options.time_limit is None:
+                raise
+        shared = [plan]
+        with collective("plan broadcast (time-limited solvers stopped at different plans)", group):
+            dist.broadcast_object_list(shared, src=0 if group is None else dist.get_global_rank(group, 0), group=group,
+                                       device=comm_device(group))
+        return shared[0]
 
     def _move(self, batch: Mapping[str, torch.Tensor], sharding: StepSharding, per_item_keys,
               site: str, differentiable: bool, problem: Exception | None = None,

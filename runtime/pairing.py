@@ -1,7 +1,7 @@
 """The rows of a step's micro-batches: a tensor packed over a rank's items split per micro-batch (`split_rows`) and
-merged back (`merge_rows`), and which micro-batch each output of a loop belongs to (`PostBalancingDispatcher.combine`
+merged back (`merge_rows`), which micro-batch each output of a loop belongs to (`PostBalancingDispatcher.combine`
 takes a list of `(micro, mapping)` pairs in any order and needs them in micro-batch order, each checked to be of the
-plan and step it sends home)."""
+plan and step it sends home), and what of a split item's per-item output rows comes home (`split_sums`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import torch
 
 from .exchange import ranges
 from .microbatch import MicroBatch, StepToken
+from .sharding import StepSharding
+
+SPLIT_REDUCTIONS = ("sum", "first")  # what of a split item's per-item rows `combine` sends home
 
 
 def in_microbatch_order(outputs, plan, step: StepToken) -> tuple[list, Exception | None]:
@@ -93,3 +96,32 @@ def merge_rows(parts, rows: np.ndarray, microbatch: np.ndarray, name: str) -> to
     inverse = np.empty_like(order)
     inverse[order] = np.arange(order.size)
     return torch.cat(list(parts)).index_select(0, torch.from_numpy(inverse).to(parts[0].device))
+
+
+def split_sums(split_reduce, keys: list, sharding: StepSharding) -> tuple[frozenset, Exception | None]:
+    """The per-item output `keys` whose split items' rows come home added (`combine`'s `split_reduce`:
+    None, one of SPLIT_REDUCTIONS, or a mapping key -> one), and why `split_reduce` does not fit them
+    (raised on every rank by the exchange; None when it fits)."""
+    if split_reduce is None or isinstance(split_reduce, str):
+        modes = dict.fromkeys(keys, split_reduce)
+    elif isinstance(split_reduce, Mapping):
+        modes = {key: split_reduce.get(key) for key in keys}
+        others = sorted(map(str, set(split_reduce) - set(keys)))
+        if others:
+            return frozenset(), ValueError(f"`split_reduce` names {others}, which are not per-item outputs of "
+                                           f"`outputs` ({keys})")
+    else:
+        return frozenset(), TypeError(f"`split_reduce` must be None, one of {SPLIT_REDUCTIONS} or a mapping of "
+                                      f"per-item output names to one; got {type(split_reduce).__name__}")
+    bad = sorted({repr(mode) for mode in modes.values() if mode is not None and mode not in SPLIT_REDUCTIONS})
+    if bad:
+        return frozenset(), ValueError(f"`split_reduce` must be one of {SPLIT_REDUCTIONS}; got {', '.join(bad)}")
+    missing = [key for key, mode in modes.items() if mode is None]
+    if missing and sharding.any_split:
+        item = int(np.flatnonzero(sharding.degree > 1)[0])
+        return frozenset(), ValueError(
+            f"combine: item {item} is split over ranks {list(sharding.group(item))} and its per-item outputs "
+            f"{missing} have a row on each: pass split_reduce='sum' to add the group's rows (e.g. a score summed "
+            f"over the item's tokens) or 'first' to keep group rank 0's (a value every rank of the group holds, "
+            f"e.g. an id), or a mapping of output name to either")
+    return frozenset(key for key, mode in modes.items() if mode == "sum"), None

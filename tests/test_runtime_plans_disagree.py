@@ -92,6 +92,29 @@ def test_regression_plans_that_differ_across_ranks_with_the_same_metadata_are_na
     assert time.monotonic() - started < COLLECTIVE_TIMEOUT_S
 
 
+def time_limited_job(rank, size):
+    """The rank-dependent solver under a `time_limit` (an exact solver the wall clock stops at other plans on other
+    ranks): the ids and rows each rank received."""
+    dispatcher = PostBalancingDispatcher(algorithm=register_rank_dependent_solver(), time_limit=5.0,
+                                         per_item_keys={"id"})
+    plan = dispatcher.plan([4, 4])
+    moved = dispatcher.dispatch({"id": torch.arange(2) + 10 * rank, "x": torch.arange(8.0) + 100 * rank}, plan)
+    return outcome(lambda: (moved["id"].tolist(), moved["x"].tolist(), plan.balance.assignment.tolist()))
+
+
+def test_regression_time_limited_solvers_stopped_at_different_plans_killed_a_correct_loop():
+    """Cause (probe13 P13-17): under a `time_limit` (accepted, documented) an exact solver stopped by the wall clock
+    at different plans on different ranks raised PlanMismatchError at a random step of a correct loop, blaming
+    "the same solver, version and configuration".  The ranks now follow the plan of the group's rank 0 (one
+    broadcast, only where the plan check finds them apart): every row goes where that plan sends it."""
+    outcomes = run_processes(time_limited_job, 2, timeout_s=90, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok and o.value[0] == "ok" for o in outcomes), [o.value if o.ok else o.error for o in outcomes]
+    (ids0, rows0, plan0), (ids1, rows1, plan1) = (o.value[1] for o in outcomes)
+    assert plan0 == plan1 == [0, 1, 0, 1]  # rank 0's round robin, not rank 1's swap
+    assert sorted(ids0 + ids1) == [0, 1, 10, 11] and ids0 == [0, 10] and ids1 == [1, 11]
+    assert rows0 == [0.0, 1.0, 2.0, 3.0, 100.0, 101.0, 102.0, 103.0], rows0
+
+
 def prefetch_without_group_job(rank, size):
     """The README's prefetch lambda with `metadata_group=group` left out, training collectives meanwhile."""
     dispatcher = PostBalancingDispatcher(algorithm="lpt", per_item_keys={"id"})
