@@ -22,6 +22,23 @@ import numpy as np
 from ..balancers.validation import as_int, as_non_negative_integers
 
 
+MAX_TOKENS = 2**53  # a count and a sample's LLM sequence: exact in float64 costs, int64 sums of them never wrap
+
+
+def _count(value, name: str) -> int:
+    """`value` as a token count: an int in [0, MAX_TOKENS)."""
+    value = as_int(value, name, minimum=0)
+    if value >= MAX_TOKENS:
+        raise ValueError(f"`{name}` must be below 2**53 (token counts stay exact in float64 costs); got {value}")
+    return value
+
+
+def _check_sequence(llm_length: int, text: int, sample: str) -> None:
+    if llm_length >= MAX_TOKENS:
+        raise ValueError(f"{sample} LLM sequence (text {text} + segment tokens) holds {llm_length} tokens, at or "
+                         f"beyond 2**53 (token counts stay exact in float64 costs)")
+
+
 def _check_name(name: str, value) -> str:
     if not isinstance(value, str) or not value:
         raise TypeError(f"`{name}` must be a non-empty str; got {value!r}")
@@ -52,10 +69,10 @@ class Segment:
 
     def __post_init__(self) -> None:
         _check_name("modality", self.modality)
-        object.__setattr__(self, "length", as_int(self.length, "length", minimum=0))
-        object.__setattr__(self, "tokens", as_int(self.tokens, "tokens", minimum=0))
+        object.__setattr__(self, "length", _count(self.length, "length"))
+        object.__setattr__(self, "tokens", _count(self.tokens, "tokens"))
         if self.position is not None:
-            object.__setattr__(self, "position", as_int(self.position, "position", minimum=0))
+            object.__setattr__(self, "position", _count(self.position, "position"))
         object.__setattr__(self, "frames", as_int(self.frames, "frames", minimum=1))
         if self.length % self.frames or self.tokens % self.frames:
             raise ValueError(f"a segment of {self.frames} frames must have a length and tokens divisible by its "
@@ -72,7 +89,7 @@ class Sample:
     id: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "text", as_int(self.text, "text", minimum=0))
+        object.__setattr__(self, "text", _count(self.text, "text"))
         object.__setattr__(self, "source", as_int(self.source, "source", minimum=0))
         object.__setattr__(self, "id", as_int(self.id, "id", minimum=0))
         segments = tuple(self.segments)
@@ -80,6 +97,7 @@ class Sample:
             if not isinstance(segment, Segment):
                 raise TypeError(f"`segments` must hold Segment objects; got {type(segment).__name__}")
         object.__setattr__(self, "segments", segments)
+        _check_sequence(self.llm_length, self.text, "the sample's")
         resolve_positions(segments, self.text)
 
     @property
@@ -365,7 +383,18 @@ class Batch:
             position.setflags(write=False)
         else:
             position = _as_int_array("segment_position", segment_position, m)
+        for name, counts in (("sample_text", text), ("segment_length", length), ("segment_tokens", tokens),
+                             ("segment_position", position)):
+            if counts.size and counts.max() >= MAX_TOKENS:
+                index = int(np.argmax(counts >= MAX_TOKENS))
+                raise ValueError(f"`{name}` must be below 2**53 (token counts stay exact in float64 costs); got "
+                                 f"{counts[index]} at index {index}")
+        if float(text.sum(dtype=np.float64)) + float(tokens.sum(dtype=np.float64)) >= 2.0**62:
+            raise ValueError("the batch's text and segment tokens sum past 2**62: int64 sums of them would wrap")
         llm_length = _llm_lengths(text, tokens, offsets)
+        if n and llm_length.max() >= MAX_TOKENS:
+            index = int(np.argmax(llm_length))
+            _check_sequence(int(llm_length[index]), int(text[index]), f"sample {index}'s")
         end = position + tokens
         past = np.flatnonzero(end > llm_length[owner]) if m else owner
         if past.size:

@@ -560,3 +560,34 @@ def test_an_encoder_cap_below_one_segment_names_the_stage_and_the_sample():
                                               r"sample id 102 \(5 tokens\); a cap of at least 5 is needed") as error:
         Orchestrator(stages, Topology(num_nodes=1, gpus_per_node=4)).plan(Batch.from_samples(samples, 4))
     assert error.value.min_cap == 5
+
+
+def one(sample: Sample) -> Batch:
+    return Batch.from_samples([sample], 2)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: one(Sample(10**30)), r"`text` must be below 2\*\*53 \(token counts stay exact in float64 costs\); got 10{30}"),
+    (lambda: one(Sample(5, (Segment("image", 10**30, 2),))), r"`length` must be below 2\*\*53"),
+    (lambda: one(Sample(5, (Segment("image", 4, 10**20),))), r"`tokens` must be below 2\*\*53"),
+    (lambda: one(Sample(2**52, (Segment("image", 4, 2**52),))), r"the sample's LLM sequence \(text 4503599627370496 "
+                                                               r"\+ segment tokens\) holds 9007199254740992 tokens, at "
+                                                               r"or beyond 2\*\*53"),
+    (lambda: Batch.from_arrays(num_ranks=2, modalities=("image",), sample_text=[2**62], sample_source=[0],
+                               segment_sample=[0], segment_modality=[0], segment_length=[4], segment_tokens=[2**62]),
+     r"`sample_text` must be below 2\*\*53 \(token counts stay exact in float64 costs\); got 4611686018427387904 at "
+     r"index 0"),
+    (lambda: Batch.from_arrays(num_ranks=2, modalities=("image",), sample_text=[2**52], sample_source=[0],
+                               segment_sample=[0], segment_modality=[0], segment_length=[4], segment_tokens=[2**52]),
+     r"sample 0's LLM sequence \(text 4503599627370496 \+ segment tokens\) holds 9007199254740992 tokens, at or "
+     r"beyond 2\*\*53"),
+], ids=["text", "segment length", "segment tokens", "sample's sequence", "array past int64's half",
+        "array sample's sequence"])
+def test_regression_token_counts_past_2_53_overflowed_int64_or_read_as_objects(make, message):
+    """Cause (fix24d F24-11): a Sample or Segment took any non-negative int: text 10**30 became "`sample_text` must
+    hold integers; got dtype object", a segment of length 10**30 or 10**20 tokens numpy's raw OverflowError in
+    Batch.from_samples, and text + tokens of 2**62 each wrapped int64 to a sequence of -9223372036854775808 tokens
+    in the message; a sequence of 2**53 tokens or more was planned with costs no longer exact.  Counts and each
+    sample's LLM sequence stay below 2**53, as the workload file reader requires."""
+    with pytest.raises(ValueError, match=message):
+        make()
