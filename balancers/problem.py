@@ -255,6 +255,9 @@ def as_num_ranks(num_ranks) -> int:
     return num_ranks
 
 
+MAX_TIME_LIMIT = 1e9  # seconds (~32 years): work budgets, time_limit × operations per second, stay integers
+
+
 def as_time_limit(time_limit, name: str = "time_limit") -> float | None:
     if time_limit is None:
         return None
@@ -262,6 +265,9 @@ def as_time_limit(time_limit, name: str = "time_limit") -> float | None:
         raise TypeError(f"`{name}` must be a number of seconds or None; got {type(time_limit).__name__}")
     if not math.isfinite(time_limit) or time_limit <= 0:
         raise ValueError(f"`{name}` must be a positive finite number of seconds; got {time_limit}")
+    if time_limit > MAX_TIME_LIMIT:
+        raise ValueError(f"`{name}` must be at most MAX_TIME_LIMIT = {MAX_TIME_LIMIT:g} seconds (about 32 years; "
+                         f"solvers turn it into a work budget); got {time_limit:g}")
     return float(time_limit)
 
 

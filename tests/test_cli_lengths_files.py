@@ -61,3 +61,13 @@ def test_integers_written_with_a_fraction_or_an_exponent_are_read(text, tmp_path
     path.write_text(text)
     assert main(["plan", str(path), "-D", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["makespan"] == 889
+
+
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_a_time_limit_past_max_time_limit_is_one_line_naming_the_flag(command, tmp_path, capsys):
+    """--time-limit beyond the library's MAX_TIME_LIMIT (fix24d F24-12) is refused as the flag, not a traceback."""
+    path = tmp_path / "lengths.csv"
+    path.write_text("5\n4\n3\n")
+    args = ["plan", str(path), "-D", "2"] if command == "plan" else ["compare", "--lengths", str(path), "-D", "2"]
+    check_one_line_error(main([*args, "--time-limit", "1e308"]), capsys.readouterr().err,
+                         "--time-limit must be at most 1e+09 seconds (about 32 years); got 1e+308")

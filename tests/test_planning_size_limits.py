@@ -1,6 +1,8 @@
 """Regressions of issue 24 (fix24d): planning inputs whose work grows past any bound are refused before the
 work, naming the limit. Named after their cause."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,21 @@ def test_regression_split_times_near_float64s_limit_ran_nan_through_the_planner(
     cost = CostModel.from_transformer(num_layers=32, hidden_size=4096)
     with pytest.raises(ValueError, match=r"`context_parallel`'s split times overflow float64"):
         balance(GIANTS, 8, cost=cost, max_tokens_per_rank=50000, context_parallel=ContextParallel(**{field: value}))
+
+
+@pytest.mark.parametrize("plan", [
+    lambda limit: balance_microbatches([9, 8, 7, 6, 5, 4, 3, 3], 2, max_tokens_per_microbatch=12, time_limit=limit),
+    lambda limit: balance_microbatches([9, 8, 7, 6, 5, 4, 3, 3], 2, max_tokens_per_microbatch=12, time_limit=limit,
+                                       algorithm="exact"),
+    lambda limit: balance_microbatches([9, 8, 7, 6, 5, 4, 3, 3], 2, max_tokens_per_microbatch=12, time_limit=limit,
+                                       pipeline=Pipeline(stages=2))], ids=["auto", "exact", "pipeline"])
+def test_regression_a_finite_time_limit_past_float_range_of_work_raised_overflow_error(plan):
+    """Cause (fix24d F24-12): time limits become operation budgets, int(time_limit · operations per second), and
+    `time_limit=1e308` (finite, so accepted) made that product inf: a raw "OverflowError: cannot convert float
+    infinity to integer" from balance_microbatches.  A time limit is at most MAX_TIME_LIMIT seconds."""
+    from orchmllm.balancers.problem import MAX_TIME_LIMIT
+
+    with pytest.raises(ValueError, match=re.escape(f"`time_limit` must be at most MAX_TIME_LIMIT = {MAX_TIME_LIMIT:g} "
+                                                   f"seconds")):
+        plan(1e308)
+    assert plan(MAX_TIME_LIMIT).num_microbatches >= 1
