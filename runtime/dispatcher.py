@@ -204,7 +204,8 @@ class PostBalancingDispatcher:
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._step = StepToken()  # the latest dispatch's step, which its micro-batches carry
-        self._handed = False  # whether `microbatches` handed out the step's micro-batches (its loop ran)
+        self._handed = self._again = False  # a loop of the step ran; a dispatch came after it (the next loop's
+        # is the next step's: a plan made once, dispatched every step)
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
@@ -311,7 +312,7 @@ class PostBalancingDispatcher:
         `microbatches` and `combine` then take this plan (the latest dispatch's); dispatching it again (a second batch
         dict of the step) stays in its step, which the next plan's dispatch ends (refused on every rank where this
         thread left the step's loop before its last micro-batch, its gradient sync held), or, where the plan is
-        dispatched again for the next step (made once), the next step's `microbatches`.  `differentiable=True` lets
+        dispatched again after the step's loop (a plan made once), the next `microbatches`.  `differentiable=True` lets
         gradients of the results flow back to the inputs (a tensor that requires grad is refused without it).
         """
         plan = _checked_plan(plan)
@@ -321,6 +322,7 @@ class PostBalancingDispatcher:
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
         if plan is not self._latest:  # a second batch dict dispatched along the step's plan stays in its step
             self._latest, self._step, self._returned, self._handed = plan, self._step.next(), {}, False
+        self._again = self._handed
         self._returned.update((key, weakref.ref(tensor)) for key, tensor in moved.items())
         return moved
 
@@ -383,9 +385,9 @@ class PostBalancingDispatcher:
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         plan = self._followed(_checked_plan(plan), moved)
-        if self._handed:  # a loop of the step ran: this is the next step's, along the same plan (made once)
-            self._step = self._step.next()
-        self._handed = True
+        if self._again:  # dispatched again after a loop of the step: the next step's, along the same plan
+            self._step, self._again = self._step.next(), False
+        self._handed = True  # loops without a dispatch between them (a no-grad pass, epochs) are one step
         items, tokens = plan.local_items, plan.local_lengths
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)

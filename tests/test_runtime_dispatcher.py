@@ -299,7 +299,8 @@ def test_regression_a_plan_dispatched_every_step_never_ended_its_step():
     """Cause (review9 R9-01, after 7e05741): a step ended only where another plan object was dispatched, so one plan
     made once and dispatched every step (the same lengths each step) never ended its first: step 0's micro-batches
     normalised and combined in step 2, and every step was due the model check.  A step also ends where
-    `microbatches` hands out a step whose loop was handed out already (the next step's loop)."""
+    `microbatches` follows a dispatch that came after the step's loop (the next step's loop); loops with no
+    dispatch between them are one step's passes (review9 R9-05)."""
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6, per_item_keys=("sid",))
     lengths = [5, 3, 4, 2]
     plan = dispatcher.plan(lengths)
@@ -317,3 +318,11 @@ def test_regression_a_plan_dispatched_every_step_never_ended_its_step():
                            plan)
     home = dispatcher.combine([(micro, {"out": micro.data["x"] * 3}) for micro in steps[2]], plan)
     assert torch.equal(home["out"], (torch.arange(14, dtype=torch.float64) + 200) * 3)
+    # (review9 R9-05) loops without a dispatch between them are passes of one step: a no-grad pass, then training
+    moved = dispatcher.dispatch({"x": torch.arange(14, dtype=torch.float64), "sid": torch.arange(4)}, plan)
+    with torch.no_grad():
+        first = list(dispatcher.microbatches(plan, moved))
+    second = list(dispatcher.microbatches(plan, moved))
+    assert first[0].step is second[0].step and second[0].step.number == 4
+    normalize_loss(torch.ones((), requires_grad=True), first[0])
+    dispatcher.combine([(micro, {"out": micro.data["x"]}) for micro in first], plan)
