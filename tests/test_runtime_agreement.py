@@ -583,9 +583,7 @@ def test_regression_a_kept_plan_at_microbatches_was_refused_on_its_rank_alone():
     runs no collective); its peers, past `microbatches`, got gloo's raw "Connection closed by peer" at their
     next collective (probe12 P12-13).  The rank now runs the micro-batches of the step it dispatched, which
     its peers run too, and the refusal rides in the dispatcher's next exchange header: every rank raises it."""
-    started = time.monotonic()
     outcomes = run_processes(kept_plan_at_microbatches_job, 3, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
-    assert time.monotonic() - started < COLLECTIVE_TIMEOUT_S + 30
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
         own, seen, total, (kind, message) = o.value
