@@ -58,11 +58,10 @@ def as_table(local, name: str = "lengths") -> np.ndarray:
     if isinstance(local, (str, bytes)) or local is None:
         raise TypeError(f"`{name}` must be integers, one row per item; got {type(local).__name__}")
     array = np.asarray(local)
-    if array.ndim == 1:
-        array = array.reshape(-1, 1)
-    if array.ndim != 2:
+    if array.ndim not in (1, 2):
         raise ValueError(f"`{name}` must be 1-D or 2-D (items × columns); got shape {array.shape}")
-    return as_non_negative_integers(array, name)
+    table = as_non_negative_integers(array, name)  # checked as given: a 1-D one's errors name the item
+    return table.reshape(-1, 1) if array.ndim == 1 else table
 
 
 def gather_metadata(local, group=None, num_columns: int | None = None, *, fingerprint: bytes | None = None,

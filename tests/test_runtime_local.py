@@ -158,8 +158,8 @@ def test_dispatcher_world_size_one_keeps_everything_and_plans():
 
 
 def test_metadata_validation_messages():
-    with pytest.raises(ValueError, match=r"must be non-negative integers; got -1 at index \(1, 0\)"):  # the one message
-        as_table([1, -1])
+    with pytest.raises(ValueError, match=r"must be non-negative integers; got -1 at index 1$"):  # the one message (by
+        as_table([1, -1])  # the item of a 1-D table since probe13 P13-18, not its (n, 1) form's "(1, 0)")
     with pytest.raises(TypeError, match="must hold integers"):
         as_table([1.5])
     with pytest.raises(ValueError, match="1-D or 2-D"):
@@ -785,3 +785,12 @@ def test_the_samplers_lengths_are_read_only():
     sampler = BalancedDistributedSampler(SAMPLER_LENGTHS, num_replicas=1, rank=0, global_batch_size=5)
     with pytest.raises(ValueError, match="read-only"):
         sampler.lengths[0] = 3
+
+
+def test_regression_a_negative_length_was_named_by_its_index_in_an_internal_table():
+    """Cause (probe13 P13-18): a flat list of lengths was checked as the (n, 1) table it becomes, so a negative
+    entry was named "at index (1, 0)"; it is named by its item, as `balance` names it."""
+    with pytest.raises(ValueError, match=r"^`lengths` must be non-negative integers; got -3 at index 1$"):
+        PostBalancingDispatcher().plan([5, -3])
+    with pytest.raises(ValueError, match=r"^`loss_tokens` must be non-negative integers; got -2 at index 1$"):
+        PostBalancingDispatcher().plan([5, 3], loss_tokens=[1, -2])
