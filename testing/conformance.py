@@ -37,7 +37,6 @@ algorithm's) runs `check_microbatch_conformance` instead.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -57,7 +56,7 @@ from .harness import suite_settings as _settings  # a property's source seeds it
 from .microbatch_conformance import MicroBatchConformanceReport, check_microbatch_conformance
 from .oracles import BRUTE_FORCE_MAX_PLANS, brute_force
 from .oracles import exact as exact_optimum
-from .strategies import COST_MODELS, CONSTRAINTS, BalanceCase, hard_cases, problems
+from .strategies import COST_MODELS, CONSTRAINTS, BalanceCase, as_constraints, hard_cases, problems
 
 RETRIES = 8
 """Refusals `check_conformance` follows along `min_cap` before it calls the cap unusable."""
@@ -92,16 +91,7 @@ class _Target(SuiteTarget):
         self.equal_counts = getattr(self.kernel, "equal_counts", None)
         able = {name for name, applies in (("costs", False in self.kinds), ("groups", False in self.kinds),
                                            ("equal_counts", self.equal_counts is not None)) if applies}
-        names = (CONSTRAINTS if constraints is None else [constraints] if isinstance(constraints, str)
-                 else list(constraints) if isinstance(constraints, Iterable) else constraints)  # a str is one name
-        odd = [names] if not isinstance(names, (list, tuple)) else [name for name in names if not isinstance(name, str)]
-        if odd:
-            got = type(names).__name__ if odd[0] is names else f"a {type(names).__name__} holding {type(odd[0]).__name__}"
-            raise TypeError(f"`constraints` must be a name in {CONSTRAINTS} or a sequence of them; got {got}")
-        asked = set(names)
-        unknown = sorted(asked - set(CONSTRAINTS))
-        if unknown:
-            raise ValueError(f"`constraints` must be names in {CONSTRAINTS}; got {unknown}")
+        asked = set(as_constraints(constraints))
         if constraints is not None and asked - able:
             raise ValueError(f"{self.name} cannot be checked under {sorted(asked - able)}: costs and groups need "
                              f"an unpadded kernel, equal_counts a record with an `equal_counts` kernel")

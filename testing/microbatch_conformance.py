@@ -36,7 +36,7 @@ from .harness import (PROCESS_CASES, REPEAT_CASES, ConformanceError, SuiteReport
                       with_examples)
 from .microbatch import MicroBatchOptimum, brute_force_microbatches, check_microbatch_plan
 from .oracles import BRUTE_FORCE_MAX_PLANS
-from .strategies import COST_MODELS, _lengths, hard_cases, size_range
+from .strategies import COST_MODELS, _lengths, as_kinds, hard_cases, size_range
 
 ORACLE_WORK_SECONDS = 1.0
 """The `time_limit` of the exact micro-batch kernel (a work budget: deterministic) where it is the
@@ -85,8 +85,7 @@ def microbatch_cases(*, max_items: int = 5, max_ranks: int = 2, padded=(False, T
     2
     """
     max_items, max_ranks = size_range(1, max_items, "items")[1], size_range(1, max_ranks, "ranks")[1]
-    if not padded or any(not isinstance(kind, bool) for kind in padded):
-        raise ValueError(f"`padded` must list the kinds to draw, False and/or True; got {padded!r}")
+    padded = as_kinds(padded)
     return st.builds(_case, st.sampled_from(range(1, max_items + 1)).flatmap(_lengths),
                      st.sampled_from(range(1, max_ranks + 1)), st.sampled_from([0.0, 0.25, 0.5, 1.0]),
                      st.integers(0, 1), st.sampled_from(list(COST_MODELS.values())), st.sampled_from(list(padded)),

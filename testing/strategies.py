@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 from ..balancers import CostModel
 from ..balancers.origins import Origins
-from ..balancers.validation import as_int
+from ..balancers.validation import as_bool, as_int
 from ..orchestrator import Batch, Sample, Segment
 from ..topology import Topology
 
@@ -99,6 +100,40 @@ def _problems(draw, max_items, min_items, max_ranks, min_ranks, padded, caps, co
     return replace(case, equal_counts=constraint == "equal_counts")
 
 
+def as_constraints(constraints) -> tuple[str, ...]:
+    """`constraints` (names in `CONSTRAINTS`, one name as a str, or None for all) as a tuple of names;
+    TypeError / ValueError naming the argument.
+
+    >>> as_constraints("costs"), as_constraints(None)
+    (('costs',), ('costs', 'equal_counts', 'groups'))
+    """
+    names = (CONSTRAINTS if constraints is None else [constraints] if isinstance(constraints, str)
+             else list(constraints) if isinstance(constraints, Iterable) else constraints)  # a str is one name
+    odd = [names] if not isinstance(names, (list, tuple)) else [name for name in names if not isinstance(name, str)]
+    if odd:
+        got = type(names).__name__ if odd[0] is names else f"a {type(names).__name__} holding {type(odd[0]).__name__}"
+        raise TypeError(f"`constraints` must be a name in {CONSTRAINTS} or a sequence of them; got {got}")
+    unknown = sorted(set(names) - set(CONSTRAINTS))
+    if unknown:
+        raise ValueError(f"`constraints` must be names in {CONSTRAINTS}; got {unknown}")
+    return tuple(names)
+
+
+def as_kinds(padded) -> tuple[bool, ...]:
+    """`padded` as the non-empty tuple of kinds to draw (False: unpadded, True: padded); ValueError naming it."""
+    kinds = tuple(padded) if isinstance(padded, (list, tuple)) else None
+    if not kinds or any(not isinstance(kind, bool) for kind in kinds):
+        raise ValueError(f"`padded` must list the kinds to draw, False and/or True; got {padded!r}")
+    return kinds
+
+
+def _names(values, name: str, what: str) -> tuple:
+    """`values` as a non-empty tuple (a sequence, not a str): what `sampled_from` draws from."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+        raise TypeError(f"`{name}` must be a non-empty list or tuple of {what}; got {values!r}")
+    return tuple(values)
+
+
 def hard_cases(max_items: int = 8, max_ranks: int = 4, padded=(False,)) -> list[BalanceCase]:
     """Graham's instances for D = 2 .. max_ranks with 2D + 1 <= max_items items: two items of
     each length 2D - 1 down to D + 1, three of D, on D ranks, no cap, of each kind in `padded`.
@@ -108,9 +143,11 @@ def hard_cases(max_items: int = 8, max_ranks: int = 4, padded=(False,)) -> list[
     >>> [(case.lengths, case.num_ranks) for case in hard_cases(7, 3)]
     [((3, 3, 2, 2, 2), 2), ((5, 5, 4, 4, 3, 3, 3), 3)]
     """
+    max_items, max_ranks = size_range(1, max_items, "items")[1], size_range(1, max_ranks, "ranks")[1]
+    kinds = as_kinds(padded)
     return [BalanceCase(tuple(length for length in range(2 * d - 1, d, -1) for _ in range(2)) + (d, d, d), d,
                         COST_MODELS["tokens"], kind, None)
-            for d in range(2, max_ranks + 1) if 2 * d + 1 <= max_items for kind in padded]
+            for d in range(2, max_ranks + 1) if 2 * d + 1 <= max_items for kind in kinds]
 
 
 def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_ranks: int = 1,
@@ -140,11 +177,11 @@ def problems(*, max_items: int = 8, min_items: int = 1, max_ranks: int = 4, min_
     """
     min_items, max_items = size_range(min_items, max_items, "items")
     min_ranks, max_ranks = size_range(min_ranks, max_ranks, "ranks")
-    models = list(COST_MODELS.values()) if costs is None else list(costs)
-    constraints = tuple(constraints)
-    unknown = sorted(set(constraints) - set(CONSTRAINTS))
-    if unknown:
-        raise ValueError(f"`constraints` must be names in {CONSTRAINTS}; got {unknown}")
+    models = list(COST_MODELS.values()) if costs is None else list(_names(costs, "costs", "CostModels"))
+    if any(not isinstance(model, CostModel) for model in models):
+        raise TypeError(f"`costs` must hold CostModels; got {[type(model).__name__ for model in models]}")
+    padded, caps = None if padded is None else as_bool(padded, "padded"), as_bool(caps, "caps")
+    constraints = as_constraints(constraints)
     if padded and set(constraints) - {"equal_counts"}:
         raise ValueError("`costs` and `groups` constraints are unpadded: pass padded=None or False with them")
     return _problems(max_items, min_items, max_ranks, min_ranks, padded, caps, models, constraints)
@@ -194,7 +231,10 @@ def multimodal_batches(*, max_samples: int = 16, max_ranks: int = 4, modalities=
     >>> test_every_sample_comes_from_a_rank()
     """
     max_samples, max_ranks = size_range(1, max_samples, "samples")[1], size_range(1, max_ranks, "ranks")[1]
-    return _batches(max_samples, max_ranks, tuple(modalities), as_int(max_segments, "max_segments", minimum=0))
+    modalities = _names(modalities, "modalities", "modality names")
+    for modality in modalities:
+        Segment(modality, 1, 1)  # a name a Segment takes (a non-empty str, not 'llm'), or its error
+    return _batches(max_samples, max_ranks, modalities, as_int(max_segments, "max_segments", minimum=0))
 
 
 def topologies(*, max_nodes: int = 4, gpus_per_node=(1, 2, 4, 8)) -> st.SearchStrategy[Topology]:
@@ -208,7 +248,8 @@ def topologies(*, max_nodes: int = 4, gpus_per_node=(1, 2, 4, 8)) -> st.SearchSt
     >>> test_world_size()
     """
     max_nodes = size_range(1, max_nodes, "nodes")[1]
-    return st.builds(Topology, num_nodes=st.integers(1, max_nodes), gpus_per_node=st.sampled_from(gpus_per_node))
+    gpus = tuple(as_int(gpus, "gpus_per_node", minimum=1) for gpus in _names(gpus_per_node, "gpus_per_node", "ints"))
+    return st.builds(Topology, num_nodes=st.integers(1, max_nodes), gpus_per_node=st.sampled_from(gpus))
 
 
 @dataclass(frozen=True, eq=False)

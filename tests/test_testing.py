@@ -25,8 +25,8 @@ from orchmllm.balancers.problem import require_within_cap
 from orchmllm.balancers.registry import Algorithm, MicroBatchAlgorithm
 from orchmllm.testing import (ConformanceError, ConformanceReport, MicroBatchConformanceReport, brute_force,
                               brute_force_microbatches, check_conformance, check_microbatch_conformance,
-                              check_microbatch_plan, check_plan, exact, fewest_microbatches, oracles, padded_optimum,
-                              multimodal_batches, problems, topologies)
+                              check_microbatch_plan, check_plan, exact, fewest_microbatches, hard_cases, oracles,
+                              padded_optimum, multimodal_batches, problems, topologies)
 
 NAMES = sorted(ALGORITHMS)
 
@@ -695,3 +695,32 @@ def test_regression_a_plan_check_given_num_ranks_as_a_float_failed_in_numpy(chec
     object cannot be interpreted as an integer" in check_microbatch_plan); 0 was reported as the plan's fault."""
     with pytest.raises(error, match=message):
         _checked(check)(num_ranks)
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: problems(padded="x"), TypeError, r"`padded` must be a bool; got str"),
+    (lambda: problems(caps="x"), TypeError, r"`caps` must be a bool; got str"),
+    (lambda: problems(costs="x"), TypeError, r"`costs` must be a non-empty list or tuple of CostModels; got 'x'"),
+    (lambda: problems(costs=[1.0]), TypeError, r"`costs` must hold CostModels; got \['float'\]"),
+    (lambda: problems(constraints=5), TypeError, r"`constraints` must be a name in .* or a sequence of them; got int"),
+    (lambda: hard_cases(max_items=1.5), TypeError, r"`max_items` must be an int; got float"),
+    (lambda: hard_cases(padded="x"), ValueError, r"`padded` must list the kinds to draw, False and/or True; got 'x'"),
+    (lambda: hard_cases(padded=5), ValueError, r"`padded` must list the kinds to draw, False and/or True; got 5"),
+    (lambda: multimodal_batches(modalities="image"), TypeError, r"`modalities` must be a non-empty list or tuple of "
+                                                                r"modality names; got 'image'"),
+    (lambda: multimodal_batches(modalities=()), TypeError, r"`modalities` must be a non-empty list or tuple"),
+    (lambda: multimodal_batches(modalities=("llm",)), ValueError, r"`modality` must not be 'llm'"),
+    (lambda: topologies(gpus_per_node=()), TypeError, r"`gpus_per_node` must be a non-empty list or tuple of ints"),
+    (lambda: topologies(gpus_per_node=3), TypeError, r"`gpus_per_node` must be a non-empty list or tuple of ints; "
+                                                     r"got 3"),
+], ids=["problems padded", "problems caps", "problems costs str", "problems costs floats", "problems constraints int",
+        "hard_cases float size", "hard_cases padded str", "hard_cases padded int", "batches modalities str",
+        "batches no modality", "batches llm modality", "topologies no gpus", "topologies gpus int"])
+def test_regression_strategy_options_were_taken_unchecked_or_failed_in_hypothesis(make, error, message):
+    """Cause (fix24d F24-13): the strategies' options were used as given: `padded="x"` or `caps="x"` drew cases as if
+    true, `hard_cases(padded="x")` iterated the letters as kinds and `hard_cases(max_items=1.5)` returned no case,
+    `multimodal_batches(modalities="image")` drew modalities 'i', 'm', 'a', 'g', 'e', and an int or an empty
+    sequence failed at the first draw inside Hypothesis ("Cannot sample from a length-zero sequence", "not an
+    ordered collection") or Python ("'int' object is not iterable")."""
+    with pytest.raises(error, match=message):
+        make()
