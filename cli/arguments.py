@@ -11,10 +11,9 @@ orchmllm.cli.errors.UsageError: --ranks must be comma-separated integers, e.g. 6
 from __future__ import annotations
 
 import argparse
-import math
 
 from ..balancers import CostModel
-from ..balancers.problem import MAX_TIME_LIMIT, item_costs_of
+from ..balancers.problem import as_time_limit, item_costs_of
 from ..study.compare import algorithm_names, compare_topology
 from .errors import UsageError, one_line, usage_errors
 from .files import require_file, utf8_text
@@ -121,10 +120,9 @@ def strategy_names(text: str | None, known, kind: str):
 
 
 def check_time_limit(seconds: float | None) -> None:
-    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
-        raise UsageError(f"--time-limit must be a positive number of seconds; got {seconds}")
-    if seconds is not None and seconds > MAX_TIME_LIMIT:
-        raise UsageError(f"--time-limit must be at most {MAX_TIME_LIMIT:g} seconds (about 32 years); got {seconds:g}")
+    """--time-limit checked as the solvers check `time_limit` (`as_time_limit`), named by the flag."""
+    with usage_errors("--time-limit"):
+        as_time_limit(seconds)
 
 
 def cost_model(text: str | None) -> CostModel:

@@ -70,4 +70,5 @@ def test_a_time_limit_past_max_time_limit_is_one_line_naming_the_flag(command, t
     path.write_text("5\n4\n3\n")
     args = ["plan", str(path), "-D", "2"] if command == "plan" else ["compare", "--lengths", str(path), "-D", "2"]
     check_one_line_error(main([*args, "--time-limit", "1e308"]), capsys.readouterr().err,
-                         "--time-limit must be at most 1e+09 seconds (about 32 years); got 1e+308")
+                         "--time-limit: `time_limit` must be at most MAX_TIME_LIMIT = 1e+09 seconds (about 32 "
+                         "years; solvers turn it into a work budget); got 1e+308")
