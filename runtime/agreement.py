@@ -231,23 +231,29 @@ class SchemaGuard:
 
     def __init__(self, what: str = "exchange"):
         self.what = what
+        self.fact = 0  # this rank's fact for the next header (a loop run since the latest dispatch), 0 or 1
+        self.facts: tuple[int, int] | None = None  # (fewest, most) over the ranks of the latest header's facts
+
 
     def agree(self, schema: tuple[PieceSchema, ...], plan_id: int, group, problem: Exception | None = None) -> None:
         """Check that every rank of `group` exchanges pieces of the same schema along the same plan
-        (one all-reduce of four int64 words); raise on every rank unless so.
+        (one all-reduce of six int64 words); raise on every rank unless so.
 
         `problem` is this rank's own reason not to exchange: the other ranks raise naming it, and when
-        every rank has one, each raises its own."""
-        words = np.array([INVALID_WORD if problem is not None else schema_word(schema), plan_id], dtype=np.int64)
+        every rank has one, each raises its own.  `self.fact` rides along: `self.facts` is then its fewest
+        and most over the ranks, which every rank reads alike (what a caller decides from it, all decide)."""
+        words = np.array([INVALID_WORD if problem is not None else schema_word(schema), plan_id, self.fact],
+                         dtype=np.int64)
         folded = torch.from_numpy(np.concatenate([words, ~words])).to(comm_device(group))
         with collective(f"{self.what} header all-reduce", group):
             finish(dist.all_reduce(folded, op=dist.ReduceOp.MAX, group=group, async_op=True), group)
         largest = folded.cpu().numpy()
-        if np.array_equal(largest[:2], ~largest[2:]):  # every rank's largest word is its smallest too
+        self.facts = (int(~largest[5]), int(largest[2]))
+        if np.array_equal(largest[:2], ~largest[3:5]):  # every rank's largest word is its smallest too
             if problem is not None:
                 raise problem
             return
-        gathered = [torch.empty_like(folded[:2]) for _ in range(group_size(group))]
+        gathered = [torch.empty_like(folded[:3]) for _ in range(group_size(group))]
         with collective(f"{self.what} header all-gather", group):
             finish(dist.all_gather(gathered, torch.from_numpy(words).to(folded.device), group=group, async_op=True),
                    group)

@@ -204,8 +204,8 @@ class PostBalancingDispatcher:
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._step = StepToken()  # the latest dispatch's step, which its micro-batches carry
-        self._handed = self._again = False  # a loop of the step ran; a dispatch came after it (the next loop's
-        # is the next step's: a plan made once, dispatched every step)
+        self._handed = self._again = False  # this rank ran a loop since the latest dispatch (told to every rank
+        # in its header); every rank did before a dispatch of the step's plan (the next loop's step is the next)
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
@@ -319,10 +319,15 @@ class PostBalancingDispatcher:
         problem = ((None if plan is self._latest else loop_left(self._step)) or self._foreign_problem(plan, "dispatch")
                    or _items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
+        guard = self.guards["dispatch"]
+        guard.fact, guard.facts = int(self._handed), None  # rides in the header: every rank learns every rank's
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
-        if plan is not self._latest:  # a second batch dict dispatched along the step's plan stays in its step
-            self._latest, self._step, self._returned, self._handed = plan, self._step.next(), {}, False
-        self._again = self._handed
+        facts = guard.facts or ((guard.fact,) * 2 if group_size(self.group) == 1 else (0, 0))  # (0, 0): no header
+        if plan is not self._latest:
+            self._latest, self._step, self._returned, self._again = plan, self._step.next(), {}, False
+        else:  # the step's plan again: the next step's where EVERY rank ran a loop of the step since the latest
+            self._again = self._again or facts[0] == 1  # dispatch (a plan made once); else a second batch dict
+        self._handed = False
         self._returned.update((key, weakref.ref(tensor)) for key, tensor in moved.items())
         return moved
 
@@ -385,7 +390,7 @@ class PostBalancingDispatcher:
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         plan = self._followed(_checked_plan(plan), moved)
-        if self._again:  # dispatched again after a loop of the step: the next step's, along the same plan
+        if self._again:  # dispatched again after every rank's loop of the step: the next step's, same plan
             self._step, self._again = self._step.next(), False
         self._handed = True  # loops without a dispatch between them (a no-grad pass, epochs) are one step
         items, tokens = plan.local_items, plan.local_lengths

@@ -690,3 +690,60 @@ def test_regression_assemble_took_another_micro_batch_s_embeddings_as_raw_tensor
     routes' boundaries, no error (probe5 P5-03).  Only `forward`, which checks `moved` against `routes`,
     assembles now."""
     assert not hasattr(MultiStageRuntime, "assemble") and callable(MultiStageRuntime._assemble)
+
+
+STEP_LENGTHS = {0: [5, 3, 4, 2], 1: [6, 1, 1, 2]}
+
+
+def _features(rank):
+    return torch.randn(sum(STEP_LENGTHS[rank]), 3, generator=torch.Generator().manual_seed(rank),
+                       dtype=torch.float64)
+
+
+def rank0_lists_job(rank, size):
+    """A plan made once, two steps along it: each, rank 0 alone lists the micro-batches (logging), every rank
+    dispatches a second batch dict of the step along the plan (the labels), then the DDP training loop."""
+    from torch import nn
+    from orchmllm.runtime import normalize_loss
+    from orchmllm.runtime.microbatch import accumulate
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    plan = dispatcher.plan(STEP_LENGTHS[rank])
+    steps = []
+    for _ in range(2):
+        moved = dispatcher.dispatch({"x": _features(rank)}, plan, lengths=STEP_LENGTHS[rank])
+        if rank == 0:
+            len(list(dispatcher.microbatches(plan, moved)))
+        dispatcher.dispatch({"y": _features(rank)}, plan, lengths=STEP_LENGTHS[rank])
+        seen = []
+        for micro in dispatcher.microbatches(plan, moved):
+            seen.append((micro.step.number, micro.contract is not None))
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+        steps.append((seen, torch.cat([net.weight.grad.flatten(), net.bias.grad]).tolist()))
+        net.zero_grad(set_to_none=True)
+    return steps
+
+
+def test_regression_a_step_ended_by_how_often_one_rank_listed_its_micro_batches():
+    """Cause (review9 R9-07): whether a step ended, and so whether it was due the model check, whose collective
+    then runs, came from rank-local facts (did THIS rank run `microbatches` since the dispatch): rank 0, which
+    listed the micro-batches for logging, took the labels' dispatch for the next step's, started step 2 (not due)
+    while rank 1 stayed in step 1 (due): rank 0's gradients were off by 0.5, no error, rank 1 raised a misleading
+    ModelContractError.  Each rank's fact now rides in the dispatch header and every rank decides from all of
+    them: a dispatch of the step's plan is the next step's where every rank ran a loop since the latest one."""
+    torch.manual_seed(0)
+    from torch import nn
+    net = nn.Linear(3, 1).double()
+    features = torch.cat([_features(rank) for rank in STEP_LENGTHS])
+    (net(features).sum() / features.shape[0]).backward()
+    want = torch.cat([net.weight.grad.flatten(), net.bias.grad])
+    outcomes = run_processes(rank0_lists_job, 2, timeout_s=90, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        (first, got_first), (second, got_second) = o.value
+        assert first == [(1, True), (1, True)] and second == [(2, False), (2, False)], (o.rank, first, second)
+        for got in (got_first, got_second):
+            assert torch.allclose(torch.tensor(got, dtype=torch.float64), want, rtol=1e-12, atol=1e-14), (o.rank, got)
