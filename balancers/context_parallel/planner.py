@@ -288,23 +288,34 @@ class _Blocks:
         (-1: none): no block has room under the target."""
         self.overflow = True
         best = (math.inf, -1, 0)
-        for c in sorted(self.groups):
-            if c >= degree and (c == 1 or self.groups[c]):
-                time = self.times.time(item, c)
-                found = self._search(c, time, self.times.shard(item, c), fullest=False)
-                if found is None:
-                    starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
-                    peak, fits, _, _ = self._candidates(item, c, starts)
-                    peak = np.where(fits, peak, math.inf)
-                    k = int(np.argmin(peak))
-                    best = min(best, (float(peak[k]), int(starts[k]), c))
-                elif found[1] >= 0:
-                    best = min(best, (found[0], self._start(c, found[1]), c))
+        for floor, c in sorted(self._floor(item, c) for c in self.groups if c >= degree and (c == 1 or self.groups[c])):
+            if floor > best[0]:  # this degree's search cannot find a lower peak, nor the next ones'
+                break
+            time = self.times.time(item, c)
+            found = self._search(c, time, self.times.shard(item, c), fullest=False)
+            if found is None:
+                starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
+                peak, fits, _, _ = self._candidates(item, c, starts)
+                peak = np.where(fits, peak, math.inf)
+                k = int(np.argmin(peak))
+                best = min(best, (float(peak[k]), int(starts[k]), c))
+            elif found[1] >= 0:
+                best = min(best, (found[0], self._start(c, found[1]), c))
         _, start, c = best
         if start < 0:
             return -1
         time = self.times.time(item, c)
         return self._add(item, start, c, time, self.times.shard(item, c))
+
+    def _floor(self, item: int, degree: int) -> tuple[float, int]:
+        """(a lower bound on the peak `_search` finds for `item` at `degree`, the degree): the least key plus
+        the item's time, the keys of stale groups being low; -inf where a parked candidate may hold the item
+        (the search brings it back), inf where no candidate is left."""
+        parked, need = self.parked[degree], self.times.shard(item, degree)
+        if parked and -parked[0][0] >= self._least_need(degree, need):
+            return -math.inf, degree
+        keys = self.keys[degree]
+        return (keys[0][0] + self.times.time(item, degree) if keys else math.inf), degree
 
     def _key(self, degree: int, start: int) -> tuple[float, int]:
         """The sort key of a candidate: (load, rank) of a rank, (peak, position) of a group."""
