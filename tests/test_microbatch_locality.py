@@ -291,3 +291,60 @@ def test_a_crowded_source_is_dealt_by_windows_and_its_cells_stay_valid(monkeypat
     assert all(count > group_deal.MAX_TURNS for _, count in windows)
     assert local is not None
     assert_cells_keep_every_microbatch_max(problem, result, local, m, 16384)
+
+
+def test_regression_the_filler_was_dealt_where_the_repairs_certificate_already_proved_the_miss(monkeypatch):
+    """Cause: long_tail at T = 8k: both tries of the cells deal leave hundreds of cells above their micro-batch's
+    max (items of 8k tokens dearer than it) before the filler, whose deal then ran ~184 LPT rounds (~63 ms a try
+    at 2560 x 32) before the repair's certificate (`ranks_left_over` above its searches) returned at once; the
+    filler only adds load, so that certificate of the filler to come proves the miss before it: neither the
+    filler's deal nor the repair runs, and the cells are declined as before."""
+    lengths = sample_workload("long_tail", 512, 32, seed=7).sample_llm_length
+    problem, result, m = plain_cells(lengths, 512, 8192)
+
+    def repaired(*args):
+        raise AssertionError("the filler dealt and the repair run")
+
+    monkeypatch.setattr(microbatch_locality, "repair", repaired)
+    assert m > 1 and keep_cells_local(problem, result, m, Origins(np.repeat(np.arange(512), 32), lengths * 16384.0,
+                                                                  GPUS_PER_NODE)) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["long_tail", "code", "chat"]), st.sampled_from([(8, 8), (16, 8), (16, 16)]),
+       st.sampled_from([1024, 2048, 4096]), st.integers(0, 2**20), st.sampled_from([1, 2, 4]))
+def test_property_a_try_given_up_before_the_filler_misses(workload, size, budget, seed, searches):
+    """Wherever the cells deal gives up before the filler (the repair's certificate of the filler to come above
+    its searches; few searches make it fire), the try dealt to the end misses too (the certificate after the
+    filler is at least as high, so the repair returns at once, cells above their max), and the cells (or the
+    miss) are the same as without giving up."""
+    num_ranks, per_rank = size
+    lengths = np.minimum(sample_workload(workload, num_ranks, per_rank, seed=seed).sample_llm_length, budget)
+    problem, result, m = plain_cells(lengths, num_ranks, budget)
+    origins = Origins(np.repeat(np.arange(num_ranks), per_rank), lengths * 16384.0, GPUS_PER_NODE)
+    certificate, repair, ends = microbatch_locality.ranks_left_over, microbatch_locality.repair, []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(locality_repair, "REPAIR_SEARCHES", searches)
+        patch.setattr(microbatch_locality, "REPAIR_SEARCHES", searches)
+        ends.append(keep_cells_local(problem, result, m, origins))
+        given_up = []  # the certificate before each filler, where it gives up; the deal goes on
+
+        def never(state, coming):
+            bound = certificate(state, coming)
+            given_up.append(bound if bound > min(4 * state.loads.size, searches) else None)
+            return 0
+
+        def checked(state, *args):
+            if given_up[-1] is not None:
+                assert certificate(state) >= given_up[-1]
+            repair(state, *args)
+            assert given_up[-1] is None or state.loads.max() > state.target
+
+        patch.setattr(microbatch_locality, "ranks_left_over", never)
+        patch.setattr(microbatch_locality, "repair", checked)
+        ends.append(keep_cells_local(problem, result, m, origins))
+    kept, dealt_to_the_end = ends
+    assert (kept is None) == (dealt_to_the_end is None)
+    if kept is not None:
+        assert np.array_equal(kept.rank, dealt_to_the_end.rank) and np.array_equal(kept.microbatch,
+                                                                                   dealt_to_the_end.microbatch)

@@ -30,7 +30,7 @@ def _without_fix(state: PartialPlan, over: np.ndarray, margin: float) -> np.ndar
     return ~fixable[over]
 
 
-def ranks_left_over(state: PartialPlan) -> int:
+def ranks_left_over(state: PartialPlan, coming: np.ndarray | None = None) -> int:
     """A lower bound on the ranks that no sequence of full fixes brings within the target.
 
     A full fix of rank r (above the target by e_r) moves delta >= e_r onto a partner p with room
@@ -41,14 +41,23 @@ def ranks_left_over(state: PartialPlan) -> int:
     (largest first) for the rest to fit; the ranks that no single move or swap reaches at all
     (`_without_fix`) are left out first.  Items count only above the rounding of any summation order
     (less that rounding from each), so a rank counted stays above the target however its load is summed.
+
+    With `coming` (the costs of items still to be placed, on any ranks): a bound that holds after them
+    too.  Placing items only grows loads: excesses grow, rooms shrink, the largest room too, so the bound
+    above only grows, given the rounding of the largest load they could make and, for a rank out of
+    reach, that none of them could fix it either (each costs less than its excess: delta < e_r).
     """
     loads, target = state.loads, state.target
-    rounding = 4 * (max(state.costs.size, loads.size) + 1) * np.finfo(np.float64).eps * max(target, loads.max())
+    coming = np.zeros(0) if coming is None else coming
+    top = max(target, loads.max()) + float(coming.sum())
+    rounding = 4 * (max(state.costs.size, loads.size) + 1) * np.finfo(np.float64).eps * top
     excess = loads - target
     over = np.flatnonzero(excess > rounding)
     if over.size == 0:
         return 0
     unreached = _without_fix(state, over, rounding)
+    if coming.size:  # a coming item's fix shifts at most its cost (no cost is negative)
+        unreached &= float(coming.max()) - excess[over] + rounding < min(0.0, float(state.costs.min()))
     sizes = np.sort(excess[over[~unreached]])[::-1] - rounding  # descending
     if sizes.size == 0:
         return int(np.count_nonzero(unreached))

@@ -17,6 +17,8 @@ dealt in the phases of `locality_fill`'s filler deal, each rank's M cells its fi
         to the roomiest of their rank's own cells that fit (LPT inside the rank),
         then to the first of their node's cells that fits (first fit inside the node),
         then to the least-loaded of all (`locality_deal.take_anywhere`)
+    (given up before the filler where the repair's certificate, `ranks_left_over` of the coming filler,
+            already proves the repair cannot succeed: the filler only adds load, the bound only grows)
     the filler, largest first, to the least-loaded cells (it tops every cell up)
     (past MAX_LPT_ROUNDS LPT rounds of `take_anywhere` the deal gives up: token room binds)
     repair if a cell is still above its t_m
@@ -41,7 +43,8 @@ from ..locality.deal import NoRoom, take_anywhere
 from ..locality.fill import FINE_TIERS, TIERS, fill_locally, filler_items, filler_share, length_tiers
 from ..locality.group_deal import by_group, deal_in_groups
 from ..locality.partial_plan import PartialPlan
-from ..locality.repair import repair
+from ..locality.reach import ranks_left_over
+from ..locality.repair import REPAIR_SEARCHES, repair
 from ..origins import Origins
 from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
 
@@ -75,6 +78,8 @@ def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray,
         left = deal_in_groups(state, *by_group(state, sources[left] // gpus_per_node, left),
                               num_microbatches * gpus_per_node, limit, least_loaded=False)
         take_anywhere(state, left, MAX_LPT_ROUNDS)
+    if ranks_left_over(state, state.costs[filler]) > min(4 * state.loads.size, REPAIR_SEARCHES):
+        raise NoRoom  # the repair after the filler would return at once (its first test), the cells still above
     take_anywhere(state, filler, MAX_LPT_ROUNDS)
     if state.loads.max() > state.target:
         repair(state, sources * num_microbatches, item_bytes, num_microbatches * gpus_per_node)
