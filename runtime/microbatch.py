@@ -1,10 +1,9 @@
 """Gradient accumulation over post-balanced micro-batches: iteration, loss scale, gradient sync.
 
-A micro-batched step (`max_tokens_per_microbatch` on the dispatcher or the multi-stage
-runtime) is planned once from the gathered metadata: every item gets a cell (rank,
-micro-batch), every rank runs the same number M of micro-batches (different counts
-deadlock FSDP), and a rank whose micro-batch is empty still runs it, with empty tensors, so
-it takes part in every collective.  The right loop:
+A micro-batched step (`max_tokens_per_microbatch` on the dispatcher or the multi-stage runtime) is planned once from
+the gathered metadata: every item gets a cell (rank, micro-batch), every rank runs the same number M of
+micro-batches (different counts deadlock FSDP), and a rank whose micro-batch is empty still runs it, with empty
+tensors, so it takes part in every collective.  The right loop:
 
     plan = dispatcher.plan(lengths, loss_tokens=loss_tokens)  # one all-gather, the whole step
     moved = dispatcher.dispatch(batch, plan)                  # one all-to-all, the whole step
@@ -13,25 +12,22 @@ it takes part in every collective.  The right loop:
             loss_sum = model(micro.data["input_ids"], micro.lengths)  # packed: one length per sample
             normalize_loss(loss_sum, micro).backward()        # / the step's global loss tokens
 
-The loss of every micro-batch is divided by the loss tokens of the whole step (all ranks,
-all micro-batches), which the metadata all-gather already carried, so no collective is
-needed and the accumulated gradient equals that of one pass over the global batch.
-Dividing each micro-batch by its own count (what `normalize_loss(loss, local_count)` would
-do) weights tokens by the size of the micro-batch they happen to sit in: inside a
-micro-batch loop of M > 1 that call raises, and so it does for a loss that requires grad after the
-step's micro-batches were handed out (e.g. collected by `list(...)` first), while they are held and
-until the next `plan()` or `microbatches()` (an evaluation under `torch.no_grad()` takes a count).
+The loss of every micro-batch is divided by the loss tokens of the whole step (all ranks, all micro-batches), which
+the metadata all-gather already carried, so no collective is needed and the accumulated gradient equals that of one
+pass over the global batch.  Dividing each micro-batch by its own count (what `normalize_loss(loss, local_count)`
+would do) weights tokens by the size of the micro-batch they happen to sit in: inside a micro-batch loop of M > 1
+that call raises, and so it does for a loss that requires grad after the step's micro-batches were handed out (e.g.
+collected by `list(...)` first), while they are held and until the next `plan()` or `microbatches()` (an evaluation
+under `torch.no_grad()` takes a count).
 
-The model must compute the loss through every trainable parameter on an empty micro-batch too:
-the last micro-batch's backward reduces every parameter's gradient (DDP, FSDP2) on every rank.
-`accumulate` checks it where it matters (`check_model_contract`: the runtime's first step, and
-steps where a rank's last micro-batch is empty), as that micro-batch's backward starts, raising
-`ModelContractError` on every rank: every rank must then pass its loss through `normalize_loss(loss,
-micro)` (not `micro.loss_scale()` or `total_loss_tokens=`, which the check does not see: a body that
-ran no backward through a `normalize_loss(loss, micro)` result is refused) and run the backward inside
-the block (the check is a collective); a metric normalised there for logging only counts as a loss
-part, so `.detach()` it first (else parameters it reaches count as reached).
-"""
+The model must compute the loss through every trainable parameter on an empty micro-batch too: the last
+micro-batch's backward reduces every parameter's gradient (DDP, FSDP2) on every rank.  `accumulate` checks it where
+it matters (`check_model_contract`: the runtime's first step, and steps where a rank's last micro-batch is empty),
+as that micro-batch's backward starts, raising `ModelContractError` on every rank: every rank must then pass its
+loss through `normalize_loss(loss, micro)` (not `micro.loss_scale()` or `total_loss_tokens=`, which the check does
+not see: a body that ran no backward through a `normalize_loss(loss, micro)` result is refused) and run the backward
+inside the block (the check is a collective); a metric normalised there for logging only counts as a loss part, so
+`.detach()` it first (else parameters it reaches count as reached)."""
 
 from __future__ import annotations
 
@@ -237,7 +233,7 @@ def new_step(planning: bool = False) -> None:
     _stop_noting()
     _active.current = _active.step = _active.synced = None
     _active.held = held if live else None
-    if held is not None and not live and not _discarded(held[2]()):
+    if held is not None and not live and not _discarded(held):
         raise _left_early(held)
 
 
@@ -250,7 +246,7 @@ def loop_left(step: StepToken | None) -> ValueError | None:
     if step is None or held is None or held[0].step is not step:
         return None
     _active.held = None
-    return None if _discarded(held[2]()) else _left_early(held)
+    return None if _discarded(held) else _left_early(held)
 
 
 def _left_early(held) -> ValueError:
@@ -261,17 +257,23 @@ def _left_early(held) -> ValueError:
         f"it) while `accumulate` held {held[1]}'s gradient sync to the step's last micro-batch, which never ran: that "
         f"step's gradients were never synchronised across ranks (an optimizer step on them lets the replicas drift "
         f"apart); run every micro-batch of a step, an empty one too, or leave the rest knowingly with "
-        f"`accumulate(model, micro, check=False)`; to drop a step on purpose, clear its gradients first "
-        f"(`model.zero_grad()`, under DDP)")
+        f"`accumulate(model, micro, check=False)`; to drop a step on purpose, clear its gradients first, with no "
+        f"optimizer step (`model.zero_grad()`, under DDP)")
 
 
-def _discarded(model) -> bool:
-    """Whether `model`, whose gradient sync a loop left early held, has nothing left to synchronise: a DDP module
-    whose every gradient is None or zero (the step dropped on purpose, `zero_grad()`).  Not FSDP2's: it keeps the
-    unreduced gradients of such micro-batches unsharded, out of `zero_grad`'s reach."""
-    return model is not None and not hasattr(model, "set_requires_gradient_sync") and all(
-        parameter.grad is None or not bool(parameter.grad.any()) for parameter in model.parameters()
-        if parameter.requires_grad)
+def _discarded(held) -> bool:
+    """Whether the model whose sync a loop left early held (`held`) has nothing to synchronise: a DDP module whose every
+    gradient is None or zero (`zero_grad()`: the step dropped on purpose) and whose parameters are the held block's (no
+    optimizer step took the unsynchronised gradients first).  Not FSDP2's: it keeps them out of `zero_grad`'s reach."""
+    model = held[2]()
+    return model is not None and not hasattr(model, "set_requires_gradient_sync") and \
+        _versions(model) == held[3] and all(parameter.grad is None or not bool(parameter.grad.any())
+                                            for parameter in model.parameters() if parameter.requires_grad)
+
+
+def _versions(model) -> tuple:
+    """The version counters of `model`'s parameters: an in-place update (an optimizer step) changes them."""
+    return tuple(parameter._version for parameter in model.parameters())
 
 
 def _stop_noting() -> None:
@@ -351,7 +353,7 @@ def _unstepped(micro: MicroBatch, model, check: bool) -> None:
     step = micro.step
     if step is None or not check or micro.contract is None or hasattr(model, "set_requires_gradient_sync"):
         return
-    now = tuple(parameter._version for parameter in model.parameters())
+    now = _versions(model)
     first, versions = step.versions.get(id(model), (None, now))
     if versions != now:
         raise ValueError(
@@ -398,26 +400,24 @@ def _reduces_every_parameter(model) -> bool:
 
 @contextlib.contextmanager
 def accumulate(model, micro: MicroBatch, *, check: bool = True):
-    """`gradient_sync(model, micro.is_last)`: gradients are reduced once, in the last micro-batch;
-    the body runs as micro-batch `micro` (`normalize_loss` with a count raises there).  Where `micro` is
-    the last of a step due the check (`contract`) and `model` reduces every parameter's gradient (DDP,
-    FSDP2), the backward through the body's `normalize_loss(loss, micro)` results checks, as it starts, that
-    the loss parts given there depend on every trainable parameter of `model` on every rank
-    (`check_model_contract`, a collective); `check=False` (on every rank) skips it.  A loop body without the
-    block that, in a step due the check, runs a DDP or FSDP2 forward with grad and normalises with `micro` is
-    refused on every rank (`watch_model_contract`): the block is the rule under both.  A loop left before the
-    step's last micro-batch (its gradients never synchronised) is refused by its dispatcher's or runtime's next
-    dispatch (`loop_left`), a step's last block run before its others here, and on steps due the check a plain
-    `model` holding DDP or FSDP2 modules (it could hold neither their sync nor check them).
-    The backward runs inside the block: where none did there, the exit joins the check with every parameter
-    left out.  A metric normalised with `micro` for logging only
-    counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters of every module a
-    reentrant checkpoint's forward runs count as reached at its node, those of a module called under an explicit
-    `torch.no_grad()` inside the checkpointed function too (that forward runs wholly without grad: they cannot be
-    told apart), so a parameter used only there and by a part of the loss left out is not refused; where a
-    checkpointed function runs no module, the check cannot tell and warns (`ModelCheckWarning`).  Under FSDP2
-    the forward runs inside the block: a rank whose body runs none there raises alone (its peers wait in the
-    forward's all-gather, which no check can pair with)."""
+    """`gradient_sync(model, micro.is_last)`: gradients are reduced once, in the last micro-batch; the body runs as
+    micro-batch `micro` (`normalize_loss` with a count raises there).  Where `micro` is the last of a step due the check
+    (`contract`) and `model` reduces every parameter's gradient (DDP, FSDP2), the backward through the body's
+    `normalize_loss(loss, micro)` results checks, as it starts, that the loss parts given there depend on every
+    trainable parameter of `model` on every rank (`check_model_contract`, a collective); `check=False` (on every rank)
+    skips it.  A loop body without the block that, in a step due the check, runs a DDP or FSDP2 forward with grad and
+    normalises with `micro` is refused on every rank (`watch_model_contract`): the block is the rule under both.  A loop
+    left before the step's last micro-batch (its gradients never synchronised) is refused by its dispatcher's or
+    runtime's next dispatch (`loop_left`), a step's last block run before its others here, and on steps due the check a
+    plain `model` holding DDP or FSDP2 modules (it could hold neither their sync nor check them). The backward runs
+    inside the block: where none did there, the exit joins the check with every parameter left out.  A metric normalised
+    with `micro` for logging only counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters
+    of every module a reentrant checkpoint's forward runs count as reached at its node, those of a module called under
+    an explicit `torch.no_grad()` inside the checkpointed function too (that forward runs wholly without grad: they
+    cannot be told apart), so a parameter used only there and by a part of the loss left out is not refused; where a
+    checkpointed function runs no module, the check cannot tell and warns (`ModelCheckWarning`).  Under FSDP2 the
+    forward runs inside the block: a rank whose body runs none there raises alone (its peers wait in the forward's
+    all-gather, which no check can pair with)."""
     if not isinstance(micro, MicroBatch):
         raise TypeError(f"`micro` must be a MicroBatch of `microbatches()`; got {type(micro).__name__}")
     if not isinstance(model, torch.nn.Module):
@@ -441,8 +441,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
     _active.block = weakref.ref(micro)  # the latest micro-batch a block ran for (`_after_body`)
     if syncs:  # its sync held to the last
-        _active.held = (micro, kind(model), weakref.ref(model)) if check and not micro.is_last and \
-            torch.is_grad_enabled() else None
+        _active.held = (micro, kind(model), weakref.ref(model), _versions(model)) if check and \
+            not micro.is_last and torch.is_grad_enabled() else None
     contract = _Contract(micro, model, outer) if check and micro.contract is not None and micro.is_last \
         and _reduces_every_parameter(model) else None
     watching = recording(model, contract.hidden, contract.ran, contract.spans) if contract is not None \

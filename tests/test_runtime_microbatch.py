@@ -1246,6 +1246,8 @@ def dropped_step_job(rank, size, clear):
             moved = dispatcher.dispatch({"x": overlap_features(step, rank)}, plan, lengths=per_rank[rank])
             for micro in dispatcher.microbatches(plan, moved):
                 if step == 1 and micro.index == 1:
+                    if clear == "stepped":  # the loop's usual optimizer step, after a bug's `break`
+                        torch.optim.SGD(net.parameters(), lr=0.5).step()
                     if clear:
                         net.zero_grad(set_to_none=clear == "none")
                     break
@@ -1274,6 +1276,18 @@ def test_regression_a_step_dropped_on_purpose_with_its_gradients_cleared_was_ref
         assert message.startswith("the micro-batch loop of the previous step on this thread ended after micro-batch 0 "
                                   "of 2"), message
         assert "to drop a step on purpose, clear its gradients first" in message, message
+
+
+def test_regression_a_loop_left_by_a_bug_then_stepped_and_cleared_was_taken_for_a_dropped_step():
+    """Cause (probe13 P13-19, a regression of P12-09 by 5cff787): a loop left after micro-batch 0 on every rank,
+    then the loop's usual `optimizer.step(); optimizer.zero_grad()`, had every gradient zero at the next `plan()`,
+    so it was accepted as a step dropped on purpose: each replica had stepped on its own unsynchronised gradients
+    and they trained on apart, no error.  A held step counts as dropped only where the model's parameters are those
+    of its held block too: every rank refuses it."""
+    for message in spawn(dropped_step_job, 2, args=("stepped",), timeout_s=60):
+        assert isinstance(message, str) and message.startswith(
+            "the micro-batch loop of the previous step on this thread ended after micro-batch 0 of 2"), message
+        assert "clear its gradients first, with no optimizer step" in message, message
 
 
 def ordered_steps_job(rank, size, order):
