@@ -1,22 +1,19 @@
 """Multi-stage runtime: every encoder and the LLM balanced, two exchanges per pass.
 
-Driven by the orchestrator's `StepPlan` (computed identically on every rank from the
-all-gathered lengths): a step of M passes, one without a token budget, M gradient-accumulation
-micro-batches with `max_tokens_per_microbatch=T` (see `orchestrator.step`), the same M on
-every rank:
+Driven by the orchestrator's `StepPlan` (computed identically on every rank from the all-gathered lengths): a step
+of M passes, one without a token budget, M gradient-accumulation micro-batches with `max_tokens_per_microbatch=T`
+(see `orchestrator.step`), the same M on every rank:
 
     routes = runtime.plan(local_samples, loss_tokens=...)   # metadata all-gather + plan
     moved = runtime.dispatch(routes, text=..., per_sample=..., inputs={modality: packed}, samples=local_samples)
-        # one fused all-to-all for the whole step: raw segment inputs to their encoder
-        # rank, text and per-sample tensors to their LLM rank (samples: refuse routes kept
-        # from another step)
+        # one fused all-to-all for the whole step: raw segment inputs to their encoder rank, text and
+        # per-sample tensors to their LLM rank (samples: refuse routes kept from another step)
     for micro in runtime.microbatches(routes, moved):
         with accumulate(model, micro):                       # gradient sync on the last only
             packed = runtime.forward(micro.routes, micro.data, encoders={modality: fn}, text_embedding=fn)
-            # encoders run on their balanced items; their outputs go straight to the LLM
-            # rank of their sample (Π_M ∘ Π_E⁻¹, one autograd all-to-all whose backward sends
-            # the gradients back to the encoder ranks) and are assembled with the text
-            # embeddings into this rank's packed LLM sequence
+            # encoders run on their balanced items; their outputs go straight to the LLM rank of their
+            # sample (Π_M ∘ Π_E⁻¹, one autograd all-to-all whose backward sends the gradients back to
+            # the encoder ranks) and are assembled with the text embeddings into this rank's packed LLM sequence
             loss_sum = my_llm(packed.embeddings, packed.sample_lengths) ...
             normalize_loss(loss_sum, micro).backward()       # / loss tokens of the whole step
 
@@ -32,11 +29,10 @@ never return early), because DDP and FSDP reduce every parameter's gradient on e
 each encoder's first call and on every call with empty inputs (`check_encoders`, see `encoders.py`) and raises
 `EncoderContractError` on every rank, naming the rank and the parameters.
 
-Cross-rank agreement is checked on every rank: a fingerprint of the stages and options
-with the first metadata all-gather (`ConfigMismatchError`, naming the options), the plan's
-identity and the schema of the dispatched tensors and of the encoders' outputs before
-their all-to-alls (`PlanMismatchError`, `SchemaMismatchError`); see `agreement.py`.
-"""
+Cross-rank agreement is checked on every rank: a fingerprint of the stages and options with the first metadata
+all-gather (`ConfigMismatchError`, naming the options), the plan's identity and the schema of the dispatched tensors
+and of the encoders' outputs before their all-to-alls (`PlanMismatchError`, `SchemaMismatchError`); see
+`agreement.py`."""
 
 from __future__ import annotations
 
@@ -122,16 +118,16 @@ class MultiStageRuntime:
         check_plan: also all-gather a digest of every rank's step plan; raise on mismatch
             (for time-limited solvers; configuration mismatches are always caught).
         topology: passed to `Orchestrator` (default: one node of the group's size).
-        fused_input_exchange: with micro-batches, move the raw inputs of the whole step in
-            one all-to-all before the first micro-batch (True, the default), or each
-            micro-batch's inputs just before it runs (False: less memory, M exchanges).
-        check_encoders: check the encoder contract (module docstring) on each encoder's and the
-            text embedding's first call and on every call with empty input, where an early return
-            would leave parameters out: their outputs' autograd graphs must reach every trainable
-            parameter of the module (an `nn.Module`, its bound method, or either under
-            functools.partial; other callables, such as a lambda calling the module, are refused),
-            else every rank raises `EncoderContractError`.  False where unused
-            parameters are harmless (gradients reduced by hand, DDP with find_unused_parameters).
+        fused_input_exchange: with micro-batches, move the raw inputs of the whole step in one all-to-all before
+            the first micro-batch (True, the default), or each micro-batch's inputs just before it runs (False: less
+            memory, M exchanges; routes made once then keep one step: `dispatch` has no header to tell the ranks'
+            loops apart, so every step is due the model check).
+        check_encoders: check the encoder contract (module docstring) on each encoder's and the text embedding's
+            first call and on every call with empty input, where an early return would leave parameters out: their
+            outputs' autograd graphs must reach every trainable parameter of the module (an `nn.Module`, its bound
+            method, or either under functools.partial; other callables, such as a lambda calling the module, are
+            refused), else every rank raises `EncoderContractError`.  False where unused parameters are harmless
+            (gradients reduced by hand, DDP with find_unused_parameters).
         orchestrator_options: e.g. balance_encoders=False, balance_llm=False (no balancing),
             max_tokens_per_microbatch=T (gradient accumulation: see `microbatches`).
     """
@@ -157,6 +153,7 @@ class MultiStageRuntime:
         self._reached: dict[str, set | None] = {}  # what each one's first checked call with items depended on
         self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
         self._step, self._looped = StepToken(), None  # the latest loop's step (its micro-batches carry it), routes
+        self._handed, self._again = False, True  # as the dispatcher's: a loop since the latest dispatch; a step begun
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
@@ -192,10 +189,8 @@ class MultiStageRuntime:
     def plan(self, samples: Sequence[Sample], *, loss_tokens=None, metadata_group=None) -> StepRoutes:
         """Gather metadata, plan every stage, build this rank's routes (a collective).
 
-        With `max_tokens_per_microbatch`, the routes of the step's micro-batches; `loss_tokens`
-        (one count per local sample, default its text tokens) ride in the same all-gather and
-        give the step's global loss denominator.
-        """
+        With `max_tokens_per_microbatch`, the routes of the step's micro-batches; `loss_tokens` (one count per local
+        sample, default its text tokens) ride in the same all-gather and give the step's global loss denominator."""
         start = time.perf_counter()
         batch, num_loss_tokens, plan_id = self._gather(samples, metadata_group, loss_tokens)
         step = self.orchestrator.plan(batch)
@@ -206,13 +201,13 @@ class MultiStageRuntime:
 
     def routes(self, step: StepPlan, num_loss_tokens: int | None = None, planning_seconds: float = 0.0,
                plan_id: int = 0) -> StepRoutes:
-        """This rank's routes for a step plan (pure; no communication); `num_loss_tokens` the loss
-        tokens of the whole step on every rank (default: its text tokens).
+        """This rank's routes for a step plan (pure; no communication); `num_loss_tokens` the loss tokens of the whole
+        step on every rank (default: its text tokens).
 
-        `plan_id` is the step's identity, which every exchange of it checks (`plan` derives it from
-        the gathered metadata; 0: from the step's batch and this runtime's configuration); the plan
-        itself rides in it too, so ranks that planned differently fail the header, not the payload;
-        micro-batch m's routes carry one derived from it and m."""
+        `plan_id` is the step's identity, which every exchange of it checks (`plan` derives it from the gathered
+        metadata; 0: from the step's batch and this runtime's configuration); the plan itself rides in it too, so
+        ranks that planned differently fail the header, not the payload; micro-batch m's routes carry one derived
+        from it and m."""
         if not isinstance(step, StepPlan):
             raise TypeError(f"`step` must be a StepPlan (`Orchestrator.plan`); got {type(step).__name__}")
         rank, size = group_rank(self.group), group_size(self.group)
@@ -251,21 +246,27 @@ class MultiStageRuntime:
                  per_sample: Mapping[str, torch.Tensor] | None = None,
                  inputs: Mapping[str, torch.Tensor] | None = None, stats: dict | None = None,
                  samples: Sequence[Sample] | None = None) -> StepInputs:
-        """The fused input exchange of the whole step (one all-to-all; none yet without
-        `fused_input_exchange`), to be iterated with `microbatches`.
+        """The fused input exchange of the whole step (one all-to-all; none yet without `fused_input_exchange`), to be
+        iterated with `microbatches`.
 
         `text`: per-token tensors packed over this rank's samples (rows = text tokens); `per_sample`: one row per
         sample; `inputs`: modality -> raw inputs packed over this rank's segments of that modality (rows = segment
         lengths); none may require grad (they move without their graph).  Every rank passes the same keys (a
-        modality absent locally still needs an empty tensor of the right trailing shape and dtype).  Packed
-        tensors have no sample boundaries, so routes kept by every rank from an earlier step go unseen where row
-        totals match, unless `samples` gives this rank's samples (as given to `plan`): they are checked against
-        the routes', and every rank raises `PlanMismatchError` naming the rank and its first sample that differs.
-        """
+        modality absent locally still needs an empty tensor of the right trailing shape and dtype).  Packed tensors
+        have no sample boundaries, so routes kept by every rank from an earlier step go unseen where row totals
+        match, unless `samples` gives this rank's samples (as given to `plan`): they are checked against the
+        routes', and every rank raises `PlanMismatchError` naming the rank and its first sample that differs.  A new
+        step begins at the next `microbatches` after other routes' dispatch, or these where every rank ran a loop
+        since the latest (each rank's fact rides in the header); else it is a second dict of the step."""
         check_step(routes, text, per_sample, inputs)
         ended = None if routes is self._looped else self._step  # a second batch dict of the step's routes ends none
         problem = loop_left(ended) or (None if samples is None else self._samples_problem(routes, samples))
-        return self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
+        guard = self.guards["dispatch"]
+        guard.fact, guard.facts = int(self._handed), None  # every rank's, in the fused exchange's header
+        moved = self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
+        facts = guard.facts or ((guard.fact,) * 2 if group_size(self.group) == 1 else (0, 0))  # (0, 0): no header
+        self._again, self._handed = self._again or routes is not self._looped or facts[0] == 1, False  # (all ranks')
+        return moved
 
     def _samples_problem(self, routes: StepRoutes, samples) -> Exception | None:
         """Why this rank's `samples` are not those `routes` were planned from (text, segments, id; each segment's
@@ -364,15 +365,16 @@ class MultiStageRuntime:
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
 
         `micro.routes` and `micro.data` go to `forward`; every rank yields the same number (an empty one included:
-        all take part in every collective).  Without the fused input exchange, inputs are exchanged here.
-        """
+        all take part in every collective).  Without the fused input exchange, inputs are exchanged here."""
         if getattr(moved, "routes", None) is not routes:
             raise TypeError("`microbatches` takes the routes of `plan` and what `dispatch` returned for them")
         size = group_size(self.group)
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         # layouts wherever this runtime splits or the routes' plan does (routes of another runtime)
         splitting = self.orchestrator.context_parallel is not None or any(p.splits for p in routes.step.microbatches)
-        self._yielded, self._step, self._looped = [], self._step.next(), routes
+        if self._again:  # the first loop after a dispatch of other routes, or of these after every rank's loop
+            self._step, self._again = self._step.next(), False
+        self._yielded, self._looped, self._handed = [], routes, True
         step, last = self._step, routes.num_microbatches - 1  # the last micro-batch's backward reduces gradients
         contract = contract_of(step, np.diff(routes.microbatches[last].plan.shards.rank_offsets), self.group)
 
@@ -392,12 +394,10 @@ class MultiStageRuntime:
                 text_embedding: Callable, text_key: str = "input_ids", stats: dict | None = None) -> Assembled:
         """Encode balanced items, send embeddings to their LLM rank, assemble packed sequences.
 
-        Every encoder is called on every rank, with empty inputs where a rank has no items
-        of its modality, so every rank takes part in the embedding exchange and in its
-        backward; its output must depend on every parameter there too (the encoder contract,
-        module docstring).  A rank whose encoders break it, or return the wrong shape, or whose `moved`
-        is another pass's data than `routes`', is named on every rank before the exchange.
-        """
+        Every encoder is called on every rank, with empty inputs where a rank has no items of its modality, so every
+        rank takes part in the embedding exchange and in its backward; its output must depend on every parameter
+        there too (the encoder contract, module docstring).  A rank whose encoders break it, or return the wrong
+        shape, or whose `moved` is another pass's data than `routes`', is named on every rank before the exchange."""
         check_pass(routes, moved)
         step = routes.plan
         problem = pass_problem(routes, moved)

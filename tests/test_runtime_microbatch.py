@@ -1422,9 +1422,10 @@ class MultiStageWhole(nn.Module):
         return model.loss_sum(model.llm(packed.embeddings, packed.sample_lengths), labels)
 
 
-def second_dispatch_job(rank, size, second):
+def second_dispatch_job(rank, size, second, listed=False):
     """Two DDP steps of the multi-stage runtime; with `second`, the step's routes dispatch a second batch dict inside
-    its loop, after micro-batch 0's block: each step's micro-batch count and summed absolute gradient."""
+    its loop, after micro-batch 0's block; with `listed`, rank 0 alone lists the step's micro-batches before the loop
+    (logging): each step's micro-batch count and summed absolute gradient."""
     torch.manual_seed(0)
     whole = MultiStageWhole()
     ddp = nn.parallel.DistributedDataParallel(whole)
@@ -1440,6 +1441,8 @@ def second_dispatch_job(rank, size, second):
         routes = runtime.plan(samples, loss_tokens=counts)
         moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
         ran = 0
+        if listed and rank == 0:
+            len(list(runtime.microbatches(routes, moved)))
         for micro in runtime.microbatches(routes, moved):
             with accumulate(ddp, micro):
                 normalize_loss(ddp(runtime, micro), micro).backward()
@@ -1460,6 +1463,17 @@ def test_regression_a_second_batch_dict_of_a_multi_stage_step_was_taken_for_a_lo
     for with_second, without in zip(second, plain):
         assert [ran for ran, _ in with_second] == [ran for ran, _ in without]
         np.testing.assert_allclose([total for _, total in with_second], [total for _, total in without], rtol=1e-12)
+
+
+def test_regression_a_multi_stage_step_ended_by_how_often_one_rank_listed_its_micro_batches():
+    """Cause (review9 R9-07, multi-stage): every `MultiStageRuntime.microbatches` call began a step, so rank 0, which
+    listed the micro-batches for logging, ran its loop in step 2 (not due the model check) while rank 1 ran it in
+    step 1 (due): the check's collective met rank 0's gradient all-reduce, and gloo failed on both ranks.  A step now
+    begins at a dispatch's first `microbatches`, as decided alike on every rank."""
+    plain, listed = (spawn(second_dispatch_job, 2, args=(False, flag), timeout_s=120) for flag in (False, True))
+    for with_listing, without in zip(listed, plain):
+        assert [ran for ran, _ in with_listing] == [ran for ran, _ in without]
+        np.testing.assert_allclose([total for _, total in with_listing], [total for _, total in without], rtol=1e-12)
 
 
 def stepped_inside_job(rank, size):
