@@ -55,10 +55,13 @@ def giant_mixes(draw):
 
 
 class _Scanning(planner._Blocks):
-    """The reference: every search a numpy scan of all candidates."""
+    """The reference: every search a numpy scan of all candidates, an overflow's at every degree."""
 
     def _search(self, degree, time, need, fullest):
         return None
+
+    def _floor(self, item, degree):
+        return -math.inf, degree
 
 
 def _layout(case, blocks_class, monkeypatch):

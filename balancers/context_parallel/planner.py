@@ -33,11 +33,11 @@ from ..locality.partial_plan import PartialPlan
 from ..problem import InfeasibleError, Problem
 from .blocks import free_blocks
 from .bound import Allotment
-from .layout import shard_tokens
 from .pairing import packable_degrees
 from .plan import rank_accounts
 from .spec import ContextParallel
 from .tiers import two_tiers
+from .timetable import TimeTable
 
 LAYOUT_SHARE = 1 / 4
 """Unsplit items costing more than this share of the target are laid out with the groups (best
@@ -54,36 +54,6 @@ LADDER_BREAKPOINTS = 32
 them, tried while the groups overflow the free blocks."""
 
 
-class TimeTable:
-    """Per-rank times and shard tokens of some items at every allowed degree, on a block inside a
-    node where the degree fits one (computed once, looked up by item and degree)."""
-
-    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, items: np.ndarray):
-        degrees = np.array(spec.degrees, dtype=np.int64)
-        self.column = {c: k for k, c in enumerate(spec.degrees)}
-        self.row = np.full(problem.num_items, -1, dtype=np.int64)
-        self.row[items] = np.arange(items.size)
-        self.table = spec.item_times(problem.cost, problem.lengths[items][:, None], degrees[None, :],
-                                     (degrees <= gpus_per_node)[None, :])
-        self.shards = {c: shard_tokens(problem.lengths[items], c) for c in spec.degrees}
-        self.extremes = {c: list(zip(shards.max(axis=1).tolist(), shards.min(axis=1).tolist()))
-                         for c, shards in self.shards.items()}
-        self.rows = dict(zip(items.tolist(), range(items.size)))  # item -> row, for one item at a time
-        self.listed = self.table.tolist()
-
-    def __call__(self, items: np.ndarray, degree: int) -> np.ndarray:
-        return self.table[self.row[items], self.column[degree]]
-
-    def time(self, item: int, degree: int) -> float:
-        """The time of one item at `degree`."""
-        return self.listed[self.rows[item]][self.column[degree]]
-
-    def shard(self, item: int, degree: int) -> tuple[np.ndarray, int, int]:
-        """Tokens of each of the item's shards at `degree`, and the most and the fewest of them."""
-        row = self.rows[item]
-        return (self.shards[degree][row], *self.extremes[degree][row])
-
-
 class _Blocks:
     """Per-rank loads and tokens of the layout being built, and its groups' blocks.
 
@@ -96,7 +66,7 @@ class _Blocks:
         self.problem, self.spec, self.gpus_per_node, self.times, self.target = problem, spec, gpus_per_node, times, target
         self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
         self.ranks = np.arange(problem.num_ranks)
-        self.loads = np.zeros(problem.num_ranks)
+        self.loads = np.zeros(problem.num_ranks)  # a group's ranks': its peak until degree 1 is laid out (`_settle`)
         self.tokens = np.zeros(problem.num_ranks, dtype=np.int64)
         self.taken = np.zeros(problem.num_ranks, dtype=bool)  # ranks of a group
         self.groups: dict[int, list[int]] = {}  # degree -> block starts, opened in order
@@ -123,6 +93,8 @@ class _Blocks:
     def open(self, degree: int) -> None:
         """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
         self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
+        if degree == 1:
+            self._settle()
         self.degree = degree
         self.keys[degree] = None if degree == 1 else []  # every rank's key, made when an item needs them
         self.parked[degree], self.stale[degree] = [], set()
@@ -130,6 +102,8 @@ class _Blocks:
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
         """(peak load of each block after the item, whether its shards' tokens fit; the item's time
         and its shards' tokens)."""
+        if self.degree > 1:
+            self._settle()
         time = self.times.time(item, degree)
         shard = self.times.shard(item, degree)[0]
         if degree == 1:
@@ -277,7 +251,6 @@ class _Blocks:
         self.group_of[start: start + degree] = [(degree, start)] * degree
         bisect.insort(self.keys[degree], (time, len(opened)))
         opened.append(start)
-        self.loads[start: start + degree] = time
         self.tokens[start: start + degree] = need[0]
         self.most_tokens[start] = (need[1], need[1])
         self.placed[item] = (start, degree)
@@ -317,6 +290,14 @@ class _Blocks:
         keys = self.keys[degree]
         return (keys[0][0] + self.times.time(item, degree) if keys else math.inf), degree
 
+    def _settle(self) -> None:
+        """Write every group's peak as its ranks' loads: while the degrees above 1 are laid out, every item on a
+        group adds its time to each of its ranks (in the same order as to its peak), so only the peak is kept."""
+        for c, opened in self.groups.items():
+            if c > 1 and opened:
+                blocks = np.array(opened, dtype=np.int64)[:, None] + np.arange(c)
+                self.loads[blocks] = np.array([self.peak[start] for start in opened])[:, None]
+
     def _key(self, degree: int, start: int) -> tuple[float, int]:
         """The sort key of a candidate: (load, rank) of a rank, (peak, position) of a group."""
         return (float(self.loads[start]), start) if degree == 1 else (self.peak[start], self.position[start])
@@ -344,7 +325,6 @@ class _Blocks:
         shard, most, fewest = need
         if self.degree > 1:  # a group a search found (never a parked one): only its key moves
             before = (self.peak[start], self.position[start])
-            self.loads[start: start + degree] += time
             self.tokens[start: start + degree] += shard
             low, high = self.most_tokens[start]
             self.most_tokens[start] = (low + fewest, high + most)
