@@ -1476,23 +1476,26 @@ def test_regression_a_multi_stage_step_ended_by_how_often_one_rank_listed_its_mi
         np.testing.assert_allclose([total for _, total in with_listing], [total for _, total in without], rtol=1e-12)
 
 
-def stepped_inside_job(rank, size):
-    """Step 0 of OVERLAP_STEPS (M = 2) on DDP with SGD, the optimizer stepped after micro-batch 0's block (mini-batches
-    inside the step): what each rank raised, or whether its parameters are those of rank 0."""
+def stepped_inside_job(rank, size, inside=0):
+    """Steps 0 to `inside` of OVERLAP_STEPS (M = 2) on DDP with SGD, the optimizer stepped after each step's last
+    micro-batch, and in step `inside` after micro-batch 0's block too (mini-batches inside the step): what each rank
+    raised, or whether its parameters are those of rank 0."""
     torch.manual_seed(0)
     net = nn.Linear(3, 1).double()
     model = nn.parallel.DistributedDataParallel(net)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
-    plan = dispatcher.plan(OVERLAP_STEPS[0][rank])
     try:
-        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(0, rank)}, plan)):
-            with accumulate(model, micro):
-                normalize_loss(model(micro.data["x"]).pow(2).sum(), micro).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        for step in range(inside + 1):
+            plan = dispatcher.plan(OVERLAP_STEPS[step][rank])
+            for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(step, rank)}, plan)):
+                with accumulate(model, micro):
+                    normalize_loss(model(micro.data["x"]).pow(2).sum(), micro).backward()
+                if step == inside or micro.is_last:
+                    optimizer.step()
+                    optimizer.zero_grad()
     except ValueError as error:
-        return f"micro-batch {micro.index}: {error}"
+        return f"step {micro.step.number} ({'due' if micro.contract else 'not due'}) micro-batch {micro.index}: {error}"
     weights = torch.cat([net.weight.flatten(), net.bias]).detach()
     first = weights.clone()
     torch.distributed.broadcast(first, 0)
@@ -1505,8 +1508,18 @@ def test_regression_an_optimizer_step_inside_a_dispatched_step_updated_each_repl
     next block of the step refuses parameters that changed since the step's first held block (every rank)."""
     for message in spawn(stepped_inside_job, 2, timeout_s=60):
         assert isinstance(message, str) and message.startswith(
-            "micro-batch 1: the parameters of DistributedDataParallel of Linear changed between micro-batches 0 and 1 "
-            "of a step"), message
+            "step 1 (due) micro-batch 1: the parameters of DistributedDataParallel of Linear changed between "
+            "micro-batches 0 and 1 of a step"), message
+
+
+def test_regression_an_optimizer_step_inside_a_step_not_due_the_check_updated_each_replica_on_its_own_gradients():
+    """Cause (probe13 P13-16 residual): the refusal above ran on steps due the model check only, so mini-batches
+    inside a later step (with a token budget M varies, and a trainer stepping every K micro-batches splits only the
+    steps of M > K) let the replicas drift apart, no error.  The parameter versions are checked on every step."""
+    for message in spawn(stepped_inside_job, 2, args=(2,), timeout_s=60):
+        assert isinstance(message, str) and message.startswith(
+            "step 3 (not due) micro-batch 1: the parameters of DistributedDataParallel of Linear changed between "
+            "micro-batches 0 and 1 of a step"), message
 
 
 def test_regression_the_forward_noting_hook_outlived_its_step():
