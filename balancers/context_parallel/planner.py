@@ -68,7 +68,7 @@ class _Blocks:
         self.ranks = np.arange(problem.num_ranks)
         self.loads = np.zeros(problem.num_ranks)  # a group's ranks': its peak until degree 1 is laid out (`_settle`)
         self.tokens = np.zeros(problem.num_ranks, dtype=np.int64)
-        self.taken = np.zeros(problem.num_ranks, dtype=bool)  # ranks of a group
+        self.taken = np.zeros(problem.num_ranks, dtype=bool)  # ranks of a group of the degrees laid out before
         self.groups: dict[int, list[int]] = {}  # degree -> block starts, opened in order
         self.free: list[int] = []  # free blocks of the degree being laid out, ascending
         self.placed: dict[int, tuple[int, int]] = {}  # item -> (block start, degree)
@@ -78,7 +78,8 @@ class _Blocks:
         self.keys: dict[int, list[tuple[float, int]] | None] = {}
         self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
         self.peak: dict[int, float] = {}  # a group's block start -> the most load of its ranks (its key's load)
-        self.group_of: list[tuple[int, int] | None] = [None] * problem.num_ranks  # rank -> its group's (degree, start)
+        # rank -> its group's (degree, start), written once degree 1 is laid out (`_settle`)
+        self.group_of: list[tuple[int, int] | None] = [None] * problem.num_ranks
         # a group's block start -> (lower, upper) bounds on the tokens of its fullest rank
         self.most_tokens: dict[int, tuple[int, int]] = {}
         # degree -> heap of (-room, key position) of the candidates out of its keys: a search for a shard of
@@ -92,6 +93,8 @@ class _Blocks:
 
     def open(self, degree: int) -> None:
         """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
+        if self.groups.get(self.degree):  # the groups of the degree laid out so far take their ranks
+            self.taken[self._ranks(self.degree, self.groups[self.degree])] = True
         self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
         if degree == 1:
             self._settle()
@@ -246,9 +249,7 @@ class _Blocks:
         """Put `item` alone on the next free block of `degree` (the degree being laid out), a new group:
         its ranks held nothing, so they now carry the item's time and shards."""
         start, opened = self.free.pop(), self.groups[degree]
-        self.taken[start: start + degree] = True
         self.position[start], self.peak[start] = len(opened), time
-        self.group_of[start: start + degree] = [(degree, start)] * degree
         bisect.insort(self.keys[degree], (time, len(opened)))
         opened.append(start)
         self.tokens[start: start + degree] = need[0]
@@ -291,12 +292,19 @@ class _Blocks:
         return (keys[0][0] + self.times.time(item, degree) if keys else math.inf), degree
 
     def _settle(self) -> None:
-        """Write every group's peak as its ranks' loads: while the degrees above 1 are laid out, every item on a
-        group adds its time to each of its ranks (in the same order as to its peak), so only the peak is kept."""
+        """Write every group's peak as its ranks' loads, and its ranks' group: while the degrees above 1 are laid
+        out, every item on a group adds its time to each of its ranks (in the same order as to its peak), so only
+        the peak is kept, and only degree 1 asks a rank's group."""
         for c, opened in self.groups.items():
             if c > 1 and opened:
-                blocks = np.array(opened, dtype=np.int64)[:, None] + np.arange(c)
-                self.loads[blocks] = np.array([self.peak[start] for start in opened])[:, None]
+                self.loads[self._ranks(c, opened)] = np.array([self.peak[start] for start in opened])[:, None]
+                for start in opened:
+                    self.group_of[start: start + c] = [(c, start)] * c
+
+    @staticmethod
+    def _ranks(degree: int, starts: list[int]) -> np.ndarray:
+        """The ranks of the blocks of `degree` at `starts`, a row each."""
+        return np.array(starts, dtype=np.int64)[:, None] + np.arange(degree)
 
     def _key(self, degree: int, start: int) -> tuple[float, int]:
         """The sort key of a candidate: (load, rank) of a rank, (peak, position) of a group."""
