@@ -128,13 +128,18 @@ def family_or_mix(workload, num_ranks, per_rank):
     return sample_workload(workload, num_ranks, per_rank, seed=7).sample_llm_length
 
 
-def assert_within_10x_of_the_default_mix(plan, lengths, default, label, alternated_cpu, rounds=5):
+def assert_within_10x_of_the_default_mix(plan, lengths, default, label, alternated_cpu, rounds=5, at_the_line=False):
     """Issue 24's bound: CPU seconds of `plan(lengths)` alternated with `plan(default)` (the default mix at the
-    same size) in one process; over it when both the best-of and the median ratio exceed 10 (the audit's rule)."""
+    same size) in one process; over it when both the best-of and the median ratio exceed 10 (the audit's rule).
+    A case `at_the_line` (known to read either side of 10) fails above 15 and is an expected failure above 10."""
     own, base = alternated_cpu(lambda: plan(lengths), lambda: plan(default), rounds=rounds)
     best, median = min(own) / min(base), statistics.median(own) / statistics.median(base)
     print(f"\n{label}: {min(own) * 1e3:.1f} ms CPU; default mix {min(base) * 1e3:.1f} ms; ratio best-of {best:.2f}, "
           f"median {median:.2f}")
+    if at_the_line:
+        assert min(best, median) <= 15
+        if min(best, median) > 10:
+            pytest.xfail(f"issue 24, not met: {label} reads {min(best, median):.1f}x, at the line")
     assert min(best, median) <= 10
 
 
@@ -186,17 +191,14 @@ LOCALITY_CASES = [(w, 2560, t) for w in ("chat", "code", "code_context", "long_t
 # issue 24, at the bound (9.5-10.9x at load 1-6, bench_notes/deal24_s9.md; 12-14x before 1031e4c): long_tail
 # T 8k, where both tries of the cells deal run their tiers' deals (~20 %; their filler is skipped since the repair's
 # certificate proves the miss before it) and every micro-batch's own deal its repair's passes (~50 %) before they
-# miss; it reads either way, so a non-strict xfail reports it instead of flipping a strict one (as audio_qa's did);
-# code and code_context met (5-9x) since the missed micro-batches are placed greedily in one pass, not by an exact
-# LAP apiece, and the cells deal is not tried where the tokens fill more than 0.99 of the cells
-LOCALITY_NOT_MET = {("long_tail", 8192): False}  # (workload, T): strict
+# miss; it reads either way, so it is an expected failure above 10x and a failure above 15x; code and code_context
+# met (5-9x) since the missed micro-batches are placed greedily in one pass, not by an exact LAP apiece, and the
+# cells deal is not tried where the tokens fill more than 0.99 of the cells
+LOCALITY_AT_THE_LINE = {("long_tail", 8192)}
 
 
-@pytest.mark.parametrize("workload, num_ranks, budget", [
-    pytest.param(w, d, t, marks=[pytest.mark.xfail(strict=LOCALITY_NOT_MET[w, t], reason="issue 24, not met: the "
-                                                   "cells deal's tries and each micro-batch's repair run first")]
-                 if (w, t) in LOCALITY_NOT_MET else []) for w, d, t in LOCALITY_CASES],
-    ids=[f"{w}-{d}x32-T{t // 1024}k" for w, d, t in LOCALITY_CASES])
+@pytest.mark.parametrize("workload, num_ranks, budget", LOCALITY_CASES,
+                         ids=[f"{w}-{d}x32-T{t // 1024}k" for w, d, t in LOCALITY_CASES])
 def test_planning_time_with_sources(workload, num_ranks, budget, alternated_cpu):
     """Issue 24's bound on the communication-aware path: `balance_microbatches` with `sources` (home ranks), 16 KiB
     a token and H100 nodes of 8, on the traces at 2560 x 32 (`timed_lengths`) and P||Cmax's few_large at 512 x 32
@@ -213,4 +215,5 @@ def test_planning_time_with_sources(workload, num_ranks, budget, alternated_cpu)
 
     check(plan(lengths), lengths, num_ranks, budget)
     assert_within_10x_of_the_default_mix(plan, lengths, default, f"{workload} {num_ranks}x32 T={budget} with sources",
-                                         alternated_cpu, rounds=3)
+                                         alternated_cpu, rounds=3,
+                                         at_the_line=(workload, budget) in LOCALITY_AT_THE_LINE)
