@@ -43,9 +43,9 @@ import torch
 from ..balancers.validation import as_bool
 from .encoders import recording
 from .model_check import ModelContractError, check_model_contract, kind
+from .versions import trainable_versions
 
 _active = threading.local()
-_listed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its parameters (`_versions`)
 
 
 class StepToken:
@@ -262,14 +262,8 @@ def _discarded(held) -> bool:
     optimizer step took the unsynchronised gradients first).  Not FSDP2's: it keeps them out of `zero_grad`'s reach."""
     model = held[2]()
     return model is not None and not hasattr(model, "set_requires_gradient_sync") and \
-        _versions(model) == held[3] and all(parameter.grad is None or not bool(parameter.grad.any())
-                                            for parameter in model.parameters() if parameter.requires_grad)
-
-
-def _versions(model) -> tuple:
-    """`model`'s parameters' version counters (an optimizer step changes them); listed once (listing costs 15x)."""
-    parameters = _listed.get(model) or _listed.setdefault(model, tuple(model.parameters()))
-    return tuple(parameter._version for parameter in parameters)
+        trainable_versions(model) == held[3] and all(parameter.grad is None or not bool(parameter.grad.any())
+                                                     for parameter in model.parameters() if parameter.requires_grad)
 
 
 def _stop_noting() -> None:
@@ -350,7 +344,7 @@ def _unstepped(micro: MicroBatch, model, check: bool) -> tuple | None:
     step = micro.step
     if not check or hasattr(model, "set_requires_gradient_sync") or not torch.is_grad_enabled():
         return None
-    now = _versions(model)
+    now = trainable_versions(model)
     if step is None:
         return now
     first, versions = step.versions.get(id(model), (None, now))

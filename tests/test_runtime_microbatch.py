@@ -1476,14 +1476,15 @@ def test_regression_a_multi_stage_step_ended_by_how_often_one_rank_listed_its_mi
         np.testing.assert_allclose([total for _, total in with_listing], [total for _, total in without], rtol=1e-12)
 
 
-def stepped_inside_job(rank, size, inside=0):
-    """Steps 0 to `inside` of OVERLAP_STEPS (M = 2) on DDP with SGD, the optimizer stepped after each step's last
-    micro-batch, and in step `inside` after micro-batch 0's block too (mini-batches inside the step): what each rank
-    raised, or whether its parameters are those of rank 0."""
+def stepped_inside_job(rank, size, inside=0, fused=False):
+    """Steps 0 to `inside` of OVERLAP_STEPS (M = 2) on DDP with SGD (or a fused Adam), the optimizer stepped after
+    each step's last micro-batch, and in step `inside` after micro-batch 0's block too (mini-batches inside the
+    step): what each rank raised, or whether its parameters are those of rank 0."""
     torch.manual_seed(0)
     net = nn.Linear(3, 1).double()
     model = nn.parallel.DistributedDataParallel(net)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1, fused=True) if fused else \
+        torch.optim.SGD(net.parameters(), lr=0.1)
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
     try:
         for step in range(inside + 1):
@@ -1520,6 +1521,62 @@ def test_regression_an_optimizer_step_inside_a_step_not_due_the_check_updated_ea
         assert isinstance(message, str) and message.startswith(
             "step 3 (not due) micro-batch 1: the parameters of DistributedDataParallel of Linear changed between "
             "micro-batches 0 and 1 of a step"), message
+
+
+def test_regression_a_fused_optimizer_stepped_inside_a_step_unseen_by_the_version_counters():
+    """Cause (probe14 P14-01): fused optimizers (`Adam(fused=True)`, the usual choice on GPUs) write the parameters
+    without bumping their version counters, so an optimizer step between micro-batches went unseen and the replicas
+    drifted apart, no error.  Every optimizer step is counted by a global step hook too."""
+    for message in spawn(stepped_inside_job, 2, args=(2, True), timeout_s=60):
+        assert isinstance(message, str) and message.startswith(
+            "step 3 (not due) micro-batch 1: the parameters of DistributedDataParallel of Linear changed between "
+            "micro-batches 0 and 1 of a step"), message
+
+
+class MomentumPair(nn.Module):
+    """A query layer trained and a frozen key layer moved towards it in every forward (MoCo / BYOL style)."""
+
+    def __init__(self):
+        super().__init__()
+        self.query, self.key = nn.Linear(3, 1).double(), nn.Linear(3, 1).double()
+        self.key.requires_grad_(False)
+
+    def forward(self, x):
+        with torch.no_grad():
+            for key, query in zip(self.key.parameters(), self.query.parameters()):
+                key.mul_(0.9).add_(query, alpha=0.1)
+        return self.query(x) + self.key(x)
+
+
+def momentum_job(rank, size):
+    """Three steps of a DDP MomentumPair, the optimizer stepped after each step's last micro-batch: whether every
+    parameter equals rank 0's (what each rank raised, else)."""
+    torch.manual_seed(0)
+    net = MomentumPair()
+    model = nn.parallel.DistributedDataParallel(net)
+    optimizer = torch.optim.SGD(net.query.parameters(), lr=0.1)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    try:
+        for step in range(3):
+            plan = dispatcher.plan(OVERLAP_STEPS[step][rank])
+            for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(step, rank)}, plan)):
+                with accumulate(model, micro):
+                    normalize_loss(model(micro.data["x"]).pow(2).sum(), micro).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    except ValueError as error:
+        return str(error)
+    weights = torch.cat([parameter.detach().flatten() for parameter in net.parameters()])
+    first = weights.clone()
+    torch.distributed.broadcast(first, 0)
+    return bool(torch.equal(weights, first))
+
+
+def test_regression_a_frozen_parameter_written_by_the_forward_was_taken_for_an_optimizer_step():
+    """Cause (probe14 P14-04): the version check read every parameter, so a frozen one a forward writes in place (a
+    momentum encoder, an embedding's max_norm) was refused as an optimizer step inside the step.  Only trainable
+    parameters are read; the replicas stay equal."""
+    assert spawn(momentum_job, 2, timeout_s=60) == [True, True]
 
 
 def test_regression_the_forward_noting_hook_outlived_its_step():
