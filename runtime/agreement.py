@@ -234,6 +234,15 @@ class SchemaGuard:
         self.fact = 0  # this rank's fact for the next header (a loop run since the latest dispatch), 0 or 1
         self.facts: tuple[int, int] | None = None  # (fewest, most) over the ranks of the latest header's facts
 
+    def tell(self, fact: bool) -> None:
+        """Send `fact` with this site's next header (`every_rank` reads what every rank sent)."""
+        self.fact, self.facts = int(fact), None
+
+    def every_rank(self, group) -> bool:
+        """Whether every rank told this site's latest header its fact; with no header (a group of one: this
+        rank's own; else none ran, and no rank takes it for true)."""
+        facts = self.facts or ((self.fact,) * 2 if group_size(group) == 1 else (0, 0))
+        return facts[0] == 1
 
     def agree(self, schema: tuple[PieceSchema, ...], plan_id: int, group, problem: Exception | None = None) -> None:
         """Check that every rank of `group` exchanges pieces of the same schema along the same plan

@@ -319,14 +319,13 @@ class PostBalancingDispatcher:
         problem = ((None if plan is self._latest else loop_left(self._step)) or self._foreign_problem(plan, "dispatch")
                    or _items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
-        guard = self.guards["dispatch"]
-        guard.fact, guard.facts = int(self._handed), None  # rides in the header: every rank learns every rank's
+        self.guards["dispatch"].tell(self._handed)  # rides in the header: every rank learns every rank's
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
-        facts = guard.facts or ((guard.fact,) * 2 if group_size(self.group) == 1 else (0, 0))  # (0, 0): no header
         if plan is not self._latest:
             self._latest, self._step, self._returned, self._again = plan, self._step.next(), {}, False
         else:  # the step's plan again: the next step's where EVERY rank ran a loop of the step since the latest
-            self._again = self._again or facts[0] == 1  # dispatch (a plan made once); else a second batch dict
+            # dispatch (a plan made once); else a second batch dict of the step
+            self._again = self._again or self.guards["dispatch"].every_rank(self.group)
         self._handed = False
         self._returned.update((key, weakref.ref(tensor)) for key, tensor in moved.items())
         return moved

@@ -261,11 +261,10 @@ class MultiStageRuntime:
         check_step(routes, text, per_sample, inputs)
         ended = None if routes is self._looped else self._step  # a second batch dict of the step's routes ends none
         problem = loop_left(ended) or (None if samples is None else self._samples_problem(routes, samples))
-        guard = self.guards["dispatch"]
-        guard.fact, guard.facts = int(self._handed), None  # every rank's, in the fused exchange's header
+        self.guards["dispatch"].tell(self._handed)  # every rank's, in the fused exchange's header
         moved = self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
-        facts = guard.facts or ((guard.fact,) * 2 if group_size(self.group) == 1 else (0, 0))  # (0, 0): no header
-        self._again, self._handed = self._again or routes is not self._looped or facts[0] == 1, False  # (all ranks')
+        self._again = self._again or routes is not self._looped or self.guards["dispatch"].every_rank(self.group)
+        self._handed = False
         return moved
 
     def _samples_problem(self, routes: StepRoutes, samples) -> Exception | None:
