@@ -17,11 +17,16 @@ from orchmllm.testing.pipeline import brute_force_pipeline, replica_step
 RELATIVE = 1e-9  # bounds and times are float sums in different orders
 
 
+SCHEDULES = ["gpipe", "1f1b", "interleaved"]
+
+
 @st.composite
-def tiny_steps(draw):
-    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved"]))
-    if schedule == "interleaved":
-        pipeline, ranks, microbatches = Pipeline(stages=2, schedule=schedule, virtual_stages=2), 1, 2
+def tiny_steps(draw, schedules=tuple(SCHEDULES)):
+    schedule = draw(st.sampled_from(schedules))
+    if schedule == "interleaved":  # M in whole groups of P: 1 or 2 groups, 1 or 2 replicas, v = 2 or 3
+        stages, virtual = draw(st.sampled_from([(2, 2), (2, 3), (3, 2)]))
+        pipeline = Pipeline(stages=stages, schedule=schedule, virtual_stages=virtual)
+        ranks, microbatches = draw(st.sampled_from([(1, stages), (2, stages)] + ([(1, 4)] if stages == 2 else [])))
     else:
         pipeline = Pipeline(stages=draw(st.integers(1, 3)), schedule=schedule)
         ranks, microbatches = draw(st.sampled_from([(1, 2), (1, 3), (2, 1), (2, 2), (1, 4)]))
@@ -37,10 +42,13 @@ def simulated_step(plan) -> float:
     return max(replica_step(plan.pipeline.pipeline, row) for row in costs)
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @settings(max_examples=60, deadline=None)
-@given(tiny_steps())
-def test_step_equals_simulation_and_bound_optimum_plan(case):
-    pipeline, lengths, ranks, microbatches, budget, overhead = case
+@given(data=st.data())
+def test_step_equals_simulation_and_bound_optimum_plan(schedule, data):
+    """Every schedule on its own (60 cases each): the planner's step is the event simulation's of its
+    cells, bound <= brute-force optimum <= plan <= the plan it started from."""
+    pipeline, lengths, ranks, microbatches, budget, overhead = data.draw(tiny_steps((schedule,)))
     costs = [float(l) ** 1.5 for l in lengths]
     optimum = brute_force_pipeline(pipeline, costs, lengths, ranks, microbatches, budget, overhead).step_time
     if optimum is None:  # agreement on infeasibility
@@ -61,12 +69,13 @@ def test_step_equals_simulation_and_bound_optimum_plan(case):
         assert step.lower_bound < step.step_time
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @settings(max_examples=40, deadline=None)
-@given(tiny_steps(), st.data())
-def test_first_stage_parts_step_equals_simulation_and_bound_optimum_plan(case, data):
+@given(data=st.data())
+def test_first_stage_parts_step_equals_simulation_and_bound_optimum_plan(schedule, data):
     """With part of each item's cost on the first stage alone (the encoders): the planner's step is the
     event simulation's of its cells, and bound <= brute-force optimum <= plan <= the plan it started from."""
-    pipeline, lengths, ranks, microbatches, budget, overhead = case
+    pipeline, lengths, ranks, microbatches, budget, overhead = data.draw(tiny_steps((schedule,)))
     costs = np.array(lengths, dtype=float) ** 1.5
     first = costs * np.array(data.draw(st.lists(st.sampled_from([0.0, 0.25, 1.0]), min_size=len(lengths),
                                                 max_size=len(lengths))))
