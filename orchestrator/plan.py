@@ -406,7 +406,7 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
                          f"stage plan: a stage plan must hold every segment of its modality")
     llm = stage_plans[-1]
     if llm.split is not None or any(any_nonzero(plan.item_first_unit) for plan in stage_plans[:-1]):
-        return _compose_pieces(batch, stages, stage_plans)
+        return _compose_pieces(batch, stages, stage_plans, (route_stage, encoder_rank, encoder_offset))
     owner = batch.segment_sample
     llm_rank = llm.destination[owner]
     llm_offset = llm.item_offset[owner]
@@ -430,12 +430,13 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
                     route_row=constant(0, segment.size))  # whole segments: row 0, no memory
 
 
-def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...]) -> PassPlan:
+def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...],
+                    whole: tuple[np.ndarray, np.ndarray, np.ndarray]) -> PassPlan:
     """`compose` of a pass with split samples or segments in parts: one route per piece
-    (`orchestrator.shards.split_pieces`)."""
+    (`orchestrator.shards.split_pieces`; `whole`: every segment's stage, encoder rank and output offset)."""
     llm = stage_plans[-1]
     chunks = llm.split[1] if llm.split is not None else split_layout(batch, llm.destination, llm.degree)[1]
-    pieces = split_pieces(batch, stage_plans[:-1], chunks, llm.degree)
+    pieces = split_pieces(batch, stage_plans[:-1], chunks, llm.degree, whole)
     # Pieces run segment by segment in row order, so a stable sort by LLM rank lists each rank's in
     # packed order (its samples ascend; a shard's chunk j precedes chunk 2c - 1 - j).
     offsets, order = group_order(pieces.llm_rank, batch.num_ranks)

@@ -198,62 +198,101 @@ class Pieces:
     llm_offset: np.ndarray
 
 
-def _parts(encoder_plans, num_segments: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-    """((stage, rank, output offset) of every segment, read where it is one part), and (segment, first
-    row, stage, rank, output offset) of the parts of segments in several parts, by segment then row."""
-    whole = [np.full(num_segments, -1, dtype=np.int64) for _ in range(3)]
+def _parts(encoder_plans) -> tuple[np.ndarray, ...]:
+    """(segment, first row, stage, rank, output offset) of the parts of segments in several parts, by segment
+    then row (a stage whose `item_first_unit` is a stride-0 column of zeros has none: read once)."""
     split = [[] for _ in range(5)]
     for index, plan in enumerate(encoder_plans):
-        for column, values in zip(whole, (index, plan.destination, plan.item_offset)):
-            column[plan.item_segment] = values
-        if np.any(plan.item_first_unit):  # some segment in parts
-            mine = np.bincount(plan.item_segment, minlength=num_segments)[plan.item_segment] > 1
+        first_unit = plan.item_first_unit
+        if np.any(first_unit[:1] if first_unit.strides == (0,) else first_unit):  # some segment in parts
+            mine = np.bincount(plan.item_segment)[plan.item_segment] > 1
             for column, values in zip(split, (plan.item_segment[mine], plan.item_first_row[mine],
                                               np.full(int(mine.sum()), index), plan.destination[mine],
                                               plan.item_offset[mine])):
                 column.append(values)
     split = [np.concatenate(column).astype(np.int64) if column else np.zeros(0, dtype=np.int64) for column in split]
     order = np.lexsort((split[1], split[0]))
-    return tuple(whole), tuple(column[order] for column in split)
+    return tuple(column[order] for column in split)
 
 
-def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.ndarray) -> Pieces:
+def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.ndarray,
+                 whole: tuple[np.ndarray, np.ndarray, np.ndarray]) -> Pieces:
     """The embedding pieces of a pass: each segment cut where its encoder parts and its sample's
-    chunks start (a segment in one part of an unsplit sample: one piece, as before).  The cut
-    segments' rows are keyed segment · K + row (K above every length), so one sort orders them."""
-    (stage, rank, offset), (part_segment, part_row, part_stage, part_rank, part_offset) = _parts(
-        encoder_plans, batch.num_segments)
+    chunks start (a segment in one part of an unsplit sample: one piece, as before).  `whole` holds
+    every segment's (stage, encoder rank, output offset), read where it is one part.
+
+    A segment's first piece starts at its row 0; its other pieces ("cuts", E of them) where a chunk
+    of its sample or a part starts inside it.  Pieces run segment by segment in row order, so with
+    the cuts sorted by (segment, row), cut j is piece segment[j] + j + 1 and the segments' first
+    pieces fill the other places: every column is the segments' column with the cuts' spread in."""
+    stage, rank, offset = whole
+    part_segment, part_row, part_stage, part_rank, part_offset = _parts(encoder_plans)
     owner, size, position = batch.segment_sample, batch.segment_tokens, batch.segment_position
-    in_parts = np.zeros(batch.num_segments, dtype=bool)
-    in_parts[part_segment] = True
-    cut = np.flatnonzero(in_parts | (degree[owner] > 1))
-    keys = _cut_keys(batch, chunks, part_segment, part_row, cut)
     scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
-    cut_segment, cut_row = np.divmod(keys, scale)
-    count = np.ones(batch.num_segments, dtype=np.int64)
-    count[cut] = np.bincount(cut_segment, minlength=batch.num_segments)[cut]
-    first = np.cumsum(count) - count  # first piece of every segment
-    piece_segment = np.repeat(np.arange(batch.num_segments), count)
-    piece_row = np.zeros(piece_segment.size, dtype=np.int64)
-    piece_row[first[cut_segment] + np.arange(keys.size) - np.repeat(
-        np.cumsum(count[cut]) - count[cut], count[cut])] = cut_row
-    last = np.append(piece_segment[1:] != piece_segment[:-1], True)
-    piece_tokens = np.where(last, size[piece_segment] - piece_row, np.append(piece_row[1:], 0) - piece_row)
-    piece_stage, piece_rank = stage[piece_segment], rank[piece_segment]
-    piece_offset = offset[piece_segment] + piece_row
-    parted = np.flatnonzero(in_parts[piece_segment])
-    if parted.size:
+    starts = chunks.sample * scale + chunks.position  # ascending
+    at = chunks.first[owner]  # the chunk holding each segment's first row: an unsplit sample's only one
+    cut_segment, cut_row, cut_at = _chunk_cuts(owner * scale + position, size, degree[owner] > 1, starts, at)
+    if part_segment.size:  # parts starting inside their segment cut it too (where no chunk start does already)
+        inside = part_row > 0
+        part_key = owner[part_segment[inside]] * scale + position[part_segment[inside]] + part_row[inside]
+        keys = np.concatenate((cut_segment * scale + cut_row, part_segment[inside] * scale + part_row[inside]))
+        order = np.argsort(keys, kind="stable")
+        distinct = np.ones(keys.size, dtype=bool)
+        distinct[1:] = keys[order][1:] != keys[order][:-1]
+        order = order[distinct]
+        cut_segment = np.concatenate((cut_segment, part_segment[inside]))[order]
+        cut_row = np.concatenate((cut_row, part_row[inside]))[order]
+        cut_at = np.concatenate((cut_at, np.searchsorted(starts, part_key, side="right") - 1))[order]
+    num_pieces = batch.num_segments + cut_segment.size
+    cut_piece = cut_segment + np.arange(1, cut_segment.size + 1)
+    first_piece = np.ones(num_pieces, dtype=bool)
+    first_piece[cut_piece] = False
+
+    def spread(of_segments, of_cuts) -> np.ndarray:
+        """A column of the pieces: `of_segments` at the segments' first pieces, `of_cuts` at the cuts'."""
+        column = np.empty(num_pieces, dtype=np.int64)
+        if cut_piece.size:
+            column[first_piece] = of_segments
+            column[cut_piece] = of_cuts
+        else:
+            column[:] = of_segments
+        return column
+
+    piece_segment = spread(np.arange(batch.num_segments), cut_segment)
+    piece_row = spread(0, cut_row)
+    piece_tokens = spread(size, size[cut_segment])
+    piece_tokens[cut_piece - 1] = cut_row  # a piece followed by a cut ends there
+    piece_tokens -= piece_row
+    piece_stage, piece_rank = spread(stage, stage[cut_segment]), spread(rank, rank[cut_segment])
+    piece_offset = spread(offset, offset[cut_segment] + cut_row)
+    if part_segment.size:
+        in_parts = np.zeros(batch.num_segments, dtype=bool)
+        in_parts[part_segment] = True
+        parted = np.flatnonzero(in_parts[piece_segment])
         part = np.searchsorted(part_segment * scale + part_row, piece_segment[parted] * scale + piece_row[parted],
                                side="right") - 1
         piece_stage[parted], piece_rank[parted] = part_stage[part], part_rank[part]
         piece_offset[parted] = part_offset[part] + piece_row[parted] - part_row[part]
-    sample = owner[piece_segment]
-    llm_position = position[piece_segment] + piece_row
-    at = _searched(chunks.sample * scale + chunks.position, sample * scale + llm_position, "right") - 1
+    chunk_base = chunks.packed - chunks.position  # a row's packed offset less its position in its sample
+    llm_offset = spread(chunk_base[at] + position, chunk_base[cut_at] + position[cut_segment] + cut_row)
     return Pieces(segment=_frozen(piece_segment), row=_frozen(piece_row), tokens=_frozen(piece_tokens),
                   stage=_frozen(piece_stage), encoder_rank=_frozen(piece_rank), encoder_offset=_frozen(piece_offset),
-                  llm_rank=_frozen(chunks.rank[at]), llm_offset=_frozen(chunks.packed[at] + llm_position
-                                                                          - chunks.position[at]))
+                  llm_rank=_frozen(spread(chunks.rank[at], chunks.rank[cut_at])), llm_offset=_frozen(llm_offset))
+
+
+def _chunk_cuts(first_key: np.ndarray, size: np.ndarray, split: np.ndarray, starts: np.ndarray,
+                at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(segment, row, chunk) of every chunk start inside a segment of a split sample (`split`), by
+    segment then row, segments keyed sample · K + position (`first_key`, ascending) as the chunks'
+    `starts`; `at` (every segment's chunk holding its first row) is set for them in place."""
+    cut = np.flatnonzero(split)
+    key = first_key[cut]
+    low = _searched(starts, key, "right")  # chunks starting at or before the segment's first row
+    at[cut] = low - 1
+    counts = np.maximum(_searched(starts, key + size[cut], "left") - low, 0)
+    chunk = np.repeat(low - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    segment = np.repeat(cut, counts)
+    return segment, starts[chunk] - first_key[segment], chunk
 
 
 def _searched(starts: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
@@ -264,19 +303,3 @@ def _searched(starts: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
         return np.searchsorted(starts, keys, side=side)
     first = np.searchsorted(keys, starts, side="left" if side == "right" else "right")  # the first key each counts for
     return np.cumsum(np.bincount(first, minlength=keys.size + 1)[:keys.size])
-
-
-def _cut_keys(batch: Batch, chunks: SampleChunks, part_segment: np.ndarray, part_row: np.ndarray,
-              cut: np.ndarray) -> np.ndarray:
-    """Sorted distinct keys segment · K + row of where the segments `cut` (ascending) start a piece:
-    their first row, every part's (`part_segment`, `part_row`: segments in parts, all among `cut`)
-    and every chunk start of the segment's sample inside the segment."""
-    scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
-    owner, size, position = batch.segment_sample[cut], batch.segment_tokens[cut], batch.segment_position[cut]
-    starts = chunks.sample * scale + chunks.position  # ascending
-    low = _searched(starts, owner * scale + position, "right")  # chunks starting inside the segment
-    counts = np.maximum(_searched(starts, owner * scale + position + size, "left") - low, 0)
-    chunk = np.repeat(low - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-    inside = np.repeat(cut, counts) * scale + chunks.position[chunk] - np.repeat(position, counts)
-    keys = np.sort(np.concatenate((cut * scale, part_segment * scale + part_row, inside)))
-    return keys[np.append(True, keys[1:] != keys[:-1])] if keys.size else keys
