@@ -267,6 +267,18 @@ def test_regression_a_fill_needing_more_micro_batches_planned_its_largest_though
     assert largest_microbatch(third).tobytes() not in planned and largest_microbatch(best).tobytes() in planned
 
 
+
+def test_regression_a_losing_fill_planned_every_micro_batch_beside_its_largest(monkeypatch):
+    """The same instance: the 85 % fill planned the three micro-batches beside its largest, though after its
+    first two the peaks found, the third's pass bound (below its peak) and the largest's already summed above
+    the best step.  Planning stops once that sum passes the best now (at D = 2560 x 16, T = 16k: 5 plans of 6
+    and 3 of 7), the same plan."""
+    _, (_, _, third), planned = long_workload_planned_both_ways(monkeypatch)
+    used = np.unique(third, return_inverse=True)[1]
+    largest = np.argmax(np.bincount(used))
+    others = [np.flatnonzero(used == m).tobytes() for m in range(used.max() + 1) if m != largest]
+    assert 0 < sum(items in planned for items in others) < len(others)
+
 IDEAL_SPLIT = dict(seconds_per_cost=1.0, latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
 
 

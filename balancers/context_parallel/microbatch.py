@@ -12,8 +12,8 @@ As plain code: `loads[m][r] += t_i` for every rank r of item i's group in its mi
 Bound.  Laying a plan's micro-batches end to end is one pass whose rank r works Σ_m L(r, m) <=
 step, in which every item keeps its degree and every shard holds at most T tokens, so the
 canonical allotment of that pass (`bound.py`, each item's degrees those whose largest shard fits
-T) bounds Σ_m max_r L(r, m); so does `stacked_bound` (the costliest micro-batches hold the items of
-the largest least times, which need several micro-batches by their tokens or the ranks their
+T) bounds Σ_m max_r L(r, m); so do `stacked_bound` (`stacked.py`: the costliest micro-batches hold the
+items of the largest least times, which need several micro-batches by their tokens or the ranks their
 shards hold alone, and at most j · D · T tokens of the work) and `leader_bound` (the micro-batch of the
 longest item leaves its group's ranks no time for others at its cost, so its other ranks hold at most
 (D − c) · T tokens of the work); the D · M cells hold every token, so M >= ⌈Σ l / (D · T)⌉ and the bound is
@@ -37,7 +37,8 @@ Algorithm:
         the first fill, M not fixed: its micro-batch of most items is planned only once the next fill does
             not beat the others' peaks + its pass bound, where those are above the goal (`_deferred`: the 95 %-full
             micro-batch of the long workload, 0.3 s; not planned, it is not known to have a layout to repair);
-            a later fill's, not where that sum is above the best (the fill cannot beat it)
+            a later fill's, not where that sum is above the best (the fill cannot beat it), planned in turn only
+            until the peaks found + the others' pass bounds pass it
     for the fills' best and the repaired plan, while above the bound by more than 3 %: move items out of the
         micro-batch furthest above its own pass bound into another where both micro-batches' plans lower the
         step (`regroup.py`); the lower step is the best
@@ -56,13 +57,13 @@ from ..cost import CostModel
 from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
-from .bound import least_work
 from .grouping import group_microbatches
 from .plan import ContextParallelPlan
 from .regroup import regroup
 from .repair import repaired_grouping
 from .spec import ContextParallel
 from .split import allot, allowed_degrees, balance_split
+from .stacked import split_bound
 
 FILLS = (0.95, 0.9, 0.85, 0.8, 0.7, 0.5)
 """Shares of a micro-batch's D · T tokens the grouping fills, tried in turn (the fewest micro-batches
@@ -131,127 +132,6 @@ def wrap_unsplit(plan: MicroBatchPlan, spec: ContextParallel, costs: np.ndarray,
     return SplitMicroBatchPlan(**fields, degree=degree, item_time=item_time, context_parallel=spec)
 
 
-def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int,
-                overhead: float, num_microbatches: int | None) -> tuple[float, int, np.ndarray]:
-    """(the step bound every split plan meets, the fewest micro-batches the tokens need, every
-    item's time at every allowed degree, inf where a shard exceeds the budget): see the module,
-    and `stacked_bound`."""
-    problem = make_problem(lengths, num_ranks, cost=cost)
-    degrees = allowed_degrees(spec, num_ranks, spec.gpus_per_node)
-    allotment = allot(problem, spec, degrees, spec.gpus_per_node, budget, one_pass=False)
-    fewest = max(1, -(-int(lengths.sum()) // (num_ranks * budget)))
-    m = fewest if num_microbatches is None else num_microbatches
-    work = problem.item_costs.copy()
-    work[allotment.candidates] = least_work(allotment.times, allotment.degrees, allotment.allowed)[:, 0]
-    # Any item may split in some micro-batch: its least time is over every degree its shards fit.
-    every = spec.item_times(problem.cost, lengths[:, None], degrees[None, :], (degrees <= spec.gpus_per_node)[None, :])
-    table = np.where(-(-lengths[:, None] // degrees[None, :]) <= budget, every, np.inf)
-    times = table.min(axis=1)
-    alone = alone_ranks(table, degrees, lengths, budget)
-    dense = density_order(lengths, work)
-    bound = max(allotment.bound(), stacked_bound(times, work, lengths, alone, num_ranks, budget, dense),
-                leader_bound(table, degrees, work, lengths, num_ranks, budget, dense))
-    return float_sum([bound, m * overhead]), fewest, table
-
-
-def alone_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, budget: int) -> np.ndarray:
-    """Ranks each item holds alone in any micro-batch: where at every degree its shards fit (`table`
-    finite) each of them holds more than T / 2 tokens, the smallest such degree (no two such shards
-    share a rank); else 0.
-
-    >>> alone_ranks(np.array([[np.inf, 1.0], [2.0, 1.0]]), np.array([1, 2]), np.array([30, 10]), 16).tolist()
-    [2, 0]
-    """
-    fits = np.isfinite(table)
-    half = 2 * (lengths[:, None] // degrees[None, :]) > budget  # the smallest shard holds more than T / 2
-    lone = np.where(fits, half, True).all(axis=1) & fits.any(axis=1)
-    return np.where(lone, degrees[np.argmax(fits, axis=1)], 0)
-
-
-def stacked_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, alone: np.ndarray, num_ranks: int,
-                  budget: int, dense: np.ndarray) -> float:
-    """max over j of Σ_{i<j} τ_i + (W − K_j) / D, a bound on Σ_m max_r L(r, m).
-
-    Leaders: with items by least time τ descending, the first k_i of them (every item of time >= τ_(k_i))
-    hold more than i · D · T tokens, or more than i · D ranks alone (`alone`, `alone_ranks`), so they span
-    i + 1 micro-batches and the (i + 1)-th costliest micro-batch costs at least τ_i = τ_(k_i).  Crowded:
-    the j costliest hold at most j · D · T tokens, so at most K_j of the least work W (the most work that
-    many tokens hold, a fractional knapsack by work per token), and the others cost at least (W − K_j) / D
-    together.  j = 0 is W / D; j = 1, τ_max + (W − K_1) / D.  `dense`: `density_order(lengths, work)`.
-
-    >>> work, lengths = np.array([10.0, 1.0, 1.0]), np.array([4, 4, 4])
-    >>> stacked_bound(work, work, lengths, np.zeros(3, dtype=np.int64), 2, 4,
-    ...               density_order(lengths, work))  # the leaders 10 + 1 (crowded: 10 + 1 / 2)
-    11.0
-    >>> work, lengths = np.array([9.0, 8.0, 1.0, 1.0]), np.array([3, 3, 3, 3])
-    >>> stacked_bound(work, work, lengths, np.zeros(4, dtype=np.int64), 1, 4,
-    ...               density_order(lengths, work))  # W / D, the optimum (the leaders: 9 + 8 + 1)
-    19.0
-    """
-    if not times.size:
-        return 0.0
-    order = np.argsort(-times, kind="stable")  # longest first, ties by index
-    room = num_ranks * budget
-    tokens, ranks = np.cumsum(lengths[order]), np.cumsum(alone[order])
-    spans = max(-(-int(tokens[-1]) // room), -(-int(ranks[-1]) // num_ranks))
-    marks = np.arange(spans, dtype=np.int64)
-    leaders = np.zeros(spans)
-    for prefix, unit in ((tokens, room), (ranks, num_ranks)):
-        first = np.searchsorted(prefix, marks * unit, side="right")  # first index whose prefix exceeds i units
-        inside = first < order.size
-        leaders[inside] = np.maximum(leaders[inside], times[order[first[inside]]])
-    total = exact_sum(work)
-    held = most_work(lengths, work, np.arange(spans + 1, dtype=np.int64) * room, dense)
-    ahead = np.concatenate(([0.0], np.cumsum(leaders)))
-    return float(np.max(ahead + np.maximum(0.0, total - held) / num_ranks))
-
-
-def density_order(lengths: np.ndarray, work: np.ndarray) -> np.ndarray:
-    """Items by work per token, densest first (ties by index; an item of no tokens first)."""
-    return np.argsort(-np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0), kind="stable")
-
-
-def most_work(lengths: np.ndarray, work: np.ndarray, space: np.ndarray, dense: np.ndarray) -> np.ndarray:
-    """The most work items of `lengths` tokens can hold within each `space` tokens: a fractional knapsack
-    by work per token (an upper bound on the work of any items within that many tokens), the items taken
-    in the order `dense` (`density_order`; an item of no tokens and no work may sit anywhere in it).
-
-    >>> lengths, work = np.array([4, 4]), np.array([8.0, 2.0])
-    >>> most_work(lengths, work, np.array([0, 2, 6, 9]), density_order(lengths, work)).tolist()
-    [0.0, 4.0, 9.0, 10.0]
-    """
-    density = np.divide(work, lengths, out=np.full(work.size, np.inf), where=lengths > 0)
-    held_tokens, held_work = np.cumsum(lengths[dense]), np.concatenate(([0.0], np.cumsum(work[dense])))
-    whole = np.searchsorted(held_tokens, space, side="right")  # items taken whole within the space
-    rate = np.where(whole < dense.size, density[dense[np.minimum(whole, dense.size - 1)]], 0.0)  # the next item's
-    partial = (space - np.concatenate(([0], held_tokens))[whole]) * rate
-    return np.where(whole < dense.size, held_work[whole] + np.nan_to_num(partial, posinf=0.0), held_work[-1])
-
-
-def leader_bound(table: np.ndarray, degrees: np.ndarray, work: np.ndarray, lengths: np.ndarray, num_ranks: int,
-                 budget: int, dense: np.ndarray) -> float:
-    """min over the degrees c the longest item g may run at of t_g(c) + (W − w_g − K_c) / D, a bound on
-    Σ_m max_r L(r, m) (`table`: every item's best-case time per degree, inf where a shard exceeds T).
-
-    The micro-batch holding g costs L >= t_g(c) on g's group of c ranks, whose other work fits in
-    c · (L − t_g(c)); its other D − c ranks hold at most (D − c) · T tokens, so at most K_c (`most_work`)
-    of the others' least work W − w_g; the rest runs in the other micro-batches, at least its share of D
-    ranks.  L + (W − w_g − K_c − c · (L − t_g(c))) / D grows with L, so L = t_g(c) bounds the step.
-    `dense`: `density_order(lengths, work)` (g's place in it then holds no tokens and no work).
-
-    >>> work, lengths = np.array([10.0, 1.0, 1.0]), np.array([8, 4, 4])
-    >>> leader_bound(np.array([[np.inf, 6.0], [1.0, 0.6], [1.0, 0.6]]), np.array([1, 2]), work, lengths, 2, 4,
-    ...              density_order(lengths, work))  # g at degree 2 holds both ranks
-    7.0
-    """
-    g = int(np.argmax(table.min(axis=1)))
-    fits = np.flatnonzero(np.isfinite(table[g]))
-    others_lengths, others_work = lengths.copy(), work.copy()
-    others_lengths[g], others_work[g] = 0, 0.0
-    held = most_work(others_lengths, others_work, (num_ranks - degrees[fits]) * budget, dense)
-    return float(np.min(table[g, fits] + np.maximum(0.0, exact_sum(others_work) - held) / num_ranks))
-
-
 def _plan_pass(lengths: np.ndarray, items: np.ndarray, num_ranks: int, spec: ContextParallel, cost,
                budget: int) -> ContextParallelPlan | None:
     """The split plan of `items` in one micro-batch (the split planner within the budget); None when it finds
@@ -313,17 +193,18 @@ def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ran
 
 
 def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, costs, table, room, fixed: bool,
-                 plan_pass: _PassPlans, repair: bool = False, defer: float | None = None) -> tuple:
+                 plan_pass: _PassPlans, repair: bool = False, defer: float | None = None, early: bool = False) -> tuple:
     """(the split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split planner in
     each, `plan_pass`), or None when some micro-batch finds no layout within the budget; with `repair`, the
     plan of that grouping after its micro-batches without layout spill (`repair.py`), or None).  With
-    `defer`, a `_Deferred` instead where `_deferred` leaves its micro-batch of most items unplanned."""
+    `defer`, a `_Deferred` instead where `_deferred` (`early`: see there) leaves its micro-batch of most items
+    unplanned."""
     degrees = np.array(spec.degrees, dtype=np.int64)
     microbatch = group_microbatches(table, degrees, costs, lengths, num_ranks, num_microbatches, room, budget)
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
-    deferred = None if defer is None else _deferred(microbatch, num_microbatches, overhead, plan_pass, defer)
+    deferred = None if defer is None else _deferred(microbatch, num_microbatches, overhead, plan_pass, defer, early)
     if deferred is not None:
         return deferred, None
     return _grouping_planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, table,
@@ -339,20 +220,25 @@ class _Deferred:
     floor: float
 
 
-def _deferred(microbatch, num_microbatches, overhead, plan_pass, goal: float) -> _Deferred | None:
+def _deferred(microbatch, num_microbatches, overhead, plan_pass, goal: float, early: bool = False) -> _Deferred | None:
     """The grouping with every micro-batch but that of most items planned, where each has a plan and their
     peaks, the split planner's bound of the one left and the overheads sum above `goal` (the first fill's: the
-    fills go on whatever its plan; a later one's: the best step, which it cannot beat); else None."""
+    fills go on whatever its plan; a later one's: the best step, which it cannot beat); else None.  `early` (a
+    later fill, whose floor only has to pass the goal): planned in turn only until the peaks found, the others'
+    pass bounds (below their peaks) and the rest sum above it (then the floor is that sum)."""
     sizes = np.bincount(microbatch, minlength=num_microbatches)
-    left, peaks = int(np.argmax(sizes)), []
-    for m in np.flatnonzero(sizes).tolist():
-        if m != left:
-            plan = plan_pass(np.flatnonzero(microbatch == m))
-            if plan is None:
-                return None
-            peaks.append(float(plan.loads.max()))
-    floor = float_sum(peaks + [plan_pass.bound(np.flatnonzero(microbatch == left)), num_microbatches * overhead])
-    floor *= 1 - FLOOR_SLACK
+    left = int(np.argmax(sizes))
+    others = [np.flatnonzero(microbatch == m) for m in np.flatnonzero(sizes).tolist() if m != left]
+    rest = [plan_pass.bound(np.flatnonzero(microbatch == left)), num_microbatches * overhead]
+    floors, peaks = [plan_pass.bound(items) for items in others] if early else [], []
+    for items in others:
+        if early and float_sum(peaks + floors[len(peaks):] + rest) * (1 - FLOOR_SLACK) > goal:
+            break
+        plan = plan_pass(items)
+        if plan is None:
+            return None
+        peaks.append(float(plan.loads.max()))
+    floor = float_sum(peaks + floors[len(peaks):] + rest) * (1 - FLOOR_SLACK)
     return _Deferred(microbatch, num_microbatches, floor) if floor > goal else None
 
 
@@ -422,7 +308,8 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
                  -(-tokens // num_microbatches) if over else room, num_microbatches is not None, plan_pass)
         alone = best is None and repaired is None and pending is None and num_microbatches is None
         defer = best.step_cost if best is not None and num_microbatches is None else None
-        found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else defer)
+        found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else defer,
+                                      early=not alone)
         if isinstance(found, _Deferred) and best is not None:  # it cannot beat the best
             if found.num_microbatches > best.num_microbatches:
                 break
