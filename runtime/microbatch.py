@@ -22,8 +22,8 @@ under `torch.no_grad()` takes a count).
 
 The model must compute the loss through every trainable parameter on an empty micro-batch too: the last
 micro-batch's backward reduces every parameter's gradient (DDP, FSDP2) on every rank.  `accumulate` checks it where
-it matters (`check_model_contract`: the runtime's first step, and steps where a rank's last micro-batch is empty),
-as that micro-batch's backward starts, raising `ModelContractError` on every rank: every rank must then pass its
+it matters (`check_model_contract`: until the runtime's first training loop, and where a rank's last micro-batch is
+empty), as that micro-batch's backward starts, raising `ModelContractError` on every rank: every rank must then pass its
 loss through `normalize_loss(loss, micro)` (not `micro.loss_scale()` or `total_loss_tokens=`, which the check does
 not see: a body that ran no backward through a `normalize_loss(loss, micro)` result is refused) and run the backward
 inside the block (the check is a collective); a metric normalised there for logging only counts as a loss part, so
@@ -43,7 +43,7 @@ import torch
 from ..balancers.validation import as_bool
 from .encoders import recording
 from .model_check import ModelContractError, check_model_contract, kind
-from .versions import trainable_versions
+from .versions import discarded, optimizer_steps, unstepped, unwritten
 
 _active = threading.local()
 
@@ -51,27 +51,29 @@ _active = threading.local()
 class StepToken:
     """One step: its micro-batches carry it, and it ends when the dispatcher dispatches the next step (the
     multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
-    variable of an earlier step) is refused."""
+    variable of an earlier step) is refused.  `trained` (shared by a runtime's steps) says whether a loop of one
+    of them ran its last `accumulate` block with grad."""
 
-    __slots__ = ("ended", "number", "blocked", "empty", "versions")
+    __slots__ = ("ended", "number", "blocked", "empty", "versions", "trained")
 
-    def __init__(self, number: int = 0):
-        self.ended, self.number = False, number
+    def __init__(self, number: int = 0, trained: list | None = None):
+        self.ended, self.number, self.trained = False, number, [False] if trained is None else trained
         self.blocked: dict[int, set] = {}  # id(model) -> its micro-batches whose `accumulate` blocks ran (`_in_order`)
         self.empty: frozenset = frozenset()  # the micro-batches holding no row on this rank (nothing to synchronise)
-        self.versions: dict[int, tuple] = {}  # id(model) -> (micro-batch, its parameters' versions) (`_unstepped`)
+        self.versions: dict[int, tuple] = {}  # id(model) -> the step's first held block's, `versions.unstepped`'s
 
     def next(self) -> StepToken:
         """End this step; the token of the next."""
         self.ended = True
-        return StepToken(self.number + 1)
+        return StepToken(self.number + 1, self.trained)
 
 
 def contract_of(step: StepToken, rows_per_rank: np.ndarray, group) -> tuple | None:
-    """`MicroBatch.contract` of a step's micro-batches: `(group,)` on its runtime's first step (`step`) or
-    where a rank holds none of the items of its last micro-batch (`rows_per_rank`: its items or shards on each
-    rank of `group`, which every rank knows from the plan, so all decide alike), else None."""
-    return (group,) if step.number <= 1 or not np.all(rows_per_rank) else None
+    """`MicroBatch.contract` of a step's micro-batches: `(group,)` until a loop of its runtime trained (`step.trained`:
+    a no-grad pass, or steps dispatched before, do not count) or where a rank holds none of the items of its last
+    micro-batch (`rows_per_rank`: its items or shards on each rank of `group`, which every rank knows from the plan,
+    and training is every rank's loop alike, so all decide alike), else None."""
+    return (group,) if not step.trained[0] or not np.all(rows_per_rank) else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,8 +90,8 @@ class MicroBatch:
     `context_parallel_attention` takes.  `step` is the step the micro-batch belongs to (None where it is not
     tracked): `combine` and `normalize_loss` refuse a micro-batch of a step its runtime has since ended
     (`StepToken`).  `contract` is `(group,)` on every micro-batch of a step due the model check on `group` (a
-    runtime's first step and every step where a rank's last micro-batch is empty; else None): the last one's
-    backward checks (`check_model_contract`), and from the first a loop body without `accumulate` is watched
+    runtime's steps until one trained, and every step where a rank's last micro-batch is empty; else None): the last
+    one's backward checks (`check_model_contract`), and from the first a loop body without `accumulate` is watched
     (`watch_model_contract`)."""
 
     index: int
@@ -228,20 +230,20 @@ def new_step(planning: bool = False) -> None:
     _stop_noting()
     _active.current = _active.step = _active.synced = None
     _active.held = held if live else None
-    if held is not None and not live and not _discarded(held):
+    if held is not None and not live and not discarded(held):
         raise _left_early(held)
 
 
 def loop_left(step: StepToken | None) -> ValueError | None:
     """Why `step` may not end now (its runtime dispatches the next step): this thread's loop of it was left before
     its last micro-batch while `accumulate` held the gradient sync, and its gradients were not dropped on purpose
-    (`_discarded`); else None.  The held sync is forgotten either way; the runtime raises the error on every rank
+    (`discarded`); else None.  The held sync is forgotten either way; the runtime raises the error on every rank
     from its exchange header."""
     held = getattr(_active, "held", None)
     if step is None or held is None or held[0].step is not step:
         return None
     _active.held = None
-    return None if _discarded(held) else _left_early(held)
+    return None if discarded(held) else _left_early(held)
 
 
 def _left_early(held) -> ValueError:
@@ -254,16 +256,6 @@ def _left_early(held) -> ValueError:
         f"apart); run every micro-batch of a step, an empty one too, or leave the rest knowingly with "
         f"`accumulate(model, micro, check=False)`; to drop a step on purpose, clear its gradients first, with no "
         f"optimizer step (`model.zero_grad()`, under DDP)")
-
-
-def _discarded(held) -> bool:
-    """Whether the model whose sync a loop left early held (`held`) has nothing to synchronise: a DDP module whose every
-    gradient is None or zero (`zero_grad()`: the step dropped on purpose) and whose parameters are the held block's (no
-    optimizer step took the unsynchronised gradients first).  Not FSDP2's: it keeps them out of `zero_grad`'s reach."""
-    model = held[2]()
-    return model is not None and not hasattr(model, "set_requires_gradient_sync") and \
-        trainable_versions(model) == held[3] and all(parameter.grad is None or not bool(parameter.grad.any())
-                                                     for parameter in model.parameters() if parameter.requires_grad)
 
 
 def _stop_noting() -> None:
@@ -337,31 +329,6 @@ def _in_order(micro: MicroBatch, model, check: bool) -> None:
             f"step's micro-batches in index order (as `microbatches` yields them), the last one last")
 
 
-def _unstepped(micro: MicroBatch, model, check: bool) -> tuple | None:
-    """Under DDP, with grad: a ValueError before `micro`'s block where `model`'s parameters changed since the step's
-    first held block (an optimizer step on gradients each rank kept for itself; every rank raises); else their
-    versions now (None where not watched).  0.03 ms a block on 242 modules, every step."""
-    step = micro.step
-    if not check or hasattr(model, "set_requires_gradient_sync") or not torch.is_grad_enabled():
-        return None
-    now = trainable_versions(model)
-    if step is None:
-        return now
-    first, versions = step.versions.get(id(model), (None, now))
-    if versions != now:
-        raise ValueError(
-            f"the parameters of {kind(model)} changed between micro-batches {first} and {micro.index} of a step while "
-            f"`accumulate` held its gradient sync to the step's last micro-batch (an optimizer step inside the step, "
-            f"as mini-batches do): each rank stepped on its own unsynchronised gradients, and the replicas drift "
-            f"apart; step the optimizer once per dispatched step, after its last micro-batch (plan each mini-batch "
-            f"as a step of its own), or pass check=False knowingly")
-    if micro.is_last:  # a pass over the step ends (the next starts afresh)
-        step.versions.pop(id(model), None)
-    elif first is None:
-        step.versions[id(model)] = (micro.index, now)
-    return now
-
-
 def _syncs(model) -> bool:
     """Whether `model` reduces its gradients itself: a DDP or FSDP2 module."""
     return hasattr(model, "no_sync") or hasattr(model, "set_requires_gradient_sync")
@@ -403,7 +370,10 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     normalises with `micro` is refused on every rank (`watch_model_contract`): the block is the rule under both.  A loop
     left before the step's last micro-batch (its gradients never synchronised) is refused by its dispatcher's or
     runtime's next dispatch (`loop_left`), a step's last block run before its others here, and on steps due the check a
-    plain `model` holding DDP or FSDP2 modules (it could hold neither their sync nor check them). The backward runs
+    plain `model` holding DDP or FSDP2 modules (it could hold neither their sync nor check them); under DDP and FSDP2,
+    with `check`, trainable parameters written while the sync is held (`versions.unstepped`: an optimizer step or a
+    write between the step's blocks, at the next; through `.data`, at the last) or in place by the forward
+    (`versions.unwritten`, as the body normalises its loss) are refused on every rank.  The backward runs
     inside the block: where none did there, the exit joins the check with every parameter left out.  A metric normalised
     with `micro` for logging only counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters
     of every module a reentrant checkpoint's forward runs count as reached at its node, those of a module called under
@@ -419,7 +389,7 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
                         f"FSDP2 module itself, or a plain one); got {type(model).__name__}")
     check = as_bool(check, "check")
     syncs = _syncs(model)
-    inside = [] if syncs or micro.contract is None else _synced_inside(model)  # on steps due the check (the first)
+    inside = [] if syncs or micro.contract is None else _synced_inside(model)  # on steps due the check
     if inside:
         raise ValueError(
             f"`model` ({type(model).__name__}) holds modules whose gradients DDP or FSDP2 reduce: {', '.join(inside)}; "
@@ -430,8 +400,11 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
             f"`fully_shard` the root as well")
     if syncs:
         _in_order(micro, model, check)
-        versions = _unstepped(micro, model, check)
+        versions = unstepped(micro, model, check)
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
+    written = getattr(_active, "written", ())  # the blocks whose forwards' writes `normalize_loss` checks (`unwritten`)
+    if syncs and versions is not None:
+        _active.written = written + ((micro, model, versions, optimizer_steps()),)
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
     _active.block = weakref.ref(micro)  # the latest micro-batch a block ran for (`_after_body`)
     if syncs:  # its sync held to the last
@@ -450,8 +423,10 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         if contract is not None and not contract.checked and torch.is_grad_enabled():  # no backward checked:
             contract.checked = True  # join the peers' check here (as their backward starts) with every
             check_model_contract(contract, backward=False)  # parameter left out
+        if micro.is_last and micro.step is not None and torch.is_grad_enabled():
+            micro.step.trained[0] = True  # a training loop ran: later steps are due only where one's last is empty
     finally:
-        _active.current, _active.contracts, _active.blocks = previous, outer, blocks
+        _active.current, _active.contracts, _active.blocks, _active.written = previous, outer, blocks, written
         if micro.is_last and not blocks:  # the step's last block: nothing left to note
             _stop_noting()
 
@@ -470,6 +445,9 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
     which steps are due is decided from the plan (`contract_of`)."""
     if not normalized.requires_grad:
         return
+    for block, model, versions, steps in getattr(_active, "written", ()):
+        if block is micro:
+            unwritten(micro, model, versions, steps)
     synced = getattr(_active, "synced", None)
     if micro.contract is not None and synced is not None and not any(block is micro for block in accumulated()):
         raise _bare_loop("normalize_loss(loss, micro) outside `with accumulate(model, micro):`", micro, synced)
@@ -483,9 +461,9 @@ def _bare_loop(what: str, micro: MicroBatch, synced: str) -> ModelContractError:
     """The refusal of a loop body without `accumulate` (`what` it did) in a step due the check, after a forward
     with grad of the DDP or FSDP2 module `synced`."""
     return ModelContractError(
-        f"{what} on micro-batch {micro.index} of {micro.num_microbatches}, in a step due the model check (its "
-        f"runtime's first step, or a step where a rank's last micro-batch is empty), after a forward with grad of a "
-        f"DDP or FSDP2 module ({synced}): wrap each micro-batch's body (forward, normalize_loss, backward) in `with "
+        f"{what} on micro-batch {micro.index} of {micro.num_microbatches}, in a step due the model check (until its "
+        f"runtime's first training loop, or a step where a rank's last micro-batch is empty), after a forward with "
+        f"grad of a DDP or FSDP2 module ({synced}): wrap each micro-batch's body (forward, normalize_loss, backward) in `with "
         f"accumulate(model, micro):`, as the loop of `runtime.microbatch` shows; it runs the check (a layer skipped "
         f"on an empty micro-batch trains wrong under DDP without an error) and holds DDP's gradient sync to the last "
         f"micro-batch, and is right under FSDP2 and for a plain model too; if that {synced} is a reference model "

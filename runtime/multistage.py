@@ -121,7 +121,7 @@ class MultiStageRuntime:
         fused_input_exchange: with micro-batches, move the raw inputs of the whole step in one all-to-all before
             the first micro-batch (True, the default), or each micro-batch's inputs just before it runs (False: less
             memory, M exchanges; routes made once then keep one step: `dispatch` has no header to tell the ranks'
-            loops apart, so every step is due the model check).
+            loops apart).
         check_encoders: check the encoder contract (module docstring) on each encoder's and the text embedding's
             first call and on every call with empty input, where an early return would leave parameters out: their
             outputs' autograd graphs must reach every trainable parameter of the module (an `nn.Module`, its bound

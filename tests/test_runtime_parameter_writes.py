@@ -1,0 +1,298 @@
+"""Writes to trainable parameters while `accumulate` holds the gradient sync of a step, in real gloo groups (DDP and
+FSDP2 `fully_shard` on CPU): refused on every rank where the replicas would drift apart, with what happened; the
+usual loops (two passes, EMA, two optimizers, clipping, a scheduler, tied weights) pass with equal replicas.  And the
+first training loop of a runtime is due the model check whatever ran before it (a no-grad pass, other steps)."""
+
+import pytest
+import torch
+from torch import nn
+
+from orchmllm.runtime import PostBalancingDispatcher, normalize_loss
+from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.microbatch import ModelContractError, accumulate
+
+STEPS = ({0: [5, 3, 4, 2], 1: [6, 1, 1, 2]}, {0: [2, 6, 3], 1: [4, 4, 1, 1]}, {0: [1, 5, 5], 1: [6, 2, 3]})
+BUDGET = 6  # tokens per rank and micro-batch: every step of STEPS runs M >= 2 micro-batches
+
+
+def features(step, rank):
+    generator = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(sum(STEPS[step][rank]), 3, generator=generator, dtype=torch.float64)
+
+
+def token_ids(step, rank):
+    return torch.randint(0, 20, (sum(STEPS[step][rank]),), generator=torch.Generator().manual_seed(7 * step + rank))
+
+
+def same_on_every_rank(parameters) -> bool:
+    """Whether `parameters` (full tensors) equal rank 0's."""
+    weights = torch.cat([parameter.detach().flatten() for parameter in parameters])
+    first = weights.clone()
+    torch.distributed.broadcast(first, 0)
+    return bool(torch.equal(weights, first))
+
+
+def run_steps(model, body, between=lambda step, micro: None, after=lambda step: None, data=features, steps=2,
+              budget=BUDGET):
+    """`steps` steps of STEPS through a dispatcher: `body(micro)` in each micro-batch's `accumulate` block,
+    `between(step, micro)` after each block, `after(step)` after each step's loop; what the first rank raised as
+    'ErrorType: message', else None."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=budget)
+    rank = torch.distributed.get_rank()
+    try:
+        for step in range(steps):
+            plan = dispatcher.plan(STEPS[step][rank])
+            for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": data(step, rank)}, plan)):
+                with accumulate(model, micro):
+                    body(micro)
+                between(step, micro)
+            after(step)
+    except ValueError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def squared(model):
+    return lambda micro: normalize_loss(model(micro.data["x"]).pow(2).sum(), micro).backward()
+
+
+def written_job(rank, size, how):
+    """Two DDP steps (M >= 2) with SGD after each; in step 1 (not due the model check), after micro-batch 0's block,
+    an update by hand on the gradients held unsynchronised (`how`: through `.data`, `vector_to_parameters`, or in
+    place under no_grad): what the ranks raised, and whether the replicas are equal."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def between(step, micro):
+        if step == 1 and micro.index == 0:
+            if how == "data":
+                for parameter in net.parameters():
+                    parameter.data.add_(parameter.grad, alpha=-0.1)
+            elif how == "vector":
+                vector = nn.utils.parameters_to_vector(net.parameters())
+                grads = torch.cat([parameter.grad.flatten() for parameter in net.parameters()])
+                nn.utils.vector_to_parameters(vector - 0.1 * grads, net.parameters())
+            else:
+                with torch.no_grad():
+                    for parameter in net.parameters():
+                        parameter.add_(parameter.grad, alpha=-0.1)
+        if micro.is_last:
+            optimizer.step()
+            optimizer.zero_grad()
+
+    return run_steps(model, squared(model), between), same_on_every_rank(net.parameters())
+
+
+@pytest.mark.parametrize("how", ["data", "vector"])
+def test_regression_an_update_through_data_between_micro_batches_let_the_replicas_drift(how):
+    """Cause (probe14 P14-02): a parameter update written through `.data` or `vector_to_parameters` between
+    micro-batches bumps no version counter and takes no optimizer step, so each rank's replica was updated on its
+    own unsynchronised gradients and they drifted apart, no error.  A fingerprint of the trainable parameters taken
+    at a step's first held block is compared at its last, before its forward: every rank raises."""
+    for message, _ in spawn(written_job, 2, args=(how,), timeout_s=60):
+        assert message is not None and message.startswith(
+            "ValueError: trainable parameters module.weight, module.bias of DistributedDataParallel of Linear were "
+            "written between micro-batches 0 and 1 of a step, while `accumulate` held its gradient sync, by no "
+            "in-place operation or optimizer step (through `.data`, or `torch.nn.utils.vector_to_parameters`)"), message
+
+
+def test_an_update_in_place_by_hand_between_micro_batches_is_named_as_no_optimizer_step():
+    """An update by hand in place under torch.no_grad() bumps the version counters but is no optimizer step: the
+    refusal names the parameters and says so (it blamed an optimizer step)."""
+    for message, _ in spawn(written_job, 2, args=("in_place",), timeout_s=60):
+        assert message is not None and message.startswith(
+            "ValueError: trainable parameters module.weight, module.bias of DistributedDataParallel of Linear were "
+            "written in place between micro-batches 0 and 1 of a step, while `accumulate` held its gradient sync, by "
+            "no optimizer step"), message
+
+
+class RenormalisedEmbedding(nn.Module):
+    """An embedding with max_norm (its forward renormalises the rows it looks up, in place) and a head."""
+
+    def __init__(self, trainable=True):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(20, 4, max_norm=1.0).double(), nn.Linear(4, 1).double()
+        self.embed.weight.requires_grad_(trainable)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+
+def max_norm_job(rank, size, budget, trainable=True):
+    """Two DDP steps of a RenormalisedEmbedding (`budget`: M = 1 without one), SGD after each: what the ranks raised
+    and whether the replicas are equal."""
+    torch.manual_seed(0)
+    net = RenormalisedEmbedding(trainable)
+    model = nn.parallel.DistributedDataParallel(net)
+    optimizer = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1)
+
+    def after(step):
+        optimizer.step()
+        optimizer.zero_grad()
+
+    message = run_steps(model, squared(model), after=after, data=token_ids, budget=budget)
+    return message, same_on_every_rank(net.parameters())
+
+
+@pytest.mark.parametrize("budget", [None, BUDGET], ids=["one_micro_batch", "micro_batched"])
+def test_regression_an_embedding_renormalising_its_rows_in_the_forward_drifted_or_blamed_an_optimizer_step(budget):
+    """Cause (probe14 P14-07): `nn.Embedding(max_norm=...)` renormalises, in place, the rows its forward looks up; under
+    post-balancing each rank looks up other rows, so each replica of the trainable weight is written differently and
+    the replicas drift apart, which no gradient sync undoes.  With one micro-batch nothing was said; with several the
+    next block blamed an optimizer step.  The loss's `normalize_loss` in the block refuses it on every rank, naming
+    the parameter and the forward's write."""
+    for message, _ in spawn(max_norm_job, 2, args=(budget,), timeout_s=60):
+        assert message is not None and message.startswith(
+            "ModelContractError: the forward in the `accumulate` block of micro-batch 0 of ") and (
+            "wrote trainable parameters module.embed.weight of DistributedDataParallel of RenormalisedEmbedding in "
+            "place (as nn.Embedding(max_norm=...) renormalises the rows it looks up)") in message, message
+
+
+def test_a_frozen_embedding_with_max_norm_is_not_refused():
+    """A frozen weight holds no gradient to synchronise: its forward's writes are not refused."""
+    assert [message for message, _ in spawn(max_norm_job, 2, args=(BUDGET, False), timeout_s=60)] == [None, None]
+
+
+class Tied(nn.Module):
+    """A linear layer used twice (tied weights) and a second layer trained by a second optimizer."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(3, 3).double(), nn.Linear(3, 1).double()
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(torch.tanh(self.first(x)))))
+
+
+def usual_loop_job(rank, size, loop):
+    """Three DDP steps of a usual loop (`loop`): what the ranks raised, and whether the replicas are equal."""
+    torch.manual_seed(0)
+    net = Tied()
+    model = nn.parallel.DistributedDataParallel(net)
+    optimizers = [torch.optim.SGD(net.first.parameters(), lr=0.1), torch.optim.Adam(net.second.parameters(), lr=0.1)]
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizers[0], step_size=1, gamma=0.5)
+    ema = [parameter.detach().clone() for parameter in net.parameters()]
+    kept = []
+
+    def between(step, micro):
+        if not micro.is_last:
+            return
+        if loop == "sam" and not kept:  # ascend to the neighbourhood's worst point, then a second pass from there
+            kept.extend(parameter.detach().clone() for parameter in net.parameters())
+            with torch.no_grad():
+                for parameter in net.parameters():
+                    parameter.add_(parameter.grad, alpha=0.05)
+            model.zero_grad()
+            return
+        if kept:  # SAM restores the parameters as davda54/sam does, through .data
+            for parameter, old in zip(net.parameters(), kept):
+                parameter.data = old
+            kept.clear()
+        nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+        scheduler.step()
+        torch._foreach_lerp_(ema, [parameter.detach() for parameter in net.parameters()], 0.1)
+
+    def after(step):  # SAM's second pass over the step's micro-batches (the same plan, dispatched once)
+        assert not kept
+
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    try:
+        for step in range(3):
+            plan = dispatcher.plan(STEPS[step][rank])
+            moved = dispatcher.dispatch({"x": features(step, rank)}, plan)
+            for _ in range(2 if loop == "sam" else 1):
+                for micro in dispatcher.microbatches(plan, moved):
+                    with accumulate(model, micro):
+                        squared(model)(micro)
+                    between(step, micro)
+    except ValueError as error:
+        return f"{type(error).__name__}: {error}"
+    return same_on_every_rank(list(net.parameters()) + ema)
+
+
+@pytest.mark.parametrize("loop", ["sam", "ema_two_optimizers_clipping_scheduler"])
+def test_usual_loops_writing_parameters_outside_the_held_sync_pass(loop):
+    """SAM (an ascent step between two passes over a step, undone through `.data`), EMA, two optimizers, gradient
+    clipping, a scheduler and tied weights write parameters only outside the held sync: not refused, replicas equal."""
+    assert spawn(usual_loop_job, 2, args=(loop,), timeout_s=60) == [True, True]
+
+
+def fsdp2_stepped_inside_job(rank, size, inside):
+    """Two FSDP2 steps (M >= 2) with Adam after each, and with `inside` after micro-batch 0's block of step 1 too:
+    what the ranks raised."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+    fully_shard(net[0])
+    fully_shard(net)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
+
+    def between(step, micro):
+        if micro.is_last or (inside and step == 1):
+            optimizer.step()
+            optimizer.zero_grad()
+
+    return run_steps(net, squared(net), between)
+
+
+def test_regression_under_fsdp2_an_optimizer_step_between_micro_batches_went_unseen():
+    """Cause (issue 24, FSDP2): the parameter check ran under DDP only (FSDP2 keeps the held gradients out of .grad),
+    so an optimizer step between micro-batches (mini-batches inside the step) stepped on no gradient at all, no
+    error.  The optimizer step hook counts steps on FSDP2's sharded parameters too: every rank raises."""
+    assert spawn(fsdp2_stepped_inside_job, 2, args=(False,), timeout_s=60) == [None, None]
+    for message in spawn(fsdp2_stepped_inside_job, 2, args=(True,), timeout_s=60):
+        assert message is not None and message.startswith(
+            "ValueError: the parameters of FSDPSequential changed between micro-batches 0 and 1 of a step"), message
+
+
+class Unused(nn.Module):
+    """A layer trained and one never called (its parameters get no gradient on any rank)."""
+
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(3, 1).double(), nn.Linear(3, 1).double()
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def first_training_loop_job(rank, size, before):
+    """DDP of Unused: before the first training loop, `before`: 'no_grad_pass' (PPO's old log-probs: a no-grad pass
+    over the step, then the step's training batch dispatched as its own plan) or 'evaluation' (an evaluation step of
+    its own plan, under no_grad, with `accumulate`); then one training step: what the ranks raised."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(Unused())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    plan = dispatcher.plan(STEPS[0][rank])
+    with torch.no_grad():
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": features(0, rank)}, plan)):
+            if before == "evaluation":
+                with accumulate(model, micro):
+                    model(micro.data["x"])
+            else:
+                model(micro.data["x"])
+    plan = dispatcher.plan(STEPS[1][rank])
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": features(1, rank)}, plan)):
+            with accumulate(model, micro):
+                squared(model)(micro)
+    except ValueError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+@pytest.mark.parametrize("before", ["no_grad_pass", "evaluation"])
+def test_regression_the_first_training_loop_after_a_no_grad_step_got_no_model_check(before):
+    """Cause (probe14 P14-10, P14-06): only a runtime's first step was due the model check, so a loop whose first
+    step ran no training (PPO's no-grad pass, then the training batch dispatched; an evaluation first) trained every
+    later step unchecked: a parameter left out of the loss (here one never called) went unnamed, DDP failing later in
+    its reducer.  Steps are due until a training loop (its last block, with grad) ran: every rank raises."""
+    for message in spawn(first_training_loop_job, 2, args=(before,), timeout_s=60):
+        assert message is not None and message.startswith("ModelContractError: rank ") and \
+            "does not depend on parameters module.unused.bias, module.unused.weight" in message, message
