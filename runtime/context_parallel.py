@@ -454,6 +454,9 @@ def _check_inputs(query, key, value, layout, key_padding_mask) -> int:
         if tensor.shape[0] != layout.num_tokens:
             raise ValueError(f"rank {layout.rank}: `{name}` has {tensor.shape[0]} rows but the layout packs "
                              f"{layout.num_tokens} tokens (sequences of {list(layout.lengths)})")
+        if min(tensor.shape[1:]) < 1:
+            raise ValueError(f"`{name}` must have at least one head and a head dim >= 1; got shape "
+                             f"{tuple(tensor.shape)}")
     if key.shape[:2] != value.shape[:2] or query.shape[2] != key.shape[2] or query.shape[1] % key.shape[1]:
         raise ValueError(f"`key` {tuple(key.shape)} and `value` {tuple(value.shape)} must have the same heads, "
                          f"`query` {tuple(query.shape)} a multiple of them and key's dim")

@@ -372,3 +372,18 @@ def test_regression_context_parallel_attention_took_a_causal_that_is_no_bool_for
     q = k = v = torch.ones(6, 1, 2)
     with pytest.raises(TypeError, match=f"`causal` must be a bool; got {type(causal).__name__}"):
         context_parallel_attention(q, k, v, layout, causal=causal)
+
+
+@pytest.mark.parametrize("shapes, name", [(((6, 2, 3), (6, 0, 3), (6, 0, 3)), "key"),
+                                          (((6, 2, 0), (6, 1, 0), (6, 1, 3)), "query"),
+                                          (((6, 1, 3), (6, 1, 3), (6, 1, 0)), "value"),
+                                          (((6, 0, 3), (6, 1, 3), (6, 1, 3)), "query")])
+def test_regression_zero_heads_or_head_dim_raised_a_raw_division_or_reshape_error(shapes, name):
+    """Cause (probe15 P15-04): `key` with 0 heads reached `query.shape[1] % key.shape[1]` (ZeroDivisionError), a head
+    dim of 0 the K/V buffer's reshape (torch's "cannot reshape tensor of 0 elements").  Every tensor's heads and
+    head dim are checked as its rows are."""
+    split = SplitItem(item=0, length=4, group=(0,))
+    layout = ContextParallelLayout.build([2, split], [split])
+    query, key, value = (torch.ones(*shape, dtype=torch.float64) for shape in shapes)
+    with pytest.raises(ValueError, match=rf"`{name}` must have at least one head and a head dim >= 1; got shape"):
+        context_parallel_attention(query, key, value, layout)
