@@ -221,12 +221,13 @@ def sampled_microbatches() -> int:
 
 def new_step(planning: bool = False) -> None:
     """Forget the micro-batches this thread recorded in an earlier step (each `plan()` and `microbatches()` starts
-    afresh).  `plan()` (`planning`) keeps a gradient sync held in the loop of a step that has not ended: the next
-    step may be planned inside the loop (its runtime's next dispatch ends the step and decides, `loop_left`), and
-    the loop's next micro-batch records itself again.  `microbatches()` raises where this thread's last loop was
-    left with its sync held."""
+    afresh).  `plan()` (`planning`), and `microbatches()` under no_grad, keep a gradient sync held in the loop of a
+    step that has not ended: the next step may be planned inside the loop, a no-grad pass (a teacher's) run there
+    (its runtime's next dispatch ends the step and decides, `loop_left`), and the loop's next micro-batch records
+    itself again.  `microbatches()` with grad raises where this thread's last loop was left with its sync held."""
     held = getattr(_active, "held", None)
-    live = planning and held is not None and held[0].step is not None and not held[0].step.ended
+    live = (planning or not torch.is_grad_enabled()) and held is not None and held[0].step is not None and \
+        not held[0].step.ended
     _stop_noting()
     _active.current = _active.step = _active.synced = None
     _active.held = held if live else None
@@ -250,8 +251,8 @@ def _left_early(held) -> ValueError:
     """The refusal of a step whose loop was left with the gradient sync of `held` (micro-batch, model kind) held."""
     return ValueError(
         f"the micro-batch loop of the previous step on this thread ended after micro-batch {held[0].index} of "
-        f"{held[0].num_microbatches} (left by `break`, an exception or a slice, or the next step dispatched inside "
-        f"it) while `accumulate` held {held[1]}'s gradient sync to the step's last micro-batch, which never ran: that "
+        f"{held[0].num_microbatches} (left by `break`, an exception or a slice, the next step dispatched inside it, "
+        f"or a micro-batch loop run with grad inside it) while `accumulate` held {held[1]}'s gradient sync to the step's last micro-batch, which never ran: that "
         f"step's gradients were never synchronised across ranks (an optimizer step on them lets the replicas drift "
         f"apart); run every micro-batch of a step, an empty one too, or leave the rest knowingly with "
         f"`accumulate(model, micro, check=False)`; to drop a step on purpose, clear its gradients first, with no "
@@ -268,8 +269,9 @@ def _stop_noting() -> None:
 
 @contextlib.contextmanager
 def gradient_sync(model, enabled: bool):
-    """Run the body with gradient synchronisation on or off, for DDP (`no_sync()`) and FSDP2
-    (`set_requires_gradient_sync`); other modules (plain or hand-reduced) are left alone."""
+    """Run the body with gradient synchronisation on or off, for DDP (`no_sync()`; on, whatever `enabled`, in the
+    first backward of a DDP built with static_graph=True) and FSDP2 (`set_requires_gradient_sync`); other modules
+    (plain or hand-reduced) are left alone."""
     if enabled:
         yield
     elif hasattr(model, "set_requires_gradient_sync"):
@@ -278,6 +280,10 @@ def gradient_sync(model, enabled: bool):
             yield
         finally:
             model.set_requires_gradient_sync(True)
+    elif hasattr(model, "no_sync") and getattr(model, "static_graph", False) and \
+            not getattr(model, "_static_graph_delay_allreduce_enqueued", True):
+        yield  # a static-graph DDP's first backward synchronises (it records the graph; under no_sync torch asserts):
+        # every rank then holds the mean of these gradients, which the last micro-batch's all-reduce averages again
     elif hasattr(model, "no_sync"):
         with model.no_sync():
             yield
@@ -407,9 +413,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         _active.written = written + ((micro, model, versions, optimizer_steps()),)
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
     _active.block = weakref.ref(micro)  # the latest micro-batch a block ran for (`_after_body`)
-    if syncs:  # its sync held to the last
-        _active.held = (micro, kind(model), weakref.ref(model), versions) if check and not micro.is_last and \
-            torch.is_grad_enabled() else None
+    if syncs and torch.is_grad_enabled():  # its sync held to the last (a no-grad block holds nothing, keeps all)
+        _active.held = (micro, kind(model), weakref.ref(model), versions) if check and not micro.is_last else None
     contract = _Contract(micro, model, outer) if check and micro.contract is not None and micro.is_last \
         and _reduces_every_parameter(model) else None
     watching = recording(model, contract.hidden, contract.ran, contract.spans) if contract is not None \

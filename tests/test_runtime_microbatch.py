@@ -1624,3 +1624,43 @@ def test_regression_the_bare_loop_refusal_did_not_say_a_ddp_reference_model_had_
             in message, message
         assert "if that DistributedDataParallel of SkipOnEmptyModel is a reference model whose output the loss does " \
             "not depend on, run it under torch.no_grad()" in message, message
+
+
+def static_graph_job(rank, size, teacher=False):
+    """The steps of OVERLAP_STEPS (M >= 2) on a DDP built with static_graph=True; with `teacher`, a frozen teacher's
+    no-grad pass over another batch, through a second dispatcher, inside each step's loop after micro-batch 0's
+    block: each step's gradients."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net, static_graph=not teacher)
+    dispatcher, other = PostBalancingDispatcher(max_tokens_per_microbatch=6), PostBalancingDispatcher()
+    gradients = []
+    for step, per_rank in enumerate(OVERLAP_STEPS):
+        plan = dispatcher.plan(per_rank[rank])
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(step, rank)}, plan)):
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+            if teacher and micro.index == 0:
+                with torch.no_grad():
+                    lengths = OVERLAP_STEPS[-1 - step][rank]
+                    taught = other.plan(lengths)
+                    moved = other.dispatch({"x": overlap_features(2 - step, rank)}, taught)
+                    for part in other.microbatches(taught, moved):
+                        net(part.data["x"]).sum()
+        gradients.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
+        net.zero_grad()
+    return gradients
+
+
+@pytest.mark.parametrize("teacher", [False, True], ids=["static_graph", "teacher_no_grad_pass_inside"])
+def test_regression_static_graph_ddp_and_a_no_grad_pass_inside_the_loop_could_not_train(teacher):
+    """Causes (probe15 P15-01, P15-02): a DDP built with static_graph=True must run its first backward synchronised
+    (it records the graph), and `accumulate` held the sync of every micro-batch but the last: torch's internal
+    assert on every rank, a first step of M > 1 could not train.  Now that backward synchronises (the last one's
+    all-reduce averages its mean again: the same gradient).  A frozen teacher's no-grad pass through a second
+    dispatcher inside the loop was refused as a loop left early (its `microbatches()` took the held sync for an
+    abandoned one); a no-grad `microbatches()` keeps it, as `plan()` does.  Gradients as one float64 pass."""
+    expected = overlap_reference(range(len(OVERLAP_STEPS)))
+    for gradients in spawn(static_graph_job, 2, args=(teacher,), timeout_s=60):
+        for got, want in zip(gradients, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
