@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers.pipeline import Pipeline, replica_times
 from orchmllm.balancers.pipeline.profile import best_profile, path_bound
-from orchmllm.balancers.pipeline.schedules import gpipe_time, programs
+from orchmllm.balancers.pipeline.schedules import BLOCK_ROWS, gpipe_time, programs
 from orchmllm.testing.pipeline import replica_step, simulate_pipeline
 
 
@@ -130,11 +130,11 @@ def test_replica_times_of_many_rows_equal_each_row_alone(stages, schedule, virtu
     """Rows timed together (each operation one vector operation over them): every row as timed alone."""
     pipeline = Pipeline(stages=stages, schedule=schedule, virtual_stages=virtual)
     rng = np.random.default_rng(5)
-    costs = rng.random((2085, 4))
+    costs = rng.random((2 * BLOCK_ROWS + 5, 4))  # three blocks of rows
     forward, backward = pipeline.stage_times(costs, 0.5 * costs if first else None)
     times = replica_times(pipeline, forward, backward)
     assert times.shape == (costs.shape[0],)
-    for row in (0, 1023, 1024, 2048, costs.shape[0] - 1):
+    for row in (0, 1023, 1024, 1708, 1709, 3416, 3417, costs.shape[0] - 1):  # blocks of 1709, 1708, 1708
         assert times[row] == replica_times(pipeline, forward[row:row + 1], backward[row:row + 1])[0]
 
 
