@@ -256,7 +256,7 @@ def _left_early(held) -> ValueError:
         f"step's gradients were never synchronised across ranks (an optimizer step on them lets the replicas drift "
         f"apart); run every micro-batch of a step, an empty one too, or leave the rest knowingly with "
         f"`accumulate(model, micro, check=False)`; to drop a step on purpose, clear its gradients first, with no "
-        f"optimizer step (`model.zero_grad()`, under DDP)")
+        f"optimizer step (`model.zero_grad()`, under DDP), at the same micro-batch on every rank")
 
 
 def _stop_noting() -> None:
@@ -375,7 +375,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     skips it.  A loop body without the block that, in a step due the check, runs a DDP or FSDP2 forward with grad and
     normalises with `micro` is refused on every rank (`watch_model_contract`): the block is the rule under both.  A loop
     left before the step's last micro-batch (its gradients never synchronised) is refused by its dispatcher's or
-    runtime's next dispatch (`loop_left`), a step's last block run before its others here, and on steps due the check a
+    runtime's next dispatch (`loop_left`; a step dropped on purpose, every gradient zeroed, is not: drop it alike on
+    every rank, whose last block's reduction would wait for one that left alone), a step's last block run before its others here, and on steps due the check a
     plain `model` holding DDP or FSDP2 modules (it could hold neither their sync nor check them); under DDP and FSDP2,
     with `check`, trainable parameters written while the sync is held (`versions.unstepped`: an optimizer step or a
     write between the step's blocks, at the next; through `.data`, at the last) or in place by the forward
