@@ -1664,3 +1664,37 @@ def test_regression_static_graph_ddp_and_a_no_grad_pass_inside_the_loop_could_no
     for gradients in spawn(static_graph_job, 2, args=(teacher,), timeout_s=60):
         for got, want in zip(gradients, expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def unfused_due_job(rank, size):
+    """Three DDP loops of the multi-stage runtime without the fused input exchange, routes made once and dispatched
+    before each loop: whether each loop's micro-batches were due the model check, and whether some rank's last
+    micro-batch was empty (due whatever ran before)."""
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(MultiStageWhole())
+    data = SyntheticMultimodal(SMALL, samples_per_rank=5, seed=0)
+    budget = int(max(s.llm_length for r in range(size) for s in data.samples(0, r)))
+    runtime = MultiStageRuntime(demo_stages({m: CostModel() for m in ("image", "audio", "llm")}, SMALL),
+                                max_tokens_per_microbatch=budget, fused_input_exchange=False)
+    samples = data.samples(0, rank)
+    local = data.tensors(samples, torch.float64)
+    routes = runtime.plan(samples)
+    due = []
+    for _ in range(3):
+        moved = runtime.dispatch(routes, text=local.text, per_sample=local.per_sample, inputs=local.inputs)
+        for micro in runtime.microbatches(routes, moved):
+            with accumulate(ddp, micro):
+                normalize_loss(ddp(runtime, micro), micro).backward()
+        due.append(micro.contract is not None)
+        ddp.zero_grad()
+    empty = not np.all(np.diff(routes.microbatches[-1].plan.shards.rank_offsets))
+    return due, empty
+
+
+def test_regression_without_the_fused_input_exchange_every_step_was_due_the_model_check():
+    """Cause (issue 24 runtime item 6): without the fused input exchange `dispatch` runs no header, so routes made
+    once keep one step, and only a runtime's first step was due the check: every loop was, a model-check walk and
+    all-reduce each step (cost only).  Steps are due until a training loop ran (or a rank's last micro-batch is
+    empty)."""
+    for due, empty in spawn(unfused_due_job, 2, timeout_s=120):
+        assert due == [True, empty, empty], (due, empty)
