@@ -116,13 +116,16 @@ def _valid(state: PartialPlan, items: np.ndarray, partner_rank: np.ndarray, shif
     return valid
 
 
+def _rounding(state: PartialPlan) -> float:
+    """A bound on the rounding of a room or a delta (a margin that filters of candidates keep)."""
+    return 16 * np.finfo(np.float64).eps * max(state.target, float(np.abs(state.loads).max()))
+
+
 def _room_needed(state: PartialPlan, items: np.ndarray) -> np.ndarray:
     """Per item i (on rank r), the most load a partner rank may hold and still take a valid fix of
     it: a fix takes at least the excess load_r - target off r and puts it on the partner, so the
     partner needs that much room (up to rounding: the bound drops only candidates that are not valid)."""
-    loads, target = state.loads, state.target
-    margin = 16 * np.finfo(np.float64).eps * max(target, float(np.abs(loads).max()))
-    return 2 * target - loads[state.destinations[items]] + margin
+    return 2 * state.target - state.loads[state.destinations[items]] + _rounding(state)
 
 
 def _live(rows: np.ndarray, columns: np.ndarray, width: int, shift: np.ndarray,
@@ -300,6 +303,19 @@ def repair_in_node(state: PartialPlan, gpus_per_node: int) -> None:
         stuck[_apply_fixes(state, items[live], partner, partner_rank[live], over, delta)] = True
 
 
+def _window_max(values: np.ndarray, width: int) -> np.ndarray:
+    """max(values[k:k + width]) for every start k (values.size - width + 1 of them), by doubling spans.
+
+    >>> _window_max(np.array([3.0, 1.0, 4.0, 1.0, 5.0]), 3).tolist()
+    [4.0, 4.0, 5.0]
+    """
+    span, most = 1, values
+    while 2 * span <= width:
+        most = np.maximum(most[:-span], most[span:])  # most[k] = max(values[k:k + 2 * span])
+        span *= 2
+    return np.maximum(most[:most.size - (width - span)], most[width - span:])
+
+
 def _candidate_windows(state: PartialPlan, candidates: int) -> dict[str, np.ndarray]:
     """Candidate j of row i is position start_i + j of the largest-first order, then candidates + 1 of none
     (a move): a row's partners, their costs and (under a cap, where they count) their lengths are one slice
@@ -334,15 +350,32 @@ def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
         limit = state.costs[items] - (state.loads[item_rank] - state.target)
         # the first candidate's position: the items of cost > limit come before it in the largest-first order
         start = np.searchsorted(state.negated_sorted_costs, -limit, side="left")
+        roomiest = int(np.argmin(state.loads))
+        if items.size * (candidates + 1) > state.costs.size:  # the rows outweigh a pass over the order
+            items, start = _near(state, items, start, windows["cost"][start, 0], candidates, roomiest)
         # Columns: the candidate swaps, then the move to the roomiest rank (partner -1, cost and length 0).
         window = {name: rows[start] for name, rows in windows.items()}
         for name, values in window.items():
             values[:, -1] = -1 if name == "partner" else 0
         partner, partner_costs, partner_lengths = window["partner"], window["cost"], window.get("length")
-        partner_rank = np.append(state.destinations, int(np.argmin(state.loads)))[partner]  # -1: the roomiest
+        partner_rank = np.append(state.destinations, roomiest)[partner]  # -1: the roomiest
         live, delta = _valid_deltas(state, items, partner_rank, partner_costs, partner_lengths)
         items, partner, partner_rank = _live_rows(live, items, partner, partner_rank)
         stuck[_apply_fixes(state, items, partner, partner_rank, over, delta)] = True
+
+
+def _near(state: PartialPlan, items: np.ndarray, start: np.ndarray, first_costs: np.ndarray, candidates: int,
+          roomiest: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of `repair_across_nodes` (`items`, their first candidates' positions `start` and costs) that may
+    hold a valid fix.  A row's deltas grow along it (the candidates' costs descend) and a valid fix's delta fits
+    its partner rank's room, so a row whose first delta exceeds every room in its window (`_window_max` of the
+    rooms of the ranks in the largest-first order; past the items: moves to the roomiest rank), and whose move
+    the roomiest rank's room, has none (up to rounding): on real traces most rows of the wide pass."""
+    ranks = np.append(state.destinations[state.item_of_rank], np.full(candidates + 1, roomiest))
+    reach = _window_max(state.target - state.loads[ranks], candidates) + _rounding(state)  # the last: moves only
+    costs = state.costs[items]
+    near = (costs - first_costs <= reach[start]) | (costs <= reach[-1])
+    return items[near], start[near]
 
 
 def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> None:
