@@ -279,6 +279,31 @@ def test_regression_a_losing_fill_planned_every_micro_batch_beside_its_largest(m
     others = [np.flatnonzero(used == m).tobytes() for m in range(used.max() + 1) if m != largest]
     assert 0 < sum(items in planned for items in others) < len(others)
 
+
+def test_regression_a_losing_fill_planned_first_the_micro_batch_whose_bound_its_longest_item_sets():
+    """A later fill's deferral plans the micro-batches beside its largest in index order, so micro-batch 0 (pass
+    bound 10 set by its longest item, peak 10.5) was planned before micro-batch 1 (bound 10 set by its work, its
+    longest item 2, peak 13), which alone lifts the floor above the best step 27: those whose bound is furthest
+    above their longest item are planned first now (the long workload at D = 2560 x 16, T = 32k: 2 plans of 3)."""
+    from types import SimpleNamespace
+
+    from orchmllm.balancers.context_parallel import microbatch
+
+    microbatch_of = np.array([0, 0, 1, 1, 2, 2, 2, 2])
+    bounds, peaks, planned = {0: 10.0, 1: 10.0, 2: 5.0}, {0: 10.5, 1: 13.0}, []
+
+    class Passes:
+        def __call__(self, items):
+            planned.append(int(microbatch_of[items[0]]))
+            return SimpleNamespace(loads=np.array([peaks[planned[-1]]]))
+
+        def bound(self, items):
+            return bounds[int(microbatch_of[items[0]])]
+
+    times = np.array([10.0, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    found = microbatch._deferred(microbatch_of, 3, 0.0, Passes(), 27.0, times)
+    assert planned == [1] and found.floor == pytest.approx(28.0)
+
 IDEAL_SPLIT = dict(seconds_per_cost=1.0, latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
 
 

@@ -204,7 +204,8 @@ def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, c
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
-    deferred = None if defer is None else _deferred(microbatch, num_microbatches, overhead, plan_pass, defer, early)
+    deferred = None if defer is None else _deferred(microbatch, num_microbatches, overhead, plan_pass, defer,
+                                                    table.min(axis=1) if early else None)
     if deferred is not None:
         return deferred, None
     return _grouping_planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, table,
@@ -220,19 +221,25 @@ class _Deferred:
     floor: float
 
 
-def _deferred(microbatch, num_microbatches, overhead, plan_pass, goal: float, early: bool = False) -> _Deferred | None:
+def _deferred(microbatch, num_microbatches, overhead, plan_pass, goal: float, times=None) -> _Deferred | None:
     """The grouping with every micro-batch but that of most items planned, where each has a plan and their
     peaks, the split planner's bound of the one left and the overheads sum above `goal` (the first fill's: the
-    fills go on whatever its plan; a later one's: the best step, which it cannot beat); else None.  `early` (a
-    later fill, whose floor only has to pass the goal): planned in turn only until the peaks found, the others'
-    pass bounds (below their peaks) and the rest sum above it (then the floor is that sum)."""
+    fills go on whatever its plan; a later one's: the best step, which it cannot beat); else None.  With the
+    items' least `times` (a later fill, whose floor only has to pass the goal): planned only until the peaks
+    found, the others' pass bounds (below their peaks) and the rest sum above it (then the floor is that sum),
+    those whose bound is furthest above their longest item's least time first (a bound the longest item sets
+    is near the peak; one the work sets is not: the long workload, T = 32k, 2 plans of 3)."""
     sizes = np.bincount(microbatch, minlength=num_microbatches)
     left = int(np.argmax(sizes))
     others = [np.flatnonzero(microbatch == m) for m in np.flatnonzero(sizes).tolist() if m != left]
     rest = [plan_pass.bound(np.flatnonzero(microbatch == left)), num_microbatches * overhead]
-    floors, peaks = [plan_pass.bound(items) for items in others] if early else [], []
+    floors, peaks = [], []
+    if times is not None:
+        floors = [plan_pass.bound(items) for items in others]
+        order = np.argsort([float(times[items].max()) - floor for items, floor in zip(others, floors)], kind="stable")
+        others, floors = [others[k] for k in order], [floors[k] for k in order]
     for items in others:
-        if early and float_sum(peaks + floors[len(peaks):] + rest) * (1 - FLOOR_SLACK) > goal:
+        if floors and float_sum(peaks + floors[len(peaks):] + rest) * (1 - FLOOR_SLACK) > goal:
             break
         plan = plan_pass(items)
         if plan is None:
