@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import operator
 
 import numpy as np
 
@@ -59,15 +60,16 @@ class _Blocks:
 
     Every degree's open groups (and every rank, while degree 1 is laid out) are kept sorted by their
     peak load, so best fit and the least-loaded block are binary searches, not scans; an item placed on
-    a rank of a group raises that group's peak."""
+    a rank of a group raises that group's peak.  Loads and tokens are lists: an item touches a few ranks,
+    where numpy's per-call cost exceeds the work (the scans of all candidates make arrays of them)."""
 
     def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable,
                  target: float):
         self.problem, self.spec, self.gpus_per_node, self.times, self.target = problem, spec, gpus_per_node, times, target
         self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
         self.ranks = np.arange(problem.num_ranks)
-        self.loads = np.zeros(problem.num_ranks)  # a group's ranks': its peak until degree 1 is laid out (`_settle`)
-        self.tokens = np.zeros(problem.num_ranks, dtype=np.int64)
+        self.loads = [0.0] * problem.num_ranks  # a group's ranks': its peak until degree 1 is laid out (`_settle`)
+        self.tokens = [0] * problem.num_ranks
         self.taken = np.zeros(problem.num_ranks, dtype=bool)  # ranks of a group of the degrees laid out before
         self.groups: dict[int, list[int]] = {}  # degree -> block starts, opened in order
         self.free: list[int] = []  # free blocks of the degree being laid out, ascending
@@ -108,14 +110,14 @@ class _Blocks:
         if self.degree > 1:
             self._settle()
         time = self.times.time(item, degree)
-        shard = self.times.shard(item, degree)[0]
+        shard = np.array(self.times.shard(item, degree)[0], dtype=np.int64)
+        loads, tokens = np.array(self.loads), np.array(self.tokens, dtype=np.int64)
         if degree == 1:
-            return self.loads[starts] + time, self.tokens[starts] + shard[0] <= self.cap, time, shard
+            return loads[starts] + time, tokens[starts] + shard[0] <= self.cap, time, shard
         blocks = starts[:, None] + np.arange(degree)
-        return (self.loads[blocks].max(axis=1) + time, (self.tokens[blocks] + shard <= self.cap).all(axis=1),
-                time, shard)
+        return loads[blocks].max(axis=1) + time, (tokens[blocks] + shard <= self.cap).all(axis=1), time, shard
 
-    def _token_room(self, degree: int, start: int, need: tuple[np.ndarray, int, int]) -> bool:
+    def _token_room(self, degree: int, start: int, need: tuple[list[int], int, int]) -> bool:
         """Whether shards `need` = (tokens, most, fewest) fit the budget on the block at `start`: decided by
         bounds on the group's fullest rank where they settle it, else rank by rank."""
         shard, most, fewest = need
@@ -128,7 +130,7 @@ class _Blocks:
             return True
         if low + fewest > self.cap:
             return False
-        return bool((self.tokens[start: start + degree] + shard <= self.cap).all())
+        return all(held + add <= self.cap for held, add in zip(self.tokens[start: start + degree], shard))
 
     def _least_fitting(self, degree: int, lo: int, hi: int, need: tuple, probes: list[int]) -> int | None:
         """The least position among keys[lo:hi] of `degree` whose shards' tokens fit (-1: none); None
@@ -157,7 +159,7 @@ class _Blocks:
         return self.cap - (self.tokens[start] if degree == 1 else self.most_tokens[start][0])
 
     @staticmethod
-    def _least_need(degree: int, need: tuple[np.ndarray, int, int]) -> int:
+    def _least_need(degree: int, need: tuple[list[int], int, int]) -> int:
         """Tokens of shards `need` that a candidate with less `_room` surely lacks."""
         return need[1] if degree == 1 else need[2]
 
@@ -231,8 +233,9 @@ class _Blocks:
         time = self.times.time(item, degree)
         need = self.times.shard(item, degree)
         if self.keys[degree] is None:
-            order = np.lexsort((self.ranks, self.loads))
-            self.keys[degree] = list(zip(self.loads[order].tolist(), order.tolist()))
+            loads = np.array(self.loads)
+            order = np.lexsort((self.ranks, loads))
+            self.keys[degree] = list(zip(loads[order].tolist(), order.tolist()))
         found = self._search(degree, time, need, fullest=True)
         if found is None:  # many candidates short of tokens: all at once
             starts = self.ranks if degree == 1 else np.array(opened, dtype=np.int64)
@@ -245,7 +248,7 @@ class _Blocks:
             return self._open(item, degree, time, need)
         return self._overflow(item, degree)
 
-    def _open(self, item: int, degree: int, time: float, need: tuple[np.ndarray, int, int]) -> int:
+    def _open(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
         """Put `item` alone on the next free block of `degree` (the degree being laid out), a new group:
         its ranks held nothing, so they now carry the item's time and shards."""
         start, opened = self.free.pop(), self.groups[degree]
@@ -297,8 +300,8 @@ class _Blocks:
         the peak is kept, and only degree 1 asks a rank's group."""
         for c, opened in self.groups.items():
             if c > 1 and opened:
-                self.loads[self._ranks(c, opened)] = np.array([self.peak[start] for start in opened])[:, None]
                 for start in opened:
+                    self.loads[start: start + c] = [self.peak[start]] * c
                     self.group_of[start: start + c] = [(c, start)] * c
 
     @staticmethod
@@ -308,7 +311,7 @@ class _Blocks:
 
     def _key(self, degree: int, start: int) -> tuple[float, int]:
         """The sort key of a candidate: (load, rank) of a rank, (peak, position) of a group."""
-        return (float(self.loads[start]), start) if degree == 1 else (self.peak[start], self.position[start])
+        return (self.loads[start], start) if degree == 1 else (self.peak[start], self.position[start])
 
     def _refresh(self, degree: int) -> None:
         """Bring the stale groups of `degree` up to date: their peaks (and keys, unless parked) and their
@@ -318,14 +321,14 @@ class _Blocks:
             parked = (degree, self.position[start]) in self.parked_ids
             if not parked:
                 del keys[bisect.bisect_left(keys, (self.peak[start], self.position[start]))]
-            self.peak[start] = float(self.loads[start: start + degree].max())
-            held = int(self.tokens[start: start + degree].max())
+            self.peak[start] = max(self.loads[start: start + degree])
+            held = max(self.tokens[start: start + degree])
             self.most_tokens[start] = (held, held)
             if not parked:
                 bisect.insort(keys, (self.peak[start], self.position[start]))
         self.stale[degree].clear()
 
-    def _add(self, item: int, start: int, degree: int, time: float, need: tuple[np.ndarray, int, int]) -> int:
+    def _add(self, item: int, start: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
         """Put the item (its shards `need` = (tokens, most, fewest)) on the block, and keep the candidates'
         keys sorted: the block's while its degree is laid out (and the bounds on its fullest rank: it
         gains between its shards' fewest and most tokens); while degree 1 is, the ranks' (unless parked),
@@ -333,7 +336,7 @@ class _Blocks:
         shard, most, fewest = need
         if self.degree > 1:  # a group a search found (never a parked one): only its key moves
             before = (self.peak[start], self.position[start])
-            self.tokens[start: start + degree] += shard
+            self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
             low, high = self.most_tokens[start]
             self.most_tokens[start] = (low + fewest, high + most)
             self.peak[start] += time  # every rank gained `time`, and rounding keeps their order
@@ -341,22 +344,30 @@ class _Blocks:
             del keys[bisect.bisect_left(keys, before)]
             bisect.insort(keys, (self.peak[start], before[1]))
         else:
-            ranks = [rank for rank in range(start, start + degree)
-                     if not self.parked_ids or (1, rank) not in self.parked_ids]
-            before = [float(self.loads[rank]) for rank in ranks]
+            parked = self.parked_ids
+            ranks = [rank for rank in range(start, start + degree) if (1, rank) not in parked] if parked \
+                else list(range(start, start + degree))
+            before = [self.loads[rank] for rank in ranks]
             if degree == 1:
                 self.loads[start] += time
                 self.tokens[start] += most
             else:
-                self.loads[start: start + degree] += time
-                self.tokens[start: start + degree] += shard
+                self.loads[start: start + degree] = [load + time for load in self.loads[start: start + degree]]
+                self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
             group = self.group_of[start]
             if group is not None:
                 self.stale[group[0]].add(group[1])
             keys = self.keys[1]
-            for rank, load in zip(ranks, before):
-                del keys[bisect.bisect_left(keys, (load, rank))]
-                bisect.insort(keys, (float(self.loads[rank]), rank))
+            if ranks and before.count(before[0]) == len(ranks):  # one run of equal loads, adjacent in the keys
+                first = bisect.bisect_left(keys, (before[0], ranks[0]))  # before and after (a rank between is theirs)
+                del keys[first: first + len(ranks)]
+                load = self.loads[ranks[0]]
+                first = bisect.bisect_left(keys, (load, ranks[0]))
+                keys[first: first] = [(load, rank) for rank in ranks]
+            else:
+                for rank, load in zip(ranks, before):
+                    del keys[bisect.bisect_left(keys, (load, rank))]
+                    bisect.insort(keys, (self.loads[rank], rank))
         self.placed[item] = (start, degree)
         return start
 

@@ -22,8 +22,7 @@ class TimeTable:
         self.table = spec.item_times(problem.cost, problem.lengths[items][:, None], degrees[None, :],
                                      (degrees <= gpus_per_node)[None, :])
         self.shards = {c: shard_tokens(problem.lengths[items], c) for c in spec.degrees}
-        self.extremes = {c: list(zip(shards.max(axis=1).tolist(), shards.min(axis=1).tolist()))
-                         for c, shards in self.shards.items()}
+        self.needs = {c: [None] * items.size for c in spec.degrees}  # degree -> per row: `shard`'s answer, once asked
         self.rows = dict(zip(items.tolist(), range(items.size)))  # item -> row, for one item at a time
         self.listed = self.table.tolist()
 
@@ -34,7 +33,11 @@ class TimeTable:
         """The time of one item at `degree`."""
         return self.listed[self.rows[item]][self.column[degree]]
 
-    def shard(self, item: int, degree: int) -> tuple[np.ndarray, int, int]:
+    def shard(self, item: int, degree: int) -> tuple[list[int], int, int]:
         """Tokens of each of the item's shards at `degree`, and the most and the fewest of them."""
         row = self.rows[item]
-        return (self.shards[degree][row], *self.extremes[degree][row])
+        need = self.needs[degree][row]
+        if need is None:
+            shards = self.shards[degree][row].tolist()
+            need = self.needs[degree][row] = (shards, max(shards), min(shards))
+        return need
