@@ -48,12 +48,13 @@ from ..balancers.microbatch.api import plan_microbatches
 from ..balancers.pipeline import Pipeline
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
 from .alltoall import FlatAllToAll
+from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
 from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, StepToken, contract_of, iterate, loop_left, new_step
 from .options import DispatchOptions, check_names
-from .pairing import in_microbatch_order, merge_rows, split_rows, split_sums
+from .pairing import in_microbatch_order, merge_rows, split_sums
 from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
 
@@ -313,7 +314,10 @@ class PostBalancingDispatcher:
         dict of the step) stays in its step, which the next plan's dispatch ends (refused on every rank where this
         thread left the step's loop before its last micro-batch, its gradient sync held), or, where the plan is
         dispatched again after the step's loop (a plan made once), the next `microbatches`.  `differentiable=True` lets
-        gradients of the results flow back to the inputs (a tensor that requires grad is refused without it).
+        gradients of the results flow back to the inputs (a tensor that requires grad is refused without it); the
+        backwards of its `microbatches` run the reverse exchange once, in the last one's, with every micro-batch's
+        gradient (`runtime.carry`): the last micro-batch's loss must reach its rows on every rank (an empty one's
+        too), and its backward runs last.
         """
         plan = _checked_plan(plan)
         problem = ((None if plan is self._latest else loop_left(self._step)) or self._foreign_problem(plan, "dispatch")
@@ -397,7 +401,7 @@ class PostBalancingDispatcher:
         count, size = plan.num_microbatches, group_size(self.group)
         rows = {key: np.ones(items.size, dtype=np.int64) if key in self.options.per_item_keys else tokens
                 for key in moved}
-        parts = {key: split_rows(tensor, rows[key], microbatch, count) for key, tensor in moved.items()}
+        parts = split_step(moved, rows, microbatch, count)  # a differentiable dispatch's: one reverse exchange
         layout = (lambda index: None) if self.options.context_parallel is None else \
             (lambda index: plan.sharding.layout(index, self.group))
         last = plan.route.dest_ranks[plan.item_microbatch[plan.sharding.unit_item] == count - 1]

@@ -1,0 +1,101 @@
+"""`dispatch(..., differentiable=True)` with micro-batches: every micro-batch's backward, exact gradients, one reverse
+exchange per step (`runtime.carry`), on real gloo groups against a float64 reference."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from orchmllm.runtime import PostBalancingDispatcher, all_reduce_gradients, normalize_loss
+from orchmllm.runtime.alltoall import FlatAllToAll
+from orchmllm.runtime.launch import run_processes
+from orchmllm.runtime.microbatch import accumulate
+
+VOCAB, WIDTH, BUDGET = 11, 4, 8
+LENGTHS = ([3, 5, 2, 6], [7, 1, 4], [2, 8, 3])  # rank r's items: M = 2 or 3 micro-batches of 8 tokens per rank
+
+
+class CountingAllToAll(FlatAllToAll):
+    """The flat transport, counting its payload all-to-alls (forward exchange and reverse exchange alike)."""
+
+    calls = 0
+
+    def __call__(self, buffer, flows):
+        CountingAllToAll.calls += 1
+        return super().__call__(buffer, flows)
+
+
+def modules():
+    torch.manual_seed(0)
+    return nn.Embedding(VOCAB, WIDTH).double(), nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(),
+                                                              nn.Linear(WIDTH, VOCAB)).double()
+
+
+def rank_batch(rank):
+    generator = torch.Generator().manual_seed(rank)
+    tokens = torch.randint(0, VOCAB, (sum(LENGTHS[rank]),), generator=generator)
+    return tokens, torch.randint(-1, VOCAB, (tokens.numel(),), generator=generator)
+
+
+def reference_grads(size):
+    """The float64 gradients of one pass over the whole step (every rank's tokens), loss over its loss tokens."""
+    encoder, head = modules()
+    tokens, labels = (torch.cat(parts) for parts in zip(*map(rank_batch, range(size))))
+    loss = F.cross_entropy(head(encoder(tokens)), labels, ignore_index=-1, reduction="sum")
+    (loss / int(labels.ge(0).sum())).backward()
+    return [parameter.grad for parameter in (*encoder.parameters(), *head.parameters())]
+
+
+def encoder_before_dispatch_job(rank, size, ddp):
+    """An encoder run on the rank's own tokens before a differentiable dispatch, then the micro-batch loop with one
+    backward per micro-batch; the summed (plain modules) or DDP-averaged gradients, M, and the payload all-to-alls."""
+    encoder, head = modules()
+    if ddp:
+        encoder, head = DistributedDataParallel(encoder), DistributedDataParallel(head)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET, transport=CountingAllToAll())
+    tokens, labels = rank_batch(rank)
+    loss_tokens = [int(part.ge(0).sum()) for part in labels.split(LENGTHS[rank])]
+    plan = dispatcher.plan(LENGTHS[rank], loss_tokens=loss_tokens)
+    CountingAllToAll.calls = 0
+    moved = dispatcher.dispatch({"e": encoder(tokens), "y": labels}, plan, differentiable=True)
+    for micro in dispatcher.microbatches(plan, moved):
+        with accumulate(head, micro):
+            loss = F.cross_entropy(head(micro.data["e"]), micro.data["y"], ignore_index=-1, reduction="sum")
+            normalize_loss(loss, micro, gradient_reduction="mean" if ddp else "sum").backward()
+    parameters = [*encoder.parameters(), *head.parameters()]
+    if not ddp:
+        all_reduce_gradients(parameters, op="sum")
+    return [parameter.grad for parameter in parameters], plan.num_microbatches, CountingAllToAll.calls
+
+
+@pytest.mark.parametrize("size, ddp", [(2, False), (3, False), (2, True)], ids=["2 ranks", "3 ranks", "2 ranks DDP"])
+def test_regression_micro_batches_of_a_differentiable_dispatch_backpropagate_each_exactly_with_one_reverse_exchange(
+        size, ddp):
+    """Cause (probe15 P15-05): every micro-batch's rows were slices of the one differentiable exchange, so the first
+    micro-batch's backward ran the reverse exchange and the encoder's backward and freed them: the second died in
+    torch's "Trying to backward through the graph a second time" (retain_graph=True: M reverse exchanges).  The
+    micro-batches before the last are cut from a leaf; the last one's backward sends the step's whole gradient home,
+    once: the gradients are one pass's over the step, with two payload all-to-alls (out and back) per step."""
+    outcomes = run_processes(encoder_before_dispatch_job, size, args=(ddp,), timeout_s=120, collective_timeout_s=30)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    expected = reference_grads(size)
+    for o in outcomes:
+        grads, count, exchanges = o.value
+        assert count >= 2 and exchanges == 2, (o.rank, count, exchanges)
+        for grad, want in zip(grads, expected):
+            torch.testing.assert_close(grad, want, rtol=0, atol=1e-12)
+
+
+def test_a_backward_after_the_last_micro_batchs_is_refused_not_lost():
+    """The last micro-batch's backward sends the step's gradient home: an earlier micro-batch's backward after it
+    would add a gradient nobody sends; it raises instead (world size 1: the same path, no communication)."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    source = torch.randn(sum(LENGTHS[0]), 2, dtype=torch.float64, requires_grad=True)
+    plan = dispatcher.plan(LENGTHS[0])
+    micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": source * 3}, plan, differentiable=True)))
+    assert len(micros) == 2
+    micros[-1].data["x"].sum().backward()
+    with pytest.raises(RuntimeError, match=r"a micro-batch's backward reached rows of a differentiable dispatch .* "
+                                           r"after the backward of the step's last micro-batch"):
+        micros[0].data["x"].sum().backward()
