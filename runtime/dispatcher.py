@@ -46,17 +46,18 @@ from ..balancers import BalancePlan, MicroBatchPlan, balance
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import plan_microbatches
 from ..balancers.pipeline import Pipeline
-from .agreement import PlanMismatchError, SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
+from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
 from .alltoall import FlatAllToAll
 from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
 from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
-from .metadata import GatheredMetadata, as_table, check_agreement, gather_metadata, join_failed
+from .metadata import GatheredMetadata, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, StepToken, contract_of, iterate, loop_left, new_step
 from .options import DispatchOptions, check_names
 from .pairing import in_microbatch_order, merge_rows, split_sums
 from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
+from .step_items import items_problem, local_tables, named_by_rank
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,23 +104,6 @@ class DispatchPlan:
         return self.sharding.local_tokens
 
 
-def _local_tables(lengths, loss_tokens) -> tuple[np.ndarray, np.ndarray]:
-    """This rank's (n, 1) lengths and loss tokens, checked: one count per item, each at most the
-    item's length (a loss token is one of its tokens)."""
-    lengths = as_table(lengths)
-    if lengths.shape[1] != 1:
-        raise ValueError(f"`lengths` must be 1-D, one length per item; got shape {lengths.shape}")
-    losses = lengths if loss_tokens is None else as_table(loss_tokens, "loss_tokens")
-    if losses.shape != lengths.shape:
-        raise ValueError(f"`loss_tokens` must have one count per item ({lengths.shape[0]}); got shape {losses.shape}")
-    over = np.flatnonzero(losses[:, 0] > lengths[:, 0])
-    if over.size:
-        item = int(over[0])
-        raise ValueError(f"`loss_tokens` must be at most each item's length: item {item} has {int(losses[item, 0])} "
-                         f"loss tokens of {int(lengths[item, 0])}")
-    return lengths, losses
-
-
 COMBINE_ORDERS = (None, "local_items", "microbatches")  # what one mapping of outputs may follow (`combine`)
 
 
@@ -128,27 +112,6 @@ def _checked_plan(plan) -> DispatchPlan:
     if not isinstance(plan, DispatchPlan):
         raise TypeError(f"`plan` must be the DispatchPlan that `plan()` returned; got {type(plan).__name__}")
     return plan
-
-
-def _items_problem(plan: DispatchPlan, lengths, loss_tokens) -> Exception | None:
-    """Why this rank's items, of `lengths` and `loss_tokens` now (as given to `plan`; None: not checked),
-    are not those `plan` was made from (a plan kept from another step whose row totals happen to match),
-    or None."""
-    rank, home = plan.route.rank, plan.sharding.home_items
-    for column, given, name, what in ((0, lengths, "lengths", "length"),
-                                      (1, loss_tokens, "loss_tokens", "loss tokens")):
-        if given is None:
-            continue
-        try:
-            local = as_table(given, name)
-        except (TypeError, ValueError) as error:
-            return error
-        if local.shape[1] != 1:
-            return ValueError(f"`{name}` must be 1-D, one count per item; got shape {local.shape}")
-        problem = kept_plan_problem(rank, local[:, 0], plan.metadata.column(column)[home], "item", what)
-        if problem is not None:
-            return problem
-    return None
 
 
 class PostBalancingDispatcher:
@@ -221,7 +184,7 @@ class PostBalancingDispatcher:
         start = time.perf_counter()
         try:
             new_step(planning=True)  # the loop of the step dispatched may still run (a plan made inside it)
-            lengths, losses = _local_tables(lengths, loss_tokens)
+            lengths, losses = local_tables(lengths, loss_tokens)
         except (TypeError, ValueError):
             join_failed(group, 2)  # the other ranks raise too, instead of waiting in the gather
             raise
@@ -231,11 +194,16 @@ class PostBalancingDispatcher:
         microbatch = np.zeros(metadata.num_items, dtype=np.int64)
         count = getattr(self.options.microbatching, "num_microbatches", None) or 1  # of a step with no items
         plan = None
-        if metadata.num_items and self.options.microbatching is not None:
-            plan = plan_microbatches(metadata.column(0), int(metadata.counts.size), self.options.microbatching,
-                                     **self.options.microbatch_arguments())
-        elif metadata.num_items:
-            plan = balance(metadata.column(0), int(metadata.counts.size), **self.options.balance_arguments())
+        try:
+            if metadata.num_items and self.options.microbatching is not None:
+                plan = plan_microbatches(metadata.column(0), int(metadata.counts.size), self.options.microbatching,
+                                         **self.options.microbatch_arguments())
+            elif metadata.num_items:
+                plan = balance(metadata.column(0), int(metadata.counts.size), **self.options.balance_arguments())
+        except ValueError as error:  # an item named by its index in the gathered batch: by its rank's, too
+            if (renamed := named_by_rank(error, metadata.counts)) is error:
+                raise
+            raise renamed from error
         if self.options.check_plan:
             plan = self._agreed(plan, group)
         if plan is not None:
@@ -321,7 +289,7 @@ class PostBalancingDispatcher:
         """
         plan = _checked_plan(plan)
         problem = ((None if plan is self._latest else loop_left(self._step)) or self._foreign_problem(plan, "dispatch")
-                   or _items_problem(plan, lengths, loss_tokens)
+                   or items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
         self.guards["dispatch"].tell(self._handed)  # rides in the header: every rank learns every rank's
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
