@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from orchmllm.runtime import PostBalancingDispatcher, all_reduce_gradients, normalize_loss
 from orchmllm.runtime.alltoall import FlatAllToAll
-from orchmllm.runtime.launch import run_processes
+from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.microbatch import accumulate
 
 VOCAB, WIDTH, BUDGET = 11, 4, 8
@@ -77,12 +77,10 @@ def test_regression_micro_batches_of_a_differentiable_dispatch_backpropagate_eac
     torch's "Trying to backward through the graph a second time" (retain_graph=True: M reverse exchanges).  The
     micro-batches before the last are cut from a leaf; the last one's backward sends the step's whole gradient home,
     once: the gradients are one pass's over the step, with two payload all-to-alls (out and back) per step."""
-    outcomes = run_processes(encoder_before_dispatch_job, size, args=(ddp,), timeout_s=120, collective_timeout_s=30)
-    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     expected = reference_grads(size)
-    for o in outcomes:
-        grads, count, exchanges = o.value
-        assert count >= 2 and exchanges == 2, (o.rank, count, exchanges)
+    for rank, (grads, count, exchanges) in enumerate(spawn(encoder_before_dispatch_job, size, args=(ddp,),
+                                                           timeout_s=120, collective_timeout_s=30)):
+        assert count >= 2 and exchanges == 2, (rank, count, exchanges)
         for grad, want in zip(grads, expected):
             torch.testing.assert_close(grad, want, rtol=0, atol=1e-12)
 

@@ -6,7 +6,7 @@ import pytest
 from orchmllm.balancers import InfeasibleError
 from orchmllm.balancers.context_parallel import ContextParallel
 from orchmllm.runtime import PostBalancingDispatcher
-from orchmllm.runtime.launch import run_processes
+from orchmllm.runtime.launch import spawn
 
 OPTIONS = {
     "budget": ({"max_tokens_per_microbatch": 8}, 9,
@@ -35,9 +35,7 @@ def refused_job(rank, size):
 
 @pytest.fixture(scope="module")
 def refusals():
-    outcomes = run_processes(refused_job, 2, timeout_s=90, collective_timeout_s=30)
-    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    return [o.value for o in outcomes]
+    return spawn(refused_job, 2, timeout_s=90, collective_timeout_s=30)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
