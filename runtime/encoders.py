@@ -107,6 +107,7 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
         prefix = prefixes.get(submodule) if isinstance(submodule, nn.Module) else None
         return [] if prefix is None else [prefix + name for name, _ in submodule.named_parameters(recurse=False)]
 
+    @torch.compiler.disable  # run eagerly inside a compiled forward (dynamo fails tracing these closures)
     def enter(submodule, args):
         if torch.is_grad_enabled():  # a checkpointed function runs without grad
             if spans is not None and outermost[0] is None and submodule in prefixes:
@@ -118,6 +119,7 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
                 hidden[node] = set(own(getattr(getattr(node, "run_function", None), "__self__", None)))
             hidden[node].update(mine)
 
+    @torch.compiler.disable
     def record(submodule, args, output):
         prefix = prefixes.get(submodule)
         if prefix is not None:

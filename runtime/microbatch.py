@@ -187,6 +187,7 @@ def _noting_synced_forwards():
     with a hand-made all-reduce, which takes a missing gradient as zeros, is fine without).  The hook handle."""
     thread = threading.get_ident()
 
+    @torch.compiler.disable  # run eagerly inside a compiled forward (dynamo fails tracing this closure)
     def note(module, args):
         if threading.get_ident() != thread:
             return

@@ -454,3 +454,30 @@ def test_regression_a_reentrant_checkpoint_credited_every_parameter_below_a_modu
             loss = model(torch.randn(rows, 4, requires_grad=True)).sum()
         left_out = wanted - reached_leaves([loss], names, wanted, hidden)[0]
         assert left_out == ({"trunk.lin2.weight", "trunk.lin2.bias"} if skip and rows == 0 else set())
+
+
+class SkippingEncoder(nn.Module):
+    """Two layers, the second skipped on empty input (a broken encoder)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 8).double(), nn.Linear(8, 8).double()
+
+    def forward(self, x):
+        hidden = self.first(x)
+        return hidden if x.shape[0] == 0 else self.second(hidden)
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile")  # torch's: global hooks fire for its wrapper too
+def test_regression_a_compiled_encoder_failed_in_dynamo_tracing_the_checks_hooks():
+    """Cause (probe15 P15-08): `checked_call`'s global module hooks (closures) were traced into a `torch.compile`d
+    encoder's forward and dynamo failed ('UnspecializedNNModuleVariable ... is already tracked for mutation'): a
+    compiled encoder could not run with `check_encoders=True`, the default.  The hooks run eagerly
+    (`torch.compiler.disable`); the check still names what a compiled encoder leaves out."""
+    torch.manual_seed(0)
+    compiled = torch.compile(SkippingEncoder())
+    _, unused, reached = checked_call(compiled, torch.randn(5, 4, dtype=torch.float64))
+    assert unused == [] and reached == {f"_orig_mod.{layer}.{name}" for layer in ("first", "second")
+                                        for name in ("weight", "bias")}
+    _, unused, _ = checked_call(compiled, torch.randn(0, 4, dtype=torch.float64))
+    assert unused == ["_orig_mod.second.bias", "_orig_mod.second.weight"]

@@ -5,6 +5,7 @@ import warnings
 import weakref
 from contextlib import nullcontext
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -142,3 +143,50 @@ def _nodes(output):
             seen.add(node)
             stack.extend(function for function, _ in node.next_functions)
     return seen
+
+
+class CompiledTokenNet(nn.Module):
+    """An embedding and a head, per token."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(30, 4).double(), nn.Linear(4, 30).double()
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.embed(tokens)))
+
+
+def compiled_job(rank, size, order):
+    """One step of LENGTHS[0] (M >= 2, due the model check) on DDP of a compiled model (`order`: 'ddp_of_compiled'
+    or 'compiled_of_ddp'): the gradients, or what was raised."""
+    torch.manual_seed(0)
+    net = CompiledTokenNet()
+    model = nn.parallel.DistributedDataParallel(torch.compile(net)) if order == "ddp_of_compiled" else \
+        torch.compile(nn.parallel.DistributedDataParallel(net))
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=60)
+    lengths = LENGTHS[0]
+    tokens = torch.randint(0, 30, (sum(lengths),), generator=torch.Generator().manual_seed(1))
+    plan = dispatcher.plan(lengths)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Using `torch.compile")  # torch's: global hooks fire twice
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"t": tokens}, plan)):
+            with accumulate(model, micro):
+                logits = model(micro.data["t"])
+                normalize_loss(F.cross_entropy(logits, micro.data["t"], reduction="sum"), micro).backward()
+    assert plan.num_microbatches >= 2 and micro.contract is not None
+    return [parameter.grad.clone() for parameter in net.parameters()]
+
+
+@pytest.mark.parametrize("order", ["ddp_of_compiled", "compiled_of_ddp"])
+def test_regression_a_compiled_model_failed_in_dynamo_tracing_the_model_checks_hooks(order):
+    """Cause (probe15 P15-08): the model check's global module hooks (closures) were traced into a `torch.compile`d
+    model's forward and dynamo failed on every rank ('UnspecializedNNModuleVariable ... is already tracked for
+    mutation'): a compiled model could not train with the check on.  The hooks run eagerly (`torch.compiler.disable`);
+    the gradients are one float64 pass's."""
+    (gradients,) = spawn(compiled_job, 1, args=(order,), timeout_s=300)
+    torch.manual_seed(0)
+    net = CompiledTokenNet()
+    tokens = torch.randint(0, 30, (sum(LENGTHS[0]),), generator=torch.Generator().manual_seed(1))
+    (F.cross_entropy(net(tokens), tokens, reduction="sum") / tokens.numel()).backward()
+    for got, parameter in zip(gradients, net.parameters(), strict=True):
+        torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
