@@ -13,7 +13,8 @@ from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.microbatch import accumulate
 
 VOCAB, WIDTH, BUDGET = 11, 4, 8
-LENGTHS = ([3, 5, 2, 6], [7, 1, 4], [2, 8, 3])  # rank r's items: M = 2 or 3 micro-batches of 8 tokens per rank
+LENGTHS = ([3, 5, 2, 6], [7, 1, 4], [2, 8, 3])  # rank r's items: M = 2 micro-batches of 8 tokens per rank
+RANK_1_LAST_EMPTY = ([8, 8, 8], [])  # M = 2; rank 1 samples nothing and runs one item, in micro-batch 0
 
 
 class CountingAllToAll(FlatAllToAll):
@@ -32,31 +33,31 @@ def modules():
                                                               nn.Linear(WIDTH, VOCAB)).double()
 
 
-def rank_batch(rank):
+def rank_batch(rank, lengths=LENGTHS):
     generator = torch.Generator().manual_seed(rank)
-    tokens = torch.randint(0, VOCAB, (sum(LENGTHS[rank]),), generator=generator)
+    tokens = torch.randint(0, VOCAB, (sum(lengths[rank]),), generator=generator)
     return tokens, torch.randint(-1, VOCAB, (tokens.numel(),), generator=generator)
 
 
-def reference_grads(size):
+def reference_grads(lengths):
     """The float64 gradients of one pass over the whole step (every rank's tokens), loss over its loss tokens."""
     encoder, head = modules()
-    tokens, labels = (torch.cat(parts) for parts in zip(*map(rank_batch, range(size))))
+    tokens, labels = (torch.cat(parts) for parts in zip(*(rank_batch(rank, lengths) for rank in range(len(lengths)))))
     loss = F.cross_entropy(head(encoder(tokens)), labels, ignore_index=-1, reduction="sum")
     (loss / int(labels.ge(0).sum())).backward()
     return [parameter.grad for parameter in (*encoder.parameters(), *head.parameters())]
 
 
-def encoder_before_dispatch_job(rank, size, ddp):
+def encoder_before_dispatch_job(rank, size, lengths, ddp):
     """An encoder run on the rank's own tokens before a differentiable dispatch, then the micro-batch loop with one
     backward per micro-batch; the summed (plain modules) or DDP-averaged gradients, M, and the payload all-to-alls."""
     encoder, head = modules()
     if ddp:
         encoder, head = DistributedDataParallel(encoder), DistributedDataParallel(head)
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET, transport=CountingAllToAll())
-    tokens, labels = rank_batch(rank)
-    loss_tokens = [int(part.ge(0).sum()) for part in labels.split(LENGTHS[rank])]
-    plan = dispatcher.plan(LENGTHS[rank], loss_tokens=loss_tokens)
+    tokens, labels = rank_batch(rank, lengths)
+    loss_tokens = [int(part.ge(0).sum()) for part in labels.split(lengths[rank])]
+    plan = dispatcher.plan(lengths[rank], loss_tokens=loss_tokens)
     CountingAllToAll.calls = 0
     moved = dispatcher.dispatch({"e": encoder(tokens), "y": labels}, plan, differentiable=True)
     for micro in dispatcher.microbatches(plan, moved):
@@ -69,17 +70,20 @@ def encoder_before_dispatch_job(rank, size, ddp):
     return [parameter.grad for parameter in parameters], plan.num_microbatches, CountingAllToAll.calls
 
 
-@pytest.mark.parametrize("size, ddp", [(2, False), (3, False), (2, True)], ids=["2 ranks", "3 ranks", "2 ranks DDP"])
+@pytest.mark.parametrize("lengths, ddp", [(LENGTHS[:2], False), (LENGTHS, False), (LENGTHS[:2], True),
+                                          (RANK_1_LAST_EMPTY, True)],
+                         ids=["2 ranks", "3 ranks", "2 ranks DDP", "2 ranks DDP, rank 1's last micro-batch empty"])
 def test_regression_micro_batches_of_a_differentiable_dispatch_backpropagate_each_exactly_with_one_reverse_exchange(
-        size, ddp):
+        lengths, ddp):
     """Cause (probe15 P15-05): every micro-batch's rows were slices of the one differentiable exchange, so the first
     micro-batch's backward ran the reverse exchange and the encoder's backward and freed them: the second died in
     torch's "Trying to backward through the graph a second time" (retain_graph=True: M reverse exchanges).  The
     micro-batches before the last are cut from a leaf; the last one's backward sends the step's whole gradient home,
     once: the gradients are one pass's over the step, with two payload all-to-alls (out and back) per step."""
-    expected = reference_grads(size)
-    for rank, (grads, count, exchanges) in enumerate(spawn(encoder_before_dispatch_job, size, args=(ddp,),
-                                                           timeout_s=120, collective_timeout_s=30)):
+    expected = reference_grads(lengths)
+    for rank, (grads, count, exchanges) in enumerate(spawn(encoder_before_dispatch_job, len(lengths),
+                                                           args=(lengths, ddp), timeout_s=120,
+                                                           collective_timeout_s=30)):
         assert count >= 2 and exchanges == 2, (rank, count, exchanges)
         for grad, want in zip(grads, expected):
             torch.testing.assert_close(grad, want, rtol=0, atol=1e-12)
@@ -97,3 +101,26 @@ def test_a_backward_after_the_last_micro_batchs_is_refused_not_lost():
     with pytest.raises(RuntimeError, match=r"a micro-batch's backward reached rows of a differentiable dispatch .* "
                                            r"after the backward of the step's last micro-batch"):
         micros[0].data["x"].sum().backward()
+
+
+def combined_home_job(rank, size):
+    """Every micro-batch's outputs combined home, then one backward there: the gradient of the rank's weight and
+    what it is without any exchange (the rank's own rows, home)."""
+    torch.manual_seed(0)
+    weight = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    rows = torch.randn(sum(LENGTHS[rank]), 2, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    plan = dispatcher.plan(LENGTHS[rank])
+    moved = dispatcher.dispatch({"e": rows @ weight}, plan, differentiable=True)
+    outputs = [(micro, {"o": torch.sin(micro.data["e"])}) for micro in dispatcher.microbatches(plan, moved)]
+    (dispatcher.combine(outputs, plan)["o"] ** 2).sum().backward()
+    local = torch.autograd.grad((torch.sin(rows @ weight) ** 2).sum(), weight)[0]
+    return weight.grad, local, plan.num_microbatches
+
+
+def test_one_backward_over_every_micro_batch_combined_home_is_exact():
+    """A loop that runs no backward per micro-batch but one over all of them (here after `combine` sends the outputs
+    home): the last micro-batch's rows still send the gradient home after the others' reached the leaf."""
+    for grad, local, count in spawn(combined_home_job, 2, timeout_s=60, collective_timeout_s=30):
+        assert count == 2
+        torch.testing.assert_close(grad, local, rtol=0, atol=1e-12)
