@@ -54,8 +54,8 @@ class _CarryGradients(torch.autograd.Function):
         carried, totals = ctx.carried, []
         carried.sent = True
         for leaf, rows, grad in zip(carried.leaves, carried.last_rows, grads):
-            total = torch.zeros_like(leaf) if leaf.grad is None else leaf.grad
-            totals.append(total if grad is None else total.index_add(0, rows, grad))
+            total = torch.zeros_like(leaf) if leaf.grad is None else leaf.grad  # the leaf's own: added to in place
+            totals.append(total if grad is None else total.index_add_(0, rows, grad))
             leaf.grad = None
         return (None, *totals)
 
