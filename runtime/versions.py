@@ -32,11 +32,33 @@ def _count_step(optimizer, args, kwargs) -> None:
             _stepped[id(parameter)] = _stepped.get(id(parameter), 0) + 1
 
 
+def _listing(model) -> tuple:
+    """`model`'s parameters, (name, parameter); under FSDP2 its sharded ones (what the optimizer holds), whatever it
+    has registered now: after a forward without resharding (`reshard_after_forward=False` and no backward, as a
+    no-grad pass) it holds unsharded ones, whose storage it frees as it reshards."""
+    if not hasattr(model, "set_requires_gradient_sync"):
+        return tuple(model.named_parameters())
+    try:  # FSDP2's own record of each parameter's module and sharded form
+        sharded = {(id(held._module_info.module), held._module_info.param_name): held.sharded_param
+                   for module in model.modules() if hasattr(module, "_get_fsdp_state")
+                   for group in module._get_fsdp_state()._fsdp_param_groups for held in group.fsdp_params}
+    except AttributeError:  # another torch's FSDP2: nothing watched, rather than freed storage read
+        return ()
+    listed, seen = [], set()
+    for prefix, module in model.named_modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            parameter = sharded.get((id(module), name), parameter)
+            if id(parameter) not in seen:
+                seen.add(id(parameter))
+                listed.append((f"{prefix}.{name}" if prefix else name, parameter))
+    return tuple(listed)
+
+
 def _trainable(model) -> list:
     """`model`'s trainable parameters, (name, parameter)."""
     if not _hook:
         _hook.append(register_optimizer_step_post_hook(_count_step))
-    named = _listed.get(model) or _listed.setdefault(model, tuple(model.named_parameters()))
+    named = _listed.get(model) or _listed.setdefault(model, _listing(model))
     return [(name, parameter) for name, parameter in named if parameter.requires_grad]
 
 

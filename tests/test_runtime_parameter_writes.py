@@ -296,3 +296,52 @@ def test_regression_the_first_training_loop_after_a_no_grad_step_got_no_model_ch
     for message in spawn(first_training_loop_job, 2, args=(before,), timeout_s=60):
         assert message is not None and message.startswith("ModelContractError: rank ") and \
             "does not depend on parameters module.unused.bias, module.unused.weight" in message, message
+
+
+def sequential():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+
+
+def fsdp2_unresharded_job(rank, size, layout):
+    """Two FSDP2 steps (M >= 2, SGD after each) of `sequential()` sharded with reshard_after_forward=False (the root,
+    or torchtitan's way: the last layer), after one no-grad forward (an evaluation first): the full parameters, or
+    what was raised."""
+    from torch.distributed.fsdp import fully_shard
+
+    net = sequential()
+    if layout == "root":
+        fully_shard(net, reshard_after_forward=False)
+    else:
+        fully_shard(net[0])
+        fully_shard(net[2], reshard_after_forward=False)
+        fully_shard(net)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with torch.no_grad():
+        net(features(2, rank))
+
+    def after(step):
+        optimizer.step()
+        optimizer.zero_grad()
+
+    message = run_steps(net, squared(net), after=after)
+    return message or [parameter.full_tensor().detach() for parameter in net.parameters()]
+
+
+@pytest.mark.parametrize("layout", ["root", "torchtitan"])
+def test_regression_fsdp2_kept_unsharded_by_a_no_grad_forward_made_the_parameter_check_read_freed_storage(layout):
+    """Cause (probe15 P15-11, a regression of ab2980a): the parameter check listed the model's parameters at its
+    first block, and after a no-grad forward of a module sharded with reshard_after_forward=False FSDP2 holds the
+    unsharded ones, whose storage it frees as it reshards: every rank died of SIGSEGV reading them.  Under FSDP2
+    the check reads the sharded parameters (what the optimizer holds).  Parameters as two float64 SGD steps."""
+    net = sequential()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(2):
+        batch = torch.cat([features(step, rank) for rank in STEPS[step]])
+        (net(batch).pow(2).sum() / batch.shape[0]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for parameters in spawn(fsdp2_unresharded_job, 2, args=(layout,), timeout_s=60):
+        assert not isinstance(parameters, str), parameters
+        for got, want in zip(parameters, net.parameters(), strict=True):
+            torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-12)
