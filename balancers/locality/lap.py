@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.sparse import csr_matrix
 
-from .partial_plan import runs
+from .partial_plan import descending, runs
 
 NODES_PER_BLOCK = 256  # nodes whose ranks `assign_groups_greedily` places in one LAP (`_ranks_within_nodes_by_blocks`)
 
@@ -164,10 +164,11 @@ def _proposals(groups: np.ndarray, nodes: np.ndarray, weights: np.ndarray, num_g
     of those it holds and those proposed, until no group is left with a pair to propose.  With
     preferences on both sides given by one strict order of the pairs, this is the greedy's
     matching (the unique stable one), in at most max-degree rounds of numpy."""
-    order = np.argsort(-weights, kind="stable")  # the pairs come by (group, node): ties keep that order
-    place = np.empty(groups.size, dtype=np.int64)  # each pair's position in the greedy's order
-    place[order] = np.arange(groups.size)
-    own = order[np.argsort(groups[order], kind="stable")]  # every group's pairs, best first
+    order = descending(weights)  # the pairs come by (group, node): ties keep that order
+    size = groups.size
+    place = np.empty(size, dtype=np.int64)  # each pair's position in the greedy's order (order[place[p]] == p)
+    place[order] = np.arange(size)
+    own = order[np.sort(groups * size + place) % size]  # every group's pairs, best first
     start = np.searchsorted(groups[own], np.arange(num_groups))
     end = np.append(start[1:], groups.size)
     pointer, held = start.copy(), np.zeros(0, dtype=np.int64)
@@ -176,7 +177,7 @@ def _proposals(groups: np.ndarray, nodes: np.ndarray, weights: np.ndarray, num_g
         proposed = own[pointer[proposing]]
         pointer[proposing] += 1
         pairs = np.concatenate([held, proposed])
-        pairs = pairs[np.argsort(nodes[pairs] * groups.size + place[pairs])]
+        pairs = order[np.sort(nodes[pairs] * size + place[pairs]) % size]  # by node, then the greedy's order
         kept = runs(nodes[pairs])[1] < slots
         held, refused = pairs[kept], groups[pairs[~kept]]
         proposing = refused[pointer[refused] < end[refused]]

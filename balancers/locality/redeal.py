@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .partial_plan import runs
+from .partial_plan import descending, runs
 
 
-def _by_key(members: np.ndarray, keys: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """`members` sorted by (keys, order) (`order` distinct: no ties)."""
-    return members[np.argsort(keys[members] * order.size + order[members])]
+def _by_key(members: np.ndarray, keys: np.ndarray, order: np.ndarray, of_order: np.ndarray) -> np.ndarray:
+    """`members` sorted by (keys, order), `order` a permutation of range(n) and `of_order` its inverse: one
+    sort of the packed keys key · n + order, decoded (a third of an argsort's time)."""
+    return of_order[np.sort(keys[members] * order.size + order[members]) % order.size]
 
 
 def _match_sorted(items: np.ndarray, item_keys: np.ndarray, slots: np.ndarray,
@@ -49,13 +50,15 @@ def redeal_equal_items(lengths: np.ndarray, destinations: np.ndarray, sources: n
     """
     n = lengths.size
     length_class = np.unique(lengths, return_inverse=True)[1].astype(np.int64).ravel()
-    item_rank = np.empty(n, dtype=np.int64)
-    item_rank[np.lexsort((np.arange(n), -item_bytes))] = np.arange(n)
     everything = np.arange(n, dtype=np.int64)
+    by_bytes = descending(item_bytes)  # the items by bytes descending, ties by index; item_rank their places
+    item_rank = np.empty(n, dtype=np.int64)
+    item_rank[by_bytes] = everything
     by_node = length_class * num_ranks + sources // gpus_per_node
     node_places = length_class * num_ranks + destinations // (gpus_per_node * cells_per_rank)
     # Which items stay on their node: the most bytes, as many as the node has places.
-    items_by_node, slots_by_node = _by_key(everything, by_node, item_rank), _by_key(everything, node_places, everything)
+    items_by_node = _by_key(everything, by_node, item_rank, by_bytes)
+    slots_by_node = _by_key(everything, node_places, everything, everything)
     stay, _ = _match_sorted(items_by_node, by_node, slots_by_node, node_places)
     staying = np.zeros(n, dtype=bool)
     staying[stay] = True
@@ -69,10 +72,11 @@ def redeal_equal_items(lengths: np.ndarray, destinations: np.ndarray, sources: n
 
     # On their rank as its places allow; then on their node; then everything left, anywhere.
     on_rank, rank_places = length_class * num_ranks + sources, length_class * num_ranks + destinations // cells_per_rank
-    match(_by_key(stay, on_rank, item_rank), on_rank, _by_key(everything, rank_places, everything), rank_places)
+    match(_by_key(stay, on_rank, item_rank, by_bytes), on_rank, _by_key(everything, rank_places, everything, everything),
+          rank_places)
     # the node's order, kept: its stayers not placed yet and its free slots
     match(items_by_node[staying[items_by_node] & (result[items_by_node] < 0)], by_node,
           slots_by_node[free[slots_by_node]], node_places)
-    match(_by_key(np.flatnonzero(result < 0), length_class, item_rank), length_class,
-          _by_key(np.flatnonzero(free), length_class, everything), length_class)
+    match(_by_key(np.flatnonzero(result < 0), length_class, item_rank, by_bytes), length_class,
+          _by_key(np.flatnonzero(free), length_class, everything, everything), length_class)
     return result
