@@ -9,7 +9,14 @@ giant-heavy ones (long: 5 % long videos and 5 % 8k-128k documents; long_tail: Pa
 cost: the 84B model's LLM FLOPs.  P ∈ {4, 8}, M ∈ {8, 16, 32}, D ∈ {8, 64} (and 512), the
 three schedules.  The planner's constants (search budget, light replicas, swaps) were set
 on the default and long mixes at seeds 1 and 2, the search's stop gap (which also ends the starts)
-on this grid at seeds 1 and 2; the figures are on held-out seed 7.
+on this grid at seeds 1 and 2, its stall window on the planning-time instance (default, seed 7,
+D = 2560); the figures are on seeds 7, 23 and 31 (23 and 31 never looked at before issue 28's audit),
+and issue 28's targets are asserted per seed on each family of mixes: ours / PP-unaware at most
+0.97 at the median and never above 1, ours / bound at most 1.02 at the median.  GPipe's rows sit
+at ~1.000 (its step is order-free, flat cells are its optimum and the plain plan already has them,
+within 0.2 % of the bound) and the interleaved ones at ~0.973: on 53 of 90 GPipe and 34 of 90
+interleaved rows (seed 23, D up to 512) 0.97 x the PP-unaware step is below the certified bound, so
+the 0.97 holds over the three schedules, not per schedule.  Seed 7's realistic median is 0.9695.
 Every plan's step is `pipeline_step` of its cells (same model, same bound), micro-batch m
 run m-th on every replica: ours (`pipeline=`), the PP-unaware plan in its own order, and
 DynaPipe-style per-replica contiguous micro-batches (`study.pipeline_peers`).
@@ -31,7 +38,9 @@ from orchmllm.study.workloads import sample_workload
 COST = MODELS["84b"].llm.cost(causal=True)
 REALISTIC, GIANT = ("default", "vision", "speech"), ("long", "long_tail")
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))
-HELD_OUT_SEED = 7
+HELD_OUT_SEED = 7  # the planning-time instance's
+QUALITY_SEEDS = (7, 23, 31)
+TARGET_VS_UNAWARE, TARGET_VS_BOUND = 0.97, 1.02  # issue 28, at the median
 PAIRS = 11  # alternated pairs of the planning-time ratio
 
 
@@ -64,9 +73,10 @@ def _summary(rows, key):
 
 
 @pytest.mark.timeout(7200)
-def test_pipeline_aware_against_unaware_dynapipe_and_bound(request):
+@pytest.mark.parametrize("seed", QUALITY_SEEDS)
+def test_pipeline_aware_against_unaware_dynapipe_and_bound(request, seed):
     heavy = request.config.getoption("--heavy", default=False)
-    rows = [_row(w, d, m, p, s, v, HELD_OUT_SEED) for w in REALISTIC + GIANT for d in ((8, 64, 512) if heavy
+    rows = [_row(w, d, m, p, s, v, seed) for w in REALISTIC + GIANT for d in ((8, 64, 512) if heavy
             else (8, 64)) for m in (8, 16, 32) for p in (4, 8) for s, v in SCHEDULES]
     print(f"\n{'workload':<10} {'D':>4} {'M':>3} {'P':>2} {'schedule':<11} {'ours/unaware':>12} {'ours/bound':>10} "
           f"{'dynapipe/ours':>13} {'bubble':>6} {'plan s':>7}")
@@ -78,6 +88,10 @@ def test_pipeline_aware_against_unaware_dynapipe_and_bound(request):
                                                                                   ("giant-heavy", GIANT))]:
         print(f"{label:<12} ours/unaware {_summary(chosen, 'vs_unaware')}; ours/bound {_summary(chosen, 'vs_bound')}; "
               f"dynapipe/ours {_summary(chosen, 'dynapipe_vs_ours')}")
+    for name, mix in (("realistic", REALISTIC), ("giant-heavy", GIANT)):
+        chosen = [r for r in rows if r["workload"] in mix]
+        assert np.median([r["vs_unaware"] for r in chosen]) <= TARGET_VS_UNAWARE, (seed, name)
+        assert np.median([r["vs_bound"] for r in chosen]) <= TARGET_VS_BOUND, (seed, name)
 
 
 def _report(step):
