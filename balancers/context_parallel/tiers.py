@@ -85,17 +85,24 @@ def _deal(problem: Problem, times, order: np.ndarray, alone: np.ndarray, k: int,
     held = {s: [0, 0, []] for _, s in groups}  # group -> least and most tokens its fullest rank may hold, its items
     chosen = []
     for j in range(k, order.size):
-        aside = []
-        while groups and not _room(held[groups[0][1]], shards, j, most[j], fewest[j], cap):
-            aside.append(heapq.heappop(groups))
         if not groups:
             return None
         load, s = groups[0]
-        heapq.heapreplace(groups, (load + wide_time[j], s))
-        for entry in aside:
-            heapq.heappush(groups, entry)
-        chosen.append(s)
         tokens = held[s]
+        if tokens[1] + most[j] > cap and not _room(tokens, shards, j, most[j], fewest[j], cap):  # the least-loaded
+            aside = [heapq.heappop(groups)]  # lacks room (the bound settles most): set aside those short of tokens
+            while groups and not _room(held[groups[0][1]], shards, j, most[j], fewest[j], cap):
+                aside.append(heapq.heappop(groups))
+            if not groups:
+                return None
+            load, s = groups[0]
+            heapq.heapreplace(groups, (load + wide_time[j], s))
+            for entry in aside:
+                heapq.heappush(groups, entry)
+            tokens = held[s]
+        else:
+            heapq.heapreplace(groups, (load + wide_time[j], s))
+        chosen.append(s)
         tokens[0] += fewest[j]
         tokens[1] += most[j]
         tokens[2].append(j)
