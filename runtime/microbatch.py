@@ -42,7 +42,7 @@ import torch
 
 from ..balancers.validation import as_bool
 from .encoders import recording
-from .model_check import ModelContractError, check_model_contract, kind
+from .model_check import ModelContractError, check_model_contract, check_reduction, kind
 from .versions import discarded, optimizer_steps, unstepped, unwritten
 
 _active = threading.local()
@@ -443,7 +443,8 @@ def accumulated() -> tuple:
     return getattr(_active, "blocks", ())
 
 
-def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro: MicroBatch) -> None:
+def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro: MicroBatch,
+                         reduction: str = "mean") -> None:
     """In the body of `accumulate(model, micro)` (one model or several, nested) where a check is due: keep
     `loss_sum` (a part of the loss) and check the parts when the backward through `normalized` (its normalised
     form) starts.  Outside any `accumulate(model, micro)`, in a step due the check whose loop ran a forward with
@@ -455,6 +456,8 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
     for block, model, versions, steps in getattr(_active, "written", ()):
         if block is micro:
             unwritten(micro, model, versions, steps)
+            if micro.contract is not None:  # the model's reduction against the loss's scale (`reduction`)
+                check_reduction(model, micro, reduction)
     synced = getattr(_active, "synced", None)
     if micro.contract is not None and synced is not None and not any(block is micro for block in accumulated()):
         raise _bare_loop("normalize_loss(loss, micro) outside `with accumulate(model, micro):`", micro, synced)

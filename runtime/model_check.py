@@ -153,3 +153,32 @@ def _no_forward_under_fsdp2(micro, group) -> ModelContractError:
         f"block is not seen; and a rank that does not call the model leaves the ranks that did waiting in the "
         f"forward's parameter all-gather until it stops or the process group's timeout (NCCL: its watchdog), which "
         f"no check can turn into an error on every rank")
+
+
+def _model_reduction(model) -> str | None:
+    """How `model` combines gradients across ranks, where it can be told: "mean" (DDP without a comm hook, FSDP2
+    with its default divide factor), "sum" (FSDP2 with a divide factor of 1); else None (a comm hook, another
+    factor, a plain model reduced by hand)."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        try:  # FSDP2 keeps the factor of `set_gradient_divide_factor` in each parameter group
+            factors = {group.gradient_divide_factor for module in model.modules() if hasattr(module, "_get_fsdp_state")
+                       for group in module._get_fsdp_state()._fsdp_param_groups}
+        except AttributeError:
+            return None
+        return "mean" if factors == {None} else "sum" if factors == {1} else None
+    return "mean" if hasattr(model, "no_sync") and getattr(model, "_comm_hooks", None) == [] else None
+
+
+def check_reduction(model, micro, reduction: str) -> None:
+    """A ValueError where `normalize_loss(loss, micro, gradient_reduction=reduction)` in `accumulate(model, micro)`
+    scales for another reduction than `model`'s (every rank runs the same model and call: every rank raises)."""
+    combines = _model_reduction(model)
+    if combines is None or combines == reduction:
+        return
+    size = micro.world_size
+    how = "averages gradients across ranks (DDP, FSDP2 by default)" if combines == "mean" else \
+        "sums gradients across ranks (FSDP2 after set_gradient_divide_factor(1.0))"
+    raise ValueError(
+        f"normalize_loss(loss, micro, gradient_reduction={reduction!r}) in `accumulate` of {kind(model)}, which "
+        f"{how}: the gradients would come out {size} times too {'large' if reduction == 'mean' else 'small'} (the "
+        f"world size); pass gradient_reduction={combines!r}")

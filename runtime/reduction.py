@@ -134,7 +134,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
                              f"{num_loss_tokens.num_loss_tokens} loss tokens; pass this step's micro-batch (a loop "
                              f"variable kept from an earlier step?)")
         normalized = loss_sum * num_loss_tokens.loss_scale(gradient_reduction)
-        watch_model_contract(loss_sum, normalized, num_loss_tokens)  # a no-op where it needs no grad
+        watch_model_contract(loss_sum, normalized, num_loss_tokens, gradient_reduction)  # a no-op without grad
         return normalized
     if total_loss_tokens is not None:
         return _divided(loss_sum, as_count(total_loss_tokens, "total_loss_tokens"), group, gradient_reduction)

@@ -345,3 +345,42 @@ def test_regression_fsdp2_kept_unsharded_by_a_no_grad_forward_made_the_parameter
         assert not isinstance(parameters, str), parameters
         for got, want in zip(parameters, net.parameters(), strict=True):
             torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-12)
+
+
+def reduction_job(rank, size, wrap, reduction):
+    """One step (M >= 2) of `sequential()` under `wrap` ('fsdp2_sum': FSDP2 told to sum, set_gradient_divide_factor(1);
+    'ddp': averaging), its loss normalised for `reduction`: the full gradients, or what was raised."""
+    from torch.distributed.fsdp import fully_shard
+
+    net = sequential()
+    if wrap == "ddp":
+        model = nn.parallel.DistributedDataParallel(net)
+    else:
+        model = fully_shard(net)
+        model.set_gradient_divide_factor(1.0)
+    body = lambda micro: normalize_loss(model(micro.data["x"]).pow(2).sum(), micro,  # noqa: E731
+                                        gradient_reduction=reduction).backward()
+    message = run_steps(model, body, steps=1)
+    return message or [getattr(p.grad, "full_tensor", lambda: p.grad)().detach() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("wrap, wrong, right", [("fsdp2_sum", "mean", "sum"), ("ddp", "sum", "mean")])
+def test_regression_a_loss_scaled_for_another_reduction_than_the_models_gave_gradients_off_by_the_world_size(
+        wrap, wrong, right):
+    """Cause (probe15 P15-10): `normalize_loss(loss, micro)` scales for averaging ranks (DDP, FSDP2 by default), so
+    FSDP2 told to sum (`set_gradient_divide_factor(1.0)`, as a trainer normalising by the global token count does)
+    gave gradients D times too large, no error (and `gradient_reduction='sum'` under DDP D times too small).  In
+    `accumulate`, on steps due the check, the model's reduction is read: the wrong scale raises on every rank, the
+    right one gives one float64 pass's gradients."""
+    for message in spawn(reduction_job, 2, args=(wrap, wrong), timeout_s=60):
+        assert isinstance(message, str) and message.startswith(
+            f"ValueError: normalize_loss(loss, micro, gradient_reduction={wrong!r}) in `accumulate` of ") and \
+            message.endswith(f"the gradients would come out 2 times too {'large' if wrong == 'mean' else 'small'} "
+                             f"(the world size); pass gradient_reduction={right!r}"), message
+    net = sequential()
+    batch = torch.cat([features(0, rank) for rank in STEPS[0]])
+    (net(batch).pow(2).sum() / batch.shape[0]).backward()
+    for gradients in spawn(reduction_job, 2, args=(wrap, right), timeout_s=60):
+        assert not isinstance(gradients, str), gradients
+        for got, parameter in zip(gradients, net.parameters(), strict=True):
+            torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
