@@ -304,6 +304,28 @@ def test_regression_a_losing_fill_planned_first_the_micro_batch_whose_bound_its_
     found = microbatch._deferred(microbatch_of, 3, 0.0, Passes(), 27.0, times)
     assert planned == [1] and found.floor == pytest.approx(28.0)
 
+
+@settings(max_examples=300, deadline=None)
+@given(times=st.lists(st.lists(st.sampled_from([0.5, 1.0, 1.5, 3.0, 6.0, 1e308, math.inf]), min_size=3, max_size=3),
+                      min_size=1, max_size=6),
+       lengths=st.lists(st.integers(0, 90), min_size=6, max_size=6), budget=st.integers(1, 40),
+       level=st.sampled_from([0.5, 1.0, 3.0, 6.0, 12.0, 1e308, math.inf]))
+def test_exclusive_ranks_made_once_per_fill_match_their_definition(times, lengths, budget, level):
+    """`exclusive_ranks` (each item's `share_times`, made once per planning call, then `alone_degrees` per level)
+    against its definition item by item: 0 where some degree's time is within level / 2 and its shards within
+    T / 2, else the smallest degree whose time fits (the largest where none does)."""
+    from orchmllm.balancers.context_parallel.grouping import exclusive_ranks
+
+    table, degrees = np.array(times), np.array([1, 2, 4])
+    lengths = np.array(lengths[:table.shape[0]])
+    expected = []
+    for row, length in zip(table.tolist(), lengths.tolist()):
+        shares = any(2 * t <= level and 2 * -(-length // c) <= budget for t, c in zip(row, degrees))
+        fits = [c for t, c in zip(row, degrees) if t <= level]
+        expected.append(0 if shares else (fits[0] if fits else degrees[-1]))
+    with np.errstate(over="ignore"):
+        assert exclusive_ranks(table, degrees, lengths, level, budget).tolist() == expected
+
 IDEAL_SPLIT = dict(seconds_per_cost=1.0, latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
 
 

@@ -7,27 +7,46 @@ under the earlier ones' levels (`_back_fill`).  Moved out of `microbatch.py` (th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 BACK_FILL = 0.97
 """Share of D · level of an earlier micro-batch the last one's items may fill (`_back_fill`)."""
 
 
-def group_microbatches(table: np.ndarray, degrees: np.ndarray, costs: np.ndarray, lengths: np.ndarray,
-                       num_ranks: int, num_microbatches: int, room: int, budget: int) -> np.ndarray:
-    """Every item's micro-batch: items by their least time (`table`: times at `degrees`, inf where a
-    shard exceeds the budget), longest first (ties by index), fill micro-batch 0, then 1, ...;
-    micro-batch m takes items while its tokens stay within `room`, the ranks its items hold alone
-    within D (`exclusive_ranks` at its level) and its work within D · level_m, level_m = max(its first
-    item's time, the work left / (D · the micro-batches left)), or beyond that work while the later
-    micro-batches could not hold the tokens left; the last takes the rest.  A step costs Σ_m max_r,
-    so items of like time share a micro-batch (giants run side by side on their groups) and the
-    rest level out."""
+@dataclass(frozen=True, eq=False)
+class ByTime:
+    """The items by their least time (`table`: times at `degrees`, inf where a shard exceeds the budget), longest
+    first (ties by index), and what the fills read of them in that order: made once (`by_time`), every fill's
+    grouping reads it."""
+
+    degrees: np.ndarray
+    times: np.ndarray  # every item's least time
+    order: np.ndarray
+    table: np.ndarray  # the rows of `order`
+    sharing: np.ndarray  # their `share_times`
+    tokens: np.ndarray  # running sums of their tokens
+    work: np.ndarray  # and of their costs
+
+
+def by_time(table: np.ndarray, degrees: np.ndarray, costs: np.ndarray, lengths: np.ndarray, budget: int) -> ByTime:
+    """The `ByTime` of the items of `lengths` and `costs` within a budget of T tokens per rank."""
     times = table.min(axis=1)
     order = np.argsort(-times, kind="stable")  # longest first, ties by index
     sorted_table, sorted_lengths = table[order], lengths[order]
-    tokens = np.cumsum(sorted_lengths)
-    work = np.cumsum(costs[order])
+    return ByTime(degrees, times, order, sorted_table, share_times(sorted_table, degrees, sorted_lengths, budget),
+                  np.cumsum(sorted_lengths), np.cumsum(costs[order]))
+
+
+def group_microbatches(items: ByTime, num_ranks: int, num_microbatches: int, room: int) -> np.ndarray:
+    """Every item's micro-batch: items by their least time (`items`), longest first (ties by index), fill
+    micro-batch 0, then 1, ...; micro-batch m takes items while its tokens stay within `room`, the ranks its
+    items hold alone within D (`exclusive_ranks` at its level) and its work within D · level_m, level_m =
+    max(its first item's time, the work left / (D · the micro-batches left)), or beyond that work while the
+    later micro-batches could not hold the tokens left; the last takes the rest.  A step costs Σ_m max_r, so
+    items of like time share a micro-batch (giants run side by side on their groups) and the rest level out."""
+    times, order, tokens, work = items.times, items.order, items.tokens, items.work
     n = order.size
     microbatch = np.empty(n, dtype=np.int64)
     start, held = 0, []  # (level, work, tokens, alone-held ranks, their running sums) of all but the last
@@ -37,7 +56,7 @@ def group_microbatches(table: np.ndarray, degrees: np.ndarray, costs: np.ndarray
         if later and start < n:
             base_tokens, base_work = (int(tokens[start - 1]), float(work[start - 1])) if start else (0, 0.0)
             level = max(float(times[order[start]]), (float(work[-1]) - base_work) / (num_ranks * (later + 1)))
-            exclusive = np.cumsum(exclusive_ranks(sorted_table, degrees, sorted_lengths, level, budget))
+            exclusive = np.cumsum(alone_degrees(items.table, items.degrees, items.sharing, level))
             base_ranks = int(exclusive[start - 1]) if start else 0
             by_tokens = int(min(np.searchsorted(tokens, base_tokens + room, side="right"),
                                 np.searchsorted(exclusive, base_ranks + num_ranks, side="right")))
@@ -63,10 +82,24 @@ def exclusive_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray,
     >>> exclusive_ranks(table, np.array([1, 2]), np.array([30, 20, 10, 40]), 6.0, 32).tolist()
     [2, 0, 0, 2]
     """
-    shares = (2 * table <= level) & (2 * -(-lengths[:, None] // degrees[None, :]) <= budget)
-    fits = table <= level
-    degree = degrees[np.where(fits.any(axis=1), np.argmax(fits, axis=1), degrees.size - 1)]
-    return np.where(shares.any(axis=1), 0, degree)
+    return alone_degrees(table, degrees, share_times(table, degrees, lengths, budget), level)
+
+
+def share_times(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, budget: int) -> np.ndarray:
+    """Twice each item's least time over the degrees whose shards hold at most T / 2 tokens (nan where none
+    does): it may share ranks in a micro-batch of cost `level` exactly where this is <= level (doubling is
+    exact, so this is `exclusive_ranks`' test at any level, made once)."""
+    return 2 * np.fmin.reduce(np.where(2 * -(-lengths[:, None] // degrees[None, :]) <= budget, table, np.nan), axis=1)
+
+
+def alone_degrees(table: np.ndarray, degrees: np.ndarray, sharing: np.ndarray, level: float) -> np.ndarray:
+    """`exclusive_ranks` at `level` from the items' `share_times`: only the items that may not share ranks
+    look for their smallest degree that fits the level."""
+    alone = np.flatnonzero(~(sharing <= level))
+    fits = table[alone] <= level
+    out = np.zeros(table.shape[0], dtype=degrees.dtype)
+    out[alone] = degrees[np.where(fits.any(axis=1), np.argmax(fits, axis=1), degrees.size - 1)]
+    return out
 
 
 def _back_fill(microbatch: np.ndarray, order: np.ndarray, held: list, sums: tuple, num_ranks: int, room: int) -> None:

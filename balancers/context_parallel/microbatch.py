@@ -57,7 +57,7 @@ from ..cost import CostModel
 from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
-from .grouping import group_microbatches
+from .grouping import by_time, group_microbatches
 from .plan import ContextParallelPlan
 from .regroup import regroup
 from .repair import repaired_grouping
@@ -192,20 +192,20 @@ def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ran
                                context_parallel=spec, passes=tuple(passes))
 
 
-def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, costs, table, room, fixed: bool,
+def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, ordered, table, room, fixed: bool,
                  plan_pass: _PassPlans, repair: bool = False, defer: float | None = None, early: bool = False) -> tuple:
-    """(the split plan of `num_microbatches` micro-batches (`group_microbatches`, then the split planner in
-    each, `plan_pass`), or None when some micro-batch finds no layout within the budget; with `repair`, the
-    plan of that grouping after its micro-batches without layout spill (`repair.py`), or None).  With
+    """(the split plan of `num_microbatches` micro-batches (`group_microbatches` of the items `ordered`, then
+    the split planner in each, `plan_pass`), or None when some micro-batch finds no layout within the budget;
+    with `repair`, the plan of that grouping after its micro-batches without layout spill (`repair.py`), or
+    None).  With
     `defer`, a `_Deferred` instead where `_deferred` (`early`: see there) leaves its micro-batch of most items
     unplanned."""
-    degrees = np.array(spec.degrees, dtype=np.int64)
-    microbatch = group_microbatches(table, degrees, costs, lengths, num_ranks, num_microbatches, room, budget)
+    microbatch = group_microbatches(ordered, num_ranks, num_microbatches, room)
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
     deferred = None if defer is None else _deferred(microbatch, num_microbatches, overhead, plan_pass, defer,
-                                                    table.min(axis=1) if early else None)
+                                                    ordered.times if early else None)
     if deferred is not None:
         return deferred, None
     return _grouping_planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, table,
@@ -302,6 +302,7 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     if today is not None and not np.any(costs * num_ranks * first > total):  # no giant: every plan works Σ f
         return wrap_unsplit(today, spec, costs, float_sum([total / num_ranks, (num_microbatches or fewest) * overhead]))
     bound, fewest, table = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
+    ordered = by_time(table, np.array(spec.degrees, dtype=np.int64), costs, lengths, budget)
     best, repaired, tokens, plan_pass = None, None, int(lengths.sum()), _PassPlans(lengths, num_ranks, spec, cost,
                                                                                    budget)
     pending = None  # the first fill, deferred (`_deferred`): planned only where the second does not beat it
@@ -311,7 +312,7 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
         over = num_microbatches is not None and m > num_microbatches  # this fill needs more than the fixed M
         if best is not None and (over or best.step_cost <= bound * (1 + RETRY_GAP)):
             break
-        cells = (lengths, num_ranks, spec, budget, overhead, num_microbatches or m, costs, table,
+        cells = (lengths, num_ranks, spec, budget, overhead, num_microbatches or m, ordered, table,
                  -(-tokens // num_microbatches) if over else room, num_microbatches is not None, plan_pass)
         alone = best is None and repaired is None and pending is None and num_microbatches is None
         defer = best.step_cost if best is not None and num_microbatches is None else None
