@@ -77,18 +77,31 @@ def _steps(model) -> tuple:
     return tuple(_stepped.get(id(parameter), 0) for _, parameter in _trainable(model))
 
 
-def contents(model) -> torch.Tensor:
+def _local(parameter) -> torch.Tensor:
+    """A parameter's entries on this rank (its shard under FSDP2), flat."""
+    return (parameter.to_local() if hasattr(parameter, "to_local") else parameter).detach().reshape(-1)
+
+
+def contents(model) -> dict:
     """A fingerprint of the contents of `model`'s trainable parameters (this rank's shards under FSDP2): the sum of
     each one's entries read as integers of their width, so a change of any one entry changes it (changes cancel
-    only where they keep every parameter's sum of bits, as a permutation of its entries does).  One read of each."""
-    sums = []
+    only where they keep every parameter's sum of bits, as a permutation of its entries does).  One read of each;
+    the sums stay on their parameters' devices (a model may span several): one tensor per device."""
+    sums: dict = {}
     for _, parameter in _trainable(model):
-        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
-        local = local.detach().reshape(-1)
-        bits = _BITS.get(local.element_size())
-        sums.append(local.view(bits).sum(dtype=torch.int64) if bits is not None else
-                    local.view(torch.int8).sum(dtype=torch.int64))
-    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+        local = _local(parameter)
+        sums.setdefault(local.device, []).append(local.view(_BITS.get(local.element_size(), torch.int8))
+                                                 .sum(dtype=torch.int64))
+    return {device: torch.stack(part) for device, part in sums.items()}
+
+
+def _changed(model, before: dict, after: dict) -> list[bool] | None:
+    """None where two fingerprints of `model` (`contents`) are equal, else whether each trainable parameter changed."""
+    if before.keys() == after.keys() and all(torch.equal(before[device], after[device]) for device in before):
+        return None
+    flags = {device: iter((before[device] != after[device]).tolist() if device in before and
+                          before[device].shape == after[device].shape else ()) for device in after}
+    return [next(flags[_local(parameter).device], True) for _, parameter in _trainable(model)]
 
 
 def _names(model, changed) -> str:
@@ -130,9 +143,10 @@ def unstepped(micro, model, check: bool) -> tuple | None:
             f"renormalised weight), or {advice}")
     if micro.is_last:  # a pass over the step ends (the next starts afresh)
         step.versions.pop(id(model), None)
-        if fingerprint is not None and not torch.equal(fingerprint, contents(model)):
+        changed = None if fingerprint is None else _changed(model, fingerprint, contents(model))
+        if changed is not None:
             raise ValueError(
-                f"trainable parameters {_names(model, (fingerprint != contents(model)).tolist())} of {kind(model)} "
+                f"trainable parameters {_names(model, changed)} of {kind(model)} "
                 f"were written {where}, by no in-place operation or optimizer step (through `.data`, or "
                 f"`torch.nn.utils.vector_to_parameters`): each rank updated them on its own unsynchronised "
                 f"gradients, and the replicas drift apart; {advice}")

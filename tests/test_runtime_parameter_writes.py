@@ -384,3 +384,20 @@ def test_regression_a_loss_scaled_for_another_reduction_than_the_models_gave_gra
         assert not isinstance(gradients, str), gradients
         for got, parameter in zip(gradients, net.parameters(), strict=True):
             torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+
+
+def test_regression_the_fingerprint_of_a_model_on_two_devices_failed_in_torch_stack():
+    """Cause (probe15 P15-12): `contents` stacked every parameter's sum into one tensor, so a model whose trainable
+    parameters sit on two devices (DDP of a multi-device module, an embedding kept on CPU) failed with torch's raw
+    'not on the expected device' at its first held block.  The sums stay on their devices, one tensor per device
+    (a meta layer stands for a second device on a CPU-only machine); a change is named by parameter."""
+    from orchmllm.runtime.versions import _changed, contents
+
+    two = nn.Module()
+    two.first, two.second = nn.Linear(2, 2), nn.Linear(2, 2, device="meta")
+    assert {device.type: tuple(sums.shape) for device, sums in contents(two).items()} == {"cpu": (2,), "meta": (2,)}
+    plain = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    before = contents(plain)
+    assert _changed(plain, before, contents(plain)) is None
+    plain[1].weight.data.add_(1.0)
+    assert _changed(plain, before, contents(plain)) == [False, False, True, False]
