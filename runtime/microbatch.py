@@ -42,7 +42,7 @@ import torch
 
 from ..balancers.validation import as_bool
 from .encoders import recording
-from .model_check import ModelContractError, check_model_contract, check_reduction, kind
+from .model_check import ModelContractError, check_model_contract, check_reduction, kind, wrapped_problem
 from .versions import discarded, optimizer_steps, unstepped, unwritten
 
 _active = threading.local()
@@ -156,7 +156,7 @@ def iterate(microbatches):
             _active.step = weakref.ref(micro)
             if micro.contract is not None and getattr(_active, "noting", None) is None:
                 _active.noting = _noting_synced_forwards()
-            _active.forwarded = None
+            _active.forwarded = _active.wrapped = None
             yield micro
             _after_body(micro)
     finally:
@@ -195,7 +195,8 @@ def _noting_synced_forwards():
             handle.remove()
             _active.noting = None
         elif _syncing_class(type(module)) and torch.is_grad_enabled() and _reduces_every_parameter(module):
-            _active.forwarded = kind(module)  # in the body running now (`_after_body`)
+            _active.forwarded = kind(module)  # in the body running now (`_after_body`), and the module DDP wraps
+            _active.wrapped = weakref.ref(module.module) if hasattr(module, "module") else None  # (`wrapped_problem`)
             _active.synced = getattr(_active, "synced", None) or _active.forwarded
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
@@ -411,8 +412,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         versions = unstepped(micro, model, check)
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     written = getattr(_active, "written", ())  # the blocks whose forwards' writes `normalize_loss` checks (`unwritten`)
-    if syncs and versions is not None:
-        _active.written = written + ((micro, model, versions, optimizer_steps()),)
+    if (syncs and versions is not None) or (not syncs and micro.contract is not None):  # a plain one: versions None
+        _active.written = written + ((micro, model, versions if syncs else None, optimizer_steps()),)
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
     _active.block = weakref.ref(micro)  # the latest micro-batch a block ran for (`_after_body`)
     if syncs and torch.is_grad_enabled():  # its sync held to the last (a no-grad block holds nothing, keeps all)
@@ -454,7 +455,10 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
     if not normalized.requires_grad:
         return
     for block, model, versions, steps in getattr(_active, "written", ()):
-        if block is micro:
+        wrapped = getattr(_active, "wrapped", None)
+        if block is micro and versions is None and wrapped is not None and wrapped() is model:
+            raise wrapped_problem(model, micro, getattr(_active, "forwarded", None))
+        if block is micro and versions is not None:
             unwritten(micro, model, versions, steps)
             if micro.contract is not None:  # the model's reduction against the loss's scale (`reduction`)
                 check_reduction(model, micro, reduction)

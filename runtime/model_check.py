@@ -182,3 +182,15 @@ def check_reduction(model, micro, reduction: str) -> None:
         f"normalize_loss(loss, micro, gradient_reduction={reduction!r}) in `accumulate` of {kind(model)}, which "
         f"{how}: the gradients would come out {size} times too {'large' if reduction == 'mean' else 'small'} (the "
         f"world size); pass gradient_reduction={combines!r}")
+
+
+def wrapped_problem(model, micro, wrapper: str) -> ModelContractError:
+    """The refusal of a body of `accumulate(model, micro)` that ran the forward of the DDP module `wrapper` wrapping
+    `model` (the block given `ddp.module`): every rank runs the same body, so every rank raises, before the backward."""
+    return ModelContractError(
+        f"rank {group_rank(micro.contract[0])}: the body of `accumulate` in micro-batch {micro.index} of "
+        f"{micro.num_microbatches} ran the forward of {wrapper}, the DDP module wrapping the module the block was "
+        f"given ({type(model).__name__}, its `.module`): `accumulate` holds the gradient sync of the module it is "
+        f"given and checks it, so it did neither (every micro-batch's backward would reduce, and a layer skipped on "
+        f"an empty micro-batch leaves the ranks' reductions waiting on each other); pass the DDP module itself, "
+        f"`accumulate(ddp, micro)`")

@@ -1010,10 +1010,10 @@ def test_regression_a_bare_loop_without_no_sync_died_in_ddp_before_the_due_micro
     assert bare_loop_refused(outcomes, 6)
 
 
-def wrapped_module_job(rank, size, call="module"):
+def wrapped_module_job(rank, size, call="module", block="model"):
     """A DDP step whose `accumulate` body calls the wrapped module (`model.module(...)`, `call` "module") instead of
-    the DDP module, or DDP's own `model.forward(...)` ("forward"), or the DDP module ("model"): what each rank
-    raised, or the gradients."""
+    the DDP module, or DDP's own `model.forward(...)` ("forward"), or the DDP module ("model"), the block given the
+    DDP module (`block` "model") or the module it wraps ("inner"): what each rank raised, or the gradients."""
     torch.manual_seed(0)
     wrapped = nn.parallel.DistributedDataParallel(TokenModel().double())
     forward = {"module": wrapped.module, "forward": wrapped.forward, "model": wrapped}[call]
@@ -1022,7 +1022,7 @@ def wrapped_module_job(rank, size, call="module"):
     plan = dispatcher.plan(lengths, loss_tokens=loss_tokens(lengths, labels))
     try:
         for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"tokens": tokens, "labels": labels}, plan)):
-            with accumulate(wrapped, micro):
+            with accumulate(wrapped if block == "model" else wrapped.module, micro):
                 normalize_loss(summed_loss(forward(micro.data["tokens"]), micro), micro).backward()
     except ModelContractError as error:
         return str(error)
@@ -1037,6 +1037,18 @@ def test_regression_a_body_calling_the_module_inside_ddp_kept_each_rank_s_own_gr
         assert message.startswith(f"rank {rank}: the body of `accumulate` in micro-batch 3 of 4"), message
         assert "called modules inside the DDP module (DistributedDataParallel of TokenModel; `model.module(...)` " \
                "or a method of it) but not the DDP module itself" in message, message
+
+
+def test_regression_a_block_given_the_module_inside_ddp_checked_nothing_and_held_no_sync():
+    """Cause (probe15 P15-13): `accumulate(ddp.module, micro)` whose body called `ddp(x)` (a common unwrap) held no
+    sync and ran no check (a plain module), so a model skipping layers on an empty micro-batch left the ranks'
+    reductions waiting on each other until the process group's timeout.  On a step due the check, the block of the
+    module a DDP forward in its body wraps is refused on every rank, before the backward."""
+    for rank, message in enumerate(spawn(wrapped_module_job, len(ONE_EMPTY), args=("model", "inner"), timeout_s=60)):
+        assert message.startswith(f"rank {rank}: the body of `accumulate` in micro-batch 0 of 4 ran the forward of "
+                                  f"DistributedDataParallel of TokenModel, the DDP module wrapping the module the "
+                                  f"block was given (TokenModel, its `.module`)"), message
+        assert message.endswith("pass the DDP module itself, `accumulate(ddp, micro)`"), message
 
 
 def test_regression_a_body_calling_ddp_s_own_forward_was_refused_as_calling_the_module_inside():
