@@ -38,6 +38,8 @@ class _State:
         self.start, self.degree = start.copy(), degree.copy()
         self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
         self.split_degrees = [c for c in spec.degrees if c > 1]
+        self.item_times: dict[tuple[int, int], np.ndarray] = {}  # (item, degree) -> `_time`
+        self.shards: dict[tuple[int, int], np.ndarray] = {}  # (item, degree) -> `shard`
         self.refresh()
 
     def refresh(self) -> None:
@@ -48,19 +50,22 @@ class _State:
         split = self.degree > 1
         width = self.problem.num_ranks + 1
         degree, start = np.divmod(np.unique(self.degree[split] * width + self.start[split]), width)
-        groups = list(zip(degree.tolist(), start.tolist()))  # by degree, then start
-        self.group_starts = {c: np.array([s for k, s in groups if k == c], dtype=np.int64) for c in self.split_degrees}
-        for c, s in groups:
-            self.in_group[s: s + c] = True
-        self.starts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # degree -> `_starts` with no group left
+        self.group_starts = {c: start[degree == c] for c in self.split_degrees}  # ascending
+        for c, starts in self.group_starts.items():
+            self.in_group[(starts[:, None] + np.arange(c)).ravel()] = True
+        self.starts: dict[int, tuple] = {}  # degree -> `_starts` with no group left
 
     def shard(self, item: int, degree: int) -> np.ndarray:
-        """Tokens of item `item`'s shards at `degree`."""
-        return shard_tokens(self.problem.lengths[item: item + 1], degree)[0]
+        """Tokens of item `item`'s shards at `degree` (computed once per search)."""
+        shard = self.shards.get((item, degree))
+        if shard is None:
+            shard = self.shards[item, degree] = shard_tokens(self.problem.lengths[item: item + 1], degree)[0]
+        return shard
 
-    def _starts(self, c: int, own: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray]:
-        """(starts, inside a node) of the blocks of degree c an item may run on: the free ones, with its own
-        group `own` left free, then the groups'; without `own` the same for every item until `refresh`."""
+    def _starts(self, c: int, own: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(starts, ranks (a row each), which time: 0 inside a node, 1 across; None when all are inside) of the
+        blocks of degree c an item may run on: the free ones, with its own group `own` left free, then the
+        groups'; without `own` the same for every item until `refresh`."""
         if own is None and c in self.starts:
             return self.starts[c]
         taken = self.in_group.copy()
@@ -68,7 +73,8 @@ class _State:
             taken[own[0]: own[0] + own[1]] = False
         starts = np.concatenate((free_blocks(taken, c, self.gpus_per_node, self.spec.allow_inter_node),
                                  self.group_starts[c]))
-        found = starts, within_node(starts, c, self.gpus_per_node)
+        inside = within_node(starts, c, self.gpus_per_node)
+        found = starts, starts[:, None] + np.arange(c), None if inside.all() else np.where(inside, 0, 1)
         if own is None:
             self.starts[c] = found
         return found
@@ -78,19 +84,26 @@ class _State:
         `tokens` the ranks' accounts without it; `own` its current group, which it may rejoin."""
         best = (math.inf, -1, 0)
         for c in self.split_degrees:
-            starts, inside = self._starts(c, own)
+            starts, ranks, which = self._starts(c, own)
             if not starts.size:
                 continue
-            # the item's time inside a node and across nodes, spread over the blocks (the same element-wise values)
-            time = self.spec.item_times(self.problem.cost, np.full(2, self.problem.lengths[item]), np.full(2, c),
-                                        np.array([True, False]))[np.where(inside, 0, 1)]
-            ranks = starts[:, None] + np.arange(c)
-            peak = (loads[ranks] + time[:, None]).max(axis=1)
+            time = self._time(item, c)
+            peak = (loads[ranks] + (time[0] if which is None else time[which][:, None])).max(axis=1)
             peak[(tokens[ranks] + self.shard(item, c) > self.cap).any(axis=1)] = math.inf
             k = int(np.argmin(peak))
             if peak[k] < best[0]:
                 best = (float(peak[k]), int(starts[k]), c)
         return best
+
+    def _time(self, item: int, c: int) -> np.ndarray:
+        """The item's time at degree c inside a node and across nodes (the same element-wise values as the
+        plan's), computed once per search."""
+        time = self.item_times.get((item, c))
+        if time is None:
+            length = self.problem.lengths[item]
+            time = self.spec.item_times(self.problem.cost, np.full(2, length), np.full(2, c), np.array([True, False]))
+            self.item_times[item, c] = time
+        return time
 
     def candidates(self, rank: int):
         """(peak of the ranks it changes, item or -1, start, degree) of every move lowering `rank`."""
