@@ -170,8 +170,8 @@ def _after_body(micro: MicroBatch) -> None:
     which weights tokens by the micro-batch they sit in, or scaled by hand; a body that skips an empty micro-batch
     runs no forward).  Every rank runs the same loop and decides alike, after the body's backward: no collective
     waits."""
-    synced, block = getattr(_active, "forwarded", None), getattr(_active, "block", None)
-    if micro.contract is not None and synced is not None and (block is None or block() is not micro):
+    synced = getattr(_active, "forwarded", None)
+    if micro.contract is not None and synced is not None and micro not in getattr(_active, "ran", ()):
         raise _bare_loop("a micro-batch loop body without `with accumulate(model, micro):`, its loss normalised "
                          "otherwise than by `normalize_loss(loss, micro)` (by a count of its own, or by hand),", micro,
                          synced)
@@ -415,7 +415,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     if (syncs and versions is not None) or (not syncs and micro.contract is not None):  # a plain one: versions None
         _active.written = written + ((micro, model, versions if syncs else None, optimizer_steps()),)
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
-    _active.block = weakref.ref(micro)  # the latest micro-batch a block ran for (`_after_body`)
+    if not hasattr(_active, "ran"):  # the micro-batches blocks ran for (`_after_body`; loops may interleave, `zip`)
+        _active.ran = weakref.WeakSet()
+    _active.ran.add(micro)
     if syncs and torch.is_grad_enabled():  # its sync held to the last (a no-grad block holds nothing, keeps all)
         _active.held = (micro, kind(model), weakref.ref(model), versions) if check and not micro.is_last else None
     contract = _Contract(micro, model, outer) if check and micro.contract is not None and micro.is_last \

@@ -1710,3 +1710,32 @@ def test_regression_without_the_fused_input_exchange_every_step_was_due_the_mode
     empty)."""
     for due, empty in spawn(unfused_due_job, 2, timeout_s=120):
         assert due == [True, empty, empty], (due, empty)
+
+
+def zipped_loops_job(rank, size):
+    """Two DDP models, each with its own dispatcher, their loops of step 0 of OVERLAP_STEPS interleaved with `zip`
+    (multi-task, policy and value), each body in its own `accumulate`: each model's gradients."""
+    models, dispatchers, loops = [], [], []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(nn.parallel.DistributedDataParallel(nn.Linear(3, 1).double()))
+        dispatchers.append(PostBalancingDispatcher(max_tokens_per_microbatch=6))
+        plan = dispatchers[-1].plan(OVERLAP_STEPS[0][rank])
+        loops.append(dispatchers[-1].microbatches(plan, dispatchers[-1].dispatch({"x": overlap_features(0, rank)},
+                                                                                 plan)))
+    for pair in zip(*loops):
+        for model, micro in zip(models, pair):
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+    return [torch.cat([model.module.weight.grad.flatten(), model.module.bias.grad]).numpy() for model in models]
+
+
+def test_regression_two_models_loops_interleaved_with_zip_were_refused_as_bare_loops():
+    """Cause (probe15 P15-15): the bare-loop check compared a micro-batch with the latest `accumulate` block on the
+    thread, so two models' loops interleaved with `zip`, each body in its own block, were refused on every rank as
+    'a micro-batch loop body without `with accumulate(model, micro):`'.  Each micro-batch's blocks are its own now;
+    both models' gradients are one float64 pass's."""
+    (expected,) = overlap_reference([0])
+    for gradients in spawn(zipped_loops_job, 2, timeout_s=60):
+        for got in gradients:
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
