@@ -17,6 +17,7 @@ from orchmllm import ContextParallel
 from orchmllm.balancers.context_parallel import planner
 from orchmllm.balancers.context_parallel.pairing import packable_degrees
 from orchmllm.balancers.context_parallel.split import allot, allowed_degrees
+from orchmllm.balancers.context_parallel import tiers
 from orchmllm.balancers.context_parallel.tiers import TIER_STEPS, two_tiers
 from orchmllm.balancers.problem import make_problem
 from orchmllm.study.models import MODELS
@@ -178,3 +179,27 @@ def test_two_tiers_equals_rank_by_rank_checks_near_the_budget(lengths, cap):
         assert found[2] == reference[2]
         np.testing.assert_array_equal(found[0], reference[0])
         np.testing.assert_array_equal(found[1], reference[1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=giant_mixes())
+def test_two_tiers_floor_is_below_every_deals_estimate(case):
+    """`two_tiers` skips a k whose `_floor` is no less than the best estimate: the floor must bound the
+    estimate of the deal it skips, for every k (the skipped deals are never compared otherwise)."""
+    problem, spec, times, _, long, _ = layout_inputs(*case)
+    rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
+    widest, below = spec.degrees[-1], spec.degrees[-2]
+    cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
+    order = long[np.lexsort((long, -times(long, widest)))]
+    rows = times.row[order]
+    alone = np.where(times.shards[below][rows].max(axis=1) <= cap, below, widest)
+    shards, wide_time = times.shards[widest][rows], times(order, widest)
+    wide = (wide_time.tolist(), shards, shards.max(axis=1).tolist(), shards.min(axis=1).tolist())
+    alone_time = times.table[rows, np.where(alone == below, times.column[below], times.column[widest])]
+    for k in range(order.size + 1):
+        if int(alone[:k].sum()) > problem.num_ranks:
+            break
+        laid = tiers._deal(problem, times, order, alone, k, widest, cap, wide)
+        if laid is not None:
+            estimate = max(float(laid[2].max()), planner.water_level(laid[2], rest_work))
+            assert tiers._floor(k, alone, alone_time, wide_time, widest, problem.num_ranks, rest_work) <= estimate

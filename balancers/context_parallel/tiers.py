@@ -10,7 +10,7 @@ dealt by LPT (Graham 1969) over the whole C-blocks left, each to the least-loade
         alone blocks, largest degree first, from rank 0 (aligned: every degree divides the larger ones)
         groups = the C-blocks after them;  LPT of the rest over the groups (time at C, shards within T)
         estimate = max(the ranks' peak, the water level of the items not laid out)
-    keep the k of the least estimate
+    keep the k of the least estimate (a k whose lower bound on it is no less than the best's is not dealt)
 
 A moldable-scheduling heuristic with no guarantee; the layout keeps it only where it beats the ladder.
 """
@@ -28,6 +28,9 @@ from .spec import ContextParallel
 TIER_STEPS = 8
 """Numbers k of items alone tried: 0, n / TIER_STEPS, ..., n."""
 
+FLOAT_SLACK = 1e-9
+"""Relative margin taken off the bounds of `_floor` that compare float sums in another order."""
+
 
 def two_tiers(problem: Problem, spec: ContextParallel, times, long: np.ndarray, rest_work: float,
               water_level) -> tuple[np.ndarray, np.ndarray, float] | None:
@@ -43,11 +46,16 @@ def two_tiers(problem: Problem, spec: ContextParallel, times, long: np.ndarray, 
     rows = times.row[order]
     alone = np.where(times.shards[below][rows].max(axis=1) <= cap, below, widest)  # each item's degree when alone
     shards = times.shards[widest][rows]
-    wide = (times(order, widest).tolist(), shards, shards.max(axis=1).tolist(), shards.min(axis=1).tolist())
+    wide_time = times(order, widest)
+    wide = (wide_time.tolist(), shards, shards.max(axis=1).tolist(), shards.min(axis=1).tolist())
+    alone_time = times.table[rows, np.where(alone == below, times.column[below], times.column[widest])]
     best = None
     for k in np.unique(np.linspace(0, order.size, TIER_STEPS + 1).astype(np.int64)).tolist():
         if int(alone[:k].sum()) > problem.num_ranks:
             break
+        floor = _floor(k, alone, alone_time, wide_time, widest, problem.num_ranks, rest_work)
+        if best is not None and floor >= best[2]:  # its estimate cannot be less than the best's
+            continue
         laid = _deal(problem, times, order, alone, k, widest, cap, wide)
         if laid is None:
             continue
@@ -56,6 +64,20 @@ def two_tiers(problem: Problem, spec: ContextParallel, times, long: np.ndarray, 
         if best is None or estimate < best[2]:
             best = (start, degree, estimate)
     return best
+
+
+def _floor(k: int, alone: np.ndarray, alone_time: np.ndarray, wide_time: np.ndarray, widest: int, num_ranks: int,
+           rest_work: float) -> float:
+    """A lower bound on the estimate of `_deal` with the first k items alone (at degrees `alone`, their times
+    `alone_time`; the others dealt at `widest`, their times `wide_time` descending): the longest alone (its
+    block's load), the longest dealt (alone in its group first), the groups' mean load, and every rank's work
+    (the items' and `rest_work`) spread evenly, the last two less FLOAT_SLACK."""
+    position = int(alone[:k].sum())
+    groups = len(range(-(-position // widest) * widest, num_ranks - widest + 1, widest))
+    dealt = float(wide_time[k:].sum())
+    work = float((alone[:k] * alone_time[:k]).sum()) + widest * dealt + rest_work
+    floor = max(float(alone_time[:k].max(initial=0.0)), float(wide_time[k]) if k < wide_time.size else 0.0)
+    return max(floor, (1 - FLOAT_SLACK) * max(dealt / groups if groups else 0.0, work / num_ranks))
 
 
 def _deal(problem: Problem, times, order: np.ndarray, alone: np.ndarray, k: int, widest: int, cap: float,
