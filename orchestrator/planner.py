@@ -32,14 +32,15 @@ import numpy as np
 from ..balancers import balance
 from ..balancers.context_parallel.split import allowed_degrees, split_stage
 from ..balancers.locality.balance import FILL_ON_MISS
-from ..balancers.microbatch.api import make_microbatch_problem, plan_microbatches
+from ..balancers.microbatch.api import plan_microbatches
 from ..balancers.microbatch.options import MicroBatchOptions
-from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
+from ..balancers.microbatch.plan import MicroBatchPlan
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..topology import PLACEMENTS, place
 from .frames import split_frames, stage_costs, stage_frames, stage_pricing, whole_video
 from .options import LOCALITY, as_topology, plan_options
+from .pipeline import cell_costs, planned_step, under_llm_costs
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import split_layout
@@ -238,7 +239,8 @@ class Orchestrator:
         num_microbatches, microbatch_overhead, microbatch_algorithm, pipeline: passed to
             `balance_microbatches` (None: the smallest M that pays; cost of one more
             micro-batch in LLM cost units; the micro-batch algorithm; a `Pipeline`: cells for
-            its schedule, `StepPlan.cells.pipeline` the step; not with `context_parallel`).
+            its schedule, `StepPlan.pipeline` the step with the encoders on the first stage
+            (`orchestrator.pipeline`); not with `context_parallel`).
     """
 
     def __init__(self, stages, topology, **options):
@@ -323,22 +325,25 @@ class Orchestrator:
     def _cells(self, batch: Batch, options: MicroBatchOptions, origins: dict, capped: np.ndarray | None = None,
                why: tuple[str, ...] = ()):
         """`plan_microbatches` of the samples' LLM tokens (from `origins`: sources, item bytes and
-        topology, or none), or of their `capped_cell_lengths` with the LLM costs kept (the cells then
-        accounted in LLM tokens with the LLM problem's own bound, a relaxation of the capped one: still
-        a bound).  An error says `why` it arose, and names the LLM stage's cap where that bounds the cells."""
+        topology, or none), or of their `capped_cell_lengths`, accounted in LLM tokens and costs (with the LLM
+        problem's own bound, a relaxation of the capped one: still a bound).  With a pipeline (unpadded LLM) and
+        `balance_encoders` off the cells see each sample's encoder costs on the first stage (`pipeline.cell_costs`).
+        An error says `why` it arose, and names the LLM stage's cap where that bounds the cells."""
         llm_stage, tokens = self.stages[-1], batch.sample_llm_length
         budget, given = options.max_tokens_per_microbatch, self.options.max_tokens_per_microbatch
         if budget < given:
             why = (f"the LLM stage {llm_stage.name!r} has max_tokens_per_rank={llm_stage.max_tokens_per_rank}, below "
                    f"max_tokens_per_microbatch={given}: a cell holds at most {budget} tokens", *why)
+        costs, first = cell_costs(batch, self.stages, self.options)
         try:
             if self.context_parallel is None:  # else a long sample is split between ranks
                 check_samples_fit(batch, tokens, budget)
-            if capped is None:
+            if capped is None and first is None:
                 return plan_microbatches(tokens, batch.num_ranks, options, cost=llm_stage.cost, padded=llm_stage.padded,
                                          context_parallel=self.context_parallel, **origins)
-            costs = llm_stage.cost.item_costs(tokens)
-            found = plan_microbatches(capped, batch.num_ranks, options, costs=costs, **origins)
+            costs = llm_stage.cost.item_costs(tokens) if costs is None else costs
+            found = plan_microbatches(tokens if capped is None else capped, batch.num_ranks, options, costs=costs,
+                                      first_stage_costs=first, **origins)
         except (InfeasibleError, ValueError) as error:
             if not why:
                 raise
@@ -346,13 +351,7 @@ class Orchestrator:
             if isinstance(error, InfeasibleError):
                 raise InfeasibleError(note, error.min_cap) from error
             raise ValueError(note) from error
-        problem = make_microbatch_problem(tokens, batch.num_ranks, costs=costs, max_tokens_per_microbatch=budget,
-                                          microbatch_overhead=options.microbatch_overhead)
-        fixed = options.num_microbatches is not None
-        return make_microbatch_plan(problem, MicroBatchResult(found.rank, found.microbatch), found.num_microbatches,
-                                    found.algorithm, floor_microbatches=None if fixed else problem.min_microbatches,
-                                    solve_seconds=found.solve_seconds,
-                                    pipeline=found.pipeline)  # the same LLM costs: the same pipeline step
+        return under_llm_costs(batch, found, llm_stage, options.num_microbatches is not None)
 
     def _cell_budget(self) -> int:
         """The tokens a micro-batch cell may hold: max_tokens_per_microbatch, or the LLM stage's
@@ -385,8 +384,10 @@ class Orchestrator:
             stage_plans = [self._microbatch_stage(sub, stage, llm, len(samples)) for stage in encoders]
             samples.append(members)
             plans.append(compose(sub, self.stages, (*stage_plans, llm)))
+        pipeline = self.options.pipeline and planned_step(batch, self.stages, cells, plans, self.options.pipeline,
+                                                          self.options.num_microbatches is None)
         return StepPlan(batch=batch, stages=self.stages, microbatches=tuple(plans), microbatch_samples=tuple(samples),
-                        cells=cells, planning_seconds=time.perf_counter() - start)
+                        cells=cells, planning_seconds=time.perf_counter() - start, pipeline=pipeline)
 
     def _microbatch_stage(self, sub: Batch, stage: Stage, llm: StagePlan, index: int) -> StagePlan:
         """Micro-batch `index`'s encoder `stage`: balanced (`balance_encoders`), or where that finds no

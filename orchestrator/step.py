@@ -40,6 +40,7 @@ import numpy as np
 
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, cell_accounts, step_cost
+from ..balancers.pipeline.planner import PipelineStep
 from ..balancers.problem import InfeasibleError
 from .frames import frame_bound, stage_costs, stage_frames
 from .plan import Exchange, PassPlan, _frozen
@@ -160,7 +161,10 @@ class StepPlan:
 
     `cells` is the balancers' `MicroBatchPlan` of the LLM stage over the step's samples
     (`cells.rank[i]`, `cells.microbatch[i]`) when the step was planned under a token budget;
-    None for a step of one pass over the whole batch.  `microbatch_samples[m]` and
+    None for a step of one pass over the whole batch.  `pipeline`, for a step planned with
+    `Orchestrator(..., pipeline=)`: the schedule's step of the plan as it runs, every micro-batch's
+    encoder loads on its rank's first stage (`orchestrator.pipeline.planned_step`: step time, replica
+    times, bound, gap, status, bubble); `cells.pipeline` is the cells planner's own view of it.  `microbatch_samples[m]` and
     `microbatch_segments[m]` are the global sample and segment indices of micro-batch m
     (ascending) and `microbatches[m]` its PassPlan, over `batch.take(microbatch_samples[m])`
     (the batch itself for a step of one pass): sample k and segment j inside it are
@@ -177,6 +181,7 @@ class StepPlan:
     microbatch_samples: tuple[np.ndarray, ...]
     cells: MicroBatchPlan | None = None
     planning_seconds: float = 0.0
+    pipeline: PipelineStep | None = None
 
     @property
     def num_microbatches(self) -> int:

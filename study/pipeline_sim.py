@@ -43,7 +43,7 @@ from ..balancers import Pipeline, balance_microbatches
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.pipeline import replica_times
 from ..balancers.pipeline.planner import plan_for_pipeline
-from ..orchestrator.frames import stage_costs
+from ..orchestrator.pipeline import sample_encoder_costs as encoder_flops  # FLOPs: the study's cost models
 from ..orchestrator.samples import Batch
 from .microbatch_peers import MICROBATCH_PEERS
 from .models import GPUS, MODELS
@@ -88,17 +88,6 @@ class PipelineSimulationRun:
                 "workload": self.workload, "samples_per_rank": self.samples_per_rank,
                 "max_tokens_per_microbatch": self.max_tokens_per_microbatch, "seed": self.seed,
                 "strategies": {name: result.to_json() for name, result in self.strategies.items()}}
-
-
-def encoder_flops(batch: Batch, stages) -> np.ndarray:
-    """Every sample's encoder FLOPs: its segments' costs under their modality's encoder stage (`stage_costs`)."""
-    flops = np.zeros(batch.num_samples)
-    for stage in stages[:-1]:
-        segments = batch.segments_of(stage.modality)
-        if segments.size:
-            flops += np.bincount(batch.segment_sample[segments], minlength=batch.num_samples,
-                                 weights=stage_costs(batch, stage))
-    return flops
 
 
 def simulate_pipeline_step(strategy: str, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,

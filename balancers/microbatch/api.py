@@ -39,7 +39,7 @@ from ..pipeline.spec import Pipeline
 from ..problem import (InfeasibleError, Status, as_lengths, as_num_ranks, as_time_limit, check_token_range,
                        item_costs_of, rank_loads)
 from ..registry import built_in, certifies, get_microbatch_algorithm
-from ..validation import as_bool
+from ..validation import as_array, as_bool
 from . import auto as microbatch_auto, exact as microbatch_exact
 from .auto import plan_cost
 from .bounds import min_bins
@@ -270,12 +270,48 @@ def _redealt(problem: MicroBatchProblem, result, num_microbatches: int, origins:
     return result._replace(rank=rank, microbatch=microbatch) if np.all(after <= before) else result
 
 
+def _needs_pipeline(first_stage_costs, pipeline) -> None:
+    """ValueError when `first_stage_costs` are given without a `pipeline` (they have no other use)."""
+    if first_stage_costs is not None and pipeline is None:
+        raise ValueError("`first_stage_costs` needs `pipeline`: they are the part of each item's cost that the "
+                         "pipeline's first stage runs alone")
+
+
+def as_first_stage_costs(values, problem: MicroBatchProblem) -> np.ndarray | None:
+    """`first_stage_costs` checked to float64 (n,), or None: one finite cost per item in [0, the item's cost],
+    on unpadded cells; TypeError / ValueError naming the argument, the item and the requirement otherwise."""
+    if values is None:
+        return None
+    if problem.padded:
+        raise ValueError("`first_stage_costs` need unpadded cells (padded=False): a padded cell's cost is not the sum "
+                         "of its items' costs")
+    array = as_array(values, "first_stage_costs", "real numbers, one per item")
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"`first_stage_costs` must hold real numbers; got dtype {array.dtype}")
+    if array.shape != problem.item_costs.shape:
+        raise ValueError(f"`first_stage_costs` must hold one cost per item, shape {problem.item_costs.shape}; got "
+                         f"shape {array.shape}")
+    array = np.array(array, dtype=np.float64, order="C")
+    bad = np.flatnonzero(~(np.isfinite(array) & (array >= 0)))
+    if bad.size:
+        raise ValueError(f"`first_stage_costs` must be finite and non-negative; got {array[bad[0]]} at index "
+                         f"{bad[0]}")
+    over = np.flatnonzero(array > problem.item_costs)
+    if over.size:
+        item = int(over[0])
+        raise ValueError(f"`first_stage_costs`[{item}]={array[item]} is larger than item {item}'s cost "
+                         f"{problem.item_costs[item]}: it is the part of the item's cost that the first stage runs "
+                         f"alone, so at most that cost")
+    return array
+
+
 def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: tuple, fixed: int | None,
-                  pipeline: Pipeline, record, origins: Origins | None) -> tuple:
+                  pipeline: Pipeline, record, origins: Origins | None, first_stage: np.ndarray | None) -> tuple:
     """`_solve`'s (result, M, floor M, bound) of `record`'s kernel, in whole groups of P for the interleaved
-    schedule (a free M rounded up), its cells planned for `pipeline`, the `PipelineStep` they make, and their
-    `cell_accounts` (None once placed).  With `origins`, the planned replicas are placed on ranks by
-    `assign_groups`: a permutation of replicas, so every time is unchanged."""
+    schedule (a free M rounded up), its cells planned for `pipeline` (`first_stage`: each item's first-stage part,
+    or None), the `PipelineStep` they make, and their `cell_accounts` (None once placed).  With `origins`, the
+    planned replicas are placed on ranks by `assign_groups`: a permutation of replicas, so every time is
+    unchanged."""
     result, m, floor_m, proven = solved
     if pipeline.runnable(m) != m:
         result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=record.name,
@@ -290,7 +326,8 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
                          f"replicas is beyond float64 (a step cost of {cost:.6g} without the pipeline); scale `costs` "
                          f"(or the `cost` model) and `microbatch_overhead` down")
     rank, slot, step, accounts = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
-                                                   free_microbatches=fixed is None, accounts=accounts)
+                                                   free_microbatches=fixed is None, first_stage=first_stage,
+                                                   accounts=accounts)
     if origins is not None:
         placed = assign_groups(rank, origins.sources, origins.item_bytes, problem.num_ranks, origins.gpus_per_node)
         rank, accounts = placed[rank], None
@@ -299,7 +336,7 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
 
 def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None, padded=False,
                          num_microbatches=None, microbatch_overhead=0.0, algorithm="auto", sources=None,
-                         item_bytes=None, topology=None, time_limit=None, pipeline=None,
+                         item_bytes=None, topology=None, time_limit=None, pipeline=None, first_stage_costs=None,
                          context_parallel=None) -> MicroBatchPlan:
     """Assign every item a cell (rank, micro-batch) minimising Σ_m max_r load + M · overhead (or a pipeline's step).
 
@@ -334,6 +371,10 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         pipeline: a `Pipeline`: cells planned for that schedule's step (`balancers.pipeline`),
             micro-batch m run m-th on every replica, `plan.pipeline` its step, bound and status;
             interleaved: M in whole groups of P (a free M rounded up); `sources`: replicas placed whole.
+        first_stage_costs: with `pipeline`, per item the part of its cost that the first stage runs alone (the
+            encoders of a multimodal model, which sit before the LLM's layers), finite, in [0, the item's cost]
+            (unpadded); the rest of the cost is spread evenly over the stages (`Pipeline.stage_times`).  None: every
+            item's cost spread evenly.
 
     Returns:
         A frozen `MicroBatchPlan`.  InfeasibleError (a ValueError) when an item is longer
@@ -346,19 +387,22 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     >>> plan.cell_tokens.tolist(), plan.items_of(rank=0, microbatch=1).tolist()
     ([[6, 6], [5, 5]], [1])
     """
+    _needs_pipeline(first_stage_costs, pipeline)
     if context_parallel is not None:  # the split planner; today's plan is this call without it
         return balance_microbatches_split(unsplit=balance_microbatches, **locals())
     options = microbatch_options(max_tokens_per_microbatch, num_microbatches, microbatch_overhead, algorithm,
                                  pipeline=pipeline)
     return plan_microbatches(lengths, num_ranks, options, cost=cost, costs=costs, padded=padded, sources=sources,
-                             item_bytes=item_bytes, topology=topology, time_limit=time_limit)
+                             item_bytes=item_bytes, topology=topology, time_limit=time_limit,
+                             first_stage_costs=first_stage_costs)
 
 
 def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=None, costs=None, padded=False,
-                      sources=None, item_bytes=None, topology=None, time_limit=None,
+                      sources=None, item_bytes=None, topology=None, time_limit=None, first_stage_costs=None,
                       context_parallel=None) -> MicroBatchPlan:
     """`balance_microbatches` with its micro-batch options checked already (`microbatch_options`: the
     orchestrator and the dispatcher hold them from their construction); the items' arguments as there."""
+    _needs_pipeline(first_stage_costs, options.pipeline)
     if context_parallel is not None:
         return balance_microbatches_split(context_parallel, lengths, num_ranks, unsplit=balance_microbatches,
                                           **options.arguments(), cost=cost, costs=costs, padded=padded,
@@ -369,6 +413,7 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     problem = _problem(lengths, num_ranks, options, cost, costs, padded, time_limit)
     if not record.solves(problem.padded):
         raise ValueError(record.why_not(problem.padded))
+    first_stage = as_first_stage_costs(first_stage_costs, problem)
     _check_cells(fixed, problem)
     origins = as_origins(problem, sources, item_bytes, topology)
     kernel = record.kernel
@@ -380,7 +425,7 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     name, step, accounts = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None, None
     if pipeline is not None:
         result, m, floor_m, proven, step, accounts = _for_pipeline(problem, kernel, (result, m, floor_m, proven),
-                                                                   fixed, pipeline, record, origins)
+                                                                   fixed, pipeline, record, origins, first_stage)
     if origins is not None and step is None:
         try:
             local = None if problem.padded else keep_cells_local(problem, result, m, origins)

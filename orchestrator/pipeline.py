@@ -1,0 +1,123 @@
+"""A micro-batched step run through a pipeline: the encoders on the first stage, in the cells' plan and in the step.
+
+With `Orchestrator(..., pipeline=Pipeline(P, schedule))` every rank r is a data-parallel replica of P pipeline
+stages, and its first stage also runs the encoders of its micro-batches (they sit before the LLM's layers).
+Micro-batch m costs replica r
+
+    c(r, m) = llm(r, m) + o + e(r, m),    e(r, m) = Σ_s load_s(r, m) over the encoder stages s
+
+of which e(r, m) runs on the first stage alone (`Pipeline.stage_times`): llm(r, m) the cell's LLM load
+(`cells.cell_loads`), o the micro-batch overhead, load_s(r, m) what the plan gave rank r of encoder s in
+micro-batch m (balanced across the ranks again in every micro-batch with `balance_encoders`, else its samples').
+The step is the slowest replica's schedule time over these (`balancers.pipeline.schedules`):
+
+    step = max_r replica_time(pipeline, forward and backward of c(r, ·) with e(r, ·) on stage 0)
+
+Its bound holds for every plan of the step's items, wherever the encoders run: the samples' LLM costs spread
+over the stages, each encoder item's cost on some replica's first stage (`balancers.pipeline.bounds`).
+
+Where a sample's encoders run in its own cell (`balance_encoders=False`: each segment on its sample's LLM rank)
+the cells are planned seeing them (`cell_costs`): each sample's LLM plus encoder costs, the latter its
+first-stage part (`balance_microbatches(..., first_stage_costs=)`), which is then e(r, m) itself for unpadded
+encoders.  With `balance_encoders` every micro-batch's encoder work is spread over the ranks again after the
+cells are chosen, e(r, m) close to that micro-batch's encoder total / D on every replica: a sample's encoders
+are not its cell's, and planning as if they were did not pay on held-out batches (measured 2026-12-05: 1F1B
+better, GPipe and interleaved worse), so there the cells see the LLM's costs alone; the step reported is the
+one the plan runs either way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from ..balancers.microbatch.api import make_microbatch_problem
+from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
+from ..balancers.pipeline.planner import PipelineStep, pipeline_step
+from ..balancers.pipeline.spec import Pipeline
+from ..balancers.problem import exact_sum
+from .frames import stage_costs
+from .samples import Batch
+
+
+def sample_encoder_costs(batch: Batch, stages) -> np.ndarray:
+    """Every sample's encoder costs: its segments' costs under their modality's encoder stage (`stage_costs`),
+    float64 (n,).  `stages`: encoder stages, then the LLM stage (which adds nothing)."""
+    costs = np.zeros(batch.num_samples)
+    for stage in stages[:-1]:
+        segments = batch.segments_of(stage.modality)
+        if segments.size:
+            costs += np.bincount(batch.segment_sample[segments], minlength=batch.num_samples,
+                                 weights=stage_costs(batch, stage))
+    return costs
+
+
+def cell_costs(batch: Batch, stages, options) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(each sample's cost, its first-stage part) for the cells' pipeline plan under the orchestrator's `options`
+    (a `PlanOptions`): its LLM cost plus its encoder costs, and the latter, where those run in its cell (a
+    `pipeline`, `balance_encoders` off, an unpadded LLM stage) and the batch holds an encoder item; else
+    (None, None): the cells are planned on the LLM's costs alone."""
+    if options.pipeline is None or options.balance_encoders or stages[-1].padded or batch.num_segments == 0:
+        return None, None
+    encoders = sample_encoder_costs(batch, stages)
+    return stages[-1].cost.item_costs(batch.sample_llm_length) + encoders, encoders
+
+
+def under_llm_costs(batch: Batch, found: MicroBatchPlan, llm_stage, fixed: bool,
+                    pipeline: PipelineStep | None = None) -> MicroBatchPlan:
+    """`found`'s cells (planned on other lengths or costs) accounted under the LLM stage: the samples' LLM
+    tokens and costs, the LLM problem's own bound (with the fewest micro-batches that fit unless M is `fixed`);
+    `pipeline`: the step to carry (default: `found`'s)."""
+    tokens = batch.sample_llm_length
+    problem = make_microbatch_problem(tokens, batch.num_ranks, costs=llm_stage.cost.item_costs(tokens),
+                                      max_tokens_per_microbatch=found.max_tokens_per_microbatch,
+                                      microbatch_overhead=found.microbatch_overhead)
+    return make_microbatch_plan(problem, MicroBatchResult(found.rank, found.microbatch), found.num_microbatches,
+                                found.algorithm, floor_microbatches=None if fixed else problem.min_microbatches,
+                                solve_seconds=found.solve_seconds,
+                                pipeline=found.pipeline if pipeline is None else pipeline)
+
+
+def first_stage_loads(microbatches, num_ranks: int) -> np.ndarray:
+    """e(r, m) of the module docstring, (D, M): every encoder stage's load on rank r in micro-batch m, summed in
+    stage order."""
+    loads = np.zeros((num_ranks, len(microbatches)))
+    for index, micro in enumerate(microbatches):
+        for plan in micro.stage_plans[:-1]:
+            loads[:, index] += plan.loads
+    return loads
+
+
+def planned_step(batch: Batch, stages, cells: MicroBatchPlan, microbatches, pipeline: Pipeline,
+                 free_microbatches: bool) -> PipelineStep:
+    """The `PipelineStep` of a micro-batched plan (its `cells`, micro-batch m run m-th, and the `microbatches`'
+    `PassPlan`s) through `pipeline` with its encoders on the first stage (module docstring); `cells.pipeline`
+    itself where no encoder works.  Its `unaware_step_time` is the cells planner's (`cells.pipeline`): the
+    PP-unaware cells' step as that planner saw them, with each sample's encoder costs in its own cell where it
+    planned with them (`cell_costs`: then the step they run, for unpadded encoders), else without encoders (the
+    PP-unaware plan's encoders are never planned); for cells not planned for the pipeline, their own step.  The
+    bound holds for plans with this M, or with any M from the fewest that fit when `free_microbatches`."""
+    pipeline.check_microbatches(cells.num_microbatches, "the cells' num_microbatches")
+    first = first_stage_loads(microbatches, batch.num_ranks)
+    encoders = bool(first.any())
+    if cells.pipeline is not None and not encoders:
+        return cells.pipeline
+    cost = cells.cell_loads.T + cells.microbatch_overhead + first
+    lengths, item_costs = batch.sample_llm_length, stages[-1].cost.item_costs(batch.sample_llm_length)
+    parts = None
+    if encoders:  # one more item of no tokens, all first-stage work: Σ of every encoder item's cost, which is
+        # all the bound reads of them (`step_bound`: the first stage's mean work; their spread parts are 0)
+        work = exact_sum(np.concatenate([stage_costs(batch, stage) for stage in stages[:-1]]))
+        lengths, item_costs = np.append(lengths, 0), np.append(item_costs, work)
+        parts = np.zeros(item_costs.size)
+        parts[-1] = work
+    problem = make_microbatch_problem(lengths, batch.num_ranks, costs=item_costs,
+                                      max_tokens_per_microbatch=cells.max_tokens_per_microbatch,
+                                      microbatch_overhead=cells.microbatch_overhead)
+    step = pipeline_step(problem, None, None, cells.num_microbatches, pipeline,
+                         math.nan if cells.pipeline is None else cells.pipeline.unaware_step_time,
+                         free_microbatches=free_microbatches, first_stage=parts,
+                         cells=(cost, first if encoders else None, None))
+    return step if cells.pipeline is not None else replace(step, unaware_step_time=step.step_time)

@@ -1,0 +1,119 @@
+"""`Orchestrator(..., pipeline=)`: the step it reports runs every micro-batch's encoders on the first stage, as
+the event simulation does; without `balance_encoders` its cells are planned seeing them; and
+`balance_microbatches(..., first_stage_costs=)` is checked and planned with them."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from orchmllm import CostModel, Orchestrator, Topology
+from orchmllm.balancers import Pipeline, balance_microbatches
+from orchmllm.orchestrator.pipeline import planned_step
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import sample_workload
+from orchmllm.testing.pipeline import replica_step
+
+BASE = MODELS["10b"].stages()
+HEAVY_VISION = (dataclasses.replace(BASE[0], cost=CostModel(linear=40 * BASE[0].cost.linear,
+                                                            quadratic=40 * BASE[0].cost.quadratic)), *BASE[1:])
+ONE_F_ONE_B = Pipeline(stages=4, schedule="1f1b")
+
+
+def simulated_step(plan, pipeline):
+    """The event simulation of every replica (`testing.pipeline.replica_step`): cell (r, m) costs its LLM load, the
+    overhead and the encoder loads the plan gave rank r in micro-batch m, those on the first stage alone."""
+    o, times = plan.cells.microbatch_overhead, []
+    for r in range(plan.num_ranks):
+        encoders = [sum(stage.loads[r] for stage in micro.stage_plans[:-1]) for micro in plan.microbatches]
+        costs = [plan.cells.cell_loads[m, r] + o + e for m, e in enumerate(encoders)]
+        times.append(replica_step(pipeline, costs, encoders))
+    return times
+
+
+def plan_of(seed=11, pipeline=ONE_F_ONE_B, stages=HEAVY_VISION, workload="vision", **options):
+    batch = sample_workload(workload, 8, 48, seed=seed)
+    options = dict(max_tokens_per_microbatch=max(16384, int(batch.sample_llm_length.max())), num_microbatches=8,
+                   **options)
+    return batch, Orchestrator(stages, Topology(1, 8), pipeline=pipeline, **options).plan(batch)
+
+
+def test_reported_step_is_the_event_simulation_with_the_encoders_on_the_first_stage():
+    """Regression: the step reported was the LLM cells' alone (`cells.pipeline`), blind to the heavy vision
+    encoder every replica's first stage runs; `StepPlan.pipeline` is the plan as it runs (fails before: no such
+    step)."""
+    batch, plan = plan_of()
+    step, times = plan.pipeline, simulated_step(plan, ONE_F_ONE_B)
+    assert step.replica_times.tolist() == times and step.step_time == max(times)
+    assert step.step_time > 1.1 * plan.cells.pipeline.step_time  # what the LLM-only view missed
+    assert step.lower_bound <= step.step_time and step.gap == pytest.approx(step.step_time / step.lower_bound - 1)
+    assert str(step.status) == ("optimal" if step.step_time == step.lower_bound else "feasible")
+    # the bound holds for other plans of the batch too: the PP-unaware one, as it runs in its own order
+    unaware = Orchestrator(HEAVY_VISION, Topology(1, 8), max_tokens_per_microbatch=plan.cells.max_tokens_per_microbatch,
+                           num_microbatches=8).plan(batch)
+    assert step.lower_bound <= max(simulated_step(unaware, ONE_F_ONE_B))
+    assert planned_step(batch, HEAVY_VISION, unaware.cells, unaware.microbatches, ONE_F_ONE_B,
+                        False).step_time == max(simulated_step(unaware, ONE_F_ONE_B))
+
+
+@pytest.mark.parametrize("pipeline", [ONE_F_ONE_B, Pipeline(stages=4, schedule="gpipe"),
+                                      Pipeline(stages=4, schedule="interleaved", virtual_stages=2)],
+                         ids=["1f1b", "gpipe", "interleaved"])
+def test_cells_see_the_encoders_where_they_run_in_their_samples_cells(pipeline):
+    """`balance_encoders=False`: each segment runs on its sample's rank, so the cells planner's step (each
+    sample's encoder costs its first-stage part) is the step the plan runs, never above the PP-unaware cells'."""
+    _, plan = plan_of(seed=12, pipeline=pipeline, balance_encoders=False)
+    step = plan.pipeline
+    assert step.step_time == max(simulated_step(plan, pipeline))
+    assert plan.cells.pipeline.step_time == pytest.approx(step.step_time, rel=1e-9)  # the same cells' times
+    assert step.step_time <= step.unaware_step_time
+    assert step.lower_bound <= step.step_time
+
+
+def test_without_encoder_work_the_step_is_the_cells_own():
+    """A batch of text only: the step is the cells planner's, and the cells are those planned without encoders."""
+    stages = BASE
+    batch, plan = plan_of(stages=stages, workload="default", seed=5)
+    text = batch.take(np.flatnonzero(batch.sample_llm_length == batch.sample_text))
+    only = Orchestrator(stages, Topology(1, 8), pipeline=ONE_F_ONE_B, max_tokens_per_microbatch=16384,
+                        balance_encoders=False).plan(text)
+    assert only.pipeline is only.cells.pipeline
+    llm_only = Orchestrator(stages[-1:], Topology(1, 8), pipeline=ONE_F_ONE_B, max_tokens_per_microbatch=16384
+                            ).plan(text)
+    assert llm_only.cells.digest() == only.cells.digest()
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(first_stage_costs=[1.0, 1.0, 1.0]), ValueError,
+     r"`first_stage_costs` must hold one cost per item, shape \(4,\); got shape \(3,\)"),
+    (dict(first_stage_costs=[0.0, -1.0, 0.0, 0.0]), ValueError,
+     r"`first_stage_costs` must be finite and non-negative; got -1.0 at index 1"),
+    (dict(first_stage_costs=[0.0, 0.0, np.nan, 0.0]), ValueError,
+     r"`first_stage_costs` must be finite and non-negative; got nan at index 2"),
+    (dict(first_stage_costs=[np.inf, 0.0, 0.0, 0.0]), ValueError,
+     r"`first_stage_costs` must be finite and non-negative; got inf at index 0"),
+    (dict(first_stage_costs=[1.0, 3.5, 0.0, 0.0]), ValueError,
+     r"`first_stage_costs`\[1\]=3.5 is larger than item 1's cost 3.0"),
+    (dict(first_stage_costs=["a", "b", "c", "d"]), TypeError, r"`first_stage_costs` must hold real numbers"),
+    (dict(first_stage_costs="abcd"), TypeError, r"`first_stage_costs` must be a 1-D sequence"),
+    (dict(first_stage_costs=[0.0] * 4, pipeline=None), ValueError, r"`first_stage_costs` needs `pipeline`"),
+    (dict(first_stage_costs=[0.0] * 4, padded=True), ValueError, r"`first_stage_costs` need unpadded cells"),
+], ids=["length", "negative", "nan", "inf", "above the cost", "strings", "a str", "no pipeline", "padded"])
+def test_bad_first_stage_costs_name_the_argument(kwargs, error, match):
+    options = {**dict(max_tokens_per_microbatch=8, num_microbatches=2, pipeline=Pipeline(stages=2)), **kwargs}
+    with pytest.raises(error, match=match):
+        balance_microbatches([4, 3, 2, 1], 2, **options)
+
+
+def test_first_stage_costs_are_planned_and_reported_as_the_event_simulation_runs_them():
+    lengths = sample_workload("vision", 4, 32, seed=21).sample_llm_length
+    costs = lengths.astype(float) ** 1.2
+    first = np.where(lengths % 2 == 0, 0.6 * costs, 0.0)
+    pipeline = Pipeline(stages=4)
+    plan = balance_microbatches(lengths, 4, max_tokens_per_microbatch=max(16384, int(lengths.max())), costs=costs,
+                                num_microbatches=8, pipeline=pipeline, first_stage_costs=first)
+    cell = plan.microbatch * 4 + plan.rank
+    rows = [np.bincount(cell, weights=values, minlength=32).reshape(8, 4).T for values in (costs, first)]
+    times = [replica_step(pipeline, c, e) for c, e in zip(*rows)]
+    assert plan.pipeline.step_time == pytest.approx(max(times), rel=1e-12)
+    assert plan.pipeline.lower_bound <= plan.pipeline.step_time <= plan.pipeline.unaware_step_time
