@@ -204,6 +204,23 @@ def test_degrees_the_ranks_cannot_hold_are_refused(degrees, kwargs, match):
         balance([1, 2, 3], 4, context_parallel=ContextParallel(degrees=degrees, **kwargs))
 
 
+@pytest.mark.parametrize("gpus_per_node, num_ranks", [(3, 6), (5, 10), (6, 12)])
+def test_a_degree_that_does_not_divide_the_node_is_refused_up_front(gpus_per_node, num_ranks):
+    """probe15 P15-03: nodes of 3 or 5 GPUs took degree 2, and aligned blocks of 2 straddle two nodes there;
+    the plan then failed the planner's own certificate ("put a group across nodes", a RuntimeError)."""
+    lengths = [900, 800, 700, 600, 500, 450] + [20] * (4 * num_ranks)
+    spec = ContextParallel(degrees=(1, 2, 4), gpus_per_node=gpus_per_node)
+    bad = 2 if gpus_per_node % 2 else 4
+    match = rf"holds {bad}, which does not divide {gpus_per_node} gpus per node: .* straddle two nodes"
+    with pytest.raises(ValueError, match=match):
+        balance(lengths, num_ranks, context_parallel=spec)
+    with pytest.raises(ValueError, match=match):
+        balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=500, context_parallel=spec)
+    with pytest.raises(ValueError, match=match):
+        balance(lengths, num_ranks, context_parallel=ContextParallel(degrees=(1, 2, 4)),
+                topology=Topology(num_nodes=2, gpus_per_node=gpus_per_node))
+
+
 @pytest.mark.parametrize("option", [{"costs": [1.0, 2.0]}, {"padded": True}, {"equal_counts": True},
                                     {"groups": [0, 0]}, {"sources": [0, 1]}])
 def test_options_splitting_cannot_combine_with_are_refused(option):

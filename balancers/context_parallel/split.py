@@ -42,7 +42,8 @@ EXACT_MAX_ITEMS, EXACT_MAX_RANKS = 8, 8
 
 
 def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -> np.ndarray:
-    """The spec's degrees as an array, after checking them against the ranks and the node size."""
+    """The spec's degrees as an array, after checking them against the ranks and the node size (a degree
+    within a node divides it: groups are aligned blocks)."""
     for degree in spec.degrees:
         if degree > num_ranks:
             raise ValueError(f"`context_parallel.degrees` holds {degree} > num_ranks {num_ranks}: a group cannot "
@@ -50,6 +51,10 @@ def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -
         if degree > gpus_per_node and not spec.allow_inter_node:
             raise ValueError(f"`context_parallel.degrees` holds {degree} > {gpus_per_node} gpus per node; groups "
                              f"stay inside a node unless `allow_inter_node=True`")
+        if degree <= gpus_per_node and gpus_per_node % degree:
+            raise ValueError(f"`context_parallel.degrees` holds {degree}, which does not divide {gpus_per_node} gpus "
+                             f"per node: groups are aligned blocks of ranks, and some blocks of {degree} would "
+                             f"straddle two nodes; use degrees that divide the node size")
     return np.array(spec.degrees, dtype=np.int64)
 
 
