@@ -43,7 +43,7 @@ import torch
 from ..balancers.validation import as_bool
 from .encoders import recording
 from .model_check import ModelContractError, check_model_contract, check_reduction, kind, wrapped_problem
-from .versions import discarded, optimizer_steps, unstepped, unwritten
+from .versions import discarded, held_gradient, optimizer_steps, uncleared, unstepped, unwritten
 
 _active = threading.local()
 
@@ -54,13 +54,14 @@ class StepToken:
     variable of an earlier step) is refused.  `trained` (shared by a runtime's steps) says whether a loop of one
     of them ran its last `accumulate` block with grad."""
 
-    __slots__ = ("ended", "number", "blocked", "empty", "versions", "trained")
+    __slots__ = ("ended", "number", "blocked", "empty", "versions", "trained", "graded")
 
     def __init__(self, number: int = 0, trained: list | None = None):
         self.ended, self.number, self.trained = False, number, [False] if trained is None else trained
         self.blocked: dict[int, set] = {}  # id(model) -> its micro-batches whose `accumulate` blocks ran (`_in_order`)
         self.empty: frozenset = frozenset()  # the micro-batches holding no row on this rank (nothing to synchronise)
         self.versions: dict[int, tuple] = {}  # id(model) -> the step's first held block's, `versions.unstepped`'s
+        self.graded: dict[int, tuple] = {}  # id(model) -> (micro-batch, a parameter its held block gave a gradient)
 
     def next(self) -> StepToken:
         """End this step; the token of the next."""
@@ -430,6 +431,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
                 contract.names = names
             _active.contracts = outer + ((contract,) if contract is not None else ())
             yield
+        if syncs and versions is not None:
+            held_gradient(micro, model)
         if contract is not None and not contract.checked and torch.is_grad_enabled():  # no backward checked:
             contract.checked = True  # join the peers' check here (as their backward starts) with every
             check_model_contract(contract, backward=False)  # parameter left out
@@ -462,6 +465,7 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
             raise wrapped_problem(model, micro, getattr(_active, "forwarded", None))
         if block is micro and versions is not None:
             unwritten(micro, model, versions, steps)
+            uncleared(micro, model)
             if micro.contract is not None:  # the model's reduction against the loss's scale (`reduction`)
                 check_reduction(model, micro, reduction)
     synced = getattr(_active, "synced", None)

@@ -141,6 +141,7 @@ def unstepped(micro, model, check: bool) -> tuple | None:
             f"running other rows, and a write by hand updates each rank on its own unsynchronised gradients; the "
             f"replicas drift apart: renormalise out of place in the forward (F.embedding without max_norm on a "
             f"renormalised weight), or {advice}")
+    uncleared(micro, model)
     if micro.is_last:  # a pass over the step ends (the next starts afresh)
         step.versions.pop(id(model), None)
         changed = None if fingerprint is None else _changed(model, fingerprint, contents(model))
@@ -181,3 +182,30 @@ def discarded(held) -> bool:
     return model is not None and not hasattr(model, "set_requires_gradient_sync") and \
         trainable_versions(model) == held[3] and all(parameter.grad is None or not bool(parameter.grad.any())
                                                      for _, parameter in _trainable(model))
+
+
+def uncleared(micro, model) -> None:
+    """A ValueError where a gradient that `accumulate` held from an earlier block of `micro`'s step (`held_gradient`)
+    was cleared since, before `micro`'s block or its loss: every rank runs the same loop, so every rank raises."""
+    kept = None if micro.step is None else micro.step.graded.get(id(model))
+    if kept is not None and kept[1].grad is None:
+        raise ValueError(
+            f"the gradients of {kind(model)} that `accumulate` held from micro-batch {kept[0]} of a step were cleared "
+            f"before micro-batch {micro.index}'s backward (`zero_grad()` inside the micro-batch loop?): the step "
+            f"would train on its later micro-batches' gradients only; clear gradients once per step, after the "
+            f"optimizer step (or before the loop), or pass check=False knowingly")
+
+
+def held_gradient(micro, model) -> None:
+    """After the body of a held block of DDP `model` (not its step's last): note a trainable parameter holding a
+    gradient, whose gradient cleared before the step's later blocks' backward `uncleared` refuses; after the last,
+    forget it.  FSDP2 keeps the held ones out of `.grad`."""
+    step = micro.step
+    if step is None or hasattr(model, "set_requires_gradient_sync"):
+        return
+    if micro.is_last:
+        step.graded.pop(id(model), None)
+        return
+    held = next((parameter for _, parameter in _trainable(model) if parameter.grad is not None), None)
+    if held is not None:
+        step.graded.setdefault(id(model), (micro.index, held))

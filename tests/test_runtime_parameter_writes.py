@@ -401,3 +401,37 @@ def test_regression_the_fingerprint_of_a_model_on_two_devices_failed_in_torch_st
     assert _changed(plain, before, contents(plain)) is None
     plain[1].weight.data.add_(1.0)
     assert _changed(plain, before, contents(plain)) == [False, False, True, False]
+
+
+def cleared_job(rank, size, where):
+    """Two DDP steps (M >= 2), `optimizer.zero_grad()` in every micro-batch (the classic bug: `where` 'inside' the
+    block, before the forward, or 'between' blocks, at the top of the loop body) and `optimizer.step()` after each
+    loop: what the ranks raised."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def body(micro):
+        if where == "inside":
+            optimizer.zero_grad()
+        squared(model)(micro)
+
+    def between(step, micro):
+        if where == "between" and not micro.is_last:
+            optimizer.zero_grad()
+
+    return run_steps(model, body, between, after=lambda step: optimizer.step())
+
+
+@pytest.mark.parametrize("where", ["inside", "between"])
+def test_regression_zero_grad_inside_the_micro_batch_loop_trained_each_step_on_its_last_micro_batch(where):
+    """Cause (probe15 P15-14): `zero_grad()` inside the loop (the classic accumulation bug) dropped under DDP the
+    gradients `accumulate` held from the step's earlier micro-batches, and each step trained on its last micro-batch
+    only, no error (off the float64 reference by 9e-3).  A held block notes a parameter its backward gave a
+    gradient; a later block of the step refuses it cleared, at its start or as its loss is normalised, on every
+    rank.  (zero_grad(set_to_none=False) leaves zeros, which an empty micro-batch gives too: not seen.)"""
+    for message in spawn(cleared_job, 2, args=(where,), timeout_s=60):
+        assert message is not None and message.startswith(
+            "ValueError: the gradients of DistributedDataParallel of Linear that `accumulate` held from micro-batch 0 "
+            "of a step were cleared before micro-batch 1's backward (`zero_grad()` inside the micro-batch loop?)"), message
