@@ -99,18 +99,19 @@ def planned_step(batch: Batch, stages, cells: MicroBatchPlan, microbatches, pipe
     planned with them (`cell_costs`: then the step they run, for unpadded encoders), else without encoders (the
     PP-unaware plan's encoders are never planned); for cells not planned for the pipeline, their own step.  The
     bound holds for plans with this M, or with any M from the fewest that fit when `free_microbatches`."""
-    pipeline.check_microbatches(cells.num_microbatches, "the cells' num_microbatches")
+    pipeline.check_microbatches(cells.num_microbatches, "cells.num_microbatches")
     first = first_stage_loads(microbatches, batch.num_ranks)
     encoders = bool(first.any())
     if cells.pipeline is not None and not encoders:
         return cells.pipeline
     cost = cells.cell_loads.T + cells.microbatch_overhead + first
-    lengths, item_costs = batch.sample_llm_length, stages[-1].cost.item_costs(batch.sample_llm_length)
+    # one more item, of no tokens: all the encoders' work, the first stage's alone (its spread part is 0), all the
+    # bound reads of the encoder items (`step_bound`: the first stage's mean work); 0 without encoders
+    work = exact_sum(np.concatenate([stage_costs(batch, stage) for stage in stages[:-1]])) if encoders else 0.0
+    lengths = np.append(batch.sample_llm_length, 0)
+    item_costs = np.append(stages[-1].cost.item_costs(batch.sample_llm_length), work)
     parts = None
-    if encoders:  # one more item of no tokens, all first-stage work: Σ of every encoder item's cost, which is
-        # all the bound reads of them (`step_bound`: the first stage's mean work; their spread parts are 0)
-        work = exact_sum(np.concatenate([stage_costs(batch, stage) for stage in stages[:-1]]))
-        lengths, item_costs = np.append(lengths, 0), np.append(item_costs, work)
+    if encoders:
         parts = np.zeros(item_costs.size)
         parts[-1] = work
     problem = make_microbatch_problem(lengths, batch.num_ranks, costs=item_costs,

@@ -236,11 +236,10 @@ class Orchestrator:
             at most this many LLM tokens per rank (a `StepPlan` of M passes, see
             `orchestrator.step`); None plans one forward pass per rank (a step of one pass).  The LLM cells
             then come from `microbatch_algorithm`: a stage `algorithm` but 'lpt' / 'auto' is refused.
-        num_microbatches, microbatch_overhead, microbatch_algorithm, pipeline: passed to
-            `balance_microbatches` (None: the smallest M that pays; cost of one more
-            micro-batch in LLM cost units; the micro-batch algorithm; a `Pipeline`: cells for
-            its schedule, `StepPlan.pipeline` the step with the encoders on the first stage
-            (`orchestrator.pipeline`); not with `context_parallel`).
+        num_microbatches, microbatch_overhead, microbatch_algorithm, pipeline: passed to `balance_microbatches`
+            (None: the smallest M that pays; cost of one more micro-batch in LLM cost units; the micro-batch
+            algorithm; a `Pipeline`: cells for its schedule, `StepPlan.pipeline` the step with the encoders on
+            the first stage (`orchestrator.pipeline`); not with `context_parallel`).
     """
 
     def __init__(self, stages, topology, **options):
@@ -292,6 +291,7 @@ class Orchestrator:
         options = self.options.microbatching.with_budget(self._cell_budget())
         if batch.num_samples == 0:  # a step with no sample anywhere still runs its micro-batches
             m, overhead = options.num_microbatches or 1, options.microbatch_overhead
+            m = m if options.pipeline is None else options.pipeline.runnable(m)  # interleaved: a whole group
             cells = MicroBatchPlan(
                 rank=np.zeros(0, dtype=np.int64), microbatch=np.zeros(0, dtype=np.int64), num_microbatches=m,
                 num_ranks=batch.num_ranks, cell_loads=np.zeros((m, batch.num_ranks)),

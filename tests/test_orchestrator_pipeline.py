@@ -117,3 +117,21 @@ def test_first_stage_costs_are_planned_and_reported_as_the_event_simulation_runs
     times = [replica_step(pipeline, c, e) for c, e in zip(*rows)]
     assert plan.pipeline.step_time == pytest.approx(max(times), rel=1e-12)
     assert plan.pipeline.lower_bound <= plan.pipeline.step_time <= plan.pipeline.unaware_step_time
+
+
+def test_peer_cells_are_timed_in_their_own_order_and_an_empty_step_runs_a_whole_group():
+    """`plan_cells` with a peer's cells (not planned for the pipeline): the step they run in their own order (their
+    own unaware step); cells the interleaved schedule cannot run are refused naming them; a step of no sample runs
+    one whole group of P micro-batches (it ran 1, which the interleaved schedule cannot)."""
+    batch = sample_workload("vision", 4, 8, seed=1)
+    cells = balance_microbatches(batch.sample_llm_length, 4, max_tokens_per_microbatch=16384, cost=BASE[-1].cost,
+                                 num_microbatches=3)
+    plan = Orchestrator(BASE, Topology(1, 4), max_tokens_per_microbatch=16384, pipeline=ONE_F_ONE_B
+                        ).plan_cells(batch, cells)
+    assert plan.pipeline.step_time == max(simulated_step(plan, ONE_F_ONE_B)) == plan.pipeline.unaware_step_time
+    interleaved = Orchestrator(BASE, Topology(1, 4), max_tokens_per_microbatch=16384,
+                               pipeline=Pipeline(stages=2, schedule="interleaved", virtual_stages=2))
+    with pytest.raises(ValueError, match=r"`cells.num_microbatches`=3 must be a multiple of the pipeline's `stages`=2"):
+        interleaved.plan_cells(batch, cells)
+    empty = interleaved.plan(batch.take(np.array([], dtype=np.int64)))
+    assert empty.num_microbatches == 2 and empty.pipeline.step_time == 0.0
