@@ -16,13 +16,13 @@ Model (the schedules of `balancers.pipeline.schedules`, per-stage times):
 
 Point-to-point activations, the input exchange, gradient reduction and the optimizer step are
 left out (the same for every strategy, or overlapped).  The PP-aware planner is given each
-sample's encoder FLOPs as its first-stage part (`plan_for_pipeline(..., first_stage=)`), so its
+sample's encoder FLOPs as its first-stage part (`balance_microbatches(..., first_stage_costs=)`), so its
 stage times are the simulator's: ours is never slower than the PP-unaware plan it starts from.
 
 Strategies (`STRATEGIES`):
 
-    ours            the PP-unaware plan's cells re-planned for the schedule (`plan_for_pipeline`,
-                    what balance_microbatches(..., pipeline=) runs), encoders on the first stage
+    ours            the PP-unaware plan's cells re-planned for the schedule (balance_microbatches(...,
+                    pipeline=, first_stage_costs=)), encoders on the first stage
     ours_unaware    balance_microbatches without it: Σ_m max_r load, in its own order
                     (both plan each sample's LLM and encoder FLOPs together, `costs=`)
     verl_dynamic_bsz, sorted_grid   the micro-batch peers (`microbatch_peers`), their own M
@@ -42,7 +42,6 @@ import numpy as np
 from ..balancers import Pipeline, balance_microbatches
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.pipeline import replica_times
-from ..balancers.pipeline.planner import plan_for_pipeline
 from ..orchestrator.pipeline import sample_encoder_costs as encoder_flops  # FLOPs: the study's cost models
 from ..orchestrator.samples import Batch
 from .microbatch_peers import MICROBATCH_PEERS
@@ -125,10 +124,9 @@ def _cells(batch: Batch, llm_stage, work: np.ndarray, encoder: np.ndarray, pipel
     plans = {name: (plan.rank, plan.microbatch, plan.num_microbatches) for name, plan in peers.items()}
     unaware = balance_microbatches(lengths, replicas, **options)
     plans["ours_unaware"] = (unaware.rank, unaware.microbatch, m)
-    if "ours" in strategies:
-        problem = make_microbatch_problem(lengths, replicas, max_tokens_per_microbatch=budget, costs=work)
-        plans["ours"] = (*plan_for_pipeline(problem, unaware.rank, unaware.microbatch, m, pipeline,
-                                            first_stage=encoder)[:2], m)
+    if "ours" in strategies:  # the same plain cells re-planned for the schedule
+        ours = balance_microbatches(lengths, replicas, **options, pipeline=pipeline, first_stage_costs=encoder)
+        plans["ours"] = (ours.rank, ours.microbatch, m)
     if "dynapipe_style" in strategies:
         problem = make_microbatch_problem(lengths, replicas, max_tokens_per_microbatch=budget, cost=llm_stage.cost)
         plan = dynapipe_style(problem, batch.sample_source, m)
