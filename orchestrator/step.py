@@ -164,8 +164,8 @@ class StepPlan:
     None for a step of one pass over the whole batch.  `pipeline`, for a step planned with
     `Orchestrator(..., pipeline=)`: the schedule's step of the plan as it runs, every micro-batch's
     encoder loads on its rank's first stage (`orchestrator.pipeline.planned_step`: step time, replica
-    times, bound, gap, status, bubble); `cells.pipeline` is the cells planner's own view of it.  `microbatch_samples[m]` and
-    `microbatch_segments[m]` are the global sample and segment indices of micro-batch m
+    times, bound, gap, status, bubble); `cells.pipeline` is the cells planner's own view of it.
+    `microbatch_samples[m]` and `microbatch_segments[m]` are the global sample and segment indices of micro-batch m
     (ascending) and `microbatches[m]` its PassPlan, over `batch.take(microbatch_samples[m])`
     (the batch itself for a step of one pass): sample k and segment j inside it are
     `microbatch_samples[m][k]`, `microbatch_segments[m][j]`.
