@@ -24,10 +24,17 @@ cells are chosen, e(r, m) close to that micro-batch's encoder total / D on every
 are not its cell's, and planning as if they were did not pay on held-out batches (measured 2026-12-05: 1F1B
 better, GPipe and interleaved worse), so there the cells see the LLM's costs alone; the step reported is the
 one the plan runs either way.
+
+What the cells planner cannot see it can still order: a micro-batch's encoders are balanced whatever its
+place in the step, so the plan's micro-batches are run in the order that times fastest with their encoder
+loads on the first stage (`microbatch_order`: swaps of two micro-batches, each kept only when the step falls;
+never slower than the planner's order).  With `balance_encoders`, on held-out batches: median 0.988× the step
+in the planner's order, 1F1B 0.976× (measured 2026-12-05).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -36,10 +43,13 @@ import numpy as np
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
 from ..balancers.pipeline.planner import PipelineStep, pipeline_step
+from ..balancers.pipeline.schedules import replica_times
 from ..balancers.pipeline.spec import Pipeline
 from ..balancers.problem import exact_sum
 from .frames import stage_costs
 from .samples import Batch
+
+CRITICAL_REPLICAS = 8  # the slowest replicas `microbatch_order` times every candidate order on
 
 
 def sample_encoder_costs(batch: Batch, stages) -> np.ndarray:
@@ -122,3 +132,63 @@ def planned_step(batch: Batch, stages, cells: MicroBatchPlan, microbatches, pipe
                          free_microbatches=free_microbatches, first_stage=parts,
                          cells=(cost, first if encoders else None, None))
     return step if cells.pipeline is not None else replace(step, unaware_step_time=step.step_time)
+
+
+def _times(pipeline: Pipeline, cost: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Every row's schedule time: cells costing `cost` with `first` on the first stage, (rows, M) each."""
+    return replica_times(pipeline, *pipeline.stage_times(cost, first))
+
+
+def microbatch_order(pipeline: Pipeline, cost: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """A run order of the micro-batches (slot k runs micro-batch order[k] on every replica) of cells costing `cost`
+    with first-stage parts `first`, (D, M) each, whose step is never slower than theirs in the order given:
+    best-improvement swaps of two micro-batches, ranked on the CRITICAL_REPLICAS slowest replicas and kept only
+    when the step over every replica falls, at most M rounds.  A micro-batch's encoders are balanced whatever its
+    place, so the first-stage times move with it exactly."""
+    m = cost.shape[1]
+    order, times = np.arange(m), _times(pipeline, cost, first)
+    pairs = np.array(list(itertools.combinations(range(m), 2)), dtype=np.int64).reshape(-1, 2)
+    for _ in range(m if pairs.size else 0):
+        critical = np.argsort(-times, kind="stable")[:CRITICAL_REPLICAS]
+        orders = np.tile(order, (len(pairs), 1))
+        rows = np.arange(len(pairs))
+        orders[rows, pairs[:, 0]], orders[rows, pairs[:, 1]] = order[pairs[:, 1]], order[pairs[:, 0]]
+        grids = [np.moveaxis(grid[critical][:, orders], 1, 0).reshape(-1, m) for grid in (cost, first)]
+        best = orders[int(np.argmin(_times(pipeline, *grids).reshape(len(pairs), -1).max(axis=1)))]
+        swapped = _times(pipeline, cost[:, best], first[:, best])
+        if not swapped.max() < times.max():
+            break
+        order, times = best, swapped
+    return order
+
+
+def planned_run(batch: Batch, stages, *, cells: MicroBatchPlan, microbatches: tuple, microbatch_samples: tuple,
+                options) -> dict:
+    """`StepPlan`'s fields of a plan through `options.pipeline` (a `PlanOptions`): cells planned for the pipeline
+    whose encoders work run their micro-batches in `microbatch_order` (cells, pass plans and samples relabelled;
+    `cells.pipeline` timed again in that order, without the encoders), and `pipeline`: the step as it runs
+    (`planned_step`)."""
+    pipeline, free = options.pipeline, options.num_microbatches is None
+    first = first_stage_loads(microbatches, batch.num_ranks)
+    if cells.pipeline is not None and first.any():
+        order = microbatch_order(pipeline, cells.cell_loads.T + cells.microbatch_overhead + first, first)
+        if np.any(order != np.arange(order.size)):
+            position = np.empty_like(order)
+            position[order] = np.arange(order.size)
+            tokens, microbatch = batch.sample_llm_length, position[cells.microbatch]
+            problem = make_microbatch_problem(
+                tokens, batch.num_ranks, costs=stages[-1].cost.item_costs(tokens), padded=cells.padded,
+                max_tokens_per_microbatch=cells.max_tokens_per_microbatch,
+                microbatch_overhead=cells.microbatch_overhead)
+            step = pipeline_step(problem, cells.rank, microbatch, order.size, pipeline,
+                                 cells.pipeline.unaware_step_time, free_microbatches=free,
+                                 solve_seconds=cells.pipeline.solve_seconds)
+            fields = dict(microbatch=microbatch, cell_loads=cells.cell_loads[order],
+                          cell_tokens=cells.cell_tokens[order])
+            for array in fields.values():
+                array.setflags(write=False)
+            cells = replace(cells, **fields, pipeline=step)
+            microbatches, microbatch_samples = (tuple(run[k] for k in order)
+                                                for run in (microbatches, microbatch_samples))
+    return dict(cells=cells, microbatches=microbatches, microbatch_samples=microbatch_samples,
+                pipeline=planned_step(batch, stages, cells, microbatches, pipeline, free))

@@ -40,7 +40,7 @@ from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..topology import PLACEMENTS, place
 from .frames import split_frames, stage_costs, stage_frames, stage_pricing, whole_video
 from .options import LOCALITY, as_topology, plan_options
-from .pipeline import cell_costs, planned_step, under_llm_costs
+from .pipeline import cell_costs, planned_run, under_llm_costs
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import split_layout
@@ -384,10 +384,9 @@ class Orchestrator:
             stage_plans = [self._microbatch_stage(sub, stage, llm, len(samples)) for stage in encoders]
             samples.append(members)
             plans.append(compose(sub, self.stages, (*stage_plans, llm)))
-        pipeline = self.options.pipeline and planned_step(batch, self.stages, cells, plans, self.options.pipeline,
-                                                          self.options.num_microbatches is None)
-        return StepPlan(batch=batch, stages=self.stages, microbatches=tuple(plans), microbatch_samples=tuple(samples),
-                        cells=cells, planning_seconds=time.perf_counter() - start, pipeline=pipeline)
+        run = dict(cells=cells, microbatches=tuple(plans), microbatch_samples=tuple(samples))
+        run = run if self.options.pipeline is None else planned_run(batch, self.stages, options=self.options, **run)
+        return StepPlan(batch=batch, stages=self.stages, **run, planning_seconds=time.perf_counter() - start)
 
     def _microbatch_stage(self, sub: Batch, stage: Stage, llm: StagePlan, index: int) -> StagePlan:
         """Micro-batch `index`'s encoder `stage`: balanced (`balance_encoders`), or where that finds no

@@ -9,7 +9,7 @@ import pytest
 
 from orchmllm import CostModel, Orchestrator, Topology
 from orchmllm.balancers import Pipeline, balance_microbatches
-from orchmllm.orchestrator.pipeline import planned_step
+from orchmllm.orchestrator.pipeline import microbatch_order, planned_step
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
 from orchmllm.testing.pipeline import replica_step
@@ -135,3 +135,40 @@ def test_peer_cells_are_timed_in_their_own_order_and_an_empty_step_runs_a_whole_
         interleaved.plan_cells(batch, cells)
     empty = interleaved.plan(batch.take(np.array([], dtype=np.int64)))
     assert empty.num_microbatches == 2 and empty.pipeline.step_time == 0.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_microbatch_order_is_a_permutation_never_slower_than_the_order_given(seed):
+    rng = np.random.default_rng(seed)
+    pipeline = [ONE_F_ONE_B, Pipeline(stages=2, schedule="gpipe"),
+                Pipeline(stages=2, schedule="interleaved", virtual_stages=2)][seed % 3]
+    first = rng.exponential(1.0, (5, 4)) * (rng.random((5, 4)) < 0.4)
+    cost = rng.exponential(1.0, (5, 4)) + first
+    order = microbatch_order(pipeline, cost, first)
+    times = [max(replica_step(pipeline, c, e) for c, e in zip(cost[:, o], first[:, o])) for o in (np.arange(4), order)]
+    assert sorted(order.tolist()) == [0, 1, 2, 3] and times[1] <= times[0]
+
+
+def test_regression_an_encoder_heavy_micro_batch_ran_first_and_stalled_the_fill():
+    """1F1B: a micro-batch whose encoders load every first stage runs first in the planner's order, so every later
+    stage waits for it; the order moves it off the fill (fails before: there was no such order)."""
+    first = np.zeros((3, 4))
+    first[:, 0] = 3.0
+    cost = np.ones((3, 4)) + first
+    order = microbatch_order(ONE_F_ONE_B, cost, first)
+    steps = [max(replica_step(ONE_F_ONE_B, c, e) for c, e in zip(cost[:, o], first[:, o]))
+             for o in (np.arange(4), order)]
+    assert order[0] != 0 and steps[1] < steps[0]
+
+
+def test_reordered_cells_are_the_plans_own():
+    """The orchestrator runs its cells in `microbatch_order`: the relabelled cells are valid cells of the batch
+    (`plan_cells` takes them and plans the same step), `cells.pipeline` times them in that order (here the 10b
+    model's encoders on the default mix: the order moves micro-batches)."""
+    batch, plan = plan_of(stages=BASE, workload="default", seed=1)
+    again = Orchestrator(BASE, Topology(1, 8), pipeline=ONE_F_ONE_B, num_microbatches=8,
+                         max_tokens_per_microbatch=plan.cells.max_tokens_per_microbatch).plan_cells(batch, plan.cells)
+    assert again.digest() == plan.digest() and again.pipeline.step_time == plan.pipeline.step_time
+    o = plan.cells.microbatch_overhead
+    llm_only = max(replica_step(ONE_F_ONE_B, plan.cells.cell_loads[:, r] + o) for r in range(plan.num_ranks))
+    assert plan.cells.pipeline.step_time == pytest.approx(llm_only, rel=1e-12)
