@@ -42,7 +42,8 @@ import torch
 
 from ..balancers.validation import as_bool
 from .encoders import recording
-from .model_check import ModelContractError, check_model_contract, check_reduction, kind, wrapped_problem
+from .model_check import (ModelContractError, bare_loop_problem, check_model_contract, check_reduction, kind,
+                          skipped_problem, wrapped_problem)
 from .versions import discarded, held_gradient, optimizer_steps, uncleared, unstepped, unwritten
 
 _active = threading.local()
@@ -150,7 +151,7 @@ def iterate(microbatches):
     The step's last micro-batch stays recorded (weakly) until `new_step`, so a loop over the micro-batches collected
     in a list, after the generator has ended, is known to run inside a step of M micro-batches too; from the first
     micro-batch of a step due the model check, forwards are noted the same way (`_noting_synced_forwards`)."""
-    previous = active_microbatch()
+    previous, blocked = active_microbatch(), False  # whether a block ran for an earlier micro-batch of this pass
     try:
         for micro in microbatches:
             _active.current = (micro.index, micro.num_microbatches)
@@ -159,21 +160,26 @@ def iterate(microbatches):
                 _active.noting = _noting_synced_forwards()
             _active.forwarded = _active.wrapped = None
             yield micro
-            _after_body(micro)
+            _after_body(micro, blocked)
+            blocked = blocked or micro in getattr(_active, "ran", ())
     finally:
         _active.current = previous
 
 
-def _after_body(micro: MicroBatch) -> None:
+def _after_body(micro: MicroBatch, blocked: bool) -> None:
     """As the loop over the generator asks for the micro-batch after `micro`: a `ModelContractError` where `micro` is
     of a step due the check and its body ran a forward with grad of a DDP or FSDP2 module but no `accumulate` block
     of `micro` (a bare loop whose loss `normalize_loss(loss, micro)` did not see: divided by a count of its own,
     which weights tokens by the micro-batch they sit in, or scaled by hand; a body that skips an empty micro-batch
     runs no forward).  Every rank runs the same loop and decides alike, after the body's backward: no collective
-    waits."""
-    synced = getattr(_active, "forwarded", None)
-    if micro.contract is not None and synced is not None and micro not in getattr(_active, "ran", ()):
-        raise _bare_loop("a micro-batch loop body without `with accumulate(model, micro):`, its loss normalised "
+    waits.  And where `micro`, the last of such a step, ran no block, with grad, in a pass whose earlier micro-batches
+    ran blocks (`blocked`): a guard skipping an empty micro-batch, whose peers wait in the model check
+    (`skipped_problem`, this rank alone: it fails at once, not at the group's timeout)."""
+    synced, ran = getattr(_active, "forwarded", None), getattr(_active, "ran", ())
+    if micro.contract is not None and micro.is_last and blocked and micro not in ran and torch.is_grad_enabled():
+        raise skipped_problem(micro)
+    if micro.contract is not None and synced is not None and micro not in ran:
+        raise bare_loop_problem("a micro-batch loop body without `with accumulate(model, micro):`, its loss normalised "
                          "otherwise than by `normalize_loss(loss, micro)` (by a count of its own, or by hand),", micro,
                          synced)
 
@@ -255,8 +261,9 @@ def _left_early(held) -> ValueError:
     return ValueError(
         f"the micro-batch loop of the previous step on this thread ended after micro-batch {held[0].index} of "
         f"{held[0].num_microbatches} (left by `break`, an exception or a slice, the next step dispatched inside it, "
-        f"or a micro-batch loop run with grad inside it) while `accumulate` held {held[1]}'s gradient sync to the step's last micro-batch, which never ran: that "
-        f"step's gradients were never synchronised across ranks (an optimizer step on them lets the replicas drift "
+        f"or a micro-batch loop run with grad inside it) while `accumulate` held {held[1]}'s gradient sync to the "
+        f"step's last micro-batch, which never ran: that step's gradients were never synchronised across ranks (an "
+        f"optimizer step on them lets the replicas drift "
         f"apart); run every micro-batch of a step, an empty one too, or leave the rest knowingly with "
         f"`accumulate(model, micro, check=False)`; to drop a step on purpose, clear its gradients first, with no "
         f"optimizer step (`model.zero_grad()`, under DDP), at the same micro-batch on every rank")
@@ -379,9 +386,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     normalises with `micro` is refused on every rank (`watch_model_contract`): the block is the rule under both.  A loop
     left before the step's last micro-batch (its gradients never synchronised) is refused by its dispatcher's or
     runtime's next dispatch (`loop_left`; a step dropped on purpose, every gradient zeroed, is not: drop it alike on
-    every rank, whose last block's reduction would wait for one that left alone), a step's last block run before its others here, and on steps due the check a
-    plain `model` holding DDP or FSDP2 modules (it could hold neither their sync nor check them); under DDP and FSDP2,
-    with `check`, trainable parameters written while the sync is held (`versions.unstepped`: an optimizer step or a
+    every rank, whose last block's reduction would wait for one that left alone), a step's last block run before its
+    others here, and on steps due the check a plain `model` holding DDP or FSDP2 modules (it could hold neither their
+    sync nor check them); under DDP and FSDP2, with `check`, trainable parameters written while the sync is held (`versions.unstepped`: an optimizer step or a
     write between the step's blocks, at the next; through `.data`, at the last) or in place by the forward
     (`versions.unwritten`, as the body normalises its loss) are refused on every rank.  The backward runs
     inside the block: where none did there, the exit joins the check with every parameter left out.  A metric normalised
@@ -470,23 +477,9 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
                 check_reduction(model, micro, reduction)
     synced = getattr(_active, "synced", None)
     if micro.contract is not None and synced is not None and not any(block is micro for block in accumulated()):
-        raise _bare_loop("normalize_loss(loss, micro) outside `with accumulate(model, micro):`", micro, synced)
+        raise bare_loop_problem("normalize_loss(loss, micro) outside `with accumulate(model, micro):`", micro, synced)
     for contract in getattr(_active, "contracts", ()):
         if contract.micro is micro and not contract.checked:
             contract.parts.append(loss_sum)
             normalized.register_hook(contract.on_backward)
 
-
-def _bare_loop(what: str, micro: MicroBatch, synced: str) -> ModelContractError:
-    """The refusal of a loop body without `accumulate` (`what` it did) in a step due the check, after a forward
-    with grad of the DDP or FSDP2 module `synced`."""
-    return ModelContractError(
-        f"{what} on micro-batch {micro.index} of {micro.num_microbatches}, in a step due the model check (until its "
-        f"runtime's first training loop, or a step where a rank's last micro-batch is empty), after a forward with "
-        f"grad of a DDP or FSDP2 module ({synced}): wrap each micro-batch's body (forward, normalize_loss, backward) in `with "
-        f"accumulate(model, micro):`, as the loop of `runtime.microbatch` shows; it runs the check (a layer skipped "
-        f"on an empty micro-batch trains wrong under DDP without an error) and holds DDP's gradient sync to the last "
-        f"micro-batch, and is right under FSDP2 and for a plain model too; if that {synced} is a reference model "
-        f"whose output the loss does not depend on, run it under torch.no_grad() (a forward with grad is taken for "
-        f"the trained model's); where unused parameters are harmless, `accumulate(model, micro, check=False)` on "
-        f"every rank skips the check")

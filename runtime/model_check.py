@@ -194,3 +194,30 @@ def wrapped_problem(model, micro, wrapper: str) -> ModelContractError:
         f"given and checks it, so it did neither (every micro-batch's backward would reduce, and a layer skipped on "
         f"an empty micro-batch leaves the ranks' reductions waiting on each other); pass the DDP module itself, "
         f"`accumulate(ddp, micro)`")
+
+
+def bare_loop_problem(what: str, micro, synced: str) -> ModelContractError:
+    """The refusal of a loop body without `accumulate` (`what` it did) in a step due the check, after a forward
+    with grad of the DDP or FSDP2 module `synced`."""
+    return ModelContractError(
+        f"{what} on micro-batch {micro.index} of {micro.num_microbatches}, in a step due the model check (until its "
+        f"runtime's first training loop, or a step where a rank's last micro-batch is empty), after a forward with "
+        f"grad of a DDP or FSDP2 module ({synced}): wrap each micro-batch's body (forward, normalize_loss, "
+        f"backward) in `with accumulate(model, micro):`, as the loop of `runtime.microbatch` shows; it runs the "
+        f"check (a layer skipped on an empty micro-batch trains wrong under DDP without an error) and holds DDP's gradient sync to the last "
+        f"micro-batch, and is right under FSDP2 and for a plain model too; if that {synced} is a reference model "
+        f"whose output the loss does not depend on, run it under torch.no_grad() (a forward with grad is taken for "
+        f"the trained model's); where unused parameters are harmless, `accumulate(model, micro, check=False)` on "
+        f"every rank skips the check")
+
+
+def skipped_problem(micro) -> ModelContractError:
+    """The refusal, on the rank alone, of a training loop that ran no `accumulate` block for `micro`, the last
+    micro-batch of a step due the check (an empty one skipped): its peers wait in the model check's all-reduce."""
+    return ModelContractError(
+        f"rank {group_rank(micro.contract[0])}: micro-batch {micro.index} of {micro.num_microbatches}, the last of a "
+        f"step due the model check ({len(micro.items)} items on this rank), ran no `with accumulate(model, micro):` "
+        f"block with grad here (skipped as empty, `if micro.items.size == 0: continue`?): every rank runs every "
+        f"micro-batch's block, an empty one too, since its backward runs the model check's all-reduce and the "
+        f"gradient reduction with the peers, which now wait for this rank; run the model on the empty tensors (e.g. "
+        f"`output.sum() * 0` for the loss) instead of skipping")

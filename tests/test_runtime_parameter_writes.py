@@ -435,3 +435,37 @@ def test_regression_zero_grad_inside_the_micro_batch_loop_trained_each_step_on_i
         assert message is not None and message.startswith(
             "ValueError: the gradients of DistributedDataParallel of Linear that `accumulate` held from micro-batch 0 "
             "of a step were cleared before micro-batch 1's backward (`zero_grad()` inside the micro-batch loop?)"), message
+
+
+def skipping_job(rank, size):
+    """A DDP step of 2 micro-batches (budget 4) whose loop body is guarded by `if micro.items.size == 0: continue`;
+    rank 1 holds one item in micro-batch 0 and its last micro-batch is empty (a step due the check): what each rank
+    raised."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(3, 1).double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=4)
+    lengths = [4, 4, 4] if rank == 0 else []
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"x": torch.ones(sum(lengths), 3, dtype=torch.float64)}, plan)
+    try:
+        for micro in dispatcher.microbatches(plan, moved):
+            if micro.items.size == 0:
+                continue
+            with accumulate(model, micro):
+                squared(model)(micro)
+    except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def test_regression_a_rank_skipping_its_empty_last_micro_batch_left_its_peers_in_the_model_check_until_the_timeout():
+    """Cause (probe15 P15-16): a loop guarded by `if micro.items.size == 0: continue` ran no block on the rank whose
+    last micro-batch of a step due the check was empty: its peers waited in the model check's all-reduce and it in
+    the next plan's all-gather until the group's timeout (30 min by default), both blaming a dead peer (under FSDP2
+    gloo's SIGABRT).  The generator, asked for the next micro-batch after a pass that ran blocks for the earlier
+    ones, refuses it on that rank at once (its peers then fail as it stops)."""
+    peer, skipping = spawn(skipping_job, 2, timeout_s=60, collective_timeout_s=30)
+    assert skipping is not None and skipping.startswith(
+        "ModelContractError: rank 1: micro-batch 1 of 2, the last of a step due the model check (0 items on this "
+        "rank), ran no `with accumulate(model, micro):` block with grad here"), skipping
+    assert peer is not None, peer  # failed as its peer stopped (gloo's error or ours), not at the timeout
