@@ -13,8 +13,8 @@ on this grid at seeds 1 and 2, its stall window on the planning-time instance (d
 D = 2560); the figures are on seeds 7, 23 and 31 (23 and 31 never looked at before issue 28's audit),
 and issue 28's targets are asserted per seed on each family of mixes: ours / PP-unaware at most
 0.97 at the median and never above 1, ours / bound at most 1.02 at the median.  GPipe's rows sit
-at ~1.000 on realistic mixes (its step is order-free, flat cells are its optimum and the plain plan
-already has them, within 0.2 % of the bound) and the interleaved ones at ~0.973: on 53 of 90 GPipe and 34 of 90
+at ~1.000 (its step is order-free, flat cells are its optimum and the plain plan already has them,
+within 0.2 % of the bound) and the interleaved ones at ~0.973: on 53 of 90 GPipe and 34 of 90
 interleaved rows (seed 23, D up to 512) 0.97 x the PP-unaware step is below the certified bound, so
 the 0.97 holds over the three schedules, not per schedule.  Seed 7's realistic median is 0.9695.
 Every plan's step is `pipeline_step` of its cells (same model, same bound), micro-batch m

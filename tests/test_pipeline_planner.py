@@ -471,16 +471,3 @@ def test_kept_integer_steps_are_not_read_from_an_array_made_writeable_again():
     costs.setflags(write=True)
     costs[0] = 1e6
     assert kept.get(costs) is None
-
-
-def test_regression_gpipe_spread_the_giants_one_per_replica():
-    """GPipe pays each replica's largest cell P - 1 more times, so giants of similar size cost less together
-    on few replicas than one per replica, where LPT and the shaped starts put them (`gpipe.concentrated`).
-    Long mix, D 8, M 16, P 4 (seed 3): 0.904x the PP-unaware step before that start, 0.764x with it."""
-    from orchmllm.study.models import MODELS
-
-    lengths = sample_workload("long", 8, 128, seed=3).sample_llm_length
-    plan = balance_microbatches(lengths, 8, max_tokens_per_microbatch=max(16384, int(lengths.max())),
-                                cost=MODELS["84b"].llm.cost(causal=True), num_microbatches=16, pipeline=Pipeline(stages=4, schedule="gpipe"))
-    assert plan.pipeline.step_time <= 0.8 * plan.pipeline.unaware_step_time
-    assert plan.pipeline.step_time == simulated_step(plan)

@@ -3,9 +3,8 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
 
     start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load) as planned, and
               (unpadded) the items cut afresh into cells of the schedule's best shape by one LPT
-              over all M·D cells (`lpt_shaped`); GPipe, unless one is within STOP_GAP of the certified
-              bound: the giants packed first-fit onto few replicas (`gpipe`); unless one is within
-              STOP_GAP of τ·X̄ (the search's stop rule), also the plain cells reordered in each replica
+              over all M·D cells (`lpt_shaped`); unless one is within STOP_GAP of τ·X̄ (the
+              search's stop rule), also the plain cells reordered in each replica
               (`order.mountain`) and dealt afresh over the replicas (`order.deal`) and reordered,
               and then, again unless within STOP_GAP, the dealt replicas' items re-cut into the
               best shape (`shaped_slots`, unpadded); the fastest wins
@@ -34,7 +33,6 @@ from ..microbatch.cells import lpt_cells
 from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
 from ..problem import Status, integer_values
 from .bounds import step_bound
-from .gpipe import concentrated
 from .order import deal, mountain, reshape
 from .profile import best_profile, path_bound
 from .schedules import replica_times
@@ -174,16 +172,6 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
         _add_start(problem, (placed, cells, summed), lpt_shaped(problem, num_microbatches, pipeline, mean),
                    first_stage)
     times = _timed(pipeline, cells, {}, range(len(cells)))
-    if pipeline.schedule == "gpipe" and firsts is None and not problem.padded:  # giants packed (`gpipe`)
-        bound = step_bound(pipeline, problem.item_costs, d, np.array([num_microbatches]),
-                           problem.microbatch_overhead, None, problem.total_cost, problem.sorted_costs)
-        if _short(times, bound):
-            top = min(float(row.max()) for row in times.values())
-            packed = concentrated(problem.item_costs, problem.lengths, problem.cost_order, d, num_microbatches,
-                                  pipeline.stages, problem.microbatch_overhead, problem.max_tokens_per_microbatch,
-                                  pipeline.stages * bound, pipeline.stages * top)
-            _add_start(problem, (placed, cells, summed), None if packed is None else (*packed, None), None)
-            times = _timed(pipeline, cells, times, [len(cells) - 1])
     if _short(times, floor):  # whole cells arranged (costs, tokens and first-stage parts with them)
         flat, flat_tokens = cost.T.ravel(), tokens.T.ravel()
         flat_firsts = None if firsts is None else firsts.T.ravel()
