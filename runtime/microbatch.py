@@ -43,7 +43,7 @@ import torch
 from ..balancers.validation import as_bool
 from .encoders import recording
 from .model_check import (ModelContractError, bare_loop_problem, check_model_contract, check_reduction, kind,
-                          skipped_problem, wrapped_problem)
+                          outside_blocks, skipped_problem)
 from .versions import discarded, held_gradient, optimizer_steps, uncleared, unstepped, unwritten
 
 _active = threading.local()
@@ -158,7 +158,7 @@ def iterate(microbatches):
             _active.step = weakref.ref(micro)
             if micro.contract is not None and getattr(_active, "noting", None) is None:
                 _active.noting = _noting_synced_forwards()
-            _active.forwarded = _active.wrapped = None
+            _active.forwarded, _active.forwards = None, ()
             yield micro
             _after_body(micro, blocked)
             blocked = blocked or micro in getattr(_active, "ran", ())
@@ -203,7 +203,7 @@ def _noting_synced_forwards():
             _active.noting = None
         elif _syncing_class(type(module)) and torch.is_grad_enabled() and _reduces_every_parameter(module):
             _active.forwarded = kind(module)  # in the body running now (`_after_body`), and the module DDP wraps
-            _active.wrapped = weakref.ref(module.module) if hasattr(module, "module") else None  # (`wrapped_problem`)
+            _active.forwards = getattr(_active, "forwards", ()) + (weakref.ref(module),)  # (`outside_blocks`)
             _active.synced = getattr(_active, "synced", None) or _active.forwarded
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
@@ -419,9 +419,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         _in_order(micro, model, check)
         versions = unstepped(micro, model, check)
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
-    written = getattr(_active, "written", ())  # the blocks whose forwards' writes `normalize_loss` checks (`unwritten`)
-    if (syncs and versions is not None) or (not syncs and micro.contract is not None):  # a plain one: versions None
-        _active.written = written + ((micro, model, versions if syncs else None, optimizer_steps()),)
+    written = getattr(_active, "written", ())  # the blocks `normalize_loss` checks (`unwritten`, `outside_blocks`)
+    _active.written = written + ((micro, model, versions if syncs else None, optimizer_steps(),
+                                  len(getattr(_active, "forwards", ()))),)  # the forwards noted before it
     _active.current, _active.blocks = (micro.index, micro.num_microbatches), blocks + (micro,)
     if not hasattr(_active, "ran"):  # the micro-batches blocks ran for (`_after_body`; loops may interleave, `zip`)
         _active.ran = weakref.WeakSet()
@@ -466,11 +466,11 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
     which steps are due is decided from the plan (`contract_of`)."""
     if not normalized.requires_grad:
         return
-    for block, model, versions, steps in getattr(_active, "written", ()):
-        wrapped = getattr(_active, "wrapped", None)
-        if block is micro and versions is None and wrapped is not None and wrapped() is model:
-            raise wrapped_problem(model, micro, getattr(_active, "forwarded", None))
-        if block is micro and versions is not None:
+    mine = [entry for entry in getattr(_active, "written", ()) if entry[0] is micro]
+    if mine and micro.contract is not None:  # DDP and FSDP2 forwards in the blocks, each inside its own
+        outside_blocks(micro, [entry[1] for entry in mine], getattr(_active, "forwards", ())[mine[0][4]:])
+    for _, model, versions, steps, _ in mine:
+        if versions is not None:
             unwritten(micro, model, versions, steps)
             uncleared(micro, model)
             if micro.contract is not None:  # the model's reduction against the loss's scale (`reduction`)

@@ -184,16 +184,28 @@ def check_reduction(model, micro, reduction: str) -> None:
         f"world size); pass gradient_reduction={combines!r}")
 
 
-def wrapped_problem(model, micro, wrapper: str) -> ModelContractError:
-    """The refusal of a body of `accumulate(model, micro)` that ran the forward of the DDP module `wrapper` wrapping
-    `model` (the block given `ddp.module`): every rank runs the same body, so every rank raises, before the backward."""
-    return ModelContractError(
-        f"rank {group_rank(micro.contract[0])}: the body of `accumulate` in micro-batch {micro.index} of "
-        f"{micro.num_microbatches} ran the forward of {wrapper}, the DDP module wrapping the module the block was "
-        f"given ({type(model).__name__}, its `.module`): `accumulate` holds the gradient sync of the module it is "
-        f"given and checks it, so it did neither (every micro-batch's backward would reduce, and a layer skipped on "
-        f"an empty micro-batch leaves the ranks' reductions waiting on each other); pass the DDP module itself, "
-        f"`accumulate(ddp, micro)`")
+def outside_blocks(micro, models, forwards) -> None:
+    """A `ModelContractError` where a body of `accumulate` blocks for `micro` (of `models`) ran a forward with grad of
+    a DDP or FSDP2 module (`forwards`, weak references) that none of them is or holds: its sync is not held and it
+    is not checked (the block given `ddp.module`, a block forgotten for one of several sharded modules).  Every
+    rank runs the same body, so every rank raises, before the backward."""
+    held = {module for model in models for module in model.modules()}
+    for noted in forwards:
+        module = noted()
+        if module is None or module in held:
+            continue
+        wrapped = any(getattr(module, "module", None) is model for model in models)
+        given = ("the module the block was given, its `.module`: pass the DDP module itself, `accumulate(ddp, micro)`"
+                 if wrapped else f"given no block of its own (the blocks here are given "
+                 f"{', '.join(type(model).__name__ for model in models)}): nest one `accumulate` block per DDP or "
+                 f"FSDP2 module, or `fully_shard` a root holding them and pass it; a reference model whose output "
+                 f"the loss does not depend on runs under torch.no_grad()")
+        raise ModelContractError(
+            f"rank {group_rank(micro.contract[0])}: the body of `accumulate` in micro-batch {micro.index} of "
+            f"{micro.num_microbatches} ran the forward of {kind(module)}, whose gradients DDP or FSDP2 reduce, "
+            f"{'wrapping ' if wrapped else ''}{given}; `accumulate` holds the gradient sync of the module it is given "
+            f"and checks it, so here neither (every micro-batch's backward would reduce, and a layer skipped on an "
+            f"empty micro-batch leaves the ranks' reductions waiting on each other)")
 
 
 def bare_loop_problem(what: str, micro, synced: str) -> ModelContractError:

@@ -1046,9 +1046,9 @@ def test_regression_a_block_given_the_module_inside_ddp_checked_nothing_and_held
     module a DDP forward in its body wraps is refused on every rank, before the backward."""
     for rank, message in enumerate(spawn(wrapped_module_job, len(ONE_EMPTY), args=("model", "inner"), timeout_s=60)):
         assert message.startswith(f"rank {rank}: the body of `accumulate` in micro-batch 0 of 4 ran the forward of "
-                                  f"DistributedDataParallel of TokenModel, the DDP module wrapping the module the "
-                                  f"block was given (TokenModel, its `.module`)"), message
-        assert message.endswith("pass the DDP module itself, `accumulate(ddp, micro)`"), message
+                                  f"DistributedDataParallel of TokenModel, whose gradients DDP or FSDP2 reduce, "
+                                  f"wrapping the module the block was given, its `.module`: pass the DDP module "
+                                  f"itself, `accumulate(ddp, micro)`"), message
 
 
 def test_regression_a_body_calling_ddp_s_own_forward_was_refused_as_calling_the_module_inside():
@@ -1739,3 +1739,45 @@ def test_regression_two_models_loops_interleaved_with_zip_were_refused_as_bare_l
     for gradients in spawn(zipped_loops_job, 2, timeout_s=60):
         for got in gradients:
             np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+
+
+def forgotten_block_job(rank, size, nested):
+    """Two FSDP2 modules (an encoder and a head, no sharded root) trained on OVERLAP_STEPS' step 0 (M >= 2, due the
+    check), the body in a block for the head only, or (`nested`) in one block per module: the encoder's and head's
+    gradients, or what each rank raised."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    encoder, head = nn.Linear(3, 3).double(), nn.Linear(3, 1).double()
+    fully_shard(encoder)
+    fully_shard(head)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    plan = dispatcher.plan(OVERLAP_STEPS[0][rank])
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(0, rank)}, plan)):
+            with accumulate(head, micro), (accumulate(encoder, micro) if nested else contextlib.nullcontext()):
+                normalize_loss(head(torch.tanh(encoder(micro.data["x"]))).sum(), micro).backward()
+    except ModelContractError as error:
+        return str(error)
+    return [parameter.grad.full_tensor().numpy() for parameter in (*encoder.parameters(), *head.parameters())]
+
+
+def test_regression_a_forgotten_block_of_one_of_two_fsdp2_modules_checked_nothing_and_held_no_sync():
+    """Cause (probe15 P15-13 addendum): with two FSDP2 modules and a block for the head only, the encoder's forward
+    ran inside a block of another model: its sync was not held and nothing checked it, so an encoder skipping layers
+    on an empty micro-batch left the ranks waiting until the group's timeout.  On a step due the check, a DDP or
+    FSDP2 forward in a body that none of its blocks' models is or holds is refused on every rank; one block per
+    module trains to one float64 pass's gradients."""
+    for rank, message in enumerate(spawn(forgotten_block_job, 2, args=(False,), timeout_s=60)):
+        assert isinstance(message, str) and message.startswith(
+            f"rank {rank}: the body of `accumulate` in micro-batch 0 of 2 ran the forward of FSDPLinear, whose "
+            f"gradients DDP or FSDP2 reduce, given no block of its own (the blocks here are given FSDPLinear): nest "
+            f"one `accumulate` block per DDP or FSDP2 module"), message
+    torch.manual_seed(0)
+    encoder, head = nn.Linear(3, 3).double(), nn.Linear(3, 1).double()
+    features = torch.cat([overlap_features(0, rank) for rank in OVERLAP_STEPS[0]])
+    (head(torch.tanh(encoder(features))).sum() / features.shape[0]).backward()
+    for gradients in spawn(forgotten_block_job, 2, args=(True,), timeout_s=60):
+        assert not isinstance(gradients, str), gradients
+        for got, parameter in zip(gradients, (*encoder.parameters(), *head.parameters()), strict=True):
+            np.testing.assert_allclose(got, parameter.grad.numpy(), rtol=0, atol=1e-12)
