@@ -33,25 +33,21 @@ def _count_step(optimizer, args, kwargs) -> None:
 
 
 def _listing(model) -> tuple:
-    """`model`'s parameters, (name, parameter); under FSDP2 its sharded ones (what the optimizer holds), whatever it
-    has registered now: after a forward without resharding (`reshard_after_forward=False` and no backward, as a
-    no-grad pass) it holds unsharded ones, whose storage it frees as it reshards."""
+    """`model`'s parameters, (name, parameter); under FSDP2 its sharded ones (what the optimizer holds), from FSDP2's
+    own record of each, never what a module holds now: after a forward without resharding (`reshard_after_forward=
+    False` and no backward, as a no-grad pass) it holds unsharded ones, whose storage FSDP2 frees as it reshards
+    (a tied parameter is recorded under one of its modules; parameters FSDP2 does not manage are not watched)."""
     if not hasattr(model, "set_requires_gradient_sync"):
         return tuple(model.named_parameters())
+    prefixes = {id(module): f"{prefix}." if prefix else "" for prefix, module in model.named_modules()}
     try:  # FSDP2's own record of each parameter's module and sharded form
-        sharded = {(id(held._module_info.module), held._module_info.param_name): held.sharded_param
-                   for module in model.modules() if hasattr(module, "_get_fsdp_state")
-                   for group in module._get_fsdp_state()._fsdp_param_groups for held in group.fsdp_params}
+        held = [held for module in model.modules() if hasattr(module, "_get_fsdp_state")
+                for group in module._get_fsdp_state()._fsdp_param_groups for held in group.fsdp_params]
+        listed = {id(entry.sharded_param): (prefixes.get(id(entry._module_info.module), "?.") +
+                                           entry._module_info.param_name, entry.sharded_param) for entry in held}
     except AttributeError:  # another torch's FSDP2: nothing watched, rather than freed storage read
         return ()
-    listed, seen = [], set()
-    for prefix, module in model.named_modules():
-        for name, parameter in module.named_parameters(recurse=False):
-            parameter = sharded.get((id(module), name), parameter)
-            if id(parameter) not in seen:
-                seen.add(id(parameter))
-                listed.append((f"{prefix}.{name}" if prefix else name, parameter))
-    return tuple(listed)
+    return tuple(listed.values())
 
 
 def _trainable(model) -> list:

@@ -469,3 +469,53 @@ def test_regression_a_rank_skipping_its_empty_last_micro_batch_left_its_peers_in
         "ModelContractError: rank 1: micro-batch 1 of 2, the last of a step due the model check (0 items on this "
         "rank), ran no `with accumulate(model, micro):` block with grad here"), skipping
     assert peer is not None, peer  # failed as its peer stopped (gloo's error or ours), not at the timeout
+
+
+class TiedLM(nn.Module):
+    """An embedding and an output head sharing its weight (the usual weight tying)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(20, 4).double(), nn.Linear(4, 20, bias=False).double()
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.embed(ids)))
+
+
+def tied_unresharded_job(rank, size):
+    """Two FSDP2 steps (M >= 2, SGD after each) of a TiedLM sharded with reshard_after_forward=False after one no-grad
+    forward: the full parameters, or what was raised."""
+    from torch.distributed.fsdp import fully_shard
+
+    net = TiedLM()
+    fully_shard(net, reshard_after_forward=False)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with torch.no_grad():
+        net(token_ids(2, rank))
+
+    def after(step):
+        optimizer.step()
+        optimizer.zero_grad()
+
+    message = run_steps(net, squared(net), after=after, data=token_ids)
+    return message or [parameter.full_tensor().detach() for parameter in net.parameters()]
+
+
+def test_regression_a_tied_weight_under_fsdp2_kept_unsharded_made_the_parameter_check_read_freed_storage():
+    """Cause (probe15 P15-11b, a residual of 84c1be9): FSDP2 records a tied parameter under one of its modules, and
+    the other module's entry fell back to what it held after a no-grad forward without resharding, the unsharded
+    alias: every rank died of SIGSEGV reading its freed storage.  Under FSDP2 the check lists FSDP2's record alone.
+    Parameters as two float64 SGD steps."""
+    net = TiedLM()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(2):
+        (net(torch.cat([token_ids(step, rank) for rank in STEPS[step]])).pow(2).sum()
+         / sum(sum(lengths) for lengths in STEPS[step].values())).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for parameters in spawn(tied_unresharded_job, 2, timeout_s=60):
+        assert not isinstance(parameters, str), parameters
+        for got, want in zip(parameters, net.parameters(), strict=True):
+            torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-12)
