@@ -97,3 +97,25 @@ class FlatAllToAll:
         finish(dist.all_to_all_single(output, buffer, receive.tolist(), send.tolist(), group=self.group, async_op=True),
                self.group)
         return output
+
+
+def runtime_transport(group, transport):
+    """The transport a runtime over `group` uses: `transport`, or `FlatAllToAll(group)` where None; a TypeError
+    naming the argument where `group` is not a ProcessGroup (or None: the default group) or `transport` not an
+    exchange (a callable with `size`, `rank` and `group`, as `FlatAllToAll` and `HierarchicalAllToAll`).
+
+    >>> runtime_transport(None, None).group is None
+    True
+    """
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"`group` must be a torch.distributed ProcessGroup, or None for the default group; got "
+                        f"{type(group).__name__}" + (" (ranks: make their group with dist.new_group(ranks))" if
+                                                     isinstance(group, (list, tuple, range)) else ""))
+    if transport is None:
+        return FlatAllToAll(group)
+    if not callable(transport) or not all(hasattr(transport, name) for name in ("size", "rank", "group")):
+        raise TypeError(f"`transport` must be an exchange such as FlatAllToAll(group) or HierarchicalAllToAll("
+                        f"gpus_per_node, group), or None for FlatAllToAll(group); got {type(transport).__name__}" + (
+                            f" (a name: build it with runtime.hierarchical.make_transport({transport!r}, group, "
+                            f"gpus_per_node))" if isinstance(transport, str) else ""))
+    return transport

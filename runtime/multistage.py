@@ -51,7 +51,7 @@ from ..orchestrator.samples import Batch, Sample, resolve_positions
 from ..orchestrator.stages import check_stages
 from ..orchestrator.step import StepPlan
 from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
-from .alltoall import FlatAllToAll
+from .alltoall import runtime_transport
 from .comm import group_rank, group_size
 from .encoders import call_problem, checked_call, contract_problem, output_problem, sharded_problem, unseen_module
 from .exchange import RAW_INPUTS_FIX, ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad, ranges
@@ -137,7 +137,7 @@ class MultiStageRuntime:
         self.stages = check_stages(stages)
         self.group = group
         self.fused_input_exchange = as_bool(fused_input_exchange, "fused_input_exchange")
-        self.transport = FlatAllToAll(group) if transport is None else transport
+        self.transport = runtime_transport(group, transport)  # `group` and it checked
         self.check_plan = as_bool(check_plan, "check_plan")
         self.orchestrator = Orchestrator(self.stages, group_size(group) if topology is None else topology,
                                          **orchestrator_options)

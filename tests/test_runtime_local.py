@@ -794,3 +794,20 @@ def test_regression_a_negative_length_was_named_by_its_index_in_an_internal_tabl
         PostBalancingDispatcher().plan([5, -3])
     with pytest.raises(ValueError, match=r"^`loss_tokens` must be non-negative integers; got -2 at index 1$"):
         PostBalancingDispatcher().plan([5, 3], loss_tokens=[1, -2])
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"group": [0, 1]}, r"`group` must be a torch.distributed ProcessGroup, or None for the default group; got list "
+                        r"\(ranks: make their group with dist.new_group\(ranks\)\)"),
+    ({"group": 5}, r"`group` must be a torch.distributed ProcessGroup, or None for the default group; got int$"),
+    ({"transport": "hierarchical"}, r"`transport` must be an exchange such as FlatAllToAll\(group\) or "
+                                    r"HierarchicalAllToAll\(gpus_per_node, group\), or None for FlatAllToAll\(group\); "
+                                    r"got str \(a name: build it with runtime.hierarchical.make_transport"),
+], ids=["ranks_as_group", "int_group", "transport_name"])
+def test_regression_a_group_or_transport_of_the_wrong_kind_failed_later_naming_neither(options, message):
+    """Cause (probe15 P15-20): `MultiStageRuntime(group=[0, 1])` or `transport="flat"` was accepted and planned on one
+    process, then failed inside the runtime with raw Python errors (a weak reference to a list, a str's `size`)
+    naming neither argument.  Both are checked when the runtime is built."""
+    stages = (Stage("vision", "image", CostModel(linear=1)), Stage("llm", "llm", CostModel(linear=1)))
+    with pytest.raises(TypeError, match=message):
+        MultiStageRuntime(stages, **options)
