@@ -316,15 +316,21 @@ def fsdp2_unresharded_job(rank, size, layout):
         fully_shard(net[0])
         fully_shard(net[2], reshard_after_forward=False)
         fully_shard(net)
+    return unresharded_steps(net, rank, features)
+
+
+def unresharded_steps(net, rank, data):
+    """One no-grad forward of FSDP2 `net` (an evaluation first), then two steps of `data` (M >= 2, SGD after each):
+    the full parameters, or what was raised."""
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     with torch.no_grad():
-        net(features(2, rank))
+        net(data(2, rank))
 
     def after(step):
         optimizer.step()
         optimizer.zero_grad()
 
-    message = run_steps(net, squared(net), after=after)
+    message = run_steps(net, squared(net), after=after, data=data)
     return message or [parameter.full_tensor().detach() for parameter in net.parameters()]
 
 
@@ -491,16 +497,7 @@ def tied_unresharded_job(rank, size):
 
     net = TiedLM()
     fully_shard(net, reshard_after_forward=False)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    with torch.no_grad():
-        net(token_ids(2, rank))
-
-    def after(step):
-        optimizer.step()
-        optimizer.zero_grad()
-
-    message = run_steps(net, squared(net), after=after, data=token_ids)
-    return message or [parameter.full_tensor().detach() for parameter in net.parameters()]
+    return unresharded_steps(net, rank, token_ids)
 
 
 def test_regression_a_tied_weight_under_fsdp2_kept_unsharded_made_the_parameter_check_read_freed_storage():
