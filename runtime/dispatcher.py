@@ -47,7 +47,7 @@ from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import plan_microbatches
 from ..balancers.pipeline import Pipeline
 from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
-from .alltoall import FlatAllToAll
+from .alltoall import runtime_transport
 from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
 from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
@@ -157,7 +157,7 @@ class PostBalancingDispatcher:
             max_tokens_per_microbatch=max_tokens_per_microbatch, num_microbatches=num_microbatches,
             microbatch_overhead=microbatch_overhead, microbatch_algorithm=microbatch_algorithm,
             context_parallel=context_parallel, pipeline=pipeline)
-        self.transport = FlatAllToAll(group) if transport is None else transport
+        self.transport = runtime_transport(group, transport)  # `group` and it checked
         self.config_options = option_table({  # what every rank must share, by argument name
             **dict(self.options.items()), "per_item_keys": list(self.options.per_item_keys),
             "transport": type(self.transport).__name__,
