@@ -117,9 +117,9 @@ def _checked_plan(plan) -> DispatchPlan:
 class PostBalancingDispatcher:
     """Balance one stage across the ranks of `group` and move its batch accordingly.
 
-    Every argument but `group` and `transport` is checked once, here, into the frozen
-    `self.options` (`runtime.options.DispatchOptions`), which every step plans from and every
-    rank fingerprints.
+    Every argument is checked once, here: `group` and `transport` by `alltoall.runtime_transport`,
+    the others into the frozen `self.options` (`runtime.options.DispatchOptions`), which every step
+    plans from and every rank fingerprints.
 
     Args:
         group: the data-parallel process group (None: the world, or no-op without one).
