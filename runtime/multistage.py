@@ -47,7 +47,7 @@ from ..balancers.validation import as_bool, as_int
 from ..orchestrator.frames import stage_frames
 from ..orchestrator.plan import PassPlan
 from ..orchestrator.planner import Orchestrator
-from ..orchestrator.samples import Batch, Sample, resolve_positions
+from ..orchestrator.samples import Batch, Sample
 from ..orchestrator.stages import check_stages
 from ..orchestrator.step import StepPlan
 from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
@@ -56,47 +56,13 @@ from .comm import group_rank, group_size
 from .encoders import call_problem, checked_call, contract_problem, output_problem, sharded_problem, unseen_module
 from .exchange import RAW_INPUTS_FIX, ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
-from .metadata import as_table, check_agreement, gather_metadata, join_failed
+from .metadata import check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, StepToken, contract_of, iterate, loop_left, new_step
 from .pairing import split_rows
 from .prefetch import metadata_group_of
 from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem
+from .sample_tables import SAMPLE_COLUMNS, SEGMENT_COLUMNS, local_tables
 from .sharding import TextUnits, pass_layout
-
-SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
-SEGMENT_COLUMNS = 5  # modality code, length, tokens, position, frames
-
-
-def local_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_tokens=None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """This rank's metadata as two int64 tables: samples (text, #segments, id, loss tokens) and
-    segments (modality code, length, tokens, position, frames), segments sample by sample.
-
-    `loss_tokens[k]` is how many tokens of sample k count in the loss (default: its text)."""
-    if loss_tokens is not None:
-        loss_tokens = as_table(loss_tokens, "loss_tokens")[:, 0]
-        if loss_tokens.size != len(samples):
-            raise ValueError(f"`loss_tokens` must have one count per sample ({len(samples)}); got {loss_tokens.size}")
-    sample_rows, segment_rows = [], []
-    for index, sample in enumerate(samples):
-        if not isinstance(sample, Sample):
-            raise TypeError(f"`samples` must hold orchestrator Sample objects; got {type(sample).__name__} "
-                            f"at index {index}")
-        losses = sample.text if loss_tokens is None else int(loss_tokens[index])
-        if losses > sample.llm_length:
-            raise ValueError(f"`loss_tokens` must be at most each sample's LLM tokens: sample {index} has {losses} "
-                             f"loss tokens of {sample.llm_length}")
-        sample_rows.append((sample.text, len(sample.segments), sample.id, losses))
-        positions = resolve_positions(sample.segments, sample.text)
-        for j, (segment, position) in enumerate(zip(sample.segments, positions)):
-            if segment.modality not in modalities:
-                raise ValueError(f"sample {index} segment {j} has modality {segment.modality!r}; the stages "
-                                 f"encode {list(modalities)}")
-            segment_rows.append((modalities.index(segment.modality), segment.length, segment.tokens, position,
-                                 segment.frames))
-    return (np.array(sample_rows, dtype=np.int64).reshape(-1, SAMPLE_COLUMNS),
-            np.array(segment_rows, dtype=np.int64).reshape(-1, SEGMENT_COLUMNS))
-
 
 def _identity(step: StepPlan) -> tuple:
     """What tells a step's plan from another of the same gathered metadata: the cells and every stage's
