@@ -27,6 +27,7 @@ from ..problem import (COST_LIMIT, InfeasibleError, Problem, Status, check_cap_l
                        make_problem)
 from ..registry import built_in, certifies, get_algorithm
 from ..validation import as_int, as_sources
+from .blocks import within_node
 from .bound import Allotment
 from .plan import ContextParallelPlan, certify
 from .exact import exact_split
@@ -42,8 +43,8 @@ EXACT_MAX_ITEMS, EXACT_MAX_RANKS = 8, 8
 
 
 def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -> np.ndarray:
-    """The spec's degrees as an array, after checking them against the ranks and the node size (a degree
-    within a node divides it: groups are aligned blocks)."""
+    """The spec's degrees as an array, after checking them against the ranks and the node size (groups
+    are aligned blocks of ranks: unless they may cross nodes, no aligned block of a degree straddles two)."""
     for degree in spec.degrees:
         if degree > num_ranks:
             raise ValueError(f"`context_parallel.degrees` holds {degree} > num_ranks {num_ranks}: a group cannot "
@@ -51,10 +52,12 @@ def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -
         if degree > gpus_per_node and not spec.allow_inter_node:
             raise ValueError(f"`context_parallel.degrees` holds {degree} > {gpus_per_node} gpus per node; groups "
                              f"stay inside a node unless `allow_inter_node=True`")
-        if degree <= gpus_per_node and gpus_per_node % degree:
+        if (not spec.allow_inter_node and gpus_per_node % degree
+                and not within_node(np.arange(0, num_ranks - degree + 1, degree), degree, gpus_per_node).all()):
             raise ValueError(f"`context_parallel.degrees` holds {degree}, which does not divide {gpus_per_node} gpus "
                              f"per node: groups are aligned blocks of ranks, and some blocks of {degree} would "
-                             f"straddle two nodes; use degrees that divide the node size")
+                             f"straddle two nodes; use degrees that divide the node size, or "
+                             f"`allow_inter_node=True` to let groups cross nodes")
     return np.array(spec.degrees, dtype=np.int64)
 
 
