@@ -178,10 +178,12 @@ def check_reduction(model, micro, reduction: str) -> None:
     size = micro.world_size
     how = "averages gradients across ranks (DDP, FSDP2 by default)" if combines == "mean" else \
         "sums gradients across ranks (FSDP2 after set_gradient_divide_factor(1.0))"
+    off = f"too {'large' if reduction == 'mean' else 'small'}"
+    what = (f"the gradients would come out {size} times {off} (the world size)" if size > 1 else
+            f"the same gradients on this one rank, but D times {off} on D ranks, so refused here too")
     raise ValueError(
         f"normalize_loss(loss, micro, gradient_reduction={reduction!r}) in `accumulate` of {kind(model)}, which "
-        f"{how}: the gradients would come out {size} times too {'large' if reduction == 'mean' else 'small'} (the "
-        f"world size); pass gradient_reduction={combines!r}")
+        f"{how}: {what}; pass gradient_reduction={combines!r}")
 
 
 def outside_blocks(micro, models, forwards) -> None:

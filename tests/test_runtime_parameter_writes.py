@@ -392,6 +392,16 @@ def test_regression_a_loss_scaled_for_another_reduction_than_the_models_gave_gra
             torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
 
 
+def test_the_reduction_check_on_one_rank_says_the_scale_is_off_only_on_more():
+    """review10 R10-01: on one rank (the debug run every trainer starts with) mean and sum give the same gradients,
+    and the refusal said they 'would come out 1 times too small'; it still refuses (the same script is D times off
+    on D ranks) and says so."""
+    message, = spawn(reduction_job, 1, args=("ddp", "sum"), timeout_s=60)
+    assert isinstance(message, str) and message.endswith(
+        "the same gradients on this one rank, but D times too small on D ranks, so refused here too; pass "
+        "gradient_reduction='mean'"), message
+
+
 def test_regression_the_fingerprint_of_a_model_on_two_devices_failed_in_torch_stack():
     """Cause (probe15 P15-12): `contents` stacked every parameter's sum into one tensor, so a model whose trainable
     parameters sit on two devices (DDP of a multi-device module, an embedding kept on CPU) failed with torch's raw
