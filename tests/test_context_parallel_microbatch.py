@@ -267,7 +267,6 @@ def test_regression_a_fill_needing_more_micro_batches_planned_its_largest_though
     assert largest_microbatch(third).tobytes() not in planned and largest_microbatch(best).tobytes() in planned
 
 
-
 def test_regression_a_losing_fill_planned_every_micro_batch_beside_its_largest(monkeypatch):
     """The same instance: the 85 % fill planned the three micro-batches beside its largest, though after its
     first two the peaks found, the third's pass bound (below its peak) and the largest's already summed above
@@ -310,11 +309,11 @@ def test_regression_a_losing_fill_planned_first_the_micro_batch_whose_bound_its_
                       min_size=1, max_size=6),
        lengths=st.lists(st.integers(0, 90), min_size=6, max_size=6), budget=st.integers(1, 40),
        level=st.sampled_from([0.5, 1.0, 3.0, 6.0, 12.0, 1e308, math.inf]))
-def test_exclusive_ranks_made_once_per_fill_match_their_definition(times, lengths, budget, level):
-    """`exclusive_ranks` (each item's `share_times`, made once per planning call, then `alone_degrees` per level)
+def test_alone_degrees_made_once_per_fill_match_their_definition(times, lengths, budget, level):
+    """`alone_degrees` over each item's `share_times` (made once per planning call, then read at every level)
     against its definition item by item: 0 where some degree's time is within level / 2 and its shards within
     T / 2, else the smallest degree whose time fits (the largest where none does)."""
-    from orchmllm.balancers.context_parallel.grouping import exclusive_ranks
+    from orchmllm.balancers.context_parallel.grouping import alone_degrees, share_times
 
     table, degrees = np.array(times), np.array([1, 2, 4])
     lengths = np.array(lengths[:table.shape[0]])
@@ -324,7 +323,8 @@ def test_exclusive_ranks_made_once_per_fill_match_their_definition(times, length
         fits = [c for t, c in zip(row, degrees) if t <= level]
         expected.append(0 if shares else (fits[0] if fits else degrees[-1]))
     with np.errstate(over="ignore"):
-        assert exclusive_ranks(table, degrees, lengths, level, budget).tolist() == expected
+        assert alone_degrees(table, degrees, share_times(table, degrees, lengths, budget), level).tolist() == expected
+
 
 IDEAL_SPLIT = dict(seconds_per_cost=1.0, latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
 

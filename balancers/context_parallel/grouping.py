@@ -42,7 +42,7 @@ def by_time(table: np.ndarray, degrees: np.ndarray, costs: np.ndarray, lengths: 
 def group_microbatches(items: ByTime, num_ranks: int, num_microbatches: int, room: int) -> np.ndarray:
     """Every item's micro-batch: items by their least time (`items`), longest first (ties by index), fill
     micro-batch 0, then 1, ...; micro-batch m takes items while its tokens stay within `room`, the ranks its
-    items hold alone within D (`exclusive_ranks` at its level) and its work within D · level_m, level_m =
+    items hold alone within D (`alone_degrees` at its level) and its work within D · level_m, level_m =
     max(its first item's time, the work left / (D · the micro-batches left)), or beyond that work while the
     later micro-batches could not hold the tokens left; the last takes the rest.  A step costs Σ_m max_r, so
     items of like time share a micro-batch (giants run side by side on their groups) and the rest level out."""
@@ -71,30 +71,23 @@ def group_microbatches(items: ByTime, num_ranks: int, num_microbatches: int, roo
     return microbatch
 
 
-def exclusive_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, level: float,
-                    budget: int) -> np.ndarray:
-    """Ranks each item holds alone in a micro-batch of cost `level`: 0 where at some degree its time
-    (`table`, one column per degree) is within level / 2 and its shards within T / 2 tokens (it may
-    share ranks), else the smallest degree c whose time fits the level (no other such piece fits
-    beside it on a rank; the largest degree where none fits).
-
-    >>> table = np.array([[9.0, 5.0], [4.0, 2.0], [3.0, 1.5], [np.inf, 3.0]])
-    >>> exclusive_ranks(table, np.array([1, 2]), np.array([30, 20, 10, 40]), 6.0, 32).tolist()
-    [2, 0, 0, 2]
-    """
-    return alone_degrees(table, degrees, share_times(table, degrees, lengths, budget), level)
-
-
 def share_times(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, budget: int) -> np.ndarray:
     """Twice each item's least time over the degrees whose shards hold at most T / 2 tokens (nan where none
     does): it may share ranks in a micro-batch of cost `level` exactly where this is <= level (doubling is
-    exact, so this is `exclusive_ranks`' test at any level, made once)."""
+    exact, so this is `alone_degrees`' test at any level, made once per planning call)."""
     return 2 * np.fmin.reduce(np.where(2 * -(-lengths[:, None] // degrees[None, :]) <= budget, table, np.nan), axis=1)
 
 
 def alone_degrees(table: np.ndarray, degrees: np.ndarray, sharing: np.ndarray, level: float) -> np.ndarray:
-    """`exclusive_ranks` at `level` from the items' `share_times`: only the items that may not share ranks
-    look for their smallest degree that fits the level."""
+    """Ranks each item holds alone in a micro-batch of cost `level`, from the items' `share_times`: 0 where
+    at some degree its time (`table`, one column per degree) is within level / 2 and its shards within T / 2
+    tokens (it may share ranks), else the smallest degree c whose time fits the level (no other such piece
+    fits beside it on a rank; the largest degree where none fits).
+
+    >>> table, degrees = np.array([[9.0, 5.0], [4.0, 2.0], [3.0, 1.5], [np.inf, 3.0]]), np.array([1, 2])
+    >>> alone_degrees(table, degrees, share_times(table, degrees, np.array([30, 20, 10, 40]), 32), 6.0).tolist()
+    [2, 0, 0, 2]
+    """
     alone = np.flatnonzero(~(sharing <= level))
     fits = table[alone] <= level
     out = np.zeros(table.shape[0], dtype=degrees.dtype)

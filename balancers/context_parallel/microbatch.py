@@ -9,15 +9,7 @@ Every item i gets a micro-batch m_i and a group of c_i ranks (an aligned block, 
 As plain code: `loads[m][r] += t_i` for every rank r of item i's group in its micro-batch,
 `step = sum(max(loads[m]) for m in range(M)) + M * overhead`.
 
-Bound.  Laying a plan's micro-batches end to end is one pass whose rank r works Σ_m L(r, m) <=
-step, in which every item keeps its degree and every shard holds at most T tokens, so the
-canonical allotment of that pass (`bound.py`, each item's degrees those whose largest shard fits
-T) bounds Σ_m max_r L(r, m); so do `stacked_bound` (`stacked.py`: the costliest micro-batches hold the
-items of the largest least times, which need several micro-batches by their tokens or the ranks their
-shards hold alone, and at most j · D · T tokens of the work) and `leader_bound` (the micro-batch of the
-longest item leaves its group's ranks no time for others at its cost, so its other ranks hold at most
-(D − c) · T tokens of the work); the D · M cells hold every token, so M >= ⌈Σ l / (D · T)⌉ and the bound is
-the largest of the three + that M (or the given one) · overhead.
+Bound: `microbatch_bound.py` (why Σ_m max_r L(r, m) is at least it).
 With C = {1} it is today's problem, planned and bounded as today.
 
 Algorithm:
@@ -63,7 +55,7 @@ from .regroup import regroup
 from .repair import repaired_grouping
 from .spec import ContextParallel
 from .split import allot, allowed_degrees, balance_split
-from .stacked import split_bound
+from .microbatch_bound import split_bound
 
 FILLS = (0.95, 0.9, 0.85, 0.8, 0.7, 0.5)
 """Shares of a micro-batch's D · T tokens the grouping fills, tried in turn (the fewest micro-batches

@@ -1,7 +1,15 @@
-"""The split micro-batch bound (`microbatch.split_microbatches`): canonical allotment, stacked and leader bounds.
+"""The split micro-batch bound (`microbatch.split_microbatches`, whose docstring states the problem):
+canonical allotment, stacked and leader bounds.
 
-See `microbatch.py`'s module docstring (Bound) for why each bounds Σ_m max_r L(r, m); moved out of
-`microbatch.py` (the module length limit).
+Laying a plan's micro-batches end to end is one pass whose rank r works Σ_m L(r, m) <=
+step, in which every item keeps its degree and every shard holds at most T tokens, so the
+canonical allotment of that pass (`bound.py`, each item's degrees those whose largest shard fits
+T) bounds Σ_m max_r L(r, m); so do `stacked_bound` (the costliest micro-batches hold the
+items of the largest least times, which need several micro-batches by their tokens or the ranks their
+shards hold alone, and at most j · D · T tokens of the work) and `leader_bound` (the micro-batch of the
+longest item leaves its group's ranks no time for others at its cost, so its other ranks hold at most
+(D − c) · T tokens of the work); the D · M cells hold every token, so M >= ⌈Σ l / (D · T)⌉ and the bound is
+the largest of the three + that M (or the given one) · overhead.
 """
 
 from __future__ import annotations
