@@ -388,9 +388,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     runtime's next dispatch (`loop_left`; a step dropped on purpose, every gradient zeroed, is not: drop it alike on
     every rank, whose last block's reduction would wait for one that left alone), a step's last block run before its
     others here, and on steps due the check a plain `model` holding DDP or FSDP2 modules (it could hold neither their
-    sync nor check them); under DDP and FSDP2, with `check`, trainable parameters written while the sync is held (`versions.unstepped`: an optimizer step or a
-    write between the step's blocks, at the next; through `.data`, at the last) or in place by the forward
-    (`versions.unwritten`, as the body normalises its loss) are refused on every rank.  The backward runs
+    sync nor check them); under DDP and FSDP2, with `check`, trainable parameters written while the sync is held
+    (`versions.unstepped`: an optimizer step or a write between the step's blocks, at the next; through `.data`, at
+    the last) or in place by the forward (`versions.unwritten`, as the body normalises its loss) are refused on every rank.  The backward runs
     inside the block: where none did there, the exit joins the check with every parameter left out.  A metric normalised
     with `micro` for logging only counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters
     of every module a reentrant checkpoint's forward runs count as reached at its node, those of a module called under

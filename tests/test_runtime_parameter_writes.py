@@ -450,7 +450,8 @@ def test_regression_zero_grad_inside_the_micro_batch_loop_trained_each_step_on_i
     for message in spawn(cleared_job, 2, args=(where,), timeout_s=60):
         assert message is not None and message.startswith(
             "ValueError: the gradients of DistributedDataParallel of Linear that `accumulate` held from micro-batch 0 "
-            "of a step were cleared before micro-batch 1's backward (`zero_grad()` inside the micro-batch loop?)"), message
+            "of a step were cleared before micro-batch 1's backward (`zero_grad()` inside the micro-batch loop?)"), \
+            message
 
 
 def skipping_job(rank, size):

@@ -72,8 +72,8 @@ def redeal_equal_items(lengths: np.ndarray, destinations: np.ndarray, sources: n
 
     # On their rank as its places allow; then on their node; then everything left, anywhere.
     on_rank, rank_places = length_class * num_ranks + sources, length_class * num_ranks + destinations // cells_per_rank
-    match(_by_key(stay, on_rank, item_rank, by_bytes), on_rank, _by_key(everything, rank_places, everything, everything),
-          rank_places)
+    match(_by_key(stay, on_rank, item_rank, by_bytes), on_rank,
+          _by_key(everything, rank_places, everything, everything), rank_places)
     # the node's order, kept: its stayers not placed yet and its free slots
     match(items_by_node[staying[items_by_node] & (result[items_by_node] < 0)], by_node,
           slots_by_node[free[slots_by_node]], node_places)
