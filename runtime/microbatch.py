@@ -390,9 +390,10 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     others here, and on steps due the check a plain `model` holding DDP or FSDP2 modules (it could hold neither their
     sync nor check them); under DDP and FSDP2, with `check`, trainable parameters written while the sync is held
     (`versions.unstepped`: an optimizer step or a write between the step's blocks, at the next; through `.data`, at
-    the last) or in place by the forward (`versions.unwritten`, as the body normalises its loss) are refused on every rank.  The backward runs
-    inside the block: where none did there, the exit joins the check with every parameter left out.  A metric normalised
-    with `micro` for logging only counts as a loss part: `.detach()` it first (or log it unnormalised).  The parameters
+    the last) or in place by the forward (`versions.unwritten`, as the body normalises its loss) are refused on
+    every rank.  The backward runs inside the block: where none did there, the exit joins the check with every
+    parameter left out.  A metric normalised with `micro` for logging only counts as a loss part: `.detach()` it
+    first (or log it unnormalised).  The parameters
     of every module a reentrant checkpoint's forward runs count as reached at its node, those of a module called under
     an explicit `torch.no_grad()` inside the checkpointed function too (that forward runs wholly without grad: they
     cannot be told apart), so a parameter used only there and by a part of the loss left out is not refused; where a

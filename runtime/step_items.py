@@ -54,9 +54,9 @@ def items_problem(plan, lengths, loss_tokens) -> Exception | None:
 
 def named_by_rank(error: Exception, counts: np.ndarray) -> Exception:
     """`error`, raised planning the gathered batch of ranks that sampled `counts[r]` items each, with every item it
-    names by its index there ("item 4", "at index 4") named by its rank and local index too ("rank 1's item 0 (item 4
-    of the step)"): the user never sees the gathered batch.  The same type and attributes (an `InfeasibleError`'s `min_cap`);
-    `error` itself where it names no item."""
+    names by its index there ("item 4", "at index 4") named by its rank and local index too ("rank 1's item 0 (item
+    4 of the step)"): the user never sees the gathered batch.  The same type and attributes (an `InfeasibleError`'s
+    `min_cap`); `error` itself where it names no item."""
     ends = np.cumsum(counts)
 
     def name(match: re.Match) -> str:
