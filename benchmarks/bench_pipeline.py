@@ -125,3 +125,45 @@ def test_planning_time_at_2560_ranks(best_of):
           f"plain median {np.median(ratios):.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}); ours/unaware "
           f"{plan.pipeline.step_time / plan.pipeline.unaware_step_time:.3f}; load {os.getloadavg()[0]:.1f}")
     assert np.median(ratios) <= 1.5, ratios
+
+
+FIXED_PAIRS = 5  # alternated pairs per case of the fixed-M ratios
+
+
+@pytest.mark.timeout(1800)
+def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
+    """D = 2560 × 32 samples, T = 16k, P = 8, M FIXED at 8 and 16 (as trainers run: num_microbatches=8/16),
+    the three schedules (interleaved with v = 2): planning with the pipeline over planning the same M without,
+    same run, measured like `test_planning_time_at_2560_ranks` (best of 3 CPU seconds per call, alternated
+    pairs, the median of FIXED_PAIRS).  Issue 28's 1.5x is NOT met here and not asserted: the starts alone
+    (the plain cells, the cells cut afresh into the schedule's best shape, the plain cells reordered, dealt
+    and re-cut) cost about 3 plain plans at M = 8, and the search adds what it gains by (seed 7, 1F1B, M = 8:
+    about 150 steps, the step 1.222 -> 1.084x the bound; interleaved M = 16: 18 steps, 1.218 -> 1.149x).
+    Figures (pp28c, 2026-12-05, load ~1, after c234942): ~3x at M = 8 for GPipe and interleaved, ~12x for
+    1F1B M = 8, 3.5-4x at M = 16 for GPipe and 1F1B, ~9x interleaved M = 16.  Asserted: only that no case
+    exceeds 20x, a loose guard (interleaved M = 16 read 18.2x before c234942, BLAS threads spinning after
+    `path_bound`: it would not have caught that) and that every plan is at most its PP-unaware plan's step."""
+    lengths = sample_workload("default", 2560, 32, HELD_OUT_SEED).sample_llm_length
+    medians = {}
+    for microbatches in (8, 16):
+        for schedule, virtual in SCHEDULES:
+            pipeline = Pipeline(stages=8, schedule=schedule, virtual_stages=virtual)
+            plain = lambda: balance_microbatches(lengths, 2560, max_tokens_per_microbatch=16384,  # noqa: E731
+                                                 cost=COST, num_microbatches=microbatches)
+            piped = lambda: _report(balance_microbatches(  # noqa: E731
+                lengths, 2560, max_tokens_per_microbatch=16384, cost=COST, num_microbatches=microbatches,
+                pipeline=pipeline).pipeline)
+            best_of(piped, 1)  # the best shape of (P, M) is computed once per process
+            ratios = []
+            for pair in range(FIXED_PAIRS):
+                order = (plain, piped) if pair % 2 == 0 else (piped, plain)
+                seconds = {call: best_of(call, 3, time.process_time) for call in order}
+                ratios.append(seconds[piped] / seconds[plain])
+            step = piped()[1:3]
+            assert step[0] <= step[1]  # ours <= the PP-unaware plan's step
+            medians[microbatches, schedule] = float(np.median(ratios))
+            print(f"\nD = 2560 x 32, M = {microbatches}, {schedule}: piped / plain median "
+                  f"{medians[microbatches, schedule]:.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}); "
+                  f"ours/unaware {step[0] / step[1]:.3f}; load {os.getloadavg()[0]:.1f}", end="")
+    print()
+    assert max(medians.values()) <= 20, medians
