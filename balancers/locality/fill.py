@@ -38,10 +38,20 @@ def filler_share(slack: float) -> float:
 
 
 def filler_items(state: PartialPlan, share: float) -> np.ndarray:
-    """The filler: the smallest items, `share` of the total cost (the tail of the cost order)."""
+    """The filler: the smallest items, `share` of the total cost (the tail of the cost order).
+
+    The running sum of the ascending costs is taken over a prefix that grows fourfold until it reaches
+    `share` of the total (a prefix's running sum is the first entries of the whole one's): the
+    filler is a small share, and the whole running sum cost more than the rest of the choice.
+    """
     ascending = -state.negated_sorted_costs[::-1]  # the costs in cost order, read backwards
-    count = int(np.searchsorted(np.cumsum(ascending), share * float(ascending.sum())))
-    return state.item_of_rank[state.item_of_rank.size - count:]
+    needed, size = share * float(ascending.sum()), 1024
+    while True:
+        running = np.cumsum(ascending[:size])
+        if size >= ascending.size or running[-1] >= needed:
+            count = int(np.searchsorted(running, needed))
+            return state.item_of_rank[state.item_of_rank.size - count:]
+        size *= 4
 
 
 def length_tiers(state: PartialPlan, tiers: tuple[int, ...]) -> np.ndarray:
@@ -59,9 +69,12 @@ def fill_locally(state: PartialPlan, home: np.ndarray, item_bytes: np.ndarray, g
     first, tier by tier."""
     filler = np.zeros(state.costs.size, dtype=bool)
     filler[filler_items(state, share)] = True
-    tiers = TIERS if state.cap < np.inf else ()
-    tier = length_tiers(state, tiers)
-    for items in (np.flatnonzero((tier == k) & ~filler) for k in range(len(tiers) + 1)):
+    if state.cap < np.inf:
+        tier = length_tiers(state, TIERS)
+        tiers = [np.flatnonzero((tier == k) & ~filler) for k in range(len(TIERS) + 1)]
+    else:  # one tier: every item but the filler
+        tiers = [np.flatnonzero(~filler)]
+    for items in tiers:
         keep_home(state, home, items)
         take_anywhere(state, take_in_node(state, home, gpus_per_node, items[state.destinations[items] < 0]),
                       max_lpt_rounds)
