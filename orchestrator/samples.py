@@ -151,10 +151,20 @@ def group_order(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.nda
     """CSR of items per group (a rank, a micro-batch), ascending item order within a group:
     (offsets (num_groups + 1,), order (K,)), read-only int64.
 
-    A stable sort by group; groups fit 16 bits up to 65 536 of them, where numpy sorts by radix.
+    A stable sort by group: where group << bits | index fits 32 bits (bits: those of the largest
+    index), one sort of those unique keys (numpy's unstable sort of uint32 keys takes half the time of
+    its radix argsort of 16-bit groups from 10^5 items on), else the radix argsort below 65 536 groups.
     """
-    keys = groups.astype(np.uint16) if num_groups <= 2**16 else groups
-    order = np.argsort(keys, kind="stable")
+    bits = max(groups.size - 1, 0).bit_length()
+    if num_groups << bits <= 2**32:
+        keys = groups.astype(np.uint32)
+        keys <<= bits
+        keys |= np.arange(groups.size, dtype=np.uint32)
+        keys.sort()
+        keys &= (1 << bits) - 1
+        order = keys.astype(np.int64)
+    else:
+        order = np.argsort(groups.astype(np.uint16) if num_groups <= 2**16 else groups, kind="stable")
     offsets = np.concatenate(([0], np.cumsum(np.bincount(groups, minlength=num_groups))))
     return _frozen_int(offsets), _frozen_int(order)
 

@@ -230,6 +230,15 @@ def test_rank_order_and_offsets_match_an_item_by_item_walk(num_ranks, ranks_and_
     assert order.tolist() == expected_order and rank_offsets[-1] == ranks.size
 
 
+@pytest.mark.parametrize("num_items, num_groups", [(360_000, 2560), (2**21, 3000), (70_000, 2**16 + 5)],
+                         ids=["packed_32_bit_keys", "radix_16_bit_groups", "many_groups"])
+def test_group_order_is_the_stable_sort_by_group_on_every_path(num_items, num_groups):
+    groups = np.random.default_rng(num_items).integers(0, num_groups, num_items)
+    offsets, order = group_order(groups, num_groups)
+    assert np.array_equal(order, np.argsort(groups, kind="stable"))
+    assert np.array_equal(offsets, np.concatenate(([0], np.cumsum(np.bincount(groups, minlength=num_groups)))))
+
+
 @pytest.mark.parametrize("audio_bytes_per_token", [8192, 1000], ids=["same_bytes", "mixed_bytes"])
 def test_llm_anchor_bytes_are_each_samples_text_and_embedding_bytes(audio_bytes_per_token):
     stages = (STAGES[0], Stage("audio", "audio", CostModel(linear=1.0), output_bytes_per_token=audio_bytes_per_token),
