@@ -78,16 +78,30 @@ def _local(parameter) -> torch.Tensor:
     return (parameter.to_local() if hasattr(parameter, "to_local") else parameter).detach().reshape(-1)
 
 
+def _sum(local: torch.Tensor) -> torch.Tensor:
+    """The sum, wrapping in int64, of `local`'s entries read as integers of their width: its run of entries aligned
+    on 8 bytes read in place as int64 words (no copy: an upcast copy of a 1 G-entry embedding is 8 GB), the few on
+    either side one by one.  Any one entry changed changes it (by its change shifted within a word, nonzero modulo
+    2^64); entries wider than 8 bytes (complex128) are read as their two words."""
+    ints = local.view(torch.int64) if local.element_size() > 8 else local
+    ints = ints.view(_BITS[ints.element_size()])
+    per = 8 // ints.element_size()
+    head = min(-ints.storage_offset() % per, ints.numel())
+    body = (ints.numel() - head) // per * per
+    ends = torch.cat((ints[:head], ints[head + body:])).to(torch.int64)
+    return ends.sum() + (ints[head:head + body].view(torch.int64).sum() if body else 0)
+
+
 def contents(model) -> dict:
     """A fingerprint of the contents of `model`'s trainable parameters (this rank's shards under FSDP2): the sum of
-    each one's entries read as integers of their width, so a change of any one entry changes it (changes cancel
-    only where they keep every parameter's sum of bits, as a permutation of its entries does).  One read of each;
-    the sums stay on their parameters' devices (a model may span several): one tensor per device."""
+    each one's entries read as integers (`_sum`), so a change of any one entry changes it (changes cancel only where
+    they keep a parameter's sum of words modulo 2^64, as swapping entries of one position in a word does).  One
+    read of each, no copy; the sums stay on their parameters' devices (a model may span several): one tensor per
+    device."""
     sums: dict = {}
     for _, parameter in _trainable(model):
         local = _local(parameter)
-        sums.setdefault(local.device, []).append(local.view(_BITS.get(local.element_size(), torch.int8))
-                                                 .sum(dtype=torch.int64))
+        sums.setdefault(local.device, []).append(_sum(local))
     return {device: torch.stack(part) for device, part in sums.items()}
 
 

@@ -419,6 +419,54 @@ def test_regression_the_fingerprint_of_a_model_on_two_devices_failed_in_torch_st
     assert _changed(plain, before, contents(plain)) == [False, False, True, False]
 
 
+
+PEAK = """import resource, sys, torch
+from torch import nn
+from orchmllm.runtime.versions import contents
+contents(nn.Linear(2, 2))
+model = nn.Embedding(2048, 4096, dtype=getattr(torch, sys.argv[1]))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+contents(model)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / model.weight.nbytes)"""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_regression_the_fingerprint_made_an_int64_copy_of_each_parameter(dtype):
+    """Cause (review10 R10-08): `contents` summed each parameter as `view(intN).sum(dtype=torch.int64)`, which casts
+    a whole int64 copy first (4x a bf16 parameter's bytes: a 152k x 8192 bf16 embedding, a 10 GB transient on the
+    GPU, at every step's first held block).  It reads int64 words in place now: the peak RSS of a fresh process
+    grows by under a quarter of the parameter's bytes (before: 4x bf16's, 2x fp32's)."""
+    import subprocess
+    import sys
+
+    grown = float(subprocess.run([sys.executable, "-c", PEAK, dtype], capture_output=True, text=True, check=True,
+                                 timeout=120).stdout)
+    assert grown < 0.25, f"peak RSS grew by {grown:.2f}x the parameter's bytes"
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16, torch.float32, torch.float64,
+                                   torch.complex64])
+def test_the_fingerprint_changes_with_any_one_entry_of_a_shard_at_any_offset(dtype):
+    """An FSDP2 shard may start at any entry of its storage: the entries before and after its run aligned on 8
+    bytes are summed one by one, the run as int64 words; flipping any bit of any one entry changes the fingerprint
+    (and restoring it restores it)."""
+    from orchmllm.runtime.versions import contents
+
+    generator = torch.Generator().manual_seed(3)
+    for offset in range(9):
+        storage = torch.randn(offset + 13, generator=generator).to(dtype)
+        model = nn.Module()
+        model.shard = nn.Parameter(storage[offset:])
+        assert model.shard.storage_offset() == offset
+        before = contents(model)[torch.device("cpu")]
+        for entry in range(13):
+            for bit in range(8 * model.shard.element_size()):
+                raw = model.shard.data[entry:entry + 1].view(torch.uint8)
+                raw[bit // 8] ^= 1 << bit % 8
+                assert not torch.equal(contents(model)[torch.device("cpu")], before), (offset, entry, bit)
+                raw[bit // 8] ^= 1 << bit % 8
+        assert torch.equal(contents(model)[torch.device("cpu")], before)
+
 def cleared_job(rank, size, where):
     """Two DDP steps (M >= 2), `optimizer.zero_grad()` in every micro-batch (the classic bug: `where` 'inside' the
     block, before the forward, or 'between' blocks, at the top of the loop body) and `optimizer.step()` after each
