@@ -369,10 +369,10 @@ def _synced_inside(model) -> list[str]:
 
 def _reduces_every_parameter(model) -> bool:
     """Whether `model`'s gradient sync expects a gradient of every trainable parameter on every rank: FSDP2,
-    and DDP unless built with find_unused_parameters=True."""
-    if hasattr(model, "set_requires_gradient_sync"):
-        return True
-    return hasattr(model, "no_sync") and not getattr(model, "find_unused_parameters", False)
+    and DDP unless built with find_unused_parameters=True; not where it has none (a frozen reference model)."""
+    syncs = hasattr(model, "set_requires_gradient_sync") or \
+        hasattr(model, "no_sync") and not getattr(model, "find_unused_parameters", False)
+    return syncs and any(parameter.requires_grad for parameter in model.parameters())
 
 
 @contextlib.contextmanager

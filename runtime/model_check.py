@@ -200,8 +200,8 @@ def outside_blocks(micro, models, forwards) -> None:
         given = ("the module the block was given, its `.module`: pass the DDP module itself, `accumulate(ddp, micro)`"
                  if wrapped else f"given no block of its own (the blocks here are given "
                  f"{', '.join(type(model).__name__ for model in models)}): nest one `accumulate` block per DDP or "
-                 f"FSDP2 module, or `fully_shard` a root holding them and pass it; a reference model whose output "
-                 f"the loss does not depend on runs under torch.no_grad()")
+                 f"FSDP2 module, or `fully_shard` a root holding them and pass it; freeze a reference model "
+                 f"(requires_grad_(False)) or run it under torch.no_grad()")
         raise ModelContractError(
             f"rank {group_rank(micro.contract[0])}: the body of `accumulate` in micro-batch {micro.index} of "
             f"{micro.num_microbatches} ran the forward of {kind(module)}, whose gradients DDP or FSDP2 reduce, "

@@ -1741,14 +1741,16 @@ def test_regression_two_models_loops_interleaved_with_zip_were_refused_as_bare_l
             np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
 
 
-def forgotten_block_job(rank, size, nested):
+def forgotten_block_job(rank, size, nested, frozen=()):
     """Two FSDP2 modules (an encoder and a head, no sharded root) trained on OVERLAP_STEPS' step 0 (M >= 2, due the
-    check), the body in a block for the head only, or (`nested`) in one block per module: the encoder's and head's
-    gradients, or what each rank raised."""
+    check), the body in a block for the head only, or (`nested`) in one block per module; the encoder's parameters
+    named in `frozen` frozen: the trainable parameters' gradients, or what each rank raised."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     encoder, head = nn.Linear(3, 3).double(), nn.Linear(3, 1).double()
+    for name in frozen:
+        getattr(encoder, name).requires_grad_(False)
     fully_shard(encoder)
     fully_shard(head)
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
@@ -1759,7 +1761,8 @@ def forgotten_block_job(rank, size, nested):
                 normalize_loss(head(torch.tanh(encoder(micro.data["x"]))).sum(), micro).backward()
     except ModelContractError as error:
         return str(error)
-    return [parameter.grad.full_tensor().numpy() for parameter in (*encoder.parameters(), *head.parameters())]
+    return [parameter.grad.full_tensor().numpy() for parameter in (*encoder.parameters(), *head.parameters())
+            if parameter.requires_grad]
 
 
 def test_regression_a_forgotten_block_of_one_of_two_fsdp2_modules_checked_nothing_and_held_no_sync():
@@ -1781,3 +1784,23 @@ def test_regression_a_forgotten_block_of_one_of_two_fsdp2_modules_checked_nothin
         assert not isinstance(gradients, str), gradients
         for got, parameter in zip(gradients, (*encoder.parameters(), *head.parameters()), strict=True):
             np.testing.assert_allclose(got, parameter.grad.numpy(), rtol=0, atol=1e-12)
+
+
+def test_regression_a_frozen_fsdp2_reference_model_run_with_grad_in_the_policys_block_was_refused():
+    """Cause (review10 R10-07): a DDP or FSDP2 forward in a body that none of its blocks' models is or holds was
+    refused without asking whether it had a trainable parameter, so a frozen reference model sharded with
+    `fully_shard` (a KL baseline run without torch.no_grad()) in the policy's block was refused, though it has no
+    gradient to reduce.  A module with no trainable parameter is not refused, and the head trains to one float64
+    pass's gradients; one trainable parameter left (the encoder's bias) is still refused."""
+    torch.manual_seed(0)
+    encoder, head = nn.Linear(3, 3).double().requires_grad_(False), nn.Linear(3, 1).double()
+    features = torch.cat([overlap_features(0, rank) for rank in OVERLAP_STEPS[0]])
+    (head(torch.tanh(encoder(features))).sum() / features.shape[0]).backward()
+    for gradients in spawn(forgotten_block_job, 2, args=(False, ("weight", "bias")), timeout_s=60):
+        assert not isinstance(gradients, str), gradients
+        for got, parameter in zip(gradients, head.parameters(), strict=True):
+            np.testing.assert_allclose(got, parameter.grad.numpy(), rtol=0, atol=1e-12)
+    for rank, message in enumerate(spawn(forgotten_block_job, 2, args=(False, ("weight",)), timeout_s=60)):
+        assert isinstance(message, str) and message.startswith(
+            f"rank {rank}: the body of `accumulate` in micro-batch 0 of 2 ran the forward of FSDPLinear, whose "
+            f"gradients DDP or FSDP2 reduce, given no block of its own"), message
