@@ -61,7 +61,7 @@ from .microbatch import MicroBatch, StepToken, contract_of, iterate, loop_left, 
 from .pairing import split_rows
 from .prefetch import metadata_group_of
 from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem
-from .sample_tables import SAMPLE_COLUMNS, SEGMENT_COLUMNS, local_tables
+from .sample_tables import SAMPLE_COLUMNS, SEGMENT_COLUMNS, sample_tables
 from .sharding import TextUnits, pass_layout
 
 def _identity(step: StepPlan) -> tuple:
@@ -131,7 +131,7 @@ class MultiStageRuntime:
         group = metadata_group_of(metadata_group, self.group)
         try:
             new_step(planning=True)  # the loop of the step dispatched may still run (a plan made inside it)
-            sample_table, segment_table = local_tables(samples, self.modalities, loss_tokens)
+            sample_table, segment_table = sample_tables(samples, self.modalities, loss_tokens)
         except (TypeError, ValueError):
             join_failed(group, SAMPLE_COLUMNS)  # the other ranks raise too, instead of waiting in the gather
             raise
@@ -237,7 +237,7 @@ class MultiStageRuntime:
         """Why this rank's `samples` are not those `routes` were planned from (text, segments, id; each segment's
         modality, length, tokens, position, frames: not loss tokens, whose total alone the routes keep), or None."""
         try:
-            given = local_tables(samples, self.modalities)
+            given = sample_tables(samples, self.modalities)
         except (TypeError, ValueError) as error:
             return error
         batch, home = routes.batch, np.flatnonzero(routes.batch.sample_source == routes.rank)

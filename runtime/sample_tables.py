@@ -13,7 +13,7 @@ SAMPLE_COLUMNS = 4  # text tokens, number of segments, sample id, loss tokens
 SEGMENT_COLUMNS = 5  # modality code, length, tokens, position, frames
 
 
-def local_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_tokens=None
+def sample_tables(samples: Sequence[Sample], modalities: Sequence[str], loss_tokens=None
                  ) -> tuple[np.ndarray, np.ndarray]:
     """This rank's metadata as two int64 tables: samples (text, #segments, id, loss tokens) and
     segments (modality code, length, tokens, position, frames), segments sample by sample.
