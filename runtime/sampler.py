@@ -22,6 +22,11 @@ or invent samples without any error.  So, when a process group is initialised, e
 `iter(sampler)` (once per epoch) all-gathers a fingerprint of each setting and every rank
 raises `ConfigMismatchError` naming the settings and the ranks that differ: one small
 collective per epoch, none per step.
+
+With a budget, the model must compute its output through every trainable parameter on an empty micro-batch too
+(DDP and FSDP2 reduce every parameter's gradient in the step's last backward on every rank): `microbatches(loader)`
+wraps the loaded micro-batches as `MicroBatch`es, so that `accumulate(model, micro)` holds the gradient sync and
+checks that contract as the dispatcher's loop does (`runtime.microbatch`).
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
 from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import collective, comm_device, finish, group_rank, group_size, is_distributed
-from .microbatch import Sampling
+from .microbatch import MicroBatch, Sampling, StepToken, contract_of, iterate, new_step
 
+_END = object()  # what `next` returns from a loader that yielded every micro-batch
 AGREEMENT = ("BalancedDistributedSampler's epoch agreement all-gather (every process of `group` iterates the "
              "sampler, or passes check_agreement=False)")  # what a dead or stalled peer's error names
 
@@ -70,9 +76,15 @@ class BalancedDistributedSampler(Sampler[list[int]]):
 
     With `max_tokens_per_microbatch` T, every yielded list is one micro-batch: the step's M
     micro-batches follow each other (every rank yields the same M, some lists possibly
-    empty, so the `collate_fn` must accept an empty list and the model still run its
-    collectives), and `microbatches_per_step()` tells the gradient-accumulation loop where
-    each step ends.  The epoch is then planned ahead on first use (`len` counts micro-batches).
+    empty, so the `collate_fn` must accept an empty list), and `microbatches_per_step()`
+    tells the gradient-accumulation loop where each step ends.  On an empty micro-batch
+    the model must still compute its output through every trainable parameter (run the
+    layers on the empty tensors, never return early or a constant) and the loss from that
+    output: the last micro-batch's backward reduces every parameter's gradient (DDP,
+    FSDP2) on every rank, and a rank whose loss leaves some out hangs its peers or trains
+    wrong.  `microbatches(loader)` wraps what the loader yields as `MicroBatch`es, whose
+    `accumulate(model, micro)` checks it (`ModelContractError` on every rank).  The epoch
+    is then planned ahead on first use (`len` counts micro-batches).
     Every micro-batch's loss is divided by its step's tokens (`step_tokens()`); a count of one
     micro-batch weights tokens by the micro-batch they sit in, and `normalize_loss` refuses it
     (for a loss that requires grad) while the sampler yields steps of several micro-batches.
@@ -131,6 +143,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         self.group = group
         self._kept: dict[str, tuple] = {}  # name -> (lengths, other settings, what `_kept_for` built from them)
         self._mark: Sampling | None = None  # while it lives, per-micro-batch counts are refused (`Sampling`)
+        self._trained = [False]  # whether a loop of `microbatches` trained (`StepToken.trained`, `contract_of`)
         self._check_settings()
 
     def _check_settings(self) -> None:
@@ -224,6 +237,56 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             raise ValueError("`microbatches_per_step` needs `max_tokens_per_microbatch`: without a token budget "
                              "every step is one batch")
         return [plan.num_microbatches for plan in self._epoch_plans()]
+
+    def microbatches(self, loaded, group=None):
+        """Yield the micro-batches of the epoch as `runtime.microbatch.MicroBatch`es for `accumulate`: `loaded` is
+        what iterates this sampler (a `DataLoader(dataset, batch_sampler=sampler, collate_fn=...)`), one collated
+        batch per yielded list, in order; `micro.data` is that batch, `micro.items` its dataset indices as yielded,
+        `micro.lengths` their lengths, and every micro-batch's loss is divided by its step's tokens
+        (`normalize_loss(loss_sum, micro)`).  `group`: the processes whose gradients the model reduces (DDP's process
+        group, default the world), on which the model check runs until the first step trained and on every step
+        whose last micro-batch is empty on some rank (the plan says which: every rank decides alike):
+
+            for micro in sampler.microbatches(loader):
+                with accumulate(model, micro):                # no gradient sync but on the step's last
+                    normalize_loss(loss_fn(model(micro.data)), micro).backward()
+                if micro.is_last:
+                    optimizer.step(); optimizer.zero_grad()
+        """
+        if self.max_tokens_per_microbatch is None:
+            raise ValueError("`microbatches` needs `max_tokens_per_microbatch`: without a token budget every step is "
+                             "one batch (normalise its loss with `normalize_loss`)")
+        source = getattr(loaded, "batch_sampler", self)
+        if source is not self:
+            raise ValueError(f"`loaded` iterates another batch sampler ({type(source).__name__}), not this sampler: "
+                             f"pass the DataLoader built with `batch_sampler=` this sampler")
+        return self._loaded_microbatches(iter(loaded), group)  # iter first: it iterates the sampler (its epoch check)
+
+    def _loaded_microbatches(self, loaded, group):
+        plans, batches, tokens, step = self._epoch_plans(), self.global_batches(), self.step_tokens(), None
+        for number, (batch, plan) in enumerate(zip(batches, plans)):
+            new_step()  # raises where this thread left the previous step's loop with its gradient sync held
+            step = StepToken(number, self._trained) if step is None else step.next()
+            count = plan.num_microbatches
+            cells = [batch[plan.items_of(self.rank, index)] for index in range(count)]
+            last = np.bincount(plan.rank[plan.microbatch == count - 1], minlength=self.num_replicas)
+            contract = contract_of(step, last, group)
+            step.empty = frozenset(index for index, cell in enumerate(cells) if not cell.size)
+            yield from iterate(MicroBatch(index, count, cells[index], self._next_loaded(loaded, number, index),
+                                          tokens[number], self.num_replicas,
+                                          lengths=torch.tensor(self.lengths[cells[index]]), step=step,
+                                          contract=contract) for index in range(count))
+        if next(loaded, _END) is not _END:
+            raise ValueError(f"`loaded` yielded more than the epoch's {len(self)} micro-batches: it must yield one "
+                             f"collated batch per list this sampler yields (`batch_sampler=` this sampler)")
+
+    def _next_loaded(self, loaded, step: int, index: int):
+        """The next collated batch, or a ValueError naming the micro-batch it lacks."""
+        try:
+            return next(loaded)
+        except StopIteration:
+            raise ValueError(f"`loaded` ended before micro-batch {index} of step {step}: it must yield one collated "
+                             f"batch per list this sampler yields (`batch_sampler=` this sampler)") from None
 
     def _settings(self) -> dict[str, object]:
         """What every rank must share to draw the same batches, by argument name."""
