@@ -218,8 +218,8 @@ def bare_loop_problem(what: str, micro, synced: str) -> ModelContractError:
         f"runtime's first training loop, or a step where a rank's last micro-batch is empty), after a forward with "
         f"grad of a DDP or FSDP2 module ({synced}): wrap each micro-batch's body (forward, normalize_loss, "
         f"backward) in `with accumulate(model, micro):`, as the loop of `runtime.microbatch` shows; it runs the "
-        f"check (a layer skipped on an empty micro-batch trains wrong under DDP without an error) and holds DDP's gradient sync to the last "
-        f"micro-batch, and is right under FSDP2 and for a plain model too; if that {synced} is a reference model "
+        f"check (a layer skipped on an empty micro-batch trains wrong under DDP without an error) and holds DDP's "
+        f"gradient sync to the last micro-batch, and is right under FSDP2 and for a plain model too; if that {synced} is a reference model "
         f"whose output the loss does not depend on, run it under torch.no_grad() (a forward with grad is taken for "
         f"the trained model's); where unused parameters are harmless, `accumulate(model, micro, check=False)` on "
         f"every rank skips the check")

@@ -223,7 +223,8 @@ def test_a_degree_that_does_not_divide_the_node_is_refused_up_front(gpus_per_nod
     crossing = ContextParallel(degrees=(1, 2, 4), gpus_per_node=gpus_per_node, allow_inter_node=True,
                                half_efficiency_tokens=1, latency_s=0, kv_bytes_per_token=0, seconds_per_cost=1.0)
     assert balance(lengths, num_ranks, context_parallel=crossing).degree.max() > 1  # P15-18: the flag lifts the rule
-    assert balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=500, context_parallel=crossing).degree.max() > 1
+    assert balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=500,
+                                context_parallel=crossing).degree.max() > 1
     one_node = replace(crossing, degrees=(1, 2), allow_inter_node=False)  # one node: no block of 2 straddles two
     assert balance([5000] + [10] * gpus_per_node, gpus_per_node, context_parallel=one_node).degree[0] == 2
 

@@ -7,7 +7,8 @@ from orchmllm.runtime.alltoall import FlatAllToAll
 
 
 @pytest.mark.parametrize("options, named", [({"group": (0, 1)}, "group"), ({"group": "world"}, "group"),
-                                            ({"transport": "flat"}, "transport"), ({"transport": object()}, "transport")],
+                                            ({"transport": "flat"}, "transport"),
+                                            ({"transport": object()}, "transport")],
                          ids=["ranks_as_group", "name_as_group", "transport_name", "no_exchange"])
 def test_regression_the_dispatcher_took_a_group_or_transport_of_the_wrong_kind(options, named):
     """Cause (probe15 P15-20, the dispatcher's half): `group=[0, 1]` or `transport="hierarchical"` was accepted, then

@@ -10,7 +10,8 @@ from orchmllm.runtime.launch import spawn
 
 OPTIONS = {
     "budget": ({"max_tokens_per_microbatch": 8}, 9,
-               "rank 1's item 0 (item 4 of the step) has 9 tokens > max_tokens_per_microbatch=8", "item 4 has 9 tokens"),
+               "rank 1's item 0 (item 4 of the step) has 9 tokens > max_tokens_per_microbatch=8",
+               "item 4 has 9 tokens"),
     "rank cap": ({"max_tokens_per_rank": 8}, 9,
                  "the largest item (9 tokens at rank 1's item 0 (index 4 of the step))", "(9 tokens at index 4)"),
     "budget under context parallelism": (
