@@ -46,7 +46,7 @@ import numpy as np
 from ..balancers.plan import relative_gap
 from ..balancers.validation import is_int
 from .samples import Batch, group_order
-from .shards import SampleChunks, ShardTable, TextPieces, split_layout, split_pieces
+from .shards import SampleChunks, ShardTable, TextPieces, any_nonzero, split_layout, split_pieces
 from .stages import Stage
 
 
@@ -80,11 +80,6 @@ def constant(value: int, n: int) -> np.ndarray:
     if value not in _CONSTANTS:
         _CONSTANTS[value] = _frozen([value])
     return np.ndarray((n,), dtype=np.int64, buffer=_CONSTANTS[value], strides=(0,))
-
-
-def any_nonzero(column: np.ndarray) -> bool:
-    """Whether `column` holds a non-zero entry, read once where it is a `constant` (stride 0)."""
-    return bool(np.any(column[:1] if column.strides == (0,) else column))
 
 
 def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.ndarray) -> list[np.ndarray]:

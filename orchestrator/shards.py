@@ -198,13 +198,17 @@ class Pieces:
     llm_offset: np.ndarray
 
 
+def any_nonzero(column: np.ndarray) -> bool:
+    """Whether `column` holds a non-zero entry, read once where it is a `constant` (stride 0)."""
+    return bool(np.any(column[:1] if column.strides == (0,) else column))
+
+
 def _parts(encoder_plans) -> tuple[np.ndarray, ...]:
     """(segment, first row, stage, rank, output offset) of the parts of segments in several parts, by segment
     then row (a stage whose `item_first_unit` is a stride-0 column of zeros has none: read once)."""
     split = [[] for _ in range(5)]
     for index, plan in enumerate(encoder_plans):
-        first_unit = plan.item_first_unit
-        if np.any(first_unit[:1] if first_unit.strides == (0,) else first_unit):  # some segment in parts
+        if any_nonzero(plan.item_first_unit):  # some segment in parts
             mine = np.bincount(plan.item_segment)[plan.item_segment] > 1
             for column, values in zip(split, (plan.item_segment[mine], plan.item_first_row[mine],
                                               np.full(int(mine.sum()), index), plan.destination[mine],

@@ -15,7 +15,8 @@ from orchmllm.balancers.locality import deal as deal_module
 from orchmllm.balancers.locality import repair as locality_repair
 from orchmllm.balancers.locality.balance import balance_locally
 from orchmllm.balancers.locality.deal import DEAL_WINDOW, keep_home, take_anywhere, take_in_node
-from orchmllm.balancers.locality.partial_plan import PartialPlan, descending
+from orchmllm.balancers.locality.partial_plan import PartialPlan
+from orchmllm.balancers.problem import sorted_order
 from orchmllm.balancers.locality.redeal import redeal_equal_items
 from orchmllm.balancers.locality.repair import ACROSS_CANDIDATES, repair_across_nodes, repair_in_node
 from orchmllm.balancers.origins import Origins
@@ -527,9 +528,9 @@ def test_a_round_of_full_fixes_matches_its_plain_code(seed, width):
 
 @given(st.lists(st.sampled_from([0.0, -0.0, 1.0, 2.5, 2.5, 1e300, 3.0]), max_size=30) | st.lists(
     st.floats(0, 1e6), max_size=30))
-def test_descending_is_the_stable_argsort_of_the_negated_values(values):
-    """`partial_plan.descending` (one sort of packed ranks of the distinct values) orders as
+def test_sorted_order_of_bytes_is_the_stable_argsort_of_the_negated_values(values):
+    """`problem.sorted_order` (one sort of packed keys) orders as
     `np.argsort(-values, kind="stable")`, ties (and -0.0 against 0.0) by index, as the byte orders of
     `redeal_equal_items` and `lap._proposals` read it."""
     values = np.array(values, dtype=np.float64)
-    assert descending(values).tolist() == np.argsort(-values, kind="stable").tolist()
+    assert sorted_order(values).tolist() == np.argsort(-values, kind="stable").tolist()

@@ -185,19 +185,19 @@ def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ran
 
 
 def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, ordered, table, room, fixed: bool,
-                 plan_pass: _PassPlans, repair: bool = False, defer: float | None = None, early: bool = False) -> tuple:
+                 plan_pass: _PassPlans, repair: bool = False, defer: float | None = None) -> tuple:
     """(the split plan of `num_microbatches` micro-batches (`group_microbatches` of the items `ordered`, then
     the split planner in each, `plan_pass`), or None when some micro-batch finds no layout within the budget;
     with `repair`, the plan of that grouping after its micro-batches without layout spill (`repair.py`), or
     None).  With
-    `defer`, a `_Deferred` instead where `_deferred` (`early`: see there) leaves its micro-batch of most items
-    unplanned."""
+    `defer`, a `_Deferred` instead where `_deferred` (early, without `repair`: see there) leaves its micro-batch of
+    most items unplanned."""
     microbatch = group_microbatches(ordered, num_ranks, num_microbatches, room)
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
     deferred = None if defer is None else _deferred(microbatch, num_microbatches, overhead, plan_pass, defer,
-                                                    ordered.times if early else None)
+                                                    None if repair else ordered.times)
     if deferred is not None:
         return deferred, None
     return _grouping_planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, table,
@@ -308,8 +308,7 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
                  -(-tokens // num_microbatches) if over else room, num_microbatches is not None, plan_pass)
         alone = best is None and repaired is None and pending is None and num_microbatches is None
         defer = best.step_cost if best is not None and num_microbatches is None else None
-        found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else defer,
-                                      early=not alone)
+        found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else defer)
         if isinstance(found, _Deferred) and best is not None:  # it cannot beat the best
             if found.num_microbatches > best.num_microbatches:
                 break

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.sparse import csr_matrix
 
-from .partial_plan import descending, runs
+from ..problem import sorted_order
+from .partial_plan import runs
 
 NODES_PER_BLOCK = 256  # nodes whose ranks `assign_groups_greedily` places in one LAP (`_ranks_within_nodes_by_blocks`)
 
@@ -164,7 +165,7 @@ def _proposals(groups: np.ndarray, nodes: np.ndarray, weights: np.ndarray, num_g
     of those it holds and those proposed, until no group is left with a pair to propose.  With
     preferences on both sides given by one strict order of the pairs, this is the greedy's
     matching (the unique stable one), in at most max-degree rounds of numpy."""
-    order = descending(weights)  # the pairs come by (group, node): ties keep that order
+    order = sorted_order(weights)  # the pairs come by (group, node): ties keep that order
     size = groups.size
     place = np.empty(size, dtype=np.int64)  # each pair's position in the greedy's order (order[place[p]] == p)
     place[order] = np.arange(size)

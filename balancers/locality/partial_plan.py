@@ -77,15 +77,3 @@ def runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1]))) if n else sorted_keys
     run_start = np.repeat(starts, np.diff(np.append(starts, n)))
     return run_start, np.arange(n) - run_start
-
-
-def descending(values: np.ndarray) -> np.ndarray:
-    """`np.argsort(-values, kind="stable")` (ties by index), from one sort of the packed keys rank · n + index,
-    ranks those of the distinct values: a stable argsort of floats takes several times longer.
-
-    >>> descending(np.array([1.0, 3.0, 1.0, 2.0])).tolist()
-    [1, 3, 0, 2]
-    """
-    n = values.size
-    rank = np.unique(-values, return_inverse=True)[1].astype(np.int64).ravel()
-    return np.sort(rank * n + np.arange(n)) % n

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .partial_plan import descending, runs
+from ..problem import sorted_order
+from .partial_plan import runs
 
 
 def _by_key(members: np.ndarray, keys: np.ndarray, order: np.ndarray, of_order: np.ndarray) -> np.ndarray:
@@ -51,7 +52,7 @@ def redeal_equal_items(lengths: np.ndarray, destinations: np.ndarray, sources: n
     n = lengths.size
     length_class = np.unique(lengths, return_inverse=True)[1].astype(np.int64).ravel()
     everything = np.arange(n, dtype=np.int64)
-    by_bytes = descending(item_bytes)  # the items by bytes descending, ties by index; item_rank their places
+    by_bytes = sorted_order(item_bytes)  # the items by bytes descending, ties by index; item_rank their places
     item_rank = np.empty(n, dtype=np.int64)
     item_rank[by_bytes] = everything
     by_node = length_class * num_ranks + sources // gpus_per_node
