@@ -204,12 +204,11 @@ class PostBalancingDispatcher:
             if (renamed := named_by_rank(error, metadata.counts)) is error:
                 raise
             raise renamed from error
-        if self.options.check_plan:
-            plan = self._agreed(plan, group)
-        if plan is not None:
-            microbatch, count = (plan.microbatch, plan.num_microbatches) if self.options.microbatching else \
-                (microbatch, 1)
         digest = plan.digest() if plan else ""
+        if self.options.check_plan:
+            plan, digest = self._agreed(plan, digest, group)
+        if plan is not None and self.options.microbatching is not None:
+            microbatch, count = plan.microbatch, plan.num_microbatches
         if metadata.counts.size != group_size(self.group):
             raise ValueError(f"metadata group has {metadata.counts.size} ranks but the dispatcher's group has "
                              f"{group_size(self.group)}")
@@ -223,13 +222,14 @@ class PostBalancingDispatcher:
         return DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding,
                             self.config_fingerprint, self.config_options)
 
-    def _agreed(self, plan, group):
-        """`plan` where every rank of `group` made the same; else, under a `time_limit` (an exact solver that the wall
-        clock stopped at different plans on different ranks), the plan of the group's rank 0, which every rank then
-        follows (one broadcast, on this path only); without one, `PlanMismatchError` on every rank."""
+    def _agreed(self, plan, digest: str, group):
+        """(`plan`, its `digest`) where every rank of `group` made the same; else, under a `time_limit` (an exact
+        solver that the wall clock stopped at different plans on different ranks), the plan of the group's rank 0,
+        which every rank then follows (one broadcast, on this path only), and its digest; without one,
+        `PlanMismatchError` on every rank."""
         try:
-            check_agreement(fingerprint(self.config_fingerprint, plan.digest() if plan else ""), group)
-            return plan
+            check_agreement(fingerprint(self.config_fingerprint, digest), group)
+            return plan, digest
         except PlanMismatchError:
             if self.options.time_limit is None:
                 raise
@@ -237,7 +237,7 @@ class PostBalancingDispatcher:
         with collective("plan broadcast (time-limited solvers stopped at different plans)", group):
             dist.broadcast_object_list(shared, src=0 if group is None else dist.get_global_rank(group, 0), group=group,
                                        device=comm_device(group))
-        return shared[0]
+        return shared[0], shared[0].digest() if shared[0] else ""
 
     def _move(self, batch: Mapping[str, torch.Tensor], sharding: StepSharding, per_item_keys,
               site: str, differentiable: bool, problem: Exception | None = None,

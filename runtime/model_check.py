@@ -155,14 +155,20 @@ def _no_forward_under_fsdp2(micro, group) -> ModelContractError:
         f"no check can turn into an error on every rank")
 
 
+def fsdp_param_groups(model) -> list:
+    """FSDP2's parameter groups of every module of `model` it manages (its private record: AttributeError where
+    another torch's FSDP2 keeps it otherwise)."""
+    return [group for module in model.modules() if hasattr(module, "_get_fsdp_state")
+            for group in module._get_fsdp_state()._fsdp_param_groups]
+
+
 def _model_reduction(model) -> str | None:
     """How `model` combines gradients across ranks, where it can be told: "mean" (DDP without a comm hook, FSDP2
     with its default divide factor), "sum" (FSDP2 with a divide factor of 1); else None (a comm hook, another
     factor, a plain model reduced by hand)."""
     if hasattr(model, "set_requires_gradient_sync"):
         try:  # FSDP2 keeps the factor of `set_gradient_divide_factor` in each parameter group
-            factors = {group.gradient_divide_factor for module in model.modules() if hasattr(module, "_get_fsdp_state")
-                       for group in module._get_fsdp_state()._fsdp_param_groups}
+            factors = {group.gradient_divide_factor for group in fsdp_param_groups(model)}
         except AttributeError:
             return None
         return "mean" if factors == {None} else "sum" if factors == {1} else None

@@ -15,7 +15,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .model_check import ModelContractError, kind
+from .model_check import ModelContractError, fsdp_param_groups, kind
 
 _listed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (name, parameter) (listing costs 15x)
 _stepped: dict[int, int] = {}  # id(parameter) -> optimizer steps taken on it since the hook was registered
@@ -41,8 +41,7 @@ def _listing(model) -> tuple:
         return tuple(model.named_parameters())
     prefixes = {id(module): f"{prefix}." if prefix else "" for prefix, module in model.named_modules()}
     try:  # FSDP2's own record of each parameter's module and sharded form
-        held = [held for module in model.modules() if hasattr(module, "_get_fsdp_state")
-                for group in module._get_fsdp_state()._fsdp_param_groups for held in group.fsdp_params]
+        held = [held for group in fsdp_param_groups(model) for held in group.fsdp_params]
         listed = {id(entry.sharded_param): (prefixes.get(id(entry._module_info.module), "?.") +
                                            entry._module_info.param_name, entry.sharded_param) for entry in held}
     except AttributeError:  # another torch's FSDP2: nothing watched, rather than freed storage read
@@ -54,7 +53,9 @@ def _trainable(model) -> list:
     """`model`'s trainable parameters, (name, parameter)."""
     if not _hook:
         _hook.append(register_optimizer_step_post_hook(_count_step))
-    named = _listed.get(model) or _listed.setdefault(model, _listing(model))
+    named = _listed.get(model)
+    if named is None:
+        named = _listed[model] = _listing(model)
     return [(name, parameter) for name, parameter in named if parameter.requires_grad]
 
 
