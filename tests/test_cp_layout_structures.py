@@ -1,7 +1,7 @@
 """The split layout's kept-sorted structures against brute scans: the same layouts, fewer scans.
 
 `place_groups` keeps every candidate (a rank, or a group of ranks) in keys sorted by its peak load and
-searches them; the reference scans every candidate with numpy at each item (`_Blocks._candidates`).
+searches them; the reference scans every candidate with numpy at each item (`Placement._candidates`).
 `two_tiers` settles a group's token room by bounds; the reference checks every rank of it."""
 
 import heapq
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm import ContextParallel
-from orchmllm.balancers.context_parallel import planner
+from orchmllm.balancers.context_parallel import placement, planner
 from orchmllm.balancers.context_parallel.pairing import packable_degrees
 from orchmllm.balancers.context_parallel.split import allot, allowed_degrees
 from orchmllm.balancers.context_parallel import tiers
@@ -55,7 +55,7 @@ def giant_mixes(draw):
     return lengths, num_ranks, cap, draw(st.sampled_from([0, 3, 7]))
 
 
-class _Scanning(planner._Blocks):
+class _Scanning(placement.Placement):
     """The reference: every search a numpy scan of all candidates, an overflow's at every degree."""
 
     def _search(self, degree, time, need, fullest):
@@ -66,16 +66,16 @@ class _Scanning(planner._Blocks):
 
 
 def _layout(case, blocks_class, monkeypatch):
-    monkeypatch.setattr(planner, "_Blocks", blocks_class)
+    monkeypatch.setattr(placement, "Placement", blocks_class)
     problem, spec, times, degree, long, target = layout_inputs(*case)
-    return planner.place_groups(problem, spec, GPUS, times, degree, long, target)
+    return placement.place_groups(problem, spec, GPUS, times, degree, long, target)
 
 
 @settings(max_examples=40, deadline=None)
 @given(case=giant_mixes())
 def test_place_groups_equals_the_brute_scan(case):
     with pytest.MonkeyPatch.context() as monkeypatch:
-        found = _layout(case, planner._Blocks, monkeypatch)
+        found = _layout(case, placement.Placement, monkeypatch)
         scanned = _layout(case, _Scanning, monkeypatch)
     assert (found is None) == (scanned is None)
     if found is not None:
@@ -88,12 +88,12 @@ def test_regression_overflowing_unsplit_items_scanned_every_group(monkeypatch):
     """While degree 1 was laid out the groups' keys were not kept, so each unsplit item that overflowed
     scanned every group of every degree with numpy (12k such scans in the `long` workload's step)."""
     scans, overflows = [], []
-    candidates, overflow = planner._Blocks._candidates, planner._Blocks._overflow
-    monkeypatch.setattr(planner._Blocks, "_candidates", lambda self, *a: scans.append(a) or candidates(self, *a))
-    monkeypatch.setattr(planner._Blocks, "_overflow", lambda self, *a: overflows.append(a) or overflow(self, *a))
+    candidates, overflow = placement.Placement._candidates, placement.Placement._overflow
+    monkeypatch.setattr(placement.Placement, "_candidates", lambda self, *a: scans.append(a) or candidates(self, *a))
+    monkeypatch.setattr(placement.Placement, "_overflow", lambda self, *a: overflows.append(a) or overflow(self, *a))
     problem, spec, times, degree, long, target = layout_inputs([200_000, 150_000] + [50_000] * 30 + [2_000] * 40,
                                                                16, None, 0)
-    start, degree, overflowed = planner.place_groups(problem, spec, GPUS, times, degree, long, target)
+    start, degree, overflowed = placement.place_groups(problem, spec, GPUS, times, degree, long, target)
     assert overflowed and len(overflows) == 10 and (degree[start >= 0] > 1).any()
     assert scans == []
 
@@ -104,12 +104,12 @@ def test_regression_searches_short_of_tokens_fell_back_to_scans(monkeypatch):
     them all with numpy, item after item (5.4k scans of 2560 ranks in the `long` workload's step): now the
     candidates surely short leave the keys until a search for a shard they may hold."""
     scans = []
-    candidates = planner._Blocks._candidates
-    monkeypatch.setattr(planner._Blocks, "_candidates", lambda self, *a: scans.append(a) or candidates(self, *a))
+    candidates = placement.Placement._candidates
+    monkeypatch.setattr(placement.Placement, "_candidates", lambda self, *a: scans.append(a) or candidates(self, *a))
     lengths = [198_687, 309_052, 165_180, 30_268, 48_248, 46_136, 44_446, 34_529, 3_255, 1_100, 219, 813, 300,
                3_607, 3_925, 1_389, 1_771, 3_517, 482]
     problem, spec, times, degree, long, target = layout_inputs(lengths, 16, 58_058, 0)
-    start, degree, _ = planner.place_groups(problem, spec, GPUS, times, degree, long, target)
+    start, degree, _ = placement.place_groups(problem, spec, GPUS, times, degree, long, target)
     assert (degree[start >= 0] > 1).any()
     assert scans == []
 

@@ -1,0 +1,365 @@
+"""The split layout's placement engine: the groups of every degree on aligned blocks, first fit by peak.
+
+`place_groups` lays out items degree by degree from the largest, longest time first (`planner.py` states the
+rule); `Placement` holds the per-rank loads and tokens, the groups' blocks, and every degree's candidates
+kept sorted by peak load, so best fit and the least-loaded block are binary searches, not scans.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import operator
+
+import numpy as np
+
+from ..problem import Problem
+from .blocks import free_blocks
+from .spec import ContextParallel
+from .timetable import TimeTable
+
+BEST_FIT_PROBES = 4
+"""Candidates a search may find short of tokens, their bounds having left it open (those surely short are
+parked, see `Placement._search`), before it scans them all at once (numpy)."""
+
+
+class Placement:
+    """Per-rank loads and tokens of the layout being built, and its groups' blocks.
+
+    Every degree's open groups (and every rank, while degree 1 is laid out) are kept sorted by their
+    peak load, so best fit and the least-loaded block are binary searches, not scans; an item placed on
+    a rank of a group raises that group's peak.  Loads and tokens are lists: an item touches a few ranks,
+    where numpy's per-call cost exceeds the work (the scans of all candidates make arrays of them)."""
+
+    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable,
+                 target: float):
+        self.problem, self.spec, self.gpus_per_node = problem, spec, gpus_per_node
+        self.times, self.target = times, target
+        self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
+        self.ranks = np.arange(problem.num_ranks)
+        self.loads = [0.0] * problem.num_ranks  # a group's ranks': its peak until degree 1 is laid out (`_settle`)
+        self.tokens = [0] * problem.num_ranks
+        self.taken = np.zeros(problem.num_ranks, dtype=bool)  # ranks of a group of the degrees laid out before
+        self.groups: dict[int, list[int]] = {}  # degree -> block starts, opened in order
+        self.free: list[int] = []  # free blocks of the degree being laid out, ascending
+        self.placed: dict[int, tuple[int, int]] = {}  # item -> (block start, degree)
+        self.overflow = False
+        self.degree = 0  # the degree being laid out
+        # degree -> (load, position) of its candidates, ascending
+        self.keys: dict[int, list[tuple[float, int]] | None] = {}
+        self.position: dict[int, int] = {}  # a group's block start -> its position among its degree's groups
+        self.peak: dict[int, float] = {}  # a group's block start -> the most load of its ranks (its key's load)
+        # rank -> its group's (degree, start), written once degree 1 is laid out (`_settle`)
+        self.group_of: list[tuple[int, int] | None] = [None] * problem.num_ranks
+        # a group's block start -> (lower, upper) bounds on the tokens of its fullest rank
+        self.most_tokens: dict[int, tuple[int, int]] = {}
+        # degree -> heap of (-room, key position) of the candidates out of its keys: a search for a shard of
+        # more than `room` tokens found them short (the room a rank has, or the most a group's fullest may)
+        self.parked: dict[int, list[tuple[int, int]]] = {}
+        self.parked_ids: set[tuple[int, int]] = set()  # (degree, key position) of the parked candidates
+        self.newly_parked: list[tuple[int, tuple[float, int]]] = []  # (degree, key) found short by this search
+        # degree -> block starts of its groups a rank of which took an item while degree 1 is laid out: their
+        # peaks and token bounds are brought up to date when a search needs them
+        self.stale: dict[int, set[int]] = {}
+
+    def open(self, degree: int) -> None:
+        """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
+        if self.groups.get(self.degree):  # the groups of the degree laid out so far take their ranks
+            self.taken[self._ranks(self.degree, self.groups[self.degree])] = True
+        self.free = free_blocks(self.taken, degree, self.gpus_per_node, self.spec.allow_inter_node).tolist()[::-1]
+        if degree == 1:
+            self._settle()
+        self.degree = degree
+        self.keys[degree] = None if degree == 1 else []  # every rank's key, made when an item needs them
+        self.parked[degree], self.stale[degree] = [], set()
+
+    def _candidates(self, item: int, degree: int, starts: np.ndarray):
+        """(peak load of each block after the item, whether its shards' tokens fit; the item's time
+        and its shards' tokens)."""
+        if self.degree > 1:
+            self._settle()
+        time = self.times.time(item, degree)
+        shard = np.array(self.times.shard(item, degree)[0], dtype=np.int64)
+        loads, tokens = np.array(self.loads), np.array(self.tokens, dtype=np.int64)
+        if degree == 1:
+            return loads[starts] + time, tokens[starts] + shard[0] <= self.cap, time, shard
+        blocks = starts[:, None] + np.arange(degree)
+        return loads[blocks].max(axis=1) + time, (tokens[blocks] + shard <= self.cap).all(axis=1), time, shard
+
+    def _token_room(self, degree: int, start: int, need: tuple[list[int], int, int]) -> bool:
+        """Whether shards `need` = (tokens, most, fewest) fit the budget on the block at `start`: decided by
+        bounds on the group's fullest rank where they settle it, else rank by rank."""
+        shard, most, fewest = need
+        if self.cap == math.inf:
+            return True
+        if degree == 1:
+            return self.tokens[start] + most <= self.cap
+        low, high = self.most_tokens[start]
+        if high + most <= self.cap:
+            return True
+        if low + fewest > self.cap:
+            return False
+        return all(held + add <= self.cap for held, add in zip(self.tokens[start: start + degree], shard))
+
+    def _least_fitting(self, degree: int, lo: int, hi: int, need: tuple, probes: list[int]) -> int | None:
+        """The least position among keys[lo:hi] of `degree` whose shards' tokens fit (-1: none); None
+        once more than BEST_FIT_PROBES candidates not surely short (those are parked) failed the check.
+        Positions ascend along a run of equal loads, so each run's first fit is its least."""
+        keys, best = self.keys[degree], -1
+        while lo < hi:
+            end = min(hi, bisect.bisect_right(keys, (keys[lo][0], math.inf), lo, hi))
+            for k in range(lo, end):  # not a slice: a run of equal loads may be every rank
+                load, position = keys[k]
+                start = position if degree == 1 else self.groups[degree][position]
+                if self._token_room(degree, start, need):
+                    best = position if best < 0 else min(best, position)
+                    break
+                if self._room(degree, start) < self._least_need(degree, need):  # short of any shard this size
+                    self.newly_parked.append((degree, (load, position)))
+                    continue
+                probes[0] += 1
+                if probes[0] > BEST_FIT_PROBES:
+                    return None
+            lo = end
+        return best
+
+    def _room(self, degree: int, start: int) -> int | float:
+        """The most tokens a shard may add on the block at `start` (of a group: its fullest rank's, at most)."""
+        return self.cap - (self.tokens[start] if degree == 1 else self.most_tokens[start][0])
+
+    @staticmethod
+    def _least_need(degree: int, need: tuple[list[int], int, int]) -> int:
+        """Tokens of shards `need` that a candidate with less `_room` surely lacks."""
+        return need[1] if degree == 1 else need[2]
+
+    def _search(self, degree: int, time: float, need: tuple, fullest: bool) -> tuple[float, int] | None:
+        """(peak, position) of the candidate of `degree` whose tokens fit with the highest peak within
+        the target (`fullest`) or else the lowest peak, the least position among equal peaks; (inf, -1)
+        when none fits; None when too many failed the token check (then scan them all).
+
+        Candidates found surely short of tokens leave the keys (parked, by their room) until a search
+        for shards they may hold: tokens only grow, so they lack room for any larger shard meanwhile."""
+        parked = self.parked[degree]
+        least = self._least_need(degree, need) if parked else 0
+        while parked and -parked[0][0] >= least:
+            _, position = heapq.heappop(parked)
+            self.parked_ids.discard((degree, position))
+            bisect.insort(self.keys[degree], self._key(degree, self._start(degree, position)))
+        if self.stale.get(degree):
+            self._refresh(degree)
+        found = self._scan(degree, time, need, fullest)
+        if self.newly_parked:
+            for c, key in self.newly_parked:
+                keys = self.keys[c]
+                del keys[bisect.bisect_left(keys, key)]
+                heapq.heappush(parked, (-self._room(c, self._start(c, key[1])), key[1]))
+                self.parked_ids.add((c, key[1]))
+            self.newly_parked = []
+        return found
+
+    def _scan(self, degree: int, time: float, need: tuple, fullest: bool) -> tuple[float, int] | None:
+        """`_search` over the keys.  Peaks rise with loads, so a run of equal peaks is a run of equal
+        loads, widened where float rounding gives another load the same peak."""
+        keys, target, probes = self.keys[degree], self.target, [0]
+        if fullest and (not keys or keys[0][0] + time > target):  # no candidate within the target
+            return math.inf, -1
+        if fullest:
+            end = bisect.bisect_right(keys, (target - time, math.inf))
+            while end < len(keys) and keys[end][0] + time <= target:
+                end += 1
+            while end > 0 and keys[end - 1][0] + time > target:
+                end -= 1
+            while end > 0:
+                peak = keys[end - 1][0] + time
+                start = bisect.bisect_left(keys, (keys[end - 1][0], -1), 0, end)
+                while start > 0 and keys[start - 1][0] + time == peak:
+                    start = bisect.bisect_left(keys, (keys[start - 1][0], -1), 0, start)
+                position = self._least_fitting(degree, start, end, need, probes)
+                if position is None or position >= 0:
+                    return None if position is None else (peak, position)
+                end = start
+            return math.inf, -1
+        begin = 0
+        while begin < len(keys):
+            peak = keys[begin][0] + time
+            stop = bisect.bisect_right(keys, (keys[begin][0], math.inf), begin)
+            while stop < len(keys) and keys[stop][0] + time == peak:
+                stop = bisect.bisect_right(keys, (keys[stop][0], math.inf), stop)
+            position = self._least_fitting(degree, begin, stop, need, probes)
+            if position is None or position >= 0:
+                return None if position is None else (peak, position)
+            begin = stop
+        return math.inf, -1
+
+    def _start(self, degree: int, position: int) -> int:
+        return position if degree == 1 else self.groups[degree][position]
+
+    def place(self, item: int, degree: int) -> int:
+        """Block start for `item` at `degree`: best fit (the fullest block with room under the
+        target) among the degree's open blocks (every rank for degree 1), else the next free
+        block, else the least-loaded block of the degree or a larger one (-1: no token room)."""
+        opened = self.groups.setdefault(degree, [])
+        time = self.times.time(item, degree)
+        need = self.times.shard(item, degree)
+        if self.keys[degree] is None:
+            loads = np.array(self.loads)
+            order = np.lexsort((self.ranks, loads))
+            self.keys[degree] = list(zip(loads[order].tolist(), order.tolist()))
+        found = self._search(degree, time, need, fullest=True)
+        if found is None:  # many candidates short of tokens: all at once
+            starts = self.ranks if degree == 1 else np.array(opened, dtype=np.int64)
+            peak, fits, _, _ = self._candidates(item, degree, starts)
+            room = fits & (peak <= self.target)
+            found = (0.0, int(np.argmax(np.where(room, peak, -math.inf)))) if room.any() else (math.inf, -1)
+        if found[1] >= 0:
+            return self._add(item, self._start(degree, found[1]), degree, time, need)
+        if degree > 1 and self.free:
+            return self._open(item, degree, time, need)
+        return self._overflow(item, degree)
+
+    def _open(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
+        """Put `item` alone on the next free block of `degree` (the degree being laid out), a new group:
+        its ranks held nothing, so they now carry the item's time and shards."""
+        start, opened = self.free.pop(), self.groups[degree]
+        self.position[start], self.peak[start] = len(opened), time
+        bisect.insort(self.keys[degree], (time, len(opened)))
+        opened.append(start)
+        self.tokens[start: start + degree] = need[0]
+        self.most_tokens[start] = (need[1], need[1])
+        self.placed[item] = (start, degree)
+        return start
+
+    def _overflow(self, item: int, degree: int) -> int:
+        """Put `item` on the least-loaded block of its degree or a larger one where its tokens fit
+        (-1: none): no block has room under the target."""
+        self.overflow = True
+        best = (math.inf, -1, 0)
+        for floor, c in sorted(self._floor(item, c) for c in self.groups if c >= degree and (c == 1 or self.groups[c])):
+            if floor > best[0]:  # this degree's search cannot find a lower peak, nor the next ones'
+                break
+            time = self.times.time(item, c)
+            found = self._search(c, time, self.times.shard(item, c), fullest=False)
+            if found is None:
+                starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
+                peak, fits, _, _ = self._candidates(item, c, starts)
+                peak = np.where(fits, peak, math.inf)
+                k = int(np.argmin(peak))
+                best = min(best, (float(peak[k]), int(starts[k]), c))
+            elif found[1] >= 0:
+                best = min(best, (found[0], self._start(c, found[1]), c))
+        _, start, c = best
+        if start < 0:
+            return -1
+        time = self.times.time(item, c)
+        return self._add(item, start, c, time, self.times.shard(item, c))
+
+    def _floor(self, item: int, degree: int) -> tuple[float, int]:
+        """(a lower bound on the peak `_search` finds for `item` at `degree`, the degree): the least key plus
+        the item's time, the keys of stale groups being low; -inf where a parked candidate may hold the item
+        (the search brings it back), inf where no candidate is left."""
+        parked, need = self.parked[degree], self.times.shard(item, degree)
+        if parked and -parked[0][0] >= self._least_need(degree, need):
+            return -math.inf, degree
+        keys = self.keys[degree]
+        return (keys[0][0] + self.times.time(item, degree) if keys else math.inf), degree
+
+    def _settle(self) -> None:
+        """Write every group's peak as its ranks' loads, and its ranks' group: while the degrees above 1 are laid
+        out, every item on a group adds its time to each of its ranks (in the same order as to its peak), so only
+        the peak is kept, and only degree 1 asks a rank's group."""
+        for c, opened in self.groups.items():
+            if c > 1 and opened:
+                for start in opened:
+                    self.loads[start: start + c] = [self.peak[start]] * c
+                    self.group_of[start: start + c] = [(c, start)] * c
+
+    @staticmethod
+    def _ranks(degree: int, starts: list[int]) -> np.ndarray:
+        """The ranks of the blocks of `degree` at `starts`, a row each."""
+        return np.array(starts, dtype=np.int64)[:, None] + np.arange(degree)
+
+    def _key(self, degree: int, start: int) -> tuple[float, int]:
+        """The sort key of a candidate: (load, rank) of a rank, (peak, position) of a group."""
+        return (self.loads[start], start) if degree == 1 else (self.peak[start], self.position[start])
+
+    def _refresh(self, degree: int) -> None:
+        """Bring the stale groups of `degree` up to date: their peaks (and keys, unless parked) and their
+        fullest rank's tokens, exactly."""
+        keys = self.keys[degree]
+        for start in self.stale[degree]:
+            parked = (degree, self.position[start]) in self.parked_ids
+            if not parked:
+                del keys[bisect.bisect_left(keys, (self.peak[start], self.position[start]))]
+            self.peak[start] = max(self.loads[start: start + degree])
+            held = max(self.tokens[start: start + degree])
+            self.most_tokens[start] = (held, held)
+            if not parked:
+                bisect.insort(keys, (self.peak[start], self.position[start]))
+        self.stale[degree].clear()
+
+    def _add(self, item: int, start: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
+        """Put the item (its shards `need` = (tokens, most, fewest)) on the block, and keep the candidates'
+        keys sorted: the block's while its degree is laid out (and the bounds on its fullest rank: it
+        gains between its shards' fewest and most tokens); while degree 1 is, the ranks' (unless parked),
+        their group's stale (`_refresh`)."""
+        shard, most, fewest = need
+        if self.degree > 1:  # a group a search found (never a parked one): only its key moves
+            before = (self.peak[start], self.position[start])
+            self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
+            low, high = self.most_tokens[start]
+            self.most_tokens[start] = (low + fewest, high + most)
+            self.peak[start] += time  # every rank gained `time`, and rounding keeps their order
+            keys = self.keys[degree]
+            del keys[bisect.bisect_left(keys, before)]
+            bisect.insort(keys, (self.peak[start], before[1]))
+        else:
+            parked = self.parked_ids
+            ranks = [rank for rank in range(start, start + degree) if (1, rank) not in parked] if parked \
+                else list(range(start, start + degree))
+            before = [self.loads[rank] for rank in ranks]
+            if degree == 1:
+                self.loads[start] += time
+                self.tokens[start] += most
+            else:
+                self.loads[start: start + degree] = [load + time for load in self.loads[start: start + degree]]
+                self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
+            group = self.group_of[start]
+            if group is not None:
+                self.stale[group[0]].add(group[1])
+            keys = self.keys[1]
+            if ranks and before.count(before[0]) == len(ranks):  # one run of equal loads, adjacent in the keys
+                first = bisect.bisect_left(keys, (before[0], ranks[0]))  # before and after (a rank between is theirs)
+                del keys[first: first + len(ranks)]
+                load = self.loads[ranks[0]]
+                first = bisect.bisect_left(keys, (load, ranks[0]))
+                keys[first: first] = [(load, rank) for rank in ranks]
+            else:
+                for rank, load in zip(ranks, before):
+                    del keys[bisect.bisect_left(keys, (load, rank))]
+                    bisect.insort(keys, (self.loads[rank], rank))
+        self.placed[item] = (start, degree)
+        return start
+
+
+def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable, degree: np.ndarray,
+                 long: np.ndarray, target: float) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """(block start of every laid-out item, -1 for the rest; every item's degree; whether some
+    item found no block with room under the target), or None when one found no token room.
+
+    Laid out: the split items and the unsplit `long` ones, degree by degree from the largest,
+    longest time first; a degree-1 block is one rank.
+    """
+    blocks = Placement(problem, spec, gpus_per_node, times, target)
+    for c in sorted(set(degree[degree > 1].tolist()), reverse=True) + [1] * (spec.degrees[0] == 1):
+        items = np.flatnonzero(degree == c) if c > 1 else long[degree[long] == 1]
+        blocks.open(c)
+        order = np.lexsort((items, -times(items, c)))
+        for item in items[order].tolist():
+            if blocks.place(item, c) < 0:
+                return None
+    start = np.full(degree.size, -1, dtype=np.int64)
+    degree = degree.copy()
+    for item, (s, c) in blocks.placed.items():
+        start[item], degree[item] = s, c
+    return start, degree, blocks.overflow
