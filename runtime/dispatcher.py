@@ -52,12 +52,13 @@ from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
 from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, StepToken, contract_of, iterate, loop_left, new_step
+from .microbatch import MicroBatch, iterate, loop_left, new_step
 from .options import DispatchOptions, check_names
 from .pairing import in_microbatch_order, merge_rows, split_sums
 from .prefetch import metadata_group_of
 from .sharding import StepSharding, item_groups
 from .step_items import items_problem, local_tables, named_by_rank
+from .steps import StepClock, contract_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,9 +168,7 @@ class PostBalancingDispatcher:
         self._latest: DispatchPlan | None = None  # the latest dispatch's plan
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
-        self._step = StepToken()  # the latest dispatch's step, which its micro-batches carry
-        self._handed = self._again = False  # this rank ran a loop since the latest dispatch (told to every rank
-        # in its header); every rank did before a dispatch of the step's plan (the next loop's step is the next)
+        self._clock = StepClock()  # the latest dispatch's step, which its micro-batches carry
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
@@ -288,17 +287,16 @@ class PostBalancingDispatcher:
         too), and its backward runs last.
         """
         plan = _checked_plan(plan)
-        problem = ((None if plan is self._latest else loop_left(self._step)) or self._foreign_problem(plan, "dispatch")
+        problem = ((None if plan is self._latest else loop_left(self._clock.step)) or self._foreign_problem(plan, "dispatch")
                    or items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
-        self.guards["dispatch"].tell(self._handed)  # rides in the header: every rank learns every rank's
+        self._clock.tell(self.guards["dispatch"])  # rides in the header: every rank learns every rank's
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
         if plan is not self._latest:
-            self._latest, self._step, self._returned, self._again = plan, self._step.next(), {}, False
-        else:  # the step's plan again: the next step's where EVERY rank ran a loop of the step since the latest
-            # dispatch (a plan made once); else a second batch dict of the step
-            self._again = self._again or self.guards["dispatch"].every_rank(self.group)
-        self._handed = False
+            self._latest, self._returned = plan, {}
+            self._clock.end()
+        else:  # the step's plan again: a plan made once (the next step), or a second batch dict of the step
+            self._clock.dispatched(self.guards["dispatch"], self.group)
         self._returned.update((key, weakref.ref(tensor)) for key, tensor in moved.items())
         return moved
 
@@ -361,9 +359,7 @@ class PostBalancingDispatcher:
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         plan = self._followed(_checked_plan(plan), moved)
-        if self._again:  # dispatched again after every rank's loop of the step: the next step's, same plan
-            self._step, self._again = self._step.next(), False
-        self._handed = True  # loops without a dispatch between them (a no-grad pass, epochs) are one step
+        step = self._clock.loop()  # loops without a dispatch between them (a no-grad pass, epochs) are one step
         items, tokens = plan.local_items, plan.local_lengths
         microbatch = plan.item_microbatch[items]
         count, size = plan.num_microbatches, group_size(self.group)
@@ -373,12 +369,12 @@ class PostBalancingDispatcher:
         layout = (lambda index: None) if self.options.context_parallel is None else \
             (lambda index: plan.sharding.layout(index, self.group))
         last = plan.route.dest_ranks[plan.item_microbatch[plan.sharding.unit_item] == count - 1]
-        contract = contract_of(self._step, np.bincount(last, minlength=size), self.group)
-        self._step.empty = frozenset(range(count)) - frozenset(microbatch.tolist())  # a loop may skip those
+        contract = contract_of(step, np.bincount(last, minlength=size), self.group)
+        step.empty = frozenset(range(count)) - frozenset(microbatch.tolist())  # a loop may skip those
         return iterate(MicroBatch(index, count, items[microbatch == index],
                                   {key: parts[key][index] for key in sorted(parts)}, plan.num_loss_tokens, size,
                                   lengths=torch.from_numpy(tokens[microbatch == index]), layout=layout(index),
-                                  step=self._step, contract=contract)
+                                  step=step, contract=contract)
                        for index in range(count))
 
     def combine(self, outputs, plan: DispatchPlan, *, per_item_keys=None, split_reduce=None, order=None,
@@ -408,7 +404,7 @@ class PostBalancingDispatcher:
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
         problem = self._kept_problem(_checked_plan(plan), "combine")
         outputs, merging = (self._ordered(outputs, plan, per_item, order) if isinstance(outputs, Mapping)
-                            else self._merged(*in_microbatch_order(outputs, plan, self._step), plan, per_item))
+                            else self._merged(*in_microbatch_order(outputs, plan, self._clock.step), plan, per_item))
         problem = problem or merging
         keys = sorted((key for key in outputs if key in per_item), key=str)
         sums, reducing = split_sums(split_reduce, keys, plan.sharding)

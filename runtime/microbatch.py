@@ -44,38 +44,10 @@ from ..balancers.validation import as_bool
 from .encoders import recording
 from .model_check import (ModelContractError, bare_loop_problem, check_model_contract, check_reduction, kind,
                           outside_blocks, skipped_problem)
+from .steps import StepToken
 from .versions import discarded, held_gradient, optimizer_steps, uncleared, unstepped, unwritten
 
 _active = threading.local()
-
-
-class StepToken:
-    """One step: its micro-batches carry it, and it ends when the dispatcher dispatches the next step (the
-    multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
-    variable of an earlier step) is refused.  `trained` (shared by a runtime's steps) says whether a loop of one
-    of them ran its last `accumulate` block with grad."""
-
-    __slots__ = ("ended", "number", "blocked", "empty", "versions", "trained", "graded")
-
-    def __init__(self, number: int = 0, trained: list | None = None):
-        self.ended, self.number, self.trained = False, number, [False] if trained is None else trained
-        self.blocked: dict[int, set] = {}  # id(model) -> its micro-batches whose `accumulate` blocks ran (`_in_order`)
-        self.empty: frozenset = frozenset()  # the micro-batches holding no row on this rank (nothing to synchronise)
-        self.versions: dict[int, tuple] = {}  # id(model) -> the step's first held block's, `versions.unstepped`'s
-        self.graded: dict[int, tuple] = {}  # id(model) -> (micro-batch, a parameter its held block gave a gradient)
-
-    def next(self) -> StepToken:
-        """End this step; the token of the next."""
-        self.ended = True
-        return StepToken(self.number + 1, self.trained)
-
-
-def contract_of(step: StepToken, rows_per_rank: np.ndarray, group) -> tuple | None:
-    """`MicroBatch.contract` of a step's micro-batches: `(group,)` until a loop of its runtime trained (`step.trained`:
-    a no-grad pass, or steps dispatched before, do not count) or where a rank holds none of the items of its last
-    micro-batch (`rows_per_rank`: its items or shards on each rank of `group`, which every rank knows from the plan,
-    and training is every rank's loop alike, so all decide alike), else None."""
-    return (group,) if not step.trained[0] or not np.all(rows_per_rank) else None
 
 
 @dataclass(frozen=True, eq=False)

@@ -57,12 +57,13 @@ from .encoders import call_problem, checked_call, contract_problem, output_probl
 from .exchange import RAW_INPUTS_FIX, ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad, ranges
 from .frames import InputUnits
 from .metadata import check_agreement, gather_metadata, join_failed
-from .microbatch import MicroBatch, StepToken, contract_of, iterate, loop_left, new_step
+from .microbatch import MicroBatch, iterate, loop_left, new_step
 from .pairing import split_rows
 from .prefetch import metadata_group_of
 from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem
 from .sample_tables import SAMPLE_COLUMNS, SEGMENT_COLUMNS, sample_tables
 from .sharding import TextUnits, pass_layout
+from .steps import StepClock, contract_of
 
 def _identity(step: StepPlan) -> tuple:
     """What tells a step's plan from another of the same gathered metadata: the cells and every stage's
@@ -118,8 +119,7 @@ class MultiStageRuntime:
         self._checked: set[str] = set()  # the encoders (and the text embedding) whose first call was checked
         self._reached: dict[str, set | None] = {}  # what each one's first checked call with items depended on
         self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
-        self._step, self._looped = StepToken(), None  # the latest loop's step (its micro-batches carry it), routes
-        self._handed, self._again = False, True  # as the dispatcher's: a loop since the latest dispatch; a step begun
+        self._clock, self._looped = StepClock(begun=False), None  # the latest loop's step, and its routes
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
@@ -225,12 +225,11 @@ class MultiStageRuntime:
         step begins at the next `microbatches` after other routes' dispatch, or these where every rank ran a loop
         since the latest (each rank's fact rides in the header); else it is a second dict of the step."""
         check_step(routes, text, per_sample, inputs)
-        ended = None if routes is self._looped else self._step  # a second batch dict of the step's routes ends none
+        ended = None if routes is self._looped else self._clock.step  # a second batch dict of the step ends none
         problem = loop_left(ended) or (None if samples is None else self._samples_problem(routes, samples))
-        self.guards["dispatch"].tell(self._handed)  # every rank's, in the fused exchange's header
+        self._clock.tell(self.guards["dispatch"])  # every rank's, in the fused exchange's header
         moved = self._dispatch_step(routes, text, per_sample, inputs, stats, problem)
-        self._again = self._again or routes is not self._looped or self.guards["dispatch"].every_rank(self.group)
-        self._handed = False
+        self._clock.dispatched(self.guards["dispatch"], self.group, other=routes is not self._looped)
         return moved
 
     def _samples_problem(self, routes: StepRoutes, samples) -> Exception | None:
@@ -337,10 +336,9 @@ class MultiStageRuntime:
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         # layouts wherever this runtime splits or the routes' plan does (routes of another runtime)
         splitting = self.orchestrator.context_parallel is not None or any(p.splits for p in routes.step.microbatches)
-        if self._again:  # the first loop after a dispatch of other routes, or of these after every rank's loop
-            self._step, self._again = self._step.next(), False
-        self._yielded, self._looped, self._handed = [], routes, True
-        step, last = self._step, routes.num_microbatches - 1  # the last micro-batch's backward reduces gradients
+        step = self._clock.loop()  # the next after a dispatch of other routes, or of these after every rank's loop
+        self._yielded, self._looped = [], routes
+        last = routes.num_microbatches - 1  # the last micro-batch's backward reduces gradients
         contract = contract_of(step, np.diff(routes.microbatches[last].plan.shards.rank_offsets), self.group)
 
         def generate():

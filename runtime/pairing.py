@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from .exchange import ranges
-from .microbatch import MicroBatch, StepToken
+from .microbatch import MicroBatch
 from .sharding import StepSharding
+from .steps import StepToken
 
 SPLIT_REDUCTIONS = ("sum", "first")  # what of a split item's per-item rows `combine` sends home
 

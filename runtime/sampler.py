@@ -42,7 +42,8 @@ from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
 from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import collective, comm_device, finish, group_rank, group_size, is_distributed
-from .microbatch import MicroBatch, Sampling, StepToken, contract_of, iterate, new_step
+from .microbatch import MicroBatch, Sampling, iterate, new_step
+from .steps import StepToken, contract_of
 
 _END = object()  # what `next` returns from a loader that yielded every micro-batch
 AGREEMENT = ("BalancedDistributedSampler's epoch agreement all-gather (every process of `group` iterates the "
@@ -266,7 +267,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         plans, batches, tokens, step = self._epoch_plans(), self.global_batches(), self.step_tokens(), None
         for number, (batch, plan) in enumerate(zip(batches, plans)):
             new_step()  # raises where this thread left the previous step's loop with its gradient sync held
-            step = StepToken(number, self._trained) if step is None else step.next()
+            step = StepToken(self._trained) if step is None else step.next()
             count = plan.num_microbatches
             cells = [batch[plan.items_of(self.rank, index)] for index in range(count)]
             last = np.bincount(plan.rank[plan.microbatch == count - 1], minlength=self.num_replicas)

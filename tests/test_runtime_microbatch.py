@@ -1508,7 +1508,7 @@ def stepped_inside_job(rank, size, inside=0, fused=False):
                     optimizer.step()
                     optimizer.zero_grad()
     except ValueError as error:
-        return f"step {micro.step.number} ({'due' if micro.contract else 'not due'}) micro-batch {micro.index}: {error}"
+        return f"step {step + 1} ({'due' if micro.contract else 'not due'}) micro-batch {micro.index}: {error}"
     weights = torch.cat([net.weight.flatten(), net.bias]).detach()
     first = weights.clone()
     torch.distributed.broadcast(first, 0)

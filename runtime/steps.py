@@ -1,0 +1,74 @@
+"""Which step a micro-batch belongs to: the token a step's micro-batches carry (`StepToken`), and the clock a runtime
+keeps of its steps (`StepClock`), told apart by the dispatches between its micro-batch loops."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class StepToken:
+    """One step: its micro-batches carry it, and it ends when the dispatcher dispatches the next step (the
+    multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
+    variable of an earlier step) is refused.  `trained` (shared by a runtime's steps) says whether a loop of one
+    of them ran its last `accumulate` block with grad."""
+
+    __slots__ = ("ended", "blocked", "empty", "versions", "trained", "graded")
+
+    def __init__(self, trained: list | None = None):
+        self.ended, self.trained = False, [False] if trained is None else trained
+        self.blocked: dict[int, set] = {}  # id(model) -> its micro-batches whose `accumulate` blocks ran (`_in_order`)
+        self.empty: frozenset = frozenset()  # the micro-batches holding no row on this rank (nothing to synchronise)
+        self.versions: dict[int, tuple] = {}  # id(model) -> the step's first held block's, `versions.unstepped`'s
+        self.graded: dict[int, tuple] = {}  # id(model) -> (micro-batch, a parameter its held block gave a gradient)
+
+    def next(self) -> StepToken:
+        """End this step; the token of the next."""
+        self.ended = True
+        return StepToken(self.trained)
+
+
+def contract_of(step: StepToken, rows_per_rank: np.ndarray, group) -> tuple | None:
+    """`MicroBatch.contract` of a step's micro-batches: `(group,)` until a loop of its runtime trained (`step.trained`:
+    a no-grad pass, or steps dispatched before, do not count) or where a rank holds none of the items of its last
+    micro-batch (`rows_per_rank`: its items or shards on each rank of `group`, which every rank knows from the plan,
+    and training is every rank's loop alike, so all decide alike), else None."""
+    return (group,) if not step.trained[0] or not np.all(rows_per_rank) else None
+
+
+class StepClock:
+    """The step of a runtime's micro-batch loops (`step`, the token their micro-batches carry).
+
+    A step ends at a dispatch of other routes: at once (`end`, the dispatcher), or at the next loop (`dispatched`
+    with `other`, the multi-stage runtime, whose loop may still run while the next step's inputs move).  Routes made
+    once and dispatched every step (the same metadata each step) end it at the first loop after a dispatch that
+    followed a loop on EVERY rank: each rank's fact (`handed`: a loop since its latest dispatch) rides in the
+    dispatch's header (`tell`), and every rank decides from all of them (`SchemaGuard.every_rank`), so a rank that
+    listed the micro-batches for logging stays in the step with its peers.  Loops with no dispatch between them (a
+    no-grad pass, then training) and a second batch dict of the step dispatched stay in it.  `begun`: whether the
+    first token is the first step's (else the first loop begins one)."""
+
+    __slots__ = ("step", "handed", "again")
+
+    def __init__(self, begun: bool = True):
+        self.step, self.handed, self.again = StepToken(), False, not begun
+
+    def tell(self, guard) -> None:
+        """Before a dispatch's exchange: send `handed` with `guard`'s header."""
+        guard.tell(self.handed)
+
+    def end(self) -> None:
+        """After a dispatch of other routes, on a runtime that ends the step at once: the next step begins."""
+        self.step, self.again, self.handed = self.step.next(), False, False
+
+    def dispatched(self, guard, group, other: bool = False) -> None:
+        """After a dispatch's exchange through `guard` (`other`: of other routes than the latest loop's): the next
+        loop begins the next step where `other`, or where every rank of `group` ran a loop since its latest dispatch."""
+        self.again = self.again or other or guard.every_rank(group)
+        self.handed = False
+
+    def loop(self) -> StepToken:
+        """As a micro-batch loop begins: its step (the next one where a dispatch said so)."""
+        if self.again:
+            self.step, self.again = self.step.next(), False
+        self.handed = True
+        return self.step
