@@ -8,6 +8,7 @@ kept sorted by peak load, so best fit and the least-loaded block are binary sear
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 import math
 import operator
@@ -62,6 +63,18 @@ class Placement:
         # degree -> block starts of its groups a rank of which took an item while degree 1 is laid out: their
         # peaks and token bounds are brought up to date when a search needs them
         self.stale: dict[int, set[int]] = {}
+
+    def copy(self) -> Placement:
+        """An independent copy of this layout: every container copied (their entries are immutable)."""
+        other = copy.copy(self)
+        other.taken, other.free, other.newly_parked = self.taken.copy(), list(self.free), []
+        other.loads, other.tokens, other.group_of = list(self.loads), list(self.tokens), list(self.group_of)
+        for name in ("groups", "keys", "parked"):
+            setattr(other, name, {c: None if v is None else list(v) for c, v in getattr(self, name).items()})
+        other.stale = {c: set(v) for c, v in self.stale.items()}
+        other.placed, other.position, other.peak = dict(self.placed), dict(self.position), dict(self.peak)
+        other.most_tokens, other.parked_ids = dict(self.most_tokens), set(self.parked_ids)
+        return other
 
     def open(self, degree: int) -> None:
         """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
@@ -343,23 +356,42 @@ class Placement:
 
 
 def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable, degree: np.ndarray,
-                 long: np.ndarray, target: float) -> tuple[np.ndarray, np.ndarray, bool] | None:
+                 long: np.ndarray, target: float,
+                 split_states: dict | None = None) -> tuple[np.ndarray, np.ndarray, bool] | None:
     """(block start of every laid-out item, -1 for the rest; every item's degree; whether some
     item found no block with room under the target), or None when one found no token room.
 
     Laid out: the split items and the unsplit `long` ones, degree by degree from the largest,
-    longest time first; a degree-1 block is one rank.
+    longest time first; a degree-1 block is one rank.  The split items' layout (the degrees above 1)
+    reads neither `long` nor the unsplit items' times: `split_states` keeps it per target, degrees and
+    split items' times (None where it found no token room), for a later call with other `long` items.
     """
-    blocks = Placement(problem, spec, gpus_per_node, times, target)
-    for c in sorted(set(degree[degree > 1].tolist()), reverse=True) + [1] * (spec.degrees[0] == 1):
-        items = np.flatnonzero(degree == c) if c > 1 else long[degree[long] == 1]
-        blocks.open(c)
-        order = np.lexsort((items, -times(items, c)))
-        for item in items[order].tolist():
-            if blocks.place(item, c) < 0:
-                return None
+    split = np.flatnonzero(degree > 1)
+    key = split_states is not None and (target, degree.tobytes(), times.table[times.row[split]].tobytes())
+    if key and key in split_states:
+        blocks = split_states.pop(key)
+    else:
+        blocks = Placement(problem, spec, gpus_per_node, times, target)
+        for c in sorted(set(degree[split].tolist()), reverse=True):
+            if not _place(blocks, np.flatnonzero(degree == c), c, times):
+                blocks = None
+                break
+        if key:
+            split_states[key] = blocks and blocks.copy()
+    if blocks is None:
+        return None
+    blocks.times = times
+    if spec.degrees[0] == 1 and not _place(blocks, long[degree[long] == 1], 1, times):
+        return None
     start = np.full(degree.size, -1, dtype=np.int64)
     degree = degree.copy()
     for item, (s, c) in blocks.placed.items():
         start[item], degree[item] = s, c
     return start, degree, blocks.overflow
+
+
+def _place(blocks: Placement, items: np.ndarray, degree: int, times: TimeTable) -> bool:
+    """Lay out `items` at `degree`, longest time first; whether each found token room."""
+    blocks.open(degree)
+    order = np.lexsort((items, -times(items, degree)))
+    return all(blocks.place(item, degree) >= 0 for item in items[order].tolist())
