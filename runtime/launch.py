@@ -55,8 +55,8 @@ def free_port() -> int:
 
 
 def _exit_with_parent(parent: int, period_s: float = 1.0) -> None:
-    """End this child when its parent is gone: `daemon=True` stops children only on the parent's own
-    exit, and a parent killed by SIGKILL (a scheduler after its grace period) left them running."""
+    """End this child when its parent is gone: a parent killed by SIGKILL (a scheduler after its grace period)
+    left its children running (daemonic ones too, which end only at the parent's own exit)."""
     def watch():
         while os.getppid() == parent:
             time.sleep(period_s)
@@ -101,7 +101,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     results = context.Queue()
     port = free_port()
     start = time.monotonic()
-    children = [context.Process(target=_child, daemon=True,
+    children = [context.Process(target=_child, daemon=False,  # a rank may start processes (loader workers)
                                 args=(fn, rank, world_size, port, backend, collective_timeout_s, args, results,
                                       os.getpid()))
                 for rank in range(world_size)]

@@ -149,6 +149,21 @@ def test_regression_a_job_returning_tensors_failed_in_the_parent():
         assert len(value) == 5 and all(torch.equal(t, torch.full((1000, 100), float(rank))) for t in value)
 
 
+def loader_workers_job(rank, size):
+    """A `DataLoader` with a worker process inside a rank (a sampler's usual loader): the sum of its batches."""
+    from torch.utils.data import DataLoader
+    return sum(int(batch.sum()) for batch in DataLoader(list(range(8)), batch_size=2, num_workers=1))
+
+
+def test_regression_a_data_loader_with_workers_inside_a_local_rank_died_with_a_raw_assertion():
+    """Cause (probe16 P16-01): the local launcher (`spawn`, `run_script` without torchrun) started its ranks as
+    daemonic processes, which may not have children: a `DataLoader(num_workers >= 1)` in a rank, as the sampler
+    examples' loaders are written, raised multiprocessing's "daemonic processes are not allowed to have children"
+    on every rank.  The ranks are plain processes now (`run_processes` joins or kills each before returning, and
+    each leaves when its parent is gone): the loader's workers run as under torchrun."""
+    assert spawn(loader_workers_job, 2, timeout_s=60) == [28, 28]
+
+
 def _refuse_to_load():
     raise ImportError("no such class here")
 
