@@ -26,7 +26,7 @@ from orchmllm.runtime import (ExchangeMeta, FlatAllToAll, HierarchicalAllToAll, 
 from orchmllm.runtime.demo import run_demo
 from orchmllm.runtime.encoders import reached_leaves, recording
 from orchmllm.runtime.launch import spawn
-from orchmllm.runtime.microbatch import StepToken
+from orchmllm.runtime.steps import StepClock
 
 ROWS_PER_ITEM, ITEMS_PER_RANK, WIDTH = 256, 16, 256  # 256 KiB of float32 per item, 4 MiB per rank
 
@@ -166,7 +166,7 @@ def model_check_job(rank, size, rounds):
 
     def step(check):
         if check:
-            dispatcher._step = StepToken()  # the next dispatch is the dispatcher's first step: due the check
+            dispatcher._clock = StepClock()  # the next dispatch is the dispatcher's first step: due the check
         plan = dispatcher.plan(lengths)
         moved = dispatcher.dispatch({"tokens": tokens}, plan)
         for micro in dispatcher.microbatches(plan, moved):
