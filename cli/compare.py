@@ -77,7 +77,8 @@ def add_parser(commands) -> None:
     compare.add_argument("--context-parallel", metavar="DEGREES",
                          help="also plan the last stage (the LLM) with giant items splittable over context-parallel "
                               "groups of these degrees (powers of two, e.g. 1,2,4,8): no_split, static_cp, "
-                              "megatron_dynamic_cp and ours, with step / bound (and cp_work.png with --plot); split "
+                              "megatron_dynamic_cp and ours, with step / bound (and cp_work.png with --plot); a degree "
+                              "wider than --gpus-per-node lets every degree's groups cross nodes; split "
                               "times take the stage's cost in FLOPs on an H100 (workloads' costs are; give --cost in "
                               "FLOPs with --lengths)")
     compare.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
@@ -86,6 +87,19 @@ def add_parser(commands) -> None:
     compare.add_argument("--plot", metavar="DIR", help="write loads.png, traffic.png (and traffic_locality.png "
                                                        "with a +locality algorithm) to DIR (needs matplotlib)")
     compare.set_defaults(handler=run)
+
+
+def check_node_tiling(text: str, degrees: tuple[int, ...], ranks: list[int], gpus_per_node: int) -> None:
+    """Degrees no wider than a node must divide it (their aligned groups would straddle nodes); a degree
+    wider than a node lets every degree's groups cross nodes (`compare_spec`)."""
+    for num_ranks in ranks:
+        gpus = min(gpus_per_node, num_ranks)
+        straddling = [degree for degree in degrees if gpus % degree] if degrees[-1] <= gpus else []
+        if straddling:
+            raise UsageError(f"--context-parallel {text}: degree {straddling[0]} does not divide the {gpus} GPUs of a "
+                             f"node at -D {num_ranks} (--gpus-per-node {gpus_per_node}), so its aligned groups would "
+                             f"straddle nodes; use degrees that divide {gpus}, or also list a degree wider than a "
+                             f"node, which lets every degree's groups cross nodes")
 
 
 def _items_per_rank(args) -> str:
@@ -214,6 +228,8 @@ def run(args) -> int:
             raise UsageError(f"--csv {args.csv!r} is a figure --plot writes into {args.plot!r}; choose another name")
     degrees = (None if args.context_parallel is None
                else degree_list(args.context_parallel, "--context-parallel", ranks))
+    if degrees is not None:
+        check_node_tiling(args.context_parallel, degrees, ranks, args.gpus_per_node)
     if degrees is not None and args.lengths is not None and args.cost is None:  # a token is no FLOP
         raise UsageError("--context-parallel with --lengths needs --cost in FLOPs (split times add communication "
                          "seconds at an H100's FLOP rate; the default cost of 1 per token makes every split all "

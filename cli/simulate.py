@@ -52,9 +52,9 @@ def add_parser(commands) -> None:
                                "and ours (default --samples-per-rank then 32)")
     simulate.add_argument("--context-parallel", metavar="DEGREES",
                           help="simulate the step with the LLM's giant items splittable over context-parallel "
-                               "groups of these degrees (powers of two, e.g. 1,2,4,8; wider than a node lets groups "
-                               "cross nodes), under the strategies none, no_split, static_cp, megatron_dynamic_cp "
-                               "and ours (default --samples-per-rank then 4)")
+                               "groups of these degrees (powers of two, e.g. 1,2,4,8; a degree wider than a node lets "
+                               "every degree's groups cross nodes), under the strategies none, no_split, static_cp, "
+                               "megatron_dynamic_cp and ours (default --samples-per-rank then 4)")
     add_pipeline_arguments(simulate)
     simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
     simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
