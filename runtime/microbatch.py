@@ -123,9 +123,12 @@ def iterate(microbatches):
     The step's last micro-batch stays recorded (weakly) until `new_step`, so a loop over the micro-batches collected
     in a list, after the generator has ended, is known to run inside a step of M micro-batches too; from the first
     micro-batch of a step due the model check, forwards are noted the same way (`_noting_synced_forwards`)."""
-    previous, blocked = active_microbatch(), False  # whether a block ran for an earlier micro-batch of this pass
+    previous, blocked, opened = active_microbatch(), False, None  # a block ran for an earlier micro-batch; the step
     try:
         for micro in microbatches:
+            if opened is None and micro.step is not None:
+                opened = micro.step
+                opened.looping += 1
             _active.current = (micro.index, micro.num_microbatches)
             _active.step = weakref.ref(micro)
             if micro.contract is not None and getattr(_active, "noting", None) is None:
@@ -136,6 +139,8 @@ def iterate(microbatches):
             blocked = blocked or micro in getattr(_active, "ran", ())
     finally:
         _active.current = previous
+        if opened is not None:
+            opened.looping -= 1
 
 
 def _after_body(micro: MicroBatch, blocked: bool) -> None:
@@ -213,7 +218,7 @@ def new_step(planning: bool = False) -> None:
     _active.current = _active.step = _active.synced = None
     _active.held = held if live else None
     if held is not None and not live and not discarded(held):
-        raise _left_early(held)
+        raise _left_early(held, None if planning else "a micro-batch loop with grad began (`microbatches()`)")
 
 
 def loop_left(step: StepToken | None) -> ValueError | None:
@@ -225,11 +230,25 @@ def loop_left(step: StepToken | None) -> ValueError | None:
     if step is None or held is None or held[0].step is not step:
         return None
     _active.held = None
-    return None if discarded(held) else _left_early(held)
+    return None if discarded(held) else _left_early(held, "the next step was dispatched")
 
 
-def _left_early(held) -> ValueError:
-    """The refusal of a step whose loop was left with the gradient sync of `held` (micro-batch, model kind) held."""
+def _left_early(held, began: str | None = None) -> ValueError:
+    """The refusal of a step whose loop was left with the gradient sync of `held` (micro-batch, model kind) held; where
+    what `began` then (a loop with grad, the next step's dispatch) began while that loop's generator is open (inside
+    the loop, unless it was left with its generator kept), that first, with its fix."""
+    micro, model = held[0], held[1]
+    if began is not None and micro.step is not None and micro.step.looping:
+        fix = ("run a frozen model's micro-batch loop there (a teacher's, an evaluation's) under `torch.no_grad()`, and "
+               "a second model's training loop after the step's last micro-batch, or interleave the two loops (`zip`)"
+               if began.startswith("a micro-batch loop") else "plan the next step inside the loop if you wish, but "
+               "dispatch it after the loop's last micro-batch (or alternate two dispatchers, one per step)")
+        return ValueError(
+            f"{began} while this thread's micro-batch loop of a step that has not ended is open after its micro-batch "
+            f"{micro.index} of {micro.num_microbatches}, where `accumulate` holds {model}'s gradient sync to the "
+            f"step's last micro-batch: {fix}; if that loop was left early (`break`, an exception, its generator "
+            f"kept), run every micro-batch of a step, or leave the rest knowingly with `accumulate(model, micro, "
+            f"check=False)`, or drop the step on purpose (its gradients cleared, with no optimizer step)")
     return ValueError(
         f"the micro-batch loop of the previous step on this thread ended after micro-batch {held[0].index} of "
         f"{held[0].num_microbatches} (left by `break`, an exception or a slice, the next step dispatched inside it, "

@@ -1208,8 +1208,10 @@ def test_regression_the_next_step_planned_inside_a_loop_by_a_second_dispatcher_w
         for got, want in zip(gradients, expected):
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
     for message in spawn(overlapped_steps_job, 2, args=(True,), timeout_s=60):  # a loop left there is still refused
-        assert message.startswith("the micro-batch loop of the previous step on this thread ended after micro-batch 0 "
-                                  "of 2"), message
+        assert message.startswith("a micro-batch loop with grad began (`microbatches()`) while this thread's "
+                                  "micro-batch loop of a step that has not ended is open after its micro-batch 0 of 2"
+                                  ), message
+        assert "if that loop was left early (`break`, an exception, its generator kept)" in message, message
 
 
 def planned_inside_job(rank, size):
@@ -1676,6 +1678,49 @@ def test_regression_static_graph_ddp_and_a_no_grad_pass_inside_the_loop_could_no
     for gradients in spawn(static_graph_job, 2, args=(teacher,), timeout_s=60):
         for got, want in zip(gradients, expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def inside_with_grad_job(rank, size, what):
+    """Step 0 of OVERLAP_STEPS (M = 2) on DDP; after micro-batch 0's block, inside the loop: a frozen teacher's
+    micro-batch loop through a second dispatcher with grad on ("teacher"), or the next step dispatched through the
+    loop's own dispatcher ("dispatch"): what each rank raised."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(3, 1).double())
+    teacher = nn.Linear(3, 1).double().requires_grad_(False)
+    dispatcher, other = PostBalancingDispatcher(max_tokens_per_microbatch=6), PostBalancingDispatcher()
+    plan = dispatcher.plan(OVERLAP_STEPS[0][rank])
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(0, rank)}, plan)):
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+            if micro.index == 0:
+                runs = other if what == "teacher" else dispatcher
+                taught = runs.plan(OVERLAP_STEPS[1][rank])
+                moved = runs.dispatch({"x": overlap_features(1, rank)}, taught)
+                for part in other.microbatches(taught, moved):
+                    teacher(part.data["x"]).sum()
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.parametrize("what", ["teacher", "dispatch"])
+def test_regression_a_loop_with_grad_or_a_dispatch_inside_a_loop_was_refused_as_a_loop_left_early(what):
+    """Cause (probe15 P15-02 residue): a frozen teacher's micro-batch loop run with grad inside the student's loop
+    (through a second dispatcher), and the next step dispatched inside the loop, are refused, as they must be (the
+    student's held gradient sync would be lost), but the message opened with "the micro-batch loop of the previous
+    step on this thread ended after micro-batch 0" before naming either case.  Where the held loop's generator is
+    still open the message now leads with what began inside it, and its fix."""
+    began = {"teacher": "a micro-batch loop with grad began (`microbatches()`)",
+             "dispatch": "the next step was dispatched"}[what]
+    fix = {"teacher": "run a frozen model's micro-batch loop there (a teacher's, an evaluation's) under "
+                      "`torch.no_grad()`",
+           "dispatch": "dispatch it after the loop's last micro-batch"}[what]
+    for message in spawn(inside_with_grad_job, 2, args=(what,), timeout_s=60):
+        assert message.startswith(f"{began} while this thread's micro-batch loop of a step that has not ended is open "
+                                  f"after its micro-batch 0 of 2, where `accumulate` holds DistributedDataParallel of "
+                                  f"Linear's gradient sync"), message
+        assert fix in message, message
 
 
 def unfused_due_job(rank, size):
