@@ -68,7 +68,8 @@ class DispatchPlan:
     `balance` is a `BalancePlan`, or with a micro-batch budget the `MicroBatchPlan` of the
     step's cells; None when the global batch has no items.  `item_microbatch[i]` is the
     micro-batch of item i (all 0 without a budget) and `num_microbatches` the step's M (1
-    without a budget; a step with no items runs `num_microbatches` when fixed, else 1).
+    without a budget; a step with no items runs `num_microbatches` when fixed, else 1, under an interleaved
+    `pipeline` rounded up to a whole group of its stages).
     `sharding` says where every item's tokens go (whole, or in zigzag chunks over a group) and
     `route` moves them (one unit per item when none is split).  `config_fingerprint` and
     `config_options` are those of the dispatcher that made it: another one refuses it.
@@ -192,6 +193,7 @@ class PostBalancingDispatcher:
                                    options=self.config_options)
         microbatch = np.zeros(metadata.num_items, dtype=np.int64)
         count = getattr(self.options.microbatching, "num_microbatches", None) or 1  # of a step with no items
+        count = count if self.options.pipeline is None else self.options.pipeline.runnable(count)  # interleaved: P
         plan = None
         try:
             if metadata.num_items and self.options.microbatching is not None:

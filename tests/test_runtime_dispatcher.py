@@ -332,3 +332,25 @@ def test_regression_a_plan_dispatched_every_step_never_ended_its_step():
     assert first[0].step is second[0].step and first[0].step is not tokens[2] and tokens[2].ended  # a fourth step
     normalize_loss(torch.ones((), requires_grad=True), first[0])
     dispatcher.combine([(micro, {"out": micro.data["x"]}) for micro in first], plan)
+
+
+def empty_interleaved_job(rank, size):
+    """A step with items ([2], [3]), then one with none anywhere, on a dispatcher planning for an interleaved
+    pipeline of P = 2: each step's micro-batches on this rank."""
+    from orchmllm.balancers import Pipeline
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=8,
+                                         pipeline=Pipeline(stages=2, schedule="interleaved", virtual_stages=2))
+    counts = []
+    for lengths in ([[2], [3]][rank], []):
+        plan = dispatcher.plan(lengths)
+        moved = dispatcher.dispatch({"t": torch.zeros(sum(lengths), dtype=torch.int64)}, plan, lengths=lengths)
+        counts.append((plan.num_microbatches, len(list(dispatcher.microbatches(plan, moved)))))
+    return counts
+
+
+def test_regression_an_empty_step_under_an_interleaved_pipeline_ran_one_micro_batch():
+    """Cause (probe16 P16-04): the dispatcher gave a step with no item on any rank M = 1 micro-batch (a fixed M, or
+    1), which the interleaved schedule cannot run (it runs whole groups of P); the orchestrator's path already ran P
+    (d964689).  Now the dispatcher's empty step runs `pipeline.runnable(M)` too."""
+    for counts in spawn(empty_interleaved_job, 2, timeout_s=60):
+        assert counts == [(2, 2), (2, 2)], counts
