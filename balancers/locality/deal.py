@@ -33,15 +33,17 @@ def _by_segment(state: PartialPlan, segments: np.ndarray, candidates: np.ndarray
     """Candidates grouped by segment, largest first (ties by index) within one; `segments` holds
     each candidate's segment.
 
-    Returns (keys, items, starts, ends, segments): keys = segment << state.rank_bits | cost rank,
-    sorted (`PartialPlan.group_keys`); items[k] the item of keys[k]; segment segments[s] spans
-    keys[starts[s]:ends[s]].
+    Returns (keys, cost_ranks, starts, ends, segments): keys = segment << state.rank_bits | cost rank,
+    sorted (`PartialPlan.group_keys`); cost_ranks[k] the cost rank of keys[k] (its item
+    state.item_of_rank[cost_ranks[k]]); segment segments[s] spans keys[starts[s]:ends[s]], found by
+    one binary search per segment up to the largest, not by passes over the keys.
     """
     keys = state.group_keys(segments, candidates)
-    owner = keys >> state.rank_bits
-    starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1]))) if keys.size else keys
-    return (keys, state.item_of_rank[keys & ((1 << state.rank_bits) - 1)], starts, np.append(starts[1:], keys.size),
-            owner[starts])
+    bits = state.rank_bits
+    count = int(keys[-1] >> bits) + 1 if keys.size else 0
+    bounds = np.append(np.searchsorted(keys, (np.arange(count, dtype=np.int64) << bits).astype(keys.dtype)), keys.size)
+    present = np.flatnonzero(bounds[1:] > bounds[:-1])
+    return keys, keys & ((1 << bits) - 1), bounds[present], bounds[present + 1], present
 
 
 def _first_fitting(state: PartialPlan, keys: np.ndarray, segments: np.ndarray, pointer: np.ndarray,
@@ -89,9 +91,9 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
     else:
         state.destinations[items[stays]] = homes[stays]
         rest = items[rest]
-    keys, order, pointer, ends, ranks = _by_segment(state, sources[rest], rest)
-    cost_sums = _prefix_sums(state.costs[order])
-    token_sums = _prefix_sums(state.lengths[order]) if state.cap < np.inf else None
+    keys, cost_rank, pointer, ends, ranks = _by_segment(state, sources[rest], rest)
+    cost_sums = _prefix_sums(state.sorted_costs[cost_rank])
+    token_sums = _prefix_sums(state.lengths[state.item_of_rank[cost_rank]]) if state.cap < np.inf else None
     while ranks.size:
         room = state.target - state.loads[ranks]
         position = _first_fitting(state, keys, ranks, pointer, room)
@@ -101,11 +103,11 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
         if token_sums is not None:
             token_room = state.cap - state.tokens[ranks]
             run_end = np.minimum(run_end, np.searchsorted(token_sums, token_sums[position] + token_room, side="right") - 1)
-        first = order[position]
+        first = state.item_of_rank[cost_rank[position]]
         run_end = np.minimum(np.maximum(run_end, position + state.fits(first, ranks)), ends)
         count = run_end - position
-        kept = np.repeat(run_end - count.cumsum(), count) + np.arange(count.sum())
-        state.put_runs(order[kept], np.repeat(ranks, count))
+        kept = cost_rank[np.repeat(run_end - count.cumsum(), count) + np.arange(count.sum())]
+        state.put_runs(state.item_of_rank[kept], np.repeat(ranks, count), state.sorted_costs[kept])
         pointer = np.maximum(run_end, position + 1)
         left = pointer < ends
         ranks, pointer, ends = ranks[left], pointer[left], ends[left]
@@ -174,7 +176,8 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
     window_size = DEAL_WINDOW * gpus_per_node
     margin = window_size * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     unplaced = np.flatnonzero(state.destinations < 0) if items is None else items
-    keys, order, pointer, ends, nodes = _by_segment(state, sources[unplaced] // gpus_per_node, unplaced)
+    keys, cost_rank, pointer, ends, nodes = _by_segment(state, sources[unplaced] // gpus_per_node, unplaced)
+    order = state.item_of_rank[cost_rank]
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
     while nodes.size:
         loads = node_loads[nodes]
@@ -182,29 +185,36 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
         loads.sort(axis=1)
         position = _first_fitting(state, keys, nodes, pointer, state.target - loads[:, 0])
         alive = position < ends
-        nodes, position, ends, by_load, loads = nodes[alive], position[alive], ends[alive], by_load[alive], loads[alive]
-        if not nodes.size:
-            break
+        if not alive.all():
+            nodes, position, ends, by_load, loads = (nodes[alive], position[alive], ends[alive], by_load[alive],
+                                                     loads[alive])
+            if not nodes.size:
+                break
         roomy = np.count_nonzero(loads + state.costs[order[position]][:, None] <= state.target, axis=1)
         # The deal rank by rank, each item with its rank's load after it; a window no longer than
         # the most items any node has left (a power of two, for the cache) deals the same.
-        width = min(window_size, max(gpus_per_node, 1 << int((ends - position).max() - 1).bit_length()))
+        remaining = ends - position
+        width = min(window_size, max(gpus_per_node, 1 << int(remaining.max() - 1).bit_length()))
         dealt, rank_column, first = _round_robin(roomy, width, gpus_per_node)
         window = position[:, None] + dealt
-        inside = window < ends[:, None]
-        items = order[np.minimum(window, ends[:, None] - 1)]
+        if remaining.min() >= width:  # every node's window lies inside its items
+            inside, items = True, order[window]
+            costs = state.costs[items]
+        else:
+            inside = window < ends[:, None]
+            items = order[np.minimum(window, ends[:, None] - 1)]
+            costs = np.where(inside, state.costs[items], 0.0)
         row = np.arange(nodes.size)[:, None]
         first = (row * width + first).ravel()
         rank_flat = (row * gpus_per_node + rank_column).ravel()
-        after = loads.ravel()[rank_flat].reshape(items.shape) + _running_sums(
-            np.where(inside, state.costs[items], 0.0), first)
+        after = loads.ravel()[rank_flat].reshape(items.shape) + _running_sums(costs, first)
         fits = inside & (after <= state.target - margin)
         ranks = nodes[:, None] * gpus_per_node + by_load.ravel()[rank_flat].reshape(items.shape)
         if state.cap < np.inf:
             fits &= state.tokens[ranks] + _running_sums(np.where(inside, state.lengths[items], 0.0), first) <= state.cap
         count = np.where(fits, window_size, dealt).min(axis=1)  # the deal's first item that does not fit
         kept = dealt < count[:, None]
-        state.put_runs(items[kept], ranks[kept])
+        state.put_runs(items[kept], ranks[kept], costs[kept])
         stuck = np.flatnonzero(count == 0)  # the least-loaded rank lacks token room (or rounding)
         if stuck.size:
             item, row_ranks = order[position[stuck]], nodes[stuck, None] * gpus_per_node + np.arange(gpus_per_node)

@@ -8,6 +8,8 @@ sorted runs of them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..problem import Problem
@@ -17,17 +19,23 @@ class PartialPlan:
     """Destinations, rank loads and rank tokens of a partial plan under a target and a cap."""
 
     def __init__(self, problem: Problem, target: float):
-        self.costs, self.lengths = problem.item_costs, problem.lengths.astype(np.float64)
+        self.costs, self._lengths = problem.item_costs, problem.lengths
         self.target = target
         self.cap = np.inf if problem.max_tokens_per_rank is None else float(problem.max_tokens_per_rank)
         self.item_of_rank = problem.cost_order  # largest first, ties by index
         self.rank_bits = problem.num_items.bit_length()  # cost ranks fit this many bits
         self.cost_rank = np.empty(problem.num_items, dtype=np.int32 if self.rank_bits < 31 else np.int64)
         self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
+        self.sorted_costs = problem.sorted_costs
         self.negated_sorted_costs = -problem.sorted_costs
         self.destinations = np.full(problem.num_items, -1, dtype=np.int64)
         self.loads = np.zeros(problem.num_ranks)
         self.tokens = np.zeros(problem.num_ranks)
+
+    @functools.cached_property
+    def lengths(self) -> np.ndarray:
+        """The items' lengths as float64, converted where first read (without a cap, few deals read them)."""
+        return self._lengths.astype(np.float64)
 
     def group_keys(self, groups: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         """The keys group << rank_bits | cost rank of `items` (None: every item), groups[k] the
@@ -56,10 +64,11 @@ class PartialPlan:
             np.subtract.at(self.tokens, self.destinations[items], self.lengths[items])
         self.destinations[items] = -1
 
-    def put_runs(self, items: np.ndarray, ranks: np.ndarray) -> None:
-        """Place items on ranks (a rank any number of times)."""
+    def put_runs(self, items: np.ndarray, ranks: np.ndarray, costs: np.ndarray | None = None) -> None:
+        """Place items on ranks (a rank any number of times); `costs`, the items' costs where the caller has them."""
         self.destinations[items] = ranks
-        self.loads += np.bincount(ranks, weights=self.costs[items], minlength=self.loads.size)
+        costs = self.costs[items] if costs is None else costs
+        self.loads += np.bincount(ranks, weights=costs, minlength=self.loads.size)
         if self.cap < np.inf:
             self.tokens += np.bincount(ranks, weights=self.lengths[items], minlength=self.loads.size)
 
