@@ -66,16 +66,16 @@ def _refuse_late(carried: _Carried, grad: torch.Tensor) -> None:
 
 
 def split_step(moved: Mapping[str, torch.Tensor], rows: Mapping[str, np.ndarray], microbatch: np.ndarray,
-               count: int) -> dict[str, list[torch.Tensor]]:
+               count: int) -> tuple[dict[str, list[torch.Tensor]], tuple]:
     """Each tensor of `moved` (item k owns `rows[key][k]` rows) split by `microbatch[k]` into `count` parts
     (`split_rows`); with several micro-batches, those that require grad (while autograd records) are cut so that
     the graph before them runs backward once, in the last micro-batch's backward, with every micro-batch's
-    gradient (see the module docstring)."""
+    gradient (see the module docstring).  And the autograd nodes of the tensors cut so (`StepToken.carried`)."""
     carried = [key for key, tensor in moved.items() if count > 1 and tensor.requires_grad and torch.is_grad_enabled()]
     parts = {key: split_rows(tensor, rows[key], microbatch, count) for key, tensor in moved.items()
              if key not in carried}
     if not carried:
-        return parts
+        return parts, ()
     indices = {key: split_rows(torch.arange(moved[key].shape[0], device=moved[key].device), rows[key], microbatch,
                                count) for key in carried}
     state = _Carried([moved[key].detach().requires_grad_() for key in carried], [indices[key][-1] for key in carried])
@@ -83,4 +83,4 @@ def split_step(moved: Mapping[str, torch.Tensor], rows: Mapping[str, np.ndarray]
     for key, leaf, part in zip(carried, state.leaves, last):
         leaf.register_hook(functools.partial(_refuse_late, state))
         parts[key] = [leaf.index_select(0, index) for index in indices[key][:-1]] + [part]
-    return parts
+    return parts, tuple(moved[key].grad_fn for key in carried)

@@ -367,7 +367,7 @@ class PostBalancingDispatcher:
         count, size = plan.num_microbatches, group_size(self.group)
         rows = {key: np.ones(items.size, dtype=np.int64) if key in self.options.per_item_keys else tokens
                 for key in moved}
-        parts = split_step(moved, rows, microbatch, count)  # a differentiable dispatch's: one reverse exchange
+        parts, step.carried = split_step(moved, rows, microbatch, count)  # differentiable: one reverse exchange
         layout = (lambda index: None) if self.options.context_parallel is None else \
             (lambda index: plan.sharding.layout(index, self.group))
         last = plan.route.dest_ranks[plan.item_microbatch[plan.sharding.unit_item] == count - 1]

@@ -145,13 +145,14 @@ def recording(module: nn.Module, hidden: weakref.WeakKeyDictionary | None = None
 
 def reached_leaves(outputs, names: dict[int, str], wanted: set[str], hidden=None, blind=None
                    ) -> tuple[set[str], bool]:
-    """(the names in `wanted` of the leaves the graphs of `outputs` (tensors) reach, whether a reentrant checkpoint
-    met on the way may hide others); the walk stops once all are found.  A reentrant checkpoint hides the parameters
-    it used: with `hidden` (`recording`'s: those of the modules each checkpoint ran) they count as reached at its
-    node; a checkpoint whose forward ran no module (a function using parameters directly), or any without `hidden`,
-    may hide any, unless `blind(node)` says it cannot hide these (made in another model's forward)."""
+    """(the names in `wanted` of the leaves the graphs of `outputs` (tensors, or autograd nodes) reach, whether a
+    reentrant checkpoint met on the way may hide others); the walk stops once all are found.  A reentrant checkpoint
+    hides the parameters it used: with `hidden` (`recording`'s: those of the modules each checkpoint ran) they count
+    as reached at its node; a checkpoint whose forward ran no module (a function using parameters directly), or any
+    without `hidden`, may hide any, unless `blind(node)` says it cannot hide these (made in another model's forward)."""
     reached: set[str] = set()
-    stack, seen, opaque = [output.grad_fn for output in outputs], set(), False
+    stack = [output.grad_fn if isinstance(output, torch.Tensor) else output for output in outputs]
+    seen, opaque = set(), False
     while stack and reached != wanted:
         node = stack.pop()
         if node is None or node in seen:

@@ -43,7 +43,7 @@ import torch
 from ..balancers.validation import as_bool
 from .encoders import recording
 from .model_check import (ModelContractError, bare_loop_problem, check_model_contract, check_reduction, kind,
-                          outside_blocks, skipped_problem)
+                          outside_blocks, skipped_problem, unrecorded_static_graph)
 from .steps import StepToken
 from .versions import discarded, held_gradient, optimizer_steps, uncleared, unstepped, unwritten
 
@@ -239,8 +239,8 @@ def _left_early(held, began: str | None = None) -> ValueError:
     the loop, unless it was left with its generator kept), that first, with its fix."""
     micro, model = held[0], held[1]
     if began is not None and micro.step is not None and micro.step.looping:
-        fix = ("run a frozen model's micro-batch loop there (a teacher's, an evaluation's) under `torch.no_grad()`, and "
-               "a second model's training loop after the step's last micro-batch, or interleave the two loops (`zip`)"
+        fix = ("run a frozen model's micro-batch loop there (a teacher's, an evaluation's) under `torch.no_grad()`, "
+               "and a second model's training loop after the step's last micro-batch, or interleave the two loops (`zip`)"
                if began.startswith("a micro-batch loop") else "plan the next step inside the loop if you wish, but "
                "dispatch it after the loop's last micro-batch (or alternate two dispatchers, one per step)")
         return ValueError(
@@ -409,6 +409,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
             f"`fully_shard` the root as well")
     if syncs:
         _in_order(micro, model, check)
+        if check and micro.step is not None and torch.is_grad_enabled():
+            unrecorded_static_graph(micro, model)
         versions = unstepped(micro, model, check)
     previous, outer, blocks = active_microbatch(), getattr(_active, "contracts", ()), accumulated()
     written = getattr(_active, "written", ())  # the blocks `normalize_loss` checks (`unwritten`, `outside_blocks`)

@@ -241,3 +241,26 @@ def skipped_problem(micro) -> ModelContractError:
         f"micro-batch's block, an empty one too, since its backward runs the model check's all-reduce and the "
         f"gradient reduction with the peers, which now wait for this rank; run the model on the empty tensors (e.g. "
         f"`output.sum() * 0` for the loss) instead of skipping")
+
+
+def unrecorded_static_graph(micro, model) -> None:
+    """A ValueError before the block's forward where `model` is a DDP built with static_graph=True that records its
+    graph in this step's backward (its first) and `micro`'s step carries a differentiable dispatch's tensors whose
+    graph reaches parameters of `model` (a module of it run before the dispatch): the dispatch's backward runs in the
+    last micro-batch's only (`runtime.carry`), so the graph the first backward records leaves them out and torch
+    fails in the last one's ("Your training graph has changed").  Every rank runs the same model and dispatch: every
+    rank raises."""
+    if not micro.step.carried or not getattr(model, "static_graph", False) or \
+            getattr(model, "_static_graph_delay_allreduce_enqueued", True):
+        return
+    names = {id(parameter): name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    reached = sorted(reached_leaves(micro.step.carried, names, set(names.values()))[0])
+    if reached:
+        raise ValueError(
+            f"{kind(model)} is built with static_graph=True and records its graph in this step, whose micro-batches "
+            f"come from a differentiable dispatch whose graph reaches its parameters {reached[:4]}"
+            f"{' ...' if len(reached) > 4 else ''} (a module of it run before the dispatch): that dispatch's backward "
+            f"runs once, in the step's last micro-batch's (`runtime.carry`), so the graph the first backward records "
+            f"(micro-batch {micro.index}'s) leaves them out and torch fails in the last; run that module outside the "
+            f"static-graph DDP (a module of its own, or a DDP of its own), build the DDP without static_graph, or make "
+            f"the first step one micro-batch")

@@ -11,12 +11,14 @@ class StepToken:
     multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
     variable of an earlier step) is refused.  `trained` (shared by a runtime's steps) says whether a loop of one
     of them ran its last `accumulate` block with grad; `looping` counts the loops over its micro-batches whose
-    generator is open (`microbatch.iterate`: the loop may still run)."""
+    generator is open (`microbatch.iterate`: the loop may still run); `carried` the autograd nodes of a
+    differentiable dispatch's tensors whose backward runs in the step's last micro-batch's (`runtime.carry`)."""
 
-    __slots__ = ("ended", "blocked", "empty", "versions", "trained", "graded", "looping")
+    __slots__ = ("ended", "blocked", "empty", "versions", "trained", "graded", "looping", "carried")
 
     def __init__(self, trained: list | None = None):
         self.ended, self.trained, self.looping = False, [False] if trained is None else trained, 0
+        self.carried: tuple = ()
         self.blocked: dict[int, set] = {}  # id(model) -> its micro-batches whose `accumulate` blocks ran (`_in_order`)
         self.empty: frozenset = frozenset()  # the micro-batches holding no row on this rank (nothing to synchronise)
         self.versions: dict[int, tuple] = {}  # id(model) -> the step's first held block's, `versions.unstepped`'s

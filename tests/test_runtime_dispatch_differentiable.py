@@ -124,3 +124,63 @@ def test_one_backward_over_every_micro_batch_combined_home_is_exact():
     for grad, local, count in spawn(combined_home_job, 2, timeout_s=60, collective_timeout_s=30):
         assert count == 2
         torch.testing.assert_close(grad, local, rtol=0, atol=1e-12)
+
+
+class Whole(nn.Module):
+    """The encoder and the head in one module; its forward runs the head (the encoder runs before the dispatch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.head = modules()
+
+    def forward(self, embedded):
+        return self.head(embedded)
+
+
+def static_graph_job(rank, size, together):
+    """Two steps on a DDP built with static_graph=True, an encoder run before a differentiable dispatch with
+    micro-batches: the encoder a module of that DDP (`together`, run as `ddp.module.encoder`), or a DDP of its own
+    beside a static-graph DDP of the head.  What each rank raised, or the gradients of the second step and M."""
+    lengths = LENGTHS[:2]
+    if together:
+        model = DistributedDataParallel(Whole(), static_graph=True)
+        encoder, parameters = model.module.encoder, [*model.module.encoder.parameters(), *model.module.head.parameters()]
+    else:
+        encoder, head = modules()
+        encoder, model = DistributedDataParallel(encoder), DistributedDataParallel(head, static_graph=True)
+        parameters = [*encoder.parameters(), *head.parameters()]
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    tokens, labels = rank_batch(rank, lengths)
+    loss_tokens = [int(part.ge(0).sum()) for part in labels.split(lengths[rank])]
+    try:
+        for _ in range(2):
+            for parameter in parameters:
+                parameter.grad = None
+            plan = dispatcher.plan(lengths[rank], loss_tokens=loss_tokens)
+            moved = dispatcher.dispatch({"e": encoder(tokens), "y": labels}, plan, differentiable=True)
+            for micro in dispatcher.microbatches(plan, moved):
+                with accumulate(model, micro):
+                    loss = F.cross_entropy(model(micro.data["e"]), micro.data["y"], ignore_index=-1, reduction="sum")
+                    normalize_loss(loss, micro).backward()
+    except ValueError as error:
+        return str(error)
+    return [parameter.grad for parameter in parameters], plan.num_microbatches
+
+
+def test_regression_a_static_graph_ddp_whose_module_ran_before_a_differentiable_dispatch_failed_in_torch():
+    """Cause (probe16 P16-03): a DDP built with static_graph=True records its graph in its first backward, micro-batch
+    0's, which a differentiable dispatch's carried rows cut from the graph before the dispatch (`runtime.carry`):
+    where a module of that DDP ran before the dispatch, its parameters were left out of the recorded graph and the
+    last micro-batch's backward died in torch's "Your training graph has changed in this iteration" on every rank.
+    Now every rank raises before the first block's forward, naming static_graph and the parameters; an encoder
+    outside the static-graph DDP (a DDP of its own) trains exactly, as one float64 pass."""
+    for message in spawn(static_graph_job, 2, args=(True,), timeout_s=60, collective_timeout_s=30):
+        assert isinstance(message, str) and message.startswith(
+            "DistributedDataParallel of Whole is built with static_graph=True and records its graph in this step, "
+            "whose micro-batches come from a differentiable dispatch whose graph reaches its parameters "
+            "['module.encoder.weight']"), message
+    expected = reference_grads(LENGTHS[:2])
+    for grads, count in spawn(static_graph_job, 2, args=(False,), timeout_s=60, collective_timeout_s=30):
+        assert count == 2
+        for grad, want in zip(grads, expected, strict=True):
+            torch.testing.assert_close(grad, want, rtol=0, atol=1e-12)
