@@ -20,6 +20,13 @@ payload all-to-all (see `agreement.py`).  An earlier plan kept by every rank pas
 where each rank's row totals match (packed rows carry no item boundaries, and a plan used
 again is also how a second dict of its step or a plan prefetched ahead looks): `dispatch`'s
 `lengths=`/`loss_tokens=` (as given to `plan`) check this step's items against the plan's.
+One rank dispatching an earlier plan object of the same identity as its peers' fresh one (the configuration
+and the gathered lengths and loss tokens, which a plan is a function of) is let pass: it moves the same rows to
+the same ranks (sample ids and every other per-item row travel in `batch`, not in the plan); the object only
+says whether a step ended at the dispatch (another object) or goes on (the same: a second dict, a plan made
+once), so that rank ends its step at its next `microbatches` instead (where every rank ran a loop since the
+latest dispatch, as with a plan made once), with the same micro-batches and gradients; a refusal of its own
+loop left early then comes from there, on that rank alone.
 Every call is a self-contained collective, so a step may call `plan`/`dispatch` once
 per micro-batch.
 

@@ -354,3 +354,53 @@ def test_regression_an_empty_step_under_an_interleaved_pipeline_ran_one_micro_ba
     (d964689).  Now the dispatcher's empty step runs `pipeline.runnable(M)` too."""
     for counts in spawn(empty_interleaved_job, 2, timeout_s=60):
         assert counts == [(2, 2), (2, 2)], counts
+
+
+SAME_LENGTHS = {0: [5, 3, 4, 2], 1: [6, 1, 1, 2]}  # every step's: each step's plan has the same identity
+
+
+def same_lengths_features(step, rank):
+    generator = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(sum(SAME_LENGTHS[rank]), 3, generator=generator, dtype=torch.float64)
+
+
+def kept_plan_job(rank, size):
+    """Three DDP steps of the same lengths (M = 2), each planned afresh, but rank 1 dispatches the plan object of
+    its previous step (kept by mistake) from step 1 on: each step's gradients, and on rank 1 whether each loop's
+    micro-batches carried a step of their own (the previous one ended)."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    model = nn.parallel.DistributedDataParallel(net)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    gradients, tokens, kept = [], [], None
+    for step in range(3):
+        plan = dispatcher.plan(SAME_LENGTHS[rank])
+        used = kept if rank == 1 and kept is not None else plan
+        moved = dispatcher.dispatch({"x": same_lengths_features(step, rank)}, used, lengths=SAME_LENGTHS[rank])
+        for micro in dispatcher.microbatches(used, moved):
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+        tokens.append(micro.step)
+        gradients.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
+        net.zero_grad()
+        kept = kept or plan
+    return gradients, [token.ended for token in tokens], len({id(token) for token in tokens})
+
+
+def test_a_plan_object_kept_by_one_rank_of_the_same_identity_as_its_peers_fresh_one_does_no_harm():
+    """A rank dispatching an earlier plan object while its peers dispatch a fresh one of the same identity (the
+    configuration and gathered metadata, which the plan is a function of) moves the same rows to the same ranks;
+    it only ends its step at its next `microbatches` instead of at the dispatch (as with a plan made once): every
+    step's gradients are one float64 pass's, and each loop is a step of its own on every rank."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1).double()
+    expected = []
+    for step in range(3):
+        features = torch.cat([same_lengths_features(step, rank) for rank in SAME_LENGTHS])
+        (net(features).sum() / features.shape[0]).backward()
+        expected.append(torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy().copy())
+        net.zero_grad()
+    for gradients, ended, distinct in spawn(kept_plan_job, 2, timeout_s=60):
+        assert ended == [True, True, False] and distinct == 3, (ended, distinct)
+        for got, want in zip(gradients, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
