@@ -61,7 +61,7 @@ class _Scanning(placement.Placement):
     def _search(self, degree, time, need, fullest):
         return None
 
-    def _floor(self, item, degree):
+    def _floor(self, degree, time, need):
         return -math.inf, degree
 
 

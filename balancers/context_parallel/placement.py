@@ -84,6 +84,7 @@ class Placement:
         if degree == 1:
             self._settle()
         self.degree = degree
+        self.groups.setdefault(degree, [])
         self.keys[degree] = None if degree == 1 else []  # every rank's key, made when an item needs them
         self.parked[degree], self.stale[degree] = [], set()
 
@@ -119,16 +120,18 @@ class Placement:
         """The least position among keys[lo:hi] of `degree` whose shards' tokens fit (-1: none); None
         once more than BEST_FIT_PROBES candidates not surely short (those are parked) failed the check.
         Positions ascend along a run of equal loads, so each run's first fit is its least."""
-        keys, best = self.keys[degree], -1
+        keys, best, least = self.keys[degree], -1, self._least_need(degree, need)
+        groups = None if degree == 1 else self.groups[degree]
         while lo < hi:
-            end = min(hi, bisect.bisect_right(keys, (keys[lo][0], math.inf), lo, hi))
+            load = keys[lo][0]  # the run of equal loads from lo: all up to hi where the last has that load
+            end = hi if keys[hi - 1][0] == load else bisect.bisect_right(keys, (load, math.inf), lo, hi)
             for k in range(lo, end):  # not a slice: a run of equal loads may be every rank
                 load, position = keys[k]
-                start = position if degree == 1 else self.groups[degree][position]
+                start = position if groups is None else groups[position]
                 if self._token_room(degree, start, need):
                     best = position if best < 0 else min(best, position)
                     break
-                if self._room(degree, start) < self._least_need(degree, need):  # short of any shard this size
+                if self._room(degree, start) < least:  # short of any shard this size
                     self.newly_parked.append((degree, (load, position)))
                     continue
                 probes[0] += 1
@@ -154,11 +157,12 @@ class Placement:
         Candidates found surely short of tokens leave the keys (parked, by their room) until a search
         for shards they may hold: tokens only grow, so they lack room for any larger shard meanwhile."""
         parked = self.parked[degree]
-        least = self._least_need(degree, need) if parked else 0
-        while parked and -parked[0][0] >= least:
-            _, position = heapq.heappop(parked)
-            self.parked_ids.discard((degree, position))
-            bisect.insort(self.keys[degree], self._key(degree, self._start(degree, position)))
+        if parked:
+            least = self._least_need(degree, need)
+            while parked and -parked[0][0] >= least:
+                _, position = heapq.heappop(parked)
+                self.parked_ids.discard((degree, position))
+                bisect.insort(self.keys[degree], self._key(degree, self._start(degree, position)))
         if self.stale.get(degree):
             self._refresh(degree)
         found = self._scan(degree, time, need, fullest)
@@ -178,14 +182,10 @@ class Placement:
         if fullest and (not keys or keys[0][0] + time > target):  # no candidate within the target
             return math.inf, -1
         if fullest:
-            end = bisect.bisect_right(keys, (target - time, math.inf))
-            while end < len(keys) and keys[end][0] + time <= target:
-                end += 1
-            while end > 0 and keys[end - 1][0] + time > target:
-                end -= 1
+            end = self._within(keys, time)
             while end > 0:
                 peak = keys[end - 1][0] + time
-                start = bisect.bisect_left(keys, (keys[end - 1][0], -1), 0, end)
+                start = end - 1  # the run of equal peaks ending at end: often that one candidate
                 while start > 0 and keys[start - 1][0] + time == peak:
                     start = bisect.bisect_left(keys, (keys[start - 1][0], -1), 0, start)
                 position = self._least_fitting(degree, start, end, need, probes)
@@ -205,6 +205,31 @@ class Placement:
             begin = stop
         return math.inf, -1
 
+    def _within(self, keys: list[tuple[float, int]], time: float) -> int:
+        """How many of `keys` stay within the target with `time` added (float rounding included)."""
+        target = self.target
+        end = bisect.bisect_right(keys, (target - time, math.inf))
+        while end < len(keys) and keys[end][0] + time <= target:
+            end += 1
+        while end > 0 and keys[end - 1][0] + time > target:
+            end -= 1
+        return end
+
+    def _quick(self, degree: int, time: float, need: tuple) -> tuple[float, int] | None:
+        """`_search(..., fullest=True)` where it is decided by the keys alone (None elsewhere): nothing parked
+        that the item may bring back, no stale group, and no candidate within the target, or the one with the
+        highest peak within it shares that peak with no other and surely has token room."""
+        parked, keys = self.parked[degree], self.keys[degree]
+        if (parked and -parked[0][0] >= self._least_need(degree, need)) or self.stale.get(degree):
+            return None
+        end = self._within(keys, time) if keys and keys[0][0] + time <= self.target else 0
+        if not end:
+            return math.inf, -1
+        peak, position = keys[end - 1][0] + time, keys[end - 1][1]
+        if end > 1 and keys[end - 2][0] + time == peak:
+            return None
+        return (peak, position) if self._token_room(degree, self._start(degree, position), need) else None
+
     def _start(self, degree: int, position: int) -> int:
         return position if degree == 1 else self.groups[degree][position]
 
@@ -212,16 +237,15 @@ class Placement:
         """Block start for `item` at `degree`: best fit (the fullest block with room under the
         target) among the degree's open blocks (every rank for degree 1), else the next free
         block, else the least-loaded block of the degree or a larger one (-1: no token room)."""
-        opened = self.groups.setdefault(degree, [])
         time = self.times.time(item, degree)
         need = self.times.shard(item, degree)
         if self.keys[degree] is None:
             loads = np.array(self.loads)
             order = np.lexsort((self.ranks, loads))
             self.keys[degree] = list(zip(loads[order].tolist(), order.tolist()))
-        found = self._search(degree, time, need, fullest=True)
+        found = self._quick(degree, time, need) or self._search(degree, time, need, fullest=True)
         if found is None:  # many candidates short of tokens: all at once
-            starts = self.ranks if degree == 1 else np.array(opened, dtype=np.int64)
+            starts = self.ranks if degree == 1 else np.array(self.groups[degree], dtype=np.int64)
             peak, fits, _, _ = self._candidates(item, degree, starts)
             room = fits & (peak <= self.target)
             found = (0.0, int(np.argmax(np.where(room, peak, -math.inf)))) if room.any() else (math.inf, -1)
@@ -248,11 +272,12 @@ class Placement:
         (-1: none): no block has room under the target."""
         self.overflow = True
         best = (math.inf, -1, 0)
-        for floor, c in sorted(self._floor(item, c) for c in self.groups if c >= degree and (c == 1 or self.groups[c])):
+        at = {c: (self.times.time(item, c), self.times.shard(item, c)) for c, opened in self.groups.items()
+              if c >= degree and (c == 1 or opened)}  # degree -> the item's time and shards there
+        for floor, c in sorted(self._floor(c, *at[c]) for c in at):
             if floor > best[0]:  # this degree's search cannot find a lower peak, nor the next ones'
                 break
-            time = self.times.time(item, c)
-            found = self._search(c, time, self.times.shard(item, c), fullest=False)
+            found = self._search(c, *at[c], fullest=False)
             if found is None:
                 starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
                 peak, fits, _, _ = self._candidates(item, c, starts)
@@ -264,18 +289,17 @@ class Placement:
         _, start, c = best
         if start < 0:
             return -1
-        time = self.times.time(item, c)
-        return self._add(item, start, c, time, self.times.shard(item, c))
+        return self._add(item, start, c, *at[c])
 
-    def _floor(self, item: int, degree: int) -> tuple[float, int]:
-        """(a lower bound on the peak `_search` finds for `item` at `degree`, the degree): the least key plus
-        the item's time, the keys of stale groups being low; -inf where a parked candidate may hold the item
-        (the search brings it back), inf where no candidate is left."""
-        parked, need = self.parked[degree], self.times.shard(item, degree)
+    def _floor(self, degree: int, time: float, need: tuple[list[int], int, int]) -> tuple[float, int]:
+        """(a lower bound on the peak `_search` finds for an item of `time` and shards `need` at `degree`, the
+        degree): the least key plus the time, the keys of stale groups being low; -inf where a parked candidate
+        may hold the item (the search brings it back), inf where no candidate is left."""
+        parked = self.parked[degree]
         if parked and -parked[0][0] >= self._least_need(degree, need):
             return -math.inf, degree
         keys = self.keys[degree]
-        return (keys[0][0] + self.times.time(item, degree) if keys else math.inf), degree
+        return (keys[0][0] + time if keys else math.inf), degree
 
     def _settle(self) -> None:
         """Write every group's peak as its ranks' loads, and its ranks' group: while the degrees above 1 are laid
