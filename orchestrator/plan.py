@@ -431,10 +431,16 @@ def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[
     (`orchestrator.shards.split_pieces`; `whole`: every segment's stage, encoder rank and output offset)."""
     llm = stage_plans[-1]
     chunks = llm.split[1] if llm.split is not None else split_layout(batch, llm.destination, llm.degree)[1]
-    pieces = split_pieces(batch, stage_plans[:-1], chunks, llm.degree, whole)
-    # Pieces run segment by segment in row order, so a stable sort by LLM rank lists each rank's in
-    # packed order (its samples ascend; a shard's chunk j precedes chunk 2c - 1 - j).
-    offsets, order = group_order(pieces.llm_rank, batch.num_ranks)
+    pieces = split_pieces(batch, stage_plans[:-1], chunks, whole)
+    # Pieces run segment by segment in row order, so each rank's in packed order (its samples ascend; a shard's
+    # chunk j precedes chunk 2c - 1 - j) are the pieces of its chunks, the chunks taken in order: a stable sort
+    # of the chunks by LLM rank, each chunk's run of pieces spread in its place (not a sort of the pieces).
+    chunk_offsets, chunk_order = group_order(chunks.rank, batch.num_ranks)
+    per_chunk = np.bincount(pieces.chunk, minlength=chunks.rank.size)
+    counts = per_chunk[chunk_order]
+    before = np.concatenate(([0], np.cumsum(counts)))  # pieces of the chunks before, rank by rank
+    order = np.repeat((np.cumsum(per_chunk) - per_chunk)[chunk_order] - before[:-1], counts) + np.arange(before[-1])
+    offsets = before[chunk_offsets]
     return PassPlan(batch=batch, stages=stages, stage_plans=stage_plans, route_stage=pieces.stage,
                     route_encoder_rank=pieces.encoder_rank, route_encoder_offset=pieces.encoder_offset,
                     route_llm_rank=pieces.llm_rank, route_llm_offset=pieces.llm_offset, route_tokens=pieces.tokens,

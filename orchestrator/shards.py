@@ -186,7 +186,8 @@ def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> t
 class Pieces:
     """Embedding pieces, one row per (segment part) ∩ (chunk), segment by segment in row order:
     rows [row, row + tokens) of `segment`'s embeddings leave encoder `stage` on `encoder_rank` at
-    output row `encoder_offset` and land on LLM rank `llm_rank` at packed row `llm_offset`."""
+    output row `encoder_offset` and land on LLM rank `llm_rank` at packed row `llm_offset`, inside `chunk`
+    (a row of the pass's `SampleChunks`; non-decreasing: a chunk's pieces are contiguous)."""
 
     segment: np.ndarray
     row: np.ndarray
@@ -196,6 +197,7 @@ class Pieces:
     encoder_offset: np.ndarray
     llm_rank: np.ndarray
     llm_offset: np.ndarray
+    chunk: np.ndarray
 
 
 def any_nonzero(column: np.ndarray) -> bool:
@@ -219,7 +221,7 @@ def _parts(encoder_plans) -> tuple[np.ndarray, ...]:
     return tuple(column[order] for column in split)
 
 
-def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.ndarray,
+def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks,
                  whole: tuple[np.ndarray, np.ndarray, np.ndarray]) -> Pieces:
     """The embedding pieces of a pass: each segment cut where its encoder parts and its sample's
     chunks start (a segment in one part of an unsplit sample: one piece, as before).  `whole` holds
@@ -234,8 +236,7 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.n
     owner, size, position = batch.segment_sample, batch.segment_tokens, batch.segment_position
     scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
     starts = chunks.sample * scale + chunks.position  # ascending
-    at = chunks.first[owner]  # the chunk holding each segment's first row: an unsplit sample's only one
-    cut_segment, cut_row, cut_at = _chunk_cuts(owner * scale + position, size, degree[owner] > 1, starts, at)
+    cut_segment, cut_row, cut_at, at = _chunk_cuts(owner * scale + position, size, starts)
     if part_segment.size:  # parts starting inside their segment cut it too (where no chunk start does already)
         inside = part_row > 0
         part_key = owner[part_segment[inside]] * scale + position[part_segment[inside]] + part_row[inside]
@@ -279,31 +280,36 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks, degree: np.n
         piece_offset[parted] = part_offset[part] + piece_row[parted] - part_row[part]
     chunk_base = chunks.packed - chunks.position  # a row's packed offset less its position in its sample
     llm_offset = spread(chunk_base[at] + position, chunk_base[cut_at] + position[cut_segment] + cut_row)
+    piece_chunk = spread(at, cut_at)
     return Pieces(segment=_frozen(piece_segment), row=_frozen(piece_row), tokens=_frozen(piece_tokens),
                   stage=_frozen(piece_stage), encoder_rank=_frozen(piece_rank), encoder_offset=_frozen(piece_offset),
-                  llm_rank=_frozen(spread(chunks.rank[at], chunks.rank[cut_at])), llm_offset=_frozen(llm_offset))
+                  llm_rank=_frozen(chunks.rank[piece_chunk]), llm_offset=_frozen(llm_offset), chunk=piece_chunk)
 
 
-def _chunk_cuts(first_key: np.ndarray, size: np.ndarray, split: np.ndarray, starts: np.ndarray,
-                at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(segment, row, chunk) of every chunk start inside a segment of a split sample (`split`), by
-    segment then row, segments keyed sample · K + position (`first_key`, ascending) as the chunks'
-    `starts`; `at` (every segment's chunk holding its first row) is set for them in place."""
-    cut = np.flatnonzero(split)
-    key = first_key[cut]
-    low = _searched(starts, key, "right")  # chunks starting at or before the segment's first row
-    at[cut] = low - 1
-    counts = np.maximum(_searched(starts, key + size[cut], "left") - low, 0)
-    chunk = np.repeat(low - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-    segment = np.repeat(cut, counts)
-    return segment, starts[chunk] - first_key[segment], chunk
+def _chunk_cuts(first_key: np.ndarray, size: np.ndarray,
+                starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(segment, row, chunk) of every chunk start inside a segment (past its first row), by segment then row,
+    and every segment's chunk holding its first row; segments keyed sample · K + position (`first_key`,
+    ascending) as the chunks' `starts`.
+
+    A segment begins at or after the end of the one before it, so a chunk start lies inside at most the last
+    segment starting at or before it: one binary search per chunk, not per segment (an unsplit sample's one
+    chunk starts at its position 0, inside no segment)."""
+    at = _searched(starts, first_key, "right") - 1  # the last chunk starting at or before each segment's first row
+    if not first_key.size:
+        return at, at, at, at
+    last = np.searchsorted(first_key, starts, side="right") - 1  # per chunk, the last segment starting at or before it
+    clamped = np.maximum(last, 0)
+    row = starts - first_key[clamped]
+    chunk = np.flatnonzero((last >= 0) & (row > 0) & (row < size[clamped]))
+    return last[chunk], row[chunk], chunk, at
 
 
 def _searched(starts: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
-    """`np.searchsorted(starts, keys, side)` (`starts` ascending): where `keys` ascend too (segments and pieces
-    run in sample, position order), by one binary search per start over the keys and a running count, not
-    one per key (a pass's pieces outnumber its chunk starts ~10 to 1)."""
+    """`np.searchsorted(starts, keys, side)` (`starts` ascending): where `keys` ascend too (segments run in sample,
+    position order), by one binary search per start over the keys and each count repeated over the keys up to the
+    next start's, not one search per key (a pass's segments outnumber its chunk starts ~10 to 1)."""
     if keys.size < 2 or np.any(keys[1:] < keys[:-1]):
         return np.searchsorted(starts, keys, side=side)
     first = np.searchsorted(keys, starts, side="left" if side == "right" else "right")  # the first key each counts for
-    return np.cumsum(np.bincount(first, minlength=keys.size + 1)[:keys.size])
+    return np.repeat(np.arange(starts.size + 1), np.diff(first, prepend=0, append=keys.size))
