@@ -84,7 +84,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     output: the last micro-batch's backward reduces every parameter's gradient (DDP,
     FSDP2) on every rank, and a rank whose loss leaves some out hangs its peers or trains
     wrong.  `microbatches(loader)` wraps what the loader yields as `MicroBatch`es, whose
-    `accumulate(model, micro)` checks it (`ModelContractError` on every rank).  The epoch
+    `accumulate(model, micro)` checks it (`ModelContractError` on every rank); a loop of one's own
+    (`no_sync()` by hand) gets no check: the sampler sees index lists, not the model.  The epoch
     is then planned ahead on first use (`len` counts micro-batches).
     Every micro-batch's loss is divided by its step's tokens (`step_tokens()`); a count of one
     micro-batch weights tokens by the micro-batch they sit in, and `normalize_loss` refuses it
