@@ -271,17 +271,18 @@ def as_time_limit(time_limit, name: str = "time_limit") -> float | None:
     return float(time_limit)
 
 
-def as_costs(costs, lengths: np.ndarray) -> np.ndarray:
-    """Validate per-item `costs` (one finite non-negative real per item) to float64, a private copy."""
-    array = as_array(costs, "costs", "reals")
+def as_costs(costs, lengths: np.ndarray, name: str = "costs") -> np.ndarray:
+    """Validate per-item costs (one non-negative real per item, not NaN; bools refused) to float64, a private
+    copy; errors name the argument `name`."""
+    array = as_array(costs, name, "reals")
     if array.dtype == object or array.dtype.kind not in "iuf":
-        raise TypeError(f"`costs` must hold real numbers; got dtype {array.dtype}")
+        raise TypeError(f"`{name}` must hold real numbers; got dtype {array.dtype}")
     if array.shape != lengths.shape:
-        raise ValueError(f"`costs` must hold one cost per item, shape {lengths.shape}; got shape {array.shape}")
+        raise ValueError(f"`{name}` must hold one cost per item, shape {lengths.shape}; got shape {array.shape}")
     array = np.array(array, dtype=np.float64, order="C")
     bad = np.flatnonzero(~(array >= 0))  # negative or nan
     if bad.size:
-        raise ValueError(f"`costs` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
+        raise ValueError(f"`{name}` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
     return array
 
 

@@ -164,3 +164,13 @@ def test_regression_a_pipeline_step_beyond_float64_reported_a_nan_busy_fraction(
                                              r"replicas is beyond float64"):
             balance_microbatches(lengths, 4, max_tokens_per_microbatch=4000, microbatch_overhead=overhead,
                                  pipeline=Pipeline(stages=4))
+
+
+@pytest.mark.parametrize("argument", ["costs", "first_stage_costs"])
+def test_regression_boolean_first_stage_costs_were_planned_as_ones_and_zeros(argument):
+    """Cause (probe16 P16-05): `first_stage_costs=<bool mask>` (e.g. "has an image") was planned as costs 1.0/0.0
+    while `costs=<bool mask>` was refused; both now share `as_costs`' rule, naming their argument."""
+    lengths = np.arange(1, 9) * 10
+    with pytest.raises(TypeError, match=rf"^`{argument}` must hold real numbers; got dtype bool$"):
+        balance_microbatches(lengths, 4, max_tokens_per_microbatch=200, pipeline=Pipeline(stages=2),
+                             **{argument: lengths > 50})

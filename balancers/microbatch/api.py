@@ -36,10 +36,10 @@ from ..origins import Origins, as_origins
 from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
 from ..pipeline.spec import Pipeline
-from ..problem import (InfeasibleError, Status, as_lengths, as_num_ranks, as_time_limit, check_token_range,
-                       item_costs_of, rank_loads)
+from ..problem import (InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
+                       check_token_range, item_costs_of, rank_loads)
 from ..registry import built_in, certifies, get_microbatch_algorithm
-from ..validation import as_array, as_bool
+from ..validation import as_bool
 from . import auto as microbatch_auto, exact as microbatch_exact
 from .auto import plan_cost
 from .bounds import min_bins
@@ -285,14 +285,8 @@ def as_first_stage_costs(values, problem: MicroBatchProblem) -> np.ndarray | Non
     if problem.padded:
         raise ValueError("`first_stage_costs` need unpadded cells (padded=False): a padded cell's cost is not the sum "
                          "of its items' costs")
-    array = as_array(values, "first_stage_costs", "real numbers, one per item")
-    if array.dtype.kind not in "biuf":
-        raise TypeError(f"`first_stage_costs` must hold real numbers; got dtype {array.dtype}")
-    if array.shape != problem.item_costs.shape:
-        raise ValueError(f"`first_stage_costs` must hold one cost per item, shape {problem.item_costs.shape}; got "
-                         f"shape {array.shape}")
-    array = np.array(array, dtype=np.float64, order="C")
-    bad = np.flatnonzero(~(np.isfinite(array) & (array >= 0)))
+    array = as_costs(values, problem.item_costs, "first_stage_costs")
+    bad = np.flatnonzero(~np.isfinite(array))
     if bad.size:
         raise ValueError(f"`first_stage_costs` must be finite and non-negative; got {array[bad[0]]} at index "
                          f"{bad[0]}")
