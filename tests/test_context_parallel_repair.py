@@ -1,13 +1,18 @@
 """The split planner's repair of a micro-batch without a layout (`context_parallel.repair`): which items it
-moves out, and how many plans it asks for."""
+moves out, and how many plans it asks for; the certificate that no layout exists (`dual_feasible`), which
+answers many of its probes without the planner."""
 
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm.balancers.context_parallel import repair
+from orchmllm import ContextParallel, CostModel
+from orchmllm.balancers.context_parallel import microbatch, repair
+from orchmllm.balancers.context_parallel.dual_feasible import cannot_lay_out
+from orchmllm.testing.context_parallel import brute_force_split
 
 
 def spill(num_over: int, room: int, seed: int = 0):
@@ -51,3 +56,48 @@ def test_property_the_spill_moves_the_fewest_items_that_let_it_lay_out(num_over,
     needed = max(num_over - room, 1)  # the spill runs where the micro-batch has no layout: one item at least
     least = [item for item in np.argsort(times, kind="stable").tolist() if item != keep][:needed]
     assert plan is not None and sorted(moved.tolist()) == sorted(least)
+
+
+@st.composite
+def crowded_ranks(draw):
+    """(lengths, D, degrees, T): 1-4 items (1-3 on 8 ranks) up to the widest degree's T tokens a rank."""
+    num_ranks = draw(st.sampled_from([2, 4, 8]))
+    degrees = [1] + [c for c in (2, 4, 8) if c <= num_ranks and draw(st.booleans())]
+    budget = draw(st.integers(4, 20))
+    lengths = draw(st.lists(st.integers(1, degrees[-1] * budget), min_size=1, max_size=3 if num_ranks == 8 else 4))
+    return np.array(lengths), num_ranks, np.array(degrees), budget
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=crowded_ranks())
+def test_property_no_layout_is_certified_only_where_brute_force_finds_none(case):
+    lengths, num_ranks, degrees, budget = case
+    if cannot_lay_out(lengths, num_ranks, degrees, budget):
+        spec = ContextParallel(degrees=degrees.tolist(), gpus_per_node=8)
+        assert brute_force_split(lengths, num_ranks, spec, max_tokens_per_rank=budget).makespan is None
+
+
+@pytest.mark.parametrize("lengths, num_ranks, degrees, budget", [
+    ([8, 7, 4], 2, [1], 10),  # 19 <= 20 tokens, but no two of them share a rank
+    ([60, 40, 30], 8, [1, 4], 17),  # 130 <= 136 tokens: the shards of 60 and 40 at degree 4 (15, 10) share none
+])
+def test_no_layout_is_certified_where_the_tokens_fit_in_sum(lengths, num_ranks, degrees, budget):
+    lengths = np.array(lengths)
+    assert lengths.sum() <= num_ranks * budget and cannot_lay_out(lengths, num_ranks, np.array(degrees), budget)
+    spec = ContextParallel(degrees=degrees, gpus_per_node=8)
+    assert brute_force_split(lengths, num_ranks, spec, max_tokens_per_rank=budget).makespan is None
+
+
+def test_a_pass_without_layout_is_not_planned_where_it_is_certified(monkeypatch):
+    """The long workload at T = 16k spent a third of its passes on micro-batches without layout (spill probes
+    above all: 320 items of 64-128k tokens at degree 8 hold every rank, the room beside them too little for
+    the 16-32k ones); where the certificate proves it, the split planner is not run."""
+    def planner(*args, **kwargs):
+        raise AssertionError("the split planner ran on items the certificate rules out")
+
+    lengths = np.array([6400, 6400, 1800])  # 14.6k <= 16 x 1000 tokens; shards of 800 leave 200 beside, 1800 needs 225
+    assert microbatch._plan_pass(lengths, np.arange(3), 16, ContextParallel(), CostModel(), 1000) is None
+    monkeypatch.setattr(microbatch, "balance_split", planner)
+    assert microbatch._plan_pass(lengths, np.arange(3), 16, ContextParallel(), CostModel(), 1000) is None
+    with pytest.raises(AssertionError, match="the split planner ran"):  # [6400, 6400] lays out: planned
+        microbatch._plan_pass(lengths, np.arange(2), 16, ContextParallel(), CostModel(), 1000)

@@ -49,6 +49,7 @@ from ..cost import CostModel
 from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
+from .dual_feasible import cannot_lay_out
 from .grouping import by_time, group_microbatches
 from .plan import ContextParallelPlan
 from .regroup import regroup
@@ -127,7 +128,10 @@ def wrap_unsplit(plan: MicroBatchPlan, spec: ContextParallel, costs: np.ndarray,
 def _plan_pass(lengths: np.ndarray, items: np.ndarray, num_ranks: int, spec: ContextParallel, cost,
                budget: int) -> ContextParallelPlan | None:
     """The split plan of `items` in one micro-batch (the split planner within the budget); None when it finds
-    no layout within the budget."""
+    no layout within the budget, or when none exists (`dual_feasible.py`: not planned then; a third of the
+    passes at T = 16k on the long workload's step, D = 2560 x 16, spill probes above all)."""
+    if cannot_lay_out(lengths[items], num_ranks, np.array(spec.degrees, dtype=np.int64), budget):
+        return None
     try:
         return balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt", max_tokens_per_rank=budget,
                              time_limit=None, topology=None, unsupported={})
