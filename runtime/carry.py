@@ -22,7 +22,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from .pairing import split_rows
+from .pairing import owned_rows, row_parts, split_rows
 
 LATE = ("a micro-batch's backward reached rows of a differentiable dispatch (`dispatch(..., differentiable=True)`) "
         "after the backward of the step's last micro-batch, which sent the step's gradients home through the "
@@ -76,8 +76,8 @@ def split_step(moved: Mapping[str, torch.Tensor], rows: Mapping[str, np.ndarray]
              if key not in carried}
     if not carried:
         return parts, ()
-    indices = {key: split_rows(torch.arange(moved[key].shape[0], device=moved[key].device), rows[key], microbatch,
-                               count) for key in carried}
+    indices = {key: [torch.from_numpy(part).to(moved[key].device) for part in
+                     row_parts(owned_rows(moved[key].shape[0], rows[key]), microbatch, count)] for key in carried}
     state = _Carried([moved[key].detach().requires_grad_() for key in carried], [indices[key][-1] for key in carried])
     last = _CarryGradients.apply(state, *[moved[key] for key in carried])
     for key, leaf, part in zip(carried, state.leaves, last):

@@ -59,38 +59,45 @@ def in_microbatch_order(outputs, plan, step: StepToken) -> tuple[list, Exception
         ValueError(f"`outputs` lacks micro-batches {missing} of the plan's {count}")
 
 
+def owned_rows(num_rows: int, rows) -> np.ndarray:
+    """`rows` (item k owns `rows[k]` rows of a packed tensor) as int64, where the items own the tensor's `num_rows`;
+    else a ValueError."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if num_rows != int(rows.sum()):
+        raise ValueError(f"tensor has {num_rows} rows but its {rows.size} items own {int(rows.sum())}")
+    return rows
+
+
+def row_parts(rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int) -> list[np.ndarray]:
+    """The rows of each micro-batch's part of a tensor packed over items (item k owns `rows[k]` rows, in order):
+    for micro-batch m, the rows of its items (`microbatch[k] == m`), in item order."""
+    starts = np.cumsum(rows) - rows
+    return [ranges(starts[members], rows[members])
+            for members in (np.flatnonzero(microbatch == index) for index in range(num_microbatches))]
+
+
 def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
                ) -> list[torch.Tensor]:
     """Split a tensor packed over items (item k owns `rows[k]` rows, in order) by `microbatch[k]`,
     keeping the item order within each part; one (possibly empty) tensor per micro-batch."""
-    rows = np.asarray(rows, dtype=np.int64)
-    if tensor.shape[0] != int(rows.sum()):
-        raise ValueError(f"tensor has {tensor.shape[0]} rows but its {rows.size} items own {int(rows.sum())}")
+    rows = owned_rows(tensor.shape[0], rows)
     if num_microbatches == 1:  # a step of one pass: the tensor itself, not a copy
         return [tensor]
-    starts = np.cumsum(rows) - rows
-    parts = []
-    for index in range(num_microbatches):
-        members = np.flatnonzero(microbatch == index)
-        part_rows = ranges(starts[members], rows[members])
-        parts.append(tensor.index_select(0, torch.from_numpy(part_rows).to(tensor.device)))
-    return parts
+    return [tensor.index_select(0, torch.from_numpy(part).to(tensor.device))
+            for part in row_parts(rows, microbatch, num_microbatches)]
 
 
 def merge_rows(parts, rows: np.ndarray, microbatch: np.ndarray, name: str) -> torch.Tensor:
     """The inverse of `split_rows`: one tensor packed over items in order (item k owns `rows[k]` rows)
     from one part per micro-batch (part m: the rows of micro-batch m's items, in item order); a
     ValueError naming `name` and the micro-batch whose part has other rows."""
-    rows = np.asarray(rows, dtype=np.int64)
-    starts, index = np.cumsum(rows) - rows, []
-    for number, part in enumerate(parts):
-        members = np.flatnonzero(microbatch == number)
-        expected = int(rows[members].sum())
-        if not isinstance(part, torch.Tensor) or part.dim() == 0 or part.shape[0] != expected:
+    index = row_parts(np.asarray(rows, dtype=np.int64), microbatch, len(parts))
+    for number, (part, expected) in enumerate(zip(parts, index)):
+        if not isinstance(part, torch.Tensor) or part.dim() == 0 or part.shape[0] != expected.size:
             got = f"shape {tuple(part.shape)}" if isinstance(part, torch.Tensor) else f"a {type(part).__name__}"
-            raise ValueError(f"{name} of micro-batch {number} must be a tensor of {expected} rows (its "
-                             f"{members.size} items' rows, in the order of `micro.data`); got {got}")
-        index.append(ranges(starts[members], rows[members]))
+            raise ValueError(f"{name} of micro-batch {number} must be a tensor of {expected.size} rows (its "
+                             f"{np.count_nonzero(microbatch == number)} items' rows, in the order of "
+                             f"`micro.data`); got {got}")
     if len(parts) == 1:
         return parts[0]
     order = np.concatenate(index)  # the row of the merged tensor each row of the parts becomes
