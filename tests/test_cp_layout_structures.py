@@ -84,6 +84,34 @@ def test_place_groups_equals_the_brute_scan(case):
         np.testing.assert_array_equal(found[1], scanned[1])
 
 
+
+def _same_layout(found, expected):
+    assert (found is None) == (expected is None)
+    if found is not None:
+        assert found[2] == expected[2]
+        np.testing.assert_array_equal(found[0], expected[0])
+        np.testing.assert_array_equal(found[1], expected[1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=giant_mixes())
+def test_place_groups_going_on_from_a_kept_layout_equals_laying_out_afresh(case):
+    """`split_layout` lays out the long items, then (where the deal found no token room) every item; the second
+    call goes on from the first's layout kept in `layouts`, placing only the items not laid out yet."""
+    problem, spec, times, degree, long, target = layout_inputs(*case)
+    every = np.arange(problem.num_items)
+    every_times = planner.TimeTable(problem, spec, GPUS, every)
+    layouts = {}
+    first = placement.place_groups(problem, spec, GPUS, times, degree, long, target, layouts)
+    _same_layout(first, placement.place_groups(problem, spec, GPUS, times, degree, long, target))
+    places, place = [], placement.Placement.place
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(placement.Placement, "place", lambda self, *a: places.append(a) or place(self, *a))
+        kept = placement.place_groups(problem, spec, GPUS, every_times, degree, every, target, layouts)
+    _same_layout(kept, placement.place_groups(problem, spec, GPUS, every_times, degree, every, target))
+    rest = np.setdiff1d(np.flatnonzero(degree == 1), long).size
+    assert len(places) == (0 if first is None else rest) or (kept is None and len(places) < rest)
+
 def test_regression_overflowing_unsplit_items_scanned_every_group(monkeypatch):
     """While degree 1 was laid out the groups' keys were not kept, so each unsplit item that overflowed
     scanned every group of every degree with numpy (12k such scans in the `long` workload's step)."""

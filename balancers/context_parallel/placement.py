@@ -381,31 +381,37 @@ class Placement:
 
 def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable, degree: np.ndarray,
                  long: np.ndarray, target: float,
-                 split_states: dict | None = None) -> tuple[np.ndarray, np.ndarray, bool] | None:
+                 layouts: dict | None = None) -> tuple[np.ndarray, np.ndarray, bool] | None:
     """(block start of every laid-out item, -1 for the rest; every item's degree; whether some
     item found no block with room under the target), or None when one found no token room.
 
     Laid out: the split items and the unsplit `long` ones, degree by degree from the largest,
-    longest time first; a degree-1 block is one rank.  The split items' layout (the degrees above 1)
-    reads neither `long` nor the unsplit items' times: `split_states` keeps it per target, degrees and
-    split items' times (None where it found no token room), for a later call with other `long` items.
+    longest time first; a degree-1 block is one rank.  `layouts` keeps each call's layout (None where it
+    found no token room) per target, degrees and split items' times, with the unsplit items it laid out:
+    a later call whose unsplit items start with those, in order and with the same times, goes on from it
+    (it would lay them out the same way; `split_layout` lays out the long items, then all items).
     """
     split = np.flatnonzero(degree > 1)
-    key = split_states is not None and (target, degree.tobytes(), times.table[times.row[split]].tobytes())
-    if key and key in split_states:
-        blocks = split_states.pop(key)
+    unsplit = _by_time(long[degree[long] == 1], 1, times) if spec.degrees[0] == 1 else long[:0]
+    key = layouts is not None and (target, degree.tobytes(), times.table[times.row[split]].tobytes())
+    saved = layouts.pop(key, None) if key else None
+    if saved is not None and np.array_equal(unsplit[:saved[1].size], saved[1]) \
+            and times.table[times.row[saved[1]]].tobytes() == saved[2]:
+        blocks, done = saved[0], saved[1].size
     else:
-        blocks = Placement(problem, spec, gpus_per_node, times, target)
-        for c in sorted(set(degree[split].tolist()), reverse=True):
-            if not _place(blocks, np.flatnonzero(degree == c), c, times):
+        blocks, done = Placement(problem, spec, gpus_per_node, times, target), 0
+        for c in sorted(set(degree[split].tolist()), reverse=True) + [1] * (spec.degrees[0] == 1):
+            blocks.open(c)
+            if c > 1 and not _lay(blocks, _by_time(np.flatnonzero(degree == c), c, times), c):
                 blocks = None
                 break
-        if key:
-            split_states[key] = blocks and blocks.copy()
+    if blocks is not None:
+        blocks.times = times
+        if not _lay(blocks, unsplit[done:], 1):
+            blocks = None
+    if key:
+        layouts[key] = (blocks and blocks.copy(), unsplit, times.table[times.row[unsplit]].tobytes())
     if blocks is None:
-        return None
-    blocks.times = times
-    if spec.degrees[0] == 1 and not _place(blocks, long[degree[long] == 1], 1, times):
         return None
     start = np.full(degree.size, -1, dtype=np.int64)
     degree = degree.copy()
@@ -414,8 +420,11 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
     return start, degree, blocks.overflow
 
 
-def _place(blocks: Placement, items: np.ndarray, degree: int, times: TimeTable) -> bool:
-    """Lay out `items` at `degree`, longest time first; whether each found token room."""
-    blocks.open(degree)
-    order = np.lexsort((items, -times(items, degree)))
-    return all(blocks.place(item, degree) >= 0 for item in items[order].tolist())
+def _by_time(items: np.ndarray, degree: int, times: TimeTable) -> np.ndarray:
+    """`items` by their time at `degree`, longest first (ties by index)."""
+    return items[np.lexsort((items, -times(items, degree)))]
+
+
+def _lay(blocks: Placement, items: np.ndarray, degree: int) -> bool:
+    """Place `items` at `degree` in order (the degree opened); whether each found token room."""
+    return all(blocks.place(item, degree) >= 0 for item in items.tolist())

@@ -71,17 +71,17 @@ def water_level(loads: np.ndarray, work: float) -> float:
 
 
 def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotment: Allotment, bound: float,
-           long: np.ndarray, split_states: dict | None = None) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
+           long: np.ndarray, layouts: dict | None = None) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
     """(block starts, degrees, target, the ranks' (loads, tokens)) of the best layout on the ladder above
     the bound (None when none has token room): the items `long` laid out, the others' starts -1.
-    `split_states`: the split items' layouts, shared by calls with other `long` items (`place_groups`)."""
+    `layouts`: the layouts of the targets, shared by calls with more `long` items (`place_groups`)."""
     best, best_estimate, overflowed = None, math.inf, True
     times = TimeTable(problem, spec, gpus_per_node, long)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     for target in _targets(allotment, bound):
         degree = packable_degrees(times, problem.lengths, allotment.degrees_at(target), target, cap,
                                   problem.num_ranks, spec.degrees)
-        placed = place_groups(problem, spec, gpus_per_node, times, degree, long, target, split_states)
+        placed = place_groups(problem, spec, gpus_per_node, times, degree, long, target, layouts)
         if placed is None:  # no token room: where the first target had none, stop (a speed rule: wider ones pack
             # groups fuller and rarely find room, 1 of 270 layouts surveyed; it may change such a plan)
             if best is None:
@@ -137,9 +137,9 @@ def split_layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, al
 
     Laid out first: the split items and the unsplit ones dearer than LAYOUT_SHARE of the bound."""
     long = np.flatnonzero((allotment.degrees_at(bound) > 1) | (problem.item_costs > LAYOUT_SHARE * bound))
-    split_states = {} if long.size < problem.num_items else None
+    layouts = {} if long.size < problem.num_items else None
     for items in (long, np.arange(problem.num_items)):
-        laid = layout(problem, spec, gpus_per_node, allotment, bound, items, split_states)
+        laid = layout(problem, spec, gpus_per_node, allotment, bound, items, layouts)
         if laid is not None:
             start, degree, target, accounts = laid
             start = fill(problem, start, target, accounts)
