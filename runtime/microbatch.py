@@ -218,7 +218,7 @@ def new_step(planning: bool = False) -> None:
     _active.current = _active.step = _active.synced = None
     _active.held = held if live else None
     if held is not None and not live and not discarded(held):
-        raise _left_early(held, None if planning else "a micro-batch loop with grad began (`microbatches()`)")
+        raise _left_early(held, None if planning else "loop")
 
 
 def loop_left(step: StepToken | None) -> ValueError | None:
@@ -230,19 +230,24 @@ def loop_left(step: StepToken | None) -> ValueError | None:
     if step is None or held is None or held[0].step is not step:
         return None
     _active.held = None
-    return None if discarded(held) else _left_early(held, "the next step was dispatched")
+    return None if discarded(held) else _left_early(held, "dispatch")
+
+
+_BEGAN = {  # what began while a loop held the gradient sync (`_left_early`), and its fix
+    "loop": ("a micro-batch loop with grad began (`microbatches()`)", "run a frozen model's micro-batch loop there (a "
+             "teacher's, an evaluation's) under `torch.no_grad()`, and a second model's training loop after the step's "
+             "last micro-batch, or interleave the two loops (`zip`)"),
+    "dispatch": ("the next step was dispatched", "plan the next step inside the loop if you wish, but dispatch it after "
+                 "the loop's last micro-batch (or alternate two dispatchers, one per step)")}
 
 
 def _left_early(held, began: str | None = None) -> ValueError:
     """The refusal of a step whose loop was left with the gradient sync of `held` (micro-batch, model kind) held; where
-    what `began` then (a loop with grad, the next step's dispatch) began while that loop's generator is open (inside
-    the loop, unless it was left with its generator kept), that first, with its fix."""
+    what `began` then (a key of `_BEGAN`: a loop with grad, the next step's dispatch) began while that loop's generator
+    is open (inside the loop, unless it was left with its generator kept), that first, with its fix."""
     micro, model = held[0], held[1]
     if began is not None and micro.step is not None and micro.step.looping:
-        fix = ("run a frozen model's micro-batch loop there (a teacher's, an evaluation's) under `torch.no_grad()`, "
-               "and a second model's training loop after the step's last micro-batch, or interleave the two loops (`zip`)"
-               if began.startswith("a micro-batch loop") else "plan the next step inside the loop if you wish, but "
-               "dispatch it after the loop's last micro-batch (or alternate two dispatchers, one per step)")
+        began, fix = _BEGAN[began]
         return ValueError(
             f"{began} while this thread's micro-batch loop of a step that has not ended is open after its micro-batch "
             f"{micro.index} of {micro.num_microbatches}, where `accumulate` holds {model}'s gradient sync to the "
