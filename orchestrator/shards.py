@@ -95,13 +95,15 @@ def _embedded(batch: Batch, sample: np.ndarray, start: np.ndarray, size: np.ndar
     if rows.size == 0 or batch.segment_tokens.size == 0:
         return embedded
     sample_start = np.cumsum(batch.sample_llm_length) - batch.sample_llm_length
-    seg_start = sample_start[batch.segment_sample] + batch.segment_position
-    seg_end = seg_start + batch.segment_tokens
-    tokens_before = np.concatenate(([0], np.cumsum(batch.segment_tokens)))
+    seg_start = sample_start[batch.segment_sample]
+    seg_start += batch.segment_position
+    tokens_before = np.zeros(batch.segment_tokens.size + 1, dtype=np.int64)
+    np.cumsum(batch.segment_tokens, out=tokens_before[1:])
 
     def before(position: np.ndarray) -> np.ndarray:
         k = np.searchsorted(seg_start, position, side="left")
-        past = np.where(k > 0, np.maximum(seg_end[np.maximum(k - 1, 0)] - position, 0), 0)
+        last = np.maximum(k - 1, 0)  # the last segment starting before `position` (where k > 0), read at its end
+        past = np.where(k > 0, np.maximum(seg_start[last] + batch.segment_tokens[last] - position, 0), 0)
         return tokens_before[k] - past
 
     first = sample_start[sample[rows]] + start[rows]
