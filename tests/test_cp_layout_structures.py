@@ -193,6 +193,31 @@ def test_two_tiers_equals_rank_by_rank_checks(case):
         np.testing.assert_array_equal(found[1], reference[1])
 
 
+
+@settings(max_examples=40, deadline=None)
+@given(case=giant_mixes(), scale=st.sampled_from([0.5, 0.999, 1.0, 1.001, 2.0]))
+def test_two_tiers_under_a_ceiling_keeps_every_best_below_it(case, scale):
+    """`layout` keeps two tiers only where their estimate is below the ladder's best, so it passes that as the
+    `ceiling` and no k whose floor reaches it is dealt: the result is the same wherever it is below the ceiling."""
+    problem, spec, times, _, long, _ = layout_inputs(*case)
+    rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
+    free = two_tiers(problem, spec, times, long, rest_work, planner.water_level)
+    ceiling = scale * (free[2] if free is not None else 1.0)
+    deals, deal = [], tiers._deal
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(tiers, "_deal", lambda *a: deals.append(a[4]) or deal(*a))
+        found = two_tiers(problem, spec, times, long, rest_work, planner.water_level, ceiling)
+    if free is not None and free[2] < ceiling:
+        assert found[2] == free[2]
+        np.testing.assert_array_equal(found[0], free[0])
+        np.testing.assert_array_equal(found[1], free[1])
+    else:
+        assert found is None or found[2] >= ceiling
+    widest = spec.degrees[-1]
+    order = long[np.lexsort((long, -times(long, widest)))]
+    wide_time = times(order, widest)
+    assert all(k == order.size or wide_time[k] < ceiling for k in deals)  # the longest dealt is under it
+
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(8, 60), min_size=1, max_size=30), cap=st.integers(8, 40))
 def test_two_tiers_equals_rank_by_rank_checks_near_the_budget(lengths, cap):

@@ -99,7 +99,7 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
             break
     if overflowed:  # the groups overflowed the ranks (or found no token room): two tiers may do better
         rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
-        tiers = two_tiers(problem, spec, times, long, rest_work, water_level)
+        tiers = two_tiers(problem, spec, times, long, rest_work, water_level, best_estimate)
         if tiers is not None and tiers[2] < best_estimate:
             start, degree, estimate = tiers
             laid = start >= 0

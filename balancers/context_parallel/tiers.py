@@ -33,10 +33,12 @@ FLOAT_SLACK = 1e-9
 
 
 def two_tiers(problem: Problem, spec: ContextParallel, times, long: np.ndarray, rest_work: float,
-              water_level) -> tuple[np.ndarray, np.ndarray, float] | None:
+              water_level, ceiling: float = math.inf) -> tuple[np.ndarray, np.ndarray, float] | None:
     """(block start and degree of every item, -1 and 1 where not in `long`; the estimate) of the best k
     (see the module), None when no k has token room; `times` the layout's `TimeTable` of `long`,
-    `rest_work` the work of the items not laid out, `water_level(loads, work)` the layout's estimate."""
+    `rest_work` the work of the items not laid out, `water_level(loads, work)` the layout's estimate.
+    A k whose floor reaches `ceiling` is not dealt: the best k is the same where its estimate is below
+    `ceiling` (the caller keeps two tiers only then)."""
     widest = spec.degrees[-1]
     if widest == 1 or not long.size:
         return None
@@ -54,7 +56,7 @@ def two_tiers(problem: Problem, spec: ContextParallel, times, long: np.ndarray, 
         if int(alone[:k].sum()) > problem.num_ranks:
             break
         floor = _floor(k, alone, alone_time, wide_time, widest, problem.num_ranks, rest_work)
-        if best is not None and floor >= best[2]:  # its estimate cannot be less than the best's
+        if floor >= (ceiling if best is None else min(ceiling, best[2])):  # its estimate cannot be less
             continue
         laid = _deal(problem, times, order, alone, k, widest, cap, wide)
         if laid is None:
