@@ -65,6 +65,15 @@ class _Scanning(placement.Placement):
         return -math.inf, degree
 
 
+def _same_layout(found, expected):
+    """Assert that two layouts (or two refusals, None) are the same."""
+    assert (found is None) == (expected is None)
+    if found is not None:
+        assert found[2] == expected[2]
+        np.testing.assert_array_equal(found[0], expected[0])
+        np.testing.assert_array_equal(found[1], expected[1])
+
+
 def _layout(case, blocks_class, monkeypatch):
     monkeypatch.setattr(placement, "Placement", blocks_class)
     problem, spec, times, degree, long, target = layout_inputs(*case)
@@ -77,20 +86,8 @@ def test_place_groups_equals_the_brute_scan(case):
     with pytest.MonkeyPatch.context() as monkeypatch:
         found = _layout(case, placement.Placement, monkeypatch)
         scanned = _layout(case, _Scanning, monkeypatch)
-    assert (found is None) == (scanned is None)
-    if found is not None:
-        assert found[2] == scanned[2]
-        np.testing.assert_array_equal(found[0], scanned[0])
-        np.testing.assert_array_equal(found[1], scanned[1])
+    _same_layout(found, scanned)
 
-
-
-def _same_layout(found, expected):
-    assert (found is None) == (expected is None)
-    if found is not None:
-        assert found[2] == expected[2]
-        np.testing.assert_array_equal(found[0], expected[0])
-        np.testing.assert_array_equal(found[1], expected[1])
 
 
 @settings(max_examples=40, deadline=None)
@@ -186,11 +183,7 @@ def test_two_tiers_equals_rank_by_rank_checks(case):
     rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
     found = two_tiers(problem, spec, times, long, rest_work, planner.water_level)
     reference = _reference_two_tiers(problem, spec, times, long, rest_work, planner.water_level)
-    assert (found is None) == (reference is None)
-    if found is not None:
-        assert found[2] == reference[2]
-        np.testing.assert_array_equal(found[0], reference[0])
-        np.testing.assert_array_equal(found[1], reference[1])
+    _same_layout(found, reference)
 
 
 
@@ -208,9 +201,7 @@ def test_two_tiers_under_a_ceiling_keeps_every_best_below_it(case, scale):
         monkeypatch.setattr(tiers, "_deal", lambda *a: deals.append(a[4]) or deal(*a))
         found = two_tiers(problem, spec, times, long, rest_work, planner.water_level, ceiling)
     if free is not None and free[2] < ceiling:
-        assert found[2] == free[2]
-        np.testing.assert_array_equal(found[0], free[0])
-        np.testing.assert_array_equal(found[1], free[1])
+        _same_layout(found, free)
     else:
         assert found is None or found[2] >= ceiling
     widest = spec.degrees[-1]
@@ -227,11 +218,7 @@ def test_two_tiers_equals_rank_by_rank_checks_near_the_budget(lengths, cap):
     times = planner.TimeTable(problem, spec, GPUS, long)
     found = two_tiers(problem, spec, times, long, 0.0, planner.water_level)
     reference = _reference_two_tiers(problem, spec, times, long, 0.0, planner.water_level)
-    assert (found is None) == (reference is None)
-    if found is not None:
-        assert found[2] == reference[2]
-        np.testing.assert_array_equal(found[0], reference[0])
-        np.testing.assert_array_equal(found[1], reference[1])
+    _same_layout(found, reference)
 
 
 @settings(max_examples=40, deadline=None)
