@@ -85,6 +85,7 @@ def deal_locally(problem: Problem, target: float, origins: Origins, fill: str | 
         return None
     cap = problem.max_tokens_per_rank
     if rank_loads(problem, candidate).max() <= target and (cap is None or rank_tokens(problem, candidate).max() <= cap):
+        candidate.setflags(write=False)  # nobody writes them again: a plan holds them without a copy (`plan.owned`)
         return candidate
     return None
 

@@ -44,7 +44,7 @@ def filler_items(state: PartialPlan, share: float) -> np.ndarray:
     `share` of the total (a prefix's running sum is the first entries of the whole one's): the
     filler is a small share, and the whole running sum cost more than the rest of the choice.
     """
-    ascending = -state.negated_sorted_costs[::-1]  # the costs in cost order, read backwards
+    ascending = state.sorted_costs[::-1]  # the costs in cost order, read backwards (a view: summed in this order)
     needed, size = share * float(ascending.sum()), 1024
     while True:
         running = np.cumsum(ascending[:size])
