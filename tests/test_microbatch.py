@@ -260,3 +260,25 @@ def test_more_microbatches_are_taken_only_when_they_pay_more_than_the_paying_gap
     plan = balance_microbatches(lengths, 2560, max_tokens_per_microbatch=8192, cost=cost)
     more = balance_microbatches(lengths, 2560, max_tokens_per_microbatch=8192, cost=cost, num_microbatches=5)
     assert plan.num_microbatches == 4 and plan.step_cost * (1 - PAYING_GAP) <= more.step_cost < plan.step_cost
+
+
+def test_regression_pipeline_replica_times_with_sources_were_not_in_rank_order():
+    """Cause (probe16 P16-08): with `sources`, the planned pipeline replicas are placed on ranks after their
+    times were taken, and `replica_times` kept the planning order: entry r was not rank r's replica (24 of 149
+    fuzzed plans).  Entry r is now the event simulation of the cells the plan puts on rank r."""
+    from orchmllm import Pipeline
+    from orchmllm.testing.pipeline import replica_step
+
+    pipeline, moved = Pipeline(stages=2), 0
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        lengths = rng.integers(1, 3000, 32)
+        lengths[:2] *= 6
+        plan = balance_microbatches(lengths, 4, max_tokens_per_microbatch=20000, pipeline=pipeline,
+                                    sources=np.repeat(np.arange(4), 8), item_bytes=lengths * 10,
+                                    topology=Topology(2, 2))
+        cells = np.asarray(plan.cell_loads)  # (M, D)
+        simulated = [replica_step(pipeline, cells[:, rank]) for rank in range(4)]
+        np.testing.assert_allclose(plan.pipeline.replica_times, simulated, rtol=1e-12)
+        moved += not np.allclose(np.sort(simulated), simulated)
+    assert moved  # some plans' replica times are not sorted by rank: the check can tell orders apart

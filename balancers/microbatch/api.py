@@ -305,7 +305,7 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
     schedule (a free M rounded up), its cells planned for `pipeline` (`first_stage`: each item's first-stage part,
     or None), the `PipelineStep` they make, and their `cell_accounts` (None once placed).  With `origins`, the
     planned replicas are placed on ranks by `assign_groups`: a permutation of replicas, so every time is
-    unchanged."""
+    unchanged (`replica_times` permuted with them: entry r is rank r's replica)."""
     result, m, floor_m, proven = solved
     if pipeline.runnable(m) != m:
         result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=record.name,
@@ -325,6 +325,10 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
     if origins is not None:
         placed = assign_groups(rank, origins.sources, origins.item_bytes, problem.num_ranks, origins.gpus_per_node)
         rank, accounts = placed[rank], None
+        times = np.empty_like(step.replica_times)
+        times[placed] = step.replica_times  # replica r now runs on rank placed[r]
+        times.setflags(write=False)
+        step = dataclasses.replace(step, replica_times=times)
     return result._replace(rank=rank, microbatch=slot, status=Status.FEASIBLE), m, floor_m, proven, step, accounts
 
 
