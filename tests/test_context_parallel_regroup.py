@@ -148,3 +148,24 @@ def test_the_crowd_merged_by_rank_is_the_walk_over_every_item(case, level):
             limit = (float(np.quantile(placed.loads, level)) if level < 1
                      else placed.lower_bound * (1 + regroup.FLOAT_SLACK))
             assert regroup._crowd(placed, limit).tolist() == walked_crowd(placed, limit)
+
+
+def test_a_set_no_target_lays_out_is_not_planned_out_of_its_micro_batch(monkeypatch):
+    """The long workload at D = 2560 x 16 (T = 32k: its one set, T = 16k: 3 of 32 plans) planned micro-batch m
+    without a set, then found that no target micro-batch lays the set out, so no move: m's plan without it was
+    not needed.  The targets come first now; m is planned without the set only where one of them lays it out."""
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(loads=np.array([10.0, 1.0]), assignment=np.array([0, 1]), degree=np.array([1, 1]),
+                           item_time=np.array([9.0, 1.0]), num_ranks=2)  # micro-batch 0: items 0 and 1
+    monkeypatch.setattr(regroup, "_sets", lambda placed: [np.array([0])])  # move item 0 ...
+    monkeypatch.setattr(regroup, "_rises", lambda *args: [(0.0, 1)])  # ... to micro-batch 1 (item 2)
+    planned = []
+
+    def plan_pass(items):
+        planned.append(items.tolist())
+        return None if 2 in items else plan  # micro-batch 1 lays nothing more out
+
+    move = regroup._best_move(0, np.array([0, 0, 1]), [plan, plan], [10.0, 1.0], np.array([5, 5, 5]),
+                              (np.ones(3), np.ones(3)), 8, plan_pass, 1e-9)
+    assert move is None and planned == [[0, 2]]

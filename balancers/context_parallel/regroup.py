@@ -15,7 +15,8 @@ micro-batch lowers the step.  From the plan of the fills:
         for each set S, where the most m can fall without it (to its longest least time, its work / D, its
             loads with S taken out) beats the least estimated rise of another micro-batch k,
             max(cost_k, S's longest least time, (work_k + S's least work) / D) − cost_k, plus the best fall:
-            m planned without S, then the TARGETS micro-batches k of least estimated rise, each with S
+            the TARGETS micro-batches k of least estimated rise, each with S (in turn until one lays out; where
+            none does, S stays), then m planned without S
         apply the move whose two plans lower the step most, by at least e / MAX_MOVES (MAX_MOVES such moves
             would take m to its bound) and MIN_FALL of the step, or mark m tried
 
@@ -97,12 +98,16 @@ def _best_move(m: int, microbatch: np.ndarray, passes: list, costs: list, length
         rises = sorted(_rises(m, moved, microbatch, passes, costs, lengths, estimates, plan.num_ranks * budget))
         if not rises or not most - rises[0][0] > best_fall:
             continue
+        targets = [k for _, k in rises[:TARGETS]]
+        joins = [np.sort(np.concatenate((np.flatnonzero(microbatch == k), moved))) for k in targets]
+        if all(plan_pass(joined) is None for joined in joins):  # no target lays the set out: no move, m not planned
+            continue
         without = plan_pass(rest)
         lowered = -math.inf if without is None else costs[m] - float(without.loads.max())
-        for _, k in rises[:TARGETS]:
+        for k, with_set in zip(targets, joins):
             if not lowered > best_fall:
                 break
-            joined = plan_pass(np.sort(np.concatenate((np.flatnonzero(microbatch == k), moved))))
+            joined = plan_pass(with_set)
             if joined is not None and lowered - (float(joined.loads.max()) - costs[k]) > best_fall:
                 best_fall = lowered - (float(joined.loads.max()) - costs[k])
                 best = (moved, k, without, joined)
