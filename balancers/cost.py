@@ -39,7 +39,11 @@ class CostModel:
         return costs
 
     def __call__(self, length: float) -> float:
-        return float(self.item_costs(np.asarray([length]))[0])
+        """f(length) of one length, a finite real >= 0 (`item_costs` takes an array of them)."""
+        if isinstance(length, (list, tuple, np.ndarray)):
+            raise TypeError(f"a CostModel called on one `length`; got a {type(length).__name__}: use "
+                            f"item_costs(lengths) for several")
+        return float(self.item_costs(np.asarray([as_real(length, "length")]))[0])
 
     def padded_cost(self, count: int, max_length: int) -> float:
         """Cost of a padded rank holding `count` items whose longest is `max_length`."""

@@ -1,6 +1,7 @@
 """CostModel: validation, the transformer FLOPs formula against a hand count, and fit()."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -134,3 +135,20 @@ def test_fit_keeps_coefficients_non_negative():
 def test_fit_rejects_bad_measurements(lengths, seconds, message):
     with pytest.raises(ValueError, match=message):
         CostModel.fit(lengths, seconds)
+
+
+@pytest.mark.parametrize("length, error, message", [
+    ([1, 2], TypeError, "a CostModel called on one `length`; got a list: use item_costs(lengths) for several"),
+    (np.array([1, 2]), TypeError, "got a ndarray: use item_costs(lengths) for several"),
+    (None, TypeError, "`length` must be a real number; got NoneType"),
+    ("5", TypeError, "`length` must be a real number; got str"),
+    (True, TypeError, "`length` must be a real number; got bool"),
+    (-1, ValueError, "`length` must be finite and >= 0; got -1.0"),
+    (math.nan, ValueError, "`length` must be finite and >= 0; got nan"),
+])
+def test_regression_a_call_took_any_length(length, error, message):
+    """Cause (probe16 P16-07): `CostModel(...)(l)` parsed "5", costed None as nan, -1 and True as numbers, and
+    died in numpy on a list; it checks its length as every entry point does."""
+    with pytest.raises(error, match=re.escape(message)):
+        CostModel(linear=1.0, quadratic=1e-3)(length)
+    assert CostModel(linear=1.0, quadratic=1e-3)(np.int64(10)) == 10.1
