@@ -10,7 +10,9 @@ cost: the 84B model's LLM FLOPs.  P ∈ {4, 8}, M ∈ {8, 16, 32}, D ∈ {8, 64}
 three schedules.  The planner's constants (search budget, light replicas, swaps) were set
 on the default and long mixes at seeds 1 and 2, the search's stop gap (which also ends the starts)
 on this grid at seeds 1 and 2, its stall window on the planning-time instance (default, seed 7,
-D = 2560); the figures are on seeds 7, 23 and 31 (23 and 31 never looked at before issue 28's audit),
+D = 2560), its rounds (`search.CellSearch.rounds`) on this grid at seeds 1 and 2 and on the
+planning-time instance with a fixed M (held out: seeds 61, 67 and 71, D 8/64 and 61 at D = 512);
+the figures are on seeds 7, 23 and 31 (23 and 31 never looked at before issue 28's audit),
 and issue 28's targets are asserted per seed on each family of mixes: ours / PP-unaware at most
 0.97 at the median and never above 1, ours / bound at most 1.02 at the median.  GPipe's rows sit
 at ~1.000 (its step is order-free, flat cells are its optimum and the plain plan already has them,
@@ -135,14 +137,16 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
     """D = 2560 × 32 samples, T = 16k, P = 8, M FIXED at 8 and 16 (as trainers run: num_microbatches=8/16),
     the three schedules (interleaved with v = 2): planning with the pipeline over planning the same M without,
     same run, measured like `test_planning_time_at_2560_ranks` (best of 3 CPU seconds per call, alternated
-    pairs, the median of FIXED_PAIRS).  Issue 28's 1.5x is NOT met here and not asserted: the starts alone
-    (the plain cells, the cells cut afresh into the schedule's best shape, the plain cells reordered, dealt
-    and re-cut) cost about 3 plain plans at M = 8, and the search adds what it gains by (seed 7, 1F1B, M = 8:
-    about 150 steps, the step 1.222 -> 1.084x the bound; interleaved M = 16: 18 steps, 1.218 -> 1.149x).
-    Figures (pp28c, 2026-12-05, load ~1, after c234942): ~3x at M = 8 for GPipe and interleaved, ~12x for
-    1F1B M = 8, 3.5-4x at M = 16 for GPipe and 1F1B, ~9x interleaved M = 16.  Asserted: only that no case
-    exceeds 20x, a loose guard (interleaved M = 16 read 18.2x before c234942, BLAS threads spinning after
-    `path_bound`: it would not have caught that) and that every plan is at most its PP-unaware plan's step."""
+    pairs, the median of FIXED_PAIRS).  Issue 28's 1.5x is NOT met here and not asserted: the plain cells and
+    the cells cut afresh into the best shape (one LPT) timed, with the report and no search at all, already
+    read 1.54-1.68x (pp29, load ~2), and the shaped cells need a search: a few dozen replicas holding the
+    largest items sit 1.24-1.35x the bound while the median replica is within 1 % of it.  The search's rounds
+    repair them (at most ROUND_TIMINGS rows per replica) and buy a faster step with the time: pp29 (2026-12-05,
+    load 4-7, seed 7), before -> after, piped / plain and ours / PP-unaware: M = 8 GPipe 2.98 -> 3.19x (0.991
+    -> 0.890), 1F1B 11.38 -> 3.35x (0.790 -> 0.813), interleaved 3.10 -> 4.01x (0.991 -> 0.877); M = 16 GPipe
+    3.22 -> 3.03x (0.993 -> 0.889), 1F1B 3.64 -> 3.48x (0.905 -> 0.846), interleaved 7.86 -> 7.29x (0.931 ->
+    0.890).  Asserted: that no case exceeds 12x, a guard (1F1B M = 8 read 11.4-12.9x before the rounds) and that
+    every plan is at most its PP-unaware plan's step."""
     lengths = sample_workload("default", 2560, 32, HELD_OUT_SEED).sample_llm_length
     medians = {}
     for microbatches in (8, 16):
@@ -166,4 +170,4 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
                   f"{medians[microbatches, schedule]:.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}); "
                   f"ours/unaware {step[0] / step[1]:.3f}; load {os.getloadavg()[0]:.1f}", end="")
     print()
-    assert max(medians.values()) <= 20, medians
+    assert max(medians.values()) <= 12, medians

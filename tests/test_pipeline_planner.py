@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from orchmllm.balancers import InfeasibleError, Pipeline, Status, balance_microbatches
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.balancers.pipeline.bounds import step_bound
-from orchmllm.balancers.pipeline.order import _budgeted_rounds, reshape
 from orchmllm.balancers.pipeline.planner import pipeline_step, plan_for_pipeline
 from orchmllm.study.workloads import sample_workload
 from orchmllm.testing.pipeline import brute_force_pipeline, replica_step
@@ -95,23 +94,6 @@ def test_first_stage_parts_step_equals_simulation_and_bound_optimum_plan(schedul
     assert step.lower_bound <= optimum * (1 + RELATIVE)
     assert optimum <= step.step_time * (1 + RELATIVE)
     assert step.step_time <= step.unaware_step_time
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.data())
-def test_reshape_without_the_budget_then_redone_is_the_budgeted_rounds(data):
-    """`order.reshape` runs its rounds without the token budget and re-cuts only the replicas that end
-    over it: the same slots and failures as the budgeted rounds over every replica."""
-    ranks, m, n = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4)), data.draw(st.integers(0, 24))
-    costs = np.array(data.draw(st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.0, 5.0]), min_size=n, max_size=n)))
-    lengths = np.array(data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)), dtype=np.int64)
-    replica = np.array(data.draw(st.lists(st.integers(0, ranks - 1), min_size=n, max_size=n)), dtype=np.int64)
-    targets = np.array(data.draw(st.lists(st.floats(0, 10), min_size=ranks * m, max_size=ranks * m))).reshape(ranks, m)
-    budget = data.draw(st.integers(6, 24))
-    costliest = np.lexsort((np.arange(n), -costs))
-    slot, failed = reshape(costs, lengths, replica, targets, budget, costliest)
-    expected_slot, expected_failed = _budgeted_rounds(costs, lengths, replica, targets, budget, costliest)
-    assert np.array_equal(failed, expected_failed) and np.array_equal(slot, expected_slot)
 
 
 @pytest.mark.parametrize("first_stage, message", [
@@ -379,25 +361,6 @@ def test_lpt_shaped_cells_end_near_the_best_shape_in_their_slots():
     assert np.all(np.abs(cells - 30 * shape) <= 1), cells
 
 
-def test_regression_the_re_cut_ran_when_the_lpt_shaped_start_was_within_stop_gap_of_the_bound(monkeypatch):
-    """Regression (planning time at D = 2560): every replica's items were re-cut into the best shape
-    (`order.reshape`, rounds of one item per replica: half the pipeline's planning time there) although a
-    start as good is one LPT over all cells from shaped offsets (`lpt_shaped`).  Now the re-cut runs only
-    where no start is within STOP_GAP of τ·X̄, and the plan stays within it."""
-    from orchmllm.balancers.pipeline import planner
-    from orchmllm.balancers.pipeline.profile import best_profile
-    from orchmllm.balancers.pipeline.search import STOP_GAP
-
-    lengths = sample_workload("default", 64, 32, seed=7).sample_llm_length
-    costs, pipeline = lengths.astype(float) ** 1.5, Pipeline(stages=8)
-    calls = []
-    reshaped = planner.reshape
-    monkeypatch.setattr(planner, "reshape", lambda *args: calls.append(1) or reshaped(*args))
-    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, costs=costs, pipeline=pipeline)
-    bound = best_profile(pipeline, plan.num_microbatches)[0] * costs.sum() / 64
-    assert calls == [] and bound <= plan.pipeline.step_time <= bound * (1 + STOP_GAP)
-
-
 @pytest.mark.parametrize("workload, ranks, seed", [("default", 16, 1), ("long_tail", 64, 2), ("speech", 32, 3)])
 def test_lpt_from_start_loads_is_the_placeholders_lpt(workload, ranks, seed):
     """`lpt.greedy_from` (LPT from each cell's start load, on integer keys) makes the choices of `lpt_cells`'
@@ -471,3 +434,18 @@ def test_kept_integer_steps_are_not_read_from_an_array_made_writeable_again():
     costs.setflags(write=True)
     costs[0] = 1e6
     assert kept.get(costs) is None
+
+
+@pytest.mark.parametrize("schedule, virtual, most", [("gpipe", 1, 1.25), ("interleaved", 2, 1.15)])
+def test_regression_the_slow_replicas_of_the_shaped_start_were_left_unrepaired(schedule, virtual, most):
+    """Regression (issue 28, D = 2560 x 32, M = 8 fixed, P = 8): the shaped cells are within 1 % of the bound on
+    the median replica but a few dozen replicas holding the largest items are 1.24-1.35x it; the search lowered
+    one of many of them per step and its stall rule ended it at once, so the plan kept a plain-cell start (GPipe
+    1.311x the bound, interleaved 1.238x).  Now rounds move items off the slow replicas together: 1.18x, 1.10x."""
+    from orchmllm.study.models import MODELS
+
+    lengths, cost = sample_workload("default", 2560, 32, 7).sample_llm_length, MODELS["84b"].llm.cost(causal=True)
+    plan = balance_microbatches(lengths, 2560, max_tokens_per_microbatch=16384, cost=cost, num_microbatches=8,
+                                pipeline=Pipeline(stages=8, schedule=schedule, virtual_stages=virtual))
+    assert plan.pipeline.step_time <= most * plan.pipeline.lower_bound
+    assert plan.pipeline.step_time == simulated_step(plan)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers.pipeline import Pipeline, replica_times
-from orchmllm.balancers.pipeline.profile import best_profile, path_bound
+from orchmllm.balancers.pipeline.profile import best_profile
 from orchmllm.balancers.pipeline.schedules import BLOCK_ROWS, gpipe_time, programs
 from orchmllm.testing.pipeline import replica_step, simulate_pipeline
 
@@ -65,20 +65,6 @@ def test_best_profile_bounds_every_shape(case, data):
     costs = np.array(data.draw(st.lists(st.floats(0, 50), min_size=m, max_size=m)))
     assert tau * costs.sum() <= replica_step(pipeline, costs) * (1 + 1e-12)
     assert replica_step(pipeline, shape) == pytest.approx(tau, rel=1e-6)
-
-
-@settings(max_examples=40, deadline=None)
-@given(pipelines(most_stages=4), st.data())
-def test_path_bound_never_exceeds_the_time(case, data):
-    """The planner skips a start whose path bound passes the best start's time: each path it keeps is a
-    real path of the schedule, so the bound never exceeds that order's time (and the flat cells' path,
-    met first, is their time)."""
-    pipeline, m = case
-    costs = np.array(data.draw(st.lists(st.lists(st.floats(0, 50), min_size=m, max_size=m), min_size=1,
-                                        max_size=4)))
-    assert np.all(path_bound(pipeline, costs) <= replica_times(pipeline, *pipeline.stage_times(costs)) * (1 + 1e-12))
-    flat = np.full((1, m), 1.0)
-    assert path_bound(pipeline, flat)[0] == pytest.approx(replica_step(pipeline, flat[0]), rel=1e-12)
 
 
 def test_one_f_one_b_best_shape_is_light_at_both_ends():

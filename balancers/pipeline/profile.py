@@ -28,73 +28,45 @@ from functools import lru_cache
 
 import numpy as np
 
-from .schedules import programs, replica_times
+from .schedules import programs
 from .spec import Pipeline
 
 ROUNDING = 1e-12  # the certified bound's float products are rounded: it drops by this fraction
 
 
-def critical_path(pipeline: Pipeline, x: np.ndarray) -> tuple[float, np.ndarray]:
-    """(time, a): the replica time at cells `x` (slot order) and the coefficients per slot of a
-    longest path, a · x == time."""
+def _time_at(pipeline: Pipeline, x: np.ndarray) -> float:
+    """The replica time at cells `x` (slot order): the longest path through the operation graph."""
     stage, slot, is_backward, previous, needed = programs(pipeline, x.size)
     share = pipeline.forward_share / pipeline.virtual_stages
-    weight = np.where(is_backward.astype(bool), share * pipeline.backward_factor, share)
-    duration = weight * x[slot]
-    end, came_from = np.zeros(stage.size), np.full(stage.size, -1)
+    duration = np.where(is_backward.astype(bool), share * pipeline.backward_factor, share) * x[slot]
+    end = np.zeros(stage.size)
     for op in range(stage.size):
-        before = [p for p in (previous[op], needed[op]) if p >= 0]
-        start = 0.0
-        for p in before:
-            if end[p] > start:
-                start, came_from[op] = end[p], p
-        end[op] = start + duration[op]
-    op = int(np.argmax(end))
-    coefficients = np.zeros(x.size)
-    while op >= 0:
-        coefficients[slot[op]] += weight[op]
-        op = int(came_from[op])
-    return float(end.max()), coefficients
+        end[op] = max([end[p] for p in (previous[op], needed[op]) if p >= 0], default=0.0) + duration[op]
+    return float(end.max())
 
 
 def best_profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray]:
     """(τ, x): a certified lower bound τ on T(x) over cells x >= 0 summing to 1, and the best cells
     found (sum 1, slot order); see the module."""
-    return _profile(pipeline, num_microbatches)[:2]
-
-
-def path_bound(pipeline: Pipeline, cell_costs: np.ndarray) -> np.ndarray:
-    """Per row of cell costs (rows, M) in run order, max over the paths `best_profile` met of a · x: a
-    lower bound on the row's replica time (uniform stages; float products, so compare with a margin)."""
-    paths = _profile(pipeline, cell_costs.shape[1])[2]
-    # einsum's own loops, not BLAS: a BLAS product wakes its threads, whose spinning after it doubled the
-    # process's CPU time for the rest of the planning (2 cores, D = 2560, M = 16: 61 -> 29 ms the whole call)
-    return np.einsum("pm,rm->pr", paths, cell_costs).max(axis=0)
+    return _profile(pipeline, num_microbatches)
 
 
 @lru_cache(maxsize=128)
-def _profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray, np.ndarray]:
-    """`best_profile`'s (τ, x) and the coefficients of the paths that certify it, (paths, M)."""
+def _profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray]:
+    """`best_profile`'s (τ, x), x read-only."""
     m = num_microbatches
     flat = np.full(m, 1.0 / m)
-    if pipeline.schedule == "gpipe":  # its closed form: flat cells are optimal; paths (α + β)·(1 + (P - 1)·e_k)
-        p = pipeline.stages
-        paths = (1.0 + (p - 1) * np.eye(m)) * (pipeline.forward_share * (1 + pipeline.backward_factor))
-        flat.setflags(write=False)
-        paths.setflags(write=False)
-        return (1 + (p - 1) / m) / p * (1 - ROUNDING), flat, paths
+    flat.setflags(write=False)
+    if pipeline.schedule == "gpipe":  # its closed form: flat cells are optimal
+        return (1 + (pipeline.stages - 1) / m) / pipeline.stages * (1 - ROUNDING), flat
     graph = _Graph(pipeline, m)
     x, flows = graph.solve()
-    (flat_time, flat_path), (time, path) = critical_path(pipeline, flat), critical_path(pipeline, x)
-    best, best_path = (flat, flat_path) if flat_time <= time else (x, path)
+    best = flat if _time_at(pipeline, flat) <= _time_at(pipeline, x) else x
     split, weights = graph.paths(flows)
     bound = float(((weights / weights.sum()) @ split).min()) if weights.sum() > 0 else 0.0
-    # the flat cells' and the answer's own critical paths too: `path_bound` is exact on both
-    paths = np.vstack([split, flat_path, best_path])
-    best, paths = best.copy(), np.ascontiguousarray(paths)
+    best = best.copy()
     best.setflags(write=False)
-    paths.setflags(write=False)
-    return max(bound, 0.0) * (1 - ROUNDING), best, paths
+    return max(bound, 0.0) * (1 - ROUNDING), best
 
 
 class _Graph:

@@ -9,7 +9,20 @@ and the best of
               within the token budget T                     T_r, T_r' -> new times
 
 that lowers max(T_r, T_r') below the old T_r by more than RELATIVE_GAIN; ties by the
-lowest slot pair, item, replica, slot.  It stops once the step is within STOP_GAP of `floor`, a
+lowest slot pair, item, replica, slot.
+
+Before these steps, rounds lower many slow replicas at once (`rounds`; unpadded cells): at D = 2560
+the shaped start has a few dozen slow replicas, each holding one of the largest items, and a step
+lowers one of them by one item.  A round takes the ROUND_REPLICAS slowest replicas (at most
+D / (ROUND_ITEMS + 1)); for each, its ROUND_ITEMS items of least promise max(r's time without it,
+the fastest replica's time + its cost) (a cell's cost weighs at most 1 in a replica's time), each
+offered to its own one of the fastest replicas (the c-th candidates of the slowest replicas to the
+fastest ones) in every cell where it fits; every offer that lowers max(T_r, T_r') below r's time
+at the round's start is taken (r's own time then timed again when several items left it).  Where a
+round leaves the step as it was, the slowest replica takes one full step as below.  Rounds end when
+one moves nothing, when WINDOW rounds in a row lowered the step by less than ROUND_GAIN of it, at
+the floor, or once they evaluated ROUND_TIMINGS rows per replica (the cost of timing the whole step
+that many times).  It stops once the step is within STOP_GAP of `floor`, a
 certified lower bound (what is left to gain is less than that: at D = 2560 a step lowers one of
 thousands of near-tied replicas, the whole search < 0.15 % for more time than the plain planning),
 when WINDOW steps in a row lowered the step (the max) by less than WINDOW_GAIN of it, or at a
@@ -25,13 +38,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schedules import replica_times
+from .schedules import gpipe_time, replica_times
 from .spec import Pipeline
 
 LIGHT_REPLICAS = 4
 MAX_SWAPS = 1024  # slot pairs tried per step: all of them up to M = 46, else swaps with the neighbours and ends
 RELATIVE_GAIN = 1e-12
 WINDOW, WINDOW_GAIN = 4, 1e-4
+ROUND_REPLICAS, ROUND_ITEMS, ROUND_GAIN = 32, 4, 1e-3
+ROUND_TIMINGS = 4  # rounds evaluate at most this many rows per replica (D = 2560 x 32, seed 7: 4 vs 8 vs none)
 STOP_GAP = 0.005  # seeds 1-2 of bench_pipeline's grid: the largest of 0.002/0.005/0.01 within 0.5 % of no stop
 
 
@@ -59,6 +74,8 @@ class CellSearch:
     def evaluate(self, rows: tuple) -> np.ndarray:
         """Pipeline times of these rows (cell costs, their first-stage parts or None), charged to the budget."""
         self.work -= rows[0].shape[0] * self.row_work
+        if self.pipeline.schedule == "gpipe" and rows[1] is None:  # its closed form: the same time, O(M) a row
+            return gpipe_time(*self.pipeline.stage_times(rows[0]), self.pipeline.stages)
         return replica_times(self.pipeline, *self.pipeline.stage_times(*rows))
 
     def run(self) -> None:
@@ -74,19 +91,80 @@ class CellSearch:
                 mark = float(self.times.max())
             if steps % WINDOW in (0, 1) and _stalled(self.times, mark):
                 return
-            r = int(np.argmax(self.times))
-            target = self.times[r] * (1 - RELATIVE_GAIN)
-            swaps = self._swap_rows(r)
-            moves = None if self.padded or self.work <= len(self.swaps) * self.row_work else self._move_rows(r)
-            times = self.evaluate(swaps if moves is None else _joined(swaps, moves[-1]))
-            reorder = self._best_swap(times[:len(self.swaps)])
-            move = None if moves is None else self._best_move(*moves[:-1], times[len(self.swaps):])
-            if reorder is not None and (move is None or reorder[0] <= move[0]) and reorder[0] < target:
-                self._swap(r, *reorder[1])
-            elif move is not None and move[0] < target:
-                self._move(r, *move[1])
-            else:
+            if not self._step(int(np.argmax(self.times))):
                 return
+
+    def _step(self, r: int) -> bool:
+        """Replica r's best swap or move (module docstring), made when it lowers r; whether it did."""
+        target = self.times[r] * (1 - RELATIVE_GAIN)
+        swaps = self._swap_rows(r)
+        moves = None if self.padded or self.work <= len(self.swaps) * self.row_work else self._move_rows(r)
+        times = self.evaluate(swaps if moves is None else _joined(swaps, moves[-1]))
+        reorder = self._best_swap(times[:len(self.swaps)])
+        move = None if moves is None else self._best_move(*moves[:-1], times[len(self.swaps):])
+        if reorder is not None and (move is None or reorder[0] <= move[0]) and reorder[0] < target:
+            self._swap(r, *reorder[1])
+        elif move is not None and move[0] < target:
+            self._move(r, *move[1])
+        else:
+            return False
+        return True
+
+    def rounds(self) -> None:
+        """Item moves off many slow replicas at once, before `run` (module docstring)."""
+        count = min(ROUND_REPLICAS, self.num_ranks // (ROUND_ITEMS + 1))
+        if self.padded or count < 1:
+            return
+        done, mark = 0, float(self.times.max())
+        stop = self.work - ROUND_TIMINGS * self.num_ranks * self.row_work
+        while self.work > max(stop, 0) and float(self.times.max()) > self.floor:
+            before = float(self.times.max())
+            if _stalled(self.times, before, count + 1, ROUND_GAIN):  # more replicas near the max than a round lowers
+                return
+            moved = self._round(count)
+            if float(self.times.max()) >= before:
+                moved += self._step(int(np.argmax(self.times)))
+            done += 1
+            if not moved or (done % WINDOW == 0 and float(self.times.max()) > mark * (1 - ROUND_GAIN)):
+                return
+            mark = mark if done % WINDOW else float(self.times.max())
+
+    def _round(self, count: int) -> int:
+        """One round of `rounds` over the `count` slowest replicas: the number of items moved."""
+        ranked = np.argsort(self.times, kind="stable")
+        slow = ranked[::-1][:count]
+        fast = ranked[:count * ROUND_ITEMS].reshape(ROUND_ITEMS, count)  # candidate c of slow g: fast[c, g]
+        owner = np.full(self.num_ranks, -1)
+        owner[slow] = np.arange(count)
+        items = np.flatnonzero(owner[self.replica] >= 0)
+        group = owner[self.replica[items]]
+        items, group = items[np.argsort(group, kind="stable")], np.sort(group, kind="stable")
+        grids = ((self.cost, self.item_costs), (self.first_stage, self.item_first_stage))
+        own = self.evaluate(tuple(None if grid is None else _without(grid, values, self.replica, self.slot, items)
+                                  for grid, values in grids))
+        # a cell's cost weighs at most 1 in a replica's time: the partner's time + the item's cost bounds its new one
+        promise = np.maximum(own, self.times[fast[0, group]] + self.item_costs[items])
+        chosen = _least_per_group(promise, group, count, ROUND_ITEMS)
+        nth = np.arange(chosen.size) - np.searchsorted(group[chosen], group[chosen])
+        chosen_items, partner = items[chosen], fast[nth, group[chosen]]
+        pick, slots = np.nonzero(self.tokens[partner] + self.lengths[chosen_items][:, None] <= self.max_tokens)
+        if not pick.size:
+            return 0
+        added = self.evaluate(tuple(None if grid is None else _added(grid, values, partner[pick], chosen_items[pick],
+                                                                     slots) for grid, values in grids))
+        worst = np.maximum(own[chosen[pick]], added)
+        before, moves = self.times[slow], np.zeros(count, dtype=np.int64)
+        for j in _least_per_group(worst, pick, chosen.size, 1).tolist():
+            k = pick[j]
+            g = group[chosen[k]]
+            if worst[j] < before[g] * (1 - RELATIVE_GAIN):
+                self._move(int(slow[g]), int(chosen_items[k]), int(partner[k]), int(slots[j]), float(own[chosen[k]]),
+                           float(added[j]))
+                moves[g] += 1
+        again = slow[moves > 1]
+        if again.size:  # several items left these: their time is that of none of the single moves
+            self.times[again] = self.evaluate(tuple(None if grid is None else grid[again] for grid, _ in grids))
+        return int(moves.sum())
 
     def _swap_rows(self, r: int) -> tuple:
         """r's cell costs (and first-stage parts) with each pair of `swaps` exchanged, one row per pair."""
@@ -167,6 +245,33 @@ class CellSearch:
         self.moved.update((r, other))
 
 
+def _without(grid: np.ndarray, values: np.ndarray, replica: np.ndarray, slot: np.ndarray, items: np.ndarray
+             ) -> np.ndarray:
+    """Per item, its replica's row of `grid` without its value."""
+    rows = grid[replica[items]]
+    rows[np.arange(items.size), slot[items]] -= values[items]
+    return rows
+
+
+def _added(grid: np.ndarray, values: np.ndarray, replicas: np.ndarray, items: np.ndarray, slots: np.ndarray
+           ) -> np.ndarray:
+    """Per (replica, item, slot): the replica's row of `grid` with the item's value added to that slot."""
+    rows = grid[replicas]
+    rows[np.arange(items.size), slots] += values[items]
+    return rows
+
+
+def _least_per_group(values: np.ndarray, group: np.ndarray, groups: int, count: int) -> np.ndarray:
+    """Indices of the `count` least values of each group in [0, groups) (ties by index), by group.
+
+    >>> _least_per_group(np.array([3.0, 1.0, 2.0, 5.0, 4.0]), np.array([0, 0, 0, 1, 1]), 2, 2).tolist()
+    [1, 2, 4, 3]
+    """
+    order = np.lexsort((np.arange(values.size), values, group))
+    ranked = group[order]
+    return order[np.arange(order.size) - np.searchsorted(ranked, np.arange(groups))[ranked] < count]
+
+
 def _swapped(row: np.ndarray, swaps: np.ndarray) -> np.ndarray:
     """`row` with each pair of `swaps` exchanged, one row per pair."""
     rows = np.repeat(row[None, :], len(swaps), axis=0)
@@ -202,9 +307,9 @@ def _lightest(times: np.ndarray, count: int) -> np.ndarray:
     return pool[np.argsort(times[pool], kind="stable")][:count]
 
 
-def _stalled(times: np.ndarray, mark: float) -> bool:
-    """Whether this window must end in a stall: a step lowers one replica and raises none above the old
-    max, so after WINDOW steps the max is at least the (WINDOW + 1)-th largest time now."""
-    if times.size <= WINDOW:
+def _stalled(times: np.ndarray, mark: float, count: int = WINDOW, gain: float = WINDOW_GAIN) -> bool:
+    """Whether `count` steps must end in a stall: a step lowers one replica and raises none above the old
+    max, so after `count` steps the max is at least the (`count` + 1)-th largest time now (> `mark`·(1 - gain))."""
+    if times.size <= count:
         return False
-    return float(np.partition(times, times.size - WINDOW - 1)[times.size - WINDOW - 1]) > mark * (1 - WINDOW_GAIN)
+    return float(np.partition(times, times.size - count - 1)[times.size - count - 1]) > mark * (1 - gain)
