@@ -50,7 +50,7 @@ from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
 from .dual_feasible import cannot_lay_out
-from .grouping import by_time, group_microbatches
+from .grouping import group_microbatches
 from .plan import ContextParallelPlan
 from .regroup import regroup
 from .repair import repaired_grouping
@@ -297,8 +297,7 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     total = exact_sum(costs)
     if today is not None and not np.any(costs * num_ranks * first > total):  # no giant: every plan works Σ f
         return wrap_unsplit(today, spec, costs, float_sum([total / num_ranks, (num_microbatches or fewest) * overhead]))
-    bound, fewest, table = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
-    ordered = by_time(table, np.array(spec.degrees, dtype=np.int64), costs, lengths, budget)
+    bound, fewest, table, ordered = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
     best, repaired, tokens, plan_pass = None, None, int(lengths.sum()), _PassPlans(lengths, num_ranks, spec, cost,
                                                                                    budget)
     pending = None  # the first fill, deferred (`_deferred`): planned only where the second does not beat it

@@ -19,14 +19,16 @@ import numpy as np
 from ..microbatch.plan import float_sum
 from ..problem import exact_sum, make_problem
 from .bound import least_work
+from .grouping import ByTime, by_time
 from .spec import ContextParallel
 from .split import allot, allowed_degrees
 
 
 def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int,
-                overhead: float, num_microbatches: int | None) -> tuple[float, int, np.ndarray]:
+                overhead: float, num_microbatches: int | None) -> tuple[float, int, np.ndarray, ByTime]:
     """(the step bound every split plan meets, the fewest micro-batches the tokens need, every
-    item's time at every allowed degree, inf where a shard exceeds the budget): see the module,
+    item's time at every allowed degree, inf where a shard exceeds the budget, the items by their least
+    time as the fills read them (`grouping.by_time`, whose order `stacked_bound` reads too)): see the module,
     and `stacked_bound`."""
     problem = make_problem(lengths, num_ranks, cost=cost)
     degrees = allowed_degrees(spec, num_ranks, spec.gpus_per_node)
@@ -38,12 +40,13 @@ def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost
     # Any item may split in some micro-batch: its least time is over every degree its shards fit.
     every = spec.item_times(problem.cost, lengths[:, None], degrees[None, :], (degrees <= spec.gpus_per_node)[None, :])
     table = np.where(-(-lengths[:, None] // degrees[None, :]) <= budget, every, np.inf)
-    times = table.min(axis=1)
+    ordered = by_time(table, degrees, problem.item_costs, lengths, budget)
     alone = alone_ranks(table, degrees, lengths, budget)
     dense = density_order(lengths, work)
-    bound = max(allotment.bound(), stacked_bound(times, work, lengths, alone, num_ranks, budget, dense),
+    bound = max(allotment.bound(),
+                stacked_bound(ordered.times, ordered.order, work, lengths, alone, num_ranks, budget, dense),
                 leader_bound(table, degrees, work, lengths, num_ranks, budget, dense))
-    return float_sum([bound, m * overhead]), fewest, table
+    return float_sum([bound, m * overhead]), fewest, table, ordered
 
 
 def alone_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, budget: int) -> np.ndarray:
@@ -60,8 +63,8 @@ def alone_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, bud
     return np.where(lone, degrees[np.argmax(fits, axis=1)], 0)
 
 
-def stacked_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, alone: np.ndarray, num_ranks: int,
-                  budget: int, dense: np.ndarray) -> float:
+def stacked_bound(times: np.ndarray, order: np.ndarray, work: np.ndarray, lengths: np.ndarray, alone: np.ndarray,
+                  num_ranks: int, budget: int, dense: np.ndarray) -> float:
     """max over j of Σ_{i<j} τ_i + (W − K_j) / D, a bound on Σ_m max_r L(r, m).
 
     Leaders: with items by least time τ descending, the first k_i of them (every item of time >= τ_(k_i))
@@ -69,20 +72,20 @@ def stacked_bound(times: np.ndarray, work: np.ndarray, lengths: np.ndarray, alon
     i + 1 micro-batches and the (i + 1)-th costliest micro-batch costs at least τ_i = τ_(k_i).  Crowded:
     the j costliest hold at most j · D · T tokens, so at most K_j of the least work W (the most work that
     many tokens hold, a fractional knapsack by work per token), and the others cost at least (W − K_j) / D
-    together.  j = 0 is W / D; j = 1, τ_max + (W − K_1) / D.  `dense`: `density_order(lengths, work)`.
+    together.  j = 0 is W / D; j = 1, τ_max + (W − K_1) / D.  `order`: the items by τ, longest first (ties by
+    index); `dense`: `density_order(lengths, work)`.
 
     >>> work, lengths = np.array([10.0, 1.0, 1.0]), np.array([4, 4, 4])
-    >>> stacked_bound(work, work, lengths, np.zeros(3, dtype=np.int64), 2, 4,
+    >>> stacked_bound(work, np.arange(3), work, lengths, np.zeros(3, dtype=np.int64), 2, 4,
     ...               density_order(lengths, work))  # the leaders 10 + 1 (crowded: 10 + 1 / 2)
     11.0
     >>> work, lengths = np.array([9.0, 8.0, 1.0, 1.0]), np.array([3, 3, 3, 3])
-    >>> stacked_bound(work, work, lengths, np.zeros(4, dtype=np.int64), 1, 4,
+    >>> stacked_bound(work, np.arange(4), work, lengths, np.zeros(4, dtype=np.int64), 1, 4,
     ...               density_order(lengths, work))  # W / D, the optimum (the leaders: 9 + 8 + 1)
     19.0
     """
     if not times.size:
         return 0.0
-    order = np.argsort(-times, kind="stable")  # longest first, ties by index
     room = num_ranks * budget
     tokens, ranks = np.cumsum(lengths[order]), np.cumsum(alone[order])
     spans = max(-(-int(tokens[-1]) // room), -(-int(ranks[-1]) // num_ranks))
