@@ -72,12 +72,14 @@ def split_step(moved: Mapping[str, torch.Tensor], rows: Mapping[str, np.ndarray]
     the graph before them runs backward once, in the last micro-batch's backward, with every micro-batch's
     gradient (see the module docstring).  And the autograd nodes of the tensors cut so (`StepToken.carried`)."""
     carried = [key for key, tensor in moved.items() if count > 1 and tensor.requires_grad and torch.is_grad_enabled()]
-    parts = {key: split_rows(tensor, rows[key], microbatch, count) for key, tensor in moved.items()
+    names = {key: f"`moved[{key!r}]` (what `dispatch` returned)" for key in moved}
+    parts = {key: split_rows(tensor, rows[key], microbatch, count, names[key]) for key, tensor in moved.items()
              if key not in carried}
     if not carried:
         return parts, ()
     indices = {key: [torch.from_numpy(part).to(moved[key].device) for part in
-                     row_parts(owned_rows(moved[key].shape[0], rows[key]), microbatch, count)] for key in carried}
+                     row_parts(owned_rows(moved[key].shape[0], rows[key], names[key]), microbatch, count)]
+               for key in carried}
     state = _Carried([moved[key].detach().requires_grad_() for key in carried], [indices[key][-1] for key in carried])
     last = _CarryGradients.apply(state, *[moved[key] for key in carried])
     for key, leaf, part in zip(carried, state.leaves, last):

@@ -175,6 +175,7 @@ class PostBalancingDispatcher:
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
         self._latest: DispatchPlan | None = None  # the latest dispatch's plan
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
+        self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._clock = StepClock()  # the latest dispatch's step, which its micro-batches carry
 
@@ -302,11 +303,12 @@ class PostBalancingDispatcher:
         self._clock.tell(self.guards["dispatch"])  # rides in the header: every rank learns every rank's
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
         if plan is not self._latest:
-            self._latest, self._returned = plan, {}
+            self._latest, self._returned, self._given = plan, {}, {}
             self._clock.end()
         else:  # the step's plan again: a plan made once (the next step), or a second batch dict of the step
             self._clock.dispatched(self.guards["dispatch"], self.group)
         self._returned.update((key, weakref.ref(tensor)) for key, tensor in moved.items())
+        self._given.update((key, weakref.ref(value)) for key, value in batch.items() if isinstance(value, torch.Tensor))
         return moved
 
     def _foreign_problem(self, plan: DispatchPlan, call: str) -> PlanMismatchError | None:
@@ -350,6 +352,24 @@ class PostBalancingDispatcher:
         self._carried = problem
         return self._latest
 
+    def _local_batch(self, moved) -> None:
+        """A TypeError where `moved` is not a mapping of tensors; a ValueError where one of them is a tensor given to
+        the latest plan's `dispatch` on this rank (its local batch), not one that dispatch returned: its rows are this
+        rank's own items, not the plan's (every rank runs the same loop, so every rank raises)."""
+        odd = "" if isinstance(moved, Mapping) else f"; got {type(moved).__name__}"
+        odd = odd or next((f"; `moved[{key!r}]` is a {type(tensor).__name__}" for key, tensor in moved.items()
+                           if not isinstance(tensor, torch.Tensor)), "")
+        if odd:
+            raise TypeError(f"`moved` must be the mapping of tensors that `dispatch` returned{odd}")
+        mine = {id(reference()) for reference in self._returned.values()}
+        given = next((key for key, tensor in moved.items() if id(tensor) not in mine and any(
+            reference() is tensor for reference in self._given.values())), None)
+        if given is not None:
+            raise ValueError(f"`moved[{given!r}]` is a tensor this rank gave `dispatch` (its local batch), not one "
+                             f"`dispatch` returned: its rows are this rank's own items, not those the plan gave it; "
+                             f"pass `microbatches` what `dispatch` returned (`moved = dispatcher.dispatch(batch, "
+                             f"plan)`)")
+
     def microbatches(self, plan: DispatchPlan, moved: Mapping[str, torch.Tensor]):
         """Yield this rank's micro-batches of a dispatched step (`runtime.microbatch.MicroBatch`).
 
@@ -367,6 +387,7 @@ class PostBalancingDispatcher:
                     normalize_loss(loss_sum, micro).backward()
         """
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
+        self._local_batch(moved)
         plan = self._followed(_checked_plan(plan), moved)
         step = self._clock.loop()  # loops without a dispatch between them (a no-grad pass, epochs) are one step
         items, tokens = plan.local_items, plan.local_lengths
@@ -411,7 +432,9 @@ class PostBalancingDispatcher:
         ValueError naming the item, never a partial row.
         """
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
-        problem = self._kept_problem(_checked_plan(plan), "combine")
+        ordering = None if order in COMBINE_ORDERS else ValueError(f"`order` must be None or one of "
+                                                                   f"{COMBINE_ORDERS[1:]}; got {order!r}")
+        problem = self._kept_problem(_checked_plan(plan), "combine") or ordering
         outputs, merging = (self._ordered(outputs, plan, per_item, order) if isinstance(outputs, Mapping)
                             else self._merged(*in_microbatch_order(outputs, plan, self._clock.step), plan, per_item))
         problem = problem or merging
@@ -423,8 +446,6 @@ class PostBalancingDispatcher:
     def _ordered(cls, outputs: Mapping, plan: DispatchPlan, per_item, order) -> tuple[dict, Exception | None]:
         """One mapping of outputs (`combine`) in `plan.local_items` order, from the `order` its rows follow,
         and why it cannot be (None when it can): an order left unsaid where the two differ."""
-        if order not in COMBINE_ORDERS:
-            return dict(outputs), ValueError(f"`order` must be None or one of {COMBINE_ORDERS[1:]}; got {order!r}")
         microbatch = plan.item_microbatch[plan.local_items]
         if order == "local_items" or bool(np.all(np.diff(microbatch) >= 0)):  # the orders agree: one micro-batch
             return dict(outputs), None  # after the other is already item order

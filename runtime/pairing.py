@@ -59,12 +59,12 @@ def in_microbatch_order(outputs, plan, step: StepToken) -> tuple[list, Exception
         ValueError(f"`outputs` lacks micro-batches {missing} of the plan's {count}")
 
 
-def owned_rows(num_rows: int, rows) -> np.ndarray:
+def owned_rows(num_rows: int, rows, name: str = "tensor") -> np.ndarray:
     """`rows` (item k owns `rows[k]` rows of a packed tensor) as int64, where the items own the tensor's `num_rows`;
-    else a ValueError."""
+    else a ValueError naming the tensor (`name`)."""
     rows = np.asarray(rows, dtype=np.int64)
     if num_rows != int(rows.sum()):
-        raise ValueError(f"tensor has {num_rows} rows but its {rows.size} items own {int(rows.sum())}")
+        raise ValueError(f"{name} has {num_rows} rows but its {rows.size} items own {int(rows.sum())}")
     return rows
 
 
@@ -76,11 +76,12 @@ def row_parts(rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int) -
             for members in (np.flatnonzero(microbatch == index) for index in range(num_microbatches))]
 
 
-def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int
-               ) -> list[torch.Tensor]:
+def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
+               name: str = "tensor") -> list[torch.Tensor]:
     """Split a tensor packed over items (item k owns `rows[k]` rows, in order) by `microbatch[k]`,
-    keeping the item order within each part; one (possibly empty) tensor per micro-batch."""
-    rows = owned_rows(tensor.shape[0], rows)
+    keeping the item order within each part; one (possibly empty) tensor per micro-batch (`name`: the
+    tensor, as errors name it)."""
+    rows = owned_rows(tensor.shape[0], rows, name)
     if num_microbatches == 1:  # a step of one pass: the tensor itself, not a copy
         return [tensor]
     return [tensor.index_select(0, torch.from_numpy(part).to(tensor.device))

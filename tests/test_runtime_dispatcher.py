@@ -404,3 +404,56 @@ def test_a_plan_object_kept_by_one_rank_of_the_same_identity_as_its_peers_fresh_
         assert ended == [True, True, False] and distinct == 3, (ended, distinct)
         for got, want in zip(gradients, expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+LOCAL_HOMES = ([6, 1, 1], [2, 3, 3])  # 8 tokens on each rank before and after the plan moves items
+
+
+def local_batch_job(rank, size, budget):
+    """`microbatches` given the dict this rank passed to `dispatch` (its local batch) instead of what `dispatch`
+    returned, whose row total is the plan's: what each rank raised."""
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=budget)
+    lengths = LOCAL_HOMES[rank]
+    batch = {"x": torch.cat([torch.full((length,), float(10 * rank + item)) for item, length in enumerate(lengths)])}
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch(batch, plan, lengths=lengths)
+    assert moved["x"].shape == batch["x"].shape
+    try:
+        list(dispatcher.microbatches(plan, batch))
+    except ValueError as error:
+        return str(error)
+    return "accepted"
+
+
+@pytest.mark.parametrize("budget", [None, 8], ids=["one batch", "micro-batches"])
+def test_regression_the_local_batch_passed_as_moved_paired_other_items_rows_with_the_plans_lengths(budget):
+    """Cause (probe16 P16-11, SW): `microbatches(plan, batch)` with the dict given to `dispatch` (a typo for
+    `moved`) was accepted where the rank's row totals matched the plan's: each micro-batch held this rank's own
+    rows under the lengths of the items the plan gave it (inputs, labels and positions of other samples).  A tensor
+    given to the latest plan's dispatch, not one it returned, is now refused naming the key."""
+    for message in spawn(local_batch_job, 2, args=(budget,), timeout_s=60):
+        assert message.startswith("`moved['x']` is a tensor this rank gave `dispatch` (its local batch), not one "
+                                  "`dispatch` returned"), message
+
+
+def test_regression_moved_of_another_kind_and_an_unknown_order_got_no_clear_error():
+    """Cause (probe16 P16-10): `microbatches(plan, [moved])` died in Python's "unhashable type: 'dict'", a
+    per-item tensor of another row count in "tensor has 3 rows but its 2 items own 2" (naming no key), and
+    `combine(pairs, plan, order=...)` checked `order` only for one mapping of outputs, so a typo there passed
+    silently.  World size 1: the same path, no communication."""
+    dispatcher = PostBalancingDispatcher(per_item_keys=("sid",), max_tokens_per_microbatch=6)
+    plan = dispatcher.plan([5, 3, 4])
+    moved = dispatcher.dispatch({"x": torch.arange(12.0), "sid": torch.arange(3)}, plan)
+    with pytest.raises(TypeError, match=r"^`moved` must be the mapping of tensors that `dispatch` returned; got list"):
+        dispatcher.microbatches(plan, [moved])
+    with pytest.raises(TypeError, match=r"`moved\['sid'\]` is a list"):
+        dispatcher.microbatches(plan, {**moved, "sid": [0, 1, 2]})
+    with pytest.raises(ValueError, match=r"^`moved\['sid'\]` \(what `dispatch` returned\) has 4 rows but its 3 items "
+                                         r"own 3"):
+        dispatcher.microbatches(plan, {**moved, "sid": torch.arange(4)})
+    pairs = [(micro, {"out": micro.data["x"] * 2}) for micro in dispatcher.microbatches(plan, moved)]
+    assert len(pairs) == plan.num_microbatches > 1
+    with pytest.raises(ValueError, match=r"`order` must be None or one of \('local_items', 'microbatches'\); got "
+                                         r"'sideways'"):
+        dispatcher.combine(pairs, plan, order="sideways")
+    assert torch.equal(dispatcher.combine(pairs, plan)["out"], torch.arange(12.0) * 2)
