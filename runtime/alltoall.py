@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .comm import finish, group_rank, group_size
+from .comm import checked_group, finish, group_rank, group_size
 
 
 class Flows:
@@ -107,10 +107,7 @@ def runtime_transport(group, transport):
     >>> runtime_transport(None, None).group is None
     True
     """
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"`group` must be a torch.distributed ProcessGroup, or None for the default group; got "
-                        f"{type(group).__name__}" + (" (ranks: make their group with dist.new_group(ranks))" if
-                                                     isinstance(group, (list, tuple, range)) else ""))
+    checked_group(group)
     if transport is None:
         return FlatAllToAll(group)
     if not callable(transport) or not all(hasattr(transport, name) for name in ("size", "rank", "group")):

@@ -17,6 +17,16 @@ import torch
 import torch.distributed as dist
 
 
+def checked_group(group):
+    """`group` where it is a torch.distributed ProcessGroup, or None (the default group); else a TypeError naming
+    the argument `group` (for ranks: how to make their group)."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"`group` must be a torch.distributed ProcessGroup, or None for the default group; got "
+                        f"{type(group).__name__}" + (" (ranks: make their group with dist.new_group(ranks))" if
+                                                     isinstance(group, (list, tuple, range)) else ""))
+    return group
+
+
 def is_distributed(group=None) -> bool:
     """True when `group` (default: the world) spans more than one rank."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1

@@ -41,7 +41,7 @@ from ..balancers.problem import as_lengths, integer_sum
 from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
 from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
-from .comm import collective, comm_device, finish, group_rank, group_size, is_distributed
+from .comm import checked_group, collective, comm_device, finish, group_rank, group_size, is_distributed
 from .microbatch import MicroBatch, Sampling, iterate, new_step
 from .steps import StepToken, contract_of
 
@@ -169,6 +169,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             raise ValueError(f"drop_last=False leaves a last global batch of {remainder} samples "
                              f"({self.lengths.size} % {self.global_batch_size}) for {self.num_replicas} replicas; "
                              f"pass drop_last=True or a global_batch_size that leaves at least one per replica")
+        self.group = checked_group(self.group)
         self.max_tokens_per_microbatch = as_int(self.max_tokens_per_microbatch, "max_tokens_per_microbatch",
                                                 minimum=1, optional=True)
         longest = int(np.argmax(self.lengths))
@@ -255,6 +256,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                 if micro.is_last:
                     optimizer.step(); optimizer.zero_grad()
         """
+        checked_group(group)
         if self.max_tokens_per_microbatch is None:
             raise ValueError("`microbatches` needs `max_tokens_per_microbatch`: without a token budget every step is "
                              "one batch (normalise its loss with `normalize_loss`)")
@@ -363,7 +365,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     def __iter__(self):
         """This rank's shares of the epoch's steps, after `check_ranks_agree` (see `check_agreement`), which checks
         the settings where its gather runs (a rank whose settings fail joins it: every rank names them)."""
-        if self.check_agreement and is_distributed(self.group):
+        if self.check_agreement and is_distributed(checked_group(self.group)):  # a list of ranks: before torch sees it
             self.check_ranks_agree()
         else:
             self._check_settings()

@@ -481,3 +481,41 @@ def test_regression_a_copied_sampler_s_lengths_edited_in_place_kept_the_old_plan
     micros = list(copied)
     assert micros and max(int(copied.lengths[list(micro)].sum()) for micro in micros) <= 80
     assert not copied.lengths.flags.writeable
+
+
+GROUP_MESSAGE = r"^`group` must be a torch.distributed ProcessGroup, or None for the default group; got "
+
+
+def group_of_ranks_job(rank, size):
+    """A sampler whose `group` is set to a list of ranks after it was built, then a correct one whose
+    `microbatches(loader, group=)` gets the list: what each raised."""
+    lengths = np.random.default_rng(0).integers(1, 100, 64)
+    sampler = BalancedDistributedSampler(lengths, num_replicas=size, rank=rank, global_batch_size=8,
+                                         max_tokens_per_microbatch=200)
+    sampler.group, raised = list(range(size)), []
+    for call in (lambda: next(iter(sampler)), lambda: next(iter(sampler.microbatches([[0]] * len(sampler),
+                                                                                     group=list(range(size)))))):
+        try:
+            call()
+            raised.append("accepted")
+        except Exception as error:  # noqa: BLE001
+            raised.append(f"{type(error).__name__}: {error}")
+        sampler.group = None
+    return raised
+
+
+def test_regression_a_sampler_group_of_ranks_died_in_torch():
+    """Cause (probe16 P16-09): `BalancedDistributedSampler(group=[0, 1])` (ranks, a name or an int instead of a
+    ProcessGroup) was accepted, and its first `iter` (the epoch agreement all-gather) died in torch's "'list' object
+    has no attribute 'size'" on every rank; `microbatches(loader, group=[0, 1])` in the model check the same.  The
+    dispatcher's check (P15-20) now serves the sampler: a TypeError naming `group` when built, at `iter` (a group
+    set after), and in `microbatches`."""
+    with pytest.raises(TypeError, match=GROUP_MESSAGE + r"list \(ranks: make their group with dist.new_group"):
+        BalancedDistributedSampler([5, 3, 2, 4], num_replicas=2, rank=0, global_batch_size=2, group=[0, 1])
+    with pytest.raises(TypeError, match=GROUP_MESSAGE + "str"):
+        BalancedDistributedSampler([5, 3, 2, 4], num_replicas=2, rank=0, global_batch_size=2, group="world")
+    outcomes = run_processes(group_of_ranks_job, 2, timeout_s=60, collective_timeout_s=30)
+    for outcome in outcomes:
+        assert outcome.ok, outcome.error
+        assert all(re.match("TypeError: " + GROUP_MESSAGE[1:] + "list", message) for message in outcome.value), \
+            outcome.value
