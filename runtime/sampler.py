@@ -243,8 +243,8 @@ class BalancedDistributedSampler(Sampler[list[int]]):
 
     def microbatches(self, loaded, group=None):
         """Yield the micro-batches of the epoch as `runtime.microbatch.MicroBatch`es for `accumulate`: `loaded` is
-        what iterates this sampler (a `DataLoader(dataset, batch_sampler=sampler, collate_fn=...)`), one collated
-        batch per yielded list, in order; `micro.data` is that batch, `micro.items` its dataset indices as yielded,
+        what iterates this sampler (a `DataLoader(dataset, batch_sampler=sampler, collate_fn=...)`, not built with
+        in_order=False), one collated batch per yielded list, in order; `micro.data` is that batch, `micro.items` its dataset indices as yielded,
         `micro.lengths` their lengths, and every micro-batch's loss is divided by its step's tokens
         (`normalize_loss(loss_sum, micro)`).  `group`: the processes whose gradients the model reduces (DDP's process
         group, default the world), on which the model check runs until the first step trained and on every step
@@ -264,6 +264,10 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         if source is not self:
             raise ValueError(f"`loaded` iterates another batch sampler ({type(source).__name__}), not this sampler: "
                              f"pass the DataLoader built with `batch_sampler=` this sampler")
+        if getattr(loaded, "in_order", True) is False and getattr(loaded, "num_workers", 0):
+            raise ValueError("`loaded` may yield its batches out of order (a DataLoader with workers and "
+                             "in_order=False), but `microbatches` pairs them with the plan's micro-batches in order: "
+                             "build the DataLoader with in_order=True (the default)")
         return self._loaded_microbatches(iter(loaded), group)  # iter first: it iterates the sampler (its epoch check)
 
     def _loaded_microbatches(self, loaded, group):

@@ -519,3 +519,20 @@ def test_regression_a_sampler_group_of_ranks_died_in_torch():
         assert outcome.ok, outcome.error
         assert all(re.match("TypeError: " + GROUP_MESSAGE[1:] + "list", message) for message in outcome.value), \
             outcome.value
+
+
+def test_regression_a_loader_yielding_out_of_order_was_paired_with_the_plans_micro_batches_by_position():
+    """Cause (probe16 P16-12, SW): `microbatches(loader)` pairs the loader's batches with the plan's micro-batches
+    in order, and a DataLoader with workers and in_order=False (torch's opt-in for throughput) yields them as they
+    finish: 27 of an epoch's 37 micro-batches carried another one's samples (their lengths, step tokens, `is_last`),
+    no error.  Such a loader is refused naming in_order; with in_order=True (the default) it is taken."""
+    from torch.utils.data import DataLoader
+    sampler = BalancedDistributedSampler(np.arange(1, 33), num_replicas=1, rank=0, global_batch_size=8,
+                                         max_tokens_per_microbatch=64)
+    loader = DataLoader(list(range(32)), batch_sampler=sampler, num_workers=1, in_order=False,
+                        collate_fn=lambda indices: indices)
+    with pytest.raises(ValueError, match=r"^`loaded` may yield its batches out of order \(a DataLoader with workers "
+                                         r"and in_order=False\).* build the DataLoader with in_order=True"):
+        sampler.microbatches(loader)
+    loader = DataLoader(list(range(32)), batch_sampler=sampler, collate_fn=lambda indices: indices)
+    assert all(micro.data == micro.items.tolist() for micro in sampler.microbatches(loader))
