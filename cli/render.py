@@ -251,6 +251,11 @@ def print_simulation(runs) -> None:
     out.print(f"Fastest without running out of memory: [bold]{best}[/bold], "
               f"{result.speedup_vs_none:.2f}x the step of no balancing, MFU {result.mfu:.1%}, "
               f"overhead {result.overhead_fraction:.2%} of the step.")
+    unhidden = [name for name, figures in last.strategies.items()
+                if figures.planning_unhidden_seconds > 0.5 * figures.step_seconds]
+    if unhidden:  # a step of almost no compute: the speed-ups compare this machine's planning times
+        out.print(f"Note: planning, measured on this machine and noisy run to run, is over half of the step of "
+                  f"{', '.join(unhidden)}: the compute per step is too small for the speed-ups to measure balance.")
 
 
 def print_microbatch_simulation(runs) -> None:

@@ -332,8 +332,8 @@ def load_workload_file(path, samples_per_rank: int, num_ranks: int) -> Batch:
     "tokens": 256}, {"modality": "audio", "length": 1500, "tokens": 375, "position": 40}]}.
     `position` is optional (default: right after the previous segment, so segments sit in
     order before the text).  Blank lines are skipped.  The first num_ranks ·
-    samples_per_rank samples are used, samples_per_rank per rank; fewer, or none with a
-    token, is an error.  Every line is validated, used or not: malformed lines raise ValueError naming the
+    samples_per_rank samples are used, samples_per_rank per rank; fewer is an error.
+    Every line is validated, used or not: malformed lines raise ValueError naming the
     line number.
     """
     for arg, value in (("num_ranks", num_ranks), ("samples_per_rank", samples_per_rank)):
@@ -344,7 +344,4 @@ def load_workload_file(path, samples_per_rank: int, num_ranks: int) -> Batch:
     if len(samples) < needed:
         raise ValueError(f"workload file {path} has {len(samples)} samples; {num_ranks} ranks × "
                          f"{samples_per_rank} samples per rank need {needed}")
-    if not any(sample.text or sample.segments for sample in samples[:needed]):
-        raise ValueError(f"the {needed} samples of workload file {path} that {num_ranks} ranks × {samples_per_rank} "
-                         f"samples per rank use hold no tokens (text 0, no segments): there is no work to balance")
     return Batch.from_samples(samples[:needed], num_ranks)

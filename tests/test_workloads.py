@@ -119,17 +119,14 @@ def test_too_few_samples_is_an_error(tmp_path):
 
 
 def test_regression_a_workload_without_a_token_was_simulated_into_noise_speedups(tmp_path):
-    """Cause (probe16 P16-06): `simulate --workload-file` of samples that are all empty ran, and its table
-    read 6-13x speed-ups of planning-time noise and named a fastest strategy; such a file, or such a step, is
-    refused."""
-    path = write_lines(tmp_path, ['{"text": 0, "segments": []}'] * 4 + ['{"text": 3}'])
-    with pytest.raises(ValueError, match=r"the 4 samples of workload file .* that 2 ranks × 2 samples per rank use "
-                                         r"hold no tokens \(text 0, no segments\): there is no work to balance"):
-        load_workload_file(path, samples_per_rank=2, num_ranks=2)
-    assert check_workload_file(path) == 5
-    empty = write_lines(tmp_path, ['{"text": 0}'] * 3)
-    with pytest.raises(ValueError, match=r"none of its 3 samples holds a token"):
-        check_workload_file(empty)
+    """Cause (probe16 P16-06): `simulate --workload-file` of samples that are all empty ran, and its table read
+    6-13x speed-ups of planning-time noise and named a fastest strategy; such a file is refused (a step of
+    little work gets the summary's note instead, tests/test_cli.py)."""
+    path = write_lines(tmp_path, ['{"text": 0, "segments": []}'] * 3)
+    with pytest.raises(ValueError, match=r"none of its 3 samples holds a token \(text 0, no segments\): there is "
+                                         r"no work to balance"):
+        check_workload_file(path)
+    assert check_workload_file(write_lines(tmp_path, ['{"text": 0}'] * 2 + ['{"text": 3}'])) == 3
 
 
 def test_bad_arguments_are_rejected(tmp_path):
