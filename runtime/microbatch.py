@@ -237,8 +237,8 @@ _BEGAN = {  # what began while a loop held the gradient sync (`_left_early`), an
     "loop": ("a micro-batch loop with grad began (`microbatches()`)", "run a frozen model's micro-batch loop there (a "
              "teacher's, an evaluation's) under `torch.no_grad()`, and a second model's training loop after the step's "
              "last micro-batch, or interleave the two loops (`zip`)"),
-    "dispatch": ("the next step was dispatched", "plan the next step inside the loop if you wish, but dispatch it after "
-                 "the loop's last micro-batch (or alternate two dispatchers, one per step)")}
+    "dispatch": ("the next step was dispatched", "plan the next step inside the loop if you wish, but dispatch it "
+                 "after the loop's last micro-batch (or alternate two dispatchers, one per step)")}
 
 
 def _left_early(held, began: str | None = None) -> ValueError:
@@ -439,15 +439,25 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
             yield
         if syncs and versions is not None:
             held_gradient(micro, model)
-        if contract is not None and not contract.checked and torch.is_grad_enabled():  # no backward checked:
-            contract.checked = True  # join the peers' check here (as their backward starts) with every
-            check_model_contract(contract, backward=False)  # parameter left out
+        _join_unchecked(contract)
         if micro.is_last and micro.step is not None and torch.is_grad_enabled():
             micro.step.trained[0] = True  # a training loop ran: later steps are due only where one's last is empty
+    except Exception as error:  # the body raised (an out-of-memory batch skipped by a caller): its peers learn it
+        _join_unchecked(contract, error)
+        raise
     finally:
         _active.current, _active.contracts, _active.blocks, _active.written = previous, outer, blocks, written
         if micro.is_last and not blocks:  # the step's last block: nothing left to note
             _stop_noting()
+
+
+def _join_unchecked(contract: _Contract | None, raised: Exception | None = None) -> None:
+    """Where the model check of `contract` is owed and no backward in the block ran it (none ran there, or the block
+    left by `raised`), join the peers' check, which runs as their backward starts: with every parameter left out, or
+    as a rank whose body raised (`check_model_contract`); the peers then raise at once instead of waiting."""
+    if contract is not None and not contract.checked and torch.is_grad_enabled():
+        contract.checked = True
+        check_model_contract(contract, backward=False, raised=raised)
 
 
 def accumulated() -> tuple:

@@ -20,7 +20,7 @@ class ModelContractError(EncoderContractError):
     model (DDP, FSDP2) on some rank."""
 
 
-def check_model_contract(contract, backward: bool = True) -> None:
+def check_model_contract(contract, backward: bool = True, raised: Exception | None = None) -> None:
     """Raise `ModelContractError` on every rank (one all-reduce of two words per rank, as the backward of the
     micro-batch that reduces gradients starts, before any reduction) when, on some rank, the loss parts given to
     `normalize_loss` in the body of `accumulate(model, micro)` do not reach, through the autograd graph, every
@@ -31,7 +31,10 @@ def check_model_contract(contract, backward: bool = True) -> None:
     different buckets.  A term added to the normalised loss outside `normalize_loss` is not seen (normalise it too,
     or check=False).  Parameters a reentrant checkpoint that runs no module may hide (made in the model's forward)
     are not refused: every rank warns once that the check cannot tell (`ModelCheckWarning`).  Under DDP a body that
-    ran modules inside the DDP module but not its own forward (`model.module(x)`) is refused: DDP would not reduce."""
+    ran modules inside the DDP module but not its own forward (`model.module(x)`) is refused: DDP would not reduce.
+    A rank whose body `raised` before its backward joins as such: every rank raises, naming the ranks whose body
+    raised (their backward, which reduces with the others', never runs), unless every rank's did (the callers
+    re-raise their own)."""
     micro, model, names = contract.micro, contract.model, contract.names
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     reached, opaque = reached_leaves(contract.parts, names, wanted, contract.hidden, _may_hide(contract)) \
@@ -41,17 +44,30 @@ def check_model_contract(contract, backward: bool = True) -> None:
         and "" not in contract.ran  # modules inside DDP ran, its own forward (which readies the reduction) not
     unused = sorted(wanted) if bypassed else unused
     group = micro.contract[0]
-    if not contract.ran and hasattr(model, "set_requires_gradient_sync"):
+    if not contract.ran and hasattr(model, "set_requires_gradient_sync"):  # its peers wait in the forward
+        if raised is not None:
+            return
         raise _no_forward_under_fsdp2(micro, group)
     size, rank = group_size(group), group_rank(group)
     flags = torch.zeros(2 * size, dtype=torch.int64, device=comm_device(group))
-    flags[rank], flags[size + rank] = len(unused), len(unseen)
+    flags[rank], flags[size + rank] = (-1, 0) if raised is not None else (len(unused), len(unseen))
     if size > 1:
         with collective(f"model check all-reduce of micro-batch {micro.index} (as its backward starts: every rank "
                         f"passes its loss through normalize_loss(loss, micro) and runs the backward, an empty "
                         f"micro-batch too)", group):
             finish(dist.all_reduce(flags, group=group, async_op=True), group)
     failed, blind = (torch.nonzero(part).flatten().tolist() for part in flags.split(size))
+    raising = torch.nonzero(flags[:size] < 0).flatten().tolist()
+    if raised is not None and len(raising) == size:  # nobody waits: the error itself
+        return
+    if raising:
+        raise ModelContractError(
+            f"rank {rank}: ranks {raising} raised inside the body of `accumulate` in micro-batch {micro.index} of "
+            f"{micro.num_microbatches}, before its backward ({type(raised).__name__ if raised else 'see theirs'}; "
+            f"an exception caught outside the block, e.g. an out-of-memory batch skipped, would leave the other "
+            f"ranks waiting in that backward's gradient reduction): every rank stops here; skip a failing "
+            f"micro-batch alike on every rank (all-reduce the failure first), or let the exception stop the run"
+        ) from raised
     if not failed:
         if blind:
             _warn_unseen(contract, unseen, blind)

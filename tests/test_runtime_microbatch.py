@@ -2,6 +2,7 @@
 multi-stage runtime give the gradients of one pass over the global batch."""
 
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -1721,6 +1722,43 @@ def test_regression_a_loop_with_grad_or_a_dispatch_inside_a_loop_was_refused_as_
                                   f"after its micro-batch 0 of 2, where `accumulate` holds DistributedDataParallel of "
                                   f"Linear's gradient sync"), message
         assert fix in message, message
+
+
+def skipped_failure_job(rank, size):
+    """Step 0 of OVERLAP_STEPS (M = 2, due the model check) on DDP; rank 1's body raises inside `accumulate` on the
+    last micro-batch, before its backward, and the loop catches it outside the block and goes on (the habit of
+    skipping an out-of-memory batch): what each rank raised, and how long it took."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(3, 1).double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    plan = dispatcher.plan(OVERLAP_STEPS[0][rank])
+    start = time.monotonic()
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(0, rank)}, plan)):
+            try:
+                with accumulate(model, micro):
+                    loss = model(micro.data["x"]).sum()
+                    if rank == 1 and micro.is_last:
+                        raise RuntimeError("out of memory (simulated)")
+                    normalize_loss(loss, micro).backward()
+            except RuntimeError:
+                continue
+        dispatcher.plan(OVERLAP_STEPS[1][rank])
+    except ValueError as error:
+        return str(error), time.monotonic() - start
+    return "no error", time.monotonic() - start
+
+
+def test_regression_a_body_that_raised_on_the_checked_micro_batch_left_its_peers_in_the_check_until_the_timeout():
+    """Cause (probe16 P16-14, HG): a block leaving by an exception skipped the model check it owed (it joins the
+    check only where its body ends without a backward), so where a rank's body raised on the last micro-batch of a
+    step due the check and the loop caught it outside the block, its peers waited in the check's all-reduce and it
+    in the next step's metadata all-gather, until the group's timeout, both blaming a dead peer.  The block now joins
+    the check as a rank whose body raised: every rank raises at once, naming it."""
+    for rank, (message, seconds) in enumerate(spawn(skipped_failure_job, 2, timeout_s=60, collective_timeout_s=30)):
+        assert message.startswith(f"rank {rank}: ranks [1] raised inside the body of `accumulate` in micro-batch 1 of "
+                                  f"2, before its backward"), message
+        assert seconds < 20, seconds
 
 
 def unfused_due_job(rank, size):
