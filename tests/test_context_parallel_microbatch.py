@@ -389,3 +389,27 @@ def test_regression_one_micro_batch_without_layout_lowered_every_micro_batchs_fi
     monkeypatch.setattr(microbatch, "repaired_grouping", lambda *args: None)
     fills_alone = balance_microbatches(lengths, 16, **options)
     assert fills_alone.step_cost > 1.1 * fills_alone.lower_bound and plan.step_cost < fills_alone.step_cost
+
+
+@pytest.mark.parametrize("lengths", [[61, 53, 27, 50, 52], [69, 49, 9, 56, 50, 9, 58, 44, 19],
+                                     [100, 6, 50, 50, 27, 22, 58, 57, 40]])
+def test_regression_a_free_m_refused_what_more_micro_batches_lay_out_on_an_odd_node(lengths):
+    """Cause (review10 R10-11): one node of 3 ranks with degrees (1, 2): every fill's grouping left a micro-batch
+    without a layout, and a free M raised InfeasibleError ("found no micro-batches") where a fixed M of 3-6
+    planned.  With M free, more micro-batches are tried before refusing; every pass is a certified split plan of
+    its items and the bound is the free M's."""
+    from orchmllm.testing.context_parallel import check_split_plan
+
+    lengths = np.array(lengths)
+    spec = ContextParallel(degrees=(1, 2), gpus_per_node=3, half_efficiency_tokens=1, latency_s=0,
+                           kv_bytes_per_token=0, seconds_per_cost=1.0)
+    plan = balance_microbatches(lengths, 3, max_tokens_per_microbatch=60, context_parallel=spec)
+    assert sorted(np.concatenate([np.flatnonzero(plan.microbatch == m) for m in range(plan.num_microbatches)])) \
+        == list(range(lengths.size))
+    for m, planned in enumerate(plan.passes):
+        items = np.flatnonzero(plan.microbatch == m)
+        if planned is not None:
+            check_split_plan(planned, lengths[items], 3, spec, max_tokens_per_rank=60)
+    free = split_bound(lengths, 3, spec, CostModel(), 60, 0.0, None)[0]
+    assert plan.lower_bound == min(free, plan.step_cost)
+    assert (str(plan.status) == "optimal") == (plan.lower_bound == plan.step_cost)

@@ -34,7 +34,8 @@ Algorithm:
     for the fills' best and the repaired plan, while above the bound by more than 3 %: move items out of the
         micro-batch furthest above its own pass bound into another where both micro-batches' plans lower the
         step (`regroup.py`); the lower step is the best
-    return the best split plan (the fills' on a tie) if it splits and beats P by more than min_gain, else P
+    return the best split plan (the fills' on a tie) if it splits and beats P by more than min_gain, else P;
+    with M free, no plan and no P: the plan of a fixed M above the fills' (`_more_microbatches`), if one lays out
 """
 
 from __future__ import annotations
@@ -337,6 +338,10 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
              else _regrouped(plan, lengths, spec, table, goal, plan_pass) for plan in (best, repaired)]
     best = min((plan for plan in plans if plan is not None), key=lambda plan: plan.step_cost, default=None)
     if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
+        later = None if today is not None or num_microbatches is not None else _more_microbatches(
+            lengths, num_ranks, spec, cost, budget, overhead, plain, max(first, -(-tokens // room)), bound)
+        if later is not None:
+            return replace(later, solve_seconds=time.perf_counter() - clock)
         if today is None:
             raise refusal if refusal is not None else InfeasibleError(
                 f"the split planner found no micro-batches of {num_ranks} ranks within max_tokens_per_microbatch="
@@ -346,6 +351,24 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     bound = min(bound, best.step_cost)
     status = Status.OPTIMAL if best.step_cost == bound else Status.FEASIBLE
     return replace(best, lower_bound=bound, status=status, solve_seconds=time.perf_counter() - clock)
+
+
+def _more_microbatches(lengths, num_ranks, spec, cost, budget, overhead, plain, fills_most: int,
+                       bound: float) -> SplitMicroBatchPlan | None:
+    """With M free and no fill laid out, the plan of the first fixed M that lays out of M + 1, M + 2, 2 (M + 2)
+    and 4 (M + 2) (M = `fills_most`, the fills' most; each at most one item a micro-batch), or None: a fill groups a
+    micro-batch up to its share of the tokens, and an odd node's aligned blocks can leave every fill's grouping
+    without a layout that more micro-batches have (review10 R10-11).  Its bound is `bound`, the free M's."""
+    for count in sorted({min(count, lengths.size) for count in (fills_most + 1, fills_most + 2, 2 * fills_most + 4,
+                                                                 4 * fills_most + 8)} - set(range(fills_most + 1))):
+        try:
+            plan = split_microbatches(lengths, num_ranks, spec, cost=cost, budget=budget, overhead=overhead,
+                                      num_microbatches=count, plain=plain)
+        except InfeasibleError:
+            continue
+        floor = min(bound, plan.step_cost)
+        return replace(plan, lower_bound=floor, status=Status.OPTIMAL if plan.step_cost == floor else Status.FEASIBLE)
+    return None
 
 
 def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit, max_tokens_per_microbatch, cost, costs,
