@@ -10,7 +10,8 @@ of each tensor, whose `.grad` accumulates their gradients, and the last micro-ba
 reverse exchange and the graph before it run once, in the last micro-batch's backward (the one that synchronises
 gradients under `accumulate`), with the gradient of one pass over the step.  So the last micro-batch's loss must
 reach its rows on every rank (an empty micro-batch's too), as the loss of a step without micro-batches must reach
-the dispatched tensors, and its backward runs last.
+the dispatched tensors, and its backward runs last: a rank whose last `accumulate` block ends with no backward
+through them raises there (`StepToken.unsent`, noted by `_Carried.sent`), as its peers wait in the exchange.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ LATE = ("a micro-batch's backward reached rows of a differentiable dispatch (`di
 
 @dataclass(eq=False)
 class _Carried:
-    """One loop's carried tensors: the leaves the micro-batches before the last are cut from, the rows of the last
-    micro-batch in each, and whether the step's gradient was sent home (a later one is refused: `LATE`)."""
+    """One loop's tensors of a differentiable dispatch (`StepToken.carried`): their autograd nodes (`roots`), the leaves
+    the micro-batches before the last are cut from and the rows of the last micro-batch in each (none with one
+    micro-batch), and whether the step's gradient was sent home (a later one is refused: `LATE`; none sent after the
+    last micro-batch's block, `StepToken.unsent`)."""
 
+    roots: tuple
     leaves: list
     last_rows: list
     sent: bool = False
@@ -65,24 +69,34 @@ def _refuse_late(carried: _Carried, grad: torch.Tensor) -> None:
         raise RuntimeError(LATE)
 
 
+def _sending(carried: _Carried, grad: torch.Tensor) -> None:
+    carried.sent = True
+
+
 def split_step(moved: Mapping[str, torch.Tensor], rows: Mapping[str, np.ndarray], microbatch: np.ndarray,
-               count: int) -> tuple[dict[str, list[torch.Tensor]], tuple]:
+               count: int) -> tuple[dict[str, list[torch.Tensor]], _Carried | None]:
     """Each tensor of `moved` (item k owns `rows[key][k]` rows) split by `microbatch[k]` into `count` parts
     (`split_rows`); with several micro-batches, those that require grad (while autograd records) are cut so that
     the graph before them runs backward once, in the last micro-batch's backward, with every micro-batch's
-    gradient (see the module docstring).  And the autograd nodes of the tensors cut so (`StepToken.carried`)."""
-    carried = [key for key, tensor in moved.items() if count > 1 and tensor.requires_grad and torch.is_grad_enabled()]
+    gradient (see the module docstring).  And the record of the tensors that require grad (`_Carried`, None where
+    none does), which notes when their gradient goes home."""
+    grad = [key for key, tensor in moved.items() if tensor.requires_grad and torch.is_grad_enabled()]
+    carried = grad if count > 1 else []
     names = {key: f"`moved[{key!r}]` (what `dispatch` returned)" for key in moved}
     parts = {key: split_rows(tensor, rows[key], microbatch, count, names[key]) for key, tensor in moved.items()
              if key not in carried}
     if not carried:
-        return parts, ()
+        state = _Carried(tuple(moved[key].grad_fn for key in grad), [], []) if grad else None
+        for key in grad:  # one micro-batch: the gradient goes home as its backward reaches these
+            moved[key].register_hook(functools.partial(_sending, state))
+        return parts, state
     indices = {key: [torch.from_numpy(part).to(moved[key].device) for part in
                      row_parts(owned_rows(moved[key].shape[0], rows[key], names[key]), microbatch, count)]
                for key in carried}
-    state = _Carried([moved[key].detach().requires_grad_() for key in carried], [indices[key][-1] for key in carried])
+    state = _Carried(tuple(moved[key].grad_fn for key in carried), [moved[key].detach().requires_grad_() for key in
+                                                                    carried], [indices[key][-1] for key in carried])
     last = _CarryGradients.apply(state, *[moved[key] for key in carried])
     for key, leaf, part in zip(carried, state.leaves, last):
         leaf.register_hook(functools.partial(_refuse_late, state))
         parts[key] = [leaf.index_select(0, index) for index in indices[key][:-1]] + [part]
-    return parts, tuple(moved[key].grad_fn for key in carried)
+    return parts, state

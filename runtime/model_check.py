@@ -266,11 +266,11 @@ def unrecorded_static_graph(micro, model) -> None:
     last micro-batch's only (`runtime.carry`), so the graph the first backward records leaves them out and torch
     fails in the last one's ("Your training graph has changed").  Every rank runs the same model and dispatch: every
     rank raises."""
-    if not micro.step.carried or not getattr(model, "static_graph", False) or \
+    if micro.step.carried is None or not micro.step.carried.leaves or not getattr(model, "static_graph", False) or \
             getattr(model, "_static_graph_delay_allreduce_enqueued", True):
         return
     names = {id(parameter): name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    reached = sorted(reached_leaves(micro.step.carried, names, set(names.values()))[0])
+    reached = sorted(reached_leaves(micro.step.carried.roots, names, set(names.values()))[0])
     if reached:
         raise ValueError(
             f"{kind(model)} is built with static_graph=True and records its graph in this step, whose micro-batches "

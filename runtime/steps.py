@@ -11,18 +11,30 @@ class StepToken:
     multi-stage runtime: yields the next step's micro-batches), so that a micro-batch kept from it (a loop
     variable of an earlier step) is refused.  `trained` (shared by a runtime's steps) says whether a loop of one
     of them ran its last `accumulate` block with grad; `looping` counts the loops over its micro-batches whose
-    generator is open (`microbatch.iterate`: the loop may still run); `carried` the autograd nodes of a
-    differentiable dispatch's tensors whose backward runs in the step's last micro-batch's (`runtime.carry`)."""
+    generator is open (`microbatch.iterate`: the loop may still run); `carried` the record of a differentiable
+    dispatch's tensors, whose backward runs in the step's last micro-batch's (`runtime.carry`), or None."""
 
     __slots__ = ("ended", "blocked", "empty", "versions", "trained", "graded", "looping", "carried")
 
     def __init__(self, trained: list | None = None):
         self.ended, self.trained, self.looping = False, [False] if trained is None else trained, 0
-        self.carried: tuple = ()
+        self.carried = None
         self.blocked: dict[int, set] = {}  # id(model) -> its micro-batches whose `accumulate` blocks ran (`_in_order`)
         self.empty: frozenset = frozenset()  # the micro-batches holding no row on this rank (nothing to synchronise)
         self.versions: dict[int, tuple] = {}  # id(model) -> the step's first held block's, `versions.unstepped`'s
         self.graded: dict[int, tuple] = {}  # id(model) -> (micro-batch, a parameter its held block gave a gradient)
+
+    def unsent(self) -> ValueError | None:
+        """Why the step's last micro-batch's block may not end: its backward did not reach the rows of the step's
+        differentiable dispatch, whose gradient every rank's last backward sends home in one reverse exchange (its
+        peers wait there); else None."""
+        if self.carried is None or self.carried.sent:
+            return None
+        return ValueError(
+            "the backward of the step's last micro-batch on this rank did not reach its rows of a differentiable "
+            "dispatch (`dispatch(..., differentiable=True)`), whose gradients go home in one reverse exchange that "
+            "every rank's last backward runs: its peers wait there; compute that micro-batch's loss from its rows on "
+            "every rank, an empty one's too (e.g. `model(micro.data[key]).sum() * 0`, not parameters times 0)")
 
     def next(self) -> StepToken:
         """End this step; the token of the next."""

@@ -1,6 +1,8 @@
 """`dispatch(..., differentiable=True)` with micro-batches: every micro-batch's backward, exact gradients, one reverse
 exchange per step (`runtime.carry`), on real gloo groups against a float64 reference."""
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from orchmllm.runtime import PostBalancingDispatcher, all_reduce_gradients, normalize_loss
 from orchmllm.runtime.alltoall import FlatAllToAll
-from orchmllm.runtime.launch import spawn
+from orchmllm.runtime.launch import run_processes, spawn
 from orchmllm.runtime.microbatch import accumulate
 
 VOCAB, WIDTH, BUDGET = 11, 4, 8
@@ -184,3 +186,41 @@ def test_regression_a_static_graph_ddp_whose_module_ran_before_a_differentiable_
         assert count == 2
         for grad, want in zip(grads, expected, strict=True):
             torch.testing.assert_close(grad, want, rtol=0, atol=1e-12)
+
+
+def dummy_loss_job(rank, size, lengths):
+    """A differentiable dispatch whose rank 1 holds no row in the step's last micro-batch, where its body's loss is
+    DDP's usual "dummy loss" (every parameter times 0), which reaches no row of the dispatch: what each rank raised,
+    and after how long."""
+    encoder, head = modules()
+    encoder, head = DistributedDataParallel(encoder), DistributedDataParallel(head)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    tokens, labels = rank_batch(rank, lengths)
+    start = time.monotonic()
+    try:
+        plan = dispatcher.plan(lengths[rank])
+        moved = dispatcher.dispatch({"e": encoder(tokens), "y": labels}, plan, differentiable=True)
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(head, micro):
+                if micro.items.size:
+                    loss = F.cross_entropy(head(micro.data["e"]), micro.data["y"], ignore_index=-1, reduction="sum")
+                else:
+                    loss = sum(parameter.sum() for parameter in head.parameters()) * 0
+                normalize_loss(loss, micro).backward()
+    except Exception as error:  # noqa: BLE001
+        return f"{type(error).__name__}: {error}", time.monotonic() - start
+    return "no error", time.monotonic() - start
+
+
+@pytest.mark.parametrize("lengths", [RANK_1_LAST_EMPTY, ([8], [])], ids=["M = 2", "M = 1"])
+def test_regression_a_last_backward_that_missed_the_dispatched_rows_left_the_peers_in_the_reverse_exchange(lengths):
+    """Cause (probe16 P16-13, HG): where a rank's last micro-batch's loss reaches none of its rows of a differentiable
+    dispatch (an empty micro-batch's dummy loss, every parameter times 0), that rank never runs the step's reverse
+    exchange, which its peers' last backward waits in: both waited until the group's timeout, blaming a dead peer.
+    That rank now raises as its last block ends, naming the rule, and stops: its peers' exchange fails at once."""
+    outcomes = run_processes(dummy_loss_job, 2, args=(lengths,), timeout_s=60, collective_timeout_s=30)
+    (first, first_seconds), (second, second_seconds) = (outcome.value for outcome in outcomes)
+    assert second.startswith("ValueError: the backward of the step's last micro-batch on this rank did not reach its "
+                             "rows of a differentiable dispatch"), second
+    assert first.startswith("PeerFailureError: rank 0: the exchange payload all-to-all"), first
+    assert max(first_seconds, second_seconds) < 20, (first_seconds, second_seconds)
