@@ -61,13 +61,7 @@ def check_model_contract(contract, backward: bool = True, raised: Exception | No
     if raised is not None and len(raising) == size:  # nobody waits: the error itself
         return
     if raising:
-        raise ModelContractError(
-            f"rank {rank}: ranks {raising} raised inside the body of `accumulate` in micro-batch {micro.index} of "
-            f"{micro.num_microbatches}, before its backward ({type(raised).__name__ if raised else 'see theirs'}; "
-            f"an exception caught outside the block, e.g. an out-of-memory batch skipped, would leave the other "
-            f"ranks waiting in that backward's gradient reduction): every rank stops here; skip a failing "
-            f"micro-batch alike on every rank (all-reduce the failure first), or let the exception stop the run"
-        ) from raised
+        raise _raised_problem(micro, rank, raising, raised) from raised
     if not failed:
         if blind:
             _warn_unseen(contract, unseen, blind)
@@ -101,6 +95,16 @@ def check_model_contract(contract, backward: bool = True, raised: Exception | No
     raise ModelContractError(f"rank {rank}: on ranks {failed} the loss of micro-batch {micro.index} leaves out "
                              f"parameters of the model given to `accumulate` ({named(contract)}; each rank named "
                              f"them); this rank stops with them: {advice}")
+
+
+def _raised_problem(micro, rank: int, raising: list[int], raised: Exception | None) -> ModelContractError:
+    """The refusal, on every rank, of a check that `raising` ranks joined because their body raised (`raised` here)."""
+    return ModelContractError(
+        f"rank {rank}: ranks {raising} raised inside the body of `accumulate` in micro-batch {micro.index} of "
+        f"{micro.num_microbatches}, before its backward ({type(raised).__name__ if raised else 'see theirs'}; an "
+        f"exception caught outside the block, e.g. an out-of-memory batch skipped, would leave the other ranks "
+        f"waiting in that backward's gradient reduction): every rank stops here; skip a failing micro-batch alike "
+        f"on every rank (all-reduce the failure first), or let the exception stop the run")
 
 
 def named(contract) -> str:

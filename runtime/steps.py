@@ -34,7 +34,9 @@ class StepToken:
             "the backward of the step's last micro-batch on this rank did not reach its rows of a differentiable "
             "dispatch (`dispatch(..., differentiable=True)`), whose gradients go home in one reverse exchange that "
             "every rank's last backward runs: its peers wait there; compute that micro-batch's loss from its rows on "
-            "every rank, an empty one's too (e.g. `model(micro.data[key]).sum() * 0`, not parameters times 0)")
+            "every rank, an empty one's too (e.g. `model(micro.data[key]).sum() * 0`, not parameters times 0), or, "
+            "where the rows take no gradient on purpose (an encoder frozen), dispatch them without "
+            "`differentiable=True` (`.detach()` them first)")
 
     def next(self) -> StepToken:
         """End this step; the token of the next."""

@@ -224,3 +224,35 @@ def test_regression_a_last_backward_that_missed_the_dispatched_rows_left_the_pee
                              "rows of a differentiable dispatch"), second
     assert first.startswith("PeerFailureError: rank 0: the exchange payload all-to-all"), first
     assert max(first_seconds, second_seconds) < 20, (first_seconds, second_seconds)
+
+
+def detached_rows_job(rank, size, differentiable):
+    """Every rank's loss detaches the dispatched rows (an encoder frozen after a warm-up), the rows dispatched with
+    `differentiable` (else detached before the dispatch): what each rank raised, or "trained"."""
+    encoder, head = modules()
+    head = DistributedDataParallel(head)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    tokens, labels = rank_batch(rank, LENGTHS[:2])
+    plan = dispatcher.plan(LENGTHS[rank])
+    embedded = encoder(tokens) if differentiable else encoder(tokens).detach()
+    moved = dispatcher.dispatch({"e": embedded, "y": labels}, plan, differentiable=differentiable)
+    try:
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(head, micro):
+                loss = F.cross_entropy(head(micro.data["e"].detach()), micro.data["y"], ignore_index=-1,
+                                       reduction="sum")
+                normalize_loss(loss, micro).backward()
+    except ValueError as error:
+        return str(error)
+    return "trained"
+
+
+def test_regression_rows_detached_on_every_rank_were_refused_with_advice_to_fake_a_dependency():
+    """Cause (probe16 P16-16, after d8f4e16): a differentiable dispatch whose rows every rank's loss detaches (an
+    encoder frozen after a warm-up) is refused, as a rank cannot tell that its peers skipped the reverse exchange
+    too, but the message only told the user to make the loss reach the rows.  It now names the way out: dispatch
+    rows that take no gradient without `differentiable=True`, which trains."""
+    for message in spawn(detached_rows_job, 2, args=(True,), timeout_s=60, collective_timeout_s=30):
+        assert "where the rows take no gradient on purpose (an encoder frozen), dispatch them without " \
+               "`differentiable=True` (`.detach()` them first)" in message, message
+    assert spawn(detached_rows_job, 2, args=(False,), timeout_s=60, collective_timeout_s=30) == ["trained"] * 2
