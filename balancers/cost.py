@@ -40,9 +40,12 @@ class CostModel:
 
     def __call__(self, length: float) -> float:
         """f(length) of one length, a finite real >= 0 (`item_costs` takes an array of them)."""
-        if isinstance(length, (list, tuple, np.ndarray)):
+        several = isinstance(length, (list, tuple)) or len(getattr(length, "shape", ())) > 0
+        if several:
             raise TypeError(f"a CostModel called on one `length`; got a {type(length).__name__}: use "
                             f"item_costs(lengths) for several")
+        if hasattr(length, "shape") and hasattr(length, "item"):  # a numpy or torch scalar, 0-d arrays included
+            length = length.item()
         return float(self.item_costs(np.asarray([as_real(length, "length")]))[0])
 
     def padded_cost(self, count: int, max_length: int) -> float:
