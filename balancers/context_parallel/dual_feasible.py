@@ -14,7 +14,9 @@ On any rank the pieces' f sum to at most ⌊T / x⌋ (⌊a / x⌋ + ⌊b / x⌋ 
 and where the left side is larger for some x, no plan exists (as plain code:
 `sum(min(sum(f(s) for s in shards(l, c)) for c in fitting(l)) for l in lengths) > D * (T // x)`).
 An item whose shards at the widest degree hold at most T / 2 tokens takes the least at that degree (its
-shards pair up into those of any narrower degree, and f(p) >= ⌊p / x⌋), so only the others, which need a
+shards pair up into those of any narrower degree, and f(p) >= ⌊p / x⌋; the pairing needs every degree to
+divide the wider ones, which powers of two do (`as_degrees`): with degrees (2, 3), l = 6 and x = 2 take 3
+units at c = 3 and 2 at c = 2, and the certificate would be unsound), so only the others, which need a
 rank of their own per shard, are minimised over their degrees.  Tried at every x that is a shard size of
 the widest degree (>= T / THRESHOLDS_BELOW) and just above T / k, k = 2 .. THRESHOLDS_BELOW.
 
