@@ -87,3 +87,21 @@ def test_the_exposed_communication_fit_recovers_overlap_and_latency():
     exposed = {c: max(transfer[c] - 0.3 * compute[c], 0.0) + 1e-4 * 2 * (c - 1) for c in (2, 4, 8)}
     overlap, latency = calibrate_script().fit_exposed(exposed, compute, 10_000, 4096, 1e9)
     assert overlap == pytest.approx(0.3, abs=1e-9) and latency == pytest.approx(1e-4, rel=1e-6)
+
+
+def test_regression_the_split_check_failed_plans_as_good_as_the_degrees_allow():
+    """Cause (probe16 P16-18): the giants demo failed whenever the isolated split max/mean exceeded an absolute 1.1,
+    so degrees (1, 2) on 4 ranks, whose plan cannot do better than 1.72 (the giants need degree 4), exited 1 with
+    a measured 1.58, better than planned.  The check is the plan's own max/mean plus 0.10 (1.10 for a plan of 1.0,
+    as before), so a measured step far off its plan still fails."""
+    from dataclasses import fields
+    from orchmllm.runtime.demo.giants import GiantsReport
+    base = {field.name: 0 for field in fields(GiantsReport) if field.name != "workload"}
+    base.update(busy_max_over_mean_isolated_unsplit=2.0, gradient_tolerance=1e-12, dtype="float64")
+    plan_allows = GiantsReport(**{**base, "busy_max_over_mean_planned_split": 1.723,
+                                  "busy_max_over_mean_isolated_split": 1.577})
+    assert plan_allows.failed_checks() == []
+    off_its_plan = GiantsReport(**{**base, "busy_max_over_mean_planned_split": 1.002,
+                                   "busy_max_over_mean_isolated_split": 1.136})
+    assert off_its_plan.failed_checks() == ["isolated busy max/mean with splitting 1.136 > 1.102 (the plan's own 1.002 "
+                                            "+ 0.1)"]
