@@ -154,3 +154,13 @@ def test_regression_replica_times_held_every_operations_end_times():
         tracemalloc.stop()
     assert [times[0], times[4095]] == expected
     assert peak < 96 * 4096 * 8, peak  # the durations (32 rows) and a few rows of end times (53 in all; 300 before)
+
+
+@pytest.mark.parametrize("schedule, virtual", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_zero_durations_end_at_zero(schedule, virtual):
+    """The walk adds an operation's duration to 0.0 where it has no predecessor (speed: no max with zeros):
+    zero seconds, -0.0 too, end at +0.0 as the event simulation's do, staged or uniform."""
+    pipeline = Pipeline(stages=4, schedule=schedule, virtual_stages=virtual)
+    for shape in ((3, 8), (3, 4, 8)):
+        times = replica_times(pipeline, np.full(shape, -0.0), np.full(shape, -0.0))
+        assert times.tolist() == [0.0] * 3 and not np.signbit(times).any()

@@ -199,13 +199,13 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
         size = min(n - position, num_ranks)
         topped = keys[:size] + steps[position: position + size]
         # Item k goes to the k-th key iff that key is below every key topped up before it: surely so when the
-        # largest key is below the least plus the round's least step (a prefix minimum otherwise).
-        if size > 1 and keys[size - 1] >= keys[0] + steps[position + size - 2]:
-            failed = keys[1:size] > np.minimum.accumulate(topped[:-1])
-            first = int(failed.argmax())  # argmax stops at the first True
-            placed = first + 1 if failed[first] else size
-        else:
-            placed = size
+        # largest key is below the least plus the round's least step.  Keys rise and the prefix minima of the
+        # topped ones fall, so once an item fails every later one does: when the last goes (one minimum),
+        # they all do; the prefix minimum finds the first that fails otherwise.
+        placed = size
+        if size > 1 and keys[size - 1] >= keys[0] + steps[position + size - 2] and \
+                keys[size - 1] > topped[:-1].min():
+            placed = int((keys[1:size] > np.minimum.accumulate(topped[:-1])).argmax()) + 1  # the first True
         if 8 * placed < size:
             loads = np.empty(num_ranks, dtype=np.int64)
             loads[keys & mask] = keys >> shift

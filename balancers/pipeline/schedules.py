@@ -118,8 +118,8 @@ def programs(pipeline: Pipeline, num_microbatches: int) -> tuple[np.ndarray, ...
 
 
 def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
-    """Each replica's pipeline time: forward / backward of shape (replicas, M) (uniform stages) or
-    (replicas, P, M), slot k the k-th micro-batch each replica runs (see the module docstring).
+    """Each replica's pipeline time: forward / backward seconds (>= 0) of shape (replicas, M) (uniform stages)
+    or (replicas, P, M), slot k the k-th micro-batch each replica runs (see the module docstring).
 
     >>> replica_times(Pipeline(stages=2), np.array([[1.0, 1.0]]), np.array([[2.0, 2.0]])).tolist()
     [9.0]
@@ -134,19 +134,28 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     if not stage_ends:
         return np.zeros(rows)
     # every operation's duration row is a contiguous row of (2M, rows) per stage: no (ops, rows) gather
-    both = np.concatenate([np.moveaxis(forward, 0, -1), np.moveaxis(backward, 0, -1)], axis=-2)
+    axes = (*range(1, forward.ndim), 0)  # the rows last
+    both = np.concatenate([forward.transpose(axes), backward.transpose(axes)], axis=-2)
     if pipeline.virtual_stages > 1:
         both /= pipeline.virtual_stages
-    durations = both.reshape(int(np.prod(both.shape[:-1])), rows)
-    zero, ends = np.zeros(rows), []
+    durations = list(both.reshape(int(np.prod(both.shape[:-1])), rows))  # its rows, each made a view once
+    ends, maximum = [], np.maximum
     for before, needs, row, done in uniform if forward.ndim == 2 else staged:
-        end = np.maximum(ends[before] if before >= 0 else zero, ends[needs] if needs >= 0 else zero)
-        end += durations[row]
+        # durations >= 0, so end times are >= +0.0 and an absent operation's 0 changes no max
+        if before >= 0 and needs >= 0:
+            end = maximum(ends[before], ends[needs])
+            end += durations[row]
+        else:
+            end = (ends[max(before, needs)] if before >= 0 or needs >= 0 else 0.0) + durations[row]
         ends.append(end)
         for op in done:  # ends no later operation reads: their memory serves the next ones
             ends[op] = None
     # a stage's end times never fall along its order: its last operation ends it
-    return np.max([ends[op] for op in stage_ends], axis=0)
+    first, *rest = (ends[op] for op in stage_ends)
+    times = np.maximum(first, rest[0]) if rest else first
+    for end in rest[1:]:
+        np.maximum(times, end, out=times)
+    return times
 
 
 @lru_cache(maxsize=64)
