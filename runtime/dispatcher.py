@@ -430,6 +430,12 @@ class PostBalancingDispatcher:
         flow to every row) or "first" (group rank 0's: a value the group agrees on, an id or an
         all-reduced score); one name for all, or a mapping key -> name.  Without it every rank raises
         ValueError naming the item, never a partial row.
+
+        `differentiable` (the default): gradients of what comes home flow back to the outputs through one
+        reverse all-to-all, which every rank's backward runs, so every rank's loss must reach its combined
+        rows where any rank's does, a rank with no home items too (e.g. `home[key].sum() * 0`, not parameters
+        times 0; else its peers wait in that exchange until the group's timeout); False for outputs that take
+        no gradient (logged scores).
         """
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
         ordering = None if order in COMBINE_ORDERS else ValueError(f"`order` must be None or one of "
