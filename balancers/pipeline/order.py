@@ -1,8 +1,12 @@
-"""Where each cell runs in its replica: the order of a replica's cells for the schedule.
+"""Where each cell runs: which replica (padded cells) and in which slot of it.
 
-In a pipeline step any cell may run in any slot of its replica (replicas meet only at the end
+In a pipeline step any cell may run on any replica in any slot (replicas meet only at the end
 of the step, `schedules`):
 
+    deal      cells by cost, heaviest first, in rounds of D: round j gives one cell to every
+              replica, the heaviest to the replica with the least cost so far (ties by index),
+              so every replica gets one cell of every tier and near-equal sums (padded cells,
+              which the search's item moves do not reshape)
     mountain  each replica's cells in the order light, ..., heavy, ..., light: the lightest
               runs last (the drain waits on the last backward, k times a forward), the next
               first (the fill waits on the first forward), and so on inward; GPipe's time
@@ -13,6 +17,20 @@ of the step, `schedules`):
 from __future__ import annotations
 
 import numpy as np
+
+
+def deal(cell_costs: np.ndarray, num_ranks: int) -> np.ndarray:
+    """(D, M) indices into `cell_costs` (M·D of them): the cells of each replica (see the module)."""
+    m = cell_costs.size // num_ranks
+    order = np.argsort(-cell_costs, kind="stable")
+    grid = np.empty((num_ranks, m), dtype=np.int64)
+    sums = np.zeros(num_ranks)
+    for j in range(m):
+        tier = order[j * num_ranks:(j + 1) * num_ranks]
+        lightest = np.argsort(sums, kind="stable")
+        grid[lightest, j] = tier
+        sums[lightest] += cell_costs[tier]
+    return grid
 
 
 def mountain(costs: np.ndarray) -> np.ndarray:

@@ -5,7 +5,9 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               (unpadded) the items cut afresh into cells of the schedule's best shape by one LPT
               over all M·D cells (`lpt_shaped`); the faster ends the planning when it is within
               STOP_GAP of τ·X̄ (the search's stop rule), else the plain cells reordered in each
-              replica (`order.mountain`) are a third start
+              replica (`order.mountain`) are a third start, and (padded, where no item moves
+              reshape a cell) the plain cells dealt afresh over the replicas and reordered
+              (`order.deal`) a fourth, searched too
     search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept:
               rounds of item moves off many slow replicas at once, then slot swaps and item moves
               off the slowest replica.  The shaped cells are near the best shape on almost every
@@ -38,7 +40,7 @@ from ..microbatch.cells import lpt_cells
 from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
 from ..problem import Status, integer_values
 from .bounds import step_bound
-from .order import mountain
+from .order import deal, mountain
 from .profile import best_profile
 from .schedules import replica_times
 from .search import STOP_GAP, CellSearch
@@ -161,7 +163,13 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     cells.append(tuple(None if grid is None else np.take_along_axis(grid, order, axis=1) for grid in (cost, tokens,
                                                                                                      firsts)))
     placed[len(cells) - 1] = (rank, np.argsort(order, axis=1)[rank, microbatch])  # slot j runs where order holds j
-    times += _timed(pipeline, cells[-1:])
+    if problem.padded:  # whole cells dealt afresh over the replicas, then reordered (`order`; review11 R11-01)
+        flat = [None if grid is None else grid.T.ravel() for grid in (cost, tokens, firsts)]  # cell m·D + r
+        dealt = deal(flat[0], d)
+        grid = np.take_along_axis(dealt, mountain(flat[0][dealt]), axis=1)
+        cells.append(tuple(None if values is None else values[grid] for values in flat))
+        placed[len(cells) - 1] = _placed(grid, microbatch * d + rank, num_microbatches)
+    times += _timed(pipeline, cells[len(times):])
     best = _fastest(times)
     found = None  # (time, the search's answer): the fastest of the searches from the reordered and shaped cells
     for begin in range(1, len(cells)):
@@ -180,6 +188,14 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     if found[0] >= float(times[best].max()):  # no faster than the best start: that one
         return _start(placed, cells, times, summed, best)
     return found[1]
+
+
+def _placed(grid: np.ndarray, cell: np.ndarray, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """(replica, slot) per item when replica r runs flat cell grid[r, k] in slot k (item i in flat cell cell[i])."""
+    replica_of, slot_of = np.empty(grid.size, dtype=np.int64), np.empty(grid.size, dtype=np.int64)
+    replica_of[grid.ravel()] = np.repeat(np.arange(grid.shape[0]), num_microbatches)
+    slot_of[grid.ravel()] = np.tile(np.arange(num_microbatches), grid.shape[0])
+    return replica_of[cell], slot_of[cell]
 
 
 def _start(placed: dict, cells: list, times: list, summed: dict, index: int) -> tuple:
