@@ -5,7 +5,6 @@ import re
 
 import numpy as np
 import pytest
-import torch
 
 from orchmllm.balancers import CostModel
 
@@ -155,10 +154,18 @@ def test_regression_a_call_took_any_length(length, error, message):
     assert CostModel(linear=1.0, quadratic=1e-3)(np.int64(10)) == 10.1
 
 
-@pytest.mark.parametrize("length", [10, 10.0, np.int32(10), np.float64(10.0), np.array(10), np.array([10])[0],
-                                    torch.tensor(10), torch.tensor([10, 11])[0]])
+@pytest.mark.parametrize("length", [10, 10.0, np.int32(10), np.float64(10.0), np.array(10), np.array([10])[0]])
 def test_a_call_takes_any_one_real_length(length):
-    """probe16 P16-17: the check of P16-07 refused a 0-d array and a 0-d torch tensor (`cost(lengths[i])`)."""
+    """probe16 P16-17: the check of P16-07 refused a 0-d array (and a 0-d torch tensor, below)."""
     assert CostModel(linear=1.0, quadratic=1e-3)(length) == 10.1
     with pytest.raises(TypeError, match="use item_costs"):
         CostModel()(np.array([length, length]))
+
+
+def test_a_call_takes_a_zero_dimensional_tensor():
+    """probe16 P16-17: `cost(lengths[i])` of a torch tensor of lengths."""
+    torch = pytest.importorskip("torch")  # the optional runtime extra
+    for length in (torch.tensor(10), torch.tensor([10, 11])[0]):
+        assert CostModel(linear=1.0, quadratic=1e-3)(length) == 10.1
+    with pytest.raises(TypeError, match="use item_costs"):
+        CostModel()(torch.tensor([10, 11]))
