@@ -26,6 +26,7 @@ def test_the_giant_split_trains_as_the_unsplit_reference_and_balances_the_ranks(
     assert report.busy_max_over_mean_isolated_unsplit >= 1.5  # the giant alone is the unsplit plan's bound ...
     assert report.busy_max_over_mean_isolated_split < report.busy_max_over_mean_isolated_unsplit  # ... split, less
     assert report.busy_max_over_mean_planned_split < report.busy_max_over_mean_planned_unsplit
+    assert 0.99 < report.busy_max_over_mean_bound_split <= report.busy_max_over_mean_planned_split * (1 + 1e-12)
     assert set(report.to_json()) >= {"items_split", "tokens_lost", "samples_lost", "grad_max_abs_diff",
                                      "busy_max_over_mean_isolated_split", "busy_max_over_mean_isolated_unsplit"}
 
@@ -92,16 +93,21 @@ def test_the_exposed_communication_fit_recovers_overlap_and_latency():
 def test_regression_the_split_check_failed_plans_as_good_as_the_degrees_allow():
     """Cause (probe16 P16-18): the giants demo failed whenever the isolated split max/mean exceeded an absolute 1.1,
     so degrees (1, 2) on 4 ranks, whose plan cannot do better than 1.72 (the giants need degree 4), exited 1 with
-    a measured 1.58, better than planned.  The check is the plan's own max/mean plus 0.10 (1.10 for a plan of 1.0,
-    as before), so a measured step far off its plan still fails."""
+    a measured 1.58, better than planned.  The check is the split plan's certified bound (the best its degrees
+    allow) in max/mean plus 0.10, so a measured step far off its plan still fails, and so does a plan far above
+    what its degrees allow (review11 R11-06: with the plan's own max/mean as the yardstick, a planner that left
+    the giants unsplit passed wherever the measurement agreed with it)."""
     from dataclasses import fields
     from orchmllm.runtime.demo.giants import GiantsReport
     base = {field.name: 0 for field in fields(GiantsReport) if field.name != "workload"}
     base.update(busy_max_over_mean_isolated_unsplit=2.0, gradient_tolerance=1e-12, dtype="float64")
     plan_allows = GiantsReport(**{**base, "busy_max_over_mean_planned_split": 1.723,
-                                  "busy_max_over_mean_isolated_split": 1.577})
+                                  "busy_max_over_mean_bound_split": 1.701, "busy_max_over_mean_isolated_split": 1.577})
     assert plan_allows.failed_checks() == []
     off_its_plan = GiantsReport(**{**base, "busy_max_over_mean_planned_split": 1.002,
-                                   "busy_max_over_mean_isolated_split": 1.136})
-    assert off_its_plan.failed_checks() == ["isolated busy max/mean with splitting 1.136 > 1.102 (the plan's own 1.002 "
-                                            "+ 0.1)"]
+                                   "busy_max_over_mean_bound_split": 1.0, "busy_max_over_mean_isolated_split": 1.136})
+    assert off_its_plan.failed_checks() == ["isolated busy max/mean with splitting 1.136 > 1.100 (the best the "
+                                            "degrees allow, the split plan's certified bound 1.000, + 0.1)"]
+    badly_split = GiantsReport(**{**base, "busy_max_over_mean_planned_split": 1.9,
+                                  "busy_max_over_mean_bound_split": 1.0, "busy_max_over_mean_isolated_split": 1.88})
+    assert len(badly_split.failed_checks()) == 1
