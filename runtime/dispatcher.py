@@ -297,8 +297,8 @@ class PostBalancingDispatcher:
         too), and its backward runs last.
         """
         plan = _checked_plan(plan)
-        problem = ((None if plan is self._latest else loop_left(self._clock.step)) or self._foreign_problem(plan, "dispatch")
-                   or items_problem(plan, lengths, loss_tokens)
+        problem = ((None if plan is self._latest else loop_left(self._clock.step))
+                   or self._foreign_problem(plan, "dispatch") or items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
         self._clock.tell(self.guards["dispatch"])  # rides in the header: every rank learns every rank's
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)

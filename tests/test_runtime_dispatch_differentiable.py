@@ -146,7 +146,8 @@ def static_graph_job(rank, size, together):
     lengths = LENGTHS[:2]
     if together:
         model = DistributedDataParallel(Whole(), static_graph=True)
-        encoder, parameters = model.module.encoder, [*model.module.encoder.parameters(), *model.module.head.parameters()]
+        encoder = model.module.encoder
+        parameters = [*encoder.parameters(), *model.module.head.parameters()]
     else:
         encoder, head = modules()
         encoder, model = DistributedDataParallel(encoder), DistributedDataParallel(head, static_graph=True)
