@@ -246,9 +246,10 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         what iterates this sampler (a `DataLoader(dataset, batch_sampler=sampler, collate_fn=...)`, not built with
         in_order=False), one collated batch per yielded list, in order; `micro.data` is that batch, `micro.items`
         its dataset indices as yielded, `micro.lengths` their lengths, and every micro-batch's loss is divided by
-        its step's tokens (`normalize_loss(loss_sum, micro)`).  `group`: the processes whose gradients the model reduces (DDP's process
-        group, default the world), on which the model check runs until the first step trained and on every step
-        whose last micro-batch is empty on some rank (the plan says which: every rank decides alike):
+        its step's tokens (`normalize_loss(loss_sum, micro)`).  `group`: the processes whose gradients the model
+        reduces (DDP's process group, default the world), on which the model check runs until the first step
+        trained and on every step whose last micro-batch is empty on some rank (the plan says which: every rank
+        decides alike):
 
             for micro in sampler.microbatches(loader):
                 with accumulate(model, micro):                # no gradient sync but on the step's last
