@@ -429,11 +429,58 @@ def test_kept_integer_steps_are_not_read_from_an_array_made_writeable_again():
     kept = lpt._LastUnits()
     costs = np.arange(100, 0, -1, dtype=float)
     costs.setflags(write=False)
-    kept.keep(costs, ("steps",))
+    kept.keep((costs,), lambda: ("steps",))
     assert kept.get(costs) == ("steps",)
     costs.setflags(write=True)
     costs[0] = 1e6
     assert kept.get(costs) is None
+
+
+def test_regression_the_flat_shaped_start_ran_the_plain_planners_lpt_again(monkeypatch):
+    """Regression (issue 28, planning time): where the schedule's best shape is flat (GPipe), the shaped start is
+    LPT over the same M·D cells from zero loads, which the plain planner's LPT had just run over the same read-only
+    sorted costs and order (flat levels); it ran again.  Now `greedy_from` takes the plan the plain planner shared
+    (`lpt._KEPT_PLAN`, read-only): one LPT, the same plan."""
+    from orchmllm.balancers.kernels import lpt
+
+    lengths = np.random.default_rng(0).integers(200, 3000, 64 * 24)  # no item above a cell's mean: flat levels
+    costs = (lengths.astype(np.int64) ** 2 // 7).astype(float)
+    runs = []
+    by_keys = lpt._greedy_by_keys
+    monkeypatch.setattr(lpt, "_greedy_by_keys", lambda *args: runs.append(args[3]) or by_keys(*args))
+    pipeline = Pipeline(stages=8, schedule="gpipe")
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, costs=costs, pipeline=pipeline)
+    assert runs == [64 * plan.num_microbatches]
+    monkeypatch.setattr(lpt._LastUnits, "keep", lambda *args: None)  # every LPT runs afresh
+    monkeypatch.setattr(lpt, "_KEPT_PLAN", lpt._LastUnits())
+    again = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, costs=costs, pipeline=pipeline)
+    assert len(runs) == 3
+    assert np.array_equal(plan.rank, again.rank) and np.array_equal(plan.microbatch, again.microbatch)
+    assert np.array_equal(plan.pipeline.replica_times, again.pipeline.replica_times)
+
+
+def test_only_a_shared_lpt_plan_is_kept_and_it_is_read_only():
+    """`lpt.solve`'s plan belongs to its caller, who may write it: it is kept for `greedy_from` only where the
+    caller shares it (`shared=True`, the cells planner, which only reads it) within `sharing_plans` (a pipeline
+    planner follows), and then read-only, so no one can change the plan `greedy_from` returns; a plan not shared
+    stays writeable and is not kept, nor one shared outside `sharing_plans`."""
+    from orchmllm.balancers.kernels import lpt
+    from orchmllm.balancers.microbatch.plan import cells_problem
+
+    lengths = np.random.default_rng(1).integers(200, 3000, 40 * 6)
+    problem = make_microbatch_problem(lengths, 40, max_tokens_per_microbatch=10**7,
+                                      costs=(lengths.astype(np.int64) ** 2 // 7).astype(float))
+    lpt._KEPT_PLAN.entry = None
+    own = lpt.solve(cells_problem(problem, 80), shared=True).assignment
+    with lpt.sharing_plans():
+        assert np.array_equal(own, lpt.solve(cells_problem(problem, 80)).assignment)
+    assert own.flags.writeable and lpt._KEPT_PLAN.entry is None
+    with lpt.sharing_plans():
+        shared = lpt.solve(cells_problem(problem, 80), shared=True).assignment
+    assert not shared.flags.writeable and np.array_equal(own, shared)
+    cells, sums = lpt.greedy_from(problem.sorted_costs, 80, problem.cost_order, np.zeros(80))
+    assert cells is shared
+    np.testing.assert_array_equal(sums, np.bincount(own, weights=problem.item_costs, minlength=80))
 
 
 @pytest.mark.parametrize("schedule, virtual, most", [("gpipe", 1, 1.25), ("interleaved", 2, 1.15)])

@@ -28,6 +28,8 @@ in O(n log D) with a heap.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import heapq
 import weakref
@@ -142,7 +144,7 @@ def _key_steps(sorted_costs: np.ndarray, num_ranks: int,
         steps = steps_made[2]
     else:
         steps = read_only((integers >> exponent) << shift)
-        _KEPT_UNITS.keep(sorted_costs, (integers, cost_bits, total, (exponent, shift, steps)))
+        _KEPT_UNITS.keep((sorted_costs,), lambda: (integers, cost_bits, total, (exponent, shift, steps)))
     keys = np.arange(num_ranks, dtype=np.int64)
     if starts is not None:
         keys = np.sort(((starts >> exponent) << shift) | keys, kind="stable")  # timsort merges runs
@@ -150,30 +152,38 @@ def _key_steps(sorted_costs: np.ndarray, num_ranks: int,
 
 
 class _LastUnits:
-    """The integer form `_key_steps` made of the last read-only sorted costs it was given (their int64
-    values, bits, float total, and the steps of one shift), for the next call over the same memory: the
-    pipeline planner's shaped LPT (`greedy_from`) runs over the sorted costs (a problem's kept order,
-    `orders.sealed`: views of a read-only owner) that the plain planner's LPT converted just before.  One
-    entry, replaced whole (a thread sees the old or the new one, each checked against the array's owner and
-    place in it), dropped with its owner."""
+    """What was made last of some read-only arrays (`_key_steps`: the integer form of sorted costs, their int64
+    values, bits, float total and the steps of one shift; `_greedy_sorted`: its LPT plan), for the next call over
+    the same memory: the pipeline planner's shaped LPT (`greedy_from`) runs over the sorted costs and cost order
+    (a problem's kept orders, `orders.sealed`: views of read-only owners) that the plain planner's LPT used just
+    before.  One entry, replaced whole (a thread sees the old or the new one, each array checked against its
+    owner and place in it), dropped with any of its owners."""
 
     def __init__(self):
         self.entry = None
 
-    def get(self, sorted_costs: np.ndarray) -> tuple | None:
-        entry, (owner, place) = self.entry, _memory(sorted_costs)
-        # an owner of its memory may be made writeable again (and written): then the entry is stale
-        return entry[2] if entry is not None and entry[0]() is owner and entry[1] == place and \
-            not owner.flags.writeable else None
+    def get(self, *arrays: np.ndarray) -> tuple | None:
+        entry = self.entry
+        if entry is None or len(entry[0]) != len(arrays):
+            return None
+        for reference, place, array in zip(*entry[:2], arrays):
+            owner, where = _memory(array)
+            # an owner of its memory may be made writeable again (and written): then the entry is stale
+            if reference() is not owner or where != place or owner.flags.writeable:
+                return None
+        return entry[2]
 
-    def keep(self, sorted_costs: np.ndarray, units: tuple) -> None:
-        owner, place = _memory(sorted_costs)
-        if isinstance(owner, np.ndarray) and not (sorted_costs.flags.writeable or owner.flags.writeable):
-            self.entry = (weakref.ref(owner, self._forget), place, units)
+    def keep(self, arrays: tuple, units) -> None:
+        """`units()` kept for these arrays where they are read-only (made only then)."""
+        memories = [_memory(array) for array in arrays]
+        if all(isinstance(owner, np.ndarray) and not (array.flags.writeable or owner.flags.writeable)
+               for array, (owner, _) in zip(arrays, memories)):
+            self.entry = (tuple(weakref.ref(owner, self._forget) for owner, _ in memories),
+                          tuple(place for _, place in memories), units())
 
     def _forget(self, reference) -> None:
         entry = self.entry
-        if entry is not None and entry[0] is reference:
+        if entry is not None and any(kept is reference for kept in entry[0]):
             self.entry = None
 
 
@@ -183,7 +193,20 @@ def _memory(array: np.ndarray) -> tuple[np.ndarray, tuple]:
                                                             array.strides, array.dtype.str)
 
 
-_KEPT_UNITS = _LastUnits()
+_KEPT_UNITS, _KEPT_PLAN = _LastUnits(), _LastUnits()
+_SHARING = contextvars.ContextVar("lpt_sharing", default=False)
+
+
+@contextlib.contextmanager
+def sharing_plans(active: bool = True):
+    """Within (where `active`): `solve(..., shared=True)` keeps its plan for `greedy_from` (a pipeline planner
+    follows).  Elsewhere it keeps none: the memory of a plan held to no use slows the rest of a plain plan
+    (~2 % at D = 2560 × 32, M 3: allocations miss the freed block)."""
+    token = _SHARING.set(active)
+    try:
+        yield
+    finally:
+        _SHARING.reset(token)
 
 
 def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: int, order: np.ndarray
@@ -253,27 +276,37 @@ def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray,
     rank's Σ cost of its items (exact: `np.bincount(assignment, costs)` in any order), or None unless the costs
     and loads make LPT's integer keys (`_key_steps`) over 32 ranks or more: the choices of LPT after one
     pinned placeholder costing base + start[r] on every rank r, any base above every cost
-    (`microbatch.cells.lpt_cells`), without them."""
-    key_steps = None if num_ranks < _ROUNDS_FROM_RANKS else _key_steps(sorted_costs, num_ranks, start)
-    if key_steps is None:
-        return None
-    steps, shift, keys, divisor = key_steps
-    assignment, keys = _greedy_by_keys(steps, shift, keys, num_ranks, order)
+    (`microbatch.cells.lpt_cells`), without them.  From zero loads these are the keys, rounds and answer of
+    `greedy_unpadded`'s integer keys: the plan `solve` shared last over the same sorted costs and order (kept,
+    read-only) where there was one."""
+    kept = None if start.any() else _KEPT_PLAN.get(sorted_costs, order)  # `solve(..., shared=True)`'s
+    if kept is not None and kept[0] == num_ranks:
+        _, assignment, keys, shift, divisor = kept
+    else:
+        key_steps = None if num_ranks < _ROUNDS_FROM_RANKS else _key_steps(sorted_costs, num_ranks, start)
+        if key_steps is None:
+            return None
+        steps, shift, keys, divisor = key_steps
+        assignment, keys = _greedy_by_keys(steps, shift, keys, num_ranks, order)
     sums = np.empty(num_ranks, dtype=np.int64)
     sums[keys & ((1 << shift) - 1)] = keys >> shift
     sums -= start.astype(np.int64) // divisor  # whole units of `divisor`, below 2**53 (`_key_steps`)
     return assignment, sums * float(divisor)
 
 
-def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray) -> np.ndarray:
-    """`greedy_unpadded` given the costs in `order` (largest first) already."""
+def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, shared: bool = False) -> np.ndarray:
+    """`greedy_unpadded` given the costs in `order` (largest first) already; `shared` as `solve`'s."""
     if num_ranks < _ROUNDS_FROM_RANKS:  # rounds of a few items cost more than the heap loop itself
         assignment = np.empty(sorted_costs.size, dtype=np.int64)
         _heap_round(np.zeros(num_ranks), sorted_costs, order, assignment)
         return assignment
     key_steps = _key_steps(sorted_costs, num_ranks)
     if key_steps is not None:
-        return _greedy_by_keys(*key_steps[:3], num_ranks, order)[0]
+        assignment, keys = _greedy_by_keys(*key_steps[:3], num_ranks, order)
+        if shared:  # kept for `greedy_from` from zero loads
+            _KEPT_PLAN.keep((sorted_costs, order), lambda: (num_ranks, read_only(assignment), read_only(keys),
+                                                            key_steps[1], key_steps[3]))
+        return assignment
     assignment = np.empty(sorted_costs.size, dtype=np.int64)
     loads = np.zeros(num_ranks)
     n, position = sorted_costs.size, 0
@@ -347,14 +380,17 @@ def _no_completion(problem: Problem, cap: int, item: int, uncapped: np.ndarray) 
         f"lpt fits under a cap of {enough}", min_cap=enough)
 
 
-def solve(problem: Problem, quick_refusal: bool = False) -> KernelResult:
+def solve(problem: Problem, quick_refusal: bool = False, shared: bool = False) -> KernelResult:
     """LPT kernel: unpadded or padded, with or without a memory cap.  `quick_refusal`: an unpadded
     capped greedy that provably cannot finish gives up where it first leaves the uncapped plan,
-    naming no item of its own (for callers that only need to know that it found no room)."""
+    naming no item of its own (for callers that only need to know that it found no room).  `shared`: the
+    caller never writes the plan, so within `sharing_plans` the uncapped one (on integer keys) is made read-only and
+    kept for `greedy_from`, which returns it for the same sorted costs and order from zero loads (no copy)."""
     cap = problem.max_tokens_per_rank
     if problem.padded:
         return KernelResult(_greedy_padded(problem, cap))
-    assignment = _greedy_sorted(problem.sorted_costs, problem.num_ranks, problem.cost_order)
+    assignment = _greedy_sorted(problem.sorted_costs, problem.num_ranks, problem.cost_order,
+                                shared and _SHARING.get())
     # The capped greedy makes the same choices as long as each chosen rank had room, which
     # holds whenever the uncapped plan ends within the cap.
     if cap is not None and rank_tokens(problem, assignment).max() > cap:

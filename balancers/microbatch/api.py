@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from ..context_parallel.microbatch import balance_microbatches_split
+from ..kernels.lpt import sharing_plans
 from ..locality.balance import deal_locally
 from ..locality.deal import NoRoom
 from ..locality.lap import assign_groups, assign_groups_greedily
@@ -35,7 +36,8 @@ from ..orders import sealed
 from ..origins import Origins, as_origins
 from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
-from ..pipeline.spec import Pipeline
+from ..pipeline.profile import flat_profile
+from ..pipeline.spec import MAX_PIPELINE_SLOTS, Pipeline
 from ..problem import (InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
                        check_token_range, item_costs_of, rank_loads)
 from ..registry import built_in, certifies, get_microbatch_algorithm
@@ -332,6 +334,15 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
     return result._replace(rank=rank, microbatch=slot, status=Status.FEASIBLE), m, floor_m, proven, step, accounts
 
 
+def _shapes_flat(problem: MicroBatchProblem, pipeline: Pipeline | None, fixed: int | None) -> bool:
+    """Whether `pipeline`'s best shape (`flat_profile`) is flat at M (free: the fewest that fit): the pipeline
+    planner's shaped start is then the plain planner's LPT where that ran from zero loads (`lpt.sharing_plans`)."""
+    if pipeline is None:
+        return False
+    m = pipeline.runnable(fixed or problem.min_microbatches)
+    return m * pipeline.stages * pipeline.virtual_stages <= MAX_PIPELINE_SLOTS and flat_profile(pipeline, m)
+
+
 def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None, padded=False,
                          num_microbatches=None, microbatch_overhead=0.0, algorithm="auto", sources=None,
                          item_bytes=None, topology=None, time_limit=None, pipeline=None, first_stage_costs=None,
@@ -419,11 +430,12 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
         kernel = microbatch_auto.solve_with_plain_step  # M = 1 at least `balance`'s plan (not with sources)
     start = time.perf_counter()
     kernel = checked_kernel(kernel, algorithm, certifies(record), built_in(record))
-    result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact)
-    name, step, accounts = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None, None
-    if pipeline is not None:
-        result, m, floor_m, proven, step, accounts = _for_pipeline(problem, kernel, (result, m, floor_m, proven),
-                                                                   fixed, pipeline, record, origins, first_stage)
+    with sharing_plans(_shapes_flat(problem, pipeline, fixed)):  # the shaped LPT may take the plain one's plan
+        result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact)
+        name, step, accounts = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None, None
+        if pipeline is not None:
+            result, m, floor_m, proven, step, accounts = _for_pipeline(
+                problem, kernel, (result, m, floor_m, proven), fixed, pipeline, record, origins, first_stage)
     if origins is not None and step is None:
         try:
             local = None if problem.padded else keep_cells_local(problem, result, m, origins)

@@ -46,14 +46,15 @@ def levels(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray:
 
 
 def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.ndarray | None = None,
-              base: float | None = None):
+              base: float | None = None, shared: bool = False):
     """LPT's cell (m·D + r) per unpadded item over all M·D cells under the budget, or None without room.
 
     With `offsets` (per micro-batch, >= 0) the cells start at those loads: one pinned
     placeholder per cell, all larger than every item (so LPT's first round places one
     each), ahead of the items, dropped afterwards; cell k·D + r holds the k-th micro-batch's
     by (-placeholder, index).  A placeholder costs `base` + its offset (default base 2 Σ c + 1;
-    one above every item in the costs' units keeps LPT on integer keys, `lpt`).
+    one above every item in the costs' units keeps LPT on integer keys, `lpt`).  `shared`: the
+    caller never writes the cells (`lpt.solve`'s: then read-only, kept for a pipeline's shaped LPT).
     """
     d = problem.num_ranks
     size = num_microbatches * d
@@ -72,7 +73,7 @@ def lpt_cells(problem: MicroBatchProblem, num_microbatches: int, offsets: np.nda
                                   np.concatenate((np.repeat(placeholder[by_placeholder], d), problem.sorted_costs)))
         pinned = size
     try:
-        return lpt.solve(cells, quick_refusal=True).assignment[pinned:]
+        return lpt.solve(cells, quick_refusal=True, shared=shared).assignment[pinned:]
     except InfeasibleError:
         return None
 
@@ -108,9 +109,9 @@ def solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None
         return greedy_solve(problem, num_microbatches, above)
     targets = levels(problem, num_microbatches)
     offsets = targets[0] - targets if targets[0] > targets[-1] else None
-    start = lpt_cells(problem, num_microbatches, offsets)
+    start = lpt_cells(problem, num_microbatches, offsets, shared=True)  # `improve` reads it (`regroup`)
     if start is None and offsets is not None:
-        start = lpt_cells(problem, num_microbatches)
+        start = lpt_cells(problem, num_microbatches, shared=True)
     if start is None:
         start = tight_cells(problem, num_microbatches)
     if start is None:

@@ -51,6 +51,13 @@ def best_profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.n
     return _profile(pipeline, num_microbatches)
 
 
+def flat_profile(pipeline: Pipeline, num_microbatches: int) -> bool:
+    """Whether the best cells (`best_profile`) are all equal (GPipe; 1F1B at M 1, interleaved at M = P):
+    the planner's shaped start is then LPT from zero loads, the plain planner's own where its levels are flat."""
+    shape = best_profile(pipeline, num_microbatches)[1]
+    return bool(np.all(shape == shape[0]))
+
+
 @lru_cache(maxsize=128)
 def _profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray]:
     """`best_profile`'s (τ, x), x read-only."""
