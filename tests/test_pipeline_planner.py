@@ -376,7 +376,8 @@ def test_lpt_from_start_loads_is_the_placeholders_lpt(workload, ranks, seed):
     offsets = np.round(offsets)
     base = 2.0 * float(problem.sorted_costs[0])
     slot_of = np.lexsort((np.arange(4), -(base + offsets)))
-    native, sums = greedy_from(problem.sorted_costs, 4 * ranks, problem.cost_order, np.repeat(offsets[slot_of], ranks))
+    native, sums, _ = greedy_from(problem.sorted_costs, 4 * ranks, problem.cost_order,
+                                  np.repeat(offsets[slot_of], ranks), problem.lengths)
     np.testing.assert_array_equal(native, lpt_cells(problem, 4, offsets, base))
     np.testing.assert_array_equal(sums, np.bincount(native, weights=problem.item_costs, minlength=4 * ranks))
 
@@ -478,9 +479,10 @@ def test_only_a_shared_lpt_plan_is_kept_and_it_is_read_only():
     with lpt.sharing_plans():
         shared = lpt.solve(cells_problem(problem, 80), shared=True).assignment
     assert not shared.flags.writeable and np.array_equal(own, shared)
-    cells, sums = lpt.greedy_from(problem.sorted_costs, 80, problem.cost_order, np.zeros(80))
-    assert cells is shared
+    cells, sums, tokens = lpt.greedy_from(problem.sorted_costs, 80, problem.cost_order, np.zeros(80), problem.lengths)
+    assert cells is shared and not tokens.flags.writeable
     np.testing.assert_array_equal(sums, np.bincount(own, weights=problem.item_costs, minlength=80))
+    np.testing.assert_array_equal(tokens, np.bincount(own, weights=problem.lengths, minlength=80))
 
 
 @pytest.mark.parametrize("schedule, virtual, most", [("gpipe", 1, 1.25), ("interleaved", 2, 1.15)])

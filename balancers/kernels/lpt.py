@@ -270,18 +270,20 @@ def greedy_unpadded(costs: np.ndarray, num_ranks: int, order: np.ndarray | None 
     return _greedy_sorted(costs[order], num_ranks, order)
 
 
-def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray,
-                start: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """`greedy_unpadded` (the costs in `order`, largest first) from the ranks' loads `start` (>= 0), and each
-    rank's Σ cost of its items (exact: `np.bincount(assignment, costs)` in any order), or None unless the costs
+def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, start: np.ndarray,
+                lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """`greedy_unpadded` (the costs in `order`, largest first) from the ranks' loads `start` (>= 0), each rank's
+    Σ cost of its items (exact: `np.bincount(assignment, costs)` in any order) and, where `solve` summed them
+    already, its Σ `lengths` (`rank_tokens`; else None), or None unless the costs
     and loads make LPT's integer keys (`_key_steps`) over 32 ranks or more: the choices of LPT after one
     pinned placeholder costing base + start[r] on every rank r, any base above every cost
     (`microbatch.cells.lpt_cells`), without them.  From zero loads these are the keys, rounds and answer of
-    `greedy_unpadded`'s integer keys: the plan `solve` shared last over the same sorted costs and order (kept,
-    read-only) where there was one."""
-    kept = None if start.any() else _KEPT_PLAN.get(sorted_costs, order)  # `solve(..., shared=True)`'s
+    `greedy_unpadded`'s integer keys: the plan `solve` shared last over the same sorted costs, order and
+    lengths (kept, read-only) where there was one."""
+    kept = None if start.any() else _KEPT_PLAN.get(sorted_costs, order, lengths)  # `solve(..., shared=True)`'s
+    tokens = None
     if kept is not None and kept[0] == num_ranks:
-        _, assignment, keys, shift, divisor = kept
+        _, assignment, keys, shift, divisor, tokens = kept
     else:
         key_steps = None if num_ranks < _ROUNDS_FROM_RANKS else _key_steps(sorted_costs, num_ranks, start)
         if key_steps is None:
@@ -291,11 +293,13 @@ def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray,
     sums = np.empty(num_ranks, dtype=np.int64)
     sums[keys & ((1 << shift) - 1)] = keys >> shift
     sums -= start.astype(np.int64) // divisor  # whole units of `divisor`, below 2**53 (`_key_steps`)
-    return assignment, sums * float(divisor)
+    return assignment, sums * float(divisor), tokens
 
 
-def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, shared: bool = False) -> np.ndarray:
-    """`greedy_unpadded` given the costs in `order` (largest first) already; `shared` as `solve`'s."""
+def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, keys_out: list | None = None
+                   ) -> np.ndarray:
+    """`greedy_unpadded` given the costs in `order` (largest first) already; on integer keys, their final keys,
+    shift and divisor appended to `keys_out` where given."""
     if num_ranks < _ROUNDS_FROM_RANKS:  # rounds of a few items cost more than the heap loop itself
         assignment = np.empty(sorted_costs.size, dtype=np.int64)
         _heap_round(np.zeros(num_ranks), sorted_costs, order, assignment)
@@ -303,9 +307,8 @@ def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, 
     key_steps = _key_steps(sorted_costs, num_ranks)
     if key_steps is not None:
         assignment, keys = _greedy_by_keys(*key_steps[:3], num_ranks, order)
-        if shared:  # kept for `greedy_from` from zero loads
-            _KEPT_PLAN.keep((sorted_costs, order), lambda: (num_ranks, read_only(assignment), read_only(keys),
-                                                            key_steps[1], key_steps[3]))
+        if keys_out is not None:
+            keys_out += (keys, key_steps[1], key_steps[3])
         return assignment
     assignment = np.empty(sorted_costs.size, dtype=np.int64)
     loads = np.zeros(num_ranks)
@@ -389,11 +392,16 @@ def solve(problem: Problem, quick_refusal: bool = False, shared: bool = False) -
     cap = problem.max_tokens_per_rank
     if problem.padded:
         return KernelResult(_greedy_padded(problem, cap))
-    assignment = _greedy_sorted(problem.sorted_costs, problem.num_ranks, problem.cost_order,
-                                shared and _SHARING.get())
+    keys = [] if shared and _SHARING.get() else None
+    assignment = _greedy_sorted(problem.sorted_costs, problem.num_ranks, problem.cost_order, keys)
+    tokens = None if cap is None else rank_tokens(problem, assignment)
+    if keys:  # kept for `greedy_from` from zero loads
+        _KEPT_PLAN.keep((problem.sorted_costs, problem.cost_order, problem.lengths),
+                        lambda: (problem.num_ranks, read_only(assignment), read_only(keys[0]), *keys[1:],
+                                 None if tokens is None else read_only(tokens)))
     # The capped greedy makes the same choices as long as each chosen rank had room, which
     # holds whenever the uncapped plan ends within the cap.
-    if cap is not None and rank_tokens(problem, assignment).max() > cap:
+    if tokens is not None and tokens.max() > cap:
         from .lpt_capped import greedy_capped  # it builds on this module's rounds
 
         hopeless = functools.partial(_no_completion, uncapped=assignment) if quick_refusal else None

@@ -116,10 +116,11 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     base = 2.0 * top if top > 0 else 1.0
     slot_of = np.lexsort((np.arange(m), -(base + offsets)))  # cell k·D + r holds the k-th placeholder's slot
     replica_of, slot_of_cell = np.tile(np.arange(d), m), np.repeat(slot_of, d)
-    greedy = greedy_from(problem.sorted_costs, m * d, problem.cost_order, np.repeat(offsets[slot_of], d))
+    greedy = greedy_from(problem.sorted_costs, m * d, problem.cost_order, np.repeat(offsets[slot_of], d),
+                         problem.lengths)
     if greedy is not None:
-        cell, sums = greedy
-        tokens = cell_token_sums(problem, cell, m * d)
+        cell, sums, tokens = greedy  # the tokens where the plain planner's LPT summed them (flat shape)
+        tokens = cell_token_sums(problem, cell, m * d) if tokens is None else tokens
         if tokens.max() <= problem.max_tokens_per_microbatch:
             in_slots = np.argsort(slot_of)  # row k: the cells run in slot k
             return (np.take(replica_of, cell), np.take(slot_of_cell, cell),
