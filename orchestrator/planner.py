@@ -290,8 +290,7 @@ class Orchestrator:
         *encoders, llm_stage = self.stages
         options = self.options.microbatching.with_budget(self._cell_budget())
         if batch.num_samples == 0:  # a step with no sample anywhere still runs its micro-batches
-            m, overhead = options.num_microbatches or 1, options.microbatch_overhead
-            m = m if options.pipeline is None else options.pipeline.runnable(m)  # interleaved: a whole group
+            m, overhead = options.empty_step_microbatches(), options.microbatch_overhead
             cells = MicroBatchPlan(
                 rank=np.zeros(0, dtype=np.int64), microbatch=np.zeros(0, dtype=np.int64), num_microbatches=m,
                 num_ranks=batch.num_ranks, cell_loads=np.zeros((m, batch.num_ranks)),

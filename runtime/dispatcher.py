@@ -200,8 +200,7 @@ class PostBalancingDispatcher:
                                    fingerprint=self.config_fingerprint, what="dispatcher configuration",
                                    options=self.config_options)
         microbatch = np.zeros(metadata.num_items, dtype=np.int64)
-        count = getattr(self.options.microbatching, "num_microbatches", None) or 1  # of a step with no items
-        count = count if self.options.pipeline is None else self.options.pipeline.runnable(count)  # interleaved: P
+        count = 1 if self.options.microbatching is None else self.options.microbatching.empty_step_microbatches()
         plan = None
         try:
             if metadata.num_items and self.options.microbatching is not None:
@@ -345,7 +344,7 @@ class PostBalancingDispatcher:
         problem = self._kept_problem(plan, "microbatches")
         if problem is None:
             return plan
-        held = isinstance(moved, Mapping) and bool(moved) and all(
+        held = bool(moved) and all(  # a mapping of tensors (`_local_batch`)
             key in self._returned and self._returned[key]() is tensor for key, tensor in moved.items())
         if self._latest is None or not held or group_size(self.group) == 1:
             raise problem

@@ -93,7 +93,7 @@ def best_fix(state: PartialPlan, members: list[np.ndarray], rank: int, pool: np.
 def _ascending(state: PartialPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Items by cost ascending (ties by index descending), their costs, and each item's
     position: the plan's largest-first order read backwards."""
-    return state.item_of_rank[::-1], -state.negated_sorted_costs[::-1], state.costs.size - 1 - state.cost_rank
+    return state.item_of_rank[::-1], state.sorted_costs[::-1], state.costs.size - 1 - state.cost_rank
 
 
 def _room(state: PartialPlan, partner_rank: np.ndarray, shift: np.ndarray) -> np.ndarray:

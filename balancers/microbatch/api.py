@@ -37,7 +37,7 @@ from ..origins import Origins, as_origins
 from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
 from ..pipeline.profile import flat_profile
-from ..pipeline.spec import MAX_PIPELINE_SLOTS, Pipeline
+from ..pipeline.spec import Pipeline
 from ..problem import (InfeasibleError, Status, as_costs, as_lengths, as_num_ranks, as_time_limit,
                        check_token_range, item_costs_of, rank_loads)
 from ..registry import built_in, certifies, get_microbatch_algorithm
@@ -340,7 +340,7 @@ def _shapes_flat(problem: MicroBatchProblem, pipeline: Pipeline | None, fixed: i
     if pipeline is None:
         return False
     m = pipeline.runnable(fixed or problem.min_microbatches)
-    return m * pipeline.stages * pipeline.virtual_stages <= MAX_PIPELINE_SLOTS and flat_profile(pipeline, m)
+    return pipeline.plannable(m) and flat_profile(pipeline, m)
 
 
 def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=None, costs=None, padded=False,

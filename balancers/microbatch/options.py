@@ -31,6 +31,11 @@ class MicroBatchOptions:
         """The options as `balance_microbatches`' keyword arguments."""
         return {item.name: getattr(self, item.name) for item in fields(self)}
 
+    def empty_step_microbatches(self) -> int:
+        """The micro-batches a step with no item runs: `num_microbatches`, else 1 (interleaved: a whole group)."""
+        count = self.num_microbatches or 1
+        return count if self.pipeline is None else self.pipeline.runnable(count)
+
     def with_budget(self, max_tokens_per_microbatch: int) -> MicroBatchOptions:
         """These options with a budget at most theirs (a cell a caller's own cap makes smaller)."""
         if not 1 <= max_tokens_per_microbatch <= self.max_tokens_per_microbatch:

@@ -45,12 +45,6 @@ def _time_at(pipeline: Pipeline, x: np.ndarray) -> float:
     return float(end.max())
 
 
-def best_profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray]:
-    """(τ, x): a certified lower bound τ on T(x) over cells x >= 0 summing to 1, and the best cells
-    found (sum 1, slot order); see the module."""
-    return _profile(pipeline, num_microbatches)
-
-
 def flat_profile(pipeline: Pipeline, num_microbatches: int) -> bool:
     """Whether the best cells (`best_profile`) are all equal (GPipe; 1F1B at M 1, interleaved at M = P):
     the planner's shaped start is then LPT from zero loads, the plain planner's own where its levels are flat."""
@@ -59,8 +53,9 @@ def flat_profile(pipeline: Pipeline, num_microbatches: int) -> bool:
 
 
 @lru_cache(maxsize=128)
-def _profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray]:
-    """`best_profile`'s (τ, x), x read-only."""
+def best_profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.ndarray]:
+    """(τ, x): a certified lower bound τ on T(x) over cells x >= 0 summing to 1, and the best cells
+    found (sum 1, slot order, read-only); see the module."""
     m = num_microbatches
     flat = np.full(m, 1.0 / m)
     flat.setflags(write=False)

@@ -138,7 +138,8 @@ class CellSearch:
         owner[slow] = np.arange(count)
         items = np.flatnonzero(owner[self.replica] >= 0)
         group = owner[self.replica[items]]
-        items, group = items[np.argsort(group, kind="stable")], np.sort(group, kind="stable")
+        by_group = np.argsort(group, kind="stable")
+        items, group = items[by_group], group[by_group]
         grids = ((self.cost, self.item_costs), (self.first_stage, self.item_first_stage))
         own = self.evaluate(tuple(None if grid is None else _without(grid, values, self.replica, self.slot, items)
                                   for grid, values in grids))
@@ -202,20 +203,12 @@ class CellSearch:
             return None
         tokens = self.tokens[others][None, :, :] + self.lengths[items][:, None, None]  # (items, others, M)
         fits = np.nonzero(tokens <= self.max_tokens)
-        rows = tuple(None if grid is None else self._moved(grid, values, r, items, others, fits)
-                     for grid, values in ((self.cost, self.item_costs), (self.first_stage, self.item_first_stage)))
+        item_index, other_index, slot_index = fits  # r's rows without each item, then each fit's other row with it
+        rows = tuple(None if grid is None else np.concatenate([
+            _without(grid, values, self.replica, self.slot, items),
+            _added(grid, values, others[other_index], items[item_index], slot_index)])
+            for grid, values in ((self.cost, self.item_costs), (self.first_stage, self.item_first_stage)))
         return items, others, fits, rows
-
-    def _moved(self, grid: np.ndarray, values: np.ndarray, r: int, items: np.ndarray, others: np.ndarray,
-               fits: tuple) -> np.ndarray:
-        """`grid`'s row r without each of `items` (`values` each), then each fitting (item, other, slot)'s
-        other row with the item added."""
-        item_index, other_index, slot_index = fits
-        own = np.repeat(grid[r][None, :], items.size, axis=0)
-        own[np.arange(items.size), self.slot[items]] -= values[items]
-        rows = grid[others[other_index]]
-        rows[np.arange(item_index.size), slot_index] += values[items[item_index]]
-        return np.concatenate([own, rows])
 
     def _best_move(self, items: np.ndarray, others: np.ndarray, fits: tuple, times: np.ndarray):
         """The best move's (worse of the two new times, (item, other, slot, r's time, other's time))."""

@@ -62,12 +62,16 @@ class Pipeline:
         object.__setattr__(self, "virtual_stages", virtual)
         object.__setattr__(self, "backward_factor", factor)
 
+    def plannable(self, num_microbatches: int) -> bool:
+        """Whether `num_microbatches` × the model chunks are at most `MAX_PIPELINE_SLOTS`."""
+        return num_microbatches * self.stages * self.virtual_stages <= MAX_PIPELINE_SLOTS
+
     def check_microbatches(self, num_microbatches: int, name: str = "num_microbatches") -> int:
         """`num_microbatches` when the schedule can run it (interleaved: a multiple of `stages`) and it can be
         planned (`MAX_PIPELINE_SLOTS`)."""
         m = as_int(num_microbatches, name, minimum=1)
         chunks = self.stages * self.virtual_stages
-        if m * chunks > MAX_PIPELINE_SLOTS:
+        if not self.plannable(m):
             raise SizeLimitError(f"`{name}`={m} micro-batches × {chunks} model chunks must be at most "
                                  f"MAX_PIPELINE_SLOTS = {MAX_PIPELINE_SLOTS} (planning time grows with their square): "
                                  f"at most {MAX_PIPELINE_SLOTS // chunks} micro-batches with this pipeline (fewer "
