@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..balancers import ALGORITHMS, InfeasibleError
-from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_microbatches, file_stages,
-                             run_comparison, workload_stages)
+from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_microbatches, compare_topology,
+                             file_stages, run_comparison, workload_stages)
 from ..study.context_parallel_compare import compare_context_parallel
 from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorithms as algorithm_names, batch_size,
                         check_seed, check_time_limit, check_workload_source, degree_list, file_cost, int_list,
@@ -93,7 +93,7 @@ def check_node_tiling(text: str, degrees: tuple[int, ...], ranks: list[int], gpu
     """Degrees no wider than a node must divide it (their aligned groups would straddle nodes); a degree
     wider than a node lets every degree's groups cross nodes (`compare_spec`)."""
     for num_ranks in ranks:
-        gpus = min(gpus_per_node, num_ranks)
+        gpus = compare_topology(num_ranks, gpus_per_node).gpus_per_node  # the study's nodes (`compare_spec`)
         straddling = [degree for degree in degrees if gpus % degree] if degrees[-1] <= gpus else []
         if straddling:
             raise UsageError(f"--context-parallel {text}: degree {straddling[0]} does not divide the {gpus} GPUs of a "

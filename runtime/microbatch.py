@@ -440,9 +440,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
         if syncs and versions is not None:
             held_gradient(micro, model)
         _join_unchecked(contract)
-        if check and micro.is_last and micro.step is not None and torch.is_grad_enabled() and micro.step.unsent():
-            raise micro.step.unsent()
         if micro.is_last and micro.step is not None and torch.is_grad_enabled():
+            if check and (unsent := micro.step.unsent()) is not None:
+                raise unsent
             micro.step.trained[0] = True  # a training loop ran: later steps are due only where one's last is empty
     except Exception as error:  # the body raised (an out-of-memory batch skipped by a caller): its peers learn it
         _join_unchecked(contract, error)

@@ -217,6 +217,8 @@ def held_gradient(micro, model) -> None:
     if micro.is_last:
         step.graded.pop(id(model), None)
         return
+    if id(model) in step.graded:  # noted at an earlier block of the step
+        return
     held = next((parameter for _, parameter in _trainable(model) if parameter.grad is not None), None)
     if held is not None:
         step.graded.setdefault(id(model), (micro.index, held))
