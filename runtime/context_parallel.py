@@ -54,7 +54,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from ..balancers.context_parallel.layout import shard_positions
+from ..balancers.context_parallel.layout import chunk_sizes, shard_positions
 from ..balancers.validation import as_bool, as_int, is_int
 from .agreement import PlanMismatchError, disagreement, fingerprint
 from .comm import group_rank, group_size
@@ -277,8 +277,10 @@ def _plan_exchange(layout: ContextParallelLayout, causal: bool) -> _Exchange:
                 send.setdefault(peer, []).append(start + np.arange(sent))
                 recv.setdefault(peer, []).append(base + received)
                 peer_items.setdefault(peer, []).append(f"split item {entry.item} on group {entry.group}")
-        breaks = np.flatnonzero(np.diff(mine) != 1) + 1
-        for first, last in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [mine.size]))):
+        # one run per chunk, also where the two chunks meet (group rank c - 1): one run over both would attend a
+        # rectangle of (c + 1) / c times the others' area wherever SDPA computes the masked part (CPU, math kernel)
+        chunk = int(chunk_sizes([entry.length], entry.degree)[0, me])
+        for first, last in ((0, chunk), (chunk, mine.size)):
             if last > first:
                 key_end = int(mine[last - 1]) + 1 if causal else entry.length
                 runs.append(_Run(start + int(first), start + int(last), base, key_end, True))
