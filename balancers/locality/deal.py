@@ -74,7 +74,7 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
     """
     num_ranks = state.loads.size
     homes = sources if items is None else sources[items]
-    costs = state.costs if items is None else state.costs[items]
+    costs = state.costs if items is None else state.costs_of(items)
     totals = np.bincount(homes, weights=costs, minlength=num_ranks)
     margin = homes.size * np.finfo(np.float64).eps * float(totals.sum())  # bounds any summation's rounding
     whole = state.loads + totals <= state.target - margin
@@ -92,7 +92,7 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
         state.destinations[items[stays]] = homes[stays]
         rest = items[rest]
     keys, cost_rank, pointer, ends, ranks = _by_segment(state, sources[rest], rest)
-    cost_sums = _prefix_sums(state.sorted_costs[cost_rank])
+    cost_sums = _prefix_sums(state.sorted_costs[:cost_rank.size] if state.uniform else state.sorted_costs[cost_rank])
     token_sums = _prefix_sums(state.lengths[state.item_of_rank[cost_rank]]) if state.cap < np.inf else None
     while ranks.size:
         room = state.target - state.loads[ranks]
@@ -177,7 +177,7 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
     margin = window_size * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     unplaced = np.flatnonzero(state.destinations < 0) if items is None else items
     keys, cost_rank, pointer, ends, nodes = _by_segment(state, sources[unplaced] // gpus_per_node, unplaced)
-    order = state.item_of_rank[cost_rank]
+    order = state.items_ranked(cost_rank)
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
     while nodes.size:
         loads = node_loads[nodes]
@@ -199,11 +199,11 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
         window = position[:, None] + dealt
         if remaining.min() >= width:  # every node's window lies inside its items
             inside, items = True, order[window]
-            costs = state.costs[items]
+            costs = state.costs_of(items)
         else:
             inside = window < ends[:, None]
             items = order[np.minimum(window, ends[:, None] - 1)]
-            costs = np.where(inside, state.costs[items], 0.0)
+            costs = np.where(inside, state.costs_of(items), 0.0)
         row = np.arange(nodes.size)[:, None]
         first = (row * width + first).ravel()
         rank_flat = (row * gpus_per_node + rank_column).ravel()

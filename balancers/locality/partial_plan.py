@@ -3,7 +3,9 @@
 Destinations (-1 while unplaced), rank loads and rank tokens (`take`, `put` and `put_runs`
 count tokens only under a cap: without one no check reads them), kept consistent; items are
 also indexed by their cost rank (largest first, ties by index) so that phases can search
-sorted runs of them.
+sorted runs of them.  Where every item costs the same (`uniform`: a micro-batch of one video
+size's frames), the cost rank is the index itself and no phase reads a cost or a rank through
+the cost order (`costs_of`, `items_ranked`): the same values without their gathers.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ class PartialPlan:
         self.cap = np.inf if problem.max_tokens_per_rank is None else float(problem.max_tokens_per_rank)
         self.item_of_rank = problem.cost_order  # largest first, ties by index
         self.rank_bits = problem.num_items.bit_length()  # cost ranks fit this many bits
-        self.cost_rank = np.empty(problem.num_items, dtype=np.int32 if self.rank_bits < 31 else np.int64)
-        self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
+        # One cost for every item: the cost order is the index order (ties by index), so no gather needs it.
+        self.uniform = problem.num_items > 0 and bool(problem.sorted_costs[0] == problem.sorted_costs[-1])
+        rank_type = np.int32 if self.rank_bits < 31 else np.int64
+        if self.uniform:
+            self.cost_rank = np.arange(problem.num_items, dtype=rank_type)
+        else:
+            self.cost_rank = np.empty(problem.num_items, dtype=rank_type)
+            self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
         self.sorted_costs = problem.sorted_costs
         self.negated_sorted_costs = -problem.sorted_costs
         self.destinations = np.full(problem.num_items, -1, dtype=np.int64)
@@ -45,9 +53,17 @@ class PartialPlan:
         narrow = groups.size == 0 or (int(groups.max()) + 1) << bits <= 2**31
         keys = groups.astype(np.int32 if narrow else np.int64)
         keys <<= bits
-        keys |= self.cost_rank if items is None else self.cost_rank[items]
+        keys |= self.cost_rank if items is None else items if self.uniform else self.cost_rank[items]
         keys.sort()
         return keys
+
+    def costs_of(self, items: np.ndarray) -> np.ndarray:
+        """`costs[items]`, without the gather where every item costs the same."""
+        return np.full(items.shape, self.sorted_costs[0]) if self.uniform else self.costs[items]
+
+    def items_ranked(self, cost_ranks: np.ndarray) -> np.ndarray:
+        """`item_of_rank[cost_ranks]`: the items of these cost ranks (themselves where every item costs the same)."""
+        return cost_ranks if self.uniform else self.item_of_rank[cost_ranks]
 
     def fits(self, items: np.ndarray, ranks: np.ndarray) -> np.ndarray:
         """Whether each item fits on its rank under the target and the cap (rows of a 2-D `ranks`
