@@ -47,8 +47,11 @@ def _by_segment(state: PartialPlan, segments: np.ndarray, candidates: np.ndarray
 
 
 def _first_fitting(state: PartialPlan, keys: np.ndarray, segments: np.ndarray, pointer: np.ndarray,
-                   room: np.ndarray) -> np.ndarray:
-    """Per segment, the first key at or after `pointer` whose item's cost is at most `room`."""
+                   room: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per segment, the first key at or after `pointer` whose item's cost is at most `room` (`ends`, the
+    segment's end, where none is)."""
+    if state.uniform:  # one cost: the item at `pointer` fits, or none does
+        return np.where(state.sorted_costs[0] <= room, pointer, ends)
     first_fitting_rank = np.searchsorted(state.negated_sorted_costs, -room, side="left")
     needles = (segments.astype(np.int64) << state.rank_bits) + first_fitting_rank
     return np.maximum(np.searchsorted(keys, needles.astype(keys.dtype, copy=False)), pointer)
@@ -96,7 +99,7 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
     token_sums = _prefix_sums(state.lengths[state.item_of_rank[cost_rank]]) if state.cap < np.inf else None
     while ranks.size:
         room = state.target - state.loads[ranks]
-        position = _first_fitting(state, keys, ranks, pointer, room)
+        position = _first_fitting(state, keys, ranks, pointer, room, ends)
         alive = position < ends
         ranks, position, ends, room = ranks[alive], position[alive], ends[alive], room[alive]
         run_end = np.searchsorted(cost_sums, cost_sums[position] + room - margin, side="right") - 1
@@ -183,14 +186,14 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
         loads = node_loads[nodes]
         by_load = np.argsort(loads, axis=1, kind="stable")
         loads.sort(axis=1)
-        position = _first_fitting(state, keys, nodes, pointer, state.target - loads[:, 0])
+        position = _first_fitting(state, keys, nodes, pointer, state.target - loads[:, 0], ends)
         alive = position < ends
         if not alive.all():
             nodes, position, ends, by_load, loads = (nodes[alive], position[alive], ends[alive], by_load[alive],
                                                      loads[alive])
             if not nodes.size:
                 break
-        roomy = np.count_nonzero(loads + state.costs[order[position]][:, None] <= state.target, axis=1)
+        roomy = np.count_nonzero(loads + state.costs_of(order[position])[:, None] <= state.target, axis=1)
         # The deal rank by rank, each item with its rank's load after it; a window no longer than
         # the most items any node has left (a power of two, for the cache) deals the same.
         remaining = ends - position
