@@ -23,6 +23,8 @@ def lower_bound(problem: Problem) -> float:
     """
     costs = problem.sorted_costs
     n, d = costs.size, problem.num_ranks
+    if n and costs[0] == costs[-1] > 0 and n < ONE_COST_ITEMS and not problem.equal_counts:
+        return _one_cost_bound(float(costs[0]), n, d)
     bound = exact_sum(costs) / d
     if problem.equal_counts:
         return _equal_counts_bound(costs, d, bound)
@@ -36,6 +38,25 @@ def lower_bound(problem: Problem) -> float:
     best = int(np.argmax(prefix[tops] - prefix[tops - ks - 1]))
     group = costs[tops[best] - best - 1: tops[best]]
     return float(max(bound, math.fsum(memoryview(group))))
+
+
+ONE_COST_ITEMS = 2**24  # below, the prefix sums of one cost rise by it from each k to the next, rounding and all
+
+
+def _one_cost_bound(cost: float, n: int, d: int) -> float:
+    """`lower_bound` of n items that all cost `cost`, without passes over them: the same float.
+
+    Their exact sum is n · cost, which fsum rounds once as the product does.  The k+1 smallest of the
+    k·D+1 largest sum (k+1) · cost, which no group passes whose product does not pass the mean (the
+    check `lower_bound` makes first); else the largest k's group is the one its prefix sums pick: a
+    float prefix sum of i costs lies within i · n · 2**-53 of i · cost, so below 2**24 items each k's
+    difference of two of them rises by more than half a cost (first of the maxima: the last one), and
+    fsum gives the group's sum as the product rounded once.
+
+    >>> _one_cost_bound(0.1, 10, 4), _one_cost_bound(3.0, 8, 4)
+    (0.30000000000000004, 6.0)
+    """
+    return float(max(float(n) * cost / d, float((n - 1) // d + 1) * cost))
 
 
 def _equal_counts_bound(costs: np.ndarray, d: int, mean: float) -> float:

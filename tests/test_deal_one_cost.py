@@ -2,12 +2,14 @@
 26's long workload): `PartialPlan.uniform` skips the gathers through the cost order (the index order then), and
 the deal makes exactly the choices it makes through them."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmllm.balancers import CostModel
+from orchmllm.balancers import CostModel, bounds
 from orchmllm.balancers.kernels.reference import locality_first_phases
 from orchmllm.balancers.locality.deal import DEAL_WINDOW, keep_home, take_anywhere, take_in_node
 from orchmllm.balancers.locality.fill import fill_locally
@@ -81,3 +83,17 @@ def test_fill_deal_of_one_cost_is_the_deal_through_the_cost_order(seed, gpus_per
         dealt.append((state.destinations, state.loads, state.tokens))
     for one_cost, general in zip(*dealt):
         np.testing.assert_array_equal(one_cost, general)
+
+
+@given(st.integers(1, 5000), st.integers(1, 300), st.sampled_from([0.1, 1.0, 3.0, 1 / 3, 2.5e-300, 7e300, 1e-3]),
+       st.booleans())
+def test_bound_of_one_cost_is_the_bound_through_its_prefix_sums(n, num_ranks, cost, exact_multiple):
+    """`lower_bound` of items of one cost without passes over them (`_one_cost_bound`) is the float the prefix
+    sums give, whether the mean passes every group (n a multiple of D) or the largest group passes it."""
+    n = n - n % num_ranks if exact_multiple and n >= num_ranks else n
+    problem = make_problem(np.ones(n, dtype=np.int64), num_ranks, costs=np.full(n, cost))
+    shortcut = bounds.lower_bound(problem)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bounds, "ONE_COST_ITEMS", 0)  # every problem through the prefix sums
+        general = bounds.lower_bound(problem)
+    assert shortcut == general and type(shortcut) is float and math.copysign(1.0, shortcut) == 1.0
