@@ -71,23 +71,35 @@ def _stdout_errors():
         raise UsageError(f"cannot write to standard output ({error.strerror or one_line(error)})") from None
 
 
+CLOSED_STDOUT = "cannot write to standard output (it is closed)"
+
+
 class _Stdout:
     """The command's stdout (every table and JSON goes through it), whose failed writes say so in one line
-    (`_stdout_errors`) instead of a traceback: as `--output`'s and `--csv`'s do."""
+    (`_stdout_errors`) instead of a traceback: as `--output`'s and `--csv`'s do.  A stdout closed before the
+    command started (`orchmllm plan ... >&-`: `sys.stdout` is None) is such a failure at its first use."""
 
     def __init__(self, stream):
         self._stream = stream
 
     def __getattr__(self, name):
+        if self._stream is None:
+            raise UsageError(CLOSED_STDOUT)
         return getattr(self._stream, name)
 
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
     def write(self, text: str) -> int:
+        if self._stream is None:
+            raise UsageError(CLOSED_STDOUT)
         with _stdout_errors():
             return self._stream.write(text)
 
     def flush(self) -> None:
-        with _stdout_errors():
-            self._stream.flush()
+        if self._stream is not None:  # nothing written, nothing to flush
+            with _stdout_errors():
+                self._stream.flush()
 
 
 def _silence_stdout() -> None:

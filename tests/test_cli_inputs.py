@@ -378,6 +378,18 @@ def test_stdout_on_a_full_device_is_one_line_and_exit_2(files, args):
     check_one_line_error(result.returncode, result.stderr, "cannot write to standard output (No space left on device)")
 
 
+@pytest.mark.parametrize("args", [["plan", "{tmp}/good.csv", "-D", "2"], ["plan", "{tmp}/good.csv", "-D", "2", "--json"],
+                                  ["plan", "{tmp}/good.csv", "-D", "2", "-q", "-o", "{tmp}/closed.json"]],
+                         ids=["plan table", "plan json", "plan to a file"])
+def test_regression_a_stdout_closed_at_start_up_was_a_traceback(files, args):
+    """Cause: `orchmllm plan ... >&-` (fd 1 closed: `sys.stdout` is None) ended in a 20-line AttributeError
+    traceback ('NoneType' object has no attribute 'isatty' / 'write'), exit 1 (probe17 P17-01)."""
+    result = subprocess.run([sys.executable, "-m", "orchmllm", *(arg.format(tmp=files) for arg in args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                            preexec_fn=lambda: os.close(1))
+    check_one_line_error(result.returncode, result.stderr, "cannot write to standard output (it is closed)")
+
+
 def test_csv_named_as_a_figure_of_the_plot_directory_is_refused(files, tmp_path, capsys):
     """Cause: `compare --plot DIR --csv DIR/loads.png` wrote the CSV, then the figure over it, exit 0."""
     pytest.importorskip("matplotlib")
