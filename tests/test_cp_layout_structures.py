@@ -14,12 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm import ContextParallel
-from orchmllm.balancers.context_parallel import placement, planner
+from orchmllm.balancers.context_parallel import placement, planner, search
 from orchmllm.balancers.context_parallel.pairing import packable_degrees
+from orchmllm.balancers.context_parallel.plan import rank_accounts
 from orchmllm.balancers.context_parallel.split import allot, allowed_degrees
 from orchmllm.balancers.context_parallel import tiers
 from orchmllm.balancers.context_parallel.tiers import TIER_STEPS, two_tiers
-from orchmllm.balancers.problem import make_problem
+from orchmllm.balancers.problem import InfeasibleError, make_problem
 from orchmllm.study.models import MODELS
 
 COST = MODELS["84b"].llm.cost(causal=True)
@@ -243,3 +244,65 @@ def test_two_tiers_floor_is_below_every_deals_estimate(case):
         if laid is not None:
             estimate = max(float(laid[2].max()), planner.water_level(laid[2], rest_work))
             assert tiers._floor(k, alone, alone_time, wide_time, widest, problem.num_ranks, rest_work) <= estimate
+
+
+def _checked_search(monkeypatch, spec) -> list[bool]:
+    """Make the local search check, after every move, that its loads, tokens and item times are `rank_accounts`'
+    of its blocks bit for bit (it sums again only the ranks a move changes), and every widening's trial peak
+    against the accounts of the widened plan; returns, per move made, whether it widened a group."""
+    widened, apply, widen = [], search._State.apply, search._State._widen
+
+    def checked_apply(self, item, start, degree, rank):
+        apply(self, item, start, degree, rank)
+        widened.append(item == -2)
+        for found, expected in zip((self.loads, self.tokens, self.times),
+                                   rank_accounts(self.problem, spec, GPUS, self.start, self.degree)):
+            assert found.dtype == expected.dtype and found.tobytes() == expected.tobytes()
+
+    def checked_widen(self, members, group, base, wide):
+        found = widen(self, members, group, base, wide)
+        start, degree = self.start.copy(), self.degree.copy()
+        start[members], degree[members] = base, wide
+        loads, tokens, _ = rank_accounts(self.problem, spec, GPUS, start, degree)
+        ranks = slice(base, base + wide)
+        assert found[0] == (math.inf if (tokens[ranks] > self.cap).any() else float(loads[ranks].max()))
+        return found
+
+    monkeypatch.setattr(search._State, "apply", checked_apply)
+    monkeypatch.setattr(search._State, "_widen", checked_widen)
+    return widened
+
+
+def test_search_moves_keep_the_accounts_exact(monkeypatch):
+    """Plans whose search moves items and widens groups: k items sharing a group of 2 on ranks 0-1, short items
+    on ranks 2-3, another item's group of 4 on ranks 4-7 (D = 8, no budget and a tight one)."""
+    spec = ContextParallel(gpus_per_node=GPUS)
+    widened = _checked_search(monkeypatch, spec)
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        k = 2 + seed % 3
+        lengths = np.concatenate((rng.integers(20_000, 200_000, k), rng.integers(100_000, 400_000, 1),
+                                  rng.integers(100, 2_000, 4)))
+        start = np.concatenate((np.zeros(k, dtype=np.int64), [4], rng.integers(2, 4, 4)))
+        degree = np.concatenate((np.full(k, 2), [4], np.ones(4, dtype=np.int64)))
+        for cap in (None, int(lengths.sum()) // 4):
+            problem = replace(make_problem(lengths, 8, cost=COST), max_tokens_per_rank=cap)
+            search.improve(problem, spec, GPUS, start, degree, 0.0)
+    assert any(widened) and not all(widened)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=giant_mixes())
+def test_search_from_split_layouts_keeps_the_accounts_exact(case):
+    lengths, num_ranks, cap, _ = case
+    problem = replace(make_problem(np.asarray(lengths), num_ranks, cost=COST), max_tokens_per_rank=cap)
+    spec = ContextParallel(gpus_per_node=GPUS)
+    allotment = allot(problem, spec, allowed_degrees(spec, num_ranks, GPUS), GPUS, cap)
+    bound = allotment.bound()
+    try:
+        start, degree = planner.split_layout(problem, spec, GPUS, allotment, bound)
+    except InfeasibleError:
+        return
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _checked_search(monkeypatch, spec)
+        search.improve(problem, spec, GPUS, start, degree, bound)

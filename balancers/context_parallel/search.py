@@ -23,7 +23,7 @@ import numpy as np
 from ..problem import Problem
 from .blocks import free_blocks, within_node
 from .layout import shard_tokens
-from .plan import rank_accounts
+from .plan import rank_accounts, rank_pairs
 from .spec import ContextParallel
 
 MAX_MOVES = 64
@@ -40,12 +40,11 @@ class _State:
         self.split_degrees = [c for c in spec.degrees if c > 1]
         self.item_times: dict[tuple[int, int], np.ndarray] = {}  # (item, degree) -> `_time`
         self.shards: dict[tuple[int, int], np.ndarray] = {}  # (item, degree) -> `shard`
+        self.loads, self.tokens, self.times = rank_accounts(problem, spec, gpus_per_node, self.start, self.degree)
         self.refresh()
 
     def refresh(self) -> None:
-        """Loads, tokens and item times from the blocks; which ranks are in a group."""
-        self.loads, self.tokens, self.times = rank_accounts(self.problem, self.spec, self.gpus_per_node,
-                                                            self.start, self.degree)
+        """Which ranks are in a group, from the blocks."""
         self.in_group = np.zeros(self.problem.num_ranks, dtype=bool)
         split = self.degree > 1
         width = self.problem.num_ranks + 1
@@ -148,19 +147,43 @@ class _State:
 
     def _widen(self, members: np.ndarray, group: np.ndarray, base: int, wide: int):
         """The move that runs the whole group on the aligned block of twice its degree."""
-        start, degree = self.start.copy(), self.degree.copy()
-        start[members], degree[members] = base, wide
-        loads, tokens, _ = rank_accounts(self.problem, self.spec, self.gpus_per_node, start, degree)
-        ranks = np.arange(base, base + wide)
-        peak = math.inf if (tokens[ranks] > self.cap).any() else float(loads[ranks].max())
+        start, degree, times, tokens = self._moved(members, base, wide)
+        peak = math.inf if (tokens[base: base + wide] > self.cap).any() \
+            else float(self._sums(base, base + wide, start, degree, times).max())
         return peak, -2, base, wide
 
+    def _moved(self, items: np.ndarray, start: int, degree: int):
+        """(starts, degrees, item times, rank tokens) with `items` moved onto the block (start, degree): the
+        tokens updated exactly (integers), the items' times as `rank_accounts` counts them."""
+        starts, degrees, times, tokens = self.start.copy(), self.degree.copy(), self.times.copy(), self.tokens.copy()
+        for item in items.tolist():
+            s, c = int(starts[item]), int(degrees[item])
+            tokens[s: s + c] -= self.shard(item, c)
+            tokens[start: start + degree] += self.shard(item, degree)
+            times[item] = self.problem.item_costs[item] if degree == 1 \
+                else self._time(item, degree)[0 if within_node(start, degree, self.gpus_per_node) else 1]
+        starts[items], degrees[items] = start, degree
+        return starts, degrees, times, tokens
+
+    @staticmethod
+    def _sums(lo: int, hi: int, start: np.ndarray, degree: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """The loads of ranks lo..hi - 1 as `rank_accounts` sums them (in item order, so the same floats): over
+        the items on those ranks only."""
+        touch = np.flatnonzero((start < hi) & (start + degree > lo))
+        items, ranks = rank_pairs(start[touch], degree[touch])
+        keep = (ranks >= lo) & (ranks < hi)
+        return np.bincount(ranks[keep] - lo, weights=times[touch[items[keep]]], minlength=hi - lo)
+
     def apply(self, item: int, start: int, degree: int, rank: int) -> None:
+        """Make the move: the blocks, and the loads of the ranks it changes, summed again."""
         if item == -2:  # widen the group of `rank`
-            members = np.flatnonzero((self.degree > 1) & (self.start <= rank) & (rank < self.start + self.degree))
-            self.start[members], self.degree[members] = start, degree
+            items = np.flatnonzero((self.degree > 1) & (self.start <= rank) & (rank < self.start + self.degree))
         else:
-            self.start[item], self.degree[item] = start, degree
+            items = np.array([item])
+        before = (int(self.start[items[0]]), int(self.degree[items[0]]))  # a widened group's members share it
+        self.start, self.degree, self.times, self.tokens = self._moved(items, start, degree)
+        for s, c in (before, (start, degree)):
+            self.loads[s: s + c] = self._sums(s, s + c, self.start, self.degree, self.times)
         self.refresh()
 
 
