@@ -3,8 +3,9 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
 
     start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load) as planned and
               (unpadded) the items cut afresh into cells of the schedule's best shape by one LPT
-              over all M·D cells (`lpt_shaped`); the faster ends the planning when it is within
-              STOP_GAP of τ·X̄ (the search's stop rule), else the plain cells reordered in each
+              over all M·D cells (`lpt_shaped`; the replicas that take the items overflowing a
+              cell alone start their other cells higher, `_starts`); the faster ends the planning
+              when it is within STOP_GAP of τ·X̄ (the search's stop rule), else the plain cells reordered in each
               replica (`order.mountain`) are a third start, and (padded, where no item moves
               reshape a cell) the plain cells dealt afresh over the replicas and reordered
               (`order.deal`) a fourth, searched too
@@ -32,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -48,6 +50,8 @@ from .spec import Pipeline
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
 DEFAULT_WORK = 20_000_000
+PINNING_ROWS = 33  # costs of the top cell timed once per schedule and M (`_pinned_scales`)
+SCALE_RANGE, SCALE_STEPS = 4.0, 12  # the level scale's range and bisection steps (`_starts`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,8 +120,8 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     base = 2.0 * top if top > 0 else 1.0
     slot_of = np.lexsort((np.arange(m), -(base + offsets)))  # cell k·D + r holds the k-th placeholder's slot
     replica_of, slot_of_cell = np.tile(np.arange(d), m), np.repeat(slot_of, d)
-    greedy = greedy_from(problem.sorted_costs, m * d, problem.cost_order, np.repeat(offsets[slot_of], d),
-                         problem.lengths)
+    start = _starts(problem, pipeline, mean, offsets, slot_of, unit)
+    greedy = greedy_from(problem.sorted_costs, m * d, problem.cost_order, start, problem.lengths)
     if greedy is not None:
         cell, sums, tokens = greedy  # the tokens where the plain planner's LPT summed them (flat shape)
         tokens = cell_token_sums(problem, cell, m * d) if tokens is None else tokens
@@ -127,6 +131,63 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
                     (sums.reshape(m, d)[in_slots], tokens.reshape(m, d)[in_slots]))
     cell = lpt_cells(problem, m, offsets, base)  # capped where the budget needs it
     return None if cell is None else (np.take(replica_of, cell), np.take(slot_of_cell, cell), None)
+
+
+def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets: np.ndarray, slot_of: np.ndarray,
+            unit: float) -> np.ndarray:
+    """`lpt_shaped`'s start loads of the cells (cell k·D + r in slot slot_of[k]), rounded to `unit`: the offsets,
+    and where at most D items overflow the largest target X̄·x_top alone (cost + o above it), the other cells of
+    the replicas that take them start higher.
+
+    LPT puts the largest items first on the cells of least start, ties by index: item j < k in cell k0·D + j
+    (k0 the first slot of the largest target).  Such an item makes its replica slow in any cell; there the
+    other cells are filled to λ_j·s·their target (`_pinned_scales`: the time of replica j then meets the
+    target's, scaled by s), and s, the level every other cell is filled to, is where the replicas hold every
+    cost: D·X̄ = (D - k)·s·X̄ + Σ_j (c_j + o) + λ_j·s·(X̄ - X̄·x_top) (bisected).  More than D such items (a
+    replica would hold several; D = 2560 × 32 at M = 16: 9000-12000, where the pinned cells fill unevenly and
+    the start was slower): the offsets alone."""
+    m, d = slot_of.size, problem.num_ranks
+    start, shape = offsets[slot_of], best_profile(pipeline, m)[1]
+    cells = problem.sorted_costs[:d + 1] + problem.microbatch_overhead
+    pinned = int(np.searchsorted(-cells, -mean * float(shape.max()), side="left"))
+    if pinned == 0 or pinned > d or m == 1:
+        return np.repeat(start, d)
+    k0 = int(np.argmin(start))  # the first placeholder of least offset (largest target): slot slot_of[k0]
+    target = mean * shape
+    ratios, scales = _pinned_scales(pipeline, m)
+    cells, rest = cells[:pinned] / mean, 1.0 - float(shape.max())
+    low, high = 1.0, SCALE_RANGE  # s, bisected: what the replicas hold, over X̄, rises with it
+    for _ in range(SCALE_STEPS):
+        level = 0.5 * (low + high)
+        held = (d - pinned) * level + float(cells.sum()) + float(np.interp(cells / level, ratios, scales).sum()) \
+            * level * rest
+        low, high = (level, high) if held < d else (low, level)
+    kept = np.interp(cells / high, ratios, scales)
+    start = np.round(high * (float(target.max()) - target[slot_of]) / unit) * unit
+    starts = np.repeat(start[:, None], d, axis=1)  # (M, D): row k the k-th placeholder's cells
+    starts[:, :pinned] += np.round((1 - kept)[None, :] * high * target[slot_of][:, None] / unit) * unit
+    starts[k0, :pinned] = start[k0]
+    return starts.ravel()
+
+
+@lru_cache(maxsize=64)
+def _pinned_scales(pipeline: Pipeline, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """(r, λ(r)) on PINNING_ROWS points, M >= 2: the best cells x (`best_profile`, sum 1, the largest x_top) with
+    the top cell at r ∈ [x_top, T(x) / T(e_top)] instead, the others scaled by λ(r), make the time T(x) again by
+    the secant between λ = 0 (r·T(e_top): homogeneous) and 1; T is convex in λ, so at most T(x).  λ = 1 where
+    the others at x already make at most T(x), 0 from r·T(e_top) >= T(x) on; between the points interpolated."""
+    x = best_profile(pipeline, num_microbatches)[1]
+    top = int(np.argmax(x))
+    rows = np.vstack([x, np.eye(x.size)[top], np.repeat(x[None, :], PINNING_ROWS, axis=0)])
+    goal, alone = replica_times(pipeline, *pipeline.stage_times(rows[:2]))
+    ratios = np.linspace(float(x[top]), max(goal / alone, float(x[top])), PINNING_ROWS)
+    rows[2:, top] = ratios
+    full = replica_times(pipeline, *pipeline.stage_times(rows[2:]))
+    scales = np.where(full > goal, np.clip((goal - ratios * alone) / np.maximum(full - ratios * alone, 1e-300), 0, 1),
+                      1.0)
+    for array in (ratios, scales):
+        array.setflags(write=False)
+    return ratios, scales
 
 
 def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: np.ndarray, num_ranks: int,
