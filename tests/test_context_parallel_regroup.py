@@ -150,6 +150,17 @@ def test_the_crowd_merged_by_rank_is_the_walk_over_every_item(case, level):
             assert regroup._crowd(placed, limit).tolist() == walked_crowd(placed, limit)
 
 
+def test_a_split_item_leaves_the_crowd_where_a_rank_of_its_group_but_the_first_is_above():
+    """The groups walk their items together (`_group_walks`): a split item is taken out where any rank of its group
+    is above the limit, here only its second (which also holds an unsplit item), not its first."""
+    from orchmllm.balancers.context_parallel import certify_split
+
+    spec = ContextParallel(degrees=(1, 2), latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
+    plan = certify_split([100, 300], 2, spec, [0, 1], [2, 1], cost=CostModel(linear=1.0))
+    assert plan.loads.tolist() == [50.0, 350.0]
+    assert regroup._crowd(plan, 50.0).tolist() == walked_crowd(plan, 50.0) == [0, 1]
+
+
 def test_a_set_no_target_lays_out_is_not_planned_out_of_its_micro_batch(monkeypatch):
     """The long workload at D = 2560 x 16 (T = 32k: its one set, T = 16k: 3 of 32 plans) planned micro-batch m
     without a set, then found that no target micro-batch lays the set out, so no move: m's plan without it was

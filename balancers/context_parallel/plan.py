@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plan import BalancePlan, integral, rounded_down
-from ..problem import Problem, Status
+from ..problem import Problem, Status, token_sums
 from ..validation import as_index
 from .blocks import groups_disjoint, within_node
 from .layout import shard_tokens
@@ -108,9 +108,7 @@ def rank_accounts(problem: Problem, spec: ContextParallel, gpus_per_node: int, s
     for c in np.unique(degree[degree > 1]).tolist():
         pairs = np.flatnonzero(degree[items] == c)
         shards[pairs] = shard_tokens(problem.lengths[items[pairs[::c]]], c).ravel()
-    tokens = np.zeros(problem.num_ranks, dtype=np.int64)
-    np.add.at(tokens, ranks, shards)
-    return loads, tokens, item_time
+    return loads, token_sums(ranks, shards, problem.num_ranks), item_time
 
 
 def certify(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,

@@ -34,11 +34,11 @@ only the chosen move's source found more moves there and took 1.3-1.7× (bench_n
 
 from __future__ import annotations
 
-import heapq
 import math
 
 import numpy as np
 
+from ..problem import token_sums
 from .plan import ContextParallelPlan, rank_pairs
 
 MAX_MOVES = 8
@@ -90,12 +90,13 @@ def _best_move(m: int, microbatch: np.ndarray, passes: list, costs: list, length
     more than the least estimated rise plus the best fall so far."""
     plan, items = passes[m], np.flatnonzero(microbatch == m)
     least = estimates[0]
+    held = token_sums(microbatch, lengths, len(passes))
     best, best_fall = None, least_fall
     for chosen in _sets(plan):
         moved, rest = items[chosen], np.delete(items, chosen)
         left = float(plan.loads.sum() - np.dot(plan.item_time[chosen], plan.degree[chosen]))
         most = costs[m] - max(float(least[rest].max()), left / plan.num_ranks, float(_without(plan, chosen).max()))
-        rises = sorted(_rises(m, moved, microbatch, passes, costs, lengths, estimates, plan.num_ranks * budget))
+        rises = sorted(_rises(m, moved, held, passes, costs, lengths, estimates, plan.num_ranks * budget))
         if not rises or not most - rises[0][0] > best_fall:
             continue
         targets = [k for _, k in rises[:TARGETS]]
@@ -114,17 +115,18 @@ def _best_move(m: int, microbatch: np.ndarray, passes: list, costs: list, length
     return best
 
 
-def _rises(m: int, moved: np.ndarray, microbatch: np.ndarray, passes: list, costs: list, lengths: np.ndarray,
+def _rises(m: int, moved: np.ndarray, held: np.ndarray, passes: list, costs: list, lengths: np.ndarray,
            estimates: tuple, room: int) -> list[tuple[float, int]]:
-    """(estimated rise, micro-batch) of every other micro-batch whose tokens hold `moved` too (`room` tokens):
-    max(its cost, the moved items' longest least time, (its work + theirs) / D) − its cost."""
+    """(estimated rise, micro-batch) of every other micro-batch whose tokens (`held`: each micro-batch's) hold
+    `moved` too (`room` tokens): max(its cost, the moved items' longest least time, (its work + theirs) / D) − its
+    cost."""
     least, work = estimates
-    out = []
+    out, tokens, longest, extra = [], int(lengths[moved].sum()), float(least[moved].max()), float(work[moved].sum())
     for k, plan in enumerate(passes):
-        if k == m or int(lengths[microbatch == k].sum() + lengths[moved].sum()) > room:
+        if k == m or int(held[k]) + tokens > room:
             continue
         total = float(plan.loads.sum()) if plan is not None else 0.0
-        rise = max(costs[k], float(least[moved].max()), (total + float(work[moved].sum())) / passes[m].num_ranks)
+        rise = max(costs[k], longest, (total + extra) / passes[m].num_ranks)
         out.append((rise - costs[k], k))
     return out
 
@@ -155,9 +157,10 @@ def _crowd(plan: ContextParallelPlan, limit: float) -> np.ndarray:
 
     A rank below the limit stays below (loads only fall), so only the ranks above it walk their items, in
     that order, each until it falls to the limit.  Up to its first split item a rank's walk is its own: all
-    of them at once, an item a rank a step (numpy).  Then a merge of the ranks' lists by a heap, in which a
-    split item is taken out by the first of its ranks to reach it while above (its other ranks then skip it).
-    Each rank subtracts the items taken out in the order they are, as a walk over every item would."""
+    of them at once, an item a rank a step (numpy).  From there (its group's first split item: no rank is in
+    two groups, and a group's ranks hold the same split items) a group's ranks walk together and apart from
+    the other groups' (`_group_walks`).  Each rank subtracts the items taken out in the order they are, as a
+    walk over every item would."""
     above = plan.loads > limit
     items, ranks = rank_pairs(plan.assignment, plan.degree)
     on = above[ranks]
@@ -184,23 +187,38 @@ def _crowd(plan: ContextParallelPlan, limit: float) -> np.ndarray:
         taken.append(pairs)
         walking[step] += 1
     taken = np.concatenate(taken) if taken else np.zeros(0, dtype=np.int64)
-    crowd = list(zip(positions[taken].tolist(), items[taken].tolist()))
     rest = np.flatnonzero((walking < ends) & (loads[ranks[first]] > limit))
-    heap = list(zip(positions[walking[rest]].tolist(), walking[rest].tolist(), ends[rest].tolist()))
-    heapq.heapify(heap)
-    loads, gone = loads.tolist(), set()
-    while heap:
-        at, pair, end = heapq.heappop(heap)
-        rank, k = int(ranks[pair]), int(items[pair])
-        if not loads[rank] > limit:  # fell to the limit: it takes no more out
-            continue
-        if k not in gone:
-            gone.add(k)
-            crowd.append((at, k))
-            time, begin = float(plan.item_time[k]), int(plan.assignment[k])
-            for held in range(begin, begin + int(plan.degree[k])):
-                loads[held] -= time
-        if pair + 1 < end:
-            heapq.heappush(heap, (int(positions[pair + 1]), pair + 1, end))
-    crowd.sort()
-    return np.array([k for _, k in crowd], dtype=np.int64)
+    which, left = rank_pairs(walking[rest], ends[rest] - walking[rest])  # the pairs left, rank by rank
+    group = plan.assignment[items[walking[rest]]][which]  # the start of each one's group
+    key, once = np.unique(group * plan.num_items + positions[left], return_index=True)  # a split item once a group
+    walked = _group_walks(plan, loads, limit, items[left[once]], key // plan.num_items)
+    found = np.concatenate((taken, left[once][walked]))
+    return items[found[np.argsort(positions[found])]]
+
+
+def _group_walks(plan: ContextParallelPlan, loads: np.ndarray, limit: float, items: np.ndarray,
+                 groups: np.ndarray) -> np.ndarray:
+    """Indices of `items` taken out: each group (`groups`: the start of the items' group, ascending, each group's
+    items by position, its first split) walks its items, one a step and all groups at once, taking one out while
+    one of its ranks is above `limit` (a split item's: its group's), until the group's ranks all are not;
+    `loads` (the ranks' after their own walks) lowered in place."""
+    if not items.size:
+        return np.zeros(0, dtype=np.int64)
+    heads = np.flatnonzero(np.concatenate(([True], groups[1:] != groups[:-1])))
+    tails = np.append(heads[1:], items.size)
+    base, width = groups[heads], plan.degree[items[heads]]
+    pointer, alive, taken = heads.copy(), np.arange(heads.size), []
+    while alive.size:
+        member, cover = rank_pairs(base[alive], width[alive])
+        peak = np.maximum.reduceat(loads[cover], np.cumsum(width[alive]) - width[alive])
+        k = items[pointer[alive]]
+        split = plan.degree[k] > 1
+        take = np.where(split, peak, loads[plan.assignment[k]]) > limit
+        hit = (take & split)[member]
+        loads[cover[hit]] -= plan.item_time[k][member[hit]]  # no rank twice: one item a group, groups apart
+        lone = take & ~split
+        loads[plan.assignment[k[lone]]] -= plan.item_time[k[lone]]
+        taken.append(pointer[alive][take])
+        pointer[alive] += 1
+        alive = alive[(peak > limit) & (pointer[alive] < tails[alive])]  # a group whose ranks fell takes no more
+    return np.concatenate(taken)
