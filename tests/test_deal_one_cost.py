@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel, bounds
 from orchmllm.balancers.kernels.reference import locality_first_phases
+from orchmllm.balancers.locality import deal as deal_module
 from orchmllm.balancers.locality.deal import DEAL_WINDOW, keep_home, take_anywhere, take_in_node
 from orchmllm.balancers.locality.fill import fill_locally
 from orchmllm.balancers.locality.partial_plan import PartialPlan
@@ -63,7 +64,8 @@ def test_first_three_phases_of_one_cost_match_their_plain_code(seed, capped):
 def test_fill_deal_of_one_cost_is_the_deal_through_the_cost_order(seed, gpus_per_node, num_nodes, capped, unit):
     """`fill_locally` (tiers under a cap, the filler, the repair) on items of one cost, sampled in runs as a
     video's frames are: the same destinations, loads and tokens as with the one-cost path turned off (every
-    cost read through the cost order), on costs whose sums round (0.1) and do not."""
+    cost read through the cost order and summed), on costs whose sums round (0.1) and are exact (counts times the
+    cost: `PartialPlan.exact_cost`)."""
     rng = np.random.default_rng(seed)
     num_ranks = gpus_per_node * num_nodes
     runs = rng.integers(1, 40, int(rng.integers(1, 6 * num_ranks)))
@@ -77,8 +79,9 @@ def test_fill_deal_of_one_cost_is_the_deal_through_the_cost_order(seed, gpus_per
     dealt = []
     for uniform in (True, False):
         state = PartialPlan(problem, target)
-        assert state.uniform
-        state.uniform = uniform  # off: the general path, which reads every cost and rank through the order
+        assert state.uniform and (unit == 0.1 or state.exact_cost is not None)
+        if not uniform:  # off: the general path, which reads every cost and rank through the order and sums them
+            state.uniform, state.exact_cost = False, None
         fill_locally(state, sources, lengths * 1.0, gpus_per_node, 0.003)
         dealt.append((state.destinations, state.loads, state.tokens))
     for one_cost, general in zip(*dealt):
@@ -97,3 +100,17 @@ def test_bound_of_one_cost_is_the_bound_through_its_prefix_sums(n, num_ranks, co
         patch.setattr(bounds, "ONE_COST_ITEMS", 0)  # every problem through the prefix sums
         general = bounds.lower_bound(problem)
     assert shortcut == general and type(shortcut) is float and math.copysign(1.0, shortcut) == 1.0
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(0, 400), st.sampled_from([1.0, 3 * 2.0**21, 0.75, 5 * 2.0**-30]))
+def test_last_multiple_is_the_search_in_the_prefix_sums_of_one_cost(seed, most, cost):
+    """keep_home's run ends without prefix sums of one exact cost: the binary search in them, bounds on the
+    multiples themselves, a hair either side, below 0 and past the last."""
+    rng = np.random.default_rng(seed)
+    sums = np.zeros(most + 1)
+    np.cumsum(np.full(most, cost), out=sums[1:])
+    multiples = rng.integers(-2, most + 3, 50) * cost
+    bounds = np.concatenate([multiples, np.nextafter(multiples, -np.inf), np.nextafter(multiples, np.inf),
+                             rng.uniform(-2 * cost, (most + 2) * cost, 50)])
+    expected = np.searchsorted(sums, bounds, side="right") - 1
+    np.testing.assert_array_equal(deal_module._last_multiple(cost, bounds, most), expected)

@@ -64,6 +64,16 @@ def _prefix_sums(values: np.ndarray) -> np.ndarray:
     return sums
 
 
+def _last_multiple(cost: float, bounds: np.ndarray, most: int) -> np.ndarray:
+    """Per bound, the largest j in [-1, most] with j · cost <= bound (-1 below 0): `np.searchsorted` of the
+    bounds in the prefix sums j · cost (exact: `PartialPlan.exact_cost`), side right, less one.  Rounding is
+    monotone and integers below 2**53 are floats, so the rounded quotient's floor is j or j + 1: the exact
+    product settles it."""
+    last = np.clip(np.floor(bounds / cost), -1, most).astype(np.int64)
+    last -= (last >= 0) & (last * cost > bounds)
+    return last
+
+
 def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None = None) -> None:
     """Every rank keeps its own items (`items`, ascending, default all), largest first, each one
     that still fits.
@@ -77,8 +87,12 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
     """
     num_ranks = state.loads.size
     homes = sources if items is None else sources[items]
-    costs = state.costs if items is None else state.costs_of(items)
-    totals = np.bincount(homes, weights=costs, minlength=num_ranks)
+    one_cost = state.exact_cost  # every sum of these costs exact: a count of items times the cost
+    if one_cost is None:
+        costs = state.costs if items is None else state.costs_of(items)
+        totals = np.bincount(homes, weights=costs, minlength=num_ranks)
+    else:
+        totals = np.bincount(homes, minlength=num_ranks) * one_cost
     margin = homes.size * np.finfo(np.float64).eps * float(totals.sum())  # bounds any summation's rounding
     whole = state.loads + totals <= state.target - margin
     if state.cap < np.inf:
@@ -95,14 +109,20 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
         state.destinations[items[stays]] = homes[stays]
         rest = items[rest]
     keys, cost_rank, pointer, ends, ranks = _by_segment(state, sources[rest], rest)
-    cost_sums = _prefix_sums(state.sorted_costs[:cost_rank.size] if state.uniform else state.sorted_costs[cost_rank])
+    cost_sums = None  # the j-th of one cost is j · cost: not stored
+    if one_cost is None:
+        cost_sums = _prefix_sums(state.sorted_costs[:cost_rank.size] if state.uniform
+                                 else state.sorted_costs[cost_rank])
     token_sums = _prefix_sums(state.lengths[state.item_of_rank[cost_rank]]) if state.cap < np.inf else None
     while ranks.size:
         room = state.target - state.loads[ranks]
         position = _first_fitting(state, keys, ranks, pointer, room, ends)
         alive = position < ends
         ranks, position, ends, room = ranks[alive], position[alive], ends[alive], room[alive]
-        run_end = np.searchsorted(cost_sums, cost_sums[position] + room - margin, side="right") - 1
+        if cost_sums is None:
+            run_end = _last_multiple(one_cost, position * one_cost + room - margin, cost_rank.size)
+        else:
+            run_end = np.searchsorted(cost_sums, cost_sums[position] + room - margin, side="right") - 1
         if token_sums is not None:
             token_room = state.cap - state.tokens[ranks]
             run_end = np.minimum(run_end, np.searchsorted(token_sums, token_sums[position] + token_room, side="right") - 1)

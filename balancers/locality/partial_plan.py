@@ -35,10 +35,17 @@ class PartialPlan:
             self.cost_rank = np.empty(problem.num_items, dtype=rank_type)
             self.cost_rank[self.item_of_rank] = np.arange(problem.num_items)
         self.sorted_costs = problem.sorted_costs
-        self.negated_sorted_costs = -problem.sorted_costs
+        # ... and every sum of up to n of them exact, in any order: such sums are counts times the cost
+        self.exact_cost = float(problem.sorted_costs[0]) if self.uniform and exact_sums(
+            float(problem.sorted_costs[0]), problem.num_items) else None
         self.destinations = np.full(problem.num_items, -1, dtype=np.int64)
         self.loads = np.zeros(problem.num_ranks)
         self.tokens = np.zeros(problem.num_ranks)
+
+    @functools.cached_property
+    def negated_sorted_costs(self) -> np.ndarray:
+        """-sorted_costs (ascending: binary searches by cost), made where first read (a deal of one cost reads none)."""
+        return -self.sorted_costs
 
     @functools.cached_property
     def lengths(self) -> np.ndarray:
@@ -94,6 +101,19 @@ class PartialPlan:
         self.loads[ranks] += self.costs[items]
         if self.cap < np.inf:
             self.tokens[ranks] += self.lengths[items]
+
+
+def exact_sums(cost: float, count: int) -> bool:
+    """Whether every sum of up to `count` copies of `cost` (> 0) is exact in float64, whatever the order: cost is
+    m · 2**e with m odd and count · m < 2**53, so each partial sum k · cost is a float.
+
+    >>> exact_sums(3 * 2.0**21, 10**6), exact_sums(0.1, 3), exact_sums(0.0, 5)
+    (True, False, False)
+    """
+    if not 0 < cost < np.inf:
+        return False
+    numerator, _ = cost.as_integer_ratio()  # cost = numerator / 2**k, or numerator itself
+    return count * (numerator >> ((numerator & -numerator).bit_length() - 1)) < 2**53
 
 
 def runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
