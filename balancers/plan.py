@@ -133,12 +133,33 @@ def call_kernel(kernel: Callable, algorithm: str, problem, *args):
     arrays too)."""
     try:
         return kernel(problem.for_kernel(), *args)
-    except KERNEL_REFUSALS:
-        raise
+    except KERNEL_REFUSALS as error:
+        contradiction = _contradiction(error, problem)
+        if contradiction is None:
+            raise
+        raise RuntimeError(f"algorithm {algorithm!r} raised {type(error).__name__} {contradiction}: a bug of the "
+                           f"kernel ({error})") from error
     except Exception as error:
         hint = (" (a kernel gets the problem's arrays read-only: copy one before writing it)"
                 if isinstance(error, ValueError) and "read-only" in str(error) else "")
         raise RuntimeError(f"algorithm {algorithm!r} raised {type(error).__name__}: {error}{hint}") from error
+
+
+def _contradiction(error: Exception, problem) -> str | None:
+    """How a kernel's refusal contradicts the problem it was given (None where it does not): no plan fits a cap
+    the problem does not set, a cap to try next that is negative or not above the cap given, a time limit the
+    problem does not set ran out."""
+    if isinstance(error, InfeasibleError):
+        if error.min_cap < 0:
+            return f"with min_cap={error.min_cap}, a negative cap to try next"
+        cap = getattr(problem, "max_tokens_per_rank", math.inf)  # a micro-batch problem's min_cap: micro-batches
+        if cap is None:
+            return "on a problem with no token cap (`max_tokens_per_rank` None), which every plan fits"
+        if error.min_cap <= cap:
+            return f"with min_cap={error.min_cap}, not above the max_tokens_per_rank={cap} it was given"
+    if isinstance(error, TimeoutError) and problem.time_limit is None:
+        return "on a problem with no time limit (`time_limit` None)"
+    return None
 
 
 def run_kernel(kernel: Kernel, problem: Problem, algorithm: str,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from orchmllm import balance_microbatches, register_algorithm, register_microbatch_algorithm
-from orchmllm.balancers import Algorithm, KernelResult, balance, get_algorithm, registry
+from orchmllm.balancers import Algorithm, InfeasibleError, KernelResult, balance, get_algorithm, registry
 from orchmllm.balancers.microbatch.plan import MicroBatchResult
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -404,6 +404,39 @@ def test_a_kernel_that_raises_is_named_with_its_error_as_the_cause():
     with pytest.raises(RuntimeError, match=r"algorithm 'test_mb_raises' raised KeyError: 'bucket'") as micro:
         balance_microbatches([3, 1, 2], 2, max_tokens_per_microbatch=4, algorithm="test_mb_raises")
     assert isinstance(plain.value.__cause__, KeyError) and isinstance(micro.value.__cause__, KeyError)
+
+
+def _refusing(error):
+    def kernel(problem, *rest):
+        raise error
+    return kernel
+
+
+@pytest.mark.parametrize("error, options, contradiction", [
+    (InfeasibleError("no room", min_cap=100), {}, r"on a problem with no token cap"),
+    (InfeasibleError("no room", min_cap=5), {"max_tokens_per_rank": 1000},
+     r"with min_cap=5, not above the max_tokens_per_rank=1000 it was given"),
+    (InfeasibleError("no room", min_cap=-1), {"max_tokens_per_rank": 1000}, r"with min_cap=-1, a negative cap"),
+    (TimeoutError("slow"), {}, r"on a problem with no time limit"),
+], ids=["no-cap", "min-cap-below-the-cap", "negative-min-cap", "timeout-without-a-limit"])
+def test_regression_a_kernels_refusal_that_contradicts_its_input_was_passed_on_as_the_inputs_fault(
+        error, options, contradiction):
+    """A plugin's InfeasibleError on a problem with no cap (or a min_cap no larger than the cap, or negative) and its
+    TimeoutError with no time limit reached the caller as they were, naming no kernel: the CLI then printed "the
+    smallest cap known to be needed" of an uncapped problem (probe17 P17-02).  Consistent refusals still pass on."""
+    name = f"test_refusal_{error.__class__.__name__}_{getattr(error, 'min_cap', 0)}_{len(options)}"
+    register_algorithm(name, _refusing(error))
+    with pytest.raises(RuntimeError, match=rf"algorithm '{name}' raised \w+Error {contradiction}.*a bug of the kernel"):
+        balance([9, 7, 6, 5], 2, algorithm=name, **options)
+
+
+def test_a_microbatch_kernels_negative_min_cap_is_its_bug_and_a_consistent_refusal_passes_on():
+    register_microbatch_algorithm("test_mb_negative_min_cap", _refusing(InfeasibleError("no room", min_cap=-1)))
+    with pytest.raises(RuntimeError, match=r"algorithm 'test_mb_negative_min_cap' raised InfeasibleError with min_cap=-1"):
+        balance_microbatches([9, 7, 6, 5], 2, max_tokens_per_microbatch=12, algorithm="test_mb_negative_min_cap")
+    register_algorithm("test_refusal_consistent", _refusing(InfeasibleError("no room", min_cap=30)))
+    with pytest.raises(InfeasibleError, match="no room"):
+        balance([9, 7, 6, 5], 2, algorithm="test_refusal_consistent", max_tokens_per_rank=20)
 
 
 Named = collections.namedtuple("Named", "assignment status lower_bound")
