@@ -101,14 +101,15 @@ def first_stage_loads(microbatches, num_ranks: int) -> np.ndarray:
 
 
 def planned_step(batch: Batch, stages, cells: MicroBatchPlan, microbatches, pipeline: Pipeline,
-                 free_microbatches: bool) -> PipelineStep:
+                 free_microbatches: bool, times: np.ndarray | None = None) -> PipelineStep:
     """The `PipelineStep` of a micro-batched plan (its `cells`, micro-batch m run m-th, and the `microbatches`'
     `PassPlan`s) through `pipeline` with its encoders on the first stage (module docstring); `cells.pipeline`
     itself where no encoder works.  Its `unaware_step_time` is the cells planner's (`cells.pipeline`): the
     PP-unaware cells' step as that planner saw them, with each sample's encoder costs in its own cell where it
     planned with them (`cell_costs`: then the step they run, for unpadded encoders), else without encoders (the
     PP-unaware plan's encoders are never planned); for cells not planned for the pipeline, their own step.  The
-    bound holds for plans with this M, or with any M from the fewest that fit when `free_microbatches`."""
+    bound holds for plans with this M, or with any M from the fewest that fit when `free_microbatches`.
+    `times`: the replicas' times of these cells with their encoders, where the caller has them (`microbatch_order`)."""
     pipeline.check_microbatches(cells.num_microbatches, "cells.num_microbatches")
     first = first_stage_loads(microbatches, batch.num_ranks)
     encoders = bool(first.any())
@@ -130,7 +131,7 @@ def planned_step(batch: Batch, stages, cells: MicroBatchPlan, microbatches, pipe
     step = pipeline_step(problem, None, None, cells.num_microbatches, pipeline,
                          math.nan if cells.pipeline is None else cells.pipeline.unaware_step_time,
                          free_microbatches=free_microbatches, first_stage=parts,
-                         cells=(cost, first if encoders else None, None))
+                         cells=(cost, first if encoders else None, times if encoders else None))
     return step if cells.pipeline is not None else replace(step, unaware_step_time=step.step_time)
 
 
@@ -139,9 +140,10 @@ def _times(pipeline: Pipeline, cost: np.ndarray, first: np.ndarray) -> np.ndarra
     return replica_times(pipeline, *pipeline.stage_times(cost, first))
 
 
-def microbatch_order(pipeline: Pipeline, cost: np.ndarray, first: np.ndarray) -> np.ndarray:
+def microbatch_order(pipeline: Pipeline, cost: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A run order of the micro-batches (slot k runs micro-batch order[k] on every replica) of cells costing `cost`
-    with first-stage parts `first`, (D, M) each, whose step is never slower than theirs in the order given:
+    with first-stage parts `first`, (D, M) each, and the replicas' times in it, whose step is never slower than
+    theirs in the order given:
     best-improvement swaps of two micro-batches, ranked on the CRITICAL_REPLICAS slowest replicas and kept only
     when the step over every replica falls, at most M rounds.  A micro-batch's encoders are balanced whatever its
     place, so the first-stage times move with it exactly."""
@@ -159,7 +161,7 @@ def microbatch_order(pipeline: Pipeline, cost: np.ndarray, first: np.ndarray) ->
         if not swapped.max() < times.max():
             break
         order, times = best, swapped
-    return order
+    return order, times
 
 
 def planned_run(batch: Batch, stages, *, cells: MicroBatchPlan, microbatches: tuple, microbatch_samples: tuple,
@@ -168,10 +170,10 @@ def planned_run(batch: Batch, stages, *, cells: MicroBatchPlan, microbatches: tu
     whose encoders work run their micro-batches in `microbatch_order` (cells, pass plans and samples relabelled;
     `cells.pipeline` timed again in that order, without the encoders), and `pipeline`: the step as it runs
     (`planned_step`)."""
-    pipeline, free = options.pipeline, options.num_microbatches is None
+    pipeline, free, times = options.pipeline, options.num_microbatches is None, None
     first = first_stage_loads(microbatches, batch.num_ranks)
     if cells.pipeline is not None and first.any():
-        order = microbatch_order(pipeline, cells.cell_loads.T + cells.microbatch_overhead + first, first)
+        order, times = microbatch_order(pipeline, cells.cell_loads.T + cells.microbatch_overhead + first, first)
         if np.any(order != np.arange(order.size)):
             position = np.empty_like(order)
             position[order] = np.arange(order.size)
@@ -191,4 +193,4 @@ def planned_run(batch: Batch, stages, *, cells: MicroBatchPlan, microbatches: tu
             microbatches, microbatch_samples = (tuple(run[k] for k in order)
                                                 for run in (microbatches, microbatch_samples))
     return dict(cells=cells, microbatches=microbatches, microbatch_samples=microbatch_samples,
-                pipeline=planned_step(batch, stages, cells, microbatches, pipeline, free))
+                pipeline=planned_step(batch, stages, cells, microbatches, pipeline, free, times))
