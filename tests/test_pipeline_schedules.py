@@ -164,3 +164,22 @@ def test_zero_durations_end_at_zero(schedule, virtual):
     for shape in ((3, 8), (3, 4, 8)):
         times = replica_times(pipeline, np.full(shape, -0.0), np.full(shape, -0.0))
         assert times.tolist() == [0.0] * 3 and not np.signbit(times).any()
+
+
+def test_regression_an_emptied_cell_kept_a_negative_cost():
+    """Review R11-08: the search keeps its cells' costs by float differences, so emptying a cell of 0.03 +
+    0.8200000000000001 + 0.92 (summed in item order) left -1.1e-16, a negative duration for `replica_times` (whose
+    end times assume durations >= 0), and a row without its last item read the same.  Both are clamped at 0 now."""
+    from orchmllm.balancers.pipeline.search import CellSearch, _without
+
+    costs = np.array([0.03, 0.82 + 1e-16, 0.92, 1.0])  # items 0-2 in cell (0, 0), item 3 in cell (1, 0)
+    cost = np.array([[np.bincount(np.zeros(3, dtype=np.int64), weights=costs[:3])[0], 0.0], [1.0, 0.0]])
+    tokens, replica, slot = np.array([[3, 0], [1, 0]]), np.array([0, 0, 0, 1]), np.zeros(4, dtype=np.int64)
+    pipeline = Pipeline(stages=2)
+    search = CellSearch(pipeline, costs, np.ones(4, dtype=np.int64), False, cost, tokens, replica, slot, 100, 10**6,
+                        replica_times(pipeline, *pipeline.stage_times(cost)))
+    search._move(0, 0, 1, 1, 0.0, 0.0)
+    search._move(0, 1, 1, 1, 0.0, 0.0)
+    assert _without(search.cost, costs, search.replica, search.slot, np.array([2]))[0, 0] == 0.0
+    search._move(0, 2, 1, 1, 0.0, 0.0)
+    assert search.cost[0, 0] == 0.0 and search.tokens[0, 0] == 0

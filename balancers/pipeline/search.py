@@ -228,6 +228,8 @@ class CellSearch:
                              (self.first_stage, self.item_first_stage)):
             if grid is not None:
                 grid[r, source] -= values[item]
+                if grid[r, source] < 0:  # a float sum of what is left, below 0 by rounding (an emptied cell)
+                    grid[r, source] = 0
                 grid[other, slot] += values[item]
         self.replica[item], self.slot[item] = other, slot
         if r in self.members:
@@ -242,7 +244,8 @@ def _without(grid: np.ndarray, values: np.ndarray, replica: np.ndarray, slot: np
              ) -> np.ndarray:
     """Per item, its replica's row of `grid` without its value."""
     rows = grid[replica[items]]
-    rows[np.arange(items.size), slot[items]] -= values[items]
+    cells = (np.arange(items.size), slot[items])
+    rows[cells] = np.maximum(rows[cells] - values[items], 0.0)  # float sums of what is left: never below 0
     return rows
 
 
