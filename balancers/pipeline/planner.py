@@ -4,7 +4,8 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
     start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load) as planned and
               (unpadded) the items cut afresh into cells of the schedule's best shape by one LPT
               over all M·D cells (`lpt_shaped`; the replicas that take the items overflowing a
-              cell alone start their other cells higher, `_starts`); the faster ends the planning
+              cell alone start their other cells higher, `_starts`, two such starts where more
+              than D items overflow); the faster ends the planning
               when it is within STOP_GAP of τ·X̄ (the search's stop rule), else the plain cells reordered in each
               replica (`order.mountain`) are a third start, and (padded, where no item moves
               reshape a cell) the plain cells dealt afresh over the replicas and reordered
@@ -99,7 +100,8 @@ def cell_costs(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray
     return loads.T + problem.microbatch_overhead, np.ascontiguousarray(tokens.T)
 
 
-def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline, mean: float) -> tuple | None:
+def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline, mean: float,
+               most: bool = False) -> tuple | None:
     """(replica, slot) per item of cells cut afresh into the schedule's best shape x (`profile.best_profile`),
     and their `cell_accounts` (loads, tokens), (M, D) each, where the integer LPT below summed them (else None):
     LPT over all M·D cells within the budget (`microbatch.cells.lpt_cells`), the D cells of slot k starting
@@ -108,7 +110,8 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     2**-30 of max c (to whole units below 2**30 where the costs are integers), so integer costs stay on LPT's
     integer keys (`lpt`: loads below 2**53 units); there, and where the cells fit the budget uncapped, the
     same LPT runs from the offsets as start loads (`lpt.greedy_from`), without the placeholders, its exact
-    sums the cells' costs."""
+    sums the cells' costs.  The start loads are raised where items overflow a cell (`_starts`; `most`: where more
+    than D do, the D largest)."""
     m, d = num_microbatches, problem.num_ranks
     shape = best_profile(pipeline, m)[1]
     offsets = mean * (shape.max() - shape)
@@ -120,7 +123,7 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     base = 2.0 * top if top > 0 else 1.0
     slot_of = np.lexsort((np.arange(m), -(base + offsets)))  # cell k·D + r holds the k-th placeholder's slot
     replica_of, slot_of_cell = np.tile(np.arange(d), m), np.repeat(slot_of, d)
-    start = _starts(problem, pipeline, mean, offsets, slot_of, unit)
+    start = _starts(problem, pipeline, mean, offsets, slot_of, unit, most)
     greedy = greedy_from(problem.sorted_costs, m * d, problem.cost_order, start, problem.lengths)
     if greedy is not None:
         cell, sums, tokens = greedy  # the tokens where the plain planner's LPT summed them (flat shape)
@@ -133,8 +136,15 @@ def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipe
     return None if cell is None else (np.take(replica_of, cell), np.take(slot_of_cell, cell), None)
 
 
+def overflowing(problem: MicroBatchProblem, pipeline: Pipeline, num_microbatches: int, mean: float) -> int:
+    """How many items overflow the best shape's largest target X̄·x_top alone (cost + o above it), up to D + 1."""
+    top = mean * float(best_profile(pipeline, num_microbatches)[1].max())
+    cells = problem.sorted_costs[:problem.num_ranks + 1] + problem.microbatch_overhead
+    return int(np.searchsorted(-cells, -top, side="left"))
+
+
 def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets: np.ndarray, slot_of: np.ndarray,
-            unit: float) -> np.ndarray:
+            unit: float, most: bool = False) -> np.ndarray:
     """`lpt_shaped`'s start loads of the cells (cell k·D + r in slot slot_of[k]), rounded to `unit`: the offsets,
     and where at most D items overflow the largest target X̄·x_top alone (cost + o above it), the other cells of
     the replicas that take them start higher.
@@ -144,12 +154,15 @@ def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets
     other cells are filled to λ_j·s·their target (`_pinned_scales`: the time of replica j then meets the
     target's, scaled by s), and s, the level every other cell is filled to, is where the replicas hold every
     cost: D·X̄ = (D - k)·s·X̄ + Σ_j (c_j + o) + λ_j·s·(X̄ - X̄·x_top) (bisected).  More than D such items (a
-    replica would hold several; D = 2560 × 32 at M = 16: 9000-12000, where the pinned cells fill unevenly and
-    the start was slower): the offsets alone."""
+    replica would hold several; D = 2560 × 32 at M = 16: 9000-12000): the offsets alone, or with `most` the D
+    largest taken so (the other cells then fill unevenly: at D = 2560, M = 16 the 1F1B and interleaved starts
+    1.065 and 1.022x the bound, GPipe 1.65x, where the offsets alone give 1.38, 1.25 and 1.54x; `arrange` times
+    both and searches the faster)."""
     m, d = slot_of.size, problem.num_ranks
     start, shape = offsets[slot_of], best_profile(pipeline, m)[1]
     cells = problem.sorted_costs[:d + 1] + problem.microbatch_overhead
-    pinned = int(np.searchsorted(-cells, -mean * float(shape.max()), side="left"))
+    pinned = overflowing(problem, pipeline, m, mean)
+    pinned = min(pinned, d) if most else pinned
     if pinned == 0 or pinned > d or m == 1:
         return np.repeat(start, d)
     k0 = int(np.argmin(start))  # the first placeholder of least offset (largest target): slot slot_of[k0]
@@ -214,9 +227,11 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     # the search's floor: τ·X̄ bounds every plan's step at this M (`bounds`; uniform stages, else none)
     floor = 0.0 if firsts is not None else best_profile(pipeline, num_microbatches)[0] * mean
     cells, placed, summed = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {0: accounts}
-    if not problem.padded:  # the items cut afresh into the best shape
-        _add_start(problem, (placed, cells, summed), lpt_shaped(problem, num_microbatches, pipeline, mean),
-                   first_stage)
+    if not problem.padded:  # the items cut afresh into the best shape; two ways where more than D items overflow
+        for most in (False, True)[:1 + (overflowing(problem, pipeline, num_microbatches, mean) > d)]:
+            _add_start(problem, (placed, cells, summed), lpt_shaped(problem, num_microbatches, pipeline, mean, most),
+                       first_stage)
+    shaped = range(1, len(cells))
     times = _timed(pipeline, cells)
     best = _fastest(times)
     if not _short(times[best], floor):  # the search would stop at once (`search`)
@@ -235,6 +250,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     best = _fastest(times)
     found = None  # (time, the search's answer): the fastest of the searches from the reordered and shaped cells
     for begin in range(1, len(cells)):
+        if begin in shaped and begin != min(shaped, key=lambda index: (float(times[index].max()), index)):
+            continue  # of two shaped starts, the faster is searched
         replica, slot = placed[begin]
         cost, tokens, firsts = cells[begin]
         if tokens is None:
