@@ -11,14 +11,16 @@ three schedules.  The planner's constants (search budget, light replicas, swaps)
 on the default and long mixes at seeds 1 and 2, the search's stop gap (which also ends the starts)
 on this grid at seeds 1 and 2, its stall window on the planning-time instance (default, seed 7,
 D = 2560), its rounds (`search.CellSearch.rounds`) on this grid at seeds 1 and 2 and on the
-planning-time instance with a fixed M (held out: seeds 61, 67 and 71, D 8/64 and 61 at D = 512);
+planning-time instance with a fixed M (held out: seeds 61, 67 and 71, D 8/64 and 61 at D = 512), its
+raised starts (`planner._starts`) on that instance at seeds 7 and 11 (held out: 83, 89, 97 at D 8/64, 83 at 512);
 the figures are on seeds 7, 23 and 31 (23 and 31 never looked at before issue 28's audit),
 and issue 28's targets are asserted per seed on each family of mixes: ours / PP-unaware at most
 0.97 at the median and never above 1, ours / bound at most 1.02 at the median.  GPipe's rows sit
 at ~1.000 (its step is order-free, flat cells are its optimum and the plain plan already has them,
 within 0.2 % of the bound) and the interleaved ones at ~0.973: on 53 of 90 GPipe and 34 of 90
 interleaved rows (seed 23, D up to 512) 0.97 x the PP-unaware step is below the certified bound, so
-the 0.97 holds over the three schedules, not per schedule.  Seed 7's realistic median is 0.9695.
+the 0.97 holds over the three schedules, not per schedule.  Seed 7's realistic median is 0.959
+(0.969 before pp32's raised starts, `planner._starts`).
 Every plan's step is `pipeline_step` of its cells (same model, same bound), micro-batch m
 run m-th on every replica: ours (`pipeline=`), the PP-unaware plan in its own order, and
 DynaPipe-style per-replica contiguous micro-batches (`study.pipeline_peers`).
@@ -96,6 +98,17 @@ def test_pipeline_aware_against_unaware_dynapipe_and_bound(request, seed):
         assert np.median([r["vs_bound"] for r in chosen]) <= TARGET_VS_BOUND, (seed, name)
 
 
+def _ratios(piped, plain, pairs, best_of):
+    """Per pair, the best of 3 CPU seconds (`time.process_time`) of `piped` over that of `plain`, which one first
+    alternating: `pairs` ratios."""
+    ratios = []
+    for pair in range(pairs):
+        order = (plain, piped) if pair % 2 == 0 else (piped, plain)
+        seconds = {call: best_of(call, 3, time.process_time) for call in order}
+        ratios.append(seconds[piped] / seconds[plain])
+    return ratios
+
+
 def _report(step):
     """What a user reads of a `PipelineStep`."""
     return (step.replica_times, step.step_time, step.unaware_step_time, step.lower_bound, step.gap, step.status,
@@ -117,11 +130,7 @@ def test_planning_time_at_2560_ranks(best_of):
     piped = lambda: _report(balance_microbatches(lengths, 2560, max_tokens_per_microbatch=16384,  # noqa: E731
                                                  cost=COST, pipeline=pipeline).pipeline)
     first = best_of(piped, 1)  # the best shape of (P, M) is computed once per process
-    ratios = []
-    for pair in range(PAIRS):
-        order = (plain, piped) if pair % 2 == 0 else (piped, plain)
-        seconds = {call: best_of(call, 3, time.process_time) for call in order}
-        ratios.append(seconds[piped] / seconds[plain])
+    ratios = _ratios(piped, plain, PAIRS, best_of)
     plan = balance_microbatches(lengths, 2560, max_tokens_per_microbatch=16384, cost=COST, pipeline=pipeline)
     print(f"\nD = 2560 x 32, M = {plan.num_microbatches}: first call {first:.3f} s; later calls with the report read / "
           f"plain median {np.median(ratios):.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}); ours/unaware "
@@ -137,15 +146,16 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
     """D = 2560 × 32 samples, T = 16k, P = 8, M FIXED at 8 and 16 (as trainers run: num_microbatches=8/16),
     the three schedules (interleaved with v = 2): planning with the pipeline over planning the same M without,
     same run, measured like `test_planning_time_at_2560_ranks` (best of 3 CPU seconds per call, alternated
-    pairs, the median of FIXED_PAIRS).  Issue 28's 1.5x is NOT met here and not asserted: the plain cells and
-    the cells cut afresh into the best shape (one LPT) timed, with the report and no search at all, already
-    read 1.54-1.68x (pp29, load ~2), and the shaped cells need a search: a few dozen replicas holding the
-    largest items sit 1.24-1.35x the bound while the median replica is within 1 % of it.  The search's rounds
-    repair them (at most ROUND_TIMINGS rows per replica) and buy a faster step with the time: pp29 (2026-12-05,
-    load 4-7, seed 7), before -> after, piped / plain and ours / PP-unaware: M = 8 GPipe 2.98 -> 3.19x (0.991
-    -> 0.890), 1F1B 11.38 -> 3.35x (0.790 -> 0.813), interleaved 3.10 -> 4.01x (0.991 -> 0.877); M = 16 GPipe
-    3.22 -> 3.03x (0.993 -> 0.889), 1F1B 3.64 -> 3.48x (0.905 -> 0.846), interleaved 7.86 -> 7.29x (0.931 ->
-    0.890).  Asserted: that no case exceeds 12x, a guard (1F1B M = 8 read 11.4-12.9x before the rounds) and that
+    pairs, the median of FIXED_PAIRS).  Issue 28's 1.5x is NOT met here and not asserted.  The shaped start (one
+    LPT over all M·D cells, ~0.25 of a plain plan) and one walk of every replica's schedule (0.06-0.25 of one) are
+    needed for the quality the grid asks (pp29: plain + shaped start timed, no search, 1.45-1.70x); since the
+    replicas that take the items overflowing a cell alone start their other cells higher (`planner._starts`, where
+    at most D items overflow: M = 8 here) the shaped start alone is within 1.02-1.05x of the bound.  pp32
+    (2026-12-06, load 7, seed 7), before -> after, piped / plain (step / bound): M = 8 GPipe 3.18 -> 1.72x (1.177
+    -> 1.046), 1F1B 3.19 -> 2.10x (1.114 -> 1.017), interleaved 4.02 -> 3.31x (1.095 -> 1.000); M = 16, where
+    9000-12000 items overflow a cell and a second shaped start takes the D largest so (the faster searched): GPipe
+    2.91 -> 3.43x (1.321, same plan), 1F1B 3.22 -> 3.71x (1.171 -> 1.055), interleaved 6.54 -> 3.67x (1.098 ->
+    1.019).  Asserted: that no case exceeds 12x, a guard (1F1B M = 8 read 11.4-12.9x before pp29's rounds) and that
     every plan is at most its PP-unaware plan's step."""
     lengths = sample_workload("default", 2560, 32, HELD_OUT_SEED).sample_llm_length
     medians = {}
@@ -158,11 +168,7 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
                 lengths, 2560, max_tokens_per_microbatch=16384, cost=COST, num_microbatches=microbatches,
                 pipeline=pipeline).pipeline)
             best_of(piped, 1)  # the best shape of (P, M) is computed once per process
-            ratios = []
-            for pair in range(FIXED_PAIRS):
-                order = (plain, piped) if pair % 2 == 0 else (piped, plain)
-                seconds = {call: best_of(call, 3, time.process_time) for call in order}
-                ratios.append(seconds[piped] / seconds[plain])
+            ratios = _ratios(piped, plain, FIXED_PAIRS, best_of)
             step = piped()[1:3]
             assert step[0] <= step[1]  # ours <= the PP-unaware plan's step
             medians[microbatches, schedule] = float(np.median(ratios))
