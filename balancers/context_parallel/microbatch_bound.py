@@ -19,7 +19,7 @@ import numpy as np
 from ..microbatch.plan import float_sum
 from ..problem import exact_sum, make_problem
 from .bound import least_work
-from .grouping import ByTime, by_time
+from .grouping import ByTime, by_time, row_least
 from .spec import ContextParallel
 from .split import allot, allowed_degrees
 
@@ -38,7 +38,10 @@ def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost
     work = problem.item_costs.copy()
     work[allotment.candidates] = least_work(allotment.times, allotment.degrees, allotment.allowed)[:, 0]
     # Any item may split in some micro-batch: its least time is over every degree its shards fit.
-    every = spec.item_times(problem.cost, lengths[:, None], degrees[None, :], (degrees <= spec.gpus_per_node)[None, :])
+    split, every = degrees > 1, np.empty((lengths.size, degrees.size))
+    every[:, ~split] = problem.item_costs[:, None]  # `item_times` at degree 1: the unsplit cost, the same floats
+    every[:, split] = spec.item_times(problem.cost, lengths[:, None], degrees[None, split],
+                                      (degrees[split] <= spec.gpus_per_node)[None, :])
     table = np.where(-(-lengths[:, None] // degrees[None, :]) <= budget, every, np.inf)
     ordered = by_time(table, degrees, problem.item_costs, lengths, budget)
     alone = alone_ranks(table, degrees, lengths, budget)
@@ -57,10 +60,12 @@ def alone_ranks(table: np.ndarray, degrees: np.ndarray, lengths: np.ndarray, bud
     >>> alone_ranks(np.array([[np.inf, 1.0], [2.0, 1.0]]), np.array([1, 2]), np.array([30, 10]), 16).tolist()
     [2, 0]
     """
-    fits = np.isfinite(table)
-    half = 2 * (lengths[:, None] // degrees[None, :]) > budget  # the smallest shard holds more than T / 2
-    lone = np.where(fits, half, True).all(axis=1) & fits.any(axis=1)
-    return np.where(lone, degrees[np.argmax(fits, axis=1)], 0)
+    smallest, lone = np.zeros(lengths.size, dtype=degrees.dtype), np.ones(lengths.size, dtype=bool)
+    for k in range(degrees.size - 1, -1, -1):  # column by column (`grouping.row_least`), the smallest degree last
+        fits = np.isfinite(table[:, k])
+        lone &= ~fits | (2 * (lengths // degrees[k]) > budget)  # its smallest shard holds more than T / 2
+        smallest = np.where(fits, degrees[k], smallest)
+    return np.where(lone, smallest, 0)
 
 
 def stacked_bound(times: np.ndarray, order: np.ndarray, work: np.ndarray, lengths: np.ndarray, alone: np.ndarray,
@@ -139,7 +144,7 @@ def leader_bound(table: np.ndarray, degrees: np.ndarray, work: np.ndarray, lengt
     ...              density_order(lengths, work))  # g at degree 2 holds both ranks
     7.0
     """
-    g = int(np.argmax(table.min(axis=1)))
+    g = int(np.argmax(row_least(table)))
     fits = np.flatnonzero(np.isfinite(table[g]))
     others_lengths, others_work = lengths.copy(), work.copy()
     others_lengths[g], others_work[g] = 0, 0.0

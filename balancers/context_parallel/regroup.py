@@ -39,6 +39,7 @@ import math
 import numpy as np
 
 from ..problem import token_sums
+from .grouping import row_least
 from .plan import ContextParallelPlan, rank_pairs
 
 MAX_MOVES = 8
@@ -60,7 +61,7 @@ def regroup(microbatch: np.ndarray, passes: list, lengths: np.ndarray, table: np
     degree (columns `degrees`, inf where a shard exceeds `budget`); it stops once Σ_m max_r L(r, m) <= `goal`;
     `plan_pass(items)` is the split plan of those items in one micro-batch (None where none fits the budget)."""
     microbatch, passes = microbatch.copy(), list(passes)
-    estimates = (table.min(axis=1), (table * degrees).min(axis=1))
+    estimates = (row_least(table), row_least(table * degrees))
     costs = [float(plan.loads.max()) if plan is not None else 0.0 for plan in passes]
     tried: set[int] = set()
     for _ in range(MAX_MOVES):
