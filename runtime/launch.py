@@ -11,6 +11,7 @@ running at its own deadline.  Children are always joined or killed before return
 from __future__ import annotations
 
 import datetime
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..balancers.validation import is_int
+from ..balancers.validation import is_int, is_real
 from .comm import init_distributed
 
 
@@ -56,12 +57,35 @@ def free_port() -> int:
 
 def _exit_with_parent(parent: int, period_s: float = 1.0) -> None:
     """End this child when its parent is gone: a parent killed by SIGKILL (a scheduler after its grace period)
-    left its children running (daemonic ones too, which end only at the parent's own exit)."""
+    left its children running (daemonic ones too, which end only at the parent's own exit).  The process that
+    started this one may not be `parent` (under "forkserver" it is the fork server): the watch ends when either
+    is gone."""
+    started_by = os.getppid()
+
     def watch():
-        while os.getppid() == parent:
+        while os.getppid() == started_by and _alive(parent):
             time.sleep(period_s)
         os._exit(1)
     threading.Thread(target=watch, name="orchmllm-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's (the pid was reused)
+        return True
+    return True
+
+
+def _seconds(value, name: str) -> float:
+    """`value` as a positive finite number of seconds, else an error naming `name`."""
+    if not is_real(value):
+        raise TypeError(f"`{name}` must be a number of seconds; got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive finite number of seconds; got {value!r}")
+    return float(value)
 
 
 def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, results, parent):
@@ -93,10 +117,14 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     `timeout_s`: ranks still running then are killed and reported with `seconds=None`.
     `fn`'s return value must be picklable (tensors travel by value, not as shared-memory
     handles that would die with the child).  `start_method="fork"` starts children in
-    milliseconds and needs no importable `fn`; use "spawn" where fork is unavailable.
+    milliseconds and needs no importable `fn`; use "spawn" (or "forkserver") where fork is unavailable.
     """
     if not is_int(world_size) or world_size < 1:
         raise ValueError(f"`world_size` must be a positive int; got {world_size!r}")
+    timeout_s, collective_timeout_s = _seconds(timeout_s, "timeout_s"), _seconds(collective_timeout_s,
+                                                                                  "collective_timeout_s")
+    if start_method not in mp.get_all_start_methods():
+        raise ValueError(f"`start_method` must be one of {mp.get_all_start_methods()}; got {start_method!r}")
     context = mp.get_context(start_method)
     results = context.Queue()
     port = free_port()

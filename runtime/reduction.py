@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import as_int
-from .comm import collective, comm_device, finish, group_rank, group_size, is_distributed
-from .metadata import PeerInputError
+from .agreement import disagreement, fingerprint
+from .comm import checked_group, collective, comm_device, finish, group_rank, group_size, is_distributed
+from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampled_microbatches, step_microbatches,
                          watch_model_contract)
 
@@ -64,7 +65,7 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
     tensor, checked by `as_count` under `name`); an int64 tensor.  A rank whose count fails the check
     still joins the reduction, flagged, so every rank raises (it its own error, the others
     PeerInputError) instead of its peers waiting for the process group's timeout."""
-    if not is_distributed(group):
+    if not is_distributed(checked_group(group)):
         return as_count(local_count, name)
     try:
         count, failure = as_count(local_count, name, group_size(group)), None
@@ -115,6 +116,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
     `accumulate`, a micro-batch due the check whose loop body ran a DDP or FSDP2 forward raises here.
     """
     checked_reduction(gradient_reduction, "gradient_reduction")
+    checked_group(group)
     if not isinstance(loss_sum, torch.Tensor):
         empty = isinstance(num_loss_tokens, MicroBatch) and not len(num_loss_tokens.items)
         raise TypeError(f"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__}" + (
@@ -171,10 +173,22 @@ def all_reduce_gradients(parameters, group=None, *, op: str = "sum") -> None:
     """All-reduce `.grad` of every parameter in place ("sum" or "mean"), one flat buffer per dtype.
 
     Parameters without a gradient contribute zeros, so every rank issues the same
-    collectives even when a module saw no items on some rank.
+    collectives even when a module saw no items on some rank.  Every rank must pass the same
+    parameters (count, and dtype and shape at each position; those that require grad), with dense
+    gradients: one all-gather of a digest checks it first, and a difference is a ValueError on
+    every rank naming the ranks and their parameter counts (never a reduction of mismatched buffers).
     """
     checked_reduction(op, "op")
+    checked_group(group)
     parameters = [p for p in parameters if p.requires_grad]
+    sparse = next((p for p in parameters if p.grad is not None and p.grad.layout != torch.strided), None)
+    problem = None if sparse is None else TypeError(
+        f"all_reduce_gradients reduces dense gradients; a parameter of shape {tuple(sparse.shape)} has a "
+        f"{sparse.grad.layout} one (a sparse embedding: reduce it yourself, or use a dense embedding)")
+    if is_distributed(group):
+        _same_parameters(parameters, problem, group)
+    if problem is not None:
+        raise problem
     for p in parameters:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -194,3 +208,25 @@ def all_reduce_gradients(parameters, group=None, *, op: str = "sum") -> None:
         for p in params:
             p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
             offset += p.numel()
+
+
+def _same_parameters(parameters: list, problem: Exception | None, group) -> None:
+    """All-gather each rank's digest of its parameters' dtypes and shapes (FAILED_INPUT where its own `problem`
+    stops it), prefixed by their count; raise on every rank where one failed or they differ."""
+    count = len(parameters).to_bytes(8, "little")
+    digest = FAILED_INPUT if problem is not None else count + fingerprint(
+        *((str(p.dtype), tuple(p.shape)) for p in parameters))[8:]
+    digests = gather_digests(digest, group)
+    failed = [rank for rank, value in enumerate(digests) if value == FAILED_INPUT]
+    if problem is not None:
+        return
+    if failed:
+        raise PeerInputError(f"ranks {failed} passed all_reduce_gradients a parameter it cannot reduce (each raised "
+                             f"why); rank {group_rank(group)} stops with them")
+    differ = disagreement(digests, "the parameter list passed to all_reduce_gradients", group_rank(group),
+                          show=lambda value: f"{int.from_bytes(value[:8], 'little')} parameters, dtypes and shapes "
+                                             f"{value[8:].hex()[:8]}")
+    if differ:
+        raise ValueError(f"{differ}; every rank must pass the same parameters that require grad (count, dtype and "
+                         f"shape at each position): pass them all (one without a gradient counts as zeros), not "
+                         f"only those with a gradient on this rank")

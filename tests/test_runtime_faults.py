@@ -1,5 +1,7 @@
 """Faults end in clear errors within bounded time, never in a hang."""
 
+import math
+import operator
 import os
 import time
 
@@ -7,7 +9,8 @@ import pytest
 import torch
 
 from orchmllm.balancers import CostModel
-from orchmllm.runtime import MultiStageRuntime, PeerFailureError, PlanMismatchError, PostBalancingDispatcher
+from orchmllm.runtime import (MultiStageRuntime, PeerFailureError, PlanMismatchError, PostBalancingDispatcher,
+                              all_reduce_gradients, normalize_loss)
 from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.launch import SpawnError, run_processes, spawn
@@ -528,3 +531,63 @@ def test_regression_a_sampler_on_a_loader_thread_beside_the_dispatcher_was_refus
     for outcome in spawn(sampler_on_a_loader_thread_job, 2, args=(first, True), timeout_s=60):
         assert "planned" in outcome and any(isinstance(line, list) for line in outcome), outcome
 
+
+
+def test_regression_forkserver_ranks_exited_at_once_and_bad_timeouts_went_unchecked():
+    """Cause (probe17 P17-03, P17-04): a rank's parent watch compared os.getppid() with the caller's pid, which under
+    "forkserver" is the fork server's: every rank exited with code 1 "without reporting".  timeout_s 0 / -1 ran
+    nothing, nan and "60" raised from an f-string or a subtraction, collective_timeout_s -1 killed every rank in
+    torch's socket code."""
+    assert [o.value for o in run_processes(operator.mul, 2, timeout_s=120, start_method="forkserver")] == [0, 2]
+    for name, value, error in [("timeout_s", 0, ValueError), ("timeout_s", -1, ValueError),
+                               ("timeout_s", math.nan, ValueError), ("timeout_s", "60", TypeError),
+                               ("collective_timeout_s", 0, ValueError), ("collective_timeout_s", -1.0, ValueError)]:
+        with pytest.raises(error, match=rf"`{name}` must be a (positive finite )?number of seconds"):
+            run_processes(operator.mul, 2, **{name: value})
+    with pytest.raises(ValueError, match=r"`start_method` must be one of \[.*'fork'.*\]; got 'thread'"):
+        run_processes(operator.mul, 2, start_method="thread")
+
+
+def mismatched_parameters_job(rank, size, case):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    if case == "sparse" and rank == 1:
+        model[0] = torch.nn.Embedding(5, 3, sparse=True)
+        model[0](torch.tensor([1, 2])).sum().backward()
+    else:
+        model(torch.ones(2, 3)).sum().backward()
+    parameters = list(model.parameters())
+    if case == "filtered" and rank == 1:  # the common filter, where rank 1's first layer saw no item
+        model[0].weight.grad = None
+        parameters = [p for p in parameters if p.grad is not None]
+    if case == "shapes":
+        parameters = [torch.nn.Parameter(torch.ones((2, 3) if rank == 0 else (3, 2)))]
+        parameters[0].grad = torch.ones_like(parameters[0])
+    try:
+        all_reduce_gradients(parameters)
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return "reduced"
+
+
+@pytest.mark.parametrize("case", ["filtered", "shapes", "sparse"])
+def test_regression_ranks_reducing_other_parameter_lists_aborted_or_summed_mismatched_gradients(case):
+    """Cause (probe17 P17-05, P17-06): all_reduce_gradients flattened each rank's gradients into one buffer per dtype,
+    unchecked: lists of other lengths killed a rank by SIGABRT (gloo's size check) and told its peer a peer died; a
+    (2, 3) and a (3, 2) gradient were summed element-wise; a sparse gradient raised torch's reshape error."""
+    outcomes = spawn(mismatched_parameters_job, 2, args=(case,), timeout_s=60, collective_timeout_s=20)
+    if case == "sparse":
+        assert outcomes[1].startswith("TypeError: all_reduce_gradients reduces dense gradients"), outcomes
+        assert outcomes[0].startswith("PeerInputError: ranks [1] passed all_reduce_gradients a parameter"), outcomes
+        return
+    counts = "ranks [0]: 4 parameters" if case == "filtered" else "ranks [0]: 1 parameters"
+    for rank, outcome in enumerate(outcomes):
+        assert outcome.startswith(f"ValueError: the parameter list passed to all_reduce_gradients differs across ranks "
+                                  f"(seen from rank {rank}): ranks [1] disagree with ranks [0] ({counts}"), outcome
+
+
+def test_a_rank_list_for_group_is_named_by_the_reductions():
+    parameter = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(TypeError, match=r"`group` must be a torch.distributed ProcessGroup.*dist.new_group\(ranks\)"):
+        all_reduce_gradients([parameter], group=[0, 1])
+    with pytest.raises(TypeError, match=r"`group` must be a torch.distributed ProcessGroup.*dist.new_group\(ranks\)"):
+        normalize_loss(torch.tensor(2.0), 3, group=[0, 1])
