@@ -180,3 +180,35 @@ def test_a_set_no_target_lays_out_is_not_planned_out_of_its_micro_batch(monkeypa
     move = regroup._best_move(0, np.array([0, 0, 1]), [plan, plan], [10.0, 1.0], np.array([5, 5, 5]),
                               (np.ones(3), np.ones(3)), 8, plan_pass, 1e-9)
     assert move is None and planned == [[0, 2]]
+
+
+@pytest.mark.parametrize("least_fall", [0.6, 0.4])
+def test_a_move_the_pass_bound_shows_cannot_pay_is_not_planned_out_of_its_micro_batch(monkeypatch, least_fall):
+    """The long workload at D = 2560 x 16, T = 16k planned micro-batch m without a set (of 169 and of 1031 items)
+    after its targets, where m's pass bound without the set already showed that no move could lower the step by
+    the fall it must beat: 2 of 29 regroup plans.  m is not planned without the set there; it is where a move may
+    pay (here m at 10 falls at most to its bound 1 and the target rises from 1 to 9.5: a fall of 0.5 at most)."""
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(loads=np.array([10.0, 1.0]), assignment=np.array([0, 1]), degree=np.array([1, 1]),
+                           item_time=np.array([9.0, 1.0]), num_ranks=2)  # micro-batch 0: items 0 and 1
+    joined, without = SimpleNamespace(loads=np.array([9.5, 1.0])), SimpleNamespace(loads=np.array([1.0, 0.0]))
+    monkeypatch.setattr(regroup, "_sets", lambda placed: [np.array([0])])  # move item 0 ...
+    monkeypatch.setattr(regroup, "_rises", lambda *args: [(0.0, 1)])  # ... to micro-batch 1 (item 2)
+    planned = []
+
+    class PlanPass:
+        def __call__(self, items):
+            planned.append(items.tolist())
+            return joined if 2 in items else without
+
+        def bound(self, items):
+            assert items.tolist() == [1]
+            return 1.0
+
+    move = regroup._best_move(0, np.array([0, 0, 1]), [plan, plan], [10.0, 1.0], np.array([5, 5, 5]),
+                              (np.ones(3), np.ones(3)), 8, PlanPass(), least_fall)
+    if least_fall > 0.5:
+        assert move is None and planned == [[0, 2]]
+    else:
+        assert move[1:] == (1, without, joined) and move[0].tolist() == [0] and planned == [[0, 2], [1], [0, 2]]
