@@ -99,6 +99,15 @@ def cost_order(lengths: np.ndarray, item_costs: np.ndarray, cost: CostModel,
     return order
 
 
+def one_cost(costs: np.ndarray) -> bool:
+    """Whether every one of `costs` (at least one) is the same (the first and last compared first).
+
+    >>> one_cost(np.array([2.0, 2.0])), one_cost(np.array([2.0, 1.0, 2.0])), one_cost(np.zeros(0))
+    (True, False, False)
+    """
+    return bool(costs.size and costs[0] == costs[-1] and (costs == costs[0]).all())
+
+
 def integer_values(values: np.ndarray) -> np.ndarray | None:
     """Non-negative float `values` as int64 when all are integers below 2**63, else None."""
     if not values.size or values.max() >= 2.0**63:
@@ -186,15 +195,18 @@ class SortedItems:
     @kept_order
     def cost_order(self) -> np.ndarray:
         """`sorted_order(item_costs)`, computed once per problem (LPT, locality and the bound
-        share it; with a cost model `cost_order`: the length order where it is the same)."""
+        share it; with a cost model `cost_order`: the length order where it is the same; where
+        every item costs the same, the index order, ties by index, without a sort)."""
+        if one_cost(self.item_costs):
+            return np.arange(self.item_costs.size)
         if self.cost is None:
             return sorted_order(self.item_costs)
         return cost_order(self.lengths, self.item_costs, self.cost, self.length_order)
 
     @kept_order
     def sorted_costs(self) -> np.ndarray:
-        """`item_costs[cost_order]`, largest first."""
-        return self.item_costs[self.cost_order]
+        """`item_costs[cost_order]`, largest first (the costs themselves where all are one)."""
+        return self.item_costs if one_cost(self.item_costs) else self.item_costs[self.cost_order]
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,22 +15,33 @@ from orchmllm.balancers.locality import deal as deal_module
 from orchmllm.balancers.locality.deal import DEAL_WINDOW, keep_home, take_anywhere, take_in_node
 from orchmllm.balancers.locality.fill import fill_locally
 from orchmllm.balancers.locality.partial_plan import PartialPlan
-from orchmllm.balancers.problem import make_problem
+from orchmllm.balancers import problem as problem_module
+from orchmllm.balancers.problem import make_problem, sorted_order
 
 
 @pytest.mark.parametrize("kwargs", [
     dict(lengths=[7] * 9),
     dict(lengths=[3, 9, 1, 4], cost=CostModel(per_item=2.5, linear=0.0)),  # one cost, lengths differ
+    dict(lengths=[3, 70000, 1, 4], cost=CostModel(per_item=2.5, linear=0.0)),
+    dict(lengths=[2, 1, 2, 1, 1, 2], cost=CostModel(per_item=2.5, linear=0.0)),  # the model asked of 0..longest
     dict(lengths=[5, 2, 8], costs=[0.1, 0.1, 0.1]),
+    dict(lengths=[5, 2, 8, 1], costs=[0.0, -0.0, 0.0, -0.0]),
     dict(lengths=[4] * 6, cost=CostModel(per_item=0.3, linear=0.7, quadratic=1e-3)),
+    dict(lengths=[70000] * 5),
 ])
 def test_one_cost_orders_items_by_index(kwargs):
-    """Where one cost is every item's, the cost order (ties by index) is the index order, which the deal's
-    one-cost path takes without reading it."""
+    """Where one cost is every item's, the cost order (ties by index) is the index order: the problem takes it
+    without a sort (and the sorted costs are the costs), the deal's one-cost path without reading it; the
+    sorts it skips give the same order."""
     problem = make_problem(kwargs.pop("lengths"), 3, **kwargs)
     state = PartialPlan(problem, 10.0)
     assert state.uniform
+    lengths, costs = problem.lengths, problem.item_costs
+    by_sort = (sorted_order(costs) if problem.cost is None else
+               problem_module.cost_order(lengths, costs, problem.cost, sorted_order(lengths)))
+    np.testing.assert_array_equal(problem.cost_order, by_sort)
     np.testing.assert_array_equal(problem.cost_order, np.arange(problem.num_items))
+    assert problem.sorted_costs.tobytes() == problem.item_costs[by_sort].tobytes()
     np.testing.assert_array_equal(state.cost_rank, np.arange(problem.num_items))
     assert not PartialPlan(make_problem([2, 1, 2], 3), 10.0).uniform
 
