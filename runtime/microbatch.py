@@ -43,7 +43,7 @@ import torch
 from ..balancers.validation import as_bool
 from .encoders import recording
 from .model_check import (ModelContractError, bare_loop_problem, check_model_contract, check_reduction, kind,
-                          outside_blocks, skipped_problem, unrecorded_static_graph)
+                          one_synced_backward, outside_blocks, skipped_problem, unrecorded_static_graph)
 from .steps import StepToken
 from .versions import discarded, held_gradient, optimizer_steps, uncleared, unstepped, unwritten
 
@@ -486,6 +486,8 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
             uncleared(micro, model)
             if micro.contract is not None:  # the model's reduction against the loss's scale (`reduction`)
                 check_reduction(model, micro, reduction)
+        if micro.is_last and hasattr(model, "no_sync"):
+            one_synced_backward(model, micro, normalized)
     synced = getattr(_active, "synced", None)
     if micro.contract is not None and synced is not None and not any(block is micro for block in accumulated()):
         raise bare_loop_problem("normalize_loss(loss, micro) outside `with accumulate(model, micro):`", micro, synced)

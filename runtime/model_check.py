@@ -7,6 +7,7 @@ recording of reentrant checkpoints are `runtime.encoders`'.
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -81,7 +82,7 @@ def check_model_contract(contract, backward: bool = True, raised: Exception | No
                                  f"would keep its own gradients; call `model(...)`, the DDP module, in the body")
     if unused and not contract.parts:
         raise ModelContractError(f"rank {rank}: no loss passed through `normalize_loss(loss, micro)` in {where}, "
-                                 f"so its backward gives the model's parameters no gradient: {advice}")
+                                 f"so its backward gives the model's parameters no gradient: {advice}; {AT_HOME}")
     if unused and not backward:
         raise ModelContractError(f"rank {rank}: the loss given to `normalize_loss` in {where} had no backward inside "
                                  f"the `with accumulate` block (skipped on an empty micro-batch, or run after the "
@@ -236,6 +237,11 @@ def outside_blocks(micro, models, forwards) -> None:
             f"empty micro-batch leaves the ranks' reductions waiting on each other)")
 
 
+AT_HOME = ("where the loss is made at home after `combine` (each micro-batch's outputs sent home, one backward for the "
+           "step), run each forward in `with accumulate(model, micro, check=False):` on every rank: the check cannot "
+           "follow a loss made after the exchange, so keep every parameter in the graph on empty micro-batches yourself")
+
+
 def bare_loop_problem(what: str, micro, synced: str) -> ModelContractError:
     """The refusal of a loop body without `accumulate` (`what` it did) in a step due the check, after a forward
     with grad of the DDP or FSDP2 module `synced`."""
@@ -248,7 +254,7 @@ def bare_loop_problem(what: str, micro, synced: str) -> ModelContractError:
         f"gradient sync to the last micro-batch, and is right under FSDP2 and for a plain model too; if that {synced} is a reference model "
         f"whose output the loss does not depend on, run it under torch.no_grad() (a forward with grad is taken for "
         f"the trained model's); where unused parameters are harmless, `accumulate(model, micro, check=False)` on "
-        f"every rank skips the check")
+        f"every rank skips the check; {AT_HOME}")
 
 
 def skipped_problem(micro) -> ModelContractError:
@@ -284,3 +290,41 @@ def unrecorded_static_graph(micro, model) -> None:
             f"(micro-batch {micro.index}'s) leaves them out and torch fails in the last; run that module outside the "
             f"static-graph DDP (a module of its own, or a DDP of its own), build the DDP without static_graph, or make "
             f"the first step one micro-batch")
+
+
+_FIRST_BACKWARD = weakref.WeakKeyDictionary()  # a DDP module -> (syncing block's micro-batch, forward, first task)
+_FORWARDS = weakref.WeakKeyDictionary()  # a DDP module -> [its forwards with grad since `one_synced_backward` met it]
+
+
+def _forwards(model) -> list:
+    counted = _FORWARDS.get(model)
+    if counted is None:
+        counted = _FORWARDS[model] = [0]
+
+        @torch.compiler.disable  # run eagerly inside a compiled forward
+        def count(module, args):
+            counted[0] += torch.is_grad_enabled()
+        model.register_forward_pre_hook(count)
+    return counted
+
+
+def one_synced_backward(model, micro, normalized: torch.Tensor) -> None:
+    """Under DDP (`model` has `no_sync`), in the block of a step's last micro-batch, where DDP reduces the gradients
+    at the first backward after each forward: a later backward through a `normalize_loss(..., micro)` result of the
+    same forward (a loss in two parts, each `.backward()`ed) would leave its gradients on this rank unreduced, so it
+    raises ModelContractError (DDP decides at the forward: a `no_sync()` around the first backward alone does not
+    hold its reduction; a new forward, a second pass over the step's micro-batches, reduces again)."""
+    forward = _forwards(model)[0]
+
+    def seen(grad):
+        task = torch._C._current_graph_task_id()
+        first = _FIRST_BACKWARD.get(model)
+        if first is None or first[0]() is not micro or first[1] != forward:
+            _FIRST_BACKWARD[model] = (weakref.ref(micro), forward, task)
+        elif first[2] != task:
+            raise ModelContractError(
+                f"a second backward through `normalize_loss(..., micro)` results in the block of micro-batch "
+                f"{micro.index} of {micro.num_microbatches}, the step's last, under DDP ({kind(model)}): DDP reduced the "
+                f"gradients at the first backward, so this one's would stay on this rank, unreduced; sum the loss parts "
+                f"and call backward once in the step's last micro-batch (earlier ones may backward several times)")
+    normalized.register_hook(seen)

@@ -128,6 +128,42 @@ def test_one_backward_over_every_micro_batch_combined_home_is_exact():
         torch.testing.assert_close(grad, local, rtol=0, atol=1e-12)
 
 
+def loss_at_home_job(rank, size, check):
+    """The head as DDP, run per micro-batch inside `accumulate(head, micro, check=check)`, its logits combined home,
+    the loss at home over the step's loss tokens, one backward: what each rank raised, or the head's gradients."""
+    encoder, head = modules()
+    ddp = DistributedDataParallel(head)
+    tokens, labels = rank_batch(rank)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    plan = dispatcher.plan(LENGTHS[rank])
+    moved = dispatcher.dispatch({"e": encoder(tokens).detach()}, plan)
+    try:
+        outputs = []
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(ddp, micro, check=check):
+                outputs.append((micro, {"logits": ddp(micro.data["e"])}))
+        logits = dispatcher.combine(outputs, plan)["logits"]
+        loss = F.cross_entropy(logits, labels, ignore_index=-1, reduction="sum")
+        total = sum(int(rank_batch(r)[1].ge(0).sum()) for r in range(size))
+        (loss * size / total).backward()  # DDP averages: times the world size
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return [parameter.grad for parameter in head.parameters()]
+
+
+def test_the_loss_at_home_after_combine_trains_exactly_with_check_false_and_the_refusal_says_so():
+    """probe17 P17-09: forward on the balanced ranks, `combine` home, one loss and one backward there: refused under
+    DDP by the model check (which cannot follow a loss made after the exchange) without saying how to run it; with
+    `accumulate(model, micro, check=False)` around each forward it is exact, and the refusal now names that form."""
+    for outcome in spawn(loss_at_home_job, 3, args=(True,), timeout_s=90, collective_timeout_s=30):
+        assert isinstance(outcome, str) and "where the loss is made at home after `combine`" in outcome, outcome
+        assert "`with accumulate(model, micro, check=False):`" in outcome, outcome
+    expected = reference_grads(LENGTHS)[1:]  # the head's
+    for grads in spawn(loss_at_home_job, 3, args=(False,), timeout_s=90, collective_timeout_s=30):
+        for got, want in zip(grads, expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
 class Whole(nn.Module):
     """The encoder and the head in one module; its forward runs the head (the encoder runs before the dispatch)."""
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.utils.checkpoint import checkpoint
 
 from orchmllm.runtime import ModelCheckWarning, PostBalancingDispatcher, accumulate, normalize_loss
@@ -190,3 +191,47 @@ def test_regression_a_compiled_model_failed_in_dynamo_tracing_the_model_checks_h
     (F.cross_entropy(net(tokens), tokens, reduction="sum") / tokens.numel()).backward()
     for got, parameter in zip(gradients, net.parameters(), strict=True):
         torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+
+
+def two_backwards_job(rank, size, wrapper, first_unsynced):
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1)).double()
+    model = nn.parallel.DistributedDataParallel(base) if wrapper == "ddp" else fully_shard(base)
+    generator = torch.Generator().manual_seed(1)
+    homes = [[torch.randn(length, 2, generator=generator, dtype=torch.float64) for length in home]
+             for home in ([5, 3, 7], [2, 6])]
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=9)  # M = 2
+    lengths = [len(x) for x in homes[rank]]
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"x": torch.cat(homes[rank])}, plan, lengths=lengths)
+    try:
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(model, micro):
+                out = model(micro.data["x"])
+                with model.no_sync() if first_unsynced else nullcontext():
+                    normalize_loss((out ** 2).sum(), micro).backward(retain_graph=True)
+                normalize_loss(out.sum(), micro).backward()
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1)).double()
+    xs = [x for home in homes for x in home]
+    (sum((reference(x) ** 2).sum() + reference(x).sum() for x in xs) / sum(len(x) for x in xs)).backward()
+    grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in base.parameters()]
+    return max(float((g - r.grad).abs().max()) for g, r in zip(grads, reference.parameters()))
+
+
+@pytest.mark.parametrize("wrapper, first_unsynced", [("ddp", False), ("ddp", True), ("fsdp2", False)],
+                         ids=["ddp", "ddp-first-under-no_sync", "fsdp2"])
+def test_regression_a_loss_backwarded_in_two_parts_under_ddp_trained_on_unreduced_gradients(wrapper, first_unsynced):
+    """Cause (probe17 P17-08): under DDP the step's last block reduced at its first backward; a second backward of
+    another `normalize_loss(..., micro)` part kept its gradients on each rank (4e-2 off the reference, no error).  Now
+    every rank raises there, also where the first backward ran under one's own `no_sync()` (DDP decides at the
+    forward: that was 4e-2 off too); FSDP2 reduces at the block's end and was exact."""
+    outcomes = spawn(two_backwards_job, 2, args=(wrapper, first_unsynced), timeout_s=120)
+    if wrapper == "ddp":
+        assert all(outcome.startswith("ModelContractError: a second backward through `normalize_loss(..., micro)` "
+                                      "results in the block of micro-batch 1 of 2, the step's last, under DDP")
+                   for outcome in outcomes), outcomes
+    else:
+        assert all(isinstance(error, float) and error <= 1e-15 for error in outcomes), outcomes
