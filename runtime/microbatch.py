@@ -43,7 +43,7 @@ import torch
 from ..balancers.validation import as_bool
 from .encoders import recording
 from .model_check import (ModelContractError, bare_loop_problem, check_model_contract, check_reduction, kind,
-                          one_synced_backward, outside_blocks, skipped_problem, unrecorded_static_graph)
+                          one_synced_backward, out_of_order, outside_blocks, skipped_problem, unrecorded_static_graph)
 from .steps import StepToken
 from .versions import discarded, held_gradient, optimizer_steps, uncleared, unstepped, unwritten
 
@@ -332,13 +332,11 @@ def _in_order(micro: MicroBatch, model, check: bool) -> None:
         blocked.add(micro.index)
         return
     missing = sorted(set(range(micro.num_microbatches - 1)) - blocked - step.empty)  # an empty one: as if run
+    again = blocked == {-1}  # the last ran (-1), and no other block since
     blocked.clear()
+    blocked.add(-1)
     if missing:
-        raise ValueError(
-            f"micro-batch {micro.index} of {micro.num_microbatches}, the step's last, runs in `accumulate` before "
-            f"micro-batches {missing[:8]}{' ...' if len(missing) > 8 else ''} of its step: its block synchronises the "
-            f"gradients of {kind(model)}, so those of micro-batches run after it would stay each rank's own; run a "
-            f"step's micro-batches in index order (as `microbatches` yields them), the last one last")
+        raise out_of_order(micro, model, missing, again)
 
 
 def _syncs(model) -> bool:

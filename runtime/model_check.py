@@ -237,9 +237,10 @@ def outside_blocks(micro, models, forwards) -> None:
             f"empty micro-batch leaves the ranks' reductions waiting on each other)")
 
 
-AT_HOME = ("where the loss is made at home after `combine` (each micro-batch's outputs sent home, one backward for the "
-           "step), run each forward in `with accumulate(model, micro, check=False):` on every rank: the check cannot "
-           "follow a loss made after the exchange, so keep every parameter in the graph on empty micro-batches yourself")
+AT_HOME = ("where the loss is made at home after `combine` (each micro-batch's outputs sent home, one backward for "
+           "the step), run each forward in `with accumulate(model, micro, check=False):` on every rank: the check "
+           "cannot follow a loss made after the exchange, so keep every parameter in the graph on empty micro-batches "
+           "yourself")
 
 
 def bare_loop_problem(what: str, micro, synced: str) -> ModelContractError:
@@ -251,10 +252,22 @@ def bare_loop_problem(what: str, micro, synced: str) -> ModelContractError:
         f"grad of a DDP or FSDP2 module ({synced}): wrap each micro-batch's body (forward, normalize_loss, "
         f"backward) in `with accumulate(model, micro):`, as the loop of `runtime.microbatch` shows; it runs the "
         f"check (a layer skipped on an empty micro-batch trains wrong under DDP without an error) and holds DDP's "
-        f"gradient sync to the last micro-batch, and is right under FSDP2 and for a plain model too; if that {synced} is a reference model "
+        f"gradient sync to the last micro-batch, and is right under FSDP2 and for a plain model too; if that "
+        f"{synced} is a reference model "
         f"whose output the loss does not depend on, run it under torch.no_grad() (a forward with grad is taken for "
         f"the trained model's); where unused parameters are harmless, `accumulate(model, micro, check=False)` on "
         f"every rank skips the check; {AT_HOME}")
+
+
+def out_of_order(micro, model, missing: list, again: bool) -> ValueError:
+    """The refusal of a step's last micro-batch whose block runs before micro-batches `missing` of its step ran in
+    blocks for `model` (`again`: it ran already, and no other block since)."""
+    where = ("again, after its block synchronised the step's gradients (a pass runs each micro-batch once)" if again
+             else f"before micro-batches {missing[:8]}{' ...' if len(missing) > 8 else ''} of its step")
+    return ValueError(
+        f"micro-batch {micro.index} of {micro.num_microbatches}, the step's last, runs in `accumulate` {where}: its "
+        f"block synchronises the gradients of {kind(model)}, so those of micro-batches run after it would stay each "
+        f"rank's own; run a step's micro-batches in index order (as `microbatches` yields them), the last one last")
 
 
 def skipped_problem(micro) -> ModelContractError:
@@ -292,7 +305,7 @@ def unrecorded_static_graph(micro, model) -> None:
             f"the first step one micro-batch")
 
 
-_FIRST_BACKWARD = weakref.WeakKeyDictionary()  # a DDP module -> (syncing block's micro-batch, forward, first task)
+_FIRST_BACKWARD = weakref.WeakKeyDictionary()  # DDP module -> (syncing block's micro-batch, forward, first task)
 _FORWARDS = weakref.WeakKeyDictionary()  # a DDP module -> [its forwards with grad since `one_synced_backward` met it]
 
 
@@ -324,7 +337,8 @@ def one_synced_backward(model, micro, normalized: torch.Tensor) -> None:
         elif first[2] != task:
             raise ModelContractError(
                 f"a second backward through `normalize_loss(..., micro)` results in the block of micro-batch "
-                f"{micro.index} of {micro.num_microbatches}, the step's last, under DDP ({kind(model)}): DDP reduced the "
-                f"gradients at the first backward, so this one's would stay on this rank, unreduced; sum the loss parts "
-                f"and call backward once in the step's last micro-batch (earlier ones may backward several times)")
+                f"{micro.index} of {micro.num_microbatches}, the step's last, under DDP ({kind(model)}): DDP reduced "
+                f"the gradients at the first backward, so this one's would stay on this rank, unreduced; sum the loss "
+                f"parts and call backward once in the step's last micro-batch (earlier ones may backward several "
+                f"times)")
     normalized.register_hook(seen)

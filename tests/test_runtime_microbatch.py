@@ -1306,8 +1306,9 @@ def test_regression_a_loop_left_by_a_bug_then_stepped_and_cleared_was_taken_for_
 
 
 def ordered_steps_job(rank, size, order):
-    """Step 0 of OVERLAP_STEPS (M = 2) on DDP, its micro-batches run in `accumulate` "reversed", or "twice" in index
-    order (two passes over the step's micro-batches): what each rank raised at which micro-batch, or the gradient."""
+    """Step 0 of OVERLAP_STEPS (M = 2) on DDP, its micro-batches run in `accumulate` "reversed", "twice" in index
+    order (two passes over the step's micro-batches), or with the last run again ("last twice"): what each rank
+    raised at which micro-batch, or the gradient."""
     torch.manual_seed(0)
     net = nn.Linear(3, 1).double()
     model = nn.parallel.DistributedDataParallel(net)
@@ -1317,7 +1318,7 @@ def ordered_steps_job(rank, size, order):
     micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": overlap_features(0, rank)}, plan)))
     assert len(micros) == 2
     try:
-        for micro in micros[::-1] if order == "reversed" else micros * 2:
+        for micro in micros[::-1] if order == "reversed" else micros * 2 if order == "twice" else micros + micros[-1:]:
             with accumulate(model, micro):
                 normalize_loss(model(micro.data["x"]).sum(), micro).backward()
     except ValueError as error:
@@ -1341,6 +1342,14 @@ def test_regression_micro_batches_run_out_of_order_synchronised_on_the_first_blo
         assert not isinstance(gradient, str), gradient
         np.testing.assert_allclose(gradient, torch.cat([net.weight.grad.flatten(), net.bias.grad]).numpy(), rtol=0,
                                    atol=1e-12)
+
+
+def test_regression_the_last_micro_batch_run_again_was_refused_as_run_before_the_others():
+    """Cause (probe17 P17-12): the step's last micro-batch run a second time (a retry: `micros + micros[-1:]`) was
+    refused, rightly, but "before micro-batches [0] of its step", which had run first.  It now says it runs again."""
+    for message in spawn(ordered_steps_job, 2, args=("last twice",), timeout_s=60):
+        assert message.startswith("micro-batch 1: micro-batch 1 of 2, the step's last, runs in `accumulate` again, "
+                                  "after its block synchronised the step's gradients"), message
 
 
 def own_count_job(rank, size):
