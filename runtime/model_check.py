@@ -305,7 +305,7 @@ def unrecorded_static_graph(micro, model) -> None:
             f"the first step one micro-batch")
 
 
-_FIRST_BACKWARD = weakref.WeakKeyDictionary()  # DDP module -> (syncing block's micro-batch, forward, first task)
+_ARMED = weakref.WeakKeyDictionary()  # DDP module -> [syncing block's micro-batch (weak), forward, first task, kind]
 _FORWARDS = weakref.WeakKeyDictionary()  # a DDP module -> [its forwards with grad since `one_synced_backward` met it]
 
 
@@ -321,24 +321,36 @@ def _forwards(model) -> list:
     return counted
 
 
-def one_synced_backward(model, micro, normalized: torch.Tensor) -> None:
+def one_synced_backward(model, micro) -> None:
     """Under DDP (`model` has `no_sync`), in the block of a step's last micro-batch, where DDP reduces the gradients
-    at the first backward after each forward: a later backward through a `normalize_loss(..., micro)` result of the
-    same forward (a loss in two parts, each `.backward()`ed) would leave its gradients on this rank unreduced, so it
-    raises ModelContractError (DDP decides at the forward: a `no_sync()` around the first backward alone does not
-    hold its reduction; a new forward, a second pass over the step's micro-batches, reduces again)."""
-    forward = _forwards(model)[0]
+    at the first backward that reaches the model after each forward: a later backward reaching it from the same
+    forward (a loss in two parts, each `.backward()`ed) would leave its gradients on this rank unreduced, so it raises
+    ModelContractError (DDP decides at the forward: a `no_sync()` around the first backward alone does not hold its
+    reduction; a new forward, a second pass over the step's micro-batches, reduces again).  Seen where the model's
+    first trainable parameter's gradient accumulates (a hook registered once per model): a backward through another
+    model of nested blocks (an actor's, then a critic's) does not reach it."""
+    forward, record = _forwards(model), _ARMED.get(model)
+    if record is None:
+        parameter = next((p for p in model.parameters() if p.requires_grad), None)
+        if parameter is None:
+            return
+        record = _ARMED[model] = [None, None, None, kind(model)]
+        parameter.register_post_accumulate_grad_hook(lambda _: _reached(record, forward))
+    if record[0] is None or record[0]() is not micro or record[1] != forward[0]:
+        record[:3] = [weakref.ref(micro), forward[0], None]
 
-    def seen(grad):
-        task = torch._C._current_graph_task_id()
-        first = _FIRST_BACKWARD.get(model)
-        if first is None or first[0]() is not micro or first[1] != forward:
-            _FIRST_BACKWARD[model] = (weakref.ref(micro), forward, task)
-        elif first[2] != task:
-            raise ModelContractError(
-                f"a second backward through `normalize_loss(..., micro)` results in the block of micro-batch "
-                f"{micro.index} of {micro.num_microbatches}, the step's last, under DDP ({kind(model)}): DDP reduced "
-                f"the gradients at the first backward, so this one's would stay on this rank, unreduced; sum the loss "
-                f"parts and call backward once in the step's last micro-batch (earlier ones may backward several "
-                f"times)")
-    normalized.register_hook(seen)
+
+def _reached(record: list, forward: list) -> None:
+    """The hook of `one_synced_backward`: note the first backward's graph task of the armed forward, refuse another."""
+    micro = None if record[0] is None else record[0]()
+    if micro is None or record[1] != forward[0]:  # not armed for the model's latest forward
+        return
+    task = torch._C._current_graph_task_id()
+    if record[2] is None:
+        record[2] = task
+    elif record[2] != task:
+        raise ModelContractError(
+            f"a second backward reaching the model in the block of micro-batch {micro.index} of "
+            f"{micro.num_microbatches}, the step's last, under DDP ({record[3]}): DDP reduced the gradients at the "
+            f"first backward, so this one's would stay on this rank, unreduced; sum the loss parts and call backward "
+            f"once per model in the step's last micro-batch (earlier ones may backward several times)")

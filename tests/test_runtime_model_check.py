@@ -230,8 +230,47 @@ def test_regression_a_loss_backwarded_in_two_parts_under_ddp_trained_on_unreduce
     forward: that was 4e-2 off too); FSDP2 reduces at the block's end and was exact."""
     outcomes = spawn(two_backwards_job, 2, args=(wrapper, first_unsynced), timeout_s=120)
     if wrapper == "ddp":
-        assert all(outcome.startswith("ModelContractError: a second backward through `normalize_loss(..., micro)` "
-                                      "results in the block of micro-batch 1 of 2, the step's last, under DDP")
+        assert all(outcome.startswith("ModelContractError: a second backward reaching the model in the block of "
+                                      "micro-batch 1 of 2, the step's last, under DDP")
                    for outcome in outcomes), outcomes
     else:
         assert all(isinstance(error, float) and error <= 1e-15 for error in outcomes), outcomes
+
+
+def actor_critic_job(rank, size):
+    """An actor and a critic, each DDP, in nested `accumulate` blocks, each loss normalised, then backwarded one after
+    the other (one backward per model): the largest difference from the float64 reference, or what was raised."""
+    torch.manual_seed(0)
+    actor, critic = nn.Linear(2, 1).double(), nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1)).double()
+    reference = [module for module in (nn.Linear(2, 1), nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1)))]
+    for copy, module in zip(reference, (actor, critic)):
+        copy.double().load_state_dict(module.state_dict())
+    ddps = [nn.parallel.DistributedDataParallel(module) for module in (actor, critic)]
+    generator = torch.Generator().manual_seed(1)
+    homes = [[torch.randn(length, 2, generator=generator, dtype=torch.float64) for length in home]
+             for home in ([5, 3, 7], [2, 6])]
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=9)  # M = 2
+    lengths = [len(x) for x in homes[rank]]
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"x": torch.cat(homes[rank])}, plan, lengths=lengths)
+    try:
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(ddps[0], micro), accumulate(ddps[1], micro):
+                losses = [normalize_loss((ddp(micro.data["x"]) ** 2).sum(), micro) for ddp in ddps]
+                for loss in losses:
+                    loss.backward()
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    xs = [x for home in homes for x in home]
+    for copy in reference:
+        (sum((copy(x) ** 2).sum() for x in xs) / sum(len(x) for x in xs)).backward()
+    return max(float((p.grad - q.grad).abs().max()) for module, copy in zip((actor, critic), reference)
+               for p, q in zip(module.parameters(), copy.parameters()))
+
+
+def test_regression_an_actor_and_a_critic_each_backwarded_once_were_taken_for_two_backwards_of_one_model():
+    """Cause (probe17 P17-17, a regression of f1f6024): the second-backward check hooked every `normalize_loss` result
+    of the block for every DDP model of the nested blocks, so the critic's first backward counted as the actor's
+    second.  A backward now counts where it reaches the model (its first trainable parameter's gradient)."""
+    for error in spawn(actor_critic_job, 2, timeout_s=120):
+        assert isinstance(error, float) and error <= 1e-15, error
