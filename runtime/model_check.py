@@ -305,8 +305,15 @@ def unrecorded_static_graph(micro, model) -> None:
             f"the first step one micro-batch")
 
 
+_REDUCED_BY_DDP: dict = {}  # id -> weak reference of the parameters of DDP models run in `accumulate`
 _ARMED = weakref.WeakKeyDictionary()  # DDP module -> [syncing block's micro-batch (weak), forward, first task, kind]
 _FORWARDS = weakref.WeakKeyDictionary()  # a DDP module -> [its forwards with grad since `one_synced_backward` met it]
+
+
+def reduced_by_ddp(parameter) -> bool:
+    """Whether `parameter` is one of a DDP model run in `accumulate`, whose gradients DDP reduces there."""
+    kept = _REDUCED_BY_DDP.get(id(parameter))
+    return kept is not None and kept() is parameter
 
 
 def _forwards(model) -> list:
@@ -335,6 +342,8 @@ def one_synced_backward(model, micro) -> None:
         if parameter is None:
             return
         record = _ARMED[model] = [None, None, None, kind(model)]
+        for each in model.parameters():  # (a tensor's == is elementwise: no WeakSet)
+            _REDUCED_BY_DDP[id(each)] = weakref.ref(each, lambda _, key=id(each): _REDUCED_BY_DDP.pop(key, None))
         parameter.register_post_accumulate_grad_hook(lambda _: _reached(record, forward))
     if record[0] is None or record[0]() is not micro or record[1] != forward[0]:
         record[:3] = [weakref.ref(micro), forward[0], None]

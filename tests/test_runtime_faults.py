@@ -14,6 +14,7 @@ from orchmllm.runtime import (MultiStageRuntime, PeerFailureError, PlanMismatchE
 from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.launch import SpawnError, run_processes, spawn
+from orchmllm.runtime.microbatch import accumulate
 from orchmllm.runtime.demo.model import ModelConfig
 
 LENGTHS = [[9, 1, 7], [12, 3, 2], [2, 15], [4, 4, 8]]
@@ -591,3 +592,41 @@ def test_a_rank_list_for_group_is_named_by_the_reductions():
         all_reduce_gradients([parameter], group=[0, 1])
     with pytest.raises(TypeError, match=r"`group` must be a torch.distributed ProcessGroup.*dist.new_group\(ranks\)"):
         normalize_loss(torch.tensor(2.0), 3, group=[0, 1])
+
+
+def reduced_already_job(rank, size, wrapper):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 2).double()
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=4)
+    plan = dispatcher.plan([2, 3])
+    moved = dispatcher.dispatch({"x": torch.ones(5, 3, dtype=torch.float64)}, plan)
+    if wrapper == "fsdp2":
+        model = fully_shard(net)
+        model(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(net)
+        for micro in dispatcher.microbatches(plan, moved):
+            with accumulate(model, micro):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+    try:
+        all_reduce_gradients(net.parameters())
+    except TypeError as error:
+        return str(error)
+    return "reduced again"
+
+
+@pytest.mark.parametrize("wrapper, what", [("fsdp2", "a DTensor of FSDP2 (fully_shard), which reduces its gradients"),
+                                           ("ddp", "a DistributedDataParallel model's, whose last `accumulate` block "
+                                                   "reduced its gradients already")])
+def test_regression_gradients_reduced_by_ddp_or_fsdp2_were_reduced_again(wrapper, what):
+    """Cause (probe17 P17-15, P17-16): a loop that kept its `all_reduce_gradients(model.parameters())` after wrapping
+    the model in FSDP2 failed in torch ("no sharding strategy registered", reported as a dead peer); under DDP with
+    `accumulate` it summed DDP's averaged gradients again: every gradient x the world size, no error."""
+    for message in spawn(reduced_already_job, 2, args=(wrapper,), timeout_s=60):
+        assert message.startswith("all_reduce_gradients reduces plain models' gradients; a parameter of shape "), message
+        assert what in message and message.endswith("drop this call (a second reduction would multiply them by the "
+                                                    "world size with op='sum')"), message
+    with pytest.raises(TypeError, match="`check` must be a bool"):
+        all_reduce_gradients([], check="no")
