@@ -15,7 +15,7 @@ from orchmllm.orchestrator import Batch, Sample, Segment, Stage, shards
 from orchmllm.testing.context_parallel import brute_force_split_microbatches, check_split_pass
 from orchmllm.topology import Topology
 
-CHEAP = dict(seconds_per_cost=1.0, latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
+CHEAP = dict(seconds_per_cost=1.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)  # latency: the Topology's
 STAGES = (Stage("vision", "image", CostModel(linear=1.0), input_bytes_per_unit=3.0, output_bytes_per_token=2.0),
           Stage("llm", "llm", CostModel(linear=1.0, quadratic=0.01), input_bytes_per_unit=1.0))
 
@@ -37,14 +37,14 @@ def split_steps(draw):
         samples.append(Sample(text, tuple(segments), source=draw(st.integers(0, num_ranks - 1))))
     batch = Batch.from_samples(samples, num_ranks)
     degrees = [1] + [c for c in (2, 4) if c <= gpus and draw(st.booleans())]
-    spec = ContextParallel(degrees=degrees, seconds_per_cost=1.0, latency_s=draw(st.sampled_from([0.0, 1e-3])),
-                           kv_bytes_per_token=draw(st.sampled_from([0.0, 1e-6])), half_efficiency_tokens=draw(
-                               st.sampled_from([0.0, 8.0])))
+    spec = ContextParallel(degrees=degrees, seconds_per_cost=1.0, kv_bytes_per_token=draw(st.sampled_from([0.0, 1e-6])),
+                           half_efficiency_tokens=draw(st.sampled_from([0.0, 8.0])))
     options = {}
     if draw(st.booleans()):
         longest = int(batch.sample_llm_length.max())
         options["max_tokens_per_microbatch"] = draw(st.integers(max(1, -(-longest // degrees[-1])), 2 * longest + 1))
-    return batch, Topology(nodes, gpus), spec, options
+    return batch, Topology(nodes, gpus, latency_s=draw(st.sampled_from([0.0, 1e-3]))), spec, options  # the spec's
+    # latency would be the topology's (a latency set on both is warned about)
 
 
 @settings(max_examples=60, deadline=None)

@@ -59,8 +59,8 @@ def test_every_ranks_routes_are_its_pieces_in_packed_order():
         source=int(rng.integers(0, 8))) for giant in [True, True] + [False] * 40]
     stages = (Stage("vision", "image", CostModel(linear=1.0)),
               Stage("llm", "llm", CostModel(linear=1.0, quadratic=0.5)))
-    spec = ContextParallel(degrees=(1, 2, 4, 8), seconds_per_cost=1.0, latency_s=0.0, kv_bytes_per_token=0.0,
-                           half_efficiency_tokens=0.0)
+    spec = ContextParallel(degrees=(1, 2, 4, 8), seconds_per_cost=1.0, kv_bytes_per_token=0.0,
+                           half_efficiency_tokens=0.0)  # the latency: the Topology's
     step = Orchestrator(stages, Topology(1, 8), context_parallel=spec).plan(Batch.from_samples(samples, 8))
     routes = step.microbatches[0]
     assert routes.llm.split is not None  # some sample runs split

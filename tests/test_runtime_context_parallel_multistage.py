@@ -22,8 +22,8 @@ from orchmllm.runtime.launch import spawn
 CONFIG = ModelConfig(vocab=32, llm_hidden=8, encoder_hidden=8, heads=2, patch_dim=6, frame_dim=5, pool=2, stride=2)
 STAGES = demo_stages({"image": CostModel(), "audio": CostModel(), "llm": CostModel(linear=1.0, quadratic=0.05)},
                      CONFIG)
-SPEC = ContextParallel(degrees=(1, 2, 4), gpus_per_node=4, half_efficiency_tokens=1, latency_s=0,
-                       kv_bytes_per_token=0, seconds_per_cost=1.0)
+SPEC = ContextParallel(degrees=(1, 2, 4), gpus_per_node=4, half_efficiency_tokens=1, kv_bytes_per_token=0,
+                       seconds_per_cost=1.0)  # the latency: the topology's
 
 
 def rank_samples(rank):

@@ -135,7 +135,7 @@ def _plan_pass(lengths: np.ndarray, items: np.ndarray, num_ranks: int, spec: Con
         return None
     try:
         return balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt", max_tokens_per_rank=budget,
-                             time_limit=None, topology=None, unsupported={})
+                             time_limit=None, topology=None, unsupported={}, warn=False)
     except InfeasibleError:
         return None
 
@@ -399,6 +399,7 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit,
             raise ValueError(f"`topology` has world size {getattr(topology, 'world_size', None)} != num_ranks "
                              f"{num_ranks}")
         spec = spec.on(topology)
+    spec.warn_unit_cost(cost)
     today = dict(plain, topology=topology if plain.get("sources") is not None else None)
     return split_microbatches(lengths, num_ranks, spec, cost=CostModel() if cost is None else cost, budget=budget,
                               overhead=overhead, num_microbatches=fixed, plain=lambda: unsplit(

@@ -36,7 +36,7 @@ Defaults, from public figures (every one overridable, to be calibrated on GPUs):
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -130,11 +130,34 @@ class ContextParallel:
 
     def on(self, topology) -> "ContextParallel":
         """This spec with a topology's node size, bandwidths and latency (any object with
-        `gpus_per_node` and the `Topology` link attributes it has); `degrees` was warned about already."""
+        `gpus_per_node` and the `Topology` link attributes it has); `degrees` was warned about already.
+        A value set in this spec (not its default) that the topology gives otherwise is not replaced unseen: a node
+        size is a ValueError (groups must tile the topology's nodes), a bandwidth or latency a UserWarning naming
+        both (the topology's is taken: set a calibrated one on the Topology)."""
         names = ("gpus_per_node", "intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "latency_s")
+        defaults = {field.name: field.default for field in fields(self)}
+        clash = {name: f"{name}={getattr(self, name)!r} (the topology's: {getattr(topology, name)!r})" for name in
+                 names if hasattr(topology, name) and getattr(self, name) not in (defaults[name], getattr(topology, name))}
+        if "gpus_per_node" in clash:
+            raise ValueError(f"`context_parallel` sets {clash['gpus_per_node']}: its groups must tile the topology's "
+                             f"nodes; leave gpus_per_node at its default with a topology")
+        if clash:
+            warnings.warn(f"`context_parallel` sets {', '.join(clash.values())}, which the topology gives: the "
+                          f"topology's are taken (set a calibrated value on the Topology)", UserWarning, stacklevel=3)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return replace(self, **{name: getattr(topology, name) for name in names if hasattr(topology, name)})
+
+    def warn_unit_cost(self, cost: CostModel | None) -> None:
+        """A UserWarning where `cost` is None or the default CostModel (1 per token) and `seconds_per_cost` is the
+        default (an H100's FLOP rate): a split's communication seconds then dwarf every item's cost, so the plan
+        splits nothing that could wait and its costs read as FLOPs (`balance` and `balance_microbatches`)."""
+        if (cost is None or cost == CostModel()) and self.seconds_per_cost == H100_SECONDS_PER_FLOP:
+            warnings.warn("`context_parallel` with the default cost (1 per token): split times add communication "
+                          "seconds at an H100's FLOP rate (`seconds_per_cost`), so every split is all communication; "
+                          "pass `cost` in FLOPs (e.g. CostModel(linear=6e9) for a 1B-parameter model) or set "
+                          "ContextParallel(seconds_per_cost=...) to the seconds of one unit of your cost", UserWarning,
+                          stacklevel=4)
 
     def time(self, cost: CostModel, lengths, degree, within_node=True) -> np.ndarray:
         """Per-rank time t(c) of items of `lengths` split at `degree` (broadcast), in cost units.

@@ -137,10 +137,11 @@ def _wrap(plan, problem: Problem, spec: ContextParallel, gpus_per_node: int, bou
 
 
 def balance_split(lengths, num_ranks, context_parallel, *, cost, algorithm, max_tokens_per_rank, time_limit,
-                  topology, unsupported) -> ContextParallelPlan:
+                  topology, unsupported, warn: bool = True) -> ContextParallelPlan:
     """`balance` with `context_parallel` (see `balancers.api.balance`): `topology` (validated
     against num_ranks, or None) gives the node size and links; `unsupported` names the options
-    that cannot be combined with splitting."""
+    that cannot be combined with splitting; `warn`: of a unit cost (`warn_unit_cost`; the micro-batch
+    planner, which warned already, passes False)."""
     if not isinstance(context_parallel, ContextParallel):
         raise TypeError(f"`context_parallel` must be a ContextParallel; got {type(context_parallel).__name__}")
     for name, value in unsupported.items():
@@ -158,6 +159,8 @@ def balance_split(lengths, num_ranks, context_parallel, *, cost, algorithm, max_
     degrees = allowed_degrees(spec, problem.num_ranks, gpus)
     if not spec.splits:
         return _wrap(_plain(capped, record, algorithm), capped, spec, gpus, None)
+    if warn:  # the input checked: a plan follows
+        spec.warn_unit_cost(cost)
     return plan_split(capped, spec, allot(problem, spec, degrees, gpus, cap), lambda: _plain(capped, record, algorithm))
 
 
