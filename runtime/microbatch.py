@@ -485,7 +485,7 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
             if micro.contract is not None:  # the model's reduction against the loss's scale (`reduction`)
                 check_reduction(model, micro, reduction)
         if micro.is_last and hasattr(model, "no_sync"):
-            one_synced_backward(model, micro)
+            one_synced_backward(model, micro, normalized)
     synced = getattr(_active, "synced", None)
     if micro.contract is not None and synced is not None and not any(block is micro for block in accumulated()):
         raise bare_loop_problem("normalize_loss(loss, micro) outside `with accumulate(model, micro):`", micro, synced)

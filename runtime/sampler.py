@@ -90,6 +90,12 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     Every micro-batch's loss is divided by its step's tokens (`step_tokens()`); a count of one
     micro-batch weights tokens by the micro-batch they sit in, and `normalize_loss` refuses it
     (for a loss that requires grad) while the sampler yields steps of several micro-batches.
+    The sampler knows lengths, not loss tokens: for a loss over some tokens only (prompts masked),
+    scale it inside `accumulate` by the step's tokens over its loss tokens (the sum over
+    `global_batches()[step]` of your dataset's loss-token counts), `normalize_loss(loss_sum * tokens /
+    loss_tokens, micro)`: `normalize_loss(loss_sum, total_loss_tokens=...)` is refused there, since
+    the model check sees only `normalize_loss(loss, micro)` (the dispatcher takes loss tokens itself,
+    `plan(lengths, loss_tokens=)`).
 
     Args:
         lengths: length of every dataset sample (tokens), index i for sample i.
@@ -229,8 +235,9 @@ class BalancedDistributedSampler(Sampler[list[int]]):
 
     def step_tokens(self) -> list[int]:
         """Tokens of every step's global batch this epoch (all ranks, all micro-batches; the same on every
-        rank): the divisor of each micro-batch's loss where every token counts in the loss (else sum the loss
-        tokens of `global_batches()[step]` yourself) (`normalize_loss(..., total_loss_tokens=)`)."""
+        rank): the divisor of each micro-batch's loss (`normalize_loss(loss, micro)`), right where every token
+        counts in the loss; for a masked loss see the class docstring (outside `accumulate`, a loop of one's
+        own: `normalize_loss(..., total_loss_tokens=)` with the loss tokens of `global_batches()[step]`)."""
         return list(self._kept_for("step tokens", lambda: [integer_sum(self.lengths[batch])
                                                            for batch in self.global_batches()]))
 

@@ -378,7 +378,8 @@ def test_stdout_on_a_full_device_is_one_line_and_exit_2(files, args):
     check_one_line_error(result.returncode, result.stderr, "cannot write to standard output (No space left on device)")
 
 
-@pytest.mark.parametrize("args", [["plan", "{tmp}/good.csv", "-D", "2"], ["plan", "{tmp}/good.csv", "-D", "2", "--json"],
+@pytest.mark.parametrize("args", [["plan", "{tmp}/good.csv", "-D", "2"],
+                                  ["plan", "{tmp}/good.csv", "-D", "2", "--json"],
                                   ["plan", "{tmp}/good.csv", "-D", "2", "-q", "-o", "{tmp}/closed.json"]],
                          ids=["plan table", "plan json", "plan to a file"])
 def test_regression_a_stdout_closed_at_start_up_was_a_traceback(files, args):

@@ -1,4 +1,4 @@
-"""A `ContextParallel` spec against the topology it plans on, and against the cost it prices (probe17 P17-07, P17-13)."""
+"""A `ContextParallel` spec against the topology it plans on and the cost it prices (probe17 P17-07, P17-13)."""
 
 import re
 import warnings

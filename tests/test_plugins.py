@@ -432,7 +432,8 @@ def test_regression_a_kernels_refusal_that_contradicts_its_input_was_passed_on_a
 
 def test_a_microbatch_kernels_negative_min_cap_is_its_bug_and_a_consistent_refusal_passes_on():
     register_microbatch_algorithm("test_mb_negative_min_cap", _refusing(InfeasibleError("no room", min_cap=-1)))
-    with pytest.raises(RuntimeError, match=r"algorithm 'test_mb_negative_min_cap' raised InfeasibleError with min_cap=-1"):
+    with pytest.raises(RuntimeError,
+                       match=r"algorithm 'test_mb_negative_min_cap' raised InfeasibleError with min_cap=-1"):
         balance_microbatches([9, 7, 6, 5], 2, max_tokens_per_microbatch=12, algorithm="test_mb_negative_min_cap")
     register_algorithm("test_refusal_consistent", _refusing(InfeasibleError("no room", min_cap=30)))
     with pytest.raises(InfeasibleError, match="no room"):

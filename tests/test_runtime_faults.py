@@ -625,7 +625,8 @@ def test_regression_gradients_reduced_by_ddp_or_fsdp2_were_reduced_again(wrapper
     the model in FSDP2 failed in torch ("no sharding strategy registered", reported as a dead peer); under DDP with
     `accumulate` it summed DDP's averaged gradients again: every gradient x the world size, no error."""
     for message in spawn(reduced_already_job, 2, args=(wrapper,), timeout_s=60):
-        assert message.startswith("all_reduce_gradients reduces plain models' gradients; a parameter of shape "), message
+        assert message.startswith("all_reduce_gradients reduces plain models' gradients; a parameter of shape "), \
+            message
         assert what in message and message.endswith("drop this call (a second reduction would multiply them by the "
                                                     "world size with op='sum')"), message
     with pytest.raises(TypeError, match="`check` must be a bool"):

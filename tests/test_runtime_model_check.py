@@ -193,46 +193,69 @@ def test_regression_a_compiled_model_failed_in_dynamo_tracing_the_model_checks_h
         torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
 
 
-def two_backwards_job(rank, size, wrapper, first_unsynced):
-    torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1)).double()
-    model = nn.parallel.DistributedDataParallel(base) if wrapper == "ddp" else fully_shard(base)
+def two_rank_step(rank):
+    """Every rank's features (float64, 2 columns) and this rank's step on M = 2 micro-batches: (homes, dispatcher,
+    plan, moved)."""
     generator = torch.Generator().manual_seed(1)
     homes = [[torch.randn(length, 2, generator=generator, dtype=torch.float64) for length in home]
              for home in ([5, 3, 7], [2, 6])]
-    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=9)  # M = 2
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=9)
     lengths = [len(x) for x in homes[rank]]
     plan = dispatcher.plan(lengths)
-    moved = dispatcher.dispatch({"x": torch.cat(homes[rank])}, plan, lengths=lengths)
+    return homes, dispatcher, plan, dispatcher.dispatch({"x": torch.cat(homes[rank])}, plan, lengths=lengths)
+
+
+class TwoHeads(nn.Module):
+    """A head registered before the trunk it reads, and a second head: a loss through `b` alone reaches no `a`."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.trunk, self.b = nn.Linear(3, 1), nn.Linear(2, 3), nn.Linear(3, 1)
+
+    def forward(self, x):
+        hidden = torch.tanh(self.trunk(x))
+        return torch.cat([self.a(hidden), self.b(hidden)], dim=1)
+
+
+def two_backwards_job(rank, size, wrapper, form):
+    torch.manual_seed(0)
+    base = (TwoHeads() if form == "two heads" else nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1))).double()
+    model = nn.parallel.DistributedDataParallel(base) if wrapper == "ddp" else fully_shard(base)
+    homes, dispatcher, plan, moved = two_rank_step(rank)
+    parts = (lambda out: (out[:, :1] ** 2).sum() + 0 * out[:, 1:].sum(), lambda out: out[:, 1:].sum()) \
+        if form == "two heads" else (lambda out: (out ** 2).sum(), lambda out: out.sum())
     try:
         for micro in dispatcher.microbatches(plan, moved):
             with accumulate(model, micro):
                 out = model(micro.data["x"])
-                with model.no_sync() if first_unsynced else nullcontext():
-                    normalize_loss((out ** 2).sum(), micro).backward(retain_graph=True)
-                normalize_loss(out.sum(), micro).backward()
+                with model.no_sync() if form == "first under no_sync" else nullcontext():
+                    normalize_loss(parts[0](out), micro).backward(retain_graph=True)
+                normalize_loss(parts[1](out), micro).backward()
     except Exception as error:
         return f"{type(error).__name__}: {error}"
     torch.manual_seed(0)
-    reference = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1)).double()
+    reference = (TwoHeads() if form == "two heads" else nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1))
+                 ).double()
     xs = [x for home in homes for x in home]
-    (sum((reference(x) ** 2).sum() + reference(x).sum() for x in xs) / sum(len(x) for x in xs)).backward()
+    (sum(parts[0](reference(x)) + parts[1](reference(x)) for x in xs) / sum(len(x) for x in xs)).backward()
     grads = [p.grad.full_tensor() if wrapper == "fsdp2" else p.grad for p in base.parameters()]
     return max(float((g - r.grad).abs().max()) for g, r in zip(grads, reference.parameters()))
 
 
-@pytest.mark.parametrize("wrapper, first_unsynced", [("ddp", False), ("ddp", True), ("fsdp2", False)],
-                         ids=["ddp", "ddp-first-under-no_sync", "fsdp2"])
-def test_regression_a_loss_backwarded_in_two_parts_under_ddp_trained_on_unreduced_gradients(wrapper, first_unsynced):
+@pytest.mark.parametrize("wrapper, form", [("ddp", "two parts"), ("ddp", "first under no_sync"), ("ddp", "two heads"),
+                                           ("fsdp2", "two parts")])
+def test_regression_a_loss_backwarded_in_two_parts_under_ddp_trained_on_unreduced_gradients(wrapper, form):
     """Cause (probe17 P17-08): under DDP the step's last block reduced at its first backward; a second backward of
     another `normalize_loss(..., micro)` part kept its gradients on each rank (4e-2 off the reference, no error).  Now
     every rank raises there, also where the first backward ran under one's own `no_sync()` (DDP decides at the
-    forward: that was 4e-2 off too); FSDP2 reduces at the block's end and was exact."""
-    outcomes = spawn(two_backwards_job, 2, args=(wrapper, first_unsynced), timeout_s=120)
+    forward: that was 4e-2 off too) and where the second reaches none of the first's parameters but the model's
+    other ones (two heads: review12 R12-08, 4.9e-2 off where only the first parameter was watched); FSDP2 reduces
+    at the block's end and was exact."""
+    outcomes = spawn(two_backwards_job, 2, args=(wrapper, form), timeout_s=120)
     if wrapper == "ddp":
-        assert all(outcome.startswith("ModelContractError: a second backward reaching the model in the block of "
-                                      "micro-batch 1 of 2, the step's last, under DDP")
-                   for outcome in outcomes), outcomes
+        assert all(isinstance(outcome, str) and outcome.startswith(
+            "ModelContractError: a second backward reaching the model in the block of micro-batch 1 of 2, the step's "
+            "last, under DDP") for outcome in outcomes), outcomes
     else:
         assert all(isinstance(error, float) and error <= 1e-15 for error in outcomes), outcomes
 
@@ -246,13 +269,7 @@ def actor_critic_job(rank, size):
     for copy, module in zip(reference, (actor, critic)):
         copy.double().load_state_dict(module.state_dict())
     ddps = [nn.parallel.DistributedDataParallel(module) for module in (actor, critic)]
-    generator = torch.Generator().manual_seed(1)
-    homes = [[torch.randn(length, 2, generator=generator, dtype=torch.float64) for length in home]
-             for home in ([5, 3, 7], [2, 6])]
-    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=9)  # M = 2
-    lengths = [len(x) for x in homes[rank]]
-    plan = dispatcher.plan(lengths)
-    moved = dispatcher.dispatch({"x": torch.cat(homes[rank])}, plan, lengths=lengths)
+    homes, dispatcher, plan, moved = two_rank_step(rank)
     try:
         for micro in dispatcher.microbatches(plan, moved):
             with accumulate(ddps[0], micro), accumulate(ddps[1], micro):

@@ -161,3 +161,42 @@ def test_a_rank_that_skips_its_empty_last_micro_batch_raises_at_once():
     values = [outcome.value if outcome.ok else outcome.error for outcome in outcomes]
     assert values[1].startswith("ModelContractError") and "skip" in values[1], values
     assert values[0] != "completed", values
+
+
+PROMPTS = LENGTHS // 2  # the first half of each sample is prompt: no loss there
+
+
+def masked_job(rank, size):
+    """Step 0 under DDP with a loss over the non-prompt tokens, scaled as the class docstring says: the gradient of
+    the head and the step's global batch."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(TokenModel().double())
+    sampler = BalancedDistributedSampler(LENGTHS, rank=rank, **OPTIONS)
+    loss_tokens = int(sum(LENGTHS[i] - PROMPTS[i] for i in sampler.global_batches()[0]))
+    loader = DataLoader(range(len(LENGTHS)), batch_sampler=sampler, collate_fn=lambda indices: list(indices))
+    for micro in sampler.microbatches(loader):
+        with accumulate(model, micro):
+            tokens = torch.cat([TOKENS[i] for i in micro.data] or [torch.zeros(0, dtype=torch.long)])
+            labels = torch.cat([LABELS[i] for i in micro.data] or [torch.zeros(0, dtype=torch.long)])
+            mask = torch.cat([torch.arange(int(LENGTHS[i])) >= PROMPTS[i] for i in micro.data]
+                             or [torch.zeros(0, dtype=torch.bool)]).double()
+            loss_sum = (F.cross_entropy(model(tokens), labels, reduction="none") * mask).sum()
+            normalize_loss(loss_sum * sampler.step_tokens()[0] / loss_tokens, micro).backward()
+        if micro.is_last:
+            return model.module.head.weight.grad.clone(), sampler.global_batches()[0].tolist()
+
+
+def test_a_masked_loss_scaled_by_the_steps_tokens_over_its_loss_tokens_trains_exactly():
+    """probe17 P17-14: the sampler knows lengths, not loss tokens, and `normalize_loss(..., total_loss_tokens=)` is
+    refused inside `accumulate`; the documented form (scale by the step's tokens over its loss tokens) is the
+    gradient of the summed masked loss over the global batch's loss tokens."""
+    outcomes = run_processes(masked_job, 2, timeout_s=60)
+    assert all(outcome.ok for outcome in outcomes), [outcome.error for outcome in outcomes]
+    torch.manual_seed(0)
+    reference = TokenModel().double()
+    batch = outcomes[0].value[1]
+    loss = sum((F.cross_entropy(reference(TOKENS[i]), LABELS[i], reduction="none")
+                * (torch.arange(int(LENGTHS[i])) >= PROMPTS[i]).double()).sum() for i in batch)
+    (loss / int(sum(LENGTHS[i] - PROMPTS[i] for i in batch))).backward()
+    for outcome in outcomes:
+        torch.testing.assert_close(outcome.value[0], reference.head.weight.grad, rtol=0, atol=1e-12)

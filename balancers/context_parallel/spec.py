@@ -136,8 +136,9 @@ class ContextParallel:
         both (the topology's is taken: set a calibrated one on the Topology)."""
         names = ("gpus_per_node", "intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "latency_s")
         defaults = {field.name: field.default for field in fields(self)}
-        clash = {name: f"{name}={getattr(self, name)!r} (the topology's: {getattr(topology, name)!r})" for name in
-                 names if hasattr(topology, name) and getattr(self, name) not in (defaults[name], getattr(topology, name))}
+        clash = {name: f"{name}={getattr(self, name)!r} (the topology's: {getattr(topology, name)!r})"
+                 for name in names if hasattr(topology, name)
+                 and getattr(self, name) not in (defaults[name], getattr(topology, name))}
         if "gpus_per_node" in clash:
             raise ValueError(f"`context_parallel` sets {clash['gpus_per_node']}: its groups must tile the topology's "
                              f"nodes; leave gpus_per_node at its default with a topology")
