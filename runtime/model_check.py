@@ -306,7 +306,7 @@ def unrecorded_static_graph(micro, model) -> None:
 
 
 _REDUCED_BY_DDP: dict = {}  # id -> weak reference of the parameters of DDP models run in `accumulate`
-_ARMED = weakref.WeakKeyDictionary()  # DDP module -> [block micro-batch (weak), forward, first task, kind, task now]
+_ARMED = weakref.WeakKeyDictionary()  # DDP module -> [block micro-batch (weak), forward, reduced, kind, reached]
 _FORWARDS = weakref.WeakKeyDictionary()  # a DDP module -> [its forwards with grad since `one_synced_backward` met it]
 
 
@@ -330,36 +330,41 @@ def _forwards(model) -> list:
 
 def one_synced_backward(model, micro, normalized: torch.Tensor) -> None:
     """Under DDP (`model` has `no_sync`), in the block of a step's last micro-batch, where DDP reduces the gradients
-    at the first backward that reaches the model after each forward: a later backward reaching it from the same
-    forward (a loss in two parts, each `.backward()`ed) would leave its gradients on this rank unreduced, so it raises
-    ModelContractError (DDP decides at the forward: a `no_sync()` around the first backward alone does not hold its
-    reduction; a new forward, a second pass over the step's micro-batches, reduces again).  Each backward is told by
-    its graph task where it starts, at a hook on `normalized` (the root: a reentrant checkpoint's inner backward is
-    another task, and the same backward), and reaches the model where a trainable parameter's gradient accumulates
-    (a hook on each, registered once per model): another model's backward in nested blocks reaches none."""
+    at the first backward that reaches the model after each forward: any later backward reaching it from the same
+    forward (a loss in two parts, each `.backward()`ed, an auxiliary loss's) would leave its gradients on this rank
+    unreduced, so it raises ModelContractError (DDP decides at the forward: a `no_sync()` around the first backward
+    alone does not hold its reduction; a new forward, a second pass over the step's micro-batches, reduces again).
+    A backward through `normalized` (a hook at that root) marks, as it ends, whether it reached the model (a hook on
+    each trainable parameter's gradient, registered once per model); a reentrant checkpoint's inner backward runs
+    inside it, and another model's backward in nested blocks reaches none of these.  Not seen: a first backward that
+    does not pass through a `normalize_loss(..., micro)` result."""
     forward, record = _forwards(model), _ARMED.get(model)
     if record is None:
-        record = _ARMED[model] = [None, None, None, kind(model), None]
+        record = _ARMED[model] = [None, None, False, kind(model), False]
         for each in model.parameters():  # (a tensor's == is elementwise: no WeakSet)
             _REDUCED_BY_DDP[id(each)] = weakref.ref(each, lambda _, key=id(each): _REDUCED_BY_DDP.pop(key, None))
             if each.requires_grad:
                 each.register_post_accumulate_grad_hook(lambda _: _reached(record, forward))
     if record[0] is None or record[0]() is not micro or record[1] != forward[0]:
-        record[:3] = [weakref.ref(micro), forward[0], None]
+        record[:3], record[4] = [weakref.ref(micro), forward[0], False], False
+
+    def ended():
+        record[2] = record[2] or record[4]  # the reducing backward is over where it reached the model
 
     def started(grad):
-        record[4] = torch._C._current_graph_task_id()
+        if record[1] == forward[0]:
+            torch.autograd.Variable._execution_engine.queue_callback(ended)
     normalized.register_hook(started)
 
 
 def _reached(record: list, forward: list) -> None:
-    """The parameters' hook of `one_synced_backward`: note the first backward of the armed forward, refuse another."""
+    """The parameters' hook of `one_synced_backward`: note that a backward reached the model, refuse one after the
+    reducing backward of the armed forward ended."""
     micro = None if record[0] is None else record[0]()
-    if micro is None or record[1] != forward[0] or record[4] is None:  # not armed for the model's latest forward
+    if micro is None or record[1] != forward[0]:  # not armed for the model's latest forward
         return
-    if record[2] is None:
-        record[2] = record[4]
-    elif record[2] != record[4]:
+    record[4] = True
+    if record[2]:
         raise ModelContractError(
             f"a second backward reaching the model in the block of micro-batch {micro.index} of "
             f"{micro.num_microbatches}, the step's last, under DDP ({record[3]}): DDP reduced the gradients at the "
