@@ -556,16 +556,19 @@ def test_regression_more_than_d_overflowing_items_kept_the_slow_shaped_start(sch
     assert plan.pipeline.step_time == simulated_step(plan)
 
 
-@pytest.mark.parametrize("workload, ranks, microbatches", [("default", 512, 12), ("vision", 512, 16)])
-def test_regression_gpipe_searched_the_second_shaped_start_to_a_slower_step(workload, ranks, microbatches):
-    """Regression (review12 R12-02, held-out seed 102): GPipe is order-free, and the second shaped start (the D
-    largest of more than D overflowing items pinned) fills the other cells unevenly: timed faster at the start, it
-    searched to steps up to 9 % slower than the first (default D 512 M 12: 1.446x the bound against 1.324x; vision
-    D 512 M 16: 1.379x against 1.286x).  GPipe keeps the one start."""
+@pytest.mark.parametrize("workload, microbatches, seed, most", [("default", 12, 102, 1.33), ("vision", 16, 102, 1.33),
+                                                                 ("speech", 12, 105, 1.0001), ("vision", 12, 106, 1.08)])
+def test_regression_gpipe_searched_only_the_faster_of_two_shaped_starts(workload, microbatches, seed, most):
+    """Regression (review12 R12-02, R12-04; held-out seeds 102, 105, 106, D 512): GPipe is order-free, and of the two
+    shaped starts where more than D items overflow (the second pins the D largest), the faster at the start was
+    searched: the second's uneven cells searched to steps up to 9 % slower than the first's (default M 12: 1.446x
+    the bound against 1.324x; vision M 16: 1.379x against 1.286x), and without it the first searched to steps up
+    to 10 % slower than the second's (speech M 12: 1.108x against 1.000x; vision M 12: 1.182x against 1.070x).
+    GPipe searches both and keeps the faster end."""
     from orchmllm.study.models import MODELS
 
-    lengths = sample_workload(workload, ranks, 32, 102).sample_llm_length
-    plan = balance_microbatches(lengths, ranks, max_tokens_per_microbatch=max(16384, int(lengths.max())),
+    lengths = sample_workload(workload, 512, 32, seed).sample_llm_length
+    plan = balance_microbatches(lengths, 512, max_tokens_per_microbatch=max(16384, int(lengths.max())),
                                 cost=MODELS["84b"].llm.cost(causal=True), num_microbatches=microbatches,
                                 pipeline=Pipeline(stages=8, schedule="gpipe"))
-    assert plan.pipeline.step_time <= 1.33 * plan.pipeline.lower_bound
+    assert plan.pipeline.step_time <= most * plan.pipeline.lower_bound

@@ -5,7 +5,7 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               (unpadded) the items cut afresh into cells of the schedule's best shape by one LPT
               over all M·D cells (`lpt_shaped`; the replicas that take the items overflowing a
               cell alone start their other cells higher, `_starts`, two such starts where more
-              than D items overflow, GPipe excepted); the faster ends the planning
+              than D items overflow); the faster ends the planning
               when it is within STOP_GAP of τ·X̄ (the search's stop rule), else the plain cells reordered in each
               replica (`order.mountain`) are a third start, and (padded, where no item moves
               reshape a cell) the plain cells dealt afresh over the replicas and reordered
@@ -157,7 +157,7 @@ def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets
     replica would hold several; D = 2560 × 32 at M = 16: 9000-12000): the offsets alone, or with `most` the D
     largest taken so (the other cells then fill unevenly: at D = 2560, M = 16 the 1F1B and interleaved starts
     1.065 and 1.022x the bound, GPipe 1.65x, where the offsets alone give 1.38, 1.25 and 1.54x; `arrange` times
-    both and searches the faster, and for GPipe takes the offsets alone)."""
+    both and searches the faster, GPipe both)."""
     m, d = slot_of.size, problem.num_ranks
     start, shape = offsets[slot_of], best_profile(pipeline, m)[1]
     cells = problem.sorted_costs[:d + 1] + problem.microbatch_overhead
@@ -227,10 +227,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     # the search's floor: τ·X̄ bounds every plan's step at this M (`bounds`; uniform stages, else none)
     floor = 0.0 if firsts is not None else best_profile(pipeline, num_microbatches)[0] * mean
     cells, placed, summed = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {0: accounts}
-    if not problem.padded:  # the items cut afresh into the best shape; two ways where more than D items overflow,
-        # but for GPipe (order-free: its second start's uneven cells searched to steps up to 9 % slower, R12-02)
-        second = pipeline.schedule != "gpipe" and overflowing(problem, pipeline, num_microbatches, mean) > d
-        for most in (False, True)[:1 + second]:
+    if not problem.padded:  # the items cut afresh into the best shape; two ways where more than D items overflow
+        for most in (False, True)[:1 + (overflowing(problem, pipeline, num_microbatches, mean) > d)]:
             _add_start(problem, (placed, cells, summed), lpt_shaped(problem, num_microbatches, pipeline, mean, most),
                        first_stage)
     shaped = range(1, len(cells))
@@ -252,8 +250,10 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     best = _fastest(times)
     found = None  # (time, the search's answer): the fastest of the searches from the reordered and shaped cells
     for begin in range(1, len(cells)):
-        if begin in shaped and begin != min(shaped, key=lambda index: (float(times[index].max()), index)):
-            continue  # of two shaped starts, the faster is searched
+        if begin in shaped and pipeline.schedule != "gpipe" and begin != min(
+                shaped, key=lambda index: (float(times[index].max()), index)):
+            continue  # of two shaped starts, the faster is searched; GPipe searches both (the faster start's uneven
+            # cells searched to steps up to 9 % slower there, and the other's up to 10 % faster: review12 R12-02, 04)
         replica, slot = placed[begin]
         cost, tokens, firsts = cells[begin]
         if tokens is None:
