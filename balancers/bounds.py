@@ -49,7 +49,7 @@ def _one_cost_bound(cost: float, n: int, d: int) -> float:
     Their exact sum is n · cost, which fsum rounds once as the product does.  The k+1 smallest of the
     k·D+1 largest sum (k+1) · cost, which no group passes whose product does not pass the mean (the
     check `lower_bound` makes first); else the largest k's group is the one its prefix sums pick: a
-    float prefix sum of i costs lies within i · n · 2**-53 of i · cost, so below 2**24 items each k's
+    float prefix sum of i costs lies within i · n · 2**-53 · cost of i · cost, so below 2**24 items each k's
     difference of two of them rises by more than half a cost (first of the maxima: the last one), and
     fsum gives the group's sum as the product rounded once.
 
