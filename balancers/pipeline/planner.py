@@ -160,7 +160,6 @@ def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets
     both and searches the faster, GPipe both)."""
     m, d = slot_of.size, problem.num_ranks
     start, shape = offsets[slot_of], best_profile(pipeline, m)[1]
-    cells = problem.sorted_costs[:d + 1] + problem.microbatch_overhead
     pinned = overflowing(problem, pipeline, m, mean)
     pinned = min(pinned, d) if most else pinned
     if pinned == 0 or pinned > d or m == 1:
@@ -168,7 +167,7 @@ def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets
     k0 = int(np.argmin(start))  # the first placeholder of least offset (largest target): slot slot_of[k0]
     target = mean * shape
     ratios, scales = _pinned_scales(pipeline, m)
-    cells, rest = cells[:pinned] / mean, 1.0 - float(shape.max())
+    cells, rest = (problem.sorted_costs[:pinned] + problem.microbatch_overhead) / mean, 1.0 - float(shape.max())
     low, high = 1.0, SCALE_RANGE  # s, bisected: what the replicas hold, over X̄, rises with it
     for _ in range(SCALE_STEPS):
         level = 0.5 * (low + high)
@@ -249,9 +248,9 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     times += _timed(pipeline, cells[len(times):])
     best = _fastest(times)
     found = None  # (time, the search's answer): the fastest of the searches from the reordered and shaped cells
+    faster = min(shaped, key=lambda index: (float(times[index].max()), index), default=None)
     for begin in range(1, len(cells)):
-        if begin in shaped and pipeline.schedule != "gpipe" and begin != min(
-                shaped, key=lambda index: (float(times[index].max()), index)):
+        if begin in shaped and pipeline.schedule != "gpipe" and begin != faster:
             continue  # of two shaped starts, the faster is searched; GPipe searches both (the faster start's uneven
             # cells searched to steps up to 9 % slower there, and the other's up to 10 % faster: review12 R12-02, 04)
         replica, slot = placed[begin]

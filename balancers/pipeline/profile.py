@@ -28,21 +28,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from .schedules import programs
+from .schedules import programs, replica_times
 from .spec import Pipeline
 
 ROUNDING = 1e-12  # the certified bound's float products are rounded: it drops by this fraction
-
-
-def _time_at(pipeline: Pipeline, x: np.ndarray) -> float:
-    """The replica time at cells `x` (slot order): the longest path through the operation graph."""
-    stage, slot, is_backward, previous, needed = programs(pipeline, x.size)
-    share = pipeline.forward_share / pipeline.virtual_stages
-    duration = np.where(is_backward.astype(bool), share * pipeline.backward_factor, share) * x[slot]
-    end = np.zeros(stage.size)
-    for op in range(stage.size):
-        end[op] = max([end[p] for p in (previous[op], needed[op]) if p >= 0], default=0.0) + duration[op]
-    return float(end.max())
 
 
 def flat_profile(pipeline: Pipeline, num_microbatches: int) -> bool:
@@ -63,7 +52,8 @@ def best_profile(pipeline: Pipeline, num_microbatches: int) -> tuple[float, np.n
         return (1 + (pipeline.stages - 1) / m) / pipeline.stages * (1 - ROUNDING), flat
     graph = _Graph(pipeline, m)
     x, flows = graph.solve()
-    best = flat if _time_at(pipeline, flat) <= _time_at(pipeline, x) else x
+    flat_time, time = replica_times(pipeline, *pipeline.stage_times(np.vstack([flat, x])))  # the longest paths
+    best = flat if flat_time <= time else x
     split, weights = graph.paths(flows)
     bound = float(((weights / weights.sum()) @ split).min()) if weights.sum() > 0 else 0.0
     best = best.copy()
