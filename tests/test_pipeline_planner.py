@@ -305,6 +305,26 @@ def test_search_spends_no_work_once_within_stop_gap_of_the_bound(monkeypatch):
     assert plan.pipeline.step_time < plan.pipeline.unaware_step_time
 
 
+def test_no_search_once_a_plan_meets_the_certified_bound(monkeypatch):
+    """Regression (planning time at D = 2560, M = 8, interleaved: 3.4x -> 1.7x the plain step): the search stopped
+    within STOP_GAP of τ·X̄ only, below the certified bound where the largest item's chain sets it, so a start or
+    a search already at the bound (no plan is faster) was searched on: here the shaped start meets it at M = 8
+    (two searches ran), the first search at M = 16 (two ran).  Now none and one run; the plans are the same."""
+    from orchmllm.balancers.pipeline.search import CellSearch
+    from orchmllm.study.models import MODELS
+
+    made, init = [], CellSearch.__init__
+    monkeypatch.setattr(CellSearch, "__init__", lambda self, *args, **kwargs: made.append(1) or init(self, *args,
+                                                                                                     **kwargs))
+    lengths, cost = sample_workload("default", 64, 32, seed=4).sample_llm_length, MODELS["84b"].llm.cost(causal=True)
+    for microbatches, searches in ((8, 0), (16, 1)):
+        made.clear()
+        plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=cost,
+                                    num_microbatches=microbatches, pipeline=Pipeline(8, "interleaved", 2))
+        assert plan.pipeline.status == Status.OPTIMAL and plan.pipeline.step_time == plan.pipeline.lower_bound
+        assert len(made) == searches
+
+
 def test_regression_reading_the_report_timed_the_replicas_again(monkeypatch):
     """Regression (planning time at D = 2560 with the report read, issue 28): where the shaped start ended the
     planning, the planner timed a few of its replicas and left every replica's time and the plain plan's step to

@@ -6,11 +6,13 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               over all M·D cells (`lpt_shaped`; the replicas that take the items overflowing a
               cell alone start their other cells higher, `_starts`, two such starts where more
               than D items overflow); the faster ends the planning
-              when it is within STOP_GAP of τ·X̄ (the search's stop rule), else the plain cells reordered in each
-              replica (`order.mountain`) are a third start, and (padded, where no item moves
+              when it is within STOP_GAP of τ·X̄ or at the certified bound (the search's stop rule: no plan
+              is faster; the largest item's chain meets it at D = 2560, M = 8, interleaved), else the plain
+              cells reordered in each replica (`order.mountain`) are a third start, and (padded, where no item moves
               reshape a cell) the plain cells dealt afresh over the replicas and reordered
               (`order.deal`) a fourth, searched too
-    search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept:
+    search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept (none after
+              one that meets the bound):
               rounds of item moves off many slow replicas at once, then slot swaps and item moves
               off the slowest replica.  The shaped cells are near the best shape on almost every
               replica (D = 2560 × 32, M = 8: the median replica within 1 % of the bound), a few
@@ -223,8 +225,11 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     d = problem.num_ranks
     firsts = first_stage_sums(first_stage, rank, microbatch, d, num_microbatches)
     mean = float(problem.item_costs.sum()) / d + num_microbatches * problem.microbatch_overhead  # X̄
-    # the search's floor: τ·X̄ bounds every plan's step at this M (`bounds`; uniform stages, else none)
-    floor = 0.0 if firsts is not None else best_profile(pipeline, num_microbatches)[0] * mean
+    # where the search stops: within STOP_GAP of τ·X̄, which bounds every plan's step at this M (uniform stages,
+    # else nowhere), or at the certified bound (`bounds`: no plan is faster; the giants' chains can meet it)
+    tau = 0.0 if firsts is not None else best_profile(pipeline, num_microbatches)[0]
+    bound = _bound(problem, pipeline, np.array([num_microbatches]), first_stage)
+    floor = max(tau * mean * (1 + STOP_GAP), bound)
     cells, placed, summed = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {0: accounts}
     if not problem.padded:  # the items cut afresh into the best shape; two ways where more than D items overflow
         for most in (False, True)[:1 + (overflowing(problem, pipeline, num_microbatches, mean) > d)]:
@@ -250,6 +255,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     found = None  # (time, the search's answer): the fastest of the searches from the reordered and shaped cells
     faster = min(shaped, key=lambda index: (float(times[index].max()), index), default=None)
     for begin in range(1, len(cells)):
+        if found is not None and found[0] <= bound:
+            break  # a search met the bound: no later one is faster
         if begin in shaped and pipeline.schedule != "gpipe" and begin != faster:
             continue  # of two shaped starts, the faster is searched; GPipe searches both (the faster start's uneven
             # cells searched to steps up to 9 % slower there, and the other's up to 10 % faster: review12 R12-02, 04)
@@ -336,8 +343,8 @@ def _fastest(times: list) -> int:
 
 
 def _short(times: np.ndarray, floor: float) -> bool:
-    """Whether these replica times are not within STOP_GAP of `floor` (the search's stop rule, `search`)."""
-    return float(times.max()) > floor * (1 + STOP_GAP)
+    """Whether these replica times' step is above `floor`, where the search stops (`search`)."""
+    return float(times.max()) > floor
 
 
 def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
@@ -360,10 +367,7 @@ def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndar
             counts = counts[counts % pipeline.stages == 0]
     else:
         counts = np.array([num_microbatches])
-    bound = min(step, step_bound(pipeline, problem.item_costs, problem.num_ranks, counts,
-                                 problem.microbatch_overhead, first_stage,
-                                 *((None, None) if first_stage is not None else (problem.total_cost,
-                                                                                 problem.sorted_costs))))
+    bound = min(step, _bound(problem, pipeline, counts, first_stage))
     stages = pipeline.stages if forward.ndim == 3 else 1  # uniform stages: one stage's times stand for all
     work = np.ascontiguousarray(forward).sum() + np.ascontiguousarray(backward).sum()  # one order, whatever the layout
     busy = float(work) / (problem.num_ranks * stages * step) if step > 0 else 1.0
@@ -371,6 +375,14 @@ def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndar
     return PipelineStep(pipeline=pipeline, replica_times=times, step_time=step, lower_bound=bound,
                         status=Status.OPTIMAL if step == bound else Status.FEASIBLE,
                         unaware_step_time=unaware_step_time, busy_fraction=busy, solve_seconds=solve_seconds)
+
+
+def _bound(problem: MicroBatchProblem, pipeline: Pipeline, counts: np.ndarray, first_stage: np.ndarray | None
+           ) -> float:
+    """`bounds.step_bound` of the problem's items over these micro-batch counts."""
+    return step_bound(pipeline, problem.item_costs, problem.num_ranks, counts, problem.microbatch_overhead,
+                      first_stage, *((None, None) if first_stage is not None else (problem.total_cost,
+                                                                                   problem.sorted_costs)))
 
 
 def work_budget(time_limit: float | None) -> int:

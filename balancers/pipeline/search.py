@@ -22,12 +22,12 @@ at the round's start is taken (r's own time then timed again when several items 
 round leaves the step as it was, the slowest replica takes one full step as below.  Rounds end when
 one moves nothing, when WINDOW rounds in a row lowered the step by less than ROUND_GAIN of it, at
 the floor, or once they evaluated ROUND_TIMINGS rows per replica (the cost of timing the whole step
-that many times).  It stops once the step is within STOP_GAP of `floor`, a
-certified lower bound (what is left to gain is less than that: at D = 2560 a step lowers one of
-thousands of near-tied replicas, the whole search < 0.15 % for more time than the plain planning),
-when WINDOW steps in a row lowered the step (the max) by less than WINDOW_GAIN of it, or at a
-window's start when that is certain (the (WINDOW + 1)-th largest time is already within
-WINDOW_GAIN of the max).  Candidates are evaluated together, one row each;
+that many times).  It stops once the step is at most `floor`, the larger of the certified lower
+bound τ·X̄ raised by STOP_GAP (what is left to gain is less than that: at D = 2560 a step lowers one of
+thousands of near-tied replicas, the whole search < 0.15 % for more time than the plain planning)
+and the certified bound itself (no plan is faster), when WINDOW steps in a row lowered the step (the
+max) by less than WINDOW_GAIN of it, or at a window's start when that is certain (the (WINDOW + 1)-th
+largest time is already within WINDOW_GAIN of the max).  Candidates are evaluated together, one row each;
 a row costs the schedule's operation count (2·P·M·v) of the work budget, so the result
 never depends on the clock.  Padded cells (count · max cost) are not additive: only the
 reordering runs.  With first-stage costs (`Pipeline.stage_times`), every row carries the cells'
@@ -62,7 +62,7 @@ class CellSearch:
         self.first_stage, self.item_first_stage = (None, None) if first is None else (first[0].copy(), first[1])
         self.replica, self.slot = replica.copy(), slot.copy()
         self.max_tokens, self.work = max_tokens, work
-        self.floor = floor * (1 + STOP_GAP)  # `floor`: a lower bound on the step (0: none)
+        self.floor = floor  # the step it stops at (0: none)
         self.num_ranks, self.num_microbatches = self.cost.shape
         self.row_work = 2 * pipeline.stages * self.num_microbatches * pipeline.virtual_stages
         self.times = times.copy()  # `replica_times` of the cells as given, charged here
@@ -79,7 +79,7 @@ class CellSearch:
         return replica_times(self.pipeline, *self.pipeline.stage_times(*rows))
 
     def run(self) -> None:
-        """Improve until no step gains, the budget is spent, the step is within STOP_GAP of the floor, or
+        """Improve until no step gains, the budget is spent, the step is at most the floor, or
         WINDOW steps lowered the step by less than WINDOW_GAIN (many replicas tied at the top: each step
         lowers one)."""
         steps, mark = 0, float(self.times.max())
