@@ -152,7 +152,9 @@ def _contradiction(error: Exception, problem) -> str | None:
     if isinstance(error, InfeasibleError):
         if error.min_cap < 0:
             return f"with min_cap={error.min_cap}, a negative cap to try next"
-        cap = getattr(problem, "max_tokens_per_rank", math.inf)  # a micro-batch problem's min_cap: micro-batches
+        if not hasattr(problem, "max_tokens_per_rank"):  # a micro-batch problem's min_cap counts micro-batches
+            return None
+        cap = problem.max_tokens_per_rank
         if cap is None:
             return "on a problem with no token cap (`max_tokens_per_rank` None), which every plan fits"
         if error.min_cap <= cap:

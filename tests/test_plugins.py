@@ -435,6 +435,11 @@ def test_a_microbatch_kernels_negative_min_cap_is_its_bug_and_a_consistent_refus
     with pytest.raises(RuntimeError,
                        match=r"algorithm 'test_mb_negative_min_cap' raised InfeasibleError with min_cap=-1"):
         balance_microbatches([9, 7, 6, 5], 2, max_tokens_per_microbatch=12, algorithm="test_mb_negative_min_cap")
+    # a positive min_cap of a micro-batch kernel counts micro-batches: a refusal passed on, not held against the
+    # cap of a plain problem that a micro-batch problem lacks (probe18 P18-06: "not above max_tokens_per_rank=inf")
+    register_microbatch_algorithm("test_mb_min_cap_3", _refusing(InfeasibleError("needs 3", min_cap=3)))
+    with pytest.raises(InfeasibleError, match="needs 3"):
+        balance_microbatches([5, 4, 3, 3, 1], 2, max_tokens_per_microbatch=8, algorithm="test_mb_min_cap_3")
     register_algorithm("test_refusal_consistent", _refusing(InfeasibleError("no room", min_cap=30)))
     with pytest.raises(InfeasibleError, match="no room"):
         balance([9, 7, 6, 5], 2, algorithm="test_refusal_consistent", max_tokens_per_rank=20)
