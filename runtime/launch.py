@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.distributed as dist
@@ -125,6 +126,14 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                                                                                   "collective_timeout_s")
     if start_method not in mp.get_all_start_methods():
         raise ValueError(f"`start_method` must be one of {mp.get_all_start_methods()}; got {start_method!r}")
+    if start_method != "fork":  # "spawn" and "forkserver" pickle `fn` and `args` into every child
+        try:
+            ForkingPickler.dumps((fn, args))
+        except Exception as problem:
+            raise TypeError(f"start_method={start_method!r} pickles `fn` and `args` into every rank, and they do not "
+                            f"pickle ({type(problem).__name__}: {problem}): pass a function defined at a module's top "
+                            f"level (importable by the ranks; not a lambda or a closure), or use start_method='fork'"
+                            ) from problem
     context = mp.get_context(start_method)
     results = context.Queue()
     port = free_port()
@@ -158,9 +167,10 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                                                      f"values the parent can unpickle")
             outcomes[rank] = RankOutcome(rank, ok, value, error, time.monotonic() - start)
     finally:
-        for child in children:
+        started = [child for child in children if child.pid is not None]  # a start that raised left the rest
+        for child in started:
             child.join(timeout=max(0.0, min(5.0, timeout_s - (time.monotonic() - start))))
-        for child in children:
+        for child in started:
             if child.is_alive():
                 child.kill()
                 child.join()

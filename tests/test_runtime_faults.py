@@ -549,6 +549,20 @@ def test_regression_forkserver_ranks_exited_at_once_and_bad_timeouts_went_unchec
         run_processes(operator.mul, 2, start_method="thread")
 
 
+def test_regression_an_unpicklable_fn_under_spawn_raised_cannot_join_a_process_not_started():
+    """Cause (probe18 P18-05): under "spawn" the first child's start raised the PicklingError of a lambda, and the
+    clean-up's join of the children never started raised "can only join a started process" over it, naming
+    nothing of `fn`.  Now the pickling is tried first and refused naming `fn`; "fork" takes a closure as before."""
+    scale = 3
+    for method in ("spawn", "forkserver"):
+        with pytest.raises(TypeError, match=rf"start_method='{method}' pickles `fn` and `args`.*not a lambda or a "
+                                            r"closure\), or use start_method='fork'"):
+            run_processes(lambda rank, world: rank * scale, 2, start_method=method)
+    with pytest.raises(TypeError, match=r"pickles `fn` and `args`"):
+        run_processes(operator.mul, 2, args=(lambda: 0,), start_method="spawn")
+    assert [o.value for o in run_processes(lambda rank, world: rank * scale, 2, timeout_s=60)] == [0, 3]
+
+
 def mismatched_parameters_job(rank, size, case):
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
     if case == "sparse" and rank == 1:
