@@ -173,6 +173,8 @@ def _divided(loss_sum: torch.Tensor, total: torch.Tensor, group, gradient_reduct
 def all_reduce_gradients(parameters, group=None, *, op: str = "sum", check: bool = True) -> None:
     """All-reduce `.grad` of every parameter in place ("sum" or "mean"), one flat buffer per dtype.
 
+    `parameters`: an iterable of a model's parameters (leaf tensors), a Module (its parameters) or one tensor.
+
     Parameters without a gradient contribute zeros, so every rank issues the same
     collectives even when a module saw no items on some rank.  Every rank must pass the same
     parameters (count, and dtype and shape at each position; those that require grad), with dense
@@ -181,12 +183,13 @@ def all_reduce_gradients(parameters, group=None, *, op: str = "sum", check: bool
     and a difference is a ValueError on every rank naming the ranks and their parameter counts (never a
     reduction of mismatched buffers); `check=False` skips it for a list known to agree.  Parameters
     that DDP reduces (of a DDP model run in `accumulate`) or FSDP2's DTensors are refused before any
-    collective: their gradients were reduced already.
+    collective: their gradients were reduced already, and so are, with `check`, a DDP model's given as the
+    module or its `parameters()` (DDP reduced them at the backward, unless every backward ran under `no_sync()`).
     """
     checked_reduction(op, "op")
     checked_group(group)
     check = as_bool(check, "check")
-    parameters = [p for p in parameters if p.requires_grad]
+    parameters = [p for p in _parameter_list(parameters, check) if p.requires_grad]
     sparse = next((p for p in parameters if p.grad is not None and p.grad.layout != torch.strided), None)
     problem = None if sparse is None else TypeError(
         f"all_reduce_gradients reduces dense gradients; a parameter of shape {tuple(sparse.shape)} has a "
@@ -221,6 +224,38 @@ def all_reduce_gradients(parameters, group=None, *, op: str = "sum", check: bool
         for p in params:
             p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
             offset += p.numel()
+
+
+def _parameter_list(parameters, check: bool) -> list:
+    """`all_reduce_gradients`' `parameters` as a list of leaf tensors (TypeError naming `parameters` otherwise); with
+    `check`, a DDP model's refused where the module is known: given, or the one whose `parameters()` generator this
+    is (its frame holds the module)."""
+    module = parameters
+    if getattr(parameters, "gi_code", None) is torch.nn.Module.parameters.__code__:
+        module = parameters.gi_frame.f_locals.get("self") if parameters.gi_frame is not None else None
+    if check and isinstance(module, torch.nn.Module) and any(
+            isinstance(part, torch.nn.parallel.DistributedDataParallel) for part in module.modules()):
+        raise TypeError("all_reduce_gradients was given a DistributedDataParallel model's parameters, whose gradients "
+                        "DDP all-reduced at the backward: drop this call (a second reduction multiplies them by the "
+                        "world size with op='sum'); if every backward ran under `no_sync()`, pass check=False")
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    elif isinstance(parameters, torch.nn.Module):
+        parameters = parameters.parameters()
+    try:
+        listed = list(parameters)
+    except TypeError as error:
+        raise TypeError(f"`parameters` must be a model's parameters (an iterable of tensors), a Module or one tensor; "
+                        f"got a {type(parameters).__name__}") from error
+    for index, p in enumerate(listed):
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"`parameters` must hold tensors (a model's parameters); item {index} is a "
+                            f"{type(p).__name__}")
+        if p.grad_fn is not None:
+            raise TypeError(f"`parameters` must hold leaf tensors (a model's parameters), whose .grad backward "
+                            f"sets; item {index} of shape {tuple(p.shape)} was computed (grad_fn "
+                            f"{type(p.grad_fn).__name__}): pass the parameters themselves")
+    return listed
 
 
 def _dtensor(tensor) -> bool:

@@ -600,6 +600,57 @@ def test_regression_ranks_reducing_other_parameter_lists_aborted_or_summed_misma
                                   f"(seen from rank {rank}): ranks [1] disagree with ranks [0] ({counts}"), outcome
 
 
+def parameter_forms_job(rank, size):
+    """all_reduce_gradients given one Parameter, a Module, and a DDP model (as the module, as its parameters())."""
+    torch.manual_seed(0)
+    seen = {}
+    weight = torch.nn.Parameter(torch.ones(2, 3, dtype=torch.float64))
+    (weight * (rank + 1)).sum().backward()
+    all_reduce_gradients(weight)
+    seen["tensor"] = weight.grad.tolist()
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)).double()
+    model(torch.full((1, 3), rank + 1.0, dtype=torch.float64)).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    all_reduce_gradients(model, op="mean")
+    seen["module"] = [p.grad.tolist() for p in model.parameters()]
+    seen["module_local"] = [g.tolist() for g in expected]
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).double())
+    ddp(torch.full((2, 3), rank + 1.0, dtype=torch.float64)).sum().backward()
+    for form in (ddp, ddp.parameters()):
+        try:
+            all_reduce_gradients(form)
+        except TypeError as error:
+            seen.setdefault("ddp", []).append(str(error))
+    all_reduce_gradients(ddp.parameters(), op="mean", check=False)  # a mean of equal gradients keeps them
+    seen["ddp_unchecked"] = ddp.module.weight.grad.tolist()
+    return seen
+
+
+def test_regression_one_parameter_a_module_or_a_ddp_models_parameters_were_reduced_wrong_or_raised_raw():
+    """Cause (probe18 P18-01..03): all_reduce_gradients iterated one Parameter's rows (views with no .grad: zeros
+    given them, the Parameter's gradient never reduced, no error), iterated a Module's children (torch's
+    AttributeError), and summed a plain DDP loop's already reduced gradients (x world size, no error)."""
+    outcomes = spawn(parameter_forms_job, 2, timeout_s=90, collective_timeout_s=30)
+    means = [((torch.tensor(a, dtype=torch.float64) + torch.tensor(b, dtype=torch.float64)) / 2).tolist()
+             for a, b in zip(*(seen["module_local"] for seen in outcomes))]
+    for seen in outcomes:
+        assert seen["tensor"] == [[3.0] * 3] * 2
+        assert seen["module"] == means
+        assert len(seen["ddp"]) == 2 and all(
+            "DistributedDataParallel model's parameters, whose gradients DDP all-reduced" in e for e in seen["ddp"])
+        assert seen["ddp_unchecked"] == [[3.0] * 3]  # (2 rows x (1 + 2) / 2 ranks): DDP's mean, kept by the mean
+
+
+def test_all_reduce_gradients_names_what_is_not_a_parameter():
+    weight = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(TypeError, match=r"`parameters` must hold tensors .*; item 1 is a str"):
+        all_reduce_gradients([weight, "bias"])
+    with pytest.raises(TypeError, match=r"`parameters` must hold leaf tensors .*item 0 of shape \(2,\) was computed"):
+        all_reduce_gradients([weight * 2])
+    with pytest.raises(TypeError, match=r"`parameters` must be a model's parameters .*; got a int"):
+        all_reduce_gradients(3)
+
+
 def test_a_rank_list_for_group_is_named_by_the_reductions():
     parameter = torch.nn.Parameter(torch.ones(2))
     with pytest.raises(TypeError, match=r"`group` must be a torch.distributed ProcessGroup.*dist.new_group\(ranks\)"):
