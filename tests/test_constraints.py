@@ -137,13 +137,17 @@ def test_groups_keep_a_prompts_responses_together():
     (dict(groups=[0, 0, 1], sources=[0, 1, 0]), ValueError, r"`groups` cannot be combined with `sources`"),
     (dict(groups=[0, 1]), ValueError, r"`groups` must hold one group id per item, shape \(3,\); got shape \(2,\)"),
     (dict(groups=[0.5, 1, 1]), TypeError, r"`groups` must hold integer or str group ids; got dtype float64"),
+    (dict(groups=["1", 1, "1"]), TypeError, r"`groups` must hold group ids of one kind, all ints or all strs; got "
+                                            r"int, str \(an id printed alike in two kinds"),
+    (dict(groups=[True, 1, 0]), TypeError, r"`groups` must hold group ids of one kind, .*; got bool, int"),
     (dict(equal_counts=True, sources=[0, 1, 0]), ValueError, r"`equal_counts=True` cannot be combined with `sources`"),
     (dict(equal_counts=True, algorithm="ilp"), ValueError,
      r"algorithm 'ilp' does not support `equal_counts=True`; choose one of \['identity', 'lpt', 'karmarkar_karp', "
      r"'auto'\]"),
     (dict(equal_counts="yes"), TypeError, r"`equal_counts` must be a bool; got str"),
 ], ids=["costs-padded", "cost-and-costs", "costs-shape", "costs-negative", "costs-nan", "costs-inf", "costs-str",
-        "groups-padded", "groups-equal-counts", "groups-sources", "groups-shape", "groups-float", "equal-sources",
+        "groups-padded", "groups-equal-counts", "groups-sources", "groups-shape", "groups-float",
+        "groups-str-and-int (probe18 P18-07: merged into one group before)", "groups-bool-and-int", "equal-sources",
         "equal-ilp", "equal-not-bool"])
 def test_rejected_constraint_combinations_say_why(options, error, match):
     with pytest.raises(error, match=match):
