@@ -186,13 +186,24 @@ def fsdp_param_groups(model) -> list:
 def _model_reduction(model) -> str | None:
     """How `model` combines gradients across ranks, where it can be told: "mean" (DDP without a comm hook, FSDP2
     with its default divide factor), "sum" (FSDP2 with a divide factor of 1); else None (a comm hook, another
-    factor, a plain model reduced by hand)."""
+    factor, a plain model reduced by hand).  FSDP2 modules inside it that average where others sum: a ValueError
+    (`set_gradient_divide_factor` sets the module it is called on only, so no one loss scale suits them all)."""
     if hasattr(model, "set_requires_gradient_sync"):
         try:  # FSDP2 keeps the factor of `set_gradient_divide_factor` in each parameter group
-            factors = {group.gradient_divide_factor for group in fsdp_param_groups(model)}
+            factors = {}
+            for name, module in model.named_modules():
+                if hasattr(module, "_get_fsdp_state"):
+                    for group in module._get_fsdp_state()._fsdp_param_groups:
+                        factors.setdefault(group.gradient_divide_factor, name or "the root")
         except AttributeError:
             return None
-        return "mean" if factors == {None} else "sum" if factors == {1} else None
+        if None in factors and 1 in factors:
+            raise ValueError(
+                f"the FSDP2 modules of {kind(model)} reduce gradients two ways: {factors[None]!r} averages them (the "
+                f"default) and {factors[1]!r} sums them (set_gradient_divide_factor(1.0)), so no loss scale is right "
+                f"for both; `set_gradient_divide_factor` sets the module it is called on only: call it on every "
+                f"fully_shard-ed module (each `FSDPModule` in `model.modules()`), or on none")
+        return "mean" if set(factors) == {None} else "sum" if set(factors) == {1} else None
     return "mean" if hasattr(model, "no_sync") and getattr(model, "_comm_hooks", None) == [] else None
 
 

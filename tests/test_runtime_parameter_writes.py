@@ -356,14 +356,18 @@ def test_regression_fsdp2_kept_unsharded_by_a_no_grad_forward_made_the_parameter
 def reduction_job(rank, size, wrap, reduction):
     """One step (M >= 2) of `sequential()` under `wrap` ('fsdp2_sum': FSDP2 told to sum, set_gradient_divide_factor(1);
     'ddp': averaging), its loss normalised for `reduction`: the full gradients, or what was raised."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     net = sequential()
     if wrap == "ddp":
         model = nn.parallel.DistributedDataParallel(net)
     else:
+        if wrap != "fsdp2_sum":  # the torchtitan layout: the first layer a unit of its own
+            fully_shard(net[0])
         model = fully_shard(net)
-        model.set_gradient_divide_factor(1.0)
+        units = (model,) if wrap == "fsdp2_sum_root" else [m for m in net.modules() if isinstance(m, FSDPModule)]
+        for unit in units:
+            unit.set_gradient_divide_factor(1.0)
     body = lambda micro: normalize_loss(model(micro.data["x"]).pow(2).sum(), micro,  # noqa: E731
                                         gradient_reduction=reduction).backward()
     message = run_steps(model, body, steps=1)
@@ -387,6 +391,24 @@ def test_regression_a_loss_scaled_for_another_reduction_than_the_models_gave_gra
     batch = torch.cat([features(0, rank) for rank in STEPS[0]])
     (net(batch).pow(2).sum() / batch.shape[0]).backward()
     for gradients in spawn(reduction_job, 2, args=(wrap, right), timeout_s=60):
+        assert not isinstance(gradients, str), gradients
+        for got, parameter in zip(gradients, net.parameters(), strict=True):
+            torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+
+
+def test_regression_a_root_told_to_sum_over_a_unit_that_averages_gave_that_units_gradients_one_world_size_off():
+    """Cause (probe18 P18-08): `set_gradient_divide_factor(1.0)` on the root of the torchtitan layout (a layer
+    `fully_shard`ed on its own, then the root) sets the root's unit only; the check read the mixed factors as a
+    reduction it cannot tell and passed, and the layer's gradients came out 1/D of the reference.  Now refused on
+    every rank, naming both units; the factor set on every unit gives one float64 pass's gradients."""
+    for message in spawn(reduction_job, 2, args=("fsdp2_sum_root", "sum"), timeout_s=60):
+        assert isinstance(message, str) and message.startswith(
+            "ValueError: the FSDP2 modules of FSDPSequential reduce gradients two ways: '0' averages them (the default) "
+            "and 'the root' sums them (set_gradient_divide_factor(1.0))"), message
+    net = sequential()
+    batch = torch.cat([features(0, rank) for rank in STEPS[0]])
+    (net(batch).pow(2).sum() / batch.shape[0]).backward()
+    for gradients in spawn(reduction_job, 2, args=("fsdp2_sum_every", "sum"), timeout_s=60):
         assert not isinstance(gradients, str), gradients
         for got, parameter in zip(gradients, net.parameters(), strict=True):
             torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
