@@ -17,6 +17,7 @@ import os
 import pickle
 import queue
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -127,6 +128,11 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     if start_method not in mp.get_all_start_methods():
         raise ValueError(f"`start_method` must be one of {mp.get_all_start_methods()}; got {start_method!r}")
     if start_method != "fork":  # "spawn" and "forkserver" pickle `fn` and `args` into every child
+        main = sys.modules.get("__main__")
+        if getattr(fn, "__module__", None) == "__main__" and not os.path.isfile(getattr(main, "__file__", None) or ""):
+            raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {fn.__qualname__!r} is "
+                            f"defined in a main module that has no file to import (a script on stdin, `python -c`, "
+                            f"a notebook): define it in an importable module, or use start_method='fork'")
         try:
             ForkingPickler.dumps((fn, args))
         except Exception as problem:
@@ -143,6 +149,8 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                                       os.getpid()))
                 for rank in range(world_size)]
     outcomes: dict[int, RankOutcome] = {}
+    unreported = "" if start_method == "fork" else (f" (its stderr says why; under {start_method!r} a rank that "
+                                                    f"cannot import `fn`'s module stops so)")
     try:
         for child in children:
             child.start()
@@ -156,7 +164,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                 for rank, child in enumerate(children):
                     if rank not in outcomes and child.exitcode is not None:
                         outcomes[rank] = RankOutcome(rank, False, error=f"exited with code {child.exitcode} "
-                                                     f"without reporting", seconds=time.monotonic() - start)
+                                                     f"without reporting{unreported}", seconds=time.monotonic() - start)
                 continue
             if ok:
                 try:
