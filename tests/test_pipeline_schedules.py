@@ -166,6 +166,35 @@ def test_zero_durations_end_at_zero(schedule, virtual):
         assert times.tolist() == [0.0] * 3 and not np.signbit(times).any()
 
 
+def test_moves_made_together_are_the_moves_made_one_by_one():
+    """The search's rounds make their moves in one call (`CellSearch._move` over arrays): the cells' costs are
+    float sums, so several items leaving one cell must leave it in the order of one move after another (0.7 - 0.1
+    - 0.2 and 0.7 - 0.2 - 0.1 differ); every cell, token count, item place and replica's items as one by one."""
+    from orchmllm.balancers.pipeline.search import CellSearch
+
+    costs = np.array([0.1, 0.2, 0.4, 0.3, 0.5, 0.6])  # items 0-2 in cell (0, 0), 3 in (0, 1), 4 in (1, 0), 5 in (2, 1)
+    replica, slot = np.array([0, 0, 0, 0, 1, 2]), np.array([0, 0, 0, 1, 0, 1])
+    cost = np.zeros((4, 2))
+    np.add.at(cost, (replica, slot), costs)
+    tokens = np.zeros((4, 2), dtype=np.int64)
+    np.add.at(tokens, (replica, slot), np.arange(1, 7))
+    pipeline = Pipeline(stages=2)
+    searches = [CellSearch(pipeline, costs, np.arange(1, 7), False, cost, tokens, replica, slot, 100, 10**6,
+                           replica_times(pipeline, *pipeline.stage_times(cost))) for _ in range(2)]
+    for search in searches:
+        search._items(0), search._items(3)  # replicas whose items are kept (the others are found on use)
+    moves = [(0, 1, 3, 0, 1.0, 2.0), (0, 0, 3, 1, 3.0, 4.0), (0, 3, 1, 1, 5.0, 6.0), (2, 5, 1, 0, 7.0, 8.0)]
+    for move in moves:
+        searches[0]._move(*move)
+    searches[1]._move(*(np.array(column) for column in zip(*moves)))
+    one, together = searches
+    assert one.cost.tobytes() == together.cost.tobytes() and np.array_equal(one.tokens, together.tokens)
+    assert np.array_equal(one.replica, together.replica) and np.array_equal(one.slot, together.slot)
+    assert one.members.keys() == together.members.keys()
+    assert all(np.array_equal(one.members[r], together.members[r]) for r in one.members)
+    assert one.moved == together.moved == {0, 1, 2, 3} and one.times.tolist() == together.times.tolist()
+
+
 def test_regression_an_emptied_cell_kept_a_negative_cost():
     """Review R11-08: the search keeps its cells' costs by float differences, so emptying a cell of 0.03 +
     0.8200000000000001 + 0.92 (summed in item order) left -1.1e-16, a negative duration for `replica_times` (whose

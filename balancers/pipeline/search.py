@@ -154,14 +154,12 @@ class CellSearch:
         added = self.evaluate(tuple(None if grid is None else _added(grid, values, partner[pick], chosen_items[pick],
                                                                      slots) for grid, values in grids))
         worst = np.maximum(own[chosen[pick]], added)
-        before, moves = self.times[slow], np.zeros(count, dtype=np.int64)
-        for j in _least_per_group(worst, pick, chosen.size, 1).tolist():
-            k = pick[j]
-            g = group[chosen[k]]
-            if worst[j] < before[g] * (1 - RELATIVE_GAIN):
-                self._move(int(slow[g]), int(chosen_items[k]), int(partner[k]), int(slots[j]), float(own[chosen[k]]),
-                           float(added[j]))
-                moves[g] += 1
+        best = _least_per_group(worst, pick, chosen.size, 1)  # each chosen item's best offer
+        best = best[worst[best] < self.times[slow[group[chosen[pick[best]]]]] * (1 - RELATIVE_GAIN)]
+        offer = pick[best]
+        self._move(slow[group[chosen[offer]]], chosen_items[offer], partner[offer], slots[best], own[chosen[offer]],
+                   added[best])
+        moves = np.bincount(group[chosen[offer]], minlength=count)
         again = slow[moves > 1]
         if again.size:  # several items left these: their time is that of none of the single moves
             self.times[again] = self.evaluate(tuple(None if grid is None else grid[again] for grid, _ in grids))
@@ -222,22 +220,27 @@ class CellSearch:
         return float(worst[best]), (int(i), int(o), int(k), float(own_times[item_index[best]]),
                                     float(new_times[best]))
 
-    def _move(self, r: int, item: int, other: int, slot: int, own_time: float, other_time: float) -> None:
-        source = self.slot[item]
+    def _move(self, sources, items, others, slots, own_times, other_times) -> None:
+        """Each item (one or an array of them) moved from its replica in `sources` to cell (other, slot), in this
+        order, the replicas then timed `own_times` and `other_times`; no replica both gives and takes one, and the
+        sources' times are stale where several items left one (`_round` times those again)."""
+        sources, items, others, slots = (np.atleast_1d(array) for array in (sources, items, others, slots))
+        cells = self.slot[items]
         for grid, values in ((self.cost, self.item_costs), (self.tokens, self.lengths),
                              (self.first_stage, self.item_first_stage)):
             if grid is not None:
-                grid[r, source] -= values[item]
-                if grid[r, source] < 0:  # a float sum of what is left, below 0 by rounding (an emptied cell)
-                    grid[r, source] = 0
-                grid[other, slot] += values[item]
-        self.replica[item], self.slot[item] = other, slot
-        if r in self.members:
-            self.members[r] = self.members[r][self.members[r] != item]
-        if other in self.members:
-            self.members[other] = np.insert(self.members[other], np.searchsorted(self.members[other], item), item)
-        self.times[r], self.times[other] = own_time, other_time
-        self.moved.update((r, other))
+                np.subtract.at(grid, (sources, cells), values[items])  # in order: a cell's float sum as one by one
+                # below 0 only by rounding, the cell then emptied: clamped after each or after all, this 0
+                np.maximum.at(grid, (sources, cells), 0)
+                np.add.at(grid, (others, slots), values[items])
+        self.replica[items], self.slot[items] = others, slots
+        for r, other, item in zip(sources.tolist(), others.tolist(), items.tolist()):
+            if r in self.members:
+                self.members[r] = self.members[r][self.members[r] != item]
+            if other in self.members:
+                self.members[other] = np.insert(self.members[other], np.searchsorted(self.members[other], item), item)
+        self.times[sources], self.times[others] = own_times, other_times
+        self.moved.update(sources.tolist(), others.tolist())
 
 
 def _without(grid: np.ndarray, values: np.ndarray, replica: np.ndarray, slot: np.ndarray, items: np.ndarray
