@@ -1,0 +1,60 @@
+"""The locality deal's group keys: made from runs of equal groups where items ascend, the same as one sort."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchmllm.balancers.locality import partial_plan
+from orchmllm.balancers.locality.partial_plan import RUNS_PER_KEY, SLICED_RUN_KEYS, PartialPlan
+from orchmllm.balancers.problem import make_problem
+
+
+def _sorted_keys(state: PartialPlan, groups: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+    """The keys as the plain code makes them: group << rank_bits | cost rank, sorted."""
+    ranks = state.cost_rank if items is None else state.cost_rank[items]
+    return np.sort((groups.astype(np.int64) << state.rank_bits) | ranks)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 3000), st.integers(1, 40), st.sampled_from([1, 7, 300, 2**27]),
+       st.booleans(), st.booleans())
+def test_group_keys_by_runs_are_the_sorted_keys(seed, size, runs, groups_count, subset, one_cost):
+    """Items of one cost (cost rank = index) grouped in runs (a sample's frames on its rank), all of them or an
+    ascending subset: the keys equal the plain sort's, in its dtype; where runs are too many, the sort makes them."""
+    rng = np.random.default_rng(seed)
+    lengths = np.full(size, 5) if one_cost else rng.integers(1, 50, size)
+    state = PartialPlan(make_problem(lengths, 4), target=0.0)
+    run_groups = rng.integers(0, groups_count, runs)
+    groups = np.repeat(run_groups, np.diff(np.sort(np.r_[0, rng.integers(0, size, runs - 1), size])))
+    items = np.sort(rng.choice(size, rng.integers(1, size + 1), replace=False)) if subset else None
+    if items is not None:
+        groups = groups[items]
+    keys = state.group_keys(groups, items)
+    expected = _sorted_keys(state, groups, items)
+    assert keys.tolist() == expected.tolist()
+    assert keys.dtype == (np.int32 if (int(groups.max()) + 1) << state.rank_bits <= 2**31 else np.int64)
+
+
+def test_group_keys_take_the_runs_only_for_one_cost_ascending_items_and_few_runs(monkeypatch):
+    """The run path serves one cost with ascending items, short runs and long (and refuses more than one run in
+    RUNS_PER_KEY keys: the sort makes those); other costs or unordered items are sorted."""
+    calls = []
+    real = partial_plan._keys_by_runs
+    monkeypatch.setattr(partial_plan, "_keys_by_runs", lambda *args: calls.append(real(*args)) or calls[-1])
+    size = 64 * RUNS_PER_KEY
+    state = PartialPlan(make_problem(np.full(size, 3), 8), target=0.0)
+    few = np.repeat(np.arange(64)[::-1], RUNS_PER_KEY)  # 64 runs
+    assert state.group_keys(few, None).tolist() == _sorted_keys(state, few, None).tolist()
+    assert calls[-1] is not None
+    for run in (RUNS_PER_KEY, SLICED_RUN_KEYS):  # runs gathered by position, or copied run by run
+        alternating = np.repeat(np.arange(size // run) % 2, run)  # a group's runs must keep their order
+        assert state.group_keys(alternating, None).tolist() == _sorted_keys(state, alternating, None).tolist()
+        assert calls[-1] is not None
+    many = np.arange(size) % 97  # a run per key
+    assert state.group_keys(many, np.arange(size)).tolist() == _sorted_keys(state, many, np.arange(size)).tolist()
+    assert len(calls) == 4 and calls[-1] is None
+    unordered = np.arange(size)[::-1].copy()
+    assert state.group_keys(few, unordered).tolist() == _sorted_keys(state, few, unordered).tolist()
+    mixed = PartialPlan(make_problem(np.arange(size) % 5 + 1, 8), target=0.0)
+    assert mixed.group_keys(few, None).tolist() == _sorted_keys(mixed, few, None).tolist()
+    assert len(calls) == 4
