@@ -23,7 +23,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from .pairing import owned_rows, row_parts, split_rows
+from .pairing import part_indices, split_rows
 
 LATE = ("a micro-batch's backward reached rows of a differentiable dispatch (`dispatch(..., differentiable=True)`) "
         "after the backward of the step's last micro-batch, which sent the step's gradients home through the "
@@ -90,9 +90,7 @@ def split_step(moved: Mapping[str, torch.Tensor], rows: Mapping[str, np.ndarray]
         for key in grad:  # one micro-batch: the gradient goes home as its backward reaches these
             moved[key].register_hook(functools.partial(_sending, state))
         return parts, state
-    indices = {key: [torch.from_numpy(part).to(moved[key].device) for part in
-                     row_parts(owned_rows(moved[key].shape[0], rows[key], names[key]), microbatch, count)]
-               for key in carried}
+    indices = {key: part_indices(moved[key], rows[key], microbatch, count, names[key]) for key in carried}
     state = _Carried(tuple(moved[key].grad_fn for key in carried), [moved[key].detach().requires_grad_() for key in
                                                                     carried], [indices[key][-1] for key in carried])
     last = _CarryGradients.apply(state, *[moved[key] for key in carried])

@@ -81,11 +81,20 @@ def split_rows(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, n
     """Split a tensor packed over items (item k owns `rows[k]` rows, in order) by `microbatch[k]`,
     keeping the item order within each part; one (possibly empty) tensor per micro-batch (`name`: the
     tensor, as errors name it)."""
-    rows = owned_rows(tensor.shape[0], rows, name)
+    indices = part_indices(tensor, rows, microbatch, num_microbatches, name)
     if num_microbatches == 1:  # a step of one pass: the tensor itself, not a copy
         return [tensor]
-    return [tensor.index_select(0, torch.from_numpy(part).to(tensor.device))
-            for part in row_parts(rows, microbatch, num_microbatches)]
+    return [tensor.index_select(0, index) for index in indices]
+
+
+def part_indices(tensor: torch.Tensor, rows: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
+                 name: str) -> list[torch.Tensor]:
+    """The rows of each micro-batch's part of `tensor` (`split_rows`), on its device (none for one micro-batch,
+    after the rows are checked)."""
+    rows = owned_rows(tensor.shape[0], rows, name)
+    if num_microbatches == 1:
+        return []
+    return [torch.from_numpy(part).to(tensor.device) for part in row_parts(rows, microbatch, num_microbatches)]
 
 
 def merge_rows(parts, rows: np.ndarray, microbatch: np.ndarray, name: str) -> torch.Tensor:
