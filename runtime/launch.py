@@ -130,7 +130,8 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     if start_method != "fork":  # "spawn" and "forkserver" pickle `fn` and `args` into every child
         main = sys.modules.get("__main__")
         if getattr(fn, "__module__", None) == "__main__" and not os.path.isfile(getattr(main, "__file__", None) or ""):
-            raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {fn.__qualname__!r} is "
+            name = getattr(fn, "__qualname__", type(fn).__qualname__)  # a callable object: its class's
+            raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {name!r} is "
                             f"defined in a main module that has no file to import (a script on stdin, `python -c`, "
                             f"a notebook): define it in an importable module, or use start_method='fork'")
         try:
@@ -150,7 +151,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                 for rank in range(world_size)]
     outcomes: dict[int, RankOutcome] = {}
     unreported = "" if start_method == "fork" else (f" (its stderr says why; under {start_method!r} a rank that "
-                                                    f"cannot import `fn`'s module stops so)")
+                                                    f"cannot import `fn`'s module exits so)")
     try:
         for child in children:
             child.start()
@@ -163,8 +164,9 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
             except queue.Empty:
                 for rank, child in enumerate(children):
                     if rank not in outcomes and child.exitcode is not None:
+                        hint = unreported if child.exitcode == 1 else ""  # a failed import exits 1
                         outcomes[rank] = RankOutcome(rank, False, error=f"exited with code {child.exitcode} "
-                                                     f"without reporting{unreported}", seconds=time.monotonic() - start)
+                                                     f"without reporting{hint}", seconds=time.monotonic() - start)
                 continue
             if ok:
                 try:

@@ -565,8 +565,8 @@ def test_regression_an_unpicklable_fn_under_spawn_raised_cannot_join_a_process_n
     assert [o.value for o in run_processes(lambda rank, world: rank * scale, 2, timeout_s=60)] == [0, 3]
 
 
-def exits_without_reporting(rank, world):
-    os._exit(3)
+def exits_without_reporting(rank, world, code):
+    os._exit(code)
 
 
 def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exited():
@@ -574,17 +574,19 @@ def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exit
     a notebook) failed to import in every rank, and each outcome read "exited with code 1 without reporting", the
     cause on the ranks' stderr only.  Now refused before any rank starts; a rank that exits unreported under
     spawn or forkserver is said to have its reason on stderr, the usual one named."""
-    code = ("from orchmllm.runtime.launch import run_processes\n"
-            "def fn(rank, world):\n    return rank\n"
-            "run_processes(fn, 2, start_method='spawn', timeout_s=60)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
-        "TypeError: start_method='spawn' imports `fn` in every rank, and 'fn' is defined in a main module that has "
-        "no file to import (a script on stdin, `python -c`, a notebook): define it in an importable module, or use "
-        "start_method='fork'"), done.stderr
-    outcome, = run_processes(exits_without_reporting, 1, start_method="spawn", timeout_s=60)
-    assert outcome.error == ("exited with code 3 without reporting (its stderr says why; under 'spawn' a rank that "
-                             "cannot import `fn`'s module stops so)"), outcome
+    for fn, name in (("def fn(rank, world):\n    return rank\n", "fn"),  # a function, a callable object (R13-01)
+                     ("class Job:\n    def __call__(self, rank, world):\n        return rank\nfn = Job()\n", "Job")):
+        code = f"from orchmllm.runtime.launch import run_processes\n{fn}run_processes(fn, 2, start_method='spawn')\n"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+            f"TypeError: start_method='spawn' imports `fn` in every rank, and '{name}' is defined in a main module "
+            f"that has no file to import (a script on stdin, `python -c`, a notebook): define it in an importable "
+            f"module, or use start_method='fork'"), done.stderr
+    outcomes = run_processes(exits_without_reporting, 1, args=(1,), start_method="spawn", timeout_s=60)
+    outcomes += run_processes(exits_without_reporting, 1, args=(3,), start_method="spawn", timeout_s=60)
+    assert [outcome.error for outcome in outcomes] == [  # the import hint where an import failure's code is
+        "exited with code 1 without reporting (its stderr says why; under 'spawn' a rank that cannot import `fn`'s "
+        "module exits so)", "exited with code 3 without reporting"], outcomes
 
 
 def mismatched_parameters_job(rank, size, case):
