@@ -1,11 +1,14 @@
-"""The locality deal's group keys: made from runs of equal groups where items ascend, the same as one sort."""
+"""The locality deal's orders, the same as the plain sorts: group keys from runs of equal groups where items
+ascend; the fallback's pairs (`lap._pair_bytes`) and re-deal orders (`redeal`) by 16-bit radix argsorts."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers.locality import partial_plan
+from orchmllm.balancers.locality.lap import _pair_bytes
 from orchmllm.balancers.locality.partial_plan import RUNS_PER_KEY, SLICED_RUN_KEYS, PartialPlan
+from orchmllm.balancers.locality.redeal import _by_key, _dense_ranks, _match_sorted
 from orchmllm.balancers.problem import make_problem
 
 
@@ -58,3 +61,52 @@ def test_group_keys_take_the_runs_only_for_one_cost_ascending_items_and_few_runs
     mixed = PartialPlan(make_problem(np.arange(size) % 5 + 1, 8), target=0.0)
     assert mixed.group_keys(few, None).tolist() == _sorted_keys(mixed, few, None).tolist()
     assert len(calls) == 4
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 400), st.sampled_from([1, 5, 2560, 2**16, 70_000]))
+def test_pair_bytes_are_np_unique_pairs_summed_in_item_order(seed, size, width):
+    """`lap._pair_bytes` by two 16-bit radix argsorts (or np.unique from 2**16 on): the distinct pairs ascending
+    and their bytes summed in item order, bit for bit and dtype for dtype."""
+    rng = np.random.default_rng(seed)
+    left, right = rng.integers(0, width, size), rng.integers(0, width, size)
+    item_bytes = rng.random(size) * 10.0 ** rng.integers(-3, 12, size)
+    unique, inverse = np.unique(left * width + right, return_inverse=True)
+    expected = (unique // width, unique % width, np.bincount(inverse, weights=item_bytes))
+    for got, want in zip(_pair_bytes(left, right, item_bytes, width), expected):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 300), st.sampled_from([1, 40, 2**15, 2**17, 10**12]),
+       st.booleans(), st.booleans())
+def test_redeal_orders_are_the_plain_sorts(seed, size, span, identity, shuffled):
+    """`redeal`'s orders: dense ranks = np.unique's inverse (table or sort); `_by_key` = the members sorted by
+    (key, order) (radix below 2**16, ascending members or not, identity order or not); `_match_sorted` = the
+    k-th item of a key to the key's k-th slot, searched item by item."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, span, size)
+    assert _dense_ranks(lengths).tolist() == np.unique(lengths, return_inverse=True)[1].tolist()
+    assert _dense_ranks(lengths.astype(float)).tolist() == np.unique(lengths, return_inverse=True)[1].tolist()
+    keys = rng.integers(0, min(span, 2**40), size)
+    everything = np.arange(size)
+    order = everything if identity else rng.permutation(size)
+    of_order = everything if identity else np.argsort(order)
+    members = np.flatnonzero(rng.random(size) < 0.7)
+    if shuffled:
+        members = rng.permutation(members)
+    expected = sorted(members.tolist(), key=lambda item: (keys[item], order[item]))
+    assert _by_key(members, keys, order, of_order).tolist() == expected
+    slots = np.flatnonzero(rng.random(size) < 0.5)
+    items = _by_key(members, keys, order, of_order)
+    slots = slots[np.argsort(keys[slots], kind="stable")]
+    matched, their_slots = _match_sorted(items, keys, slots, keys)
+    plain_items, plain_slots, taken = [], [], {}
+    for item in items.tolist():
+        candidates = [slot for slot in slots.tolist() if keys[slot] == keys[item]]
+        k = taken.get(keys[item], 0)
+        if k < len(candidates):
+            plain_items.append(item)
+            plain_slots.append(candidates[k])
+            taken[keys[item]] = k + 1
+    assert matched.tolist() == plain_items and their_slots.tolist() == plain_slots

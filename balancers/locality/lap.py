@@ -56,8 +56,19 @@ def _max_weight_bijection(rows: np.ndarray, cols: np.ndarray, weights: np.ndarra
 
 
 def _pair_bytes(left: np.ndarray, right: np.ndarray, item_bytes: np.ndarray, width: int):
-    """Summed bytes per distinct (left, right) pair: (lefts, rights, bytes)."""
-    unique, inverse = np.unique(left * width + right, return_inverse=True)
+    """Summed bytes per distinct (left, right) pair: (lefts, rights, bytes), the pairs ascending (summed in
+    item order).  Below 65 536 on both sides the pairs are ordered by two stable radix argsorts of 16 bits
+    (right, then left) instead of `np.unique`'s sort of the packed keys left · width + right."""
+    if not left.size or max(int(left.max()), int(right.max())) >= 2**16:
+        unique, inverse = np.unique(left * width + right, return_inverse=True)
+    else:
+        order = np.argsort(right.astype(np.uint16), kind="stable")
+        order = order[np.argsort(left[order].astype(np.uint16), kind="stable")]
+        keys = left[order] * width + right[order]
+        new = np.concatenate(([True], keys[1:] != keys[:-1]))
+        inverse = np.empty(left.size, dtype=np.int64)
+        inverse[order] = np.cumsum(new) - 1
+        unique = keys[new]
     return unique // width, unique % width, np.bincount(inverse, weights=item_bytes)
 
 
