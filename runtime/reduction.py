@@ -14,6 +14,8 @@ by D), after which the reduced gradient is exactly that of L.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -26,6 +28,7 @@ from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampl
                          watch_model_contract)
 
 INT64_MAX = 2**63 - 1
+_scaled = threading.local()  # .reductions: those normalize_loss scaled for since the last all_reduce_gradients
 
 
 def _count_value(value, name: str, num_ranks: int) -> int:
@@ -130,6 +133,8 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
     if (num_loss_tokens is None) == (total_loss_tokens is None):
         raise TypeError("normalize_loss takes `num_loss_tokens` (this rank's count, or a MicroBatch) or "
                         "`total_loss_tokens` (the global count every rank knows), one of them")
+    if loss_sum.requires_grad:  # the scale `all_reduce_gradients` must pair with (`_paired_op`)
+        _scaled.__dict__.setdefault("reductions", set()).add(gradient_reduction)
     if isinstance(num_loss_tokens, MicroBatch):
         if num_loss_tokens.step is not None and num_loss_tokens.step.ended:
             raise ValueError(f"normalize_loss with micro-batch {num_loss_tokens.index} of an earlier step (its "
@@ -170,25 +175,31 @@ def _divided(loss_sum: torch.Tensor, total: torch.Tensor, group, gradient_reduct
     return (loss_sum.to(wide) * (scale / total.clamp(min=1).to(wide))).to(loss_sum.dtype)
 
 
-def all_reduce_gradients(parameters, group=None, *, op: str = "sum", check: bool = True) -> None:
+def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check: bool = True) -> None:
     """All-reduce `.grad` of every parameter in place ("sum" or "mean"), one flat buffer per dtype.
 
     `parameters`: an iterable of a model's parameters (leaf tensors), a Module (its parameters) or one tensor.
+    `op` pairs with the `gradient_reduction` that `normalize_loss` scaled the losses for: left out, it is the one
+    that `normalize_loss` used on this thread since the last call ("mean", both functions' default, where none
+    did); given, with `check`, another is a ValueError (the gradients would come out the world size off).
 
     Parameters without a gradient contribute zeros, so every rank issues the same
     collectives even when a module saw no items on some rank.  Every rank must pass the same
     parameters (count, and dtype and shape at each position; those that require grad), with dense
-    gradients: with `check` (on every rank alike), one all-gather of a 32-byte digest checks it first
-    (a fingerprint of every parameter's dtype and shape: ~1-5 ms a call for 300-2000 parameters on gloo),
+    gradients: with `check` (on every rank alike), one all-gather of a 64-byte digest checks it first
+    (a fingerprint of every parameter's dtype and shape, and of SAMPLED values spread over the gradients: ~1-5 ms
+    a call for 300-2000 parameters on gloo),
     and a difference is a ValueError on every rank naming the ranks and their parameter counts (never a
     reduction of mismatched buffers); `check=False` skips it for a list known to agree.  Parameters
     that DDP reduces (of a DDP model run in `accumulate`) or FSDP2's DTensors are refused before any
-    collective: their gradients were reduced already, and so are, with `check`, a DDP model's given as the
-    module or its `parameters()` (DDP reduced them at the backward, unless every backward ran under `no_sync()`).
+    collective: their gradients were reduced already, and so is, with `check`, a DDP model given as the module
+    (DDP reduced them at the backward, unless every backward ran under `no_sync()`); a DDP model's parameters
+    given otherwise reduce again, which op "mean" keeps and op "sum" multiplies by the world size: with `check`, a
+    sum of gradients that are the same on every rank (a sample of each, in the digest) is refused.
     """
-    checked_reduction(op, "op")
-    checked_group(group)
     check = as_bool(check, "check")
+    op = _paired_op(op, check, group)
+    checked_group(group)
     parameters = [p for p in _parameter_list(parameters, check) if p.requires_grad]
     sparse = next((p for p in parameters if p.grad is not None and p.grad.layout != torch.strided), None)
     problem = None if sparse is None else TypeError(
@@ -201,21 +212,16 @@ def all_reduce_gradients(parameters, group=None, *, op: str = "sum", check: bool
             + ("a DTensor of FSDP2 (fully_shard), which reduces its gradients itself" if _dtensor(reduced)
                else "a DistributedDataParallel model's, whose last `accumulate` block reduced its gradients already")
             + ": drop this call (a second reduction would multiply them by the world size with op='sum')")
+    flats = _flat_gradients(parameters) if problem is None and is_distributed(group) else {}
     if check and is_distributed(group):
-        _same_parameters(parameters, problem, group)
+        _same_parameters(parameters, problem, group, op, flats)
     if problem is not None:
         raise problem
     for p in parameters:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    if not is_distributed(group):
-        return
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for p in parameters:
-        by_dtype.setdefault(p.grad.dtype, []).append(p)
-    for dtype in sorted(by_dtype, key=str):
-        params = by_dtype[dtype]
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+    for dtype in sorted(flats, key=str):
+        params, flat = flats[dtype]
         with collective("gradient all-reduce", group):
             finish(dist.all_reduce(flat, group=group, async_op=True), group)
         if op == "mean":
@@ -226,18 +232,34 @@ def all_reduce_gradients(parameters, group=None, *, op: str = "sum", check: bool
             offset += p.numel()
 
 
+def _paired_op(op: str | None, check: bool, group) -> str:
+    """`all_reduce_gradients`' op: `op`, or where None the reduction `normalize_loss` scaled for on this thread since
+    the last call ("mean" where none); a ValueError where, with `check`, `op` is not the one it scaled for."""
+    scaled = _scaled.__dict__.pop("reductions", set())
+    if op is None:
+        if len(scaled) > 1:
+            raise ValueError("normalize_loss scaled losses for gradient_reduction 'mean' and 'sum' on this thread "
+                             "since the last all_reduce_gradients: pass `op`, the one these parameters' losses took")
+        return next(iter(scaled), "mean")
+    checked_reduction(op, "op")
+    if check and len(scaled) == 1 and op not in scaled:
+        size = group_size(group) if is_distributed(group) else 1
+        off = f"too {'large' if op == 'sum' else 'small'}"
+        what = f"{size} times (the world size) {off}" if size > 1 else f"right on one rank but D times {off} on D"
+        raise ValueError(f"all_reduce_gradients(op={op!r}) after normalize_loss(..., gradient_reduction="
+                         f"{next(iter(scaled))!r}) on this thread: the gradients would come out {what}; pass "
+                         f"op={next(iter(scaled))!r}, or leave `op` out (it follows normalize_loss)")
+    return op
+
+
 def _parameter_list(parameters, check: bool) -> list:
     """`all_reduce_gradients`' `parameters` as a list of leaf tensors (TypeError naming `parameters` otherwise); with
-    `check`, a DDP model's refused where the module is known: given, or the one whose `parameters()` generator this
-    is (its frame holds the module)."""
-    module = parameters
-    if getattr(parameters, "gi_code", None) is torch.nn.Module.parameters.__code__:
-        module = parameters.gi_frame.f_locals.get("self") if parameters.gi_frame is not None else None
-    if check and isinstance(module, torch.nn.Module) and any(
-            isinstance(part, torch.nn.parallel.DistributedDataParallel) for part in module.modules()):
-        raise TypeError("all_reduce_gradients was given a DistributedDataParallel model's parameters, whose gradients "
-                        "DDP all-reduced at the backward: drop this call (a second reduction multiplies them by the "
-                        "world size with op='sum'); if every backward ran under `no_sync()`, pass check=False")
+    `check`, a Module holding a DDP model refused."""
+    if check and isinstance(parameters, torch.nn.Module) and any(
+            isinstance(part, torch.nn.parallel.DistributedDataParallel) for part in parameters.modules()):
+        raise TypeError("all_reduce_gradients was given a DistributedDataParallel model, whose gradients DDP "
+                        "all-reduced at the backward: drop this call (a second reduction multiplies them by the world "
+                        "size with op='sum'); if every backward ran under `no_sync()`, pass check=False")
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     elif isinstance(parameters, torch.nn.Module):
@@ -263,23 +285,53 @@ def _dtensor(tensor) -> bool:
     return any(cls.__name__ == "DTensor" for cls in type(tensor).__mro__)
 
 
-def _same_parameters(parameters: list, problem: Exception | None, group) -> None:
+def _flat_gradients(parameters: list) -> dict[torch.dtype, tuple[list, torch.Tensor]]:
+    """{dtype: (its parameters, their gradients in one flat tensor)}, a missing gradient as zeros."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in parameters:
+        by_dtype.setdefault(p.dtype if p.grad is None else p.grad.dtype, []).append(p)
+    return {dtype: (params, torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1)
+                                       for p in params])) for dtype, params in by_dtype.items()}
+
+
+def _same_parameters(parameters: list, problem: Exception | None, group, op: str, flats: dict) -> None:
     """All-gather each rank's digest of its parameters' dtypes and shapes (FAILED_INPUT where its own `problem`
-    stops it), prefixed by their count; raise on every rank where one failed or they differ."""
+    stops it), prefixed by their count, and of a sample of their gradients (`_gradient_sample`); raise on every rank
+    where one failed or they differ, or, for op "sum", where every rank holds the same nonzero gradients (reduced
+    already: a DDP model's parameters as a list, a second call)."""
     count = len(parameters).to_bytes(8, "little")
     digest = FAILED_INPUT if problem is not None else count + fingerprint(
         *((str(p.dtype), tuple(p.shape)) for p in parameters))[8:]
-    digests = gather_digests(digest, group)
-    failed = [rank for rank, value in enumerate(digests) if value == FAILED_INPUT]
+    sample = bytes(32) if problem is not None else _gradient_sample(flats)
+    digests = gather_digests(digest + sample, group)
+    failed = [rank for rank, value in enumerate(digests) if value[:32] == FAILED_INPUT]
     if problem is not None:
         return
     if failed:
         raise PeerInputError(f"ranks {failed} passed all_reduce_gradients a parameter it cannot reduce (each raised "
                              f"why); rank {group_rank(group)} stops with them")
-    differ = disagreement(digests, "the parameter list passed to all_reduce_gradients", group_rank(group),
-                          show=lambda value: f"{int.from_bytes(value[:8], 'little')} parameters, dtypes and shapes "
-                                             f"{value[8:].hex()[:8]}")
+    differ = disagreement([value[:32] for value in digests], "the parameter list passed to all_reduce_gradients",
+                          group_rank(group), show=lambda value: f"{int.from_bytes(value[:8], 'little')} parameters, "
+                                                                f"dtypes and shapes {value[8:].hex()[:8]}")
     if differ:
         raise ValueError(f"{differ}; every rank must pass the same parameters that require grad (count, dtype and "
                          f"shape at each position): pass them all (one without a gradient counts as zeros), not "
                          f"only those with a gradient on this rank")
+    if op == "sum" and sample != bytes(32) and all(value[32:] == sample for value in digests):
+        raise ValueError(f"all_reduce_gradients(op='sum') of gradients that are the same on all {len(digests)} ranks "
+                         f"({SAMPLED} values spread over them, bit for bit): reduced already (a DDP model's "
+                         f"parameters passed as a list, a second call), and a sum multiplies them by the world size; "
+                         f"drop this call, or, where every rank truly computed the same gradients, pass check=False")
+
+
+SAMPLED = 64  # gradient values per dtype that `_gradient_sample` reads
+
+
+def _gradient_sample(flats: dict) -> bytes:
+    """A fingerprint of SAMPLED values spread evenly over each dtype's flat gradients (`_flat_gradients`; bytes(32)
+    where none is nonzero): one copy to the host per dtype."""
+    values = [flat[::max(1, flat.numel() // SAMPLED)][:SAMPLED].contiguous().view(torch.uint8).cpu().numpy()
+              for _, flat in (flats[dtype] for dtype in sorted(flats, key=str))]
+    if not any(part.any() for part in values):
+        return bytes(32)
+    return fingerprint(*values)

@@ -632,7 +632,7 @@ def parameter_forms_job(rank, size):
     seen = {}
     weight = torch.nn.Parameter(torch.ones(2, 3, dtype=torch.float64))
     (weight * (rank + 1)).sum().backward()
-    all_reduce_gradients(weight)
+    all_reduce_gradients(weight, op="sum")
     seen["tensor"] = weight.grad.tolist()
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)).double()
     model(torch.full((1, 3), rank + 1.0, dtype=torch.float64)).sum().backward()
@@ -642,13 +642,13 @@ def parameter_forms_job(rank, size):
     seen["module_local"] = [g.tolist() for g in expected]
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).double())
     ddp(torch.full((2, 3), rank + 1.0, dtype=torch.float64)).sum().backward()
-    for form in (ddp, ddp.parameters()):
+    for form, op in ((ddp, None), (list(ddp.parameters()), "sum")):
         try:
-            all_reduce_gradients(form)
-        except TypeError as error:
-            seen.setdefault("ddp", []).append(str(error))
-    all_reduce_gradients(ddp.parameters(), op="mean", check=False)  # a mean of equal gradients keeps them
-    seen["ddp_unchecked"] = ddp.module.weight.grad.tolist()
+            all_reduce_gradients(form, op=op)
+        except (TypeError, ValueError) as error:
+            seen.setdefault("ddp", []).append(f"{type(error).__name__}: {error}")
+    all_reduce_gradients(ddp.parameters())  # op "mean" (no normalize_loss here): a mean of equal gradients keeps them
+    seen["ddp_mean"] = ddp.module.weight.grad.tolist()
     return seen
 
 
@@ -662,9 +662,49 @@ def test_regression_one_parameter_a_module_or_a_ddp_models_parameters_were_reduc
     for seen in outcomes:
         assert seen["tensor"] == [[3.0] * 3] * 2
         assert seen["module"] == means
-        assert len(seen["ddp"]) == 2 and all(
-            "DistributedDataParallel model's parameters, whose gradients DDP all-reduced" in e for e in seen["ddp"])
-        assert seen["ddp_unchecked"] == [[3.0] * 3]  # (2 rows x (1 + 2) / 2 ranks): DDP's mean, kept by the mean
+        assert seen["ddp"][0].startswith("TypeError: all_reduce_gradients was given a DistributedDataParallel "
+                                         "model, whose gradients DDP all-reduced"), seen["ddp"]
+        assert seen["ddp"][1].startswith("ValueError: all_reduce_gradients(op='sum') of gradients that are the same "
+                                         "on all 2 ranks (64 values spread over them, bit for bit)"), seen["ddp"]
+        assert seen["ddp_mean"] == [[3.0] * 3]  # (2 rows x (1 + 2) / 2 ranks): DDP's mean, kept by the mean
+
+
+def scaled_reduction_job(rank, size, case):
+    """A plain model reduced by hand, its loss normalised by `normalize_loss`: both defaults, or `case`'s pairing."""
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    torch.nn.init.ones_(model.weight)
+    loss = model(torch.full((4, 3), rank + 1.0, dtype=torch.float64)).sum()
+    try:
+        if case == "defaults":
+            normalize_loss(loss, 4).backward()
+            all_reduce_gradients(model)
+        elif case == "mean_then_sum":
+            normalize_loss(loss, 4).backward()
+            all_reduce_gradients(model, op="sum")
+        else:  # losses scaled both ways, then no op
+            normalize_loss(loss, 4, gradient_reduction="sum").backward()
+            normalize_loss(model(torch.ones(1, 3, dtype=torch.float64)).sum(), 1).backward()
+            all_reduce_gradients(model)
+    except ValueError as error:
+        return str(error)
+    return model.weight.grad.tolist()
+
+
+@pytest.mark.parametrize("case", ["defaults", "mean_then_sum", "both_then_none"])
+def test_regression_normalize_loss_and_all_reduce_gradients_defaults_gave_gradients_times_the_world_size(case):
+    """Cause (probe18 P18-10): normalize_loss scales for "mean" by default (x world size) and all_reduce_gradients
+    summed by default: a plain model reduced with both defaults trained on gradients x world size, no error.  Now
+    `op` left out follows the reduction normalize_loss scaled for on the thread (defaults: the mean), and one given
+    that contradicts it is refused on every rank."""
+    outcomes = spawn(scaled_reduction_job, 2, args=(case,), timeout_s=60)
+    expected = {"defaults": [[[1.5] * 3]] * 2,  # the global mean of the 8 rows' features (1 and 2)
+                "mean_then_sum": ["all_reduce_gradients(op='sum') after normalize_loss(..., gradient_reduction="
+                                  "'mean') on this thread: the gradients would come out 2 times (the world size) too "
+                                  "large; pass op='mean', or leave `op` out (it follows normalize_loss)"] * 2,
+                "both_then_none": ["normalize_loss scaled losses for gradient_reduction 'mean' and 'sum' on this "
+                                   "thread since the last all_reduce_gradients: pass `op`, the one these parameters' "
+                                   "losses took"] * 2}[case]
+    assert outcomes == expected
 
 
 def test_all_reduce_gradients_names_what_is_not_a_parameter():
