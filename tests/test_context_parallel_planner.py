@@ -138,3 +138,21 @@ def test_regression_giants_that_pair_two_to_a_group_were_stacked_on_full_groups(
     plan = balance(lengths, 64, cost=cost, context_parallel=spec, max_tokens_per_rank=32768)
     check_split_plan(plan, lengths, 64, spec, cost=cost, max_tokens_per_rank=32768)
     assert plan.makespan <= 1.05 * plan.lower_bound
+
+
+def test_two_tiers_that_beat_the_first_target_end_the_ladder(monkeypatch):
+    """Videos, 16 x 8, 10 % giants, seed 0, 128k tokens a rank: the first target's groups overflow the ranks and
+    two tiers beat its estimate.  The ladder went on to a second target (the long workload at D = 2560 x 16, T =
+    16k: its targets after the first took 0.4 s of 2.4 s, and beat such two tiers in none of 44 layouts); now two
+    tiers end it, the same plan here."""
+    from orchmllm.balancers.context_parallel import planner
+    from orchmllm.benchmarks.bench_context_parallel import COST, giant_mix
+
+    lengths, spec = giant_mix("videos", 16, 8, 0.1, 0), ContextParallel()
+    targets, tiered, place, tiers = [], [], planner.place_groups, planner._tiered
+    monkeypatch.setattr(planner, "place_groups", lambda *args: targets.append(args[6]) or place(*args))
+    monkeypatch.setattr(planner, "_tiered", lambda *args: tiered.append(tiers(*args)) or tiered[-1])
+    plan = balance(lengths, 16, cost=COST, context_parallel=spec, max_tokens_per_rank=131072)
+    check_split_plan(plan, lengths, 16, spec, cost=COST, max_tokens_per_rank=131072)
+    assert len(targets) == 1 and len(tiered) == 1 and tiered[0] is not None
+    assert plan.makespan <= 1.03 * plan.lower_bound

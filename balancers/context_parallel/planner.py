@@ -10,8 +10,12 @@
             on the next free aligned block of c ranks inside a node; an item whose group found
             no free block joins the least-loaded group of its degree or above
         keep the layout whose estimate max(largest group time, water level) is least
-    where that layout still overflows (or none had token room): two tiers (`tiers.py`, the longest
-        items alone, the rest by LPT over the widest blocks left) instead if their estimate is less
+        where the first target's layout overflows (or none has token room): two tiers (`tiers.py`, the
+            longest items alone, the rest by LPT over the widest blocks left) instead if their estimate is
+            less; where it is within the ladder's last step, T*·(1 + 7/64), the ladder stops there (a speed
+            rule: the ladder went on to beat such two tiers in 0 of 44 layouts of the long workload, D = 2560 x
+            16, T = 16k and 32k, where its targets after the first took 0.4 s of 2.4 s at T = 16k; it may
+            change such a plan)
     the unsplit items, largest first, dealt round robin to the ranks with room under T (a
         group's ranks start with its time), the rest in LPT rounds (`locality_deal.take_anywhere`);
         where no rank has token room for one, every item laid out as above instead
@@ -75,7 +79,7 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
     """(block starts, degrees, target, the ranks' (loads, tokens)) of the best layout on the ladder above
     the bound (None when none has token room): the items `long` laid out, the others' starts -1.
     `layouts`: the layouts of the targets, shared by calls with more `long` items (`place_groups`)."""
-    best, best_estimate, overflowed = None, math.inf, True
+    best, best_estimate, overflowed, tried = None, math.inf, True, False
     times = TimeTable(problem, spec, gpus_per_node, long)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     for target in _targets(allotment, bound):
@@ -94,19 +98,32 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
         estimate = max(float(loads.max()), water_level(loads, float(problem.item_costs[~laid].sum())))
         if estimate >= best_estimate:  # a wider target did not pay
             break
+        first = best is None
         best, best_estimate, overflowed = (start, degree, target, (loads, tokens)), estimate, overflow
         if not overflow:
             break
-    if overflowed:  # the groups overflowed the ranks (or found no token room): two tiers may do better
-        rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
-        tiers = two_tiers(problem, spec, times, long, rest_work, water_level, best_estimate)
-        if tiers is not None and tiers[2] < best_estimate:
-            start, degree, estimate = tiers
-            laid = start >= 0
-            loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0),
-                                             np.where(laid, degree, 0))
-            best = (start, degree, max(estimate, float(loads.max())), (loads, tokens))
+        if first:  # the first target's groups overflowed the ranks: two tiers, where they do better, end it
+            tiered = _tiered(problem, spec, gpus_per_node, times, long, best_estimate)
+            if tiered is not None and tiered[2] <= bound * (1 + (LADDER_STEPS - 1) * LADDER_STEP):
+                return tiered
+            tried = tiered is None  # then nor do they beat a later target's estimate, below this one's
+    if overflowed and not tried:  # no target found token room: two tiers may
+        best = _tiered(problem, spec, gpus_per_node, times, long, best_estimate) or best
     return best
+
+
+def _tiered(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable, long: np.ndarray,
+            ceiling: float) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
+    """`layout`'s answer for the layout of two tiers (`tiers.py`), where its estimate is below `ceiling`; else
+    None."""
+    rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
+    tiers = two_tiers(problem, spec, times, long, rest_work, water_level, ceiling)
+    if tiers is None or not tiers[2] < ceiling:
+        return None
+    start, degree, estimate = tiers
+    laid = start >= 0
+    loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0), np.where(laid, degree, 0))
+    return start, degree, max(estimate, float(loads.max())), (loads, tokens)
 
 
 def fill(problem: Problem, start: np.ndarray, target: float, accounts: tuple) -> np.ndarray | None:
