@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers.locality import partial_plan
 from orchmllm.balancers.locality.lap import _pair_bytes
-from orchmllm.balancers.locality.partial_plan import RUNS_PER_KEY, SLICED_RUN_KEYS, PartialPlan
+from orchmllm.balancers.locality.partial_plan import FEW_COSTS, RUNS_PER_KEY, SLICED_RUN_KEYS, PartialPlan
 from orchmllm.balancers.locality.redeal import _by_key, _dense_ranks, _match_sorted
 from orchmllm.balancers.problem import make_problem
 
@@ -22,10 +22,10 @@ def _sorted_keys(state: PartialPlan, groups: np.ndarray, items: np.ndarray | Non
 @given(st.integers(0, 2**32 - 1), st.integers(2, 3000), st.integers(1, 40), st.sampled_from([1, 7, 300, 2**27]),
        st.booleans(), st.booleans())
 def test_group_keys_by_runs_are_the_sorted_keys(seed, size, runs, groups_count, subset, one_cost):
-    """Items of one cost (cost rank = index) grouped in runs (a sample's frames on its rank), all of them or an
-    ascending subset: the keys equal the plain sort's, in its dtype; where runs are too many, the sort makes them."""
+    """Items of one cost (cost rank = index), a few or many, grouped in runs (a sample's frames on its rank), all of
+    them or an ascending subset: the keys equal the plain sort's, in its dtype (runs too many: the sort's)."""
     rng = np.random.default_rng(seed)
-    lengths = np.full(size, 5) if one_cost else rng.integers(1, 50, size)
+    lengths = np.full(size, 5) if one_cost else rng.integers(1, rng.choice([3, FEW_COSTS + 1, 50]), size)
     state = PartialPlan(make_problem(lengths, 4), target=0.0)
     run_groups = rng.integers(0, groups_count, runs)
     groups = np.repeat(run_groups, np.diff(np.sort(np.r_[0, rng.integers(0, size, runs - 1), size])))
@@ -39,8 +39,8 @@ def test_group_keys_by_runs_are_the_sorted_keys(seed, size, runs, groups_count, 
 
 
 def test_group_keys_take_the_runs_only_for_one_cost_ascending_items_and_few_runs(monkeypatch):
-    """The run path serves one cost with ascending items, short runs and long (and refuses more than one run in
-    RUNS_PER_KEY keys: the sort makes those); other costs or unordered items are sorted."""
+    """The run path serves items of up to FEW_COSTS costs, ascending, short runs and long (and refuses more than
+    one run in RUNS_PER_KEY keys: the sort makes those); more costs or unordered items are sorted."""
     calls = []
     real = partial_plan._keys_by_runs
     monkeypatch.setattr(partial_plan, "_keys_by_runs", lambda *args: calls.append(real(*args)) or calls[-1])
@@ -58,9 +58,14 @@ def test_group_keys_take_the_runs_only_for_one_cost_ascending_items_and_few_runs
     assert len(calls) == 4 and calls[-1] is None
     unordered = np.arange(size)[::-1].copy()
     assert state.group_keys(few, unordered).tolist() == _sorted_keys(state, few, unordered).tolist()
-    mixed = PartialPlan(make_problem(np.arange(size) % 5 + 1, 8), target=0.0)
-    assert mixed.group_keys(few, None).tolist() == _sorted_keys(mixed, few, None).tolist()
-    assert len(calls) == 4
+    for costs, path in ((FEW_COSTS, 1), (FEW_COSTS + 1, 0)):  # a few costs listed cost by cost; more are sorted
+        mixed = PartialPlan(make_problem(np.arange(size) * costs // size + 1, 8), target=0.0)  # in blocks
+        before = len(calls)
+        longer = np.repeat(np.arange(32)[::-1], size // 32)  # 32 runs, split by the costs' blocks
+        for items in (None, np.arange(3, size)):
+            groups = longer if items is None else longer[items]
+            assert mixed.group_keys(groups, items).tolist() == _sorted_keys(mixed, groups, items).tolist()
+        assert len(calls) == before + 2 * path and (not path or calls[-1] is not None)
 
 
 @settings(max_examples=80, deadline=None)

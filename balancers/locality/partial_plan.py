@@ -52,15 +52,29 @@ class PartialPlan:
         """The items' lengths as float64, converted where first read (without a cap, few deals read them)."""
         return self._lengths.astype(np.float64)
 
+    @functools.cached_property
+    def cost_starts(self) -> np.ndarray:
+        """The cost ranks at which a new cost starts (the first excluded): item i's cost is the
+        searchsorted(cost_starts, cost_rank[i], side="right")-th distinct one, largest first."""
+        costs = self.sorted_costs
+        return np.flatnonzero(costs[1:] != costs[:-1]) + 1
+
     def group_keys(self, groups: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         """The keys group << rank_bits | cost rank of `items` (None: every item), groups[k] the
         (non-negative) group of the k-th, sorted: int32 where every key fits (its sort takes half
-        the time of int64's), else int64.  Where every item costs the same and `items` ascend, their cost
-        ranks ascend too: the runs of equal groups are ordered instead (`_keys_by_runs`), else one sort."""
+        the time of int64's), else int64.  Where items take few costs (at most FEW_COSTS) and `items` ascend,
+        the items of each cost ascend in cost rank: listed cost by cost (a stable radix argsort of the cost), their
+        cost ranks ascend, and the runs of equal groups are ordered instead of the keys (`_keys_by_runs`), else one
+        sort."""
         bits = self.rank_bits
         narrow = groups.size == 0 or (int(groups.max()) + 1) << bits <= 2**31
         ranks = self.cost_rank if items is None else items if self.uniform else self.cost_rank[items]
-        if self.uniform and ranks.size > 1 and (items is None or bool(np.all(ranks[1:] > ranks[:-1]))):
+        few = self.uniform or self.cost_starts.size < FEW_COSTS
+        if few and ranks.size > 1 and (items is None or bool(np.all(items[1:] > items[:-1]))):
+            if not self.uniform:  # cost by cost: each cost's items ascend, and so do their cost ranks
+                by_cost = np.argsort(np.searchsorted(self.cost_starts, ranks, side="right").astype(np.uint8),
+                                     kind="stable")
+                groups, ranks = groups[by_cost], ranks[by_cost]
             keys = _keys_by_runs(groups, ranks, bits, np.int32 if narrow else np.int64)
             if keys is not None:
                 return keys
@@ -109,6 +123,7 @@ class PartialPlan:
             self.tokens[ranks] += self.lengths[items]
 
 
+FEW_COSTS = 8  # `PartialPlan.group_keys` orders runs, cost by cost, where items take at most so many costs
 RUNS_PER_KEY = 16  # `_keys_by_runs` orders runs where there is at most one run in so many keys
 SLICED_RUN_KEYS = 128  # ... and copies them run by run where runs are longer on average (a slice costs ~0.2 us)
 
