@@ -22,7 +22,6 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.distributed as dist
@@ -110,6 +109,28 @@ def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, resu
     dist.destroy_process_group()
 
 
+def _check_start_method(fn, start_method: str) -> None:
+    """A ValueError for an unknown `start_method`; under "spawn" and "forkserver", which pickle `fn` into every rank
+    by reference to its module, a TypeError for one the ranks could not import or that does not pickle."""
+    if start_method not in mp.get_all_start_methods():
+        raise ValueError(f"`start_method` must be one of {mp.get_all_start_methods()}; got {start_method!r}")
+    if start_method == "fork":
+        return
+    main = sys.modules.get("__main__")
+    if getattr(fn, "__module__", None) == "__main__" and not os.path.isfile(getattr(main, "__file__", None) or ""):
+        name = getattr(fn, "__qualname__", type(fn).__qualname__)  # a callable object: its class's
+        raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {name!r} is defined in a main "
+                        f"module that has no file to import (a script on stdin, `python -c`, a notebook): define it "
+                        f"in an importable module, or use start_method='fork'")
+    try:  # plain pickle: multiprocessing's would put every tensor of a callable object in shared memory
+        pickle.dumps(fn)
+    except Exception as problem:
+        raise TypeError(f"start_method={start_method!r} pickles `fn` into every rank, and it does not pickle "
+                        f"({type(problem).__name__}: {problem}): pass a function defined at a module's top level "
+                        f"(importable by the ranks; not a lambda or a closure), or use start_method='fork'"
+                        ) from problem
+
+
 def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 60.0,
                   collective_timeout_s: float = 30.0, backend: str = "gloo",
                   start_method: str = "fork") -> list[RankOutcome]:
@@ -125,22 +146,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
         raise ValueError(f"`world_size` must be a positive int; got {world_size!r}")
     timeout_s, collective_timeout_s = _seconds(timeout_s, "timeout_s"), _seconds(collective_timeout_s,
                                                                                   "collective_timeout_s")
-    if start_method not in mp.get_all_start_methods():
-        raise ValueError(f"`start_method` must be one of {mp.get_all_start_methods()}; got {start_method!r}")
-    if start_method != "fork":  # "spawn" and "forkserver" pickle `fn` and `args` into every child
-        main = sys.modules.get("__main__")
-        if getattr(fn, "__module__", None) == "__main__" and not os.path.isfile(getattr(main, "__file__", None) or ""):
-            name = getattr(fn, "__qualname__", type(fn).__qualname__)  # a callable object: its class's
-            raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {name!r} is "
-                            f"defined in a main module that has no file to import (a script on stdin, `python -c`, "
-                            f"a notebook): define it in an importable module, or use start_method='fork'")
-        try:
-            ForkingPickler.dumps((fn, args))
-        except Exception as problem:
-            raise TypeError(f"start_method={start_method!r} pickles `fn` and `args` into every rank, and they do not "
-                            f"pickle ({type(problem).__name__}: {problem}): pass a function defined at a module's top "
-                            f"level (importable by the ranks; not a lambda or a closure), or use start_method='fork'"
-                            ) from problem
+    _check_start_method(fn, start_method)
     context = mp.get_context(start_method)
     results = context.Queue()
     port = free_port()
@@ -154,7 +160,12 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                                                     f"cannot import `fn`'s module exits so)")
     try:
         for child in children:
-            child.start()
+            try:
+                child.start()
+            except (pickle.PicklingError, AttributeError, TypeError) as problem:  # "spawn"/"forkserver" pickling
+                raise TypeError(f"start_method={start_method!r} could not pickle `fn` or `args` into rank "
+                                f"{children.index(child)} ({type(problem).__name__}: {problem}): pass picklable "
+                                f"`args`, or use start_method='fork'") from problem
         while len(outcomes) < world_size:
             remaining = timeout_s - (time.monotonic() - start)
             if remaining <= 0:
