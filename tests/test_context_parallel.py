@@ -196,13 +196,32 @@ def test_a_budget_only_splitting_meets_is_met_by_splitting():
 
 
 @pytest.mark.parametrize("degrees, kwargs, match", [
-    ((1, 2, 4, 8), {}, r"`context_parallel.degrees` holds 8 > num_ranks 4"),
+    ((1, 2, 4, 8), {}, r"`context_parallel.degrees` \(1, 2, 4, 8\), the default, holds 8 > num_ranks 4"),
     ((1, 2, 4), {"gpus_per_node": 2}, r"holds 4 > 2 gpus per node; groups stay inside a node unless "
                                       r"`allow_inter_node=True`"),
 ])
 def test_degrees_the_ranks_cannot_hold_are_refused(degrees, kwargs, match):
     with pytest.raises(ValueError, match=match):
         balance([1, 2, 3], 4, context_parallel=ContextParallel(degrees=degrees, **kwargs))
+
+
+@pytest.mark.parametrize("call", [
+    lambda spec: balance([60000] + [900] * 20, 4, cost=FLOPS, context_parallel=spec),
+    lambda spec: balance([60000] + [900] * 20, 16, cost=FLOPS, context_parallel=spec,
+                         topology=Topology(num_nodes=4, gpus_per_node=4)),
+    lambda spec: balance_microbatches([60000] + [900] * 20, 4, cost=FLOPS, max_tokens_per_microbatch=60000,
+                                      context_parallel=spec),
+])
+def test_the_default_degrees_refused_by_a_small_job_are_named_with_the_degrees_that_fit(call):
+    """probe18 P18-11: `ContextParallel()` on 4 ranks (or 4 GPUs a node) blamed `degrees` the user never set; the
+    refusal now says they are the default and what to pass, and what it suggests plans the job."""
+    with pytest.raises(ValueError, match=r"`context_parallel.degrees` \(1, 2, 4, 8\), the default, holds 8 > .*; "
+                                         r"pass ContextParallel\(degrees=\(1, 2, 4\)\) for this job$"):
+        call(ContextParallel())
+    assert call(ContextParallel(degrees=(1, 2, 4))).degree.max() == 4
+    with pytest.raises(ValueError, match=r"`context_parallel.degrees` holds 4 > num_ranks 2: .*; pass "
+                                         r"ContextParallel\(degrees=\(1, 2\)\) for this job$"):
+        balance([1, 2, 3], 2, context_parallel=ContextParallel(degrees=(1, 2, 4)))  # explicit: no word of a default
 
 
 @pytest.mark.parametrize("gpus_per_node, num_ranks", [(3, 6), (5, 10), (6, 12)])

@@ -45,6 +45,10 @@ from ..problem import MAX_RANKS, as_lengths
 from ..validation import as_bool, as_int, as_real, is_int
 
 H100_SECONDS_PER_FLOP = 1.0 / (989e12 * 0.55)
+DEFAULT_DEGREES = (1, 2, 4, 8)
+"""`ContextParallel`'s default degrees: groups of up to a node of 8 GPUs.  Not capped to a smaller job: a
+job of fewer ranks or GPUs per node is refused with the degrees that fit it (an explicit choice is never
+changed unseen, and a default equal to it could not be told apart)."""
 
 
 def as_degrees(degrees) -> tuple[int, ...]:
@@ -84,9 +88,11 @@ class ContextParallel:
 
     `degrees` without 1 split every item, however short (static context parallelism); that is
     rarely meant, so it warns (UserWarning): include 1 to let the planner keep items whole.
+    The default degrees (1, 2, 4, 8) fill a node of 8 GPUs; on fewer ranks or smaller nodes pass the degrees that
+    fit (e.g. `degrees=(1, 2, 4)`), which the refusal names.
     """
 
-    degrees: tuple[int, ...] = (1, 2, 4, 8)
+    degrees: tuple[int, ...] = DEFAULT_DEGREES
     gpus_per_node: int = 8
     allow_inter_node: bool = False
     seconds_per_cost: float = H100_SECONDS_PER_FLOP

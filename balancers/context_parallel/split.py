@@ -33,7 +33,7 @@ from .plan import ContextParallelPlan, certify
 from .exact import exact_split
 from .planner import split_layout
 from .search import improve
-from .spec import ContextParallel
+from .spec import DEFAULT_DEGREES, ContextParallel
 
 SPLIT_ALGORITHM = "context_parallel"
 """The `algorithm` of a plan made by the split planner (today's plans keep their kernel's name)."""
@@ -44,21 +44,31 @@ EXACT_MAX_ITEMS, EXACT_MAX_RANKS = 8, 8
 
 def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -> np.ndarray:
     """The spec's degrees as an array, after checking them against the ranks and the node size (groups
-    are aligned blocks of ranks: unless they may cross nodes, no aligned block of a degree straddles two)."""
-    for degree in spec.degrees:
-        if degree > num_ranks:
-            raise ValueError(f"`context_parallel.degrees` holds {degree} > num_ranks {num_ranks}: a group cannot "
-                             f"be larger than the ranks")
-        if degree > gpus_per_node and not spec.allow_inter_node:
-            raise ValueError(f"`context_parallel.degrees` holds {degree} > {gpus_per_node} gpus per node; groups "
-                             f"stay inside a node unless `allow_inter_node=True`")
-        if (not spec.allow_inter_node and gpus_per_node % degree
-                and not within_node(np.arange(0, num_ranks - degree + 1, degree), degree, gpus_per_node).all()):
-            raise ValueError(f"`context_parallel.degrees` holds {degree}, which does not divide {gpus_per_node} gpus "
-                             f"per node: groups are aligned blocks of ranks, and some blocks of {degree} would "
-                             f"straddle two nodes; use degrees that divide the node size, or "
-                             f"`allow_inter_node=True` to let groups cross nodes")
+    are aligned blocks of ranks: unless they may cross nodes, no aligned block of a degree straddles two).
+    A refusal names the degrees that do fit, and says where the refused ones are the default (1, 2, 4, 8),
+    which the user may never have set (probe18 P18-11)."""
+    reasons = {degree: _misfit(degree, num_ranks, gpus_per_node, spec.allow_inter_node) for degree in spec.degrees}
+    refused = [degree for degree in spec.degrees if reasons[degree]]
+    if refused:
+        fitting = tuple(degree for degree in spec.degrees if not reasons[degree])
+        default = f" {spec.degrees}, the default," if spec.degrees == DEFAULT_DEGREES else ""
+        remedy = f"; pass ContextParallel(degrees={fitting}) for this job" if fitting else ""
+        raise ValueError(f"`context_parallel.degrees`{default} holds {refused[0]}{reasons[refused[0]]}{remedy}")
     return np.array(spec.degrees, dtype=np.int64)
+
+
+def _misfit(degree: int, num_ranks: int, gpus_per_node: int, allow_inter_node: bool) -> str:
+    """Why a group of `degree` ranks cannot be laid out ("" where it can)."""
+    if degree > num_ranks:
+        return f" > num_ranks {num_ranks}: a group cannot be larger than the ranks"
+    if degree > gpus_per_node and not allow_inter_node:
+        return f" > {gpus_per_node} gpus per node; groups stay inside a node unless `allow_inter_node=True`"
+    if (not allow_inter_node and gpus_per_node % degree
+            and not within_node(np.arange(0, num_ranks - degree + 1, degree), degree, gpus_per_node).all()):
+        return (f", which does not divide {gpus_per_node} gpus per node: groups are aligned blocks of ranks, and some "
+                f"blocks of {degree} would straddle two nodes; use degrees that divide the node size, or "
+                f"`allow_inter_node=True` to let groups cross nodes")
+    return ""
 
 
 def allot(problem: Problem, spec: ContextParallel, degrees: np.ndarray, gpus_per_node: int, cap: int | None,
