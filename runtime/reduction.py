@@ -14,8 +14,6 @@ by D), after which the reduced gradient is exactly that of L.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import torch.distributed as dist
 
@@ -28,7 +26,6 @@ from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampl
                          watch_model_contract)
 
 INT64_MAX = 2**63 - 1
-_scaled = threading.local()  # .reductions: those normalize_loss scaled for since the last all_reduce_gradients
 
 
 def _count_value(value, name: str, num_ranks: int) -> int:
@@ -133,8 +130,6 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
     if (num_loss_tokens is None) == (total_loss_tokens is None):
         raise TypeError("normalize_loss takes `num_loss_tokens` (this rank's count, or a MicroBatch) or "
                         "`total_loss_tokens` (the global count every rank knows), one of them")
-    if loss_sum.requires_grad:  # the scale `all_reduce_gradients` must pair with (`_paired_op`)
-        _scaled.__dict__.setdefault("reductions", set()).add(gradient_reduction)
     if isinstance(num_loss_tokens, MicroBatch):
         if num_loss_tokens.step is not None and num_loss_tokens.step.ended:
             raise ValueError(f"normalize_loss with micro-batch {num_loss_tokens.index} of an earlier step (its "
@@ -179,9 +174,9 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
     """All-reduce `.grad` of every parameter in place ("sum" or "mean"), one flat buffer per dtype.
 
     `parameters`: an iterable of a model's parameters (leaf tensors), a Module (its parameters) or one tensor.
-    `op` pairs with the `gradient_reduction` that `normalize_loss` scaled the losses for: left out, it is the one
-    that `normalize_loss` used on this thread since the last call ("mean", both functions' default, where none
-    did); given, with `check`, another is a ValueError (the gradients would come out the world size off).
+    `op` is required: the `gradient_reduction` that `normalize_loss` scaled these parameters' losses for ("mean",
+    its default, multiplies them by the world size; "sum"), or "sum" for losses divided by the global count by hand
+    (`global_count`); another gives gradients the world size off.
 
     Parameters without a gradient contribute zeros, so every rank issues the same
     collectives even when a module saw no items on some rank.  Every rank must pass the same
@@ -197,8 +192,12 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
     given otherwise reduce again, which op "mean" keeps and op "sum" multiplies by the world size: with `check`, a
     sum of gradients that are the same on every rank (a sample of each, in the digest) is refused.
     """
+    if op is None:  # no default: "sum" once silently multiplied normalize_loss's default scale by the world size
+        raise TypeError("all_reduce_gradients takes `op`, the gradient_reduction that normalize_loss scaled these "
+                        "parameters' losses for: op='mean' after normalize_loss(loss, count) (its default), op='sum' "
+                        "after normalize_loss(..., gradient_reduction='sum') or a loss divided by global_count(count)")
+    checked_reduction(op, "op")
     check = as_bool(check, "check")
-    op = _paired_op(op, check, group)
     checked_group(group)
     parameters = [p for p in _parameter_list(parameters, check) if p.requires_grad]
     sparse = next((p for p in parameters if p.grad is not None and p.grad.layout != torch.strided), None)
@@ -230,26 +229,6 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
         for p in params:
             p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
             offset += p.numel()
-
-
-def _paired_op(op: str | None, check: bool, group) -> str:
-    """`all_reduce_gradients`' op: `op`, or where None the reduction `normalize_loss` scaled for on this thread since
-    the last call ("mean" where none); a ValueError where, with `check`, `op` is not the one it scaled for."""
-    scaled = _scaled.__dict__.pop("reductions", set())
-    if op is None:
-        if len(scaled) > 1:
-            raise ValueError("normalize_loss scaled losses for gradient_reduction 'mean' and 'sum' on this thread "
-                             "since the last all_reduce_gradients: pass `op`, the one these parameters' losses took")
-        return next(iter(scaled), "mean")
-    checked_reduction(op, "op")
-    if check and len(scaled) == 1 and op not in scaled:
-        size = group_size(group) if is_distributed(group) else 1
-        off = f"too {'large' if op == 'sum' else 'small'}"
-        what = f"{size} times (the world size) {off}" if size > 1 else f"right on one rank but D times {off} on D"
-        raise ValueError(f"all_reduce_gradients(op={op!r}) after normalize_loss(..., gradient_reduction="
-                         f"{next(iter(scaled))!r}) on this thread: the gradients would come out {what}; pass "
-                         f"op={next(iter(scaled))!r}, or leave `op` out (it follows normalize_loss)")
-    return op
 
 
 def _parameter_list(parameters, check: bool) -> list:

@@ -615,7 +615,7 @@ def mismatched_parameters_job(rank, size, case):
         parameters = [torch.nn.Parameter(torch.ones((2, 3) if rank == 0 else (3, 2)))]
         parameters[0].grad = torch.ones_like(parameters[0])
     try:
-        all_reduce_gradients(parameters)
+        all_reduce_gradients(parameters, op="sum")
     except (TypeError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
     return "reduced"
@@ -653,12 +653,12 @@ def parameter_forms_job(rank, size):
     seen["module_local"] = [g.tolist() for g in expected]
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).double())
     ddp(torch.full((2, 3), rank + 1.0, dtype=torch.float64)).sum().backward()
-    for form, op in ((ddp, None), (list(ddp.parameters()), "sum")):
+    for form, op in ((ddp, "mean"), (list(ddp.parameters()), "sum")):
         try:
             all_reduce_gradients(form, op=op)
         except (TypeError, ValueError) as error:
             seen.setdefault("ddp", []).append(f"{type(error).__name__}: {error}")
-    all_reduce_gradients(ddp.parameters())  # op "mean" (no normalize_loss here): a mean of equal gradients keeps them
+    all_reduce_gradients(ddp.parameters(), op="mean")  # a mean of equal gradients keeps them
     seen["ddp_mean"] = ddp.module.weight.grad.tolist()
     return seen
 
@@ -680,58 +680,44 @@ def test_regression_one_parameter_a_module_or_a_ddp_models_parameters_were_reduc
         assert seen["ddp_mean"] == [[3.0] * 3]  # (2 rows x (1 + 2) / 2 ranks): DDP's mean, kept by the mean
 
 
-def scaled_reduction_job(rank, size, case):
-    """A plain model reduced by hand, its loss normalised by `normalize_loss`: both defaults, or `case`'s pairing."""
+def scaled_reduction_job(rank, size, op):
+    """A plain model reduced by hand, its loss normalised by `normalize_loss` at its default ("mean"), reduced with
+    `op` (None: left out)."""
     model = torch.nn.Linear(3, 1, bias=False).double()
     torch.nn.init.ones_(model.weight)
-    loss = model(torch.full((4, 3), rank + 1.0, dtype=torch.float64)).sum()
+    normalize_loss(model(torch.full((4, 3), rank + 1.0, dtype=torch.float64)).sum(), 4).backward()
     try:
-        if case == "defaults":
-            normalize_loss(loss, 4).backward()
-            all_reduce_gradients(model)
-        elif case == "mean_then_sum":
-            normalize_loss(loss, 4).backward()
-            all_reduce_gradients(model, op="sum")
-        else:  # losses scaled both ways, then no op
-            normalize_loss(loss, 4, gradient_reduction="sum").backward()
-            normalize_loss(model(torch.ones(1, 3, dtype=torch.float64)).sum(), 1).backward()
-            all_reduce_gradients(model)
-    except ValueError as error:
+        all_reduce_gradients(model, op=op)
+    except TypeError as error:
         return str(error)
     return model.weight.grad.tolist()
 
 
-@pytest.mark.parametrize("case", ["defaults", "mean_then_sum", "both_then_none"])
-def test_regression_normalize_loss_and_all_reduce_gradients_defaults_gave_gradients_times_the_world_size(case):
+def test_regression_normalize_loss_and_all_reduce_gradients_defaults_gave_gradients_times_the_world_size():
     """Cause (probe18 P18-10): normalize_loss scales for "mean" by default (x world size) and all_reduce_gradients
-    summed by default: a plain model reduced with both defaults trained on gradients x world size, no error.  Now
-    `op` left out follows the reduction normalize_loss scaled for on the thread (defaults: the mean), and one given
-    that contradicts it is refused on every rank."""
-    outcomes = spawn(scaled_reduction_job, 2, args=(case,), timeout_s=60)
-    expected = {"defaults": [[[1.5] * 3]] * 2,  # the global mean of the 8 rows' features (1 and 2)
-                "mean_then_sum": ["all_reduce_gradients(op='sum') after normalize_loss(..., gradient_reduction="
-                                  "'mean') on this thread: the gradients would come out 2 times (the world size) too "
-                                  "large; pass op='mean', or leave `op` out (it follows normalize_loss)"] * 2,
-                "both_then_none": ["normalize_loss scaled losses for gradient_reduction 'mean' and 'sum' on this "
-                                   "thread since the last all_reduce_gradients: pass `op`, the one these parameters' "
-                                   "losses took"] * 2}[case]
-    assert outcomes == expected
+    summed by default: a plain model reduced with both defaults trained on gradients x world size, no error.  `op`
+    has no default now: left out, every rank is told which to pass; "mean" gives the reference."""
+    assert spawn(scaled_reduction_job, 2, args=(None,), timeout_s=60) == [
+        "all_reduce_gradients takes `op`, the gradient_reduction that normalize_loss scaled these parameters' losses "
+        "for: op='mean' after normalize_loss(loss, count) (its default), op='sum' after normalize_loss(..., "
+        "gradient_reduction='sum') or a loss divided by global_count(count)"] * 2
+    assert spawn(scaled_reduction_job, 2, args=("mean",), timeout_s=60) == [[[1.5] * 3]] * 2  # the mean of x (1, 2)
 
 
 def test_all_reduce_gradients_names_what_is_not_a_parameter():
     weight = torch.nn.Parameter(torch.ones(2))
     with pytest.raises(TypeError, match=r"`parameters` must hold tensors .*; item 1 is a str"):
-        all_reduce_gradients([weight, "bias"])
+        all_reduce_gradients([weight, "bias"], op="sum")
     with pytest.raises(TypeError, match=r"`parameters` must hold leaf tensors .*item 0 of shape \(2,\) was computed"):
-        all_reduce_gradients([weight * 2])
+        all_reduce_gradients([weight * 2], op="sum")
     with pytest.raises(TypeError, match=r"`parameters` must be a model's parameters .*; got a int"):
-        all_reduce_gradients(3)
+        all_reduce_gradients(3, op="sum")
 
 
 def test_a_rank_list_for_group_is_named_by_the_reductions():
     parameter = torch.nn.Parameter(torch.ones(2))
     with pytest.raises(TypeError, match=r"`group` must be a torch.distributed ProcessGroup.*dist.new_group\(ranks\)"):
-        all_reduce_gradients([parameter], group=[0, 1])
+        all_reduce_gradients([parameter], group=[0, 1], op="sum")
     with pytest.raises(TypeError, match=r"`group` must be a torch.distributed ProcessGroup.*dist.new_group\(ranks\)"):
         normalize_loss(torch.tensor(2.0), 3, group=[0, 1])
 
@@ -753,7 +739,7 @@ def reduced_already_job(rank, size, wrapper):
             with accumulate(model, micro):
                 normalize_loss(model(micro.data["x"]).sum(), micro).backward()
     try:
-        all_reduce_gradients(net.parameters())
+        all_reduce_gradients(net.parameters(), op="sum")
     except TypeError as error:
         return str(error)
     return "reduced again"
@@ -772,4 +758,4 @@ def test_regression_gradients_reduced_by_ddp_or_fsdp2_were_reduced_again(wrapper
         assert what in message and message.endswith("drop this call (a second reduction would multiply them by the "
                                                     "world size with op='sum')"), message
     with pytest.raises(TypeError, match="`check` must be a bool"):
-        all_reduce_gradients([], check="no")
+        all_reduce_gradients([], op="sum", check="no")
