@@ -141,10 +141,10 @@ def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
 
 
 def _chosen(summary) -> dict[str, str]:
-    """Per stage, the algorithm whose plan the figures show: the best registered one (else the best peer)."""
+    """Per stage, the algorithm whose plan the figures show: orchmllm's best (else the best peer, else plugin)."""
     if summary.best is not None:
         return dict(summary.best.algorithms)
-    return dict.fromkeys(summary.stages, summary.best_peer.algorithm)
+    return dict.fromkeys(summary.stages, (summary.best_peer or summary.best_plugin).algorithm)
 
 
 def figures(comparison, directory: Path) -> list[str]:

@@ -4,7 +4,9 @@ For each configuration (D ranks, samples per rank, the stages' items) every algo
 balances every stage; a row records the makespan against the lower bound, the speed-up
 over leaving every item where it was sampled (`BASELINE`), the solve time and the bytes
 the plan moves within and across nodes.  Peers' solve times are those of our
-reimplementations (`study.peers`), not of the peers' own code; rows say so (`timed`).
+reimplementations (`study.peers`), not of the peers' own code; rows say so (`timed`).  An algorithm another
+package registered (a plugin: `registry.plugin_origin`) is its own kind, "plugin", whatever kind its record claims:
+its rows name where it comes from, and orchmllm's summary ("best") never takes its plans.
 
 >>> stage = file_stages(np.array([5, 1, 4, 2, 3, 3]), 2, CostModel(), False, 1.0)[0]
 >>> comparison = run_comparison([CompareConfig(2, None, (stage,))], ["lpt"], gpus_per_node=8)
@@ -37,6 +39,7 @@ from .records import FieldsAsJson
 BASELINE = "none"  # every item stays on the rank that sampled it
 MAX_STEP_SAMPLES = MAX_CELLS  # D × samples per rank a compared or simulated step draws: 2**22, as a plan's cells
 PEER_TIMING = "our reimplementation"  # what a peer's solve_seconds measure
+PLUGIN_TIMING = "the plugin's code"  # what a plugin's solve_seconds measure
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,8 +104,21 @@ def workload_stages(batch, stages) -> tuple[CompareStage, ...]:
 
 
 def peer_names() -> list[str]:
-    """The registered peers' heuristics (kind `peer`), in registration order."""
-    return [record.name for record in algorithms(kind=Kind.PEER)]
+    """The registered peers' heuristics (kind `peer`, orchmllm's reimplementations), in registration order."""
+    return [record.name for record in algorithms(kind=Kind.PEER) if plugin_origin(record) is None]
+
+
+def row_source(name: str) -> tuple[str, str]:
+    """Whose algorithm `name` is, as its rows say, and their label: ("orchmllm", ""), ("peer", its description), or
+    ("plugin", where it comes from and its description) for one registered by another package or a register_*
+    call, whatever kind its record claims (probe18 P18-12: a plugin's rows read as orchmllm's own)."""
+    record = None if name == BASELINE else get_algorithm(name.removesuffix(LOCALITY_SUFFIX))
+    origin = None if record is None else plugin_origin(record)
+    if origin is not None:
+        return "plugin", origin + (f": {record.description}" if record.description else "")
+    if record is not None and record.kind is Kind.PEER:
+        return "peer", record.description
+    return "orchmllm", ""
 
 
 def known_names() -> list[str]:
@@ -188,8 +204,8 @@ class CompareRow(FieldsAsJson):
     items_per_rank: int | None
     stage: str
     algorithm: str
-    kind: str  # "orchmllm" or "peer"
-    label: str  # a peer's one-line description
+    kind: str  # "orchmllm", "peer" or "plugin" (`row_source`)
+    label: str  # a peer's one-line description; where a plugin comes from and its description
     num_items: int
     mode: str  # the variant a peer ran ("" when it has one)
     makespan: float | None = None
@@ -202,7 +218,7 @@ class CompareRow(FieldsAsJson):
     bytes_inter_node: float | None = None
     status: str = "n/a"
     note: str = ""
-    timed: str = "orchmllm"  # whose code solve_seconds measure: "orchmllm" or PEER_TIMING
+    timed: str = "orchmllm"  # whose code solve_seconds measure: "orchmllm", PEER_TIMING or PLUGIN_TIMING
 
     @property
     def applies(self) -> bool:
@@ -223,7 +239,7 @@ class BestPlans:
 
 @dataclass(frozen=True)
 class BestPeer(FieldsAsJson):
-    """The peer whose plans sum lowest over all stages."""
+    """The peer (or plugin) whose plans sum lowest over all stages."""
 
     algorithm: str
     work: float
@@ -254,12 +270,13 @@ class CompareSummary:
     work_ideal: float
     best: BestPlans | None = None
     best_peer: BestPeer | None = None
+    best_plugin: BestPeer | None = None
     locality: tuple[LocalityEffect, ...] = ()
 
     def to_json(self) -> dict:
         payload = {"ranks": self.ranks, "items_per_rank": self.items_per_rank, "stages": list(self.stages),
                    "work_before": self.work_before, "work_ideal": self.work_ideal}
-        for key, value in (("best", self.best), ("best_peer", self.best_peer)):
+        for key, value in (("best", self.best), ("best_peer", self.best_peer), ("best_plugin", self.best_plugin)):
             if value is not None:
                 payload[key] = value.to_json()
         payload["locality"] = [entry.to_json() for entry in self.locality]
@@ -301,19 +318,17 @@ def run_comparison(configs: Sequence[CompareConfig], algorithms: Sequence[str], 
     row and a warning naming it; the others run on.
     `advance()` is called once per (stage, algorithm), for a progress bar.
     """
-    rows, runs, peers = [], {}, peer_names()
+    rows, runs = [], {}
     for config in configs:
         topology = compare_topology(config.num_ranks, gpus_per_node)
         for stage in config.stages:
             baseline = None
             for name in [BASELINE, *algorithms]:
-                peer = name in peers
+                kind, label = row_source(name)
                 head = dict(ranks=config.num_ranks, items_per_rank=config.items_per_rank, stage=stage.name,
-                            algorithm=name, kind="peer" if peer else "orchmllm",
-                            label=get_algorithm(name).description if peer else "",
-                            num_items=int(stage.lengths.size),
-                            mode=peer_mode(name, stage.lengths.size, config.num_ranks) if peer else "",
-                            timed=PEER_TIMING if peer else "orchmllm")
+                            algorithm=name, kind=kind, label=label, num_items=int(stage.lengths.size),
+                            mode=peer_mode(name, stage.lengths.size, config.num_ranks) if kind == "peer" else "",
+                            timed={"peer": PEER_TIMING, "plugin": PLUGIN_TIMING}.get(kind, "orchmllm"))
                 plan, reason, status = None, does_not_apply(name, stage.padded), "n/a"
                 if not reason:
                     try:
@@ -351,12 +366,13 @@ def _best_plans(mine: list[CompareRow], stages: list[str], baseline: dict, befor
     return BestPlans({stage: row.algorithm for stage, row in chosen.items()}, work, ratio(before, work))
 
 
-def _best_peer(mine: list[CompareRow], stages: list[str], before: float) -> BestPeer | None:
+def _best_of(kind: str, mine: list[CompareRow], stages: list[str], before: float) -> BestPeer | None:
+    """The algorithm of rows of `kind` ("peer" or "plugin") whose plans, on every stage, sum lowest."""
     totals = {}
-    for name in peer_names():
-        peer_rows = [row for row in mine if row.algorithm == name]
-        if len(peer_rows) == len(stages):
-            totals[name] = sum(row.makespan for row in peer_rows)
+    for name in dict.fromkeys(row.algorithm for row in mine if row.kind == kind):
+        named = [row for row in mine if row.algorithm == name]
+        if len(named) == len(stages):
+            totals[name] = sum(row.makespan for row in named)
     if not totals:
         return None
     name = min(totals, key=lambda n: (totals[n], n))
@@ -378,8 +394,9 @@ def _locality_effects(mine: list[CompareRow], stages: list[str]) -> tuple[Locali
 def summarize(rows: Sequence[CompareRow]) -> tuple[CompareSummary, ...]:
     """Per configuration: slowest-rank work summed over stages, as sampled vs the best plans.
 
-    "best" takes the best registered algorithm of every stage (stages are balanced
-    independently); "best_peer" the peer heuristic whose plans sum lowest over all stages.
+    "best" takes orchmllm's best algorithm of every stage (stages are balanced independently;
+    never a plugin's); "best_peer" the peer heuristic whose plans sum lowest over all stages,
+    "best_plugin" likewise among plugins.
     """
     summaries = []
     for num_ranks, items_per_rank in sorted({(row.ranks, row.items_per_rank or 0) for row in rows}):
@@ -390,8 +407,8 @@ def summarize(rows: Sequence[CompareRow]) -> tuple[CompareSummary, ...]:
         before = sum(row.makespan for row in baseline.values())
         summaries.append(CompareSummary(
             num_ranks, items_per_rank or None, tuple(stages), before, sum(row.lower_bound for row in baseline.values()),
-            _best_plans(mine, stages, baseline, before), _best_peer(mine, stages, before),
-            _locality_effects(mine, stages)))
+            _best_plans(mine, stages, baseline, before), _best_of("peer", mine, stages, before),
+            _best_of("plugin", mine, stages, before), _locality_effects(mine, stages)))
     return tuple(summaries)
 
 

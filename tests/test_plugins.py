@@ -479,3 +479,30 @@ def test_regression_a_kernel_breaking_equal_counts_was_told_q_or_q_plus_1_where_
     with pytest.raises(RuntimeError, match=rf"algorithm 'test_all_on_zero' put 0 items on rank 1; `equal_counts` "
                                            rf"allows {re.escape(allowed)}$"):
         balance(lengths, 2, algorithm="test_all_on_zero", equal_counts=True)
+
+
+def test_regression_compare_reported_a_plugin_as_orchmllm_and_took_its_plan_as_orchmllm_s_best():
+    """probe18 P18-12: compare's rows of a plugin read kind "orchmllm", timed "orchmllm", and its plan could become
+    the summary's "best" (orchmllm's "after"); a plugin claiming kind "peer" crashed (peer_mode: unknown peer).
+    Both are kind "plugin" now, named with their origin, and "best" stays among orchmllm's own."""
+    from orchmllm.balancers import CostModel
+    from orchmllm.study.compare import PLUGIN_TIMING, CompareConfig, file_stages, run_comparison
+
+    def exact_again(problem):  # beats lpt on [3, 3, 2, 2, 2] over 2 ranks: 6 against lpt's 7
+        return get_algorithm("exact")(problem)
+
+    register_algorithm("test_exact_again", exact_again, kind="ours", description="exact, relabelled")
+    register_algorithm("test_peer_claim", halves, kind="peer", description="two halves")
+    stage = file_stages(np.array([3, 3, 2, 2, 2]), 2, CostModel(), False, 1.0)[0]
+    comparison = run_comparison([CompareConfig(2, None, (stage,))], ["lpt", "test_exact_again", "test_peer_claim"],
+                                gpus_per_node=8)
+    rows = {row.algorithm: row for row in comparison.rows}
+    assert (rows["lpt"].kind, rows["lpt"].timed, rows["lpt"].makespan) == ("orchmllm", "orchmllm", 7.0)
+    for name, description in (("test_exact_again", "exact, relabelled"), ("test_peer_claim", "two halves")):
+        assert (rows[name].kind, rows[name].timed, rows[name].mode) == ("plugin", PLUGIN_TIMING, "")
+        assert rows[name].label == f"algorithm {name!r} (registered by a register_* call): {description}"
+    summary = comparison.summaries[0]
+    assert dict(summary.best.algorithms) == {stage.name: "lpt"} and summary.best.work == 7.0
+    assert (summary.best_plugin.algorithm, summary.best_plugin.work, summary.best_peer) == ("test_exact_again", 6.0,
+                                                                                            None)
+    assert summary.to_json()["best_plugin"]["algorithm"] == "test_exact_again"
