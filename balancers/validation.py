@@ -111,7 +111,7 @@ def as_array(values, name: str, what: str) -> np.ndarray:
     if isinstance(values, (str, bytes)) or values is None:
         raise TypeError(f"`{name}` must be a 1-D sequence of {what}; got {type(values).__name__}")
     if hasattr(values, "detach") and hasattr(values, "numpy"):
-        values = tensor_values(values)
+        values = tensor_values(values, name)
     masked = int(np.count_nonzero(np.ma.getmaskarray(values))) if isinstance(values, np.ma.MaskedArray) else 0
     if masked:  # np.asarray reads the data under the mask too
         raise TypeError(f"`{name}` is a masked array with {masked} masked entr{'y' if masked == 1 else 'ies'}, which "
@@ -130,13 +130,29 @@ def as_array(values, name: str, what: str) -> np.ndarray:
     return array
 
 
-def tensor_values(tensor) -> np.ndarray:
+def tensor_values(tensor, name: str) -> np.ndarray:
     """A torch tensor's values as a numpy array, torch never imported (duck-typed): detached (a tensor
-    that requires grad), on the CPU, bfloat16 widened to float32 (exact; numpy has no bfloat16)."""
+    that requires grad), copied to the CPU (from a GPU too), bfloat16 widened to float32 (exact; numpy has no
+    bfloat16).  A tensor without dense values is refused (`check_dense_tensor`)."""
+    check_dense_tensor(tensor, name)
     tensor = tensor.detach().cpu()
     if str(tensor.dtype) == "torch.bfloat16":
         tensor = tensor.float()
     return tensor.numpy()
+
+
+def check_dense_tensor(tensor, name: str) -> None:
+    """TypeError naming argument `name` where a torch tensor (duck-typed) has no dense values to read: a meta
+    tensor (a shape without data) or a sparse (or other non-strided) one, where torch's own errors name no
+    argument (probe18 P18-15).  A tensor on a GPU has values: `.cpu()` copies them."""
+    device = getattr(getattr(tensor, "device", None), "type", None)
+    if getattr(tensor, "is_meta", False) or device == "meta":
+        raise TypeError(f"`{name}` is a meta tensor, which has a shape but no values; pass a tensor with values "
+                        f"(dense, on any device) or a list")
+    layout = str(getattr(tensor, "layout", "torch.strided"))
+    if getattr(tensor, "is_sparse", False) or layout != "torch.strided":
+        raise TypeError(f"`{name}` is a tensor of layout {layout}, not a dense one; pass `{name}.to_dense()` or a "
+                        f"list")
 
 
 def check_int64(array: np.ndarray, name: str) -> None:

@@ -41,7 +41,7 @@ from ..balancers.kernels import karmarkar_karp, lpt
 from ..balancers.kernels.karmarkar_karp import find_roots
 from ..balancers.problem import as_lengths, make_problem, rank_loads
 from ..balancers.search import local_search
-from ..balancers.validation import as_array, as_bool, as_int, as_item_bytes, is_int
+from ..balancers.validation import as_array, as_bool, as_int, as_item_bytes, check_dense_tensor, is_int
 
 SEARCH_WORK_PER_ITEM = 20
 """Local-search work (`local_search.improve`'s candidates, ~20 ns each) per item with free sizes."""
@@ -159,7 +159,10 @@ def verl_karmarkar_karp(weights: np.ndarray, num_ranks: int, equal_size: bool) -
 
 
 def _host_values(seqlen_list):
-    """A tensor (on any device, with or without grad) as a list; anything else as given."""
+    """A tensor (on any device, with or without grad; dense: `check_dense_tensor`) as a list; anything else as
+    given."""
+    if hasattr(seqlen_list, "detach"):
+        check_dense_tensor(seqlen_list, "seqlen_list")
     if not isinstance(seqlen_list, np.ndarray) and callable(getattr(seqlen_list, "tolist", None)):
         return seqlen_list.tolist()
     return seqlen_list

@@ -88,6 +88,20 @@ def test_torch_tensors_are_accepted_as_verl_accepts_them():
     assert get_seqlen_balanced_partitions(floats, 2, equal_size=True) == expected
 
 
+def test_tensors_without_dense_values_are_refused_naming_seqlen_list():
+    """probe18 P18-15: a sparse tensor gave torch's RuntimeError "Cannot access data pointer of Tensor that doesn't
+    have storage" (from `tolist`), a meta one NotImplementedError, naming no argument."""
+    torch = pytest.importorskip("torch")
+    dense = torch.tensor([1.0, 2, 3, 4])
+    with pytest.raises(TypeError, match=r"`seqlen_list` is a tensor of layout torch.sparse_coo, not a dense one; pass "
+                                        r"`seqlen_list.to_dense\(\)` or a list"):
+        get_seqlen_balanced_partitions(dense.to_sparse(), 2, False)
+    with pytest.raises(TypeError, match=r"`seqlen_list` is a meta tensor, which has a shape but no values"):
+        get_seqlen_balanced_partitions(dense.to("meta"), 2, False)
+    assert get_seqlen_balanced_partitions(dense.to_sparse().to_dense(), 2, False) == \
+        get_seqlen_balanced_partitions([1.0, 2, 3, 4], 2, False)
+
+
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=30), st.integers(1, 8))
 @settings(max_examples=60)
 def test_zero_lengths_never_leave_a_partition_empty(seqlens, k):

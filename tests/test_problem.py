@@ -247,6 +247,25 @@ def test_torch_lengths_in_bfloat16_or_requiring_grad_are_read_as_their_values(ki
         balance([1, 2, 3, 4], 2, costs=[5.0, 3, 4, 2]).assignment.tolist()
 
 
+@pytest.mark.parametrize("kind", ["meta", "sparse_coo", "sparse_csr"])
+def test_torch_lengths_without_dense_values_are_refused_naming_the_argument(kind):
+    """probe18 P18-15: a meta tensor (no values) or a sparse one gave torch's NotImplementedError / TypeError,
+    naming no argument; now a TypeError names `lengths` (or `costs`) and what to pass."""
+    torch = pytest.importorskip("torch")
+    dense = torch.tensor([5.0, 3, 4, 2])
+    tensor = {"meta": lambda: dense.to("meta"), "sparse_coo": dense.to_sparse,
+              "sparse_csr": lambda: dense.reshape(2, 2).to_sparse_csr()}[kind]()
+    message = (r"`{}` is a meta tensor, which has a shape but no values; pass a tensor with values" if kind == "meta"
+               else rf"`{{0}}` is a tensor of layout torch.{kind}, not a dense one; pass `{{0}}.to_dense\(\)` or a list")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: "Sparse CSR tensor support is in beta state"
+        for call, name in ((lambda: balance(tensor, 2), "lengths"),
+                           (lambda: balance_microbatches(tensor, 2, max_tokens_per_microbatch=8), "lengths"),
+                           (lambda: balance([1, 2, 3, 4], 2, costs=tensor), "costs")):
+            with pytest.raises(TypeError, match=message.format(name)):
+                call()
+
+
 def test_float16_lengths_are_checked_against_2_53_without_an_overflow_warning():
     """Cause: `abs(lengths) >= 2.0**53` cast 2**53 to float16, printing numpy's "overflow encountered in cast"
     to the user's stderr (probe3 UE11's note)."""
