@@ -478,12 +478,13 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
     mine = [entry for entry in getattr(_active, "written", ()) if entry[0] is micro]
     if mine and micro.contract is not None:  # DDP and FSDP2 forwards in the blocks, each inside its own
         outside_blocks(micro, [entry[1] for entry in mine], getattr(_active, "forwards", ())[mine[0][4]:])
-    for _, model, versions, steps, _ in mine:
-        if versions is not None:
-            unwritten(micro, model, versions, steps)
-            uncleared(micro, model)
-            if micro.contract is not None:  # the model's reduction against the loss's scale (`reduction`)
-                check_reduction(model, micro, reduction)
+    checked = [entry for entry in mine if entry[2] is not None]
+    for _, model, versions, steps, _ in checked:
+        unwritten(micro, model, versions, steps)
+        uncleared(micro, model)
+    if checked and micro.contract is not None:  # the models' reductions against the loss's scale (`reduction`)
+        check_reduction([entry[1] for entry in checked], micro, reduction, loss_sum)
+    for _, model, _, _, _ in mine:
         if micro.is_last and hasattr(model, "no_sync"):
             one_synced_backward(model, micro, normalized)
     synced = getattr(_active, "synced", None)

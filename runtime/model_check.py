@@ -179,49 +179,93 @@ def _no_forward_under_fsdp2(micro, group) -> ModelContractError:
 def fsdp_param_groups(model) -> list:
     """FSDP2's parameter groups of every module of `model` it manages (its private record: AttributeError where
     another torch's FSDP2 keeps it otherwise)."""
-    return [group for module in model.modules() if hasattr(module, "_get_fsdp_state")
-            for group in module._get_fsdp_state()._fsdp_param_groups]
+    return [group for _, group in named_fsdp_param_groups(model)]
 
 
-def _model_reduction(model) -> str | None:
-    """How `model` combines gradients across ranks, where it can be told: "mean" (DDP without a comm hook, FSDP2
-    with its default divide factor), "sum" (FSDP2 with a divide factor of 1); else None (a comm hook, another
-    factor, a plain model reduced by hand).  FSDP2 modules inside it that average where others sum: a ValueError
-    (`set_gradient_divide_factor` sets the module it is called on only, so no one loss scale suits them all)."""
+def named_fsdp_param_groups(model) -> list:
+    """(the managing module's path and class, group) of every FSDP2 parameter group of `model` (`fsdp_param_groups`)."""
+    return [(f"{repr(name) if name else 'the root'} ({type(module).__name__})", group)
+            for name, module in model.named_modules()
+            if hasattr(module, "_get_fsdp_state") for group in module._get_fsdp_state()._fsdp_param_groups]
+
+
+def _model_reduction(model, size: int) -> str | None:
+    """How `model` combines gradients across `size` ranks, where it can be told: "mean" (DDP without a comm hook,
+    FSDP2 with its default divide factor or one of `size`), "sum" (FSDP2 with a divide factor of 1); else None (a
+    comm hook, a plain model reduced by hand).  FSDP2 modules that average where others sum, or a divide factor
+    that does neither: a ValueError (`set_gradient_divide_factor` sets the module it is called on only, and no
+    loss scale suits such a model)."""
     if hasattr(model, "set_requires_gradient_sync"):
         try:  # FSDP2 keeps the factor of `set_gradient_divide_factor` in each parameter group
-            factors = {}
-            for name, module in model.named_modules():
-                if hasattr(module, "_get_fsdp_state"):
-                    for group in module._get_fsdp_state()._fsdp_param_groups:
-                        factors.setdefault(group.gradient_divide_factor, name or "the root")
+            groups = named_fsdp_param_groups(model)
         except AttributeError:
             return None
-        if None in factors and 1 in factors:
+        ways = {}
+        for name, group in groups:
+            factor = group.gradient_divide_factor
+            way = "mean" if factor is None or factor == size else "sum" if factor == 1 else None
+            if way is None:
+                raise ValueError(f"the FSDP2 unit at {name} of {kind(model)} divides its gradients by "
+                                 f"set_gradient_divide_factor({factor}), neither 1 (a sum) nor the world size {size} "
+                                 f"(a mean), which no normalize_loss scale pairs with: set 1.0 with "
+                                 f"gradient_reduction='sum', or leave the default with 'mean'")
+            ways.setdefault(way, name)
+        if len(ways) > 1:
             raise ValueError(
-                f"the FSDP2 modules of {kind(model)} reduce gradients two ways: {factors[None]!r} averages them (the "
-                f"default) and {factors[1]!r} sums them (set_gradient_divide_factor(1.0)), so no loss scale is right "
-                f"for both; `set_gradient_divide_factor` sets the module it is called on only: call it on every "
-                f"fully_shard-ed module (each `FSDPModule` in `model.modules()`), or on none")
-        return "mean" if set(factors) == {None} else "sum" if set(factors) == {1} else None
+                f"the FSDP2 modules of {kind(model)} reduce gradients two ways: {ways['mean']} averages them and "
+                f"{ways['sum']} sums them (set_gradient_divide_factor(1.0)), so no loss scale is right for both; "
+                f"`set_gradient_divide_factor` sets the module it is called on only: call it on every fully_shard-ed "
+                f"module (each `FSDPModule` in `model.modules()`), or on none")
+        return next(iter(ways), None)
     return "mean" if hasattr(model, "no_sync") and getattr(model, "_comm_hooks", None) == [] else None
 
 
-def check_reduction(model, micro, reduction: str) -> None:
-    """A ValueError where `normalize_loss(loss, micro, gradient_reduction=reduction)` in `accumulate(model, micro)`
-    scales for another reduction than `model`'s (every rank runs the same model and call: every rank raises)."""
-    combines = _model_reduction(model)
-    if combines is None or combines == reduction:
-        return
+def check_reduction(models, micro, reduction: str, loss: torch.Tensor) -> None:
+    """A ValueError where `normalize_loss(loss, micro, gradient_reduction=reduction)` in `accumulate` blocks of
+    `models` scales for another reduction than theirs: where nested blocks reduce two ways, those of the models whose
+    parameters `loss` reaches (every rank runs the same models and call: every rank raises)."""
     size = micro.world_size
-    how = "averages gradients across ranks (DDP, FSDP2 by default)" if combines == "mean" else \
-        "sums gradients across ranks (FSDP2 after set_gradient_divide_factor(1.0))"
+    combines = [(model, _model_reduction(model, size)) for model in models]
+    if len({way for _, way in combines}) > 1:  # an actor's and a critic's: the loss's own models
+        reached = _leaves(loss)
+        combines = [(model, way) for model, way in combines
+                    if any(id(parameter) in reached for parameter in _graph_parameters(model))]
+    if any(way is None or way == reduction for _, way in combines) or not combines:
+        return
+    model, way = combines[0]
+    how = ("averages gradients across ranks (DDP, FSDP2 by default or dividing by the world size)" if way == "mean"
+           else "sums gradients across ranks (FSDP2 after set_gradient_divide_factor(1.0))")
     off = f"too {'large' if reduction == 'mean' else 'small'}"
     what = (f"the gradients would come out {size} times {off} (the world size)" if size > 1 else
             f"the same gradients on this one rank, but D times {off} on D ranks, so refused here too")
     raise ValueError(
         f"normalize_loss(loss, micro, gradient_reduction={reduction!r}) in `accumulate` of {kind(model)}, which "
-        f"{how}: {what}; pass gradient_reduction={combines!r}")
+        f"{how}: {what}; pass gradient_reduction={way!r}")
+
+
+def _leaves(tensor: torch.Tensor) -> set[int]:
+    """The ids of the leaf tensors the autograd graph of `tensor` accumulates gradients into."""
+    leaves, seen, stack = set(), set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # an AccumulateGrad node
+            leaves.add(id(node.variable))
+        stack.extend(following for following, _ in node.next_functions)
+    return leaves
+
+
+def _graph_parameters(model) -> list:
+    """The tensors a forward of `model` puts in the autograd graph as leaves: its parameters, and under FSDP2 the
+    unsharded ones it gathers (private to FSDP2: none where another torch keeps them otherwise)."""
+    try:
+        gathered = [fsdp_param._unsharded_param for group in fsdp_param_groups(model)
+                    for fsdp_param in group.fsdp_params if hasattr(fsdp_param, "_unsharded_param")]
+    except AttributeError:
+        gathered = []
+    return [*model.parameters(), *gathered]
 
 
 def outside_blocks(micro, models, forwards) -> None:

@@ -366,8 +366,9 @@ def reduction_job(rank, size, wrap, reduction):
             fully_shard(net[0])
         model = fully_shard(net)
         units = (model,) if wrap == "fsdp2_sum_root" else [m for m in net.modules() if isinstance(m, FSDPModule)]
+        factor = {"fsdp2_world": float(size), "fsdp2_odd": 2.0 * size}.get(wrap, 1.0)  # an explicit mean; neither
         for unit in units:
-            unit.set_gradient_divide_factor(1.0)
+            unit.set_gradient_divide_factor(factor)
     body = lambda micro: normalize_loss(model(micro.data["x"]).pow(2).sum(), micro,  # noqa: E731
                                         gradient_reduction=reduction).backward()
     message = run_steps(model, body, steps=1)
@@ -403,8 +404,8 @@ def test_regression_a_root_told_to_sum_over_a_unit_that_averages_gave_that_units
     every rank, naming both units; the factor set on every unit gives one float64 pass's gradients."""
     for message in spawn(reduction_job, 2, args=("fsdp2_sum_root", "sum"), timeout_s=60):
         assert isinstance(message, str) and message.startswith(
-            "ValueError: the FSDP2 modules of FSDPSequential reduce gradients two ways: '0' averages them (the default) "
-            "and 'the root' sums them (set_gradient_divide_factor(1.0))"), message
+            "ValueError: the FSDP2 modules of FSDPSequential reduce gradients two ways: '0' (FSDPLinear) averages them "
+            "and the root (FSDPSequential) sums them (set_gradient_divide_factor(1.0))"), message
     net = sequential()
     batch = torch.cat([features(0, rank) for rank in STEPS[0]])
     (net(batch).pow(2).sum() / batch.shape[0]).backward()
@@ -412,6 +413,64 @@ def test_regression_a_root_told_to_sum_over_a_unit_that_averages_gave_that_units
         assert not isinstance(gradients, str), gradients
         for got, parameter in zip(gradients, net.parameters(), strict=True):
             torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+
+
+def test_regression_an_fsdp2_divide_factor_other_than_1_was_taken_for_a_reduction_the_check_cannot_tell():
+    """Cause (probe18 P18-16): a divide factor of the world size (an explicit mean) or of any other number than 1 was
+    read as "cannot tell" and every loss scale passed: 'sum' under a factor of D gave gradients 1/D of the reference,
+    no error.  A factor of D averages (takes 'mean'), 1 sums, another fits no scale and is refused naming it."""
+    for message in spawn(reduction_job, 2, args=("fsdp2_world", "sum"), timeout_s=60):
+        assert isinstance(message, str) and message.endswith("the gradients would come out 2 times too small (the "
+                                                             "world size); pass gradient_reduction='mean'"), message
+    for message in spawn(reduction_job, 2, args=("fsdp2_odd", "mean"), timeout_s=60):
+        assert isinstance(message, str) and message.startswith(
+            "ValueError: the FSDP2 unit at the root (FSDPSequential) of FSDPSequential divides its gradients by "
+            "set_gradient_divide_factor(4.0), neither 1 (a sum) nor the world size 2 (a mean)"), message
+    net = sequential()
+    batch = torch.cat([features(0, rank) for rank in STEPS[0]])
+    (net(batch).pow(2).sum() / batch.shape[0]).backward()
+    for gradients in spawn(reduction_job, 2, args=("fsdp2_world", "mean"), timeout_s=60):
+        assert not isinstance(gradients, str), gradients
+        for got, parameter in zip(gradients, net.parameters(), strict=True):
+            torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+
+
+def nested_job(rank, size, critic_reduction):
+    """One step of nested blocks: a DDP actor (averages) and an FSDP2 critic told to sum, each loss normalised, the
+    critic's with `critic_reduction`: what was raised, else both models' full gradients."""
+    from torch.distributed.fsdp import fully_shard
+
+    actor, critic_net = sequential(), sequential()
+    ddp, critic = nn.parallel.DistributedDataParallel(actor), fully_shard(critic_net)
+    critic.set_gradient_divide_factor(1.0)
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
+    plan = dispatcher.plan(STEPS[0][rank])
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": features(0, rank)}, plan)):
+            with accumulate(ddp, micro), accumulate(critic, micro):
+                x = micro.data["x"]
+                (normalize_loss(ddp(x).pow(2).sum(), micro) + normalize_loss(
+                    critic(x).pow(2).sum(), micro, gradient_reduction=critic_reduction)).backward()
+    except ValueError as error:
+        return f"{type(error).__name__}: {error}"
+    return [p.grad.detach() for p in actor.parameters()] + [p.grad.full_tensor() for p in critic_net.parameters()]
+
+
+def test_regression_nested_blocks_reducing_two_ways_refused_a_loss_its_own_model_reduces_right():
+    """Cause (probe18 P18-17): with a DDP actor (mean) and an FSDP2 critic told to sum in nested blocks, each loss
+    normalised for its own model, every rank raised: the check held each loss against every open block's model.
+    Where the blocks' models reduce two ways, a loss is held against the models its graph reaches: the right scales
+    give one float64 pass's gradients, the critic's loss scaled for 'mean' is refused naming it."""
+    net = sequential()
+    batch = torch.cat([features(0, rank) for rank in STEPS[0]])
+    (net(batch).pow(2).sum() / batch.shape[0]).backward()
+    for gradients in spawn(nested_job, 2, args=("sum",), timeout_s=60):
+        assert not isinstance(gradients, str), gradients
+        for got, parameter in zip(gradients, [*net.parameters()] * 2, strict=True):
+            torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+    for message in spawn(nested_job, 2, args=("mean",), timeout_s=60):
+        assert message.startswith("ValueError: normalize_loss(loss, micro, gradient_reduction='mean') in `accumulate` "
+                                  "of FSDPSequential, which sums gradients across ranks"), message
 
 
 def test_the_reduction_check_on_one_rank_says_the_scale_is_off_only_on_more():
