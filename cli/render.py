@@ -114,7 +114,7 @@ def _compare_table(comparison, summary, source: str, notes: list[str]):
     for index, row in enumerate(mine):
         if index and row.stage != mine[index - 1].stage:
             table.add_section()
-        name = row.algorithm + (" (peer)" if row.kind == "peer" else "")
+        name = row.algorithm + (f" ({row.kind})" if row.kind in ("peer", "plugin") else "")
         if "does not divide" in row.mode:
             name += " †"
         cells = [row.status if row.status == "failed" else "n/a"] * 6
@@ -155,7 +155,8 @@ def print_compare(comparison, source: str) -> None:
         before, ideal = summary.work_before, summary.work_ideal
         out.print(f"  {_config_head(summary.ranks, summary.items_per_rank)}: before (as sampled) {before:.4g} = "
                   f"{ratio(before, ideal):.2f}x the lower bound")
-        for best, what in ((summary.best, "after"), (summary.best_peer, "best peer")):
+        for best, what in ((summary.best, "after"), (summary.best_peer, "best peer"),
+                           (summary.best_plugin, "best plugin")):
             if best is not None:
                 names = getattr(best, "algorithm", None) or ", ".join(
                     f"{name} on {stage}" for stage, name in best.algorithms.items())

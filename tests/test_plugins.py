@@ -481,7 +481,7 @@ def test_regression_a_kernel_breaking_equal_counts_was_told_q_or_q_plus_1_where_
         balance(lengths, 2, algorithm="test_all_on_zero", equal_counts=True)
 
 
-def test_regression_compare_reported_a_plugin_as_orchmllm_and_took_its_plan_as_orchmllm_s_best():
+def test_regression_compare_reported_a_plugin_as_orchmllm_and_took_its_plan_as_orchmllm_s_best(capsys):
     """probe18 P18-12: compare's rows of a plugin read kind "orchmllm", timed "orchmllm", and its plan could become
     the summary's "best" (orchmllm's "after"); a plugin claiming kind "peer" crashed (peer_mode: unknown peer).
     Both are kind "plugin" now, named with their origin, and "best" stays among orchmllm's own."""
@@ -506,3 +506,9 @@ def test_regression_compare_reported_a_plugin_as_orchmllm_and_took_its_plan_as_o
     assert (summary.best_plugin.algorithm, summary.best_plugin.work, summary.best_peer) == ("test_exact_again", 6.0,
                                                                                             None)
     assert summary.to_json()["best_plugin"]["algorithm"] == "test_exact_again"
+    from orchmllm.cli.render import print_compare
+
+    print_compare(comparison, "test lengths")  # the text marks them too: rows and a line of their own
+    text = capsys.readouterr().out
+    assert "test_exact_again (plugin)" in text and "test_peer_claim (plugin)" in text
+    assert re.search(r"best plugin.*test_exact_again", text) and re.search(r"after.*lpt", text), text
