@@ -123,8 +123,8 @@ def row_source(name: str) -> tuple[str, str]:
 
 def known_names() -> list[str]:
     """Every name `compare` accepts: algorithms, their +locality variants, peers."""
-    records = algorithms()
-    ours = [record for record in records if record.kind is not Kind.PEER]
+    records = algorithms()  # a plugin is one whatever kind its record claims (`row_source`)
+    ours = [record for record in records if record.kind is not Kind.PEER or plugin_origin(record) is not None]
     return ([record.name for record in ours] + [record.name + LOCALITY_SUFFIX for record in ours
                                                 if record.kind is not Kind.BASELINE] + peer_names())
 

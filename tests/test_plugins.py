@@ -486,7 +486,7 @@ def test_regression_compare_reported_a_plugin_as_orchmllm_and_took_its_plan_as_o
     the summary's "best" (orchmllm's "after"); a plugin claiming kind "peer" crashed (peer_mode: unknown peer).
     Both are kind "plugin" now, named with their origin, and "best" stays among orchmllm's own."""
     from orchmllm.balancers import CostModel
-    from orchmllm.study.compare import PLUGIN_TIMING, CompareConfig, file_stages, run_comparison
+    from orchmllm.study.compare import PLUGIN_TIMING, CompareConfig, algorithm_names, file_stages, run_comparison
 
     def exact_again(problem):  # beats lpt on [3, 3, 2, 2, 2] over 2 ranks: 6 against lpt's 7
         return get_algorithm("exact")(problem)
@@ -494,10 +494,11 @@ def test_regression_compare_reported_a_plugin_as_orchmllm_and_took_its_plan_as_o
     register_algorithm("test_exact_again", exact_again, kind="ours", description="exact, relabelled")
     register_algorithm("test_peer_claim", halves, kind="peer", description="two halves")
     stage = file_stages(np.array([3, 3, 2, 2, 2]), 2, CostModel(), False, 1.0)[0]
-    comparison = run_comparison([CompareConfig(2, None, (stage,))], ["lpt", "test_exact_again", "test_peer_claim"],
-                                gpus_per_node=8)
+    names = algorithm_names("lpt,test_exact_again,test_peer_claim,test_peer_claim+locality")  # review13 R13-12
+    comparison = run_comparison([CompareConfig(2, None, (stage,))], names, gpus_per_node=8)
     rows = {row.algorithm: row for row in comparison.rows}
     assert (rows["lpt"].kind, rows["lpt"].timed, rows["lpt"].makespan) == ("orchmllm", "orchmllm", 7.0)
+    assert rows["test_peer_claim+locality"].kind == "plugin"
     for name, description in (("test_exact_again", "exact, relabelled"), ("test_peer_claim", "two halves")):
         assert (rows[name].kind, rows[name].timed, rows[name].mode) == ("plugin", PLUGIN_TIMING, "")
         assert rows[name].label == f"algorithm {name!r} (registered by a register_* call): {description}"
