@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from dataclasses import dataclass
 
 import torch
@@ -122,7 +123,9 @@ def _check_start_method(fn, start_method: str) -> None:
         raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {name!r} is defined in a main "
                         f"module that has no file to import (a script on stdin, `python -c`, a notebook): define it "
                         f"in an importable module, or use start_method='fork'")
-    try:  # plain pickle: multiprocessing's would put every tensor of a callable object in shared memory
+    if not isinstance(fn, types.FunctionType):  # a partial, an object: pickled at the start, which names it
+        return
+    try:  # a function pickles by reference: a lambda or a closure does not
         pickle.dumps(fn)
     except Exception as problem:
         raise TypeError(f"start_method={start_method!r} pickles `fn` into every rank, and it does not pickle "

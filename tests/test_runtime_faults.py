@@ -1,6 +1,8 @@
 """Faults end in clear errors within bounded time, never in a hang."""
 
+import functools
 import math
+import multiprocessing
 import operator
 import os
 import subprocess
@@ -563,6 +565,8 @@ def test_regression_an_unpicklable_fn_under_spawn_raised_cannot_join_a_process_n
     with pytest.raises(TypeError, match=r"start_method='spawn' could not pickle `fn` or `args` into rank 0 "
                                         r"\(AttributeError: Can't pickle local object"):
         run_processes(operator.mul, 2, args=(lambda: 0,), start_method="spawn")
+    queue = multiprocessing.get_context("spawn").Queue()  # review13 R13-09: a partial over a queue pickles at a start
+    assert run_processes(functools.partial(put_rank, queue), 1, start_method="spawn")[0].ok and queue.get() == 0
     tensors = tuple(torch.ones(2) for _ in range(20))  # review13 R13-03: pickled ahead, each leaked an fd a call
     open_files = []
     for _ in range(3):
@@ -570,6 +574,10 @@ def test_regression_an_unpicklable_fn_under_spawn_raised_cannot_join_a_process_n
         open_files.append(len(os.listdir("/proc/self/fd")))
     assert open_files[1] == open_files[2], open_files
     assert [o.value for o in run_processes(lambda rank, world: rank * scale, 2, timeout_s=60)] == [0, 3]
+
+
+def put_rank(queue, rank, world):
+    queue.put(rank)
 
 
 def tensor_count(rank, world, *tensors):
