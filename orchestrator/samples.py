@@ -151,12 +151,15 @@ def group_order(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.nda
     """CSR of items per group (a rank, a micro-batch), ascending item order within a group:
     (offsets (num_groups + 1,), order (K,)), read-only int64.
 
-    A stable sort by group: where group << bits | index fits 32 bits (bits: those of the largest
-    index), one sort of those unique keys (numpy's unstable sort of uint32 keys takes half the time of
-    its radix argsort of 16-bit groups from 10^5 items on), else the radix argsort below 65 536 groups.
+    A stable sort by group: below 65 536 groups numpy's radix argsort of 16-bit groups (a quarter of
+    the time of one sort of packed uint32 keys group << bits | index, measured 2026-12-06 on 144k-700k
+    items: 360k of 2560 groups 11.3 -> 2.0 ms), else those packed keys where they fit 32 bits (unique:
+    the unstable sort is the stable order), else the stable argsort of the groups.
     """
     bits = max(groups.size - 1, 0).bit_length()
-    if num_groups << bits <= 2**32:
+    if num_groups <= 2**16:
+        order = np.argsort(groups.astype(np.uint16), kind="stable")
+    elif num_groups << bits <= 2**32:
         keys = groups.astype(np.uint32)
         keys <<= bits
         keys |= np.arange(groups.size, dtype=np.uint32)
@@ -164,7 +167,7 @@ def group_order(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.nda
         keys &= (1 << bits) - 1
         order = keys.astype(np.int64)
     else:
-        order = np.argsort(groups.astype(np.uint16) if num_groups <= 2**16 else groups, kind="stable")
+        order = np.argsort(groups, kind="stable")
     offsets = np.concatenate(([0], np.cumsum(np.bincount(groups, minlength=num_groups))))
     return _frozen_int(offsets), _frozen_int(order)
 

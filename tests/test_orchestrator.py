@@ -230,8 +230,9 @@ def test_rank_order_and_offsets_match_an_item_by_item_walk(num_ranks, ranks_and_
     assert order.tolist() == expected_order and rank_offsets[-1] == ranks.size
 
 
-@pytest.mark.parametrize("num_items, num_groups", [(360_000, 2560), (2**21, 3000), (70_000, 2**16 + 5)],
-                         ids=["packed_32_bit_keys", "radix_16_bit_groups", "many_groups"])
+@pytest.mark.parametrize("num_items, num_groups", [(360_000, 2560), (2**21, 3000), (1000, 2**16 + 5),
+                                                    (70_000, 2**16 + 5)],
+                         ids=["radix_16_bit_groups", "radix_many_items", "packed_32_bit_keys", "many_groups"])
 def test_group_order_is_the_stable_sort_by_group_on_every_path(num_items, num_groups):
     groups = np.random.default_rng(num_items).integers(0, num_groups, num_items)
     offsets, order = group_order(groups, num_groups)
