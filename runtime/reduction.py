@@ -26,6 +26,7 @@ from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampl
                          watch_model_contract)
 
 INT64_MAX = 2**63 - 1
+COUNT_TAG = 0x6F726368  # each rank's third word of `global_count`: their sum tells a mispaired collective
 
 
 def _count_value(value, name: str, num_ranks: int) -> int:
@@ -72,9 +73,15 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
         count, failure = as_count(local_count, name, group_size(group)), None
     except (TypeError, ValueError) as error:
         count, failure = torch.tensor(0, dtype=torch.int64), error
-    words = torch.stack((count, torch.zeros_like(count) + int(failure is not None))).to(comm_device(group))
+    words = torch.stack((count, torch.zeros_like(count) + int(failure is not None),
+                         torch.zeros_like(count) + COUNT_TAG)).to(comm_device(group))
     with collective(f"`{name}` all-reduce", group):
         finish(dist.all_reduce(words, group=group, async_op=True), group)
+    if int(words[2]) != COUNT_TAG * group_size(group):  # paired with another rank's collective (a DDP bucket's)
+        raise PeerInputError(f"rank {group_rank(group)}: the all-reduce of `{name}` was paired with another "
+                             f"collective on some rank (its words came back {words.tolist()}): every rank must "
+                             f"normalise the same way at the same point (all with a count, or all with "
+                             f"total_loss_tokens=, or all with the micro-batch)")
     if failure is not None:
         raise failure
     failed = int(words[1])

@@ -14,7 +14,8 @@ import torch
 
 from orchmllm.balancers import CostModel
 from orchmllm.runtime import (MultiStageRuntime, PeerFailureError, PlanMismatchError, PostBalancingDispatcher,
-                              all_reduce_gradients, normalize_loss)
+                              all_reduce_gradients, global_count, normalize_loss)
+from orchmllm.runtime.metadata import PeerInputError
 from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.launch import SpawnError, run_processes, spawn
@@ -710,6 +711,29 @@ def test_regression_normalize_loss_and_all_reduce_gradients_defaults_gave_gradie
         "for: op='mean' after normalize_loss(loss, count) (its default), op='sum' after normalize_loss(..., "
         "gradient_reduction='sum') or a loss divided by global_count(count)"] * 2
     assert spawn(scaled_reduction_job, 2, args=("mean",), timeout_s=60) == [[[1.5] * 3]] * 2  # the mean of x (1, 2)
+
+
+def mispaired_count_job(rank, size):
+    """Rank 0 sums a count, rank 1 posts another collective of as many bytes (a DDP bucket's, in a real loop)."""
+    if rank == 1:
+        torch.distributed.all_reduce(torch.tensor([0.5, 0.25, 2.0], dtype=torch.float64))
+        return "posted another"
+    try:
+        return int(global_count(4))
+    except PeerInputError as error:
+        return str(error)
+
+
+def test_regression_a_count_all_reduce_paired_with_another_collective_read_its_bytes_as_counts():
+    """Cause (probe18 P18-14): ranks normalising differently (a count on one, total_loss_tokens= on another) paired
+    global_count's all-reduce with DDP's, and its words were read as "4602678819172646912 rank(s) passed an invalid
+    num_loss_tokens" (where the flag word read 0, a garbage count, silently).  A third word, a tag each rank adds,
+    tells a mispaired collective."""
+    message, other = spawn(mispaired_count_job, 2, timeout_s=60)
+    assert message.startswith("rank 0: the all-reduce of `local_count` was paired with another collective on some "
+                              "rank") and message.endswith("every rank must normalise the same way at the same point "
+                                                           "(all with a count, or all with total_loss_tokens=, or all "
+                                                           "with the micro-batch)"), message
 
 
 def test_all_reduce_gradients_names_what_is_not_a_parameter():
