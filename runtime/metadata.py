@@ -141,11 +141,11 @@ def join_failed(group, num_columns: int) -> None:
             gather_metadata(np.zeros((0, num_columns), dtype=np.int64), group, num_columns, fingerprint=FAILED_INPUT)
 
 
-def gather_digests(digest: bytes, group=None) -> list[bytes]:
-    """Every rank's digest of equal length, in rank order (one all-gather of bytes)."""
+def gather_digests(digest: bytes, group=None, phase: str = "digest all-gather") -> list[bytes]:
+    """Every rank's digest of equal length, in rank order (one all-gather of bytes; `phase` names it in errors)."""
     mine = torch.tensor(list(digest), dtype=torch.uint8, device=comm_device(group))
     digests = [torch.empty_like(mine) for _ in range(group_size(group))]
-    with collective("digest all-gather", group):
+    with collective(phase, group):
         finish(dist.all_gather(digests, mine, group=group, async_op=True), group)
     return [bytes(d.cpu().tolist()) for d in digests]
 

@@ -302,8 +302,9 @@ class _Contract:
     the loss parts given to `normalize_loss`, whether the check ran, and the checks of the nested `accumulate`
     blocks it belongs to, outermost first (kept here: the check runs in the backward, on autograd's thread)."""
 
-    def __init__(self, micro: MicroBatch, model, outer: tuple = ()):
+    def __init__(self, micro: MicroBatch, model, outer: tuple = (), declined: bool = False):
         self.micro, self.model, self.names, self.parts, self.checked = micro, model, {}, [], False
+        self.declined = declined  # check=False: joins the check's all-reduce only, so a rank that checks never waits
         self.nest: list[_Contract] = outer[0].nest if outer else []
         self.nest.append(self)
         self.hidden = weakref.WeakKeyDictionary()  # reentrant checkpoint -> the parameters it ran (`recording`)
@@ -376,7 +377,8 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     (`contract`) and `model` reduces every parameter's gradient (DDP, FSDP2), the backward through the body's
     `normalize_loss(loss, micro)` results checks, as it starts, that the loss parts given there depend on every
     trainable parameter of `model` on every rank (`check_model_contract`, a collective); `check=False` (on every rank)
-    skips it.  A loop body without the block that, in a step due the check, runs a DDP or FSDP2 forward with grad and
+    skips it, its rank joining the check's all-reduce only (ranks passing different `check` are told so on every
+    rank).  A loop body without the block that, in a step due the check, runs a DDP or FSDP2 forward with grad and
     normalises with `micro` is refused on every rank (`watch_model_contract`): the block is the rule under both.  A loop
     left before the step's last micro-batch (its gradients never synchronised) is refused by its dispatcher's or
     runtime's next dispatch (`loop_left`; a step dropped on purpose, every gradient zeroed, is not: drop it alike on
@@ -425,9 +427,9 @@ def accumulate(model, micro: MicroBatch, *, check: bool = True):
     _active.ran.add(micro)
     if syncs and torch.is_grad_enabled():  # its sync held to the last (a no-grad block holds nothing, keeps all)
         _active.held = (micro, kind(model), weakref.ref(model), versions) if check and not micro.is_last else None
-    contract = _Contract(micro, model, outer) if check and micro.contract is not None and micro.is_last \
+    contract = _Contract(micro, model, outer, declined=not check) if micro.contract is not None and micro.is_last \
         and _reduces_every_parameter(model) else None
-    watching = recording(model, contract.hidden, contract.ran, contract.spans) if contract is not None \
+    watching = recording(model, contract.hidden, contract.ran, contract.spans) if contract is not None and check \
         else contextlib.nullcontext({})
     try:
         with gradient_sync(model, micro.is_last), watching as names:

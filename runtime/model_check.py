@@ -21,6 +21,9 @@ class ModelContractError(EncoderContractError):
     model (DDP, FSDP2) on some rank."""
 
 
+DECLINED = -2  # a rank's first word in the model check's all-reduce where it passed check=False
+
+
 def check_model_contract(contract, backward: bool = True, raised: Exception | None = None) -> None:
     """Raise `ModelContractError` on every rank (one all-reduce of two words per rank, as the backward of the
     micro-batch that reduces gradients starts, before any reduction) when, on some rank, the loss parts given to
@@ -38,25 +41,30 @@ def check_model_contract(contract, backward: bool = True, raised: Exception | No
     re-raise their own)."""
     micro, model, names = contract.micro, contract.model, contract.names
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    reached, opaque = reached_leaves(contract.parts, names, wanted, contract.hidden, _may_hide(contract)) \
-        if backward else (set(), False)
+    reached, opaque = (wanted, False) if contract.declined else reached_leaves(
+        contract.parts, names, wanted, contract.hidden, _may_hide(contract)) if backward else (set(), False)
     unused, unseen = ([], sorted(wanted - reached)) if opaque else (sorted(wanted - reached), [])
     bypassed = hasattr(model, "no_sync") and not hasattr(model, "set_requires_gradient_sync") and contract.ran \
         and "" not in contract.ran  # modules inside DDP ran, its own forward (which readies the reduction) not
     unused = sorted(wanted) if bypassed else unused
     group = micro.contract[0]
-    if not contract.ran and hasattr(model, "set_requires_gradient_sync"):  # its peers wait in the forward
+    if not contract.ran and not contract.declined and hasattr(model, "set_requires_gradient_sync"):
         if raised is not None:
             return
         raise _no_forward_under_fsdp2(micro, group)
     size, rank = group_size(group), group_rank(group)
     flags = torch.zeros(2 * size, dtype=torch.int64, device=comm_device(group))
-    flags[rank], flags[size + rank] = (-1, 0) if raised is not None else (len(unused), len(unseen))
+    flags[rank], flags[size + rank] = (-1, 0) if raised is not None else (DECLINED, 0) if contract.declined else (
+        len(unused), len(unseen))
     if size > 1:
         with collective(f"model check all-reduce of micro-batch {micro.index} (as its backward starts: every rank "
                         f"passes its loss through normalize_loss(loss, micro) and runs the backward, an empty "
                         f"micro-batch too)", group):
             finish(dist.all_reduce(flags, group=group, async_op=True), group)
+    declined = torch.nonzero(flags[:size] == DECLINED).flatten().tolist()
+    if declined and raised is None:  # the check's all-reduce was joined to pair with it, not to check
+        _declined(micro, rank, declined, size)
+        return
     failed, blind = (torch.nonzero(part).flatten().tolist() for part in flags.split(size))
     raising = torch.nonzero(flags[:size] < 0).flatten().tolist()
     if raised is not None and len(raising) == size:  # nobody waits: the error itself
@@ -96,6 +104,15 @@ def check_model_contract(contract, backward: bool = True, raised: Exception | No
     raise ModelContractError(f"rank {rank}: on ranks {failed} the loss of micro-batch {micro.index} leaves out "
                              f"parameters of the model given to `accumulate` ({named(contract)}; each rank named "
                              f"them); this rank stops with them: {advice}")
+
+
+def _declined(micro, rank: int, declined: list[int], size: int) -> None:
+    """Where ranks `declined` the model check (check=False) and others did not, a ModelContractError on every rank."""
+    if len(declined) < size:
+        raise ModelContractError(f"rank {rank}: ranks {declined} passed `accumulate(model, micro, check=False)` and "
+                                 f"the others check=True in micro-batch {micro.index} of {micro.num_microbatches}, "
+                                 f"a step due the model check: `check` must be the same on every rank (a rank that "
+                                 f"checks posts a collective its peers must join)")
 
 
 def _raised_problem(micro, rank: int, raising: list[int], raised: Exception | None) -> ModelContractError:

@@ -26,6 +26,7 @@ from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampl
                          watch_model_contract)
 
 INT64_MAX = 2**63 - 1
+SAME_CHECK = "every rank passes the same `check`: with it a rank gathers a digest first"  # (probe18 P18-13)
 COUNT_TAG = 0x6F726368  # each rank's third word of `global_count`: their sum tells a mispaired collective
 
 
@@ -228,7 +229,7 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
             p.grad = torch.zeros_like(p)
     for dtype in sorted(flats, key=str):
         params, flat = flats[dtype]
-        with collective("gradient all-reduce", group):
+        with collective(f"gradient all-reduce of all_reduce_gradients ({SAME_CHECK})", group):
             finish(dist.all_reduce(flat, group=group, async_op=True), group)
         if op == "mean":
             flat /= group_size(group)
@@ -289,7 +290,7 @@ def _same_parameters(parameters: list, problem: Exception | None, group, op: str
     digest = FAILED_INPUT if problem is not None else count + fingerprint(
         *((str(p.dtype), tuple(p.shape)) for p in parameters))[8:]
     sample = bytes(32) if problem is not None else _gradient_sample(flats)
-    digests = gather_digests(digest + sample, group)
+    digests = gather_digests(digest + sample, group, f"digest all-gather of all_reduce_gradients ({SAME_CHECK})")
     failed = [rank for rank, value in enumerate(digests) if value[:32] == FAILED_INPUT]
     if problem is not None:
         return

@@ -20,6 +20,7 @@ from orchmllm.runtime.demo.data import SyntheticMultimodal
 from orchmllm.runtime.demo import demo_stages
 from orchmllm.runtime.launch import SpawnError, run_processes, spawn
 from orchmllm.runtime.microbatch import accumulate
+from orchmllm.runtime.model_check import ModelContractError
 from orchmllm.runtime.demo.model import ModelConfig
 
 LENGTHS = [[9, 1, 7], [12, 3, 2], [2, 15], [4, 4, 8]]
@@ -734,6 +735,50 @@ def test_regression_a_count_all_reduce_paired_with_another_collective_read_its_b
                               "rank") and message.endswith("every rank must normalise the same way at the same point "
                                                            "(all with a count, or all with total_loss_tokens=, or all "
                                                            "with the micro-batch)"), message
+
+
+def check_differing_job(rank, size, where):
+    """A DDP step due the model check (M = 2) whose `accumulate` blocks, or a plain model whose all_reduce_gradients,
+    take check=True on rank 0 only: what each rank raised."""
+    torch.manual_seed(0)
+    if where == "all_reduce_gradients":
+        model = torch.nn.Linear(3, 1)
+        model(torch.ones(2, 3)).sum().backward()
+        try:
+            all_reduce_gradients(model, op="sum", check=rank == 0)
+        except PeerFailureError as error:
+            return str(error)
+        return "no error"
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).double())
+    dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=6)
+    plan = dispatcher.plan([5, 3, 4, 2] if rank == 0 else [6, 1, 1, 2])
+    x = torch.ones(14 if rank == 0 else 10, 3, dtype=torch.float64)
+    try:
+        for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": x}, plan)):
+            with accumulate(model, micro, check=rank == 0 if where == "accumulate" else False):
+                normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+    except ModelContractError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.parametrize("where", ["accumulate", "all_reduce_gradients", "every rank unchecked"])
+def test_regression_a_check_flag_differing_across_ranks_aborted_a_rank_or_read_as_a_dead_peer(where):
+    """Cause (probe18 P18-13): `accumulate(model, micro, check=...)` differing across ranks in a step due the model
+    check paired the check's all-reduce with DDP's bucket: gloo aborted one rank (SIGABRT) and reset the other; in
+    all_reduce_gradients a rank's digest all-gather met its peer's gradient all-reduce: a dead peer, no word of
+    `check`.  A rank with check=False now joins the model check's all-reduce only, and every rank raises naming the
+    ranks; all_reduce_gradients' collectives name `check` as the thing to make equal."""
+    outcomes = spawn(check_differing_job, 2, args=(where,), timeout_s=90, collective_timeout_s=10)
+    if where == "every rank unchecked":
+        assert outcomes == ["no error"] * 2
+    elif where == "accumulate":
+        for rank, message in enumerate(outcomes):
+            assert message.startswith(f"rank {rank}: ranks [1] passed `accumulate(model, micro, check=False)` and the "
+                                      f"others check=True in micro-batch 1 of 2, a step due the model check"), message
+    else:
+        assert all("(every rank passes the same `check`: with it a rank gathers a digest first)" in message
+                   for message in outcomes), outcomes
 
 
 def test_all_reduce_gradients_names_what_is_not_a_parameter():
