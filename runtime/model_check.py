@@ -242,14 +242,20 @@ def check_reduction(models, micro, reduction: str, loss: torch.Tensor) -> None:
     `models` scales for another reduction than theirs: where nested blocks reduce two ways, those of the models whose
     parameters `loss` reaches (every rank runs the same models and call: every rank raises)."""
     size = micro.world_size
-    combines = [(model, _model_reduction(model, size)) for model in models]
+    combines = [(model, way) for model in models if (way := _model_reduction(model, size)) is not None]
     if len({way for _, way in combines}) > 1:  # an actor's and a critic's: the loss's own models
         reached = _leaves(loss)
         combines = [(model, way) for model, way in combines
                     if any(id(parameter) in reached for parameter in _graph_parameters(model))]
-    if any(way is None or way == reduction for _, way in combines) or not combines:
+        if len({way for _, way in combines}) > 1:
+            raise ValueError(f"normalize_loss(loss, micro, ...) in nested `accumulate` blocks: the loss reaches "
+                             f"{' and '.join(f'{kind(model)}, which reduces by {way}' for model, way in combines)}, "
+                             f"so no gradient_reduction is right for both: normalise each model's part of the loss "
+                             f"on its own, with its reduction")
+    wrong = [(model, way) for model, way in combines if way != reduction]
+    if not wrong:
         return
-    model, way = combines[0]
+    model, way = wrong[0]
     how = ("averages gradients across ranks (DDP, FSDP2 by default or dividing by the world size)" if way == "mean"
            else "sums gradients across ranks (FSDP2 after set_gradient_divide_factor(1.0))")
     off = f"too {'large' if reduction == 'mean' else 'small'}"

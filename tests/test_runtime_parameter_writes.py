@@ -449,6 +449,9 @@ def nested_job(rank, size, critic_reduction):
         for micro in dispatcher.microbatches(plan, dispatcher.dispatch({"x": features(0, rank)}, plan)):
             with accumulate(ddp, micro), accumulate(critic, micro):
                 x = micro.data["x"]
+                if critic_reduction == "one loss":  # both models' parts normalised once: no scale fits both
+                    normalize_loss(ddp(x).pow(2).sum() + critic(x).pow(2).sum(), micro).backward()
+                    continue
                 (normalize_loss(ddp(x).pow(2).sum(), micro) + normalize_loss(
                     critic(x).pow(2).sum(), micro, gradient_reduction=critic_reduction)).backward()
     except ValueError as error:
@@ -471,6 +474,10 @@ def test_regression_nested_blocks_reducing_two_ways_refused_a_loss_its_own_model
     for message in spawn(nested_job, 2, args=("mean",), timeout_s=60):
         assert message.startswith("ValueError: normalize_loss(loss, micro, gradient_reduction='mean') in `accumulate` "
                                   "of FSDPSequential, which sums gradients across ranks"), message
+    for message in spawn(nested_job, 2, args=("one loss",), timeout_s=60):  # review13 R13-13, probe18 P18-20
+        assert message.startswith("ValueError: normalize_loss(loss, micro, ...) in nested `accumulate` blocks: the "
+                                  "loss reaches DistributedDataParallel of Sequential, which reduces by mean and "
+                                  "FSDPSequential, which reduces by sum, so no gradient_reduction is right"), message
 
 
 def test_the_reduction_check_on_one_rank_says_the_scale_is_off_only_on_more():
