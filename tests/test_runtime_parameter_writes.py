@@ -353,6 +353,18 @@ def test_regression_fsdp2_kept_unsharded_by_a_no_grad_forward_made_the_parameter
             torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-12)
 
 
+def assert_reference_gradients(job, *args, copies=1):
+    """`job(*args)` on 2 ranks gives, on each, the gradients of one float64 pass of `sequential()` over step 0's rows
+    of every rank (`copies` times over: a model per copy)."""
+    net = sequential()
+    batch = torch.cat([features(0, rank) for rank in STEPS[0]])
+    (net(batch).pow(2).sum() / batch.shape[0]).backward()
+    for gradients in spawn(job, 2, args=args, timeout_s=60):
+        assert not isinstance(gradients, str), gradients
+        for got, parameter in zip(gradients, [*net.parameters()] * copies, strict=True):
+            torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+
+
 def reduction_job(rank, size, wrap, reduction):
     """One step (M >= 2) of `sequential()` under `wrap` ('fsdp2_sum': FSDP2 told to sum, set_gradient_divide_factor(1);
     'ddp': averaging), its loss normalised for `reduction`: the full gradients, or what was raised."""
@@ -388,13 +400,7 @@ def test_regression_a_loss_scaled_for_another_reduction_than_the_models_gave_gra
             f"ValueError: normalize_loss(loss, micro, gradient_reduction={wrong!r}) in `accumulate` of ") and \
             message.endswith(f"the gradients would come out 2 times too {'large' if wrong == 'mean' else 'small'} "
                              f"(the world size); pass gradient_reduction={right!r}"), message
-    net = sequential()
-    batch = torch.cat([features(0, rank) for rank in STEPS[0]])
-    (net(batch).pow(2).sum() / batch.shape[0]).backward()
-    for gradients in spawn(reduction_job, 2, args=(wrap, right), timeout_s=60):
-        assert not isinstance(gradients, str), gradients
-        for got, parameter in zip(gradients, net.parameters(), strict=True):
-            torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+    assert_reference_gradients(reduction_job, wrap, right)
 
 
 def test_regression_a_root_told_to_sum_over_a_unit_that_averages_gave_that_units_gradients_one_world_size_off():
@@ -406,13 +412,7 @@ def test_regression_a_root_told_to_sum_over_a_unit_that_averages_gave_that_units
         assert isinstance(message, str) and message.startswith(
             "ValueError: the FSDP2 modules of FSDPSequential reduce gradients two ways: '0' (FSDPLinear) averages them "
             "and the root (FSDPSequential) sums them (set_gradient_divide_factor(1.0))"), message
-    net = sequential()
-    batch = torch.cat([features(0, rank) for rank in STEPS[0]])
-    (net(batch).pow(2).sum() / batch.shape[0]).backward()
-    for gradients in spawn(reduction_job, 2, args=("fsdp2_sum_every", "sum"), timeout_s=60):
-        assert not isinstance(gradients, str), gradients
-        for got, parameter in zip(gradients, net.parameters(), strict=True):
-            torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+    assert_reference_gradients(reduction_job, "fsdp2_sum_every", "sum")
 
 
 def test_regression_an_fsdp2_divide_factor_other_than_1_was_taken_for_a_reduction_the_check_cannot_tell():
@@ -426,13 +426,7 @@ def test_regression_an_fsdp2_divide_factor_other_than_1_was_taken_for_a_reductio
         assert isinstance(message, str) and message.startswith(
             "ValueError: the FSDP2 unit at the root (FSDPSequential) of FSDPSequential divides its gradients by "
             "set_gradient_divide_factor(4.0), neither 1 (a sum) nor the world size 2 (a mean)"), message
-    net = sequential()
-    batch = torch.cat([features(0, rank) for rank in STEPS[0]])
-    (net(batch).pow(2).sum() / batch.shape[0]).backward()
-    for gradients in spawn(reduction_job, 2, args=("fsdp2_world", "mean"), timeout_s=60):
-        assert not isinstance(gradients, str), gradients
-        for got, parameter in zip(gradients, net.parameters(), strict=True):
-            torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+    assert_reference_gradients(reduction_job, "fsdp2_world", "mean")
 
 
 def nested_job(rank, size, critic_reduction):
@@ -464,13 +458,7 @@ def test_regression_nested_blocks_reducing_two_ways_refused_a_loss_its_own_model
     normalised for its own model, every rank raised: the check held each loss against every open block's model.
     Where the blocks' models reduce two ways, a loss is held against the models its graph reaches: the right scales
     give one float64 pass's gradients, the critic's loss scaled for 'mean' is refused naming it."""
-    net = sequential()
-    batch = torch.cat([features(0, rank) for rank in STEPS[0]])
-    (net(batch).pow(2).sum() / batch.shape[0]).backward()
-    for gradients in spawn(nested_job, 2, args=("sum",), timeout_s=60):
-        assert not isinstance(gradients, str), gradients
-        for got, parameter in zip(gradients, [*net.parameters()] * 2, strict=True):
-            torch.testing.assert_close(got, parameter.grad, rtol=0, atol=1e-12)
+    assert_reference_gradients(nested_job, "sum", copies=2)
     for message in spawn(nested_job, 2, args=("mean",), timeout_s=60):
         assert message.startswith("ValueError: normalize_loss(loss, micro, gradient_reduction='mean') in `accumulate` "
                                   "of FSDPSequential, which sums gradients across ranks"), message
