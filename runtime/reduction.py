@@ -198,7 +198,7 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
     collective: their gradients were reduced already, and so is, with `check`, a DDP model given as the module
     (DDP reduced them at the backward, unless every backward ran under `no_sync()`); a DDP model's parameters
     given otherwise reduce again, which op "mean" keeps and op "sum" multiplies by the world size: with `check`, a
-    sum of gradients that are the same on every rank (a sample of each, in the digest) is refused.
+    sum of gradients that are the same on every rank (SAMPLED values spread over them, in the digest) is refused.
     """
     if op is None:  # no default: "sum" once silently multiplied normalize_loss's default scale by the world size
         raise TypeError("all_reduce_gradients takes `op`, the gradient_reduction that normalize_loss scaled these "
