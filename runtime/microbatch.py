@@ -485,7 +485,7 @@ def watch_model_contract(loss_sum: torch.Tensor, normalized: torch.Tensor, micro
         unwritten(micro, model, versions, steps)
         uncleared(micro, model)
     if checked and micro.contract is not None:  # the models' reductions against the loss's scale (`reduction`)
-        check_reduction([entry[1] for entry in checked], micro, reduction, loss_sum)
+        check_reduction([entry[1] for entry in checked], micro, reduction, loss_sum, len(mine) > 1)
     for _, model, _, _, _ in mine:
         if micro.is_last and hasattr(model, "no_sync"):
             one_synced_backward(model, micro, normalized)

@@ -237,21 +237,22 @@ def _model_reduction(model, size: int) -> str | None:
     return "mean" if hasattr(model, "no_sync") and getattr(model, "_comm_hooks", None) == [] else None
 
 
-def check_reduction(models, micro, reduction: str, loss: torch.Tensor) -> None:
+def check_reduction(models, micro, reduction: str, loss: torch.Tensor, nested: bool) -> None:
     """A ValueError where `normalize_loss(loss, micro, gradient_reduction=reduction)` in `accumulate` blocks of
-    `models` scales for another reduction than theirs: where nested blocks reduce two ways, those of the models whose
-    parameters `loss` reaches (every rank runs the same models and call: every rank raises)."""
+    `models` scales for another reduction than theirs: in `nested` blocks, those of the models whose parameters `loss`
+    reaches (every rank runs the same models and call: every rank raises)."""
     size = micro.world_size
-    combines = [(model, way) for model in models if (way := _model_reduction(model, size)) is not None]
-    if len({way for _, way in combines}) > 1:  # an actor's and a critic's: the loss's own models
+    combines = [(model, _model_reduction(model, size)) for model in models]
+    if nested:  # an actor's block and a critic's (a plain one's too): the loss's own models
         reached = _leaves(loss)
         combines = [(model, way) for model, way in combines
                     if any(id(parameter) in reached for parameter in _graph_parameters(model))]
-        if len({way for _, way in combines}) > 1:
-            raise ValueError(f"normalize_loss(loss, micro, ...) in nested `accumulate` blocks: the loss reaches "
-                             f"{' and '.join(f'{kind(model)}, which reduces by {way}' for model, way in combines)}, "
-                             f"so no gradient_reduction is right for both: normalise each model's part of the loss "
-                             f"on its own, with its reduction")
+    combines = [(model, way) for model, way in combines if way is not None]  # a plain model's is the caller's
+    if len({way for _, way in combines}) > 1:
+        raise ValueError(f"normalize_loss(loss, micro, ...) in nested `accumulate` blocks: the loss reaches "
+                         f"{' and '.join(f'{kind(model)}, which reduces by {way}' for model, way in combines)}, so "
+                         f"no gradient_reduction is right for both: normalise each model's part of the loss on its "
+                         f"own, with its reduction")
     wrong = [(model, way) for model, way in combines if way != reduction]
     if not wrong:
         return

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from orchmllm.runtime import PostBalancingDispatcher, normalize_loss
+from orchmllm.runtime import PostBalancingDispatcher, all_reduce_gradients, normalize_loss
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.microbatch import ModelContractError, accumulate
 
@@ -430,13 +430,16 @@ def test_regression_an_fsdp2_divide_factor_other_than_1_was_taken_for_a_reductio
 
 
 def nested_job(rank, size, critic_reduction):
-    """One step of nested blocks: a DDP actor (averages) and an FSDP2 critic told to sum, each loss normalised, the
-    critic's with `critic_reduction`: what was raised, else both models' full gradients."""
+    """One step of nested blocks: a DDP actor (averages) and an FSDP2 critic told to sum (a plain one reduced by hand
+    with op 'sum' where `critic_reduction` is "plain"), each loss normalised, the critic's with `critic_reduction`
+    ('sum' for the plain one): what was raised, else both models' full gradients."""
     from torch.distributed.fsdp import fully_shard
 
     actor, critic_net = sequential(), sequential()
-    ddp, critic = nn.parallel.DistributedDataParallel(actor), fully_shard(critic_net)
-    critic.set_gradient_divide_factor(1.0)
+    ddp, critic = nn.parallel.DistributedDataParallel(actor), critic_net
+    if critic_reduction != "plain":
+        critic = fully_shard(critic_net)
+        critic.set_gradient_divide_factor(1.0)
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
     plan = dispatcher.plan(STEPS[0][rank])
     try:
@@ -446,11 +449,15 @@ def nested_job(rank, size, critic_reduction):
                 if critic_reduction == "one loss":  # both models' parts normalised once: no scale fits both
                     normalize_loss(ddp(x).pow(2).sum() + critic(x).pow(2).sum(), micro).backward()
                     continue
+                reduction = "sum" if critic_reduction == "plain" else critic_reduction
                 (normalize_loss(ddp(x).pow(2).sum(), micro) + normalize_loss(
-                    critic(x).pow(2).sum(), micro, gradient_reduction=critic_reduction)).backward()
+                    critic(x).pow(2).sum(), micro, gradient_reduction=reduction)).backward()
     except ValueError as error:
         return f"{type(error).__name__}: {error}"
-    return [p.grad.detach() for p in actor.parameters()] + [p.grad.full_tensor() for p in critic_net.parameters()]
+    if critic_reduction == "plain":
+        all_reduce_gradients(critic, op="sum")
+    return [p.grad.detach() for p in actor.parameters()] + [getattr(p.grad, "full_tensor", lambda: p.grad)()
+                                                              for p in critic_net.parameters()]
 
 
 def test_regression_nested_blocks_reducing_two_ways_refused_a_loss_its_own_model_reduces_right():
@@ -459,6 +466,7 @@ def test_regression_nested_blocks_reducing_two_ways_refused_a_loss_its_own_model
     Where the blocks' models reduce two ways, a loss is held against the models its graph reaches: the right scales
     give one float64 pass's gradients, the critic's loss scaled for 'mean' is refused naming it."""
     assert_reference_gradients(nested_job, "sum", copies=2)
+    assert_reference_gradients(nested_job, "plain", copies=2)  # probe18 P18-21: held against the DDP actor before
     for message in spawn(nested_job, 2, args=("mean",), timeout_s=60):
         assert message.startswith("ValueError: normalize_loss(loss, micro, gradient_reduction='mean') in `accumulate` "
                                   "of FSDPSequential, which sums gradients across ranks"), message
