@@ -243,11 +243,16 @@ def check_reduction(models, micro, reduction: str, loss: torch.Tensor, nested: b
     reaches (every rank runs the same models and call: every rank raises)."""
     size = micro.world_size
     combines = [(model, _model_reduction(model, size)) for model in models]
-    if nested:  # an actor's block and a critic's (a plain one's too): the loss's own models
-        reached = _leaves(loss)
+    reached, blind = _leaves(loss) if nested else (set(), False)
+    if nested and not blind:  # an actor's block and a critic's (a plain one's too): the loss's own models
         combines = [(model, way) for model, way in combines
                     if any(id(parameter) in reached for parameter in _graph_parameters(model))]
     combines = [(model, way) for model, way in combines if way is not None]  # a plain model's is the caller's
+    if len({way for _, way in combines}) > 1 and blind:
+        raise ValueError(f"normalize_loss(loss, micro, ...) in nested `accumulate` blocks of models that reduce two "
+                         f"ways ({', '.join(f'{kind(model)} by {way}' for model, way in combines)}): a reentrant "
+                         f"checkpoint in the loss's graph hides which of them it reaches, so its scale cannot be "
+                         f"checked; checkpoint with use_reentrant=False (or pass check=False to these blocks)")
     if len({way for _, way in combines}) > 1:
         raise ValueError(f"normalize_loss(loss, micro, ...) in nested `accumulate` blocks: the loss reaches "
                          f"{' and '.join(f'{kind(model)}, which reduces by {way}' for model, way in combines)}, so "
@@ -267,9 +272,10 @@ def check_reduction(models, micro, reduction: str, loss: torch.Tensor, nested: b
         f"{how}: {what}; pass gradient_reduction={way!r}")
 
 
-def _leaves(tensor: torch.Tensor) -> set[int]:
-    """The ids of the leaf tensors the autograd graph of `tensor` accumulates gradients into."""
-    leaves, seen, stack = set(), set(), [tensor.grad_fn]
+def _leaves(tensor: torch.Tensor) -> tuple[set[int], bool]:
+    """The ids of the leaf tensors the autograd graph of `tensor` accumulates gradients into, and whether it is blind
+    there: a reentrant checkpoint's node hides the parameters its function uses."""
+    leaves, seen, stack, blind = set(), set(), [tensor.grad_fn], False
     while stack:
         node = stack.pop()
         if node is None or node in seen:
@@ -277,8 +283,9 @@ def _leaves(tensor: torch.Tensor) -> set[int]:
         seen.add(node)
         if hasattr(node, "variable"):  # an AccumulateGrad node
             leaves.add(id(node.variable))
+        blind |= type(node).__name__ == "CheckpointFunctionBackward"
         stack.extend(following for following, _ in node.next_functions)
-    return leaves
+    return leaves, blind
 
 
 def _graph_parameters(model) -> list:

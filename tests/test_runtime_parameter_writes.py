@@ -449,6 +449,11 @@ def nested_job(rank, size, critic_reduction):
                 if critic_reduction == "one loss":  # both models' parts normalised once: no scale fits both
                     normalize_loss(ddp(x).pow(2).sum() + critic(x).pow(2).sum(), micro).backward()
                     continue
+                if critic_reduction == "checkpointed actor":  # the actor's loss scaled for 'sum', its graph hidden
+                    hidden = x.detach().requires_grad_()
+                    actor_out = torch.utils.checkpoint.checkpoint(ddp, hidden, use_reentrant=True)
+                    normalize_loss(actor_out.pow(2).sum(), micro, gradient_reduction="sum").backward()
+                    continue
                 reduction = "sum" if critic_reduction == "plain" else critic_reduction
                 (normalize_loss(ddp(x).pow(2).sum(), micro) + normalize_loss(
                     critic(x).pow(2).sum(), micro, gradient_reduction=reduction)).backward()
@@ -467,6 +472,12 @@ def test_regression_nested_blocks_reducing_two_ways_refused_a_loss_its_own_model
     give one float64 pass's gradients, the critic's loss scaled for 'mean' is refused naming it."""
     assert_reference_gradients(nested_job, "sum", copies=2)
     assert_reference_gradients(nested_job, "plain", copies=2)  # probe18 P18-21: held against the DDP actor before
+    for message in spawn(nested_job, 2, args=("checkpointed actor",), timeout_s=60):  # review13 R13-14: passed
+        assert message == (
+            "ValueError: normalize_loss(loss, micro, ...) in nested `accumulate` blocks of models that reduce two ways "
+            "(DistributedDataParallel of Sequential by mean, FSDPSequential by sum): a reentrant checkpoint in the "
+            "loss's graph hides which of them it reaches, so its scale cannot be checked; checkpoint with "
+            "use_reentrant=False (or pass check=False to these blocks)"), message
     for message in spawn(nested_job, 2, args=("mean",), timeout_s=60):
         assert message.startswith("ValueError: normalize_loss(loss, micro, gradient_reduction='mean') in `accumulate` "
                                   "of FSDPSequential, which sums gradients across ranks"), message
