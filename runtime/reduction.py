@@ -242,11 +242,16 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
 def _parameter_list(parameters, check: bool) -> list:
     """`all_reduce_gradients`' `parameters` as a list of leaf tensors (TypeError naming `parameters` otherwise); with
     `check`, a Module holding a DDP model refused."""
-    if check and isinstance(parameters, torch.nn.Module) and any(
-            isinstance(part, torch.nn.parallel.DistributedDataParallel) for part in parameters.modules()):
-        raise TypeError("all_reduce_gradients was given a DistributedDataParallel model, whose gradients DDP "
-                        "all-reduced at the backward: drop this call (a second reduction multiplies them by the world "
-                        "size with op='sum'); if every backward ran under `no_sync()`, pass check=False")
+    ddp = [name for name, part in parameters.named_modules()
+           if isinstance(part, torch.nn.parallel.DistributedDataParallel)] if isinstance(parameters, torch.nn.Module) \
+        else []
+    if check and ddp:
+        what = ("a DistributedDataParallel model" if ddp == [""] else
+                f"a module holding DistributedDataParallel {', '.join(repr(name) for name in ddp if name)}")
+        fix = "drop this call" if ddp == [""] else "pass the other parameters only"
+        raise TypeError(f"all_reduce_gradients was given {what}, whose gradients DDP all-reduced at the backward: "
+                        f"{fix} (a second reduction multiplies them by the world size with op='sum'); if every "
+                        f"backward ran under `no_sync()`, pass check=False")
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     elif isinstance(parameters, torch.nn.Module):

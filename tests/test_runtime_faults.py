@@ -662,7 +662,8 @@ def parameter_forms_job(rank, size):
     seen["module_local"] = [g.tolist() for g in expected]
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).double())
     ddp(torch.full((2, 3), rank + 1.0, dtype=torch.float64)).sum().backward()
-    for form, op in ((ddp, "mean"), (list(ddp.parameters()), "sum")):
+    holder = torch.nn.ModuleDict({"enc": ddp, "llm": torch.nn.Linear(3, 1)})  # review13 R13-06: named, not dropped
+    for form, op in ((ddp, "mean"), (list(ddp.parameters()), "sum"), (holder, "mean")):
         try:
             all_reduce_gradients(form, op=op)
         except (TypeError, ValueError) as error:
@@ -686,6 +687,9 @@ def test_regression_one_parameter_a_module_or_a_ddp_models_parameters_were_reduc
                                          "model, whose gradients DDP all-reduced"), seen["ddp"]
         assert seen["ddp"][1].startswith("ValueError: all_reduce_gradients(op='sum') of gradients that are the same "
                                          "on all 2 ranks (64 values spread over them, bit for bit)"), seen["ddp"]
+        assert seen["ddp"][2].startswith("TypeError: all_reduce_gradients was given a module holding "
+                                         "DistributedDataParallel 'enc', whose gradients DDP all-reduced at the "
+                                         "backward: pass the other parameters only"), seen["ddp"]
         assert seen["ddp_mean"] == [[3.0] * 3]  # (2 rows x (1 + 2) / 2 ranks): DDP's mean, kept by the mean
 
 
