@@ -216,11 +216,11 @@ def test_the_default_degrees_refused_by_a_small_job_are_named_with_the_degrees_t
     """probe18 P18-11: `ContextParallel()` on 4 ranks (or 4 GPUs a node) blamed `degrees` the user never set; the
     refusal now says they are the default and what to pass, and what it suggests plans the job."""
     with pytest.raises(ValueError, match=r"`context_parallel.degrees` \(1, 2, 4, 8\), the default, holds 8 > .*; "
-                                         r"pass ContextParallel\(degrees=\(1, 2, 4\)\) for this job$"):
+                                         r"pass degrees=\(1, 2, 4\) for this job, keeping the spec.s other settings$"):
         call(ContextParallel())
     assert call(ContextParallel(degrees=(1, 2, 4))).degree.max() == 4
     with pytest.raises(ValueError, match=r"`context_parallel.degrees` holds 4 > num_ranks 2: .*; pass "
-                                         r"ContextParallel\(degrees=\(1, 2\)\) for this job$"):
+                                         r"degrees=\(1, 2\) for this job, keeping the spec.s other settings$"):
         balance([1, 2, 3], 2, context_parallel=ContextParallel(degrees=(1, 2, 4)))  # explicit: no word of a default
 
 

@@ -52,7 +52,7 @@ def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -
     if refused:
         fitting = tuple(degree for degree in spec.degrees if not reasons[degree])
         default = f" {spec.degrees}, the default," if spec.degrees == DEFAULT_DEGREES else ""
-        remedy = f"; pass ContextParallel(degrees={fitting}) for this job" if fitting else ""
+        remedy = f"; pass degrees={fitting} for this job, keeping the spec's other settings" if fitting else ""
         raise ValueError(f"`context_parallel.degrees`{default} holds {refused[0]}{reasons[refused[0]]}{remedy}")
     return np.array(spec.degrees, dtype=np.int64)
 
