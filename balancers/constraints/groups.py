@@ -23,14 +23,15 @@ def as_groups(groups, num_items: int) -> np.ndarray:
     >>> as_groups(["b", "a", "b"], 3).tolist()
     [1, 0, 1]
     """
-    if isinstance(groups, (list, tuple)):  # numpy would print ints as strs beside a str id, bools as ints
+    array = as_array(groups, "groups", "group ids (ints or strs)")
+    if isinstance(groups, (list, tuple)) and (  # numpy printed ints as strs beside a str id, read bools as ints
+            array.dtype.kind == "U" and not all(isinstance(g, str) for g in groups)
+            or array.dtype.kind in "iu" and any(isinstance(g, (bool, np.bool_)) for g in groups)):
         kinds = {str if isinstance(g, str) else bool if isinstance(g, (bool, np.bool_)) else
                  int if isinstance(g, (int, np.integer)) else type(g) for g in groups}
-        if len(kinds) > 1 and kinds <= {str, bool, int}:  # other kinds: the dtype check below names them
-            names = ", ".join(sorted(kind.__name__ for kind in kinds))
-            raise TypeError(f"`groups` must hold group ids of one kind, all ints or all strs; got {names} (an id "
-                            f"printed alike in two kinds, \"1\" and 1, would be taken for one group)")
-    array = as_array(groups, "groups", "group ids (ints or strs)")
+        names = ", ".join(sorted(kind.__name__ for kind in kinds))
+        raise TypeError(f"`groups` must hold group ids of one kind, all ints or all strs; got {names} (an id "
+                        f"printed alike in two kinds, \"1\" and 1, would be taken for one group)")
     if array.dtype.kind not in "iuU" or array.dtype.kind == "b":
         raise TypeError(f"`groups` must hold integer or str group ids; got dtype {array.dtype}")
     if array.shape != (num_items,):
