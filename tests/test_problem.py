@@ -256,7 +256,8 @@ def test_torch_lengths_without_dense_values_are_refused_naming_the_argument(kind
     tensor = {"meta": lambda: dense.to("meta"), "sparse_coo": dense.to_sparse,
               "sparse_csr": lambda: dense.reshape(2, 2).to_sparse_csr()}[kind]()
     message = (r"`{}` is a meta tensor, which has a shape but no values; pass a tensor with values" if kind == "meta"
-               else rf"`{{0}}` is a tensor of layout torch.{kind}, not a dense one; pass `{{0}}.to_dense\(\)` or a list")
+               else rf"`{{0}}` is a tensor of layout torch.{kind}, not a dense one; pass `{{0}}.to_dense\(\)` or "
+                    r"a list")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch: "Sparse CSR tensor support is in beta state"
         for call, name in ((lambda: balance(tensor, 2), "lengths"),

@@ -13,9 +13,9 @@ from ..problem import sorted_order
 
 
 def _by_key(members: np.ndarray, keys: np.ndarray, order: np.ndarray, of_order: np.ndarray) -> np.ndarray:
-    """`members` sorted by (keys, order), keys non-negative, `order` a permutation of range(n) and `of_order` its inverse: where
-    the members' keys fit 16 bits, numpy's radix argsort of them, stable, over the members listed in `order`
-    (already so where `order` is the identity, passed as both, and they ascend); else one sort of the packed
+    """`members` sorted by (keys, order), keys non-negative, `order` a permutation of range(n) and `of_order` its
+    inverse: where the members' keys fit 16 bits, numpy's radix argsort of them, stable, over the members listed in
+    `order` (already so where `order` is the identity, passed as both, and they ascend); else one sort of the packed
     keys key · n + order, decoded (a third of an argsort's time, and several times a 16-bit radix's)."""
     member_keys = keys[members]
     if not member_keys.size or int(member_keys.max()) >= 2**16:
