@@ -14,6 +14,8 @@ by D), after which the reduced gradient is exactly that of L.
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 import torch.distributed as dist
 
@@ -27,7 +29,7 @@ from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampl
 
 INT64_MAX = 2**63 - 1
 SAME_CHECK = "every rank passes the same `check`: with it a rank gathers a digest first"  # (probe18 P18-13)
-COUNT_TAG = 0x6F726368  # each rank's third word of `global_count`: their sum tells a mispaired collective
+COUNT_TAG = 0x6F726368  # with the name's CRC, each rank's third word of `global_count` (`_count_tag`)
 
 
 def _count_value(value, name: str, num_ranks: int) -> int:
@@ -75,10 +77,10 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
     except (TypeError, ValueError) as error:
         count, failure = torch.tensor(0, dtype=torch.int64), error
     words = torch.stack((count, torch.zeros_like(count) + int(failure is not None),
-                         torch.zeros_like(count) + COUNT_TAG)).to(comm_device(group))
+                         torch.zeros_like(count) + _count_tag(name))).to(comm_device(group))
     with collective(f"`{name}` all-reduce", group):
         finish(dist.all_reduce(words, group=group, async_op=True), group)
-    if int(words[2]) != COUNT_TAG * group_size(group):  # paired with another rank's collective (a DDP bucket's)
+    if int(words[2]) != _count_tag(name) * group_size(group):  # paired with another collective, another count's
         raise PeerInputError(f"rank {group_rank(group)}: the all-reduce of `{name}` was paired with another "
                              f"collective on some rank (its words came back {words.tolist()}): every rank must "
                              f"normalise the same way at the same point (all with a count, or all with "
@@ -90,6 +92,11 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
         raise PeerInputError(f"{failed} rank(s) passed an invalid `{name}` (each raised why); rank "
                              f"{group_rank(group)} stops with them")
     return words[0]
+
+
+def _count_tag(name: str) -> int:
+    """`global_count`'s third word for a count named `name` (so two counts paired across ranks are told apart)."""
+    return COUNT_TAG + zlib.crc32(name.encode())
 
 
 def _per_microbatch_count(where: str, way_out: str = "") -> ValueError:
