@@ -248,12 +248,13 @@ def check_reduction(models, micro, reduction: str, loss: torch.Tensor, nested: b
         combines = [(model, way) for model, way in combines
                     if any(id(parameter) in reached for parameter in _graph_parameters(model))]
     combines = [(model, way) for model, way in combines if way is not None]  # a plain model's is the caller's
-    if len({way for _, way in combines}) > 1 and blind:
+    two_ways = len({way for _, way in combines}) > 1
+    if two_ways and blind:
         raise ValueError(f"normalize_loss(loss, micro, ...) in nested `accumulate` blocks of models that reduce two "
                          f"ways ({', '.join(f'{kind(model)} by {way}' for model, way in combines)}): a reentrant "
                          f"checkpoint in the loss's graph hides which of them it reaches, so its scale cannot be "
                          f"checked; checkpoint with use_reentrant=False (or pass check=False to these blocks)")
-    if len({way for _, way in combines}) > 1:
+    if two_ways:
         raise ValueError(f"normalize_loss(loss, micro, ...) in nested `accumulate` blocks: the loss reaches "
                          f"{' and '.join(f'{kind(model)}, which reduces by {way}' for model, way in combines)}, so "
                          f"no gradient_reduction is right for both: normalise each model's part of the loss on its "

@@ -77,10 +77,10 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
     except (TypeError, ValueError) as error:
         count, failure = torch.tensor(0, dtype=torch.int64), error
     words = torch.stack((count, torch.zeros_like(count) + int(failure is not None),
-                         torch.zeros_like(count) + _count_tag(name))).to(comm_device(group))
+                         torch.zeros_like(count) + (tag := _count_tag(name)))).to(comm_device(group))
     with collective(f"`{name}` all-reduce", group):
         finish(dist.all_reduce(words, group=group, async_op=True), group)
-    if int(words[2]) != _count_tag(name) * group_size(group):  # paired with another collective, another count's
+    if int(words[2]) != tag * group_size(group):  # paired with another collective, another count's
         raise PeerInputError(f"rank {group_rank(group)}: the all-reduce of `{name}` was paired with another "
                              f"collective on some rank (its words came back {words.tolist()}): every rank must "
                              f"normalise the same way at the same point (all with a count, or all with "
