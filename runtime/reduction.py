@@ -15,6 +15,7 @@ by D), after which the reduced gradient is exactly that of L.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -188,7 +189,8 @@ def _divided(loss_sum: torch.Tensor, total: torch.Tensor, group, gradient_reduct
 def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check: bool = True) -> None:
     """All-reduce `.grad` of every parameter in place ("sum" or "mean"), one flat buffer per dtype.
 
-    `parameters`: an iterable of a model's parameters (leaf tensors), a Module (its parameters) or one tensor.
+    `parameters`: an iterable of a model's parameters (leaf tensors), a Module (its parameters) or one tensor; one
+    that yields none (a `model.parameters()` generator iterated already) is refused.
     `op` is required: the `gradient_reduction` that `normalize_loss` scaled these parameters' losses for ("mean",
     its default, multiplies them by the world size; "sum"), or "sum" for losses divided by the global count by hand
     (`global_count`); another gives gradients the world size off.
@@ -214,11 +216,10 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
     checked_reduction(op, "op")
     check = as_bool(check, "check")
     checked_group(group)
-    parameters = [p for p in _parameter_list(parameters, check) if p.requires_grad]
-    sparse = next((p for p in parameters if p.grad is not None and p.grad.layout != torch.strided), None)
-    problem = None if sparse is None else TypeError(
-        f"all_reduce_gradients reduces dense gradients; a parameter of shape {tuple(sparse.shape)} has a "
-        f"{sparse.grad.layout} one (a sparse embedding: reduce it yourself, or use a dense embedding)")
+    given = _parameter_list(parameters, check)
+    problem = _empty_problem(parameters, group) if not given else None
+    parameters = [p for p in given if p.requires_grad]
+    problem = problem or _sparse_problem(parameters)
     reduced = next((p for p in parameters if _dtensor(p) or reduced_by_ddp(p)), None)
     if reduced is not None:  # the same on every rank (the same model): no collective needed to agree
         raise TypeError(
@@ -277,6 +278,23 @@ def _parameter_list(parameters, check: bool) -> list:
                             f"sets; item {index} of shape {tuple(p.shape)} was computed (grad_fn "
                             f"{type(p.grad_fn).__name__}): pass the parameters themselves")
     return listed
+
+
+def _empty_problem(parameters, group) -> ValueError:
+    """The refusal of `all_reduce_gradients`' `parameters` that yielded no tensor."""
+    cause = (" (a generator such as `model.parameters()` yields its parameters once: one iterated already, by an "
+             "optimizer built from it or an earlier call, yields none; pass the module itself or "
+             "`list(model.parameters())`)" if isinstance(parameters, Iterator) else "")
+    return ValueError(f"`parameters` passed to all_reduce_gradients on rank {group_rank(group)} holds no tensor, so "
+                      f"nothing would be reduced{cause}")
+
+
+def _sparse_problem(parameters: list) -> TypeError | None:
+    """The refusal of a parameter among `parameters` whose gradient is not dense (None where all are)."""
+    sparse = next((p for p in parameters if p.grad is not None and p.grad.layout != torch.strided), None)
+    return None if sparse is None else TypeError(
+        f"all_reduce_gradients reduces dense gradients; a parameter of shape {tuple(sparse.shape)} has a "
+        f"{sparse.grad.layout} one (a sparse embedding: reduce it yourself, or use a dense embedding)")
 
 
 def _dtensor(tensor) -> bool:

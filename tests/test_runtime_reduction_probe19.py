@@ -1,0 +1,41 @@
+"""`all_reduce_gradients` and the reduction checks against probe19's inputs, in real gloo groups: what they passed
+silently or refused wrongly, each named after its cause."""
+
+import torch
+from torch import nn
+
+from orchmllm.runtime import all_reduce_gradients
+from orchmllm.runtime.launch import spawn
+
+
+def outcome(call) -> str:
+    """What `call()` raised as 'ErrorType: message', else 'reduced'."""
+    try:
+        call()
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return "reduced"
+
+
+def consumed_generator_job(rank, size):
+    """A model's `parameters()` generator iterated already (an optimizer built from it), then passed: every rank
+    reduced 0 parameters before; rank 1 alone in the second call, its peer passing the list."""
+    model = nn.Linear(3, 1)
+    model(torch.full((2, 3), rank + 1.0)).sum().backward()
+    parameters = model.parameters()
+    torch.optim.SGD(parameters, lr=0.1)
+    every = outcome(lambda: all_reduce_gradients(parameters, op="sum"))
+    alone = outcome(lambda: all_reduce_gradients(model.parameters() if rank == 0 else parameters, op="sum"))
+    return every, alone
+
+
+def test_regression_a_consumed_parameters_generator_reduced_nothing_without_an_error():
+    """Cause (probe19 P19-09): an exhausted `model.parameters()` gave 0 parameters on every rank: nothing reduced,
+    no error.  Refused on every rank, naming `parameters` and the likely cause; a rank alone is named to its peer."""
+    for rank, (every, alone) in enumerate(spawn(consumed_generator_job, 2, timeout_s=60, collective_timeout_s=20)):
+        assert every == (f"ValueError: `parameters` passed to all_reduce_gradients on rank {rank} holds no tensor, "
+                         f"so nothing would be reduced (a generator such as `model.parameters()` yields its "
+                         f"parameters once: one iterated already, by an optimizer built from it or an earlier call, "
+                         f"yields none; pass the module itself or `list(model.parameters())`)"), every
+        assert alone == (every if rank == 1 else "PeerInputError: ranks [1] passed all_reduce_gradients a parameter "
+                                                 "it cannot reduce (each raised why); rank 0 stops with them"), alone
