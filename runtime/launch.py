@@ -11,6 +11,7 @@ running at its own deadline.  Children are always joined or killed before return
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -117,21 +118,24 @@ def _check_start_method(fn, start_method: str) -> None:
         raise ValueError(f"`start_method` must be one of {mp.get_all_start_methods()}; got {start_method!r}")
     if start_method == "fork":
         return
+    target, named = fn, ""
+    while isinstance(target, functools.partial):  # a partial pickles its function by reference too
+        target, named = target.func, " (the function of the partial `fn`)"
     main = sys.modules.get("__main__")
-    if getattr(fn, "__module__", None) == "__main__" and not os.path.isfile(getattr(main, "__file__", None) or ""):
-        name = getattr(fn, "__qualname__", type(fn).__qualname__)  # a callable object: its class's
-        raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {name!r} is defined in a main "
-                        f"module that has no file to import (a script on stdin, `python -c`, a notebook): define it "
-                        f"in an importable module, or use start_method='fork'")
-    if not isinstance(fn, types.FunctionType):  # a partial, an object: pickled at the start, which names it
+    if getattr(target, "__module__", None) == "__main__" and not os.path.isfile(getattr(main, "__file__", None) or ""):
+        name = getattr(target, "__qualname__", type(target).__qualname__)  # a callable object: its class's
+        raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {name!r}{named} is defined in "
+                        f"a main module that has no file to import (a script on stdin, `python -c`, a notebook): "
+                        f"define it in an importable module, or use start_method='fork'")
+    if not isinstance(target, types.FunctionType):  # an object, a partial's args: pickled at the start, which names it
         return
     try:  # a function pickles by reference: a lambda or a closure does not
-        pickle.dumps(fn)
+        pickle.dumps(target)
     except Exception as problem:
-        raise TypeError(f"start_method={start_method!r} pickles `fn` into every rank, and it does not pickle "
-                        f"({type(problem).__name__}: {problem}): pass a function defined at a module's top level "
-                        f"(importable by the ranks; not a lambda or a closure), or use start_method='fork'"
-                        ) from problem
+        raise TypeError(f"start_method={start_method!r} pickles `fn` into every rank, and {target.__qualname__!r}"
+                        f"{named} does not pickle ({type(problem).__name__}: {problem}): pass a function defined at "
+                        f"a module's top level (importable by the ranks; not a lambda or a closure), or use "
+                        f"start_method='fork'") from problem
 
 
 def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 60.0,
