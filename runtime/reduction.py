@@ -199,15 +199,15 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
     collectives even when a module saw no items on some rank.  Every rank must pass the same
     parameters (count, and dtype and shape at each position; those that require grad), with dense
     gradients: with `check` (on every rank alike), one all-gather of a 64-byte digest checks it first
-    (a fingerprint of every parameter's dtype and shape, and of SAMPLED values spread over the gradients: ~1-5 ms
-    a call for 300-2000 parameters on gloo),
+    (a fingerprint of every parameter's dtype and shape, and of SAMPLED values spread over the gradients and the sums
+    of SAMPLED runs of them: ~1-5 ms a call for 300-2000 parameters on gloo),
     and a difference is a ValueError on every rank naming the ranks and their parameter counts (never a
     reduction of mismatched buffers); `check=False` skips it for a list known to agree.  Parameters
     that DDP reduces (of a DDP model run in `accumulate`) or FSDP2's DTensors are refused before any
     collective: their gradients were reduced already, and so is, with `check`, a DDP model given as the module
     (DDP reduced them at the backward, unless every backward ran under `no_sync()`); a DDP model's parameters
     given otherwise reduce again, which op "mean" keeps and op "sum" multiplies by the world size: with `check`, a
-    sum of gradients that are the same on every rank (SAMPLED values spread over them, in the digest) is refused.
+    sum of gradients that are the same on every rank (the sampled values and run sums, in the digest) is refused.
     """
     if op is None:  # no default: "sum" once silently multiplied normalize_loss's default scale by the world size
         raise TypeError("all_reduce_gradients takes `op`, the gradient_reduction that normalize_loss scaled these "
@@ -313,9 +313,9 @@ def _flat_gradients(parameters: list) -> dict[torch.dtype, tuple[list, torch.Ten
 
 def _same_parameters(parameters: list, problem: Exception | None, group, op: str, flats: dict) -> None:
     """All-gather each rank's digest of its parameters' dtypes and shapes (FAILED_INPUT where its own `problem`
-    stops it), prefixed by their count, and of a sample of their gradients (`_gradient_sample`); raise on every rank
-    where one failed or they differ, or, for op "sum", where every rank holds the same nonzero gradients (reduced
-    already: a DDP model's parameters as a list, a second call)."""
+    stops it), prefixed by their count, and of their gradients' sample and run sums (`_gradient_sample`); raise on
+    every rank where one failed or they differ, or, for op "sum", where every rank holds the same nonzero gradients
+    (reduced already: a DDP model's parameters as a list, a second call)."""
     count = len(parameters).to_bytes(8, "little")
     digest = FAILED_INPUT if problem is not None else count + fingerprint(
         *((str(p.dtype), tuple(p.shape)) for p in parameters))[8:]
@@ -341,14 +341,21 @@ def _same_parameters(parameters: list, problem: Exception | None, group, op: str
                          f"drop this call, or, where every rank truly computed the same gradients, pass check=False")
 
 
-SAMPLED = 64  # gradient values per dtype that `_gradient_sample` reads
+SAMPLED = 64  # gradient values per dtype that `_gradient_sample` reads, and runs it sums
 
 
 def _gradient_sample(flats: dict) -> bytes:
-    """A fingerprint of SAMPLED values spread evenly over each dtype's flat gradients (`_flat_gradients`; bytes(32)
-    where none is nonzero): one copy to the host per dtype."""
-    values = [flat[::max(1, flat.numel() // SAMPLED)][:SAMPLED].contiguous().view(torch.uint8).cpu().numpy()
-              for _, flat in (flats[dtype] for dtype in sorted(flats, key=str))]
-    if not any(part.any() for part in values):
+    """A fingerprint of each dtype's flat gradients (`_flat_gradients`): SAMPLED values spread evenly over them and the
+    sums of SAMPLED equal runs of them (and of the few values left after), so gradients zero but for a few rows (an
+    embedding's) are read too; bytes(32) where all are zero.  One pass over the gradients and one copy to the host
+    per dtype."""
+    parts = []
+    for dtype in sorted(flats, key=str):
+        flat = flats[dtype][1]
+        run = max(1, flat.numel() // SAMPLED)
+        runs = min(SAMPLED, flat.numel())
+        parts.append(torch.cat((flat[::run][:SAMPLED], flat[:run * runs].view(runs, run).sum(1),
+                                flat[run * runs:].sum().reshape(1))).cpu())
+    if not any(bool(part.any()) for part in parts):  # by value: a -0.0 is zero too
         return bytes(32)
-    return fingerprint(*values)
+    return fingerprint(*(part.view(torch.uint8).numpy() for part in parts))

@@ -39,3 +39,32 @@ def test_regression_a_consumed_parameters_generator_reduced_nothing_without_an_e
                          f"yields none; pass the module itself or `list(model.parameters())`)"), every
         assert alone == (every if rank == 1 else "PeerInputError: ranks [1] passed all_reduce_gradients a parameter "
                                                  "it cannot reduce (each raised why); rank 0 stops with them"), alone
+
+
+def embedding_job(rank, size):
+    """A DDP model that is mostly an embedding (1000 rows of 8; rows 3 and 7 touched on rank 0, 5 and 7 on rank 1),
+    its parameters passed as a list with op 'sum' after DDP's backward; then controls that must reduce: the same
+    plain model (local gradients), and one whose gradients are all zero on every rank."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(1000, 8), nn.Linear(8, 1))
+    ddp = nn.parallel.DistributedDataParallel(net)
+    tokens = torch.tensor([3, 7] if rank == 0 else [5, 7])
+    ddp(tokens).sum().backward()
+    twice = outcome(lambda: all_reduce_gradients(list(ddp.parameters()), op="sum"))
+    plain = nn.Sequential(nn.Embedding(1000, 8), nn.Linear(8, 1))
+    plain(tokens).sum().backward()
+    local = outcome(lambda: all_reduce_gradients(list(plain.parameters()), op="sum"))
+    plain.zero_grad(set_to_none=False)
+    zero = outcome(lambda: all_reduce_gradients(list(plain.parameters()), op="sum"))
+    return twice, local, zero
+
+
+def test_regression_an_embeddings_ddp_gradients_summed_again_read_as_zero_by_the_sampled_digest():
+    """Cause (probe19 P19-03): the rank-equal check read 64 values spread over the flat gradients; an embedding's
+    few touched rows fell between them, every sampled value read 0 and a list of a DDP model's parameters summed
+    again (gradients x world size) passed.  The digest also sums runs of the gradients, reading every value: refused
+    on every rank; local gradients and all-zero ones still reduce."""
+    for twice, local, zero in spawn(embedding_job, 2, timeout_s=60, collective_timeout_s=20):
+        assert twice.startswith("ValueError: all_reduce_gradients(op='sum') of gradients that are the same on all 2 "
+                                "ranks"), twice
+        assert (local, zero) == ("reduced", "reduced")
