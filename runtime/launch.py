@@ -10,6 +10,7 @@ running at its own deadline.  Children are always joined or killed before return
 
 from __future__ import annotations
 
+import ast
 import datetime
 import functools
 import math
@@ -24,6 +25,7 @@ import time
 import traceback
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -111,6 +113,61 @@ def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, resu
     dist.destroy_process_group()
 
 
+def _check_main_defines(name: str, named: str, start_method: str) -> None:
+    """TypeError unless the ranks, which run the main module's file as "__mp_main__", define `name` there: a main
+    module without a file (`python -c`, stdin, a notebook), or a name bound only under its `if __name__ ==
+    "__main__":` (which they skip), leaves them nothing to import."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    if not os.path.isfile(path):
+        raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {name!r}{named} is defined in "
+                        f"a main module that has no file to import (a script on stdin, `python -c`, a notebook): "
+                        f"define it in an importable module, or use start_method='fork'")
+    try:
+        statements = ast.parse(Path(path).read_bytes(), path).body
+    except (OSError, SyntaxError, ValueError):  # changed since it started: the ranks' import will tell
+        return
+    guarded, unguarded = set(), set()
+    for statement in statements:
+        if _is_main_guard(statement):  # its `else:` runs in the ranks
+            guarded.update(_bound_names(statement.body))
+            unguarded.update(_bound_names(statement.orelse))
+        else:
+            unguarded.update(_bound_names([statement]))
+    top = name.split(".")[0]
+    if top in guarded and top not in unguarded:
+        raise TypeError(f"start_method={start_method!r} imports `fn` in every rank by its name, and {name!r}{named} "
+                        f"is defined under `if __name__ == '__main__':` in {path}, which the ranks skip (they run "
+                        f"the script as '__mp_main__'): `fn` must be importable, so define it at the script's top "
+                        f"level, outside that block, or use start_method='fork'")
+
+
+def _is_main_guard(statement: ast.stmt) -> bool:
+    """Whether `statement` is `if __name__ == "__main__":` (either way round)."""
+    if not isinstance(statement, ast.If) or not isinstance(statement.test, ast.Compare):
+        return False
+    test = statement.test
+    sides = [test.left, *test.comparators]
+    return (len(sides) == 2 and isinstance(test.ops[0], ast.Eq)
+            and {ast.dump(side) for side in sides} == {ast.dump(ast.Name("__name__", ast.Load())),
+                                                       ast.dump(ast.Constant("__main__"))})
+
+
+def _bound_names(nodes) -> set[str]:
+    """The module-level names that `nodes` bind (definitions, assignments, imports; not inside a def or class)."""
+    names, pending = set(), list(nodes)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        pending.extend(ast.iter_child_nodes(node))
+    return names
+
+
 def _check_start_method(fn, start_method: str) -> None:
     """A ValueError for an unknown `start_method`; under "spawn" and "forkserver", which pickle `fn` into every rank
     by reference to its module, a TypeError for one the ranks could not import or that does not pickle."""
@@ -121,12 +178,9 @@ def _check_start_method(fn, start_method: str) -> None:
     target, named = fn, ""
     while isinstance(target, functools.partial):  # a partial pickles its function by reference too
         target, named = target.func, " (the function of the partial `fn`)"
-    main = sys.modules.get("__main__")
-    if getattr(target, "__module__", None) == "__main__" and not os.path.isfile(getattr(main, "__file__", None) or ""):
-        name = getattr(target, "__qualname__", type(target).__qualname__)  # a callable object: its class's
-        raise TypeError(f"start_method={start_method!r} imports `fn` in every rank, and {name!r}{named} is defined in "
-                        f"a main module that has no file to import (a script on stdin, `python -c`, a notebook): "
-                        f"define it in an importable module, or use start_method='fork'")
+    if getattr(target, "__module__", None) == "__main__":
+        _check_main_defines(getattr(target, "__qualname__", type(target).__qualname__),  # an object: its class's
+                            named, start_method)
     if not isinstance(target, types.FunctionType):  # an object, a partial's args: pickled at the start, which names it
         return
     try:  # a function pickles by reference: a lambda or a closure does not

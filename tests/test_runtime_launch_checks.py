@@ -22,3 +22,34 @@ def test_regression_a_partial_of_a_function_of_a_file_less_main_ranks_could_not_
         "TypeError: start_method='spawn' imports `fn` in every rank, and 'job' (the function of the partial `fn`) is "
         "defined in a main module that has no file to import (a script on stdin, `python -c`, a notebook): define "
         "it in an importable module, or use start_method='fork'"), done.stderr
+
+
+GUARDED_SCRIPT = '''from orchmllm.runtime.launch import run_processes
+
+
+def top_level_job(rank, world):
+    return rank + 10
+
+
+if __name__ == "__main__":
+    def job(rank, world):
+        return rank
+
+    print([outcome.value for outcome in run_processes(top_level_job, 1, start_method="spawn", timeout_s=60)])
+    run_processes(job, 2, start_method="spawn", timeout_s=60)
+'''
+
+
+def test_regression_a_function_defined_under_the_main_guard_failed_to_import_in_every_spawned_rank(tmp_path):
+    """Cause (probe19 P19-13): a `fn` defined under `if __name__ == "__main__":` of a script pickles by name, but
+    spawned ranks run the script as '__mp_main__', skipping that block: each failed to import it and its outcome
+    said only that it exited.  Now refused before any rank starts; a function at the script's top level runs."""
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED_SCRIPT)
+    done = run_python(str(script))
+    assert done.returncode == 1 and done.stdout == "[10]\n", (done.stdout, done.stderr)
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"TypeError: start_method='spawn' imports `fn` in every rank by its name, and 'job' is defined under "
+        f"`if __name__ == '__main__':` in {script}, which the ranks skip (they run the script as '__mp_main__'): "
+        f"`fn` must be importable, so define it at the script's top level, outside that block, or use "
+        f"start_method='fork'"), done.stderr
