@@ -204,8 +204,9 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
     and a difference is a ValueError on every rank naming the ranks and their parameter counts (never a
     reduction of mismatched buffers); `check=False` skips it for a list known to agree.  Parameters
     that DDP reduces (of a DDP model run in `accumulate`) or FSDP2's DTensors are refused before any
-    collective: their gradients were reduced already, and so is, with `check`, a DDP model given as the module
-    (DDP reduced them at the backward, unless every backward ran under `no_sync()`); a DDP model's parameters
+    collective: their gradients were reduced already, and so is an FSDP2 model given as the module and, with
+    `check`, a DDP one (DDP reduced them at the backward, unless every backward ran under `no_sync()`; a module
+    holding either is told to pass the other parameters, and how); a DDP model's parameters
     given otherwise reduce again, which op "mean" keeps and op "sum" multiplies by the world size: with `check`, a
     sum of gradients that are the same on every rank (the sampled values and run sums, in the digest) is refused.
     """
@@ -220,13 +221,15 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
     problem = _empty_problem(parameters, group) if not given else None
     parameters = [p for p in given if p.requires_grad]
     problem = problem or _sparse_problem(parameters)
-    reduced = next((p for p in parameters if _dtensor(p) or reduced_by_ddp(p)), None)
-    if reduced is not None:  # the same on every rank (the same model): no collective needed to agree
+    reduced = [p for p in parameters if _dtensor(p) or reduced_by_ddp(p)]
+    if reduced:  # the same on every rank (the same model): no collective needed to agree
         raise TypeError(
-            f"all_reduce_gradients reduces plain models' gradients; a parameter of shape {tuple(reduced.shape)} is "
-            + ("a DTensor of FSDP2 (fully_shard), which reduces its gradients itself" if _dtensor(reduced)
+            f"all_reduce_gradients reduces plain models' gradients; a parameter of shape {tuple(reduced[0].shape)} is "
+            + ("a DTensor of FSDP2 (fully_shard), which reduces its gradients itself" if _dtensor(reduced[0])
                else "a DistributedDataParallel model's, whose last `accumulate` block reduced its gradients already")
-            + ": drop this call (a second reduction would multiply them by the world size with op='sum')")
+            + (": drop this call (a second reduction" if len(reduced) == len(parameters) else ": pass the other "
+               "parameters only (those of plain modules; a second reduction of these")
+            + " would multiply them by the world size with op='sum')")
     flats = _flat_gradients(parameters) if problem is None and is_distributed(group) else {}
     if check and is_distributed(group):
         _same_parameters(parameters, problem, group, op, flats)
@@ -248,18 +251,10 @@ def all_reduce_gradients(parameters, group=None, *, op: str | None = None, check
 
 
 def _parameter_list(parameters, check: bool) -> list:
-    """`all_reduce_gradients`' `parameters` as a list of leaf tensors (TypeError naming `parameters` otherwise); with
-    `check`, a Module holding a DDP model refused."""
-    ddp = [name for name, part in parameters.named_modules()
-           if isinstance(part, torch.nn.parallel.DistributedDataParallel)] if isinstance(parameters, torch.nn.Module) \
-        else []
-    if check and ddp:
-        what = ("a DistributedDataParallel model" if ddp == [""] else
-                f"a module holding DistributedDataParallel {', '.join(repr(name) for name in ddp if name)}")
-        fix = "drop this call" if ddp == [""] else "pass the other parameters only"
-        raise TypeError(f"all_reduce_gradients was given {what}, whose gradients DDP all-reduced at the backward: "
-                        f"{fix} (a second reduction multiplies them by the world size with op='sum'); if every "
-                        f"backward ran under `no_sync()`, pass check=False")
+    """`all_reduce_gradients`' `parameters` as a list of leaf tensors (TypeError naming `parameters` otherwise); a
+    Module that is or holds an FSDP2 module, or, with `check`, a DDP one, refused (`_module_problem`)."""
+    if isinstance(parameters, torch.nn.Module) and (problem := _module_problem(parameters, check)) is not None:
+        raise problem
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     elif isinstance(parameters, torch.nn.Module):
@@ -278,6 +273,33 @@ def _parameter_list(parameters, check: bool) -> list:
                             f"sets; item {index} of shape {tuple(p.shape)} was computed (grad_fn "
                             f"{type(p.grad_fn).__name__}): pass the parameters themselves")
     return listed
+
+
+def _module_problem(module: torch.nn.Module, check: bool) -> TypeError | None:
+    """The refusal of a `module` given to `all_reduce_gradients` that is or holds modules reducing their gradients
+    themselves at the backward: FSDP2 ones, and with `check` DDP ones (unless every backward ran under `no_sync()`);
+    a holder is told which parameters are left to pass.  None where it holds neither."""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    held = [(name, part) for name, part in module.named_modules()
+            if isinstance(part, ddp) and check or hasattr(part, "set_requires_gradient_sync")]
+    held = [(name, part) for name, part in held if not any(other and name.startswith(f"{other}.") for other, _ in held)]
+    if not held:
+        return None
+    if any(isinstance(part, ddp) for _, part in held):
+        what = ("a DistributedDataParallel model" if held[0][0] == "" else
+                f"a module holding DistributedDataParallel {', '.join(repr(name) for name, _ in held)}")
+        fix = "drop this call" if held[0][0] == "" else "pass the other parameters only"
+        return TypeError(f"all_reduce_gradients was given {what}, whose gradients DDP all-reduced at the backward: "
+                         f"{fix} (a second reduction multiplies them by the world size with op='sum'); if every "
+                         f"backward ran under `no_sync()`, pass check=False")
+    what = ("an FSDP2 (fully_shard) model" if held[0][0] == "" else f"a module holding FSDP2 (fully_shard) "
+            f"{', '.join(f'{name!r} ({type(part).__name__})' for name, part in held)}")
+    prefixes = tuple(f"{name}." for name, _ in held)
+    fix = "drop this call" if held[0][0] == "" else (
+        f"pass the other parameters only, `[p for name, p in model.named_parameters() if not "
+        f"name.startswith({prefixes!r})]`")
+    return TypeError(f"all_reduce_gradients was given {what}, whose gradients FSDP2 reduces itself at the backward "
+                     f"(sharded, as DTensors): {fix}")
 
 
 def _empty_problem(parameters, group) -> ValueError:

@@ -68,3 +68,38 @@ def test_regression_an_embeddings_ddp_gradients_summed_again_read_as_zero_by_the
         assert twice.startswith("ValueError: all_reduce_gradients(op='sum') of gradients that are the same on all 2 "
                                 "ranks"), twice
         assert (local, zero) == ("reduced", "reduced")
+
+
+def fsdp2_holder_job(rank, size):
+    """A ModuleDict holding an FSDP2 encoder beside a plain LLM, both trained: passed whole, its parameters as a
+    list, then the advice followed (the LLM's parameters, its gradient the mean of the ranks')."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    holder = nn.ModuleDict({"enc": fully_shard(nn.Linear(3, 3)), "llm": nn.Linear(3, 1)})
+    holder["llm"](holder["enc"](torch.full((2, 3), rank + 1.0))).sum().backward()
+    whole = outcome(lambda: all_reduce_gradients(holder, op="mean"))
+    listed = outcome(lambda: all_reduce_gradients(list(holder.parameters()), op="mean"))
+    local = holder["llm"].bias.grad.clone()
+    advised = outcome(lambda: all_reduce_gradients(
+        [p for name, p in holder.named_parameters() if not name.startswith(("enc.",))], op="mean"))
+    return whole, listed, advised, local, holder["llm"].bias.grad
+
+
+def test_regression_a_module_holding_an_fsdp2_encoder_was_told_to_drop_the_call_leaving_the_rest_unreduced():
+    """Cause (probe19 P19-12): a ModuleDict holding a `fully_shard` encoder beside a plain LLM was told 'drop this
+    call' (the DTensor refusal), which would leave the LLM's gradients each rank's own.  The module names the FSDP2
+    part and says to pass the other parameters, with the expression that does; a list mixing both says the same.
+    The advice followed reduces the LLM's gradients (their mean)."""
+    outcomes = spawn(fsdp2_holder_job, 2, timeout_s=60, collective_timeout_s=20)
+    for whole, listed, advised, _, reduced in outcomes:
+        assert whole == (
+            "TypeError: all_reduce_gradients was given a module holding FSDP2 (fully_shard) 'enc' (FSDPLinear), "
+            "whose gradients FSDP2 reduces itself at the backward (sharded, as DTensors): pass the other parameters "
+            "only, `[p for name, p in model.named_parameters() if not name.startswith(('enc.',))]`"), whole
+        assert listed.startswith("TypeError: all_reduce_gradients reduces plain models' gradients; a parameter of "
+                                 "shape (3, 3) is a DTensor of FSDP2 (fully_shard), which reduces its gradients "
+                                 "itself: pass the other parameters only (those of plain modules; a second reduction "
+                                 "of these would"), listed
+        assert advised == "reduced"
+        assert torch.equal(reduced, (outcomes[0][3] + outcomes[1][3]) / 2)
