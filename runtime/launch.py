@@ -168,13 +168,35 @@ def _bound_names(nodes) -> set[str]:
     return names
 
 
-def _check_start_method(fn, start_method: str) -> None:
+def _graph_tensor(value, path: str, seen: set) -> str | None:
+    """The path ("args[1][0]") of the first tensor in `value` (through lists, tuples and dicts) that requires grad
+    and is an op's output (not a leaf), which torch refuses to pickle into another process; None if none."""
+    if isinstance(value, torch.Tensor):
+        return path if value.requires_grad and not value.is_leaf else None
+    if id(value) in seen or not isinstance(value, (list, tuple, dict)):
+        return None
+    seen.add(id(value))
+    for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+        found = _graph_tensor(item, f"{path}[{key!r}]", seen)
+        if found is not None:
+            return found
+    return None
+
+
+def _check_start_method(fn, args: tuple, start_method: str) -> None:
     """A ValueError for an unknown `start_method`; under "spawn" and "forkserver", which pickle `fn` into every rank
-    by reference to its module, a TypeError for one the ranks could not import or that does not pickle."""
+    by reference to its module, a TypeError for one the ranks could not import or that does not pickle, and for
+    `args` holding a tensor of an autograd graph."""
     if start_method not in mp.get_all_start_methods():
         raise ValueError(f"`start_method` must be one of {mp.get_all_start_methods()}; got {start_method!r}")
     if start_method == "fork":
         return
+    for index, arg in enumerate(args):
+        path = _graph_tensor(arg, f"args[{index}]", set())
+        if path is not None:
+            raise TypeError(f"`{path}` is a tensor that requires grad and was computed by an op (not a leaf): "
+                            f"start_method={start_method!r} pickles `args` into every rank, and an autograd graph "
+                            f"cannot cross processes; pass `{path}.detach()` (its values), or use start_method='fork'")
     target, named = fn, ""
     while isinstance(target, functools.partial):  # a partial pickles its function by reference too
         target, named = target.func, " (the function of the partial `fn`)"
@@ -207,7 +229,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
         raise ValueError(f"`world_size` must be a positive int; got {world_size!r}")
     timeout_s, collective_timeout_s = _seconds(timeout_s, "timeout_s"), _seconds(collective_timeout_s,
                                                                                   "collective_timeout_s")
-    _check_start_method(fn, start_method)
+    _check_start_method(fn, args, start_method)
     context = mp.get_context(start_method)
     results = context.Queue()
     port = free_port()
@@ -223,7 +245,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
         for child in children:
             try:
                 child.start()
-            except (pickle.PicklingError, AttributeError, TypeError) as problem:  # "spawn"/"forkserver" pickling
+            except (pickle.PicklingError, AttributeError, TypeError, RuntimeError) as problem:  # pickling
                 raise TypeError(f"start_method={start_method!r} could not pickle `fn` or `args` into rank "
                                 f"{children.index(child)} ({type(problem).__name__}: {problem}): pass picklable "
                                 f"`args`, or use start_method='fork'") from problem

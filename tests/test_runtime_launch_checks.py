@@ -1,8 +1,15 @@
 """`run_processes` refuses, before any rank starts, what "spawn" and "forkserver" ranks could not receive: a `fn`
 they cannot import (a partial's function too), and `args` that do not pickle; each refusal names what and why."""
 
+import operator
+import re
 import subprocess
 import sys
+
+import pytest
+import torch
+
+from orchmllm.runtime.launch import run_processes
 
 
 def run_python(*argv: str) -> subprocess.CompletedProcess:
@@ -53,3 +60,26 @@ def test_regression_a_function_defined_under_the_main_guard_failed_to_import_in_
         f"`if __name__ == '__main__':` in {script}, which the ranks skip (they run the script as '__mp_main__'): "
         f"`fn` must be importable, so define it at the script's top level, outside that block, or use "
         f"start_method='fork'"), done.stderr
+
+
+class Holder:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def test_regression_a_tensor_of_an_autograd_graph_in_args_raised_torchs_pickling_error():
+    """Cause (probe19 P19-10): under "spawn" a non-leaf tensor that requires grad among `args` raised torch's raw
+    RuntimeError "Cowardly refusing to serialize non-leaf tensor..." from the first rank's start, naming no
+    argument.  Now refused before any rank starts, naming the argument (in a list or dict too) and `.detach()`;
+    one inside another object is named as `args` that do not pickle."""
+    computed = torch.ones(2, requires_grad=True) * 2
+    for args, path in (((1, computed), "args[1]"), (([torch.ones(1), {"x": computed}],), "args[0][1]['x']")):
+        with pytest.raises(TypeError, match=rf"^`{re.escape(path)}` is a tensor that requires grad and was computed "
+                                            rf"by an op \(not a leaf\): start_method='spawn' pickles `args` into every "
+                                            rf"rank, and an autograd graph cannot cross processes; pass "
+                                            rf"`{re.escape(path)}.detach\(\)` \(its values\), or use "
+                                            rf"start_method='fork'$"):
+            run_processes(operator.mul, 1, args=args, start_method="spawn")
+    with pytest.raises(TypeError, match=r"^start_method='spawn' could not pickle `fn` or `args` into rank 0 "
+                                        r"\(RuntimeError: Cowardly refusing"):
+        run_processes(operator.mul, 1, args=(Holder(computed),), start_method="spawn")
