@@ -212,3 +212,25 @@ def test_regression_an_emptied_cell_kept_a_negative_cost():
     assert _without(search.cost, costs, search.replica, search.slot, np.array([2]))[0, 0] == 0.0
     search._move(0, 2, 1, 1, 0.0, 0.0)
     assert search.cost[0, 0] == 0.0 and search.tokens[0, 0] == 0
+
+
+def test_a_search_behind_a_found_step_stops_where_its_rate_cannot_reach_it():
+    """A search given `rival`, a step already found (`planner.arrange`: the best start's or an earlier search's),
+    stops at a window's end where its gain over that window, kept up for the budget left, stays above it: at
+    D = 2560 x 32, M = 16, GPipe the second shaped start's search spent its whole budget (66 120 rows, ~40 % of the
+    planner's time) to end 15 % behind the first's.  Here 40 unit items on replica 0 of 8 leave one a step: without
+    a rival the budget moves 18, behind a rival of 6 (a window's rate reaches ~10) the first window ends it."""
+    from orchmllm.balancers.pipeline.search import CellSearch
+
+    costs, replica, slot = np.ones(40), np.zeros(40, dtype=np.int64), np.arange(40) % 2
+    cost, tokens = np.zeros((8, 2)), np.zeros((8, 2), dtype=np.int64)
+    np.add.at(cost, (replica, slot), costs)
+    np.add.at(tokens, (replica, slot), 1)
+    pipeline = Pipeline(stages=2)
+    searches = {rival: CellSearch(pipeline, costs, np.ones(40, dtype=np.int64), False, cost, tokens, replica, slot,
+                                  100, 40_000, replica_times(pipeline, *pipeline.stage_times(cost)), rival=rival)
+                for rival in (np.inf, 6.0)}
+    for search in searches.values():
+        search.run()
+    assert int((searches[np.inf].replica != 0).sum()) == 18 and searches[np.inf].work <= 0
+    assert int((searches[6.0].replica != 0).sum()) == 3 and searches[6.0].times.max() > 6.0

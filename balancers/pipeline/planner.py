@@ -12,7 +12,7 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               reshape a cell) the plain cells dealt afresh over the replicas and reordered
               (`order.deal`) a fourth, searched too
     search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept (none after
-              one that meets the bound):
+              one that meets the bound; each stops where its rate cannot reach the fastest step found before it):
               rounds of item moves off many slow replicas at once, then slot swaps and item moves
               off the slowest replica.  The shaped cells are near the best shape on almost every
               replica (D = 2560 × 32, M = 8: the median replica within 1 % of the bound), a few
@@ -266,7 +266,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
             tokens = cell_token_sums(problem, slot * d + replica, d * num_microbatches).reshape(-1, d).T
         search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, cost, tokens, replica,
                             slot, problem.max_tokens_per_microbatch, work, times[begin],
-                            None if firsts is None else (firsts, first_stage), floor)
+                            None if firsts is None else (firsts, first_stage), floor,
+                            min(float(times[best].max()), math.inf if found is None else found[0]))
         search.rounds()
         search.run()
         final = _final_cells(problem, search, first_stage)

@@ -27,7 +27,8 @@ bound τ·X̄ raised by STOP_GAP (what is left to gain is less than that: at D =
 thousands of near-tied replicas, the whole search < 0.15 % for more time than the plain planning)
 and the certified bound itself (no plan is faster), when WINDOW steps in a row lowered the step (the
 max) by less than WINDOW_GAIN of it, or at a window's start when that is certain (the (WINDOW + 1)-th
-largest time is already within WINDOW_GAIN of the max).  Candidates are evaluated together, one row each;
+largest time is already within WINDOW_GAIN of the max), and behind a `rival` (a step the caller found
+already) at a window's end where the window's gain, kept up for the budget left, stays above it.  Candidates are evaluated together, one row each;
 a row costs the schedule's operation count (2·P·M·v) of the work budget, so the result
 never depends on the clock.  Padded cells (count · max cost) are not additive: only the
 reordering runs.  With first-stage costs (`Pipeline.stage_times`), every row carries the cells'
@@ -55,7 +56,8 @@ class CellSearch:
 
     def __init__(self, pipeline: Pipeline, item_costs: np.ndarray, lengths: np.ndarray, padded: bool,
                  cell_cost: np.ndarray, cell_tokens: np.ndarray, replica: np.ndarray, slot: np.ndarray,
-                 max_tokens: int, work: int, times: np.ndarray, first: tuple | None = None, floor: float = 0.0):
+                 max_tokens: int, work: int, times: np.ndarray, first: tuple | None = None, floor: float = 0.0,
+                 rival: float = np.inf):
         self.pipeline, self.item_costs, self.lengths, self.padded = pipeline, item_costs, lengths, padded
         self.cost, self.tokens = cell_cost.copy(), cell_tokens.copy()
         # `first`: (the cells' first-stage parts, the items'), or None (uniform stages)
@@ -63,6 +65,7 @@ class CellSearch:
         self.replica, self.slot = replica.copy(), slot.copy()
         self.max_tokens, self.work = max_tokens, work
         self.floor = floor  # the step it stops at (0: none)
+        self.rival = rival  # a step found already: it stops where its rate cannot reach it (`_hopeless`)
         self.num_ranks, self.num_microbatches = self.cost.shape
         self.row_work = 2 * pipeline.stages * self.num_microbatches * pipeline.virtual_stages
         self.times = times.copy()  # `replica_times` of the cells as given, charged here
@@ -82,17 +85,23 @@ class CellSearch:
         """Improve until no step gains, the budget is spent, the step is at most the floor, or
         WINDOW steps lowered the step by less than WINDOW_GAIN (many replicas tied at the top: each step
         lowers one)."""
-        steps, mark = 0, float(self.times.max())
+        steps, mark, spent = 0, float(self.times.max()), self.work
         while self.work > 0 and float(self.times.max()) > self.floor:
             steps += 1
             if steps % WINDOW == 0:
-                if float(self.times.max()) > mark * (1 - WINDOW_GAIN):
+                if float(self.times.max()) > mark * (1 - WINDOW_GAIN) or self._hopeless(mark, spent):
                     return
-                mark = float(self.times.max())
+                mark, spent = float(self.times.max()), self.work
             if steps % WINDOW in (0, 1) and _stalled(self.times, mark):
                 return
             if not self._step(int(np.argmax(self.times))):
                 return
+
+    def _hopeless(self, mark: float, spent: int) -> bool:
+        """Whether the step, lowered from `mark` while the budget fell from `spent`, stays above `rival` at that
+        rate for the budget left (a search behind a step found already, which it would only match by far more work)."""
+        behind = float(self.times.max()) - self.rival
+        return behind > 0 and (mark - float(self.times.max())) * max(self.work, 0) < behind * (spent - self.work)
 
     def _step(self, r: int) -> bool:
         """Replica r's best swap or move (module docstring), made when it lowers r; whether it did."""
