@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import collective, comm_device, finish, group_rank, group_size
-from .encoders import EncoderContractError, reached_leaves
+from .encoders import _CHECKPOINT_NODE, EncoderContractError, module_of, reached_leaves
 
 
 class ModelContractError(EncoderContractError):
@@ -240,20 +240,22 @@ def _model_reduction(model, size: int) -> str | None:
 def check_reduction(models, micro, reduction: str, loss: torch.Tensor, nested: bool) -> None:
     """A ValueError where `normalize_loss(loss, micro, gradient_reduction=reduction)` in `accumulate` blocks of
     `models` scales for another reduction than theirs: in `nested` blocks, those of the models whose parameters `loss`
-    reaches (every rank runs the same models and call: every rank raises)."""
+    reaches (every rank runs the same models and call: every rank raises); where a reentrant checkpoint hides what
+    the loss reaches (`_leaves`), the models it visibly reaches, and the others left unchecked with a warning
+    (`ModelCheckWarning`: never a refusal of a scale that may be right)."""
     size = micro.world_size
-    combines = [(model, _model_reduction(model, size)) for model in models]
-    reached, blind = _leaves(loss) if nested else (set(), False)
-    if nested and not blind:  # an actor's block and a critic's (a plain one's too): the loss's own models
-        combines = [(model, way) for model, way in combines
-                    if any(id(parameter) in reached for parameter in _graph_parameters(model))]
-    combines = [(model, way) for model, way in combines if way is not None]  # a plain model's is the caller's
+    # a plain model's reduction is the caller's (None: left out)
+    combines = [(model, way) for model in models if (way := _model_reduction(model, size)) is not None]
+    if nested:  # an actor's block and a critic's (a plain one's too): the loss's own models
+        reached, blind = _leaves(loss)
+        seen = [(model, way) for model, way in combines
+                if any(id(parameter) in reached for parameter in _graph_parameters(model))]
+        unseen = [f"{kind(model)} (which reduces by {way})" for model, way in combines
+                  if way != reduction and (model, way) not in seen]
+        if blind and unseen:
+            _warn_hidden(micro, reduction, unseen)
+        combines = seen
     two_ways = len({way for _, way in combines}) > 1
-    if two_ways and blind:
-        raise ValueError(f"normalize_loss(loss, micro, ...) in nested `accumulate` blocks of models that reduce two "
-                         f"ways ({', '.join(f'{kind(model)} by {way}' for model, way in combines)}): a reentrant "
-                         f"checkpoint in the loss's graph hides which of them it reaches, so its scale cannot be "
-                         f"checked; checkpoint with use_reentrant=False (or pass check=False to these blocks)")
     if two_ways:
         raise ValueError(f"normalize_loss(loss, micro, ...) in nested `accumulate` blocks: the loss reaches "
                          f"{' and '.join(f'{kind(model)}, which reduces by {way}' for model, way in combines)}, so "
@@ -275,7 +277,8 @@ def check_reduction(models, micro, reduction: str, loss: torch.Tensor, nested: b
 
 def _leaves(tensor: torch.Tensor) -> tuple[set[int], bool]:
     """The ids of the leaf tensors the autograd graph of `tensor` accumulates gradients into, and whether it is blind
-    there: a reentrant checkpoint's node hides the parameters its function uses."""
+    there: a reentrant checkpoint's node hides the parameters its function uses; where that function is a module or
+    a module's method (`module_of`), that module's parameters count as reached, else the walk is blind."""
     leaves, seen, stack, blind = set(), set(), [tensor.grad_fn], False
     while stack:
         node = stack.pop()
@@ -284,9 +287,27 @@ def _leaves(tensor: torch.Tensor) -> tuple[set[int], bool]:
         seen.add(node)
         if hasattr(node, "variable"):  # an AccumulateGrad node
             leaves.add(id(node.variable))
-        blind |= type(node).__name__ == "CheckpointFunctionBackward"
+        if type(node).__name__ == _CHECKPOINT_NODE:
+            module = module_of(getattr(node, "run_function", None))
+            leaves.update(id(parameter) for parameter in ([] if module is None else _graph_parameters(module)))
+            blind |= module is None
         stack.extend(following for following, _ in node.next_functions)
     return leaves, blind
+
+
+def _warn_hidden(micro, reduction: str, unseen: list[str]) -> None:
+    """Warn, once per reduction and models on this rank, that a reentrant checkpoint hides whether a loss normalised
+    for `reduction` reaches the `unseen` models, which reduce otherwise (its scale is not checked against them)."""
+    key = ("reduction", reduction, tuple(unseen))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(ModelCheckWarning(
+        f"rank {group_rank(micro.contract[0])}: normalize_loss(loss, micro, gradient_reduction={reduction!r}) in "
+        f"nested `accumulate` blocks: a reentrant checkpoint of a function that is not a module (a lambda, a "
+        f"function) in the loss's graph hides whether the loss reaches {' or '.join(unseen)}, so its scale is not "
+        f"checked there; checkpoint with use_reentrant=False or checkpoint the module itself (the check sees through "
+        f"both)"), stacklevel=3)
 
 
 def _graph_parameters(model) -> list:

@@ -3,6 +3,8 @@ FSDP2 `fully_shard` on CPU): refused on every rank where the replicas would drif
 usual loops (two passes, EMA, two optimizers, clipping, a scheduler, tied weights) pass with equal replicas.  And the
 first training loop of a runtime is due the model check whatever ran before it (a no-grad pass, other steps)."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -10,6 +12,7 @@ from torch import nn
 from orchmllm.runtime import PostBalancingDispatcher, all_reduce_gradients, normalize_loss
 from orchmllm.runtime.launch import spawn
 from orchmllm.runtime.microbatch import ModelContractError, accumulate
+from orchmllm.runtime.model_check import ModelCheckWarning
 
 STEPS = ({0: [5, 3, 4, 2], 1: [6, 1, 1, 2]}, {0: [2, 6, 3], 1: [4, 4, 1, 1]}, {0: [1, 5, 5], 1: [6, 2, 3]})
 BUDGET = 6  # tokens per rank and micro-batch: every step of STEPS runs M >= 2 micro-batches
@@ -437,9 +440,12 @@ def nested_job(rank, size, critic_reduction):
 
     actor, critic_net = sequential(), sequential()
     ddp, critic = nn.parallel.DistributedDataParallel(actor), critic_net
-    if critic_reduction != "plain":
+    plain = critic_reduction.startswith("plain")
+    if not plain:
         critic = fully_shard(critic_net)
         critic.set_gradient_divide_factor(1.0)
+    if critic_reduction == "checkpointed actor lambda":  # what the check cannot see, said
+        warnings.simplefilter("error", ModelCheckWarning)
     dispatcher = PostBalancingDispatcher(max_tokens_per_microbatch=BUDGET)
     plan = dispatcher.plan(STEPS[0][rank])
     try:
@@ -449,17 +455,23 @@ def nested_job(rank, size, critic_reduction):
                 if critic_reduction == "one loss":  # both models' parts normalised once: no scale fits both
                     normalize_loss(ddp(x).pow(2).sum() + critic(x).pow(2).sum(), micro).backward()
                     continue
-                if critic_reduction == "checkpointed actor":  # the actor's loss scaled for 'sum', its graph hidden
-                    hidden = x.detach().requires_grad_()
-                    actor_out = torch.utils.checkpoint.checkpoint(ddp, hidden, use_reentrant=True)
+                if critic_reduction.startswith("checkpointed actor"):  # the actor's loss scaled for 'sum' in a
+                    hidden = x.detach().requires_grad_()  # reentrant checkpoint, of the module or of a lambda
+                    actor_out = torch.utils.checkpoint.checkpoint(
+                        ddp if critic_reduction == "checkpointed actor" else lambda t: ddp(t), hidden,
+                        use_reentrant=True)
                     normalize_loss(actor_out.pow(2).sum(), micro, gradient_reduction="sum").backward()
                     continue
-                reduction = "sum" if critic_reduction == "plain" else critic_reduction
+                reduction = "sum" if plain else critic_reduction
+                checkpointed = {"plain checkpointed": critic, "plain checkpointed lambda": lambda t: critic(t)}.get(
+                    critic_reduction)  # probe19 P19-06: the critic run under a reentrant checkpoint
+                critic_out = critic(x) if checkpointed is None else torch.utils.checkpoint.checkpoint(
+                    checkpointed, x.detach().requires_grad_(), use_reentrant=True)
                 (normalize_loss(ddp(x).pow(2).sum(), micro) + normalize_loss(
-                    critic(x).pow(2).sum(), micro, gradient_reduction=reduction)).backward()
-    except ValueError as error:
+                    critic_out.pow(2).sum(), micro, gradient_reduction=reduction)).backward()
+    except (ValueError, ModelCheckWarning) as error:
         return f"{type(error).__name__}: {error}"
-    if critic_reduction == "plain":
+    if plain:
         all_reduce_gradients(critic, op="sum")
     return [p.grad.detach() for p in actor.parameters()] + [getattr(p.grad, "full_tensor", lambda: p.grad)()
                                                               for p in critic_net.parameters()]
@@ -473,11 +485,16 @@ def test_regression_nested_blocks_reducing_two_ways_refused_a_loss_its_own_model
     assert_reference_gradients(nested_job, "sum", copies=2)
     assert_reference_gradients(nested_job, "plain", copies=2)  # probe18 P18-21: held against the DDP actor before
     for message in spawn(nested_job, 2, args=("checkpointed actor",), timeout_s=60):  # review13 R13-14: passed
-        assert message == (
-            "ValueError: normalize_loss(loss, micro, ...) in nested `accumulate` blocks of models that reduce two ways "
-            "(DistributedDataParallel of Sequential by mean, FSDPSequential by sum): a reentrant checkpoint in the "
-            "loss's graph hides which of them it reaches, so its scale cannot be checked; checkpoint with "
-            "use_reentrant=False (or pass check=False to these blocks)"), message
+        assert message.startswith(  # the checkpointed module seen through (probe19 P19-06)
+            "ValueError: normalize_loss(loss, micro, gradient_reduction='sum') in `accumulate` of "
+            "DistributedDataParallel of Sequential, which averages"), message
+    for rank, message in enumerate(spawn(nested_job, 2, args=("checkpointed actor lambda",), timeout_s=60)):
+        assert message == (  # a lambda hides what it runs: not refused (the scale may be right), said
+            f"ModelCheckWarning: rank {rank}: normalize_loss(loss, micro, gradient_reduction='sum') in nested "
+            f"`accumulate` blocks: a reentrant checkpoint of a function that is not a module (a lambda, a function) in "
+            f"the loss's graph hides whether the loss reaches DistributedDataParallel of Sequential (which reduces by "
+            f"mean), so its scale is not checked there; checkpoint with use_reentrant=False or checkpoint the module "
+            f"itself (the check sees through both)"), message
     for message in spawn(nested_job, 2, args=("mean",), timeout_s=60):
         assert message.startswith("ValueError: normalize_loss(loss, micro, gradient_reduction='mean') in `accumulate` "
                                   "of FSDPSequential, which sums gradients across ranks"), message
@@ -485,6 +502,16 @@ def test_regression_nested_blocks_reducing_two_ways_refused_a_loss_its_own_model
         assert message.startswith("ValueError: normalize_loss(loss, micro, ...) in nested `accumulate` blocks: the "
                                   "loss reaches DistributedDataParallel of Sequential, which reduces by mean and "
                                   "FSDPSequential, which reduces by sum, so no gradient_reduction is right"), message
+
+
+@pytest.mark.parametrize("how", ["plain checkpointed", "plain checkpointed lambda"])
+def test_regression_a_plain_critic_under_a_reentrant_checkpoint_was_held_against_the_ddp_actor_and_refused(how):
+    """Cause (probe19 P19-06): a plain critic reduced by hand (its loss normalised 'sum') run under a reentrant
+    checkpoint beside a DDP actor, in nested blocks: the walk of the critic's loss met the checkpoint's node, could
+    not see which models it reaches, held it against the actor (mean) and refused it on every rank, advising 'mean'.
+    A checkpointed module (or a module's method) is seen through; a function that hides what it runs is left
+    unchecked (no false refusal): both give one float64 pass's gradients."""
+    assert_reference_gradients(nested_job, how, copies=2)
 
 
 def test_the_reduction_check_on_one_rank_says_the_scale_is_off_only_on_more():
