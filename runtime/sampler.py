@@ -42,6 +42,7 @@ from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
 from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
 from .comm import checked_group, collective, comm_device, finish, group_rank, group_size, is_distributed
+from .metadata import dense_values
 from .microbatch import MicroBatch, Sampling, iterate, new_step
 from .steps import StepToken, contract_of
 
@@ -157,10 +158,12 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     def _check_settings(self) -> None:
         """Check and canonicalise every setting, naming it: they are public attributes, which may be set after
         first use (a new seed, a lower budget), and each must pass what the constructor checks."""
-        if self.lengths is not getattr(self, "_checked_lengths", None) or self.lengths.flags.writeable:  # a private
-            self.lengths = np.frombuffer(as_lengths(self.lengths).tobytes(), dtype=np.int64)  # copy over immutable
-            self._checked_lengths = self.lengths  # bytes: kept plans know it by identity (a copy or an unpickled
-            # sampler gets a writable array back, taken as new lengths)
+        if self.lengths is not getattr(self, "_checked_lengths", None) or self.lengths.flags.writeable:
+            lengths = dense_values(self.lengths, "lengths") if isinstance(self.lengths, torch.Tensor) else self.lengths
+            # a private copy over immutable bytes: kept plans know it by identity (a copy or an unpickled sampler
+            # gets a writable array back, taken as new lengths)
+            self.lengths = np.frombuffer(as_lengths(lengths).tobytes(), dtype=np.int64)
+            self._checked_lengths = self.lengths
         self.num_replicas = as_int(self.num_replicas, "num_replicas", minimum=1)
         self.rank = as_int(self.rank, "rank", minimum=0)
         if self.rank >= self.num_replicas:
