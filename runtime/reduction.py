@@ -70,7 +70,13 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
     """Sum over the ranks of `group` of a per-rank count (a non-negative int or a one-element integer
     tensor, checked by `as_count` under `name`); an int64 tensor.  A rank whose count fails the check
     still joins the reduction, flagged, so every rank raises (it its own error, the others
-    PeerInputError) instead of its peers waiting for the process group's timeout."""
+    PeerInputError) instead of its peers waiting for the process group's timeout.
+
+    The all-reduce is of three int64 words, the third a tag of `name`: paired on some rank with another collective
+    of the same size (another count's, a normalisation done otherwise there) it is a PeerInputError on every rank;
+    paired with a collective of another size (a DDP bucket), gloo aborts the process in its own size check (other
+    backends may hang) before this function can look, and telling that apart would cost a second collective on every
+    call: every rank must normalise the same way at the same point."""
     if not is_distributed(checked_group(group)):
         return as_count(local_count, name)
     try:
