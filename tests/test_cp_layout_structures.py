@@ -306,3 +306,57 @@ def test_search_from_split_layouts_keeps_the_accounts_exact(case):
     with pytest.MonkeyPatch.context() as monkeypatch:
         _checked_search(monkeypatch, spec)
         search.improve(problem, spec, GPUS, start, degree, bound)
+
+
+def _moves_one_by_one(state, rank, items):
+    """The reference of `_unsplit_moves`: each item taken out of `rank` on copies of the accounts, the least-loaded
+    other rank with token room by argmin, its blocks by `blocks` (the search's item-by-item code)."""
+    out = []
+    for item in items.tolist():
+        cost, length = state.times[item], int(state.problem.lengths[item])
+        after, after_tokens = state.loads.copy(), state.tokens.copy()
+        after[rank] -= cost
+        after_tokens[rank] -= length
+        room = np.where(after_tokens + length <= state.cap, after, math.inf)
+        room[rank] = math.inf
+        q = int(np.argmin(room))
+        out.append((max(after[rank], room[q] + cost), item, q, 1))
+        peak, start, degree = state.blocks(item, after, after_tokens, None)
+        out.append((max(peak, after[rank]), item, start, degree))
+    return out
+
+
+def _same_unsplit_moves(problem, spec, start, degree):
+    """Every rank's unsplit moves, all items at once, against the item-by-item reference, bit for bit."""
+    state = search._State(problem, spec, GPUS, start, degree, 0.0)
+    for rank in range(problem.num_ranks):
+        items = np.flatnonzero((state.start == rank) & (state.degree == 1))
+        if items.size:
+            assert state._unsplit_moves(rank, items) == _moves_one_by_one(state, rank, items)
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=giant_mixes(), chunk=st.sampled_from([1, 3, search.MOVE_CHUNK]))
+def test_unsplit_moves_at_once_are_the_item_by_item_ones(case, chunk):
+    lengths, num_ranks, cap, _ = case
+    problem = replace(make_problem(np.asarray(lengths), num_ranks, cost=COST), max_tokens_per_rank=cap)
+    spec = ContextParallel(gpus_per_node=GPUS)
+    allotment = allot(problem, spec, allowed_degrees(spec, num_ranks, GPUS), GPUS, cap)
+    try:
+        start, degree = planner.split_layout(problem, spec, GPUS, allotment, allotment.bound())
+    except InfeasibleError:
+        return
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(search, "MOVE_CHUNK", chunk)
+        _same_unsplit_moves(problem, spec, start, degree)
+
+
+@pytest.mark.parametrize("cap", [None, 3_000, 2_000])
+def test_unsplit_moves_at_once_break_ties_as_argmin(cap):
+    """Equal items on equal ranks (every load tied), beside a group of 4 on ranks 4-7: the least-loaded rank is the
+    lowest with token room, a block the first of equal peaks, and with no room anywhere argmin's rank 0."""
+    lengths = np.array([1_000] * 8 + [200_000])
+    start = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4])
+    degree = np.array([1] * 8 + [4])
+    problem = replace(make_problem(lengths, 8, cost=COST), max_tokens_per_rank=cap)
+    _same_unsplit_moves(problem, ContextParallel(gpus_per_node=GPUS), start, degree)

@@ -28,6 +28,8 @@ from .spec import ContextParallel
 
 MAX_MOVES = 64
 """Moves the search makes at most."""
+MOVE_CHUNK = 128
+"""Unsplit items whose block moves are weighed at once (arrays of items × ranks)."""
 
 
 class _State:
@@ -105,24 +107,74 @@ class _State:
         return time
 
     def candidates(self, rank: int):
-        """(peak of the ranks it changes, item or -1, start, degree) of every move lowering `rank`."""
-        loads, tokens = self.loads, self.tokens
+        """(peak of the ranks it changes, item or -1, start, degree) of every move lowering `rank`: each unsplit
+        item of `rank` to the least-loaded other rank with token room, then onto its best block
+        (`_unsplit_moves`), then the moves of `rank`'s group."""
         out = []
         unsplit = np.flatnonzero((self.start == rank) & (self.degree == 1))
-        for item in unsplit.tolist():
-            cost, length = self.times[item], int(self.problem.lengths[item])
-            after, after_tokens = loads.copy(), tokens.copy()
-            after[rank] -= cost
-            after_tokens[rank] -= length
-            room = np.where(after_tokens + length <= self.cap, after, math.inf)
-            room[rank] = math.inf
-            q = int(np.argmin(room))
-            out.append((max(after[rank], room[q] + cost), item, q, 1))
-            peak, s, c = self.blocks(item, after, after_tokens, None)
-            out.append((max(peak, after[rank]), item, s, c))
+        if unsplit.size:
+            out.extend(self._unsplit_moves(rank, unsplit))
         if self.in_group[rank]:
             out.extend(self._group_moves(rank))
         return out
+
+    def _unsplit_moves(self, rank: int, items: np.ndarray) -> list[tuple]:
+        """The two moves of each of `rank`'s unsplit `items`, in item order, all items at once: with an item taken
+        out only `rank`'s load and tokens change, so the least-loaded other rank with token room is the first
+        of them by (load, rank) where their tokens' running minimum leaves room (`argmin`'s 0 where none does);
+        the block moves are `_block_moves`.  The same numbers, ties and order as item by item (the long
+        workload's passes of 30k small items: a search's moves hold ten items or more each)."""
+        loads, tokens = self.loads, self.tokens
+        costs, lengths = self.times[items], self.problem.lengths[items]
+        lowered = loads[rank] - costs  # `rank`'s load without each item
+        order = np.lexsort((np.arange(loads.size), loads))
+        order = order[order != rank]
+        least_tokens = np.minimum.accumulate(tokens[order])  # non-increasing
+        first = np.searchsorted(-least_tokens, lengths - self.cap)  # the first with room: -tokens >= length - cap
+        other = np.append(order, 0)[first]
+        to_rank = np.maximum(lowered, np.where(first < order.size, loads[other] + costs, math.inf)).tolist()
+        out = []
+        for chunk in range(0, items.size, MOVE_CHUNK):
+            part = slice(chunk, chunk + MOVE_CHUNK)
+            blocks = self._block_moves(rank, items[part], lowered[part], lengths[part])
+            for item, to, q, down, (peak, start, c) in zip(items[part].tolist(), to_rank[part], other[part].tolist(),
+                                                           lowered[part].tolist(), blocks):
+                out.extend(((to, item, q, 1), (max(peak, down), item, start, c)))
+        return out
+
+    def _block_moves(self, rank: int, items: np.ndarray, lowered: np.ndarray, lengths: np.ndarray) -> list[tuple]:
+        """`blocks` of each of `rank`'s unsplit `items` with it taken out of `rank` (its load then `lowered`), all
+        at once: a block's peak is its ranks' most load plus the time (rounding is monotone), `rank`'s block's
+        with `rank` lowered; tokens as `blocks` counts them."""
+        best = [(math.inf, -1, 0)] * items.size
+        for c in self.split_degrees:
+            starts, ranks, which = self._starts(c, None)
+            if not starts.size:
+                continue
+            time = self._times(items, c)
+            hit = ranks == rank
+            peak = np.repeat(self.loads[ranks].max(axis=1)[None, :], items.size, axis=0)
+            rows = np.flatnonzero(hit.any(axis=1))
+            if rows.size:
+                peak[:, rows] = np.where(hit[rows], lowered[:, None, None], self.loads[ranks[rows]]).max(axis=2)
+            peak += time[:, :1] if which is None else time[:, which]
+            held = self.tokens[ranks] - np.where(hit, lengths[:, None, None], 0)  # (items, blocks, c)
+            peak[(held + shard_tokens(lengths, c)[:, None, :] > self.cap).any(axis=2)] = math.inf
+            least = np.argmin(peak, axis=1)
+            found = zip(peak[np.arange(items.size), least].tolist(), starts[least].tolist())
+            best = [(value, start, c) if value < kept[0] else kept for (value, start), kept in zip(found, best)]
+        return best
+
+    def _times(self, items: np.ndarray, c: int) -> np.ndarray:
+        """`_time` of each of `items` at degree c, a row each; those not yet computed in one call (element-wise,
+        the same numbers)."""
+        missing = [item for item in items.tolist() if (item, c) not in self.item_times]
+        if missing:
+            length = np.repeat(self.problem.lengths[missing], 2).reshape(-1, 2)
+            times = self.spec.item_times(self.problem.cost, length, np.full(length.shape, c),
+                                         np.array([[True, False]]).repeat(len(missing), axis=0))
+            self.item_times.update(zip(((item, c) for item in missing), times))
+        return np.array([self.item_times[item, c] for item in items.tolist()])
 
     def _group_moves(self, rank: int):
         """Moves of the items of `rank`'s group, and its widening."""
