@@ -38,7 +38,7 @@ def check_model_contract(contract, backward: bool = True, raised: Exception | No
     ran modules inside the DDP module but not its own forward (`model.module(x)`) is refused: DDP would not reduce.
     A rank whose body `raised` before its backward joins as such: every rank raises, naming the ranks whose body
     raised (their backward, which reduces with the others', never runs), unless every rank's did (the callers
-    re-raise their own)."""
+    re-raise their own; under FSDP2 one that raised before the forward stops alone: `_no_forward_under_fsdp2`)."""
     micro, model, names = contract.micro, contract.model, contract.names
     wanted = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     reached, opaque = (wanted, False) if contract.declined else reached_leaves(
@@ -181,7 +181,10 @@ def kind(model) -> str:
 def _no_forward_under_fsdp2(micro, group) -> ModelContractError:
     """The error of a rank that ran no forward of an FSDP2 model inside `accumulate(model, micro)`: a forward before
     the block is not seen, and where a rank skipped it its peers wait in the forward's parameter all-gather, which
-    no check of this rank can pair with, so it stops alone, saying why."""
+    no check of this rank can pair with, so it stops alone, saying why.  A body that raised before the forward
+    stops alone the same way, with its own exception (the peers fail as its process exits, or at the group's
+    timeout); an `except` that goes on sends its next collective into the peers' all-gather, and gloo aborts a rank:
+    such an exception must stop the run, or the skip be decided alike on every rank before the block."""
     return ModelContractError(
         f"rank {group_rank(group)}: no forward of the model ran inside `with accumulate(model, micro):` in "
         f"micro-batch {micro.index} of {micro.num_microbatches} (whose backward reduces gradients; "
