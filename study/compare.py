@@ -122,11 +122,25 @@ def row_source(name: str) -> tuple[str, str]:
 
 
 def known_names() -> list[str]:
-    """Every name `compare` accepts: algorithms, their +locality variants, peers."""
-    records = algorithms()  # a plugin is one whatever kind its record claims (`row_source`)
-    ours = [record for record in records if record.kind is not Kind.PEER or plugin_origin(record) is not None]
+    """Every name `compare` accepts: algorithms, their +locality variants, peers.  A plugin is one whatever kind its
+    record claims (`row_source`), with its +locality variant (probe19 P19-08: one claiming "baseline" had none);
+    orchmllm's peers and baseline have none (`no_locality_variant`)."""
+    records = algorithms()
+    ours = [record for record in records if plugin_origin(record) is not None or record.kind is not Kind.PEER]
     return ([record.name for record in ours] + [record.name + LOCALITY_SUFFIX for record in ours
-                                                if record.kind is not Kind.BASELINE] + peer_names())
+                                                if not no_locality_variant(record)] + peer_names())
+
+
+def no_locality_variant(record) -> str:
+    """Why algorithm `record` has no +locality variant in `compare`, or "" where it has one."""
+    if plugin_origin(record) is not None:
+        return ""
+    if record.kind is Kind.BASELINE:
+        return ("it is the baseline, which keeps every item on the rank that sampled it: the locality pass has "
+                "nothing to keep")
+    if record.kind is Kind.PEER:
+        return "it is a peer's heuristic, compared as its system runs it, without a locality pass"
+    return ""
 
 
 def algorithm_names(text: str | None) -> list[str]:
@@ -148,6 +162,10 @@ def algorithm_names(text: str | None) -> list[str]:
     if not names:
         raise ValueError(f"name at least one algorithm; got {text!r}")
     for name in names:
+        base = name.removesuffix(LOCALITY_SUFFIX)
+        if name not in known and base != name and base in known:
+            raise ValueError(f"algorithm {base!r} has no {LOCALITY_SUFFIX} variant: "
+                             f"{no_locality_variant(get_algorithm(base))}; name {base!r}")
         if name not in known:
             raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(known)}")
     return list(dict.fromkeys(names))

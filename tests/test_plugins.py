@@ -513,3 +513,26 @@ def test_regression_compare_reported_a_plugin_as_orchmllm_and_took_its_plan_as_o
     text = capsys.readouterr().out
     assert "test_exact_again (plugin)" in text and "test_peer_claim (plugin)" in text
     assert re.search(r"best plugin.*test_exact_again", text) and re.search(r"after.*lpt", text), text
+
+
+def test_regression_a_plugin_claiming_kind_baseline_had_no_locality_variant():
+    """Cause (probe19 P19-08): compare offered NAME+locality for every record but those of kind "baseline", so a
+    plugin claiming that kind was refused as an unknown algorithm, unlike one claiming "ours" or "peer" (R13-12),
+    though `balance` runs its locality pass like theirs.  A plugin has its +locality variant whatever kind it
+    claims; orchmllm's baseline and peers, which have none, are refused with the reason, not as unknown."""
+    from orchmllm.balancers import CostModel
+    from orchmllm.study.compare import CompareConfig, algorithm_names, file_stages, peer_names, run_comparison
+
+    register_algorithm("test_baseline_claim", halves, kind="baseline", description="two halves")
+    names = algorithm_names("test_baseline_claim,test_baseline_claim+locality")
+    stage = file_stages(np.array([3, 3, 2, 2, 2, 1, 1, 4]), 4, CostModel(), False, 1.0)[0]
+    rows = {row.algorithm: row for row in run_comparison([CompareConfig(4, None, (stage,))], names,
+                                                         gpus_per_node=2).rows}
+    assert rows["test_baseline_claim+locality"].kind == rows["test_baseline_claim"].kind == "plugin"
+    assert rows["test_baseline_claim+locality"].bytes_moved < rows["test_baseline_claim"].bytes_moved, rows  # 0 < 7
+    peer = peer_names()[0]
+    for name, reason in (("identity", "it is the baseline, which keeps every item on the rank that sampled it"),
+                         (peer, "it is a peer's heuristic, compared as its system runs it, without a locality pass")):
+        with pytest.raises(ValueError, match=rf"^algorithm '{name}' has no \+locality variant: {reason}.*; name "
+                                             rf"'{name}'$"):
+            algorithm_names(f"{name}+locality")
