@@ -11,10 +11,11 @@ from .constraints.groups import as_groups, group_problem
 from .context_parallel.split import balance_split
 from .locality.balance import FILLS, balance_locally
 from .origins import Origins, as_origins, gpus_per_node
+from .kernels import lpt
 from .plan import BalancePlan, make_plan, run_kernel
 from .problem import InfeasibleError, Kernel, Problem, Status, make_problem, rank_loads, rank_tokens
 from .registry import Algorithm, algorithms, built_in, certifies, get_algorithm
-from .validation import as_real
+from .validation import as_real, is_real
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,6 +138,8 @@ def solve(request: BalanceRequest) -> BalancePlan:
         return _keep_sources(problem, origins.sources)
     start = time.perf_counter()
     result, bound = run_kernel(request.kernel, problem, algorithm, request.built_in)
+    if request.certified and not request.built_in:
+        cross_examine(problem, result.lower_bound, bound, algorithm)
     assignment = result.assignment
     if origins is not None:
         assignment = balance_locally(problem, assignment, origins, request.makespan_slack, request.fill)
@@ -182,6 +185,8 @@ def _balance_groups(problem, labels, kernel, algorithm: str, certified: bool = T
     target = group_problem(problem, labels)
     start = time.perf_counter()
     result, bound = run_kernel(kernel, target, algorithm, built_in)
+    if certified and not built_in:
+        cross_examine(target, result.lower_bound, bound, algorithm)
     seconds = time.perf_counter() - start
     grouped = make_plan(target, result.assignment, result.status, algorithm, kernel_bound=result.lower_bound,
                         certified=certified, bound=bound)
@@ -203,3 +208,25 @@ def _keep_sources(problem, sources) -> BalancePlan:
             f"max_tokens_per_rank={cap}; a cap of at least {int(tokens.max())} is needed",
             min_cap=int(tokens.max()))
     return make_plan(problem, sources, Status.FEASIBLE, "identity")
+
+
+def cross_examine(problem: Problem, claimed, proven: float, algorithm: str) -> None:
+    """RuntimeError naming a certifying plugin (`registry.certifies`: registered `exact`) whose claimed bound
+    LPT's plan beats: no plan beats a lower bound, so a claim above a makespan LPT reaches is false.
+
+    Run only where the claim goes beyond the bound orchmllm `proven` itself (O(n log n), once per call) and
+    where LPT's plan is one of the problem's (not under `equal_counts`, which it ignores).  A claim above the
+    plugin's own plan is refused where the plan is made (`plan.claimed_bound`); one between LPT's makespan and
+    the optimum survives this cheap witness and is the kernel's word (`check_conformance` tests it against the
+    exact optimum on small instances).
+    """
+    if claimed is None or problem.equal_counts or not is_real(claimed) or not claimed > proven:
+        return
+    try:
+        witness = float(rank_loads(problem, lpt.solve(problem).assignment).max())
+    except InfeasibleError:
+        return  # LPT found no plan under the cap: nothing to weigh the claim against
+    if witness < float(claimed) * (1.0 - (problem.num_items + 1) * 2.0**-52):
+        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r}, but LPT's plan of the same "
+                           f"problem reaches a makespan of {witness!r}: no plan beats a lower bound, so the kernel's "
+                           f"certificate is false")

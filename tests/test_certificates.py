@@ -289,6 +289,21 @@ def step_cost_of(problem, result, num_microbatches):
     return step_cost(loads.reshape(num_microbatches, problem.num_ranks), 0.0)
 
 
+@pytest.mark.parametrize("options", [{}, {"padded": True}, {"groups": [0, 1, 2, 3, 4, 5]},
+                                     {"max_tokens_per_rank": 40}], ids=["plain", "padded", "groups", "capped"])
+def test_regression_an_exact_plugin_s_false_optimal_at_its_own_cost_was_trusted(register, options):
+    """probe20 P20-01: an `exact=True` plugin putting every item on rank 0 with its own makespan as bound (31)
+    was labelled optimal, though LPT reaches 16: a claim above what orchmllm proves is weighed against LPT's
+    plan, and one LPT beats is a false certificate naming the kernel."""
+    def everything_on_rank_zero(problem):
+        assignment = np.zeros(problem.num_items, dtype=np.int64)
+        return KernelResult(assignment, Status.OPTIMAL, float(np.sum(problem.item_costs)))
+    name = register(Algorithm("liar_exact", everything_on_rank_zero, exact=True, description="false proof"))
+    with pytest.raises(RuntimeError, match=r"algorithm 'liar_exact' returned lower_bound=.*LPT's plan .* reaches a "
+                                           r"makespan of .*certificate is false"):
+        balance([9, 7, 5, 4, 3, 3], 2, algorithm=name, **options)
+
+
 def test_an_exact_plugin_still_certifies_its_plans(register):
     """`exact=True` is the record's word that its bounds are proofs (the conformance suite checks it)."""
     def kernel(problem):
