@@ -128,13 +128,18 @@ KERNEL_REFUSALS = (InfeasibleError, SizeLimitError, TimeoutError)  # a kernel's 
 
 def call_kernel(kernel: Callable, algorithm: str, problem, *args):
     """`kernel(problem.for_kernel(), *args)`, a copy of the problem (`SortedItems.for_kernel`): nothing the kernel
-    sets on it reaches the problem the certificate reads.  An exception other than its refusals (`KERNEL_REFUSALS`)
+    sets on it reaches the problem the certificate reads.  A refusal of the heuristic it fell back to
+    (`InfeasibleError.heuristic`) is told as the algorithm's.  An exception other than its refusals (`KERNEL_REFUSALS`)
     is a bug of the kernel: RuntimeError naming it, raised from the kernel's own (a write to the problem's read-only
     arrays too)."""
     try:
         return kernel(problem.for_kernel(), *args)
     except KERNEL_REFUSALS as error:
         contradiction = _contradiction(error, problem)
+        if contradiction is None and getattr(error, "heuristic", None) not in (None, algorithm):
+            further = "" if algorithm == "auto" else "; algorithm='auto' searches further"
+            raise InfeasibleError(f"algorithm {algorithm!r} falls back to {error.heuristic} under a cap its own plan "
+                                  f"overflows, and {error}{further}", error.min_cap, algorithm) from error
         if contradiction is None:
             raise
         raise RuntimeError(f"algorithm {algorithm!r} raised {type(error).__name__} {contradiction}: a bug of the "

@@ -40,12 +40,14 @@ class InfeasibleError(ValueError):
     `min_cap` is a cap to try next.  Exact solvers and bound checks set it to the
     smallest cap that could work (necessary); a heuristic that gave up sets it to a cap
     at which it is certain to succeed (sufficient for that algorithm), and its message
-    says which.
+    says which.  `heuristic`: the name of the heuristic that gave up (its message names it), None where
+    no plan fits; an algorithm falling back to it says so (`plan.call_kernel`).
     """
 
-    def __init__(self, message: str, min_cap: int):
+    def __init__(self, message: str, min_cap: int, heuristic: str | None = None):
         super().__init__(message)
         self.min_cap = int(min_cap)
+        self.heuristic = heuristic
 
 
 def integer_keys_fit(values: np.ndarray, count: int) -> bool:

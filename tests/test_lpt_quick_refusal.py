@@ -79,3 +79,18 @@ def test_public_lpt_error_still_names_the_item_without_room():
     with pytest.raises(InfeasibleError, match=r"`lpt` cannot place the items from item 8 on .* under "
                                               r"max_tokens_per_rank=10: .*; lpt fits under a cap of 11"):
         lpt.solve(make_problem([6] * 8 + [5] * 6, 8, max_tokens_per_rank=10), quick_refusal=True)
+
+
+@pytest.mark.parametrize("algorithm", ["karmarkar_karp", "slack"])
+def test_regression_a_fallback_s_refusal_named_lpt_not_the_algorithm_chosen(algorithm):
+    """probe20 P20-02: karmarkar_karp and slack, whose plans overflow cap 52, fall back to the capped LPT,
+    which finds no room (a plan fits: {28, 2, 20} and {18, 16, 18}); the refusal read "`lpt` found no rank",
+    an algorithm the user did not choose, and pointed only at 'ilp'.  It now names the algorithm chosen and
+    its fallback, and points at 'auto' (which finds the plan)."""
+    lengths = [28, 2, 20, 18, 16, 18]
+    with pytest.raises(InfeasibleError, match=rf"^algorithm '{algorithm}' falls back to lpt under a cap its own plan "
+                                              r"overflows, and `lpt` found no rank .*algorithm='auto' searches further$"):
+        balance(lengths, 2, max_tokens_per_rank=52, algorithm=algorithm)
+    assert balance(lengths, 2, max_tokens_per_rank=52).tokens.max() <= 52
+    with pytest.raises(InfeasibleError, match=r"^`lpt` found no rank"):  # lpt's own refusal is unchanged
+        balance(lengths, 2, max_tokens_per_rank=52, algorithm="lpt")

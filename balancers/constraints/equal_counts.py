@@ -68,7 +68,7 @@ def lpt(problem: Problem, cap: int | None = None) -> np.ndarray:
             raise InfeasibleError(
                 f"equal-count `lpt` found no rank with room for item {item} ({length} tokens) under "
                 f"max_tokens_per_rank={cap} with {q} or {q + 1} items per rank; it fits under a cap of {enough}, "
-                f"and a smaller cap may still be feasible", min_cap=enough)
+                f"and a smaller cap may still be feasible", min_cap=enough, heuristic="lpt")
         load, rank = heapq.heappop(heap)
         assignment[item] = rank
         counts[rank] += 1

@@ -371,7 +371,7 @@ def _no_room(problem: Problem, item: int, cap: int, uncapped: np.ndarray | None 
     return InfeasibleError(
         f"`lpt` found no rank with room for item {item} ({int(problem.lengths[item])} tokens) under "
         f"max_tokens_per_rank={cap}; lpt fits under a cap of {enough}, and a smaller cap may still "
-        f"be feasible: try {exact}", min_cap=enough)
+        f"be feasible: try {exact}", min_cap=enough, heuristic="lpt")
 
 
 def _no_completion(problem: Problem, cap: int, item: int, uncapped: np.ndarray) -> InfeasibleError:
@@ -380,7 +380,7 @@ def _no_completion(problem: Problem, cap: int, item: int, uncapped: np.ndarray) 
     return InfeasibleError(
         f"`lpt` cannot place the items from item {item} on (the first its uncapped plan has no room for) "
         f"under max_tokens_per_rank={cap}: they need more room of their lengths than the ranks have left; "
-        f"lpt fits under a cap of {enough}", min_cap=enough)
+        f"lpt fits under a cap of {enough}", min_cap=enough, heuristic="lpt")
 
 
 def solve(problem: Problem, quick_refusal: bool = False, shared: bool = False) -> KernelResult:
