@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm import ContextParallel, CostModel, InfeasibleError, balance
+from orchmllm import ContextParallel, CostModel, InfeasibleError, balance, balance_microbatches
 from orchmllm.study.models import MODELS
 from orchmllm.testing.context_parallel import brute_force_split, check_split_plan
 
@@ -156,3 +156,19 @@ def test_two_tiers_that_beat_the_first_target_end_the_ladder(monkeypatch):
     check_split_plan(plan, lengths, 16, spec, cost=COST, max_tokens_per_rank=131072)
     assert len(targets) == 1 and len(tiered) == 1 and tiered[0] is not None
     assert plan.makespan <= 1.03 * plan.lower_bound
+
+
+def test_two_tiers_are_dealt_once_a_layout(monkeypatch):
+    """Videos, 16 x 8, 10 % giants, seed 3, T = 16k: a pass whose groups overflow at every target of the ladder, where
+    two tiers weighed at the first target do not end it.  After the ladder they were dealt again under the best
+    target's estimate, the same k where it is below that (`two_tiers`); now the first answer is read, once a layout."""
+    from orchmllm.balancers.context_parallel import planner
+    from orchmllm.benchmarks.bench_context_parallel import COST, giant_mix
+
+    lengths, spec = giant_mix("videos", 16, 8, 0.1, 3), ContextParallel()
+    dealt, layouts, tiers, layout = [], [], planner.two_tiers, planner.layout
+    monkeypatch.setattr(planner, "two_tiers", lambda *args: dealt.append(len(layouts)) or tiers(*args))
+    monkeypatch.setattr(planner, "layout", lambda *args: layouts.append(args) or layout(*args))
+    plan = balance_microbatches(lengths, 16, cost=COST, context_parallel=spec, max_tokens_per_microbatch=16384)
+    assert dealt and len(dealt) == len(set(dealt))  # at most one two-tier deal a layout
+    assert plan.lower_bound <= plan.step_cost and int(plan.cell_tokens.max()) <= 16384

@@ -79,7 +79,7 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
     """(block starts, degrees, target, the ranks' (loads, tokens)) of the best layout on the ladder above
     the bound (None when none has token room): the items `long` laid out, the others' starts -1.
     `layouts`: the layouts of the targets, shared by calls with more `long` items (`place_groups`)."""
-    best, best_estimate, overflowed, tried = None, math.inf, True, False
+    best, best_estimate, overflowed, tiered = None, math.inf, True, ()  # (): two tiers not weighed yet
     times = TimeTable(problem, spec, gpus_per_node, long)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     for target in _targets(allotment, bound):
@@ -104,18 +104,20 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
             break
         if first:  # the first target's groups overflowed the ranks: two tiers, where they do better, end it
             tiered = _tiered(problem, spec, gpus_per_node, times, long, best_estimate)
-            if tiered is not None and tiered[2] <= bound * (1 + (LADDER_STEPS - 1) * LADDER_STEP):
-                return tiered
-            tried = tiered is None  # then nor do they beat a later target's estimate, below this one's
-    if overflowed and not tried:  # no target found token room: two tiers may
-        best = _tiered(problem, spec, gpus_per_node, times, long, best_estimate) or best
+            if tiered is not None and tiered[0][2] <= bound * (1 + (LADDER_STEPS - 1) * LADDER_STEP):
+                return tiered[0]
+    if overflowed and tiered is not None:  # the groups overflowed at every target, or none found token room
+        # Weighed at the first target, two tiers stand where their estimate is below the best target's (the best k
+        # under a lower ceiling is the same where its estimate is below it, `two_tiers`): not dealt again
+        tiered = tiered or _tiered(problem, spec, gpus_per_node, times, long, best_estimate)
+        best = tiered[0] if tiered is not None and tiered[1] < best_estimate else best
     return best
 
 
 def _tiered(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: TimeTable, long: np.ndarray,
-            ceiling: float) -> tuple[np.ndarray, np.ndarray, float, tuple] | None:
-    """`layout`'s answer for the layout of two tiers (`tiers.py`), where its estimate is below `ceiling`; else
-    None."""
+            ceiling: float) -> tuple[tuple[np.ndarray, np.ndarray, float, tuple], float] | None:
+    """(`layout`'s answer for the layout of two tiers (`tiers.py`), their own estimate), where that is below
+    `ceiling`; else None."""
     rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
     tiers = two_tiers(problem, spec, times, long, rest_work, water_level, ceiling)
     if tiers is None or not tiers[2] < ceiling:
@@ -123,7 +125,7 @@ def _tiered(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: 
     start, degree, estimate = tiers
     laid = start >= 0
     loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0), np.where(laid, degree, 0))
-    return start, degree, max(estimate, float(loads.max())), (loads, tokens)
+    return (start, degree, max(estimate, float(loads.max())), (loads, tokens)), estimate
 
 
 def fill(problem: Problem, start: np.ndarray, target: float, accounts: tuple) -> np.ndarray | None:
