@@ -5,6 +5,8 @@ rank) and `groups=` (keep-together groups).  Costs are integers, so every float 
 exact and makespans compare with ==.
 """
 
+import collections
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -140,6 +142,8 @@ def test_groups_keep_a_prompts_responses_together():
     (dict(groups=["1", 1, "1"]), TypeError, r"`groups` must hold group ids of one kind, all ints or all strs; got "
                                             r"int, str \(an id printed alike in two kinds"),
     (dict(groups=[True, 1, 0]), TypeError, r"`groups` must hold group ids of one kind, .*; got bool, int"),
+    (dict(groups=collections.deque(["1", 1, "1"])), TypeError, r"`groups` must hold group ids of one kind, all ints "
+                                                               r"or all strs; got int, str"),
     (dict(equal_counts=True, sources=[0, 1, 0]), ValueError, r"`equal_counts=True` cannot be combined with `sources`"),
     (dict(equal_counts=True, algorithm="ilp"), ValueError,
      r"algorithm 'ilp' does not support `equal_counts=True`; choose one of \['identity', 'lpt', 'karmarkar_karp', "
@@ -147,7 +151,8 @@ def test_groups_keep_a_prompts_responses_together():
     (dict(equal_counts="yes"), TypeError, r"`equal_counts` must be a bool; got str"),
 ], ids=["costs-padded", "cost-and-costs", "costs-shape", "costs-negative", "costs-nan", "costs-inf", "costs-str",
         "groups-padded", "groups-equal-counts", "groups-sources", "groups-shape", "groups-float",
-        "groups-str-and-int (probe18 P18-07: merged into one group before)", "groups-bool-and-int", "equal-sources",
+        "groups-str-and-int (probe18 P18-07: merged into one group before)", "groups-bool-and-int",
+        "groups-deque-str-and-int (probe19 P19-01: merged into one group before)", "equal-sources",
         "equal-ilp", "equal-not-bool"])
 def test_rejected_constraint_combinations_say_why(options, error, match):
     with pytest.raises(error, match=match):
