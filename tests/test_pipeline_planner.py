@@ -357,6 +357,33 @@ def test_regression_reading_the_report_timed_the_replicas_again(monkeypatch):
     assert report["unaware_step_time"] == own and report["replica_times"] == fresh.replica_times.tolist()
 
 
+@pytest.mark.parametrize("schedule, walks", [("gpipe", [128, 53]), ("1f1b", [128, 64, 62])])
+def test_regression_walks_of_a_reordered_gpipe_start_and_of_searches_that_lose(monkeypatch, schedule, walks):
+    """Regression (planning time at D = 2560 x 32, a fixed M, issue 28): GPipe's plain cells were reordered in each
+    replica and timed as a start of their own, though its step does not depend on the order (before:
+    [128, 64, 53, 64] rows walked here), and every search's cells were summed afresh and timed, a search ending
+    above the step found before it too (1F1B: [128, 64, 62, 64]).  Now GPipe searches the plain cells as planned
+    and a search that ends above the step found before it is dropped unsummed; the plans' steps are unchanged
+    (held out: the same plans but for GPipe's slot order) and equal `pipeline_step`'s."""
+    from orchmllm.balancers.pipeline import planner, schedules
+    from orchmllm.study.models import MODELS
+
+    cost, pipeline = MODELS["84b"].llm.cost(causal=True), Pipeline(stages=8, schedule=schedule)
+    lengths = sample_workload("default", 64, 32, seed=7).sample_llm_length
+    balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=cost, num_microbatches=8,
+                         pipeline=pipeline)  # the best shape, computed once per process
+    calls, timed = [], schedules.replica_times
+    for module in (planner, schedules):
+        monkeypatch.setattr(module, "replica_times", lambda p, f, b: calls.append(len(f)) or timed(p, f, b))
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=cost, num_microbatches=8,
+                                pipeline=pipeline)
+    assert calls == walks
+    problem = make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=16384, cost=cost)
+    fresh = pipeline_step(problem, plan.rank, plan.microbatch, 8, pipeline, 0.0)
+    assert plan.pipeline.step_time == fresh.step_time < plan.pipeline.unaware_step_time
+    assert np.array_equal(plan.pipeline.replica_times, fresh.replica_times)
+
+
 @pytest.mark.parametrize("counts", [[3], [1, 2, 3, 4]])
 def test_step_bound_from_the_ranked_costs_is_the_same(counts):
     """`step_bound(..., ranked=)` (a problem's sorted costs, spared a max or a sort) gives the same bound."""

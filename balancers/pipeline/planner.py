@@ -8,9 +8,9 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               than D items overflow); the faster ends the planning
               when it is within STOP_GAP of τ·X̄ or at the certified bound (the search's stop rule: no plan
               is faster; the largest item's chain meets it at D = 2560, M = 8, interleaved), else the plain
-              cells reordered in each replica (`order.mountain`) are a third start, and (padded, where no item moves
-              reshape a cell) the plain cells dealt afresh over the replicas and reordered
-              (`order.deal`) a fourth, searched too
+              cells reordered in each replica (`order.mountain`; GPipe, order-free: as planned) are a
+              third start, and (padded, where no item moves reshape a cell) the plain cells dealt afresh
+              over the replicas and reordered (`order.deal`) a fourth, searched too
     search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept (none after
               one that meets the bound; each stops where its rate cannot reach the fastest step found before it):
               rounds of item moves off many slow replicas at once, then slot swaps and item moves
@@ -18,7 +18,8 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               replica (D = 2560 × 32, M = 8: the median replica within 1 % of the bound), a few
               slow ones holding the largest items, which the rounds repair; the reordered plain
               cells are near-tied on every replica at large D (the search stalls at once there)
-              and the better start at small D with a few giant items
+              and the better start at small D with a few giant items.  A search ending above the
+              fastest step found before it is dropped unsummed
     certify   the step time of the final cells, their costs summed in item order as a fresh
               account would (a start's cells are; the replicas the search moved items between are
               summed again) and timed by `replica_times`; the bound of `bounds.step_bound`, status
@@ -55,6 +56,7 @@ WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget,
 DEFAULT_WORK = 20_000_000
 PINNING_ROWS = 33  # costs of the top cell timed once per schedule and M (`_pinned_scales`)
 SCALE_RANGE, SCALE_STEPS = 4.0, 12  # the level scale's range and bisection steps (`_starts`)
+SUMS_DRIFT = 1e-9  # far above how far a search's times (float differences) lie from its cells summed afresh
 
 
 @dataclass(frozen=True, eq=False)
@@ -240,21 +242,13 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     best = _fastest(times)
     if not _short(times[best], floor):  # the search would stop at once (`search`)
         return _start(placed, cells, times, summed, best)
-    order = mountain(cost)  # the plain cells reordered in each replica
-    cells.append(tuple(None if grid is None else np.take_along_axis(grid, order, axis=1) for grid in (cost, tokens,
-                                                                                                     firsts)))
-    placed[len(cells) - 1] = (rank, np.argsort(order, axis=1)[rank, microbatch])  # slot j runs where order holds j
-    if problem.padded:  # whole cells dealt afresh over the replicas, then reordered (`order`; review11 R11-01)
-        flat = [None if grid is None else grid.T.ravel() for grid in (cost, tokens, firsts)]  # cell m·D + r
-        dealt = deal(flat[0], d)
-        grid = np.take_along_axis(dealt, mountain(flat[0][dealt]), axis=1)
-        cells.append(tuple(None if values is None else values[grid] for values in flat))
-        placed[len(cells) - 1] = _placed(grid, microbatch * d + rank, num_microbatches)
-    times += _timed(pipeline, cells[len(times):])
+    reordered = _add_reordered(problem, pipeline, (placed, cells), rank, microbatch)
+    if len(cells) > len(times):
+        times += _timed(pipeline, cells[len(times):])
     best = _fastest(times)
     found = None  # (time, the search's answer): the fastest of the searches from the reordered and shaped cells
     faster = min(shaped, key=lambda index: (float(times[index].max()), index), default=None)
-    for begin in range(1, len(cells)):
+    for begin in [*shaped, *reordered]:
         if found is not None and found[0] <= bound:
             break  # a search met the bound: no later one is faster
         if begin in shaped and pipeline.schedule != "gpipe" and begin != faster:
@@ -270,12 +264,42 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
                             min(float(times[best].max()), math.inf if found is None else found[0]))
         search.rounds()
         search.run()
+        if float(search.times.max()) > search.rival * (1 + SUMS_DRIFT):
+            continue  # its cells summed afresh stay above the rival: neither kept nor a rival to later searches
         final = _final_cells(problem, search, first_stage)
         if found is None or float(final[2].max()) < found[0]:
             found = (float(final[2].max()), (search.replica, search.slot, float(times[0].max()), final, None))
-    if found[0] >= float(times[best].max()):  # no faster than the best start: that one
+    if found is None or found[0] >= float(times[best].max()):  # no faster than the best start: that one
         return _start(placed, cells, times, summed, best)
     return found[1]
+
+
+def _add_reordered(problem: MicroBatchProblem, pipeline: Pipeline, starts: tuple, rank: np.ndarray,
+                   microbatch: np.ndarray) -> list[int]:
+    """The plain cells (`starts` = (placed, cells), the plain ones first) reordered in each replica (`order.mountain`)
+    and (padded) dealt afresh over the replicas, then reordered (`order.deal`; review11 R11-01), added to `starts`;
+    the indices of the starts searched for them.  GPipe's step does not depend on the order (uniform stages:
+    `schedules.gpipe_time`), so there the plain cells as planned stand for their reordering (the same step, up to
+    the float sums' order; one walk of every replica fewer)."""
+    placed, cells = starts
+    cost, tokens, firsts = cells[0]
+    (d, m), searched = cost.shape, []
+    if pipeline.schedule == "gpipe" and firsts is None:
+        searched.append(0)
+    else:
+        order = mountain(cost)  # the plain cells reordered in each replica
+        cells.append(tuple(None if grid is None else np.take_along_axis(grid, order, axis=1)
+                           for grid in (cost, tokens, firsts)))
+        placed[len(cells) - 1] = (rank, np.argsort(order, axis=1)[rank, microbatch])  # slot j runs where order holds j
+        searched.append(len(cells) - 1)
+    if problem.padded:
+        flat = [None if grid is None else grid.T.ravel() for grid in (cost, tokens, firsts)]  # cell m·D + r
+        dealt = deal(flat[0], d)
+        grid = np.take_along_axis(dealt, mountain(flat[0][dealt]), axis=1)
+        cells.append(tuple(None if values is None else values[grid] for values in flat))
+        placed[len(cells) - 1] = _placed(grid, microbatch * d + rank, m)
+        searched.append(len(cells) - 1)
+    return searched
 
 
 def _placed(grid: np.ndarray, cell: np.ndarray, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
