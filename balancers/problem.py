@@ -49,6 +49,19 @@ class InfeasibleError(ValueError):
         self.min_cap = int(min_cap)
         self.heuristic = heuristic
 
+    def __reduce__(self):
+        """Pickled with its attributes (a process pool or spawned rank sends it to its parent): pickle's
+        default calls the class with `args`, the message only, which the constructor refuses."""
+        return _restore_error, (type(self), self.args, self.__dict__)
+
+
+def _restore_error(cls: type, args: tuple, state: dict) -> Exception:
+    """An `InfeasibleError` (or subclass) rebuilt from its pickled `args` and attributes."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 def integer_keys_fit(values: np.ndarray, count: int) -> bool:
     """Whether non-negative `values` are integers small enough for value · count + index keys."""

@@ -1,6 +1,7 @@
 """The contract under every kernel: lower bounds are sound, plans are certified."""
 
 import math
+import pickle
 import warnings
 
 import numpy as np
@@ -12,6 +13,7 @@ from orchmllm import balance_microbatches
 from orchmllm.balancers import CostModel, InfeasibleError, Kind, Status, algorithms, balance, make_problem
 from orchmllm.balancers.bounds import lower_bound
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
+from orchmllm.orchestrator.step import StageCapError
 from orchmllm.balancers.plan import make_plan
 from orchmllm.balancers.problem import as_lengths, exact_sum, integer_sum, rank_loads, rank_tokens, sorted_order
 from orchmllm.balancers.validation import as_sources
@@ -288,3 +290,11 @@ def test_frozen_lengths_are_taken_without_a_copy_and_any_others_are_copied():
     for array in (writable, view, np.arange(5, dtype=np.int32)):
         kept = as_lengths(array)
         assert not np.shares_memory(kept, array) and kept.tolist() == array.tolist()
+
+
+def test_regression_an_infeasible_error_did_not_survive_pickling():
+    """A process pool or a spawned rank sends its error to the parent by pickle, which called
+    InfeasibleError(message) and failed on the missing `min_cap` (a TypeError for the real refusal)."""
+    for error in (InfeasibleError("no room", 54, "lpt"), StageCapError("cap", 7, "vision", 2)):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error) and vars(copy) == vars(error)
