@@ -37,11 +37,10 @@ class Status(str, Enum):
 class InfeasibleError(ValueError):
     """No plan fits the memory cap.
 
-    `min_cap` is a cap to try next.  Exact solvers and bound checks set it to the
-    smallest cap that could work (necessary); a heuristic that gave up sets it to a cap
-    at which it is certain to succeed (sufficient for that algorithm), and its message
-    says which.  `heuristic`: the name of the heuristic that gave up (its message names it), None where
-    no plan fits; an algorithm falling back to it says so (`plan.call_kernel`).
+    `min_cap` is a cap to try next.  Exact solvers and bound checks set it to the smallest cap that
+    could work (necessary); a heuristic that gave up sets it to a cap at which it is certain to succeed
+    (sufficient for that algorithm), and names itself in the message and in `heuristic` (None where no
+    plan fits): an algorithm falling back to it says so (`plan.call_kernel`).
     """
 
     def __init__(self, message: str, min_cap: int, heuristic: str | None = None):
@@ -49,18 +48,8 @@ class InfeasibleError(ValueError):
         self.min_cap = int(min_cap)
         self.heuristic = heuristic
 
-    def __reduce__(self):
-        """Pickled with its attributes (a process pool or spawned rank sends it to its parent): pickle's
-        default calls the class with `args`, the message only, which the constructor refuses."""
-        return _restore_error, (type(self), self.args, self.__dict__)
-
-
-def _restore_error(cls: type, args: tuple, state: dict) -> Exception:
-    """An `InfeasibleError` (or subclass) rebuilt from its pickled `args` and attributes."""
-    error = cls.__new__(cls)
-    error.args = args
-    error.__dict__.update(state)
-    return error
+    def __reduce__(self):  # pickled with its attributes: the default calls the class with the message only
+        return type(self).__new__, (type(self), *self.args), self.__dict__
 
 
 def integer_keys_fit(values: np.ndarray, count: int) -> bool:
