@@ -193,6 +193,7 @@ _lock = threading.RLock()
 _plugins_loaded = False
 _entry_points: tuple[importlib.metadata.EntryPoint, ...] | None = None
 _loading: importlib.metadata.EntryPoint | None = None  # the entry point being loaded
+_skipped: dict[str, str] = {}  # entry point name -> why `_load_plugins` skipped it, told where the name is asked for
 
 
 def _distribution(entry: importlib.metadata.EntryPoint) -> str:
@@ -320,8 +321,8 @@ def _load_plugins() -> None:
                 except KeyboardInterrupt:
                     raise
                 except BaseException as error:  # a plugin's bug, its SystemExit at import too: never another's
-                    warnings.warn(f"orchmllm skipped {_describe(entry)}: {type(error).__name__}: {error}",
-                                  RuntimeWarning, stacklevel=4)
+                    _skipped[entry.name] = f"orchmllm skipped {_describe(entry)}: {type(error).__name__}: {error}"
+                    warnings.warn(_skipped[entry.name], RuntimeWarning, stacklevel=4)
         except BaseException:  # interrupted: load again next time
             _plugins_loaded = False
             raise
@@ -350,7 +351,8 @@ def get_algorithm(name: str, argument: str = "algorithm") -> Algorithm:
     if record is None:
         other = (f" ({name!r} is a micro-batch algorithm: pass it with `max_tokens_per_microbatch`, or to "
                  f"balance_microbatches)" if _find(name, _microbatch_records, argument) is not None else "")
-        raise ValueError(f"unknown `{argument}` {name!r}; choose one of {sorted(_records)}{other}")
+        raise ValueError(_skipped_entry(name, argument) or
+                         f"unknown `{argument}` {name!r}; choose one of {sorted(_records)}{other}")
     return record
 
 
@@ -364,8 +366,16 @@ def get_microbatch_algorithm(name: str, argument: str = "algorithm") -> MicroBat
     if record is None:
         other = (f" ({name!r} balances a step of one pass per rank; a micro-batch budget takes one of these "
                  f"micro-batch algorithms)" if _find(name, argument=argument) is not None else "")
-        raise ValueError(f"unknown `{argument}` {name!r}; choose one of {sorted(_microbatch_records)}{other}")
+        raise ValueError(_skipped_entry(name, argument) or
+                         f"unknown `{argument}` {name!r}; choose one of {sorted(_microbatch_records)}{other}")
     return record
+
+
+def _skipped_entry(name: str, argument: str) -> str | None:
+    """Why `name`, an installed entry point's, names no algorithm: its load failed (the warning, once, may
+    have been filtered or shown on another rank); None for a name no entry point declares."""
+    reason = _skipped.get(name) if isinstance(name, str) else None
+    return None if reason is None else f"`{argument}` {name!r} is an installed plugin's, but {reason}"
 
 
 def algorithms(*, padded: bool | None = None, kind: Kind | str | None = None,

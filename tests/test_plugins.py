@@ -176,6 +176,22 @@ def test_regression_a_skipped_entry_point_s_warning_showed_an_unrelated_source_l
         "gone-plugin (group 'orchmllm.algorithms'): ModuleNotFoundError: No module named 'gone_plugin_module'"]
 
 
+def test_regression_a_skipped_entry_point_asked_for_by_name_was_called_unknown(tmp_path):
+    """probe20 P20-04: a name whose entry point failed to load was "unknown `algorithm`" at use, the one warning
+    filtered away (-W ignore) or shown on another rank: the user who installed it was told it did not exist.
+    The lookup of a skipped entry point's name (plain or micro-batch) says it was skipped and why."""
+    fake_distribution(tmp_path, "gone-plugin", "gone_plugin", "", "gone = gone_plugin_module:kernel\n")
+    script = ("from orchmllm import balance, balance_microbatches\n"
+              "for call in (lambda: balance([3, 2, 1], 2, algorithm='gone'),\n"
+              "             lambda: balance_microbatches([3, 2, 1], 2, max_tokens_per_microbatch=4, algorithm='gone')):\n"
+              "    try:\n        call()\n    except ValueError as error:\n        print(error)\n")
+    done = run_with(tmp_path, "-W", "ignore", "-c", script)
+    told = ("`algorithm` 'gone' is an installed plugin's, but orchmllm skipped the entry point gone = "
+            "gone_plugin_module:kernel of distribution gone-plugin (group 'orchmllm.algorithms'): ModuleNotFoundError: "
+            "No module named 'gone_plugin_module'")
+    assert done.returncode == 0 and done.stdout.splitlines() == [told, told], (done.stdout, done.stderr)
+
+
 RAISING = ("from orchmllm.balancers import Algorithm\n\n"
            "def kernel(problem):\n    return 1 // 0\n\n"
            "RAISER = Algorithm('raiser', kernel, default=True, description='raises')\n")
