@@ -87,6 +87,9 @@ def as_table(local, name: str = "lengths") -> np.ndarray:
     return table.reshape(-1, 1) if array.ndim == 1 else table
 
 
+LAYOUT_TAG = -0x6C61796F  # the first word of a HierarchicalAllToAll's layout all-gather, in a metadata header's shape
+
+
 def gather_metadata(local, group=None, num_columns: int | None = None, *, fingerprint: bytes | None = None,
                     what: str = "configuration", options: Mapping[str, object] | None = None) -> GatheredMetadata:
     """All-gather each rank's (n_r, K) integer table (n_r may differ and be 0).
@@ -115,6 +118,10 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     with collective(f"metadata all-gather ({what})", group):
         finish(dist.all_gather(shapes, shape, group=group, async_op=True), group)
     shapes = np.stack([s.cpu().numpy() for s in shapes])
+    laying = [rank for rank, row in enumerate(shapes) if row[0] == LAYOUT_TAG]
+    if laying:
+        raise ConfigMismatchError(f"ranks {laying} build a HierarchicalAllToAll while rank {group_rank(group)} "
+                                  f"gathers metadata ({what}): every rank of the group must pass the same `transport`")
     if words.size:
         failed = [rank for rank, row in enumerate(shapes) if not row[2:].any()]
         if failed:

@@ -259,6 +259,28 @@ def test_regression_nodewise_transport_with_other_gpus_per_node_blocked_every_ra
     assert "ranks [0, 2, 3]: 2; ranks [1]: 4" in outcomes[0].value[1]
 
 
+def mixed_transport_job(rank, size):
+    def run():
+        transport = HierarchicalAllToAll(2) if rank else None  # rank 0: the flat default
+        return PostBalancingDispatcher(transport=transport).plan(np.array([5, 3, 2 + rank])).digest
+    return outcome(run)
+
+
+def test_regression_a_flat_rank_beside_nodewise_ones_aborted_in_gloo():
+    """probe20 P20-10: rank 0's dispatcher on the flat transport, ranks 1-3 building HierarchicalAllToAll(2): the
+    layout all-gather (one word) paired with rank 0's metadata all-gather (six) and gloo aborted a rank (SIGABRT,
+    a C++ trace), the others a PeerFailureError.  The layout gather now has the metadata header's shape and a tag:
+    every rank names the mismatch."""
+    started = time.monotonic()
+    outcomes = run_processes(mixed_transport_job, 4, timeout_s=60, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert all(o.ok and o.value[0] == "ConfigMismatchError" for o in outcomes), [(o.error, o.value) for o in outcomes]
+    assert "ranks [1, 2, 3] build a HierarchicalAllToAll while rank 0 gathers metadata" in outcomes[0].value[1]
+    for o in outcomes[1:]:
+        assert f"ranks [0] are in another collective (a dispatcher's metadata all-gather: the flat transport) while " \
+               f"rank {o.rank} builds a HierarchicalAllToAll" in o.value[1]
+    assert time.monotonic() - started < COLLECTIVE_TIMEOUT_S
+
+
 def invalid_layout_job(rank, size):
     return outcome(lambda: HierarchicalAllToAll(3 if rank == 1 else 2).num_nodes)
 
