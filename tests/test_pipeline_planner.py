@@ -448,6 +448,30 @@ def test_plan_accounts_are_the_cells_own_sums(workload, schedule, overhead, inte
     assert np.array_equal(plan.cell_loads, loads) and np.array_equal(plan.cell_tokens, tokens)
 
 
+@pytest.mark.parametrize("model", [True, False])
+def test_regression_a_searched_plans_accounts_were_summed_again(monkeypatch, model):
+    """Regression (planning time at a fixed M, issue 28): where a search's cells won, the plan's loads and tokens
+    were summed again over every item (`cell_accounts`, 0.45-0.5 ms at D = 2560 x 32), though the search holds
+    them: its cells' costs are their loads (no micro-batch overhead; the moved replicas' summed afresh in item
+    order) and its token counts exact integers.  Now they are read off the search, bit for bit the same."""
+    from orchmllm.balancers.microbatch.plan import cell_accounts
+    from orchmllm.balancers.pipeline import planner
+    from orchmllm.study.models import MODELS
+
+    lengths = sample_workload("default", 64, 32, seed=7).sample_llm_length
+    costs = MODELS["84b"].llm.cost(causal=True).item_costs(lengths) if model else lengths.astype(float) ** 1.5
+    pipeline = Pipeline(stages=8)
+    calls = []
+    monkeypatch.setattr(planner, "cell_accounts", lambda *args: calls.append(1) or cell_accounts(*args))
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, costs=costs, num_microbatches=8,
+                                pipeline=pipeline)
+    assert calls == [] and plan.pipeline.step_time < plan.pipeline.unaware_step_time
+    problem = make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=16384, costs=costs)
+    loads, tokens = cell_accounts(problem, plan.rank, plan.microbatch, 8)
+    assert np.array_equal(plan.cell_loads, loads) and np.array_equal(plan.cell_tokens, tokens)
+    assert plan.cell_loads.tobytes() == loads.tobytes()
+
+
 def test_regression_the_shaped_lpt_converted_the_costs_to_integers_again(monkeypatch):
     """Regression (planning time at D = 2560): the shaped LPT (`lpt.greedy_from`) checked and converted the
     sorted costs to integer steps again, right after the plain planner's LPT had over the same read-only costs;

@@ -268,7 +268,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
             continue  # its cells summed afresh stay above the rival: neither kept nor a rival to later searches
         final = _final_cells(problem, search, first_stage)
         if found is None or float(final[2].max()) < found[0]:
-            found = (float(final[2].max()), (search.replica, search.slot, float(times[0].max()), final, None))
+            found = (float(final[2].max()), (search.replica, search.slot, float(times[0].max()), final,
+                                             _loads_kept(problem, final[0], search.tokens)))
     if found is None or found[0] >= float(times[best].max()):  # no faster than the best start: that one
         return _start(placed, cells, times, summed, best)
     return found[1]
@@ -353,6 +354,15 @@ def _final_cells(problem: MicroBatchProblem, search: CellSearch, first_stage: np
         times[moved] = replica_times(search.pipeline, *search.pipeline.stage_times(
             cost[moved], None if firsts is None else firsts[moved]))
     return cost, firsts, times
+
+
+def _loads_kept(problem: MicroBatchProblem, cost: np.ndarray, tokens: np.ndarray) -> tuple | None:
+    """The `cell_accounts` (loads, tokens), (M, D), of a search's final cells (`_final_cells`: costs (D, M), the
+    moved replicas' summed afresh in item order; tokens exact integers) where a cell's cost is its load + 0.0 (no
+    micro-batch overhead), else None (summed afresh by the caller)."""
+    if problem.microbatch_overhead != 0:
+        return None
+    return np.ascontiguousarray(cost.T), np.ascontiguousarray(tokens.T)
 
 
 def _timed(pipeline: Pipeline, cells: list) -> list:
