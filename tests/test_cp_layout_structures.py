@@ -125,6 +125,23 @@ def test_regression_overflowing_unsplit_items_scanned_every_group(monkeypatch):
 
 
 
+def test_an_items_shards_are_read_one_by_one_only_where_an_overflow_searches_another_degree(monkeypatch):
+    """Each place() read its item's time and shards from the table, and each overflow its shards at every degree of
+    its own and above (the long workload at D = 2560 x 16, T = 16k: 109k such reads in a step's layouts); `_lay` reads
+    them for all its items at once, and an overflow another degree's only where it searches there (the same
+    layout: `test_place_groups_equals_the_brute_scan`)."""
+    from orchmllm.balancers.context_parallel import timetable
+
+    asked, searched = [], []
+    shard, search = timetable.TimeTable.shard, placement.Placement._search
+    monkeypatch.setattr(timetable.TimeTable, "shard", lambda self, *a: asked.append(a) or shard(self, *a))
+    monkeypatch.setattr(placement.Placement, "_search", lambda self, *a, **k: searched.append(k) or search(self, *a, **k))
+    problem, spec, times, degree, long, target = layout_inputs([200_000, 150_000] + [50_000] * 30 + [2_000] * 40,
+                                                               16, None, 0)
+    assert placement.place_groups(problem, spec, GPUS, times, degree, long, target)[2]  # some item overflowed
+    assert 0 < len(asked) <= sum(1 for keywords in searched if keywords == {"fullest": False})
+
+
 def test_regression_searches_short_of_tokens_fell_back_to_scans(monkeypatch):
     """Cause: a search counted every candidate short of tokens as a probe and, past BEST_FIT_PROBES, scanned
     them all with numpy, item after item (5.4k scans of 2560 ranks in the `long` workload's step): now the

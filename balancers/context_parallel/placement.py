@@ -233,12 +233,10 @@ class Placement:
     def _start(self, degree: int, position: int) -> int:
         return position if degree == 1 else self.groups[degree][position]
 
-    def place(self, item: int, degree: int) -> int:
-        """Block start for `item` at `degree`: best fit (the fullest block with room under the
-        target) among the degree's open blocks (every rank for degree 1), else the next free
-        block, else the least-loaded block of the degree or a larger one (-1: no token room)."""
-        time = self.times.time(item, degree)
-        need = self.times.shard(item, degree)
+    def place(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
+        """Block start for `item` at `degree` (its time and shards there, `TimeTable.time` and `shard`): best fit
+        (the fullest block with room under the target) among the degree's open blocks (every rank for degree 1),
+        else the next free block, else the least-loaded block of the degree or a larger one (-1: no token room)."""
         if self.keys[degree] is None:
             loads = np.array(self.loads)
             order = np.lexsort((self.ranks, loads))
@@ -253,7 +251,7 @@ class Placement:
             return self._add(item, self._start(degree, found[1]), degree, time, need)
         if degree > 1 and self.free:
             return self._open(item, degree, time, need)
-        return self._overflow(item, degree)
+        return self._overflow(item, degree, time, need)
 
     def _open(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
         """Put `item` alone on the next free block of `degree` (the degree being laid out), a new group:
@@ -267,17 +265,25 @@ class Placement:
         self.placed[item] = (start, degree)
         return start
 
-    def _overflow(self, item: int, degree: int) -> int:
-        """Put `item` on the least-loaded block of its degree or a larger one where its tokens fit
-        (-1: none): no block has room under the target."""
+    def _overflow(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
+        """Put `item` (its `time` and shards `need` at `degree`) on the least-loaded block of its degree or a
+        larger one where its tokens fit (-1: none): no block has room under the target.  Its shards at another
+        degree are read only where a search or a parked candidate asks for them."""
         self.overflow = True
         best = (math.inf, -1, 0)
-        at = {c: (self.times.time(item, c), self.times.shard(item, c)) for c, opened in self.groups.items()
-              if c >= degree and (c == 1 or opened)}  # degree -> the item's time and shards there
-        for floor, c in sorted(self._floor(c, *at[c]) for c in at):
+        at = {c: time if c == degree else self.times.time(item, c) for c, opened in self.groups.items()
+              if c >= degree and (c == 1 or opened)}  # degree -> the item's time there
+        needs = {degree: need}
+
+        def shards(c: int) -> tuple[list[int], int, int]:
+            if c not in needs:
+                needs[c] = self.times.shard(item, c)
+            return needs[c]
+
+        for floor, c in sorted(self._floor(c, at[c], shards) for c in at):
             if floor > best[0]:  # this degree's search cannot find a lower peak, nor the next ones'
                 break
-            found = self._search(c, *at[c], fullest=False)
+            found = self._search(c, at[c], shards(c), fullest=False)
             if found is None:
                 starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
                 peak, fits, _, _ = self._candidates(item, c, starts)
@@ -289,14 +295,14 @@ class Placement:
         _, start, c = best
         if start < 0:
             return -1
-        return self._add(item, start, c, *at[c])
+        return self._add(item, start, c, at[c], shards(c))
 
-    def _floor(self, degree: int, time: float, need: tuple[list[int], int, int]) -> tuple[float, int]:
-        """(a lower bound on the peak `_search` finds for an item of `time` and shards `need` at `degree`, the
-        degree): the least key plus the time, the keys of stale groups being low; -inf where a parked candidate
-        may hold the item (the search brings it back), inf where no candidate is left."""
+    def _floor(self, degree: int, time: float, shards) -> tuple[float, int]:
+        """(a lower bound on the peak `_search` finds for an item of `time` and shards `shards(degree)` at `degree`,
+        the degree): the least key plus the time, the keys of stale groups being low; -inf where a parked
+        candidate may hold the item (the search brings it back), inf where no candidate is left."""
         parked = self.parked[degree]
-        if parked and -parked[0][0] >= self._least_need(degree, need):
+        if parked and -parked[0][0] >= self._least_need(degree, shards(degree)):
             return -math.inf, degree
         keys = self.keys[degree]
         return (keys[0][0] + time if keys else math.inf), degree
@@ -426,5 +432,10 @@ def _by_time(items: np.ndarray, degree: int, times: TimeTable) -> np.ndarray:
 
 
 def _lay(blocks: Placement, items: np.ndarray, degree: int) -> bool:
-    """Place `items` at `degree` in order (the degree opened); whether each found token room."""
-    return all(blocks.place(item, degree) >= 0 for item in items.tolist())
+    """Place `items` at `degree` in order (the degree opened); whether each found token room.  Their times and
+    shards there are read from the table for all of them at once (none: a degree the table may not hold)."""
+    if not items.size:
+        return True
+    times = blocks.times
+    return all(blocks.place(item, degree, time, need) >= 0 for item, time, need in
+               zip(items.tolist(), times(items, degree).tolist(), times.shards_of(items, degree)))

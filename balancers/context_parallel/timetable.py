@@ -41,3 +41,8 @@ class TimeTable:
             shards = self.shards[degree][row].tolist()
             need = self.needs[degree][row] = (shards, max(shards), min(shards))
         return need
+
+    def shards_of(self, items: np.ndarray, degree: int) -> list[tuple[list[int], int, int]]:
+        """`shard` of each of `items` at `degree`, made for all at once."""
+        shards = self.shards[degree][self.row[items]]
+        return list(zip(shards.tolist(), shards.max(axis=1).tolist(), shards.min(axis=1).tolist()))
