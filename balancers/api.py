@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ from .constraints.groups import as_groups, group_problem
 from .context_parallel.split import balance_split
 from .locality.balance import FILLS, balance_locally
 from .origins import Origins, as_origins, gpus_per_node
-from .kernels import lpt
+from .kernels import auto
 from .plan import BalancePlan, make_plan, run_kernel
 from .problem import InfeasibleError, Kernel, Problem, Status, make_problem, rank_loads, rank_tokens
 from .registry import Algorithm, algorithms, built_in, certifies, get_algorithm
@@ -212,21 +213,22 @@ def _keep_sources(problem, sources) -> BalancePlan:
 
 def cross_examine(problem: Problem, claimed, proven: float, algorithm: str) -> None:
     """RuntimeError naming a certifying plugin (`registry.certifies`: registered `exact`) whose claimed bound
-    LPT's plan beats: no plan beats a lower bound, so a claim above a makespan LPT reaches is false.
+    a plan of orchmllm's own beats: no plan beats a lower bound, so a claim above a makespan reached is false.
 
-    Run only where the claim goes beyond the bound orchmllm `proven` itself (O(n log n), once per call) and
-    where LPT's plan is one of the problem's (not under `equal_counts`, which it ignores).  A claim above the
-    plugin's own plan is refused where the plan is made (`plan.claimed_bound`); one between LPT's makespan and
-    the optimum survives this cheap witness and is the kernel's word (`check_conformance` tests it against the
-    exact optimum on small instances).
+    Run only where the claim goes beyond the bound orchmllm `proven` itself, with 'auto' as the witness (LPT,
+    KK, MULTIFIT and SLACK improved by local search: milliseconds beside an exact plugin's solve; no ILP, so
+    without the problem's time limit), and where the witness's plan is one of the problem's (not under
+    `equal_counts`, which it ignores).  A claim above the plugin's own plan is refused where the plan is made
+    (`plan.claimed_bound`); one between the witness's makespan and the optimum survives and is the kernel's
+    word (`check_conformance` tests it against the exact optimum on small instances).
     """
     if claimed is None or problem.equal_counts or not is_real(claimed) or not claimed > proven:
         return
     try:
-        witness = float(rank_loads(problem, lpt.solve(problem).assignment).max())
+        witness = float(rank_loads(problem, auto.solve(dataclasses.replace(problem, time_limit=None)).assignment).max())
     except InfeasibleError:
-        return  # LPT found no plan under the cap: nothing to weigh the claim against
+        return  # no plan of its own under the cap: nothing to weigh the claim against
     if witness < float(claimed) * (1.0 - (problem.num_items + 1) * 2.0**-52):
-        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r}, but LPT's plan of the same "
-                           f"problem reaches a makespan of {witness!r}: no plan beats a lower bound, so the kernel's "
-                           f"certificate is false")
+        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r}, but orchmllm's 'auto' plan of "
+                           f"the same problem reaches a makespan of {witness!r}: no plan beats a lower bound, so the "
+                           f"kernel's certificate is false")

@@ -293,15 +293,31 @@ def step_cost_of(problem, result, num_microbatches):
                                      {"max_tokens_per_rank": 40}], ids=["plain", "padded", "groups", "capped"])
 def test_regression_an_exact_plugin_s_false_optimal_at_its_own_cost_was_trusted(register, options):
     """probe20 P20-01: an `exact=True` plugin putting every item on rank 0 with its own makespan as bound (31)
-    was labelled optimal, though LPT reaches 16: a claim above what orchmllm proves is weighed against LPT's
-    plan, and one LPT beats is a false certificate naming the kernel."""
+    was labelled optimal, though LPT reaches 16: a claim above what orchmllm proves is weighed against its 'auto'
+    plan, and one that plan beats is a false certificate naming the kernel."""
     def everything_on_rank_zero(problem):
         assignment = np.zeros(problem.num_items, dtype=np.int64)
         return KernelResult(assignment, Status.OPTIMAL, float(np.sum(problem.item_costs)))
     name = register(Algorithm("liar_exact", everything_on_rank_zero, exact=True, description="false proof"))
-    with pytest.raises(RuntimeError, match=r"algorithm 'liar_exact' returned lower_bound=.*LPT's plan .* reaches a "
+    with pytest.raises(RuntimeError, match=r"algorithm 'liar_exact' returned lower_bound=.*'auto' plan .* reaches a "
                                            r"makespan of .*certificate is false"):
         balance([9, 7, 5, 4, 3, 3], 2, algorithm=name, **options)
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, [8, 7, 6, 5, 4]])
+def test_regression_an_exact_plugin_claiming_lpt_s_plan_optimal_was_trusted(register, lengths):
+    """probe20 P20-01 (recheck): LPT's own plan (7 on LENGTHS, 17 on [8, 7, 6, 5, 4]) claimed optimal passed a
+    witness that was LPT; 'auto' reaches the optima (6, 15)."""
+    name = register(Algorithm("lpt_liar", lpt_certified_by_its_makespan, exact=True, description="false proof"))
+    with pytest.raises(RuntimeError, match=r"algorithm 'lpt_liar' returned lower_bound=(7|17)\.0, but orchmllm's "
+                                           r"'auto' plan of the same problem reaches a makespan of (6|15)\.0"):
+        balance(lengths, 2, algorithm=name)
+
+
+def lpt_certified_by_its_makespan(problem):
+    assignment = lpt.solve(problem).assignment
+    loads = np.bincount(assignment, weights=problem.item_costs, minlength=problem.num_ranks)
+    return KernelResult(assignment, Status.OPTIMAL, float(loads.max()))
 
 
 def test_an_exact_plugin_still_certifies_its_plans(register):
