@@ -351,7 +351,7 @@ def get_algorithm(name: str, argument: str = "algorithm") -> Algorithm:
     if record is None:
         other = (f" ({name!r} is a micro-batch algorithm: pass it with `max_tokens_per_microbatch`, or to "
                  f"balance_microbatches)" if _find(name, _microbatch_records, argument) is not None else "")
-        raise ValueError(_skipped_entry(name, argument) or
+        raise ValueError(skipped_entry(name, argument) or
                          f"unknown `{argument}` {name!r}; choose one of {sorted(_records)}{other}")
     return record
 
@@ -366,12 +366,12 @@ def get_microbatch_algorithm(name: str, argument: str = "algorithm") -> MicroBat
     if record is None:
         other = (f" ({name!r} balances a step of one pass per rank; a micro-batch budget takes one of these "
                  f"micro-batch algorithms)" if _find(name, argument=argument) is not None else "")
-        raise ValueError(_skipped_entry(name, argument) or
+        raise ValueError(skipped_entry(name, argument) or
                          f"unknown `{argument}` {name!r}; choose one of {sorted(_microbatch_records)}{other}")
     return record
 
 
-def _skipped_entry(name: str, argument: str) -> str | None:
+def skipped_entry(name: str, argument: str) -> str | None:
     """Why `name`, an installed entry point's, names no algorithm: its load failed (the warning, once, may
     have been filtered or shown on another rank); None for a name no entry point declares."""
     reason = _skipped.get(name) if isinstance(name, str) else None

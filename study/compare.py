@@ -29,7 +29,7 @@ from ..balancers import CostModel, Kind, algorithms, balance, balance_microbatch
 from ..balancers.kernels.identity import chunk_sources
 from ..balancers.microbatch.api import MAX_CELLS
 from ..balancers.plan import LOCALITY_SUFFIX, BalancePlan
-from ..balancers.registry import plugin_origin
+from ..balancers.registry import plugin_origin, skipped_entry
 from ..balancers.validation import SizeLimitError, as_real
 from ..topology import Topology, traffic
 from .microbatch_peers import MICROBATCH_PEERS
@@ -167,7 +167,8 @@ def algorithm_names(text: str | None) -> list[str]:
             raise ValueError(f"algorithm {base!r} has no {LOCALITY_SUFFIX} variant: "
                              f"{no_locality_variant(get_algorithm(base))}; name {base!r}")
         if name not in known:
-            raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(known)}")
+            raise ValueError(skipped_entry(base, "algorithm") or
+                             f"unknown algorithm {name!r}; choose from {', '.join(known)}")
     return list(dict.fromkeys(names))
 
 

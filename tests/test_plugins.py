@@ -190,6 +190,11 @@ def test_regression_a_skipped_entry_point_asked_for_by_name_was_called_unknown(t
             "gone_plugin_module:kernel of distribution gone-plugin (group 'orchmllm.algorithms'): ModuleNotFoundError: "
             "No module named 'gone_plugin_module'")
     assert done.returncode == 0 and done.stdout.splitlines() == [told, told], (done.stdout, done.stderr)
+    (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n")
+    for command in (["plan", str(tmp_path / "lengths.csv"), "-D", "2", "--algorithm", "gone"],
+                    ["compare", "--lengths", str(tmp_path / "lengths.csv"), "-D", "2", "--algorithms", "gone+locality"]):
+        done = run_with(tmp_path, "-W", "ignore", "-m", "orchmllm", *command)
+        assert done.returncode == 2 and done.stderr.endswith(told + "\n"), done.stderr
 
 
 RAISING = ("from orchmllm.balancers import Algorithm\n\n"
