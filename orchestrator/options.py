@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from ..balancers import get_algorithm
+from ..balancers import algorithms, get_algorithm
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.options import MicroBatchOptions, microbatch_options
 from ..balancers.pipeline import Pipeline
@@ -90,7 +90,7 @@ class PlanOptions(StepOptions):
         if self.seconds_per_cost is not None:
             canonical["seconds_per_cost"] = as_real(self.seconds_per_cost, "seconds_per_cost", allow_zero=False)
         if self.uniform_algorithm is not None:
-            get_algorithm(self.uniform_algorithm, "uniform_algorithm")
+            _check_uniform(self.uniform_algorithm)
         for name, value in canonical.items():
             object.__setattr__(self, name, value)
         self.check_step()
@@ -122,3 +122,11 @@ def as_topology(topology) -> Topology:
     if not isinstance(topology, Topology):
         raise TypeError(f"`topology` must be a Topology or an int number of ranks; got {type(topology).__name__}")
     return topology
+
+
+def _check_uniform(name) -> None:
+    """The registry's error for an unknown `uniform_algorithm`; ValueError naming it where it cannot balance
+    unpadded problems: it balances every stage as if unpadded ('padded' was refused only at the first plan)."""
+    if not get_algorithm(name, "uniform_algorithm").solves(False):
+        raise ValueError(f"`uniform_algorithm` {name!r} solves the padded cost only, and `uniform_algorithm` balances "
+                         f"every stage as if unpadded; choose one of {[r.name for r in algorithms(padded=False)]}")

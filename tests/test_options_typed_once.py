@@ -36,6 +36,15 @@ def test_regression_algorithm_names_were_checked_in_five_places_with_five_messag
         call()
 
 
+def test_regression_a_padded_only_uniform_algorithm_was_refused_at_the_first_plan_with_advice_that_does_not_apply():
+    """probe20 P20-11: uniform_algorithm='padded' passed the options check; plan() then advised `padded=True`,
+    which the Orchestrator does not take.  It is refused at construction, naming the argument."""
+    with pytest.raises(ValueError, match=r"^`uniform_algorithm` 'padded' solves the padded cost only, and "
+                                         r"`uniform_algorithm` balances every stage as if unpadded; choose one of "
+                                         r"\['identity', 'lpt', 'ilp'"):
+        Orchestrator([Stage("llm", "llm", CostModel())], Topology(1, 2), uniform_algorithm="padded")
+
+
 def test_a_stage_names_itself_before_the_registrys_message():
     with pytest.raises(ValueError, match="stage 'vision': " + _unknown("algorithm", ALGORITHMS)):
         Stage("vision", "image", CostModel(), algorithm="magic")
