@@ -188,6 +188,12 @@ def gpipe_time(forward: np.ndarray, backward: np.ndarray, stages: int) -> np.nda
     >>> gpipe_time(np.array([[1.0, 3.0]]), np.array([[2.0, 6.0]]), 4).tolist()
     [39.0]
     """
-    return (forward.sum(axis=1) + (stages - 1) * forward.max(axis=1)
-            + backward.sum(axis=1) + (stages - 1) * backward.max(axis=1))
+    return (forward.sum(axis=1) + (stages - 1) * _row_max(forward)
+            + backward.sum(axis=1) + (stages - 1) * _row_max(backward))
+
+
+def _row_max(values: np.ndarray) -> np.ndarray:
+    """Each row's max (exact in any order): over the columns of a transposed copy, one elementwise max per column,
+    where numpy's reduction along short rows runs a loop per row (2048 x 16: 35 µs, not 131)."""
+    return np.maximum.reduce(np.ascontiguousarray(values.T), axis=0)
 
