@@ -12,22 +12,33 @@ to the LLM rank(s) holding their positions (`shards.split_pieces`).
     P = today's plan of the stage, balanced on f
     bound = max(Σ f / D, max f / F: one frame of a segment)
     if P <= bound · (1 + MIN_GAIN): keep P (bit for bit)
-    level = max(bound, Σ f / D); every video costing more than it runs as k = min(F, ⌈f / level⌉)
-        parts of ⌊F / k⌋ or ⌈F / k⌉ frames (earlier parts larger)
-    S = the stage's algorithm on the parts' lengths and costs k · f(l / F) (`balance(..., costs=)`), under its cap
-    return S if S · (1 + MIN_GAIN) < P else P (whose bound becomes the bound above: valid for both)
+    parts(level): every video costing more than level runs as k = min(F, ⌈f / level⌉) parts of ⌊F / k⌋ or
+        ⌈F / k⌉ frames (earlier parts larger)
+    plans of parts, fewest parts first, until one is within MIN_GAIN of the bound (`part_plans`):
+        the stage's algorithm on parts(bound), their lengths and costs k · f(l / F), under its cap
+        the wrap-around deal (McNaughton's rule on whole frames, `filled_parts`): below bound + a frame
+        the stage's algorithm on parts(bound / 2^j), j = 1 .., then on single frames, each rank's parts
+            of a video merged into one (`merged_parts`)
+    S = the best of them; return S if S · (1 + MIN_GAIN) < P else P (whose bound becomes the bound above)
+
+Parts of one size chosen apart from the deal can leave D + 1 big parts for D ranks (two 64-frame videos
+in 5 + 4 parts of ~0.8 · bound on 8 ranks: 1.62x the bound, probe20 P20-03); the wrap-around deal cuts a
+video where a rank fills, so its parts are as many as the ranks it fills, and finer parts dealt then
+merged reach a frame-by-frame deal's balance with one part of a video a rank.
 """
 
 from __future__ import annotations
 
+import heapq
+import time
 from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
 
 from ..balancers import CostModel, balance
-from ..balancers.plan import BalancePlan
-from ..balancers.problem import InfeasibleError, Status, exact_sum
+from ..balancers.plan import BalancePlan, make_plan
+from ..balancers.problem import InfeasibleError, Status, exact_sum, make_problem, rank_tokens
 
 MIN_GAIN = 0.01
 """A plan of parts replaces today's only when its makespan is below today's / (1 + MIN_GAIN)."""
@@ -126,22 +137,114 @@ def with_bound(plan: BalancePlan, bound: float) -> BalancePlan:
     return replace(plan, lower_bound=bound, status=status)
 
 
+def merged_parts(item: np.ndarray, frames: np.ndarray, ranks: np.ndarray, num_ranks: int
+                 ) -> tuple[FrameParts, np.ndarray]:
+    """(parts, their ranks): pieces of `frames` frames of items `item` on `ranks`, one part per item and rank
+    (an item's frames are alike, so a rank runs its share as one run), items in order, an item's parts in
+    the order their ranks first received a piece, frames counted on from 0.
+
+    >>> parts, ranks = merged_parts(np.array([1, 0, 1, 1]), np.array([2, 1, 3, 1]), np.array([0, 1, 1, 0]), 2)
+    >>> parts.item.tolist(), parts.first_frame.tolist(), parts.frames.tolist(), ranks.tolist()
+    ([0, 1, 1], [0, 0, 3], [1, 3, 3], [1, 0, 1])
+    """
+    unique, first, inverse = np.unique(item * num_ranks + ranks, return_index=True, return_inverse=True)
+    size = np.bincount(inverse, frames).astype(np.int64)
+    order = np.lexsort((first, unique // num_ranks))
+    item, ranks, size = unique[order] // num_ranks, unique[order] % num_ranks, size[order]
+    start = np.cumsum(size) - size
+    runs = np.flatnonzero(np.diff(item, prepend=-1))
+    first_frame = start - np.repeat(start[runs], np.diff(runs, append=item.size))
+    return FrameParts(item, first_frame, size), ranks
+
+
+def filled_parts(costs: np.ndarray, frames: np.ndarray, level: float, num_ranks: int
+                 ) -> tuple[FrameParts, np.ndarray]:
+    """(parts, their ranks) dealt by McNaughton's wrap-around rule on whole frames: items by cost per frame,
+    largest first (the finest grains come last and fill the gaps), each onto the least-loaded rank, whole
+    where it fits under `level`, else as many frames as fit (one at least) and the rest onto the next
+    least-loaded rank; merged per rank (`merged_parts`).  A rank ends above `level` by less than a frame,
+    or by an item of one frame dealt as LPT deals it.
+
+    >>> parts, ranks = filled_parts(np.array([9.0, 2.0]), np.array([3, 2]), 5.5, 2)
+    >>> parts.frames.tolist(), ranks.tolist()
+    ([2, 1, 2], [0, 1, 1])
+    """
+    unit = costs / frames
+    heap = [(0.0, rank) for rank in range(num_ranks)]
+    pieces = []
+    for index in np.lexsort((-costs, -unit)).tolist():
+        left, each = int(frames[index]), float(unit[index])
+        while left:
+            load, rank = heapq.heappop(heap)
+            fits = each == 0 or load + left * each <= level
+            count = left if fits else min(left, max(1, int((level - load) // each)))
+            pieces.append((index, count, rank))
+            heapq.heappush(heap, (load + count * each, rank))
+            left -= count
+    item, count, ranks = np.array(pieces, dtype=np.int64).reshape(-1, 3).T
+    return merged_parts(item, count, ranks, num_ranks)
+
+
 def split_frames(lengths: np.ndarray, frames: np.ndarray, cost: CostModel, num_ranks: int, today: BalancePlan,
                  algorithm: str, cap: int | None) -> tuple[FrameParts | None, BalancePlan]:
     """(the parts, their plan) when splitting videos between frames beats `today` (a plan of the items priced
     by `frame_costs`) by MIN_GAIN, else (None, today); either plan with the bound of plans that may split
-    (`frame_bound`), its `item_costs` those of its items (a part of k frames: k · f(l / F))."""
+    (`frame_bound`), its `item_costs` those of its items (a part of k frames: k · f(l / F)).  The plans of
+    parts are tried fewest parts first (`part_plans`) until one is within MIN_GAIN of the bound."""
     costs = frame_costs(cost, lengths, frames)
     bound = frame_bound(costs, frames, num_ranks)
     if today.makespan <= bound * (1 + MIN_GAIN):
         return None, with_bound(today, bound)
-    parts = frame_parts(costs, frames, bound)
-    part_lengths = lengths[parts.item] // frames[parts.item] * parts.frames
-    try:
-        plan = balance(part_lengths, num_ranks, costs=frame_costs(cost, part_lengths, parts.frames),
-                       algorithm=algorithm, max_tokens_per_rank=cap)
-    except InfeasibleError:
-        return None, with_bound(today, bound)
+    parts, plan = None, today
+    for candidate in part_plans(lengths, frames, cost, num_ranks, algorithm, cap, bound):
+        if candidate is not None and candidate[1].makespan < plan.makespan:
+            parts, plan = candidate
+        if plan.makespan <= bound * (1 + MIN_GAIN):
+            break
     if plan.makespan * (1 + MIN_GAIN) >= today.makespan:
         return None, with_bound(today, bound)
     return parts, with_bound(plan, bound)
+
+
+def part_plans(lengths: np.ndarray, frames: np.ndarray, cost: CostModel, num_ranks: int, algorithm: str,
+               cap: int | None, bound: float):
+    """Plans of parts of the items (`frame_parts`), fewest parts first: at level bound dealt by `algorithm`;
+    the wrap-around deal at the bound (`filled_parts`); at levels bound / 2^j (j = 1 .. ⌈log2 max F⌉ - 1),
+    then at the smallest frame's cost (every video that costs more in single frames), dealt by `algorithm`
+    and merged per rank (`merged_parts`).  Levels whose parts are those of a level before are skipped, a
+    deal over the cap is left out (None); a plan made here counts the search so far as its solve time."""
+    costs = frame_costs(cost, lengths, frames)
+    start = time.perf_counter()
+
+    def planned(parts: FrameParts, ranks: np.ndarray | None = None) -> tuple[FrameParts, BalancePlan] | None:
+        part_lengths = lengths[parts.item] // frames[parts.item] * parts.frames
+        part_costs = frame_costs(cost, part_lengths, parts.frames)
+        if ranks is None:
+            try:
+                return parts, balance(part_lengths, num_ranks, costs=part_costs, algorithm=algorithm,
+                                      max_tokens_per_rank=cap)
+            except InfeasibleError:
+                return None
+        problem = make_problem(part_lengths, num_ranks, costs=part_costs, max_tokens_per_rank=cap)
+        if cap is not None and rank_tokens(problem, ranks).max() > cap:
+            return None
+        return parts, make_plan(problem, ranks, Status.FEASIBLE, algorithm, solve_seconds=time.perf_counter() - start)
+
+    splittable = (frames > 1) & (costs > 0)
+    levels = [bound]
+    if splittable.any():  # halved, then the smallest frame: every video that costs more runs frame by frame
+        levels = [bound / 2**step for step in range(int(frames.max() - 1).bit_length())]
+        levels.append(float((costs / frames)[splittable].min()))
+    counts = set()
+    for step, level in enumerate(levels):
+        parts = frame_parts(costs, frames, level)
+        if parts.item.size in counts:
+            continue
+        counts.add(parts.item.size)
+        candidate = planned(parts)
+        if candidate is not None and step:
+            candidate = planned(*merged_parts(parts.item, parts.frames, candidate[1].assignment, num_ranks))
+        yield candidate
+        filled = filled_parts(costs, frames, bound, num_ranks) if not step and splittable.any() else None
+        if filled is not None and filled[0].item.size > costs.size:  # a deal that splits no video is today's job
+            yield planned(*filled)
