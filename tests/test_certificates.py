@@ -314,6 +314,21 @@ def test_regression_an_exact_plugin_claiming_lpt_s_plan_optimal_was_trusted(regi
         balance(lengths, 2, algorithm=name)
 
 
+@pytest.mark.parametrize("overhead", [0.0, 2.5])
+def test_regression_an_exact_microbatch_plugin_s_false_optimal_at_its_own_cost_was_trusted(register, overhead):
+    """probe20 P20-01, micro-batched: an `exact=True` kernel putting every item on rank 0, one per micro-batch,
+    claiming its own step cost (31 at M = 6) was labelled optimal; 'auto' cells at the same M reach 16."""
+    def rank_zero(problem, num_microbatches):
+        result = MicroBatchResult(np.zeros(problem.num_items, dtype=np.int64),
+                                  np.arange(problem.num_items) % num_microbatches, Status.OPTIMAL)
+        return result._replace(lower_bound=step_cost_of(problem, result, num_microbatches))
+    name = register(MicroBatchAlgorithm("liar_exact_mb", rank_zero, exact=True, description="false proof"))
+    with pytest.raises(RuntimeError, match=r"algorithm 'liar_exact_mb' returned lower_bound=.* at 6 micro-batches "
+                                           r"\(overhead included\), but orchmllm's 'auto' cells reach a step cost of"):
+        balance_microbatches([9, 7, 5, 4, 3, 3], 2, max_tokens_per_microbatch=9, num_microbatches=6, algorithm=name,
+                             microbatch_overhead=overhead)
+
+
 def lpt_certified_by_its_makespan(problem):
     assignment = lpt.solve(problem).assignment
     loads = np.bincount(assignment, weights=problem.item_costs, minlength=problem.num_ranks)

@@ -295,7 +295,10 @@ def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = T
         if result.lower_bound is not None:
             loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank,
                                num_microbatches * problem.num_ranks)
-            _claimed_step_bound(problem, result, loads.reshape(num_microbatches, problem.num_ranks), algorithm)
+            loads = loads.reshape(num_microbatches, problem.num_ranks)
+            claimed = _claimed_step_bound(problem, result, loads, algorithm)
+            if certified and not built_in:
+                _cross_examine(problem, num_microbatches, claimed, algorithm)
         if not certified:
             result = result._replace(lower_bound=None, status=Status.FEASIBLE if result.status is Status.OPTIMAL
                                      else result.status)
@@ -313,6 +316,26 @@ def _claimed_step_bound(problem: MicroBatchProblem, result: MicroBatchResult, lo
     claimed = claimed_bound(result.lower_bound, step_cost(loads, 0.0), algorithm, problem.num_items + m,
                             "Σ_m max_r load")
     return float_sum([claimed, m * problem.microbatch_overhead])
+
+
+def _cross_examine(problem: MicroBatchProblem, num_microbatches: int, claimed: float, algorithm: str) -> None:
+    """RuntimeError naming a certifying plugin whose claimed step bound at M = `num_microbatches` (its overhead
+    included) orchmllm's 'auto' cells at the same M beat, as `api.cross_examine` does for `balance`: run only
+    where the claim exceeds orchmllm's own bound (`step_cost_bound`)."""
+    own = step_cost_bound(problem.item_costs, problem.lengths, problem.num_ranks, problem.max_tokens_per_microbatch)
+    if not claimed > own + num_microbatches * problem.microbatch_overhead:
+        return
+    from . import auto  # it builds on this module
+    witness = auto.solve(problem, num_microbatches)
+    if witness is None:
+        return
+    loads = cell_loads(problem, witness.microbatch * problem.num_ranks + witness.rank,
+                       num_microbatches * problem.num_ranks).reshape(num_microbatches, problem.num_ranks)
+    reached = step_cost(loads, problem.microbatch_overhead)
+    if reached < claimed * (1.0 - (problem.num_items + num_microbatches + 1) * 2.0**-52):
+        raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r} at {num_microbatches} "
+                           f"micro-batches (overhead included), but orchmllm's 'auto' cells reach a step cost of "
+                           f"{reached!r} there: no plan beats a lower bound, so the kernel's certificate is false")
 
 
 def within_budget(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int,
