@@ -10,7 +10,8 @@ run once after the last change: seeds 108–119 and 121–148 have each been run
 four; 133–136 to show the spill's bisection changes no row; 137–140 for the search's MIN_FALL; 141–148 to show
 the deferred fills change no row) and the planner was looked at on them since (120: a smoke test of this
 script); 149–152 and 161–164 judged cc023c4 and d0483db (2026-12-06: the search of one of the two plans, two
-tiers ending the ladder), so the next change takes fresh seeds from 153–160 or 165 on.
+tiers ending the ladder); 165–166 showed 994388b, 9d2bfaa and 78d24c1 (speed only) change no row (2026-12-06), so
+the next change takes fresh seeds from 153–160 or 167 on.
 Every row checks the bound (≤ step) and the budget, and, where the longest item fits T,
 compares the step with no splitting (`ours / no split`, which must never exceed 1).  Prints the median and
 worst step / bound (overall, per family, per D), every row above 1.10 and any worse than no splitting;
