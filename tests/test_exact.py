@@ -9,6 +9,7 @@ from orchmllm.balancers.exact import branch_and_bound as exact, dive as exact_di
 from orchmllm.balancers.exact.bounds import PatternLP, l2_bins, simple_bound
 from orchmllm.balancers.kernels import exact as exact_kernel, ilp
 from orchmllm.balancers.problem import rank_loads
+from orchmllm.balancers.validation import SizeLimitError
 from orchmllm.benchmarks.pcmax_families import make_instance
 from orchmllm.testing import brute_force, brute_force_of, check_plan
 
@@ -186,3 +187,17 @@ def test_proves_the_instance_that_needed_the_dive():
     instance = make_instance("uniform_1000", 50, 3.0)
     plan = balance(instance.times, 50, algorithm="exact", time_limit=120)
     assert plan.status is Status.OPTIMAL and plan.makespan == 1493.0
+
+
+def test_regression_exact_refused_inputs_its_start_proves_optimal_naming_ilp():
+    """probe20 P20-16: long-tailed lengths under fractional costs, where one giant item sets the makespan and
+    auto's start meets the bound, went to the MILP and were refused for its size ('ilp' needs 129056
+    binaries), naming an algorithm the user did not choose.  A start at the bound is optimal at any size; a
+    refusal that remains names 'exact'."""
+    cost = CostModel(linear=1.0, quadratic=1e-4)
+    lengths = np.minimum((np.random.default_rng(0).pareto(0.8, 64 * 32) * 200).astype(np.int64) + 1, 65536)
+    plan = balance(lengths, 64, cost=cost, algorithm="exact")
+    assert plan.status is Status.OPTIMAL and plan.makespan == balance(lengths, 64, cost=cost).makespan
+    with pytest.raises(SizeLimitError, match=r"^algorithm 'exact' proves these costs with the MILP, and algorithm "
+                                             r"'ilp' needs \d+ binaries"):
+        balance(np.random.default_rng(0).integers(100, 3000, 64 * 32), 64, cost=cost, algorithm="exact")

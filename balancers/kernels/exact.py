@@ -2,6 +2,7 @@
 
     padded: `padded` (exact)
     start = auto's plan (no time limit: no MILP inside); none under the cap -> the `ilp` kernel
+    the start meets the lower bound: optimal, at any size
     up to 16 unpadded items: branch and bound decides (`exact.branch_and_bound.prove_small`)
     costs no power-of-two scale makes integers, or a cap that can bind: HiGHS from the start
     else: bounds and bin packing at the candidate makespans (`exact.branch_and_bound.prove`)
@@ -15,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from ..bounds import lower_bound
 from ..exact.branch_and_bound import cap_can_bind, integer_costs, prove, prove_small
 from ..exact.ilp import search, time_limit_of
-from ..problem import InfeasibleError, KernelResult, Problem, rank_loads
+from ..problem import InfeasibleError, KernelResult, Problem, Status, rank_loads
+from ..validation import SizeLimitError
 from . import auto, ilp, padded
 
 
@@ -37,9 +40,15 @@ def solve(problem: Problem) -> KernelResult:
         start = auto.solve(dataclasses.replace(problem, time_limit=None)).assignment
     except InfeasibleError:  # auto found no plan under the cap: the MILP decides
         return ilp.solve(problem)
+    makespan = float(rank_loads(problem, start).max())
+    if makespan <= lower_bound(problem):  # proven by the bound (one giant item, say): no search, no size limit
+        return KernelResult(start, Status.OPTIMAL, makespan)
     small = prove_small(problem, start)
     if small is not None:
         return ilp.refuse_if_infeasible(problem, small)
-    if integer_costs(problem.item_costs) is None or cap_can_bind(problem, float(rank_loads(problem, start).max())):
-        return search(problem, start, time_limit)  # auto's plan: clean, no `improve` checks
+    if integer_costs(problem.item_costs) is None or cap_can_bind(problem, makespan):
+        try:
+            return search(problem, start, time_limit)  # auto's plan: clean, no `improve` checks
+        except SizeLimitError as error:
+            raise SizeLimitError(f"algorithm 'exact' proves these costs with the MILP, and {error}") from error
     return prove(problem, start, max(time_limit - (time.perf_counter() - started), 1e-3))
