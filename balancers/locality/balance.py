@@ -127,10 +127,10 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, origins: Ori
     candidates = [swapped if rank_loads(problem, swapped).max() <= target else placed, plain_assignment]
     if candidate is not None:
         candidates.insert(0, candidate)
-    return min(candidates, key=lambda destinations: _moved(destinations, origins))  # the first on ties
+    return min(candidates, key=lambda destinations: moved(destinations, origins))  # the first on ties
 
 
-def _moved(destinations: np.ndarray, origins: Origins) -> tuple[float, float]:
+def moved(destinations: np.ndarray, origins: Origins) -> tuple[float, float]:
     """(bytes that leave their node, bytes that leave their rank) when the items go to `destinations`: the
     pass's objective, compared lexicographically."""
     sources, item_bytes, gpus_per_node = origins.sources, origins.item_bytes, origins.gpus_per_node
@@ -159,7 +159,7 @@ def _fewest_moved(group_of_item: np.ndarray, places: np.ndarray, item_bytes: np.
 
 
 def _labelling_may_beat(candidate: np.ndarray, group_of_item: np.ndarray, origins: Origins, num_ranks: int) -> bool:
-    """Whether some labelling of the plain groups may move fewer bytes than `candidate` (`_moved`, lexicographic):
+    """Whether some labelling of the plain groups may move fewer bytes than `candidate` (`moved`, lexicographic):
     False where a relaxation proves none does, node bytes first, rank bytes on a tie: `_fewest_moved` on every
     CHEAP_STRIDE-th item with the places merged into at most CHEAP_CELLS / D (a weaker bound: an item subset
     and merged places only lower it), then on all items and places."""
