@@ -246,3 +246,32 @@ def test_a_search_behind_a_found_step_stops_where_its_rate_cannot_reach_it():
         search.run()
     assert int((searches[np.inf].replica != 0).sum()) == 18 and searches[np.inf].work <= 0
     assert int((searches[6.0].replica != 0).sum()) == 3 and searches[6.0].times.max() > 6.0
+
+
+@pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved", 2), ("gpipe", 1)])
+def test_a_round_times_one_offer_of_an_item_that_lands_below_its_replica_anyway(monkeypatch, schedule, virtual):
+    """A round offered each chosen item to its partner in every slot where it fits (768 rows here, 2048 of a
+    round's 3040 at D = 2560 x 32, M = 16).  An item lands at most its cost above its partner's time, so where that
+    stays below its replica's time without it every slot ties and the first is taken: that one alone is timed
+    now, charged as before, and the plan is the one timing every offer gives (search.SUMS_DRIFT = inf; here 168,
+    48 and 393 rows of 768)."""
+    from orchmllm.balancers import balance_microbatches
+    from orchmllm.balancers.pipeline import search
+    from orchmllm.study.models import MODELS
+    from orchmllm.study.workloads import sample_workload
+
+    lengths = sample_workload("default", 64, 32, seed=7).sample_llm_length
+    cost, pipeline = MODELS["84b"].llm.cost(causal=True), Pipeline(8, schedule, virtual)
+    rows, evaluate = [], search.CellSearch.evaluate
+    monkeypatch.setattr(search.CellSearch, "evaluate", lambda self, cells: rows.append(len(cells[0])) or
+                        evaluate(self, cells))
+    plans, offers = [], []
+    for drift in (search.SUMS_DRIFT, np.inf):
+        monkeypatch.setattr(search, "SUMS_DRIFT", drift)
+        rows.clear()
+        plans.append(balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=cost,
+                                          num_microbatches=16, pipeline=pipeline))
+        offers.append(rows[1])  # the first round's offers
+    assert offers[1] == 768 and offers[0] < offers[1]
+    assert np.array_equal(plans[0].rank, plans[1].rank) and np.array_equal(plans[0].microbatch, plans[1].microbatch)
+    assert plans[0].pipeline.step_time == plans[1].pipeline.step_time

@@ -49,14 +49,13 @@ from .bounds import step_bound
 from .order import deal, mountain
 from .profile import best_profile
 from .schedules import replica_times
-from .search import STOP_GAP, CellSearch
+from .search import STOP_GAP, SUMS_DRIFT, CellSearch
 from .spec import Pipeline
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
 DEFAULT_WORK = 20_000_000
 PINNING_ROWS = 33  # costs of the top cell timed once per schedule and M (`_pinned_scales`)
 SCALE_RANGE, SCALE_STEPS = 4.0, 12  # the level scale's range and bisection steps (`_starts`)
-SUMS_DRIFT = 1e-9  # far above how far a search's times (float differences) lie from its cells summed afresh
 
 
 @dataclass(frozen=True, eq=False)

@@ -49,6 +49,7 @@ WINDOW, WINDOW_GAIN = 4, 1e-4
 ROUND_REPLICAS, ROUND_ITEMS, ROUND_GAIN = 32, 4, 1e-3
 ROUND_TIMINGS = 4  # rounds evaluate at most this many rows per replica (D = 2560 x 32, seed 7: 4 vs 8 vs none)
 STOP_GAP = 0.005  # seeds 1-2 of bench_pipeline's grid: the largest of 0.002/0.005/0.01 within 0.5 % of no stop
+SUMS_DRIFT = 1e-9  # far above how far float sums and walks lie from the exact times (relative)
 
 
 class CellSearch:
@@ -160,6 +161,12 @@ class CellSearch:
         pick, slots = np.nonzero(self.tokens[partner] + self.lengths[chosen_items][:, None] <= self.max_tokens)
         if not pick.size:
             return 0
+        # an item lands at most its cost above its partner's time: where that stays below its replica's time without
+        # it, every slot it fits ties there and the first is taken (`_least_per_group`), so that one alone is timed
+        settled = (self.times[partner] + self.item_costs[chosen_items]) * (1 + SUMS_DRIFT) < own[chosen]
+        timed = ~settled[pick] | (np.arange(pick.size) == np.searchsorted(pick, pick))
+        self.work -= int(pick.size - np.count_nonzero(timed)) * self.row_work  # charged as if timed
+        pick, slots = pick[timed], slots[timed]
         added = self.evaluate(tuple(None if grid is None else _added(grid, values, partner[pick], chosen_items[pick],
                                                                      slots) for grid, values in grids))
         worst = np.maximum(own[chosen[pick]], added)
