@@ -429,7 +429,8 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     if origins is None and kernel is microbatch_auto.solve:
         kernel = microbatch_auto.solve_with_plain_step  # M = 1 at least `balance`'s plan (not with sources)
     start = time.perf_counter()
-    kernel = checked_kernel(kernel, algorithm, certifies(record), built_in(record))
+    witness = microbatch_auto.solve if certifies(record) and not built_in(record) else None
+    kernel = checked_kernel(kernel, algorithm, certifies(record), built_in(record), witness)
     with sharing_plans(_shapes_flat(problem, pipeline, fixed)):  # the shaped LPT may take the plain one's plan
         result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact)
         name, step, accounts = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None, None

@@ -279,12 +279,13 @@ def check_result(problem: MicroBatchProblem, result, num_microbatches: int, algo
 
 
 def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = True,
-                   built_in: bool = False) -> MicroBatchKernel:
+                   built_in: bool = False, witness: MicroBatchKernel | None = None) -> MicroBatchKernel:
     """`kernel` called by `call_kernel`, every result it returns checked (`check_result`), its cells copied
     unless the kernel is orchmllm's own (`registry.built_in`: a plugin that reuses a buffer would rewrite them,
     here another M's result or a plan made before) and made read-only, and its bound held to the result's own
     step cost (`claimed_bound`), as the choice of M reads every result it tries; a kernel that does not
-    certify its plans (`registry.certifies`) then has its bound left out and `optimal` read as feasible."""
+    certify its plans (`registry.certifies`) then has its bound left out and `optimal` read as feasible.  `witness`
+    (a certifying plugin's: orchmllm's auto) cross-examines a claimed bound (`_cross_examine`)."""
     def run(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
         result = call_kernel(kernel, algorithm, problem, num_microbatches)
         if result is None:
@@ -297,8 +298,8 @@ def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = T
                                num_microbatches * problem.num_ranks)
             loads = loads.reshape(num_microbatches, problem.num_ranks)
             claimed = _claimed_step_bound(problem, result, loads, algorithm)
-            if certified and not built_in:
-                _cross_examine(problem, num_microbatches, claimed, algorithm)
+            if witness is not None:
+                _cross_examine(problem, num_microbatches, claimed, algorithm, witness)
         if not certified:
             result = result._replace(lower_bound=None, status=Status.FEASIBLE if result.status is Status.OPTIMAL
                                      else result.status)
@@ -318,18 +319,18 @@ def _claimed_step_bound(problem: MicroBatchProblem, result: MicroBatchResult, lo
     return float_sum([claimed, m * problem.microbatch_overhead])
 
 
-def _cross_examine(problem: MicroBatchProblem, num_microbatches: int, claimed: float, algorithm: str) -> None:
+def _cross_examine(problem: MicroBatchProblem, num_microbatches: int, claimed: float, algorithm: str,
+                   witness: MicroBatchKernel) -> None:
     """RuntimeError naming a certifying plugin whose claimed step bound at M = `num_microbatches` (its overhead
-    included) orchmllm's 'auto' cells at the same M beat, as `api.cross_examine` does for `balance`: run only
-    where the claim exceeds orchmllm's own bound (`step_cost_bound`)."""
+    included) the `witness` kernel's cells (orchmllm's 'auto') at the same M beat, as `api.cross_examine` does for
+    `balance`: run only where the claim exceeds orchmllm's own bound (`step_cost_bound`)."""
     own = step_cost_bound(problem.item_costs, problem.lengths, problem.num_ranks, problem.max_tokens_per_microbatch)
     if not claimed > own + num_microbatches * problem.microbatch_overhead:
         return
-    from . import auto  # it builds on this module
-    witness = auto.solve(problem, num_microbatches)
-    if witness is None:
+    cells = witness(problem, num_microbatches)
+    if cells is None:
         return
-    loads = cell_loads(problem, witness.microbatch * problem.num_ranks + witness.rank,
+    loads = cell_loads(problem, cells.microbatch * problem.num_ranks + cells.rank,
                        num_microbatches * problem.num_ranks).reshape(num_microbatches, problem.num_ranks)
     reached = step_cost(loads, problem.microbatch_overhead)
     if reached < claimed * (1.0 - (problem.num_items + num_microbatches + 1) * 2.0**-52):
