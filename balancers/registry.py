@@ -84,7 +84,9 @@ def plugin_origin(record) -> str | None:
 class Algorithm:
     """What one balancing algorithm is and does; called on a `Problem`, it runs its kernel.
 
-    `exact`: its plans are proven optimal (status `optimal`) unless its time limit stops it.
+    `exact`: its plans are proven optimal (status `optimal`) unless its time limit stops it.  A plugin's word:
+    its bound is refused above its own plan's cost or above a plan of orchmllm's 'auto' (`api.cross_examine`),
+    and beyond that trusted (`check_conformance` tests it against the exact optimum on small instances).
     `default`: `orchmllm compare` runs it when no `--algorithms` are named.
     `equal_counts`: the kernel run under `equal_counts=True` (floor / ceil(n / D) items per
     rank); None when the algorithm refuses that constraint.
