@@ -23,12 +23,21 @@ Ranks that all change their schema the same way (a new dtype for all) simply agr
 
 Every rank sees the same reduced and gathered words, so every rank raises the same error,
 naming the ranks that disagree with the majority.
+
+The all-gather that opens an orchmllm call (a plan's metadata, a HierarchicalAllToAll's layout, a
+sampler's epoch agreement, the digest and model checks) is one `call_header`: `HEADER_WORDS` int64
+words per rank, the first the call's tag (`call_tag`).  Code that branches on the rank can pair
+two such calls across ranks; of one shape, they pair cleanly (gloo aborts a process on gathers of
+other sizes), and every rank raises a `ConfigMismatchError` naming both calls from their tags.
+An all-reduce that opens a call (an exchange's header, `global_count`) is of another kind: paired
+with a header all-gather on gloo, every rank waits until the group's timeout (`PeerFailureError`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import zlib
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -159,6 +168,75 @@ def words_of(digest: bytes) -> np.ndarray:
     if len(digest) != 32:
         raise ValueError(f"`fingerprint` must be 32 bytes (SHA-256); got {len(digest)}")
     return np.frombuffer(digest, dtype=np.int64).copy()
+
+
+HEADER_WORDS = 9  # a call header: its tag and 8 words of payload (a 64-byte digest)
+CALLS = {  # a call header's name -> the call a rank in it makes, as a mispairing names it
+    "metadata": "a plan's metadata all-gather (PostBalancingDispatcher.plan, MultiStageRuntime.plan)",
+    "metadata table": "a metadata all-gather without a configuration fingerprint (gather_metadata called alone)",
+    "layout": "a HierarchicalAllToAll's construction (its layout all-gather)",
+    "sampler": "a BalancedDistributedSampler's epoch agreement (iterating the sampler)",
+    "plan digest": "a plan agreement check (check_agreement, a dispatcher's `check_plan`)",
+    "gradient digest": "all_reduce_gradients' digest all-gather (its `check`)",
+    "model check": "the model check of `accumulate` (the backward of a micro-batch that reduces gradients)",
+    "digest": "a digest all-gather (context-parallel attention's check of `splits`, or gather_digests)",
+}
+PAIRING_HINTS = {  # a pair of calls -> what makes the ranks pair them
+    frozenset({"metadata", "layout"}): "ranks that plan on the flat transport beside ranks that build a "
+                                       "HierarchicalAllToAll: every rank of the group must pass the same `transport`",
+}
+
+
+def call_tag(call: str) -> int:
+    """The first word of `call`'s header: "orch" in the high half, the CRC-32 of the name in the low.
+
+    >>> hex(call_tag("layout"))[:10]
+    '0x6f726368'
+    """
+    return (0x6F726368 << 32) | zlib.crc32(call.encode())
+
+
+_CALL_OF_TAG = {call_tag(call): call for call in CALLS}
+
+
+def mispairing(tags: Sequence[int], rank: int) -> str | None:
+    """None where every rank's header tag is the same; else which ranks are in which call.
+
+    >>> print(mispairing([call_tag("sampler")] + [call_tag("layout")] * 3, 0))  # doctest: +ELLIPSIS
+    orchmllm calls paired across ranks (seen from rank 0): rank 0 is in a BalancedDistributedSampler's ...
+    """
+    groups, _, _ = _groups(list(tags), str)
+    if len(groups) == 1:
+        return None
+    names = [_CALL_OF_TAG.get(tag) for tag in groups]
+    shown = [f"{f'rank {ranks[0]} is' if len(ranks) == 1 else f'ranks {ranks} are'} in "
+             f"{CALLS[name] if name else f'a collective orchmllm does not know (first word {tag:#x})'}"
+             for (tag, ranks), name in zip(groups.items(), names)]
+    hint = PAIRING_HINTS.get(frozenset(names), "every rank of the group must make the same orchmllm calls in the "
+                             "same order (code that branches on the rank pairs one call's collectives with another's)")
+    return f"orchmllm calls paired across ranks (seen from rank {rank}): {shown[0]} while {' and '.join(shown[1:])}: " \
+           f"{hint}"
+
+
+def call_header(call: str, payload: Sequence[int], group, phase: str) -> np.ndarray:
+    """All-gather `call`'s header, its tag and `payload` (at most HEADER_WORDS - 1 ints, zero-padded), over
+    `group` (more than one rank) as the collective `phase`; every rank's payload, (ranks, HEADER_WORDS - 1)
+    int64.  Where ranks are in other calls (a header of another tag) every rank raises `ConfigMismatchError`
+    naming the calls (`mispairing`); the group stays usable (every rank ran one collective)."""
+    if call not in CALLS or len(payload) >= HEADER_WORDS:
+        raise ValueError(f"a call header is one of {sorted(CALLS)} with at most {HEADER_WORDS - 1} words; got "
+                         f"{call!r} with {len(payload)}")
+    words = np.zeros(HEADER_WORDS, dtype=np.int64)
+    words[0], words[1:1 + len(payload)] = call_tag(call), payload
+    mine = torch.from_numpy(words).to(comm_device(group))
+    gathered = [torch.empty_like(mine) for _ in range(group_size(group))]
+    with collective(phase, group):
+        finish(dist.all_gather(gathered, mine, group=group, async_op=True), group)
+    rows = torch.stack(gathered).cpu().numpy()
+    problem = mispairing(rows[:, 0].tolist(), group_rank(group))
+    if problem:
+        raise ConfigMismatchError(problem)
+    return rows[:, 1:]
 
 
 def kept_plan_problem(rank: int, given, planned, item: str, field: str) -> PlanMismatchError | None:

@@ -28,10 +28,9 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import is_int
-from .agreement import ConfigMismatchError, disagreement
+from .agreement import call_header, disagreement
 from .alltoall import FlatAllToAll, Flows, check_buffer
-from .comm import collective, comm_device, finish, group_rank, group_size
-from .metadata import LAYOUT_TAG
+from .comm import finish, group_rank, group_size
 
 
 def _regroup(buffer: torch.Tensor, have: list, want: list, sizes: dict) -> torch.Tensor:
@@ -47,23 +46,12 @@ def _regroup(buffer: torch.Tensor, have: list, want: list, sizes: dict) -> torch
 def _agree_on_layout(gpus_per_node: int, group) -> None:
     """All-gather every rank's `gpus_per_node` before any subgroup is created: ranks that
     disagree would wait forever inside `new_group`; here every rank raises, naming them.  The
-    gather is shaped like a dispatcher's metadata header (rows, columns, a fingerprint's 4 words),
-    its first word `LAYOUT_TAG`: where the other ranks' dispatcher uses the flat transport, the
-    two gathers pair and both sides name the mismatch (gloo aborts on gathers of other sizes)."""
-    size = group_size(group)
-    if size == 1:
+    gather is a `call_header`: where other ranks are in another orchmllm call (a dispatcher's
+    plan on the flat transport), every rank names both calls."""
+    if group_size(group) == 1:
         return
-    mine = torch.tensor([LAYOUT_TAG, gpus_per_node, 0, 0, 0, 0], dtype=torch.int64, device=comm_device(group))
-    gathered = [torch.empty_like(mine) for _ in range(size)]
-    with collective("HierarchicalAllToAll's layout all-gather", group):
-        finish(dist.all_gather(gathered, mine, group=group, async_op=True), group)
-    rows = [value.tolist() for value in gathered]
-    elsewhere = [rank for rank, row in enumerate(rows) if row[0] != LAYOUT_TAG]
-    if elsewhere:
-        raise ConfigMismatchError(f"ranks {elsewhere} are in another collective (a dispatcher's metadata all-gather: "
-                                  f"the flat transport) while rank {group_rank(group)} builds a HierarchicalAllToAll: "
-                                  f"every rank of the group must pass the same `transport`")
-    problem = disagreement([row[1] for row in rows], "HierarchicalAllToAll's `gpus_per_node`",
+    rows = call_header("layout", [gpus_per_node], group, "HierarchicalAllToAll's layout all-gather").tolist()
+    problem = disagreement([row[0] for row in rows], "HierarchicalAllToAll's `gpus_per_node`",
                            group_rank(group), show=lambda value: "invalid" if value < 0 else str(value))
     if problem:
         raise ValueError(f"{problem}; every rank of the group must build the transport with the same layout")

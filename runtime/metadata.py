@@ -2,9 +2,10 @@
 
 Each rank holds a (n_r, K) int64 table (lengths of its items, one column per stage or
 per packed tensor; n_r may be 0).  Two small all-gathers give every rank the whole
-(sum n_r, K) table, rows listed rank by rank: first the (n_r, K) shapes, then the tables
-padded to max n_r.  Every rank then runs the same deterministic solver on the same
-table, so every rank computes the same plan without sending a single payload byte.
+(sum n_r, K) table, rows listed rank by rank: first the (n_r, K) shapes (a `call_header`, so
+a rank in another orchmllm call is named), then the tables padded to max n_r.  Every rank
+then runs the same deterministic solver on the same table, so every rank computes the same
+plan without sending a single payload byte.
 
 `gather_metadata(..., fingerprint=...)` carries a 32-byte fingerprint of each rank's
 configuration in the first (shape) all-gather, at no extra round trip, and raises
@@ -24,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import as_non_negative_integers, tensor_values
-from .agreement import ConfigMismatchError, PlanMismatchError, disagreement, fingerprint, options_that_differ, words_of
+from .agreement import (ConfigMismatchError, PlanMismatchError, call_header, disagreement, fingerprint,
+                        options_that_differ, words_of)
 from .comm import collective, comm_device, finish, group_rank, group_size
 
 __all__ = ["ConfigMismatchError", "GatheredMetadata", "PeerInputError", "PlanMismatchError", "as_table",
@@ -87,9 +89,6 @@ def as_table(local, name: str = "lengths") -> np.ndarray:
     return table.reshape(-1, 1) if array.ndim == 1 else table
 
 
-LAYOUT_TAG = -0x6C61796F  # the first word of a HierarchicalAllToAll's layout all-gather, in a metadata header's shape
-
-
 def gather_metadata(local, group=None, num_columns: int | None = None, *, fingerprint: bytes | None = None,
                     what: str = "configuration", options: Mapping[str, object] | None = None) -> GatheredMetadata:
     """All-gather each rank's (n_r, K) integer table (n_r may differ and be 0).
@@ -113,15 +112,8 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
         table.setflags(write=False)
         return GatheredMetadata(table, np.array([table.shape[0]], dtype=np.int64))
     device = comm_device(group)
-    shape = torch.from_numpy(np.concatenate([np.array(table.shape, dtype=np.int64), words])).to(device)
-    shapes = [torch.empty_like(shape) for _ in range(size)]
-    with collective(f"metadata all-gather ({what})", group):
-        finish(dist.all_gather(shapes, shape, group=group, async_op=True), group)
-    shapes = np.stack([s.cpu().numpy() for s in shapes])
-    laying = [rank for rank, row in enumerate(shapes) if row[0] == LAYOUT_TAG]
-    if laying:
-        raise ConfigMismatchError(f"ranks {laying} build a HierarchicalAllToAll while rank {group_rank(group)} "
-                                  f"gathers metadata ({what}): every rank of the group must pass the same `transport`")
+    shapes = call_header("metadata table" if fingerprint is None else "metadata", [*table.shape, *words], group,
+                         f"metadata all-gather ({what})")[:, :6]
     if words.size:
         failed = [rank for rank, row in enumerate(shapes) if not row[2:].any()]
         if failed:
@@ -171,13 +163,12 @@ def join_failed(group, num_columns: int) -> None:
             gather_metadata(np.zeros((0, num_columns), dtype=np.int64), group, num_columns, fingerprint=FAILED_INPUT)
 
 
-def gather_digests(digest: bytes, group=None, phase: str = "digest all-gather") -> list[bytes]:
-    """Every rank's digest of equal length, in rank order (one all-gather of bytes; `phase` names it in errors)."""
-    mine = torch.tensor(list(digest), dtype=torch.uint8, device=comm_device(group))
-    digests = [torch.empty_like(mine) for _ in range(group_size(group))]
-    with collective(phase, group):
-        finish(dist.all_gather(digests, mine, group=group, async_op=True), group)
-    return [bytes(d.cpu().tolist()) for d in digests]
+def gather_digests(digest: bytes, group=None, phase: str = "digest all-gather", call: str = "digest") -> list[bytes]:
+    """Every rank's digest of equal length (at most 64 bytes), in rank order: one `call_header` of `call` (its
+    name in a mispairing), `phase` naming it in errors."""
+    words = np.frombuffer(digest.ljust(-(-len(digest) // 8) * 8, b"\0"), dtype=np.int64)
+    return [row.tobytes()[:len(digest)] for row in call_header(call, words, group, phase)]
+
 
 def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:
     """All-gather each rank's 32-byte digest; raise PlanMismatchError naming disagreeing ranks."""
@@ -185,7 +176,7 @@ def check_agreement(digest: bytes, group=None, what: str = "plan") -> None:
         raise ValueError(f"`digest` must be 32 bytes (SHA-256); got {len(digest)}")
     if group_size(group) == 1:
         return
-    problem = disagreement(gather_digests(digest, group), what, group_rank(group),
+    problem = disagreement(gather_digests(digest, group, call="plan digest"), what, group_rank(group),
                            show=lambda value: value.hex()[:12])
     if problem:
         raise PlanMismatchError(f"{problem}; every rank must run the same solver, version and configuration "

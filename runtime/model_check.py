@@ -1,5 +1,5 @@
 """The model check of `accumulate`: on a micro-batch whose backward reduces gradients, the loss depends on every
-trainable parameter of the model on every rank (`check_model_contract`, one all-reduce of two words per rank as the
+trainable parameter of the model on every rank (`check_model_contract`, one all-gather of a call header per rank as the
 backward starts).  What it checks is recorded by `runtime.microbatch.accumulate` (`_Contract`); the walk and the
 recording of reentrant checkpoints are `runtime.encoders`'.
 """
@@ -9,10 +9,11 @@ from __future__ import annotations
 import warnings
 import weakref
 
+import numpy as np
 import torch
-import torch.distributed as dist
 
-from .comm import collective, comm_device, finish, group_rank, group_size
+from .agreement import call_header
+from .comm import group_rank, group_size
 from .encoders import _CHECKPOINT_NODE, EncoderContractError, module_of, reached_leaves
 
 
@@ -21,11 +22,11 @@ class ModelContractError(EncoderContractError):
     model (DDP, FSDP2) on some rank."""
 
 
-DECLINED = -2  # a rank's first word in the model check's all-reduce where it passed check=False
+DECLINED = -2  # a rank's first word in the model check's all-gather where it passed check=False
 
 
 def check_model_contract(contract, backward: bool = True, raised: Exception | None = None) -> None:
-    """Raise `ModelContractError` on every rank (one all-reduce of two words per rank, as the backward of the
+    """Raise `ModelContractError` on every rank (one all-gather of a call header, as the backward of the
     micro-batch that reduces gradients starts, before any reduction) when, on some rank, the loss parts given to
     `normalize_loss` in the body of `accumulate(model, micro)` do not reach, through the autograd graph, every
     trainable parameter of `model` (or had no `backward` in the body: every parameter left out).  A model that
@@ -53,16 +54,14 @@ def check_model_contract(contract, backward: bool = True, raised: Exception | No
             return
         raise _no_forward_under_fsdp2(micro, group)
     size, rank = group_size(group), group_rank(group)
-    flags = torch.zeros(2 * size, dtype=torch.int64, device=comm_device(group))
-    flags[rank], flags[size + rank] = (-1, 0) if raised is not None else (DECLINED, 0) if contract.declined else (
-        len(unused), len(unseen))
-    if size > 1:
-        with collective(f"model check all-reduce of micro-batch {micro.index} (as its backward starts: every rank "
-                        f"passes its loss through normalize_loss(loss, micro) and runs the backward, an empty "
-                        f"micro-batch too)", group):
-            finish(dist.all_reduce(flags, group=group, async_op=True), group)
+    mine = (-1, 0) if raised is not None else (DECLINED, 0) if contract.declined else (len(unused), len(unseen))
+    rows = np.array([mine]) if size == 1 else call_header(
+        "model check", mine, group, f"model check all-gather of micro-batch {micro.index} (as its backward starts: "
+        f"every rank passes its loss through normalize_loss(loss, micro) and runs the backward, an empty micro-batch "
+        f"too)")[:, :2]
+    flags = torch.from_numpy(np.ascontiguousarray(rows.T)).reshape(-1)  # every rank's first word, then its second
     declined = torch.nonzero(flags[:size] == DECLINED).flatten().tolist()
-    if declined and raised is None:  # the check's all-reduce was joined to pair with it, not to check
+    if declined and raised is None:  # the check's all-gather was joined to pair with it, not to check
         _declined(micro, rank, declined, size)
         return
     failed, blind = (torch.nonzero(part).flatten().tolist() for part in flags.split(size))
@@ -383,12 +382,12 @@ def out_of_order(micro, model, missing: list, again: bool) -> ValueError:
 
 def skipped_problem(micro) -> ModelContractError:
     """The refusal, on the rank alone, of a training loop that ran no `accumulate` block for `micro`, the last
-    micro-batch of a step due the check (an empty one skipped): its peers wait in the model check's all-reduce."""
+    micro-batch of a step due the check (an empty one skipped): its peers wait in the model check's all-gather."""
     return ModelContractError(
         f"rank {group_rank(micro.contract[0])}: micro-batch {micro.index} of {micro.num_microbatches}, the last of a "
         f"step due the model check ({len(micro.items)} items on this rank), ran no `with accumulate(model, micro):` "
         f"block with grad here (skipped as empty, `if micro.items.size == 0: continue`?): every rank runs every "
-        f"micro-batch's block, an empty one too, since its backward runs the model check's all-reduce and the "
+        f"micro-batch's block, an empty one too, since its backward runs the model check's all-gather and the "
         f"gradient reduction with the peers, which now wait for this rank; run the model on the empty tensors (e.g. "
         f"`output.sum() * 0` for the loss) instead of skipping")
 

@@ -76,7 +76,9 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
     of the same size (another count's, a normalisation done otherwise there) it is a PeerInputError on every rank;
     paired with a collective of another size (a DDP bucket), gloo aborts the process in its own size check (other
     backends may hang) before this function can look, and telling that apart would cost a second collective on every
-    call: every rank must normalise the same way at the same point."""
+    call: every rank must normalise the same way at the same point.  Paired with the all-gather that opens another
+    orchmllm call (`agreement.call_header`: a plan, a sampler's epoch agreement), gloo waits out the group's timeout
+    on every rank (`PeerFailureError`; no process aborts)."""
     if not is_distributed(checked_group(group)):
         return as_count(local_count, name)
     try:
@@ -348,7 +350,8 @@ def _same_parameters(parameters: list, problem: Exception | None, group, op: str
     digest = FAILED_INPUT if problem is not None else count + fingerprint(
         *((str(p.dtype), tuple(p.shape)) for p in parameters))[8:]
     sample = bytes(32) if problem is not None else _gradient_sample(flats)
-    digests = gather_digests(digest + sample, group, f"digest all-gather of all_reduce_gradients ({SAME_CHECK})")
+    digests = gather_digests(digest + sample, group, f"digest all-gather of all_reduce_gradients ({SAME_CHECK})",
+                             "gradient digest")
     failed = [rank for rank, value in enumerate(digests) if value[:32] == FAILED_INPUT]
     if problem is not None:
         return

@@ -40,8 +40,8 @@ from ..balancers import BalancePlan, CostModel, MicroBatchPlan, balance, balance
 from ..balancers.problem import as_lengths, integer_sum
 from ..balancers.registry import get_algorithm, get_microbatch_algorithm
 from ..balancers.validation import as_bool, as_int
-from .agreement import ConfigMismatchError, disagreement, fingerprint, options_that_differ, words_of
-from .comm import checked_group, collective, comm_device, finish, group_rank, group_size, is_distributed
+from .agreement import ConfigMismatchError, call_header, disagreement, fingerprint, options_that_differ, words_of
+from .comm import checked_group, collective, group_rank, group_size, is_distributed
 from .metadata import dense_values
 from .microbatch import MicroBatch, Sampling, iterate, new_step
 from .steps import StepToken, contract_of
@@ -315,10 +315,10 @@ class BalancedDistributedSampler(Sampler[list[int]]):
                 "cost": CostModel() if self.cost is None else self.cost, "algorithm": self.algorithm}
 
     def check_ranks_agree(self) -> None:
-        """All-gather a fingerprint of the settings, the epoch's plans and the rank; raise `ConfigMismatchError`
-        on every rank naming the settings that differ (a collective of `group`; no-op alone).  A rank whose
-        settings or planning fail joins the gather all the same and raises its error after it when no setting
-        differs."""
+        """All-gather a fingerprint of the settings, the epoch's plans and the rank (a `call_header`: a rank in
+        another orchmllm call is named); raise `ConfigMismatchError` on every rank naming the settings that
+        differ (a collective of `group`; no-op alone).  A rank whose settings or planning fail joins the gather
+        all the same and raises its error after it when no setting differs."""
         if not is_distributed(self.group):
             return
         failure = None
@@ -329,13 +329,9 @@ class BalancedDistributedSampler(Sampler[list[int]]):
             failure, plans = error, f"planning failed: {type(error).__name__}"
         settings = {**self._settings(), "plans of the epoch": plans}
         digest = fingerprint(*(part for setting in settings.items() for part in setting))
-        mine = torch.from_numpy(np.append(words_of(digest), self.rank)).to(comm_device(self.group))
-        gathered = [torch.empty_like(mine) for _ in range(group_size(self.group))]
-        with collective(AGREEMENT, self.group):
-            finish(dist.all_gather(gathered, mine, group=self.group, async_op=True), self.group)
-        rows = np.stack([row.cpu().numpy() for row in gathered])
-        problems = [self._rank_problem(rows[:, -1].tolist())]
-        differ = disagreement([row[:-1].tobytes() for row in rows], "BalancedDistributedSampler configuration",
+        rows = call_header("sampler", [*words_of(digest), self.rank], self.group, AGREEMENT)
+        problems = [self._rank_problem(rows[:, 4].tolist())]
+        differ = disagreement([row[:4].tobytes() for row in rows], "BalancedDistributedSampler configuration",
                               group_rank(self.group), show=lambda value: value.hex()[:12])
         if differ:  # the same rows on every rank: all of them gather the settings here
             shown = [None] * group_size(self.group)
