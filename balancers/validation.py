@@ -141,10 +141,22 @@ def tensor_values(tensor, name: str) -> np.ndarray:
     return tensor.numpy()
 
 
+NUMPY_TORCH_DTYPES = frozenset(f"torch.{kind}" for kind in (
+    "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+    "float64", "complex64", "complex128"))  # the dtypes `tensor_values` can read (bfloat16 widened)
+
+
 def check_dense_tensor(tensor, name: str) -> None:
     """TypeError naming argument `name` where a torch tensor (duck-typed) has no dense values to read: a meta
-    tensor (a shape without data) or a sparse (or other non-strided) one, where torch's own errors name no
-    argument (probe18 P18-15).  A tensor on a GPU has values: `.cpu()` copies them."""
+    tensor (a shape without data), a sparse (or other non-strided) or nested one, or one of a dtype numpy holds
+    none of (float8, quantized), where torch's own errors name no argument (probe18 P18-15, probe19 P19-02/11).
+    A tensor on a GPU has values: `.cpu()` copies them."""
+    if getattr(tensor, "is_nested", False):
+        raise TypeError(f"`{name}` is a nested tensor, not a dense one of integers (one per item); pass a dense tensor "
+                        f"or a list (a nested batch's lengths: `[item.shape[0] for item in batch.unbind()]`)")
+    if str(getattr(tensor, "dtype", "")) not in NUMPY_TORCH_DTYPES:
+        raise TypeError(f"`{name}` has dtype {tensor.dtype}, which numpy cannot hold; pass `{name}.to(torch.float32)`, "
+                        f"an integer tensor or a list")
     device = getattr(getattr(tensor, "device", None), "type", None)
     if getattr(tensor, "is_meta", False) or device == "meta":
         raise TypeError(f"`{name}` is a meta tensor, which has a shape but no values; pass a tensor with values "

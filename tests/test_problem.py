@@ -269,6 +269,27 @@ def test_torch_lengths_without_dense_values_are_refused_naming_the_argument(kind
                 call()
 
 
+@pytest.mark.parametrize("kind", ["nested", "jagged", "float8", "qint8"])
+def test_regression_nested_float8_or_quantized_lengths_gave_torch_s_errors(kind):
+    """A nested tensor (either layout), a float8 or a quantized one as `balance`'s lengths or costs gave torch's
+    raw errors (rt34b's note beside probe19 P19-02/11, which fixed the runtime's entry points); a TypeError
+    names the argument."""
+    torch = pytest.importorskip("torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: nested tensors in prototype, quantized deprecated
+        tensor = {"nested": lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+                  "jagged": lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+                  "float8": lambda: torch.tensor([5.0, 3, 4, 2]).to(torch.float8_e4m3fn),
+                  "qint8": lambda: torch.quantize_per_tensor(torch.tensor([5.0, 3, 4, 2]), 1.0, 0, torch.qint8)}[kind]()
+    message = (r"`{}` is a nested tensor, not a dense one of integers" if kind in ("nested", "jagged")
+               else r"`{0}` has dtype torch\.\w+, which numpy cannot hold; pass `{0}\.to\(torch\.float32\)`")
+    for call, name in ((lambda: balance(tensor, 2), "lengths"),
+                       (lambda: balance_microbatches(tensor, 2, max_tokens_per_microbatch=8), "lengths"),
+                       (lambda: balance([1, 2, 3, 4], 2, costs=tensor), "costs")):
+        with pytest.raises(TypeError, match=message.format(name)):
+            call()
+
+
 def test_float16_lengths_are_checked_against_2_53_without_an_overflow_warning():
     """Cause: `abs(lengths) >= 2.0**53` cast 2**53 to float16, printing numpy's "overflow encountered in cast"
     to the user's stderr (probe3 UE11's note)."""
