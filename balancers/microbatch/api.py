@@ -28,7 +28,7 @@ import numpy as np
 
 from ..context_parallel.microbatch import balance_microbatches_split
 from ..kernels.lpt import sharing_plans
-from ..locality.balance import deal_locally
+from ..locality.balance import deal_locally, moved
 from ..locality.deal import NoRoom
 from ..locality.lap import assign_groups, assign_groups_greedily
 from ..locality.redeal import redeal_equal_items
@@ -45,7 +45,7 @@ from ..validation import as_bool
 from . import auto as microbatch_auto, exact as microbatch_exact
 from .auto import plan_cost
 from .bounds import min_bins
-from .locality import MAX_LPT_ROUNDS, keep_cells_local
+from .locality import MAX_LPT_ROUNDS, keep_cells_local, solve_near_sources
 from .options import MicroBatchOptions, microbatch_options
 from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, cell_loads, check_step_cost,
                    checked_kernel, float_sum, make_microbatch_plan, step_cost, within_budget)
@@ -367,12 +367,14 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         algorithm: a name in `MICROBATCH_ALGORITHMS`, the registry's micro-batch records
             (`register_microbatch_algorithm` adds one; "auto": exact search for small instances, else the better of
             the joint greedy and the cell LPT, each followed by local search; the cell LPT alone for large
-            instances; with one micro-batch and no `sources`, `balance`'s plan under max_tokens_per_rank=T too, so
-            M=1 never does worse than a plain step).
+            instances; with one micro-batch, `balance`'s plan under max_tokens_per_rank=T too, so M=1 never does
+            worse than a plain step; with `sources`, so M=1 never does more than ROOM_GAP worse, nor refuses where
+            the plain step plans: `solve_near_sources`, whose own plan leaves the locality pass room).
         sources, item_bytes, topology: as in `balance`; items stay on their rank (in any of its micro-batches), else
             their node, as far as every micro-batch's max allows (`microbatch_locality`: all cells dealt at once;
             when that misses a micro-batch's max, each micro-batch is dealt on its own, and those that miss keep
-            their plain cells, placed on ranks greedily by bytes; items of equal length then re-dealt over all cells).
+            their plain cells, placed on ranks greedily by bytes; items of equal length then re-dealt over all cells;
+            the plain cells themselves where they move fewer bytes, node bytes first).
         context_parallel: a `ContextParallel`: items may split over groups (`balancers.context_parallel.microbatch`).
         time_limit: seconds of work an exact or anytime search may spend, all M tried together, converted to
             operation budgets (`WORK_PER_SECOND`, the exact search's `CELLS_PER_SECOND`) so plans never depend on
@@ -426,8 +428,8 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     _check_cells(fixed, problem)
     origins = as_origins(problem, sources, item_bytes, topology)
     kernel = record.kernel
-    if origins is None and kernel is microbatch_auto.solve:
-        kernel = microbatch_auto.solve_with_plain_step  # M = 1 at least `balance`'s plan (not with sources)
+    if kernel is microbatch_auto.solve:  # M = 1 at least `balance`'s plan (with sources: `solve_near_sources`)
+        kernel = microbatch_auto.solve_with_plain_step if origins is None else solve_near_sources
     start = time.perf_counter()
     witness = microbatch_auto.solve if certifies(record) and not built_in(record) else None
     kernel = checked_kernel(kernel, algorithm, certifies(record), built_in(record), witness)
@@ -444,6 +446,8 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
             local = _keep_local(problem, result, m, origins, deal=False)
         if local is None:
             local = _keep_local(problem, result, m, origins)
+        if moved(result.rank, origins) < moved(local.rank, origins):  # the plain cells move fewer bytes
+            local = result
         result = local._replace(status=Status.FEASIBLE)
         name = f"{algorithm}{LOCALITY_SUFFIX}"
     seconds = time.perf_counter() - start

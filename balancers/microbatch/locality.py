@@ -32,7 +32,10 @@ rank's cells level in cost and tokens; first fit packs a node's left-overs into 
 so fewer leave the node.  With M = 1 (a cell per rank) `locality_fill.fill_locally` deals
 them as in a plain step (`keep_home`'s runs are cheaper than turns over one cell), with its
 own tiers and no second try.
-Original to orchmllm.
+
+The plain plan comes from `solve_near_sources` (the `auto` kernel with sources): the cells' own plan, whose
+loads leave the deal room, or with one micro-batch the plain step where that plan is more than ROOM_GAP
+dearer or finds no packing.  Original to orchmllm.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ from ..locality.partial_plan import PartialPlan
 from ..locality.reach import ranks_left_over
 from ..locality.repair import REPAIR_SEARCHES, repair
 from ..origins import Origins
-from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
+from .auto import plain_step, plan_cost, solve
+from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem, float_sum
 
 MAX_FILL = 0.99  # tokens / (M · D · T) above which the cells deal is not tried: of 552 cells deals that met their
 # maxima (17 workloads, 64 x 16 .. 512 x 32, T 8k-64k, seeds 0-2) none filled more than 0.981, and 18 deals missed
@@ -55,6 +59,26 @@ MAX_LPT_ROUNDS = 256  # LPT rounds of one `take_anywhere` before the cells deal 
 # binds they place about one item each, O(D) apiece (2 700 rounds, 1 s, at D = 2560 × 32 on the code trace,
 # T = 8k); a deal that needs more misses anyway (at most 40 on the synthetic and 34 on the successful trace
 # deals of D up to 2560 × 32)
+ROOM_GAP = 0.01  # the step the cells' own one-micro-batch plan may cost above the plain step's (`solve_near_sources`)
+
+
+def solve_near_sources(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+    """The `auto` kernel with `sources`: `microbatch_auto.solve`'s plan, and with one micro-batch `plain_step`'s
+    where `solve` finds none or costs more than ROOM_GAP above it.  The cells' own plan leaves the locality deal
+    room (the plain step's loads, level to ~1e-5, leave it none: 55-70 % of the bytes crossed nodes instead of
+    4-10 % on the traces at D 64-512, for steps 0.1-0.9 % lower), but no packing, or a step more than ROOM_GAP
+    higher, is not the price of locality.  The plain step runs only where `solve`'s plan is not within ROOM_GAP
+    of the certified `cost_bound`."""
+    result = solve(problem, num_microbatches)
+    if num_microbatches != 1:
+        return result
+    cost = None if result is None else plan_cost(problem, result, 1)
+    if cost is not None and cost <= float_sum([problem.cost_bound, problem.microbatch_overhead]) * (1 + ROOM_GAP):
+        return result
+    plain = plain_step(problem)
+    if plain is None or (cost is not None and cost <= plan_cost(problem, plain, 1) * (1 + ROOM_GAP)):
+        return result
+    return plain
 
 
 def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, num_microbatches: int,
