@@ -319,3 +319,35 @@ def test_the_across_node_passes_build_only_rows_that_can_take_a_fix(monkeypatch)
         monkeypatch.setattr(locality_repair, "_near", lambda state, items, start, *rest: (items, start))
         assert passes(again, gpus_per_node) == filtered, seed
     assert sum(dropped) > 0
+
+
+def test_regression_repair_searches_weighed_every_item_of_every_pool_rank_against_every_row(monkeypatch):
+    """Cause of probe20 P20-17 (balance(sources=...) 25-30x the plain plan at 2560 x 32 on long-tailed lengths):
+    where no full fix exists (a giant item sets every over-target rank's load) each search widened its pool to every
+    rank and `best_fix` built a float matrix of every (item on the rank, partner) pair, several times over: 1.4 s of
+    1.5 s.  Now it builds only the partner columns that may leave a peak at or below the one to beat (`_may_beat`):
+    on the widest pools less than one such matrix, and the plan of every column built."""
+    lengths = np.minimum((np.random.default_rng(0).pareto(0.8, 512 * 32) * 200).astype(np.int64) + 1, 65536)
+    arguments = dict(lengths=lengths, num_ranks=512, cost=CostModel(linear=1.0, quadratic=1e-4),
+                     sources=np.repeat(np.arange(512), 32))
+    best_fix, calls = locality_repair.best_fix, []
+
+    def traced(state, members, rank, pool, *rest):
+        tracemalloc.start()
+        try:
+            return best_fix(state, members, rank, pool, *rest)
+        finally:
+            pairs = members[rank].size * (sum(members[p].size for p in pool.tolist()) + pool.size)
+            calls.append((pairs, tracemalloc.get_traced_memory()[1]))
+            tracemalloc.stop()
+
+    monkeypatch.setattr(locality_repair, "best_fix", traced)
+    plan = balance(**arguments)
+    widest = max(calls)
+    assert len(calls) > 3 and widest[0] > 500_000 and widest[1] < 8 * widest[0]  # bytes: less than one float a pair
+    calls.clear()
+    monkeypatch.setattr(locality_repair, "_may_beat", lambda state, rank, row_costs, partner_rank, *rest: (
+        np.ones(np.shape(partner_rank), dtype=bool)))
+    every_column = balance(**arguments)
+    assert max(calls)[1] > 8 * max(calls)[0]
+    np.testing.assert_array_equal(plan.assignment, every_column.assignment)

@@ -1,10 +1,9 @@
 """The fourth phase of communication-aware balancing: repair the ranks left above the target.
 
     unless the ranks' rooms provably cannot take every excess (`ranks_left_over`):
-    while a rank is above target: the move or swap that fixes it adding the fewest
-        inter-node bytes, partners from its own node first (every node at once), then
-        from the roomiest ranks (`ROOMY_PARTNERS`, then more), while the searches bring
-        ranks within reach of a full fix (`IDLE_SEARCH_WORK`)
+    while a rank is above target: the move or swap that fixes it adding the fewest inter-node bytes, partners
+        from its own node first (every node at once), then from the roomiest ranks (`ROOMY_PARTNERS`, then more),
+        while the searches bring ranks within reach of a full fix (`IDLE_SEARCH_WORK`)
 """
 
 from __future__ import annotations
@@ -23,18 +22,37 @@ SEARCH_WORK = (1 << 21, 256)  # the most pairs all searches may weigh: a floor, 
 ACROSS_CANDIDATES = (16, 256)  # smallest swaps per item tried by the passes of `repair_across_nodes`
 
 
+def _may_beat(state: PartialPlan, rank: int, row_costs: np.ndarray, partner_rank: np.ndarray,
+              partner_cost: np.ndarray | float, bound: float) -> np.ndarray:
+    """Whether a fix of an item on `rank` (costs `row_costs`, ascending) with each partner column (its rank, its cost;
+    0 for a move) may leave max(rank's load, partner's load) <= `bound`: the least over rows x of
+    max(load - x + c, partner_load - c + x), a V in x, is at the rows nearest its vertex."""
+    high, low = state.loads[rank] + partner_cost, state.loads[partner_rank] - partner_cost
+    at = np.searchsorted(row_costs, (high - low) / 2)
+    below, above = row_costs[np.maximum(at - 1, 0)], row_costs[np.minimum(at, row_costs.size - 1)]
+    return np.minimum(np.maximum(high - below, low + below), np.maximum(high - above, low + above)) <= bound
+
+
 def best_fix(state: PartialPlan, members: list[np.ndarray], rank: int, pool: np.ndarray, home_node: np.ndarray,
-              item_bytes: np.ndarray, gpus_per_node: int):
+             item_bytes: np.ndarray, gpus_per_node: int, beat: float | None = None):
     """The best move or swap taking load off `rank` with partner ranks in `pool` (see `repair`).
 
-    `members[r]` lists the items on rank r by index.  Every item on `rank` (rows) meets every partner (columns: items on the
-    pool's ranks by index, then the pool's ranks for moves), a block of rows at a time.
-    Returns (key, item, partner item or -1, partner rank) or None; smaller keys are better.
+    `members[r]` lists the items on rank r by index.  Every item on `rank` (rows) meets every partner (columns: items
+    on the pool's ranks by index, then the pool's ranks for moves), a block of rows at a time; only the columns that
+    may leave a peak of `beat` (default: the rank's load) or less are built (`_may_beat`, up to rounding): the others
+    take no full fix and beat no partial one, and keep their order, so the choice is that over every column.  Returns
+    (key, item, partner item or -1, partner rank) or None; smaller keys are better.
     """
-    if pool.size == 0:
+    items = members[rank]
+    if pool.size == 0 or items.size == 0:
         return None
     target, cap = state.target, state.cap
-    others = np.sort(np.concatenate([members[p] for p in pool.tolist()]))
+    others, row_costs = np.concatenate([members[p] for p in pool.tolist()]), np.sort(state.costs[items])
+    bound = (state.loads[rank] if beat is None else beat) + 2 * _rounding(state)
+    others = np.sort(others[_may_beat(state, rank, row_costs, state.destinations[others], state.costs[others], bound)])
+    pool = pool[_may_beat(state, rank, row_costs, pool, 0.0, bound)]
+    if others.size + pool.size == 0:
+        return None
     partner = np.concatenate([others, np.full(pool.size, -1)])
     partner_rank = np.concatenate([state.destinations[others], pool])
     partner_cost = np.concatenate([state.costs[others], np.zeros(pool.size)])
@@ -46,7 +64,6 @@ def best_fix(state: PartialPlan, members: list[np.ndarray], rank: int, pool: np.
     partner_home = home_node[np.maximum(partner, 0)]
     partner_added = partner_bytes * ((rank // gpus_per_node != partner_home).astype(np.float64)
                                      - (partner_node != partner_home))
-    items = members[rank]
     item_added_here = np.where(rank // gpus_per_node != home_node[items], item_bytes[items], 0.0)
 
     def added(at, columns):  # inter-node bytes the fixes of items[at] with `columns` add (only those read)
@@ -91,23 +108,22 @@ def best_fix(state: PartialPlan, members: list[np.ndarray], rank: int, pool: np.
 
 
 def _ascending(state: PartialPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Items by cost ascending (ties by index descending), their costs, and each item's
-    position: the plan's largest-first order read backwards."""
+    """Items by cost ascending (ties by index descending), their costs, and each item's position: the plan's
+    largest-first order read backwards."""
     return state.item_of_rank[::-1], state.sorted_costs[::-1], state.costs.size - 1 - state.cost_rank
 
 
 def _room(state: PartialPlan, partner_rank: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """Whether each candidate's partner rank stays within the target taking delta = `shift` (the test of
-    `_valid` that fails most: on real traces for ~99 % of the candidates of the across-node passes)."""
+    """Whether each candidate's partner rank stays within the target taking delta = `shift` (the test of `_valid` that
+    fails most: on real traces for ~99 % of the candidates of the across-node passes)."""
     return state.loads[partner_rank] + shift <= state.target
 
 
 def _valid(state: PartialPlan, items: np.ndarray, partner_rank: np.ndarray, shift: np.ndarray,
            partner_lengths: np.ndarray | None) -> np.ndarray:
-    """Whether each candidate whose partner has the room (`_room`), listed flat (item i, the partner's
-    rank, delta = cost_i - cost_j and the partner item's length, 0 for a move; None without a cap, which
-    alone reads them), is a valid fix: its own rank within the target, both within the cap after it,
-    delta > 0, the partner another rank."""
+    """Whether each candidate whose partner has the room (`_room`), listed flat (item i, the partner's rank, delta =
+    cost_i - cost_j and the partner item's length, 0 for a move; None without a cap, which alone reads them), is a
+    valid fix: its own rank within the target, both within the cap after it, delta > 0, the partner another rank."""
     item_rank = state.destinations[items]
     valid = (partner_rank != item_rank) & (shift > 0) & (state.loads[item_rank] - shift <= state.target)
     if state.cap < np.inf:
@@ -122,17 +138,16 @@ def _rounding(state: PartialPlan) -> float:
 
 
 def _room_needed(state: PartialPlan, items: np.ndarray) -> np.ndarray:
-    """Per item i (on rank r), the most load a partner rank may hold and still take a valid fix of
-    it: a fix takes at least the excess load_r - target off r and puts it on the partner, so the
-    partner needs that much room (up to rounding: the bound drops only candidates that are not valid)."""
+    """Per item i (on rank r), the most load a partner rank may hold and still take a valid fix of it: a fix takes at
+    least the excess load_r - target off r and puts it on the partner, so the partner needs that much room (up to
+    rounding: the bound drops only candidates that are not valid)."""
     return 2 * state.target - state.loads[state.destinations[items]] + _rounding(state)
 
 
 def _live(rows: np.ndarray, columns: np.ndarray, width: int, shift: np.ndarray,
           valid: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray]:
-    """Of candidates (rows, columns) with `_valid`'s answers: the rows with a valid one (only
-    they can take a fix), where the valid ones sit among those rows' `width` columns, and the rows'
-    deltas (inf where no valid fix)."""
+    """Of candidates (rows, columns) with `_valid`'s answers: the rows with a valid one (only they can take a fix),
+    where the valid ones sit among those rows' `width` columns, and the rows' deltas (inf where no valid fix)."""
     valid_rows = rows[valid]  # ascending, as `np.nonzero` lists them
     first = np.concatenate(([valid_rows.size > 0], valid_rows[1:] != valid_rows[:-1]))[:valid_rows.size]
     live = valid_rows[first]
@@ -144,9 +159,9 @@ def _live(rows: np.ndarray, columns: np.ndarray, width: int, shift: np.ndarray,
 
 def _valid_deltas(state: PartialPlan, items: np.ndarray, partner_rank: np.ndarray, partner_costs: np.ndarray,
                   partner_lengths: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of candidates (as in `_apply_fixes`; the partner items' costs and lengths given, 0 for a
-    move) with a valid one (`_valid`): only they can take a fix; and those rows' deltas cost_i - cost_j,
-    inf where the fix is not valid."""
+    """The rows of candidates (as in `_apply_fixes`; the partner items' costs and lengths given, 0 for a move) with a
+    valid one (`_valid`): only they can take a fix; and those rows' deltas cost_i - cost_j, inf where the fix is not
+    valid."""
     delta = state.costs[items, None] - partner_costs
     room = _room(state, partner_rank, delta)
     # The other tests run only where it holds, unless it holds for many (a default mix's rounds): the
@@ -170,15 +185,14 @@ def _live_rows(live: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, partner_rank: np.ndarray,
                  ranks: np.ndarray, delta: np.ndarray | None = None) -> np.ndarray:
-    """Apply a round of full fixes to the over-target `ranks` (most loaded first) and return those
-    without any valid candidate.
+    """Apply a round of full fixes to the over-target `ranks` (most loaded first) and return those without any valid
+    candidate.
 
-    Row k of `partner` / `partner_rank` lists the candidates for `items[k]` (on an over-target
-    rank r): a swap with item j on rank p, or a move to p (j = -1).  A candidate is valid when
-    both ranks end within the target and the cap (`delta`: `_valid_deltas` of them, when the caller
-    has it, every row with a valid one).  Every rank takes its smallest valid delta = cost_i - cost_j
-    (ties by column, then item); where fixes meet on a partner rank the most loaded rank wins and the
-    others take their best on ranks no fix of the round touched.
+    Row k of `partner` / `partner_rank` lists the candidates for `items[k]` (on an over-target rank r): a swap with
+    item j on rank p, or a move to p (j = -1).  A candidate is valid when both ranks end within the target and the
+    cap (`delta`: `_valid_deltas` of them, when the caller has it, every row with a valid one).  Every rank takes
+    its smallest valid delta = cost_i - cost_j (ties by column, then item); where fixes meet on a partner rank the
+    most loaded rank wins and the others take their best on ranks no fix of the round touched.
     """
     order_of = np.full(state.loads.size, -1, dtype=np.int64)
     order_of[ranks] = np.arange(ranks.size)
@@ -238,9 +252,9 @@ def _apply_fixes(state: PartialPlan, items: np.ndarray, partner: np.ndarray, par
 
 
 def _searched(keys: np.ndarray, needles: np.ndarray, bound: int) -> np.ndarray:
-    """np.searchsorted(keys, needles) of needles in [0, bound), searched in ascending order (several times
-    faster than scattered ones once the keys outgrow the caches): sorted as one int64 needle << shift | index
-    where that fits (a sort takes a third of an argsort's time), else by an argsort."""
+    """np.searchsorted(keys, needles) of needles in [0, bound), searched in ascending order (several times faster than
+    scattered ones once the keys outgrow the caches): sorted as one int64 needle << shift | index where that fits (a
+    sort takes a third of an argsort's time), else by an argsort."""
     shift = max(int(needles.size - 1).bit_length(), 1)
     if bound <= 1 << (63 - shift):
         packed = np.sort(needles << shift | np.arange(needles.size))
@@ -263,14 +277,12 @@ def _over_target(state: PartialPlan, stuck: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def repair_in_node(state: PartialPlan, gpus_per_node: int) -> None:
-    """Rounds of full fixes inside nodes for every over-target rank at once (the first phase of
-    `repair`).
+    """Rounds of full fixes inside nodes for every over-target rank at once (the first phase of `repair`).
 
-    Inside a node a move or swap changes no inter-node bytes, so the best full fix of an
-    over-target rank r is the smallest delta = cost_i - cost_j >= load_r - target that a
-    partner rank p of its node has room for: per item i on r and partner p, the largest item
-    j on p with cost_j <= cost_i - (load_r - target), or no item (a move); `_apply_fixes`
-    takes them.  A rank without one is left to the next phases.
+    Inside a node a move or swap changes no inter-node bytes, so the best full fix of an over-target rank r is the
+    smallest delta = cost_i - cost_j >= load_r - target that a partner rank p of its node has room for: per item i
+    on r and partner p, the largest item j on p with cost_j <= cost_i - (load_r - target), or no item (a move);
+    `_apply_fixes` takes them.  A rank without one is left to the next phases.
     """
     ascending, ascending_costs, ascending_rank = _ascending(state)
     bits, num_ranks = state.rank_bits, state.loads.size  # keys rank << bits | position: a shift, not a division
@@ -317,9 +329,9 @@ def _window_max(values: np.ndarray, width: int) -> np.ndarray:
 
 
 def _candidate_windows(state: PartialPlan, candidates: int) -> dict[str, np.ndarray]:
-    """Candidate j of row i is position start_i + j of the largest-first order, then candidates + 1 of none
-    (a move): a row's partners, their costs and (under a cap, where they count) their lengths are one slice
-    (a window, row start_i) of these, built in one pass over the order."""
+    """Candidate j of row i is position start_i + j of the largest-first order, then candidates + 1 of none (a move): a
+    row's partners, their costs and (under a cap, where they count) their lengths are one slice (a window, row
+    start_i) of these, built in one pass over the order."""
     pad = candidates + 1
     columns = {"partner": np.concatenate([state.item_of_rank, np.full(pad, -1)]),
                "cost": np.concatenate([state.negated_sorted_costs, np.zeros(pad)])}
@@ -331,13 +343,12 @@ def _candidate_windows(state: PartialPlan, candidates: int) -> dict[str, np.ndar
 
 
 def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
-    """Rounds of full fixes for every over-target rank at once, partners anywhere (the second
-    phase of `repair`).
+    """Rounds of full fixes for every over-target rank at once, partners anywhere (the second phase of `repair`).
 
-    For every item i on an over-target rank r, the candidates are the `candidates` largest
-    items j (any rank) with cost_j <= cost_i - (load_r - target), i.e. the smallest swaps that
-    bring r within the target, and the move of i to the roomiest rank; `_apply_fixes` takes
-    them.  A rank without a valid candidate is left to the byte-aware search of `repair`.
+    For every item i on an over-target rank r, the candidates are the `candidates` largest items j (any rank) with
+    cost_j <= cost_i - (load_r - target), i.e. the smallest swaps that bring r within the target, and the move of i
+    to the roomiest rank; `_apply_fixes` takes them.  A rank without a valid candidate is left to the byte-aware
+    search of `repair`.
     """
     stuck = np.zeros(state.loads.size, dtype=bool)
     windows = None
@@ -366,11 +377,11 @@ def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
 
 def _near(state: PartialPlan, items: np.ndarray, start: np.ndarray, first_costs: np.ndarray, candidates: int,
           roomiest: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of `repair_across_nodes` (`items`, their first candidates' positions `start` and costs) that may
-    hold a valid fix.  A row's deltas grow along it (the candidates' costs descend) and a valid fix's delta fits
-    its partner rank's room, so a row whose first delta exceeds every room in its window (`_window_max` of the
-    rooms of the ranks in the largest-first order; past the items: moves to the roomiest rank), and whose move
-    the roomiest rank's room, has none (up to rounding): on real traces most rows of the wide pass."""
+    """The rows of `repair_across_nodes` (`items`, their first candidates' positions `start` and costs) that may hold a
+    valid fix.  A row's deltas grow along it (the candidates' costs descend) and a valid fix's delta fits its
+    partner rank's room, so a row whose first delta exceeds every room in its window (`_window_max` of the rooms of
+    the ranks in the largest-first order; past the items: moves to the roomiest rank), and whose move the roomiest
+    rank's room, has none (up to rounding): on real traces most rows of the wide pass."""
     ranks = np.append(state.destinations[state.item_of_rank], np.full(candidates + 1, roomiest))
     reach = _window_max(state.target - state.loads[ranks], candidates) + _rounding(state)  # the last: moves only
     costs = state.costs[items]
@@ -381,27 +392,23 @@ def _near(state: PartialPlan, items: np.ndarray, start: np.ndarray, first_costs:
 def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int) -> None:
     """Bring ranks above the target down by moves or swaps, same node first, fewest inter-node bytes.
 
-    For an over-target rank r and each item i on it, every item j on a partner rank (a
-    swap) and every partner rank itself (a move) is a candidate; it shifts
-    delta = cost_i - cost_j from r to the partner's rank.  Full fixes (both ranks end
-    within the target) win, fewest added inter-node bytes first, then smallest delta;
-    without one, the candidate that lowers max(r, partner rank) most.  Partners come from
-    r's node first (for all nodes at once, `repair_in_node`), then, most loaded rank
-    first, from the other ranks roomiest first: the `ROOMY_PARTNERS` roomiest, then
-    four times as many, and so on while no full fix is found and a rank left out could
-    still offer one (room >= load_r - target) or a better partial one (a partner p
-    lowers the peak to (load_r + load_p) / 2 at best), so a search passes over the items
-    of the few ranks that can help, not of every rank.  The first full fix found is
-    taken; partial fixes are the best over all ranks.  Stops when no candidate improves,
-    or after `REPAIR_SEARCHES` searches, or before them when more ranks are above the target
-    than they could fix, or before any pass when more will stay above it whatever the full fixes
-    do (`ranks_left_over`; each search brings one rank down at most), or when the searches weigh
-    `IDLE_SEARCH_WORK` (item, partner) pairs with neither a full fix nor fewer ranks out of every
-    full fix's reach (few large items: partial fixes only pass a large item from rank to rank, a
-    search over every rank apiece), or past `SEARCH_WORK` pairs in all (a budget in proportion to
-    the items, above a floor).  The passes are skipped once every rank above the target is out
-    of reach (they make full fixes only).  The caller then drops the state and falls back (to
-    placing the plain plan: `locality.balance_locally`).
+    For an over-target rank r and each item i on it, every item j on a partner rank (a swap) and every partner
+    rank itself (a move) is a candidate; it shifts delta = cost_i - cost_j from r to the partner's rank.  Full
+    fixes (both ranks end within the target) win, fewest added inter-node bytes first, then smallest delta;
+    without one, the candidate that lowers max(r, partner rank) most.  Partners come from r's node first (for
+    all nodes at once, `repair_in_node`), then, most loaded rank first, from the other ranks roomiest first:
+    the `ROOMY_PARTNERS` roomiest, then four times as many, and so on while no full fix is found and a rank left
+    out could still offer one (room >= load_r - target) or a better partial one (a partner p lowers the peak to
+    (load_r + load_p) / 2 at best), so a search passes over the items of the few ranks that can help, not of
+    every rank.  The first full fix found is taken; partial fixes are the best over all ranks.  Stops when no
+    candidate improves, or after `REPAIR_SEARCHES` searches, or before them when more ranks are above the
+    target than they could fix, or before any pass when more will stay above it whatever the full fixes do
+    (`ranks_left_over`; each search brings one rank down at most), or when the searches weigh
+    `IDLE_SEARCH_WORK` (item, partner) pairs with neither a full fix nor fewer ranks out of every full fix's
+    reach (few large items: partial fixes only pass a large item from rank to rank, a search over every rank
+    apiece), or past `SEARCH_WORK` pairs in all (a budget in proportion to the items, above a floor).  The
+    passes are skipped once every rank above the target is out of reach (they make full fixes only).  The
+    caller then drops the state and falls back (to placing the plain plan: `locality.balance_locally`).
     """
     num_ranks = state.loads.size
     searches = min(4 * num_ranks, REPAIR_SEARCHES)
@@ -417,8 +424,8 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
         run_pass()
     if state.loads.max() <= state.target:
         return
-    # A search brings one rank (the most loaded) within the target at most: with more ranks above it
-    # by more than rounding, some stay above and the caller drops the plan, so the searches are spared.
+    # A search brings one rank (the most loaded) within the target at most: with more ranks above it by more than
+    # rounding, some stay above and the caller drops the plan, so the searches are spared.
     rounding = 4 * (state.costs.size + 1) * np.finfo(np.float64).eps * state.target
     if np.count_nonzero(state.loads > state.target + rounding) > searches:
         return
@@ -426,25 +433,24 @@ def repair(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, gpus
 
 
 def idle_search_work(num_items: int) -> int:
-    """The pairs the searches may weigh without progress: the budget's floor less half its share per item, at
-    least `IDLE_SEARCH_WORK`.  Small instances, where the floor costs little against the default mix, idle
-    longer (nonuniform 64 x 16, near_mean 128 x 24 idle 1.6 M pairs before full fixes); from 14 k items on,
-    the short stop (near_mean 512 x 32's micro-batch path)."""
+    """The pairs the searches may weigh without progress: the budget's floor less half its share per item, at least
+    `IDLE_SEARCH_WORK`.  Small instances, where the floor costs little against the default mix, idle longer
+    (nonuniform 64 x 16, near_mean 128 x 24 idle 1.6 M pairs before full fixes); from 14 k items on, the short stop
+    (near_mean 512 x 32's micro-batch path)."""
     return max(IDLE_SEARCH_WORK, SEARCH_WORK[0] - SEARCH_WORK[1] // 2 * num_items)
 
 
 def search_work(num_items: int) -> int:
-    """The pairs all searches may weigh: the share per item, or under 8 k items half the floor plus the idle
-    allowance (small repairs that idle long and then succeed: near_mean 128 x 24's micro-batch path, 2.1 M)."""
+    """The pairs all searches may weigh: the share per item, or under 8 k items half the floor plus the idle allowance
+    (small repairs that idle long and then succeed: near_mean 128 x 24's micro-batch path, 2.1 M)."""
     return max(SEARCH_WORK[1] * num_items, SEARCH_WORK[0] // 2 + idle_search_work(num_items))
 
 
 def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndarray, gpus_per_node: int,
                   searches: int, rounding: float) -> None:
-    """The byte-aware searches of `repair` (`best_fix`, most loaded rank first, pools widened roomiest first),
-    at most `searches`, stopped as `repair` says."""
-    num_ranks = state.loads.size
-    everyone = np.arange(num_ranks)
+    """The byte-aware searches of `repair` (`best_fix`, most loaded rank first, pools widened roomiest first), at most
+    `searches`, stopped as `repair` says."""
+    num_ranks, everyone = state.loads.size, np.arange(state.loads.size)
     by_rank = np.argsort(state.destinations, kind="stable")
     bounds = np.searchsorted(state.destinations[by_rank], np.arange(num_ranks + 1)).tolist()
     members = [by_rank[bounds[r]:bounds[r + 1]] for r in range(num_ranks)]
@@ -479,7 +485,7 @@ def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndar
                     return  # no progress: as many ranks as before stay out of every full fix's reach
                 unfixable, idle = left, 0
             idle += work
-            best = best_fix(state, members, rank, pool, home_node, item_bytes, gpus_per_node)
+            best = best_fix(state, members, rank, pool, home_node, item_bytes, gpus_per_node, peak_to_beat)
         if best is None:
             return
         if best[0][0] == 0:  # a full fix: one rank fewer above the target
