@@ -384,6 +384,33 @@ def test_regression_walks_of_a_reordered_gpipe_start_and_of_searches_that_lose(m
     assert np.array_equal(plan.pipeline.replica_times, fresh.replica_times)
 
 
+@pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved", 2)])
+def test_regression_the_shaped_start_not_searched_was_timed_on_every_replica(monkeypatch, schedule, virtual):
+    """Regression (planning time at D = 2560 x 32, M = 16, issue 28): where more than D items overflow, two shaped
+    starts are made and only the faster is searched (1F1B, interleaved), yet both were timed on every replica
+    (here 192 rows with the plain cells').  The first (offsets alone) is timed on its PROBE_ROWS replicas of
+    largest cells and sums now (144 rows), every one where none of them runs longer than the second's step; the
+    plan is the one timing every replica gives (PROBE_ROWS large)."""
+    from orchmllm.balancers.pipeline import planner, schedules
+    from orchmllm.study.models import MODELS
+
+    lengths = sample_workload("default", 64, 32, seed=7).sample_llm_length
+    cost, pipeline = MODELS["84b"].llm.cost(causal=True), Pipeline(8, schedule, virtual)
+    balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=cost, num_microbatches=16,
+                         pipeline=pipeline)  # the best shape, computed once per process
+    calls, timed = [], schedules.replica_times
+    monkeypatch.setattr(planner, "replica_times", lambda p, f, b: calls.append(len(f)) or timed(p, f, b))
+    plans = []
+    for probes in (planner.PROBE_ROWS, 64):
+        monkeypatch.setattr(planner, "PROBE_ROWS", probes)
+        calls.clear()
+        plans.append(balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=cost,
+                                          num_microbatches=16, pipeline=pipeline))
+        assert calls[0] == (144 if probes < 32 else 192)  # the starts, timed at once
+    assert np.array_equal(plans[0].rank, plans[1].rank) and np.array_equal(plans[0].microbatch, plans[1].microbatch)
+    assert plans[0].pipeline.step_time == plans[1].pipeline.step_time
+
+
 @pytest.mark.parametrize("counts", [[3], [1, 2, 3, 4]])
 def test_step_bound_from_the_ranked_costs_is_the_same(counts):
     """`step_bound(..., ranked=)` (a problem's sorted costs, spared a max or a sort) gives the same bound."""

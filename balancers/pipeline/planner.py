@@ -56,6 +56,7 @@ WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget,
 DEFAULT_WORK = 20_000_000
 PINNING_ROWS = 33  # costs of the top cell timed once per schedule and M (`_pinned_scales`)
 SCALE_RANGE, SCALE_STEPS = 4.0, 12  # the level scale's range and bisection steps (`_starts`)
+PROBE_ROWS = 16  # replicas of a shaped start timed to show it slower than the other (`_start_times`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -237,7 +238,7 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
             _add_start(problem, (placed, cells, summed), lpt_shaped(problem, num_microbatches, pipeline, mean, most),
                        first_stage)
     shaped = range(1, len(cells))
-    times = _timed(pipeline, cells)
+    times = _start_times(pipeline, cells, len(shaped) == 2 and pipeline.schedule != "gpipe")
     best = _fastest(times)
     if not _short(times[best], floor):  # the search would stop at once (`search`)
         return _start(placed, cells, times, summed, best)
@@ -368,7 +369,26 @@ def _timed(pipeline: Pipeline, cells: list) -> list:
     """Every start's replica times, in one `replica_times` call."""
     firsts = [None if cells[0][2] is None else np.concatenate([cell[2] for cell in cells])]
     rows = replica_times(pipeline, *pipeline.stage_times(np.concatenate([cell[0] for cell in cells]), *firsts))
-    return np.split(rows, len(cells))
+    return np.split(rows, np.cumsum([cell[0].shape[0] for cell in cells])[:-1])
+
+
+def _start_times(pipeline: Pipeline, cells: list, one_searched: bool) -> list:
+    """Every start's replica times (`_timed`), the plain cells first; where two shaped starts follow of which
+    only the faster is searched (`one_searched`), the first (the offsets alone, slower where more than D items
+    overflow at large D: `_starts`) is timed with the others on its PROBE_ROWS replicas of largest cells and of
+    largest sums alone, and where one of them runs longer than the second's step, its times are those replicas'
+    (above the other's step, which is all it is compared by: never the fastest); else on every replica too."""
+    size = cells[0][0].shape[0]
+    if not one_searched or size <= 2 * PROBE_ROWS:
+        return _timed(pipeline, cells)
+    cost, _, firsts = cells[1]
+    rows = np.unique(np.concatenate([np.argpartition(score, size - PROBE_ROWS)[size - PROBE_ROWS:] for score in
+                                     (np.maximum.reduce(np.ascontiguousarray(cost.T)), cost.sum(axis=1))]))
+    plain, second, probed = _timed(pipeline, [cells[0], cells[2], (cost[rows], None,
+                                                                    None if firsts is None else firsts[rows])])
+    if float(probed.max()) > float(second.max()):
+        return [plain, probed, second]
+    return [plain, _timed(pipeline, [cells[1]])[0], second]
 
 
 def _fastest(times: list) -> int:
