@@ -127,6 +127,8 @@ def as_array(values, name: str, what: str) -> np.ndarray:
         for index, value in enumerate(array.flat):
             if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
                 raise ValueError(f"`{name}` must be {what} within 64 bits; got {value} at index {index}")
+        # an object array of Python ints or strs (pandas' `.to_numpy()` of a column) is read as the list of them
+        array = np.asarray(array.tolist()) if array.size else array
     return array
 
 

@@ -290,6 +290,21 @@ def test_regression_nested_float8_or_quantized_lengths_gave_torch_s_errors(kind)
             call()
 
 
+def test_regression_an_object_array_of_python_ints_or_strs_was_refused():
+    """probe20 P20-21: pandas' `.to_numpy()` of a column gives an object array; one of Python ints as lengths
+    ("must hold integers; got dtype object"), or of strs as group ids, was refused though the same values as a
+    list plan.  It is read as the list of its elements (mixed kinds still refused)."""
+    lengths = [9, 7, 5, 4, 3, 3]
+    ids = ["a", "a", "b", "c", "d", "e"]
+    expected = balance(lengths, 2, groups=ids).assignment.tolist()
+    assert balance(np.array(lengths, dtype=object), 2, groups=np.array(ids, dtype=object)).assignment.tolist() == expected
+    assert balance(lengths, 2, groups=np.array([1, 1, 2, 3, 4, 5], dtype=object)).assignment.tolist() == expected
+    assert balance_microbatches(np.array(lengths, dtype=object), 2, max_tokens_per_microbatch=9).digest() == \
+        balance_microbatches(lengths, 2, max_tokens_per_microbatch=9).digest()
+    with pytest.raises(TypeError, match=r"`groups` must hold group ids of one kind, all ints or all strs; got int, str"):
+        balance(lengths, 2, groups=np.array([1, "1", 2, 3, 4, 5], dtype=object))
+
+
 def test_float16_lengths_are_checked_against_2_53_without_an_overflow_warning():
     """Cause: `abs(lengths) >= 2.0**53` cast 2**53 to float16, printing numpy's "overflow encountered in cast"
     to the user's stderr (probe3 UE11's note)."""

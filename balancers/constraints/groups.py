@@ -24,7 +24,7 @@ def as_groups(groups, num_items: int) -> np.ndarray:
     [1, 0, 1]
     """
     array = as_array(groups, "groups", "group ids (ints or strs)")
-    python = not isinstance(groups, np.ndarray) and not hasattr(groups, "detach")  # a list, a deque: their items' kinds
+    python = (not isinstance(groups, np.ndarray) or groups.dtype == object) and not hasattr(groups, "detach")  # items
     if python and (  # numpy printed ints as strs beside a str id, read bools as ints
             array.dtype.kind == "U" and not all(isinstance(g, str) for g in groups)
             or array.dtype.kind in "iu" and any(isinstance(g, (bool, np.bool_)) for g in groups)):
