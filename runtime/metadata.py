@@ -53,33 +53,10 @@ class GatheredMetadata:
         return self.values[:, index]
 
 
-NUMPY_DTYPES = frozenset({torch.bool, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int8, torch.int16,
-                          torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                          torch.complex64, torch.complex128})  # bfloat16: `tensor_values` widens it to float32
-
-
-def dense_values(tensor: torch.Tensor, name: str) -> np.ndarray:
-    """A tensor of per-item numbers as a numpy array (from any device, detached: `tensor_values`), or a TypeError
-    naming argument `name` where it has no dense values numpy can hold, which torch's own errors never name: a
-    nested tensor, a dtype numpy has none of (float8, quantized), a meta or sparse tensor (probe19 P19-02, P19-11).
-
-    >>> dense_values(torch.tensor([3, 1]).to(torch.float8_e4m3fn), "lengths")
-    Traceback (most recent call last):
-    ...
-    TypeError: `lengths` must hold integers; got dtype torch.float8_e4m3fn
-    """
-    if tensor.is_nested:
-        raise TypeError(f"`{name}` is a nested tensor, not a dense one of integers (one per item); pass a dense tensor "
-                        f"or a list (a nested batch's lengths: `[item.shape[0] for item in batch.unbind()]`)")
-    if tensor.dtype not in NUMPY_DTYPES:
-        raise TypeError(f"`{name}` must hold integers; got dtype {tensor.dtype}")
-    return tensor_values(tensor, name)
-
-
 def as_table(local, name: str = "lengths") -> np.ndarray:
     """Validate a rank's per-item integers: (n,) or (n, K), may be empty; int64 (n, K)."""
     if isinstance(local, torch.Tensor):
-        local = dense_values(local, name)
+        local = tensor_values(local, name)  # a TypeError naming `name` where it has no dense values
     if isinstance(local, (str, bytes)) or local is None:
         raise TypeError(f"`{name}` must be integers, one row per item; got {type(local).__name__}")
     array = np.asarray(local)

@@ -39,10 +39,9 @@ from torch.utils.data import Sampler
 from ..balancers import BalancePlan, CostModel, MicroBatchPlan, balance, balance_microbatches
 from ..balancers.problem import as_lengths, integer_sum
 from ..balancers.registry import get_algorithm, get_microbatch_algorithm
-from ..balancers.validation import as_bool, as_int
+from ..balancers.validation import as_bool, as_int, tensor_values
 from .agreement import ConfigMismatchError, call_header, disagreement, fingerprint, options_that_differ, words_of
 from .comm import checked_group, collective, group_rank, group_size, is_distributed
-from .metadata import dense_values
 from .microbatch import MicroBatch, Sampling, iterate, new_step
 from .steps import StepToken, contract_of
 
@@ -159,7 +158,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
         """Check and canonicalise every setting, naming it: they are public attributes, which may be set after
         first use (a new seed, a lower budget), and each must pass what the constructor checks."""
         if self.lengths is not getattr(self, "_checked_lengths", None) or self.lengths.flags.writeable:
-            lengths = dense_values(self.lengths, "lengths") if isinstance(self.lengths, torch.Tensor) else self.lengths
+            lengths = tensor_values(self.lengths, "lengths") if isinstance(self.lengths, torch.Tensor) else self.lengths
             # a private copy over immutable bytes: kept plans know it by identity (a copy or an unpickled sampler
             # gets a writable array back, taken as new lengths)
             self.lengths = np.frombuffer(as_lengths(lengths).tobytes(), dtype=np.int64)
