@@ -48,3 +48,13 @@ def test_regression_the_orchestrator_replaced_a_specs_latency_and_node_size_with
         Orchestrator(stages, Topology(1, 8, latency_s=5e-3), context_parallel=ContextParallel(degrees=(1, 2, 4))
                      ).plan(batch)
         ContextParallel(degrees=(1, 2), latency_s=5e-3).on(Topology(1, 8, latency_s=5e-3))
+
+
+def test_regression_a_topology_s_inverted_bandwidths_were_blamed_on_the_spec():
+    """probe20 P20-22: a Topology with inter-node bandwidth above intra-node (a typo'd figure) planned plainly,
+    then Orchestrator(context_parallel=ContextParallel()) refused it as the spec's own fields, which the user
+    left at their defaults; the error now says the values are the topology's."""
+    topology = Topology(2, 8, intra_node_bw_bytes_per_s=1e9, inter_node_bw_bytes_per_s=1e12)
+    with pytest.raises(ValueError, match=r"^the topology's links, which `context_parallel` takes: "
+                                         r"`inter_node_bw_bytes_per_s` \(1e\+12\) must not exceed"):
+        ContextParallel().on(topology)

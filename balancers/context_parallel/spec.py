@@ -153,7 +153,10 @@ class ContextParallel:
                           f"topology's are taken (set a calibrated value on the Topology)", UserWarning, stacklevel=3)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            return replace(self, **{name: getattr(topology, name) for name in names if hasattr(topology, name)})
+            try:
+                return replace(self, **{name: getattr(topology, name) for name in names if hasattr(topology, name)})
+            except ValueError as error:  # the topology's values, which this spec's checks refuse (probe20 P20-22)
+                raise ValueError(f"the topology's links, which `context_parallel` takes: {error}") from None
 
     def warn_unit_cost(self, cost: CostModel | None) -> None:
         """A UserWarning where `cost` is None or the default CostModel (1 per token) and `seconds_per_cost` is the
