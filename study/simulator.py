@@ -17,6 +17,10 @@ and a cluster of `gpus` H100s (`Topology.for_world_size`, 8 per node), every str
     MFU            = model FLOPs of the real (unpadded) tokens / (step · D · peak)
     idle fraction  = 1 - Σ busy / (D · compute)
     overhead       = (exchange + unhidden planning) / step
+    bytes_moved    = payload of the items that leave their rank, summed over the forward exchanges (what the
+                     plan moves: the same for every exchange strategy)
+    bytes_inter_node = the bytes the strategy's forward exchanges put on inter-node links (what the wire
+                     carries: an all-gather sends every payload to every node, so it can exceed bytes_moved)
     memory[r]      = static + Σ_s stored activations + max_s one-layer working set
                      + exchange buffers (peak over the forward exchanges); OOM when the
                      busiest rank exceeds the GPU memory
