@@ -338,7 +338,9 @@ def _add_start(problem: MicroBatchProblem, starts: tuple, start: tuple | None, f
 
 def _final_cells(problem: MicroBatchProblem, search: CellSearch, first_stage: np.ndarray | None) -> tuple:
     """(costs, first-stage parts or None, replica times) of the search's cells, as `pipeline_step` would
-    compute them: the rows of replicas it moved items between summed again in item order, and timed."""
+    compute them: the rows of replicas it moved items between summed again in item order, and timed where they
+    changed (the search walked every row it timed, `replica_times`, so a row summed to the same floats keeps its
+    time; GPipe's closed form is timed again)."""
     cost, firsts, times = search.cost, search.first_stage, search.times
     moved = np.array(sorted(search.moved), dtype=np.int64)
     if moved.size:
@@ -347,12 +349,17 @@ def _final_cells(problem: MicroBatchProblem, search: CellSearch, first_stage: np
         mine[moved] = True
         mine = mine[search.replica]
         cell = search.slot[mine] * d + search.replica[mine]
+        same = np.full(moved.size, search.pipeline.schedule != "gpipe" or firsts is not None)
         for grid, values, extra in ((cost, problem.item_costs, problem.microbatch_overhead),
                                     (firsts, first_stage, 0.0)):
             if grid is not None:
+                kept = grid[moved].view(np.int64)  # a copy: compared bit for bit
                 grid[moved] = np.bincount(cell, weights=values[mine], minlength=d * m).reshape(m, d).T[moved] + extra
-        times[moved] = replica_times(search.pipeline, *search.pipeline.stage_times(
-            cost[moved], None if firsts is None else firsts[moved]))
+                same &= (grid[moved].view(np.int64) == kept).all(axis=1)
+        moved = moved[~same]
+        if moved.size:
+            times[moved] = replica_times(search.pipeline, *search.pipeline.stage_times(
+                cost[moved], None if firsts is None else firsts[moved]))
     return cost, firsts, times
 
 
