@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers.plan import relative_gap
-from ..balancers.validation import is_int
+from ..balancers.validation import as_index, is_int
 from .samples import Batch, group_order
 from .shards import SampleChunks, ShardTable, TextPieces, any_nonzero, split_layout, split_pieces
 from .stages import Stage
@@ -166,6 +166,7 @@ class StagePlan:
 
     def items_on(self, rank: int) -> np.ndarray:
         """Item indices on `rank`, in the order the rank processes them."""
+        rank = as_index(rank, "rank", self.rank_offsets.size - 1, "num_ranks")
         return self.rank_items[self.rank_offsets[rank]:self.rank_offsets[rank + 1]]
 
 

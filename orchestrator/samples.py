@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..balancers.validation import as_int, as_non_negative_integers
+from ..balancers.validation import as_array, as_index, as_int, as_non_negative_integers
 
 
 MAX_TOKENS = 2**53  # a count and a sample's LLM sequence: exact in float64 costs, int64 sums of them never wrap
@@ -241,27 +241,39 @@ class Batch:
         return int(self.segment_sample.size)
 
     def segments_of(self, modality: str) -> np.ndarray:
-        """Global indices of the segments of `modality`, ascending (empty if none)."""
+        """Global indices of the segments of `modality`, ascending (empty if none: a modality no sample of this
+        batch holds, which a stage may declare)."""
+        if not isinstance(modality, str):
+            raise TypeError(f"`modality` must be a str (one of {list(self.modalities)}, or another with no "
+                            f"segment here); got {type(modality).__name__}")
         if modality not in self.modalities:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(self.segment_modality == self.modalities.index(modality))
 
     def segments_of_samples(self, samples) -> np.ndarray:
         """Global indices of every segment of the given samples (ascending distinct indices), in order."""
-        samples = np.asarray(samples, dtype=np.int64)
-        if samples.ndim != 1 or (samples.size and (np.any(np.diff(samples) <= 0) or samples[0] < 0
-                                                   or samples[-1] >= self.num_samples)):
-            raise ValueError(f"`samples` must be ascending distinct sample indices in [0, {self.num_samples})")
+        samples = self._sample_indices(samples)
         offsets = self.sample_segment_offsets
         counts = offsets[samples + 1] - offsets[samples]
         return np.repeat(offsets[samples] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+
+    def _sample_indices(self, samples) -> np.ndarray:
+        """`samples` as ascending distinct int64 sample indices in [0, num_samples): integral floats read as
+        ints, other floats and boolean masks refused naming the argument (numpy's cast truncated 0.5 to 0)."""
+        array = as_array(samples, "samples", "sample indices")
+        if array.dtype == bool:
+            raise TypeError("`samples` is a boolean mask; pass `np.flatnonzero(mask)`, the indices it selects")
+        indices = as_non_negative_integers(array, "samples", integral_floats=True)
+        if indices.ndim != 1 or (indices.size and (np.any(np.diff(indices) <= 0) or indices[-1] >= self.num_samples)):
+            raise ValueError(f"`samples` must be ascending distinct sample indices in [0, {self.num_samples})")
+        return indices
 
     def take(self, samples) -> "Batch":
         """The batch of the given samples (ascending global indices) with all their segments, in order.
 
         Sample k of the result is sample `samples[k]` of this batch, from the same source rank.
         """
-        samples = np.asarray(samples, dtype=np.int64)
+        samples = self._sample_indices(samples)
         segments = self.segments_of_samples(samples)
         counts = np.diff(self.sample_segment_offsets)[samples]
         batch = Batch(num_ranks=self.num_ranks, modalities=self.modalities, sample_text=self.sample_text[samples],
@@ -320,6 +332,7 @@ class Batch:
 
     def sample(self, index: int) -> Sample:
         """Sample `index` as a `Sample` object (for tests and inspection)."""
+        index = as_index(index, "index", self.num_samples, "num_samples")
         rows = np.flatnonzero(self.segment_sample == index)
         frames = np.ones(self.num_segments, dtype=np.int64) if self.segment_frames is None else self.segment_frames
         segments = tuple(Segment(self.modalities[self.segment_modality[s]], int(self.segment_length[s]),

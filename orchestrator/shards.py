@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..balancers.validation import as_index
 from .samples import Batch, group_order
 
 
@@ -67,6 +68,7 @@ class ShardTable:
 
     def rows_on(self, rank: int) -> np.ndarray:
         """Row indices of `rank`, in packed order."""
+        rank = as_index(rank, "rank", self.rank_offsets.size - 1, "num_ranks")
         return np.arange(self.rank_offsets[rank], self.rank_offsets[rank + 1])
 
 

@@ -42,6 +42,7 @@ from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, cell_accounts, step_cost
 from ..balancers.pipeline.planner import PipelineStep
 from ..balancers.problem import InfeasibleError
+from ..balancers.validation import as_index
 from .frames import frame_bound, stage_costs, stage_frames
 from .plan import Exchange, PassPlan, _frozen
 from .samples import Batch
@@ -247,6 +248,7 @@ class StepPlan:
     def stage_destinations(self, index: int) -> np.ndarray:
         """The rank that runs every item of stage `index` in its micro-batch, over the whole step's items
         (global segment order for an encoder stage, samples for the LLM)."""
+        index = as_index(index, "index", len(self.stages), "the number of stages")
         stage = self.stages[index]
         if self.num_microbatches == 1:
             return self.microbatches[0].stage_plans[index].destination
