@@ -160,8 +160,18 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
     chain: no search since 1fb51b6), M 16 1F1B and interleaved 3-7 % less planner time (a round's moves made at
     once); M 16 GPipe ~6.8x: the second shaped start's search (budget-bound, ~60 % of the planner's time here) ends
     up to 15 % faster than the first's on most long-mix rows at D 8-512 (and speech at D 2560, P 8), and no rule on
-    the overflow count separates those rows from this one.  Asserted: that no case exceeds 12x, a guard (1F1B
-    M = 8 read 11.4-12.9x before pp29's rounds) and that every plan is at most its PP-unaware plan's step."""
+    the overflow count separates those rows from this one.  pp34 (2026-12-06, load ~7, two alternated runs, the
+    same plain planner): M = 8 GPipe 1.70 -> 1.57x, 1F1B 2.02 -> 1.99x, interleaved ~1.56x (unchanged); M = 16
+    GPipe 6.4 -> 3.3x, 1F1B 3.7 -> 3.3x, interleaved 3.8 -> 3.5x, by doing less for the same plans (held out): a
+    search behind the step found before it stops where its rate cannot reach it (the second GPipe start's
+    66 120 rows -> 3 480), GPipe searches its plain cells as planned (order-free: no reordered start to walk),
+    losing searches are not summed, the winner's accounts and its moved rows' times are kept where exact, a round
+    times one offer of an item that lands below its replica anyway (2048 of 3040 rows a round), the shaped start
+    not searched is walked on 17 replicas that show it slower, and GPipe's closed form takes row maxima over
+    columns.  What is left is walks (`replica_times`, numpy-bound: ~1.6 ns per operation and replica; batching
+    operations by level with gathers was 2-5x slower), two shaped LPTs and the rounds.  Asserted: that no case
+    exceeds 12x, a guard (1F1B M = 8 read 11.4-12.9x before pp29's rounds) and that every plan is at most its
+    PP-unaware plan's step."""
     lengths = sample_workload("default", 2560, 32, HELD_OUT_SEED).sample_llm_length
     medians = {}
     for microbatches in (8, 16):
