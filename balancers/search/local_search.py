@@ -103,8 +103,11 @@ class _State:
         self.tokens = np.bincount(self.assignment, weights=problem.lengths,
                                   minlength=problem.num_ranks).astype(np.int64)
         n = problem.num_items
-        self._order = np.sort(self.assignment * n + np.arange(n)) % n  # items by (rank, index)
-        self._starts = np.searchsorted(self.assignment[self._order], np.arange(problem.num_ranks + 1))
+        if problem.num_ranks <= 2**16:  # items by (rank, index): a radix sort of 16-bit ranks
+            self._order = np.argsort(self.assignment.astype(np.uint16), kind="stable")
+        else:
+            self._order = np.sort(self.assignment * n + np.arange(n)) % n
+        self._starts = np.concatenate(([0], np.cumsum(np.bincount(self.assignment, minlength=problem.num_ranks))))
         self._changed: dict[int, np.ndarray] = {}
 
     def items(self, rank: int) -> np.ndarray:
