@@ -251,10 +251,8 @@ def as_bool(value, name: str) -> bool:
 
 
 def _one_per_item(values, num_items: int, name: str, what: str, entry: str) -> np.ndarray:
-    """`values` as a 1-D array with one `entry` per item (a sequence of `what`)."""
-    if isinstance(values, (str, bytes)) or values is None:
-        raise TypeError(f"`{name}` must be a 1-D sequence of {what}; got {type(values).__name__}")
-    array = np.asarray(values)
+    """`values` as a 1-D array with one `entry` per item (a sequence of `what`; read by `as_array`)."""
+    array = as_array(values, name, what)
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if array.size != num_items:
