@@ -315,5 +315,6 @@ def test_regression_auto_ran_every_start_past_an_optimum_its_fractional_bound_hi
 
     monkeypatch.setattr(auto.karmarkar_karp, "solve", refused)
     monkeypatch.setattr(auto.local_search, "improve", refused)
-    plan = balance(lengths, 2)
-    assert np.array_equal(plan.assignment, first) and str(plan.status) == "optimal"
+    plan = balance(lengths, 2)  # LPT's plan up to equal items (`auto` plans them in its canonical order)
+    assert np.array_equal(rank_loads(problem, plan.assignment), rank_loads(problem, first))
+    assert str(plan.status) == "optimal"

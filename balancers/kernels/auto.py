@@ -18,6 +18,9 @@ minimise max(loads) where loads[r] = sum(cost[i] for i on r) (or count · f(max)
         plan = min(plans, key=makespan)                        # ties: the earlier one
     if problem.time_limit and the instance is small: plan = ilp.search(problem, plan)
 
+all of it on the items by cost, least first (`in_canonical_order`), the plan mapped back: its quality
+does not depend on the order the items come in (the searches' tie-breaks follow the item indices).
+
 MULTIFIT packs to a target makespan and is far better than LPT and KK with two or three
 items per rank (where both put the D largest items on separate ranks first); SLACK
 (Della Croce & Scatamacchia 2020) is LPT on tuples ordered by spread.  There the exact
@@ -37,6 +40,7 @@ that (wall-clock) limit may return a machine-dependent plan, never a worse one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -45,8 +49,10 @@ import numpy as np
 from ..bounds import lower_bound
 from ..exact.bounds import l2_bins
 from ..exact.ilp import search
+from ..orders import sealed
 from ..plan import integral, rounded_up
-from ..problem import InfeasibleError, KernelResult, Problem, integer_values, rank_loads, rank_tokens, tokens_problem
+from ..problem import (InfeasibleError, KernelResult, Problem, integer_values, rank_loads, rank_tokens, read_only,
+                       tokens_problem)
 from ..search import group_search, local_search
 from . import ilp, karmarkar_karp, lpt, min_slack, multifit, padded, slack
 
@@ -72,10 +78,84 @@ ILP_MAX_ITEMS = 200
 
 
 def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
-    """Best of LPT, KK (MULTIFIT, SLACK), improved by local search (and ILP when a time limit is granted).
-    `lpt_plan`: `lpt.solve(problem)`'s assignment where the caller has it (not computed again)."""
+    """Best of LPT, KK (MULTIFIT, SLACK), improved by local search (and ILP when a time limit is granted),
+    found on the items in `in_canonical_order`, so that its quality does not depend on the order they come in.
+    `lpt_plan`: `lpt.solve(problem)`'s assignment where the caller has it (not computed again; used only
+    where the items come in that order already)."""
     if problem.padded:
         return padded.solve(problem)
+    canonical = in_canonical_order(problem)
+    if canonical is None:
+        return _solve(problem, lpt_plan)
+    reordered, order = canonical
+    result = _solve(reordered, None)
+    return result._replace(assignment=in_given_order(result.assignment, order))
+
+
+def in_canonical_order(problem, **fields) -> tuple | None:
+    """(`problem`, a `Problem` or `MicroBatchProblem`, over its items by cost, least first, then by length,
+    shortest first, with `fields` replaced; the order) or None where the items come in that order already.
+
+    The searches' tie-breaks and neighbourhoods follow the item indices, so a plan found on the items as
+    given depends on their order; on this one it depends on the items alone (equal items, interchangeable,
+    in any order).  Least first: the searches then try small items first (on tuning instances of the
+    micro-batch search closer to the bound than largest first, and than the items in random order).  The
+    problem's cost order is given, not sorted again.
+
+    >>> from orchmllm.balancers.problem import make_problem
+    >>> in_canonical_order(make_problem([2, 9, 4], 2))[1].tolist(), in_canonical_order(make_problem([2, 4, 4, 9], 2))
+    ([0, 2, 1], None)
+    >>> in_canonical_order(make_problem([3, 5, 4], 2, costs=[1.0, 1.0, 0.5]))[0].lengths.tolist()
+    [4, 3, 5]
+    """
+    costs, lengths = problem.item_costs, problem.lengths
+    if bool(np.all(costs[1:] >= costs[:-1])) and not _unsorted_ties(_run_starts(costs), lengths):
+        return None
+    order = np.ascontiguousarray(problem.cost_order[::-1])  # by cost, least first (equal costs by index, last first)
+    costs, lengths = np.ascontiguousarray(problem.sorted_costs[::-1]), lengths[order]
+    runs = _run_starts(costs)
+    if _unsorted_ties(runs, lengths):
+        order = np.lexsort((np.arange(order.size), problem.lengths, problem.item_costs))
+        lengths = problem.lengths[order]
+    orders = {"cost_order": _largest_first(runs), "sorted_costs": problem.sorted_costs}
+    return dataclasses.replace(problem, lengths=sealed(lengths), item_costs=sealed(costs), orders=orders,
+                               **fields), order
+
+
+def _run_starts(values: np.ndarray) -> np.ndarray:
+    """Where a run of equal `values` starts (the first always)."""
+    return np.concatenate(([True], values[1:] != values[:-1]))
+
+
+def _unsorted_ties(run_starts: np.ndarray, lengths: np.ndarray) -> bool:
+    """Whether some two neighbours in a run of equal costs (`_run_starts`) have their `lengths` descending."""
+    return bool(np.any(~run_starts[1:] & (lengths[1:] < lengths[:-1])))
+
+
+def _largest_first(run_starts: np.ndarray) -> np.ndarray:
+    """`problem.sorted_order(values)` (largest first, ties by index) of ascending values whose runs of equal
+    ones start at `run_starts` (`_run_starts`): the runs last first, each in index order.
+
+    >>> _largest_first(_run_starts(np.array([1, 2, 2, 3]))).tolist()
+    [3, 1, 2, 0]
+    """
+    starts = np.flatnonzero(run_starts)
+    starts, sizes = starts[::-1], np.diff(np.append(starts, run_starts.size))[::-1]  # the runs, last first
+    placed = np.cumsum(sizes) - sizes  # where each run starts in the order
+    order = np.repeat(starts - placed, sizes)
+    order += np.arange(run_starts.size)
+    return read_only(order)
+
+
+def in_given_order(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Per-item `values` of the items in `order` (`in_canonical_order`), back in the items' own order."""
+    given = np.empty_like(values)
+    given[order] = values
+    return given
+
+
+def _solve(problem: Problem, lpt_plan: np.ndarray | None) -> KernelResult:
+    """`solve` on the items in the order given."""
     bound = lower_bound(problem)
     starts, refusal = [], None
     kernels = [lpt.solve if lpt_plan is None else lambda _: KernelResult(lpt_plan),

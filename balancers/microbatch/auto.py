@@ -12,10 +12,13 @@
           room, and its fallback moved ~80 % of the bytes across nodes instead of ~3 %); where the
           cells' plan is then LPT's regrouped (large instances), the plain step starts from that
           LPT plan and the cells' own solve runs only when that plain step is not cheaper
+    every entry point plans the items in `kernels.auto.in_canonical_order` (`in_canonical_order`): the step
+          cost does not depend on the order the items come in (`balance`'s `auto` does the same)
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -29,6 +32,27 @@ from .search import improve, searches
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
 
 
+def in_canonical_order(kernel):
+    """`kernel` (a micro-batch kernel, or `plain_step`) run on the items in `auto.in_canonical_order` (an array
+    argument, a plan of the items, taken into that order too), its plan mapped back to the items' own order:
+    the plan's step cost does not depend on the order the items come in."""
+    @functools.wraps(kernel)
+    def run(problem: MicroBatchProblem, *args) -> MicroBatchResult | None:
+        canonical = auto.in_canonical_order(problem, packings={})
+        if canonical is None:
+            return kernel(problem, *args)
+        reordered, order = canonical
+        for name in ("min_microbatches", "cost_bound", "total_tokens", "total_cost"):  # of the same items
+            if name in problem.__dict__:
+                reordered.__dict__[name] = problem.__dict__[name]
+        result = kernel(reordered, *(arg[order] if isinstance(arg, np.ndarray) else arg for arg in args))
+        if result is None:
+            return None
+        return result._replace(rank=auto.in_given_order(result.rank, order),
+                               microbatch=auto.in_given_order(result.microbatch, order))
+    return run
+
+
 def plan_cost(problem: MicroBatchProblem, result: MicroBatchResult, num_microbatches: int) -> float:
     """Σ_m max_r load(r, m) + M · overhead of a kernel's result (the loads as `cell_accounts`
     sums them; the tokens are not needed)."""
@@ -37,6 +61,7 @@ def plan_cost(problem: MicroBatchProblem, result: MicroBatchResult, num_microbat
     return step_cost(loads.reshape(num_microbatches, problem.num_ranks), problem.microbatch_overhead)
 
 
+@in_canonical_order
 def plain_step(problem: MicroBatchProblem, lpt_plan: np.ndarray | None = None) -> MicroBatchResult | None:
     """One micro-batch as a plain step: `balance(lengths, D, max_tokens_per_rank=T)`'s plan (its
     default kernel, `auto`; `lpt_plan`: its LPT start where the caller has it), searched as the cells
@@ -65,6 +90,7 @@ def _cells_are_lpt(problem: MicroBatchProblem) -> bool:
             and n * problem.num_ranks > GREEDY_MAX_WORK and not searches(problem, 1))
 
 
+@in_canonical_order
 def solve_with_plain_step(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     """`solve`'s plan, and with one micro-batch `plain_step`'s when cheaper (the first on ties).
 
@@ -73,15 +99,15 @@ def solve_with_plain_step(problem: MicroBatchProblem, num_microbatches: int) -> 
     plain step comes first, and the cells' search stops once it provably ends above its cost
     (`microbatch_search.ends_above`): the plan it would have dropped is not searched further."""
     if num_microbatches != 1:
-        return solve(problem, num_microbatches)
+        return solve.__wrapped__(problem, num_microbatches)
     if _cells_are_lpt(problem):
         start = microbatch_cells.lpt_cells(problem, 1)
-        plain = None if start is None else plain_step(problem, start)
+        plain = None if start is None else plain_step.__wrapped__(problem, start)  # in canonical order already
         if plain is not None and plan_cost(problem, plain, 1) < plan_cost(problem, _one_cell_each(start), 1):
             return plain
-    plain = plain_step(problem)
+    plain = plain_step.__wrapped__(problem)
     cost = None if plain is None else plan_cost(problem, plain, 1)
-    result = solve(problem, 1, cost)
+    result = solve.__wrapped__(problem, 1, cost)
     if plain is None or (result is not None and plan_cost(problem, result, 1) <= cost):
         return result
     return plain
@@ -92,6 +118,7 @@ def _one_cell_each(rank: np.ndarray) -> MicroBatchResult:
     return MicroBatchResult(rank=rank, microbatch=np.zeros_like(rank))
 
 
+@in_canonical_order
 def solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:
     """Exact search for the smallest instances, the better of the joint greedy and the cell
     LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above; the
