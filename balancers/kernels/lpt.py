@@ -157,19 +157,24 @@ class _LastUnits:
     the same memory: the pipeline planner's shaped LPT (`greedy_from`) runs over the sorted costs and cost order
     (a problem's kept orders, `orders.sealed`: views of read-only owners) that the plain planner's LPT used just
     before.  One entry, replaced whole (a thread sees the old or the new one, each array checked against its
-    owner and place in it), dropped with any of its owners."""
+    owner and place in it), dropped with any of its owners; read by the first of its arrays (the plan by its sorted
+    costs, which the plain planner's canonical item order shares, `auto.in_canonical_order`), the rest still
+    read-only."""
 
     def __init__(self):
         self.entry = None
 
     def get(self, *arrays: np.ndarray) -> tuple | None:
+        """What was kept for these arrays, the first of those it was kept for (the rest still read-only), or None."""
         entry = self.entry
-        if entry is None or len(entry[0]) != len(arrays):
+        if entry is None or len(entry[0]) < len(arrays):
             return None
-        for reference, place, array in zip(*entry[:2], arrays):
-            owner, where = _memory(array)
+        for index, (reference, place) in enumerate(zip(*entry[:2])):
+            owner = reference()
             # an owner of its memory may be made writeable again (and written): then the entry is stale
-            if reference() is not owner or where != place or owner.flags.writeable:
+            if owner is None or owner.flags.writeable:
+                return None
+            if index < len(arrays) and not _same_memory(arrays[index], owner, place):
                 return None
         return entry[2]
 
@@ -185,6 +190,14 @@ class _LastUnits:
         entry = self.entry
         if entry is not None and any(kept is reference for kept in entry[0]):
             self.entry = None
+
+
+def _same_memory(array: np.ndarray, other: np.ndarray, place: tuple | None = None) -> bool:
+    """Whether `array` lies where `other` does (`place`: where in `other`, the owner, it lies; else `other`'s own)."""
+    owner, where = _memory(array)
+    if place is None:
+        other, place = _memory(other)
+    return owner is other and where == place
 
 
 def _memory(array: np.ndarray) -> tuple[np.ndarray, tuple]:
@@ -278,12 +291,16 @@ def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, sta
     and loads make LPT's integer keys (`_key_steps`) over 32 ranks or more: the choices of LPT after one
     pinned placeholder costing base + start[r] on every rank r, any base above every cost
     (`microbatch.cells.lpt_cells`), without them.  From zero loads these are the keys, rounds and answer of
-    `greedy_unpadded`'s integer keys: the plan `solve` shared last over the same sorted costs, order and
-    lengths (kept, read-only) where there was one."""
-    kept = None if start.any() else _KEPT_PLAN.get(sorted_costs, order, lengths)  # `solve(..., shared=True)`'s
+    `greedy_unpadded`'s integer keys: the plan `solve` shared last over the same sorted costs (kept, read-only)
+    where there was one, its items taken in `order` where it ran on them in another (its tokens then None)."""
+    kept = None if start.any() else _KEPT_PLAN.get(sorted_costs)  # `solve(..., shared=True)`'s
     tokens = None
     if kept is not None and kept[0] == num_ranks:
-        _, assignment, keys, shift, divisor, tokens = kept
+        _, assignment, keys, shift, divisor, tokens, kept_order, kept_lengths = kept
+        if not (_same_memory(kept_order, order) and _same_memory(kept_lengths, lengths)):
+            # the same costs, the items in another order (`auto.in_canonical_order`): LPT's j-th choice depends on
+            # the costs alone, so the item j-th in `order` takes the cell the kept plan gave its j-th item
+            assignment, tokens = _in_order(assignment, kept_order, order), None
     else:
         key_steps = None if num_ranks < _ROUNDS_FROM_RANKS else _key_steps(sorted_costs, num_ranks, start)
         if key_steps is None:
@@ -294,6 +311,18 @@ def greedy_from(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, sta
     sums[keys & ((1 << shift) - 1)] = keys >> shift
     sums -= start.astype(np.int64) // divisor  # whole units of `divisor`, below 2**53 (`_key_steps`)
     return assignment, sums * float(divisor), tokens
+
+
+def _in_order(assignment: np.ndarray, kept_order: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """`assignment` (of the items in `kept_order`'s numbering) for the items of `order` (the same costs largest
+    first): item order[j] takes what kept_order[j] took.
+
+    >>> _in_order(np.array([5, 6, 7]), np.array([2, 0, 1]), np.array([1, 2, 0])).tolist()
+    [5, 7, 6]
+    """
+    placed = np.empty_like(assignment)
+    placed[order] = assignment[kept_order]
+    return placed
 
 
 def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, keys_out: list | None = None
@@ -398,7 +427,7 @@ def solve(problem: Problem, quick_refusal: bool = False, shared: bool = False) -
     if keys:  # kept for `greedy_from` from zero loads
         _KEPT_PLAN.keep((problem.sorted_costs, problem.cost_order, problem.lengths),
                         lambda: (problem.num_ranks, read_only(assignment), read_only(keys[0]), *keys[1:],
-                                 None if tokens is None else read_only(tokens)))
+                                 None if tokens is None else read_only(tokens), problem.cost_order, problem.lengths))
     # The capped greedy makes the same choices as long as each chosen rank had room, which
     # holds whenever the uncapped plan ends within the cap.
     if tokens is not None and tokens.max() > cap:
