@@ -318,7 +318,7 @@ def _in_order(assignment: np.ndarray, kept_order: np.ndarray, order: np.ndarray)
     first): item order[j] takes what kept_order[j] took.
 
     >>> _in_order(np.array([5, 6, 7]), np.array([2, 0, 1]), np.array([1, 2, 0])).tolist()
-    [5, 7, 6]
+    [6, 7, 5]
     """
     placed = np.empty_like(assignment)
     placed[order] = assignment[kept_order]
