@@ -15,6 +15,7 @@ from orchmllm import ContextParallel, CostModel, InfeasibleError, Topology, bala
 from orchmllm.balancers.context_parallel.bound import Allotment, least_work, smallest_fitting
 from orchmllm.balancers.problem import exact_sum
 from orchmllm.study.workloads import llm_stage_lengths
+from orchmllm.testing.context_parallel import check_split_plan
 
 FLOPS = CostModel(linear=4.26e11, quadratic=3.9e6)  # an 84B-sized LLM's FLOPs per sequence
 
@@ -225,20 +226,25 @@ def test_the_default_degrees_refused_by_a_small_job_are_named_with_the_degrees_t
 
 
 @pytest.mark.parametrize("gpus_per_node, num_ranks", [(3, 6), (5, 10), (6, 12)])
-def test_a_degree_that_does_not_divide_the_node_is_refused_up_front(gpus_per_node, num_ranks):
+def test_a_degree_that_does_not_divide_the_node_keeps_its_groups_inside_nodes(gpus_per_node, num_ranks):
     """probe15 P15-03: nodes of 3 or 5 GPUs took degree 2, and aligned blocks of 2 straddle two nodes there;
-    the plan then failed the planner's own certificate ("put a group across nodes", a RuntimeError)."""
+    the plan then failed the planner's own certificate ("put a group across nodes", a RuntimeError).  Such
+    degrees were then refused (P15-03's fix); since probe20 P20-14 they plan on the blocks inside nodes."""
     lengths = [900, 800, 700, 600, 500, 450] + [20] * (4 * num_ranks)
-    spec = ContextParallel(degrees=(1, 2, 4), gpus_per_node=gpus_per_node)
-    bad = 2 if gpus_per_node % 2 else 4
-    match = rf"holds {bad}, which does not divide {gpus_per_node} gpus per node: .* straddle two nodes"
-    with pytest.raises(ValueError, match=match):
-        balance(lengths, num_ranks, context_parallel=spec)
-    with pytest.raises(ValueError, match=match):
-        balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=500, context_parallel=spec)
-    with pytest.raises(ValueError, match=match):
-        balance(lengths, num_ranks, context_parallel=ContextParallel(degrees=(1, 2, 4)),
-                topology=Topology(num_nodes=2, gpus_per_node=gpus_per_node))
+    on_topology = ContextParallel(degrees=(1, 2, 4) if gpus_per_node > 3 else (1, 2), half_efficiency_tokens=1,
+                                  kv_bytes_per_token=0, seconds_per_cost=1.0)  # 4 is wider than 3
+    spec = replace(on_topology, gpus_per_node=gpus_per_node, latency_s=0)
+    plan = balance(lengths, num_ranks, context_parallel=spec)
+    check_split_plan(plan, lengths, num_ranks, spec)
+    assert plan.degree.max() > 1
+    micro = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=500, context_parallel=spec)
+    for m, laid in enumerate(micro.passes or ()):
+        items = np.flatnonzero(micro.microbatch == m)
+        check_split_plan(laid, np.array(lengths)[items], num_ranks, spec, max_tokens_per_rank=500)
+    topology = Topology(num_nodes=num_ranks // gpus_per_node, gpus_per_node=gpus_per_node)
+    plan = balance(lengths, num_ranks, context_parallel=on_topology, topology=topology)
+    assert plan.context_parallel.gpus_per_node == gpus_per_node  # and the topology's links
+    check_split_plan(plan, lengths, num_ranks, plan.context_parallel)
     crossing = ContextParallel(degrees=(1, 2, 4), gpus_per_node=gpus_per_node, allow_inter_node=True,
                                half_efficiency_tokens=1, latency_s=0, kv_bytes_per_token=0, seconds_per_cost=1.0)
     assert balance(lengths, num_ranks, context_parallel=crossing).degree.max() > 1  # P15-18: the flag lifts the rule

@@ -17,6 +17,10 @@ at every degree and have their times sorted, O(n + m |C| log m) for m candidates
 W_j is re-summed exactly (fsum), so with C = {1} the bound is exactly max(Σ f / D, max f).
 Source: the canonical allotment of moldable-task scheduling (Ludwig & Tiwari 1994; Mounié,
 Rapine & Trystram 2007).
+T* asks nothing of where groups sit, only of each item's degree and time: on nodes of a size some
+degree does not divide (6 GPUs, degree 4) the planners leave out the blocks straddling two nodes
+(`blocks.free_blocks`), and fewer blocks only raise the optimum, so T* stays a lower bound there
+(as does `microbatch_bound.py`, built on it).
 """
 
 from __future__ import annotations

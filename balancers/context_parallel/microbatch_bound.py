@@ -9,7 +9,9 @@ items of the largest least times, which need several micro-batches by their toke
 shards hold alone, and at most j · D · T tokens of the work) and `leader_bound` (the micro-batch of the
 longest item leaves its group's ranks no time for others at its cost, so its other ranks hold at most
 (D − c) · T tokens of the work); the D · M cells hold every token, so M >= ⌈Σ l / (D · T)⌉ and the bound is
-the largest of the three + that M (or the given one) · overhead.
+the largest of the three + that M (or the given one) · overhead.  None of them asks where groups sit, so on
+nodes where some blocks straddle two and are left out (`blocks.py`) they stay bounds (fewer blocks only raise
+the optimum).
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def _tiered(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: 
     """(`layout`'s answer for the layout of two tiers (`tiers.py`), their own estimate), where that is below
     `ceiling`; else None."""
     rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
-    tiers = two_tiers(problem, spec, times, long, rest_work, water_level, ceiling)
+    tiers = two_tiers(problem, spec, gpus_per_node, times, long, rest_work, water_level, ceiling)
     if tiers is None or not tiers[2] < ceiling:
         return None
     start, degree, estimate = tiers

@@ -27,7 +27,6 @@ from ..problem import (COST_LIMIT, InfeasibleError, Problem, Status, check_cap_l
                        make_problem)
 from ..registry import built_in, certifies, get_algorithm
 from ..validation import as_int, as_sources
-from .blocks import within_node
 from .bound import Allotment
 from .plan import ContextParallelPlan, certify
 from .exact import exact_split
@@ -43,8 +42,10 @@ EXACT_MAX_ITEMS, EXACT_MAX_RANKS = 8, 8
 
 
 def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -> np.ndarray:
-    """The spec's degrees as an array, after checking them against the ranks and the node size (groups
-    are aligned blocks of ranks: unless they may cross nodes, no aligned block of a degree straddles two).
+    """The spec's degrees as an array, after checking them against the ranks and the node size: groups are
+    aligned blocks of ranks, and unless they may cross nodes only the blocks inside a node are used
+    (`blocks.free_blocks`), so a degree fits where one is, [0, c) for any c <= the node size; on nodes of
+    a size it does not divide (6 gpus, degree 4) the blocks straddling two nodes are left out (probe20 P20-14).
     A refusal names the degrees that do fit, and says where the refused ones are the default (1, 2, 4, 8),
     which the user may never have set (probe18 P18-11)."""
     reasons = {degree: _misfit(degree, num_ranks, gpus_per_node, spec.allow_inter_node) for degree in spec.degrees}
@@ -58,16 +59,12 @@ def allowed_degrees(spec: ContextParallel, num_ranks: int, gpus_per_node: int) -
 
 
 def _misfit(degree: int, num_ranks: int, gpus_per_node: int, allow_inter_node: bool) -> str:
-    """Why a group of `degree` ranks cannot be laid out ("" where it can)."""
+    """Why a group of `degree` ranks cannot be laid out ("" where it can): no aligned block of it lies in the
+    ranks, or (groups kept inside nodes) none lies inside a node."""
     if degree > num_ranks:
         return f" > num_ranks {num_ranks}: a group cannot be larger than the ranks"
     if degree > gpus_per_node and not allow_inter_node:
         return f" > {gpus_per_node} gpus per node; groups stay inside a node unless `allow_inter_node=True`"
-    if (not allow_inter_node and gpus_per_node % degree
-            and not within_node(np.arange(0, num_ranks - degree + 1, degree), degree, gpus_per_node).all()):
-        return (f", which does not divide {gpus_per_node} gpus per node: groups are aligned blocks of ranks, and some "
-                f"blocks of {degree} would straddle two nodes; use degrees that divide the node size, or "
-                f"`allow_inter_node=True` to let groups cross nodes")
     return ""
 
 

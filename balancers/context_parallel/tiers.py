@@ -7,8 +7,9 @@ each on a block of the next degree below C where its shards fit the budget (else
 dealt by LPT (Graham 1969) over the whole C-blocks left, each to the least-loaded group with token room:
 
     for k in 0, n / TIER_STEPS, 2 n / TIER_STEPS, ..., n:
-        alone blocks, largest degree first, from rank 0 (aligned: every degree divides the larger ones)
-        groups = the C-blocks after them;  LPT of the rest over the groups (time at C, shards within T)
+        alone blocks, largest degree first, each on the first free block of its degree (`blocks.free_blocks`:
+            inside a node unless groups may cross; on nodes a power of two wide, contiguous from rank 0)
+        groups = the free C-blocks left;  LPT of the rest over the groups (time at C, shards within T)
         estimate = max(the ranks' peak, the water level of the items not laid out)
     keep the k of the least estimate (a k whose lower bound on it is no less than the best's is not dealt)
 
@@ -23,6 +24,7 @@ import math
 import numpy as np
 
 from ..problem import Problem
+from .blocks import free_blocks
 from .spec import ContextParallel
 
 TIER_STEPS = 8
@@ -32,8 +34,8 @@ FLOAT_SLACK = 1e-9
 """Relative margin taken off the bounds of `_floor` that compare float sums in another order."""
 
 
-def two_tiers(problem: Problem, spec: ContextParallel, times, long: np.ndarray, rest_work: float,
-              water_level, ceiling: float = math.inf) -> tuple[np.ndarray, np.ndarray, float] | None:
+def two_tiers(problem: Problem, spec: ContextParallel, gpus_per_node: int, times, long: np.ndarray,
+              rest_work: float, water_level, ceiling: float = math.inf) -> tuple[np.ndarray, np.ndarray, float] | None:
     """(block start and degree of every item, -1 and 1 where not in `long`; the estimate) of the best k
     (see the module), None when no k has token room; `times` the layout's `TimeTable` of `long`,
     `rest_work` the work of the items not laid out, `water_level(loads, work)` the layout's estimate.
@@ -58,7 +60,7 @@ def two_tiers(problem: Problem, spec: ContextParallel, times, long: np.ndarray, 
         floor = _floor(k, alone, alone_time, wide_time, widest, problem.num_ranks, rest_work)
         if floor >= (ceiling if best is None else min(ceiling, best[2])):  # its estimate cannot be less
             continue
-        laid = _deal(problem, times, order, alone, k, widest, cap, wide)
+        laid = _deal(problem, spec, gpus_per_node, times, order, alone, k, widest, cap, wide)
         if laid is None:
             continue
         start, degree, loads = laid
@@ -73,7 +75,9 @@ def _floor(k: int, alone: np.ndarray, alone_time: np.ndarray, wide_time: np.ndar
     """A lower bound on the estimate of `_deal` with the first k items alone (at degrees `alone`, their times
     `alone_time`; the others dealt at `widest`, their times `wide_time` descending): the longest alone (its
     block's load), the longest dealt (alone in its group first), the groups' mean load, and every rank's work
-    (the items' and `rest_work`) spread evenly, the last two less FLOAT_SLACK."""
+    (the items' and `rest_work`) spread evenly, the last two less FLOAT_SLACK.  The groups counted are the
+    C-blocks after the alone ranks packed from rank 0: at least those `_deal` has (every alone block lies in one
+    C-block, and on nodes of odd sizes some C-blocks straddle two), so the mean stays a lower bound."""
     position = int(alone[:k].sum())
     groups = len(range(-(-position // widest) * widest, num_ranks - widest + 1, widest))
     dealt = float(wide_time[k:].sum())
@@ -82,11 +86,12 @@ def _floor(k: int, alone: np.ndarray, alone_time: np.ndarray, wide_time: np.ndar
     return max(floor, (1 - FLOAT_SLACK) * max(dealt / groups if groups else 0.0, work / num_ranks))
 
 
-def _deal(problem: Problem, times, order: np.ndarray, alone: np.ndarray, k: int, widest: int, cap: float,
-          wide: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _deal(problem: Problem, spec: ContextParallel, gpus_per_node: int, times, order: np.ndarray, alone: np.ndarray,
+          k: int, widest: int, cap: float, wide: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(starts, degrees, per-rank loads) with the first k of `order` alone at degrees `alone` and the rest by
-    LPT over the C-blocks left; None when one finds no token room.  `wide`: the items' (times, shards, most
-    and fewest shard tokens) at the widest degree, in `order`.
+    LPT over the C-blocks left; None when one finds no block or no token room.  `wide`: the items' (times,
+    shards, most and fewest shard tokens) at the widest degree, in `order`.  Blocks are those a group may take
+    (`blocks.free_blocks`), so on nodes of odd sizes the ones straddling two nodes are never used.
 
     A group's ranks all carry its load (every item adds its time to each), so the heap's loads are the
     ranks'; a group's token room is settled by bounds on its fullest rank (each item's fewest to most
@@ -95,17 +100,20 @@ def _deal(problem: Problem, times, order: np.ndarray, alone: np.ndarray, k: int,
     start = np.full(problem.num_items, -1, dtype=np.int64)
     degree = np.ones(problem.num_items, dtype=np.int64)
     loads = np.zeros(d)
-    index = np.argsort(-alone[:k], kind="stable")  # largest degree first: each block aligned
+    taken = np.zeros(d, dtype=bool)
+    index = np.argsort(-alone[:k], kind="stable")  # largest degree first: each on the first free block of its own
     items, widths = order[index], alone[index]
-    ends = np.cumsum(widths)
-    start[items], degree[items] = ends - widths, widths
-    position = int(ends[-1]) if k else 0
-    for c in np.unique(widths).tolist():
-        chosen = widths == c  # one run: the degrees descend
-        first = int(ends[chosen][0]) - c
-        loads[first: first + c * int(chosen.sum())] = np.repeat(times(items[chosen], c), c)
+    for c in np.unique(widths)[::-1].tolist():
+        chosen = items[widths == c]
+        free = free_blocks(taken, c, gpus_per_node, spec.allow_inter_node)[:chosen.size]
+        if free.size < chosen.size:
+            return None
+        blocks = free[:, None] + np.arange(c)
+        start[chosen], degree[chosen] = free, c
+        taken[blocks] = True
+        loads[blocks] = times(chosen, c)[:, None]
     wide_time, shards, most, fewest = wide
-    groups = [(0.0, s) for s in range(-(-position // widest) * widest, d - widest + 1, widest)]
+    groups = [(0.0, s) for s in free_blocks(taken, widest, gpus_per_node, spec.allow_inter_node).tolist()]
     held = {s: [0, 0, []] for _, s in groups}  # group -> least and most tokens its fullest rank may hold, its items
     chosen = []
     for j in range(k, order.size):
