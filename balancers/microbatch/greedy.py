@@ -11,12 +11,13 @@ minimise Σ_m max_r load(r, m) s.t. tokens(r, m) <= T, for a given M (see `micro
             cells, the grouping that minimises the sum of group maxima)
         local search: for the most loaded cell of each micro-batch, the move of one of its
             items, or its swap with an item of another cell, that lowers Σ_m level most
-Where lengths do not grow along the order (unpadded, costs rising with the lengths: every cost model's) an
-item's cell is found in O(M log D): per micro-batch the cells with room for it as sorted (load, cell) pairs (the
-excess over the level rises with the load: the best fit below the level is a binary search, the least rise the
-least load), cells without room waiting in a max-room heap until the lengths fit them (`_sorted_greedy`); else
-every cell is weighed for every item (`_scan_greedy`, O(n·M·D): 11 CPU s at 2560 × 32 where the search takes
-1.1 s, probe20 P20-15).  Both make the same choices, float for float, ties alike.
+Where lengths do not grow along the order (costs rising with the lengths: every cost model's) an item's cell is
+found in O(M log D): per micro-batch the cells with room for it as sorted (load, cell) pairs (the excess over the
+level rises with the load: the best fit below the level is a binary search, the least rise the least load), cells
+without room waiting in a max-room heap until the lengths fit them (`_sorted_greedy`; padded, the pairs hold each
+cell's load with one more item, `_sorted_padded_greedy`); else every cell is weighed for every item
+(`_scan_greedy`, O(n·M·D): at 2560 × 32, 10.4 CPU s where the search takes 1.1 s, and padded `auto` 21.7 s where
+it takes 1.3 s; probe20 P20-15).  Both make the same choices, float for float, ties alike.
 Original to orchmllm.  Heuristic: `microbatch_exact` proves small instances.
 """
 
@@ -67,10 +68,12 @@ class Cells:
 
 def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray | None:
     """The joint greedy's cell (m·D + r) per item, or None when some item finds no room: `_sorted_greedy` where it
-    applies (unpadded, lengths not growing along the order: every cost model's), else `_scan_greedy`."""
+    applies (lengths not growing along the order: every cost model's; padded, costs not negative), else
+    `_scan_greedy`."""
     order = sorted_order(problem.item_costs)
     lengths = problem.lengths[order]
-    if not problem.padded and bool(np.all(lengths[1:] <= lengths[:-1])):
+    padded_ok = not problem.padded or float(problem.item_costs.min(initial=0.0)) >= 0
+    if padded_ok and bool(np.all(lengths[1:] <= lengths[:-1])):
         return _sorted_greedy(problem, num_microbatches, order)
     return _scan_greedy(problem, num_microbatches, order)
 
@@ -117,37 +120,56 @@ def _tied(row: list, at: int, step: int, cost: float, top: float, best: float) -
     return cell
 
 
-def _best_fit(rows: list, level: list, cost: float) -> int | None:
-    """The greedy's cell for an item of `cost` (`rows`: per micro-batch the sorted (load, cell) pairs of the cells
-    with room for it): the largest excess (load + cost) - level <= 0, else the least; ties to the lowest cell,
-    which is in the first micro-batch reaching that excess (cells are numbered micro-batch by micro-batch)."""
-    best, where, at = None, -1, 0
+def _best_fit(rows: list, level: list, add: float, empty: list | None = None, cost: float = 0.0) -> int | None:
+    """The greedy's cell for an item (`rows`: per micro-batch the sorted (load, cell) pairs of the cells with room
+    for it, each to load + `add` with it; padded: `empty[m]` the micro-batch's first empty cell or -1, to `cost`):
+    the largest excess over the level <= 0, else the least; ties to the lowest cell, which is in the first
+    micro-batch reaching that excess (cells are numbered micro-batch by micro-batch)."""
+    best, where, at = None, -1, -1
     for m, row in enumerate(rows):
+        top, fit, value = level[m], 0, None
         if row:
-            top = level[m]
-            fit = bisect.bisect_right(row, (top - cost, math.inf))
-            while fit < len(row) and row[fit][0] + cost <= top:  # float rounding: a run of one load at a time
+            fit = bisect.bisect_right(row, (top - add, math.inf))
+            while fit < len(row) and row[fit][0] + add <= top:  # float rounding: a run of one load at a time
                 fit = bisect.bisect_right(row, (row[fit][0], math.inf))
-            while fit > 0 and row[fit - 1][0] + cost > top:
+            while fit > 0 and row[fit - 1][0] + add > top:
                 fit = bisect.bisect_left(row, (row[fit - 1][0], -1))
-            if fit and (best is None or (row[fit - 1][0] + cost) - top > best):
-                best, where, at = (row[fit - 1][0] + cost) - top, m, fit - 1
-    if where >= 0:
-        return _tied(rows[where], at, -1, cost, level[where], best)
-    for m, row in enumerate(rows):
-        if row and (best is None or (row[0][0] + cost) - level[m] < best):
-            best, where = (row[0][0] + cost) - level[m], m
-    return None if where < 0 else _tied(rows[where], 0, 1, cost, level[where], best)
+            value = (row[fit - 1][0] + add) - top if fit else None
+        if empty is not None and empty[m] >= 0 and cost <= top and (value is None or cost - top > value):
+            value = cost - top
+        if value is not None and (best is None or value > best):
+            best, where, at = value, m, fit - 1
+    if where < 0:
+        for m, row in enumerate(rows):
+            value = (row[0][0] + add) - level[m] if row else None
+            if empty is not None and empty[m] >= 0 and (value is None or cost - level[m] < value):
+                value = cost - level[m]
+            if value is not None and (best is None or value < best):
+                best, where, at = value, m, 0
+        if where < 0:
+            return None
+        at = 0 if rows[where] and (rows[where][0][0] + add) - level[where] == best else -1
+        step = 1
+    else:
+        step = -1 if at >= 0 and (rows[where][at][0] + add) - level[where] == best else 0
+        at = at if step else -1
+    cell = _tied(rows[where], at, step, add, level[where], best) if at >= 0 else math.inf
+    if empty is not None and empty[where] >= 0 and cost - level[where] == best:
+        cell = min(cell, empty[where])
+    return int(cell)
 
 
 def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> np.ndarray | None:
     """`greedy_cells`' choices, each in O(M log D): per micro-batch its cells with room for the item as sorted
     (load, cell) pairs, where an item's excess over the level rises with the load, so its best fit below the level
     (the largest load whose excess is <= 0) is a binary search away and its least rise is the first pair; cells
-    without room wait in a max-room heap until the lengths (not growing) fit them again.  Same floats, same ties."""
+    without room wait in a max-room heap until the lengths (not growing) fit them again (padded:
+    `_sorted_padded_greedy`).  Same floats, same ties."""
     d, cap = problem.num_ranks, problem.max_tokens_per_microbatch
     if problem.num_items and int(problem.lengths[order[0]]) > cap:
         return None  # the first item fits no cell
+    if problem.padded:
+        return _sorted_padded_greedy(problem, num_microbatches, order)
     rows = [[(0.0, m * d + r) for r in range(d)] for m in range(num_microbatches)]
     loads, tokens, level = [0.0] * (num_microbatches * d), [0] * (num_microbatches * d), [0.0] * num_microbatches
     waiting: list[tuple[int, int]] = []  # (-room, cell)
@@ -169,6 +191,36 @@ def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.
             bisect.insort(row, (loads[cell], cell))
         else:
             heapq.heappush(waiting, (tokens[cell] - cap, cell))
+        cell_of[item] = cell
+    return cell_of
+
+
+def _sorted_padded_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> np.ndarray:
+    """`_sorted_greedy` for padded cells (cost count · max cost, tokens count · max length).  Costs and lengths do
+    not grow along the order, so a cell's first item sets its maxima: with one more item a filled cell costs
+    (count + 1) · top cost and holds (count + 1) · top length, whatever the item; the sorted pairs hold that next
+    load (a cell that the next count overfills never takes another item), and an empty cell takes the item's cost:
+    the micro-batch's first empty cell stands for them all (equal excess, the lowest cell wins)."""
+    d, cap = problem.num_ranks, problem.max_tokens_per_microbatch
+    rows: list[list] = [[] for _ in range(num_microbatches)]
+    empty = [m * d for m in range(num_microbatches)]
+    size = num_microbatches * d
+    counts, top_cost, top_length, level = [0] * size, [0.0] * size, [0] * size, [0.0] * num_microbatches
+    cell_of = np.empty(problem.num_items, dtype=np.int64)
+    for item, cost, length in zip(order.tolist(), problem.item_costs[order].tolist(), problem.lengths[order].tolist()):
+        cell = _best_fit(rows, level, 0.0, empty, cost)
+        if cell is None:
+            return None
+        m = cell // d
+        if counts[cell]:
+            del rows[m][bisect.bisect_left(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))]
+        else:
+            empty[m] = cell + 1 if cell + 1 < (m + 1) * d else -1
+            top_cost[cell], top_length[cell] = max(0.0, cost), max(0, length)
+        counts[cell] += 1
+        level[m] = max(level[m], counts[cell] * top_cost[cell])
+        if (counts[cell] + 1) * top_length[cell] <= cap:
+            bisect.insort(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))
         cell_of[item] = cell
     return cell_of
 
