@@ -136,7 +136,7 @@ class BalancedDistributedSampler(Sampler[list[int]]):
     >>> micro = [BalancedDistributedSampler(lengths, num_replicas=2, rank=rank, global_batch_size=8,
     ...                                     max_tokens_per_microbatch=9) for rank in range(2)]
     >>> [(sampler.microbatches_per_step(), [[lengths[i] for i in m] for m in sampler]) for sampler in micro]
-    [([2], [[9], [3]]), ([2], [[1, 5, 3], [1, 1, 1]])]
+    [([2], [[9], [3]]), ([2], [[5, 3, 1], [1, 1, 1]])]
     """
 
     def __init__(self, lengths, *, num_replicas: int, rank: int, global_batch_size: int, seed: int = 0,
