@@ -249,9 +249,15 @@ def print_simulation(runs) -> None:
         out.print(scaling)
     best = max(last.strategies, key=lambda name: (not last.strategies[name].oom, last.strategies[name].speedup_vs_none))
     result = last.strategies[best]
-    out.print(f"Fastest without running out of memory: [bold]{best}[/bold], "
-              f"{result.speedup_vs_none:.2f}x the step of no balancing, MFU {result.mfu:.1%}, "
-              f"overhead {result.overhead_fraction:.2%} of the step.")
+    if result.oom:  # every strategy: no fastest among those that fit
+        remedy = ("more GPUs or shorter samples: one sample per rank is the least" if last.samples_per_rank == 1
+                  else "a smaller --samples-per-rank or more GPUs")
+        out.print(f"Every strategy runs out of memory at {last.samples_per_rank} samples per rank: no fastest among "
+                  f"those that fit; try {remedy}.")
+    else:
+        out.print(f"Fastest without running out of memory: [bold]{best}[/bold], "
+                  f"{result.speedup_vs_none:.2f}x the step of no balancing, MFU {result.mfu:.1%}, "
+                  f"overhead {result.overhead_fraction:.2%} of the step.")
     unhidden = [name for name, figures in last.strategies.items()
                 if figures.planning_unhidden_seconds > 0.5 * figures.step_seconds]
     if unhidden:  # a step of almost no compute: the speed-ups compare this machine's planning times

@@ -185,6 +185,18 @@ def test_simulate_notes_a_step_of_so_little_compute_that_planning_noise_is_its_s
     assert normal.returncode == 0 and "Note: planning" not in normal.stdout, normal.stderr
 
 
+def test_regression_simulate_named_a_fastest_strategy_that_fits_when_none_fits(tmp_path):
+    """probe20 P20-26: where every strategy ran out of memory the summary still read "Fastest without running out
+    of memory: single_algorithm"; it says none fits and what to change."""
+    path = tmp_path / "long.jsonl"
+    path.write_text('{"text": 60000, "segments": [{"modality": "image", "length": 4096, "tokens": 600}]}\n' * 16)
+    result = orchmllm("simulate", "--model", "84b", "--gpus", "16", "--strategies", "none,ours", "--workload-file",
+                      str(path))
+    assert result.returncode == 0, result.stderr
+    assert "Fastest without" not in result.stdout and "Every strategy runs out of memory at 1 samples per rank: no " \
+        "fastest among those that fit; try more GPUs or shorter samples" in " ".join(result.stdout.split())
+
+
 def test_simulate_sizes_the_batch_by_memory_by_default():
     result = orchmllm("simulate", "--model", "10b", "--gpus", "8", "--strategies", "ours", "--json")
     assert result.returncode == 0, result.stderr
