@@ -90,16 +90,18 @@ def add_parser(commands) -> None:
 
 
 def check_node_tiling(text: str, degrees: tuple[int, ...], ranks: list[int], gpus_per_node: int) -> None:
-    """Degrees no wider than a node must divide it (their aligned groups would straddle nodes); a degree
-    wider than a node lets every degree's groups cross nodes (`compare_spec`)."""
+    """Degrees no wider than a node must divide it: the peers compared beside ours (static CP, Megatron's dynamic
+    CP) lay groups on every aligned block, some of which would straddle nodes (orchmllm's planner uses only the
+    blocks inside a node); a degree wider than a node lets every degree's groups cross nodes (`compare_spec`)."""
     for num_ranks in ranks:
         gpus = compare_topology(num_ranks, gpus_per_node).gpus_per_node  # the study's nodes (`compare_spec`)
         straddling = [degree for degree in degrees if gpus % degree] if degrees[-1] <= gpus else []
         if straddling:
             raise UsageError(f"--context-parallel {text}: degree {straddling[0]} does not divide the {gpus} GPUs of a "
-                             f"node at -D {num_ranks} (--gpus-per-node {gpus_per_node}), so its aligned groups would "
-                             f"straddle nodes; use degrees that divide {gpus}, or also list a degree wider than a "
-                             f"node, which lets every degree's groups cross nodes")
+                             f"node at -D {num_ranks} (--gpus-per-node {gpus_per_node}), so the peers' aligned groups "
+                             f"would straddle nodes (orchmllm's planner alone would keep them inside); use degrees "
+                             f"that divide {gpus}, or also list a degree wider than a node, which lets every degree's "
+                             f"groups cross nodes")
 
 
 def _items_per_rank(args) -> str:

@@ -87,8 +87,8 @@ BAD = {
     # probe16 P16-02: the library's refusal named `allow_inter_node=True`, a keyword no option sets
     "compare straddling nodes": (["compare", "--ranks", "6", "--gpus-per-node", "3", "--context-parallel", "1,2"],
                                  "--context-parallel 1,2: degree 2 does not divide the 3 GPUs of a node at -D 6 "
-                                 "(--gpus-per-node 3), so its aligned groups would straddle nodes; use degrees "
-                                 "that divide 3, or also list a degree wider than a node"),
+                                 "(--gpus-per-node 3), so the peers' aligned groups would straddle nodes "
+                                 "(orchmllm's planner alone would keep them inside); use degrees that divide 3"),
 }
 
 
