@@ -472,8 +472,8 @@ _BUILT_INS = (  # orchmllm's own records: the only heuristic ones whose certific
                         description="joint greedy: each item, largest first, to the cell raising the step cost least"),
     MicroBatchAlgorithm("cells", _KERNELS + "microbatch.cells:solve", kind=Kind.OURS,
                         description="LPT over all M x D cells from water-filling levels, regrouped and searched"),
-    MicroBatchAlgorithm("exact", _KERNELS + "microbatch.exact:solve", exact=True, kind=Kind.OURS,
-                        description="branch and bound over cells for a given M, within a work budget"),
+    MicroBatchAlgorithm("exact", _KERNELS + "microbatch.auto:solve_exact", exact=True, kind=Kind.OURS,
+                        description="branch and bound over cells for a given M from auto's plan, within a work budget"),
 )
 for _record in _BUILT_INS:
     _add(_record, reserved=False)

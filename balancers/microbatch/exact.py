@@ -5,7 +5,8 @@ Items go in cost order, largest first, each into every cell with room in turn, e
 cells that are copies of an earlier one: an empty cell of a micro-batch after its first
 empty cell, a whole empty micro-batch after the first, a cell whose (load, tokens, count,
 largest item) equals an earlier cell's of the same micro-batch.  A branch is cut when its
-Σ_m level, or the certified bound, reaches the incumbent (the heuristic's plan).  Every
+Σ_m level, or the certified bound, reaches the incumbent (the heuristic's plan); above MAX_DEPTH items
+the search would recurse past Python's stack, and the incumbent comes back unproven.  Every
 node counts M·D cells against the budget (`cell_budget`: the work budget, or the time limit
 at CELLS_PER_SECOND): when it runs out the incumbent comes back as `feasible`, otherwise as proven `optimal` (or None: proven that nothing fits, or no
 packing found within the budget).  `packing_exists` settles whether any packing fits at all
@@ -37,16 +38,21 @@ class _Budget(Exception):
     pass
 
 
-def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
-    """The optimum for M = num_microbatches when proven within the work budget, else the incumbent."""
-    start = microbatch_greedy.solve(problem, num_microbatches)
-    best_cost = np.inf
-    if start is not None:
-        loads, _ = cell_accounts(problem, start.rank, start.microbatch, num_microbatches)
-        best_cost = step_cost(loads, 0.0)
+def solve(problem: MicroBatchProblem, num_microbatches: int,
+          incumbent: MicroBatchResult | None = None) -> MicroBatchResult | None:
+    """The optimum for M = num_microbatches when proven within the work budget, else the incumbent: the
+    cheaper of the joint greedy's plan and `incumbent` (`auto.solve_exact` passes auto's own)."""
+    start, best_cost = None, np.inf
+    for candidate in (microbatch_greedy.solve(problem, num_microbatches), incumbent):
+        if candidate is not None:
+            loads, _ = cell_accounts(problem, candidate.rank, candidate.microbatch, num_microbatches)
+            if step_cost(loads, 0.0) < best_cost:
+                start, best_cost = candidate, step_cost(loads, 0.0)
     floor = problem.cost_bound
     if best_cost <= floor:
         return start._replace(status=Status.OPTIMAL, lower_bound=best_cost)
+    if problem.num_items > MAX_DEPTH:  # one frame per item would pass Python's stack: the incumbent, unproven
+        return start
     d, cap, padded = problem.num_ranks, problem.max_tokens_per_microbatch, problem.padded
     order = sorted_order(problem.item_costs).tolist()
     costs = problem.item_costs.tolist()
