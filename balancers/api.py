@@ -10,9 +10,9 @@ import numpy as np
 
 from .constraints.groups import as_groups, group_problem
 from .context_parallel.split import balance_split
+from .kernels import auto
 from .locality.balance import FILLS, balance_locally
 from .origins import Origins, as_origins, gpus_per_node
-from .kernels import auto
 from .plan import BalancePlan, make_plan, run_kernel
 from .problem import InfeasibleError, Kernel, Problem, Status, make_problem, rank_loads, rank_tokens
 from .registry import Algorithm, algorithms, built_in, certifies, get_algorithm
