@@ -24,6 +24,8 @@ is planned as M gradient-accumulation micro-batches (`orchestrator.step`).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from typing import NamedTuple
 
@@ -38,14 +40,18 @@ from ..balancers.microbatch.plan import MicroBatchPlan
 from ..balancers.plan import BalancePlan, make_plan
 from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..topology import PLACEMENTS, place
-from .frames import split_frames, stage_costs, stage_frames, stage_pricing, whole_video
+from .frames import split_frames, stage_costs, stage_frames, stage_pricing
 from .options import LOCALITY, as_topology, plan_options
 from .pipeline import cell_costs, planned_run, under_llm_costs
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import split_layout
-from .stages import Stage, check_microbatched_llm, check_stages
-from .step import StageCapError, StepPlan, capped_cell_lengths, check_cells
+from .stages import Stage, check_microbatched_llm, check_stages, sample_embedding_bytes
+from .step import (StageCapError, StepPlan, capped_cell_lengths, check_cells, check_samples_fit, check_segments_fit,
+                   least_moving)
+
+WHOLE_STEP_RANKS = 64  # ranks up to which "locality" also plans the step with "lap" and with no placement
+
 
 class StageItems(NamedTuple):
     """A stage's items: the sample of each, its global segment index (-1 for the LLM), its length."""
@@ -53,19 +59,6 @@ class StageItems(NamedTuple):
     sample: np.ndarray
     segment: np.ndarray
     length: np.ndarray
-
-
-def sample_embedding_bytes(batch: Batch, stages) -> np.ndarray:
-    """Bytes of every sample's embeddings: its embedding tokens times the bytes per token of the
-    encoder `stages`, summed segment by segment only where encoders differ in bytes per token."""
-    per_token = np.zeros(len(batch.modalities))
-    for stage in stages:
-        if not stage.is_llm and stage.modality in batch.modalities:
-            per_token[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
-    if np.all(per_token == per_token[:1]):
-        return (batch.sample_llm_length - batch.sample_text) * (per_token[0] if per_token.size else 0.0)
-    return np.bincount(batch.segment_sample, weights=batch.segment_tokens * per_token[batch.segment_modality],
-                       minlength=batch.num_samples)
 
 
 def input_bytes(batch: Batch, stages, stage: Stage) -> np.ndarray:
@@ -90,30 +83,6 @@ def stage_items(batch: Batch, stage: Stage) -> StageItems:
     for array in items:
         array.setflags(write=False)
     return items
-
-
-def check_segments_fit(batch: Batch, stage: Stage, items: StageItems) -> None:
-    """InfeasibleError naming the encoder `stage` and the sample when one of its segments is longer than
-    its cap: the balancer's own message names an index into the stage's segments, of no stage."""
-    cap = stage.max_tokens_per_rank
-    if cap is None or not items.length.size or int(items.length.max()) <= cap:
-        return
-    index = int(np.argmax(items.length))
-    sample, longest = int(items.sample[index]), int(items.length[index])
-    position = int(items.segment[index] - batch.sample_segment_offsets[sample])
-    raise InfeasibleError(f"stage {stage.name!r} ({stage.modality}): max_tokens_per_rank={cap} is below segment "
-                          f"{position} of sample id {int(batch.sample_id[sample])} ({longest} tokens); a cap of at "
-                          f"least {longest} is needed{whole_video(batch, int(items.segment[index]))}", min_cap=longest)
-
-
-def check_samples_fit(batch: Batch, lengths: np.ndarray, budget: int) -> None:
-    """InfeasibleError naming by id (the balancer names an index) a sample whose cell tokens exceed `budget`."""
-    index = int(np.argmax(lengths))
-    longest = int(lengths[index])
-    if longest > budget:
-        raise InfeasibleError(f"sample id {int(batch.sample_id[index])} has {longest} LLM tokens > "
-                              f"max_tokens_per_microbatch={budget}; no micro-batch can hold it: a budget of at least "
-                              f"{longest} is needed", min_cap=longest)
 
 
 def item_tokens(batch: Batch, stage: Stage, items: StageItems) -> np.ndarray:
@@ -209,7 +178,12 @@ class Orchestrator:
             balanced groups instead; None keeps the balancer's numbering.  Anchors: the
             LLM stage keeps each sample's text and embeddings on the rank that sampled
             it; each encoder item stays with the LLM rank of its sample, so that its
-            embeddings need not move.
+            embeddings need not move.  On up to WHOLE_STEP_RANKS ranks the whole step is
+            compared with the steps of "lap" and of None (`step.least_moving`): one of those
+            where it moves fewer bytes (across nodes, then ranks) at no higher step cost, or
+            where the step exceeds None's by more than the slack; above, each stage's own pass
+            decides (the two plans cost 2-3x the planning time, a LAP per stage 40-55 ms at
+            2560 ranks).
         padded_placement: the same choice for padded stages, None by default: their exact
             optimum groups contiguous runs of sorted lengths, and relabelling or
             re-dealing them costs far more planning time (a slot re-deal and an
@@ -255,6 +229,17 @@ class Orchestrator:
                 raise ValueError(f"`context_parallel` splits LLM samples of an unpadded stage; the LLM stage "
                                  f"{llm.name!r} is padded")
             allowed_degrees(self.context_parallel, topology.world_size, topology.gpus_per_node)
+        options, self._others = self.options, ()  # "locality" is compared with "lap" and no placement (`plan`)
+        if options.placement == LOCALITY and options.pipeline is None:
+            self._others = (self._placed("lap", options.padded_placement and "lap"), self._placed(None, None))
+
+    def _placed(self, placement: str | None, padded_placement: str | None) -> Orchestrator:
+        """This orchestrator with other placements, its options copied (checked once, at construction)."""
+        other, options = copy.copy(self), copy.copy(self.options)
+        object.__setattr__(options, "placement", placement)
+        object.__setattr__(options, "padded_placement", padded_placement)
+        other.options, other._others = options, ()
+        return other
 
     @property
     def num_ranks(self) -> int:
@@ -273,8 +258,21 @@ class Orchestrator:
             raise ValueError(f"unknown modality {unknown[0]!r}: no stage encodes it; stages cover "
                              f"{sorted(known - {'llm'})}")
         start = time.perf_counter()
-        if self.options.microbatching is not None:
-            return self._plan_microbatches(batch, start)
+        step = self._plan_microbatches(batch, start) if self.options.microbatching is not None else self._plan(batch)
+        if not self._others or batch.num_ranks > WHOLE_STEP_RANKS:
+            return step
+        lap, plain = self._others
+        try:
+            plain_step = plain.plan(batch)  # "lap" relabels the same cells' groups: the same micro-batches
+            lap_step = lap.plan(batch) if plain_step.cells is None else lap._plan_cells(batch, plain_step.cells, start)
+        except InfeasibleError:  # no plan of theirs within an encoder's cap: "locality"'s stands
+            return step
+        step = least_moving((step, lap_step, plain_step), self.options.makespan_slack, self.topology.gpus_per_node)
+        return dataclasses.replace(step, planning_seconds=time.perf_counter() - start)
+
+    def _plan(self, batch: Batch) -> StepPlan:
+        """The step of one pass: the LLM stage balanced, then every encoder stage near its samples' LLM ranks."""
+        start = time.perf_counter()
         *encoders, llm_stage = self.stages
         llm = self._plan_stage(batch, llm_stage, stage_items(batch, llm_stage), None)
         plans = tuple(self._plan_stage(batch, stage, stage_items(batch, stage), llm) for stage in encoders) + (llm,)

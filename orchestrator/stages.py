@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..balancers import CostModel, get_algorithm
 from ..balancers.validation import as_bool, as_real, is_int
+from .samples import Batch
 
 LLM = "llm"
 
@@ -107,3 +110,16 @@ def check_microbatched_llm(stage: Stage, microbatching) -> None:
                                                                    where=f"stage {stage.name!r}: ")
     if problem is not None:
         raise ValueError(problem)
+
+
+def sample_embedding_bytes(batch: Batch, stages) -> np.ndarray:
+    """Bytes of every sample's embeddings: its embedding tokens times the bytes per token of the
+    encoder `stages`, summed segment by segment only where encoders differ in bytes per token."""
+    per_token = np.zeros(len(batch.modalities))
+    for stage in stages:
+        if not stage.is_llm and stage.modality in batch.modalities:
+            per_token[batch.modalities.index(stage.modality)] = stage.output_bytes_per_token
+    if np.all(per_token == per_token[:1]):
+        return (batch.sample_llm_length - batch.sample_text) * (per_token[0] if per_token.size else 0.0)
+    return np.bincount(batch.segment_sample, weights=batch.segment_tokens * per_token[batch.segment_modality],
+                       minlength=batch.num_samples)

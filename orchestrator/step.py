@@ -43,7 +43,7 @@ from ..balancers.microbatch.plan import MicroBatchPlan, cell_accounts, step_cost
 from ..balancers.pipeline.planner import PipelineStep
 from ..balancers.problem import InfeasibleError
 from ..balancers.validation import as_index
-from .frames import frame_bound, stage_costs, stage_frames
+from .frames import frame_bound, stage_costs, stage_frames, whole_video
 from .plan import Exchange, PassPlan, _frozen
 from .samples import Batch
 from .stages import Stage
@@ -92,6 +92,31 @@ def capped_cell_lengths(batch: Batch, stages, budget: int) -> np.ndarray | None:
         scaled = np.array([-(-share * budget // cap) for share in shares.tolist()], dtype=np.int64)  # exact, <= budget
         lengths = np.maximum(batch.sample_llm_length if lengths is None else lengths, scaled[inverse.ravel()])
     return lengths
+
+
+def check_segments_fit(batch: Batch, stage: Stage, items) -> None:
+    """InfeasibleError naming the encoder `stage` and the sample when one of its segments (`items`, the stage's
+    `planner.StageItems`) is longer than its cap: the balancer's own message names an index into the stage's
+    segments, of no stage."""
+    cap = stage.max_tokens_per_rank
+    if cap is None or not items.length.size or int(items.length.max()) <= cap:
+        return
+    index = int(np.argmax(items.length))
+    sample, longest = int(items.sample[index]), int(items.length[index])
+    position = int(items.segment[index] - batch.sample_segment_offsets[sample])
+    raise InfeasibleError(f"stage {stage.name!r} ({stage.modality}): max_tokens_per_rank={cap} is below segment "
+                          f"{position} of sample id {int(batch.sample_id[sample])} ({longest} tokens); a cap of at "
+                          f"least {longest} is needed{whole_video(batch, int(items.segment[index]))}", min_cap=longest)
+
+
+def check_samples_fit(batch: Batch, lengths: np.ndarray, budget: int) -> None:
+    """InfeasibleError naming by id (the balancer names an index) a sample whose cell tokens exceed `budget`."""
+    index = int(np.argmax(lengths))
+    longest = int(lengths[index])
+    if longest > budget:
+        raise InfeasibleError(f"sample id {int(batch.sample_id[index])} has {longest} LLM tokens > "
+                              f"max_tokens_per_microbatch={budget}; no micro-batch can hold it: a budget of at least "
+                              f"{longest} is needed", min_cap=longest)
 
 
 def _check_fields(cells: MicroBatchPlan, num_items: int, num_ranks: int) -> None:
@@ -282,3 +307,36 @@ class StepPlan:
     def embedding_exchanges(self) -> tuple[Exchange, ...]:
         """One embedding exchange per micro-batch (encoder rank -> LLM rank of the sample)."""
         return tuple(plan.embedding_exchange() for plan in self.microbatches)
+
+
+def moved_bytes(step: StepPlan, gpus_per_node: int) -> tuple[float, float]:
+    """(bytes that leave their node, bytes that leave their rank) over the step's input exchange and embedding
+    exchanges: the locality objective of a whole step, compared lexicographically as the balancers' passes are."""
+    node = rank = 0.0
+    for exchange in (step.input_exchange(), *step.embedding_exchanges()):
+        source, destination, item_bytes = exchange.source, exchange.destination, exchange.item_bytes
+        node += float(item_bytes[source // gpus_per_node != destination // gpus_per_node].sum())
+        rank += float(item_bytes[source != destination].sum())
+    return node, rank
+
+
+def within_slack(step: StepPlan, plain: StepPlan, makespan_slack: float) -> bool:
+    """Whether `step` costs at most (1 + makespan_slack) times `plain` (the same batch's step with no placement)."""
+    return step.step_cost <= plain.step_cost * (1.0 + makespan_slack)
+
+
+def least_moving(steps: tuple[StepPlan, ...], makespan_slack: float, gpus_per_node: int) -> StepPlan:
+    """Of a communication-aware step `steps[0]` and the same batch's steps planned otherwise (the last one with no
+    placement: the plain step), the first unless another moves fewer bytes (`moved_bytes`) at no higher step cost,
+    or it is not `within_slack` of the plain step; then the one of those (of those within the slack) moving the
+    fewest bytes (the lower step cost, then the earlier, on ties).  Each stage keeps its own items near their
+    anchors, so a stage's saving can cost a later stage more (an LLM rank chosen for the text pulls embeddings from
+    encoders placed elsewhere), and micro-batched cells re-form the encoders' micro-batches: the whole step is what
+    is compared."""
+    chosen, plain = steps[0], steps[-1]
+    moved = [moved_bytes(step, gpus_per_node) for step in steps]
+    if within_slack(chosen, plain, makespan_slack):
+        better = [k for k in range(1, len(steps)) if steps[k].step_cost <= chosen.step_cost and moved[k] < moved[0]]
+    else:
+        better = [k for k in range(1, len(steps)) if within_slack(steps[k], plain, makespan_slack)]
+    return steps[min(better, key=lambda k: (moved[k], steps[k].step_cost, k), default=0)]
