@@ -199,7 +199,7 @@ def _reference_two_tiers(problem, spec, times, long, rest_work, water_level):
 def test_two_tiers_equals_rank_by_rank_checks(case):
     problem, spec, times, _, long, _ = layout_inputs(*case)
     rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
-    found = two_tiers(problem, spec, times, long, rest_work, planner.water_level)
+    found = two_tiers(problem, spec, GPUS, times, long, rest_work, planner.water_level)
     reference = _reference_two_tiers(problem, spec, times, long, rest_work, planner.water_level)
     _same_layout(found, reference)
 
@@ -212,12 +212,12 @@ def test_two_tiers_under_a_ceiling_keeps_every_best_below_it(case, scale):
     `ceiling` and no k whose floor reaches it is dealt: the result is the same wherever it is below the ceiling."""
     problem, spec, times, _, long, _ = layout_inputs(*case)
     rest_work = float(problem.item_costs.sum() - problem.item_costs[long].sum())
-    free = two_tiers(problem, spec, times, long, rest_work, planner.water_level)
+    free = two_tiers(problem, spec, GPUS, times, long, rest_work, planner.water_level)
     ceiling = scale * (free[2] if free is not None else 1.0)
     deals, deal = [], tiers._deal
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(tiers, "_deal", lambda *a: deals.append(a[4]) or deal(*a))
-        found = two_tiers(problem, spec, times, long, rest_work, planner.water_level, ceiling)
+        monkeypatch.setattr(tiers, "_deal", lambda *a: deals.append(a[6]) or deal(*a))
+        found = two_tiers(problem, spec, GPUS, times, long, rest_work, planner.water_level, ceiling)
     if free is not None and free[2] < ceiling:
         _same_layout(found, free)
     else:
@@ -234,7 +234,7 @@ def test_two_tiers_equals_rank_by_rank_checks_near_the_budget(lengths, cap):
     problem = replace(make_problem(np.asarray(lengths), 16, cost=COST), max_tokens_per_rank=cap)
     spec, long = ContextParallel(gpus_per_node=GPUS), np.arange(len(lengths))
     times = planner.TimeTable(problem, spec, GPUS, long)
-    found = two_tiers(problem, spec, times, long, 0.0, planner.water_level)
+    found = two_tiers(problem, spec, GPUS, times, long, 0.0, planner.water_level)
     reference = _reference_two_tiers(problem, spec, times, long, 0.0, planner.water_level)
     _same_layout(found, reference)
 
@@ -257,7 +257,7 @@ def test_two_tiers_floor_is_below_every_deals_estimate(case):
     for k in range(order.size + 1):
         if int(alone[:k].sum()) > problem.num_ranks:
             break
-        laid = tiers._deal(problem, times, order, alone, k, widest, cap, wide)
+        laid = tiers._deal(problem, spec, GPUS, times, order, alone, k, widest, cap, wide)
         if laid is not None:
             estimate = max(float(laid[2].max()), planner.water_level(laid[2], rest_work))
             assert tiers._floor(k, alone, alone_time, wide_time, widest, problem.num_ranks, rest_work) <= estimate
