@@ -103,3 +103,18 @@ def test_property_the_canonical_problems_cost_order_is_sorted_order(values):
     reordered = problem if canonical is None else canonical[0]
     np.testing.assert_array_equal(reordered.cost_order, sorted_order(reordered.item_costs))
     assert np.all(np.diff(reordered.item_costs) >= 0)
+
+
+def test_regression_groups_of_permuted_items_summed_to_other_floats():
+    """probe20 P20-12 (recheck): with `groups`, a group's cost summed in the items' order differed by an ulp
+    under a permutation, which sent auto's search elsewhere (74781.3 vs 75362.7, +0.78 %, the same groups); the
+    makespans, of the items' loads summed in their own order, now differ by rounding at most."""
+    rng = np.random.default_rng(5)
+    for _ in range(150):
+        num_ranks = int(rng.integers(2, 10))
+        n = int(num_ranks * rng.integers(2, 8))
+        lengths, perm = rng.integers(1, 5000, n), rng.permutation(n)
+        cost = CostModel(linear=1.0, quadratic=float(rng.choice([0.0, 1e-3])))
+        groups = rng.integers(0, max(1, n // 3), n)
+        assert balance(lengths, num_ranks, cost=cost, groups=groups).makespan == pytest.approx(  # item loads: rounding
+            balance(lengths[perm], num_ranks, cost=cost, groups=groups[perm]).makespan, rel=1e-12)

@@ -41,11 +41,13 @@ def as_groups(groups, num_items: int) -> np.ndarray:
 
 
 def group_problem(problem: Problem, labels: np.ndarray) -> Problem:
-    """The problem of one super-item per group (unpadded, no equal counts)."""
+    """The problem of one super-item per group (unpadded, no equal counts); a group's cost is its items' summed
+    in ascending order, so that permuted items give the same floats (and `auto` the same plan quality)."""
     num_groups = int(labels.max()) + 1
     lengths = np.zeros(num_groups, dtype=np.int64)
     np.add.at(lengths, labels, problem.lengths)  # exact: the total fits int64 (checked by make_problem)
-    costs = np.bincount(labels, weights=problem.item_costs, minlength=num_groups)
+    order = np.lexsort((problem.item_costs, labels))  # each group's costs summed in one order, whatever the items'
+    costs = np.bincount(labels[order], weights=problem.item_costs[order], minlength=num_groups)
     cap = problem.max_tokens_per_rank
     if cap is not None and lengths.max() > cap:
         group = int(np.argmax(lengths))
