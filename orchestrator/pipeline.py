@@ -8,7 +8,8 @@ Micro-batch m costs replica r
 
 of which e(r, m) runs on the first stage alone (`Pipeline.stage_times`): llm(r, m) the cell's LLM load
 (`cells.cell_loads`), o the micro-batch overhead, load_s(r, m) what the plan gave rank r of encoder s in
-micro-batch m (balanced across the ranks again in every micro-batch with `balance_encoders`, else its samples').
+micro-batch m (balanced across the ranks again in every micro-batch with `balance_encoders`, and maybe dealt
+over the replicas for the step, see below; else its samples').
 The step is the slowest replica's schedule time over these (`balancers.pipeline.schedules`):
 
     step = max_r replica_time(pipeline, forward and backward of c(r, ·) with e(r, ·) on stage 0)
@@ -20,8 +21,8 @@ Where a sample's encoders run in its own cell (`balance_encoders=False`: each se
 the cells are planned seeing them (`cell_costs`): each sample's LLM plus encoder costs, the latter its
 first-stage part (`balance_microbatches(..., first_stage_costs=)`), which is then e(r, m) itself for unpadded
 encoders.  With `balance_encoders` every micro-batch's encoder work is spread over the ranks again after the
-cells are chosen, e(r, m) close to that micro-batch's encoder total / D on every replica: a sample's encoders
-are not its cell's, and planning as if they were did not pay on held-out batches (measured 2026-12-05: 1F1B
+cells are chosen, e(r, m) that micro-batch's balanced loads (see below): a sample's encoders are not its
+cell's, and planning as if they were did not pay on held-out batches (measured 2026-12-05: 1F1B
 better, GPipe and interleaved worse), so there the cells see the LLM's costs alone; the step reported is the
 one the plan runs either way.
 
@@ -30,6 +31,17 @@ place in the step, so the plan's micro-batches are run in the order that times f
 loads on the first stage (`microbatch_order`: swaps of two micro-batches, each kept only when the step falls;
 never slower than the planner's order).  With `balance_encoders`, on held-out batches: median 0.988× the step
 in the planner's order, 1F1B 0.976× (measured 2026-12-05).
+
+Nor does balancing each micro-batch's encoder stages alone look at the step: every stage's heaviest groups
+landed on the same low ranks in every micro-batch and stage, one replica's first stage working
+~2.4× the mean, and the default ran up to 1.81× the step of `balance_encoders=False` (probe20 P20-20).  So
+the groups are also dealt over the replicas for the step (`spread_encoders`: each stage's plan with its ranks
+relabelled, the same makespan and caps), and that step is run where it is at least SPREAD_GAIN faster (ordered
+too): relabelling undoes the encoders' locality placement (2.1-2.5× the bytes moved on the 10b model's vision
+and default mixes, for a 0.3 % faster step there).  Held out (probe20's c90 family at seeds 9001-9002, 24
+batches, D 4-16, P 2-4): default / `balance_encoders=False` median 1.356 (max 1.735) before, 0.977 (max 1.058)
+after; the 10b model's default, vision (also 40× heavier vision) and speech mixes at D 8 and 32, 64 instances:
+unchanged (measured 2026-12-06).
 """
 
 from __future__ import annotations
@@ -47,9 +59,11 @@ from ..balancers.pipeline.schedules import replica_times
 from ..balancers.pipeline.spec import Pipeline
 from ..balancers.problem import exact_sum
 from .frames import stage_costs
+from .plan import StagePlan, compose
 from .samples import Batch
 
 CRITICAL_REPLICAS = 8  # the slowest replicas `microbatch_order` times every candidate order on
+SPREAD_GAIN = 0.05  # the step `spread_encoders` must save to be run: it undoes the encoders' locality placement
 
 
 def sample_encoder_costs(batch: Batch, stages) -> np.ndarray:
@@ -164,33 +178,105 @@ def microbatch_order(pipeline: Pipeline, cost: np.ndarray, first: np.ndarray) ->
     return order, times
 
 
+def relabelled(plan: StagePlan, rank_of: np.ndarray) -> StagePlan:
+    """`plan` with rank r's items run on rank `rank_of[r]` (a permutation of the ranks): the same groups, loads,
+    tokens and layout within each rank, so the same makespan and caps."""
+    counts = np.diff(plan.rank_offsets)
+    held = np.argsort(rank_of)  # held[q]: the rank whose items rank q runs
+    moved = np.argsort(np.repeat(rank_of, counts), kind="stable")
+    frozen = {name: np.ascontiguousarray(value) for name, value in (
+        ("destination", rank_of[plan.destination]), ("rank_items", plan.rank_items[moved]),
+        ("rank_offsets", np.concatenate(([0], np.cumsum(counts[held])))), ("loads", plan.loads[held]),
+        ("tokens", plan.tokens[held]))}
+    for array in frozen.values():
+        array.setflags(write=False)
+    return replace(plan, **frozen)
+
+
+def spread_encoders(microbatches, cells: MicroBatchPlan, pipeline: Pipeline) -> tuple:
+    """`microbatches` with each balanced encoder stage's groups relabelled across the ranks (`relabelled`) so that
+    every replica's first stage works about as long over the step: every replica starts at its cells' share
+    Σ_m (llm(r, m) + o) / P plus the encoders left where they are (algorithm "none": on their samples' ranks),
+    then, the (micro-batch, stage) blocks taken heaviest group first, a block's groups heaviest first go to the
+    replicas least loaded so far (ties by index).  A micro-batch's encoders are balanced per stage without a look
+    at the other stages and micro-batches, so its heavy groups land on the same low ranks in every one."""
+    num_ranks = cells.cell_loads.shape[1]
+    total = (cells.cell_loads.sum(axis=0) + cells.num_microbatches * cells.microbatch_overhead) / pipeline.stages
+    blocks = []
+    for index, micro in enumerate(microbatches):
+        for stage, plan in enumerate(micro.stage_plans[:-1]):
+            if plan.algorithm == "none" or not plan.loads.any():
+                total = total + plan.loads
+            else:
+                blocks.append((index, stage, plan.loads))
+    if not blocks:
+        return microbatches
+    rank_of = {}
+    for index, stage, loads in sorted(blocks, key=lambda block: -float(block[2].max())):
+        groups = np.argsort(-loads, kind="stable")
+        replicas = np.argsort(total, kind="stable")
+        ranks = np.empty(num_ranks, dtype=np.int64)
+        ranks[groups] = replicas
+        total = total + loads[np.argsort(ranks)]
+        rank_of[index, stage] = ranks
+    spread = []
+    for index, micro in enumerate(microbatches):
+        plans = tuple(plan if (index, stage) not in rank_of else relabelled(plan, rank_of[index, stage])
+                      for stage, plan in enumerate(micro.stage_plans[:-1]))
+        spread.append(compose(micro.batch, micro.stages, (*plans, micro.stage_plans[-1])))
+    return tuple(spread)
+
+
+def _ordered(pipeline: Pipeline, cells: MicroBatchPlan, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(run order, replicas' times in it) of `cells` with first-stage loads `first`: `microbatch_order` for cells
+    planned for the pipeline, else their own order."""
+    cost = cells.cell_loads.T + cells.microbatch_overhead + first
+    if cells.pipeline is None:
+        return np.arange(cells.num_microbatches), _times(pipeline, cost, first)
+    return microbatch_order(pipeline, cost, first)
+
+
 def planned_run(batch: Batch, stages, *, cells: MicroBatchPlan, microbatches: tuple, microbatch_samples: tuple,
                 options) -> dict:
-    """`StepPlan`'s fields of a plan through `options.pipeline` (a `PlanOptions`): cells planned for the pipeline
-    whose encoders work run their micro-batches in `microbatch_order` (cells, pass plans and samples relabelled;
-    `cells.pipeline` timed again in that order, without the encoders), and `pipeline`: the step as it runs
-    (`planned_step`)."""
+    """`StepPlan`'s fields of a plan through `options.pipeline` (a `PlanOptions`): with `balance_encoders`, the
+    encoders as balanced, or `spread_encoders` where that step (ordered) is at least SPREAD_GAIN faster; cells planned
+    for the pipeline whose encoders work run their micro-batches in `microbatch_order` (cells, pass plans and
+    samples relabelled; `cells.pipeline` timed again in that order, without the encoders), and `pipeline`: the step
+    as it runs (`planned_step`)."""
     pipeline, free, times = options.pipeline, options.num_microbatches is None, None
+    pipeline.check_microbatches(cells.num_microbatches, "cells.num_microbatches")
     first = first_stage_loads(microbatches, batch.num_ranks)
-    if cells.pipeline is not None and first.any():
-        order, times = microbatch_order(pipeline, cells.cell_loads.T + cells.microbatch_overhead + first, first)
-        if np.any(order != np.arange(order.size)):
-            position = np.empty_like(order)
-            position[order] = np.arange(order.size)
-            tokens, microbatch = batch.sample_llm_length, position[cells.microbatch]
-            problem = make_microbatch_problem(
-                tokens, batch.num_ranks, costs=stages[-1].cost.item_costs(tokens), padded=cells.padded,
-                max_tokens_per_microbatch=cells.max_tokens_per_microbatch,
-                microbatch_overhead=cells.microbatch_overhead)
-            step = pipeline_step(problem, cells.rank, microbatch, order.size, pipeline,
-                                 cells.pipeline.unaware_step_time, free_microbatches=free,
-                                 solve_seconds=cells.pipeline.solve_seconds)
-            fields = dict(microbatch=microbatch, cell_loads=cells.cell_loads[order],
-                          cell_tokens=cells.cell_tokens[order])
-            for array in fields.values():
-                array.setflags(write=False)
-            cells = replace(cells, **fields, pipeline=step)
+    if first.any():
+        order, times = _ordered(pipeline, cells, first)
+        spread = spread_encoders(microbatches, cells, pipeline) if options.balance_encoders else microbatches
+        if spread is not microbatches:
+            moved = first_stage_loads(spread, batch.num_ranks)
+            timed = _ordered(pipeline, cells, moved)
+            if timed[1].max() < (1.0 - SPREAD_GAIN) * times.max():
+                microbatches, (order, times) = spread, timed
+        if cells.pipeline is None:
+            times = None
+        elif np.any(order != np.arange(order.size)):
+            cells = _reordered(batch, stages, cells, order, free)
             microbatches, microbatch_samples = (tuple(run[k] for k in order)
                                                 for run in (microbatches, microbatch_samples))
     return dict(cells=cells, microbatches=microbatches, microbatch_samples=microbatch_samples,
                 pipeline=planned_step(batch, stages, cells, microbatches, pipeline, free, times))
+
+
+def _reordered(batch: Batch, stages, cells: MicroBatchPlan, order: np.ndarray, free: bool) -> MicroBatchPlan:
+    """`cells` (planned for the pipeline) run in `order`: slot k holds micro-batch order[k], `cells.pipeline` timed
+    again in that order without the encoders (M free when `free`)."""
+    position = np.empty_like(order)
+    position[order] = np.arange(order.size)
+    tokens, microbatch = batch.sample_llm_length, position[cells.microbatch]
+    problem = make_microbatch_problem(
+        tokens, batch.num_ranks, costs=stages[-1].cost.item_costs(tokens), padded=cells.padded,
+        max_tokens_per_microbatch=cells.max_tokens_per_microbatch, microbatch_overhead=cells.microbatch_overhead)
+    step = pipeline_step(problem, cells.rank, microbatch, order.size, cells.pipeline.pipeline,
+                         cells.pipeline.unaware_step_time, free_microbatches=free,
+                         solve_seconds=cells.pipeline.solve_seconds)
+    fields = dict(microbatch=microbatch, cell_loads=cells.cell_loads[order], cell_tokens=cells.cell_tokens[order])
+    for array in fields.values():
+        array.setflags(write=False)
+    return replace(cells, **fields, pipeline=step)

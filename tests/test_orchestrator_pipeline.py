@@ -202,3 +202,58 @@ def test_step_bound_holds_for_every_plan_of_a_tiny_batch_wherever_its_encoders_r
             cost = np.bincount(cells, weights=llm, minlength=4).reshape(2, 2).T + first
             best = min(best, max(replica_step(pipeline, c, e) for c, e in zip(cost, first)))
     assert plan.pipeline.lower_bound <= best * (1 + 1e-12) and best <= plan.pipeline.step_time * (1 + 1e-12)
+
+
+def _c90_batch(trial):
+    """probe20 c90's batch `trial` (rng 0): D 4-16, P 2-4, images (2·l), padded audio and the LLM (l + 1e-3 l²)."""
+    from orchmllm import Batch, Sample, Segment
+
+    rng = np.random.default_rng(0)
+    for _ in range(trial + 1):
+        num_ranks, stages = int(rng.choice([4, 8, 16])), int(rng.choice([2, 4]))
+        samples = [Sample(text=int(rng.integers(1, 1500)), segments=tuple(
+            Segment(["image", "audio"][j % 2], int(rng.integers(1, 1200)), int(rng.integers(1, 300)))
+            for j in range(int(rng.integers(0, 3)))), source=int(rng.integers(0, num_ranks)), id=i)
+            for i in range(num_ranks * int(rng.integers(4, 12)))]
+    return Batch.from_samples(samples, num_ranks), Pipeline(stages=stages, schedule=["1f1b", "gpipe"][trial % 2])
+
+
+def _c90_plan(batch, pipeline, **options):
+    from orchmllm import Stage
+
+    quadratic = CostModel(linear=1.0, quadratic=1e-3)
+    stages = [Stage("vision", "image", CostModel(linear=2.0)), Stage("audio", "audio", quadratic, padded=True),
+              Stage("llm", "llm", quadratic)]
+    return Orchestrator(stages, batch.num_ranks, max_tokens_per_microbatch=int(batch.sample_llm_length.max() + 2000),
+                        num_microbatches=2 * pipeline.stages, pipeline=pipeline, **options).plan(batch)
+
+
+def test_regression_balanced_encoders_piled_on_the_same_replicas_of_every_micro_batch():
+    """probe20 P20-20 (c90's worst batch, D 8, P 4, 1F1B): each micro-batch's encoder stages are balanced alone, so
+    their heaviest groups landed on the same low ranks in every micro-batch and stage, replica 0's first stage
+    working ~2.4x the mean: the default (`balance_encoders`) ran 1.81x the step of `balance_encoders=False`.  The
+    groups are dealt across the replicas for the step (`spread_encoders`): within a few % (fails before)."""
+    batch, pipeline = _c90_batch(10)
+    default, home = (_c90_plan(batch, pipeline, balance_encoders=flag) for flag in (True, False))
+    assert default.pipeline.step_time <= 1.05 * home.pipeline.step_time
+    assert default.pipeline.step_time == max(simulated_step(default, pipeline))
+    assert default.pipeline.lower_bound <= default.pipeline.step_time
+
+
+def test_spread_encoders_only_relabel_each_stages_ranks():
+    """The spread step's encoder stage plans are whole plans of their destinations (the layout, offsets, loads and
+    tokens `stage_plan` evaluates for them), the step is the event simulation's, and no replica's first stage
+    holds far more than the mean (c90's first batch: 2.4x before)."""
+    from orchmllm.orchestrator.planner import stage_plan
+
+    batch, pipeline = _c90_batch(0)
+    plan = _c90_plan(batch, pipeline)
+    for micro in plan.microbatches:
+        for stage_plan_ in micro.stage_plans[:-1]:
+            fresh = stage_plan(micro.batch, stage_plan_.stage, stage_plan_.destination, stage_plan_.algorithm)
+            for name in ("rank_offsets", "rank_items", "item_offset", "item_input_offset", "loads", "tokens"):
+                assert np.array_equal(getattr(fresh, name), getattr(stage_plan_, name)), name
+    first = np.array([[sum(s.loads[r] for s in micro.stage_plans[:-1]) for micro in plan.microbatches]
+                      for r in range(plan.num_ranks)]).sum(axis=1)
+    assert first.max() <= 1.5 * first.mean()  # was 2.4x: the heavy groups on the same replicas
+    assert plan.pipeline.step_time == max(simulated_step(plan, pipeline))
