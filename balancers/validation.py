@@ -128,7 +128,10 @@ def as_array(values, name: str, what: str) -> np.ndarray:
             if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
                 raise ValueError(f"`{name}` must be {what} within 64 bits; got {value} at index {index}")
         # an object array of Python ints or strs (pandas' `.to_numpy()` of a column) is read as the list of them
-        array = np.asarray(array.tolist()) if array.size else array
+        try:
+            array = np.asarray(array.tolist()) if array.size else array
+        except ValueError:  # numpy: "setting an array element with a sequence" (a column of lists)
+            raise ValueError(f"`{name}` must be a 1-D sequence of {what}; got a ragged nested sequence") from None
     return array
 
 

@@ -303,6 +303,10 @@ def test_regression_an_object_array_of_python_ints_or_strs_was_refused():
         balance_microbatches(lengths, 2, max_tokens_per_microbatch=9).digest()
     with pytest.raises(TypeError, match=r"`groups` must hold group ids of one kind, all ints or all strs; got int, str"):
         balance(lengths, 2, groups=np.array([1, "1", 2, 3, 4, 5], dtype=object))
+    ragged = np.empty(6, dtype=object)  # probe21 P21-01: a column of lists gave numpy's raw "inhomogeneous shape"
+    ragged[:] = [[1, 2], [3], [4], [5], [6], [7]]
+    with pytest.raises(ValueError, match=r"^`lengths` must be a 1-D sequence of integers; got a ragged nested sequence"):
+        balance(ragged, 2)
     sources, item_bytes = [0, 1, 0, 1, 0, 1], [1, 2, 3, 4, 5, 6]  # recheck: sources and item_bytes alike
     assert balance(lengths, 2, sources=np.array(sources, dtype=object), item_bytes=np.array(item_bytes, dtype=object)
                    ).assignment.tolist() == balance(lengths, 2, sources=sources, item_bytes=item_bytes).assignment.tolist()
