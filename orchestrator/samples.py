@@ -261,6 +261,9 @@ class Batch:
         """`samples` as ascending distinct int64 sample indices in [0, num_samples): integral floats read as
         ints, other floats and boolean masks refused naming the argument (numpy's cast truncated 0.5 to 0)."""
         array = as_array(samples, "samples", "sample indices")
+        if array.ndim == 0:
+            raise TypeError(f"`samples` must be a 1-D sequence of sample indices; got one index {samples!r}: pass "
+                            f"[{samples!r}]")
         if array.dtype == bool:
             raise TypeError("`samples` is a boolean mask; pass `np.flatnonzero(mask)`, the indices it selects")
         indices = as_non_negative_integers(array, "samples", integral_floats=True)

@@ -23,6 +23,8 @@ def test_regression_fractional_sample_indices_were_truncated():
             call(batch())
     with pytest.raises(TypeError, match=r"`samples` is a boolean mask; pass `np.flatnonzero\(mask\)`"):
         batch().take(np.array([True, False, True, False]))
+    with pytest.raises(TypeError, match=r"`samples` must be a 1-D sequence of sample indices; got one index 1"):
+        batch().take(1)  # probe21's note: told "must be ascending distinct sample indices"
 
 
 def test_regression_a_negative_sample_index_read_the_last_sample_without_its_segments():
