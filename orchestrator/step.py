@@ -38,9 +38,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..balancers.locality.balance import moved
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, cell_accounts, step_cost
 from ..balancers.pipeline.planner import PipelineStep
+from ..balancers.origins import Origins
 from ..balancers.problem import InfeasibleError
 from ..balancers.validation import as_index
 from .frames import frame_bound, stage_costs, stage_frames, whole_video
@@ -314,9 +316,9 @@ def moved_bytes(step: StepPlan, gpus_per_node: int) -> tuple[float, float]:
     exchanges: the locality objective of a whole step, compared lexicographically as the balancers' passes are."""
     node = rank = 0.0
     for exchange in (step.input_exchange(), *step.embedding_exchanges()):
-        source, destination, item_bytes = exchange.source, exchange.destination, exchange.item_bytes
-        node += float(item_bytes[source // gpus_per_node != destination // gpus_per_node].sum())
-        rank += float(item_bytes[source != destination].sum())
+        exchange_node, exchange_rank = moved(exchange.destination,
+                                             Origins(exchange.source, exchange.item_bytes, gpus_per_node))
+        node, rank = node + exchange_node, rank + exchange_rank
     return node, rank
 
 

@@ -171,6 +171,7 @@ def words_of(digest: bytes) -> np.ndarray:
 
 
 HEADER_WORDS = 9  # a call header: its tag and 8 words of payload (a 64-byte digest)
+TAG_MAGIC = 0x6F726368  # "orch": the part of every orchmllm tag word that tells it from other collectives' data
 CALLS = {  # a call header's name -> the call a rank in it makes, as a mispairing names it
     "metadata": "a plan's metadata all-gather (PostBalancingDispatcher.plan, MultiStageRuntime.plan)",
     "metadata table": "a metadata all-gather without a configuration fingerprint (gather_metadata called alone)",
@@ -193,7 +194,7 @@ def call_tag(call: str) -> int:
     >>> hex(call_tag("layout"))[:10]
     '0x6f726368'
     """
-    return (0x6F726368 << 32) | zlib.crc32(call.encode())
+    return (TAG_MAGIC << 32) | zlib.crc32(call.encode())
 
 
 _CALL_OF_TAG = {call_tag(call): call for call in CALLS}

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..balancers.validation import as_bool, as_int
-from .agreement import disagreement, fingerprint
+from .agreement import TAG_MAGIC, disagreement, fingerprint
 from .comm import checked_group, collective, comm_device, finish, group_rank, group_size, is_distributed
 from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 from .model_check import reduced_by_ddp
@@ -30,7 +30,7 @@ from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampl
 
 INT64_MAX = 2**63 - 1
 SAME_CHECK = "every rank passes the same `check`: with it a rank gathers a digest first"  # (probe18 P18-13)
-COUNT_TAG = 0x6F726368  # with the name's CRC, each rank's third word of `global_count` (`_count_tag`)
+COUNT_TAG = TAG_MAGIC  # with the name's CRC, each rank's third word of `global_count` (`_count_tag`)
 
 
 def _count_value(value, name: str, num_ranks: int) -> int:

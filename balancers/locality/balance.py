@@ -164,15 +164,16 @@ def _labelling_may_beat(candidate: np.ndarray, group_of_item: np.ndarray, origin
     CHEAP_STRIDE-th item with the places merged into at most CHEAP_CELLS / D (a weaker bound: an item subset
     and merged places only lower it), then on all items and places."""
     sources, item_bytes, gpus_per_node = origins.sources, origins.item_bytes, origins.gpus_per_node
-    for width in (gpus_per_node, 1) if gpus_per_node > 1 else (1,):
+    node_bytes, rank_bytes = moved(candidate, origins)
+    widths = ((gpus_per_node, node_bytes), (1, rank_bytes)) if gpus_per_node > 1 else ((1, rank_bytes),)
+    for width, moved_here in widths:
         places, num_places = (sources, num_ranks) if width == 1 else (sources // width, num_ranks // width)
-        moved = float(item_bytes[(candidate if width == 1 else candidate // width) != places].sum())
         merged = -(-num_places // max(1, CHEAP_CELLS // num_ranks))
         sample = slice(None, None, CHEAP_STRIDE)
         if _fewest_moved(group_of_item[sample], places[sample] // merged, item_bytes[sample], num_ranks,
-                         -(-num_places // merged)) > moved:
+                         -(-num_places // merged)) > moved_here:
             return False
         least = _fewest_moved(group_of_item, places, item_bytes, num_ranks, num_places)
-        if least != moved:
-            return least < moved
+        if least != moved_here:
+            return least < moved_here
     return False
