@@ -99,3 +99,18 @@ def _equal_counts_bound(costs: np.ndarray, d: int, mean: float) -> float:
     start, end, low = best_parts
     exact = math.fsum(memoryview(costs[start:end])) + math.fsum(memoryview(costs[low:n]))
     return float(max(mean, exact / best_ranks))
+
+
+def pigeonhole_cap(lengths: np.ndarray, num_ranks: int) -> tuple[int, int]:
+    """(cap, k): a token cap every unpadded plan of `lengths` on `num_ranks` ranks needs, and the k it comes from.
+
+    Of the k·D + 1 longest items some rank holds k + 1, at least the k + 1 shortest of them: with x the lengths
+    longest first, cap >= x[kD − k] + … + x[kD] for every k with n > kD (k = 0: the longest item).  Sorts the
+    lengths: for error paths, where a heuristic found no room and the cap may be provably infeasible.
+    """
+    longest = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
+    sums = np.concatenate(([0], np.cumsum(longest)))
+    ks = np.arange((longest.size - 1) // num_ranks + 1)
+    needed = sums[ks * num_ranks + 1] - sums[ks * num_ranks - ks]
+    k = int(np.argmax(needed))
+    return int(needed[k]), k

@@ -73,8 +73,11 @@ def test_microbatch_cells_skip_the_capped_loop_that_cannot_finish(monkeypatch):
 
 
 def test_public_lpt_error_still_names_the_item_without_room():
-    with pytest.raises(InfeasibleError, match=r"`lpt` found no rank with room for item 8 \(5 tokens\) under "
-                                              r"max_tokens_per_rank=10; lpt fits under a cap of 11"):
+    with pytest.raises(InfeasibleError, match=r"^`lpt` found no rank with room for item 4 \(16 tokens\) under "
+                                              r"max_tokens_per_rank=52; lpt fits under a cap of 54"):
+        balance([28, 2, 20, 18, 16, 18], 2, algorithm="lpt", max_tokens_per_rank=52)  # {28, 2, 20} {18, 16, 18}
+    with pytest.raises(InfeasibleError, match=r"^no plan fits max_tokens_per_rank=10 on 8 ranks: of the 9 longest "
+                                              r"items some rank holds 2, at least 11 tokens"):  # proven: not "try ilp"
         balance([6] * 8 + [5] * 6, 8, algorithm="lpt", max_tokens_per_rank=10)
     with pytest.raises(InfeasibleError, match=r"`lpt` cannot place the items from item 8 on .* under "
                                               r"max_tokens_per_rank=10: .*; lpt fits under a cap of 11"):

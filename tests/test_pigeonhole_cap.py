@@ -1,0 +1,52 @@
+"""The pigeonhole token cap (`bounds.pigeonhole_cap`): a cap every unpadded plan needs, so a heuristic that finds
+no room under a cap below it says that no plan fits instead of pointing at another algorithm (probe21: five images
+longer than half the cap on four ranks were refused as "`lpt` found no rank ... try algorithm='ilp'")."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from orchmllm import Batch, CostModel, Orchestrator, Sample, Segment, Stage, Topology, balance
+from orchmllm.balancers.bounds import pigeonhole_cap
+from orchmllm.balancers.problem import InfeasibleError
+
+
+def least_cap(lengths, num_ranks):
+    """Brute force: the least largest rank tokens over every assignment."""
+    return min(np.bincount(assignment, weights=lengths, minlength=num_ranks).max()
+               for assignment in itertools.product(range(num_ranks), repeat=len(lengths)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=7), st.integers(1, 3))
+def test_the_bound_never_exceeds_the_least_cap(lengths, num_ranks):
+    needed, k = pigeonhole_cap(np.array(lengths), num_ranks)
+    assert max(lengths) <= needed <= least_cap(np.array(lengths), num_ranks)
+    assert len(lengths) > k * num_ranks
+
+
+def test_the_bound_is_met_where_the_pairs_decide():
+    # 5 items above half the cap on 4 ranks: two share a rank, 530 + 536 = 1066 > 900 (the probe's batch).
+    assert pigeonhole_cap(np.array([701, 530, 536, 640, 205, 296, 644]), 4) == (1066, 1)
+    assert pigeonhole_cap(np.array([9, 1, 1]), 4) == (9, 0)  # fewer items than ranks: the longest
+
+
+@pytest.mark.parametrize("algorithm", ["lpt", "auto", "karmarkar_karp", "multifit"])
+def test_regression_a_provably_infeasible_cap_is_refused_as_such(algorithm):
+    lengths = [701, 530, 536, 640, 205, 296, 644]
+    with pytest.raises(InfeasibleError, match=r"^no plan fits max_tokens_per_rank=900 on 4 ranks: of the 5 longest "
+                                              r"items some rank holds 2, at least 1066 tokens; a cap of at least 1066 "
+                                              r"is needed$") as caught:
+        balance(lengths, 4, max_tokens_per_rank=900, algorithm=algorithm)
+    assert caught.value.min_cap == 1066 and caught.value.heuristic is None
+    assert balance(lengths, 4, max_tokens_per_rank=1066, algorithm="ilp").tokens.max() == 1066
+
+
+def test_regression_an_encoder_cap_no_plan_meets_is_not_blamed_on_lpt():
+    stages = (Stage("vision", "image", CostModel(linear=2.0), max_tokens_per_rank=900), Stage("llm", "llm", CostModel()))
+    batch = Batch.from_samples([Sample(10, (Segment("image", length, 4),), source=i % 4)
+                                for i, length in enumerate([701, 530, 536, 640, 205, 296, 644])], 4)
+    with pytest.raises(InfeasibleError, match="no plan fits max_tokens_per_rank=900 on 4 ranks"):
+        Orchestrator(stages, Topology(1, 4)).plan(batch)
