@@ -145,8 +145,12 @@ def call_kernel(kernel: Callable, algorithm: str, problem, *args):
         raise RuntimeError(f"algorithm {algorithm!r} raised {type(error).__name__} {contradiction}: a bug of the "
                            f"kernel ({error})") from error
     except Exception as error:
-        hint = (" (a kernel gets the problem's arrays read-only: copy one before writing it)"
-                if isinstance(error, ValueError) and "read-only" in str(error) else "")
+        hint = ""
+        if isinstance(error, ValueError) and "read-only" in str(error):
+            hint = " (a kernel gets the problem's arrays read-only: copy one before writing it)"
+        elif isinstance(error, TypeError) and "InfeasibleError.__init__" in str(error):
+            hint = (" (a kernel refuses with InfeasibleError(message, min_cap): min_cap is the cap to try next, "
+                    "the smallest that could fit or one at which the kernel succeeds)")
         raise RuntimeError(f"algorithm {algorithm!r} raised {type(error).__name__}: {error}{hint}") from error
 
 

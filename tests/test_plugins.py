@@ -388,6 +388,20 @@ def test_a_kernel_writing_the_problems_arrays_is_refused_naming_it_and_never_rea
     assert lengths.tolist() == [9, 1, 1, 1, 8, 1, 1, 1] and costs.tolist() == [9.0, 1, 1, 1, 8, 1, 1, 1]
 
 
+def _refuses_without_min_cap(problem):
+    raise InfeasibleError("my kernel finds no room")
+
+
+def test_regression_a_refusal_without_min_cap_says_what_min_cap_is():
+    """probe21 note: a plugin raising InfeasibleError("msg") got Python's bare "missing 1 required positional
+    argument: 'min_cap'" (wrapped naming the kernel), with no word of what min_cap is."""
+    register_algorithm("test_refuses_without_min_cap", _refuses_without_min_cap)
+    with pytest.raises(RuntimeError, match=r"^algorithm 'test_refuses_without_min_cap' raised TypeError: .*'min_cap' "
+                                           r"\(a kernel refuses with InfeasibleError\(message, min_cap\): min_cap is "
+                                           r"the cap to try next"):
+        balance([9, 1, 1, 8], 2, algorithm="test_refuses_without_min_cap", max_tokens_per_rank=12)
+
+
 def test_a_microbatch_kernel_writing_the_problems_arrays_is_refused_naming_it():
     """The micro-batch problem's arrays were read-only, but the write surfaced as numpy's bare
     "assignment destination is read-only", naming no kernel (probe3 SW1)."""
