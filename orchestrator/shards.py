@@ -254,26 +254,23 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks,
         cut_at = np.concatenate((cut_at, np.searchsorted(starts, part_key, side="right") - 1))[order]
     num_pieces = batch.num_segments + cut_segment.size
     cut_piece = cut_segment + np.arange(1, cut_segment.size + 1)
-    first_piece = np.ones(num_pieces, dtype=bool)
-    first_piece[cut_piece] = False
-
-    def spread(of_segments, of_cuts) -> np.ndarray:
-        """A column of the pieces: `of_segments` at the segments' first pieces, `of_cuts` at the cuts'."""
-        column = np.empty(num_pieces, dtype=np.int64)
-        if cut_piece.size:
-            column[first_piece] = of_segments
-            column[cut_piece] = of_cuts
-        else:
-            column[:] = of_segments
-        return column
-
-    piece_segment = spread(np.arange(batch.num_segments), cut_segment)
-    piece_row = spread(0, cut_row)
-    piece_tokens = spread(size, size[cut_segment])
+    piece_segment = np.empty(num_pieces, dtype=np.int64)
+    if cut_piece.size:
+        first_piece = np.ones(num_pieces, dtype=bool)
+        first_piece[cut_piece] = False
+        piece_segment[first_piece] = np.arange(batch.num_segments)
+        piece_segment[cut_piece] = cut_segment
+    else:
+        piece_segment[:] = np.arange(batch.num_segments)
+    # Every other column is its segment's value, gathered, where a cut changes it (E cuts) set after.
+    piece_row = np.zeros(num_pieces, dtype=np.int64)
+    piece_row[cut_piece] = cut_row
+    piece_tokens = size[piece_segment]
     piece_tokens[cut_piece - 1] = cut_row  # a piece followed by a cut ends there
     piece_tokens -= piece_row
-    piece_stage, piece_rank = spread(stage, stage[cut_segment]), spread(rank, rank[cut_segment])
-    piece_offset = spread(offset, offset[cut_segment] + cut_row)
+    piece_stage, piece_rank = stage[piece_segment], rank[piece_segment]
+    piece_offset = offset[piece_segment]
+    piece_offset += piece_row
     if part_segment.size:
         in_parts = np.zeros(batch.num_segments, dtype=bool)
         in_parts[part_segment] = True
@@ -282,9 +279,11 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks,
                                side="right") - 1
         piece_stage[parted], piece_rank[parted] = part_stage[part], part_rank[part]
         piece_offset[parted] = part_offset[part] + piece_row[parted] - part_row[part]
-    chunk_base = chunks.packed - chunks.position  # a row's packed offset less its position in its sample
-    llm_offset = spread(chunk_base[at] + position, chunk_base[cut_at] + position[cut_segment] + cut_row)
-    piece_chunk = spread(at, cut_at)
+    piece_chunk = at[piece_segment]
+    piece_chunk[cut_piece] = cut_at
+    llm_offset = (chunks.packed - chunks.position)[piece_chunk]  # a row's packed offset less its position in its sample
+    llm_offset += position[piece_segment]
+    llm_offset += piece_row
     return Pieces(segment=_frozen(piece_segment), row=_frozen(piece_row), tokens=_frozen(piece_tokens),
                   stage=_frozen(piece_stage), encoder_rank=_frozen(piece_rank), encoder_offset=_frozen(piece_offset),
                   llm_rank=_frozen(chunks.rank[piece_chunk]), llm_offset=_frozen(llm_offset), chunk=piece_chunk)

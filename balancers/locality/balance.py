@@ -48,7 +48,7 @@ from ..problem import Problem, rank_loads, rank_tokens
 from .deal import NoRoom, keep_home, take_anywhere, take_in_node
 from .fill import fill_locally, filler_share
 from .lap import _pair_bytes, assign_groups
-from .partial_plan import PartialPlan
+from .partial_plan import PartialPlan, node_of
 from .redeal import redeal_equal_items
 from .repair import repair
 
@@ -135,7 +135,7 @@ def moved(destinations: np.ndarray, origins: Origins) -> tuple[float, float]:
     pass's objective, compared lexicographically."""
     sources, item_bytes, gpus_per_node = origins.sources, origins.item_bytes, origins.gpus_per_node
     off_rank = destinations != sources
-    off_node = off_rank if gpus_per_node == 1 else destinations // gpus_per_node != sources // gpus_per_node
+    off_node = off_rank if gpus_per_node == 1 else node_of(destinations, gpus_per_node) != node_of(sources, gpus_per_node)
     return float(item_bytes[off_node].sum()), float(item_bytes[off_rank].sum())
 
 
@@ -167,7 +167,7 @@ def _labelling_may_beat(candidate: np.ndarray, group_of_item: np.ndarray, origin
     node_bytes, rank_bytes = moved(candidate, origins)
     widths = ((gpus_per_node, node_bytes), (1, rank_bytes)) if gpus_per_node > 1 else ((1, rank_bytes),)
     for width, moved_here in widths:
-        places, num_places = (sources, num_ranks) if width == 1 else (sources // width, num_ranks // width)
+        places, num_places = (sources, num_ranks) if width == 1 else (node_of(sources, width), num_ranks // width)
         merged = -(-num_places // max(1, CHEAP_CELLS // num_ranks))
         sample = slice(None, None, CHEAP_STRIDE)
         if _fewest_moved(group_of_item[sample], places[sample] // merged, item_bytes[sample], num_ranks,

@@ -18,7 +18,7 @@ import functools
 import numpy as np
 
 from ..kernels.lpt import ranks_by_load, smallest_ranks
-from .partial_plan import PartialPlan, runs
+from .partial_plan import PartialPlan, node_of, runs
 from .token_bound import _deal, _resort, _token_bound_rounds
 
 DEAL_WINDOW = 4  # a round deals DEAL_WINDOW · gpus_per_node items per node (DEAL_WINDOW · h over all ranks)
@@ -199,7 +199,7 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
     window_size = DEAL_WINDOW * gpus_per_node
     margin = window_size * np.finfo(np.float64).eps * state.target  # bounds a rank's summed rounding
     unplaced = np.flatnonzero(state.destinations < 0) if items is None else items
-    keys, cost_rank, pointer, ends, nodes = _by_segment(state, sources[unplaced] // gpus_per_node, unplaced)
+    keys, cost_rank, pointer, ends, nodes = _by_segment(state, node_of(sources[unplaced], gpus_per_node), unplaced)
     order = state.items_ranked(cost_rank)
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
     while nodes.size:
