@@ -193,6 +193,12 @@ class Placement:
                     return None if position is None else (peak, position)
                 end = start
             return math.inf, -1
+        if keys:  # the least-loaded candidate decides where it surely has token room and no other load has its peak
+            load, position = keys[0]
+            begin = 1 if len(keys) == 1 or keys[1][0] != load else bisect.bisect_right(keys, (load, math.inf))
+            if (begin == len(keys) or keys[begin][0] + time != load + time) \
+                    and self._token_room(degree, self._start(degree, position), need):
+                return load + time, position
         begin = 0
         while begin < len(keys):
             peak = keys[begin][0] + time
@@ -253,6 +259,30 @@ class Placement:
             return self._open(item, degree, time, need)
         return self._overflow(item, degree, time, need)
 
+    def open_run(self, items: list[int], times: np.ndarray, needs: list[tuple[list[int], int, int]]) -> int:
+        """Lay out at once the leading run of `items` (of the degree being laid out, above 1, longest `times` first;
+        `needs` their shards) that `place` would each put alone on the next free block, and return its length: while
+        nothing of the degree is parked and free blocks are left, an item opens a group where its time on the
+        least-loaded one (the previous item's, or one opened before) exceeds the target, as `_quick` finds it
+        (peaks rise with loads, so no candidate then lies within the target)."""
+        degree, keys = self.degree, self.keys[self.degree]
+        if degree == 1 or self.parked[degree] or not self.free or not items:
+            return 0
+        least = np.minimum(keys[0][0] if keys else math.inf, np.concatenate(([math.inf], times[:-1])))
+        alone = least + times > self.target  # float sums as `_quick`'s, one item at a time
+        count = min(len(self.free), len(items) if alone.all() else int(np.argmin(alone)))
+        opened, starts = self.groups[degree], self.free[: -count - 1: -1]
+        del self.free[len(self.free) - count:]
+        for item, start, time, need in zip(items, starts, times[:count].tolist(), needs):
+            self.position[start], self.peak[start] = len(opened), time
+            keys.append((time, len(opened)))
+            opened.append(start)
+            self.tokens[start: start + degree] = need[0]
+            self.most_tokens[start] = (need[1], need[1])
+            self.placed[item] = (start, degree)
+        keys.sort()
+        return count
+
     def _open(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
         """Put `item` alone on the next free block of `degree` (the degree being laid out), a new group:
         its ranks held nothing, so they now carry the item's time and shards."""
@@ -280,22 +310,31 @@ class Placement:
                 needs[c] = self.times.shard(item, c)
             return needs[c]
 
+        if len(at) == 1:  # one degree: nothing to weigh it against
+            (c, alone), = at.items()
+            _, start, _ = self._lowest(item, c, alone, shards(c))
+            return -1 if start < 0 else self._add(item, start, c, alone, shards(c))
+
         for floor, c in sorted(self._floor(c, at[c], shards) for c in at):
             if floor > best[0]:  # this degree's search cannot find a lower peak, nor the next ones'
                 break
-            found = self._search(c, at[c], shards(c), fullest=False)
-            if found is None:
-                starts = self.ranks if c == 1 else np.array(self.groups[c], dtype=np.int64)
-                peak, fits, _, _ = self._candidates(item, c, starts)
-                peak = np.where(fits, peak, math.inf)
-                k = int(np.argmin(peak))
-                best = min(best, (float(peak[k]), int(starts[k]), c))
-            elif found[1] >= 0:
-                best = min(best, (found[0], self._start(c, found[1]), c))
+            best = min(best, self._lowest(item, c, at[c], shards(c)))
         _, start, c = best
         if start < 0:
             return -1
         return self._add(item, start, c, at[c], shards(c))
+
+    def _lowest(self, item: int, degree: int, time: float, need: tuple) -> tuple[float, int, int]:
+        """(peak, block start, degree) of the least-loaded block of `degree` where the item (its `time` and shards
+        `need` there) has token room, the least start among equal peaks; (inf, -1, degree) where none has."""
+        found = self._search(degree, time, need, fullest=False)
+        if found is None:  # many candidates short of tokens: all at once
+            starts = self.ranks if degree == 1 else np.array(self.groups[degree], dtype=np.int64)
+            peak, fits, _, _ = self._candidates(item, degree, starts)
+            peak = np.where(fits, peak, math.inf)
+            k = int(np.argmin(peak))
+            return (float(peak[k]), int(starts[k]), degree) if peak[k] < math.inf else (math.inf, -1, degree)
+        return (found[0], self._start(degree, found[1]), degree) if found[1] >= 0 else (math.inf, -1, degree)
 
     def _floor(self, degree: int, time: float, shards) -> tuple[float, int]:
         """(a lower bound on the peak `_search` finds for an item of `time` and shards `shards(degree)` at `degree`,
@@ -436,6 +475,7 @@ def _lay(blocks: Placement, items: np.ndarray, degree: int) -> bool:
     shards there are read from the table for all of them at once (none: a degree the table may not hold)."""
     if not items.size:
         return True
-    times = blocks.times
+    times, needs, items = blocks.times(items, degree), blocks.times.shards_of(items, degree), items.tolist()
+    alone = blocks.open_run(items, times, needs)  # the run of items that each open a group, placed at once
     return all(blocks.place(item, degree, time, need) >= 0 for item, time, need in
-               zip(items.tolist(), times(items, degree).tolist(), times.shards_of(items, degree)))
+               zip(items[alone:], times[alone:].tolist(), needs[alone:]))
