@@ -212,13 +212,14 @@ def test_planning_time_with_sources(workload, num_ranks, budget, alternated_cpu)
                                          alternated_cpu, rounds=3)
 
 
-def test_greedy_planning_time_on_capped_pareto_lengths(alternated_cpu, best_of):
+def test_greedy_planning_time_on_capped_pareto_lengths(alternated_cpu):
     """probe20 P20-15: `algorithm="greedy"` (the joint greedy; also the runtime's `microbatch_algorithm` and the
     sampler's) at 2560 x 32 on Pareto(0.8) x 200 lengths capped at T = 16k (f = l + 1e-4 l^2) weighed every cell for
-    every item: 10.4 CPU s (48 s wall at load 7), ~n·D.  With the sorted search (O(M log D) an item) 1.0 s, 0.9-1.0x
-    the joint greedy on the default mix (same size, T, cost), alternated in one process: within 10x on the best-of
-    or the median.  The default algorithm's time on the default mix is printed beside it: 13 ms, ~75x less (its
-    deals run in numpy; the greedy takes Python steps per item)."""
+    every item: 10.4 CPU s (48 s wall at load 7), ~n·D.  With the sorted search (O(M log D) an item) 1.0 s, and
+    with one run for the three M tried (the last two take the first's cells, `greedy._Run`) 0.33 s: 1x the joint
+    greedy on the default mix (same size, T, cost), alternated in one process, asserted within 10x on the best-of
+    or the median.  Against the default algorithm on the default mix (12 ms) it is ~28x, printed here: issue 24
+    asks 10x of that, which a greedy taking Python steps per item does not reach."""
     num_ranks, budget, cost = 2560, 16384, CostModel(linear=1.0, quadratic=1e-4)
     lengths = np.minimum((np.random.default_rng(0).pareto(0.8, num_ranks * 32) * 200).astype(np.int64) + 1, budget)
     default = timed_lengths("default")
@@ -227,7 +228,9 @@ def test_greedy_planning_time_on_capped_pareto_lengths(alternated_cpu, best_of):
         return balance_microbatches(x, num_ranks, max_tokens_per_microbatch=budget, cost=cost, algorithm=algorithm)
 
     check(plan(lengths), lengths, num_ranks, budget)
-    auto = best_of(lambda: plan(default, "auto"), 3, time.process_time)
-    print(f"\ndefault mix, default algorithm: {auto * 1e3:.1f} ms CPU")
+    own, auto = alternated_cpu(lambda: plan(lengths), lambda: plan(default, "auto"), rounds=3)
+    print(f"\ngreedy on capped Pareto {min(own) * 1e3:.0f} ms CPU; the default algorithm on the default mix "
+          f"{min(auto) * 1e3:.1f} ms: {min(own) / min(auto):.1f}x best-of, "
+          f"{statistics.median(own) / statistics.median(auto):.1f}x median")
     assert_within_10x_of_the_default_mix(plan, lengths, default, "greedy on capped Pareto 2560x32 T=16k",
                                          alternated_cpu, rounds=3)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -66,25 +67,69 @@ class Cells:
             self.tokens[cell] += length
 
 
+class _Run(NamedTuple):
+    """A run of the joint greedy, kept on the problem (`packings`) for the next M: its cells answer every M from
+    the micro-batches it used up to its own, and beyond while no empty micro-batch would have won an item."""
+
+    lengths: np.ndarray  # the items it placed (the arrays themselves)
+    item_costs: np.ndarray
+    used: int  # micro-batches holding an item
+    num_microbatches: int
+    fresh_won: bool  # some item would have taken a cell of an empty micro-batch at level 0 over the cell it took
+    cell_of: np.ndarray
+
+    def answers(self, problem: MicroBatchProblem, num_microbatches: int) -> bool:
+        return (self.lengths is problem.lengths and self.item_costs is problem.item_costs
+                and self.used <= num_microbatches and (num_microbatches <= self.num_microbatches or not self.fresh_won))
+
+
 def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray | None:
     """The joint greedy's cell (m·D + r) per item, or None when some item finds no room: `_sorted_greedy` where it
     applies (lengths not growing along the order: every cost model's; padded, costs not negative), else
-    `_scan_greedy`."""
+    `_scan_greedy`.
+
+    Each item's cell is the least of a total order whose key is the cell's own (rise, distance to the level, cell
+    index), so one run answers other M (`_Run`, kept on the problem as `cells.tight_cells`' packing): with fewer
+    micro-batches, down to those it used, the cell it took is still a candidate and still the least; with more,
+    the extra cells are empty at level 0, and lose to it while no such cell would have won an item (probe20 P20-15:
+    `_solve` tries the fewest M and two more; at 2560 × 32 on capped Pareto lengths the runs for the last two are
+    the first's)."""
+    key = ("greedy", problem.num_ranks, problem.max_tokens_per_microbatch, problem.padded)
+    kept = problem.packings.get(key)
+    if kept is not None and kept.answers(problem, num_microbatches):
+        return kept.cell_of
     order = sorted_order(problem.item_costs)
     lengths = problem.lengths[order]
     padded_ok = not problem.padded or float(problem.item_costs.min(initial=0.0)) >= 0
     if padded_ok and bool(np.all(lengths[1:] <= lengths[:-1])):
-        return _sorted_greedy(problem, num_microbatches, order)
-    return _scan_greedy(problem, num_microbatches, order)
+        found = _sorted_greedy(problem, num_microbatches, order)
+    else:
+        found = _scan_greedy(problem, num_microbatches, order)
+    if found is None:
+        return None
+    cell_of, fresh_won = found
+    cell_of.flags.writeable = False  # shared by the runs it answers
+    used = int(cell_of.max(initial=-1)) // problem.num_ranks + 1
+    problem.packings[key] = _Run(problem.lengths, problem.item_costs, used, num_microbatches, fresh_won, cell_of)
+    return cell_of
 
 
-def _scan_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> np.ndarray | None:
-    """The joint greedy as written above, every cell weighed for every item (O(n·M·D)), items in `order`."""
+def _fresh_wins(excess: float, alone: float) -> bool:
+    """Whether a cell of an empty micro-batch at level 0 (excess `alone`: the item's load alone there) would beat
+    the cell of excess `excess` that the item took: a lesser rise, or as little and nearer the level (it is the
+    higher cell, so it loses ties)."""
+    return excess > max(alone, 0.0) or excess < alone <= 0.0
+
+
+def _scan_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> tuple | None:
+    """The joint greedy as written above, every cell weighed for every item (O(n·M·D)), items in `order`:
+    (cells, whether an empty micro-batch would have won an item: `_fresh_wins`)."""
     d = problem.num_ranks
     cells = Cells(problem, num_microbatches)
     level = np.zeros(num_microbatches)
     cell_of = np.empty(problem.num_items, dtype=np.int64)
     costs, lengths = problem.item_costs, problem.lengths
+    fresh_won = False
     for item in order.tolist():
         cost, length = float(costs[item]), int(lengths[item])
         loads, tokens = cells.offer(cost, length)
@@ -96,11 +141,12 @@ def _scan_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.nd
             return None
         candidates = np.flatnonzero(rise == best)
         cell = int(candidates[np.argmin(np.abs(excess[candidates]))])
+        fresh_won = fresh_won or _fresh_wins(float(excess[cell]), max(cost, 0.0) if problem.padded else cost)
         cell_of[item] = cell
         cells.add(cell, cost, length)
         m = cell // d
         level[m] = max(level[m], cells.loads[cell])
-    return cell_of
+    return cell_of, fresh_won
 
 
 def _tied(row: list, at: int, step: int, cost: float, top: float, best: float) -> int:
@@ -120,11 +166,12 @@ def _tied(row: list, at: int, step: int, cost: float, top: float, best: float) -
     return cell
 
 
-def _best_fit(rows: list, level: list, add: float, empty: list | None = None, cost: float = 0.0) -> int | None:
+def _best_fit(rows: list, level: list, add: float, empty: list | None = None,
+              cost: float = 0.0) -> tuple[int, float] | None:
     """The greedy's cell for an item (`rows`: per micro-batch the sorted (load, cell) pairs of the cells with room
     for it, each to load + `add` with it; padded: `empty[m]` the micro-batch's first empty cell or -1, to `cost`):
     the largest excess over the level <= 0, else the least; ties to the lowest cell, which is in the first
-    micro-batch reaching that excess (cells are numbered micro-batch by micro-batch)."""
+    micro-batch reaching that excess (cells are numbered micro-batch by micro-batch).  (cell, its excess)."""
     best, where, at = None, -1, -1
     for m, row in enumerate(rows):
         top, fit, value = level[m], 0, None
@@ -156,15 +203,15 @@ def _best_fit(rows: list, level: list, add: float, empty: list | None = None, co
     cell = _tied(rows[where], at, step, add, level[where], best) if at >= 0 else math.inf
     if empty is not None and empty[where] >= 0 and cost - level[where] == best:
         cell = min(cell, empty[where])
-    return int(cell)
+    return int(cell), best
 
 
-def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> np.ndarray | None:
+def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> tuple | None:
     """`greedy_cells`' choices, each in O(M log D): per micro-batch its cells with room for the item as sorted
     (load, cell) pairs, where an item's excess over the level rises with the load, so its best fit below the level
     (the largest load whose excess is <= 0) is a binary search away and its least rise is the first pair; cells
     without room wait in a max-room heap until the lengths (not growing) fit them again (padded:
-    `_sorted_padded_greedy`).  Same floats, same ties."""
+    `_sorted_padded_greedy`).  Same floats, same ties; returns as `_scan_greedy`."""
     d, cap = problem.num_ranks, problem.max_tokens_per_microbatch
     if problem.num_items and int(problem.lengths[order[0]]) > cap:
         return None  # the first item fits no cell
@@ -174,13 +221,16 @@ def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.
     loads, tokens, level = [0.0] * (num_microbatches * d), [0] * (num_microbatches * d), [0.0] * num_microbatches
     waiting: list[tuple[int, int]] = []  # (-room, cell)
     cell_of = np.empty(problem.num_items, dtype=np.int64)
+    fresh_won = False
     for item, cost, length in zip(order.tolist(), problem.item_costs[order].tolist(), problem.lengths[order].tolist()):
         while waiting and -waiting[0][0] >= length:
             cell = heapq.heappop(waiting)[1]
             bisect.insort(rows[cell // d], (loads[cell], cell))
-        cell = _best_fit(rows, level, cost)
-        if cell is None:
+        found = _best_fit(rows, level, cost)
+        if found is None:
             return None
+        cell, excess = found
+        fresh_won = fresh_won or _fresh_wins(excess, cost)
         m = cell // d
         row = rows[m]
         del row[bisect.bisect_left(row, (loads[cell], cell))]
@@ -192,10 +242,10 @@ def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.
         else:
             heapq.heappush(waiting, (tokens[cell] - cap, cell))
         cell_of[item] = cell
-    return cell_of
+    return cell_of, fresh_won
 
 
-def _sorted_padded_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> np.ndarray:
+def _sorted_padded_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> tuple | None:
     """`_sorted_greedy` for padded cells (cost count · max cost, tokens count · max length).  Costs and lengths do
     not grow along the order, so a cell's first item sets its maxima: with one more item a filled cell costs
     (count + 1) · top cost and holds (count + 1) · top length, whatever the item; the sorted pairs hold that next
@@ -207,10 +257,13 @@ def _sorted_padded_greedy(problem: MicroBatchProblem, num_microbatches: int, ord
     size = num_microbatches * d
     counts, top_cost, top_length, level = [0] * size, [0.0] * size, [0] * size, [0.0] * num_microbatches
     cell_of = np.empty(problem.num_items, dtype=np.int64)
+    fresh_won = False
     for item, cost, length in zip(order.tolist(), problem.item_costs[order].tolist(), problem.lengths[order].tolist()):
-        cell = _best_fit(rows, level, 0.0, empty, cost)
-        if cell is None:
+        found = _best_fit(rows, level, 0.0, empty, cost)
+        if found is None:
             return None
+        cell, excess = found
+        fresh_won = fresh_won or _fresh_wins(excess, cost)
         m = cell // d
         if counts[cell]:
             del rows[m][bisect.bisect_left(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))]
@@ -222,7 +275,7 @@ def _sorted_padded_greedy(problem: MicroBatchProblem, num_microbatches: int, ord
         if (counts[cell] + 1) * top_length[cell] <= cap:
             bisect.insort(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))
         cell_of[item] = cell
-    return cell_of
+    return cell_of, fresh_won
 
 
 def split(cell_of: np.ndarray, num_ranks: int) -> MicroBatchResult:
