@@ -229,7 +229,28 @@ class _Stream:
 
 def differencing(costs: np.ndarray, num_ranks: int, order: np.ndarray | None = None) -> np.ndarray:
     """Largest differencing assignment of additive costs to `num_ranks` >= 2 ranks; `order`:
-    `sorted_order(costs)` when the caller has it (a problem's `cost_order`)."""
+    `sorted_order(costs)` when the caller has it (a problem's `cost_order`).
+
+    Items of cost 0 (last in the order) change no load: they are differenced apart from the others and dealt
+    round-robin over the ranks by (item count, rank), fewest first.  Differenced among themselves every part ties
+    at difference 0 and each took one item per join (O(n · D): 2.9 s at 2560 × 32 zero-length items; probe22 P22-01).
+    """
+    order = lpt.sorted_order(costs) if order is None else order
+    cut = int(np.searchsorted(-costs[order], 0.0, side="left"))  # positive costs first: the index of the first 0
+    if cut == costs.size:
+        return _differenced(costs, num_ranks, order)
+    assignment = np.empty(costs.size, dtype=np.int64)
+    counts = np.zeros(num_ranks, dtype=np.int64)
+    if cut:
+        positive = order[:cut]
+        assignment[positive] = _differenced(costs[positive], num_ranks, np.arange(cut))
+        counts = np.bincount(assignment[positive], minlength=num_ranks)
+    dealt = np.lexsort((np.arange(num_ranks), counts))
+    assignment[order[cut:]] = dealt[np.arange(costs.size - cut) % num_ranks]
+    return assignment
+
+
+def _differenced(costs: np.ndarray, num_ranks: int, order: np.ndarray) -> np.ndarray:
     stream = _Stream(costs, num_ranks, order)
     n = stream.size
     if n == 1:

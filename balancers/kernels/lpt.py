@@ -233,6 +233,9 @@ def _greedy_by_keys(steps: np.ndarray, shift: int, keys: np.ndarray, num_ranks: 
     assignment = np.empty(n, dtype=np.int64)
     position = 0
     while position < n:
+        if steps[position] == 0:  # the costs left are 0: each goes to the least key, which stays the least
+            assignment[order[position:]] = keys[0] & mask
+            break
         size = min(n - position, num_ranks)
         topped = keys[:size] + steps[position: position + size]
         # Item k goes to the k-th key iff that key is below every key topped up before it: surely so when the
@@ -348,6 +351,9 @@ def _greedy_sorted(sorted_costs: np.ndarray, num_ranks: int, order: np.ndarray, 
         stop = min(n, position + num_ranks)
         ranks = ranks_by_load(loads, integer)[: stop - position]
         chunk = sorted_costs[position:stop]
+        if chunk[0] == 0:  # the costs left are 0: each goes to the least loaded rank, which stays so
+            assignment[order[position:]] = ranks[0]
+            break
         placed = round_length(loads[ranks], ranks, chunk, integer)
         if 8 * placed < stop - position:
             _heap_round(loads, chunk, order[position:stop], assignment)

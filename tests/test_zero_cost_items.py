@@ -1,0 +1,51 @@
+"""Items of cost 0 (zero-length items under a cost without a per-item term) change no load: LPT and the
+differencing place them in one step (probe22 P22-01: 2.9 s for `karmarkar_karp` and 83 ms for `lpt` at 2560 × 32
+mostly-zero items, against 11 and 5 ms on the default mix: one item per round)."""
+
+import numpy as np
+import pytest
+
+from orchmllm import balance
+from orchmllm.balancers.kernels import karmarkar_karp, lpt
+from orchmllm.balancers.kernels.reference import dense_kk, heap_lpt
+from orchmllm.balancers.problem import make_problem
+
+
+def mostly_zero(seed: int, num_ranks: int, share: float) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random(num_ranks * 32) < share, 0, rng.integers(1, 5000, num_ranks * 32))
+
+
+def counting(monkeypatch, module, name: str) -> list:
+    calls, step = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append(1) or step(*args, **kwargs))
+    return calls
+
+
+@pytest.mark.parametrize("share", [1.0, 0.97, 0.5])
+@pytest.mark.parametrize("integer", [True, False])
+def test_regression_lpt_places_the_zero_cost_items_at_once_with_the_same_plan(monkeypatch, share, integer):
+    lengths = mostly_zero(1, 64, share)
+    problem = make_problem(lengths, 64, costs=lengths * (1.0 if integer else 0.37))
+    pops = counting(monkeypatch, lpt.heapq, "heappop")
+    assignment = lpt.solve(problem).assignment
+    assert len(pops) <= np.count_nonzero(lengths)  # the zero-cost items went through heap rounds, one pop each
+    np.testing.assert_array_equal(assignment, heap_lpt(problem.item_costs, 64))
+
+
+@pytest.mark.parametrize("share", [1.0, 0.97, 0.5])
+def test_regression_differencing_deals_the_zero_cost_items_apart(monkeypatch, share):
+    costs = mostly_zero(2, 64, share).astype(float)
+    rounds = counting(monkeypatch, lpt, "round_length")
+    assignment = karmarkar_karp.differencing(costs, 64)
+    assert len(rounds) <= 40 + np.count_nonzero(costs)  # one a zero item before
+    np.testing.assert_array_equal(np.sort(np.bincount(assignment, weights=costs, minlength=64)), dense_kk(costs, 64))
+    counts = np.bincount(assignment[costs == 0], minlength=64)
+    assert counts.max() - counts.min() <= 1 + np.count_nonzero(costs)  # dealt round-robin, fewest items first
+
+
+@pytest.mark.parametrize("algorithm", ["lpt", "karmarkar_karp", "auto", "multifit"])
+def test_zero_cost_plans_keep_every_item(algorithm):
+    lengths = mostly_zero(3, 16, 0.9)
+    plan = balance(lengths, 16, algorithm=algorithm)
+    assert np.bincount(plan.assignment, minlength=16).sum() == lengths.size and plan.makespan >= lengths.max()
