@@ -46,6 +46,7 @@ from .validation import as_bool
 
 ENTRY_POINT_GROUP = "orchmllm.algorithms"
 DISTRIBUTION = "orchmllm"  # whose entry points (the peers') reserve their names before any other's
+BASELINE_LABEL = "none"  # the unbalanced baseline's name in `compare`: no algorithm may take it
 
 
 class Kind(str, Enum):
@@ -236,6 +237,10 @@ def _kernel_module(record: Algorithm | MicroBatchAlgorithm) -> str | None:
 
 def _add(record: Algorithm | MicroBatchAlgorithm, reserved: bool = True) -> Algorithm | MicroBatchAlgorithm:
     records = _microbatch_records if isinstance(record, MicroBatchAlgorithm) else _records
+    if record.name == BASELINE_LABEL:  # `compare` would run its baseline in its place
+        raise ValueError(f"algorithm name {BASELINE_LABEL!r} is reserved: it is `orchmllm compare`'s label for the "
+                         f"unbalanced baseline (every item on the rank that sampled it), which it would run in "
+                         f"the algorithm's place; choose another name")
     with _lock:
         known = records.get(record.name)
         if known is not None and known != record:

@@ -187,7 +187,7 @@ def cell_figure(plans, config, directory: Path) -> str:
 
     key = (config.num_ranks, config.items_per_rank)
     with writing("--plot", directory):
-        return str(plot_cell_loads({"as sampled (per-rank fill)": plans[(*key, "none")].cell_loads,
+        return str(plot_cell_loads({"as sampled (per-rank fill)": plans[(*key, BASELINE)].cell_loads,
                                           "ours": plans[(*key, "ours")].cell_loads}, directory / "cells.png",
                                          title=f"{config.stages[-1].name} stage, D={config.num_ranks}: cost of every "
                                                f"(micro-batch, rank) cell"))

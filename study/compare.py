@@ -29,14 +29,14 @@ from ..balancers import CostModel, Kind, algorithms, balance, balance_microbatch
 from ..balancers.kernels.identity import chunk_sources
 from ..balancers.microbatch.api import MAX_CELLS
 from ..balancers.plan import LOCALITY_SUFFIX, BalancePlan
-from ..balancers.registry import plugin_origin, skipped_entry
+from ..balancers.registry import BASELINE_LABEL, plugin_origin, skipped_entry
 from ..balancers.validation import SizeLimitError, as_real
 from ..topology import Topology, traffic
 from .microbatch_peers import MICROBATCH_PEERS
 from .peers import peer_mode
 from .records import FieldsAsJson
 
-BASELINE = "none"  # every item stays on the rank that sampled it
+BASELINE = BASELINE_LABEL  # every item stays on the rank that sampled it (a name the registry reserves)
 MAX_STEP_SAMPLES = MAX_CELLS  # D × samples per rank a compared or simulated step draws: 2**22, as a plan's cells
 PEER_TIMING = "our reimplementation"  # what a peer's solve_seconds measure
 PLUGIN_TIMING = "the plugin's code"  # what a plugin's solve_seconds measure

@@ -402,6 +402,16 @@ def test_regression_a_refusal_without_min_cap_says_what_min_cap_is():
         balance([9, 1, 1, 8], 2, algorithm="test_refuses_without_min_cap", max_tokens_per_rank=12)
 
 
+@pytest.mark.parametrize("register", [register_algorithm, register_microbatch_algorithm])
+def test_regression_the_baselines_label_none_is_reserved(register):
+    """probe22 P22-08: a plugin named "none" was accepted, but `orchmllm compare --algorithms none` ran the
+    unbalanced baseline (its label "none") in the plugin's place, with no word."""
+    with pytest.raises(ValueError, match=r"^algorithm name 'none' is reserved: it is `orchmllm compare`'s "
+                                         r"label for the unbalanced baseline"):
+        register("none", _refuses_without_min_cap)
+    assert "none" not in registry.algorithms()
+
+
 def test_a_microbatch_kernel_writing_the_problems_arrays_is_refused_naming_it():
     """The micro-batch problem's arrays were read-only, but the write surfaced as numpy's bare
     "assignment destination is read-only", naming no kernel (probe3 SW1)."""
