@@ -59,3 +59,40 @@ def test_regression_a_round_timed_every_item_of_the_slow_replicas(monkeypatch, s
     problem = make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=16384, cost=cost)
     fresh = pipeline_step(problem, plans[0].rank, plans[0].microbatch, 16, pipeline, 0.0)
     assert plans[0].pipeline.step_time == fresh.step_time < plans[0].pipeline.unaware_step_time
+
+
+@pytest.mark.parametrize("schedule, microbatches, ranks", [("gpipe", 8, 1280), ("1f1b", 8, 1280), ("1f1b", 16, 160)])
+def test_regression_every_search_copied_the_cells_though_most_stall_at_once(monkeypatch, schedule, microbatches,
+                                                                           ranks):
+    """Regression (planning time at D = 2560 x 32, a fixed M, issue 28): every search copied the start's cells and
+    its items' replica and slot (0.3 ms of a 14 ms plan at M = 8, GPipe), though at large D most stop at once (the
+    reordered plain cells near-tied on every replica).  A search now reads the caller's arrays until its first swap or
+    move copies them: one that changes nothing holds the caller's own (here at D = 1280), and no search writes the
+    caller's."""
+    from orchmllm.balancers.pipeline import planner, search
+    from orchmllm.study.models import MODELS
+
+    searches = []
+
+    class Recorded(search.CellSearch):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.given = args[4:8]  # the caller's cell costs, tokens, and the items' replica and slot
+            self.before = tuple(array.copy() for array in self.given)
+            searches.append(self)
+
+    monkeypatch.setattr(planner, "CellSearch", Recorded)
+    cost, pipeline = MODELS["84b"].llm.cost(causal=True), Pipeline(8, schedule)
+    lengths = sample_workload("default", ranks, 32, seed=7).sample_llm_length
+    plan = balance_microbatches(lengths, ranks, max_tokens_per_microbatch=16384, cost=cost,
+                                num_microbatches=microbatches, pipeline=pipeline)
+    changed = [bool(found.moved) or found.cost is not found.given[0] for found in searches]
+    assert (False in changed) == (ranks > 1000)  # searches that change nothing, and (D = 160) only ones that do
+    for found, change in zip(searches, changed):
+        assert all((array is given) != change for array, given in zip(
+            (found.cost, found.tokens, found.replica, found.slot), found.given))
+        assert all(np.array_equal(given, before) for given, before in zip(found.given, found.before))
+    problem = make_microbatch_problem(lengths, ranks, max_tokens_per_microbatch=16384, cost=cost)
+    fresh = pipeline_step(problem, plan.rank, plan.microbatch, microbatches, pipeline, 0.0)
+    assert plan.pipeline.step_time == fresh.step_time
+    assert np.array_equal(plan.pipeline.replica_times, fresh.replica_times)

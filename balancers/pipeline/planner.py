@@ -345,16 +345,16 @@ def _final_cells(problem: MicroBatchProblem, search: CellSearch, first_stage: np
     moved = np.array(sorted(search.moved), dtype=np.int64)
     if moved.size:
         d, m = cost.shape
-        mine = np.zeros(d, dtype=bool)
-        mine[moved] = True
-        mine = mine[search.replica]
-        cell = search.slot[mine] * d + search.replica[mine]
+        position, is_moved = np.full(d, -1), np.zeros(d, dtype=bool)
+        position[moved], is_moved[moved] = np.arange(moved.size), True
+        mine = np.flatnonzero(is_moved[search.replica])  # their items, ascending: each cell summed in item order
+        cell = position[search.replica[mine]] * m + search.slot[mine]  # (moved, M) cells only, not all D·M
         same = np.full(moved.size, search.pipeline.schedule != "gpipe" or firsts is not None)
         for grid, values, extra in ((cost, problem.item_costs, problem.microbatch_overhead),
                                     (firsts, first_stage, 0.0)):
             if grid is not None:
                 kept = grid[moved].view(np.int64)  # a copy: compared bit for bit
-                grid[moved] = np.bincount(cell, weights=values[mine], minlength=d * m).reshape(m, d).T[moved] + extra
+                grid[moved] = np.bincount(cell, weights=values[mine], minlength=moved.size * m).reshape(-1, m) + extra
                 same &= (grid[moved].view(np.int64) == kept).all(axis=1)
         moved = moved[~same]
         if moved.size:

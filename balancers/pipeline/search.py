@@ -60,10 +60,11 @@ class CellSearch:
                  max_tokens: int, work: int, times: np.ndarray, first: tuple | None = None, floor: float = 0.0,
                  rival: float = np.inf):
         self.pipeline, self.item_costs, self.lengths, self.padded = pipeline, item_costs, lengths, padded
-        self.cost, self.tokens = cell_cost.copy(), cell_tokens.copy()
+        # the caller's cells until a swap or move first writes them (`_write`: most searches at D = 2560 stall at once)
+        self.cost, self.tokens, self.shared = cell_cost, cell_tokens, True
         # `first`: (the cells' first-stage parts, the items'), or None (uniform stages)
-        self.first_stage, self.item_first_stage = (None, None) if first is None else (first[0].copy(), first[1])
-        self.replica, self.slot = replica.copy(), slot.copy()
+        self.first_stage, self.item_first_stage = (None, None) if first is None else first
+        self.replica, self.slot = replica, slot
         self.max_tokens, self.work = max_tokens, work
         self.floor = floor  # the step it stops at (0: none)
         self.rival = rival  # a step found already: it stops where its rate cannot reach it (`_hopeless`)
@@ -181,7 +182,8 @@ class CellSearch:
         moves = np.bincount(group[chosen[offer]], minlength=count)
         again = slow[moves > 1]
         if again.size:  # several items left these: their time is that of none of the single moves
-            self.times[again] = self.evaluate(tuple(None if grid is None else grid[again] for grid, _ in grids))
+            self.times[again] = self.evaluate(tuple(None if grid is None else grid[again]
+                                                    for grid in (self.cost, self.first_stage)))
         return int(moves.sum())
 
     def _swap_rows(self, r: int) -> tuple:
@@ -200,7 +202,16 @@ class CellSearch:
             self.members[r] = np.flatnonzero(self.replica == r)
         return self.members[r]
 
+    def _write(self) -> None:
+        """The cells and their items' places copied before the first change (they are the caller's until then)."""
+        if self.shared:
+            self.cost, self.tokens, self.replica, self.slot = (array.copy() for array in (self.cost, self.tokens,
+                                                                                          self.replica, self.slot))
+            self.first_stage = None if self.first_stage is None else self.first_stage.copy()
+            self.shared = False
+
     def _swap(self, r: int, first: int, second: int, time: float) -> None:
+        self._write()
         for array in (self.cost, self.tokens, self.first_stage):
             if array is not None:
                 array[r, [first, second]] = array[r, [second, first]]
@@ -244,6 +255,7 @@ class CellSearch:
         order, the replicas then timed `own_times` and `other_times`; no replica both gives and takes one, and the
         sources' times are stale where several items left one (`_round` times those again)."""
         sources, items, others, slots = (np.atleast_1d(array) for array in (sources, items, others, slots))
+        self._write()
         cells = self.slot[items]
         for grid, values in ((self.cost, self.item_costs), (self.tokens, self.lengths),
                              (self.first_stage, self.item_first_stage)):
