@@ -42,8 +42,8 @@ def add_parser(commands) -> None:
     source.add_argument("--workload-file", metavar="FILE", help="JSON lines of multimodal samples")
     simulate.add_argument("--samples-per-rank", type=int, default=None,
                           help="samples per rank (default: sized by memory like a training run: the largest of "
-                               "1, 2, 4, 8, ..., 64 at which ours fits in 90%% of GPU memory; every strategy "
-                               "then runs that same batch)")
+                               "1, 2, then multiples of 4 up to 64, at which ours fits in 90%% of GPU memory; every "
+                               "strategy then runs that same batch)")
     simulate.add_argument("--strategies", help="comma-separated strategies (default: all; none is always "
                                                "simulated as the reference)")
     simulate.add_argument("--max-tokens-per-microbatch", type=int, metavar="T",
