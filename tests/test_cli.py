@@ -100,6 +100,21 @@ def test_compare_json_schema():
     assert summary["work_before"] >= summary["best"]["work"] >= summary["work_ideal"] > 0
 
 
+def test_regression_the_summary_divides_by_the_best_bound_its_rows_proved(tmp_path):
+    """probe22 P22-05: the before/after summary divided by the baseline row's bound (padded: the generic count · f
+    bound), so a plan proven optimal read "1.17x the lower bound" (and the asr workload's 1.0007x step 1.05x)."""
+    lengths = tmp_path / "five.csv"
+    lengths.write_text("5\n6\n7\n8\n9\n")
+    result = orchmllm("compare", "--lengths", lengths, "--ranks", "2", "--padded", "--algorithms", "auto,lpt",
+                      "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    (summary,) = report["summary"]
+    (auto,) = [row for row in report["rows"] if row["algorithm"] == "auto"]
+    assert auto["status"] == "optimal" and summary["work_ideal"] == auto["lower_bound"] == auto["makespan"]
+    assert summary["work_ideal"] == max(row["lower_bound"] for row in report["rows"])
+
+
 def test_compare_lengths_file_writes_csv_and_plots(lengths_csv, tmp_path):
     out = tmp_path / "out"
     result = orchmllm("compare", "--lengths", lengths_csv, "--column", "ContextTokens", "--ranks", "8,16",
