@@ -300,9 +300,6 @@ class Placement:
         larger one where its tokens fit (-1: none): no block has room under the target.  Its shards at another
         degree are read only where a search or a parked candidate asks for them."""
         self.overflow = True
-        best = (math.inf, -1, 0)
-        at = {c: time if c == degree else self.times.time(item, c) for c, opened in self.groups.items()
-              if c >= degree and (c == 1 or opened)}  # degree -> the item's time there
         needs = {degree: need}
 
         def shards(c: int) -> tuple[list[int], int, int]:
@@ -310,19 +307,21 @@ class Placement:
                 needs[c] = self.times.shard(item, c)
             return needs[c]
 
-        if len(at) == 1:  # one degree: nothing to weigh it against
-            (c, alone), = at.items()
-            _, start, _ = self._lowest(item, c, alone, shards(c))
-            return -1 if start < 0 else self._add(item, start, c, alone, shards(c))
-
-        for floor, c in sorted(self._floor(c, at[c], shards) for c in at):
+        floors = []  # (floor, degree, the item's time there) of its degree and the larger ones with groups
+        for c, opened in self.groups.items():
+            if c >= degree and (c == 1 or opened):
+                at = time if c == degree else self.times.time(item, c)
+                floors.append((*self._floor(c, at, shards), at))
+        floors.sort()
+        best = (math.inf, -1, 0, 0.0)
+        for floor, c, at in floors:
             if floor > best[0]:  # this degree's search cannot find a lower peak, nor the next ones'
                 break
-            best = min(best, self._lowest(item, c, at[c], shards(c)))
-        _, start, c = best
+            best = min(best, (*self._lowest(item, c, at, shards(c)), at))
+        _, start, c, at = best
         if start < 0:
             return -1
-        return self._add(item, start, c, at[c], shards(c))
+        return self._add(item, start, c, at, shards(c))
 
     def _lowest(self, item: int, degree: int, time: float, need: tuple) -> tuple[float, int, int]:
         """(peak, block start, degree) of the least-loaded block of `degree` where the item (its `time` and shards
