@@ -7,7 +7,7 @@ import pytest
 
 from orchmllm.balancers.locality import balance as locality_balance
 from orchmllm.balancers.locality.deal import take_in_node
-from orchmllm.balancers.locality.partial_plan import PartialPlan, node_of
+from orchmllm.balancers.locality.partial_plan import PartialPlan, node_of, on_other_nodes
 from orchmllm.balancers.origins import Origins
 from orchmllm.balancers.problem import make_problem
 
@@ -16,6 +16,9 @@ from orchmllm.balancers.problem import make_problem
 def test_node_of_is_the_floor_division(gpus_per_node):
     ranks = np.random.default_rng(gpus_per_node).integers(0, 4096, 1000)
     assert node_of(ranks, gpus_per_node).tolist() == (ranks // gpus_per_node).tolist()
+    others = np.random.default_rng(gpus_per_node + 100).integers(0, 4096, 1000)
+    assert on_other_nodes(ranks, others, gpus_per_node).tolist() == (ranks // gpus_per_node
+                                                                     != others // gpus_per_node).tolist()
 
 
 class _Divided(np.ndarray):

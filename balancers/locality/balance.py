@@ -48,7 +48,7 @@ from ..problem import Problem, rank_loads, rank_tokens
 from .deal import NoRoom, keep_home, take_anywhere, take_in_node
 from .fill import fill_locally, filler_share
 from .lap import _pair_bytes, assign_groups
-from .partial_plan import PartialPlan, node_of
+from .partial_plan import PartialPlan, node_of, on_other_nodes
 from .redeal import redeal_equal_items
 from .repair import repair
 
@@ -135,7 +135,7 @@ def moved(destinations: np.ndarray, origins: Origins) -> tuple[float, float]:
     pass's objective, compared lexicographically."""
     sources, item_bytes, gpus_per_node = origins.sources, origins.item_bytes, origins.gpus_per_node
     off_rank = destinations != sources
-    off_node = off_rank if gpus_per_node == 1 else node_of(destinations, gpus_per_node) != node_of(sources, gpus_per_node)
+    off_node = off_rank if gpus_per_node == 1 else on_other_nodes(destinations, sources, gpus_per_node)
     return float(item_bytes[off_node].sum()), float(item_bytes[off_rank].sum())
 
 

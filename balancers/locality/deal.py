@@ -74,6 +74,21 @@ def _last_multiple(cost: float, bounds: np.ndarray, most: int) -> np.ndarray:
     return last
 
 
+def selection(items: np.ndarray | None) -> slice | np.ndarray:
+    """How a phase reads its `items` (ascending distinct indices, None: all) from the item arrays: a slice where
+    they are one run of consecutive indices (views: the fill's items but its filler, where every item costs the
+    same), else the indices themselves.
+
+    >>> selection(None), selection(np.array([3, 4, 5])), selection(np.array([3, 5])).tolist()
+    (slice(None, None, None), slice(3, 6, None), [3, 5])
+    """
+    if items is None:
+        return slice(None)
+    if items.size and int(items[-1]) - int(items[0]) == items.size - 1:
+        return slice(int(items[0]), int(items[-1]) + 1)
+    return items
+
+
 def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None = None) -> None:
     """Every rank keeps its own items (`items`, ascending, default all), largest first, each one
     that still fits.
@@ -86,25 +101,27 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
     items it keeps.
     """
     num_ranks = state.loads.size
-    homes = sources if items is None else sources[items]
+    select = selection(items)
+    homes = sources[select]
     one_cost = state.exact_cost  # every sum of these costs exact: a count of items times the cost
     if one_cost is None:
-        costs = state.costs if items is None else state.costs_of(items)
+        costs = state.costs[select] if isinstance(select, slice) else state.costs_of(items)
         totals = np.bincount(homes, weights=costs, minlength=num_ranks)
     else:
         totals = np.bincount(homes, minlength=num_ranks) * one_cost
     margin = homes.size * np.finfo(np.float64).eps * float(totals.sum())  # bounds any summation's rounding
     whole = state.loads + totals <= state.target - margin
     if state.cap < np.inf:
-        lengths = state.lengths if items is None else state.lengths[items]
+        lengths = state.lengths[select]
         token_totals = np.bincount(homes, weights=lengths, minlength=num_ranks)
         whole &= state.tokens + token_totals <= state.cap
         state.tokens[whole] += token_totals[whole]
     state.loads[whole] += totals[whole]
     stays = whole[homes]
     rest = np.flatnonzero(~stays)
-    if items is None:
-        np.copyto(state.destinations, sources, where=stays)
+    if isinstance(select, slice):
+        np.copyto(state.destinations[select], homes, where=stays)
+        rest += select.start or 0
     else:
         state.destinations[items[stays]] = homes[stays]
         rest = items[rest]
@@ -201,6 +218,9 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
     unplaced = np.flatnonzero(state.destinations < 0) if items is None else items
     keys, cost_rank, pointer, ends, nodes = _by_segment(state, node_of(sources[unplaced], gpus_per_node), unplaced)
     order = state.items_ranked(cost_rank)
+    if state.exact_cost is not None and state.cap == np.inf:  # one cost, exact sums: the rounds in counts
+        _counted_rounds(state, order, pointer, ends, nodes, gpus_per_node, margin)
+        return unplaced[state.destinations[unplaced] < 0]
     node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
     while nodes.size:
         loads = node_loads[nodes]
@@ -252,6 +272,64 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
     return unplaced[state.destinations[unplaced] < 0]
 
 
+
+def _counted_rounds(state: PartialPlan, order: np.ndarray, pointer: np.ndarray, ends: np.ndarray, nodes: np.ndarray,
+                    gpus_per_node: int, margin: float) -> None:
+    """`take_in_node`'s rounds where every item costs the same, every sum of costs is exact
+    (`PartialPlan.exact_cost`: loads are whole multiples of it) and no cap binds: the same rounds in counts.
+
+    With the node's h roomy ranks by (load, rank), rank j of them takes its t-th item of the round while
+    load_j + (t + 1) · cost <= target - margin, i.e. its first `fit_j` items: the deal's first item that does
+    not fit is the first of j + h · fit_j over j, or the window's end, or the node's; the node keeps the items
+    before it, k-th to rank k mod h (a table row per h: `_dealt_columns`).  No running sums, no item costs, no
+    bincount over the ranks: a round's loads grow by counts."""
+    cost, window_size = state.exact_cost, DEAL_WINDOW * gpus_per_node
+    node_loads = state.loads.reshape(-1, gpus_per_node)  # a view: follows every put
+    most = _last_multiple(cost, np.array([state.target - margin]), 2**62)[0]  # the most costs within the bound
+    column, dealt_columns = np.arange(gpus_per_node), _dealt_columns(window_size, gpus_per_node)
+    slot = np.arange(window_size)
+    while nodes.size:
+        loads = node_loads[nodes]
+        by_load = np.argsort(loads, axis=1, kind="stable")
+        loads.sort(axis=1)
+        alive = cost <= state.target - loads[:, 0]  # `_first_fitting`: the next item fits the least loaded, or none
+        if not alive.all():
+            nodes, pointer, ends = nodes[alive], pointer[alive], ends[alive]
+            by_load, loads = by_load[alive], loads[alive]
+            if not nodes.size:
+                break
+        # no roomy rank: `_round_robin` deals to one, where the item misses
+        roomy = np.maximum(np.count_nonzero(loads + cost <= state.target, axis=1), 1)[:, None]
+        fit = np.clip(most - np.rint(loads / cost).astype(np.int64), 0, window_size)  # a miss past the window: none
+        dealt = column < roomy
+        first_miss = np.where(dealt, column + roomy * fit, window_size).min(axis=1)
+        count = np.minimum(np.minimum(first_miss, ends - pointer), window_size)
+        taken = np.where(dealt, count[:, None] // roomy + (column < count[:, None] % roomy), 0)
+        node_loads[nodes[:, None], by_load] += taken * cost
+        kept = slot < count[:, None]
+        ranks = np.take_along_axis(by_load, dealt_columns[roomy[:, 0]], axis=1)
+        ranks += nodes[:, None] * gpus_per_node
+        state.destinations[order[(pointer[:, None] + slot)[kept]]] = ranks[kept]
+        stuck = np.flatnonzero(count == 0)  # rounding: the least-loaded rank's first item misses the margin
+        if stuck.size:
+            item, row_ranks = order[pointer[stuck]], nodes[stuck, None] * gpus_per_node + column
+            fits = state.fits(item[:, None], row_ranks)
+            chosen = np.argmin(np.where(fits, state.loads[row_ranks], np.inf), axis=1)
+            placed = fits.any(axis=1)
+            state.put(item[placed], row_ranks[placed, chosen[placed]])
+            count = np.maximum(count, 1)
+        pointer = pointer + count
+        left = pointer < ends
+        nodes, pointer, ends = nodes[left], pointer[left], ends[left]
+
+
+@functools.lru_cache(maxsize=16)
+def _dealt_columns(window: int, most_ranks: int) -> np.ndarray:
+    """Row h: the rank (0 .. h - 1) of each of `window` items dealt round robin over h ranks (k mod h), for h = 1
+    .. most_ranks (row 0 unused), read-only."""
+    table = np.arange(window) % np.maximum(np.arange(most_ranks + 1), 1)[:, None]
+    table.setflags(write=False)
+    return table
 
 def take_anywhere(state: PartialPlan, overflow: np.ndarray, max_lpt_rounds: int | None = None) -> None:
     """Largest first, the items no rank of their node took, dealt to the least-loaded ranks that fit.

@@ -179,6 +179,18 @@ def node_of(ranks: np.ndarray, gpus_per_node: int) -> np.ndarray:
     return ranks // gpus_per_node
 
 
+def on_other_nodes(ranks: np.ndarray, others: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Whether ranks[i] and others[i] (non-negative) lie on different nodes: their bits above the node size's
+    differ where it is a power of two (one pass, no node arrays), else `node_of` of each.
+
+    >>> on_other_nodes(np.array([0, 7, 8]), np.array([7, 8, 15]), 8).tolist()
+    [False, True, False]
+    """
+    if gpus_per_node & (gpus_per_node - 1) == 0:
+        return np.bitwise_xor(ranks, others) >= gpus_per_node
+    return node_of(ranks, gpus_per_node) != node_of(others, gpus_per_node)
+
+
 def runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(start of the run of equal keys each entry belongs to, its position inside that run)."""
     n = sorted_keys.size
