@@ -1,0 +1,38 @@
+"""`algorithm="exact"` under a `time_limit` keeps to it: the joint greedy start (n · M item-cell pairs) runs only
+where the limit buys them (probe22 P22-11: time_limit=0.1 ran 2.9 CPU s at 2560 × 32, M = 64, in the start)."""
+
+import numpy as np
+import pytest
+
+from orchmllm import balance_microbatches
+from orchmllm.balancers.microbatch import exact, greedy
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import llm_stage_lengths
+
+COST = MODELS["84b"].stages()[-1].cost
+
+
+def greedy_starts(monkeypatch) -> list:
+    calls, solve = [], greedy.solve
+    monkeypatch.setattr(greedy, "solve", lambda *args: calls.append(1) or solve(*args))
+    return calls
+
+
+@pytest.mark.parametrize("time_limit, started", [(0.001, False), (None, True), (10.0, True)])
+def test_regression_the_greedy_start_runs_only_where_the_time_limit_buys_it(monkeypatch, time_limit, started):
+    lengths = llm_stage_lengths(64, 32, 0)[0]  # n · M = 2048 · 16 pairs: 1 ms buys 2000
+    starts = greedy_starts(monkeypatch)
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=COST, num_microbatches=16,
+                                algorithm="exact", time_limit=time_limit)
+    assert bool(starts) is started
+    assert np.bincount(plan.rank * 16 + plan.microbatch, weights=lengths, minlength=64 * 16).max() <= 16384
+    assert plan.lower_bound <= plan.step_cost
+
+
+def test_without_an_incumbent_the_greedy_start_always_runs(monkeypatch):
+    """Few items: `auto` passes no incumbent (it searches exactly), so the start is the only plan."""
+    starts = greedy_starts(monkeypatch)
+    plan = balance_microbatches([5, 4, 3, 3, 2], 2, max_tokens_per_microbatch=9, num_microbatches=2,
+                                algorithm="exact", time_limit=1e-9)
+    assert starts and plan.step_cost >= plan.lower_bound
+    assert exact.GREEDY_CELLS_PER_SECOND * 1e-9 < 5 * 2
