@@ -381,7 +381,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             the clock.
         pipeline: a `Pipeline`: cells planned for that schedule's step (`balancers.pipeline`),
             micro-batch m run m-th on every replica, `plan.pipeline` its step, bound and status;
-            interleaved: M in whole groups of P (a free M rounded up); `sources`: replicas placed whole.
+            interleaved: M in whole groups of P (a free M rounded up); `sources`: replicas placed whole.  A free M
+            is chosen as without the pipeline and is not raised to shrink the bubble (fewer, larger micro-batches
+            can leave most of the step in fill and drain): pass `num_microbatches`, as trainers do.
         first_stage_costs: with `pipeline`, per item the part of its cost that the first stage runs alone (the
             encoders of a multimodal model, which sit before the LLM's layers), finite, in [0, the item's cost]
             (unpadded); the rest of the cost is spread evenly over the stages (`Pipeline.stage_times`).  None: every
