@@ -96,3 +96,37 @@ def test_regression_every_search_copied_the_cells_though_most_stall_at_once(monk
     fresh = pipeline_step(problem, plan.rank, plan.microbatch, microbatches, pipeline, 0.0)
     assert plan.pipeline.step_time == fresh.step_time
     assert np.array_equal(plan.pipeline.replica_times, fresh.replica_times)
+
+
+@pytest.mark.parametrize("schedule, virtual, walks", [("interleaved", 2, ([96, 60, 1420], [96, 48, 12, 1420])),
+                                                      ("1f1b", 1, ([183, 172, 8, 1745], [183, 168, 12, 1745]))])
+def test_regression_a_round_timed_the_replicas_several_items_left_in_a_walk_of_their_own(monkeypatch, schedule,
+                                                                                         virtual, walks):
+    """Regression (planning time at D = 2560 x 32, a fixed M, issue 28): a round timed the replicas that several of
+    its items left after the moves, in a walk of the schedule of their own (32 rows, ~0.2 ms for 1F1B at M = 16, a
+    fixed cost of its operations, one a round).  A settled offer (its partner stays below the item's replica without
+    it) ends at that time, so where a replica's chosen items are all settled or fit nowhere its moves are known before
+    the offers are timed, and its time after them is timed with the offers; the plan is the one timing them after the
+    moves gives (`_known_moves` made to know none: the second walks)."""
+    from orchmllm.balancers.pipeline import schedules, search
+    from orchmllm.study.models import MODELS
+
+    cost, pipeline = MODELS["84b"].llm.cost(causal=True), Pipeline(8, schedule, virtual)
+    lengths = sample_workload("default", 64, 32, seed=7).sample_llm_length
+    calls, timed = [], schedules.replica_times
+    monkeypatch.setattr(search, "replica_times", lambda p, f, b: calls.append(len(f)) or timed(p, f, b))
+    known = search.CellSearch._known_moves
+    plans = []
+    for none_known in (False, True):
+        if none_known:
+            def nothing_known(self, slow, *args):
+                leaving, (ahead, rows) = known(self, slow, *args)
+                return leaving, (ahead[:0], tuple(None if row is None else row[:0] for row in rows))
+            monkeypatch.setattr(search.CellSearch, "_known_moves", nothing_known)
+        calls.clear()
+        plans.append(balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=cost,
+                                          num_microbatches=16, pipeline=pipeline))
+        assert calls[:len(walks[none_known])] == walks[none_known]
+    assert np.array_equal(plans[0].rank, plans[1].rank) and np.array_equal(plans[0].microbatch, plans[1].microbatch)
+    assert plans[0].pipeline.step_time == plans[1].pipeline.step_time
+    assert np.array_equal(plans[0].pipeline.replica_times, plans[1].pipeline.replica_times)

@@ -168,11 +168,14 @@ class CellSearch:
         # an item lands at most its cost above its partner's time: where that stays below its replica's time without
         # it, every slot it fits ties there and the first is taken (`_least_per_group`), so that one alone is timed
         settled = (self.times[partner] + self.item_costs[chosen_items]) * (1 + SUMS_DRIFT) < own[chosen]
+        leaving, ahead = self._known_moves(slow, group[chosen], chosen_items, own[chosen], settled, pick)
         timed = ~settled[pick] | (np.arange(pick.size) == np.searchsorted(pick, pick))
         self.work -= int(pick.size - np.count_nonzero(timed)) * self.row_work  # charged as if timed
         pick, slots = pick[timed], slots[timed]
-        added = self.evaluate(tuple(None if grid is None else _added(grid, values, partner[pick], chosen_items[pick],
-                                                                     slots) for grid, values in grids))
+        added = self.evaluate(_joined(tuple(None if grid is None else _added(grid, values, partner[pick],
+                                                                             chosen_items[pick], slots)
+                                            for grid, values in grids), ahead[1]))
+        added, ahead_times = added[:pick.size], added[pick.size:]
         worst = np.maximum(own[chosen[pick]], added)
         best = _least_per_group(worst, pick, chosen.size, 1)  # each chosen item's best offer
         best = best[worst[best] < self.times[slow[group[chosen[pick[best]]]]] * (1 - RELATIVE_GAIN)]
@@ -180,11 +183,43 @@ class CellSearch:
         self._move(slow[group[chosen[offer]]], chosen_items[offer], partner[offer], slots[best], own[chosen[offer]],
                    added[best])
         moves = np.bincount(group[chosen[offer]], minlength=count)
-        again = slow[moves > 1]
+        known = moves[ahead[0]] == leaving[ahead[0]]  # all (`_known_moves`); else timed below, their charge returned
+        self.times[slow[ahead[0][known]]] = ahead_times[known]
+        self.work += int(np.count_nonzero(~known)) * self.row_work
+        several = moves > 1
+        several[ahead[0][known]] = False
+        again = slow[several]
         if again.size:  # several items left these: their time is that of none of the single moves
             self.times[again] = self.evaluate(tuple(None if grid is None else grid[again]
                                                     for grid in (self.cost, self.first_stage)))
         return int(moves.sum())
+
+    def _known_moves(self, slow, groups, items, own, settled, fitting) -> tuple:
+        """(items leaving each slow replica, (the groups whose moves are known before the offers are timed, their
+        replicas' rows after those moves)) of a round (`_round`; per chosen item its group, own time, whether settled,
+        and the chosen indices with a fitting slot).  A settled offer ends at own (the partner stays below it), so it is
+        taken exactly where own is below r's time; a group of settled or unfitting items alone knows its moves, and
+        where several leave, r's time after them is timed with the offers (one walk of the schedule fewer a round)."""
+        fits = np.zeros(settled.size, dtype=bool)
+        fits[fitting] = True
+        leaves = settled & fits & (own < self.times[slow[groups]] * (1 - RELATIVE_GAIN))
+        count = slow.size
+        leaving = np.bincount(groups[leaves], minlength=count)
+        ahead = np.flatnonzero((np.bincount(groups[fits & ~settled], minlength=count) == 0) & (leaving > 1))
+        position = np.full(count, -1)
+        position[ahead] = np.arange(ahead.size)
+        gone = leaves & (position[groups] >= 0)  # in chosen order, as `_move` takes them
+        rows = []
+        for grid, values in ((self.cost, self.item_costs), (self.first_stage, self.item_first_stage)):
+            if grid is None:
+                rows.append(None)
+                continue
+            row = grid[slow[ahead]]
+            cells = (position[groups[gone]], self.slot[items[gone]])
+            np.subtract.at(row, cells, values[items[gone]])  # `_move`'s float sums, in its order
+            np.maximum.at(row, cells, 0)
+            rows.append(row)
+        return leaving, (ahead, tuple(rows))
 
     def _swap_rows(self, r: int) -> tuple:
         """r's cell costs (and first-stage parts) with each pair of `swaps` exchanged, one row per pair."""
