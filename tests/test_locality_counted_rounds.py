@@ -80,6 +80,17 @@ class _Gathered(np.ndarray):
         return np.asarray(self)[key]
 
 
+class _Ranked(_Gathered):
+    """A cost-order array (items, costs) that records its gathers apart."""
+
+    gathers: list = []
+
+    def __getitem__(self, key):
+        if isinstance(key, np.ndarray) and key.dtype != bool:
+            _Ranked.gathers.append(key.size)
+        return np.asarray(self)[key]
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_keep_home_reads_a_run_of_items_as_the_indices(monkeypatch, seed):
     """`keep_home` of items that are one run of indices (the fill's items but its filler) keeps what it keeps of
@@ -103,14 +114,16 @@ def test_keep_home_reads_a_run_of_items_as_the_indices(monkeypatch, seed):
 
 def test_regression_keep_home_gathered_a_run_of_items():
     """`keep_home` gathered the sources (and costs, tokens) of its items one by one where they are a run of
-    indices (the fill's items: every item but the filler, a micro-batch of one video size's 360k frames); now
-    views of them, and no gather as large as the items."""
+    indices (the fill's items: every item but the filler, a micro-batch of one video size's 360k frames), and the
+    items and costs of the runs it keeps through the cost order, which is the index order of one cost; now views,
+    no gather as large as the items, and none through the cost order."""
     rng = np.random.default_rng(5)
     sources = rng.integers(0, 64, 5000)
     problem = make_problem(np.full(5000, 576), 64)
     state = PartialPlan(problem, float(problem.item_costs.sum()) / 64 * 1.002)
-    _Gathered.gathers = []
+    state.item_of_rank, state.sorted_costs = state.item_of_rank.view(_Ranked), state.sorted_costs.view(_Ranked)
+    _Gathered.gathers, _Ranked.gathers = [], []
     keep_home(state, sources.view(_Gathered), np.arange(4900))
-    assert 4900 not in _Gathered.gathers
+    assert 4900 not in _Gathered.gathers and max(_Ranked.gathers, default=0) < 100
     assert (state.destinations[:4900][state.destinations[:4900] >= 0] == sources[:4900][
         state.destinations[:4900] >= 0]).all()

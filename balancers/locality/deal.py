@@ -147,7 +147,7 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
         run_end = np.minimum(np.maximum(run_end, position + state.fits(first, ranks)), ends)
         count = run_end - position
         kept = cost_rank[np.repeat(run_end - count.cumsum(), count) + np.arange(count.sum())]
-        state.put_runs(state.item_of_rank[kept], np.repeat(ranks, count), state.sorted_costs[kept])
+        state.put_runs(state.items_ranked(kept), np.repeat(ranks, count), state.ranked_costs(kept))
         pointer = np.maximum(run_end, position + 1)
         left = pointer < ends
         ranks, pointer, ends = ranks[left], pointer[left], ends[left]

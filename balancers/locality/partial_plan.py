@@ -88,6 +88,11 @@ class PartialPlan:
         """`costs[items]`, without the gather where every item costs the same."""
         return np.full(items.shape, self.sorted_costs[0]) if self.uniform else self.costs[items]
 
+    def ranked_costs(self, cost_ranks: np.ndarray) -> np.ndarray:
+        """`sorted_costs[cost_ranks]`: the costs of these cost ranks (without the gather where every item costs the
+        same)."""
+        return np.full(cost_ranks.shape, self.sorted_costs[0]) if self.uniform else self.sorted_costs[cost_ranks]
+
     def items_ranked(self, cost_ranks: np.ndarray) -> np.ndarray:
         """`item_of_rank[cost_ranks]`: the items of these cost ranks (themselves where every item costs the same)."""
         return cost_ranks if self.uniform else self.item_of_rank[cost_ranks]
