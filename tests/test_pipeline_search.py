@@ -32,6 +32,28 @@ def test_a_cells_cost_weighs_at_most_one_in_a_replicas_time(pipeline, data):
     assert before * (1 - 1e-12) - cut <= after <= before
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_may_lead_is_its_groups_bar_on_every_item(data):
+    """`search._may_lead` against its definition: an item may lead its group where max(time - cost, landing) is at
+    most the group's ROUND_ITEMS-th least max(time, landing) (SUMS_DRIFT aside), ties and small groups included."""
+    from orchmllm.balancers.pipeline.search import ROUND_ITEMS, SUMS_DRIFT, _least_per_group, _may_lead
+
+    groups = data.draw(st.integers(1, 6))
+    group = np.sort(np.array(data.draw(st.lists(st.integers(0, groups - 1), max_size=30)), dtype=np.int64))
+    level = np.array(data.draw(st.lists(st.sampled_from([4.0, 6.0, 10.0]), min_size=groups, max_size=groups)))
+    partner = np.array(data.draw(st.lists(st.sampled_from([0.0, 3.0, 6.0]), min_size=groups, max_size=groups)))
+    costs = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0, 7.0]), min_size=group.size,
+                                        max_size=group.size)))
+    times, landing = level[group], partner[group] + costs
+    most = np.maximum(times * (1 + SUMS_DRIFT), landing)
+    chosen = _least_per_group(most, group, groups, ROUND_ITEMS)
+    bar = np.full(groups, -np.inf)
+    np.maximum.at(bar, group[chosen], most[chosen])
+    expected = np.maximum(times * (1 - SUMS_DRIFT) - costs, landing) <= bar[group]
+    assert np.array_equal(_may_lead(times, costs, landing, group, groups), expected)
+
+
 @pytest.mark.parametrize("schedule, virtual, rows", [("1f1b", 1, [183, 365]), ("interleaved", 2, [96, 288])])
 def test_regression_a_round_timed_every_item_of_the_slow_replicas(monkeypatch, schedule, virtual, rows):
     """Regression (planning time at D = 2560 x 32, a fixed M, issue 28): a round timed each slow replica without each
@@ -130,3 +152,25 @@ def test_regression_a_round_timed_the_replicas_several_items_left_in_a_walk_of_t
     assert np.array_equal(plans[0].rank, plans[1].rank) and np.array_equal(plans[0].microbatch, plans[1].microbatch)
     assert plans[0].pipeline.step_time == plans[1].pipeline.step_time
     assert np.array_equal(plans[0].pipeline.replica_times, plans[1].pipeline.replica_times)
+
+
+def test_regression_a_round_sorted_every_item_of_the_slow_replicas_to_bound_the_untimed():
+    """Regression (planning time at D = 2560 x 32, a fixed M, issue 28): to leave items untimed, a round sorted all the
+    slow replicas' items (960 at M = 16, 1F1B) for each group's ROUND_ITEMS-th least bound max(time, landing), which is
+    the group's time wherever ROUND_ITEMS items land at most there.  Now only groups with fewer are sorted: here none,
+    each round sorting its promises and its offers alone (`_least_per_group`); the same items timed."""
+    from orchmllm.balancers.pipeline import search
+    from orchmllm.study.models import MODELS
+
+    sizes, least = [], search._least_per_group
+
+    def counted(values, *args):
+        sizes.append(values.size)
+        return least(values, *args)
+
+    lengths = sample_workload("default", 2560, 32, seed=7).sample_llm_length
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(search, "_least_per_group", counted)
+        balance_microbatches(lengths, 2560, max_tokens_per_microbatch=16384, cost=MODELS["84b"].llm.cost(causal=True),
+                             num_microbatches=16, pipeline=Pipeline(8, "1f1b"))
+    assert sizes == [960, 128] * 4  # before: [960, 960, 128] a round

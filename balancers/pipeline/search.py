@@ -331,18 +331,25 @@ def _may_lead(times: np.ndarray, costs: np.ndarray, landing: np.ndarray, group: 
     """Which items may be among the ROUND_ITEMS of least promise max(own, landing) of their group (`_round`), own
     their replica's time without them, untimed: it lies in [time - cost, time] (a cell's cost weighs at most 1 in a
     replica's time; SUMS_DRIFT for the walks' rounding), so an item whose least promise is above its group's
-    ROUND_ITEMS-th least greatest one is not (D = 2560 x 32, M = 16: 1F1B 960 -> ~450 rows timed a round).
+    ROUND_ITEMS-th least greatest one is not (D = 2560 x 32, M = 16: 1F1B 960 -> ~450 rows timed a round).  That bar
+    is max(time, the ROUND_ITEMS-th least landing) (its group's time is one): the time where that many land at most
+    there, else found by sorting those groups' items alone.
 
     >>> costs = np.array([1.0, 2.0, 3.0, 0.5, 5.0, 9.0])  # one replica of time 10, its partner's 8
     >>> _may_lead(np.full(6, 10.0), costs, 8.0 + costs, np.zeros(6, dtype=np.int64), 1).tolist()
     [True, True, True, True, False, False]
     """
-    least = np.maximum(times * (1 - SUMS_DRIFT) - costs, landing)
-    most = np.maximum(times * (1 + SUMS_DRIFT), landing)
-    chosen = _least_per_group(most, group, groups, ROUND_ITEMS)
+    level = times * (1 + SUMS_DRIFT)
     bar = np.full(groups, -np.inf)
-    np.maximum.at(bar, group[chosen], most[chosen])
-    return least <= bar[group]
+    bar[group] = level
+    few = np.bincount(group[landing <= level], minlength=groups) < ROUND_ITEMS
+    if few.any():
+        mine = np.flatnonzero(few[group])
+        most = np.maximum(level[mine], landing[mine])
+        chosen = _least_per_group(most, group[mine], groups, ROUND_ITEMS)
+        bar[few] = -np.inf
+        np.maximum.at(bar, group[mine[chosen]], most[chosen])
+    return np.maximum(times * (1 - SUMS_DRIFT) - costs, landing) <= bar[group]
 
 
 def _least_per_group(values: np.ndarray, group: np.ndarray, groups: int, count: int) -> np.ndarray:
