@@ -307,9 +307,10 @@ def _counted_rounds(state: PartialPlan, order: np.ndarray, pointer: np.ndarray, 
         taken = np.where(dealt, count[:, None] // roomy + (column < count[:, None] % roomy), 0)
         node_loads[nodes[:, None], by_load] += taken * cost
         kept = slot < count[:, None]
-        ranks = np.take_along_axis(by_load, dealt_columns[roomy[:, 0]], axis=1)
-        ranks += nodes[:, None] * gpus_per_node
-        state.destinations[order[(pointer[:, None] + slot)[kept]]] = ranks[kept]
+        by_load += nodes[:, None] * gpus_per_node  # the node's ranks by load
+        dealt_to = dealt_columns[roomy[:, 0]][kept]
+        dealt_to += np.repeat(np.arange(0, by_load.size, gpus_per_node), count)
+        state.destinations[order[(pointer[:, None] + slot)[kept]]] = by_load.ravel()[dealt_to]
         stuck = np.flatnonzero(count == 0)  # rounding: the least-loaded rank's first item misses the margin
         if stuck.size:
             item, row_ranks = order[pointer[stuck]], nodes[stuck, None] * gpus_per_node + column
