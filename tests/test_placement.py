@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import Status, balance
-from orchmllm.topology import PLACEMENTS, Topology, place, traffic
+from orchmllm.balancers.validation import SizeLimitError
+from orchmllm.topology import PLACEMENTS, Topology, nodewise_ilp, place, traffic
 
 
 def _instance(topology, seed, num_items=None):
@@ -20,6 +21,28 @@ def _instance(topology, seed, num_items=None):
 def _volumes(rank_of_group, groups, sources, item_bytes, topology):
     move = traffic(sources, np.asarray(rank_of_group)[groups], item_bytes, topology)
     return move
+
+
+def test_regression_the_ilp_refuses_a_model_past_its_size():
+    """probe22 P22-13: at 2560 ranks on 320 nodes (819 200 binaries) placement 'ilp' ran 84 CPU s past its 10 s
+    limit (the model is built in Python) and returned lap_node's placement."""
+    topology = Topology(128, 8)
+    lengths = np.random.default_rng(1).integers(100, 4000, 1024 * 2)
+    groups, sources = balance(lengths, 1024, algorithm="lpt").assignment, np.repeat(np.arange(1024), 2)
+    with pytest.raises(SizeLimitError, match=r"^placement 'ilp' needs 131072 binaries for 1024 ranks × 128 nodes, "
+                                             r"over MAX_BINARIES=65536; use 'lap_node'"):
+        place(groups, sources, lengths, topology, "ilp")
+
+
+def test_regression_a_model_whose_build_used_the_time_limit_is_not_solved(monkeypatch):
+    solves = []
+    monkeypatch.setattr(nodewise_ilp, "run_cbc", lambda *args, **kwargs: solves.append(args))
+    topology = Topology(4, 4)
+    lengths = np.random.default_rng(5).integers(100, 4000, 16 * 8)
+    groups, sources = balance(lengths, 16, algorithm="lpt").assignment, np.repeat(np.arange(16), 8)
+    ilp = place(groups, sources, lengths, topology, "ilp", time_limit=1e-9)
+    assert solves == [] and ilp.status is Status.TIME_LIMIT
+    np.testing.assert_array_equal(ilp.rank_of_group, place(groups, sources, lengths, topology, "lap_node").rank_of_group)
 
 
 @pytest.mark.parametrize("method", sorted(PLACEMENTS), ids=sorted(PLACEMENTS))
