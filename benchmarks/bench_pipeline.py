@@ -168,8 +168,15 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
     losing searches are not summed, the winner's accounts and its moved rows' times are kept where exact, a round
     times one offer of an item that lands below its replica anyway (2048 of 3040 rows a round), the shaped start
     not searched is walked on 17 replicas that show it slower, and GPipe's closed form takes row maxima over
-    columns.  What is left is walks (`replica_times`, numpy-bound: ~1.6 ns per operation and replica; batching
-    operations by level with gathers was 2-5x slower), two shaped LPTs and the rounds.  Asserted: that no case
+    columns.  pp35 (2026-12-06, load 5.6-6.0, three alternated runs, HEAD 7c13634 against the same HEAD with the
+    pipeline files before a7c585d; same plans held out): M = 8 GPipe ~1.51 -> ~1.47x, 1F1B 1.84 -> 1.77x, interleaved
+    ~1.53x (no search there: unchanged); M = 16 GPipe 3.06 -> 2.87x, 1F1B 3.07 -> 2.81x, interleaved 3.24 -> 3.02x: a
+    round times only the items that may be offered (their time without them lies in [time - cost, time]: 960 -> ~450
+    rows, 1F1B), times the replicas several items leave with the offers where their moves are known, a search copies
+    the cells only when it changes them, and the moved replicas' cells are summed alone.  What is left is walks
+    (`replica_times`, numpy-bound: ~1.6 ns per operation and replica, ~0.2 ms a walk however few rows at M = 16;
+    batching operations by level with gathers was 2-5x slower; the 1F1B walk has no O(M) form, its critical paths
+    zig-zag over the stages), the shaped LPTs (`lpt.greedy_from`, ~2 ms each) and the rounds.  Asserted: that no case
     exceeds 12x, a guard (1F1B M = 8 read 11.4-12.9x before pp29's rounds) and that every plan is at most its
     PP-unaware plan's step."""
     lengths = sample_workload("default", 2560, 32, HELD_OUT_SEED).sample_llm_length
