@@ -92,6 +92,10 @@ class Sample:
         object.__setattr__(self, "text", _count(self.text, "text"))
         object.__setattr__(self, "source", as_int(self.source, "source", minimum=0))
         object.__setattr__(self, "id", as_int(self.id, "id", minimum=0))
+        if isinstance(self.segments, (Segment, str, bytes)) or not hasattr(self.segments, "__iter__"):
+            wrap = " (wrap one in a tuple: segments=(Segment(...),))" if isinstance(self.segments, Segment) else ""
+            raise TypeError(f"`segments` must be a sequence of Segment objects{wrap}; got "
+                            f"{type(self.segments).__name__}")
         segments = tuple(self.segments)
         for segment in segments:
             if not isinstance(segment, Segment):
