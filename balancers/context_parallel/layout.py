@@ -37,8 +37,11 @@ def chunk_sizes(lengths, degree) -> np.ndarray:
     >>> chunk_sizes([8, 10, 3], 2).tolist()
     [[2, 2, 2, 2], [3, 3, 2, 2], [1, 1, 1, 0]]
     """
-    lengths = _as_lengths(lengths)
-    degree = as_int(degree, "degree", minimum=1)
+    return _chunks(_as_lengths(lengths), as_int(degree, "degree", minimum=1))
+
+
+def _chunks(lengths: np.ndarray, degree: int) -> np.ndarray:
+    """`chunk_sizes` of validated int64 `lengths` (1-D) at an int degree."""
     quotient, remainder = np.divmod(lengths, 2 * degree)
     return quotient[:, None] + (np.arange(2 * degree)[None, :] < remainder[:, None])
 
@@ -51,8 +54,13 @@ def shard_tokens(lengths, degree) -> np.ndarray:
     >>> shard_tokens([8, 10, 3], 2).tolist()
     [[4, 4], [5, 5], [1, 2]]
     """
-    sizes = chunk_sizes(lengths, degree)
-    degree = sizes.shape[1] // 2
+    return shards_of(_as_lengths(lengths), as_int(degree, "degree", minimum=1))
+
+
+def shards_of(lengths: np.ndarray, degree: int) -> np.ndarray:
+    """`shard_tokens` of int64 `lengths` (1-D, non-negative) at an int degree >= 1, unchecked: for solvers whose
+    lengths a `Problem` has checked (the local search asks once per move)."""
+    sizes = _chunks(lengths, degree)
     return sizes[:, :degree] + sizes[:, ::-1][:, :degree]
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..problem import Problem
 from .blocks import free_blocks, within_node
-from .layout import shard_tokens
+from .layout import shards_of
 from .plan import rank_accounts, rank_pairs
 from .spec import ContextParallel
 
@@ -46,11 +46,13 @@ class _State:
         self.refresh()
 
     def refresh(self) -> None:
-        """Which ranks are in a group, from the blocks."""
+        """Which ranks are in a group and how many items each group holds, from the blocks."""
         self.in_group = np.zeros(self.problem.num_ranks, dtype=bool)
         split = self.degree > 1
         width = self.problem.num_ranks + 1
-        degree, start = np.divmod(np.unique(self.degree[split] * width + self.start[split]), width)
+        keys, sizes = np.unique(self.degree[split] * width + self.start[split], return_counts=True)
+        degree, start = np.divmod(keys, width)
+        self.group_sizes = dict(zip(zip(start.tolist(), degree.tolist()), sizes.tolist()))  # (start, degree) -> items
         self.group_starts = {c: start[degree == c] for c in self.split_degrees}  # ascending
         for c, starts in self.group_starts.items():
             self.in_group[(starts[:, None] + np.arange(c)).ravel()] = True
@@ -60,7 +62,7 @@ class _State:
         """Tokens of item `item`'s shards at `degree` (computed once per search)."""
         shard = self.shards.get((item, degree))
         if shard is None:
-            shard = self.shards[item, degree] = shard_tokens(self.problem.lengths[item: item + 1], degree)[0]
+            shard = self.shards[item, degree] = shards_of(self.problem.lengths[item: item + 1], degree)[0]
         return shard
 
     def _starts(self, c: int, own: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -127,7 +129,7 @@ class _State:
         loads, tokens = self.loads, self.tokens
         costs, lengths = self.times[items], self.problem.lengths[items]
         lowered = loads[rank] - costs  # `rank`'s load without each item
-        order = np.lexsort((np.arange(loads.size), loads))
+        order = np.argsort(loads, kind="stable")  # by (load, rank)
         order = order[order != rank]
         least_tokens = np.minimum.accumulate(tokens[order])  # non-increasing
         first = np.searchsorted(-least_tokens, lengths - self.cap)  # the first with room: -tokens >= length - cap
@@ -144,36 +146,51 @@ class _State:
 
     def _block_moves(self, rank: int, items: np.ndarray, lowered: np.ndarray, lengths: np.ndarray) -> list[tuple]:
         """`blocks` of each of `rank`'s unsplit `items` with it taken out of `rank` (its load then `lowered`), all
-        at once: a block's peak is its ranks' most load plus the time (rounding is monotone), `rank`'s block's
-        with `rank` lowered; tokens as `blocks` counts them."""
+        at once, on (items, blocks) arrays: a block's peak is its ranks' most load plus the time (rounding is
+        monotone), `rank`'s block's (at most one: blocks of a degree are disjoint) with `rank` lowered.  Tokens
+        as `blocks` counts them: an item's shards differ by at most one, so a block of most tokens m fits it
+        where m + its largest shard fits, not where m + its least does not; the rest shard by shard."""
         best = [(math.inf, -1, 0)] * items.size
         for c in self.split_degrees:
             starts, ranks, which = self._starts(c, None)
             if not starts.size:
                 continue
             time = self._times(items, c)
-            hit = ranks == rank
-            peak = np.repeat(self.loads[ranks].max(axis=1)[None, :], items.size, axis=0)
-            rows = np.flatnonzero(hit.any(axis=1))
-            if rows.size:
-                peak[:, rows] = np.where(hit[rows], lowered[:, None, None], self.loads[ranks[rows]]).max(axis=2)
-            peak += time[:, :1] if which is None else time[:, which]
-            held = self.tokens[ranks] - np.where(hit, lengths[:, None, None], 0)  # (items, blocks, c)
-            peak[(held + shard_tokens(lengths, c)[:, None, :] > self.cap).any(axis=2)] = math.inf
+            times = time[:, :1] if which is None else time[:, which]
+            block_loads, block_tokens = self.loads[ranks], self.tokens[ranks]
+            peak = block_loads.max(axis=1) + times  # (items, blocks)
+            shards = shards_of(lengths, c)
+            most = block_tokens.max(axis=1)
+            smallest, largest = shards.min(axis=1)[:, None], shards.max(axis=1)[:, None]
+            over = most + smallest > self.cap
+            pairs = np.nonzero(~over & (most + largest > self.cap))
+            over[pairs] = (block_tokens[pairs[1]] + shards[pairs[0]] > self.cap).any(axis=1)
+            hit = np.flatnonzero((starts <= rank) & (rank < starts + c))
+            if hit.size:
+                h, k = int(hit[0]), rank - int(starts[hit[0]])
+                others = np.delete(block_loads[h], k).max()
+                peak[:, h] = np.maximum(lowered, others) + times[:, 0 if which is None else h]
+                held = np.repeat(block_tokens[h][None, :], items.size, axis=0)
+                held[:, k] -= lengths
+                over[:, h] = (held + shards > self.cap).any(axis=1)
+            peak[over] = math.inf
             least = np.argmin(peak, axis=1)
             found = zip(peak[np.arange(items.size), least].tolist(), starts[least].tolist())
             best = [(value, start, c) if value < kept[0] else kept for (value, start), kept in zip(found, best)]
         return best
 
     def _times(self, items: np.ndarray, c: int) -> np.ndarray:
-        """`_time` of each of `items` at degree c, a row each; those not yet computed in one call (element-wise,
-        the same numbers)."""
+        """`_time` of each of `items` at degree c, a row each; those not yet computed at c in one call, at every
+        split degree (element-wise, the same numbers)."""
         missing = [item for item in items.tolist() if (item, c) not in self.item_times]
         if missing:
-            length = np.repeat(self.problem.lengths[missing], 2).reshape(-1, 2)
-            times = self.spec.item_times(self.problem.cost, length, np.full(length.shape, c),
-                                         np.array([[True, False]]).repeat(len(missing), axis=0))
-            self.item_times.update(zip(((item, c) for item in missing), times))
+            degrees = np.array(self.split_degrees)
+            shape = (len(missing), degrees.size, 2)
+            times = self.spec.item_times(self.problem.cost, np.broadcast_to(self.problem.lengths[missing][:, None, None],
+                                                                            shape),
+                                         np.broadcast_to(degrees[:, None], shape), np.array([True, False]))
+            for k, degree in enumerate(self.split_degrees):
+                self.item_times.update(zip(((item, degree) for item in missing), times[:, k]))
         return np.array([self.item_times[item, c] for item in items.tolist()])
 
     def _group_moves(self, rank: int):
@@ -199,15 +216,17 @@ class _State:
 
     def _widen(self, members: np.ndarray, group: np.ndarray, base: int, wide: int):
         """The move that runs the whole group on the aligned block of twice its degree."""
-        start, degree, times, tokens = self._moved(members, base, wide)
+        start, degree, times, tokens = moved = (self.start.copy(), self.degree.copy(), self.times.copy(),
+                                                self.tokens.copy())
+        self._move(members, base, wide, moved)
         peak = math.inf if (tokens[base: base + wide] > self.cap).any() \
             else float(self._sums(base, base + wide, start, degree, times).max())
         return peak, -2, base, wide
 
-    def _moved(self, items: np.ndarray, start: int, degree: int):
-        """(starts, degrees, item times, rank tokens) with `items` moved onto the block (start, degree): the
-        tokens updated exactly (integers), the items' times as `rank_accounts` counts them."""
-        starts, degrees, times, tokens = self.start.copy(), self.degree.copy(), self.times.copy(), self.tokens.copy()
+    def _move(self, items: np.ndarray, start: int, degree: int, accounts: tuple) -> None:
+        """Move `items` onto the block (start, degree) in `accounts` = (starts, degrees, item times, rank tokens),
+        in place: the tokens updated exactly (integers), the items' times as `rank_accounts` counts them."""
+        starts, degrees, times, tokens = accounts
         for item in items.tolist():
             s, c = int(starts[item]), int(degrees[item])
             tokens[s: s + c] -= self.shard(item, c)
@@ -215,7 +234,6 @@ class _State:
             times[item] = self.problem.item_costs[item] if degree == 1 \
                 else self._time(item, degree)[0 if within_node(start, degree, self.gpus_per_node) else 1]
         starts[items], degrees[items] = start, degree
-        return starts, degrees, times, tokens
 
     @staticmethod
     def _sums(lo: int, hi: int, start: np.ndarray, degree: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -227,16 +245,37 @@ class _State:
         return np.bincount(ranks[keep] - lo, weights=times[touch[items[keep]]], minlength=hi - lo)
 
     def apply(self, item: int, start: int, degree: int, rank: int) -> None:
-        """Make the move: the blocks, and the loads of the ranks it changes, summed again."""
+        """Make the move, in place: the loads of the ranks it changes summed again, the groups updated where one
+        empties or opens."""
         if item == -2:  # widen the group of `rank`
             items = np.flatnonzero((self.degree > 1) & (self.start <= rank) & (rank < self.start + self.degree))
         else:
             items = np.array([item])
         before = (int(self.start[items[0]]), int(self.degree[items[0]]))  # a widened group's members share it
-        self.start, self.degree, self.times, self.tokens = self._moved(items, start, degree)
+        self._move(items, start, degree, (self.start, self.degree, self.times, self.tokens))
         for s, c in (before, (start, degree)):
             self.loads[s: s + c] = self._sums(s, s + c, self.start, self.degree, self.times)
-        self.refresh()
+        sizes = self.group_sizes
+        if before[1] > 1:
+            sizes[before] -= items.size
+            if not sizes[before]:
+                self._regroup(before, False)
+        if degree > 1:
+            if (start, degree) not in sizes:
+                self._regroup((start, degree), True)
+            sizes[start, degree] = sizes.get((start, degree), 0) + items.size
+
+    def _regroup(self, block: tuple[int, int], opened: bool) -> None:
+        """The group on `block` opened (no item there yet) or emptied: the ranks' groups as `refresh` finds them
+        again, updated here, and the blocks to find again."""
+        s, c = block
+        self.in_group[s: s + c] = opened
+        starts = self.group_starts[c]
+        at = int(np.searchsorted(starts, s))
+        self.group_starts[c] = np.insert(starts, at, s) if opened else np.delete(starts, at)
+        if not opened:
+            del self.group_sizes[block]
+        self.starts = {}
 
 
 def improve(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
