@@ -4,9 +4,16 @@
     padded: the joint greedy
     else: the cell LPT, and the joint greedy too up to GREEDY_MAX_WORK item × cell pairs,
           the plan of lower step cost (the first on ties)
-    M = 1 (a cell per rank, a plain step under the cap T), `solve_with_plain_step` only: also
-          `balance`'s default plan of the same items with max_tokens_per_rank = T, searched
-          further, so one micro-batch is never worse than the plain step's planner
+    M above the fewest micro-batches any plan needs (`min_microbatches`), unpadded, above MAX_ITEMS:
+          also the plan of those fewest (`_fewest_plan`, kept for the next M), its other micro-batches
+          empty, where it costs less.  Spread over M·D cells, items of about one a cell balance
+          badly (probe22 P22-12: the cell LPT at D = 512 × 8, M = 8, 11.8 % above the bound; the joint
+          greedy, which fills few micro-batches, 0.4 %; the fewest's plan, one micro-batch, 0.02 %).
+          A free M tries the fewest first and keeps the cheapest M (`api._solve`): its plans are unchanged
+    M = 1 (a cell per rank, a plain step under the cap T; also where a larger M's fewest is 1),
+          `solve_with_plain_step` only: also `balance`'s default plan of the same items with
+          max_tokens_per_rank = T, searched further, so one micro-batch is never worse than the plain
+          step's planner
           (`balance_microbatches` without `sources`; with them it runs `solve`: that plan's loads,
           level to a few 1e-5, leave a communication-aware pass that may not raise the step no
           room, and its fallback moved ~80 % of the bytes across nodes instead of ~3 %); where the
@@ -30,6 +37,7 @@ from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, step_cost
 from .search import improve, searches
 
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
+FEWEST_KEY = "auto_fewest"  # `packings` entry of `_fewest_plan`
 
 
 def in_canonical_order(kernel):
@@ -90,16 +98,20 @@ def _cells_are_lpt(problem: MicroBatchProblem) -> bool:
             and n * problem.num_ranks > GREEDY_MAX_WORK and not searches(problem, 1))
 
 
-@in_canonical_order
 def solve_with_plain_step(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
-    """`solve`'s plan, and with one micro-batch `plain_step`'s when cheaper (the first on ties).
+    """`solve`'s plan, with one micro-batch (M = 1, or the fewest M' = 1 a larger M may take) `_one_microbatch`'s:
+    also `plain_step`'s when cheaper (the first on ties)."""
+    return _or_fewest(problem, num_microbatches, plain_step=True)
+
+
+@in_canonical_order
+def _one_microbatch(problem: MicroBatchProblem) -> MicroBatchResult | None:
+    """`solve_with_plain_step` at M = 1.
 
     Where the cells' plan is LPT's (`_cells_are_lpt`), the plain step takes that LPT plan as its
     start, and a plain step cheaper than it is the answer without the cells' own solve.  Else the
     plain step comes first, and the cells' search stops once it provably ends above its cost
     (`microbatch_search.ends_above`): the plan it would have dropped is not searched further."""
-    if num_microbatches != 1:
-        return solve.__wrapped__(problem, num_microbatches)
     if _cells_are_lpt(problem):
         start = microbatch_cells.lpt_cells(problem, 1)
         plain = None if start is None else plain_step.__wrapped__(problem, start)  # in canonical order already
@@ -107,7 +119,7 @@ def solve_with_plain_step(problem: MicroBatchProblem, num_microbatches: int) -> 
             return plain
     plain = plain_step.__wrapped__(problem)
     cost = None if plain is None else plan_cost(problem, plain, 1)
-    result = solve.__wrapped__(problem, 1, cost)
+    result = _solve.__wrapped__(problem, 1, cost)
     if plain is None or (result is not None and plan_cost(problem, result, 1) <= cost):
         return result
     return plain
@@ -126,8 +138,43 @@ def _one_cell_each(rank: np.ndarray) -> MicroBatchResult:
     return MicroBatchResult(rank=rank, microbatch=np.zeros_like(rank))
 
 
+def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+    """`_solve`'s plan for M, and where M exceeds the fewest micro-batches any plan needs, `_fewest_plan`'s (the
+    rest of the M micro-batches empty) when it costs less or M's finds none (M's on ties)."""
+    return _or_fewest(problem, num_microbatches, plain_step=False)
+
+
+def _or_fewest(problem: MicroBatchProblem, num_microbatches: int, plain_step: bool) -> MicroBatchResult | None:
+    """`solve` (`plain_step`: `solve_with_plain_step`), where M's plan is `_solve`'s (`_one_microbatch`'s at M = 1
+    with `plain_step`) and the fewest's is kept on the problem for the other M a free M tries (`_fewest_plan`)."""
+    fewest = None if problem.padded or problem.num_items <= microbatch_exact.MAX_ITEMS else problem.min_microbatches
+    if fewest is None or num_microbatches < fewest:
+        return _one_microbatch(problem) if plain_step and num_microbatches == 1 else _solve(problem, num_microbatches)
+    fewer = _fewest_plan(problem, plain_step and fewest == 1)
+    if num_microbatches == fewest:
+        return fewer
+    result = _solve(problem, num_microbatches)
+    if fewer is None or result is None:
+        return fewer if result is None else result
+    return min((result, fewer), key=lambda plan: plan_cost(problem, plan, num_microbatches))  # M's on ties
+
+
+def _fewest_plan(problem: MicroBatchProblem, one_microbatch: bool) -> MicroBatchResult | None:
+    """`_solve`'s plan (`one_microbatch`: `_one_microbatch`'s) with the fewest micro-batches any plan needs, kept
+    on the problem (`packings`, shared by its copies) for the next M: the same items (the arrays themselves) and
+    settings."""
+    key = (FEWEST_KEY, one_microbatch)
+    items = (problem.lengths, problem.item_costs)
+    settings = (problem.num_ranks, problem.max_tokens_per_microbatch, problem.work_limit, problem.microbatch_overhead)
+    kept = problem.packings.get(key)
+    if kept is None or any(a is not b for a, b in zip(kept[0], items)) or kept[1] != settings:
+        plan = _one_microbatch(problem) if one_microbatch else _solve(problem, problem.min_microbatches)
+        kept = problem.packings[key] = (items, settings, plan)
+    return kept[2]
+
+
 @in_canonical_order
-def solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:
+def _solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:
     """Exact search for the smallest instances, the better of the joint greedy and the cell
     LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above; the
     plan of least step cost (the first on ties).  `above`: a cost the caller already holds
