@@ -158,3 +158,16 @@ def test_block_moves_weigh_the_shards_rank_by_rank():
     assert state.tokens.tolist() == [cap, cap, cap - 1, cap - 2, cap, cap, cap - 2, cap - 1]
     moves = state._unsplit_moves(0, np.array([0]))
     assert moves == _moves_one_by_one(state, 0, np.array([0])) and moves[1][2:] == (2, 2)
+
+
+def test_widening_reads_the_other_half_of_the_wide_block(monkeypatch):
+    """Whether a group may widen is read off the other half of the aligned block of twice its degree (its ranks in
+    no group), not from a set difference of the block's ranks and the group's (before: one per group weighed)."""
+    differences = _counted(monkeypatch, np, "setdiff1d")
+    widened = _checked_search(monkeypatch, ContextParallel(gpus_per_node=GPUS))
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        lengths = np.concatenate((rng.integers(20_000, 200_000, 3), [300_000], rng.integers(100, 2_000, 4)))
+        search.improve(make_problem(lengths, 8, cost=COST), ContextParallel(gpus_per_node=GPUS), GPUS,
+                       np.array([0, 0, 0, 4, 2, 2, 3, 3]), np.array([2, 2, 2, 4, 1, 1, 1, 1]), 0.0)
+    assert any(widened) and not differences

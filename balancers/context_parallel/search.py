@@ -186,9 +186,9 @@ class _State:
         if missing:
             degrees = np.array(self.split_degrees)
             shape = (len(missing), degrees.size, 2)
-            times = self.spec.item_times(self.problem.cost, np.broadcast_to(self.problem.lengths[missing][:, None, None],
-                                                                            shape),
-                                         np.broadcast_to(degrees[:, None], shape), np.array([True, False]))
+            lengths = np.broadcast_to(self.problem.lengths[missing][:, None, None], shape)
+            times = self.spec.item_times(self.problem.cost, lengths, np.broadcast_to(degrees[:, None], shape),
+                                         np.array([True, False]))
             for k, degree in enumerate(self.split_degrees):
                 self.item_times.update(zip(((item, degree) for item in missing), times[:, k]))
         return np.array([self.item_times[item, c] for item in items.tolist()])
@@ -209,8 +209,8 @@ class _State:
         base = s - s % wide
         if wide in self.spec.degrees and base + wide <= self.problem.num_ranks and (
                 self.spec.allow_inter_node or within_node(base, wide, self.gpus_per_node)):
-            other = np.setdiff1d(np.arange(base, base + wide), group)
-            if not self.in_group[other].any():
+            other = base + c if s == base else base  # the other half of the wide block
+            if not self.in_group[other: other + c].any():
                 out.append(self._widen(members, group, base, wide))
         return out
 
