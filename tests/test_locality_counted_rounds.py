@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from orchmllm.balancers import CostModel
+from orchmllm.balancers.locality import balance as locality_balance
 from orchmllm.balancers.locality import deal
 from orchmllm.balancers.locality.deal import keep_home, take_in_node
 from orchmllm.balancers.locality.partial_plan import PartialPlan
-from orchmllm.balancers.problem import make_problem
+from orchmllm.balancers.origins import Origins
+from orchmllm.balancers.problem import make_problem, rank_loads
 
 COSTS = (CostModel(linear=1.0), CostModel(linear=33177600000.0, quadratic=1728000.0), CostModel(linear=0.5))
 
@@ -127,3 +129,21 @@ def test_regression_keep_home_gathered_a_run_of_items():
     assert 4900 not in _Gathered.gathers and max(_Ranked.gathers, default=0) < 100
     assert (state.destinations[:4900][state.destinations[:4900] >= 0] == sources[:4900][
         state.destinations[:4900] >= 0]).all()
+
+
+@pytest.mark.parametrize("fill", [None, "on_miss"])
+def test_regression_deal_locally_summed_the_loads_of_one_cost_again(monkeypatch, fill):
+    """`deal_locally` checked its plan against the target by summing every item's cost again (`rank_loads`); where
+    every item costs the same and sums are exact the deal's own loads are those sums, in any order: read as they
+    are, and the same plan."""
+    rng = np.random.default_rng(7)
+    sources = np.repeat(rng.integers(0, 64, 60), 40)
+    problem = make_problem(np.full(sources.size, 576), 64)
+    origins = Origins(sources, np.full(sources.size, 144.0), 8)
+    target = float(problem.item_costs.sum()) / 64 * 1.05
+    expected = locality_balance.deal_locally(problem, target, origins, fill)
+    summed = []
+    monkeypatch.setattr(locality_balance, "rank_loads", lambda *args: summed.append(1) or rank_loads(*args))
+    found = locality_balance.deal_locally(problem, target, origins, fill)
+    assert summed == [] and found is not None and found.tolist() == expected.tolist()
+    assert rank_loads(problem, found).max() <= target

@@ -57,12 +57,13 @@ FILLS = (None, FILL_ON_MISS, FILL_ONLY)
 
 
 def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: np.ndarray,
-              gpus_per_node: int, fill: str | None, max_lpt_rounds: int | None) -> np.ndarray:
+              gpus_per_node: int, fill: str | None, max_lpt_rounds: int | None) -> PartialPlan:
     """Keep home, take within the node, take anywhere, repair (unpadded cost); with `fill`, the deal of
     `locality_fill` instead of the repair, after the three phases missed the target ("on_miss") or
     without them ("only", and "on_miss" where the target leaves a rank less room above the mean
     load than the smallest item: the three phases' last deals cannot level the ranks then, they
-    miss).  Past `max_lpt_rounds` LPT rounds of `take_anywhere`, NoRoom.  Returns the destinations."""
+    miss).  Past `max_lpt_rounds` LPT rounds of `take_anywhere`, NoRoom.  Returns the partial plan, every item
+    placed."""
     state = PartialPlan(problem, target)
     total = float(problem.item_costs.sum())
     if fill == FILL_ON_MISS and total > 0 and target - total / problem.num_ranks < problem.sorted_costs[-1]:
@@ -74,11 +75,11 @@ def _unpadded(problem: Problem, target: float, sources: np.ndarray, item_bytes: 
         if missed and fill is None:
             repair(state, sources, item_bytes, gpus_per_node)
         if not missed or fill is None:
-            return state.destinations
+            return state
         state = PartialPlan(problem, target)
     slack = target * problem.num_ranks / total - 1.0 if total > 0 else 0.0  # room above the mean load
     fill_locally(state, sources, item_bytes, gpus_per_node, filler_share(slack), max_lpt_rounds)
-    return state.destinations
+    return state
 
 
 def deal_locally(problem: Problem, target: float, origins: Origins, fill: str | None = None,
@@ -87,12 +88,14 @@ def deal_locally(problem: Problem, target: float, origins: Origins, fill: str | 
     under `target`: its destinations where every rank meets the target and the cap, else None (also past
     `max_lpt_rounds` LPT rounds of `take_anywhere`, where token room binds)."""
     try:
-        candidate = _unpadded(problem, target, origins.sources, origins.item_bytes, origins.gpus_per_node, fill,
-                              max_lpt_rounds)
+        state = _unpadded(problem, target, origins.sources, origins.item_bytes, origins.gpus_per_node, fill,
+                          max_lpt_rounds)
     except NoRoom:
         return None
-    cap = problem.max_tokens_per_rank
-    if rank_loads(problem, candidate).max() <= target and (cap is None or rank_tokens(problem, candidate).max() <= cap):
+    candidate, cap = state.destinations, problem.max_tokens_per_rank
+    # exact sums (one cost): the deal's loads are the plan's in any order; else summed again in item order
+    loads = state.loads if state.exact_cost is not None else rank_loads(problem, candidate)
+    if loads.max() <= target and (cap is None or rank_tokens(problem, candidate).max() <= cap):
         candidate.setflags(write=False)  # nobody writes them again: a plan holds them without a copy (`plan.owned`)
         return candidate
     return None
