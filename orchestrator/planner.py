@@ -46,7 +46,7 @@ from .pipeline import cell_costs, planned_run, under_llm_costs
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import split_layout
-from .stages import Stage, check_microbatched_llm, check_stages, sample_embedding_bytes
+from .stages import Stage, check_microbatched_llm, check_stages, sample_embedding_bytes, stage_named
 from .step import (StageCapError, StepPlan, capped_cell_lengths, check_cells, check_samples_fit, check_segments_fit,
                    least_moving)
 
@@ -209,7 +209,8 @@ class Orchestrator:
         max_tokens_per_microbatch: plan the step as M gradient-accumulation micro-batches of
             at most this many LLM tokens per rank (a `StepPlan` of M passes, see
             `orchestrator.step`); None plans one forward pass per rank (a step of one pass).  The LLM cells
-            then come from `microbatch_algorithm`: a stage `algorithm` but 'lpt' / 'auto' is refused.
+            then come from `microbatch_algorithm`: a stage `algorithm` but 'lpt' / 'auto' is refused (unless
+            `uniform_algorithm` replaces it).
         num_microbatches, microbatch_overhead, microbatch_algorithm, pipeline: passed to `balance_microbatches`
             (None: the smallest M that pays; cost of one more micro-batch in LLM cost units; the micro-batch
             algorithm; a `Pipeline`: cells for its schedule, `StepPlan.pipeline` the step with the encoders on
@@ -220,7 +221,7 @@ class Orchestrator:
         self.stages = check_stages(stages)
         self.topology = topology = as_topology(topology)
         self.options = plan_options(options)
-        check_microbatched_llm(self.stages[-1], self.options.microbatching)
+        check_microbatched_llm(self.stages[-1], self.options.microbatching, self.options.uniform_algorithm)
         spec = self.options.context_parallel
         self.context_parallel = None if spec is None else spec.on(topology)
         if spec is not None:
@@ -274,8 +275,10 @@ class Orchestrator:
         """The step of one pass: the LLM stage balanced, then every encoder stage near its samples' LLM ranks."""
         start = time.perf_counter()
         *encoders, llm_stage = self.stages
-        llm = self._plan_stage(batch, llm_stage, stage_items(batch, llm_stage), None)
-        plans = tuple(self._plan_stage(batch, stage, stage_items(batch, stage), llm) for stage in encoders) + (llm,)
+        uniform = self.options.uniform_algorithm
+        llm = stage_named(self._plan_stage, uniform, batch, llm_stage, stage_items(batch, llm_stage), None)
+        plans = tuple(stage_named(self._plan_stage, uniform, batch, stage, stage_items(batch, stage), llm)
+                      for stage in encoders) + (llm,)
         return StepPlan(batch=batch, stages=self.stages, microbatches=(compose(batch, self.stages, plans),),
                         microbatch_samples=(llm.item_sample,),  # the LLM's items: every sample, in order
                         planning_seconds=time.perf_counter() - start)

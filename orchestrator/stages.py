@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers import CostModel, get_algorithm
+from ..balancers.problem import InfeasibleError
 from ..balancers.validation import as_bool, as_real, is_int
 from .samples import Batch
 
@@ -103,13 +104,33 @@ def one_pass_replaced(algorithm: str, defaults: tuple[str, ...], what: str = "`a
             f"{' or '.join(map(repr, defaults))}")
 
 
-def check_microbatched_llm(stage: Stage, microbatching) -> None:
+def check_microbatched_llm(stage: Stage, microbatching, uniform_algorithm: str | None = None) -> None:
     """With a micro-batch budget (`microbatching` not None) the LLM stage's own `algorithm` never runs:
-    ValueError where it names one other than a default (`one_pass_replaced`)."""
-    problem = None if microbatching is None else one_pass_replaced(stage.algorithm, MICROBATCHED_LLM_ALGORITHMS,
-                                                                   where=f"stage {stage.name!r}: ")
+    ValueError where it names one other than a default (`one_pass_replaced`); `uniform_algorithm` replaces it
+    anyway (probe21: refused by the name of an algorithm that would not have run either way)."""
+    problem = None if microbatching is None or uniform_algorithm is not None else one_pass_replaced(
+        stage.algorithm, MICROBATCHED_LLM_ALGORITHMS, where=f"stage {stage.name!r}: ")
     if problem is not None:
         raise ValueError(problem)
+
+
+def stage_named(plan_stage, uniform_algorithm: str | None, batch: Batch, stage: Stage, items, llm):
+    """`plan_stage(batch, stage, items, llm)`, a stage of a one-pass step, its InfeasibleError naming the stage and
+    the algorithm that ran, and where a heuristic gave up under the cap, the argument to search further (probe22
+    P22-10: lpt's bare "found no rank with room ... try algorithm='ilp'", an argument the Orchestrator lacks)."""
+    try:
+        return plan_stage(batch, stage, items, llm)
+    except InfeasibleError as error:
+        if str(error).startswith(f"stage {stage.name!r}"):
+            raise
+        algorithm = uniform_algorithm or stage.algorithm
+        further = ""
+        if error.heuristic is not None and algorithm != "auto":
+            further = ("; uniform_algorithm='auto' searches further" if uniform_algorithm else
+                       f"; Stage({stage.name!r}, ..., algorithm='auto') searches further")
+        items_are = "the batch's samples" if stage.is_llm else "its segments in batch order"
+        raise InfeasibleError(f"stage {stage.name!r} (algorithm {algorithm!r}; its items are {items_are}): "
+                              f"{error}{further}", error.min_cap, error.heuristic) from error
 
 
 def sample_embedding_bytes(batch: Batch, stages) -> np.ndarray:
