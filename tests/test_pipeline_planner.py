@@ -248,8 +248,11 @@ def test_dispatcher_plans_cells_for_the_pipeline():
 
 def test_unaware_step_is_the_plain_plans_own_step_even_when_the_search_starts_from_it():
     """Regression: `unaware_step_time` was read after the search had improved the start it came from
-    (the plain plan's cells as planned, when they start fastest): it must be the plain plan's step."""
+    (the plain plan's cells as planned, when they start fastest): it must be the plain plan's step, the plain
+    planner's cells planned for M (`auto.solve_each`; without a pipeline `auto` may keep the plan of the fewest
+    micro-batches instead, as it does here)."""
     from orchmllm.balancers.microbatch.api import make_microbatch_problem
+    from orchmllm.balancers.microbatch.auto import solve_each
     from orchmllm.balancers.pipeline.planner import pipeline_step
     from orchmllm.study.models import MODELS
 
@@ -257,10 +260,12 @@ def test_unaware_step_is_the_plain_plans_own_step_even_when_the_search_starts_fr
     lengths = sample_workload("long", 8, 64, seed=7).sample_llm_length
     budget, pipeline = max(16384, int(lengths.max())), Pipeline(stages=4, schedule="interleaved", virtual_stages=2)
     options = dict(max_tokens_per_microbatch=budget, cost=cost, num_microbatches=8)
-    piped, plain = balance_microbatches(lengths, 8, pipeline=pipeline, **options), balance_microbatches(
+    piped, fewer = balance_microbatches(lengths, 8, pipeline=pipeline, **options), balance_microbatches(
         lengths, 8, **options)
     problem = make_microbatch_problem(lengths, 8, max_tokens_per_microbatch=budget, cost=cost)
+    plain = solve_each(problem, 8)
     own = pipeline_step(problem, plain.rank, plain.microbatch, 8, pipeline, 0.0).step_time
+    assert not np.array_equal(fewer.microbatch, plain.microbatch)  # without a pipeline the fewest's plan won
     assert piped.pipeline.unaware_step_time == own
     assert piped.pipeline.step_time < own
 

@@ -45,7 +45,7 @@ from ..validation import as_bool
 from . import auto as microbatch_auto, exact as microbatch_exact
 from .auto import plan_cost
 from .bounds import min_bins
-from .locality import MAX_LPT_ROUNDS, keep_cells_local, solve_near_sources
+from .locality import MAX_LPT_ROUNDS, keep_cells_local, solve_each_near_sources, solve_near_sources
 from .options import MicroBatchOptions, microbatch_options
 from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, cell_loads, check_step_cost,
                    checked_kernel, float_sum, make_microbatch_plan, step_cost, within_budget)
@@ -431,7 +431,9 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     origins = as_origins(problem, sources, item_bytes, topology)
     kernel = record.kernel
     if kernel is microbatch_auto.solve:  # M = 1 at least `balance`'s plan (with sources: `solve_near_sources`)
-        kernel = microbatch_auto.solve_with_plain_step if origins is None else solve_near_sources
+        plain = (microbatch_auto.solve_with_plain_step, solve_near_sources)  # a pipeline's: every micro-batch used
+        kernel = (plain if pipeline is None else (microbatch_auto.solve_each, solve_each_near_sources))[
+            origins is not None]
     start = time.perf_counter()
     witness = microbatch_auto.solve if certifies(record) and not built_in(record) else None
     kernel = checked_kernel(kernel, algorithm, certifies(record), built_in(record), witness)

@@ -49,7 +49,7 @@ from ..locality.partial_plan import PartialPlan
 from ..locality.reach import ranks_left_over
 from ..locality.repair import REPAIR_SEARCHES, repair
 from ..origins import Origins
-from .auto import plain_step, plan_cost, solve
+from .auto import plain_step, plan_cost, solve, solve_each
 from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem, float_sum
 
 MAX_FILL = 0.99  # tokens / (M · D · T) above which the cells deal is not tried: of 552 cells deals that met their
@@ -62,14 +62,15 @@ MAX_LPT_ROUNDS = 256  # LPT rounds of one `take_anywhere` before the cells deal 
 ROOM_GAP = 0.01  # the step the cells' own one-micro-batch plan may cost above the plain step's (`solve_near_sources`)
 
 
-def solve_near_sources(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
-    """The `auto` kernel with `sources`: `microbatch_auto.solve`'s plan, and with one micro-batch `plain_step`'s
+def solve_near_sources(problem: MicroBatchProblem, num_microbatches: int, cells=solve) -> MicroBatchResult | None:
+    """The `auto` kernel with `sources`: `microbatch_auto.solve`'s plan (`cells`: a pipeline's `solve_each`), and
+    with one micro-batch `plain_step`'s
     where `solve` finds none or costs more than ROOM_GAP above it.  The cells' own plan leaves the locality deal
     room (the plain step's loads, level to ~1e-5, leave it none: 55-70 % of the bytes crossed nodes instead of
     4-10 % on the traces at D 64-512, for steps 0.1-0.9 % lower), but no packing, or a step more than ROOM_GAP
     higher, is not the price of locality.  The plain step runs only where `solve`'s plan is not within ROOM_GAP
     of the certified `cost_bound`."""
-    result = solve(problem, num_microbatches)
+    result = cells(problem, num_microbatches)
     if num_microbatches != 1:
         return result
     cost = None if result is None else plan_cost(problem, result, 1)
@@ -79,6 +80,11 @@ def solve_near_sources(problem: MicroBatchProblem, num_microbatches: int) -> Mic
     if plain is None or (cost is not None and cost <= plan_cost(problem, plain, 1) * (1 + ROOM_GAP)):
         return result
     return plain
+
+
+def solve_each_near_sources(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+    """`solve_near_sources` from M's own cells (`microbatch_auto.solve_each`): a pipeline's start with `sources`."""
+    return solve_near_sources(problem, num_microbatches, solve_each)
 
 
 def _deal_cells(state: PartialPlan, sources: np.ndarray, item_bytes: np.ndarray, num_microbatches: int,
