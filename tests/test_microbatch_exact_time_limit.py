@@ -6,6 +6,7 @@ import pytest
 
 from orchmllm import balance_microbatches
 from orchmllm.balancers.microbatch import exact, greedy
+from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import llm_stage_lengths
 
@@ -36,3 +37,17 @@ def test_without_an_incumbent_the_greedy_start_always_runs(monkeypatch):
                                 algorithm="exact", time_limit=1e-9)
     assert starts and plan.step_cost >= plan.lower_bound
     assert exact.GREEDY_CELLS_PER_SECOND * 1e-9 < 5 * 2
+
+
+def test_regression_a_scanning_start_is_charged_its_cells(monkeypatch):
+    """rev15 R15-04: costs that do not follow the lengths take the greedy's scan (n · M · D pairs); charged n · M, it
+    ran 0.94 CPU s under time_limit=0.1 at D 1024 x 32, M 4."""
+    rng = np.random.default_rng(11)
+    lengths, costs = rng.integers(1, 4000, 64 * 32), rng.random(64 * 32) * 1000
+    budget = int(lengths.sum() / (64 * 4) * 1.5)
+    starts = greedy_starts(monkeypatch)
+    # 2048 items x 4 micro-batches = 8192 pairs searched, x 64 cells = 524 288 scanned: 0.01 s buys 20 000
+    balance_microbatches(lengths, 64, costs=costs, max_tokens_per_microbatch=budget, num_microbatches=4,
+                         algorithm="exact", time_limit=0.01)
+    assert starts == []
+    assert greedy.scans(make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=budget, costs=costs))

@@ -100,9 +100,7 @@ def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarra
     if kept is not None and kept.answers(problem, num_microbatches):
         return kept.cell_of
     order = sorted_order(problem.item_costs)
-    lengths = problem.lengths[order]
-    padded_ok = not problem.padded or float(problem.item_costs.min(initial=0.0)) >= 0
-    if padded_ok and bool(np.all(lengths[1:] <= lengths[:-1])):
+    if _searchable(problem, order):
         found = _sorted_greedy(problem, num_microbatches, order)
     else:
         found = _scan_greedy(problem, num_microbatches, order)
@@ -113,6 +111,19 @@ def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarra
     used = int(cell_of.max(initial=-1)) // problem.num_ranks + 1
     problem.packings[key] = _Run(problem.lengths, problem.item_costs, used, num_microbatches, fresh_won, cell_of)
     return cell_of
+
+
+def _searchable(problem: MicroBatchProblem, order: np.ndarray) -> bool:
+    """Whether lengths do not grow along the cost `order` (and padded costs are non-negative): the sorted search
+    finds each item's cell, else every cell is weighed (`_scan_greedy`)."""
+    lengths = problem.lengths[order]
+    padded_ok = not problem.padded or float(problem.item_costs.min(initial=0.0)) >= 0
+    return padded_ok and bool(np.all(lengths[1:] <= lengths[:-1]))
+
+
+def scans(problem: MicroBatchProblem) -> bool:
+    """Whether `greedy_cells` weighs every cell for every item (O(n·M·D)) rather than searching (O(n·M log D))."""
+    return not _searchable(problem, sorted_order(problem.item_costs))
 
 
 def _fresh_wins(excess: float, alone: float) -> bool:
