@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .problem import Problem, count_limits, exact_sum
+from .problem import InfeasibleError, Problem, count_limits, exact_sum
 
 
 def lower_bound(problem: Problem) -> float:
@@ -114,3 +114,14 @@ def pigeonhole_cap(lengths: np.ndarray, num_ranks: int) -> tuple[int, int]:
     needed = sums[ks * num_ranks + 1] - sums[ks * num_ranks - ks]
     k = int(np.argmax(needed))
     return int(needed[k]), k
+
+
+def cap_refusal(lengths: np.ndarray, num_ranks: int, cap: int) -> InfeasibleError | None:
+    """The refusal of a cap below `pigeonhole_cap` (no plan fits it: say so, not "try another algorithm"), for a
+    heuristic that found no room; None where the bound allows the cap."""
+    needed, k = pigeonhole_cap(lengths, num_ranks)
+    if needed <= cap:
+        return None
+    return InfeasibleError(f"no plan fits max_tokens_per_rank={cap} on {num_ranks} ranks: of the {k * num_ranks + 1} "
+                           f"longest items some rank holds {k + 1}, at least {needed} tokens; a cap of at least "
+                           f"{needed} is needed", min_cap=needed)

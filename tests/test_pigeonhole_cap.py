@@ -50,3 +50,11 @@ def test_regression_an_encoder_cap_no_plan_meets_is_not_blamed_on_lpt():
                                 for i, length in enumerate([701, 530, 536, 640, 205, 296, 644])], 4)
     with pytest.raises(InfeasibleError, match="no plan fits max_tokens_per_rank=900 on 4 ranks"):
         Orchestrator(stages, Topology(1, 4)).plan(batch)
+
+
+def test_regression_equal_counts_refuses_a_provably_infeasible_cap_as_such():
+    """rev15 R15-01: the equal-count lpt still read "it fits under a cap of 1066, and a smaller cap may still be
+    feasible" where 1066 is the least cap any plan needs."""
+    with pytest.raises(InfeasibleError, match=r"^no plan fits max_tokens_per_rank=900 on 4 ranks: of the 5 longest "
+                                              r"items some rank holds 2, at least 1066 tokens"):
+        balance([701, 530, 536, 640, 205, 296, 644], 4, max_tokens_per_rank=900, equal_counts=True)

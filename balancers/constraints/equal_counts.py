@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from ..bounds import cap_refusal
 from ..problem import InfeasibleError, KernelResult, Problem, Status, count_limits, rank_loads, rank_tokens
 
 SEARCH_RANKS = 8
@@ -64,6 +65,9 @@ def lpt(problem: Problem, cap: int | None = None) -> np.ndarray:
             else:
                 break
         if not heap:
+            proven = cap_refusal(problem.lengths, problem.num_ranks, cap)  # equal counts or not (rev15 R15-01)
+            if proven is not None:
+                raise proven
             enough = int(rank_tokens(problem, lpt(problem)).max())
             raise InfeasibleError(
                 f"equal-count `lpt` found no rank with room for item {item} ({length} tokens) under "

@@ -36,7 +36,7 @@ import weakref
 
 import numpy as np
 
-from ..bounds import pigeonhole_cap
+from ..bounds import cap_refusal
 from ..problem import (InfeasibleError, KernelResult, Problem, integer_keys_fit, integer_values, rank_tokens,
                        read_only, sorted_order)
 
@@ -400,13 +400,9 @@ def _greedy_padded(problem: Problem, cap: int | None) -> np.ndarray:
 def _no_room(problem: Problem, item: int, cap: int, uncapped: np.ndarray | None = None) -> InfeasibleError:
     """The greedy got stuck; the cap its uncapped plan needs is one at which it cannot (unpadded:
     `uncapped`, the plan the capped greedy started from; padded: computed here)."""
-    if not problem.padded:
-        needed, k = pigeonhole_cap(problem.lengths, problem.num_ranks)
-        if needed > cap:  # no plan fits: say so, not "try another algorithm"
-            return InfeasibleError(
-                f"no plan fits max_tokens_per_rank={cap} on {problem.num_ranks} ranks: of the "
-                f"{k * problem.num_ranks + 1} longest items some rank holds {k + 1}, at least {needed} tokens; a cap "
-                f"of at least {needed} is needed", min_cap=needed)
+    proven = None if problem.padded else cap_refusal(problem.lengths, problem.num_ranks, cap)
+    if proven is not None:
+        return proven
     exact = "algorithm='ilp'"
     if problem.padded:
         uncapped, exact = _greedy_padded(problem, None), "algorithm='padded' (exact)"
