@@ -77,7 +77,9 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
             the mean load than the smallest item; "only" always deals with the filler.
 
     Returns:
-        A frozen `BalancePlan`; `InfeasibleError` (a ValueError) when the cap cannot be met.
+        A frozen `BalancePlan`; `InfeasibleError` (a ValueError) when the cap cannot be met; `TimeoutError` where
+        an exact search ('ilp', 'exact') found no plan within its time limit (`exact.ilp.DEFAULT_TIME_LIMIT` when
+        `time_limit` is None) and did not prove the cap infeasible.
 
     >>> plan = balance([5, 4, 3, 3, 3], 2, algorithm="lpt")
     >>> plan.assignment.tolist(), plan.loads.tolist(), plan.makespan, plan.lower_bound, str(plan.status)

@@ -126,16 +126,17 @@ def require_result(result, expected: type, algorithm: str, called: str = "", als
 KERNEL_REFUSALS = (InfeasibleError, SizeLimitError, TimeoutError)  # a kernel's answers about the input, passed on
 
 
-def call_kernel(kernel: Callable, algorithm: str, problem, *args):
+def call_kernel(kernel: Callable, algorithm: str, problem, *args, built_in: bool = False):
     """`kernel(problem.for_kernel(), *args)`, a copy of the problem (`SortedItems.for_kernel`): nothing the kernel
     sets on it reaches the problem the certificate reads.  A refusal of the heuristic it fell back to
     (`InfeasibleError.heuristic`) is told as the algorithm's.  An exception other than its refusals (`KERNEL_REFUSALS`)
     is a bug of the kernel: RuntimeError naming it, raised from the kernel's own (a write to the problem's read-only
-    arrays too)."""
+    arrays too).  A `built_in` kernel may time out without a `time_limit`: orchmllm's exact searches run under
+    `exact.ilp.DEFAULT_TIME_LIMIT` then (probe22 P22-18: their TimeoutError was called a bug of the kernel)."""
     try:
         return kernel(problem.for_kernel(), *args)
     except KERNEL_REFUSALS as error:
-        contradiction = _contradiction(error, problem)
+        contradiction = None if built_in and isinstance(error, TimeoutError) else _contradiction(error, problem)
         if contradiction is None and getattr(error, "heuristic", None) not in (None, algorithm):
             further = "" if algorithm == "auto" else "; algorithm='auto' searches further"
             raise InfeasibleError(f"algorithm {algorithm!r} falls back to {error.heuristic} under a cap its own plan "
@@ -181,7 +182,7 @@ def run_kernel(kernel: Kernel, problem: Problem, algorithm: str,
     A `built_in` kernel (`registry.built_in`) writes nothing: its bound is left to `make_plan` (None), which
     skips it where the kernel proved its plan optimal."""
     bound = None if built_in else lower_bound(problem)
-    result = call_kernel(kernel, algorithm, problem)
+    result = call_kernel(kernel, algorithm, problem, built_in=built_in)
     require_result(result, KernelResult, algorithm)
     return result, bound
 

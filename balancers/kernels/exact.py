@@ -19,7 +19,7 @@ import time
 from ..bounds import lower_bound
 from ..exact.branch_and_bound import cap_can_bind, integer_costs, prove, prove_small
 from ..exact.ilp import search, time_limit_of
-from ..problem import InfeasibleError, KernelResult, Problem, Status, rank_loads
+from ..problem import InfeasibleError, KernelResult, Problem, Status, rank_loads, rank_tokens
 from ..validation import SizeLimitError
 from . import auto, ilp, padded
 
@@ -38,7 +38,10 @@ def solve(problem: Problem) -> KernelResult:
     started = time.perf_counter()
     try:
         start = auto.solve(dataclasses.replace(problem, time_limit=None)).assignment
-    except InfeasibleError:  # auto found no plan under the cap: the MILP decides
+    except InfeasibleError:  # auto found no plan under the cap: the uncapped optimum where it fits, else the MILP
+        free = solve(dataclasses.replace(problem, max_tokens_per_rank=None))
+        if free.status is Status.OPTIMAL and rank_tokens(problem, free.assignment).max() <= problem.max_tokens_per_rank:
+            return free  # optimal without the cap and within it: optimal with it (probe22 P22-18)
         return ilp.solve(problem)
     makespan = float(rank_loads(problem, start).max())
     if makespan <= lower_bound(problem):  # proven by the bound (one giant item, say): no search, no size limit
