@@ -58,3 +58,13 @@ def test_regression_equal_counts_refuses_a_provably_infeasible_cap_as_such():
     with pytest.raises(InfeasibleError, match=r"^no plan fits max_tokens_per_rank=900 on 4 ranks: of the 5 longest "
                                               r"items some rank holds 2, at least 1066 tokens"):
         balance([701, 530, 536, 640, 205, 296, 644], 4, max_tokens_per_rank=900, equal_counts=True)
+
+
+def test_regression_equal_counts_under_a_cap_its_own_plan_meets_is_not_refused():
+    """probe22 P22-17: auto with equal_counts refused a cap (68) that its own uncapped plan (tokens [68, 66])
+    meets: its capped equal-count LPT found no room, and it fell back without trying that plan."""
+    lengths = [15, 31, 15, 31, 32, 3, 7]
+    free = balance(lengths, 2, equal_counts=True)
+    assert free.tokens.max() == 68
+    capped = balance(lengths, 2, equal_counts=True, max_tokens_per_rank=68)
+    assert capped.tokens.max() <= 68 and sorted(np.bincount(capped.assignment, minlength=2)) == [3, 4]
