@@ -47,8 +47,8 @@ from .plan import StagePlan, _frozen, compose, constant, counting, offsets_withi
 from .samples import Batch, group_order
 from .shards import split_layout
 from .stages import Stage, check_microbatched_llm, check_stages, sample_embedding_bytes, stage_named
-from .step import (StageCapError, StepPlan, capped_cell_lengths, check_cells, check_samples_fit, check_segments_fit,
-                   least_moving)
+from .step import (StageCapError, StepPlan, capped_cell_lengths, capped_replan_note, check_cells, check_samples_fit,
+                   check_segments_fit, least_moving, over_cap_note)
 
 WHOLE_STEP_RANKS = 64  # ranks up to which "locality" also plans the step with "lap" and with no placement
 
@@ -312,14 +312,13 @@ class Orchestrator:
             if llm_stage.padded or capped is None or np.array_equal(capped, batch.sample_llm_length):
                 raise
             failure = error
-        why = (f"stage {failure.stage!r} found no plan within its cap in micro-batch {failure.microbatch} ({failure}), "
-               f"so every sample's cell tokens count its share of the encoders' caps (`capped_cell_lengths`)",)
-        cells = self._cells(batch, options, origins, capped, why)
+        cells = self._cells(batch, options, origins, capped, (capped_replan_note(failure),))
         try:
             return self._plan_cells(batch, cells, start)
         except StageCapError as error:
             raise StageCapError(f"{error}, also with cells that count every sample's share of the encoders' caps "
-                                f"(a sample holding more than a cap needs room on other ranks of its micro-batch)",
+                                f"(a sample holding more than a cap needs room on other ranks of its micro-batch)"
+                                f"{over_cap_note(batch, encoders)}",
                                 error.min_cap, error.stage, error.microbatch) from failure
 
     def _cells(self, batch: Batch, options: MicroBatchOptions, origins: dict, capped: np.ndarray | None = None,

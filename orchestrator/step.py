@@ -78,22 +78,52 @@ def capped_cell_lengths(batch: Batch, stages, budget: int) -> np.ndarray | None:
     [720, 1000]
     """
     lengths = None
-    for stage in stages:
-        segments = batch.segments_of(stage.modality)
-        if stage.is_llm or stage.max_tokens_per_rank is None or not segments.size:
-            continue
-        cap, owners = int(stage.max_tokens_per_rank), batch.segment_sample[segments]
-        if stage.padded:
-            tokens = np.bincount(owners, minlength=batch.num_samples) * int(batch.segment_length[segments].max())
-        else:
-            tokens = np.zeros(batch.num_samples, dtype=np.int64)
-            np.add.at(tokens, owners, batch.segment_length[segments])
+    for stage, cap, tokens in _capped_stage_tokens(batch, stages):
         if cap >= int(tokens.sum()):  # one rank may hold the stage's every token
             continue
         shares, inverse = np.unique(np.minimum(tokens, cap), return_inverse=True)
         scaled = np.array([-(-share * budget // cap) for share in shares.tolist()], dtype=np.int64)  # exact, <= budget
         lengths = np.maximum(batch.sample_llm_length if lengths is None else lengths, scaled[inverse.ravel()])
     return lengths
+
+
+def _capped_stage_tokens(batch: Batch, stages):
+    """(stage, cap, each sample's tokens of it) for every encoder stage of `stages` with a cap and segments in
+    `batch` (padded: the sample's segments × the stage's longest)."""
+    for stage in stages:
+        segments = batch.segments_of(stage.modality)
+        if stage.is_llm or stage.max_tokens_per_rank is None or not segments.size:
+            continue
+        owners = batch.segment_sample[segments]
+        if stage.padded:
+            tokens = np.bincount(owners, minlength=batch.num_samples) * int(batch.segment_length[segments].max())
+        else:
+            tokens = np.zeros(batch.num_samples, dtype=np.int64)
+            np.add.at(tokens, owners, batch.segment_length[segments])
+        yield stage, int(stage.max_tokens_per_rank), tokens
+
+
+def capped_replan_note(failure: StageCapError) -> str:
+    """Why the cells were planned again on `capped_cell_lengths` (an error of that plan says so)."""
+    return (f"stage {failure.stage!r} found no plan within its cap in micro-batch {failure.microbatch} ({failure}), "
+            f"so every sample's cell tokens count its share of the encoders' caps (`capped_cell_lengths`: "
+            f"conservative counts, so the fewest micro-batches named are theirs; fewer may fit the stages' caps)")
+
+
+def over_cap_note(batch: Batch, stages) -> str:
+    """What the capped cells cannot do (probe22 P22-16): samples holding more than a stage's cap each fill a cell
+    alone, and the cells do not spread them over micro-batches ("" where no sample does)."""
+    notes = []
+    for stage, cap, tokens in _capped_stage_tokens(batch, stages):
+        over = np.flatnonzero(tokens > cap)
+        if over.size:
+            notes.append(f"{over.size} samples each hold more of stage {stage.name!r} than its max_tokens_per_rank="
+                         f"{cap} (up to {int(tokens[over].max())})")
+    if not notes:
+        return ""
+    return (f"; {', '.join(notes)}: the cells give each a rank of its micro-batch and do not spread them over "
+            f"micro-batches, so more micro-batches do not help, and a cap figure above counts only the micro-batch "
+            f"they fell in; a larger cap, or fewer such samples per batch, does")
 
 
 def check_segments_fit(batch: Batch, stage: Stage, items) -> None:
