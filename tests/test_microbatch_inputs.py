@@ -77,18 +77,27 @@ def test_free_num_microbatches_needing_too_many_cells_is_rejected():
 @pytest.mark.parametrize("algorithm", ["auto", "greedy", "cells", "exact"])
 def test_regression_too_few_microbatches_named_a_count_that_does_not_fit(algorithm):
     """Cause: the error named the bin-packing bound (3) as the count needed, and at 3 it said
-    "7 micro-batches always fit"; 3 are proven too few, 4 fit, and a free M takes 4."""
+    "7 micro-batches always fit"; 3 are proven too few, 4 fit, and a free M takes 4.  Since the count bound
+    (two items of 4 a cell of 10: probe22 P22-03) the bound itself is 4."""
     kwargs = dict(max_tokens_per_microbatch=10, algorithm=algorithm)
-    with pytest.raises(InfeasibleError, match=r"`num_microbatches`=1 is too few: .* at least 3 micro-batches on 1 "
-                                              r"ranks; 4 fit, the fewest possible \(exhaustive search: 3 do not\)$"
+    with pytest.raises(InfeasibleError, match=r"`num_microbatches`=1 is too few: the items need at least 4 cells .* "
+                                              r"at least 4 micro-batches on 1 ranks; 4 fit, the fewest possible$"
                        ) as error:
         balance_microbatches([4] * 7, 1, num_microbatches=1, **kwargs)
     assert error.value.min_cap == 4
+    with pytest.raises(InfeasibleError, match=r"`num_microbatches`=3 is too few: .* at least 4 micro-batches on 1 "
+                                              r"ranks; 4 fit, the fewest possible$") as error:
+        balance_microbatches([4] * 7, 1, num_microbatches=3, **kwargs)
+    assert error.value.min_cap == 4 == balance_microbatches([4] * 7, 1, **kwargs).num_microbatches
+    lengths = [9, 5, 4, 4, 4, 3]  # the bound says 3, exhaustive search says 4
+    with pytest.raises(InfeasibleError, match=r"`num_microbatches`=1 is too few: .* at least 3 micro-batches on 1 "
+                                              r"ranks; 4 fit, the fewest possible \(exhaustive search: 3 do not\)$"):
+        balance_microbatches(lengths, 1, num_microbatches=1, **kwargs)
     with pytest.raises(InfeasibleError, match=rf"`num_microbatches`=3: algorithm '{algorithm}' found no packing of "
                                               r"the items into 3 × 1 cells of 10 tokens \(none exists: exhaustive "
                                               r"search\); 4 fit, the fewest possible") as error:
-        balance_microbatches([4] * 7, 1, num_microbatches=3, **kwargs)
-    assert error.value.min_cap == 4 == balance_microbatches([4] * 7, 1, **kwargs).num_microbatches
+        balance_microbatches(lengths, 1, num_microbatches=3, **kwargs)
+    assert error.value.min_cap == 4 == balance_microbatches(lengths, 1, **kwargs).num_microbatches
 
 
 def test_too_few_microbatches_at_the_bound_says_the_bound_is_met():
