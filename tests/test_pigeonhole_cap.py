@@ -68,3 +68,11 @@ def test_regression_equal_counts_under_a_cap_its_own_plan_meets_is_not_refused()
     assert free.tokens.max() == 68
     capped = balance(lengths, 2, equal_counts=True, max_tokens_per_rank=68)
     assert capped.tokens.max() <= 68 and sorted(np.bincount(capped.assignment, minlength=2)) == [3, 4]
+
+
+def test_regression_auto_under_a_cap_its_own_plan_meets_is_not_refused():
+    """probe22 P22-17 (c42): auto's plan holds [89, 94, 94] tokens; with max_tokens_per_rank=94 no start fit the
+    cap and the capped LPT it fell back to found no room."""
+    lengths = [13, 35, 47, 35, 52, 24, 47, 24]
+    assert balance(lengths, 3).tokens.max() == 94
+    assert balance(lengths, 3, max_tokens_per_rank=94).tokens.max() <= 94

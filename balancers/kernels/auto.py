@@ -84,6 +84,18 @@ def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
     where the items come in that order already)."""
     if problem.padded:
         return padded.solve(problem)
+    try:
+        return _in_canonical_order(problem, lpt_plan)
+    except InfeasibleError:  # no start fit the cap: the plan without it may meet it (probe22 P22-17)
+        if problem.max_tokens_per_rank is None:
+            raise
+        free = _in_canonical_order(dataclasses.replace(problem, max_tokens_per_rank=None), None)
+        if rank_tokens(problem, free.assignment).max() > problem.max_tokens_per_rank:
+            raise
+        return free
+
+
+def _in_canonical_order(problem: Problem, lpt_plan: np.ndarray | None) -> KernelResult:
     canonical = in_canonical_order(problem)
     if canonical is None:
         return _solve(problem, lpt_plan)
