@@ -38,11 +38,14 @@ def solve(problem: Problem) -> KernelResult:
     started = time.perf_counter()
     try:
         start = auto.solve(dataclasses.replace(problem, time_limit=None)).assignment
-    except InfeasibleError:  # auto found no plan under the cap: the uncapped optimum where it fits, else the MILP
+    except InfeasibleError as error:  # auto found no plan under the cap: the uncapped optimum where it fits, else
+        if error.heuristic is None:  # the MILP; auto's proof that none fits stands (rev15 R15-08)
+            raise
         free = solve(dataclasses.replace(problem, max_tokens_per_rank=None))
         if free.status is Status.OPTIMAL and rank_tokens(problem, free.assignment).max() <= problem.max_tokens_per_rank:
             return free  # optimal without the cap and within it: optimal with it (probe22 P22-18)
-        return ilp.solve(problem)
+        left = max(time_limit - (time.perf_counter() - started), 1e-3)  # one limit for both (rev15 R15-07)
+        return ilp.solve(dataclasses.replace(problem, time_limit=left))
     makespan = float(rank_loads(problem, start).max())
     if makespan <= lower_bound(problem):  # proven by the bound (one giant item, say): no search, no size limit
         return KernelResult(start, Status.OPTIMAL, makespan)
