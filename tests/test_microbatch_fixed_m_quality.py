@@ -60,3 +60,13 @@ def test_a_free_m_solves_the_fewest_once(monkeypatch):
     monkeypatch.setattr(microbatch_auto, "_solve", counted)
     plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=131072, cost=COST)
     assert plan.num_microbatches == 2 and solved == [2, 3, 4]
+
+
+def test_regression_a_plan_at_the_bound_skips_the_fewest_plan(monkeypatch):
+    """rev15 R15-06: auto at a fixed M paid for the fewest micro-batches' plan even where M's own plan met the
+    bound, which no plan beats (4.1x the CPU for the same step at 512 x 32, M 8)."""
+    fewest = []
+    original = microbatch_auto._fewest_plan
+    monkeypatch.setattr(microbatch_auto, "_fewest_plan", lambda *args: fewest.append(1) or original(*args))
+    plan = balance_microbatches([5] * 64, 8, max_tokens_per_microbatch=20, num_microbatches=4)  # 2 a cell: at bound
+    assert plan.step_cost == plan.lower_bound and fewest == []
