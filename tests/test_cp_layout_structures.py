@@ -1,4 +1,4 @@
-"""The split layout's kept-sorted structures against brute scans: the same layouts, fewer scans.
+"""The split layout's kept-sorted structures and shortcuts against brute scans: the same layouts, fewer scans.
 
 `place_groups` keeps every candidate (a rank, or a group of ranks) in keys sorted by its peak load and
 searches them; the reference scans every candidate with numpy at each item (`Placement._candidates`).
@@ -43,10 +43,10 @@ def layout_inputs(lengths, num_ranks, cap, step):
 
 
 @st.composite
-def giant_mixes(draw):
+def giant_mixes(draw, ranks=(8, 16, 32)):
     """Giants that split, long unsplit items laid out with them, short ones; budgets from none to tight."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    num_ranks = draw(st.sampled_from([8, 16, 32]))
+    num_ranks = draw(st.sampled_from(ranks))
     giants = rng.integers(60_000, 320_000, draw(st.integers(1, num_ranks // 2)))
     longs = rng.integers(8_000, 60_000, draw(st.integers(0, 4 * num_ranks)))
     short = rng.integers(100, 4_000, draw(st.integers(0, 4 * num_ranks)))
@@ -64,6 +64,17 @@ class _Scanning(placement.Placement):
 
     def _floor(self, degree, time, need):
         return -math.inf, degree
+
+
+class _OneByOne(_Scanning):
+    """The stricter reference: every item through `place` (no opening runs, `Placement.open_run`), no search
+    decided by the least-loaded candidate (`Placement._quick`)."""
+
+    def open_run(self, items, times, needs):
+        return 0
+
+    def _quick(self, degree, time, need):
+        return None
 
 
 def _same_layout(found, expected):
@@ -88,6 +99,47 @@ def test_place_groups_equals_the_brute_scan(case):
         found = _layout(case, placement.Placement, monkeypatch)
         scanned = _layout(case, _Scanning, monkeypatch)
     _same_layout(found, scanned)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=giant_mixes(ranks=(8, 16, 32, 64)))
+def test_place_groups_equals_laying_out_item_by_item_with_numpy_scans(case):
+    """The layout's shortcuts (`Placement.open_run`, `_quick`, one degree's overflow unsorted) make the layouts of
+    every item through `place` with numpy scans of every candidate."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        found = _layout(case, placement.Placement, monkeypatch)
+        expected = _layout(case, _OneByOne, monkeypatch)
+    _same_layout(found, expected)
+
+
+def test_regression_items_that_each_open_a_group_were_placed_one_by_one(monkeypatch):
+    """Six giants at degree 8 on 64 ranks: each opens a group on the next free block.  Each went through `place`
+    (a search of the keys, then the block) where the opening run is read off their times at once (the long
+    workload's T = 16k step: 9.5k of its 36k items at degree 8)."""
+    places, place = [], placement.Placement.place
+    monkeypatch.setattr(placement.Placement, "place", lambda self, *a: places.append(a) or place(self, *a))
+    problem, spec, times, degree, long, target = layout_inputs([300_000] * 6 + [2_000] * 40, 64, None, 0)
+    start, degree, overflowed = placement.place_groups(problem, spec, GPUS, times, degree, long, target)
+    assert not overflowed and (degree[:6] == GPUS).all() and sorted(start[:6].tolist()) == list(range(0, 48, 8))
+    assert [a for a in places if a[1] > 1] == []
+
+
+def test_regression_an_overflows_search_walked_runs_where_the_least_loaded_candidate_decides(monkeypatch):
+    """Without a token budget the least-loaded candidate of an overflow's search always has room: it is the
+    answer unless another load rounds to its peak.  Each such search walked the keys' runs (`_least_fitting`)."""
+    walks, scanning, least_fitting, scan = [], [], placement.Placement._least_fitting, placement.Placement._scan
+
+    def scanned(self, degree, time, need, fullest):
+        scanning.append(fullest)
+        return scan(self, degree, time, need, fullest)
+
+    monkeypatch.setattr(placement.Placement, "_scan", scanned)
+    monkeypatch.setattr(placement.Placement, "_least_fitting",
+                        lambda self, *a: walks.append(scanning[-1]) or least_fitting(self, *a))
+    problem, spec, times, degree, long, target = layout_inputs([200_000, 150_000] + [50_000] * 30 + [2_000] * 40,
+                                                               16, None, 0)
+    assert placement.place_groups(problem, spec, GPUS, times, degree, long, target)[2]  # some item overflowed
+    assert False in scanning and False not in walks
 
 
 
