@@ -6,11 +6,12 @@ the exact solvers stop when a plan reaches it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
-from .problem import InfeasibleError, Problem, count_limits, exact_sum
+from .problem import InfeasibleError, KernelResult, Problem, count_limits, exact_sum, rank_tokens
 
 
 def lower_bound(problem: Problem) -> float:
@@ -125,3 +126,12 @@ def cap_refusal(lengths: np.ndarray, num_ranks: int, cap: int) -> InfeasibleErro
     return InfeasibleError(f"no plan fits max_tokens_per_rank={cap} on {num_ranks} ranks: of the {k * num_ranks + 1} "
                            f"longest items some rank holds {k + 1}, at least {needed} tokens; a cap of at least "
                            f"{needed} is needed", min_cap=needed)
+
+
+def uncapped_fit(problem: Problem, solve) -> KernelResult | None:
+    """`solve`'s plan of `problem` without its cap, where it meets the cap (None where it does not): the answer after a
+    heuristic's refusal under the cap, whose own plan without it may fit (probe22 P22-17: auto and equal counts
+    refused 61 % of caps at their own plans' tokens; P22-18: exact's uncapped optimum).  Callers raise a proof
+    (`InfeasibleError.heuristic` None) before asking."""
+    free = solve(dataclasses.replace(problem, max_tokens_per_rank=None))
+    return free if rank_tokens(problem, free.assignment).max() <= problem.max_tokens_per_rank else None

@@ -26,13 +26,12 @@ unpadded kernels; `padded` is optimal.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 
 import numpy as np
 
-from ..bounds import cap_refusal
+from ..bounds import cap_refusal, uncapped_fit
 from ..problem import InfeasibleError, KernelResult, Problem, Status, count_limits, rank_loads, rank_tokens
 
 SEARCH_RANKS = 8
@@ -245,11 +244,11 @@ def solve(problem: Problem) -> KernelResult:
         return solve_padded(problem)
     try:
         starts = [solve_lpt(problem).assignment]
-    except InfeasibleError:  # the plan without the cap may meet it (probe22 P22-17: 61 % of caps at its tokens)
-        free = solve(dataclasses.replace(problem, max_tokens_per_rank=None)).assignment
-        if rank_tokens(problem, free).max() <= problem.max_tokens_per_rank:
-            return KernelResult(free)
-        raise
+    except InfeasibleError as error:  # the plan without the cap may meet it (`uncapped_fit`)
+        free = None if error.heuristic is None else uncapped_fit(problem, solve)
+        if free is None:
+            raise
+        return free
     differenced = karmarkar_karp(problem)
     cap = problem.max_tokens_per_rank
     if cap is None or rank_tokens(problem, differenced).max() <= cap:

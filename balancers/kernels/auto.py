@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from ..bounds import lower_bound
+from ..bounds import lower_bound, uncapped_fit
 from ..exact.bounds import l2_bins
 from ..exact.ilp import search
 from ..orders import sealed
@@ -86,11 +86,10 @@ def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
         return padded.solve(problem)
     try:
         return _in_canonical_order(problem, lpt_plan)
-    except InfeasibleError:  # no start fit the cap: the plan without it may meet it (probe22 P22-17)
-        if problem.max_tokens_per_rank is None:
-            raise
-        free = _in_canonical_order(dataclasses.replace(problem, max_tokens_per_rank=None), None)
-        if rank_tokens(problem, free.assignment).max() > problem.max_tokens_per_rank:
+    except InfeasibleError as error:  # no start fit the cap: the plan without it may meet it (`uncapped_fit`)
+        proven = error.heuristic is None or problem.max_tokens_per_rank is None
+        free = None if proven else uncapped_fit(problem, lambda free: _in_canonical_order(free, None))
+        if free is None:
             raise
         return free
 

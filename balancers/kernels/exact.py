@@ -16,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ..bounds import lower_bound
+from ..bounds import lower_bound, uncapped_fit
 from ..exact.branch_and_bound import cap_can_bind, integer_costs, prove, prove_small
 from ..exact.ilp import search, time_limit_of
-from ..problem import InfeasibleError, KernelResult, Problem, Status, rank_loads, rank_tokens
+from ..problem import InfeasibleError, KernelResult, Problem, Status, rank_loads
 from ..validation import SizeLimitError
 from . import auto, ilp, padded
 
@@ -41,10 +41,10 @@ def solve(problem: Problem) -> KernelResult:
     except InfeasibleError as error:  # auto found no plan under the cap: the uncapped optimum where it fits, else
         if error.heuristic is None:  # the MILP; auto's proof that none fits stands (rev15 R15-08)
             raise
-        free = solve(dataclasses.replace(problem, max_tokens_per_rank=None))
-        if free.status is Status.OPTIMAL and rank_tokens(problem, free.assignment).max() <= problem.max_tokens_per_rank:
+        free = uncapped_fit(dataclasses.replace(problem, time_limit=time_limit / 2), solve)  # half the limit each
+        if free is not None and free.status is Status.OPTIMAL:
             return free  # optimal without the cap and within it: optimal with it (probe22 P22-18)
-        left = max(time_limit - (time.perf_counter() - started), 1e-3)  # one limit for both (rev15 R15-07)
+        left = max(time_limit - (time.perf_counter() - started), time_limit / 2)  # (rev15 R15-07)
         return ilp.solve(dataclasses.replace(problem, time_limit=left))
     makespan = float(rank_loads(problem, start).max())
     if makespan <= lower_bound(problem):  # proven by the bound (one giant item, say): no search, no size limit
