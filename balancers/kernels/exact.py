@@ -45,7 +45,11 @@ def solve(problem: Problem) -> KernelResult:
         if free is not None and free.status is Status.OPTIMAL:
             return free  # optimal without the cap and within it: optimal with it (probe22 P22-18)
         left = max(time_limit - (time.perf_counter() - started), time_limit / 2)  # (rev15 R15-07)
-        return ilp.solve(dataclasses.replace(problem, time_limit=left))
+        try:
+            return ilp.solve(dataclasses.replace(problem, time_limit=left))
+        except TimeoutError as timeout:
+            raise TimeoutError(f"{timeout} (the MILP's share of exact's time_limit={time_limit} s, after the optimum "
+                               f"without the cap did not fit it)") from timeout
     makespan = float(rank_loads(problem, start).max())
     if makespan <= lower_bound(problem):  # proven by the bound (one giant item, say): no search, no size limit
         return KernelResult(start, Status.OPTIMAL, makespan)
