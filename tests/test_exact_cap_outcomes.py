@@ -42,7 +42,7 @@ def test_regression_exact_under_a_tight_cap_spends_its_time_limit_once(monkeypat
     monkeypatch.setattr(exact_kernel.ilp, "solve", lambda problem: limits.append(problem.time_limit) or solve(problem))
     rng = np.random.default_rng(1)
     lengths = rng.integers(1000, 100000, int(rng.integers(30, 60)))  # rev15's case: auto refuses cap = half the sum
-    with pytest.raises(TimeoutError, match=r"within time_limit=0\.25 s .*\(the MILP's share of exact's "
+    with pytest.raises(TimeoutError, match=r"within time_limit=0\.[0-9]+ s .*\(the MILP's share of exact's "
                                            r"time_limit=0\.5 s, after the optimum without the cap did not fit it\)$"):
         balance(lengths, 2, costs=lengths.astype(float) ** 1.5, algorithm="exact",
                 max_tokens_per_rank=int(-(-lengths.sum() // 2)), time_limit=0.5)
