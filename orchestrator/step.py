@@ -123,7 +123,7 @@ def over_cap_note(batch: Batch, stages) -> str:
         return ""
     return (f"; {', '.join(notes)}: the cells give each a rank of its micro-batch and do not spread them over "
             f"micro-batches, so more micro-batches do not help, and a cap figure above counts only the micro-batch "
-            f"they fell in; a larger cap, or fewer such samples per batch, does")
+            f"they fell in; a larger cap, or fewer such samples per batch, may")
 
 
 def check_segments_fit(batch: Batch, stage: Stage, items) -> None:

@@ -431,7 +431,7 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     origins = as_origins(problem, sources, item_bytes, topology)
     kernel = record.kernel
     if kernel is microbatch_auto.solve:  # M = 1 at least `balance`'s plan (with sources: `solve_near_sources`)
-        plain = (microbatch_auto.solve_with_plain_step, solve_near_sources)  # a pipeline's: every micro-batch used
+        plain = (microbatch_auto.solve_with_plain_step, solve_near_sources)  # a pipeline's: the cells planned for M
         kernel = (plain if pipeline is None else (microbatch_auto.solve_each, solve_each_near_sources))[
             origins is not None]
     start = time.perf_counter()

@@ -64,12 +64,11 @@ ROOM_GAP = 0.01  # the step the cells' own one-micro-batch plan may cost above t
 
 def solve_near_sources(problem: MicroBatchProblem, num_microbatches: int, cells=solve) -> MicroBatchResult | None:
     """The `auto` kernel with `sources`: `microbatch_auto.solve`'s plan (`cells`: a pipeline's `solve_each`), and
-    with one micro-batch `plain_step`'s
-    where `solve` finds none or costs more than ROOM_GAP above it.  The cells' own plan leaves the locality deal
-    room (the plain step's loads, level to ~1e-5, leave it none: 55-70 % of the bytes crossed nodes instead of
-    4-10 % on the traces at D 64-512, for steps 0.1-0.9 % lower), but no packing, or a step more than ROOM_GAP
-    higher, is not the price of locality.  The plain step runs only where `solve`'s plan is not within ROOM_GAP
-    of the certified `cost_bound`."""
+    with one micro-batch `plain_step`'s where `cells` finds none or costs more than ROOM_GAP above it.  The cells'
+    own plan leaves the locality deal room (the plain step's loads, level to ~1e-5, leave it none: 55-70 % of the
+    bytes crossed nodes instead of 4-10 % on the traces at D 64-512, for steps 0.1-0.9 % lower), but no packing, or
+    a step more than ROOM_GAP higher, is not the price of locality.  The plain step runs only where the cells' plan is
+    not within ROOM_GAP of the certified `cost_bound`."""
     result = cells(problem, num_microbatches)
     if num_microbatches != 1:
         return result
