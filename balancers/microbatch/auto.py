@@ -161,13 +161,13 @@ def _or_fewest(problem: MicroBatchProblem, num_microbatches: int, plain_step: bo
     if num_microbatches == fewest:
         return _fewest_plan(problem, plain_step and fewest == 1)
     result = _solve(problem, num_microbatches)
-    if result is not None and plan_cost(problem, result, num_microbatches) <= float_sum(
-            [problem.cost_bound, num_microbatches * problem.microbatch_overhead]):
+    cost = None if result is None else plan_cost(problem, result, num_microbatches)
+    if cost is not None and cost <= float_sum([problem.cost_bound, num_microbatches * problem.microbatch_overhead]):
         return result  # at the bound: the fewest's plan cannot cost less (rev15 R15-06: 4.1x the time for it)
     fewer = _fewest_plan(problem, plain_step and fewest == 1)
     if fewer is None or result is None:
         return fewer if result is None else result
-    return min((result, fewer), key=lambda plan: plan_cost(problem, plan, num_microbatches))  # M's on ties
+    return fewer if plan_cost(problem, fewer, num_microbatches) < cost else result  # M's on ties
 
 
 def _fewest_plan(problem: MicroBatchProblem, one_microbatch: bool) -> MicroBatchResult | None:
