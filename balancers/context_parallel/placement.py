@@ -271,29 +271,30 @@ class Placement:
         least = np.minimum(keys[0][0] if keys else math.inf, np.concatenate(([math.inf], times[:-1])))
         alone = least + times > self.target  # float sums as `_quick`'s, one item at a time
         count = min(len(self.free), len(items) if alone.all() else int(np.argmin(alone)))
-        opened, starts = self.groups[degree], self.free[: -count - 1: -1]
+        starts = self.free[: -count - 1: -1]
         del self.free[len(self.free) - count:]
         for item, start, time, need in zip(items, starts, times[:count].tolist(), needs):
-            self.position[start], self.peak[start] = len(opened), time
-            keys.append((time, len(opened)))
-            opened.append(start)
-            self.tokens[start: start + degree] = need[0]
-            self.most_tokens[start] = (need[1], need[1])
-            self.placed[item] = (start, degree)
+            keys.append((time, self._seat(item, start, degree, time, need)))
         keys.sort()
         return count
 
     def _open(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
-        """Put `item` alone on the next free block of `degree` (the degree being laid out), a new group:
-        its ranks held nothing, so they now carry the item's time and shards."""
-        start, opened = self.free.pop(), self.groups[degree]
-        self.position[start], self.peak[start] = len(opened), time
-        bisect.insort(self.keys[degree], (time, len(opened)))
+        """Put `item` alone on the next free block of `degree` (the degree being laid out), a new group."""
+        start = self.free.pop()
+        bisect.insort(self.keys[degree], (time, self._seat(item, start, degree, time, need)))
+        return start
+
+    def _seat(self, item: int, start: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
+        """A new group of `degree` on the free block at `start`, `item` alone on it: its ranks held nothing, so they
+        now carry the item's time and shards.  The group's index (its key's, which the caller files)."""
+        opened = self.groups[degree]
+        index = len(opened)
+        self.position[start], self.peak[start] = index, time
         opened.append(start)
         self.tokens[start: start + degree] = need[0]
         self.most_tokens[start] = (need[1], need[1])
         self.placed[item] = (start, degree)
-        return start
+        return index
 
     def _overflow(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
         """Put `item` (its `time` and shards `need` at `degree`) on the least-loaded block of its degree or a

@@ -258,14 +258,7 @@ def take_in_node(state: PartialPlan, sources: np.ndarray, gpus_per_node: int,
         count = np.where(fits, window_size, dealt).min(axis=1)  # the deal's first item that does not fit
         kept = dealt < count[:, None]
         state.put_runs(items[kept], ranks[kept], costs[kept])
-        stuck = np.flatnonzero(count == 0)  # the least-loaded rank lacks token room (or rounding)
-        if stuck.size:
-            item, row_ranks = order[position[stuck]], nodes[stuck, None] * gpus_per_node + np.arange(gpus_per_node)
-            fits = state.fits(item[:, None], row_ranks)
-            chosen = np.argmin(np.where(fits, state.loads[row_ranks], np.inf), axis=1)
-            placed = fits.any(axis=1)
-            state.put(item[placed], row_ranks[placed, chosen[placed]])
-            count[stuck] = 1
+        count = _place_stuck(state, order, position, nodes, gpus_per_node, count)  # no token room (or rounding)
         pointer = position + count
         left = pointer < ends
         nodes, pointer, ends = nodes[left], pointer[left], ends[left]
@@ -311,17 +304,25 @@ def _counted_rounds(state: PartialPlan, order: np.ndarray, pointer: np.ndarray, 
         dealt_to = dealt_columns[roomy[:, 0]][kept]
         dealt_to += np.repeat(np.arange(0, by_load.size, gpus_per_node), count)
         state.destinations[order[(pointer[:, None] + slot)[kept]]] = by_load.ravel()[dealt_to]
-        stuck = np.flatnonzero(count == 0)  # rounding: the least-loaded rank's first item misses the margin
-        if stuck.size:
-            item, row_ranks = order[pointer[stuck]], nodes[stuck, None] * gpus_per_node + column
-            fits = state.fits(item[:, None], row_ranks)
-            chosen = np.argmin(np.where(fits, state.loads[row_ranks], np.inf), axis=1)
-            placed = fits.any(axis=1)
-            state.put(item[placed], row_ranks[placed, chosen[placed]])
-            count = np.maximum(count, 1)
+        count = _place_stuck(state, order, pointer, nodes, gpus_per_node, count)  # rounding: a miss of the margin
         pointer = pointer + count
         left = pointer < ends
         nodes, pointer, ends = nodes[left], pointer[left], ends[left]
+
+
+def _place_stuck(state: PartialPlan, order: np.ndarray, position: np.ndarray, nodes: np.ndarray, gpus_per_node: int,
+                 count: np.ndarray) -> np.ndarray:
+    """The round's counts, where a node's deal kept no item (`count` 0: its least-loaded rank lacks token room, or
+    rounding) its next item placed on the least-loaded rank of the node it fits, if any, and counted as dealt."""
+    stuck = np.flatnonzero(count == 0)
+    if not stuck.size:
+        return count
+    item, row_ranks = order[position[stuck]], nodes[stuck, None] * gpus_per_node + np.arange(gpus_per_node)
+    fits = state.fits(item[:, None], row_ranks)
+    chosen = np.argmin(np.where(fits, state.loads[row_ranks], np.inf), axis=1)
+    placed = fits.any(axis=1)
+    state.put(item[placed], row_ranks[placed, chosen[placed]])
+    return np.maximum(count, 1)
 
 
 @functools.lru_cache(maxsize=16)
