@@ -59,7 +59,7 @@ from ..balancers.pipeline.schedules import replica_times
 from ..balancers.pipeline.spec import Pipeline
 from ..balancers.problem import exact_sum
 from .frames import stage_costs
-from .plan import StagePlan, compose
+from .plan import StagePlan, _frozen, compose
 from .samples import Batch
 
 CRITICAL_REPLICAS = 8  # the slowest replicas `microbatch_order` times every candidate order on
@@ -184,12 +184,10 @@ def relabelled(plan: StagePlan, rank_of: np.ndarray) -> StagePlan:
     counts = np.diff(plan.rank_offsets)
     held = np.argsort(rank_of)  # held[q]: the rank whose items rank q runs
     moved = np.argsort(np.repeat(rank_of, counts), kind="stable")
-    frozen = {name: np.ascontiguousarray(value) for name, value in (
+    frozen = {name: _frozen(value, value.dtype) for name, value in (
         ("destination", rank_of[plan.destination]), ("rank_items", plan.rank_items[moved]),
         ("rank_offsets", np.concatenate(([0], np.cumsum(counts[held])))), ("loads", plan.loads[held]),
         ("tokens", plan.tokens[held]))}
-    for array in frozen.values():
-        array.setflags(write=False)
     return replace(plan, **frozen)
 
 

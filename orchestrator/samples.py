@@ -256,7 +256,10 @@ class Batch:
 
     def segments_of_samples(self, samples) -> np.ndarray:
         """Global indices of every segment of the given samples (ascending distinct indices), in order."""
-        samples = self._sample_indices(samples)
+        return self._segments_of(self._sample_indices(samples))
+
+    def _segments_of(self, samples: np.ndarray) -> np.ndarray:
+        """`segments_of_samples` of indices already checked (`_sample_indices`)."""
         offsets = self.sample_segment_offsets
         counts = offsets[samples + 1] - offsets[samples]
         return np.repeat(offsets[samples] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
@@ -281,7 +284,7 @@ class Batch:
         Sample k of the result is sample `samples[k]` of this batch, from the same source rank.
         """
         samples = self._sample_indices(samples)
-        segments = self.segments_of_samples(samples)
+        segments = self._segments_of(samples)
         counts = np.diff(self.sample_segment_offsets)[samples]
         batch = Batch(num_ranks=self.num_ranks, modalities=self.modalities, sample_text=self.sample_text[samples],
                       sample_source=self.sample_source[samples], sample_id=self.sample_id[samples],

@@ -30,7 +30,6 @@ from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampl
 
 INT64_MAX = 2**63 - 1
 SAME_CHECK = "every rank passes the same `check`: with it a rank gathers a digest first"  # (probe18 P18-13)
-COUNT_TAG = TAG_MAGIC  # with the name's CRC, each rank's third word of `global_count` (`_count_tag`)
 
 
 def _count_value(value, name: str, num_ranks: int) -> int:
@@ -105,7 +104,7 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
 
 def _count_tag(name: str) -> int:
     """`global_count`'s third word for a count named `name` (so two counts paired across ranks are told apart)."""
-    return COUNT_TAG + zlib.crc32(name.encode())
+    return TAG_MAGIC + zlib.crc32(name.encode())  # with the name's CRC, each rank's third word of `global_count`
 
 
 def _per_microbatch_count(where: str, way_out: str = "") -> ValueError:
