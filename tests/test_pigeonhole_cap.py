@@ -33,7 +33,7 @@ def test_the_bound_is_met_where_the_pairs_decide():
     assert pigeonhole_cap(np.array([9, 1, 1]), 4) == (9, 0)  # fewer items than ranks: the longest
 
 
-@pytest.mark.parametrize("algorithm", ["lpt", "auto", "karmarkar_karp", "multifit"])
+@pytest.mark.parametrize("algorithm", ["lpt", "auto", "karmarkar_karp", "multifit", "exact"])
 def test_regression_a_provably_infeasible_cap_is_refused_as_such(algorithm):
     lengths = [701, 530, 536, 640, 205, 296, 644]
     with pytest.raises(InfeasibleError, match=r"^no plan fits max_tokens_per_rank=900 on 4 ranks: of the 5 longest "
@@ -42,6 +42,16 @@ def test_regression_a_provably_infeasible_cap_is_refused_as_such(algorithm):
         balance(lengths, 4, max_tokens_per_rank=900, algorithm=algorithm)
     assert caught.value.min_cap == 1066 and caught.value.heuristic is None
     assert balance(lengths, 4, max_tokens_per_rank=1066, algorithm="ilp").tokens.max() == 1066
+
+
+def test_regression_ilp_refuses_a_provably_infeasible_cap_before_building_its_model():
+    """rev15 R15-08: at 3065 items on 64 ranks 'ilp' answered SizeLimitError "... binaries; use 'auto'" where the
+    pigeonhole bound proves that no plan fits (its size check ran before any bound).  Models within the size limit keep
+    the exact smallest cap (test_ilp)."""
+    lengths = np.concatenate((np.full(65, 10000), np.random.default_rng(3).integers(1, 50, 3000)))
+    with pytest.raises(InfeasibleError, match=r"^no plan fits max_tokens_per_rank=19999 on 64 ranks") as caught:
+        balance(lengths, 64, costs=lengths ** 1.3, algorithm="ilp", max_tokens_per_rank=19999)
+    assert caught.value.min_cap == 20000 and caught.value.heuristic is None
 
 
 def test_regression_an_encoder_cap_no_plan_meets_is_not_blamed_on_lpt():

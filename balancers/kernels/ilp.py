@@ -6,7 +6,8 @@
 
 The model, its guarantee and its determinism are described in `exact/ilp.py`.  A cap that
 a prover shows no plan fits raises InfeasibleError naming the smallest cap that works,
-found by one more solve (same time limit) on the tokens themselves.
+found by one more solve (same time limit) on the tokens themselves; above the model's size
+limit, the start heuristic's proof (the pigeonhole bound) is raised instead of SizeLimitError.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..exact.branch_and_bound import prove_small
 from ..exact.ilp import search, time_limit_of
 from ..exact.verdict import CapInfeasible
 from ..problem import InfeasibleError, KernelResult, Problem, Status, make_problem, rank_loads, tokens_problem
+from ..validation import SizeLimitError
 from . import lpt, padded
 
 
@@ -37,13 +39,19 @@ def solve(problem: Problem) -> KernelResult:
     orchmllm.balancers.problem.InfeasibleError: branch and bound proved that no plan fits max_tokens_per_rank=15 on 2 ranks; the smallest cap that works is 16
     """
     heuristic = padded.solve if problem.padded else lpt.solve
+    start = proof = None
     try:
         start = heuristic(problem).assignment
-    except InfeasibleError:
-        start = None
+    except InfeasibleError as error:
+        proof = error if error.heuristic is None else None  # the pigeonhole bound's (`bounds.cap_refusal`)
     verdict = prove_small(problem, start)
     if verdict is None:
-        verdict = search(problem, start, time_limit_of(problem))
+        try:
+            verdict = search(problem, start, time_limit_of(problem))
+        except SizeLimitError:
+            if proof is None:
+                raise
+            raise proof from None  # too large to model, yet proven: no plan fits, not "use 'auto'" (rev15 R15-08)
     return refuse_if_infeasible(problem, verdict)
 
 
