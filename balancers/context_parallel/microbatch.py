@@ -154,6 +154,14 @@ class _PassPlans:
             self.plans[key] = _plan_pass(self.lengths, items, *self.context)
         return self.plans[key]
 
+    def certified_none(self, items: np.ndarray) -> bool:
+        """True where `dual_feasible` proves that `items` have no layout in one micro-batch (`self(items)` is None
+        then, unplanned); False at once for a set planned with a layout."""
+        if self.plans.get(np.asarray(items, dtype=np.int64).tobytes()) is not None:
+            return False
+        num_ranks, spec, _, budget = self.context
+        return cannot_lay_out(self.lengths[items], num_ranks, np.array(spec.degrees, dtype=np.int64), budget)
+
     def bound(self, items: np.ndarray) -> float:
         """The split planner's bound of `items` in one micro-batch, below its plan's peak (0 where it has none),
         made once per set (the fills' deferrals ask for the same sets again: 3 of 10 at T = 64k)."""
@@ -167,6 +175,10 @@ class _PassPlans:
             except InfeasibleError:
                 self.bounds[key] = 0.0
         return self.bounds[key]
+
+    def floor(self, items: np.ndarray) -> float:
+        """`bound` a hair lowered (FLOOR_SLACK), below the peak of `self(items)` whatever the float rounding."""
+        return self.bound(items) * (1 - FLOOR_SLACK)
 
 
 def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ranks: int, spec: ContextParallel,
@@ -257,15 +269,19 @@ def _grouping_planned(lengths, microbatch, num_microbatches, num_ranks, spec, bu
     found = _planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, plan_pass)
     if found is not None or not repair:
         return found, None
-    repaired = repaired_grouping(microbatch, lengths, row_least(table), budget, plan_pass)
+    repaired = repaired_grouping(microbatch, lengths, row_least(table), budget, plan_pass, plan_pass)
     return None, None if repaired is None else _assemble(lengths, *repaired, num_ranks, spec, budget, overhead)
 
 
 def _planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, plan_pass):
-    """The split plan of the grouping `microbatch`, or None where a micro-batch finds no layout."""
+    """The split plan of the grouping `microbatch`, or None where a micro-batch finds no layout: None unplanned
+    where the certificate rules one out (`_PassPlans.certified_none`; the allbig family at D = 512, T = 32k: the
+    later fills planned 18 micro-batches before the one certified without layout)."""
+    groups = [np.flatnonzero(microbatch == m) for m in range(num_microbatches)]
+    if any(plan_pass.certified_none(items) for items in groups if items.size):
+        return None
     passes = []
-    for m in range(num_microbatches):
-        items = np.flatnonzero(microbatch == m)
+    for items in groups:
         plan = plan_pass(items) if items.size else None
         if items.size and plan is None:
             return None
