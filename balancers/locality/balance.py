@@ -21,9 +21,10 @@ the inter-node bytes it must move are in `orchmllm.topology.bounds`); overloaded
 shed only what does not fit and under-loaded ranks take it, same node first.  Padded
 cost, or whenever the above misses the target or the cap: the plain plan itself, its
 groups placed on ranks by an exact sparse linear assignment (`assign_groups`, also used
-by `orchmllm.topology.place`), then items of equal length re-dealt among the places such
-items take (no rank's load or tokens change).  Either way the result is never worse than
-the plain makespan times (1 + slack).
+by `orchmllm.topology.place`; on nodes greedily by bytes where its matrix would be large
+and dense: length-grouped sampling, every group from many nodes), then items of equal
+length re-dealt among the places such items take (no rank's load or tokens change).
+Either way the result is never worse than the plain makespan times (1 + slack).
 
 The deal's plan stands where a relaxation proves that no labelling of the plain plan's
 groups (a bijection onto the ranks) moves fewer bytes (each group on its own best node, the
@@ -47,7 +48,7 @@ from ..origins import Origins
 from ..problem import Problem, rank_loads, rank_tokens
 from .deal import NoRoom, keep_home, take_anywhere, take_in_node
 from .fill import fill_locally, filler_share
-from .lap import _pair_bytes, assign_groups
+from .lap import LAP_MAX_ENTRIES, _pair_bytes, assign_groups
 from .partial_plan import PartialPlan, node_of, on_other_nodes
 from .redeal import redeal_equal_items
 from .repair import repair
@@ -108,7 +109,8 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, origins: Ori
     `origins` (`as_origins`: checked) says where the items are.  Unpadded: keep home, take within
     the node, take anywhere, repair.  Padded, or when that misses the target or the cap, or
     when `_labelling_may_beat` cannot prove the deal's plan as good as every labelling of the
-    plain groups: the plain plan with its groups placed on ranks by `assign_groups`, then items
+    plain groups: the plain plan with its groups placed on ranks by `assign_groups` (on nodes greedily where
+    its node-level LAP would list more than LAP_MAX_ENTRIES pairs, each group from many nodes), then items
     of equal length re-dealt among their places (`redeal_equal_items`: no rank's load or tokens
     change, up to the order of a float sum; the re-deal is dropped if that lifts a rank above
     the target); of the deal's plan, that one and the plain plan itself, the first moving the
@@ -124,7 +126,8 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, origins: Ori
     candidate = None if problem.padded else deal_locally(problem, target, origins, fill)
     if candidate is not None and not _labelling_may_beat(candidate, plain_assignment, origins, problem.num_ranks):
         return candidate
-    placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node)[plain_assignment]
+    placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node,
+                           LAP_MAX_ENTRIES)[plain_assignment]
     swapped = redeal_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)
     # Equal items hold equal costs, but a rank's float sum in another order can gain an ulp.
     candidates = [swapped if rank_loads(problem, swapped).max() <= target else placed, plain_assignment]

@@ -7,7 +7,9 @@
 LAP is scipy's LAPJVsp (Jonker-Volgenant), exact; `orchmllm.topology.place` and the
 communication-aware balancer's fallback both place groups with it.  `assign_groups_greedily`
 puts the groups on nodes greedily by bytes instead (the micro-batch fallback: one placement per
-micro-batch, where the exact node-level LAP took 40-55 ms apiece at D = 2560).
+micro-batch, where the exact node-level LAP took 40-55 ms apiece at D = 2560), and so does
+`assign_groups` given `max_entries` where the node-level LAP would list more (group, slot) pairs
+(the balancer's fallback: LAP_MAX_ENTRIES).
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from ..problem import sorted_order
 from .partial_plan import runs
 
 NODES_PER_BLOCK = 256  # nodes whose ranks `assign_groups_greedily` places in one LAP (`_ranks_within_nodes_by_blocks`)
+# The balancer's fallback places groups on nodes greedily where the node-level LAP would list more than LAP_MAX_ENTRIES
+# (group, slot) pairs and its groups draw from more than DENSE_NODES_PER_GROUP source nodes on average (length-grouped
+# sampling: one per item).  There LAPJVsp's time grows ~D^2.5 (2560 x 32 sorted: 651 800 pairs, 1-2 s; the greedy
+# 15 ms for 0.02-0.14 % more bytes across nodes), at 2**16 pairs it took 0.03 s (512 x 16 sorted).  Sparse LAPs stay
+# exact (padded plans group neighbours, ~1.5 nodes per group: the greedy moves 2-4 % more bytes there)
+LAP_MAX_ENTRIES, DENSE_NODES_PER_GROUP = 2**16, 2
 
 
 def _max_weight_bijection(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, size: int,
@@ -73,13 +81,16 @@ def _pair_bytes(left: np.ndarray, right: np.ndarray, item_bytes: np.ndarray, wid
 
 
 def assign_groups(group_of_item: np.ndarray, sources: np.ndarray, item_bytes: np.ndarray,
-                  num_ranks: int, gpus_per_node: int | None = None) -> np.ndarray:
+                  num_ranks: int, gpus_per_node: int | None = None, max_entries: int | None = None) -> np.ndarray:
     """rank_of_group: a bijection of D groups onto D ranks keeping the most bytes in place.
 
     Without `gpus_per_node`: maximise bytes that stay on their rank, exactly (one sparse
     linear assignment).  With it: first maximise bytes that stay on their node, exactly
     (groups -> node slots, gpus_per_node slots per node), then, within every node,
-    maximise bytes that stay on their rank for that node's groups (exact per node).
+    maximise bytes that stay on their rank for that node's groups (exact per node).  With
+    `max_entries` too, where the node level would list more (group, slot) pairs than that
+    (distinct (group, source node) pairs × gpus_per_node) and the groups draw from more than
+    DENSE_NODES_PER_GROUP nodes on average: `assign_groups_greedily` instead.
 
     >>> assign_groups(np.array([0, 0, 1, 1]), np.array([1, 1, 0, 0]), np.array([5., 5., 3., 3.]), 2).tolist()
     [1, 0]
@@ -89,6 +100,9 @@ def assign_groups(group_of_item: np.ndarray, sources: np.ndarray, item_bytes: np
         return _max_weight_bijection(groups, ranks, weights, num_ranks)
     num_nodes = num_ranks // gpus_per_node
     groups, nodes, weights = _pair_bytes(group_of_item, sources // gpus_per_node, item_bytes, num_nodes)
+    if max_entries is not None and groups.size * gpus_per_node > max_entries \
+            and groups.size > DENSE_NODES_PER_GROUP * num_ranks:
+        return _nodes_greedily(groups, nodes, weights, group_of_item, sources, item_bytes, num_ranks, gpus_per_node)
     slot_offsets = np.arange(gpus_per_node, dtype=np.int64)
     slot_of_group = _max_weight_bijection(
         np.repeat(groups, gpus_per_node), (nodes[:, None] * gpus_per_node + slot_offsets).ravel(),
@@ -136,6 +150,13 @@ def assign_groups_greedily(group_of_item: np.ndarray, sources: np.ndarray, item_
     """
     num_nodes = num_ranks // gpus_per_node
     groups, nodes, weights = _pair_bytes(group_of_item, sources // gpus_per_node, item_bytes, num_nodes)
+    return _nodes_greedily(groups, nodes, weights, group_of_item, sources, item_bytes, num_ranks, gpus_per_node)
+
+
+def _nodes_greedily(groups: np.ndarray, nodes: np.ndarray, weights: np.ndarray, group_of_item: np.ndarray,
+                    sources: np.ndarray, item_bytes: np.ndarray, num_ranks: int, gpus_per_node: int) -> np.ndarray:
+    """`assign_groups_greedily` given the summed bytes of its (group, node) pairs (`_pair_bytes`)."""
+    num_nodes = num_ranks // gpus_per_node
     node_of_group = np.full(num_ranks, -1, dtype=np.int64)
     held = _proposals(groups, nodes, weights, num_ranks, gpus_per_node)
     node_of_group[groups[held]] = nodes[held]
