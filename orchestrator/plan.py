@@ -45,41 +45,9 @@ import numpy as np
 
 from ..balancers.plan import relative_gap
 from ..balancers.validation import as_index, is_int
-from .samples import Batch, group_order
-from .shards import SampleChunks, ShardTable, TextPieces, any_nonzero, split_layout, split_pieces
+from .samples import Batch, constant, counting, group_order, is_counting
+from .shards import SampleChunks, ShardTable, TextPieces, _frozen, any_nonzero, split_layout, split_pieces
 from .stages import Stage
-
-
-def _frozen(array, dtype=np.int64) -> np.ndarray:
-    array = np.ascontiguousarray(array, dtype=dtype)
-    array.setflags(write=False)
-    return array
-
-
-_COUNT = _frozen(np.arange(0))
-
-
-def counting(n: int) -> np.ndarray:
-    """0, 1, ..., n - 1 (int64, read-only): a view of one array the process keeps, so that plans hold
-    no copy of it per pass (the LLM stage's items, the routes of a pass that splits nothing): planning
-    time goes into the page faults of memory a plan keeps."""
-    global _COUNT
-    count = _COUNT
-    if count.size < n:
-        count = _COUNT = _frozen(np.arange(n))
-    return count[:n]
-
-
-_CONSTANTS: dict[int, np.ndarray] = {}
-
-
-def constant(value: int, n: int) -> np.ndarray:
-    """n copies of the int64 `value`, read-only, in no memory (stride 0): a column every item shares (an
-    unsplit item's degree 1, a whole segment's first unit 0); built directly, as np.broadcast_to takes
-    several times longer, once per stage and pass."""
-    if value not in _CONSTANTS:
-        _CONSTANTS[value] = _frozen([value])
-    return np.ndarray((n,), dtype=np.int64, buffer=_CONSTANTS[value], strides=(0,))
 
 
 def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.ndarray) -> list[np.ndarray]:
@@ -89,15 +57,22 @@ def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.
     One running sum over all ranks in `order`, restarted at each rank's first item by
     subtracting the previous rank's total there; the offset of an item is the running sum
     of the item before it.  Works in one scratch buffer: fresh large arrays (page faults)
-    dominate the cost.
+    dominate the cost.  Integer sizes all equal (a micro-batch of one video size's frames): an item's
+    place on its rank times the size, the places found once for every such column (no running sums).
     """
     dtype = np.result_type(*sizes)
     starts = rank_offsets[:-1][rank_offsets[:-1] < rank_offsets[1:]]  # first position of each non-empty rank
     first_items = order[starts]
-    running = np.empty(order.size, dtype=dtype)
+    running, places = None, None
     columns = []
     for size in sizes:
-        np.take(np.asarray(size, dtype=dtype), order, out=running)
+        size = np.asarray(size, dtype=dtype)
+        if dtype.kind == "i" and size.size and size[0] == size[-1] and size.min() == size.max():
+            places = _places(rank_offsets, order) if places is None else places
+            columns.append(_frozen(places * size[0], dtype=dtype))
+            continue
+        running = np.empty(order.size, dtype=dtype) if running is None else running
+        np.take(size, order, out=running)
         if starts.size > 1:
             running[starts[1:]] -= np.add.reduceat(running, starts)[:-1]
         np.cumsum(running, out=running)
@@ -106,6 +81,15 @@ def offsets_within_rank(rank_offsets: np.ndarray, order: np.ndarray, *sizes: np.
         offsets[first_items] = 0
         columns.append(_frozen(offsets, dtype=dtype))
     return columns
+
+
+def _places(rank_offsets: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each item's place on its rank (0 for its first item): its position in `order` less its rank's first."""
+    ranked = np.arange(order.size)
+    ranked -= np.repeat(rank_offsets[:-1], np.diff(rank_offsets))
+    places = np.empty(order.size, dtype=np.int64)
+    places[order] = ranked
+    return places
 
 
 @dataclass(frozen=True, eq=False)
@@ -386,17 +370,22 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
     for index, plan in enumerate(stage_plans[:-1]):
         if plan.stage.modality in batch.modalities:
             stage_of_modality[batch.modalities.index(plan.stage.modality)] = index
-    route_stage = stage_of_modality[batch.segment_modality]  # a stage's items are the segments of its modality
-    encoder_rank = np.full(num_segments, -1, dtype=np.int64)
-    encoder_offset = np.empty(num_segments, dtype=np.int64)
-    for plan in stage_plans[:-1]:
-        encoder_rank[plan.item_segment] = plan.destination
-        encoder_offset[plan.item_segment] = plan.item_offset
-    if num_segments and route_stage.min() < 0:
+    sole = _sole_stage(batch, stage_plans[:-1], stage_of_modality)
+    if sole is not None:  # one stage holds every segment, in order: its columns are the routes' (no scatter)
+        plan = stage_plans[sole]
+        route_stage, encoder_rank, encoder_offset = constant(sole, num_segments), plan.destination, plan.item_offset
+    else:
+        route_stage = stage_of_modality[batch.segment_modality]  # a stage's items are the segments of its modality
+        encoder_rank = np.full(num_segments, -1, dtype=np.int64)
+        encoder_offset = np.empty(num_segments, dtype=np.int64)
+        for plan in stage_plans[:-1]:
+            encoder_rank[plan.item_segment] = plan.destination
+            encoder_offset[plan.item_segment] = plan.item_offset
+    if sole is None and num_segments and route_stage.min() < 0:
         segment = int(np.argmin(route_stage))
         raise ValueError(f"segment {segment} has modality {batch.modalities[batch.segment_modality[segment]]!r}, "
                          f"which no stage encodes")
-    if num_segments and encoder_rank.min() < 0:
+    if sole is None and num_segments and encoder_rank.min() < 0:
         segment = int(np.argmin(encoder_rank))
         raise ValueError(f"segment {segment} ({batch.modalities[batch.segment_modality[segment]]!r}) is in no "
                          f"stage plan: a stage plan must hold every segment of its modality")
@@ -424,6 +413,16 @@ def compose(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePla
                     route_tokens=batch.segment_tokens, route_rank_offsets=_frozen(route_rank_offsets),
                     route_rank_order=_frozen(order), route_segment=_frozen(segment),
                     route_row=constant(0, segment.size))  # whole segments: row 0, no memory
+
+
+def _sole_stage(batch: Batch, encoder_plans, stage_of_modality: np.ndarray) -> int | None:
+    """The encoder stage whose plan holds every segment of `batch` in order (`counting`'s items), all of its
+    modality, the other stages none; None where there is no such stage."""
+    sole = None if batch.sole_modality is None else int(stage_of_modality[batch.sole_modality])
+    if sole is None or sole < 0 or not is_counting(encoder_plans[sole].item_segment):
+        return None
+    sizes = [plan.item_segment.size for plan in encoder_plans]
+    return sole if sizes[sole] == batch.num_segments and sum(sizes) == sizes[sole] else None
 
 
 def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...],

@@ -46,48 +46,12 @@ from .pipeline import cell_costs, planned_run, under_llm_costs
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import split_layout
-from .stages import Stage, check_microbatched_llm, check_stages, sample_embedding_bytes, stage_named
+from .stages import (Stage, StageItems, check_microbatched_llm, check_stages, input_bytes, item_tokens,
+                     stage_items, stage_named)
 from .step import (StageCapError, StepPlan, capped_cell_lengths, capped_replan_note, check_cells, check_samples_fit,
                    check_segments_fit, least_moving, over_cap_note)
 
 WHOLE_STEP_RANKS = 64  # ranks up to which "locality" also plans the step with "lap" and with no placement
-
-
-class StageItems(NamedTuple):
-    """A stage's items: the sample of each, its global segment index (-1 for the LLM), its length."""
-
-    sample: np.ndarray
-    segment: np.ndarray
-    length: np.ndarray
-
-
-def input_bytes(batch: Batch, stages, stage: Stage) -> np.ndarray:
-    """Bytes each item of `stage` (of `stages`) brings into it, float64: an encoder segment its
-    length times the stage's input bytes per unit; an LLM sample its text the same way, plus the
-    embeddings it receives (`sample_embedding_bytes`).  The LLM stage's items stay near the
-    rank that sampled them by these bytes."""
-    if stage.is_llm:
-        return batch.sample_text * stage.input_bytes_per_unit + sample_embedding_bytes(batch, stages)
-    return np.asarray(stage_items(batch, stage).length * stage.input_bytes_per_unit, dtype=np.float64)
-
-
-def stage_items(batch: Batch, stage: Stage) -> StageItems:
-    """The items of `stage`: its modality's segments, or every sample for the LLM (read-only, so that
-    the balancer takes the lengths without a copy)."""
-    if stage.is_llm:
-        items = StageItems(counting(batch.num_samples), constant(-1, batch.num_samples),
-                           batch.sample_llm_length)
-    else:
-        segments = batch.segments_of(stage.modality)
-        items = StageItems(batch.segment_sample[segments], segments, batch.segment_length[segments])
-    for array in items:
-        array.setflags(write=False)
-    return items
-
-
-def item_tokens(batch: Batch, stage: Stage, items: StageItems) -> np.ndarray:
-    """The LLM tokens each item produces: a segment's embeddings, or a sample's whole sequence."""
-    return items.length if stage.is_llm else batch.segment_tokens[items.segment]
 
 
 class Parts(NamedTuple):

@@ -15,6 +15,7 @@ order of position.  `Batch.from_samples` builds it from `Sample` objects;
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -137,6 +138,39 @@ def _frozen_int(array: np.ndarray) -> np.ndarray:
     return array
 
 
+_COUNT = _frozen_int(np.arange(0))
+
+
+def counting(n: int) -> np.ndarray:
+    """0, 1, ..., n - 1 (int64, read-only): a view of one array the process keeps, so that plans hold
+    no copy of it per pass (the LLM stage's items, the routes of a pass that splits nothing, the segments of a
+    micro-batch of one modality): planning time goes into the page faults of memory a plan keeps."""
+    global _COUNT
+    count = _COUNT
+    if count.size < n:
+        count = _COUNT = _frozen_int(np.arange(n))
+    return count[:n]
+
+
+def is_counting(array: np.ndarray) -> bool:
+    """Whether `array` is a view `counting` made (0, 1, ..., n - 1), told without reading it (False for
+    other arrays of those values: a caller then reads them as any other)."""
+    return (array.base is _COUNT and array.ndim == 1 and array.strides == (8,)
+            and array.__array_interface__["data"][0] == _COUNT.__array_interface__["data"][0])
+
+
+_CONSTANTS: dict[int, np.ndarray] = {}
+
+
+def constant(value: int, n: int) -> np.ndarray:
+    """n copies of the int64 `value`, read-only, in no memory (stride 0): a column every item shares (an
+    unsplit item's degree 1, a whole segment's first unit 0); built directly, as np.broadcast_to takes
+    several times longer, once per stage and pass."""
+    if value not in _CONSTANTS:
+        _CONSTANTS[value] = _frozen_int(np.array([value]))
+    return np.ndarray((n,), dtype=np.int64, buffer=_CONSTANTS[value], strides=(0,))
+
+
 def _segment_offsets(segment_sample: np.ndarray, num_samples: int) -> np.ndarray:
     """CSR of the segments per sample (segments listed sample by sample): offsets (num_samples + 1,)."""
     offsets = np.zeros(num_samples + 1, dtype=np.int64)
@@ -245,14 +279,23 @@ class Batch:
         return int(self.segment_sample.size)
 
     def segments_of(self, modality: str) -> np.ndarray:
-        """Global indices of the segments of `modality`, ascending (empty if none: a modality no sample of this
-        batch holds, which a stage may declare)."""
+        """Global indices of the segments of `modality`, ascending, read-only (empty if none: a modality no sample
+        of this batch holds, which a stage may declare; `counting` where every segment is of it)."""
         if not isinstance(modality, str):
             raise TypeError(f"`modality` must be a str (one of {list(self.modalities)}, or another with no "
                             f"segment here); got {type(modality).__name__}")
         if modality not in self.modalities:
             return np.zeros(0, dtype=np.int64)
-        return np.flatnonzero(self.segment_modality == self.modalities.index(modality))
+        code, sole = self.modalities.index(modality), self.sole_modality
+        if sole is not None:  # every segment of one modality (a micro-batch of videos' frames): no pass, no copy
+            return counting(self.num_segments) if code == sole else np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.segment_modality == code)
+
+    @functools.cached_property
+    def sole_modality(self) -> int | None:
+        """The modality (its index in `modalities`) of every segment where they share one, else None (none too)."""
+        codes = self.segment_modality
+        return int(codes[0]) if codes.size and codes.min() == codes.max() else None
 
     def segments_of_samples(self, samples) -> np.ndarray:
         """Global indices of every segment of the given samples (ascending distinct indices), in order."""

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers.validation import as_index
-from .samples import Batch, group_order
+from .samples import Batch, constant, group_order
 
 
 def _frozen(array, dtype=np.int64) -> np.ndarray:
+    """`array` as a read-only contiguous `dtype` column; a `constant` (read-only, stride 0) as it is (no memory)."""
+    if isinstance(array, np.ndarray) and array.strides == (0,) and array.dtype == dtype and not array.flags.writeable:
+        return array
     array = np.ascontiguousarray(array, dtype=dtype)
     array.setflags(write=False)
     return array
@@ -268,7 +271,9 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks,
     piece_tokens = size[piece_segment]
     piece_tokens[cut_piece - 1] = cut_row  # a piece followed by a cut ends there
     piece_tokens -= piece_row
-    piece_stage, piece_rank = stage[piece_segment], rank[piece_segment]
+    one_stage = stage.strides == (0,) and stage.size and not part_segment.size  # a `constant`: one too
+    piece_stage = constant(int(stage[0]), num_pieces) if one_stage else stage[piece_segment]
+    piece_rank = rank[piece_segment]
     piece_offset = offset[piece_segment]
     piece_offset += piece_row
     if part_segment.size:

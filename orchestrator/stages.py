@@ -16,13 +16,14 @@ unit (per text token for the LLM stage) and embedding bytes per output token (en
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from ..balancers import CostModel, get_algorithm
 from ..balancers.problem import InfeasibleError
 from ..balancers.validation import as_bool, as_real, is_int
-from .samples import Batch
+from .samples import Batch, constant, counting, is_counting
 
 LLM = "llm"
 
@@ -144,3 +145,49 @@ def sample_embedding_bytes(batch: Batch, stages) -> np.ndarray:
         return (batch.sample_llm_length - batch.sample_text) * (per_token[0] if per_token.size else 0.0)
     return np.bincount(batch.segment_sample, weights=batch.segment_tokens * per_token[batch.segment_modality],
                        minlength=batch.num_samples)
+
+
+class StageItems(NamedTuple):
+    """A stage's items: the sample of each, its global segment index (-1 for the LLM), its length."""
+
+    sample: np.ndarray
+    segment: np.ndarray
+    length: np.ndarray
+
+
+def input_bytes(batch: Batch, stages, stage: Stage) -> np.ndarray:
+    """Bytes each item of `stage` (of `stages`) brings into it, float64: an encoder segment its
+    length times the stage's input bytes per unit; an LLM sample its text the same way, plus the
+    embeddings it receives (`sample_embedding_bytes`).  The LLM stage's items stay near the
+    rank that sampled them by these bytes."""
+    if stage.is_llm:
+        return batch.sample_text * stage.input_bytes_per_unit + sample_embedding_bytes(batch, stages)
+    return np.asarray(stage_items(batch, stage).length * stage.input_bytes_per_unit, dtype=np.float64)
+
+
+def _every_segment(batch: Batch, segments: np.ndarray) -> bool:
+    """Whether `segments` are every segment of `batch` in order, told without reading them (`counting`'s)."""
+    return is_counting(segments) and segments.size == batch.num_segments
+
+
+def stage_items(batch: Batch, stage: Stage) -> StageItems:
+    """The items of `stage`: its modality's segments, or every sample for the LLM (read-only, so that
+    the balancer takes the lengths without a copy; the batch's own columns where its segments are all
+    of the stage's modality, a micro-batch of videos' frames: no gathers)."""
+    if stage.is_llm:
+        items = StageItems(counting(batch.num_samples), constant(-1, batch.num_samples),
+                           batch.sample_llm_length)
+    elif _every_segment(batch, segments := batch.segments_of(stage.modality)):
+        items = StageItems(batch.segment_sample, segments, batch.segment_length)
+    else:
+        items = StageItems(batch.segment_sample[segments], segments, batch.segment_length[segments])
+    for array in items:
+        array.setflags(write=False)
+    return items
+
+
+def item_tokens(batch: Batch, stage: Stage, items: StageItems) -> np.ndarray:
+    """The LLM tokens each item produces: a segment's embeddings, or a sample's whole sequence."""
+    if stage.is_llm:
+        return items.length
+    return batch.segment_tokens if _every_segment(batch, items.segment) else batch.segment_tokens[items.segment]
