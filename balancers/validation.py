@@ -281,8 +281,8 @@ def as_sources(sources, num_items: int, num_ranks: int, name: str = "sources") -
             raise TypeError(f"`{name}` must hold integer ranks; got dtype {array.dtype}")
     check_int64(array, name)
     array = np.ascontiguousarray(array, dtype=np.int64)
-    bad = np.flatnonzero((array < 0) | (array >= num_ranks))
-    if bad.size:
+    if array.size and (array.min() < 0 or array.max() >= num_ranks):  # two reductions; the masks name the first
+        bad = np.flatnonzero((array < 0) | (array >= num_ranks))
         raise ValueError(f"`{name}` must be ranks in [0, {num_ranks}); got {array[bad[0]]} at index {bad[0]}")
     return array
 
@@ -293,8 +293,8 @@ def as_item_bytes(item_bytes, num_items: int, name: str = "item_bytes") -> np.nd
     if array.size and (array.dtype == object or array.dtype.kind not in "iuf"):
         raise TypeError(f"`{name}` must hold numbers; got dtype {array.dtype}")
     array = np.ascontiguousarray(array, dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
-    if bad.size:
+    if array.size and not (array.min() >= 0 and np.isfinite(array.max())):  # a NaN fails both; the masks name it
+        bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
         raise ValueError(f"`{name}` must be finite and non-negative; got {array[bad[0]]} at index {bad[0]}")
     return array
 
