@@ -273,10 +273,10 @@ def _plan_exchange(layout: ContextParallelLayout, causal: bool) -> _Exchange:
         for other, peer in enumerate(entry.group):
             sent = np.searchsorted(mine, need[other])  # a shard's keys are its positions, ascending
             received = positions[other][positions[other] < need[me]]
-            if other != me and (sent or received.size):
-                send.setdefault(peer, []).append(start + np.arange(sent))
-                recv.setdefault(peer, []).append(base + received)
-                peer_items.setdefault(peer, []).append(f"split item {entry.item} on group {entry.group}")
+            if other != me and (sent or received.size):  # keyed by item: a peer may pack its shards in another order
+                send.setdefault(peer, []).append((entry.item, start + np.arange(sent)))
+                recv.setdefault(peer, []).append((entry.item, base + received))
+                peer_items.setdefault(peer, []).append((entry.item, f"split item {entry.item} on group {entry.group}"))
         # one run per chunk, also where the two chunks meet (group rank c - 1): one run over both would attend a
         # rectangle of (c + 1) / c times the others' area wherever SDPA computes the masked part (CPU, math kernel)
         chunk = int(chunk_sizes([entry.length], entry.degree)[0, me])
@@ -285,9 +285,16 @@ def _plan_exchange(layout: ContextParallelLayout, causal: bool) -> _Exchange:
                 key_end = int(mine[last - 1]) + 1 if causal else entry.length
                 runs.append(_Run(start + int(first), start + int(last), base, key_end, True))
         start += length
-    return _Exchange(tuple(runs), {p: _concat(v) for p, v in send.items()}, {p: _concat(v) for p, v in recv.items()},
-                     _concat(own_rows), _concat(own_index), buffer_rows,
-                     {p: ", ".join(v) for p, v in peer_items.items()})
+    return _Exchange(tuple(runs), {p: _concat(_by_item(v)) for p, v in send.items()},
+                     {p: _concat(_by_item(v)) for p, v in recv.items()}, _concat(own_rows), _concat(own_index),
+                     buffer_rows, {p: ", ".join(_by_item(v)) for p, v in peer_items.items()})
+
+
+def _by_item(keyed: list) -> list:
+    """The values of (item, value) pairs in item order: the order both ends of a peer pair agree on, whatever order
+    each packed its shards in (probe23 P23-01: rows were sent in the sender's packing order and read in the
+    receiver's)."""
+    return [value for _, value in sorted(keyed, key=lambda pair: pair[0])]
 
 
 def _concat(parts: list) -> np.ndarray:

@@ -80,8 +80,9 @@ def step_floor(tensors):
     return 1e-3 * max((float(t.abs().max()) for t in tensors if t.numel()), default=0.0)
 
 
-def rank_layout(items, rank, process_group=None):
-    """This rank's sequences for `items` [(length, group)]: a group of one rank is an unsplit sequence."""
+def rank_layout(items, rank, process_group=None, reverse=False):
+    """This rank's sequences for `items` [(length, group)]: a group of one rank is an unsplit sequence; packed in
+    item order, or in reverse where `reverse` (a trainer's own packing, another on each rank)."""
     splits = [SplitItem(index, length, group) for index, (length, group) in enumerate(items) if len(group) > 1]
     sequences, held = [], []
     for index, (length, group) in enumerate(items):
@@ -90,6 +91,8 @@ def rank_layout(items, rank, process_group=None):
             sequences.append(length if split is None else split)
             held.append((index, np.arange(length) if split is None else
                          shard_positions(length, len(group), group.index(rank))))
+    if reverse:
+        sequences, held = sequences[::-1], held[::-1]
     return ContextParallelLayout.build(sequences, splits, group=process_group), held
 
 
@@ -111,13 +114,14 @@ class Case:
     causal: bool = True
     padded: bool = False
     dtype: torch.dtype = torch.float64
+    reverse_odd_ranks: bool = False  # odd ranks pack their sequences in reverse
 
 
 def run_case(rank, case, group=None):
     """This rank's part of `case`: the global loss and projection gradients (all-reduced), its inputs'
     gradients and the tokens it held."""
     data = item_data(case.seed, [length for length, _ in case.items], case.padded)
-    layout, held = rank_layout(case.items, rank, group)
+    layout, held = rank_layout(case.items, rank, group, case.reverse_odd_ranks and rank % 2 == 1)
     weights = projections(case.seed, case.dtype)
     pick = lambda part: torch.cat([data[i][part][pos] for i, pos in held]) if held else data[0][part][:0]  # noqa: E731
     x = pick(0).to(case.dtype).requires_grad_()
@@ -227,6 +231,17 @@ def test_random_layouts_lose_no_token_and_match_the_reference(size, count):
     rng = np.random.default_rng(size)
     cases = [Case(random_plan(rng, size), seed, bool(rng.integers(2)), bool(rng.integers(2))) for seed in range(count)]
     assert max(error for error, _ in run_cases(cases, size)) <= 1e-12
+
+
+def test_regression_ranks_that_pack_their_shards_in_different_orders_match_the_reference():
+    """probe23 P23-01: two split items on ranks (0, 1), packed [0, 1] on rank 0 and [1, 0] on rank 1: each rank sent
+    its keys in its own packing order and read its peer's in that order too, so outputs were off by up to 2.2 with
+    no error.  The rows a peer pair exchanges are ordered by item now, whatever each rank's packing."""
+    pair = Case(((8, (0, 1)), (6, (0, 1))), 3, reverse_odd_ranks=True)
+    rng = np.random.default_rng(41)
+    cases = [pair] + [Case(random_plan(rng, 4), seed, bool(rng.integers(2)), bool(rng.integers(2)),
+                           reverse_odd_ranks=True) for seed in range(6)]
+    assert max(error for error, _ in run_cases(cases, 4)) <= 1e-12
 
 
 class TinyAttentionModel(nn.Module):
