@@ -11,8 +11,8 @@ with count_r = sum_i x[i, r] and m_r the number of items allowed on r, every ite
 forces f(l_i) · (count_r - m_r · (1 - x[i, r])) <= M and, under a cap, with
 k_i = floor(cap / l_i), count_r <= k_i + (m_r - k_i) · (1 - x[i, r]).  Symmetry
 breaking: ranks are labelled in order of their first item along the cost-sorted list, so
-the j-th item may only use ranks 0..j, and items of equal length take ascending ranks
-along that list; M starts at the combinatorial `lower_bound`.  Integer costs stay as
+the j-th item may only use ranks 0..j, and items of equal length and cost take ascending
+ranks along that list; M starts at the combinatorial `lower_bound`.  Integer costs stay as
 they are and M is then an integer variable (HiGHS rounds its bound up); other costs are
 scaled to a largest item cost of 1 for HiGHS's tolerances.  The model is built as sparse
 arrays; plans are scored exactly by `rank_loads`.
@@ -83,9 +83,11 @@ class _Model:
         rows = _Rows()
         for i in range(n):
             rows.add(self.columns(i), np.ones(self.ranks_of[i]), 1.0, 1.0)
-        # Equal lengths are interchangeable items: along the sorted order their ranks ascend.
-        sorted_lengths = problem.lengths[self.order]
-        for k in np.flatnonzero(sorted_lengths[1:] == sorted_lengths[:-1]).tolist():
+        # Items of equal length and cost are interchangeable: along the sorted order their ranks ascend (equal
+        # lengths alone are not: explicit costs may differ, and the row then cut off every optimum of some plans).
+        sorted_lengths, sorted_costs = problem.lengths[self.order], problem.item_costs[self.order]
+        same = (sorted_lengths[1:] == sorted_lengths[:-1]) & (sorted_costs[1:] == sorted_costs[:-1])
+        for k in np.flatnonzero(same).tolist():
             earlier, later = int(self.order[k]), int(self.order[k + 1])
             rows.add(np.concatenate((self.columns(earlier), self.columns(later))),
                      np.concatenate((np.arange(self.ranks_of[earlier]), -np.arange(self.ranks_of[later]))),
