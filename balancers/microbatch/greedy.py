@@ -15,10 +15,11 @@ Where lengths do not grow along the order (costs rising with the lengths: every 
 found in O(M log D): per micro-batch the cells with room for it as sorted (load, cell) pairs (the excess over the
 level rises with the load: the best fit below the level is a binary search, the least rise the least load), cells
 without room waiting in a max-room heap until the lengths fit them (`_sorted_greedy`; padded, the pairs hold each
-cell's load with one more item, `_sorted_padded_greedy`); else every cell is weighed for every item
-(`_scan_greedy`, O(n·M·D): at 2560 × 32, 10.4 CPU s where the search takes 1.1 s, and padded `auto` 21.7 s where
-it takes 1.3 s; probe20 P20-15).  Both make the same choices, float for float, ties alike.  One run answers the
-other M tried where no empty micro-batch would have won an item (`greedy_cells`: 0.3 s for M free at 2560 × 32).
+cell's load with one more item, `_sorted_padded_greedy`), a run of equal items that fit below the levels taking
+its cells in one sort (`_Rows.run`); else every cell is weighed for every item (`_scan_greedy`, O(n·M·D): at
+2560 × 32, 10.4 CPU s where the search takes 1.1 s, and padded `auto` 21.7 s where it takes 1.3 s; probe20 P20-15).
+Both make the same choices, float for float, ties alike.  One run answers the other M tried where no empty
+micro-batch would have won an item, and a run for more micro-batches starts where one would have (`greedy_cells`).
 Original to orchmllm.  Heuristic: `microbatch_exact` proves small instances.
 """
 
@@ -70,18 +71,27 @@ class Cells:
 
 class _Run(NamedTuple):
     """A run of the joint greedy, kept on the problem (`packings`) for the next M: its cells answer every M from
-    the micro-batches it used up to its own, and beyond while no empty micro-batch would have won an item."""
+    the micro-batches it used up to its own, and beyond while no empty micro-batch would have won an item; a run
+    for more micro-batches starts from its `snapshot`."""
 
     lengths: np.ndarray  # the items it placed (the arrays themselves)
     item_costs: np.ndarray
     used: int  # micro-batches holding an item
     num_microbatches: int
     fresh_won: bool  # some item would have taken a cell of an empty micro-batch at level 0 over the cell it took
-    cell_of: np.ndarray
+    cell_of: np.ndarray | None  # None: an item found no room
+    snapshot: object  # the sorted search's state before the first item an empty micro-batch would have won (or found
+    # no room); None where none did or the scan ran
 
     def answers(self, problem: MicroBatchProblem, num_microbatches: int) -> bool:
-        return (self.lengths is problem.lengths and self.item_costs is problem.item_costs
+        return (self.cell_of is not None and self.lengths is problem.lengths and self.item_costs is problem.item_costs
                 and self.used <= num_microbatches and (num_microbatches <= self.num_microbatches or not self.fresh_won))
+
+    def start(self, problem: MicroBatchProblem, num_microbatches: int):
+        """The state a run for `num_microbatches` starts from, or None: with more micro-batches, the extra ones empty
+        at level 0 lose to every cell this run took up to its snapshot, so those items go where they went here."""
+        same = self.lengths is problem.lengths and self.item_costs is problem.item_costs
+        return self.snapshot if same and num_microbatches > self.num_microbatches else None
 
 
 def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray | None:
@@ -94,22 +104,26 @@ def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarra
     micro-batches, down to those it used, the cell it took is still a candidate and still the least; with more,
     the extra cells are empty at level 0, and lose to it while no such cell would have won an item (probe20 P20-15:
     `_solve` tries the fewest M and two more; at 2560 × 32 on capped Pareto lengths the runs for the last two are
-    the first's)."""
+    the first's).  Where one would have, a run for more micro-batches places the items before it as this one did
+    and starts there (padded `auto` at 2560 × 32, T 16k: M 3 finds no room after 49k items, M 4 and 5 share
+    their first 29k and 68k items with the run before, M 6 its first 78k)."""
     key = ("greedy", problem.num_ranks, problem.max_tokens_per_microbatch, problem.padded)
     kept = problem.packings.get(key)
     if kept is not None and kept.answers(problem, num_microbatches):
         return kept.cell_of
     order = problem.cost_order
     if _searchable(problem, order):
-        found = _sorted_greedy(problem, num_microbatches, order)
+        start = None if kept is None else kept.start(problem, num_microbatches)
+        cell_of, fresh_won, snapshot = _sorted_greedy(problem, num_microbatches, order, start)
     else:
         found = _scan_greedy(problem, num_microbatches, order)
-    if found is None:
-        return None
-    cell_of, fresh_won = found
-    cell_of.flags.writeable = False  # shared by the runs it answers
-    used = int(cell_of.max(initial=-1)) // problem.num_ranks + 1
-    problem.packings[key] = _Run(problem.lengths, problem.item_costs, used, num_microbatches, fresh_won, cell_of)
+        (cell_of, fresh_won), snapshot = found or (None, False), None
+    used = 0
+    if cell_of is not None:
+        cell_of.flags.writeable = False  # shared by the runs it answers
+        used = int(cell_of.max(initial=-1)) // problem.num_ranks + 1
+    problem.packings[key] = _Run(problem.lengths, problem.item_costs, used, num_microbatches, fresh_won, cell_of,
+                                 snapshot)
     return cell_of
 
 
@@ -189,11 +203,7 @@ def _best_fit(rows: list, level: list, add: float, empty: list | None = None,
     for m, row in enumerate(rows):
         top, fit, value = level[m], 0, None
         if row:
-            fit = bisect.bisect_right(row, (top - add, math.inf))
-            while fit < len(row) and row[fit][0] + add <= top:  # float rounding: a run of one load at a time
-                fit = bisect.bisect_right(row, (row[fit][0], math.inf))
-            while fit > 0 and row[fit - 1][0] + add > top:
-                fit = bisect.bisect_left(row, (row[fit - 1][0], -1))
+            fit = _first_above(row, len(row), top, add, 0.0)
             value = (row[fit - 1][0] + add) - top if fit else None
         if empty is not None and empty[m] >= 0 and cost <= top and (value is None or cost - top > value):
             value = cost - top
@@ -219,81 +229,251 @@ def _best_fit(rows: list, level: list, add: float, empty: list | None = None,
     return int(cell), best
 
 
-def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> tuple | None:
+def _first_above(row: list, hi: int, top: float, add: float, floor: float) -> int:
+    """The first position below `hi` from which every pair of `row` (sorted (load, cell)) has (load + add) - top
+    above `floor`, in floats (it does not fall as the load grows): with `floor` 0 the end of the pairs that take an
+    item of cost `add` without a rise, with -`add` the start of those that take one and no second."""
+    at = bisect.bisect_right(row, (floor + top - add, math.inf), 0, hi)
+    while at > 0 and (row[at - 1][0] + add) - top > floor:  # float rounding: a run of one load at a time
+        at = bisect.bisect_left(row, (row[at - 1][0], -1), 0, at)
+    while at < hi and (row[at][0] + add) - top <= floor:
+        at = bisect.bisect_right(row, (row[at][0], math.inf), at, hi)
+    return at
+
+
+def _best_of(row: list, fit: int, need: int, top: float, add: float) -> tuple[list, int]:
+    """The `need` best pairs of row[:fit] by (excess desc, cell asc) (all where it has no more), and their first
+    position where they are row[first:fit] (else -1: a run of equal excess straddles the cut, its lowest cells)."""
+    if fit <= need:
+        return row[:fit], 0
+    cut = fit - need
+    excess = (row[cut][0] + add) - top
+    if (row[cut - 1][0] + add) - top != excess:
+        return row[cut:fit], cut
+    high = _first_above(row, fit, top, add, excess)
+    low = bisect.bisect_left(row, (row[cut - 1][0], -1), 0, cut)
+    while low > 0 and (row[low - 1][0] + add) - top == excess:  # rounding: equal excess of unequal loads
+        low = bisect.bisect_left(row, (row[low - 1][0], -1), 0, low)
+    if row[low][0] == row[high - 1][0]:  # one load: its lowest cells first
+        return row[high:fit] + row[low:low + high - cut], -1
+    return row[high:fit] + sorted(row[low:high], key=lambda pair: pair[1])[:high - cut], -1
+
+
+class _Rows:
+    """`_sorted_greedy`'s state: per micro-batch its cells with room for the item as sorted (load, cell) pairs, the
+    cells without it in a max-room heap, loads, tokens, levels and the cells taken (in the items' order); whether an
+    empty micro-batch would have won an item, and the state before the first such item (`snapshot`: where a run for
+    more micro-batches starts, `_Run`)."""
+
+    def __init__(self, num_ranks: int, cap: int):
+        self.d, self.cap = num_ranks, cap
+        self.rows, self.loads, self.tokens, self.level, self.waiting, self.chosen = [], [], [], [], [], []
+        self.fresh_won, self.snapshot = False, None
+
+    def grow(self, num_microbatches: int) -> "_Rows":
+        """The state with empty micro-batches up to `num_microbatches`."""
+        d = self.d
+        for m in range(len(self.level), num_microbatches):
+            self.rows.append([(0.0, m * d + r) for r in range(d)])
+        added = num_microbatches - len(self.level)
+        self.loads += [0.0] * (added * d)
+        self.tokens += [0] * (added * d)
+        self.level += [0.0] * added
+        return self
+
+    def copy(self) -> "_Rows":
+        new = _Rows(self.d, self.cap)
+        new.rows, new.waiting = [row[:] for row in self.rows], self.waiting[:]
+        new.loads, new.tokens, new.level, new.chosen = self.loads[:], self.tokens[:], self.level[:], self.chosen[:]
+        return new
+
+    def release(self, length: int) -> None:
+        """Back to their rows the waiting cells with room for `length`."""
+        while self.waiting and -self.waiting[0][0] >= length:
+            cell = heapq.heappop(self.waiting)[1]
+            bisect.insort(self.rows[cell // self.d], (self.loads[cell], cell))
+
+    def place(self, found: tuple[int, float], cost: float, length: int) -> None:
+        """One item into `found`'s cell (`_best_fit`'s (cell, excess))."""
+        cell, excess = found
+        # `_fresh_wins`, inline for positive costs: a call per item costs 9 %
+        if not self.fresh_won and (excess > cost if cost > 0.0 else _fresh_wins(excess, cost)):
+            self.fresh_won, self.snapshot = True, self.copy()
+        m = cell // self.d
+        row = self.rows[m]
+        del row[bisect.bisect_left(row, (self.loads[cell], cell))]
+        load = self.loads[cell] = self.loads[cell] + cost
+        self.tokens[cell] += length
+        if load > self.level[m]:
+            self.level[m] = load
+        if self.cap - self.tokens[cell] >= length:
+            bisect.insort(row, (load, cell))
+        else:
+            heapq.heappush(self.waiting, (self.tokens[cell] - self.cap, cell))
+        self.chosen.append(cell)
+
+    def run(self, cost: float, length: int, count: int) -> bool:
+        """`count` items of `cost` and `length`; False when one finds no room.  With cost > 0, a cell that takes an
+        item without a rise stays the best while it takes more (its excess grows, the others' stay), so the cells
+        that take one and no second (excess in (-cost, 0]: `zones`) take the run's items in turn, best first: one
+        sort (`_take_zones`); the others one `_best_fit` an item, each changing one micro-batch's fits."""
+        rows, level = self.rows, self.level
+        fits = [_first_above(row, len(row), level[m], cost, 0.0) if cost > 0.0 else 0 for m, row in enumerate(rows)]
+        zones = [_first_above(row, fit, level[m], cost, -cost) if fit else 0 for m, (row, fit) in
+                 enumerate(zip(rows, fits))]
+        while count:
+            if any(zone < fit for zone, fit in zip(zones, fits)):
+                placed = self._take_zones(fits, zones, cost, length, count)
+                if placed:
+                    count -= placed
+                    fits = zones[:]
+                    continue
+            found = _best_fit(rows, level, cost)
+            if found is None:
+                return False
+            self.place(found, cost, length)
+            count -= 1
+            if cost > 0.0:
+                m = found[0] // self.d
+                fits[m] = _first_above(rows[m], len(rows[m]), level[m], cost, 0.0)
+                zones[m] = _first_above(rows[m], fits[m], level[m], cost, -cost)
+        return True
+
+    def _take_zones(self, fits: list, zones: list, cost: float, length: int, count: int) -> int:
+        """Up to `count` items, one a cell, to the cells of the micro-batches' `zones` (rows[m][zones[m]:fits[m]])
+        by (excess desc, cell asc): what `_best_fit` gives item by item.  0 where float rounding lets one of them
+        take a second item (then `_best_fit` goes on)."""
+        rows, level, d, cap = self.rows, self.level, self.d, self.cap
+        taken, spans = [], []
+        for m, (zone, fit) in enumerate(zip(zones, fits)):
+            if zone < fit:
+                row, top = rows[m], level[m]
+                pairs, first = _best_of(row, fit, min(fit - zone, count), top, cost)
+                if (min(pairs)[0] + cost) + cost <= top:
+                    return 0
+                spans.append((m, first, fit))
+                taken += [((new := load + cost) - top, -cell, new, load) for load, cell in pairs]
+        taken.sort(reverse=True)
+        del taken[count:]
+        loads, tokens = self.loads, self.tokens
+        for _, cell, new, _ in taken:
+            loads[-cell] = new
+            tokens[-cell] += length
+        self.chosen += [-cell for _, cell, _, _ in taken]
+        for m, first, fit in spans:
+            row = rows[m]
+            moved = [(new, -cell, old) for _, cell, new, old in taken if m * d <= -cell < m * d + d]
+            if first >= 0 and fit - first == len(moved):
+                del row[first:fit]
+            else:
+                for _, cell, old in moved:
+                    del row[bisect.bisect_left(row, (old, cell))]
+            back = []
+            for new, cell, _ in moved:
+                if cap - tokens[cell] >= length:
+                    back.append((new, cell))
+                else:
+                    heapq.heappush(self.waiting, (tokens[cell] - cap, cell))
+            for pair in back:
+                bisect.insort(row, pair)
+        return len(taken)
+
+
+def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray,
+                   start: tuple | None = None) -> tuple:
     """`greedy_cells`' choices, each in O(M log D): per micro-batch its cells with room for the item as sorted
     (load, cell) pairs, where an item's excess over the level rises with the load, so its best fit below the level
     (the largest load whose excess is <= 0) is a binary search away and its least rise is the first pair; cells
-    without room wait in a max-room heap until the lengths (not growing) fit them again (padded:
-    `_sorted_padded_greedy`).  Same floats, same ties; returns as `_scan_greedy`."""
+    without room wait in a max-room heap until the lengths (not growing) fit them again; runs of equal items take
+    their cells in one sort (`_Rows.run`) (padded: `_sorted_padded_greedy`).  Same floats, same ties.  (cells or
+    None where an item finds no room, `_fresh_wins` for some item, the state before the first such item); `start`:
+    a snapshot of a run for fewer micro-batches, its items placed."""
     d, cap = problem.num_ranks, problem.max_tokens_per_microbatch
     if problem.num_items and int(problem.lengths[order[0]]) > cap:
-        return None  # the first item fits no cell
+        return None, False, None  # the first item fits no cell
     if problem.padded:
-        return _sorted_padded_greedy(problem, num_microbatches, order)
-    rows = [[(0.0, m * d + r) for r in range(d)] for m in range(num_microbatches)]
-    loads, tokens, level = [0.0] * (num_microbatches * d), [0] * (num_microbatches * d), [0.0] * num_microbatches
-    waiting: list[tuple[int, int]] = []  # (-room, cell)
-    chosen = []  # cells in `order`
-    fresh_won = False
-    for cost, length in zip(problem.item_costs[order].tolist(), problem.lengths[order].tolist()):
-        while waiting and -waiting[0][0] >= length:
-            cell = heapq.heappop(waiting)[1]
-            bisect.insort(rows[cell // d], (loads[cell], cell))
-        found = _best_fit(rows, level, cost)
-        if found is None:
-            return None
-        cell, excess = found
-        # `_fresh_wins`, inline for positive costs: a call per item costs 9 %
-        fresh_won = fresh_won or (excess > cost if cost > 0.0 else _fresh_wins(excess, cost))
-        m = cell // d
-        row = rows[m]
-        del row[bisect.bisect_left(row, (loads[cell], cell))]
-        load = loads[cell] = loads[cell] + cost
-        tokens[cell] += length
-        if load > level[m]:
-            level[m] = load
-        if cap - tokens[cell] >= length:
-            bisect.insort(row, (load, cell))
-        else:
-            heapq.heappush(waiting, (tokens[cell] - cap, cell))
-        chosen.append(cell)
-    return in_given_order(np.array(chosen, dtype=np.int64), order), fresh_won  # a list: numpy writes per item cost 3 %
+        return _sorted_padded_greedy(problem, num_microbatches, order, start)
+    state = (_Rows(d, cap) if start is None else start.copy()).grow(num_microbatches)
+    costs, lengths = problem.item_costs[order], problem.lengths[order]
+    done = len(state.chosen)
+    ends = np.flatnonzero((costs[done + 1:] != costs[done:-1]) | (lengths[done + 1:] != lengths[done:-1])) + done + 1
+    for first, end in zip([done] + ends.tolist(), ends.tolist() + [problem.num_items]):
+        if first < end:
+            state.release(int(lengths[first]))
+            if not state.run(float(costs[first]), int(lengths[first]), end - first):
+                return None, state.fresh_won, state.snapshot if state.fresh_won else state  # the state it failed in
+    cells = in_given_order(np.array(state.chosen, dtype=np.int64), order)  # a list: numpy writes per item cost 3 %
+    return cells, state.fresh_won, state.snapshot
 
 
-def _sorted_padded_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> tuple | None:
+class _PaddedRows:
+    """`_sorted_padded_greedy`'s state: per micro-batch the sorted (load with one more item, cell) pairs of its
+    filled cells with room for one more and its first empty cell (-1: none), counts, top cost and length per cell,
+    levels and the cells taken; `fresh_won` and `snapshot` as `_Rows`'."""
+
+    def __init__(self, num_ranks: int, cap: int):
+        self.d, self.cap = num_ranks, cap
+        self.rows, self.empty, self.counts, self.top_cost, self.top_length, self.level = [], [], [], [], [], []
+        self.chosen, self.fresh_won, self.snapshot = [], False, None
+
+    def grow(self, num_microbatches: int) -> "_PaddedRows":
+        d, added = self.d, num_microbatches - len(self.level)
+        self.rows += [[] for _ in range(added)]
+        self.empty += [m * d for m in range(len(self.level), num_microbatches)]
+        self.counts += [0] * (added * d)
+        self.top_cost += [0.0] * (added * d)
+        self.top_length += [0] * (added * d)
+        self.level += [0.0] * added
+        return self
+
+    def copy(self) -> "_PaddedRows":
+        new = _PaddedRows(self.d, self.cap)
+        new.rows, new.empty, new.counts = [row[:] for row in self.rows], self.empty[:], self.counts[:]
+        new.top_cost, new.top_length, new.level = self.top_cost[:], self.top_length[:], self.level[:]
+        new.chosen = self.chosen[:]
+        return new
+
+    def run(self, costs: list, lengths: list) -> bool:
+        """The items of `costs` and `lengths` in turn; False when one finds no room (the state as before it)."""
+        d, cap, rows, empty, level, chosen = self.d, self.cap, self.rows, self.empty, self.level, self.chosen
+        counts, top_cost, top_length = self.counts, self.top_cost, self.top_length
+        for cost, length in zip(costs, lengths):
+            found = _best_fit(rows, level, 0.0, empty, cost)
+            if found is None:
+                return False
+            cell, excess = found
+            # `_fresh_wins`, inline for positive costs: a call per item costs 9 %
+            if not self.fresh_won and (excess > cost if cost > 0.0 else _fresh_wins(excess, cost)):
+                self.fresh_won, self.snapshot = True, self.copy()
+            m = cell // d
+            if counts[cell]:
+                del rows[m][bisect.bisect_left(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))]
+            else:
+                empty[m] = cell + 1 if cell + 1 < (m + 1) * d else -1
+                top_cost[cell], top_length[cell] = max(0.0, cost), max(0, length)
+            counts[cell] += 1
+            load = counts[cell] * top_cost[cell]
+            if load > level[m]:
+                level[m] = load
+            if (counts[cell] + 1) * top_length[cell] <= cap:
+                bisect.insort(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))
+            chosen.append(cell)
+        return True
+
+
+def _sorted_padded_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray,
+                          start: _PaddedRows | None = None) -> tuple:
     """`_sorted_greedy` for padded cells (cost count · max cost, tokens count · max length).  Costs and lengths do
     not grow along the order, so a cell's first item sets its maxima: with one more item a filled cell costs
     (count + 1) · top cost and holds (count + 1) · top length, whatever the item; the sorted pairs hold that next
     load (a cell that the next count overfills never takes another item), and an empty cell takes the item's cost:
     the micro-batch's first empty cell stands for them all (equal excess, the lowest cell wins)."""
-    d, cap = problem.num_ranks, problem.max_tokens_per_microbatch
-    rows: list[list] = [[] for _ in range(num_microbatches)]
-    empty = [m * d for m in range(num_microbatches)]
-    size = num_microbatches * d
-    counts, top_cost, top_length, level = [0] * size, [0.0] * size, [0] * size, [0.0] * num_microbatches
-    chosen = []  # cells in `order`
-    fresh_won = False
-    for cost, length in zip(problem.item_costs[order].tolist(), problem.lengths[order].tolist()):
-        found = _best_fit(rows, level, 0.0, empty, cost)
-        if found is None:
-            return None
-        cell, excess = found
-        # `_fresh_wins`, inline for positive costs: a call per item costs 9 %
-        fresh_won = fresh_won or (excess > cost if cost > 0.0 else _fresh_wins(excess, cost))
-        m = cell // d
-        if counts[cell]:
-            del rows[m][bisect.bisect_left(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))]
-        else:
-            empty[m] = cell + 1 if cell + 1 < (m + 1) * d else -1
-            top_cost[cell], top_length[cell] = max(0.0, cost), max(0, length)
-        counts[cell] += 1
-        load = counts[cell] * top_cost[cell]
-        if load > level[m]:
-            level[m] = load
-        if (counts[cell] + 1) * top_length[cell] <= cap:
-            bisect.insort(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))
-        chosen.append(cell)
-    return in_given_order(np.array(chosen, dtype=np.int64), order), fresh_won
+    state = (_PaddedRows(problem.num_ranks, problem.max_tokens_per_microbatch) if start is None
+             else start.copy()).grow(num_microbatches)
+    done = len(state.chosen)
+    if not state.run(problem.item_costs[order[done:]].tolist(), problem.lengths[order[done:]].tolist()):
+        return None, state.fresh_won, state.snapshot if state.fresh_won else state
+    return in_given_order(np.array(state.chosen, dtype=np.int64), order), state.fresh_won, state.snapshot
 
 
 def split(cell_of: np.ndarray, num_ranks: int) -> MicroBatchResult:

@@ -1,0 +1,61 @@
+"""The joint greedy's work across runs of equal items and across M: a run of equal items takes its cells in one
+sort (`greedy._Rows.run`), and a run for more micro-batches starts where the one before would first have lost an
+item to an empty micro-batch (`greedy._Run.start`); the cells stay the plain scan's (`_scan_greedy`)."""
+
+import numpy as np
+import pytest
+
+from orchmllm.balancers import CostModel
+from orchmllm.balancers.microbatch import greedy
+from orchmllm.balancers.microbatch.api import make_microbatch_problem
+from orchmllm.balancers.problem import sorted_order
+
+QUADRATIC = CostModel(linear=1.0, quadratic=1e-4)
+
+
+def _pareto(num_ranks: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.minimum((rng.pareto(0.8, num_ranks * 32) * 200).astype(np.int64) + 1, 16384)
+
+
+def test_regression_the_sorted_search_weighed_each_item_alone(monkeypatch):
+    """Cause of the rest of probe20 P20-15 (`algorithm="greedy"` 0.3 CPU s at 2560 x 32, 23x `auto`): every item
+    took its own best-fit search (M binary searches), though items of equal cost and length that fit below the
+    level take the cells of excess in (-cost, 0] in turn, one each.  Now those runs take them in one sort; the
+    search (`_best_fit`) runs for the rises and the cells that take a second item only."""
+    lengths = _pareto(64)
+    problem = make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=16384, cost=QUADRATIC)
+    calls = []
+    best_fit = greedy._best_fit
+    monkeypatch.setattr(greedy, "_best_fit", lambda *args: (calls.append(1), best_fit(*args))[1])
+    found = greedy.greedy_cells(problem, 3)
+    assert len(calls) < lengths.size / 2  # 659 of 2048 (one an item before)
+    np.testing.assert_array_equal(found, greedy._scan_greedy(problem, 3, sorted_order(problem.item_costs))[0])
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("seed", range(6))
+def test_regression_a_run_for_more_micro_batches_placed_every_item_afresh(monkeypatch, seed, padded):
+    """Cause of padded `auto` at 2560 x 32 taking 0.96 CPU s: each M tried placed every item, though with one more
+    micro-batch (empty, level 0) every item goes where it went until the first that an empty micro-batch would
+    have won, or that found no room.  Now the run for M + 1 starts from the state before that item and places the
+    items from there on (padded: Pareto lengths, where an empty micro-batch would have won one; unpadded: lengths
+    100-199 under T = 450, where the fewest M finds no room): the scan's cells for M + 1."""
+    rng = np.random.default_rng(seed)
+    lengths, budget = (_pareto(16, seed), 16384) if padded else (rng.integers(100, 200, 16 * 32), 450)
+    problem = make_microbatch_problem(lengths, 16, max_tokens_per_microbatch=budget, cost=QUADRATIC, padded=padded)
+    first = problem.min_microbatches
+    greedy.greedy_cells(problem, first)
+    kept = problem.packings[("greedy", 16, budget, padded)]
+    assert kept.snapshot is not None and 0 < len(kept.snapshot.chosen) < lengths.size
+    placed = []
+    state = greedy._PaddedRows if padded else greedy._Rows
+    run = state.run
+    monkeypatch.setattr(state, "run", lambda self, *args: (placed.append(len(args[0]) if padded else args[-1]),
+                                                            run(self, *args))[1])
+    found = greedy.greedy_cells(problem, first + 1)
+    expected = greedy._scan_greedy(problem, first + 1, sorted_order(problem.item_costs))
+    assert (found is None) == (expected is None)
+    if found is not None:
+        np.testing.assert_array_equal(found, expected[0])
+        assert sum(placed) == lengths.size - len(kept.snapshot.chosen)
