@@ -1,10 +1,12 @@
 """The joint greedy's work across runs of equal items and across M: a run of equal items takes its cells in one
-sort (`greedy._Rows.run`), and a run for more micro-batches starts where the one before would first have lost an
-item to an empty micro-batch (`greedy._Run.start`); the cells stay the plain scan's (`_scan_greedy`)."""
+sort (`greedy._Rows.run`), a run for more micro-batches starts where the one before would first have lost an item
+to an empty micro-batch (`greedy._Run.start`), and `auto` keeps those runs for every M it tries (`auto._canonical`);
+the cells stay the plain scan's (`_scan_greedy`)."""
 
 import numpy as np
 import pytest
 
+from orchmllm import balance_microbatches
 from orchmllm.balancers import CostModel
 from orchmllm.balancers.microbatch import greedy
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
@@ -59,3 +61,16 @@ def test_regression_a_run_for_more_micro_batches_placed_every_item_afresh(monkey
     if found is not None:
         np.testing.assert_array_equal(found, expected[0])
         assert sum(placed) == lengths.size - len(kept.snapshot.chosen)
+
+
+def test_regression_auto_planned_each_m_on_a_fresh_copy_of_the_items(monkeypatch):
+    """Cause of the same: `auto` plans the items in canonical order, and each call reordered them into a problem of
+    its own (empty `packings`), so no run was kept for the next M.  Now every call on the same items shares them."""
+    lengths = _pareto(64)[::-1].copy()  # not in canonical order
+    seen = []
+    greedy_cells = greedy.greedy_cells
+    monkeypatch.setattr(greedy, "greedy_cells", lambda problem, m: (seen.append(problem.packings),
+                                                                    greedy_cells(problem, m))[1])
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=QUADRATIC, padded=True)
+    assert len(seen) >= 3 and all(packings is seen[0] for packings in seen)
+    assert plan.num_microbatches == 5

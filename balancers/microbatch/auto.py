@@ -38,15 +38,32 @@ from .search import improve, searches
 
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
 FEWEST_KEY = "auto_fewest"  # `packings` entry of `_fewest_plan`
+CANONICAL_KEY = "auto_canonical"  # `packings` entry of `_canonical`
+
+
+def _canonical(problem: MicroBatchProblem) -> tuple[MicroBatchProblem, np.ndarray] | None:
+    """`auto.in_canonical_order(problem)`, the reordered items and their `packings` kept on the problem for every
+    call on the same items (the arrays themselves): the runs kept there for the next M (`greedy._Run`,
+    `cells.tight_cells`) answer the next call, as on items given in that order (padded `auto` at 2560 × 32 placed
+    every item afresh for each M it tried)."""
+    kept = problem.packings.get(CANONICAL_KEY)
+    if kept is None or kept[0] is not problem.lengths or kept[1] is not problem.item_costs:
+        canonical = auto.in_canonical_order(problem, packings={})
+        kept = problem.packings[CANONICAL_KEY] = (problem.lengths, problem.item_costs, canonical)
+    if kept[2] is None:
+        return None
+    reordered, order = kept[2]
+    return replace(problem, lengths=reordered.lengths, item_costs=reordered.item_costs, orders=reordered.orders,
+                   packings=reordered.packings), order
 
 
 def in_canonical_order(kernel):
     """`kernel` (a micro-batch kernel, or `plain_step`) run on the items in `auto.in_canonical_order` (an array
-    argument, a plan of the items, taken into that order too), its plan mapped back to the items' own order:
-    the plan's step cost does not depend on the order the items come in."""
+    argument, a plan of the items, taken into that order too; `_canonical`), its plan mapped back to the items' own
+    order: the plan's step cost does not depend on the order the items come in."""
     @functools.wraps(kernel)
     def run(problem: MicroBatchProblem, *args) -> MicroBatchResult | None:
-        canonical = auto.in_canonical_order(problem, packings={})
+        canonical = _canonical(problem)
         if canonical is None:
             return kernel(problem, *args)
         reordered, order = canonical
