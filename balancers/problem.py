@@ -353,12 +353,12 @@ def item_costs_of(lengths: np.ndarray, cost, costs, padded: bool) -> tuple[np.nd
 
 
 def tokens_problem(problem: Problem, time_limit: float | None = None) -> Problem:
-    """The unpadded, uncapped problem of `problem`'s tokens themselves (cost f(l) = l), built from its
-    clean lengths without checking them again: where a kernel balances the tokens to meet a cap."""
+    """The unpadded, uncapped problem of `problem`'s tokens themselves (cost f(l) = l; its equal counts kept), built
+    from its clean lengths without checking them again: where a kernel balances the tokens to meet a cap."""
     model = CostModel()
     return Problem(lengths=problem.lengths, item_costs=read_only(model.item_costs(problem.lengths)),
                    num_ranks=problem.num_ranks, cost=model, padded=False, max_tokens_per_rank=None,
-                   time_limit=time_limit)
+                   time_limit=time_limit, equal_counts=problem.equal_counts)
 
 
 def check_token_range(lengths: np.ndarray, padded: bool) -> None:

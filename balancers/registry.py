@@ -457,10 +457,12 @@ _BUILT_INS = (  # orchmllm's own records: the only heuristic ones whose certific
               description="exact padded optimum: sorted runs and a parametric search on the makespan",
               equal_counts=_KERNELS + "constraints.equal_counts:solve_padded"),
     Algorithm("ilp", _KERNELS + "kernels.ilp:solve", exact=True, kind=Kind.OURS,
-              description="exact integer program (HiGHS) with a start plan as its cutoff; stops at its time limit"),
+              description="exact integer program (HiGHS) with a start plan as its cutoff; stops at its time limit",
+              equal_counts=_KERNELS + "kernels.ilp:solve"),
     Algorithm("exact", _KERNELS + "kernels.exact:solve", exact=True, kind=Kind.OURS,
-              description="exact P||Cmax: L2 and pattern-LP bounds, bin completion (padded: 'padded'); "
-                          "stops at its time limit"),
+              description="exact P||Cmax: L2 and pattern-LP bounds, bin completion (padded: 'padded'; equal "
+                          "counts: 'ilp'); stops at its time limit",
+              equal_counts=_KERNELS + "kernels.ilp:solve"),
     Algorithm("karmarkar_karp", _KERNELS + "kernels.karmarkar_karp:solve", default=True, kind=Kind.OURS,
               description="Karmarkar-Karp largest differencing, k-way",
               equal_counts=_KERNELS + "constraints.equal_counts:solve_karmarkar_karp"),

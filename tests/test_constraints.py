@@ -145,15 +145,15 @@ def test_groups_keep_a_prompts_responses_together():
     (dict(groups=collections.deque(["1", 1, "1"])), TypeError, r"`groups` must hold group ids of one kind, all ints "
                                                                r"or all strs; got int, str"),
     (dict(equal_counts=True, sources=[0, 1, 0]), ValueError, r"`equal_counts=True` cannot be combined with `sources`"),
-    (dict(equal_counts=True, algorithm="ilp"), ValueError,
-     r"algorithm 'ilp' does not support `equal_counts=True`; choose one of \['identity', 'lpt', 'karmarkar_karp', "
-     r"'auto'\]"),
+    (dict(equal_counts=True, algorithm="multifit"), ValueError,
+     r"algorithm 'multifit' does not support `equal_counts=True`; choose one of \['identity', 'lpt', 'ilp', 'exact', "
+     r"'karmarkar_karp', 'auto'\]"),
     (dict(equal_counts="yes"), TypeError, r"`equal_counts` must be a bool; got str"),
 ], ids=["costs-padded", "cost-and-costs", "costs-shape", "costs-negative", "costs-nan", "costs-inf", "costs-str",
         "groups-padded", "groups-equal-counts", "groups-sources", "groups-shape", "groups-float",
         "groups-str-and-int (probe18 P18-07: merged into one group before)", "groups-bool-and-int",
         "groups-deque-str-and-int (probe19 P19-01: merged into one group before)", "equal-sources",
-        "equal-ilp", "equal-not-bool"])
+        "equal-multifit", "equal-not-bool"])
 def test_rejected_constraint_combinations_say_why(options, error, match):
     with pytest.raises(error, match=match):
         balance([1, 2, 3], 2, **options)

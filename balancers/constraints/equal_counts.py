@@ -32,7 +32,8 @@ import math
 import numpy as np
 
 from ..bounds import cap_refusal, uncapped_fit
-from ..problem import InfeasibleError, KernelResult, Problem, Status, count_limits, rank_loads, rank_tokens
+from ..problem import (InfeasibleError, KernelResult, Problem, Status, count_limits, make_problem, rank_loads,
+                       rank_tokens)
 
 SEARCH_RANKS = 8
 """Partner ranks one local-search step considers: the lightest ones."""
@@ -72,7 +73,7 @@ def lpt(problem: Problem, cap: int | None = None) -> np.ndarray:
             raise InfeasibleError(
                 f"equal-count `lpt` found no rank with room for item {item} ({length} tokens) under "
                 f"max_tokens_per_rank={cap} with {q} or {q + 1} items per rank; it fits under a cap of {enough}, "
-                f"and a smaller cap may still be feasible", min_cap=enough, heuristic="lpt")
+                f"and a smaller cap may still be feasible: algorithm='exact' decides", min_cap=enough, heuristic="lpt")
         load, rank = heapq.heappop(heap)
         assignment[item] = rank
         counts[rank] += 1
@@ -299,11 +300,12 @@ def solve_padded(problem: Problem) -> KernelResult:
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     values = sorted({size * cost for cost in sorted_costs for size in (q, q + 1) if size})
     runs = _padded_runs(sorted_lengths, sorted_costs, problem.num_ranks, q, r, values[-1], cap)
-    if runs is None:
-        raise InfeasibleError(
+    if runs is None:  # the least cap is the optimum of the padded tokens themselves (probe23: the runs dealt
+        tokens = solve_padded(make_problem(problem.lengths, problem.num_ranks, padded=True, equal_counts=True))
+        raise InfeasibleError(  # longest first named 6 where a plan of 4 fits, [1, 2, 3] on 2 ranks)
             f"no padded plan with {q} or {q + 1} items per rank fits max_tokens_per_rank={cap} on "
-            f"{problem.num_ranks} ranks", min_cap=int(rank_tokens(problem, _deal(order, [q + 1] * r + [q] * (
-                problem.num_ranks - r), problem.num_ranks)).max()))
+            f"{problem.num_ranks} ranks; the smallest cap that works is {int(tokens.lower_bound)}",
+            min_cap=int(tokens.lower_bound))
     low, high = 0, len(values) - 1  # values[high] is feasible
     while low < high:
         middle = (low + high) // 2

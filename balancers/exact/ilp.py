@@ -1,6 +1,7 @@
 """Exact min-max balancing by integer programming (HiGHS through `scipy.optimize.milp`), up to a time limit.
 
-minimise M  s.t.  sum_r x[i, r] = 1,  cost(r) <= M,  tokens(r) <= cap,  x binary, i.e.
+minimise M  s.t.  sum_r x[i, r] = 1,  cost(r) <= M,  tokens(r) <= cap,  x binary
+(and q <= sum_i x[i, r] <= q + 1 under equal counts, q = n // D), i.e.
 
     minimise max(loads) where loads[r] = sum(cost[i] for i on r)          (unpadded)
                            or loads[r] = len(items[r]) * f(max length on r) (padded)
@@ -45,7 +46,7 @@ import numpy as np
 from scipy.sparse import csr_array
 
 from ..bounds import lower_bound
-from ..problem import KernelResult, Problem, Status, as_time_limit, rank_loads, rank_tokens
+from ..problem import KernelResult, Problem, Status, as_time_limit, count_limits, rank_loads, rank_tokens
 from ..validation import SizeLimitError
 from . import milp
 from .verdict import CapInfeasible
@@ -93,6 +94,11 @@ class _Model:
                      np.concatenate((np.arange(self.ranks_of[earlier]), -np.arange(self.ranks_of[later]))),
                      -np.inf, 0.0)
         cap = problem.max_tokens_per_rank
+        if problem.equal_counts:  # q or q + 1 items on every rank; their sum n leaves r ranks at q + 1
+            q, extra = count_limits(n, num_ranks)
+            for r in range(min(n, num_ranks)):
+                members = np.flatnonzero(self.ranks_of > r)
+                rows.add(self.first[members] + r, np.ones(members.size), float(q), float(q + (extra > 0)))
         for r in range(min(n, num_ranks)):
             members = np.flatnonzero(self.ranks_of > r)
             columns = self.first[members] + r

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from ..constraints import equal_counts
 from ..exact.branch_and_bound import prove_small
 from ..exact.ilp import search, time_limit_of
 from ..exact.verdict import CapInfeasible
@@ -30,21 +31,27 @@ def solve(problem: Problem) -> KernelResult:
     exists, and proves infeasibility without a start).  When HiGHS proves the cap
     infeasible, one more solve (same limit) names the smallest cap that works.  Up to
     `exact.COMBINATORIAL_MAX_ITEMS` unpadded items, branch and bound decides first (caps
-    included) and HiGHS is not started.  Raises TimeoutError when no plan was found and
-    infeasibility was not proven in time.
+    included) and HiGHS is not started.  Under `equal_counts` the model holds the count rows and
+    starts from the equal-count plan (`constraints.equal_counts.solve`; padded: the exact
+    `solve_padded`); 'exact' runs this kernel then.  Raises TimeoutError when no plan was found and infeasibility was not proven in time.
 
     >>> solve(make_problem([7, 7, 6, 6, 4], 2, max_tokens_per_rank=15))
     Traceback (most recent call last):
     ...
     orchmllm.balancers.problem.InfeasibleError: branch and bound proved that no plan fits max_tokens_per_rank=15 on 2 ranks; the smallest cap that works is 16
     """
-    heuristic = padded.solve if problem.padded else lpt.solve
+    if problem.equal_counts:  # padded: the sorted-runs search is exact; else the equal-count plan starts (branch
+        if problem.padded:  # and bound knows no counts)
+            return equal_counts.solve_padded(problem)
+        heuristic = equal_counts.solve
+    else:
+        heuristic = padded.solve if problem.padded else lpt.solve
     start = proof = None
     try:
         start = heuristic(problem).assignment
     except InfeasibleError as error:
         proof = error if error.heuristic is None else None  # the pigeonhole bound's (`bounds.cap_refusal`)
-    verdict = prove_small(problem, start)
+    verdict = None if problem.equal_counts else prove_small(problem, start)
     if verdict is None:
         try:
             verdict = search(problem, start, time_limit_of(problem))
