@@ -45,7 +45,7 @@ from .options import LOCALITY, as_topology, plan_options
 from .pipeline import cell_costs, planned_run, under_llm_costs
 from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
 from .samples import Batch, group_order
-from .shards import split_layout
+from .shards import chunk_ranks, split_layout
 from .stages import (Stage, StageItems, check_microbatched_llm, check_stages, input_bytes, item_tokens,
                      stage_items, stage_named)
 from .step import (StageCapError, StepPlan, capped_cell_lengths, capped_replan_note, check_cells, check_samples_fit,
@@ -382,6 +382,8 @@ class Orchestrator:
         stays with its sample's LLM rank."""
         if llm is None:
             return batch.sample_source, input_bytes(batch, self.stages, stage)
+        if llm.split is not None:  # a split sample's embeddings land on the ranks of its chunks
+            return chunk_ranks(batch, llm.split[1], items.segment), outputs * stage.output_bytes_per_token
         return llm.destination[items.sample], outputs * stage.output_bytes_per_token
 
     @staticmethod

@@ -321,3 +321,12 @@ def _searched(starts: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
         return np.searchsorted(starts, keys, side=side)
     first = np.searchsorted(keys, starts, side="left" if side == "right" else "right")  # the first key each counts for
     return np.repeat(np.arange(starts.size + 1), np.diff(first, prepend=0, append=keys.size))
+
+
+def chunk_ranks(batch: Batch, chunks: SampleChunks, segments: np.ndarray) -> np.ndarray:
+    """The LLM rank that receives the first embedding row of each of `segments` (ascending): its sample's chunk
+    holding that row (`SampleChunks.rank`)."""
+    scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
+    keys = batch.segment_sample[segments] * scale
+    keys += batch.segment_position[segments]
+    return chunks.rank[_searched(chunks.sample * scale + chunks.position, keys, "right") - 1]
