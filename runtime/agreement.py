@@ -12,14 +12,20 @@ Three things every rank must share before payload bytes are interpreted:
 - the schema of what an exchange moves (per piece: name, dtype, trailing shape, rows per
   item).
 
-A `SchemaGuard` per exchange site checks the last two before any payload moves: one
-all-reduce of four words (the schema word and the plan word, each with its complement, so
-that one maximum gives both the smallest and the largest value of every rank).  The payload
-all-to-all's segment sizes follow from the plan, so a rank on another plan would otherwise
-send segments of sizes its peers do not expect (gloo aborts every process, or fills
-silently); the check costs one small collective and no bytes of payload.  A rank whose own
-input fails its checks sends an invalid word, so every rank raises, naming it and why.
-Ranks that all change their schema the same way (a new dtype for all) simply agree.
+A `SchemaGuard` per exchange site checks the last two before any payload is taken.  The payload
+all-to-all's segment sizes follow from the plan and the schema, so a rank on another plan would
+otherwise send segments of sizes its peers do not expect (gloo aborts every process, or fills
+silently).  Where no plan is expected, the check is one all-reduce of six words (the schema
+word, the plan word and a fact, each with its complement, so that one maximum gives both the
+smallest and the largest value of every rank).  Where every rank knows which plan and schema
+every rank was to pass (`exchange.Reference`: the plan every rank followed or made alike, the
+schema this site agreed at its latest exchange), and the site's latest exchange followed them,
+the header rides in the payload all-to-all itself, ahead of every segment (`settle`): a rank
+that passes other pieces sends zeros of the expected ones, so every segment has the size its
+peer expects, and every rank decides from every rank's header; ranks that all passed the same
+other pieces move them in a second all-to-all.  A rank whose own input fails its checks sends
+an invalid word, so every rank raises, naming it and why.  Ranks that all change their schema
+the same way (a new dtype for all) simply agree.
 
 Every rank sees the same reduced and gathered words, so every rank raises the same error,
 naming the ranks that disagree with the majority.
@@ -29,7 +35,7 @@ sampler's epoch agreement, the digest and model checks) is one `call_header`: `H
 words per rank, the first the call's tag (`call_tag`).  Code that branches on the rank can pair
 two such calls across ranks; of one shape, they pair cleanly (gloo aborts a process on gathers of
 other sizes), and every rank raises a `ConfigMismatchError` naming both calls from their tags.
-An all-reduce that opens a call (an exchange's header, `global_count`) is of another kind: paired
+An all-reduce or all-to-all that opens a call (an exchange's header, `global_count`) is of another kind: paired
 with a header all-gather on gloo, every rank waits until the group's timeout (`PeerFailureError`).
 """
 
@@ -312,6 +318,8 @@ class SchemaGuard:
         self.what = what
         self.fact = 0  # this rank's fact for the next header (a loop run since the latest dispatch), 0 or 1
         self.facts: tuple[int, int] | None = None  # (fewest, most) over the ranks of the latest header's facts
+        self.schema: tuple[PieceSchema, ...] | None = None  # what every rank passed at the latest exchange
+        self.followed = False  # whether every rank followed the plan expected there (`speculates`)
 
     def tell(self, fact: bool) -> None:
         """Send `fact` with this site's next header (`every_rank` reads what every rank sent)."""
@@ -323,29 +331,65 @@ class SchemaGuard:
         facts = self.facts or ((self.fact,) * 2 if group_size(group) == 1 else (0, 0))
         return facts[0] == 1
 
-    def agree(self, schema: tuple[PieceSchema, ...], plan_id: int, group, problem: Exception | None = None) -> None:
+    def speculates(self, expected: int | None) -> bool:
+        """Whether this site's next header rides in its payload all-to-all (`exchange`'s `reference`, whose plan
+        is `expected`): where every rank of its latest exchange followed the plan expected then, whose schema
+        (`self.schema`) every rank then expects again; what every rank knows alike."""
+        return expected is not None and self.schema is not None and self.followed
+
+    def words(self, schema: tuple[PieceSchema, ...], plan_id: int, problem: Exception | None) -> np.ndarray:
+        """This rank's header: its schema's word (INVALID_WORD where it has a `problem`), `plan_id`, `self.fact`."""
+        return np.array([INVALID_WORD if problem is not None else schema_word(schema), plan_id, self.fact],
+                        dtype=np.int64)
+
+    def agree(self, schema: tuple[PieceSchema, ...], plan_id: int, group, problem: Exception | None = None,
+              expected: int | None = None) -> None:
         """Check that every rank of `group` exchanges pieces of the same schema along the same plan
         (one all-reduce of six int64 words); raise on every rank unless so.
 
         `problem` is this rank's own reason not to exchange: the other ranks raise naming it, and when
         every rank has one, each raises its own.  `self.fact` rides along: `self.facts` is then its fewest
-        and most over the ranks, which every rank reads alike (what a caller decides from it, all decide)."""
-        words = np.array([INVALID_WORD if problem is not None else schema_word(schema), plan_id, self.fact],
-                         dtype=np.int64)
+        and most over the ranks, which every rank reads alike (what a caller decides from it, all decide).
+        `expected`: the plan every rank was expected to follow (`speculates`), or None."""
+        words = self.words(schema, plan_id, problem)
         folded = torch.from_numpy(np.concatenate([words, ~words])).to(comm_device(group))
         with collective(f"{self.what} header all-reduce", group):
             finish(dist.all_reduce(folded, op=dist.ReduceOp.MAX, group=group, async_op=True), group)
         largest = folded.cpu().numpy()
         self.facts = (int(~largest[5]), int(largest[2]))
         if np.array_equal(largest[:2], ~largest[3:5]):  # every rank's largest word is its smallest too
-            if problem is not None:
-                raise problem
+            self._settled(schema, plan_id, expected, problem)
             return
         gathered = [torch.empty_like(folded[:3]) for _ in range(group_size(group))]
         with collective(f"{self.what} header all-gather", group):
             finish(dist.all_gather(gathered, torch.from_numpy(words).to(folded.device), group=group, async_op=True),
                    group)
-        rows = np.stack([row.cpu().numpy() for row in gathered])
+        self._refuse(np.stack([row.cpu().numpy() for row in gathered]), schema, group, problem)
+
+    def settle(self, rows: np.ndarray, schema: tuple[PieceSchema, ...], expected: int, group,
+               problem: Exception | None = None) -> bool:
+        """`agree` from every rank's header as the payload all-to-all brought it (`rows`: one `words` a rank):
+        True where every rank sent its pieces (the schema of `self.schema`, along the `expected` plan); False
+        where every rank passed the same other ones (sent as zeros of the sizes expected: move them now);
+        else every rank raises, as `agree` does."""
+        self.facts = (int(rows[:, 2].min()), int(rows[:, 2].max()))
+        if not np.all(rows[:, :2] == rows[0, :2]):
+            self._refuse(rows, schema, group, problem)
+        followed = self.schema == schema and rows[0, 1] == expected
+        self._settled(schema, int(rows[0, 1]), expected, problem)
+        return followed
+
+    def _settled(self, schema: tuple[PieceSchema, ...], plan_id: int, expected: int | None,
+                 problem: Exception | None) -> None:
+        """Every rank sent the same header: raise this rank's own `problem` (every rank has one), else take
+        the schema and whether the plan was the expected one for the next exchange (`speculates`)."""
+        self.schema, self.followed = (None, False) if problem is not None else (schema, plan_id == expected)
+        if problem is not None:
+            raise problem
+
+    def _refuse(self, rows: np.ndarray, schema: tuple[PieceSchema, ...], group, problem: Exception | None) -> None:
+        """Raise on every rank, from every rank's header (`rows`, which differ), naming the ranks that differ."""
+        self.schema, self.followed = None, False
         rank = group_rank(group)
         plans = disagreement(rows[:, 1].tolist(), f"{self.what}: the plan", rank,
                              show=lambda word: f"{word & (2**64 - 1):016x}"[:12])

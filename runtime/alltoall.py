@@ -22,15 +22,16 @@ from .comm import checked_group, finish, group_rank, group_size
 
 
 class Flows:
-    """Elements moving from `source[i]` to `dest[i]`, `size[i]` of them, on `world_size` ranks."""
+    """Elements moving from `source[i]` to `dest[i]`, `size[i]` of them, on `world_size` ranks, and `pair`
+    elements from every rank to every rank (itself included: a guarded exchange's header) before them."""
 
-    def __init__(self, source, dest, size, world_size: int):
+    def __init__(self, source, dest, size, world_size: int, pair: int = 0):
         self.source = np.asarray(source, dtype=np.int64)
         self.dest = np.asarray(dest, dtype=np.int64)
         self.size = np.asarray(size, dtype=np.int64)
         if not self.source.shape == self.dest.shape == self.size.shape or self.source.ndim != 1:
             raise ValueError("`source`, `dest` and `size` must be 1-D arrays of equal length")
-        self.world_size = int(world_size)
+        self.world_size, self.pair = int(world_size), int(pair)
 
     @classmethod
     def from_matrix(cls, splits) -> "Flows":
@@ -44,12 +45,14 @@ class Flows:
     def row(self, rank: int) -> np.ndarray:
         """Elements `rank` sends to each rank."""
         mine = self.source == rank
-        return np.bincount(self.dest[mine], weights=self.size[mine], minlength=self.world_size).astype(np.int64)
+        return np.bincount(self.dest[mine], weights=self.size[mine], minlength=self.world_size).astype(np.int64) + \
+            self.pair
 
     def column(self, rank: int) -> np.ndarray:
         """Elements `rank` receives from each rank."""
         mine = self.dest == rank
-        return np.bincount(self.source[mine], weights=self.size[mine], minlength=self.world_size).astype(np.int64)
+        return np.bincount(self.source[mine], weights=self.size[mine], minlength=self.world_size).astype(np.int64) + \
+            self.pair
 
     def pairs(self, sources, dests) -> dict:
         """{(s, d): elements} for sources in `sources` and destinations in `dests` (non-zero only)."""
@@ -57,7 +60,11 @@ class Flows:
         keys = self.source[keep] * self.world_size + self.dest[keep]
         unique, inverse = np.unique(keys, return_inverse=True)
         totals = np.bincount(inverse, weights=self.size[keep]).astype(np.int64)
-        return {divmod(int(k), self.world_size): int(t) for k, t in zip(unique, totals)}
+        pairs = {divmod(int(k), self.world_size): int(t) for k, t in zip(unique, totals)}
+        if self.pair:
+            pairs.update(((int(s), int(d)), pairs.get((int(s), int(d)), 0) + self.pair)
+                         for s in np.unique(sources) for d in np.unique(dests))
+        return pairs
 
 
 def check_buffer(buffer: torch.Tensor, flows: Flows, rank: int, size: int) -> np.ndarray:

@@ -15,8 +15,8 @@ runs the same path with no communication.
 Cross-rank agreement is checked on every rank: the configuration's fingerprint rides with
 the lengths all-gather (a mismatch names the options that differ), and the schema of `batch`
 (keys, dtypes, trailing shapes, per-item or per-token) and the identity of the plan (a rank
-dispatching along an earlier step's plan) are checked by one small all-reduce before the
-payload all-to-all (see `agreement.py`).  An earlier plan kept by every rank passes them all
+dispatching along an earlier step's plan) ride in the payload all-to-all's header where every
+rank expects the plan (`routes.planned_alike`), else in one small all-reduce before it (see `agreement.py`).  An earlier plan kept by every rank passes them all
 where each rank's row totals match (packed rows carry no item boundaries, and a plan used
 again is also how a second dict of its step or a plan prefetched ahead looks): `dispatch`'s
 `lengths=`/`loss_tokens=` (as given to `plan`) check this step's items against the plan's.
@@ -57,12 +57,13 @@ from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table
 from .alltoall import runtime_transport
 from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
-from .exchange import ExchangeMeta, Piece, detached_problem, exchange, exchange_with_grad
+from .exchange import ExchangeMeta, Reference, detached_problem, exchange, exchange_with_grad
 from .metadata import GatheredMetadata, check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, loop_left, new_step
 from .options import DispatchOptions, check_names
 from .pairing import in_microbatch_order, merge_rows, split_sums
 from .prefetch import metadata_group_of
+from .routes import expected_pieces, planned_alike, site_pieces
 from .sharding import StepSharding, item_groups
 from .step_items import items_problem, local_tables, named_by_rank
 from .steps import StepClock, contract_of
@@ -174,6 +175,8 @@ class PostBalancingDispatcher:
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
         self._latest: DispatchPlan | None = None  # the latest dispatch's plan
+        self._expected: DispatchPlan | None = None  # the plan every rank expects the next dispatch to follow
+        self._alike = planned_alike(self.options)  # whether each plan made on `group` is the same on every rank
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
@@ -227,8 +230,11 @@ class PostBalancingDispatcher:
         sharding = StepSharding.build(metadata.column(0), metadata.counts, first, degree, microbatch,
                                       group_rank(self.group), lambda digest: plan_word(*words, digest)
                                       if degree.size and degree.max() > 1 else plan_word(*words))
-        return DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding,
+        made = DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding,
                             self.config_fingerprint, self.config_options)
+        if group is self.group and self._alike:  # made on every rank at this point of `group`'s collectives
+            self._expected = made
+        return made
 
     def _agreed(self, plan, digest: str, group):
         """(`plan`, its `digest`) where every rank of `group` made the same; else, under a `time_limit` (an exact
@@ -249,30 +255,21 @@ class PostBalancingDispatcher:
 
     def _move(self, batch: Mapping[str, torch.Tensor], sharding: StepSharding, per_item_keys,
               site: str, differentiable: bool, problem: Exception | None = None,
-              sums: frozenset = frozenset()) -> dict[str, torch.Tensor]:
-        """Move `batch` out along the plan's route (`site` "dispatch") or home along its inverse ("combine"):
-        a split item's per-item rows go to every rank of its group and come home as group rank 0's, or for
-        keys in `sums` as every group rank's, added (`split_reduce`)."""
+              sums: frozenset = frozenset(), expected: DispatchPlan | None = None) -> dict[str, torch.Tensor]:
+        """Move `batch` out along the plan's route (`site` "dispatch") or home along its inverse ("combine")
+        (`routes.site_pieces`; keys in `sums` come home added, `split_reduce`); `expected`: the plan every rank
+        knows every rank was to follow (`routes`), whose pieces carry the header, or None."""
         if not isinstance(batch, Mapping):
             raise TypeError(f"`batch` must be a mapping of names to tensors; got {type(batch).__name__}")
         home = site == "combine"
         check_names(batch, f"{'outputs' if home else 'batch'}` keys must be str names")
         keys = sorted(batch)
-        route = sharding.route.inverse() if home else sharding.route
-        pieces = []
-        for key in keys:
-            if key not in per_item_keys:
-                pieces.append(Piece(route, batch[key], sharding.item_rows(False), key))
-            elif home and key not in sums:
-                pieces.append(Piece(route, sharding.first_copies(batch[key]), sharding.item_rows(True, True), key,
-                                    True))
-            elif home:  # every group rank's row, named so that ranks that would keep group rank 0's disagree
-                pieces.append(Piece(route, batch[key], sharding.item_rows(True), f"{key} (split_reduce='sum')", True))
-            else:
-                pieces.append(Piece(route, sharding.copies(batch[key]), sharding.item_rows(True), key, True))
+        pieces = site_pieces(batch, keys, sharding, per_item_keys, home, sums)
+        reference = None if expected is None else Reference(expected.route.plan_id, expected_pieces(
+            expected.sharding, home, comm_device(self.group)))
         move = exchange_with_grad if differentiable else exchange
         carried, self._carried = self._carried, None  # every rank raises it here (`_followed`)
-        moved = move(pieces, self.transport, guard=self.guards[site], problem=carried or problem)
+        moved = move(pieces, self.transport, guard=self.guards[site], problem=carried or problem, reference=reference)
         return {key: sharding.home_sums(tensor) if key in sums else tensor for key, tensor in zip(keys, moved)}
 
     def dispatch(self, batch: Mapping[str, torch.Tensor], plan: DispatchPlan, *, lengths=None, loss_tokens=None,
@@ -300,7 +297,9 @@ class PostBalancingDispatcher:
                    or self._foreign_problem(plan, "dispatch") or items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
         self._clock.tell(self.guards["dispatch"])  # rides in the header: every rank learns every rank's
-        moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem)
+        moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem,
+                           expected=self._expected)
+        self._expected = plan  # every rank's of this identity
         if plan is not self._latest:
             self._latest, self._returned, self._given = plan, {}, {}
             self._clock.end()
@@ -445,7 +444,8 @@ class PostBalancingDispatcher:
         problem = problem or merging
         keys = sorted((key for key in outputs if key in per_item), key=str)
         sums, reducing = split_sums(split_reduce, keys, plan.sharding)
-        return self._move(outputs, plan.sharding, per_item, "combine", differentiable, problem or reducing, sums)
+        return self._move(outputs, plan.sharding, per_item, "combine", differentiable, problem or reducing, sums,
+                          self._latest)
 
     @classmethod
     def _ordered(cls, outputs: Mapping, plan: DispatchPlan, per_item, order) -> tuple[dict, Exception | None]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -210,17 +210,31 @@ def schema_of(pieces: Sequence[Piece]) -> tuple[PieceSchema, ...]:
                  for number, piece in enumerate(pieces))
 
 
+class Reference(NamedTuple):
+    """What a guarded exchange expects every rank to pass (`exchange`'s `reference`): pieces along the plan
+    `plan_id`, of the schema its guard agreed at its latest exchange; `pieces(schema)` builds zero pieces of a
+    schema along that plan (what a rank that passes other pieces sends instead, so every segment has the size
+    its peers expect).  Every rank must give the same, from what every rank shares (a plan whose identity
+    every rank knows to be one)."""
+
+    plan_id: int
+    pieces: Callable
+
+
 def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None, *,
-             guard: SchemaGuard | None = None, problem: Exception | None = None) -> list[torch.Tensor]:
+             guard: SchemaGuard | None = None, problem: Exception | None = None,
+             reference: Reference | None = None) -> list[torch.Tensor]:
     """Move every piece along its route in one fused all-to-all; returns one tensor per piece.
 
     Output tensors hold the rows of the items that now sit on this rank, in ascending
     global index, with the input's dtype and trailing shape.  Every rank must pass the
     same pieces in the same order (same dtypes and trailing shapes), along routes of the same
     plan: give a `guard` (one `SchemaGuard` per call site) to have that checked on every rank
-    before any payload moves (see `agreement.py`); `problem` is this rank's own reason not to
+    before any payload is taken (see `agreement.py`); `problem` is this rank's own reason not to
     exchange (e.g. an encoder that broke its contract): with a guard, every rank then raises,
-    naming this rank.  `transport` is a `FlatAllToAll` (default) or a `HierarchicalAllToAll`.
+    naming this rank.  With a `reference` (the same on every rank), once the guard's latest exchange
+    followed its reference, the header rides in the payload all-to-all itself (no collective of its
+    own).  `transport` is a `FlatAllToAll` (default) or a `HierarchicalAllToAll`.
     `stats`, if given, accumulates "exchange_seconds" (wall, packing included) and
     "exchange_bytes_sent" (to other ranks).
     """
@@ -231,11 +245,21 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
             raise problem
         return []
     problem = _problem(pieces, transport) if problem is None else problem
-    if guard is not None and transport.size > 1:
-        guard.agree(schema_of(pieces) if problem is None else (), pieces[0].meta.plan_id, transport.group, problem)
-    elif problem is not None:
-        raise problem
-    return _exchange(pieces, transport, stats, "exchange" if guard is None else guard.what)
+    if guard is None or transport.size == 1:
+        if problem is not None:
+            raise problem
+        return _exchange(pieces, transport, stats)[1]
+    schema, plan_id = schema_of(pieces) if problem is None else (), pieces[0].meta.plan_id
+    expected = None if reference is None else reference.plan_id
+    if guard.speculates(expected):  # the header in the payload: pieces of the expected sizes, ours or zeros
+        follows = problem is None and schema == guard.schema and plan_id == expected
+        sent = pieces if follows else reference.pieces(guard.schema)
+        rows, moved = _exchange(sent, transport, stats, guard.what, guard.words(schema, plan_id, problem))
+        if guard.settle(rows, schema, expected, transport.group, problem):
+            return moved  # else every rank passed the same other pieces (another plan or schema): move them now
+    else:
+        guard.agree(schema, plan_id, transport.group, problem, expected)
+    return _exchange(pieces, transport, stats, guard.what)[1]
 
 
 DIFFERENTIABLE_FIX = ("but `differentiable` is False: the exchange would move it without its graph, and what made it "
@@ -307,8 +331,10 @@ def _problem(pieces: Sequence[Piece], transport) -> Exception | None:
     return None
 
 
-def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, what: str = "exchange") -> list[torch.Tensor]:
-    """The fused exchange of pieces `_problem` found nothing wrong with (`what` names it if a peer fails)."""
+def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, what: str = "exchange",
+              header: np.ndarray | None = None) -> tuple[np.ndarray | None, list[torch.Tensor]]:
+    """The fused exchange of pieces `_problem` found nothing wrong with (`what` names it if a peer fails): every
+    rank's `header` (int64 words, sent to every rank ahead of its segment; None: none) and the moved tensors."""
     start = time.perf_counter()
     rank, size = pieces[0].meta.rank, pieces[0].meta.world_size
     plans = []
@@ -320,16 +346,20 @@ def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, what: str 
         plans.append((meta, tensor, rows, sent, row_bytes))
 
     chunks = [list(torch.split(sent, meta.send_counts(rows).tolist())) for meta, _, rows, sent, _ in plans]
-    buffer = torch.cat([chunk[d].reshape(-1) for d in range(size) for chunk in chunks])
+    head = [] if header is None else [torch.from_numpy(header.view(np.uint8)).to(pieces[0].tensor.device)]
+    buffer = torch.cat([part for d in range(size) for part in head + [chunk[d].reshape(-1) for chunk in chunks]])
     flows = Flows(np.concatenate([meta.source_ranks for meta, *_ in plans]),
                   np.concatenate([meta.dest_ranks for meta, *_ in plans]),
-                  np.concatenate([rows * row_bytes for _, _, rows, _, row_bytes in plans]), size)
+                  np.concatenate([rows * row_bytes for _, _, rows, _, row_bytes in plans]), size,
+                  sum(part.numel() for part in head))
     with collective(f"{what} payload all-to-all", transport.group):
         arrived = transport(buffer, flows)
 
     received = np.stack([meta.receive_counts(rows) * row_bytes for meta, _, rows, _, row_bytes in plans], axis=1)
-    per_source = torch.split(arrived, received.sum(axis=1).tolist())
-    parts = [torch.split(segment, received[s].tolist()) for s, segment in enumerate(per_source)]
+    per_source = torch.split(arrived, (received.sum(axis=1) + flows.pair).tolist())
+    headers = None if header is None else np.stack([segment[:flows.pair].cpu().numpy().view(np.int64)
+                                                    for segment in per_source])
+    parts = [torch.split(segment[flows.pair:], received[s].tolist()) for s, segment in enumerate(per_source)]
     outputs = []
     for number, (meta, tensor, rows, _, row_bytes) in enumerate(plans):
         num_rows = int(rows[meta.dest_items].sum())
@@ -340,20 +370,20 @@ def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, what: str 
             shaped = raw.reshape(num_rows, row_bytes).view(tensor.dtype).reshape(num_rows, *tensor.shape[1:])
         outputs.append(_take_rows(shaped, meta.arrival_row_index(rows)))
     if stats is not None:
-        sent = int(buffer.numel() - sum(chunks[p][rank].numel() for p in range(len(plans))))
+        sent = int(buffer.numel() - flows.pair - sum(chunks[p][rank].numel() for p in range(len(plans))))
         stats["exchange_seconds"] = stats.get("exchange_seconds", 0.0) + time.perf_counter() - start
         stats["exchange_bytes_sent"] = stats.get("exchange_bytes_sent", 0) + sent
-    return outputs
+    return headers, outputs
 
 
 class _Exchange(torch.autograd.Function):
     """Fused exchange whose backward sends gradients along the inverse routes."""
 
     @staticmethod
-    def forward(ctx, routes, transport, stats, guard, problem, *tensors):
+    def forward(ctx, routes, transport, stats, guard, problem, reference, *tensors):
         outputs = exchange([Piece(meta, tensor, rows, name, per_item)
                             for (meta, rows, name, per_item), tensor in zip(routes, tensors)],
-                           transport, stats, guard=guard, problem=problem)
+                           transport, stats, guard=guard, problem=problem, reference=reference)
         ctx.routes, ctx.transport, ctx.stats = routes, transport, stats
         ctx.shapes = [(output.shape, output.dtype, output.device) for output in outputs]
         ctx.mark_non_differentiable(*[o for o in outputs if not (o.is_floating_point() or o.is_complex())])
@@ -374,11 +404,12 @@ class _Exchange(torch.autograd.Function):
         input_grads = [None] * len(ctx.shapes)
         for n, grad in zip(differentiable, returned):
             input_grads[n] = grad
-        return (None, None, None, None, None, *input_grads)
+        return (None, None, None, None, None, None, *input_grads)
 
 
 def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | None = None, *,
-                       guard: SchemaGuard | None = None, problem: Exception | None = None) -> list[torch.Tensor]:
+                       guard: SchemaGuard | None = None, problem: Exception | None = None,
+                       reference: Reference | None = None) -> list[torch.Tensor]:
     """`exchange` that autograd can differentiate: backward moves the gradients home.
 
     torch's functional `all_to_all_single_autograd` moves one tensor along one split
@@ -390,6 +421,7 @@ def exchange_with_grad(pieces: Sequence[Piece], transport=None, stats: dict | No
     if transport is None:
         transport = FlatAllToAll()
     if not pieces:
-        return exchange(pieces, transport, stats, guard=guard, problem=problem)
+        return exchange(pieces, transport, stats, guard=guard, problem=problem, reference=reference)
     routes = tuple((piece.meta, piece.item_rows, piece.name, piece.per_item) for piece in pieces)
-    return list(_Exchange.apply(routes, transport, stats, guard, problem, *[piece.tensor for piece in pieces]))
+    return list(_Exchange.apply(routes, transport, stats, guard, problem, reference,
+                                *[piece.tensor for piece in pieces]))

@@ -1,19 +1,33 @@
 """What the multi-stage runtime hands around in a step: this rank's routes of every pass and of the
-whole step, what the input exchange delivered, and the packed LLM input `forward` assembles."""
+whole step, what the input exchange delivered, and the packed LLM input `forward` assembles; and the
+pieces a dispatcher's exchange sites move along a step's route, and those every rank expects there.
+
+`dispatch` moves a batch out along the plan's route and `combine` outputs home along its inverse; a split
+item's (context parallelism) per-item rows go to every rank of its group and come home as group rank 0's,
+or, for keys summed (`split_reduce='sum'`), as every group rank's (`site_pieces`).  A guarded exchange
+whose guard expects a plan and a schema (`exchange.Reference`) carries its header in the payload all-to-all
+itself: every rank must then send segments of the sizes its peers expect, so a rank that passes other
+pieces (another step's plan, another schema, input that fails its checks) sends zeros of the expected
+pieces instead (`expected_pieces`), and every rank raises from the headers.  The expected plan must be one
+every rank knows to be the same: one every rank followed (the latest dispatch's), or one made from the
+metadata every rank gathered by a planner that makes the same plan from it on every rank (`planned_alike`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..balancers import get_algorithm
+from ..balancers.registry import built_in, get_microbatch_algorithm
 from ..orchestrator.plan import PassPlan
 from ..orchestrator.samples import Batch
 from ..orchestrator.step import StepPlan
 from .agreement import PlanMismatchError
-from .exchange import ExchangeMeta
+from .exchange import ExchangeMeta, Piece
 from .frames import InputUnits
 from .sharding import TextUnits
 
@@ -158,3 +172,59 @@ def pass_problem(routes: PassRoutes, moved: Dispatched) -> PlanMismatchError | N
     return PlanMismatchError(f"forward on rank {routes.rank}: `moved` was dispatched for other routes than `routes` "
                              f"(another micro-batch's or another step's); pass forward one micro-batch's "
                              f"`micro.routes` and `micro.data`")
+
+
+SUMMED = " (split_reduce='sum')"  # the name of a key whose split item's rows come home added (ranks that keep one differ)
+
+
+def planned_alike(options) -> bool:
+    """Whether every rank that gathered the same metadata makes the same plan with these `DispatchOptions`:
+    with `check_plan` (every rank checks, or follows rank 0's), or by one of orchmllm's own planners without a
+    wall clock (no `time_limit`, not an exact one: they stop where the clock says); a plugin may plan per rank."""
+    if options.check_plan:
+        return True
+    if options.time_limit is not None:
+        return False
+    record = (get_algorithm(options.algorithm) if options.microbatching is None
+              else get_microbatch_algorithm(options.microbatch_algorithm))
+    return built_in(record) and not record.exact
+
+
+def site_rows(sharding, home: bool, per_item: bool, summed: bool):
+    """Rows per unit of a key moved out (`home` False) or home: per token, per item (a row for every rank of a
+    split item's group), or home from group rank 0 alone (per item, not `summed`); an int 1 for per-item keys
+    where nothing is split."""
+    if not per_item:
+        return sharding.item_rows(False)
+    return sharding.item_rows(True, True) if home and not summed else sharding.item_rows(True)
+
+
+def site_pieces(batch, keys, sharding, per_item_keys, home: bool, sums=frozenset()) -> list[Piece]:
+    """The pieces of `batch[key]` for `keys`, out along `sharding`'s route or home along its inverse."""
+    route = sharding.route.inverse() if home else sharding.route
+    pieces = []
+    for key in keys:
+        per_item = key in per_item_keys
+        summed = home and per_item and key in sums
+        tensor = batch[key]
+        if per_item and not summed:
+            tensor = sharding.first_copies(tensor) if home else sharding.copies(tensor)
+        pieces.append(Piece(route, tensor, site_rows(sharding, home, per_item, summed), key + SUMMED if summed
+                            else key, per_item))
+    return pieces
+
+
+def expected_pieces(sharding, home: bool, device) -> Callable:
+    """`exchange.Reference.pieces` of a site along `sharding`'s route (`home`: its inverse): zero pieces of a
+    schema, of the rows the site's pieces of that schema would have on this rank."""
+    route = sharding.route.inverse() if home else sharding.route
+
+    def pieces(schema) -> list[Piece]:
+        made = []
+        for entry in schema:
+            per_item = entry.rows_per_item != -1  # a row per item (1), or per group rank of a split one (-2)
+            rows = site_rows(sharding, home, per_item, home and per_item and entry.name.endswith(SUMMED))
+            count = int(route.item_rows(rows)[route.source_items].sum())
+            made.append(Piece(route, entry.zeros(count, device), rows, entry.name, per_item))
+        return made
+    return pieces
