@@ -46,3 +46,15 @@ def mountain(costs: np.ndarray) -> np.ndarray:
     order = np.empty_like(lightest_first)
     order[:, position] = lightest_first
     return order
+
+
+def places(grid: np.ndarray, cell: np.ndarray, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """(replica, slot) per item when replica r runs flat cell grid[r, k] in slot k (item i in flat cell cell[i]).
+
+    >>> [array.tolist() for array in places(np.array([[1, 0], [3, 2]]), np.array([0, 3, 3]), 2)]
+    [[0, 1, 1], [1, 0, 0]]
+    """
+    replica_of, slot_of = np.empty(grid.size, dtype=np.int64), np.empty(grid.size, dtype=np.int64)
+    replica_of[grid.ravel()] = np.repeat(np.arange(grid.shape[0]), num_microbatches)
+    slot_of[grid.ravel()] = np.tile(np.arange(num_microbatches), grid.shape[0])
+    return replica_of[cell], slot_of[cell]

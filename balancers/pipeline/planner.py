@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -46,17 +45,17 @@ from ..microbatch.cells import lpt_cells
 from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
 from ..problem import Status, integer_values
 from .bounds import step_bound
-from .order import deal, mountain
-from .profile import best_profile
-from .schedules import replica_times
-from .search import STOP_GAP, SUMS_DRIFT, CellSearch
+from .order import deal, mountain, places
+from .profile import best_profile, pinned_scales
+from .schedules import replica_times, step_rows
+from .search import STOP_GAP, SUMS_DRIFT, CellSearch, stalls_at_once
 from .spec import Pipeline
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
 DEFAULT_WORK = 20_000_000
-PINNING_ROWS = 33  # costs of the top cell timed once per schedule and M (`_pinned_scales`)
 SCALE_RANGE, SCALE_STEPS = 4.0, 12  # the level scale's range and bisection steps (`_starts`)
 PROBE_ROWS = 16  # replicas of a shaped start timed to show it slower than the other (`_start_times`)
+STALL_ROWS, PROVEN_FROM = 64, 512  # a start's replicas timed to show its step and its search's stall (`_proving_rows`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,7 +154,7 @@ def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets
 
     LPT puts the largest items first on the cells of least start, ties by index: item j < k in cell k0·D + j
     (k0 the first slot of the largest target).  Such an item makes its replica slow in any cell; there the
-    other cells are filled to λ_j·s·their target (`_pinned_scales`: the time of replica j then meets the
+    other cells are filled to λ_j·s·their target (`profile.pinned_scales`: the time of replica j then meets the
     target's, scaled by s), and s, the level every other cell is filled to, is where the replicas hold every
     cost: D·X̄ = (D - k)·s·X̄ + Σ_j (c_j + o) + λ_j·s·(X̄ - X̄·x_top) (bisected).  More than D such items (a
     replica would hold several; D = 2560 × 32 at M = 16: 9000-12000): the offsets alone, or with `most` the D
@@ -170,7 +169,7 @@ def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets
         return np.repeat(start, d)
     k0 = int(np.argmin(start))  # the first placeholder of least offset (largest target): slot slot_of[k0]
     target = mean * shape
-    ratios, scales = _pinned_scales(pipeline, m)
+    ratios, scales = pinned_scales(pipeline, m)
     cells, rest = (problem.sorted_costs[:pinned] + problem.microbatch_overhead) / mean, 1.0 - float(shape.max())
     low, high = 1.0, SCALE_RANGE  # s, bisected: what the replicas hold, over X̄, rises with it
     for _ in range(SCALE_STEPS):
@@ -184,26 +183,6 @@ def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets
     starts[:, :pinned] += np.round((1 - kept)[None, :] * high * target[slot_of][:, None] / unit) * unit
     starts[k0, :pinned] = start[k0]
     return starts.ravel()
-
-
-@lru_cache(maxsize=64)
-def _pinned_scales(pipeline: Pipeline, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
-    """(r, λ(r)) on PINNING_ROWS points, M >= 2: the best cells x (`best_profile`, sum 1, the largest x_top) with
-    the top cell at r ∈ [x_top, T(x) / T(e_top)] instead, the others scaled by λ(r), make the time T(x) again by
-    the secant between λ = 0 (r·T(e_top): homogeneous) and 1; T is convex in λ, so at most T(x).  λ = 1 where
-    the others at x already make at most T(x), 0 from r·T(e_top) >= T(x) on; between the points interpolated."""
-    x = best_profile(pipeline, num_microbatches)[1]
-    top = int(np.argmax(x))
-    rows = np.vstack([x, np.eye(x.size)[top], np.repeat(x[None, :], PINNING_ROWS, axis=0)])
-    goal, alone = replica_times(pipeline, *pipeline.stage_times(rows[:2]))
-    ratios = np.linspace(float(x[top]), max(goal / alone, float(x[top])), PINNING_ROWS)
-    rows[2:, top] = ratios
-    full = replica_times(pipeline, *pipeline.stage_times(rows[2:]))
-    scales = np.where(full > goal, np.clip((goal - ratios * alone) / np.maximum(full - ratios * alone, 1e-300), 0, 1),
-                      1.0)
-    for array in (ratios, scales):
-        array.setflags(write=False)
-    return ratios, scales
 
 
 def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: np.ndarray, num_ranks: int,
@@ -238,13 +217,14 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
             _add_start(problem, (placed, cells, summed), lpt_shaped(problem, num_microbatches, pipeline, mean, most),
                        first_stage)
     shaped = range(1, len(cells))
-    times = _start_times(pipeline, cells, len(shaped) == 2 and pipeline.schedule != "gpipe")
+    times, partial = _start_times(pipeline, cells, len(shaped) == 2 and pipeline.schedule != "gpipe")
     best = _fastest(times)
-    if not _short(times[best], floor):  # the search would stop at once (`search`)
-        return _start(placed, cells, times, summed, best)
+    if float(times[best].max()) <= floor:  # the search would stop at once (`search`)
+        return _start(pipeline, (placed, cells, summed), times, partial, best)
     reordered = _add_reordered(problem, pipeline, (placed, cells), rank, microbatch)
-    if len(cells) > len(times):
-        times += _timed(pipeline, cells[len(times):])
+    rows = [_proving_rows(cell, STALL_ROWS) for cell in cells[len(times):]]
+    partial.update(len(times) + index for index, row in enumerate(rows) if row is not None)
+    times += _timed(pipeline, cells[len(times):], rows) if rows else []
     best = _fastest(times)
     found = None  # (time, the search's answer): the fastest of the searches from the reordered and shaped cells
     faster = min(shaped, key=lambda index: (float(times[index].max()), index), default=None)
@@ -254,14 +234,18 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
         if begin in shaped and pipeline.schedule != "gpipe" and begin != faster:
             continue  # of two shaped starts, the faster is searched; GPipe searches both (the faster start's uneven
             # cells searched to steps up to 9 % slower there, and the other's up to 10 % faster: review12 R12-02, 04)
-        replica, slot = placed[begin]
+        rival = min(float(times[best].max()), math.inf if found is None else found[0])
+        if begin in partial and stalls_at_once(times[begin], d, problem.padded) and \
+                float(times[begin].max()) > rival * (1 + SUMS_DRIFT):
+            continue  # its search would end where it starts, above the rival (below): its other replicas never timed
+        _whole(pipeline, cells, times, partial, begin)
+        replica, slot = _places(placed, begin)
         cost, tokens, firsts = cells[begin]
         if tokens is None:
             tokens = cell_token_sums(problem, slot * d + replica, d * num_microbatches).reshape(-1, d).T
         search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, cost, tokens, replica,
                             slot, problem.max_tokens_per_microbatch, work, times[begin],
-                            None if firsts is None else (firsts, first_stage), floor,
-                            min(float(times[best].max()), math.inf if found is None else found[0]))
+                            None if firsts is None else (firsts, first_stage), floor, rival)
         search.rounds()
         search.run()
         if float(search.times.max()) > search.rival * (1 + SUMS_DRIFT):
@@ -271,7 +255,7 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
             found = (float(final[2].max()), (search.replica, search.slot, float(times[0].max()), final,
                                              _loads_kept(problem, final[0], search.tokens)))
     if found is None or found[0] >= float(times[best].max()):  # no faster than the best start: that one
-        return _start(placed, cells, times, summed, best)
+        return _start(pipeline, (placed, cells, summed), times, partial, best)
     return found[1]
 
 
@@ -291,30 +275,46 @@ def _add_reordered(problem: MicroBatchProblem, pipeline: Pipeline, starts: tuple
         order = mountain(cost)  # the plain cells reordered in each replica
         cells.append(tuple(None if grid is None else np.take_along_axis(grid, order, axis=1)
                            for grid in (cost, tokens, firsts)))
-        placed[len(cells) - 1] = (rank, np.argsort(order, axis=1)[rank, microbatch])  # slot j runs where order holds j
+        # slot j runs where order holds j; found where the start is searched or kept (`_places`)
+        placed[len(cells) - 1] = lambda: (rank, np.argsort(order, axis=1)[rank, microbatch])
         searched.append(len(cells) - 1)
     if problem.padded:
         flat = [None if grid is None else grid.T.ravel() for grid in (cost, tokens, firsts)]  # cell m·D + r
         dealt = deal(flat[0], d)
         grid = np.take_along_axis(dealt, mountain(flat[0][dealt]), axis=1)
         cells.append(tuple(None if values is None else values[grid] for values in flat))
-        placed[len(cells) - 1] = _placed(grid, microbatch * d + rank, m)
+        placed[len(cells) - 1] = places(grid, microbatch * d + rank, m)
         searched.append(len(cells) - 1)
     return searched
 
 
-def _placed(grid: np.ndarray, cell: np.ndarray, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
-    """(replica, slot) per item when replica r runs flat cell grid[r, k] in slot k (item i in flat cell cell[i])."""
-    replica_of, slot_of = np.empty(grid.size, dtype=np.int64), np.empty(grid.size, dtype=np.int64)
-    replica_of[grid.ravel()] = np.repeat(np.arange(grid.shape[0]), num_microbatches)
-    slot_of[grid.ravel()] = np.tile(np.arange(num_microbatches), grid.shape[0])
-    return replica_of[cell], slot_of[cell]
-
-
-def _start(placed: dict, cells: list, times: list, summed: dict, index: int) -> tuple:
-    """`arrange`'s answer for a start as it is."""
+def _start(pipeline: Pipeline, starts: tuple, times: list, partial: set, index: int) -> tuple:
+    """`arrange`'s answer for a start as it is (`starts`: placed, cells, summed), every replica timed."""
+    placed, cells, summed = starts
+    _whole(pipeline, cells, times, partial, index)
     cost, _, firsts = cells[index]
-    return (*placed[index], float(times[0].max()), (cost, firsts, times[index]), summed.get(index))
+    return (*_places(placed, index), float(times[0].max()), (cost, firsts, times[index]), summed.get(index))
+
+
+def _places(placed: dict, index: int) -> tuple:
+    """(replica, slot) per item of a start, found on first use where that is deferred (`_add_reordered`)."""
+    if callable(placed[index]):
+        placed[index] = placed[index]()
+    return placed[index]
+
+
+def _proving_rows(cell: tuple, count: int) -> np.ndarray | None:
+    """`schedules.step_rows` of a start's cells (D, M) where they are at most D / 4, D >= PROVEN_FROM (below, a walk's
+    own cost is most of it) and the stages uniform (a first-stage part may fall as its cell's cost rises); else None."""
+    rows = None if cell[2] is not None or cell[0].shape[0] < PROVEN_FROM else step_rows(cell[0], count)
+    return rows if rows is not None and 4 * rows.size <= cell[0].shape[0] else None
+
+
+def _whole(pipeline: Pipeline, cells: list, times: list, partial: set, index: int) -> None:
+    """Start `index` timed on every replica where only the rows holding its step were (in `partial`)."""
+    if index in partial:
+        times[index] = _timed(pipeline, [cells[index]])[0]
+        partial.discard(index)
 
 
 def _add_start(problem: MicroBatchProblem, starts: tuple, start: tuple | None, first_stage: np.ndarray | None
@@ -372,40 +372,40 @@ def _loads_kept(problem: MicroBatchProblem, cost: np.ndarray, tokens: np.ndarray
     return np.ascontiguousarray(cost.T), np.ascontiguousarray(tokens.T)
 
 
-def _timed(pipeline: Pipeline, cells: list) -> list:
-    """Every start's replica times, in one `replica_times` call."""
+def _timed(pipeline: Pipeline, cells: list, rows: list | None = None) -> list:
+    """Every start's replica times (those of its `rows` alone where given and not None), in one `replica_times` call."""
+    if rows is not None:
+        cells = [cell if row is None else (cell[0][row], None, None if cell[2] is None else cell[2][row])
+                 for cell, row in zip(cells, rows)]
     firsts = [None if cells[0][2] is None else np.concatenate([cell[2] for cell in cells])]
     rows = replica_times(pipeline, *pipeline.stage_times(np.concatenate([cell[0] for cell in cells]), *firsts))
     return np.split(rows, np.cumsum([cell[0].shape[0] for cell in cells])[:-1])
 
 
-def _start_times(pipeline: Pipeline, cells: list, one_searched: bool) -> list:
-    """Every start's replica times (`_timed`), the plain cells first; where two shaped starts follow of which
-    only the faster is searched (`one_searched`), the first (the offsets alone, slower where more than D items
-    overflow at large D: `_starts`) is timed with the others on its PROBE_ROWS replicas of largest cells and of
-    largest sums alone, and where one of them runs longer than the second's step, its times are those replicas'
-    (above the other's step, which is all it is compared by: never the fastest); else on every replica too."""
-    size = cells[0][0].shape[0]
+def _start_times(pipeline: Pipeline, cells: list, one_searched: bool) -> tuple[list, set]:
+    """Every start's replica times (`_timed`), the plain cells first, and the starts timed on some replicas alone:
+    the plain cells where their reordering is searched instead (not GPipe), on the rows holding their step
+    (`_proving_rows`: only it is read unless they are kept); where two shaped starts follow of which only the faster
+    is searched (`one_searched`), the first (the offsets alone, slower where more than D items overflow at large D:
+    `_starts`) on its PROBE_ROWS replicas of largest cells and of largest sums, and where one of them runs longer
+    than the second's step, its times are those replicas' (above the other's step, which is all it is compared
+    by: never the fastest, never searched); else on every replica too."""
+    plain = None if pipeline.schedule == "gpipe" else _proving_rows(cells[0], 1)
+    partial, size = set() if plain is None else {0}, cells[0][0].shape[0]
     if not one_searched or size <= 2 * PROBE_ROWS:
-        return _timed(pipeline, cells)
-    cost, _, firsts = cells[1]
+        return _timed(pipeline, cells, [plain] + [None] * (len(cells) - 1)), partial
+    cost = cells[1][0]
     rows = np.unique(np.concatenate([np.argpartition(score, size - PROBE_ROWS)[size - PROBE_ROWS:] for score in
                                      (np.maximum.reduce(np.ascontiguousarray(cost.T)), cost.sum(axis=1))]))
-    plain, second, probed = _timed(pipeline, [cells[0], cells[2], (cost[rows], None,
-                                                                    None if firsts is None else firsts[rows])])
+    plain, second, probed = _timed(pipeline, [cells[0], cells[2], cells[1]], [plain, None, rows])
     if float(probed.max()) > float(second.max()):
-        return [plain, probed, second]
-    return [plain, _timed(pipeline, [cells[1]])[0], second]
+        return [plain, probed, second], partial
+    return [plain, _timed(pipeline, [cells[1]])[0], second], partial
 
 
 def _fastest(times: list) -> int:
     """The start of least step (max replica time), the first on ties."""
     return min(range(len(times)), key=lambda i: (float(times[i].max()), i))
-
-
-def _short(times: np.ndarray, floor: float) -> bool:
-    """Whether these replica times' step is above `floor`, where the search stops (`search`)."""
-    return float(times.max()) > floor
 
 
 def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,

@@ -32,6 +32,7 @@ from .schedules import programs, replica_times
 from .spec import Pipeline
 
 ROUNDING = 1e-12  # the certified bound's float products are rounded: it drops by this fraction
+PINNING_ROWS = 33  # costs of the top cell timed once per schedule and M (`pinned_scales`)
 
 
 def flat_profile(pipeline: Pipeline, num_microbatches: int) -> bool:
@@ -129,3 +130,23 @@ class _Graph:
             coefficients.append(path)
             weights.append(max(amount, 0.0))
         return np.array(coefficients).reshape(-1, self.m), np.array(weights)
+
+
+@lru_cache(maxsize=64)
+def pinned_scales(pipeline: Pipeline, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """(r, λ(r)) on PINNING_ROWS points, M >= 2: the best cells x (`best_profile`, sum 1, the largest x_top) with
+    the top cell at r ∈ [x_top, T(x) / T(e_top)] instead, the others scaled by λ(r), make the time T(x) again by
+    the secant between λ = 0 (r·T(e_top): homogeneous) and 1; T is convex in λ, so at most T(x).  λ = 1 where
+    the others at x already make at most T(x), 0 from r·T(e_top) >= T(x) on; between the points interpolated."""
+    x = best_profile(pipeline, num_microbatches)[1]
+    top = int(np.argmax(x))
+    rows = np.vstack([x, np.eye(x.size)[top], np.repeat(x[None, :], PINNING_ROWS, axis=0)])
+    goal, alone = replica_times(pipeline, *pipeline.stage_times(rows[:2]))
+    ratios = np.linspace(float(x[top]), max(goal / alone, float(x[top])), PINNING_ROWS)
+    rows[2:, top] = ratios
+    full = replica_times(pipeline, *pipeline.stage_times(rows[2:]))
+    scales = np.where(full > goal, np.clip((goal - ratios * alone) / np.maximum(full - ratios * alone, 1e-300), 0, 1),
+                      1.0)
+    for array in (ratios, scales):
+        array.setflags(write=False)
+    return ratios, scales

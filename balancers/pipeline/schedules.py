@@ -182,6 +182,22 @@ def _walk(pipeline: Pipeline, num_microbatches: int) -> tuple[tuple, tuple, tupl
     return walk[0], walk[1], stage_ends
 
 
+def step_rows(cell_costs: np.ndarray, count: int) -> np.ndarray:
+    """The rows (replicas, ascending) of cells (rows, M) whose times (uniform stages) hold the step: the `count` of
+    largest sums and each row above the row of largest sum in some cell.  A replica's time never falls where a
+    cell's cost rises, in floats too (the stage times' products, the walk's max and +, all rounded monotonically), so
+    no other row runs longer than that one: the max of these rows' times is every row's.
+
+    >>> step_rows(np.array([[1.0, 3.0], [2.0, 2.0], [2.0, 3.0], [0.0, 1.0]]), 1).tolist()
+    [2]
+    """
+    sums = cell_costs.sum(axis=1)
+    if count >= sums.size:
+        return np.arange(sums.size)
+    top, largest = int(np.argmax(sums)), np.argpartition(sums, sums.size - count)[sums.size - count:]
+    return np.union1d(np.flatnonzero((cell_costs > cell_costs[top]).any(axis=1)), np.append(largest, top))
+
+
 def gpipe_time(forward: np.ndarray, backward: np.ndarray, stages: int) -> np.ndarray:
     """GPipe's closed form per replica (uniform stages, rows = replicas): Σ f + (P - 1)·max f + the same of b.
 

@@ -123,7 +123,7 @@ class CellSearch:
 
     def rounds(self) -> None:
         """Item moves off many slow replicas at once, before `run` (module docstring)."""
-        count = min(ROUND_REPLICAS, self.num_ranks // (ROUND_ITEMS + 1))
+        count = _round_count(self.num_ranks)
         if self.padded or count < 1:
             return
         done, mark = 0, float(self.times.max())
@@ -410,6 +410,23 @@ def _heaviest(times: np.ndarray, count: int) -> np.ndarray:
     else:
         pool = np.arange(times.size)
     return pool[np.argsort(times[pool], kind="stable")][::-1][:count]
+
+
+def stalls_at_once(times: np.ndarray, num_ranks: int, padded: bool) -> bool:
+    """Whether `rounds` then `run` end without a change from these replica times, or from any of `num_ranks` that
+    holds them where none of the others is above their max (what `_stalled` finds then holds for all): more
+    replicas near the max than a round lowers (or no rounds: padded, too few replicas) and than WINDOW steps do.
+
+    >>> stalls_at_once(np.array([5.0, 5.0, 5.0, 5.0, 5.0, 1.0]), 6, False), stalls_at_once(np.full(4, 5.0), 6, False)
+    (True, False)
+    """
+    mark, count = float(times.max()), _round_count(num_ranks)
+    return (padded or count < 1 or _stalled(times, mark, count + 1, ROUND_GAIN)) and _stalled(times, mark)
+
+
+def _round_count(num_ranks: int) -> int:
+    """The slow replicas a round lowers (`rounds`): ROUND_REPLICAS, at most D / (ROUND_ITEMS + 1)."""
+    return min(ROUND_REPLICAS, num_ranks // (ROUND_ITEMS + 1))
 
 
 def _stalled(times: np.ndarray, mark: float, count: int = WINDOW, gain: float = WINDOW_GAIN) -> bool:
