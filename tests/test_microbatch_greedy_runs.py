@@ -3,6 +3,9 @@ sort (`greedy._Rows.run`), a run for more micro-batches starts where the one bef
 to an empty micro-batch (`greedy._Run.start`), and `auto` keeps those runs for every M it tries (`auto._canonical`);
 the cells stay the plain scan's (`_scan_greedy`)."""
 
+import bisect
+import types
+
 import numpy as np
 import pytest
 
@@ -32,6 +35,21 @@ def test_regression_the_sorted_search_weighed_each_item_alone(monkeypatch):
     monkeypatch.setattr(greedy, "_best_fit", lambda *args: (calls.append(1), best_fit(*args))[1])
     found = greedy.greedy_cells(problem, 3)
     assert len(calls) < lengths.size / 2  # 659 of 2048 (one an item before)
+    np.testing.assert_array_equal(found, greedy._scan_greedy(problem, 3, sorted_order(problem.item_costs))[0])
+
+
+def test_regression_a_run_put_its_cells_back_one_binary_insertion_each(monkeypatch):
+    """A run's cells, each one item fuller, went back into their rows one `insort` each (a binary search over
+    (load, cell) pairs and a move of the row above, ~1-2 us at D = 2560).  Now they leave their rows in slices and
+    come back in one merge where the part of the row above the fits is short."""
+    lengths = _pareto(64)
+    problem = make_microbatch_problem(lengths, 64, max_tokens_per_microbatch=16384, cost=QUADRATIC)
+    calls = []
+    counted = types.SimpleNamespace(bisect_left=bisect.bisect_left, bisect_right=bisect.bisect_right,
+                                    insort=lambda *args: (calls.append(1), bisect.insort(*args))[1])
+    monkeypatch.setattr(greedy, "bisect", counted)
+    found = greedy.greedy_cells(problem, 3)
+    assert len(calls) < 0.8 * lengths.size  # 1406 of 2048 (1951 before)
     np.testing.assert_array_equal(found, greedy._scan_greedy(problem, 3, sorted_order(problem.item_costs))[0])
 
 

@@ -241,22 +241,23 @@ def _first_above(row: list, hi: int, top: float, add: float, floor: float) -> in
     return at
 
 
-def _best_of(row: list, fit: int, need: int, top: float, add: float) -> tuple[list, int]:
-    """The `need` best pairs of row[:fit] by (excess desc, cell asc) (all where it has no more), and their first
-    position where they are row[first:fit] (else -1: a run of equal excess straddles the cut, its lowest cells)."""
+def _best_of(row: list, fit: int, need: int, top: float, add: float) -> tuple[list, list | None]:
+    """The `need` best pairs of row[:fit] by (excess desc, cell asc) (all where it has no more), and the spans of
+    positions they fill, highest first (None where the lowest cells of a run of equal excess that straddles the cut
+    come from unequal loads, by float rounding)."""
     if fit <= need:
-        return row[:fit], 0
+        return row[:fit], [(0, fit)]
     cut = fit - need
     excess = (row[cut][0] + add) - top
     if (row[cut - 1][0] + add) - top != excess:
-        return row[cut:fit], cut
+        return row[cut:fit], [(cut, fit)]
     high = _first_above(row, fit, top, add, excess)
     low = bisect.bisect_left(row, (row[cut - 1][0], -1), 0, cut)
     while low > 0 and (row[low - 1][0] + add) - top == excess:  # rounding: equal excess of unequal loads
         low = bisect.bisect_left(row, (row[low - 1][0], -1), 0, low)
     if row[low][0] == row[high - 1][0]:  # one load: its lowest cells first
-        return row[high:fit] + row[low:low + high - cut], -1
-    return row[high:fit] + sorted(row[low:high], key=lambda pair: pair[1])[:high - cut], -1
+        return row[high:fit] + row[low:low + high - cut], [(high, fit), (low, low + high - cut)]
+    return row[high:fit] + sorted(row[low:high], key=lambda pair: pair[1])[:high - cut], None
 
 
 class _Rows:
@@ -272,13 +273,10 @@ class _Rows:
 
     def grow(self, num_microbatches: int) -> "_Rows":
         """The state with empty micro-batches up to `num_microbatches`."""
-        d = self.d
-        for m in range(len(self.level), num_microbatches):
-            self.rows.append([(0.0, m * d + r) for r in range(d)])
-        added = num_microbatches - len(self.level)
-        self.loads += [0.0] * (added * d)
-        self.tokens += [0] * (added * d)
-        self.level += [0.0] * added
+        d, added = self.d, num_microbatches - len(self.level)
+        self.rows += [[(0.0, m * d + r) for r in range(d)] for m in range(len(self.level), num_microbatches)]
+        self.loads, self.tokens = self.loads + [0.0] * added * d, self.tokens + [0] * added * d
+        self.level = self.level + [0.0] * added
         return self
 
     def copy(self) -> "_Rows":
@@ -340,43 +338,56 @@ class _Rows:
         return True
 
     def _take_zones(self, fits: list, zones: list, cost: float, length: int, count: int) -> int:
-        """Up to `count` items, one a cell, to the cells of the micro-batches' `zones` (rows[m][zones[m]:fits[m]])
-        by (excess desc, cell asc): what `_best_fit` gives item by item.  0 where float rounding lets one of them
-        take a second item (then `_best_fit` goes on)."""
-        rows, level, d, cap = self.rows, self.level, self.d, self.cap
-        taken, spans = [], []
+        """Up to `count` items, one a cell, to the cells of the `zones` (rows[m][zones[m]:fits[m]]) by (excess desc,
+        cell asc), as `_best_fit` item by item; 0 where float rounding lets one take a second (`_best_fit` goes on)."""
+        rows, level = self.rows, self.level
+        taken, parts = [], []
         for m, (zone, fit) in enumerate(zip(zones, fits)):
             if zone < fit:
                 row, top = rows[m], level[m]
-                pairs, first = _best_of(row, fit, min(fit - zone, count), top, cost)
+                pairs, spans = _best_of(row, fit, min(fit - zone, count), top, cost)
                 if (min(pairs)[0] + cost) + cost <= top:
                     return 0
-                spans.append((m, first, fit))
-                taken += [((new := load + cost) - top, -cell, new, load) for load, cell in pairs]
+                parts.append((m, fit, pairs, spans))
+                taken += [((load + cost) - top, -cell, load) for load, cell in pairs]
         taken.sort(reverse=True)
+        cut = len(taken) > count
         del taken[count:]
         loads, tokens = self.loads, self.tokens
-        for _, cell, new, _ in taken:
-            loads[-cell] = new
+        for _, cell, load in taken:
+            loads[-cell] = load + cost
             tokens[-cell] += length
-        self.chosen += [-cell for _, cell, _, _ in taken]
-        for m, first, fit in spans:
-            row = rows[m]
-            moved = [(new, -cell, old) for _, cell, new, old in taken if m * d <= -cell < m * d + d]
-            if first >= 0 and fit - first == len(moved):
-                del row[first:fit]
+        self.chosen += [-cell for _, cell, _ in taken]
+        cells = {-cell for _, cell, _ in taken} if cut else None
+        for m, fit, pairs, spans in parts:
+            self._move(m, fit, pairs if cells is None else [pair for pair in pairs if pair[1] in cells],
+                       spans if cells is None or len(cells) == len(pairs) else None, cost, length)
+        return len(taken)
+
+    def _move(self, m: int, fit: int, pairs: list, spans: list | None, cost: float, length: int) -> None:
+        """Micro-batch m's `pairs` (in `spans` of its row, or where they are), one item (`cost`, `length`) fuller:
+        back into the row above its fits (one merge where that part is short) or to the waiting heap."""
+        row, cap, tokens = self.rows[m], self.cap, self.tokens
+        if spans is not None and sum(hi - lo for lo, hi in spans) == len(pairs):
+            for lo, hi in spans:
+                del row[lo:hi]
+        else:
+            for pair in pairs:
+                del row[bisect.bisect_left(row, pair)]
+        back = []
+        for load, cell in pairs:
+            if cap - tokens[cell] >= length:
+                back.append((load + cost, cell))
             else:
-                for _, cell, old in moved:
-                    del row[bisect.bisect_left(row, (old, cell))]
-            back = []
-            for new, cell, _ in moved:
-                if cap - tokens[cell] >= length:
-                    back.append((new, cell))
-                else:
-                    heapq.heappush(self.waiting, (tokens[cell] - cap, cell))
+                heapq.heappush(self.waiting, (tokens[cell] - cap, cell))
+        above = fit - len(pairs)  # the fits left: every pair moved is above them
+        if len(row) - above < 16 * len(back):
+            back += row[above:]
+            back.sort()
+            row[above:] = back
+        else:
             for pair in back:
                 bisect.insort(row, pair)
-        return len(taken)
 
 
 def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray,
@@ -420,10 +431,8 @@ class _PaddedRows:
         d, added = self.d, num_microbatches - len(self.level)
         self.rows += [[] for _ in range(added)]
         self.empty += [m * d for m in range(len(self.level), num_microbatches)]
-        self.counts += [0] * (added * d)
-        self.top_cost += [0.0] * (added * d)
-        self.top_length += [0] * (added * d)
-        self.level += [0.0] * added
+        self.counts, self.top_cost = self.counts + [0] * added * d, self.top_cost + [0.0] * added * d
+        self.top_length, self.level = self.top_length + [0] * added * d, self.level + [0.0] * added
         return self
 
     def copy(self) -> "_PaddedRows":
