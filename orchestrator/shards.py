@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers.validation import as_index
-from .samples import Batch, constant, group_order
+from .samples import Batch, constant, group_order, is_counting
 
 
 def _frozen(array, dtype=np.int64) -> np.ndarray:
@@ -130,7 +130,8 @@ class SampleChunks:
     (an unsplit sample: one chunk, its whole sequence): `position` and `tokens` in the sample's
     LLM sequence, `text_first` and `text_tokens` its text rows, `rank` and `row` the shard row
     holding it, `packed` its first packed row on that rank, `text_offset` its first row of the
-    rank's text buffer; `first[k]` the first chunk of sample k (size num_samples + 1)."""
+    rank's text buffer; `first[k]` the first chunk of sample k (size num_samples + 1); `segment_chunk[s]` the
+    chunk holding segment s's first embedding row (one per segment of the pass: its pieces and anchors read it)."""
 
     sample: np.ndarray
     position: np.ndarray
@@ -141,6 +142,16 @@ class SampleChunks:
     packed: np.ndarray
     text_offset: np.ndarray
     first: np.ndarray
+    segment_chunk: np.ndarray
+
+
+def _segment_keys(batch: Batch) -> tuple[int, np.ndarray]:
+    """(K, every segment's key sample · K + position): K exceeds every LLM length, so the keys ascend with the
+    segments and a chunk keyed the same way (sample · K + its position) sorts among them."""
+    scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
+    keys = batch.segment_sample * scale
+    keys += batch.segment_position
+    return scale, keys
 
 
 def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> tuple[ShardTable, SampleChunks]:
@@ -183,10 +194,12 @@ def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> t
     text_offset_chunk = text_offset[row] + np.where(mirror, text_sizes[partner], 0)
     text_first = np.cumsum(text_sizes) - text_sizes
     text_first -= text_first[first[:-1]][sample] if sample.size else 0
+    scale, segment_keys = _segment_keys(batch)
+    segment_chunk = _searched(sample * scale + positions, segment_keys, "right") - 1  # the last start at or before
     return table, SampleChunks(sample=_frozen(sample), position=_frozen(positions), tokens=_frozen(sizes),
                                text_first=_frozen(text_first), text_tokens=_frozen(text_sizes),
                                rank=_frozen(chunk_rank), packed=_frozen(packed), text_offset=_frozen(text_offset_chunk),
-                               first=_frozen(first))
+                               first=_frozen(first), segment_chunk=_frozen(segment_chunk))
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,9 +254,9 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks,
     stage, rank, offset = whole
     part_segment, part_row, part_stage, part_rank, part_offset = _parts(encoder_plans)
     owner, size, position = batch.segment_sample, batch.segment_tokens, batch.segment_position
-    scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
+    scale, first_key = _segment_keys(batch)
     starts = chunks.sample * scale + chunks.position  # ascending
-    cut_segment, cut_row, cut_at, at = _chunk_cuts(owner * scale + position, size, starts)
+    cut_segment, cut_row, cut_at, at = _chunk_cuts(first_key, size, starts, chunks.segment_chunk)
     if part_segment.size:  # parts starting inside their segment cut it too (where no chunk start does already)
         inside = part_row > 0
         part_key = owner[part_segment[inside]] * scale + position[part_segment[inside]] + part_row[inside]
@@ -294,16 +307,16 @@ def split_pieces(batch: Batch, encoder_plans, chunks: SampleChunks,
                   llm_rank=_frozen(chunks.rank[piece_chunk]), llm_offset=_frozen(llm_offset), chunk=piece_chunk)
 
 
-def _chunk_cuts(first_key: np.ndarray, size: np.ndarray,
-                starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _chunk_cuts(first_key: np.ndarray, size: np.ndarray, starts: np.ndarray,
+                at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(segment, row, chunk) of every chunk start inside a segment (past its first row), by segment then row,
-    and every segment's chunk holding its first row; segments keyed sample · K + position (`first_key`,
-    ascending) as the chunks' `starts`.
+    and every segment's chunk holding its first row (`at`, where the caller has it: `SampleChunks.segment_chunk`);
+    segments keyed sample · K + position (`first_key`, ascending) as the chunks' `starts`.
 
     A segment begins at or after the end of the one before it, so a chunk start lies inside at most the last
     segment starting at or before it: one binary search per chunk, not per segment (an unsplit sample's one
     chunk starts at its position 0, inside no segment)."""
-    at = _searched(starts, first_key, "right") - 1  # the last chunk starting at or before each segment's first row
+    at = _searched(starts, first_key, "right") - 1 if at is None else at  # the last chunk starting at or before it
     if not first_key.size:
         return at, at, at, at
     last = np.searchsorted(first_key, starts, side="right") - 1  # per chunk, the last segment starting at or before it
@@ -324,9 +337,7 @@ def _searched(starts: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
 
 
 def chunk_ranks(batch: Batch, chunks: SampleChunks, segments: np.ndarray) -> np.ndarray:
-    """The LLM rank that receives the first embedding row of each of `segments` (ascending): its sample's chunk
-    holding that row (`SampleChunks.rank`)."""
-    scale = int(max(batch.sample_llm_length.max(initial=0), 1)) + 1
-    keys = batch.segment_sample[segments] * scale
-    keys += batch.segment_position[segments]
-    return chunks.rank[_searched(chunks.sample * scale + chunks.position, keys, "right") - 1]
+    """The LLM rank that receives the first embedding row of each of `segments`: its sample's chunk holding that row
+    (`SampleChunks.segment_chunk`, `rank`)."""
+    every = is_counting(segments) and segments.size == batch.num_segments  # the segments' own column, no gather
+    return chunks.rank[chunks.segment_chunk if every else chunks.segment_chunk[segments]]

@@ -44,3 +44,23 @@ def test_split_samples_anchor_at_their_chunks_ranks():
             assert np.any(anchors[split] != llm.destination[items.sample][split])  # not the group's first rank
             checked += 1
     assert checked
+
+
+def test_one_search_of_the_segments_per_pass(monkeypatch):
+    """The chunk of every segment's first row is found once per pass (`split_layout`: `SampleChunks.segment_chunk`),
+    and the anchors and the pieces read it (the parent searched the segments in each)."""
+    from orchmllm.orchestrator import shards
+    batch = frames_batch(16, 4)
+    orchestrator = Orchestrator(STAGES, Topology.for_world_size(16), context_parallel=ContextParallel(),
+                                max_tokens_per_microbatch=16384)
+    cells = orchestrator.plan(batch).cells
+    searched, search = [], shards._searched
+    monkeypatch.setattr(shards, "_searched", lambda starts, keys, side: searched.append(keys.size) or
+                        search(starts, keys, side))
+    step = orchestrator._plan_cells(batch, cells, 0.0)
+    split = [plan for plan in step.microbatches if plan.llm.split is not None]
+    assert split and sorted(searched) == sorted(plan.batch.num_segments for plan in split)
+    for plan in split:
+        chunks = plan.llm.split[1]
+        assert np.array_equal(chunks.sample[chunks.segment_chunk], plan.batch.segment_sample)  # its own sample's
+        assert np.array_equal(chunks.rank[chunks.segment_chunk], first_rows(plan))
