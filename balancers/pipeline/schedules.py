@@ -191,11 +191,13 @@ def step_rows(cell_costs: np.ndarray, count: int) -> np.ndarray:
     >>> step_rows(np.array([[1.0, 3.0], [2.0, 2.0], [2.0, 3.0], [0.0, 1.0]]), 1).tolist()
     [2]
     """
-    sums = cell_costs.sum(axis=1)
+    columns = np.ascontiguousarray(cell_costs.T)  # reductions over short rows run a loop per row (`_row_max`)
+    sums = np.add.reduce(columns, axis=0)
     if count >= sums.size:
         return np.arange(sums.size)
     top, largest = int(np.argmax(sums)), np.argpartition(sums, sums.size - count)[sums.size - count:]
-    return np.union1d(np.flatnonzero((cell_costs > cell_costs[top]).any(axis=1)), np.append(largest, top))
+    above = np.logical_or.reduce(columns > columns[:, top:top + 1], axis=0)
+    return np.union1d(np.flatnonzero(above), np.append(largest, top))
 
 
 def gpipe_time(forward: np.ndarray, backward: np.ndarray, stages: int) -> np.ndarray:
