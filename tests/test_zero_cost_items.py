@@ -5,7 +5,7 @@ mostly-zero items, against 11 and 5 ms on the default mix: one item per round)."
 import numpy as np
 import pytest
 
-from orchmllm import balance
+from orchmllm import CostModel, balance
 from orchmllm.balancers.kernels import karmarkar_karp, lpt
 from orchmllm.balancers.kernels.reference import dense_kk, heap_lpt
 from orchmllm.balancers.problem import make_problem
@@ -49,3 +49,24 @@ def test_zero_cost_plans_keep_every_item(algorithm):
     lengths = mostly_zero(3, 16, 0.9)
     plan = balance(lengths, 16, algorithm=algorithm)
     assert np.bincount(plan.assignment, minlength=16).sum() == lengths.size and plan.makespan >= lengths.max()
+
+
+@pytest.mark.parametrize("num_ranks, seed", [(512, 3), (2560, 4)])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_regression_auto_plans_the_costly_items_as_if_the_free_ones_were_absent(num_ranks, seed, explicit):
+    """probe23 P23-07: with 90 % of the items free (empty samples, or `costs=` 0), auto's size rules counted them
+    and skipped the searches the costly items alone get: 6.3 % (512) and 7.6 % (2560) above those items' plan."""
+    rng = np.random.default_rng(seed)
+    lengths = np.where(rng.random(num_ranks * 32) < 0.9, 0, rng.integers(1, 8000, num_ranks * 32))
+    if explicit:  # positive lengths, costs 0 for the masked ones
+        kept = lengths > 0
+        lengths = rng.integers(1, 8000, lengths.size)
+        costs = np.where(kept, lengths.astype(float) ** 1.2, 0.0)
+        whole, alone = balance(lengths, num_ranks, costs=costs), balance(lengths[kept], num_ranks, costs=costs[kept])
+    else:
+        cost = CostModel(linear=1.0, quadratic=1e-4)
+        whole, alone = balance(lengths, num_ranks, cost=cost), balance(lengths[lengths > 0], num_ranks, cost=cost)
+    assert whole.makespan == alone.makespan and whole.lower_bound == pytest.approx(alone.lower_bound, rel=1e-9)
+    counts = np.bincount(whole.assignment, minlength=num_ranks)
+    assert counts.sum() == lengths.size and counts.max() - counts.min() <= np.bincount(
+        alone.assignment, minlength=num_ranks).max() - np.bincount(alone.assignment, minlength=num_ranks).min() + 1

@@ -84,6 +84,9 @@ def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
     where the items come in that order already)."""
     if problem.padded:
         return padded.solve(problem)
+    costly = _costly_items(problem)
+    if costly is not None:
+        return _with_free_items_dealt(problem, costly)
     try:
         return _in_canonical_order(problem, lpt_plan)
     except InfeasibleError as error:  # no start fit the cap: the plan without it may meet it (`uncapped_fit`)
@@ -92,6 +95,34 @@ def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
         if free is None:
             raise
         return free
+
+
+def _costly_items(problem: Problem) -> np.ndarray | None:
+    """The items of positive cost, where the others may be left out of the search: some cost 0 and none of those
+    holds tokens under a cap (None elsewhere).  Free items change no load, but the searches' size rules counted them
+    (probe23 P23-07: 90 % empty items at 2560 x 32 planned 7.7 % above the same costly items alone)."""
+    costs = problem.item_costs
+    if problem.equal_counts or costs.size == 0 or costs.min() > 0:
+        return None
+    costly = costs > 0
+    if not costly.any() or (problem.max_tokens_per_rank is not None and problem.lengths[~costly].any()):
+        return None
+    return costly
+
+
+def _with_free_items_dealt(problem: Problem, costly: np.ndarray) -> KernelResult:
+    """`solve` on the costly items; the free ones dealt after them, one a rank in turn from the ranks holding the
+    fewest items (ties: the lowest rank)."""
+    items = np.flatnonzero(costly)
+    result = solve(dataclasses.replace(problem, lengths=read_only(problem.lengths[items]),
+                                       item_costs=read_only(problem.item_costs[items]), orders={}))
+    assignment = np.empty(problem.num_items, dtype=np.int64)
+    assignment[items] = result.assignment
+    counts = np.bincount(result.assignment, minlength=problem.num_ranks)
+    turn = np.lexsort((np.arange(problem.num_ranks), counts))
+    free = np.flatnonzero(~costly)
+    assignment[free] = turn[np.arange(free.size) % problem.num_ranks]
+    return result._replace(assignment=assignment)
 
 
 def _in_canonical_order(problem: Problem, lpt_plan: np.ndarray | None) -> KernelResult:
