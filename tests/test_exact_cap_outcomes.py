@@ -54,3 +54,15 @@ def test_regression_exact_under_a_tight_cap_spends_its_time_limit_once(monkeypat
     else:
         assert plan.tokens.max() <= cap
     assert limits and all(limit < 0.5 for limit in limits)
+
+
+def test_regression_exact_over_the_models_size_names_itself_not_ilp():
+    """probe23 P23-06: where auto's plans overflow the cap and the MILP is over its size, 'exact' raised SizeLimitError
+    "algorithm 'ilp' needs ... use 'auto'", while auto's refusal pointed at 'ilp': a circle.  'exact' gave up, and
+    says so as a heuristic does (InfeasibleError naming itself, with the cap auto meets)."""
+    lengths = np.random.default_rng(4).integers(300, 5001, 8192)
+    cap = -(-int(lengths.sum()) // 512)  # the token bound itself: not proven infeasible, and lpt overflows it
+    with pytest.raises(InfeasibleError, match=r"^algorithm 'exact' found no plan under max_tokens_per_rank=.* over "
+                                              r"its size limit at 8192 items × 512 ranks") as caught:
+        balance(lengths, 512, algorithm="exact", max_tokens_per_rank=cap, time_limit=1.0)
+    assert caught.value.heuristic == "exact" and caught.value.min_cap > cap

@@ -47,6 +47,13 @@ def solve(problem: Problem) -> KernelResult:
         left = max(time_limit - (time.perf_counter() - started), time_limit / 2)  # (rev15 R15-07)
         try:
             return ilp.solve(dataclasses.replace(problem, time_limit=left))
+        except SizeLimitError as size:  # exact gave up: say so as a heuristic would (probe23 P23-06: it named 'ilp'
+            raise InfeasibleError(  # and "use 'auto'", whose own refusal pointed at 'ilp')
+                f"algorithm 'exact' found no plan under max_tokens_per_rank={problem.max_tokens_per_rank}: "
+                f"auto's plans overflow it, and the MILP that would decide is over its size limit at "
+                f"{problem.num_items} items × {problem.num_ranks} ranks (`exact.ilp.MAX_BINARIES`); auto fits under "
+                f"a cap of {error.min_cap}, and a smaller one may still be feasible", min_cap=error.min_cap,
+                heuristic="exact") from size
         except TimeoutError as timeout:
             raise TimeoutError(f"{timeout} (the MILP's share of exact's time_limit={time_limit} s, after the optimum "
                                f"without the cap did not fit it)") from timeout
