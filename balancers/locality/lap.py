@@ -24,8 +24,9 @@ NODES_PER_BLOCK = 256  # nodes whose ranks `assign_groups_greedily` places in on
 # The balancer's fallback places groups on nodes greedily where the node-level LAP would list more than LAP_MAX_ENTRIES
 # (group, slot) pairs and its groups draw from more than DENSE_NODES_PER_GROUP source nodes on average (length-grouped
 # sampling: one per item).  There LAPJVsp's time grows ~D^2.5 (2560 x 32 sorted: 651 800 pairs, 1-2 s; the greedy
-# 15 ms for 0.02-0.14 % more bytes across nodes), at 2**16 pairs it took 0.03 s (512 x 16 sorted).  Sparse LAPs stay
-# exact (padded plans group neighbours, ~1.5 nodes per group: the greedy moves 2-4 % more bytes there)
+# 15 ms for 0.02-0.14 % more bytes across nodes), at 2**16 pairs it took 0.03 s (512 x 16 sorted).  Padded plans in
+# the sampled order reach it too at D >= 1024 (their length runs draw from ~14 nodes a group; rev16 R16-01: +0.07-0.25 %
+# bytes across nodes, makespans equal, 0.12 -> 0.04 s at 2560 x 16); groups from one or two nodes stay exact.
 LAP_MAX_ENTRIES, DENSE_NODES_PER_GROUP = 2**16, 2
 
 
