@@ -48,7 +48,9 @@ import numpy as np
 
 from .spec import Pipeline
 
-BLOCK_ROWS = 2560  # rows walked together: 5120 at once took 1.3x (P 8, M 3) to 3x (P 4, M 32) two blocks' time
+# rows walked together, about: 5120 at once took 1.3x (P 8, M 3) to 3x (P 4, M 32) two blocks' time, and 2561 in two
+# blocks 1.2-1.3x one (P 8, M 8-16: D = 2560 with a probed row)
+BLOCK_ROWS = 2560
 
 
 def stage_order(pipeline: Pipeline, num_microbatches: int, stage: int) -> list[tuple[bool, int, int]]:
@@ -126,8 +128,8 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     """
     forward, backward = np.asarray(forward, dtype=np.float64), np.asarray(backward, dtype=np.float64)
     rows, m = forward.shape[0], forward.shape[-1]
-    if rows > BLOCK_ROWS:  # each row is timed alone: the same floats in blocks
-        blocks = -(-rows // BLOCK_ROWS)
+    blocks = round(rows / BLOCK_ROWS)
+    if blocks > 1:  # each row is timed alone: the same floats in blocks
         return np.concatenate([replica_times(pipeline, f, b) for f, b in zip(np.array_split(forward, blocks),
                                                                              np.array_split(backward, blocks))])
     uniform, staged, stage_ends = _walk(pipeline, m)
