@@ -86,3 +86,18 @@ def test_regression_auto_under_a_cap_its_own_plan_meets_is_not_refused():
     lengths = [13, 35, 47, 35, 52, 24, 47, 24]
     assert balance(lengths, 3).tokens.max() == 94
     assert balance(lengths, 3, max_tokens_per_rank=94).tokens.max() <= 94
+
+
+@pytest.mark.parametrize("algorithm", ["lpt", "karmarkar_karp", "multifit", "slack"])
+def test_regression_with_sources_a_cap_the_same_calls_plan_meets_is_not_refused(algorithm):
+    """probe23 P23-09: the communication-aware pass re-deals the kernel's plan, so `balance(..., sources=)` without a
+    cap can meet a cap its kernel's capped greedy refuses (lpt on 86 of 400 tiny instances): [82, 42, 47, 81, 67] on
+    2 ranks planned tokens [163, 156], and max_tokens_per_rank=163 was refused ("lpt fits under a cap of 171")."""
+    rng = np.random.default_rng(7)
+    for _ in range(150):
+        num_ranks = int(rng.choice([2, 3, 4]))
+        lengths = rng.integers(1, 100, int(rng.integers(num_ranks + 1, 4 * num_ranks + 2)))
+        sources = rng.integers(0, num_ranks, lengths.size)
+        cap = int(balance(lengths, num_ranks, algorithm=algorithm, sources=sources).tokens.max())
+        plan = balance(lengths, num_ranks, algorithm=algorithm, sources=sources, max_tokens_per_rank=cap)
+        assert plan.tokens.max() <= cap
