@@ -114,6 +114,47 @@ def test_cross_rank_checks_cost_against_todays_dispatch_4_ranks(benchmark):
                                  "noise_floor_unchecked_again_over_unchecked": again / unchecked})
 
 
+def header_riding_job(rank, size, steps, tokens):
+    """Per dispatch, the slowest-rank wall and this process's CPU (`time.process_time`: gloo's threads too) of a
+    dispatcher whose plan agreement rides in the payload all-to-all against one that checks it in a header
+    all-reduce of its own (its plans not taken as made alike on every rank, as a plugin's: the route of the
+    issue-24 check before it rode), and the same dispatcher again (the noise floor); arms rotated step by step."""
+    rng = np.random.default_rng(rank)
+    arms = {name: PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
+            for name in ("riding", "riding_again", "header_round")}
+    arms["header_round"]._alike = False  # the arm of a planner that may plan per rank
+    times = {name: [] for name in arms}
+    for step in range(steps + 1):  # step 0: every site's first exchange, which checks in a header of its own
+        lengths = rng.integers(tokens // 2, tokens * 3 // 2, 16)
+        batch = {"x": torch.randn(int(lengths.sum()), 64), "id": torch.arange(16) + 100 * rank}
+        names = list(arms)
+        for name in names[step % 3:] + names[:step % 3]:
+            plan = arms[name].plan(lengths)
+            dist.barrier()
+            wall, cpu = time.perf_counter(), time.process_time()
+            arms[name].dispatch(batch, plan)
+            times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+    return {name: values[1:] for name, values in times.items()}
+
+
+@pytest.mark.parametrize("tokens", [64, 4096])
+def test_plan_agreement_riding_the_payload_against_a_header_round_4_ranks(benchmark, tokens):
+    """Issue 24: the agreement check of a dispatch costs no collective of its own (dispatch over header_round)."""
+    results = benchmark.pedantic(spawn, args=(header_riding_job, 4), kwargs={"args": (100 if tokens < 1024 else 20,
+                                                                                       tokens), "timeout_s": 300},
+                                 rounds=1, iterations=1)
+    figures = {}
+    for name in results[0]:
+        steps = list(zip(*[result[name] for result in results]))  # per step, every rank's (wall, cpu)
+        figures[name] = ([max(wall for wall, _ in step) for step in steps], [sum(cpu for _, cpu in step)
+                                                                           for step in steps])
+    for k, what in enumerate(("wall_slowest_rank", "cpu_all_ranks")):
+        for arm in ("header_round", "riding_again"):
+            benchmark.extra_info[f"{arm}_over_riding_{what}_median"] = statistics.median(figures[arm][k]) / \
+                statistics.median(figures["riding"][k])
+            benchmark.extra_info[f"{arm}_over_riding_{what}_min"] = min(figures[arm][k]) / min(figures["riding"][k])
+
+
 class CheckedModel(nn.Module):
     """A small transformer (24 encoder layers, width 128, 5.0 M parameters, about 1300 autograd nodes in a
     micro-batch's loss graph): the graph the model check walks is that of a real model, at a size a CPU runs."""

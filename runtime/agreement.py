@@ -273,9 +273,10 @@ def kept_plan_problem(rank: int, given, planned, item: str, field: str) -> PlanM
 class PieceSchema:
     """What one piece of an exchange is: name, dtype, trailing shape, rows per item.
 
-    `rows_per_item` is an int k (k rows per item, e.g. 1 for per-item tensors), -1 (rows given per
-    item by lengths: per-token tensors) or -2 (a per-item tensor of a plan that splits items, whose
-    rows per item are given: a row per rank of a split item's group).
+    `rows_per_item` is an int k (k rows per item), -1 (rows given per item by lengths: per-token
+    tensors) or -2 (a per-item tensor, `per_item`: a row per item, or per rank of a split item's group
+    where the plan splits it; the same whether a step splits any, so that a site's schema stays that of
+    its latest exchange from step to step).
     """
 
     name: str
@@ -285,7 +286,7 @@ class PieceSchema:
 
     @classmethod
     def of(cls, name: str, tensor: torch.Tensor, item_rows, per_item: bool = False) -> "PieceSchema":
-        rows_per_item = int(item_rows) if is_int(item_rows) else -2 if per_item else -1
+        rows_per_item = -2 if per_item else int(item_rows) if is_int(item_rows) else -1
         return cls(str(name), tensor.dtype, tuple(int(n) for n in tensor.shape[1:]), rows_per_item)
 
     def zeros(self, rows: int, device) -> torch.Tensor:

@@ -175,7 +175,7 @@ class PostBalancingDispatcher:
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
         self._latest: DispatchPlan | None = None  # the latest dispatch's plan
-        self._expected: DispatchPlan | None = None  # the plan every rank expects the next dispatch to follow
+        self._expected: DispatchPlan | None = None  # the latest plan made on `group` where `_alike` (`routes`)
         self._alike = planned_alike(self.options)  # whether each plan made on `group` is the same on every rank
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
@@ -299,7 +299,6 @@ class PostBalancingDispatcher:
         self._clock.tell(self.guards["dispatch"])  # rides in the header: every rank learns every rank's
         moved = self._move(batch, plan.sharding, self.options.per_item_keys, "dispatch", differentiable, problem,
                            expected=self._expected)
-        self._expected = plan  # every rank's of this identity
         if plan is not self._latest:
             self._latest, self._returned, self._given = plan, {}, {}
             self._clock.end()
