@@ -173,7 +173,14 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
     ~1.53x (no search there: unchanged); M = 16 GPipe 3.06 -> 2.87x, 1F1B 3.07 -> 2.81x, interleaved 3.24 -> 3.02x: a
     round times only the items that may be offered (their time without them lies in [time - cost, time]: 960 -> ~450
     rows, 1F1B), times the replicas several items leave with the offers where their moves are known, a search copies
-    the cells only when it changes them, and the moved replicas' cells are summed alone.  What is left is walks
+    the cells only when it changes them, and the moved replicas' cells are summed alone.  pp36 (2026-12-06, load ~10,
+two alternated runs of 21 rounds in one process, HEAD 9e3ef4f against 12f5d31, same plans; over the plain step of
+2b223d0's parent, today's in brackets): M = 8 GPipe ~1.5x (unchanged), 1F1B 1.74-1.88 -> 1.59-1.72x (1.10-1.17x),
+interleaved 1.54-1.61 -> 1.41-1.49x (0.95-0.98x); M = 16 GPipe ~2.9x (unchanged), 1F1B 2.71-2.91 -> 2.39-2.57x
+(1.70-1.74x), interleaved 3.03-3.20 -> 2.47-2.70x (1.74-1.92x): a replica's time never falls where a cell's cost
+rises, so the plain cells (1F1B, interleaved: only their step is read) are timed on the replica holding every
+micro-batch's largest cell, and their reordering on 64 replicas that hold its step and show its search stalling
+above the step found (then skipped, `search.stalls_at_once`).  What is left is walks
     (`replica_times`, numpy-bound: ~1.6 ns per operation and replica, ~0.2 ms a walk however few rows at M = 16;
     batching operations by level with gathers was 2-5x slower; the 1F1B walk has no O(M) form, its critical paths
     zig-zag over the stages), the shaped LPTs (`lpt.greedy_from`, ~2 ms each) and the rounds.  Asserted: that no case
