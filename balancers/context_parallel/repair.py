@@ -47,49 +47,58 @@ def _spill(microbatch: np.ndarray, m: int, lengths: np.ndarray, times: np.ndarra
            certificates=None):
     """Micro-batch m's plan after its items longer than T move out, least time first, the fewest that lets it
     lay out (found by doubling, then bisection: moving more out frees blocks), and its refill from micro-batch
-    m + 1 (`_refill`); `microbatch` updated in place; None when none lays out.  The doubling starts at the
-    fewest the certificate leaves (`_fewest_uncertified`): with fewer moved out none lays out, so only the
-    plans at or above it are asked for."""
+    m + 1 (`_refill`); `microbatch` updated in place; None when none lays out.  The fewest the certificate leaves
+    (`_fewest_uncertified`) is tried first: where it lays out it is the fewest (with fewer moved out none does),
+    found with one plan; else the search runs as without the certificate (the probes below its count answered by
+    it, unplanned)."""
     items = np.flatnonzero(microbatch == m)
     keep = items[np.argmax(times[items])]  # the longest item (first by index) defines the micro-batch
     over = items[(lengths[items] > budget) & (items != keep)]
     over = over[np.lexsort((over, times[over]))]
-    plans = {}
+    at, plans = np.searchsorted(items, over), {}  # `items` ascend
+
+    def rest(count: int) -> np.ndarray:  # `items` without the first `count` of `over`, ascending
+        kept = np.ones(items.size, dtype=bool)
+        kept[at[:count]] = False
+        return items[kept]
 
     def laid(count: int):
         if count not in plans:
-            plans[count] = plan_pass(np.setdiff1d(items, over[:count]))
+            plans[count] = plan_pass(rest(count))
         return plans[count]
 
-    count = _fewest_uncertified(items, over, certificates)
-    failed, step = count - 1, 1  # `failed`: the most moved out known not to lay out
-    while count < over.size and laid(count) is None:
-        failed, count, step = count, min(count + step, over.size), 2 * step
-    if over.size == 0 or laid(count) is None:
+    if not over.size:
         return None
+    count = _fewest_uncertified(rest, over.size, certificates)
+    failed = count - 1  # the most moved out known not to lay out
+    if laid(count) is None:  # not the certificate's count: the doubling from one item, as without a certificate
+        failed, count = 0, 1
+        while count < over.size and laid(count) is None:
+            failed, count = count, min(2 * count, over.size)
+        if laid(count) is None:
+            return None
     while count - failed > 1:
         middle = (failed + count) // 2
         failed, count = (middle, count) if laid(middle) is None else (failed, middle)
     later = np.flatnonzero(microbatch == m + 1)
     microbatch[over[:count]] = m + 1
-    return _refill(microbatch, m, np.setdiff1d(items, over[:count]), laid(count), later,
+    return _refill(microbatch, m, rest(count), laid(count), later,
                    int(lengths[over[:count]].sum()), lengths, times, budget, plan_pass, certificates)
 
 
-def _fewest_uncertified(items: np.ndarray, over: np.ndarray, certificates) -> int:
-    """The fewest of `over` (at least one) to move out of `items` whose rest `certificates.certified_none` does not
-    rule out (bisection: moving items out never adds to the certificate's pieces); `over.size` where all do; 1
-    without `certificates`.  The allbig family (every item 32-64k tokens, T = 32k, D = 512): cascading spills of up to
+def _fewest_uncertified(rest, most: int, certificates) -> int:
+    """The fewest count in 1 .. `most` whose `rest(count)` (a micro-batch's items, that many moved out) is not ruled
+    out by `certificates.certified_none` (bisection: moving items out never adds to the certificate's pieces); `most`
+    where all are; 1 without `certificates`.  The allbig family (every item 32-64k tokens, T = 32k, D = 512): cascading spills of up to
     1482 items, 765 probes of which 220 were laid-out plans (1.4 s) before the certificate started the search."""
-    fewest, most = 1, over.size
+    fewest = 1
     if certificates is None or most <= 1:
         return 1
-    certified_none = certificates.certified_none
-    if certified_none(np.setdiff1d(items, over[:most])):
+    if certificates.certified_none(rest(most)):
         return most
     while fewest < most:
         middle = (fewest + most) // 2
-        fewest, most = (middle + 1, most) if certified_none(np.setdiff1d(items, over[:middle])) else (fewest, middle)
+        fewest, most = (middle + 1, most) if certificates.certified_none(rest(middle)) else (fewest, middle)
     return fewest
 
 
