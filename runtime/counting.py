@@ -17,7 +17,7 @@ class CollectiveCounter:
     """Counts this rank's collectives by kind (`calls`) and the payload bytes its all-to-alls send to
     other ranks (`sent`, from the send splits of `all_to_all_single`)."""
 
-    KINDS = ("all_gather", "all_reduce", "all_to_all_single", "batch_isend_irecv")
+    KINDS = ("all_gather", "all_gather_object", "all_reduce", "all_to_all_single", "batch_isend_irecv", "broadcast")
 
     def __init__(self):
         self.calls, self.sent = dict.fromkeys(self.KINDS, 0), 0
@@ -29,8 +29,7 @@ class CollectiveCounter:
         def counted(*args, **kwargs):
             self.calls[kind] += 1
             if kind == "all_to_all_single":
-                _, buffer, _, sends = args[:4]
-                self.sent += (sum(sends) - sends[dist.get_rank()]) * buffer.element_size()
+                self.sent += _sent_bytes(*args, **kwargs)
             return call(*args, **kwargs)
         return counted
 
@@ -38,3 +37,13 @@ class CollectiveCounter:
         """Put torch.distributed's own calls back."""
         for kind, call in self._originals.items():
             setattr(dist, kind, call)
+
+
+
+def _sent_bytes(output, buffer, output_split_sizes=None, input_split_sizes=None, group=None, **_) -> int:
+    """Bytes an `all_to_all_single` call sends to the other ranks of its group (ranks numbered within it, as a
+    node-wise transport's subgroups number them; equal splits where none are given)."""
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    rows = list(input_split_sizes) if input_split_sizes else [len(buffer) // size] * size
+    row_bytes = buffer.numel() // max(len(buffer), 1) * buffer.element_size()
+    return (sum(rows) - rows[me]) * row_bytes

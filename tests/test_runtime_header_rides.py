@@ -12,32 +12,11 @@ import torch.distributed as dist
 from orchmllm.balancers import ContextParallel, CostModel
 from orchmllm.balancers.problem import KernelResult
 from orchmllm.balancers.registry import register_algorithm
+from orchmllm.runtime.counting import CollectiveCounter
 from orchmllm.runtime import HierarchicalAllToAll, PlanMismatchError, PostBalancingDispatcher, SchemaMismatchError
 from orchmllm.runtime.launch import run_processes
 
 LENGTHS = [[3, 1, 2], [2, 2], [4], [1, 1, 1]]
-
-
-class CollectiveCounter:
-    """This process's torch.distributed collectives, counted while open (`runtime.counting`'s counter reads
-    the send splits by world rank, which a node-wise transport's subgroups do not have)."""
-
-    KINDS = ("all_gather", "all_gather_object", "all_reduce", "all_to_all_single", "broadcast")
-
-    def __init__(self):
-        self.calls, self._originals = dict.fromkeys(self.KINDS, 0), {kind: getattr(dist, kind) for kind in self.KINDS}
-        for kind, call in self._originals.items():
-            setattr(dist, kind, self._counting(kind, call))
-
-    def _counting(self, kind, call):
-        def counted(*args, **kwargs):
-            self.calls[kind] += 1
-            return call(*args, **kwargs)
-        return counted
-
-    def close(self):
-        for kind, call in self._originals.items():
-            setattr(dist, kind, call)
 
 
 def _lengths(rank, step):
