@@ -403,7 +403,7 @@ def _no_room(problem: Problem, item: int, cap: int, uncapped: np.ndarray | None 
     proven = None if problem.padded else cap_refusal(problem.lengths, problem.num_ranks, cap)
     if proven is not None:
         return proven
-    exact = "algorithm='ilp'"
+    exact = "algorithm='exact'"  # which says so where its MILP is over its size (probe23 P23-06)
     if problem.padded:
         uncapped, exact = _greedy_padded(problem, None), "algorithm='padded' (exact)"
     enough = int(rank_tokens(problem, uncapped).max())
