@@ -53,6 +53,23 @@ def test_regression_a_run_put_its_cells_back_one_binary_insertion_each(monkeypat
     np.testing.assert_array_equal(found, greedy._scan_greedy(problem, 3, sorted_order(problem.item_costs))[0])
 
 
+def test_regression_padded_fits_weighed_each_item_alone(monkeypatch):
+    """Cause of the rest of padded `auto` at 2560 x 32 (0.42 s after the runs were kept): every item took its own
+    best-fit search, though once no micro-batch has an empty cell a filled cell's load with one more item is its own
+    (count + 1) · max cost, whatever the item: the fits take the items in turn, best first, each while it fits.  Now
+    they take them a sort at a time (`_PaddedRows._take_fits`); the search runs for the rest only."""
+    lengths = np.minimum((np.random.default_rng(0).pareto(0.8, 16 * 64) * 200).astype(np.int64) + 1, 16384)
+    problem = make_microbatch_problem(lengths, 16, max_tokens_per_microbatch=16384, cost=QUADRATIC, padded=True)
+    calls, batched = [], []
+    best_fit, take_fits = greedy._best_fit, greedy._PaddedRows._take_fits
+    monkeypatch.setattr(greedy, "_best_fit", lambda *args: (calls.append(1), best_fit(*args))[1])
+    monkeypatch.setattr(greedy._PaddedRows, "_take_fits", lambda self, left: batched.append(take_fits(self, left))
+                        or batched[-1])
+    found = greedy.greedy_cells(problem, 8)
+    assert sum(batched) > 0.15 * lengths.size and len(calls) == lengths.size - sum(batched)  # 166 of 1024 batched
+    np.testing.assert_array_equal(found, greedy._scan_greedy(problem, 8, sorted_order(problem.item_costs))[0])
+
+
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("seed", range(6))
 def test_regression_a_run_for_more_micro_batches_placed_every_item_afresh(monkeypatch, seed, padded):

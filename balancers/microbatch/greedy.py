@@ -11,21 +11,18 @@ minimise Σ_m max_r load(r, m) s.t. tokens(r, m) <= T, for a given M (see `micro
             cells, the grouping that minimises the sum of group maxima)
         local search: for the most loaded cell of each micro-batch, the move of one of its
             items, or its swap with an item of another cell, that lowers Σ_m level most
-Where lengths do not grow along the order (costs rising with the lengths: every cost model's) an item's cell is
-found in O(M log D): per micro-batch the cells with room for it as sorted (load, cell) pairs (the excess over the
-level rises with the load: the best fit below the level is a binary search, the least rise the least load), cells
-without room waiting in a max-room heap until the lengths fit them (`_sorted_greedy`; padded, the pairs hold each
-cell's load with one more item, `_sorted_padded_greedy`), a run of equal items that fit below the levels taking
-its cells in one sort (`_Rows.run`); else every cell is weighed for every item (`_scan_greedy`, O(n·M·D): at
-2560 × 32, 10.4 CPU s where the search takes 1.1 s, and padded `auto` 21.7 s where it takes 1.3 s; probe20 P20-15).
-Both make the same choices, float for float, ties alike.  One run answers the other M tried where no empty
-micro-batch would have won an item, and a run for more micro-batches starts where one would have (`greedy_cells`).
+Where lengths do not grow along the order (every cost model's) a binary search per micro-batch finds an item's
+cell (`_sorted_greedy`, `_sorted_padded_greedy`), and items that fit below the levels take their cells a sort at a
+time (`_Rows.run`, `_PaddedRows._take_fits`); else every cell is weighed for every item (`_scan_greedy`, O(n·M·D):
+at 2560 × 32 10.4 CPU s, padded `auto` 21.7 s; probe20 P20-15).  Both make the same choices, float for float.  A
+run answers other M, or starts the run for more micro-batches (`greedy_cells`).
 Original to orchmllm.  Heuristic: `microbatch_exact` proves small instances.
 """
 
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 import math
 from typing import NamedTuple
@@ -41,14 +38,9 @@ class Cells:
     """Loads, tokens, counts and (padded) largest cost and length of M·D cells, flat by m·D + r."""
 
     def __init__(self, problem: MicroBatchProblem, num_microbatches: int):
-        self.problem = problem
-        self.num_microbatches = num_microbatches
-        size = num_microbatches * problem.num_ranks
-        self.loads = np.zeros(size)
-        self.tokens = np.zeros(size, dtype=np.int64)
-        self.counts = np.zeros(size, dtype=np.int64)
-        self.top_cost = np.zeros(size)
-        self.top_length = np.zeros(size, dtype=np.int64)
+        self.problem, self.num_microbatches, size = problem, num_microbatches, num_microbatches * problem.num_ranks
+        self.loads, self.top_cost = np.zeros(size), np.zeros(size)
+        self.tokens, self.counts, self.top_length = (np.zeros(size, dtype=np.int64) for _ in range(3))
 
     def offer(self, cost: float, length: int) -> tuple[np.ndarray, np.ndarray]:
         """(load, tokens) of every cell if the item were added to it."""
@@ -61,18 +53,14 @@ class Cells:
         self.counts[cell] += 1
         self.top_cost[cell] = max(self.top_cost[cell], cost)
         self.top_length[cell] = max(self.top_length[cell], length)
-        if self.problem.padded:
-            self.loads[cell] = self.counts[cell] * self.top_cost[cell]
-            self.tokens[cell] = self.counts[cell] * self.top_length[cell]
-        else:
-            self.loads[cell] += cost
-            self.tokens[cell] += length
+        padded = self.problem.padded
+        self.loads[cell] = self.counts[cell] * self.top_cost[cell] if padded else self.loads[cell] + cost
+        self.tokens[cell] = self.counts[cell] * self.top_length[cell] if padded else self.tokens[cell] + length
 
 
 class _Run(NamedTuple):
-    """A run of the joint greedy, kept on the problem (`packings`) for the next M: its cells answer every M from
-    the micro-batches it used up to its own, and beyond while no empty micro-batch would have won an item; a run
-    for more micro-batches starts from its `snapshot`."""
+    """A run of the joint greedy, kept on the problem (`packings`) for the next M (`greedy_cells`): its cells, or
+    its `snapshot` for a run for more micro-batches."""
 
     lengths: np.ndarray  # the items it placed (the arrays themselves)
     item_costs: np.ndarray
@@ -80,33 +68,27 @@ class _Run(NamedTuple):
     num_microbatches: int
     fresh_won: bool  # some item would have taken a cell of an empty micro-batch at level 0 over the cell it took
     cell_of: np.ndarray | None  # None: an item found no room
-    snapshot: object  # the sorted search's state before the first item an empty micro-batch would have won (or found
-    # no room); None where none did or the scan ran
+    snapshot: object  # the search's state before the first such item (or one without room); None: none, or a scan
 
     def answers(self, problem: MicroBatchProblem, num_microbatches: int) -> bool:
         return (self.cell_of is not None and self.lengths is problem.lengths and self.item_costs is problem.item_costs
                 and self.used <= num_microbatches and (num_microbatches <= self.num_microbatches or not self.fresh_won))
 
     def start(self, problem: MicroBatchProblem, num_microbatches: int):
-        """The state a run for `num_microbatches` starts from, or None: with more micro-batches, the extra ones empty
-        at level 0 lose to every cell this run took up to its snapshot, so those items go where they went here."""
+        """The state a run for more micro-batches starts from (the extra ones, empty, lose every item before it)."""
         same = self.lengths is problem.lengths and self.item_costs is problem.item_costs
         return self.snapshot if same and num_microbatches > self.num_microbatches else None
 
 
 def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray | None:
     """The joint greedy's cell (m·D + r) per item, or None when some item finds no room: `_sorted_greedy` where it
-    applies (lengths not growing along the order: every cost model's; padded, costs not negative), else
-    `_scan_greedy`.
+    applies (lengths not growing along the order; padded, costs not negative), else `_scan_greedy`.
 
-    Each item's cell is the least of a total order whose key is the cell's own (rise, distance to the level, cell
-    index), so one run answers other M (`_Run`, kept on the problem as `cells.tight_cells`' packing): with fewer
-    micro-batches, down to those it used, the cell it took is still a candidate and still the least; with more,
-    the extra cells are empty at level 0, and lose to it while no such cell would have won an item (probe20 P20-15:
-    `_solve` tries the fewest M and two more; at 2560 × 32 on capped Pareto lengths the runs for the last two are
-    the first's).  Where one would have, a run for more micro-batches places the items before it as this one did
-    and starts there (padded `auto` at 2560 × 32, T 16k: M 3 finds no room after 49k items, M 4 and 5 share
-    their first 29k and 68k items with the run before, M 6 its first 78k)."""
+    Each item's cell is the least of a total order keyed on the cell's own (rise, distance to the level, cell), so
+    one run (`_Run`, kept on the problem) answers fewer M, down to those it used (the cell it took is still the
+    least), and more while no empty micro-batch (level 0) would have won an item (probe20 P20-15: `_solve` tries
+    three M); where one would have, the run for more starts there (`_Run.start`: padded `auto` at 2560 × 32, T 16k,
+    M 4, 5 and 6 start at items 29k, 68k and 78k of 82k)."""
     key = ("greedy", problem.num_ranks, problem.max_tokens_per_microbatch, problem.padded)
     kept = problem.packings.get(key)
     if kept is not None and kept.answers(problem, num_microbatches):
@@ -128,8 +110,7 @@ def greedy_cells(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarra
 
 
 def _searchable(problem: MicroBatchProblem, order: np.ndarray) -> bool:
-    """Whether lengths do not grow along the cost `order` (and padded costs are non-negative): the sorted search
-    finds each item's cell, else every cell is weighed (`_scan_greedy`)."""
+    """Whether lengths do not grow along the cost `order` (padded: costs not negative): `_sorted_greedy` applies."""
     lengths = problem.lengths[order]
     padded_ok = not problem.padded or float(problem.item_costs.min(initial=0.0)) >= 0
     return padded_ok and bool(np.all(lengths[1:] <= lengths[:-1]))
@@ -141,15 +122,13 @@ def scans(problem: MicroBatchProblem) -> bool:
 
 
 def _fresh_wins(excess: float, alone: float) -> bool:
-    """Whether a cell of an empty micro-batch at level 0 (excess `alone`: the item's load alone there) would beat
-    the cell of excess `excess` that the item took: a lesser rise, or as little and nearer the level (it is the
-    higher cell, so it loses ties).  For `alone` > 0, `excess > alone`: the sorted searches test that inline."""
+    """Whether a cell of an empty micro-batch at level 0 (excess `alone`: the item's load alone) would beat the cell
+    of `excess` the item took: a lesser rise, or as little and nearer the level (`alone` > 0: `excess > alone`)."""
     return excess > max(alone, 0.0) or excess < alone <= 0.0
 
 
 def _scan_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> tuple | None:
-    """The joint greedy as written above, every cell weighed for every item (O(n·M·D)), items in `order`:
-    (cells, whether an empty micro-batch would have won an item: `_fresh_wins`)."""
+    """The joint greedy as written above, every cell weighed for every item (O(n·M·D)): (cells, `_fresh_wins`)."""
     d = problem.num_ranks
     cells = Cells(problem, num_microbatches)
     level = np.zeros(num_microbatches)
@@ -195,10 +174,9 @@ def _tied(row: list, at: int, step: int, cost: float, top: float, best: float) -
 
 def _best_fit(rows: list, level: list, add: float, empty: list | None = None,
               cost: float = 0.0) -> tuple[int, float] | None:
-    """The greedy's cell for an item (`rows`: per micro-batch the sorted (load, cell) pairs of the cells with room
-    for it, each to load + `add` with it; padded: `empty[m]` the micro-batch's first empty cell or -1, to `cost`):
-    the largest excess over the level <= 0, else the least; ties to the lowest cell, which is in the first
-    micro-batch reaching that excess (cells are numbered micro-batch by micro-batch).  (cell, its excess)."""
+    """The greedy's (cell, excess) for an item (`rows`: per micro-batch the sorted (load, cell) pairs of the cells
+    with room, each to load + `add` with it; padded: `empty[m]` its first empty cell or -1, to `cost`): the largest
+    excess over the level <= 0, else the least; ties to the lowest cell (in the first micro-batch reaching it)."""
     best, where, at = None, -1, -1
     for m, row in enumerate(rows):
         top, fit, value = level[m], 0, None
@@ -230,9 +208,8 @@ def _best_fit(rows: list, level: list, add: float, empty: list | None = None,
 
 
 def _first_above(row: list, hi: int, top: float, add: float, floor: float) -> int:
-    """The first position below `hi` from which every pair of `row` (sorted (load, cell)) has (load + add) - top
-    above `floor`, in floats (it does not fall as the load grows): with `floor` 0 the end of the pairs that take an
-    item of cost `add` without a rise, with -`add` the start of those that take one and no second."""
+    """The first position below `hi` from which every pair of `row` has (load + add) - top > `floor` in floats (it
+    grows with the load): `floor` 0, the end of the fits of an item of cost `add`; -`add`, those taking no second."""
     at = bisect.bisect_right(row, (floor + top - add, math.inf), 0, hi)
     while at > 0 and (row[at - 1][0] + add) - top > floor:  # float rounding: a run of one load at a time
         at = bisect.bisect_left(row, (row[at - 1][0], -1), 0, at)
@@ -242,9 +219,8 @@ def _first_above(row: list, hi: int, top: float, add: float, floor: float) -> in
 
 
 def _best_of(row: list, fit: int, need: int, top: float, add: float) -> tuple[list, list | None]:
-    """The `need` best pairs of row[:fit] by (excess desc, cell asc) (all where it has no more), and the spans of
-    positions they fill, highest first (None where the lowest cells of a run of equal excess that straddles the cut
-    come from unequal loads, by float rounding)."""
+    """The `need` best pairs of row[:fit] by (excess desc, cell asc) and the spans they fill, highest first (None:
+    a run of equal excess straddling the cut has unequal loads, by float rounding; its lowest cells are taken)."""
     if fit <= need:
         return row[:fit], [(0, fit)]
     cut = fit - need
@@ -260,30 +236,57 @@ def _best_of(row: list, fit: int, need: int, top: float, add: float) -> tuple[li
     return row[high:fit] + sorted(row[low:high], key=lambda pair: pair[1])[:high - cut], None
 
 
+def _gathered(rows: list, level: list, fits: list, needs: list, add: float) -> tuple[list, list]:
+    """The `needs[m]` best of row m's fits (`_best_of`) as (excess, -cell, load), best first; (m, pairs, spans)."""
+    taken, parts = [], []
+    for m, need in enumerate(needs):
+        if need > 0:
+            pairs, spans = _best_of(rows[m], fits[m], need, level[m], add)
+            parts.append((m, pairs, spans))
+            taken += [((load + add) - level[m], -cell, load) for load, cell in pairs]
+    taken.sort(reverse=True)
+    return taken, parts
+
+
+def _cut(row: list, pairs: list, spans: list | None, taken: set | None) -> list:
+    """`pairs` of `row` (filling `spans`, or where they are), those of `taken` cells where given, out of it."""
+    if taken is not None:
+        kept = [pair for pair in pairs if pair[1] in taken]
+        pairs, spans = kept, spans if len(kept) == len(pairs) else None
+    if spans is None:
+        for pair in pairs:
+            del row[bisect.bisect_left(row, pair)]
+    else:
+        for lo, hi in spans:
+            del row[lo:hi]
+    return pairs
+
+
+def _copied(state):
+    """A copy of a search state (`_Rows`, `_PaddedRows`) to go on from: its lists copied (rows row by row)."""
+    new = copy.copy(state)
+    for name, value in vars(state).items():
+        if isinstance(value, list):
+            setattr(new, name, [row[:] for row in value] if name == "rows" else value[:])
+    new.fresh_won, new.snapshot = False, None
+    return new
+
+
 class _Rows:
-    """`_sorted_greedy`'s state: per micro-batch its cells with room for the item as sorted (load, cell) pairs, the
-    cells without it in a max-room heap, loads, tokens, levels and the cells taken (in the items' order); whether an
-    empty micro-batch would have won an item, and the state before the first such item (`snapshot`: where a run for
-    more micro-batches starts, `_Run`)."""
+    """`_sorted_greedy`'s state: per micro-batch its cells with room for the item as sorted (load, cell) pairs (the
+    excess rises with the load: the best fit is a binary search away, the least rise the first pair), those without
+    in a max-room heap; loads, tokens, levels, the cells taken, `fresh_won` and its `snapshot` (`_Run`)."""
 
     def __init__(self, num_ranks: int, cap: int):
-        self.d, self.cap = num_ranks, cap
+        self.d, self.cap, self.fresh_won, self.snapshot = num_ranks, cap, False, None
         self.rows, self.loads, self.tokens, self.level, self.waiting, self.chosen = [], [], [], [], [], []
-        self.fresh_won, self.snapshot = False, None
 
     def grow(self, num_microbatches: int) -> "_Rows":
-        """The state with empty micro-batches up to `num_microbatches`."""
         d, added = self.d, num_microbatches - len(self.level)
         self.rows += [[(0.0, m * d + r) for r in range(d)] for m in range(len(self.level), num_microbatches)]
         self.loads, self.tokens = self.loads + [0.0] * added * d, self.tokens + [0] * added * d
         self.level = self.level + [0.0] * added
         return self
-
-    def copy(self) -> "_Rows":
-        new = _Rows(self.d, self.cap)
-        new.rows, new.waiting = [row[:] for row in self.rows], self.waiting[:]
-        new.loads, new.tokens, new.level, new.chosen = self.loads[:], self.tokens[:], self.level[:], self.chosen[:]
-        return new
 
     def release(self, length: int) -> None:
         """Back to their rows the waiting cells with room for `length`."""
@@ -296,7 +299,7 @@ class _Rows:
         cell, excess = found
         # `_fresh_wins`, inline for positive costs: a call per item costs 9 %
         if not self.fresh_won and (excess > cost if cost > 0.0 else _fresh_wins(excess, cost)):
-            self.fresh_won, self.snapshot = True, self.copy()
+            self.fresh_won, self.snapshot = True, _copied(self)
         m = cell // self.d
         row = self.rows[m]
         del row[bisect.bisect_left(row, (self.loads[cell], cell))]
@@ -311,14 +314,12 @@ class _Rows:
         self.chosen.append(cell)
 
     def run(self, cost: float, length: int, count: int) -> bool:
-        """`count` items of `cost` and `length`; False when one finds no room.  With cost > 0, a cell that takes an
-        item without a rise stays the best while it takes more (its excess grows, the others' stay), so the cells
-        that take one and no second (excess in (-cost, 0]: `zones`) take the run's items in turn, best first: one
-        sort (`_take_zones`); the others one `_best_fit` an item, each changing one micro-batch's fits."""
+        """`count` items of `cost` and `length`; False when one finds no room.  With cost > 0 a cell that takes one
+        without a rise stays the best while it takes more, so those that take one and no second (excess in
+        (-cost, 0]: `zones`) take the items in one sort (`_take_zones`); the rest one `_best_fit` an item."""
         rows, level = self.rows, self.level
         fits = [_first_above(row, len(row), level[m], cost, 0.0) if cost > 0.0 else 0 for m, row in enumerate(rows)]
-        zones = [_first_above(row, fit, level[m], cost, -cost) if fit else 0 for m, (row, fit) in
-                 enumerate(zip(rows, fits))]
+        zones = [_first_above(row, f, level[m], cost, -cost) if f else 0 for m, (row, f) in enumerate(zip(rows, fits))]
         while count:
             if any(zone < fit for zone, fit in zip(zones, fits)):
                 placed = self._take_zones(fits, zones, cost, length, count)
@@ -340,40 +341,24 @@ class _Rows:
     def _take_zones(self, fits: list, zones: list, cost: float, length: int, count: int) -> int:
         """Up to `count` items, one a cell, to the cells of the `zones` (rows[m][zones[m]:fits[m]]) by (excess desc,
         cell asc), as `_best_fit` item by item; 0 where float rounding lets one take a second (`_best_fit` goes on)."""
-        rows, level = self.rows, self.level
-        taken, parts = [], []
-        for m, (zone, fit) in enumerate(zip(zones, fits)):
-            if zone < fit:
-                row, top = rows[m], level[m]
-                pairs, spans = _best_of(row, fit, min(fit - zone, count), top, cost)
-                if (min(pairs)[0] + cost) + cost <= top:
-                    return 0
-                parts.append((m, fit, pairs, spans))
-                taken += [((load + cost) - top, -cell, load) for load, cell in pairs]
-        taken.sort(reverse=True)
-        cut = len(taken) > count
-        del taken[count:]
+        taken, parts = _gathered(self.rows, self.level, fits, [min(fit - zone, count) for zone, fit in
+                                                                zip(zones, fits)], cost)
+        if any((min(pairs)[0] + cost) + cost <= self.level[m] for m, pairs, _ in parts):
+            return 0
+        cells, taken = ({-cell for _, cell, _ in taken[:count]}, taken[:count]) if len(taken) > count else (None, taken)
         loads, tokens = self.loads, self.tokens
         for _, cell, load in taken:
             loads[-cell] = load + cost
             tokens[-cell] += length
         self.chosen += [-cell for _, cell, _ in taken]
-        cells = {-cell for _, cell, _ in taken} if cut else None
-        for m, fit, pairs, spans in parts:
-            self._move(m, fit, pairs if cells is None else [pair for pair in pairs if pair[1] in cells],
-                       spans if cells is None or len(cells) == len(pairs) else None, cost, length)
+        for m, pairs, spans in parts:
+            self._move(m, fits[m], _cut(self.rows[m], pairs, spans, cells), cost, length)
         return len(taken)
 
-    def _move(self, m: int, fit: int, pairs: list, spans: list | None, cost: float, length: int) -> None:
-        """Micro-batch m's `pairs` (in `spans` of its row, or where they are), one item (`cost`, `length`) fuller:
-        back into the row above its fits (one merge where that part is short) or to the waiting heap."""
+    def _move(self, m: int, fit: int, pairs: list, cost: float, length: int) -> None:
+        """Micro-batch m's `pairs`, cut from row[:fit], one item fuller: back above the fits (one merge where that
+        part is short) or to the waiting heap."""
         row, cap, tokens = self.rows[m], self.cap, self.tokens
-        if spans is not None and sum(hi - lo for lo, hi in spans) == len(pairs):
-            for lo, hi in spans:
-                del row[lo:hi]
-        else:
-            for pair in pairs:
-                del row[bisect.bisect_left(row, pair)]
         back = []
         for load, cell in pairs:
             if cap - tokens[cell] >= length:
@@ -392,19 +377,15 @@ class _Rows:
 
 def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray,
                    start: tuple | None = None) -> tuple:
-    """`greedy_cells`' choices, each in O(M log D): per micro-batch its cells with room for the item as sorted
-    (load, cell) pairs, where an item's excess over the level rises with the load, so its best fit below the level
-    (the largest load whose excess is <= 0) is a binary search away and its least rise is the first pair; cells
-    without room wait in a max-room heap until the lengths (not growing) fit them again; runs of equal items take
-    their cells in one sort (`_Rows.run`) (padded: `_sorted_padded_greedy`).  Same floats, same ties.  (cells or
-    None where an item finds no room, `_fresh_wins` for some item, the state before the first such item); `start`:
-    a snapshot of a run for fewer micro-batches, its items placed."""
+    """`greedy_cells`' choices in O(M log D) an item (`_Rows`; padded: `_sorted_padded_greedy`): (cells, or None
+    where an item finds no room; `_fresh_wins` for some item; the state before the first such) from `start` (a
+    snapshot of a run for fewer micro-batches) or empty cells."""
     d, cap = problem.num_ranks, problem.max_tokens_per_microbatch
     if problem.num_items and int(problem.lengths[order[0]]) > cap:
         return None, False, None  # the first item fits no cell
     if problem.padded:
         return _sorted_padded_greedy(problem, num_microbatches, order, start)
-    state = (_Rows(d, cap) if start is None else start.copy()).grow(num_microbatches)
+    state = (_Rows(d, cap) if start is None else _copied(start)).grow(num_microbatches)
     costs, lengths = problem.item_costs[order], problem.lengths[order]
     done = len(state.chosen)
     ends = np.flatnonzero((costs[done + 1:] != costs[done:-1]) | (lengths[done + 1:] != lengths[done:-1])) + done + 1
@@ -418,14 +399,12 @@ def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.
 
 
 class _PaddedRows:
-    """`_sorted_padded_greedy`'s state: per micro-batch the sorted (load with one more item, cell) pairs of its
-    filled cells with room for one more and its first empty cell (-1: none), counts, top cost and length per cell,
-    levels and the cells taken; `fresh_won` and `snapshot` as `_Rows`'."""
+    """`_sorted_padded_greedy`'s state: per micro-batch the sorted (load with one more item, cell) pairs of its cells
+    with room for one more, its first empty cell (-1: none); counts, top cost and length, levels; as `_Rows`'."""
 
     def __init__(self, num_ranks: int, cap: int):
-        self.d, self.cap = num_ranks, cap
+        self.d, self.cap, self.chosen, self.fresh_won, self.snapshot = num_ranks, cap, [], False, None
         self.rows, self.empty, self.counts, self.top_cost, self.top_length, self.level = [], [], [], [], [], []
-        self.chosen, self.fresh_won, self.snapshot = [], False, None
 
     def grow(self, num_microbatches: int) -> "_PaddedRows":
         d, added = self.d, num_microbatches - len(self.level)
@@ -435,25 +414,25 @@ class _PaddedRows:
         self.top_length, self.level = self.top_length + [0] * added * d, self.level + [0.0] * added
         return self
 
-    def copy(self) -> "_PaddedRows":
-        new = _PaddedRows(self.d, self.cap)
-        new.rows, new.empty, new.counts = [row[:] for row in self.rows], self.empty[:], self.counts[:]
-        new.top_cost, new.top_length, new.level = self.top_cost[:], self.top_length[:], self.level[:]
-        new.chosen = self.chosen[:]
-        return new
-
-    def run(self, costs: list, lengths: list) -> bool:
-        """The items of `costs` and `lengths` in turn; False when one finds no room (the state as before it)."""
+    def run(self, costs: list, lengths: list, positive: int) -> bool:
+        """The items (the first `positive` of cost > 0) in turn; False when one finds no room.  Once no micro-batch
+        has an empty cell, the loads with one more item are the cells' own: the fits take items a sort at a time."""
         d, cap, rows, empty, level, chosen = self.d, self.cap, self.rows, self.empty, self.level, self.chosen
         counts, top_cost, top_length = self.counts, self.top_cost, self.top_length
-        for cost, length in zip(costs, lengths):
+        at = 0
+        while at < len(costs):
+            if at < positive and max(empty, default=-1) < 0:
+                placed = self._take_fits(positive - at)
+                if placed:
+                    at += placed
+                    continue
+            cost, length = costs[at], lengths[at]
             found = _best_fit(rows, level, 0.0, empty, cost)
             if found is None:
                 return False
             cell, excess = found
-            # `_fresh_wins`, inline for positive costs: a call per item costs 9 %
             if not self.fresh_won and (excess > cost if cost > 0.0 else _fresh_wins(excess, cost)):
-                self.fresh_won, self.snapshot = True, self.copy()
+                self.fresh_won, self.snapshot = True, _copied(self)
             m = cell // d
             if counts[cell]:
                 del rows[m][bisect.bisect_left(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))]
@@ -467,20 +446,44 @@ class _PaddedRows:
             if (counts[cell] + 1) * top_length[cell] <= cap:
                 bisect.insort(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))
             chosen.append(cell)
+            at += 1
         return True
+
+    def _take_fits(self, left: int) -> int:
+        """Up to `left` items to the fits by (excess desc, cell asc), each while it fits (it stays the best: its excess
+        grows, the others' stay), as `_best_fit` item by item."""
+        rows, level, counts, top_cost, top_length = self.rows, self.level, self.counts, self.top_cost, self.top_length
+        fits = [_first_above(row, len(row), level[m], 0.0, 0.0) for m, row in enumerate(rows)]
+        taken, parts = _gathered(rows, level, fits, [min(fit, left) for fit in fits], 0.0)
+        placed, moved = 0, set()
+        for _, cell, _ in taken:
+            cell, top = -cell, level[-cell // self.d]
+            while placed < left:
+                counts[cell] += 1
+                self.chosen.append(cell)
+                placed += 1
+                if (counts[cell] + 1) * top_cost[cell] > top or (counts[cell] + 1) * top_length[cell] > self.cap:
+                    break
+            moved.add(cell)
+            if placed == left:
+                break
+        for m, pairs, spans in parts:
+            for _, cell in _cut(rows[m], pairs, spans, moved):
+                if (counts[cell] + 1) * top_length[cell] <= self.cap:
+                    bisect.insort(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))
+        return placed
 
 
 def _sorted_padded_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray,
                           start: _PaddedRows | None = None) -> tuple:
-    """`_sorted_greedy` for padded cells (cost count · max cost, tokens count · max length).  Costs and lengths do
-    not grow along the order, so a cell's first item sets its maxima: with one more item a filled cell costs
-    (count + 1) · top cost and holds (count + 1) · top length, whatever the item; the sorted pairs hold that next
-    load (a cell that the next count overfills never takes another item), and an empty cell takes the item's cost:
-    the micro-batch's first empty cell stands for them all (equal excess, the lowest cell wins)."""
+    """`_sorted_greedy` for padded cells (cost count · max cost, tokens count · max length): a cell's first item sets
+    its maxima (they do not grow along the order), so the sorted pairs hold a filled cell's load with one more item,
+    whatever the item, and the micro-batch's first empty cell stands for all its empty ones (the lowest wins)."""
     state = (_PaddedRows(problem.num_ranks, problem.max_tokens_per_microbatch) if start is None
-             else start.copy()).grow(num_microbatches)
+             else _copied(start)).grow(num_microbatches)
     done = len(state.chosen)
-    if not state.run(problem.item_costs[order[done:]].tolist(), problem.lengths[order[done:]].tolist()):
+    costs = problem.item_costs[order[done:]]
+    if not state.run(costs.tolist(), problem.lengths[order[done:]].tolist(), int(np.count_nonzero(costs > 0.0))):
         return None, state.fresh_won, state.snapshot if state.fresh_won else state
     return in_given_order(np.array(state.chosen, dtype=np.int64), order), state.fresh_won, state.snapshot
 
@@ -490,8 +493,7 @@ def split(cell_of: np.ndarray, num_ranks: int) -> MicroBatchResult:
 
 
 def solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:
-    """Joint greedy, then local search and regrouping within the problem's work budget (`above`: as
-    `improve`'s)."""
+    """Joint greedy, then local search and regrouping within the problem's work budget (`above`: `improve`'s)."""
     cell_of = greedy_cells(problem, num_microbatches)
     if cell_of is None:
         return None
