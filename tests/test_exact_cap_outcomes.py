@@ -66,3 +66,5 @@ def test_regression_exact_over_the_models_size_names_itself_not_ilp():
                                               r"its size limit at 8192 items × 512 ranks") as caught:
         balance(lengths, 512, algorithm="exact", max_tokens_per_rank=cap, time_limit=1.0)
     assert caught.value.heuristic == "exact" and caught.value.min_cap > cap
+    with pytest.raises(InfeasibleError, match=r"try algorithm='exact'$"):  # auto pointed at 'ilp', refused by size
+        balance(lengths, 512, max_tokens_per_rank=cap)
