@@ -242,10 +242,12 @@ def test_greedy_planning_time_on_capped_pareto_lengths(alternated_cpu):
 def test_padded_auto_planning_time_at_2560_ranks(budget, alternated_cpu):
     """Padded cells (count · max cost) at 2560 x 32 on the default mix: `auto` runs the joint greedy for every M it
     tries (T 16k: 3, no room after 49k items; 4, 5 and 6).  Each placed all 82k items afresh, 0.96-1.1 CPU s; now a
-    run for more micro-batches starts where an empty one would first have won an item (`greedy._Run.start`), and
-    `auto` keeps the runs for every M (`microbatch.auto._canonical`): 0.47 s at T 16k, 0.51 s at 8k (load 8.6, in
-    one process with the tree before: 2.4x), printed against the default (unpadded) plan of the same items: 45x at
-    T 8k, 57x at 16k (load 8.6), over issue 24's 10x."""
+    run for more micro-batches starts where an empty one would first have won an item (`greedy._Run.start`),
+    `auto` keeps the runs for every M (`microbatch.auto._canonical`), and once no micro-batch has an empty cell the
+    fits take the items a sort at a time (`greedy._PaddedRows._take_fits`): 0.28 s at T 16k, 0.24-0.25 s at 8k
+    (load 5-8; 3.6x and 4.5x in one process with the tree before), printed against the default (unpadded) plan of
+    the same items: 23x at T 8k, 37x at 16k (7.5-10 ms; ~20-23x the 12 ms of the greedy test's baseline), over
+    issue 24's 10x."""
     lengths = timed_lengths("default")
 
     def plan(padded):
