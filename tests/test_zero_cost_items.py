@@ -63,6 +63,7 @@ def test_regression_auto_plans_the_costly_items_as_if_the_free_ones_were_absent(
         lengths = rng.integers(1, 8000, lengths.size)
         costs = np.where(kept, lengths.astype(float) ** 1.2, 0.0)
         whole, alone = balance(lengths, num_ranks, costs=costs), balance(lengths[kept], num_ranks, costs=costs[kept])
+        assert whole.tokens.max() <= 1.05 * lengths.sum() / num_ranks  # rev16 R16-02: dealt by count, +24-30 %
     else:
         cost = CostModel(linear=1.0, quadratic=1e-4)
         whole, alone = balance(lengths, num_ranks, cost=cost), balance(lengths[lengths > 0], num_ranks, cost=cost)
