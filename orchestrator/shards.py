@@ -88,31 +88,39 @@ class TextPieces:
     offset: np.ndarray
 
 
-def _embedded(batch: Batch, sample: np.ndarray, start: np.ndarray, size: np.ndarray, split: np.ndarray) -> np.ndarray:
-    """Embedding rows inside each chunk [start, start + size) of `sample` (0 where not `split`).
+def _embedded(batch: Batch, sample: np.ndarray, start: np.ndarray, size: np.ndarray, split: np.ndarray,
+              keyed: tuple[int, np.ndarray] | None = None) -> np.ndarray:
+    """Embedding rows inside each chunk [start, start + size) of `sample` (0 where not `split`); `keyed`: the
+    batch's `_segment_keys`, where the caller has them.
 
-    Segments are listed by sample, then position, without overlap, so their starts on the samples'
-    concatenated LLM sequences ascend: the rows before a global position q are the tokens of the segments
-    starting before q less the part of the last one past q, one binary search per chunk end (a sample of
-    512 frame segments split into 16 chunks costs 32 searches, not 8192 overlaps)."""
+    Segments are listed by sample, then position, without overlap, so their keys sample · K + position ascend: the
+    rows before a key q are the tokens of the segments starting before q less the part of the last one past q, one
+    binary search per chunk end (a sample of 512 frame segments split into 16 chunks costs 17 searches, not 8192
+    overlaps): a chunk that ends where the next one starts (a split sample's chunks tile it) reads the next one's
+    start, so only the last chunk of each run of them searches its end."""
     embedded = np.zeros(sample.size, dtype=np.int64)
     rows = np.flatnonzero(split)
     if rows.size == 0 or batch.segment_tokens.size == 0:
         return embedded
-    sample_start = np.cumsum(batch.sample_llm_length) - batch.sample_llm_length
-    seg_start = sample_start[batch.segment_sample]
-    seg_start += batch.segment_position
-    tokens_before = np.zeros(batch.segment_tokens.size + 1, dtype=np.int64)
-    np.cumsum(batch.segment_tokens, out=tokens_before[1:])
+    scale, keys = _segment_keys(batch) if keyed is None else keyed
+    tokens = batch.segment_tokens
+    tokens_before = np.zeros(tokens.size + 1, dtype=np.int64)
+    np.cumsum(tokens, out=tokens_before[1:])
 
-    def before(position: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(seg_start, position, side="left")
-        last = np.maximum(k - 1, 0)  # the last segment starting before `position` (where k > 0), read at its end
-        past = np.where(k > 0, np.maximum(seg_start[last] + batch.segment_tokens[last] - position, 0), 0)
+    def before(key: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(keys, key, side="left")
+        last = np.maximum(k - 1, 0)  # the last segment starting before `key` (where k > 0), read at its end
+        past = np.where(k > 0, np.maximum(keys[last] + tokens[last] - key, 0), 0)
         return tokens_before[k] - past
 
-    first = sample_start[sample[rows]] + start[rows]
-    embedded[rows] = before(first + size[rows]) - before(first)
+    first = sample[rows] * scale + start[rows]
+    end = first + size[rows]
+    at_first = before(first)
+    at_end = np.empty_like(at_first)
+    tiles = np.append(end[:-1] == first[1:], False)  # the next chunk starts where this one ends
+    at_end[tiles] = at_first[1:][tiles[:-1]]
+    at_end[~tiles] = before(end[~tiles])
+    embedded[rows] = at_end - at_first
     return embedded
 
 
@@ -167,7 +175,9 @@ def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> t
     sizes = quotient + (index < remainder)  # `layout.chunk_sizes`: the first l mod 2c chunks one token longer
     positions = np.cumsum(sizes) - sizes
     positions -= positions[first[:-1]][sample]
-    text_sizes = np.where(c > 1, sizes - _embedded(batch, sample, positions, sizes, c > 1), batch.sample_text[sample])
+    keyed = _segment_keys(batch)
+    text_sizes = np.where(c > 1, sizes - _embedded(batch, sample, positions, sizes, c > 1, keyed),
+                          batch.sample_text[sample])
     group_rank = np.where(index < c, index, 2 * c - 1 - index)
     chunk_rank = destination[sample] + group_rank
     # Shards: one per (sample, group rank); its chunks are j then 2c - 1 - j.
@@ -194,7 +204,7 @@ def split_layout(batch: Batch, destination: np.ndarray, degree: np.ndarray) -> t
     text_offset_chunk = text_offset[row] + np.where(mirror, text_sizes[partner], 0)
     text_first = np.cumsum(text_sizes) - text_sizes
     text_first -= text_first[first[:-1]][sample] if sample.size else 0
-    scale, segment_keys = _segment_keys(batch)
+    scale, segment_keys = keyed
     segment_chunk = _searched(sample * scale + positions, segment_keys, "right") - 1  # the last start at or before
     return table, SampleChunks(sample=_frozen(sample), position=_frozen(positions), tokens=_frozen(sizes),
                                text_first=_frozen(text_first), text_tokens=_frozen(text_sizes),
