@@ -94,6 +94,30 @@ def test_regression_a_grouping_certified_without_layout_was_planned_up_to_that_m
     assert refused and refused == [0] * len(refused)
 
 
+def test_regression_a_later_fill_certified_without_layout_was_planned_until_its_deferral_failed(monkeypatch):
+    """allbig, 64 x 8, T = 32k, seed 3: with no fill laid out yet (only the repaired plan), a later fill's deferral
+    planned its micro-batches until one failed (the fills of 90 % and 85 %), though the certificate rules one out
+    and the fills go on alike whether it is deferred or refused then.  Such a fill is refused unplanned now."""
+    runs, groupings, planned_fills = count_layouts(monkeypatch), [], []
+    split_cells, grouped = microbatch._split_cells, microbatch.group_microbatches
+    monkeypatch.setattr(microbatch, "group_microbatches", lambda *args: groupings.append(grouped(*args)) or
+                        groupings[-1])
+
+    def counted(lengths, num_ranks, spec, budget, *args, **kwargs):
+        before = len(runs)
+        found = split_cells(lengths, num_ranks, spec, budget, *args, **kwargs)
+        grouping = np.unique(groupings[-1], return_inverse=True)[1]
+        degrees = np.array(spec.degrees, dtype=np.int64)
+        if not kwargs.get("repair") and any(cannot_lay_out(lengths[grouping == m], num_ranks, degrees, budget)
+                                            for m in range(int(grouping.max()) + 1)):
+            planned_fills.append(len(runs) - before)
+        return found
+
+    monkeypatch.setattr(microbatch, "_split_cells", counted)
+    planned(allbig(64, 3), 64)
+    assert len(planned_fills) >= 2 and planned_fills == [0] * len(planned_fills)
+
+
 def test_regression_the_refill_planned_probes_whose_bound_is_above_the_cost_it_must_keep(monkeypatch):
     """giants_ties, 64 x 8, T = 32k, seed 5: the refill's bisection planned prefixes whose pass bound is above the
     spilled micro-batch's cost (their plans cannot keep it; at D = 512, 14 of 30 probes, 20-100 ms each).  Those

@@ -207,17 +207,20 @@ def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ran
 
 
 def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, ordered, table, room, fixed: bool,
-                 plan_pass: _PassPlans, repair: bool = False, defer: float | None = None) -> tuple:
+                 plan_pass: _PassPlans, repair: bool = False, defer: float | None = None, refuse: bool = False) -> tuple:
     """(the split plan of `num_microbatches` micro-batches (`group_microbatches` of the items `ordered`, then
     the split planner in each, `plan_pass`), or None when some micro-batch finds no layout within the budget;
     with `repair`, the plan of that grouping after its micro-batches without layout spill (`repair.py`), or
     None).  With
     `defer`, a `_Deferred` instead where `_deferred` (early, without `repair`: see there) leaves its micro-batch of
-    most items unplanned."""
+    most items unplanned.  With `refuse` (the caller treats such a fill and one without layout alike), None unplanned
+    where the certificate rules out one of its micro-batches (allbig, D = 2560, T = 32k: 20 plans of 2 fills)."""
     microbatch = group_microbatches(ordered, num_ranks, num_microbatches, room)
     if not fixed:  # a micro-batch left empty only costs its overhead
         used, microbatch = np.unique(microbatch, return_inverse=True)
         num_microbatches = used.size
+    if refuse and any(plan_pass.certified_none(np.flatnonzero(microbatch == m)) for m in range(num_microbatches)):
+        return None, None
     deferred = None if defer is None else _deferred(microbatch, num_microbatches, overhead, plan_pass, defer,
                                                     None if repair else ordered.times)
     if deferred is not None:
@@ -352,7 +355,8 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
         alone = best is None and repaired is None and pending is None and num_microbatches is None
         ahead = [plan.step_cost for plan in (best, repaired) if plan is not None]  # what a later fill must beat
         defer = min(ahead) if ahead and num_microbatches is None else None
-        found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else defer)
+        found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else defer,
+                                      refuse=not alone and best is None and pending is None)
         if isinstance(found, _Deferred) and not alone:  # it cannot beat the best (or the repaired plan)
             if best is not None and found.floor > best.step_cost and found.num_microbatches > best.num_microbatches:
                 break
