@@ -16,7 +16,9 @@ Cross-rank agreement is checked on every rank: the configuration's fingerprint r
 the lengths all-gather (a mismatch names the options that differ), and the schema of `batch`
 (keys, dtypes, trailing shapes, per-item or per-token) and the identity of the plan (a rank
 dispatching along an earlier step's plan) ride in the payload all-to-all's header where every
-rank expects the plan (`routes.planned_alike`), else in one small all-reduce before it (see `agreement.py`).  An earlier plan kept by every rank passes them all
+rank is known to hold the plan (`combine` after its agreed dispatch; `dispatch` with `check_plan`:
+`routes.planned_alike`), else in one small all-reduce before it (see `agreement.py`).  An earlier
+plan kept by every rank passes them all
 where each rank's row totals match (packed rows carry no item boundaries, and a plan used
 again is also how a second dict of its step or a plan prefetched ahead looks): `dispatch`'s
 `lengths=`/`loss_tokens=` (as given to `plan`) check this step's items against the plan's.

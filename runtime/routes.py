@@ -9,8 +9,8 @@ whose guard expects a plan and a schema (`exchange.Reference`) carries its heade
 itself: every rank must then send segments of the sizes its peers expect, so a rank that passes other
 pieces (another step's plan, another schema, input that fails its checks) sends zeros of the expected
 pieces instead (`expected_pieces`), and every rank raises from the headers.  The expected plan must be one
-every rank knows to be the same: one every rank followed (the latest dispatch's), or one made from the
-metadata every rank gathered by a planner that makes the same plan from it on every rank (`planned_alike`).
+every rank knows to be the same: one every rank followed (the latest dispatch's), or one `check_plan` agreed
+(`planned_alike`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..balancers import get_algorithm
-from ..balancers.registry import built_in, get_microbatch_algorithm
 from ..orchestrator.plan import PassPlan
 from ..orchestrator.samples import Batch
 from ..orchestrator.step import StepPlan
@@ -178,16 +176,12 @@ SUMMED = " (split_reduce='sum')"  # the name of a key whose split item's rows co
 
 
 def planned_alike(options) -> bool:
-    """Whether every rank that gathered the same metadata makes the same plan with these `DispatchOptions`:
-    with `check_plan` (every rank checks, or follows rank 0's), or by one of orchmllm's own planners without a
-    wall clock (no `time_limit`, not an exact one: they stop where the clock says); a plugin may plan per rank."""
-    if options.check_plan:
-        return True
-    if options.time_limit is not None:
-        return False
-    record = (get_algorithm(options.algorithm) if options.microbatching is None
-              else get_microbatch_algorithm(options.microbatch_algorithm))
-    return built_in(record) and not record.exact
+    """Whether every rank that gathered the same metadata is known to hold the same plan with these
+    `DispatchOptions`: with `check_plan` (every rank checks, or follows rank 0's).  Without it a plan made on each
+    rank does not size a collective: orchmllm's planners are deterministic, but a rank on another version, or with
+    a numpy whose float paths differ, may plan otherwise, and an all-to-all sized by unequal plans aborts (gloo) or
+    hangs (NCCL) where the header all-reduce raises PlanMismatchError on every rank (probe24 P24-01)."""
+    return bool(options.check_plan)
 
 
 def site_rows(sharding, home: bool, per_item: bool, summed: bool):

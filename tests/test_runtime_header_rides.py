@@ -1,6 +1,7 @@
-"""A guarded dispatch's and combine's plan agreement ride in their payload all-to-all (issue 24): once every
-rank followed the plan every rank expected, a step's dispatch and combine run one collective each, with the
-guarantees of the header all-reduce kept (a kept plan, another schema: one clear error on every rank).
+"""A guarded exchange's plan agreement rides in its payload all-to-all (issue 24) where every rank is known to
+hold the plan: combine after its agreed dispatch, and dispatch with `check_plan` (a plan each rank made alone is
+not trusted to size a collective: probe24 P24-01), with the guarantees of the header all-reduce kept (a kept
+plan, another schema, a rank planning otherwise: one clear error on every rank).
 
 Real gloo groups of 4 ranks; each rank counts its own collectives (`runtime.counting`)."""
 
@@ -12,8 +13,9 @@ import torch.distributed as dist
 from orchmllm.balancers import ContextParallel, CostModel
 from orchmllm.balancers.problem import KernelResult
 from orchmllm.balancers.registry import register_algorithm
-from orchmllm.runtime.counting import CollectiveCounter
 from orchmllm.runtime import HierarchicalAllToAll, PlanMismatchError, PostBalancingDispatcher, SchemaMismatchError
+from orchmllm.runtime import dispatcher as dispatcher_module
+from orchmllm.runtime.counting import CollectiveCounter
 from orchmllm.runtime.launch import run_processes
 
 LENGTHS = [[3, 1, 2], [2, 2], [4], [1, 1, 1]]
@@ -29,12 +31,12 @@ def _batch(rank, step):
             "id": torch.arange(len(LENGTHS[rank])) + 10 * rank}
 
 
-def _steps(rank, algorithm="lpt", steps=4, odd=None, transport=None):
+def _steps(rank, algorithm="lpt", steps=4, odd=None, transport=None, check_plan=False):
     """Plan, dispatch and combine `steps` steps; the collectives of each step's dispatch and combine, and
     what came home (every rank's own rows, unchanged); `odd(rank, step, batch, plan, kept)` may change what
     a rank passes."""
     dispatcher = PostBalancingDispatcher(algorithm=algorithm, cost=CostModel(linear=1), per_item_keys={"id"},
-                                         transport=transport)
+                                         transport=transport, check_plan=check_plan)
     counts, kept = [], None
     for step in range(steps):
         plan = dispatcher.plan(_lengths(rank, step))
@@ -55,7 +57,7 @@ def _steps(rank, algorithm="lpt", steps=4, odd=None, transport=None):
 
 def _job(rank, size, transport):
     if transport == "flat":
-        return _steps(rank)
+        return _steps(rank), _steps(rank, check_plan=True)
     counts = _steps(rank, transport=HierarchicalAllToAll(2))
     try:
         return counts, _steps(rank, odd=_kept_plan, transport=HierarchicalAllToAll(2))
@@ -66,15 +68,15 @@ def _job(rank, size, transport):
 @pytest.mark.parametrize("transport", ["flat", "nodewise"])
 def test_regression_a_guarded_dispatch_and_combine_ran_a_header_collective_of_their_own(transport):
     """Before: every guarded dispatch and combine ran a header all-reduce before its payload all-to-all
-    ((2, 2) every step); now the first of each runs it, and the header rides in the payload after.  Node-wise:
-    three all-to-alls a payload, and a kept plan named on every rank from the headers they carried."""
+    ((2, 2) every step); now combine's header rides in its payload from the second step, and dispatch's too with
+    `check_plan`.  Node-wise: three all-to-alls a payload, and a kept plan named on every rank from the headers."""
     outcomes = run_processes(_job, 4, args=(transport,), timeout_s=120, collective_timeout_s=20)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
         if transport == "flat":
-            assert o.value == [(2, 2), (1, 1), (1, 1), (1, 1)], (o.rank, o.value)
+            assert o.value == ([(2, 2), (2, 1), (2, 1), (2, 1)], [(2, 2), (1, 1), (1, 1), (1, 1)]), (o.rank, o.value)
         else:
-            assert o.value[0] == [(4, 4), (3, 3), (3, 3), (3, 3)], (o.rank, o.value)
+            assert o.value[0] == [(4, 4), (4, 3), (4, 3), (4, 3)], (o.rank, o.value)
             assert "ranks [1] disagree with ranks [0, 2, 3]" in o.value[1], (o.rank, o.value)
 
 
@@ -112,7 +114,7 @@ def test_every_rank_changing_dtype_together_moves_its_rows_after_the_expected_ex
     outcomes = run_processes(_odd_job, 4, args=("all float64",), timeout_s=120)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
-        assert o.value == ("ok", [(2, 2), (1, 1), (2, 2), (1, 1)]), (o.rank, o.value)
+        assert o.value == ("ok", [(2, 2), (2, 1), (2, 2), (2, 1)]), (o.rank, o.value)
 
 
 def _rank_dependent_job(rank, size):
@@ -134,6 +136,42 @@ def test_a_plugin_planner_s_plans_are_checked_by_a_header_of_their_own():
     outcomes = run_processes(_rank_dependent_job, 4, timeout_s=120, collective_timeout_s=20)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     assert all(o.value[0] == "PlanMismatchError" for o in outcomes), [o.value for o in outcomes]
+
+
+def _diverging_job(rank, size):
+    """Rank 1's planner makes another plan from the same metadata at step 2 (another version, or a numpy whose
+    float paths differ on its host): with the header riding in a dispatch sized by each rank's own plan, gloo
+    aborted the process (SIGABRT) where the header all-reduce names the rank."""
+    real = dispatcher_module.balance
+    state = {"step": 0}
+
+    def planned(lengths, num_ranks, **options):
+        if rank == 1 and state["step"] == 2:
+            options = {**options, "algorithm": "identity"}
+        return real(lengths, num_ranks, **options)
+
+    dispatcher_module.balance = planned
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
+    try:
+        for step in range(3):
+            state["step"] = step
+            plan = dispatcher.plan(_lengths(rank, step))
+            batch = _batch(rank, step)
+            home = dispatcher.combine(dispatcher.dispatch(batch, plan), plan)
+            assert torch.equal(home["x"], batch["x"])
+        return "ok", None
+    except PlanMismatchError as error:
+        return "PlanMismatchError", str(error)
+    finally:
+        dispatcher_module.balance = real
+
+
+def test_regression_a_rank_planning_otherwise_is_named_on_every_rank_not_aborted():
+    outcomes = run_processes(_diverging_job, 4, timeout_s=120, collective_timeout_s=20)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        kind, message = o.value
+        assert kind == "PlanMismatchError" and "ranks [1] disagree with ranks [0, 2, 3]" in message, (o.rank, o.value)
 
 
 CP_SPEC = ContextParallel(degrees=(1, 2, 4), gpus_per_node=4, half_efficiency_tokens=1, latency_s=0,
@@ -174,7 +212,7 @@ def _split_job(rank, size, odd_step):
 def test_split_items_ride_the_header_in_the_payload_and_a_deviating_combine_is_named_on_every_rank():
     outcomes = run_processes(_split_job, 4, args=(3,), timeout_s=120)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    assert all(o.value == ("ok", [(2, 2), (1, 1), (1, 1)], 4) for o in outcomes), [o.value for o in outcomes]
+    assert all(o.value == ("ok", [(2, 2), (2, 1), (2, 1)], 4) for o in outcomes), [o.value for o in outcomes]
     outcomes = run_processes(_split_job, 4, args=(1,), timeout_s=120, collective_timeout_s=20)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
