@@ -149,13 +149,23 @@ def solve(request: BalanceRequest) -> BalancePlan:
     else:
         assignment = result.assignment
         if origins is not None:
-            assignment = balance_locally(problem, assignment, origins, request.makespan_slack, request.fill)
+            assignment = _free_items_home(problem, balance_locally(problem, assignment, origins,
+                                                                   request.makespan_slack, request.fill), origins)
     if request.certified and not request.built_in:
         cross_examine(problem, result.lower_bound, bound, algorithm)
     seconds = time.perf_counter() - start
     return make_plan(problem, assignment, result.status if origins is None else Status.FEASIBLE, algorithm,
                      kernel_bound=result.lower_bound, solve_seconds=seconds, communication_aware=origins is not None,
                      certified=request.certified, bound=bound)
+
+
+def _free_items_home(problem: Problem, assignment: np.ndarray, origins: Origins) -> np.ndarray:
+    """`assignment` with the items of cost 0 on their source ranks where no cap binds tokens: they change no load, so
+    any bytes they move are wasted (probe24 P24-03: 42 % of the bytes moved on half-free instances)."""
+    free = problem.item_costs == 0
+    if problem.max_tokens_per_rank is not None or not free.any():
+        return assignment
+    return np.where(free, origins.sources, assignment)
 
 
 def _near_sources_uncapped(request: BalanceRequest, refusal: InfeasibleError):

@@ -71,3 +71,17 @@ def test_regression_auto_plans_the_costly_items_as_if_the_free_ones_were_absent(
     counts = np.bincount(whole.assignment, minlength=num_ranks)
     assert counts.sum() == lengths.size and counts.max() - counts.min() <= np.bincount(
         alone.assignment, minlength=num_ranks).max() - np.bincount(alone.assignment, minlength=num_ranks).min() + 1
+
+
+def test_regression_with_sources_items_of_cost_0_stay_home():
+    """probe24 P24-03: the communication-aware pass moved items of cost 0 off their source ranks (42 % of the moved
+    bytes on half-free instances) where they change no load."""
+    rng = np.random.default_rng(41)
+    for _ in range(100):
+        num_ranks = int(rng.integers(2, 5))
+        lengths = rng.integers(1, 50, int(rng.integers(4, 20)))
+        costs = np.where(rng.random(lengths.size) < 0.4, 0.0, lengths.astype(float))
+        sources = rng.integers(0, num_ranks, lengths.size)
+        plan = balance(lengths, num_ranks, costs=costs, sources=sources)
+        free = costs == 0
+        assert np.array_equal(plan.assignment[free], sources[free])
