@@ -23,7 +23,9 @@ schema this site agreed at its latest exchange), and the site's latest exchange 
 the header rides in the payload all-to-all itself, ahead of every segment (`settle`): a rank
 that passes other pieces sends zeros of the expected ones, so every segment has the size its
 peer expects, and every rank decides from every rank's header; ranks that all passed the same
-other pieces move them in a second all-to-all.  A rank whose own input fails its checks sends
+other pieces move them in a second all-to-all, and the site's headers go back to the all-reduce until
+one sees the same schema twice (a site alternating between two dicts would otherwise send the other
+dict's zeros every time).  A rank whose own input fails its checks sends
 an invalid word, so every rank raises, naming it and why.  Ranks that all change their schema
 the same way (a new dtype for all) simply agree.
 
@@ -321,6 +323,7 @@ class SchemaGuard:
         self.facts: tuple[int, int] | None = None  # (fewest, most) over the ranks of the latest header's facts
         self.schema: tuple[PieceSchema, ...] | None = None  # what every rank passed at the latest exchange
         self.followed = False  # whether every rank followed the plan expected there (`speculates`)
+        self.missed = False  # every rank passed other pieces than expected, until a header round sees a schema again
 
     def tell(self, fact: bool) -> None:
         """Send `fact` with this site's next header (`every_rank` reads what every rank sent)."""
@@ -336,7 +339,7 @@ class SchemaGuard:
         """Whether this site's next header rides in its payload all-to-all (`exchange`'s `reference`, whose plan
         is `expected`): where every rank of its latest exchange followed the plan expected then, whose schema
         (`self.schema`) every rank then expects again; what every rank knows alike."""
-        return expected is not None and self.schema is not None and self.followed
+        return expected is not None and self.schema is not None and self.followed and not self.missed
 
     def words(self, schema: tuple[PieceSchema, ...], plan_id: int, problem: Exception | None) -> np.ndarray:
         """This rank's header: its schema's word (INVALID_WORD where it has a `problem`), `plan_id`, `self.fact`."""
@@ -359,6 +362,7 @@ class SchemaGuard:
         largest = folded.cpu().numpy()
         self.facts = (int(~largest[5]), int(largest[2]))
         if np.array_equal(largest[:2], ~largest[3:5]):  # every rank's largest word is its smallest too
+            self.missed = self.missed and schema != self.schema  # the same schema twice: it rides again
             self._settled(schema, plan_id, expected, problem)
             return
         gathered = [torch.empty_like(folded[:3]) for _ in range(group_size(group))]
@@ -377,6 +381,7 @@ class SchemaGuard:
         if not np.all(rows[:, :2] == rows[0, :2]):
             self._refuse(rows, schema, group, problem)
         followed = self.schema == schema and rows[0, 1] == expected
+        self.missed = not followed  # a site whose schema alternates (two dicts a step) rides no more (probe24 P24-02)
         self._settled(schema, int(rows[0, 1]), expected, problem)
         return followed
 

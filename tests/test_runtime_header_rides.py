@@ -114,7 +114,37 @@ def test_every_rank_changing_dtype_together_moves_its_rows_after_the_expected_ex
     outcomes = run_processes(_odd_job, 4, args=("all float64",), timeout_s=120)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
-        assert o.value == ("ok", [(2, 2), (2, 1), (2, 2), (2, 1)]), (o.rank, o.value)
+        assert o.value == ("ok", [(2, 2), (2, 1), (2, 2), (2, 2)]), (o.rank, o.value)  # rides again at step 4
+
+
+def _two_dicts_job(rank, size):
+    """Each step combines two dicts of different schemas on one plan: per step, the second combine's
+    (all-reduce, all-to-all) calls and the bytes it sent."""
+    dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
+    seen = []
+    for step in range(4):
+        plan = dispatcher.plan(_lengths(rank, step))
+        moved = dispatcher.dispatch(_batch(rank, step), plan)
+        dispatcher.combine({"x": moved["x"], "id": moved["id"]}, plan)
+        counter = CollectiveCounter()
+        try:
+            home = dispatcher.combine({"id": moved["id"]}, plan)
+        finally:
+            counter.close()
+        assert torch.equal(home["id"], _batch(rank, step)["id"])
+        seen.append((counter.calls["all_reduce"], counter.calls["all_to_all_single"], counter.sent))
+    return seen
+
+
+def test_regression_a_site_alternating_two_schemas_stops_sending_the_others_zeros():
+    """probe24 P24-02: a step combining two dicts of different schemas sent, before each, zeros of the other
+    dict's whole payload (the small dict moved 128x its bytes); after the first miss the site checks its headers
+    in the all-reduce again, and sends only its own pieces."""
+    outcomes = run_processes(_two_dicts_job, 4, timeout_s=120, collective_timeout_s=20)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert o.value[0][:2] == (0, 2) and all(calls[:2] == (1, 1) for calls in o.value[1:]), (o.rank, o.value)
+        assert all(calls[2] <= 8 * sum(map(len, LENGTHS)) for calls in o.value[1:]), (o.rank, o.value)  # ids only
 
 
 def _rank_dependent_job(rank, size):
