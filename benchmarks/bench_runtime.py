@@ -116,13 +116,14 @@ def test_cross_rank_checks_cost_against_todays_dispatch_4_ranks(benchmark):
 
 def header_riding_job(rank, size, steps, tokens):
     """Per dispatch, the slowest-rank wall and this process's CPU (`time.process_time`: gloo's threads too) of a
-    dispatcher whose plan agreement rides in the payload all-to-all against one that checks it in a header
-    all-reduce of its own (its plans not taken as made alike on every rank, as a plugin's: the route of the
-    issue-24 check before it rode), and the same dispatcher again (the noise floor); arms rotated step by step."""
+    dispatcher whose plan agreement rides in the payload all-to-all (`check_plan`: its plans agreed at plan time,
+    which these timings leave out) against one that checks it in a header all-reduce of its own (the default:
+    a plan each rank made alone does not size a collective), and the riding one again (the noise floor); arms
+    rotated step by step."""
     rng = np.random.default_rng(rank)
-    arms = {name: PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
+    arms = {name: PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"},
+                                          check_plan=name != "header_round")
             for name in ("riding", "riding_again", "header_round")}
-    arms["header_round"]._alike = False  # the arm of a planner that may plan per rank
     times = {name: [] for name in arms}
     for step in range(steps + 1):  # step 0: every site's first exchange, which checks in a header of its own
         lengths = rng.integers(tokens // 2, tokens * 3 // 2, 16)
