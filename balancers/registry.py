@@ -461,8 +461,8 @@ _BUILT_INS = (  # orchmllm's own records: the only heuristic ones whose certific
               equal_counts=_KERNELS + "kernels.ilp:solve"),
     Algorithm("exact", _KERNELS + "kernels.exact:solve", exact=True, kind=Kind.OURS,
               description="exact P||Cmax: L2 and pattern-LP bounds, bin completion (padded: 'padded'; equal "
-                          "counts: 'ilp'); stops at its time limit",
-              equal_counts=_KERNELS + "kernels.ilp:solve"),
+                          "counts: 'ilp''s model); stops at its time limit",
+              equal_counts=_KERNELS + "kernels.exact:solve_equal_counts"),
     Algorithm("karmarkar_karp", _KERNELS + "kernels.karmarkar_karp:solve", default=True, kind=Kind.OURS,
               description="Karmarkar-Karp largest differencing, k-way",
               equal_counts=_KERNELS + "constraints.equal_counts:solve_karmarkar_karp"),

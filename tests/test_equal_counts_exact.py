@@ -63,3 +63,10 @@ def test_regression_a_padded_equal_count_refusal_names_the_least_cap():
     with pytest.raises(InfeasibleError, match="the smallest cap that works is 4$") as caught:
         balance([1, 2, 3], 2, padded=True, equal_counts=True, max_tokens_per_rank=3)
     assert caught.value.min_cap == 4 and caught.value.heuristic is None
+
+
+def test_regression_exact_over_the_models_size_names_itself():
+    """rev16 R16-07: 'exact' under equal counts is the ilp kernel, whose size refusal named 'ilp'."""
+    with pytest.raises(ValueError, match=r"^algorithm 'exact' proves equal counts with the MILP, and algorithm 'ilp' "
+                                         r"needs \d+ binaries"):
+        balance(np.random.default_rng(1).integers(1, 5000, 2000), 64, equal_counts=True, algorithm="exact")

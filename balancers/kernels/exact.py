@@ -69,3 +69,12 @@ def solve(problem: Problem) -> KernelResult:
         except SizeLimitError as error:
             raise SizeLimitError(f"algorithm 'exact' proves these costs with the MILP, and {error}") from error
     return prove(problem, start, max(time_limit - (time.perf_counter() - started), 1e-3))
+
+
+def solve_equal_counts(problem: Problem) -> KernelResult:
+    """'exact' under `equal_counts`: the `ilp` kernel's model with its count rows (branch and bound and the
+    pattern bounds know no counts), its size refusal naming 'exact' (rev16 R16-07)."""
+    try:
+        return ilp.solve(problem)
+    except SizeLimitError as error:
+        raise SizeLimitError(f"algorithm 'exact' proves equal counts with the MILP, and {error}") from error
