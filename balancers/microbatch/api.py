@@ -150,8 +150,11 @@ def _fewest_that_fit(problem: MicroBatchProblem, kernel: MicroBatchKernel, algor
 
 
 def _solve_fixed(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int, algorithm: str,
-                 exact: bool):
-    """The kernel's result for M as given; InfeasibleError naming the fewest M that fit when it has none."""
+                 exact: bool, packs: bool = False):
+    """The kernel's result for M as given; InfeasibleError naming the fewest M that fit when it has none.
+    `packs` (the default algorithm, `auto`): where the kernel finds none, the exhaustive search's packing
+    (`microbatch_exact.packing`), improved (`microbatch_auto.from_packing`), instead of a refusal that says one
+    exists (probe23 P23-10: auto refused a budget its own plan at a larger one met)."""
     fewest = problem.min_microbatches
     if num_microbatches < fewest:
         bins = min_bins(problem.lengths, problem.max_tokens_per_microbatch)
@@ -165,8 +168,10 @@ def _solve_fixed(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_micro
         return result
     failed = (f"`num_microbatches`={num_microbatches}: algorithm {algorithm!r} found no packing of the items into "
               f"{num_microbatches} × {problem.num_ranks} cells of {problem.max_tokens_per_microbatch} tokens")
-    exists = microbatch_exact.packing_exists(problem, num_microbatches)
-    if exists:
+    exists = microbatch_exact.packing(problem, num_microbatches)
+    if exists is not None and exists is not False:
+        if packs:
+            return microbatch_auto.from_packing(problem, exists, num_microbatches)
         hint = "a larger `time_limit`" if exact else "algorithm='exact'"
         raise InfeasibleError(f"{failed}, though one exists (exhaustive search): try {hint}", min_cap=num_microbatches)
     known, what = _fewest_that_fit(problem, kernel, algorithm, num_microbatches)
@@ -175,7 +180,7 @@ def _solve_fixed(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_micro
 
 
 def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatches: int | None, *,
-           algorithm: str = "auto", exact: bool = False):
+           algorithm: str = "auto", exact: bool = False, packs: bool = False):
     """(result, M, floor M, proven bound) for M as given, or for the M that pays best.
 
     With M free, a kernel's `optimal` holds for its M only: the bound over all M is the
@@ -183,10 +188,11 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
     bound plus the overhead of the next M, whichever is lower.  An `exact` kernel tries
     every M up to one item per cell while the bound leaves room and it proves each optimum
     (else as the others, at most EXTRA_MICROBATCHES beyond the fewest that fit), and the
-    least step cost wins (the fewest M on ties); the others take the fewest M within PAYING_GAP.
+    least step cost wins (the fewest M on ties); the others take the fewest M within PAYING_GAP.  `packs`: as
+    `_solve_fixed`'s, for a given M.
     """
     if num_microbatches is not None:
-        return _solve_fixed(problem, kernel, num_microbatches, algorithm, exact), num_microbatches, None, None
+        return _solve_fixed(problem, kernel, num_microbatches, algorithm, exact, packs), num_microbatches, None, None
     fewest = problem.min_microbatches
     overhead, floor = problem.microbatch_overhead, problem.cost_bound
     always = _most_microbatches(problem)
@@ -311,7 +317,7 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
     result, m, floor_m, proven = solved
     if pipeline.runnable(m) != m:
         result, m, floor_m, proven = _solve(problem, kernel, pipeline.runnable(m), algorithm=record.name,
-                                            exact=record.exact)
+                                            exact=record.exact, packs=record.kernel is microbatch_auto.solve)
     accounts = within_budget(problem, result, m, record.name)  # the kernel's own cells: the re-plan rebuilds them
     overhead = problem.microbatch_overhead  # the schedule's mean replica time is at most this step cost: finite
     cost = step_cost(accounts[0], overhead)
@@ -367,9 +373,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
         algorithm: a name in `MICROBATCH_ALGORITHMS`, the registry's micro-batch records
             (`register_microbatch_algorithm` adds one; "auto": exact search for small instances, else the better of
             the joint greedy and the cell LPT, each followed by local search; the cell LPT alone for large
-            instances; with one micro-batch, `balance`'s plan under max_tokens_per_rank=T too, so M=1 never does
-            worse than a plain step; with `sources`, so M=1 never does more than ROOM_GAP worse, nor refuses where
-            the plain step plans: `solve_near_sources`, whose own plan leaves the locality pass room).
+            instances; at a given M where neither finds a packing, the exhaustive search's, improved; with one
+            micro-batch, `balance`'s plan under max_tokens_per_rank=T too, so M=1 never does worse than a plain
+            step; with `sources`, so M=1 never does more than ROOM_GAP worse, nor refuses where the plain step plans: `solve_near_sources`, whose own plan leaves the locality pass room).
         sources, item_bytes, topology: as in `balance`; items stay on their rank (in any of its micro-batches), else
             their node, as far as every micro-batch's max allows (`microbatch_locality`: all cells dealt at once;
             when that misses a micro-batch's max, each micro-batch is dealt on its own, and those that miss keep
@@ -438,7 +444,8 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
     witness = microbatch_auto.solve if certifies(record) and not built_in(record) else None
     kernel = checked_kernel(kernel, algorithm, certifies(record), built_in(record), witness)
     with sharing_plans(_shapes_flat(problem, pipeline, fixed)):  # the shaped LPT may take the plain one's plan
-        result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact)
+        result, m, floor_m, proven = _solve(problem, kernel, fixed, algorithm=algorithm, exact=record.exact,
+                                            packs=record.kernel is microbatch_auto.solve)
         name, step, accounts = (algorithm if pipeline is None else f"{algorithm}+pipeline"), None, None
         if pipeline is not None:
             result, m, floor_m, proven, step, accounts = _for_pipeline(

@@ -150,6 +150,12 @@ def solve_exact(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatch
     return microbatch_exact.solve(problem, num_microbatches, incumbent)
 
 
+def from_packing(problem: MicroBatchProblem, cell_of: np.ndarray, num_microbatches: int) -> MicroBatchResult:
+    """A packing's cells (`microbatch_exact.packing`: M·D cells in no particular order) regrouped, most loaded
+    first, and improved (`improve`), as a kernel's start is."""
+    return microbatch_greedy.split(improve(problem, cell_of, num_microbatches), problem.num_ranks)
+
+
 def _one_cell_each(rank: np.ndarray) -> MicroBatchResult:
     """One micro-batch: every item in micro-batch 0 of its rank."""
     return MicroBatchResult(rank=rank, microbatch=np.zeros_like(rank))

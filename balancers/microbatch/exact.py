@@ -142,18 +142,30 @@ def _start_pairs(problem: MicroBatchProblem, num_microbatches: int) -> int:
 
 
 def packing_exists(problem: MicroBatchProblem, num_microbatches: int) -> bool | None:
-    """Whether the items fit into M × D cells of the budget at all, by exhaustive search: True or
-    False when settled, None when the work budget runs out first (or would: more than
-    MAX_DEPTH items, or one node per item costs more than the budget).
+    """Whether the items fit into M × D cells of the budget at all, by exhaustive search (`packing`): True or
+    False when settled, None when the work budget runs out first.
+
+    >>> from orchmllm.balancers.microbatch.api import make_microbatch_problem
+    >>> problem = make_microbatch_problem([4] * 7, 1, max_tokens_per_microbatch=10)
+    >>> packing_exists(problem, 3), packing_exists(problem, 4)
+    (False, True)
+    """
+    found = packing(problem, num_microbatches)
+    return found if found is None or found is False else True
+
+
+def packing(problem: MicroBatchProblem, num_microbatches: int) -> np.ndarray | bool | None:
+    """A packing of the items into M × D cells of the budget by exhaustive search: each item's cell (in
+    [0, M·D), the cells in no particular order), False when none exists, None when the work budget runs out
+    first (or would: more than MAX_DEPTH items, or one node per item costs more than the budget).
 
     Only tokens matter, so the cells are M·D interchangeable bins: items longest first, each
     into every cell with room whose state (tokens; padded: count and longest) no earlier cell
     shares.  Every node counts M·D operations, as in `solve`.
 
     >>> from orchmllm.balancers.microbatch.api import make_microbatch_problem
-    >>> problem = make_microbatch_problem([4] * 7, 1, max_tokens_per_microbatch=10)
-    >>> packing_exists(problem, 3), packing_exists(problem, 4)
-    (False, True)
+    >>> packing(make_microbatch_problem([4] * 5, 1, max_tokens_per_microbatch=10), 3).tolist()
+    [0, 0, 1, 1, 2]
     """
     cells = num_microbatches * problem.num_ranks
     budget = cell_budget(problem)
@@ -162,6 +174,7 @@ def packing_exists(problem: MicroBatchProblem, num_microbatches: int) -> bool | 
     lengths = problem.lengths[problem.length_order].tolist()
     cap, padded = problem.max_tokens_per_microbatch, problem.padded
     tokens, count, top = [0] * cells, [0] * cells, [0] * cells
+    placed = [0] * len(lengths)
     work = [budget]
 
     def place(depth: int) -> bool:
@@ -183,12 +196,17 @@ def packing_exists(problem: MicroBatchProblem, num_microbatches: int) -> bool | 
                 continue
             saved = (tokens[cell], count[cell], top[cell])
             tokens[cell], count[cell], top[cell] = held, count[cell] + 1, longest
+            placed[depth] = cell
             if place(depth + 1):
                 return True
             tokens[cell], count[cell], top[cell] = saved
         return False
 
     try:
-        return place(0)
+        if not place(0):
+            return False
     except _Budget:
         return None
+    cell_of = np.empty(problem.num_items, dtype=np.int64)
+    cell_of[problem.length_order] = placed
+    return cell_of
