@@ -12,6 +12,9 @@ up (they waste the most of their block), as few as bring the estimate within the
     for c in the split degrees ascending (but the largest), while need > D:
         move the k shortest lone items of degree c that are short at c' (time <= T / 2, shards
         <= budget / 2), k the least that makes need <= D (else the one that lowers it most)
+
+Where no item splits at the bound, whole items over T / 2 may still outnumber the ranks (`crowded`); then the
+shortest of the excess move to degree 2, whose halves may share ranks with whole items (`pigeonhole_degrees`).
 """
 
 from __future__ import annotations
@@ -69,4 +72,37 @@ def packable_degrees(times, lengths: np.ndarray, degree: np.ndarray, target: flo
         wide_items, wide_all, wide_lone = state[wide]
         state[wide] = (np.concatenate((wide_items, moved)), np.concatenate((wide_all, wide_time[order[:k]])),
                        np.concatenate((wide_lone, np.zeros(k, dtype=bool))))
+    return degree
+
+
+def crowded(costs: np.ndarray, degree: np.ndarray, target: float, num_ranks: int) -> bool:
+    """Whether more unsplit items (`degree` 1) cost over `target` / 2 than there are ranks: two of them then share a
+    rank above the target (probe22 P22-14: 768 items of ~100k tokens, 0.55 of a rank's mean load, on 512 ranks)."""
+    return int(np.count_nonzero((degree == 1) & (2 * costs > target))) > num_ranks
+
+
+def pigeonhole_degrees(times, lengths: np.ndarray, degree: np.ndarray, long: np.ndarray, target: float, cap: float,
+                       num_ranks: int) -> np.ndarray:
+    """`degree` with the shortest unsplit items of `long` whose time exceeds `target` / 2 (no two share a rank
+    within it) moved to degree 2, as many as exceed the ranks that the lone groups (time over `target` / 2) leave:
+    each half then shares a rank with one whole item (those whose time at 2 fits `target` and shards fit `cap`).
+
+    >>> table = {1: np.array([6.0, 6.0, 7.0, 1.0]), 2: np.array([3.1, 3.1, 3.6, 0.6])}
+    >>> times = lambda items, c: table[c][items]
+    >>> pigeonhole_degrees(times, np.array([10, 10, 12, 2]), np.ones(4, dtype=np.int64), np.arange(4), 10.0,
+    ...                    math.inf, 2).tolist()
+    [2, 1, 1, 1]
+    """
+    unsplit = long[degree[long] == 1]
+    lone = unsplit[2 * times(unsplit, 1) > target]
+    split = long[degree[long] > 1]
+    held = sum(c * int(np.count_nonzero(2 * times(split[degree[split] == c], c) > target))
+               for c in np.unique(degree[split]).tolist())
+    excess = lone.size - (num_ranks - held)
+    if excess <= 0:
+        return degree
+    fits = (times(lone, 2) <= target) & (-(-lengths[lone] // 2) <= cap)
+    movable = lone[fits]
+    degree = degree.copy()
+    degree[movable[np.lexsort((movable, times(movable, 1)))][:excess]] = 2
     return degree

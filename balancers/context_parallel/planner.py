@@ -4,7 +4,8 @@
     for T in T*, T*·(1 + 1/64), ..., T*·(1 + 7/64), then the items' times above (while groups
             overflow the free blocks, as long as the estimate below improves; none after a first
             target that leaves the groups no token room):
-        degree[i] = smallest degree whose time fits T (only items long for the step split)
+        degree[i] = smallest degree whose time fits T (only items long for the step split); lone items moved up
+            a degree where they outnumber the ranks (`pairing.py`)
         per degree c, largest first (`placement.py`): its items, longest time first, into the first group of c
             ranks that stays within T and the token budget (first-fit decreasing), each group
             on the next free aligned block of c ranks inside a node; an item whose group found
@@ -34,7 +35,7 @@ from ..locality.deal import NoRoom, take_anywhere
 from ..locality.partial_plan import PartialPlan
 from ..problem import InfeasibleError, Problem
 from .bound import Allotment
-from .pairing import packable_degrees
+from .pairing import packable_degrees, pigeonhole_degrees
 from .placement import place_groups
 from .plan import rank_accounts
 from .spec import ContextParallel
@@ -82,9 +83,13 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
     best, best_estimate, overflowed, tiered = None, math.inf, True, ()  # (): two tiers not weighed yet
     times = TimeTable(problem, spec, gpus_per_node, long)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
+    # no item splits at the bound, yet more whole items cost over half of it than there are ranks (`split.plan_split`)
+    crowded_only = spec.degrees[0] == 1 and 2 in spec.degrees and not (allotment.degrees_at(bound) > 1).any()
     for target in _targets(allotment, bound):
         degree = packable_degrees(times, problem.lengths, allotment.degrees_at(target), target, cap,
                                   problem.num_ranks, spec.degrees)
+        if crowded_only:
+            degree = pigeonhole_degrees(times, problem.lengths, degree, long, target, cap, problem.num_ranks)
         placed = place_groups(problem, spec, gpus_per_node, times, degree, long, target, layouts)
         if placed is None:  # no token room: where the first target had none, stop (a speed rule: wider ones pack
             # groups fuller and rarely find room, 1 of 270 layouts surveyed; it may change such a plan)

@@ -2,7 +2,8 @@
 
     if C = {1}: return today's plan (the named algorithm), bit for bit
     T* = canonical bound over every plan that may split
-    S = the split planner's plan if some item is longer than T* unsplit (a giant)
+    S = the split planner's plan if some item is longer than T* unsplit (a giant), or more unsplit items cost
+        over T* / 2 than there are ranks (two share a rank above T* in every plan that does not split one)
     P = today's plan (when every item fits the budget unsplit), unless S · (1 + min_gain) is
         below today's lower bound (then no unsplit plan can compete)
     if no S and P > T* · (1 + min_gain): S = the local search from P (which may split)
@@ -30,6 +31,7 @@ from ..validation import as_int, as_sources
 from .bound import Allotment
 from .plan import ContextParallelPlan, certify
 from .exact import exact_split
+from .pairing import crowded
 from .planner import split_layout
 from .search import improve
 from .spec import DEFAULT_DEGREES, ContextParallel
@@ -191,7 +193,8 @@ def plan_split(problem: Problem, spec: ContextParallel, allotment: Allotment, ma
     bound = allotment.bound()
     unsplit_fits = spec.degrees[0] == 1 and (cap is None or int(problem.lengths.max()) <= cap)
     split, plain, refusal = None, None, None
-    if (allotment.degrees_at(bound) > 1).any():
+    canonical = allotment.degrees_at(bound)
+    if (canonical > 1).any() or (2 in spec.degrees and crowded(problem.item_costs, canonical, bound, problem.num_ranks)):
         split, refusal = _planned(problem, spec, allotment, bound, clock)
     if unsplit_fits and (split is None or (split.makespan * gain >= float(problem.item_costs.max())  # >= max f
                                            and split.makespan * gain >= lower_bound(problem))):
