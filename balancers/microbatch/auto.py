@@ -2,7 +2,8 @@
 
     n <= microbatch_exact.MAX_ITEMS: the exact search
     padded: the joint greedy
-    else: the cell LPT, and the joint greedy too up to GREEDY_MAX_WORK item × cell pairs,
+    else: the cell LPT, and the joint greedy too up to GREEDY_MAX_WORK item × cell pairs (beyond, up to
+          GREEDY_MAX_PAIRS item × micro-batch pairs where the cell LPT's plan is GREEDY_GAP above the bound),
           the plan of lower step cost (the first on ties)
     M above the fewest micro-batches any plan needs (`min_microbatches`), unpadded, above MAX_ITEMS:
           also the plan of those fewest (`_fewest_plan`, kept for the next M), its other micro-batches
@@ -37,6 +38,11 @@ from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, float_sum, st
 from .search import improve, searches
 
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
+# ... and beyond, item × micro-batch pairs up to which it runs the searching joint greedy (`greedy.scans` False:
+# ~25 CPU ms at 2048 items, M 8) where the cell LPT's plan is more than GREEDY_GAP above the bound (probe23 P23-03:
+# at D = 64 × 32, M 8 the cell LPT's 5.3 % against the greedy's 2.7 %; on the default mix it is within 0.1-0.5 %)
+GREEDY_MAX_PAIRS = 32_768
+GREEDY_GAP = 0.01
 FEWEST_KEY = "auto_fewest"  # `packings` entry of `_fewest_plan`
 CANONICAL_KEY = "auto_canonical"  # `packings` entry of `_canonical`
 
@@ -210,7 +216,8 @@ def _fewest_plan(problem: MicroBatchProblem, one_microbatch: bool) -> MicroBatch
 @in_canonical_order
 def _solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:
     """Exact search for the smallest instances, the better of the joint greedy and the cell
-    LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above; the
+    LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above (with the greedy
+    where `_greedy_pays`); the
     plan of least step cost (the first on ties).  `above`: a cost the caller already holds
     (searches stop where their plans provably end above it, `microbatch_search.improve`)."""
     if problem.num_items <= microbatch_exact.MAX_ITEMS:
@@ -225,6 +232,19 @@ def _solve(problem: MicroBatchProblem, num_microbatches: int, above: float | Non
     if not results:
         # the cell LPT found no room under the budget; the joint greedy may still find some
         return None if microbatch_greedy.solve in kernels else microbatch_greedy.solve(problem, num_microbatches, above)
+    if len(results) == 1 and _greedy_pays(problem, num_microbatches, results[0]):
+        results += [result for result in [microbatch_greedy.solve(problem, num_microbatches, above)] if result]
     if len(results) == 1:
         return results[0]  # nothing to compare it with
     return min(results, key=lambda result: plan_cost(problem, result, num_microbatches))  # the first on ties
+
+
+def _greedy_pays(problem: MicroBatchProblem, num_microbatches: int, result: MicroBatchResult) -> bool:
+    """Whether `_solve` runs the joint greedy beyond GREEDY_MAX_WORK too: M > 1 (one micro-batch has `balance`'s
+    plan too, `_one_microbatch`, and `_cells_are_lpt` holds), it searches (O(n·M log D), not the O(n·M·D) scan),
+    n · M <= GREEDY_MAX_PAIRS, and the cell LPT's plan `result` is more than GREEDY_GAP above the bound."""
+    if num_microbatches == 1 or problem.num_items * num_microbatches > GREEDY_MAX_PAIRS or \
+            microbatch_greedy.scans(problem):
+        return False
+    bound = float_sum([problem.cost_bound, num_microbatches * problem.microbatch_overhead])
+    return plan_cost(problem, result, num_microbatches) > bound * (1.0 + GREEDY_GAP)
