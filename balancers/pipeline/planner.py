@@ -27,7 +27,7 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
 
 The plan given is one of the starts, and the searches' cells are kept only when faster than every
 start, so the result is never slower than it (the pipeline-unaware plan run in its own order).
-Items that cost nothing and hold no tokens are left out and stay in their plain cell (`free`: they change no cell).
+Items of cost 0 are left out and dealt after, where their tokens fit (`free`: they change no cell's cost).
 Deterministic: no clock, ties by index.  M is the plain plan's (a free M is not raised to shrink
 the bubble); with M free the bound covers every M, so its gap also shows what more micro-batches
 could gain.
@@ -46,7 +46,7 @@ from ..microbatch.cells import lpt_cells
 from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
 from ..problem import Status, integer_values
 from .bounds import step_bound
-from .free import costly_part, with_free_items
+from .free import without_free_items
 from .order import deal, mountain, places
 from .profile import best_profile, pinned_scales
 from .schedules import replica_times, step_rows
@@ -465,12 +465,11 @@ def plan_for_pipeline(problem: MicroBatchProblem, rank: np.ndarray, microbatch: 
     pipeline.check_microbatches(num_microbatches)  # a free M too: planning grows with M² (MAX_PIPELINE_SLOTS)
     start = time.perf_counter()
     first_stage = as_first_stage(first_stage, problem)
-    part = costly_part(problem, rank, microbatch, first_stage)  # items that cost and hold nothing left out
-    replica, slot, unaware, cells, summed = arrange(*(part[:3] if part else (problem, rank, microbatch)),
-                                                    num_microbatches, pipeline, work_budget(problem.time_limit),
-                                                    part[3] if part else first_stage, accounts)
-    if part:  # they change no cell's cost or tokens (`free`): the cells and their accounts are every item's
-        replica, slot = with_free_items(rank, microbatch, part[4], replica, slot)
+    work = work_budget(problem.time_limit)
+    plan = lambda *args: arrange(*args[:3], num_microbatches, pipeline, work, *args[3:])  # noqa: E731
+    # the items of cost 0 are dealt after the others are planned (`free`: they change no cell's cost)
+    found = without_free_items(problem, rank, microbatch, num_microbatches, first_stage, accounts, plan)
+    replica, slot, unaware, cells, summed = found or plan(problem, rank, microbatch, first_stage, accounts)
     step = pipeline_step(problem, replica, slot, num_microbatches, pipeline, unaware,
                          free_microbatches=free_microbatches, solve_seconds=time.perf_counter() - start,
                          first_stage=first_stage, cells=cells)
