@@ -242,9 +242,12 @@ def _solve(problem: MicroBatchProblem, num_microbatches: int, above: float | Non
 def _greedy_pays(problem: MicroBatchProblem, num_microbatches: int, result: MicroBatchResult) -> bool:
     """Whether `_solve` runs the joint greedy beyond GREEDY_MAX_WORK too: M > 1 (one micro-batch has `balance`'s
     plan too, `_one_microbatch`, and `_cells_are_lpt` holds), it searches (O(n·M log D), not the O(n·M·D) scan),
-    n · M <= GREEDY_MAX_PAIRS, and the cell LPT's plan `result` is more than GREEDY_GAP above the bound."""
-    if num_microbatches == 1 or problem.num_items * num_microbatches > GREEDY_MAX_PAIRS or \
-            microbatch_greedy.scans(problem):
+    n · M <= GREEDY_MAX_PAIRS (and within a `time_limit` at `microbatch_exact.GREEDY_CELLS_PER_SECOND`, as
+    'exact''s greedy start), and the cell LPT's plan `result` is more than GREEDY_GAP above the bound."""
+    pairs = problem.num_items * num_microbatches
+    limit = problem.time_limit
+    if num_microbatches == 1 or pairs > GREEDY_MAX_PAIRS or microbatch_greedy.scans(problem) or \
+            (limit is not None and pairs > limit * microbatch_exact.GREEDY_CELLS_PER_SECOND):
         return False
     bound = float_sum([problem.cost_bound, num_microbatches * problem.microbatch_overhead])
     return plan_cost(problem, result, num_microbatches) > bound * (1.0 + GREEDY_GAP)
