@@ -40,6 +40,12 @@ from .agreement import PieceSchema, SchemaGuard
 from .alltoall import FlatAllToAll, Flows
 from .comm import collective
 
+RIDE_MAX_RANKS = 8
+"""Largest group whose exchange headers ride in the payload all-to-all.  A riding header (24 bytes) goes to every
+peer, so a sparse plan's all-to-all over more ranks would message peers it never reaches (probe24 P24-06: 16 -> 511
+peers a rank at D = 512 x 16 items; NCCL posts one send and receive a non-empty split); the header all-reduce
+is one collective of O(log D) steps instead."""
+
 
 def _as_ranks(values, name: str, world_size: int) -> np.ndarray:
     array = np.asarray(values)
@@ -234,7 +240,8 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
     exchange (e.g. an encoder that broke its contract): with a guard, every rank then raises,
     naming this rank.  With a `reference` (the same on every rank), once the guard's latest exchange
     followed its reference, the header rides in the payload all-to-all itself (no collective of its
-    own).  `transport` is a `FlatAllToAll` (default) or a `HierarchicalAllToAll`.
+    own), on groups of up to RIDE_MAX_RANKS ranks.  `transport` is a `FlatAllToAll` (default) or a
+    `HierarchicalAllToAll`.
     `stats`, if given, accumulates "exchange_seconds" (wall, packing included) and
     "exchange_bytes_sent" (to other ranks).
     """
@@ -251,7 +258,8 @@ def exchange(pieces: Sequence[Piece], transport=None, stats: dict | None = None,
         return _exchange(pieces, transport, stats)[1]
     schema, plan_id = schema_of(pieces) if problem is None else (), pieces[0].meta.plan_id
     expected = None if reference is None else reference.plan_id
-    if guard.speculates(expected):  # the header in the payload: pieces of the expected sizes, ours or zeros
+    if transport.size <= RIDE_MAX_RANKS and guard.speculates(expected):  # the header in the payload: pieces of the
+        # expected sizes, ours or zeros
         follows = problem is None and schema == guard.schema and plan_id == expected
         sent = pieces if follows else reference.pieces(guard.schema)
         rows, moved = _exchange(sent, transport, stats, guard.what, guard.words(schema, plan_id, problem))

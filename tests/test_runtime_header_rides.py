@@ -5,6 +5,8 @@ plan, another schema, a rank planning otherwise: one clear error on every rank).
 
 Real gloo groups of 4 ranks; each rank counts its own collectives (`runtime.counting`)."""
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -78,6 +80,19 @@ def test_regression_a_guarded_dispatch_and_combine_ran_a_header_collective_of_th
         else:
             assert o.value[0] == [(4, 4), (4, 3), (4, 3), (4, 3)], (o.rank, o.value)
             assert "ranks [1] disagree with ranks [0, 2, 3]" in o.value[1], (o.rank, o.value)
+
+
+def _big_group_job(rank, size):
+    importlib.import_module("orchmllm.runtime.exchange").RIDE_MAX_RANKS = 2  # as if the 4 ranks were a large group
+    return _steps(rank, check_plan=True)
+
+
+def test_regression_headers_of_a_large_group_stay_in_their_all_reduce():
+    """probe24 P24-06: a riding header goes to every peer, so over many ranks a sparse plan's all-to-all would
+    message every peer (16 -> 511 a rank at D = 512): above RIDE_MAX_RANKS the header all-reduce stays."""
+    outcomes = run_processes(_big_group_job, 4, timeout_s=120, collective_timeout_s=20)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert all(o.value == [(2, 2)] * 4 for o in outcomes), [o.value for o in outcomes]
 
 
 def _kept_plan(rank, step, batch, plan, kept):
