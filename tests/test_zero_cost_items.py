@@ -5,7 +5,7 @@ mostly-zero items, against 11 and 5 ms on the default mix: one item per round)."
 import numpy as np
 import pytest
 
-from orchmllm import CostModel, balance
+from orchmllm import CostModel, InfeasibleError, balance
 from orchmllm.balancers.kernels import karmarkar_karp, lpt
 from orchmllm.balancers.kernels.reference import dense_kk, heap_lpt
 from orchmllm.balancers.problem import make_problem
@@ -85,3 +85,32 @@ def test_regression_with_sources_items_of_cost_0_stay_home():
         plan = balance(lengths, num_ranks, costs=costs, sources=sources)
         free = costs == 0
         assert np.array_equal(plan.assignment[free], sources[free])
+
+
+def test_regression_items_of_cost_0_go_home_within_the_cap_and_never_when_padded():
+    """probe24 P24-04: under a cap, items of cost 0 that fit at home still moved; rev16 R16-09: padded, an empty
+    item sent home adds a row to its source's padded count (the makespan doubled: 36 -> 72)."""
+    assert balance([9, 9, 9, 9, 0, 0, 0, 0], 2, padded=True, sources=[0, 0, 1, 1, 0, 0, 0, 0]).makespan == 36
+    rng = np.random.default_rng(16)
+    for _ in range(150):
+        num_ranks = int(rng.integers(2, 5))
+        lengths = rng.integers(1, 50, int(rng.integers(4, 14)))
+        costs = np.where(rng.random(lengths.size) < 0.4, 0.0, lengths.astype(float))
+        sources = rng.integers(0, num_ranks, lengths.size)
+        cap = int(balance(lengths, num_ranks, costs=costs, sources=sources).tokens.max()) + int(rng.integers(0, 20))
+        try:
+            plan = balance(lengths, num_ranks, costs=costs, sources=sources, max_tokens_per_rank=cap)
+        except InfeasibleError:
+            continue
+        assert plan.tokens.max() <= cap
+    plan = balance([41, 22, 38, 5, 26, 18, 1, 31], 3, costs=[0, 22, 38, 0, 26, 0, 1, 0],
+                   sources=[0, 2, 0, 2, 1, 2, 0, 1], max_tokens_per_rank=67)
+    assert plan.assignment[[0, 3, 5, 7]].tolist() == [0, 2, 2, 1]  # item 3 (5 tokens) moved 2 -> 1 with room at home
+
+
+def test_regression_free_items_holding_huge_tokens_are_placed_without_overflow():
+    """probe24 P24-05: the placeholders (free items' longest + each rank's tokens) summed past int64."""
+    lengths = np.array([2**61, 2**61, 2**60, 5, 3, 2**60], dtype=np.int64)
+    costs = np.array([1.0, 2.0, 0.0, 0.0, 3.0, 0.0])
+    plan = balance(lengths, 2, costs=costs)
+    assert plan.makespan == 3.0 and int(plan.tokens.sum()) == int(lengths.sum())

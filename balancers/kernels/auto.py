@@ -122,8 +122,10 @@ def _with_free_items_dealt(problem: Problem, costly: np.ndarray) -> KernelResult
     assignment[items] = result.assignment
     free_lengths = problem.lengths[free]
     if free_lengths.any():
-        held = np.bincount(result.assignment, weights=problem.lengths[items], minlength=d).astype(np.int64)
-        placed = lpt.solve(make_problem(np.concatenate((free_lengths.max() + held, free_lengths)), d)).assignment
+        held = np.bincount(result.assignment, weights=problem.lengths[items], minlength=d)
+        keys = np.concatenate((free_lengths.max() + held, free_lengths)).astype(np.float64)  # as costs: token sums
+        placed = lpt.solve(make_problem(np.zeros(keys.size, dtype=np.int64), d, costs=keys)).assignment  # may
+        # pass int64 where the placeholders add D longest free items (probe24 P24-05)
         rank_of = np.empty(d, dtype=np.int64)
         rank_of[placed[:d]] = np.arange(d)  # the placeholders, placed first, one on each rank
         assignment[free] = rank_of[placed[d:]]
