@@ -65,8 +65,17 @@ def test_regression_a_padded_equal_count_refusal_names_the_least_cap():
     assert caught.value.min_cap == 4 and caught.value.heuristic is None
 
 
-def test_regression_exact_over_the_models_size_names_itself():
-    """rev16 R16-07: 'exact' under equal counts is the ilp kernel, whose size refusal named 'ilp'."""
-    with pytest.raises(ValueError, match=r"^algorithm 'exact' proves equal counts with the MILP, and algorithm 'ilp' "
-                                         r"needs \d+ binaries"):
-        balance(np.random.default_rng(1).integers(1, 5000, 2000), 64, equal_counts=True, algorithm="exact")
+def test_regression_exact_over_the_models_size_plans_and_refuses_as_itself():
+    """rev16 R16-07 / probe24 P24-07: over the MILP's size, 'exact' under equal counts raised SizeLimitError naming
+    'ilp' and "use 'auto'" on every instance, even where auto's equal-count plan meets the bound, while auto's
+    refusal pointed at 'exact'.  It now returns that plan (optimal where it meets the bound) and refuses a cap the
+    plan overflows as a heuristic that gave up, naming itself."""
+    lengths = np.random.default_rng(2000).integers(100, 5000, 2000)
+    plan = balance(lengths, 64, equal_counts=True, algorithm="exact")
+    auto = balance(lengths, 64, equal_counts=True)
+    assert plan.makespan == auto.makespan and str(plan.status) == str(auto.status)
+    lengths = np.random.default_rng(0).integers(100, 20000, 1000)
+    with pytest.raises(InfeasibleError, match=r"^algorithm 'exact' found no equal-count plan under "
+                                              r"max_tokens_per_rank=161995: .* over its size limit") as caught:
+        balance(lengths, 64, equal_counts=True, max_tokens_per_rank=161995, algorithm="exact")
+    assert caught.value.heuristic == "exact"

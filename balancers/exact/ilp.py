@@ -215,11 +215,16 @@ def _proven_floor(problem: Problem) -> float:
     return float(math.ceil(bound * (1.0 - 1e-12))) if _integral_costs(problem) else bound
 
 
+def model_binaries(problem: Problem) -> int:
+    """The model's assignment binaries: the j-th item may use ranks 0..j only (symmetry breaking)."""
+    used = min(problem.num_items, problem.num_ranks)
+    return used * (used + 1) // 2 + (problem.num_items - used) * used
+
+
 def _check_size(problem: Problem) -> None:
     """Refuse models too large to build and solve in reasonable time."""
     n, num_ranks = problem.num_items, problem.num_ranks
-    used = min(n, num_ranks)  # the j-th item may use ranks 0..j only (symmetry breaking)
-    binaries = used * (used + 1) // 2 + (n - used) * used
+    binaries = model_binaries(problem)
     if binaries > MAX_BINARIES:
         raise SizeLimitError(
             f"algorithm 'ilp' needs {binaries} binaries for {n} items × {num_ranks} ranks, over "

@@ -17,6 +17,8 @@ import dataclasses
 import time
 
 from ..bounds import lower_bound, uncapped_fit
+from ..constraints import equal_counts
+from ..exact import ilp as assignment_model
 from ..exact.branch_and_bound import cap_can_bind, integer_costs, prove, prove_small
 from ..exact.ilp import search, time_limit_of
 from ..problem import InfeasibleError, KernelResult, Problem, Status, rank_loads
@@ -73,8 +75,23 @@ def solve(problem: Problem) -> KernelResult:
 
 def solve_equal_counts(problem: Problem) -> KernelResult:
     """'exact' under `equal_counts`: the `ilp` kernel's model with its count rows (branch and bound and the
-    pattern bounds know no counts), its size refusal naming 'exact' (rev16 R16-07)."""
-    try:
+    pattern bounds know no counts) where it is within `exact.ilp.MAX_BINARIES`.  Above, the equal-count plan
+    (`constraints.equal_counts.solve`), optimal where it meets the bound, else feasible with its gap, and a cap it
+    overflows refused as a heuristic that gave up, naming 'exact' (probe24 P24-07: SizeLimitError "... use 'auto'"
+    on every instance of that size, while auto's refusal pointed at 'exact')."""
+    if assignment_model.model_binaries(problem) <= assignment_model.MAX_BINARIES:
         return ilp.solve(problem)
-    except SizeLimitError as error:
-        raise SizeLimitError(f"algorithm 'exact' proves equal counts with the MILP, and {error}") from error
+    try:
+        plan = equal_counts.solve(problem).assignment
+    except InfeasibleError as error:
+        if error.heuristic is None:
+            raise
+        raise InfeasibleError(
+            f"algorithm 'exact' found no equal-count plan under max_tokens_per_rank={problem.max_tokens_per_rank}: "
+            f"auto's overflow it, and the MILP that would decide is over its size limit at {problem.num_items} "
+            f"items × {problem.num_ranks} ranks (`exact.ilp.MAX_BINARIES`); auto fits under a cap of "
+            f"{error.min_cap}, and a smaller one may still be feasible", min_cap=error.min_cap,
+            heuristic="exact") from error
+    bound = lower_bound(problem)
+    proven = float(rank_loads(problem, plan).max()) <= bound
+    return KernelResult(plan, Status.OPTIMAL if proven else Status.FEASIBLE, bound)
