@@ -108,4 +108,4 @@ def test_regression_auto_planned_each_m_on_a_fresh_copy_of_the_items(monkeypatch
                                                                     greedy_cells(problem, m))[1])
     plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=16384, cost=QUADRATIC, padded=True)
     assert len(seen) >= 3 and all(packings is seen[0] for packings in seen)
-    assert plan.num_microbatches == 5
+    assert plan.num_microbatches == 4  # the sorted runs' (probe23 P23-04); the greedy's own fewest is 5

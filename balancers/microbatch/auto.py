@@ -1,7 +1,8 @@
 """The `auto` micro-batch kernel: the best of the others for the instance's size.
 
     n <= microbatch_exact.MAX_ITEMS: the exact search
-    padded: the joint greedy
+    padded: the joint greedy and the sorted runs (`cells.sorted_fill`), the plan of lower step cost (the first on
+          ties)
     else: the cell LPT, and the joint greedy too up to GREEDY_MAX_WORK item × cell pairs (beyond, up to
           GREEDY_MAX_PAIRS item × micro-batch pairs where the cell LPT's plan is GREEDY_GAP above the bound),
           the plan of lower step cost (the first on ties)
@@ -222,8 +223,10 @@ def _solve(problem: MicroBatchProblem, num_microbatches: int, above: float | Non
     (searches stop where their plans provably end above it, `microbatch_search.improve`)."""
     if problem.num_items <= microbatch_exact.MAX_ITEMS:
         return microbatch_exact.solve(problem, num_microbatches)
-    if problem.padded:
-        return microbatch_greedy.solve(problem, num_microbatches)
+    if problem.padded:  # the joint greedy's and the sorted runs' (`cells.sorted_fill`; probe23 P23-04)
+        results = [result for result in (microbatch_greedy.solve(problem, num_microbatches),
+                                         microbatch_cells.sorted_fill(problem, num_microbatches)) if result is not None]
+        return min(results, key=lambda result: plan_cost(problem, result, num_microbatches), default=None)
     kernels = [microbatch_cells.solve]
     if problem.num_items * num_microbatches * problem.num_ranks <= GREEDY_MAX_WORK:
         kernels.append(microbatch_greedy.solve)
