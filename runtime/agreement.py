@@ -25,7 +25,7 @@ that passes other pieces sends zeros of the expected ones, so every segment has 
 peer expects, and every rank decides from every rank's header; ranks that all passed the same
 other pieces move them in a second all-to-all, and the site's headers go back to the all-reduce until
 one sees the same schema twice (a site alternating between two dicts would otherwise send the other
-dict's zeros every time).  A rank whose own input fails its checks sends
+dict's zeros every time), and for good after MAX_MISSES misses (schemas recurring in longer periods).  A rank whose own input fails its checks sends
 an invalid word, so every rank raises, naming it and why.  Ranks that all change their schema
 the same way (a new dtype for all) simply agree.
 
@@ -312,6 +312,11 @@ def describe(schema: Sequence[PieceSchema]) -> str:
 INVALID_WORD = -1  # the schema word of a rank whose own pieces failed their checks (never a schema's word)
 
 
+MAX_MISSES = 2
+"""Speculated headers that may miss at one site (every rank passed other pieces than expected, sent after zeros
+of the expected ones) before its headers stay in the all-reduce for good."""
+
+
 class SchemaGuard:
     """The agreement check of one exchange site (see module docstring); `what` names the site in
     its errors.  Every rank must call the site the same number of times (the collective discipline
@@ -324,6 +329,7 @@ class SchemaGuard:
         self.schema: tuple[PieceSchema, ...] | None = None  # what every rank passed at the latest exchange
         self.followed = False  # whether every rank followed the plan expected there (`speculates`)
         self.missed = False  # every rank passed other pieces than expected, until a header round sees a schema again
+        self.misses = 0  # such misses so far: after MAX_MISSES the site's headers stay in the all-reduce
 
     def tell(self, fact: bool) -> None:
         """Send `fact` with this site's next header (`every_rank` reads what every rank sent)."""
@@ -339,7 +345,8 @@ class SchemaGuard:
         """Whether this site's next header rides in its payload all-to-all (`exchange`'s `reference`, whose plan
         is `expected`): where every rank of its latest exchange followed the plan expected then, whose schema
         (`self.schema`) every rank then expects again; what every rank knows alike."""
-        return expected is not None and self.schema is not None and self.followed and not self.missed
+        return (expected is not None and self.schema is not None and self.followed and not self.missed
+                and self.misses < MAX_MISSES)
 
     def words(self, schema: tuple[PieceSchema, ...], plan_id: int, problem: Exception | None) -> np.ndarray:
         """This rank's header: its schema's word (INVALID_WORD where it has a `problem`), `plan_id`, `self.fact`."""
@@ -382,6 +389,7 @@ class SchemaGuard:
             self._refuse(rows, schema, group, problem)
         followed = self.schema == schema and rows[0, 1] == expected
         self.missed = not followed  # a site whose schema alternates (two dicts a step) rides no more (probe24 P24-02)
+        self.misses += self.missed  # nor one whose schemas recur in longer periods (A, A, B, ...: P24-08)
         self._settled(schema, int(rows[0, 1]), expected, problem)
         return followed
 

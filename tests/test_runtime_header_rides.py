@@ -132,15 +132,16 @@ def test_every_rank_changing_dtype_together_moves_its_rows_after_the_expected_ex
         assert o.value == ("ok", [(2, 2), (2, 1), (2, 2), (2, 2)]), (o.rank, o.value)  # rides again at step 4
 
 
-def _two_dicts_job(rank, size):
-    """Each step combines two dicts of different schemas on one plan: per step, the second combine's
-    (all-reduce, all-to-all) calls and the bytes it sent."""
+def _two_dicts_job(rank, size, repeats=1):
+    """Each step combines two dicts of different schemas on one plan (the first `repeats` times): per step, the
+    second combine's (all-reduce, all-to-all) calls and the bytes it sent."""
     dispatcher = PostBalancingDispatcher(algorithm="lpt", cost=CostModel(linear=1), per_item_keys={"id"})
     seen = []
     for step in range(4):
         plan = dispatcher.plan(_lengths(rank, step))
         moved = dispatcher.dispatch(_batch(rank, step), plan)
-        dispatcher.combine({"x": moved["x"], "id": moved["id"]}, plan)
+        for _ in range(repeats):
+            dispatcher.combine({"x": moved["x"], "id": moved["id"]}, plan)
         counter = CollectiveCounter()
         try:
             home = dispatcher.combine({"id": moved["id"]}, plan)
@@ -160,6 +161,15 @@ def test_regression_a_site_alternating_two_schemas_stops_sending_the_others_zero
     for o in outcomes:
         assert o.value[0][:2] == (0, 2) and all(calls[:2] == (1, 1) for calls in o.value[1:]), (o.rank, o.value)
         assert all(calls[2] <= 8 * sum(map(len, LENGTHS)) for calls in o.value[1:]), (o.rank, o.value)  # ids only
+
+
+def test_regression_a_site_whose_schemas_recur_in_a_longer_period_stops_riding():
+    """probe24 P24-08: schemas A, A, B each step: the second A rode again and B sent A's zeros every period; after
+    MAX_MISSES misses the site's headers stay in the all-reduce."""
+    outcomes = run_processes(_two_dicts_job, 4, args=(2,), timeout_s=120, collective_timeout_s=20)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert all(calls[:2] == (1, 1) and calls[2] <= 8 * sum(map(len, LENGTHS)) for calls in o.value[2:]), o.value
 
 
 def _rank_dependent_job(rank, size):
