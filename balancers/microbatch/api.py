@@ -383,7 +383,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             when that misses a micro-batch's max, each micro-batch is dealt on its own, and those that miss keep
             their plain cells, placed on ranks greedily by bytes; items of equal length then re-dealt over all cells;
             the plain cells themselves where they move fewer bytes, node bytes first).
-        context_parallel: a `ContextParallel`: items may split over groups (`balancers.context_parallel.microbatch`).
+        context_parallel: a `ContextParallel`: items may split over groups (`balancers.context_parallel.microbatch`);
+            `sources` then steer only the plan without splits, which is kept unless splitting pays: a split plan
+            places items by cost and tokens, not near their sources (probe23 P23-05).
         time_limit: seconds of work an exact or anytime search may spend, all M tried together, converted to
             operation budgets (`WORK_PER_SECOND`, the exact search's `CELLS_PER_SECOND`) so plans never depend on
             the clock.
