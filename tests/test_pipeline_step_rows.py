@@ -90,16 +90,16 @@ def test_a_search_that_stalls_at_once_changes_nothing(ranks, microbatches, seed,
     assert not search.moved and np.array_equal(search.times, times) and np.array_equal(search.cost, cost)
 
 
-@pytest.mark.parametrize("extra, blocks", [(1, 1), (1280, 2), (2560, 2)])
-def test_regression_a_walk_of_a_few_rows_more_than_a_block_ran_two_blocks(monkeypatch, extra, blocks):
+@pytest.mark.parametrize("extra, m, blocks", [(1, 8, 1), (1280, 8, 2), (2560, 8, 2), (512, 16, 1), (512, 32, 2)])
+def test_regression_a_walk_of_a_few_rows_more_than_a_block_ran_two_blocks(monkeypatch, extra, m, blocks):
     """Regression (planning time at D = 2560 x 32, issue 28): the starts' walk at D = 2560 holds a few probed rows
     more than BLOCK_ROWS (2561 at M 8, 1F1B), and any row past a block's made a second block (1.2-1.3x one walk's
     time, a walk's own cost paid twice); blocks now hold about BLOCK_ROWS rows each, the same floats as each row
-    timed alone."""
+    timed alone; fewer at M 32, where 3072 rows in one block took 1.2x two (rev16 R16-04)."""
     from orchmllm.balancers.pipeline import schedules
 
     pipeline = Pipeline(8, "1f1b")
-    cost = np.random.default_rng(5).random((schedules.BLOCK_ROWS + extra, 8))
+    cost = np.random.default_rng(5).random((schedules.BLOCK_ROWS + extra, m))
     calls, walk = [], schedules.replica_times
     monkeypatch.setattr(schedules, "replica_times", lambda p, f, b: calls.append(len(f)) or walk(p, f, b))
     times = walk(pipeline, *pipeline.stage_times(cost))

@@ -49,7 +49,8 @@ import numpy as np
 from .spec import Pipeline
 
 # rows walked together, about: 5120 at once took 1.3x (P 8, M 3) to 3x (P 4, M 32) two blocks' time, and 2561 in two
-# blocks 1.2-1.3x one (P 8, M 8-16: D = 2560 with a probed row)
+# blocks 1.2-1.3x one (P 8, M 8-16: D = 2560 with a probed row); a block holds up to 1.25 BLOCK_ROWS rows at M <= 16,
+# fewer in proportion above (3072-3839 rows in one block took 1.2-1.6x two at M 32: rev16 R16-04)
 BLOCK_ROWS = 2560
 
 
@@ -128,7 +129,7 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     """
     forward, backward = np.asarray(forward, dtype=np.float64), np.asarray(backward, dtype=np.float64)
     rows, m = forward.shape[0], forward.shape[-1]
-    blocks = round(rows / BLOCK_ROWS)
+    blocks = -(-rows * max(m, 16) // (20 * BLOCK_ROWS))  # ceil(rows / (1.25 BLOCK_ROWS · min(1, 16 / M)))
     if blocks > 1:  # each row is timed alone: the same floats in blocks
         return np.concatenate([replica_times(pipeline, f, b) for f, b in zip(np.array_split(forward, blocks),
                                                                              np.array_split(backward, blocks))])
