@@ -15,13 +15,18 @@ from orchmllm.balancers.context_parallel.dual_feasible import cannot_lay_out
 from orchmllm.testing.context_parallel import brute_force_split
 
 
-def spill(num_over: int, room: int, seed: int = 0):
-    """Micro-batch 0 of `num_over` + 1 items over T = 100 (distinct times); it lays out once at most `room` of
-    them besides the longest stay.  The items moved to micro-batch 1, and the plans the repair asked for."""
+def over_items(num_over: int, seed: int) -> tuple:
+    """(lengths, times, the longest's index) of `num_over` + 1 items over T = 100, with distinct times."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(101, 1000, num_over + 1)
     times = rng.permutation(num_over + 1).astype(float)
-    keep = int(np.argmax(times))
+    return lengths, times, int(np.argmax(times))
+
+
+def spill(num_over: int, room: int, seed: int = 0):
+    """Micro-batch 0 of `num_over` + 1 items over T = 100 (distinct times); it lays out once at most `room` of
+    them besides the longest stay.  The items moved to micro-batch 1, and the plans the repair asked for."""
+    lengths, times, keep = over_items(num_over, seed)
     calls = []
 
     def plan_pass(items):

@@ -14,6 +14,7 @@ from orchmllm import ContextParallel, Topology, balance_microbatches
 from orchmllm.balancers.context_parallel import microbatch, repair
 from orchmllm.balancers.context_parallel.dual_feasible import cannot_lay_out
 from orchmllm.study.models import MODELS
+from orchmllm.tests.test_context_parallel_repair import over_items
 
 COST = MODELS["84b"].stages()[-1].cost
 BUDGET = 32768
@@ -142,10 +143,7 @@ def fake_spill(num_over: int, needed: int, certified: int | None, seed: int):
     """Micro-batch 0 of `num_over` + 1 items over T = 100; it lays out once `needed` of them (least time first,
     never the longest) move out, and a certificate (None: no certificate) rules out fewer than `certified`.
     (the items moved to micro-batch 1, the plan, the item sets planned)."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(101, 1000, num_over + 1)
-    times = rng.permutation(num_over + 1).astype(float)
-    keep = int(np.argmax(times))
+    lengths, times, keep = over_items(num_over, seed)
     calls = []
 
     def moved_out(items):

@@ -73,15 +73,20 @@ def test_regression_auto_plans_the_costly_items_as_if_the_free_ones_were_absent(
         alone.assignment, minlength=num_ranks).max() - np.bincount(alone.assignment, minlength=num_ranks).min() + 1
 
 
+def part_free(rng, most_items: int):
+    """A tiny instance with sources: (ranks, lengths, costs with about 40 % zeros, sources)."""
+    num_ranks = int(rng.integers(2, 5))
+    lengths = rng.integers(1, 50, int(rng.integers(4, most_items)))
+    costs = np.where(rng.random(lengths.size) < 0.4, 0.0, lengths.astype(float))
+    return num_ranks, lengths, costs, rng.integers(0, num_ranks, lengths.size)
+
+
 def test_regression_with_sources_items_of_cost_0_stay_home():
     """probe24 P24-03: the communication-aware pass moved items of cost 0 off their source ranks (42 % of the moved
     bytes on half-free instances) where they change no load."""
     rng = np.random.default_rng(41)
     for _ in range(100):
-        num_ranks = int(rng.integers(2, 5))
-        lengths = rng.integers(1, 50, int(rng.integers(4, 20)))
-        costs = np.where(rng.random(lengths.size) < 0.4, 0.0, lengths.astype(float))
-        sources = rng.integers(0, num_ranks, lengths.size)
+        num_ranks, lengths, costs, sources = part_free(rng, 20)
         plan = balance(lengths, num_ranks, costs=costs, sources=sources)
         free = costs == 0
         assert np.array_equal(plan.assignment[free], sources[free])
@@ -93,10 +98,7 @@ def test_regression_items_of_cost_0_go_home_within_the_cap_and_never_when_padded
     assert balance([9, 9, 9, 9, 0, 0, 0, 0], 2, padded=True, sources=[0, 0, 1, 1, 0, 0, 0, 0]).makespan == 36
     rng = np.random.default_rng(16)
     for _ in range(150):
-        num_ranks = int(rng.integers(2, 5))
-        lengths = rng.integers(1, 50, int(rng.integers(4, 14)))
-        costs = np.where(rng.random(lengths.size) < 0.4, 0.0, lengths.astype(float))
-        sources = rng.integers(0, num_ranks, lengths.size)
+        num_ranks, lengths, costs, sources = part_free(rng, 14)
         cap = int(balance(lengths, num_ranks, costs=costs, sources=sources).tokens.max()) + int(rng.integers(0, 20))
         try:
             plan = balance(lengths, num_ranks, costs=costs, sources=sources, max_tokens_per_rank=cap)
