@@ -12,7 +12,7 @@ from .constraints.groups import as_groups, group_problem
 from .context_parallel.split import balance_split
 from .kernels import auto
 from .locality.balance import FILLS, balance_locally
-from .origins import Origins, as_origins, gpus_per_node
+from .origins import Origins, as_origins, fit_in_turn, gpus_per_node
 from .plan import BalancePlan, make_plan, run_kernel
 from .problem import InfeasibleError, Kernel, Problem, Status, make_problem, rank_loads, rank_tokens
 from .registry import Algorithm, algorithms, built_in, certifies, get_algorithm
@@ -172,14 +172,8 @@ def _free_items_home(problem: Problem, assignment: np.ndarray, origins: Origins)
     if cap is None:
         result[away] = origins.sources[away]
         return result
-    room = cap - rank_tokens(problem, assignment)
-    away = away[np.lexsort((problem.lengths[away], origins.sources[away]))]  # by source, shortest first
-    sources, lengths = origins.sources[away], problem.lengths[away]
-    starts = np.flatnonzero(np.r_[True, sources[1:] != sources[:-1]])  # each source's run
-    total = np.cumsum(lengths)
-    before = (total[starts] - lengths[starts]).repeat(np.diff(np.r_[starts, away.size]))
-    home = total - before <= room[sources]  # the run's shortest, as many as its source's room holds
-    result[away[home]] = sources[home]
+    home = away[fit_in_turn(origins.sources[away], problem.lengths[away], cap - rank_tokens(problem, assignment))]
+    result[home] = origins.sources[home]
     return result
 
 

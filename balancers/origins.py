@@ -60,3 +60,23 @@ def as_origins(problem, sources, item_bytes, topology) -> Origins | None:
     return Origins(sources=as_sources(sources, problem.num_items, problem.num_ranks),
                    item_bytes=as_item_bytes(problem.lengths if item_bytes is None else item_bytes, problem.num_items),
                    gpus_per_node=1 if topology is None else gpus_per_node(topology, problem.num_ranks))
+
+
+def fit_in_turn(places: np.ndarray, lengths: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Which items fit the `room` left at their place (`places[i]`, an index into `room`), taken shortest first at
+    each place (ties: the order given): a mask in the items' order.  Items of cost 0 sent back to their sources
+    (`balance`'s and `balance_microbatches`' last step): they change no load, only tokens.
+
+    >>> fit_in_turn(np.array([0, 0, 1, 0]), np.array([5, 2, 9, 4]), np.array([6, 8])).tolist()
+    [False, True, False, True]
+    """
+    if not places.size:
+        return np.zeros(0, dtype=bool)
+    order = np.lexsort((lengths, places))
+    at, taken = places[order], lengths[order]
+    starts = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])  # each place's run
+    total = np.cumsum(taken)
+    before = (total[starts] - taken[starts]).repeat(np.diff(np.r_[starts, at.size]))
+    fits = np.zeros(places.size, dtype=bool)
+    fits[order] = total - before <= room[at]
+    return fits

@@ -5,7 +5,7 @@ mostly-zero items, against 11 and 5 ms on the default mix: one item per round)."
 import numpy as np
 import pytest
 
-from orchmllm import CostModel, InfeasibleError, balance
+from orchmllm import CostModel, InfeasibleError, balance, balance_microbatches
 from orchmllm.balancers.kernels import karmarkar_karp, lpt
 from orchmllm.balancers.kernels.reference import dense_kk, heap_lpt
 from orchmllm.balancers.problem import make_problem
@@ -116,3 +116,22 @@ def test_regression_free_items_holding_huge_tokens_are_placed_without_overflow()
     costs = np.array([1.0, 2.0, 0.0, 0.0, 3.0, 0.0])
     plan = balance(lengths, 2, costs=costs)
     assert plan.makespan == 3.0 and int(plan.tokens.sum()) == int(lengths.sum())
+
+
+def test_regression_micro_batches_send_items_of_cost_0_home_where_their_cells_have_room():
+    """probe24 P24-09: `balance_microbatches(..., sources=)` moved items of cost 0 that fit on their source rank (61 %
+    of the moved bytes on tiny instances); they go home, into their own micro-batch or the source's roomiest cell,
+    within every cell's budget, and no cell's cost changes."""
+    lengths = [26, 14, 16, 3, 4, 1, 9, 40, 32, 45, 25, 30, 48, 36, 31, 27]
+    costs = [26, 14, 0, 3, 0, 1, 0, 40, 32, 0, 0, 0, 0, 36, 31, 27]
+    sources = [3, 1, 1, 3, 3, 3, 1, 2, 3, 2, 3, 2, 2, 1, 3, 0]
+    plan = balance_microbatches(lengths, 4, max_tokens_per_microbatch=96, costs=costs, sources=sources)
+    assert plan.rank[[4, 10, 11, 12]].tolist() == [3, 3, 2, 2] and plan.step_cost == 58
+    rng = np.random.default_rng(9)
+    for _ in range(100):
+        num_ranks, lengths, costs, sources = part_free(rng, 24)
+        budget = int(lengths.max()) * 3
+        plan = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, costs=costs, sources=sources)
+        alone = balance_microbatches(lengths, num_ranks, max_tokens_per_microbatch=budget, costs=costs)
+        assert plan.cell_tokens.max() <= budget and np.isfinite(plan.step_cost) and alone.num_microbatches > 0
+        assert np.bincount(plan.microbatch, minlength=plan.num_microbatches).all()  # none emptied
