@@ -149,8 +149,9 @@ def solve(request: BalanceRequest) -> BalancePlan:
     else:
         assignment = result.assignment
         if origins is not None:
-            assignment = _free_items_home(problem, balance_locally(problem, assignment, origins,
-                                                                   request.makespan_slack, request.fill), origins)
+            assignment = balance_locally(problem, assignment, origins, request.makespan_slack, request.fill)
+    if origins is not None:
+        assignment = _free_items_home(problem, assignment, origins)
     if request.certified and not request.built_in:
         cross_examine(problem, result.lower_bound, bound, algorithm)
     seconds = time.perf_counter() - start
