@@ -172,8 +172,9 @@ def solve_each(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchR
     """`solve_with_plain_step` without the fewest micro-batches' plan (`_fewest_plan`): the cells planned for M.
     A pipeline's start and PP-unaware baseline (`balance_microbatches(pipeline=...)`): the fewest's plan, kept
     without a pipeline where its Σ_m max is lower, packs the items into fewer micro-batches, and the pipeline
-    search started from it ended up to 6.3 % slower on 23 of 121 held-out rows (rev15 R15-05)."""
-    return _one_microbatch(problem) if num_microbatches == 1 else _solve(problem, num_microbatches)
+    search started from it ended up to 6.3 % slower on 23 of 121 held-out rows (rev15 R15-05); nor the joint
+    greedy `_greedy_pays` adds (rev16 R16-11: 5 of 180 held-out pipeline rows 1.2-6.1 % slower, none faster)."""
+    return _one_microbatch(problem) if num_microbatches == 1 else _solve(problem, num_microbatches, None, False)
 
 
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
@@ -215,10 +216,11 @@ def _fewest_plan(problem: MicroBatchProblem, one_microbatch: bool) -> MicroBatch
 
 
 @in_canonical_order
-def _solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None) -> MicroBatchResult | None:
+def _solve(problem: MicroBatchProblem, num_microbatches: int, above: float | None = None,
+           greedy_pays: bool = True) -> MicroBatchResult | None:
     """Exact search for the smallest instances, the better of the joint greedy and the cell
     LPT (both searched) up to GREEDY_MAX_WORK item-cell pairs, the cell LPT alone above (with the greedy
-    where `_greedy_pays`); the
+    where `_greedy_pays`, if `greedy_pays`); the
     plan of least step cost (the first on ties).  `above`: a cost the caller already holds
     (searches stop where their plans provably end above it, `microbatch_search.improve`)."""
     if problem.num_items <= microbatch_exact.MAX_ITEMS:
@@ -235,7 +237,7 @@ def _solve(problem: MicroBatchProblem, num_microbatches: int, above: float | Non
     if not results:
         # the cell LPT found no room under the budget; the joint greedy may still find some
         return None if microbatch_greedy.solve in kernels else microbatch_greedy.solve(problem, num_microbatches, above)
-    if len(results) == 1 and _greedy_pays(problem, num_microbatches, results[0]):
+    if greedy_pays and len(results) == 1 and _greedy_pays(problem, num_microbatches, results[0]):
         results += [result for result in [microbatch_greedy.solve(problem, num_microbatches, above)] if result]
     if len(results) == 1:
         return results[0]  # nothing to compare it with
