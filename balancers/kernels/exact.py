@@ -50,12 +50,7 @@ def solve(problem: Problem) -> KernelResult:
         try:
             return ilp.solve(dataclasses.replace(problem, time_limit=left))
         except SizeLimitError as size:  # exact gave up: say so as a heuristic would (probe23 P23-06: it named 'ilp'
-            raise InfeasibleError(  # and "use 'auto'", whose own refusal pointed at 'ilp')
-                f"algorithm 'exact' found no plan under max_tokens_per_rank={problem.max_tokens_per_rank}: "
-                f"auto's plans overflow it, and the MILP that would decide is over its size limit at "
-                f"{problem.num_items} items × {problem.num_ranks} ranks (`exact.ilp.MAX_BINARIES`); auto fits under "
-                f"a cap of {error.min_cap}, and a smaller one may still be feasible", min_cap=error.min_cap,
-                heuristic="exact") from size
+            raise _gave_up(problem, error, "plan") from size  # and "use 'auto'", whose refusal pointed at 'ilp')
         except TimeoutError as timeout:
             raise TimeoutError(f"{timeout} (the MILP's share of exact's time_limit={time_limit} s, after the optimum "
                                f"without the cap did not fit it)") from timeout
@@ -86,12 +81,18 @@ def solve_equal_counts(problem: Problem) -> KernelResult:
     except InfeasibleError as error:
         if error.heuristic is None:
             raise
-        raise InfeasibleError(
-            f"algorithm 'exact' found no equal-count plan under max_tokens_per_rank={problem.max_tokens_per_rank}: "
-            f"auto's overflow it, and the MILP that would decide is over its size limit at {problem.num_items} "
-            f"items × {problem.num_ranks} ranks (`exact.ilp.MAX_BINARIES`); auto fits under a cap of "
-            f"{error.min_cap}, and a smaller one may still be feasible", min_cap=error.min_cap,
-            heuristic="exact") from error
+        raise _gave_up(problem, error, "equal-count plan") from error
     bound = lower_bound(problem)
     proven = float(rank_loads(problem, plan).max()) <= bound
     return KernelResult(plan, Status.OPTIMAL if proven else Status.FEASIBLE, bound)
+
+
+def _gave_up(problem: Problem, refusal: InfeasibleError, what: str) -> InfeasibleError:
+    """'exact''s refusal where auto's `refusal` (a heuristic's) stands and the MILP that would decide is over its
+    size: a heuristic that gave up, naming itself and the cap auto meets."""
+    return InfeasibleError(
+        f"algorithm 'exact' found no {what} under max_tokens_per_rank={problem.max_tokens_per_rank}: auto's "
+        f"{'plans overflow' if what == 'plan' else 'overflow'} it, and the MILP that would decide is over its size "
+        f"limit at {problem.num_items} items × {problem.num_ranks} ranks (`exact.ilp.MAX_BINARIES`); auto fits under "
+        f"a cap of {refusal.min_cap}, and a smaller one may still be feasible", min_cap=refusal.min_cap,
+        heuristic="exact")

@@ -33,16 +33,17 @@ def solve(problem: Problem) -> KernelResult:
     `exact.COMBINATORIAL_MAX_ITEMS` unpadded items, branch and bound decides first (caps
     included) and HiGHS is not started.  Under `equal_counts` the model holds the count rows and
     starts from the equal-count plan (`constraints.equal_counts.solve`; padded: the exact
-    `solve_padded`); 'exact' runs this kernel then.  Raises TimeoutError when no plan was found and infeasibility was not proven in time.
+    `solve_padded`); 'exact' runs this kernel then, within its size.  Raises TimeoutError when no plan
+    was found and infeasibility was not proven in time.
 
     >>> solve(make_problem([7, 7, 6, 6, 4], 2, max_tokens_per_rank=15))
     Traceback (most recent call last):
     ...
     orchmllm.balancers.problem.InfeasibleError: branch and bound proved that no plan fits max_tokens_per_rank=15 on 2 ranks; the smallest cap that works is 16
     """
-    if problem.equal_counts:  # padded: the sorted-runs search is exact; else the equal-count plan starts (branch
-        if problem.padded:  # and bound knows no counts)
-            return equal_counts.solve_padded(problem)
+    if problem.equal_counts and problem.padded:  # the sorted-runs search is exact
+        return equal_counts.solve_padded(problem)
+    if problem.equal_counts:  # the equal-count plan starts (branch and bound knows no counts)
         heuristic = equal_counts.solve
     else:
         heuristic = padded.solve if problem.padded else lpt.solve
