@@ -271,19 +271,20 @@ def _free_items_home(problem: MicroBatchProblem, result, num_microbatches: int, 
     """`result` with its items of cost 0 on their source ranks, in their own micro-batch, else in the source's
     roomiest cell, as far as the cells' token room allows (shortest first; unpadded: a padded cell counts its
     items): they change no cell's cost (probe24 P24-09: 61 % of the bytes moved on tiny instances were theirs)."""
-    away = np.flatnonzero((problem.item_costs == 0) & (result.rank != origins.sources))
-    if problem.padded or not away.size:
+    away = None if problem.padded else np.flatnonzero((problem.item_costs == 0) & (result.rank != origins.sources))
+    if away is None or not away.size:
         return result
     d, rank, microbatch = problem.num_ranks, result.rank.copy(), result.microbatch.copy()
+    kept = np.bincount(microbatch[problem.item_costs > 0], minlength=num_microbatches) > 0  # by a costly item
     for take_roomiest in (False, True):  # its own micro-batch on its source, then the source's roomiest cell
+        if take_roomiest:  # another micro-batch only where a costly item keeps this one
+            away = away[kept[microbatch[away]]]
         room = (problem.max_tokens_per_microbatch
                 - cell_token_sums(problem, microbatch * d + rank, num_microbatches * d)).reshape(num_microbatches, d)
         at = np.argmax(room, axis=0)[origins.sources[away]] if take_roomiest else microbatch[away]
         home = fit_in_turn(at * d + origins.sources[away], problem.lengths[away], room.ravel())
         rank[away[home]], microbatch[away[home]] = origins.sources[away[home]], at[home]
         away = away[~home]
-        kept = np.bincount(microbatch[problem.item_costs > 0], minlength=num_microbatches) > 0
-        away = away[kept[microbatch[away]]]  # another micro-batch only where a costly item keeps this one
     return result._replace(rank=rank, microbatch=microbatch)
 
 

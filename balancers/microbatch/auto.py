@@ -35,7 +35,7 @@ import numpy as np
 from ..kernels import auto
 from ..problem import InfeasibleError, make_problem
 from . import cells as microbatch_cells, exact as microbatch_exact, greedy as microbatch_greedy
-from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, float_sum, step_cost
+from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, step_cost
 from .search import improve, searches
 
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
@@ -193,7 +193,7 @@ def _or_fewest(problem: MicroBatchProblem, num_microbatches: int, plain_step: bo
         return _fewest_plan(problem, plain_step and fewest == 1)
     result = _solve(problem, num_microbatches)
     cost = None if result is None else plan_cost(problem, result, num_microbatches)
-    if cost is not None and cost <= float_sum([problem.cost_bound, num_microbatches * problem.microbatch_overhead]):
+    if cost is not None and cost <= problem.step_bound(num_microbatches):
         return result  # at the bound: the fewest's plan cannot cost less (rev15 R15-06: 4.1x the time for it)
     fewer = _fewest_plan(problem, plain_step and fewest == 1)
     if fewer is None or result is None:
@@ -254,5 +254,4 @@ def _greedy_pays(problem: MicroBatchProblem, num_microbatches: int, result: Micr
     if num_microbatches == 1 or pairs > GREEDY_MAX_PAIRS or microbatch_greedy.scans(problem) or \
             (limit is not None and pairs > limit * microbatch_exact.GREEDY_CELLS_PER_SECOND):
         return False
-    bound = float_sum([problem.cost_bound, num_microbatches * problem.microbatch_overhead])
-    return plan_cost(problem, result, num_microbatches) > bound * (1.0 + GREEDY_GAP)
+    return plan_cost(problem, result, num_microbatches) > problem.step_bound(num_microbatches) * (1.0 + GREEDY_GAP)

@@ -50,7 +50,7 @@ from ..locality.reach import ranks_left_over
 from ..locality.repair import REPAIR_SEARCHES, repair
 from ..origins import Origins
 from .auto import plain_step, plan_cost, solve, solve_each
-from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem, float_sum
+from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
 
 MAX_FILL = 0.99  # tokens / (M · D · T) above which the cells deal is not tried: of 552 cells deals that met their
 # maxima (17 workloads, 64 x 16 .. 512 x 32, T 8k-64k, seeds 0-2) none filled more than 0.981, and 18 deals missed
@@ -73,7 +73,7 @@ def solve_near_sources(problem: MicroBatchProblem, num_microbatches: int, cells=
     if num_microbatches != 1:
         return result
     cost = None if result is None else plan_cost(problem, result, 1)
-    if cost is not None and cost <= float_sum([problem.cost_bound, problem.microbatch_overhead]) * (1 + ROOM_GAP):
+    if cost is not None and cost <= problem.step_bound(1) * (1 + ROOM_GAP):
         return result
     plain = plain_step(problem)
     if plain is None or (cost is not None and cost <= plan_cost(problem, plain, 1) * (1 + ROOM_GAP)):

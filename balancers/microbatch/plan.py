@@ -82,6 +82,10 @@ class MicroBatchProblem(SortedItems):
         return step_cost_bound(self.item_costs, self.lengths, self.num_ranks, self.max_tokens_per_microbatch,
                                self.total_cost)
 
+    def step_bound(self, num_microbatches: int) -> float:
+        """The step no plan of `num_microbatches` micro-batches beats: `cost_bound` and their overheads."""
+        return float_sum([self.cost_bound, num_microbatches * self.microbatch_overhead])
+
 
 def balancing_problem(lengths: np.ndarray, costs: np.ndarray, num_ranks: int, cap: int,
                       order: np.ndarray | None = None, sorted_costs: np.ndarray | None = None) -> Problem:
@@ -378,7 +382,7 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     claimed = _claimed_step_bound(problem, result, loads, algorithm)
     fixed = floor_microbatches is None
     floor_m = num_microbatches if fixed else floor_microbatches
-    bound = float_sum([problem.cost_bound, floor_m * overhead])
+    bound = problem.step_bound(floor_m)
     if proven_bound is not None:
         bound = max(bound, float(proven_bound))
     bound = rounded_up(bound, cost, problem.num_ranks,
