@@ -147,6 +147,7 @@ class _PassPlans:
 
     def __init__(self, lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int):
         self.lengths, self.context, self.plans, self.bounds = lengths, (num_ranks, spec, cost, budget), {}, {}
+        self.certified: dict[bytes, bool] = {}  # `certified_none` of each set, judged once
 
     def __call__(self, items: np.ndarray) -> ContextParallelPlan | None:
         key = np.asarray(items, dtype=np.int64).tobytes()
@@ -156,11 +157,16 @@ class _PassPlans:
 
     def certified_none(self, items: np.ndarray) -> bool:
         """True where `dual_feasible` proves that `items` have no layout in one micro-batch (`self(items)` is None
-        then, unplanned); False at once for a set planned with a layout."""
-        if self.plans.get(np.asarray(items, dtype=np.int64).tobytes()) is not None:
+        then, unplanned); False at once for a set planned with a layout.  Each set judged once (the fills, the
+        grouping's plans and the spill's search ask again)."""
+        key = np.asarray(items, dtype=np.int64).tobytes()
+        if self.plans.get(key) is not None:
             return False
-        num_ranks, spec, _, budget = self.context
-        return cannot_lay_out(self.lengths[items], num_ranks, np.array(spec.degrees, dtype=np.int64), budget)
+        if key not in self.certified:
+            num_ranks, spec, _, budget = self.context
+            self.certified[key] = cannot_lay_out(self.lengths[items], num_ranks, np.array(spec.degrees, dtype=np.int64),
+                                                 budget)
+        return self.certified[key]
 
     def bound(self, items: np.ndarray) -> float:
         """The split planner's bound of `items` in one micro-batch, below its plan's peak (0 where it has none),
