@@ -45,7 +45,7 @@ import numpy as np
 
 from ..balancers.plan import relative_gap
 from ..balancers.validation import as_index, is_int
-from .samples import Batch, constant, counting, group_order, is_counting
+from .samples import Batch, constant, counting, every_segment, group_order
 from .shards import SampleChunks, ShardTable, TextPieces, _frozen, any_nonzero, split_layout, split_pieces
 from .stages import Stage
 
@@ -419,10 +419,9 @@ def _sole_stage(batch: Batch, encoder_plans, stage_of_modality: np.ndarray) -> i
     """The encoder stage whose plan holds every segment of `batch` in order (`counting`'s items), all of its
     modality, the other stages none; None where there is no such stage."""
     sole = None if batch.sole_modality is None else int(stage_of_modality[batch.sole_modality])
-    if sole is None or sole < 0 or not is_counting(encoder_plans[sole].item_segment):
+    if sole is None or sole < 0 or not every_segment(batch, encoder_plans[sole].item_segment):
         return None
-    sizes = [plan.item_segment.size for plan in encoder_plans]
-    return sole if sizes[sole] == batch.num_segments and sum(sizes) == sizes[sole] else None
+    return sole if sum(plan.item_segment.size for plan in encoder_plans) == batch.num_segments else None
 
 
 def _compose_pieces(batch: Batch, stages: tuple[Stage, ...], stage_plans: tuple[StagePlan, ...],

@@ -43,7 +43,7 @@ from ..topology import PLACEMENTS, place
 from .frames import split_frames, stage_costs, stage_frames, stage_pricing
 from .options import LOCALITY, as_topology, plan_options
 from .pipeline import cell_costs, planned_run, under_llm_costs
-from .plan import StagePlan, _frozen, compose, constant, counting, offsets_within_rank
+from .plan import StagePlan, _frozen, compose, constant, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import chunk_ranks, split_layout
 from .stages import (Stage, StageItems, check_microbatched_llm, check_stages, input_bytes, item_tokens,

@@ -159,6 +159,11 @@ def is_counting(array: np.ndarray) -> bool:
             and array.__array_interface__["data"][0] == _COUNT.__array_interface__["data"][0])
 
 
+def every_segment(batch, segments: np.ndarray) -> bool:
+    """Whether `segments` are every segment of `batch` in order, told without reading them (`counting`'s)."""
+    return is_counting(segments) and segments.size == batch.num_segments
+
+
 _CONSTANTS: dict[int, np.ndarray] = {}
 
 

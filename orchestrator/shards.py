@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..balancers.validation import as_index
-from .samples import Batch, constant, group_order, is_counting
+from .samples import Batch, constant, every_segment, group_order
 
 
 def _frozen(array, dtype=np.int64) -> np.ndarray:
@@ -349,5 +349,4 @@ def _searched(starts: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
 def chunk_ranks(batch: Batch, chunks: SampleChunks, segments: np.ndarray) -> np.ndarray:
     """The LLM rank that receives the first embedding row of each of `segments`: its sample's chunk holding that row
     (`SampleChunks.segment_chunk`, `rank`)."""
-    every = is_counting(segments) and segments.size == batch.num_segments  # the segments' own column, no gather
-    return chunks.rank[chunks.segment_chunk if every else chunks.segment_chunk[segments]]
+    return chunks.rank[chunks.segment_chunk if every_segment(batch, segments) else chunks.segment_chunk[segments]]

@@ -23,7 +23,7 @@ import numpy as np
 from ..balancers import CostModel, get_algorithm
 from ..balancers.problem import InfeasibleError
 from ..balancers.validation import as_bool, as_real, is_int
-from .samples import Batch, constant, counting, is_counting
+from .samples import Batch, constant, counting, every_segment
 
 LLM = "llm"
 
@@ -165,11 +165,6 @@ def input_bytes(batch: Batch, stages, stage: Stage) -> np.ndarray:
     return np.asarray(stage_items(batch, stage).length * stage.input_bytes_per_unit, dtype=np.float64)
 
 
-def _every_segment(batch: Batch, segments: np.ndarray) -> bool:
-    """Whether `segments` are every segment of `batch` in order, told without reading them (`counting`'s)."""
-    return is_counting(segments) and segments.size == batch.num_segments
-
-
 def stage_items(batch: Batch, stage: Stage) -> StageItems:
     """The items of `stage`: its modality's segments, or every sample for the LLM (read-only, so that
     the balancer takes the lengths without a copy; the batch's own columns where its segments are all
@@ -177,7 +172,7 @@ def stage_items(batch: Batch, stage: Stage) -> StageItems:
     if stage.is_llm:
         items = StageItems(counting(batch.num_samples), constant(-1, batch.num_samples),
                            batch.sample_llm_length)
-    elif _every_segment(batch, segments := batch.segments_of(stage.modality)):
+    elif every_segment(batch, segments := batch.segments_of(stage.modality)):
         items = StageItems(batch.segment_sample, segments, batch.segment_length)
     else:
         items = StageItems(batch.segment_sample[segments], segments, batch.segment_length[segments])
@@ -190,4 +185,4 @@ def item_tokens(batch: Batch, stage: Stage, items: StageItems) -> np.ndarray:
     """The LLM tokens each item produces: a segment's embeddings, or a sample's whole sequence."""
     if stage.is_llm:
         return items.length
-    return batch.segment_tokens if _every_segment(batch, items.segment) else batch.segment_tokens[items.segment]
+    return batch.segment_tokens if every_segment(batch, items.segment) else batch.segment_tokens[items.segment]
