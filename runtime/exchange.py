@@ -365,8 +365,8 @@ def _exchange(pieces: Sequence[Piece], transport, stats: dict | None, what: str 
 
     received = np.stack([meta.receive_counts(rows) * row_bytes for meta, _, rows, _, row_bytes in plans], axis=1)
     per_source = torch.split(arrived, (received.sum(axis=1) + flows.pair).tolist())
-    headers = None if header is None else np.stack([segment[:flows.pair].cpu().numpy().view(np.int64)
-                                                    for segment in per_source])
+    headers = None if header is None else torch.stack([segment[:flows.pair] for segment in per_source]).cpu(
+        ).numpy().view(np.int64)  # one device-to-host copy for every source's header
     parts = [torch.split(segment[flows.pair:], received[s].tolist()) for s, segment in enumerate(per_source)]
     outputs = []
     for number, (meta, tensor, rows, _, row_bytes) in enumerate(plans):

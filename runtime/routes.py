@@ -210,10 +210,11 @@ def site_pieces(batch, keys, sharding, per_item_keys, home: bool, sums=frozenset
 
 def expected_pieces(sharding, home: bool, device) -> Callable:
     """`exchange.Reference.pieces` of a site along `sharding`'s route (`home`: its inverse): zero pieces of a
-    schema, of the rows the site's pieces of that schema would have on this rank."""
-    route = sharding.route.inverse() if home else sharding.route
+    schema, of the rows the site's pieces of that schema would have on this rank (the route built only where
+    they are: after a miss)."""
 
     def pieces(schema) -> list[Piece]:
+        route = sharding.route.inverse() if home else sharding.route
         made = []
         for entry in schema:
             per_item = entry.rows_per_item != -1  # a row per item (1), or per group rank of a split one (-2)
