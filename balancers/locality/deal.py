@@ -125,7 +125,10 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
     else:
         state.destinations[items[stays]] = homes[stays]
         rest = items[rest]
-    keys, cost_rank, pointer, ends, ranks = _by_segment(state, sources[rest], rest)
+    rest_homes = sources[rest]
+    if one_cost is not None and state.cap == np.inf and _kept_in_counts(state, rest, rest_homes, margin):
+        return
+    keys, cost_rank, pointer, ends, ranks = _by_segment(state, rest_homes, rest)
     cost_sums = None  # the j-th of one cost is j · cost: not stored
     if one_cost is None:
         cost_sums = _prefix_sums(state.sorted_costs[:cost_rank.size] if state.uniform
@@ -152,6 +155,50 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
         left = pointer < ends
         ranks, pointer, ends = ranks[left], pointer[left], ends[left]
 
+
+
+def _kept_in_counts(state: PartialPlan, rest: np.ndarray, homes: np.ndarray, margin: float) -> bool:
+    """`keep_home`'s rounds over the items `rest` (ascending; `homes` theirs) where every item costs the same, every
+    sum of costs is exact (`PartialPlan.exact_cost`) and no cap binds: the same rounds in counts per rank, at the
+    same places in the keys (home, index) and with the same loads, but without the keys.  A rank then keeps the first
+    of its items; a round that keeps none moves past one item (rounding), and where the rank keeps one after that,
+    nothing is done (False): the caller makes the rounds on the keys.  The kept items are read off the runs of
+    equal homes (a sample's frames share theirs): a few thousand runs, not a sort of 10^5 keys."""
+    cost, num_ranks = state.exact_cost, state.loads.size
+    run_start = np.concatenate(([0], np.flatnonzero(homes[1:] != homes[:-1]) + 1)) if rest.size else rest
+    run_length, run_home = np.diff(run_start, append=rest.size), homes[run_start]
+    counts = np.bincount(run_home, weights=run_length, minlength=num_ranks).astype(np.int64)
+    ranks = np.flatnonzero(counts)
+    ends = np.cumsum(counts[ranks])
+    first = ends - counts[ranks]  # each rank's first key
+    loads, kept = state.loads.copy(), np.zeros(ranks.size, dtype=np.int64)
+    live, pointer = np.arange(ranks.size), first
+    while live.size:
+        room = state.target - loads[ranks[live]]
+        position = np.where(cost <= room, pointer, ends[live])  # `_first_fitting` of one cost
+        alive = position < ends[live]
+        live, position, room = live[alive], position[alive], room[alive]
+        on = ranks[live]
+        run_end = _last_multiple(cost, position * cost + room - margin, rest.size)
+        run_end = np.minimum(np.maximum(run_end, position + (loads[on] + cost <= state.target)), ends[live])
+        count = run_end - position
+        if np.any((count > 0) & (position != first[live] + kept[live])):
+            return False
+        kept[live] += count
+        loads[on] += count * cost  # `put_runs`' bincount of count copies: exact
+        pointer = np.maximum(run_end, position + 1)
+        left = pointer < ends[live]
+        live, pointer = live[left], pointer[left]
+    state.loads[:] = loads
+    kept_of, first_of = np.zeros(num_ranks, dtype=np.int64), np.zeros(num_ranks, dtype=np.int64)
+    kept_of[ranks], first_of[ranks] = kept, first
+    by_home = np.argsort(run_home, kind="stable")
+    before = np.empty_like(run_length)  # the run's home's items in its earlier runs
+    before[by_home] = np.cumsum(run_length[by_home]) - run_length[by_home] - first_of[run_home[by_home]]
+    take = np.clip(kept_of[run_home] - before, 0, run_length)
+    state.destinations[rest[np.repeat(run_start - np.cumsum(take) + take, take) + np.arange(int(take.sum()))]] = (
+        np.repeat(run_home, take))
+    return True
 
 
 @functools.lru_cache(maxsize=64)
