@@ -33,7 +33,7 @@ from ..locality.deal import NoRoom
 from ..locality.lap import assign_groups, assign_groups_greedily
 from ..locality.redeal import redeal_equal_items
 from ..orders import sealed
-from ..origins import Origins, as_origins, fit_in_turn
+from ..origins import Origins, as_origins
 from ..plan import LOCALITY_SUFFIX
 from ..pipeline.planner import plan_for_pipeline
 from ..pipeline.profile import flat_profile
@@ -45,11 +45,10 @@ from ..validation import as_bool
 from . import auto as microbatch_auto, exact as microbatch_exact
 from .auto import plan_cost
 from .bounds import min_bins
-from .locality import MAX_LPT_ROUNDS, keep_cells_local, solve_each_near_sources, solve_near_sources
+from .locality import MAX_LPT_ROUNDS, free_items_home, keep_cells_local, solve_each_near_sources, solve_near_sources
 from .options import MicroBatchOptions, microbatch_options
-from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, cell_loads, cell_token_sums,
-                   check_step_cost,
-                   checked_kernel, float_sum, make_microbatch_plan, step_cost, within_budget)
+from .plan import (MicroBatchKernel, MicroBatchPlan, MicroBatchProblem, balancing_problem, cell_loads,
+                   check_step_cost, checked_kernel, float_sum, make_microbatch_plan, step_cost, within_budget)
 
 WORK_PER_SECOND = 20_000_000  # operations `time_limit` buys: a budget, never a clock
 DEFAULT_WORK = 1_000_000
@@ -267,27 +266,6 @@ def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, origi
     return _redealt(problem, result._replace(rank=rank), num_microbatches, origins)
 
 
-def _free_items_home(problem: MicroBatchProblem, result, num_microbatches: int, origins: Origins):
-    """`result` with its items of cost 0 on their source ranks, in their own micro-batch, else in the source's
-    roomiest cell, as far as the cells' token room allows (shortest first; unpadded: a padded cell counts its
-    items): they change no cell's cost (probe24 P24-09: 61 % of the bytes moved on tiny instances were theirs)."""
-    away = None if problem.padded else np.flatnonzero((problem.item_costs == 0) & (result.rank != origins.sources))
-    if away is None or not away.size:
-        return result
-    d, rank, microbatch = problem.num_ranks, result.rank.copy(), result.microbatch.copy()
-    kept = np.bincount(microbatch[problem.item_costs > 0], minlength=num_microbatches) > 0  # by a costly item
-    for take_roomiest in (False, True):  # its own micro-batch on its source, then the source's roomiest cell
-        if take_roomiest:  # another micro-batch only where a costly item keeps this one
-            away = away[kept[microbatch[away]]]
-        room = (problem.max_tokens_per_microbatch
-                - cell_token_sums(problem, microbatch * d + rank, num_microbatches * d)).reshape(num_microbatches, d)
-        at = np.argmax(room, axis=0)[origins.sources[away]] if take_roomiest else microbatch[away]
-        home = fit_in_turn(at * d + origins.sources[away], problem.lengths[away], room.ravel())
-        rank[away[home]], microbatch[away[home]] = origins.sources[away[home]], at[home]
-        away = away[~home]
-    return result._replace(rank=rank, microbatch=microbatch)
-
-
 def _redealt(problem: MicroBatchProblem, result, num_microbatches: int, origins: Origins):
     """`result` with its items of equal length re-dealt among its cells (`redeal_equal_items`), unless a float
     sum in another order lifts a micro-batch's max."""
@@ -485,7 +463,7 @@ def plan_microbatches(lengths, num_ranks, options: MicroBatchOptions, *, cost=No
             local = _keep_local(problem, result, m, origins)
         if moved(result.rank, origins) < moved(local.rank, origins):  # the plain cells move fewer bytes
             local = result
-        result = _free_items_home(problem, local._replace(status=Status.FEASIBLE), m, origins)
+        result = free_items_home(problem, local._replace(status=Status.FEASIBLE), m, origins)
         name = f"{algorithm}{LOCALITY_SUFFIX}"
     seconds = time.perf_counter() - start
     return make_microbatch_plan(problem, result, m, name, floor_microbatches=floor_m, proven_bound=proven,
