@@ -35,27 +35,26 @@ could gain.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels.lpt import greedy_from
-from ..microbatch.cells import lpt_cells
 from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
-from ..problem import Status, integer_values
+from ..problem import Status
 from .bounds import step_bound
 from .free import without_free_items
 from .order import deal, mountain, places
-from .profile import best_profile, pinned_scales
+from .profile import best_profile
 from .schedules import replica_times, step_rows
 from .search import STOP_GAP, SUMS_DRIFT, CellSearch, stalls_at_once
+from .shaped import first_from_below, lpt_shaped, overflowing
 from .spec import Pipeline
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
 DEFAULT_WORK = 20_000_000
-SCALE_RANGE, SCALE_STEPS = 4.0, 12  # the level scale's range and bisection steps (`_starts`)
 PROBE_ROWS = 16  # replicas of a shaped start timed to show it slower than the other (`_start_times`)
 STALL_ROWS, PROVEN_FROM = 64, 512  # a start's replicas timed to show its step and its search's stall (`_proving_rows`)
 
@@ -105,88 +104,6 @@ def cell_costs(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray
     return loads.T + problem.microbatch_overhead, np.ascontiguousarray(tokens.T)
 
 
-def lpt_shaped(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline, mean: float,
-               most: bool = False) -> tuple | None:
-    """(replica, slot) per item of cells cut afresh into the schedule's best shape x (`profile.best_profile`),
-    and their `cell_accounts` (loads, tokens), (M, D) each, where the integer LPT below summed them (else None):
-    LPT over all M·D cells within the budget (`microbatch.cells.lpt_cells`), the D cells of slot k starting
-    X̄·(max x - x_k) up so that they end near X̄·x_k (X̄ = `mean` = Σ c / D + M·o), replica r running cell
-    k·D + r in slot k; None where LPT finds no room.  The placeholders cost 2·max c + the offsets rounded to
-    2**-30 of max c (to whole units below 2**30 where the costs are integers), so integer costs stay on LPT's
-    integer keys (`lpt`: loads below 2**53 units); there, and where the cells fit the budget uncapped, the
-    same LPT runs from the offsets as start loads (`lpt.greedy_from`), without the placeholders, its exact
-    sums the cells' costs.  The start loads are raised where items overflow a cell (`_starts`; `most`: where more
-    than D do, the D largest)."""
-    m, d = num_microbatches, problem.num_ranks
-    shape = best_profile(pipeline, m)[1]
-    offsets = mean * (shape.max() - shape)
-    top = float(problem.sorted_costs[0]) if problem.num_items else 0.0
-    unit = 2.0 ** (np.frexp(top)[1] - 30)
-    if unit < 1 and integer_values(problem.sorted_costs) is not None:
-        unit = 1.0
-    offsets = np.round(offsets / unit) * unit
-    base = 2.0 * top if top > 0 else 1.0
-    slot_of = np.lexsort((np.arange(m), -(base + offsets)))  # cell k·D + r holds the k-th placeholder's slot
-    replica_of, slot_of_cell = np.tile(np.arange(d), m), np.repeat(slot_of, d)
-    start = _starts(problem, pipeline, mean, offsets, slot_of, unit, most)
-    greedy = greedy_from(problem.sorted_costs, m * d, problem.cost_order, start, problem.lengths)
-    if greedy is not None:
-        cell, sums, tokens = greedy  # the tokens where the plain planner's LPT summed them (flat shape)
-        tokens = cell_token_sums(problem, cell, m * d) if tokens is None else tokens
-        if tokens.max() <= problem.max_tokens_per_microbatch:
-            in_slots = np.argsort(slot_of)  # row k: the cells run in slot k
-            return (np.take(replica_of, cell), np.take(slot_of_cell, cell),
-                    (sums.reshape(m, d)[in_slots], tokens.reshape(m, d)[in_slots]))
-    cell = lpt_cells(problem, m, offsets, base)  # capped where the budget needs it
-    return None if cell is None else (np.take(replica_of, cell), np.take(slot_of_cell, cell), None)
-
-
-def overflowing(problem: MicroBatchProblem, pipeline: Pipeline, num_microbatches: int, mean: float) -> int:
-    """How many items overflow the best shape's largest target X̄·x_top alone (cost + o above it), up to D + 1."""
-    top = mean * float(best_profile(pipeline, num_microbatches)[1].max())
-    cells = problem.sorted_costs[:problem.num_ranks + 1] + problem.microbatch_overhead
-    return int(np.searchsorted(-cells, -top, side="left"))
-
-
-def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets: np.ndarray, slot_of: np.ndarray,
-            unit: float, most: bool = False) -> np.ndarray:
-    """`lpt_shaped`'s start loads of the cells (cell k·D + r in slot slot_of[k]), rounded to `unit`: the offsets,
-    and where at most D items overflow the largest target X̄·x_top alone (cost + o above it), the other cells of
-    the replicas that take them start higher.
-
-    LPT puts the largest items first on the cells of least start, ties by index: item j < k in cell k0·D + j
-    (k0 the first slot of the largest target).  Such an item makes its replica slow in any cell; there the
-    other cells are filled to λ_j·s·their target (`profile.pinned_scales`: the time of replica j then meets the
-    target's, scaled by s), and s, the level every other cell is filled to, is where the replicas hold every
-    cost: D·X̄ = (D - k)·s·X̄ + Σ_j (c_j + o) + λ_j·s·(X̄ - X̄·x_top) (bisected).  More than D such items (a
-    replica would hold several; D = 2560 × 32 at M = 16: 9000-12000): the offsets alone, or with `most` the D
-    largest taken so (the other cells then fill unevenly: at D = 2560, M = 16 the 1F1B and interleaved starts
-    1.065 and 1.022x the bound, GPipe 1.65x, where the offsets alone give 1.38, 1.25 and 1.54x; `arrange` times
-    both and searches the faster, GPipe both)."""
-    m, d = slot_of.size, problem.num_ranks
-    start, shape = offsets[slot_of], best_profile(pipeline, m)[1]
-    pinned = overflowing(problem, pipeline, m, mean)
-    pinned = min(pinned, d) if most else pinned
-    if pinned == 0 or pinned > d or m == 1:
-        return np.repeat(start, d)
-    k0 = int(np.argmin(start))  # the first placeholder of least offset (largest target): slot slot_of[k0]
-    target = mean * shape
-    ratios, scales = pinned_scales(pipeline, m)
-    cells, rest = (problem.sorted_costs[:pinned] + problem.microbatch_overhead) / mean, 1.0 - float(shape.max())
-    low, high = 1.0, SCALE_RANGE  # s, bisected: what the replicas hold, over X̄, rises with it
-    for _ in range(SCALE_STEPS):
-        level = 0.5 * (low + high)
-        held = (d - pinned) * level + float(cells.sum()) + float(np.interp(cells / level, ratios, scales).sum()) \
-            * level * rest
-        low, high = (level, high) if held < d else (low, level)
-    kept = np.interp(cells / high, ratios, scales)
-    start = np.round(high * (float(target.max()) - target[slot_of]) / unit) * unit
-    starts = np.repeat(start[:, None], d, axis=1)  # (M, D): row k the k-th placeholder's cells
-    starts[:, :pinned] += np.round((1 - kept)[None, :] * high * target[slot_of][:, None] / unit) * unit
-    starts[k0, :pinned] = start[k0]
-    return starts.ravel()
-
-
 def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: np.ndarray, num_ranks: int,
                      num_microbatches: int) -> np.ndarray | None:
     """The cells' first-stage parts (D, M), summed in item order like `cell_costs`; None without them."""
@@ -214,19 +131,16 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     bound = _bound(problem, pipeline, np.array([num_microbatches]), first_stage)
     floor = max(tau * mean * (1 + STOP_GAP), bound)
     cells, placed, summed = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {0: accounts}
-    if not problem.padded:  # the items cut afresh into the best shape; two ways where more than D items overflow
-        for most in (False, True)[:1 + (overflowing(problem, pipeline, num_microbatches, mean) > d)]:
-            _add_start(problem, (placed, cells, summed), lpt_shaped(problem, num_microbatches, pipeline, mean, most),
-                       first_stage)
+    times, partial = _shaped_starts(problem, pipeline, num_microbatches, mean, (placed, cells, summed), first_stage)
     shaped = range(1, len(cells))
-    times, partial = _start_times(pipeline, cells, len(shaped) == 2 and pipeline.schedule != "gpipe")
     best = _fastest(times)
     if float(times[best].max()) <= floor:  # the search would stop at once (`search`)
         return _start(pipeline, (placed, cells, summed), times, partial, best)
-    reordered = _add_reordered(problem, pipeline, (placed, cells), rank, microbatch)
-    rows = [_proving_rows(cell, STALL_ROWS) for cell in cells[len(times):]]
-    partial.update(len(times) + index for index, row in enumerate(rows) if row is not None)
-    times += _timed(pipeline, cells[len(times):], rows) if rows else []
+    reordered, shown = _add_reordered(problem, pipeline, (placed, cells), rank, microbatch)
+    added = range(len(times), len(cells))
+    rows = [None if index in shown else _proving_rows(cells[index], STALL_ROWS) for index in added]
+    partial.update(index for index, row in zip(added, rows) if row is not None or index in shown)
+    times += _timed(pipeline, [shown.get(index, cells[index]) for index in added], rows) if rows else []
     best = _fastest(times)
     found = None  # (time, the search's answer): the fastest of the searches from the reordered and shaped cells
     faster = min(shaped, key=lambda index: (float(times[index].max()), index), default=None)
@@ -242,7 +156,7 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
             continue  # its search would end where it starts, above the rival (below): its other replicas never timed
         _whole(pipeline, cells, times, partial, begin)
         replica, slot = _places(placed, begin)
-        cost, tokens, firsts = cells[begin]
+        cost, tokens, firsts = _cells(cells, begin)
         if tokens is None:
             tokens = cell_token_sums(problem, slot * d + replica, d * num_microbatches).reshape(-1, d).T
         search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, cost, tokens, replica,
@@ -261,24 +175,65 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     return found[1]
 
 
+def _shaped_starts(problem: MicroBatchProblem, pipeline: Pipeline, m: int, mean: float, starts: tuple,
+                   first_stage: np.ndarray | None) -> tuple[list, set]:
+    """The items cut afresh into the best shape (`lpt_shaped`; two ways where more than D items overflow) added to
+    `starts` (placed, cells, summed: the plain cells alone), and every start's times (`_start_times`).  Of two, 1F1B
+    and interleaved search only the faster: where the first's cells from below (`first_from_below`, uniform stages)
+    run longer than the second's step on some replica, the second alone is made (the first, never the faster, is
+    neither searched nor kept: the same plan), else the first after all, ahead of it as without them."""
+    placed, cells, summed = starts
+    two = not problem.padded and overflowing(problem, pipeline, m, mean) > problem.num_ranks
+    one_searched = two and pipeline.schedule != "gpipe"
+    below = None
+    if one_searched and cells[0][2] is None and problem.num_ranks > 2 * PROBE_ROWS:
+        below = first_from_below(problem, m, pipeline, mean)
+    for most in (False, True)[:(not problem.padded) + two]:
+        if below is None or most:
+            _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean, most), first_stage)
+    if below is None or len(cells) == 1:
+        if below is not None:  # no second start: the first as without the bound
+            _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean), first_stage)
+        return _start_times(pipeline, cells, one_searched and len(cells) == 3)
+    times, partial = _start_times(pipeline, cells, False, below)
+    if float(times.pop().max()) > float(times[1].max()):
+        return times, partial
+    _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean), first_stage)
+    if len(cells) == 3:  # the first ahead of the second
+        times.append(_timed(pipeline, [cells[2]])[0])
+        for listed in (cells, times):
+            listed[1], listed[2] = listed[2], listed[1]
+        for book in (placed, summed):
+            first, second = book.pop(2, None), book.pop(1, None)
+            book.update((index, value) for index, value in ((1, first), (2, second)) if value is not None)
+    return times, partial
+
+
 def _add_reordered(problem: MicroBatchProblem, pipeline: Pipeline, starts: tuple, rank: np.ndarray,
-                   microbatch: np.ndarray) -> list[int]:
+                   microbatch: np.ndarray) -> tuple[list[int], dict]:
     """The plain cells (`starts` = (placed, cells), the plain ones first) reordered in each replica (`order.mountain`)
     and (padded) dealt afresh over the replicas, then reordered (`order.deal`; review11 R11-01), added to `starts`;
     the indices of the starts searched for them.  GPipe's step does not depend on the order (uniform stages:
     `schedules.gpipe_time`), so there the plain cells as planned stand for their reordering (the same step, up to
-    the float sums' order; one walk of every replica fewer)."""
+    the float sums' order; one walk of every replica fewer).  Where the plain cells' STALL_ROWS rows of largest sums
+    hold their step (`_proving_rows`) they hold the reordering's too (a row at most another in every cell stays so,
+    both sorted alike): the reordered cells of those rows alone are returned ({start: its cells there}), the whole
+    made where it is searched or kept (`_cells`; at D = 2560 it mostly stalls at once above the step found)."""
     placed, cells = starts
     cost, tokens, firsts = cells[0]
-    (d, m), searched = cost.shape, []
+    (d, m), searched, shown = cost.shape, [], {}
     if pipeline.schedule == "gpipe" and firsts is None:
         searched.append(0)
     else:
-        order = mountain(cost)  # the plain cells reordered in each replica
-        cells.append(tuple(None if grid is None else np.take_along_axis(grid, order, axis=1)
-                           for grid in (cost, tokens, firsts)))
+        order = functools.cache(lambda: mountain(cost))  # the plain cells reordered in each replica
+        made = lambda: tuple(None if grid is None else np.take_along_axis(grid, order(), axis=1)  # noqa: E731
+                             for grid in (cost, tokens, firsts))
+        rows = _proving_rows(cells[0], STALL_ROWS)
+        cells.append(made if rows is not None else made())
+        if rows is not None:
+            shown[len(cells) - 1] = (np.take_along_axis(cost[rows], mountain(cost[rows]), axis=1), None, None)
         # slot j runs where order holds j; found where the start is searched or kept (`_places`)
-        placed[len(cells) - 1] = lambda: (rank, np.argsort(order, axis=1)[rank, microbatch])
+        placed[len(cells) - 1] = lambda: (rank, np.argsort(order(), axis=1)[rank, microbatch])
         searched.append(len(cells) - 1)
     if problem.padded:
         flat = [None if grid is None else grid.T.ravel() for grid in (cost, tokens, firsts)]  # cell m·D + r
@@ -287,15 +242,22 @@ def _add_reordered(problem: MicroBatchProblem, pipeline: Pipeline, starts: tuple
         cells.append(tuple(None if values is None else values[grid] for values in flat))
         placed[len(cells) - 1] = places(grid, microbatch * d + rank, m)
         searched.append(len(cells) - 1)
-    return searched
+    return searched, shown
 
 
 def _start(pipeline: Pipeline, starts: tuple, times: list, partial: set, index: int) -> tuple:
     """`arrange`'s answer for a start as it is (`starts`: placed, cells, summed), every replica timed."""
     placed, cells, summed = starts
     _whole(pipeline, cells, times, partial, index)
-    cost, _, firsts = cells[index]
+    cost, _, firsts = _cells(cells, index)
     return (*_places(placed, index), float(times[0].max()), (cost, firsts, times[index]), summed.get(index))
+
+
+def _cells(cells: list, index: int) -> tuple:
+    """A start's cells (costs, tokens, first-stage parts), made on first use where that is deferred (`_add_reordered`)."""
+    if callable(cells[index]):
+        cells[index] = cells[index]()
+    return cells[index]
 
 
 def _places(placed: dict, index: int) -> tuple:
@@ -315,7 +277,7 @@ def _proving_rows(cell: tuple, count: int) -> np.ndarray | None:
 def _whole(pipeline: Pipeline, cells: list, times: list, partial: set, index: int) -> None:
     """Start `index` timed on every replica where only the rows holding its step were (in `partial`)."""
     if index in partial:
-        times[index] = _timed(pipeline, [cells[index]])[0]
+        times[index] = _timed(pipeline, [_cells(cells, index)])[0]
         partial.discard(index)
 
 
@@ -384,25 +346,33 @@ def _timed(pipeline: Pipeline, cells: list, rows: list | None = None) -> list:
     return np.split(rows, np.cumsum([cell[0].shape[0] for cell in cells])[:-1])
 
 
-def _start_times(pipeline: Pipeline, cells: list, one_searched: bool) -> tuple[list, set]:
+def _start_times(pipeline: Pipeline, cells: list, one_searched: bool, below: np.ndarray | None = None
+                 ) -> tuple[list, set]:
     """Every start's replica times (`_timed`), the plain cells first, and the starts timed on some replicas alone:
     the plain cells where their reordering is searched instead (not GPipe), on the rows holding their step
     (`_proving_rows`: only it is read unless they are kept); where two shaped starts follow of which only the faster
     is searched (`one_searched`), the first (the offsets alone, slower where more than D items overflow at large D:
     `_starts`) on its PROBE_ROWS replicas of largest cells and of largest sums, and where one of them runs longer
     than the second's step, its times are those replicas' (above the other's step, which is all it is compared
-    by: never the fastest, never searched); else on every replica too."""
+    by: never the fastest, never searched); else on every replica too.  `below`: the first's cells from below, the
+    second alone in `cells` (`_shaped_starts`): its probe replicas' times (at most the first's) follow the starts'."""
     plain = None if pipeline.schedule == "gpipe" else _proving_rows(cells[0], 1)
     partial, size = set() if plain is None else {0}, cells[0][0].shape[0]
+    if below is not None:
+        return _timed(pipeline, cells + [(below, None, None)], [plain, None, _probe_rows(below)]), partial
     if not one_searched or size <= 2 * PROBE_ROWS:
         return _timed(pipeline, cells, [plain] + [None] * (len(cells) - 1)), partial
-    cost = cells[1][0]
-    rows = np.unique(np.concatenate([np.argpartition(score, size - PROBE_ROWS)[size - PROBE_ROWS:] for score in
-                                     (np.maximum.reduce(np.ascontiguousarray(cost.T)), cost.sum(axis=1))]))
-    plain, second, probed = _timed(pipeline, [cells[0], cells[2], cells[1]], [plain, None, rows])
+    plain, second, probed = _timed(pipeline, [cells[0], cells[2], cells[1]], [plain, None, _probe_rows(cells[1][0])])
     if float(probed.max()) > float(second.max()):
         return [plain, probed, second], partial
     return [plain, _timed(pipeline, [cells[1]])[0], second], partial
+
+
+def _probe_rows(cost: np.ndarray) -> np.ndarray:
+    """The PROBE_ROWS replicas of largest cells and of largest sums of cells (D, M), ascending."""
+    size = cost.shape[0]
+    return np.unique(np.concatenate([np.argpartition(score, size - PROBE_ROWS)[size - PROBE_ROWS:] for score in
+                                     (np.maximum.reduce(np.ascontiguousarray(cost.T)), cost.sum(axis=1))]))
 
 
 def _fastest(times: list) -> int:
