@@ -30,7 +30,8 @@ Algorithm:
             not beat the others' peaks + its pass bound, where those are above the goal (`_deferred`: the 95 %-full
             micro-batch of the long workload, 0.3 s; not planned, it is not known to have a layout to repair);
             a later fill's, not where that sum is above the best or the repaired plan's step (the fill cannot beat
-            it), planned in turn only until the peaks found + the others' pass bounds pass it
+            it), planned in turn only until the peaks found + the others' pass bounds (raised where the packing
+            bound proves it, `packing_bound.py`) pass it
     for the fills' best and the repaired plan, the lower step first, the other only where its step is below the
         first's after this, while above the bound by more than 3 %: move items out of the micro-batch furthest
         above its own pass bound into another where both micro-batches' plans lower the step (`regroup.py`); the
@@ -59,6 +60,7 @@ from .repair import repaired_grouping
 from .spec import ContextParallel
 from .split import allot, allowed_degrees, balance_split
 from .microbatch_bound import split_bound
+from .packing_bound import Pieces, raised_floors
 
 FILLS = (0.95, 0.9, 0.85, 0.8, 0.7, 0.5)
 """Shares of a micro-batch's D · T tokens the grouping fills, tried in turn (the fewest micro-batches
@@ -182,6 +184,11 @@ class _PassPlans:
                 self.bounds[key] = 0.0
         return self.bounds[key]
 
+    def pieces(self, items: np.ndarray) -> Pieces:
+        """`items` in one micro-batch for the packing bound (`packing_bound.py`)."""
+        num_ranks, spec, cost, budget = self.context
+        return Pieces(self.lengths[items], num_ranks, spec, cost, budget)
+
     def floor(self, items: np.ndarray) -> float:
         """`bound` a hair lowered (FLOOR_SLACK), below the peak of `self(items)` whatever the float rounding."""
         return self.bound(items) * (1 - FLOOR_SLACK)
@@ -213,7 +220,8 @@ def _assemble(lengths: np.ndarray, microbatch: np.ndarray, passes: list, num_ran
 
 
 def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, ordered, table, room, fixed: bool,
-                 plan_pass: _PassPlans, repair: bool = False, defer: float | None = None, refuse: bool = False) -> tuple:
+                 plan_pass: _PassPlans, repair: bool = False, defer: float | None = None, refuse: bool = False,
+                 packed: bool = False) -> tuple:
     """(the split plan of `num_microbatches` micro-batches (`group_microbatches` of the items `ordered`, then
     the split planner in each, `plan_pass`), or None when some micro-batch finds no layout within the budget;
     with `repair`, the plan of that grouping after its micro-batches without layout spill (`repair.py`), or
@@ -228,7 +236,7 @@ def _split_cells(lengths, num_ranks, spec, budget, overhead, num_microbatches, o
     if refuse and any(plan_pass.certified_none(np.flatnonzero(microbatch == m)) for m in range(num_microbatches)):
         return None, None
     deferred = None if defer is None else _deferred(microbatch, num_microbatches, overhead, plan_pass, defer,
-                                                    None if repair else ordered.times)
+                                                    None if repair else ordered.times, packed)
     if deferred is not None:
         return deferred, None
     return _grouping_planned(lengths, microbatch, num_microbatches, num_ranks, spec, budget, overhead, table,
@@ -244,14 +252,21 @@ class _Deferred:
     floor: float
 
 
-def _deferred(microbatch, num_microbatches, overhead, plan_pass, goal: float, times=None) -> _Deferred | None:
+def _deferred(microbatch, num_microbatches, overhead, plan_pass, goal: float, times=None,
+              packed: bool = False) -> _Deferred | None:
     """The grouping with every micro-batch but that of most items planned, where each has a plan and their
     peaks, the split planner's bound of the one left and the overheads sum above `goal` (the first fill's: the
     fills go on whatever its plan; a later one's: the best step, which it cannot beat); else None.  With the
     items' least `times` (a later fill, whose floor only has to pass the goal): planned only until the peaks
     found, the others' pass bounds (below their peaks) and the rest sum above it (then the floor is that sum),
     those whose bound is furthest above their longest item's least time first (a bound the longest item sets
-    is near the peak; one the work sets is not: the long workload, T = 32k, 2 plans of 3)."""
+    is near the peak; one the work sets is not: the long workload, T = 32k, 2 plans of 3).  `packed` (a later fill
+    whose floor counts only where it passes the goal): the others' bounds first raised where the packing bound
+    proves it (`packing_bound.raised_floors`; allbig, D = 512, T = 32k: the fills of 80, 70 and 50 %, 61 plans
+    before, none).  Whether the floor passes the goal is then as before (the others' peaks and the bound of the one
+    left decide it), except where one of the others has no layout: before, the fill was found without one where its
+    planning reached that micro-batch before the floor passed the goal; now it is deferred (it cannot beat the goal
+    either way)."""
     sizes = np.bincount(microbatch, minlength=num_microbatches)
     left = int(np.argmax(sizes))
     others = [np.flatnonzero(microbatch == m) for m in np.flatnonzero(sizes).tolist() if m != left]
@@ -259,6 +274,8 @@ def _deferred(microbatch, num_microbatches, overhead, plan_pass, goal: float, ti
     floors, peaks = [], []
     if times is not None:
         floors = [plan_pass.bound(items) for items in others]
+        if packed:
+            floors = raised_floors(others, floors, float_sum(rest), goal / (1 - FLOOR_SLACK), plan_pass.pieces)
         order = np.argsort([float(times[items].max()) - floor for items, floor in zip(others, floors)], kind="stable")
         others, floors = [others[k] for k in order], [floors[k] for k in order]
     for items in others:
@@ -362,7 +379,8 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
         ahead = [plan.step_cost for plan in (best, repaired) if plan is not None]  # what a later fill must beat
         defer = min(ahead) if ahead and num_microbatches is None else None
         found, spilled = _split_cells(*cells, repair=alone, defer=bound * (1 + RETRY_GAP) if alone else defer,
-                                      refuse=not alone and best is None and pending is None)
+                                      refuse=not alone and best is None and pending is None,
+                                      packed=best is None or defer == best.step_cost)  # the floor's value unused
         if isinstance(found, _Deferred) and not alone:  # it cannot beat the best (or the repaired plan)
             if best is not None and found.floor > best.step_cost and found.num_microbatches > best.num_microbatches:
                 break
