@@ -44,9 +44,13 @@ with a header all-gather on gloo, every rank waits until the group's timeout (`P
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import platform
+import sys
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -176,6 +180,32 @@ def words_of(digest: bytes) -> np.ndarray:
     if len(digest) != 32:
         raise ValueError(f"`fingerprint` must be 32 bytes (SHA-256); got {len(digest)}")
     return np.frombuffer(digest, dtype=np.int64).copy()
+
+
+PLANNING_CODE = ("balancers", "topology", "orchestrator", "runtime")  # the subpackages a plan and its route run
+
+
+@functools.cache
+def code_word() -> int:
+    """The code and environment a plan is made with, as one signed 64-bit word (never 0): the sources of
+    PLANNING_CODE, numpy's version and the CPU features its loops dispatch on, Python's version and the machine.
+    Ranks of equal words make equal plans from equal metadata with a deterministic planner (a rank on another
+    orchmllm checkout, numpy or host may not: float paths).  Read once a process (~15 ms).
+
+    >>> code_word() == code_word() != 0
+    True
+    """
+    root = Path(__file__).resolve().parents[1]
+    try:  # numpy 2 / numpy 1
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # pragma: no cover
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    hasher = hashlib.sha256(repr((np.__version__, sorted(name for name, on in features.items() if on), sys.version,
+                                  platform.machine(), sys.byteorder)).encode())
+    for path in sorted(path for package in PLANNING_CODE for path in (root / package).rglob("*.py")):
+        hasher.update(str(path.relative_to(root)).encode())
+        hasher.update(path.read_bytes())
+    return int(np.frombuffer(hasher.digest(), dtype=np.int64)[0]) or 1
 
 
 HEADER_WORDS = 9  # a call header: its tag and 8 words of payload (a 64-byte digest)

@@ -16,11 +16,11 @@ Cross-rank agreement is checked on every rank: the configuration's fingerprint r
 the lengths all-gather (a mismatch names the options that differ), and the schema of `batch`
 (keys, dtypes, trailing shapes, per-item or per-token) and the identity of the plan (a rank
 dispatching along an earlier step's plan) ride in the payload all-to-all's header where every
-rank is known to hold the plan (`combine` after its agreed dispatch; `dispatch` with `check_plan`:
-`routes.planned_alike`), else in one small all-reduce before it (see `agreement.py`).  An earlier
-plan kept by every rank passes them all
-where each rank's row totals match (packed rows carry no item boundaries, and a plan used
-again is also how a second dict of its step or a plan prefetched ahead looks): `dispatch`'s
+rank is known to hold the plan (`combine` after its agreed dispatch; `dispatch` with `check_plan`, or where
+every rank's word of the code it plans with, carried by the lengths all-gather, is the same:
+`routes.planner_word`), else in one small all-reduce before it (see `agreement.py`).  An earlier
+plan kept by every rank passes them all where each rank's row totals match (packed rows carry no item
+boundaries, and a plan used again is also how a second dict of its step or a plan prefetched ahead looks): `dispatch`'s
 `lengths=`/`loss_tokens=` (as given to `plan`) check this step's items against the plan's.
 One rank dispatching an earlier plan object of the same identity as its peers' fresh one (the configuration
 and the gathered lengths and loss tokens, which a plan is a function of) is let pass: it moves the same rows to
@@ -65,7 +65,7 @@ from .microbatch import MicroBatch, iterate, loop_left, new_step
 from .options import DispatchOptions, check_names
 from .pairing import in_microbatch_order, merge_rows, split_sums
 from .prefetch import metadata_group_of
-from .routes import expected_pieces, planned_alike, site_pieces
+from .routes import expected_pieces, planner_word, site_pieces
 from .sharding import StepSharding, item_groups
 from .step_items import items_problem, local_tables, named_by_rank
 from .steps import StepClock, contract_of
@@ -177,8 +177,7 @@ class PostBalancingDispatcher:
         self.config_fingerprint = fingerprint(*self.config_options.items())
         self.guards = {"dispatch": SchemaGuard("dispatch"), "combine": SchemaGuard("combine")}
         self._latest: DispatchPlan | None = None  # the latest dispatch's plan
-        self._expected: DispatchPlan | None = None  # the latest plan made on `group` where `_alike` (`routes`)
-        self._alike = planned_alike(self.options)  # whether each plan made on `group` is the same on every rank
+        self._expected: DispatchPlan | None = None  # the latest plan made on `group`, where known alike (`plan`)
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
@@ -201,18 +200,19 @@ class PostBalancingDispatcher:
         except (TypeError, ValueError):
             join_failed(group, 2)  # the other ranks raise too, instead of waiting in the gather
             raise
+        planner = balance if self.options.microbatching is None else plan_microbatches
         metadata = gather_metadata(np.hstack([lengths, losses]), group, num_columns=2,
                                    fingerprint=self.config_fingerprint, what="dispatcher configuration",
-                                   options=self.config_options)
+                                   options=self.config_options, planner=planner_word(self.options, planner))
         microbatch = np.zeros(metadata.num_items, dtype=np.int64)
         count = 1 if self.options.microbatching is None else self.options.microbatching.empty_step_microbatches()
         plan = None
         try:
             if metadata.num_items and self.options.microbatching is not None:
-                plan = plan_microbatches(metadata.column(0), int(metadata.counts.size), self.options.microbatching,
-                                         **self.options.microbatch_arguments())
+                plan = planner(metadata.column(0), int(metadata.counts.size), self.options.microbatching,
+                               **self.options.microbatch_arguments())
             elif metadata.num_items:
-                plan = balance(metadata.column(0), int(metadata.counts.size), **self.options.balance_arguments())
+                plan = planner(metadata.column(0), int(metadata.counts.size), **self.options.balance_arguments())
         except ValueError as error:  # an item named by its index in the gathered batch: by its rank's, too
             if (renamed := named_by_rank(error, metadata.counts)) is error:
                 raise
@@ -234,8 +234,9 @@ class PostBalancingDispatcher:
                                       if degree.size and degree.max() > 1 else plan_word(*words))
         made = DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding,
                             self.config_fingerprint, self.config_options)
-        if group is self.group and self._alike:  # made on every rank at this point of `group`'s collectives
-            self._expected = made
+        if group is self.group:  # made on every rank at this point of `group`'s collectives, the same plan where
+            # `check_plan` agreed it or every rank planned with the same code (`routes.planner_word`)
+            self._expected = made if self.options.check_plan or metadata.planner else None
         return made
 
     def _agreed(self, plan, digest: str, group):

@@ -9,7 +9,9 @@ plan without sending a single payload byte.
 
 `gather_metadata(..., fingerprint=...)` carries a 32-byte fingerprint of each rank's
 configuration in the first (shape) all-gather, at no extra round trip, and raises
-`ConfigMismatchError` on every rank naming the ranks that plan with other settings.
+`ConfigMismatchError` on every rank naming the ranks that plan with other settings; a `planner` word (the
+code a rank plans with, `routes.planner_word`) rides there too, so every rank knows before planning whether
+every rank's plan will be the same (an exchange may then carry its header in its payload all-to-all).
 `check_agreement` all-gathers a digest of each rank's plan, for solvers that may differ
 between ranks even with the same configuration (time-limited exact solvers).
 """
@@ -39,6 +41,7 @@ class GatheredMetadata:
 
     values: np.ndarray  # (n, K) int64
     counts: np.ndarray  # (D,) int64 rows contributed by each rank
+    planner: int = 0  # the `planner` word every rank sent (`gather_metadata`); 0 where their words differ
 
     @property
     def num_items(self) -> int:
@@ -67,7 +70,8 @@ def as_table(local, name: str = "lengths") -> np.ndarray:
 
 
 def gather_metadata(local, group=None, num_columns: int | None = None, *, fingerprint: bytes | None = None,
-                    what: str = "configuration", options: Mapping[str, object] | None = None) -> GatheredMetadata:
+                    what: str = "configuration", options: Mapping[str, object] | None = None,
+                    planner: int = 0) -> GatheredMetadata:
     """All-gather each rank's (n_r, K) integer table (n_r may differ and be 0).
 
     A collective: every rank of `group` must call it.  `num_columns` fixes K for a rank
@@ -75,7 +79,9 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     `fingerprint(algorithm, cost, caps)`) rides with the table's shape; ranks whose
     fingerprints differ raise `ConfigMismatchError` on every rank, naming them and, with `options`
     (the options the fingerprint was computed from, by name), the options that differ: only then
-    are they gathered.
+    are they gathered.  `planner` (a signed 64-bit word: what this rank plans with, 0 for no claim) rides in the
+    same all-gather: `.planner` is it where every rank sent the same, else 0 (no error: ranks may plan alike
+    with other words).
 
     >>> gather_metadata([3, 1, 2]).values[:, 0].tolist()  # one process: no communication
     [3, 1, 2]
@@ -83,15 +89,16 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     table = as_table(local)
     if num_columns is not None and table.shape[0] == 0:
         table = table.reshape(0, num_columns)
-    words = np.zeros(0, dtype=np.int64) if fingerprint is None else words_of(fingerprint)
+    words = np.zeros(4, dtype=np.int64) if fingerprint is None else words_of(fingerprint)
     size = group_size(group)
     if size == 1:
         table.setflags(write=False)
-        return GatheredMetadata(table, np.array([table.shape[0]], dtype=np.int64))
+        return GatheredMetadata(table, np.array([table.shape[0]], dtype=np.int64), int(planner))
     device = comm_device(group)
-    shapes = call_header("metadata table" if fingerprint is None else "metadata", [*table.shape, *words], group,
-                         f"metadata all-gather ({what})")[:, :6]
-    if words.size:
+    header = call_header("metadata table" if fingerprint is None else "metadata", [*table.shape, *words, planner],
+                         group, f"metadata all-gather ({what})")
+    shapes, planners = header[:, :6], header[:, 6]
+    if fingerprint is not None:
         failed = [rank for rank, row in enumerate(shapes) if not row[2:].any()]
         if failed:
             raise PeerInputError(f"ranks {failed} failed their own input checks (each raised why); rank "
@@ -121,7 +128,7 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     values = np.concatenate([t.cpu().numpy()[:c] for t, c in zip(tables, counts.tolist())])
     values.setflags(write=False)
     counts.setflags(write=False)
-    return GatheredMetadata(values, counts)
+    return GatheredMetadata(values, counts, int(planners[0]) if np.all(planners == planners[0]) else 0)
 
 
 FAILED_INPUT = bytes(32)  # the fingerprint of a rank whose own input failed its checks

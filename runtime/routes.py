@@ -9,8 +9,8 @@ whose guard expects a plan and a schema (`exchange.Reference`) carries its heade
 itself: every rank must then send segments of the sizes its peers expect, so a rank that passes other
 pieces (another step's plan, another schema, input that fails its checks) sends zeros of the expected
 pieces instead (`expected_pieces`), and every rank raises from the headers.  The expected plan must be one
-every rank knows to be the same: one every rank followed (the latest dispatch's), or one `check_plan` agreed
-(`planned_alike`).
+every rank knows to be the same: one every rank followed (the latest dispatch's), one `check_plan` agreed, or
+one every rank made with the same `planner_word`, which the metadata all-gather carried before planning.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..balancers import get_algorithm, get_microbatch_algorithm
+from ..balancers.registry import built_in
 from ..orchestrator.plan import PassPlan
 from ..orchestrator.samples import Batch
 from ..orchestrator.step import StepPlan
-from .agreement import PlanMismatchError
+from .agreement import PlanMismatchError, code_word
 from .exchange import ExchangeMeta, Piece
 from .frames import InputUnits
 from .sharding import TextUnits
@@ -172,16 +174,24 @@ def pass_problem(routes: PassRoutes, moved: Dispatched) -> PlanMismatchError | N
                              f"`micro.routes` and `micro.data`")
 
 
+PACKAGE = __name__.split(".")[0] + "."  # the module names of orchmllm's own functions
 SUMMED = " (split_reduce='sum')"  # the name of a key whose split item's rows come home added (ranks that keep one differ)
 
 
-def planned_alike(options) -> bool:
-    """Whether every rank that gathered the same metadata is known to hold the same plan with these
-    `DispatchOptions`: with `check_plan` (every rank checks, or follows rank 0's).  Without it a plan made on each
-    rank does not size a collective: orchmllm's planners are deterministic, but a rank on another version, or with
-    a numpy whose float paths differ, may plan otherwise, and an all-to-all sized by unequal plans aborts (gloo) or
-    hangs (NCCL) where the header all-reduce raises PlanMismatchError on every rank (probe24 P24-01)."""
-    return bool(options.check_plan)
+def planner_word(options, planner) -> int:
+    """What this rank plans with under these `DispatchOptions`, for the metadata all-gather (`gather_metadata`'s
+    `planner`): `agreement.code_word()` where a plan is a function of the gathered metadata and of that code alone,
+    made by `planner` (the function the dispatcher calls) from orchmllm's own code, with one of its own algorithms
+    that no clock stops (no `time_limit`, not an exact one); else 0.  Where every rank sends the same nonzero word,
+    every rank knows before planning that every rank makes the same plan, which may then size the payload
+    all-to-all that carries the exchange header; a plugin, a planner replaced at run time, another orchmllm
+    checkout, numpy or host may plan otherwise (probe24 P24-01: an all-to-all sized by unequal plans aborts in gloo
+    and hangs in NCCL), so their plans keep the header all-reduce, which names the ranks that differ."""
+    if options.time_limit is not None or not getattr(planner, "__module__", "").startswith(PACKAGE):
+        return 0
+    record = (get_algorithm(options.algorithm) if options.microbatching is None
+              else get_microbatch_algorithm(options.microbatch_algorithm))
+    return code_word() if built_in(record) and not record.exact else 0
 
 
 def site_rows(sharding, home: bool, per_item: bool, summed: bool):
