@@ -69,13 +69,14 @@ def test_regression_exact_over_the_models_size_plans_and_refuses_as_itself():
     """rev16 R16-07 / probe24 P24-07: over the MILP's size, 'exact' under equal counts raised SizeLimitError naming
     'ilp' and "use 'auto'" on every instance, even where auto's equal-count plan meets the bound, while auto's
     refusal pointed at 'exact'.  It now returns that plan (optimal where it meets the bound) and refuses a cap the
-    plan overflows as a heuristic that gave up, naming itself."""
+    plan overflows as a heuristic that gave up, naming itself (in a sentence: probe25 P25-06 read "auto's overflow it")."""
     lengths = np.random.default_rng(2000).integers(100, 5000, 2000)
     plan = balance(lengths, 64, equal_counts=True, algorithm="exact")
     auto = balance(lengths, 64, equal_counts=True)
     assert plan.makespan == auto.makespan and str(plan.status) == str(auto.status)
     lengths = np.random.default_rng(0).integers(100, 20000, 1000)
     with pytest.raises(InfeasibleError, match=r"^algorithm 'exact' found no equal-count plan under "
-                                              r"max_tokens_per_rank=161995: .* over its size limit") as caught:
+                                              r"max_tokens_per_rank=161995: auto's equal-count plans overflow it, "
+                                              r"and the MILP .* over its size limit") as caught:
         balance(lengths, 64, equal_counts=True, max_tokens_per_rank=161995, algorithm="exact")
     assert caught.value.heuristic == "exact"

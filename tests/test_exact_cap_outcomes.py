@@ -15,7 +15,7 @@ LENGTHS = [4144, 3839, 3540, 630, 1271, 4135, 1670, 4245, 883, 1749, 4876, 2557,
            4931, 3662, 1679, 4305, 2109]  # exact's uncapped optimum: tokens [16264, 16262, 16263, 16264]
 
 
-@pytest.mark.parametrize("time_limit", [None, 2.0])
+@pytest.mark.parametrize("time_limit", [None, 30.0])  # 2.0 ran out at load 8 (HiGHS's share is wall time)
 def test_regression_exact_returns_the_uncapped_optimum_that_meets_the_cap(time_limit):
     plan = balance(LENGTHS, 4, algorithm="exact", max_tokens_per_rank=16264, time_limit=time_limit)
     assert str(plan.status) == "optimal" and plan.tokens.max() == 16264 == plan.makespan

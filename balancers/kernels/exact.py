@@ -92,7 +92,7 @@ def _gave_up(problem: Problem, refusal: InfeasibleError, what: str) -> Infeasibl
     size: a heuristic that gave up, naming itself and the cap auto meets."""
     return InfeasibleError(
         f"algorithm 'exact' found no {what} under max_tokens_per_rank={problem.max_tokens_per_rank}: auto's "
-        f"{'plans overflow' if what == 'plan' else 'overflow'} it, and the MILP that would decide is over its size "
+        f"{what}s overflow it, and the MILP that would decide is over its size "
         f"limit at {problem.num_items} items × {problem.num_ranks} ranks (`exact.ilp.MAX_BINARIES`); auto fits under "
         f"a cap of {refusal.min_cap}, and a smaller one may still be feasible", min_cap=refusal.min_cap,
         heuristic="exact")
