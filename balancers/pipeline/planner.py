@@ -131,16 +131,22 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     bound = _bound(problem, pipeline, np.array([num_microbatches]), first_stage)
     floor = max(tau * mean * (1 + STOP_GAP), bound)
     cells, placed, summed = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {0: accounts}
-    times, partial = _shaped_starts(problem, pipeline, num_microbatches, mean, (placed, cells, summed), first_stage)
+    early = _reordered_rows(pipeline, cells[0])  # timed with the starts
+    times, partial = _shaped_starts(problem, pipeline, num_microbatches, mean, (placed, cells, summed), first_stage,
+                                    early)
+    early = None if early is None else times.pop()
     shaped = range(1, len(cells))
     best = _fastest(times)
     if float(times[best].max()) <= floor:  # the search would stop at once (`search`)
         return _start(pipeline, (placed, cells, summed), times, partial, best)
-    reordered, shown = _add_reordered(problem, pipeline, (placed, cells), rank, microbatch)
-    added = range(len(times), len(cells))
-    rows = [None if index in shown else _proving_rows(cells[index], STALL_ROWS) for index in added]
-    partial.update(index for index, row in zip(added, rows) if row is not None or index in shown)
-    times += _timed(pipeline, [shown.get(index, cells[index]) for index in added], rows) if rows else []
+    reordered, shown = _add_reordered(problem, pipeline, (placed, cells), rank, microbatch, early)
+    added, pending = range(len(times), len(cells)), [index for index in range(len(times), len(cells)) if
+                                                     index not in shown]
+    rows = {index: _proving_rows(cells[index], STALL_ROWS) for index in pending}
+    partial.update(index for index in added if index in shown or rows[index] is not None)
+    shown.update(zip(pending, _timed(pipeline, [cells[index] for index in pending], list(rows.values()))) if pending
+                 else [])
+    times += [shown[index] for index in added]
     best = _fastest(times)
     found = None  # (time, the search's answer): the fastest of the searches from the reordered and shaped cells
     faster = min(shaped, key=lambda index: (float(times[index].max()), index), default=None)
@@ -176,12 +182,13 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
 
 
 def _shaped_starts(problem: MicroBatchProblem, pipeline: Pipeline, m: int, mean: float, starts: tuple,
-                   first_stage: np.ndarray | None) -> tuple[list, set]:
+                   first_stage: np.ndarray | None, extra: tuple | None = None) -> tuple[list, set]:
     """The items cut afresh into the best shape (`lpt_shaped`; two ways where more than D items overflow) added to
     `starts` (placed, cells, summed: the plain cells alone), and every start's times (`_start_times`).  Of two, 1F1B
     and interleaved search only the faster: where the first's cells from below (`first_from_below`, uniform stages)
     run longer than the second's step on some replica, the second alone is made (the first, never the faster, is
-    neither searched nor kept: the same plan), else the first after all, ahead of it as without them."""
+    neither searched nor kept: the same plan), else the first after all, ahead of it as without them.  `extra`:
+    cells timed in the same walk (`_start_times`), their times last."""
     placed, cells, summed = starts
     two = not problem.padded and overflowing(problem, pipeline, m, mean) > problem.num_ranks
     one_searched = two and pipeline.schedule != "gpipe"
@@ -194,10 +201,11 @@ def _shaped_starts(problem: MicroBatchProblem, pipeline: Pipeline, m: int, mean:
     if below is None or len(cells) == 1:
         if below is not None:  # no second start: the first as without the bound
             _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean), first_stage)
-        return _start_times(pipeline, cells, one_searched and len(cells) == 3)
-    times, partial = _start_times(pipeline, cells, False, below)
+        return _start_times(pipeline, cells, one_searched and len(cells) == 3, extra=extra)
+    times, partial = _start_times(pipeline, cells, False, below, extra)
+    last = [] if extra is None else [times.pop()]
     if float(times.pop().max()) > float(times[1].max()):
-        return times, partial
+        return times + last, partial
     _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean), first_stage)
     if len(cells) == 3:  # the first ahead of the second
         times.append(_timed(pipeline, [cells[2]])[0])
@@ -206,19 +214,20 @@ def _shaped_starts(problem: MicroBatchProblem, pipeline: Pipeline, m: int, mean:
         for book in (placed, summed):
             first, second = book.pop(2, None), book.pop(1, None)
             book.update((index, value) for index, value in ((1, first), (2, second)) if value is not None)
-    return times, partial
+    return times + last, partial
 
 
 def _add_reordered(problem: MicroBatchProblem, pipeline: Pipeline, starts: tuple, rank: np.ndarray,
-                   microbatch: np.ndarray) -> tuple[list[int], dict]:
+                   microbatch: np.ndarray, early: np.ndarray | None) -> tuple[list[int], dict]:
     """The plain cells (`starts` = (placed, cells), the plain ones first) reordered in each replica (`order.mountain`)
     and (padded) dealt afresh over the replicas, then reordered (`order.deal`; review11 R11-01), added to `starts`;
     the indices of the starts searched for them.  GPipe's step does not depend on the order (uniform stages:
     `schedules.gpipe_time`), so there the plain cells as planned stand for their reordering (the same step, up to
     the float sums' order; one walk of every replica fewer).  Where the plain cells' STALL_ROWS rows of largest sums
     hold their step (`_proving_rows`) they hold the reordering's too (a row at most another in every cell stays so,
-    both sorted alike): the reordered cells of those rows alone are returned ({start: its cells there}), the whole
-    made where it is searched or kept (`_cells`; at D = 2560 it mostly stalls at once above the step found)."""
+    both sorted alike): the reordered cells of those rows alone are timed (`early`: their times, `_reordered_rows`)
+    and returned ({start: its times there}), the whole made where it is searched or kept (`_cells`; at D = 2560 it
+    mostly stalls at once above the step found)."""
     placed, cells = starts
     cost, tokens, firsts = cells[0]
     (d, m), searched, shown = cost.shape, [], {}
@@ -228,10 +237,9 @@ def _add_reordered(problem: MicroBatchProblem, pipeline: Pipeline, starts: tuple
         order = functools.cache(lambda: mountain(cost))  # the plain cells reordered in each replica
         made = lambda: tuple(None if grid is None else np.take_along_axis(grid, order(), axis=1)  # noqa: E731
                              for grid in (cost, tokens, firsts))
-        rows = _proving_rows(cells[0], STALL_ROWS)
-        cells.append(made if rows is not None else made())
-        if rows is not None:
-            shown[len(cells) - 1] = (np.take_along_axis(cost[rows], mountain(cost[rows]), axis=1), None, None)
+        cells.append(made if early is not None else made())
+        if early is not None:
+            shown[len(cells) - 1] = early
         # slot j runs where order holds j; found where the start is searched or kept (`_places`)
         placed[len(cells) - 1] = lambda: (rank, np.argsort(order(), axis=1)[rank, microbatch])
         searched.append(len(cells) - 1)
@@ -251,6 +259,13 @@ def _start(pipeline: Pipeline, starts: tuple, times: list, partial: set, index: 
     _whole(pipeline, cells, times, partial, index)
     cost, _, firsts = _cells(cells, index)
     return (*_places(placed, index), float(times[0].max()), (cost, firsts, times[index]), summed.get(index))
+
+
+def _reordered_rows(pipeline: Pipeline, plain: tuple) -> tuple | None:
+    """The plain cells reordered in each replica (`order.mountain`) on their rows that hold the reordering's step
+    (`_add_reordered`), as cells (costs alone), where those are few (`_proving_rows`); None for GPipe (order-free)."""
+    rows, cost = None if pipeline.schedule == "gpipe" else _proving_rows(plain, STALL_ROWS), plain[0]
+    return None if rows is None else (np.take_along_axis(cost[rows], mountain(cost[rows]), axis=1), None, None)
 
 
 def _cells(cells: list, index: int) -> tuple:
@@ -346,8 +361,8 @@ def _timed(pipeline: Pipeline, cells: list, rows: list | None = None) -> list:
     return np.split(rows, np.cumsum([cell[0].shape[0] for cell in cells])[:-1])
 
 
-def _start_times(pipeline: Pipeline, cells: list, one_searched: bool, below: np.ndarray | None = None
-                 ) -> tuple[list, set]:
+def _start_times(pipeline: Pipeline, cells: list, one_searched: bool, below: np.ndarray | None = None,
+                 extra: tuple | None = None) -> tuple[list, set]:
     """Every start's replica times (`_timed`), the plain cells first, and the starts timed on some replicas alone:
     the plain cells where their reordering is searched instead (not GPipe), on the rows holding their step
     (`_proving_rows`: only it is read unless they are kept); where two shaped starts follow of which only the faster
@@ -355,17 +370,19 @@ def _start_times(pipeline: Pipeline, cells: list, one_searched: bool, below: np.
     `_starts`) on its PROBE_ROWS replicas of largest cells and of largest sums, and where one of them runs longer
     than the second's step, its times are those replicas' (above the other's step, which is all it is compared
     by: never the fastest, never searched); else on every replica too.  `below`: the first's cells from below, the
-    second alone in `cells` (`_shaped_starts`): its probe replicas' times (at most the first's) follow the starts'."""
+    second alone in `cells` (`_shaped_starts`): its probe replicas' times (at most the first's) follow the starts'.
+    `extra`: cells timed in the same walk, their times last."""
     plain = None if pipeline.schedule == "gpipe" else _proving_rows(cells[0], 1)
-    partial, size = set() if plain is None else {0}, cells[0][0].shape[0]
+    partial, size, extras = set() if plain is None else {0}, cells[0][0].shape[0], [] if extra is None else [extra]
+    walk = lambda starts, rows: _timed(pipeline, starts + extras, rows + [None] * len(extras))  # noqa: E731
     if below is not None:
-        return _timed(pipeline, cells + [(below, None, None)], [plain, None, _probe_rows(below)]), partial
+        return walk(cells + [(below, None, None)], [plain, None, _probe_rows(below)]), partial
     if not one_searched or size <= 2 * PROBE_ROWS:
-        return _timed(pipeline, cells, [plain] + [None] * (len(cells) - 1)), partial
-    plain, second, probed = _timed(pipeline, [cells[0], cells[2], cells[1]], [plain, None, _probe_rows(cells[1][0])])
+        return walk(cells, [plain] + [None] * (len(cells) - 1)), partial
+    plain, second, probed, *tail = walk([cells[0], cells[2], cells[1]], [plain, None, _probe_rows(cells[1][0])])
     if float(probed.max()) > float(second.max()):
-        return [plain, probed, second], partial
-    return [plain, _timed(pipeline, [cells[1]])[0], second], partial
+        return [plain, probed, second] + tail, partial
+    return [plain, _timed(pipeline, [cells[1]])[0], second] + tail, partial
 
 
 def _probe_rows(cost: np.ndarray) -> np.ndarray:
