@@ -215,12 +215,26 @@ class _Streak:
         """The deal of the round, in which the ranks at `keeping` keep their first item (`_deal`)."""
         waiting = self.waiting[self.front:]
         count = min(waiting.size, dealt)
+        if keeping.size == 1 and not self._keeps_second(int(keeping[0]), min(roomy, count), count, margin):
+            self.place(keeping, keeping)  # the one rank keeps its first item alone (most such rounds)
+            return
         items, ranks = _deal(self.state, waiting, count, min(roomy, count), keeping, self.order[keeping], margin)
         if items.size == keeping.size:  # one item a rank: the same sums as put_runs'
             self.state.put(waiting[items], ranks)
         else:
             self.state.put_runs(waiting[items], ranks)
         self.taken(self.front + items, keeping)
+
+    def _keeps_second(self, position: int, width: int, count: int, margin: float) -> bool:
+        """Whether the rank at `position` keeps the second item `_deal` deals it (the (position + width)-th from the
+        front; none from `count` on) after its first (the position-th): that test of `_deal`, in its sums."""
+        second = position + width
+        if second >= count:
+            return False
+        state, rank, first, second = self.state, self.order[position], self.front + position, self.front + second
+        if not state.loads[rank] + (self.costs[first] + self.costs[second]) <= state.target - margin:
+            return False
+        return state.cap == np.inf or state.tokens[rank] + (self.lengths[first] + self.lengths[second]) <= state.cap
 
     def taken(self, items: np.ndarray, positions: np.ndarray) -> None:
         """After the ranks at `positions` took the waiting `items` (indices from the front on): the items
