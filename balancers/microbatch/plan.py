@@ -16,7 +16,7 @@ from ..orders import Orders
 from ..plan import call_kernel, certify, claimed_bound, integral, json_head, kernel_status, require_result, rounded_up
 from ..problem import Problem, SortedItems, Status, exact_sum, integer_sum, read_only, token_sums
 from ..validation import as_index, is_real
-from .bounds import min_microbatches, step_cost_bound
+from .bounds import beyond_one_microbatch, min_microbatches, step_cost_bound
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +81,15 @@ class MicroBatchProblem(SortedItems):
         """Σ_m max_r load(r, m) no plan beats, overhead excluded (`microbatch_bounds`)."""
         return step_cost_bound(self.item_costs, self.lengths, self.num_ranks, self.max_tokens_per_microbatch,
                                self.total_cost)
+
+    @cached_property
+    def certified_bound(self) -> float:
+        """`cost_bound`, or `microbatch_bounds.beyond_one_microbatch` where larger: the plan's certificate
+        (`make_microbatch_plan`).  The kernels' gates and searches keep `cost_bound`, which they were tuned
+        against (raised, it kept the joint greedy out of a long-context plan it made 0.6 % cheaper)."""
+        return max(self.cost_bound, beyond_one_microbatch(self.item_costs, self.lengths, self.num_ranks,
+                                                          self.max_tokens_per_microbatch, self.total_cost,
+                                                          self.cost_bound))
 
     def step_bound(self, num_microbatches: int) -> float:
         """The step no plan of `num_microbatches` micro-batches beats: `cost_bound` and their overheads."""
@@ -363,7 +372,7 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
                          pipeline: PipelineStep | None = None, accounts: tuple | None = None) -> MicroBatchPlan:
     """Check a kernel's cells and wrap them with loads, tokens, bound and status.
 
-    The bound is `problem.cost_bound` + floor_microbatches · overhead (the proven fewest
+    The bound is `problem.certified_bound` + floor_microbatches · overhead (the proven fewest
     micro-batches when M was chosen freely; M itself, the default, when fixed), or
     `proven_bound` (a step cost with overhead the caller proved) when larger, rounded up where
     every cost is an integer (`rounded_up`); with M fixed, a bound the kernel proved counts
@@ -382,7 +391,7 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     claimed = _claimed_step_bound(problem, result, loads, algorithm)
     fixed = floor_microbatches is None
     floor_m = num_microbatches if fixed else floor_microbatches
-    bound = problem.step_bound(floor_m)
+    bound = float_sum([problem.certified_bound, floor_m * overhead])
     if proven_bound is not None:
         bound = max(bound, float(proven_bound))
     bound = rounded_up(bound, cost, problem.num_ranks,
