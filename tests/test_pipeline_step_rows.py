@@ -22,10 +22,10 @@ def test_regression_the_plain_and_reordered_starts_were_timed_on_every_replica(m
     the plain cells (their reordering is searched) and, where the reordered start's search stalls at once above the
     step found (most of D = 2560), only that step; yet both were timed on every replica (here [2048, 1024] rows at
     D = 1024, M 8).  The plain cells' replica holding the largest cell of every micro-batch runs longest (a time
-    never falls where a cell's cost rises), so it alone is timed with the shaped start (1025 rows), and the
-    reordered cells on their STALL_ROWS of largest sums (64), which hold their step and show the stall, in the same
-    walk (they are the plain cells' rows reordered); the plan, its replica times and the PP-unaware step are those
-    that timing every replica gives."""
+    never falls where a cell's cost rises), so the plain cells are timed with the shaped start on their STALL_ROWS
+    of largest sums (64), which hold that one, and the reordered cells on the same rows, which hold their step too and
+    show the stall, in the same walk; the plan, its replica times and the PP-unaware step are those that timing every
+    replica gives."""
     from orchmllm.balancers.pipeline import planner
 
     lengths = sample_workload("default", 1024, 32, seed=7).sample_llm_length
@@ -39,11 +39,11 @@ def test_regression_the_plain_and_reordered_starts_were_timed_on_every_replica(m
         plans.append(balance_microbatches(lengths, 1024, max_tokens_per_microbatch=16384, cost=cost,
                                           num_microbatches=8, pipeline=pipeline))
         walks.append(list(calls))
-    # the plain cells' row, the shaped start's 1024 and the reordered cells' STALL_ROWS in one walk (until 916f228 the
-    # reordered rows were walked alone after the starts: [1025, 64])
-    assert walks[0][0] == 1024 + 1 + planner.STALL_ROWS and walks[1][0] == 2 * 1024
+    # the shaped start's 1024 rows, the plain cells' STALL_ROWS step rows and those reordered in one walk (until
+    # 916f228 the plain cells on 1 row, the reordered rows walked alone after the starts: [1025, 64])
+    assert walks[0][0] == 1024 + 2 * planner.STALL_ROWS and walks[1][0] == 2 * 1024
     if schedule == "1f1b":  # interleaved: the shaped start meets the bound, no search
-        assert walks == [[1024 + 1 + planner.STALL_ROWS], [2048, 1024]]
+        assert walks == [[1024 + 2 * planner.STALL_ROWS], [2048, 1024]]
     (new, old) = plans
     assert new.digest() == old.digest() and new.pipeline.step_time == old.pipeline.step_time
     assert new.pipeline.unaware_step_time == old.pipeline.unaware_step_time

@@ -3,9 +3,10 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
 
     start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load) as planned and
               (unpadded) the items cut afresh into cells of the schedule's best shape by one LPT
-              over all M·D cells (`lpt_shaped`; the replicas that take the items overflowing a
+              over all M·D cells (`shaped.lpt_shaped`; the replicas that take the items overflowing a
               cell alone start their other cells higher, `_starts`, two such starts where more
-              than D items overflow); the faster ends the planning
+              than D items overflow, the first not made where its LPT's first M·D choices show it
+              the slower, `shaped.first_from_below`); the faster ends the planning
               when it is within STOP_GAP of τ·X̄ or at the certified bound (the search's stop rule: no plan
               is faster; the largest item's chain meets it at D = 2560, M = 8, interleaved), else the plain
               cells reordered in each replica (`order.mountain`; GPipe, order-free: as planned) are a
@@ -187,8 +188,8 @@ def _shaped_starts(problem: MicroBatchProblem, pipeline: Pipeline, m: int, mean:
     `starts` (placed, cells, summed: the plain cells alone), and every start's times (`_start_times`).  Of two, 1F1B
     and interleaved search only the faster: where the first's cells from below (`first_from_below`, uniform stages)
     run longer than the second's step on some replica, the second alone is made (the first, never the faster, is
-    neither searched nor kept: the same plan), else the first after all, ahead of it as without them.  `extra`:
-    cells timed in the same walk (`_start_times`), their times last."""
+    neither searched nor kept: the same plan), else the first after all, ahead of it as without them.  `extra`: as
+    in `_start_times`, its cells' times last."""
     placed, cells, summed = starts
     two = not problem.padded and overflowing(problem, pipeline, m, mean) > problem.num_ranks
     one_searched = two and pipeline.schedule != "gpipe"
@@ -262,10 +263,12 @@ def _start(pipeline: Pipeline, starts: tuple, times: list, partial: set, index: 
 
 
 def _reordered_rows(pipeline: Pipeline, plain: tuple) -> tuple | None:
-    """The plain cells reordered in each replica (`order.mountain`) on their rows that hold the reordering's step
-    (`_add_reordered`), as cells (costs alone), where those are few (`_proving_rows`); None for GPipe (order-free)."""
+    """(The plain cells' STALL_ROWS rows holding their step and their reordering's (`_add_reordered`), where those are
+    few (`_proving_rows`), and the plain cells reordered in each replica (`order.mountain`) on them, as cells (costs
+    alone)); None for GPipe (order-free)."""
     rows, cost = None if pipeline.schedule == "gpipe" else _proving_rows(plain, STALL_ROWS), plain[0]
-    return None if rows is None else (np.take_along_axis(cost[rows], mountain(cost[rows]), axis=1), None, None)
+    return None if rows is None else (rows, (np.take_along_axis(cost[rows], mountain(cost[rows]), axis=1), None,
+                                             None))
 
 
 def _cells(cells: list, index: int) -> tuple:
@@ -371,9 +374,10 @@ def _start_times(pipeline: Pipeline, cells: list, one_searched: bool, below: np.
     than the second's step, its times are those replicas' (above the other's step, which is all it is compared
     by: never the fastest, never searched); else on every replica too.  `below`: the first's cells from below, the
     second alone in `cells` (`_shaped_starts`): its probe replicas' times (at most the first's) follow the starts'.
-    `extra`: cells timed in the same walk, their times last."""
-    plain = None if pipeline.schedule == "gpipe" else _proving_rows(cells[0], 1)
-    partial, size, extras = set() if plain is None else {0}, cells[0][0].shape[0], [] if extra is None else [extra]
+    `extra`: (rows of the plain cells holding their step, cells timed in the same walk, their times last): the plain
+    cells are timed on those rows (`_reordered_rows`: one `step_rows` for both)."""
+    plain = None if pipeline.schedule == "gpipe" else extra[0] if extra is not None else _proving_rows(cells[0], 1)
+    partial, size, extras = set() if plain is None else {0}, cells[0][0].shape[0], [] if extra is None else [extra[1]]
     walk = lambda starts, rows: _timed(pipeline, starts + extras, rows + [None] * len(extras))  # noqa: E731
     if below is not None:
         return walk(cells + [(below, None, None)], [plain, None, _probe_rows(below)]), partial
