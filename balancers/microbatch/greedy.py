@@ -13,9 +13,9 @@ minimise Σ_m max_r load(r, m) s.t. tokens(r, m) <= T, for a given M (see `micro
             items, or its swap with an item of another cell, that lowers Σ_m level most
 Where lengths do not grow along the order (every cost model's) a binary search per micro-batch finds an item's
 cell (`_sorted_greedy`, `_sorted_padded_greedy`), and items that fit below the levels take their cells a sort at a
-time (`_Rows.run`, `_PaddedRows._take_fits`); else every cell is weighed for every item (`_scan_greedy`, O(n·M·D):
-at 2560 × 32 10.4 CPU s, padded `auto` 21.7 s; probe20 P20-15).  Both make the same choices, float for float.  A
-run answers other M, or starts the run for more micro-batches (`greedy_cells`).
+time (`_Rows.run`; padded `_take_fits`, `_take_empties`); else every cell is weighed for every item (`greedy_scan`,
+O(n·M·D): at 2560 × 32 10.4 CPU s, padded `auto` 21.7 s; probe20 P20-15).  Both make the same choices, float for
+float.  A run answers other M, or starts the run for more micro-batches (`greedy_cells`).
 Original to orchmllm.  Heuristic: `microbatch_exact` proves small instances.
 """
 
@@ -30,32 +30,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels.auto import in_given_order
+from .greedy_scan import Cells, fresh_wins as _fresh_wins, scan_greedy as _scan_greedy  # noqa: F401 (Cells: the tests')
 from .plan import MicroBatchProblem, MicroBatchResult
 from .search import improve
 
-
-class Cells:
-    """Loads, tokens, counts and (padded) largest cost and length of M·D cells, flat by m·D + r."""
-
-    def __init__(self, problem: MicroBatchProblem, num_microbatches: int):
-        self.problem, self.num_microbatches, size = problem, num_microbatches, num_microbatches * problem.num_ranks
-        self.loads, self.top_cost = np.zeros(size), np.zeros(size)
-        self.tokens, self.counts, self.top_length = (np.zeros(size, dtype=np.int64) for _ in range(3))
-
-    def offer(self, cost: float, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """(load, tokens) of every cell if the item were added to it."""
-        if self.problem.padded:
-            grown = self.counts + 1
-            return grown * np.maximum(self.top_cost, cost), grown * np.maximum(self.top_length, length)
-        return self.loads + cost, self.tokens + length
-
-    def add(self, cell: int, cost: float, length: int) -> None:
-        self.counts[cell] += 1
-        self.top_cost[cell] = max(self.top_cost[cell], cost)
-        self.top_length[cell] = max(self.top_length[cell], length)
-        padded = self.problem.padded
-        self.loads[cell] = self.counts[cell] * self.top_cost[cell] if padded else self.loads[cell] + cost
-        self.tokens[cell] = self.counts[cell] * self.top_length[cell] if padded else self.tokens[cell] + length
+EMPTY_RUN = 32  # empty cells a micro-batch holds for `_PaddedRows._take_empties` to weigh the fits once for them
 
 
 class _Run(NamedTuple):
@@ -121,39 +100,6 @@ def scans(problem: MicroBatchProblem) -> bool:
     return not _searchable(problem, problem.cost_order)
 
 
-def _fresh_wins(excess: float, alone: float) -> bool:
-    """Whether a cell of an empty micro-batch at level 0 (excess `alone`: the item's load alone) would beat the cell
-    of `excess` the item took: a lesser rise, or as little and nearer the level (`alone` > 0: `excess > alone`)."""
-    return excess > max(alone, 0.0) or excess < alone <= 0.0
-
-
-def _scan_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray) -> tuple | None:
-    """The joint greedy as written above, every cell weighed for every item (O(n·M·D)): (cells, `_fresh_wins`)."""
-    d = problem.num_ranks
-    cells = Cells(problem, num_microbatches)
-    level = np.zeros(num_microbatches)
-    cell_of = np.empty(problem.num_items, dtype=np.int64)
-    costs, lengths = problem.item_costs, problem.lengths
-    fresh_won = False
-    for item in order.tolist():
-        cost, length = float(costs[item]), int(lengths[item])
-        loads, tokens = cells.offer(cost, length)
-        excess = loads - np.repeat(level, d)
-        excess[tokens > problem.max_tokens_per_microbatch] = np.inf
-        rise = np.maximum(excess, 0.0)
-        best = rise.min()
-        if best == np.inf:
-            return None
-        candidates = np.flatnonzero(rise == best)
-        cell = int(candidates[np.argmin(np.abs(excess[candidates]))])
-        fresh_won = fresh_won or _fresh_wins(float(excess[cell]), max(cost, 0.0) if problem.padded else cost)
-        cell_of[item] = cell
-        cells.add(cell, cost, length)
-        m = cell // d
-        level[m] = max(level[m], cells.loads[cell])
-    return cell_of, fresh_won
-
-
 def _tied(row: list, at: int, step: int, cost: float, top: float, best: float) -> int:
     """The lowest cell among the runs of equal loads from position `at` of `row` (a micro-batch's (load, cell) pairs,
     sorted) on, towards `step`, whose excess (load + cost) - top is `best` (float rounding can tie unequal loads)."""
@@ -172,13 +118,14 @@ def _tied(row: list, at: int, step: int, cost: float, top: float, best: float) -
     return cell
 
 
-def _best_fit(rows: list, level: list, add: float, empty: list | None = None,
-              cost: float = 0.0) -> tuple[int, float] | None:
+def _best_fit(rows: list, level: list, add: float, empty: list | None = None, cost: float = 0.0,
+              fitless: bool = False) -> tuple[int, float] | None:
     """The greedy's (cell, excess) for an item (`rows`: per micro-batch the sorted (load, cell) pairs of the cells
     with room, each to load + `add` with it; padded: `empty[m]` its first empty cell or -1, to `cost`): the largest
-    excess over the level <= 0, else the least; ties to the lowest cell (in the first micro-batch reaching it)."""
+    excess over the level <= 0, else the least; ties to the lowest cell (in the first micro-batch reaching it).
+    `fitless`: known that no cell fits (excess <= 0), the search for the least only."""
     best, where, at = None, -1, -1
-    for m, row in enumerate(rows):
+    for m, row in enumerate([] if fitless else rows):
         top, fit, value = level[m], 0, None
         if row:
             fit = _first_above(row, len(row), top, add, 0.0)
@@ -415,19 +362,29 @@ class _PaddedRows:
         return self
 
     def run(self, costs: list, lengths: list, positive: int) -> bool:
-        """The items (the first `positive` of cost > 0) in turn; False when one finds no room.  Once no micro-batch
-        has an empty cell, the loads with one more item are the cells' own: the fits take items a sort at a time."""
+        """The items (the first `positive` of cost > 0) in turn; False when one finds no room.  A filled cell's load
+        with one more item is its own, whatever the item, so while every empty cell's level is below the item's cost
+        (an empty cell is a rise, a fit beats it) the fits take the items a sort at a time (`_take_fits`); else a
+        micro-batch's empty cells may take a run (`_take_empties`).  Once no cell fits, only a rise's own micro-batch
+        can make one fit: the rises skip the search for fits (`fits_gone`)."""
         d, cap, rows, empty, level, chosen = self.d, self.cap, self.rows, self.empty, self.level, self.chosen
         counts, top_cost, top_length = self.counts, self.top_cost, self.top_length
-        at = 0
+        at, below, fits_gone, opened, runs = 0, [-cost for cost in costs[:positive]], False, None, True
         while at < len(costs):
-            if at < positive and max(empty, default=-1) < 0:
-                placed = self._take_fits(positive - at)
+            if at < positive:
+                if opened is None:  # the levels of the micro-batches with an empty cell, highest last (None: to find)
+                    opened = sorted([level[m] for m, cell in enumerate(empty) if cell >= 0]) or [-math.inf]
+                left = bisect.bisect_left(below, -opened[-1], at) - at  # the items of cost above them all
+                placed = self._take_fits(left) if left > 0 and not fits_gone else 0
+                fits_gone = fits_gone or 0 < left > placed  # fewer: no fit is left
+                if not placed and left <= 0 and runs:  # runs: a run of empty cells may pay (till a rise)
+                    placed = self._take_empties(costs, lengths, at, positive, opened)
+                    opened, fits_gone, runs = None if placed else opened, fits_gone and not placed, placed >= EMPTY_RUN
                 if placed:
                     at += placed
                     continue
             cost, length = costs[at], lengths[at]
-            found = _best_fit(rows, level, 0.0, empty, cost)
+            found = _best_fit(rows, level, 0.0, empty, cost, fits_gone and at < positive and left > 0)
             if found is None:
                 return False
             cell, excess = found
@@ -439,38 +396,76 @@ class _PaddedRows:
             else:
                 empty[m] = cell + 1 if cell + 1 < (m + 1) * d else -1
                 top_cost[cell], top_length[cell] = max(0.0, cost), max(0, length)
+                opened = None if empty[m] < 0 else opened
             counts[cell] += 1
             load = counts[cell] * top_cost[cell]
             if load > level[m]:
-                level[m] = load
+                level[m], opened, runs = load, None, True
             if (counts[cell] + 1) * top_length[cell] <= cap:
                 bisect.insort(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))
+            fits_gone = fits_gone and not (rows[m] and rows[m][0][0] <= level[m])  # only micro-batch m changed
             chosen.append(cell)
             at += 1
         return True
+
+    def _take_empties(self, costs: list, lengths: list, at: int, stop: int, opened: list) -> int:
+        """Items `at`.. (before `stop`) to the empty cells of the one micro-batch of the highest level holding them, in
+        turn, while that is each item's best fit: its cost at most that level, above every other (an empty cell there
+        is a rise), nearer it than the best filled fit; a cell that fits a second item ends it (it beats the next)."""
+        level, empty, rows, cap, d = self.level, self.empty, self.rows, self.cap, self.d
+        top, other = opened[-1], opened[-2] if len(opened) > 1 else -math.inf
+        m = [k for k, cell in enumerate(empty) if cell >= 0 and level[k] == top][0]
+        if empty[m] + EMPTY_RUN > (m + 1) * d or not other < costs[at] <= top:
+            return 0  # few cells to take: the search is as quick
+        fits = [(k, _first_above(row, len(row), level[k], 0.0, 0.0)) for k, row in enumerate(rows)]
+        best = max([rows[k][fit - 1][0] - level[k] for k, fit in fits if fit], default=-math.inf)
+        first = cell = empty[m]
+        end, pairs = min((m + 1) * d, cell + stop - at), []
+        while cell < end and costs[at] > other and costs[at] - top > best:
+            cost, length = costs[at], lengths[at]
+            self.counts[cell], self.top_cost[cell], self.top_length[cell] = 1, cost, length
+            self.chosen.append(cell)
+            at, cell = at + 1, cell + 1
+            if 2 * length <= cap:
+                pairs.append((2 * cost, cell - 1))
+                if 2 * cost <= top:
+                    break
+        empty[m] = cell if cell < (m + 1) * d else -1
+        rows[m] += pairs
+        rows[m].sort()
+        return cell - first
 
     def _take_fits(self, left: int) -> int:
         """Up to `left` items to the fits by (excess desc, cell asc), each while it fits (it stays the best: its excess
         grows, the others' stay), as `_best_fit` item by item."""
         rows, level, counts, top_cost, top_length = self.rows, self.level, self.counts, self.top_cost, self.top_length
-        fits = [_first_above(row, len(row), level[m], 0.0, 0.0) for m, row in enumerate(rows)]
+        fits = [_first_above(row, len(row), level[m], 0.0, 0.0) if row and row[0][0] <= level[m] else 0
+                for m, row in enumerate(rows)]
         taken, parts = _gathered(rows, level, fits, [min(fit, left) for fit in fits], 0.0)
-        placed, moved = 0, set()
+        placed, moved, chosen, cap, d = 0, 0, self.chosen, self.cap, self.d
         for _, cell, _ in taken:
-            cell, top = -cell, level[-cell // self.d]
-            while placed < left:
+            cell = -cell
+            top = level[cell // d]
+            while True:
                 counts[cell] += 1
-                self.chosen.append(cell)
+                chosen.append(cell)
                 placed += 1
-                if (counts[cell] + 1) * top_cost[cell] > top or (counts[cell] + 1) * top_length[cell] > self.cap:
+                if placed == left or (counts[cell] + 1) * top_cost[cell] > top or (counts[cell] + 1) * top_length[
+                        cell] > cap:
                     break
-            moved.add(cell)
+            moved += 1
             if placed == left:
                 break
+        cells = None if moved == len(taken) else {-cell for _, cell, _ in taken[:moved]}
         for m, pairs, spans in parts:
-            for _, cell in _cut(rows[m], pairs, spans, moved):
-                if (counts[cell] + 1) * top_length[cell] <= self.cap:
-                    bisect.insort(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))
+            back = [((counts[cell] + 1) * top_cost[cell], cell) for _, cell in _cut(rows[m], pairs, spans, cells)
+                    if (counts[cell] + 1) * top_length[cell] <= cap]
+            row, above = rows[m], bisect.bisect_left(rows[m], min(back)) if back else 0
+            if len(row) - above < 16 * len(back):  # one merge where the part of the row above them is short
+                row[above:] = sorted(back + row[above:])
+            else:
+                for pair in back:
+                    bisect.insort(row, pair)
         return placed
 
 
