@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ..bounds import cap_refusal, uncapped_fit
+from ..bounds import cap_refusal, cheaper_uncapped, lower_bound, uncapped_fit
 from ..problem import (InfeasibleError, KernelResult, Problem, Status, count_limits, make_problem, rank_loads,
                        rank_tokens)
 
@@ -235,7 +235,8 @@ def solve_karmarkar_karp(problem: Problem) -> KernelResult:
 
 
 def solve(problem: Problem) -> KernelResult:
-    """The better of equal-count LPT and BLDM, improved by count-preserving local search.
+    """The better of equal-count LPT and BLDM, improved by count-preserving local search; under a cap, the plan
+    made without it where that meets the cap and costs less (`cheaper_uncapped`).
 
     >>> from orchmllm.balancers import make_problem
     >>> solve(make_problem([5, 4, 3, 3, 3, 1, 1], 2, equal_counts=True)).assignment.tolist()
@@ -258,7 +259,9 @@ def solve(problem: Problem) -> KernelResult:
     best = starts[int(np.argmin(makespans))]
     improved = improve(problem, best)
     # The search tracks loads incrementally: keep its plan only if the exact loads agree it is no worse.
-    return KernelResult(improved if rank_loads(problem, improved).max() <= min(makespans) else best)
+    plan = KernelResult(improved if rank_loads(problem, improved).max() <= min(makespans) else best)
+    proven = cap is None or float(rank_loads(problem, plan.assignment).max()) <= lower_bound(problem)
+    return plan if proven else cheaper_uncapped(problem, plan, solve)
 
 
 def _padded_runs(sorted_lengths: list[int], sorted_costs: list[float], num_ranks: int, q: int, r: int,

@@ -46,13 +46,13 @@ import math
 
 import numpy as np
 
-from ..bounds import lower_bound, uncapped_fit
+from ..bounds import cheaper_uncapped, lower_bound, uncapped_fit
 from ..exact.bounds import l2_bins
 from ..exact.ilp import search
 from ..orders import sealed
 from ..plan import integral, rounded_up
-from ..problem import (InfeasibleError, KernelResult, Problem, integer_values, make_problem, rank_loads, rank_tokens,
-                       read_only, tokens_problem)
+from ..problem import (InfeasibleError, KernelResult, Problem, Status, integer_values, make_problem, rank_loads,
+                       rank_tokens, read_only, tokens_problem)
 from ..search import group_search, local_search
 from . import ilp, karmarkar_karp, lpt, min_slack, multifit, padded, slack
 
@@ -87,14 +87,28 @@ def solve(problem: Problem, lpt_plan: np.ndarray | None = None) -> KernelResult:
     costly = _costly_items(problem)
     if costly is not None:
         return _with_free_items_dealt(problem, costly)
-    try:
+    if problem.max_tokens_per_rank is None:
         return _in_canonical_order(problem, lpt_plan)
-    except InfeasibleError as error:  # no start fit the cap: the plan without it may meet it (`uncapped_fit`)
-        proven = error.heuristic is None or problem.max_tokens_per_rank is None
-        free = None if proven else uncapped_fit(problem, lambda free: _in_canonical_order(free, None))
+    return _under_the_cap(problem, lpt_plan)
+
+
+def _under_the_cap(problem: Problem, lpt_plan: np.ndarray | None) -> KernelResult:
+    """`solve` under a cap: the capped search's plan, or the plan `solve` makes without the cap where that meets
+    the cap and is cheaper (`cheaper_uncapped`), asked only where the capped plan is not proven optimal; a cap no
+    start fits is answered by the plan without it where that fits (probe22 P22-17), made by `solve` itself
+    (probe25 P25-02: with free items holding tokens, re-planned otherwise, it overflowed and the refusal stood)."""
+    try:
+        capped = _in_canonical_order(problem, lpt_plan)
+    except InfeasibleError as error:
+        free = None if error.heuristic is None else uncapped_fit(problem, solve)  # a proof stands
         if free is None:
             raise
         return free
+    makespan = float(rank_loads(problem, capped.assignment).max())
+    if capped.status is Status.OPTIMAL or makespan <= rounded_up(lower_bound(problem), makespan, problem.num_ranks,
+                                                                 lambda: integral(problem.item_costs)):
+        return capped
+    return cheaper_uncapped(problem, capped, solve)
 
 
 def _costly_items(problem: Problem) -> np.ndarray | None:
