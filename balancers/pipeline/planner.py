@@ -272,7 +272,7 @@ def _reordered_rows(pipeline: Pipeline, plain: tuple) -> tuple | None:
 
 
 def _cells(cells: list, index: int) -> tuple:
-    """A start's cells (costs, tokens, first-stage parts), made on first use where that is deferred (`_add_reordered`)."""
+    """A start's cells (costs, tokens, first-stage parts), made on first use where deferred (`_add_reordered`)."""
     if callable(cells[index]):
         cells[index] = cells[index]()
     return cells[index]
