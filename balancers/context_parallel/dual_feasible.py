@@ -41,9 +41,8 @@ def _pieces(lengths: np.ndarray, degree: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _floor_sums(sizes: np.ndarray, counts: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Σ count · ⌊size / x⌋ over the pieces, at every threshold `x` (>= 1)."""
-    order = np.argsort(sizes, kind="stable")
-    sizes, at_least = sizes[order], np.append(np.cumsum(counts[order][::-1])[::-1], 0)  # pieces >= sizes[k]
+    """Σ count · ⌊size / x⌋ over the pieces (`sizes` ascending), at every threshold `x` (>= 1)."""
+    at_least = np.append(np.cumsum(counts[::-1])[::-1], 0)  # pieces >= sizes[k]
     multiples = np.arange(1, int(sizes.max(initial=0)) // int(x.min()) + 1)
     return at_least[np.searchsorted(sizes, x[:, None] * multiples[None, :])].sum(axis=1)
 
@@ -60,13 +59,16 @@ def cannot_lay_out(lengths: np.ndarray, num_ranks: int, degrees: np.ndarray, bud
     fits = -(-lengths[:, None] // degrees[None, :]) <= budget
     alone = (-(-lengths // widest) * 2 > budget) & (fits.sum(axis=1) > 1)  # minimised over their degrees
     sizes, counts = _pieces(lengths[~alone], widest)
-    keep = (counts > 0) & (sizes >= least)
-    sizes, counts = sizes[keep], counts[keep]
-    big = 2 * sizes > budget  # at most one on a rank: f = ⌊T / x⌋ − ⌊(T − p) / x⌋
-    x = np.unique(np.concatenate((sizes[~big], budget // np.arange(2, THRESHOLDS_BELOW + 1) + 1)))
+    keep = np.flatnonzero((counts > 0) & (sizes >= least))
+    order = keep[np.argsort(sizes[keep])]  # ascending: the sums' searches and the thresholds read them sorted
+    sizes, counts = sizes[order], counts[order]
+    small = int(np.searchsorted(sizes, budget // 2, side="right"))  # the rest, over T / 2, at most one on a rank:
+    # f = ⌊T / x⌋ − ⌊(T − p) / x⌋
+    distinct = sizes[:small][np.append(True, sizes[1:small] != sizes[:small - 1])] if small else sizes[:0]
+    x = np.unique(np.concatenate((distinct, budget // np.arange(2, THRESHOLDS_BELOW + 1) + 1)))
     x = x[x >= least]
-    units = (_floor_sums(sizes[~big], counts[~big], x) + int(counts[big].sum()) * (budget // x)
-             - _floor_sums(budget - sizes[big], counts[big], x))
+    units = (_floor_sums(sizes[:small], counts[:small], x) + int(counts[small:].sum()) * (budget // x)
+             - _floor_sums(budget - sizes[small:][::-1], counts[small:][::-1], x))
     if alone.any():
         units = units + _least_units(lengths[alone], degrees, fits[alone], budget, x)
     return bool((units > num_ranks * (budget // x)).any())
