@@ -46,6 +46,6 @@ def test_bound_of_a_small_case():
     from orchmllm.balancers.microbatch.bounds import beyond_one_microbatch  # new here: the parent lacks it
 
     lengths, costs = np.array([8, 2, 2, 8]), np.array([9.0, 1.0, 1.0, 4.0])
-    assert beyond_one_microbatch(costs, lengths, 2, 8, 15.0, 9.0) == pytest.approx(10.0, rel=1e-8)
+    assert beyond_one_microbatch(costs, lengths, 2, 8, 15.0, 20, 9.0) == pytest.approx(10.0, rel=1e-8)
     plan = balance_microbatches(lengths, 2, max_tokens_per_microbatch=8, costs=costs.tolist())
     assert plan.step_cost == 10.0 and plan.lower_bound == 10.0  # integer costs: rounded up, proven optimal

@@ -12,6 +12,9 @@
           badly (probe22 P22-12: the cell LPT at D = 512 × 8, M = 8, 11.8 % above the bound; the joint
           greedy, which fills few micro-batches, 0.4 %; the fewest's plan, one micro-batch, 0.02 %).
           A free M tries the fewest first and keeps the cheapest M (`api._solve`): its plans are unchanged
+    M above the fewest + 1, where neither plan is within GREEDY_GAP of the certified bound: also the plan of
+          the fewest + 1 (`_far_above`; kept too), where it costs less (probe23 P23-03: the fewest's cells of
+          ~2.7 items each balance ~3 % above the bound at D 512, one micro-batch more, 2 a cell, 0.3-0.5 %)
     M = 1 (a cell per rank, a plain step under the cap T; also where a larger M's fewest is 1),
           `solve_with_plain_step` only: also `balance`'s default plan of the same items with
           max_tokens_per_rank = T, searched further, so one micro-batch is never worse than the plain
@@ -35,7 +38,7 @@ import numpy as np
 from ..kernels import auto
 from ..problem import InfeasibleError, make_problem
 from . import cells as microbatch_cells, exact as microbatch_exact, greedy as microbatch_greedy
-from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, step_cost
+from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, float_sum, step_cost
 from .search import improve, searches
 
 GREEDY_MAX_WORK = 300_000  # item × cell pairs up to which `auto` also runs the joint greedy
@@ -191,26 +194,38 @@ def _or_fewest(problem: MicroBatchProblem, num_microbatches: int, plain_step: bo
         return _one_microbatch(problem) if plain_step and num_microbatches == 1 else _solve(problem, num_microbatches)
     if num_microbatches == fewest:
         return _fewest_plan(problem, plain_step and fewest == 1)
-    result = _solve(problem, num_microbatches)
+    # M = fewest + 1: its plan kept for the larger M that may take it (`_fewest_plan`), the same `_solve`
+    result = _fewest_plan(problem, False, 1) if num_microbatches == fewest + 1 else _solve(problem, num_microbatches)
     cost = None if result is None else plan_cost(problem, result, num_microbatches)
     if cost is not None and cost <= problem.step_bound(num_microbatches):
         return result  # at the bound: the fewest's plan cannot cost less (rev15 R15-06: 4.1x the time for it)
-    fewer = _fewest_plan(problem, plain_step and fewest == 1)
-    if fewer is None or result is None:
-        return fewer if result is None else result
-    return fewer if plan_cost(problem, fewer, num_microbatches) < cost else result  # M's on ties
+    plans = [plan for plan in (result, _fewest_plan(problem, plain_step and fewest == 1)) if plan is not None]
+    costs = [plan_cost(problem, plan, num_microbatches) for plan in plans]
+    if num_microbatches > fewest + 1 and _far_above(problem, min(costs, default=None), num_microbatches):
+        plans += [plan for plan in [_fewest_plan(problem, False, 1)] if plan is not None]
+        costs += [plan_cost(problem, plan, num_microbatches) for plan in plans[len(costs):]]
+    return plans[int(np.argmin(costs))] if plans else None  # the first on ties: M's, the fewest's, the fewest + 1's
 
 
-def _fewest_plan(problem: MicroBatchProblem, one_microbatch: bool) -> MicroBatchResult | None:
-    """`_solve`'s plan (`one_microbatch`: `_one_microbatch`'s) with the fewest micro-batches any plan needs, kept
-    on the problem (`packings`, shared by its copies) for the next M: the same items (the arrays themselves) and
-    settings."""
-    key = (FEWEST_KEY, one_microbatch)
+def _far_above(problem: MicroBatchProblem, cost: float | None, num_microbatches: int) -> bool:
+    """Whether the step `cost` of the best plan at M (None: none packs) is more than GREEDY_GAP above the
+    certified bound (`MicroBatchProblem.certified_bound`): then `_or_fewest` weighs the plan of the fewest + 1
+    micro-batches too (probe23 P23-03: 75 %-empty batches at D 512 fill the fewest, 3, micro-batches ~2.7 items a
+    cell, which the cell LPT balances ~3 % above the bound; in 4, 2 a cell, 0.3-0.5 %)."""
+    certified = float_sum([problem.certified_bound, num_microbatches * problem.microbatch_overhead])
+    return cost is None or cost > certified * (1.0 + GREEDY_GAP)
+
+
+def _fewest_plan(problem: MicroBatchProblem, one_microbatch: bool, more: int = 0) -> MicroBatchResult | None:
+    """`_solve`'s plan (`one_microbatch`: `_one_microbatch`'s) with the fewest micro-batches any plan needs (and
+    `more`), kept on the problem (`packings`, shared by its copies) for the next M: the same items (the arrays
+    themselves) and settings."""
+    key = (FEWEST_KEY, one_microbatch, more)
     items = (problem.lengths, problem.item_costs)
     settings = (problem.num_ranks, problem.max_tokens_per_microbatch, problem.work_limit, problem.microbatch_overhead)
     kept = problem.packings.get(key)
     if kept is None or any(a is not b for a, b in zip(kept[0], items)) or kept[1] != settings:
-        plan = _one_microbatch(problem) if one_microbatch else _solve(problem, problem.min_microbatches)
+        plan = _one_microbatch(problem) if one_microbatch else _solve(problem, problem.min_microbatches + more)
         kept = problem.packings[key] = (items, settings, plan)
     return kept[2]
 

@@ -89,22 +89,23 @@ def step_cost_bound(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, capa
 
 
 def beyond_one_microbatch(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, capacity: int, total: float,
-                           bound: float) -> float:
-    """max c + cover / D (see the module), a hair lowered (1e-9: float sums), or 0.0 where it cannot pass `bound`:
-    no tokens beyond one micro-batch, a negative cost, or where even the mean cost per token of the other items
-    (which the cheapest cover cannot exceed) leaves it at most `bound`; the items by cost per token (a sort) only
-    past that test, which the default mix at 2560 × 32 does not pass.
+                          tokens: int, bound: float) -> float:
+    """max c + cover / D (see the module) of items of `total` cost (Σ c) and `tokens` (Σ l), a hair lowered (1e-9:
+    float sums), or 0.0 where it cannot pass `bound`: no tokens beyond one micro-batch, a negative cost, or where
+    even the mean cost per token of the other items (which the cheapest cover cannot exceed; they hold at least
+    Σ l - T) leaves it at most `bound`; the items by cost per token (a sort) only past that test, which the default
+    mix at 2560 × 32 does not pass (the test: one O(n) max).
 
-    >>> round(beyond_one_microbatch(np.array([9., 1., 1., 4.]), np.array([8, 2, 2, 8]), 2, 8, 15.0, 9.0), 6)
+    >>> round(beyond_one_microbatch(np.array([9., 1., 1., 4.]), np.array([8, 2, 2, 8]), 2, 8, 15.0, 20, 9.0), 6)
     10.0
     """
-    beyond = int(lengths.sum()) - num_ranks * capacity  # tokens outside the micro-batch of the costliest item
-    if beyond <= 0 or not costs.size or float(costs.min()) < 0:
+    beyond = tokens - num_ranks * capacity  # tokens outside the micro-batch of the costliest item
+    if beyond <= 0 or not costs.size:
+        return 0.0
+    most = float(costs.max())
+    if most + (total - most) * beyond / ((tokens - capacity) * num_ranks) <= bound or float(costs.min()) < 0:
         return 0.0
     top = int(np.argmax(costs))
-    others = int(lengths.sum()) - int(lengths[top])
-    if float(costs[top]) + (total - float(costs[top])) * beyond / (others * num_ranks) <= bound:
-        return 0.0
     holding = np.flatnonzero(lengths > 0)
     holding = holding[holding != top]
     order = holding[np.argsort(costs[holding] / lengths[holding], kind="stable")]  # cheapest per token first
@@ -112,4 +113,4 @@ def beyond_one_microbatch(costs: np.ndarray, lengths: np.ndarray, num_ranks: int
     whole = int(np.searchsorted(covered, beyond))  # items taken whole; the next one in part
     short = beyond - (int(covered[whole - 1]) if whole else 0)
     cover = math.fsum(costs[order[:whole]].tolist()) + float(costs[order[whole]]) * short / float(lengths[order[whole]])
-    return (float(costs[top]) + cover / num_ranks) * (1.0 - 1e-9)
+    return (most + cover / num_ranks) * (1.0 - 1e-9)

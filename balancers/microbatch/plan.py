@@ -89,7 +89,7 @@ class MicroBatchProblem(SortedItems):
         against (raised, it kept the joint greedy out of a long-context plan it made 0.6 % cheaper)."""
         return max(self.cost_bound, beyond_one_microbatch(self.item_costs, self.lengths, self.num_ranks,
                                                           self.max_tokens_per_microbatch, self.total_cost,
-                                                          self.cost_bound))
+                                                          self.total_tokens, self.cost_bound))
 
     def step_bound(self, num_microbatches: int) -> float:
         """The step no plan of `num_microbatches` micro-batches beats: `cost_bound` and their overheads."""
