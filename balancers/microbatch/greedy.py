@@ -241,44 +241,48 @@ class _Rows:
             cell = heapq.heappop(self.waiting)[1]
             bisect.insort(self.rows[cell // self.d], (self.loads[cell], cell))
 
-    def place(self, found: tuple[int, float], cost: float, length: int) -> None:
-        """One item into `found`'s cell (`_best_fit`'s (cell, excess))."""
+    def place(self, found: tuple[int, float], cost: float, length: int, most: int = 1) -> int:
+        """Items into `found`'s cell (`_best_fit`'s (cell, excess)): one, or up to `most` where it fits (cost > 0: it
+        stays the best, its excess growing, the others' not, an equal one's cell higher); how many."""
         cell, excess = found
         # `_fresh_wins`, inline for positive costs: a call per item costs 9 %
         if not self.fresh_won and (excess > cost if cost > 0.0 else _fresh_wins(excess, cost)):
             self.fresh_won, self.snapshot = True, _copied(self)
-        m = cell // self.d
-        row = self.rows[m]
+        m, cap = cell // self.d, self.cap
+        row, top = self.rows[m], self.level[m]
         del row[bisect.bisect_left(row, (self.loads[cell], cell))]
-        load = self.loads[cell] = self.loads[cell] + cost
-        self.tokens[cell] += length
-        if load > self.level[m]:
+        load, tokens, taken = self.loads[cell] + cost, self.tokens[cell] + length, 1
+        while taken < most and excess <= 0.0 and (load + cost) - top <= 0.0 and cap - tokens >= length:
+            load, tokens, taken = load + cost, tokens + length, taken + 1
+        self.loads[cell], self.tokens[cell] = load, tokens
+        if load > top:
             self.level[m] = load
-        if self.cap - self.tokens[cell] >= length:
+        if cap - tokens >= length:
             bisect.insort(row, (load, cell))
         else:
-            heapq.heappush(self.waiting, (self.tokens[cell] - self.cap, cell))
-        self.chosen.append(cell)
+            heapq.heappush(self.waiting, (tokens - cap, cell))
+        self.chosen += [cell] * taken
+        return taken
 
     def run(self, cost: float, length: int, count: int) -> bool:
         """`count` items of `cost` and `length`; False when one finds no room.  With cost > 0 a cell that takes one
         without a rise stays the best while it takes more, so those that take one and no second (excess in
         (-cost, 0]: `zones`) take the items in one sort (`_take_zones`); the rest one `_best_fit` an item."""
         rows, level = self.rows, self.level
-        fits = [_first_above(row, len(row), level[m], cost, 0.0) if cost > 0.0 else 0 for m, row in enumerate(rows)]
+        fits = [_first_above(row, len(row), level[m], cost, 0.0) if cost > 0.0 and row and (row[0][0] + cost) - level[
+            m] <= 0.0 else 0 for m, row in enumerate(rows)]  # the least load fits: some do
         zones = [_first_above(row, f, level[m], cost, -cost) if f else 0 for m, (row, f) in enumerate(zip(rows, fits))]
         while count:
-            if any(zone < fit for zone, fit in zip(zones, fits)):
+            if zones != fits:  # some zone below its fits (zones[m] <= fits[m])
                 placed = self._take_zones(fits, zones, cost, length, count)
                 if placed:
                     count -= placed
                     fits = zones[:]
                     continue
-            found = _best_fit(rows, level, cost)
+            found = _best_fit(rows, level, cost, None, 0.0, cost > 0.0 and not any(fits))  # no fit: the least rise
             if found is None:
                 return False
-            self.place(found, cost, length)
-            count -= 1
+            count -= self.place(found, cost, length, count if cost > 0.0 else 1)
             if cost > 0.0:
                 m = found[0] // self.d
                 fits[m] = _first_above(rows[m], len(rows[m]), level[m], cost, 0.0)
