@@ -219,9 +219,12 @@ def test_greedy_planning_time_on_capped_pareto_lengths(alternated_cpu):
     one run for the three M tried (the last two take the first's cells, `greedy._Run`) 0.29 s, and with runs of
     equal items taking their cells in one sort (`greedy._Rows.run`) 0.24-0.25 s at load 8.6 (0.32 s before in the
     same process; the default mix 0.21 s from 0.34 s): ~1.2x the joint greedy on the default mix (same size, T,
-    cost), alternated in one process, asserted within 10x on the best-of or the median.  Against the default
-    algorithm on the default mix (10-12 ms) it is ~19-20x, printed here: issue 24 asks 10x of that, which a greedy
-    keeping sorted Python lists of (load, cell) per micro-batch (~1-2 us an update at D 2560) does not reach."""
+    cost), alternated in one process, asserted within 10x on the best-of or the median.  A cell that fits takes as
+    many of a run as fit at once, and rises where no cell fits skip the search for fits (`greedy._Rows.place`,
+    `_Rows.run`): 1.10x less CPU (capped Pareto and the default mix, min of 11 alternated, load 7).  Against the
+    default algorithm on the default mix it is ~19-21x, printed here: issue 24 asks 10x of that, which a greedy
+    keeping sorted Python lists of (load, cell) per micro-batch (~1-2 us an update at D 2560, ~1.5 us of Python an
+    item) does not reach."""
     num_ranks, budget, cost = 2560, 16384, CostModel(linear=1.0, quadratic=1e-4)
     lengths = np.minimum((np.random.default_rng(0).pareto(0.8, num_ranks * 32) * 200).astype(np.int64) + 1, budget)
     default = timed_lengths("default")
@@ -249,7 +252,10 @@ def test_padded_auto_planning_time_at_2560_ranks(budget, alternated_cpu):
     the same items: 23x at T 8k, 37x at 16k (7.5-10 ms; ~20-23x the 12 ms of the greedy test's baseline), over
     issue 24's 10x.  Since probe23 P23-04 `auto` also plans the sorted runs (`cells.sorted_fill`) for every M:
     1.06x (T 16k) and 1.11x (T 8k) the CPU of the tree before (min of 5 alternated, load 5.2), for steps 7.9 % and
-    6.8 % lower (M 5 -> 4, 9 -> 8)."""
+    6.8 % lower (M 5 -> 4, 9 -> 8).  Before the last empty cell opens, the fits now take items a sort at a time while
+    every empty cell is a rise for them, a micro-batch's empty cells take a run of items (`_take_empties`), and rises
+    after the fits ran out skip the search for fits: 1.54x (T 16k) and 1.64x (T 8k) less CPU (min of 7 alternated,
+    load 7), ~12-19x the default plan of the default mix, 17-23x the unpadded plan of the same items."""
     lengths = timed_lengths("default")
 
     def plan(padded):
