@@ -136,12 +136,7 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     uniform, staged, stage_ends = _walk(pipeline, m)
     if not stage_ends:
         return np.zeros(rows)
-    # every operation's duration row is a contiguous row of (2M, rows) per stage: no (ops, rows) gather
-    axes = (*range(1, forward.ndim), 0)  # the rows last
-    both = np.concatenate([forward.transpose(axes), backward.transpose(axes)], axis=-2)
-    if pipeline.virtual_stages > 1:
-        both /= pipeline.virtual_stages
-    durations = list(both.reshape(int(np.prod(both.shape[:-1])), rows))  # its rows, each made a view once
+    durations = _durations(pipeline, forward, backward)
     ends, maximum = [], np.maximum
     for before, needs, row, done in uniform if forward.ndim == 2 else staged:
         # durations >= 0, so end times are >= +0.0 and an absent operation's 0 changes no max
@@ -159,6 +154,20 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     for end in rest[1:]:
         np.maximum(times, end, out=times)
     return times
+
+
+def _durations(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray) -> list[np.ndarray]:
+    """`replica_times`' duration rows, one per row number of `_walk`: the rows of (2M, replicas) per stage (no
+    (operations, replicas) gather), each a contiguous view, whatever the layout given.  Written into C order: for
+    rows (replicas, M) in C order (the search's and the probes' rows, gathered) concatenate laid the transposes out
+    in F order, every duration row strided, 1.6-2x the walk's time (D = 2560 x 16: 1.50 -> 0.74 ms, 1F1B)."""
+    rows, axes = forward.shape[0], (*range(1, forward.ndim), 0)  # the rows last
+    shape = forward.transpose(axes).shape
+    both = np.empty((*shape[:-2], 2 * shape[-2], rows))
+    np.concatenate([forward.transpose(axes), backward.transpose(axes)], axis=-2, out=both)
+    if pipeline.virtual_stages > 1:
+        both /= pipeline.virtual_stages
+    return list(both.reshape(int(np.prod(both.shape[:-1])), rows))  # its rows, each made a view once
 
 
 @lru_cache(maxsize=64)
