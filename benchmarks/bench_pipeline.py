@@ -180,13 +180,15 @@ interleaved 1.54-1.61 -> 1.41-1.49x (0.95-0.98x); M = 16 GPipe ~2.9x (unchanged)
 (1.70-1.74x), interleaved 3.03-3.20 -> 2.47-2.70x (1.74-1.92x): a replica's time never falls where a cell's cost
 rises, so the plain cells (1F1B, interleaved: only their step is read) are timed on the replica holding every
 micro-batch's largest cell, and their reordering on 64 replicas that hold its step and show its search stalling
-above the step found (then skipped, `search.stalls_at_once`).  pp38 (2026-12-06, load 7.5-8.3, this test in git
-archive trees of HEAD af1a740 with the planner and lpt.py of a3fadf2 and as is, alternated twice; plans bit-identical on
-held-out digests): M = 16 1F1B 1.87-1.88 -> 1.68-1.72x, interleaved 1.87 -> 1.62-1.67x, GPipe ~2.2x, M = 8 and M free
-unchanged (within noise): where two shaped starts are made and only the faster searched, the first's LPT's first M·D
-choices bound its cells from below and show it the slower (`shaped.first_from_below`: one LPT over all items fewer),
-the reordered plain cells are made and timed on their 64 step rows alone, in the starts' walk, unless searched, and
-the raised start's keys sort by introsort (many runs).  What is left is walks
+above the step found (then skipped, `search.stalls_at_once`).  pp38 (2026-12-06, load 5.2-5.6, this test in git
+archive trees of HEAD a3d8c95 with the planner, schedules and lpt.py of a3fadf2 and as is, alternated twice; plans
+bit-identical on held-out digests): M = 16 1F1B 1.88-1.92 -> 1.49-1.61x, interleaved 1.87 -> 1.54-1.55x, GPipe 2.22-2.24
+-> 2.16-2.18x, M = 8 1F1B 1.18 -> 1.13-1.16x, M free ~1.37x (unchanged): the walks read contiguous duration rows
+whatever the layout given (gathered rows came in C order and concatenate laid them out in F order, every duration row
+strided: 1.6-2x a walk's time); where two shaped starts are made and only the faster searched, the first's LPT's first
+M·D choices bound its cells from below and show it the slower (`shaped.first_from_below`: one LPT over all items
+fewer); the reordered plain cells are made and timed on their 64 step rows alone, in the starts' walk, unless
+searched; the raised start's keys sort by introsort (many runs).  What is left is walks
     (`replica_times`, numpy-bound: ~1.6 ns per operation and replica, ~0.2 ms a walk however few rows at M = 16;
     batching operations by level with gathers was 2-5x slower; the 1F1B walk has no O(M) form, its critical paths
     zig-zag over the stages), the shaped LPTs (`lpt.greedy_from`, ~2 ms each) and the rounds.  Asserted: that no case
