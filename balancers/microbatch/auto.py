@@ -194,16 +194,17 @@ def _or_fewest(problem: MicroBatchProblem, num_microbatches: int, plain_step: bo
         return _one_microbatch(problem) if plain_step and num_microbatches == 1 else _solve(problem, num_microbatches)
     if num_microbatches == fewest:
         return _fewest_plan(problem, plain_step and fewest == 1)
-    # M = fewest + 1: its plan kept for the larger M that may take it (`_fewest_plan`), the same `_solve`
-    result = _fewest_plan(problem, False, 1) if num_microbatches == fewest + 1 else _solve(problem, num_microbatches)
+    result = _solve(problem, num_microbatches)
     cost = None if result is None else plan_cost(problem, result, num_microbatches)
     if cost is not None and cost <= problem.step_bound(num_microbatches):
         return result  # at the bound: the fewest's plan cannot cost less (rev15 R15-06: 4.1x the time for it)
     plans = [plan for plan in (result, _fewest_plan(problem, plain_step and fewest == 1)) if plan is not None]
-    costs = [plan_cost(problem, plan, num_microbatches) for plan in plans]
+    costs = [cost if plan is result else plan_cost(problem, plan, num_microbatches) for plan in plans]
     if num_microbatches > fewest + 1 and _far_above(problem, min(costs, default=None), num_microbatches):
-        plans += [plan for plan in [_fewest_plan(problem, False, 1)] if plan is not None]
-        costs += [plan_cost(problem, plan, num_microbatches) for plan in plans[len(costs):]]
+        after = _fewest_plan(problem, False, 1, greedy_pays=False)  # the fewest + 1's cells
+        if after is not None:
+            plans.append(after)
+            costs.append(plan_cost(problem, after, num_microbatches))
     return plans[int(np.argmin(costs))] if plans else None  # the first on ties: M's, the fewest's, the fewest + 1's
 
 
@@ -211,21 +212,25 @@ def _far_above(problem: MicroBatchProblem, cost: float | None, num_microbatches:
     """Whether the step `cost` of the best plan at M (None: none packs) is more than GREEDY_GAP above the
     certified bound (`MicroBatchProblem.certified_bound`): then `_or_fewest` weighs the plan of the fewest + 1
     micro-batches too (probe23 P23-03: 75 %-empty batches at D 512 fill the fewest, 3, micro-batches ~2.7 items a
-    cell, which the cell LPT balances ~3 % above the bound; in 4, 2 a cell, 0.3-0.5 %)."""
+    cell, which the cell LPT balances ~3 % above the bound; in 4, 2 a cell, 0.3-0.5 %).  That plan is `_solve`'s
+    without the extra joint greedy of `_greedy_pays` (the held-out rows it improves need only the cells')."""
     certified = float_sum([problem.certified_bound, num_microbatches * problem.microbatch_overhead])
     return cost is None or cost > certified * (1.0 + GREEDY_GAP)
 
 
-def _fewest_plan(problem: MicroBatchProblem, one_microbatch: bool, more: int = 0) -> MicroBatchResult | None:
-    """`_solve`'s plan (`one_microbatch`: `_one_microbatch`'s) with the fewest micro-batches any plan needs (and
-    `more`), kept on the problem (`packings`, shared by its copies) for the next M: the same items (the arrays
-    themselves) and settings."""
-    key = (FEWEST_KEY, one_microbatch, more)
+def _fewest_plan(problem: MicroBatchProblem, one_microbatch: bool, more: int = 0,
+                 greedy_pays: bool = True) -> MicroBatchResult | None:
+    """`_solve`'s plan (`one_microbatch`: `_one_microbatch`'s; `greedy_pays` as `_solve`'s) with the fewest
+    micro-batches any plan needs (and `more`), kept on the problem (`packings`, shared by its copies) for the next
+    M: the same items (the arrays themselves) and settings."""
+    key = (FEWEST_KEY, one_microbatch, more, greedy_pays)
     items = (problem.lengths, problem.item_costs)
     settings = (problem.num_ranks, problem.max_tokens_per_microbatch, problem.work_limit, problem.microbatch_overhead)
     kept = problem.packings.get(key)
     if kept is None or any(a is not b for a, b in zip(kept[0], items)) or kept[1] != settings:
-        plan = _one_microbatch(problem) if one_microbatch else _solve(problem, problem.min_microbatches + more)
+        fewest = problem.min_microbatches + more
+        plan = (_one_microbatch(problem) if one_microbatch else
+                _solve(problem, fewest) if greedy_pays else _solve(problem, fewest, None, False))
         kept = problem.packings[key] = (items, settings, plan)
     return kept[2]
 

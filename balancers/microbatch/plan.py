@@ -53,9 +53,9 @@ class MicroBatchProblem(SortedItems):
 
     def for_kernel(self) -> MicroBatchProblem:
         """A shallow copy of this problem for a kernel (`SortedItems.for_kernel`), made once its bounds
-        (`min_microbatches`, `cost_bound`) and `total_tokens` are computed: the copy shares them, and the
-        certificate reads this problem's, computed before any kernel ran."""
-        for name in ("min_microbatches", "cost_bound", "total_tokens"):
+        (`min_microbatches`, `cost_bound`, `certified_bound`) and `total_tokens` are computed: the copy shares them,
+        and the certificate reads this problem's, computed before any kernel ran."""
+        for name in ("min_microbatches", "cost_bound", "certified_bound", "total_tokens"):
             getattr(self, name)
         return super().for_kernel()
 
