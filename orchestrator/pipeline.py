@@ -119,10 +119,11 @@ def planned_step(batch: Batch, stages, cells: MicroBatchPlan, microbatches, pipe
     """The `PipelineStep` of a micro-batched plan (its `cells`, micro-batch m run m-th, and the `microbatches`'
     `PassPlan`s) through `pipeline` with its encoders on the first stage (module docstring); `cells.pipeline`
     itself where no encoder works.  Its `unaware_step_time` is the cells planner's (`cells.pipeline`): the
-    PP-unaware cells' step as that planner saw them, with each sample's encoder costs in its own cell where it
-    planned with them (`cell_costs`: then the step they run, for unpadded encoders), else without encoders (the
-    PP-unaware plan's encoders are never planned); for cells not planned for the pipeline, their own step.  The
-    bound holds for plans with this M, or with any M from the fewest that fit when `free_microbatches`.
+    step of the plain cells it started from (`PipelineStep`) as that planner saw them, with each sample's encoder
+    costs in its own cell where it planned with them (`cell_costs`: then the step they run, for unpadded
+    encoders), else without encoders (the plain cells' encoders are never planned); for cells not planned for the
+    pipeline, their own step.  The bound holds for plans with this M, or with any M from the fewest that fit when
+    `free_microbatches`.
     `times`: the replicas' times of these cells with their encoders, where the caller has them (`microbatch_order`)."""
     pipeline.check_microbatches(cells.num_microbatches, "cells.num_microbatches")
     first = first_stage_loads(microbatches, batch.num_ranks)

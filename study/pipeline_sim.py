@@ -17,11 +17,13 @@ Model (the schedules of `balancers.pipeline.schedules`, per-stage times):
 Point-to-point activations, the input exchange, gradient reduction and the optimizer step are
 left out (the same for every strategy, or overlapped).  The PP-aware planner is given each
 sample's encoder FLOPs as its first-stage part (`balance_microbatches(..., first_stage_costs=)`), so its
-stage times are the simulator's: ours is never slower than the PP-unaware plan it starts from.
+stage times are the simulator's: ours is never slower than the plain cells it starts from (those of
+ours_unaware, but for the fewest micro-batches' plan or the joint greedy's, which ours_unaware keeps where
+their Σ_m max is lower: `PipelineStep.unaware_step_time`).
 
 Strategies (`STRATEGIES`):
 
-    ours            the PP-unaware plan's cells re-planned for the schedule (balance_microbatches(...,
+    ours            the plain cells planned for M re-planned for the schedule (balance_microbatches(...,
                     pipeline=, first_stage_costs=)), encoders on the first stage
     ours_unaware    balance_microbatches without it: Σ_m max_r load, in its own order
                     (both plan each sample's LLM and encoder FLOPs together, `costs=`)

@@ -27,7 +27,9 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               optimal only when they meet
 
 The plan given is one of the starts, and the searches' cells are kept only when faster than every
-start, so the result is never slower than it (the pipeline-unaware plan run in its own order).
+start, so the result is never slower than it (the cells planned for M, `microbatch.auto.solve_each`, run in
+their own order: the plan `balance_microbatches` makes without `pipeline=`, but for the fewest micro-batches'
+plan and the joint greedy that call may keep where their Σ_m max is lower).
 Items of cost 0 are left out and dealt after, where their tokens fit (`free`: they change no cell's cost).
 Deterministic: no clock, ties by index.  M is the plain plan's (a free M is not raised to shrink
 the bubble); with M free the bound covers every M, so its gap also shows what more micro-batches
@@ -65,8 +67,12 @@ class PipelineStep:
     """A plan's pipeline step: every replica's schedule time, the step (their max), a bound, a status.
 
     Micro-batch m of the plan runs in slot m of every replica.  `unaware_step_time` is the
-    step of the plain plan it started from, in that plan's order.  Every field is computed by the planner
-    (a user reads them all: `to_json`), the replica times read-only.
+    step of the plain plan it started from, in that plan's order: the cells planned for M
+    (`microbatch.auto.solve_each`), not always the plan `balance_microbatches` returns without `pipeline=`,
+    which may keep the fewest micro-batches' plan or the joint greedy's where their Σ_m max is lower (probe25
+    P25-01: up to 4.8 % apart on small instances; issue 28's figures time that call's plan by the event
+    model, `benchmarks/bench_pipeline.py`).  Every field is computed by the planner (a user reads them all:
+    `to_json`), the replica times read-only.
     """
 
     pipeline: Pipeline
