@@ -182,6 +182,44 @@ def _tree_round(state: _CappedState, position: int, size: int) -> np.ndarray:
     return np.array(taken, dtype=np.int64)
 
 
+def _free_run(state: _CappedState, position: int) -> np.ndarray:
+    """Ranks of the items position.. (all of cost 0, the last in cost order), each the first rank in (load, rank)
+    order with room for it: their costs change no load, so the order stays and a rank takes item after item while
+    it has room.  A descent of a max-room tree over the ranks in that order, O(log D) a item, the tree updated, not
+    rebuilt (a round a item, as `_tree_round` made them, took O(D) each: 53 s for 8k free items at 512 x 32, cells
+    of 16k tokens); stops where no rank has room."""
+    rooms = state.cap - state.tokens[state.ranked]
+    leaves = 1 << max(int(rooms.size - 1).bit_length(), 0)
+    level = np.full(leaves, -1, dtype=np.int64)
+    level[:rooms.size] = rooms
+    levels = [level]
+    while level.size > 1:
+        level = level.reshape(-1, 2).max(axis=1)
+        levels.append(level)
+    tree = np.concatenate(levels[::-1]).tolist()  # node k's children: 2k + 1, 2k + 2
+    taken, last = [], leaves - 1
+    for length in state.lengths[position:].tolist():
+        if tree[0] < length:
+            break
+        node = 0
+        while node < last:  # to the first leaf with room
+            node = 2 * node + 1
+            if tree[node] < length:
+                node += 1
+        taken.append(node - last)
+        room = tree[node] = tree[node] - length
+        while node:  # up while the max below changes
+            sibling = tree[node + 1] if node & 1 else tree[node - 1]
+            node = (node - 1) >> 1
+            room = room if room >= sibling else sibling
+            if room == tree[node]:
+                break
+            tree[node] = room
+    placed = state.ranked[np.array(taken, dtype=np.int64)]
+    state.tokens += token_sums(placed, state.lengths[position:position + placed.size], state.num_ranks)
+    return placed
+
+
 def _heap_run(state: _CappedState, position: int, stop: int) -> np.ndarray:
     """Ranks of the items position..stop - 1 (lengths not growing), placed one heap step each (the
     least-loaded rank with room; a rank without room for the next item waits in a max-room heap
@@ -227,10 +265,18 @@ def greedy_capped(problem: Problem, cap: int, uncapped: np.ndarray, no_room, hop
     if hopeless is not None and cannot_finish(state.lengths[start:], state.tokens, cap):
         raise hopeless(problem, cap, int(order[start]))
     grows = np.flatnonzero(state.lengths[1:] > state.lengths[:-1]) + 1  # where lengths grow
+    free = n - int(np.searchsorted(state.costs[::-1], 0.0, side="right"))  # the items of cost 0 from here
     assignment = np.empty(n, dtype=np.int64)
     assignment[order[:start]] = ranks[:start]
     position = start
     while position < n:
+        if position >= free:
+            placed = _free_run(state, position)
+            assignment[order[position:position + placed.size]] = placed
+            position += placed.size
+            if position < n:
+                raise no_room(problem, int(order[position]), cap)
+            break
         later = np.searchsorted(grows, position, side="right")
         run_end = int(grows[later]) if later < grows.size else n
         size = min(n - position, state.num_ranks, run_end - position)
