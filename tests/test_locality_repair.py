@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from orchmllm import Orchestrator
 from orchmllm.balancers import CostModel, balance
 from orchmllm.balancers.locality import repair as locality_repair
+from orchmllm.balancers.locality import windows
 from orchmllm.balancers.locality.partial_plan import PartialPlan
 from orchmllm.balancers.locality.repair import (ACROSS_CANDIDATES, ranks_left_over, repair, repair_across_nodes,
                                                  repair_in_node)
@@ -279,7 +280,7 @@ def test_window_max_is_the_max_of_every_window(values, width):
     values = np.array(values)
     width = min(width, values.size)
     expected = [values[k:k + width].max() for k in range(values.size - width + 1)]
-    assert locality_repair._window_max(values, width).tolist() == expected
+    assert windows.window_max(values, width).tolist() == expected
 
 
 def test_the_across_node_passes_build_only_rows_that_can_take_a_fix(monkeypatch):

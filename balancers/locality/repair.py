@@ -14,6 +14,7 @@ import numpy as np
 
 from .partial_plan import PartialPlan
 from .reach import ranks_left_over
+from .windows import candidate_windows, window_max
 
 ROOMY_PARTNERS = 16  # roomiest ranks searched first for a partner from another node
 REPAIR_SEARCHES = 128  # byte-aware searches (`best_fix` rounds) before `repair` gives up
@@ -267,6 +268,14 @@ def _searched(keys: np.ndarray, needles: np.ndarray, bound: int) -> np.ndarray:
     return position
 
 
+def _settle(state: PartialPlan, stuck: np.ndarray) -> None:
+    """Mark stuck the ranks a round of full fixes left above the target by no more than rounding: its fixes were
+    valid by their loads as predicted, and fixing such a rank again passes the rounding from rank to rank (probe25
+    P25-09: two ranks 1.8e-12 above a target of 14387 swapped an item back and forth, a pass without end).  Every
+    round then fixes a rank or marks one stuck, so a pass ends."""
+    stuck |= (state.loads > state.target) & (state.loads <= state.target + _rounding(state))
+
+
 def _over_target(state: PartialPlan, stuck: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(over-target ranks not stuck, most loaded first with ties by rank; the items on them)."""
     over = np.flatnonzero((state.loads > state.target) & ~stuck)
@@ -313,33 +322,7 @@ def repair_in_node(state: PartialPlan, gpus_per_node: int) -> None:
         partner = np.full(delta.shape, -1, dtype=np.int64)
         partner[at] = found[valid]  # a candidate that is not valid takes no fix: its partner is never read
         stuck[_apply_fixes(state, items[live], partner, partner_rank[live], over, delta)] = True
-
-
-def _window_max(values: np.ndarray, width: int) -> np.ndarray:
-    """max(values[k:k + width]) for every start k (values.size - width + 1 of them), by doubling spans.
-
-    >>> _window_max(np.array([3.0, 1.0, 4.0, 1.0, 5.0]), 3).tolist()
-    [4.0, 4.0, 5.0]
-    """
-    span, most = 1, values
-    while 2 * span <= width:
-        most = np.maximum(most[:-span], most[span:])  # most[k] = max(values[k:k + 2 * span])
-        span *= 2
-    return np.maximum(most[:most.size - (width - span)], most[width - span:])
-
-
-def _candidate_windows(state: PartialPlan, candidates: int) -> dict[str, np.ndarray]:
-    """Candidate j of row i is position start_i + j of the largest-first order, then candidates + 1 of none (a move): a
-    row's partners, their costs and (under a cap, where they count) their lengths are one slice (a window, row
-    start_i) of these, built in one pass over the order."""
-    pad = candidates + 1
-    columns = {"partner": np.concatenate([state.item_of_rank, np.full(pad, -1)]),
-               "cost": np.concatenate([state.negated_sorted_costs, np.zeros(pad)])}
-    np.negative(columns["cost"], out=columns["cost"])
-    if state.cap < np.inf:
-        columns["length"] = np.concatenate([state.lengths[state.item_of_rank], np.zeros(pad)])
-    return {name: np.lib.stride_tricks.as_strided(values, (values.size - candidates, pad), values.strides * 2,
-                                                  writeable=False) for name, values in columns.items()}
+        _settle(state, stuck)
 
 
 def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
@@ -356,7 +339,7 @@ def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
         over, items = _over_target(state, stuck)
         if over.size == 0:
             return
-        windows = _candidate_windows(state, candidates) if windows is None else windows
+        windows = candidate_windows(state, candidates) if windows is None else windows
         item_rank = state.destinations[items]
         limit = state.costs[items] - (state.loads[item_rank] - state.target)
         # the first candidate's position: the items of cost > limit come before it in the largest-first order
@@ -373,17 +356,18 @@ def repair_across_nodes(state: PartialPlan, candidates: int) -> None:
         live, delta = _valid_deltas(state, items, partner_rank, partner_costs, partner_lengths)
         items, partner, partner_rank = _live_rows(live, items, partner, partner_rank)
         stuck[_apply_fixes(state, items, partner, partner_rank, over, delta)] = True
+        _settle(state, stuck)
 
 
 def _near(state: PartialPlan, items: np.ndarray, start: np.ndarray, first_costs: np.ndarray, candidates: int,
           roomiest: int) -> tuple[np.ndarray, np.ndarray]:
     """The rows of `repair_across_nodes` (`items`, their first candidates' positions `start` and costs) that may hold a
     valid fix.  A row's deltas grow along it (the candidates' costs descend) and a valid fix's delta fits its
-    partner rank's room, so a row whose first delta exceeds every room in its window (`_window_max` of the rooms of
+    partner rank's room, so a row whose first delta exceeds every room in its window (`window_max` of the rooms of
     the ranks in the largest-first order; past the items: moves to the roomiest rank), and whose move the roomiest
     rank's room, has none (up to rounding): on real traces most rows of the wide pass."""
     ranks = np.append(state.destinations[state.item_of_rank], np.full(candidates + 1, roomiest))
-    reach = _window_max(state.target - state.loads[ranks], candidates) + _rounding(state)  # the last: moves only
+    reach = window_max(state.target - state.loads[ranks], candidates) + _rounding(state)  # the last: moves only
     costs = state.costs[items]
     near = (costs - first_costs <= reach[start]) | (costs <= reach[-1])
     return items[near], start[near]
