@@ -190,7 +190,10 @@ def code_word() -> int:
     """The code and environment a plan is made with, as one signed 64-bit word (never 0): the sources of
     PLANNING_CODE, numpy's version and the CPU features its loops dispatch on, Python's version and the machine.
     Ranks of equal words make equal plans from equal metadata with a deterministic planner (a rank on another
-    orchmllm checkout, numpy or host may not: float paths).  Read once a process (~15 ms).
+    orchmllm checkout, numpy or host may not: float paths).  Read once a process (~15 ms), when this module is
+    imported with the planning code (rev17 R17-02: read at the first plan, a checkout changed in between gave a
+    process running the old code the new files' word).  It vouches for the files, not for run-time patches of what
+    they define (a kernel monkeypatched below the dispatcher's planner, a CostModel subclass).
 
     >>> code_word() == code_word() != 0
     True
@@ -206,6 +209,9 @@ def code_word() -> int:
         hasher.update(str(path.relative_to(root)).encode())
         hasher.update(path.read_bytes())
     return int(np.frombuffer(hasher.digest(), dtype=np.int64)[0]) or 1
+
+
+code_word()  # at import, beside the planning modules it describes
 
 
 HEADER_WORDS = 9  # a call header: its tag and 8 words of payload (a 64-byte digest)

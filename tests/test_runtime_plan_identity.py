@@ -163,3 +163,14 @@ def test_a_planner_word_vouches_only_for_orchmllm_s_own_planners_that_no_clock_s
     register_algorithm("plan_identity_plugin", _everything_on_rank_0)
     word = routes_module.planner_word(DispatchOptions(cost=CostModel(linear=1), **options), planner)
     assert word == (code_word() if vouched else 0)
+
+
+def test_regression_the_planner_word_is_read_at_import_with_the_code_it_describes():
+    """rev17 R17-02: the word was read at the first plan, so a checkout changed between a process's import and its
+    first plan gave a process running the old code the new files' word."""
+    import subprocess
+    import sys
+
+    script = "import orchmllm.runtime.agreement as a; print(a.code_word.cache_info().currsize)"
+    assert subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True).stdout.strip() == "1"
