@@ -1,4 +1,4 @@
-"""`schedules.replica_times` takes GPipe's closed form where every sum is exact (`schedules._exact_sums`): the same
+"""`schedules.replica_times` takes GPipe's closed form where every sum is exact (`schedules._exact_times`): the same
 floats as the walk, without it."""
 
 import numpy as np
@@ -17,7 +17,7 @@ BENCH_COST = CostModel(per_item=0.0, linear=426233561088.0, quadratic=3932160.0)
 def _walked(monkeypatch, pipeline, forward, backward):
     """The walk's times of these rows (the closed form turned off)."""
     with monkeypatch.context() as patched:
-        patched.setattr(schedules, "_exact_sums", lambda *args: False)
+        patched.setattr(schedules, "_exact_times", lambda *args: None)
         return schedules.replica_times(pipeline, forward, backward)
 
 
@@ -55,11 +55,11 @@ def test_the_closed_form_is_taken_only_with_the_walks_floats(stages, m, rows, fa
     forward, backward = pipeline.stage_times(cost)
     with pytest.MonkeyPatch.context() as patched:
         times = schedules.replica_times(pipeline, forward, backward)
-        exact = schedules._exact_sums(forward, backward, stages)
+        exact = schedules._exact_times(forward, backward, stages) is not None
         assert np.array_equal(times.view(np.int64), _walked(patched, pipeline, forward, backward).view(np.int64))
     assert exact or top > 2**40 or not cost.any()  # all 0: walked
     odd = rng.random((64, 16)) * 2.0**exponent / 3 + 2.0**(exponent - 1)  # of full mantissas: no common unit u
-    assert not schedules._exact_sums(*pipeline.stage_times(odd), stages)
+    assert schedules._exact_times(*pipeline.stage_times(odd), stages) is None
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -68,8 +68,8 @@ def test_plans_are_those_of_the_walk(monkeypatch, schedule):
     the closed form is taken: every start and final cell of GPipe; 1F1B walks as before)."""
     lengths = sample_workload("long_tail", 512, 32, seed=11).sample_llm_length
     plans = []
-    for exact in (schedules._exact_sums, lambda *args: False):
-        monkeypatch.setattr(schedules, "_exact_sums", exact)
+    for exact in (schedules._exact_times, lambda *args: None):
+        monkeypatch.setattr(schedules, "_exact_times", exact)
         plans.append(balance_microbatches(lengths, 512, max_tokens_per_microbatch=int(max(16384, lengths.max())),
                                           cost=BENCH_COST, num_microbatches=16, pipeline=Pipeline(4, schedule)))
     new, old = plans

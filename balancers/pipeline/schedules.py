@@ -31,7 +31,7 @@ the proportionate flow shop's makespan once per phase (`gpipe_time`):
 
     step = Σ f + (P - 1)·max f + Σ b + (P - 1)·max b
 
-`replica_times` takes it where every sum is exact (`_exact_sums`: durations of whole units, as integer costs
+`replica_times` takes it where every sum is exact (`_exact_times`: durations of whole units, as integer costs
 divisible by P·(1 + k) give), there the walk's floats; elsewhere the two may differ in the last bits.
 
 Why replicas are independent: with pipeline parallelism the data-parallel replicas meet
@@ -132,11 +132,10 @@ def replica_times(pipeline: Pipeline, forward: np.ndarray, backward: np.ndarray)
     [9.0]
     """
     forward, backward = np.asarray(forward, dtype=np.float64), np.asarray(backward, dtype=np.float64)
-    if pipeline.schedule == "gpipe" and pipeline.virtual_stages == 1 and forward.ndim == 2 and \
-            _exact_sums(forward, backward, pipeline.stages):
-        times = gpipe_time(forward, backward, pipeline.stages)  # every sum exact: the walk's floats, O(M) a row
-        times += 0.0  # a row of -0.0 alone: the walk's ends start at +0.0
-        return times
+    exact = None if pipeline.schedule != "gpipe" or pipeline.virtual_stages > 1 or forward.ndim != 2 else \
+        _exact_times(forward, backward, pipeline.stages)
+    if exact is not None:  # every sum exact: the walk's floats, O(M) a row
+        return exact
     rows, m = forward.shape[0], forward.shape[-1]
     blocks = -(-rows * max(m, 16) // (20 * BLOCK_ROWS))  # ceil(rows / (1.25 BLOCK_ROWS · min(1, 16 / M)))
     if blocks > 1:  # each row is timed alone: the same floats in blocks
@@ -231,26 +230,35 @@ def gpipe_time(forward: np.ndarray, backward: np.ndarray, stages: int) -> np.nda
             + backward.sum(axis=1) + (stages - 1) * _row_max(backward))
 
 
-def _exact_sums(forward: np.ndarray, backward: np.ndarray, stages: int) -> bool:
-    """Whether every duration (rows, M) is a whole multiple of one power of two u with (M + P - 1)·(max f + max b) <
-    2**53·u.  Every end time of GPipe's walk and every sum and product of `gpipe_time` is then a whole multiple of u
-    at most that (a replica's time, at most Σ f + (P - 1)·max f + the same of b), so each is exact whatever the order
-    of the sums: the two give the same floats (the exact proportionate flow shop's makespan).  Costs of whole units
-    divisible by P·(1 + k) make such durations (`Pipeline.stage_times`: bench_pipeline's cost model, D = 2560 x 32:
-    a walk of 7680 rows, M 16, 2.4-4 ms, the closed form 0.9).  The first row is tried alone first (cheap where not)."""
+def _exact_times(forward: np.ndarray, backward: np.ndarray, stages: int) -> np.ndarray | None:
+    """GPipe's closed form (`gpipe_time`) where every duration (rows, M) is a whole multiple of one power of two u with
+    (M + P - 1)·(max f + max b) < 2**53·u, else None.  Every end time of the walk and every sum and product of the
+    closed form is then a whole multiple of u at most that (a replica's time, at most Σ f + (P - 1)·max f + the same
+    of b), so each is exact whatever the order of the sums: the two give the same floats (the exact proportionate flow
+    shop's makespan), the row sums by a matrix product.  Integer costs divisible by P·(1 + k)
+    make such durations (`Pipeline.stage_times`; bench_pipeline's cost model, D = 2560 x 32, M 16: the starts' 7680
+    rows walked in 2.4-2.7 ms).  The first row is tried alone first (cheap where not)."""
     if not forward.size:
-        return False
-    top = (forward.shape[1] + stages - 1) * (float(forward.max()) + float(backward.max()))
-    exponent = math.frexp(top)[1]  # top < 2**exponent, so 2**53·u = 2**(exponent + 1) covers it and its rounding
-    if not 0 < top < math.inf or not -960 < exponent < 960:
-        return False
-    scale = math.ldexp(1.0, 52 - exponent)  # 1 / u: exact scaling (the values are below 2**exponent)
-    for values in (forward[:1], backward[:1], forward, backward):
-        scaled = values * scale
-        if not np.array_equal(np.floor(scaled), scaled) or (scale < 1 and np.count_nonzero(scaled) !=
-                                                             np.count_nonzero(values)):  # none lost below u
-            return False
-    return True
+        return None
+    for rows in ((forward[:1], backward[:1]), (forward, backward)):  # the first row's unit divides u: tried first
+        top = (forward.shape[1] + stages - 1) * (float(rows[0].max()) + float(rows[1].max()))
+        exponent = math.frexp(top)[1]  # top < 2**exponent, so 2**53·u = 2**(exponent + 1) covers it and its rounding
+        if rows[0] is not forward and not top > 0:
+            continue  # a first row of 0 (or NaN: refused below)
+        if not 0 < top < math.inf or not -960 < exponent < 960:
+            return None
+        scale = math.ldexp(1.0, 52 - exponent)  # 1 / u: exact scaling (the values are below 2**exponent)
+        for values in rows:
+            scaled = values * scale
+            if not np.array_equal(np.floor(scaled), scaled) or (scale < 1 and np.count_nonzero(scaled) !=
+                                                                 np.count_nonzero(values)):  # none lost below u
+                return None
+    times = np.zeros(forward.shape[0])  # +0.0: a row of -0.0 alone ends at +0.0, as the walk's
+    ones = np.ones(forward.shape[1])
+    for values in (forward, backward):  # row sums by a matrix product (exact in any order), maxima over columns
+        times += values @ ones
+        times += (stages - 1) * _row_max(values)
+    return times
 
 
 def _row_max(values: np.ndarray) -> np.ndarray:
