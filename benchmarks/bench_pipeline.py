@@ -187,7 +187,11 @@ whatever the layout given (gathered rows came in C order and concatenate laid th
 strided: 1.6-2x a walk's time); where two shaped starts are made and only the faster searched, the first's LPT's first
 M·D choices bound its cells from below and show it the slower (`shaped.first_from_below`: one LPT over all items
 fewer); the reordered plain cells are made and timed on their 64 step rows alone, in the starts' walk, unless
-searched; the raised start's keys sort by introsort (many runs).  What is left is walks
+searched; the raised start's keys sort by introsort (many runs).  pp39 (2026-12-06, load 3.4-3.7, this test in git
+archive trees of f6c16a5 and of it with 11cba0b's schedules.py, alternated twice; same plans held out): M = 16 GPipe
+2.16-2.25 -> 2.12-2.14x (min of 11 in one process 38.7 -> 37.9 ms, plain 18.2): GPipe's replica times take the closed
+form where every sum is exact (`schedules._exact_times`: durations of whole units, as this cost model gives), the
+walk's floats (the starts' 7680 rows 2.7 -> 1.5 ms).  What is left is walks
     (`replica_times`, numpy-bound: ~1.6 ns per operation and replica, ~0.2 ms a walk however few rows at M = 16;
     batching operations by level with gathers was 2-5x slower; the 1F1B walk has no O(M) form, its critical paths
     zig-zag over the stages), the shaped LPTs (`lpt.greedy_from`, ~2 ms each) and the rounds.  Asserted: that no case
