@@ -148,9 +148,9 @@ def _kept(state: _CappedState, position: int, taken: np.ndarray, lengths: np.nda
     return count
 
 
-def _tree_round(state: _CappedState, position: int, size: int) -> np.ndarray:
-    """Positions taken by the items position.. in a round (any lengths), each by a descent of a
-    max-room tree over the ranks in order, stopping at the round check."""
+def _room_tree(state: _CappedState) -> tuple[list, int]:
+    """A max-room tree over the ranks in (load, rank) order, as a list (node k's children: 2k + 1, 2k + 2; the
+    leaves, padded to a power of two with room -1, last), and its number of leaves."""
     rooms = state.cap - state.tokens[state.ranked]
     leaves = 1 << max(int(rooms.size - 1).bit_length(), 0)
     level = np.full(leaves, -1, dtype=np.int64)
@@ -159,7 +159,13 @@ def _tree_round(state: _CappedState, position: int, size: int) -> np.ndarray:
     while level.size > 1:
         level = level.reshape(-1, 2).max(axis=1)
         levels.append(level)
-    tree = np.concatenate(levels[::-1]).tolist()  # node k's children: 2k + 1, 2k + 2
+    return np.concatenate(levels[::-1]).tolist(), leaves
+
+
+def _tree_round(state: _CappedState, position: int, size: int) -> np.ndarray:
+    """Positions taken by the items position.. in a round (any lengths), each by a descent of a
+    max-room tree over the ranks in order, stopping at the round check."""
+    tree, leaves = _room_tree(state)
     loads, ranked = state.loads.tolist(), state.ranked.tolist()
     costs = state.costs[position:position + size].tolist()
     taken, least_topped = [], (np.inf, -1)
@@ -188,15 +194,7 @@ def _free_run(state: _CappedState, position: int) -> np.ndarray:
     it has room.  A descent of a max-room tree over the ranks in that order, O(log D) a item, the tree updated, not
     rebuilt (a round a item, as `_tree_round` made them, took O(D) each: 53 s for 8k free items at 512 x 32, cells
     of 16k tokens); stops where no rank has room."""
-    rooms = state.cap - state.tokens[state.ranked]
-    leaves = 1 << max(int(rooms.size - 1).bit_length(), 0)
-    level = np.full(leaves, -1, dtype=np.int64)
-    level[:rooms.size] = rooms
-    levels = [level]
-    while level.size > 1:
-        level = level.reshape(-1, 2).max(axis=1)
-        levels.append(level)
-    tree = np.concatenate(levels[::-1]).tolist()  # node k's children: 2k + 1, 2k + 2
+    tree, leaves = _room_tree(state)
     taken, last = [], leaves - 1
     for length in state.lengths[position:].tolist():
         if tree[0] < length:
