@@ -38,6 +38,7 @@ Algorithm:
         lower step is the best
     return the best split plan (the fills' on a tie) if it splits and beats P by more than min_gain, else P;
     with M free, no plan and no P: the plan of a fixed M above the fills' (`_more_microbatches`), if one lays out
+    with M fixed on few ranks: never above the free M's plan padded with empty micro-batches (`fewer.py`)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
 from .dual_feasible import cannot_lay_out
+from .fewer import at_most
 from .grouping import group_microbatches, row_least
 from .plan import ContextParallelPlan
 from .regroup import regroup
@@ -462,8 +464,8 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit,
         spec = spec.on(topology)
     spec.warn_unit_cost(cost)
     today = dict(plain, topology=topology if plain.get("sources") is not None else None)
-    return split_microbatches(lengths, num_ranks, spec, cost=CostModel() if cost is None else cost, budget=budget,
-                              overhead=overhead, num_microbatches=fixed, plain=lambda: unsplit(
-                                  lengths, num_ranks, max_tokens_per_microbatch=budget, cost=cost,
-                                  num_microbatches=num_microbatches, microbatch_overhead=microbatch_overhead,
-                                  **today))
+    return at_most(lambda count: split_microbatches(
+        lengths, num_ranks, spec, cost=CostModel() if cost is None else cost, budget=budget, overhead=overhead,
+        num_microbatches=count, plain=lambda: unsplit(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=cost,
+                                                      num_microbatches=count, microbatch_overhead=microbatch_overhead,
+                                                      **today)), num_ranks, fixed)
