@@ -16,7 +16,9 @@ and where even the least w_i over the degrees item i fits (t_i(c) <= L, ⌈l_i /
 layout has peak at most L (as plain code: `sum(min(w(i, c) for c in fitting(i, L)) for i in items) > D`).
 The kinds of u (each a dual feasible function of Fekete and Schepers, 2001):
 - work: t / L (the canonical bound's own);
-- time, k pieces: ⌊(k + 1) · t / L⌋ / k (k pieces each over L / (k + 1) fill a rank);
+- time, k pieces: (⌈(k + 1) · t / L⌉ − 1) / k (k pieces each over L / (k + 1) fill a rank; not ⌊(k + 1) · t / L⌋
+  / k, which counts two pieces of exactly L / 2 as 2 on a rank of 1: the code floors (k + 1) · t / L a hair low
+  (REL), at most this, and never drops that margin: rev17 R17-03);
 - tokens, threshold x: ⌊s / x⌋ / ⌊T / x⌋, for a shard over T / 2: (⌊T / x⌋ − ⌊(T − s) / x⌋) / ⌊T / x⌋.
 Each type's u is the kind (k from the least and the median piece time, x the least and the median shard)
 with the most units over the items that fit its degree.  Times are the best-case (intra-node) t_i(c), as
