@@ -242,8 +242,10 @@ def _add_reordered(problem: MicroBatchProblem, pipeline: Pipeline, starts: tuple
         searched.append(0)
     else:
         order = functools.cache(lambda: mountain(cost))  # the plain cells reordered in each replica
-        made = lambda: tuple(None if grid is None else np.take_along_axis(grid, order(), axis=1)  # noqa: E731
-                             for grid in (cost, tokens, firsts))
+
+        def made():
+            return tuple(None if grid is None else np.take_along_axis(grid, order(), axis=1)
+                         for grid in (cost, tokens, firsts))
         cells.append(made if early is not None else made())
         if early is not None:
             shown[len(cells) - 1] = early
@@ -384,7 +386,9 @@ def _start_times(pipeline: Pipeline, cells: list, one_searched: bool, below: np.
     cells are timed on those rows (`_reordered_rows`: one `step_rows` for both)."""
     plain = None if pipeline.schedule == "gpipe" else extra[0] if extra is not None else _proving_rows(cells[0], 1)
     partial, size, extras = set() if plain is None else {0}, cells[0][0].shape[0], [] if extra is None else [extra[1]]
-    walk = lambda starts, rows: _timed(pipeline, starts + extras, rows + [None] * len(extras))  # noqa: E731
+
+    def walk(starts, rows):
+        return _timed(pipeline, starts + extras, rows + [None] * len(extras))
     if below is not None:
         return walk(cells + [(below, None, None)], [plain, None, _probe_rows(below)]), partial
     if not one_searched or size <= 2 * PROBE_ROWS:
