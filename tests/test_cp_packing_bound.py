@@ -50,7 +50,8 @@ def _exact_peak(lengths, num_ranks, spec, budget):
 def test_no_layout_is_refused_at_its_own_peak(seed):
     """Tiny instances (up to 7 items, 4 or 8 ranks, long and short items, budgets near their shards): at the peak
     of the best layout found (the proven optimum's where the exact search finished, 37 of the 40) the bound
-    refuses nothing; 3 have no layout found (the exact search's budget ran out, the planner refused)."""
+    refuses nothing.  Where neither found a layout (3 of the 40: the exact search's budget ran out, the planner
+    refused) the budget is raised by a quarter until one is found, so every seed asserts."""
     rng = np.random.default_rng(seed)
     num_ranks = int(rng.choice([4, 8]))
     spec = ContextParallel(degrees=(1, 2, 4) if num_ranks == 4 else (1, 2, 4, 8), gpus_per_node=num_ranks)
@@ -59,8 +60,9 @@ def test_no_layout_is_refused_at_its_own_peak(seed):
     budget = int(rng.integers(int(lengths.max()) // (num_ranks // 2) + 1, 40000)) if seed % 2 else BUDGET
     budget = max(budget, -(-int(lengths.max()) // spec.degrees[-1]), -(-int(lengths.sum()) // num_ranks))  # fits
     peak = _exact_peak(lengths, num_ranks, spec, budget)
-    if peak is None:
-        pytest.skip("no layout found")
+    while peak is None:  # ends: at a budget of all the tokens one rank holds every item
+        budget += budget // 4
+        peak = _exact_peak(lengths, num_ranks, spec, budget)
     assert not Pieces(lengths, num_ranks, spec, COST, budget).exceeds(peak)
 
 
