@@ -1,13 +1,13 @@
-"""The locality deal's orders, the same as the plain sorts: group keys from runs of equal groups where items
-ascend; the fallback's pairs (`lap._pair_bytes`) and re-deal orders (`redeal`) by 16-bit radix argsorts."""
+"""The locality deal's orders, the same as the plain sorts: group keys by one sort of the packed keys, in int32
+where every key fits; the fallback's pairs (`lap._pair_bytes`) and re-deal orders (`redeal`) by 16-bit radix
+argsorts."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmllm.balancers.locality import partial_plan
 from orchmllm.balancers.locality.lap import _pair_bytes
-from orchmllm.balancers.locality.partial_plan import FEW_COSTS, RUNS_PER_KEY, SLICED_RUN_KEYS, PartialPlan
+from orchmllm.balancers.locality.partial_plan import PartialPlan
 from orchmllm.balancers.locality.redeal import _by_key, _dense_ranks, _match_sorted
 from orchmllm.balancers.problem import make_problem
 
@@ -20,16 +20,18 @@ def _sorted_keys(state: PartialPlan, groups: np.ndarray, items: np.ndarray | Non
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(2, 3000), st.integers(1, 40), st.sampled_from([1, 7, 300, 2**27]),
-       st.booleans(), st.booleans())
-def test_group_keys_by_runs_are_the_sorted_keys(seed, size, runs, groups_count, subset, one_cost):
-    """Items of one cost (cost rank = index), a few or many, grouped in runs (a sample's frames on its rank), all of
-    them or an ascending subset: the keys equal the plain sort's, in its dtype (runs too many: the sort's)."""
+       st.sampled_from(["all", "ascending", "shuffled"]), st.sampled_from([1, 3, 9, 50]))
+def test_group_keys_are_the_sorted_keys(seed, size, runs, groups_count, subset, costs):
+    """Items of one cost (cost rank = index) or of a few or many, grouped in runs (a sample's frames on its rank),
+    all of them or a subset, ascending or not: the keys equal the plain sort's, in int32 where every key fits."""
     rng = np.random.default_rng(seed)
-    lengths = np.full(size, 5) if one_cost else rng.integers(1, rng.choice([3, FEW_COSTS + 1, 50]), size)
+    lengths = np.full(size, 5) if costs == 1 else rng.integers(1, costs + 1, size)
     state = PartialPlan(make_problem(lengths, 4), target=0.0)
     run_groups = rng.integers(0, groups_count, runs)
     groups = np.repeat(run_groups, np.diff(np.sort(np.r_[0, rng.integers(0, size, runs - 1), size])))
-    items = np.sort(rng.choice(size, rng.integers(1, size + 1), replace=False)) if subset else None
+    items = None if subset == "all" else np.sort(rng.choice(size, rng.integers(1, size + 1), replace=False))
+    if subset == "shuffled":
+        items = rng.permutation(items)
     if items is not None:
         groups = groups[items]
     keys = state.group_keys(groups, items)
@@ -38,34 +40,18 @@ def test_group_keys_by_runs_are_the_sorted_keys(seed, size, runs, groups_count, 
     assert keys.dtype == (np.int32 if (int(groups.max()) + 1) << state.rank_bits <= 2**31 else np.int64)
 
 
-def test_group_keys_take_the_runs_only_for_one_cost_ascending_items_and_few_runs(monkeypatch):
-    """The run path serves items of up to FEW_COSTS costs, ascending, short runs and long (and refuses more than
-    one run in RUNS_PER_KEY keys: the sort makes those); more costs or unordered items are sorted."""
-    calls = []
-    real = partial_plan._keys_by_runs
-    monkeypatch.setattr(partial_plan, "_keys_by_runs", lambda *args: calls.append(real(*args)) or calls[-1])
-    size = 64 * RUNS_PER_KEY
-    state = PartialPlan(make_problem(np.full(size, 3), 8), target=0.0)
-    few = np.repeat(np.arange(64)[::-1], RUNS_PER_KEY)  # 64 runs
-    assert state.group_keys(few, None).tolist() == _sorted_keys(state, few, None).tolist()
-    assert calls[-1] is not None
-    for run in (RUNS_PER_KEY, SLICED_RUN_KEYS):  # runs gathered by position, or copied run by run
-        alternating = np.repeat(np.arange(size // run) % 2, run)  # a group's runs must keep their order
-        assert state.group_keys(alternating, None).tolist() == _sorted_keys(state, alternating, None).tolist()
-        assert calls[-1] is not None
-    many = np.arange(size) % 97  # a run per key
-    assert state.group_keys(many, np.arange(size)).tolist() == _sorted_keys(state, many, np.arange(size)).tolist()
-    assert len(calls) == 4 and calls[-1] is None
-    unordered = np.arange(size)[::-1].copy()
-    assert state.group_keys(few, unordered).tolist() == _sorted_keys(state, few, unordered).tolist()
-    for costs, path in ((FEW_COSTS, 1), (FEW_COSTS + 1, 0)):  # a few costs listed cost by cost; more are sorted
-        mixed = PartialPlan(make_problem(np.arange(size) * costs // size + 1, 8), target=0.0)  # in blocks
-        before = len(calls)
-        longer = np.repeat(np.arange(32)[::-1], size // 32)  # 32 runs, split by the costs' blocks
-        for items in (None, np.arange(3, size)):
-            groups = longer if items is None else longer[items]
-            assert mixed.group_keys(groups, items).tolist() == _sorted_keys(mixed, groups, items).tolist()
-        assert len(calls) == before + 2 * path and (not path or calls[-1] is not None)
+def test_group_keys_stay_int32_up_to_the_last_group_that_fits_and_never_wrap():
+    """16 items take 5 bits of cost rank: group 2**26 - 1 is the last whose keys fit int32 (its largest key is
+    2**31 - 1); one group more takes int64, where an int32 shift would wrap to negative keys and sort them first.
+    An empty call gives no keys."""
+    state = PartialPlan(make_problem(np.arange(16) % 3 + 1, 4), target=0.0)
+    assert state.rank_bits == 5
+    for last, dtype in ((2**26 - 1, np.int32), (2**26, np.int64)):
+        groups = np.array([last, 0, last, 1] * 4)
+        keys = state.group_keys(groups, None)
+        assert keys.dtype == dtype and keys.tolist() == _sorted_keys(state, groups, None).tolist()
+        assert keys[-1] >> state.rank_bits == last
+    assert state.group_keys(np.array([], dtype=np.int64), np.array([], dtype=np.int64)).size == 0
 
 
 @settings(max_examples=80, deadline=None)

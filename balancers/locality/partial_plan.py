@@ -52,35 +52,15 @@ class PartialPlan:
         """The items' lengths as float64, converted where first read (without a cap, few deals read them)."""
         return self._lengths.astype(np.float64)
 
-    @functools.cached_property
-    def cost_starts(self) -> np.ndarray:
-        """The cost ranks at which a new cost starts (the first excluded): item i's cost is the
-        searchsorted(cost_starts, cost_rank[i], side="right")-th distinct one, largest first."""
-        costs = self.sorted_costs
-        return np.flatnonzero(costs[1:] != costs[:-1]) + 1
-
     def group_keys(self, groups: np.ndarray, items: np.ndarray | None) -> np.ndarray:
         """The keys group << rank_bits | cost rank of `items` (None: every item), groups[k] the
         (non-negative) group of the k-th, sorted: int32 where every key fits (its sort takes half
-        the time of int64's), else int64.  Where items take few costs (at most FEW_COSTS) and `items` ascend,
-        the items of each cost ascend in cost rank: listed cost by cost (a stable radix argsort of the cost), their
-        cost ranks ascend, and the runs of equal groups are ordered instead of the keys (`_keys_by_runs`), else one
-        sort."""
-        bits = self.rank_bits
-        narrow = groups.size == 0 or (int(groups.max()) + 1) << bits <= 2**31
-        ranks = self.cost_rank if items is None else items if self.uniform else self.cost_rank[items]
-        few = self.uniform or self.cost_starts.size < FEW_COSTS
-        if few and ranks.size > 1 and (items is None or bool(np.all(items[1:] > items[:-1]))):
-            if not self.uniform:  # cost by cost: each cost's items ascend, and so do their cost ranks
-                by_cost = np.argsort(np.searchsorted(self.cost_starts, ranks, side="right").astype(np.uint8),
-                                     kind="stable")
-                groups, ranks = groups[by_cost], ranks[by_cost]
-            keys = _keys_by_runs(groups, ranks, bits, np.int32 if narrow else np.int64)
-            if keys is not None:
-                return keys
+        the time of int64's), else int64.  One plain sort: numpy's SIMD sort of packed keys beats ordering
+        the runs of equal groups even where items ascend in a few long runs (AVX-512, numpy 2.4)."""
+        narrow = groups.size == 0 or (int(groups.max()) + 1) << self.rank_bits <= 2**31
         keys = groups.astype(np.int32 if narrow else np.int64)
-        keys <<= bits
-        keys |= ranks
+        keys <<= self.rank_bits
+        keys |= self.cost_rank if items is None else items if self.uniform else self.cost_rank[items]
         keys.sort()
         return keys
 
@@ -126,37 +106,6 @@ class PartialPlan:
         self.loads[ranks] += self.costs[items]
         if self.cap < np.inf:
             self.tokens[ranks] += self.lengths[items]
-
-
-FEW_COSTS = 8  # `PartialPlan.group_keys` orders runs, cost by cost, where items take at most so many costs
-RUNS_PER_KEY = 16  # `_keys_by_runs` orders runs where there is at most one run in so many keys
-SLICED_RUN_KEYS = 128  # ... and copies them run by run where runs are longer on average (a slice costs ~0.2 us)
-
-
-def _keys_by_runs(groups: np.ndarray, ranks: np.ndarray, bits: int, dtype) -> np.ndarray | None:
-    """The sorted keys group << bits | rank of `ranks` (ascending) in `groups`, made by ordering the runs of
-    equal groups (stably: a group's runs keep their order, so its ranks ascend) instead of sorting every key;
-    None where runs are too many to pay (more than one in RUNS_PER_KEY entries).  Where items ascend with
-    their groups in runs (a sample's frames share its rank), a few thousand runs order 10^5 keys.  The ranks
-    move as `dtype` (fresh int64 arrays of every key, page faults and all, cost more than the rest)."""
-    size = groups.size
-    starts = np.flatnonzero(groups[1:] != groups[:-1])
-    if starts.size * RUNS_PER_KEY > size:
-        return None
-    starts = np.concatenate(([0], starts + 1))
-    lengths = np.diff(starts, append=size)
-    order = np.argsort(groups[starts], kind="stable")
-    run_keys, starts, lengths = groups[starts[order]].astype(dtype) << bits, starts[order], lengths[order]
-    keys = ranks.astype(dtype)
-    if starts.size * SLICED_RUN_KEYS <= size:
-        keys = np.concatenate([keys[start:start + length] for start, length in zip(starts.tolist(), lengths.tolist())])
-    else:
-        index = np.int32 if size < 2**31 else np.int64
-        position = np.repeat((starts - (np.cumsum(lengths) - lengths)).astype(index), lengths)
-        position += np.arange(size, dtype=index)
-        keys = keys[position]
-    keys |= np.repeat(run_keys, lengths)
-    return keys
 
 
 def exact_sums(cost: float, count: int) -> bool:
