@@ -194,15 +194,15 @@ def group_order(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.nda
     """CSR of items per group (a rank, a micro-batch), ascending item order within a group:
     (offsets (num_groups + 1,), order (K,)), read-only int64.
 
-    A stable sort by group: below 65 536 groups numpy's radix argsort of 16-bit groups (a quarter of
-    the time of one sort of packed uint32 keys group << bits | index, measured 2026-12-06 on 144k-700k
-    items: 360k of 2560 groups 11.3 -> 2.0 ms), else those packed keys where they fit 32 bits (unique:
-    the unstable sort is the stable order), else the stable argsort of the groups.
+    A stable sort by group: where group << bits | index fits 32 bits (bits: those of the largest index), one
+    sort of those unique keys (the unstable sort is the stable order), else the radix argsort of 16-bit groups
+    below 65 536 groups, else the stable argsort.  Which is faster depends on numpy's SIMD sort: with AVX-512
+    (numpy 2.4.6, measured 2026-12-06 17:40 UTC, CPU time) the packed sort takes the 76 calls of four long CP
+    steps (T 16k/32k) in 32.3 ms where the radix argsort takes 49.3 (360k items of 2560 groups: 5.6 vs 10.5 ms);
+    b0f7700 had measured the opposite (radix 3-4x faster) on another box earlier that day.
     """
     bits = max(groups.size - 1, 0).bit_length()
-    if num_groups <= 2**16:
-        order = np.argsort(groups.astype(np.uint16), kind="stable")
-    elif num_groups << bits <= 2**32:
+    if num_groups << bits <= 2**32:
         keys = groups.astype(np.uint32)
         keys <<= bits
         keys |= np.arange(groups.size, dtype=np.uint32)
@@ -210,7 +210,7 @@ def group_order(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.nda
         keys &= (1 << bits) - 1
         order = keys.astype(np.int64)
     else:
-        order = np.argsort(groups, kind="stable")
+        order = np.argsort(groups.astype(np.uint16) if num_groups <= 2**16 else groups, kind="stable")
     offsets = np.concatenate(([0], np.cumsum(np.bincount(groups, minlength=num_groups))))
     return _frozen_int(offsets), _frozen_int(order)
 
