@@ -178,18 +178,28 @@ def compare_processes(target, cases) -> int:
         payload = pickle.dumps((target, cases))
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         raise _not_importable(target.name, f"its kernel cannot be pickled ({error})") from None
+    # Both children start at once: each spends most of its time importing, which they then do side by side.
+    children = {seed: subprocess.Popen([sys.executable, "-c", "from orchmllm.testing.harness import child_main; "
+                                        "child_main()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": seed,
+                                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+                for seed in ("1", "2")}
     results = {}
-    for seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        child = subprocess.run([sys.executable, "-c", "from orchmllm.testing.harness import child_main; child_main()"],
-                               input=payload, capture_output=True, env=env, timeout=600)
-        if child.returncode == UNPICKLING_FAILED:
-            raise _not_importable(target.name, f"another process could not import its kernel "
-                                               f"({child.stderr.decode()[-500:]})")
-        if child.returncode:
-            raise ConformanceError(f"{target.name}: the process with PYTHONHASHSEED={seed} failed:\n"
-                                   f"{child.stderr.decode()[-2000:]}")
-        results[seed] = [tuple(item) for item in json.loads(child.stdout)]
+    try:
+        for seed, child in children.items():
+            out, err = child.communicate(payload, timeout=600)
+            if child.returncode == UNPICKLING_FAILED:
+                raise _not_importable(target.name, f"another process could not import its kernel "
+                                                   f"({err.decode()[-500:]})")
+            if child.returncode:
+                raise ConformanceError(f"{target.name}: the process with PYTHONHASHSEED={seed} failed:\n"
+                                       f"{err.decode()[-2000:]}")
+            results[seed] = [tuple(item) for item in json.loads(out)]
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     for case, mine, first, second in zip(cases, fingerprints(target, cases), results["1"], results["2"]):
         for seed, other in (("1", first), ("2", second)):
             if mine != other:
