@@ -277,11 +277,11 @@ def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
     assert "check failed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_demo_with_gradient_accumulation_matches_the_unbalanced_one_pass_gradient(dtype, capsys):
+def test_demo_with_gradient_accumulation_matches_the_unbalanced_one_pass_gradient(capsys):
     """Issue 12: the balanced step as M >= 2 micro-batches on 2 gloo ranks gives the gradient of
-    the unbalanced, un-micro-batched step (float64 within 1e-12, float32 1e-5 relative), no
-    sample lost or duplicated, and per-micro-batch busy figures."""
+    the unbalanced, un-micro-batched step (float64 within 1e-12), no sample lost or duplicated, and
+    per-micro-batch busy figures (float32's tolerance: `test_demo_trains_on_gloo_ranks_and_reports_json`)."""
+    dtype = "float64"
     result = orchmllm("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json", "--dtype", dtype,
                       "--costs", "flops", "--repeats", "1", "--replay-repeats", "1",
                       "--max-tokens-per-microbatch", "800")
@@ -291,10 +291,7 @@ def test_demo_with_gradient_accumulation_matches_the_unbalanced_one_pass_gradien
     typed = DemoReport(**report)
     assert result.returncode == (1 if typed.failed_checks() else 0), result.stderr
     assert report["max_tokens_per_microbatch"] == 800 and report["num_microbatches"][0] >= 2
-    if dtype == "float64":
-        assert report["grad_max_abs_diff"] <= 1e-12 and report["grad_max_rel_diff"] <= 1e-12
-    else:
-        assert report["grad_max_rel_diff"] <= 1e-5
+    assert report["grad_max_abs_diff"] <= 1e-12 and report["grad_max_rel_diff"] <= 1e-12
     assert report["samples_lost"] == 0 and report["samples_duplicated"] == 0
     for suffix in ("", "_isolated", "_planned"):
         cells = report[f"microbatch_busy_max_over_mean{suffix}_per_cell"]

@@ -596,14 +596,18 @@ def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exit
     a notebook) failed to import in every rank, and each outcome read "exited with code 1 without reporting", the
     cause on the ranks' stderr only.  Now refused before any rank starts; a rank that exits unreported under
     spawn or forkserver is said to have its reason on stderr, the usual one named."""
-    for fn, name in (("def fn(rank, world):\n    return rank\n", "fn"),  # a function, a callable object (R13-01)
-                     ("class Job:\n    def __call__(self, rank, world):\n        return rank\nfn = Job()\n", "Job")):
-        code = f"from orchmllm.runtime.launch import run_processes\n{fn}run_processes(fn, 2, start_method='spawn')\n"
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+    children = {name: subprocess.Popen(  # side by side: each spends its time importing torch
+        [sys.executable, "-c", f"from orchmllm.runtime.launch import run_processes\n{fn}"
+                               f"run_processes(fn, 2, start_method='spawn')\n"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for fn, name in (("def fn(rank, world):\n    return rank\n", "fn"),  # a function, a callable object (R13-01)
+                         ("class Job:\n    def __call__(self, rank, world):\n        return rank\nfn = Job()\n", "Job"))}
+    for name, child in children.items():
+        stderr = child.communicate(timeout=120)[1]
+        assert child.returncode == 1 and stderr.strip().splitlines()[-1] == (
             f"TypeError: start_method='spawn' imports `fn` in every rank, and '{name}' is defined in a main module "
             f"that has no file to import (a script on stdin, `python -c`, a notebook): define it in an importable "
-            f"module, or use start_method='fork'"), done.stderr
+            f"module, or use start_method='fork'"), stderr
     outcomes = run_processes(exits_without_reporting, 2, start_method="spawn", timeout_s=60)
     assert [outcome.error for outcome in outcomes] == [  # the import hint where an import failure's code is
         "exited with code 1 without reporting (its stderr says why; under 'spawn' a rank that cannot import `fn`'s "
