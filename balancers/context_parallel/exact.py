@@ -28,29 +28,35 @@ import math
 import numpy as np
 
 from ..problem import Problem
-from .layout import shard_tokens
+from .layout import shards_of
 from .spec import ContextParallel
 
 EXACT_NODES = 20_000
 """Search nodes at most; beyond, the best plan found is returned unproven."""
 
 
-def _options(problem: Problem, spec: ContextParallel, gpus_per_node: int, item: int) -> list[tuple]:
-    """(start, degree, time, shard tokens) of every aligned block item `item` may run on."""
+def _options(problem: Problem, spec: ContextParallel, gpus_per_node: int) -> list[list[tuple]]:
+    """Per item, (start, degree, time, shard tokens) of every aligned block it may run on, degrees ascending,
+    blocks by start; each degree's times in one call for every item (element-wise, the same numbers)."""
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
-    options = []
+    lengths, d = problem.lengths, problem.num_ranks
+    options = [[] for _ in range(problem.num_items)]
     for c in spec.degrees:
-        shard = shard_tokens(problem.lengths[item:item + 1], c)[0]
-        if shard.max() > cap or c > problem.num_ranks:
+        if c > d:
             continue
-        starts = np.arange(0, problem.num_ranks - c + 1, c)
+        starts = np.arange(0, d - c + 1, c)
         inside = starts // gpus_per_node == (starts + c - 1) // gpus_per_node
         if c > 1 and not spec.allow_inter_node:
             starts, inside = starts[inside], inside[inside]
-        times = spec.item_times(problem.cost, np.full(starts.size, problem.lengths[item]), np.full(starts.size, c),
-                                inside)
-        shard = tuple(shard.tolist())
-        options += [(int(s), c, float(t), shard) for s, t in zip(starts.tolist(), times.tolist())]
+        shape = (lengths.size, starts.size)
+        times = spec.item_times(problem.cost, np.broadcast_to(lengths[:, None], shape), np.full(shape, c),
+                                np.broadcast_to(inside, shape))
+        shards = shards_of(lengths, c)
+        fits = shards.max(axis=1) <= cap
+        starts = starts.tolist()
+        for item, shard, row in zip(np.flatnonzero(fits).tolist(), shards[fits].tolist(), times[fits].tolist()):
+            shard = tuple(shard)
+            options[item] += [(s, c, t, shard) for s, t in zip(starts, row)]
     return options
 
 
@@ -58,7 +64,7 @@ class _Search:
     def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, incumbent: float):
         d = problem.num_ranks
         self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
-        self.options = [_options(problem, spec, gpus_per_node, i) for i in range(problem.num_items)]
+        self.options = _options(problem, spec, gpus_per_node)
         least = [min(c * t for _, c, t, _ in options) if options else math.inf for options in self.options]
         self.rest = np.concatenate((np.cumsum(least[::-1])[::-1], [0.0]))  # least work of items k..n-1
         self.loads, self.tokens = [0.0] * d, [0] * d

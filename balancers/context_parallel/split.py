@@ -8,7 +8,8 @@
         below today's lower bound (then no unsplit plan can compete)
     if no S and P > T* · (1 + min_gain): S = the local search from P (which may split)
     on tiny instances (<= EXACT_MAX_ITEMS items, <= EXACT_MAX_RANKS ranks): the exact search
-        too, which replaces S when better and proves the optimum when it finishes
+        too, for plans below the best of S and P only (it prunes at that peak from the start), which
+        replaces S when better and proves the optimum (its plan's, or else that best's) when it finishes
     return S if it splits an item and S · (1 + min_gain) < P (or there is no P), else P
 
 So a plan splits only when that pays by more than min_gain, and without a giant it is today's
@@ -17,6 +18,7 @@ plan unless today's is more than min_gain above the bound and splitting beats it
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -206,20 +208,22 @@ def plan_split(problem: Problem, spec: ContextParallel, allotment: Allotment, ma
         if plain is not None and split is None and plain.makespan > gain * bound:  # the search may split
             split = _certified(problem, spec, improve(problem, spec, gpus, plain.assignment, plain.degree, bound),
                                bound, clock)
-    proven = None
+    optimum = None
     if problem.num_items <= EXACT_MAX_ITEMS and problem.num_ranks <= EXACT_MAX_RANKS:
-        start, degree, finished = exact_split(problem, spec, gpus)
+        incumbent = min((plan.makespan for plan in (split, plain) if plan is not None), default=math.inf)
+        start, degree, finished = exact_split(problem, spec, gpus, incumbent)
         if start is not None:
-            proven = _certified(problem, spec, (start, degree), bound, clock)
-            split = proven if split is None or proven.makespan < split.makespan else split
-            proven = proven if finished else None
-        elif finished and refusal is not None:
+            found = _certified(problem, spec, (start, degree), bound, clock)
+            split = found if split is None or found.makespan < split.makespan else split
+            incumbent = found.makespan
+        elif finished and incumbent == math.inf:
             raise refusal
+        optimum = incumbent if finished else None
     splits = split is not None and split.split_items.size > 0
     best = split if plain is None or (splits and split.makespan * gain < plain.makespan) else plain
     if best is None:
         raise refusal
-    if proven is not None and best.makespan == proven.makespan:  # proven optimal: the optimum bounds every plan
+    if optimum is not None and best.makespan == optimum:  # proven optimal: the optimum bounds every plan
         return certify(problem, spec, gpus, best.assignment, best.degree, best.status, best.algorithm, best.makespan,
                        best.solve_seconds)
     return best
