@@ -95,8 +95,8 @@ def _deal(problem: Problem, spec: ContextParallel, gpus_per_node: int, times, or
     (`blocks.free_blocks`), so on nodes of odd sizes the ones straddling two nodes are never used.
 
     A group's ranks all carry its load (every item adds its time to each), so the heap's loads are the
-    ranks'; a group's token room is settled by its fullest rank's tokens (kept with every rank's) and the item's
-    fewest and most shard tokens where they decide it, else rank by rank."""
+    ranks'.  Each item goes to the least-loaded group with token room (`_Rooms`); the groups surely short of
+    its shards are parked out of the heap until an item with fewer tokens comes (tokens only grow)."""
     d = problem.num_ranks
     start = np.full(problem.num_items, -1, dtype=np.int64)
     degree = np.ones(problem.num_items, dtype=np.int64)
@@ -113,44 +113,94 @@ def _deal(problem: Problem, spec: ContextParallel, gpus_per_node: int, times, or
         start[chosen], degree[chosen] = free, c
         taken[blocks] = True
         loads[blocks] = times(chosen, c)[:, None]
-    wide_time, shards, most, fewest = wide
+    wide_time = wide[0]
     groups = [(0.0, s) for s in free_blocks(taken, widest, gpus_per_node, spec.allow_inter_node).tolist()]
-    held = {s: [0, [0] * widest] for _, s in groups}  # group -> its fullest rank's tokens, every rank's
-    chosen = []
+    rooms = _Rooms([s for _, s in groups], widest, cap, wide)
+    chosen, bounds, parked, most, fewest = [], rooms.bounds, rooms.parked, wide[2], wide[3]
     for j in range(k, order.size):
-        if not groups:
-            return None
-        load, s = groups[0]
-        tokens = held[s]
-        if not _room(tokens, shards[j], most[j], fewest[j], cap):  # the least-loaded lacks room
-            aside = [heapq.heappop(groups)]  # set aside those short of tokens
-            while groups and not _room(held[groups[0][1]], shards[j], most[j], fewest[j], cap):
-                aside.append(heapq.heappop(groups))
-            if not groups:
-                return None
-            load, s = groups[0]
-            heapq.heapreplace(groups, (load + wide_time[j], s))
-            for entry in aside:
-                heapq.heappush(groups, entry)
-            tokens = held[s]
+        load, s = groups[0] if groups else (0.0, -1)
+        held = bounds.get(s)
+        if held is not None and held[1] + most[j] <= cap and not (parked and -parked[0][0] >= fewest[j]):
+            heapq.heapreplace(groups, (load + wide_time[j], s))  # `rooms.take`, where its first check settles it
+            rooms.add(s, j)
         else:
-            heapq.heapreplace(groups, (load + wide_time[j], s))
+            s = rooms.take(groups, j, wide_time[j])
+            if s < 0:
+                return None
         chosen.append(s)
-        tokens[1] = list(map(operator.add, tokens[1], shards[j]))
-        tokens[0] = max(tokens[1])
     start[order[k:]], degree[order[k:]] = chosen, widest
-    for load, s in groups:
+    for load, s in groups + rooms.parked_groups():
         loads[s: s + widest] = load
     return start, degree, loads
 
 
-def _room(held: list, shard: list, most: int, fewest: int, cap: float) -> bool:
-    """Whether an item's shards (`shard`, their `most` and `fewest` tokens) fit within `cap` tokens a rank on the
-    group `held` = [its fullest rank's tokens, every rank's].  Kept rank by rank, not summed from the group's items
-    at each check: a micro-batch of 22k items of ~2k tokens beside 400 giants at D = 2560 (giants_ties, T = 32k)
-    made 79k checks that no bound settled, each over ~32 items, 0.67 s of its 0.89 s plan."""
-    if held[0] + most <= cap:
-        return True
-    if held[0] + fewest > cap:
-        return False
-    return all(tokens + add <= cap for tokens, add in zip(held[1], shard))
+class _Rooms:
+    """The groups' tokens in `_deal`: bounds (low, high) on each group's fullest rank (an item adds between its
+    shards' fewest and most tokens to it), its ranks' tokens brought up to date only where the bounds leave an
+    item's room open (a micro-batch of 22k items of ~2k tokens beside 400 giants at D = 2560, T = 32k: 79k checks
+    no bound settled); and the groups parked out of the heap, surely short of the shards of the items so far."""
+
+    def __init__(self, starts: list[int], widest: int, cap: float, wide: tuple):
+        _, self.shards, self.most, self.fewest = wide
+        self.cap = cap
+        self.bounds = {s: [0, 0] for s in starts}  # group -> (low, high) bounds on its fullest rank's tokens
+        self.ranks = {s: [0] * widest for s in starts}  # group -> its ranks' tokens, without its `pending` items
+        self.pending: dict[int, list[int]] = {s: [] for s in starts}
+        self.parked: list[tuple[int, float, int]] = []  # heap of (-room of the fullest rank, load, group)
+
+    def take(self, groups: list, j: int, time: float) -> int:
+        """Put item j (its `time`) on the least-loaded group of the heap `groups` with room for its shards, and
+        return that group (-1: none has room).  The groups parked that may hold it first go back in the heap
+        (their load unchanged); those found surely short of its shards are parked."""
+        parked, fewest = self.parked, self.fewest[j]
+        while parked and -parked[0][0] >= fewest:
+            _, load, s = heapq.heappop(parked)
+            heapq.heappush(groups, (load, s))
+        aside = []
+        while groups:
+            room = self._room(groups[0][1], j)
+            if room:
+                break
+            entry = heapq.heappop(groups)
+            if room is None:  # short of the shards by rank, not surely short of every shard this size
+                aside.append(entry)
+            else:
+                heapq.heappush(parked, (-(self.cap - self.bounds[entry[1]][0]), *entry))
+        s = -1
+        if groups:
+            load, s = groups[0]
+            heapq.heapreplace(groups, (load + time, s))
+            self.add(s, j)
+        for entry in aside:
+            heapq.heappush(groups, entry)
+        return s
+
+    def _room(self, s: int, j: int) -> bool | None:
+        """True where item j's shards fit within `cap` on group s; False where it surely lacks room for any shard
+        of item j's fewest tokens (its fullest rank's); None where its ranks decide it otherwise."""
+        low, high = self.bounds[s]
+        if high + self.most[j] <= self.cap:
+            return True
+        if low + self.fewest[j] > self.cap:
+            return False
+        if self.pending[s]:
+            held = self.ranks[s]
+            for i in self.pending[s]:
+                held = list(map(operator.add, held, self.shards[i]))
+            self.ranks[s], self.pending[s] = held, []
+            self.bounds[s] = [max(held), max(held)]
+            return self._room(s, j)
+        return True if all(tokens + add <= self.cap for tokens, add in zip(self.ranks[s], self.shards[j])) else None
+
+    def add(self, s: int, j: int) -> int:
+        """Item j joins group s; returns s."""
+        bounds = self.bounds[s]
+        bounds[0] += self.fewest[j]
+        bounds[1] += self.most[j]
+        self.pending[s].append(j)
+        return s
+
+    def parked_groups(self) -> list[tuple[float, int]]:
+        """The (load, group) of the groups parked."""
+        return [(load, s) for _, load, s in self.parked]
+
