@@ -24,7 +24,9 @@ groups placed on ranks by an exact sparse linear assignment (`assign_groups`, al
 by `orchmllm.topology.place`; on nodes greedily by bytes where its matrix would be large
 and dense: length-grouped sampling, every group from many nodes), then items of equal
 length re-dealt among the places such items take (no rank's load or tokens change).
-Either way the result is never worse than the plain makespan times (1 + slack).
+Either way the result is never worse than the plain makespan times (1 + slack).  The deal runs under
+labels read from the items (`canonical_ranks`), not the ranks' own: its ties by rank index then follow
+the items, so a relabelling of a symmetric topology's ranks (sources mapped alike) relabels its plan.
 
 The deal's plan stands where a relaxation proves that no labelling of the plain plan's
 groups (a bijection onto the ranks) moves fewer bytes (each group on its own best node, the
@@ -90,18 +92,51 @@ def deal_locally(problem: Problem, target: float, origins: Origins, fill: str | 
     """`balance_locally`'s unpadded deal (keep home, take in node, take anywhere, repair; or with `fill`)
     under `target`: its destinations where every rank meets the target and the cap, else None (also past
     `max_lpt_rounds` LPT rounds of `take_anywhere`, where token room binds)."""
+    labels = canonical_ranks(origins.sources, problem.num_ranks, origins.gpus_per_node)
+    sources = origins.sources if labels is None else labels[origins.sources]
     try:
-        state = _unpadded(problem, target, origins.sources, origins.item_bytes, origins.gpus_per_node, fill,
-                          max_lpt_rounds)
+        state = _unpadded(problem, target, sources, origins.item_bytes, origins.gpus_per_node, fill, max_lpt_rounds)
     except NoRoom:
         return None
     candidate, cap = state.destinations, problem.max_tokens_per_rank
+    if labels is not None:
+        candidate = np.argsort(labels)[candidate]
     # exact sums (one cost): the deal's loads are the plan's in any order; else summed again in item order
     loads = state.loads if state.exact_cost is not None else rank_loads(problem, candidate)
     if loads.max() <= target and (cap is None or rank_tokens(problem, candidate).max() <= cap):
         candidate.setflags(write=False)  # nobody writes them again: a plan holds them without a copy (`plan.owned`)
         return candidate
     return None
+
+
+def canonical_ranks(sources: np.ndarray, num_ranks: int, gpus_per_node: int) -> np.ndarray | None:
+    """Labels of the ranks that follow the items, not the ranks' own labels: nodes ordered by the first item (by
+    index) that one of their ranks holds, and the ranks inside each node likewise (ranks that hold none last, by
+    label); None where these are the ranks' own labels (sources rank by rank).  The deal run under these labels
+    gives the same plan, relabelled, for any relabelling of a symmetric topology's ranks that maps the sources
+    alike (whole nodes permuted, ranks permuted inside nodes): its tie-breaks by rank index (least-loaded ranks,
+    partners) then read the items, and the bytes it moves are the same (probe25 P25-08: up to 1.34x across nodes).
+
+    >>> canonical_ranks(np.array([2, 2, 3, 0]), 4, 2).tolist()  # node 1 holds item 0: it comes first
+    [2, 3, 0, 1]
+    >>> canonical_ranks(np.array([0, 1, 2, 3]), 4, 2) is None
+    True
+    """
+    ranks = np.arange(num_ranks)
+    if sources.size and bool(np.all(sources[1:] >= sources[:-1])):  # sorted (the sampled layout): 5x faster
+        first = np.searchsorted(sources, ranks)
+        first[sources[np.minimum(first, sources.size - 1)] != ranks] = sources.size  # ranks that hold none
+    else:
+        first = np.full(num_ranks, sources.size, dtype=np.int64)
+        np.minimum.at(first, sources, np.arange(sources.size))
+    by_node = first.reshape(-1, gpus_per_node)
+    nodes = np.argsort(by_node.min(axis=1), kind="stable")
+    order = (nodes[:, None] * gpus_per_node + np.argsort(by_node[nodes], axis=1, kind="stable")).ravel()
+    if np.all(order[1:] > order[:-1]):
+        return None
+    labels = np.empty(num_ranks, dtype=np.int64)
+    labels[order] = ranks
+    return labels
 
 
 def balance_locally(problem: Problem, plain_assignment: np.ndarray, origins: Origins, makespan_slack: float,
