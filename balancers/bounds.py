@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .problem import InfeasibleError, KernelResult, Problem, count_limits, exact_sum, rank_loads, rank_tokens
+from .problem import InfeasibleError, KernelResult, Problem, count_limits, exact_sum, rank_tokens
 
 
 def lower_bound(problem: Problem) -> float:
@@ -135,13 +135,3 @@ def uncapped_fit(problem: Problem, solve) -> KernelResult | None:
     (`InfeasibleError.heuristic` None) before asking."""
     free = solve(dataclasses.replace(problem, max_tokens_per_rank=None))
     return free if rank_tokens(problem, free.assignment).max() <= problem.max_tokens_per_rank else None
-
-
-def cheaper_uncapped(problem: Problem, capped: KernelResult, solve) -> KernelResult:
-    """`capped` (a heuristic's plan under `problem`'s cap, not proven optimal), or `solve`'s plan without the cap
-    where that meets the cap and costs less: a cap met by the plan made without it never makes the plan worse
-    (probe25 P25-02: at the cap of their own uncapped plans' tokens, auto planned up to 1.60x slower in 25-40 % of
-    small instances and equal counts up to 1.09x)."""
-    makespan = float(rank_loads(problem, capped.assignment).max())
-    free = uncapped_fit(problem, solve)
-    return free if free is not None and float(rank_loads(problem, free.assignment).max()) < makespan else capped

@@ -34,3 +34,24 @@ def test_auto_under_its_own_plans_tokens_is_never_worse_on_random_instances():
         free = balance(lengths, ranks, costs=costs)
         assert balance(lengths, ranks, costs=costs, max_tokens_per_rank=int(free.tokens.max())).makespan \
             <= free.makespan
+
+
+@pytest.mark.parametrize("equal_counts", [False, True])
+def test_regression_a_cap_the_uncapped_plan_meets_changes_nothing_and_solves_once(equal_counts, monkeypatch):
+    """probe26 P26-04: under a cap its plan without the cap meets (the default mix, the cap 1.5x the mean), auto and
+    equal counts solved under the cap, then again without it: 2x the CPU for the same plan.  Now the plan made
+    without the cap is the answer wherever it meets the cap: the same plan and digest, one search."""
+    from orchmllm.balancers.constraints import equal_counts as equal_counts_module
+    from orchmllm.balancers.kernels import auto
+    from orchmllm.study.workloads import llm_stage_lengths
+
+    lengths = np.asarray(llm_stage_lengths(64, 8, 5)[0])
+    cost, cap = CostModel(linear=1.0, quadratic=1e-4), int(1.5 * lengths.sum() / 64)
+    free = balance(lengths, 64, cost=cost, equal_counts=equal_counts)
+    assert free.tokens.max() <= cap and free.status.value == "feasible"  # not proven optimal: the search runs
+    module, name = (equal_counts_module, "solve_lpt") if equal_counts else (auto, "_solve")
+    searches, search = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda problem, *rest: searches.append(problem.max_tokens_per_rank)
+                        or search(problem, *rest))
+    capped = balance(lengths, 64, cost=cost, equal_counts=equal_counts, max_tokens_per_rank=cap)
+    assert searches == [None] and capped.digest() == free.digest()

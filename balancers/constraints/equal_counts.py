@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ..bounds import cap_refusal, cheaper_uncapped, lower_bound, uncapped_fit
+from ..bounds import cap_refusal, lower_bound, uncapped_fit
 from ..problem import (InfeasibleError, KernelResult, Problem, Status, count_limits, make_problem, rank_loads,
                        rank_tokens)
 
@@ -236,7 +236,7 @@ def solve_karmarkar_karp(problem: Problem) -> KernelResult:
 
 def solve(problem: Problem) -> KernelResult:
     """The better of equal-count LPT and BLDM, improved by count-preserving local search; under a cap, the plan
-    made without it where that meets the cap and costs less (`cheaper_uncapped`).
+    made without it wherever that meets the cap (a cap it meets changes nothing: `auto._under_the_cap`).
 
     >>> from orchmllm.balancers import make_problem
     >>> solve(make_problem([5, 4, 3, 3, 3, 1, 1], 2, equal_counts=True)).assignment.tolist()
@@ -244,24 +244,20 @@ def solve(problem: Problem) -> KernelResult:
     """
     if problem.padded:
         return solve_padded(problem)
-    try:
-        starts = [solve_lpt(problem).assignment]
-    except InfeasibleError as error:  # the plan without the cap may meet it (`uncapped_fit`)
-        free = None if error.heuristic is None else uncapped_fit(problem, solve)
-        if free is None:
-            raise
-        return free
-    differenced = karmarkar_karp(problem)
     cap = problem.max_tokens_per_rank
+    if cap is not None:
+        free = uncapped_fit(problem, solve)
+        if free is not None:
+            return free
+    starts = [solve_lpt(problem).assignment]
+    differenced = karmarkar_karp(problem)
     if cap is None or rank_tokens(problem, differenced).max() <= cap:
         starts.append(differenced)
     makespans = [float(rank_loads(problem, start).max()) for start in starts]
     best = starts[int(np.argmin(makespans))]
     improved = improve(problem, best)
     # The search tracks loads incrementally: keep its plan only if the exact loads agree it is no worse.
-    plan = KernelResult(improved if rank_loads(problem, improved).max() <= min(makespans) else best)
-    proven = cap is None or float(rank_loads(problem, plan.assignment).max()) <= lower_bound(problem)
-    return plan if proven else cheaper_uncapped(problem, plan, solve)
+    return KernelResult(improved if rank_loads(problem, improved).max() <= min(makespans) else best)
 
 
 def _padded_runs(sorted_lengths: list[int], sorted_costs: list[float], num_ranks: int, q: int, r: int,
