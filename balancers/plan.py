@@ -205,7 +205,8 @@ def kernel_status(status, algorithm: str) -> Status:
                            f"{[str(known) for known in Status]}") from None
 
 
-def claimed_bound(claimed, cost: float, algorithm: str, terms: int, what: str = "makespan") -> float | None:
+def claimed_bound(claimed, cost: float, algorithm: str, terms: int, what: str = "makespan",
+                  exact: Callable[[], bool] = lambda: False) -> float | None:
     """A kernel's `lower_bound` (None when it claims none) as a float at most `cost`, its own plan's.
 
     No plan beats a lower bound, so one above the cost its plan reaches is a false certificate:
@@ -215,11 +216,17 @@ def claimed_bound(claimed, cost: float, algorithm: str, terms: int, what: str = 
     that rounding, claims the plan optimal, as `check_conformance` verifies against the exact
     optimum (probe25 P25-03: the micro-batch search proved its optimum 15484.145499999999 summed
     in its item order, the plan's cells summed 15484.1455, and the plan's certificate raised).
+    Where every sum up to the cost is exact (`exact()`: `exact_sums`), so is the plan's and the
+    same sum in any other order: no rounding explains a bound below the cost, and it stays the
+    kernel's bound (probe26 P26-03: a bound 1 below a plan of 2**52 + 2 on integer costs read as a
+    proof of optimality).
 
     >>> claimed_bound(10.000000000000002, 10.0, "exact", terms=4), claimed_bound(None, 10.0, "lpt", terms=4)
     (10.0, None)
     >>> claimed_bound(15484.145499999999, 15484.1455, "auto", terms=12), claimed_bound(9.99, 10.0, "lpt", terms=4)
     (15484.1455, 9.99)
+    >>> claimed_bound(2.0**52 + 1, 2.0**52 + 2, "plugin", terms=5, exact=lambda: True) == 2.0**52 + 1
+    True
     """
     if claimed is None:
         return None
@@ -230,7 +237,7 @@ def claimed_bound(claimed, cost: float, algorithm: str, terms: int, what: str = 
         raise RuntimeError(f"algorithm {algorithm!r} returned lower_bound={claimed!r} above the {what} {cost!r} of "
                            f"its own plan: a bound no plan can beat cannot exceed a cost that a plan reaches, so the "
                            f"kernel's certificate is false")
-    return cost if claimed >= cost * (1.0 - terms * 2.0**-52) else claimed
+    return cost if claimed >= cost or (claimed >= cost * (1.0 - terms * 2.0**-52) and not exact()) else claimed
 
 
 def integral(costs: np.ndarray) -> bool:
@@ -276,12 +283,20 @@ def rounded_down(bound: float, cost: float, num_ranks: int, costs: np.ndarray,
     >>> rounded_down(8.25, 8.5, 2, np.array([5, 4, 3, 3, 1.5]), lambda: False)
     8.25
     """
-    if bound >= cost:
+    if bound >= cost or exact_sums(num_ranks * cost, costs, integral_costs):
         return bound
-    for bits, exact in ((0, integral_costs), (16, lambda: integral(costs * 2.0**16))):
-        if num_ranks * cost < 2.0**(53 - bits) and exact():
-            return bound
     return bound * (1.0 - costs.size * 2.0**-52)
+
+
+def exact_sums(limit: float, costs: np.ndarray, integral_costs: Callable[[], bool]) -> bool:
+    """Whether every sum of `costs` up to `limit` is exact in float64: the costs multiples of 2**-b
+    (b = 0: `integral_costs()`, or 16: halves, quarters) and `limit` below 2**(53 - b).
+
+    >>> exact_sums(10.0, np.array([2.5, 0.25]), lambda: False), exact_sums(10.0, np.array([0.1]), lambda: False)
+    (True, False)
+    """
+    return any(limit < 2.0**(53 - bits) and exact()
+               for bits, exact in ((0, integral_costs), (16, lambda: integral(costs * 2.0**16))))
 
 
 def certify(cost: float, bound: float, status: Status, algorithm: str, what: str) -> tuple[float, Status]:
@@ -334,13 +349,14 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
     if problem.equal_counts:
         require_equal_counts(problem, assignment, algorithm)
     makespan = float(loads.max())
-    claimed = claimed_bound(kernel_bound, makespan, algorithm, problem.num_items + 1)
+    integral_costs = functools.cache(lambda: integral(problem.item_costs))
+    claimed = claimed_bound(kernel_bound, makespan, algorithm, problem.num_items + 1,
+                            exact=lambda: exact_sums(makespan, problem.item_costs, integral_costs))
     if not certified:
         claimed, status = None, Status.FEASIBLE if status is Status.OPTIMAL else status
     if claimed == makespan:
         bound = makespan  # the kernel proved its plan optimal: no other bound can add to that
     else:
-        integral_costs = functools.cache(lambda: integral(problem.item_costs))
         bound = rounded_up(lower_bound(problem) if bound is None else bound, makespan, problem.num_ranks,
                            integral_costs)
         bound = bound if claimed is None else max(bound, claimed)

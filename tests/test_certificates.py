@@ -459,3 +459,26 @@ def test_regression_a_plan_kept_the_kernel_s_own_array_which_a_buffer_reusing_ke
     plan([6, 4, 3, 2])
     assert first.digest() == before
     assert (first.assignment if call == "balance" else first.rank).tolist() == [1, 0, 1, 0]
+
+
+def test_regression_a_bound_below_the_cost_on_exact_sums_was_promoted_to_a_proof(register):
+    """probe26 P26-03: on integer costs whose every sum is exact, an exact plugin's honest bound 1 below its plan
+    (2**52 + 1 against 2**52 + 2, the optimum 2**52 + 1) was taken as a proof: no rounding explains it, so it stays
+    a bound, in `balance` and in `balance_microbatches` alike."""
+    half = 2.0**51
+    costs = [half + 1, half + 1, half, half]  # the plan pairs the two larger items; the optimum pairs unlike ones
+
+    def pairs_the_larger(problem):
+        return KernelResult(np.array([0, 0, 1, 1]), Status.FEASIBLE, 2 * half + 1)
+
+    def pairs_the_larger_cells(problem, num_microbatches):
+        return MicroBatchResult(np.array([0, 0, 1, 1]), np.zeros(4, dtype=np.int64), Status.FEASIBLE, 2 * half + 1)
+
+    plain = balance([1, 1, 1, 1], 2, costs=costs, algorithm=register(Algorithm("honest_pairs", pairs_the_larger,
+                                                                               exact=True, description="test")))
+    assert brute_force([1, 1, 1, 1], 2, costs=costs).makespan == 2 * half + 1 < plain.makespan
+    cells = balance_microbatches([1, 1, 1, 1], 2, costs=costs, max_tokens_per_microbatch=2, num_microbatches=1,
+                                 algorithm=register(MicroBatchAlgorithm("honest_pairs_mb", pairs_the_larger_cells,
+                                                                        exact=True, description="test")))
+    for plan, cost in ((plain, plain.makespan), (cells, cells.step_cost)):
+        assert plan.status is Status.FEASIBLE and plan.lower_bound < cost == 2 * half + 2
