@@ -5,9 +5,10 @@
 import numpy as np
 import pytest
 
-from orchmllm import CostModel, InfeasibleError, Topology
+from orchmllm import CostModel, InfeasibleError, Orchestrator, Topology
 from orchmllm.balancers import api
 from orchmllm.balancers.api import balance_request, solve, trusted_request
+from orchmllm.orchestrator import Batch, Sample, Segment, Stage
 
 
 def _instance(seed: int):
@@ -103,3 +104,19 @@ def test_trusted_request_keeps_balances_errors_on_what_the_caller_cannot_know():
         assert str(trusted.value) == str(checked.value)
     with pytest.raises(InfeasibleError, match="below the largest item"):
         trusted_request(lengths, 2, max_tokens_per_rank=5)
+
+
+def test_the_orchestrators_stage_errors_on_bad_user_input_stay_clear():
+    """What a user of the orchestrator gets wrong about a stage still reads as a clear error naming it, whichever
+    entry the planner balances through: an encoder cost model that overflows float64 on the batch's segments (one
+    pass and micro-batched), an encoder cap below a segment."""
+    stages = (Stage("vision", "image", CostModel(quadratic=1e300), algorithm="lpt"),
+              Stage("llm", "llm", CostModel(linear=1.0), algorithm="lpt"))
+    batch = Batch.from_samples([Sample(10, (Segment("image", 10**6, 64),), rank % 4) for rank in range(16)], 4)
+    for options in ({}, {"max_tokens_per_microbatch": 4096}):
+        with pytest.raises(ValueError, match=r"`cost` CostModel\(.*quadratic=1e\+300\) gives item 0 \(length 1000000\) "
+                                             r"the cost inf; costs must be finite float64"):
+            Orchestrator(stages, Topology(2, 2), **options).plan(batch)
+    capped = (Stage("vision", "image", CostModel(), algorithm="lpt", max_tokens_per_rank=500), stages[1])
+    with pytest.raises(InfeasibleError, match="stage 'vision' .*max_tokens_per_rank=500 is below segment 0"):
+        Orchestrator(capped, Topology(2, 2)).plan(batch)
