@@ -72,9 +72,10 @@ class Pieces:
             return None
         times, shards = self.times[fitting, column], self.shards[fitting, column]
         kinds = [lambda t, s: t / (level * (1 + REL))]
-        for k in {0, fitting.size // 2}:  # the least and the median piece time
-            pieces = max(1, int(np.ceil(level * (1 + REL) / times[k])) - 1)
-            kinds.append(lambda t, s, k=pieces: _time_units(t, level, k))
+        for k in {0, fitting.size // 2}:  # the least and the median piece time (none from a piece of no time)
+            if times[k] > 0:
+                pieces = max(1, int(np.ceil(level * (1 + REL) / times[k])) - 1)
+                kinds.append(lambda t, s, k=pieces: _time_units(t, level, k))
             if 1 <= shards[k] <= self.budget:
                 kinds.append(lambda t, s, x=int(shards[k]): _token_units(s, self.budget, x))
         return max(kinds, key=lambda kind: float(kind(times, shards).sum()))
