@@ -32,6 +32,8 @@ import math
 import numpy as np
 
 from ..bounds import cap_refusal, lower_bound, uncapped_fit
+from ..exact.ilp import model_binaries, search, time_limit_of
+from ..exact.verdict import CapInfeasible
 from ..problem import (InfeasibleError, KernelResult, Problem, Status, count_limits, make_problem, rank_loads,
                        rank_tokens)
 
@@ -40,6 +42,9 @@ SEARCH_RANKS = 8
 
 WORK_PER_ITEM = 4
 """Local-search steps allowed per item (and at least 1000)."""
+
+TINY_BINARIES = 64
+"""A cap equal-count LPT gives up on is decided by the MILP up to this many binaries (`_decided`)."""
 
 
 def _room(counts: list[int], rank: int, q: int, full_ranks: int, r: int) -> bool:
@@ -249,7 +254,10 @@ def solve(problem: Problem) -> KernelResult:
         free = uncapped_fit(problem, solve)
         if free is not None:
             return free
-    starts = [solve_lpt(problem).assignment]
+    try:
+        starts = [solve_lpt(problem).assignment]
+    except InfeasibleError as refusal:
+        return _decided(problem, refusal)
     differenced = karmarkar_karp(problem)
     if cap is None or rank_tokens(problem, differenced).max() <= cap:
         starts.append(differenced)
@@ -258,6 +266,18 @@ def solve(problem: Problem) -> KernelResult:
     improved = improve(problem, best)
     # The search tracks loads incrementally: keep its plan only if the exact loads agree it is no worse.
     return KernelResult(improved if rank_loads(problem, improved).max() <= min(makespans) else best)
+
+
+def _decided(problem: Problem, refusal: InfeasibleError) -> KernelResult:
+    """The MILP's plan (with its count rows, in milliseconds) where equal-count LPT gave up on a cap and the model
+    has at most TINY_BINARIES binaries, else `refusal` raised (as where the MILP finds no plan either): probe26
+    P26-05, auto refused 90 of 269 feasible tiny instances, e.g. [8, 35, 29] on 2 ranks under a cap of 38."""
+    if refusal.heuristic is None or model_binaries(problem) > TINY_BINARIES:
+        raise refusal
+    result = search(problem, None, time_limit_of(problem))
+    if isinstance(result, CapInfeasible):
+        raise refusal
+    return result
 
 
 def _padded_runs(sorted_lengths: list[int], sorted_costs: list[float], num_ranks: int, q: int, r: int,
