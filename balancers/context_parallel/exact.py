@@ -35,7 +35,7 @@ EXACT_NODES = 20_000
 """Search nodes at most; beyond, the best plan found is returned unproven."""
 
 
-def _options(problem: Problem, spec: ContextParallel, gpus_per_node: int) -> list[list[tuple]]:
+def block_options(problem: Problem, spec: ContextParallel, gpus_per_node: int) -> list[list[tuple]]:
     """Per item, (start, degree, time, shard tokens) of every aligned block it may run on, degrees ascending,
     blocks by start; each degree's times in one call for every item (element-wise, the same numbers)."""
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
@@ -64,7 +64,7 @@ class _Search:
     def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, incumbent: float):
         d = problem.num_ranks
         self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
-        self.options = _options(problem, spec, gpus_per_node)
+        self.options = block_options(problem, spec, gpus_per_node)
         least = [min(c * t for _, c, t, _ in options) if options else math.inf for options in self.options]
         self.rest = np.concatenate((np.cumsum(least[::-1])[::-1], [0.0]))  # least work of items k..n-1
         self.loads, self.tokens = [0.0] * d, [0] * d

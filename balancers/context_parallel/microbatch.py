@@ -56,6 +56,7 @@ from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
 from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
 from .dual_feasible import cannot_lay_out
+from .exact_microbatch import exact_or_planned
 from .fewer import at_most
 from .grouping import group_microbatches, row_least
 from .plan import ContextParallelPlan
@@ -468,8 +469,15 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit,
         spec = spec.on(topology)
     spec.warn_unit_cost(cost)
     today = dict(plain, topology=topology if plain.get("sources") is not None else None)
-    return at_most(lambda count: split_microbatches(
-        lengths, num_ranks, spec, cost=CostModel() if cost is None else cost, budget=budget, overhead=overhead,
-        num_microbatches=count, plain=lambda: unsplit(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=cost,
-                                                      num_microbatches=count, microbatch_overhead=microbatch_overhead,
-                                                      **today)), num_ranks, fixed)
+    model = CostModel() if cost is None else cost
+
+    def planned():
+        return at_most(lambda count: split_microbatches(
+            lengths, num_ranks, spec, cost=model, budget=budget, overhead=overhead, num_microbatches=count,
+            plain=lambda: unsplit(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=cost,
+                                  num_microbatches=count, microbatch_overhead=microbatch_overhead, **today)),
+            num_ranks, fixed)
+    if not spec.splits:
+        return planned()
+    return exact_or_planned(planned, lengths, num_ranks, spec, model, budget, overhead, fixed, lambda microbatch, passes:
+                            _assemble(lengths, microbatch, passes, num_ranks, spec, budget, overhead))
