@@ -42,3 +42,27 @@ def test_parked_deal_equals_rank_by_rank_reference(seed, cap):
     problem, spec, times, long = _giants_beside_short_items(seed, cap)
     found = tiers.two_tiers(problem, spec, GPUS, times, long, 0.0, planner.water_level)
     _same_layout(found, _reference_two_tiers(problem, spec, times, long, 0.0, planner.water_level))
+
+
+class _CountedLists(np.ndarray):
+    """A shard table that counts how often a whole table of its rows is made a list."""
+
+    listed = 0
+
+    def tolist(self):
+        if self.ndim == 2 and self.shape[0] > 1:
+            _CountedLists.listed += 1
+        return super().tolist()
+
+
+def test_regression_the_deal_listed_every_items_shards_at_the_widest_degree():
+    """The deal reads an item's shards only where the bounds on a group's fullest rank leave its room open, so the
+    shards at the widest degree are no longer made a list of every item's (before: once per `two_tiers` call, 59 in a
+    T 16k step of the long workload at D = 2560 x 16)."""
+    problem, spec, times, long = _giants_beside_short_items(3, 1400)
+    reference = _reference_two_tiers(problem, spec, times, long, 0.0, planner.water_level)
+    times.shards[8] = times.shards[8].view(_CountedLists)
+    _CountedLists.listed = 0
+    found = tiers.two_tiers(problem, spec, GPUS, times, long, 0.0, planner.water_level)
+    assert _CountedLists.listed == 0
+    _same_layout(found, reference)

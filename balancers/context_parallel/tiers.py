@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
 
 import numpy as np
 
@@ -52,7 +51,7 @@ def two_tiers(problem: Problem, spec: ContextParallel, gpus_per_node: int, times
     alone = np.where(times.shards[below][rows].max(axis=1) <= cap, below, widest)  # each item's degree when alone
     shards = times.shards[widest][rows]
     wide_time = times(order, widest)
-    wide = (wide_time.tolist(), shards.tolist(), shards.max(axis=1).tolist(), shards.min(axis=1).tolist())
+    wide = (wide_time.tolist(), shards, shards.max(axis=1).tolist(), shards.min(axis=1).tolist())
     alone_time = times.table[rows, np.where(alone == below, times.column[below], times.column[widest])]
     best = None
     for k in np.unique(np.linspace(0, order.size, TIER_STEPS + 1).astype(np.int64)).tolist():
@@ -141,7 +140,8 @@ class _Rooms:
     no bound settled); and the groups parked out of the heap, surely short of the shards of the items so far."""
 
     def __init__(self, starts: list[int], widest: int, cap: float, wide: tuple):
-        _, self.shards, self.most, self.fewest = wide
+        _, shards, self.most, self.fewest = wide
+        self.shards = np.asarray(shards)  # read only where bounds leave a room open: not made a list
         self.cap = cap
         self.bounds = {s: [0, 0] for s in starts}  # group -> (low, high) bounds on its fullest rank's tokens
         self.ranks = {s: [0] * widest for s in starts}  # group -> its ranks' tokens, without its `pending` items
@@ -184,13 +184,12 @@ class _Rooms:
         if low + self.fewest[j] > self.cap:
             return False
         if self.pending[s]:
-            held = self.ranks[s]
-            for i in self.pending[s]:
-                held = list(map(operator.add, held, self.shards[i]))
+            held = (np.array(self.ranks[s]) + self.shards[self.pending[s]].sum(axis=0)).tolist()
             self.ranks[s], self.pending[s] = held, []
             self.bounds[s] = [max(held), max(held)]
             return self._room(s, j)
-        return True if all(tokens + add <= self.cap for tokens, add in zip(self.ranks[s], self.shards[j])) else None
+        return True if all(tokens + add <= self.cap for tokens, add in zip(self.ranks[s], self.shards[j].tolist())) \
+            else None
 
     def add(self, s: int, j: int) -> int:
         """Item j joins group s; returns s."""
