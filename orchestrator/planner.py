@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..balancers import balance
+from ..balancers.api import solve, trusted_request
 from ..balancers.context_parallel.split import allowed_degrees, split_stage
 from ..balancers.locality.balance import FILL_ON_MISS
 from ..balancers.microbatch.api import plan_microbatches
@@ -438,8 +438,9 @@ class Orchestrator:
                          fill=FILL_ON_MISS if filled and not padded else None)
 
         def balanced_plan() -> BalancePlan:
-            result = balance(item_length, batch.num_ranks, padded=padded, algorithm=algorithm,
-                             max_tokens_per_rank=stage.max_tokens_per_rank, **stage_pricing(batch, stage), **local)
+            result = solve(trusted_request(item_length, batch.num_ranks, padded=padded, algorithm=algorithm,
+                                           max_tokens_per_rank=stage.max_tokens_per_rank, **stage_pricing(batch, stage),
+                                           **local))  # the batch's checked columns, the plans' ranks
             if placement not in PLACEMENTS:
                 return result
             anchors, anchor_bytes = self._anchors(batch, stage, items, outputs, llm)

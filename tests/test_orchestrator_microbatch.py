@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 import dataclasses
 
 from orchmllm import InfeasibleError, Orchestrator, Topology
-from orchmllm.balancers import balance, balance_microbatches
+from orchmllm.balancers import balance_microbatches
+from orchmllm.balancers.api import trusted_request
 from orchmllm.orchestrator import StepPlan, planner
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
@@ -101,9 +102,9 @@ def test_micro_batch_stages_deal_with_the_filler_on_a_miss(monkeypatch):
 
     def recorded(*args, **kwargs):
         fills.append((kwargs["padded"], kwargs.get("fill")))
-        return balance(*args, **kwargs)
+        return trusted_request(*args, **kwargs)
 
-    monkeypatch.setattr(planner, "balance", recorded)
+    monkeypatch.setattr(planner, "trusted_request", recorded)
     monkeypatch.setattr(planner, "WHOLE_STEP_RANKS", 0)  # the "locality" step's own calls, not the plans of others
     batch, plan = plan_of(64, 16, 16384, seed=2)
     assert plan.num_microbatches >= 2
