@@ -324,13 +324,18 @@ def checked_kernel(kernel: MicroBatchKernel, algorithm: str, certified: bool = T
 def _claimed_step_bound(problem: MicroBatchProblem, result: MicroBatchResult, loads: np.ndarray,
                         algorithm: str) -> float | None:
     """The kernel's bound on Σ_m max_r load (`claimed_bound`: at most its result's), plus its M's
-    overhead; None without one."""
+    overhead; None without one.  A claim of the plan's own Σ_m max_r load is its step cost, summed as
+    `step_cost` sums it: the correctly rounded Σ_m max_r load plus the overheads, rounded again, may
+    differ from it in the last place (probe26 P26-07: a bound of 14.333333333333332 under a step of
+    14.333333333333334 raised RuntimeError); a claim below that sum stays below it."""
     if result.lower_bound is None:
         return None
     m = loads.shape[0]
     costs, cost = problem.item_costs, step_cost(loads, 0.0)  # every cell's sum, and that of their maxima, <= cost
     claimed = claimed_bound(result.lower_bound, cost, algorithm, problem.num_items + m, "Σ_m max_r load",
                             exact=lambda: exact_sums(cost, costs, lambda: integral(costs)))
+    if claimed == cost:
+        return step_cost(loads, problem.microbatch_overhead)
     return float_sum([claimed, m * problem.microbatch_overhead])
 
 
