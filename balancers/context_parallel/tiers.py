@@ -191,13 +191,12 @@ class _Rooms:
         return True if all(tokens + add <= self.cap for tokens, add in zip(self.ranks[s], self.shards[j].tolist())) \
             else None
 
-    def add(self, s: int, j: int) -> int:
-        """Item j joins group s; returns s."""
+    def add(self, s: int, j: int) -> None:
+        """Item j joins group s."""
         bounds = self.bounds[s]
         bounds[0] += self.fewest[j]
         bounds[1] += self.most[j]
         self.pending[s].append(j)
-        return s
 
     def parked_groups(self) -> list[tuple[float, int]]:
         """The (load, group) of the groups parked."""
