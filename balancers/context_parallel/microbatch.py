@@ -156,8 +156,13 @@ class _PassPlans:
         self.lengths, self.context, self.plans, self.bounds = lengths, (num_ranks, spec, cost, budget), {}, {}
         self.certified: dict[bytes, bool] = {}  # `certified_none` of each set, judged once
 
+    def key(self, items: np.ndarray) -> bytes:
+        """What a set's plan, bound and certificate depend on: its items' lengths in order (equal lengths in other
+        items share them: ties_giant, D = 512, T = 32k, 16 a rank)."""
+        return self.lengths[np.asarray(items, dtype=np.int64)].tobytes()
+
     def __call__(self, items: np.ndarray) -> ContextParallelPlan | None:
-        key = np.asarray(items, dtype=np.int64).tobytes()
+        key = self.key(items)
         if key not in self.plans:
             self.plans[key] = _plan_pass(self.lengths, items, *self.context)
         return self.plans[key]
@@ -166,7 +171,7 @@ class _PassPlans:
         """True where `dual_feasible` proves that `items` have no layout in one micro-batch (`self(items)` is None
         then, unplanned); False at once for a set planned with a layout.  Each set judged once (the fills, the
         grouping's plans and the spill's search ask again)."""
-        key = np.asarray(items, dtype=np.int64).tobytes()
+        key = self.key(items)
         if self.plans.get(key) is not None:
             return False
         if key not in self.certified:
@@ -178,7 +183,7 @@ class _PassPlans:
     def bound(self, items: np.ndarray) -> float:
         """The split planner's bound of `items` in one micro-batch, below its plan's peak (0 where it has none),
         made once per set (the fills' deferrals ask for the same sets again: 3 of 10 at T = 64k)."""
-        key = np.asarray(items, dtype=np.int64).tobytes()
+        key = self.key(items)
         if key not in self.bounds:
             num_ranks, spec, cost, budget = self.context
             problem = make_problem(self.lengths[items], num_ranks, cost=cost)

@@ -1,0 +1,33 @@
+"""CP micro-batch passes are planned once per sequence of lengths, not per set of items: a pass plan, its bound and
+its certificate depend only on its items' lengths in order (issue 24: the ties_giant family, every item 40000
+tokens at T = 32k, planned the same micro-batch of equal items again and again)."""
+
+import numpy as np
+
+from orchmllm import ContextParallel, CostModel, balance, balance_microbatches
+from orchmllm.balancers.context_parallel import microbatch
+
+T = 32768
+COST_84B = CostModel(linear=426233561088.0, quadratic=3932160.0)  # study.models MODELS['84b'].llm, causal
+
+
+def test_regression_equal_items_in_other_micro_batches_were_planned_again(monkeypatch):
+    """16 x 16 items of 40000 tokens: 23 pass plans before, each micro-batch of equal items planned anew; now one
+    per distinct micro-batch size.  Every pass is the plan `balance` makes of its items alone."""
+    calls = []
+    plan_pass = microbatch._plan_pass
+
+    def counted(lengths, items, *args):
+        calls.append(items.size)
+        return plan_pass(lengths, items, *args)
+
+    monkeypatch.setattr(microbatch, "_plan_pass", counted)
+    lengths, spec = np.full(256, 40000), ContextParallel()
+    plan = balance_microbatches(lengths, 16, cost=COST_84B, max_tokens_per_microbatch=T, context_parallel=spec)
+    assert len(calls) <= 5 and len(calls) == len(set(calls))
+    for m, planned in enumerate(plan.passes):
+        items = np.flatnonzero(plan.microbatch == m)
+        alone = balance(lengths[items], 16, cost=COST_84B, algorithm="lpt", max_tokens_per_rank=T,
+                        context_parallel=spec)
+        assert planned.assignment.tolist() == alone.assignment.tolist()
+        assert planned.degree.tolist() == alone.degree.tolist() and planned.makespan == alone.makespan
