@@ -5,8 +5,8 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               (unpadded) the items cut afresh into cells of the schedule's best shape by one LPT
               over all M·D cells (`shaped.lpt_shaped`; the replicas that take the items overflowing a
               cell alone start their other cells higher, `_starts`, two such starts where more
-              than D items overflow, the first not made where its LPT's first M·D choices show it
-              the slower, `shaped.first_from_below`); the faster ends the planning
+              than D items overflow, the first (1F1B, interleaved) or the second (GPipe) not made where its
+              LPT's first M·D choices show it the slower, `shaped.first_from_below`); the faster ends the planning
               when it is within STOP_GAP of τ·X̄ or at the certified bound (the search's stop rule: no plan
               is faster; the largest item's chain meets it at D = 2560, M = 8, interleaved), else the plain
               cells reordered in each replica (`order.mountain`; GPipe, order-free: as planned) are a
@@ -53,7 +53,7 @@ from .order import deal, mountain, places
 from .profile import best_profile
 from .schedules import replica_times, step_rows
 from .search import STOP_GAP, SUMS_DRIFT, CellSearch, stalls_at_once
-from .shaped import first_from_below, lpt_shaped, overflowing
+from .shaped import first_from_below, lpt_shaped, overflowing, pinned_heavy
 from .spec import Pipeline
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
@@ -161,8 +161,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
         if found is not None and found[0] <= bound:
             break  # a search met the bound: no later one is faster
         if begin in shaped and pipeline.schedule != "gpipe" and begin != faster:
-            continue  # of two shaped starts, the faster is searched; GPipe searches both (the faster start's uneven
-            # cells searched to steps up to 9 % slower there, and the other's up to 10 % faster: review12 R12-02, 04)
+            continue  # of two shaped starts, the faster is searched; GPipe searches both where made (the faster
+            # start's uneven cells searched to steps up to 9 % slower, the other's up to 10 % faster: R12-02, 04)
         rival = min(float(times[best].max()), math.inf if found is None else found[0])
         if begin in partial and stalls_at_once(times[begin], d, problem.padded) and \
                 float(times[begin].max()) > rival * (1 + SUMS_DRIFT):
@@ -194,33 +194,37 @@ def _shaped_starts(problem: MicroBatchProblem, pipeline: Pipeline, m: int, mean:
     `starts` (placed, cells, summed: the plain cells alone), and every start's times (`_start_times`).  Of two, 1F1B
     and interleaved search only the faster: where the first's cells from below (`first_from_below`, uniform stages)
     run longer than the second's step on some replica, the second alone is made (the first, never the faster, is
-    neither searched nor kept: the same plan), else the first after all, ahead of it as without them.  `extra`: as
-    in `_start_times`, its cells' times last."""
+    neither searched nor kept: the same plan), else the first after all, ahead of it as without them.  GPipe
+    searches both, but where the second's cells from below run longer than the first's step on some replica and the D
+    largest items hold less than `shaped.PINNED_SHARE` of the work (`shaped.pinned_heavy`), the first alone is made
+    (issue 28: the second's LPT over every item and its search, dropped, were ~0.4 of the planning at D = 2560 x 32,
+    M = 16).  `extra`: as in `_start_times`, its cells' times last."""
     placed, cells, summed = starts
     two = not problem.padded and overflowing(problem, pipeline, m, mean) > problem.num_ranks
-    one_searched = two and pipeline.schedule != "gpipe"
+    gpipe = pipeline.schedule == "gpipe"  # bounded from below: its second start (most), else the first
     below = None
-    if one_searched and cells[0][2] is None and problem.num_ranks > 2 * PROBE_ROWS:
-        below = first_from_below(problem, m, pipeline, mean)
+    if two and cells[0][2] is None and problem.num_ranks > 2 * PROBE_ROWS and not (gpipe and pinned_heavy(problem)):
+        below = first_from_below(problem, m, pipeline, mean, gpipe)
     for most in (False, True)[:(not problem.padded) + two]:
-        if below is None or most:
+        if below is None or most != gpipe:
             _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean, most), first_stage)
     if below is None or len(cells) == 1:
-        if below is not None:  # no second start: the first as without the bound
-            _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean), first_stage)
-        return _start_times(pipeline, cells, one_searched and len(cells) == 3, extra=extra)
+        if below is not None:  # the start not bounded not made: the bounded one as without the bound
+            _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean, gpipe), first_stage)
+        return _start_times(pipeline, cells, two and not gpipe and len(cells) == 3, extra=extra)
     times, partial = _start_times(pipeline, cells, False, below, extra)
     last = [] if extra is None else [times.pop()]
     if float(times.pop().max()) > float(times[1].max()):
         return times + last, partial
-    _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean), first_stage)
-    if len(cells) == 3:  # the first ahead of the second
+    _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean, gpipe), first_stage)
+    if len(cells) == 3:
         times.append(_timed(pipeline, [cells[2]])[0])
-        for listed in (cells, times):
-            listed[1], listed[2] = listed[2], listed[1]
-        for book in (placed, summed):
-            first, second = book.pop(2, None), book.pop(1, None)
-            book.update((index, value) for index, value in ((1, first), (2, second)) if value is not None)
+        if not gpipe:  # the first ahead of the second
+            for listed in (cells, times):
+                listed[1], listed[2] = listed[2], listed[1]
+            for book in (placed, summed):
+                first, second = book.pop(2, None), book.pop(1, None)
+                book.update((index, value) for index, value in ((1, first), (2, second)) if value is not None)
     return times + last, partial
 
 

@@ -17,6 +17,8 @@ from .profile import best_profile, pinned_scales
 from .spec import Pipeline
 
 SCALE_RANGE, SCALE_STEPS = 4.0, 12  # the level scale's range and bisection steps (`_starts`)
+PINNED_SHARE = 0.16  # GPipe's second shaped start made, however slow its start, where the D largest hold this
+SECOND_PREFIX = 4  # the second start's cells from below take its LPT's first 4·D choices (`first_from_below`)
 
 
 def _layout(problem: MicroBatchProblem, m: int, pipeline: Pipeline, mean: float) -> tuple:
@@ -68,6 +70,14 @@ def overflowing(problem: MicroBatchProblem, pipeline: Pipeline, num_microbatches
     return int(np.searchsorted(-cells, -top, side="left"))
 
 
+def pinned_heavy(problem: MicroBatchProblem) -> bool:
+    """Whether the D largest items hold at least PINNED_SHARE of the work: there GPipe's second shaped start (those
+    items pinned) searched to steps up to 12 % faster than the first's though it started slower (bench_pipeline's
+    long mix: 0.18-0.55 at M 8-16), where below (default, vision: 0.10-0.13; long at M 32: 0.10-0.12) it ended
+    slower (`planner._shaped_starts`)."""
+    return float(problem.sorted_costs[:problem.num_ranks].sum()) >= PINNED_SHARE * problem.total_cost
+
+
 def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets: np.ndarray, slot_of: np.ndarray,
             unit: float, most: bool = False) -> np.ndarray:
     """`lpt_shaped`'s start loads of the cells (cell k·D + r in slot slot_of[k]), rounded to `unit`: the offsets,
@@ -107,26 +117,32 @@ def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets
     return starts.ravel()
 
 
-def first_from_below(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline, mean: float
-                     ) -> np.ndarray | None:
+def first_from_below(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline, mean: float,
+                     most: bool = False) -> np.ndarray | None:
     """Cells (D, M) at most the costs of the first shaped start's where more than D items overflow a cell alone
-    (`lpt_shaped` from the offsets alone: `_starts`), from its LPT's first M·D choices (`lpt.greedy_prefix`: they
-    are the whole LPT's, exact), or None where they may not be its cells' (LPT not on exact integer keys, or those
-    items over the budget: its capped LPT from the same offsets, `lpt_cells`, takes them alike only within it) or
-    they are all its items.  Each of its cells holds them and more (costs >= 0), and a replica's time never falls
-    where a cell's cost rises (`schedules.step_rows`), so their replicas' times are at most the start's: where one
-    runs longer than the other start's step, the first is the slower without its LPT over every item (D = 2560 x 32,
-    M = 16: the first 40 960 of 81 920 items; probe replicas 1.2-1.24x the second's step).  Uniform stages."""
+    (`lpt_shaped` from the offsets alone: `_starts`; with `most` the second's, the D largest pinned), from its LPT's
+    first M·D choices (with `most` SECOND_PREFIX·D: the pinned replicas hold its step, met from 2·D choices at
+    D = 2560 x 32, M = 16, seeds 7 and 11, ~0.9 ms against ~1.5 for M·D) (`lpt.greedy_prefix`: they are the whole
+    LPT's, exact), or None where they may not be its
+    cells' (LPT not on exact integer keys, or those items over the budget: its capped LPT from the same offsets,
+    `lpt_cells`, takes them alike only within it) or they are all its items.  Each of its cells holds them and more
+    (costs >= 0), and a replica's time never falls where a cell's cost rises (`schedules.step_rows`), so their
+    replicas' times are at most the start's: where one runs longer than the other start's step, it is the slower
+    without its LPT over every item (D = 2560 x 32, M = 16: the first 40 960 of 81 920 items; the first start's probe
+    replicas 1.2-1.24x the second's step; the second's (GPipe) meet its step).  With `most`, only where the raised
+    LPT over every item fits the budget (else that start is the capped LPT from the offsets alone, not bounded here:
+    the planner's choice of starts is then a heuristic, never a wrong plan).  Uniform stages."""
     m, d = num_microbatches, problem.num_ranks
-    count = m * d
+    cells = m * d
+    count = min(SECOND_PREFIX, m) * d if most else cells
     if problem.num_items <= count:
         return None
     offsets, unit, base, slot_of = _layout(problem, m, pipeline, mean)
-    start = _starts(problem, pipeline, mean, offsets, slot_of, unit)
-    prefix = greedy_prefix(problem.sorted_costs, count, start, count, base)
+    start = _starts(problem, pipeline, mean, offsets, slot_of, unit, most)
+    prefix = greedy_prefix(problem.sorted_costs, cells, start, count, base)
     if prefix is None:
         return None
     cell, loads = prefix  # cell of the j-th largest item
-    if token_sums(cell, problem.lengths[problem.cost_order[:count]], count).max() > problem.max_tokens_per_microbatch:
+    if token_sums(cell, problem.lengths[problem.cost_order[:count]], cells).max() > problem.max_tokens_per_microbatch:
         return None
     return loads.reshape(m, d)[np.argsort(slot_of)].T + problem.microbatch_overhead
