@@ -111,9 +111,11 @@ class _State:
     def candidates(self, rank: int):
         """(peak of the ranks it changes, item or -1, start, degree) of every move lowering `rank`: each unsplit
         item of `rank` to the least-loaded other rank with token room, then onto its best block
-        (`_unsplit_moves`), then the moves of `rank`'s group."""
+        (`_unsplit_moves`), then the moves of `rank`'s group.  An unsplit item of no time is left out: `rank`
+        keeps its load without it, so its moves end at the makespan or above and are never taken (zeros_giants,
+        D = 2560 x 16: 90 % of the items are empty)."""
         out = []
-        unsplit = np.flatnonzero((self.start == rank) & (self.degree == 1))
+        unsplit = np.flatnonzero((self.start == rank) & (self.degree == 1) & (self.times > 0))
         if unsplit.size:
             out.extend(self._unsplit_moves(rank, unsplit))
         if self.in_group[rank]:
