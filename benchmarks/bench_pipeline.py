@@ -191,8 +191,13 @@ searched; the raised start's keys sort by introsort (many runs).  pp39 (2026-12-
 archive trees of f6c16a5 and of it with 11cba0b's schedules.py, alternated twice; same plans held out): M = 16 GPipe
 2.16-2.25 -> 2.12-2.14x (min of 11 in one process 38.7 -> 37.9 ms, plain 18.2): GPipe's replica times take the closed
 form where every sum is exact (`schedules._exact_times`: durations of whole units, as this cost model gives), the
-walk's floats (the starts' 7680 rows 2.7 -> 1.5 ms).  What is left is walks
-    (`replica_times`, numpy-bound: ~1.6 ns per operation and replica, ~0.2 ms a walk however few rows at M = 16;
+walk's floats (the starts' 7680 rows 2.7 -> 1.5 ms).  pp40 (2026-12-06, load 2.9-3.2, this test in git archive
+trees of d19f349 and 630d46a, alternated twice; a GPipe plan change, same plans on 306 held-out and tuning rows):
+M = 16 GPipe 2.09-2.10 -> 1.59x (one noisy run 1.71; min of 9 in one process 39.4 -> 30.0 ms, plain 18.9): GPipe's
+second shaped start (the D largest pinned) is bounded from below by its LPT's first 4·D choices and not made where
+that bound runs longer than the first's step and the D largest hold < 0.16 of the work (`shaped.pinned_heavy`).
+    What is left is walks (`replica_times`, numpy-bound: ~1.6 ns per operation and replica, ~0.2 ms a walk
+    however few rows at M = 16;
     batching operations by level with gathers was 2-5x slower; the 1F1B walk has no O(M) form, its critical paths
     zig-zag over the stages), the shaped LPTs (`lpt.greedy_from`, ~2 ms each) and the rounds.  Asserted: that no case
     exceeds 12x, a guard (1F1B M = 8 read 11.4-12.9x before pp29's rounds) and that every plan is at most the
