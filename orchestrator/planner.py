@@ -128,6 +128,21 @@ def stage_plan(batch: Batch, stage: Stage, destination: np.ndarray, algorithm: s
                      solve_seconds=seconds, split=split)
 
 
+def checked(batch: Batch) -> Batch:
+    """`batch`, validated by `Batch.from_arrays` unless that made it (`validated`): the stage plans trust its
+    columns (`balancers.api.trusted_request`), and a `Batch(...)` made by hand checks none (review R18-03: negative
+    lengths planned silently, a source past the ranks raised numpy's broadcast error)."""
+    if not isinstance(batch, Batch):
+        raise TypeError(f"`batch` must be a Batch; got {type(batch).__name__}")
+    if getattr(batch, "validated", False):
+        return batch
+    return Batch.from_arrays(num_ranks=batch.num_ranks, modalities=batch.modalities, sample_text=batch.sample_text,
+                             sample_source=batch.sample_source, sample_id=batch.sample_id,
+                             segment_sample=batch.segment_sample, segment_modality=batch.segment_modality,
+                             segment_length=batch.segment_length, segment_tokens=batch.segment_tokens,
+                             segment_position=batch.segment_position, segment_frames=batch.segment_frames)
+
+
 class Orchestrator:
     """Plans a step for `stages` (encoders then the LLM) on `topology` (or a number of ranks).
 
@@ -213,8 +228,7 @@ class Orchestrator:
     def plan(self, batch: Batch) -> StepPlan:
         """The StepPlan of `batch`: every stage balanced, encoder outputs routed to their LLM rank, in
         one pass, or with `max_tokens_per_microbatch` in the micro-batches of its cells."""
-        if not isinstance(batch, Batch):
-            raise TypeError(f"`batch` must be a Batch; got {type(batch).__name__}")
+        batch = checked(batch)
         self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
         known = {stage.modality for stage in self.stages}
         unknown = [name for code, name in enumerate(batch.modalities)
@@ -328,8 +342,7 @@ class Orchestrator:
         balanced across the ranks (with `balance_encoders`; otherwise each segment runs on its
         sample's LLM rank, where the whole sample moved), outputs routed to their LLM rank."""
         start = time.perf_counter() if start is None else start
-        if not isinstance(batch, Batch):
-            raise TypeError(f"`batch` must be a Batch; got {type(batch).__name__}")
+        batch = checked(batch)
         self.topology.check_world_size(batch.num_ranks, "batch.num_ranks")
         check_cells(batch, cells, self.stages[-1], None if self.options.microbatching is None else self._cell_budget())
         return self._plan_cells(batch, cells, start)

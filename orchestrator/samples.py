@@ -241,15 +241,14 @@ def _as_frames(frames, length: np.ndarray, tokens: np.ndarray) -> np.ndarray | N
 
 @dataclass(frozen=True, eq=False)
 class Batch:
-    """Columnar metadata of a global batch (all ranks), validated; arrays are read-only int64.
+    """Columnar metadata of a global batch (all ranks); arrays are read-only int64.
 
-    Per sample i: `sample_text[i]`, `sample_source[i]` (rank that sampled it), `sample_id[i]`.
-    Per segment s: `segment_sample[s]` (its sample, non-decreasing), `segment_modality[s]`
-    (index into `modalities`), `segment_length[s]`, `segment_tokens[s]`,
-    `segment_position[s]` (offset in the sample's LLM sequence), `segment_frames[s]` (frames of a
-    video the encoder may split between; None: every segment 1).  Derived per sample, computed
-    at construction unless given (by a constructor that has them already): `sample_llm_length`,
-    `sample_segment_offsets`.
+    Per sample i: `sample_text[i]`, `sample_source[i]` (rank that sampled it), `sample_id[i]`.  Per segment s:
+    `segment_sample[s]` (its sample, non-decreasing), `segment_modality[s]` (index into `modalities`),
+    `segment_length[s]`, `segment_tokens[s]`, `segment_position[s]` (offset in the sample's LLM sequence),
+    `segment_frames[s]` (frames of a video the encoder may split between; None: every segment 1).  Derived per
+    sample, computed at construction unless given: `sample_llm_length`, `sample_segment_offsets`.  `from_arrays`
+    and `from_samples` validate the columns (`validated`); `planner.checked`, a batch made otherwise.
     """
 
     num_ranks: int
@@ -497,4 +496,5 @@ class Batch:
                     segment_tokens=tokens, segment_position=position,
                     segment_frames=_as_frames(segment_frames, length, tokens),
                     sample_segment_offsets=offsets, sample_llm_length=llm_length)  # validation computed them
+        object.__setattr__(batch, "validated", True)  # not a field: dataclasses.replace's new columns lack it
         return batch

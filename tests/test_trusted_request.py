@@ -120,3 +120,34 @@ def test_the_orchestrators_stage_errors_on_bad_user_input_stay_clear():
     capped = (Stage("vision", "image", CostModel(), algorithm="lpt", max_tokens_per_rank=500), stages[1])
     with pytest.raises(InfeasibleError, match="stage 'vision' .*max_tokens_per_rank=500 is below segment 0"):
         Orchestrator(capped, Topology(2, 2)).plan(batch)
+
+
+def _hand_made(**columns):
+    base = dict(num_ranks=4, modalities=("image",), sample_text=np.array([10, 20, 30, 40, 50, 60]),
+                sample_source=np.array([0, 0, 1, 2, 3, 3]), sample_id=np.arange(6), segment_sample=np.array([0, 1, 2, 4]),
+                segment_modality=np.zeros(4, dtype=np.int64), segment_length=np.array([100, 200, 300, 400]),
+                segment_tokens=np.array([16, 32, 48, 64]), segment_position=np.zeros(4, dtype=np.int64))
+    return Batch(**{**base, **columns})
+
+
+@pytest.mark.parametrize("columns, message", [
+    ({"segment_length": np.array([100, -200, 300, 400])}, r"`segment_length` must be non-negative integers; got -200"),
+    ({"sample_text": np.array([10, -90, 30, 40, 50, 60])}, r"`sample_text` must be non-negative integers; got -90"),
+    ({"sample_source": np.array([0, 0, 1, 2, 3, 7])}, r"`sample_source` must be ranks in \[0, 4\); got 7 at index 5")])
+def test_regression_a_hand_made_batch_reached_the_trusted_stage_plans_unchecked(columns, message, monkeypatch):
+    """review R18-03: `Batch(...)` checks nothing, and the stage plans trust the batch's columns: a negative length
+    planned silently, a source past the ranks raised numpy's broadcast error.  The planner validates such a batch
+    (`planner.checked`) and only such a batch: one `from_arrays` made goes through as it is."""
+    from orchmllm.orchestrator import planner
+
+    stages = (Stage("vision", modality="image", cost=CostModel(linear=1.0), padded=False),
+              Stage("llm", "llm", cost=CostModel(linear=1.0, quadratic=1e-4)))
+    orchestrator = Orchestrator(stages, Topology(1, 4))
+    with pytest.raises(ValueError, match=message):
+        orchestrator.plan(_hand_made(**columns))
+    hand_made, made = _hand_made(), []
+    validated = planner.checked(hand_made)
+    assert validated.validated and not getattr(hand_made, "validated", False)
+    monkeypatch.setattr(Batch, "from_arrays", lambda **kwargs: made.append(kwargs))
+    assert planner.checked(validated) is validated and made == []
+    assert orchestrator.plan(validated).step_cost == 515.2996
