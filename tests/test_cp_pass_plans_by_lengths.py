@@ -31,3 +31,19 @@ def test_regression_equal_items_in_other_micro_batches_were_planned_again(monkey
                         context_parallel=spec)
         assert planned.assignment.tolist() == alone.assignment.tolist()
         assert planned.degree.tolist() == alone.degree.tolist() and planned.makespan == alone.makespan
+
+
+def test_regression_the_packing_bound_of_equal_micro_batches_was_built_again(monkeypatch):
+    """64 x 16 items of 40000 tokens: the later fills' deferrals built 84 packing bounds (`Pieces`) of micro-batches
+    of equal lengths; now one per sequence of lengths (6), the same plan."""
+    made = []
+
+    class Counted(microbatch.Pieces):
+        def __init__(self, lengths, *args):
+            made.append(hash(lengths.tobytes()))
+            super().__init__(lengths, *args)
+
+    monkeypatch.setattr(microbatch, "Pieces", Counted)
+    plan = balance_microbatches(np.full(1024, 40000), 64, cost=COST_84B, max_tokens_per_microbatch=T,
+                                context_parallel=ContextParallel())
+    assert made and len(made) == len(set(made)) <= 10 and plan.num_microbatches == 22

@@ -155,6 +155,7 @@ class _PassPlans:
     def __init__(self, lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost, budget: int):
         self.lengths, self.context, self.plans, self.bounds = lengths, (num_ranks, spec, cost, budget), {}, {}
         self.certified: dict[bytes, bool] = {}  # `certified_none` of each set, judged once
+        self.packed: dict[bytes, Pieces] = {}
 
     def key(self, items: np.ndarray) -> bytes:
         """What a set's plan, bound and certificate depend on: its items' lengths in order (equal lengths in other
@@ -195,9 +196,11 @@ class _PassPlans:
         return self.bounds[key]
 
     def pieces(self, items: np.ndarray) -> Pieces:
-        """`items` in one micro-batch for the packing bound (`packing_bound.py`)."""
-        num_ranks, spec, cost, budget = self.context
-        return Pieces(self.lengths[items], num_ranks, spec, cost, budget)
+        """`items` in one micro-batch for the packing bound (`packing_bound.py`), made once per `key`."""
+        key = self.key(items)
+        if key not in self.packed:
+            self.packed[key] = Pieces(self.lengths[items], *self.context)
+        return self.packed[key]
 
     def floor(self, items: np.ndarray) -> float:
         """`bound` a hair lowered (FLOOR_SLACK), below the peak of `self(items)` whatever the float rounding."""
