@@ -42,8 +42,8 @@ def test_regression_the_exact_search_of_a_pass_started_without_the_plans_found(m
 
 
 def test_regression_each_items_options_computed_the_times_again(monkeypatch):
-    """The search's options called `item_times` once per item and degree (8 items: 32 calls); now once per degree, with the
-    times and shards `ContextParallel.time` and `shard_tokens` give one by one."""
+    """The search's options called `item_times` once per item and degree (8 items: 32 calls); now once per degree, with
+    the times and shards `ContextParallel.time` and `shard_tokens` give one by one."""
     calls = []
     item_times = ContextParallel.item_times
 

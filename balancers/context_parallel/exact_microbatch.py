@@ -7,9 +7,10 @@ laid out exactly.
 
 As plain code: `min(sum(peak(s) for s in p) + m * overhead for p in partitions(items))`.  Each subset's
 peak is searched at most a few times, only below what the best step found leaves it (2^n subsets, Bell(n)
-partitions: 203 at n = 6); the optimum is proven where every search finished.  The planner's fills group a micro-batch up to its share of the tokens, so on tiny
-instances they can miss the grouping that lays out (probe25 P25-07: [28, 27, 25, 8] on 2 ranks, T = 27,
-M = 2 was refused, the brute force packs it at step 173; the free M took 3 micro-batches at 190).
+partitions: 203 at n = 6); the optimum is proven where every search finished.  The planner's fills group
+a micro-batch up to its share of the tokens, so on tiny instances they can miss the grouping that lays out
+(probe25 P25-07: [28, 27, 25, 8] on 2 ranks, T = 27, M = 2 was refused, the brute force packs it at step 173;
+the free M took 3 micro-batches at 190).
 """
 
 from __future__ import annotations

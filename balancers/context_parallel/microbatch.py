@@ -487,5 +487,6 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit,
             num_ranks, fixed)
     if not spec.splits:
         return planned()
-    return exact_or_planned(planned, lengths, num_ranks, spec, model, budget, overhead, fixed, lambda microbatch, passes:
-                            _assemble(lengths, microbatch, passes, num_ranks, spec, budget, overhead))
+    return exact_or_planned(planned, lengths, num_ranks, spec, model, budget, overhead, fixed,
+                            lambda microbatch, passes: _assemble(lengths, microbatch, passes, num_ranks, spec, budget,
+                                                                 overhead))

@@ -138,7 +138,8 @@ def certify(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: 
     cap = problem.max_tokens_per_rank
     if cap is not None and tokens.max() > cap:
         rank = int(np.argmax(tokens))
-        raise RuntimeError(f"{algorithm!r} put {int(tokens[rank])} tokens on rank {rank}, over max_tokens_per_rank={cap}")
+        raise RuntimeError(f"{algorithm!r} put {int(tokens[rank])} tokens on rank {rank}, over "
+                           f"max_tokens_per_rank={cap}")
     makespan = float(loads.max())
     if not exact_bound:  # an fsum bound, lowered by the float error of the plan's own sums (`rounded_down`)
         bound = rounded_down(float(bound), makespan, d, problem.item_costs, lambda: integral(problem.item_costs))

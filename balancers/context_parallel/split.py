@@ -136,7 +136,8 @@ def _plain(problem: Problem, record, algorithm: str):
                      solve_seconds=time.perf_counter() - start, certified=certifies(record), bound=bound)
 
 
-def _wrap(plan, problem: Problem, spec: ContextParallel, gpus_per_node: int, bound: float | None) -> ContextParallelPlan:
+def _wrap(plan, problem: Problem, spec: ContextParallel, gpus_per_node: int,
+          bound: float | None) -> ContextParallelPlan:
     """A plain plan as a split plan of degree 1 everywhere; `bound` replaces its own when given."""
     start = plan.assignment
     if bound is None:
@@ -196,7 +197,8 @@ def plan_split(problem: Problem, spec: ContextParallel, allotment: Allotment, ma
     unsplit_fits = spec.degrees[0] == 1 and (cap is None or int(problem.lengths.max()) <= cap)
     split, plain, refusal = None, None, None
     canonical = allotment.degrees_at(bound)
-    if (canonical > 1).any() or (2 in spec.degrees and crowded(problem.item_costs, canonical, bound, problem.num_ranks)):
+    if (canonical > 1).any() or (2 in spec.degrees
+                                 and crowded(problem.item_costs, canonical, bound, problem.num_ranks)):
         split, refusal = _planned(problem, spec, allotment, bound, clock)
     if unsplit_fits and (split is None or (split.makespan * gain >= float(problem.item_costs.max())  # >= max f
                                            and split.makespan * gain >= lower_bound(problem))):
