@@ -10,7 +10,8 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "balancers": ["ALGORITHMS", "MICROBATCH_ALGORITHMS", "BalancePlan", "ContextParallel", "CostModel", "InfeasibleError",
+    "balancers": ["ALGORITHMS", "MICROBATCH_ALGORITHMS", "BalancePlan", "ContextParallel", "CostModel",
+                  "InfeasibleError",
                   "MicroBatchPlan", "Pipeline", "balance", "balance_microbatches", "register_algorithm",
                   "register_microbatch_algorithm"],
     "orchestrator": ["Batch", "Orchestrator", "Sample", "Segment", "Stage", "StepPlan"],

@@ -184,7 +184,8 @@ def _check_trusted(name: str, array, dtype, size: int | None = None) -> None:
     if not (isinstance(array, np.ndarray) and array.ndim == 1 and array.size > 0 and size in (None, array.size)
             and dtype in (None, array.dtype)):
         got = f"{array.dtype}, shape {array.shape}" if isinstance(array, np.ndarray) else type(array).__name__
-        want = ("" if dtype is None else f" {np.dtype(dtype).name}") + " array" + ("" if size is None else f" of {size}")
+        want = (("" if dtype is None else f" {np.dtype(dtype).name}") + " array"
+                + ("" if size is None else f" of {size}"))
         raise TypeError(f"`{name}` must be a non-empty 1-D{want} (balance_request takes others); got {got}")
 
 

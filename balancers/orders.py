@@ -13,7 +13,8 @@ class Orders(Mapping):
 
     Only the problem writes them (`kept_order`, through the private `_keep`), each once: a kernel that
     assigns one gets a RuntimeError naming it, and every array is `sealed`.  The certificate does not
-    rely on that: it reads the orders before any kernel is handed the problem (`plan.run_kernel`).  They belong to the `lengths` and `item_costs` they were computed of: a problem built over
+    rely on that: it reads the orders before any kernel is handed the problem (`plan.run_kernel`).  They belong to the
+    `lengths` and `item_costs` they were computed of: a problem built over
     the same items (`dataclasses.replace` of other options) shares them, one over other items starts
     afresh (`SortedItems.__post_init__`)."""
 

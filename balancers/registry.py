@@ -105,7 +105,8 @@ class Algorithm:
     equal_counts: Kernel | str | None = KernelField(default=None)
 
     def __post_init__(self):
-        _check_record(self, ("kernel", "equal_counts"), "Problem -> KernelResult", ("padded", "unpadded", "exact", "default"))
+        _check_record(self, ("kernel", "equal_counts"), "Problem -> KernelResult",
+                      ("padded", "unpadded", "exact", "default"))
 
     def __call__(self, problem: Problem) -> KernelResult:
         return self.kernel(problem)
@@ -141,7 +142,8 @@ class MicroBatchAlgorithm:
     description: str = ""
 
     def __post_init__(self):
-        _check_record(self, ("kernel",), "(MicroBatchProblem, M) -> MicroBatchResult | None", ("padded", "unpadded", "exact"))
+        _check_record(self, ("kernel",), "(MicroBatchProblem, M) -> MicroBatchResult | None",
+                      ("padded", "unpadded", "exact"))
 
     def __call__(self, problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
         return self.kernel(problem, num_microbatches)

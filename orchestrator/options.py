@@ -83,7 +83,8 @@ class PlanOptions(StepOptions):
         for name in ("placement", "padded_placement"):
             value = getattr(self, name)
             if value is not None and value != LOCALITY and value not in PLACEMENTS:
-                raise ValueError(f"unknown `{name}` {value!r}; choose None, {LOCALITY!r} or one of {sorted(PLACEMENTS)}")
+                raise ValueError(f"unknown `{name}` {value!r}; choose None, {LOCALITY!r} or one of "
+                                 f"{sorted(PLACEMENTS)}")
         canonical = {"makespan_slack": as_real(self.makespan_slack, "makespan_slack"),
                      "balance_encoders": as_bool(self.balance_encoders, "balance_encoders"),
                      "balance_llm": as_bool(self.balance_llm, "balance_llm")}

@@ -1,10 +1,9 @@
 """Sample metadata of one training step: what every rank sampled, as lengths only.
 
-A sample is `text` text tokens plus zero or more modality segments.  Segment j of a
-sample has `length` encoder input units (image patches, audio frames), produces `tokens`
-embeddings for the LLM, and those embeddings occupy LLM positions
-[position, position + tokens) of the sample's LLM sequence, whose length is
-text + sum(tokens).  Text tokens fill the remaining positions in their original order.
+A sample is `text` text tokens plus zero or more modality segments.  Segment j of a sample has `length` encoder input
+units (image patches, audio frames), produces `tokens` embeddings for the LLM, and those embeddings occupy LLM positions
+[position, position + tokens) of the sample's LLM sequence, whose length is text + sum(tokens).  Text tokens fill the
+remaining positions in their original order.
 
 `Batch` is the columnar form every rank holds after the all-gather of lengths: flat
 int64 arrays per sample and per segment, so planning 16 384 ranks × 16 samples stays
@@ -452,7 +451,8 @@ class Batch:
         if m:
             if owner.max() >= n:
                 index = int(np.argmax(owner))
-                raise ValueError(f"`segment_sample` must index samples in [0, {n}); got {owner[index]} at index {index}")
+                raise ValueError(f"`segment_sample` must index samples in [0, {n}); "
+                                 f"got {owner[index]} at index {index}")
             if np.any(np.diff(owner) < 0):
                 raise ValueError("`segment_sample` must be non-decreasing (segments listed sample by sample)")
             if modality.max() >= len(modalities):

@@ -80,7 +80,8 @@ def _distinct_peers(left: np.ndarray, right: np.ndarray, size: int) -> tuple[np.
             np.bincount(pairs % size, minlength=size).astype(np.float64))
 
 
-def estimate_exchange(sources, destinations, item_bytes, topology: Topology, strategy: str = "nodewise") -> CommEstimate:
+def estimate_exchange(sources, destinations, item_bytes, topology: Topology,
+                      strategy: str = "nodewise") -> CommEstimate:
     """Model the time and bytes of moving items from `sources` to `destinations` with `strategy`."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown `strategy` {strategy!r}; choose one of {list(STRATEGIES)}")

@@ -434,8 +434,8 @@ def prove_small(problem: Problem, start: np.ndarray | None
     MILP), or None.  `start` is a plan within the cap, or None when none is known.
 
     Memory caps are honoured (tokens per rank are tracked whenever the cap could bind);
-    a search that proves no plan fits the cap says so (`CapInfeasible`).  Any finite costs: a float is a dyadic rational, so `exact_integers`
-    makes them Python integers exactly and the search compares exact sums (for costs such
+    a search that proves no plan fits the cap says so (`CapInfeasible`).  Any finite costs: a float is a dyadic
+    rational, so `exact_integers` makes them Python integers exactly and the search compares exact sums (for costs such
     as 0.1·l the reported makespan is their float sum, within its rounding).  None when
     the instance has more than `COMBINATORIAL_MAX_ITEMS` items or needs more than
     `SMALL_NODES` nodes.  Deterministic: no clock is read.

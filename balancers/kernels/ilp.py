@@ -39,7 +39,8 @@ def solve(problem: Problem) -> KernelResult:
     >>> solve(make_problem([7, 7, 6, 6, 4], 2, max_tokens_per_rank=15))
     Traceback (most recent call last):
     ...
-    orchmllm.balancers.problem.InfeasibleError: branch and bound proved that no plan fits max_tokens_per_rank=15 on 2 ranks; the smallest cap that works is 16
+    orchmllm.balancers.problem.InfeasibleError: branch and bound proved that no plan fits max_tokens_per_rank=15 on 2
+    ranks; the smallest cap that works is 16
     """
     if problem.equal_counts and problem.padded:  # the sorted-runs search is exact
         return equal_counts.solve_padded(problem)

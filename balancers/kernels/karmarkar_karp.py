@@ -27,8 +27,8 @@ This implementation never builds the D-vectors the pseudocode implies for most p
 - only two parts that together hold more than D subsets are paired densely.
 
 Ties: a part beats a waiting item of equal difference (so a run of equal items joins one
-part in a single step), an older part a newer one, and subsets tie by slot, so the plan is bit-identical everywhere.  Items are tracked by
-union-find: a subset is named after one of its items, and pairing subset b into a sets
+part in a single step), an older part a newer one, and subsets tie by slot, so the plan is bit-identical everywhere.
+Items are tracked by union-find: a subset is named after one of its items, and pairing subset b into a sets
 parent[b] = a.
 
 Memory cap: when the differencing plan overflows it, the capped LPT plan is returned

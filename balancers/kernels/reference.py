@@ -191,7 +191,8 @@ def cell_best_change(costs: np.ndarray, lengths: np.ndarray, cell_of: np.ndarray
     cell b (by index), then swapped with every item j outside it (by index); in the cell's micro-batch the change is
     max(its other cells' max, the cell's new load, b's new load) - the cell's load, elsewhere max(its other cells'
     max, the cell's new load) - the cell's load + how far b's new load passes b's micro-batch's max; tokens within
-    `cap`; (change, item, target cell, swapped item or -1) of the first strict minimum below 0, else (0.0, -1, -1, -1)."""
+    `cap`; (change, item, target cell, swapped item or -1) of the first strict minimum below 0, else
+    (0.0, -1, -1, -1)."""
     num_cells = num_ranks * num_microbatches
     loads = np.bincount(cell_of, weights=costs, minlength=num_cells).tolist()  # summed in item order
     costs, lengths, cell_of = costs.tolist(), lengths.tolist(), cell_of.tolist()
@@ -264,7 +265,8 @@ def full_fixes_round(costs: np.ndarray, loads: np.ndarray, target: float, items:
         for column in range(partner.shape[1]):
             other, other_rank = int(partner[row, column]), int(partner_rank[row, column])
             delta = float(costs[item]) - (float(costs[other]) if other >= 0 else 0.0)
-            if other_rank != rank and delta > 0 and loads[rank] - delta <= target and loads[other_rank] + delta <= target:
+            if (other_rank != rank and delta > 0 and loads[rank] - delta <= target
+                    and loads[other_rank] + delta <= target):
                 valid[row, column] = delta
     hopeless = sorted(set(ranks.tolist()) - {int(item_rank[row]) for row, _ in valid})
     position = {rank: k for k, rank in enumerate(ranks.tolist())}

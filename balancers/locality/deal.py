@@ -145,7 +145,8 @@ def keep_home(state: PartialPlan, sources: np.ndarray, items: np.ndarray | None 
             run_end = np.searchsorted(cost_sums, cost_sums[position] + room - margin, side="right") - 1
         if token_sums is not None:
             token_room = state.cap - state.tokens[ranks]
-            run_end = np.minimum(run_end, np.searchsorted(token_sums, token_sums[position] + token_room, side="right") - 1)
+            run_end = np.minimum(
+                run_end, np.searchsorted(token_sums, token_sums[position] + token_room, side="right") - 1)
         first = state.item_of_rank[cost_rank[position]]
         run_end = np.minimum(np.maximum(run_end, position + state.fits(first, ranks)), ends)
         count = run_end - position

@@ -129,7 +129,8 @@ def _valid(state: PartialPlan, items: np.ndarray, partner_rank: np.ndarray, shif
     valid = (partner_rank != item_rank) & (shift > 0) & (state.loads[item_rank] - shift <= state.target)
     if state.cap < np.inf:
         shift_tokens = state.lengths[items] - partner_lengths
-        valid &= (state.tokens[partner_rank] + shift_tokens <= state.cap) & (state.tokens[item_rank] - shift_tokens <= state.cap)
+        valid &= ((state.tokens[partner_rank] + shift_tokens <= state.cap)
+                  & (state.tokens[item_rank] - shift_tokens <= state.cap))
     return valid
 
 
@@ -445,7 +446,8 @@ def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndar
     idle_work = idle_search_work(state.costs.size)
     for done in range(searches):
         rank = int(np.argmax(state.loads))
-        if state.loads[rank] <= state.target or np.count_nonzero(state.loads > state.target + rounding) > searches - done:
+        if (state.loads[rank] <= state.target
+                or np.count_nonzero(state.loads > state.target + rounding) > searches - done):
             return  # within the target, or more ranks above it than the searches left can bring down
         others = np.delete(everyone, rank)
         others = others[np.lexsort((others, state.loads[others]))]  # roomiest first
@@ -475,7 +477,8 @@ def _search_fixes(state: PartialPlan, home_node: np.ndarray, item_bytes: np.ndar
         if best[0][0] == 0:  # a full fix: one rank fewer above the target
             unfixable, idle = None, 0
         _, item, other, other_rank = best
-        moved, there = np.array([item, other] if other >= 0 else [item]), np.array([other_rank, rank][:1 + (other >= 0)])
+        moved, there = (np.array([item, other] if other >= 0 else [item]),
+                        np.array([other_rank, rank][:1 + (other >= 0)]))
         state.take(moved)
         state.put(moved, there)
         members[rank] = np.sort(np.concatenate([members[rank][members[rank] != item], moved[1:]]))

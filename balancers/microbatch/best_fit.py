@@ -149,7 +149,8 @@ def _first_change(lengths: np.ndarray, values: np.ndarray, took: np.ndarray, ite
         below = np.flatnonzero((left >= following) & (left < lengths[items]))
         if below.size:  # the first room to join after it: under it where it has as much room
             after = np.searchsorted(joined, item_at[items[below]])
-            crossed = np.flatnonzero((after < joined.size) & (values[np.minimum(after, joined.size - 1)] >= left[below]))
+            crossed = np.flatnonzero((after < joined.size)
+                                     & (values[np.minimum(after, joined.size - 1)] >= left[below]))
             if crossed.size:
                 valid = min(valid, int(np.searchsorted(item_at, joined[after[crossed[0]]])))
     return valid

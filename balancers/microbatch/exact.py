@@ -8,7 +8,8 @@ largest item) equals an earlier cell's of the same micro-batch.  A branch is cut
 Σ_m level, or the certified bound, reaches the incumbent (the heuristic's plan); above MAX_DEPTH items
 the search would recurse past Python's stack, and the incumbent comes back unproven.  Every
 node counts M·D cells against the budget (`cell_budget`: the work budget, or the time limit
-at CELLS_PER_SECOND): when it runs out the incumbent comes back as `feasible`, otherwise as proven `optimal` (or None: proven that nothing fits, or no
+at CELLS_PER_SECOND): when it runs out the incumbent comes back as `feasible`, otherwise as proven `optimal` (or None:
+proven that nothing fits, or no
 packing found within the budget).  `packing_exists` settles whether any packing fits at all
 (the M·D cells as interchangeable bins), for the errors that name the fewest M that fit.
 Original to orchmllm.
@@ -26,7 +27,8 @@ MAX_ITEMS = 12  # `auto` searches exactly up to this many items, else runs the h
 MAX_DEPTH = 400  # `packing_exists` recurses once per item; Python's stack holds 1000 frames
 CELLS_PER_SECOND = 500_000  # cells a node looks at per second of `time_limit` (Python, this VM under load)
 # (item, micro-batch) pairs the joint greedy start weighs per second of `time_limit`: 5.2 M pairs took 2.8 CPU s at
-# D = 2560 × 32, M = 64; beyond the limit's share the start is skipped for the incumbent (probe22 P22-11: 0.1 s ran 2.9 s)
+# D = 2560 × 32, M = 64; beyond the limit's share the start is skipped for the incumbent
+# (probe22 P22-11: 0.1 s ran 2.9 s)
 GREEDY_CELLS_PER_SECOND = 2_000_000
 
 
