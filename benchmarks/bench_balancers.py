@@ -148,7 +148,8 @@ def test_lpt_vs_python_heap(benchmark, best_of, request, num_ranks):
     fast = benchmark(lpt.greedy_unpadded, problem.item_costs, num_ranks)
     np.testing.assert_array_equal(fast, heap_lpt(problem.item_costs, num_ranks))
     heap_seconds = best_of(lambda: heap_lpt(problem.item_costs, num_ranks), repeats=3, timer=time.process_time)
-    fast_seconds = best_of(lambda: lpt.greedy_unpadded(problem.item_costs, num_ranks), repeats=5, timer=time.process_time)
+    fast_seconds = best_of(lambda: lpt.greedy_unpadded(problem.item_costs, num_ranks), repeats=5,
+                           timer=time.process_time)
     benchmark.extra_info.update(items=int(lengths.size), heap_cpu_seconds=heap_seconds,
                                 fast_cpu_seconds=fast_seconds, heap_over_fast=heap_seconds / fast_seconds)
 
@@ -167,7 +168,8 @@ def test_kk_vs_list_merging(benchmark, best_of, num_ranks):
     slow_makespan = max(dense_kk(problem.item_costs, num_ranks))
     slow_seconds = time.process_time() - start
     assert makespan(problem, fast) == slow_makespan
-    fast_seconds = best_of(lambda: karmarkar_karp.differencing(problem.item_costs, num_ranks), repeats=5, timer=time.process_time)
+    fast_seconds = best_of(lambda: karmarkar_karp.differencing(problem.item_costs, num_ranks), repeats=5,
+                           timer=time.process_time)
     benchmark.extra_info.update(items=int(lengths.size), list_cpu_seconds=slow_seconds,
                                 fast_cpu_seconds=fast_seconds, list_over_fast=slow_seconds / fast_seconds)
 
@@ -411,7 +413,8 @@ def test_quality_pcmax_families_vs_proven_optima(benchmark, request):
     optima = np.array([optimum for _, optimum in solved])
     assert all(a >= optimum for a, optimum in zip(autos, optima))
     figures = {"instances": 12 * len(machines) * len(seeds), "proven": len(solved), "oracle": oracle,
-               "auto_mean_cpu_ms": 1e3 * float(np.mean(seconds)), "auto_p95_cpu_ms": 1e3 * float(np.quantile(seconds, 0.95)),
+               "auto_mean_cpu_ms": 1e3 * float(np.mean(seconds)),
+               "auto_p95_cpu_ms": 1e3 * float(np.quantile(seconds, 0.95)),
                "auto_max_cpu_ms": 1e3 * float(np.max(seconds))}
     for name in ("auto", "lpt", "karmarkar_karp", "multifit"):
         values = autos if name == "auto" else [makespan(p, ALGORITHMS[name](p).assignment) for p, _ in solved]

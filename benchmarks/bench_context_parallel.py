@@ -113,7 +113,8 @@ def test_step_against_the_bound_and_the_peers(request):
     print("\n".join(rows))
     held, skill = np.array(held), np.array(skill)
     for label, mask in (("all", np.ones_like(held)), ("tuned", ~held), ("held out", held),
-                        ("bound not set by the longest item", skill), ("held out, not set by the longest", held & skill)):
+                        ("bound not set by the longest item", skill),
+                        ("held out, not set by the longest", held & skill)):
         pick = lambda values: [v for v, keep in zip(values, mask) if keep]  # noqa: E731
         print(f"\n{label}: " + "; ".join(_summary(name, pick(values)) for name, values in (
             ("ours / bound", bound_ratio), ("ours / Megatron 32k", megatron_ratio),

@@ -189,8 +189,10 @@ def test_exact_on_the_families(benchmark, request):
     benchmark.extra_info.update(summary=summary, instances=[c for cells in by_family.values() for c in cells],
                                 load_average=os.getloadavg())
     for family, row in summary.items():
-        print(f"{family:14} exact {row['exact_proven']:3}/{row['instances']} (wall median {row['exact_wall_median_s']:.2f} s,"
-              f" max {row['exact_wall_max_s']:.2f} s, CPU max {row['exact_cpu_max_s']:.2f} s)   ilp {row['milp_proven']:3}/"
+        print(f"{family:14} exact {row['exact_proven']:3}/{row['instances']} "
+              f"(wall median {row['exact_wall_median_s']:.2f} s,"
+              f" max {row['exact_wall_max_s']:.2f} s, CPU max {row['exact_cpu_max_s']:.2f} s)   "
+              f"ilp {row['milp_proven']:3}/"
               f"{row['instances']} (wall median {row['milp_wall_median_s']:.2f} s, max {row['milp_wall_max_s']:.2f} s)")
 
 
@@ -367,7 +369,8 @@ def test_oracle_stall_count(benchmark, monkeypatch):
     benchmark.extra_info.update(instances=len(cases), stalls_over_1s_cpu=stalls, slowest_wall_s=slowest,
                                 slowest_cpu_s=slowest_cpu, milp_calls=len(milp_calls) - calls_before,
                                 load_average=os.getloadavg(),
-                                by_kind={kind: sum(c[0] == kind for c in cases) for kind in ("none", "tight", "infeasible")})
+                                by_kind={kind: sum(c[0] == kind for c in cases)
+                                         for kind in ("none", "tight", "infeasible")})
 
 
 def test_milp_alone_stall_count(benchmark):
@@ -401,7 +404,8 @@ def test_readme_property_snippet(benchmark):
     """The README's Hypothesis snippet (section "Property-test"), run 200 times in a row."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme[readme.index("### 2. Property-test"):]
-    snippet = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 9)]
+    snippet = section[section.index("```python") + len("```python"):
+                      section.index("```", section.index("```python") + 9)]
 
     def run():
         for _ in range(README_SNIPPET_RUNS):

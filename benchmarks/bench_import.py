@@ -2,8 +2,8 @@
 
 Issue 25's target: `import orchmllm` at most 2x the baseline.  `import orchmllm` loads its
 names on first use, so what a user pays shows in `import orchmllm.balancers` (every solver)
-and `from orchmllm import Orchestrator` (the planner: topology and orchestrator too).  Each sample is a fresh interpreter timing one import
-statement in process (perf_counter around the `import`: interpreter start-up does not
+and `from orchmllm import Orchestrator` (the planner: topology and orchestrator too).  Each sample is a fresh
+interpreter timing one import statement in process (perf_counter around the `import`: interpreter start-up does not
 count); the package's samples and the baseline's alternate, so the load of a shared machine
 falls on both alike.  The figure is the ratio of the medians.  Each sample of the package
 also checks that it loaded neither scipy.optimize nor PuLP (the exact solvers' stacks load

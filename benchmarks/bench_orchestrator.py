@@ -170,8 +170,10 @@ def test_plan_micro_batched_step(benchmark, best_of, budget, workload):
                                 embedding_inter_node_gb=inter_node_gb(plan.embedding_exchanges()),
                                 unplaced_input_inter_node_gb=inter_node_gb([unplaced_plan.input_exchange()]),
                                 unplaced_embedding_inter_node_gb=inter_node_gb(unplaced_plan.embedding_exchanges()))
-    print(f"\n{workload} T={budget}: step {seconds * 1e3:.0f} ms (M={plan.num_microbatches}); CPU {step_cpu * 1e3:.0f} ms, "
-          f"default mix {default_cpu * 1e3:.0f} ms, ratio {step_cpu / default_cpu:.1f}; cells {cells_only * 1e3:.0f} ms")
+    print(f"\n{workload} T={budget}: step {seconds * 1e3:.0f} ms (M={plan.num_microbatches}); "
+          f"CPU {step_cpu * 1e3:.0f} ms, "
+          f"default mix {default_cpu * 1e3:.0f} ms, ratio {step_cpu / default_cpu:.1f}; "
+          f"cells {cells_only * 1e3:.0f} ms")
     # issue 24's bound (before 2026-12-05: long_tail T = 8k 11-12x, the cluster deal sorting every roomy
     # cell; code T = 16k 9-11x, every cells and micro-batch deal ending in a repair that could not succeed)
     assert step_cpu <= 10 * default_cpu

@@ -53,7 +53,8 @@ def degree_list(text: str, option: str, ranks: list[int]) -> tuple[int, ...]:
     >>> degree_list("1,16", "--context-parallel", [64, 8])
     Traceback (most recent call last):
     ...
-    orchmllm.cli.errors.UsageError: --context-parallel 1,16: degree 16 > 8 ranks (a group cannot be larger than the ranks)
+    orchmllm.cli.errors.UsageError: --context-parallel 1,16: degree 16 > 8 ranks
+    (a group cannot be larger than the ranks)
     """
     from ..balancers.context_parallel.spec import as_degrees
 
@@ -132,7 +133,8 @@ def cost_model(text: str | None) -> CostModel:
     try:
         per_item, linear, quadratic = (float(part) for part in text.split(","))
     except ValueError:
-        raise UsageError(f"--cost must be three numbers PER_ITEM,LINEAR,QUADRATIC, e.g. 0,1,0.001; got {text!r}") from None
+        raise UsageError(f"--cost must be three numbers PER_ITEM,LINEAR,QUADRATIC, e.g. 0,1,0.001; "
+                         f"got {text!r}") from None
     with usage_errors(f"--cost {text!r}"):
         return CostModel(per_item=per_item, linear=linear, quadratic=quadratic)
 

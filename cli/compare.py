@@ -160,7 +160,8 @@ def figures(comparison, directory: Path) -> list[str]:
         chosen = _chosen(summary)
         key = (summary.ranks, summary.items_per_rank)
         columns[f"D={summary.ranks}" + (f", {summary.items_per_rank} items/rank" if summary.items_per_rank else "")] = {
-            stage: (comparison.runs[(*key, stage, BASELINE)].plan.loads, comparison.runs[(*key, stage, name)].plan.loads,
+            stage: (comparison.runs[(*key, stage, BASELINE)].plan.loads,
+                    comparison.runs[(*key, stage, name)].plan.loads,
                     name) for stage, name in chosen.items()}
     last = comparison.summaries[-1]
     stage_name = last.stages[-1]

@@ -46,7 +46,8 @@ def add_parser(commands) -> None:
     demo.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                       help="parameter dtype (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="data seed (default: %(default)s)")
-    demo.add_argument("--algorithm", default=MIXED_ONLY["algorithm"], help="balancer of every stage (default: %(default)s)")
+    demo.add_argument("--algorithm", default=MIXED_ONLY["algorithm"],
+                      help="balancer of every stage (default: %(default)s)")
     demo.add_argument("--transport", choices=("flat", "hierarchical"), default=MIXED_ONLY["transport"],
                       help="all-to-all: flat or node-wise (default: %(default)s)")
     demo.add_argument("--gpus-per-node", type=int, default=None,
@@ -120,7 +121,8 @@ def print_demo(report) -> list[str]:
                   f"{report.microbatch_busy_max_over_mean_isolated:.3f} "
                   f"({steps(report.microbatch_busy_max_over_mean_isolated_per_step)}), noise floor (identical cells) "
                   f"{report.microbatch_busy_max_over_mean_identical_work_isolated:.3f}, concurrent "
-                  f"{report.microbatch_busy_max_over_mean:.3f}, planned {report.microbatch_busy_max_over_mean_planned:.3f}")
+                  f"{report.microbatch_busy_max_over_mean:.3f}, planned "
+                  f"{report.microbatch_busy_max_over_mean_planned:.3f}")
         out.print("  per micro-batch, slowest rank / mean, isolated: " + "; ".join(
             f"step {step}: {steps(cells)}" for step, cells in
             enumerate(report.microbatch_busy_max_over_mean_isolated_per_cell)))

@@ -255,7 +255,8 @@ def _read_npy(path: Path) -> np.ndarray:
         raise UsageError(f"{path}: expected integer lengths, got dtype {array.dtype}")
     if array.dtype.kind == "f" and array.dtype.itemsize < 8:  # float16 cannot hold 2**53 to compare with
         array = array.astype(np.float64)
-    bad = np.flatnonzero(~np.isfinite(array) | (array < 0) | (array != np.floor(array)) | (array >= float(MAX_LENGTH))) \
+    bad = np.flatnonzero(~np.isfinite(array) | (array < 0) | (array != np.floor(array))
+                         | (array >= float(MAX_LENGTH))) \
         if array.dtype.kind == "f" else np.flatnonzero((array < 0) | (array >= MAX_LENGTH))
     if bad.size:
         raise UsageError(f"{path}: index {bad[0]}: lengths must be non-negative integers below 2**53, "

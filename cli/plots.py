@@ -127,7 +127,8 @@ def timeline_ranks(stage_seconds: Sequence[Mapping[str, np.ndarray]], max_ranks:
     """The ranks that timelines of several strategies all show: every rank when there are at
     most `max_ranks`, else evenly spaced ranks plus the slowest rank of every stage of every
     strategy (so their timelines show the same, labelled subset)."""
-    matrices = [np.stack([np.asarray(seconds[name], dtype=np.float64) for name in seconds]) for seconds in stage_seconds]
+    matrices = [np.stack([np.asarray(seconds[name], dtype=np.float64) for name in seconds])
+                for seconds in stage_seconds]
     num_ranks = matrices[0].shape[1]
     if num_ranks <= max_ranks:
         return np.arange(num_ranks)
@@ -272,7 +273,8 @@ def scaling_figure(gpus: Sequence[int], speedup: Mapping[str, Sequence[float]], 
         mine = name == highlight
         style = dict(color="black" if mine else colours(index % 10), marker=MARKERS[index % len(MARKERS)],
                      linestyle=LINE_STYLES[index % len(LINE_STYLES)], markersize=max(12 - 0.8 * index, 4),
-                     fillstyle="full" if mine else "none", markeredgewidth=1.4, linewidth=3.2 if mine else 1.3, zorder=1 if mine else 2,
+                     fillstyle="full" if mine else "none", markeredgewidth=1.4, linewidth=3.2 if mine else 1.3,
+                     zorder=1 if mine else 2,
                      alpha=0.55 if mine else 1.0)
         left.plot(x, np.asarray(speedup[name], dtype=np.float64), label=name, **style)
         right.plot(x, 100 * np.asarray(mfu[name], dtype=np.float64), **style)

@@ -110,7 +110,8 @@ def _compare_table(comparison, summary, source: str, notes: list[str]):
     for header in ("stage", "algorithm", "items", "makespan/LB", "max/mean", "speed-up", "ms",
                    "moved GB", "inter-node GB"):
         table.add_column(header, justify="left" if header in ("stage", "algorithm") else "right", no_wrap=True)
-    mine = [row for row in comparison.rows if row.ranks == summary.ranks and row.items_per_rank == summary.items_per_rank]
+    mine = [row for row in comparison.rows
+            if row.ranks == summary.ranks and row.items_per_rank == summary.items_per_rank]
     for index, row in enumerate(mine):
         if index and row.stage != mine[index - 1].stage:
             table.add_section()
@@ -163,7 +164,8 @@ def print_compare(comparison, source: str) -> None:
                 out.print(f"    {what:<9} {best.work:.4g} = {ratio(best.work, ideal):.2f}x the lower bound "
                           f"-> step [bold]{best.speedup_vs_none:.2f}x[/bold] faster ({names})")
         for entry in summary.locality:
-            out.print(f"    {entry.algorithm + LOCALITY_SUFFIX}: work {ratio(entry.work_locality, entry.work) - 1:+.2%} "
+            out.print(f"    {entry.algorithm + LOCALITY_SUFFIX}: work "
+                      f"{ratio(entry.work_locality, entry.work) - 1:+.2%} "
                       f"vs {entry.algorithm}, bytes moved {entry.bytes_moved / 1e9:.3g} -> "
                       f"{entry.bytes_moved_locality / 1e9:.3g} GB, across nodes "
                       f"{entry.bytes_inter_node / 1e9:.3g} -> {entry.bytes_inter_node_locality / 1e9:.3g} GB")
@@ -273,7 +275,8 @@ def print_microbatch_simulation(runs) -> None:
     for run in runs:
         table = Table(title=f"{run.model} model on {run.gpus} H100s ({run.nodes} nodes), workload {run.workload!r}, "
                             f"{run.samples_per_rank} samples per rank in micro-batches of at most "
-                            f"{run.max_tokens_per_microbatch} tokens per rank", title_justify="left", title_style="bold")
+                            f"{run.max_tokens_per_microbatch} tokens per rank", title_justify="left",
+                            title_style="bold")
         for header in ("strategy", "M", "step s", "speed-up", "MFU", "Σ_m max_r / LB", "gather s", "exchange s",
                        "plan ms", "GiB peak", "OOM"):
             table.add_column(header, justify="left" if header == "strategy" else "right", no_wrap=True)
@@ -311,7 +314,8 @@ def print_context_parallel_simulation(runs) -> None:
         out.print(table)
         extras = [f"static_cp at degree {run.static_degree}"] if run.static_degree is not None else []
         extras += [f"Megatron at capacity {run.megatron_capacity} tokens"] if run.megatron_capacity is not None else []
-        out.print(f"vs none: speed-up over no balancing; LLM/LB: the LLM stage's time over its certified lower bound ({run.llm_lower_bound_seconds:.3f} s); "
+        out.print(f"vs none: speed-up over no balancing; LLM/LB: the LLM stage's time over its certified lower bound "
+                  f"({run.llm_lower_bound_seconds:.3f} s); "
                   f"split: items run split; widest: the widest group; waves: Megatron's barriers; CP exp s: ring "
                   f"communication not hidden by attention, on the slowest rank; CP TB: K/V bytes the rings move; "
                   f"inter: their share between nodes; a2a s: the input and embedding exchanges"
@@ -333,7 +337,8 @@ def print_split_rows(rows) -> None:
                       f"{1e3 * row.solve_seconds:.1f}" + ("*" if row.kind == "peer" else ""))
     out.print(table)
     out.print("step / LB: the stage's step (Megatron: its waves summed) over the certified canonical-allotment bound; "
-              "setting: the degree or capacity a peer ran at, its best; ms*: our reimplementation's time (one setting); "
+              "setting: the degree or capacity a peer ran at, its best; "
+              "ms*: our reimplementation's time (one setting); "
               "split times take the stage's cost in FLOPs on an H100 at 55 % of peak.")
 
 

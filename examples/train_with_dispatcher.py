@@ -108,9 +108,11 @@ def train(rank: int, world_size: int) -> dict:
 def show(report: dict, world_size: int) -> None:
     for step, figures in enumerate(report["steps"]):
         before, after = np.asarray(figures["work_before"]), np.asarray(figures["work_after"])
-        print(f"step {step}: loss {figures['loss']:.4f}  work per rank as sampled {before.round().astype(int).tolist()} "
+        print(f"step {step}: loss {figures['loss']:.4f}  work per rank as sampled "
+              f"{before.round().astype(int).tolist()} "
               f"-> balanced {after.round().astype(int).tolist()}  (max/mean {before.max() / before.mean():.2f} -> "
-              f"{after.max() / after.mean():.2f} {figures['status']}, planned in {1e3 * figures['planning_seconds']:.1f} ms)")
+              f"{after.max() / after.mean():.2f} {figures['status']}, "
+              f"planned in {1e3 * figures['planning_seconds']:.1f} ms)")
     print(f"step 0 gradients, balanced vs unbalanced: max |diff| {report['grad_max_abs_diff']:.3g} "
           f"(largest gradient {report['grad_max_abs']:.3g}) on {world_size} ranks")
 

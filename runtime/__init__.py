@@ -52,9 +52,11 @@ from .prefetch import Prefetcher
 from .reduction import all_reduce_gradients, global_count, normalize_loss
 from .sharding import StepSharding
 
-__all__ = ["Assembled", "ConfigMismatchError", "ContextParallelError", "ContextParallelLayout", "DispatchPlan", "Dispatched", "EncoderContractError", "ExchangeMeta",
-           "FlatAllToAll", "GatheredMetadata", "HierarchicalAllToAll", "MicroBatch", "ModelCheckWarning", "ModelContractError", "MultiStageRuntime", "PassRoutes",
-           "PeerFailureError", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher", "Prefetcher", "SchemaGuard",
-           "SchemaMismatchError", "SplitItem", "StepInputs", "StepRoutes", "StepSharding", "ThreadClashError", "accumulate",
-           "all_reduce_gradients", "check_agreement", "context_parallel_attention", "exchange", "exchange_with_grad", "fingerprint",
-           "gather_metadata", "global_count", "gradient_sync", "make_transport", "normalize_loss", "take_group"]
+__all__ = ["Assembled", "ConfigMismatchError", "ContextParallelError", "ContextParallelLayout", "DispatchPlan",
+           "Dispatched", "EncoderContractError", "ExchangeMeta", "FlatAllToAll", "GatheredMetadata",
+           "HierarchicalAllToAll", "MicroBatch", "ModelCheckWarning", "ModelContractError", "MultiStageRuntime",
+           "PassRoutes", "PeerFailureError", "PeerInputError", "Piece", "PlanMismatchError", "PostBalancingDispatcher",
+           "Prefetcher", "SchemaGuard", "SchemaMismatchError", "SplitItem", "StepInputs", "StepRoutes", "StepSharding",
+           "ThreadClashError", "accumulate", "all_reduce_gradients", "check_agreement", "context_parallel_attention",
+           "exchange", "exchange_with_grad", "fingerprint", "gather_metadata", "global_count", "gradient_sync",
+           "make_transport", "normalize_loss", "take_group"]

@@ -25,7 +25,8 @@ that passes other pieces sends zeros of the expected ones, so every segment has 
 peer expects, and every rank decides from every rank's header; ranks that all passed the same
 other pieces move them in a second all-to-all, and the site's headers go back to the all-reduce until
 one sees the same schema twice (a site alternating between two dicts would otherwise send the other
-dict's zeros every time), and for good after MAX_MISSES misses (schemas recurring in longer periods).  A rank whose own input fails its checks sends
+dict's zeros every time), and for good after MAX_MISSES misses (schemas recurring in longer periods).  A rank whose own
+input fails its checks sends
 an invalid word, so every rank raises, naming it and why.  Ranks that all change their schema
 the same way (a new dtype for all) simply agree.
 

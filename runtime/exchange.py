@@ -401,7 +401,8 @@ class _Exchange(torch.autograd.Function):
     def backward(ctx, *grads):
         # Every rank exchanges the gradient of every floating piece (zeros where autograd
         # has none), so all ranks issue the same collective whatever their local graph.
-        differentiable = [n for n, (_, dtype, _) in enumerate(ctx.shapes) if dtype.is_floating_point or dtype.is_complex]
+        differentiable = [n for n, (_, dtype, _) in enumerate(ctx.shapes)
+                          if dtype.is_floating_point or dtype.is_complex]
         pieces = []
         for n in differentiable:
             shape, dtype, device = ctx.shapes[n]

@@ -3,8 +3,8 @@
 The planner may run a video of F frames (`Segment(frames=F)`, gathered with the rest of the segment
 metadata) as parts of whole frames on several encoder ranks (`orchestrator.frames`); a part of k frames
 holds k · length / F input rows and makes k · tokens / F embeddings, which is right only for an encoder
-whose frames are independent (no temporal position or merge across frames: they restart at each part).  A stage's parts are listed
-segment by segment in frame order, so a home rank's packed inputs (its segments' rows one after the
+whose frames are independent (no temporal position or merge across frames: they restart at each part).  A stage's parts
+are listed segment by segment in frame order, so a home rank's packed inputs (its segments' rows one after the
 other) are already its parts' rows in part order, and an encoder rank receives its parts in ascending
 order: the order its stage plan runs them (`StagePlan.rank_items`).  The input route over parts is a
 plain `ExchangeMeta` in the same fused all-to-all as every other input; each part's embeddings leave

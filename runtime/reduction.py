@@ -174,7 +174,8 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
                                     "divide it by `global_count(count)` yourself")
     if sampled > 1 and loss_sum.requires_grad:
         raise ValueError(f"normalize_loss with a count while a BalancedDistributedSampler with "
-                         f"`max_tokens_per_microbatch` yields micro-batches in this process (steps of up to {sampled}): "
+                         f"`max_tokens_per_microbatch` yields micro-batches in this process "
+                         f"(steps of up to {sampled}): "
                          f"dividing each micro-batch by its own loss tokens weights tokens by the micro-batch they sit "
                          f"in; divide by the step's, `normalize_loss(loss_sum, total_loss_tokens="
                          f"sampler.step_tokens()[step])` (or your sum of the loss tokens of its "

@@ -145,7 +145,8 @@ def check_step(routes, text, per_sample, inputs) -> None:
     """TypeError unless `MultiStageRuntime.dispatch` got the step's routes (what `plan` returned) and mappings
     of names to tensors (`per_sample` and `inputs` may be None)."""
     if not isinstance(routes, StepRoutes):
-        raise TypeError(f"`routes` must be what `plan` returned for this step, a StepRoutes; got {type(routes).__name__}")
+        raise TypeError(f"`routes` must be what `plan` returned for this step, a StepRoutes; "
+                        f"got {type(routes).__name__}")
     for name, value in (("text", text), ("per_sample", per_sample), ("inputs", inputs)):
         if not isinstance(value, Mapping) and (value is not None or name == "text"):
             raise TypeError(f"`{name}` must be a mapping of names to tensors{'' if name == 'text' else ' or None'}; "
@@ -175,7 +176,8 @@ def pass_problem(routes: PassRoutes, moved: Dispatched) -> PlanMismatchError | N
 
 
 PACKAGE = __name__.split(".")[0] + "."  # the module names of orchmllm's own functions
-SUMMED = " (split_reduce='sum')"  # the name of a key whose split item's rows come home added (ranks that keep one differ)
+# the name of a key whose split item's rows come home added (ranks that keep one differ)
+SUMMED = " (split_reduce='sum')"
 
 
 def planner_word(options, planner) -> int:

@@ -59,7 +59,8 @@ def _require_within_work(name: str, problem: Problem) -> None:
     work = problem.num_items * problem.num_ranks
     if work > PEER_WORK_LIMIT:
         raise SizeLimitError(f"peer `{name}` takes O(items × ranks) steps, as the original does: {problem.num_items} "
-                             f"items × {problem.num_ranks} ranks = {work} is beyond PEER_WORK_LIMIT = {PEER_WORK_LIMIT}; "
+                             f"items × {problem.num_ranks} ranks = {work} is beyond "
+                             f"PEER_WORK_LIMIT = {PEER_WORK_LIMIT}; "
                              f"run it with fewer ranks or items")
 
 

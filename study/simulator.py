@@ -408,7 +408,8 @@ def choose_samples_per_rank(model: str = "84b", gpus: int = 2560, workload: str 
                             headroom: float = MEMORY_HEADROOM) -> tuple[int, BatchChoice]:
     """The memory-driven batch size of `run_simulation` (module docstring) and how it was found.
 
-    Returns (samples_per_rank, a BatchChoice of rule "memory"): the largest grid value at which `BATCH_REFERENCE` fits in `headroom` of GPU memory and the
+    Returns (samples_per_rank, a BatchChoice of rule "memory"): the largest grid value at which `BATCH_REFERENCE` fits
+    in `headroom` of GPU memory and the
     next grid value does not (limited_by "memory"), or the last grid value if it fits
     ("grid end"), or the smallest if nothing fits ("over memory at the smallest").  Grid
     values a workload file has too few samples for are left out.
