@@ -118,7 +118,8 @@ def test_slack_is_within_lpts_guarantee_of_the_optimum(lengths, num_ranks):
 def test_group_search_never_worsens_a_start_and_keeps_the_cap(lengths, num_ranks, seed, slack_tokens, cost):
     lengths = np.array(lengths)
     start = np.random.default_rng(seed).integers(0, num_ranks, lengths.size)
-    cap = None if slack_tokens is None else int(rank_tokens(make_problem(lengths, num_ranks), start).max()) + slack_tokens
+    cap = (None if slack_tokens is None
+           else int(rank_tokens(make_problem(lengths, num_ranks), start).max()) + slack_tokens)
     problem = make_problem(lengths, num_ranks, cost=cost, max_tokens_per_rank=cap)
     improved, _ = group_search.improve(problem, start, 10**6)
     assert makespan(problem, improved) <= makespan(problem, start)
@@ -151,7 +152,8 @@ def test_group_search_cached_pair_splits_equal_splits_solved_afresh(lengths, num
     # fresh state (no cache) computes.
     rng = np.random.default_rng(seed)
     start = rng.integers(0, num_ranks, len(lengths))
-    cap = None if slack_tokens is None else int(rank_tokens(make_problem(lengths, num_ranks), start).max()) + slack_tokens
+    cap = (None if slack_tokens is None
+           else int(rank_tokens(make_problem(lengths, num_ranks), start).max()) + slack_tokens)
     problem = make_problem(lengths, num_ranks, max_tokens_per_rank=cap)
     state = group_search._Ranks(problem, start)
     for _ in range(4):
@@ -180,7 +182,8 @@ def test_group_search_subset_table_holds_each_ranks_sorted_subset_sums(lengths, 
         segment = slice(table.start[rank], table.start[rank] + table.size[rank])
         sums = group_search.subset_sums(problem.item_costs[items])
         np.testing.assert_array_equal(table.sums[segment], sums[table.masks[segment]])
-        np.testing.assert_array_equal(table.tokens[segment], group_search.subset_sums(problem.lengths[items])[table.masks[segment]])
+        np.testing.assert_array_equal(table.tokens[segment],
+                                      group_search.subset_sums(problem.lengths[items])[table.masks[segment]])
         assert np.all(np.diff(table.sums[segment]) >= 0)
 
 

@@ -156,7 +156,8 @@ def test_registry_holds_the_issue_algorithms():
 @pytest.mark.parametrize("record", [record for record in RECORDS if not (record.padded and record.unpadded)],
                          ids=lambda r: r.name)
 def test_an_algorithm_asked_the_other_kind_of_problem_says_what_it_solves(record):
-    with pytest.raises(ValueError, match=rf"algorithm {record.name!r} solves the (un)?padded cost .* only; pass padded="):
+    with pytest.raises(ValueError,
+                       match=rf"algorithm {record.name!r} solves the (un)?padded cost .* only; pass padded="):
         balance([3, 2, 1], 2, algorithm=record.name, padded=not record.padded)
 
 

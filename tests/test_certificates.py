@@ -285,7 +285,8 @@ def test_regression_a_plugin_registered_as_ours_had_its_own_bound_certify_its_pl
 
 
 def step_cost_of(problem, result, num_microbatches):
-    loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank, num_microbatches * problem.num_ranks)
+    loads = cell_loads(problem, result.microbatch * problem.num_ranks + result.rank,
+                       num_microbatches * problem.num_ranks)
     return step_cost(loads.reshape(num_microbatches, problem.num_ranks), 0.0)
 
 

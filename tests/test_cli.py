@@ -273,7 +273,8 @@ def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
             ) in " ".join(out.split())  # unwrapped
     broken = dataclasses.replace(typed, samples_duplicated=1, grad_max_rel_diff=0.5)
     assert print_demo(broken)[:2] == [f"gradients differ by 0.5 (relative) > {typed.gradient_tolerance:.2g}, float32 "
-                                      f"rounding of sums of {typed.gradient_terms} terms", "0 samples lost, 1 duplicated"]
+                                      f"rounding of sums of {typed.gradient_terms} terms",
+                                      "0 samples lost, 1 duplicated"]
     assert "check failed" in capsys.readouterr().out
 
 
@@ -329,7 +330,8 @@ def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path, capsys):
             loaded = np.asarray(json.loads(target.read_text())["assignment"])
         assert np.array_equal(loaded, assignment), suffix
     table = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "4", "--algorithm", "omnibal_2d")
-    assert table.returncode == 0 and "omnibal_2d" in table.stdout and "(peer)" in table.stdout and "load / mean" in table.stdout
+    assert (table.returncode == 0 and "omnibal_2d" in table.stdout and "(peer)" in table.stdout
+            and "load / mean" in table.stdout)
     code = main(["plan", str(lengths_csv), "--column", "ContextTokens", "-D", "16", "--algorithm", "lpt+locality",
                  "--json"])
     aware = json.loads(capsys.readouterr().out)
@@ -417,7 +419,8 @@ BAD_INPUTS = {
                             "--time-limit: `time_limit` must be a positive finite number of seconds; got -1.0"),
     "plan negative time limit": (["plan", "{tmp}/good.csv", "-D", "2", "--time-limit", "0"],
                                  "--time-limit: `time_limit` must be a positive finite number of seconds; got 0.0"),
-    "negative cost": (["compare", "--lengths", "{tmp}/good.csv", "--cost=-1,1,0"], "`per_item` must be finite and >= 0"),
+    "negative cost": (["compare", "--lengths", "{tmp}/good.csv", "--cost=-1,1,0"],
+                      "`per_item` must be finite and >= 0"),
     "cost of two numbers": (["plan", "{tmp}/good.csv", "-D", "2", "--cost", "1,2"], "--cost must be three numbers"),
     "no command": ([], "choose a command"),
     "bad output type": (["plan", "{tmp}/good.csv", "-D", "2", "-o", "{tmp}/plan.txt"], "unknown file type '.txt'"),
@@ -554,7 +557,8 @@ def test_simulate_workload_file_segment_of_a_modality_no_stage_encodes_names_its
 
 
 @pytest.mark.parametrize("command", [["compare", "-D", "1", "--items-per-rank", "2"],
-                                     ["simulate", "--gpus", "1", "--samples-per-rank", "2"]], ids=["compare", "simulate"])
+                                     ["simulate", "--gpus", "1", "--samples-per-rank", "2"]],
+                         ids=["compare", "simulate"])
 def test_workload_file_lines_beyond_the_samples_a_run_uses_are_validated(tmp_path, capsys, command):
     path = write_samples(tmp_path / "w.jsonl", [{"text": 20}, {"text": 30}, {"text": 40}, {"text": -1}])
     code = main([*command, "--workload-file", str(path)])

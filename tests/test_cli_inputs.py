@@ -30,7 +30,8 @@ def files(tmp_path_factory):
     (tmp / "index_length.csv").write_text("0,812\n1,77\n2,300\n")
     (tmp / "typo.csv").write_text("8l2\n77\n300\n")
     (tmp / "typo_letter_o.csv").write_text("O12\n77\n300\n")
-    (tmp / "wl64.jsonl").write_text('{"text": 212, "segments": [{"modality": "image", "length": 1024, "tokens": 256}]}\n'
+    (tmp / "wl64.jsonl").write_text('{"text": 212, "segments": [{"modality": "image", "length": 1024, '
+                                    '"tokens": 256}]}\n'
                                     * 64)
     (tmp / "length_l.csv").write_text("l\n77\n300\n")
     (tmp / "repeated_key.jsonl").write_text('{"length": 5}\n{"length": 5, "length": 7}\n')
@@ -90,7 +91,8 @@ CASES = {
         "twice.csv: column 'a' appears 2 times in the header (fields 1, 2); --column must name one"),
     # probe6 P6-11: an object giving a key twice was read with the last value, no word said
     "json line with a key given twice": (
-        ["plan", "{tmp}/repeated_key.jsonl", "-D", "2"], "repeated_key.jsonl:2: key 'length' given twice in one object"),
+        ["plan", "{tmp}/repeated_key.jsonl", "-D", "2"],
+        "repeated_key.jsonl:2: key 'length' given twice in one object"),
     "csv whose first line mixes names and numbers": (
         ["plan", "{tmp}/mixed_header.csv", "-D", "2", "--column", "length"],
         "mixed_header.csv:1: expected an integer length or a header line of column names, got '7'"),
@@ -366,7 +368,8 @@ def test_table_printed_to_a_closed_stdout_ends_quietly_with_exit_141(files):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
-@pytest.mark.parametrize("args", [["plan", "{tmp}/good.csv", "-D", "2"], ["plan", "{tmp}/good.csv", "-D", "2", "--json"],
+@pytest.mark.parametrize("args", [["plan", "{tmp}/good.csv", "-D", "2"],
+                                  ["plan", "{tmp}/good.csv", "-D", "2", "--json"],
                                   ["compare", "--lengths", "{tmp}/good.csv", "-D", "2", "--algorithms", "lpt"]],
                          ids=["plan table", "plan json", "compare table"])
 def test_stdout_on_a_full_device_is_one_line_and_exit_2(files, args):

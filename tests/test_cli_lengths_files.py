@@ -38,7 +38,8 @@ def test_a_line_of_numbers_is_no_header_even_when_column_names_one(tmp_path, cap
 
 
 @pytest.mark.parametrize("name, text, shown", [
-    ("rounds_up.csv", "4.9999999999999999\n3\n", "rounds_up.csv:1: expected an integer length, got '4.9999999999999999'"),
+    ("rounds_up.csv", "4.9999999999999999\n3\n",
+     "rounds_up.csv:1: expected an integer length, got '4.9999999999999999'"),
     ("underflows.csv", "length\n1e-400\n3\n", "underflows.csv:2: expected an integer length, got '1e-400'"),
     ("half.csv", "9007199254740991.5\n", "half.csv:1: expected an integer length, got '9007199254740991.5'"),
     ("rounds_up.jsonl", "3\n4.9999999999999999\n", "rounds_up.jsonl:2: expected an integer length, got "

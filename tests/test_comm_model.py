@@ -102,7 +102,8 @@ def test_all_to_all_volumes_match_the_traffic(strategy):
 
 
 def test_unknown_strategy_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown `strategy` 'ring'; choose one of \['flat', 'nodewise', 'allgather'\]"):
+    with pytest.raises(ValueError,
+                       match=r"unknown `strategy` 'ring'; choose one of \['flat', 'nodewise', 'allgather'\]"):
         estimate_exchange(**MOVE, topology=SMALL, strategy="ring")
 
 

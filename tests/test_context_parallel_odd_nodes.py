@@ -79,7 +79,8 @@ def test_one_node_and_two_nodes_take_the_same_degrees(gpus_per_node):
     check_split_plan(plan, lengths, 2 * gpus_per_node, spec, cost=COST)
     wider = 4 if gpus_per_node == 3 else 8  # wider than a node, within the ranks
     wide = ContextParallel(degrees=(1, wider), gpus_per_node=gpus_per_node)
-    with pytest.raises(ValueError, match=rf"holds {wider} > {gpus_per_node} gpus per node; groups stay inside a node unless "
+    with pytest.raises(ValueError, match=rf"holds {wider} > {gpus_per_node} gpus per node; "
+                                         r"groups stay inside a node unless "
                                          r"`allow_inter_node=True`; pass degrees=\(1,\) for this job"):
         balance(lengths, 2 * gpus_per_node, cost=COST, context_parallel=wide)
 

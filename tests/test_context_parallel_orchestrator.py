@@ -173,7 +173,8 @@ def test_a_video_splits_between_frames_and_reaches_its_shards():
     samples = [Sample(50, (Segment("image", 8, 2),), source=k) for k in range(7)]
     samples.append(Sample(3000, (Segment("image", 8 * 40, 2 * 40, position=500, frames=40),), source=3))
     batch = Batch.from_samples(samples, 8)
-    step = Orchestrator(STAGES, Topology(2, 4), context_parallel=ContextParallel(degrees=(1, 2, 4), **CHEAP)).plan(batch)
+    step = Orchestrator(STAGES, Topology(2, 4),
+                        context_parallel=ContextParallel(degrees=(1, 2, 4), **CHEAP)).plan(batch)
     plan = step.microbatches[0]
     vision = plan.stage_plans[0]
     parts = vision.item_segment == 7

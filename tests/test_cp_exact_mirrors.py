@@ -1,4 +1,5 @@
-"""The exact split search skips blocks mirroring a twin half tried before (probe25 P25-05): fewer nodes, same optimum."""
+"""The exact split search skips blocks mirroring a twin half tried before (probe25 P25-05): fewer nodes, same
+optimum."""
 
 from dataclasses import replace
 

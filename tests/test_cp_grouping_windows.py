@@ -55,8 +55,8 @@ def _mix(kind: str, num_ranks: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n = 8 * num_ranks
     short = rng.integers(200, 6000, n)
-    return {"allbig": rng.integers(32768, 65536, n), "giants": np.where(rng.random(n) < 0.08, rng.integers(40000, 120000, n),
-                                                                         short),
+    return {"allbig": rng.integers(32768, 65536, n),
+            "giants": np.where(rng.random(n) < 0.08, rng.integers(40000, 120000, n), short),
             "halves": np.where(rng.random(n) < 0.4, rng.integers(9000, 17000, n), short), "short": short}[kind]
 
 

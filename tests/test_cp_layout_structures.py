@@ -187,7 +187,8 @@ def test_an_items_shards_are_read_one_by_one_only_where_an_overflow_searches_ano
     asked, searched = [], []
     shard, search = timetable.TimeTable.shard, placement.Placement._search
     monkeypatch.setattr(timetable.TimeTable, "shard", lambda self, *a: asked.append(a) or shard(self, *a))
-    monkeypatch.setattr(placement.Placement, "_search", lambda self, *a, **k: searched.append(k) or search(self, *a, **k))
+    monkeypatch.setattr(placement.Placement, "_search",
+                        lambda self, *a, **k: searched.append(k) or search(self, *a, **k))
     problem, spec, times, degree, long, target = layout_inputs([200_000, 150_000] + [50_000] * 30 + [2_000] * 40,
                                                                16, None, 0)
     assert placement.place_groups(problem, spec, GPUS, times, degree, long, target)[2]  # some item overflowed

@@ -31,4 +31,5 @@ def modules_with_examples():
 def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
-    assert result.attempted > 0 and result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
+    assert result.attempted > 0 and result.failed == 0, (
+        f"{result.failed} of {result.attempted} examples failed in {name}")

@@ -68,7 +68,8 @@ def test_regression_exact_over_the_models_size_plans_and_refuses_as_itself():
     """rev16 R16-07 / probe24 P24-07: over the MILP's size, 'exact' under equal counts raised SizeLimitError naming
     'ilp' and "use 'auto'" on every instance, even where auto's equal-count plan meets the bound, while auto's
     refusal pointed at 'exact'.  It now returns that plan (optimal where it meets the bound) and refuses a cap the
-    plan overflows as a heuristic that gave up, naming itself (in a sentence: probe25 P25-06 read "auto's overflow it")."""
+    plan overflows as a heuristic that gave up, naming itself (in a sentence: probe25 P25-06
+    read "auto's overflow it")."""
     lengths = np.random.default_rng(2000).integers(100, 5000, 2000)
     plan = balance(lengths, 64, equal_counts=True, algorithm="exact")
     auto = balance(lengths, 64, equal_counts=True)

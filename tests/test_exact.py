@@ -1,4 +1,5 @@
-"""The exact P||Cmax solver: agreement with brute force and the `ilp` MILP (HiGHS), honest status, caps, floats, determinism."""
+"""The exact P||Cmax solver: agreement with brute force and the `ilp` MILP (HiGHS), honest status, caps, floats,
+determinism."""
 
 import numpy as np
 import pytest
@@ -30,7 +31,8 @@ def random_cases(seed, count, max_items=7):
 
 def test_exact_is_registered():
     record = ALGORITHMS["exact"]
-    assert record.kernel is exact_kernel.solve and record.exact and record.solves(padded=True) and record.solves(padded=False)
+    assert (record.kernel is exact_kernel.solve and record.exact and record.solves(padded=True)
+            and record.solves(padded=False))
 
 
 @pytest.mark.parametrize("cost", [CostModel(), CostModel(linear=1, quadratic=1 / 1024), CostModel(per_item=3)],
@@ -55,7 +57,8 @@ def test_regression_non_dyadic_costs_stalled_cbc_on_six_items(algorithm, monkeyp
     cost = CostModel(linear=0.1)
     assert exact.integer_costs(make_problem([7, 5, 4, 3, 3, 1], 2, cost=cost).item_costs) is None
     rng = np.random.default_rng(5)
-    cases = [([7, 5, 4, 3, 3, 1], 2)] + [(rng.integers(1, 50, int(rng.integers(1, 8))).tolist(), int(rng.integers(1, 4)))
+    cases = [([7, 5, 4, 3, 3, 1], 2)] + [(rng.integers(1, 50, int(rng.integers(1, 8))).tolist(),
+                                           int(rng.integers(1, 4)))
                                           for _ in range(60)]
     for lengths, ranks in cases:
         plan = balance(lengths, ranks, cost=cost, algorithm=algorithm)

@@ -409,7 +409,8 @@ def test_first_three_phases_match_their_plain_code(seed, capped):
     expected = locality_first_phases(problem.item_costs, lengths, sources, num_ranks, gpus_per_node, target,
                                    np.inf if cap is None else cap, DEAL_WINDOW * gpus_per_node)
     np.testing.assert_array_equal(state.destinations, expected)
-    assert np.bincount(state.destinations, weights=problem.item_costs, minlength=num_ranks) == pytest.approx(state.loads)
+    assert (np.bincount(state.destinations, weights=problem.item_costs, minlength=num_ranks)
+            == pytest.approx(state.loads))
 
 
 def test_regression_cluster_deal_sorted_every_roomy_rank_for_a_few_items(monkeypatch):

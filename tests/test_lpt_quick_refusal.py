@@ -92,7 +92,8 @@ def test_regression_a_fallback_s_refusal_named_lpt_not_the_algorithm_chosen(algo
     its fallback, and points at 'auto' (which finds the plan)."""
     lengths = [28, 2, 20, 18, 16, 18]
     with pytest.raises(InfeasibleError, match=rf"^algorithm '{algorithm}' falls back to lpt under a cap its own plan "
-                                              r"overflows, and `lpt` found no rank .*algorithm='auto' searches further$"):
+                                              r"overflows, and `lpt` found no rank .*algorithm='auto' "
+                                              r"searches further$"):
         balance(lengths, 2, max_tokens_per_rank=52, algorithm=algorithm)
     assert balance(lengths, 2, max_tokens_per_rank=52).tokens.max() <= 52
     with pytest.raises(InfeasibleError, match=r"^`lpt` found no rank"):  # lpt's own refusal is unchanged

@@ -42,7 +42,8 @@ def step_instance(num_ranks, per_rank, budget, seed):
     return np.minimum(lengths, budget), sources
 
 
-@pytest.mark.parametrize("num_ranks, per_rank, budget, seed", [(64, 32, 16384, 1), (64, 16, 6144, 2), (64, 32, 8192, 0)],
+@pytest.mark.parametrize("num_ranks, per_rank, budget, seed",
+                         [(64, 32, 16384, 1), (64, 16, 6144, 2), (64, 32, 8192, 0)],
                          ids=["T16k", "T6k", "T8k-tight"])
 def test_cells_dealt_at_once_keep_every_microbatch_max_and_move_fewer_bytes(num_ranks, per_rank, budget, seed):
     lengths, sources = step_instance(num_ranks, per_rank, budget, seed)
@@ -185,12 +186,14 @@ def test_filled_deal_meets_the_target_where_the_plain_phases_need_the_repair(mon
     plain_local = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002)
     assert repairs, "the plain phases met the target: the instance no longer shows the difference"
     repairs.clear()
-    filled = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002, fill="on_miss")
+    filled = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002,
+                             fill="on_miss")
     assert not repairs
     for assignment in (plain_local, filled):
         assert rank_loads(problem, assignment).max() <= plain.makespan * 1.002
     # The plain phases missed, so "on_miss" made the filler deal, which "only" makes at once.
-    at_once = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002, fill="only")
+    at_once = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002,
+                              fill="only")
     np.testing.assert_array_equal(at_once, filled)
 
 
@@ -198,7 +201,8 @@ def test_on_miss_keeps_the_plain_phases_where_they_meet_the_target():
     lengths, sources = llm_stage_lengths(64, 16, 3)
     problem = make_problem(lengths, 64, cost=COST)
     plain = balance(lengths, 64, cost=COST, algorithm="lpt")
-    deal = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.05, fill="on_miss")
+    deal = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.05,
+                           fill="on_miss")
     np.testing.assert_array_equal(deal, balance_locally(problem, plain.assignment,
                                                         Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.05))
     with pytest.raises(ValueError, match="`fill` must be one of"):
@@ -217,13 +221,15 @@ def test_on_miss_skips_the_plain_phases_where_the_items_are_coarser_than_the_roo
     plain = balance(lengths, 256, cost=cost, algorithm="lpt")
     mean = problem.item_costs.sum() / 256
     assert plain.makespan * 1.002 - mean < problem.item_costs.min(), "the instance no longer has coarse items"
-    at_once = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002, fill="only")
+    at_once = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002,
+                              fill="only")
 
     def plain_phase(*args):
         raise AssertionError("the plain phases ran")
 
     monkeypatch.setattr(locality, "keep_home", plain_phase)
-    on_miss = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002, fill="on_miss")
+    on_miss = balance_locally(problem, plain.assignment, Origins(sources, lengths * 1.0, GPUS_PER_NODE), 0.002,
+                              fill="on_miss")
     np.testing.assert_array_equal(on_miss, at_once)
 
 

@@ -97,12 +97,14 @@ def test_an_entry_point_adds_a_microbatch_record_from_another_package(tmp_path):
         "        return None\n"
         "    cell = np.arange(problem.num_items, dtype=np.int64)[::-1].copy()\n"
         "    return MicroBatchResult(cell % problem.num_ranks, cell // problem.num_ranks)\n\n"
-        "RECORD = MicroBatchAlgorithm('reverse_cells', reverse_cells, kind=Kind.PLUGIN, description='last item first')\n")
+        "RECORD = MicroBatchAlgorithm('reverse_cells', reverse_cells, kind=Kind.PLUGIN, "
+        "description='last item first')\n")
     info = tmp_path / "cell_plugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cell-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[orchmllm.algorithms]\nreverse_cells = cell_plugin:RECORD\n")
-    script = ("import json\nfrom orchmllm import balance_microbatches\nfrom orchmllm.balancers import microbatch_algorithms\n"
+    script = ("import json\nfrom orchmllm import balance_microbatches\n"
+              "from orchmllm.balancers import microbatch_algorithms\n"
               "plan = balance_microbatches([5, 4, 3], 2, max_tokens_per_microbatch=8, algorithm='reverse_cells')\n"
               "print(json.dumps({'rank': plan.rank.tolist(), 'microbatch': plan.microbatch.tolist(),\n"
               "                  'kinds': {r.name: r.kind.value for r in microbatch_algorithms()}}))\n")

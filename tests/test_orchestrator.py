@@ -172,7 +172,8 @@ def test_locality_moves_nothing_when_every_rank_already_holds_the_same_work():
     one_rank = [Sample(40, (Segment("image", 64, 16), Segment("audio", 30, 8))), Sample(7, (Segment("image", 9, 3),)),
                 Sample(120)]
     samples = [Sample(s.text, s.segments, source=rank) for rank in range(8) for s in one_rank]
-    plan = Orchestrator(STAGES, Topology(2, 4), padded_placement="locality").plan(Batch.from_samples(samples, 8)).microbatches[0]
+    plan = Orchestrator(STAGES, Topology(2, 4), padded_placement="locality").plan(
+        Batch.from_samples(samples, 8)).microbatches[0]
     assert plan.input_exchange().bytes_moved == 0 and plan.embedding_exchange().bytes_moved == 0
 
 
@@ -340,7 +341,8 @@ def test_regression_orchestrator_options_are_checked_when_built(options, error, 
                                          r"'microbatch_algorithm', 'context_parallel', 'pipeline', 'placement'"),
     ({"pipeline": "1f1b"}, TypeError, r"`pipeline` must be a Pipeline\(stages=..., schedule=...\) or None; got str"),
 ], ids=["a derived field", "a pipeline of the wrong type"])
-def test_regression_a_derived_field_was_offered_as_an_option_and_a_mistyped_pipeline_blamed_on_the_budget(options, error, match):
+def test_regression_a_derived_field_was_offered_as_an_option_and_a_mistyped_pipeline_blamed_on_the_budget(
+        options, error, match):
     """Cause (fix24d F24-06): the unknown-option check listed every field of PlanOptions, `microbatching` (derived,
     not an argument) too, which then failed as "PlanOptions.__init__() got an unexpected keyword argument"; and
     `pipeline="1f1b"` without a token budget was told it "needs `max_tokens_per_microbatch`", not that it is no
@@ -561,7 +563,8 @@ def test_input_bytes_are_an_items_input_and_a_samples_text_plus_received_embeddi
 
 def test_an_encoder_cap_below_one_segment_names_the_stage_and_the_sample():
     """Cause: the balancer's "`max_tokens_per_rank`=2 is below the largest item (3 tokens at index 0)" named
-    neither the stage (one of several encoder caps) nor the sample: "item 0" indexed the stage's segments (probe3 UE8)."""
+    neither the stage (one of several encoder caps) nor the sample: "item 0" indexed the stage's segments
+    (probe3 UE8)."""
     stages = (Stage("audio", "audio", CostModel(linear=1)),
               Stage("vision", "image", CostModel(per_item=1, linear=1), max_tokens_per_rank=4),
               Stage("llm", "llm", CostModel(linear=1)))
@@ -578,7 +581,8 @@ def one(sample: Sample) -> Batch:
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: one(Sample(10**30)), r"`text` must be below 2\*\*53 \(token counts stay exact in float64 costs\); got 10{30}"),
+    (lambda: one(Sample(10**30)),
+     r"`text` must be below 2\*\*53 \(token counts stay exact in float64 costs\); got 10{30}"),
     (lambda: one(Sample(5, (Segment("image", 10**30, 2),))), r"`length` must be below 2\*\*53"),
     (lambda: one(Sample(5, (Segment("image", 4, 10**20),))), r"`tokens` must be below 2\*\*53"),
     (lambda: one(Sample(2**52, (Segment("image", 4, 2**52),))), r"the sample's LLM sequence \(text 4503599627370496 "

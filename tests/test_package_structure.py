@@ -94,7 +94,8 @@ def test_import_loads_no_exact_solver_stack(package):
     """The registry points to kernels by name and the MILP entry imports its backends when it
     solves, so a user who never calls an exact solver never pays for scipy.optimize or PuLP."""
     code = (f"import sys, {package}; "
-            "print(sorted(m for m in sys.modules if m == 'pulp' or m.startswith(('pulp.', 'scipy.optimize', 'torch'))))")
+            "print(sorted(m for m in sys.modules if m == 'pulp' or "
+            "m.startswith(('pulp.', 'scipy.optimize', 'torch'))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", f"`import {package}` loaded {loaded}"
 

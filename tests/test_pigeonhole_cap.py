@@ -55,7 +55,8 @@ def test_regression_ilp_refuses_a_provably_infeasible_cap_before_building_its_mo
 
 
 def test_regression_an_encoder_cap_no_plan_meets_is_not_blamed_on_lpt():
-    stages = (Stage("vision", "image", CostModel(linear=2.0), max_tokens_per_rank=900), Stage("llm", "llm", CostModel()))
+    stages = (Stage("vision", "image", CostModel(linear=2.0), max_tokens_per_rank=900),
+              Stage("llm", "llm", CostModel()))
     batch = Batch.from_samples([Sample(10, (Segment("image", length, 4),), source=i % 4)
                                 for i, length in enumerate([701, 530, 536, 640, 205, 296, 644])], 4)
     with pytest.raises(InfeasibleError, match="no plan fits max_tokens_per_rank=900 on 4 ranks"):

@@ -44,7 +44,8 @@ def test_regression_the_search_moved_and_timed_the_empty_items(monkeypatch, rank
     assert every.step_time == costly.step_time and np.array_equal(every.replica_times, costly.replica_times)
     empty = lengths == 0
     assert np.array_equal(replica[~empty], costly_replica) and np.array_equal(slot[~empty], costly_slot)
-    assert np.bincount(slot[empty] * ranks + replica[empty], minlength=16 * ranks).max() <= 1 + empty.sum() // (16 * ranks)
+    assert (np.bincount(slot[empty] * ranks + replica[empty], minlength=16 * ranks).max()
+            <= 1 + empty.sum() // (16 * ranks))
 
 
 def test_regression_items_of_cost_0_holding_tokens_ran_the_capped_lpt(monkeypatch):

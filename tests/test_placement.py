@@ -42,7 +42,8 @@ def test_regression_a_model_whose_build_used_the_time_limit_is_not_solved(monkey
     groups, sources = balance(lengths, 16, algorithm="lpt").assignment, np.repeat(np.arange(16), 8)
     ilp = place(groups, sources, lengths, topology, "ilp", time_limit=1e-9)
     assert solves == [] and ilp.status is Status.TIME_LIMIT
-    np.testing.assert_array_equal(ilp.rank_of_group, place(groups, sources, lengths, topology, "lap_node").rank_of_group)
+    np.testing.assert_array_equal(ilp.rank_of_group,
+                                  place(groups, sources, lengths, topology, "lap_node").rank_of_group)
 
 
 @pytest.mark.parametrize("method", sorted(PLACEMENTS), ids=sorted(PLACEMENTS))

@@ -71,7 +71,8 @@ def test_the_readme_plugin_runs_in_balance_once_installed(plugin_site):
               "except InfeasibleError as error:\n    needed = error.min_cap\n"
               "record = get_algorithm('round_robin')\n"
               "print(json.dumps({'assignment': plan.assignment.tolist(), 'algorithm': plan.algorithm,"
-              " 'kind': str(record.kind), 'min_cap': needed, 'listed': 'round_robin' in [r.name for r in algorithms()]}))")
+              " 'kind': str(record.kind), 'min_cap': needed,"
+              " 'listed': 'round_robin' in [r.name for r in algorithms()]}))")
     assert printed_json(plugin_site, "-c", script) == {"assignment": [0, 1, 0, 1, 0], "algorithm": "round_robin",
                                          "kind": "plugin", "min_cap": 9, "listed": True}
 
@@ -183,7 +184,8 @@ def test_regression_a_skipped_entry_point_asked_for_by_name_was_called_unknown(t
     fake_distribution(tmp_path, "gone-plugin", "gone_plugin", "", "gone = gone_plugin_module:kernel\n")
     script = ("from orchmllm import balance, balance_microbatches\n"
               "for call in (lambda: balance([3, 2, 1], 2, algorithm='gone'),\n"
-              "             lambda: balance_microbatches([3, 2, 1], 2, max_tokens_per_microbatch=4, algorithm='gone')):\n"
+              "             lambda: balance_microbatches([3, 2, 1], 2, max_tokens_per_microbatch=4, "
+              "algorithm='gone')):\n"
               "    try:\n        call()\n    except ValueError as error:\n        print(error)\n")
     done = run_with(tmp_path, "-W", "ignore", "-c", script)
     told = ("`algorithm` 'gone' is an installed plugin's, but orchmllm skipped the entry point gone = "
@@ -192,7 +194,8 @@ def test_regression_a_skipped_entry_point_asked_for_by_name_was_called_unknown(t
     assert done.returncode == 0 and done.stdout.splitlines() == [told, told], (done.stdout, done.stderr)
     (tmp_path / "lengths.csv").write_text("length\n5\n3\n4\n")
     for command in (["plan", str(tmp_path / "lengths.csv"), "-D", "2", "--algorithm", "gone"],
-                    ["compare", "--lengths", str(tmp_path / "lengths.csv"), "-D", "2", "--algorithms", "gone+locality"]):
+                    ["compare", "--lengths", str(tmp_path / "lengths.csv"), "-D", "2",
+                     "--algorithms", "gone+locality"]):
         done = run_with(tmp_path, "-W", "ignore", "-m", "orchmllm", *command)
         assert done.returncode == 2 and done.stderr.endswith(told + "\n"), done.stderr
 
@@ -284,7 +287,8 @@ def test_register_algorithm_in_process_returns_the_record_and_is_idempotent():
     assert register_algorithm("test_halves", halves, padded=False, description="two halves") is record
     assert get_algorithm("test_halves") is record
     assert balance([3, 1, 2, 2], 3, algorithm="test_halves").assignment.tolist() == [0, 0, 2, 2]
-    with pytest.raises(ValueError, match=r"algorithm 'test_halves' solves the unpadded cost sum f\(l\) only; pass padded=False"):
+    with pytest.raises(ValueError,
+                       match=r"algorithm 'test_halves' solves the unpadded cost sum f\(l\) only; pass padded=False"):
         balance([3, 1, 2, 2], 3, algorithm="test_halves", padded=True)
     with pytest.raises(ValueError, match="algorithm 'test_halves' is already registered"):
         register_algorithm("test_halves", halves, description="another")

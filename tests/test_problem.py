@@ -210,7 +210,8 @@ def test_rank_count_too_large_to_allocate_is_rejected_up_front():
     assert balance([1, 2, 3], 2**20).makespan == 3.0
 
 
-@pytest.mark.parametrize("algorithm", [record.name for record in algorithms(padded=True) if record.kind is not Kind.BASELINE])
+@pytest.mark.parametrize("algorithm", [record.name for record in algorithms(padded=True)
+                                       if record.kind is not Kind.BASELINE])
 def test_padded_single_rank_over_the_cap_is_infeasible_not_a_kernel_bug(algorithm):
     # karmarkar_karp returned everything on rank 0 unchecked, and make_plan raised RuntimeError.
     with pytest.raises(InfeasibleError, match=r"the one rank holds all 3 items padded to the longest \(5\): 15 tokens "
@@ -297,19 +298,23 @@ def test_regression_an_object_array_of_python_ints_or_strs_was_refused():
     lengths = [9, 7, 5, 4, 3, 3]
     ids = ["a", "a", "b", "c", "d", "e"]
     expected = balance(lengths, 2, groups=ids).assignment.tolist()
-    assert balance(np.array(lengths, dtype=object), 2, groups=np.array(ids, dtype=object)).assignment.tolist() == expected
+    assert balance(np.array(lengths, dtype=object), 2,
+                   groups=np.array(ids, dtype=object)).assignment.tolist() == expected
     assert balance(lengths, 2, groups=np.array([1, 1, 2, 3, 4, 5], dtype=object)).assignment.tolist() == expected
     assert balance_microbatches(np.array(lengths, dtype=object), 2, max_tokens_per_microbatch=9).digest() == \
         balance_microbatches(lengths, 2, max_tokens_per_microbatch=9).digest()
-    with pytest.raises(TypeError, match=r"`groups` must hold group ids of one kind, all ints or all strs; got int, str"):
+    with pytest.raises(TypeError,
+                       match=r"`groups` must hold group ids of one kind, all ints or all strs; got int, str"):
         balance(lengths, 2, groups=np.array([1, "1", 2, 3, 4, 5], dtype=object))
     ragged = np.empty(6, dtype=object)  # probe21 P21-01: a column of lists gave numpy's raw "inhomogeneous shape"
     ragged[:] = [[1, 2], [3], [4], [5], [6], [7]]
-    with pytest.raises(ValueError, match=r"^`lengths` must be a 1-D sequence of integers; got a ragged nested sequence"):
+    with pytest.raises(ValueError,
+                       match=r"^`lengths` must be a 1-D sequence of integers; got a ragged nested sequence"):
         balance(ragged, 2)
     sources, item_bytes = [0, 1, 0, 1, 0, 1], [1, 2, 3, 4, 5, 6]  # recheck: sources and item_bytes alike
     assert balance(lengths, 2, sources=np.array(sources, dtype=object), item_bytes=np.array(item_bytes, dtype=object)
-                   ).assignment.tolist() == balance(lengths, 2, sources=sources, item_bytes=item_bytes).assignment.tolist()
+                   ).assignment.tolist() == balance(lengths, 2, sources=sources,
+                                                    item_bytes=item_bytes).assignment.tolist()
 
 
 def test_float16_lengths_are_checked_against_2_53_without_an_overflow_warning():

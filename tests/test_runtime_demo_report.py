@@ -29,7 +29,8 @@ def passing_report(**changes) -> DemoReport:
                   busy_max_over_mean_balanced_isolated=1.02, busy_max_over_mean_unbalanced_isolated=1.2,
                   busy_max_over_mean_identical_work_isolated=1.01, cost_models={}, cost_fit_rel_rms={},
                   num_microbatches=[1], replay_repeats=5, gradient_terms=10_000, max_tokens_per_microbatch=None)
-    fields.update({field.name: None for field in dataclasses.fields(DemoReport) if field.name.startswith("microbatch_")})
+    fields.update({field.name: None for field in dataclasses.fields(DemoReport)
+                   if field.name.startswith("microbatch_")})
     fields.update(changes)
     return DemoReport(**fields)
 

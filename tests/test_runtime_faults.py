@@ -601,7 +601,8 @@ def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exit
                                f"run_processes(fn, 2, start_method='spawn')\n"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for fn, name in (("def fn(rank, world):\n    return rank\n", "fn"),  # a function, a callable object (R13-01)
-                         ("class Job:\n    def __call__(self, rank, world):\n        return rank\nfn = Job()\n", "Job"))}
+                         ("class Job:\n    def __call__(self, rank, world):\n        return rank\n"
+                          "fn = Job()\n", "Job"))}
     for name, child in children.items():
         stderr = child.communicate(timeout=120)[1]
         assert child.returncode == 1 and stderr.strip().splitlines()[-1] == (

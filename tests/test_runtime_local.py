@@ -90,10 +90,12 @@ def test_from_assignment_starts_from_the_home_layout():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(source_ranks=[0, 3], dest_ranks=[0, 0], rank=0, world_size=2), ValueError, r"`source_ranks` must be ranks in \[0, 2\)"),
+    (dict(source_ranks=[0, 3], dest_ranks=[0, 0], rank=0, world_size=2), ValueError,
+     r"`source_ranks` must be ranks in \[0, 2\)"),
     (dict(source_ranks=[0], dest_ranks=[0, 1], rank=0, world_size=2), ValueError, "one entry per item"),
     (dict(source_ranks=[0.5], dest_ranks=[0], rank=0, world_size=2), TypeError, "integer ranks"),
-    (dict(source_ranks=[0], dest_ranks=[0], rank=2, world_size=2), ValueError, r"`rank` must be in \[0, world_size=2\)"),
+    (dict(source_ranks=[0], dest_ranks=[0], rank=2, world_size=2), ValueError,
+     r"`rank` must be in \[0, world_size=2\)"),
     (dict(source_ranks=[[0]], dest_ranks=[0], rank=0, world_size=1), ValueError, "must be 1-D"),
 ], ids=["rank-out-of-range", "length-mismatch", "float-ranks", "bad-rank", "2-d"])
 def test_exchange_meta_rejects_bad_routes(kwargs, error, match):
@@ -109,7 +111,8 @@ def test_exchange_rejects_tensors_that_do_not_match_the_route():
         exchange([Piece(meta, torch.zeros(3), np.array([1, 1, 1]))])
     with pytest.raises(TypeError, match="expected a torch.Tensor"):
         exchange([Piece(meta, [1.0, 2.0], 1)])
-    with pytest.raises(ValueError, match="route is for rank 0 of 2 but the transport's group has this process as rank 0 of 1"):
+    with pytest.raises(ValueError,
+                       match="route is for rank 0 of 2 but the transport's group has this process as rank 0 of 1"):
         exchange([Piece(ExchangeMeta([0, 1], [1, 0], 0, 2), torch.zeros(1), 1)])
     with pytest.raises(ValueError,
                        match=r"piece 1 \(\?\): route follows plan 8, piece 0's plan 7: the pieces of one exchange"):
@@ -494,7 +497,8 @@ def test_regression_an_encoder_returning_a_tuple_or_another_width_gave_raw_pytho
     encoders = model.encoders()
     tupled = {**encoders, "image": lambda x, n: (encoders["image"](x, n),)}
     narrow = {**encoders, "audio": lambda x, n: encoders["audio"](x, n)[:, :7]}
-    with pytest.raises(TypeError, match=r"encoder 'image' returned a tuple; expected a tensor of shape \(\d+, hidden\)"):
+    with pytest.raises(TypeError,
+                       match=r"encoder 'image' returned a tuple; expected a tensor of shape \(\d+, hidden\)"):
         runtime.forward(micro.routes, micro.data, encoders=tupled, text_embedding=model.llm.embed)
     with pytest.raises(ValueError, match=rf"encoder 'audio' returned rows of width 7; the text embedding's rows are "
                                          rf"{config.llm_hidden} wide"):

@@ -223,7 +223,8 @@ def test_regression_a_python_zero_from_an_empty_micro_batch_was_refused_without_
     plan = dispatcher.plan([4, 6])
     micros = list(dispatcher.microbatches(plan, dispatcher.dispatch({"x": torch.arange(10)}, plan)))
     empty = next(micro for micro in micros if not micro.items.size)
-    with pytest.raises(TypeError, match=rf"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__} \(micro-batch "
+    with pytest.raises(TypeError, match=rf"`loss_sum` must be a torch.Tensor; got {type(loss_sum).__name__} "
+                                        rf"\(micro-batch "
                                         rf"{empty.index} of 3 holds no item on this rank: every rank runs every "
                                         rf"micro-batch, so compute its loss from the model's output on the empty "
                                         rf"tensors, e.g. `output.sum\(\) \* 0`\)"):

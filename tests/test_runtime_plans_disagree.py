@@ -309,7 +309,8 @@ def test_regression_a_timed_out_collective_names_two_threads_on_one_group_as_a_c
     """Cause: where two threads of a rank ran collectives on one group, only the rank that saw them overlap
     named it; its peer waited out the timeout and blamed a dead peer alone (probe7 P7-09)."""
     with pytest.raises(PeerFailureError, match=r"a peer died or did not reach the call within the process group's "
-                                               r"timeout \(or, where no refusal is published \(NCCL\), two threads of a rank "
+                                               r"timeout \(or, where no refusal is published \(NCCL\), "
+                                               r"two threads of a rank "
                                                r"ran collectives on this group"):
         with collective("dispatch header all-reduce"):
             raise RuntimeError("Timed out waiting")

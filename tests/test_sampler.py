@@ -30,7 +30,8 @@ def default_mix_lengths(count, seed=0):
 
 
 def samplers(lengths, **options):
-    return [BalancedDistributedSampler(lengths, num_replicas=REPLICAS, rank=rank, **options) for rank in range(REPLICAS)]
+    return [BalancedDistributedSampler(lengths, num_replicas=REPLICAS, rank=rank, **options)
+            for rank in range(REPLICAS)]
 
 
 def epoch_shares(ranks, epoch):

@@ -13,7 +13,8 @@ def test_modalities_given_as_one_str_is_rejected_not_split_into_letters():
     assert batch.modalities == ("image",)
 
 
-@pytest.mark.parametrize("segments, wrap", [(Segment("image", 8, 4), True), (None, False), (3, False), ("image", False)])
+@pytest.mark.parametrize("segments, wrap",
+                         [(Segment("image", 8, 4), True), (None, False), (3, False), ("image", False)])
 def test_regression_segments_not_a_sequence_is_named(segments, wrap):
     """probe22 P22-07: one Segment instead of a tuple (the likeliest slip), None or an int raised Python's raw
     "'Segment' object is not iterable", naming neither `segments` nor what it takes."""

@@ -10,8 +10,8 @@ from orchmllm.balancers import ContextParallel
 from orchmllm.balancers.context_parallel import certify_split
 from orchmllm.study.context_parallel_compare import compare_context_parallel
 from orchmllm.study.compare import CompareConfig, workload_stages
-from orchmllm.study.context_parallel_sim import (STRATEGIES, ours_pass, run_context_parallel_simulation, split_exchanges,
-                                                 split_spec, _ring_figures)
+from orchmllm.study.context_parallel_sim import (STRATEGIES, ours_pass, run_context_parallel_simulation,
+                                                 split_exchanges, split_spec, _ring_figures)
 from orchmllm.study.models import GPUS, MODELS
 from orchmllm.study.simulator import cluster, seconds_per_cost
 from orchmllm.study.strategies import STRATEGIES as PLAIN_STRATEGIES, single_pass

@@ -28,7 +28,8 @@ def test_regression_a_stage_refusal_names_the_stage_and_what_searches_further(pl
 
 
 def test_regression_uniform_algorithm_replaces_the_llm_stages_own_under_microbatching():
-    stages = (Stage("vision", "image", CostModel(linear=2.0)), Stage("llm", "llm", CostModel(), algorithm="karmarkar_karp"))
+    stages = (Stage("vision", "image", CostModel(linear=2.0)),
+              Stage("llm", "llm", CostModel(), algorithm="karmarkar_karp"))
     batch = Batch.from_samples([Sample(100, (Segment("image", 8, 4),), source=0), Sample(50, (), source=1)], 2)
     step = Orchestrator(stages, Topology(1, 2), uniform_algorithm="lpt", max_tokens_per_microbatch=500).plan(batch)
     assert step.microbatches[0].stage_plans[0].algorithm == "lpt"

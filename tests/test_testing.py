@@ -406,12 +406,14 @@ def test_regression_a_kind_the_record_does_not_solve_was_run_and_blamed_on_the_k
     (problems, dict(max_items=0), r"`max_items` must be >= 1; got 0"),
     (problems, dict(max_ranks=0), r"`max_ranks` must be >= 1; got 0"),
     (problems, dict(min_ranks=-1), r"`min_ranks` must be >= 1; got -1"),
-    (problems, dict(min_items=5, max_items=2), r"`min_items` must be at most `max_items`; got min_items=5 > max_items=2"),
+    (problems, dict(min_items=5, max_items=2),
+     r"`min_items` must be at most `max_items`; got min_items=5 > max_items=2"),
     (multimodal_batches, dict(max_samples=0), r"`max_samples` must be >= 1; got 0"),
     (multimodal_batches, dict(max_segments=-1), r"`max_segments` must be >= 0; got -1"),
     (topologies, dict(max_nodes=0), r"`max_nodes` must be >= 1; got 0"),
 ], ids=["max_items", "max_ranks", "min_ranks", "min-above-max", "max_samples", "max_segments", "max_nodes"])
-def test_regression_degenerate_strategy_sizes_raised_hypothesis_internals_at_the_first_draw(strategy, arguments, message):
+def test_regression_degenerate_strategy_sizes_raised_hypothesis_internals_at_the_first_draw(
+        strategy, arguments, message):
     """Cause: the public strategies took their sizes unchecked, so `problems(max_items=0)` was built and failed at
     its first draw with "Cannot sample from a length-zero sequence", naming no argument (probe3 UE6)."""
     with pytest.raises(ValueError, match=message):
@@ -519,14 +521,17 @@ PIPELINE_SLIPS = {  # (oracle, arguments) -> the ValueError/TypeError it must ra
     "negative backward": ("simulate", ([[1, 1], [1, 1]], [[-1, 2], [2, 2]]),
                           r"`backward` must hold finite non-negative numbers; got -1.0 at \[0, 0\]"),
     "one row for two stages": ("simulate", ([[1, 1]], [[2, 2]]),
-                               r"`forward` must be a \(P=2, M\) array of seconds, one row per stage; got shape \(1, 2\)"),
+                               r"`forward` must be a \(P=2, M\) array of seconds, one row per stage; "
+                               r"got shape \(1, 2\)"),
     "backward of another shape": ("simulate", ([[1, 1], [1, 1]], [[2, 2, 2], [2, 2, 2]]),
                                   r"`backward` must have `forward`'s shape \(2, 2\); got \(2, 3\)"),
     "ragged forward": ("simulate", ([[1, 1], [1]], [[2, 2], [2, 2]]), r"`forward` must be .*; got a ragged"),
     "nan replica cost": ("replica", ([np.nan, 1.0],), r"`cell_costs` must hold finite non-negative numbers; got nan"),
-    "2-D replica costs": ("replica", ([[1, 2], [3, 4]],), r"`cell_costs` must be a 1-D sequence .*; got shape \(2, 2\)"),
+    "2-D replica costs": ("replica", ([[1, 2], [3, 4]],),
+                          r"`cell_costs` must be a 1-D sequence .*; got shape \(2, 2\)"),
     "costs and lengths of other sizes": ("brute", ([1.0, 2.0], [1], 1, 2, 10),
-                                         r"`item_costs` must be a 1-D sequence of one cost per item, as `lengths` \(1\)"),
+                                         r"`item_costs` must be a 1-D sequence of one cost per item, "
+                                         r"as `lengths` \(1\)"),
     "no rank": ("brute", ([1.0], [1], 0, 2, 10), r"`num_ranks` must be >= 1"),
     "durations that overflow the step": ("simulate", ([[1e308, 1e308], [1e308, 1e308]], [[1e308, 1e308]] * 2),
                                          r"must sum to a finite number of seconds"),
@@ -555,7 +560,8 @@ def test_the_pipeline_oracle_names_a_pipeline_that_is_none_and_an_interleaved_co
         simulate_pipeline("1f1b", np.ones((2, 2)), np.ones((2, 2)))
     with pytest.raises(ValueError, match=r"`M \(the columns of `forward`\)`=3 must be a multiple of the pipeline's "
                                          r"`stages`=2"):
-        simulate_pipeline(Pipeline(stages=2, schedule="interleaved", virtual_stages=2), np.ones((2, 3)), np.ones((2, 3)))
+        simulate_pipeline(Pipeline(stages=2, schedule="interleaved", virtual_stages=2), np.ones((2, 3)),
+                          np.ones((2, 3)))
 
 
 def test_regression_check_plan_failed_an_optimal_plan_an_ulp_above_the_optimum_s_float_sum():

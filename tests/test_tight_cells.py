@@ -101,8 +101,10 @@ def classes(draw):
     return lengths, budget, draw(st.integers(1, 4)), draw(st.integers(1, 40))
 
 
-@pytest.mark.parametrize("matched, rounds, unsure", [(0, 8, 16), (2, 8, 16), (6, 8, 16), (6, 1, 16), (6, 8, 0), (12, 3, 4)],
-                         ids=["runs only", "two classes", "default", "one window", "sure counts only", "twelve classes"])
+@pytest.mark.parametrize("matched, rounds, unsure",
+                         [(0, 8, 16), (2, 8, 16), (6, 8, 16), (6, 1, 16), (6, 8, 0), (12, 3, 4)],
+                         ids=["runs only", "two classes", "default", "one window", "sure counts only",
+                              "twelve classes"])
 @settings(max_examples=150, deadline=None)
 @given(packing=classes())
 def test_property_classes_matched_by_depth_make_the_loops_choices(packing, matched, rounds, unsure):

@@ -27,7 +27,8 @@ def _instance(seed: int):
     loads = np.where(laid, mean * rng.uniform(0.8, 1.1, num_ranks), 0.0)
     tokens = np.floor(np.where(laid, cap * rng.uniform(0.6, 1.0, num_ranks), 0.0))
     target = (float(costs.sum()) + float(loads.sum())) / num_ranks * rng.uniform(1.0, 1.05)
-    return make_problem(lengths, num_ranks, cost=cost, max_tokens_per_rank=int(lengths.sum())), loads, tokens, cap, target
+    return (make_problem(lengths, num_ranks, cost=cost, max_tokens_per_rank=int(lengths.sum())),
+            loads, tokens, cap, target)
 
 
 def _dealt(problem, loads, tokens, cap, target):

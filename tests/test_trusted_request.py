@@ -124,7 +124,8 @@ def test_the_orchestrators_stage_errors_on_bad_user_input_stay_clear():
 
 def _hand_made(**columns):
     base = dict(num_ranks=4, modalities=("image",), sample_text=np.array([10, 20, 30, 40, 50, 60]),
-                sample_source=np.array([0, 0, 1, 2, 3, 3]), sample_id=np.arange(6), segment_sample=np.array([0, 1, 2, 4]),
+                sample_source=np.array([0, 0, 1, 2, 3, 3]), sample_id=np.arange(6),
+                segment_sample=np.array([0, 1, 2, 4]),
                 segment_modality=np.zeros(4, dtype=np.int64), segment_length=np.array([100, 200, 300, 400]),
                 segment_tokens=np.array([16, 32, 48, 64]), segment_position=np.zeros(4, dtype=np.int64))
     return Batch(**{**base, **columns})
