@@ -28,11 +28,13 @@ thousands of near-tied replicas, the whole search < 0.15 % for more time than th
 and the certified bound itself (no plan is faster), when WINDOW steps in a row lowered the step (the
 max) by less than WINDOW_GAIN of it, or at a window's start when that is certain (the (WINDOW + 1)-th
 largest time is already within WINDOW_GAIN of the max), and behind a `rival` (a step the caller found
-already) at a window's end where the window's gain, kept up for the budget left, stays above it.  Candidates are evaluated together, one row each;
-a row costs the schedule's operation count (2·P·M·v) of the work budget, so the result
-never depends on the clock.  Padded cells (count · max cost) are not additive: only the
-reordering runs.  With first-stage costs (`Pipeline.stage_times`), every row carries the cells'
-first-stage parts too, moved and swapped with their costs.
+already) at a window's end where the window's gain, kept up for the budget left, stays above it.
+Candidates are evaluated together, one row each (in runs of at most WALK_ENTRIES operations; a
+step with more than MOVE_ROWS move rows tries its swaps alone); a row costs the schedule's
+operation count (2·P·M·v) of the work budget, so the result never depends on the clock.  Padded
+cells (count · max cost) are not additive: only the reordering runs.  With first-stage costs
+(`Pipeline.stage_times`), every row carries the cells' first-stage parts too, moved and swapped
+with their costs.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ ROUND_REPLICAS, ROUND_ITEMS, ROUND_GAIN = 32, 4, 1e-3
 ROUND_TIMINGS = 4  # rounds evaluate at most this many rows per replica (D = 2560 x 32, seed 7: 4 vs 8 vs none)
 STOP_GAP = 0.005  # seeds 1-2 of bench_pipeline's grid: the largest of 0.002/0.005/0.01 within 0.5 % of no stop
 SUMS_DRIFT = 1e-9  # far above how far float sums and walks lie from the exact times (relative)
+MOVE_ROWS = 2**16  # a step's move rows at most (D = 2560 x 32, M = 16: ~2000), else it tries swaps alone
+WALK_ENTRIES = 2**22  # rows timed at once hold at most this many operations (`_timed`: 32 MB a float array)
 
 
 class CellSearch:
@@ -83,6 +87,14 @@ class CellSearch:
             return gpipe_time(*self.pipeline.stage_times(rows[0]), self.pipeline.stages)
         return replica_times(self.pipeline, *self.pipeline.stage_times(*rows))
 
+    def _timed(self, build, count: int) -> np.ndarray:
+        """`evaluate` of the rows `build(at)` makes for ascending runs `at` of range(count), each of at most
+        WALK_ENTRIES operations, the times in order: each row is timed alone, so the same floats as at once, in
+        bounded memory (probe26 P26-09: 8 ranks x 1024 items at M 512, P 8 made 7.6 GiB of move rows)."""
+        size = max(1, WALK_ENTRIES // self.row_work)
+        return np.concatenate([np.zeros(0)] + [self.evaluate(build(np.arange(start, min(start + size, count))))
+                                               for start in range(0, count, size)])
+
     def run(self) -> None:
         """Improve until no step gains, the budget is spent, the step is at most the floor, or
         WINDOW steps lowered the step by less than WINDOW_GAIN (many replicas tied at the top: each step
@@ -110,7 +122,15 @@ class CellSearch:
         target = self.times[r] * (1 - RELATIVE_GAIN)
         swaps = self._swap_rows(r)
         moves = None if self.padded or self.work <= len(self.swaps) * self.row_work else self._move_rows(r)
-        times = self.evaluate(swaps if moves is None else _joined(swaps, moves[-1]))
+        if moves is not None and moves[0].size + moves[2][0].size > MOVE_ROWS:
+            moves = None  # too many to time in a step: swaps only (probe26 P26-09: 2M rows a step at M 512)
+        if moves is None:
+            times = self.evaluate(swaps)
+        else:  # the swaps' rows, then the moves' (one walk where they fit WALK_ENTRIES)
+            count = len(self.swaps)
+            times = self._timed(lambda at: tuple(None if rows is None else np.concatenate([rows[at[at < count]], moved])
+                                                 for rows, moved in zip(swaps, moves[-1](at[at >= count] - count))),
+                                count + moves[0].size + moves[2][0].size)
         reorder = self._best_swap(times[:len(self.swaps)])
         move = None if moves is None else self._best_move(*moves[:-1], times[len(self.swaps):])
         if reorder is not None and (move is None or reorder[0] <= move[0]) and reorder[0] < target:
@@ -143,7 +163,7 @@ class CellSearch:
     def _round(self, count: int) -> int:
         """One round of `rounds` over the `count` slowest replicas: the number of items moved."""
         slow = _heaviest(self.times, count)
-        fast = _lightest(self.times, count * ROUND_ITEMS).reshape(ROUND_ITEMS, count)  # candidate c of slow g: fast[c, g]
+        fast = _lightest(self.times, count * ROUND_ITEMS).reshape(ROUND_ITEMS, count)  # slow g's candidate c: fast[c, g]
         owner, is_slow = np.full(self.num_ranks, -1), np.zeros(self.num_ranks, dtype=bool)
         owner[slow], is_slow[slow] = np.arange(count), True
         items = np.flatnonzero(is_slow[self.replica])  # a gather of bytes: 3x faster than of the owners (D·M items)
@@ -172,9 +192,12 @@ class CellSearch:
         timed = ~settled[pick] | (np.arange(pick.size) == np.searchsorted(pick, pick))
         self.work -= int(pick.size - np.count_nonzero(timed)) * self.row_work  # charged as if timed
         pick, slots = pick[timed], slots[timed]
-        added = self.evaluate(_joined(tuple(None if grid is None else _added(grid, values, partner[pick],
-                                                                             chosen_items[pick], slots)
-                                            for grid, values in grids), ahead[1]))
+        def rows(at: np.ndarray) -> tuple:  # the offers' rows, then the known replicas' after their moves
+            offer, known = at[at < pick.size], at[at >= pick.size] - pick.size
+            return tuple(None if grid is None else np.concatenate([
+                _added(grid, values, partner[pick[offer]], chosen_items[pick[offer]], slots[offer]), after[known]])
+                for (grid, values), after in zip(grids, ahead[1]))
+        added = self._timed(rows, pick.size + ahead[1][0].shape[0])
         added, ahead_times = added[:pick.size], added[pick.size:]
         worst = np.maximum(own[chosen[pick]], added)
         best = _least_per_group(worst, pick, chosen.size, 1)  # each chosen item's best offer
@@ -256,9 +279,9 @@ class CellSearch:
         self.times[r] = time
 
     def _move_rows(self, r: int):
-        """(items, others, fitting (item, other, slot) indices, rows): r's costs without each of its
-        items, then each light replica's costs with an item added to a slot where it fits; None
-        when r has no item or no other replica."""
+        """(items, others, fitting (item, other, slot) indices, rows of a slice of them): r's costs without each of
+        its items, then each light replica's costs with an item added to a slot where it fits; None when r has no
+        item or no other replica."""
         items = self._items(r)
         others = _lightest(self.times, LIGHT_REPLICAS + 1)
         others = others[others != r][:LIGHT_REPLICAS]
@@ -267,10 +290,14 @@ class CellSearch:
         tokens = self.tokens[others][None, :, :] + self.lengths[items][:, None, None]  # (items, others, M)
         fits = np.nonzero(tokens <= self.max_tokens)
         item_index, other_index, slot_index = fits  # r's rows without each item, then each fit's other row with it
-        rows = tuple(None if grid is None else np.concatenate([
-            _without(grid, values, self.replica, self.slot, items),
-            _added(grid, values, others[other_index], items[item_index], slot_index)])
-            for grid, values in ((self.cost, self.item_costs), (self.first_stage, self.item_first_stage)))
+        grids = ((self.cost, self.item_costs), (self.first_stage, self.item_first_stage))
+
+        def rows(at: np.ndarray) -> tuple:  # rows `at` of them all, ascending
+            own, fit = at[at < items.size], at[at >= items.size] - items.size
+            return tuple(None if grid is None else np.concatenate([
+                _without(grid, values, self.replica, self.slot, items[own]),
+                _added(grid, values, others[other_index[fit]], items[item_index[fit]], slot_index[fit])])
+                for grid, values in grids)
         return items, others, fits, rows
 
     def _best_move(self, items: np.ndarray, others: np.ndarray, fits: tuple, times: np.ndarray):
@@ -369,11 +396,6 @@ def _swapped(row: np.ndarray, swaps: np.ndarray) -> np.ndarray:
     index = np.arange(len(swaps))
     rows[index, swaps[:, 0]], rows[index, swaps[:, 1]] = row[swaps[:, 1]], row[swaps[:, 0]]
     return rows
-
-
-def _joined(first: tuple, second: tuple) -> tuple:
-    """Two tuples of rows (costs, first-stage parts or None) as one."""
-    return tuple(None if a is None else np.concatenate([a, b]) for a, b in zip(first, second))
 
 
 def _swap_pairs(m: int) -> np.ndarray:
