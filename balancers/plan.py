@@ -216,7 +216,7 @@ def claimed_bound(claimed, cost: float, algorithm: str, terms: int, what: str = 
     that rounding, claims the plan optimal, as `check_conformance` verifies against the exact
     optimum (probe25 P25-03: the micro-batch search proved its optimum 15484.145499999999 summed
     in its item order, the plan's cells summed 15484.1455, and the plan's certificate raised).
-    Where every sum up to the cost is exact (`exact()`: `exact_sums`), so is the plan's and the
+    Where every sum up to the cost is exact (`exact()`: `sums_exact_below`), so is the plan's and the
     same sum in any other order: no rounding explains a bound below the cost, and it stays the
     kernel's bound (probe26 P26-03: a bound 1 below a plan of 2**52 + 2 on integer costs read as a
     proof of optimality).
@@ -283,17 +283,19 @@ def rounded_down(bound: float, cost: float, num_ranks: int, costs: np.ndarray,
     >>> rounded_down(8.25, 8.5, 2, np.array([5, 4, 3, 3, 1.5]), lambda: False)
     8.25
     """
-    if bound >= cost or exact_sums(num_ranks * cost, costs, integral_costs):
+    if bound >= cost or sums_exact_below(num_ranks * cost, costs, integral_costs):
         return bound
     return bound * (1.0 - costs.size * 2.0**-52)
 
 
-def exact_sums(limit: float, costs: np.ndarray, integral_costs: Callable[[], bool]) -> bool:
+def sums_exact_below(limit: float, costs: np.ndarray, integral_costs: Callable[[], bool]) -> bool:
     """Whether every sum of `costs` up to `limit` is exact in float64: the costs multiples of 2**-b
     (b = 0: `integral_costs()`, or 16: halves, quarters) and `limit` below 2**(53 - b).
 
-    >>> exact_sums(10.0, np.array([2.5, 0.25]), lambda: False), exact_sums(10.0, np.array([0.1]), lambda: False)
-    (True, False)
+    >>> sums_exact_below(10.0, np.array([2.5, 0.25]), lambda: False)
+    True
+    >>> sums_exact_below(10.0, np.array([0.1]), lambda: False)
+    False
     """
     return any(limit < 2.0**(53 - bits) and exact()
                for bits, exact in ((0, integral_costs), (16, lambda: integral(costs * 2.0**16))))
@@ -351,7 +353,7 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
     makespan = float(loads.max())
     integral_costs = functools.cache(lambda: integral(problem.item_costs))
     claimed = claimed_bound(kernel_bound, makespan, algorithm, problem.num_items + 1,
-                            exact=lambda: exact_sums(makespan, problem.item_costs, integral_costs))
+                            exact=lambda: sums_exact_below(makespan, problem.item_costs, integral_costs))
     if not certified:
         claimed, status = None, Status.FEASIBLE if status is Status.OPTIMAL else status
     if claimed == makespan:

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ..bounds import cap_refusal, lower_bound, uncapped_fit
+from ..bounds import cap_refusal, uncapped_fit
 from ..exact.ilp import model_binaries, search, time_limit_of
 from ..exact.verdict import CapInfeasible
 from ..problem import (InfeasibleError, KernelResult, Problem, Status, count_limits, make_problem, rank_loads,

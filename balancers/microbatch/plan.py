@@ -13,8 +13,8 @@ import numpy as np
 
 from ..cost import CostModel
 from ..orders import Orders
-from ..plan import (call_kernel, certify, claimed_bound, exact_sums, integral, json_head, kernel_status, require_result,
-                    rounded_up)
+from ..plan import (call_kernel, certify, claimed_bound, integral, json_head, kernel_status, require_result, rounded_up,
+                    sums_exact_below)
 from ..problem import Problem, SortedItems, Status, exact_sum, integer_sum, read_only, token_sums
 from ..validation import as_index, is_real
 from .bounds import beyond_one_microbatch, min_microbatches, step_cost_bound
@@ -333,7 +333,7 @@ def _claimed_step_bound(problem: MicroBatchProblem, result: MicroBatchResult, lo
     m = loads.shape[0]
     costs, cost = problem.item_costs, step_cost(loads, 0.0)  # every cell's sum, and that of their maxima, <= cost
     claimed = claimed_bound(result.lower_bound, cost, algorithm, problem.num_items + m, "Σ_m max_r load",
-                            exact=lambda: exact_sums(cost, costs, lambda: integral(costs)))
+                            exact=lambda: sums_exact_below(cost, costs, lambda: integral(costs)))
     if claimed == cost:
         return step_cost(loads, problem.microbatch_overhead)
     return float_sum([claimed, m * problem.microbatch_overhead])

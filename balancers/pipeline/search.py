@@ -163,7 +163,7 @@ class CellSearch:
     def _round(self, count: int) -> int:
         """One round of `rounds` over the `count` slowest replicas: the number of items moved."""
         slow = _heaviest(self.times, count)
-        fast = _lightest(self.times, count * ROUND_ITEMS).reshape(ROUND_ITEMS, count)  # slow g's candidate c: fast[c, g]
+        fast = _lightest(self.times, count * ROUND_ITEMS).reshape(ROUND_ITEMS, count)  # candidate c of g: fast[c, g]
         owner, is_slow = np.full(self.num_ranks, -1), np.zeros(self.num_ranks, dtype=bool)
         owner[slow], is_slow[slow] = np.arange(count), True
         items = np.flatnonzero(is_slow[self.replica])  # a gather of bytes: 3x faster than of the owners (D·M items)
