@@ -78,6 +78,17 @@ def test_cycle_finder_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_lines_are_at_most_120_characters():
+    """STYLE: lines of at most 120 characters, in every tracked Python file (tests, benchmarks, examples too)."""
+    listed = subprocess.run(["git", "ls-files", "*.py"], capture_output=True, text=True, cwd=ROOT)
+    names = (listed.stdout.split() if listed.returncode == 0 else  # a copy without git: every file but hidden ones
+             [str(path.relative_to(ROOT)) for path in ROOT.rglob("*.py")
+              if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)])
+    long = [f"{name}:{number} ({len(line)})" for name in names
+            for number, line in enumerate((ROOT / name).read_text(encoding="utf-8").split("\n"), 1) if len(line) > 120]
+    assert not long, f"lines over 120 characters: {long}"
+
+
 @pytest.mark.parametrize("name", sorted(_sources()))
 def test_module_and_functions_are_short(name):
     path = _sources()[name]

@@ -661,8 +661,8 @@ def test_regression_more_than_d_overflowing_items_kept_the_slow_shaped_start(sch
     assert plan.pipeline.step_time == simulated_step(plan)
 
 
-@pytest.mark.parametrize("workload, microbatches, seed, most", [("default", 12, 102, 1.33), ("vision", 16, 102, 1.33),
-                                                                 ("speech", 12, 105, 1.0001), ("vision", 12, 106, 1.08)])
+@pytest.mark.parametrize("workload, microbatches, seed, most", [
+    ("default", 12, 102, 1.33), ("vision", 16, 102, 1.33), ("speech", 12, 105, 1.0001), ("vision", 12, 106, 1.08)])
 def test_regression_gpipe_searched_only_the_faster_of_two_shaped_starts(workload, microbatches, seed, most):
     """Regression (review12 R12-02, R12-04; held-out seeds 102, 105, 106, D 512): GPipe is order-free, and of the two
     shaped starts where more than D items overflow (the second pins the D largest), the faster at the start was

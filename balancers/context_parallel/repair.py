@@ -89,8 +89,9 @@ def _spill(microbatch: np.ndarray, m: int, lengths: np.ndarray, times: np.ndarra
 def _fewest_uncertified(rest, most: int, certificates) -> int:
     """The fewest count in 1 .. `most` whose `rest(count)` (a micro-batch's items, that many moved out) is not ruled
     out by `certificates.certified_none` (bisection: moving items out never adds to the certificate's pieces); `most`
-    where all are; 1 without `certificates`.  The allbig family (every item 32-64k tokens, T = 32k, D = 512): cascading spills of up to
-    1482 items, 765 probes of which 220 were laid-out plans (1.4 s) before the certificate started the search."""
+    where all are; 1 without `certificates`.  The allbig family (every item 32-64k tokens, T = 32k, D = 512):
+    cascading spills of up to 1482 items, 765 probes of which 220 were laid-out plans (1.4 s) before the certificate
+    started the search."""
     fewest = 1
     if certificates is None or most <= 1:
         return 1

@@ -23,8 +23,8 @@ class Pipeline:
     (Megatron's virtual pipeline size, >= 2; 1 for the others).  A cell costing c (its items'
     cost plus the micro-batch overhead, the whole model's forward and backward) takes
     c / (P · (1 + k)) forward and k times that backward on every stage, k = `backward_factor`
-    (2: a backward pass costs about twice a forward; at most `MAX_BACKWARD_FACTOR` = 1e6).  The model is cut into at most
-    `MAX_MODEL_CHUNKS` = 128 chunks (P · v): the schedule's operations grow with P · v · M.
+    (2: a backward pass costs about twice a forward; at most `MAX_BACKWARD_FACTOR` = 1e6).  The model is cut
+    into at most `MAX_MODEL_CHUNKS` = 128 chunks (P · v): the schedule's operations grow with P · v · M.
 
     >>> Pipeline(stages=4, schedule="interleaved", virtual_stages=2).check_microbatches(8)
     8
