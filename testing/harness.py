@@ -179,13 +179,14 @@ def compare_processes(target, cases) -> int:
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         raise _not_importable(target.name, f"its kernel cannot be pickled ({error})") from None
     # Both children start at once: each spends most of its time importing, which they then do side by side.
-    children = {seed: subprocess.Popen([sys.executable, "-c", "from orchmllm.testing.harness import child_main; "
-                                        "child_main()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": seed,
-                                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
-                for seed in ("1", "2")}
-    results = {}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    children, results = {}, {}
     try:
+        for seed in ("1", "2"):
+            children[seed] = subprocess.Popen([sys.executable, "-c", "from orchmllm.testing.harness import "
+                                               "child_main; child_main()"], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              env={**env, "PYTHONHASHSEED": seed})
         for seed, child in children.items():
             out, err = child.communicate(payload, timeout=600)
             if child.returncode == UNPICKLING_FAILED:
@@ -195,11 +196,11 @@ def compare_processes(target, cases) -> int:
                 raise ConformanceError(f"{target.name}: the process with PYTHONHASHSEED={seed} failed:\n"
                                        f"{err.decode()[-2000:]}")
             results[seed] = [tuple(item) for item in json.loads(out)]
-    finally:
+    finally:  # a child left by an error (its sibling's failure, a timeout, a failed start) does not outlive the call
         for child in children.values():
             if child.poll() is None:
                 child.kill()
-                child.wait()
+                child.communicate()  # reaped, its pipes closed
     for case, mine, first, second in zip(cases, fingerprints(target, cases), results["1"], results["2"]):
         for seed, other in (("1", first), ("2", second)):
             if mine != other:

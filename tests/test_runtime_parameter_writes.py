@@ -552,21 +552,18 @@ contents(model)
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / model.weight.nbytes)"""
 
 
-def test_regression_the_fingerprint_made_an_int64_copy_of_each_parameter():
+def test_regression_the_fingerprint_made_an_int64_copy_of_each_parameter(side_by_side):
     """Cause (review10 R10-08): `contents` summed each parameter as `view(intN).sum(dtype=torch.int64)`, which casts
     a whole int64 copy first (4x a bf16 parameter's bytes: a 152k x 8192 bf16 embedding, a 10 GB transient on the
     GPU, at every step's first held block).  It reads int64 words in place now: the peak RSS of a fresh process
     grows by under a quarter of the parameter's bytes (before: 4x bf16's, 2x fp32's)."""
-    import subprocess
     import sys
 
-    children = {dtype: subprocess.Popen([sys.executable, "-c", PEAK, dtype], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
-                for dtype in ("bfloat16", "float32")}  # side by side: each is a fresh process of its own
-    for dtype, child in children.items():
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-        assert float(out) < 0.25, f"{dtype}: peak RSS grew by {float(out):.2f}x the parameter's bytes"
+    dtypes = ("bfloat16", "float32")  # side by side: each a fresh process of its own
+    for dtype, child in zip(dtypes, side_by_side([[sys.executable, "-c", PEAK, dtype] for dtype in dtypes])):
+        assert child.returncode == 0, child.stderr
+        grown = float(child.stdout)
+        assert grown < 0.25, f"{dtype}: peak RSS grew by {grown:.2f}x the parameter's bytes"
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16, torch.float32, torch.float64,
