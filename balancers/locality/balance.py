@@ -27,6 +27,8 @@ length re-dealt among the places such items take (no rank's load or tokens chang
 Either way the result is never worse than the plain makespan times (1 + slack).  The deal runs under
 labels read from the items (`canonical_ranks`), not the ranks' own: its ties by rank index then follow
 the items, so a relabelling of a symmetric topology's ranks (sources mapped alike) relabels its plan.
+The padded path's placement and the greedy node placement still break ties by rank (review R18-02: 4 of
+60 padded rows, 3 of 56 capped ones and 1 of 60 unpadded ones moved other bytes under a relabelling).
 
 The deal's plan stands where a relaxation proves that no labelling of the plain plan's
 groups (a bijection onto the ranks) moves fewer bytes (each group on its own best node, the
@@ -112,7 +114,8 @@ def deal_locally(problem: Problem, target: float, origins: Origins, fill: str | 
 def canonical_ranks(sources: np.ndarray, num_ranks: int, gpus_per_node: int) -> np.ndarray | None:
     """Labels of the ranks that follow the items, not the ranks' own labels: nodes ordered by the first item (by
     index) that one of their ranks holds, and the ranks inside each node likewise (ranks that hold none last, by
-    label); None where these are the ranks' own labels (sources rank by rank).  The deal run under these labels
+    label); None where these are the ranks' own labels (sources rank by rank, every rank holding an item: where
+    one holds none it goes last in its node, and the plan may change).  The deal run under these labels
     gives the same plan, relabelled, for any relabelling of a symmetric topology's ranks that maps the sources
     alike (whole nodes permuted, ranks permuted inside nodes): its tie-breaks by rank index (least-loaded ranks,
     partners) then read the items, and the bytes it moves are the same (probe25 P25-08: up to 1.34x across nodes).
