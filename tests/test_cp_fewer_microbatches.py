@@ -34,3 +34,31 @@ def test_fixed_count_is_kept_where_the_free_plan_needs_more():
     four = balance_microbatches(lengths, 2, cost=cost, max_tokens_per_microbatch=27, num_microbatches=4,
                                 context_parallel=SPEC)
     assert free.num_microbatches == 3 and four.num_microbatches == 4 and four.step_cost <= free.step_cost
+
+
+def _probe26_case(seed):
+    rng = np.random.default_rng(seed)
+    ranks = int(rng.choice([4, 8, 16, 32]))
+    group = min(int(rng.choice([2, 4, 8])), ranks)
+    degrees = tuple(d for d in (1, 2, 4, 8) if d <= group)
+    n, budget = ranks * int(rng.integers(1, 4)), int(rng.integers(1000, 4000))
+    lengths = rng.integers(1, budget, n)
+    big = rng.random(n) < 0.15
+    lengths[big] = rng.integers(budget + 1, budget * max(degrees), big.sum())
+    spec = ContextParallel(degrees=degrees, gpus_per_node=group, seconds_per_cost=1e-3,
+                           latency_s=float(rng.choice([0.0, 0.01])), kv_bytes_per_token=float(rng.choice([0.0, 1e3])),
+                           half_efficiency_tokens=float(rng.choice([0.0, 256.0])), intra_node_bw_bytes_per_s=1e9,
+                           inter_node_bw_bytes_per_s=1e8)
+    return lengths, ranks, budget, spec, CostModel(linear=1.0, quadratic=float(rng.choice([0.0, 1e-4])))
+
+
+def test_regression_above_eight_ranks_a_fixed_count_was_above_the_free_plan_padded():
+    """probe26 P26-02: the rule ran on <= 8 ranks only; at D = 16 M = 3 and 4 planned 3713.8 and 3926.3 where the
+    free plan of 2 micro-batches, padded, steps 3382.0 (27 of 180 rows at D 16/32 were worse, up to 16 %)."""
+    lengths, ranks, budget, spec, cost = _probe26_case(46)
+    free = balance_microbatches(lengths, ranks, cost=cost, max_tokens_per_microbatch=budget, context_parallel=spec)
+    assert ranks == 16 and free.num_microbatches == 2
+    for count in (3, 4):
+        fixed = balance_microbatches(lengths, ranks, cost=cost, max_tokens_per_microbatch=budget,
+                                     num_microbatches=count, context_parallel=spec)
+        assert fixed.num_microbatches == count and fixed.step_cost <= free.step_cost

@@ -1,6 +1,6 @@
 """A fixed number of split micro-batches is never above the free count's plan padded with empty ones.
 
-    on few ranks (<= FEWER_MAX_RANKS) with `num_microbatches` = M fixed:
+    with `num_microbatches` = M fixed, where the fixed plan is not proven optimal:
         F = the plan with M free (its unsplit plan M free too)
         if F has M' <= M micro-batches: F padded with M - M' empty ones (step + (M - M') · overhead)
         return the lower step of that and the fixed plan (the fixed one on a tie), or the padded F where the
@@ -8,8 +8,11 @@
 
 The fills group a fixed M's items up to their share of the tokens, so they can spread a giant's
 micro-batch over M where fewer, fuller micro-batches do better (probe25 P25-07: 30 % above at M = 3;
-at D = 8, M = 4 the default mix 1.2-1.4 % above its free plan of 2-3 micro-batches).  Any free plan of
-M' <= M micro-batches is a plan of M with the rest empty, so the free count's bound bounds it too.
+at D = 8, M = 4 the default mix 1.2-1.4 % above its free plan of 2-3 micro-batches; probe26 P26-02: up to
+16 % at D = 16-32, where it ran on <= 8 ranks only, and P26-06: the M the free plan picks refused at
+D = 16-128).  Any free plan of M' <= M micro-batches is a plan of M with the rest empty, so the free
+count's bound bounds it too.  The second planning call costs 1.5-2x a fixed M's (the default mix,
+D = 64-2560 x 32: 20 -> 44 ms at D 64, 25 -> 39 ms at D 2560).
 """
 
 from __future__ import annotations
@@ -20,10 +23,6 @@ import numpy as np
 
 from ..microbatch.plan import step_cost
 from ..problem import InfeasibleError, Status
-
-FEWER_MAX_RANKS = 8
-"""Ranks at most where a fixed M is also planned free (a second planning call, as the exact search's range)."""
-
 
 def padded(plan, num_microbatches: int):
     """`plan` (a split plan of at most `num_microbatches` micro-batches) with empty ones appended."""
@@ -37,16 +36,18 @@ def padded(plan, num_microbatches: int):
                    step_cost=step_cost(loads, plan.microbatch_overhead))
 
 
-def at_most(plan_at, num_ranks: int, num_microbatches: int | None):
-    """`plan_at(num_microbatches)` (a split micro-batch plan, or InfeasibleError), or on few ranks the plan
-    `plan_at(None)` padded to `num_microbatches` where that is lower or the fixed M has none (module docstring)."""
-    if num_microbatches is None or num_ranks > FEWER_MAX_RANKS:
+def at_most(plan_at, num_microbatches: int | None):
+    """`plan_at(num_microbatches)` (a split micro-batch plan, or InfeasibleError), or the plan `plan_at(None)`
+    padded to `num_microbatches` where that is lower or the fixed M has none (module docstring)."""
+    if num_microbatches is None:
         return plan_at(num_microbatches)
     fixed, refusal = None, None
     try:
         fixed = plan_at(num_microbatches)
     except InfeasibleError as error:
         refusal = error
+    if fixed is not None and fixed.status is Status.OPTIMAL:
+        return fixed
     try:
         free = plan_at(None)
     except InfeasibleError:

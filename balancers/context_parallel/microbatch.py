@@ -40,7 +40,7 @@ Algorithm:
         lower step is the best
     return the best split plan (the fills' on a tie) if it splits and beats P by more than min_gain, else P;
     with M free, no plan and no P: the plan of a fixed M above the fills' (`_more_microbatches`), if one lays out
-    with M fixed on few ranks: never above the free M's plan padded with empty micro-batches (`fewer.py`)
+    with M fixed: never above the free M's plan padded with empty micro-batches (`fewer.py`)
 """
 
 from __future__ import annotations
@@ -484,7 +484,7 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit,
             lengths, num_ranks, spec, cost=model, budget=budget, overhead=overhead, num_microbatches=count,
             plain=lambda: unsplit(lengths, num_ranks, max_tokens_per_microbatch=budget, cost=cost,
                                   num_microbatches=count, microbatch_overhead=microbatch_overhead, **today)),
-            num_ranks, fixed)
+            fixed)
     if not spec.splits:
         return planned()
     return exact_or_planned(planned, lengths, num_ranks, spec, model, budget, overhead, fixed,
