@@ -568,21 +568,18 @@ def test_regression_an_unpicklable_fn_under_spawn_raised_cannot_join_a_process_n
                                         r"\(AttributeError: Can't pickle local object"):
         run_processes(operator.mul, 2, args=(lambda: 0,), start_method="spawn")
     queue = multiprocessing.get_context("spawn").Queue()  # review13 R13-09: a partial over a queue pickles at a start
-    assert run_processes(functools.partial(put_rank, queue), 1, start_method="spawn")[0].ok and queue.get() == 0
     tensors = tuple(torch.ones(2) for _ in range(20))  # review13 R13-03: pickled ahead, each leaked an fd a call
     open_files = []
     for _ in range(2):  # what the first call's sharing sets up stays; a leak grows with every call
-        assert run_processes(tensor_count, 1, args=tensors, start_method="spawn")[0].value == 20
+        outcome = run_processes(functools.partial(put_rank, queue), 1, args=tensors, start_method="spawn")[0]
+        assert outcome.value == 20 and queue.get() == 0
         open_files.append(len(os.listdir("/proc/self/fd")))
     assert open_files[0] == open_files[1], open_files
     assert [o.value for o in run_processes(lambda rank, world: rank * scale, 2, timeout_s=60)] == [0, 3]
 
 
-def put_rank(queue, rank, world):
+def put_rank(queue, rank, world, *tensors):
     queue.put(rank)
-
-
-def tensor_count(rank, world, *tensors):
     return len(tensors)
 
 
