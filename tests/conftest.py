@@ -1,4 +1,5 @@
-"""Shared test configuration: the toolkit's deterministic Hypothesis profile by default, and `side_by_side`."""
+"""Shared test configuration: the toolkit's deterministic Hypothesis profile by default; `side_by_side` and
+`planned_passes` fixtures."""
 
 import subprocess
 
@@ -31,3 +32,18 @@ def side_by_side():
         if child.poll() is None:
             child.kill()
             child.communicate()
+
+
+@pytest.fixture
+def planned_passes(monkeypatch):
+    """The item counts of the CP micro-batch planner's pass plans (`_plan_pass` calls), in order, as the test runs."""
+    from orchmllm.balancers.context_parallel import microbatch
+
+    calls, plan_pass = [], microbatch._plan_pass
+
+    def counted(lengths, items, *args):
+        calls.append(items.size)
+        return plan_pass(lengths, items, *args)
+
+    monkeypatch.setattr(microbatch, "_plan_pass", counted)
+    return calls

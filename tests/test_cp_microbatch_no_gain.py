@@ -5,30 +5,18 @@ import numpy as np
 import pytest
 
 from orchmllm import ContextParallel, CostModel, balance_microbatches
-from orchmllm.balancers.context_parallel import microbatch
 
 T = 32768
 COST_84B = CostModel(linear=426233561088.0, quadratic=3932160.0)  # study.models MODELS['84b'].llm, causal
 
 
-def _counted(monkeypatch) -> list:
-    calls = []
-    plan_pass = microbatch._plan_pass
-
-    def counted(lengths, items, *args):
-        calls.append(items.size)
-        return plan_pass(lengths, items, *args)
-
-    monkeypatch.setattr(microbatch, "_plan_pass", counted)
-    return calls
-
-
 @pytest.mark.parametrize("num_ranks", [8, 64])
-def test_regression_items_just_over_half_the_budget_planned_split_passes_for_todays_plan(monkeypatch, num_ranks):
+def test_regression_items_just_over_half_the_budget_planned_split_passes_for_todays_plan(planned_passes,
+                                                                                        num_ranks):
     """P25-05 (seed 11, 16 items a rank of 51-60 % of T): 58-63 split passes were planned and today's plan of
     16 micro-batches, one item a rank, returned; the split bound is within min_gain of it, so none is planned."""
     lengths = np.random.default_rng(11).integers(int(T * 0.51), int(T * 0.6), num_ranks * 16)
-    calls = _counted(monkeypatch)
+    calls = planned_passes
     spec = ContextParallel()
     plan = balance_microbatches(lengths, num_ranks, cost=COST_84B, max_tokens_per_microbatch=T, context_parallel=spec)
     today = balance_microbatches(lengths, num_ranks, cost=COST_84B, max_tokens_per_microbatch=T)
@@ -37,12 +25,12 @@ def test_regression_items_just_over_half_the_budget_planned_split_passes_for_tod
     assert plan.lower_bound * (1 + spec.min_gain) >= today.step_cost > plan.lower_bound
 
 
-def test_a_split_plan_within_reach_is_still_planned(monkeypatch):
+def test_a_split_plan_within_reach_is_still_planned(planned_passes):
     """Where the bound leaves room for a split plan min_gain below today's (a few items of 2-3 budgets among
     short ones), the passes are planned and the plan splits."""
     rng = np.random.default_rng(5)
     lengths = np.where(rng.random(512) < 0.05, rng.integers(2 * T, 3 * T, 512), rng.integers(500, 4000, 512))
-    calls = _counted(monkeypatch)
+    calls = planned_passes
     plan = balance_microbatches(lengths, 64, cost=COST_84B, max_tokens_per_microbatch=T,
                                 context_parallel=ContextParallel())
     assert calls and plan.split_items.size

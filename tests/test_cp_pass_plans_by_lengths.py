@@ -11,17 +11,10 @@ T = 32768
 COST_84B = CostModel(linear=426233561088.0, quadratic=3932160.0)  # study.models MODELS['84b'].llm, causal
 
 
-def test_regression_equal_items_in_other_micro_batches_were_planned_again(monkeypatch):
+def test_regression_equal_items_in_other_micro_batches_were_planned_again(planned_passes):
     """16 x 16 items of 40000 tokens: 23 pass plans before, each micro-batch of equal items planned anew; now one
     per distinct micro-batch size.  Every pass is the plan `balance` makes of its items alone."""
-    calls = []
-    plan_pass = microbatch._plan_pass
-
-    def counted(lengths, items, *args):
-        calls.append(items.size)
-        return plan_pass(lengths, items, *args)
-
-    monkeypatch.setattr(microbatch, "_plan_pass", counted)
+    calls = planned_passes
     lengths, spec = np.full(256, 40000), ContextParallel()
     plan = balance_microbatches(lengths, 16, cost=COST_84B, max_tokens_per_microbatch=T, context_parallel=spec)
     assert len(calls) <= 5 and len(calls) == len(set(calls))

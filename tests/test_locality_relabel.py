@@ -10,7 +10,7 @@ items (`canonical_ranks`), so the plan is the same one, relabelled.
 import numpy as np
 import pytest
 
-from orchmllm.balancers import CostModel, balance
+from orchmllm.balancers import CostModel, balance, balance_microbatches
 from orchmllm.balancers.locality.balance import canonical_ranks, deal_locally
 from orchmllm.balancers.origins import Origins
 from orchmllm.balancers.problem import make_problem
@@ -26,10 +26,12 @@ def _relabelling(rng, num_nodes, gpus_per_node):
                            for node in range(num_nodes)])
 
 
-def _instance(seed):
-    """probe25 c21's generator: uniform lengths, sources rank by rank, and a relabelling."""
+def _instance(seed, wide=None):
+    """probe25 c21's generator: uniform lengths, sources rank by rank, and a relabelling (up to 8 nodes where
+    `wide`, seed 0 by default as c22's, else up to 4)."""
     rng = np.random.default_rng(seed)
-    gpus_per_node, num_nodes = int(rng.choice([2, 4, 8])), int(rng.choice([2, 4, 8] if seed == 0 else [2, 4]))
+    wide = seed == 0 if wide is None else wide
+    gpus_per_node, num_nodes = int(rng.choice([2, 4, 8])), int(rng.choice([2, 4, 8] if wide else [2, 4]))
     num_ranks = gpus_per_node * num_nodes
     n = num_ranks * int(rng.choice([4, 8, 16]))
     lengths = rng.integers(1, 8000, n)
@@ -87,3 +89,17 @@ def test_canonical_labels_follow_the_items():
         pi = _relabelling(rng, 4, 3)
         assert canonical_ranks(pi[sources], 12, 3)[pi].tolist() == labels.tolist()
     assert canonical_ranks(np.repeat(np.arange(12), 5), 12, 3) is None
+
+
+@pytest.mark.parametrize("seed", [1, 9, 53], ids=["c22_seed1_1.34x", "c21_seed9_2.26x", "c21_seed53_1.53x"])
+def test_relabelled_ranks_move_the_same_bytes_in_micro_batches(seed):
+    """probe25 c22 seed 1 (D = 16 = 4 x 4: 216 092 vs 290 343 tokens across nodes) and c21 seeds 9 and 53: the cells
+    deal's first fit inside a node and its least-loaded cells broke ties by cell index (`keep_cells_local` now runs
+    under `canonical_ranks`)."""
+    lengths, sources, topology, pi = _instance(seed, wide=seed == 1)
+    budget = int(max(lengths.max(), lengths.sum() / topology.world_size / 2))
+    plans = [balance_microbatches(lengths, topology.world_size, cost=COST, max_tokens_per_microbatch=budget,
+                                  sources=where, topology=topology) for where in (sources, pi[sources])]
+    assert plans[1].step_cost == plans[0].step_cost
+    assert _moved(plans[1].rank, pi[sources], lengths, topology.gpus_per_node) == _moved(
+        plans[0].rank, sources, lengths, topology.gpus_per_node)
