@@ -88,3 +88,16 @@ def test_regression_auto_refused_tiny_equal_count_caps_a_plan_meets():
     the count rows now decides such small caps: [8, 29] and [35], optimal."""
     plan = balance([8, 35, 29], 2, costs=[10.0, 9.0, 11.0], max_tokens_per_rank=38, equal_counts=True)
     assert plan.assignment.tolist() == [0, 1, 0] and plan.makespan == 21.0 and str(plan.status) == "optimal"
+
+
+def test_the_tiny_milp_runs_to_the_end_whatever_the_users_time_limit(monkeypatch):
+    """review R18-08: a search a user's small `time_limit` stops by the clock could end otherwise on another rank;
+    the tiny equal-count MILP gets at least the default limit (it takes milliseconds)."""
+    from orchmllm.balancers.constraints import equal_counts
+    from orchmllm.balancers.exact.ilp import DEFAULT_TIME_LIMIT
+
+    limits, search = [], equal_counts.search
+    monkeypatch.setattr(equal_counts, "search", lambda problem, start, limit: limits.append(limit)
+                        or search(problem, start, limit))
+    plan = balance([8, 35, 29], 2, costs=[10.0, 9.0, 11.0], max_tokens_per_rank=38, equal_counts=True, time_limit=1e-4)
+    assert limits == [DEFAULT_TIME_LIMIT] and str(plan.status) == "optimal"
