@@ -99,8 +99,8 @@ def _under_the_cap(problem: Problem, lpt_plan: np.ndarray | None) -> KernelResul
     never worse than that plan (probe25 P25-02: the capped search planned up to 1.60x slower in 25-40 % of small
     instances at the cap of their own uncapped plans' tokens), and a cap no start fits is answered by that plan
     where it fits (probe22 P22-17).  What it gives up: where the capped search would have found a cheaper plan
-    (4 of 299 held-out rows, up to 0.31 %; review R18-01), or proven its plan optimal faster than the plan
-    without the cap is made (512 x 32, seeds 6 and 7: 1.16-1.45x the parent's CPU)."""
+    (review R18-01: 7 of 919 held-out rows, up to 0.31 % here and 0.79 % under equal counts), or proven its plan
+    optimal faster than the plan without the cap is made (512 x 32, seeds 6 and 7: 1.16-1.45x the parent's CPU)."""
     free = uncapped_fit(problem, solve)
     return free if free is not None else _in_canonical_order(problem, lpt_plan)
 
