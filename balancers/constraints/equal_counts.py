@@ -242,7 +242,7 @@ def solve_karmarkar_karp(problem: Problem) -> KernelResult:
 def solve(problem: Problem) -> KernelResult:
     """The better of equal-count LPT and BLDM, improved by count-preserving local search; under a cap, the plan
     made without it wherever that meets the cap (a cap it meets changes nothing: `auto._under_the_cap`, which says
-    what that gives up: up to 0.79 % here, on 1 of the review's held-out rows).
+    what that gives up: up to 0.79 % here on the review's held-out rows).
 
     >>> from orchmllm.balancers import make_problem
     >>> solve(make_problem([5, 4, 3, 3, 3, 1, 1], 2, equal_counts=True)).assignment.tolist()
