@@ -279,9 +279,9 @@ class CellSearch:
         self.times[r] = time
 
     def _move_rows(self, r: int):
-        """(items, others, fitting (item, other, slot) indices, rows of a slice of them): r's costs without each of
-        its items, then each light replica's costs with an item added to a slot where it fits; None when r has no
-        item or no other replica."""
+        """(items, others, fitting (item, other, slot) indices, the rows at given positions of all of them, made on
+        demand): r's costs without each of its items, then each light replica's costs with an item added to a slot
+        where it fits; None when r has no item or no other replica."""
         items = self._items(r)
         others = _lightest(self.times, LIGHT_REPLICAS + 1)
         others = others[others != r][:LIGHT_REPLICAS]
