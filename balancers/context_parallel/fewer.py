@@ -52,11 +52,10 @@ def at_most(plan_at, num_microbatches: int | None):
         free = plan_at(None)
     except InfeasibleError:
         free = None
-    if free is None or free.num_microbatches > num_microbatches or (
-            fixed is not None and fixed.step_cost <= padded(free, num_microbatches).step_cost):
+    plan = None if free is None or free.num_microbatches > num_microbatches else padded(free, num_microbatches)
+    if plan is None or (fixed is not None and fixed.step_cost <= plan.step_cost):
         if fixed is None:
             raise refusal
         return fixed
-    plan = padded(free, num_microbatches)
     bound = min(plan.step_cost, free.lower_bound if fixed is None else max(free.lower_bound, fixed.lower_bound))
     return replace(plan, lower_bound=bound, status=Status.OPTIMAL if plan.step_cost == bound else Status.FEASIBLE)
