@@ -375,9 +375,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             the joint greedy and the cell LPT, each followed by local search; the cell LPT alone for large
             instances, unless its plan is over 1 % above the bound and the greedy costs about as much; at a given M
             where neither finds a packing, the exhaustive search's, improved; with one micro-batch, `balance`'s plan
-            under max_tokens_per_rank=T too, so M=1 never does worse than a plain step; with `sources`, so M=1
-            never does more than ROOM_GAP worse, nor refuses where the plain step plans: `solve_near_sources`,
-            whose own plan leaves the locality pass room).
+            under max_tokens_per_rank=T too, so M=1 never does worse than a plain step; with `sources`, so a given
+            M never does more than ROOM_GAP worse than the same call without them, nor refuses where that plans:
+            `solve_near_sources`, whose own plan leaves the locality pass room).
         sources, item_bytes, topology: as in `balance`; items stay on their rank (in any of its micro-batches), else
             their node, as far as every micro-batch's max allows (`microbatch_locality`: all cells dealt at once;
             when that misses a micro-batch's max, each micro-batch is dealt on its own, and those that miss keep

@@ -189,7 +189,7 @@ def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult
 def _or_fewest(problem: MicroBatchProblem, num_microbatches: int, plain_step: bool) -> MicroBatchResult | None:
     """`solve` (`plain_step`: `solve_with_plain_step`), where M's plan is `_solve`'s (`_one_microbatch`'s at M = 1
     with `plain_step`) and the fewest's is kept on the problem for the other M a free M tries (`_fewest_plan`)."""
-    fewest = None if problem.padded or problem.num_items <= microbatch_exact.MAX_ITEMS else problem.min_microbatches
+    fewest = _kept_fewest(problem)
     if fewest is None or num_microbatches < fewest:
         return _one_microbatch(problem) if plain_step and num_microbatches == 1 else _solve(problem, num_microbatches)
     if num_microbatches == fewest:
@@ -206,6 +206,21 @@ def _or_fewest(problem: MicroBatchProblem, num_microbatches: int, plain_step: bo
             plans.append(after)
             costs.append(plan_cost(problem, after, num_microbatches))
     return plans[int(np.argmin(costs))] if plans else None  # the first on ties: M's, the fewest's, the fewest + 1's
+
+
+def _kept_fewest(problem: MicroBatchProblem) -> int | None:
+    """The fewest micro-batches any plan needs where `_or_fewest` weighs their plan at larger M (unpadded, above
+    `microbatch_exact.MAX_ITEMS` items), else None."""
+    return None if problem.padded or problem.num_items <= microbatch_exact.MAX_ITEMS else problem.min_microbatches
+
+
+def one_microbatch_plan(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
+    """The plan `solve_with_plain_step` weighs at M > 1 and `solve` does not: where the fewest micro-batches
+    `_or_fewest` weighs are one, `_one_microbatch`'s (kept, `_fewest_plan`), the other micro-batches empty; else
+    None (at M = 1, or where both weigh the same plans)."""
+    if num_microbatches == 1 or _kept_fewest(problem) != 1:
+        return None
+    return _fewest_plan(problem, True)
 
 
 def _far_above(problem: MicroBatchProblem, cost: float | None, num_microbatches: int) -> bool:

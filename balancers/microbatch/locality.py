@@ -34,7 +34,7 @@ them as in a plain step (`keep_home`'s runs are cheaper than turns over one cell
 own tiers and no second try.
 
 The plain plan comes from `solve_near_sources` (the `auto` kernel with sources): the cells' own plan, whose
-loads leave the deal room, or with one micro-batch the plain step where that plan is more than ROOM_GAP
+loads leave the deal room, or the plan without sources at that M where the cells' is more than ROOM_GAP
 dearer or finds no packing.  Original to orchmllm.
 """
 
@@ -50,7 +50,7 @@ from ..locality.partial_plan import PartialPlan
 from ..locality.reach import ranks_left_over
 from ..locality.repair import REPAIR_SEARCHES, repair
 from ..origins import Origins, fit_in_turn
-from .auto import plain_step, plan_cost, solve, solve_each
+from .auto import one_microbatch_plan, plain_step, plan_cost, solve, solve_each
 from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
 
 MAX_FILL = 0.99  # tokens / (M · D · T) above which the cells deal is not tried: of 552 cells deals that met their
@@ -60,24 +60,25 @@ MAX_LPT_ROUNDS = 256  # LPT rounds of one `take_anywhere` before the cells deal 
 # binds they place about one item each, O(D) apiece (2 700 rounds, 1 s, at D = 2560 × 32 on the code trace,
 # T = 8k); a deal that needs more misses anyway (at most 40 on the synthetic and 34 on the successful trace
 # deals of D up to 2560 × 32)
-ROOM_GAP = 0.01  # the step the cells' own one-micro-batch plan may cost above the plain step's (`solve_near_sources`)
+ROOM_GAP = 0.01  # the step the cells' own plan may cost above the plan without sources (`solve_near_sources`)
 
 
 def solve_near_sources(problem: MicroBatchProblem, num_microbatches: int, cells=solve) -> MicroBatchResult | None:
     """The `auto` kernel with `sources`: `microbatch_auto.solve`'s plan (`cells`: a pipeline's `solve_each`), and
-    with one micro-batch `plain_step`'s where `cells` finds none or costs more than ROOM_GAP above it.  The cells'
-    own plan leaves the locality deal room (the plain step's loads, level to ~1e-5, leave it none: 55-70 % of the
-    bytes crossed nodes instead of 4-10 % on the traces at D 64-512, for steps 0.1-0.9 % lower), but no packing, or
-    a step more than ROOM_GAP higher, is not the price of locality.  The plain step runs only where the cells' plan is
-    not within ROOM_GAP of the certified `cost_bound`."""
-    result = cells(problem, num_microbatches)
-    if num_microbatches != 1:
+    the plan without sources where `cells` finds none or costs more than ROOM_GAP above it: with one micro-batch
+    `plain_step`'s, with more (`cells` = `solve`) `one_microbatch_plan`'s, the one plan `solve_with_plain_step`
+    weighs there and `solve` does not (probe26 P26-01: M = 3, step 7 where the plan without sources costs 6).  The
+    cells' own plan leaves the locality deal room (the plain step's loads, level to ~1e-5, leave it none: 55-70 % of
+    the bytes crossed nodes instead of 4-10 % on the traces at D 64-512, for steps 0.1-0.9 % lower), but no packing,
+    or a step more than ROOM_GAP higher, is not the price of locality.  The plan without sources runs only where the
+    cells' plan is not within ROOM_GAP of the certified `step_bound`."""
+    m = num_microbatches
+    result = cells(problem, m)
+    cost = None if result is None else plan_cost(problem, result, m)
+    if cost is not None and cost <= problem.step_bound(m) * (1 + ROOM_GAP):
         return result
-    cost = None if result is None else plan_cost(problem, result, 1)
-    if cost is not None and cost <= problem.step_bound(1) * (1 + ROOM_GAP):
-        return result
-    plain = plain_step(problem)
-    if plain is None or (cost is not None and cost <= plan_cost(problem, plain, 1) * (1 + ROOM_GAP)):
+    plain = plain_step(problem) if m == 1 else one_microbatch_plan(problem, m) if cells is solve else None
+    if plain is None or (cost is not None and cost <= plan_cost(problem, plain, m) * (1 + ROOM_GAP)):
         return result
     return plain
 
