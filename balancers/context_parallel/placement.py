@@ -60,9 +60,6 @@ class Placement:
         self.parked: dict[int, list[tuple[int, int]]] = {}
         self.parked_ids: set[tuple[int, int]] = set()  # (degree, key position) of the parked candidates
         self.newly_parked: list[tuple[int, tuple[float, int]]] = []  # (degree, key) found short by this search
-        # degree -> block starts of its groups a rank of which took an item while degree 1 is laid out: their
-        # peaks and token bounds are brought up to date when a search needs them
-        self.stale: dict[int, set[int]] = {}
 
     def copy(self) -> Placement:
         """An independent copy of this layout: every container copied (their entries are immutable)."""
@@ -71,7 +68,6 @@ class Placement:
         other.loads, other.tokens, other.group_of = list(self.loads), list(self.tokens), list(self.group_of)
         for name in ("groups", "keys", "parked"):
             setattr(other, name, {c: None if v is None else list(v) for c, v in getattr(self, name).items()})
-        other.stale = {c: set(v) for c, v in self.stale.items()}
         other.placed, other.position, other.peak = dict(self.placed), dict(self.position), dict(self.peak)
         other.most_tokens, other.parked_ids = dict(self.most_tokens), set(self.parked_ids)
         return other
@@ -86,7 +82,7 @@ class Placement:
         self.degree = degree
         self.groups.setdefault(degree, [])
         self.keys[degree] = None if degree == 1 else []  # every rank's key, made when an item needs them
-        self.parked[degree], self.stale[degree] = [], set()
+        self.parked[degree] = []
 
     def _candidates(self, item: int, degree: int, starts: np.ndarray):
         """(peak load of each block after the item, whether its shards' tokens fit; the item's time
@@ -163,8 +159,6 @@ class Placement:
                 _, position = heapq.heappop(parked)
                 self.parked_ids.discard((degree, position))
                 bisect.insort(self.keys[degree], self._key(degree, self._start(degree, position)))
-        if self.stale.get(degree):
-            self._refresh(degree)
         found = self._scan(degree, time, need, fullest)
         if self.newly_parked:
             for c, key in self.newly_parked:
@@ -193,12 +187,9 @@ class Placement:
                     return None if position is None else (peak, position)
                 end = start
             return math.inf, -1
-        if keys:  # the least-loaded candidate decides where it surely has token room and no other load has its peak
-            load, position = keys[0]
-            begin = 1 if len(keys) == 1 or keys[1][0] != load else bisect.bisect_right(keys, (load, math.inf))
-            if (begin == len(keys) or keys[begin][0] + time != load + time) \
-                    and self._token_room(degree, self._start(degree, position), need):
-                return load + time, position
+        found = self._least(degree, time, need)
+        if found is not None:
+            return found
         begin = 0
         while begin < len(keys):
             peak = keys[begin][0] + time
@@ -210,6 +201,19 @@ class Placement:
                 return None if position is None else (peak, position)
             begin = stop
         return math.inf, -1
+
+    def _least(self, degree: int, time: float, need: tuple) -> tuple[float, int] | None:
+        """(peak, position) of the least-loaded candidate of `degree` where it decides `_scan(..., fullest=False)`:
+        it has token room and no other load has its peak with `time` added (None elsewhere, or no candidate)."""
+        keys = self.keys[degree]
+        if not keys:
+            return None
+        load, position = keys[0]
+        begin = 1 if len(keys) == 1 or keys[1][0] != load else bisect.bisect_right(keys, (load, math.inf))
+        if (begin == len(keys) or keys[begin][0] + time != load + time) \
+                and self._token_room(degree, self._start(degree, position), need):
+            return load + time, position
+        return None
 
     def _within(self, keys: list[tuple[float, int]], time: float) -> int:
         """How many of `keys` stay within the target with `time` added (float rounding included)."""
@@ -223,10 +227,10 @@ class Placement:
 
     def _quick(self, degree: int, time: float, need: tuple) -> tuple[float, int] | None:
         """`_search(..., fullest=True)` where it is decided by the keys alone (None elsewhere): nothing parked
-        that the item may bring back, no stale group, and no candidate within the target, or the one with the
+        that the item may bring back, and no candidate within the target, or the one with the
         highest peak within it shares that peak with no other and surely has token room."""
         parked, keys = self.parked[degree], self.keys[degree]
-        if (parked and -parked[0][0] >= self._least_need(degree, need)) or self.stale.get(degree):
+        if parked and -parked[0][0] >= self._least_need(degree, need):
             return None
         end = self._within(keys, time) if keys and keys[0][0] + time <= self.target else 0
         if not end:
@@ -314,6 +318,11 @@ class Placement:
                 at = time if c == degree else self.times.time(item, c)
                 floors.append((*self._floor(c, at, shards), at))
         floors.sort()
+        if floors and -math.inf < floors[0][0] < (floors[1][0] if len(floors) > 1 else math.inf):
+            _, c, at = floors[0]  # one degree's floor is the least: its search is decided where its least-loaded is
+            found = self._least(c, at, shards(c))
+            if found is not None:
+                return self._add(item, self._start(c, found[1]), c, at, shards(c))
         best = (math.inf, -1, 0, 0.0)
         for floor, c, at in floors:
             if floor > best[0]:  # this degree's search cannot find a lower peak, nor the next ones'
@@ -338,7 +347,7 @@ class Placement:
 
     def _floor(self, degree: int, time: float, shards) -> tuple[float, int]:
         """(a lower bound on the peak `_search` finds for an item of `time` and shards `shards(degree)` at `degree`,
-        the degree): the least key plus the time, the keys of stale groups being low; -inf where a parked
+        the degree): the least key plus the time; -inf where a parked
         candidate may hold the item (the search brings it back), inf where no candidate is left."""
         parked = self.parked[degree]
         if parked and -parked[0][0] >= self._least_need(degree, shards(degree)):
@@ -365,26 +374,24 @@ class Placement:
         """The sort key of a candidate: (load, rank) of a rank, (peak, position) of a group."""
         return (self.loads[start], start) if degree == 1 else (self.peak[start], self.position[start])
 
-    def _refresh(self, degree: int) -> None:
-        """Bring the stale groups of `degree` up to date: their peaks (and keys, unless parked) and their
-        fullest rank's tokens, exactly."""
-        keys = self.keys[degree]
-        for start in self.stale[degree]:
-            parked = (degree, self.position[start]) in self.parked_ids
-            if not parked:
-                del keys[bisect.bisect_left(keys, (self.peak[start], self.position[start]))]
-            self.peak[start] = max(self.loads[start: start + degree])
-            held = max(self.tokens[start: start + degree])
-            self.most_tokens[start] = (held, held)
-            if not parked:
-                bisect.insort(keys, (self.peak[start], self.position[start]))
-        self.stale[degree].clear()
+    def _refresh(self, degree: int, start: int) -> None:
+        """Bring the group of `degree` at `start` up to date after its ranks took an item while degree 1 is laid
+        out: its peak (and key, unless parked) and its fullest rank's tokens, exactly."""
+        keys, position = self.keys[degree], self.position[start]
+        parked = (degree, position) in self.parked_ids
+        if not parked:
+            del keys[bisect.bisect_left(keys, (self.peak[start], position))]
+        self.peak[start] = max(self.loads[start: start + degree])
+        held = max(self.tokens[start: start + degree])
+        self.most_tokens[start] = (held, held)
+        if not parked:
+            bisect.insort(keys, (self.peak[start], position))
 
     def _add(self, item: int, start: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
         """Put the item (its shards `need` = (tokens, most, fewest)) on the block, and keep the candidates'
         keys sorted: the block's while its degree is laid out (and the bounds on its fullest rank: it
         gains between its shards' fewest and most tokens); while degree 1 is, the ranks' (unless parked),
-        their group's stale (`_refresh`)."""
+        then their group's (`_refresh`)."""
         shard, most, fewest = need
         if self.degree > 1:  # a group a search found (never a parked one): only its key moves
             before = (self.peak[start], self.position[start])
@@ -406,9 +413,6 @@ class Placement:
             else:
                 self.loads[start: start + degree] = [load + time for load in self.loads[start: start + degree]]
                 self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
-            group = self.group_of[start]
-            if group is not None:
-                self.stale[group[0]].add(group[1])
             keys = self.keys[1]
             if ranks and before.count(before[0]) == len(ranks):  # one run of equal loads, adjacent in the keys
                 first = bisect.bisect_left(keys, (before[0], ranks[0]))  # before and after (a rank between is theirs)
@@ -420,6 +424,9 @@ class Placement:
                 for rank, load in zip(ranks, before):
                     del keys[bisect.bisect_left(keys, (load, rank))]
                     bisect.insort(keys, (self.loads[rank], rank))
+            group = self.group_of[start]
+            if group is not None:
+                self._refresh(*group)
         self.placed[item] = (start, degree)
         return start
 
