@@ -2,7 +2,8 @@
 
 probe26 P26-01: at M = 3 the locality path kept the cells' own plan (`microbatch_auto.solve`: step 7) where the plan
 without sources (`solve_with_plain_step`, which also weighs the one-micro-batch plain step) cost 6 (here seed 1015:
-7 against 6 on 8 ranks); at M = 2 on 32 ranks (seed 1078) 35 against 19.  `solve_near_sources` now takes the plan without sources there, as it did at M = 1.
+7 against 6 on 8 ranks); at M = 2 on 32 ranks (seed 1078) 35 against 19.  `solve_near_sources` now takes the plan
+without sources there, as it did at M = 1.
 """
 
 import numpy as np
