@@ -224,7 +224,13 @@ def test_greedy_planning_time_on_capped_pareto_lengths(alternated_cpu):
     `_Rows.run`): 1.10x less CPU (capped Pareto and the default mix, min of 11 alternated, load 7).  Against the
     default algorithm on the default mix it is ~19-21x, printed here: issue 24 asks 10x of that, which a greedy
     keeping sorted Python lists of (load, cell) per micro-batch (~1-2 us an update at D 2560, ~1.5 us of Python an
-    item) does not reach."""
+    item) does not reach.  Session 19 (cProfile): 97 % in `_sorted_greedy`, spread over 12k searches (`_best_fit`,
+    then `place` and two `_first_above`) and 8.1k zone takes (8.5 items each), ~7 Python calls an item; a
+    bare per-item greedy (a bisect per micro-batch, one del, one insort, no ties or tokens) costs 251 ms CPU on these
+    82k items at load 5.5, as much as this one.  Tried, same cells, not kept: one-load zones without the sort and the
+    bookkeeping in one pass 1.05x; runs of one item straight to `_best_fit` 1.09-1.14x (min of 9 alternated, load
+    3.5-7), which lifts test_microbatch_greedy_runs' counted searches to 1029 of 2048, over its n / 2.  10x needs
+    runs placed without Python work per item (a vectorised or compiled run)."""
     num_ranks, budget, cost = 2560, 16384, CostModel(linear=1.0, quadratic=1e-4)
     lengths = np.minimum((np.random.default_rng(0).pareto(0.8, num_ranks * 32) * 200).astype(np.int64) + 1, budget)
     default = timed_lengths("default")
@@ -255,7 +261,10 @@ def test_padded_auto_planning_time_at_2560_ranks(budget, alternated_cpu):
     6.8 % lower (M 5 -> 4, 9 -> 8).  Before the last empty cell opens, the fits now take items a sort at a time while
     every empty cell is a rise for them, a micro-batch's empty cells take a run of items (`_take_empties`), and rises
     after the fits ran out skip the search for fits: 1.54x (T 16k) and 1.64x (T 8k) less CPU (min of 7 alternated,
-    load 7), ~12-19x the default plan of the default mix, 17-23x the unpadded plan of the same items."""
+    load 7), ~12-19x the default plan of the default mix, 17-23x the unpadded plan of the same items.  Session 19
+    (cProfile, T 16k): `_take_fits` 68 % (95k cells taking one item each, ~14 a call after each of ~7.7k rises),
+    `_best_fit` 14 %: the per-item Python floor of the unpadded greedy's test; printed 17.9x / 17.5x (T 8k) and
+    25.5x / 20.6x (T 16k), best-of / median, at load 5.5."""
     lengths = timed_lengths("default")
 
     def plan(padded):
