@@ -177,7 +177,7 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
                             None if firsts is None else (firsts, first_stage), floor, rival)
         search.rounds()
         search.run()
-        if float(search.times.max()) > search.rival * (1 + SUMS_DRIFT):
+        if search.behind():
             continue  # its cells summed afresh stay above the rival: neither kept nor a rival to later searches
         final = _final_cells(problem, search, first_stage)
         if found is None or float(final[2].max()) < found[0]:

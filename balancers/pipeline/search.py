@@ -28,7 +28,8 @@ thousands of near-tied replicas, the whole search < 0.15 % for more time than th
 and the certified bound itself (no plan is faster), when WINDOW steps in a row lowered the step (the
 max) by less than WINDOW_GAIN of it, or at a window's start when that is certain (the (WINDOW + 1)-th
 largest time is already within WINDOW_GAIN of the max), and behind a `rival` (a step the caller found
-already) at a window's end where the window's gain, kept up for the budget left, stays above it.
+already) at a window's end where the window's gain, kept up for the budget left, stays above it, or at its start
+and a window's end where the steps the budget left buys cannot bring it level (`CellSearch._out_of_reach`).
 Candidates are evaluated together, one row each (in runs of at most WALK_ENTRIES operations; a
 step with more than MOVE_ROWS move rows tries its swaps alone); a row costs the schedule's
 operation count (2·P·M·v) of the work budget, so the result never depends on the clock.  Padded
@@ -100,16 +101,32 @@ class CellSearch:
         WINDOW steps lowered the step by less than WINDOW_GAIN (many replicas tied at the top: each step
         lowers one)."""
         steps, mark, spent = 0, float(self.times.max()), self.work
+        if self._out_of_reach():
+            return
         while self.work > 0 and float(self.times.max()) > self.floor:
             steps += 1
             if steps % WINDOW == 0:
-                if float(self.times.max()) > mark * (1 - WINDOW_GAIN) or self._hopeless(mark, spent):
+                if float(self.times.max()) > mark * (1 - WINDOW_GAIN) or self._hopeless(mark, spent) or \
+                        self._out_of_reach():
                     return
                 mark, spent = float(self.times.max()), self.work
             if steps % WINDOW in (0, 1) and _stalled(self.times, mark):
                 return
             if not self._step(int(np.argmax(self.times))):
                 return
+
+    def behind(self) -> bool:
+        """Whether the step is above `rival` by more than SUMS_DRIFT (the planner drops such a search)."""
+        return float(self.times.max()) > self.rival * (1 + SUMS_DRIFT)
+
+    def _out_of_reach(self) -> bool:
+        """Whether `run` must end `behind`: a step lowers one replica (the slowest) and raises another below its old
+        time, and charges its swaps' rows at least (one where none), so after the L steps the budget left buys, the
+        step is at least the (L + 1)-th largest time now (a search from a far slower start, D = 2560 x 32, M = 32,
+        interleaved: ~13 000 rows walked, then dropped)."""
+        steps, size = -(-max(self.work, 0) // (max(len(self.swaps), 1) * self.row_work)), self.times.size
+        return steps < size and float(np.partition(self.times, size - steps - 1)[size - steps - 1]) > \
+            self.rival * (1 + SUMS_DRIFT)
 
     def _hopeless(self, mark: float, spent: int) -> bool:
         """Whether the step, lowered from `mark` while the budget fell from `spent`, stays above `rival` at that

@@ -1,0 +1,53 @@
+"""A search behind a step found before it (`search.CellSearch.rival`) stops its steps where the budget left cannot
+bring it level (`CellSearch._out_of_reach`): each step lowers one replica, the slowest, so after the L steps the
+budget buys the step is at least the (L + 1)-th largest replica time now, and such a search is dropped anyway
+(issue 28: at D = 2560 x 32, M = 32, interleaved, a search from a start 25 % slower walked ~13 000 rows, then was
+dropped)."""
+
+import numpy as np
+import pytest
+
+from orchmllm import balance_microbatches
+from orchmllm.balancers import Pipeline
+from orchmllm.balancers.pipeline import search
+from orchmllm.study.models import MODELS
+from orchmllm.study.workloads import sample_workload
+
+COST = MODELS["84b"].llm.cost(causal=True)
+
+
+def _plan(monkeypatch, schedule, reach=True):
+    """(the plan at D = 512, M = 32, default mix, seed 3, P = 8, and per search (rows its steps charged, whether it
+    ended behind its rival)); `reach`: the search as is, else never out of reach (the steps as before the rule)."""
+    runs, run = [], search.CellSearch.run
+
+    def counted(self):
+        work = self.work
+        run(self)
+        runs.append(((work - self.work) // self.row_work, float(self.times.max()) > self.rival * (1 + 1e-9)))
+    monkeypatch.setattr(search.CellSearch, "run", counted)
+    if not reach:
+        monkeypatch.setattr(search.CellSearch, "_out_of_reach", lambda self: False)
+    lengths = sample_workload("default", 512, 32, 3).sample_llm_length
+    plan = balance_microbatches(lengths, 512, max_tokens_per_microbatch=16384, cost=COST, num_microbatches=32,
+                                pipeline=Pipeline(8, schedule, 2 if schedule == "interleaved" else 1))
+    return plan, runs
+
+
+def test_regression_a_search_behind_its_rival_stepped_until_its_budget_ran_out(monkeypatch):
+    """Regression: the search from the second start (above the first's end on most replicas) took ~11 500 rows of
+    steps, then was dropped; it now takes none."""
+    _, runs = _plan(monkeypatch, "interleaved")
+    assert [rows for rows, behind in runs if behind] == [0]
+
+
+@pytest.mark.parametrize("schedule", ["interleaved", "gpipe"])
+def test_the_same_plan_as_stepping_on(monkeypatch, schedule):
+    """The plan, bit for bit, of the searches stepping on to their budget's end (the rule never fires wrongly)."""
+    plan, runs = _plan(monkeypatch, schedule)
+    monkeypatch.undo()
+    before, runs_before = _plan(monkeypatch, schedule, reach=False)
+    assert sum(rows for rows, _ in runs) < sum(rows for rows, _ in runs_before)
+    assert [behind for _, behind in runs] == [behind for _, behind in runs_before]
+    assert plan.digest() == before.digest() and plan.pipeline.step_time == before.pipeline.step_time
+    assert np.array_equal(plan.pipeline.replica_times, before.pipeline.replica_times)
