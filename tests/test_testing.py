@@ -27,6 +27,8 @@ from orchmllm.testing import (ConformanceError, ConformanceReport, MicroBatchCon
                               brute_force_microbatches, check_conformance, check_microbatch_conformance,
                               check_microbatch_plan, check_plan, exact, fewest_microbatches, hard_cases, oracles,
                               padded_optimum, multimodal_batches, problems, topologies)
+from orchmllm.testing import conformance
+from orchmllm.testing.harness import PROCESS_CASES, compare_processes
 
 NAMES = sorted(ALGORITHMS)
 
@@ -161,13 +163,42 @@ def test_problems_reach_roomy_tight_and_infeasible_caps_and_heavy_tails():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_registered_algorithm_conforms(name):
-    report = check_conformance(name, examples=15)
-    assert report.algorithm == name and report.plans_certified > 0 and report.processes_compared > 0
-    assert report.repeated_calls >= 700
+    """Every property but the process check, which `test_every_registered_algorithm_plans_alike_in_other_processes`
+    runs for all of them at once."""
+    report = check_conformance(name, examples=15, processes=False)
+    assert report.algorithm == name and report.plans_certified > 0 and report.repeated_calls >= 700
     record = ALGORITHMS[name]
     expected = [constraint for constraint, applies in (("costs", record.unpadded), ("equal_counts",
                 record.equal_counts is not None), ("groups", record.unpadded)) if applies]
     assert list(report.constraints) == expected and (report.constrained_plans > 0 or not expected)
+
+
+class EveryRegisteredAlgorithm:
+    """Every registered algorithm as one suite target, each with the process check's seeded cases of
+    `check_conformance`'s defaults: two other processes recompute them all, not two per algorithm (each
+    spends most of its time importing orchmllm).  Importable by those processes from this module."""
+
+    name = "every registered algorithm"
+
+    def __init__(self):
+        self.targets = {name: conformance._Target(name, None, None, None, None, None) for name in NAMES}
+
+    def cases(self) -> list:
+        return [(name, case) for name, target in self.targets.items()
+                for case in conformance._seeded_cases(target, PROCESS_CASES, 6, 3, seed=20240531)]
+
+    def run(self, case):
+        name, inner = case
+        return self.targets[name].run(inner)
+
+    def describe(self, case) -> str:
+        name, inner = case
+        return f"{name}: {self.targets[name].describe(inner)}"
+
+
+def test_every_registered_algorithm_plans_alike_in_other_processes():
+    every = EveryRegisteredAlgorithm()
+    assert compare_processes(every, every.cases()) == PROCESS_CASES * len(NAMES)
 
 
 # -- ... and on deliberately broken kernels ---------------------------------------------
