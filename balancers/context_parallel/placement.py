@@ -18,6 +18,7 @@ import numpy as np
 from ..problem import Problem
 from .blocks import free_blocks
 from .spec import ContextParallel
+from .spill import SpillRun
 from .timetable import TimeTable
 
 BEST_FIT_PROBES = 4
@@ -187,7 +188,7 @@ class Placement:
                     return None if position is None else (peak, position)
                 end = start
             return math.inf, -1
-        found = self._least(degree, time, need)
+        found = self.least_loaded(degree, time, need)
         if found is not None:
             return found
         begin = 0
@@ -202,7 +203,7 @@ class Placement:
             begin = stop
         return math.inf, -1
 
-    def _least(self, degree: int, time: float, need: tuple) -> tuple[float, int] | None:
+    def least_loaded(self, degree: int, time: float, need: tuple) -> tuple[float, int] | None:
         """(peak, position) of the least-loaded candidate of `degree` where it decides `_scan(..., fullest=False)`:
         it has token room and no other load has its peak with `time` added (None elsewhere, or no candidate)."""
         keys = self.keys[degree]
@@ -282,6 +283,11 @@ class Placement:
         keys.sort()
         return count
 
+    def spill_run(self) -> SpillRun | None:
+        """The items of degree 1 (the degree being laid out) that spill onto groups, put where `place` would while
+        the ranks' accounts wait (`spill.py`); None lays out every item through `place` (the tests' references)."""
+        return SpillRun(self)
+
     def _open(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
         """Put `item` alone on the next free block of `degree` (the degree being laid out), a new group."""
         start = self.free.pop()
@@ -320,7 +326,7 @@ class Placement:
         floors.sort()
         if floors and -math.inf < floors[0][0] < (floors[1][0] if len(floors) > 1 else math.inf):
             _, c, at = floors[0]  # one degree's floor is the least: its search is decided where its least-loaded is
-            found = self._least(c, at, shards(c))
+            found = self.least_loaded(c, at, shards(c))
             if found is not None:
                 return self._add(item, self._start(c, found[1]), c, at, shards(c))
         best = (math.inf, -1, 0, 0.0)
@@ -479,10 +485,14 @@ def _by_time(items: np.ndarray, degree: int, times: TimeTable) -> np.ndarray:
 
 def _lay(blocks: Placement, items: np.ndarray, degree: int) -> bool:
     """Place `items` at `degree` in order (the degree opened); whether each found token room.  Their times and
-    shards there are read from the table for all of them at once (none: a degree the table may not hold)."""
+    shards there are read from the table for all of them at once (none: a degree the table may not hold); those that
+    open a group, or spill onto one from degree 1, are laid out without `Placement.place`."""
     if not items.size:
         return True
     times, needs, items = blocks.times(items, degree), blocks.times.shards_of(items, degree), items.tolist()
     alone = blocks.open_run(items, times, needs)  # the run of items that each open a group, placed at once
+    run = blocks.spill_run() if degree == 1 else None
+    if run is not None:
+        return run.lay(items[alone:], times[alone:].tolist(), needs[alone:])
     return all(blocks.place(item, degree, time, need) >= 0 for item, time, need in
                zip(items[alone:], times[alone:].tolist(), needs[alone:]))

@@ -1,0 +1,104 @@
+"""Degree 1's items that spill onto groups, in runs: the placement's rank-level accounts wait until a search needs them.
+
+While degree 1 is laid out (`placement.place_groups`), most long unsplit items find no rank within the target and
+go to the least-loaded group of a larger degree (the long workload's T = 16k step: 14.8k of its 15.4k such items).
+`Placement.place` keeps every rank's load and key exact after each of them; `SpillRun` puts such an item where
+`place` would, keeping exact only what that choice reads (the groups' peaks and keys, the ranks' tokens), and brings
+the rest up to date (`catch_up`) before `place` lays out an item it does not decide:
+
+- a group's ranks' loads: where they were equal, each took the same times in the same order, so each is its peak
+  (an item onto a group whose ranks' loads differ, one of them having taken an item of degree 1, goes to `place`);
+- the ranks' keys: one below its rank's load still shows that no rank takes the item within the target, and bounds
+  the floor of degree 1 from below;
+- a group's fullest rank's tokens: bounds (low, high) that grow by its shards' fewest and most, as `Placement._add`
+  keeps them while a degree above 1 is laid out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import operator
+
+
+class SpillRun:
+    """The items of degree 1 spilled onto groups since the rank-level accounts were last brought up to date."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+        # (degree, its column of the time table) of the degrees with groups: they open none while degree 1 is laid out
+        self.degrees = [(c, blocks.times.column[c]) for c, opened in blocks.groups.items() if c > 1 and opened]
+        self.touched: dict[int, tuple[int, float]] = {}  # group start -> (degree, its ranks' load before the run)
+
+    def lay(self, items: list[int], times: list[float], needs: list[tuple[list[int], int, int]]) -> bool:
+        """`place` each of `items` (of degree 1, their times and shards) in order but those `spill` puts, the accounts
+        caught up before each `place`; whether each found token room."""
+        for item, time, need in zip(items, times, needs):
+            if not self.spill(item, time, need):
+                self.catch_up()
+                if self.blocks.place(item, 1, time, need) < 0:
+                    return False
+        self.catch_up()
+        return True
+
+    def spill(self, item: int, time: float, need: tuple[list[int], int, int]) -> bool:
+        """Put `item` (its `time` and shards `need` at degree 1) where `place` would and return True, where that is
+        settled here: no rank takes it within the target, no parked candidate may hold it, one degree's least floor
+        is below every other's and degree 1's, and that degree's least-loaded group decides (`Placement.least_loaded`),
+        its ranks' loads equal."""
+        blocks = self.blocks
+        ranks, parked = blocks.keys[1], blocks.parked[1]
+        if not ranks or ranks[0][0] + time <= blocks.target or (parked and -parked[0][0] >= need[1]):
+            return False
+        row, least, second = blocks.times.listed[blocks.times.rows[item]], (math.inf, 0, 0.0), (math.inf, 0, 0.0)
+        for c, column in self.degrees:
+            parked, keys = blocks.parked[c], blocks.keys[c]
+            if parked and -parked[0][0] >= blocks.times.shard(item, c)[2]:
+                return False
+            if keys:
+                floor = (keys[0][0] + row[column], c, row[column])
+                if floor < least:
+                    least, second = floor, least
+                elif floor < second:
+                    second = floor
+        peak, c, at = least
+        if not peak < min(second[0], ranks[0][0] + time):  # not one degree's alone (nor finite)
+            return False
+        shards = blocks.times.shard(item, c)
+        found = blocks.least_loaded(c, at, shards)
+        if found is None:
+            return False
+        keys, start = blocks.keys[c], blocks.groups[c][found[1]]
+        if start not in self.touched:
+            before = blocks.loads[start: start + c]
+            if before.count(before[0]) < c:
+                return False
+            self.touched[start] = (c, before[0])
+        blocks.tokens[start: start + c] = map(operator.add, blocks.tokens[start: start + c], shards[0])
+        low, high = blocks.most_tokens[start]
+        blocks.most_tokens[start] = (low + shards[2], high + shards[1])
+        del keys[0]  # the least-loaded group's key: `least_loaded` found it first
+        blocks.peak[start] += at  # every rank gained `at`, and rounding keeps their order
+        bisect.insort(keys, (blocks.peak[start], found[1]))
+        blocks.placed[item], blocks.overflow = (start, c), True
+        return True
+
+    def catch_up(self) -> None:
+        """Bring the touched groups' ranks' loads and keys, and their fullest rank's tokens, up to date."""
+        blocks, keys, moved = self.blocks, self.blocks.keys[1], []  # (position in keys, how many, load, first rank)
+        every_key = not blocks.parked[1]  # no rank is parked: each has its key
+        for start, (c, before) in self.touched.items():
+            load = blocks.peak[start]
+            blocks.loads[start: start + c] = [load] * c
+            held = max(blocks.tokens[start: start + c])
+            blocks.most_tokens[start] = (held, held)
+            if every_key:  # one run of keys, adjacent (a rank between is the group's)
+                moved.append((bisect.bisect_left(keys, (before, start)), c, load, start))
+            else:
+                moved += [(bisect.bisect_left(keys, (before, rank)), 1, load, rank) for rank in range(start, start + c)
+                          if (1, rank) not in blocks.parked_ids]
+        for position, count, load, first in moved:  # positions found while the keys were sorted
+            keys[position: position + count] = zip([load] * count, range(first, first + count))
+        if moved:
+            keys.sort()
+        self.touched.clear()
