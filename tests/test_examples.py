@@ -4,6 +4,7 @@ import ast
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(args, timeout=180):
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def started(args, timeout=180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def output(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def run(args, timeout=180):
+    return output(started(args, timeout))
 
 
 def floats_after(text: str, label: str) -> list[float]:
@@ -71,12 +79,20 @@ def readme_snippets() -> list[tuple[str, str]]:
                                                              re.S) if block.startswith("import ")]
 
 
+@pytest.fixture(scope="module")
+def snippet_runs():
+    """Every runnable block started at the first one's test, four at a time (each spends most of its time importing
+    orchmllm on one core, while this process waits): its finished process by block."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        yield {snippet: pool.submit(started, ["-c", snippet]) for snippet, _ in readme_snippets()}
+
+
 @pytest.mark.parametrize("snippet, printed", readme_snippets(), ids=lambda value: value.splitlines()[-1][:40] if value
                          else "")
-def test_readme_snippet_runs(snippet, printed):
+def test_readme_snippet_runs(snippet, printed, snippet_runs):
     """Each runnable block runs; where the README says what it prints, it prints that (the pipeline block's figures
     had drifted from what it printed, probe8 P8-09)."""
-    out = run(["-c", snippet])
+    out = output(snippet_runs[snippet].result())
     assert not printed or out.strip() == printed, out
 
 
