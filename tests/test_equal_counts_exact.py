@@ -97,7 +97,7 @@ def test_the_tiny_milp_runs_to_the_end_whatever_the_users_time_limit(monkeypatch
     from orchmllm.balancers.exact.ilp import DEFAULT_TIME_LIMIT
 
     limits, search = [], equal_counts.search
-    monkeypatch.setattr(equal_counts, "search", lambda problem, start, limit: limits.append(limit)
-                        or search(problem, start, limit))
+    monkeypatch.setattr(equal_counts, "search", lambda problem, start, limit, *nodes: limits.append(limit)
+                        or search(problem, start, limit, *nodes))
     plan = balance([8, 35, 29], 2, costs=[10.0, 9.0, 11.0], max_tokens_per_rank=38, equal_counts=True, time_limit=1e-4)
     assert limits == [DEFAULT_TIME_LIMIT] and str(plan.status) == "optimal"

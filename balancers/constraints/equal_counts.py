@@ -46,6 +46,11 @@ WORK_PER_ITEM = 4
 TINY_BINARIES = 64
 """A cap equal-count LPT gives up on is decided by the MILP up to this many binaries (`_decided`)."""
 
+TINY_NODES = 500
+"""Branch-and-bound nodes that MILP may take (`_decided`): a budget of work, not of seconds, so every rank ends it
+alike.  The held-out tiny grids need at most 117 (900 instances, 256 MILP runs); random 16-20-bit lengths under a
+cap of exactly the mean (a partition problem) need 5 000-32 000 (probe27 P27-01: 4-13 s, past the clock)."""
+
 
 def _room(counts: list[int], rank: int, q: int, full_ranks: int, r: int) -> bool:
     """Whether `rank` may take one more item: below q, or at q while ranks of q + 1 remain."""
@@ -272,14 +277,21 @@ def solve(problem: Problem) -> KernelResult:
 def _decided(problem: Problem, refusal: InfeasibleError) -> KernelResult:
     """The MILP's plan (with its count rows; 19 ms median, 112 ms at most on review R18-08's held-out instances)
     where equal-count LPT gave up on a cap and the model has at most TINY_BINARIES binaries, else `refusal` raised
-    (as where the MILP finds no plan either, or does not finish): probe26 P26-05, auto refused 90 of 269 feasible
-    tiny instances, e.g. [8, 35, 29] on 2 ranks under a cap of 38.  It runs to the end, not to a user's smaller
-    `time_limit`: a search the clock stops could end otherwise on another rank."""
+    (as where the MILP proves that no plan fits, or ends its TINY_NODES nodes with none): probe26 P26-05, auto
+    refused 90 of 269 feasible tiny instances, e.g. [8, 35, 29] on 2 ranks under a cap of 38.  Its budget is nodes,
+    not seconds (probe27 P27-01: under a clock the same call planned on one run and refused on another), and a plan
+    it found under the cap without proving it optimal is kept, `feasible`.  The clock (the default time limit, or a
+    user's longer one) only guards a machine too slow for the nodes: 0.2-0.8 s of them on a quiet one."""
     if refusal.heuristic is None or model_binaries(problem) > TINY_BINARIES:
         raise refusal
-    result = search(problem, None, max(time_limit_of(problem), DEFAULT_TIME_LIMIT))
-    if isinstance(result, CapInfeasible) or result.status is Status.TIME_LIMIT:
+    try:
+        result = search(problem, None, max(time_limit_of(problem), DEFAULT_TIME_LIMIT), TINY_NODES)
+    except TimeoutError:  # no plan in the nodes, and none proven impossible
+        raise refusal from None
+    if isinstance(result, CapInfeasible):
         raise refusal
+    if result.status is Status.TIME_LIMIT:
+        return KernelResult(result.assignment, Status.FEASIBLE, lower_bound=result.lower_bound)
     return result
 
 

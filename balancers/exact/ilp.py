@@ -147,13 +147,14 @@ class _Model:
         self.upper[0] = makespan * (1.0 + _OBJECTIVE_SLACK)
         return False
 
-    def solve(self, time_limit: float) -> tuple[str, np.ndarray | None, float | None]:
-        """Run HiGHS: ("optimal" | "stopped" | "infeasible", assignment or None, bound or None);
-        the bound is the optimum when "optimal", else the proven lower bound (None if none)."""
+    def solve(self, time_limit: float, node_limit: int | None = None) -> tuple[str, np.ndarray | None, float | None]:
+        """Run HiGHS (at most `node_limit` branch-and-bound nodes where given): ("optimal" | "stopped" |
+        "infeasible", assignment or None, bound or None); the bound is the optimum when "optimal", else the
+        proven lower bound (None if none)."""
         result = milp.solve_milp(self.objective, integrality=self.integrality,
                                   bounds=(self.lower, self.upper),
                                   constraints=(self.matrix, self.row_lower, self.row_upper),
-                                  time_limit=max(time_limit, _MIN_SECONDS))
+                                  time_limit=max(time_limit, _MIN_SECONDS), node_limit=node_limit)
         if result.status == 2:  # HiGHS proved it: a time limit ends with status 1
             return "infeasible", None, None
         assignment = None if result.x is None else self._read_assignment(result.x)
@@ -231,17 +232,18 @@ def _check_size(problem: Problem) -> None:
             f"MAX_BINARIES={MAX_BINARIES}; use 'auto' (or 'padded' for padded batches)")
 
 
-def search(problem: Problem, start: np.ndarray | None, time_limit: float) -> KernelResult | CapInfeasible:
-    """Build and solve within `time_limit` seconds in all (HiGHS gets what building left),
-    from the plan `start` (a cutoff) or None; CapInfeasible when HiGHS proves that no plan
-    fits the cap and there is no start."""
+def search(problem: Problem, start: np.ndarray | None, time_limit: float,
+           node_limit: int | None = None) -> KernelResult | CapInfeasible:
+    """Build and solve within `time_limit` seconds in all (HiGHS gets what building left; and within
+    `node_limit` branch-and-bound nodes where given), from the plan `start` (a cutoff) or None;
+    CapInfeasible when HiGHS proves that no plan fits the cap and there is no start."""
     deadline = time.perf_counter() + time_limit
     _check_size(problem)
     if start is not None and _makespan(problem, start) <= _proven_floor(problem):
         return KernelResult(start, Status.OPTIMAL, lower_bound=_makespan(problem, start))
     model = _Model(problem)
     strictly_better = model.cut_off(start)
-    outcome, found, bound = model.solve(deadline - time.perf_counter())
+    outcome, found, bound = model.solve(deadline - time.perf_counter(), node_limit)
     return _verdict(problem, start, time_limit, outcome, found, bound, strictly_better)
 
 
