@@ -2,7 +2,8 @@
 
 `place_groups` lays out items degree by degree from the largest, longest time first (`planner.py` states the
 rule); `Placement` holds the per-rank loads and tokens, the groups' blocks, and every degree's candidates
-kept sorted by peak load, so best fit and the least-loaded block are binary searches, not scans.
+kept sorted by peak load, so best fit and the least-loaded block are binary searches, not scans.  Degree 1's
+items that spill onto groups are laid out in runs that defer the ranks' accounts (`spill.py`).
 """
 
 from __future__ import annotations
