@@ -29,10 +29,11 @@ def test_regression_the_slower_shaped_start_ran_its_lpt_over_every_item(monkeypa
     items overflow, and 1F1B and interleaved search only the faster, yet both ran LPT over all 81 920 items (~3 ms
     each at D = 2560).  The first's first M·D choices (half the items here) bound its cells from below, and on its
     probe replicas already run longer than the second's step: it is not made (one `lpt_shaped` call, not two), and
-    the plan, its replica times and the PP-unaware step are those of making both."""
+    the plan, its replica times and the PP-unaware step are those of making both.  The speech mix: its D largest
+    items hold PINNED_SHARE of the work or more (on the default mix, `shaped.second_alone`: no bound is made)."""
     from orchmllm.balancers.pipeline import planner
 
-    lengths = sample_workload("default", 512, 32, seed=7).sample_llm_length
+    lengths = sample_workload("speech", 512, 32, seed=7).sample_llm_length
     pipeline = Pipeline(8, schedule, virtual)
     made, shaped = [], planner.lpt_shaped
     monkeypatch.setattr(planner, "lpt_shaped", lambda *args: made.append(args[-1]) or shaped(*args))
@@ -40,8 +41,8 @@ def test_regression_the_slower_shaped_start_ran_its_lpt_over_every_item(monkeypa
     for below in (planner.first_from_below, lambda *args: None):  # None: no bound, both made as before
         monkeypatch.setattr(planner, "first_from_below", below)
         made.clear()
-        plans.append(balance_microbatches(lengths, 512, max_tokens_per_microbatch=16384, cost=COST,
-                                          num_microbatches=16, pipeline=pipeline))
+        plans.append(balance_microbatches(lengths, 512, max_tokens_per_microbatch=max(16384, int(lengths.max())),
+                                          cost=COST, num_microbatches=16, pipeline=pipeline))
         calls.append(list(made))
     assert calls == [[True], [False, True]]  # most=True: the second (the D largest pinned)
     _same(*plans)

@@ -397,7 +397,8 @@ def test_regression_the_shaped_start_not_searched_was_timed_on_every_replica(mon
     starts are made and only the faster is searched (1F1B, interleaved), yet both were timed on every replica
     (here 192 rows with the plain cells').  The first (offsets alone) is timed on its PROBE_ROWS replicas of
     largest cells and sums now (144 rows), every one where none of them runs longer than the second's step; the
-    plan is the one timing every replica gives (PROBE_ROWS large)."""
+    plan is the one timing every replica gives (PROBE_ROWS large).  Both made as where the D largest are heavy
+    (`shaped.second_alone` off: on this light mix the second is made alone)."""
     from orchmllm.balancers.pipeline import planner, schedules
     from orchmllm.study.models import MODELS
 
@@ -407,6 +408,7 @@ def test_regression_the_shaped_start_not_searched_was_timed_on_every_replica(mon
                          pipeline=pipeline)  # the best shape, computed once per process
     calls, timed = [], schedules.replica_times
     monkeypatch.setattr(planner, "replica_times", lambda p, f, b: calls.append(len(f)) or timed(p, f, b))
+    monkeypatch.setattr(planner, "second_alone", lambda *args: False)
     plans = []
     for probes in (planner.PROBE_ROWS, 64):
         monkeypatch.setattr(planner, "PROBE_ROWS", probes)

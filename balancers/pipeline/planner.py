@@ -1,17 +1,17 @@
 """The pipeline-aware cell planner: a micro-batch plan's cells re-cut, reordered and searched
 for the schedule's step time (max over replicas of the pipeline time, `schedules`).
 
-    start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load) as planned and
-              (unpadded) the items cut afresh into cells of the schedule's best shape by one LPT
-              over all M·D cells (`shaped.lpt_shaped`; the replicas that take the items overflowing a
-              cell alone start their other cells higher, `_starts`, two such starts where more
-              than D items overflow, the first (1F1B, interleaved) or the second (GPipe) not made where its
-              LPT's first M·D choices show it the slower, `shaped.first_from_below`); the faster ends the planning
-              when it is within STOP_GAP of τ·X̄ or at the certified bound (the search's stop rule: no plan
-              is faster; the largest item's chain meets it at D = 2560, M = 8, interleaved), else the plain
-              cells reordered in each replica (`order.mountain`; GPipe, order-free: as planned) are a
-              third start, and (padded, where no item moves reshape a cell) the plain cells dealt afresh
-              over the replicas and reordered (`order.deal`) a fourth, searched too
+    start     the plain plan's cells (`balance_microbatches`, Σ_m max_r load) as planned and (unpadded) the items
+              cut afresh into cells of the schedule's best shape by one LPT over all M·D cells
+              (`shaped.lpt_shaped`; the replicas that take the items overflowing a cell alone start their other
+              cells higher, `_starts`, two such starts where more than D items overflow, the first (1F1B,
+              interleaved) or the second (GPipe) not made where its LPT's first M·D choices show it the slower,
+              `shaped.first_from_below`, or (1F1B, interleaved) where the D largest are light, `shaped.second_alone`);
+              the faster ends the planning when it is within STOP_GAP of τ·X̄ or at the certified bound (the
+              search's stop rule: no plan is faster; the largest item's chain meets it at D = 2560, M = 8,
+              interleaved), else the plain cells reordered in each replica (`order.mountain`; GPipe, order-free: as
+              planned) are a third start, and (padded, where no item moves reshape a cell) the plain cells dealt
+              afresh over the replicas and reordered (`order.deal`) a fourth, searched too
     search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept (none after
               one that meets the bound; each stops where its rate cannot reach the fastest step found before it):
               rounds of item moves off many slow replicas at once, then slot swaps and item moves
@@ -53,7 +53,7 @@ from .order import deal, mountain, places
 from .profile import best_profile
 from .schedules import replica_times, step_rows
 from .search import STOP_GAP, SUMS_DRIFT, CellSearch, stalls_at_once
-from .shaped import first_from_below, lpt_shaped, overflowing, pinned_heavy
+from .shaped import first_from_below, lpt_shaped, overflowing, pinned_heavy, second_alone
 from .spec import Pipeline
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
@@ -147,8 +147,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     if float(times[best].max()) <= floor:  # the search would stop at once (`search`)
         return _start(pipeline, (placed, cells, summed), times, partial, best)
     reordered, shown = _add_reordered(problem, pipeline, (placed, cells), rank, microbatch, early)
-    added, pending = range(len(times), len(cells)), [index for index in range(len(times), len(cells)) if
-                                                     index not in shown]
+    added = range(len(times), len(cells))
+    pending = [index for index in added if index not in shown]
     rows = {index: _proving_rows(cells[index], STALL_ROWS) for index in pending}
     partial.update(index for index in added if index in shown or rows[index] is not None)
     shown.update(zip(pending, _timed(pipeline, [cells[index] for index in pending], list(rows.values()))) if pending
@@ -161,8 +161,7 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
         if found is not None and found[0] <= bound:
             break  # a search met the bound: no later one is faster
         if begin in shaped and pipeline.schedule != "gpipe" and begin != faster:
-            continue  # of two shaped starts, the faster is searched; GPipe searches both where made (the faster
-            # start's uneven cells searched to steps up to 9 % slower, the other's up to 10 % faster: R12-02, 04)
+            continue  # of two shaped starts, the faster is searched; GPipe searches both where made (R12-02, 04)
         rival = min(float(times[best].max()), math.inf if found is None else found[0])
         if begin in partial and stalls_at_once(times[begin], d, problem.padded) and \
                 float(times[begin].max()) > rival * (1 + SUMS_DRIFT):
@@ -192,16 +191,21 @@ def _shaped_starts(problem: MicroBatchProblem, pipeline: Pipeline, m: int, mean:
                    first_stage: np.ndarray | None, extra: tuple | None = None) -> tuple[list, set]:
     """The items cut afresh into the best shape (`lpt_shaped`; two ways where more than D items overflow) added to
     `starts` (placed, cells, summed: the plain cells alone), and every start's times (`_start_times`).  Of two, 1F1B
-    and interleaved search only the faster: where the first's cells from below (`first_from_below`, uniform stages)
-    run longer than the second's step on some replica, the second alone is made (the first, never the faster, is
-    neither searched nor kept: the same plan), else the first after all, ahead of it as without them.  GPipe
-    searches both, but where the second's cells from below run longer than the first's step on some replica and the D
-    largest items hold less than `shaped.PINNED_SHARE` of the work (`shaped.pinned_heavy`), the first alone is made
-    (issue 28: the second's LPT over every item and its search, dropped, were ~0.4 of the planning at D = 2560 x 32,
-    M = 16).  `extra`: as in `_start_times`, its cells' times last."""
+    and interleaved search only the faster: the second alone is made where `shaped.second_alone`, else where the
+    first's cells from below (`first_from_below`, uniform stages) run longer than the second's step on some replica
+    (the first, never the faster, is neither searched nor kept: the same plan), else the first after all, ahead of
+    it.  GPipe searches both, but where the second's cells from below run longer than the first's step on some
+    replica and the D largest items hold less than `shaped.PINNED_SHARE` of the work (`shaped.pinned_heavy`), the
+    first alone is made (issue 28: the second's LPT over every item and its search, dropped, were ~0.4 of the
+    planning at D = 2560 x 32, M = 16).  `extra`: as in `_start_times`, its cells' times last."""
     placed, cells, summed = starts
     two = not problem.padded and overflowing(problem, pipeline, m, mean) > problem.num_ranks
     gpipe = pipeline.schedule == "gpipe"  # bounded from below: its second start (most), else the first
+    if two and not gpipe and cells[0][2] is None and problem.num_ranks > 2 * PROBE_ROWS and second_alone(problem, m):
+        for most in (True, False):  # the first only where the second finds no room
+            if len(cells) == 1:
+                _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean, most), first_stage)
+        return _start_times(pipeline, cells, False, extra=extra)
     below = None
     if two and cells[0][2] is None and problem.num_ranks > 2 * PROBE_ROWS and not (gpipe and pinned_heavy(problem)):
         below = first_from_below(problem, m, pipeline, mean, gpipe)
@@ -419,10 +423,9 @@ def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndar
                   pipeline: Pipeline, unaware_step_time: float, *,
                   free_microbatches: bool = False, solve_seconds: float = 0.0, first_stage: np.ndarray | None = None,
                   cells=None) -> PipelineStep:
-    """The certified `PipelineStep` of these cells (see the module): the bound holds for every plan
-    with this M, or with any M from the fewest that fit when `free_microbatches`.  `unaware_step_time`: the
-    plain plan's step.  `cells`: their (costs, first-stage parts, replica times) as computed here, when the
-    caller has them (`arrange`)."""
+    """The certified `PipelineStep` of these cells (see the module): the bound holds for every plan with this M, or
+    with any M from the fewest that fit when `free_microbatches`.  `unaware_step_time`: the plain plan's step.
+    `cells`: their (costs, first-stage parts, replica times) as computed here, when the caller has them (`arrange`)."""
     if cells is None:
         cost = cell_costs(problem, replica, slot, num_microbatches)[0]
         cells = (cost, first_stage_sums(first_stage, replica, slot, problem.num_ranks, num_microbatches), None)

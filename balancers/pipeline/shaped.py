@@ -78,6 +78,15 @@ def pinned_heavy(problem: MicroBatchProblem) -> bool:
     return float(problem.sorted_costs[:problem.num_ranks].sum()) >= PINNED_SHARE * problem.total_cost
 
 
+def second_alone(problem: MicroBatchProblem, num_microbatches: int) -> bool:
+    """Whether 1F1B and interleaved make the second shaped start alone where more than D items overflow a cell
+    (`planner._shaped_starts`), the first neither bounded (`first_from_below`) nor made: where the D largest items
+    hold less than PINNED_SHARE of the work (`pinned_heavy`) and more than M·D items would let the bound be made.
+    There its probe replicas ran 1.2-1.24x the second's step (D = 2560 x 32, M = 16), and no held-out row made the
+    first (only giant-heavy ones did); the bound was ~0.12 of the planning there (issue 28)."""
+    return problem.num_items > num_microbatches * problem.num_ranks and not pinned_heavy(problem)
+
+
 def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets: np.ndarray, slot_of: np.ndarray,
             unit: float, most: bool = False) -> np.ndarray:
     """`lpt_shaped`'s start loads of the cells (cell k·D + r in slot slot_of[k]), rounded to `unit`: the offsets,
