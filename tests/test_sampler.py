@@ -104,36 +104,43 @@ def test_microbatch_mode_beats_the_unbalanced_cells_of_the_random_split():
     assert all(plan.step_cost <= 1.05 * plan.lower_bound for plan in plans)
 
 
-SHARES_OF_ONE_RANK = """
+SHARES_OF_SOME_RANKS = """
 import json, sys
 import numpy as np
 from orchmllm.runtime.sampler import BalancedDistributedSampler
 from orchmllm.study.workloads import sample_workload
-rank = int(sys.argv[1])
 lengths = sample_workload("default", 1, 256, seed=0).sample_llm_length
 shares = {}
-for budget in json.loads(sys.argv[2]):
-    sampler = BalancedDistributedSampler(lengths, num_replicas=4, rank=rank, global_batch_size=64, seed=11,
-                                         max_tokens_per_microbatch=budget)
-    shares[str(budget)] = []
-    for epoch in range(3):
-        sampler.set_epoch(epoch)
-        shares[str(budget)].append(list(sampler))
+for rank in json.loads(sys.argv[1]):
+    for budget in json.loads(sys.argv[2]):
+        sampler = BalancedDistributedSampler(lengths, num_replicas=4, rank=rank, global_batch_size=64, seed=11,
+                                             max_tokens_per_microbatch=budget)
+        shares[f"{rank} {budget}"] = []
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            shares[f"{rank} {budget}"].append(list(sampler))
 json.dump(shares, sys.stdout)
 """
 BUDGETS = [None, 8192]  # whole shares, and micro-batches within 8192 tokens
 
 
+PROCESS_RANKS = [[2, 0], [3, 1]]  # the ranks each process computes, in this order, a sampler each
+
+
 def test_separate_processes_compute_the_same_shares():
-    """Four processes, each with its own hash seed, each computing only its own rank's shares and micro-batches."""
-    children = [subprocess.Popen([sys.executable, "-c", SHARES_OF_ONE_RANK, str(rank), json.dumps(BUDGETS)],
-                                 stdout=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": str(rank + 1),
+    """Two processes, each with its own hash seed (and this one's, a third), each rank's sampler computing only its
+    own rank's shares and micro-batches.  Each process starts by importing torch (most of its time): two, not one
+    per rank."""
+    children = [subprocess.Popen([sys.executable, "-c", SHARES_OF_SOME_RANKS, json.dumps(ranks), json.dumps(BUDGETS)],
+                                 stdout=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": str(seed),
                                                               "PYTHONPATH": os.pathsep.join(sys.path)}, cwd=ROOT)
-                for rank in range(REPLICAS)]
-    outputs = [json.loads(child.communicate(timeout=240)[0]) for child in children]
+                for seed, ranks in enumerate(PROCESS_RANKS, start=1)]
+    outputs = {}
+    for child in children:
+        outputs.update(json.loads(child.communicate(timeout=240)[0]))
     assert all(child.returncode == 0 for child in children)
     for budget in BUDGETS:
-        theirs = [output[str(budget)] for output in outputs]
+        theirs = [outputs[f"{rank} {budget}"] for rank in range(REPLICAS)]
         ranks = samplers(default_mix_lengths(256), global_batch_size=GLOBAL_BATCH, seed=11,
                          max_tokens_per_microbatch=budget)
         for epoch in range(EPOCHS):
