@@ -25,8 +25,8 @@ from .agreement import TAG_MAGIC, disagreement, fingerprint
 from .comm import checked_group, collective, comm_device, finish, group_rank, group_size, is_distributed
 from .metadata import FAILED_INPUT, PeerInputError, gather_digests
 from .model_check import reduced_by_ddp
-from .microbatch import (MicroBatch, active_microbatch, checked_reduction, sampled_microbatches, step_microbatches,
-                         watch_model_contract)
+from .microbatch import (REDUCTIONS, MicroBatch, active_microbatch, checked_reduction, sampled_microbatches,
+                         step_microbatches, watch_model_contract)
 
 INT64_MAX = 2**63 - 1
 SAME_CHECK = "every rank passes the same `check`: with it a rank gathers a digest first"  # (probe18 P18-13)
@@ -71,21 +71,31 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
     still joins the reduction, flagged, so every rank raises (it its own error, the others
     PeerInputError) instead of its peers waiting for the process group's timeout.
 
-    The all-reduce is of three int64 words, the third a tag of `name`: paired on some rank with another collective
-    of the same size (another count's, a normalisation done otherwise there) it is a PeerInputError on every rank;
+    The all-reduce is of four int64 words, the third a tag of `name`, the fourth `normalize_loss`'s
+    `gradient_reduction` (ranks that disagree on it raise on every rank naming it, probe27 P27-04).  Paired on
+    some rank with another collective of the same size (another count's, a normalisation done otherwise there) it is
+    a PeerInputError on every rank;
     paired with a collective of another size (a DDP bucket), gloo aborts the process in its own size check (other
     backends may hang) before this function can look, and telling that apart would cost a second collective on every
     call: every rank must normalise the same way at the same point.  Paired with the all-gather that opens another
     orchmllm call (`agreement.call_header`: a plan, a sampler's epoch agreement), gloo waits out the group's timeout
     on every rank (`PeerFailureError`; no process aborts)."""
+    return _summed_count(local_count, group, name, None)
+
+
+def _summed_count(local_count, group, name: str, reduction: str | None) -> torch.Tensor:
+    """`global_count` of `local_count`, whose all-reduce also checks that every rank normalises for the same
+    `reduction` (`normalize_loss`'s `gradient_reduction`; None: `global_count`'s own call, no reduction)."""
     if not is_distributed(checked_group(group)):
         return as_count(local_count, name)
     try:
         count, failure = as_count(local_count, name, group_size(group)), None
     except (TypeError, ValueError) as error:
         count, failure = torch.tensor(0, dtype=torch.int64), error
+    code = 0 if reduction is None else 1 + REDUCTIONS.index(reduction)  # a mix of 1s and 2s sums to neither D nor 2D
     words = torch.stack((count, torch.zeros_like(count) + int(failure is not None),
-                         torch.zeros_like(count) + (tag := _count_tag(name)))).to(comm_device(group))
+                         torch.zeros_like(count) + (tag := _count_tag(name)),
+                         torch.zeros_like(count) + code)).to(comm_device(group))
     with collective(f"`{name}` all-reduce", group):
         finish(dist.all_reduce(words, group=group, async_op=True), group)
     if int(words[2]) != tag * group_size(group):  # paired with another collective, another count's
@@ -93,6 +103,15 @@ def global_count(local_count, group=None, *, name: str = "local_count") -> torch
                              f"collective on some rank (its words came back {words.tolist()}): every rank must "
                              f"normalise the same way at the same point (all with a count, or all with "
                              f"total_loss_tokens=, or all with the micro-batch)")
+    if int(words[3]) != code * group_size(group):
+        ranks = group_size(group)
+        if reduction is None:
+            raise PeerInputError(f"rank {group_rank(group)}: `global_count` of `{name}` here was paired with "
+                                 f"normalize_loss's count on some rank: every rank must normalise the same way")
+        raise ValueError(f"rank {group_rank(group)}: normalize_loss with gradient_reduction={reduction!r} here, but "
+                         f"{2 * ranks - int(words[3])} of {ranks} ranks pass 'mean' and {int(words[3]) - ranks} 'sum': "
+                         f"each rank scales its loss for its own reduction, so the reduced gradient mixes factors 1 "
+                         f"and {ranks}; pass the same `gradient_reduction` on every rank")
     if failure is not None:
         raise failure
     failed = int(words[1])
@@ -181,7 +200,7 @@ def normalize_loss(loss_sum: torch.Tensor, num_loss_tokens=None, group=None, *, 
                          f"sampler.step_tokens()[step])` (or your sum of the loss tokens of its "
                          f"`global_batches()[step]`); a loss of another batch (another loader's, not split into "
                          f"micro-batches) takes `total_loss_tokens=global_count(count)`, the same sum over the ranks")
-    return _divided(loss_sum, global_count(num_loss_tokens, group, name="num_loss_tokens"), group,
+    return _divided(loss_sum, _summed_count(num_loss_tokens, group, "num_loss_tokens", gradient_reduction), group,
                     gradient_reduction)
 
 

@@ -719,7 +719,7 @@ def test_regression_normalize_loss_and_all_reduce_gradients_defaults_gave_gradie
 def mispaired_count_job(rank, size, other):
     """Rank 0 sums a count, rank 1 posts another collective of as many bytes (a DDP bucket's, in a real loop)."""
     if rank == 1 and other == "collective":
-        torch.distributed.all_reduce(torch.tensor([0.5, 0.25, 2.0], dtype=torch.float64))
+        torch.distributed.all_reduce(torch.tensor([0.5, 0.25, 2.0, 1.0], dtype=torch.float64))
         return "posted another"
     try:  # probe19 P19-07: another count, under another name, paired with this one
         return int(global_count(4, name="local_count" if rank == 0 else "text_tokens"))
@@ -731,7 +731,7 @@ def test_regression_a_count_all_reduce_paired_with_another_collective_read_its_b
     """Cause (probe18 P18-14): ranks normalising differently (a count on one, total_loss_tokens= on another) paired
     global_count's all-reduce with DDP's, and its words were read as "4602678819172646912 rank(s) passed an invalid
     num_loss_tokens" (where the flag word read 0, a garbage count, silently).  A third word, a tag each rank adds,
-    tells a mispaired collective."""
+    tells a mispaired collective (of as many bytes: four words since the fourth carries the gradient reduction)."""
     message, _ = spawn(mispaired_count_job, 2, args=("collective",), timeout_s=60)
     counts = spawn(mispaired_count_job, 2, args=("count",), timeout_s=60)
     assert counts[1].startswith("rank 1: the all-reduce of `text_tokens` was paired with another collective"), counts
