@@ -195,9 +195,10 @@ def check_file_holds(args, num_ranks: int, samples_per_rank: int, available: int
     """UsageError led by `option` (the flag that gave `samples_per_rank`, "(the default)" where the user gave
     none) when the workload file's `available` samples are fewer than `num_ranks` × `samples_per_rank`."""
     if args.workload_file is not None and num_ranks * samples_per_rank > available:
+        most = available // num_ranks
         raise UsageError(f"{option}: workload file {args.workload_file} has {available} samples; {num_ranks} ranks × "
-                         f"{samples_per_rank} samples per rank need {num_ranks * samples_per_rank}: at most "
-                         f"{available // num_ranks} per rank on {num_ranks} ranks")
+                         f"{samples_per_rank} samples per rank need {num_ranks * samples_per_rank}: "
+                         + (f"at most {most} per rank" if most else "fewer than one per rank") + f" on {num_ranks} ranks")
 
 
 def workload_batch(args, num_ranks: int, samples_per_rank: int, available: int | None, option: str):

@@ -129,6 +129,8 @@ def run(args) -> int:
             batch_size(count, args.samples_per_rank, "--samples-per-rank")
             check_file_holds(args, count, args.samples_per_rank, available,
                              f"--samples-per-rank {args.samples_per_rank}")
+        else:  # the simulator picks samples per rank from its grid: at least one each (probe27 P27-05)
+            check_file_holds(args, count, 1, available, f"--workload-file {args.workload_file}")
         with usage_errors(f"--gpus {count}", _flags(args, args.samples_per_rank)):
             check_simulation(model=args.model, gpus=count, workload=args.workload, workload_file=args.workload_file,
                              samples_per_rank=args.samples_per_rank, strategies=strategies)

@@ -483,6 +483,11 @@ OPTION_CASES = {
         ["simulate", "--gpus", "8", "--workload-file", "{tmp}/wl64.jsonl", "--samples-per-rank", "9"],
         "error: --samples-per-rank 9: workload file {tmp}/wl64.jsonl has 64 samples; 8 ranks × 9 samples per rank "
         "need 72: at most 8 per rank on 8 ranks"),
+    # probe27 P27-05: fewer samples than ranks, no --samples-per-rank: named --workload default (not passed)
+    "simulate workload file with fewer samples than ranks": (
+        ["simulate", "--gpus", "128", "--strategies", "none", "--workload-file", "{tmp}/wl64.jsonl"],
+        "error: --workload-file {tmp}/wl64.jsonl: workload file {tmp}/wl64.jsonl has 64 samples; 128 ranks × 1 "
+        "samples per rank need 128: fewer than one per rank on 128 ranks"),
     "compare default items per rank beyond the workload file": (
         ["compare", "--workload-file", "{tmp}/wl64.jsonl", "-D", "8"],
         "error: --items-per-rank 16 (the default): workload file {tmp}/wl64.jsonl has 64 samples"),
