@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from orchmllm import ContextParallel
+from orchmllm import ContextParallel, balance, balance_microbatches
 from orchmllm.balancers.context_parallel import placement, planner
 from orchmllm.balancers.context_parallel.split import allot, allowed_degrees
 from orchmllm.balancers.problem import make_problem
@@ -36,7 +36,7 @@ def _every_item_laid_out(lengths, num_ranks, cap, cost, monkeypatch, riders: boo
     with monkeypatch.context() as patch:
         patch.setattr(placement.Placement, "place", lambda self, item, *a: placed.append(item) or place(self, item, *a))
         if not riders:
-            patch.setattr(planner, "_free_riders", lambda problem, times, long: long[:0], raising=False)
+            patch.setattr(planner, "_free_riders", lambda problem, spec, times, long: long[:0], raising=False)
         found = planner.layout(problem, spec, GPUS, allotment, allotment.bound(), np.arange(problem.num_items))
     return found, placed
 
@@ -82,7 +82,19 @@ def test_empty_items_with_a_per_item_cost_are_placed_each():
     problem = make_problem(np.array([0, 0, 5]), 2, cost=CostModel(per_item=1.0))
     spec = ContextParallel(gpus_per_node=GPUS)
     times = planner.TimeTable(problem, spec, GPUS, np.arange(3))
-    assert planner._free_riders(problem, times, np.arange(3)).size == 0
-    assert planner._free_riders(replace(problem, cost=COST, item_costs=COST.item_costs(problem.lengths)),
+    assert planner._free_riders(problem, spec, times, np.arange(3)).size == 0
+    assert planner._free_riders(replace(problem, cost=COST, item_costs=COST.item_costs(problem.lengths)), spec,
                                 planner.TimeTable(replace(problem, cost=COST), spec, GPUS, np.arange(3)),
                                 np.arange(3)).tolist() == [0, 1]
+
+
+@pytest.mark.filterwarnings("ignore:`degrees`")
+def test_regression_empty_items_without_degree_1_split_like_any_other():
+    """Degrees (2, 4, 8) split every item, empty ones too: no item is a free rider (90aa7ae asked their time at
+    degree 1, which the table does not hold: KeyError)."""
+    lengths = np.concatenate((np.zeros(20, dtype=np.int64), np.full(6, 50_000), np.full(10, 3_000)))
+    spec = ContextParallel(degrees=(2, 4, 8), gpus_per_node=GPUS)
+    plan = balance(lengths, 16, cost=COST, context_parallel=spec)
+    assert plan.degree.min() >= 2 and plan.makespan >= plan.lower_bound
+    step = balance_microbatches(lengths, 16, cost=COST, max_tokens_per_microbatch=32_768, context_parallel=spec)
+    assert step.degree.min() >= 2 and step.step_cost >= step.lower_bound

@@ -85,7 +85,7 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     # no item splits at the bound, yet more whole items cost over half of it than there are ranks (`split.plan_split`)
     crowded_only = spec.degrees[0] == 1 and 2 in spec.degrees and not (allotment.degrees_at(bound) > 1).any()
-    free_riders = _free_riders(problem, times, long)
+    free_riders = _free_riders(problem, spec, times, long)
     for target in _targets(allotment, bound):
         degree = packable_degrees(times, problem.lengths, allotment.degrees_at(target), target, cap,
                                   problem.num_ranks, spec.degrees)
@@ -124,14 +124,15 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
     return best
 
 
-def _free_riders(problem: Problem, times: TimeTable, long: np.ndarray) -> np.ndarray:
-    """The items of `long` with no tokens and no time unsplit (empty items of a cost with no per-item term): at
+def _free_riders(problem: Problem, spec: ContextParallel, times: TimeTable, long: np.ndarray) -> np.ndarray:
+    """The items of `long` with no tokens and no time unsplit (empty items of a cost with no per-item term; none
+    where `spec` leaves out degree 1, which splits every item): at
     degree 1, `place_groups` lays them out last (longest time first) and each goes where the first of them went.
     Adding nothing to any rank, none moves a load, and its choice (the fullest rank within the target, else the
     least-loaded rank or group, ties by start; no token need) reads only loads: a group's time is at least its
     least-loaded rank's.  So one of them is laid out, the others copy its block (zeros_giants, D = 2560 x 16: 90 %
     of the items empty, placed one by one in every all-items layout)."""
-    empty = long[problem.lengths[long] == 0]
+    empty = long[problem.lengths[long] == 0] if spec.degrees[0] == 1 else long[:0]
     return empty[times(empty, 1) == 0] if empty.size else empty
 
 
