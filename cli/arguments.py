@@ -198,7 +198,8 @@ def check_file_holds(args, num_ranks: int, samples_per_rank: int, available: int
         most = available // num_ranks
         raise UsageError(f"{option}: workload file {args.workload_file} has {available} samples; {num_ranks} ranks × "
                          f"{samples_per_rank} samples per rank need {num_ranks * samples_per_rank}: "
-                         + (f"at most {most} per rank" if most else "fewer than one per rank") + f" on {num_ranks} ranks")
+                         + (f"at most {most} per rank" if most else "fewer than one per rank")
+                         + f" on {num_ranks} ranks")
 
 
 def workload_batch(args, num_ranks: int, samples_per_rank: int, available: int | None, option: str):
