@@ -12,13 +12,23 @@ and a proven optimum compares with `==`.  A lower bound prunes: max(peak, (Σ lo
 work left) / D) >= best.
 A node count (not a clock) bounds the search: the answer is proven only when it finishes within it.
 
-Mirrors: swapping the two halves W', W of an aligned block of 2w ranks maps every aligned block to
+Mirrors: swapping the two halves W', W of an aligned block B of 2w ranks maps every aligned block to
 one (degrees are powers of two) and, where the 2w ranks lie in one node or w is a multiple of the
 node size, keeps every block's time.  So when W' and W hold the same loads, tokens and groups, a
-block inside W (the upper half) leads to exactly the leaves of its mirror in W' (tried before it:
-same degree, lower start), with the same float peaks; none of them can beat the best found by then,
-so it is skipped.  A search that finishes within the budget without the skips finds the same plan
-with them, in fewer nodes (probe25 P25-05: 8 items just over half a cell on 8 ranks, ~9000 -> ~300).
+block inside W (the upper half) leads to the mirrors of the leaves of its mirror in W' (tried before
+it: same degree, lower start), with the same float peaks.  Tokens do not swap alike: a later
+group over B gives its first ranks the larger shards (shard_tokens(9, 2) = [5, 4]), so a plan's
+mirror may overflow the cap on B by up to A tokens where the plan fits, A = the later items with
+uneven shards on 2w ranks or more (probe27 P27-02: skipping regardless certified 1.83x the optimum).
+So every cap rejection records its overflow on the rank with a floor of the peaks below it (per
+rank, the pairs since the item's blocks began that no other pair is at or below in both), and the
+block is skipped only where every overflow recorded on B with a floor below the best exceeds A; it
+then records on each rank of B its mirror's overflow less A.  By induction over the search, every
+plan below a node with a peak below the best found overflows some rank by at least an overflow
+recorded there with a floor at or below its peak: a skipped plan's mirror does, off B (where their
+tokens agree) or on B by more than A (so the plan itself overflows).  A search that finishes
+within the budget without the skips finds the same optimum with them, in fewer nodes (probe25
+P25-05: 8 items just over half a cell on 8 ranks, 9800 -> 914, the same with the records).
 """
 
 from __future__ import annotations
@@ -69,22 +79,43 @@ class _Search:
         self.rest = np.concatenate((np.cumsum(least[::-1])[::-1], [0.0]))  # least work of items k..n-1
         self.loads, self.tokens = [0.0] * d, [0] * d
         self.owner = [None] * d  # (start, degree) of the group holding each rank
+        self.spreads = _spreads(self.options, d)
+        self.spread = None  # spreads[item] of the item whose blocks are being tried
+        self.floor = 0.0  # a lower bound on the peak of every plan below the node whose blocks are being tried
+        self.window = None  # per rank, (floor, overflow) recorded since that node's blocks began (None: none)
         self.choice = [None] * problem.num_items
         self.best, self.best_choice, self.nodes, self.num_ranks = incumbent, None, 0, d
         self.gpus_per_node = gpus_per_node
 
     def _mirrored(self, start: int, degree: int) -> bool:
-        """Whether block [start, start + degree) lies in the upper half W of an aligned block whose
-        lower half W' holds the same state, the swap keeping every block's time (module docstring)."""
+        """Whether block [start, start + degree) lies in the upper half W of an aligned block B whose
+        lower half W' holds the same state, the swap keeping every block's time, and every overflow
+        recorded on B since its item's blocks began, with a floor below the best, exceeds what the later
+        items' shards can shift between the halves (module docstring); if so, B's records are reflected."""
         w, g = degree, self.gpus_per_node
         while 2 * w <= self.num_ranks:
             base = start - start % w
             low = base - w
             if (base % (2 * w) == w and base + w <= self.num_ranks and (low // g == (base + w - 1) // g or w % g == 0)
-                    and self._twins(low, w)):
+                    and self._twins(low, w) and self._reflected(low, w)):
                 return True
             w *= 2
         return False
+
+    def _reflected(self, low: int, w: int) -> bool:
+        """Whether every overflow recorded on ranks [low, low + 2w) below the best exceeds `spread[w]`; if so,
+        record on each rank what its mirror's records imply for a skipped plan: an overflow less `spread[w]`."""
+        window, spread, best = self.window, self.spread[w], self.best
+        if window is None:
+            return True
+        below = [[(floor, over) for floor, over in window[r] if floor < best] for r in range(low, low + 2 * w)]
+        if any(over <= spread for records in below for _, over in records):
+            return False
+        for i, records in enumerate(below):
+            mirror = low + (i + w) % (2 * w)
+            for floor, over in records:
+                window[mirror] = _added(window[mirror], floor, over - spread)
+        return True
 
     def _twins(self, low: int, w: int) -> bool:
         """Whether ranks [low, low + w) and [low + w, low + 2w) hold the same loads, tokens and groups (a group
@@ -99,13 +130,35 @@ class _Search:
         return True
 
     def _fits(self, start: int, degree: int, time: float, shard: tuple) -> bool:
+        """Whether the block clashes with no group, keeps its ranks below the best and within the cap; a
+        block rejected by the cap alone records its overflow on the ranks it overflows (`window`)."""
         if degree == 1:  # no group to clash with
-            return self.tokens[start] + shard[0] <= self.cap and self.loads[start] + time < self.best
+            if self.loads[start] + time >= self.best:
+                return False
+            over = self.tokens[start] + shard[0] - self.cap
+            if over > 0:
+                self._record(start, over, self.loads[start] + time)
+            return over <= 0
         ranks = range(start, start + degree)
         if any(self.owner[r] not in (None, (start, degree)) for r in ranks):
             return False
-        return all(self.tokens[r] + shard[k] <= self.cap and self.loads[r] + time < self.best
-                   for k, r in enumerate(ranks))
+        peak = max(self.loads[r] for r in ranks) + time
+        if peak >= self.best:
+            return False
+        fits = True
+        for k, r in enumerate(ranks):
+            over = self.tokens[r] + shard[k] - self.cap
+            if over > 0:
+                self._record(r, over, peak)
+                fits = False
+        return fits
+
+    def _record(self, rank: int, over: int, peak: float) -> None:
+        """Record that a block overflowed `rank` by `over` tokens where every plan below it peaks at `peak` or
+        above (and at the node's floor)."""
+        if self.window is None:
+            self.window = [[] for _ in range(self.num_ranks)]
+        self.window[rank] = _added(self.window[rank], max(self.floor, peak), over)
 
     def run(self, item: int, total: float) -> None:
         self.nodes += 1
@@ -116,6 +169,9 @@ class _Search:
             return
         if (total + self.rest[item]) / self.num_ranks >= self.best:
             return
+        outer, self.window = self.window, None
+        spread = self.spread = self.spreads[item]
+        floor = self.floor = max(max(self.loads), (total + self.rest[item]) / self.num_ranks)
         for start, degree, time, shard in self.options[item]:
             if not self._fits(start, degree, time, shard) or self._mirrored(start, degree):
                 continue
@@ -128,10 +184,37 @@ class _Search:
                     self.owner[r] = (start, degree)
             self.choice[item] = (start, degree)
             self.run(item + 1, total + degree * time)
+            self.spread, self.floor = spread, floor
             for r, (load, tokens, owner) in zip(ranks, saved):
                 self.loads[r], self.tokens[r], self.owner[r] = load, tokens, owner
             if self.nodes > EXACT_NODES:
-                return
+                break
+        if outer is not None and self.window is not None:
+            for rank, records in enumerate(self.window):
+                for floor, over in records:
+                    outer[rank] = _added(outer[rank], floor, over)
+        self.window = outer if outer is not None else self.window
+
+
+def _added(records: list, floor: float, over: int) -> list:
+    """`records` (pairs (floor, overflow)) with (floor, over) added, keeping only the pairs no other pair is at or
+    below in both."""
+    if any(f <= floor and x <= over for f, x in records):
+        return records
+    return [(f, x) for f, x in records if f < floor or x < over] + [(floor, over)]
+
+
+def _spreads(options: list[list[tuple]], num_ranks: int) -> list[dict]:
+    """Per item k and half width w (2w <= D): the items after k with a block of 2w ranks or more whose shards
+    differ (by one token at most), so the most tokens a rank of an aligned 2w block can gain over its mirror."""
+    widths = [1 << i for i in range(num_ranks.bit_length()) if 2 << i <= num_ranks]
+    uneven = [[any(c >= 2 * w and max(shard) > min(shard) for _, c, _, shard in found) for w in widths]
+              for found in options]
+    spreads, after = [], [0] * len(widths)
+    for row in uneven[::-1]:
+        spreads.append(dict(zip(widths, after)))
+        after = [a + u for a, u in zip(after, row)]
+    return spreads[::-1]
 
 
 def exact_split(problem: Problem, spec: ContextParallel, gpus_per_node: int,
