@@ -354,6 +354,14 @@ MAX_MISSES = 2
 of the expected ones) before its headers stay in the all-reduce for good."""
 
 
+def sites_word(guards) -> int:
+    """The state of exchange sites (`SchemaGuard.state` of each of `guards`) as one word, for a metadata all-gather
+    (`gather_metadata`'s `state`): where a rank's sites were built since its peers' (a dispatcher rebuilt on one rank,
+    probe27 P27-08: its first header went in the all-reduce while its peers' rode in the payload all-to-all, and
+    every rank waited until the group's timeout), the words differ, and every rank starts its sites afresh."""
+    return int(words_of(fingerprint(*(guard.state() for guard in guards)))[0])
+
+
 class SchemaGuard:
     """The agreement check of one exchange site (see module docstring); `what` names the site in
     its errors.  Every rank must call the site the same number of times (the collective discipline
@@ -367,6 +375,13 @@ class SchemaGuard:
         self.followed = False  # whether every rank followed the plan expected there (`speculates`)
         self.missed = False  # every rank passed other pieces than expected, until a header round sees a schema again
         self.misses = 0  # such misses so far: after MAX_MISSES the site's headers stay in the all-reduce
+
+    def state(self) -> tuple:
+        """What decides this site's next header (`speculates`, and the sizes a riding one sends): alike on every rank
+        whose guard took part in the same exchanges; a guard built since on some ranks holds another (probe27
+        P27-08), which the metadata all-gather before the next plan's exchanges finds (`gather_metadata`'s
+        `state`)."""
+        return None if self.schema is None else schema_word(self.schema), self.followed, self.missed, self.misses
 
     def tell(self, fact: bool) -> None:
         """Send `fact` with this site's next header (`every_rank` reads what every rank sent)."""

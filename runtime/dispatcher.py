@@ -55,7 +55,7 @@ from ..balancers import BalancePlan, MicroBatchPlan, balance
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import plan_microbatches
 from ..balancers.pipeline import Pipeline
-from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word
+from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table, plan_word, sites_word
 from .alltoall import runtime_transport
 from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
@@ -203,7 +203,8 @@ class PostBalancingDispatcher:
         planner = balance if self.options.microbatching is None else plan_microbatches
         metadata = gather_metadata(np.hstack([lengths, losses]), group, num_columns=2,
                                    fingerprint=self.config_fingerprint, what="dispatcher configuration",
-                                   options=self.config_options, planner=planner_word(self.options, planner))
+                                   options=self.config_options, planner=planner_word(self.options, planner),
+                                   state=sites_word(self.guards.values()) if group is self.group else 0)
         microbatch = np.zeros(metadata.num_items, dtype=np.int64)
         count = 1 if self.options.microbatching is None else self.options.microbatching.empty_step_microbatches()
         plan = None
@@ -237,6 +238,8 @@ class PostBalancingDispatcher:
         if group is self.group:  # made on every rank at this point of `group`'s collectives, the same plan where
             # `check_plan` agreed it or every rank planned with the same code (`routes.planner_word`)
             self._expected = made if self.options.check_plan or metadata.planner else None
+            if not metadata.state_agreed:  # a dispatcher built since on some ranks: every rank's sites start afresh
+                self.guards = {site: SchemaGuard(guard.what) for site, guard in self.guards.items()}
         return made
 
     def _agreed(self, plan, digest: str, group):

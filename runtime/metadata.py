@@ -42,6 +42,7 @@ class GatheredMetadata:
     values: np.ndarray  # (n, K) int64
     counts: np.ndarray  # (D,) int64 rows contributed by each rank
     planner: int = 0  # the `planner` word every rank sent (`gather_metadata`); 0 where their words differ
+    state_agreed: bool = True  # whether every rank sent the same `state` word (`gather_metadata`)
 
     @property
     def num_items(self) -> int:
@@ -71,7 +72,7 @@ def as_table(local, name: str = "lengths") -> np.ndarray:
 
 def gather_metadata(local, group=None, num_columns: int | None = None, *, fingerprint: bytes | None = None,
                     what: str = "configuration", options: Mapping[str, object] | None = None,
-                    planner: int = 0) -> GatheredMetadata:
+                    planner: int = 0, state: int = 0) -> GatheredMetadata:
     """All-gather each rank's (n_r, K) integer table (n_r may differ and be 0).
 
     A collective: every rank of `group` must call it.  `num_columns` fixes K for a rank
@@ -81,7 +82,8 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     (the options the fingerprint was computed from, by name), the options that differ: only then
     are they gathered.  `planner` (a signed 64-bit word: what this rank plans with, 0 for no claim) rides in the
     same all-gather: `.planner` is it where every rank sent the same, else 0 (no error: ranks may plan alike
-    with other words).
+    with other words).  `state` (a signed 64-bit word of the caller's exchange state, which every rank should hold
+    alike: `SchemaGuard.state`) rides there as well: `.state_agreed` says whether every rank sent the same.
 
     >>> gather_metadata([3, 1, 2]).values[:, 0].tolist()  # one process: no communication
     [3, 1, 2]
@@ -95,9 +97,9 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
         table.setflags(write=False)
         return GatheredMetadata(table, np.array([table.shape[0]], dtype=np.int64), int(planner))
     device = comm_device(group)
-    header = call_header("metadata table" if fingerprint is None else "metadata", [*table.shape, *words, planner],
-                         group, f"metadata all-gather ({what})")
-    shapes, planners = header[:, :6], header[:, 6]
+    header = call_header("metadata table" if fingerprint is None else "metadata",
+                         [*table.shape, *words, planner, state], group, f"metadata all-gather ({what})")
+    shapes, planners, states = header[:, :6], header[:, 6], header[:, 7]
     if fingerprint is not None:
         failed = [rank for rank, row in enumerate(shapes) if not row[2:].any()]
         if failed:
@@ -128,7 +130,8 @@ def gather_metadata(local, group=None, num_columns: int | None = None, *, finger
     values = np.concatenate([t.cpu().numpy()[:c] for t, c in zip(tables, counts.tolist())])
     values.setflags(write=False)
     counts.setflags(write=False)
-    return GatheredMetadata(values, counts, int(planners[0]) if np.all(planners == planners[0]) else 0)
+    return GatheredMetadata(values, counts, int(planners[0]) if np.all(planners == planners[0]) else 0,
+                            bool(np.all(states == states[0])))
 
 
 FAILED_INPUT = bytes(32)  # the fingerprint of a rank whose own input failed its checks
