@@ -24,6 +24,8 @@
           room, and its fallback moved ~80 % of the bytes across nodes instead of ~3 %); where the
           cells' plan is then LPT's regrouped (large instances), the plain step starts from that
           LPT plan and the cells' own solve runs only when that plain step is not cheaper
+    every entry point plans the items that cost or hold tokens (`microbatch.empty`), the empty ones dealt apart
+          (probe27 P27-07: two empty items pushed 11 past MAX_ITEMS and the step from 16.3 to 16.5)
     every entry point plans the items in `kernels.auto.in_canonical_order` (`in_canonical_order`): the step
           cost does not depend on the order the items come in (`balance`'s `auto` does the same)
 """
@@ -38,6 +40,7 @@ import numpy as np
 from ..kernels import auto
 from ..problem import InfeasibleError, make_problem
 from . import cells as microbatch_cells, exact as microbatch_exact, greedy as microbatch_greedy
+from .empty import apart_from_empty_items
 from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, float_sum, step_cost
 from .search import improve, searches
 
@@ -125,6 +128,7 @@ def _cells_are_lpt(problem: MicroBatchProblem) -> bool:
             and n * problem.num_ranks > GREEDY_MAX_WORK and not searches(problem, 1))
 
 
+@apart_from_empty_items
 def solve_with_plain_step(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     """`solve`'s plan, with one micro-batch (M = 1, or the fewest M' = 1 a larger M may take) `_one_microbatch`'s:
     also `plain_step`'s when cheaper (the first on ties)."""
@@ -152,6 +156,7 @@ def _one_microbatch(problem: MicroBatchProblem) -> MicroBatchResult | None:
     return plain
 
 
+@apart_from_empty_items
 def solve_exact(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     """The registry's 'exact' kernel: `microbatch_exact.solve` from auto's plan where auto runs its heuristics
     (above `microbatch_exact.MAX_ITEMS` items), so a search the budget cuts short never returns a plan worse
@@ -171,6 +176,7 @@ def _one_cell_each(rank: np.ndarray) -> MicroBatchResult:
     return MicroBatchResult(rank=rank, microbatch=np.zeros_like(rank))
 
 
+@apart_from_empty_items
 def solve_each(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     """`solve_with_plain_step` without the fewest micro-batches' plan (`_fewest_plan`): the cells planned for M.
     A pipeline's start and PP-unaware baseline (`balance_microbatches(pipeline=...)`): the fewest's plan, kept
@@ -180,6 +186,7 @@ def solve_each(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchR
     return _one_microbatch(problem) if num_microbatches == 1 else _solve(problem, num_microbatches, None, False)
 
 
+@apart_from_empty_items
 def solve(problem: MicroBatchProblem, num_microbatches: int) -> MicroBatchResult | None:
     """`_solve`'s plan for M, and where M exceeds the fewest micro-batches any plan needs, `_fewest_plan`'s (the
     rest of the M micro-batches empty) when it costs less or M's finds none (M's on ties)."""

@@ -51,6 +51,7 @@ from ..locality.reach import ranks_left_over
 from ..locality.repair import REPAIR_SEARCHES, repair
 from ..origins import Origins, fit_in_turn
 from .auto import one_microbatch_plan, plain_step, plan_cost, solve, solve_each
+from .empty import apart_from_empty_items
 from .plan import MicroBatchProblem, MicroBatchResult, cell_loads, cell_token_sums, cells_problem
 
 MAX_FILL = 0.99  # tokens / (M · D · T) above which the cells deal is not tried: of 552 cells deals that met their
@@ -63,6 +64,7 @@ MAX_LPT_ROUNDS = 256  # LPT rounds of one `take_anywhere` before the cells deal 
 ROOM_GAP = 0.01  # the step the cells' own plan may cost above the plan without sources (`solve_near_sources`)
 
 
+@apart_from_empty_items
 def solve_near_sources(problem: MicroBatchProblem, num_microbatches: int, cells=solve) -> MicroBatchResult | None:
     """The `auto` kernel with `sources`: `microbatch_auto.solve`'s plan (`cells`: a pipeline's `solve_each`), and
     the plan without sources where `cells` finds none or costs more than ROOM_GAP above it: with one micro-batch
