@@ -249,22 +249,52 @@ def integral(costs: np.ndarray) -> bool:
     return not costs.size or integer_values(costs) is not None
 
 
-def rounded_up(bound: float, cost: float, num_ranks: int, integral_costs: Callable[[], bool]) -> float:
-    """`bound` raised to the next integer where every plan's cost is one (bound 101074.75 proves
-    a makespan of 101075 optimal).
+def cost_unit(values: np.ndarray) -> float | None:
+    """The coarsest power of two 2**e of which every one of the non-negative `values` (costs) is a whole multiple,
+    where their sums are then exact: the quotients below 2**63 and, for a unit below 1, n times the largest below 2**53
+    (integer costs keep the unit they have; costs of a float model, finely grained, have none); None elsewhere, or
+    where every value is 0.  Exact rescales by powers of two scale it alike: x0.5, x2, x1024 keep the quotients
+    (probe27 P27-06: the bound rounded up at 1 for integer costs only planned 141 and, x0.5 or x1024, 142).
 
-    Only where `integral_costs()` (every item cost, and overhead, an integer) and num_ranks ·
-    `cost` < 2**53: every load, sum and bound is then exact (Σ of all costs <= D · cost) but
-    for the bound's last rounding, which never lifts it above the integer it lies below, so
-    no plan costs less than its ceiling.  Kernels' own bounds are not rounded: their float
+    >>> cost_unit(np.array([6.0, 10.0])), cost_unit(np.array([1.5, 0.25])), cost_unit(np.array([3.0, 0.0]))
+    (2.0, 0.25, 1.0)
+    >>> cost_unit(np.array([0.1, 0.7])), cost_unit(np.array([0.0]))
+    (None, None)
+    """
+    positive = values[values > 0]
+    if not positive.size:
+        return None
+    fraction, exponent = np.frexp(positive)  # positive = fraction · 2**exponent, 0.5 <= fraction < 1
+    mantissa = np.ldexp(fraction, 53).astype(np.int64)  # exact: below 2**53
+    _, lowest = np.frexp((mantissa & -mantissa).astype(np.float64))  # its lowest set bit: 2**(lowest - 1)
+    unit = float(np.ldexp(1.0, int((exponent + lowest).min()) - 54))
+    with np.errstate(over="ignore"):  # subnormal units: quotients beyond float64, refused below
+        largest = float(positive.max()) / unit
+    if largest >= 2.0**63 or (unit < 1 and largest * positive.size >= FLOAT_EXACT):
+        return None
+    return unit
+
+
+def rounded_up(bound: float, cost: float, num_ranks: int, integral_costs: Callable[[], bool],
+               unit: float = 1.0) -> float:
+    """`bound` raised to the next whole multiple of `unit` (1: the next integer) where every plan's cost is one
+    (bound 101074.75 proves a makespan of 101075 optimal; of costs in halves, 50537.375 proves 50537.5).
+
+    Only where `integral_costs()` (every item cost, and overhead, a whole multiple of `unit`, a power of two:
+    `cost_unit`) and num_ranks · `cost` < 2**53 units: every load, sum and bound is then exact (Σ of all
+    costs <= D · cost) but for the bound's last rounding, which never lifts it above the multiple it lies
+    below, so no plan costs less than its ceiling.  Kernels' own bounds are not rounded: their float
     error is theirs.
 
     >>> rounded_up(101074.75, 101075.0, 4, lambda: True), rounded_up(9.5, 10.0, 2, lambda: False)
     (101075.0, 9.5)
+    >>> rounded_up(50537.375, 50537.5, 4, lambda: True, 0.5), rounded_up(7.0, 8.0, 2, lambda: True, 2.0)
+    (50537.5, 8.0)
     """
-    if bound >= cost or bound == math.floor(bound) or num_ranks * cost >= FLOAT_EXACT or not integral_costs():
+    units = bound / unit
+    if bound >= cost or units == math.floor(units) or num_ranks * cost >= FLOAT_EXACT * unit or not integral_costs():
         return bound
-    return float(math.ceil(bound))
+    return float(math.ceil(units)) * unit
 
 
 def rounded_down(bound: float, cost: float, num_ranks: int, costs: np.ndarray,

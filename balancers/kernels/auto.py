@@ -50,9 +50,9 @@ from ..bounds import lower_bound, uncapped_fit
 from ..exact.bounds import l2_bins
 from ..exact.ilp import search
 from ..orders import sealed
-from ..plan import integral, rounded_up
-from ..problem import (InfeasibleError, KernelResult, Problem, integer_values, make_problem, rank_loads,
-                       rank_tokens, read_only, tokens_problem)
+from ..plan import cost_unit, rounded_up
+from ..problem import (InfeasibleError, KernelResult, Problem, make_problem, rank_loads, rank_tokens, read_only,
+                       tokens_problem)
 from ..search import group_search, local_search
 from . import ilp, karmarkar_karp, lpt, min_slack, multifit, padded, slack
 
@@ -227,7 +227,7 @@ def _solve(problem: Problem, lpt_plan: np.ndarray | None) -> KernelResult:
     if few_per_rank:
         kernels.append(slack.solve)
     makespans = []  # of the starts, each computed once
-    integral_costs = functools.cache(lambda: integral(problem.item_costs))
+    unit = cost_unit(problem.item_costs)  # of the costs, so that a rescale by a power of two plans alike
     for kernel in kernels:
         try:
             start = kernel(problem).assignment
@@ -235,8 +235,8 @@ def _solve(problem: Problem, lpt_plan: np.ndarray | None) -> KernelResult:
             refusal = error
             continue
         makespans.append(float(rank_loads(problem, start).max()))
-        # proven optimal (the bound rounded up as `make_plan` rounds it: integer costs): nothing to improve
-        if makespans[-1] <= rounded_up(bound, makespans[-1], problem.num_ranks, integral_costs):
+        # proven optimal (the bound rounded up as `make_plan` rounds it: costs of a unit): nothing to improve
+        if makespans[-1] <= rounded_up(bound, makespans[-1], problem.num_ranks, lambda: unit is not None, unit or 1.0):
             return KernelResult(start)
         starts.append(start)
     if not starts:
@@ -293,17 +293,17 @@ def _group_search(problem: Problem, starts: list, makespans: list, bound: float)
     """The best plan of the pair and triple search from the starts, the best start first
     (ties: in order), the minimum-slack packings second and third, the other starts after
     them, under one shared work budget, until one reaches the (lifted) bound."""
-    target = bound
-    integers = integer_values(problem.item_costs)
-    if integers is not None:  # integer loads: the optimum is at least ceil(bound), and L2 may lift it
-        target = float(lifted_bound(integers, problem.num_ranks, math.ceil(bound), int(min(makespans))))
+    target, unit = bound, cost_unit(problem.item_costs)
+    if unit is not None:  # loads in whole units: the optimum is at least ceil(bound), and L2 may lift it
+        units = (problem.item_costs / unit).astype(np.int64)
+        target = unit * lifted_bound(units, problem.num_ranks, math.ceil(bound / unit), int(min(makespans) / unit))
         if min(makespans) <= target:
             return starts[int(np.argmin(makespans))]
     ordered = [starts[k] for k in sorted(range(len(starts)), key=lambda k: (makespans[k], k))]
-    if integers is not None:
-        cap = problem.max_tokens_per_rank
-        for position, capacity in ((1, int(target)), (2, int(target) + int(target) // FILL_STEP)):
-            filled = min_slack.pack(integers, problem.num_ranks, capacity)
+    if unit is not None:
+        cap, capacity = problem.max_tokens_per_rank, int(target / unit)
+        for position, room in ((1, capacity), (2, capacity + capacity // FILL_STEP)):
+            filled = min_slack.pack(units, problem.num_ranks, room)
             if filled is not None and (cap is None or rank_tokens(problem, filled).max() <= cap):
                 ordered.insert(position, filled)
     budget = group_search.default_work(problem.num_items)  # shared by all starts
