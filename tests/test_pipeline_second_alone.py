@@ -13,12 +13,12 @@ from orchmllm.study.workloads import sample_workload
 COST = MODELS["84b"].llm.cost(causal=True)
 
 
-def _plans(monkeypatch, workload, schedule, seed=7):
+def _plans(monkeypatch, workload, schedule, seed=7, samples=32, microbatches=16, stages=8):
     """[(plan, `lpt_shaped`'s `most` per call, `first_from_below` calls)] as is, then with both shaped starts made
-    (no rule, no bound), D = 512, M = 16, P = 8, 32 samples a replica."""
+    (no rule, no bound), D = 512, `samples` a replica."""
     from orchmllm.balancers.pipeline import planner
 
-    lengths = sample_workload(workload, 512, 32, seed=seed).sample_llm_length
+    lengths = sample_workload(workload, 512, samples, seed=seed).sample_llm_length
     made, bounded, shaped, below = [], [], planner.lpt_shaped, planner.first_from_below
     monkeypatch.setattr(planner, "lpt_shaped", lambda *args: made.append(args[-1]) or shaped(*args))
     out = []
@@ -29,8 +29,8 @@ def _plans(monkeypatch, workload, schedule, seed=7):
         monkeypatch.setattr(planner, "first_from_below", lambda *args, below=below: bounded.append(1) or below(*args))
         made.clear(), bounded.clear()
         out.append((balance_microbatches(lengths, 512, max_tokens_per_microbatch=max(16384, int(lengths.max())),
-                                         cost=COST, num_microbatches=16,
-                                         pipeline=Pipeline(8, schedule, 2 if schedule == "interleaved" else 1)),
+                                         cost=COST, num_microbatches=microbatches,
+                                         pipeline=Pipeline(stages, schedule, 2 if schedule == "interleaved" else 1)),
                     list(made), len(bounded)))
     return out
 
@@ -50,9 +50,16 @@ def test_regression_the_first_shaped_start_was_bounded_on_light_items(monkeypatc
     assert np.array_equal(plan.pipeline.replica_times, both.pipeline.replica_times)
 
 
-def test_giant_heavy_items_keep_the_bound_and_the_first_start(monkeypatch):
-    """Where the D largest hold PINNED_SHARE or more (long_tail), the bound is made and, where it does not show the
-    first the slower, both are made as before: the plan of making both, bit for bit."""
-    (plan, made, bounded), (both, made_both, _) = _plans(monkeypatch, "long_tail", "1f1b", seed=1401)
-    assert bounded == 1 and made == [True, False] and made_both == [False, True]
+@pytest.mark.parametrize("workload, schedule, seed, samples, microbatches, stages", [
+    ("long_tail", "1f1b", 1401, 32, 16, 8),  # the D largest hold PINNED_SHARE or more
+    ("long_tail", "1f1b", 1433, 48, 16, 8),  # light, but the D largest alike (one capped length)
+    ("vision", "1f1b", 1427, 48, 32, 4)])  # light, but 1F1B at M = 8·P
+def test_the_bound_is_kept_where_the_first_start_may_be_the_faster(monkeypatch, workload, schedule, seed, samples,
+                                                                   microbatches, stages):
+    """Where the D largest items are heavy or alike, or 1F1B runs M = 8·P, the first start searched to faster steps
+    (long_tail, 48 samples a replica: up to 0.1 %) or started up to 14 % faster (vision, M 32, P 4: the second alone
+    searched to a step 1.2 % slower): the bound is made and, where it does not show the first the slower, both are
+    made as before: the plan of making both, bit for bit."""
+    (plan, _, bounded), (both, _, _) = _plans(monkeypatch, workload, schedule, seed, samples, microbatches, stages)
+    assert bounded == 1
     assert plan.digest() == both.digest() and plan.pipeline.step_time == both.pipeline.step_time

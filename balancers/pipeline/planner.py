@@ -201,14 +201,14 @@ def _shaped_starts(problem: MicroBatchProblem, pipeline: Pipeline, m: int, mean:
     placed, cells, summed = starts
     two = not problem.padded and overflowing(problem, pipeline, m, mean) > problem.num_ranks
     gpipe = pipeline.schedule == "gpipe"  # bounded from below: its second start (most), else the first
-    if two and not gpipe and cells[0][2] is None and problem.num_ranks > 2 * PROBE_ROWS and second_alone(problem, m):
+    bounded = two and cells[0][2] is None and problem.num_ranks > 2 * PROBE_ROWS  # uniform stages, many replicas
+    if bounded and not gpipe and second_alone(problem, m, pipeline):
         for most in (True, False):  # the first only where the second finds no room
             if len(cells) == 1:
                 _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean, most), first_stage)
         return _start_times(pipeline, cells, False, extra=extra)
-    below = None
-    if two and cells[0][2] is None and problem.num_ranks > 2 * PROBE_ROWS and not (gpipe and pinned_heavy(problem)):
-        below = first_from_below(problem, m, pipeline, mean, gpipe)
+    below = first_from_below(problem, m, pipeline, mean, gpipe) if bounded and not (gpipe and pinned_heavy(problem)) \
+        else None
     for most in (False, True)[:(not problem.padded) + two]:
         if below is None or most != gpipe:
             _add_start(problem, starts, lpt_shaped(problem, m, pipeline, mean, most), first_stage)

@@ -18,6 +18,7 @@ from .spec import Pipeline
 
 SCALE_RANGE, SCALE_STEPS = 4.0, 12  # the level scale's range and bisection steps (`_starts`)
 PINNED_SHARE = 0.16  # GPipe's second shaped start made, however slow its start, where the D largest hold this
+PINNED_SPREAD = 1.25  # the D largest items' spread (largest / D-th) above which 1F1B's second start is made alone
 SECOND_PREFIX = 4  # the second start's cells from below take its LPT's first 4·D choices (`first_from_below`)
 
 
@@ -78,13 +79,19 @@ def pinned_heavy(problem: MicroBatchProblem) -> bool:
     return float(problem.sorted_costs[:problem.num_ranks].sum()) >= PINNED_SHARE * problem.total_cost
 
 
-def second_alone(problem: MicroBatchProblem, num_microbatches: int) -> bool:
+def second_alone(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline) -> bool:
     """Whether 1F1B and interleaved make the second shaped start alone where more than D items overflow a cell
     (`planner._shaped_starts`), the first neither bounded (`first_from_below`) nor made: where the D largest items
-    hold less than PINNED_SHARE of the work (`pinned_heavy`) and more than M·D items would let the bound be made.
-    There its probe replicas ran 1.2-1.24x the second's step (D = 2560 x 32, M = 16), and no held-out row made the
-    first (only giant-heavy ones did); the bound was ~0.12 of the planning there (issue 28)."""
-    return problem.num_items > num_microbatches * problem.num_ranks and not pinned_heavy(problem)
+    hold less than PINNED_SHARE of the work (`pinned_heavy`) and the largest is above PINNED_SPREAD times the D-th,
+    more than M·D items would let the bound be made, and (1F1B) M <= 4·P.  There its probe replicas ran 1.2-1.24x
+    the second's step (D = 2560 x 32, M = 16), and no held-out row made the first; the bound was ~0.12 of the
+    planning there (issue 28).  The first searched to steps up to 0.1 % faster where the D largest were alike
+    (long_tail, 48 samples a replica: one capped length) and started up to 14 % faster at M = 8·P (1F1B, M = 32,
+    P = 4, default and vision, D = 512)."""
+    d = problem.num_ranks
+    return problem.num_items > num_microbatches * d and not pinned_heavy(problem) and \
+        float(problem.sorted_costs[0]) > PINNED_SPREAD * float(problem.sorted_costs[d - 1]) and \
+        (pipeline.schedule == "interleaved" or num_microbatches <= 4 * pipeline.stages)
 
 
 def _starts(problem: MicroBatchProblem, pipeline: Pipeline, mean: float, offsets: np.ndarray, slot_of: np.ndarray,
