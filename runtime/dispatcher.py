@@ -30,7 +30,10 @@ once), so that rank ends its step at its next `microbatches` instead (where ever
 latest dispatch, as with a plan made once), with the same micro-batches and gradients; a refusal of its own
 loop left early then comes from there, on that rank alone.
 Every call is a self-contained collective, so a step may call `plan`/`dispatch` once
-per micro-batch.
+per micro-batch.  A dispatcher built again on some ranks is found by its first `plan`, whose all-gather carries a
+word of every rank's exchange sites (where they differ, every rank starts its sites afresh), and one that has made
+no plan exchanges another's plans (of its options and group) through the dispatcher that made them
+(`dispatch_plan.exchanged_by`): its peers' headers may ride in the payload, a new site's go in an all-reduce.
 
 With `context_parallel=ContextParallel(...)` the plan may split a giant item over a group of
 ranks: its per-token rows travel as zigzag chunks in the same one all-to-all (`sharding.py`),
@@ -44,14 +47,13 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..balancers import BalancePlan, MicroBatchPlan, balance
+from ..balancers import balance
 from ..balancers.context_parallel import ContextParallel
 from ..balancers.microbatch.api import plan_microbatches
 from ..balancers.pipeline import Pipeline
@@ -59,8 +61,9 @@ from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table
 from .alltoall import runtime_transport
 from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
-from .exchange import ExchangeMeta, Reference, detached_problem, exchange, exchange_with_grad
-from .metadata import GatheredMetadata, check_agreement, gather_metadata, join_failed
+from .dispatch_plan import DispatchPlan, exchanged_by
+from .exchange import Reference, detached_problem, exchange, exchange_with_grad
+from .metadata import check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, loop_left, new_step
 from .options import DispatchOptions, check_names
 from .pairing import in_microbatch_order, merge_rows, split_sums
@@ -69,51 +72,6 @@ from .routes import expected_pieces, planner_word, site_pieces
 from .sharding import StepSharding, item_groups
 from .step_items import items_problem, local_tables, named_by_rank
 from .steps import StepClock, contract_of
-
-
-@dataclass(frozen=True, eq=False)
-class DispatchPlan:
-    """One step's plan as every rank holds it: gathered lengths and loss tokens, balance, route.
-
-    `balance` is a `BalancePlan`, or with a micro-batch budget the `MicroBatchPlan` of the
-    step's cells; None when the global batch has no items.  `item_microbatch[i]` is the
-    micro-batch of item i (all 0 without a budget) and `num_microbatches` the step's M (1
-    without a budget; a step with no items runs `num_microbatches` when fixed, else 1, under an interleaved
-    `pipeline` rounded up to a whole group of its stages).
-    `sharding` says where every item's tokens go (whole, or in zigzag chunks over a group) and
-    `route` moves them (one unit per item when none is split).  `config_fingerprint` and
-    `config_options` are those of the dispatcher that made it: another one refuses it.
-    """
-
-    metadata: GatheredMetadata
-    balance: BalancePlan | MicroBatchPlan | None
-    route: ExchangeMeta
-    planning_seconds: float
-    item_microbatch: np.ndarray
-    num_microbatches: int
-    sharding: StepSharding
-    config_fingerprint: bytes
-    config_options: Mapping
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """Length of every item of the global batch, rank by rank."""
-        return self.metadata.column(0)
-
-    @property
-    def num_loss_tokens(self) -> int:
-        """Loss tokens of the whole step on every rank (the global loss denominator)."""
-        return int(self.metadata.column(1).sum())
-
-    @property
-    def local_items(self) -> np.ndarray:
-        """Global indices of the items this rank holds after `dispatch` (whole or a shard), ascending."""
-        return self.sharding.local_items
-
-    @property
-    def local_lengths(self) -> np.ndarray:
-        """Tokens this rank holds of each of `local_items` (a split item's: its shard's)."""
-        return self.sharding.local_tokens
 
 
 COMBINE_ORDERS = (None, "local_items", "microbatches")  # what one mapping of outputs may follow (`combine`)
@@ -182,6 +140,7 @@ class PostBalancingDispatcher:
         self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._clock = StepClock()  # the latest dispatch's step, which its micro-batches carry
+        self.made_plans = False  # whether `plan` ran (else it exchanges another's plans through it: `exchanged_by`)
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
@@ -193,7 +152,7 @@ class PostBalancingDispatcher:
         the default); the route is still for this dispatcher's group.
         """
         group = metadata_group_of(metadata_group, self.group)
-        start = time.perf_counter()
+        start, self.made_plans = time.perf_counter(), True
         try:
             new_step(planning=True)  # the loop of the step dispatched may still run (a plan made inside it)
             lengths, losses = local_tables(lengths, loss_tokens)
@@ -234,7 +193,7 @@ class PostBalancingDispatcher:
                                       group_rank(self.group), lambda digest: plan_word(*words, digest)
                                       if degree.size and degree.max() > 1 else plan_word(*words))
         made = DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding,
-                            self.config_fingerprint, self.config_options)
+                            self.config_fingerprint, self.config_options, self)
         if group is self.group:  # made on every rank at this point of `group`'s collectives, the same plan where
             # `check_plan` agreed it or every rank planned with the same code (`routes.planner_word`)
             self._expected = made if self.options.check_plan or metadata.planner else None
@@ -298,7 +257,8 @@ class PostBalancingDispatcher:
         gradient (`runtime.carry`): the last micro-batch's loss must reach its rows on every rank (an empty one's
         too), and its backward runs last.
         """
-        plan = _checked_plan(plan)
+        if (owner := exchanged_by(self, _checked_plan(plan))) is not self:
+            return owner.dispatch(batch, plan, lengths=lengths, loss_tokens=loss_tokens, differentiable=differentiable)
         problem = ((None if plan is self._latest else loop_left(self._clock.step))
                    or self._foreign_problem(plan, "dispatch") or items_problem(plan, lengths, loss_tokens)
                    or (None if differentiable else detached_problem({"batch": batch}, plan.route.rank)))
@@ -389,6 +349,8 @@ class PostBalancingDispatcher:
                     loss_sum = model(micro.data["input_ids"], micro.lengths)  # cu_seqlens from the lengths
                     normalize_loss(loss_sum, micro).backward()
         """
+        if (owner := exchanged_by(self, _checked_plan(plan))) is not self:
+            return owner.microbatches(plan, moved)
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         self._local_batch(moved)
         plan = self._followed(_checked_plan(plan), moved)
@@ -440,6 +402,9 @@ class PostBalancingDispatcher:
         times 0; else its peers wait in that exchange until the group's timeout); False for outputs that take
         no gradient (logged scores).
         """
+        if (owner := exchanged_by(self, _checked_plan(plan))) is not self:
+            return owner.combine(outputs, plan, per_item_keys=per_item_keys, split_reduce=split_reduce, order=order,
+                                 differentiable=differentiable)
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
         ordering = None if order in COMBINE_ORDERS else ValueError(f"`order` must be None or one of "
                                                                    f"{COMBINE_ORDERS[1:]}; got {order!r}")

@@ -2,7 +2,8 @@
 
 Warm dispatchers send their exchange headers in the payload all-to-all; a dispatcher built since had no schema agreed
 and sent its first header in an all-reduce, so every rank waited until the group's timeout.  The metadata all-gather
-of `plan` now carries a word of each rank's exchange sites: where they differ, every rank starts its sites afresh.
+of `plan` now carries a word of each rank's exchange sites: where they differ, every rank starts its sites afresh;
+and a dispatcher that has made no plan exchanges another's plans through the dispatcher that made them.
 
 Real gloo groups of 3 ranks; each rank counts its own collectives (`runtime.counting`)."""
 
@@ -20,28 +21,37 @@ def _lengths(rank, step):
     return [4, 4] if rank == 2 else [3 + step, 1 + (step * 2) % 5, 2]
 
 
+def _batch(rank, step, lengths):
+    return {"x": torch.arange(sum(lengths), dtype=torch.float32)[:, None] + 100 * rank + 1000 * step,
+            "id": torch.arange(len(lengths)) + 10 * rank}
+
+
+def _exchanged(dispatcher, batch, plan):
+    """Dispatch and combine `batch` along `plan`; the collectives they ran, after checking that the moved ids are
+    the plan's items and that home is the batch."""
+    counter = CollectiveCounter()
+    try:
+        moved = dispatcher.dispatch(batch, plan)
+        home = dispatcher.combine(dict(moved), plan, differentiable=False, order="local_items")
+    finally:
+        counter.close()
+    firsts = np.cumsum(plan.metadata.counts) - plan.metadata.counts  # global index of each rank's item 0
+    sources = plan.metadata.source_ranks[plan.local_items]
+    assert moved["id"].tolist() == (plan.local_items - firsts[sources] + 10 * sources).tolist()
+    assert torch.equal(home["x"], batch["x"]) and torch.equal(home["id"], batch["id"])
+    return sum(counter.calls.values())
+
+
 def _rebuilt_job(rank, size):
     """Three steps of plan, dispatch, combine; rank 2 alone builds a new dispatcher at step 1.  Per step: the
-    collectives its dispatch and combine ran; every step's moved ids are the plan's items, and home comes back."""
+    collectives its dispatch and combine ran."""
     dispatcher, counts = PostBalancingDispatcher(per_item_keys={"id"}), []
     for step in range(3):
         if rank == REBUILT_RANK and step == REBUILT_STEP:
             dispatcher = PostBalancingDispatcher(per_item_keys={"id"})
         lengths = _lengths(rank, step)
         plan = dispatcher.plan(lengths)
-        batch = {"x": torch.arange(sum(lengths), dtype=torch.float32)[:, None] + 100 * rank + 1000 * step,
-                 "id": torch.arange(len(lengths)) + 10 * rank}
-        counter = CollectiveCounter()
-        try:
-            moved = dispatcher.dispatch(batch, plan)
-            home = dispatcher.combine(dict(moved), plan, differentiable=False, order="local_items")
-        finally:
-            counter.close()
-        firsts = np.cumsum(plan.metadata.counts) - plan.metadata.counts  # global index of each rank's item 0
-        sources = plan.metadata.source_ranks[plan.local_items]
-        assert moved["id"].tolist() == (plan.local_items - firsts[sources] + 10 * sources).tolist(), step
-        assert torch.equal(home["x"], batch["x"]) and torch.equal(home["id"], batch["id"]), step
-        counts.append(sum(counter.calls.values()))
+        counts.append(_exchanged(dispatcher, _batch(rank, step, lengths), plan))
     return counts
 
 
@@ -52,3 +62,26 @@ def test_regression_a_dispatcher_rebuilt_on_one_rank_waited_for_its_peers_until_
     collectives, as the first step), and the next step's headers ride again (two)."""
     counts = spawn(_rebuilt_job, 3, timeout_s=60, collective_timeout_s=5)
     assert counts == [[4, 4, 2]] * 3, counts
+
+
+def _exchanged_by_another_job(rank, size):
+    """Rank 2 exchanges step 1's plan through another dispatcher (same options, no plan made), and step 2's
+    through a dispatcher built after the plan; step 3 is planned by that new one.  Per step: the collectives."""
+    dispatcher, counts = PostBalancingDispatcher(per_item_keys={"id"}), []
+    for step in range(4):
+        lengths = _lengths(rank, step)
+        plan, exchanging = dispatcher.plan(lengths), dispatcher
+        if rank == REBUILT_RANK and step == 1:
+            exchanging = PostBalancingDispatcher(per_item_keys={"id"})
+        if rank == REBUILT_RANK and step == 2:
+            dispatcher = exchanging = PostBalancingDispatcher(per_item_keys={"id"})
+        counts.append(_exchanged(exchanging, _batch(rank, step, lengths), plan))
+    return counts
+
+
+def test_regression_a_plan_exchanged_on_one_rank_by_a_dispatcher_that_made_none_waited_until_the_timeout():
+    """Cause: as above, the other dispatcher's first header went in an all-reduce.  Now it exchanges the plan
+    through the dispatcher that made it, whose headers ride as its peers' do (two collectives); the new
+    dispatcher's first plan starts every rank's sites afresh (four)."""
+    counts = spawn(_exchanged_by_another_job, 3, timeout_s=60, collective_timeout_s=5)
+    assert counts == [[4, 2, 2, 4]] * 3, counts

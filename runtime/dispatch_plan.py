@@ -1,0 +1,77 @@
+"""The plan of one step as a `PostBalancingDispatcher` made it on every rank (`DispatchPlan`), and which dispatcher
+exchanges it (`exchanged_by`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from ..balancers import BalancePlan, MicroBatchPlan
+from .exchange import ExchangeMeta
+from .metadata import GatheredMetadata
+from .sharding import StepSharding
+
+
+@dataclass(frozen=True, eq=False)
+class DispatchPlan:
+    """One step's plan as every rank holds it: gathered lengths and loss tokens, balance, route.
+
+    `balance` is a `BalancePlan`, or with a micro-batch budget the `MicroBatchPlan` of the
+    step's cells; None when the global batch has no items.  `item_microbatch[i]` is the
+    micro-batch of item i (all 0 without a budget) and `num_microbatches` the step's M (1
+    without a budget; a step with no items runs `num_microbatches` when fixed, else 1, under an interleaved
+    `pipeline` rounded up to a whole group of its stages).
+    `sharding` says where every item's tokens go (whole, or in zigzag chunks over a group) and
+    `route` moves them (one unit per item when none is split).  `config_fingerprint` and
+    `config_options` are those of the dispatcher that made it: another one refuses it.
+    """
+
+    metadata: GatheredMetadata
+    balance: BalancePlan | MicroBatchPlan | None
+    route: ExchangeMeta
+    planning_seconds: float
+    item_microbatch: np.ndarray
+    num_microbatches: int
+    sharding: StepSharding
+    config_fingerprint: bytes
+    config_options: Mapping
+    maker: object = field(default=None, repr=False)  # the dispatcher whose `plan()` made it (`exchanged_by`)
+
+    def __getstate__(self) -> dict:  # a copy in another process (pickled) or of another life (deepcopied): no maker
+        return {**self.__dict__, "maker": None}
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Length of every item of the global batch, rank by rank."""
+        return self.metadata.column(0)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Loss tokens of the whole step on every rank (the global loss denominator)."""
+        return int(self.metadata.column(1).sum())
+
+    @property
+    def local_items(self) -> np.ndarray:
+        """Global indices of the items this rank holds after `dispatch` (whole or a shard), ascending."""
+        return self.sharding.local_items
+
+    @property
+    def local_lengths(self) -> np.ndarray:
+        """Tokens this rank holds of each of `local_items` (a split item's: its shard's)."""
+        return self.sharding.local_tokens
+
+
+def exchanged_by(dispatcher, plan: DispatchPlan):
+    """The dispatcher that exchanges `plan` given to `dispatcher` (`dispatch`, `microbatches`, `combine`): the one
+    that made it where `dispatcher` has made no plan and has its options and group (one built to exchange
+    another's plans, or built again on one rank between a plan and its dispatch: its peers exchange the plan
+    through its maker's sites, whose headers may ride in the payload all-to-all, and a new dispatcher's first
+    header goes in an all-reduce, which they would wait for until the group's timeout: probe27 P27-08); else
+    `dispatcher`."""
+    maker = plan.maker
+    if (dispatcher.made_plans or maker is None or maker is dispatcher or maker.group is not dispatcher.group
+            or plan.config_fingerprint != dispatcher.config_fingerprint):
+        return dispatcher
+    return maker
