@@ -92,7 +92,8 @@ def _summed_count(local_count, group, name: str, reduction: str | None) -> torch
         count, failure = as_count(local_count, name, group_size(group)), None
     except (TypeError, ValueError) as error:
         count, failure = torch.tensor(0, dtype=torch.int64), error
-    code = 0 if reduction is None else 1 + REDUCTIONS.index(reduction)  # a mix of 1s and 2s sums to neither D nor 2D
+    ranks = group_size(group)
+    code = _reduction_code(reduction, ranks)
     words = torch.stack((count, torch.zeros_like(count) + int(failure is not None),
                          torch.zeros_like(count) + (tag := _count_tag(name)),
                          torch.zeros_like(count) + code)).to(comm_device(group))
@@ -103,15 +104,17 @@ def _summed_count(local_count, group, name: str, reduction: str | None) -> torch
                              f"collective on some rank (its words came back {words.tolist()}): every rank must "
                              f"normalise the same way at the same point (all with a count, or all with "
                              f"total_loss_tokens=, or all with the micro-batch)")
-    if int(words[3]) != code * group_size(group):
-        ranks = group_size(group)
+    if int(words[3]) != code * ranks:
+        means, sums = int(words[3]) % (ranks + 1), int(words[3]) // (ranks + 1)
+        kinds = (f"{means} of {ranks} ranks normalise for 'mean', {sums} for 'sum' and {ranks - means - sums} call "
+                 f"global_count")
         if reduction is None:
             raise PeerInputError(f"rank {group_rank(group)}: `global_count` of `{name}` here was paired with "
-                                 f"normalize_loss's count on some rank: every rank must normalise the same way")
+                                 f"normalize_loss's count on some rank ({kinds}): every rank must normalise the "
+                                 f"same way")
         raise ValueError(f"rank {group_rank(group)}: normalize_loss with gradient_reduction={reduction!r} here, but "
-                         f"{2 * ranks - int(words[3])} of {ranks} ranks pass 'mean' and {int(words[3]) - ranks} 'sum': "
-                         f"each rank scales its loss for its own reduction, so the reduced gradient mixes factors 1 "
-                         f"and {ranks}; pass the same `gradient_reduction` on every rank")
+                         f"{kinds}: each rank scales its loss for its own reduction, so the reduced gradient mixes "
+                         f"factors 1 and {ranks}; pass the same `gradient_reduction` on every rank")
     if failure is not None:
         raise failure
     failed = int(words[1])
@@ -119,6 +122,13 @@ def _summed_count(local_count, group, name: str, reduction: str | None) -> torch
         raise PeerInputError(f"{failed} rank(s) passed an invalid `{name}` (each raised why); rank "
                              f"{group_rank(group)} stops with them")
     return words[0]
+
+
+def _reduction_code(reduction: str | None, ranks: int) -> int:
+    """`global_count`'s fourth word on a rank: 0 for its own call, 1 for normalize_loss's 'mean', ranks + 1 for
+    'sum', so the sum over the ranks reads how many passed each (review R19-01: codes 1 and 2 let a mix with
+    global_count sum to D x 1)."""
+    return 0 if reduction is None else 1 if reduction == REDUCTIONS[0] else ranks + 1
 
 
 def _count_tag(name: str) -> int:
