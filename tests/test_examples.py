@@ -21,6 +21,18 @@ def output(result: subprocess.CompletedProcess) -> str:
     return result.stdout
 
 
+@pytest.fixture(scope="module")
+def runs():
+    """The commands of this file's tests that run on one core (each process spends most of its time importing
+    orchmllm, the toolkit block sleeping, while this process waits), started at the first test, four at a time:
+    its finished process by name or README block.  The training examples run their ranks in their own tests."""
+    commands = {"custom sampler": ["examples/custom_sampler.py"], "calibration": ["examples/calibrate_cost_model.py"],
+                "slowed toolkit block": ["-c", slowed_toolkit_block()],
+                **{snippet: ["-c", snippet] for snippet, _ in readme_snippets()}}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        yield {name: pool.submit(started, command) for name, command in commands.items()}
+
+
 def run(args, timeout=180):
     return output(started(args, timeout))
 
@@ -29,8 +41,8 @@ def floats_after(text: str, label: str) -> list[float]:
     return [float(value) for value in re.findall(rf"{label} ([0-9.]+)", text)]
 
 
-def test_custom_sampler_balances_every_step():
-    out = run(["examples/custom_sampler.py"])
+def test_custom_sampler_balances_every_step(runs):
+    out = output(runs["custom sampler"].result())
     as_sampled, balanced = floats_after(out, "as sampled"), floats_after(out, "post-balanced")
     bounds = floats_after(out, "makespan / lower bound")
     assert len(as_sampled) == len(balanced) == len(bounds) == 3
@@ -39,8 +51,8 @@ def test_custom_sampler_balances_every_step():
     assert "rank 0 of the last step holds samples [" in out
 
 
-def test_calibrate_cost_model_fits_and_balances():
-    out = run(["examples/calibrate_cost_model.py"])
+def test_calibrate_cost_model_fits_and_balances(runs):
+    out = output(runs["calibration"].result())
     fitted = re.search(r"fitted f\(l\) = (\S+) \+ (\S+)\*l \+ (\S+)\*l\^2 seconds", out)
     assert fitted and all(float(value) >= 0 for value in fitted.groups())
     assert len(re.findall(r"l=\s*\d+\s+measured", out)) == 9
@@ -79,20 +91,12 @@ def readme_snippets() -> list[tuple[str, str]]:
                                                              re.S) if block.startswith("import ")]
 
 
-@pytest.fixture(scope="module")
-def snippet_runs():
-    """Every runnable block started at the first one's test, four at a time (each spends most of its time importing
-    orchmllm on one core, while this process waits): its finished process by block."""
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        yield {snippet: pool.submit(started, ["-c", snippet]) for snippet, _ in readme_snippets()}
-
-
 @pytest.mark.parametrize("snippet, printed", readme_snippets(), ids=lambda value: value.splitlines()[-1][:40] if value
                          else "")
-def test_readme_snippet_runs(snippet, printed, snippet_runs):
+def test_readme_snippet_runs(snippet, printed, runs):
     """Each runnable block runs; where the README says what it prints, it prints that (the pipeline block's figures
     had drifted from what it printed, probe8 P8-09)."""
-    out = output(snippet_runs[snippet].result())
+    out = output(runs[snippet].result())
     assert not printed or out.strip() == printed, out
 
 
@@ -186,11 +190,16 @@ def test_regression_readme_micro_batch_snippet_gave_the_model_no_sample_lengths(
     assert all(p.grad is not None for p in model.parameters())
 
 
-def test_regression_the_readme_toolkit_block_failed_hypothesis_s_health_check_on_a_busy_machine():
+def slowed_toolkit_block() -> str:
+    """The README's toolkit block with every draw slowed as a busy machine slows it."""
+    snippet = next(block for block, _ in readme_snippets() if "@given(problems(" in block)
+    return ("import time\nimport orchmllm.testing as testing\ndrawn = testing.problems\n"
+            "testing.problems = lambda **options: drawn(**options).map(lambda case: time.sleep(0.15) or case)\n"
+            + snippet)
+
+
+def test_regression_the_readme_toolkit_block_failed_hypothesis_s_health_check_on_a_busy_machine(runs):
     """Cause: the block built its own `settings` without suppressing Hypothesis's `too_slow` health check, which
     the toolkit's draws (whole cases) fail on a loaded machine: FailedHealthCheck in 2 runs of 3 at load 12
-    (probe10 P10-05).  Here every draw is slowed as a busy machine slows it."""
-    snippet = next(block for block, _ in readme_snippets() if "@given(problems(" in block)
-    slowed = ("import time\nimport orchmllm.testing as testing\ndrawn = testing.problems\n"
-              "testing.problems = lambda **options: drawn(**options).map(lambda case: time.sleep(0.15) or case)\n")
-    run(["-c", slowed + snippet])
+    (probe10 P10-05).  Here every draw is slowed (`slowed_toolkit_block`)."""
+    output(runs["slowed toolkit block"].result())
