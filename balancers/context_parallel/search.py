@@ -137,22 +137,31 @@ class _State:
         first = np.searchsorted(-least_tokens, lengths - self.cap)  # the first with room: -tokens >= length - cap
         other = np.append(order, 0)[first]
         to_rank = np.maximum(lowered, np.where(first < order.size, loads[other] + costs, math.inf)).tolist()
+        blocks = self._weighed(rank, items, lowered[:, None], (tokens[rank] - lengths)[:, None])
         out = []
-        for chunk in range(0, items.size, MOVE_CHUNK):
-            part = slice(chunk, chunk + MOVE_CHUNK)
-            blocks = self._block_moves(rank, items[part], lowered[part], lengths[part])
-            for item, to, q, down, (peak, start, c) in zip(items[part].tolist(), to_rank[part], other[part].tolist(),
-                                                           lowered[part].tolist(), blocks):
-                out.extend(((to, item, q, 1), (max(peak, down), item, start, c)))
+        for item, to, q, down, (peak, start, c) in zip(items.tolist(), to_rank, other.tolist(), lowered.tolist(),
+                                                       blocks):
+            out.extend(((to, item, q, 1), (max(peak, down), item, start, c)))
         return out
 
-    def _block_moves(self, rank: int, items: np.ndarray, lowered: np.ndarray, lengths: np.ndarray) -> list[tuple]:
-        """`blocks` of each of `rank`'s unsplit `items` with it taken out of `rank` (its load then `lowered`), all
-        at once, on (items, blocks) arrays: a block's peak is its ranks' most load plus the time (rounding is
-        monotone), `rank`'s block's (at most one: blocks of a degree are disjoint) with `rank` lowered.  Tokens
-        as `blocks` counts them: an item's shards differ by at most one, so a block of most tokens m fits it
-        where m + its largest shard fits, not where m + its least does not; the rest shard by shard."""
+    def _weighed(self, lo: int, items: np.ndarray, after: np.ndarray, after_tokens: np.ndarray) -> list[tuple]:
+        """`_block_moves` of `items`, MOVE_CHUNK at a time."""
+        best = []
+        for chunk in range(0, items.size, MOVE_CHUNK):
+            part = slice(chunk, chunk + MOVE_CHUNK)
+            best.extend(self._block_moves(lo, items[part], after[part], after_tokens[part]))
+        return best
+
+    def _block_moves(self, lo: int, items: np.ndarray, after: np.ndarray, after_tokens: np.ndarray) -> list[tuple]:
+        """`blocks` of each of `items` taken out of ranks lo.. lo + w - 1 (an unsplit item's rank or a group of
+        several items; their loads then `after`, their tokens `after_tokens`: (items, w) arrays), all at once, on
+        (items, blocks) arrays: a block's peak is its ranks' most load plus the time (rounding is monotone), that
+        of the one block meeting ranks lo.. (blocks of a degree are disjoint, free ones hold no rank of a group:
+        the rank's block, or the group itself) from `after`.  Tokens as `blocks` counts them: an item's shards
+        differ by at most one, so a block of most tokens m fits it where m + its largest shard fits, not where
+        m + its least does not; the rest shard by shard."""
         best = [(math.inf, -1, 0)] * items.size
+        hi, lengths = lo + after.shape[1], self.problem.lengths[items]
         for c in self.split_degrees:
             starts, ranks, which = self._starts(c, None)
             if not starts.size:
@@ -167,14 +176,15 @@ class _State:
             over = most + smallest > self.cap
             pairs = np.nonzero(~over & (most + largest > self.cap))
             over[pairs] = (block_tokens[pairs[1]] + shards[pairs[0]] > self.cap).any(axis=1)
-            hit = np.flatnonzero((starts <= rank) & (rank < starts + c))
+            hit = np.flatnonzero((starts < hi) & (starts + c > lo))
             if hit.size:
-                h, k = int(hit[0]), rank - int(starts[hit[0]])
-                others = np.delete(block_loads[h], k).max()
-                peak[:, h] = np.maximum(lowered, others) + times[:, 0 if which is None else h]
-                held = np.repeat(block_tokens[h][None, :], items.size, axis=0)
-                held[:, k] -= lengths
-                over[:, h] = (held + shards > self.cap).any(axis=1)
+                h = int(hit[0])
+                inside = (ranks[h] >= lo) & (ranks[h] < hi)
+                at = np.where(inside, ranks[h] - lo, 0)
+                held = np.where(inside, after[:, at], block_loads[h])  # (items, c)
+                peak[:, h] = (held + times[:, 0 if which is None else h][:, None]).max(axis=1)
+                held_tokens = np.where(inside, after_tokens[:, at], block_tokens[h])
+                over[:, h] = (held_tokens + shards > self.cap).any(axis=1)
             peak[over] = math.inf
             least = np.argmin(peak, axis=1)
             found = zip(peak[np.arange(items.size), least].tolist(), starts[least].tolist())
@@ -196,17 +206,24 @@ class _State:
         return np.array([self.item_times[item, c] for item in items.tolist()])
 
     def _group_moves(self, rank: int):
-        """Moves of the items of `rank`'s group, and its widening."""
+        """Moves of the items of `rank`'s group (all at once, `_weighed`; an item alone in its group by `blocks`,
+        its own block left free), and its widening."""
         members = np.flatnonzero((self.degree > 1) & (self.start <= rank) & (rank < self.start + self.degree))
         s, c = int(self.start[members[0]]), int(self.degree[members[0]])
         group = np.arange(s, s + c)
-        out = []
-        for item in members.tolist():
+        if members.size == 1:  # it may rejoin its own block, left free
+            item = int(members[0])
             after, after_tokens = self.loads.copy(), self.tokens.copy()
             after[group] -= self.times[item]
             after_tokens[group] -= self.shard(item, c)
-            peak, new_s, new_c = self.blocks(item, after, after_tokens, (s, c) if members.size == 1 else None)
-            out.append((max(peak, after[group].max()), item, new_s, new_c))
+            peak, new_s, new_c = self.blocks(item, after, after_tokens, (s, c))
+            out = [(max(peak, after[group].max()), item, new_s, new_c)]
+        else:
+            after = self.loads[group] - self.times[members][:, None]  # (members, c): the group's loads without each
+            after_tokens = self.tokens[group] - shards_of(self.problem.lengths[members], c)
+            blocks = self._weighed(s, members, after, after_tokens)
+            out = [(max(peak, down), item, new_s, new_c)
+                   for item, down, (peak, new_s, new_c) in zip(members.tolist(), after.max(axis=1).tolist(), blocks)]
         wide = 2 * c
         base = s - s % wide
         if wide in self.spec.degrees and base + wide <= self.problem.num_ranks and (
