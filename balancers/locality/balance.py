@@ -25,10 +25,13 @@ by `orchmllm.topology.place`; on nodes greedily by bytes where its matrix would 
 and dense: length-grouped sampling, every group from many nodes), then items of equal
 length re-dealt among the places such items take (no rank's load or tokens change).
 Either way the result is never worse than the plain makespan times (1 + slack).  The deal runs under
-labels read from the items (`canonical_ranks`), not the ranks' own: its ties by rank index then follow
-the items, so a relabelling of a symmetric topology's ranks (sources mapped alike) relabels its plan.
-The padded path's placement and the greedy node placement still break ties by rank (review R18-02: 4 of
-60 padded rows, 3 of 56 capped ones and 1 of 60 unpadded ones moved other bytes under a relabelling).
+labels read from the items (`canonical_ranks`), not the ranks' own, and so do the placement of the plain
+plan's groups and its equal-length re-deal (probe27 P27-03): their ties by rank index then follow the items,
+so a relabelling of a symmetric topology's ranks (sources mapped alike, every rank holding an item) relabels
+their plans.  One candidate keeps the ranks' own labels: the plain plan itself, as its kernel labelled it (so
+that the result never moves more bytes than it); where it moves the fewest bytes a relabelling may move other
+bytes (`balance`: 0 of probe27's f06 rows, seeds 400-599; `balance_microbatches`, which keeps its plain cells
+so too: 6 of 200 rows, 5 on tied lengths, all at D <= 16).
 
 The deal's plan stands where a relaxation proves that no labelling of the plain plan's
 groups (a bijection onto the ranks) moves fewer bytes (each group on its own best node, the
@@ -166,14 +169,30 @@ def balance_locally(problem: Problem, plain_assignment: np.ndarray, origins: Ori
     candidate = None if problem.padded else deal_locally(problem, target, origins, fill)
     if candidate is not None and not _labelling_may_beat(candidate, plain_assignment, origins, problem.num_ranks):
         return candidate
-    placed = assign_groups(plain_assignment, sources, item_bytes, problem.num_ranks, gpus_per_node,
-                           LAP_MAX_ENTRIES)[plain_assignment]
-    swapped = redeal_equal_items(problem.lengths, placed, sources, item_bytes, gpus_per_node, problem.num_ranks)
+    placed, swapped = _placed_and_redealt(problem, plain_assignment, origins)
     # Equal items hold equal costs, but a rank's float sum in another order can gain an ulp.
     candidates = [swapped if rank_loads(problem, swapped).max() <= target else placed, plain_assignment]
     if candidate is not None:
         candidates.insert(0, candidate)
     return min(candidates, key=lambda destinations: moved(destinations, origins))  # the first on ties
+
+
+def _placed_and_redealt(problem: Problem, plain_assignment: np.ndarray, origins: Origins) -> tuple:
+    """(the plain plan's groups placed on ranks by `assign_groups`, that placement with its items of equal length
+    re-dealt by `redeal_equal_items`), both found under the ranks' labels read from the items (`canonical_ranks`),
+    as `deal_locally`'s deal: the LAP's and the re-deal's ties by rank index then follow the items, so a relabelling
+    of a symmetric topology's ranks relabels them (probe27 P27-03: the re-deal from a placement of other ties moved
+    3100 or 3500 tokens across nodes at D = 4 x 4 on lengths 100/200/400)."""
+    labels = canonical_ranks(origins.sources, problem.num_ranks, origins.gpus_per_node)
+    sources = origins.sources if labels is None else labels[origins.sources]
+    placed = assign_groups(plain_assignment, sources, origins.item_bytes, problem.num_ranks, origins.gpus_per_node,
+                           LAP_MAX_ENTRIES)[plain_assignment]
+    swapped = redeal_equal_items(problem.lengths, placed, sources, origins.item_bytes, origins.gpus_per_node,
+                                 problem.num_ranks)
+    if labels is None:
+        return placed, swapped
+    rank_of = np.argsort(labels)
+    return rank_of[placed], rank_of[swapped]
 
 
 def moved(destinations: np.ndarray, origins: Origins) -> tuple[float, float]:

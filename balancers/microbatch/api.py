@@ -28,7 +28,7 @@ import numpy as np
 
 from ..context_parallel.microbatch import balance_microbatches_split
 from ..kernels.lpt import sharing_plans
-from ..locality.balance import deal_locally, moved
+from ..locality.balance import canonical_ranks, deal_locally, moved
 from ..locality.deal import NoRoom
 from ..locality.lap import assign_groups, assign_groups_greedily
 from ..locality.redeal import redeal_equal_items
@@ -224,6 +224,19 @@ def _solve(problem: MicroBatchProblem, kernel: MicroBatchKernel, num_microbatche
 
 
 def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, origins: Origins, deal: bool = True):
+    """`_kept_local`, found under the ranks' labels read from the items (`canonical_ranks`), as `deal_locally`'s
+    deal: its placements' and re-deal's ties by rank index then follow the items, so a relabelling of a symmetric
+    topology's ranks relabels its plan (probe27 P27-03).  The plain cells themselves, which `plan_microbatches`
+    keeps where they move fewer bytes, keep the ranks' own labels: there a relabelling may move other bytes."""
+    labels = canonical_ranks(origins.sources, problem.num_ranks, origins.gpus_per_node)
+    if labels is None:
+        return _kept_local(problem, result, num_microbatches, origins, deal)
+    labelled = Origins(labels[origins.sources], origins.item_bytes, origins.gpus_per_node)
+    local = _kept_local(problem, result, num_microbatches, labelled, deal)
+    return local._replace(rank=np.argsort(labels)[local.rank])
+
+
+def _kept_local(problem: MicroBatchProblem, result, num_microbatches: int, origins: Origins, deal: bool):
     """`result` kept local micro-batch by micro-batch, moving few bytes without raising any micro-batch's max.
 
     Unpadded: each micro-batch's items dealt by `deal_locally` under its max (cap T, at most MAX_LPT_ROUNDS
@@ -382,7 +395,9 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
             their node, as far as every micro-batch's max allows (`microbatch_locality`: all cells dealt at once;
             when that misses a micro-batch's max, each micro-batch is dealt on its own, and those that miss keep
             their plain cells, placed on ranks greedily by bytes; items of equal length then re-dealt over all cells;
-            the plain cells themselves where they move fewer bytes, node bytes first).
+            the plain cells themselves where they move fewer bytes, node bytes first).  All of it runs under rank
+            labels read from the items, so relabelling a symmetric topology's ranks (sources mapped alike) relabels
+            the plan, except where the plain cells, labelled as planned, move the fewest bytes (probe27 P27-03).
         context_parallel: a `ContextParallel`: items may split over groups (`balancers.context_parallel.microbatch`);
             `sources` then steer only the plan without splits, which is kept unless splitting pays: a split plan
             places items by cost and tokens, not near their sources (probe23 P23-05).
