@@ -354,12 +354,13 @@ MAX_MISSES = 2
 of the expected ones) before its headers stay in the all-reduce for good."""
 
 
-def sites_word(guards) -> int:
-    """The state of exchange sites (`SchemaGuard.state` of each of `guards`) as one word, for a metadata all-gather
-    (`gather_metadata`'s `state`): where a rank's sites were built since its peers' (a dispatcher rebuilt on one rank,
-    probe27 P27-08: its first header went in the all-reduce while its peers' rode in the payload all-to-all, and
-    every rank waited until the group's timeout), the words differ, and every rank starts its sites afresh."""
-    return int(words_of(fingerprint(*(guard.state() for guard in guards)))[0])
+def sites_word(guards, *more) -> int:
+    """The state of exchange sites (`SchemaGuard.state` of each of `guards`, and `more` state of the caller that
+    every rank should hold alike) as one word, for a metadata all-gather (`gather_metadata`'s `state`): where a rank's
+    sites were built since its peers' (a dispatcher rebuilt on one rank, probe27 P27-08: its first header went in the
+    all-reduce while its peers' rode in the payload all-to-all, and every rank waited until the group's timeout), the
+    words differ, and every rank starts its sites afresh."""
+    return int(words_of(fingerprint(*(guard.state() for guard in guards), *more))[0])
 
 
 class SchemaGuard:

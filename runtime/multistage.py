@@ -50,7 +50,7 @@ from ..orchestrator.planner import Orchestrator
 from ..orchestrator.samples import Batch, Sample
 from ..orchestrator.stages import check_stages
 from ..orchestrator.step import StepPlan
-from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word
+from .agreement import SchemaGuard, fingerprint, kept_plan_problem, option_table, plan_word, sites_word
 from .alltoall import runtime_transport
 from .comm import group_rank, group_size
 from .encoders import call_problem, checked_call, contract_problem, output_problem, sharded_problem, unseen_module
@@ -135,9 +135,15 @@ class MultiStageRuntime:
         except (TypeError, ValueError):
             join_failed(group, SAMPLE_COLUMNS)  # the other ranks raise too, instead of waiting in the gather
             raise
+        trained = self._clock.step.trained  # whether a loop trained: the model check is due until one did
         gathered_samples = gather_metadata(sample_table, group, num_columns=SAMPLE_COLUMNS,
                                            fingerprint=self.config_fingerprint, what="stage configuration",
-                                           options=self.config_options)
+                                           options=self.config_options, state=sites_word(
+                                               self.guards.values(), trained[0]) if group is self.group else 0)
+        if not gathered_samples.state_agreed:  # a runtime built since on some ranks (probe27 P27-08): every rank
+            # starts afresh, so the next training loop's model check runs on every rank, not on those ranks alone
+            self.guards = {site: SchemaGuard(guard.what) for site, guard in self.guards.items()}
+            trained[0] = False
         gathered_segments = gather_metadata(segment_table, group, num_columns=SEGMENT_COLUMNS)
         samples_all, segments_all = gathered_samples.values, gathered_segments.values
         frames = segments_all[:, 4]
@@ -156,7 +162,10 @@ class MultiStageRuntime:
         """Gather metadata, plan every stage, build this rank's routes (a collective).
 
         With `max_tokens_per_microbatch`, the routes of the step's micro-batches; `loss_tokens` (one count per local
-        sample, default its text tokens) ride in the same all-gather and give the step's global loss denominator."""
+        sample, default its text tokens) ride in the same all-gather and give the step's global loss denominator.
+        So does a word of this runtime's state (its exchange sites, whether a loop of it trained): where a runtime was
+        built since on some ranks only, every rank starts afresh (the model check runs on every rank at the next
+        training loop, as at the first step), instead of that rank alone waiting in it."""
         start = time.perf_counter()
         batch, num_loss_tokens, plan_id = self._gather(samples, metadata_group, loss_tokens)
         step = self.orchestrator.plan(batch)

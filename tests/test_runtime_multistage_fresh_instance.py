@@ -1,0 +1,85 @@
+"""A multi-stage runtime rebuilt on one rank (same options) meets its peers' warm ones (probe27 P27-08's twin).
+
+A runtime owes the model check (`check_model_contract`, an all-gather as the backward of a step's last micro-batch
+starts) until one of its loops trained; a runtime built since on one rank owed it while its warm peers did not, so
+under DDP that rank waited in the check's all-gather while its peers ran the next collective, until the group's
+timeout.  The metadata all-gather of `plan` now carries a word of each rank's exchange sites and of whether its
+runtime trained: where they differ, every rank starts afresh (the check runs on every rank, as at the first step).
+
+Real gloo groups of 3 ranks; each rank counts its own orchmllm collectives (`runtime.counting`)."""
+
+import torch
+from torch import nn
+
+from orchmllm.balancers import CostModel
+from orchmllm.orchestrator.samples import Sample, Segment
+from orchmllm.orchestrator.stages import Stage
+from orchmllm.runtime import MultiStageRuntime, accumulate, normalize_loss
+from orchmllm.runtime.counting import CollectiveCounter
+from orchmllm.runtime.launch import spawn
+
+STAGES = (Stage("vision", "image", CostModel(per_item=1, linear=1)), Stage("llm", "llm", CostModel(linear=1)))
+REBUILT_RANK, REBUILT_STEP = 2, 1
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.vision, self.embed = nn.Linear(4, 8), nn.Embedding(16, 8)
+
+    def encode(self, patches, lengths):
+        return self.vision(patches)
+
+    def forward(self, runtime, micro):
+        packed = runtime.forward(micro.routes, micro.data, encoders={"image": self.encode}, text_embedding=self.embed)
+        return packed.embeddings.sum()
+
+
+def _samples(rank, step):
+    return [Sample(text=3 + (rank + step + k) % 4, segments=(Segment("image", 2 + k, 2 + k),) if k != 1 else (),
+                   source=rank, id=10 * rank + k) for k in range(3)]
+
+
+def _step(runtime, model, rank, step):
+    """Plan, dispatch and train one step; (its loss, the orchmllm collectives it ran)."""
+    samples, generator = _samples(rank, step), torch.Generator().manual_seed(rank + 10 * step)
+    counter = CollectiveCounter()
+    try:
+        routes = runtime.plan(samples)
+        text = {"input_ids": torch.randint(0, 16, (sum(sample.text for sample in samples),), generator=generator)}
+        image = torch.randn(sum(s.length for sample in samples for s in sample.segments), 4, generator=generator)
+        total = 0.0
+        for micro in runtime.microbatches(routes, runtime.dispatch(routes, text=text, inputs={"image": image})):
+            with accumulate(model, micro):
+                loss = model(runtime, micro)
+                normalize_loss(loss, micro).backward()
+            total += float(loss.detach())
+    finally:
+        counter.close()
+    return round(total, 4), sum(counter.calls.values())
+
+
+def _job(rank, size):
+    """Three DDP training steps with one runtime, then three with another where rank 2 alone builds a new runtime at
+    its step 1: per run, each step's (loss, collectives)."""
+    torch.manual_seed(0)
+    model, runs = nn.parallel.DistributedDataParallel(Model()), []
+    for rebuilt in (False, True):
+        runtime, steps = MultiStageRuntime(STAGES), []
+        for step in range(3):
+            if rebuilt and rank == REBUILT_RANK and step == REBUILT_STEP:
+                runtime = MultiStageRuntime(STAGES)
+            steps.append(_step(runtime, model, rank, step))
+        runs.append(steps)
+    return runs
+
+
+def test_regression_a_runtime_rebuilt_on_one_rank_waited_in_the_model_check_until_the_timeout():
+    """Cause: rank 2's new runtime owed the model check at step 1 and its warm peers did not: rank 2 raised
+    PeerFailureError in the check's all-gather, ranks 0-1 in the next payload all-to-all, after the collective
+    timeout.  Now every rank runs the check at the rebuild's step (ten collectives, as at the first step), the
+    next step nine, with the losses of the run without the rebuild."""
+    for warm, rebuilt in spawn(_job, 3, timeout_s=60, collective_timeout_s=5):
+        assert [count for _, count in warm] == [10, 9, 9], warm
+        assert [count for _, count in rebuilt] == [10, 10, 9], rebuilt
+        assert [loss for loss, _ in rebuilt] == [loss for loss, _ in warm]
