@@ -275,26 +275,30 @@ def cost_unit(values: np.ndarray) -> float | None:
     return unit
 
 
-def rounded_up(bound: float, cost: float, num_ranks: int, integral_costs: Callable[[], bool],
-               unit: float = 1.0) -> float:
-    """`bound` raised to the next whole multiple of `unit` (1: the next integer) where every plan's cost is one
-    (bound 101074.75 proves a makespan of 101075 optimal; of costs in halves, 50537.375 proves 50537.5).
+def rounded_up(bound: float, cost: float, num_ranks: int, unit: Callable[[], float | None]) -> float:
+    """`bound` raised to the next whole multiple of `unit()` (the costs' unit, `cost_unit`: 1 for integers) where
+    every plan's cost is one (bound 101074.75 proves a makespan of 101075 optimal; of costs in halves, 50537.375
+    proves 50537.5; rescaled by a power of two, the same: probe27 P27-06).
 
-    Only where `integral_costs()` (every item cost, and overhead, a whole multiple of `unit`, a power of two:
-    `cost_unit`) and num_ranks · `cost` < 2**53 units: every load, sum and bound is then exact (Σ of all
-    costs <= D · cost) but for the bound's last rounding, which never lifts it above the multiple it lies
-    below, so no plan costs less than its ceiling.  Kernels' own bounds are not rounded: their float
-    error is theirs.
+    Only where `unit()` is not None (every item cost, and overhead, a whole multiple of it, a power of two) and
+    num_ranks · `cost` < 2**53 units: every load, sum and bound is then exact (Σ of all costs <= D · cost) but for
+    the bound's last rounding, which never lifts it above the multiple it lies below, so no plan costs less than
+    its ceiling.  Kernels' own bounds are not rounded: their float error is theirs.
 
-    >>> rounded_up(101074.75, 101075.0, 4, lambda: True), rounded_up(9.5, 10.0, 2, lambda: False)
+    >>> rounded_up(101074.75, 101075.0, 4, lambda: 1.0), rounded_up(9.5, 10.0, 2, lambda: None)
     (101075.0, 9.5)
-    >>> rounded_up(50537.375, 50537.5, 4, lambda: True, 0.5), rounded_up(7.0, 8.0, 2, lambda: True, 2.0)
+    >>> rounded_up(50537.375, 50537.5, 4, lambda: 0.5), rounded_up(7.0, 8.0, 2, lambda: 2.0)
     (50537.5, 8.0)
     """
-    units = bound / unit
-    if bound >= cost or units == math.floor(units) or num_ranks * cost >= FLOAT_EXACT * unit or not integral_costs():
+    if bound >= cost:
         return bound
-    return float(math.ceil(units)) * unit
+    step = unit()
+    if step is None:
+        return bound
+    units = bound / step
+    if units == math.floor(units) or num_ranks * cost >= FLOAT_EXACT * step:
+        return bound
+    return float(math.ceil(units)) * step
 
 
 def rounded_down(bound: float, cost: float, num_ranks: int, costs: np.ndarray,
@@ -356,8 +360,8 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
 
     A kernel that returns a malformed assignment, overflows the cap or certifies a bound above
     its own makespan is a bug, so this raises RuntimeError rather than hand a wrong plan to the
-    caller.  The bound is the larger of `lower_bound(problem)` (rounded up where costs are
-    integers: `rounded_up`) and the kernel's (`claimed_bound`); the status is optimal when it
+    caller.  The bound is the larger of `lower_bound(problem)` (rounded up to the costs' unit where
+    they have one: `rounded_up`) and the kernel's (`claimed_bound`); the status is optimal when it
     equals the makespan.  A kernel that does not certify its plans (`registry.certifies`: not
     `certified`) has its bound checked, then left out, and its `optimal` read as feasible.  `bound`:
     `lower_bound(problem)` as `run_kernel` computed it before the kernel ran; None computes it here, for
@@ -390,7 +394,7 @@ def make_plan(problem: Problem, assignment: np.ndarray, status: Status, algorith
         bound = makespan  # the kernel proved its plan optimal: no other bound can add to that
     else:
         bound = rounded_up(lower_bound(problem) if bound is None else bound, makespan, problem.num_ranks,
-                           integral_costs)
+                           lambda: cost_unit(problem.item_costs))
         bound = bound if claimed is None else max(bound, claimed)
         bound = rounded_down(bound, makespan, problem.num_ranks, problem.item_costs, integral_costs)
     bound, status = certify(makespan, bound, status, algorithm, "makespan")

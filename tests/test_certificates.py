@@ -138,20 +138,23 @@ def test_regression_a_fractional_bound_left_an_optimal_plan_feasible(algorithm, 
     assert plan.status is Status.OPTIMAL
 
 
-@pytest.mark.parametrize("options, bound, makespan", [
-    ({"costs": [5, 4, 3, 3, 1.5]}, 8.25, 8.5),  # a fractional cost: 8.5 is optimal, 9 would not be a bound
-    ({"cost": CostModel(linear=1, quadratic=0.5)}, 24.25, 25.0),
-], ids=["fractional-costs", "fractional-model"])
-def test_a_bound_stays_fractional_where_a_cost_is_fractional(options, bound, makespan):
+@pytest.mark.parametrize("options, bound, makespan, status", [
+    ({"costs": [5, 4, 3, 3, 1.5]}, 8.5, 8.5, Status.OPTIMAL),  # costs in halves: 8.25 rounds up to 8.5, not to 9
+    ({"cost": CostModel(linear=1, quadratic=0.5)}, 24.5, 25.0, Status.FEASIBLE),
+    ({"costs": [5, 4, 3, 3, 1.1]}, 8.05, 8.1, Status.FEASIBLE),  # no power-of-two unit: as summed (less rounding)
+], ids=["fractional-costs", "fractional-model", "no-unit"])
+def test_a_bound_rounds_up_to_the_costs_unit_only(options, bound, makespan, status):
+    """A bound is rounded up to the costs' unit (`cost_unit`: the coarsest power of two every cost is a multiple of;
+    probe27 P27-06, statuses: x0.5 or x1024 read 'feasible' where x1 read 'optimal'), never past it."""
     plan = balance(ROUNDING, 2, algorithm="lpt", **options)
-    assert (plan.lower_bound, plan.makespan, plan.status) == (bound, makespan, Status.FEASIBLE)
+    assert (plan.makespan, plan.status) == (makespan, status) and plan.lower_bound == pytest.approx(bound, abs=1e-12)
     assert brute_force(ROUNDING, 2, **options).makespan >= plan.lower_bound
 
 
 def test_no_rounding_where_a_sum_could_be_inexact():
     """num_ranks · makespan at or above 2**53: some sum behind the bound may have rounded."""
-    assert rounded_up(4.5, 2.0**52, 2, lambda: True) == 4.5
-    assert rounded_up(4.5, 2.0**52, 1, lambda: True) == 5.0
+    assert rounded_up(4.5, 2.0**52, 2, lambda: 1.0) == 4.5
+    assert rounded_up(4.5, 2.0**52, 1, lambda: 1.0) == 5.0
 
 
 @pytest.mark.parametrize("overhead, status", [(0.0, Status.OPTIMAL), (2.0, Status.OPTIMAL),

@@ -236,7 +236,7 @@ def _solve(problem: Problem, lpt_plan: np.ndarray | None) -> KernelResult:
             continue
         makespans.append(float(rank_loads(problem, start).max()))
         # proven optimal (the bound rounded up as `make_plan` rounds it: costs of a unit): nothing to improve
-        if makespans[-1] <= rounded_up(bound, makespans[-1], problem.num_ranks, lambda: unit is not None, unit or 1.0):
+        if makespans[-1] <= rounded_up(bound, makespans[-1], problem.num_ranks, lambda: unit):
             return KernelResult(start)
         starts.append(start)
     if not starts:

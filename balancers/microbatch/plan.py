@@ -13,8 +13,8 @@ import numpy as np
 
 from ..cost import CostModel
 from ..orders import Orders
-from ..plan import (call_kernel, certify, claimed_bound, integral, json_head, kernel_status, require_result, rounded_up,
-                    sums_exact_below)
+from ..plan import (call_kernel, certify, claimed_bound, cost_unit, integral, json_head, kernel_status, require_result,
+                    rounded_up, sums_exact_below)
 from ..problem import Problem, SortedItems, Status, exact_sum, integer_sum, read_only, token_sums
 from ..validation import as_index, is_real
 from .bounds import beyond_one_microbatch, min_microbatches, step_cost_bound
@@ -382,8 +382,8 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     The bound is `problem.certified_bound` + floor_microbatches · overhead (the proven fewest
     micro-batches when M was chosen freely; M itself, the default, when fixed), or
     `proven_bound` (a step cost with overhead the caller proved) when larger, rounded up where
-    every cost is an integer (`rounded_up`); with M fixed, a bound the kernel proved counts
-    too.  A malformed result (`check_result`), a cell over the budget, or a kernel's bound
+    every cost and the overhead are whole multiples of one unit (`rounded_up`); with M fixed, a bound the kernel
+    proved counts too.  A malformed result (`check_result`), a cell over the budget, or a kernel's bound
     above its own step cost is a bug of the kernel: RuntimeError, never a wrong plan handed
     on; a step cost beyond float64 is the input's (ValueError).  `pipeline`: the schedule's step of
     these cells (`balancers.pipeline`), when planned for one; `accounts`: their (loads, tokens) as
@@ -402,7 +402,7 @@ def make_microbatch_plan(problem: MicroBatchProblem, result: MicroBatchResult, n
     if proven_bound is not None:
         bound = max(bound, float(proven_bound))
     bound = rounded_up(bound, cost, problem.num_ranks,
-                       lambda: float(overhead).is_integer() and integral(problem.item_costs))
+                       lambda: cost_unit(np.append(problem.item_costs, overhead)))
     if fixed and claimed is not None:
         bound = max(bound, claimed)
     bound, status = certify(cost, bound, result.status, algorithm, "step cost")
