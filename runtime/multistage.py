@@ -65,6 +65,9 @@ from .sample_tables import SAMPLE_COLUMNS, SEGMENT_COLUMNS, sample_tables
 from .sharding import TextUnits, pass_layout
 from .steps import StepClock, contract_of
 
+_MAKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # routes -> the runtime that made them (`_runner`)
+
+
 def _identity(step: StepPlan) -> tuple:
     """What tells a step's plan from another of the same gathered metadata: the cells and every stage's
     destinations (routes follow from them), or with split items the whole digest (degrees, parts,
@@ -120,6 +123,7 @@ class MultiStageRuntime:
         self._reached: dict[str, set | None] = {}  # what each one's first checked call with items depended on
         self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
         self._clock, self._looped = StepClock(begun=False), None  # the latest loop's step, and its routes
+        self._made = False  # whether this runtime made routes (`_runner`)
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
@@ -202,8 +206,22 @@ class MultiStageRuntime:
         microbatches = tuple(self._pass_routes(plan, rank, size, plan_word(plan_id, index))
                              for index, plan in enumerate(step.microbatches))
         units = TextUnits.of_step(step)
-        return StepRoutes(step, rank, microbatches, input_routes, units.route(batch, rank, size, plan_id),
+        made = StepRoutes(step, rank, microbatches, input_routes, units.route(batch, rank, size, plan_id),
                           int(num_loss_tokens), planning_seconds, units, input_units)
+        self._made = True
+        for routes in (made, *microbatches):
+            _MAKERS[routes] = self
+        return made
+
+    def _runner(self, routes) -> "MultiStageRuntime":
+        """The runtime that runs `routes` (`dispatch`, `microbatches`, `forward`): this one, or where it has made no
+        routes, the runtime of the same configuration, group and `check_encoders` that made them (this one was built
+        on some ranks only after the plan, probe27 P27-08: its first loop owed the model check that its peers'
+        runtimes did not, and every rank waited until the group's timeout)."""
+        maker = None if self._made or not isinstance(routes, (StepRoutes, PassRoutes)) else _MAKERS.get(routes)
+        same = maker is not None and maker.group is self.group and (maker.config_fingerprint, maker.check_encoders) \
+            == (self.config_fingerprint, self.check_encoders)
+        return maker if same else self
 
     @staticmethod
     def _pass_routes(plan: PassPlan, rank: int, size: int, plan_id: int) -> PassRoutes:
@@ -233,6 +251,9 @@ class MultiStageRuntime:
         routes', and every rank raises `PlanMismatchError` naming the rank and its first sample that differs.  A new
         step begins at the next `microbatches` after other routes' dispatch, or these where every rank ran a loop
         since the latest (each rank's fact rides in the header); else it is a second dict of the step."""
+        if (runner := self._runner(routes)) is not self:
+            return runner.dispatch(routes, text=text, per_sample=per_sample, inputs=inputs, stats=stats,
+                                   samples=samples)
         check_step(routes, text, per_sample, inputs)
         ended = None if routes is self._looped else self._clock.step  # a second batch dict of the step ends none
         problem = loop_left(ended) or (None if samples is None else self._samples_problem(routes, samples))
@@ -339,6 +360,8 @@ class MultiStageRuntime:
 
         `micro.routes` and `micro.data` go to `forward`; every rank yields the same number (an empty one included:
         all take part in every collective).  Without the fused input exchange, inputs are exchanged here."""
+        if (runner := self._runner(routes)) is not self:
+            return runner.microbatches(routes, moved)
         if getattr(moved, "routes", None) is not routes:
             raise TypeError("`microbatches` takes the routes of `plan` and what `dispatch` returned for them")
         size = group_size(self.group)
@@ -370,6 +393,9 @@ class MultiStageRuntime:
         rank takes part in the embedding exchange and in its backward; its output must depend on every parameter
         there too (the encoder contract, module docstring).  A rank whose encoders break it, or return the wrong
         shape, or whose `moved` is another pass's data than `routes`', is named on every rank before the exchange."""
+        if (runner := self._runner(routes)) is not self:
+            return runner.forward(routes, moved, encoders=encoders, text_embedding=text_embedding, text_key=text_key,
+                                  stats=stats)
         check_pass(routes, moved)
         step = routes.plan
         problem = pass_problem(routes, moved)

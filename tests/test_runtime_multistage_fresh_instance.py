@@ -40,12 +40,14 @@ def _samples(rank, step):
                    source=rank, id=10 * rank + k) for k in range(3)]
 
 
-def _step(runtime, model, rank, step):
-    """Plan, dispatch and train one step; (its loss, the orchmllm collectives it ran)."""
+def _step(runtime, model, rank, step, rebuilt=False):
+    """Plan, dispatch and train one step (`rebuilt`: through a new runtime built after the plan); (its loss, the
+    orchmllm collectives it ran)."""
     samples, generator = _samples(rank, step), torch.Generator().manual_seed(rank + 10 * step)
     counter = CollectiveCounter()
     try:
         routes = runtime.plan(samples)
+        runtime = MultiStageRuntime(STAGES) if rebuilt else runtime
         text = {"input_ids": torch.randint(0, 16, (sum(sample.text for sample in samples),), generator=generator)}
         image = torch.randn(sum(s.length for sample in samples for s in sample.segments), 4, generator=generator)
         total = 0.0
@@ -60,16 +62,18 @@ def _step(runtime, model, rank, step):
 
 
 def _job(rank, size):
-    """Three DDP training steps with one runtime, then three with another where rank 2 alone builds a new runtime at
-    its step 1: per run, each step's (loss, collectives)."""
+    """Three DDP training steps with one runtime; three with another where rank 2 alone builds a new runtime at its
+    step 1; three more where rank 2 runs step 1's routes through a runtime built after the plan (and drops it):
+    per run, each step's (loss, collectives)."""
     torch.manual_seed(0)
     model, runs = nn.parallel.DistributedDataParallel(Model()), []
-    for rebuilt in (False, True):
+    for case in ("warm", "rebuilt", "after_plan"):
         runtime, steps = MultiStageRuntime(STAGES), []
         for step in range(3):
-            if rebuilt and rank == REBUILT_RANK and step == REBUILT_STEP:
+            rebuilt = case != "warm" and rank == REBUILT_RANK and step == REBUILT_STEP
+            if rebuilt and case == "rebuilt":
                 runtime = MultiStageRuntime(STAGES)
-            steps.append(_step(runtime, model, rank, step))
+            steps.append(_step(runtime, model, rank, step, rebuilt and case == "after_plan"))
         runs.append(steps)
     return runs
 
@@ -78,8 +82,10 @@ def test_regression_a_runtime_rebuilt_on_one_rank_waited_in_the_model_check_unti
     """Cause: rank 2's new runtime owed the model check at step 1 and its warm peers did not: rank 2 raised
     PeerFailureError in the check's all-gather, ranks 0-1 in the next payload all-to-all, after the collective
     timeout.  Now every rank runs the check at the rebuild's step (ten collectives, as at the first step), the
-    next step nine, with the losses of the run without the rebuild."""
-    for warm, rebuilt in spawn(_job, 3, timeout_s=60, collective_timeout_s=5):
+    next step nine, with the losses of the run without the rebuild.  A runtime built after the plan (on rank 2
+    alone) runs it through the runtime that made it (nine), and its own first plan starts every rank afresh (ten)."""
+    for warm, rebuilt, after_plan in spawn(_job, 3, timeout_s=60, collective_timeout_s=5):
         assert [count for _, count in warm] == [10, 9, 9], warm
         assert [count for _, count in rebuilt] == [10, 10, 9], rebuilt
-        assert [loss for loss, _ in rebuilt] == [loss for loss, _ in warm]
+        assert [count for _, count in after_plan] == [10, 9, 9], after_plan
+        assert [loss for loss, _ in rebuilt] == [loss for loss, _ in after_plan] == [loss for loss, _ in warm]
