@@ -63,4 +63,5 @@ def test_regression_a_rescaled_plan_kept_its_status():
         costs = rng.integers(1, 100, n).astype(float)
         plans = [balance(np.ones(n, dtype=np.int64), num_ranks, costs=costs * scale) for scale in (1.0, 0.5, 1024.0)]
         assert len({str(plan.status) for plan in plans}) == 1, [(plan.status, plan.lower_bound) for plan in plans]
-        assert [plan.lower_bound / plan.makespan for plan in plans[1:]] == [plans[0].lower_bound / plans[0].makespan] * 2
+        ratio = plans[0].lower_bound / plans[0].makespan
+        assert [plan.lower_bound / plan.makespan for plan in plans[1:]] == [ratio] * 2
