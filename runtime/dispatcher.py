@@ -163,7 +163,8 @@ class PostBalancingDispatcher:
         metadata = gather_metadata(np.hstack([lengths, losses]), group, num_columns=2,
                                    fingerprint=self.config_fingerprint, what="dispatcher configuration",
                                    options=self.config_options, planner=planner_word(self.options, planner),
-                                   state=sites_word(self.guards.values()) if group is self.group else 0)
+                                   state=sites_word(self.guards.values(), self._clock.step.trained[0])
+                                   if group is self.group else 0)
         microbatch = np.zeros(metadata.num_items, dtype=np.int64)
         count = 1 if self.options.microbatching is None else self.options.microbatching.empty_step_microbatches()
         plan = None
@@ -197,8 +198,10 @@ class PostBalancingDispatcher:
         if group is self.group:  # made on every rank at this point of `group`'s collectives, the same plan where
             # `check_plan` agreed it or every rank planned with the same code (`routes.planner_word`)
             self._expected = made if self.options.check_plan or metadata.planner else None
-            if not metadata.state_agreed:  # a dispatcher built since on some ranks: every rank's sites start afresh
+            if not metadata.state_agreed:  # a dispatcher built since on some ranks: every rank's sites start afresh,
+                # and the model check (due until a loop trained) runs on every rank, not on those alone (rt42)
                 self.guards = {site: SchemaGuard(guard.what) for site, guard in self.guards.items()}
+                self._clock.step.trained[0] = False
         return made
 
     def _agreed(self, plan, digest: str, group):

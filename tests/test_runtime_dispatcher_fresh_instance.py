@@ -10,7 +10,7 @@ Real gloo groups of 3 ranks; each rank counts its own collectives (`runtime.coun
 import numpy as np
 import torch
 
-from orchmllm.runtime import PostBalancingDispatcher
+from orchmllm.runtime import PostBalancingDispatcher, accumulate, normalize_loss
 from orchmllm.runtime.counting import CollectiveCounter
 from orchmllm.runtime.launch import spawn
 
@@ -85,3 +85,33 @@ def test_regression_a_plan_exchanged_on_one_rank_by_a_dispatcher_that_made_none_
     dispatcher's first plan starts every rank's sites afresh (four)."""
     counts = spawn(_exchanged_by_another_job, 3, timeout_s=60, collective_timeout_s=5)
     assert counts == [[4, 2, 2, 4]] * 3, counts
+
+
+def _trained_job(rank, size):
+    """A DDP model trained in `accumulate` over the micro-batches of each step; rank 2 alone builds a new dispatcher
+    at step 1.  Per step: the collectives the step ran (plan to the last backward)."""
+    torch.manual_seed(0)
+    model, dispatcher, counts = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1)), None, []
+    for step in range(3):
+        if dispatcher is None or (rank == REBUILT_RANK and step == REBUILT_STEP):
+            dispatcher = PostBalancingDispatcher()
+        lengths, counter = _lengths(rank, step), CollectiveCounter()
+        try:
+            plan = dispatcher.plan(lengths)
+            moved = dispatcher.dispatch({"x": _batch(rank, step, lengths)["x"]}, plan)
+            for micro in dispatcher.microbatches(plan, moved):
+                with accumulate(model, micro):
+                    normalize_loss(model(micro.data["x"]).sum(), micro).backward()
+        finally:
+            counter.close()
+        counts.append(sum(counter.calls.values()))
+    return counts
+
+
+def test_regression_a_dispatcher_rebuilt_on_one_rank_under_ddp_owed_the_model_check_alone():
+    """Cause (rt42, after the fix above): the model check's all-gather runs at a dispatcher's first training step;
+    the rebuilt rank owed it while its warm peers did not, so it waited in that all-gather and they in the next
+    all-to-all until the timeout.  The plan's state word now carries whether a loop trained: where it differs, the
+    check runs on every rank at that step (five collectives, as the first step), and not after (three)."""
+    counts = spawn(_trained_job, 3, timeout_s=60, collective_timeout_s=5)
+    assert counts == [[5, 5, 3]] * 3, counts
