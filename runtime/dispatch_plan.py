@@ -65,13 +65,14 @@ class DispatchPlan:
 
 def exchanged_by(dispatcher, plan: DispatchPlan):
     """The dispatcher that exchanges `plan` given to `dispatcher` (`dispatch`, `microbatches`, `combine`): the one
-    that made it where `dispatcher` has made no plan and has its options and group (one built to exchange
-    another's plans, or built again on one rank between a plan and its dispatch: its peers exchange the plan
-    through its maker's sites, whose headers may ride in the payload all-to-all, and a new dispatcher's first
-    header goes in an all-reduce, which they would wait for until the group's timeout: probe27 P27-08); else
+    that made it where that one has `dispatcher`'s options and group (one built to exchange another's plans, built
+    again on one rank between a plan and its dispatch, or a second instance, e.g. an evaluation's, given the
+    training one's plan on one rank): its peers exchange the plan through its maker's sites, whose headers may
+    ride in the payload all-to-all while another instance's go in an all-reduce, which they would wait for until
+    the group's timeout (probe27 P27-08), or whose sizes gloo would abort on (P27-10: 48 vs 24 bytes); else
     `dispatcher`."""
     maker = plan.maker
-    if (dispatcher.made_plans or maker is None or maker is dispatcher or maker.group is not dispatcher.group
+    if (maker is None or maker is dispatcher or maker.group is not dispatcher.group
             or plan.config_fingerprint != dispatcher.config_fingerprint):
         return dispatcher
     return maker

@@ -140,7 +140,6 @@ class PostBalancingDispatcher:
         self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._clock = StepClock()  # the latest dispatch's step, which its micro-batches carry
-        self.made_plans = False  # whether `plan` ran (else it exchanges another's plans through it: `exchanged_by`)
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
         """Gather every rank's item lengths and compute the plan (a collective).
@@ -152,7 +151,7 @@ class PostBalancingDispatcher:
         the default); the route is still for this dispatcher's group.
         """
         group = metadata_group_of(metadata_group, self.group)
-        start, self.made_plans = time.perf_counter(), True
+        start = time.perf_counter()
         try:
             new_step(planning=True)  # the loop of the step dispatched may still run (a plan made inside it)
             lengths, losses = local_tables(lengths, loss_tokens)

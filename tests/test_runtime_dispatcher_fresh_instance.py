@@ -115,3 +115,29 @@ def test_regression_a_dispatcher_rebuilt_on_one_rank_under_ddp_owed_the_model_ch
     check runs on every rank at that step (five collectives, as the first step), and not after (three)."""
     counts = spawn(_trained_job, 3, timeout_s=60, collective_timeout_s=5)
     assert counts == [[5, 5, 3]] * 3, counts
+
+
+def _two_warm_job(rank, size):
+    """A training and an evaluation dispatcher (same options), both planning and exchanging at steps 0-1 on every
+    rank; at step 2 rank 2 gives the training plan to the evaluation dispatcher.  Per step: the collectives of the
+    training plan's exchange."""
+    train, evaluation = PostBalancingDispatcher(per_item_keys={"id"}), PostBalancingDispatcher(per_item_keys={"id"})
+    counts = []
+    for step in range(3):
+        lengths = _lengths(rank, step)
+        plan = train.plan(lengths)
+        if step < 2:
+            others = list(reversed(lengths))
+            _exchanged(evaluation, _batch(rank, step, others), evaluation.plan(others))
+        counts.append(_exchanged(evaluation if rank == REBUILT_RANK and step == 2 else train,
+                                 _batch(rank, step, lengths), plan))
+    return counts
+
+
+def test_regression_a_warm_second_dispatcher_given_the_others_plan_on_one_rank_aborted_gloo():
+    """Cause (probe27 P27-10): only a dispatcher that had made no plan handed another's plan to its maker; a warm
+    evaluation dispatcher exchanged the training plan through its own sites on rank 2, and gloo aborted the
+    processes (SIGABRT, '48 vs 24' bytes).  Now a plan goes through the dispatcher that made it wherever that one
+    has the options and group: every step's headers ride (two collectives) from the second on."""
+    counts = spawn(_two_warm_job, 3, timeout_s=60, collective_timeout_s=5)
+    assert counts == [[4, 2, 2]] * 3, counts
