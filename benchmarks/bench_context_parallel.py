@@ -300,7 +300,7 @@ def test_giant_families_microbatch_planning_time(request):
     probe's).  Issue 24 asks at most 10× the default mix; at bf571b0 the families read 6-63× at D = 512 (load ~8:
     allgiant 63×, zeros_giants 44×, bimodal 37×) and 12-205× at D = 2560, most of it in the split planner's
     placement (`placement.py`) of the spill's probes (`repair.py`), so the assertions only guard against losing
-    ground (and step / bound against a worse plan)."""
+    ground (about 3x the worst ratio measured, 185x at D 2560 under load 8) and step / bound against a worse plan."""
     heavy = request.config.getoption("--heavy", default=False)
     num_ranks = 2560 if heavy else 512
     base, _ = llm_stage_lengths(num_ranks, 16, 11)
@@ -320,4 +320,4 @@ def test_giant_families_microbatch_planning_time(request):
               f"{step.step_cost / step.lower_bound:.4f}); default mix {best['default'] * 1e3:.1f} ms: "
               f"{rows[-1]:.0f}× (issue 24: ≤ 10×)")
         assert step.step_cost <= 1.1 * step.lower_bound
-    assert max(rows) <= 2000
+    assert max(rows) <= (600 if heavy else 200)
