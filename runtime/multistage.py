@@ -123,7 +123,6 @@ class MultiStageRuntime:
         self._reached: dict[str, set | None] = {}  # what each one's first checked call with items depended on
         self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
         self._clock, self._looped = StepClock(begun=False), None  # the latest loop's step, and its routes
-        self._made = False  # whether this runtime made routes (`_runner`)
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
@@ -208,17 +207,17 @@ class MultiStageRuntime:
         units = TextUnits.of_step(step)
         made = StepRoutes(step, rank, microbatches, input_routes, units.route(batch, rank, size, plan_id),
                           int(num_loss_tokens), planning_seconds, units, input_units)
-        self._made = True
         for routes in (made, *microbatches):
             _MAKERS[routes] = self
         return made
 
     def _runner(self, routes) -> "MultiStageRuntime":
-        """The runtime that runs `routes` (`dispatch`, `microbatches`, `forward`): this one, or where it has made no
-        routes, the runtime of the same configuration, group and `check_encoders` that made them (this one was built
-        on some ranks only after the plan, probe27 P27-08: its first loop owed the model check that its peers'
-        runtimes did not, and every rank waited until the group's timeout)."""
-        maker = None if self._made or not isinstance(routes, (StepRoutes, PassRoutes)) else _MAKERS.get(routes)
+        """The runtime that runs `routes` (`dispatch`, `microbatches`, `forward`): the one that made them where it has
+        this one's configuration, group and `check_encoders`, else this one (a runtime built on some ranks only after
+        the plan, probe27 P27-08, or a second one, e.g. an evaluation's that never trains, given the training one's
+        routes on one rank, review R19-08: its loop owed the model check that its peers' did not, and every rank
+        waited until the group's timeout)."""
+        maker = _MAKERS.get(routes) if isinstance(routes, (StepRoutes, PassRoutes)) else None
         same = maker is not None and maker.group is self.group and (maker.config_fingerprint, maker.check_encoders) \
             == (self.config_fingerprint, self.check_encoders)
         return maker if same else self

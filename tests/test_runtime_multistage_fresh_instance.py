@@ -40,18 +40,22 @@ def _samples(rank, step):
                    source=rank, id=10 * rank + k) for k in range(3)]
 
 
-def _step(runtime, model, rank, step, rebuilt=False):
-    """Plan, dispatch and train one step (`rebuilt`: through a new runtime built after the plan); (its loss, the
-    orchmllm collectives it ran)."""
+def _step(runtime, model, rank, step, rebuilt=False, through=None, train=True):
+    """Plan, dispatch and train one step (`rebuilt`: through a new runtime built after the plan; `through`: through
+    that runtime; not `train`: under no_grad); (its loss, the orchmllm collectives it ran)."""
     samples, generator = _samples(rank, step), torch.Generator().manual_seed(rank + 10 * step)
     counter = CollectiveCounter()
     try:
         routes = runtime.plan(samples)
-        runtime = MultiStageRuntime(STAGES) if rebuilt else runtime
+        runtime = MultiStageRuntime(STAGES) if rebuilt else through or runtime
         text = {"input_ids": torch.randint(0, 16, (sum(sample.text for sample in samples),), generator=generator)}
         image = torch.randn(sum(s.length for sample in samples for s in sample.segments), 4, generator=generator)
         total = 0.0
         for micro in runtime.microbatches(routes, runtime.dispatch(routes, text=text, inputs={"image": image})):
+            if not train:
+                with torch.no_grad():
+                    total += float(model(runtime, micro))
+                continue
             with accumulate(model, micro):
                 loss = model(runtime, micro)
                 normalize_loss(loss, micro).backward()
@@ -89,3 +93,26 @@ def test_regression_a_runtime_rebuilt_on_one_rank_waited_in_the_model_check_unti
         assert [count for _, count in rebuilt] == [10, 10, 9], rebuilt
         assert [count for _, count in after_plan] == [10, 9, 9], after_plan
         assert [loss for loss, _ in rebuilt] == [loss for loss, _ in after_plan] == [loss for loss, _ in warm]
+
+
+def _evaluation_job(rank, size):
+    """A training and an evaluation runtime, the evaluation one planning and running no-grad loops only (it never
+    trains); at step 1 rank 2 trains the training runtime's routes through the evaluation one.  Per step: the
+    training step's (loss, collectives)."""
+    torch.manual_seed(0)
+    model, steps = nn.parallel.DistributedDataParallel(Model()), []
+    train, evaluation = MultiStageRuntime(STAGES), MultiStageRuntime(STAGES)
+    for step in range(3):
+        _step(evaluation, model, rank, step + 5, train=False)
+        through = evaluation if rank == REBUILT_RANK and step == REBUILT_STEP else None
+        steps.append(_step(train, model, rank, step, through=through))
+    return steps
+
+
+def test_regression_an_evaluation_runtime_given_the_training_routes_on_one_rank_owed_the_model_check():
+    """Cause (review R19-08): only a runtime that had made no routes ran another's through their maker; an
+    evaluation runtime (routes made, never trained) owed the model check on rank 2 alone, and every rank waited
+    until the timeout.  Now routes run through the runtime that made them wherever it has the configuration,
+    group and `check_encoders`: the training steps' collectives as without it."""
+    for steps in spawn(_evaluation_job, 3, timeout_s=60, collective_timeout_s=5):
+        assert [count for _, count in steps] == [10, 9, 9], steps
