@@ -97,15 +97,13 @@ def deal_locally(problem: Problem, target: float, origins: Origins, fill: str | 
     """`balance_locally`'s unpadded deal (keep home, take in node, take anywhere, repair; or with `fill`)
     under `target`: its destinations where every rank meets the target and the cap, else None (also past
     `max_lpt_rounds` LPT rounds of `take_anywhere`, where token room binds)."""
-    labels = canonical_ranks(origins.sources, problem.num_ranks, origins.gpus_per_node)
-    sources = origins.sources if labels is None else labels[origins.sources]
+    labelled = ItemLabels(origins.sources, problem.num_ranks, origins.gpus_per_node)
     try:
-        state = _unpadded(problem, target, sources, origins.item_bytes, origins.gpus_per_node, fill, max_lpt_rounds)
+        state = _unpadded(problem, target, labelled.sources, origins.item_bytes, origins.gpus_per_node, fill,
+                          max_lpt_rounds)
     except NoRoom:
         return None
-    candidate, cap = state.destinations, problem.max_tokens_per_rank
-    if labels is not None:
-        candidate = np.argsort(labels)[candidate]
+    candidate, cap = labelled.ranks(state.destinations), problem.max_tokens_per_rank
     # exact sums (one cost): the deal's loads are the plan's in any order; else summed again in item order
     loads = state.loads if state.exact_cost is not None else rank_loads(problem, candidate)
     if loads.max() <= target and (cap is None or rank_tokens(problem, candidate).max() <= cap):
@@ -143,6 +141,25 @@ def canonical_ranks(sources: np.ndarray, num_ranks: int, gpus_per_node: int) -> 
     labels = np.empty(num_ranks, dtype=np.int64)
     labels[order] = ranks
     return labels
+
+
+class ItemLabels:
+    """A deal's view of the ranks under the labels read from the items (`canonical_ranks`): `sources` relabelled,
+    and `ranks(destinations)` mapping its result back to the ranks' own labels (both as given where those are the
+    items' labels already).
+
+    >>> labelled = ItemLabels(np.array([2, 2, 3, 0]), 4, 2)
+    >>> labelled.sources.tolist(), labelled.ranks(labelled.sources).tolist()
+    ([0, 0, 1, 2], [2, 2, 3, 0])
+    """
+
+    def __init__(self, sources: np.ndarray, num_ranks: int, gpus_per_node: int):
+        self.labels = canonical_ranks(sources, num_ranks, gpus_per_node)
+        self.sources = sources if self.labels is None else self.labels[sources]
+
+    def ranks(self, destinations: np.ndarray) -> np.ndarray:
+        """`destinations` under the items' labels, on the ranks' own."""
+        return destinations if self.labels is None else np.argsort(self.labels)[destinations]
 
 
 def balance_locally(problem: Problem, plain_assignment: np.ndarray, origins: Origins, makespan_slack: float,
@@ -183,16 +200,12 @@ def _placed_and_redealt(problem: Problem, plain_assignment: np.ndarray, origins:
     as `deal_locally`'s deal: the LAP's and the re-deal's ties by rank index then follow the items, so a relabelling
     of a symmetric topology's ranks relabels them (probe27 P27-03: the re-deal from a placement of other ties moved
     3100 or 3500 tokens across nodes at D = 4 x 4 on lengths 100/200/400)."""
-    labels = canonical_ranks(origins.sources, problem.num_ranks, origins.gpus_per_node)
-    sources = origins.sources if labels is None else labels[origins.sources]
-    placed = assign_groups(plain_assignment, sources, origins.item_bytes, problem.num_ranks, origins.gpus_per_node,
-                           LAP_MAX_ENTRIES)[plain_assignment]
-    swapped = redeal_equal_items(problem.lengths, placed, sources, origins.item_bytes, origins.gpus_per_node,
+    labelled = ItemLabels(origins.sources, problem.num_ranks, origins.gpus_per_node)
+    placed = assign_groups(plain_assignment, labelled.sources, origins.item_bytes, problem.num_ranks,
+                           origins.gpus_per_node, LAP_MAX_ENTRIES)[plain_assignment]
+    swapped = redeal_equal_items(problem.lengths, placed, labelled.sources, origins.item_bytes, origins.gpus_per_node,
                                  problem.num_ranks)
-    if labels is None:
-        return placed, swapped
-    rank_of = np.argsort(labels)
-    return rank_of[placed], rank_of[swapped]
+    return labelled.ranks(placed), labelled.ranks(swapped)
 
 
 def moved(destinations: np.ndarray, origins: Origins) -> tuple[float, float]:

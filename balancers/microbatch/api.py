@@ -28,7 +28,7 @@ import numpy as np
 
 from ..context_parallel.microbatch import balance_microbatches_split
 from ..kernels.lpt import sharing_plans
-from ..locality.balance import canonical_ranks, deal_locally, moved
+from ..locality.balance import ItemLabels, deal_locally, moved
 from ..locality.deal import NoRoom
 from ..locality.lap import assign_groups, assign_groups_greedily
 from ..locality.redeal import redeal_equal_items
@@ -228,12 +228,12 @@ def _keep_local(problem: MicroBatchProblem, result, num_microbatches: int, origi
     deal: its placements' and re-deal's ties by rank index then follow the items, so a relabelling of a symmetric
     topology's ranks relabels its plan (probe27 P27-03).  The plain cells themselves, which `plan_microbatches`
     keeps where they move fewer bytes, keep the ranks' own labels: there a relabelling may move other bytes."""
-    labels = canonical_ranks(origins.sources, problem.num_ranks, origins.gpus_per_node)
-    if labels is None:
+    labelled = ItemLabels(origins.sources, problem.num_ranks, origins.gpus_per_node)
+    if labelled.labels is None:
         return _kept_local(problem, result, num_microbatches, origins, deal)
-    labelled = Origins(labels[origins.sources], origins.item_bytes, origins.gpus_per_node)
-    local = _kept_local(problem, result, num_microbatches, labelled, deal)
-    return local._replace(rank=np.argsort(labels)[local.rank])
+    local = _kept_local(problem, result, num_microbatches,
+                        Origins(labelled.sources, origins.item_bytes, origins.gpus_per_node), deal)
+    return local._replace(rank=labelled.ranks(local.rank))
 
 
 def _kept_local(problem: MicroBatchProblem, result, num_microbatches: int, origins: Origins, deal: bool):

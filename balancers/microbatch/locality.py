@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..locality.balance import canonical_ranks
+from ..locality.balance import ItemLabels
 from ..locality.deal import NoRoom, take_anywhere
 from ..locality.fill import FINE_TIERS, TIERS, fill_locally, filler_items, filler_share, length_tiers
 from ..locality.group_deal import by_group, deal_in_groups
@@ -131,9 +131,9 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
         if m == 1:
             raise NoRoom  # as the fill would (see below)
         return None
-    sources, item_bytes, gpus_per_node = origins.sources, origins.item_bytes, origins.gpus_per_node
-    labels = canonical_ranks(sources, problem.num_ranks, gpus_per_node)
-    sources = sources if labels is None else labels[sources]
+    item_bytes, gpus_per_node = origins.item_bytes, origins.gpus_per_node
+    labelled = ItemLabels(origins.sources, problem.num_ranks, gpus_per_node)
+    sources = labelled.sources
     cell = result.microbatch * problem.num_ranks + result.rank  # the plain loads as `cell_accounts` sums them
     maxima = cell_loads(problem, cell, m * problem.num_ranks).reshape(m, -1).max(axis=1)
     target = float(maxima.max())
@@ -158,8 +158,7 @@ def keep_cells_local(problem: MicroBatchProblem, result: MicroBatchResult, num_m
         tokens = cell_token_sums(problem, state.destinations, state.loads.size)
         if np.all(loads.reshape(-1, m).max(axis=0) <= maxima) and tokens.max() <= problem.max_tokens_per_microbatch:
             rank, microbatch = np.divmod(state.destinations, m)
-            rank = rank if labels is None else np.argsort(labels)[rank]
-            return result._replace(rank=rank, microbatch=microbatch)
+            return result._replace(rank=labelled.ranks(rank), microbatch=microbatch)
     return None
 
 
