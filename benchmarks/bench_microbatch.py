@@ -230,7 +230,14 @@ def test_greedy_planning_time_on_capped_pareto_lengths(alternated_cpu):
     82k items at load 5.5, as much as this one.  Tried, same cells, not kept: one-load zones without the sort and the
     bookkeeping in one pass 1.05x; runs of one item straight to `_best_fit` 1.09-1.14x (min of 9 alternated, load
     3.5-7), which lifts test_microbatch_greedy_runs' counted searches to 1029 of 2048, over its n / 2.  10x needs
-    runs placed without Python work per item (a vectorised or compiled run)."""
+    runs placed without Python work per item (a vectorised or compiled run).  Session 20 (numpy windows making the
+    item-by-item choices, the same cells on 758 held-out rows, not kept): the zone fits as a stack's pops (each item
+    pushes the cells its lower cost newly fits), 40.8k of the 82k items in ~200 windows, and the rises to the least
+    loaded cells in turn, 10.4k items, ~15 a window: 0.9-1.03x (alternated, load 8).  A window pays the row's
+    conversion to arrays, the sort of equal loads (lowest cell first; common, loads are sums of equal costs) and
+    the writes back into the lists, ~1.1-1.6 us an item, as the zone takes cost; and the rises' windows end at
+    each run, where cells come back from the waiting heap (the length falls by one) and take an item each in the
+    other micro-batches.  10x needs the state itself in arrays and windows across runs."""
     num_ranks, budget, cost = 2560, 16384, CostModel(linear=1.0, quadratic=1e-4)
     lengths = np.minimum((np.random.default_rng(0).pareto(0.8, num_ranks * 32) * 200).astype(np.int64) + 1, budget)
     default = timed_lengths("default")
@@ -264,7 +271,8 @@ def test_padded_auto_planning_time_at_2560_ranks(budget, alternated_cpu):
     load 7), ~12-19x the default plan of the default mix, 17-23x the unpadded plan of the same items.  Session 19
     (cProfile, T 16k): `_take_fits` 68 % (95k cells taking one item each, ~14 a call after each of ~7.7k rises),
     `_best_fit` 14 %: the per-item Python floor of the unpadded greedy's test; printed 17.9x / 17.5x (T 8k) and
-    25.5x / 20.6x (T 16k), best-of / median, at load 5.5."""
+    25.5x / 20.6x (T 16k), best-of / median, at load 5.5.  Session 20: `_take_fits` places ~45 items a call (T 8k,
+    4.3k calls over the M tried), one rise and its search between two: the floor of the greedy's test above."""
     lengths = timed_lengths("default")
 
     def plan(padded):
