@@ -271,7 +271,7 @@ def test_padded_auto_planning_time_at_2560_ranks(budget, alternated_cpu):
     load 7), ~12-19x the default plan of the default mix, 17-23x the unpadded plan of the same items.  Session 19
     (cProfile, T 16k): `_take_fits` 68 % (95k cells taking one item each, ~14 a call after each of ~7.7k rises),
     `_best_fit` 14 %: the per-item Python floor of the unpadded greedy's test; printed 17.9x / 17.5x (T 8k) and
-    25.5x / 20.6x (T 16k), best-of / median, at load 5.5.  Session 20: `_take_fits` places ~45 items a call (T 8k,
+    25.5x / 20.6x (T 16k), best-of / median, at load 5.5.  Session 20: `_take_fits` places ~22 items a call (T 8k,
     4.3k calls over the M tried), one rise and its search between two: the floor of the greedy's test above."""
     lengths = timed_lengths("default")
 
