@@ -3,7 +3,7 @@
     T* = canonical bound (`bound.py`)
     for T in T*, T*·(1 + 1/64), ..., T*·(1 + 7/64), then the items' times above (while groups
             overflow the free blocks, as long as the estimate below improves; none after a first
-            target that leaves the groups no token room):
+            target that leaves the groups no token room, nor after NO_ROOM_RUN such targets in a row):
         degree[i] = smallest degree whose time fits T (only items long for the step split); lone items moved up
             a degree where they outnumber the ranks (`pairing.py`)
         per degree c, largest first (`placement.py`): its items, longest time first, into the first group of c
@@ -51,6 +51,12 @@ LADDER_STEPS = 8
 LADDER_BREAKPOINTS = 32
 """Targets T*·(1 + k·LADDER_STEP), k < LADDER_STEPS, then up to LADDER_BREAKPOINTS item times above
 them, tried while the groups overflow the free blocks."""
+NO_ROOM_RUN = 3
+"""Targets in a row without token room after which the ladder stops (a speed rule).  Wider targets drop degrees,
+so shards grow and room rarely comes back: of 1127 ladder placements (issue 24 families and giant mixes, D = 512,
+seeds 3, 5, 8) 150 found no room after a target that had it, and in 3 of 712 layouts a later target found room
+and a lower estimate again, after at most 2 such targets in a row.  Such runs went on to the ladder's end (up to
+39 targets: the bimodal family at D = 512, 0.12 s of 0.5 s; zeros_giants at D = 2560, 0.36 s of 2.9 s)."""
 
 
 def _targets(allotment: Allotment, bound: float) -> list[float]:
@@ -81,6 +87,7 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
     the bound (None when none has token room): the items `long` laid out, the others' starts -1.
     `layouts`: the layouts of the targets, shared by calls with more `long` items (`place_groups`)."""
     best, best_estimate, overflowed, tiered = None, math.inf, True, ()  # (): two tiers not weighed yet
+    roomless = 0  # the targets in a row without token room
     times = TimeTable(problem, spec, gpus_per_node, long)
     cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
     # no item splits at the bound, yet more whole items cost over half of it than there are ranks (`split.plan_split`)
@@ -96,9 +103,11 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
                               riding.size > 1 else long, target, layouts)
         if placed is not None and riding.size > 1:  # the others go where the first went (`_free_riders`)
             placed[0][riding[1:]], placed[1][riding[1:]] = placed[0][riding[0]], placed[1][riding[0]]
-        if placed is None:  # no token room: where the first target had none, stop (a speed rule: wider ones pack
-            # groups fuller and rarely find room, 1 of 270 layouts surveyed; it may change such a plan)
-            if best is None:
+        roomless = roomless + 1 if placed is None else 0
+        if placed is None:  # no token room: where the first target had none, or NO_ROOM_RUN in a row had none, stop
+            # (speed rules: wider ones pack groups fuller and rarely find room, 1 of 270 layouts surveyed; see
+            # NO_ROOM_RUN; they may change such a plan)
+            if best is None or roomless >= NO_ROOM_RUN:
                 break
             continue
         start, degree, overflow = placed
