@@ -12,6 +12,7 @@ from ..balancers import BalancePlan, MicroBatchPlan
 from .exchange import ExchangeMeta
 from .metadata import GatheredMetadata
 from .sharding import StepSharding
+from .steps import plan_runner
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,6 +39,7 @@ class DispatchPlan:
     config_fingerprint: bytes
     config_options: Mapping
     maker: object = field(default=None, repr=False)  # the dispatcher whose `plan()` made it (`exchanged_by`)
+    sequence: int = field(default=0, repr=False)  # when this process made it (`steps.next_sequence`)
 
     def __getstate__(self) -> dict:  # a copy in another process (pickled) or of another life (deepcopied): no maker
         return {**self.__dict__, "maker": None}
@@ -63,16 +65,12 @@ class DispatchPlan:
         return self.sharding.local_tokens
 
 
-def exchanged_by(dispatcher, plan: DispatchPlan):
-    """The dispatcher that exchanges `plan` given to `dispatcher` (`dispatch`, `microbatches`, `combine`): the one
-    that made it where that one has `dispatcher`'s options and group (one built to exchange another's plans, built
-    again on one rank between a plan and its dispatch, or a second instance, e.g. an evaluation's, given the
-    training one's plan on one rank): its peers exchange the plan through its maker's sites, whose headers may
-    ride in the payload all-to-all while another instance's go in an all-reduce, which they would wait for until
-    the group's timeout (probe27 P27-08), or whose sizes gloo would abort on (P27-10: 48 vs 24 bytes); else
-    `dispatcher`."""
-    maker = plan.maker
-    if (maker is None or maker is dispatcher or maker.group is not dispatcher.group
-            or plan.config_fingerprint != dispatcher.config_fingerprint):
-        return dispatcher
+def exchanged_by(dispatcher, plan: DispatchPlan, call: str):
+    """The dispatcher that exchanges `plan` given to `dispatcher`'s `call` (`dispatch`, `microbatches`, `combine`):
+    its maker or `dispatcher` (`steps.plan_runner`).  A maker of other options than `dispatcher`'s carries
+    `dispatcher`'s refusal of the plan into its next exchange, where every rank raises it (probe27 P27-10b: refused
+    through `dispatcher`'s own sites, a fresh one waited until the timeout and a warm one aborted gloo)."""
+    maker = plan_runner(dispatcher, plan.maker, plan.sequence)
+    if maker is not dispatcher and plan.config_fingerprint != dispatcher.config_fingerprint:
+        maker._carry(dispatcher._foreign_problem(plan, call))
     return maker

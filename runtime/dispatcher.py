@@ -71,7 +71,7 @@ from .prefetch import metadata_group_of
 from .routes import expected_pieces, planner_word, site_pieces
 from .sharding import StepSharding, item_groups
 from .step_items import items_problem, local_tables, named_by_rank
-from .steps import StepClock, contract_of
+from .steps import StepClock, contract_of, next_sequence
 
 
 COMBINE_ORDERS = (None, "local_items", "microbatches")  # what one mapping of outputs may follow (`combine`)
@@ -139,6 +139,7 @@ class PostBalancingDispatcher:
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
+        self._latest_made = 0  # `DispatchPlan.sequence` of the latest plan this dispatcher made (`steps.plan_runner`)
         self._clock = StepClock()  # the latest dispatch's step, which its micro-batches carry
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
@@ -193,7 +194,8 @@ class PostBalancingDispatcher:
                                       group_rank(self.group), lambda digest: plan_word(*words, digest)
                                       if degree.size and degree.max() > 1 else plan_word(*words))
         made = DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding,
-                            self.config_fingerprint, self.config_options, self)
+                            self.config_fingerprint, self.config_options, self, next_sequence())
+        self._latest_made = made.sequence
         if group is self.group:  # made on every rank at this point of `group`'s collectives, the same plan where
             # `check_plan` agreed it or every rank planned with the same code (`routes.planner_word`)
             self._expected = made if self.options.check_plan or metadata.planner else None
@@ -259,7 +261,7 @@ class PostBalancingDispatcher:
         gradient (`runtime.carry`): the last micro-batch's loss must reach its rows on every rank (an empty one's
         too), and its backward runs last.
         """
-        if (owner := exchanged_by(self, _checked_plan(plan))) is not self:
+        if (owner := exchanged_by(self, _checked_plan(plan), "dispatch")) is not self:
             return owner.dispatch(batch, plan, lengths=lengths, loss_tokens=loss_tokens, differentiable=differentiable)
         problem = ((None if plan is self._latest else loop_left(self._clock.step))
                    or self._foreign_problem(plan, "dispatch") or items_problem(plan, lengths, loss_tokens)
@@ -317,6 +319,11 @@ class PostBalancingDispatcher:
         self._carried = problem
         return self._latest
 
+    def _carry(self, problem: PlanMismatchError) -> None:
+        """Raise `problem` (another dispatcher's refusal of this one's plan, `exchanged_by`) on every rank in this
+        dispatcher's next exchange, unless one is carried already."""
+        self._carried = self._carried or problem
+
     def _local_batch(self, moved) -> None:
         """A TypeError where `moved` is not a mapping of tensors; a ValueError where one of them is a tensor given to
         the latest plan's `dispatch` on this rank (its local batch), not one that dispatch returned: its rows are this
@@ -351,7 +358,7 @@ class PostBalancingDispatcher:
                     loss_sum = model(micro.data["input_ids"], micro.lengths)  # cu_seqlens from the lengths
                     normalize_loss(loss_sum, micro).backward()
         """
-        if (owner := exchanged_by(self, _checked_plan(plan))) is not self:
+        if (owner := exchanged_by(self, _checked_plan(plan), "microbatches")) is not self:
             return owner.microbatches(plan, moved)
         new_step()  # on the thread that runs the step (a prefetcher plans on another)
         self._local_batch(moved)
@@ -404,7 +411,7 @@ class PostBalancingDispatcher:
         times 0; else its peers wait in that exchange until the group's timeout); False for outputs that take
         no gradient (logged scores).
         """
-        if (owner := exchanged_by(self, _checked_plan(plan))) is not self:
+        if (owner := exchanged_by(self, _checked_plan(plan), "combine")) is not self:
             return owner.combine(outputs, plan, per_item_keys=per_item_keys, split_reduce=split_reduce, order=order,
                                  differentiable=differentiable)
         per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)

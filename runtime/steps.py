@@ -1,9 +1,29 @@
-"""Which step a micro-batch belongs to: the token a step's micro-batches carry (`StepToken`), and the clock a runtime
-keeps of its steps (`StepClock`), told apart by the dispatches between its micro-batch loops."""
+"""Which step a micro-batch belongs to: the token a step's micro-batches carry (`StepToken`), the clock a runtime
+keeps of its steps (`StepClock`), told apart by the dispatches between its micro-batch loops, and which runtime runs
+a step's plan given to another (`plan_runner`)."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+
+next_sequence = itertools.count(1).__next__  # the order in which this process's runtimes make plans (`plan_runner`)
+
+
+def plan_runner(instance, maker, sequence: int):
+    """The runtime (a dispatcher, a multi-stage runtime) that runs a plan given to `instance`, made by `maker` as this
+    process's `sequence`-th (`next_sequence`): the one whose exchanges its peers run now.  That is `maker` where it
+    is in `instance`'s group and made the plan after `instance` made its latest (one built to run another's plans,
+    built again on one rank between a plan and its exchange, or a second instance, e.g. an evaluation's, given the
+    training one's plan on one rank): its sites' headers may ride in the payload all-to-all while another
+    instance's go in an all-reduce, which the peers would wait for until the group's timeout (probe27 P27-08), or
+    whose sizes gloo would abort on (P27-10), and another instance's loop may owe the model check (review R19-08);
+    else `instance` (a plan made before its latest, kept from an instance that ran none of it: the peers run
+    `instance`'s exchanges, P27-10b)."""
+    if maker is None or maker is instance or maker.group is not instance.group or sequence < instance._latest_made:
+        return instance
+    return maker
 
 
 class StepToken:

@@ -8,9 +8,10 @@ and a dispatcher that has made no plan exchanges another's plans through the dis
 Real gloo groups of 3 ranks; each rank counts its own collectives (`runtime.counting`)."""
 
 import numpy as np
+import pytest
 import torch
 
-from orchmllm.runtime import PostBalancingDispatcher, accumulate, normalize_loss
+from orchmllm.runtime import PlanMismatchError, PostBalancingDispatcher, accumulate, normalize_loss
 from orchmllm.runtime.counting import CollectiveCounter
 from orchmllm.runtime.launch import spawn
 
@@ -141,3 +142,60 @@ def test_regression_a_warm_second_dispatcher_given_the_others_plan_on_one_rank_a
     has the options and group: every step's headers ride (two collectives) from the second on."""
     counts = spawn(_two_warm_job, 3, timeout_s=60, collective_timeout_s=5)
     assert counts == [[4, 2, 2]] * 3, counts
+
+
+def _other_options_job(rank, size, warm, call):
+    """A training dispatcher plans every step; an evaluation one of other options (a token budget) plans and
+    exchanges its own at steps 0-1 where `warm`; at step 2 rank 2 gives the training plan to the evaluation one's
+    `call` ("dispatch" or "combine").  What each rank raised there."""
+    train = PostBalancingDispatcher(per_item_keys={"id"})
+    evaluation = PostBalancingDispatcher(per_item_keys={"id"}, max_tokens_per_microbatch=64)
+    for step in range(3):
+        lengths = _lengths(rank, step)
+        batch, plan = _batch(rank, step, lengths), train.plan(lengths)
+        if warm and step < 2:
+            _exchanged(evaluation, batch, evaluation.plan(lengths))
+        odd = evaluation if rank == REBUILT_RANK and step == 2 else train
+        try:
+            moved = (odd if call == "dispatch" else train).dispatch(batch, plan)
+            (odd if call == "combine" else train).combine(moved, plan, differentiable=False)
+        except PlanMismatchError as error:
+            return str(error)
+    return "no error"
+
+
+@pytest.mark.parametrize("warm, call", [(True, "dispatch"), (False, "combine")])
+def test_regression_a_plan_given_on_one_rank_to_a_dispatcher_of_other_options_is_named_on_every_rank(warm, call):
+    """Cause (probe27 P27-10b): the evaluation dispatcher refused the plan through its own sites, so a fresh one's
+    header all-reduce met its peers' payload all-to-all (every rank timed out, naming nothing) and a warm one's
+    header gloo aborted on (SIGABRT, '48 vs 24' bytes).  Now the refusal rides in the training dispatcher's
+    exchange, which its peers run: every rank raises it, naming rank 2 and the option that differs."""
+    messages = spawn(_other_options_job, 3, args=(warm, call), timeout_s=60, collective_timeout_s=5)
+    for message in messages:
+        assert "ranks [2] disagree with ranks [0, 1]" in message, messages
+        assert f"{call} on rank 2: the plan was made by a dispatcher with other options (`max_tokens_per_microbatch`" \
+            in message, messages
+
+
+def _kept_job(rank, size):
+    """Every rank plans steps 0-2 ahead with a second dispatcher (same options) that exchanges nothing; at step 2
+    rank 2 dispatches that one's step-0 plan through the training dispatcher.  What each rank raised there."""
+    train, ahead = PostBalancingDispatcher(per_item_keys={"id"}), PostBalancingDispatcher(per_item_keys={"id"})
+    kept = [ahead.plan(_lengths(rank, step)) for step in range(3)]
+    for step in range(3):
+        lengths = _lengths(rank, step)
+        plan = train.plan(lengths)
+        plan = kept[0] if rank == REBUILT_RANK and step == 2 else plan
+        try:
+            train.combine(train.dispatch(_batch(rank, step, lengths), plan), plan, differentiable=False)
+        except PlanMismatchError as error:
+            return str(error)
+    return "no error"
+
+
+def test_regression_a_plan_kept_from_an_idle_dispatcher_went_through_its_sites_until_the_timeout():
+    """Cause (P27-10b's twin): a plan went through the dispatcher that made it, whose fresh sites' header all-reduce
+    met the peers' payload all-to-all.  A plan older than the training dispatcher's latest now goes through it, and
+    every rank names rank 2's plan."""
+    for message in spawn(_kept_job, 3, timeout_s=60, collective_timeout_s=5):
+        assert "the plan differs across ranks" in message and "ranks [2] disagree with ranks [0, 1]" in message, message

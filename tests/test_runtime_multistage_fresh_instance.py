@@ -8,6 +8,7 @@ runtime trained: where they differ, every rank starts afresh (the check runs on 
 
 Real gloo groups of 3 ranks; each rank counts its own orchmllm collectives (`runtime.counting`)."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -95,13 +96,13 @@ def test_regression_a_runtime_rebuilt_on_one_rank_waited_in_the_model_check_unti
         assert [loss for loss, _ in rebuilt] == [loss for loss, _ in after_plan] == [loss for loss, _ in warm]
 
 
-def _evaluation_job(rank, size):
-    """A training and an evaluation runtime, the evaluation one planning and running no-grad loops only (it never
-    trains); at step 1 rank 2 trains the training runtime's routes through the evaluation one.  Per step: the
-    training step's (loss, collectives)."""
+def _evaluation_job(rank, size, options):
+    """A training and an evaluation runtime (of `options`), the evaluation one planning and running no-grad loops
+    only (it never trains); at step 1 rank 2 trains the training runtime's routes through the evaluation one.  Per
+    step: the training step's (loss, collectives)."""
     torch.manual_seed(0)
     model, steps = nn.parallel.DistributedDataParallel(Model()), []
-    train, evaluation = MultiStageRuntime(STAGES), MultiStageRuntime(STAGES)
+    train, evaluation = MultiStageRuntime(STAGES), MultiStageRuntime(STAGES, **options)
     for step in range(3):
         _step(evaluation, model, rank, step + 5, train=False)
         through = evaluation if rank == REBUILT_RANK and step == REBUILT_STEP else None
@@ -109,10 +110,15 @@ def _evaluation_job(rank, size):
     return steps
 
 
-def test_regression_an_evaluation_runtime_given_the_training_routes_on_one_rank_owed_the_model_check():
+@pytest.mark.parametrize("options", [{}, {"check_encoders": False}], ids=["same_options", "no_encoder_check"])
+def test_regression_an_evaluation_runtime_given_the_training_routes_on_one_rank_owed_the_model_check(options):
     """Cause (review R19-08): only a runtime that had made no routes ran another's through their maker; an
     evaluation runtime (routes made, never trained) owed the model check on rank 2 alone, and every rank waited
-    until the timeout.  Now routes run through the runtime that made them wherever it has the configuration,
-    group and `check_encoders`: the training steps' collectives as without it."""
-    for steps in spawn(_evaluation_job, 3, timeout_s=60, collective_timeout_s=5):
+    until the timeout; one without `check_encoders` still did after that fix (probe27 P27-10b's twin: routes went
+    through their maker only where it had the same options).  Now routes newer than the evaluation runtime's
+    latest run through the runtime that made them: the training steps' collectives and losses as without it."""
+    runs = spawn(_evaluation_job, 3, args=(options,), timeout_s=60, collective_timeout_s=5)
+    alone = spawn(_job, 3, timeout_s=60, collective_timeout_s=5) if options else None
+    for rank, steps in enumerate(runs):
         assert [count for _, count in steps] == [10, 9, 9], steps
+        assert alone is None or steps == alone[rank][0], (steps, alone[rank][0])
