@@ -52,8 +52,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost import CostModel
+from ..microbatch.options import microbatch_options
 from ..microbatch.plan import MicroBatchPlan, float_sum, step_cost
-from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, exact_sum, make_problem
+from ..origins import as_origins
+from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, as_time_limit, exact_sum, make_problem
 from ..validation import as_index, as_int, as_real
 from .dual_feasible import cannot_lay_out
 from .exact_microbatch import exact_or_planned
@@ -368,7 +370,7 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     gain = 1 + spec.min_gain
     today, refusal = None, None
     try:
-        today = plain() if int(lengths.max(initial=0)) <= budget else None
+        today = plain() if spec.degrees[0] == 1 and int(lengths.max(initial=0)) <= budget else None  # P28-01
     except InfeasibleError as error:
         refusal = error
     fewest = max(1, -(-int(lengths.sum()) // (num_ranks * budget)))
@@ -478,6 +480,11 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit,
     spec.warn_unit_cost(cost)
     today = dict(plain, topology=topology if plain.get("sources") is not None else None)
     model = CostModel() if cost is None else cost
+    # today's arguments checked here, whatever the lengths: its planner reads them only where it is made (P28-04)
+    microbatch_options(budget, fixed, overhead, plain.get("algorithm", "auto"))
+    as_time_limit(plain.get("time_limit"))
+    as_origins(make_problem(lengths, num_ranks, cost=model), today.get("sources"), today.get("item_bytes"),
+               today["topology"])
 
     def planned():
         return at_most(lambda count: split_microbatches(

@@ -25,8 +25,10 @@ import numpy as np
 
 
 def _demand(time: np.ndarray, lone: np.ndarray, degree: int, target: float) -> int:
-    """Ranks the groups of one degree take: a block per lone item, the others packed by time."""
-    return degree * (int(lone.sum()) + math.ceil(float(time[~lone].sum()) / target))
+    """Ranks the groups of one degree take: a block per lone item, the others packed by time (at a target of 0,
+    every time 0: one block, probe28's empty items under static context parallelism divided by it)."""
+    packed = float(time[~lone].sum())
+    return degree * (int(lone.sum()) + (math.ceil(packed / target) if target > 0 else int(bool((~lone).any()))))
 
 
 def packable_degrees(times, lengths: np.ndarray, degree: np.ndarray, target: float, cap: float, num_ranks: int,
