@@ -1,5 +1,5 @@
-"""Static context parallelism (degrees without 1) in every entry point, and the exact split search's certificate
-within float rounding (probe28 P28-01, P28-02, P28-04 and the empty items under a static spec).
+"""Static context parallelism (degrees without 1) in every entry point, the exact split search's certificate within
+float rounding, and counts the tokens refuse (probe28 P28-01, P28-02, P28-04, P28-05, empty items, static spec).
 
 Each case failed on the tree before its fix: the micro-batch planner kept items at degree 1 where every item fit
 the budget unsplit and certified that plan against plans the spec forbids; the exact search proved 'optimal' one ulp
@@ -9,7 +9,7 @@ empty items under a static spec divided by a zero target."""
 import numpy as np
 import pytest
 
-from orchmllm import ContextParallel, CostModel, Orchestrator, balance, balance_microbatches
+from orchmllm import ContextParallel, CostModel, InfeasibleError, Orchestrator, balance, balance_microbatches
 from orchmllm.orchestrator import Batch, Sample, Stage
 from orchmllm.testing import brute_force_split, brute_force_split_microbatches, check_split_plan
 from orchmllm.topology import Topology
@@ -85,3 +85,13 @@ def test_empty_items_under_a_static_spec_plan_at_zero():
     step = Orchestrator((Stage("llm", "llm", CostModel()),), Topology(1, 2, latency_s=0.0),
                         context_parallel=ContextParallel(degrees=(2,))).plan(batch)
     assert [p.llm.degree.tolist() for p in step.microbatches] == [[2, 2]]
+
+
+def test_a_fixed_count_too_few_for_the_tokens_is_named_with_the_least_count_and_budget():
+    """P28-05: 36348 tokens on 4 ranks at T 8192 and M = 1: the fills' refusal said a larger budget "may fit" and
+    gave min_cap 8193, refused again; the tokens alone need 2 micro-batches, or a budget of 9087 at M = 1."""
+    with pytest.raises(InfeasibleError, match=r"`num_microbatches`=1 is too few: the items' 36348 tokens need at "
+                                              r"least 2 micro-batches") as refused:
+        balance_microbatches([16338, 14579, 3172, 2259], 4, max_tokens_per_microbatch=8192, num_microbatches=1,
+                             cost=CostModel(quadratic=1e-4), context_parallel=ContextParallel(degrees=(1, 2, 4)))
+    assert refused.value.min_cap == 9087

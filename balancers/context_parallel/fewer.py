@@ -24,6 +24,20 @@ import numpy as np
 from ..microbatch.plan import step_cost
 from ..problem import InfeasibleError, Status
 
+
+def within_tokens(lengths: np.ndarray, num_ranks: int, budget: int, num_microbatches: int | None) -> int | None:
+    """`num_microbatches` (None: free), or InfeasibleError where M micro-batches of `budget` tokens on each of
+    `num_ranks` cannot hold the items' tokens, split or not (probe28 P28-05: the fills' refusal said a larger
+    budget "may fit" and named a `min_cap` refused again); its `min_cap` the least budget the tokens allow at M."""
+    tokens = int(lengths.sum())
+    if num_microbatches is None or tokens <= num_microbatches * num_ranks * budget:
+        return num_microbatches
+    least, cap = -(-tokens // (num_ranks * budget)), -(-tokens // (num_ranks * num_microbatches))
+    raise InfeasibleError(f"`num_microbatches`={num_microbatches} is too few: the items' {tokens} tokens need at least "
+                          f"{least} micro-batches of max_tokens_per_microbatch={budget} tokens on {num_ranks} ranks, "
+                          f"split or not (or a budget of at least {cap} at {num_microbatches})", min_cap=cap)
+
+
 def padded(plan, num_microbatches: int):
     """`plan` (a split plan of at most `num_microbatches` micro-batches) with empty ones appended."""
     extra = num_microbatches - plan.num_microbatches

@@ -59,7 +59,7 @@ from ..problem import InfeasibleError, Status, as_lengths, as_num_ranks, as_time
 from ..validation import as_index, as_int, as_real
 from .dual_feasible import cannot_lay_out
 from .exact_microbatch import exact_or_planned
-from .fewer import at_most
+from .fewer import at_most, within_tokens
 from .grouping import group_microbatches, row_least
 from .plan import ContextParallelPlan
 from .regroup import regroup
@@ -467,7 +467,8 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit,
     lengths = as_lengths(lengths)
     num_ranks = as_num_ranks(num_ranks)
     budget = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
-    fixed = as_int(num_microbatches, "num_microbatches", minimum=1, optional=True)
+    fixed = within_tokens(lengths, num_ranks, budget, as_int(num_microbatches, "num_microbatches", minimum=1,
+                                                             optional=True))
     overhead = as_real(microbatch_overhead, "microbatch_overhead")
     if cost is not None and not isinstance(cost, CostModel):
         raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
