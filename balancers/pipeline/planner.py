@@ -441,7 +441,7 @@ def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndar
     bound = min(step, _bound(problem, pipeline, counts, first_stage))
     stages = pipeline.stages if forward.ndim == 3 else 1  # uniform stages: one stage's times stand for all
     work = np.ascontiguousarray(forward).sum() + np.ascontiguousarray(backward).sum()  # one order, whatever the layout
-    busy = float(work) / (problem.num_ranks * stages * step) if step > 0 else 1.0
+    busy = min(1.0, float(work) / (problem.num_ranks * stages * step)) if step > 0 else 1.0  # sums may round up
     times.setflags(write=False)
     return PipelineStep(pipeline=pipeline, replica_times=times, step_time=step, lower_bound=bound,
                         status=Status.OPTIMAL if step == bound else Status.FEASIBLE,
