@@ -92,3 +92,24 @@ def test_padded_batches_make_the_scans_choices(seed):
         assert (found is None) == (scanned is None)
         if found is not None:
             np.testing.assert_array_equal(found, scanned[0])
+
+
+@pytest.mark.parametrize("num_ranks, per_rank, seed, num_microbatches", [(64, 16, 0, 3), (16, 32, 2, 7)])
+def test_regression_a_padded_run_without_room_placed_items_past_its_snapshot(monkeypatch, num_ranks, per_rank, seed,
+                                                                            num_microbatches):
+    """Cause of padded `auto` at 2560 × 32 placing 20k items (T 16k, M 3) and 15k (T 8k, M 5 and 6) it had no use
+    for: a run that will find no room answers no M, only its snapshot (`_Run.start`) does, yet it went on to the item
+    without room.  Once no cell is empty, every item takes a cell's room for one more, whatever the item, so the room
+    left proves it (`_PaddedRows._short`): the run stops where it has its snapshot (default mix, T 8k: 562 and 507
+    items placed before, 371 and 361 now); the next M's run starts there, the cells the scan's."""
+    lengths = np.minimum(sample_workload("default", num_ranks, per_rank, seed=seed).sample_llm_length, 8192)
+    problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=8192, cost=COST_84B, padded=True)
+    placed, run = [], greedy._PaddedRows.run
+    monkeypatch.setattr(greedy._PaddedRows, "run", lambda self, *args: (run(self, *args), placed.append(
+        (len(self.chosen), self.snapshot and len(self.snapshot.chosen))))[0])
+    assert greedy.greedy_cells(problem, num_microbatches) is None
+    assert greedy._scan_greedy(problem, num_microbatches, sorted_order(problem.item_costs)) is None
+    (stopped, snapshot), = placed
+    assert stopped == snapshot + 1 < problem.num_items
+    np.testing.assert_array_equal(greedy.greedy_cells(problem, num_microbatches + 1), _scan(problem,
+                                                                                          num_microbatches + 1))

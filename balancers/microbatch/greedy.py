@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels.auto import in_given_order
+from .greedy_rows import cut as _cut, first_above as _first_above, gathered as _gathered, tied as _tied
 from .greedy_scan import Cells, fresh_wins as _fresh_wins, scan_greedy as _scan_greedy  # noqa: F401 (Cells: the tests')
 from .plan import MicroBatchProblem, MicroBatchResult
 from .search import improve
@@ -100,24 +101,6 @@ def scans(problem: MicroBatchProblem) -> bool:
     return not _searchable(problem, problem.cost_order)
 
 
-def _tied(row: list, at: int, step: int, cost: float, top: float, best: float) -> int:
-    """The lowest cell among the runs of equal loads from position `at` of `row` (a micro-batch's (load, cell) pairs,
-    sorted) on, towards `step`, whose excess (load + cost) - top is `best` (float rounding can tie unequal loads)."""
-    load = row[at][0]
-    first = at if at == 0 or row[at - 1][0] != load else bisect.bisect_left(row, (load, -1))  # a run of one: no search
-    cell = row[first][1]
-    if step < 0:
-        while first > 0 and (row[first - 1][0] + cost) - top == best:
-            first = bisect.bisect_left(row, (row[first - 1][0], -1))
-            cell = min(cell, row[first][1])
-        return cell
-    end = at + 1 if at + 1 == len(row) or row[at + 1][0] != load else bisect.bisect_right(row, (load, math.inf))
-    while end < len(row) and (row[end][0] + cost) - top == best:
-        cell = min(cell, row[end][1])
-        end = bisect.bisect_right(row, (row[end][0], math.inf))
-    return cell
-
-
 def _best_fit(rows: list, level: list, add: float, empty: list | None = None, cost: float = 0.0,
               fitless: bool = False) -> tuple[int, float] | None:
     """The greedy's (cell, excess) for an item (`rows`: per micro-batch the sorted (load, cell) pairs of the cells
@@ -152,61 +135,6 @@ def _best_fit(rows: list, level: list, add: float, empty: list | None = None, co
     if empty is not None and empty[where] >= 0 and cost - level[where] == best:
         cell = min(cell, empty[where])
     return int(cell), best
-
-
-def _first_above(row: list, hi: int, top: float, add: float, floor: float) -> int:
-    """The first position below `hi` from which every pair of `row` has (load + add) - top > `floor` in floats (it
-    grows with the load): `floor` 0, the end of the fits of an item of cost `add`; -`add`, those taking no second."""
-    at = bisect.bisect_right(row, (floor + top - add, math.inf), 0, hi)
-    while at > 0 and (row[at - 1][0] + add) - top > floor:  # float rounding: a run of one load at a time
-        at = bisect.bisect_left(row, (row[at - 1][0], -1), 0, at)
-    while at < hi and (row[at][0] + add) - top <= floor:
-        at = bisect.bisect_right(row, (row[at][0], math.inf), at, hi)
-    return at
-
-
-def _best_of(row: list, fit: int, need: int, top: float, add: float) -> tuple[list, list | None]:
-    """The `need` best pairs of row[:fit] by (excess desc, cell asc) and the spans they fill, highest first (None:
-    a run of equal excess straddling the cut has unequal loads, by float rounding; its lowest cells are taken)."""
-    if fit <= need:
-        return row[:fit], [(0, fit)]
-    cut = fit - need
-    excess = (row[cut][0] + add) - top
-    if (row[cut - 1][0] + add) - top != excess:
-        return row[cut:fit], [(cut, fit)]
-    high = _first_above(row, fit, top, add, excess)
-    low = bisect.bisect_left(row, (row[cut - 1][0], -1), 0, cut)
-    while low > 0 and (row[low - 1][0] + add) - top == excess:  # rounding: equal excess of unequal loads
-        low = bisect.bisect_left(row, (row[low - 1][0], -1), 0, low)
-    if row[low][0] == row[high - 1][0]:  # one load: its lowest cells first
-        return row[high:fit] + row[low:low + high - cut], [(high, fit), (low, low + high - cut)]
-    return row[high:fit] + sorted(row[low:high], key=lambda pair: pair[1])[:high - cut], None
-
-
-def _gathered(rows: list, level: list, fits: list, needs: list, add: float) -> tuple[list, list]:
-    """The `needs[m]` best of row m's fits (`_best_of`) as (excess, -cell, load), best first; (m, pairs, spans)."""
-    taken, parts = [], []
-    for m, need in enumerate(needs):
-        if need > 0:
-            pairs, spans = _best_of(rows[m], fits[m], need, level[m], add)
-            parts.append((m, pairs, spans))
-            taken += [((load + add) - level[m], -cell, load) for load, cell in pairs]
-    taken.sort(reverse=True)
-    return taken, parts
-
-
-def _cut(row: list, pairs: list, spans: list | None, taken: set | None) -> list:
-    """`pairs` of `row` (filling `spans`, or where they are), those of `taken` cells where given, out of it."""
-    if taken is not None:
-        kept = [pair for pair in pairs if pair[1] in taken]
-        pairs, spans = kept, spans if len(kept) == len(pairs) else None
-    if spans is None:
-        for pair in pairs:
-            del row[bisect.bisect_left(row, pair)]
-    else:
-        for lo, hi in spans:
-            del row[lo:hi]
-    return pairs
 
 
 def _copied(state):
@@ -370,14 +298,19 @@ class _PaddedRows:
         with one more item is its own, whatever the item, so while every empty cell's level is below the item's cost
         (an empty cell is a rise, a fit beats it) the fits take the items a sort at a time (`_take_fits`); else a
         micro-batch's empty cells may take a run (`_take_empties`).  Once no cell fits, only a rise's own micro-batch
-        can make one fit: the rises skip the search for fits (`fits_gone`)."""
+        can make one fit: the rises skip the search for fits (`fits_gone`).  Once no cell is empty, the room left is
+        known (`_short`): a run that will find none stops once it has its snapshot, all that it answers (`_Run`)."""
         d, cap, rows, empty, level, chosen = self.d, self.cap, self.rows, self.empty, self.level, self.chosen
         counts, top_cost, top_length = self.counts, self.top_cost, self.top_length
-        at, below, fits_gone, opened, runs = 0, [-cost for cost in costs[:positive]], False, None, True
+        at, below, fits_gone, opened, runs, short = 0, [-cost for cost in costs[:positive]], False, None, True, None
         while at < len(costs):
             if at < positive:
                 if opened is None:  # the levels of the micro-batches with an empty cell, highest last (None: to find)
                     opened = sorted([level[m] for m, cell in enumerate(empty) if cell >= 0]) or [-math.inf]
+                    if short is None and opened[0] == -math.inf and self.fresh_won:  # no cell empty: room known
+                        short = self._short(len(costs) - at)
+                if short:  # it will find no room, and its snapshot is taken: no need to get there
+                    return False
                 left = bisect.bisect_left(below, -opened[-1], at) - at  # the items of cost above them all
                 placed = self._take_fits(left) if left > 0 and not fits_gone else 0
                 fits_gone = fits_gone or 0 < left > placed  # fewer: no fit is left
@@ -394,6 +327,7 @@ class _PaddedRows:
             cell, excess = found
             if not self.fresh_won and (excess > cost if cost > 0.0 else _fresh_wins(excess, cost)):
                 self.fresh_won, self.snapshot = True, _copied(self)
+                short = self._short(len(costs) - at) if max(empty) < 0 else None
             m = cell // d
             if counts[cell]:
                 del rows[m][bisect.bisect_left(rows[m], ((counts[cell] + 1) * top_cost[cell], cell))]
@@ -411,6 +345,13 @@ class _PaddedRows:
             chosen.append(cell)
             at += 1
         return True
+
+    def _short(self, left: int) -> bool:
+        """Whether, no cell empty, the cells have room for fewer than `left` more items: each takes items while their
+        count × its first (longest) length fits T, whatever the items, so the run will find no room for one."""
+        size = len(self.counts)
+        lengths, counts = (np.fromiter(values, dtype=np.int64, count=size) for values in (self.top_length, self.counts))
+        return bool(lengths.all()) and int((self.cap // lengths - counts).sum()) < left
 
     def _take_empties(self, costs: list, lengths: list, at: int, stop: int, opened: list) -> int:
         """Items `at`.. (before `stop`) to the empty cells of the one micro-batch of the highest level holding them, in
