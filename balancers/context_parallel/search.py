@@ -1,6 +1,6 @@
 """Local search on a split plan, from its makespan rank: move an item, split it, or widen a group.
 
-    while moves < MAX_MOVES and makespan > bound:
+    while moves < MAX_MOVES and makespan > bound, and the moves left may lower it by more than MAKESPAN_SLACK:
         r = the most loaded rank (lowest index on ties), M = its load
         candidates, each lowering r:
             an unsplit item of r to the least-loaded rank with token room
@@ -12,6 +12,13 @@
 Every move takes r below M and puts no rank at M or above, so the number of ranks at the
 makespan falls and the search ends; a move count (not a clock) bounds it, so the plan is the
 same on every machine.  No guarantee beyond never returning a worse plan.
+
+A move lowers the ranks of one block only (r's, or r's group), so taking every rank below a level L takes at least
+one move per rank at L or above in no group and one per group holding such a rank (`blocks_near`).  Where those
+outnumber the moves left at L = M · (1 - MAKESPAN_SLACK), no sequence of them ends below L: the search stops, its
+makespan within MAKESPAN_SLACK of the one the moves left could reach (the long workload's token-tight passes at
+D = 2560 x 16, T = 32k: 17-64 moves lowering it 0.003-0.008 % for 30-110 ms of a 130-230 ms pass, more ranks
+within 0.01 % of it than moves).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from .spec import ContextParallel
 
 MAX_MOVES = 64
 """Moves the search makes at most."""
+MAKESPAN_SLACK = 1e-4
+"""The search stops where the moves left cannot take the makespan below (1 - MAKESPAN_SLACK) of it (the module)."""
 MOVE_CHUNK = 128
 """Unsplit items whose block moves are weighed at once (arrays of items × ranks)."""
 
@@ -263,6 +272,17 @@ class _State:
         keep = (ranks >= lo) & (ranks < hi)
         return np.bincount(ranks[keep] - lo, weights=times[touch[items[keep]]], minlength=hi - lo)
 
+    def blocks_near(self, level: float) -> int:
+        """The fewest moves that can take every rank below `level`: a move lowers the ranks of one block only (its
+        rank's, or its group's), so one per rank at `level` or above in no group, and one per group holding such a
+        rank."""
+        hot = self.loads >= level
+        count = int(np.count_nonzero(hot & ~self.in_group))
+        for c, starts in self.group_starts.items():
+            if starts.size:
+                count += int(np.count_nonzero(hot[starts[:, None] + np.arange(c)].any(axis=1)))
+        return count
+
     def apply(self, item: int, start: int, degree: int, rank: int) -> None:
         """Make the move, in place: the loads of the ranks it changes summed again, the groups updated where one
         empties or opens."""
@@ -301,10 +321,10 @@ def improve(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: 
             bound: float) -> tuple[np.ndarray, np.ndarray, tuple]:
     """The (block starts, degrees) after the local search from the given plan, and their `rank_accounts`."""
     state = _State(problem, spec, gpus_per_node, start, degree, bound)
-    for _ in range(MAX_MOVES):
+    for made in range(MAX_MOVES):
         rank = int(np.argmax(state.loads))
         makespan = float(state.loads[rank])
-        if makespan <= bound:
+        if makespan <= bound or state.blocks_near(makespan * (1 - MAKESPAN_SLACK)) > MAX_MOVES - made:
             break
         moves = state.candidates(rank)
         if not moves:
