@@ -6,14 +6,14 @@ loads, tokens and order of the ranks, bit for bit, and the same give-up (NoRoom)
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel
 from orchmllm.balancers.kernels.lpt import ranks_by_load
 from orchmllm.balancers.locality import deal
 from orchmllm.balancers.locality.deal import DEAL_WINDOW, NoRoom, take_anywhere
-from orchmllm.balancers.locality.token_bound import _token_bound_rounds
+from orchmllm.balancers.locality.token_bound import _fitting, _token_bound_rounds
 from orchmllm.balancers.locality.partial_plan import PartialPlan
 from orchmllm.balancers.problem import make_problem
 
@@ -114,3 +114,18 @@ def test_token_bound_rounds_from_any_sorted_ranks_make_the_round_by_round_choice
         made.append((waiting.tolist(), done, state.destinations.tolist(), state.loads.tolist(), state.tokens.tolist(),
                      order.tolist()))
     assert made[0] == made[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1e9), min_size=0, max_size=40), st.floats(0.0, 1e9), st.integers(-3, 3),
+       st.integers(0, 5))
+@example([199515443.9682133, 671994877.9563594, 942113110.5064979], 36511016.82448286, -1, 0)  # search too far
+def test_fitting_counts_the_rounded_sums_within_the_limit(values, add, ulps, repeat):
+    """`_fitting` (a binary search, then steps over equal values) counts as `np.count_nonzero(values + add <=
+    limit)` over ascending values: limits a few ulps around some value's rounded sum (where the search in
+    limit - add, rounded, can land a step off either way), values repeated (ties)."""
+    values = np.sort(np.repeat(np.asarray(values, dtype=np.float64), repeat + 1))
+    limit = float(values[len(values) // 2] + add) if values.size else add
+    for _ in range(abs(ulps)):
+        limit = float(np.nextafter(limit, np.inf if ulps > 0 else -np.inf))
+    assert _fitting(values, add, limit) == int(np.count_nonzero(values + add <= limit))

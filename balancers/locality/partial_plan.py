@@ -100,6 +100,13 @@ class PartialPlan:
         if self.cap < np.inf:
             self.tokens += np.bincount(ranks, weights=self.lengths[items], minlength=self.loads.size)
 
+    def put_one(self, item: int, rank: int) -> None:
+        """Place one item on a rank (`put` of one, without arrays of one)."""
+        self.destinations[item] = rank
+        self.loads[rank] += self.costs[item]
+        if self.cap < np.inf:
+            self.tokens[rank] += self.lengths[item]
+
     def put(self, items: np.ndarray, ranks: np.ndarray) -> None:
         """Place items on ranks (each rank at most once per call)."""
         self.destinations[items] = ranks

@@ -101,16 +101,19 @@ class _Streak:
 
     def __init__(self, state: PartialPlan, waiting: np.ndarray, order: np.ndarray):
         self.state, self.order, self.front, self.waiting = state, order, 0, waiting.copy()
-        lengths = state.lengths[waiting]
-        self.values = np.stack((state.costs[waiting], lengths, -state.costs[waiting], -np.minimum.accumulate(lengths)))
+        costs, lengths = state.costs[waiting], state.lengths[waiting]
+        self.values = np.stack((costs, lengths, -costs, -np.minimum.accumulate(lengths)))
         self.costs, self.lengths, self.negated_costs, self.negated_least = self.values  # views: kept through `taken`
         self.monotone = bool((self.negated_least == -self.lengths).all())  # else a fit may come before a checked item
         self.sorted_loads, self.sorted_tokens = state.loads[order], state.tokens[order]
         self.slack = 4 * np.finfo(np.float64).eps * state.target
         # Ranks too loaded for the last item, or past the last one, never pair unless they take items
         paired = min(waiting.size, _below(self.sorted_loads, state.target - self.costs[-1], self.slack))
-        self.first_fit = np.full(order.size, NEVER, dtype=np.int64)
-        self.first_fit[order[1:paired]] = self.first_fits(self.sorted_loads[1:paired], self.sorted_tokens[1:paired])
+        self.steps = np.arange(order.size)  # the positions, sliced where a round needs a run of them
+        self.first_fit = np.full(order.size, NEVER, dtype=np.int64)  # by position, kept in `order`'s order
+        self.first_fit[1:paired] = self.first_fits(self.sorted_loads[1:paired], self.sorted_tokens[1:paired])
+        self.sorted = (order, self.sorted_loads, self.sorted_tokens, self.first_fit)  # the arrays kept by position
+        self.prefix, self.prefix_tokens = 0, np.inf  # the ranks before `prefix` hold `prefix_tokens` or more
         self.reset()
 
     def first_fits(self, loads, tokens):
@@ -121,11 +124,18 @@ class _Streak:
                            self.negated_least.searchsorted(tokens - cap - ROUNDING * cap))
         return first + (first >= self.costs.size) * NEVER
 
+    def first_fit_of(self, rank: int) -> int:
+        """`first_fits` of one rank, in Python floats (the same IEEE sums, without arrays of one)."""
+        load, held = float(self.state.loads[rank]), float(self.state.tokens[rank])
+        target, cap = self.state.target, self.state.cap
+        first = max(int(self.negated_costs.searchsorted(load - target - ROUNDING * (target + abs(load)))),
+                    int(self.negated_least.searchsorted(held - cap - ROUNDING * cap)))
+        return first + NEVER if first >= self.costs.size else first
+
     def reset(self) -> None:
-        """The bound over the ranks paired with an item, and no rank known without token room."""
-        positions = np.arange(1, min(self.order.size, self.waiting.size - self.front))
-        self.bound = int((self.first_fit[self.order[positions]] - positions).min()) if positions.size else NEVER
-        self.prefix, self.prefix_tokens = 0, np.inf  # the ranks before `prefix` hold `prefix_tokens` or more
+        """The bound over the ranks paired with an item."""
+        end = min(self.order.size, self.waiting.size - self.front)
+        self.bound = int((self.first_fit[1:end] - self.steps[1:end]).min()) if end > 1 else NEVER
 
     def token_room(self) -> int | None:
         """The position of the least-loaded rank with token room for the first item; None where the
@@ -155,24 +165,23 @@ class _Streak:
     def next_bound(self, position: int) -> None:
         """After the pairs were checked and none found but at `position` (the rank that takes the first
         item): with lengths descending, a flagged rank that does not fit its item fits none before it."""
-        positions = np.arange(1, min(self.order.size, self.waiting.size - self.front))
-        rounds = self.first_fit[self.order[positions]] - positions
+        end = min(self.order.size, self.waiting.size - self.front)
+        rounds = self.first_fit[1:end] - self.steps[1:end]
         if position <= rounds.size:
             rounds[position - 1] = NEVER  # found anew once it takes the item
         late = np.flatnonzero(rounds <= self.front)
         if late.size and self.monotone:
-            self.first_fit[self.order[late + 1]] = self.front + late + 2
+            self.first_fit[late + 1] = self.front + late + 2
             rounds[late] = self.front + 1
         self.bound = int(rounds.min()) if rounds.size else NEVER
 
     def place_first(self, position: int) -> None:
         """An LPT round that places the first item alone, on the rank at `position`."""
-        order, front = self.order, self.front
-        rank = order[position]
-        self.state.put(self.waiting[front:front + 1], order[position:position + 1])
-        moved_to = _move_up(self.state, order, self.sorted_loads, self.sorted_tokens, position)
-        self.first_fit[rank] = self.first_fits(self.state.loads[rank], self.state.tokens[rank])
-        self.bound = min(self.bound, int(self.first_fit[rank]) - moved_to)
+        rank = int(self.order[position])
+        self.state.put_one(int(self.waiting[self.front]), rank)
+        moved_to = self.move_up(position)
+        self.first_fit[moved_to] = first_fit = self.first_fit_of(rank)
+        self.bound = min(self.bound, first_fit - moved_to)
         self.front += 1
 
     def place_run(self, position: int, most: int) -> int:
@@ -195,20 +204,21 @@ class _Streak:
         pairs_from = np.minimum.accumulate(first_fit - self.sorted_loads.searchsorted(loads, side="right"))
         fine = np.arange(front + 2, front + size + 1) <= pairs_from[:-1]
         size = int(np.argmin(fine)) + 1 if not fine.all() else size
-        ranks = order[position:position + size].copy()
-        state.put(self.waiting[front:front + size], ranks)
+        state.put(self.waiting[front:front + size], order[position:position + size])
         end = int(self.sorted_loads.searchsorted(loads[:size].max(), side="right"))  # the ranks past it stay
-        segment = order[position:end]
-        _resort(state.loads, segment)  # the ranks before `position` are loaded less
-        self.sorted_loads[position:end], self.sorted_tokens[position:end] = state.loads[segment], state.tokens[segment]
-        self.first_fit[ranks] = first_fit[:size]
+        for values, taken in zip(self.sorted[1:], (loads, tokens, first_fit)):
+            values[position:position + size] = taken[:size]  # the loads and tokens that `put` summed alike
+        self.resort(position, end)  # the ranks before `position` are loaded less
         self.front += size
         self.bound = min(self.bound, int(pairs_from[size - 1]))  # the ranks before `position` stay in place
         return size
 
     def place(self, items: np.ndarray, positions: np.ndarray) -> None:
         """An LPT round that places the `items` from the front on the ranks at `positions`."""
-        self.state.put(self.waiting[self.front + items], self.order[positions])
+        if items.size == 1:
+            self.state.put_one(int(self.waiting[self.front + items[0]]), int(self.order[positions[0]]))
+        else:
+            self.state.put(self.waiting[self.front + items], self.order[positions])
         self.taken(self.front + items, positions)
 
     def deal(self, roomy: int, dealt: int, keeping: np.ndarray, margin: float) -> None:
@@ -236,42 +246,68 @@ class _Streak:
             return False
         return state.cap == np.inf or state.tokens[rank] + (self.lengths[first] + self.lengths[second]) <= state.cap
 
+    def resort(self, start: int, end: int) -> None:
+        """`_resort` of the ranks at positions `start` to `end` (their loads now in `sorted_loads` there), with
+        their arrays by position, the loads read from those arrays."""
+        loads = self.sorted_loads[start:end]
+        moved = np.argsort(loads, kind="stable")
+        ranks, loads = self.order[start:end][moved], loads[moved]
+        tied = loads[1:] == loads[:-1]
+        if (tied & (ranks[1:] < ranks[:-1])).any():
+            run = np.concatenate(([0], np.cumsum(~tied)))
+            again = np.argsort(run * self.order.size + ranks, kind="stable")
+            moved, ranks, loads = moved[again], ranks[again], loads[again]
+        self.order[start:end], self.sorted_loads[start:end] = ranks, loads
+        for values in self.sorted[2:]:
+            values[start:end] = values[start:end][moved]
+
+    def move_up(self, position: int) -> int:
+        """Keep the ranks by (load, rank) (`order`) and their arrays by position sorted after the rank at
+        `position` took an item (its load grew): move it up to its place, no sort; returns that place."""
+        order, sorted_loads = self.order, self.sorted_loads
+        rank = order[position]
+        load, later = self.state.loads[rank], sorted_loads[position + 1:]
+        end = position + int(later.searchsorted(load))
+        if end + 1 < sorted_loads.size and sorted_loads[end + 1] == load:  # ties go by rank
+            tied = position + int(later.searchsorted(load, side="right"))
+            end += int(order[end + 1: tied + 1].searchsorted(rank))
+        for values, value in zip(self.sorted, (rank, load, self.state.tokens[rank], self.first_fit[position])):
+            values[position:end] = values[position + 1: end + 1]
+            values[end] = value
+        return end
+
     def taken(self, items: np.ndarray, positions: np.ndarray) -> None:
         """After the ranks at `positions` took the waiting `items` (indices from the front on): the items
         leave, those before the last of them moving up into their places (the front moves past them:
         O(distance), not O(n)), so each rank's first fit counts the items gone from it on; the ranks
         move up (from the last)."""
-        window = self.order[1:min(self.order.size, self.waiting.size - self.front)]  # the others never pair
-        items = np.sort(items)
-        last = int(items[-1]) + 1
-        staying = np.ones(last - self.front, dtype=bool)
-        staying[items - self.front] = False
-        staying = self.front + np.flatnonzero(staying)
-        self.front = last - staying.size
-        self.waiting[self.front:last], self.values[:, self.front:last] = self.waiting[staying], self.values[:, staying]
-        self.first_fit[window] += items.size - items.searchsorted(self.first_fit[window])
-        for position in np.sort(positions)[::-1].tolist():
-            rank = self.order[position]
-            _move_up(self.state, self.order, self.sorted_loads, self.sorted_tokens, position)
-            self.first_fit[rank] = self.first_fits(self.state.loads[rank], self.state.tokens[rank])
+        window = self.first_fit[1:min(self.order.size, self.waiting.size - self.front)]  # the others never pair
+        front = self.front
+        if items.size == 1:  # most rounds: the items before it move up one place
+            last = int(items[0]) + 1
+            self.waiting[front + 1:last], self.values[:, front + 1:last] = self.waiting[front:last - 1], \
+                self.values[:, front:last - 1]
+            self.front = front + 1
+            window += window < last
+        else:
+            items = np.sort(items)
+            last = int(items[-1]) + 1
+            staying = np.ones(last - front, dtype=bool)
+            staying[items - front] = False
+            staying = front + np.flatnonzero(staying)
+            self.front = last - staying.size
+            self.waiting[self.front:last], self.values[:, self.front:last] = self.waiting[staying], \
+                self.values[:, staying]
+            window += items.size - items.searchsorted(window)
+        for position in (positions.tolist() if positions.size == 1 else np.sort(positions)[::-1].tolist()):
+            rank = int(self.order[position])
+            moved_to = self.move_up(position)
+            self.first_fit[moved_to] = self.first_fit_of(rank)
+            self.prefix -= position < self.prefix <= moved_to  # the rank at `prefix` moved down one place
+        # the ranks before `prefix` still have no token room for the items they had none for, their least
+        # tokens as a scan from the first rank would find them (the same runs)
+        self.prefix_tokens = self.sorted_tokens[:self.prefix].min() if self.prefix else np.inf
         self.reset()
-
-
-def _move_up(state: PartialPlan, order: np.ndarray, sorted_loads: np.ndarray, sorted_tokens: np.ndarray,
-             position: int) -> int:
-    """Keep `order` (the ranks by (load, rank)) and their `sorted_loads`, `sorted_tokens` sorted after
-    the rank at `position` took an item (its load grew): move it up to its place, no sort; returns
-    that place."""
-    rank = order[position]
-    load, held, later = state.loads[rank], state.tokens[rank], sorted_loads[position + 1:]
-    end = position + int(later.searchsorted(load))
-    if end + 1 < sorted_loads.size and sorted_loads[end + 1] == load:  # ties go by rank
-        tied = position + int(later.searchsorted(load, side="right"))
-        end += int(order[end + 1: tied + 1].searchsorted(rank))
-    for values, value in ((order, rank), (sorted_loads, load), (sorted_tokens, held)):
-        values[position:end] = values[position + 1: end + 1]
-        values[end] = value
-    return end
 
 
 def _below(sorted_loads: np.ndarray, bound: float, slack: float) -> int:
@@ -288,6 +324,17 @@ def _keeping(state: PartialPlan, sorted_loads: np.ndarray, costs: np.ndarray, pa
     `take_anywhere`, given the positions `pairs` in the ranks by (load, rank) (`sorted_loads` their
     loads) of the only ranks with cost and token room for their item of the round (the first pass of
     the deal pairs them as the LPT round)."""
-    roomy = int(np.count_nonzero(sorted_loads[:costs.size] + costs[0] <= state.target))  # as many as the deal needs
+    roomy = _fitting(sorted_loads[:costs.size], float(costs[0]), state.target)  # as many as the deal needs
     dealt = pairs[pairs < roomy]
     return roomy, dealt[sorted_loads[dealt] + costs[dealt] <= state.target - margin]
+
+
+def _fitting(sorted_values: np.ndarray, add: float, limit: float) -> int:
+    """`np.count_nonzero(sorted_values + add <= limit)` for ascending `sorted_values`: a rounded sum grows with
+    its terms, so those that pass are a prefix, found by a binary search and a few steps over equal values."""
+    count, size = int(sorted_values.searchsorted(limit - add, side="right")), sorted_values.size
+    while count < size and sorted_values[count] + add <= limit:
+        count = int(sorted_values.searchsorted(sorted_values[count], side="right"))
+    while count and not sorted_values[count - 1] + add <= limit:
+        count = int(sorted_values.searchsorted(sorted_values[count - 1], side="left"))
+    return count
