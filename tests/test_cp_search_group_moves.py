@@ -82,10 +82,11 @@ def test_group_moves_at_once_are_the_item_by_item_ones(slack):
 
 
 @pytest.mark.parametrize("cap", [None, 45_000, 45_001])
-def test_group_moves_back_onto_their_own_group(cap):
+def test_group_moves_never_put_items_back_onto_their_own_group(cap):
     """D = 8: three giants on the group (0, 4) (45,001 tokens on rank 0: the 40,001's larger shard), 40 short items
-    on ranks 4-7 (more load and 60,000 tokens): each giant's best block is its own group, lowered by it; under
-    45,000 tokens none fits back (rank 0 would hold 45,001 again), though the 40,001's least shard would."""
+    on ranks 4-7 (less load, 60,000 tokens): back on its own group a giant reads the group's load, or a hair below
+    it (`test_cp_search_noop.py`), which is no move; each one's best block is (4, 4), and none under 45,000 or
+    45,001 tokens."""
     lengths = np.array([80_000, 60_000, 40_001] + [6_000] * 40)
     start = np.array([0, 0, 0] + [4 + k % 4 for k in range(40)])
     degree = np.array([4, 4, 4] + [1] * 40)
@@ -93,7 +94,7 @@ def test_group_moves_back_onto_their_own_group(cap):
     state = search._State(problem, ContextParallel(gpus_per_node=GPUS), GPUS, start, degree, 0.0)
     moves = state._group_moves(0)
     assert moves[:3] == _group_moves_one_by_one(state, 0)
-    assert [move[2:] for move in moves[:3]] == [(-1, 0) if cap == 45_000 else (0, 4)] * 3
+    assert [move[2:] for move in moves[:3]] == [(4, 4) if cap is None else (-1, 0)] * 3
 
 
 def test_group_moves_at_once_break_ties_as_argmin():

@@ -92,8 +92,8 @@ class _State:
         return found
 
     def blocks(self, item: int, loads: np.ndarray, tokens: np.ndarray, own: tuple[int, int] | None):
-        """Best (peak, start, degree) over the blocks item `item` could run on, with `loads` and
-        `tokens` the ranks' accounts without it; `own` its current group, which it may rejoin."""
+        """Best (peak, start, degree) over the blocks item `item` could run on but its own, with `loads` and
+        `tokens` the ranks' accounts without it; `own` its current group, left free for the blocks that overlap it."""
         best = (math.inf, -1, 0)
         for c in self.split_degrees:
             starts, ranks, which = self._starts(c, own)
@@ -102,6 +102,8 @@ class _State:
             time = self._time(item, c)
             peak = (loads[ranks] + (time[0] if which is None else time[which][:, None])).max(axis=1)
             peak[(tokens[ranks] + self.shard(item, c) > self.cap).any(axis=1)] = math.inf
+            if c == self.degree[item]:  # the block it is on is no move (its peak there only rounds lower)
+                peak[starts == self.start[item]] = math.inf
             k = int(np.argmin(peak))
             if peak[k] < best[0]:
                 best = (float(peak[k]), int(starts[k]), c)
@@ -193,7 +195,8 @@ class _State:
                 held = np.where(inside, after[:, at], block_loads[h])  # (items, c)
                 peak[:, h] = (held + times[:, 0 if which is None else h][:, None]).max(axis=1)
                 held_tokens = np.where(inside, after_tokens[:, at], block_tokens[h])
-                over[:, h] = (held_tokens + shards > self.cap).any(axis=1)
+                # a group's own block is no move for its members (their peak there only rounds lower)
+                over[:, h] = (held_tokens + shards > self.cap).any(axis=1) | (c == hi - lo > 1)
             peak[over] = math.inf
             least = np.argmin(peak, axis=1)
             found = zip(peak[np.arange(items.size), least].tolist(), starts[least].tolist())
