@@ -22,10 +22,11 @@ at the round's start is taken (r's own time then timed again when several items 
 round leaves the step as it was, the slowest replica takes one full step as below.  Rounds end when
 one moves nothing, when WINDOW rounds in a row lowered the step by less than ROUND_GAIN of it, at
 the floor, or once they evaluated ROUND_TIMINGS rows per replica (the cost of timing the whole step
-that many times).  It stops once the step is at most `floor`, the larger of the certified lower
-bound τ·X̄ raised by STOP_GAP (what is left to gain is less than that: at D = 2560 a step lowers one of
-thousands of near-tied replicas, the whole search < 0.15 % for more time than the plain planning)
-and the certified bound itself (no plan is faster), when WINDOW steps in a row lowered the step (the
+that many times), fewer where the gap left at their start is small: one per ROUND_GAP of step / floor - 1
+(what they may gain at most; the first round always runs).  It stops once the step is at most `floor`, the
+larger of the certified lower bound τ·X̄ raised by STOP_GAP (what is left to gain is less than that: at
+D = 2560 a step lowers one of thousands of near-tied replicas, the whole search < 0.15 % for more time than
+the plain planning) and the certified bound itself (no plan is faster), when WINDOW steps in a row lowered the step (the
 max) by less than WINDOW_GAIN of it, or at a window's start when that is certain (the (WINDOW + 1)-th
 largest time is already within WINDOW_GAIN of the max), and behind a `rival` (a step the caller found
 already) at a window's end where the window's gain, kept up for the budget left, stays above it, or at its start
@@ -51,6 +52,7 @@ RELATIVE_GAIN = 1e-12
 WINDOW, WINDOW_GAIN = 4, 1e-4
 ROUND_REPLICAS, ROUND_ITEMS, ROUND_GAIN = 32, 4, 1e-3
 ROUND_TIMINGS = 4  # rounds evaluate at most this many rows per replica (D = 2560 x 32, seed 7: 4 vs 8 vs none)
+ROUND_GAP = 0.0625  # and one per this much of the gap left (D = 2560 x 32, M = 16, seed 7: 1F1B 4 -> 1 round, ~1 %)
 STOP_GAP = 0.005  # seeds 1-2 of bench_pipeline's grid: the largest of 0.002/0.005/0.01 within 0.5 % of no stop
 SUMS_DRIFT = 1e-9  # far above how far float sums and walks lie from the exact times (relative)
 MOVE_ROWS = 2**16  # a step's move rows at most (D = 2560 x 32, M = 16: ~2000), else it tries swaps alone
@@ -164,7 +166,8 @@ class CellSearch:
         if self.padded or count < 1:
             return
         done, mark = 0, float(self.times.max())
-        stop = self.work - ROUND_TIMINGS * self.num_ranks * self.row_work
+        gap = float(self.times.max()) / self.floor - 1 if self.floor > 0 else np.inf  # the most the rounds gain
+        stop = self.work - int(min(ROUND_TIMINGS, gap / ROUND_GAP) * self.num_ranks * self.row_work)
         while self.work > max(stop, 0) and float(self.times.max()) > self.floor:
             before = float(self.times.max())
             if _stalled(self.times, before, count + 1, ROUND_GAIN):  # more replicas near the max than a round lowers
