@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import CostModel
 from orchmllm.balancers.kernels.lpt import ranks_by_load
-from orchmllm.balancers.locality import deal
+from orchmllm.balancers.locality import deal, token_bound
 from orchmllm.balancers.locality.deal import DEAL_WINDOW, NoRoom, take_anywhere
-from orchmllm.balancers.locality.token_bound import _fitting, _token_bound_rounds
+from orchmllm.balancers.locality.token_bound import STREAK_KEEPERS, _fitting, _token_bound_rounds
 from orchmllm.balancers.locality.partial_plan import PartialPlan
 from orchmllm.balancers.problem import make_problem
 
@@ -75,18 +75,23 @@ def test_token_bound_rounds_make_the_round_by_round_choices(instance):
 
 
 def _round_by_round(state, waiting, allowed, margin, order, window):
-    """The rounds one by one while the least-loaded rank has no token room for the largest item (and some
-    rank has): the deal of the ranks that keep their first item (checked over all ranks), else an LPT
-    round over all ranks."""
-    rounds = 0
+    """The rounds one by one from one in which the least-loaded rank has no token room for the largest item,
+    while some rank has: the deal of the ranks that keep their first item (checked over all ranks), else an
+    LPT round over all ranks; a round in which the least-loaded rank has token room only where 1 to
+    STREAK_KEEPERS ranks keep."""
+    rounds, first = 0, True
     while rounds < allowed and waiting.size:
         length = state.lengths[waiting[0]]
-        if state.tokens[order[0]] + length <= state.cap or not (state.tokens + length <= state.cap).any():
+        least_has_room = state.tokens[order[0]] + length <= state.cap
+        if (least_has_room and first) or not (state.tokens + length <= state.cap).any():
             break
+        first = False
         roomy = int(np.count_nonzero(state.loads + state.costs[waiting[0]] <= state.target))
         count = min(waiting.size, window * roomy)
         keeping = np.flatnonzero(deal._first_kept(state, waiting[:min(roomy, count)], order[:min(roomy, count)],
                                                   margin))
+        if least_has_room and not 0 < keeping.size <= STREAK_KEEPERS:
+            break
         if keeping.size:
             items, ranks = deal._deal(state, waiting, count, min(roomy, count), keeping, order[keeping], margin)
             state.put_runs(waiting[items], ranks)
@@ -129,3 +134,36 @@ def test_fitting_counts_the_rounded_sums_within_the_limit(values, add, ulps, rep
     for _ in range(abs(ulps)):
         limit = float(np.nextafter(limit, np.inf if ulps > 0 else -np.inf))
     assert _fitting(values, add, limit) == int(np.count_nonzero(values + add <= limit))
+
+
+def _alternating(seed):
+    """Costs not along the lengths (short and long items mixed), half the ranks short of token room for the long
+    ones: mid-streak, the least-loaded rank has token room for some largest items and not for others."""
+    rng = np.random.default_rng(seed)
+    num_ranks = int(rng.integers(4, 33))
+    count = int(rng.integers(4 * num_ranks, 16 * num_ranks))
+    lengths = np.where(rng.random(count) < 0.3, rng.integers(40, 61, count), rng.integers(4, 12, count))
+    costs = rng.random(count) * 100.0
+    problem = make_problem(lengths, num_ranks, costs=costs, max_tokens_per_rank=int(lengths.sum()))
+    share = float(costs.sum()) / num_ranks
+    loads = rng.random(num_ranks) * share
+    cap = 60 * int(rng.integers(2, 5))
+    tokens = np.where(rng.random(num_ranks) < 0.5, cap - rng.integers(12, 30, num_ranks),
+                      rng.integers(0, cap // 2, num_ranks)).astype(np.float64)
+    target = float(loads.max()) + share * float(rng.choice([0.05, 0.2, 1.0]))
+    return problem, loads, tokens, float(cap), target, None
+
+
+def test_streaks_make_the_deal_rounds_where_the_least_loaded_rank_has_token_room(monkeypatch):
+    """A streak goes on through a deal round in which the least-loaded rank has token room and at most
+    STREAK_KEEPERS ranks keep (`_Streak.first_kept`), as take_anywhere's own round would make it: the same
+    destinations, loads and tokens, bit for bit (40 seeds, such rounds in them)."""
+    made, first_kept = [], token_bound._Streak.first_kept
+    monkeypatch.setattr(token_bound._Streak, "first_kept", lambda self, margin: made.append(
+        first_kept(self, margin)) or made[-1])
+    for seed in range(40):
+        fast = _dealt(*_alternating(seed))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(deal, "_token_bound_rounds", lambda state, waiting, *rest: (waiting, 0))
+            assert fast == _dealt(*_alternating(seed)), seed
+    assert sum(0 < keeping.size <= STREAK_KEEPERS for _, keeping in made) >= 10

@@ -8,7 +8,8 @@
 Where token room binds (a nearly full micro-batch) thousands of such rounds come in a row, most
 placing one item.  They make exactly the choices of those rounds made one by one from scratch, at
 O(log) a round but for the few rounds in which a rank may pair (`_Streak`), and with the ranks kept
-by (load, rank) through them with no sort.
+by (load, rank) through them with no sort.  The deal rounds between them in which the least-loaded
+rank has token room again and few ranks keep (one, mostly) are made in the same streak.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .partial_plan import PartialPlan
 
 NEVER = 2**62  # the first fit of a rank that fits no waiting item (`_Streak.first_fits`)
 ROUNDING = 8 * np.finfo(np.float64).eps  # a relative slack above any rounding of a sum or difference
+STREAK_KEEPERS = 8  # a streak makes the deal rounds in which at most this many ranks keep (each moved up, O(D))
 
 
 def _deal(state: PartialPlan, waiting: np.ndarray, count: int, width: int, keeping: np.ndarray, ranks: np.ndarray,
@@ -52,8 +54,11 @@ def _resort(loads: np.ndarray, order: np.ndarray) -> None:
 
 def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int, margin: float, order: np.ndarray,
                         window: int) -> tuple[np.ndarray, int]:
-    """The next rounds of `take_anywhere` (at most `allowed` LPT rounds) while the least-loaded rank
-    has no token room for the largest item; returns the items still waiting and the LPT rounds done.
+    """The next rounds of `take_anywhere` (at most `allowed` LPT rounds) from one in which the least-loaded
+    rank has no token room for the largest item, while some rank has; returns the items still waiting and
+    the LPT rounds done.  A round in which the least-loaded rank has token room is take_anywhere's deal
+    (`_Streak.first_kept`): made here where 1 to STREAK_KEEPERS ranks keep (most such rounds mid-streak),
+    else the streak ends (take_anywhere deals, an LPT round where none keeps, and starts a new one).
 
     Such a round is the deal of the ranks that keep their first item (`_deal`), or, if none does,
     an LPT round: its largest item to the least-loaded rank with token room (so above no target
@@ -69,6 +74,12 @@ def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int, m
         position = streak.token_room()
         if position is None:
             break
+        if not position:  # the least-loaded rank has token room: take_anywhere's deal, here where few ranks keep
+            roomy, keeping = streak.first_kept(margin)
+            if not 0 < keeping.size <= STREAK_KEEPERS:
+                break
+            streak.deal(roomy, window * roomy, keeping, margin)
+            continue
         if streak.front >= streak.bound:
             pairs = streak.pairs()
             roomy, keeping = _keeping(state, streak.sorted_loads, streak.costs[streak.front:], pairs, margin)
@@ -138,11 +149,11 @@ class _Streak:
         self.bound = int((self.first_fit[1:end] - self.steps[1:end]).min()) if end > 1 else NEVER
 
     def token_room(self) -> int | None:
-        """The position of the least-loaded rank with token room for the first item; None where the
-        least-loaded rank has it (not a token-bound round) or none has."""
+        """The position of the least-loaded rank with token room for the first item (0: not a token-bound
+        round); None where none has."""
         length, cap, tokens = self.lengths[self.front], self.state.cap, self.sorted_tokens
         if tokens[0] + length <= cap:
-            return None
+            return 0
         start = self.prefix if self.prefix_tokens + length > cap else 0  # the ranks before it have no room
         if tokens[start] + length <= cap:
             return start  # rounds that take one item move ranks at or past it only
@@ -152,6 +163,17 @@ class _Streak:
         self.prefix_tokens = min(self.prefix_tokens if start else np.inf, tokens[start:position].min())
         self.prefix = position
         return position
+
+    def first_kept(self, margin: float) -> tuple[int, np.ndarray]:
+        """Where the least-loaded rank has token room, `take_anywhere`'s deal round: how many ranks have room
+        for the first item, and the positions of the ranks of its deal that keep their first item
+        (`deal._first_kept`)."""
+        front, state = self.front, self.state
+        roomy = _fitting(self.sorted_loads, float(self.costs[front]), state.target)
+        stop = front + min(roomy, self.waiting.size - front)  # the deal's width
+        fits = self.sorted_loads[:stop - front] + self.costs[front:stop] <= state.target - margin
+        fits &= self.sorted_tokens[:stop - front] + self.lengths[front:stop] <= state.cap
+        return roomy, np.flatnonzero(fits)
 
     def pairs(self) -> np.ndarray:
         """The positions k >= 1 whose rank fits the k-th item from the front."""
