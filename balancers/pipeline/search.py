@@ -23,14 +23,15 @@ round leaves the step as it was, the slowest replica takes one full step as belo
 one moves nothing, when WINDOW rounds in a row lowered the step by less than ROUND_GAIN of it, at
 the floor, or once they evaluated ROUND_TIMINGS rows per replica (the cost of timing the whole step
 that many times), fewer where the gap left at their start is small: one per ROUND_GAP of step / floor - 1
-(what they may gain at most; the first round always runs).  It stops once the step is at most `floor`, the
-larger of the certified lower bound τ·X̄ raised by STOP_GAP (what is left to gain is less than that: at
-D = 2560 a step lowers one of thousands of near-tied replicas, the whole search < 0.15 % for more time than
-the plain planning) and the certified bound itself (no plan is faster), when WINDOW steps in a row lowered the step (the
-max) by less than WINDOW_GAIN of it, or at a window's start when that is certain (the (WINDOW + 1)-th
-largest time is already within WINDOW_GAIN of the max), and behind a `rival` (a step the caller found
-already) at a window's end where the window's gain, kept up for the budget left, stays above it, or at its start
-and a window's end where the steps the budget left buys cannot bring it level (`CellSearch._out_of_reach`).
+(what they may gain at most; the first round always runs; the budget not granted is not `run`'s either).  It
+stops once the step is at most `floor`, the larger of the certified lower bound τ·X̄ raised by STOP_GAP (what
+is left to gain is less than that: at D = 2560 a step lowers one of thousands of near-tied replicas, the whole
+search < 0.15 % for more time than the plain planning) and the certified bound itself (no plan is faster),
+when WINDOW steps in a row lowered the step (the max) by less than WINDOW_GAIN of it, or at a window's start
+when that is certain (the (WINDOW + 1)-th largest time is already within WINDOW_GAIN of the max), and behind a
+`rival` (a step the caller found already) at a window's end where the window's gain, kept up for the budget
+left, stays above it, or at its start and a window's end where the steps the budget left buys cannot bring it
+level (`CellSearch._out_of_reach`).
 Candidates are evaluated together, one row each (in runs of at most WALK_ENTRIES operations; a
 step with more than MOVE_ROWS move rows tries its swaps alone); a row costs the schedule's
 operation count (2·P·M·v) of the work budget, so the result never depends on the clock.  Padded
@@ -167,7 +168,9 @@ class CellSearch:
             return
         done, mark = 0, float(self.times.max())
         gap = float(self.times.max()) / self.floor - 1 if self.floor > 0 else np.inf  # the most the rounds gain
-        stop = self.work - int(min(ROUND_TIMINGS, gap / ROUND_GAP) * self.num_ranks * self.row_work)
+        granted = min(ROUND_TIMINGS, gap / ROUND_GAP)
+        self.work -= int((ROUND_TIMINGS - granted) * self.num_ranks * self.row_work)  # nor do `run`'s steps take it
+        stop = self.work - int(granted * self.num_ranks * self.row_work)
         while self.work > max(stop, 0) and float(self.times.max()) > self.floor:
             before = float(self.times.max())
             if _stalled(self.times, before, count + 1, ROUND_GAIN):  # more replicas near the max than a round lowers
