@@ -138,7 +138,7 @@ def test_planning_time_at_2560_ranks(best_of):
 
 
 FIXED_PAIRS = 5  # alternated pairs per case of the fixed-M ratios
-FIXED_LIMITS = {8: 1.5, 16: 2.0, 32: 1.5}  # per M, the median ratio asserted (issue 28: 1.5; M 16 not met)
+FIXED_LIMIT, FIXED_GUARDS = 1.5, {(16, "gpipe"): 2.0}  # the median ratio asserted (issue 28), but where not met
 
 
 @pytest.mark.timeout(1800)
@@ -146,11 +146,13 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
     """D = 2560 × 32 samples, T = 16k, P = 8, M FIXED at 8, 16 and 32 (as trainers run: num_microbatches=8/16/32),
     the three schedules (interleaved with v = 2): planning with the pipeline over planning the same M without,
     same run, measured like `test_planning_time_at_2560_ranks` (best of 3 CPU seconds per call, alternated
-    pairs, the median of FIXED_PAIRS).  Issue 28 asks 1.5x, asserted at M 8 and 32 (1.0-1.2x and 1.1-1.45x);
-    at M 16 it is NOT met (GPipe and 1F1B ~1.6x, interleaved 1.4-1.55x, pp42 at load ~6) and 2x is asserted, a
-    guard (pp32 read 6.7x).  At M 16 the planner beside the plain plan is one or two shaped LPTs over all M·D
-    cells (~0.15-0.25 of a plain plan each, GPipe's second bounded from below), the starts' walk, and the rounds
-    of the search (~0.3-0.4, half of it walks of ~450 and ~160 rows, numpy-bound); what was tried and kept or
+    pairs, the median of FIXED_PAIRS).  Issue 28 asks 1.5x, asserted at M 8 and 32 (1.0-1.2x and 1.1-1.5x) and at
+    M 16 for 1F1B and interleaved (~1.3 and ~1.4x since the rounds' budget follows the gap left,
+    `search.ROUND_GAP`, pp43); GPipe's M 16 is NOT met (~1.6x: its rounds gain 14 % of its step there, its gap
+    to the bound ~50 %) and 2x is asserted, a guard (pp32 read 6.7x, FIXED_GUARDS).  At M 16 the planner beside
+    the plain plan is one or two shaped LPTs over all M·D cells (~0.15-0.25 of a plain plan each, GPipe's second
+    bounded from below), the starts' walk, and the rounds of the search (GPipe ~0.3; 1F1B and interleaved one
+    round, ~0.1, half of it walks of ~450 and ~160 rows, numpy-bound); what was tried and kept or
     rejected, pp29-pp42, is in BENCHMARKS.md and the git log of this file and of `balancers/pipeline`.  Also
     asserted: every plan is at most the step of the plain cells it started from."""
     lengths = sample_workload("default", 2560, 32, HELD_OUT_SEED).sample_llm_length
@@ -172,4 +174,4 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
                   f"{medians[microbatches, schedule]:.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}); "
                   f"ours/start {step[0] / step[1]:.3f}; load {os.getloadavg()[0]:.1f}", end="")
     print()
-    assert all(median <= FIXED_LIMITS[m] for (m, _), median in medians.items()), medians
+    assert all(median <= FIXED_GUARDS.get(case, FIXED_LIMIT) for case, median in medians.items()), medians
