@@ -34,6 +34,9 @@ def gpus_per_node(topology, num_ranks: int) -> int:
         raise TypeError(f"`topology` must have `gpus_per_node` and `world_size` (e.g. orchmllm.topology.Topology); "
                         f"got {type(topology).__name__}")
     gpus, world_size = topology.gpus_per_node, topology.world_size
+    if not is_int(world_size) or world_size < 1:  # probe29 P29-02: Python's `%` errors on a str or None
+        raise (ValueError if is_int(world_size) else TypeError)(f"`topology.world_size` must be a positive int; "
+                                                                 f"got {world_size!r}")
     if not is_int(gpus) or gpus <= 0 or world_size % gpus:
         raise ValueError(f"`topology.gpus_per_node` must be a positive int dividing its world size {world_size}; "
                          f"got {gpus!r}")

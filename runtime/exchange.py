@@ -38,7 +38,7 @@ import torch
 from ..balancers.validation import is_int
 from .agreement import PieceSchema, SchemaGuard
 from .alltoall import FlatAllToAll, Flows
-from .comm import collective
+from .comm import collective, comm_device
 
 RIDE_MAX_RANKS = 8
 """Largest group whose exchange headers ride in the payload all-to-all.  A riding header (24 bytes) goes to every
@@ -319,6 +319,10 @@ def _problem(pieces: Sequence[Piece], transport) -> Exception | None:
         if tensor.layout != torch.strided:
             return TypeError(f"{label}: a {tensor.layout} tensor cannot be exchanged; "
                              f"pass a dense (strided) tensor (`.to_dense()`)")
+        if tensor.is_meta or tensor.device != pieces[0].tensor.device:  # probe29 P29-01: torch.cat's raw error
+            return ValueError(f"{label}: tensor is on {tensor.device}, piece 0 ({pieces[0].name or '?'}) on "
+                              f"{pieces[0].tensor.device}: every tensor of one exchange must be on one device, the "
+                              f"group's ({comm_device(transport.group)}), with data (not `meta`)")
         if (meta.rank, meta.world_size) != (first.rank, first.world_size):
             return ValueError(f"{label}: route is for rank {meta.rank} of {meta.world_size}, "
                               f"piece 0's for rank {first.rank} of {first.world_size}")
