@@ -65,7 +65,7 @@ from .dispatch_plan import DispatchPlan, exchanged_by
 from .exchange import Reference, detached_problem, exchange, exchange_with_grad
 from .metadata import check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, loop_left, new_step
-from .options import DispatchOptions, check_names
+from .options import DispatchOptions, as_keys, check_names
 from .pairing import in_microbatch_order, merge_rows, split_sums
 from .prefetch import metadata_group_of
 from .routes import expected_pieces, planner_word, site_pieces
@@ -414,10 +414,14 @@ class PostBalancingDispatcher:
         if (owner := exchanged_by(self, _checked_plan(plan), "combine")) is not self:
             return owner.combine(outputs, plan, per_item_keys=per_item_keys, split_reduce=split_reduce, order=order,
                                  differentiable=differentiable)
-        per_item = self.options.per_item_keys if per_item_keys is None else frozenset(per_item_keys)
+        per_item, keying = self.options.per_item_keys, None
+        try:  # a str was a set of its letters (probe29 P29-06: outputs home to other items where rows matched)
+            per_item = per_item if per_item_keys is None else as_keys(per_item_keys)
+        except TypeError as error:
+            keying = error
         ordering = None if order in COMBINE_ORDERS else ValueError(f"`order` must be None or one of "
                                                                    f"{COMBINE_ORDERS[1:]}; got {order!r}")
-        problem = self._kept_problem(_checked_plan(plan), "combine") or ordering
+        problem = self._kept_problem(_checked_plan(plan), "combine") or ordering or keying
         outputs, merging = (self._ordered(outputs, plan, per_item, order) if isinstance(outputs, Mapping)
                             else self._merged(*in_microbatch_order(outputs, plan, self._clock.step), plan, per_item))
         problem = problem or merging

@@ -320,9 +320,9 @@ def _problem(pieces: Sequence[Piece], transport) -> Exception | None:
             return TypeError(f"{label}: a {tensor.layout} tensor cannot be exchanged; "
                              f"pass a dense (strided) tensor (`.to_dense()`)")
         if tensor.is_meta or tensor.device != pieces[0].tensor.device:  # probe29 P29-01: torch.cat's raw error
-            return ValueError(f"{label}: tensor is on {tensor.device}, piece 0 ({pieces[0].name or '?'}) on "
-                              f"{pieces[0].tensor.device}: every tensor of one exchange must be on one device, the "
-                              f"group's ({comm_device(transport.group)}), with data (not `meta`)")
+            other = "" if number == 0 else f", piece 0 ({pieces[0].name or '?'}) on {pieces[0].tensor.device}"
+            return ValueError(f"{label}: tensor is on {tensor.device}{other}: every tensor of one exchange must be "
+                              f"on one device, the group's ({comm_device(transport.group)}), with data (not `meta`)")
         if (meta.rank, meta.world_size) != (first.rank, first.world_size):
             return ValueError(f"{label}: route is for rank {meta.rank} of {meta.world_size}, "
                               f"piece 0's for rank {first.rank} of {first.world_size}")

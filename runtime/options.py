@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..balancers import get_algorithm
+from ..balancers import CostModel, get_algorithm
 from ..balancers.problem import as_time_limit
 from ..balancers.validation import as_bool, as_int
 from ..orchestrator.options import StepOptions
@@ -38,7 +38,8 @@ class DispatchOptions(StepOptions):
         if problem is not None:
             raise ValueError(problem)
         get_algorithm(self.algorithm, "algorithm")
-        canonical = {"padded": as_bool(self.padded, "padded"), "per_item_keys": _keys(self.per_item_keys),
+        canonical = {"padded": as_bool(self.padded, "padded"), "per_item_keys": as_keys(self.per_item_keys),
+                     "cost": CostModel() if self.cost is None else self.cost,  # the same model (probe29 P29-05)
                      "max_tokens_per_rank": as_int(self.max_tokens_per_rank, "max_tokens_per_rank", minimum=1,
                                                    optional=True),  # the checks of make_problem
                      "time_limit": as_time_limit(self.time_limit)}
@@ -73,10 +74,14 @@ def check_names(keys, requirement: str) -> None:
         raise TypeError(f"`{requirement}; got {type(odd).__name__} {odd!r}")
 
 
-def _keys(per_item_keys) -> tuple:
+def as_keys(per_item_keys) -> tuple:
     """`per_item_keys` as a sorted tuple of distinct str names."""
     if isinstance(per_item_keys, str):
         raise TypeError("`per_item_keys` must be a collection of keys, not a str")
-    keys = frozenset(per_item_keys)
+    try:
+        keys = frozenset(per_item_keys)
+    except TypeError:  # probe29: Python's "'NoneType' object is not iterable"
+        raise TypeError(f"`per_item_keys` must be a collection of str keys; got {type(per_item_keys).__name__}") \
+            from None
     check_names(keys, "per_item_keys` must hold str names")
     return tuple(sorted(keys))

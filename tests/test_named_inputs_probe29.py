@@ -1,4 +1,5 @@
-"""Inputs that got raw Python or torch errors, or a false verdict, now named (probe29 P29-01 to P29-04).
+"""Inputs that got raw Python or torch errors, a false verdict or a silent misreading, now named (probe29 P29-01 to
+P29-06).
 
 Each case failed on the tree before its fix."""
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchmllm import balance
+from orchmllm import CostModel, balance
 from orchmllm.balancers.microbatch.plan import MicroBatchResult
 from orchmllm.runtime import PostBalancingDispatcher
 from orchmllm.runtime.launch import run_processes
@@ -67,3 +68,36 @@ def test_an_all_zero_stage_reads_one_times_its_mean():
     figure = plots.rank_load_grid_figure({"D=2": {"llm": (np.zeros(2), np.zeros(2), "auto")}})
     assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()] == [
         "before (max 1.00x mean)", "after by auto (max 1.00x mean)"]
+
+
+def _str_keys_job(rank, size):
+    """Items of one token each, so a per-item output has the rows of a per-token one: the str's letters were the
+    keys and "score" went home as per-token rows, to other items where the plan moves some."""
+    dispatcher = PostBalancingDispatcher()
+    lengths = [1] * (3 if rank == 0 else 1)
+    plan = dispatcher.plan(lengths)
+    moved = dispatcher.dispatch({"x": torch.arange(len(lengths), dtype=torch.float32) + 10 * rank}, plan)
+    try:
+        dispatcher.combine({"score": moved["x"]}, plan, per_item_keys="score", differentiable=False)
+    except TypeError as error:
+        return str(error)
+    return "no error"
+
+
+def test_combine_s_per_item_keys_given_as_a_str_are_refused_on_every_rank():
+    """P29-06: `combine(per_item_keys="score")` took the letters for keys (the constructor refused a str)."""
+    for message in run_processes(_str_keys_job, 2, timeout_s=60, collective_timeout_s=5):
+        assert message.value is not None and "`per_item_keys` must be a collection of keys, not a str" \
+            in message.value, (message.rank, message.value, message.error)
+    with pytest.raises(TypeError, match="`per_item_keys` must be a collection of str keys; got NoneType"):
+        PostBalancingDispatcher(per_item_keys=None)
+
+
+def _cost_spelling_job(rank, size):
+    dispatcher = PostBalancingDispatcher(cost=None if rank == 0 else CostModel())
+    return dispatcher.plan([[5, 3], [4, 4]][rank]).balance.makespan
+
+
+def test_the_default_cost_spelled_none_or_costmodel_is_one_configuration():
+    """P29-05: `cost=None` on one rank and `cost=CostModel()` (the same f(l) = l) on another: ConfigMismatchError."""
+    assert [o.value for o in run_processes(_cost_spelling_job, 2, timeout_s=60, collective_timeout_s=5)] == [8.0, 8.0]
