@@ -167,15 +167,11 @@ def test_lone_items_move_up_only_while_the_blocks_are_short():
                             (1, 2, 4)).tolist() == [4, 4, 4]
 
 
-def test_regression_a_layout_without_token_room_at_its_first_target_tried_the_next_seven(monkeypatch):
-    """Where the ladder's first target leaves the groups no token room, wider targets pack them fuller: the
-    layout tried LADDER_STEPS targets before the two tiers (the long workload's dense micro-batches at
-    D = 2560 x 16, T = 32k: 8 failed layouts of 7-17 ms each per micro-batch); now one."""
+def _counted_layouts(monkeypatch) -> dict:
+    """Per layout pass (one per array of laid-out items), whether each target of its ladder found token room."""
     from orchmllm.balancers.context_parallel import planner
-    from orchmllm.study.workloads import sample_workload
 
-    passes = {}  # one layout pass per array of laid-out items: whether each target found token room
-    place_groups = planner.place_groups
+    passes, place_groups = {}, planner.place_groups
 
     def counted(*args):
         placed = place_groups(*args)
@@ -183,6 +179,16 @@ def test_regression_a_layout_without_token_room_at_its_first_target_tried_the_ne
         return placed
 
     monkeypatch.setattr(planner, "place_groups", counted)
+    return passes
+
+
+def test_regression_a_layout_without_token_room_at_its_first_target_tried_the_next_seven(monkeypatch):
+    """Where the ladder's first target leaves the groups no token room, wider targets pack them fuller: the
+    layout tried LADDER_STEPS targets before the two tiers (the long workload's dense micro-batches at
+    D = 2560 x 16, T = 32k: 8 failed layouts of 7-17 ms each per micro-batch); now one."""
+    from orchmllm.study.workloads import sample_workload
+
+    passes = _counted_layouts(monkeypatch)
     lengths = sample_workload("long", 64, 16, seed=7).sample_llm_length
     balance_microbatches(lengths, 64, cost=MODELS["84b"].llm.cost(causal=True), max_tokens_per_microbatch=32768,
                          context_parallel=ContextParallel())
@@ -435,3 +441,28 @@ def test_regression_a_free_m_refused_what_more_micro_batches_lay_out_on_an_odd_n
     free = split_bound(lengths, 3, spec, CostModel(), 60, 0.0, None)[0]
     assert plan.lower_bound == min(free, plan.step_cost)
     assert (str(plan.status) == "optimal") == (plan.lower_bound == plan.step_cost)
+
+
+def _longest_roomless_run(found: list[bool]) -> int:
+    """The most targets in a row without token room after one that had it."""
+    longest, run, laid = 0, 0, False
+    for has_room in found:
+        laid, run = laid or has_room, 0 if has_room else run + laid
+        longest = max(longest, run)
+    return longest
+
+
+def test_regression_the_ladder_went_on_to_its_end_without_token_room(monkeypatch):
+    """The split layout's ladder stops after NO_ROOM_RUN targets in a row without token room (`planner.layout`):
+    the issue 24 probe's zeros_giants family (90 % empty items, the rest 10-100k tokens) at D = 16 x 16, seed 19,
+    T = 32k: a layout whose first target laid out went on through 7 wider targets without token room, to the
+    ladder's end (bimodal at D = 512, seed 11: 39 of them, 0.12 s of 0.5 s); now NO_ROOM_RUN, the same plans."""
+    from orchmllm.balancers.context_parallel import planner
+    from orchmllm.benchmarks.bench_context_parallel import COST, SPEC, issue24_families
+
+    passes = _counted_layouts(monkeypatch)
+    lengths = issue24_families(16, 16, 19)["zeros_giants"]
+    plan = balance_microbatches(lengths, 16, max_tokens_per_microbatch=32768, cost=COST, context_parallel=SPEC)
+    runs = [_longest_roomless_run(found) for _, found in passes.values()]
+    assert plan.step_cost <= 1.1 * plan.lower_bound
+    assert max(runs) == planner.NO_ROOM_RUN
