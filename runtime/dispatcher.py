@@ -140,6 +140,7 @@ class PostBalancingDispatcher:
         self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._latest_made = 0  # `DispatchPlan.sequence` of the latest plan this dispatcher made (`steps.plan_runner`)
+        self._exchanged = False  # whether it ran an exchange (`steps.plan_runner`)
         self._clock = StepClock()  # the latest dispatch's step, which its micro-batches carry
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
@@ -236,7 +237,7 @@ class PostBalancingDispatcher:
         pieces = site_pieces(batch, keys, sharding, per_item_keys, home, sums)
         reference = None if expected is None else Reference(expected.route.plan_id, expected_pieces(
             expected.sharding, home, comm_device(self.group)))
-        move = exchange_with_grad if differentiable else exchange
+        move, self._exchanged = (exchange_with_grad if differentiable else exchange), True
         carried, self._carried = self._carried, None  # every rank raises it here (`_followed`)
         moved = move(pieces, self.transport, guard=self.guards[site], problem=carried or problem, reference=reference)
         return {key: sharding.home_sums(tensor) if key in sums else tensor for key, tensor in zip(keys, moved)}

@@ -124,6 +124,7 @@ class MultiStageRuntime:
         self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
         self._clock, self._looped = StepClock(begun=False), None  # the latest loop's step, and its routes
         self._latest_made = 0  # when this process made its latest routes (`steps.next_sequence`, `_runner`)
+        self._exchanged = False  # whether it dispatched routes (`steps.plan_runner`)
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
@@ -253,6 +254,7 @@ class MultiStageRuntime:
             return runner.dispatch(routes, text=text, per_sample=per_sample, inputs=inputs, stats=stats,
                                    samples=samples)
         check_step(routes, text, per_sample, inputs)
+        self._exchanged = True
         ended = None if routes is self._looped else self._clock.step  # a second batch dict of the step ends none
         problem = loop_left(ended) or (None if samples is None else self._samples_problem(routes, samples))
         self._clock.tell(self.guards["dispatch"])  # every rank's, in the fused exchange's header

@@ -13,17 +13,21 @@ next_sequence = itertools.count(1).__next__  # the order in which this process's
 
 def plan_runner(instance, maker, sequence: int):
     """The runtime (a dispatcher, a multi-stage runtime) that runs a plan given to `instance`, made by `maker` as this
-    process's `sequence`-th (`next_sequence`): the one whose exchanges its peers run now.  That is `maker` where it
-    is in `instance`'s group and made the plan after `instance` made its latest (one built to run another's plans,
-    built again on one rank between a plan and its exchange, or a second instance, e.g. an evaluation's, given the
-    training one's plan on one rank): its sites' headers may ride in the payload all-to-all while another
-    instance's go in an all-reduce, which the peers would wait for until the group's timeout (probe27 P27-08), or
-    whose sizes gloo would abort on (P27-10), and another instance's loop may owe the model check (review R19-08);
-    else `instance` (a plan made before its latest, kept from an instance that ran none of it: the peers run
-    `instance`'s exchanges, P27-10b)."""
-    if maker is None or maker is instance or maker.group is not instance.group or sequence < instance._latest_made:
+    process's `sequence`-th (`next_sequence`): the one whose exchanges its peers run now, as far as this rank can
+    tell.  That is `maker`, in `instance`'s group, where the plan is newer than any `instance` made (one built to
+    run another's plans, built again on one rank between a plan and its exchange, a second instance given the plan
+    before it planned again), or where it is `maker`'s latest plan and `maker` has exchanged before (an evaluation
+    instance that planned since, given the training plan on one rank: probe30 P30-01): its sites' headers may ride
+    in the payload all-to-all while another instance's go in an all-reduce, which the peers would wait for until the
+    group's timeout (probe27 P27-08), or whose sizes gloo would abort on (P27-10), and another instance's loop may
+    owe the model check (review R19-08).  Else `instance`: a plan older than its latest that `maker` has moved on
+    from (kept from an instance planning ahead) or made by an instance that never exchanged (one used for planning
+    only): the peers run `instance`'s exchanges (P27-10b)."""
+    if maker is None or maker is instance or maker.group is not instance.group:
         return instance
-    return maker
+    if sequence >= instance._latest_made or (sequence == maker._latest_made and maker._exchanged):
+        return maker
+    return instance
 
 
 class StepToken:

@@ -144,17 +144,21 @@ def test_regression_a_warm_second_dispatcher_given_the_others_plan_on_one_rank_a
     assert counts == [[4, 2, 2]] * 3, counts
 
 
-def _other_options_job(rank, size, warm, call):
-    """A training dispatcher plans every step; an evaluation one of other options (a token budget) plans and
-    exchanges its own at steps 0-1 where `warm`; at step 2 rank 2 gives the training plan to the evaluation one's
-    `call` ("dispatch" or "combine").  What each rank raised there."""
+def _other_options_job(rank, size, warm, call, options=None):
+    """A training dispatcher plans every step; an evaluation one (of `options`, default a token budget) plans and
+    exchanges its own at steps 0-1 where `warm`, and plans after the training one every step where `warm` is None;
+    at step 2 rank 2 gives the training plan to the evaluation one's `call` ("dispatch" or "combine").  What each
+    rank raised there."""
     train = PostBalancingDispatcher(per_item_keys={"id"})
-    evaluation = PostBalancingDispatcher(per_item_keys={"id"}, max_tokens_per_microbatch=64)
+    options = {"max_tokens_per_microbatch": 64} if options is None else options
+    evaluation = PostBalancingDispatcher(per_item_keys={"id"}, **options)
     for step in range(3):
         lengths = _lengths(rank, step)
         batch, plan = _batch(rank, step, lengths), train.plan(lengths)
         if warm and step < 2:
             _exchanged(evaluation, batch, evaluation.plan(lengths))
+        if warm is None:
+            evaluation.plan(list(reversed(lengths)))
         odd = evaluation if rank == REBUILT_RANK and step == 2 else train
         try:
             moved = (odd if call == "dispatch" else train).dispatch(batch, plan)
@@ -164,12 +168,14 @@ def _other_options_job(rank, size, warm, call):
     return "no error"
 
 
-@pytest.mark.parametrize("warm, call", [(True, "dispatch"), (False, "combine")])
+@pytest.mark.parametrize("warm, call", [(True, "dispatch"), (False, "combine"), (None, "dispatch")],
+                         ids=["warm", "fresh", "planned_since"])
 def test_regression_a_plan_given_on_one_rank_to_a_dispatcher_of_other_options_is_named_on_every_rank(warm, call):
     """Cause (probe27 P27-10b): the evaluation dispatcher refused the plan through its own sites, so a fresh one's
     header all-reduce met its peers' payload all-to-all (every rank timed out, naming nothing) and a warm one's
     header gloo aborted on (SIGABRT, '48 vs 24' bytes).  Now the refusal rides in the training dispatcher's
-    exchange, which its peers run: every rank raises it, naming rank 2 and the option that differs."""
+    exchange, which its peers run: every rank raises it, naming rank 2 and the option that differs.  Also where the
+    evaluation dispatcher planned after the training plan (probe30 P30-01: it then exchanged the plan itself)."""
     messages = spawn(_other_options_job, 3, args=(warm, call), timeout_s=60, collective_timeout_s=5)
     for message in messages:
         assert "ranks [2] disagree with ranks [0, 1]" in message, messages
@@ -199,3 +205,11 @@ def test_regression_a_plan_kept_from_an_idle_dispatcher_went_through_its_sites_u
     every rank names rank 2's plan."""
     for message in spawn(_kept_job, 3, timeout_s=60, collective_timeout_s=5):
         assert "the plan differs across ranks" in message and "ranks [2] disagree with ranks [0, 1]" in message, message
+
+
+def test_a_training_plan_given_on_one_rank_to_a_same_options_dispatcher_that_planned_since_moves_its_rows():
+    """probe30 P30-01: the evaluation dispatcher (same options) planned after the training plan, so the plan went
+    through its fresh sites, whose header all-reduce met its peers' payload all-to-all: every rank timed out naming
+    nothing.  The training plan is its maker's latest and its maker exchanged before: it goes through its maker."""
+    assert spawn(_other_options_job, 3, args=(None, "dispatch", {}), timeout_s=60, collective_timeout_s=5) \
+        == ["no error"] * 3

@@ -41,13 +41,18 @@ def _samples(rank, step):
                    source=rank, id=10 * rank + k) for k in range(3)]
 
 
-def _step(runtime, model, rank, step, rebuilt=False, through=None, train=True):
+def _step(runtime, model, rank, step, rebuilt=False, through=None, train=True, between=None):
     """Plan, dispatch and train one step (`rebuilt`: through a new runtime built after the plan; `through`: through
-    that runtime; not `train`: under no_grad); (its loss, the orchmllm collectives it ran)."""
+    that runtime; not `train`: under no_grad; `between()` run after the plan, uncounted); (its loss, the orchmllm
+    collectives it ran)."""
     samples, generator = _samples(rank, step), torch.Generator().manual_seed(rank + 10 * step)
-    counter = CollectiveCounter()
+    counter, uncounted = CollectiveCounter(), 0
     try:
         routes = runtime.plan(samples)
+        if between is not None:
+            uncounted = -sum(counter.calls.values())
+            between()
+            uncounted += sum(counter.calls.values())
         runtime = MultiStageRuntime(STAGES) if rebuilt else through or runtime
         text = {"input_ids": torch.randint(0, 16, (sum(sample.text for sample in samples),), generator=generator)}
         image = torch.randn(sum(s.length for sample in samples for s in sample.segments), 4, generator=generator)
@@ -63,7 +68,7 @@ def _step(runtime, model, rank, step, rebuilt=False, through=None, train=True):
             total += float(loss.detach())
     finally:
         counter.close()
-    return round(total, 4), sum(counter.calls.values())
+    return round(total, 4), sum(counter.calls.values()) - uncounted
 
 
 def _job(rank, size):
@@ -96,28 +101,34 @@ def test_regression_a_runtime_rebuilt_on_one_rank_waited_in_the_model_check_unti
         assert [loss for loss, _ in rebuilt] == [loss for loss, _ in after_plan] == [loss for loss, _ in warm]
 
 
-def _evaluation_job(rank, size, options):
+def _evaluation_job(rank, size, options, after=False):
     """A training and an evaluation runtime (of `options`), the evaluation one planning and running no-grad loops
-    only (it never trains); at step 1 rank 2 trains the training runtime's routes through the evaluation one.  Per
-    step: the training step's (loss, collectives)."""
+    only (it never trains), before the training step or, `after`, between its plan and its loop; at step 1 rank 2
+    trains the training runtime's routes through the evaluation one.  Per step: the training step's (loss,
+    collectives)."""
     torch.manual_seed(0)
     model, steps = nn.parallel.DistributedDataParallel(Model()), []
     train, evaluation = MultiStageRuntime(STAGES), MultiStageRuntime(STAGES, **options)
     for step in range(3):
-        _step(evaluation, model, rank, step + 5, train=False)
+        evaluate = (lambda: _step(evaluation, model, rank, step + 5, train=False)) if after else None
+        if not after:
+            _step(evaluation, model, rank, step + 5, train=False)
         through = evaluation if rank == REBUILT_RANK and step == REBUILT_STEP else None
-        steps.append(_step(train, model, rank, step, through=through))
+        steps.append(_step(train, model, rank, step, through=through, between=evaluate))
     return steps
 
 
-@pytest.mark.parametrize("options", [{}, {"check_encoders": False}], ids=["same_options", "no_encoder_check"])
-def test_regression_an_evaluation_runtime_given_the_training_routes_on_one_rank_owed_the_model_check(options):
+@pytest.mark.parametrize("options, after", [({}, False), ({"check_encoders": False}, False),
+                                            ({"check_encoders": False}, True)],
+                         ids=["same_options", "no_encoder_check", "planned_since"])
+def test_regression_an_evaluation_runtime_given_the_training_routes_on_one_rank_owed_the_model_check(options, after):
     """Cause (review R19-08): only a runtime that had made no routes ran another's through their maker; an
     evaluation runtime (routes made, never trained) owed the model check on rank 2 alone, and every rank waited
     until the timeout; one without `check_encoders` still did after that fix (probe27 P27-10b's twin: routes went
-    through their maker only where it had the same options).  Now routes newer than the evaluation runtime's
-    latest run through the runtime that made them: the training steps' collectives and losses as without it."""
-    runs = spawn(_evaluation_job, 3, args=(options,), timeout_s=60, collective_timeout_s=5)
+    through their maker only where it had the same options), and where the evaluation runtime planned since the
+    training routes (probe30 P30-01).  Now they run through the runtime that made them (`steps.plan_runner`): the
+    training steps' collectives and losses as without it."""
+    runs = spawn(_evaluation_job, 3, args=(options, after), timeout_s=60, collective_timeout_s=5)
     alone = spawn(_job, 3, timeout_s=60, collective_timeout_s=5) if options else None
     for rank, steps in enumerate(runs):
         assert [count for _, count in steps] == [10, 9, 9], steps
