@@ -39,7 +39,6 @@ class DispatchPlan:
     config_fingerprint: bytes
     config_options: Mapping
     maker: object = field(default=None, repr=False)  # the dispatcher whose `plan()` made it (`exchanged_by`)
-    sequence: int = field(default=0, repr=False)  # when this process made it (`steps.next_sequence`)
 
     def __getstate__(self) -> dict:  # a copy in another process (pickled) or of another life (deepcopied): no maker
         return {**self.__dict__, "maker": None}
@@ -70,7 +69,7 @@ def exchanged_by(dispatcher, plan: DispatchPlan, call: str):
     its maker or `dispatcher` (`steps.plan_runner`).  A maker of other options than `dispatcher`'s carries
     `dispatcher`'s refusal of the plan into its next exchange, where every rank raises it (probe27 P27-10b: refused
     through `dispatcher`'s own sites, a fresh one waited until the timeout and a warm one aborted gloo)."""
-    maker = plan_runner(dispatcher, plan.maker, plan.sequence)
+    maker = plan_runner(dispatcher, plan.maker)
     if maker is not dispatcher and plan.config_fingerprint != dispatcher.config_fingerprint:
         maker._carry(dispatcher._foreign_problem(plan, call))
     return maker

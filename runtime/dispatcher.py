@@ -71,7 +71,7 @@ from .prefetch import metadata_group_of
 from .routes import expected_pieces, planner_word, site_pieces
 from .sharding import StepSharding, item_groups
 from .step_items import items_problem, local_tables, named_by_rank
-from .steps import StepClock, contract_of, next_sequence
+from .steps import StepClock, contract_of
 
 
 COMBINE_ORDERS = (None, "local_items", "microbatches")  # what one mapping of outputs may follow (`combine`)
@@ -139,8 +139,7 @@ class PostBalancingDispatcher:
         self._returned: dict = {}  # key -> a weak reference to each tensor the latest plan's dispatches returned
         self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
-        self._latest_made = 0  # `DispatchPlan.sequence` of the latest plan this dispatcher made (`steps.plan_runner`)
-        self._exchanged = False  # whether it ran an exchange (`steps.plan_runner`)
+        self._planned, self._exchanged = False, False  # whether it made a plan, ran an exchange (`steps.plan_runner`)
         self._clock = StepClock()  # the latest dispatch's step, which its micro-batches carry
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:
@@ -195,8 +194,8 @@ class PostBalancingDispatcher:
                                       group_rank(self.group), lambda digest: plan_word(*words, digest)
                                       if degree.size and degree.max() > 1 else plan_word(*words))
         made = DispatchPlan(metadata, plan, sharding.route, time.perf_counter() - start, microbatch, count, sharding,
-                            self.config_fingerprint, self.config_options, self, next_sequence())
-        self._latest_made = made.sequence
+                            self.config_fingerprint, self.config_options, self)
+        self._planned = True
         if group is self.group:  # made on every rank at this point of `group`'s collectives, the same plan where
             # `check_plan` agreed it or every rank planned with the same code (`routes.planner_word`)
             self._expected = made if self.options.check_plan or metadata.planner else None

@@ -63,9 +63,9 @@ from .prefetch import metadata_group_of
 from .routes import Assembled, Dispatched, PassRoutes, StepInputs, StepRoutes, check_pass, check_step, pass_problem
 from .sample_tables import SAMPLE_COLUMNS, SEGMENT_COLUMNS, sample_tables
 from .sharding import TextUnits, pass_layout
-from .steps import StepClock, contract_of, next_sequence, plan_runner
+from .steps import StepClock, contract_of, plan_runner
 
-_MAKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # routes -> (the runtime that made them, when)
+_MAKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # routes -> the runtime that made them (`_runner`)
 
 
 def _identity(step: StepPlan) -> tuple:
@@ -123,8 +123,7 @@ class MultiStageRuntime:
         self._reached: dict[str, set | None] = {}  # what each one's first checked call with items depended on
         self._yielded: list = []  # (index, weak reference to `micro.data`) of the latest step's micro-batches
         self._clock, self._looped = StepClock(begun=False), None  # the latest loop's step, and its routes
-        self._latest_made = 0  # when this process made its latest routes (`steps.next_sequence`, `_runner`)
-        self._exchanged = False  # whether it dispatched routes (`steps.plan_runner`)
+        self._planned, self._exchanged = False, False  # whether it made routes, dispatched some (`_runner`)
 
     def gather_batch(self, samples: Sequence[Sample], metadata_group=None, loss_tokens=None) -> Batch:
         """All-gather every rank's sample metadata into the global `Batch` (a collective)."""
@@ -209,9 +208,9 @@ class MultiStageRuntime:
         units = TextUnits.of_step(step)
         made = StepRoutes(step, rank, microbatches, input_routes, units.route(batch, rank, size, plan_id),
                           int(num_loss_tokens), planning_seconds, units, input_units)
-        self._latest_made = next_sequence()
+        self._planned = True
         for routes in (made, *microbatches):
-            _MAKERS[routes] = self, self._latest_made
+            _MAKERS[routes] = self
         return made
 
     def _runner(self, routes) -> "MultiStageRuntime":
@@ -219,8 +218,7 @@ class MultiStageRuntime:
         (`steps.plan_runner`), whatever the options of each: routes carry their plan, and their maker's sites and model
         check are those its peers run (an evaluation runtime without `check_encoders`, given the training routes on
         one rank, owed no check where its peers ran one, and every rank waited until the group's timeout)."""
-        maker, sequence = _MAKERS.get(routes, (None, 0)) if isinstance(routes, (StepRoutes, PassRoutes)) else (None, 0)
-        return plan_runner(self, maker, sequence)
+        return plan_runner(self, _MAKERS.get(routes) if isinstance(routes, (StepRoutes, PassRoutes)) else None)
 
     @staticmethod
     def _pass_routes(plan: PassPlan, rank: int, size: int, plan_id: int) -> PassRoutes:

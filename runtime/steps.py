@@ -4,30 +4,23 @@ a step's plan given to another (`plan_runner`)."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
-next_sequence = itertools.count(1).__next__  # the order in which this process's runtimes make plans (`plan_runner`)
-
-
-def plan_runner(instance, maker, sequence: int):
-    """The runtime (a dispatcher, a multi-stage runtime) that runs a plan given to `instance`, made by `maker` as this
-    process's `sequence`-th (`next_sequence`): the one whose exchanges its peers run now, as far as this rank can
-    tell.  That is `maker`, in `instance`'s group, where the plan is newer than any `instance` made (one built to
-    run another's plans, built again on one rank between a plan and its exchange, a second instance given the plan
-    before it planned again), or where it is `maker`'s latest plan and `maker` has exchanged before (an evaluation
-    instance that planned since, given the training plan on one rank: probe30 P30-01): its sites' headers may ride
-    in the payload all-to-all while another instance's go in an all-reduce, which the peers would wait for until the
-    group's timeout (probe27 P27-08), or whose sizes gloo would abort on (P27-10), and another instance's loop may
-    owe the model check (review R19-08).  Else `instance`: a plan older than its latest that `maker` has moved on
-    from (kept from an instance planning ahead) or made by an instance that never exchanged (one used for planning
-    only): the peers run `instance`'s exchanges (P27-10b)."""
+def plan_runner(instance, maker):
+    """The runtime (a dispatcher, a multi-stage runtime) that runs a plan given to `instance`, made by `maker`: the
+    one whose exchanges its peers run now, as far as this rank can tell from what its own program did (never from
+    the order of two instances' plans, which a planning thread races: probe30 P30-03).  That is `maker`, in
+    `instance`'s group, where `maker` has exchanged before (an evaluation instance given the training plan on one
+    rank, probe27 P27-10, review R19-08, probe30 P30-01) or `instance` has made no plan (one built to run another's
+    plans, or built again on one rank between a plan and its exchange, P27-08): the peers run `maker`'s sites,
+    whose headers may ride in the payload all-to-all while another instance's go in an all-reduce, which they would
+    wait for until the group's timeout, or whose sizes gloo would abort on, and another instance's loop may owe the
+    model check.  Else `instance`: a plan of an instance that only planned (kept from one planning ahead, P27-10b's
+    twin, or another's plan given where the peers run `instance`): the peers run `instance`'s exchanges, whose
+    header names the plan that differs."""
     if maker is None or maker is instance or maker.group is not instance.group:
         return instance
-    if sequence >= instance._latest_made or (sequence == maker._latest_made and maker._exchanged):
-        return maker
-    return instance
+    return maker if maker._exchanged or not instance._planned else instance
 
 
 class StepToken:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchmllm.runtime import PlanMismatchError, PostBalancingDispatcher, accumulate, normalize_loss
+from orchmllm.runtime import PlanMismatchError, PostBalancingDispatcher, Prefetcher, accumulate, normalize_loss
 from orchmllm.runtime.counting import CollectiveCounter
 from orchmllm.runtime.launch import spawn
 
@@ -201,8 +201,8 @@ def _kept_job(rank, size):
 
 def test_regression_a_plan_kept_from_an_idle_dispatcher_went_through_its_sites_until_the_timeout():
     """Cause (P27-10b's twin): a plan went through the dispatcher that made it, whose fresh sites' header all-reduce
-    met the peers' payload all-to-all.  A plan older than the training dispatcher's latest now goes through it, and
-    every rank names rank 2's plan."""
+    met the peers' payload all-to-all.  A plan of a dispatcher that only planned now goes through the one given it,
+    and every rank names rank 2's plan."""
     for message in spawn(_kept_job, 3, timeout_s=60, collective_timeout_s=5):
         assert "the plan differs across ranks" in message and "ranks [2] disagree with ranks [0, 1]" in message, message
 
@@ -210,6 +210,36 @@ def test_regression_a_plan_kept_from_an_idle_dispatcher_went_through_its_sites_u
 def test_a_training_plan_given_on_one_rank_to_a_same_options_dispatcher_that_planned_since_moves_its_rows():
     """probe30 P30-01: the evaluation dispatcher (same options) planned after the training plan, so the plan went
     through its fresh sites, whose header all-reduce met its peers' payload all-to-all: every rank timed out naming
-    nothing.  The training plan is its maker's latest and its maker exchanged before: it goes through its maker."""
+    nothing.  The training plan's maker exchanged before: the plan goes through it (`steps.plan_runner`)."""
     assert spawn(_other_options_job, 3, args=(None, "dispatch", {}), timeout_s=60, collective_timeout_s=5) \
         == ["no error"] * 3
+
+
+def _prefetched_evaluation_job(rank, size, steps, items):
+    """An evaluation dispatcher plans in a Prefetcher thread while the training plan is made; every rank then gives
+    the training plan to the evaluation dispatcher.  Per step: whether the rows came home."""
+    train, evaluation = PostBalancingDispatcher(), PostBalancingDispatcher()
+    prefetcher = Prefetcher(lambda lengths, group: evaluation.plan(lengths, metadata_group=group))
+    rng, home = np.random.default_rng(rank), []
+    try:
+        for _ in range(steps):
+            lengths = rng.integers(1, 50, items).tolist()
+            batch = {"x": torch.arange(sum(lengths), dtype=torch.float32)[:, None]}
+            prefetcher.submit(rng.integers(1, 50, items).tolist())
+            plan = train.plan(lengths)
+            prefetcher.result()
+            moved = evaluation.combine(dict(evaluation.dispatch(batch, plan)), plan, differentiable=False,
+                                       order="local_items")
+            home.append(torch.equal(moved["x"], batch["x"]))
+    finally:
+        prefetcher.close()
+    return home
+
+
+def test_regression_which_dispatcher_runs_a_handed_plan_followed_a_thread_race():
+    """probe30 P30-03, the same program on every rank: 69d3d4b chose the runner from the order in which the two
+    dispatchers' plans were numbered, which the planning thread races, so ranks chose apart and every rank timed
+    out naming nothing (5 of 5 runs of 30 steps).  The choice now follows only what this rank's program did (the
+    maker exchanged before, or the given dispatcher made no plan): the same on every rank."""
+    assert spawn(_prefetched_evaluation_job, 3, args=(12, 1000), timeout_s=90, collective_timeout_s=5) \
+        == [[True] * 12] * 3
