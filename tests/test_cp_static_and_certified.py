@@ -95,3 +95,14 @@ def test_a_fixed_count_too_few_for_the_tokens_is_named_with_the_least_count_and_
         balance_microbatches([16338, 14579, 3172, 2259], 4, max_tokens_per_microbatch=8192, num_microbatches=1,
                              cost=CostModel(quadratic=1e-4), context_parallel=ContextParallel(degrees=(1, 2, 4)))
     assert refused.value.min_cap == 9087
+
+
+def test_an_item_no_degree_fits_is_named_before_a_count_too_few():
+    """probe30 P30-04: the count refusal came first ("a budget of at least 2 at 1"), and budget 2 was refused again
+    for the item, which needs 4 at degree 2 whatever the count."""
+    spec = ContextParallel(degrees=(2,), gpus_per_node=4, latency_s=0, kv_bytes_per_token=0,
+                           half_efficiency_tokens=0, seconds_per_cost=1.0)
+    with pytest.raises(InfeasibleError, match=r"item 0 \(7 tokens\) fits max_tokens_per_microbatch=1 at no allowed "
+                                              r"degree \(2,\)") as refused:
+        balance_microbatches([7], 4, max_tokens_per_microbatch=1, num_microbatches=1, context_parallel=spec)
+    assert refused.value.min_cap == 4

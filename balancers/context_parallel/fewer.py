@@ -25,12 +25,16 @@ from ..microbatch.plan import step_cost
 from ..problem import InfeasibleError, Status
 
 
-def within_tokens(lengths: np.ndarray, num_ranks: int, budget: int, num_microbatches: int | None) -> int | None:
+def within_tokens(lengths: np.ndarray, num_ranks: int, budget: int, num_microbatches: int | None,
+                  widest: int) -> int | None:
     """`num_microbatches` (None: free), or InfeasibleError where M micro-batches of `budget` tokens on each of
     `num_ranks` cannot hold the items' tokens, split or not (probe28 P28-05: the fills' refusal said a larger
-    budget "may fit" and named a `min_cap` refused again); its `min_cap` the least budget the tokens allow at M."""
+    budget "may fit" and named a `min_cap` refused again); its `min_cap` the least budget the tokens allow at M.
+    Not where an item is over the budget at the `widest` degree: no count helps it, and the planner names it
+    (probe30 P30-04: this refusal came first and sent the user to a count or budget refused again)."""
     tokens = int(lengths.sum())
-    if num_microbatches is None or tokens <= num_microbatches * num_ranks * budget:
+    if (num_microbatches is None or tokens <= num_microbatches * num_ranks * budget
+            or int(lengths.max(initial=0)) > budget * widest):
         return num_microbatches
     least, cap = -(-tokens // (num_ranks * budget)), -(-tokens // (num_ranks * num_microbatches))
     raise InfeasibleError(f"`num_microbatches`={num_microbatches} is too few: the items' {tokens} tokens need at least "

@@ -468,7 +468,7 @@ def balance_microbatches_split(context_parallel, lengths, num_ranks, *, unsplit,
     num_ranks = as_num_ranks(num_ranks)
     budget = as_int(max_tokens_per_microbatch, "max_tokens_per_microbatch", minimum=1)
     fixed = within_tokens(lengths, num_ranks, budget, as_int(num_microbatches, "num_microbatches", minimum=1,
-                                                             optional=True))
+                                                             optional=True), max(context_parallel.degrees))
     overhead = as_real(microbatch_overhead, "microbatch_overhead")
     if cost is not None and not isinstance(cost, CostModel):
         raise TypeError(f"`cost` must be a CostModel or None; got {type(cost).__name__}")
