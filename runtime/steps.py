@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+
 def plan_runner(instance, maker):
     """The runtime (a dispatcher, a multi-stage runtime) that runs a plan given to `instance`, made by `maker`: the
     one whose exchanges its peers run now, as far as this rank can tell from what its own program did (never from
