@@ -31,9 +31,10 @@ latest dispatch, as with a plan made once), with the same micro-batches and grad
 loop left early then comes from there, on that rank alone.
 Every call is a self-contained collective, so a step may call `plan`/`dispatch` once
 per micro-batch.  A dispatcher built again on some ranks is found by its first `plan`, whose all-gather carries a
-word of every rank's exchange sites (where they differ, every rank starts its sites afresh), and one that has made
-no plan exchanges another's plans (of its options and group) through the dispatcher that made them
-(`dispatch_plan.exchanged_by`): its peers' headers may ride in the payload, a new site's go in an all-reduce.
+word of every rank's exchange sites (where they differ, every rank starts its sites afresh).  A plan given to
+another dispatcher of its group goes through the one that made it where that one has exchanged before or the other
+has made no plan (`steps.plan_runner`; of other options, with the other's refusal, raised on every rank): its peers'
+headers may ride in the payload, a new site's go in an all-reduce.
 
 With `context_parallel=ContextParallel(...)` the plan may split a giant item over a group of
 ranks: its per-token rows travel as zigzag chunks in the same one all-to-all (`sharding.py`),
