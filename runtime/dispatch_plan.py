@@ -3,6 +3,8 @@ exchanges it (`exchanged_by`)."""
 
 from __future__ import annotations
 
+import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -13,6 +15,17 @@ from .exchange import ExchangeMeta
 from .metadata import GatheredMetadata
 from .sharding import StepSharding
 from .steps import plan_runner
+
+
+_MAKERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # token -> this process's dispatcher of it
+
+
+def maker_token(dispatcher) -> bytes:
+    """A token naming `dispatcher` in this process alone (random: a copy of its plans in another process finds no
+    maker), by which a pickled or deep-copied plan finds its maker again (`DispatchPlan.__setstate__`)."""
+    token = os.urandom(16)
+    _MAKERS[token] = dispatcher
+    return token
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,8 +53,11 @@ class DispatchPlan:
     config_options: Mapping
     maker: object = field(default=None, repr=False)  # the dispatcher whose `plan()` made it (`exchanged_by`)
 
-    def __getstate__(self) -> dict:  # a copy in another process (pickled) or of another life (deepcopied): no maker
-        return {**self.__dict__, "maker": None}
+    def __getstate__(self) -> dict:  # pickled or deep-copied: the maker by its token, found again in this process
+        return {**self.__dict__, "maker": None if self.maker is None else self.maker._token}
+
+    def __setstate__(self, state: dict) -> None:  # (probe30 P30-02: a copy on one rank ran another instance's sites)
+        self.__dict__.update(state, maker=None if state["maker"] is None else _MAKERS.get(state["maker"]))
 
     @property
     def lengths(self) -> np.ndarray:

@@ -62,7 +62,7 @@ from .agreement import PlanMismatchError, SchemaGuard, fingerprint, option_table
 from .alltoall import runtime_transport
 from .carry import split_step
 from .comm import collective, comm_device, group_rank, group_size
-from .dispatch_plan import DispatchPlan, exchanged_by
+from .dispatch_plan import DispatchPlan, exchanged_by, maker_token
 from .exchange import Reference, detached_problem, exchange, exchange_with_grad
 from .metadata import check_agreement, gather_metadata, join_failed
 from .microbatch import MicroBatch, iterate, loop_left, new_step
@@ -141,6 +141,7 @@ class PostBalancingDispatcher:
         self._given: dict = {}  # key -> a weak reference to each tensor given to them (`_local_batch`)
         self._carried: PlanMismatchError | None = None  # a refusal of `microbatches` for the next exchange header
         self._planned, self._exchanged = False, False  # whether it made a plan, ran an exchange (`steps.plan_runner`)
+        self._token = maker_token(self)  # names it to copies of its plans in this process
         self._clock = StepClock()  # the latest dispatch's step, which its micro-batches carry
 
     def plan(self, lengths, *, loss_tokens=None, metadata_group=None) -> DispatchPlan:

@@ -7,6 +7,8 @@ and a dispatcher that has made no plan exchanges another's plans through the dis
 
 Real gloo groups of 3 ranks; each rank counts its own collectives (`runtime.counting`)."""
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -144,11 +146,11 @@ def test_regression_a_warm_second_dispatcher_given_the_others_plan_on_one_rank_a
     assert counts == [[4, 2, 2]] * 3, counts
 
 
-def _other_options_job(rank, size, warm, call, options=None):
+def _other_options_job(rank, size, warm, call, options=None, copied=False):
     """A training dispatcher plans every step; an evaluation one (of `options`, default a token budget) plans and
     exchanges its own at steps 0-1 where `warm`, and plans after the training one every step where `warm` is None;
-    at step 2 rank 2 gives the training plan to the evaluation one's `call` ("dispatch" or "combine").  What each
-    rank raised there."""
+    at step 2 rank 2 gives the training plan (a pickled copy where `copied`) to the evaluation one's `call`
+    ("dispatch" or "combine").  What each rank raised there."""
     train = PostBalancingDispatcher(per_item_keys={"id"})
     options = {"max_tokens_per_microbatch": 64} if options is None else options
     evaluation = PostBalancingDispatcher(per_item_keys={"id"}, **options)
@@ -160,6 +162,7 @@ def _other_options_job(rank, size, warm, call, options=None):
         if warm is None:
             evaluation.plan(list(reversed(lengths)))
         odd = evaluation if rank == REBUILT_RANK and step == 2 else train
+        plan = pickle.loads(pickle.dumps(plan)) if copied and odd is evaluation else plan
         try:
             moved = (odd if call == "dispatch" else train).dispatch(batch, plan)
             (odd if call == "combine" else train).combine(moved, plan, differentiable=False)
@@ -243,3 +246,11 @@ def test_regression_which_dispatcher_runs_a_handed_plan_followed_a_thread_race()
     maker exchanged before, or the given dispatcher made no plan): the same on every rank."""
     assert spawn(_prefetched_evaluation_job, 3, args=(12, 1000), timeout_s=90, collective_timeout_s=5) \
         == [[True] * 12] * 3
+
+
+def test_a_copied_plan_given_on_one_rank_to_another_dispatcher_finds_its_maker():
+    """probe30 P30-02: a pickled (or deep-copied) plan dropped its maker, so given on rank 2 to a fresh dispatcher of
+    the same options it ran that one's header all-reduce against its peers' payload all-to-all: every rank timed
+    out naming nothing.  A copy in the same process finds its maker again by its token."""
+    assert spawn(_other_options_job, 3, args=(False, "dispatch", {}, True), timeout_s=60, collective_timeout_s=5) \
+        == ["no error"] * 3
