@@ -252,7 +252,7 @@ def _solve(problem: Problem, lpt_plan: np.ndarray | None) -> KernelResult:
         else:
             raise refusal
     if few_per_rank:
-        best = _group_search(problem, starts, makespans, bound)
+        best = _group_search(problem, starts, makespans, bound, unit)
     else:
         if problem.num_items > ALL_STARTS_MAX_ITEMS:
             first = int(np.argmin(makespans))
@@ -289,11 +289,11 @@ def lifted_bound(costs: np.ndarray, num_ranks: int, lower: int, upper: int) -> i
     return lower
 
 
-def _group_search(problem: Problem, starts: list, makespans: list, bound: float) -> np.ndarray:
+def _group_search(problem: Problem, starts: list, makespans: list, bound: float, unit: float | None) -> np.ndarray:
     """The best plan of the pair and triple search from the starts, the best start first
     (ties: in order), the minimum-slack packings second and third, the other starts after
-    them, under one shared work budget, until one reaches the (lifted) bound."""
-    target, unit = bound, cost_unit(problem.item_costs)
+    them, under one shared work budget, until one reaches the (lifted) bound; `unit` the costs' (`cost_unit`)."""
+    target = bound
     if unit is not None:  # loads in whole units: the optimum is at least ceil(bound), and L2 may lift it
         units = (problem.item_costs / unit).astype(np.int64)
         target = unit * lifted_bound(units, problem.num_ranks, math.ceil(bound / unit), int(min(makespans) / unit))
