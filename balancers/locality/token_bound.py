@@ -40,16 +40,22 @@ def _deal(state: PartialPlan, waiting: np.ndarray, count: int, width: int, keepi
     return index[passes, columns], ranks[columns]
 
 
-def _resort(loads: np.ndarray, order: np.ndarray) -> None:
-    """Re-sort `order`, the ranks by (load, rank) before some loads grew, in place: a stable sort
-    of the nearly sorted loads (a few runs), then of (run of equal loads, rank) where it left
-    equal loads out of rank order; the same as `ranks_by_load`, without sorting from scratch."""
-    order[:] = order[np.argsort(loads[order], kind="stable")]
-    sorted_loads = loads[order]
-    tied = sorted_loads[1:] == sorted_loads[:-1]
-    if (tied & (order[1:] < order[:-1])).any():
+def _by_load(loads: np.ndarray, ranks: np.ndarray, num_ranks: int) -> np.ndarray:
+    """The permutation that puts `ranks` (of `loads`, nearly sorted) in (load, rank) order: a stable sort of the
+    loads (a few runs), then of (run of equal loads, rank) where it left equal loads out of rank order."""
+    moved = np.argsort(loads, kind="stable")
+    ranks, loads = ranks[moved], loads[moved]
+    tied = loads[1:] == loads[:-1]
+    if (tied & (ranks[1:] < ranks[:-1])).any():
         run = np.concatenate(([0], np.cumsum(~tied)))
-        order[:] = order[np.argsort(run * loads.size + order, kind="stable")]
+        moved = moved[np.argsort(run * num_ranks + ranks, kind="stable")]
+    return moved
+
+
+def _resort(loads: np.ndarray, order: np.ndarray) -> None:
+    """Re-sort `order`, the ranks by (load, rank) before some loads grew, in place (`_by_load`); the same as
+    `ranks_by_load`, without sorting from scratch."""
+    order[:] = order[_by_load(loads[order], order, loads.size)]
 
 
 def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int, margin: float, order: np.ndarray,
@@ -271,16 +277,8 @@ class _Streak:
     def resort(self, start: int, end: int) -> None:
         """`_resort` of the ranks at positions `start` to `end` (their loads now in `sorted_loads` there), with
         their arrays by position, the loads read from those arrays."""
-        loads = self.sorted_loads[start:end]
-        moved = np.argsort(loads, kind="stable")
-        ranks, loads = self.order[start:end][moved], loads[moved]
-        tied = loads[1:] == loads[:-1]
-        if (tied & (ranks[1:] < ranks[:-1])).any():
-            run = np.concatenate(([0], np.cumsum(~tied)))
-            again = np.argsort(run * self.order.size + ranks, kind="stable")
-            moved, ranks, loads = moved[again], ranks[again], loads[again]
-        self.order[start:end], self.sorted_loads[start:end] = ranks, loads
-        for values in self.sorted[2:]:
+        moved = _by_load(self.sorted_loads[start:end], self.order[start:end], self.order.size)
+        for values in self.sorted:
             values[start:end] = values[start:end][moved]
 
     def move_up(self, position: int) -> int:
