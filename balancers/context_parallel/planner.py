@@ -112,8 +112,7 @@ def layout(problem: Problem, spec: ContextParallel, gpus_per_node: int, allotmen
             continue
         start, degree, overflow = placed
         laid = start >= 0
-        loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0),
-                                         np.where(laid, degree, 0))
+        loads, tokens = laid_accounts(problem, spec, gpus_per_node, start, degree)
         estimate = max(float(loads.max()), water_level(loads, float(problem.item_costs[~laid].sum())))
         if estimate >= best_estimate:  # a wider target did not pay
             break
@@ -154,9 +153,19 @@ def _tiered(problem: Problem, spec: ContextParallel, gpus_per_node: int, times: 
     if tiers is None or not tiers[2] < ceiling:
         return None
     start, degree, estimate = tiers
-    laid = start >= 0
-    loads, tokens, _ = rank_accounts(problem, spec, gpus_per_node, np.maximum(start, 0), np.where(laid, degree, 0))
+    loads, tokens = laid_accounts(problem, spec, gpus_per_node, start, degree)
     return (start, degree, max(estimate, float(loads.max())), (loads, tokens)), estimate
+
+
+def laid_accounts(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray,
+                  degree: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(loads, tokens) per rank of the laid-out items (start >= 0) alone: their `rank_accounts`, summed over
+    their shards only (the same pairs in the same order, so the same floats) rather than over every item's."""
+    laid = np.flatnonzero(start >= 0)
+    sub = Problem(lengths=problem.lengths[laid], item_costs=problem.item_costs[laid], num_ranks=problem.num_ranks,
+                  cost=problem.cost, padded=False, max_tokens_per_rank=None, time_limit=None)
+    loads, tokens, _ = rank_accounts(sub, spec, gpus_per_node, start[laid], degree[laid])
+    return loads, tokens
 
 
 def fill(problem: Problem, start: np.ndarray, target: float, accounts: tuple) -> np.ndarray | None:

@@ -44,14 +44,17 @@ MOVE_CHUNK = 128
 class _State:
     """A split plan being improved: blocks, loads, tokens and the ranks' groups."""
 
-    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, start, degree, bound: float):
+    def __init__(self, problem: Problem, spec: ContextParallel, gpus_per_node: int, start, degree, bound: float,
+                 accounts: tuple | None = None):
+        """`accounts`: the blocks' `rank_accounts` where the caller has them."""
         self.problem, self.spec, self.gpus_per_node, self.bound = problem, spec, gpus_per_node, bound
         self.start, self.degree = start.copy(), degree.copy()
         self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
         self.split_degrees = [c for c in spec.degrees if c > 1]
         self.item_times: dict[tuple[int, int], np.ndarray] = {}  # (item, degree) -> `_time`
         self.shards: dict[tuple[int, int], np.ndarray] = {}  # (item, degree) -> `shard`
-        self.loads, self.tokens, self.times = rank_accounts(problem, spec, gpus_per_node, self.start, self.degree)
+        self.loads, self.tokens, self.times = accounts or rank_accounts(problem, spec, gpus_per_node, self.start,
+                                                                        self.degree)
         self.refresh()
 
     def refresh(self) -> None:
@@ -322,8 +325,13 @@ class _State:
 
 def improve(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
             bound: float) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """The (block starts, degrees) after the local search from the given plan, and their `rank_accounts`."""
-    state = _State(problem, spec, gpus_per_node, start, degree, bound)
+    """The (block starts, degrees) after the local search from the given plan, and their `rank_accounts`.
+    A plan at the bound is returned as it is, `start` and `degree` themselves (the search would stop before its
+    first move)."""
+    accounts = rank_accounts(problem, spec, gpus_per_node, start, degree)
+    if float(accounts[0].max()) <= bound:
+        return start, degree, accounts
+    state = _State(problem, spec, gpus_per_node, start, degree, bound, accounts)
     for made in range(MAX_MOVES):
         rank = int(np.argmax(state.loads))
         makespan = float(state.loads[rank])
