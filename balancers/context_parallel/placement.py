@@ -9,7 +9,6 @@ items that spill onto groups are laid out in runs that defer the ranks' accounts
 from __future__ import annotations
 
 import bisect
-import copy
 import heapq
 import math
 import operator
@@ -62,17 +61,6 @@ class Placement:
         self.parked: dict[int, list[tuple[int, int]]] = {}
         self.parked_ids: set[tuple[int, int]] = set()  # (degree, key position) of the parked candidates
         self.newly_parked: list[tuple[int, tuple[float, int]]] = []  # (degree, key) found short by this search
-
-    def copy(self) -> Placement:
-        """An independent copy of this layout: every container copied (their entries are immutable)."""
-        other = copy.copy(self)
-        other.taken, other.free, other.newly_parked = self.taken.copy(), list(self.free), []
-        other.loads, other.tokens, other.group_of = list(self.loads), list(self.tokens), list(self.group_of)
-        for name in ("groups", "keys", "parked"):
-            setattr(other, name, {c: None if v is None else list(v) for c, v in getattr(self, name).items()})
-        other.placed, other.position, other.peak = dict(self.placed), dict(self.position), dict(self.peak)
-        other.most_tokens, other.parked_ids = dict(self.most_tokens), set(self.parked_ids)
-        return other
 
     def open(self, degree: int) -> None:
         """Start laying out `degree`: its free blocks (the larger degrees' groups are placed)."""
@@ -469,7 +457,8 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
         if not _lay(blocks, unsplit[done:], 1):
             blocks = None
     if key:
-        layouts[key] = (blocks and blocks.copy(), unsplit, times.table[times.row[unsplit]].tobytes())
+        # not copied: nothing here changes it after this, and the one call that goes on from it pops it
+        layouts[key] = (blocks, unsplit, times.table[times.row[unsplit]].tobytes())
     if blocks is None:
         return None
     start = np.full(degree.size, -1, dtype=np.int64)

@@ -35,7 +35,8 @@ class SpillRun:
         caught up before each `place`; whether each found token room."""
         for item, time, need in zip(items, times, needs):
             if not self.spill(item, time, need):
-                self.catch_up()
+                if self.touched:
+                    self.catch_up()
                 if self.blocks.place(item, 1, time, need) < 0:
                     return False
         self.catch_up()
