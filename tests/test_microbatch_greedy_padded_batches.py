@@ -62,11 +62,13 @@ def test_regression_padded_empty_cells_took_one_search_an_item(monkeypatch, seed
 def test_regression_padded_fits_waited_for_the_last_empty_cell(monkeypatch):
     """`_take_fits` ran only once no micro-batch held an empty cell, though an empty cell whose level is below the
     item's cost is a rise, which any fit beats.  Now the items of cost above every such level go to the fits a sort
-    at a time whatever the empty cells."""
+    at a time whatever the empty cells (or with the rises, a run of equal loads at a time: `greedy_filled`)."""
     problem = _default_mix(0)
-    batched, take_fits = [], greedy._PaddedRows._take_fits
+    batched, take_fits, take_runs = [], greedy._PaddedRows._take_fits, greedy.take_runs
     monkeypatch.setattr(greedy._PaddedRows, "_take_fits", lambda self, left: batched.append(
         (take_fits(self, left), max(self.empty) >= 0)) or batched[-1][0])
+    monkeypatch.setattr(greedy, "take_runs", lambda self, costs, at, positive: batched.append(
+        (take_runs(self, costs, at, positive) - at, max(self.empty) >= 0)) or at + batched[-1][0])
     found = greedy.greedy_cells(problem, 3)
     assert sum(placed for placed, opened in batched if opened) > 0
     np.testing.assert_array_equal(found, _scan(problem, 3))

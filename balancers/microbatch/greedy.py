@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels.auto import in_given_order
+from .greedy_filled import take_runs
 from .greedy_rows import cut as _cut, first_above as _first_above, gathered as _gathered, tied as _tied
 from .greedy_scan import Cells, fresh_wins as _fresh_wins, scan_greedy as _scan_greedy  # noqa: F401 (Cells: the tests')
 from .plan import MicroBatchProblem, MicroBatchResult
@@ -293,7 +294,7 @@ class _PaddedRows:
         self.top_length, self.level = self.top_length + [0] * added * d, self.level + [0.0] * added
         return self
 
-    def run(self, costs: list, lengths: list, positive: int) -> bool:
+    def run(self, costs: np.ndarray, lengths: np.ndarray, positive: int) -> bool:
         """The items (the first `positive` of cost > 0) in turn; False when one finds no room.  A filled cell's load
         with one more item is its own, whatever the item, so while every empty cell's level is below the item's cost
         (an empty cell is a rise, a fit beats it) the fits take the items a sort at a time (`_take_fits`); else a
@@ -302,7 +303,9 @@ class _PaddedRows:
         known (`_short`): a run that will find none stops once it has its snapshot, all that it answers (`_Run`)."""
         d, cap, rows, empty, level, chosen = self.d, self.cap, self.rows, self.empty, self.level, self.chosen
         counts, top_cost, top_length = self.counts, self.top_cost, self.top_length
-        at, below, fits_gone, opened, runs, short = 0, [-cost for cost in costs[:positive]], False, None, True, None
+        cost_array, length_array, costs, lengths = costs, lengths, costs.tolist(), lengths.tolist()
+        at, below, fits_gone, opened, runs, short = 0, (-cost_array[:positive]).tolist(), False, None, True, None
+        stalled = -1  # where `take_runs` last stopped
         while at < len(costs):
             if at < positive:
                 if opened is None:  # the levels of the micro-batches with an empty cell, highest last (None: to find)
@@ -311,11 +314,15 @@ class _PaddedRows:
                         short = self._short(len(costs) - at)
                 if short:  # it will find no room, and its snapshot is taken: no need to get there
                     return False
+                if fits_gone and at != stalled and costs[at] > opened[-1]:  # none fits, empty cells rises: the runs
+                    stalled = take_runs(self, costs, at, positive)
+                    opened, runs, at = (None, True, stalled) if stalled > at else (opened, runs, at)
+                    continue
                 left = bisect.bisect_left(below, -opened[-1], at) - at  # the items of cost above them all
                 placed = self._take_fits(left) if left > 0 and not fits_gone else 0
                 fits_gone = fits_gone or 0 < left > placed  # fewer: no fit is left
                 if not placed and left <= 0 and runs:  # runs: a run of empty cells may pay (till a rise)
-                    placed = self._take_empties(costs, lengths, at, positive, opened)
+                    placed = self._take_empties(cost_array, length_array, at, positive, opened)
                     opened, fits_gone, runs = None if placed else opened, fits_gone and not placed, placed >= EMPTY_RUN
                 if placed:
                     at += placed
@@ -353,10 +360,11 @@ class _PaddedRows:
         lengths, counts = (np.fromiter(values, dtype=np.int64, count=size) for values in (self.top_length, self.counts))
         return bool(lengths.all()) and int((self.cap // lengths - counts).sum()) < left
 
-    def _take_empties(self, costs: list, lengths: list, at: int, stop: int, opened: list) -> int:
+    def _take_empties(self, costs: np.ndarray, lengths: np.ndarray, at: int, stop: int, opened: list) -> int:
         """Items `at`.. (before `stop`) to the empty cells of the one micro-batch of the highest level holding them, in
         turn, while that is each item's best fit: its cost at most that level, above every other (an empty cell there
-        is a rise), nearer it than the best filled fit; a cell that fits a second item ends it (it beats the next)."""
+        is a rise), nearer it than the best filled fit; a cell that fits a second item ends it (it beats the next).
+        The stop is found in numpy over the items that could take the cells."""
         level, empty, rows, cap, d = self.level, self.empty, self.rows, self.cap, self.d
         top, other = opened[-1], opened[-2] if len(opened) > 1 else -math.inf
         m = [k for k, cell in enumerate(empty) if cell >= 0 and level[k] == top][0]
@@ -364,21 +372,21 @@ class _PaddedRows:
             return 0  # few cells to take: the search is as quick
         fits = [(k, _first_above(row, len(row), level[k], 0.0, 0.0)) for k, row in enumerate(rows)]
         best = max([rows[k][fit - 1][0] - level[k] for k, fit in fits if fit], default=-math.inf)
-        first = cell = empty[m]
-        end, pairs = min((m + 1) * d, cell + stop - at), []
-        while cell < end and costs[at] > other and costs[at] - top > best:
-            cost, length = costs[at], lengths[at]
-            self.counts[cell], self.top_cost[cell], self.top_length[cell] = 1, cost, length
-            self.chosen.append(cell)
-            at, cell = at + 1, cell + 1
-            if 2 * length <= cap:
-                pairs.append((2 * cost, cell - 1))
-                if 2 * cost <= top:
-                    break
-        empty[m] = cell if cell < (m + 1) * d else -1
-        rows[m] += pairs
+        first = empty[m]
+        cost, length = costs[at:at + min((m + 1) * d - first, stop - at)], lengths[at:at + min((m + 1) * d - first,
+                                                                                                stop - at)]
+        second = 2 * length <= cap  # those cells fit a second item: where its cost is within the level, it ends
+        ends = np.flatnonzero(~((cost > other) & (cost - top > best)) | np.concatenate(([False], (second & (
+            2 * cost <= top))[:-1])))
+        taken = int(ends[0]) if ends.size else cost.size
+        self.counts[first:first + taken] = [1] * taken
+        self.chosen.extend(range(first, first + taken))
+        self.top_cost[first:first + taken], self.top_length[first:first + taken] = (cost[:taken].tolist(),
+                                                                                   length[:taken].tolist())
+        empty[m] = first + taken if first + taken < (m + 1) * d else -1
+        rows[m] += zip((2 * cost[:taken][second[:taken]]).tolist(), (np.flatnonzero(second[:taken]) + first).tolist())
         rows[m].sort()
-        return cell - first
+        return taken
 
     def _take_fits(self, left: int) -> int:
         """Up to `left` items to the fits by (excess desc, cell asc), each while it fits (it stays the best: its excess
@@ -423,7 +431,7 @@ def _sorted_padded_greedy(problem: MicroBatchProblem, num_microbatches: int, ord
              else _copied(start)).grow(num_microbatches)
     done = len(state.chosen)
     costs = problem.item_costs[order[done:]]
-    if not state.run(costs.tolist(), problem.lengths[order[done:]].tolist(), int(np.count_nonzero(costs > 0.0))):
+    if not state.run(costs, problem.lengths[order[done:]], int(np.count_nonzero(costs > 0.0))):
         return None, state.fresh_won, state.snapshot if state.fresh_won else state
     return in_given_order(np.array(state.chosen, dtype=np.int64), order), state.fresh_won, state.snapshot
 
