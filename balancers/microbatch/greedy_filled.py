@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-CHUNK = 256, 16384  # loads a micro-batch's progressions yield at a time (about): the first, doubling up to the last
+CHUNK = 1024, 16384  # loads a micro-batch's progressions yield at a time (about): the first, doubling up to the last
 
 
 class _Stream:
@@ -112,21 +112,21 @@ def take_runs(state, costs: list, at: int, positive: int) -> int:
     while heap:
         best, m = heap[0]
         stream = streams[m]
-        run, starts = stream.taken, stream.starts
-        end = at + starts[run + 1] - starts[run]
+        run, starts, values = stream.taken, stream.starts, stream.values
+        first, last = starts[run], starts[run + 1]
+        end = at + last - first
         if end > positive or costs[end - 1] <= opened or costs[at] - opened <= best or (
                 not fresh_won and best > costs[at]):
             break
-        chosen += stream.order[starts[run]:starts[run + 1]]
-        at, level[m] = end, stream.values[run]
+        chosen += stream.order[first:last]
+        at, level[m] = end, values[run]
         if holds_empty[m]:
-            opened = max(opened, level[m])
+            opened = max(opened, values[run])
         stream.taken = run = run + 1
-        after = stream.next_value(run)
-        if after is None:
-            heapq.heappop(heap)
+        if run < len(values) or stream.next_value(run) is not None:
+            heapq.heapreplace(heap, (values[run] - values[run - 1], m))
         else:
-            heapq.heapreplace(heap, (after - level[m], m))
+            heapq.heappop(heap)
     taken = [stream.order[:stream.starts[stream.taken]] for stream in streams if stream.taken]
     if taken and at < len(costs):  # the counts and the rows after the runs taken (at the end no one reads them)
         counts += np.bincount(np.concatenate(taken), minlength=counts.size)
