@@ -34,7 +34,7 @@ import pytest
 
 from orchmllm import balance_microbatches
 from orchmllm.balancers import Pipeline
-from orchmllm.balancers.pipeline.planner import pipeline_step
+from orchmllm.balancers.pipeline.step import pipeline_step
 from orchmllm.study.models import MODELS
 from orchmllm.study.pipeline_peers import pipeline_peers
 from orchmllm.study.workloads import sample_workload

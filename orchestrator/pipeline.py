@@ -54,7 +54,7 @@ import numpy as np
 
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
-from ..balancers.pipeline.planner import PipelineStep, pipeline_step
+from ..balancers.pipeline.step import PipelineStep, pipeline_step
 from ..balancers.pipeline.schedules import replica_times
 from ..balancers.pipeline.spec import Pipeline
 from ..balancers.problem import exact_sum

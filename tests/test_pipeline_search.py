@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import Pipeline, balance_microbatches
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
-from orchmllm.balancers.pipeline.planner import pipeline_step
+from orchmllm.balancers.pipeline.step import pipeline_step
 from orchmllm.balancers.pipeline.schedules import replica_times
 from orchmllm.study.workloads import sample_workload
 
@@ -83,14 +83,14 @@ def test_regression_a_round_timed_every_item_of_the_slow_replicas(monkeypatch, s
     assert plans[0].pipeline.step_time == fresh.step_time < plans[0].pipeline.unaware_step_time
 
 
-@pytest.mark.parametrize("schedule, microbatches, ranks", [("gpipe", 8, 1280), ("1f1b", 8, 1280), ("1f1b", 16, 160)])
+@pytest.mark.parametrize("schedule, microbatches, ranks", [("gpipe", 16, 1280), ("1f1b", 8, 1280), ("1f1b", 16, 160)])
 def test_regression_every_search_copied_the_cells_though_most_stall_at_once(monkeypatch, schedule, microbatches,
                                                                            ranks):
     """Regression (planning time at D = 2560 x 32, a fixed M, issue 28): every search copied the start's cells and
     its items' replica and slot (0.3 ms of a 14 ms plan at M = 8, GPipe), though at large D most stop at once (the
     reordered plain cells near-tied on every replica).  A search now reads the caller's arrays until its first swap or
-    move copies them: one that changes nothing holds the caller's own (here at D = 1280), and no search writes the
-    caller's."""
+    move copies them: one that changes nothing holds the caller's own (here at D = 1280; GPipe's from its start by
+    heights at M 16, where M 8 moves items), and no search writes the caller's."""
     from orchmllm.balancers.pipeline import planner, search
     from orchmllm.study.models import MODELS
 

@@ -5,7 +5,7 @@ the schedule; `replica_times` is the schedule model (`schedules`), `PipelineStep
 step a plan carries.
 """
 
-from .planner import PipelineStep
+from .step import PipelineStep
 from .schedules import replica_times
 from .spec import SCHEDULES, Pipeline
 

@@ -11,7 +11,10 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               search's stop rule: no plan is faster; the largest item's chain meets it at D = 2560, M = 8,
               interleaved), else the plain cells reordered in each replica (`order.mountain`; GPipe, order-free: as
               planned) are a third start, and (padded, where no item moves reshape a cell) the plain cells dealt
-              afresh over the replicas and reordered (`order.deal`) a fourth, searched too
+              afresh over the replicas and reordered (`order.deal`) a fourth, searched too.  GPipe (uniform stages,
+              unpadded): its start by heights (`heights`: the heavy items in runs on replicas of their own, the light
+              ones filling what each run's first item leaves) where made is its one shaped start, and the plain cells
+              are not searched (D = 2560 x 32, M = 16: ~1.48x its step, where the old starts' search ended ~1.3x)
     search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept (none after
               one that meets the bound; each stops where its rate cannot reach the fastest step found before it):
               rounds of item moves off many slow replicas at once, then slot swaps and item moves
@@ -41,83 +44,24 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
-from ..problem import Status
-from .bounds import step_bound
 from .free import without_free_items
+from .heights import heights_start
 from .order import deal, mountain, places
 from .profile import best_profile
 from .schedules import replica_times, step_rows
 from .search import STOP_GAP, SUMS_DRIFT, CellSearch, stalls_at_once
 from .shaped import first_from_below, lpt_shaped, overflowing, pinned_heavy, second_alone
 from .spec import Pipeline
+from .step import PipelineStep, cell_costs, certified_bound, first_stage_sums, pipeline_step
 
 WORK_PER_SECOND = 20_000_000  # schedule operations `time_limit` buys (a budget, never a clock)
 DEFAULT_WORK = 20_000_000
 PROBE_ROWS = 16  # replicas of a shaped start timed to show it slower than the other (`_start_times`)
 STALL_ROWS, PROVEN_FROM = 64, 512  # a start's replicas timed to show its step and its search's stall (`_proving_rows`)
-
-
-@dataclass(frozen=True, eq=False)
-class PipelineStep:
-    """A plan's pipeline step: every replica's schedule time, the step (their max), a bound, a status.
-
-    Micro-batch m of the plan runs in slot m of every replica.  `unaware_step_time` is the
-    step of the plain plan it started from, in that plan's order: the cells planned for M
-    (`microbatch.auto.solve_each`), not always the plan `balance_microbatches` returns without `pipeline=`,
-    which may keep the fewest micro-batches' plan or the joint greedy's where their Σ_m max is lower (probe25
-    P25-01: up to 4.8 % apart on small instances; issue 28's figures time that call's plan by the event
-    model, `benchmarks/bench_pipeline.py`).  Every field is computed by the planner (a user reads them all:
-    `to_json`), the replica times read-only.
-    """
-
-    pipeline: Pipeline
-    replica_times: np.ndarray
-    step_time: float
-    lower_bound: float
-    status: Status
-    unaware_step_time: float
-    busy_fraction: float
-    solve_seconds: float = field(default=0.0, compare=False)
-
-    @property
-    def gap(self) -> float:
-        """step_time / lower_bound - 1 (0 when both are 0)."""
-        if self.lower_bound == 0:
-            return 0.0 if self.step_time == 0 else math.inf
-        return self.step_time / self.lower_bound - 1.0
-
-    @property
-    def bubble_fraction(self) -> float:
-        """The share of every stage's step time spent idle (fill, drain, waits, slower replicas)."""
-        return 1.0 - self.busy_fraction
-
-    def to_json(self) -> dict:
-        return {"pipeline": self.pipeline.to_json(), "step_time": self.step_time, "lower_bound": self.lower_bound,
-                "gap": self.gap, "status": str(self.status), "unaware_step_time": self.unaware_step_time,
-                "bubble_fraction": self.bubble_fraction, "solve_seconds": self.solve_seconds,
-                "replica_times": self.replica_times.tolist()}
-
-
-def cell_costs(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
-               accounts: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(cost, tokens) of every cell (replica, slot), shape (D, M); cost = load + micro-batch overhead.
-    `accounts`: the cells' `cell_accounts` (loads, tokens), when the caller has them."""
-    loads, tokens = cell_accounts(problem, replica, slot, num_microbatches) if accounts is None else accounts
-    return loads.T + problem.microbatch_overhead, np.ascontiguousarray(tokens.T)
-
-
-def first_stage_sums(first_stage: np.ndarray | None, replica: np.ndarray, slot: np.ndarray, num_ranks: int,
-                     num_microbatches: int) -> np.ndarray | None:
-    """The cells' first-stage parts (D, M), summed in item order like `cell_costs`; None without them."""
-    if first_stage is None:
-        return None
-    size = num_ranks * num_microbatches
-    return np.bincount(slot * num_ranks + replica, weights=first_stage, minlength=size).reshape(-1, num_ranks).T
 
 
 def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
@@ -135,18 +79,25 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
     # where the search stops: within STOP_GAP of τ·X̄, which bounds every plan's step at this M (uniform stages,
     # else nowhere), or at the certified bound (`bounds`: no plan is faster; the giants' chains can meet it)
     tau = 0.0 if firsts is not None else best_profile(pipeline, num_microbatches)[0]
-    bound = _bound(problem, pipeline, np.array([num_microbatches]), first_stage)
+    bound = certified_bound(problem, pipeline, np.array([num_microbatches]), first_stage)
     floor = max(tau * mean * (1 + STOP_GAP), bound)
     cells, placed, summed = [(cost, tokens, firsts)], {0: (rank, microbatch)}, {0: accounts}
     early = _reordered_rows(pipeline, cells[0])  # timed with the starts
-    times, partial = _shaped_starts(problem, pipeline, num_microbatches, mean, (placed, cells, summed), first_stage,
-                                    early)
+    heights = heights_start(problem, num_microbatches, pipeline, bound) if pipeline.schedule == "gpipe" and \
+        firsts is None and not problem.padded else None
+    if heights is not None:  # GPipe's start by heights: its one shaped start, the plain cells not searched (module)
+        _add_start(problem, (placed, cells, summed), heights, first_stage)
+        times, partial = _start_times(pipeline, cells, False)
+    else:
+        times, partial = _shaped_starts(problem, pipeline, num_microbatches, mean, (placed, cells, summed),
+                                        first_stage, early)
     early = None if early is None else times.pop()
     shaped = range(1, len(cells))
     best = _fastest(times)
     if float(times[best].max()) <= floor:  # the search would stop at once (`search`)
         return _start(pipeline, (placed, cells, summed), times, partial, best)
     reordered, shown = _add_reordered(problem, pipeline, (placed, cells), rank, microbatch, early)
+    reordered = [] if heights is not None else reordered
     added = range(len(times), len(cells))
     pending = [index for index in added if index not in shown]
     rows = {index: _proving_rows(cells[index], STALL_ROWS) for index in pending}
@@ -419,49 +370,13 @@ def _fastest(times: list) -> int:
     return min(range(len(times)), key=lambda i: (float(times[i].max()), i))
 
 
-def pipeline_step(problem: MicroBatchProblem, replica: np.ndarray, slot: np.ndarray, num_microbatches: int,
-                  pipeline: Pipeline, unaware_step_time: float, *,
-                  free_microbatches: bool = False, solve_seconds: float = 0.0, first_stage: np.ndarray | None = None,
-                  cells=None) -> PipelineStep:
-    """The certified `PipelineStep` of these cells (see the module): the bound holds for every plan with this M, or
-    with any M from the fewest that fit when `free_microbatches`.  `unaware_step_time`: the plain plan's step.
-    `cells`: their (costs, first-stage parts, replica times) as computed here, when the caller has them (`arrange`)."""
-    if cells is None:
-        cost = cell_costs(problem, replica, slot, num_microbatches)[0]
-        cells = (cost, first_stage_sums(first_stage, replica, slot, problem.num_ranks, num_microbatches), None)
-    forward, backward = pipeline.stage_times(*cells[:2])
-    times = replica_times(pipeline, forward, backward) if cells[2] is None else cells[2]
-    step = float(times.max()) if times.size else 0.0
-    if free_microbatches:  # any M the plan could have taken, up to the cells a plan may hold
-        counts = np.arange(problem.min_microbatches, 2**22 // problem.num_ranks + 1)
-        if pipeline.schedule == "interleaved":
-            counts = counts[counts % pipeline.stages == 0]
-    else:
-        counts = np.array([num_microbatches])
-    bound = min(step, _bound(problem, pipeline, counts, first_stage))
-    stages = pipeline.stages if forward.ndim == 3 else 1  # uniform stages: one stage's times stand for all
-    work = np.ascontiguousarray(forward).sum() + np.ascontiguousarray(backward).sum()  # one order, whatever the layout
-    busy = min(1.0, float(work) / (problem.num_ranks * stages * step)) if step > 0 else 1.0  # sums may round up
-    times.setflags(write=False)
-    return PipelineStep(pipeline=pipeline, replica_times=times, step_time=step, lower_bound=bound,
-                        status=Status.OPTIMAL if step == bound else Status.FEASIBLE,
-                        unaware_step_time=unaware_step_time, busy_fraction=busy, solve_seconds=solve_seconds)
-
-
-def _bound(problem: MicroBatchProblem, pipeline: Pipeline, counts: np.ndarray, first_stage: np.ndarray | None
-           ) -> float:
-    """`bounds.step_bound` of the problem's items over these micro-batch counts."""
-    return step_bound(pipeline, problem.item_costs, problem.num_ranks, counts, problem.microbatch_overhead,
-                      first_stage, *((None, None) if first_stage is not None else (problem.total_cost,
-                                                                                   problem.sorted_costs)))
-
-
 def work_budget(time_limit: float | None) -> int:
     return DEFAULT_WORK if time_limit is None else int(time_limit * WORK_PER_SECOND)
 
 
 def plan_for_pipeline(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray, num_microbatches: int,
-                      pipeline: Pipeline, *, free_microbatches: bool = False, first_stage=None, accounts=None):
+                      pipeline: Pipeline, *, free_microbatches: bool = False, first_stage=None, accounts=None
+                      ) -> tuple[np.ndarray, np.ndarray, PipelineStep, tuple]:
     """(replica, slot, PipelineStep, their cells' `cell_accounts`) of a plain plan's cells re-planned for
     `pipeline` (module docstring).
 

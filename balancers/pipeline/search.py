@@ -9,7 +9,8 @@ and the best of
               within the token budget T                     T_r, T_r' -> new times
 
 that lowers max(T_r, T_r') below the old T_r by more than RELATIVE_GAIN; ties by the
-lowest slot pair, item, replica, slot.
+lowest slot pair, item, replica, slot.  GPipe (uniform stages) offers an item only the least cell of r' that
+fits it: its closed form (Σ x + (P - 1)·max x) / P rises with the cell the item joins (one row, not M).
 
 Before these steps, rounds lower many slow replicas at once (`rounds`; unpadded cells): at D = 2560
 the shaped start has a few dozen slow replicas, each holding one of the largest items, and a step
@@ -310,8 +311,12 @@ class CellSearch:
         others = others[others != r][:LIGHT_REPLICAS]
         if not items.size or not others.size:
             return None
-        tokens = self.tokens[others][None, :, :] + self.lengths[items][:, None, None]  # (items, others, M)
-        fits = np.nonzero(tokens <= self.max_tokens)
+        fit = self.tokens[others][None, :, :] + self.lengths[items][:, None, None] <= self.max_tokens  # item, other, M
+        if self.pipeline.schedule == "gpipe" and self.first_stage is None:  # (Σ x + (P - 1)·max x) / P, any order:
+            # an item's cell in another replica times it no faster than its least cell that fits (the first on ties)
+            least = np.argmin(np.where(fit, self.cost[others][None, :, :], np.inf), axis=2)
+            fit &= np.arange(self.num_microbatches) == least[:, :, None]
+        fits = np.nonzero(fit)
         item_index, other_index, slot_index = fits  # r's rows without each item, then each fit's other row with it
         grids = ((self.cost, self.item_costs), (self.first_stage, self.item_first_stage))
 
