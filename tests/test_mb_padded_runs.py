@@ -82,3 +82,18 @@ def test_stream_counts_the_loads_below_a_bound_in_float_products():
         j = stream._below(bound)
         assert np.all((j.astype(np.float64) * costs < bound) | (j == 0))
         assert np.all(((j + 1).astype(np.float64) * costs >= bound) | (j == 10**9))  # or count + room
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("costs", [[5e-324, 1e-320], [5e-324, 1.0], [1e-300, 1e-305]],
+                         ids=["subnormal", "mixed", "tiny"])
+def test_regression_subnormal_costs_hung_the_progressions(costs):
+    """Cause: `_Stream.extend` sized its chunk by the sum of the cells' inverse costs, which overflows for subnormal
+    costs (1 / 5e-324 = inf): a span of 0 doubled to 0 for ever (a hang).  Now a span of 0 falls back to the largest
+    cost; the scan's cells."""
+    rng = np.random.default_rng(1)
+    item_costs = rng.choice(costs, 200)
+    item_costs[:4] = max(costs)
+    problem = make_microbatch_problem(np.ones(200, dtype=np.int64), 4, max_tokens_per_microbatch=1000, padded=True,
+                                      costs=item_costs)
+    np.testing.assert_array_equal(greedy.greedy_cells(problem, 2), _scan(problem, 2))

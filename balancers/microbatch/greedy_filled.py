@@ -52,14 +52,15 @@ class _Stream:
         left = self.made < self.room
         if not left.any():
             return False
-        span = self.chunk / float((1.0 / self.cost[left]).sum())
+        with np.errstate(over="ignore", divide="ignore"):  # subnormal costs: their inverses' sum overflows, span 0
+            span = self.chunk / float((1.0 / self.cost[left]).sum())
         self.chunk = min(2 * self.chunk, CHUNK[1])
         while True:
             bound = self.bound + span
             upto = np.clip(self._below(bound) - self.first, self.made, self.room)
             if (upto > self.made).any():
                 break
-            span *= 2.0
+            span = 2.0 * span if span > 0.0 else float(self.cost[left].max())
         size = upto - self.made
         index = np.repeat(np.arange(len(size)), size)
         offset = np.arange(index.size) - np.repeat(np.cumsum(size) - size, size)
@@ -80,7 +81,8 @@ class _Stream:
         """Per cell the largest multiplier j with j · cost < `bound` (float products, as the greedy computes them), at
         most its count + room."""
         top = self.first + self.room
-        j = np.minimum(np.ceil(np.minimum(bound / self.cost, 2.0 ** 53)), top).astype(np.int64) - 1
+        with np.errstate(over="ignore"):
+            j = np.minimum(np.ceil(np.minimum(bound / self.cost, 2.0 ** 53)), top).astype(np.int64) - 1
         while True:  # the division's rounding: a step either way
             up = ((j + 1).astype(np.float64) * self.cost < bound) & (j < top)
             down = (j.astype(np.float64) * self.cost >= bound) & (j > 0)
