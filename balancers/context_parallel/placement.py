@@ -2,8 +2,9 @@
 
 `place_groups` lays out items degree by degree from the largest, longest time first (`planner.py` states the
 rule); `Placement` holds the per-rank loads and tokens, the groups' blocks, and every degree's candidates
-kept sorted by peak load, so best fit and the least-loaded block are binary searches, not scans.  Degree 1's
-items that spill onto groups are laid out in runs that defer the ranks' accounts (`spill.py`).
+kept sorted by peak load, so best fit and the least-loaded block are binary searches, not scans.  Items that find
+no block within the target overflow (`overflow.py`); degree 1's items that spill onto groups are laid out in runs
+that defer the ranks' accounts (`spill.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..problem import Problem
 from .blocks import free_blocks
+from .overflow import Overflows
 from .spec import ContextParallel
 from .spill import SpillRun
 from .timetable import TimeTable
@@ -26,7 +28,7 @@ BEST_FIT_PROBES = 4
 parked, see `Placement._search`), before it scans them all at once (numpy)."""
 
 
-class Placement:
+class Placement(Overflows):
     """Per-rank loads and tokens of the layout being built, and its groups' blocks.
 
     Every degree's open groups (and every rank, while degree 1 is laid out) are kept sorted by their
@@ -145,7 +147,7 @@ class Placement:
         parked = self.parked[degree]
         if parked:
             least = self._least_need(degree, need)
-            while parked and -parked[0][0] >= least:
+            while parked and self.parked_room(degree) >= least:
                 _, position = heapq.heappop(parked)
                 self.parked_ids.discard((degree, position))
                 bisect.insort(self.keys[degree], self._key(degree, self._start(degree, position)))
@@ -180,6 +182,8 @@ class Placement:
         found = self.least_loaded(degree, time, need)
         if found is not None:
             return found
+        if keys and self._room(degree, self._start(degree, keys[0][1])) < self._least_need(degree, need):
+            self._park_short(degree, need)  # the walk from the least-loaded would park them one by one
         begin = 0
         while begin < len(keys):
             peak = keys[begin][0] + time
@@ -191,6 +195,32 @@ class Placement:
                 return None if position is None else (peak, position)
             begin = stop
         return math.inf, -1
+
+    def parked_room(self, degree: int) -> int | float:
+        """The most token room of a candidate of `degree` parked (-inf: none).  Each was filed with its room when
+        parked, which only shrinks since (tokens only grow): the top's is brought up to date until it holds."""
+        parked = self.parked[degree]
+        while parked:
+            filed, position = parked[0]
+            room = self._room(degree, self._start(degree, position))
+            if room == -filed:
+                return room
+            heapq.heapreplace(parked, (-room, position))
+        return -math.inf
+
+    def _park_short(self, degree: int, need: tuple) -> None:
+        """Park at once every candidate of `degree` surely short of shards `need` (`_search`): allgiant, D = 512 x 16,
+        searches for a giant's least-loaded rank with room parked all 512 ranks one by one, ~8 ms each."""
+        keys, parked, least, kept = self.keys[degree], self.parked[degree], self._least_need(degree, need), []
+        for key in keys:
+            room = self._room(degree, self._start(degree, key[1]))
+            if room < least:
+                parked.append((-room, key[1]))
+                self.parked_ids.add((degree, key[1]))
+            else:
+                kept.append(key)
+        heapq.heapify(parked)
+        keys[:] = kept
 
     def least_loaded(self, degree: int, time: float, need: tuple) -> tuple[float, int] | None:
         """(peak, position) of the least-loaded candidate of `degree` where it decides `_scan(..., fullest=False)`:
@@ -220,7 +250,7 @@ class Placement:
         that the item may bring back, and no candidate within the target, or the one with the
         highest peak within it shares that peak with no other and surely has token room."""
         parked, keys = self.parked[degree], self.keys[degree]
-        if parked and -parked[0][0] >= self._least_need(degree, need):
+        if parked and self.parked_room(degree) >= self._least_need(degree, need):
             return None
         end = self._within(keys, time) if keys and keys[0][0] + time <= self.target else 0
         if not end:
@@ -294,61 +324,6 @@ class Placement:
         self.most_tokens[start] = (need[1], need[1])
         self.placed[item] = (start, degree)
         return index
-
-    def _overflow(self, item: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
-        """Put `item` (its `time` and shards `need` at `degree`) on the least-loaded block of its degree or a
-        larger one where its tokens fit (-1: none): no block has room under the target.  Its shards at another
-        degree are read only where a search or a parked candidate asks for them."""
-        self.overflow = True
-        needs = {degree: need}
-
-        def shards(c: int) -> tuple[list[int], int, int]:
-            if c not in needs:
-                needs[c] = self.times.shard(item, c)
-            return needs[c]
-
-        floors = []  # (floor, degree, the item's time there) of its degree and the larger ones with groups
-        for c, opened in self.groups.items():
-            if c >= degree and (c == 1 or opened):
-                at = time if c == degree else self.times.time(item, c)
-                floors.append((*self._floor(c, at, shards), at))
-        floors.sort()
-        if floors and -math.inf < floors[0][0] < (floors[1][0] if len(floors) > 1 else math.inf):
-            _, c, at = floors[0]  # one degree's floor is the least: its search is decided where its least-loaded is
-            found = self.least_loaded(c, at, shards(c))
-            if found is not None:
-                return self._add(item, self._start(c, found[1]), c, at, shards(c))
-        best = (math.inf, -1, 0, 0.0)
-        for floor, c, at in floors:
-            if floor > best[0]:  # this degree's search cannot find a lower peak, nor the next ones'
-                break
-            best = min(best, (*self._lowest(item, c, at, shards(c)), at))
-        _, start, c, at = best
-        if start < 0:
-            return -1
-        return self._add(item, start, c, at, shards(c))
-
-    def _lowest(self, item: int, degree: int, time: float, need: tuple) -> tuple[float, int, int]:
-        """(peak, block start, degree) of the least-loaded block of `degree` where the item (its `time` and shards
-        `need` there) has token room, the least start among equal peaks; (inf, -1, degree) where none has."""
-        found = self._search(degree, time, need, fullest=False)
-        if found is None:  # many candidates short of tokens: all at once
-            starts = self.ranks if degree == 1 else np.array(self.groups[degree], dtype=np.int64)
-            peak, fits, _, _ = self._candidates(item, degree, starts)
-            peak = np.where(fits, peak, math.inf)
-            k = int(np.argmin(peak))
-            return (float(peak[k]), int(starts[k]), degree) if peak[k] < math.inf else (math.inf, -1, degree)
-        return (found[0], self._start(degree, found[1]), degree) if found[1] >= 0 else (math.inf, -1, degree)
-
-    def _floor(self, degree: int, time: float, shards) -> tuple[float, int]:
-        """(a lower bound on the peak `_search` finds for an item of `time` and shards `shards(degree)` at `degree`,
-        the degree): the least key plus the time; -inf where a parked
-        candidate may hold the item (the search brings it back), inf where no candidate is left."""
-        parked = self.parked[degree]
-        if parked and -parked[0][0] >= self._least_need(degree, shards(degree)):
-            return -math.inf, degree
-        keys = self.keys[degree]
-        return (keys[0][0] + time if keys else math.inf), degree
 
     def _settle(self) -> None:
         """Write every group's peak as its ranks' loads, and its ranks' group: while the degrees above 1 are laid
@@ -476,13 +451,16 @@ def _by_time(items: np.ndarray, degree: int, times: TimeTable) -> np.ndarray:
 def _lay(blocks: Placement, items: np.ndarray, degree: int) -> bool:
     """Place `items` at `degree` in order (the degree opened); whether each found token room.  Their times and
     shards there are read from the table for all of them at once (none: a degree the table may not hold); those that
-    open a group, or spill onto one from degree 1, are laid out without `Placement.place`."""
+    open a group, overflow onto one of their degree alone (`overflow.py`) or spill onto one from degree 1 are laid
+    out without `Placement.place`."""
     if not items.size:
         return True
     times, needs, items = blocks.times(items, degree), blocks.times.shards_of(items, degree), items.tolist()
     alone = blocks.open_run(items, times, needs)  # the run of items that each open a group, placed at once
-    run = blocks.spill_run() if degree == 1 else None
+    items, times, needs = items[alone:], times[alone:].tolist(), needs[alone:]
+    if degree > 1:
+        return blocks.lay_groups(items, times, needs)
+    run = blocks.spill_run()
     if run is not None:
-        return run.lay(items[alone:], times[alone:].tolist(), needs[alone:])
-    return all(blocks.place(item, degree, time, need) >= 0 for item, time, need in
-               zip(items[alone:], times[alone:].tolist(), needs[alone:]))
+        return run.lay(items, times, needs)
+    return all(blocks.place(item, 1, time, need) >= 0 for item, time, need in zip(items, times, needs))
