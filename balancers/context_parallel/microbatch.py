@@ -284,9 +284,10 @@ def _searched(plans: tuple, lengths: np.ndarray, spec: ContextParallel, table: n
 
 
 def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budget: int, overhead: float,
-                       num_microbatches: int | None, plain) -> SplitMicroBatchPlan:
+                       num_microbatches: int | None, plain, plans: _PassPlans | None = None) -> SplitMicroBatchPlan:
     """Today's plan (`plain()`, a MicroBatchPlan, or InfeasibleError) unless a split plan beats it
-    by more than min_gain (see the module); `lengths` int64, `spec` on its topology already."""
+    by more than min_gain (see the module); `lengths` int64, `spec` on its topology already; `plans`: the
+    micro-batch plans made already for these lengths, ranks, spec, cost and budget (`_more_counts`)."""
     clock = time.perf_counter()
     costs = make_problem(lengths, num_ranks, cost=cost).item_costs
     if not spec.splits:
@@ -305,8 +306,8 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     bound, fewest, table, ordered = split_bound(lengths, num_ranks, spec, cost, budget, overhead, num_microbatches)
     if today is not None and bound * (1 - FLOOR_SLACK) * gain >= today.step_cost:  # no split plan beats it enough
         return wrap_unsplit(today, spec, costs, bound)
-    best, repaired, tokens, plan_pass = None, None, int(lengths.sum()), _PassPlans(lengths, num_ranks, spec, cost,
-                                                                                   budget)
+    best, repaired, tokens = None, None, int(lengths.sum())
+    plan_pass = _PassPlans(lengths, num_ranks, spec, cost, budget) if plans is None else plans
     pending = None  # the first fill, deferred (`_deferred`): planned only where the second does not beat it
     for fill in FILLS:
         room = int(fill * num_ranks * budget)
@@ -344,7 +345,7 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
             break
     best = _searched((best, repaired), lengths, spec, table, bound * (1 + RETRY_GAP), plan_pass)
     if num_microbatches is None and best is not None and best.step_cost > bound * (1 + RETRY_GAP):
-        best = _more_counts(best, lengths, num_ranks, spec, cost, budget, overhead, today, refusal, bound)
+        best = _more_counts(best, lengths, num_ranks, spec, cost, budget, overhead, today, refusal, bound, plan_pass)
     if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
         later = None if today is not None or num_microbatches is not None else _more_microbatches(
             lengths, num_ranks, spec, cost, budget, overhead, plain, max(first, -(-tokens // room)), bound)
@@ -362,12 +363,13 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
 
 
 def _more_counts(best: SplitMicroBatchPlan, lengths, num_ranks, spec, cost, budget, overhead, today, refusal,
-                 bound: float) -> SplitMicroBatchPlan:
+                 bound: float, plans: _PassPlans) -> SplitMicroBatchPlan:
     """With M free, `best` (M micro-batches) above the bound by more than RETRY_GAP and at most RETRY_ITEMS items:
     the plans of a fixed M + 1, M + 2, ... (each without its empty micro-batches) in turn while each lowers the step
     and stays above that, the lowest kept (`best` on a tie): the fills' count compares the fills' plans before the
     search over their micro-batches, which can take a fixed M + 1's plan below the free M's (probe27 P27-09: up to
-    1.9x on giant-heavy mixes of 16-96 items).  `today` and `refusal`: today's plan and its refusal, asked again."""
+    1.9x on giant-heavy mixes of 16-96 items).  `today` and `refusal`: today's plan and its refusal, asked again;
+    `plans`: the micro-batch plans made so far, shared by every count."""
 
     def known():
         if today is None:
@@ -378,7 +380,7 @@ def _more_counts(best: SplitMicroBatchPlan, lengths, num_ranks, spec, cost, budg
         count += 1
         try:
             more = split_microbatches(lengths, num_ranks, spec, cost=cost, budget=budget, overhead=overhead,
-                                      num_microbatches=count, plain=known)
+                                      num_microbatches=count, plain=known, plans=plans)
         except InfeasibleError:
             return best
         if more.passes is not None and None in more.passes:  # empty micro-batches only cost their overhead
