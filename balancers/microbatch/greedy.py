@@ -303,8 +303,8 @@ class _PaddedRows:
         known (`_short`): a run that will find none stops once it has its snapshot, all that it answers (`_Run`)."""
         d, cap, rows, empty, level, chosen = self.d, self.cap, self.rows, self.empty, self.level, self.chosen
         counts, top_cost, top_length = self.counts, self.top_cost, self.top_length
-        cost_array, length_array, costs, lengths = costs, lengths, costs.tolist(), lengths.tolist()
-        at, below, fits_gone, opened, runs, short = 0, (-cost_array[:positive]).tolist(), False, None, True, None
+        cost_array, length_array, costs = costs, lengths, costs.tolist()  # the lengths read item by item are few
+        at, below, fits_gone, opened, runs, short = 0, -cost_array[:positive], False, None, True, None
         stalled = -1  # where `take_runs` last stopped
         while at < len(costs):
             if at < positive:
@@ -318,7 +318,7 @@ class _PaddedRows:
                     stalled = take_runs(self, costs, at, positive)
                     opened, runs, at = (None, True, stalled) if stalled > at else (opened, runs, at)
                     continue
-                left = bisect.bisect_left(below, -opened[-1], at) - at  # the items of cost above them all
+                left = int(np.searchsorted(below[at:], -opened[-1]))  # the items of cost above them all
                 placed = self._take_fits(left) if left > 0 and not fits_gone else 0
                 fits_gone = fits_gone or 0 < left > placed  # fewer: no fit is left
                 if not placed and left <= 0 and runs:  # runs: a run of empty cells may pay (till a rise)
@@ -327,7 +327,7 @@ class _PaddedRows:
                 if placed:
                     at += placed
                     continue
-            cost, length = costs[at], lengths[at]
+            cost, length = costs[at], int(length_array[at])
             found = _best_fit(rows, level, 0.0, empty, cost, fits_gone and at < positive and left > 0)
             if found is None:
                 return False
