@@ -12,7 +12,9 @@ on the default and long mixes at seeds 1 and 2, the search's stop gap (which als
 on this grid at seeds 1 and 2, its stall window on the planning-time instance (default, seed 7,
 D = 2560), its rounds (`search.CellSearch.rounds`) on this grid at seeds 1 and 2 and on the
 planning-time instance with a fixed M (held out: seeds 61, 67 and 71, D 8/64 and 61 at D = 512), its
-raised starts (`planner._starts`) on that instance at seeds 7 and 11 (held out: 83, 89, 97 at D 8/64, 83 at 512);
+raised starts (`planner._starts`) on that instance at seeds 7 and 11 (held out: 83, 89, 97 at D 8/64, 83 at 512),
+GPipe's start by heights (`pipeline.heights.ROOM_SHARE`) on it at M 16, seed 7, and the long mix at D = 512, M 8,
+seed 7 (held out: seeds 11, 23, 41 there; this grid at seeds 7, 23, 31, D 8/64 and 7, 23 at D = 512);
 the figures are on seeds 7, 23 and 31 (23 and 31 never looked at before issue 28's audit),
 and issue 28's targets are asserted per seed on each family of mixes: ours / PP-unaware at most
 0.97 at the median and never above 1, ours / bound at most 1.02 at the median.  GPipe's rows sit
@@ -138,7 +140,7 @@ def test_planning_time_at_2560_ranks(best_of):
 
 
 FIXED_PAIRS = 5  # alternated pairs per case of the fixed-M ratios
-FIXED_LIMIT, FIXED_GUARDS = 1.5, {(16, "gpipe"): 2.0}  # the median ratio asserted (issue 28), but where not met
+FIXED_LIMIT = 1.5  # the median ratio asserted (issue 28)
 
 
 @pytest.mark.timeout(1800)
@@ -146,15 +148,16 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
     """D = 2560 × 32 samples, T = 16k, P = 8, M FIXED at 8, 16 and 32 (as trainers run: num_microbatches=8/16/32),
     the three schedules (interleaved with v = 2): planning with the pipeline over planning the same M without,
     same run, measured like `test_planning_time_at_2560_ranks` (best of 3 CPU seconds per call, alternated
-    pairs, the median of FIXED_PAIRS).  Issue 28 asks 1.5x, asserted at M 8 and 32 (1.0-1.2x and 1.1-1.5x) and at
-    M 16 for 1F1B and interleaved (~1.3 and ~1.4x since the rounds' budget follows the gap left,
-    `search.ROUND_GAP`, pp43); GPipe's M 16 is NOT met (~1.6x: its rounds gain 14 % of its step there, its gap
-    to the bound ~50 %) and 2x is asserted, a guard (pp32 read 6.7x, FIXED_GUARDS).  At M 16 the planner beside
-    the plain plan is one or two shaped LPTs over all M·D cells (~0.15-0.25 of a plain plan each, GPipe's second
-    bounded from below), the starts' walk, and the rounds of the search (GPipe ~0.3; 1F1B and interleaved one
-    round, ~0.1, half of it walks of ~450 and ~160 rows, numpy-bound); what was tried and kept or
-    rejected, pp29-pp42, is in BENCHMARKS.md and the git log of this file and of `balancers/pipeline`.  Also
-    asserted: every plan is at most the step of the plain cells it started from."""
+    pairs, the median of FIXED_PAIRS).  Issue 28 asks 1.5x, asserted everywhere: M 8 and 32 1.0-1.3x and
+    1.0-1.5x, M 16 1F1B and interleaved ~1.3 and ~1.4x since the rounds' budget follows the gap left
+    (`search.ROUND_GAP`, pp43), GPipe ~1.2x since its start by heights (`pipeline.heights`, pp44: ~0.25 of a plain
+    plan, within ~1 % of the bound, searched alone; before, its shaped starts sat ~50 % above the bound, their
+    rounds gained 14 % of its step, ~1.6x, and 2x was asserted).  At M 16 the planner beside the plain plan is
+    (1F1B, interleaved) one or two shaped LPTs over all M·D cells (~0.15-0.25 of a plain plan each) or (GPipe) the
+    start by heights, the starts' walk, and the rounds of the search (1F1B and interleaved one round, ~0.1, half of
+    it walks of ~450 and ~160 rows, numpy-bound); what was tried and kept or rejected, pp29-pp44, is in
+    BENCHMARKS.md and the git log of this file and of `balancers/pipeline`.  Also asserted: every plan is at most
+    the step of the plain cells it started from."""
     lengths = sample_workload("default", 2560, 32, HELD_OUT_SEED).sample_llm_length
     medians = {}
     for microbatches in (8, 16, 32):
@@ -174,4 +177,4 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
                   f"{medians[microbatches, schedule]:.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}); "
                   f"ours/start {step[0] / step[1]:.3f}; load {os.getloadavg()[0]:.1f}", end="")
     print()
-    assert all(median <= FIXED_GUARDS.get(case, FIXED_LIMIT) for case, median in medians.items()), medians
+    assert all(median <= FIXED_LIMIT for median in medians.values()), medians

@@ -27,10 +27,10 @@ Making the empty cells of a run alike (the other replicas' level, not its height
 values, so its rounds place many items at once (from loads spread over every height it fell to a heap, ~20x
 slower).  The light items' LPT is `lpt.greedy_from` (exact integer keys); the start is made only there and where
 every cell fits the token budget (else None: the other starts stand).  D = 2560 × 32, M = 16, P = 8 (the default
-mix, seeds 7, 11, 23, 41): its step is 1.004-1.011x the bound, ~0.68x the plain cells', where the shaped starts
-(`shaped.lpt_shaped`) started 1.5-1.65x above the bound and their search ended at 1.32-1.36x; M = 8 and 32
-1.015x and 1.02x (their search 1.046-1.049x and 1.36-1.42x); ~0.25x a plain plan's time.  Where the bound is
-loose its step is too (D = 512 x 32, M = 16: 1.12x, and no step below 1.11x fits its runs).
+mix, seeds 7, 11, 23, 41): its step is 1.007-1.011x the bound, ~0.68x the plain cells', where the shaped starts
+(`shaped.lpt_shaped`) started 1.5-1.65x above the bound and their search ended at 1.32-1.36x; M = 8 1.015x (their
+search 1.046-1.049x), M = 32 at the bound (1.36-1.42x); ~0.25x a plain plan's time.  Where the bound is loose its
+step is too (D = 512 x 32, M = 16: 1.12x, and no step below 1.11x fits its runs).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from ..problem import integer_values
 from .spec import Pipeline
 
 RAISES, SECANTS = 8, 3  # the step tried above the bound: doubled from 1/256 of it, then that bracket narrowed
+ROOM_SHARE = 0.5  # of the room the other replicas leave at h*, the share the runs' rooms take too (`_filled`)
 
 
 def heights_start(problem: MicroBatchProblem, num_microbatches: int, pipeline: Pipeline, bound: float
@@ -113,10 +114,14 @@ def _filled(problem: MicroBatchProblem, m: int, p: int, runs: tuple) -> tuple | 
     height = costs[firsts]
     room = budget - (p - 1) * height - held.sum(axis=1)
     light = float(costs[heavy:].sum())
-    room *= min(1.0, light / max(float(room.sum()), 1e-300))  # every replica heavy: what there is
-    level = (light - float(room.sum())) / ((d - count) * m) if count < d else 0.0  # the other replicas' cells
-    if not level > 0:
-        level = budget / (m + p - 1)
+    # the runs' rooms take what the other replicas' cells leave at h*, and ROOM_SHARE of what more they could (a light
+    # item above a room's level lands there whole, a run at its cap has no margin: D = 512, the long mix, M 8: 1.013x
+    # the bound, at it with none; D = 2560 x 32, M 16: 1.007-1.011x, 1.003-1.011x with all, seed 7 with 11, 23, 41)
+    level, total = budget / (m + p - 1), float(room.sum())
+    needed = min(max(light - (d - count) * m * level, 0.0), total)
+    room *= (needed + ROOM_SHARE * (min(total, light) - needed)) / total if total > 0 else 0.0
+    if count < d:
+        level = (light - float(room.sum())) / ((d - count) * m)
     # a run's empty cells take its room in cells of that level (one partial), or all alike up to its height, the
     # rest raising its items' cells in order
     empty = m - sizes
