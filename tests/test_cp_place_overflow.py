@@ -1,4 +1,4 @@
-"""Overflows of the split layout (`overflow.py`) and the parked candidates' rooms (`Placement.parked_room`,
+"""Overflows of the split layout (`overflow.py`) and the parked candidates' rooms (`Placement.parked_holds`,
 `Placement._park_short`): the layouts of every overflowing item through `place`, with the parked rooms as filed, and
 of candidates parked one by one; fewer calls."""
 
@@ -19,9 +19,8 @@ class _Reference(placement.Placement):
     def lay_groups(self, items, times, needs):
         return all(self.place(item, self.degree, time, need) >= 0 for item, time, need in zip(items, times, needs))
 
-    def parked_room(self, degree):
-        parked = self.parked[degree]
-        return -parked[0][0] if parked else -float("inf")
+    def parked_holds(self, degree, least):
+        return -self.parked[degree][0][0] >= least
 
     def _park_short(self, degree, need):
         return None
@@ -102,14 +101,16 @@ def test_regression_short_candidates_parked_one_by_one(monkeypatch):
     assert (walked, every) == (0, 19)  # runs of equal loads walked: none, all of them parked at once
 
 
-def test_parked_room_is_brought_up_to_date_at_the_top():
-    """Filed rooms only shrink: the top is refreshed until it holds, and the others keep their filed rooms."""
+def test_parked_rooms_are_brought_up_to_date_at_the_top():
+    """Filed rooms only shrink: the top is refreshed while its filed room is enough, until it holds; the others keep
+    their filed rooms."""
     problem, spec, times, degree, long, target = layout_inputs(*_giants(0, 32, 8))
     blocks = placement.Placement(problem, spec, GPUS, times, target)
     blocks.open(1)
     blocks.cap, blocks.tokens[:3] = 100, [60, 10, 30]
     blocks.parked[1] = [(-90, 1), (-80, 0), (-70, 2)]  # filed rooms; now 90, 40 and 70
     heapq.heapify(blocks.parked[1])
-    assert blocks.parked_room(1) == 90
+    assert blocks.parked_holds(1, 90) and not blocks.parked_holds(1, 91)
     blocks.tokens[1] = 50  # room 50: below rank 2's 70
-    assert blocks.parked_room(1) == 70 and sorted(blocks.parked[1]) == [(-70, 2), (-50, 1), (-40, 0)]
+    assert not blocks.parked_holds(1, 90) and sorted(blocks.parked[1]) == [(-80, 0), (-70, 2), (-50, 1)]
+    assert blocks.parked_holds(1, 60) and sorted(blocks.parked[1]) == [(-70, 2), (-50, 1), (-40, 0)]

@@ -36,9 +36,9 @@ class Overflows:
 
     def _onto_least(self, item: int, degrees: list[tuple[int, float]], shards) -> int | None:
         """Where one of `degrees` ((degree, the item's time there) pairs, the item's own and the larger ones with
-        groups) has the least floor (`least_floor`) and its least-loaded candidate decides (`least_loaded`), put `item`
+        groups) has the least floor (`_least_floor`) and its least-loaded candidate decides (`least_loaded`), put `item`
         there (`shards(c)`: its shards at degree c) and return its block start; else None."""
-        least = self.least_floor(degrees, shards)
+        least = self._least_floor(degrees, shards)
         found = None if least is None else self.least_loaded(least[1], least[2], shards(least[1]))
         if found is None:
             return None
@@ -46,7 +46,7 @@ class Overflows:
         self.overflow = True
         return self._add(item, self._start(c, found[1]), c, at, shards(c))
 
-    def least_floor(self, degrees: list[tuple[int, float]], shards) -> tuple[float, int, float] | None:
+    def _least_floor(self, degrees: list[tuple[int, float]], shards) -> tuple[float, int, float] | None:
         """(floor, degree, the item's time there) of the one of `degrees` ((degree, time) pairs) whose `_floor` is
         finite and below every other's; None where none is (a tie, or a parked candidate that may hold the item)."""
         least, second = (math.inf, 0, 0.0), math.inf
@@ -95,7 +95,7 @@ class Overflows:
         """(a lower bound on the peak `_search` finds for an item of `time` and shards `shards(degree)` at `degree`,
         the degree): the least key plus the time; -inf where a parked
         candidate may hold the item (the search brings it back), inf where no candidate is left."""
-        if self.parked[degree] and self.parked_room(degree) >= self._least_need(degree, shards(degree)):
+        if self.parked[degree] and self.parked_holds(degree, self._least_need(degree, shards(degree))):
             return -math.inf, degree
         keys = self.keys[degree]
         return (keys[0][0] + time if keys else math.inf), degree

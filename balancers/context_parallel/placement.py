@@ -147,7 +147,7 @@ class Placement(Overflows):
         parked = self.parked[degree]
         if parked:
             least = self._least_need(degree, need)
-            while parked and self.parked_room(degree) >= least:
+            while parked and self.parked_holds(degree, least):
                 _, position = heapq.heappop(parked)
                 self.parked_ids.discard((degree, position))
                 bisect.insort(self.keys[degree], self._key(degree, self._start(degree, position)))
@@ -196,17 +196,18 @@ class Placement(Overflows):
             begin = stop
         return math.inf, -1
 
-    def parked_room(self, degree: int) -> int | float:
-        """The most token room of a candidate of `degree` parked (-inf: none).  Each was filed with its room when
-        parked, which only shrinks since (tokens only grow): the top's is brought up to date until it holds."""
-        parked = self.parked[degree]
-        while parked:
+    def parked_holds(self, degree: int, least: int) -> bool:
+        """Whether a candidate of `degree` parked has `least` tokens of room (may hold a shard that size).  Each was
+        filed with its room when parked, which only shrinks since (tokens only grow): the top's is brought up to date
+        while its filed room is enough, until it holds."""
+        parked, groups = self.parked[degree], self.groups[degree]
+        while parked and -parked[0][0] >= least:
             filed, position = parked[0]
-            room = self._room(degree, self._start(degree, position))
-            if room == -filed:
-                return room
+            room = self.cap - (self.tokens[position] if degree == 1 else self.most_tokens[groups[position]][0])
+            if room == -filed:  # `_room` of the candidate
+                return True
             heapq.heapreplace(parked, (-room, position))
-        return -math.inf
+        return False
 
     def _park_short(self, degree: int, need: tuple) -> None:
         """Park at once every candidate of `degree` surely short of shards `need` (`_search`): allgiant, D = 512 x 16,
@@ -250,7 +251,7 @@ class Placement(Overflows):
         that the item may bring back, and no candidate within the target, or the one with the
         highest peak within it shares that peak with no other and surely has token room."""
         parked, keys = self.parked[degree], self.keys[degree]
-        if parked and self.parked_room(degree) >= self._least_need(degree, need):
+        if parked and self.parked_holds(degree, self._least_need(degree, need)):
             return None
         end = self._within(keys, time) if keys and keys[0][0] + time <= self.target else 0
         if not end:

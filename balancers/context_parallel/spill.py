@@ -17,6 +17,7 @@ the rest up to date (`catch_up`) before `place` lays out an item it does not dec
 from __future__ import annotations
 
 import bisect
+import math
 import operator
 
 
@@ -47,15 +48,26 @@ class SpillRun:
         is below every other's and degree 1's, and that degree's least-loaded group decides (`Placement.least_loaded`),
         its ranks' loads equal."""
         blocks = self.blocks
-        ranks, table = blocks.keys[1], blocks.times
-        if ranks is None or (ranks and ranks[0][0] + time <= blocks.target):  # keys not made yet (`place` makes them)
+        ranks, parked = blocks.keys[1], blocks.parked[1]
+        if ranks is None:  # the ranks' keys not made yet (`Placement.place` makes them)
             return False
-        row = table.listed[table.rows[item]]
-        least = blocks.least_floor([(1, time)] + [(c, row[column]) for c, column in self.degrees],
-                                   lambda c: need if c == 1 else table.shard(item, c))
-        if least is None or least[1] == 1:  # not a group's degree alone
+        lowest = ranks[0][0] + time if ranks else math.inf  # degree 1's floor (inf: every rank parked)
+        if lowest <= blocks.target or (parked and blocks.parked_holds(1, need[1])):
             return False
-        _, c, at = least
+        row, least, second = blocks.times.listed[blocks.times.rows[item]], (math.inf, 0, 0.0), (math.inf, 0, 0.0)
+        for c, column in self.degrees:
+            parked, keys = blocks.parked[c], blocks.keys[c]
+            if parked and blocks.parked_holds(c, blocks.times.shard(item, c)[2]):
+                return False
+            if keys:
+                floor = (keys[0][0] + row[column], c, row[column])
+                if floor < least:
+                    least, second = floor, least
+                elif floor < second:
+                    second = floor
+        peak, c, at = least
+        if not peak < min(second[0], lowest):  # not one degree's alone (nor finite)
+            return False
         shards = blocks.times.shard(item, c)
         found = blocks.least_loaded(c, at, shards)
         if found is None:
