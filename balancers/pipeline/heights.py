@@ -107,6 +107,8 @@ def _filled(problem: MicroBatchProblem, m: int, p: int, runs: tuple) -> tuple | 
     d, costs, order = problem.num_ranks, problem.sorted_costs, problem.cost_order
     count = firsts.size
     sizes = np.diff(np.append(firsts, heavy))
+    if sizes.max() > m:
+        return None  # more heavy items than cells in a run: only by rounding (module docstring)
     run_of = np.repeat(np.arange(count), sizes)  # heavy item j (largest first) in replica run_of[j]
     slot_of = np.arange(heavy) - np.repeat(firsts, sizes)  # in a cell of its own
     held = np.zeros((count, m))
@@ -120,7 +122,7 @@ def _filled(problem: MicroBatchProblem, m: int, p: int, runs: tuple) -> tuple | 
     level, total = budget / (m + p - 1), float(room.sum())
     needed = min(max(light - (d - count) * m * level, 0.0), total)
     room *= (needed + ROOM_SHARE * (min(total, light) - needed)) / total if total > 0 else 0.0
-    if count < d:
+    if count < d and light > float(room.sum()):
         level = (light - float(room.sum())) / ((d - count) * m)
     # a run's empty cells take its room in cells of that level (one partial), or all alike up to its height, the
     # rest raising its items' cells in order
