@@ -99,3 +99,12 @@ def test_a_gpipe_move_lands_in_its_least_cell_that_fits():
     times = gpipe_time(*GPIPE.stage_times(added.reshape(-1, 16)), 8).reshape(200, 16)
     least = times[np.arange(200), np.argmin(rows, axis=1)]
     assert np.all(least <= times.min(axis=1) * (1 + 1e-12))
+
+
+def test_regression_no_heavy_item_at_the_step_found_read_an_empty_run():
+    """Regression (de8752a, Hypothesis): three items of cost 1 on 2 replicas, M 2, P 2: the item is heavy at the
+    bound, none at the step the runs fit, and the start read the max of no runs (ValueError); now None."""
+    pipeline = Pipeline(stages=2, schedule="gpipe")
+    problem = make_microbatch_problem(np.ones(3, dtype=np.int64), 2, costs=np.ones(3), max_tokens_per_microbatch=2)
+    bound = step_bound(pipeline, problem.item_costs, 2, np.array([2]), 0.0)
+    assert heights_start(problem, 2, pipeline, bound) is None

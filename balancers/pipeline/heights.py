@@ -107,8 +107,8 @@ def _filled(problem: MicroBatchProblem, m: int, p: int, runs: tuple) -> tuple | 
     d, costs, order = problem.num_ranks, problem.sorted_costs, problem.cost_order
     count = firsts.size
     sizes = np.diff(np.append(firsts, heavy))
-    if sizes.max() > m:
-        return None  # more heavy items than cells in a run: only by rounding (module docstring)
+    if not sizes.size or sizes.max() > m:
+        return None  # no heavy item at the step found, or more than cells in a run (only by rounding: module)
     run_of = np.repeat(np.arange(count), sizes)  # heavy item j (largest first) in replica run_of[j]
     slot_of = np.arange(heavy) - np.repeat(firsts, sizes)  # in a cell of its own
     held = np.zeros((count, m))
