@@ -10,8 +10,10 @@ from ..validation import SizeLimitError, as_int, as_real
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MAX_MODEL_CHUNKS = 128  # stages × virtual_stages: a chunk holds a layer or more; the deepest LLMs have ~128
-MAX_PIPELINE_SLOTS = 4096  # micro-batches × model chunks: planning walks the 2·M·P·v operations per candidate,
-# O(M² · P · v) in all (~15 s at the limit, M = 1024 over 4 stages; M = 10 000 over 2 took > 15 GB)
+MAX_PIPELINE_SLOTS = 1024  # micro-batches × model chunks: the best shape's linear program over the 2·M·P·v
+# operations (`profile.best_profile`) grows with their square: at 4096, 40 s CPU (interleaved 4 × 2, M 512; 1F1B
+# 8, M 512: 15 s), at 2048 10 s (interleaved 4 × 2, M 256); at 1024 at most ~2.6 s (interleaved 2 × 2, M 256).
+# Issue 28's sizes (P 4-8, M <= 32, v 2: <= 512) and P 8 at M 128, P 16 at M 64, P·v = 128 at M 8 stay within.
 MAX_BACKWARD_FACTOR = 1e6  # backward / forward is about 2; far beyond, 1 + k swallows the forward share (0 at 1e308)
 
 
