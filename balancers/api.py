@@ -45,7 +45,7 @@ def balance(lengths, num_ranks, *, cost=None, costs=None, padded=False, equal_co
     """Assign items of the given lengths to `num_ranks` ranks, minimising the makespan.
 
     Args:
-        lengths: 1-D non-negative integer lengths, one per item (tokens, patches, frames).
+        lengths: 1-D non-negative integer lengths below 2**53, one per item (tokens, patches, frames).
         num_ranks: number of data-parallel ranks D >= 1.
         cost: per-item cost model f(l); default f(l) = l.
         costs: per-item costs instead of a model (unpadded only; not with `cost`): a packed

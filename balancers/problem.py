@@ -20,7 +20,7 @@ import numpy as np
 
 from .cost import CostModel
 from .orders import Orders, sealed
-from .validation import INT64_MAX, as_array, as_bool, as_int, as_non_negative_integers, is_real
+from .validation import INT64_MAX, as_array, as_bool, as_int, as_non_negative_integers, as_rounded_up, is_real
 
 
 class Status(str, Enum):
@@ -45,7 +45,7 @@ class InfeasibleError(ValueError):
 
     def __init__(self, message: str, min_cap: int, heuristic: str | None = None):
         super().__init__(message)
-        self.min_cap = int(min_cap)
+        self.min_cap = as_rounded_up(min_cap, "InfeasibleError's min_cap (the cap to try next)")
         self.heuristic = heuristic
 
     def __reduce__(self):  # pickled with its attributes: the default calls the class with the message only
@@ -245,15 +245,15 @@ Kernel = Callable[[Problem], KernelResult]
 
 
 def as_lengths(lengths, name: str = "lengths") -> np.ndarray:
-    """Validate and canonicalise lengths to a 1-D int64 array of non-negative integers: a private
-    copy, so that a problem made read-only never freezes, nor a kernel writes, the caller's array
-    (a frozen int64 array, `validation.frozen`, is kept as it is: neither can happen to it)."""
+    """Validate and canonicalise lengths to a 1-D int64 array of non-negative integers below 2**53 (as CLI files and
+    batches: a longer one's cost f(l) = l rounds, probe31 P31-01), a private copy, so that a problem made read-only
+    never freezes, nor a kernel writes, the caller's array (a frozen int64 array, `validation.frozen`, is kept)."""
     array = as_array(lengths, name, "integers")
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D; got shape {array.shape}")
     if array.size == 0:
         raise ValueError(f"`{name}` must not be empty")
-    return as_non_negative_integers(array, name, integral_floats=True, copy=False)
+    return as_non_negative_integers(array, name, integral_floats=True, copy=False, float_exact=True)
 
 
 def as_num_ranks(num_ranks) -> int:

@@ -66,6 +66,20 @@ def as_int(value, name: str, *, minimum: int | None = None, optional: bool = Fal
     return value
 
 
+def as_rounded_up(value, name: str) -> int:
+    """`value` as an int: an integer as it is, a finite real rounded up (a cap or count of whole tokens: rounding
+    down could turn a sufficient cap into one that fails; probe31 P31-04: `InfeasibleError(min_cap=6.9)` read 6).
+
+    >>> as_rounded_up(6.9, "min_cap"), as_rounded_up(np.int64(7), "min_cap")
+    (7, 7)
+    """
+    if is_int(value):
+        return int(value)
+    if not is_real(value) or not math.isfinite(value):
+        raise ValueError(f"`{name}` must be a finite number; got {value!r}")
+    return math.ceil(value)
+
+
 def as_index(value, name: str, size: int, size_name: str) -> int:
     """`value` as an int in [0, size): a rank, a micro-batch (`size_name` names the count).
 
@@ -187,13 +201,14 @@ def check_int64(array: np.ndarray, name: str) -> None:
 
 
 def as_non_negative_integers(array: np.ndarray, name: str, *, integral_floats: bool = False,
-                             copy: bool = True) -> np.ndarray:
+                             copy: bool = True, float_exact: bool = False) -> np.ndarray:
     """`array` (numpy, any shape) as a C-ordered int64 copy of non-negative integers: the one check of
     integer arrays (lengths, a batch's columns, a rank's metadata).  TypeError for another dtype
     (booleans, objects; floats unless `integral_floats`: then finite whole numbers below 2**53);
     ValueError naming the first negative entry and its index, or a uint64 beyond int64
-    (`check_int64`).  An empty array passes whatever its dtype.  `copy=False` returns a C-ordered
-    int64 array as it is where no writable array holds its memory (`frozen`): a copy protects nothing.
+    (`check_int64`); `float_exact`: every entry below 2**53 too, where its float64 cost is exact.  An empty array
+    passes whatever its dtype.  `copy=False` returns a C-ordered int64 array as it is where no writable array holds
+    its memory (`frozen`): a copy protects nothing.
 
     >>> as_non_negative_integers(np.array([2.0, 3.0]), "lengths", integral_floats=True).tolist()
     [2, 3]
@@ -212,6 +227,8 @@ def as_non_negative_integers(array: np.ndarray, name: str, *, integral_floats: b
         if array.min() < 0:
             _refuse_entry(array, array < 0, name, "must be non-negative integers")
         check_int64(array, name)
+        if float_exact and array.dtype.kind in "iu" and array.max() >= 2**53:  # floats: `_check_whole`
+            _refuse_entry(array, array >= 2**53, name, "must be below 2**53, where float64 costs are exact")
     if not copy and array.dtype == np.int64 and array.flags.c_contiguous and frozen(array):
         return array
     return np.array(array, dtype=np.int64, order="C")

@@ -37,10 +37,17 @@ TEXT_ENCODING = "utf-8-sig"  # UTF-8, ignoring the byte-order mark spreadsheets 
 MAX_LENGTH = 2**53  # lengths at or above it are not exact as float64 costs
 
 
+ASCII_NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no `1_000`, `+5` nor `５`
+
+
 def _parse_length(text: str, where: str) -> int:
     """`text` as a length, read exactly: `812`, `812.0`, `8.12e2`, but not `4.9999999999999999` nor `1e-400`,
-    which float() would round to 5 and 0 (a decimal holds the text's value); UsageError naming `where`."""
+    which float() would round to 5 and 0 (a decimal holds the text's value); UsageError naming `where`.  Only
+    ASCII digits, a point and an exponent make a number (int() and Decimal() also read `1_000`, `+5` and other
+    scripts' digits: probe31 P31-06)."""
     text = text.strip()
+    if not ASCII_NUMBER.fullmatch(text):
+        raise UsageError(f"{where}: expected an integer length, got {SHORT.repr(text)}")
     try:
         value = int(text)
     except ValueError:

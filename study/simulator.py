@@ -476,13 +476,15 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
     else:
         samples_per_rank, choice = int(samples_per_rank), BatchChoice("explicit")
     batch = probe.batch(samples_per_rank)
-    results, plans = {}, {}
-    for name in dict.fromkeys(["none", *names]):
+    results, composition = {}, None
+    for name in dict.fromkeys(["none", *names]):  # one strategy's plan alive at a time: each holds arrays per sample
         strategy = STRATEGIES[name]
         start = time.perf_counter()
-        plans[name] = strategy.plan(probe.stages, topology, batch, seconds_per_cost=seconds_per_cost(gpu))
+        plan = strategy.plan(probe.stages, topology, batch, seconds_per_cost=seconds_per_cost(gpu))
         planning = time.perf_counter() - start
-        results[name] = simulate_step(plans[name], strategy, config, gpu, topology, planning_seconds=planning)
+        results[name] = simulate_step(plan, strategy, config, gpu, topology, planning_seconds=planning)
+        composition = composition_comparison(plan, topology) if name == "ours" else composition
+        del plan
     reference = results["none"].step_seconds
     results = {name: dataclasses.replace(result, speedup_vs_none=reference / result.step_seconds
                                          if result.step_seconds > 0 else 1.0)
@@ -490,5 +492,5 @@ def run_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defaul
     return SimulationRun(
         model=model, model_params_billion=config.params / 1e9, gpus=topology.world_size, nodes=topology.num_nodes,
         workload=workload_name, samples_per_rank=samples_per_rank, samples_per_rank_choice=choice, seed=seed,
-        composition=composition_comparison(plans["ours"], topology) if "ours" in plans else None,
+        composition=composition,
         strategies={name: results[name] for name in names})

@@ -179,10 +179,12 @@ def test_regression_equal_size_given_as_0_or_1_was_refused_though_verl_takes_it(
     (([[1, 2], [3, 4]], 1, False), ValueError, r"`seqlen_list` must be 1-D; got shape \(2, 2\)"),
     (("1234", 1, False), TypeError, "`seqlen_list` must be a 1-D sequence of numbers; got str"),
     # the sums' checks named the balancers' `lengths` and `costs`, arguments a verl caller never passed
-    (([2**62, 2**62, 1], 2, False), ValueError, r"^`seqlen_list`: .* sum to 9223372036854775809 tokens, beyond int64"),
+    (([2**53 - 1] * 1025, 2, False), ValueError,
+     f"^`seqlen_list`: .* sum to {1025 * (2**53 - 1)} tokens, beyond int64"),
+    (([2**62, 1], 2, False), ValueError, r"^`seqlen_list` must be below 2\*\*53, where float64 costs are exact"),
     (([1e308, 1e308, 1.0], 2, False), ValueError, r"^`seqlen_list`: .* the sum of the costs is inf"),
 ], ids=["k-float", "equal-size-str", "equal-size-2", "nan", "negative", "inf", "2-d", "str", "int-sum-overflow",
-        "float-sum-overflow"])
+        "int-beyond-2-53", "float-sum-overflow"])
 def test_bad_arguments_name_themselves(arguments, error, message):
     with pytest.raises(error, match=message):
         get_seqlen_balanced_partitions(*arguments)

@@ -12,14 +12,15 @@ from orchmllm.balancers.microbatch.api import MAX_CELLS
 
 
 @pytest.mark.parametrize("budget, padded, match", [
-    (2**62, False, r"`lengths` sum to 13835058055282163712 tokens, beyond int64"),
-    (2**63 - 1, True, r"`lengths`: 3 items padded to the longest \(4611686018427387904\) hold .* beyond int64"),
+    (2**62, False, f"`lengths` sum to {1025 * (2**53 - 1)} tokens, beyond int64"),
+    (2**63 - 1, True, r"`lengths`: 1025 items padded to the longest \(9007199254740991\) hold .* beyond int64"),
 ])
 def test_regression_token_sums_beyond_int64_wrapped_around(budget, padded, match):
     """Cause: `make_microbatch_problem` never called `check_token_range` (as `balance` does), so
-    two items of 2**62 tokens shared a cell of budget 2**62 whose int64 sum read -2**63."""
+    two items of 2**62 tokens shared a cell of budget 2**62 whose int64 sum read -2**63 (lengths are below 2**53
+    now: 1025 of the longest sum beyond int64)."""
     with pytest.raises(ValueError, match=match):
-        balance_microbatches([2**62] * 3, 2, max_tokens_per_microbatch=budget, padded=padded)
+        balance_microbatches([2**53 - 1] * 1025, 2, max_tokens_per_microbatch=budget, padded=padded)
 
 
 def test_budget_beyond_int64_is_rejected():
@@ -30,11 +31,11 @@ def test_budget_beyond_int64_is_rejected():
 @pytest.mark.parametrize("algorithm", ["auto", "exact", "greedy", "cells"])
 def test_regression_float_token_sums_rounded_a_cell_over_the_budget(algorithm):
     """Cause: cell tokens were float bincounts, rounded beyond 2**53, so the local search and the
-    plan's own check saw items 0 and 3 (T + 2 tokens) as fitting in T = 2**55."""
-    budget = 2**55
-    lengths = [5, 6, 6, budget - 3, budget - 7, budget - 1]
-    plan = balance_microbatches(lengths, 2, max_tokens_per_microbatch=budget, costs=[5., 4., 3., 4., 5., 7.],
-                                algorithm=algorithm)
+    plan's own check saw cells of T + 1 tokens as fitting in T = 2**54 (lengths are below 2**53 now)."""
+    budget = 2**54
+    lengths = [5, 6, 6, 2**53 - 3, 2**53 - 7, 2**53 - 1, 2**53 - 1, 2**53 - 5]
+    plan = balance_microbatches(lengths, 2, max_tokens_per_microbatch=budget,
+                                costs=[5., 4., 3., 4., 5., 7., 6., 2.], algorithm=algorithm)
     for m in range(plan.num_microbatches):
         for r in range(2):
             held = sum(lengths[i] for i in plan.items_of(r, m).tolist())  # Python ints: exact

@@ -145,28 +145,32 @@ def test_cap_below_a_necessary_bound_names_the_smallest_cap(lengths, num_ranks, 
 
 # Issue 11: sums exact or rejected, costs finite, clear errors for malformed input.
 
+LONGEST = 2**53 - 1  # lengths are below 2**53 (`as_lengths`); 1025 of them sum beyond int64
+
+
 def test_token_sum_beyond_int64_is_rejected_not_wrapped():
-    with pytest.raises(ValueError, match=r"`lengths` sum to 9223372036854775808 tokens, beyond int64"):
-        balance([2**62, 2**62], 1, max_tokens_per_rank=2**62)
+    with pytest.raises(ValueError, match=f"`lengths` sum to {1025 * LONGEST} tokens, beyond int64"):
+        balance([LONGEST] * 1025, 1, max_tokens_per_rank=2**62)
 
 
 def test_padded_tokens_beyond_int64_are_rejected_not_wrapped():
-    with pytest.raises(ValueError, match=r"3 items padded to the longest \(4611686018427387904\) hold "
-                                         r"13835058055282163712 tokens, beyond int64"):
-        balance([2**62, 5, 2**61], 2, padded=True, max_tokens_per_rank=2**62)
+    with pytest.raises(ValueError, match=f"1025 items padded to the longest \\({LONGEST}\\) hold "
+                                         f"{1025 * LONGEST} tokens, beyond int64"):
+        balance([LONGEST] + [5] * 1024, 2, padded=True, max_tokens_per_rank=2**62)
 
 
 def test_token_sum_of_exactly_int64_max_is_exact():
-    plan = balance([2**62, 2**62 - 1], 1, max_tokens_per_rank=2**63 - 1)
+    plan = balance([LONGEST] * 1024 + [1023], 1, max_tokens_per_rank=2**63 - 1)
     assert plan.tokens.tolist() == [2**63 - 1]
 
 
 @pytest.mark.parametrize("algorithm", [record.name for record in algorithms(padded=False, kind=Kind.OURS)])
-def test_cap_near_int64_is_never_exceeded_by_float_rounding(algorithm):
-    # 2**61 + 1 + 1 rounds to 2**61 in float64: a float token check would overshoot the cap.
-    cap = 2**61 + 1
-    plan = balance([2**61, 2**61 - 2, 1, 1], 2, algorithm=algorithm, max_tokens_per_rank=cap, time_limit=10)
-    assert int(plan.tokens.max()) <= cap and sum(plan.tokens.tolist()) == 2**62
+def test_cap_beyond_2_53_is_never_exceeded_by_float_rounding(algorithm):
+    # (2**52 + 1) + 2**52 + 1 rounds to 2**53 in float64: a float token check would overshoot the cap.
+    cap = 2**53 + 1
+    plan = balance([2**52 + 1, 2**52, 2**52, 2**52 - 2, 1, 1], 2, algorithm=algorithm, max_tokens_per_rank=cap,
+                   time_limit=10)
+    assert int(plan.tokens.max()) <= cap and sum(plan.tokens.tolist()) == 2**54 + 1
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])

@@ -91,7 +91,7 @@ def test_trusted_request_keeps_balances_errors_on_what_the_caller_cannot_know():
     sum of a model's or of given costs), an algorithm that does not solve the problem, options that do not go
     together, a topology of another world size, a slack that is no number: `balance`'s own errors, word for word."""
     lengths, sources = np.array([7, 3, 2]), np.array([0, 1, 1])
-    cases = [(np.full(3, 2**62), {}), (lengths, dict(max_tokens_per_rank=5)),
+    cases = [(np.full(1025, 2**53 - 1), {}), (lengths, dict(max_tokens_per_rank=5)),
              (lengths, dict(cost=CostModel(quadratic=1e307))), (lengths, dict(cost=CostModel(quadratic=1.5e306))),
              (lengths, dict(costs=np.array([1e308, 1e308, 1.0]))), (lengths, dict(algorithm="padded")),
              (lengths, dict(fill="on_miss")), (lengths, dict(sources=sources, topology=Topology(2, 2))),

@@ -111,9 +111,11 @@ def test_regression_items_of_cost_0_go_home_within_the_cap_and_never_when_padded
 
 
 def test_regression_free_items_holding_huge_tokens_are_placed_without_overflow():
-    """probe24 P24-05: the placeholders (free items' longest + each rank's tokens) summed past int64."""
-    lengths = np.array([2**61, 2**61, 2**60, 5, 3, 2**60], dtype=np.int64)
-    costs = np.array([1.0, 2.0, 0.0, 0.0, 3.0, 0.0])
+    """probe24 P24-05: the placeholders (free items' longest + each rank's tokens) summed past int64 (then on lengths
+    of 2**60 and 2**61; lengths are below 2**53 now, so ~2**63 tokens take a thousand of the longest)."""
+    lengths = np.array([2**53 - 1] * 1020 + [5, 3], dtype=np.int64)
+    costs = np.zeros(lengths.size)
+    costs[[0, 1, -1]] = [1.0, 2.0, 3.0]
     plan = balance(lengths, 2, costs=costs)
     assert plan.makespan == 3.0 and int(plan.tokens.sum()) == int(lengths.sum())
 

@@ -173,7 +173,8 @@ class ContextParallel:
         """Per-rank time t(c) of items of `lengths` split at `degree` (broadcast), in cost units.
 
         `within_node` (broadcast too): the group sits inside one node (intra-node bandwidth).
-        Degree 1 is the unsplit cost f(l) exactly.
+        Degree 1 is the unsplit cost f(l) exactly.  Any power of two is priced, in `degrees` or not (what a
+        peer's or a what-if degree would cost); another degree is refused (probe31 P31-05: 3 was priced).
         """
         if not isinstance(cost, CostModel):
             raise TypeError(f"`cost` must be a CostModel; got {type(cost).__name__}")
@@ -183,6 +184,9 @@ class ContextParallel:
             raise TypeError(f"`degree` must be a positive int or an array of them; got dtype {degree.dtype}")
         if degree.size and degree.min() < 1:
             raise ValueError(f"`degree` must be at least 1; got {int(degree.min())}")
+        if degree.size and np.any(degree & (degree - 1)):
+            bad = int(degree.flat[np.flatnonzero(degree & (degree - 1))[0]])
+            raise ValueError(f"`degree` must be powers of two (1, 2, 4, ...); got {bad}")
         lengths, degree, within_node = np.broadcast_arrays(lengths, degree.astype(np.int64),
                                                            np.asarray(within_node, dtype=bool))
         return self.item_times(cost, lengths, degree, within_node)

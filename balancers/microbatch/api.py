@@ -369,7 +369,7 @@ def balance_microbatches(lengths, num_ranks, *, max_tokens_per_microbatch, cost=
     """Assign every item a cell (rank, micro-batch) minimising Σ_m max_r load + M · overhead (or a pipeline's step).
 
     Args:
-        lengths: 1-D non-negative integer lengths (tokens), one per item.
+        lengths: 1-D non-negative integer lengths below 2**53 (tokens), one per item.
         num_ranks: data-parallel ranks D >= 1.
         max_tokens_per_microbatch: token budget T of one cell (one rank, one micro-batch).
         cost: per-item cost model f(l) (default f(l) = l); or `costs`, one cost per item
