@@ -41,8 +41,8 @@ import numpy as np
 from ..balancers.locality.balance import moved
 from ..balancers.microbatch.api import make_microbatch_problem
 from ..balancers.microbatch.plan import MicroBatchPlan, cell_accounts, step_cost
-from ..balancers.pipeline.planner import PipelineStep
 from ..balancers.origins import Origins
+from ..balancers.pipeline.step import PipelineStep
 from ..balancers.problem import InfeasibleError
 from ..balancers.validation import as_index
 from .frames import frame_bound, stage_costs, stage_frames, whole_video
