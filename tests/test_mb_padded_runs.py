@@ -97,3 +97,20 @@ def test_regression_subnormal_costs_hung_the_progressions(costs):
     problem = make_microbatch_problem(np.ones(200, dtype=np.int64), 4, max_tokens_per_microbatch=1000, padded=True,
                                       costs=item_costs)
     np.testing.assert_array_equal(greedy.greedy_cells(problem, 2), _scan(problem, 2))
+
+
+def test_regression_many_micro_batches_paid_every_row_per_item(monkeypatch):
+    """Cause (review rev46): `take_runs` built every micro-batch's progressions on each call, and the greedy called
+    it again after nearly every item: 420 micro-batches of D = 3 took 453 calls making 190 260 streams (5-60x the
+    plan's time before the runs).  Streams are made for the micro-batches that reach the heap's top, and after a call
+    that placed fewer than `RUNS_BACKOFF` items the next `RUNS_BACKOFF` go one by one: the same cells (the scan)."""
+    from orchmllm.balancers.microbatch import greedy_filled
+    made, make = [], greedy_filled._Stream.__init__
+    monkeypatch.setattr(greedy_filled._Stream, "__init__", lambda self, *args: made.append(1) or make(self, *args))
+    placed = _counted_runs(monkeypatch)
+    rng = np.random.default_rng(21)
+    problem = make_microbatch_problem(np.minimum(rng.integers(1, 200, 1500), 100), 3, max_tokens_per_microbatch=100,
+                                      cost=CostModel(linear=1.0, quadratic=1e-4), padded=True)
+    cells = greedy.greedy_cells(problem, 420)
+    assert len(placed) <= 32 and len(made) <= 4 * len(placed) + 420  # 23 calls, 10 streams
+    assert cells is not None and np.array_equal(cells, _scan(problem, 420))

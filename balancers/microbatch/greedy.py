@@ -37,6 +37,8 @@ from .plan import MicroBatchProblem, MicroBatchResult
 from .search import improve
 
 EMPTY_RUN = 32  # empty cells a micro-batch holds for `_PaddedRows._take_empties` to weigh the fits once for them
+RUNS_BACKOFF = 64  # items placed one by one after `take_runs` placed fewer (each call reads every micro-batch's row:
+# with hundreds of micro-batches a call per item cost 5-60x the plan, review rev46; the plan is the same either way)
 
 
 class _Run(NamedTuple):
@@ -305,7 +307,7 @@ class _PaddedRows:
         counts, top_cost, top_length = self.counts, self.top_cost, self.top_length
         cost_array, length_array, costs = costs, lengths, costs.tolist()  # the lengths read item by item are few
         at, below, fits_gone, opened, runs, short = 0, -cost_array[:positive], False, None, True, None
-        stalled = -1  # where `take_runs` last stopped
+        stalled, retry = -1, 0  # where `take_runs` last stopped, and the item before which it is not tried again
         while at < len(costs):
             if at < positive:
                 if opened is None:  # the levels of the micro-batches with an empty cell, highest last (None: to find)
@@ -314,8 +316,9 @@ class _PaddedRows:
                         short = self._short(len(costs) - at)
                 if short:  # it will find no room, and its snapshot is taken: no need to get there
                     return False
-                if fits_gone and at != stalled and costs[at] > opened[-1]:  # none fits, empty cells rises: the runs
-                    stalled = take_runs(self, costs, at, positive)
+                if fits_gone and at >= retry and at != stalled and costs[at] > opened[-1]:  # none fits, empty cells
+                    stalled = take_runs(self, costs, at, positive)  # rises: the runs
+                    retry = stalled + RUNS_BACKOFF if stalled - at < RUNS_BACKOFF else 0
                     opened, runs, at = (None, True, stalled) if stalled > at else (opened, runs, at)
                     continue
                 left = int(np.searchsorted(below[at:], -opened[-1]))  # the items of cost above them all

@@ -105,15 +105,18 @@ def take_runs(state, costs: list, at: int, positive: int) -> int:
     reached."""
     level, chosen = state.level, state.chosen
     counts, lengths = np.array(state.counts, dtype=np.int64), np.array(state.top_length, dtype=np.int64)
-    costs_of = np.array(state.top_cost)
-    streams = [_Stream(row, counts, costs_of, lengths, state.cap, positive - at) for row in state.rows]
-    heap = [(stream.values[0] - level[m], m) for m, stream in enumerate(streams) if stream.next_value(0) is not None]
+    costs_of, limit = np.array(state.top_cost), positive - at
+    streams = {}  # made for a micro-batch once it is the heap's top: the keys are its row's least load
+    heap = [(row[0][0] - level[m], m) for m, row in enumerate(state.rows) if row]
     heapq.heapify(heap)
     holds_empty, fresh_won = [cell >= 0 for cell in state.empty], state.fresh_won
     opened = max([level[m] for m, holds in enumerate(holds_empty) if holds], default=-math.inf)
     while heap:
         best, m = heap[0]
-        stream = streams[m]
+        stream = streams.get(m)
+        if stream is None:
+            stream = streams[m] = _Stream(state.rows[m], counts, costs_of, lengths, state.cap, limit)
+            stream.next_value(0)
         run, starts, values = stream.taken, stream.starts, stream.values
         first, last = starts[run], starts[run + 1]
         end = at + last - first
@@ -129,11 +132,11 @@ def take_runs(state, costs: list, at: int, positive: int) -> int:
             heapq.heapreplace(heap, (values[run] - values[run - 1], m))
         else:
             heapq.heappop(heap)
-    taken = [stream.order[:stream.starts[stream.taken]] for stream in streams if stream.taken]
+    taken = [stream.order[:stream.starts[stream.taken]] for stream in streams.values() if stream.taken]
     if taken and at < len(costs):  # the counts and the rows after the runs taken (at the end no one reads them)
         counts += np.bincount(np.concatenate(taken), minlength=counts.size)
         state.counts[:] = counts.tolist()
-        for m, stream in enumerate(streams):
+        for m, stream in streams.items():
             if stream.taken:
                 state.rows[m] = stream.row(counts, lengths, state.cap)
     return at
