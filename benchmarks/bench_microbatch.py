@@ -279,8 +279,9 @@ def test_padded_auto_planning_time_at_2560_ranks(budget, alternated_cpu):
     once no filled cell fits and every empty cell is a rise, a filled cell's loads to come are its own progression,
     whatever the items, so the rises and their fits take a run of equal loads at a time from numpy-sorted progressions
     merged by a heap of the micro-batches' rises (`greedy_filled.take_runs`: 82.7k of 95.7k items at T 16k), and the
-    empty cells' runs find their stop in numpy: T 8k 314 -> 107 ms, T 16k 291 -> 83 ms CPU (the tree before, then
-    this one, load 5-6), 7.0x / 7.3x and 9.0x / 8.2x the unpadded plan (best-of / median); same plan digests."""
+    empty cells' runs find their stop in numpy: T 8k 243-314 -> 107-140 ms, T 16k 284-291 -> 83-93 ms CPU (the tree
+    before, then this one, load 5-6), 7.0-9.9x and 8.2-9.4x the unpadded plan; at load ~1 (c616d50) T 8k 6.2-6.7x,
+    T 16k 7.5-8.1x; same plan digests."""
     lengths = timed_lengths("default")
 
     def plan(padded):
