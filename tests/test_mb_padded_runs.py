@@ -7,16 +7,12 @@ import pytest
 from orchmllm.balancers import CostModel
 from orchmllm.balancers.microbatch import greedy
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
-from orchmllm.balancers.problem import sorted_order
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
 
+from .test_microbatch_greedy_fit_runs import assert_scans_choices, scanned_cells
+
 COST_84B = MODELS["84b"].llm.cost(causal=True)
-
-
-def _scan(problem, num_microbatches):
-    found = greedy._scan_greedy(problem, num_microbatches, sorted_order(problem.item_costs))
-    return None if found is None else found[0]
 
 
 def _counted_runs(monkeypatch) -> list:
@@ -38,7 +34,7 @@ def test_regression_padded_rises_and_their_fits_placed_item_by_item(monkeypatch)
     num_microbatches = problem.min_microbatches + 1
     found = greedy.greedy_cells(problem, num_microbatches)
     assert sum(placed) > 0.6 * lengths.size  # 759 of 1024
-    np.testing.assert_array_equal(found, _scan(problem, num_microbatches))
+    np.testing.assert_array_equal(found, scanned_cells(problem, num_microbatches))
 
 
 def _instance(seed: int):
@@ -61,13 +57,7 @@ def _instance(seed: int):
 def test_padded_runs_make_the_scans_choices(seed):
     """Every M asked in a row (a run resumes from the one before, its snapshot taken before the runs' stop): the
     scan's cells, or no room where it finds none."""
-    problem = _instance(seed)
-    first = problem.min_microbatches
-    for num_microbatches in (first, first + 1, first + 3, max(1, first - 1)):
-        found, scanned = greedy.greedy_cells(problem, num_microbatches), _scan(problem, num_microbatches)
-        assert (found is None) == (scanned is None)
-        if found is not None:
-            np.testing.assert_array_equal(found, scanned)
+    assert_scans_choices(_instance(seed))
 
 
 def test_stream_counts_the_loads_below_a_bound_in_float_products():
@@ -96,7 +86,7 @@ def test_regression_subnormal_costs_hung_the_progressions(costs):
     item_costs[:4] = max(costs)
     problem = make_microbatch_problem(np.ones(200, dtype=np.int64), 4, max_tokens_per_microbatch=1000, padded=True,
                                       costs=item_costs)
-    np.testing.assert_array_equal(greedy.greedy_cells(problem, 2), _scan(problem, 2))
+    np.testing.assert_array_equal(greedy.greedy_cells(problem, 2), scanned_cells(problem, 2))
 
 
 def test_regression_many_micro_batches_paid_every_row_per_item(monkeypatch):
@@ -113,4 +103,4 @@ def test_regression_many_micro_batches_paid_every_row_per_item(monkeypatch):
                                       cost=CostModel(linear=1.0, quadratic=1e-4), padded=True)
     cells = greedy.greedy_cells(problem, 420)
     assert len(placed) <= 32 and len(made) <= 4 * len(placed) + 420  # 23 calls, 10 streams
-    assert cells is not None and np.array_equal(cells, _scan(problem, 420))
+    assert cells is not None and np.array_equal(cells, scanned_cells(problem, 420))

@@ -13,7 +13,7 @@ from orchmllm.balancers.problem import sorted_order
 QUADRATIC = CostModel(linear=1.0, quadratic=1e-4)
 
 
-def _scan(problem, num_microbatches):
+def scanned_cells(problem, num_microbatches):
     found = greedy._scan_greedy(problem, num_microbatches, sorted_order(problem.item_costs))
     return None if found is None else found[0]
 
@@ -35,7 +35,7 @@ def test_regression_a_deep_fit_took_one_search_an_item(monkeypatch, budget, num_
     searches = _counted(monkeypatch, "_best_fit")
     found = greedy.greedy_cells(problem, num_microbatches)
     assert len(searches) < 0.15 * lengths.size
-    np.testing.assert_array_equal(found, _scan(problem, num_microbatches))
+    np.testing.assert_array_equal(found, scanned_cells(problem, num_microbatches))
 
 
 def test_regression_rises_searched_every_micro_batch_for_fits(monkeypatch):
@@ -48,7 +48,7 @@ def test_regression_rises_searched_every_micro_batch_for_fits(monkeypatch):
     searches = _counted(monkeypatch, "_first_above")
     found = greedy.greedy_cells(problem, 3)
     assert len(searches) < 2.1 * lengths.size
-    np.testing.assert_array_equal(found, _scan(problem, 3))
+    np.testing.assert_array_equal(found, scanned_cells(problem, 3))
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -64,9 +64,14 @@ def test_fit_runs_make_the_scans_choices(seed):
             dict(costs=rng.choice([1.0, 1.0 + 2**-52, 1e-17, 3.0, 0.0], lengths.size))][seed // 3 % 4]
     budget = int(max(lengths.max(), lengths.sum() / num_ranks / rng.uniform(1, 4) + 1))
     problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=budget, **cost)
+    assert_scans_choices(problem)
+
+
+def assert_scans_choices(problem) -> None:
+    """Every M asked in a row (a run resumes from the one before): the scan's cells, or no room where it finds none."""
     first = problem.min_microbatches
     for num_microbatches in (first, first + 1, first + 3, max(1, first - 1)):
-        found, expected = greedy.greedy_cells(problem, num_microbatches), _scan(problem, num_microbatches)
+        found, expected = greedy.greedy_cells(problem, num_microbatches), scanned_cells(problem, num_microbatches)
         assert (found is None) == (expected is None)
         if found is not None:
             np.testing.assert_array_equal(found, expected)
