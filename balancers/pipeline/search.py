@@ -21,9 +21,11 @@ offered to its own one of the fastest replicas (the c-th candidates of the slowe
 fastest ones) in every cell where it fits; every offer that lowers max(T_r, T_r') below r's time
 at the round's start is taken (r's own time then timed again when several items left it).  Where a
 round leaves the step as it was, the slowest replica takes one full step as below.  Rounds end when
-one moves nothing, when WINDOW rounds in a row lowered the step by less than ROUND_GAIN of it, at
-the floor, or once they evaluated ROUND_TIMINGS rows per replica (the cost of timing the whole step
-that many times), fewer where the gap left at their start is small: one per ROUND_GAP of step / floor - 1
+one moves nothing, when WINDOW rounds in a row lowered the step by less than ROUND_GAIN of it, behind a
+`rival` where a round's gain, kept up for the whole budget left, stays above it (`_hopeless`; D = 2560 x 32,
+M = 32, seed 11: a start 5 % (1F1B) or 24 % (interleaved) above the rival spent 8 / 18 ms in rounds before its
+search was dropped), at the floor, or once they evaluated ROUND_TIMINGS rows per replica (the cost of timing the
+whole step that many times), fewer where the gap left at their start is small: one per ROUND_GAP of step / floor - 1
 (what they may gain at most; the first round always runs; the budget not granted is not `run`'s either).  It
 stops once the step is at most `floor`, the larger of the certified lower bound τ·X̄ raised by STOP_GAP (what
 is left to gain is less than that: at D = 2560 a step lowers one of thousands of near-tied replicas, the whole
@@ -173,14 +175,15 @@ class CellSearch:
         self.work -= int((ROUND_TIMINGS - granted) * self.num_ranks * self.row_work)  # nor do `run`'s steps take it
         stop = self.work - int(granted * self.num_ranks * self.row_work)
         while self.work > max(stop, 0) and float(self.times.max()) > self.floor:
-            before = float(self.times.max())
+            before, spent = float(self.times.max()), self.work
             if _stalled(self.times, before, count + 1, ROUND_GAIN):  # more replicas near the max than a round lowers
                 return
             moved = self._round(count)
             if float(self.times.max()) >= before:
                 moved += self._step(int(np.argmax(self.times)))
             done += 1
-            if not moved or (done % WINDOW == 0 and float(self.times.max()) > mark * (1 - ROUND_GAIN)):
+            if not moved or (done % WINDOW == 0 and float(self.times.max()) > mark * (1 - ROUND_GAIN)) or \
+                    self._hopeless(before, spent):
                 return
             mark = mark if done % WINDOW else float(self.times.max())
 
