@@ -8,7 +8,7 @@ import numpy as np
 
 from ..balancers import BalancePlan, ContextParallelPlan, CostModel, MicroBatchPlan, Status
 from ..balancers.constraints.groups import as_groups
-from ..balancers.context_parallel.microbatch import SplitMicroBatchPlan
+from ..balancers.context_parallel.microbatch_plan import SplitMicroBatchPlan
 from ..balancers.problem import as_costs, as_lengths, as_num_ranks
 from .oracles import BRUTE_FORCE_MAX_PLANS, Optimum, brute_force, exact
 
