@@ -13,7 +13,8 @@ minimise Σ_m max_r load(r, m) s.t. tokens(r, m) <= T, for a given M (see `micro
             items, or its swap with an item of another cell, that lowers Σ_m level most
 Where lengths do not grow along the order (every cost model's) a binary search per micro-batch finds an item's
 cell (`_sorted_greedy`, `_sorted_padded_greedy`), and items that fit below the levels take their cells a sort at a
-time (`_Rows.run`; padded `_take_fits`, `_take_empties`); else every cell is weighed for every item (`greedy_scan`,
+time (`_Rows.run`; padded `_take_fits`, `_take_empties`, and once no filled cell fits, the rises and their fits a
+run of equal loads at a time: `greedy_filled.take_runs`); else every cell is weighed for every item (`greedy_scan`,
 O(n·M·D): at 2560 × 32 10.4 CPU s, padded `auto` 21.7 s; probe20 P20-15).  Both make the same choices, float for
 float.  A run answers other M, or starts the run for more micro-batches (`greedy_cells`).
 Original to orchmllm.  Heuristic: `microbatch_exact` proves small instances.
