@@ -8,7 +8,7 @@ import pytest
 from orchmllm import ContextParallel, CostModel
 from orchmllm.balancers.context_parallel import bound, planner, search
 from orchmllm.balancers.context_parallel.plan import rank_accounts
-from orchmllm.balancers.problem import exact_sum, integer_sum, integer_values, make_problem
+from orchmllm.balancers.problem import exact_sum, make_problem
 
 COST = CostModel(linear=6e9, quadratic=4e5)
 SPEC = ContextParallel()
@@ -20,11 +20,10 @@ def test_exact_total_is_the_exact_sum_of_both(kind):
     others = {"integers": rng.integers(0, 2**50, 5000).astype(np.float64),
               "fractions": rng.random(5000) * 1e9, "mixed": np.floor(rng.random(5000) * 1e15),
               "huge": np.full(3, 2.0**62), "empty": np.zeros(0)}[kind]
-    ints = integer_values(others)
-    kept = others, None if ints is None else integer_sum(ints)
+    kept = bound._Unsplit.of(others)
     for values in (rng.integers(0, 2**52, 7).astype(np.float64), rng.random(7) * 1e12, np.full(2, 2.0**63),
                    np.zeros(0)):
-        assert bound._exact_total(kept, values) == exact_sum(np.concatenate((others, values)))
+        assert kept.sum_with(values) == exact_sum(np.concatenate((others, values)))
 
 
 def test_laid_accounts_are_the_accounts_with_the_rest_left_out():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -70,13 +71,13 @@ class Allotment:
         degree[self.candidates] = np.where(index >= 0, self.degrees[index], 0)
         return degree
 
-    def _work(self, least: np.ndarray, others: tuple[np.ndarray, int | None], target: float) -> float:
+    def _work(self, least: np.ndarray, others: _Unsplit, target: float) -> float:
         """The canonical work at `target`, summed exactly (inf when a candidate fits no degree); `others`
-        the costs of the items that never split (`_others`)."""
+        the items that never split."""
         index = smallest_fitting(self.times, self.allowed, target)
         if index.size and index.min() < 0:
             return math.inf
-        return _exact_total(others, least[np.arange(index.size), index])
+        return others.sum_with(least[np.arange(index.size), index])
 
     def bound(self) -> float:
         """T*: the smallest T at which every item fits a degree and the canonical work is <= D · T.
@@ -91,11 +92,9 @@ class Allotment:
         d = self.num_ranks
         least = least_work(self.times, self.degrees, self.allowed)
         smallest = np.where(self.allowed, self.times, np.inf).min(axis=1)
-        others = np.delete(self.costs, self.candidates)
-        integers = integer_values(others)
-        others = others, None if integers is None else integer_sum(integers)
-        start = max(float(smallest.max(initial=0.0)), float(others[0].max(initial=0.0)),
-                    _exact_total(others, least[:, 0]) / d)
+        others = _Unsplit.of(np.delete(self.costs, self.candidates))
+        start = max(float(smallest.max(initial=0.0)), float(others.costs.max(initial=0.0)),
+                    others.sum_with(least[:, 0]) / d)
         points, drops = _events(self.times, least, self.allowed, start)
         work = self._work(least, others, start) + np.concatenate(([0.0], np.cumsum(drops)))
         distinct = np.flatnonzero(np.append(points[1:] != points[:-1], True))  # last event of each time
@@ -112,13 +111,24 @@ class Allotment:
                 return float(max(points[j], exact))
 
 
-def _exact_total(others: tuple[np.ndarray, int | None], values: np.ndarray) -> float:
-    """`exact_sum` of the costs others[0] and `values` together; others[1], the exact sum of the costs where all are
-    integers (else None), spares summing them again: the exact integer total, rounded once, is the same float."""
-    integers = None if others[1] is None else integer_values(values)
-    if integers is None:
-        return exact_sum(np.concatenate((others[0], values)))
-    return float(others[1] + integer_sum(integers))
+class _Unsplit(NamedTuple):
+    """The costs of the items that never split, and their exact sum where all are integers (else None): summed once
+    for the bound's many exact sums with the candidates' parts."""
+
+    costs: np.ndarray
+    total: int | None
+
+    @classmethod
+    def of(cls, costs: np.ndarray) -> _Unsplit:
+        integers = integer_values(costs)
+        return cls(costs, None if integers is None else integer_sum(integers))
+
+    def sum_with(self, values: np.ndarray) -> float:
+        """`exact_sum` of these costs and `values` together: the exact integer total, rounded once, is that float."""
+        integers = None if self.total is None else integer_values(values)
+        if integers is None:
+            return exact_sum(np.concatenate((self.costs, values)))
+        return float(self.total + integer_sum(integers))
 
 
 def _events(times: np.ndarray, least: np.ndarray, allowed: np.ndarray, start: float) -> tuple[np.ndarray, np.ndarray]:
