@@ -162,10 +162,14 @@ def laid_accounts(problem: Problem, spec: ContextParallel, gpus_per_node: int, s
     """(loads, tokens) per rank of the laid-out items (start >= 0) alone: their `rank_accounts`, summed over
     their shards only (the same pairs in the same order, so the same floats) rather than over every item's."""
     laid = np.flatnonzero(start >= 0)
-    sub = Problem(lengths=problem.lengths[laid], item_costs=problem.item_costs[laid], num_ranks=problem.num_ranks,
-                  cost=problem.cost, padded=False, max_tokens_per_rank=None, time_limit=None)
-    loads, tokens, _ = rank_accounts(sub, spec, gpus_per_node, start[laid], degree[laid])
+    loads, tokens, _ = rank_accounts(_items_of(problem, laid, None), spec, gpus_per_node, start[laid], degree[laid])
     return loads, tokens
+
+
+def _items_of(problem: Problem, items: np.ndarray, cap: int | None) -> Problem:
+    """The unpadded problem of `problem`'s `items` alone, capped at `cap` tokens a rank."""
+    return Problem(lengths=problem.lengths[items], item_costs=problem.item_costs[items], num_ranks=problem.num_ranks,
+                   cost=problem.cost, padded=False, max_tokens_per_rank=cap, time_limit=None)
 
 
 def fill(problem: Problem, start: np.ndarray, target: float, accounts: tuple) -> np.ndarray | None:
@@ -174,9 +178,7 @@ def fill(problem: Problem, start: np.ndarray, target: float, accounts: tuple) ->
     None when the deal finds no token room."""
     loads, tokens = accounts
     rest = np.flatnonzero(start < 0)
-    sub = Problem(lengths=problem.lengths[rest], item_costs=problem.item_costs[rest], num_ranks=problem.num_ranks,
-                  cost=problem.cost, padded=False, max_tokens_per_rank=problem.max_tokens_per_rank, time_limit=None)
-    state = PartialPlan(sub, target)
+    state = PartialPlan(_items_of(problem, rest, problem.max_tokens_per_rank), target)
     state.loads += loads
     state.tokens += tokens
     try:
