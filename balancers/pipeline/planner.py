@@ -14,7 +14,8 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               afresh over the replicas and reordered (`order.deal`) a fourth, searched too.  GPipe (uniform stages,
               unpadded): its start by heights (`heights`: the heavy items in runs on replicas of their own, the light
               ones filling what each run's first item leaves) where made is its one shaped start, and the plain cells
-              are not searched (D = 2560 x 32, M = 16: ~1.48x its step, where the old starts' search ended ~1.3x)
+              are not searched (D = 2560 x 32, M = 16: 1.007-1.011x the bound, where the old starts' search ended
+              1.32-1.36x)
     search    `search.CellSearch` from the shaped and from the reordered cells, the faster kept (none after
               one that meets the bound; each stops where its rate cannot reach the fastest step found before it):
               rounds of item moves off many slow replicas at once, then slot swaps and item moves
