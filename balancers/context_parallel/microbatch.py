@@ -86,11 +86,12 @@ FLOOR_SLACK = 1e-9
 
 
 def _plan_pass(lengths: np.ndarray, items: np.ndarray, num_ranks: int, spec: ContextParallel, cost,
-               budget: int) -> ContextParallelPlan | None:
+               budget: int, checked: bool = False) -> ContextParallelPlan | None:
     """The split plan of `items` in one micro-batch (the split planner within the budget); None when it finds
     no layout within the budget, or when none exists (`dual_feasible.py`: not planned then; a third of the
-    passes at T = 16k on the long workload's step, D = 2560 x 16, spill probes above all)."""
-    if cannot_lay_out(lengths[items], num_ranks, np.array(spec.degrees, dtype=np.int64), budget):
+    passes at T = 16k on the long workload's step, D = 2560 x 16, spill probes above all); `checked`: that
+    certificate was judged already (and failed to rule the items out)."""
+    if not checked and cannot_lay_out(lengths[items], num_ranks, np.array(spec.degrees, dtype=np.int64), budget):
         return None
     try:
         return balance_split(lengths[items], num_ranks, spec, cost=cost, algorithm="lpt", max_tokens_per_rank=budget,
@@ -115,8 +116,9 @@ class _PassPlans:
 
     def __call__(self, items: np.ndarray) -> ContextParallelPlan | None:
         key = self.key(items)
-        if key not in self.plans:
-            self.plans[key] = _plan_pass(self.lengths, items, *self.context)
+        if key not in self.plans:  # the certificate judged once per set, here or by `certified_none`
+            self.plans[key] = None if self.certified_none(items) else _plan_pass(self.lengths, items, *self.context,
+                                                                                 True)
         return self.plans[key]
 
     def certified_none(self, items: np.ndarray) -> bool:
