@@ -87,11 +87,11 @@ def _token_bound_rounds(state: PartialPlan, waiting: np.ndarray, allowed: int, m
             streak.deal(roomy, window * roomy, keeping, margin)
             continue
         if streak.front >= streak.bound:
-            pairs = streak.pairs()
-            roomy, keeping = _keeping(state, streak.sorted_loads, streak.costs[streak.front:], pairs, margin)
+            roomy, keeping = streak.keeping(margin)
             if keeping.size:
                 streak.deal(roomy, window * roomy, keeping, margin)
                 continue
+            pairs = streak.pairs()
             pairs = pairs[pairs != position]
             if pairs.size:
                 rounds += 1
@@ -190,6 +190,17 @@ class _Streak:
                               & (self.sorted_tokens[1:paired] + self.lengths[front + 1:front + paired]
                                  <= self.state.cap)) + 1
 
+    def keeping(self, margin: float) -> tuple[int, np.ndarray]:
+        """How many ranks have room for the first item (at most as many as items wait), and the positions k >= 1
+        among them whose rank keeps the k-th item from the front in the deal of a round of `take_anywhere` (its
+        first pass pairs the ranks as the LPT round; cost a hair short of the target, tokens within the cap): the
+        positions of `pairs` that keep, checked over those ranks alone."""
+        front, state = self.front, self.state
+        roomy = _fitting(self.sorted_loads[:self.waiting.size - front], float(self.costs[front]), state.target)
+        fits = self.sorted_loads[1:roomy] + self.costs[front + 1:front + roomy] <= state.target - margin
+        fits &= self.sorted_tokens[1:roomy] + self.lengths[front + 1:front + roomy] <= state.cap
+        return roomy, np.flatnonzero(fits) + 1
+
     def next_bound(self, position: int) -> None:
         """After the pairs were checked and none found but at `position` (the rank that takes the first
         item): with lengths descending, a flagged rank that does not fit its item fits none before it."""
@@ -236,7 +247,7 @@ class _Streak:
         end = int(self.sorted_loads.searchsorted(loads[:size].max(), side="right"))  # the ranks past it stay
         for values, taken in zip(self.sorted[1:], (loads, tokens, first_fit)):
             values[position:position + size] = taken[:size]  # the loads and tokens that `put` summed alike
-        self.resort(position, end)  # the ranks before `position` are loaded less
+        self.resort(position, end, size)  # the ranks before `position` are loaded less
         self.front += size
         self.bound = min(self.bound, int(pairs_from[size - 1]))  # the ranks before `position` stay in place
         return size
@@ -274,12 +285,22 @@ class _Streak:
             return False
         return state.cap == np.inf or state.tokens[rank] + (self.lengths[first] + self.lengths[second]) <= state.cap
 
-    def resort(self, start: int, end: int) -> None:
-        """`_resort` of the ranks at positions `start` to `end` (their loads now in `sorted_loads` there), with
-        their arrays by position, the loads read from those arrays."""
-        moved = _by_load(self.sorted_loads[start:end], self.order[start:end], self.order.size)
+    def resort(self, start: int, end: int, size: int) -> None:
+        """`_resort` of the ranks at positions `start` to `end` (their loads now in `sorted_loads` there; those
+        from `start` + `size` on still sorted), with their arrays by position, the loads read from those arrays.
+        Where the first `size` all load more than the rest (most runs: ranks that took an item above the target),
+        they are sorted alone and go past the rest, which moves down (slices, no sort of the rest)."""
+        loads, middle = self.sorted_loads, start + size
+        if middle < end and not loads[start:middle].min() > loads[end - 1]:
+            moved = _by_load(loads[start:end], self.order[start:end], self.order.size)
+            for values in self.sorted:
+                values[start:end] = values[start:end][moved]
+            return
+        moved = np.lexsort((self.order[start:middle], loads[start:middle]))
         for values in self.sorted:
-            values[start:end] = values[start:end][moved]
+            taken = values[start:middle][moved]
+            values[start:end - size] = values[middle:end]
+            values[end - size:end] = taken
 
     def move_up(self, position: int) -> int:
         """Keep the ranks by (load, rank) (`order`) and their arrays by position sorted after the rank at
@@ -319,14 +340,18 @@ class _Streak:
             self.waiting[self.front:last], self.values[:, self.front:last] = self.waiting[staying], \
                 self.values[:, staying]
             window += items.size - items.searchsorted(window)
+        least_grew = False  # whether a rank before `prefix` holding its least tokens took an item
         for position in (positions.tolist() if positions.size == 1 else np.sort(positions)[::-1].tolist()):
             rank = int(self.order[position])
+            least_grew |= position < self.prefix and not self.sorted_tokens[position] > self.prefix_tokens
             moved_to = self.move_up(position)
             self.first_fit[moved_to] = self.first_fit_of(rank)
             self.prefix -= position < self.prefix <= moved_to  # the rank at `prefix` moved down one place
         # the ranks before `prefix` still have no token room for the items they had none for, their least
-        # tokens as a scan from the first rank would find them (the same runs)
-        self.prefix_tokens = self.sorted_tokens[:self.prefix].min() if self.prefix else np.inf
+        # tokens as a scan from the first rank would find them (the same runs): only a rank that held them
+        # and took an item (or left) may change them
+        if least_grew:
+            self.prefix_tokens = self.sorted_tokens[:self.prefix].min() if self.prefix else np.inf
         self.reset()
 
 
@@ -335,18 +360,6 @@ def _below(sorted_loads: np.ndarray, bound: float, slack: float) -> int:
     (load + cost <= target, rounded) only on ranks below target - cost + slack, and the costs descend,
     so the pairs of a round lie in that prefix of the ranks."""
     return int(np.searchsorted(sorted_loads, bound + slack, side="right"))
-
-
-def _keeping(state: PartialPlan, sorted_loads: np.ndarray, costs: np.ndarray, pairs: np.ndarray,
-             margin: float) -> tuple[int, np.ndarray]:
-    """How many ranks have room for the largest waiting item (at most as many as items wait: `costs` the
-    waiting items'), and the positions of those that keep their first item in the deal of a round of
-    `take_anywhere`, given the positions `pairs` in the ranks by (load, rank) (`sorted_loads` their
-    loads) of the only ranks with cost and token room for their item of the round (the first pass of
-    the deal pairs them as the LPT round)."""
-    roomy = _fitting(sorted_loads[:costs.size], float(costs[0]), state.target)  # as many as the deal needs
-    dealt = pairs[pairs < roomy]
-    return roomy, dealt[sorted_loads[dealt] + costs[dealt] <= state.target - margin]
 
 
 def _fitting(sorted_values: np.ndarray, add: float, limit: float) -> int:
