@@ -1,12 +1,16 @@
-"""The `orchmllm` command end to end, by subprocess: output, JSON schemas, files, exit codes."""
+"""The `orchmllm` command end to end: output, JSON schemas, files, exit codes.  By subprocess where the process
+itself is under test (exit codes, a clean stderr, the console script, closed or full stdout, no torch imported);
+elsewhere `main` runs in this process, as the subprocess would (the CLI's imports, about a second each, paid once)."""
 
 import csv
 import dataclasses
+import io
 import json
 import re
 import shutil
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +26,14 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def orchmllm(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "orchmllm", *map(str, args)], capture_output=True, text=True,
                           timeout=120, cwd=cwd)
+
+
+def in_process(*args) -> subprocess.CompletedProcess:
+    """`orchmllm(*args)` run by `main` in this process: its exit code, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(map(str, args)))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def assert_png(path: Path):
@@ -56,7 +68,7 @@ def test_compare_prints_tables_and_a_before_after_summary():
 
 
 def test_compare_json_schema():
-    result = orchmllm("compare", "--ranks", "16", "--items-per-rank", "8", "--json")
+    result = in_process("compare", "--ranks", "16", "--items-per-rank", "8", "--json")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert set(payload) == {"command", "source", "rows", "summary", "files"}
@@ -105,7 +117,7 @@ def test_regression_the_summary_divides_by_the_best_bound_its_rows_proved(tmp_pa
     bound), so a plan proven optimal read "1.17x the lower bound" (and the asr workload's 1.0007x step 1.05x)."""
     lengths = tmp_path / "five.csv"
     lengths.write_text("5\n6\n7\n8\n9\n")
-    result = orchmllm("compare", "--lengths", lengths, "--ranks", "2", "--padded", "--algorithms", "auto,lpt",
+    result = in_process("compare", "--lengths", lengths, "--ranks", "2", "--padded", "--algorithms", "auto,lpt",
                       "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -117,7 +129,7 @@ def test_regression_the_summary_divides_by_the_best_bound_its_rows_proved(tmp_pa
 
 def test_compare_lengths_file_writes_csv_and_plots(lengths_csv, tmp_path):
     out = tmp_path / "out"
-    result = orchmllm("compare", "--lengths", lengths_csv, "--column", "ContextTokens", "--ranks", "8,16",
+    result = in_process("compare", "--lengths", lengths_csv, "--column", "ContextTokens", "--ranks", "8,16",
                       "--algorithms", "lpt,verl_kk,identity,lpt+locality", "--csv", out / "rows.csv", "--plot", out)
     assert result.returncode == 0, result.stderr
     assert "96 items" in result.stdout and "wrote" in result.stdout
@@ -140,7 +152,7 @@ def test_compare_workload_file_of_multimodal_samples(tmp_path):
         lines.append(json.dumps({"text": int(rng.integers(10, 3000)),
                                  "segments": [{"modality": modality, "length": length, "tokens": tokens}]}))
     (tmp_path / "samples.jsonl").write_text("\n".join(lines) + "\n")
-    result = orchmllm("compare", "--workload-file", tmp_path / "samples.jsonl", "-D", "8", "--items-per-rank", "8",
+    result = in_process("compare", "--workload-file", tmp_path / "samples.jsonl", "-D", "8", "--items-per-rank", "8",
                       "--algorithms", "lpt,llava_length_grouped", "--json")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["rows"]
@@ -149,7 +161,7 @@ def test_compare_workload_file_of_multimodal_samples(tmp_path):
 
 
 def test_compare_explicit_algorithm_that_does_not_apply_is_reported():
-    result = orchmllm("compare", "--ranks", "8", "--items-per-rank", "4", "--algorithms", "padded", "--json")
+    result = in_process("compare", "--ranks", "8", "--items-per-rank", "4", "--algorithms", "padded", "--json")
     assert result.returncode == 0, result.stderr
     rows = {row["stage"]: row for row in json.loads(result.stdout)["rows"] if row["algorithm"] == "padded"}
     assert rows["audio encoder"]["makespan"] > 0  # the 84b model's audio encoder is padded
@@ -162,7 +174,7 @@ SIMULATION_KEYS = {"step_seconds", "speedup_vs_none", "mfu", "overhead_fraction"
 
 
 def test_simulate_json_schema_and_plots(tmp_path):
-    result = orchmllm("simulate", "--model", "10b", "--gpus", "8,16", "--samples-per-rank", "4",
+    result = in_process("simulate", "--model", "10b", "--gpus", "8,16", "--samples-per-rank", "4",
                       "--strategies", "llm_only,ours", "--json", "--plot", tmp_path)
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
@@ -180,7 +192,7 @@ def test_simulate_json_schema_and_plots(tmp_path):
 
 
 def test_simulate_table_names_the_fastest_strategy():
-    result = orchmllm("simulate", "--model", "10b", "--gpus", "16", "--samples-per-rank", "4")
+    result = in_process("simulate", "--model", "10b", "--gpus", "16", "--samples-per-rank", "4")
     assert result.returncode == 0, result.stderr
     for name in ("none", "megatron", "length_grouped", "llm_only", "single_algorithm", "allgather", "two_exchange",
                  "ours", "Fastest without running out of memory"):
@@ -192,11 +204,11 @@ def test_simulate_notes_a_step_of_so_little_compute_that_planning_noise_is_its_s
     another winner): the summary says that planning is over half of the step there."""
     path = tmp_path / "tiny.jsonl"
     path.write_text('{"text": 0, "segments": []}\n' * 31 + '{"text": 1}\n')
-    result = orchmllm("simulate", "--model", "10b", "--gpus", "16", "--samples-per-rank", "2", "--workload-file",
+    result = in_process("simulate", "--model", "10b", "--gpus", "16", "--samples-per-rank", "2", "--workload-file",
                       str(path))
     assert result.returncode == 0, result.stderr
     assert "Note: planning, measured on this machine and noisy run to run, is over half of the step" in result.stdout
-    normal = orchmllm("simulate", "--model", "10b", "--gpus", "16", "--samples-per-rank", "4", "--strategies", "ours")
+    normal = in_process("simulate", "--model", "10b", "--gpus", "16", "--samples-per-rank", "4", "--strategies", "ours")
     assert normal.returncode == 0 and "Note: planning" not in normal.stdout, normal.stderr
 
 
@@ -205,7 +217,7 @@ def test_regression_simulate_named_a_fastest_strategy_that_fits_when_none_fits(t
     of memory: single_algorithm"; it says none fits and what to change."""
     path = tmp_path / "long.jsonl"
     path.write_text('{"text": 60000, "segments": [{"modality": "image", "length": 4096, "tokens": 600}]}\n' * 16)
-    result = orchmllm("simulate", "--model", "84b", "--gpus", "16", "--strategies", "none,ours", "--workload-file",
+    result = in_process("simulate", "--model", "84b", "--gpus", "16", "--strategies", "none,ours", "--workload-file",
                       str(path))
     assert result.returncode == 0, result.stderr
     assert "Fastest without" not in result.stdout and "Every strategy runs out of memory at 1 samples per rank: no " \
@@ -213,13 +225,13 @@ def test_regression_simulate_named_a_fastest_strategy_that_fits_when_none_fits(t
 
 
 def test_simulate_sizes_the_batch_by_memory_by_default():
-    result = orchmllm("simulate", "--model", "10b", "--gpus", "8", "--strategies", "ours", "--json")
+    result = in_process("simulate", "--model", "10b", "--gpus", "8", "--strategies", "ours", "--json")
     assert result.returncode == 0, result.stderr
     (run,) = json.loads(result.stdout)["runs"]
     choice = run["samples_per_rank_choice"]
     assert choice["rule"] == "memory" and run["samples_per_rank"] in choice["grid"]
     assert run["strategies"]["ours"]["memory_peak_gib"] <= choice["limit_gib"]
-    table = orchmllm("simulate", "--model", "10b", "--gpus", "8", "--strategies", "ours")
+    table = in_process("simulate", "--model", "10b", "--gpus", "8", "--strategies", "ours")
     assert table.returncode == 0, table.stderr
     title = " ".join(table.stdout.split())
     assert f"{run['samples_per_rank']} samples per rank (" in title and "ours fits in 90% of GPU memory" in title
@@ -283,7 +295,7 @@ def test_demo_with_gradient_accumulation_matches_the_unbalanced_one_pass_gradien
     the unbalanced, un-micro-batched step (float64 within 1e-12), no sample lost or duplicated, and
     per-micro-batch busy figures (float32's tolerance: `test_demo_trains_on_gloo_ranks_and_reports_json`)."""
     dtype = "float64"
-    result = orchmllm("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json", "--dtype", dtype,
+    result = in_process("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json", "--dtype", dtype,
                       "--costs", "flops", "--repeats", "1", "--replay-repeats", "1",
                       "--max-tokens-per-microbatch", "800")
     report = json.loads(result.stdout)
@@ -310,7 +322,7 @@ def test_demo_with_gradient_accumulation_matches_the_unbalanced_one_pass_gradien
 
 
 def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path, capsys):
-    result = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "8", "--json")
+    result = in_process("plan", lengths_csv, "--column", "ContextTokens", "-D", "8", "--json")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assignment = np.asarray(payload["assignment"])
@@ -329,7 +341,7 @@ def test_plan_prints_saves_and_round_trips(lengths_csv, tmp_path, capsys):
         else:
             loaded = np.asarray(json.loads(target.read_text())["assignment"])
         assert np.array_equal(loaded, assignment), suffix
-    table = orchmllm("plan", lengths_csv, "--column", "ContextTokens", "-D", "4", "--algorithm", "omnibal_2d")
+    table = in_process("plan", lengths_csv, "--column", "ContextTokens", "-D", "4", "--algorithm", "omnibal_2d")
     assert (table.returncode == 0 and "omnibal_2d" in table.stdout and "(peer)" in table.stdout
             and "load / mean" in table.stdout)
     code = main(["plan", str(lengths_csv), "--column", "ContextTokens", "-D", "16", "--algorithm", "lpt+locality",
@@ -342,7 +354,8 @@ def test_plan_reads_json_lines_and_npy(tmp_path):
     lengths = [5, 300, 7, 42, 1000, 3, 3, 64]
     (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"length": n}) for n in lengths) + "\n")
     np.save(tmp_path / "a.npy", np.asarray(lengths))
-    plans = [json.loads(orchmllm("plan", tmp_path / name, "-D", "3", "--json").stdout) for name in ("a.jsonl", "a.npy")]
+    plans = [json.loads(in_process("plan", tmp_path / name, "-D", "3", "--json").stdout)
+             for name in ("a.jsonl", "a.npy")]
     assert plans[0]["assignment"] == plans[1]["assignment"] and plans[0]["num_items"] == 8
 
 

@@ -1,6 +1,6 @@
 """orchmllm.cli.plots: every figure is a readable, non-blank PNG; bad input and missing matplotlib are named."""
 
-import subprocess
+import re
 import sys
 
 import numpy as np
@@ -58,25 +58,19 @@ def test_bad_input_is_named(tmp_path):
         plots.plot_step_timeline({}, tmp_path / "x.png")
 
 
-def test_missing_matplotlib_says_how_to_install(tmp_path):
-    code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from orchmllm.cli import plots\n"
-            "try:\n"
-            f"    plots.plot_traffic_heatmap([[1.0]], {str(tmp_path / 'x.png')!r})\n"
-            "except plots.MissingDependencyError as error:\n"
-            "    print(error)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "pip install 'matplotlib>=3.7'" in result.stdout
+def test_missing_matplotlib_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails as where it is not installed
+    with pytest.raises(plots.MissingDependencyError, match=re.escape("pip install 'matplotlib>=3.7'")):
+        plots.plot_traffic_heatmap([[1.0]], tmp_path / "x.png")
 
 
-def test_cli_reports_missing_matplotlib_in_one_line(tmp_path):
-    code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from orchmllm.cli import main\n"
-            f"sys.exit(main(['compare', '--ranks', '8', '--items-per-rank', '2', '--plot', {str(tmp_path)!r}]))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [
+def test_cli_reports_missing_matplotlib_in_one_line(tmp_path, monkeypatch, capsys):
+    from orchmllm.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["compare", "--ranks", "8", "--items-per-rank", "2", "--plot", str(tmp_path)]) == 2
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr and stderr.strip().splitlines() == [
         "orchmllm compare: error: plots need matplotlib: python3.11 -m pip install 'matplotlib>=3.7'"]
 
 
