@@ -12,10 +12,11 @@ minimise Σ_m max_r load(r, m) s.t. tokens(r, m) <= T, for a given M (see `micro
         local search: for the most loaded cell of each micro-batch, the move of one of its
             items, or its swap with an item of another cell, that lowers Σ_m level most
 Where lengths do not grow along the order (every cost model's) a binary search per micro-batch finds an item's
-cell (`_sorted_greedy`, `_sorted_padded_greedy`), and items that fit below the levels take their cells a sort at a
-time (`_Rows.run`; padded `_take_fits`, `_take_empties`, and once no filled cell fits, the rises and their fits a
-run of equal loads at a time: `greedy_filled.take_runs`); else every cell is weighed for every item (`greedy_scan`,
-O(n·M·D): at 2560 × 32 10.4 CPU s, padded `auto` 21.7 s; probe20 P20-15).  Both make the same choices, float for
+cell (`_sorted_greedy`, `_sorted_padded_greedy`), and a run of equal items takes its fits, and the least loaded
+cells after a rise, in a pass down or up a sorted row (`_Rows.run`, `greedy_sweep`; padded `_take_fits`,
+`_take_empties`, and once no filled cell fits, the rises and their fits a run of equal loads at a time:
+`greedy_filled.take_runs`); else every cell is weighed for every item (`greedy_scan`, O(n·M·D): at 2560 × 32
+10.4 CPU s, padded `auto` 21.7 s; probe20 P20-15).  Both make the same choices, float for
 float.  A run answers other M, or starts the run for more micro-batches (`greedy_cells`).
 Original to orchmllm.  Heuristic: `microbatch_exact` proves small instances.
 """
@@ -31,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels.auto import in_given_order
+from .greedy_sweep import climb, descend
 from .greedy_filled import take_runs
 from .greedy_rows import cut as _cut, first_above as _first_above, gathered as _gathered, tied as _tied
 from .greedy_scan import Cells, fresh_wins as _fresh_wins, scan_greedy as _scan_greedy  # noqa: F401 (Cells: the tests')
@@ -197,19 +199,17 @@ class _Rows:
         return taken
 
     def run(self, cost: float, length: int, count: int) -> bool:
-        """`count` items of `cost` and `length`; False when one finds no room.  With cost > 0 a cell that takes one
-        without a rise stays the best while it takes more, so those that take one and no second (excess in
-        (-cost, 0]: `zones`) take the items in one sort (`_take_zones`); the rest one `_best_fit` an item."""
+        """`count` items of `cost` and `length`; False when one finds no room.  With cost > 0 the best fit stays the
+        best while it takes more, so the fits take the items best first in one pass (`descend`), and after a rise
+        the next ones climb its micro-batch's least loaded cells (`climb`); the rest one `_best_fit` an item."""
         rows, level = self.rows, self.level
-        fits = [_first_above(row, len(row), level[m], cost, 0.0) if cost > 0.0 and row and (row[0][0] + cost) - level[
-            m] <= 0.0 else 0 for m, row in enumerate(rows)]  # the least load fits: some do
-        zones = [_first_above(row, f, level[m], cost, -cost) if f else 0 for m, (row, f) in enumerate(zip(rows, fits))]
+        fits = _fits(rows, level, cost, [cost > 0.0] * len(rows))
         while count:
-            if zones != fits:  # some zone below its fits (zones[m] <= fits[m])
-                placed = self._take_zones(fits, zones, cost, length, count)
+            if count > 1 and any(fits):  # one item: the search is as quick
+                placed = descend(self, fits, cost, length, count)
+                count -= placed
                 if placed:
-                    count -= placed
-                    fits = zones[:]
+                    fits = _fits(rows, level, cost, fits) if count else fits
                     continue
             found = _best_fit(rows, level, cost, None, 0.0, cost > 0.0 and not any(fits))  # no fit: the least rise
             if found is None:
@@ -217,45 +217,17 @@ class _Rows:
             count -= self.place(found, cost, length, count if cost > 0.0 else 1)
             if cost > 0.0:
                 m = found[0] // self.d
+                if found[1] > 0.0 and count:  # a rise: the next ones to m's least loaded cells while they beat all
+                    count -= climb(self, m, cost, length, count)
                 fits[m] = _first_above(rows[m], len(rows[m]), level[m], cost, 0.0)
-                zones[m] = _first_above(rows[m], fits[m], level[m], cost, -cost)
         return True
 
-    def _take_zones(self, fits: list, zones: list, cost: float, length: int, count: int) -> int:
-        """Up to `count` items, one a cell, to the cells of the `zones` (rows[m][zones[m]:fits[m]]) by (excess desc,
-        cell asc), as `_best_fit` item by item; 0 where float rounding lets one take a second (`_best_fit` goes on)."""
-        taken, parts = _gathered(self.rows, self.level, fits, [min(fit - zone, count) for zone, fit in
-                                                                zip(zones, fits)], cost)
-        if any((min(pairs)[0] + cost) + cost <= self.level[m] for m, pairs, _ in parts):
-            return 0
-        cells, taken = ({-cell for _, cell, _ in taken[:count]}, taken[:count]) if len(taken) > count else (None, taken)
-        loads, tokens = self.loads, self.tokens
-        for _, cell, load in taken:
-            loads[-cell] = load + cost
-            tokens[-cell] += length
-        self.chosen += [-cell for _, cell, _ in taken]
-        for m, pairs, spans in parts:
-            self._move(m, fits[m], _cut(self.rows[m], pairs, spans, cells), cost, length)
-        return len(taken)
 
-    def _move(self, m: int, fit: int, pairs: list, cost: float, length: int) -> None:
-        """Micro-batch m's `pairs`, cut from row[:fit], one item fuller: back above the fits (one merge where that
-        part is short) or to the waiting heap."""
-        row, cap, tokens = self.rows[m], self.cap, self.tokens
-        back = []
-        for load, cell in pairs:
-            if cap - tokens[cell] >= length:
-                back.append((load + cost, cell))
-            else:
-                heapq.heappush(self.waiting, (tokens[cell] - cap, cell))
-        above = fit - len(pairs)  # the fits left: every pair moved is above them
-        if len(row) - above < 16 * len(back):
-            back += row[above:]
-            back.sort()
-            row[above:] = back
-        else:
-            for pair in back:
-                bisect.insort(row, pair)
+def _fits(rows: list, level: list, cost: float, where: list) -> list:
+    """Per micro-batch (`where` true) how many of its row's pairs fit an item of `cost` (excess <= 0): the least
+    load fits, or none does."""
+    return [_first_above(row, len(row), level[m], cost, 0.0) if live and row and (row[0][0] + cost) - level[m] <= 0.0
+            else 0 for m, (row, live) in enumerate(zip(rows, where))]
 
 
 def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray,
@@ -272,11 +244,13 @@ def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.
     costs, lengths = problem.item_costs[order], problem.lengths[order]
     done = len(state.chosen)
     ends = np.flatnonzero((costs[done + 1:] != costs[done:-1]) | (lengths[done + 1:] != lengths[done:-1])) + done + 1
-    for first, end in zip([done] + ends.tolist(), ends.tolist() + [problem.num_items]):
-        if first < end:
-            state.release(int(lengths[first]))
-            if not state.run(float(costs[first]), int(lengths[first]), end - first):
-                return None, state.fresh_won, state.snapshot if state.fresh_won else state  # the state it failed in
+    firsts = ([done] if done < problem.num_items else []) + ends.tolist()  # where each run of equal items starts
+    waiting, run_costs, run_lengths = state.waiting, costs[firsts].tolist(), lengths[firsts].tolist()
+    for first, end, cost, length in zip(firsts, ends.tolist() + [problem.num_items], run_costs, run_lengths):
+        if waiting and -waiting[0][0] >= length:
+            state.release(length)
+        if not state.run(cost, length, end - first):
+            return None, state.fresh_won, state.snapshot if state.fresh_won else state  # the state it failed in
     cells = in_given_order(np.array(state.chosen, dtype=np.int64), order)  # a list: numpy writes per item cost 3 %
     return cells, state.fresh_won, state.snapshot
 

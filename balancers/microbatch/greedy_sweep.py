@@ -1,0 +1,162 @@
+"""The joint greedy within a run of equal items (`greedy._Rows.run`) where one micro-batch takes them all, a pass
+over its sorted row of (load, cell) pairs instead of a search an item.
+
+Fits (`descend`): where only micro-batch m has cells that an item of cost c > 0 fits (excess (load + c) - level
+<= 0), the best fit, the largest excess, stays the best while it takes more (its excess grows, the others' do not):
+the cells take the items from the top of the fits down, each while it fits and has room, equal loads lowest cell
+first.  The excess falls with the load, so excesses tied by rounding of unequal loads are adjacent: it stops above
+them.  Rises (`climb`): once an item of cost c > 0 fits no cell (excess (load + c) - level > 0 everywhere) and micro-batch m rose to take
+it, no cell fits the next equal items but those at the new level: each takes the least loaded cell of m, in the
+row's (load, cell) order, while that beats the least rise of the other micro-batches (unchanged meanwhile) and the
+cells lifted, each at or above the level, offer no less than level + c.  The sweep checks each choice in the
+greedy's own floats: excess = (load + c) - level, exact where load + c <= 2 · level (Sterbenz), so unequal sums
+never tie; sums tied by rounding of unequal loads end it before their load.  Original to orchmllm.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+
+
+def climb(state, m: int, cost: float, length: int, count: int) -> int:
+    """Up to `count` items of `cost` (> 0) and `length` to micro-batch m's least loaded cells in turn, after an item
+    rose m (`state`: a `greedy._Rows`); how many (the first one the sweep cannot vouch for goes to `_best_fit`)."""
+    rows, level = state.rows, state.level
+    others = min([(row[0][0] + cost) - level[k] for k, row in enumerate(rows) if row and k != m], default=None)
+    row, start = rows[m], level[m]
+    ceiling, top, taken, group, last, key_of_last = min(start + cost, 2.0 * start), start, 0, 0, None, None
+    while taken < len(row):
+        load = row[taken][0]
+        key = load + cost
+        if load != last:
+            if key == key_of_last:  # rounding ties this load's sum with the last one's: their cells' order is moot
+                taken = group
+                break
+            if taken == count or key >= ceiling:
+                break
+            group, last, key_of_last = taken, load, key
+        elif taken == count:  # the next load's sum may tie it too
+            after = bisect.bisect_right(row, (load, math.inf), taken)
+            taken = group if after < len(row) and row[after][0] + cost == key else taken
+            break
+        excess = key - top
+        if excess > 0.0 and ((others is not None and excess >= others) or (not state.fresh_won and excess > cost)):
+            break
+        top, taken = key, taken + 1
+    if taken:
+        _lift(state, m, row, taken, cost, length)
+    return taken
+
+
+def descend(state, fits: list, cost: float, length: int, count: int) -> int:
+    """Up to `count` items of `cost` (> 0) and `length` to the fits, the first `fits[m]` pairs of each micro-batch m's
+    row (`state`: a `greedy._Rows`), best first, each while it fits; how many (the rest to the search).  Each pass
+    takes one micro-batch's cells down to the next best of the others' (a heap of their heads)."""
+    groups = {m: _Group(state, state.rows[m], fit, state.level[m], cost) for m, fit in enumerate(fits) if fit}
+    heads = [group.head(m) for m, group in groups.items()]
+    heapq.heapify(heads)
+    taken = 0
+    while taken < count and heads:
+        m = heads[0][2]
+        group = groups[m]
+        if group.tied:  # its excess tied by rounding with the next load's: their cells in turn, to the search
+            break
+        placed = group.take(state, cost, length, count - taken, min(heads[1:3]) if len(heads) > 1 else None)
+        if not placed:  # none fits (an excess of -inf): to the search
+            break
+        taken += placed
+        if group.end:
+            heapq.heapreplace(heads, group.head(m))
+        else:
+            heapq.heappop(heads)
+    for group in groups.values():
+        group.close()
+    return taken
+
+
+class _Group:
+    """A micro-batch's fits as `descend` takes them: row[cut:end] the cells of one load, `done` of them taken (the
+    lowest first), row[end:fit] taken; their sums back into the row when it closes."""
+
+    def __init__(self, state, row: list, fit: int, top: float, cost: float):
+        self.row, self.fit, self.top, self.cut, self.end, self.done, self.back = row, fit, top, fit, fit, 0, []
+        self.take(state, cost, 0, 0, None)  # to the first load's cells
+
+    def head(self, m: int) -> tuple:
+        """The heap's key of its next cell: the greatest excess first, then the lowest cell (a tied load first)."""
+        return -self.excess, -1 if self.tied else self.row[self.cut + self.done][1], m
+
+    def take(self, state, cost: float, length: int, left: int, floor: tuple | None) -> int:
+        """Up to `left` items to its cells in turn, each while it fits, while they come before `floor` (the others'
+        next best head); how many.  A load tied by rounding with the next one below (`tied`) stops it."""
+        row, top, tokens, loads, cap, chosen, back = (self.row, self.top, state.tokens, state.loads, state.cap,
+                                                      state.chosen, self.back)
+        bound, first = (-math.inf, 0) if floor is None else (-floor[0], floor[1])
+        cut, end, done, taken = self.cut, self.end, self.done, 0
+        load, excess, tied = (self.load, self.excess, self.tied) if cut < end else (0.0, 0.0, False)
+        while True:
+            if cut + done == end:  # on to the next load's cells below
+                end, done = cut, 0
+                if not end:
+                    break
+                load = row[end - 1][0]
+                cut = end - 1 if end == 1 or row[end - 2][0] != load else bisect.bisect_left(row, (load, -1), 0, end)
+                excess = (load + cost) - top
+                tied = cut > 0 and (row[cut - 1][0] + cost) - top == excess
+            if taken == left or tied or excess < bound or excess == bound and row[cut + done][1] > first:
+                break
+            cell, sum_ = row[cut + done][1], load
+            held = tokens[cell]
+            while taken < left and cap - held >= length and (sum_ + cost) - top <= 0.0:
+                sum_, held, taken = sum_ + cost, held + length, taken + 1
+                chosen.append(cell)
+            loads[cell], tokens[cell] = sum_, held
+            if cap - held >= length:
+                back.append((sum_, cell))
+            else:
+                heapq.heappush(state.waiting, (held - cap, cell))
+            done += 1
+        self.cut, self.end, self.done, self.load, self.excess, self.tied = cut, end, done, load, excess, tied
+        return taken
+
+    def close(self) -> None:
+        row = self.row
+        del row[self.end:self.fit]
+        del row[self.cut:self.cut + self.done]
+        _merge(row, sorted(self.back))
+
+
+def _lift(state, m: int, row: list, taken: int, cost: float, length: int) -> None:
+    """The first `taken` pairs of micro-batch m's `row`, one item of `cost` and `length` fuller: back into the row
+    (in order: their sums grow with their loads, equal ones from one load) or to the waiting heap."""
+    loads, tokens, cap, back = state.loads, state.tokens, state.cap, []
+    pairs = row[:taken]
+    del row[:taken]
+    for load, cell in pairs:
+        loads[cell] = load + cost
+        tokens[cell] += length
+        if cap - tokens[cell] >= length:
+            back.append((load + cost, cell))
+        else:
+            heapq.heappush(state.waiting, (tokens[cell] - cap, cell))
+    state.chosen += [cell for _, cell in pairs]
+    state.level[m] = max(state.level[m], pairs[-1][0] + cost)
+    _merge(row, back)
+
+
+def _merge(row: list, back: list) -> None:
+    """`back` (sorted pairs) into `row`: each one's place found by a binary search, the row rebuilt once from its
+    slices (no comparisons along it, no move of its tail per pair)."""
+    if len(back) < 3:
+        for pair in back:
+            bisect.insort(row, pair)
+        return
+    places = [bisect.bisect_left(row, pair) for pair in back]
+    merged, start = [], places[0]
+    for pair, place in zip(back, places):
+        merged += row[start:place]
+        merged.append(pair)
+        start = place
+    row[places[0]:] = merged + row[start:]
