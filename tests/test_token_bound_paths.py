@@ -1,7 +1,9 @@
 """The token-bound streak's shortcuts on a nearly full micro-batch (the shape of the long workload's fills: the
 least-loaded ranks short of token room, the others near the target): a run's ranks re-sorted past the rest without
 a sort where they all load more (`_Streak.resort`), the ranks' least tokens before `prefix` kept unless a rank that
-held them takes an item (`_Streak.taken`), the deal's keepers checked over the roomy ranks alone (`_Streak.keeping`).
+held them takes an item (`_Streak.taken`), the deal's keepers checked over the roomy ranks alone (`_Streak.keeping`),
+a run's length taken whole where its ranks' loads all stay below every load a rank of it reaches (`round_length`
+skipped).
 The rounds are those made one by one from scratch, bit for bit."""
 
 import numpy as np
@@ -48,14 +50,16 @@ def test_the_streaks_shortcuts_make_the_round_by_round_choices(seed, monkeypatch
 
 
 def test_each_shortcut_is_taken(monkeypatch):
-    """Over the instances above: runs re-sorted with and without a sort, and deals whose keepers were checked."""
-    taken = {"sorted": 0, "resort": 0, "keeping": 0}
+    """Over the instances above: runs re-sorted with and without a sort, runs whose length `round_length` checks and
+    runs taken whole without it, and deals whose keepers were checked."""
+    taken = {"sorted": 0, "resort": 0, "keeping": 0, "round_length": 0, "place_run": 0}
 
     def counted(name, function):
         return lambda *args: taken.__setitem__(name, taken[name] + 1) or function(*args)
 
     monkeypatch.setattr(token_bound, "_by_load", counted("sorted", token_bound._by_load))
-    for name in ("resort", "keeping"):
+    monkeypatch.setattr(token_bound, "round_length", counted("round_length", token_bound.round_length))
+    for name in ("resort", "keeping", "place_run"):
         monkeypatch.setattr(token_bound._Streak, name, counted(name, getattr(token_bound._Streak, name)))
     for seed in range(6):
         problem, loads, tokens, cap, target = _nearly_full(seed)
@@ -64,4 +68,5 @@ def test_each_shortcut_is_taken(monkeypatch):
         order = ranks_by_load(state.loads, integer=False)
         token_bound._token_bound_rounds(state, problem.cost_order.copy(), problem.num_items,
                                         DEAL_WINDOW * np.finfo(np.float64).eps * target, order, DEAL_WINDOW)
-    assert 0 < taken["sorted"] < taken["resort"] and taken["keeping"] > 0
+    assert 0 < taken["sorted"] < taken["resort"] and 0 < taken["round_length"] < taken["place_run"]
+    assert taken["keeping"] > 0

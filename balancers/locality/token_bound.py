@@ -234,19 +234,23 @@ class _Streak:
         tokens = self.sorted_tokens[position:position + size] + lengths
         fine = (tokens <= state.cap) & (self.prefix_tokens + lengths > state.cap)
         size = int(np.argmin(fine)) if not fine.all() else size
-        size = round_length(self.sorted_loads[position:position + size], order[position:position + size],
-                            self.costs[front:front + size])
-        loads = self.sorted_loads[position:position + size] + self.costs[front:front + size]
+        held = self.sorted_loads[position:position + size]
+        loads = held + self.costs[front:front + size]
+        if size > 1 and not held[-1] < loads[:-1].min():  # else no rank that took one comes back first, at once
+            size = round_length(held, order[position:position + size], self.costs[front:front + size])
+            loads = loads[:size]
         first_fit = self.first_fits(loads, tokens[:size])
         # the rank that took the j-th item can pair from round first fit - position (at most where the
         # ranks loaded up to its new load are): the run stops before the first such round after it
         pairs_from = np.minimum.accumulate(first_fit - self.sorted_loads.searchsorted(loads, side="right"))
         fine = np.arange(front + 2, front + size + 1) <= pairs_from[:-1]
         size = int(np.argmin(fine)) + 1 if not fine.all() else size
-        state.put(self.waiting[front:front + size], order[position:position + size])
+        ranks = order[position:position + size]  # `put`, its sums made above (the sorted arrays mirror the state's)
+        state.destinations[self.waiting[front:front + size]], state.loads[ranks], state.tokens[ranks] = \
+            ranks, loads[:size], tokens[:size]
         end = int(self.sorted_loads.searchsorted(loads[:size].max(), side="right"))  # the ranks past it stay
         for values, taken in zip(self.sorted[1:], (loads, tokens, first_fit)):
-            values[position:position + size] = taken[:size]  # the loads and tokens that `put` summed alike
+            values[position:position + size] = taken[:size]  # the loads and tokens the state now holds
         self.resort(position, end, size)  # the ranks before `position` are loaded less
         self.front += size
         self.bound = min(self.bound, int(pairs_from[size - 1]))  # the ranks before `position` stay in place
