@@ -12,6 +12,9 @@ from orchmllm.balancers.pipeline import search
 def _plan(monkeypatch, **constants):
     for name, value in constants.items():
         monkeypatch.setattr(search, name, value)
+    # every move row timed, as before a step kept those that may be its choice alone (`CellSearch._moves_kept`)
+    monkeypatch.setattr(search.CellSearch, "_moves_kept", lambda self, *args: np.arange(args[-1][0].size))
+    monkeypatch.setattr(search, "STAGED_ROWS", 2**40)
     rows, timed = [], search.replica_times
     monkeypatch.setattr(search, "replica_times", lambda p, f, b: rows.append(len(f)) or timed(p, f, b))
     lengths = np.random.default_rng(5).integers(1, 100, 128)

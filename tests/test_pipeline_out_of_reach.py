@@ -2,14 +2,15 @@
 bring it level (`CellSearch._out_of_reach`): each step lowers one replica, the slowest, so after the L steps the
 budget buys the step is at least the (L + 1)-th largest replica time now, and such a search is dropped anyway
 (issue 28: at D = 2560 x 32, M = 32, interleaved, a search from a start 25 % slower walked ~13 000 rows, then was
-dropped)."""
+dropped).  Where more of its replicas run above the rival than its rounds and steps can lower
+(`search.lowered_at_most`), it is not made (`planner._behind_for_good`)."""
 
 import numpy as np
 import pytest
 
 from orchmllm import balance_microbatches
 from orchmllm.balancers import Pipeline
-from orchmllm.balancers.pipeline import search
+from orchmllm.balancers.pipeline import planner, search
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
 
@@ -28,6 +29,7 @@ def _plan(monkeypatch, schedule, reach=True):
     monkeypatch.setattr(search.CellSearch, "run", counted)
     if not reach:
         monkeypatch.setattr(search.CellSearch, "_out_of_reach", lambda self: False)
+        monkeypatch.setattr(planner, "_behind_for_good", lambda *args: False)
     lengths = sample_workload("default", 512, 32, 3).sample_llm_length
     plan = balance_microbatches(lengths, 512, max_tokens_per_microbatch=16384, cost=COST, num_microbatches=32,
                                 pipeline=Pipeline(8, schedule, 2 if schedule == "interleaved" else 1))
@@ -36,20 +38,25 @@ def _plan(monkeypatch, schedule, reach=True):
 
 def test_regression_a_search_behind_its_rival_stepped_until_its_budget_ran_out(monkeypatch):
     """Regression: the search from the second start (above the first's end on most replicas) took ~11 500 rows of
-    steps, then was dropped; it now takes none."""
+    steps, then was dropped; then none (`_out_of_reach`), and now it is not made (`_behind_for_good`)."""
     _, runs = _plan(monkeypatch, "interleaved")
-    assert [rows for rows, behind in runs if behind] == [0]
+    assert [rows for rows, behind in runs if behind] == []
+    with monkeypatch.context() as patched:
+        patched.setattr(planner, "_behind_for_good", lambda *args: False)
+        _, made = _plan(patched, "interleaved")
+    assert [rows for rows, behind in made if behind] == [0]
 
 
 @pytest.mark.parametrize("schedule, saves", [("interleaved", True), ("gpipe", False)])
 def test_the_same_plan_as_stepping_on(monkeypatch, schedule, saves):
-    """The plan, bit for bit, of the searches stepping on to their budget's end (the rule never fires wrongly; GPipe
-    searches its start by heights alone here, with no rival to fall behind)."""
+    """The plan, bit for bit, of the searches stepping on to their budget's end (the rules never fire wrongly; GPipe
+    searches its start by heights alone here, with no rival to fall behind): the searches left out are those that
+    ended behind."""
     plan, runs = _plan(monkeypatch, schedule)
     monkeypatch.undo()
     before, runs_before = _plan(monkeypatch, schedule, reach=False)
     assert (sum(rows for rows, _ in runs) < sum(rows for rows, _ in runs_before)) == saves
-    assert [behind for _, behind in runs] == [behind for _, behind in runs_before]
+    assert [behind for _, behind in runs] == [behind for _, behind in runs_before if not behind or not saves]
     assert plan.digest() == before.digest() and plan.pipeline.step_time == before.pipeline.step_time
     assert np.array_equal(plan.pipeline.replica_times, before.pipeline.replica_times)
 

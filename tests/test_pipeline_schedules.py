@@ -211,7 +211,8 @@ def test_regression_an_emptied_cell_kept_a_negative_cost():
     """Review R11-08: the search keeps its cells' costs by float differences, so emptying a cell of 0.03 +
     0.8200000000000001 + 0.92 (summed in item order) left -1.1e-16, a negative duration for `replica_times` (whose
     end times assume durations >= 0), and a row without its last item read the same.  Both are clamped at 0 now."""
-    from orchmllm.balancers.pipeline.search import CellSearch, _without
+    from orchmllm.balancers.pipeline.candidates import without
+    from orchmllm.balancers.pipeline.search import CellSearch
 
     costs = np.array([0.03, 0.82 + 1e-16, 0.92, 1.0])  # items 0-2 in cell (0, 0), item 3 in cell (1, 0)
     cost = np.array([[np.bincount(np.zeros(3, dtype=np.int64), weights=costs[:3])[0], 0.0], [1.0, 0.0]])
@@ -221,7 +222,7 @@ def test_regression_an_emptied_cell_kept_a_negative_cost():
                         replica_times(pipeline, *pipeline.stage_times(cost)))
     search._move(0, 0, 1, 1, 0.0, 0.0)
     search._move(0, 1, 1, 1, 0.0, 0.0)
-    assert _without(search.cost, costs, search.replica, search.slot, np.array([2]))[0, 0] == 0.0
+    assert without(search.cost, costs, search.replica, search.slot, np.array([2]))[0, 0] == 0.0
     search._move(0, 2, 1, 1, 0.0, 0.0)
     assert search.cost[0, 0] == 0.0 and search.tokens[0, 0] == 0
 

@@ -36,8 +36,10 @@ when that is certain (the (WINDOW + 1)-th largest time is already within WINDOW_
 left, stays above it, or at its start and a window's end where the steps the budget left buys cannot bring it
 level (`CellSearch._out_of_reach`).
 Candidates are evaluated together, one row each (in runs of at most WALK_ENTRIES operations; a
-step with more than MOVE_ROWS move rows tries its swaps alone); a row costs the schedule's
-operation count (2·P·M·v) of the work budget, so the result never depends on the clock.  Padded
+step with more than MOVE_ROWS move rows tries its swaps alone; a step's moves after its swaps and r's rows
+without each item, those that may be its choice alone, `CellSearch._moves_kept`, the others charged as if
+timed); a row costs the schedule's operation count (2·P·M·v) of the work budget, so the result never depends on
+the clock.  A search that cannot lower enough replicas to reach a rival is not made (`lowered_at_most`).  Padded
 cells (count · max cost) are not additive: only the reordering runs.  With first-stage costs
 (`Pipeline.stage_times`), every row carries the cells' first-stage parts too, moved and swapped
 with their costs.
@@ -47,11 +49,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .candidates import added, heaviest, lightest, swap_pairs, swapped, without
 from .schedules import gpipe_time, replica_times
 from .spec import Pipeline
 
 LIGHT_REPLICAS = 4
-MAX_SWAPS = 1024  # slot pairs tried per step: all of them up to M = 46, else swaps with the neighbours and ends
 RELATIVE_GAIN = 1e-12
 WINDOW, WINDOW_GAIN = 4, 1e-4
 ROUND_REPLICAS, ROUND_ITEMS, ROUND_GAIN = 32, 4, 1e-3
@@ -61,6 +63,7 @@ STOP_GAP = 0.005  # seeds 1-2 of bench_pipeline's grid: the largest of 0.002/0.0
 SUMS_DRIFT = 1e-9  # far above how far float sums and walks lie from the exact times (relative)
 MOVE_ROWS = 2**16  # a step's move rows at most (D = 2560 x 32, M = 16: ~2000), else it tries swaps alone
 WALK_ENTRIES = 2**22  # rows timed at once hold at most this many operations (`_timed`: 32 MB a float array)
+STAGED_ROWS = 512  # moves kept a step above which one item's are timed first (`_landed`: a walk's own cost ~700 rows)
 
 
 class CellSearch:
@@ -85,7 +88,7 @@ class CellSearch:
         self.moved = set()  # replicas whose costs moves changed by float sums (swaps only permute them)
         self.members = {}  # replica -> its items, ascending: found on first use (a scan of all), kept by moves
         self.work -= self.num_ranks * self.row_work
-        self.swaps = _swap_pairs(self.num_microbatches)
+        self.swaps = swap_pairs(self.num_microbatches)
 
     def evaluate(self, rows: tuple) -> np.ndarray:
         """Pipeline times of these rows (cell costs, their first-stage parts or None), charged to the budget."""
@@ -130,7 +133,7 @@ class CellSearch:
         time, and charges its swaps' rows at least (one where none), so after the L steps the budget left buys, the
         step is at least the (L + 1)-th largest time now (a search from a far slower start, D = 2560 x 32, M = 32,
         interleaved: ~13 000 rows walked, then dropped)."""
-        steps, size = -(-max(self.work, 0) // (max(len(self.swaps), 1) * self.row_work)), self.times.size
+        steps, size = _steps_bought(self.work, len(self.swaps), self.row_work), self.times.size
         return steps < size and float(np.partition(self.times, size - steps - 1)[size - steps - 1]) > \
             self.rival * (1 + SUMS_DRIFT)
 
@@ -149,11 +152,12 @@ class CellSearch:
             moves = None  # too many to time in a step: swaps only (probe26 P26-09: 2M rows a step at M 512)
         if moves is None:
             times = self.evaluate(swaps)
-        else:  # the swaps' rows, then the moves' (one walk where they fit WALK_ENTRIES)
-            count = len(self.swaps)
+        else:  # the swaps' rows and r's without each item, then the moves' that may be the best (`_moves_kept`)
+            count, own = len(self.swaps), moves[0].size
             times = self._timed(lambda at: tuple(None if rows is None else np.concatenate([rows[at[at < count]], moved])
                                                  for rows, moved in zip(swaps, moves[-1](at[at >= count] - count))),
-                                count + moves[0].size + moves[2][0].size)
+                                count + own)
+            times = np.concatenate([times, self._landed(times[:count], times[count:], moves)])
         reorder = self._best_swap(times[:len(self.swaps)])
         move = None if moves is None else self._best_move(*moves[:-1], times[len(self.swaps):])
         if reorder is not None and (move is None or reorder[0] <= move[0]) and reorder[0] < target:
@@ -189,8 +193,8 @@ class CellSearch:
 
     def _round(self, count: int) -> int:
         """One round of `rounds` over the `count` slowest replicas: the number of items moved."""
-        slow = _heaviest(self.times, count)
-        fast = _lightest(self.times, count * ROUND_ITEMS).reshape(ROUND_ITEMS, count)  # candidate c of g: fast[c, g]
+        slow = heaviest(self.times, count)
+        fast = lightest(self.times, count * ROUND_ITEMS).reshape(ROUND_ITEMS, count)  # candidate c of g: fast[c, g]
         owner, is_slow = np.full(self.num_ranks, -1), np.zeros(self.num_ranks, dtype=bool)
         owner[slow], is_slow[slow] = np.arange(count), True
         items = np.flatnonzero(is_slow[self.replica])  # a gather of bytes: 3x faster than of the owners (D·M items)
@@ -202,7 +206,7 @@ class CellSearch:
         landing = self.times[fast[0, group]] + self.item_costs[items]
         own = np.full(items.size, np.inf)  # r's time without the item: timed where it may be among the least
         timed = _may_lead(self.times[slow[group]], self.item_costs[items], landing, group, count)
-        own[timed] = self.evaluate(tuple(None if grid is None else _without(grid, values, self.replica, self.slot,
+        own[timed] = self.evaluate(tuple(None if grid is None else without(grid, values, self.replica, self.slot,
                                                                             items[timed]) for grid, values in grids))
         self.work -= int(items.size - np.count_nonzero(timed)) * self.row_work  # charged as if timed
         promise = np.maximum(own, landing)
@@ -222,16 +226,16 @@ class CellSearch:
         def rows(at: np.ndarray) -> tuple:  # the offers' rows, then the known replicas' after their moves
             offer, known = at[at < pick.size], at[at >= pick.size] - pick.size
             return tuple(None if grid is None else np.concatenate([
-                _added(grid, values, partner[pick[offer]], chosen_items[pick[offer]], slots[offer]), after[known]])
+                added(grid, values, partner[pick[offer]], chosen_items[pick[offer]], slots[offer]), after[known]])
                 for (grid, values), after in zip(grids, ahead[1]))
-        added = self._timed(rows, pick.size + ahead[1][0].shape[0])
-        added, ahead_times = added[:pick.size], added[pick.size:]
-        worst = np.maximum(own[chosen[pick]], added)
+        landed = self._timed(rows, pick.size + ahead[1][0].shape[0])
+        landed, ahead_times = landed[:pick.size], landed[pick.size:]
+        worst = np.maximum(own[chosen[pick]], landed)
         best = _least_per_group(worst, pick, chosen.size, 1)  # each chosen item's best offer
         best = best[worst[best] < self.times[slow[group[chosen[pick[best]]]]] * (1 - RELATIVE_GAIN)]
         offer = pick[best]
         self._move(slow[group[chosen[offer]]], chosen_items[offer], partner[offer], slots[best], own[chosen[offer]],
-                   added[best])
+                   landed[best])
         moves = np.bincount(group[chosen[offer]], minlength=count)
         known = moves[ahead[0]] == leaving[ahead[0]]  # all (`_known_moves`); else timed below, their charge returned
         self.times[slow[ahead[0][known]]] = ahead_times[known]
@@ -273,7 +277,7 @@ class CellSearch:
 
     def _swap_rows(self, r: int) -> tuple:
         """r's cell costs (and first-stage parts) with each pair of `swaps` exchanged, one row per pair."""
-        return tuple(None if grid is None else _swapped(grid[r], self.swaps) for grid in (self.cost, self.first_stage))
+        return tuple(None if grid is None else swapped(grid[r], self.swaps) for grid in (self.cost, self.first_stage))
 
     def _best_swap(self, times: np.ndarray):
         if not times.size:
@@ -310,7 +314,7 @@ class CellSearch:
         demand): r's costs without each of its items, then each light replica's costs with an item added to a slot
         where it fits; None when r has no item or no other replica."""
         items = self._items(r)
-        others = _lightest(self.times, LIGHT_REPLICAS + 1)
+        others = lightest(self.times, LIGHT_REPLICAS + 1)
         others = others[others != r][:LIGHT_REPLICAS]
         if not items.size or not others.size:
             return None
@@ -326,10 +330,41 @@ class CellSearch:
         def rows(at: np.ndarray) -> tuple:  # rows `at` of them all, ascending
             own, fit = at[at < items.size], at[at >= items.size] - items.size
             return tuple(None if grid is None else np.concatenate([
-                _without(grid, values, self.replica, self.slot, items[own]),
-                _added(grid, values, others[other_index[fit]], items[item_index[fit]], slot_index[fit])])
+                without(grid, values, self.replica, self.slot, items[own]),
+                added(grid, values, others[other_index[fit]], items[item_index[fit]], slot_index[fit])])
                 for grid, values in grids)
         return items, others, fits, rows
+
+    def _landed(self, swap_times: np.ndarray, own_times: np.ndarray, moves: tuple) -> np.ndarray:
+        """The others' times with each move's item (`moves` of `_move_rows`; r's times without each, `own_times`), +inf
+        where not timed: the moves that may be the step's choice (`_moves_kept`), and where more than STAGED_ROWS are,
+        the item's of least own time first (ties by index): a move whose own time is above the least of their
+        worse times is not the best (D = 2560 x 32, M = 32, interleaved: 1920 moves kept a step, then 128 timed, none
+        after).  Those not timed are charged as if timed: the budget as before."""
+        items, others, fits, rows = moves
+        landed, kept = np.full(fits[0].size, np.inf), self._moves_kept(swap_times, own_times, items, others, fits)
+        if kept.size > STAGED_ROWS:
+            own = own_times[fits[0][kept]]
+            first = kept[fits[0][kept] == fits[0][kept[np.argmin(own)]]]
+            landed[first] = self._timed(lambda at: rows(items.size + first[at]), first.size)
+            kept = kept[(own <= np.maximum(own_times[fits[0][first]], landed[first]).min()) & np.isinf(landed[kept])]
+        landed[kept] = self._timed(lambda at: rows(items.size + kept[at]), kept.size)
+        self.work -= int(np.count_nonzero(np.isinf(landed))) * self.row_work
+        return landed
+
+    def _moves_kept(self, swap_times: np.ndarray, own_times: np.ndarray, items: np.ndarray, others: np.ndarray,
+                    fits: tuple) -> np.ndarray:
+        """The moves (indices into `fits`, ascending) that may be `_step`'s choice: those whose replica's time without
+        the item (`own_times`, which the move keeps) is at most a time some swap or move surely reaches, the best
+        swap's or max(own, the other's time + the item's cost) (a cell's cost weighs at most 1 in a replica's time;
+        SUMS_DRIFT for the walks' rounding).  Every other move ends above that, so it is neither the best move nor,
+        tied, the first, nor better than the swap (D = 2560 x 32: 1F1B M 16 192-256 of 1920 move rows kept, interleaved
+        M 32 1920 of 4096, `_landed` times 128 of those)."""
+        item_index, other_index, _ = fits
+        own = own_times[item_index]
+        landing = (self.times[others[other_index]] + self.item_costs[items[item_index]]) * (1 + SUMS_DRIFT)
+        reach = min(float(swap_times.min(initial=np.inf)), float(np.maximum(own, landing).min(initial=np.inf)))
+        return np.flatnonzero(own <= reach)
 
     def _best_move(self, items: np.ndarray, others: np.ndarray, fits: tuple, times: np.ndarray):
         """The best move's (worse of the two new times, (item, other, slot, r's time, other's time))."""
@@ -365,23 +400,6 @@ class CellSearch:
                 self.members[other] = np.insert(self.members[other], np.searchsorted(self.members[other], item), item)
         self.times[sources], self.times[others] = own_times, other_times
         self.moved.update(sources.tolist(), others.tolist())
-
-
-def _without(grid: np.ndarray, values: np.ndarray, replica: np.ndarray, slot: np.ndarray, items: np.ndarray
-             ) -> np.ndarray:
-    """Per item, its replica's row of `grid` without its value."""
-    rows = grid[replica[items]]
-    cells = (np.arange(items.size), slot[items])
-    rows[cells] = np.maximum(rows[cells] - values[items], 0.0)  # float sums of what is left: never below 0
-    return rows
-
-
-def _added(grid: np.ndarray, values: np.ndarray, replicas: np.ndarray, items: np.ndarray, slots: np.ndarray
-           ) -> np.ndarray:
-    """Per (replica, item, slot): the replica's row of `grid` with the item's value added to that slot."""
-    rows = grid[replicas]
-    rows[np.arange(items.size), slots] += values[items]
-    return rows
 
 
 def _may_lead(times: np.ndarray, costs: np.ndarray, landing: np.ndarray, group: np.ndarray, groups: int
@@ -421,48 +439,30 @@ def _least_per_group(values: np.ndarray, group: np.ndarray, groups: int, count: 
     return order[np.arange(order.size) - np.searchsorted(ranked, np.arange(groups))[ranked] < count]
 
 
-def _swapped(row: np.ndarray, swaps: np.ndarray) -> np.ndarray:
-    """`row` with each pair of `swaps` exchanged, one row per pair."""
-    rows = np.repeat(row[None, :], len(swaps), axis=0)
-    index = np.arange(len(swaps))
-    rows[index, swaps[:, 0]], rows[index, swaps[:, 1]] = row[swaps[:, 1]], row[swaps[:, 0]]
-    return rows
+def _steps_bought(work: int, swaps: int, row_work: int) -> int:
+    """The most steps of `run` a budget of `work` buys: each charges its `swaps` rows at least (one where none)."""
+    return -(-max(work, 0) // (max(swaps, 1) * row_work))
 
 
-def _swap_pairs(m: int) -> np.ndarray:
-    """(pairs, 2) slot pairs a reordering step tries (see MAX_SWAPS)."""
-    pairs = [(i, j) for i in range(m) for j in range(i + 1, m)]
-    if len(pairs) > MAX_SWAPS:
-        pairs = sorted({(i, i + 1) for i in range(m - 1)} | {(0, j) for j in range(1, m)}
-                       | {(i, m - 1) for i in range(m - 1)})
-    return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+def lowered_at_most(pipeline: Pipeline, num_microbatches: int, counts: np.ndarray, work: int, padded: bool) -> int:
+    """At most how many replicas a search (`CellSearch`: `rounds`, then `run`; a budget of `work`) lowers, its
+    replicas holding `counts` items now.  Only a round's slow replicas and a step's slowest one lose items or time;
+    every other replica's time only rises (an item added to a cell: `schedules.step_rows`; uniform stages).  Rounds
+    start while they have charged less than ROUND_TIMINGS rows per replica (B), and a round charges at least its slow
+    replicas' items, each at least its count now the first time it is lowered (it only gained items before): so the
+    replicas first lowered in a round are at most a round's (the last) and the most of least counts summing below B;
+    a step charges its swaps' rows at least (`_steps_bought`): at most B / swaps + 1 steps after rounds, and those of
+    `run`.  So a search whose (lowered + 1)-th slowest replica runs above a rival ends above it (`CellSearch.behind`).
 
-
-def _lightest(times: np.ndarray, count: int) -> np.ndarray:
-    """The `count` replicas of least time, ties by index (a stable argsort's first `count`).
-
-    >>> _lightest(np.array([3.0, 1.0, 1.0, 0.0, 1.0, 2.0]), 3).tolist()
-    [3, 1, 2]
+    >>> lowered_at_most(Pipeline(stages=2), 8, np.full(200, 30), 8960, False)  # 26 + 32 in rounds, 29 + 10 steps
+    97
     """
-    if times.size > count:
-        pool = np.flatnonzero(times <= np.partition(times, count - 1)[count - 1])
-    else:
-        pool = np.arange(times.size)
-    return pool[np.argsort(times[pool], kind="stable")][:count]
-
-
-def _heaviest(times: np.ndarray, count: int) -> np.ndarray:
-    """The `count` replicas of most time, most first, ties by the higher index (a stable argsort's last `count`,
-    reversed): from the candidates alone, where a stable sort of all D floats took 10x a partition (2560: 250 µs).
-
-    >>> _heaviest(np.array([3.0, 1.0, 3.0, 0.0, 1.0, 2.0]), 3).tolist()
-    [2, 0, 5]
-    """
-    if times.size > count:
-        pool = np.flatnonzero(times >= np.partition(times, times.size - count)[times.size - count])
-    else:
-        pool = np.arange(times.size)
-    return pool[np.argsort(times[pool], kind="stable")][::-1][:count]
+    size, swaps, count = counts.size, max(len(swap_pairs(num_microbatches)), 1), _round_count(counts.size)
+    steps = _steps_bought(work, swaps, 2 * pipeline.stages * num_microbatches * pipeline.virtual_stages)
+    if not padded and count >= 1:
+        budget = ROUND_TIMINGS * size
+        steps += int(np.searchsorted(np.cumsum(np.sort(counts)), budget)) + count + budget // swaps + 1
+    return min(steps, size)
 
 
 def stalls_at_once(times: np.ndarray, num_ranks: int, padded: bool) -> bool:
