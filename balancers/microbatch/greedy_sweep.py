@@ -1,16 +1,16 @@
-"""The joint greedy within a run of equal items (`greedy._Rows.run`) where one micro-batch takes them all, a pass
-over its sorted row of (load, cell) pairs instead of a search an item.
+"""The unpadded joint greedy within a run of equal items of cost c > 0 (`greedy._Rows.run`): passes over the
+micro-batches' sorted rows of (load, cell) pairs instead of a search (M binary searches, a del, an insort) an item.
 
-Fits (`descend`): where only micro-batch m has cells that an item of cost c > 0 fits (excess (load + c) - level
-<= 0), the best fit, the largest excess, stays the best while it takes more (its excess grows, the others' do not):
-the cells take the items from the top of the fits down, each while it fits and has room, equal loads lowest cell
-first.  The excess falls with the load, so excesses tied by rounding of unequal loads are adjacent: it stops above
-them.  Rises (`climb`): once an item of cost c > 0 fits no cell (excess (load + c) - level > 0 everywhere) and micro-batch m rose to take
-it, no cell fits the next equal items but those at the new level: each takes the least loaded cell of m, in the
-row's (load, cell) order, while that beats the least rise of the other micro-batches (unchanged meanwhile) and the
-cells lifted, each at or above the level, offer no less than level + c.  The sweep checks each choice in the
-greedy's own floats: excess = (load + c) - level, exact where load + c <= 2 · level (Sterbenz), so unequal sums
-never tie; sums tied by rounding of unequal loads end it before their load.  Original to orchmllm.
+Fits (`descend`): the best fit, the largest excess (load + c) - level <= 0, stays the best while it takes more (its
+excess grows, the others' do not), so the cells take the items in the order of their excess, greatest first (equal:
+the lowest cell), each while it fits and has room: down each row from its last fit, the rows merged by a heap of
+their next cells.  The excess grows with the load, so excesses tied by rounding of unequal loads are adjacent in a
+row: a pass stops above them (the search takes those).  Rises (`climb`): once no cell fits an item and micro-batch
+m rose to take it, no cell fits the next equal items but those at the new level: each takes m's least loaded cell,
+in the row's order, while that beats the least rise of the other micro-batches (unchanged meanwhile) and the cells
+lifted, now at or above the level, offer no less than level + c.  Each choice is checked in the greedy's own
+floats: excess = (load + c) - level, exact where load + c <= 2 · level (Sterbenz), so unequal sums never tie; sums
+tied by rounding of unequal loads end the pass before their load.  Original to orchmllm.
 """
 
 from __future__ import annotations
@@ -96,19 +96,22 @@ class _Group:
         bound, first = (-math.inf, 0) if floor is None else (-floor[0], floor[1])
         cut, end, done, taken = self.cut, self.end, self.done, 0
         load, excess, tied = (self.load, self.excess, self.tied) if cut < end else (0.0, 0.0, False)
+        below = (row[cut - 1][0] + cost) - top if cut else 0.0  # the excess of the next load below
         while True:
             if cut + done == end:  # on to the next load's cells below
                 end, done = cut, 0
                 if not end:
                     break
-                load = row[end - 1][0]
+                load, excess = row[end - 1][0], below
                 cut = end - 1 if end == 1 or row[end - 2][0] != load else bisect.bisect_left(row, (load, -1), 0, end)
-                excess = (load + cost) - top
-                tied = cut > 0 and (row[cut - 1][0] + cost) - top == excess
-            if taken == left or tied or excess < bound or excess == bound and row[cut + done][1] > first:
+                below = (row[cut - 1][0] + cost) - top if cut else 0.0
+                tied = cut > 0 and below == excess
+            if taken == left or tied or not excess <= 0.0 or excess < bound or excess == bound and row[
+                    cut + done][1] > first:
                 break
-            cell, sum_ = row[cut + done][1], load
-            held = tokens[cell]
+            cell = row[cut + done][1]  # in the row: room for one (it fits: excess <= 0)
+            sum_, held, taken = load + cost, tokens[cell] + length, taken + 1
+            chosen.append(cell)
             while taken < left and cap - held >= length and (sum_ + cost) - top <= 0.0:
                 sum_, held, taken = sum_ + cost, held + length, taken + 1
                 chosen.append(cell)
