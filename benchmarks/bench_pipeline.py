@@ -158,9 +158,17 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
     it walks of ~450 and ~160 rows, numpy-bound); what was tried and kept or rejected, pp29-pp44, is in
     BENCHMARKS.md and the git log of this file and of `balancers/pipeline`.  Also asserted: every plan is at most
     the step of the plain cells it started from."""
-    lengths = sample_workload("default", 2560, 32, HELD_OUT_SEED).sample_llm_length
+    medians = _fixed_ratios(HELD_OUT_SEED, (8, 16, 32), FIXED_PAIRS, best_of)
+    assert all(median <= FIXED_LIMIT for median in medians.values()), medians
+
+
+def _fixed_ratios(seed, counts, pairs, best_of):
+    """{(M, schedule): the median piped / plain ratio} of `test_planning_time_at_2560_ranks_with_a_fixed_microbatch_
+    count`'s measure at `seed` for each M of `counts` (printed, with the plain call's CPU ms); each plan at most the
+    step of the plain cells it started from (asserted)."""
+    lengths = sample_workload("default", 2560, 32, seed).sample_llm_length
     medians = {}
-    for microbatches in (8, 16, 32):
+    for microbatches in counts:
         for schedule, virtual in SCHEDULES:
             pipeline = Pipeline(stages=8, schedule=schedule, virtual_stages=virtual)
             plain = lambda: balance_microbatches(lengths, 2560, max_tokens_per_microbatch=16384,  # noqa: E731
@@ -169,12 +177,26 @@ def test_planning_time_at_2560_ranks_with_a_fixed_microbatch_count(best_of):
                 lengths, 2560, max_tokens_per_microbatch=16384, cost=COST, num_microbatches=microbatches,
                 pipeline=pipeline).pipeline)
             best_of(piped, 1)  # the best shape of (P, M) is computed once per process
-            ratios = _ratios(piped, plain, FIXED_PAIRS, best_of)
+            ratios = _ratios(piped, plain, pairs, best_of)
             step = piped()[1:3]
             assert step[0] <= step[1]  # ours <= the step of the plain cells it started from
             medians[microbatches, schedule] = float(np.median(ratios))
-            print(f"\nD = 2560 x 32, M = {microbatches}, {schedule}: piped / plain median "
-                  f"{medians[microbatches, schedule]:.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}); "
-                  f"ours/start {step[0] / step[1]:.3f}; load {os.getloadavg()[0]:.1f}", end="")
+            print(f"\nD = 2560 x 32, seed {seed}, M = {microbatches}, {schedule}: piped / plain median "
+                  f"{medians[microbatches, schedule]:.2f} (all {', '.join(f'{r:.2f}' for r in ratios)}; plain "
+                  f"{1e3 * best_of(plain, 3, time.process_time):.0f} ms); ours/start {step[0] / step[1]:.3f}; "
+                  f"load {os.getloadavg()[0]:.1f}", end="")
     print()
-    assert all(median <= FIXED_LIMIT for median in medians.values()), medians
+    return medians
+
+
+HELD_OUT_TIME_SEEDS = (5, 13, 29, 41)
+
+
+@pytest.mark.timeout(1800)
+def test_planning_time_at_2560_ranks_held_out_seeds(best_of):
+    """The fixed-M measure at held-out seeds, M 16 and 32, printed, not asserted: issue 28's 1.5x is not met on all
+    of them (pp49, 05:11-05:18 UTC, load 5-8, old -> new of eb4d88f's rules: M 32 on seeds 13 and 29, where the plain
+    planner takes ~22 ms, not ~160 as on 5, 7, 41: 1F1B 2.2-2.3x, interleaved 3.5-3.7 -> 2.5-2.6x; M 16 1F1B seed
+    29 ~1.65x, 41 ~1.5x; the rest 1.0-1.45x).  Each plan at most its start's step (asserted)."""
+    for seed in HELD_OUT_TIME_SEEDS:
+        _fixed_ratios(seed, (16, 32), 3, best_of)
