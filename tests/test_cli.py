@@ -251,9 +251,14 @@ def test_timeline_seconds_agree_with_the_simulator():
             assert values.mean() == pytest.approx(per_stage[stage]["mean_seconds"], rel=1e-12)
 
 
-def test_demo_trains_on_gloo_ranks_and_reports_json(capsys):
-    result = orchmllm("demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json",
-                      "--costs", "flops", "--repeats", "1", "--replay-repeats", "2")
+EARLY = {"demo": dict(args=[sys.executable, "-m", "orchmllm", "demo", "--ranks", "2", "--steps", "1",
+                            "--samples-per-rank", "8", "--json", "--costs", "flops", "--repeats", "1",
+                            "--replay-repeats", "2"], timeout=120)}  # conftest's `started_early`
+
+
+@pytest.mark.early("demo")
+def test_demo_trains_on_gloo_ranks_and_reports_json(capsys, started_early):
+    result = started_early("demo")
     report = json.loads(result.stdout)
     from orchmllm.runtime.demo.report import DemoReport
 

@@ -1,10 +1,10 @@
-"""The examples and the README's runnable snippets, each run as a subprocess and its output checked."""
+"""The examples and the README's runnable snippets, each run as a subprocess and its output checked: each
+started when collection ends (`EARLY`, conftest's `started_early`), in the background of the tests before it."""
 
 import ast
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def started(args, timeout=180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def command(*args, timeout=180) -> dict:
+    return dict(args=[sys.executable, *args], timeout=timeout, cwd=ROOT)
 
 
 def output(result: subprocess.CompletedProcess) -> str:
@@ -21,28 +21,13 @@ def output(result: subprocess.CompletedProcess) -> str:
     return result.stdout
 
 
-@pytest.fixture(scope="module")
-def runs():
-    """The commands of this file's tests that run on one core (each process spends most of its time importing
-    orchmllm, the toolkit block sleeping, while this process waits), started at the first test, four at a time:
-    its finished process by name or README block.  The training examples run their ranks in their own tests."""
-    commands = {"custom sampler": ["examples/custom_sampler.py"], "calibration": ["examples/calibrate_cost_model.py"],
-                "slowed toolkit block": ["-c", slowed_toolkit_block()],
-                **{snippet: ["-c", snippet] for snippet, _ in readme_snippets()}}
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        yield {name: pool.submit(started, command) for name, command in commands.items()}
-
-
-def run(args, timeout=180):
-    return output(started(args, timeout))
-
-
 def floats_after(text: str, label: str) -> list[float]:
     return [float(value) for value in re.findall(rf"{label} ([0-9.]+)", text)]
 
 
-def test_custom_sampler_balances_every_step(runs):
-    out = output(runs["custom sampler"].result())
+@pytest.mark.early("custom sampler")
+def test_custom_sampler_balances_every_step(started_early):
+    out = output(started_early("custom sampler"))
     as_sampled, balanced = floats_after(out, "as sampled"), floats_after(out, "post-balanced")
     bounds = floats_after(out, "makespan / lower bound")
     assert len(as_sampled) == len(balanced) == len(bounds) == 3
@@ -51,8 +36,9 @@ def test_custom_sampler_balances_every_step(runs):
     assert "rank 0 of the last step holds samples [" in out
 
 
-def test_calibrate_cost_model_fits_and_balances(runs):
-    out = output(runs["calibration"].result())
+@pytest.mark.early("calibration")
+def test_calibrate_cost_model_fits_and_balances(started_early):
+    out = output(started_early("calibration"))
     fitted = re.search(r"fitted f\(l\) = (\S+) \+ (\S+)\*l \+ (\S+)\*l\^2 seconds", out)
     assert fitted and all(float(value) >= 0 for value in fitted.groups())
     assert len(re.findall(r"l=\s*\d+\s+measured", out)) == 9
@@ -72,16 +58,16 @@ def check_training_output(out: str, ranks: int) -> None:
     assert largest > 0 and diff <= 1e-5 * largest  # sums commute: balancing changes only rounding
 
 
-def test_training_loop_with_the_dispatcher():
-    check_training_output(run(["examples/train_with_dispatcher.py"], timeout=300), ranks=4)
+@pytest.mark.early("training")
+def test_training_loop_with_the_dispatcher(started_early):
+    check_training_output(output(started_early("training")), ranks=4)
 
 
-def test_regression_training_example_under_torchrun_exited_1_after_training():
+@pytest.mark.early("training under torchrun")
+def test_regression_training_example_under_torchrun_exited_1_after_training(started_early):
     """Cause: `import torch._dynamo` inside main() made `torch` a local name there, so the
     torchrun branch's `torch.distributed.destroy_process_group()` raised UnboundLocalError."""
-    out = run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "examples/train_with_dispatcher.py"], timeout=300)
-    check_training_output(out, ranks=2)
+    check_training_output(output(started_early("training under torchrun")), ranks=2)
 
 
 def readme_snippets() -> list[tuple[str, str]]:
@@ -91,12 +77,13 @@ def readme_snippets() -> list[tuple[str, str]]:
                                                              re.S) if block.startswith("import ")]
 
 
-@pytest.mark.parametrize("snippet, printed", readme_snippets(), ids=lambda value: value.splitlines()[-1][:40] if value
-                         else "")
-def test_readme_snippet_runs(snippet, printed, runs):
+@pytest.mark.parametrize("snippet, printed", [pytest.param(snippet, printed, marks=pytest.mark.early(snippet))
+                                               for snippet, printed in readme_snippets()],
+                         ids=lambda value: value.splitlines()[-1][:40] if value else "")
+def test_readme_snippet_runs(snippet, printed, started_early):
     """Each runnable block runs; where the README says what it prints, it prints that (the pipeline block's figures
     had drifted from what it printed, probe8 P8-09)."""
-    out = output(runs[snippet].result())
+    out = output(started_early(snippet))
     assert not printed or out.strip() == printed, out
 
 
@@ -108,11 +95,11 @@ def test_readme_has_runnable_snippets_and_the_quick_start():
     assert "python3.11 -m pip install -e . && orchmllm compare" in text
 
 
-def test_multimodal_fsdp2_example_under_torchrun_matches_one_float64_pass():
+@pytest.mark.early("fsdp2 under torchrun")
+def test_multimodal_fsdp2_example_under_torchrun_matches_one_float64_pass(started_early):
     """Encoders, token embedding and LLM each `fully_shard`ed, the root too, the runtime inside the
     root's forward: step 0's gradients equal one pass over the global batch in one process."""
-    out = run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-               "examples/train_multimodal_fsdp.py"], timeout=300)
+    out = output(started_early("fsdp2 under torchrun"))
     losses = [float(value) for value in re.findall(r"step \d: loss ([0-9.]+)", out)]
     assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)
     balance = [tuple(map(float, pair)) for pair in re.findall(r"(?:vision|audio|llm) ([0-9.]+) -> ([0-9.]+)", out)]
@@ -198,8 +185,21 @@ def slowed_toolkit_block() -> str:
             + snippet)
 
 
-def test_regression_the_readme_toolkit_block_failed_hypothesis_s_health_check_on_a_busy_machine(runs):
+@pytest.mark.early("slowed toolkit block")
+def test_regression_the_readme_toolkit_block_failed_hypothesis_s_health_check_on_a_busy_machine(started_early):
     """Cause: the block built its own `settings` without suppressing Hypothesis's `too_slow` health check, which
     the toolkit's draws (whole cases) fail on a loaded machine: FailedHealthCheck in 2 runs of 3 at load 12
     (probe10 P10-05).  Here every draw is slowed (`slowed_toolkit_block`)."""
-    output(runs["slowed toolkit block"].result())
+    output(started_early("slowed toolkit block"))
+
+
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
+EARLY = {"custom sampler": command("examples/custom_sampler.py"),  # conftest's `started_early`
+         "calibration": command("examples/calibrate_cost_model.py"),
+         "training": command("examples/train_with_dispatcher.py", timeout=300),
+         "training under torchrun": command(*TORCHRUN, "--nproc-per-node", "2", "examples/train_with_dispatcher.py",
+                                            timeout=300),
+         "fsdp2 under torchrun": command(*TORCHRUN, "--nproc-per-node", "3", "examples/train_multimodal_fsdp.py",
+                                         timeout=300),
+         "slowed toolkit block": command("-c", slowed_toolkit_block()),
+         **{snippet: command("-c", snippet) for snippet, _ in readme_snippets()}}

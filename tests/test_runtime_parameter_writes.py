@@ -3,6 +3,7 @@ FSDP2 `fully_shard` on CPU): refused on every rank where the replicas would drif
 usual loops (two passes, EMA, two optimizers, clipping, a scheduler, tied weights) pass with equal replicas.  And the
 first training loop of a runtime is due the model check whatever ran before it (a no-grad pass, other steps)."""
 
+import sys
 import warnings
 
 import pytest
@@ -552,15 +553,20 @@ contents(model)
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / model.weight.nbytes)"""
 
 
-def test_regression_the_fingerprint_made_an_int64_copy_of_each_parameter(side_by_side):
+PEAK_DTYPES = ("bfloat16", "float32")
+EARLY = {dtype: dict(args=[sys.executable, "-c", PEAK, dtype], timeout=120)  # conftest's `started_early`
+         for dtype in PEAK_DTYPES}  # each a fresh process of its own
+
+
+@pytest.mark.early("bfloat16")
+@pytest.mark.early("float32")
+def test_regression_the_fingerprint_made_an_int64_copy_of_each_parameter(started_early):
     """Cause (review10 R10-08): `contents` summed each parameter as `view(intN).sum(dtype=torch.int64)`, which casts
     a whole int64 copy first (4x a bf16 parameter's bytes: a 152k x 8192 bf16 embedding, a 10 GB transient on the
     GPU, at every step's first held block).  It reads int64 words in place now: the peak RSS of a fresh process
     grows by under a quarter of the parameter's bytes (before: 4x bf16's, 2x fp32's)."""
-    import sys
-
-    dtypes = ("bfloat16", "float32")  # side by side: each a fresh process of its own
-    for dtype, child in zip(dtypes, side_by_side([[sys.executable, "-c", PEAK, dtype] for dtype in dtypes])):
+    for dtype in PEAK_DTYPES:
+        child = started_early(dtype)
         assert child.returncode == 0, child.stderr
         grown = float(child.stdout)
         assert grown < 0.25, f"{dtype}: peak RSS grew by {grown:.2f}x the parameter's bytes"

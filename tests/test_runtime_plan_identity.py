@@ -7,6 +7,8 @@ they make otherwise is named on every rank, never a gloo abort.
 Real gloo groups of 4 ranks; each rank counts its own collectives (`runtime.counting`).  The guarantees of the
 riding header (a kept plan, another schema, a plugin or replaced planner) are in test_runtime_header_rides."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -165,12 +167,13 @@ def test_a_planner_word_vouches_only_for_orchmllm_s_own_planners_that_no_clock_s
     assert word == (code_word() if vouched else 0)
 
 
-def test_regression_the_planner_word_is_read_at_import_with_the_code_it_describes():
+FRESH_IMPORT = "import orchmllm.runtime.agreement as a; print(a.code_word.cache_info().currsize)"
+EARLY = {"fresh import": dict(args=[sys.executable, "-c", FRESH_IMPORT], timeout=120)}  # conftest's `started_early`
+
+
+@pytest.mark.early("fresh import")
+def test_regression_the_planner_word_is_read_at_import_with_the_code_it_describes(started_early):
     """rev17 R17-02: the word was read at the first plan, so a checkout changed between a process's import and its
     first plan gave a process running the old code the new files' word."""
-    import subprocess
-    import sys
-
-    script = "import orchmllm.runtime.agreement as a; print(a.code_word.cache_info().currsize)"
-    assert subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          check=True).stdout.strip() == "1"
+    done = started_early("fresh import")
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr

@@ -127,18 +127,34 @@ BUDGETS = [None, 8192]  # whole shares, and micro-batches within 8192 tokens
 PROCESS_RANKS = [[2, 0], [3, 1]]  # the ranks each process computes, in this order, a sampler each
 
 
-def test_separate_processes_compute_the_same_shares():
+def command(*args, timeout=300, hash_seed=None) -> dict:
+    """A process of this interpreter, run where the examples are and seeing this process's modules."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    if hash_seed is not None:
+        env["PYTHONHASHSEED"] = str(hash_seed)
+    return dict(args=[sys.executable, *args], timeout=timeout, cwd=ROOT, env=env)
+
+
+EARLY = {  # conftest's `started_early`
+    **{f"shares {seed}": command("-c", SHARES_OF_SOME_RANKS, json.dumps(ranks), json.dumps(BUDGETS), timeout=240,
+                                 hash_seed=seed) for seed, ranks in enumerate(PROCESS_RANKS, start=1)},
+    "ddp example": command("examples/train_with_balanced_sampler.py"),
+    "ddp example under torchrun": command("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                          "examples/train_with_balanced_sampler.py"),
+    "hf example": command("examples/hf_trainer_balanced_sampler.py")}
+
+
+@pytest.mark.early("shares 1")
+@pytest.mark.early("shares 2")
+def test_separate_processes_compute_the_same_shares(started_early):
     """Two processes, each with its own hash seed (and this one's, a third), each rank's sampler computing only its
     own rank's shares and micro-batches.  Each process starts by importing torch (most of its time): two, not one
     per rank."""
-    children = [subprocess.Popen([sys.executable, "-c", SHARES_OF_SOME_RANKS, json.dumps(ranks), json.dumps(BUDGETS)],
-                                 stdout=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": str(seed),
-                                                              "PYTHONPATH": os.pathsep.join(sys.path)}, cwd=ROOT)
-                for seed, ranks in enumerate(PROCESS_RANKS, start=1)]
     outputs = {}
-    for child in children:
-        outputs.update(json.loads(child.communicate(timeout=240)[0]))
-    assert all(child.returncode == 0 for child in children)
+    for seed in range(1, len(PROCESS_RANKS) + 1):
+        child = started_early(f"shares {seed}")
+        assert child.returncode == 0, child.stderr
+        outputs.update(json.loads(child.stdout))
     for budget in BUDGETS:
         theirs = [outputs[f"{rank} {budget}"] for rank in range(REPLICAS)]
         ranks = samplers(default_mix_lengths(256), global_batch_size=GLOBAL_BATCH, seed=11,
@@ -181,10 +197,8 @@ def test_microbatches_per_step_needs_a_token_budget():
         sampler.microbatches_per_step()
 
 
-def run_example(name):
-    result = subprocess.run([sys.executable, f"examples/{name}"], capture_output=True, text=True, timeout=300,
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert result.returncode == 0, result.stderr
+def output(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
 
@@ -198,22 +212,21 @@ def check_sampler_example(out, ranks):
     assert 0 < last < first < 10
 
 
-def test_ddp_example_trains_on_balanced_shares_over_gloo():
-    check_sampler_example(run_example("train_with_balanced_sampler.py"), ranks=4)
+@pytest.mark.early("ddp example")
+def test_ddp_example_trains_on_balanced_shares_over_gloo(started_early):
+    check_sampler_example(output(started_early("ddp example")), ranks=4)
 
 
-def test_regression_the_sampler_example_under_torchrun_started_local_ranks_of_its_own():
+@pytest.mark.early("ddp example under torchrun")
+def test_regression_the_sampler_example_under_torchrun_started_local_ranks_of_its_own(started_early):
     """Cause: `main()` asked `is_distributed()`, false under torchrun until the process group is made, so
     every torchrun rank spawned 4 local ranks of its own, which failed at their rendezvous (probe7 P7-07)."""
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "examples/train_with_balanced_sampler.py"], capture_output=True, text=True, timeout=300,
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    check_sampler_example(result.stdout, ranks=2)
+    check_sampler_example(output(started_early("ddp example under torchrun")), ranks=2)
 
 
-def test_hf_trainer_example_runs_and_says_whether_the_trainer_was_built():
-    out = run_example("hf_trainer_balanced_sampler.py")
+@pytest.mark.early("hf example")
+def test_hf_trainer_example_runs_and_says_whether_the_trainer_was_built(started_early):
+    out = output(started_early("hf example"))
     steps = re.search(r"rank 0 of 4: (\d+) steps, samples per step \[([0-9, ]+)\]", out)
     assert steps and int(steps.group(1)) == 4
     trainer_built = "BalancedTrainer overrides get_train_dataloader" in out
