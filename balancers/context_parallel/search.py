@@ -9,6 +9,8 @@
             r's group widened to the aligned block of twice its degree (its other half free)
         take the candidate whose affected ranks end lowest, if all of them end below M
 
+Where no item of r can land below M wherever it goes (the least load, or its own ranks' without it, plus its
+least time at any degree: `_stuck`), the plan is returned at once, as the search would (no move).
 Every move takes r below M and puts no rank at M or above, so the number of ranks at the
 makespan falls and the search ends; a move count (not a clock) bounds it, so the plan is the
 same on every machine.  No guarantee beyond never returning a worse plan.
@@ -39,6 +41,8 @@ MAKESPAN_SLACK = 1e-4
 """The search stops where the moves left cannot take the makespan below (1 - MAKESPAN_SLACK) of it (the module)."""
 MOVE_CHUNK = 128
 """Unsplit items whose block moves are weighed at once (arrays of items × ranks)."""
+STUCK_SLACK = 1e-9
+"""Relative margin of `_stuck`'s floor over the makespan (a widened group's loads are summed in another order)."""
 
 
 class _State:
@@ -323,13 +327,39 @@ class _State:
         self.starts = {}
 
 
+def _stuck(problem: Problem, spec: ContextParallel, start: np.ndarray, degree: np.ndarray, accounts: tuple) -> bool:
+    """Whether no move of the search lowers the makespan rank, so the search would stop before its first move.
+    Every move takes an item of that rank (an unsplit one of some time, or one of its group's) onto a block holding a
+    rank of another block or a free one, so at least the least load, and adds the item's time at the block's degree
+    (a widening: on its group's other half); only an item alone in its group may go to a narrower block inside its
+    own ranks, which then hold their load without it.  Where even the least of those (inside a node or across, tokens
+    ignored) is not below the makespan by STUCK_SLACK, no candidate is (allgiant, D = 512 x 16: 50 of 80 searches,
+    none of which made a move, each building the search's tables for one round of candidates)."""
+    loads, _, times = accounts
+    rank = int(np.argmax(loads))
+    on = np.flatnonzero((start <= rank) & (rank < start + degree) & ((degree > 1) | (times > 0)))
+    degrees = np.array(spec.degrees, dtype=np.int64)
+    shape = (on.size, degrees.size)
+    lengths = np.broadcast_to(problem.lengths[on][:, None], shape)
+    least = np.minimum(*(spec.item_times(problem.cost, lengths, np.broadcast_to(degrees, shape), np.full(shape, inside))
+                         for inside in (True, False)))
+    floor = np.full(shape, float(loads.min()))
+    floor[np.ix_(degree[on] > 1, degrees == 1)] = math.inf  # a split item moves to a block of a split degree
+    alone = on[degree[on] > 1] if np.count_nonzero(degree[on] > 1) == 1 else on[:0]
+    if alone.size:  # onto a narrower block inside its own ranks, without it there
+        s, c = int(start[alone[0]]), int(degree[alone[0]])
+        inside = np.flatnonzero(on == alone[0])[0]
+        floor[inside, degrees < c] = float((loads[s: s + c] - times[alone[0]]).min())
+    return bool((floor + least >= float(loads[rank]) * (1 + STUCK_SLACK)).all())
+
+
 def improve(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
             bound: float) -> tuple[np.ndarray, np.ndarray, tuple]:
     """The (block starts, degrees) after the local search from the given plan, and their `rank_accounts`.
     A plan at the bound is returned as it is, `start` and `degree` themselves (the search would stop before its
     first move)."""
     accounts = rank_accounts(problem, spec, gpus_per_node, start, degree)
-    if float(accounts[0].max()) <= bound:
+    if float(accounts[0].max()) <= bound or _stuck(problem, spec, start, degree, accounts):
         return start, degree, accounts
     state = _State(problem, spec, gpus_per_node, start, degree, bound, accounts)
     for made in range(MAX_MOVES):
