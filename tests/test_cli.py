@@ -23,9 +23,9 @@ from orchmllm.cli import main
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def orchmllm(*args, cwd=None):
+def orchmllm(*args):
     return subprocess.run([sys.executable, "-m", "orchmllm", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+                          timeout=120)
 
 
 def in_process(*args) -> subprocess.CompletedProcess:
@@ -57,8 +57,9 @@ def lengths_csv(tmp_path_factory):
     return path
 
 
-def test_compare_prints_tables_and_a_before_after_summary():
-    result = orchmllm("compare", "--ranks", "8,16", "--items-per-rank", "4")
+@pytest.mark.early("compare")
+def test_compare_prints_tables_and_a_before_after_summary(started_early):
+    result = started_early("compare")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for text in ("D=8, 4 items/rank", "D=16, 4 items/rank", "image encoder", "audio encoder", "llm", "Before / after",
@@ -249,11 +250,6 @@ def test_timeline_seconds_agree_with_the_simulator():
             assert values.shape == (16,)
             assert values.max() == pytest.approx(per_stage[stage]["seconds"], rel=1e-12)
             assert values.mean() == pytest.approx(per_stage[stage]["mean_seconds"], rel=1e-12)
-
-
-EARLY = {"demo": dict(args=[sys.executable, "-m", "orchmllm", "demo", "--ranks", "2", "--steps", "1",
-                            "--samples-per-rank", "8", "--json", "--costs", "flops", "--repeats", "1",
-                            "--replay-repeats", "2"], timeout=120)}  # conftest's `started_early`
 
 
 @pytest.mark.early("demo")
@@ -486,8 +482,9 @@ def test_bad_input_exit_code_of_the_real_process(case, bad_files):
     check_one_line_error(result.returncode, result.stderr, message)
 
 
-def test_help_shows_examples_and_commands(capsys):
-    top = orchmllm("--help")
+@pytest.mark.early("help")
+def test_help_shows_examples_and_commands(capsys, started_early):
+    top = started_early("help")
     assert top.returncode == 0 and all(name in top.stdout for name in ("compare", "simulate", "demo", "plan"))
     for command in ("compare", "simulate", "demo", "plan"):
         with pytest.raises(SystemExit) as exit_info:
@@ -618,24 +615,37 @@ def test_demo_with_zero_samples_per_rank_is_one_line_and_exit_2(capsys):
                          "--samples-per-rank must be >= 1; got 0")
 
 
-def test_demo_without_torch_installed_says_how_to_install_it():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from orchmllm.cli import main\n"
-            "sys.exit(main(['demo', '--ranks', '1', '--steps', '1']))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+@pytest.mark.early("demo without torch")
+def test_demo_without_torch_installed_says_how_to_install_it(started_early):
+    result = started_early("demo without torch")
     check_one_line_error(result.returncode, result.stderr, "the demo needs torch: python3.11 -m pip install "
                                                            "'torch>=2.4,<3'")
 
 
-def test_a_value_error_inside_orchmllm_is_a_bug_with_its_traceback_not_a_usage_error():
+@pytest.mark.early("a bug inside")
+def test_a_value_error_inside_orchmllm_is_a_bug_with_its_traceback_not_a_usage_error(started_early):
     """`main` once caught every ValueError/TypeError as bad input (exit 2), hiding bugs' tracebacks."""
-    code = ("import sys\n"
-            "import orchmllm.cli.compare as compare\n"
-            "def broken(*args, **kwargs):\n"
-            "    raise ValueError('a bug deep inside')\n"
-            "compare.run_comparison = broken\n"
-            "from orchmllm.cli import main\n"
-            "sys.exit(main(['compare', '--ranks', '8', '--items-per-rank', '2']))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = started_early("a bug inside")
     assert result.returncode == 1
     assert "Traceback" in result.stderr and result.stderr.strip().endswith("ValueError: a bug deep inside")
+
+
+def command(*args, timeout=120) -> dict:
+    return dict(args=[sys.executable, *args], timeout=timeout)
+
+
+A_BUG_INSIDE = ("import sys\n"
+                "import orchmllm.cli.compare as compare\n"
+                "def broken(*args, **kwargs):\n"
+                "    raise ValueError('a bug deep inside')\n"
+                "compare.run_comparison = broken\n"
+                "from orchmllm.cli import main\n"
+                "sys.exit(main(['compare', '--ranks', '8', '--items-per-rank', '2']))\n")
+NO_TORCH = ("import sys; sys.modules['torch'] = None\n"
+            "from orchmllm.cli import main\n"
+            "sys.exit(main(['demo', '--ranks', '1', '--steps', '1']))\n")
+EARLY = {"compare": command("-m", "orchmllm", "compare", "--ranks", "8,16", "--items-per-rank", "4"),  # conftest's
+         "demo": command("-m", "orchmllm", "demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json",
+                         "--costs", "flops", "--repeats", "1", "--replay-repeats", "2"),  # `started_early`
+         "help": command("-m", "orchmllm", "--help"), "demo without torch": command("-c", NO_TORCH, timeout=60),
+         "a bug inside": command("-c", A_BUG_INSIDE, timeout=60)}

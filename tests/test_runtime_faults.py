@@ -5,7 +5,6 @@ import math
 import multiprocessing
 import operator
 import os
-import subprocess
 import sys
 import time
 
@@ -605,7 +604,11 @@ for target in (fn, Job(), functools.partial(job, 3)):
 """
 
 
-def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exited():
+EARLY = {"file-less main": dict(args=[sys.executable, "-c", FILE_LESS_MAIN], timeout=120)}  # conftest's started_early
+
+
+@pytest.mark.early("file-less main")
+def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exited(started_early):
     """Cause (probe18 P18-09): under "spawn" a `fn` of a main module with no file (`python -c`, a script on stdin,
     a notebook) failed to import in every rank, and each outcome read "exited with code 1 without reporting", the
     cause on the ranks' stderr only.  Now refused before any rank starts; a rank that exits unreported under
@@ -613,7 +616,7 @@ def test_regression_spawned_ranks_that_cannot_import_fn_said_only_that_they_exit
     functools.partial the check read `fn.__module__`, 'functools'; the partial's function is now named.  The
     three kinds of `fn` (a function, a callable object (R13-01), a partial) in one `python -c` process: each is
     refused before a rank starts, so each refusal's cost is that process's import of torch."""
-    done = subprocess.run([sys.executable, "-c", FILE_LESS_MAIN], capture_output=True, text=True, timeout=120)
+    done = started_early("file-less main")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         f"start_method='spawn' imports `fn` in every rank, and {name} is defined in a main module that has no file to "
