@@ -100,40 +100,58 @@ def verl_dynamic_bsz(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[M
         k += 1
 
 
+def _megatron_group(problem: MicroBatchProblem, proxy: np.ndarray, waiting: list, rank: np.ndarray,
+                    microbatch: np.ndarray, group: int) -> list:
+    """Fill micro-batch `group` from `waiting`; return the items left for the next one, in order.
+
+    Each item goes to the least (l² load, rank) among the ranks with room for it, as a heap popped
+    until a rank has room would; but a rank found without room waits in `full`, keyed by its room,
+    and comes back to `free` once an item fits it: `waiting` is by l², so lengths only fall, and a
+    rank's room stays put until it takes an item.  A rank thus leaves `free` at most once more than
+    it takes items: O(n log D) heap operations where re-pushing every rank without room was O(n · D).
+    `lows` holds every rank's (load, rank), stale entries dropped when they reach the top.
+    """
+    d, cap = problem.num_ranks, problem.max_tokens_per_microbatch
+    free = [(0.0, r) for r in range(d)]  # (l² load, rank) of the ranks with room: the least loaded on top
+    lows, full = list(free), []
+    loads, tokens, counts, busy, top = [0.0] * d, [0] * d, [0] * d, 0, 0.0
+    leftover = []
+    for position, item in enumerate(waiting):
+        length = int(problem.lengths[item])
+        while full and -full[0][0] >= length:
+            r = heapq.heappop(full)[1]
+            heapq.heappush(free, (loads[r], r))
+        while free and tokens[free[0][1]] + length > cap:
+            r = heapq.heappop(free)[1]
+            heapq.heappush(full, (tokens[r] - cap, r))
+        if free:
+            load, r = heapq.heappop(free)
+            rank[item], microbatch[item] = r, group
+            busy += counts[r] == 0
+            counts[r] += 1
+            tokens[r] += length
+            load += float(proxy[item])
+            loads[r], top = load, max(top, load)
+            heapq.heappush(free, (load, r))
+            heapq.heappush(lows, (load, r))
+        else:
+            leftover.append(item)
+        while lows[0][0] != loads[lows[0][1]]:
+            heapq.heappop(lows)
+        if busy == d and top - lows[0][0] <= MEGATRON_BALANCE_SLACK * top:
+            return leftover + waiting[position + 1:]
+    return leftover
+
+
 def megatron_hybrid(problem: MicroBatchProblem, sources: np.ndarray) -> tuple[MicroBatchResult, int]:
     """Megatron's hybrid greedy: one micro-batch group at a time, closed at 5 % imbalance of l²."""
-    d, cap = problem.num_ranks, problem.max_tokens_per_microbatch
     proxy = problem.lengths.astype(np.float64) ** 2
     waiting = sorted_order(proxy).tolist()
     rank = np.empty(problem.num_items, dtype=np.int64)
     microbatch = np.empty(problem.num_items, dtype=np.int64)
     group = 0
     while waiting:
-        heap = [(0.0, r) for r in range(d)]  # (l² load, rank): the least loaded on top
-        tokens, counts, busy, top = [0] * d, [0] * d, 0, 0.0
-        leftover = []
-        for position, item in enumerate(waiting):
-            length = int(problem.lengths[item])
-            skipped = []
-            while heap and tokens[heap[0][1]] + length > cap:
-                skipped.append(heapq.heappop(heap))
-            if heap:
-                load, r = heapq.heappop(heap)
-                rank[item], microbatch[item] = r, group
-                busy += counts[r] == 0
-                counts[r] += 1
-                tokens[r] += length
-                load += float(proxy[item])
-                top = max(top, load)
-                heapq.heappush(heap, (load, r))
-            else:
-                leftover.append(item)
-            for entry in skipped:
-                heapq.heappush(heap, entry)
-            if heap and busy == d and top - heap[0][0] <= MEGATRON_BALANCE_SLACK * top:
-                leftover.extend(waiting[position + 1:])
-                break
-        waiting = leftover
+        waiting = _megatron_group(problem, proxy, waiting, rank, microbatch, group)
         group += 1
     return MicroBatchResult(rank=rank, microbatch=microbatch), group
 
