@@ -116,11 +116,12 @@ def _cells(batch: Batch, llm_stage, work: np.ndarray, encoder: np.ndarray, pipel
     """(rank, microbatch, M) of every strategy in `strategies`; ours plan `work` (LLM and encoder FLOPs), the
     PP-aware one with the `encoder` FLOPs on the first stage."""
     lengths, replicas = batch.sample_llm_length, batch.num_ranks
+    fewest = make_microbatch_problem(lengths, replicas, max_tokens_per_microbatch=budget,
+                                     cost=llm_stage.cost).min_microbatches
+    pipeline.check_microbatches(pipeline.runnable(fewest))  # the slot limit refused before any strategy plans
     peers = {name: MICROBATCH_PEERS[name](lengths, replicas, cost=llm_stage.cost, max_tokens_per_microbatch=budget,
                                           sources=batch.sample_source)
              for name in ("verl_dynamic_bsz", "sorted_grid") if name in strategies}
-    fewest = make_microbatch_problem(lengths, replicas, max_tokens_per_microbatch=budget,
-                                     cost=llm_stage.cost).min_microbatches
     m = pipeline.runnable(max([fewest, *(plan.num_microbatches for plan in peers.values())]))
     options = dict(max_tokens_per_microbatch=budget, costs=work, num_microbatches=m)
     plans = {name: (plan.rank, plan.microbatch, plan.num_microbatches) for name, plan in peers.items()}
