@@ -120,10 +120,10 @@ def planned_step(batch: Batch, stages, cells: MicroBatchPlan, microbatches, pipe
     `PassPlan`s) through `pipeline` with its encoders on the first stage (module docstring); `cells.pipeline`
     itself where no encoder works.  Its `unaware_step_time` is the cells planner's (`cells.pipeline`): the
     step of the plain cells it started from (`PipelineStep`) as that planner saw them, with each sample's encoder
-    costs in its own cell where it planned with them (`cell_costs`: then the step they run, for unpadded
-    encoders), else without encoders (the plain cells' encoders are never planned); for cells not planned for the
-    pipeline, their own step.  The bound holds for plans with this M, or with any M from the fewest that fit when
-    `free_microbatches`.
+    costs in its own cell where it planned with them (`cell_costs`), else without encoders; `Orchestrator` puts
+    it on this step's basis (`unaware_time`: the plan made without the pipeline, its encoders on the first stage;
+    probe32 P32-03); for cells not planned for the pipeline, their own step.  The bound holds for plans with this
+    M, or with any M from the fewest that fit when `free_microbatches`.
     `times`: the replicas' times of these cells with their encoders, where the caller has them (`microbatch_order`)."""
     pipeline.check_microbatches(cells.num_microbatches, "cells.num_microbatches")
     first = first_stage_loads(microbatches, batch.num_ranks)
@@ -148,6 +148,13 @@ def planned_step(batch: Batch, stages, cells: MicroBatchPlan, microbatches, pipe
                          free_microbatches=free_microbatches, first_stage=parts,
                          cells=(cost, first if encoders else None, times if encoders else None))
     return step if cells.pipeline is not None else replace(step, unaware_step_time=step.step_time)
+
+
+def unaware_time(pipeline: Pipeline, cells: MicroBatchPlan, microbatches) -> float:
+    """The step of a plan made without the pipeline (its `cells` and the `microbatches`' `PassPlan`s), run through
+    `pipeline` in its own order with its encoders on the first stage."""
+    first = first_stage_loads(microbatches, cells.num_ranks)
+    return float(_times(pipeline, cells.cell_loads.T + cells.microbatch_overhead + first, first).max())
 
 
 def _times(pipeline: Pipeline, cost: np.ndarray, first: np.ndarray) -> np.ndarray:
