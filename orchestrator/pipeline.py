@@ -52,7 +52,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..balancers.microbatch.api import make_microbatch_problem
+from ..balancers.microbatch.api import make_microbatch_problem, rounding_checked
 from ..balancers.microbatch.plan import MicroBatchPlan, MicroBatchResult, make_microbatch_plan
 from ..balancers.pipeline.step import PipelineStep, pipeline_step
 from ..balancers.pipeline.schedules import replica_times
@@ -147,6 +147,7 @@ def planned_step(batch: Batch, stages, cells: MicroBatchPlan, microbatches, pipe
                          math.nan if cells.pipeline is None else cells.pipeline.unaware_step_time,
                          free_microbatches=free_microbatches, first_stage=parts,
                          cells=(cost, first if encoders else None, times if encoders else None))
+    step = rounding_checked(step, problem, cells.num_microbatches)
     return step if cells.pipeline is not None else replace(step, unaware_step_time=step.step_time)
 
 
@@ -279,9 +280,9 @@ def _reordered(batch: Batch, stages, cells: MicroBatchPlan, order: np.ndarray, f
     problem = make_microbatch_problem(
         tokens, batch.num_ranks, costs=stages[-1].cost.item_costs(tokens), padded=cells.padded,
         max_tokens_per_microbatch=cells.max_tokens_per_microbatch, microbatch_overhead=cells.microbatch_overhead)
-    step = pipeline_step(problem, cells.rank, microbatch, order.size, cells.pipeline.pipeline,
-                         cells.pipeline.unaware_step_time, free_microbatches=free,
-                         solve_seconds=cells.pipeline.solve_seconds)
+    step = rounding_checked(pipeline_step(problem, cells.rank, microbatch, order.size, cells.pipeline.pipeline,
+                                          cells.pipeline.unaware_step_time, free_microbatches=free,
+                                          solve_seconds=cells.pipeline.solve_seconds), problem, order.size)
     fields = dict(microbatch=microbatch, cell_loads=cells.cell_loads[order], cell_tokens=cells.cell_tokens[order])
     for array in fields.values():
         array.setflags(write=False)

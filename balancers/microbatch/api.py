@@ -343,6 +343,7 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
     rank, slot, step, accounts = plan_for_pipeline(problem, result.rank, result.microbatch, m, pipeline,
                                                    free_microbatches=fixed is None, first_stage=first_stage,
                                                    accounts=accounts)
+    step = rounding_checked(step, problem, m)
     if origins is not None:
         placed = assign_groups(rank, origins.sources, origins.item_bytes, problem.num_ranks, origins.gpus_per_node)
         rank, accounts = placed[rank], None
@@ -351,6 +352,16 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
         times.setflags(write=False)
         step = dataclasses.replace(step, replica_times=times)
     return result._replace(rank=rank, microbatch=slot, status=Status.FEASIBLE), m, floor_m, proven, step, accounts
+
+
+def rounding_checked(step, problem: MicroBatchProblem, num_microbatches: int):
+    """`step` (a `PipelineStep`), `optimal` only where its float rounding (~4·(M + P·v) sums of ~step·eps) stays below
+    the least time a piece of work spends on a stage: else step and bound may meet by rounding (probe32 P32-01)."""
+    pipeline, costs = step.pipeline, np.append(problem.item_costs, problem.microbatch_overhead)
+    chunks, k = pipeline.stages * pipeline.virtual_stages, pipeline.backward_factor
+    least = float(costs[costs > 0].min(initial=math.inf)) * min(1.0, k) / (chunks * (1.0 + k))
+    exact = step.step_time * 4 * (num_microbatches + chunks) * np.finfo(np.float64).eps < least
+    return step if exact or step.status != Status.OPTIMAL else dataclasses.replace(step, status=Status.FEASIBLE)
 
 
 def _shapes_flat(problem: MicroBatchProblem, pipeline: Pipeline | None, fixed: int | None) -> bool:
