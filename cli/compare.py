@@ -14,7 +14,8 @@ from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorith
                         workload_batch)
 from .errors import UsageError, usage_errors
 from .files import check_not_input, check_parent, check_plot_directory, load_lengths, write_rows_csv, writing
-from .render import print_compare, print_json, print_microbatch_rows, print_split_rows, print_written, progress
+from .render import (KEPT_WHOLE, print_compare, print_json, print_microbatch_rows, print_split_rows, print_written,
+                     progress)
 
 DEFAULT_MODEL, DEFAULT_ITEMS_PER_RANK = "84b", "16"  # workloads only: None when not given, refused with --lengths
 FIGURES = ("loads.png", "traffic.png", "traffic_locality.png", "cells.png", "cp_work.png")  # what --plot DIR may hold
@@ -181,9 +182,9 @@ def figures(comparison, directory: Path) -> list[str]:
     return [str(path) for path in written]
 
 
-def cell_figure(plans, config, directory: Path) -> str:
+def cell_figure(plans, config, directory: Path, whole: str = "") -> str:
     """cells.png: the M × D cell loads of the last configuration as sampled (each rank fills its own
-    micro-batches in order) and as ours plans them, on one colour scale."""
+    micro-batches in order) and as ours plans them, on one colour scale; `whole`: a title note (`KEPT_WHOLE`)."""
     from .plots import plot_cell_loads
 
     key = (config.num_ranks, config.items_per_rank)
@@ -191,7 +192,7 @@ def cell_figure(plans, config, directory: Path) -> str:
         return str(plot_cell_loads({"as sampled (per-rank fill)": plans[(*key, BASELINE)].cell_loads,
                                           "ours": plans[(*key, "ours")].cell_loads}, directory / "cells.png",
                                          title=f"{config.stages[-1].name} stage, D={config.num_ranks}: cost of every "
-                                               f"(micro-batch, rank) cell"))
+                                               f"(micro-batch, rank) cell{whole}"))
 
 
 def split_figure(plans, config, directory: Path) -> str:
@@ -258,6 +259,7 @@ def run(args) -> int:
         with usage_errors("--context-parallel"):
             split_rows, split_plans = compare_context_parallel(configs, degrees, args.gpus_per_node)
     written = []
+    whole = "" if degrees is None else KEPT_WHOLE  # beside split items' tables and cp_work.png (probe32 P32-05)
     if args.plot is not None:  # first: --csv may go into it
         with writing("--plot", args.plot) as directory:
             directory.mkdir(exist_ok=True)
@@ -267,7 +269,7 @@ def run(args) -> int:
     if args.plot is not None:
         written += figures(comparison, Path(args.plot))
         if microbatches is not None:
-            written.append(cell_figure(microbatches[1], configs[-1], Path(args.plot)))
+            written.append(cell_figure(microbatches[1], configs[-1], Path(args.plot), whole))
         if split_rows is not None:
             written.append(split_figure(split_plans, configs[-1], Path(args.plot)))
     if args.json:
@@ -278,7 +280,7 @@ def run(args) -> int:
         return 0
     print_compare(comparison, source)
     if microbatches is not None:
-        print_microbatch_rows(microbatches[0])
+        print_microbatch_rows(microbatches[0], whole)
     if split_rows is not None:
         print_split_rows(split_rows)
     print_written(written)

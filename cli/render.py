@@ -342,13 +342,17 @@ def print_split_rows(rows) -> None:
               "split times take the stage's cost in FLOPs on an H100 at 55 % of peak.")
 
 
-def print_microbatch_rows(rows) -> None:
-    """The micro-batch table of `compare --max-tokens-per-microbatch`: M and Σ_m max_r / bound per algorithm."""
+KEPT_WHOLE = " (items kept whole: no context parallelism)"  # the micro-batch table's and cells.png's, beside splits
+
+
+def print_microbatch_rows(rows, whole: str = "") -> None:
+    """The micro-batch table of `compare --max-tokens-per-microbatch`: M and Σ_m max_r / bound per algorithm;
+    `whole`: a title note (`KEPT_WHOLE` with `--context-parallel`)."""
     from rich.table import Table
 
     out = console()
     table = Table(title=f"{rows[0].stage} stage as micro-batches of at most {rows[0].max_tokens_per_microbatch} "
-                        f"tokens per rank", title_justify="left", title_style="bold")
+                        f"tokens per rank{whole}", title_justify="left", title_style="bold")
     for header in ("D", "items/rank", "algorithm", "M", "Σ_m max_r / LB", "ms"):
         table.add_column(header, justify="left" if header == "algorithm" else "right", no_wrap=True)
     for row in rows:
