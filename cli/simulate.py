@@ -147,7 +147,8 @@ def run(args) -> int:
 
 def run_microbatched(args, gpus: list[int]) -> int:
     """`orchmllm simulate --max-tokens-per-microbatch T`: the micro-batched strategies' table."""
-    from ..study.microbatch_sim import DEFAULT_SAMPLES_PER_RANK, STRATEGIES, run_microbatch_simulation
+    from ..study.microbatch_sim import (DEFAULT_SAMPLES_PER_RANK, STRATEGIES, check_microbatch_simulation_size,
+                                        run_microbatch_simulation)
 
     positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
     positive_int(args.samples_per_rank, "--samples-per-rank")
@@ -159,6 +160,8 @@ def run_microbatched(args, gpus: list[int]) -> int:
     samples = DEFAULT_SAMPLES_PER_RANK if args.samples_per_rank is None else args.samples_per_rank
     for count in gpus:
         batch_size(count, samples, "--samples-per-rank")
+        with usage_errors(f"--gpus {count}", _flags(args, samples)):
+            check_microbatch_simulation_size(count, samples)
     runs = []
     with progress(not args.json, len(gpus), "simulating") as advance:
         for count in gpus:

@@ -67,3 +67,17 @@ def test_megatron_hybrid_heap_operations_grow_with_items_not_items_times_ranks(m
     ranks, lengths = 256, np.random.default_rng(3).integers(1, 1001, 256 * 16)
     _, groups = megatron_hybrid(make_microbatch_problem(lengths, ranks, max_tokens_per_microbatch=1000), None)
     assert calls[0] <= 10 * (lengths.size + ranks * groups)  # 26 801 here; the pop-and-re-push loop made 7.5 M
+
+
+def test_a_micro_batched_simulation_too_large_to_plan_in_seconds_is_refused_before_sampling(monkeypatch, capsys):
+    """2560 GPUs × 1000 samples: every peer planned 2.56 M samples, past 5 minutes and 3 GB with no word."""
+    from orchmllm.cli import main
+    from orchmllm.study import microbatch_sim
+
+    def sampled(*args, **kwargs):
+        raise AssertionError("the workload was sampled before the size check")
+
+    monkeypatch.setattr(microbatch_sim, "sample_workload", sampled)
+    assert main(["simulate", "--max-tokens-per-microbatch", "16384", "--samples-per-rank", "1000", "--json"]) == 2
+    error = capsys.readouterr().err
+    assert "--samples-per-rank 1000" in error and "MAX_SIMULATED_SAMPLES = 2**19 = 524288" in error
