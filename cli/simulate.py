@@ -147,7 +147,7 @@ def run(args) -> int:
 
 def run_microbatched(args, gpus: list[int]) -> int:
     """`orchmllm simulate --max-tokens-per-microbatch T`: the micro-batched strategies' table."""
-    from ..study.microbatch_sim import (DEFAULT_SAMPLES_PER_RANK, STRATEGIES, check_microbatch_simulation_size,
+    from ..study.microbatch_sim import (DEFAULT_SAMPLES_PER_RANK, STRATEGIES, check_simulated_samples,
                                         run_microbatch_simulation)
 
     positive_int(args.max_tokens_per_microbatch, "--max-tokens-per-microbatch")
@@ -161,7 +161,7 @@ def run_microbatched(args, gpus: list[int]) -> int:
     for count in gpus:
         batch_size(count, samples, "--samples-per-rank")
         with usage_errors(f"--gpus {count}", _flags(args, samples)):
-            check_microbatch_simulation_size(count, samples)
+            check_simulated_samples(count, samples)
     runs = []
     with progress(not args.json, len(gpus), "simulating") as advance:
         for count in gpus:

@@ -66,6 +66,7 @@ from ..orchestrator.plan import Exchange, PassPlan
 from ..orchestrator.planner import Orchestrator
 from ..topology import Topology, estimate_exchange
 from .context_parallel_peers import best_megatron_dynamic_cp, best_static_cp, megatron_capacities
+from .microbatch_sim import check_simulated_samples
 from .models import GIB, GPU, GPUS, MODELS, ModelConfig
 from .simulator import MEMORY_HEADROOM, cluster, seconds_per_cost
 from .strategies import STRATEGIES as PLAIN_STRATEGIES, single_pass
@@ -346,6 +347,7 @@ def check_context_parallel_simulation(model: str, gpus: int, workload: str, samp
             raise ValueError(f"unknown context-parallel strategy {name!r}; choose from {list(STRATEGIES)}")
     degrees = as_degrees(degrees)
     ranks = cluster(gpus).world_size
+    check_simulated_samples(ranks, samples_per_rank, "context-parallel")
     if degrees[-1] > ranks:
         raise ValueError(f"`degrees` holds {degrees[-1]} > {ranks} gpus: a group cannot be larger than the ranks")
     return degrees

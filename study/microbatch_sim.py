@@ -146,18 +146,17 @@ def simulate_microbatched_step(plan: StepPlan, strategy: str, model: ModelConfig
 
 
 DEFAULT_SAMPLES_PER_RANK = 32
-MAX_SIMULATED_SAMPLES = 2**19  # a micro-batched step's samples: the peers' planning grows faster than n (probe32)
+MAX_SIMULATED_SAMPLES = 2**19  # a micro-batched or split step's samples: planning grows faster than n (probe32)
 
 
-def check_microbatch_simulation_size(gpus: int, samples_per_rank: int) -> None:
-    """SizeLimitError, before sampling, when `gpus` × `samples_per_rank` passes `MAX_SIMULATED_SAMPLES` (2560 × 200
-    plan in ~22 s CPU, 1.8 GB; 2560 × 1000 ran past 5 minutes and 3 GB)."""
+def check_simulated_samples(gpus: int, samples_per_rank: int, step: str = "micro-batched") -> None:
+    """SizeLimitError, before sampling, when `gpus` × `samples_per_rank` passes `MAX_SIMULATED_SAMPLES` (with -T
+    2560 × 200 plan in ~22 s CPU, 1.8 GB; 2560 × 1000 ran past 5 minutes and 3 GB; split: 4.7 GB at 1000)."""
     samples = gpus * samples_per_rank
     if samples > MAX_SIMULATED_SAMPLES:
         raise SizeLimitError(f"{gpus} GPUs × `samples_per_rank`={samples_per_rank} make {samples} samples, beyond "
-                             f"MAX_SIMULATED_SAMPLES = 2**19 = {MAX_SIMULATED_SAMPLES}, the most a simulated "
-                             f"micro-batched step plans (every strategy and peer plans them); use fewer samples per "
-                             f"rank or GPUs")
+                             f"MAX_SIMULATED_SAMPLES = 2**19 = {MAX_SIMULATED_SAMPLES}, the most a simulated {step} "
+                             f"step plans (every strategy and peer plans them); use fewer samples per rank or GPUs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,7 +194,7 @@ def run_microbatch_simulation(model: str = "84b", gpus: int = 2560, *, max_token
         if name not in STRATEGIES:
             raise ValueError(f"unknown micro-batch strategy {name!r}; choose from {list(STRATEGIES)}")
     topology = cluster(gpus)
-    check_microbatch_simulation_size(topology.world_size, samples_per_rank)
+    check_simulated_samples(topology.world_size, samples_per_rank)
     config, gpu = MODELS[model], GPUS["h100"]
     stages = config.stages()
     batch = sample_workload(workload, topology.world_size, samples_per_rank, seed)

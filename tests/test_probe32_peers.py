@@ -81,3 +81,14 @@ def test_a_micro_batched_simulation_too_large_to_plan_in_seconds_is_refused_befo
     assert main(["simulate", "--max-tokens-per-microbatch", "16384", "--samples-per-rank", "1000", "--json"]) == 2
     error = capsys.readouterr().err
     assert "--samples-per-rank 1000" in error and "MAX_SIMULATED_SAMPLES = 2**19 = 524288" in error
+
+
+def test_a_context_parallel_simulation_too_large_is_refused_before_sampling(monkeypatch, capsys):
+    """2560 GPUs × 1000 samples with --context-parallel reached 4.7 GB unfinished after 2 minutes."""
+    from orchmllm.cli import main
+    from orchmllm.study import context_parallel_sim
+
+    monkeypatch.setattr(context_parallel_sim, "sample_workload", None)  # called: a TypeError, not the refusal
+    assert main(["simulate", "--context-parallel", "1,2,4,8", "--samples-per-rank", "1000", "--json"]) == 2
+    error = capsys.readouterr().err
+    assert "--samples-per-rank 1000" in error and "simulated context-parallel step" in error
