@@ -43,7 +43,8 @@ def add_parser(commands) -> None:
     simulate.add_argument("--samples-per-rank", type=int, default=None,
                           help="samples per rank (default: sized by memory like a training run: the largest of "
                                "1, 2, then multiples of 4 up to 64, at which ours fits in 90%% of GPU memory; every "
-                               "strategy then runs that same batch)")
+                               "strategy then runs that same batch; 32 with --max-tokens-per-microbatch, 4 with "
+                               "--context-parallel, 128 per replica with --pipeline-stages)")
     simulate.add_argument("--strategies", help="comma-separated strategies (default: all; none is always "
                                                "simulated as the reference)")
     simulate.add_argument("--max-tokens-per-microbatch", type=int, metavar="T",
