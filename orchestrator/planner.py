@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 from typing import NamedTuple
 
@@ -372,13 +373,16 @@ class Orchestrator:
         """`StepPlan.pipeline`'s `unaware_step_time`, on the step's own basis (the cells planner's saw the LLM's
         costs alone): the plan made without `pipeline=` and without a locality placement (its cells as balanced
         for the same M, every micro-batch's encoders balanced), run through the pipeline in its own order with its
-        encoders on the first stage (probe32 P32-03).  Planning it costs ~1.1-1.4x the pipelined plan's time (10b
-        model, 12 held-out batches); the locality placement's cell dealing would cost 2.3x."""
+        encoders on the first stage (probe32 P32-03); NaN where that plan finds none within the caps.  It costs
+        ~1.1-1.4x the pipelined plan's time (10b model, 12 held-out batches), 2.3x with the locality placement."""
         plain = copy.copy(self)
         plain.options = dataclasses.replace(self.options, pipeline=None, num_microbatches=num_microbatches,
                                             placement=None, padded_placement=None)
         plain._others = ()
-        step = plain._plan_microbatches(batch, time.perf_counter())
+        try:
+            step = plain._plan_microbatches(batch, time.perf_counter())
+        except InfeasibleError:
+            return math.nan
         return unaware_time(self.options.pipeline, step.cells, step.microbatches)
 
     def _microbatch_stage(self, sub: Batch, stage: Stage, llm: StagePlan, index: int) -> StagePlan:

@@ -33,3 +33,25 @@ def test_unaware_step_is_the_plain_plan_run_with_its_encoders_on_the_first_stage
                          num_microbatches=plan.num_microbatches).plan(batch)
     assert plan.pipeline.step_time == simulated_step(plan, pipeline)
     assert plan.pipeline.unaware_step_time == pytest.approx(simulated_step(plain, pipeline), rel=1e-12)
+
+
+def test_a_plain_plan_without_cells_within_the_caps_leaves_the_unaware_step_nan(monkeypatch):
+    """The reference plan is planned only for `unaware_step_time`: where it finds no plan the pipelined plan stands."""
+    import math
+
+    from orchmllm.balancers.problem import InfeasibleError
+    from orchmllm.orchestrator import planner
+
+    planned = planner.Orchestrator._plan_microbatches
+
+    def refused_without_pipeline(self, batch, start):
+        if self.options.pipeline is None:
+            raise InfeasibleError("no plan within the caps", 1)
+        return planned(self, batch, start)
+
+    monkeypatch.setattr(planner.Orchestrator, "_plan_microbatches", refused_without_pipeline)
+    batch = sample_workload("vision", 4, 8, seed=5)
+    budget = max(16384, int(batch.sample_llm_length.max()))
+    plan = Orchestrator(STAGES, Topology(1, 4), max_tokens_per_microbatch=budget, pipeline=Pipeline(stages=2)
+                        ).plan(batch)
+    assert plan.pipeline.step_time > 0 and math.isnan(plan.pipeline.unaware_step_time)
