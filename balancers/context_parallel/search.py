@@ -349,15 +349,15 @@ def _stuck(problem: Problem, spec: ContextParallel, start: np.ndarray, degree: n
     if alone.size:  # onto a narrower block inside its own ranks, without it there
         s, c = int(start[alone[0]]), int(degree[alone[0]])
         inside = np.flatnonzero(on == alone[0])[0]
-        floor[inside, degrees < c] = float((loads[s: s + c] - times[alone[0]]).min())
+        floor[inside, degrees < c] = np.minimum(floor[inside, degrees < c], (loads[s: s + c] - times[alone[0]]).min())
     return bool((floor + least >= float(loads[rank]) * (1 + STUCK_SLACK)).all())
 
 
 def improve(problem: Problem, spec: ContextParallel, gpus_per_node: int, start: np.ndarray, degree: np.ndarray,
             bound: float) -> tuple[np.ndarray, np.ndarray, tuple]:
     """The (block starts, degrees) after the local search from the given plan, and their `rank_accounts`.
-    A plan at the bound is returned as it is, `start` and `degree` themselves (the search would stop before its
-    first move)."""
+    A plan at the bound, or one no move can lower (`_stuck`), is returned as it is, `start` and `degree` themselves
+    (the search would stop before its first move)."""
     accounts = rank_accounts(problem, spec, gpus_per_node, start, degree)
     if float(accounts[0].max()) <= bound or _stuck(problem, spec, start, degree, accounts):
         return start, degree, accounts

@@ -356,7 +356,8 @@ def _for_pipeline(problem: MicroBatchProblem, kernel: MicroBatchKernel, solved: 
 
 def rounding_checked(step, problem: MicroBatchProblem, num_microbatches: int):
     """`step` (a `PipelineStep`), `optimal` only where its float rounding (~4·(M + P·v) sums of ~step·eps) stays below
-    the least time a piece of work spends on a stage: else step and bound may meet by rounding (probe32 P32-01)."""
+    the least time a piece of work spends on a stage, else step and bound may meet by rounding (probe32 P32-01); it
+    resolves plans to float64's resolution, no finer (costs an ulp apart: the best step may sit an ulp above)."""
     pipeline, costs = step.pipeline, np.append(problem.item_costs, problem.microbatch_overhead)
     chunks, k = pipeline.stages * pipeline.virtual_stages, pipeline.backward_factor
     least = float(costs[costs > 0].min(initial=math.inf)) * min(1.0, k) / (chunks * (1.0 + k))

@@ -32,10 +32,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels.auto import in_given_order
-from .greedy_sweep import climb, descend
 from .greedy_filled import take_runs
 from .greedy_rows import cut as _cut, first_above as _first_above, gathered as _gathered, tied as _tied
 from .greedy_scan import Cells, fresh_wins as _fresh_wins, scan_greedy as _scan_greedy  # noqa: F401 (Cells: the tests')
+from .greedy_sweep import climb, descend
 from .plan import MicroBatchProblem, MicroBatchResult
 from .search import improve
 
