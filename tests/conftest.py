@@ -2,6 +2,8 @@
 `planned_passes` fixtures."""
 
 import subprocess
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -12,6 +14,8 @@ load_profile()
 
 
 EARLY = pytest.StashKey[dict]()
+EARLY_TIMEOUT = 300
+"""Seconds an `early` command may run unless its module says otherwise."""
 
 
 def pytest_configure(config):
@@ -19,43 +23,67 @@ def pytest_configure(config):
                                        "command, started in the background once collection ends (`started_early`)")
 
 
-@pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the selected tests' commands start
-def pytest_collection_modifyitems(config, items):
-    """Start the selected tests' `early` commands, one at a time in their tests' order, on a thread of this process:
-    each is a process importing torch and running ranks, which then runs on the core this process leaves idle
-    through the tests before it, instead of at its test with this process waiting."""
-    marked = [(item.module, marker.args[0]) for item in items for marker in item.iter_markers("early")]
-    if not marked or config.option.collectonly:
+@pytest.hookimpl(tryfirst=True)  # after collection and every deselection (-k, -m, --lf, stepwise): the run's items
+def pytest_runtestloop(session):
+    """Start the `early` commands of the tests that will run, one at a time in their tests' order, on a thread of
+    this process: each is a process importing torch and running ranks, which then runs on the core this process
+    leaves idle through the tests before it, instead of at its test with this process waiting.  None starts for a
+    test skipped by a marker, under --collect-only or --benchmark-only."""
+    config = session.config
+    if config.option.collectonly or config.getoption("benchmark_only", False):
         return
-    modules = {module.__name__: module for module, _ in marked}
-    names = dict.fromkeys((module.__name__, name) for module, name in marked)
-    pool, children = ThreadPoolExecutor(max_workers=1), []
+    marked = [(item.module, marker.args[0]) for item in session.items if not _skipped(item)
+              for marker in item.iter_markers("early")]
+    if not marked:
+        return
+    commands = {(module.__name__, name): module for module, name in marked}
+    pool, children, lock, stopping = ThreadPoolExecutor(max_workers=1), [], threading.Lock(), threading.Event()
 
-    def run(command: dict) -> subprocess.CompletedProcess:
-        options = {key: value for key, value in command.items() if key not in ("args", "timeout")}
-        child = subprocess.Popen(command["args"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
-        children.append(child)
+    def run(module, name: str) -> subprocess.CompletedProcess:
+        command = getattr(module, "EARLY", {}).get(name)
+        if command is None:
+            raise LookupError(f"@pytest.mark.early({name!r}): {module.__name__} has no EARLY[{name!r}] command")
+        options = {"timeout": EARLY_TIMEOUT, **getattr(module, "EARLY_OPTIONS", {}),
+                   **(command if isinstance(command, dict) else {"args": command})}
+        args, timeout = [sys.executable, *options.pop("args")], options.pop("timeout")
+        with lock:  # none starts once the session ends (pytest_unconfigure kills what started)
+            if stopping.is_set():
+                raise RuntimeError("the test session ended before this command started")
+            child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     **options)
+            children.append(child)
         try:
-            out, err = child.communicate(timeout=command["timeout"])
+            out, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             child.kill()
             child.communicate()
             raise
-        return subprocess.CompletedProcess(command["args"], child.returncode, out, err)
+        return subprocess.CompletedProcess(args, child.returncode, out, err)
 
-    config.stash[EARLY] = (pool, children, {(module, name): pool.submit(run, modules[module].EARLY[name])
-                                            for module, name in names})
+    config.stash[EARLY] = (pool, children, lock, stopping,
+                           {key: pool.submit(run, module, key[1]) for key, module in commands.items()})
+
+
+def _skipped(item) -> bool:
+    """Whether a `skip` or `skipif` marker skips `item` (its command would start for nothing)."""
+    return item.get_closest_marker("skip") is not None or any(
+        marker.args and all(isinstance(arg, bool) for arg in marker.args) and any(marker.args)
+        or marker.kwargs.get("condition") is True for marker in item.iter_markers("skipif"))
 
 
 def pytest_unconfigure(config):
-    """What still runs when the session ends (an interrupted run, a failed test's unread result) is killed."""
-    pool, children, _ = config.stash.get(EARLY, (None, [], {}))
-    if pool is not None:
-        pool.shutdown(wait=False, cancel_futures=True)
-    for child in children:
-        if child.poll() is None:
-            child.kill()
-            child.communicate()
+    """What still runs when the session ends (an interrupted run, a failed test's unread result) is killed; the
+    pool's thread reads its own child's pipes (reading them here too races it)."""
+    pool, children, lock, stopping, _ = config.stash.get(EARLY, (None,) * 5)
+    if pool is None:
+        return
+    pool.shutdown(wait=False, cancel_futures=True)
+    with lock:
+        stopping.set()
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    pool.shutdown(wait=True)
 
 
 @pytest.fixture
@@ -64,7 +92,7 @@ def started_early(request):
     `subprocess.Popen` options with `args` and `timeout`), which the test's `@pytest.mark.early(name)` started when
     collection ended."""
     def result(name: str) -> subprocess.CompletedProcess:
-        return request.config.stash[EARLY][2][request.module.__name__, name].result()
+        return request.config.stash[EARLY][4][request.module.__name__, name].result()
     return result
 
 

@@ -630,10 +630,6 @@ def test_a_value_error_inside_orchmllm_is_a_bug_with_its_traceback_not_a_usage_e
     assert "Traceback" in result.stderr and result.stderr.strip().endswith("ValueError: a bug deep inside")
 
 
-def command(*args, timeout=120) -> dict:
-    return dict(args=[sys.executable, *args], timeout=timeout)
-
-
 A_BUG_INSIDE = ("import sys\n"
                 "import orchmllm.cli.compare as compare\n"
                 "def broken(*args, **kwargs):\n"
@@ -644,8 +640,8 @@ A_BUG_INSIDE = ("import sys\n"
 NO_TORCH = ("import sys; sys.modules['torch'] = None\n"
             "from orchmllm.cli import main\n"
             "sys.exit(main(['demo', '--ranks', '1', '--steps', '1']))\n")
-EARLY = {"compare": command("-m", "orchmllm", "compare", "--ranks", "8,16", "--items-per-rank", "4"),  # conftest's
-         "demo": command("-m", "orchmllm", "demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json",
-                         "--costs", "flops", "--repeats", "1", "--replay-repeats", "2"),  # `started_early`
-         "help": command("-m", "orchmllm", "--help"), "demo without torch": command("-c", NO_TORCH, timeout=60),
-         "a bug inside": command("-c", A_BUG_INSIDE, timeout=60)}
+EARLY = {"compare": ("-m", "orchmllm", "compare", "--ranks", "8,16", "--items-per-rank", "4"),  # conftest's
+         "demo": ("-m", "orchmllm", "demo", "--ranks", "2", "--steps", "1", "--samples-per-rank", "8", "--json",
+                  "--costs", "flops", "--repeats", "1", "--replay-repeats", "2"),  # `started_early`
+         "help": ("-m", "orchmllm", "--help"), "demo without torch": ("-c", NO_TORCH),
+         "a bug inside": ("-c", A_BUG_INSIDE)}

@@ -4,7 +4,6 @@ started when collection ends (`EARLY`, conftest's `started_early`), in the backg
 import ast
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def command(*args, timeout=180) -> dict:
-    return dict(args=[sys.executable, *args], timeout=timeout, cwd=ROOT)
+EARLY_OPTIONS = dict(cwd=ROOT)  # conftest's `started_early`: the examples' commands run where the examples are
 
 
 def output(result: subprocess.CompletedProcess) -> str:
@@ -194,12 +192,10 @@ def test_regression_the_readme_toolkit_block_failed_hypothesis_s_health_check_on
 
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
-EARLY = {"custom sampler": command("examples/custom_sampler.py"),  # conftest's `started_early`
-         "calibration": command("examples/calibrate_cost_model.py"),
-         "training": command("examples/train_with_dispatcher.py", timeout=300),
-         "training under torchrun": command(*TORCHRUN, "--nproc-per-node", "2", "examples/train_with_dispatcher.py",
-                                            timeout=300),
-         "fsdp2 under torchrun": command(*TORCHRUN, "--nproc-per-node", "3", "examples/train_multimodal_fsdp.py",
-                                         timeout=300),
-         "slowed toolkit block": command("-c", slowed_toolkit_block()),
-         **{snippet: command("-c", snippet) for snippet, _ in readme_snippets()}}
+EARLY = {"custom sampler": ("examples/custom_sampler.py",),  # conftest's `started_early`
+         "calibration": ("examples/calibrate_cost_model.py",),
+         "training": ("examples/train_with_dispatcher.py",),
+         "training under torchrun": (*TORCHRUN, "--nproc-per-node", "2", "examples/train_with_dispatcher.py"),
+         "fsdp2 under torchrun": (*TORCHRUN, "--nproc-per-node", "3", "examples/train_multimodal_fsdp.py"),
+         "slowed toolkit block": ("-c", slowed_toolkit_block()),
+         **{snippet: ("-c", snippet) for snippet, _ in readme_snippets()}}

@@ -5,7 +5,6 @@ import math
 import multiprocessing
 import operator
 import os
-import sys
 import time
 
 import pytest
@@ -604,7 +603,7 @@ for target in (fn, Job(), functools.partial(job, 3)):
 """
 
 
-EARLY = {"file-less main": dict(args=[sys.executable, "-c", FILE_LESS_MAIN], timeout=120)}  # conftest's started_early
+EARLY = {"file-less main": ("-c", FILE_LESS_MAIN)}  # conftest's started_early
 
 
 @pytest.mark.early("file-less main")

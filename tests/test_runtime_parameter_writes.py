@@ -554,7 +554,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / mod
 
 
 PEAK_DTYPES = ("bfloat16", "float32")
-EARLY = {dtype: dict(args=[sys.executable, "-c", PEAK, dtype], timeout=120)  # conftest's `started_early`
+EARLY = {dtype: ("-c", PEAK, dtype)  # conftest's `started_early`
          for dtype in PEAK_DTYPES}  # each a fresh process of its own
 
 

@@ -7,7 +7,6 @@ they make otherwise is named on every rank, never a gloo abort.
 Real gloo groups of 4 ranks; each rank counts its own collectives (`runtime.counting`).  The guarantees of the
 riding header (a kept plan, another schema, a plugin or replaced planner) are in test_runtime_header_rides."""
 
-import sys
 
 import numpy as np
 import pytest
@@ -168,7 +167,7 @@ def test_a_planner_word_vouches_only_for_orchmllm_s_own_planners_that_no_clock_s
 
 
 FRESH_IMPORT = "import orchmllm.runtime.agreement as a; print(a.code_word.cache_info().currsize)"
-EARLY = {"fresh import": dict(args=[sys.executable, "-c", FRESH_IMPORT], timeout=120)}  # conftest's `started_early`
+EARLY = {"fresh import": ("-c", FRESH_IMPORT)}  # conftest's `started_early`
 
 
 @pytest.mark.early("fresh import")

@@ -127,21 +127,16 @@ BUDGETS = [None, 8192]  # whole shares, and micro-batches within 8192 tokens
 PROCESS_RANKS = [[2, 0], [3, 1]]  # the ranks each process computes, in this order, a sampler each
 
 
-def command(*args, timeout=300, hash_seed=None) -> dict:
-    """A process of this interpreter, run where the examples are and seeing this process's modules."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    if hash_seed is not None:
-        env["PYTHONHASHSEED"] = str(hash_seed)
-    return dict(args=[sys.executable, *args], timeout=timeout, cwd=ROOT, env=env)
-
-
-EARLY = {  # conftest's `started_early`
-    **{f"shares {seed}": command("-c", SHARES_OF_SOME_RANKS, json.dumps(ranks), json.dumps(BUDGETS), timeout=240,
-                                 hash_seed=seed) for seed, ranks in enumerate(PROCESS_RANKS, start=1)},
-    "ddp example": command("examples/train_with_balanced_sampler.py"),
-    "ddp example under torchrun": command("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                                          "examples/train_with_balanced_sampler.py"),
-    "hf example": command("examples/hf_trainer_balanced_sampler.py")}
+EARLY_OPTIONS = dict(cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+"""conftest's `started_early`: processes run where the examples are, seeing this process's modules."""
+EARLY = {
+    **{f"shares {seed}": dict(args=("-c", SHARES_OF_SOME_RANKS, json.dumps(ranks), json.dumps(BUDGETS)),
+                              env={**EARLY_OPTIONS["env"], "PYTHONHASHSEED": str(seed)})
+       for seed, ranks in enumerate(PROCESS_RANKS, start=1)},
+    "ddp example": ("examples/train_with_balanced_sampler.py",),
+    "ddp example under torchrun": ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                   "examples/train_with_balanced_sampler.py"),
+    "hf example": ("examples/hf_trainer_balanced_sampler.py",)}
 
 
 @pytest.mark.early("shares 1")

@@ -1,0 +1,52 @@
+"""conftest's `early` commands (review rev49 F1, F2, F4), in a pytest process of their own over a copy of it: a
+command starts only for a test that will run, a mark naming no command fails its test alone, and a session ended
+while a command runs kills it and exits with the tests' own status."""
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+TESTS = '''
+import pathlib, sys, time, pytest
+
+def touch(name):
+    return ("-c", f"import pathlib; pathlib.Path({name!r}).touch()")
+
+EARLY = {"skipped": touch("started_skipped"), "long": ("-c", "import time; time.sleep(60)"), "ran": touch("started_ran")}
+
+@pytest.mark.skip(reason="never runs")
+@pytest.mark.early("skipped")
+def test_skipped(started_early):
+    started_early("skipped")
+
+@pytest.mark.early("ran")
+def test_ran(started_early):
+    assert started_early("ran").returncode == 0
+
+@pytest.mark.early("no such command")
+def test_typo(started_early):
+    started_early("no such command")
+
+@pytest.mark.early("long")
+def test_long_then_fails(started_early):
+    time.sleep(1)
+    assert False
+'''
+
+
+def test_early_commands_start_for_running_tests_only_and_die_with_the_session(tmp_path):
+    shutil.copy(CONFTEST, tmp_path / "conftest.py")
+    (tmp_path / "test_early.py").write_text(TESTS)
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_early.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - began < 40, "the 60 s command outlived the session"
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "2 failed, 1 passed, 1 skipped" in result.stdout, result.stdout
+    assert "has no EARLY['no such command'] command" in result.stdout
+    assert "INTERNALERROR" not in result.stdout + result.stderr and "Traceback" not in result.stderr
+    assert (tmp_path / "started_ran").exists() and not (tmp_path / "started_skipped").exists()
