@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from ..balancers.context_parallel.layout import chunk_sizes, shard_positions
 from ..balancers.validation import as_bool, as_int, is_int
@@ -364,8 +365,6 @@ def _attend(query, key, value, valid, run: _Run, causal: bool, scale) -> torch.T
             lower_right = torch.ones(length, run.key_end, dtype=torch.bool, device=mask.device)
             mask = mask & lower_right.tril(run.key_end - length)
     else:
-        from torch.nn.attention.bias import causal_lower_right  # here: its import pulls torch._dynamo (~0.5 s)
-
         mask = causal_lower_right(length, run.key_end) if causal else None
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[0] != k.shape[0])
     return out.transpose(0, 1)
