@@ -18,6 +18,7 @@ import numpy as np
 
 
 INT64_MAX = 2**63 - 1
+EXACT_INTEGERS = 2**53  # integers below it, and their costs f(l) = l, are exact in float64
 
 
 class SizeLimitError(ValueError):
@@ -227,8 +228,8 @@ def as_non_negative_integers(array: np.ndarray, name: str, *, integral_floats: b
         if array.min() < 0:
             _refuse_entry(array, array < 0, name, "must be non-negative integers")
         check_int64(array, name)
-        if float_exact and array.dtype.kind in "iu" and array.max() >= 2**53:  # floats: `_check_whole`
-            _refuse_entry(array, array >= 2**53, name, "must be below 2**53, where float64 costs are exact")
+        if float_exact and array.dtype.kind in "iu" and array.max() >= EXACT_INTEGERS:  # floats: `_check_whole`
+            _refuse_entry(array, array >= EXACT_INTEGERS, name, "must be below 2**53, where float64 costs are exact")
     if not copy and array.dtype == np.int64 and array.flags.c_contiguous and frozen(array):
         return array
     return np.array(array, dtype=np.int64, order="C")
@@ -248,7 +249,7 @@ def _check_whole(array: np.ndarray, name: str) -> None:
     whole = array == np.floor(array)
     if not whole.all():
         _refuse_entry(array, ~whole, name, "must be non-negative integers")
-    if np.any(np.abs(array) >= np.float64(2.0**53)):  # compared in float64: 2**53 overflows float16
+    if np.any(np.abs(array) >= np.float64(EXACT_INTEGERS)):  # compared in float64: 2**53 overflows float16
         raise ValueError(f"`{name}` must be below 2**53")
 
 

@@ -30,13 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..balancers.validation import json_value
+from ..balancers.validation import EXACT_INTEGERS, json_value
 from .errors import UsageError, one_line
 
 TEXT_ENCODING = "utf-8-sig"  # UTF-8, ignoring the byte-order mark spreadsheets write first
-MAX_LENGTH = 2**53  # lengths at or above it are not exact as float64 costs
-
-
 ASCII_NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no `1_000`, `+5` nor `５`
 
 
@@ -59,12 +56,12 @@ def _parse_length(text: str, where: str) -> int:
             raise UsageError(f"{where}: expected an integer length, got {SHORT.repr(text)}")
         if number < 0:
             raise UsageError(f"{where}: lengths must be non-negative, got {SHORT.repr(text)}")
-        if number >= MAX_LENGTH:  # before int(): `1e999999999` would be a billion digits
+        if number >= EXACT_INTEGERS:  # before int(): `1e999999999` would be a billion digits
             raise UsageError(f"{where}: lengths must be below 2**53, got {SHORT.repr(text)}")
         value = int(number)
     if value < 0:
         raise UsageError(f"{where}: lengths must be non-negative, got {value}")
-    if value >= MAX_LENGTH:
+    if value >= EXACT_INTEGERS:
         raise UsageError(f"{where}: lengths must be below 2**53, got {value}")
     return value
 
@@ -263,8 +260,8 @@ def _read_npy(path: Path) -> np.ndarray:
     if array.dtype.kind == "f" and array.dtype.itemsize < 8:  # float16 cannot hold 2**53 to compare with
         array = array.astype(np.float64)
     bad = np.flatnonzero(~np.isfinite(array) | (array < 0) | (array != np.floor(array))
-                         | (array >= float(MAX_LENGTH))) \
-        if array.dtype.kind == "f" else np.flatnonzero((array < 0) | (array >= MAX_LENGTH))
+                         | (array >= float(EXACT_INTEGERS))) \
+        if array.dtype.kind == "f" else np.flatnonzero((array < 0) | (array >= EXACT_INTEGERS))
     if bad.size:
         raise UsageError(f"{path}: index {bad[0]}: lengths must be non-negative integers below 2**53, "
                          f"got {array[bad[0]]}")
