@@ -245,6 +245,11 @@ def _add(record: Algorithm | MicroBatchAlgorithm, reserved: bool = True) -> Algo
                          f"the algorithm's place; choose another name")
     with _lock:
         known = records.get(record.name)
+        twin = next((name for name in records if name != record.name and name.casefold() == record.name.casefold()),
+                    None)
+        if twin is not None:  # `--algorithm` and reports would tell the two apart by case alone
+            raise ValueError(f"algorithm name {record.name!r} differs from the registered {twin!r} only in case; "
+                             f"choose another name")
         if known is not None and known != record:
             raise ValueError(f"algorithm {record.name!r} is already registered ({known.kind}: "
                              f"{known.description}); choose another name")

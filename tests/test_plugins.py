@@ -296,6 +296,18 @@ def test_register_algorithm_in_process_returns_the_record_and_is_idempotent():
         register_algorithm("lpt", halves)
 
 
+@pytest.mark.parametrize("register, name, twin", [(register_algorithm, "LPT", "lpt"),
+                                                  (register_microbatch_algorithm, "Greedy", "greedy")])
+def test_regression_a_case_variant_of_a_registered_name_is_refused(register, name, twin):
+    """probe32 E2: `register_algorithm("LPT", ...)` was accepted beside the built-in "lpt", two algorithms told
+    apart by case alone on the command line and in reports."""
+    with pytest.raises(ValueError, match=rf"^algorithm name '{name}' differs from the registered '{twin}' only in "
+                                         r"case; choose another name$"):
+        register(name, halves)
+    listed = registry.algorithms() if register is register_algorithm else registry.microbatch_algorithms()
+    assert name not in [record.name for record in listed]
+
+
 def test_a_kernel_that_ignores_the_cap_is_caught_by_make_plan():
     register_algorithm("test_halves_uncapped", halves, description="two halves, caps ignored")
     with pytest.raises(RuntimeError, match="'test_halves_uncapped' put 4 tokens on rank 0"):
