@@ -19,6 +19,8 @@ import bisect
 import heapq
 import math
 
+SPAN = 8  # `_merge` sorts a span of the row up to this many pairs per pair it merges
+
 
 def climb(state, m: int, cost: float, length: int, count: int) -> int:
     """Up to `count` items of `cost` (> 0) and `length` to micro-batch m's least loaded cells in turn, after an item
@@ -54,15 +56,17 @@ def descend(state, fits: list, cost: float, length: int, count: int) -> int:
     """Up to `count` items of `cost` (> 0) and `length` to the fits, the first `fits[m]` pairs of each micro-batch m's
     row (`state`: a `greedy._Rows`), best first, each while it fits; how many (the rest to the search).  Each pass
     takes one micro-batch's cells down to the next best of the others' (a heap of their heads)."""
-    groups = {m: _Group(state, state.rows[m], fit, state.level[m], cost) for m, fit in enumerate(fits) if fit}
-    heads = [group.head(m) for m, group in groups.items()]
+    rows, level = state.rows, state.level
+    heads = [_head(rows[m], fit, level[m], cost, m) for m, fit in enumerate(fits) if fit]
     heapq.heapify(heads)
-    taken = 0
+    groups, taken = {}, 0  # a micro-batch's `_Group` once it is first taken from (most only give the floor)
     while taken < count and heads:
         m = heads[0][2]
-        group = groups[m]
-        if group.tied:  # its excess tied by rounding with the next load's: their cells in turn, to the search
+        if heads[0][1] < 0:  # its excess tied by rounding with the next load's: their cells in turn, to the search
             break
+        group = groups.get(m)
+        if group is None:
+            group = groups[m] = _Group(state, rows[m], fits[m], level[m], cost)
         placed = group.take(state, cost, length, count - taken, min(heads[1:3]) if len(heads) > 1 else None)
         if not placed:  # none fits (an excess of -inf): to the search
             break
@@ -74,6 +78,14 @@ def descend(state, fits: list, cost: float, length: int, count: int) -> int:
     for group in groups.values():
         group.close()
     return taken
+
+
+def _head(row: list, fit: int, top: float, cost: float, m: int) -> tuple:
+    """`_Group.head` of micro-batch m's fits, the first `fit` pairs of its `row`, before it takes any."""
+    load = row[fit - 1][0]
+    cut = fit - 1 if fit == 1 or row[fit - 2][0] != load else bisect.bisect_left(row, (load, -1), 0, fit)
+    excess = (load + cost) - top
+    return -excess, -1 if cut and (row[cut - 1][0] + cost) - top == excess else row[cut][1], m
 
 
 class _Group:
@@ -150,13 +162,19 @@ def _lift(state, m: int, row: list, taken: int, cost: float, length: int) -> Non
 
 
 def _merge(row: list, back: list) -> None:
-    """`back` (sorted pairs) into `row`: each one's place found by a binary search, the row rebuilt once from its
-    slices (no comparisons along it, no move of its tail per pair)."""
+    """`back` (sorted pairs) into `row`: the span of the row between its first and last one found by two binary
+    searches and merged with them in one sort (most often the span is empty: they go in between two pairs); where
+    the span is long, each one's place by a binary search and the row rebuilt once from its slices."""
     if len(back) < 3:
         for pair in back:
             bisect.insort(row, pair)
         return
-    places = [bisect.bisect_left(row, pair) for pair in back]
+    low = bisect.bisect_left(row, back[0])
+    high = bisect.bisect_left(row, back[-1], low)
+    if high - low <= SPAN * len(back):
+        row[low:high] = sorted(row[low:high] + back) if high > low else back
+        return
+    places = [bisect.bisect_left(row, pair, low, high) for pair in back]
     merged, start = [], places[0]
     for pair, place in zip(back, places):
         merged += row[start:place]
