@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from typing import NamedTuple
 
@@ -43,7 +42,7 @@ from ..balancers.problem import InfeasibleError, Status, make_problem
 from ..topology import PLACEMENTS, place
 from .frames import split_frames, stage_costs, stage_frames, stage_pricing
 from .options import LOCALITY, as_topology, plan_options
-from .pipeline import cell_costs, planned_run, unaware_time, under_llm_costs
+from .pipeline import cell_costs, faster_run, planned_run, under_llm_costs
 from .plan import StagePlan, _frozen, compose, constant, offsets_within_rank
 from .samples import Batch, group_order
 from .shards import chunk_ranks, split_layout
@@ -365,25 +364,26 @@ class Orchestrator:
         if self.options.pipeline is not None:
             run = planned_run(batch, self.stages, options=self.options, **run)
             if run["cells"].pipeline is not None and run["pipeline"] is not run["cells"].pipeline:  # encoders work
-                run["pipeline"] = dataclasses.replace(run["pipeline"], unaware_step_time=self._unaware_step_time(
-                    batch, cells.num_microbatches))
+                run = faster_run(batch, self.stages, self.options, run, self._unaware_plan(
+                    batch, cells.num_microbatches), self._unaware_plan, self.topology.gpus_per_node)
         return StepPlan(batch=batch, stages=self.stages, **run, planning_seconds=time.perf_counter() - start)
 
-    def _unaware_step_time(self, batch: Batch, num_microbatches: int) -> float:
-        """`StepPlan.pipeline`'s `unaware_step_time`, on the step's own basis (the cells planner's saw the LLM's
-        costs alone): the plan made without `pipeline=` and without a locality placement (its cells as balanced
-        for the same M, every micro-batch's encoders balanced), run through the pipeline in its own order with its
-        encoders on the first stage (probe32 P32-03); NaN where that plan finds none within the caps.  It costs
-        ~1.1-1.4x the pipelined plan's time (10b model, 12 held-out batches), 2.3x with the locality placement."""
-        plain = copy.copy(self)
-        plain.options = dataclasses.replace(self.options, pipeline=None, num_microbatches=num_microbatches,
-                                            placement=None, padded_placement=None)
+    def _unaware_plan(self, batch: Batch, num_microbatches: int, cells: MicroBatchPlan | None = None
+                      ) -> StepPlan | None:
+        """The PP-unaware plan of a pipelined step (`pipeline.faster_run`: its step, on the step's own basis, is
+        `unaware_step_time`, and it is run where faster): made without `pipeline=` and without placements (its
+        cells as balanced for the same M, every micro-batch's encoders balanced; ~1.1-1.4x the pipelined plan's
+        time, 10b model, 12 held-out batches); with `cells`, theirs with the encoders planned under this
+        orchestrator's placements.  None where it finds no plan within the caps."""
+        plain, placed = copy.copy(self), {} if cells is not None else dict(placement=None, padded_placement=None)
+        plain.options = dataclasses.replace(self.options, pipeline=None, num_microbatches=num_microbatches, **placed)
         plain._others = ()
         try:
-            step = plain._plan_microbatches(batch, time.perf_counter())
+            if cells is not None:
+                return plain._plan_cells(batch, cells, time.perf_counter())
+            return plain._plan_microbatches(batch, time.perf_counter())
         except InfeasibleError:
-            return math.nan
-        return unaware_time(self.options.pipeline, step.cells, step.microbatches)
+            return None
 
     def _microbatch_stage(self, sub: Batch, stage: Stage, llm: StagePlan, index: int) -> StagePlan:
         """Micro-batch `index`'s encoder `stage`: balanced (`balance_encoders`), or where that finds no
