@@ -21,16 +21,28 @@ class Overflows:
         """`place` each of `items` (of the degree being laid out, above 1; their times and shards) in order, but those
         that overflow where one degree's least-loaded group decides (`_onto_least`): no free block left, no group of
         the item's degree within the target with it (none parked may hold it: `_onto_least` sees a parked candidate
-        that may in its floor).  Whether each found token room."""
+        that may in its floor); and those that `_quick` decides, which best fit puts on a group or onto the next free
+        block.  Whether each found token room."""
         degree, keys, target, table = self.degree, self.keys[self.degree], self.target, self.times
         columns = [(c, table.column[c]) for c, opened in self.groups.items() if c > degree and opened]
+        groups = self.groups[degree]
         for item, time, need in zip(items, times, needs):
-            start = None
             if not self.free and not (keys and keys[0][0] + time <= target):
                 row = table.listed[table.rows[item]]
-                start = self._onto_least(item, [(degree, time)] + [(c, row[k]) for c, k in columns],
-                                         _shards(table, item, degree, need))
-            if start is None and self.place(item, degree, time, need) < 0:
+                if self._onto_least(item, [(degree, time)] + [(c, row[k]) for c, k in columns],
+                                    _shards(table, item, degree, need)) is not None:
+                    continue
+            else:  # a free block is left or a group within the target
+                index = self._quick(degree, time, need)
+                if index == -1:  # no group within the target: the next free block
+                    self._open(item, degree, time, need)
+                    continue
+                if index is not None:
+                    start = groups[keys[index][1]]
+                    self._grow(start, degree, index, time, need)
+                    self.placed[item] = (start, degree)
+                    continue
+            if self.place(item, degree, time, need) < 0:
                 return False
         return True
 
@@ -39,12 +51,15 @@ class Overflows:
         groups) has the least floor (`_least_floor`) and its least-loaded candidate decides (`least_loaded`), put `item`
         there (`shards(c)`: its shards at degree c) and return its block start; else None."""
         least = self._least_floor(degrees, shards)
-        found = None if least is None else self.least_loaded(least[1], least[2], shards(least[1]))
-        if found is None:
+        if least is None:
             return None
         _, c, at = least
+        need = shards(c)
+        found = self.least_loaded(c, at, need)
+        if found is None:
+            return None
         self.overflow = True
-        return self._add(item, self._start(c, found[1]), c, at, shards(c))
+        return self._add(item, self._start(c, found[1]), c, at, need, 0)  # the least-loaded: the first key
 
     def _least_floor(self, degrees: list[tuple[int, float]], shards) -> tuple[float, int, float] | None:
         """(floor, degree, the item's time there) of the one of `degrees` ((degree, time) pairs) whose `_floor` is

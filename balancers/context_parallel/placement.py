@@ -23,6 +23,9 @@ from .spec import ContextParallel
 from .spill import SpillRun
 from .timetable import TimeTable
 
+LOAD = operator.itemgetter(0)
+"""A candidate's key's load: binary searches by load alone compare floats, not (load, position) tuples."""
+
 BEST_FIT_PROBES = 4
 """Candidates a search may find short of tokens, their bounds having left it open (those surely short are
 parked, see `Placement._search`), before it scans them all at once (numpy)."""
@@ -112,7 +115,7 @@ class Placement(Overflows):
         groups = None if degree == 1 else self.groups[degree]
         while lo < hi:
             load = keys[lo][0]  # the run of equal loads from lo: all up to hi where the last has that load
-            end = hi if keys[hi - 1][0] == load else bisect.bisect_right(keys, (load, math.inf), lo, hi)
+            end = hi if keys[hi - 1][0] == load else bisect.bisect_right(keys, load, lo, hi, key=LOAD)
             for k in range(lo, end):  # not a slice: a run of equal loads may be every rank
                 load, position = keys[k]
                 start = position if groups is None else groups[position]
@@ -173,7 +176,7 @@ class Placement(Overflows):
                 peak = keys[end - 1][0] + time
                 start = end - 1  # the run of equal peaks ending at end: often that one candidate
                 while start > 0 and keys[start - 1][0] + time == peak:
-                    start = bisect.bisect_left(keys, (keys[start - 1][0], -1), 0, start)
+                    start = bisect.bisect_left(keys, keys[start - 1][0], 0, start, key=LOAD)
                 position = self._least_fitting(degree, start, end, need, probes)
                 if position is None or position >= 0:
                     return None if position is None else (peak, position)
@@ -187,9 +190,9 @@ class Placement(Overflows):
         begin = 0
         while begin < len(keys):
             peak = keys[begin][0] + time
-            stop = bisect.bisect_right(keys, (keys[begin][0], math.inf), begin)
+            stop = bisect.bisect_right(keys, keys[begin][0], begin, key=LOAD)
             while stop < len(keys) and keys[stop][0] + time == peak:
-                stop = bisect.bisect_right(keys, (keys[stop][0], math.inf), stop)
+                stop = bisect.bisect_right(keys, keys[stop][0], stop, key=LOAD)
             position = self._least_fitting(degree, begin, stop, need, probes)
             if position is None or position >= 0:
                 return None if position is None else (peak, position)
@@ -230,7 +233,7 @@ class Placement(Overflows):
         if not keys:
             return None
         load, position = keys[0]
-        begin = 1 if len(keys) == 1 or keys[1][0] != load else bisect.bisect_right(keys, (load, math.inf))
+        begin = 1 if len(keys) == 1 or keys[1][0] != load else bisect.bisect_right(keys, load, key=LOAD)
         if (begin == len(keys) or keys[begin][0] + time != load + time) \
                 and self._token_room(degree, self._start(degree, position), need):
             return load + time, position
@@ -239,27 +242,32 @@ class Placement(Overflows):
     def _within(self, keys: list[tuple[float, int]], time: float) -> int:
         """How many of `keys` stay within the target with `time` added (float rounding included)."""
         target = self.target
-        end = bisect.bisect_right(keys, (target - time, math.inf))
+        end = bisect.bisect_right(keys, target - time, key=LOAD)
         while end < len(keys) and keys[end][0] + time <= target:
             end += 1
         while end > 0 and keys[end - 1][0] + time > target:
             end -= 1
         return end
 
-    def _quick(self, degree: int, time: float, need: tuple) -> tuple[float, int] | None:
-        """`_search(..., fullest=True)` where it is decided by the keys alone (None elsewhere): nothing parked
-        that the item may bring back, and no candidate within the target, or the one with the
-        highest peak within it shares that peak with no other and surely has token room."""
+    def _quick(self, degree: int, time: float, need: tuple) -> int | None:
+        """`_search(..., fullest=True)` where it is decided by the keys alone (None elsewhere), as the index of its
+        candidate in the keys of `degree` (-1: none within the target): nothing parked that the item may bring back,
+        and no candidate within the target, or those with the highest peak within it are one run of equal loads (no
+        other load has that peak, float rounding included) whose first, the least position, has token room."""
         parked, keys = self.parked[degree], self.keys[degree]
         if parked and self.parked_holds(degree, self._least_need(degree, need)):
             return None
         end = self._within(keys, time) if keys and keys[0][0] + time <= self.target else 0
         if not end:
-            return math.inf, -1
-        peak, position = keys[end - 1][0] + time, keys[end - 1][1]
-        if end > 1 and keys[end - 2][0] + time == peak:
-            return None
-        return (peak, position) if self._token_room(degree, self._start(degree, position), need) else None
+            return -1
+        load, first = keys[end - 1][0], end - 1
+        if first and keys[first - 1][0] + time == load + time:  # a run of equal peaks
+            first = bisect.bisect_left(keys, load, 0, first, key=LOAD)
+            if first and keys[first - 1][0] + time == load + time:  # another load has that peak (float rounding)
+                return None
+        if degree == 1:  # `_token_room` of a rank
+            return first if self.tokens[keys[first][1]] + need[1] <= self.cap else None
+        return first if self._token_room(degree, self.groups[degree][keys[first][1]], need) else None
 
     def _start(self, degree: int, position: int) -> int:
         return position if degree == 1 else self.groups[degree][position]
@@ -272,7 +280,10 @@ class Placement(Overflows):
             loads = np.array(self.loads)
             order = np.lexsort((self.ranks, loads))
             self.keys[degree] = list(zip(loads[order].tolist(), order.tolist()))
-        found = self._quick(degree, time, need) or self._search(degree, time, need, fullest=True)
+        index = self._quick(degree, time, need)
+        if index is not None and index >= 0:
+            return self._add(item, self._start(degree, self.keys[degree][index][1]), degree, time, need, index)
+        found = (math.inf, -1) if index == -1 else self._search(degree, time, need, fullest=True)
         if found is None:  # many candidates short of tokens: all at once
             starts = self.ranks if degree == 1 else np.array(self.groups[degree], dtype=np.int64)
             peak, fits, _, _ = self._candidates(item, degree, starts)
@@ -358,32 +369,46 @@ class Placement(Overflows):
         if not parked:
             bisect.insort(keys, (self.peak[start], position))
 
-    def _add(self, item: int, start: int, degree: int, time: float, need: tuple[list[int], int, int]) -> int:
+    def _grow(self, start: int, degree: int, index: int, time: float, need: tuple[list[int], int, int]) -> None:
+        """`_add` of an item (its `time` and shards `need`) to the group of `degree` at `start`, the degree being laid
+        out, whose key is keys[degree][index]: its ranks' tokens and the bounds on its fullest rank's (it gains between
+        its shards' fewest and most), its peak and key."""
+        shard, most, fewest = need
+        self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
+        low, high = self.most_tokens[start]
+        self.most_tokens[start] = (low + fewest, high + most)
+        self.peak[start] += time  # every rank gained `time`, and rounding keeps their order
+        keys = self.keys[degree]
+        del keys[index]
+        bisect.insort(keys, (self.peak[start], self.position[start]))
+
+    def _add(self, item: int, start: int, degree: int, time: float, need: tuple[list[int], int, int],
+             index: int | None = None) -> int:
         """Put the item (its shards `need` = (tokens, most, fewest)) on the block, and keep the candidates'
         keys sorted: the block's while its degree is laid out (and the bounds on its fullest rank: it
         gains between its shards' fewest and most tokens); while degree 1 is, the ranks' (unless parked),
-        then their group's (`_refresh`)."""
+        then their group's (`_refresh`).  `index`: the block's key's in the keys of `degree`, where known."""
         shard, most, fewest = need
         if self.degree > 1:  # a group a search found (never a parked one): only its key moves
-            before = (self.peak[start], self.position[start])
-            self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
-            low, high = self.most_tokens[start]
-            self.most_tokens[start] = (low + fewest, high + most)
-            self.peak[start] += time  # every rank gained `time`, and rounding keeps their order
-            keys = self.keys[degree]
-            del keys[bisect.bisect_left(keys, before)]
-            bisect.insort(keys, (self.peak[start], before[1]))
+            if index is None:
+                index = bisect.bisect_left(self.keys[degree], (self.peak[start], self.position[start]))
+            self._grow(start, degree, index, time, need)
+        elif degree == 1:  # one rank: its key (unless parked) moves, then its group's
+            load, keys = self.loads[start], self.keys[1]
+            self.loads[start] = load + time
+            self.tokens[start] += most
+            if not (self.parked_ids and (1, start) in self.parked_ids):
+                del keys[bisect.bisect_left(keys, (load, start)) if index is None else index]
+                bisect.insort(keys, (load + time, start))
+            if self.group_of[start] is not None:
+                self._refresh(*self.group_of[start])
         else:
             parked = self.parked_ids
             ranks = [rank for rank in range(start, start + degree) if (1, rank) not in parked] if parked \
                 else list(range(start, start + degree))
             before = [self.loads[rank] for rank in ranks]
-            if degree == 1:
-                self.loads[start] += time
-                self.tokens[start] += most
-            else:
-                self.loads[start: start + degree] = [load + time for load in self.loads[start: start + degree]]
-                self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
+            self.loads[start: start + degree] = [load + time for load in self.loads[start: start + degree]]
+            self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
             keys = self.keys[1]
             if ranks and before.count(before[0]) == len(ranks):  # one run of equal loads, adjacent in the keys
                 first = bisect.bisect_left(keys, (before[0], ranks[0]))  # before and after (a rank between is theirs)
@@ -425,7 +450,7 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
         blocks, done = Placement(problem, spec, gpus_per_node, times, target), 0
         for c in sorted(set(degree[split].tolist()), reverse=True) + [1] * (spec.degrees[0] == 1):
             blocks.open(c)
-            if c > 1 and not _lay(blocks, _by_time(np.flatnonzero(degree == c), c, times), c):
+            if c > 1 and not _lay(blocks, _by_time(split[degree[split] == c], c, times), c):
                 blocks = None
                 break
     if blocks is not None:
@@ -439,8 +464,8 @@ def place_groups(problem: Problem, spec: ContextParallel, gpus_per_node: int, ti
         return None
     start = np.full(degree.size, -1, dtype=np.int64)
     degree = degree.copy()
-    for item, (s, c) in blocks.placed.items():
-        start[item], degree[item] = s, c
+    items = np.fromiter(blocks.placed, dtype=np.int64, count=len(blocks.placed))
+    start[items], degree[items] = np.array(list(blocks.placed.values()), dtype=np.int64).reshape(-1, 2).T
     return start, degree, blocks.overflow
 
 
