@@ -108,16 +108,17 @@ def scans(problem: MicroBatchProblem) -> bool:
 
 
 def _best_fit(rows: list, level: list, add: float, empty: list | None = None, cost: float = 0.0,
-              fitless: bool = False) -> tuple[int, float] | None:
+              fitless: bool = False, fits: list | None = None) -> tuple[int, float] | None:
     """The greedy's (cell, excess) for an item (`rows`: per micro-batch the sorted (load, cell) pairs of the cells
     with room, each to load + `add` with it; padded: `empty[m]` its first empty cell or -1, to `cost`): the largest
     excess over the level <= 0, else the least; ties to the lowest cell (in the first micro-batch reaching it).
-    `fitless`: known that no cell fits (excess <= 0), the search for the least only."""
+    `fitless`: known that no cell fits (excess <= 0), the search for the least only; `fits`: known how many of each
+    row's pairs fit (`_fits`)."""
     best, where, at = None, -1, -1
     for m, row in enumerate([] if fitless else rows):
         top, fit, value = level[m], 0, None
         if row:
-            fit = _first_above(row, len(row), top, add, 0.0)
+            fit = _first_above(row, len(row), top, add, 0.0) if fits is None else fits[m]
             value = (row[fit - 1][0] + add) - top if fit else None
         if empty is not None and empty[m] >= 0 and cost <= top and (value is None or cost - top > value):
             value = cost - top
@@ -211,13 +212,14 @@ class _Rows:
                 if placed:
                     fits = _fits(rows, level, cost, fits) if count else fits
                     continue
-            found = _best_fit(rows, level, cost, None, 0.0, cost > 0.0 and not any(fits))  # no fit: the least rise
+            positive = cost > 0.0  # then `fits` are known
+            found = _best_fit(rows, level, cost, None, 0.0, positive and not any(fits), fits if positive else None)
             if found is None:
                 return False
-            count -= self.place(found, cost, length, count if cost > 0.0 else 1)
-            if cost > 0.0:
+            count -= self.place(found, cost, length, count if positive else 1)
+            if positive and count:
                 m = found[0] // self.d
-                if found[1] > 0.0 and count:  # a rise: the next ones to m's least loaded cells while they beat all
+                if found[1] > 0.0:  # a rise: the next ones to m's least loaded cells while they beat all
                     count -= climb(self, m, cost, length, count)
                 fits[m] = _first_above(rows[m], len(rows[m]), level[m], cost, 0.0)
         return True

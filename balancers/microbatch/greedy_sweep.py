@@ -18,7 +18,9 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from operator import itemgetter
 
+WHOLE = 8  # `_Group.take` takes whole loads at once where they hold this many cells
 SPAN = 8  # `_merge` sorts a span of the row up to this many pairs per pair it merges
 
 
@@ -108,6 +110,12 @@ class _Group:
         bound, first = (-math.inf, 0) if floor is None else (-floor[0], floor[1])
         cut, end, done, taken = self.cut, self.end, self.done, 0
         load, excess, tied = (self.load, self.excess, self.tied) if cut < end else (0.0, 0.0, False)
+        if left >= WHOLE and done == 0 and 0 < end - cut <= left and not tied and bound < excess <= 0.0 and (
+                (load + cost) + cost) - top > 0.0:
+            start = _whole(row, cut, end, top, cost, bound, left)  # whole loads of one item a cell at once
+            if end - start >= WHOLE:
+                taken = _take_whole(state, row, start, end, top, cost, length, back)
+                cut, end = (start, start) if taken else (cut, end)
         below = (row[cut - 1][0] + cost) - top if cut else 0.0  # the excess of the next load below
         while True:
             if cut + done == end:  # on to the next load's cells below
@@ -181,3 +189,42 @@ def _merge(row: list, back: list) -> None:
         merged.append(pair)
         start = place
     row[places[0]:] = merged + row[start:]
+
+
+def _whole(row: list, cut: int, end: int, top: float, cost: float, bound: float, left: int) -> int:
+    """Where the loads of row[:end] that `_Group.take` gives one item a cell, in turn, start (row[cut:end], the
+    first, does): at most `left` cells, each above `bound` (the others' best excess) and taking no second (((load +
+    c) + c) - top > 0), from a load's first cell."""
+    start = end - left
+    if start <= 0:
+        start = 0
+    elif row[start - 1][0] == row[start][0]:
+        start = bisect.bisect_right(row, (row[start][0], math.inf), start, cut)
+    load = row[start][0]
+    if (load + cost) - top > bound and ((load + cost) + cost) - top > 0.0:
+        return start
+    return bisect.bisect_left(row, True, start, cut, key=lambda pair: (pair[0] + cost) - top > bound and (
+        (pair[0] + cost) + cost) - top > 0.0)
+
+
+def _take_whole(state, row: list, start: int, end: int, top: float, cost: float, length: int, back: list) -> int:
+    """One item of `cost` and `length` to each cell of row[start:end] (whole loads), highest load first, the lowest
+    cell of a load first; how many: none where rounding ties two of their loads' excesses (load + c) - top, or the
+    last's with the next load below (the loop stops there).  The sums are checked: at least top / 2 (Sterbenz: the
+    excess exact), unequal for unequal loads."""
+    pairs = row[start - 1 if start else 0:end]
+    sums = [load + cost for load, _ in pairs]
+    if sums[0] < 0.5 * top or len(set(sums)) != len({load for load, _ in pairs}):
+        return 0
+    if start:
+        pairs, sums = pairs[1:], sums[1:]
+    loads, tokens, cap, waiting = state.loads, state.tokens, state.cap, state.waiting
+    for (_, cell), sum_ in zip(pairs, sums):
+        held = tokens[cell] + length
+        loads[cell], tokens[cell] = sum_, held
+        if cap - held >= length:
+            back.append((sum_, cell))
+        else:
+            heapq.heappush(waiting, (held - cap, cell))
+    state.chosen += [cell for _, cell in sorted(pairs, key=itemgetter(0), reverse=True)]
+    return len(pairs)
