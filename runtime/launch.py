@@ -1,8 +1,8 @@
 """Run a function on N local processes joined in a gloo group, never hanging.
 
-Used by the tests, the demo and the examples.  Each child gets a fresh process group on a free TCP
-port of 127.0.0.1, runs `fn(rank, world_size, *args)` with one intra-op thread, and
-reports its return value or traceback through a queue.  A child that raises exits at
+Used by the tests, the demo and the examples.  Each child gets a fresh process group, meeting in a TCPStore
+the parent serves on a port of 127.0.0.1 it binds itself (`rendezvous_store`), runs `fn(rank, world_size, *args)`
+with one intra-op thread, and reports its return value or traceback through a queue.  A child that raises exits at
 once, closing its sockets, so its peers' collectives fail instead of waiting; the
 process-group timeout bounds the rest, and the parent kills every child that is still
 running at its own deadline.  Children are always joined or killed before returning.
@@ -18,7 +18,6 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import socket
 import sys
 import threading
 import time
@@ -53,11 +52,12 @@ class RankOutcome:
     seconds: float | None = None  # since the parent started the children; None if killed
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def rendezvous_store(world_size: int, timeout_s: float) -> dist.TCPStore:
+    """The group's TCPStore, served by this process on a port of 127.0.0.1 that it binds itself (port 0, read back
+    from the store): a port picked free and released before the rendezvous bound it could be taken meanwhile by a
+    concurrent job (EADDRINUSE, or two jobs' ranks meeting in one store)."""
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def _exit_with_parent(parent: int, period_s: float = 1.0) -> None:
@@ -98,9 +98,9 @@ def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, resu
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size,
-                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        timeout = datetime.timedelta(seconds=collective_timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         # Pickled here, by value: the queue would pass tensors as shared-memory handles that die with
         # this process (the parent then failed with FileNotFoundError), and would fail in its thread.
         value = pickle.dumps(fn(rank, world_size, *args))
@@ -232,7 +232,8 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     _check_start_method(fn, args, start_method)
     context = mp.get_context(start_method)
     results = context.Queue()
-    port = free_port()
+    store = rendezvous_store(world_size, collective_timeout_s)  # served until every child is joined or killed
+    port = store.port
     start = time.monotonic()
     children = [context.Process(target=_child, daemon=False,  # a rank may start processes (loader workers)
                                 args=(fn, rank, world_size, port, backend, collective_timeout_s, args, results,
@@ -279,6 +280,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                 child.kill()
                 child.join()
         results.close()
+        del store
     return [outcomes.get(rank, RankOutcome(rank, False, error=f"killed after the {timeout_s:.0f} s timeout"))
             for rank in range(world_size)]
 
