@@ -65,7 +65,8 @@ def _instance(case: str):
 def test_the_first_shaped_start_from_below_is_at_most_its_cells(case):
     """`first_from_below` is at most the first shaped start's cells in every cell, where its LPT keeps the uncapped
     cells and where they overflow the budget and the capped LPT's are its cells (`lpt_cells`: it takes the first M·D
-    items alike while they fit); where they do not fit ("long") or they are all the items, no bound."""
+    items alike while they fit); where they do not fit ("long"), no bound; where there are no more items than
+    cells, from the first FEW_PREFIX of them (D = 2560 x 32, M = 32: the whole LPT's cost was spent to bound it)."""
     from orchmllm.balancers.pipeline.planner import cell_costs
     from orchmllm.balancers.pipeline.shaped import first_from_below, lpt_shaped, overflowing
 
@@ -81,7 +82,10 @@ def test_the_first_shaped_start_from_below_is_at_most_its_cells(case):
         assert np.all(below <= cell_costs(problem, replica, slot, m, accounts)[0])
     few = make_microbatch_problem(problem.lengths[:m * ranks], ranks, costs=problem.item_costs[:m * ranks],
                                   max_tokens_per_microbatch=problem.max_tokens_per_microbatch)
-    assert first_from_below(few, m, pipeline, mean) is None  # no more items than cells: the bound is the LPT itself
+    below = first_from_below(few, m, pipeline, mean)  # no more items than cells: from the first FEW_PREFIX of them
+    if case != "long":
+        replica, slot, accounts = lpt_shaped(few, m, pipeline, mean)
+        assert np.all(below <= cell_costs(few, replica, slot, m, accounts)[0])
 
 
 @pytest.mark.parametrize("case", ["cheap", "long"])

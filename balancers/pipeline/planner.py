@@ -5,7 +5,7 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               cut afresh into cells of the schedule's best shape by one LPT over all M·D cells
               (`shaped.lpt_shaped`; the replicas that take the items overflowing a cell alone start their other
               cells higher, `_starts`, two such starts where more than D items overflow, the first (1F1B,
-              interleaved) or the second (GPipe) not made where its LPT's first M·D choices show it the slower,
+              interleaved) or the second (GPipe) not made where its LPT's first choices show it the slower,
               `shaped.first_from_below`, or (1F1B, interleaved) where the D largest are light, `shaped.second_alone`);
               the faster ends the planning when it is within STOP_GAP of τ·X̄ or at the certified bound (the
               search's stop rule: no plan is faster; the largest item's chain meets it at D = 2560, M = 8,

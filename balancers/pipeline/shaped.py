@@ -20,6 +20,7 @@ SCALE_RANGE, SCALE_STEPS = 4.0, 12  # the level scale's range and bisection step
 PINNED_SHARE = 0.16  # GPipe's second shaped start made, however slow its start, where the D largest hold this
 PINNED_SPREAD = 1.25  # the D largest items' spread (largest / D-th) above which 1F1B's second start is made alone
 SECOND_PREFIX = 4  # the second start's cells from below take its LPT's first 4·D choices (`first_from_below`)
+FEW_PREFIX = 0.75  # the first's, where at most M·D items (one a cell or fewer), the first 3/4 of its choices
 
 
 def _layout(problem: MicroBatchProblem, m: int, pipeline: Pipeline, mean: float) -> tuple:
@@ -138,11 +139,13 @@ def first_from_below(problem: MicroBatchProblem, num_microbatches: int, pipeline
     """Cells (D, M) at most the costs of the first shaped start's where more than D items overflow a cell alone
     (`lpt_shaped` from the offsets alone: `_starts`; with `most` the second's, the D largest pinned), from its LPT's
     first M·D choices (with `most` SECOND_PREFIX·D: the pinned replicas hold its step, met from 2·D choices at
-    D = 2560 x 32, M = 16, seeds 7 and 11, ~0.9 ms against ~1.5 for M·D) (`lpt.greedy_prefix`: they are the whole
-    LPT's, exact), or None where they may not be its
-    cells' (LPT not on exact integer keys, or those items over the budget: its capped LPT from the same offsets,
-    `lpt_cells`, takes them alike only within it) or they are all its items.  Each of its cells holds them and more
-    (costs >= 0), and a replica's time never falls where a cell's cost rises (`schedules.step_rows`), so their
+    D = 2560 x 32, M = 16, seeds 7 and 11, ~0.9 ms against ~1.5 for M·D; where at most M·D items, the first FEW_PREFIX
+    of them: D = 2560 x 32, M = 32, seeds 7, 13, 29, their probe replicas 1.04-1.05x (1F1B) and 1.16-1.17x
+    (interleaved) the second's step, at half the items 1.01-1.02x / 1.11-1.12x, at a quarter 0.90x / 1.01x; ~1.7 ms
+    against ~3 for the whole start) (`lpt.greedy_prefix`: they are the whole LPT's, exact), or None where they may
+    not be its cells' (LPT not on exact integer keys, or those items over the budget: its capped LPT from the same
+    offsets, `lpt_cells`, takes them alike only within it) or they are all its items.  Each of its cells holds them and
+    more (costs >= 0), and a replica's time never falls where a cell's cost rises (`schedules.step_rows`), so their
     replicas' times are at most the start's: where one runs longer than the other start's step, it is the slower
     without its LPT over every item (D = 2560 x 32, M = 16: the first 40 960 of 81 920 items; the first start's probe
     replicas 1.2-1.24x the second's step; the second's (GPipe) meet its step).  With `most`, only where the raised
@@ -150,7 +153,8 @@ def first_from_below(problem: MicroBatchProblem, num_microbatches: int, pipeline
     the planner's choice of starts is then a heuristic, never a wrong plan).  Uniform stages."""
     m, d = num_microbatches, problem.num_ranks
     cells = m * d
-    count = min(SECOND_PREFIX, m) * d if most else cells
+    count = min(SECOND_PREFIX, m) * d if most else cells if problem.num_items > cells else \
+        int(FEW_PREFIX * problem.num_items)
     if problem.num_items <= count:
         return None
     offsets, unit, base, slot_of = _layout(problem, m, pipeline, mean)
