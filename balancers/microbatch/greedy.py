@@ -118,7 +118,8 @@ def _best_fit(rows: list, level: list, add: float, empty: list | None = None, co
     for m, row in enumerate([] if fitless else rows):
         top, fit, value = level[m], 0, None
         if row:
-            fit = _first_above(row, len(row), top, add, 0.0) if fits is None else fits[m]
+            fit = fits[m] if fits is not None else _first_above(row, len(row), top, add, 0.0) if (
+                row[0][0] + add) - top <= 0.0 else 0
             value = (row[fit - 1][0] + add) - top if fit else None
         if empty is not None and empty[m] >= 0 and cost <= top and (value is None or cost - top > value):
             value = cost - top
@@ -203,21 +204,20 @@ class _Rows:
         """`count` items of `cost` and `length`; False when one finds no room.  With cost > 0 the best fit stays the
         best while it takes more, so the fits take the items best first in one pass (`descend`), and after a rise
         the next ones climb its micro-batch's least loaded cells (`climb`); the rest one `_best_fit` an item."""
-        rows, level = self.rows, self.level
-        fits = _fits(rows, level, cost, [cost > 0.0] * len(rows))
+        rows, level, positive = self.rows, self.level, cost > 0.0
+        fits = _fits(rows, level, cost) if positive and count > 1 else None  # one item: `_best_fit` finds them
         while count:
-            if count > 1 and any(fits):  # one item: the search is as quick
+            if fits is not None and count > 1 and any(fits):
                 placed = descend(self, fits, cost, length, count)
                 count -= placed
                 if placed:
-                    fits = _fits(rows, level, cost, fits) if count else fits
+                    fits = _fits(rows, level, cost) if count else fits
                     continue
-            positive = cost > 0.0  # then `fits` are known
-            found = _best_fit(rows, level, cost, None, 0.0, positive and not any(fits), fits if positive else None)
+            found = _best_fit(rows, level, cost, None, 0.0, fits is not None and not any(fits), fits)
             if found is None:
                 return False
             count -= self.place(found, cost, length, count if positive else 1)
-            if positive and count:
+            if fits is not None and count:
                 m = found[0] // self.d
                 if found[1] > 0.0:  # a rise: the next ones to m's least loaded cells while they beat all
                     count -= climb(self, m, cost, length, count)
@@ -225,11 +225,11 @@ class _Rows:
         return True
 
 
-def _fits(rows: list, level: list, cost: float, where: list) -> list:
-    """Per micro-batch (`where` true) how many of its row's pairs fit an item of `cost` (excess <= 0): the least
-    load fits, or none does."""
-    return [_first_above(row, len(row), level[m], cost, 0.0) if live and row and (row[0][0] + cost) - level[m] <= 0.0
-            else 0 for m, (row, live) in enumerate(zip(rows, where))]
+def _fits(rows: list, level: list, cost: float) -> list:
+    """Per micro-batch how many of its row's pairs fit an item of `cost` (excess <= 0): the least load fits, or none
+    does."""
+    return [_first_above(row, len(row), top, cost, 0.0) if row and (row[0][0] + cost) - top <= 0.0 else 0
+            for row, top in zip(rows, level)]
 
 
 def _sorted_greedy(problem: MicroBatchProblem, num_microbatches: int, order: np.ndarray,

@@ -21,6 +21,7 @@ import math
 from operator import itemgetter
 
 WHOLE = 8  # `_Group.take` takes whole loads at once where they hold this many cells
+_LOAD = itemgetter(0)  # a (load, cell) pair's load
 SPAN = 8  # `_merge` sorts a span of the row up to this many pairs per pair it merges
 
 
@@ -68,7 +69,7 @@ def descend(state, fits: list, cost: float, length: int, count: int) -> int:
             break
         group = groups.get(m)
         if group is None:
-            group = groups[m] = _Group(state, rows[m], fits[m], level[m], cost)
+            group = groups[m] = _Group(rows[m], fits[m], level[m], heads[0])
         placed = group.take(state, cost, length, count - taken, min(heads[1:3]) if len(heads) > 1 else None)
         if not placed:  # none fits (an excess of -inf): to the search
             break
@@ -83,20 +84,22 @@ def descend(state, fits: list, cost: float, length: int, count: int) -> int:
 
 
 def _head(row: list, fit: int, top: float, cost: float, m: int) -> tuple:
-    """`_Group.head` of micro-batch m's fits, the first `fit` pairs of its `row`, before it takes any."""
+    """`_Group.head` of micro-batch m's fits, the first `fit` pairs of its `row`, before it takes any, then where
+    its first load's cells start and that load."""
     load = row[fit - 1][0]
     cut = fit - 1 if fit == 1 or row[fit - 2][0] != load else bisect.bisect_left(row, (load, -1), 0, fit)
     excess = (load + cost) - top
-    return -excess, -1 if cut and (row[cut - 1][0] + cost) - top == excess else row[cut][1], m
+    return -excess, -1 if cut and (row[cut - 1][0] + cost) - top == excess else row[cut][1], m, cut, load
 
 
 class _Group:
     """A micro-batch's fits as `descend` takes them: row[cut:end] the cells of one load, `done` of them taken (the
     lowest first), row[end:fit] taken; their sums back into the row when it closes."""
 
-    def __init__(self, state, row: list, fit: int, top: float, cost: float):
-        self.row, self.fit, self.top, self.cut, self.end, self.done, self.back = row, fit, top, fit, fit, 0, []
-        self.take(state, cost, 0, 0, None)  # to the first load's cells
+    def __init__(self, row: list, fit: int, top: float, head: tuple):
+        """At the first load's cells (`head`: `_head`'s)."""
+        self.row, self.fit, self.top, self.end, self.done, self.back = row, fit, top, fit, 0, []
+        self.excess, self.tied, self.cut, self.load = -head[0], head[1] < 0, head[3], head[4]
 
     def head(self, m: int) -> tuple:
         """The heap's key of its next cell: the greatest excess first, then the lowest cell (a tied load first)."""
@@ -213,8 +216,10 @@ def _take_whole(state, row: list, start: int, end: int, top: float, cost: float,
     last's with the next load below (the loop stops there).  The sums are checked: at least top / 2 (Sterbenz: the
     excess exact), unequal for unequal loads."""
     pairs = row[start - 1 if start else 0:end]
-    sums = [load + cost for load, _ in pairs]
-    if sums[0] < 0.5 * top or len(set(sums)) != len({load for load, _ in pairs}):
+    loads = list(map(_LOAD, pairs))
+    sums = [load + cost for load in loads]
+    distinct = len(set(loads))
+    if sums[0] < 0.5 * top or len(set(sums)) != distinct:
         return 0
     if start:
         pairs, sums = pairs[1:], sums[1:]
@@ -226,5 +231,6 @@ def _take_whole(state, row: list, start: int, end: int, top: float, cost: float,
             back.append((sum_, cell))
         else:
             heapq.heappush(waiting, (held - cap, cell))
-    state.chosen += [cell for _, cell in sorted(pairs, key=itemgetter(0), reverse=True)]
+    state.chosen += [cell for _, cell in (reversed(pairs) if distinct == len(loads) else sorted(
+        pairs, key=_LOAD, reverse=True))]
     return len(pairs)
