@@ -384,29 +384,31 @@ def test_regression_one_micro_batch_without_layout_lowered_every_micro_batchs_fi
     """Documents, 16 x 8, 10 % giants, seed 1, T = 32k: the fills' first micro-batch (the giants on their
     blocks beside items over T whose shards find no room) had no layout, so every micro-batch's fill was
     lowered: step / bound 1.159.  Only that micro-batch spills now (`repair.py`): 1.033, and never above the
-    plan the fills alone give (without the fixed counts tried above that, `_more_counts`)."""
+    plan the fills alone give (without the fixed counts tried above that, `_more_counts`).  Since the free M's
+    grouping (`tests/test_cp_grouping_free.py`) that instance's first fill lays out; 20 % giants, seed 9: the fills
+    alone 1.091, repaired 1.043."""
     from orchmllm.balancers.context_parallel import microbatch
     from orchmllm.benchmarks.bench_context_parallel import COST, giant_mix
 
-    lengths = giant_mix("documents", 16, 8, 0.1, 1)
+    lengths = giant_mix("documents", 16, 8, 0.2, 9)
     options = dict(cost=COST, max_tokens_per_microbatch=32768, context_parallel=ContextParallel())
     plan = balance_microbatches(lengths, 16, **options)
     assert plan.cell_tokens.max() <= 32768 and plan.step_cost <= 1.05 * plan.lower_bound
     monkeypatch.setattr(microbatch, "repaired_grouping", lambda *args: None)
     monkeypatch.setattr(microbatch, "_more_counts", lambda best, *args: best)  # no fixed count planned either
     fills_alone = balance_microbatches(lengths, 16, **options)
-    assert fills_alone.step_cost > 1.1 * fills_alone.lower_bound and plan.step_cost < fills_alone.step_cost
+    assert fills_alone.step_cost > 1.08 * fills_alone.lower_bound and plan.step_cost < fills_alone.step_cost
 
 
 def test_the_search_skips_the_plan_its_first_search_beat(monkeypatch):
-    """Videos, 64 x 16, 2 % giants, seed 1, T = 32k: the fills' best and the repaired plan both lay out.  The
+    """Videos, 64 x 16, 5 % giants, seed 7, T = 32k: the fills' best and the repaired plan both lay out.  The
     micro-batch search runs on the lower step first and on the other only where its step is below the first's
     searched step (not here: it once searched both, 0.5-0.8 s of the long workload's 2.2-4.3 s at D = 2560 x 16,
     T = 16k, for a step never lower there); the plan is the first's search."""
     from orchmllm.balancers.context_parallel import microbatch
     from orchmllm.benchmarks.bench_context_parallel import COST, giant_mix
 
-    lengths = giant_mix("videos", 64, 16, 0.02, 1)
+    lengths = giant_mix("videos", 64, 16, 0.05, 7)
     given, searched = [], []
     search, choose = microbatch._regrouped, microbatch._searched
     monkeypatch.setattr(microbatch, "_regrouped",

@@ -137,4 +137,4 @@ def test_regression_later_fills_planned_micro_batches_that_could_not_beat_the_be
     plan = balance_microbatches(lengths, 128, max_tokens_per_microbatch=BUDGET, cost=COST,
                                 context_parallel=ContextParallel(), topology=topology)
     assert plan.digest() == before.digest()
-    assert len(counts) == 2 and counts[1] == 0
+    assert len(counts) >= 2 and not any(counts[1:])  # 2 deferrals before the grouping's free M (grouping_free)

@@ -38,7 +38,8 @@ def test_property_the_guess_finds_the_count_the_bisection_finds(most, data):
 
 def test_regression_a_cascade_of_spills_bisected_every_certificate_from_one(monkeypatch):
     """allgiant (issue 24's family: 20-130k tokens, T = 32k), D = 64 x 16, seed 11: 550 certificates judged before
-    (each spill of the cascade bisected from count 1), 443 now, the same plan."""
+    (each spill of the cascade bisected from count 1), 443 now, the same plan (since the free M's grouping,
+    `tests/test_cp_grouping_free.py`: 493 without the guess, 391 with it)."""
     rng = np.random.default_rng(11)
     lengths = rng.integers(20000, 130000, 64 * 16)
     judged, certify = [], microbatch.cannot_lay_out
@@ -50,4 +51,4 @@ def test_regression_a_cascade_of_spills_bisected_every_certificate_from_one(monk
     monkeypatch.setattr(microbatch, "cannot_lay_out", counted)
     plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=32768, cost=COST,
                                 context_parallel=ContextParallel())
-    assert plan.digest().startswith("f24fe75b0ac1") and len(judged) <= 460
+    assert plan.digest().startswith("fb42586d35c3") and len(judged) <= 460

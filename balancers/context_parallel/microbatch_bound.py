@@ -30,7 +30,8 @@ def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost
                 overhead: float, num_microbatches: int | None) -> tuple[float, int, np.ndarray, ByTime]:
     """(the step bound every split plan meets, the fewest micro-batches the tokens need, every
     item's time at every allowed degree, inf where a shard exceeds the budget, the items by their least
-    time as the fills read them (`grouping.by_time`, whose order `stacked_bound` reads too)): see the module,
+    time as the fills read them (`grouping.by_time`, whose order `stacked_bound` reads too; free where
+    `num_microbatches` is None: the grouping may then open micro-batches past the count)): see the module,
     and `stacked_bound`."""
     problem = make_problem(lengths, num_ranks, cost=cost)
     degrees = allowed_degrees(spec, num_ranks, spec.gpus_per_node)
@@ -45,7 +46,7 @@ def split_bound(lengths: np.ndarray, num_ranks: int, spec: ContextParallel, cost
     every[:, split] = spec.item_times(problem.cost, lengths[:, None], degrees[None, split],
                                       (degrees[split] <= spec.gpus_per_node)[None, :])
     table = np.where(-(-lengths[:, None] // degrees[None, :]) <= budget, every, np.inf)
-    ordered = by_time(table, degrees, problem.item_costs, lengths, budget)
+    ordered = by_time(table, degrees, problem.item_costs, lengths, budget, num_microbatches is None)
     alone = alone_ranks(table, degrees, lengths, budget)
     dense = density_order(lengths, work)
     bound = max(allotment.bound(),
