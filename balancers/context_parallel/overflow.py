@@ -38,9 +38,7 @@ class Overflows:
                     self._open(item, degree, time, need)
                     continue
                 if index is not None:
-                    start = groups[keys[index][1]]
-                    self._grow(start, degree, index, time, need)
-                    self.placed[item] = (start, degree)
+                    self._grow(item, groups[keys[index][1]], degree, index, time, need)
                     continue
             if self.place(item, degree, time, need) < 0:
                 return False
@@ -59,14 +57,16 @@ class Overflows:
         if found is None:
             return None
         self.overflow = True
-        return self._add(item, self._start(c, found[1]), c, at, need, 0)  # the least-loaded: the first key
+        start = self._start(c, found[1])  # the least-loaded: the first key
+        return self._grow(item, start, c, 0, at, need) if self.degree > 1 else self._add(item, start, c, at, need, 0)
 
     def _least_floor(self, degrees: list[tuple[int, float]], shards) -> tuple[float, int, float] | None:
         """(floor, degree, the item's time there) of the one of `degrees` ((degree, time) pairs) whose `_floor` is
         finite and below every other's; None where none is (a tie, or a parked candidate that may hold the item)."""
         least, second = (math.inf, 0, 0.0), math.inf
         for c, at in degrees:
-            floor = self._floor(c, at, shards)[0]
+            keys = self.keys[c]  # `_floor`, inline where nothing of the degree is parked
+            floor = self._floor(c, at, shards)[0] if self.parked[c] else keys[0][0] + at if keys else math.inf
             if floor < least[0]:
                 least, second = (floor, c, at), least[0]
             elif floor < second:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 import operator
 
@@ -23,8 +24,9 @@ from .spec import ContextParallel
 from .spill import SpillRun
 from .timetable import TimeTable
 
-LOAD = operator.itemgetter(0)
-"""A candidate's key's load: binary searches by load alone compare floats, not (load, position) tuples."""
+LOAD, POSITION = operator.itemgetter(0), operator.itemgetter(1)
+"""A candidate's key's load and position: binary searches by load alone compare floats, not (load, position)
+tuples."""
 
 BEST_FIT_PROBES = 4
 """Candidates a search may find short of tokens, their bounds having left it open (those surely short are
@@ -215,16 +217,17 @@ class Placement(Overflows):
     def _park_short(self, degree: int, need: tuple) -> None:
         """Park at once every candidate of `degree` surely short of shards `need` (`_search`): allgiant, D = 512 x 16,
         searches for a giant's least-loaded rank with room parked all 512 ranks one by one, ~8 ms each."""
-        keys, parked, least, kept = self.keys[degree], self.parked[degree], self._least_need(degree, need), []
-        for key in keys:
-            room = self._room(degree, self._start(degree, key[1]))
-            if room < least:
-                parked.append((-room, key[1]))
-                self.parked_ids.add((degree, key[1]))
-            else:
-                kept.append(key)
+        keys, parked, least = self.keys[degree], self.parked[degree], self._least_need(degree, need)
+        if degree == 1:  # `_room` of each
+            rooms = [self.cap - self.tokens[position] for _, position in keys]
+        else:
+            groups = self.groups[degree]
+            rooms = [self.cap - self.most_tokens[groups[position]][0] for _, position in keys]
+        short = [(-room, key[1]) for key, room in zip(keys, rooms) if room < least]
+        parked += short
+        self.parked_ids.update(zip(itertools.repeat(degree), map(POSITION, short)))
         heapq.heapify(parked)
-        keys[:] = kept
+        keys[:] = [key for key, room in zip(keys, rooms) if room >= least]
 
     def least_loaded(self, degree: int, time: float, need: tuple) -> tuple[float, int] | None:
         """(peak, position) of the least-loaded candidate of `degree` where it decides `_scan(..., fullest=False)`:
@@ -242,8 +245,8 @@ class Placement(Overflows):
     def _within(self, keys: list[tuple[float, int]], time: float) -> int:
         """How many of `keys` stay within the target with `time` added (float rounding included)."""
         target = self.target
-        end = bisect.bisect_right(keys, target - time, key=LOAD)
-        while end < len(keys) and keys[end][0] + time <= target:
+        end, count = bisect.bisect_right(keys, target - time, key=LOAD), len(keys)
+        while end < count and keys[end][0] + time <= target:
             end += 1
         while end > 0 and keys[end - 1][0] + time > target:
             end -= 1
@@ -369,10 +372,11 @@ class Placement(Overflows):
         if not parked:
             bisect.insort(keys, (self.peak[start], position))
 
-    def _grow(self, start: int, degree: int, index: int, time: float, need: tuple[list[int], int, int]) -> None:
-        """`_add` of an item (its `time` and shards `need`) to the group of `degree` at `start`, the degree being laid
-        out, whose key is keys[degree][index]: its ranks' tokens and the bounds on its fullest rank's (it gains between
-        its shards' fewest and most), its peak and key."""
+    def _grow(self, item: int, start: int, degree: int, index: int, time: float,
+              need: tuple[list[int], int, int]) -> int:
+        """`_add` of `item` (its `time` and shards `need`) to the group of `degree` at `start`, whose key is
+        keys[degree][index], while a degree above 1 is laid out: its ranks' tokens and the bounds on its fullest rank's
+        (it gains between its shards' fewest and most), its peak and key.  The block start."""
         shard, most, fewest = need
         self.tokens[start: start + degree] = map(operator.add, self.tokens[start: start + degree], shard)
         low, high = self.most_tokens[start]
@@ -381,6 +385,8 @@ class Placement(Overflows):
         keys = self.keys[degree]
         del keys[index]
         bisect.insort(keys, (self.peak[start], self.position[start]))
+        self.placed[item] = (start, degree)
+        return start
 
     def _add(self, item: int, start: int, degree: int, time: float, need: tuple[list[int], int, int],
              index: int | None = None) -> int:
@@ -388,12 +394,12 @@ class Placement(Overflows):
         keys sorted: the block's while its degree is laid out (and the bounds on its fullest rank: it
         gains between its shards' fewest and most tokens); while degree 1 is, the ranks' (unless parked),
         then their group's (`_refresh`).  `index`: the block's key's in the keys of `degree`, where known."""
-        shard, most, fewest = need
         if self.degree > 1:  # a group a search found (never a parked one): only its key moves
             if index is None:
                 index = bisect.bisect_left(self.keys[degree], (self.peak[start], self.position[start]))
-            self._grow(start, degree, index, time, need)
-        elif degree == 1:  # one rank: its key (unless parked) moves, then its group's
+            return self._grow(item, start, degree, index, time, need)
+        shard, most, fewest = need
+        if degree == 1:  # one rank: its key (unless parked) moves, then its group's
             load, keys = self.loads[start], self.keys[1]
             self.loads[start] = load + time
             self.tokens[start] += most
