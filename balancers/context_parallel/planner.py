@@ -18,7 +18,8 @@
             16, T = 16k and 32k, where its targets after the first took 0.4 s of 2.4 s at T = 16k; it may
             change such a plan)
     the unsplit items, largest first, dealt round robin to the ranks with room under T (a
-        group's ranks start with its time), the rest in LPT rounds (`locality_deal.take_anywhere`);
+        group's ranks start with its time), the rest in LPT rounds (`locality_deal.take_anywhere`; where the first
+        LPT round's least-loaded rank has no token room for the largest item, `locality.token_lpt`);
         where no rank has token room for one, every item laid out as above instead
 
 Several split items of one degree may share a group; no rank is in two groups.  The local
@@ -31,8 +32,9 @@ import math
 
 import numpy as np
 
-from ..locality.deal import NoRoom, take_anywhere
+from ..locality.deal import DEAL_WINDOW, NoRoom, take_anywhere
 from ..locality.partial_plan import PartialPlan
+from ..locality.token_lpt import TokenRoomExhausted, token_bound_lpt
 from ..problem import InfeasibleError, Problem
 from .bound import Allotment
 from .pairing import packable_degrees, pigeonhole_degrees
@@ -174,17 +176,26 @@ def _items_of(problem: Problem, items: np.ndarray, cap: int | None) -> Problem:
 
 def fill(problem: Problem, start: np.ndarray, target: float, accounts: tuple) -> np.ndarray | None:
     """The block starts with a rank for every item not laid out (start -1): dealt to the room
-    left under `target` by the laid-out ones' (loads, tokens) `accounts` (`locality_deal.take_anywhere`);
-    None when the deal finds no token room."""
+    left under `target` by the laid-out ones' (loads, tokens) `accounts` (`locality_deal.take_anywhere`; from its
+    first LPT round on, where that round's least-loaded rank has no token room for the largest item waiting, the
+    rest by `token_lpt.token_bound_lpt`); None when the deal finds no token room."""
     loads, tokens = accounts
     rest = np.flatnonzero(start < 0)
     state = PartialPlan(_items_of(problem, rest, problem.max_tokens_per_rank), target)
     state.loads += loads
     state.tokens += tokens
     try:
-        take_anywhere(state, np.arange(rest.size))
-    except NoRoom:
-        return None
+        take_anywhere(state, np.arange(rest.size), max_lpt_rounds=0)
+    except NoRoom:  # at its first LPT round, nothing placed by it yet
+        waiting = np.flatnonzero(state.destinations < 0)
+        waiting = state.item_of_rank[np.sort(state.cost_rank[waiting])]  # largest first, as take_anywhere
+        try:
+            if state.tokens[np.argmin(state.loads)] + state.lengths[waiting[0]] > state.cap:
+                token_bound_lpt(state, waiting, DEAL_WINDOW * np.finfo(np.float64).eps * target)
+            else:  # the same rounds as without the stop: its deal keeps nothing again, then the LPT round
+                take_anywhere(state, waiting)
+        except (NoRoom, TokenRoomExhausted):
+            return None
     start = start.copy()
     start[rest] = state.destinations
     return start
