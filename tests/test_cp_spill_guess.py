@@ -1,5 +1,6 @@
 """The spill's certificate search (`repair._fewest_uncertified`) gallops from the count the spill before kept: the
-same count as the bisection alone, with fewer certificates in a cascade of spills."""
+same count as the bisection alone, with fewer certificates in a cascade of spills; where that count finds no layout,
+the layout search (`repair._fewest_laid`) gallops from the count the spill before laid out."""
 
 from types import SimpleNamespace
 
@@ -52,3 +53,49 @@ def test_regression_a_cascade_of_spills_bisected_every_certificate_from_one(monk
     plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=32768, cost=COST,
                                 context_parallel=ContextParallel())
     assert plan.digest().startswith("fb42586d35c3") and len(judged) <= 460
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 300), st.data())
+def test_property_the_layout_guess_brackets_the_count_the_doubling_finds(most, data):
+    """Plans failing below some count (monotone) and the certificate's count below it failing: from a guess anywhere
+    above that count, `_fewest_laid` brackets the same fewest laid-out count as the doubling from one item (None
+    where `most` fails too), each end as the caller reads it (failed: fails or 0; count: lays out)."""
+    boundary = data.draw(st.integers(1, most + 1))  # most + 1: no count lays out
+    above = data.draw(st.integers(0, boundary - 1))
+    guess = data.draw(st.one_of(st.none(), st.integers(-2, most + 2)))
+
+    def fails(count):
+        return count < boundary
+
+    def fewest(found):
+        if found is None:
+            return None
+        failed, count = found
+        assert (failed == 0 or fails(failed)) and not fails(count) and failed < count
+        while count - failed > 1:  # the caller's bisection
+            middle = (failed + count) // 2
+            failed, count = (middle, count) if fails(middle) else (failed, middle)
+        return count
+
+    alone = fewest(repair._fewest_laid(fails, most, None, above))
+    assert alone == (None if boundary > most else boundary)
+    assert fewest(repair._fewest_laid(fails, most, guess, above)) == alone
+
+
+def test_regression_a_spill_whose_certificate_count_failed_doubled_from_one(monkeypatch):
+    """allgiant (20-130k tokens, T = 32k), D = 64 x 16, seed 11: the spills whose certificate's count found no
+    layout searched by doubling from one item (83 layouts planned in all); from the count the spill before laid out
+    69, the same plan."""
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(20000, 130000, 64 * 16)
+    planned, plan_pass = [], microbatch._plan_pass
+
+    def counted(*args, **kwargs):
+        planned.append(1)
+        return plan_pass(*args, **kwargs)
+
+    monkeypatch.setattr(microbatch, "_plan_pass", counted)
+    plan = balance_microbatches(lengths, 64, max_tokens_per_microbatch=32768, cost=COST,
+                                context_parallel=ContextParallel())
+    assert plan.digest().startswith("fb42586d35c3") and len(planned) <= 75
