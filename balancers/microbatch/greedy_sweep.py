@@ -74,6 +74,8 @@ def descend(state, fits: list, cost: float, length: int, count: int) -> int:
         if not placed:  # none fits (an excess of -inf): to the search
             break
         taken += placed
+        if taken == count:
+            break
         if group.end:
             heapq.heapreplace(heads, group.head(m))
         else:
