@@ -68,3 +68,22 @@ def test_regression_each_floor_sum_sorted_its_pieces_again(monkeypatch):
     monkeypatch.setattr(np, "argsort", counted)
     answer, made = cannot_lay_out(lengths, 2560, np.array([1, 2, 4, 8], dtype=np.int64), 32768), len(sorts)
     assert answer == _reference(lengths, 2560, np.array([1, 2, 4, 8], dtype=np.int64), 32768) and made == 1
+
+
+def test_regression_the_large_pieces_floor_sum_ran_where_there_are_none(monkeypatch):
+    """allgiant (20-130k tokens, T = 32k) at the widest degree 8: every shard is at most T / 2, so there are no large
+    pieces and one floor sum a certificate (the second ran on no pieces: a fifth of the certificate's time over
+    allgiant's 429 certificates at D = 512 x 16)."""
+    lengths = np.random.default_rng(11).integers(20000, 130000, 200).astype(np.int64)
+    sums, floor_sums = [], dual_feasible._floor_sums
+
+    def counted(*args):
+        sums.append(1)
+        return floor_sums(*args)
+
+    monkeypatch.setattr(dual_feasible, "_floor_sums", counted)
+    degrees = np.array([1, 2, 4, 8], dtype=np.int64)
+    for extra in (0, 16, 200):  # ranks whose tokens just hold the items' and more
+        num_ranks, sums[:] = -(-int(lengths.sum()) // 32768) + extra, []
+        answer = cannot_lay_out(lengths, num_ranks, degrees, 32768)
+        assert answer == _reference(lengths, num_ranks, degrees, 32768) and len(sums) == 1

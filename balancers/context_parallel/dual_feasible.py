@@ -42,7 +42,9 @@ def _pieces(lengths: np.ndarray, degree: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _floor_sums(sizes: np.ndarray, counts: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Σ count · ⌊size / x⌋ over the pieces (`sizes` ascending), at every threshold `x` (>= 1)."""
-    at_least = np.append(np.cumsum(counts[::-1])[::-1], 0)  # pieces >= sizes[k]
+    at_least = np.empty(sizes.size + 1, dtype=np.int64)  # pieces >= sizes[k]
+    at_least[-1] = 0
+    np.cumsum(counts[::-1], out=at_least[-2::-1])
     multiples = np.arange(1, int(sizes.max(initial=0)) // int(x.min()) + 1)
     return at_least[np.searchsorted(sizes, x[:, None] * multiples[None, :])].sum(axis=1)
 
@@ -56,7 +58,7 @@ def cannot_lay_out(lengths: np.ndarray, num_ranks: int, degrees: np.ndarray, bud
     lengths = lengths[lengths > widest * (least - 1)]  # the others' shards are below every threshold
     if int(lengths.max(initial=0)) > widest * budget:  # an item no degree fits
         return True
-    fits = -(-lengths[:, None] // degrees[None, :]) <= budget
+    fits = lengths[:, None] <= degrees * budget  # ⌈l / c⌉ <= T
     alone = (-(-lengths // widest) * 2 > budget) & (fits.sum(axis=1) > 1)  # minimised over their degrees
     sizes, counts = _pieces(lengths[~alone], widest)
     keep = np.flatnonzero((counts > 0) & (sizes >= least))
@@ -64,11 +66,13 @@ def cannot_lay_out(lengths: np.ndarray, num_ranks: int, degrees: np.ndarray, bud
     sizes, counts = sizes[order], counts[order]
     small = int(np.searchsorted(sizes, budget // 2, side="right"))  # the rest, over T / 2, at most one on a rank:
     # f = ⌊T / x⌋ − ⌊(T − p) / x⌋
-    distinct = sizes[:small][np.append(True, sizes[1:small] != sizes[:small - 1])] if small else sizes[:0]
-    x = np.unique(np.concatenate((distinct, budget // np.arange(2, THRESHOLDS_BELOW + 1) + 1)))
-    x = x[x >= least]
-    units = (_floor_sums(sizes[:small], counts[:small], x) + int(counts[small:].sum()) * (budget // x)
-             - _floor_sums(budget - sizes[small:][::-1], counts[small:][::-1], x))
+    x = np.concatenate((sizes[:small], budget // np.arange(2, THRESHOLDS_BELOW + 1) + 1))  # all >= least
+    x.sort()
+    x = x[np.concatenate(([True], x[1:] != x[:-1]))]  # distinct
+    units = _floor_sums(sizes[:small], counts[:small], x)
+    if small < sizes.size:
+        units += int(counts[small:].sum()) * (budget // x) - _floor_sums(budget - sizes[small:][::-1],
+                                                                         counts[small:][::-1], x)
     if alone.any():
         units = units + _least_units(lengths[alone], degrees, fits[alone], budget, x)
     return bool((units > num_ranks * (budget // x)).any())
