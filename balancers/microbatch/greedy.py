@@ -166,7 +166,7 @@ class _Rows:
 
     def grow(self, num_microbatches: int) -> "_Rows":
         d, added = self.d, num_microbatches - len(self.level)
-        self.rows += [[(0.0, m * d + r) for r in range(d)] for m in range(len(self.level), num_microbatches)]
+        self.rows += [list(zip([0.0] * d, range(m * d, m * d + d))) for m in range(len(self.level), num_microbatches)]
         self.loads, self.tokens = self.loads + [0.0] * added * d, self.tokens + [0] * added * d
         self.level = self.level + [0.0] * added
         return self
