@@ -207,13 +207,15 @@ def relabelled(plan: StagePlan, rank_of: np.ndarray) -> StagePlan:
     return replace(plan, **frozen)
 
 
-def spread_encoders(microbatches, cells: MicroBatchPlan, pipeline: Pipeline) -> tuple:
-    """`microbatches` with each balanced encoder stage's groups relabelled across the ranks (`relabelled`) so that
-    every replica's first stage works about as long over the step: every replica starts at its cells' share
+def spread_ranks(microbatches, cells: MicroBatchPlan, pipeline: Pipeline) -> tuple[dict, np.ndarray]:
+    """How `spread_encoders` relabels `microbatches`' balanced encoder stages across the ranks, so that every
+    replica's first stage works about as long over the step, and the first-stage loads (D, M) it gives them (those
+    of its plans, `first_stage_loads`, without composing them): every replica starts at its cells' share
     Σ_m (llm(r, m) + o) / P plus the encoders left where they are (algorithm "none": on their samples' ranks),
     then, the (micro-batch, stage) blocks taken heaviest group first, a block's groups heaviest first go to the
     replicas least loaded so far (ties by index).  A micro-batch's encoders are balanced per stage without a look
-    at the other stages and micro-batches, so its heavy groups land on the same low ranks in every one."""
+    at the other stages and micro-batches, so its heavy groups land on the same low ranks in every one.
+    Returns ({(micro-batch, stage): rank_of}, loads); ({}, None) where no block moves."""
     num_ranks = cells.cell_loads.shape[1]
     total = (cells.cell_loads.sum(axis=0) + cells.num_microbatches * cells.microbatch_overhead) / pipeline.stages
     blocks = []
@@ -224,7 +226,7 @@ def spread_encoders(microbatches, cells: MicroBatchPlan, pipeline: Pipeline) -> 
             else:
                 blocks.append((index, stage, plan.loads))
     if not blocks:
-        return microbatches
+        return {}, None
     rank_of = {}
     for index, stage, loads in sorted(blocks, key=lambda block: -float(block[2].max())):
         groups = np.argsort(-loads, kind="stable")
@@ -233,6 +235,17 @@ def spread_encoders(microbatches, cells: MicroBatchPlan, pipeline: Pipeline) -> 
         ranks[groups] = replicas
         total = total + loads[np.argsort(ranks)]
         rank_of[index, stage] = ranks
+    first = np.zeros((num_ranks, len(microbatches)))
+    for index, micro in enumerate(microbatches):  # as `first_stage_loads` sums the relabelled plans' loads
+        for stage, plan in enumerate(micro.stage_plans[:-1]):
+            first[:, index] += plan.loads if (index, stage) not in rank_of else plan.loads[np.argsort(
+                rank_of[index, stage])]
+    return rank_of, first
+
+
+def spread_encoders(microbatches, rank_of: dict) -> tuple:
+    """`microbatches` with each balanced encoder stage's groups relabelled across the ranks (`relabelled`) as
+    `spread_ranks` chose (`rank_of`)."""
     spread = []
     for index, micro in enumerate(microbatches):
         plans = tuple(plan if (index, stage) not in rank_of else relabelled(plan, rank_of[index, stage])
@@ -251,24 +264,38 @@ def _ordered(pipeline: Pipeline, cells: MicroBatchPlan, first: np.ndarray, reord
     return microbatch_order(pipeline, cost, first)
 
 
+def arranged(cells: MicroBatchPlan, microbatches: tuple, options, reorder: bool = False) -> tuple | None:
+    """How `planned_run` runs a plan through `options.pipeline`: (run order, the replicas' times in it, the
+    `spread_ranks` relabelling or None), None where no encoder works.  With `balance_encoders` the encoders as
+    balanced, or spread where that step (ordered) is at least SPREAD_GAIN faster; cells planned for the pipeline
+    (or any, where `reorder`) in `microbatch_order`, else in their own order."""
+    pipeline = options.pipeline
+    first = first_stage_loads(microbatches, cells.num_ranks)
+    if not first.any():
+        return None
+    order, times = _ordered(pipeline, cells, first, reorder)
+    rank_of, moved = spread_ranks(microbatches, cells, pipeline) if options.balance_encoders else ({}, None)
+    if rank_of:
+        timed = _ordered(pipeline, cells, moved, reorder)
+        if timed[1].max() < (1.0 - SPREAD_GAIN) * times.max():
+            return (*timed, rank_of)
+    return order, times, None
+
+
 def planned_run(batch: Batch, stages, *, cells: MicroBatchPlan, microbatches: tuple, microbatch_samples: tuple,
-                options, reorder: bool = False) -> dict:
-    """`StepPlan`'s fields of a plan through `options.pipeline` (a `PlanOptions`): with `balance_encoders`, the
-    encoders as balanced, or `spread_encoders` where that step (ordered) is at least SPREAD_GAIN faster; cells planned
-    for the pipeline (or any, where `reorder`) whose encoders work run their micro-batches in `microbatch_order`
-    (cells, pass plans and samples relabelled; `cells.pipeline` timed again in that order, without the encoders),
-    and `pipeline`: the step as it runs (`planned_step`)."""
+                options, reorder: bool = False, arrangement: tuple | None = None) -> dict:
+    """`StepPlan`'s fields of a plan through `options.pipeline` (a `PlanOptions`) as `arranged` (or `arrangement`,
+    its result where the caller has it): the encoders spread where it says (`spread_encoders`), the micro-batches of
+    cells planned for the pipeline (or any, where `reorder`) run in its order (cells, pass plans and samples
+    relabelled; `cells.pipeline` timed again in that order, without the encoders), and `pipeline`: the step as it
+    runs (`planned_step`)."""
     pipeline, free, times = options.pipeline, options.num_microbatches is None, None
     pipeline.check_microbatches(cells.num_microbatches, "cells.num_microbatches")
-    first = first_stage_loads(microbatches, batch.num_ranks)
-    if first.any():
-        order, times = _ordered(pipeline, cells, first, reorder)
-        spread = spread_encoders(microbatches, cells, pipeline) if options.balance_encoders else microbatches
-        if spread is not microbatches:
-            moved = first_stage_loads(spread, batch.num_ranks)
-            timed = _ordered(pipeline, cells, moved, reorder)
-            if timed[1].max() < (1.0 - SPREAD_GAIN) * times.max():
-                microbatches, (order, times) = spread, timed
+    arrangement = arranged(cells, microbatches, options, reorder) if arrangement is None else arrangement
+    if arrangement is not None:
+        order, times, rank_of = arrangement
+        if rank_of is not None:
+            microbatches = spread_encoders(microbatches, rank_of)
         if cells.pipeline is None and not reorder:
             times = None
         elif np.any(order != np.arange(order.size)):
@@ -283,33 +310,38 @@ def faster_run(batch: Batch, stages, options, run: dict, unaware, placed, gpus_p
     """`run` (`planned_run`'s fields of cells planned for the pipeline, whose encoders work), its step's
     `unaware_step_time` the step of `unaware` (the `StepPlan` planned without the pipeline and without placements
     for the same M, or None where that found no plan: NaN) in its own order (`unaware_time`); or, where `unaware`
-    run through the pipeline in its best order (`planned_run(..., reorder=True)`) is strictly faster, that run with
+    run through the pipeline in its best order (`arranged(..., reorder=True)`) is strictly faster, that run with
     the same figure, so the step returned is never slower than the PP-unaware plan's.  With a placement, its cells'
     micro-batches with their encoders planned under it (`placed(batch, M, cells)`, a `StepPlan` or None) are run
     instead where they too are faster and within that figure, and either's replicas are `placed_run`.  The cells
     planner sees the LLM's costs alone where the encoders are balanced per micro-batch (`cell_costs`), so the
-    PP-unaware cells can run faster (vision, D = 4, P = 2: 1.8 %).  Deterministic (ties keep `run`)."""
+    PP-unaware cells can run faster (vision, D = 4, P = 2: 1.8 %).  Deterministic (ties keep `run`); a candidate is
+    built (composed, timed) only where its replicas' times show it faster."""
     if unaware is None:
         return {**run, "pipeline": replace(run["pipeline"], unaware_step_time=math.nan)}
     figure = unaware_time(options.pipeline, unaware.cells, unaware.microbatches)
     step = run["pipeline"].step_time
     if step > run["pipeline"].lower_bound:  # the bound holds for every plan: at it no plan is faster
-        other = _best_order(batch, stages, options, unaware)
-        if other["pipeline"].step_time < step and (options.placement, options.padded_placement) != (None, None):
+        other = _faster(batch, stages, options, unaware, step, math.inf)
+        if other is not None and (options.placement, options.padded_placement) != (None, None):
             local = placed(batch, unaware.num_microbatches, unaware.cells)
-            local = None if local is None else _best_order(batch, stages, options, local)
-            if local is not None and local["pipeline"].step_time < step and local["pipeline"].step_time <= figure:
-                other = local
-            other = placed_run(other, gpus_per_node)
-        if other["pipeline"].step_time < step:
+            local = None if local is None else _faster(batch, stages, options, local, step, figure)
+            other = placed_run(other if local is None else local, gpus_per_node)
+        if other is not None:
             run = other
     return {**run, "pipeline": replace(run["pipeline"], unaware_step_time=figure)}
 
 
-def _best_order(batch: Batch, stages, options, plan) -> dict:
-    """`planned_run`'s fields of `plan` (a `StepPlan` not planned for the pipeline) in its best order."""
-    return planned_run(batch, stages, cells=plan.cells, microbatches=plan.microbatches,
-                       microbatch_samples=plan.microbatch_samples, options=options, reorder=True)
+def _faster(batch: Batch, stages, options, plan, below: float, at_most: float) -> dict | None:
+    """`planned_run`'s fields of `plan` (a `StepPlan` not planned for the pipeline) in its best order where its step
+    is below `below` and at most `at_most`, else None (not built where its arrangement's times show it)."""
+    arrangement = arranged(plan.cells, plan.microbatches, options, reorder=True)
+    if arrangement is not None and not (arrangement[1].max() < below and arrangement[1].max() <= at_most):
+        return None
+    run = planned_run(batch, stages, cells=plan.cells, microbatches=plan.microbatches,
+                      microbatch_samples=plan.microbatch_samples, options=options, reorder=True,
+                      arrangement=arrangement)
+    return run if run["pipeline"].step_time < below and run["pipeline"].step_time <= at_most else None
 
 
 def placed_run(run: dict, gpus_per_node: int) -> dict:
