@@ -241,7 +241,12 @@ def test_greedy_planning_time_on_capped_pareto_lengths(alternated_cpu):
     one pass down the rows best first (`greedy_sweep.descend`; of the 82k items 68k are fits before the run's first
     rise) and a rise's equal followers in one pass up its row (`climb`, 13k items): 267-288 ms against 307-311 ms
     (this test alternated with the parent's, load 5-7.5), 17.5-18.7x best-of from 19.8-20.6x; left: ~1 us of Python
-    per cell a pass takes and ~0.7 us per cell put back into its sorted list."""
+    per cell a pass takes and ~0.7 us per cell put back into its sorted list.  Session 23: the cells a pass takes go
+    back into the row by two binary searches and one sort of the span between them (most often empty), a
+    micro-batch's pass state is built only when it is first taken from, a run of one item skips `_fits`, and whole
+    loads of one item a cell are taken a slice at a time (`greedy_sweep._take_whole`, 53k of the 82k items):
+    174-182 ms against 242-283 ms (this test alternated with 952a690's, load 9), 11.7-12.0x best-of from
+    16.6-16.9x; left: ~1.9 us of Python an item, spread over ~7.5k runs (no one part over a fifth)."""
     num_ranks, budget, cost = 2560, 16384, CostModel(linear=1.0, quadratic=1e-4)
     lengths = np.minimum((np.random.default_rng(0).pareto(0.8, num_ranks * 32) * 200).astype(np.int64) + 1, budget)
     default = timed_lengths("default")
