@@ -60,7 +60,7 @@ def per_rank_items(plan, lengths, costs):
             for rank in range(plan.num_ranks)]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)  # before the fix (0296a07^) example 18 of these fails
 @given(permuted_items())
 def test_property_auto_plans_the_same_items_alike_in_any_order(drawn):
     """The probe's sizes (20-40 items, 2-12 ranks): the same makespan permuted, indeed the same plan up to equal

@@ -192,7 +192,7 @@ def random_plans_job(rank, size, seed, count):
     dispatcher = PostBalancingDispatcher(context_parallel=ContextParallel(degrees=(1, 2, 4, 8)),
                                          per_item_keys={"item"})
     rng = np.random.default_rng(seed)
-    problems, per_plan = [], []
+    problems, per_plan, held, expected = [], [], [], []
     for number in range(count):
         counts, lengths, degree, groups, microbatch, num_microbatches = random_step(rng, size)
         mine = np.arange(int(counts[:rank].sum()), int(counts[:rank + 1].sum()))
@@ -218,11 +218,14 @@ def random_plans_job(rank, size, seed, count):
         if sent != needed:
             problems.append((number, f"dispatch sent {sent} bytes, the plan's shards need {needed}"))
         per_plan.append(tuple(counter.calls[kind] - before[kind] for kind in Counter.KINDS))
-        held = torch.zeros(lengths.size, 13, dtype=torch.int64)  # copies of every (item, position) on all ranks
-        held.index_put_((moved["token"][:, 0], moved["token"][:, 1]), torch.ones(len(moved["token"]),
-                        dtype=torch.int64), accumulate=True)
-        dist.all_reduce(held)
-        if not torch.equal(held, (torch.arange(13)[None, :] < torch.from_numpy(lengths)[:, None]).long()):
+        held.append(torch.zeros(lengths.size, 13, dtype=torch.int64))  # copies of each (item, position) here
+        held[-1].index_put_((moved["token"][:, 0], moved["token"][:, 1]), torch.ones(len(moved["token"]),
+                            dtype=torch.int64), accumulate=True)
+        expected.append((torch.arange(13)[None, :] < torch.from_numpy(lengths)[:, None]).long())
+    everywhere = torch.cat(held)  # every plan's copies summed over the ranks in one all-reduce, after the last plan
+    dist.all_reduce(everywhere)
+    for number, (copies, wanted) in enumerate(zip(torch.split(everywhere, [len(h) for h in held]), expected)):
+        if not torch.equal(copies, wanted):
             problems.append((number, "tokens lost or duplicated across the ranks"))
     return problems, per_plan
 
@@ -235,8 +238,8 @@ def test_random_plans_lose_no_token_and_run_the_same_collectives(size, count):
     assert all(calls == per_plan[0] for calls in per_plan)  # every rank, every plan: the same collectives
     # dispatch: a guard all-reduce and an all-to-all (a plan built by hand is never the one every rank expects);
     # combine: its all-to-all, whose header rides in it from the second plan on (issue 24); split items or not
-    # (all_gather, all_gather_object, all_reduce, all_to_all_single, batch_isend_irecv, broadcast); the check's
-    # all-reduce comes after the count
+    # (all_gather, all_gather_object, all_reduce, all_to_all_single, batch_isend_irecv, broadcast); the token
+    # check's all-reduce comes after the last plan
     assert per_plan[0][0] == (0, 0, 2, 2, 0, 0) and set(per_plan[0][1:]) == {(0, 0, 1, 2, 0, 0)}
 
 
