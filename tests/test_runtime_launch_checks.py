@@ -2,19 +2,14 @@
 they cannot import (a partial's function too), and `args` that do not pickle; each refusal names what and why.
 A main module without a file (`python -c`): test_runtime_faults' file-less main test, all three kinds of `fn`."""
 
+import json
 import operator
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from orchmllm.runtime.launch import run_processes
-
-
-def run_python(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
 
 
 GUARDED_SCRIPT = '''from orchmllm.runtime.launch import run_processes
@@ -33,19 +28,31 @@ if __name__ == "__main__":
 '''
 
 
-def test_regression_a_function_defined_under_the_main_guard_failed_to_import_in_every_spawned_rank(tmp_path):
+IN_A_FILE = """import json, subprocess, sys, tempfile
+from pathlib import Path
+with tempfile.TemporaryDirectory() as folder:
+    script = Path(folder) / "guarded.py"
+    script.write_text(sys.argv[1])
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+print(json.dumps({"script": str(script), "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}))
+"""
+EARLY = {"guarded script": ("-c", IN_A_FILE, GUARDED_SCRIPT)}  # conftest's started_early: the script in a file
+
+
+@pytest.mark.early("guarded script")
+def test_regression_a_function_defined_under_the_main_guard_failed_to_import_in_every_spawned_rank(started_early):
     """Cause (probe19 P19-13): a `fn` defined under `if __name__ == "__main__":` of a script pickles by name, but
     spawned ranks run the script as '__mp_main__', skipping that block: each failed to import it and its outcome
     said only that it exited.  Now refused before any rank starts; a function at the script's top level runs."""
-    script = tmp_path / "guarded.py"
-    script.write_text(GUARDED_SCRIPT)
-    done = run_python(str(script))
-    assert done.returncode == 1 and done.stdout == "[10]\n", (done.stdout, done.stderr)
-    assert done.stderr.strip().splitlines()[-1] == (
+    wrapper = started_early("guarded script")
+    assert wrapper.returncode == 0, wrapper.stderr
+    done = json.loads(wrapper.stdout)  # the script's run
+    assert done["returncode"] == 1 and done["stdout"] == "[10]\n", done
+    assert done["stderr"].strip().splitlines()[-1] == (
         f"TypeError: start_method='spawn' imports `fn` in every rank by its name, and 'job' is defined under "
-        f"`if __name__ == '__main__':` in {script}, which the ranks skip (they run the script as '__mp_main__'): "
-        f"`fn` must be importable, so define it at the script's top level, outside that block, or use "
-        f"start_method='fork'"), done.stderr
+        f"`if __name__ == '__main__':` in {done['script']}, which the ranks skip (they run the script as "
+        f"'__mp_main__'): `fn` must be importable, so define it at the script's top level, outside that block, or "
+        f"use start_method='fork'"), done["stderr"]
 
 
 class Holder:
