@@ -55,7 +55,9 @@ class RankOutcome:
 def rendezvous_store(world_size: int, timeout_s: float) -> dist.TCPStore:
     """The group's TCPStore, served by this process on a port of 127.0.0.1 that it binds itself (port 0, read back
     from the store): a port picked free and released before the rendezvous bound it could be taken meanwhile by a
-    concurrent job (EADDRINUSE, or two jobs' ranks meeting in one store)."""
+    concurrent job (EADDRINUSE, or two jobs' ranks meeting in one store).  Made after the ranks are forked (its
+    server thread was forked with them mid-flight: a rank then hung in its rendezvous, 1-6 of the ~60 tests of
+    tests/test_runtime_agreement.py and _collective_tags.py a run), so the ranks wait for its port (`_port`)."""
     return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
@@ -93,13 +95,22 @@ def _seconds(value, name: str) -> float:
     return float(value)
 
 
-def _child(fn, rank, world_size, port, backend, collective_timeout_s, args, results, parent):
+def _port(rendezvous: tuple, timeout_s: float) -> int:
+    """The port of the parent's rendezvous store, once it serves it (`rendezvous`: an event and a shared int)."""
+    ready, port = rendezvous
+    if not ready.wait(timeout_s):
+        raise TimeoutError(f"the parent's rendezvous store did not start within {timeout_s:.0f} s")
+    return port.value
+
+
+def _child(fn, rank, world_size, rendezvous, backend, collective_timeout_s, args, results, parent):
     _exit_with_parent(parent)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     try:
         timeout = datetime.timedelta(seconds=collective_timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+        store = dist.TCPStore("127.0.0.1", _port(rendezvous, collective_timeout_s), world_size, is_master=False,
+                              timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         # Pickled here, by value: the queue would pass tensors as shared-memory handles that die with
         # this process (the parent then failed with FileNotFoundError), and would fail in its thread.
@@ -232,11 +243,10 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     _check_start_method(fn, args, start_method)
     context = mp.get_context(start_method)
     results = context.Queue()
-    store = rendezvous_store(world_size, collective_timeout_s)  # served until every child is joined or killed
-    port = store.port
+    rendezvous, store = (context.Event(), context.Value("i", 0, lock=False)), None
     start = time.monotonic()
     children = [context.Process(target=_child, daemon=False,  # a rank may start processes (loader workers)
-                                args=(fn, rank, world_size, port, backend, collective_timeout_s, args, results,
+                                args=(fn, rank, world_size, rendezvous, backend, collective_timeout_s, args, results,
                                       os.getpid()))
                 for rank in range(world_size)]
     outcomes: dict[int, RankOutcome] = {}
@@ -250,6 +260,9 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                 raise TypeError(f"start_method={start_method!r} could not pickle `fn` or `args` into rank "
                                 f"{children.index(child)} ({type(problem).__name__}: {problem}): pass picklable "
                                 f"`args`, or use start_method='fork'") from problem
+        store = rendezvous_store(world_size, collective_timeout_s)  # served until every child is joined or killed
+        rendezvous[1].value = store.port
+        rendezvous[0].set()
         while len(outcomes) < world_size:
             remaining = timeout_s - (time.monotonic() - start)
             if remaining <= 0:
