@@ -223,9 +223,12 @@ def _group_entry_points() -> tuple[importlib.metadata.EntryPoint, ...]:
 def _check_reserved(record: Algorithm | MicroBatchAlgorithm) -> None:
     """Refuse `record` when an entry point reserves its name and the record is not that entry
     point's: registered while it loads, or a kernel of the module it names."""
-    entry = next((entry for entry in _group_entry_points() if entry.name == record.name), None)
+    entry = next((entry for entry in _group_entry_points() if entry.name.lower() == record.name.lower()), None)
     if entry is None or entry is _loading or _kernel_module(record) == entry.module:
         return
+    if entry.name != record.name:  # registered first, it would refuse the plugin's own name when that loads
+        raise ValueError(f"algorithm name {record.name!r} differs from {entry.name!r}, reserved by {_describe(entry)}, "
+                         f"only in case; choose another name")
     if _loading is not None and _distribution(_loading) == _distribution(entry):
         return  # the distribution's own modules, imported by one of its entry points
     raise ValueError(f"algorithm name {record.name!r} is reserved by {_describe(entry)}; choose another name")
@@ -239,13 +242,13 @@ def _kernel_module(record: Algorithm | MicroBatchAlgorithm) -> str | None:
 
 def _add(record: Algorithm | MicroBatchAlgorithm, reserved: bool = True) -> Algorithm | MicroBatchAlgorithm:
     records = _microbatch_records if isinstance(record, MicroBatchAlgorithm) else _records
-    if record.name == BASELINE_LABEL:  # `compare` would run its baseline in its place
-        raise ValueError(f"algorithm name {BASELINE_LABEL!r} is reserved: it is `orchmllm compare`'s label for the "
+    if record.name.lower() == BASELINE_LABEL:  # `compare` would run its baseline in its place (or beside, by case)
+        raise ValueError(f"algorithm name {record.name!r} is reserved: it is `orchmllm compare`'s label for the "
                          f"unbalanced baseline (every item on the rank that sampled it), which it would run in "
                          f"the algorithm's place; choose another name")
     with _lock:
         known = records.get(record.name)
-        twin = next((name for name in records if name != record.name and name.casefold() == record.name.casefold()),
+        twin = next((name for name in records if name != record.name and name.lower() == record.name.lower()),
                     None)
         if twin is not None:  # `--algorithm` and reports would tell the two apart by case alone
             raise ValueError(f"algorithm name {record.name!r} differs from the registered {twin!r} only in case; "

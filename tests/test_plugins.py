@@ -308,6 +308,29 @@ def test_regression_a_case_variant_of_a_registered_name_is_refused(register, nam
     assert name not in [record.name for record in listed]
 
 
+def test_regression_a_case_variant_of_a_plugins_name_is_refused_before_the_plugins_load():
+    """rev50 F5: registered before the entry points loaded, "VERL_KK" was accepted, and orchmllm.study.peers'
+    "verl_kk" was then refused as its case twin: the peers' module failed to import and all five built-in peers
+    were skipped.  Also "NONE" beside `compare`'s baseline label "none"."""
+    script = ("import warnings; warnings.simplefilter('error')\n"
+              "import numpy as np\n"
+              "from orchmllm.balancers import KernelResult, registry\n"
+              "kernel = lambda problem: KernelResult(np.zeros(problem.num_items, dtype=np.int64))\n"
+              "for name in ('VERL_KK', 'NONE'):\n"
+              "    try:\n"
+              "        registry.register_algorithm(name, kernel)\n"
+              "    except ValueError as error:\n"
+              "        print(error)\n"
+              "print(registry.get_algorithm('verl_kk').kind.value)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    refused_twin, refused_label, kind = result.stdout.splitlines()
+    assert re.fullmatch(r"algorithm name 'VERL_KK' differs from 'verl_kk', reserved by the entry point verl_kk = "
+                        r"orchmllm\.study\.peers:VERL_KK of .*, only in case; choose another name", refused_twin)
+    assert refused_label.startswith("algorithm name 'NONE' is reserved: it is `orchmllm compare`'s label")
+    assert kind == "peer"
+
+
 def test_a_kernel_that_ignores_the_cap_is_caught_by_make_plan():
     register_algorithm("test_halves_uncapped", halves, description="two halves, caps ignored")
     with pytest.raises(RuntimeError, match="'test_halves_uncapped' put 4 tokens on rank 0"):
