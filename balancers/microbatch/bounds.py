@@ -31,6 +31,8 @@ import numpy as np
 
 from ..problem import exact_sum
 
+ROUND_32 = 1.5 * 2.0**84  # (x + ROUND_32) - ROUND_32: an integer |x| < 2**83 to the nearest multiple of 2**32
+
 
 def min_bins(lengths: np.ndarray, capacity: int, longest_first: np.ndarray | None = None) -> int:
     """Martello–Toth L2: a number of bins of `capacity` every packing of `lengths` needs
@@ -43,15 +45,15 @@ def min_bins(lengths: np.ndarray, capacity: int, longest_first: np.ndarray | Non
     """
     if longest_first is None:
         longest_first = np.sort(lengths)[::-1]
-    lengths = longest_first[:np.searchsorted(-longest_first, 0)]  # the positive ones
+    lengths = longest_first[:np.count_nonzero(longest_first)]  # the positive ones (none is negative)
     if lengths.size == 0:
         return 0
     total = int(lengths.sum())
     most = int(np.searchsorted(np.cumsum(lengths[::-1]), capacity, side="right"))  # the most items a bin holds
     best = max(-(-total // capacity), -(-lengths.size // max(most, 1)))
     half = capacity / 2
-    large = lengths[lengths > half]  # descending
-    small = lengths[lengths <= half][::-1]  # ascending
+    large = lengths[:np.count_nonzero(lengths > half)]  # descending
+    small = np.ascontiguousarray(lengths[large.size:][::-1])  # ascending
     if large.size == 0:
         return best
     thresholds = np.concatenate(([0], small))  # ascending: its distinct values without np.unique's hashing
@@ -61,8 +63,8 @@ def min_bins(lengths: np.ndarray, capacity: int, longest_first: np.ndarray | Non
     large_prefix = np.concatenate(([0], np.cumsum(large_asc)))
     in_j2 = np.searchsorted(large_asc, capacity - thresholds, side="right")  # large items <= T - a
     j2_sum = large_prefix[in_j2]
-    small_suffix = np.concatenate((np.cumsum(small[::-1])[::-1], [0]))
-    j3_sum = small_suffix[np.searchsorted(small, thresholds, side="left")]
+    small_prefix = np.concatenate(([0], np.cumsum(small)))
+    j3_sum = small_prefix[-1] - small_prefix[np.searchsorted(small, thresholds, side="left")]
     free = in_j2 * capacity - j2_sum
     extra = np.maximum(0, -(-(j3_sum - free) // capacity))
     return max(best, int(large.size + extra.max()))
@@ -82,7 +84,7 @@ def step_cost_bound(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, capa
     >>> step_cost_bound(np.array([6., 6., 6., 2.]), np.array([6, 6, 6, 2]), 2, 10)
     12.0
     """
-    mean = (exact_sum(np.ascontiguousarray(costs, dtype=np.float64)) if total is None else total) / num_ranks
+    mean = (exact_total(np.ascontiguousarray(costs, dtype=np.float64)) if total is None else total) / num_ranks
     conflicting = np.sort(costs[lengths > capacity / 2])[::-1]
     leaders = math.fsum(memoryview(np.ascontiguousarray(conflicting[::num_ranks])))
     return float(max(mean, leaders, float(costs.max()) if costs.size else 0.0))
@@ -108,9 +110,63 @@ def beyond_one_microbatch(costs: np.ndarray, lengths: np.ndarray, num_ranks: int
     top = int(np.argmax(costs))
     holding = np.flatnonzero(lengths > 0)
     holding = holding[holding != top]
-    order = holding[np.argsort(costs[holding] / lengths[holding], kind="stable")]  # cheapest per token first
-    covered = np.cumsum(lengths[order])
-    whole = int(np.searchsorted(covered, beyond))  # items taken whole; the next one in part
-    short = beyond - (int(covered[whole - 1]) if whole else 0)
-    cover = math.fsum(costs[order[:whole]].tolist()) + float(costs[order[whole]]) * short / float(lengths[order[whole]])
+    costs, lengths = costs[holding], lengths[holding]
+    whole, part, short = _cheapest_cover(costs / lengths, lengths, beyond)
+    cover = exact_total(costs[whole]) + float(costs[part]) * short / float(lengths[part])
     return (most + cover / num_ranks) * (1.0 - 1e-9)
+
+
+def _cheapest_cover(ratios: np.ndarray, lengths: np.ndarray, tokens: int) -> tuple[np.ndarray, int, int]:
+    """The first `tokens` (0 < tokens <= Σ lengths) of items ordered by `ratios` (cost per token), ties by index, as
+    a stable sort gives them: (a mask of the items taken whole, the index of the one taken in part, its tokens).
+    Only the costliest items are sorted: those above the k-th largest ratio (`np.partition`, k growing 4x) once
+    they hold more than the tokens left out; every other item precedes them in that order and is taken whole
+    (probe: capped Pareto 2560 × 32, ~2.6k items left out of 82k, where the stable sort of all cost 8 ms)."""
+    n, left_out = ratios.size, int(lengths.sum()) - tokens
+    last = np.ones(n, dtype=bool)  # the items sorted: all, unless a tail of the order holds more than `left_out`
+    size = max(64, n >> 6)
+    while size < n and not math.isnan(float(ratios.max())):  # NaN sorts last yet compares false: all sorted
+        tail = ratios > np.partition(ratios, n - size)[n - size]
+        if int(lengths[tail].sum()) > left_out:
+            last = tail
+            break
+        size *= 4
+    sorted_tail = np.flatnonzero(last)
+    sorted_tail = sorted_tail[np.argsort(ratios[sorted_tail], kind="stable")]
+    before = int(lengths.sum() - lengths[sorted_tail].sum())
+    covered = before + np.cumsum(lengths[sorted_tail])
+    taken = int(np.searchsorted(covered, tokens))  # of the tail, taken whole; the next one in part
+    whole = ~last
+    whole[sorted_tail[:taken]] = True
+    return whole, int(sorted_tail[taken]), tokens - (int(covered[taken - 1]) if taken else before)
+
+
+def exact_total(values: np.ndarray) -> float:
+    """`exact_sum(values)` (non-negative floats, correctly rounded), in numpy where the values span at most 30
+    binades: each an integer multiple of 2**(e - 53), e the least positive value's exponent, cut into 32-bit limbs
+    (float adds of a rounding constant), whose sums over at most 2**20 values are exact in float64; one Python int
+    rounded once.  ~1.5 ms against fsum's 4 ms on 82k costs; elsewhere `exact_sum`.
+
+    >>> exact_total(np.array([0.1, 0.2, 0.3])) == math.fsum([0.1, 0.2, 0.3])
+    True
+    >>> exact_total(np.array([1e16, 1.0, 1.0, -0.0]))
+    1.0000000000000002e+16
+    """
+    if not 0 < values.size <= 2**20:
+        return exact_sum(values)
+    high = float(values.max())
+    if not (float(values.min()) >= 0.0 and 0.0 < high < math.inf):
+        return exact_sum(values)
+    low = math.frexp(float(np.min(values, where=values > 0.0, initial=high)))[1]
+    bits = 53 + math.frexp(high)[1] - low
+    if bits > 83 or not -900 < low < 900:  # the scale 2**(53 - low) and the sum normal floats
+        return exact_sum(values)
+    scaled, total = values * 2.0**(53 - low), 0  # integers below 2**83
+    for shift in range(0, bits - 32, 32):
+        upper = (scaled + ROUND_32) - ROUND_32
+        total += int((scaled - upper).sum()) << shift  # limbs in [-2**31, 2**31]
+        scaled = upper * 2.0**-32
+    try:
+        return math.ldexp(float(total + (int(scaled.sum()) << (shift + 32))), low - 53)
+    except OverflowError:
+        return exact_sum(values)
