@@ -1,7 +1,7 @@
 """Run a function on N local processes joined in a gloo group, never hanging.
 
 Used by the tests, the demo and the examples.  Each child gets a fresh process group, meeting in a TCPStore
-the parent serves on a port of 127.0.0.1 it binds itself (`rendezvous_store`), runs `fn(rank, world_size, *args)`
+rank 0 serves on a port of 127.0.0.1 it binds itself (`rendezvous_store`), runs `fn(rank, world_size, *args)`
 with one intra-op thread, and reports its return value or traceback through a queue.  A child that raises exits at
 once, closing its sockets, so its peers' collectives fail instead of waiting; the
 process-group timeout bounds the rest, and the parent kills every child that is still
@@ -52,14 +52,21 @@ class RankOutcome:
     seconds: float | None = None  # since the parent started the children; None if killed
 
 
-def rendezvous_store(world_size: int, timeout_s: float) -> dist.TCPStore:
-    """The group's TCPStore, served by this process on a port of 127.0.0.1 that it binds itself (port 0, read back
-    from the store): a port picked free and released before the rendezvous bound it could be taken meanwhile by a
-    concurrent job (EADDRINUSE, or two jobs' ranks meeting in one store).  Made after the ranks are forked (its
-    server thread was forked with them mid-flight: a rank then hung in its rendezvous, 1-6 of the ~60 tests of
-    tests/test_runtime_agreement.py and _collective_tags.py a run), so the ranks wait for its port (`_port`)."""
-    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
-                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+def rendezvous_store(rank: int, world_size: int, rendezvous: tuple, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The group's TCPStore: rank 0 serves it on a port of 127.0.0.1 that it binds itself (port 0, read back from the
+    store) and publishes that port (`rendezvous`: an event and a shared int), the other ranks join it once published.
+    A port picked free and released before the rendezvous bound it could be taken meanwhile by a concurrent job
+    (EADDRINUSE, or two jobs' ranks meeting in one store).  Served by the parent instead, its server thread was forked
+    with the ranks, or outlived `run_processes` by a few sockets; rank 0 served it before too."""
+    ready, port = rendezvous
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        port.value = store.port
+        ready.set()
+        return store
+    if not ready.wait(timeout.total_seconds()):
+        raise TimeoutError(f"rank 0's rendezvous store did not start within {timeout.total_seconds():.0f} s")
+    return dist.TCPStore("127.0.0.1", port.value, world_size, is_master=False, timeout=timeout)
 
 
 def _exit_with_parent(parent: int, period_s: float = 1.0) -> None:
@@ -95,22 +102,13 @@ def _seconds(value, name: str) -> float:
     return float(value)
 
 
-def _port(rendezvous: tuple, timeout_s: float) -> int:
-    """The port of the parent's rendezvous store, once it serves it (`rendezvous`: an event and a shared int)."""
-    ready, port = rendezvous
-    if not ready.wait(timeout_s):
-        raise TimeoutError(f"the parent's rendezvous store did not start within {timeout_s:.0f} s")
-    return port.value
-
-
 def _child(fn, rank, world_size, rendezvous, backend, collective_timeout_s, args, results, parent):
     _exit_with_parent(parent)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     try:
         timeout = datetime.timedelta(seconds=collective_timeout_s)
-        store = dist.TCPStore("127.0.0.1", _port(rendezvous, collective_timeout_s), world_size, is_master=False,
-                              timeout=timeout)
+        store = rendezvous_store(rank, world_size, rendezvous, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         # Pickled here, by value: the queue would pass tensors as shared-memory handles that die with
         # this process (the parent then failed with FileNotFoundError), and would fail in its thread.
@@ -243,7 +241,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     _check_start_method(fn, args, start_method)
     context = mp.get_context(start_method)
     results = context.Queue()
-    rendezvous, store = (context.Event(), context.Value("i", 0, lock=False)), None
+    rendezvous = (context.Event(), context.Value("i", 0, lock=False))  # rank 0 publishes its store's port
     start = time.monotonic()
     children = [context.Process(target=_child, daemon=False,  # a rank may start processes (loader workers)
                                 args=(fn, rank, world_size, rendezvous, backend, collective_timeout_s, args, results,
@@ -260,9 +258,6 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                 raise TypeError(f"start_method={start_method!r} could not pickle `fn` or `args` into rank "
                                 f"{children.index(child)} ({type(problem).__name__}: {problem}): pass picklable "
                                 f"`args`, or use start_method='fork'") from problem
-        store = rendezvous_store(world_size, collective_timeout_s)  # served until every child is joined or killed
-        rendezvous[1].value = store.port
-        rendezvous[0].set()
         while len(outcomes) < world_size:
             remaining = timeout_s - (time.monotonic() - start)
             if remaining <= 0:
@@ -293,7 +288,6 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                 child.kill()
                 child.join()
         results.close()
-        del store
     return [outcomes.get(rank, RankOutcome(rank, False, error=f"killed after the {timeout_s:.0f} s timeout"))
             for rank in range(world_size)]
 
