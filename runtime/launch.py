@@ -1,11 +1,11 @@
 """Run a function on N local processes joined in a gloo group, never hanging.
 
 Used by the tests, the demo and the examples.  Each child gets a fresh process group, meeting in a TCPStore
-rank 0 serves on a port of 127.0.0.1 it binds itself (`rendezvous_store`), runs `fn(rank, world_size, *args)`
-with one intra-op thread, and reports its return value or traceback through a queue.  A child that raises exits at
-once, closing its sockets, so its peers' collectives fail instead of waiting; the
-process-group timeout bounds the rest, and the parent kills every child that is still
-running at its own deadline.  Children are always joined or killed before returning.
+rank 0 serves on a port it binds itself (`rendezvous_store`) until every rank is done, runs
+`fn(rank, world_size, *args)` with one intra-op thread, and reports its return value or traceback through a queue.
+A child that raises exits at once, closing its sockets, so its peers' collectives fail instead of waiting; the
+process-group timeout bounds the rest, and the parent kills every child that is still running at its own deadline.
+Children are always joined or killed before returning.
 """
 
 from __future__ import annotations
@@ -53,12 +53,14 @@ class RankOutcome:
 
 
 def rendezvous_store(rank: int, world_size: int, rendezvous: tuple, timeout: datetime.timedelta) -> dist.TCPStore:
-    """The group's TCPStore: rank 0 serves it on a port of 127.0.0.1 that it binds itself (port 0, read back from the
-    store) and publishes that port (`rendezvous`: an event and a shared int), the other ranks join it once published.
+    """The group's TCPStore: rank 0 serves it on a port that it binds itself (port 0, read back from the store; torch's
+    TCPStore listens on every interface, the ranks reach it on 127.0.0.1) and publishes that port (`rendezvous`: an
+    event and a shared int; its third item, an event the parent sets once every rank reported or ended, keeps rank 0
+    serving until then), the other ranks join it once published.
     A port picked free and released before the rendezvous bound it could be taken meanwhile by a concurrent job
     (EADDRINUSE, or two jobs' ranks meeting in one store).  Served by the parent instead, its server thread was forked
     with the ranks, or outlived `run_processes` by a few sockets; rank 0 served it before too."""
-    ready, port = rendezvous
+    ready, port, _ = rendezvous
     if rank == 0:
         store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
         port.value = store.port
@@ -114,6 +116,8 @@ def _child(fn, rank, world_size, rendezvous, backend, collective_timeout_s, args
         # this process (the parent then failed with FileNotFoundError), and would fail in its thread.
         value = pickle.dumps(fn(rank, world_size, *args))
         results.put((rank, True, value, None))
+        if rank == 0:  # its store serves the others until they are done (a late `new_group` failed: broken pipe)
+            rendezvous[2].wait()
     except BaseException:  # report everything, then leave so peers see closed sockets
         results.put((rank, False, None, traceback.format_exc()))
         results.close()
@@ -241,7 +245,8 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
     _check_start_method(fn, args, start_method)
     context = mp.get_context(start_method)
     results = context.Queue()
-    rendezvous = (context.Event(), context.Value("i", 0, lock=False))  # rank 0 publishes its store's port
+    # rank 0 publishes its store's port, then serves it until the parent releases it: every rank reported or ended
+    rendezvous = (context.Event(), context.Value("i", 0, lock=False), context.Event())
     start = time.monotonic()
     children = [context.Process(target=_child, daemon=False,  # a rank may start processes (loader workers)
                                 args=(fn, rank, world_size, rendezvous, backend, collective_timeout_s, args, results,
@@ -280,6 +285,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                                                      f"values the parent can unpickle")
             outcomes[rank] = RankOutcome(rank, ok, value, error, time.monotonic() - start)
     finally:
+        rendezvous[2].set()
         started = [child for child in children if child.pid is not None]  # a start that raised left the rest
         for child in started:
             child.join(timeout=max(0.0, min(5.0, timeout_s - (time.monotonic() - start))))
