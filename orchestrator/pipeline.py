@@ -111,13 +111,16 @@ def under_llm_costs(batch: Batch, found: MicroBatchPlan, llm_stage, fixed: bool,
                                 pipeline=found.pipeline if pipeline is None else pipeline)
 
 
-def first_stage_loads(microbatches, num_ranks: int) -> np.ndarray:
+def first_stage_loads(microbatches, num_ranks: int, rank_of: dict | None = None) -> np.ndarray:
     """e(r, m) of the module docstring, (D, M): every encoder stage's load on rank r in micro-batch m, summed in
-    stage order."""
+    stage order; with `rank_of` ({(micro-batch, stage): rank of each group}, `spread_ranks`), of the plans as
+    `spread_encoders` relabels them, without relabelling them (the same float additions, so the same times)."""
+    rank_of = {} if rank_of is None else rank_of
     loads = np.zeros((num_ranks, len(microbatches)))
     for index, micro in enumerate(microbatches):
-        for plan in micro.stage_plans[:-1]:
-            loads[:, index] += plan.loads
+        for stage, plan in enumerate(micro.stage_plans[:-1]):
+            ranks = rank_of.get((index, stage))
+            loads[:, index] += plan.loads if ranks is None else plan.loads[np.argsort(ranks)]
     return loads
 
 
@@ -235,12 +238,7 @@ def spread_ranks(microbatches, cells: MicroBatchPlan, pipeline: Pipeline) -> tup
         ranks[groups] = replicas
         total = total + loads[np.argsort(ranks)]
         rank_of[index, stage] = ranks
-    first = np.zeros((num_ranks, len(microbatches)))
-    for index, micro in enumerate(microbatches):  # as `first_stage_loads` sums the relabelled plans' loads
-        for stage, plan in enumerate(micro.stage_plans[:-1]):
-            first[:, index] += plan.loads if (index, stage) not in rank_of else plan.loads[np.argsort(
-                rank_of[index, stage])]
-    return rank_of, first
+    return rank_of, first_stage_loads(microbatches, num_ranks, rank_of)
 
 
 def spread_encoders(microbatches, rank_of: dict) -> tuple:
