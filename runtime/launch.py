@@ -116,6 +116,7 @@ def _child(fn, rank, world_size, rendezvous, backend, collective_timeout_s, args
         # this process (the parent then failed with FileNotFoundError), and would fail in its thread.
         value = pickle.dumps(fn(rank, world_size, *args))
         results.put((rank, True, value, None))
+        dist.destroy_process_group()  # its sockets close now: a peer's collective beyond this rank's fails at once
         if rank == 0:  # its store serves the others until they are done (a late `new_group` failed: broken pipe)
             rendezvous[2].wait()
     except BaseException:  # report everything, then leave so peers see closed sockets
@@ -123,7 +124,6 @@ def _child(fn, rank, world_size, rendezvous, backend, collective_timeout_s, args
         results.close()
         results.join_thread()
         os._exit(1)
-    dist.destroy_process_group()
 
 
 def _check_main_defines(name: str, named: str, start_method: str) -> None:
@@ -253,6 +253,7 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                                       os.getpid()))
                 for rank in range(world_size)]
     outcomes: dict[int, RankOutcome] = {}
+    exited: set[int] = set()  # ranks seen exited, unreported, when a get last timed out
     unreported = "" if start_method == "fork" else (f" (its stderr says why; under {start_method!r} a rank that "
                                                     f"cannot import `fn`'s module exits so)")
     try:
@@ -269,12 +270,15 @@ def run_processes(fn, world_size: int, *, args: tuple = (), timeout_s: float = 6
                 break
             try:
                 rank, ok, value, error = results.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
-                for rank, child in enumerate(children):
-                    if rank not in outcomes and child.exitcode is not None:
-                        hint = unreported if child.exitcode == 1 else ""  # a failed import exits 1
-                        outcomes[rank] = RankOutcome(rank, False, error=f"exited with code {child.exitcode} "
-                                                     f"without reporting{hint}", seconds=time.monotonic() - start)
+            except queue.Empty:  # an exited rank's report, put just before it exited, may come in the next get
+                gone = {rank for rank, child in enumerate(children)
+                        if rank not in outcomes and child.exitcode is not None}
+                for rank in sorted(gone & exited):
+                    code = children[rank].exitcode
+                    hint = unreported if code == 1 else ""  # a failed import exits 1
+                    outcomes[rank] = RankOutcome(rank, False, error=f"exited with code {code} without reporting{hint}",
+                                                 seconds=time.monotonic() - start)
+                exited = gone
                 continue
             if ok:
                 try:

@@ -1,8 +1,12 @@
-"""`run_processes`' rendezvous (issue 24): the parent's TCPStore binds its own port (port 0), so a port picked free
-and released before the rendezvous bound it can no longer be taken meanwhile by a concurrent job."""
+"""`run_processes`' rendezvous and teardown (issue 24): rank 0's TCPStore binds its own port (port 0), so a port
+picked free and released before the rendezvous bound it can no longer be taken meanwhile by a concurrent job; the
+store serves until every rank is done, while each rank's collectives end with its function."""
 
+import multiprocessing as mp
+import queue
 import socket
 import threading
+import time
 
 from orchmllm.runtime import launch
 from orchmllm.runtime.launch import run_processes
@@ -79,3 +83,50 @@ def test_a_failed_rank_0_makes_its_peers_store_waits_fail_at_once():
     outcomes = run_processes(rank_0_fails, 2, timeout_s=60, collective_timeout_s=40)
     assert not outcomes[0].ok and "rank 0 fails" in outcomes[0].error
     assert not outcomes[1].ok and outcomes[1].seconds < 20, outcomes[1]
+
+
+def one_collective_more_on_rank_1(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    if rank == 1:  # a user's bug: a collective rank 0 never calls
+        dist.all_reduce(value)
+    return rank
+
+
+def test_regression_a_collective_beyond_rank_0s_last_fails_at_once():
+    """rev50 F12: rank 0, waiting to release its store, kept its process group open, so rank 1's extra collective
+    waited for the whole collective timeout (30 s) instead of failing on rank 0's closed sockets."""
+    outcomes = run_processes(one_collective_more_on_rank_1, 2, timeout_s=60, collective_timeout_s=30)
+    assert outcomes[0].ok and not outcomes[1].ok and outcomes[1].seconds < 15, outcomes[1]
+
+
+class _FirstGetTimesOut:
+    """The parent's result queue whose first `get` times out without reading (a busy parent), while the ranks
+    report and exit."""
+
+    def __init__(self, results):
+        self.results, self.calls = results, 0
+
+    def get(self, timeout=None):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(3.0)
+            raise queue.Empty
+        return self.results.get(timeout=timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.results, name)
+
+
+def test_regression_a_rank_that_reported_then_exited_keeps_its_value(monkeypatch):
+    """rev50 F11: a rank whose report came just after the parent's `get` timed out, and which had exited by the
+    time the parent looked, was reported "exited with code 0 without reporting" and its value lost (1 in ~100
+    launches from 8 threads at once)."""
+    context = mp.get_context("fork")
+    monkeypatch.setattr(context, "Queue", lambda queue_class=context.Queue: _FirstGetTimesOut(queue_class()))
+    monkeypatch.setattr(launch.mp, "get_context", lambda method: context)
+    outcomes = run_processes(summed, 2, args=(0,), timeout_s=30, collective_timeout_s=10)
+    assert [(o.ok, o.value) for o in outcomes] == [(True, 1.0), (True, 1.0)], [o.error for o in outcomes]
