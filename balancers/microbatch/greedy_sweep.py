@@ -223,16 +223,16 @@ def _take_whole(state, row: list, start: int, end: int, top: float, cost: float,
     distinct = len(set(loads))
     if sums[0] < 0.5 * top or len(set(sums)) != distinct:
         return 0
+    in_order = distinct == len(loads)  # highest load first is the row reversed (no tie to keep lowest cell first)
     if start:
         pairs, sums = pairs[1:], sums[1:]
-    loads, tokens, cap, waiting = state.loads, state.tokens, state.cap, state.waiting
+    cell_loads, tokens, cap, waiting = state.loads, state.tokens, state.cap, state.waiting
     for (_, cell), sum_ in zip(pairs, sums):
         held = tokens[cell] + length
-        loads[cell], tokens[cell] = sum_, held
+        cell_loads[cell], tokens[cell] = sum_, held
         if cap - held >= length:
             back.append((sum_, cell))
         else:
             heapq.heappush(waiting, (held - cap, cell))
-    state.chosen += [cell for _, cell in (reversed(pairs) if distinct == len(loads) else sorted(
-        pairs, key=_LOAD, reverse=True))]
+    state.chosen += [cell for _, cell in (reversed(pairs) if in_order else sorted(pairs, key=_LOAD, reverse=True))]
     return len(pairs)
