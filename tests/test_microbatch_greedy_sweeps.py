@@ -47,15 +47,20 @@ def test_sweeps_make_the_scans_choices_where_rounding_ties_loads(seed):
     plus one give one float), of tenths, and of near-equal costs; lengths growing with the costs (the sorted
     search): the scan's cells for each M (seed 0 is the instance where `climb` once took a lower load's cell ahead
     of a tied one further up the row)."""
-    rng = np.random.default_rng(513 + seed)
+    assert_scans_choices(rounding_tie_problem(np.random.default_rng(513 + seed), seed % 3))
+
+
+def rounding_tie_problem(rng: np.random.Generator, family: int):
+    """A problem whose loads' sums tie by rounding: items costing 1 + 1e-9 l (`family` 0), of tenths (1), of
+    near-equal costs (2); lengths growing with the costs (the sorted search)."""
     num_ranks = int(rng.choice([3, 8, 40]))
     n = int(rng.integers(4, 16)) * num_ranks
-    if seed % 3 == 0:
+    if family == 0:
         lengths = np.minimum((rng.pareto(0.7, n) * 20).astype(np.int64) + 1, 2000)
         given = dict(cost=CostModel(per_item=1.0, linear=1e-9))
     else:
-        costs = rng.choice([0.1, 0.2, 0.3, 1 / 3, 0.7], n) if seed % 3 == 1 else rng.uniform(0.999, 1.001, n)
+        costs = rng.choice([0.1, 0.2, 0.3, 1 / 3, 0.7], n) if family == 1 else rng.uniform(0.999, 1.001, n)
         lengths = np.searchsorted(np.unique(costs), costs) + 1
         given = dict(costs=costs)
     budget = int(max(lengths.max(), lengths.sum() / num_ranks / rng.uniform(1, 6) + 1))
-    assert_scans_choices(make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=budget, **given))
+    return make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=budget, **given)

@@ -9,6 +9,7 @@ from orchmllm.balancers import CostModel
 from orchmllm.balancers.microbatch import greedy_sweep
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
 from orchmllm.tests.test_microbatch_greedy_fit_runs import assert_scans_choices
+from orchmllm.tests.test_microbatch_greedy_sweeps import rounding_tie_problem
 
 
 def _counted_whole(monkeypatch) -> list:
@@ -40,16 +41,5 @@ def test_whole_loads_refuse_sums_tied_by_rounding(monkeypatch, seed):
     seeds hold slices whose unequal loads' sums tie in floats; they are refused, and the cells are the scan's."""
     monkeypatch.setattr(greedy_sweep, "WHOLE", 1)
     counts = _counted_whole(monkeypatch)
-    rng = np.random.default_rng(seed)
-    num_ranks = int(rng.choice([3, 8, 40]))
-    n = int(rng.integers(4, 16)) * num_ranks
-    if seed % 3 == 0:
-        lengths = np.minimum((rng.pareto(0.7, n) * 20).astype(np.int64) + 1, 2000)
-        given = dict(cost=CostModel(per_item=1.0, linear=1e-9))
-    else:
-        costs = rng.choice([0.1, 0.2, 0.3, 1 / 3, 0.7], n) if seed % 3 == 1 else rng.uniform(0.999, 1.001, n)
-        lengths = np.searchsorted(np.unique(costs), costs) + 1
-        given = dict(costs=costs)
-    budget = int(max(lengths.max(), lengths.sum() / num_ranks / rng.uniform(1, 6) + 1))
-    assert_scans_choices(make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=budget, **given))
+    assert_scans_choices(rounding_tie_problem(np.random.default_rng(seed), seed % 3))
     assert counts[1] > 0
