@@ -20,6 +20,7 @@ import numpy as np
 
 from .cost import CostModel
 from .orders import Orders, sealed
+from .sums import exact_sum, integer_sum, integer_values
 from .validation import INT64_MAX, as_array, as_bool, as_int, as_non_negative_integers, as_rounded_up, is_real
 
 
@@ -110,39 +111,6 @@ def one_cost(costs: np.ndarray) -> bool:
     (True, False, False)
     """
     return bool(costs.size and costs[0] == costs[-1] and (costs == costs[0]).all())
-
-
-def integer_values(values: np.ndarray) -> np.ndarray | None:
-    """Non-negative float `values` as int64 when all are integers below 2**63, else None."""
-    if not values.size or values.max() >= 2.0**63:
-        return None
-    integers = values.astype(np.int64)
-    return integers if bool(np.all(integers == values)) else None
-
-
-def integer_sum(integers: np.ndarray) -> int:
-    """The exact sum of non-negative int64 `integers`, as a Python int (no overflow).
-
-    Summed as high and low 32-bit halves, in chunks whose half sums fit int64.
-    """
-    total = 0
-    for start in range(0, integers.size, 2**30):
-        chunk = integers[start:start + 2**30]
-        total += (int(np.sum(chunk >> 32)) << 32) + int(np.sum(chunk & 0xFFFFFFFF))
-    return total
-
-
-def exact_sum(values: np.ndarray) -> float:
-    """`math.fsum(values)`, the correctly rounded sum of non-negative float `values`.
-
-    Integers below 2**63 are summed exactly in int64 as high and low 32-bit halves (each
-    half's sum fits for fewer than 2**31 values) and rounded once by `float(int)`, several
-    times faster than fsum.
-    """
-    integers = integer_values(values) if values.size < 2**31 else None
-    if integers is None:
-        return math.fsum(memoryview(values))
-    return float(integer_sum(integers))
 
 
 COST_LIMIT = 2.0**1023  # rank costs below this never overflow float64, whatever the summation order

@@ -1,4 +1,4 @@
-"""The micro-batch certificate's sums and sorts, made cheaper, give what the plain ones gave: `exact_total` is
+"""The micro-batch certificate's sums and sorts, made cheaper, give what the plain ones gave: `exact_sum` is
 fsum's correctly rounded sum, `beyond_one_microbatch`'s partial sort takes the cover a stable sort of every item
 takes, and `cost_unit`'s sampled refusal is the full one's."""
 
@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from orchmllm.balancers.microbatch.bounds import beyond_one_microbatch, exact_total
+from orchmllm.balancers.microbatch.bounds import beyond_one_microbatch
+from orchmllm.balancers.sums import exact_sum
 from orchmllm.balancers.plan import cost_unit
 
 
@@ -26,7 +27,7 @@ def _values(family: str, rng: np.random.Generator) -> np.ndarray:
 
 
 @pytest.mark.parametrize("family", ["uniform", "quadratic", "thirds", "wide", "tiny", "huge", "scaled", "integers"])
-def test_exact_total_is_fsum(family):
+def test_exact_sum_is_fsum(family):
     rng = np.random.default_rng(len(family))
     for _ in range(40):
         values = _values(family, rng)
@@ -34,9 +35,9 @@ def test_exact_total_is_fsum(family):
             expected = math.fsum(values.tolist())
         except OverflowError:
             with pytest.raises(OverflowError):
-                exact_total(values)
+                exact_sum(values)
             continue
-        assert exact_total(values) == expected
+        assert exact_sum(values) == expected
 
 
 def _stably_sorted_cover(costs, lengths, num_ranks, capacity, total, tokens, bound):

@@ -31,8 +31,6 @@ import numpy as np
 
 from ..problem import exact_sum
 
-ROUND_32 = 1.5 * 2.0**84  # (x + ROUND_32) - ROUND_32: an integer |x| < 2**83 to the nearest multiple of 2**32
-
 
 def min_bins(lengths: np.ndarray, capacity: int, longest_first: np.ndarray | None = None) -> int:
     """Martello–Toth L2: a number of bins of `capacity` every packing of `lengths` needs
@@ -84,7 +82,7 @@ def step_cost_bound(costs: np.ndarray, lengths: np.ndarray, num_ranks: int, capa
     >>> step_cost_bound(np.array([6., 6., 6., 2.]), np.array([6, 6, 6, 2]), 2, 10)
     12.0
     """
-    mean = (exact_total(np.ascontiguousarray(costs, dtype=np.float64)) if total is None else total) / num_ranks
+    mean = (exact_sum(np.ascontiguousarray(costs, dtype=np.float64)) if total is None else total) / num_ranks
     conflicting = np.sort(costs[lengths > capacity / 2])[::-1]
     leaders = math.fsum(memoryview(np.ascontiguousarray(conflicting[::num_ranks])))
     return float(max(mean, leaders, float(costs.max()) if costs.size else 0.0))
@@ -112,7 +110,7 @@ def beyond_one_microbatch(costs: np.ndarray, lengths: np.ndarray, num_ranks: int
     holding = holding[holding != top]
     costs, lengths = costs[holding], lengths[holding]
     whole, part, short = _cheapest_cover(costs / lengths, lengths, beyond)
-    cover = exact_total(costs[whole]) + float(costs[part]) * short / float(lengths[part])
+    cover = exact_sum(costs[whole]) + float(costs[part]) * short / float(lengths[part])
     return (most + cover / num_ranks) * (1.0 - 1e-9)
 
 
@@ -139,34 +137,3 @@ def _cheapest_cover(ratios: np.ndarray, lengths: np.ndarray, tokens: int) -> tup
     whole = ~last
     whole[sorted_tail[:taken]] = True
     return whole, int(sorted_tail[taken]), tokens - (int(covered[taken - 1]) if taken else before)
-
-
-def exact_total(values: np.ndarray) -> float:
-    """`exact_sum(values)` (non-negative floats, correctly rounded), in numpy where the values span at most 30
-    binades: each an integer multiple of 2**(e - 53), e the least positive value's exponent, cut into 32-bit limbs
-    (float adds of a rounding constant), whose sums over at most 2**20 values are exact in float64; one Python int
-    rounded once.  ~1.5 ms against fsum's 4 ms on 82k costs; elsewhere `exact_sum`.
-
-    >>> exact_total(np.array([0.1, 0.2, 0.3])) == math.fsum([0.1, 0.2, 0.3])
-    True
-    >>> exact_total(np.array([1e16, 1.0, 1.0, -0.0]))
-    1.0000000000000002e+16
-    """
-    if not 0 < values.size <= 2**20:
-        return exact_sum(values)
-    high = float(values.max())
-    if not (float(values.min()) >= 0.0 and 0.0 < high < math.inf):
-        return exact_sum(values)
-    low = math.frexp(float(np.min(values, where=values > 0.0, initial=high)))[1]
-    bits = 53 + math.frexp(high)[1] - low
-    if bits > 83 or not -900 < low < 900:  # the scale 2**(53 - low) and the sum normal floats
-        return exact_sum(values)
-    scaled, total = values * 2.0**(53 - low), 0  # integers below 2**83
-    for shift in range(0, bits - 32, 32):
-        upper = (scaled + ROUND_32) - ROUND_32
-        total += int((scaled - upper).sum()) << shift  # limbs in [-2**31, 2**31]
-        scaled = upper * 2.0**-32
-    try:
-        return math.ldexp(float(total + (int(scaled.sum()) << (shift + 32))), low - 53)
-    except OverflowError:
-        return exact_sum(values)

@@ -15,9 +15,9 @@ from ..cost import CostModel
 from ..orders import Orders
 from ..plan import (call_kernel, certify, claimed_bound, cost_unit, integral, json_head, kernel_status, require_result,
                     rounded_up, sums_exact_below)
-from ..problem import Problem, SortedItems, Status, integer_sum, read_only, token_sums
+from ..problem import Problem, SortedItems, Status, exact_sum, integer_sum, read_only, token_sums
 from ..validation import as_index, is_real
-from .bounds import beyond_one_microbatch, exact_total, min_microbatches, step_cost_bound
+from .bounds import beyond_one_microbatch, min_microbatches, step_cost_bound
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,8 +74,8 @@ class MicroBatchProblem(SortedItems):
 
     @cached_property
     def total_cost(self) -> float:
-        """Σ c, correctly rounded (`exact_total`): the bounds' mean work."""
-        return exact_total(self.item_costs)
+        """Σ c, correctly rounded (`exact_sum`): the bounds' mean work."""
+        return exact_sum(self.item_costs)
 
     @cached_property
     def cost_bound(self) -> float:
