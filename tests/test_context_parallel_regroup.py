@@ -150,6 +150,25 @@ def test_the_crowd_merged_by_rank_is_the_walk_over_every_item(case, level):
             assert regroup._crowd(placed, limit).tolist() == walked_crowd(placed, limit)
 
 
+def test_the_crowd_of_more_distinct_times_and_ranks_than_16_bits_hold_is_the_walk_over_every_item():
+    """`_crowd` sorts the items with a shard above the limit by 16-bit keys where their distinct times and the ranks
+    fit 16 bits: 70k items of distinct lengths on 65,540 ranks (both sorts' keys stay 64-bit), 2k of them in groups
+    of two, a rank above the limit taking items out: the walk's crowd."""
+    from orchmllm.balancers.context_parallel import certify_split
+
+    num_ranks, rng = 65_540, np.random.default_rng(5)
+    lengths = rng.permutation(np.arange(1, 70_001))
+    degree = np.where(np.arange(lengths.size) < 2_000, 2, 1)
+    start = np.where(degree == 2, 2 * (np.arange(lengths.size) % (num_ranks // 2)),
+                     rng.integers(0, num_ranks, lengths.size))
+    spec = ContextParallel(degrees=(1, 2), latency_s=0.0, kv_bytes_per_token=0.0, half_efficiency_tokens=0.0)
+    plan = certify_split(lengths, num_ranks, spec, start, degree, cost=CostModel(linear=1.0))
+    limit = float(np.quantile(plan.loads, 0.3))
+    crowd = regroup._crowd(plan, limit)
+    assert crowd.size > 30_000
+    assert crowd.tolist() == walked_crowd(plan, limit)
+
+
 def test_a_split_item_leaves_the_crowd_where_a_rank_of_its_group_but_the_first_is_above():
     """The groups walk their items together (`_group_walks`): a split item is taken out where any rank of its group
     is above the limit, here only its second (which also holds an unsplit item), not its first."""
