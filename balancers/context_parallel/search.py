@@ -55,7 +55,10 @@ class _State:
         self.start, self.degree = start.copy(), degree.copy()
         self.cap = math.inf if problem.max_tokens_per_rank is None else problem.max_tokens_per_rank
         self.split_degrees = [c for c in spec.degrees if c > 1]
-        self.item_times: dict[tuple[int, int], np.ndarray] = {}  # (item, degree) -> `_time`
+        self.column = {c: k for k, c in enumerate(self.split_degrees)}
+        # item -> its `_time` at every split degree (a row per degree), where `timed`: made once per search
+        self.item_times = np.empty((problem.num_items, len(self.split_degrees), 2))
+        self.timed = np.zeros(problem.num_items, dtype=bool)
         self.shards: dict[tuple[int, int], np.ndarray] = {}  # (item, degree) -> `shard`
         self.loads, self.tokens, self.times = accounts or rank_accounts(problem, spec, gpus_per_node, self.start,
                                                                         self.degree)
@@ -119,12 +122,9 @@ class _State:
     def _time(self, item: int, c: int) -> np.ndarray:
         """The item's time at degree c inside a node and across nodes (the same element-wise values as the
         plan's), computed once per search."""
-        time = self.item_times.get((item, c))
-        if time is None:
-            length = self.problem.lengths[item]
-            time = self.spec.item_times(self.problem.cost, np.full(2, length), np.full(2, c), np.array([True, False]))
-            self.item_times[item, c] = time
-        return time
+        if not self.timed[item]:
+            self._timed(np.array([item]))
+        return self.item_times[item, self.column[c]]
 
     def candidates(self, rank: int):
         """(peak of the ranks it changes, item or -1, start, degree) of every move lowering `rank`: each unsplit
@@ -211,18 +211,21 @@ class _State:
         return best
 
     def _times(self, items: np.ndarray, c: int) -> np.ndarray:
-        """`_time` of each of `items` at degree c, a row each; those not yet computed at c in one call, at every
-        split degree (element-wise, the same numbers)."""
-        missing = [item for item in items.tolist() if (item, c) not in self.item_times]
-        if missing:
-            degrees = np.array(self.split_degrees)
-            shape = (len(missing), degrees.size, 2)
-            lengths = np.broadcast_to(self.problem.lengths[missing][:, None, None], shape)
-            times = self.spec.item_times(self.problem.cost, lengths, np.broadcast_to(degrees[:, None], shape),
-                                         np.array([True, False]))
-            for k, degree in enumerate(self.split_degrees):
-                self.item_times.update(zip(((item, degree) for item in missing), times[:, k]))
-        return np.array([self.item_times[item, c] for item in items.tolist()])
+        """`_time` of each of `items` at degree c, a row each; those not yet computed in one call, at every split
+        degree (element-wise, the same numbers)."""
+        missing = items[~self.timed[items]]
+        if missing.size:
+            self._timed(missing)
+        return self.item_times[items, self.column[c]]
+
+    def _timed(self, items: np.ndarray) -> None:
+        """Compute the times of `items` at every split degree, inside a node and across."""
+        degrees = np.array(self.split_degrees)
+        shape = (items.size, degrees.size, 2)
+        lengths = np.broadcast_to(self.problem.lengths[items][:, None, None], shape)
+        self.item_times[items] = self.spec.item_times(self.problem.cost, lengths,
+                                                      np.broadcast_to(degrees[:, None], shape), np.array([True, False]))
+        self.timed[items] = True
 
     def _group_moves(self, rank: int):
         """Moves of the items of `rank`'s group (all at once, `_weighed`; an item alone in its group by `blocks`,
