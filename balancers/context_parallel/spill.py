@@ -33,14 +33,53 @@ class SpillRun:
     def lay(self, items: list[int], times: list[float], needs: list[tuple[list[int], int, int]]) -> bool:
         """`place` each of `items` (of degree 1, their times and shards) in order but those `spill` puts, the accounts
         caught up before each `place`; whether each found token room."""
-        for item, time, need in zip(items, times, needs):
+        k = 0
+        while k < len(items):
+            item, time, need = items[k], times[k], needs[k]
+            k += 1
             if not self.spill(item, time, need):
                 if self.touched:
                     self.catch_up()
-                if self.blocks.place(item, 1, time, need) < 0:
+                fresh = self.fresh_run(items, times, needs, k - 1)
+                if fresh:
+                    k += fresh - 1
+                elif self.blocks.place(item, 1, time, need) < 0:
                     return False
         self.catch_up()
         return True
+
+    def fresh_run(self, items: list[int], times: list[float], needs: list[tuple[list[int], int, int]],
+                  begin: int) -> int:
+        """Lay out at once the run of `items` from `begin` that `place` would each put on the next of the least-loaded
+        ranks (their loads equal, often empty ranks), and return its length (the accounts caught up, nothing of degree
+        1 parked): where every rank above that load exceeds the target with the item (the previous item's rank, or
+        one loaded before), the fullest rank within it is the least-loaded one of least index (`Placement._quick`),
+        and the item moves it out of their run (long workload, T = 32k, seed 23: 5.1k of its 8.5k items of degree 1)."""
+        blocks = self.blocks
+        keys, target, cap = blocks.keys[1], blocks.target, blocks.cap
+        if not keys or blocks.parked[1]:
+            return 0
+        low = keys[0][0]
+        equal = 1 if len(keys) == 1 or keys[1][0] != low else bisect.bisect_right(keys, (low, math.inf))
+        least = keys[equal][0] if equal < len(keys) else math.inf  # the least load above `low`
+        count, end, fresh = 0, min(equal, len(items) - begin), []
+        while count < end:
+            time, most, rank = times[begin + count], needs[begin + count][1], keys[count][1]
+            peak = low + time
+            if not low < peak <= target < least + time or blocks.tokens[rank] + most > cap \
+                    or blocks.group_of[rank] is not None:
+                break
+            blocks.loads[rank] = peak
+            least = min(least, peak)
+            blocks.tokens[rank] += most
+            blocks.placed[items[begin + count]] = (rank, 1)
+            fresh.append((peak, rank))
+            count += 1
+        if count:
+            del keys[:count]
+            keys += fresh
+            keys.sort()
+        return count
 
     def spill(self, item: int, time: float, need: tuple[list[int], int, int]) -> bool:
         """Put `item` (its `time` and shards `need` at degree 1) where `place` would and return True, where that is
