@@ -1,6 +1,6 @@
 """A search step times its move rows after its swaps and r's rows without each item, only those that may be its
 choice (`search.CellSearch._moves_kept`), and a search that cannot lower enough replicas to reach its rival is not
-made (`search.lowered_at_most`, `planner._behind_for_good`): the same plans, bit for bit, with fewer rows walked
+made (`behind.lowered_at_most`, `planner._behind_for_good`): the same plans, bit for bit, with fewer rows walked
 (issue 28, planning at D = 2560 x 32, P = 8)."""
 
 import numpy as np
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from orchmllm.balancers import Pipeline, balance_microbatches
 from orchmllm.balancers.microbatch.api import make_microbatch_problem
-from orchmllm.balancers.pipeline import planner, search
+from orchmllm.balancers.pipeline import behind, planner, search
 from orchmllm.balancers.pipeline.planner import plan_for_pipeline
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
@@ -133,7 +133,7 @@ def test_a_search_beyond_reach_ends_behind(pipeline, seed, microbatches, budget,
     np.add.at(tokens, (replica, slot), 1)
     times = search.replica_times(pipeline, *pipeline.stage_times(cells))
     work = budget * 2 * pipeline.stages * microbatches * pipeline.virtual_stages * ranks
-    lowered = search.lowered_at_most(pipeline, microbatches, np.bincount(replica, minlength=ranks), work, False)
+    lowered = behind.lowered_at_most(pipeline, microbatches, np.bincount(replica, minlength=ranks), work, False)
     assert lowered < ranks
     rival = float(np.sort(times)[ranks - lowered - 1]) / (1 + edge * search.SUMS_DRIFT)
     found = search.CellSearch(pipeline, costs, np.ones(replica.size, dtype=np.int64), False, cells, tokens, replica,

@@ -3,7 +3,7 @@ bring it level (`CellSearch._out_of_reach`): each step lowers one replica, the s
 budget buys the step is at least the (L + 1)-th largest replica time now, and such a search is dropped anyway
 (issue 28: at D = 2560 x 32, M = 32, interleaved, a search from a start 25 % slower walked ~13 000 rows, then was
 dropped).  Where more of its replicas run above the rival than its rounds and steps can lower
-(`search.lowered_at_most`), it is not made (`planner._behind_for_good`)."""
+(`behind.lowered_at_most`), it is not made (`planner._behind_for_good`)."""
 
 import numpy as np
 import pytest
@@ -30,6 +30,7 @@ def _plan(monkeypatch, schedule, reach=True):
     if not reach:
         monkeypatch.setattr(search.CellSearch, "_out_of_reach", lambda self: False)
         monkeypatch.setattr(planner, "_behind_for_good", lambda *args: False)
+        monkeypatch.setattr(planner, "behind_after_a_round", lambda found: False)
     lengths = sample_workload("default", 512, 32, 3).sample_llm_length
     plan = balance_microbatches(lengths, 512, max_tokens_per_microbatch=16384, cost=COST, num_microbatches=32,
                                 pipeline=Pipeline(8, schedule, 2 if schedule == "interleaved" else 1))
@@ -43,6 +44,7 @@ def test_regression_a_search_behind_its_rival_stepped_until_its_budget_ran_out(m
     assert [rows for rows, behind in runs if behind] == []
     with monkeypatch.context() as patched:
         patched.setattr(planner, "_behind_for_good", lambda *args: False)
+        patched.setattr(planner, "behind_after_a_round", lambda found: False)
         _, made = _plan(patched, "interleaved")
     assert [rows for rows, behind in made if behind] == [0]
 
@@ -71,6 +73,7 @@ def _rounds_at_2560(monkeypatch, hopeless=True):
         rounds(self)
         charged.append(((work - self.work) / (self.row_work * self.num_ranks), behind))
     monkeypatch.setattr(search.CellSearch, "rounds", counted)
+    monkeypatch.setattr(planner, "behind_after_a_round", lambda found: False)  # the first search made: its rounds
     if not hopeless:
         monkeypatch.setattr(search.CellSearch, "_hopeless", lambda self, mark, spent: False)
     lengths = sample_workload("default", 2560, 32, 11).sample_llm_length

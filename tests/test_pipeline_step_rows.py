@@ -9,7 +9,8 @@ from hypothesis.extra.numpy import arrays
 from orchmllm import balance_microbatches
 from orchmllm.balancers import Pipeline
 from orchmllm.balancers.pipeline.schedules import replica_times, step_rows
-from orchmllm.balancers.pipeline.search import CellSearch, stalls_at_once
+from orchmllm.balancers.pipeline.behind import stalls_at_once
+from orchmllm.balancers.pipeline.search import CellSearch
 from orchmllm.study.models import MODELS
 from orchmllm.study.workloads import sample_workload
 

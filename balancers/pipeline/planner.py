@@ -24,7 +24,7 @@ for the schedule's step time (max over replicas of the pipeline time, `schedules
               slow ones holding the largest items, which the rounds repair; the reordered plain
               cells are near-tied on every replica at large D (the search stalls at once there)
               and the better start at small D with a few giant items.  A search ending above the
-              fastest step found before it is dropped unsummed
+              fastest step found before it is dropped unsummed, and one that must end so is not made (`behind`)
     certify   the step time of the final cells, their costs summed in item order as a fresh
               account would (a start's cells are; the replicas the search moved items between are
               summed again) and timed by `replica_times`; the bound of `bounds.step_bound`, status
@@ -54,7 +54,8 @@ from .heights import heights_start
 from .order import deal, mountain, places
 from .profile import best_profile
 from .schedules import replica_times, step_rows
-from .search import STOP_GAP, SUMS_DRIFT, CellSearch, lowered_at_most, stalls_at_once
+from .behind import behind_after_a_round, lowered_at_most, stalls_at_once
+from .search import STOP_GAP, SUMS_DRIFT, CellSearch
 from .shaped import first_from_below, lpt_shaped, overflowing, pinned_heavy, second_alone
 from .spec import Pipeline
 from .step import PipelineStep, cell_costs, certified_bound, first_stage_sums, pipeline_step
@@ -129,6 +130,8 @@ def arrange(problem: MicroBatchProblem, rank: np.ndarray, microbatch: np.ndarray
         search = CellSearch(pipeline, problem.item_costs, problem.lengths, problem.padded, cost, tokens, replica,
                             slot, problem.max_tokens_per_microbatch, work, times[begin],
                             None if firsts is None else (firsts, first_stage), floor, rival)
+        if behind_after_a_round(search):
+            continue  # its first round its last, then it ends behind the rival (`behind`): dropped, so not made
         search.rounds()
         search.run()
         if search.behind():
@@ -267,7 +270,7 @@ def _behind_for_good(problem: MicroBatchProblem, pipeline: Pipeline, starts: tup
                      reach: tuple) -> bool:
     """Whether the search from start `index` (`starts`: placed, cells, partial; uniform stages) must end above the
     rival step (`reach`: it and the search's budget): more of its replicas run longer than the rival than the search
-    can lower (`search.lowered_at_most`); where the start is timed on some rows alone (`_proving_rows`), shown on its
+    can lower (`behind.lowered_at_most`); where the start is timed on some rows alone (`_proving_rows`), shown on its
     rows of largest sums (the reordered plain cells at D = 2560 x 32, M = 32, interleaved: every replica ~24 % above
     the rival, their rounds ~6 ms, then dropped, their other replicas' times ~4 ms)."""
     (placed, cells, partial), (rival, work) = starts, reach

@@ -39,7 +39,7 @@ Candidates are evaluated together, one row each (in runs of at most WALK_ENTRIES
 step with more than MOVE_ROWS move rows tries its swaps alone; a step's moves after its swaps and r's rows
 without each item, those that may be its choice alone, `CellSearch._moves_kept`, the others charged as if
 timed); a row costs the schedule's operation count (2·P·M·v) of the work budget, so the result never depends on
-the clock.  A search that cannot lower enough replicas to reach a rival is not made (`lowered_at_most`).  Padded
+the clock.  A search that cannot lower enough replicas to reach a rival is not made (`behind`).  Padded
 cells (count · max cost) are not additive: only the reordering runs.  With first-stage costs
 (`Pipeline.stage_times`), every row carries the cells' first-stage parts too, moved and swapped
 with their costs.
@@ -119,7 +119,7 @@ class CellSearch:
                         self._out_of_reach():
                     return
                 mark, spent = float(self.times.max()), self.work
-            if steps % WINDOW in (0, 1) and _stalled(self.times, mark):
+            if steps % WINDOW in (0, 1) and stalled(self.times, mark):
                 return
             if not self._step(int(np.argmax(self.times))):
                 return
@@ -133,7 +133,7 @@ class CellSearch:
         time, and charges its swaps' rows at least (one where none), so after the L steps the budget left buys, the
         step is at least the (L + 1)-th largest time now (a search from a far slower start, D = 2560 x 32, M = 32,
         interleaved: ~13 000 rows walked, then dropped)."""
-        steps, size = _steps_bought(self.work, len(self.swaps), self.row_work), self.times.size
+        steps, size = steps_bought(self.work, len(self.swaps), self.row_work), self.times.size
         return steps < size and float(np.partition(self.times, size - steps - 1)[size - steps - 1]) > \
             self.rival * (1 + SUMS_DRIFT)
 
@@ -170,7 +170,7 @@ class CellSearch:
 
     def rounds(self) -> None:
         """Item moves off many slow replicas at once, before `run` (module docstring)."""
-        count = _round_count(self.num_ranks)
+        count = round_count(self.num_ranks)
         if self.padded or count < 1:
             return
         done, mark = 0, float(self.times.max())
@@ -180,7 +180,7 @@ class CellSearch:
         stop = self.work - int(granted * self.num_ranks * self.row_work)
         while self.work > max(stop, 0) and float(self.times.max()) > self.floor:
             before, spent = float(self.times.max()), self.work
-            if _stalled(self.times, before, count + 1, ROUND_GAIN):  # more replicas near the max than a round lowers
+            if stalled(self.times, before, count + 1, ROUND_GAIN):  # more replicas near the max than a round lowers
                 return
             moved = self._round(count)
             if float(self.times.max()) >= before:
@@ -439,50 +439,17 @@ def _least_per_group(values: np.ndarray, group: np.ndarray, groups: int, count: 
     return order[np.arange(order.size) - np.searchsorted(ranked, np.arange(groups))[ranked] < count]
 
 
-def _steps_bought(work: int, swaps: int, row_work: int) -> int:
+def steps_bought(work: int, swaps: int, row_work: int) -> int:
     """The most steps of `run` a budget of `work` buys: each charges its `swaps` rows at least (one where none)."""
     return -(-max(work, 0) // (max(swaps, 1) * row_work))
 
 
-def lowered_at_most(pipeline: Pipeline, num_microbatches: int, counts: np.ndarray, work: int, padded: bool) -> int:
-    """At most how many replicas a search (`CellSearch`: `rounds`, then `run`; a budget of `work`) lowers, its
-    replicas holding `counts` items now.  Only a round's slow replicas and a step's slowest one lose items or time;
-    every other replica's time only rises (an item added to a cell: `schedules.step_rows`; uniform stages).  Rounds
-    start while they have charged less than ROUND_TIMINGS rows per replica (B), and a round charges at least its slow
-    replicas' items, each at least its count now the first time it is lowered (it only gained items before): so the
-    replicas first lowered in a round are at most a round's (the last) and the most of least counts summing below B;
-    a step charges its swaps' rows at least (`_steps_bought`): at most B / swaps + 1 steps after rounds, and those of
-    `run`.  So a search whose (lowered + 1)-th slowest replica runs above a rival ends above it (`CellSearch.behind`).
-
-    >>> lowered_at_most(Pipeline(stages=2), 8, np.full(200, 30), 8960, False)  # 26 + 32 in rounds, 29 + 10 steps
-    97
-    """
-    size, swaps, count = counts.size, max(len(swap_pairs(num_microbatches)), 1), _round_count(counts.size)
-    steps = _steps_bought(work, swaps, 2 * pipeline.stages * num_microbatches * pipeline.virtual_stages)
-    if not padded and count >= 1:
-        budget = ROUND_TIMINGS * size
-        steps += int(np.searchsorted(np.cumsum(np.sort(counts)), budget)) + count + budget // swaps + 1
-    return min(steps, size)
-
-
-def stalls_at_once(times: np.ndarray, num_ranks: int, padded: bool) -> bool:
-    """Whether `rounds` then `run` end without a change from these replica times, or from any of `num_ranks` that
-    holds them where none of the others is above their max (what `_stalled` finds then holds for all): more
-    replicas near the max than a round lowers (or no rounds: padded, too few replicas) and than WINDOW steps do.
-
-    >>> stalls_at_once(np.array([5.0, 5.0, 5.0, 5.0, 5.0, 1.0]), 6, False), stalls_at_once(np.full(4, 5.0), 6, False)
-    (True, False)
-    """
-    mark, count = float(times.max()), _round_count(num_ranks)
-    return (padded or count < 1 or _stalled(times, mark, count + 1, ROUND_GAIN)) and _stalled(times, mark)
-
-
-def _round_count(num_ranks: int) -> int:
+def round_count(num_ranks: int) -> int:
     """The slow replicas a round lowers (`rounds`): ROUND_REPLICAS, at most D / (ROUND_ITEMS + 1)."""
     return min(ROUND_REPLICAS, num_ranks // (ROUND_ITEMS + 1))
 
 
-def _stalled(times: np.ndarray, mark: float, count: int = WINDOW, gain: float = WINDOW_GAIN) -> bool:
+def stalled(times: np.ndarray, mark: float, count: int = WINDOW, gain: float = WINDOW_GAIN) -> bool:
     """Whether `count` steps must end in a stall: a step lowers one replica and raises none above the old
     max, so after `count` steps the max is at least the (`count` + 1)-th largest time now (> `mark`·(1 - gain))."""
     if times.size <= count:
