@@ -95,17 +95,24 @@ class Allotment:
         others = _Unsplit.of(np.delete(self.costs, self.candidates))
         start = max(float(smallest.max(initial=0.0)), float(others.costs.max(initial=0.0)),
                     others.sum_with(least[:, 0]) / d)
+        worked: dict[float, float] = {}  # target -> `_work` there: the search below often asks for `start` again
+
+        def work_at(target: float) -> float:
+            if target not in worked:
+                worked[target] = self._work(least, others, target)
+            return worked[target]
+
         points, drops = _events(self.times, least, self.allowed, start)
-        work = self._work(least, others, start) + np.concatenate(([0.0], np.cumsum(drops)))
+        work = work_at(start) + np.concatenate(([0.0], np.cumsum(drops)))
         distinct = np.flatnonzero(np.append(points[1:] != points[:-1], True))  # last event of each time
         points, work = points[distinct], work[distinct]
         fits = np.append(np.maximum(points[:-1], work[:-1] / d) < points[1:], True)
         j = int(np.argmax(fits))
         while True:  # confirm on exact sums: interval j fits, interval j - 1 does not
-            exact = self._work(least, others, float(points[j])) / d
+            exact = work_at(float(points[j])) / d
             if j + 1 < points.size and max(points[j], exact) >= points[j + 1]:
                 j += 1
-            elif j > 0 and max(points[j - 1], self._work(least, others, float(points[j - 1])) / d) < points[j]:
+            elif j > 0 and max(points[j - 1], work_at(float(points[j - 1])) / d) < points[j]:
                 j -= 1
             else:
                 return float(max(points[j], exact))
