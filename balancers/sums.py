@@ -64,14 +64,11 @@ def limb_sum(values: np.ndarray) -> float | None:
         return None
     low = math.frexp(float(np.min(values, where=values > 0.0, initial=high)))[1]
     bits = 53 + math.frexp(high)[1] - low
-    if bits > 83 or not -900 < low < 900:  # the scale 2**(53 - low) and the sum normal floats
+    if bits > 83 or not -900 < low < 900:  # the scale 2**(53 - low) exact; the sum (< 2**(900 + 30 + 20)) normal
         return None
     scaled, total = values * 2.0**(53 - low), 0  # integers below 2**83
     for shift in range(0, bits - 32, 32):
         upper = (scaled + ROUND_32) - ROUND_32
         total += int((scaled - upper).sum()) << shift  # limbs in [-2**31, 2**31]
         scaled = upper * 2.0**-32
-    try:
-        return math.ldexp(float(total + (int(scaled.sum()) << (shift + 32))), low - 53)
-    except OverflowError:
-        return None
+    return math.ldexp(float(total + (int(scaled.sum()) << (shift + 32))), low - 53)
