@@ -8,9 +8,11 @@ interrupted; 141 when the reader of stdout closed it early (`orchmllm compare --
 
 `main` runs `command` (the parser and the run), which it imports inside its Ctrl-C handler: this
 module imports nothing else, so a Ctrl-C while the command loads is one line.  One
-module per subcommand (`compare`, `simulate`, `demo`, `plan`), each with its
-`add_parser` and `run`; `arguments` and `files` validate what the user gives (raising
-`errors.UsageError`), `render` prints tables and JSON, `plots` draws the figures.
+module per subcommand (`compare`, `simulate`, `demo`, `plan`) with its `run`, imported only once the
+options passed the checks that need no solver: `parsers` builds every parser and `prechecks` refuses what
+the options alone show wrong, neither importing numpy, scipy, the balancers or torch (a refusal is quick);
+`arguments` and `files` validate what the user gives (raising `errors.UsageError`), `render` prints tables
+and JSON, `plots` draws the figures.
 """
 
 import sys

@@ -1,4 +1,5 @@
-"""Validators of the `orchmllm` command's option values; each raises UsageError naming the option.
+"""Validators of the `orchmllm` command's option values and of the files they name; each raises UsageError naming
+the option (or the file).  Solver-backed checks import their module when called: `prechecks` uses the others.
 
 >>> int_list("64, 512", "--ranks")
 [64, 512]
@@ -10,22 +11,14 @@ orchmllm.cli.errors.UsageError: --ranks must be comma-separated integers, e.g. 6
 
 from __future__ import annotations
 
-import argparse
+import codecs
+from contextlib import contextmanager
+from pathlib import Path
 
-from ..balancers import CostModel
-from ..balancers.problem import as_time_limit, item_costs_of
-from ..study.compare import algorithm_names, compare_topology
 from .errors import UsageError, one_line, usage_errors
-from .files import require_file, utf8_text
 
 DEFAULT_GPUS_PER_NODE = 8
 DEFAULT_BYTES_PER_TOKEN = 8192.0  # a bf16 hidden state of 4096
-
-
-def subcommand(commands, name: str, summary: str, description: str, examples: str) -> argparse.ArgumentParser:
-    """Add subcommand `name` with its one-line `summary`, `description` and `examples` epilog."""
-    return commands.add_parser(name, help=summary, description=description, epilog=examples,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def int_list(text: str, name: str) -> list[int]:
@@ -122,12 +115,16 @@ def strategy_names(text: str | None, known, kind: str):
 
 def check_time_limit(seconds: float | None) -> None:
     """--time-limit checked as the solvers check `time_limit` (`as_time_limit`), named by the flag."""
+    from ..balancers.problem import as_time_limit
+
     with usage_errors("--time-limit"):
         as_time_limit(seconds)
 
 
-def cost_model(text: str | None) -> CostModel:
-    """--cost PER_ITEM,LINEAR,QUADRATIC (default: f(l) = l)."""
+def cost_model(text: str | None):
+    """--cost PER_ITEM,LINEAR,QUADRATIC (default: f(l) = l), a CostModel."""
+    from ..balancers import CostModel
+
     if text is None:
         return CostModel()
     try:
@@ -139,9 +136,11 @@ def cost_model(text: str | None) -> CostModel:
         return CostModel(per_item=per_item, linear=linear, quadratic=quadratic)
 
 
-def file_cost(text: str | None, lengths, padded: bool) -> CostModel:
+def file_cost(text: str | None, lengths, padded: bool):
     """--cost as a model (`cost_model`) whose costs of a lengths file's items stay finite, checked as
     balance() checks them but named by the flag (a model overflowing float64 was a traceback in compare)."""
+    from ..balancers.problem import item_costs_of
+
     cost = cost_model(text)
     with usage_errors(f"--cost {text!r}"):
         item_costs_of(lengths, cost, None, padded)
@@ -150,12 +149,16 @@ def file_cost(text: str | None, lengths, padded: bool) -> CostModel:
 
 def algorithms(text: str | None, option: str = "--algorithms") -> list[str]:
     """The algorithm, +locality and peer names of `text`, or compare's default set."""
+    from ..study.compare import algorithm_names
+
     with usage_errors(option):
         return algorithm_names(text)
 
 
 def topology(num_ranks: int, gpus_per_node: int):
     """The whole-node cluster of `num_ranks` GPUs that compare and plan use."""
+    from ..study.compare import compare_topology
+
     positive_int(gpus_per_node, "--gpus-per-node")
     try:
         return compare_topology(num_ranks, gpus_per_node)
@@ -211,3 +214,38 @@ def workload_batch(args, num_ranks: int, samples_per_rank: int, available: int |
         return sample_workload(args.workload, num_ranks, samples_per_rank, args.seed)
     check_file_holds(args, num_ranks, samples_per_rank, available, option)
     return load_workload_file(args.workload_file, samples_per_rank, num_ranks)
+
+
+def require_file(path, what: str) -> None:
+    """UsageError unless `path` names an existing regular file (`what` says which, e.g. "workload file"):
+    not found, or what it is instead (a directory, a FIFO, a device such as /dev/null).
+
+    >>> require_file("/", "lengths file")
+    Traceback (most recent call last):
+    ...
+    orchmllm.cli.errors.UsageError: lengths file '/' is a directory, not a regular file
+    """
+    path = Path(path)
+    if path.is_file():
+        return
+    if not path.exists():
+        raise UsageError(f"{what} {str(path)!r} not found")
+    kinds = ((path.is_dir, "a directory"), (path.is_fifo, "a FIFO"), (path.is_char_device, "a character device"),
+             (path.is_block_device, "a block device"), (path.is_socket, "a socket"))
+    kind = next((name for test, name in kinds if test()), "something else")
+    raise UsageError(f"{what} {str(path)!r} is {kind}, not a regular file")
+
+
+@contextmanager
+def utf8_text(path):
+    """A text file read in the block that is not UTF-8 as a UsageError saying what it is and what to do:
+    UTF-16 by its byte-order mark (a spreadsheet's "Unicode text"), else the first byte UTF-8 cannot
+    read (Latin-1, another code page, or binary)."""
+    try:
+        yield
+    except UnicodeDecodeError as error:
+        if error.object[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+            raise UsageError(f"{path}: UTF-16 text (its byte-order mark says so); save it as UTF-8 (a spreadsheet's "
+                             f"CSV UTF-8)") from None
+        raise UsageError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start}); "
+                         f"save it as UTF-8") from None

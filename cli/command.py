@@ -3,6 +3,8 @@
 Its parser (whose description is this docstring's first line), its stdout, and its errors reported
 as `orchmllm.cli` says.  `orchmllm.cli.main` imports this module inside its Ctrl-C handler, so that
 nothing the command loads (argparse, numpy, the subcommands) can be interrupted into a traceback.
+The parser (`parsers`) and the options' own checks (`prechecks`) need none of the solvers: only then does
+the subcommand's module load numpy, scipy and the balancers, so that a refusal is quick (issue 24).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import threading
 import warnings
 from contextlib import contextmanager
+from importlib import import_module
 
 from .errors import (EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser,
                      MissingDependencyError, PluginFailure, UsageError, one_line)
@@ -22,22 +25,18 @@ from .errors import (EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the `orchmllm` command and its subcommands.
 
-    The subcommands (numpy, scipy and the solvers behind them) are imported here, not at
-    module import, so that `run` catches a Ctrl-C during these imports too (`_interrupts_deferred`).
+    Its modules are imported here, not at module import, so that `run` catches a Ctrl-C during these
+    imports too (`_interrupts_deferred`); none of them loads numpy or a solver (`parsers`).
     """
     from .. import __version__
-    from .compare import add_parser as add_compare
-    from .demo import add_parser as add_demo
-    from .plan import add_parser as add_plan
-    from .simulate import add_parser as add_simulate
+    from .parsers import add_parsers
 
     parser = ArgumentParser(prog="orchmllm", description=__doc__.split("\n")[0],
                             epilog="run `orchmllm COMMAND --help` for the options and examples of each command",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"orchmllm {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add_parser in (add_compare, add_simulate, add_demo, add_plan):
-        add_parser(commands)
+    add_parsers(commands)
     return parser
 
 
@@ -137,8 +136,13 @@ def _run(argv) -> int:
         if args.command is None:
             raise UsageError("choose a command: compare, simulate, demo or plan (see `orchmllm --help`)")
         command = f"orchmllm {args.command}"
+        with _interrupts_deferred():
+            from .prechecks import precheck
+        precheck(args)
+        with _interrupts_deferred():  # numpy, scipy, the balancers: after the options' own checks
+            handler = import_module(f".{args.command}", __package__).run
         sys.stdout = _Stdout(stdout)
-        code = args.handler(args)
+        code = handler(args)
         sys.stdout.flush()  # what is still buffered fails here, reported, not in the interpreter's last flush
         return code
     except (UsageError, MissingDependencyError) as error:

@@ -4,90 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..balancers import ALGORITHMS, InfeasibleError
+from ..balancers import InfeasibleError
 from ..study.compare import (BASELINE, LOCALITY_SUFFIX, CompareConfig, compare_microbatches, compare_topology,
                              file_stages, run_comparison, workload_stages)
 from ..study.context_parallel_compare import compare_context_parallel
-from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorithms as algorithm_names, batch_size,
-                        check_seed, check_time_limit, check_workload_source, degree_list, file_cost, int_list,
-                        model_stages, positive_int, rank_list, subcommand, topology as checked_topology,
-                        workload_batch)
+from .arguments import (DEFAULT_BYTES_PER_TOKEN, algorithms as algorithm_names, batch_size, check_time_limit,
+                        check_workload_source, degree_list, file_cost, int_list, model_stages, positive_int, rank_list,
+                        topology as checked_topology, workload_batch)
 from .errors import UsageError, usage_errors
 from .files import check_not_input, check_parent, check_plot_directory, load_lengths, write_rows_csv, writing
+from .parsers import DEFAULT_MODEL, items_per_rank
 from .render import (KEPT_WHOLE, print_compare, print_json, print_microbatch_rows, print_split_rows, print_written,
                      progress)
 
-DEFAULT_MODEL, DEFAULT_ITEMS_PER_RANK = "84b", "16"  # workloads only: None when not given, refused with --lengths
 FIGURES = ("loads.png", "traffic.png", "traffic_locality.png", "cells.png", "cp_work.png")  # what --plot DIR may hold
-
-EXAMPLES = """examples:
-  orchmllm compare                                   # default tri-modal workload, D=64 and 512
-  orchmllm compare --ranks 8,64,2560 --items-per-rank 4,16
-  orchmllm compare --lengths lengths.csv --ranks 32 --cost 0,1,0.0005
-  orchmllm compare --lengths trace.csv --column ContextTokens --ranks 64 --json
-  orchmllm compare --algorithms lpt,karmarkar_karp,verl_kk --plot out/ --csv out/compare.csv
-  orchmllm compare --max-tokens-per-microbatch 16384 --plot out/   # + micro-batched planning, cells.png
-  orchmllm compare --workload long --context-parallel 1,2,4,8      # + the split algorithms on the LLM stage
-"""
-
-
-def add_parser(commands) -> None:
-    from ..study.models import list_models
-    from ..study.workloads import list_workloads
-
-    compare = subcommand(
-        commands, "compare", "compare every balancer and peers' heuristics on a workload or lengths file",
-        "Balance every stage of a workload (or a file of lengths) with every registered "
-        "algorithm and the peers' heuristics; report makespan against the lower bound, "
-        "solve time and bytes moved within and across nodes.",
-        EXAMPLES)
-    source = compare.add_mutually_exclusive_group()
-    source.add_argument("--workload", default="default", help=f"built-in workload: {', '.join(list_workloads())} "
-                                                              "(default: %(default)s)")
-    source.add_argument("--workload-file", metavar="FILE",
-                        help="JSON lines of multimodal samples, e.g. {\"text\": 212, \"segments\": "
-                             "[{\"modality\": \"image\", \"length\": 1024, \"tokens\": 256}]}")
-    source.add_argument("--lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy (one stage)")
-    compare.add_argument("--model", help=f"model whose stage costs and bytes a workload uses: "
-                                         f"{', '.join(list_models())} (default: {DEFAULT_MODEL})")
-    compare.add_argument("--column", help="CSV column or JSON key holding the lengths (default: the only "
-                                          "column / 'length')")
-    compare.add_argument("-D", "--ranks", default="64,512", help="comma-separated data-parallel sizes D "
-                                                                 "(default: %(default)s)")
-    compare.add_argument("--items-per-rank", help=f"comma-separated samples per rank, workloads only "
-                                                  f"(default: {DEFAULT_ITEMS_PER_RANK})")
-    compare.add_argument("--algorithms", help="comma-separated algorithms, NAME+locality variants and peers "
-                                              "(default: those registered as default, plus auto+locality); "
-                                              f"algorithms: {', '.join(ALGORITHMS)}")
-    compare.add_argument("--cost", metavar="A,B,C", help="lengths files: cost f(l) = A + B*l + C*l^2 "
-                                                         "(default: 0,1,0)")
-    compare.add_argument("--padded", action="store_true", help="lengths files: padded rank cost count*f(max l)")
-    compare.add_argument("--time-limit", type=float,
-                         help="seconds an exact solver may spend per stage; also lets auto finish small "
-                              "stages with the ILP (default: none, so auto is deterministic; ilp then uses "
-                              "its own default)")
-    compare.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE,
-                         help="GPUs per node (default: %(default)s)")
-    compare.add_argument("--bytes-per-token", type=float,
-                         help=f"bytes moved per length unit, for --lengths files (default: "
-                              f"{DEFAULT_BYTES_PER_TOKEN:g}, hidden 4096 in bf16)")
-    compare.add_argument("--max-tokens-per-microbatch", type=int, metavar="T",
-                         help="also plan the last stage (the LLM) as gradient-accumulation micro-batches of at most "
-                              "T tokens per rank: ours and the reimplemented peers' micro-batching, "
-                              "with Σ_m max_r cost / bound and M (and cells.png with --plot)")
-    compare.add_argument("--context-parallel", metavar="DEGREES",
-                         help="also plan the last stage (the LLM) with giant items splittable over context-parallel "
-                              "groups of these degrees (powers of two, e.g. 1,2,4,8): no_split, static_cp, "
-                              "megatron_dynamic_cp and ours, with step / bound (and cp_work.png with --plot); a degree "
-                              "wider than --gpus-per-node lets every degree's groups cross nodes; split "
-                              "times take the stage's cost in FLOPs on an H100 (workloads' costs are; give --cost in "
-                              "FLOPs with --lengths)")
-    compare.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
-    compare.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
-    compare.add_argument("--csv", metavar="FILE", help="also write one row per run to this CSV file")
-    compare.add_argument("--plot", metavar="DIR", help="write loads.png, traffic.png (and traffic_locality.png "
-                                                       "with a +locality algorithm) to DIR (needs matplotlib)")
-    compare.set_defaults(handler=run)
 
 
 def check_node_tiling(text: str, degrees: tuple[int, ...], ranks: list[int], gpus_per_node: int) -> None:
@@ -103,10 +33,6 @@ def check_node_tiling(text: str, degrees: tuple[int, ...], ranks: list[int], gpu
                              f"would straddle nodes (orchmllm's planner alone would keep them inside); use degrees "
                              f"that divide {gpus}, or also list a degree wider than a node, which lets every degree's "
                              f"groups cross nodes")
-
-
-def _items_per_rank(args) -> str:
-    return DEFAULT_ITEMS_PER_RANK if args.items_per_rank is None else args.items_per_rank
 
 
 def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
@@ -132,7 +58,7 @@ def configs_of(args, ranks: list[int]) -> tuple[list[CompareConfig], str]:
     model = DEFAULT_MODEL if args.model is None else args.model
     stages = model_stages(model)
     available = check_workload_source(args, stages)
-    items = int_list(_items_per_rank(args), "--items-per-rank")
+    items = int_list(items_per_rank(args), "--items-per-rank")
     for d in ranks:
         for k in items:
             batch_size(d, k, "--items-per-rank")
@@ -218,8 +144,6 @@ def run(args) -> int:
     check_time_limit(args.time_limit)
     algorithms = algorithm_names(args.algorithms)
     ranks = rank_list(args.ranks, "--ranks")
-    check_seed(args.seed)
-    int_list(_items_per_rank(args), "--items-per-rank")
     for num_ranks in ranks:
         checked_topology(num_ranks, args.gpus_per_node)
     if args.plot is not None:

@@ -8,68 +8,9 @@ import os
 import sys
 import time
 
-from .arguments import degree_list, subcommand
-from .errors import EXIT_FAILED, EXIT_OK, MissingDependencyError, UsageError, naming_flag
+from .arguments import degree_list
+from .errors import EXIT_FAILED, EXIT_OK, MissingDependencyError, UsageError, naming_flag, usage_errors
 from .render import console, print_json
-
-EXAMPLES = """examples:
-  orchmllm demo                                      # 4 CPU gloo ranks, 3 steps
-  orchmllm demo --ranks 2 --steps 2 --dtype float64 --json
-  orchmllm demo --costs flops --repeats 1            # FLOP cost models, one concurrent pass: quicker
-  orchmllm demo --max-tokens-per-microbatch 2048     # gradient accumulation: micro-batches of <= 2048 tokens
-  orchmllm demo --workload giants --context-parallel 1,2,4 --json   # a giant item split over rank groups
-on a GPU cluster, the same training step under torchrun and NCCL:
-  torchrun --nproc-per-node 8 -m orchmllm demo --json
-exit code 1 when a check fails: gradients differ beyond rounding, a sample lost or duplicated,
-or the isolated busy max/mean of the balanced step above 1.05 or not below the unbalanced one
-(micro-batched: sum over micro-batches of the slowest rank's busy time / sum of the means);
-with --workload giants: tokens or samples lost, gradients beyond rounding of the unsplit reference,
-the unsplit plan's isolated busy max/mean below 1.5 (no giant) or the split plan's above the best the
-degrees allow (its certified bound's max/mean) + 0.10
-"""
-
-
-MIXED_ONLY = {"algorithm": "auto", "transport": "flat", "costs": "calibrated", "repeats": 3}  # giants: defaults only
-MAX_SAMPLES_PER_RANK = 1024  # 64 × the default: every sample is drawn and trained on the CPU (16 take minutes)
-
-def add_parser(commands) -> None:
-    demo = subcommand(
-        commands, "demo", "train a tiny vision+audio+text model on local gloo ranks, balanced and not",
-        "Spawn CPU processes in a gloo group (or join the ranks torchrun started) and train the "
-        "tiny multimodal model on the same batches with and without post-balancing: compare "
-        "gradients, lost samples, exchange and planning time, and per-rank busy time, measured "
-        "while every rank runs (concurrent) and replayed one rank at a time (isolated).",
-        EXAMPLES)
-    demo.add_argument("--ranks", type=int, default=4, help="processes, unless under torchrun (default: %(default)s)")
-    demo.add_argument("--steps", type=int, default=3, help="training steps (default: %(default)s)")
-    demo.add_argument("--samples-per-rank", type=int, default=16, help="samples per rank (default: %(default)s)")
-    demo.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                      help="parameter dtype (default: %(default)s)")
-    demo.add_argument("--seed", type=int, default=0, help="data seed (default: %(default)s)")
-    demo.add_argument("--algorithm", default=MIXED_ONLY["algorithm"],
-                      help="balancer of every stage (default: %(default)s)")
-    demo.add_argument("--transport", choices=("flat", "hierarchical"), default=MIXED_ONLY["transport"],
-                      help="all-to-all: flat or node-wise (default: %(default)s)")
-    demo.add_argument("--gpus-per-node", type=int, default=None,
-                      help="ranks per node of the node-wise transport (default: torchrun's LOCAL_WORLD_SIZE)")
-    demo.add_argument("--costs", choices=("calibrated", "flops"), default=MIXED_ONLY["costs"],
-                      help="stage cost models: timed on every rank, or FLOP formulas (default: %(default)s)")
-    demo.add_argument("--repeats", type=int, default=MIXED_ONLY["repeats"],
-                      help="concurrent busy time = min over this many passes (default: %(default)s)")
-    demo.add_argument("--replay-repeats", type=int, default=5,
-                      help="rounds of the isolated replay, every rank's work timed once in each "
-                           "(default: %(default)s)")
-    demo.add_argument("--max-tokens-per-microbatch", type=int, default=None, metavar="T",
-                      help="run the balanced step as gradient-accumulation micro-batches of at most T LLM tokens "
-                           "per rank, compared with the unbalanced un-micro-batched step (default: one pass)")
-    demo.add_argument("--workload", choices=("mixed", "giants"), default="mixed",
-                      help="mixed: the vision+audio+text mix; giants: one item a step longer than a rank's share, "
-                           "split over context-parallel groups (default: %(default)s)")
-    demo.add_argument("--context-parallel", metavar="DEGREES", default=None,
-                      help="with --workload giants: the degrees an item may be split at (default: 1,2,4 up to "
-                           "--ranks)")
-    demo.add_argument("--json", action="store_true", help="print the report as JSON")
-    demo.set_defaults(handler=run)
 
 
 def print_demo(report) -> list[str]:
@@ -164,33 +105,18 @@ def stage_printer():
 
 
 def run(args) -> int:
-    """`orchmllm demo`: train the tiny multimodal model with and without balancing."""
-    if args.ranks < 1 or args.steps < 1:
-        raise UsageError(f"--ranks and --steps must be >= 1; got --ranks {args.ranks} --steps {args.steps}")
-    if args.samples_per_rank < 1:
-        raise UsageError(f"--samples-per-rank must be >= 1; got {args.samples_per_rank}")
-    if args.samples_per_rank > MAX_SAMPLES_PER_RANK:
-        raise UsageError(f"--samples-per-rank must be at most MAX_SAMPLES_PER_RANK = {MAX_SAMPLES_PER_RANK} (the demo "
-                         f"draws and trains every sample on the CPU; the default 16 take minutes); got "
-                         f"{args.samples_per_rank}")
-    if args.repeats < 1 or args.replay_repeats < 1:
-        raise UsageError(f"--repeats and --replay-repeats must be >= 1; got {args.repeats} and {args.replay_repeats}")
-    if args.max_tokens_per_microbatch is not None and args.max_tokens_per_microbatch < 1:
-        raise UsageError(f"--max-tokens-per-microbatch must be >= 1; got {args.max_tokens_per_microbatch}")
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise UsageError(f"--gpus-per-node must be >= 1; got {args.gpus_per_node}")
+    """`orchmllm demo`: train the tiny multimodal model with and without balancing (its options checked by
+    `prechecks`, the algorithm here, before torch is imported)."""
     if args.workload == "giants":
         return run_giants(args)
-    if args.context_parallel is not None:
-        raise UsageError("--context-parallel needs --workload giants")
-    from ..orchestrator.stages import MICROBATCHED_LLM_ALGORITHMS, one_pass_replaced
+    from ..balancers import CostModel
+    from ..orchestrator.stages import MICROBATCHED_LLM_ALGORITHMS, Stage, one_pass_replaced
+    with usage_errors():  # every stage of the demo takes the algorithm (`demo_stages`): the vision stage names it
+        Stage("vision", "image", CostModel(), algorithm=args.algorithm)
     problem = None if args.max_tokens_per_microbatch is None else one_pass_replaced(
         args.algorithm, MICROBATCHED_LLM_ALGORITHMS, "--algorithm", "--max-tokens-per-microbatch")
     if problem is not None:
         raise UsageError(problem)
-    if args.gpus_per_node is not None and args.transport != "hierarchical":
-        raise UsageError("--gpus-per-node applies only with --transport hierarchical (the flat all-to-all does "
-                         "not look at nodes)")
     demo = _demo_module()
     torchrun = "RANK" in os.environ
     gpus_per_node = args.gpus_per_node
@@ -220,18 +146,8 @@ def run(args) -> int:
 
 
 def run_giants(args) -> int:
-    """`orchmllm demo --workload giants`: the giant split over context-parallel groups, and not."""
-    if "RANK" in os.environ:
-        raise UsageError("--workload giants spawns its own gloo ranks; run it without torchrun")
-    for name in ("max_tokens_per_microbatch", "gpus_per_node"):
-        if getattr(args, name) is not None:
-            raise UsageError(f"--{name.replace('_', '-')} is not available with --workload giants")
-    for name, default in MIXED_ONLY.items():
-        if getattr(args, name) != default:
-            raise UsageError(f"--{name} {getattr(args, name)} is not available with --workload giants (it runs "
-                             f"its own split and unsplit steps)")
-    if args.ranks > 64:
-        raise UsageError(f"--ranks must be at most 64 spawned CPU processes; got {args.ranks}")
+    """`orchmllm demo --workload giants`: the giant split over context-parallel groups, and not (the options
+    it takes checked by `prechecks`)."""
     default = ",".join(str(d) for d in (1, 2, 4) if d <= args.ranks)
     degrees = degree_list(default if args.context_parallel is None else args.context_parallel, "--context-parallel",
                           [args.ranks])

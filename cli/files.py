@@ -12,7 +12,6 @@ is a UsageError naming the option and the operating system's reason.
 
 from __future__ import annotations
 
-import codecs
 import csv
 import decimal
 import io
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..balancers.validation import EXACT_INTEGERS, json_value
+from .arguments import require_file, utf8_text
 from .errors import UsageError, one_line
 
 TEXT_ENCODING = "utf-8-sig"  # UTF-8, ignoring the byte-order mark spreadsheets write first
@@ -292,41 +292,6 @@ def load_lengths(path, column: str | None = None) -> np.ndarray:
         if suffix in (".jsonl", ".json", ".ndjson"):
             return np.asarray(_read_json_lines(path, column), dtype=np.int64)
     raise UsageError(f"{path}: unknown file type {suffix!r}; use .csv, .jsonl or .npy")
-
-
-@contextmanager
-def utf8_text(path):
-    """A text file read in the block that is not UTF-8 as a UsageError saying what it is and what to do:
-    UTF-16 by its byte-order mark (a spreadsheet's "Unicode text"), else the first byte UTF-8 cannot
-    read (Latin-1, another code page, or binary)."""
-    try:
-        yield
-    except UnicodeDecodeError as error:
-        if error.object[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
-            raise UsageError(f"{path}: UTF-16 text (its byte-order mark says so); save it as UTF-8 (a spreadsheet's "
-                             f"CSV UTF-8)") from None
-        raise UsageError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start}); "
-                         f"save it as UTF-8") from None
-
-
-def require_file(path, what: str) -> None:
-    """UsageError unless `path` names an existing regular file (`what` says which, e.g. "workload file"):
-    not found, or what it is instead (a directory, a FIFO, a device such as /dev/null).
-
-    >>> require_file("/", "lengths file")
-    Traceback (most recent call last):
-    ...
-    orchmllm.cli.errors.UsageError: lengths file '/' is a directory, not a regular file
-    """
-    path = Path(path)
-    if path.is_file():
-        return
-    if not path.exists():
-        raise UsageError(f"{what} {str(path)!r} not found")
-    kinds = ((path.is_dir, "a directory"), (path.is_fifo, "a FIFO"), (path.is_char_device, "a character device"),
-             (path.is_block_device, "a block device"), (path.is_socket, "a socket"))
-    kind = next((name for test, name in kinds if test()), "something else")
-    raise UsageError(f"{what} {str(path)!r} is {kind}, not a regular file")
 
 
 def check_parent(option: str, path, made=None) -> None:

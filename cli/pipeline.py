@@ -9,30 +9,6 @@ from .render import console, print_json
 DEFAULT_MAX_TOKENS_PER_MICROBATCH = 16384
 
 
-def add_arguments(simulate) -> None:
-    """The pipeline options of `simulate`."""
-    from ..balancers.pipeline import SCHEDULES
-
-    simulate.add_argument("--pipeline-stages", type=int, metavar="P",
-                          help="simulate a pipeline-parallel step: P stages over the model's layers (encoders on "
-                               "the first), gpus / P data-parallel replicas, micro-batches of at most "
-                               "--max-tokens-per-microbatch tokens (default 16384), strategies ours (PP-aware), "
-                               "ours_unaware, verl_dynamic_bsz, sorted_grid, dynapipe_style")
-    simulate.add_argument("--schedule", choices=SCHEDULES,
-                          help="pipeline schedule with --pipeline-stages (default: 1f1b)")
-    simulate.add_argument("--virtual-stages", type=int, metavar="V",
-                          help="model chunks per stage with --schedule interleaved (default: 2)")
-
-
-def check_pipeline_flags(args) -> None:
-    """UsageError for a pipeline option without the option it applies to (it would be ignored)."""
-    needs = {"--schedule": (args.schedule, args.pipeline_stages, "--pipeline-stages"),
-             "--virtual-stages": (args.virtual_stages, args.schedule == "interleaved", "--schedule interleaved")}
-    for option, (value, given, required) in needs.items():
-        if value is not None and not given:
-            raise UsageError(f"{option} {value} applies only with {required}")
-
-
 def run_pipelined(args, gpus: list[int]) -> int:
     """The pipelined strategies' table (or JSON) for each GPU count."""
     from ..balancers import Pipeline

@@ -5,47 +5,10 @@ from __future__ import annotations
 from ..balancers.validation import SizeLimitError
 from ..study.compare import LOCALITY_SUFFIX, file_stages, plan_for, plugin_failure
 from .arguments import (DEFAULT_BYTES_PER_TOKEN, DEFAULT_GPUS_PER_NODE, algorithms as algorithm_names,
-                        check_time_limit, file_cost, rank_count, subcommand, topology as checked_topology)
+                        check_time_limit, file_cost, rank_count, topology as checked_topology)
 from .errors import PluginFailure, UsageError, naming_flag, one_line, usage_errors
 from .files import check_not_input, check_plan_path, load_lengths, save_plan
 from .render import print_json, print_plan, print_written, progress, to_json_text
-
-EXAMPLES = """examples:
-  orchmllm plan lengths.csv --ranks 8
-  orchmllm plan lengths.npy --ranks 64 --algorithm lpt --output plan.json --quiet
-  orchmllm plan lengths.jsonl --ranks 16 --padded --max-tokens 65536 --json
-  orchmllm plan lengths.csv --ranks 64 --algorithm auto+locality --gpus-per-node 8
-"""
-
-
-def add_parser(commands) -> None:
-    from ..balancers import ALGORITHMS
-
-    plan = subcommand(
-        commands, "plan", "balance a lengths file and print or save the assignment",
-        "Balance the items of a lengths file over D ranks and print the per-rank loads, "
-        "or save the assignment (item -> rank) for another tool.",
-        EXAMPLES)
-    plan.add_argument("lengths", metavar="FILE", help="lengths file: .csv, .jsonl or .npy")
-    plan.add_argument("-D", "--ranks", type=int, required=True, help="number of data-parallel ranks")
-    plan.add_argument("--algorithm", default="auto" if "auto" in ALGORITHMS else "lpt",
-                      help="algorithm or peer name; NAME+locality keeps items near the rank that listed "
-                           "them, the file's items being listed rank by rank (default: %(default)s)")
-    plan.add_argument("--column", help="CSV column or JSON key holding the lengths")
-    plan.add_argument("--cost", metavar="A,B,C", help="cost f(l) = A + B*l + C*l^2 (default: 0,1,0)")
-    plan.add_argument("--padded", action="store_true", help="padded rank cost count*f(max l)")
-    plan.add_argument("--max-tokens", type=int, help="memory cap: tokens per rank")
-    plan.add_argument("--time-limit", type=float, help="seconds an exact solver may spend")
-    plan.add_argument("--gpus-per-node", type=int,
-                      help=f"with a +locality algorithm: GPUs per node (default: {DEFAULT_GPUS_PER_NODE})")
-    plan.add_argument("--bytes-per-token", type=float,
-                      help=f"with a +locality algorithm: bytes moved per length unit (default: "
-                           f"{DEFAULT_BYTES_PER_TOKEN:g})")
-    plan.add_argument("--output", "-o", metavar="FILE", help="save the plan: .json (full), .csv (item,rank) "
-                                                             "or .npy (assignment)")
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.add_argument("--quiet", "-q", action="store_true", help="print only the summary line")
-    plan.set_defaults(handler=run)
 
 
 def _flags(args) -> dict[str, str]:

@@ -4,64 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import (batch_size, check_file_holds, check_seed, check_workload_source, degree_list, model_stages,
-                        name_list, positive_int, rank_list, strategy_names, subcommand)
+from .arguments import (batch_size, check_file_holds, check_workload_source, degree_list, model_stages, name_list,
+                        positive_int, rank_list, strategy_names)
 from .errors import UsageError, usage_errors
 from .files import check_plot_directory, writing
-from .pipeline import add_arguments as add_pipeline_arguments, check_pipeline_flags, run_pipelined
+from .pipeline import run_pipelined
 from .render import (print_context_parallel_simulation, print_microbatch_simulation, print_simulation,
                      print_simulation_runs, progress)
-
-EXAMPLES = """examples:
-  orchmllm simulate                                  # 84b model, 2560 GPUs, default workload, batch sized by memory
-  orchmllm simulate --model 18b --gpus 64,256,1024 --plot out/
-  orchmllm simulate --strategies none,llm_only,ours --samples-per-rank 8 --json
-  orchmllm simulate --workload-file samples.jsonl --gpus 64
-  orchmllm simulate --max-tokens-per-microbatch 16384 --gpus 256,2560   # gradient accumulation under T
-  orchmllm simulate --workload long --context-parallel 1,2,4,8 --plot out/  # giant items split over groups
-"""
-
-
-def add_parser(commands) -> None:
-    from ..study.models import list_models
-    from ..study.strategies import STRATEGIES
-    from ..study.workloads import list_workloads
-
-    simulate = subcommand(
-        commands, "simulate", "simulate one training step on a cluster under each balancing strategy",
-        "Model one training step of a multimodal model on H100 nodes for each strategy of the "
-        "OrchMLLM ablations: step time, speed-up, MFU, overhead and memory.\n\nstrategies:\n" +
-        "\n".join(f"  {name:<17} {strategy.description}" for name, strategy in STRATEGIES.items()),
-        EXAMPLES)
-    simulate.add_argument("--model", default="84b", help=f"{', '.join(list_models())} (default: %(default)s)")
-    simulate.add_argument("--gpus", default="2560", help="comma-separated GPU counts, nodes of 8 "
-                                                         "(default: %(default)s)")
-    source = simulate.add_mutually_exclusive_group()
-    source.add_argument("--workload", default="default", help=f"built-in workload: {', '.join(list_workloads())} "
-                                                              "(default: %(default)s)")
-    source.add_argument("--workload-file", metavar="FILE", help="JSON lines of multimodal samples")
-    simulate.add_argument("--samples-per-rank", type=int, default=None,
-                          help="samples per rank (default: sized by memory like a training run: the largest of "
-                               "1, 2, then multiples of 4 up to 64, at which ours fits in 90%% of GPU memory; every "
-                               "strategy then runs that same batch; 32 with --max-tokens-per-microbatch, 4 with "
-                               "--context-parallel, 128 per replica with --pipeline-stages)")
-    simulate.add_argument("--strategies", help="comma-separated strategies (default: all; none is always "
-                                               "simulated as the reference)")
-    simulate.add_argument("--max-tokens-per-microbatch", type=int, metavar="T",
-                          help="simulate the step as gradient-accumulation micro-batches of at most T LLM tokens "
-                               "per rank, under the strategies none, verl_dynamic_bsz, megatron_hybrid, sorted_grid "
-                               "and ours (default --samples-per-rank then 32)")
-    simulate.add_argument("--context-parallel", metavar="DEGREES",
-                          help="simulate the step with the LLM's giant items splittable over context-parallel "
-                               "groups of these degrees (powers of two, e.g. 1,2,4,8; a degree wider than a node lets "
-                               "every degree's groups cross nodes), under the strategies none, no_split, static_cp, "
-                               "megatron_dynamic_cp and ours (default --samples-per-rank then 4)")
-    add_pipeline_arguments(simulate)
-    simulate.add_argument("--seed", type=int, default=0, help="workload sampling seed (default: %(default)s)")
-    simulate.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
-    simulate.add_argument("--plot", metavar="DIR", help="write timeline_*.png (and scaling.png for several "
-                                                        "--gpus) to DIR (needs matplotlib)")
-    simulate.set_defaults(handler=run)
 
 
 def figures(runs, directory: Path) -> list[str]:
@@ -110,14 +59,10 @@ def run(args) -> int:
 
         require_matplotlib()
     gpus = rank_list(args.gpus, "--gpus")
-    check_seed(args.seed)
     if args.plot is not None:
         check_plot_directory(args.plot)
-    check_pipeline_flags(args)
     if args.pipeline_stages is not None:
         return run_pipelined(args, gpus)
-    if args.max_tokens_per_microbatch is not None and args.context_parallel is not None:
-        raise UsageError("--context-parallel is not available with --max-tokens-per-microbatch")
     if args.max_tokens_per_microbatch is not None:
         return run_microbatched(args, gpus)
     if args.context_parallel is not None:
