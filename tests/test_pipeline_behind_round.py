@@ -1,7 +1,8 @@
 """A search whose first round is certainly its last and which then ends behind its rival is not made
 (`behind.behind_after_a_round`, `planner.arrange`): the same plans, bit for bit, without that round's rows
 (issue 28, planning at D = 2560 x 32, P = 8, M = 32, 1F1B: the shaped start's search, ~6 % above the reordered
-start, ran one round, ~3 ms, then was dropped)."""
+start, ran one round, ~3 ms, then was dropped); and where the reordered plain cells are shown behind for good
+(`planner._behind_for_good`), only the rows that show it are reordered, not the whole start."""
 
 import numpy as np
 import pytest
@@ -61,3 +62,16 @@ def test_a_search_certified_behind_after_a_round_ends_behind(pipeline):
             found.run()
             assert found.behind(), seed
     assert held >= 3, held
+
+
+def test_regression_the_reordered_start_was_made_whole_to_show_it_behind(monkeypatch):
+    """D = 2560 x 32, M = 32, interleaved, seed 29: the reordered plain cells, not searched (every replica ~24 % above
+    the rival), were reordered on all 2560 replicas and their items placed (~5 ms of ~50) to time ~440 rows; now
+    those rows alone are reordered (`planner._mountain_rows`); the same plan as making it (test_pipeline_moves_kept)."""
+    reordered, mountain = [], planner.mountain
+    monkeypatch.setattr(planner, "mountain", lambda cost: reordered.append(cost.shape[0]) or mountain(cost))
+    lengths = sample_workload("default", 2560, 32, 29).sample_llm_length
+    plan = balance_microbatches(lengths, 2560, max_tokens_per_microbatch=16384, cost=COST, num_microbatches=32,
+                                pipeline=Pipeline(8, "interleaved", 2))
+    assert 0 < max(reordered) < 2560  # the parent: 2560
+    assert plan.pipeline.step_time < plan.pipeline.unaware_step_time

@@ -240,9 +240,14 @@ def _reordered_rows(pipeline: Pipeline, plain: tuple) -> tuple | None:
     """(The plain cells' STALL_ROWS rows holding their step and their reordering's (`_add_reordered`), where those are
     few (`_proving_rows`), and the plain cells reordered in each replica (`order.mountain`) on them, as cells (costs
     alone)); None for GPipe (order-free)."""
-    rows, cost = None if pipeline.schedule == "gpipe" else _proving_rows(plain, STALL_ROWS), plain[0]
-    return None if rows is None else (rows, (np.take_along_axis(cost[rows], mountain(cost[rows]), axis=1), None,
-                                             None))
+    rows = None if pipeline.schedule == "gpipe" else _proving_rows(plain, STALL_ROWS)
+    return None if rows is None else (rows, _mountain_rows(plain[0], rows))
+
+
+def _mountain_rows(cost: np.ndarray, rows: np.ndarray) -> tuple:
+    """The cells (costs alone) of `rows` of the plain cells `cost` reordered in each replica (`order.mountain`, row by
+    row: the rows of the whole reordering, `_add_reordered`)."""
+    return np.take_along_axis(cost[rows], mountain(cost[rows]), axis=1), None, None
 
 
 def _cells(cells: list, index: int) -> tuple:
@@ -272,21 +277,25 @@ def _behind_for_good(problem: MicroBatchProblem, pipeline: Pipeline, starts: tup
     rival step (`reach`: it and the search's budget): more of its replicas run longer than the rival than the search
     can lower (`behind.lowered_at_most`); where the start is timed on some rows alone (`_proving_rows`), shown on its
     rows of largest sums (the reordered plain cells at D = 2560 x 32, M = 32, interleaved: every replica ~24 % above
-    the rival, their rounds ~6 ms, then dropped, their other replicas' times ~4 ms)."""
+    the rival, their rounds ~6 ms, then dropped, their other replicas' times ~4 ms).  The reordered plain cells, made
+    on first use (`_add_reordered`), are not made whole here: their replicas are the plain cells' and those rows alone
+    are reordered (any rows show it: D = 2560 x 32, M = 32, interleaved, ~5 ms of ~50 where it is not searched)."""
     (placed, cells, partial), (rival, work) = starts, reach
-    cost, _, firsts = _cells(cells, index)
+    deferred = callable(cells[index])  # the plain cells reordered in each replica, not made yet
+    cost, _, firsts = cells[0] if deferred else cells[index]
     size = cost.shape[0]
     if firsts is not None:
         return False
-    lowered = lowered_at_most(pipeline, cost.shape[1], np.bincount(_places(placed, index)[0], minlength=size), work,
-                              problem.padded)
+    replica = placed[0][0] if deferred else _places(placed, index)[0]
+    lowered = lowered_at_most(pipeline, cost.shape[1], np.bincount(replica, minlength=size), work, problem.padded)
     if lowered >= size:
         return False
     level = rival * (1 + SUMS_DRIFT)
     if index not in partial:
         return float(np.partition(times[index], size - lowered - 1)[size - lowered - 1]) > level
     rows = np.sort(np.argpartition(cost.sum(axis=1), size - lowered - 1)[size - lowered - 1:])
-    return float(_timed(pipeline, [cells[index]], [rows])[0].min()) > level
+    shown = _timed(pipeline, [_mountain_rows(cost, rows)]) if deferred else _timed(pipeline, [cells[index]], [rows])
+    return float(shown[0].min()) > level
 
 
 def _whole(pipeline: Pipeline, cells: list, times: list, partial: set, index: int) -> None:
