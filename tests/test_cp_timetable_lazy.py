@@ -5,6 +5,7 @@ map and each degree's shard table are made where first asked (zeros_giants, D = 
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from orchmllm import ContextParallel
 from orchmllm.balancers.context_parallel.layout import shard_tokens
@@ -41,3 +42,13 @@ def test_a_table_makes_only_what_is_asked():
     assert list(times.listed) == [7] and not dict(times.shards)
     times.shard(int(items[7]), 8)
     assert list(dict(times.shards)) == [8]
+
+
+def test_regression_an_item_outside_the_table_read_the_last_row():
+    """a05d67e's item -> row map held -1 for an item outside the table, so `time`/`shard` of it answered the last
+    row's (another item's) times and shards; the dict before it raised KeyError (rev51 F3), as now."""
+    times, lengths, items = _table()
+    outside = int(np.flatnonzero(lengths <= 20_000)[0])
+    for ask in (times.time, times.shard):
+        with pytest.raises(KeyError):
+            ask(outside, 4)

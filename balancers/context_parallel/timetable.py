@@ -25,10 +25,11 @@ class TimeTable:
         self.row[items] = np.arange(items.size)
         self.table = spec.item_times(problem.cost, problem.lengths[items][:, None], degrees[None, :],
                                      (degrees <= gpus_per_node)[None, :])
-        self.shards = _Shards(problem.lengths[items])  # degree -> (rows, degree) shard tokens, made once asked
+        lengths = problem.lengths[items]
+        self.shards = _Lazy(lambda degree: shard_tokens(lengths, degree))  # degree -> (rows, degree) shard tokens
         self.needs = {c: {} for c in spec.degrees}  # degree -> row -> `shard`'s answer, once asked
         self.rows = _Rows(self.row)  # item -> row, for one item at a time
-        self.listed = _Listed(self.table)  # row -> its times as a list
+        self.listed = _Lazy(lambda row: self.table[row].tolist())  # row -> its times as a list of floats
 
     def __call__(self, items: np.ndarray, degree: int) -> np.ndarray:
         return self.table[self.row[items], self.column[degree]]
@@ -52,35 +53,27 @@ class TimeTable:
         return list(zip(shards.tolist(), shards.max(axis=1).tolist(), shards.min(axis=1).tolist()))
 
 
-class _Shards(dict):
-    """Degree -> `shard_tokens` of the lengths at that degree, made where first asked."""
+class _Lazy(dict):
+    """Key -> `make(key)`, made where first asked and kept."""
 
-    def __init__(self, lengths: np.ndarray):
+    def __init__(self, make):
         super().__init__()
-        self.lengths = lengths
+        self.make = make
 
-    def __missing__(self, degree: int) -> np.ndarray:
-        shards = self[degree] = shard_tokens(self.lengths, degree)
-        return shards
+    def __missing__(self, key):
+        value = self[key] = self.make(key)
+        return value
 
 
 class _Rows:
-    """Item -> its row of the table (`TimeTable.row`, read as an int)."""
+    """Item -> its row of the table (`TimeTable.row`, read as an int); KeyError for an item the table does not
+    hold (its row -1 would read the last row: another item's times)."""
 
     def __init__(self, row: np.ndarray):
         self.row = row
 
     def __getitem__(self, item: int) -> int:
-        return int(self.row[item])
-
-
-class _Listed(dict):
-    """Row -> that row of the table as a list of floats, made where first asked."""
-
-    def __init__(self, table: np.ndarray):
-        super().__init__()
-        self.table = table
-
-    def __missing__(self, row: int) -> list[float]:
-        listed = self[row] = self.table[row].tolist()
-        return listed
+        row = int(self.row[item])
+        if row < 0:
+            raise KeyError(item)
+        return row
