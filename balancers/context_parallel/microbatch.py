@@ -38,8 +38,10 @@ Algorithm:
         first's after this, while above the bound by more than 3 %: move items out of the micro-batch furthest
         above its own pass bound into another where both micro-batches' plans lower the step (`regroup.py`); the
         lower step is the best
-    with M free, at most RETRY_ITEMS items and the best still above the bound by more than 3 %: the plans of a
-        fixed M + 1, M + 2, ... (empty micro-batches dropped) in turn while each lowers the step (`_more_counts`)
+    with M free and the best still above the bound by more than 3 %: where it is the repaired plan with a micro-batch
+        above its own bound by more than RETRY_STACK, the plan of a fixed M (every fill at M planned); then, at most
+        RETRY_ITEMS items, of a fixed M + 1, M + 2, ... (empty micro-batches dropped) in turn while each lowers the
+        step (`_more_counts`)
     return the best split plan (the fills' on a tie) if it splits and beats P by more than min_gain, else P;
     with M free, no plan and no P: the plan of a fixed M above the fills' (`_more_microbatches`), if one lays out
     with M fixed: never above the free M's plan padded with empty micro-batches (`fewer.py`)
@@ -81,6 +83,13 @@ RETRY_ITEMS = 256
 """Items at most for which a free M above the bound by more than RETRY_GAP tries fixed counts above its own
 (`_more_counts`; a speed rule: on probe26's mixes of 16-96 items 55 of 400 plans 0.4-48 % lower in 2.1x the time;
 on the benchmark's mixes of 2-16k items 10 of 144 plans 0.1-1.9 % lower in 3.1x, up to 17x)."""
+RETRY_STACK = 0.1
+"""Share above its own pass bound of a micro-batch's peak past which, where the searched plan is the repaired one,
+the free M tries its own count fixed (`_more_counts`, `_stacked`): the search found no move out of that micro-batch,
+and the fills at that count were dropped against the repaired plan's step before the search (zeros_giants, seeds
+200-229, held out: at D = 512 x 16 6 of 30 steps 3.5-7.0 % lower, the five above 1.10 the bound (1.121-1.128) at
+1.049-1.063, the worst 1.128 -> 1.090; at D = 64 2 of 30 1.4-1.5 % lower; no plan changed on the 7 families' seeds
+7-37, 11, 41, 101 and 123 at D = 64 and 512, the giant mixes' seeds 100-101 or the long workload's step)."""
 FLOOR_SLACK = 1e-9
 """Relative margin below a deferred fill's bound (its float sums may round a hair above a plan's)."""
 
@@ -268,11 +277,13 @@ def _regrouped(plan: SplitMicroBatchPlan, lengths: np.ndarray, spec: ContextPara
 
 
 def _searched(plans: tuple, lengths: np.ndarray, spec: ContextParallel, table: np.ndarray, goal: float,
-              plan_pass: _PassPlans) -> SplitMicroBatchPlan | None:
-    """The least step of `plans` (the fills' best, the repaired plan; None where absent; the first on a tie), each
-    above `goal` searched (`_regrouped`) in order of step, the second only where its step is below the first's
-    searched one: the search never raises a step, and it rarely lowers one past the other's (the long workload at
-    D = 2560 x 16, T = 16k, seeds 7, 8, 11: never, the second's search 0.5-0.8 s of a 2.2-4.3 s planning)."""
+              plan_pass: _PassPlans) -> tuple[SplitMicroBatchPlan | None, int | None]:
+    """(the least step of `plans` (the fills' best, the repaired plan; None where absent; the first on a tie), and
+    its index in `plans`), or (None, None); each above `goal` searched (`_regrouped`) in order of step, the second only
+    where its step is below the first's searched one: the search never raises a step, and it rarely lowers one past
+    the other's (the long workload at D = 2560 x 16, T = 16k, seeds 7, 8, 11: never, the second's search 0.5-0.8 s of
+    a 2.2-4.3 s planning; zeros_giants at D = 512 x 16: seeds 5 and 23, the fills' 1.05, the repaired 1.12 the bound,
+    see `_more_counts`)."""
     found = None
     for index in sorted((k for k, plan in enumerate(plans) if plan is not None), key=lambda k: plans[k].step_cost):
         plan = plans[index]
@@ -282,7 +293,7 @@ def _searched(plans: tuple, lengths: np.ndarray, spec: ContextParallel, table: n
             plan = _regrouped(plan, lengths, spec, table, goal, plan_pass)
         if found is None or (plan.step_cost, index) < (found[0].step_cost, found[1]):
             found = plan, index
-    return None if found is None else found[0]
+    return (None, None) if found is None else found
 
 
 def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budget: int, overhead: float,
@@ -345,9 +356,10 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
             break  # fewer, fuller micro-batches did better; lower fills only add micro-batches
         if over:  # the fullest fill the fixed M allows was tried (no plan at a lower fill yet)
             break
-    best = _searched((best, repaired), lengths, spec, table, bound * (1 + RETRY_GAP), plan_pass)
+    best, source = _searched((best, repaired), lengths, spec, table, bound * (1 + RETRY_GAP), plan_pass)
     if num_microbatches is None and best is not None and best.step_cost > bound * (1 + RETRY_GAP):
-        best = _more_counts(best, lengths, num_ranks, spec, cost, budget, overhead, today, refusal, bound, plan_pass)
+        best = _more_counts(best, lengths, num_ranks, spec, cost, budget, overhead, today, refusal, bound, plan_pass,
+                            source == 1 and _stacked(best))
     if best is None or not best.split_items.size or (today is not None and best.step_cost * gain >= today.step_cost):
         later = None if today is not None or num_microbatches is not None else _more_microbatches(
             lengths, num_ranks, spec, cost, budget, overhead, plain, max(first, -(-tokens // room)), bound)
@@ -364,34 +376,49 @@ def split_microbatches(lengths, num_ranks, spec: ContextParallel, *, cost, budge
     return replace(best, lower_bound=bound, status=status, solve_seconds=time.perf_counter() - clock)
 
 
+def _stacked(plan: SplitMicroBatchPlan) -> bool:
+    """Whether some micro-batch of `plan` peaks above its own pass bound by more than RETRY_STACK: the micro-batch
+    search found no move out of it (a spill's first micro-batch of 140 giants of 80-100k tokens at T = 32k, each on
+    4 ranks or more of 512, 1.275x its bound: zeros_giants, D = 512 x 16, seed 5)."""
+    return any(float(cell.loads.max()) > cell.lower_bound * (1 + RETRY_STACK)
+               for cell in plan.passes or () if cell is not None)
+
+
 def _more_counts(best: SplitMicroBatchPlan, lengths, num_ranks, spec, cost, budget, overhead, today, refusal,
-                 bound: float, plans: _PassPlans) -> SplitMicroBatchPlan:
+                 bound: float, plans: _PassPlans, spilled: bool) -> SplitMicroBatchPlan:
     """With M free, `best` (M micro-batches) above the bound by more than RETRY_GAP and at most RETRY_ITEMS items:
     the plans of a fixed M + 1, M + 2, ... (each without its empty micro-batches) in turn while each lowers the step
     and stays above that, the lowest kept (`best` on a tie): the fills' count compares the fills' plans before the
     search over their micro-batches, which can take a fixed M + 1's plan below the free M's (probe27 P27-09: up to
-    1.9x on giant-heavy mixes of 16-96 items).  `today` and `refusal`: today's plan and its refusal, asked again;
-    `plans`: the micro-batch plans made so far, shared by every count."""
+    1.9x on giant-heavy mixes of 16-96 items).  `spilled` (`best` is the repaired plan searched, `_stacked`): a
+    fixed M's own plan first, whatever the items' count: its fills are all planned, while the free M's were dropped
+    against the repaired plan's step before the search, which lowered a fill's grouping past it (zeros_giants,
+    D = 512 x 16, seeds 5 and 23: 1.126 and 1.119 the bound, 1.051 and 1.045 with M = 4 fixed).  `today` and
+    `refusal`: today's plan and its refusal, asked again; `plans`: the micro-batch plans made so far, shared by every
+    count."""
 
     def known():
         if today is None:
             raise refusal
         return today
-    count = best.num_microbatches
-    while lengths.size <= RETRY_ITEMS and best.step_cost > bound * (1 + RETRY_GAP) and count < lengths.size:
+    own = best.num_microbatches
+    count = own - 1 if spilled else own
+    while best.step_cost > bound * (1 + RETRY_GAP) and count < lengths.size and (
+            count < own or lengths.size <= RETRY_ITEMS):
         count += 1
         try:
             more = split_microbatches(lengths, num_ranks, spec, cost=cost, budget=budget, overhead=overhead,
                                       num_microbatches=count, plain=known, plans=plans)
         except InfeasibleError:
-            return best
-        if more.passes is not None and None in more.passes:  # empty micro-batches only cost their overhead
+            more = None
+        if more is not None and more.passes is not None and None in more.passes:  # an empty one costs its overhead
             used, microbatch = np.unique(more.microbatch, return_inverse=True)
             more = assemble(lengths, microbatch, [more.passes[m] for m in used.tolist()], num_ranks, spec, budget,
                             overhead)
-        if not more.step_cost < best.step_cost:
+        if more is not None and more.step_cost < best.step_cost:
+            best = more
+        elif count > own:
             return best
-        best = more
     return best
 
 
