@@ -2,6 +2,8 @@
 next cells each take one item, in turn, they are placed a slice of the row at a time; the cells stay the plain
 scan's (`_scan_greedy`), float rounding included (sums tied by rounding refuse the slice: the loop takes them)."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -43,3 +45,14 @@ def test_whole_loads_refuse_sums_tied_by_rounding(monkeypatch, seed):
     counts = _counted_whole(monkeypatch)
     assert_scans_choices(rounding_tie_problem(np.random.default_rng(seed), seed % 3))
     assert counts[1] > 0
+
+
+@pytest.mark.parametrize("cost, placed", [(1.0, 0), (2.0, 2), (3.0, 2)])
+def test_whole_loads_refuse_ties_to_even_in_one_binade(cost, placed):
+    """Loads 2^53 + 2 and 2^53 + 4 (floats 2 apart) and their sums share a binade, where a sum is its load shifted by
+    one amount unless the cost lies half-way between two floats: with cost 1 both sums round to 2^53 + 4 (ties to
+    even), so the slice is refused (the loop takes it); costs 2 and 3 keep the sums apart, the highest load first."""
+    state = SimpleNamespace(loads=[0.0, 0.0], tokens=[0, 0], cap=10, waiting=[], chosen=[])
+    row = [(2.0**53 + 2, 0), (2.0**53 + 4, 1)]
+    assert greedy_sweep._take_whole(state, row, 0, 2, 2.0**53 + 8, cost, 1, []) == placed
+    assert state.chosen == [1, 0][:placed]

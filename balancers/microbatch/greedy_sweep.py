@@ -220,8 +220,12 @@ def _take_whole(state, row: list, start: int, end: int, top: float, cost: float,
     pairs = row[start - 1 if start else 0:end]
     loads = list(map(_LOAD, pairs))
     sums = [load + cost for load in loads]
-    distinct = len(set(loads))
-    if sums[0] < 0.5 * top or len(set(sums)) != distinct:
+    if sums[0] < 0.5 * top:
+        return 0
+    distinct, ulp = len(set(loads)), math.ulp(loads[0])
+    # loads and sums in one binade and the cost not half-way between two of its floats: each sum is its load shifted
+    # by one amount (unequal loads, unequal sums); else the sums are counted
+    if (ulp != math.ulp(sums[-1]) or math.fmod(cost, ulp) == 0.5 * ulp) and len(set(sums)) != distinct:
         return 0
     in_order = distinct == len(loads)  # highest load first is the row reversed (no tie to keep lowest cell first)
     if start:
