@@ -246,7 +246,12 @@ def test_greedy_planning_time_on_capped_pareto_lengths(alternated_cpu):
     micro-batch's pass state is built only when it is first taken from, a run of one item skips `_fits`, and whole
     loads of one item a cell are taken a slice at a time (`greedy_sweep._take_whole`, 53k of the 82k items):
     174-182 ms against 242-283 ms (this test alternated with 952a690's, load 9), 11.7-12.0x best-of from
-    16.6-16.9x; left: ~1.9 us of Python an item, spread over ~7.5k runs (no one part over a fifth)."""
+    16.6-16.9x; left: ~1.9 us of Python an item, spread over ~7.5k runs (no one part over a fifth).  Session 24
+    (the default algorithm ~10-12 ms since 263d5de: 14.8-15.6x): a slice's rounding-tie check counts one set where
+    loads and sums share a binade (0.92-0.98x the kernel's CPU, min of 15 alternated, load 9-14); a pass without
+    `descend`'s heap for runs going to one micro-batch's top fits (58k of the 74k items after the first 8k) was
+    no faster (0.97-1.04x, not kept).  The kernel's ~1 G instructions a call (callgrind): the eval loop ~35 %,
+    tuple compares (bisect, sort) ~11 %, list slice moves ~12 %, sets ~7 % (now less), sorts ~6 %."""
     num_ranks, budget, cost = 2560, 16384, CostModel(linear=1.0, quadratic=1e-4)
     lengths = np.minimum((np.random.default_rng(0).pareto(0.8, num_ranks * 32) * 200).astype(np.int64) + 1, budget)
     default = timed_lengths("default")
