@@ -25,15 +25,16 @@ class Overflows:
         block.  Whether each found token room."""
         degree, keys, target, table = self.degree, self.keys[self.degree], self.target, self.times
         columns = [(c, table.column[c]) for c, opened in self.groups.items() if c > degree and opened]
-        groups = self.groups[degree]
+        groups, parked = self.groups[degree], self.parked[degree]
         for item, time, need in zip(items, times, needs):
-            if not self.free and not (keys and keys[0][0] + time <= target):
+            within = keys and keys[0][0] + time <= target  # a group within the target with the item
+            if not self.free and not within:
                 row = table.listed[table.rows[item]]
                 if self._onto_least(item, [(degree, time)] + [(c, row[k]) for c, k in columns],
                                     _shards(table, item, degree, need)) is not None:
                     continue
-            else:  # a free block is left or a group within the target
-                index = self._quick(degree, time, need)
+            else:  # a free block is left or a group within the target (`_quick` unless none is and none is parked)
+                index = self._quick(degree, time, need) if within or parked else -1
                 if index == -1:  # no group within the target: the next free block
                     self._open(item, degree, time, need)
                     continue
