@@ -49,12 +49,12 @@ import time
 import numpy as np
 
 from ..microbatch.plan import MicroBatchProblem, cell_accounts, cell_loads, cell_token_sums
+from .behind import behind_after_a_round, lowered_at_most, stalls_at_once
 from .free import without_free_items
 from .heights import heights_start
 from .order import deal, mountain, places
 from .profile import best_profile
 from .schedules import replica_times, step_rows
-from .behind import behind_after_a_round, lowered_at_most, stalls_at_once
 from .search import STOP_GAP, SUMS_DRIFT, CellSearch
 from .shaped import first_from_below, lpt_shaped, overflowing, pinned_heavy, second_alone
 from .spec import Pipeline
