@@ -56,13 +56,15 @@ class SpillRun:
         one loaded before), the fullest rank within it is the least-loaded one of least index (`Placement._quick`),
         and the item moves it out of their run (long workload, T = 32k, seed 23: 5.1k of its 8.5k items of degree 1)."""
         blocks = self.blocks
-        keys, target, cap = blocks.keys[1], blocks.target, blocks.cap
+        keys, target = blocks.keys[1], blocks.target
         if not keys or blocks.parked[1]:
             return 0
-        low = keys[0][0]
+        low, time = keys[0][0], times[begin]
         equal = 1 if len(keys) == 1 or keys[1][0] != low else bisect.bisect_right(keys, (low, math.inf))
         least = keys[equal][0] if equal < len(keys) else math.inf  # the least load above `low`
-        count, end, fresh = 0, min(equal, len(items) - begin), []
+        if not low < low + time <= target < least + time:  # not even the first item (most calls)
+            return 0
+        cap, count, end, fresh = blocks.cap, 0, min(equal, len(items) - begin), []
         while count < end:
             time, most, rank = times[begin + count], needs[begin + count][1], keys[count][1]
             peak = low + time
