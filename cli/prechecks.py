@@ -62,8 +62,7 @@ def _demo(args) -> None:
         raise UsageError(f"--max-tokens-per-microbatch must be >= 1; got {args.max_tokens_per_microbatch}")
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node must be >= 1; got {args.gpus_per_node}")
-    if args.seed < 0:  # as the runtime's `check_run` says it
-        raise UsageError(f"--seed {args.seed}: `seed` must be an int >= 0; got {args.seed}")
+    check_seed(args.seed)
     if args.workload == "giants":
         _demo_giants(args)
         return
@@ -74,9 +73,7 @@ def _demo(args) -> None:
                          "not look at nodes)")
     if "RANK" in os.environ:  # torchrun started the ranks: how many is not the demo's to check
         return
-    if args.ranks > MAX_SPAWNED_RANKS:
-        raise UsageError(f"--ranks {args.ranks}: `ranks` must be at most {MAX_SPAWNED_RANKS} spawned CPU processes on "
-                         f"this machine; got {args.ranks} (start more ranks with torchrun)")
+    _spawned_ranks(args, " (start more ranks with torchrun)")
     if args.transport == "hierarchical" and args.gpus_per_node is not None and args.ranks % args.gpus_per_node:
         raise UsageError(f"--gpus-per-node {args.gpus_per_node}: transport 'hierarchical' needs `gpus_per_node` "
                          f"dividing ranks={args.ranks}; got {args.gpus_per_node}")
@@ -93,5 +90,11 @@ def _demo_giants(args) -> None:
         if getattr(args, name) != default:
             raise UsageError(f"--{name} {getattr(args, name)} is not available with --workload giants (it runs "
                              f"its own split and unsplit steps)")
+    _spawned_ranks(args)
+
+
+def _spawned_ranks(args, hint: str = "") -> None:
+    """The demo spawns its ranks as CPU processes here (the runtime's `check_run` refuses the same, later)."""
     if args.ranks > MAX_SPAWNED_RANKS:
-        raise UsageError(f"--ranks must be at most {MAX_SPAWNED_RANKS} spawned CPU processes; got {args.ranks}")
+        raise UsageError(f"--ranks must be at most {MAX_SPAWNED_RANKS} spawned CPU processes on this machine; got "
+                         f"{args.ranks}{hint}")

@@ -406,8 +406,8 @@ BAD_INPUTS = {
     "demo unknown algorithm": (["demo", "--algorithm", "magic"], "stage 'vision': unknown `algorithm` 'magic'"),
     "demo padded-only algorithm": (["demo", "--algorithm", "padded"],
                                    "stage 'vision': algorithm 'padded' solves the padded cost"),
-    "demo negative seed": (["demo", "--seed", "-1"], "`seed` must be an int >= 0; got -1"),
-    "demo more ranks than it spawns": (["demo", "--ranks", "100000"], "`ranks` must be at most 64 spawned"),
+    "demo negative seed": (["demo", "--seed", "-1"], "--seed must be >= 0; got -1"),
+    "demo more ranks than it spawns": (["demo", "--ranks", "100000"], "--ranks must be at most 64 spawned"),
     # probe10 P10-20: the LLM stage's balancer never ran under a micro-batch budget, no word said
     "demo balancer the micro-batch planner replaces": (
         ["demo", "--algorithm", "identity", "--max-tokens-per-microbatch", "4096"],

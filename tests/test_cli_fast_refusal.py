@@ -14,12 +14,14 @@ from orchmllm.cli.prechecks import MAX_SPAWNED_RANKS
 
 REFUSED_FROM_OPTIONS = {  # argv -> the start of its one-line error
     "demo --ranks -1": "orchmllm demo: error: --ranks and --steps must be >= 1",
-    "demo --ranks 100000": "orchmllm demo: error: --ranks 100000: `ranks` must be at most 64 spawned",
+    "demo --ranks 100000": ("orchmllm demo: error: --ranks must be at most 64 spawned CPU processes on this machine; "
+                            "got 100000 (start more ranks with torchrun)"),
     "demo --transport hierarchical --gpus-per-node 3": "orchmllm demo: error: --gpus-per-node 3: transport",
-    "demo --seed -1": "orchmllm demo: error: --seed -1: `seed` must be an int >= 0; got -1",
+    "demo --seed -1": "orchmllm demo: error: --seed must be >= 0; got -1",
     "demo --samples-per-rank 0": "orchmllm demo: error: --samples-per-rank must be >= 1",
     "demo --context-parallel 1,2": "orchmllm demo: error: --context-parallel needs --workload giants",
-    "demo --workload giants --ranks 65": "orchmllm demo: error: --ranks must be at most 64",
+    "demo --workload giants --ranks 65": ("orchmllm demo: error: --ranks must be at most 64 spawned CPU processes on "
+                                          "this machine; got 65"),
     "demo --dtype int8": "orchmllm: error: argument --dtype: invalid choice: 'int8'",
     "simulate --gpus 0": "orchmllm simulate: error: --gpus must be >= 1; got 0",
     "simulate --seed -1": "orchmllm simulate: error: --seed must be >= 0; got -1",

@@ -248,7 +248,7 @@ CASES = {
     "demo budget below the longest sample": (["demo", "--max-tokens-per-microbatch", "1"],
                                              "error: --max-tokens-per-microbatch 1: `max_tokens_per_microbatch` must "
                                              "hold the longest sample"),
-    "demo negative seed": (["demo", "--seed", "-1"], "error: --seed -1: `seed` must be an int >= 0; got -1"),
+    "demo negative seed": (["demo", "--seed", "-1"], "error: --seed must be >= 0; got -1"),
     "demo giants with no degrees": (["demo", "--workload", "giants", "--context-parallel", ""],
                                     "error: --context-parallel must list at least one integer; got ''"),
 }
