@@ -36,7 +36,7 @@ def _layout(case, blocks_class, monkeypatch):
 def test_regression_runs_of_equal_peaks_were_searched(seed, monkeypatch):
     """Degree 1's best fit on ranks of equal loads (a group's) went through `_search`; `_quick` decides them (0ce4af0),
     and the layout is the reference's.  0ce4af0's regression test (rev50 F6): it fails on 0ce4af0's parent fb5959d
-    (18-22 searches on these mixes), not on 7b1b927's, the commit that added it."""
+    (14-22 searches at degree 1 on these mixes), not on 7b1b927's, the commit that added it."""
     with pytest.MonkeyPatch.context() as patch:
         found, searches = _layout(_mix(seed), placement.Placement, patch)
     with pytest.MonkeyPatch.context() as patch:

@@ -21,7 +21,7 @@ from ..problem import Problem
 from .blocks import free_blocks
 from .overflow import Overflows
 from .spec import ContextParallel
-from .spill import SpillRun
+from .spill import SpillRun, least_run
 from .timetable import TimeTable
 
 LOAD, POSITION = operator.itemgetter(0), operator.itemgetter(1)
@@ -236,7 +236,7 @@ class Placement(Overflows):
         if not keys:
             return None
         load, position = keys[0]
-        begin = 1 if len(keys) == 1 or keys[1][0] != load else bisect.bisect_right(keys, load, key=LOAD)
+        begin = least_run(keys)
         if (begin == len(keys) or keys[begin][0] + time != load + time) \
                 and self._token_room(degree, self._start(degree, position), need):
             return load + time, position

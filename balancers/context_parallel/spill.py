@@ -4,7 +4,9 @@ While degree 1 is laid out (`placement.place_groups`), most long unsplit items f
 go to the least-loaded group of a larger degree (the long workload's T = 16k step: 14.8k of its 15.4k such items).
 `Placement.place` keeps every rank's load and key exact after each of them; `SpillRun` puts such an item where
 `place` would, keeping exact only what that choice reads (the groups' peaks and keys, the ranks' tokens), and brings
-the rest up to date (`catch_up`) before `place` lays out an item it does not decide:
+the rest up to date (`catch_up`) before `place` lays out an item it does not decide (or `fresh_run` a run of such
+items onto the least-loaded ranks, one each, as `place` would: a degree-1 fast path of `place` kept here, beside the
+loop that calls it, since placement.py is at the module cap):
 
 - a group's ranks' loads: where they were equal, each took the same times in the same order, so each is its peak
   (an item onto a group whose ranks' loads differ, one of them having taken an item of degree 1, goes to `place`);
@@ -21,6 +23,12 @@ import math
 import operator
 
 
+def least_run(keys: list[tuple[float, int]]) -> int:
+    """How many of the sorted (load, position) `keys` (not empty) share the least load."""
+    low = keys[0][0]
+    return 1 if len(keys) == 1 or keys[1][0] != low else bisect.bisect_right(keys, (low, math.inf))
+
+
 class SpillRun:
     """The items of degree 1 spilled onto groups since the rank-level accounts were last brought up to date."""
 
@@ -31,8 +39,8 @@ class SpillRun:
         self.touched: dict[int, tuple[int, float]] = {}  # group start -> (degree, its ranks' load before the run)
 
     def lay(self, items: list[int], times: list[float], needs: list[tuple[list[int], int, int]]) -> bool:
-        """`place` each of `items` (of degree 1, their times and shards) in order but those `spill` puts, the accounts
-        caught up before each `place`; whether each found token room."""
+        """`place` each of `items` (of degree 1, their times and shards) in order but those `spill` puts and the runs
+        `fresh_run` lays out, the accounts caught up before each `place`; whether each found token room."""
         k = 0
         while k < len(items):
             item, time, need = items[k], times[k], needs[k]
@@ -59,8 +67,7 @@ class SpillRun:
         keys, target = blocks.keys[1], blocks.target
         if not keys or blocks.parked[1]:
             return 0
-        low, time = keys[0][0], times[begin]
-        equal = 1 if len(keys) == 1 or keys[1][0] != low else bisect.bisect_right(keys, (low, math.inf))
+        low, time, equal = keys[0][0], times[begin], least_run(keys)
         least = keys[equal][0] if equal < len(keys) else math.inf  # the least load above `low`
         if not low < low + time <= target < least + time:  # not even the first item (most calls)
             return 0
