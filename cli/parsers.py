@@ -114,6 +114,7 @@ COMPARE_EXAMPLES = """examples:
   orchmllm compare --workload long --context-parallel 1,2,4,8      # + the split algorithms on the LLM stage
 """
 
+
 def _add_compare(commands) -> None:
     compare = _subcommand(
         commands, "compare", "compare every balancer and peers' heuristics on a workload or lengths file",
@@ -176,6 +177,7 @@ SIMULATE_EXAMPLES = """examples:
   orchmllm simulate --max-tokens-per-microbatch 16384 --gpus 256,2560   # gradient accumulation under T
   orchmllm simulate --workload long --context-parallel 1,2,4,8 --plot out/  # giant items split over groups
 """
+
 
 def _add_simulate(commands) -> None:
     simulate = _subcommand(
@@ -240,6 +242,7 @@ the unsplit plan's isolated busy max/mean below 1.5 (no giant) or the split plan
 degrees allow (its certified bound's max/mean) + 0.10
 """
 
+
 def _add_demo(commands) -> None:
     demo = _subcommand(
         commands, "demo", "train a tiny vision+audio+text model on local gloo ranks, balanced and not",
@@ -285,6 +288,7 @@ PLAN_EXAMPLES = """examples:
   orchmllm plan lengths.jsonl --ranks 16 --padded --max-tokens 65536 --json
   orchmllm plan lengths.csv --ranks 64 --algorithm auto+locality --gpus-per-node 8
 """
+
 
 def _add_plan(commands) -> None:
     plan = _subcommand(
