@@ -56,3 +56,12 @@ def test_whole_loads_refuse_ties_to_even_in_one_binade(cost, placed):
     row = [(2.0**53 + 2, 0), (2.0**53 + 4, 1)]
     assert greedy_sweep._take_whole(state, row, 0, 2, 2.0**53 + 8, cost, 1, []) == placed
     assert state.chosen == [1, 0][:placed]
+
+
+def test_whole_loads_refuse_sums_tied_one_binade_up():
+    """Loads 1 - 2^-52 and 1 - 2^-53 just below a binade, cost 3: both sums round to 4.0 one binade up, so the
+    one-set shortcut (loads and sums on one grid) must not apply and the slice is refused (rev51 F7: only the
+    half-way clause was pinned)."""
+    state = SimpleNamespace(loads=[0.0, 0.0], tokens=[0, 0], cap=10, waiting=[], chosen=[])
+    assert greedy_sweep._take_whole(state, [(1 - 2**-52, 0), (1 - 2**-53, 1)], 0, 2, 4.0, 3.0, 1, []) == 0
+    assert state.chosen == []
