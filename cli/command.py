@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextmanager
 def _interrupts_deferred():
-    """A Ctrl-C during the block (the subcommands' imports) recorded and raised as KeyboardInterrupt once it is
+    """A Ctrl-C during the block (the parsers' and subcommands' imports) recorded and raised as KeyboardInterrupt once it is
     done: numpy's C-extension initialisation turns an interrupt inside it into an ImportError telling the user
     that numpy is badly installed.  Only where Python handles SIGINT (the main thread, SIGINT not ignored)."""
     previous = signal.getsignal(signal.SIGINT)
@@ -53,6 +53,10 @@ def _interrupts_deferred():
     signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
     try:
         yield
+    except SystemExit:  # argparse's --help/--version exit: a Ctrl-C received first still ends the command
+        if received:
+            raise KeyboardInterrupt from None
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
     if received:
@@ -130,9 +134,9 @@ def _run(argv) -> int:
     """`run` itself: the command run, its errors reported as `run` says."""
     command, stdout = "orchmllm", sys.stdout
     try:
-        with _interrupts_deferred():
+        with _interrupts_deferred():  # parsing imports too: the help's lists, --schedule's choices
             parser = build_parser()
-        args = parser.parse_args(argv)
+            args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError("choose a command: compare, simulate, demo or plan (see `orchmllm --help`)")
         command = f"orchmllm {args.command}"

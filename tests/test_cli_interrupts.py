@@ -40,6 +40,25 @@ def test_interrupt_during_start_up_imports_is_one_line_and_exit_130(launcher, af
     assert len(messages) == 1 and messages[0] in ("orchmllm: interrupted", "orchmllm compare: interrupted"), messages
 
 
+@pytest.mark.parametrize("argv, after", [(["compare", "--help"], "hmac"),
+                                         (["simulate", "--schedule", "1f1b", "--gpus", "0"], "numpy.ctypeslib")])
+def test_regression_an_interrupt_while_parsing_imported_killed_the_process(argv, after):
+    """Cause: 4fe2db4 moved the imports of the help's lists and of --schedule's choices into `parse_args`, outside
+    `_interrupts_deferred`: a Ctrl-C there printed the one line and then the process died by SIGINT (returncode
+    -2; probe51).  A --help that exits after the Ctrl-C is an interrupt too."""
+    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "orchmllm", *argv],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:
+        if line.split("|")[-1].strip() == after:
+            break
+    else:
+        pytest.fail(f"the command ended without importing {after}")
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=60)
+    messages = [line for line in rest.splitlines() if not line.startswith("import time:")]
+    assert (process.returncode, messages) == (130, ["orchmllm: interrupted"]), rest
+
+
 def test_regression_an_interrupt_inside_numpy_s_import_was_reported_as_a_bad_numpy_install(monkeypatch, capsys):
     """Cause: a Ctrl-C landing in numpy's C-extension initialisation (under `build_parser`'s imports) becomes numpy's
     ImportError "Importing the numpy C-extensions failed ... bad install", which `main` did not take for an
