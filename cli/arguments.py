@@ -172,7 +172,7 @@ def model_stages(model: str):
     from ..study.models import MODELS
 
     if model not in MODELS:
-        raise UsageError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+        raise UsageError(f"--model {model}: unknown model {model!r}; choose one of {', '.join(MODELS)}")
     return MODELS[model].stages()
 
 

@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextmanager
 def _interrupts_deferred():
-    """A Ctrl-C during the block (the parsers' and subcommands' imports) recorded and raised as KeyboardInterrupt once it is
-    done: numpy's C-extension initialisation turns an interrupt inside it into an ImportError telling the user
+    """A Ctrl-C during the block (the parsers' and subcommands' imports) recorded and raised as KeyboardInterrupt once
+    it is done: numpy's C-extension initialisation turns an interrupt inside it into an ImportError telling the user
     that numpy is badly installed.  Only where Python handles SIGINT (the main thread, SIGINT not ignored)."""
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):

@@ -110,8 +110,14 @@ def run(args) -> int:
     if args.workload == "giants":
         return run_giants(args)
     from ..balancers import CostModel
+    from ..balancers.registry import algorithms
     from ..orchestrator.stages import MICROBATCHED_LLM_ALGORITHMS, Stage, one_pass_replaced
-    with usage_errors():  # every stage of the demo takes the algorithm (`demo_stages`): the vision stage names it
+    names = [record.name for record in algorithms(padded=False)]
+    if args.algorithm not in names:  # every stage takes it (`demo_stages`), each balancing unpadded costs
+        known = args.algorithm in {record.name for record in algorithms()}
+        raise UsageError(f"--algorithm {args.algorithm}: {'solves the padded cost only' if known else 'unknown'}; "
+                         f"the demo's stages balance unpadded costs sum f(l): choose one of {', '.join(names)}")
+    with usage_errors():  # what else a stage refuses, named by the vision stage
         Stage("vision", "image", CostModel(), algorithm=args.algorithm)
     problem = None if args.max_tokens_per_microbatch is None else one_pass_replaced(
         args.algorithm, MICROBATCHED_LLM_ALGORITHMS, "--algorithm", "--max-tokens-per-microbatch")

@@ -32,6 +32,8 @@ def _compare(args) -> None:
 def _simulate(args) -> None:
     int_list(args.gpus, "--gpus")
     check_seed(args.seed)
+    if args.samples_per_rank is not None and args.samples_per_rank < 1:
+        raise UsageError(f"--samples-per-rank must be >= 1; got {args.samples_per_rank}")
     needs = {"--schedule": (args.schedule, args.pipeline_stages, "--pipeline-stages"),
              "--virtual-stages": (args.virtual_stages, args.schedule == "interleaved", "--schedule interleaved")}
     for option, (value, given, required) in needs.items():  # an option without the one it applies to: ignored

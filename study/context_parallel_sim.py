@@ -337,14 +337,14 @@ def check_context_parallel_simulation(model: str, gpus: int, workload: str, samp
     an unknown strategy, model or workload).
     """
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
     if workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
+        raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(sorted(WORKLOADS))}")
     if not is_int(samples_per_rank) or samples_per_rank < 1:
         raise ValueError(f"`samples_per_rank` must be a positive int; got {samples_per_rank!r}")
     for name in strategies:
         if name not in STRATEGIES:
-            raise ValueError(f"unknown context-parallel strategy {name!r}; choose from {list(STRATEGIES)}")
+            raise ValueError(f"unknown context-parallel strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     degrees = as_degrees(degrees)
     ranks = cluster(gpus).world_size
     check_simulated_samples(ranks, samples_per_rank, "context-parallel")

@@ -203,7 +203,8 @@ def run_microbatch_peer(name: str, lengths, num_ranks, *, max_tokens_per_microba
     (2, 14.0, 11.0)
     """
     if not isinstance(name, str) or name not in MICROBATCH_PEERS_KERNELS:
-        raise ValueError(f"unknown micro-batch peer {name!r}; choose one of {sorted(MICROBATCH_PEERS_KERNELS)}")
+        raise ValueError(f"unknown micro-batch peer {name!r}; choose one of "
+                         f"{', '.join(sorted(MICROBATCH_PEERS_KERNELS))}")
     problem = make_microbatch_problem(lengths, num_ranks, max_tokens_per_microbatch=max_tokens_per_microbatch,
                                       cost=cost, costs=costs, microbatch_overhead=microbatch_overhead)
     if sources is None:

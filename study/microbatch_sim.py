@@ -83,7 +83,7 @@ def microbatch_plan(strategy: str, stages, topology: Topology, batch, max_tokens
                     ) -> StepPlan:
     """The micro-batched step plan of `strategy` (a name in `STRATEGIES`) for `batch`."""
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown micro-batch strategy {strategy!r}; choose from {list(STRATEGIES)}")
+        raise ValueError(f"unknown micro-batch strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     if strategy == "ours":
         return Orchestrator(stages, topology, placement=LOCALITY,
                             max_tokens_per_microbatch=max_tokens_per_microbatch).plan(batch)
@@ -188,11 +188,11 @@ def run_microbatch_simulation(model: str = "84b", gpus: int = 2560, *, max_token
     simulated, as the reference of `speedup_vs_none`.
     """
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
     names = list(dict.fromkeys(strategies))
     for name in names:
         if name not in STRATEGIES:
-            raise ValueError(f"unknown micro-batch strategy {name!r}; choose from {list(STRATEGIES)}")
+            raise ValueError(f"unknown micro-batch strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     topology = cluster(gpus)
     check_simulated_samples(topology.world_size, samples_per_rank)
     config, gpu = MODELS[model], GPUS["h100"]

@@ -181,5 +181,5 @@ def default_stages(model: str = "10b") -> tuple[Stage, ...]:
     """The vision + audio + text stage set of `model` (see `MODELS`): FLOPs cost models, packed
     vision encoder balanced by LPT, padded audio encoder balanced exactly ("padded"), LLM by LPT."""
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
     return MODELS[model].stages()

@@ -240,7 +240,7 @@ def peer_mode(name: str, num_items: int, num_ranks: int) -> str:
     ('equal_size', 'equal_size=False (D does not divide n)')
     """
     if name not in PEER_NAMES:
-        raise ValueError(f"unknown peer {name!r}; choose one of {sorted(PEER_NAMES)}")
+        raise ValueError(f"unknown peer {name!r}; choose one of {', '.join(sorted(PEER_NAMES))}")
     divides = num_items % num_ranks == 0
     if name == "verl_kk":
         return "equal_size" if divides else "equal_size=False (D does not divide n)"

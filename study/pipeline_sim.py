@@ -143,7 +143,7 @@ def run_pipeline_simulation(model: str = "84b", gpus: int = 256, *, pipeline: Pi
                             seed: int = 0) -> PipelineSimulationRun:
     """Simulate one pipelined step of `model` on `gpus` H100s (gpus / P replicas) under each strategy."""
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
     if not isinstance(pipeline, Pipeline):
         raise TypeError(f"`pipeline` must be a Pipeline; got {type(pipeline).__name__}")
     if gpus % pipeline.stages:
@@ -152,7 +152,7 @@ def run_pipeline_simulation(model: str = "84b", gpus: int = 256, *, pipeline: Pi
     names = list(dict.fromkeys(strategies))
     unknown = [name for name in names if name not in STRATEGIES]
     if unknown:
-        raise ValueError(f"unknown pipeline strategy {unknown[0]!r}; choose from {list(STRATEGIES)}")
+        raise ValueError(f"unknown pipeline strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
     replicas = gpus // pipeline.stages
     config, gpu = MODELS[model], GPUS["h100"]
     stages = config.stages()

@@ -378,10 +378,10 @@ def check_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defa
     >>> check_simulation(model="10b", gpus=8, strategies=["ours", "magic"])
     Traceback (most recent call last):
     ...
-    ValueError: unknown strategy 'magic'; choose from [...]
+    ValueError: unknown strategy 'magic'; choose from none, ...
     """
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
     for name in [] if strategies is None else strategies:
         get_strategy(name)
     num_ranks = cluster(gpus).world_size
@@ -391,7 +391,7 @@ def check_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defa
         check_batch_size(num_ranks, samples_per_rank)
     if workload_file is None:
         if workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
+            raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(sorted(WORKLOADS))}")
         return None
     modalities = [stage.modality for stage in MODELS[model].stages() if not stage.is_llm]
     available = check_workload_file(workload_file, modalities)

@@ -134,6 +134,6 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
 def get_strategy(name: str) -> Strategy:
     """The strategy called `name`."""
     if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose from {list(STRATEGIES)}")
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     return STRATEGIES[name]
 

@@ -207,7 +207,7 @@ def list_workloads() -> dict[str, str]:
 def sample_workload(name: str, num_ranks: int, samples_per_rank: int, seed: int = 0) -> Batch:
     """Draw num_ranks · samples_per_rank samples of workload `name`; sample i sits on rank i // samples_per_rank."""
     if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}")
+        raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(sorted(WORKLOADS))}")
     for arg, value in (("num_ranks", num_ranks), ("samples_per_rank", samples_per_rank)):
         if not is_int(value) or value < 1:
             raise ValueError(f"`{arg}` must be a positive int; got {value!r}")

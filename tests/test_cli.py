@@ -393,19 +393,24 @@ BAD_INPUTS = {
     "huge json length": (["plan", "{tmp}/huge.jsonl", "-D", "2"], "huge.jsonl:1: lengths must be below 2**53"),
     "bad json line": (["plan", "{tmp}/bad.jsonl", "-D", "2"], "bad.jsonl:2: not valid JSON"),
     "unknown workload": (["compare", "--workload", "video-only"], "unknown workload 'video-only'"),
-    "unknown model": (["compare", "--model", "1t"], "unknown model '1t'; choose one of"),
-    "unknown strategy": (["simulate", "--gpus", "8", "--strategies", "ours,magic"], "unknown strategy 'magic'"),
+    "unknown model": (["compare", "--model", "1t"], "--model 1t: unknown model '1t'; choose one of 10b, 18b, 84b"),
+    "unknown strategy": (["simulate", "--gpus", "8", "--strategies", "ours,magic"],
+                         "unknown strategy 'magic'; choose from none, megatron,"),
     "simulate D = 0": (["simulate", "--gpus", "0"], "--gpus must be >= 1; got 0"),
     "simulate unknown model": (["simulate", "--model", "7b"], "unknown model '7b'"),
     "simulate no samples": (["simulate", "--gpus", "8", "--samples-per-rank", "0"],
-                            "`samples_per_rank` must be a positive int or None; got 0"),
+                            "--samples-per-rank must be >= 1; got 0"),  # probe51: it said "... or None"
+    "simulate unknown workload": (["simulate", "--workload", "nosuch"],  # probe51: the names as a Python list
+                                  "unknown workload 'nosuch'; choose one of asr, audio_qa, chat,"),
     "demo no ranks": (["demo", "--ranks", "0"], "--ranks and --steps must be >= 1"),
     "demo bad dtype": (["demo", "--dtype", "int8"], "invalid choice: 'int8'"),
     "demo nodes not dividing ranks": (["demo", "--transport", "hierarchical", "--gpus-per-node", "3"],
                                       "needs `gpus_per_node` dividing ranks=4"),
-    "demo unknown algorithm": (["demo", "--algorithm", "magic"], "stage 'vision': unknown `algorithm` 'magic'"),
-    "demo padded-only algorithm": (["demo", "--algorithm", "padded"],
-                                   "stage 'vision': algorithm 'padded' solves the padded cost"),
+    "demo unknown algorithm": (["demo", "--algorithm", "magic"], "--algorithm magic: unknown; the demo's stages "
+                                                                 "balance unpadded costs sum f(l): choose one of "
+                                                                 "identity, lpt,"),  # probe51: named a stage
+    "demo padded-only algorithm": (["demo", "--algorithm", "padded"],  # probe51: said "pass padded=True"
+                                   "--algorithm padded: solves the padded cost only; the demo's stages"),
     "demo negative seed": (["demo", "--seed", "-1"], "--seed must be >= 0; got -1"),
     "demo more ranks than it spawns": (["demo", "--ranks", "100000"], "--ranks must be at most 64 spawned"),
     # probe10 P10-20: the LLM stage's balancer never ran under a micro-batch budget, no word said

@@ -64,7 +64,7 @@ def test_a_refusal_from_the_options_alone_imports_no_numpy_scipy_balancer_or_tor
 def test_regression_an_unknown_demo_algorithm_was_refused_after_importing_torch():
     """Its check needs the registry (the balancers), not the runtime."""
     (code, stderr, loaded), = _refusals(["demo --algorithm magic"]).values()
-    assert code == 2 and stderr[0].startswith("orchmllm demo: error: stage 'vision': unknown `algorithm` 'magic'")
+    assert code == 2 and stderr[0].startswith("orchmllm demo: error: --algorithm magic: unknown;")
     assert "torch" not in loaded and "orchmllm.runtime" not in loaded
 
 

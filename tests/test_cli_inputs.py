@@ -173,7 +173,7 @@ CASES = {
     "padded cap below every plan": (["plan", "{tmp}/good.csv", "-D", "2", "--padded", "--max-tokens", "10"],
                                     "error: --max-tokens 10: no padded plan fits max_tokens_per_rank=10"),
     "simulate zero samples per rank": (["simulate", "--gpus", "8", "--samples-per-rank", "0"],
-                                       "error: --samples-per-rank 0: `samples_per_rank` must be a positive int"),
+                                       "error: --samples-per-rank must be >= 1; got 0"),
     "simulate a micro-batch budget below an item": (
         ["simulate", "--gpus", "8", "--max-tokens-per-microbatch", "16"],
         "error: --max-tokens-per-microbatch 16: item "),
