@@ -19,6 +19,7 @@ loop that calls it, since placement.py is at the module cap):
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import operator
 
@@ -41,18 +42,18 @@ class SpillRun:
     def lay(self, items: list[int], times: list[float], needs: list[tuple[list[int], int, int]]) -> bool:
         """`place` each of `items` (of degree 1, their times and shards) in order but those `spill` puts and the runs
         `fresh_run` lays out, the accounts caught up before each `place`; whether each found token room."""
-        k = 0
-        while k < len(items):
-            item, time, need = items[k], times[k], needs[k]
-            k += 1
-            if not self.spill(item, time, need):
-                if self.touched:
-                    self.catch_up()
-                fresh = self.fresh_run(items, times, needs, k - 1)
-                if fresh:
-                    k += fresh - 1
-                elif self.blocks.place(item, 1, time, need) < 0:
-                    return False
+        rows = enumerate(zip(items, times, needs))
+        for k, (item, time, need) in rows:
+            spilled = self.spill(item, time, need)
+            if spilled:
+                continue
+            if self.touched:
+                self.catch_up()
+            fresh = 0 if spilled is False else self.fresh_run(items, times, needs, k)
+            if fresh:
+                next(itertools.islice(rows, fresh - 1, fresh - 1), None)  # past the run's other items
+            elif self.blocks.place(item, 1, time, need) < 0:
+                return False
         self.catch_up()
         return True
 
@@ -62,11 +63,10 @@ class SpillRun:
         ranks (their loads equal, often empty ranks), and return its length (the accounts caught up, nothing of degree
         1 parked): where every rank above that load exceeds the target with the item (the previous item's rank, or
         one loaded before), the fullest rank within it is the least-loaded one of least index (`Placement._quick`),
-        and the item moves it out of their run (long workload, T = 32k, seed 23: 5.1k of its 8.5k items of degree 1)."""
+        and the item moves it out of their run (long workload, T = 32k, seed 23: 5.1k of its 8.5k items of degree 1).
+        Called only where `spill` answered None (some rank takes the first item within the target, none parked)."""
         blocks = self.blocks
         keys, target = blocks.keys[1], blocks.target
-        if not keys or blocks.parked[1]:
-            return 0
         low, time, equal = keys[0][0], times[begin], least_run(keys)
         least = keys[equal][0] if equal < len(keys) else math.inf  # the least load above `low`
         if not low < low + time <= target < least + time:  # not even the first item (most calls)
@@ -90,17 +90,20 @@ class SpillRun:
             keys.sort()
         return count
 
-    def spill(self, item: int, time: float, need: tuple[list[int], int, int]) -> bool:
+    def spill(self, item: int, time: float, need: tuple[list[int], int, int]) -> bool | None:
         """Put `item` (its `time` and shards `need` at degree 1) where `place` would and return True, where that is
         settled here: no rank takes it within the target, no parked candidate may hold it, one degree's least floor
         is below every other's and degree 1's, and that degree's least-loaded group decides (`Placement.least_loaded`),
-        its ranks' loads equal."""
+        its ranks' loads equal.  Otherwise None where some rank takes it within the target and nothing of degree 1 is
+        parked (the only case where `fresh_run` may lay it out), else False."""
         blocks = self.blocks
         ranks, parked = blocks.keys[1], blocks.parked[1]
         if ranks is None:  # the ranks' keys not made yet (`Placement.place` makes them)
             return False
         lowest = ranks[0][0] + time if ranks else math.inf  # degree 1's floor (inf: every rank parked)
-        if lowest <= blocks.target or (parked and blocks.parked_holds(1, need[1])):
+        if lowest <= blocks.target:
+            return None if ranks and not parked else False
+        if parked and blocks.parked_holds(1, need[1]):
             return False
         row, least, second = blocks.times.listed[blocks.times.rows[item]], (math.inf, 0, 0.0), (math.inf, 0, 0.0)
         for c, column in self.degrees:
