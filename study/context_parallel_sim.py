@@ -67,10 +67,10 @@ from ..orchestrator.planner import Orchestrator
 from ..topology import Topology, estimate_exchange
 from .context_parallel_peers import best_megatron_dynamic_cp, best_static_cp, megatron_capacities
 from .microbatch_sim import check_simulated_samples
-from .models import GIB, GPU, GPUS, MODELS, ModelConfig
+from .models import GIB, GPU, GPUS, MODELS, ModelConfig, check_model
 from .simulator import MEMORY_HEADROOM, cluster, seconds_per_cost
 from .strategies import STRATEGIES as PLAIN_STRATEGIES, single_pass
-from .workloads import WORKLOADS, sample_workload
+from .workloads import check_workload, sample_workload
 
 STRATEGIES = ("none", "no_split", "static_cp", "megatron_dynamic_cp", "ours")
 DEFAULT_SAMPLES_PER_RANK = 4
@@ -336,10 +336,8 @@ def check_context_parallel_simulation(model: str, gpus: int, workload: str, samp
     ValueError naming the first bad argument (a degree not a power of two or above the ranks,
     an unknown strategy, model or workload).
     """
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
-    if workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(sorted(WORKLOADS))}")
+    check_model(model)
+    check_workload(workload)
     if not is_int(samples_per_rank) or samples_per_rank < 1:
         raise ValueError(f"`samples_per_rank` must be a positive int; got {samples_per_rank!r}")
     for name in strategies:

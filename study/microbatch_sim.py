@@ -49,7 +49,7 @@ from ..orchestrator.options import LOCALITY
 from ..orchestrator.planner import Orchestrator
 from ..topology import Topology, estimate_exchange
 from .microbatch_peers import MICROBATCH_PEERS
-from .models import GIB, GPU, GPUS, MODELS, ModelConfig
+from .models import GIB, GPU, GPUS, MODELS, ModelConfig, check_model
 from .simulator import RECOMPUTE_FACTOR, cluster
 from .workloads import sample_workload
 
@@ -187,8 +187,7 @@ def run_microbatch_simulation(model: str = "84b", gpus: int = 2560, *, max_token
     token budget the batch size is a training choice, not a memory limit); "none" is always
     simulated, as the reference of `speedup_vs_none`.
     """
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+    check_model(model)
     names = list(dict.fromkeys(strategies))
     for name in names:
         if name not in STRATEGIES:

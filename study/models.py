@@ -177,9 +177,14 @@ def list_models() -> dict[str, str]:
             for name, m in MODELS.items()}
 
 
+def check_model(model: str) -> None:
+    """ValueError naming `model` and the known ones unless it is a key of `MODELS`."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+
+
 def default_stages(model: str = "10b") -> tuple[Stage, ...]:
     """The vision + audio + text stage set of `model` (see `MODELS`): FLOPs cost models, packed
     vision encoder balanced by LPT, padded audio encoder balanced exactly ("padded"), LLM by LPT."""
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+    check_model(model)
     return MODELS[model].stages()

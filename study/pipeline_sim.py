@@ -47,7 +47,7 @@ from ..balancers.pipeline import replica_times
 from ..orchestrator.pipeline import sample_encoder_costs as encoder_flops  # FLOPs: the study's cost models
 from ..orchestrator.samples import Batch
 from .microbatch_peers import MICROBATCH_PEERS
-from .models import GPUS, MODELS
+from .models import GPUS, MODELS, check_model
 from .pipeline_peers import dynapipe_style
 from .simulator import RECOMPUTE_FACTOR
 from .workloads import sample_workload
@@ -142,8 +142,7 @@ def run_pipeline_simulation(model: str = "84b", gpus: int = 256, *, pipeline: Pi
                             samples_per_rank: int = DEFAULT_SAMPLES_PER_RANK, strategies=STRATEGIES,
                             seed: int = 0) -> PipelineSimulationRun:
     """Simulate one pipelined step of `model` on `gpus` H100s (gpus / P replicas) under each strategy."""
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+    check_model(model)
     if not isinstance(pipeline, Pipeline):
         raise TypeError(f"`pipeline` must be a Pipeline; got {type(pipeline).__name__}")
     if gpus % pipeline.stages:

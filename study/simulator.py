@@ -60,10 +60,10 @@ from ..orchestrator.plan import Exchange, PassPlan
 from ..orchestrator.step import StepPlan
 from ..topology import Topology, estimate_exchange
 from .compare import MAX_STEP_SAMPLES, check_batch_size
-from .models import GIB, GPUS, MODELS, GPU, ModelConfig, list_models
+from .models import GIB, GPU, GPUS, MODELS, ModelConfig, check_model, list_models
 from .records import FieldsAsJson
 from .strategies import STRATEGIES, Strategy, get_strategy, micro_batched, single_pass
-from .workloads import WORKLOADS, check_workload_file, list_workloads, load_workload_file, sample_workload
+from .workloads import check_workload, check_workload_file, list_workloads, load_workload_file, sample_workload
 
 RECOMPUTE_FACTOR = 4.0 / 3.0  # full activation recomputation: 4 forward-equivalents for 3 counted
 SAMPLES_PER_RANK_GRID = (1, 2, *range(4, 65, 4))
@@ -380,8 +380,7 @@ def check_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defa
     ...
     ValueError: unknown strategy 'magic'; choose from none, ...
     """
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+    check_model(model)
     for name in [] if strategies is None else strategies:
         get_strategy(name)
     num_ranks = cluster(gpus).world_size
@@ -390,8 +389,7 @@ def check_simulation(model: str = "84b", gpus: int = 2560, workload: str = "defa
     if samples_per_rank is not None:
         check_batch_size(num_ranks, samples_per_rank)
     if workload_file is None:
-        if workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(sorted(WORKLOADS))}")
+        check_workload(workload)
         return None
     modalities = [stage.modality for stage in MODELS[model].stages() if not stage.is_llm]
     available = check_workload_file(workload_file, modalities)

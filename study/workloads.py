@@ -204,10 +204,15 @@ def list_workloads() -> dict[str, str]:
     return {name: description for name, (description, _) in WORKLOADS.items()}
 
 
-def sample_workload(name: str, num_ranks: int, samples_per_rank: int, seed: int = 0) -> Batch:
-    """Draw num_ranks · samples_per_rank samples of workload `name`; sample i sits on rank i // samples_per_rank."""
+def check_workload(name: str) -> None:
+    """ValueError naming `name` and the embedded workloads unless it is one of them."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(sorted(WORKLOADS))}")
+
+
+def sample_workload(name: str, num_ranks: int, samples_per_rank: int, seed: int = 0) -> Batch:
+    """Draw num_ranks · samples_per_rank samples of workload `name`; sample i sits on rank i // samples_per_rank."""
+    check_workload(name)
     for arg, value in (("num_ranks", num_ranks), ("samples_per_rank", samples_per_rank)):
         if not is_int(value) or value < 1:
             raise ValueError(f"`{arg}` must be a positive int; got {value!r}")
