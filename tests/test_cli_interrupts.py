@@ -20,13 +20,10 @@ CONSOLE_SCRIPT = "import sys; from orchmllm.cli import main; sys.exit(main())"  
 START_UP_IMPORTS = ["gettext", "signal", "numpy"]
 
 
-@pytest.mark.parametrize("after", START_UP_IMPORTS)
-@pytest.mark.parametrize("launcher", [["-m", "orchmllm"], ["-c", CONSOLE_SCRIPT]], ids=["python -m", "console script"])
-def test_interrupt_during_start_up_imports_is_one_line_and_exit_130(launcher, after):
-    """Ctrl-C while `import orchmllm` loaded numpy and scipy printed a 52-line traceback; a Ctrl-C during the
-    stdlib imports atop cli/__init__.py still did through the console script (probe7 P7-01's residual window,
-    a few ms: that module now imports nothing before `main` runs)."""
-    process = subprocess.Popen([sys.executable, "-X", "importtime", *launcher, "compare", "-D", "8"],
+def _interrupted_after(arguments: list[str], after: str) -> tuple[int, list[str]]:
+    """The exit code and stderr lines (import times left out) of `python -X importtime ARGUMENTS` sent a Ctrl-C once
+    it reports the import of `after`."""
+    process = subprocess.Popen([sys.executable, "-X", "importtime", *arguments],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in process.stderr:
         if line.split("|")[-1].strip() == after:
@@ -35,8 +32,17 @@ def test_interrupt_during_start_up_imports_is_one_line_and_exit_130(launcher, af
         pytest.fail(f"the command ended without importing {after}")
     process.send_signal(signal.SIGINT)
     _, rest = process.communicate(timeout=60)
-    messages = [line for line in rest.splitlines() if not line.startswith("import time:")]
-    assert process.returncode == 130, rest
+    return process.returncode, [line for line in rest.splitlines() if not line.startswith("import time:")]
+
+
+@pytest.mark.parametrize("after", START_UP_IMPORTS)
+@pytest.mark.parametrize("launcher", [["-m", "orchmllm"], ["-c", CONSOLE_SCRIPT]], ids=["python -m", "console script"])
+def test_interrupt_during_start_up_imports_is_one_line_and_exit_130(launcher, after):
+    """Ctrl-C while `import orchmllm` loaded numpy and scipy printed a 52-line traceback; a Ctrl-C during the
+    stdlib imports atop cli/__init__.py still did through the console script (probe7 P7-01's residual window,
+    a few ms: that module now imports nothing before `main` runs)."""
+    code, messages = _interrupted_after([*launcher, "compare", "-D", "8"], after)
+    assert code == 130, messages
     assert len(messages) == 1 and messages[0] in ("orchmllm: interrupted", "orchmllm compare: interrupted"), messages
 
 
@@ -46,17 +52,7 @@ def test_regression_an_interrupt_while_parsing_imported_killed_the_process(argv,
     """Cause: 4fe2db4 moved the imports of the help's lists and of --schedule's choices into `parse_args`, outside
     `_interrupts_deferred`: a Ctrl-C there printed the one line and then the process died by SIGINT (returncode
     -2; probe51).  A --help that exits after the Ctrl-C is an interrupt too."""
-    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "orchmllm", *argv],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in process.stderr:
-        if line.split("|")[-1].strip() == after:
-            break
-    else:
-        pytest.fail(f"the command ended without importing {after}")
-    process.send_signal(signal.SIGINT)
-    _, rest = process.communicate(timeout=60)
-    messages = [line for line in rest.splitlines() if not line.startswith("import time:")]
-    assert (process.returncode, messages) == (130, ["orchmllm: interrupted"]), rest
+    assert _interrupted_after(["-m", "orchmllm", *argv], after) == (130, ["orchmllm: interrupted"])
 
 
 def test_regression_an_interrupt_inside_numpy_s_import_was_reported_as_a_bad_numpy_install(monkeypatch, capsys):

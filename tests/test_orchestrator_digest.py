@@ -3,12 +3,9 @@
 
 import hashlib
 
-import numpy as np
 import pytest
 
-from orchmllm import ContextParallel, CostModel, Orchestrator, Topology
-from orchmllm.orchestrator.samples import Batch, Sample, Segment
-from orchmllm.orchestrator.stages import Stage
+from orchmllm.tests.test_orchestrator_pieces import giant_image_step
 
 
 def _copied_digest(plan) -> str:
@@ -26,15 +23,7 @@ def _copied_digest(plan) -> str:
 
 @pytest.mark.parametrize("split", [False, True])
 def test_the_digest_is_that_of_the_copied_columns(split):
-    rng = np.random.default_rng(31)
-    samples = [Sample(int(rng.integers(0, 3000 if giant else 300)), tuple(
-        Segment("image", 8 * tokens, int(tokens)) for tokens in rng.integers(0, 40, 30 if giant else 3)),
-        source=int(rng.integers(0, 8))) for giant in [True, True] + [False] * 40]
-    stages = (Stage("vision", "image", CostModel(linear=1.0)),
-              Stage("llm", "llm", CostModel(linear=1.0, quadratic=0.5)))
-    spec = ContextParallel(degrees=(1, 2, 4, 8), seconds_per_cost=1.0, kv_bytes_per_token=0.0,
-                           half_efficiency_tokens=0.0) if split else None
-    plan = Orchestrator(stages, Topology(1, 8), context_parallel=spec).plan(Batch.from_samples(samples, 8))
+    plan = giant_image_step(31, split)
     routes = plan.microbatches[0]
     assert routes.splits == split
     if split:  # an unsplit stage's parts: a stride-0 column, read in place as the others

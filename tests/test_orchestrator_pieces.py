@@ -50,18 +50,24 @@ def test_the_cuts_are_every_chunk_start_inside_a_segment(case):
     assert at.tolist() == [int(np.flatnonzero(starts <= key)[-1]) for key in keys]
 
 
-def test_every_ranks_routes_are_its_pieces_in_packed_order():
-    """Route order by chunks (each chunk's run of pieces, the chunks by LLM rank) against its definition: the
-    pieces of each LLM rank, each once, in ascending packed offset (a shard's chunk j before 2c - 1 - j)."""
-    rng = np.random.default_rng(29)
+def giant_image_step(seed: int, split: bool = True):
+    """The orchestrator's plan of 42 samples on 8 ranks, two of them giants of 30 images, vision and LLM stages, with
+    context parallelism (degrees 1-8, latency the Topology's) or without."""
+    rng = np.random.default_rng(seed)
     samples = [Sample(int(rng.integers(0, 3000 if giant else 300)), tuple(
         Segment("image", 8 * tokens, int(tokens)) for tokens in rng.integers(0, 40, 30 if giant else 3)),
         source=int(rng.integers(0, 8))) for giant in [True, True] + [False] * 40]
     stages = (Stage("vision", "image", CostModel(linear=1.0)),
               Stage("llm", "llm", CostModel(linear=1.0, quadratic=0.5)))
     spec = ContextParallel(degrees=(1, 2, 4, 8), seconds_per_cost=1.0, kv_bytes_per_token=0.0,
-                           half_efficiency_tokens=0.0)  # the latency: the Topology's
-    step = Orchestrator(stages, Topology(1, 8), context_parallel=spec).plan(Batch.from_samples(samples, 8))
+                           half_efficiency_tokens=0.0) if split else None
+    return Orchestrator(stages, Topology(1, 8), context_parallel=spec).plan(Batch.from_samples(samples, 8))
+
+
+def test_every_ranks_routes_are_its_pieces_in_packed_order():
+    """Route order by chunks (each chunk's run of pieces, the chunks by LLM rank) against its definition: the
+    pieces of each LLM rank, each once, in ascending packed offset (a shard's chunk j before 2c - 1 - j)."""
+    step = giant_image_step(29)
     routes = step.microbatches[0]
     assert routes.llm.split is not None  # some sample runs split
     for rank in range(8):
