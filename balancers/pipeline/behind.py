@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .candidates import heaviest, lightest, swap_pairs
-from .search import (ROUND_GAIN, ROUND_GAP, ROUND_ITEMS, ROUND_TIMINGS, SUMS_DRIFT, CellSearch, round_count, stalled,
+from .search import (ROUND_GAIN, ROUND_ITEMS, ROUND_TIMINGS, SUMS_DRIFT, CellSearch, round_count, stalled,
                      steps_bought)
 from .spec import Pipeline
 
@@ -61,9 +61,7 @@ def behind_after_a_round(search: CellSearch) -> bool:
     count, size = round_count(search.num_ranks), search.num_ranks
     if search.padded or count < 1 or search.first_stage is not None or not np.isfinite(search.rival):
         return False
-    mark = float(search.times.max())
-    gap = mark / search.floor - 1 if search.floor > 0 else np.inf
-    work = search.work - int((ROUND_TIMINGS - min(ROUND_TIMINGS, gap / ROUND_GAP)) * size * search.row_work)
+    mark, work = float(search.times.max()), search.work - search.rounds_forfeit()
     lowered = count + 1 + steps_bought(work, len(search.swaps), search.row_work)
     level = search.rival * (1 + SUMS_DRIFT)
     if lowered >= size or not float(np.partition(search.times, size - lowered - 1)[size - lowered - 1]) > level:

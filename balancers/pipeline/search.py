@@ -174,10 +174,8 @@ class CellSearch:
         if self.padded or count < 1:
             return
         done, mark = 0, float(self.times.max())
-        gap = float(self.times.max()) / self.floor - 1 if self.floor > 0 else np.inf  # the most the rounds gain
-        granted = min(ROUND_TIMINGS, gap / ROUND_GAP)
-        self.work -= int((ROUND_TIMINGS - granted) * self.num_ranks * self.row_work)  # nor do `run`'s steps take it
-        stop = self.work - int(granted * self.num_ranks * self.row_work)
+        self.work -= self.rounds_forfeit()  # nor do `run`'s steps take it
+        stop = self.work - int(self._rounds_granted() * self.num_ranks * self.row_work)
         while self.work > max(stop, 0) and float(self.times.max()) > self.floor:
             before, spent = float(self.times.max()), self.work
             if stalled(self.times, before, count + 1, ROUND_GAIN):  # more replicas near the max than a round lowers
@@ -190,6 +188,16 @@ class CellSearch:
                     self._hopeless(before, spent):
                 return
             mark = mark if done % WINDOW else float(self.times.max())
+
+    def _rounds_granted(self) -> float:
+        """Rows per replica the rounds may time: ROUND_TIMINGS, less where the gap to the floor is small (the most
+        the rounds gain)."""
+        gap = float(self.times.max()) / self.floor - 1 if self.floor > 0 else np.inf
+        return min(ROUND_TIMINGS, gap / ROUND_GAP)
+
+    def rounds_forfeit(self) -> int:
+        """The work the rounds give up before they start (ROUND_TIMINGS rows per replica less those granted)."""
+        return int((ROUND_TIMINGS - self._rounds_granted()) * self.num_ranks * self.row_work)
 
     def _round(self, count: int) -> int:
         """One round of `rounds` over the `count` slowest replicas: the number of items moved."""
