@@ -169,11 +169,10 @@ def topology(num_ranks: int, gpus_per_node: int):
 
 def model_stages(model: str):
     """The stages of a named model; UsageError for an unknown name."""
-    from ..study.models import MODELS
+    from ..study.models import default_stages
 
-    if model not in MODELS:
-        raise UsageError(f"--model {model}: unknown model {model!r}; choose one of {', '.join(MODELS)}")
-    return MODELS[model].stages()
+    with usage_errors(f"--model {model}"):
+        return default_stages(model)
 
 
 def check_workload_source(args, stages) -> int | None:

@@ -67,10 +67,8 @@ class SpillRun:
         Called only where `spill` answered None (some rank takes the first item within the target, none parked)."""
         blocks = self.blocks
         keys, target = blocks.keys[1], blocks.target
-        low, time, equal = keys[0][0], times[begin], least_run(keys)
+        low, equal = keys[0][0], least_run(keys)
         least = keys[equal][0] if equal < len(keys) else math.inf  # the least load above `low`
-        if not low < low + time <= target < least + time:  # not even the first item (most calls)
-            return 0
         cap, count, end, fresh = blocks.cap, 0, min(equal, len(items) - begin), []
         while count < end:
             time, most, rank = times[begin + count], needs[begin + count][1], keys[count][1]
