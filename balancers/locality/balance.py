@@ -130,9 +130,13 @@ def canonical_ranks(sources: np.ndarray, num_ranks: int, gpus_per_node: int) -> 
     if sources.size and bool(np.all(sources[1:] >= sources[:-1])):  # sorted (the sampled layout): 5x faster
         first = np.searchsorted(sources, ranks)
         first[sources[np.minimum(first, sources.size - 1)] != ranks] = sources.size  # ranks that hold none
-    else:
+    else:  # a rank's first item starts a run of equal sources (a sample's segments share theirs): runs only
+        starts = np.flatnonzero(sources[1:] != sources[:-1])
+        starts += 1
         first = np.full(num_ranks, sources.size, dtype=np.int64)
-        np.minimum.at(first, sources, np.arange(sources.size))
+        if sources.size:
+            first[sources[0]] = 0
+        np.minimum.at(first, sources[starts], starts)
     by_node = first.reshape(-1, gpus_per_node)
     nodes = np.argsort(by_node.min(axis=1), kind="stable")
     order = (nodes[:, None] * gpus_per_node + np.argsort(by_node[nodes], axis=1, kind="stable")).ravel()
